@@ -1,0 +1,352 @@
+#include "dtk/data/gpt2_tokenizer.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "dtk/data/error.hpp"
+#include "dtk/data/json.hpp"
+#include "dtk/data/utf8.hpp"
+
+namespace dtk::data {
+namespace {
+
+struct CodeRange {
+  uint32_t lo, hi;
+};
+#include "unicode_tables.inc"
+
+template <size_t N>
+bool InRanges(const CodeRange (&table)[N], uint32_t cp) {
+  size_t lo = 0, hi = N;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (cp < table[mid].lo) hi = mid;
+    else if (cp > table[mid].hi) lo = mid + 1;
+    else return true;
+  }
+  return false;
+}
+
+enum CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };  // kSpace = any \s
+
+CharClass Classify(uint32_t cp) {
+  if (cp < 128) {
+    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return kLetter;
+    if (cp >= '0' && cp <= '9') return kNumber;
+    if (cp == ' ' || (cp >= 9 && cp <= 13)) return kSpace;
+    return kOther;
+  }
+  if (InRanges(kLetterRanges, cp)) return kLetter;
+  if (InRanges(kNumberRanges, cp)) return kNumber;
+  if (InRanges(kSpaceRanges, cp)) return kSpace;
+  return kOther;
+}
+
+// Code point at byte i: its class and byte length. Throws on invalid UTF-8.
+struct Cp {
+  CharClass cls;
+  uint32_t cp;
+  size_t len;
+};
+Cp At(std::string_view s, size_t i) {
+  const uint8_t b = static_cast<uint8_t>(s[i]);
+  if (b < 0x80) return {Classify(b), b, 1};
+  uint32_t cp = 0;
+  const size_t len = DecodeUtf8(s, i, &cp);
+  if (len == 0) throw DataError("invalid UTF-8 at byte " + std::to_string(i));
+  return {Classify(cp), cp, len};
+}
+
+// End of the run of code points of class `cls` starting at byte i.
+size_t RunEnd(std::string_view s, size_t i, CharClass cls) {
+  while (i < s.size()) {
+    const Cp c = At(s, i);
+    if (c.cls != cls) break;
+    i += c.len;
+  }
+  return i;
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw DataError("cannot open '" + path + "'");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) throw DataError("read error on '" + path + "'");
+  return ss.str();
+}
+
+// GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100 + n.
+void BytesToUnicode(uint32_t (&table)[256]) {
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    table[b] = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+  }
+}
+
+}  // namespace
+
+void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) {
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const Cp c = At(s, i);
+    size_t end;
+    if (c.cp == '\'' && i + 1 < n) {
+      // 's|'t|'re|'ve|'m|'ll|'d (ASCII, case-sensitive)
+      const char a = s[i + 1];
+      const char b = i + 2 < n ? s[i + 2] : '\0';
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        pieces->push_back(s.substr(i, 2));
+        i += 2;
+        continue;
+      }
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        pieces->push_back(s.substr(i, 3));
+        i += 3;
+        continue;
+      }
+    }
+    if (c.cls == kSpace) {
+      if (c.cp == ' ' && i + 1 < n) {
+        // " ?\p{L}+", " ?\p{N}+", " ?[^\s\p{L}\p{N}]+" with the optional space
+        const Cp next = At(s, i + 1);
+        if (next.cls != kSpace) {
+          end = RunEnd(s, i + 1, next.cls);
+          pieces->push_back(s.substr(i, end - i));
+          i = end;
+          continue;
+        }
+      }
+      // \s+(?!\S) | \s+ : a whitespace run; if a non-space follows a run of >= 2 code points,
+      // the last one is left to start the next piece.
+      size_t last = i;
+      end = i;
+      size_t count = 0;
+      while (end < n) {
+        const Cp w = At(s, end);
+        if (w.cls != kSpace) break;
+        last = end;
+        end += w.len;
+        ++count;
+      }
+      if (end < n && count >= 2) end = last;
+      pieces->push_back(s.substr(i, end - i));
+      i = end;
+      continue;
+    }
+    end = RunEnd(s, i + c.len, c.cls);
+    pieces->push_back(s.substr(i, end - i));
+    i = end;
+  }
+}
+
+struct Gpt2Tokenizer::Impl {
+  std::unordered_map<std::string, int32_t> encoder;  // token string (UTF-8) -> id
+  std::vector<std::string> id_bytes;                // id -> raw bytes
+  int32_t byte_id[256];                             // single byte -> id of its unicode char
+  // (first id << 32 | second id) -> (rank << 32 | merged id)
+  std::unordered_map<uint64_t, uint64_t> merges;
+  int32_t eod = -1;
+};
+
+Gpt2Tokenizer::~Gpt2Tokenizer() = default;
+
+Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& merges_file)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  // ---- vocabulary
+  const JsonValue vocab = ParseJson(ReadWholeFile(vocab_file), "vocab file '" + vocab_file + "'");
+  if (vocab.type != JsonValue::Type::kObject || vocab.object.empty()) {
+    throw DataError("vocab file '" + vocab_file + "': expected a non-empty JSON object of token -> id");
+  }
+  int64_t max_id = -1;
+  for (const auto& kv : vocab.object) {
+    const double v = kv.second.number;
+    if (kv.second.type != JsonValue::Type::kNumber || v < 0 || v > 1e8 || v != static_cast<int64_t>(v)) {
+      throw DataError("vocab file '" + vocab_file + "': token '" + kv.first +
+                      "' has an id that is not a non-negative integer < 1e8");
+    }
+    m.encoder[kv.first] = static_cast<int32_t>(v);
+    max_id = std::max<int64_t>(max_id, static_cast<int64_t>(v));
+  }
+  uint32_t byte_char[256];
+  BytesToUnicode(byte_char);
+  std::unordered_map<uint32_t, uint8_t> char_byte;
+  for (int b = 0; b < 256; ++b) char_byte[byte_char[b]] = static_cast<uint8_t>(b);
+  m.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
+  for (const auto& kv : m.encoder) {
+    std::string bytes;
+    const std::string& t = kv.first;
+    for (size_t i = 0; i < t.size();) {
+      uint32_t cp = 0;
+      const size_t len = DecodeUtf8(t, i, &cp);
+      auto it = char_byte.find(cp);
+      if (len == 0 || it == char_byte.end()) {  // e.g. a special token: keep its text
+        bytes = t;
+        break;
+      }
+      bytes.push_back(static_cast<char>(it->second));
+      i += len;
+    }
+    m.id_bytes[static_cast<size_t>(kv.second)] = bytes;
+  }
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    AppendUtf8(byte_char[b], &ch);
+    auto it = m.encoder.find(ch);
+    if (it == m.encoder.end()) {
+      throw DataError("vocab file '" + vocab_file + "': byte " + std::to_string(b) +
+                      " has no token (not a byte-level BPE vocabulary)");
+    }
+    m.byte_id[b] = it->second;
+  }
+  auto eod = m.encoder.find("<|endoftext|>");
+  m.eod = eod == m.encoder.end() ? -1 : eod->second;
+
+  // ---- merges: key "first,second" -> rank (later duplicates win, as in the JS dict)
+  const std::string text = ReadWholeFile(merges_file);
+  std::vector<std::string_view> lines;
+  for (size_t pos = 0;;) {
+    const size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) {
+      lines.push_back(std::string_view(text).substr(pos));
+      break;
+    }
+    lines.push_back(std::string_view(text).substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  // Like the reference: drop the first line (version) and the last (empty after the final \n).
+  std::unordered_map<std::string, int32_t> key_rank;
+  for (size_t ln = 1; ln + 1 < lines.size(); ++ln) {
+    std::string_view l = lines[ln];
+    std::vector<std::string_view> parts;
+    size_t i = 0;
+    const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; };
+    while (i < l.size()) {
+      while (i < l.size() && ws(l[i])) ++i;
+      const size_t st = i;
+      while (i < l.size() && !ws(l[i])) ++i;
+      if (i > st) parts.push_back(l.substr(st, i - st));
+    }
+    if (parts.size() != 2) {
+      throw DataError("merges file '" + merges_file + "' line " + std::to_string(ln + 1) +
+                      ": expected two tokens separated by a space");
+    }
+    key_rank[std::string(parts[0]) + "," + std::string(parts[1])] = static_cast<int32_t>(ln - 1);
+  }
+  // Every way of splitting a key at a comma into two vocabulary tokens is a pair the JS
+  // encoder would merge at that rank.
+  for (const auto& kr : key_rank) {
+    const std::string& key = kr.first;
+    for (size_t c = key.find(','); c != std::string::npos; c = key.find(',', c + 1)) {
+      if (c == 0 || c + 1 == key.size()) continue;
+      const std::string a = key.substr(0, c), b = key.substr(c + 1);
+      auto ia = m.encoder.find(a), ib = m.encoder.find(b), iab = m.encoder.find(a + b);
+      if (ia == m.encoder.end() || ib == m.encoder.end() || iab == m.encoder.end()) continue;
+      const uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
+                         static_cast<uint32_t>(ib->second);
+      const uint64_t v = (static_cast<uint64_t>(static_cast<uint32_t>(kr.second)) << 32) |
+                         static_cast<uint32_t>(iab->second);
+      m.merges[k] = v;
+    }
+  }
+}
+
+size_t Gpt2Tokenizer::vocab_size() const { return impl_->id_bytes.size(); }
+int32_t Gpt2Tokenizer::eod() const { return impl_->eod; }
+int32_t Gpt2Tokenizer::TokenToId(const std::string& token) const {
+  auto it = impl_->encoder.find(token);
+  return it == impl_->encoder.end() ? -1 : it->second;
+}
+
+void Gpt2Tokenizer::Bpe(std::string_view piece, std::vector<int32_t>* out) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> word;
+  word.reserve(piece.size());
+  for (char ch : piece) word.push_back(m.byte_id[static_cast<uint8_t>(ch)]);
+  std::vector<int32_t> next;
+  while (word.size() > 1) {
+    // The lowest-ranked pair; on ties the LAST one (JS object key overwrite).
+    uint32_t best_rank = std::numeric_limits<uint32_t>::max();
+    int32_t first = -1, second = -1, merged = -1;
+    for (size_t k = 0; k + 1 < word.size(); ++k) {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(word[k])) << 32) |
+                           static_cast<uint32_t>(word[k + 1]);
+      auto it = m.merges.find(key);
+      if (it == m.merges.end()) continue;
+      const uint32_t rank = static_cast<uint32_t>(it->second >> 32);
+      if (rank <= best_rank) {
+        best_rank = rank;
+        first = word[k];
+        second = word[k + 1];
+        merged = static_cast<int32_t>(it->second & 0xffffffffu);
+      }
+    }
+    if (first < 0) break;
+    next.clear();
+    for (size_t k = 0; k < word.size();) {
+      if (k + 1 < word.size() && word[k] == first && word[k + 1] == second) {
+        next.push_back(merged);
+        k += 2;
+      } else {
+        next.push_back(word[k]);
+        ++k;
+      }
+    }
+    word.swap(next);
+  }
+  out->insert(out->end(), word.begin(), word.end());
+}
+
+void Gpt2Tokenizer::Encode(std::string_view text, std::vector<int32_t>* out, Cache* cache) const {
+  std::vector<std::string_view> pieces;
+  Gpt2PreTokenize(text, &pieces);
+  std::string key;
+  for (std::string_view p : pieces) {
+    if (p.size() == 1) {
+      out->push_back(impl_->byte_id[static_cast<uint8_t>(p[0])]);
+      continue;
+    }
+    key.assign(p.data(), p.size());
+    auto it = cache->map_.find(key);
+    if (it != cache->map_.end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      continue;
+    }
+    std::vector<int32_t> ids;
+    Bpe(p, &ids);
+    out->insert(out->end(), ids.begin(), ids.end());
+    if (cache->map_.size() >= cache->max_entries_) cache->map_.clear();
+    cache->map_.emplace(key, std::move(ids));
+  }
+}
+
+std::vector<int32_t> Gpt2Tokenizer::Encode(std::string_view text) const {
+  Cache cache;
+  std::vector<int32_t> out;
+  Encode(text, &out, &cache);
+  return out;
+}
+
+std::string Gpt2Tokenizer::Decode(const int64_t* ids, size_t n) const {
+  std::string out;
+  for (size_t k = 0; k < n; ++k) {
+    if (ids[k] < 0 || static_cast<uint64_t>(ids[k]) >= impl_->id_bytes.size()) {
+      throw DataError("cannot decode token id " + std::to_string(ids[k]) +
+                      ": outside the vocabulary of " + std::to_string(impl_->id_bytes.size()));
+    }
+    out += impl_->id_bytes[static_cast<size_t>(ids[k])];
+  }
+  return out;
+}
+
+std::string Gpt2Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  std::vector<int64_t> wide(ids.begin(), ids.end());
+  return Decode(wide.data(), wide.size());
+}
+
+}  // namespace dtk::data

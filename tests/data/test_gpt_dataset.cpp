@@ -1,0 +1,283 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "dtk/data/gpt_dataset.hpp"
+#include "test_util.hpp"
+
+namespace dtk::data {
+namespace {
+
+using test::TempDir;
+
+// Builds a dataset of `num_docs` documents with random lengths; token t of document d is
+// d * 1000 + t (so every sample tells which documents and offsets it came from).
+std::shared_ptr<const IndexedDataset> MakeData(const std::string& prefix, int num_docs, int min_len,
+                                               int max_len, uint32_t seed) {
+  std::mt19937 gen(seed);
+  IndexedDatasetBuilder b(BinPath(prefix), DType::kInt32);
+  for (int d = 0; d < num_docs; ++d) {
+    const int len = min_len + static_cast<int>(gen() % static_cast<uint32_t>(max_len - min_len + 1));
+    std::vector<int64_t> doc;
+    for (int t = 0; t < len; ++t) doc.push_back(d * 1000 + t);
+    b.AddDocument(doc);
+  }
+  b.Finalize(IdxPath(prefix));
+  return std::make_shared<const IndexedDataset>(prefix);
+}
+
+TEST(Split, MegatronNormalization) {
+  using A = std::array<size_t, 4>;
+  EXPECT_EQ(SplitBoundaries("969,30,1", 1000), (A{0, 969, 999, 1000}));
+  EXPECT_EQ(SplitBoundaries("969,30,1", 10), (A{0, 10, 10, 10}));
+  EXPECT_EQ(SplitBoundaries("1,1,1", 100), (A{0, 34, 67, 100}));  // round -> [0,33,66,99], shifted
+  EXPECT_EQ(SplitBoundaries("80/20", 10), (A{0, 8, 10, 10}));
+  EXPECT_EQ(SplitBoundaries("1", 7), (A{0, 7, 7, 7}));
+  EXPECT_EQ(SplitBoundaries("98, 2, 0", 50), (A{0, 49, 50, 50}));
+  EXPECT_EQ(SplitBoundaries("1,1", 5), (A{0, 3, 5, 5}));  // round half even: [0,2,4,4] +1
+  for (const char* bad : {"a", "", "1,x,2", "-1,2,3", "0,0,0", "1,,2", "nan"}) {
+    try {
+      SplitBoundaries(bad, 100);
+      ADD_FAILURE() << bad;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("invalid split"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GptIndices, HandComputedEpochs) {
+  EXPECT_EQ(NumEpochs(100, 10, 9), 1);
+  EXPECT_EQ(NumEpochs(100, 10, 10), 2);
+  EXPECT_EQ(NumEpochs(100, 10, 19), 2);
+  EXPECT_EQ(NumEpochs(100, 10, 20), 3);
+  EXPECT_EQ(NumEpochs(100, 10, 0), 1);
+  EXPECT_FALSE(SeparateLastEpoch(100, 10, 9, 1));
+  EXPECT_TRUE(SeparateLastEpoch(100, 10, 10, 2));    // last epoch supplies 1 of 9 samples
+  EXPECT_FALSE(SeparateLastEpoch(100, 10, 17, 2));   // 8 >= int(0.8 * 9) = 7
+  EXPECT_TRUE(SeparateLastEpoch(100, 10, 15, 2));    // 6 < 7
+}
+
+TEST(GptIndices, HandComputedSampleIdx) {
+  // Documents of 4, 3, 5 tokens in this order, seq_length 3 (4 tokens per sample, sharing one).
+  const std::vector<int32_t> sizes = {4, 3, 5};
+  const std::vector<int32_t> doc_idx = {0, 1, 2};
+  const auto s = BuildSampleIdx(sizes, doc_idx, 3, 1, 12);
+  // (12 - 1) / 3 = 3 samples: tokens [0,4) [3,7) [6,10) of the 12-token stream.
+  EXPECT_EQ(s, (std::vector<int64_t>{0, 0, 0, 3, 1, 2, 2, 2}));
+}
+
+TEST(GptIndices, ShuffleIsSeededAndPortable) {
+  ShuffleRng a(7), b(7), c(8);
+  std::vector<int> x(100), y(100), z(100);
+  for (int i = 0; i < 100; ++i) x[i] = y[i] = z[i] = i;
+  a.Shuffle(x.data(), x.size());
+  b.Shuffle(y.data(), y.size());
+  c.Shuffle(z.data(), z.size());
+  EXPECT_EQ(x, y);
+  EXPECT_NE(x, z);
+  // Pin the first values so a change of algorithm (or of std::mt19937_64) is noticed.
+  ShuffleRng r(1234);
+  std::vector<uint64_t> first;
+  for (int i = 0; i < 4; ++i) first.push_back(r.Below(1000));
+  std::mt19937_64 ref(1234);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], ref() % 1000);  // no rejection at these draws
+}
+
+// An independent, deliberately naive reimplementation of Megatron's algorithm: concatenate
+// the documents in doc_idx order; sample j is tokens [j*L, j*L + L + 1) of that stream.
+TEST(GptIndices, MatchesNaiveReimplementation) {
+  TempDir dir;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    auto data = MakeData(dir / ("d" + std::to_string(seed)), 40, 0, 30, seed);
+    for (int64_t seq_len : {1, 7, 64}) {
+      for (int64_t num_samples : {1, 50, 333}) {
+        GptDatasetOptions o;
+        o.seq_length = seq_len;
+        o.num_samples = num_samples;
+        o.seed = seed * 11;
+        o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+        GPTDataset ds(data, 5, 35, o);
+        // Independent expectations.
+        int64_t tokens = 0;
+        for (size_t d = 5; d < 35; ++d) tokens += data->sequence_length(d);
+        int64_t epochs = 1;
+        while ((epochs * tokens - 1) / seq_len < num_samples) ++epochs;
+        ASSERT_EQ(ds.num_epochs(), epochs);
+        const int64_t total = (epochs * tokens - 1) / seq_len;
+        ASSERT_EQ(static_cast<int64_t>(ds.size()), total);
+        ASSERT_GE(total, num_samples);
+        // Document index: own Fisher-Yates over mt19937_64 with rejection sampling.
+        std::mt19937_64 gen(o.seed);
+        auto below = [&](uint64_t n) {
+          const uint64_t lim = UINT64_MAX - (UINT64_MAX % n + 1) % n;
+          uint64_t x;
+          do x = gen(); while (x > lim);
+          return x % n;
+        };
+        auto shuffle = [&](auto* a, size_t n) {
+          for (size_t i = n; i > 1; --i) std::swap(a[i - 1], a[below(i)]);
+        };
+        const int64_t per_epoch = (tokens - 1) / seq_len;
+        const int64_t before_last = ((epochs - 1) * tokens - 1) / seq_len;
+        const bool separate = epochs > 1 && (num_samples - before_last) < static_cast<int64_t>(0.8 * per_epoch);
+        std::vector<int32_t> doc_idx;
+        for (int64_t e = 0; e < epochs; ++e)
+          for (int32_t d = 5; d < 35; ++d) doc_idx.push_back(d);
+        if (separate) {
+          shuffle(doc_idx.data(), doc_idx.size() - 30);
+          shuffle(doc_idx.data() + doc_idx.size() - 30, 30);
+        } else {
+          shuffle(doc_idx.data(), doc_idx.size());
+        }
+        ASSERT_EQ(ds.doc_idx().size(), doc_idx.size());
+        for (size_t k = 0; k < doc_idx.size(); ++k) ASSERT_EQ(ds.doc_idx()[k], doc_idx[k]);
+        std::vector<int64_t> stream;
+        for (int32_t d : doc_idx) {
+          const auto v = data->get(static_cast<size_t>(d));
+          stream.insert(stream.end(), v.begin(), v.end());
+        }
+        std::vector<int64_t> shuffle_idx(static_cast<size_t>(total));
+        for (int64_t k = 0; k < total; ++k) shuffle_idx[static_cast<size_t>(k)] = k;
+        const int64_t first = separate ? before_last : total;
+        shuffle(shuffle_idx.data(), static_cast<size_t>(first));
+        shuffle(shuffle_idx.data() + first, static_cast<size_t>(total - first));
+        for (size_t i = 0; i < ds.size(); ++i) {
+          const int64_t j = shuffle_idx[i];
+          ASSERT_EQ(ds.shuffle_idx()[i], j);
+          const std::vector<int64_t> want(stream.begin() + j * seq_len, stream.begin() + j * seq_len + seq_len + 1);
+          ASSERT_EQ(ds.Get(i), want) << "seed " << seed << " L " << seq_len << " N " << num_samples << " i " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
+  TempDir dir;
+  auto data = MakeData(dir / "c", 50, 1, 40, 5);
+  GptDatasetOptions o;
+  o.seq_length = 16;
+  o.num_samples = 100;
+  o.seed = 3;
+  GPTDataset a(data, 0, 45, o);
+  EXPECT_FALSE(a.loaded_from_cache());
+  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_doc_idx.npy");
+  for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::FileExists(a.cache_file(w)));
+  GPTDataset b(data, 0, 45, o);
+  EXPECT_TRUE(b.loaded_from_cache());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.Get(i), b.Get(i));
+  // A corrupt cache is rebuilt.
+  test::WriteFile(a.cache_file("sample_idx"), "garbage");
+  GPTDataset c(data, 0, 45, o);
+  EXPECT_FALSE(c.loaded_from_cache());
+  EXPECT_EQ(c.Get(7), a.Get(7));
+  // A separate cache dir.
+  o.cache_dir = dir.path();
+  o.name = "valid";
+  GPTDataset d(data, 45, 50, o);
+  EXPECT_EQ(d.cache_file("shuffle_idx"), dir / "c_valid_indexmap_100ns_16sl_3s_shuffle_idx.npy");
+  EXPECT_THROW(d.Get(d.size()), DataError);
+}
+
+TEST(GptDataset, WaitOnlyWaitsForTheBuilder) {
+  TempDir dir;
+  auto data = MakeData(dir / "w", 30, 5, 20, 9);
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.num_samples = 40;
+  o.cache_mode = GptDatasetOptions::CacheMode::kWaitOnly;
+  o.wait_timeout_s = 0.3;
+  try {
+    GPTDataset never(data, 0, 30, o);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+  }
+  o.wait_timeout_s = 30;
+  std::unique_ptr<GPTDataset> waiter;
+  std::thread t([&] { waiter = std::make_unique<GPTDataset>(data, 0, 30, o); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  GptDatasetOptions ob = o;
+  ob.cache_mode = GptDatasetOptions::CacheMode::kBuild;
+  GPTDataset builder(data, 0, 30, ob);
+  t.join();
+  ASSERT_TRUE(waiter);
+  EXPECT_TRUE(waiter->loaded_from_cache());
+  EXPECT_EQ(waiter->Get(3), builder.Get(3));
+}
+
+TEST(GptDataset, TooSmallIsAClearError) {
+  TempDir dir;
+  auto data = MakeData(dir / "s", 3, 2, 2, 1);  // 6 tokens
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.num_samples = 1;
+  o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+  try {
+    GPTDataset ds(data, 0, 3, o);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("too small for one sample"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(GPTDataset(data, 2, 2, o), DataError);
+  EXPECT_THROW(GPTDataset(data, 0, 4, o), DataError);
+}
+
+TEST(Blending, GreedyRatiosWithinOnePercent) {
+  std::vector<int16_t> di;
+  std::vector<int64_t> dsi;
+  const auto w = NormalizeWeights({3, 5, 2});
+  BuildBlendingIndices(w, 10000, &di, &dsi);
+  std::map<int, int64_t> count;
+  for (size_t i = 0; i < di.size(); ++i) {
+    EXPECT_EQ(dsi[i], count[di[i]]);
+    ++count[di[i]];
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_NEAR(static_cast<double>(count[k]) / 10000.0, w[static_cast<size_t>(k)], 0.01);
+  // Hand-computed start: i=0 and i=1 both use max(i,1)=1; errors .3/.5/.2 -> 1, then .3/-.5/.2 -> 0.
+  EXPECT_EQ(di[0], 1);
+  EXPECT_EQ(di[1], 0);
+  EXPECT_EQ(BlendSamplesPerDataset({0.3, 0.7}, 1000), (std::vector<int64_t>{302, 704}));
+  EXPECT_THROW(NormalizeWeights({}), DataError);
+  EXPECT_THROW(NormalizeWeights({0, 0}), DataError);
+  EXPECT_THROW(NormalizeWeights({1, -1}), DataError);
+}
+
+TEST(Blending, DataPathAndEndToEnd) {
+  TempDir dir;
+  MakeData(dir / "a", 200, 10, 50, 1);
+  MakeData(dir / "b", 100, 10, 50, 2);
+  EXPECT_THROW(ParseDataPath("x " + (dir / "a")), DataError);
+  EXPECT_THROW(ParseDataPath("0.3 a 0.7"), DataError);
+  EXPECT_THROW(ParseDataPath(""), DataError);
+  const DataBlend b = ParseDataPath("3 " + (dir / "a") + " 7 " + (dir / "b"));
+  EXPECT_NEAR(b.weights[0], 0.3, 1e-12);
+  GptDatasetOptions o;
+  o.seq_length = 32;
+  o.seed = 5;
+  o.cache_dir = dir.path();
+  const auto tvt = BuildTrainValidTestDatasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0",
+                                               {10000, 100, 0}, o);
+  ASSERT_TRUE(tvt.train && tvt.valid);
+  EXPECT_FALSE(tvt.test);
+  EXPECT_EQ(tvt.train->size(), 10000u);
+  int from_a = 0;
+  for (size_t i = 0; i < tvt.train->size(); ++i) {
+    const auto s = tvt.train->Get(i);
+    ASSERT_EQ(s.size(), 33u);
+    // Dataset a has 200 docs, ids < 200*1000; the tokens of b are < 100*1000 too, so tell them
+    // apart by the blended index instead.
+    from_a += static_cast<const BlendedDataset&>(*tvt.train).dataset_of(i) == 0;
+  }
+  EXPECT_NEAR(from_a / 10000.0, 0.3, 0.01);
+  const auto single = BuildTrainValidTestDatasets(dir / "a", "969,30,1", {50, 5, 5}, o);
+  ASSERT_TRUE(single.train);
+  EXPECT_GE(single.train->size(), 50u);
+  EXPECT_THROW(BuildTrainValidTestDatasets(dir / "missing", "1", {1, 0, 0}, o), DataError);
+}
+
+}  // namespace
+}  // namespace dtk::data

@@ -1,0 +1,212 @@
+// dtk — the DTK host. Subcommands: train, plugins, preprocess, config, version, help.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dtk/core/config.hpp"
+#include "dtk/core/pipeline.hpp"
+#include "dtk/core/services.hpp"
+#include "dtk/host/plugin_host.hpp"
+#ifdef DTK_HAVE_PREPROCESS
+#include "cmd_preprocess.hpp"
+#endif
+
+DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
+DEFINE_string(model, "", "Model plugin (overrides model.name).");
+DEFINE_string(dataset, "", "Dataset plugin (overrides dataset.name).");
+DEFINE_string(step, "", "Forward-step/loss plugin (overrides step.name).");
+DEFINE_string(optimizer, "", "Optimizer plugin (overrides optimizer.name).");
+DEFINE_string(strategy, "", "Parallel strategy plugin (overrides strategy.name).");
+DEFINE_string(plugin_path, "", "Extra plugin files or directories, ':'-separated.");
+DEFINE_int32(threads, 0, "Intra-op CPU threads for LibTorch (0 = all cores).");
+DEFINE_string(data_path, "", "Shortcut for --set dataset.data_path=... (Megatron's --data_path).");
+DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
+// --set may be given many times; it is collected before gflags parses the rest.
+DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
+
+namespace {
+
+constexpr const char* kUsage = R"(dtk — the Domino Training Kit host
+
+Usage:
+  dtk train [--config FILE] [--model NAME] [--dataset NAME] [--step NAME] [--optimizer NAME]
+            [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
+  dtk plugins list
+  dtk plugins describe NAME [--kind KIND]
+  dtk config [--config FILE] [--set key=value]...     print the resolved configuration
+  dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
+  dtk --version
+
+Examples:
+  dtk train --config configs/gpt-tiny.pbtxt
+  dtk train --config configs/gpt-tiny.pbtxt --set train.train_iters=50 --set model.num_layers=4
+  dtk plugins describe gpt
+
+Plugins are found in <prefix>/lib/dtk/plugins, in DTK_PLUGIN_PATH and in --plugin_path.
+--set paths: any config field (train.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
+a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
+)";
+
+std::string exe_dir(const char* argv0) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    buf[n] = '\0';
+    return std::filesystem::path(buf).parent_path().string();
+  }
+  return std::filesystem::absolute(argv0).parent_path().string();
+}
+
+// Pulls every "--set X" / "--set=X" out of argv (gflags would keep only the last one).
+std::vector<std::string> extract_sets(int* argc, char** argv) {
+  std::vector<std::string> sets;
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const char* a = argv[i];
+    if (std::strcmp(a, "--set") == 0 || std::strcmp(a, "-set") == 0) {
+      if (i + 1 >= *argc) throw dtk::host::HostError("--set needs a key=value argument");
+      sets.emplace_back(argv[++i]);
+    } else if (std::strncmp(a, "--set=", 6) == 0) {
+      sets.emplace_back(a + 6);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  return sets;
+}
+
+dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
+  dtk::config::RunConfig cfg = FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
+  if (!FLAGS_model.empty()) cfg.mutable_model()->set_name(FLAGS_model);
+  if (!FLAGS_dataset.empty()) cfg.mutable_dataset()->set_name(FLAGS_dataset);
+  if (!FLAGS_step.empty()) cfg.mutable_step()->set_name(FLAGS_step);
+  if (!FLAGS_optimizer.empty()) cfg.mutable_optimizer()->set_name(FLAGS_optimizer);
+  if (!FLAGS_strategy.empty()) cfg.mutable_strategy()->set_name(FLAGS_strategy);
+  if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
+  if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
+  for (const auto& s : sets) dtk::core::apply_override(cfg, s);
+  return cfg;
+}
+
+dtk::host::PluginHost& load_plugins(const char* argv0) {
+  static dtk::host::PluginHost* plugins =
+      new dtk::host::PluginHost(dtk::core::host_torch_version(), dtk::core::host_services());
+  std::vector<std::string> extra;
+  if (!FLAGS_plugin_path.empty()) extra.push_back(FLAGS_plugin_path);
+  plugins->discover(exe_dir(argv0), extra);
+  return *plugins;
+}
+
+int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
+  if (args.empty() || (args[0] != "list" && args[0] != "describe"))
+    throw dtk::host::HostError("usage: dtk plugins list | dtk plugins describe NAME");
+  auto& plugins = load_plugins(argv0);
+  if (args[0] == "list") {
+    std::printf("%-16s %-10s %-9s %-5s %s\n", "NAME", "KIND", "VERSION", "ABI", "FILE");
+    for (const auto* p : plugins.list())
+      std::printf("%-16s %-10s %-9s %u.%-3u %s\n", p->entry->name, dtk::host::kind_name(p->kind()), p->entry->version,
+                  p->entry->abi_major, p->entry->abi_minor, p->path.c_str());
+    return 0;
+  }
+  if (args.size() < 2) throw dtk::host::HostError("usage: dtk plugins describe NAME [--kind KIND]");
+  const dtk::host::Plugin* p = nullptr;
+  if (!FLAGS_kind.empty()) {
+    const int32_t kind = dtk::host::kind_from_name(FLAGS_kind);
+    if (!kind) throw dtk::host::HostError("--kind '" + FLAGS_kind + "': not one of model, dataset, step, strategy, optimizer");
+    p = &plugins.get(kind, args[1]);
+  } else {
+    p = plugins.find_any(args[1]);
+    if (!p) {
+      std::vector<std::string> names;
+      for (const auto* q : plugins.list()) names.push_back(q->name());
+      std::string msg = "unknown plugin '" + args[1] + "'";
+      std::string guess = dtk::host::did_you_mean(args[1], names);
+      if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
+      throw dtk::host::HostError(msg);
+    }
+  }
+  const char* types[] = {"?", "bool", "int", "float", "string", "enum"};
+  std::printf("%s (%s plugin, version %s, ABI %u.%u%s%s)\n  %s\n  file: %s\n\noptions:\n", p->entry->name,
+              dtk::host::kind_name(p->kind()), p->entry->version, p->entry->abi_major, p->entry->abi_minor,
+              p->entry->torch_version ? ", LibTorch " : "", p->entry->torch_version ? p->entry->torch_version : "",
+              p->entry->description ? p->entry->description : "", p->path.c_str());
+  const auto options = p->options();
+  if (options.empty()) std::printf("  (none)\n");
+  for (const auto* o : options) {
+    const int t = o->type >= 1 && o->type <= 5 ? o->type : 0;
+    std::string type = types[t];
+    if (o->type == DTK_OPT_ENUM && o->choices) type += " {" + std::string(o->choices) + "}";
+    std::printf("  %-32s %-10s default: %-12s %s\n", o->name, type.c_str(),
+                o->default_value ? (std::string("'") + o->default_value + "'").c_str() : "(required)",
+                o->help ? o->help : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +
+                           std::to_string(DTK_ABI_MINOR) + ", LibTorch " + dtk::core::host_torch_version() + ")");
+  gflags::SetUsageMessage(kUsage);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
+      std::printf("dtk %s\n", gflags::VersionString());
+      return 0;
+    }
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
+  try {
+    std::vector<std::string> sets = extract_sets(&argc, argv);
+    // Subcommand first, so `dtk preprocess` can own its own flags (all flags are global).
+    gflags::ParseCommandLineFlags(&argc, &argv, true);
+    if (argc < 2) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    const std::string cmd = argv[1];
+    std::vector<std::string> args(argv + 2, argv + argc);
+    if (cmd == "version") {
+      std::printf("dtk %s\n", gflags::VersionString());
+      return 0;
+    }
+    if (cmd == "plugins") return cmd_plugins(args, argv[0]);
+    if (cmd == "config") {
+      std::fputs(dtk::core::to_text(resolve_config(sets)).c_str(), stdout);
+      return 0;
+    }
+    if (cmd == "train") {
+      if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
+      dtk::config::RunConfig cfg = resolve_config(sets);
+      auto& plugins = load_plugins(argv[0]);
+      int rc = dtk::core::pretrain(cfg, plugins);
+      plugins.shutdown();
+      return rc;
+    }
+    if (cmd == "preprocess") {
+#ifdef DTK_HAVE_PREPROCESS
+      return RunPreprocess(argc - 1, argv + 1);
+#else
+      throw dtk::host::HostError("this dtk was built without the data library (preprocess unavailable)");
+#endif
+    }
+    throw dtk::host::HostError("unknown command '" + cmd + "' (commands: train, plugins, config, preprocess, version; see --help)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtk: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,385 @@
+// Plugin loading and validation. Every refusal is one line naming the file and the reason.
+#include "dtk/host/plugin_host.hpp"
+
+#define BOOST_DLL_USE_STD_FS 1
+#include <boost/dll/shared_library.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace dtk::host {
+
+namespace {
+
+// Size of the v1.0 entry struct: any plugin of this major must cover it.
+constexpr size_t kEntrySizeV1_0 = offsetof(dtk_plugin_entry, num_options) + sizeof(size_t);
+
+// Minimum api table sizes (ABI 1.0) per kind: every function the host calls unconditionally.
+size_t min_api_size(int32_t kind) {
+  switch (kind) {
+    case DTK_KIND_MODEL: return offsetof(dtk_model_api, get_info) + sizeof(void*);
+    case DTK_KIND_DATASET: return offsetof(dtk_dataset_api, vocab_size) + sizeof(void*);
+    case DTK_KIND_STEP: return offsetof(dtk_step_api, forward_step) + sizeof(void*);
+    case DTK_KIND_STRATEGY: return offsetof(dtk_strategy_api, state_load) + sizeof(void*);
+    case DTK_KIND_OPTIMIZER: return offsetof(dtk_optimizer_api, state_load) + sizeof(void*);
+    default: return 0;
+  }
+}
+
+bool valid_name(const char* name) {
+  if (!name || !*name) return false;
+  for (const char* p = name; *p; ++p)
+    if (!(std::islower(static_cast<unsigned char>(*p)) || std::isdigit(static_cast<unsigned char>(*p)) || *p == '_'))
+      return false;
+  return true;
+}
+
+void destroy_host_status(dtk_status* s) {
+  if (!s) return;
+  std::free(const_cast<char*>(s->message));
+  delete s;
+}
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+const char* kind_name(int32_t kind) {
+  switch (kind) {
+    case DTK_KIND_MODEL: return "model";
+    case DTK_KIND_DATASET: return "dataset";
+    case DTK_KIND_STEP: return "step";
+    case DTK_KIND_STRATEGY: return "strategy";
+    case DTK_KIND_OPTIMIZER: return "optimizer";
+    default: return "unknown";
+  }
+}
+
+int32_t kind_from_name(const std::string& s) {
+  for (int32_t k = DTK_KIND_MODEL; k <= DTK_KIND_OPTIMIZER; ++k)
+    if (s == kind_name(k)) return k;
+  return 0;
+}
+
+dtk_status* make_status(int32_t code, const char* message) {
+  auto* s = new dtk_status{};
+  s->struct_size = sizeof(dtk_status);
+  s->code = code;
+  s->message = strdup(message ? message : "");
+  s->destroy = &destroy_host_status;
+  return s;
+}
+
+void check_status(dtk_status* s, const std::string& context) {
+  if (!s) return;
+  std::string message = dtk_status_get_message(s);
+  dtk_status_release(s);
+  throw HostError(context + ": " + message);
+}
+
+std::vector<const dtk_option_spec*> Plugin::options() const {
+  std::vector<const dtk_option_spec*> out;
+  for (size_t i = 0; i < entry->num_options; ++i) {
+    const dtk_option_spec* spec = &entry->options[i];
+    // Option specs are read through their own struct_size (they may grow).
+    if (DTK_HAS_FIELD(dtk_option_spec, spec, help)) out.push_back(spec);
+  }
+  return out;
+}
+
+PluginHost::PluginHost(std::string host_torch_version, const dtk_host_services* services)
+    : torch_version_(std::move(host_torch_version)), services_(services) {}
+
+const Plugin& PluginHost::load_file(const std::string& path) {
+  const std::string where = "plugin " + quote(path);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw HostError(where + ": file not found");
+  if (fs::is_directory(path, ec)) throw HostError(where + ": is a directory, not a plugin file");
+
+  // RTLD_NOW: unresolved symbols fail here, not mid-training. RTLD_LOCAL: plugins cannot
+  // interpose each other's symbols.
+  auto* lib = new boost::dll::shared_library();  // leaked on purpose: never unloaded
+  boost::dll::fs::error_code load_ec;
+  lib->load(fs::path(path), load_ec,
+            boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  if (load_ec || !lib->is_loaded()) {
+    std::string detail = load_ec.message();
+    delete lib;
+    throw HostError(where + ": not a loadable shared library (" + detail + ")");
+  }
+  if (!lib->has(DTK_PLUGIN_ENTRY_SYMBOL))
+    throw HostError(where + ": not a DTK plugin (no '" DTK_PLUGIN_ENTRY_SYMBOL "' symbol)");
+  auto entry_fn = lib->get<const dtk_plugin_entry*()>(DTK_PLUGIN_ENTRY_SYMBOL);
+
+  const dtk_plugin_entry* e = nullptr;
+  try {
+    e = entry_fn();
+  } catch (...) {
+    throw HostError(where + ": entry function threw an exception");
+  }
+  if (!e) throw HostError(where + ": entry function returned NULL");
+  if (e->struct_size < offsetof(dtk_plugin_entry, abi_minor) + sizeof(uint32_t))
+    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
+                    " is too small to hold an ABI version");
+  if (e->abi_major != DTK_ABI_MAJOR)
+    throw HostError(where + ": built for DTK ABI " + std::to_string(e->abi_major) + "." +
+                    std::to_string(e->abi_minor) + ", this host speaks ABI " +
+                    std::to_string(DTK_ABI_MAJOR) + ".x (major version mismatch; rebuild the plugin)");
+  if (e->abi_minor > DTK_ABI_MINOR)
+    throw HostError(where + ": plugin is newer than the host (built for ABI " +
+                    std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
+                    ", host supports up to " + std::to_string(DTK_ABI_MAJOR) + "." +
+                    std::to_string(DTK_ABI_MINOR) + "; upgrade dtk)");
+  if (e->struct_size < kEntrySizeV1_0)
+    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
+                    " is smaller than ABI 1.0's " + std::to_string(kEntrySizeV1_0) + " bytes");
+  if (!valid_name(e->name))
+    throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
+  const std::string name = e->name;
+  const std::string who = "plugin " + quote(name) + " (" + path + ")";
+  if (min_api_size(e->kind) == 0)
+    throw HostError(who + ": unknown plugin kind " + std::to_string(e->kind));
+  const bool compute = e->kind != DTK_KIND_DATASET;
+  if (compute && !e->torch_version)
+    throw HostError(who + ": a " + std::string(kind_name(e->kind)) +
+                    " plugin must record the LibTorch version it was built with");
+  if (e->torch_version) {
+    if (torch_version_.empty())
+      throw HostError(who + ": needs LibTorch " + e->torch_version + " but this host has none");
+    if (torch_version_ != e->torch_version)
+      throw HostError(who + ": built against LibTorch " + std::string(e->torch_version) +
+                      ", host runs LibTorch " + torch_version_ + " (rebuild the plugin)");
+  }
+  if (!e->init || !e->get_api)
+    throw HostError(who + ": entry has no init or get_api function");
+  if (e->num_options > 0 && !e->options)
+    throw HostError(who + ": declares options but the option table is NULL");
+  if (const Plugin* dup = find(e->kind, name))
+    throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) +
+                    ": " + dup->path + " and " + path);
+
+  dtk_status* init_status = nullptr;
+  try {
+    init_status = e->init(services_);
+  } catch (...) {
+    throw HostError(who + ": init threw an exception across the ABI boundary");
+  }
+  check_status(init_status, who + ": init failed");
+  const void* api = nullptr;
+  try {
+    api = e->get_api();
+  } catch (...) {
+    throw HostError(who + ": get_api threw an exception across the ABI boundary");
+  }
+  if (!api) throw HostError(who + ": get_api returned NULL");
+  const size_t api_size = *static_cast<const size_t*>(api);
+  if (api_size < min_api_size(e->kind))
+    throw HostError(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
+                    " is smaller than ABI 1.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
+
+  auto* p = new Plugin();
+  p->path = path;
+  p->entry = e;
+  p->api = api;
+  plugins_.push_back(p);
+  return *p;
+}
+
+void PluginHost::load_directory(const std::string& dir, bool required) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    if (required) throw HostError("plugin directory " + quote(dir) + " does not exist");
+    return;
+  }
+  std::vector<std::string> files;
+  for (const auto& de : fs::directory_iterator(dir, ec))
+    if (de.path().extension() == ".so") files.push_back(de.path().string());
+  std::sort(files.begin(), files.end());  // deterministic order (and duplicate reports)
+  for (const auto& f : files) load_file(f);
+}
+
+void PluginHost::discover(const std::string& exe_dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> entries;
+  entries.push_back((fs::path(exe_dir) / ".." / "lib" / "dtk" / "plugins").lexically_normal().string());
+  load_directory(entries.back(), false);
+  auto add = [&](const std::string& p, const std::string& origin) {
+    if (p.empty()) return;
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      load_directory(p, true);
+    } else if (fs::exists(p, ec)) {
+      load_file(p);
+    } else {
+      throw HostError(origin + " entry " + quote(p) + " does not exist");
+    }
+  };
+  if (const char* env = std::getenv("DTK_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    std::string item;
+    while (std::getline(ss, item, ':')) add(item, "DTK_PLUGIN_PATH");
+  }
+  for (const auto& p : extra) {
+    std::stringstream ss(p);
+    std::string item;
+    while (std::getline(ss, item, ':')) add(item, "--plugin_path");
+  }
+}
+
+const Plugin* PluginHost::find(int32_t kind, const std::string& name) const {
+  for (const Plugin* p : plugins_)
+    if (p->kind() == kind && name == p->entry->name) return p;
+  return nullptr;
+}
+
+const Plugin* PluginHost::find_any(const std::string& name) const {
+  for (const Plugin* p : plugins_)
+    if (name == p->entry->name) return p;
+  return nullptr;
+}
+
+const Plugin& PluginHost::get(int32_t kind, const std::string& name) const {
+  if (const Plugin* p = find(kind, name)) return *p;
+  std::vector<std::string> names;
+  for (const Plugin* p : plugins_)
+    if (p->kind() == kind) names.push_back(p->entry->name);
+  std::string msg = "unknown " + std::string(kind_name(kind)) + " plugin " + quote(name);
+  std::string guess = did_you_mean(name, names);
+  if (!guess.empty()) {
+    msg += "; did you mean " + quote(guess) + "?";
+  } else if (names.empty()) {
+    msg += " (no " + std::string(kind_name(kind)) + " plugins were found; see `dtk plugins list`)";
+  } else {
+    std::string all;
+    for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+    msg += " (available: " + all + ")";
+  }
+  throw HostError(msg);
+}
+
+std::vector<const Plugin*> PluginHost::list() const {
+  std::vector<const Plugin*> out(plugins_.begin(), plugins_.end());
+  std::sort(out.begin(), out.end(), [](const Plugin* a, const Plugin* b) {
+    return std::make_pair(a->kind(), a->name()) < std::make_pair(b->kind(), b->name());
+  });
+  return out;
+}
+
+void PluginHost::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (Plugin* p : plugins_) {
+    try {
+      if (p->entry->deinit) p->entry->deinit();
+    } catch (...) {
+    }
+  }
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    size_t d = distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  // Accept typos up to a third of the word (at least 2 edits), or a prefix/substring match.
+  if (!best.empty() && best_d <= std::max<size_t>(2, word.size() / 3)) return best;
+  for (const auto& c : candidates)
+    if (!word.empty() && (c.find(word) != std::string::npos || word.find(c) != std::string::npos)) return c;
+  return "";
+}
+
+namespace {
+bool check_value(const dtk_option_spec& spec, const std::string& v, std::string* why) {
+  switch (spec.type) {
+    case DTK_OPT_BOOL:
+      if (v == "true" || v == "false" || v == "1" || v == "0" || v == "True" || v == "False") return true;
+      *why = "expects a boolean (true/false)";
+      return false;
+    case DTK_OPT_INT: {
+      char* end = nullptr;
+      errno = 0;
+      (void)std::strtoll(v.c_str(), &end, 10);
+      if (!v.empty() && *end == '\0' && errno != ERANGE) return true;
+      *why = "expects an integer";
+      return false;
+    }
+    case DTK_OPT_FLOAT: {
+      char* end = nullptr;
+      (void)std::strtod(v.c_str(), &end);
+      if (!v.empty() && *end == '\0') return true;
+      *why = "expects a number";
+      return false;
+    }
+    case DTK_OPT_STRING: return true;
+    case DTK_OPT_ENUM: {
+      std::stringstream ss(spec.choices ? spec.choices : "");
+      std::string c;
+      while (std::getline(ss, c, '|'))
+        if (c == v) return true;
+      *why = std::string("expects one of ") + (spec.choices ? spec.choices : "(none)");
+      return false;
+    }
+    default: *why = "has an unknown option type"; return false;
+  }
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> resolve_options(
+    const Plugin& plugin, const std::map<std::string, std::string>& user) {
+  const auto specs = plugin.options();
+  const std::string who = std::string(kind_name(plugin.kind())) + " plugin '" + plugin.name() + "'";
+  std::vector<std::string> names;
+  for (const auto* s : specs) names.push_back(s->name);
+  for (const auto& kv : user) {
+    if (std::find(names.begin(), names.end(), kv.first) != names.end()) continue;
+    std::string msg = who + " has no option '" + kv.first + "'";
+    std::string guess = did_you_mean(kv.first, names);
+    if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
+    else msg += " (see `dtk plugins describe " + plugin.name() + "`)";
+    throw HostError(msg);
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto* s : specs) {
+    auto it = user.find(s->name);
+    std::string value;
+    if (it != user.end()) {
+      value = it->second;
+    } else if (s->default_value) {
+      value = s->default_value;
+    } else {
+      throw HostError(who + ": required option '" + std::string(s->name) + "' is not set");
+    }
+    std::string why;
+    if (!check_value(*s, value, &why))
+      throw HostError(who + ": option '" + std::string(s->name) + "' " + why + ", got '" + value + "'");
+    out.emplace_back(s->name, value);
+  }
+  return out;
+}
+
+OptionValues::OptionValues(std::vector<std::pair<std::string, std::string>> kv) : kv_(std::move(kv)) {
+  for (const auto& p : kv_) items_.push_back({p.first.c_str(), p.second.c_str()});
+  values_ = {sizeof(dtk_option_values), items_.size(), items_.data()};
+}
+
+}  // namespace dtk::host

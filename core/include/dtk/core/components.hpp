@@ -1,0 +1,148 @@
+// dtk/core/components.hpp — the named parts the pipeline is wired from. Each wraps one plugin
+// object behind RAII and turns a plugin's error status into a HostError that names the plugin
+// and the call, so the driver (pipeline.cpp) reads top to bottom.
+#pragma once
+
+#include <dtk/tensor.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core {
+
+// Throws HostError "<kind> plugin '<name>': <call>: <message>" for a non-NULL status.
+void check_plugin(dtk_status* s, const host::Plugin& plugin, const char* call);
+
+class ModelInstance {
+ public:
+  ModelInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
+  ~ModelInstance();
+  const dtk_model_ref* ref() const { return &ref_; }
+  std::vector<Param> parameters() const;
+  void set_training(bool training);
+  dtk_model_info info() const;
+  TensorList state_save() const;
+  void state_load(const TensorList& state, bool strict);
+  const host::Plugin& plugin() const { return plugin_; }
+
+ private:
+  const host::Plugin& plugin_;
+  const dtk_model_api* api_;
+  dtk_model_ref ref_{};
+};
+
+class StepInstance {
+ public:
+  StepInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
+  ~StepInstance();
+  // Runs the step on one micro-batch; returns the loss and adds metrics into `metrics`.
+  at::Tensor forward_step(const ModelInstance& model, const TensorList& batch,
+                          std::vector<std::pair<std::string, double>>* metrics);
+
+ private:
+  const host::Plugin& plugin_;
+  const dtk_step_api* api_;
+  dtk_step* step_ = nullptr;
+};
+
+class OptimizerInstance {
+ public:
+  OptimizerInstance(const host::Plugin& plugin, const dtk_build_context& ctx, const std::vector<Param>& params,
+                    double weight_decay);
+  ~OptimizerInstance();
+  const dtk_optimizer_ref* ref() const { return &ref_; }
+  TensorList state_save() const;
+  void state_load(const TensorList& state);
+  size_t num_groups() const { return num_groups_; }
+
+ private:
+  const host::Plugin& plugin_;
+  const dtk_optimizer_api* api_;
+  dtk_optimizer_ref ref_{};
+  size_t num_groups_ = 0;
+};
+
+class StrategyInstance {
+ public:
+  StrategyInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
+  ~StrategyInstance();
+  void setup(const ModelInstance& model);
+  std::vector<Param> optimizer_params();
+  void before_backward(bool is_last);
+  void reduce_gradients();
+  double clip_and_norm(double max_norm);
+  void optimizer_step(const OptimizerInstance& opt, const dtk_optimizer_step_args& args);
+  void zero_grad();
+
+ private:
+  const host::Plugin& plugin_;
+  const dtk_strategy_api* api_;
+  dtk_strategy* strategy_ = nullptr;
+};
+
+class DatasetInstance {
+ public:
+  DatasetInstance(const host::Plugin& plugin, const dtk_dataset_context& ctx);
+  ~DatasetInstance();
+  int64_t num_samples(int32_t split) const;
+  int64_t vocab_size() const;
+  // One sample as an int64 tensor (the "text" buffer, any integer dtype, converted).
+  at::Tensor get_sample(int32_t split, int64_t index) const;
+  const host::Plugin& plugin() const { return plugin_; }
+
+ private:
+  const host::Plugin& plugin_;
+  const dtk_dataset_api* api_;
+  dtk_dataset* dataset_ = nullptr;
+};
+
+// Background prefetching of micro-batches, so the step never waits on data. Produces
+// [micro_batch_size, seq_length + 1] int64 batches for a list of sample indices.
+class BatchLoader {
+ public:
+  // `index_of(k, j)`: sample index of row j of the k-th micro-batch produced.
+  BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
+              std::function<int64_t(int64_t, int64_t)> index_of, int depth = 4);
+  ~BatchLoader();
+  at::Tensor next();  // rethrows the worker's error, if any
+
+ private:
+  void run();
+  const DatasetInstance& data_;
+  int32_t split_;
+  int64_t mbs_, num_batches_;
+  std::function<int64_t(int64_t, int64_t)> index_of_;
+  size_t depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<at::Tensor> queue_;
+  std::exception_ptr error_;
+  int64_t produced_ = 0, consumed_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread worker_;
+};
+
+// Megatron's OptimizerParamScheduler learning rate: linear warmup, then constant, linear,
+// cosine or inverse-square-root decay to min_lr over lr_decay_iters.
+double learning_rate(int64_t iteration, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
+                     const std::string& style);
+
+// Parameter count (tied weights once) and training FLOPs per token:
+// 6N + 6*L*h*s without recomputation, 8N + 8*L*h*s with full recomputation.
+struct ModelStats {
+  int64_t num_parameters = 0;
+  double flops_per_token = 0;
+};
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info);
+
+}  // namespace dtk::core

@@ -1,0 +1,31 @@
+// dtk/core/services.hpp — the dtk_host_services table the host hands to every plugin:
+// logging into glog, statuses, process groups and collectives, RNG seeds, config access.
+#pragma once
+
+#include <dtk/abi.h>
+
+#include <string>
+
+#include "dtk_config.pb.h"
+
+namespace dtk::core {
+
+// Ranks and sizes of the process groups of this process (Megatron's layout).
+struct Topology {
+  int world_rank = 0, world_size = 1;
+  int tp_rank = 0, tp_size = 1;
+  int pp_rank = 0, pp_size = 1;
+  int dp_rank = 0, dp_size = 1;
+};
+
+// The LibTorch version this host runs ("1.13.0"); compute plugins must match it.
+const char* host_torch_version();
+
+// The process-wide services table. Valid for the process lifetime.
+const dtk_host_services* host_services();
+
+// What config_get reads and rng_seed derives from. Call before creating plugin objects.
+void set_run_config(const config::RunConfig& cfg);
+const Topology& topology();
+
+}  // namespace dtk::core

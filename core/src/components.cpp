@@ -1,0 +1,321 @@
+#include "dtk/core/components.hpp"
+
+#include <cmath>
+#include <set>
+
+namespace dtk::core {
+
+using host::HostError;
+using host::Plugin;
+
+void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
+  if (!s) return;
+  std::string message = dtk_status_get_message(s);
+  dtk_status_release(s);
+  throw HostError(std::string(host::kind_name(plugin.kind())) + " plugin '" + plugin.name() + "': " + call +
+                  ": " + message);
+}
+
+namespace {
+dtk_param_visitor collecting_visitor(std::vector<Param>* out) {
+  return {sizeof(dtk_param_visitor), out, [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
+            return guard([&] {
+              Param p;
+              p.name = name ? name : "";
+              p.tensor = unwrap(t);
+              if (info) std::memcpy(&p.info, info, std::min(info->struct_size, sizeof(dtk_param_info)));
+              p.info.struct_size = sizeof(dtk_param_info);
+              static_cast<std::vector<Param>*>(ctx)->push_back(std::move(p));
+            });
+          }};
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
+    : plugin_(plugin), api_(plugin.api_as<dtk_model_api>()) {
+  dtk_model* m = nullptr;
+  check_plugin(api_->create(&ctx, &m), plugin_, "create");
+  if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
+  ref_ = {sizeof(dtk_model_ref), api_, m};
+}
+ModelInstance::~ModelInstance() {
+  if (ref_.model) api_->destroy(ref_.model);
+}
+std::vector<Param> ModelInstance::parameters() const {
+  std::vector<Param> out;
+  dtk_param_visitor v = collecting_visitor(&out);
+  check_plugin(api_->visit_parameters(ref_.model, &v), plugin_, "visit_parameters");
+  return out;
+}
+void ModelInstance::set_training(bool training) {
+  check_plugin(api_->set_training(ref_.model, training ? 1 : 0), plugin_, "set_training");
+}
+dtk_model_info ModelInstance::info() const {
+  dtk_model_info info{};
+  info.struct_size = sizeof(info);
+  check_plugin(api_->get_info(ref_.model, &info), plugin_, "get_info");
+  return info;
+}
+TensorList ModelInstance::state_save() const {
+  SinkCollector out;
+  check_plugin(api_->state_save(ref_.model, out.sink()), plugin_, "state_save");
+  return std::move(out.items());
+}
+void ModelInstance::state_load(const TensorList& state, bool strict) {
+  MapView view(state);
+  check_plugin(api_->state_load(ref_.model, view.get(), strict ? 1 : 0), plugin_, "state_load");
+}
+
+// ---------------------------------------------------------------------------------------------
+StepInstance::StepInstance(const Plugin& plugin, const dtk_build_context& ctx)
+    : plugin_(plugin), api_(plugin.api_as<dtk_step_api>()) {
+  check_plugin(api_->create(&ctx, &step_), plugin_, "create");
+  if (!step_) throw HostError("step plugin '" + plugin_.name() + "': create returned no step");
+}
+StepInstance::~StepInstance() {
+  if (step_) api_->destroy(step_);
+}
+at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch,
+                                      std::vector<std::pair<std::string, double>>* metrics) {
+  MapView view(batch);
+  dtk_metric_sink sink{sizeof(dtk_metric_sink), metrics, [](void* ctx, const char* name, double v) {
+                         static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
+                       }};
+  dtk_tensor* loss = nullptr;
+  check_plugin(api_->forward_step(step_, model.ref(), view.get(), &loss, &sink), plugin_, "forward_step");
+  if (!loss) throw HostError("step plugin '" + plugin_.name() + "': forward_step returned no loss");
+  TensorHandle owned(loss);
+  return unwrap(loss);
+}
+
+// ---------------------------------------------------------------------------------------------
+OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_context& ctx,
+                                     const std::vector<Param>& params, double weight_decay)
+    : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()) {
+  // Two groups as Megatron: weights decay; biases and norm parameters do not.
+  std::vector<dtk_tensor> handles;
+  handles.reserve(params.size());
+  for (const auto& p : params) handles.push_back(dtk_tensor{p.tensor});
+  std::vector<dtk_tensor*> decay, no_decay;
+  std::vector<const char*> decay_names, no_decay_names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    (params[i].info.no_weight_decay ? no_decay : decay).push_back(&handles[i]);
+    (params[i].info.no_weight_decay ? no_decay_names : decay_names).push_back(params[i].name.c_str());
+  }
+  std::vector<dtk_param_group> groups;
+  if (!decay.empty())
+    groups.push_back({sizeof(dtk_param_group), decay.size(), decay.data(), decay_names.data(), weight_decay, 1.0});
+  if (!no_decay.empty())
+    groups.push_back({sizeof(dtk_param_group), no_decay.size(), no_decay.data(), no_decay_names.data(), 0.0, 1.0});
+  num_groups_ = groups.size();
+  dtk_optimizer* o = nullptr;
+  check_plugin(api_->create(&ctx, groups.data(), groups.size(), &o), plugin_, "create");
+  if (!o) throw HostError("optimizer plugin '" + plugin_.name() + "': create returned no optimizer");
+  ref_ = {sizeof(dtk_optimizer_ref), api_, o};
+}
+OptimizerInstance::~OptimizerInstance() {
+  if (ref_.optimizer) api_->destroy(ref_.optimizer);
+}
+TensorList OptimizerInstance::state_save() const {
+  SinkCollector out;
+  check_plugin(api_->state_save(ref_.optimizer, out.sink()), plugin_, "state_save");
+  return std::move(out.items());
+}
+void OptimizerInstance::state_load(const TensorList& state) {
+  MapView view(state);
+  check_plugin(api_->state_load(ref_.optimizer, view.get()), plugin_, "state_load");
+}
+
+// ---------------------------------------------------------------------------------------------
+StrategyInstance::StrategyInstance(const Plugin& plugin, const dtk_build_context& ctx)
+    : plugin_(plugin), api_(plugin.api_as<dtk_strategy_api>()) {
+  check_plugin(api_->create(&ctx, &strategy_), plugin_, "create");
+  if (!strategy_) throw HostError("strategy plugin '" + plugin_.name() + "': create returned no strategy");
+}
+StrategyInstance::~StrategyInstance() {
+  if (strategy_) api_->destroy(strategy_);
+}
+void StrategyInstance::setup(const ModelInstance& model) {
+  check_plugin(api_->setup(strategy_, model.ref()), plugin_, "setup");
+}
+std::vector<Param> StrategyInstance::optimizer_params() {
+  std::vector<Param> out;
+  dtk_param_visitor v = collecting_visitor(&out);
+  check_plugin(api_->optimizer_params(strategy_, &v), plugin_, "optimizer_params");
+  return out;
+}
+void StrategyInstance::before_backward(bool is_last) {
+  check_plugin(api_->before_backward(strategy_, is_last ? 1 : 0), plugin_, "before_backward");
+}
+void StrategyInstance::reduce_gradients() { check_plugin(api_->reduce_gradients(strategy_), plugin_, "reduce_gradients"); }
+double StrategyInstance::clip_and_norm(double max_norm) {
+  double norm = 0;
+  check_plugin(api_->clip_and_norm(strategy_, max_norm, &norm), plugin_, "clip_and_norm");
+  return norm;
+}
+void StrategyInstance::optimizer_step(const OptimizerInstance& opt, const dtk_optimizer_step_args& args) {
+  check_plugin(api_->optimizer_step(strategy_, opt.ref(), &args), plugin_, "optimizer_step");
+}
+void StrategyInstance::zero_grad() { check_plugin(api_->zero_grad(strategy_), plugin_, "zero_grad"); }
+
+// ---------------------------------------------------------------------------------------------
+DatasetInstance::DatasetInstance(const Plugin& plugin, const dtk_dataset_context& ctx)
+    : plugin_(plugin), api_(plugin.api_as<dtk_dataset_api>()) {
+  check_plugin(api_->create(&ctx, &dataset_), plugin_, "create");
+  if (!dataset_) throw HostError("dataset plugin '" + plugin_.name() + "': create returned no dataset");
+}
+DatasetInstance::~DatasetInstance() {
+  if (dataset_) api_->destroy(dataset_);
+}
+int64_t DatasetInstance::num_samples(int32_t split) const {
+  int64_t n = 0;
+  check_plugin(api_->num_samples(dataset_, split, &n), plugin_, "num_samples");
+  return n;
+}
+int64_t DatasetInstance::vocab_size() const {
+  int64_t n = 0;
+  check_plugin(api_->vocab_size(dataset_, &n), plugin_, "vocab_size");
+  return n;
+}
+
+namespace {
+// Collects the buffers a dataset puts; releases every one it does not keep.
+struct BufferCollector {
+  std::vector<std::pair<std::string, dtk_buffer*>> items;
+  ~BufferCollector() {
+    for (auto& kv : items)
+      if (kv.second && kv.second->deleter) kv.second->deleter(kv.second);
+  }
+};
+
+at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
+  if (!b || b->struct_size < offsetof(dtk_buffer, deleter) + sizeof(void*))
+    throw HostError(where + ": malformed buffer");
+  if (b->ndim != 1 || !b->shape || b->shape[0] < 0) throw HostError(where + ": expected a 1-D buffer");
+  const int64_t n = b->shape[0];
+  const int64_t stride = b->strides ? b->strides[0] : 1;
+  at::ScalarType st;
+  switch (b->dtype) {
+    case DTK_DTYPE_UINT8: st = at::kByte; break;
+    case DTK_DTYPE_INT8: st = at::kChar; break;
+    case DTK_DTYPE_INT16: st = at::kShort; break;
+    case DTK_DTYPE_INT32: st = at::kInt; break;
+    case DTK_DTYPE_INT64: st = at::kLong; break;
+    case DTK_DTYPE_UINT16: {
+      // LibTorch 1.13 has no uint16: widen by hand.
+      auto out = at::empty({n}, at::kLong);
+      auto* dst = out.data_ptr<int64_t>();
+      const auto* src = static_cast<const uint16_t*>(b->data);
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
+      return out;
+    }
+    default: throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
+  }
+  if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
+  return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st)).to(at::kLong);
+}
+}  // namespace
+
+at::Tensor DatasetInstance::get_sample(int32_t split, int64_t index) const {
+  BufferCollector c;
+  dtk_buffer_sink sink{sizeof(dtk_buffer_sink), &c, [](void* ctx, const char* name, dtk_buffer* b) -> dtk_status* {
+                         static_cast<BufferCollector*>(ctx)->items.emplace_back(name ? name : "", b);
+                         return nullptr;
+                       }};
+  check_plugin(api_->get_sample(dataset_, split, index, &sink), plugin_, "get_sample");
+  for (auto& kv : c.items)
+    if (kv.first == "text")
+      return buffer_to_int64(kv.second, "dataset plugin '" + plugin_.name() + "' sample " + std::to_string(index));
+  throw HostError("dataset plugin '" + plugin_.name() + "': sample " + std::to_string(index) + " has no 'text' buffer");
+}
+
+// ---------------------------------------------------------------------------------------------
+BatchLoader::BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
+                         std::function<int64_t(int64_t, int64_t)> index_of, int depth)
+    : data_(data), split_(split), mbs_(micro_batch_size), num_batches_(num_batches),
+      index_of_(std::move(index_of)), depth_(static_cast<size_t>(depth)) {
+  worker_ = std::thread([this] { run(); });
+}
+
+BatchLoader::~BatchLoader() {
+  stop_ = true;
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void BatchLoader::run() {
+  try {
+    for (int64_t k = 0; k < num_batches_ && !stop_; ++k) {
+      std::vector<at::Tensor> rows;
+      rows.reserve(static_cast<size_t>(mbs_));
+      for (int64_t j = 0; j < mbs_; ++j) rows.push_back(data_.get_sample(split_, index_of_(k, j)));
+      for (const auto& r : rows)
+        if (r.size(0) != rows[0].size(0))
+          throw HostError("dataset plugin '" + data_.plugin().name() + "': samples of one batch differ in length");
+      at::Tensor batch = at::stack(rows);
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || queue_.size() < depth_; });
+      if (stop_) return;
+      queue_.push_back(std::move(batch));
+      ++produced_;
+      cv_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+at::Tensor BatchLoader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !queue_.empty() || error_ || consumed_ >= num_batches_; });
+  if (queue_.empty()) {
+    if (error_) std::rethrow_exception(error_);
+    throw HostError("data loader: no more batches (requested more than planned)");
+  }
+  at::Tensor b = std::move(queue_.front());
+  queue_.pop_front();
+  ++consumed_;
+  cv_.notify_all();
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+double learning_rate(int64_t it, double max_lr, double min_lr, int64_t warmup, int64_t decay_iters,
+                     const std::string& style) {
+  if (warmup > 0 && it <= warmup) return max_lr * static_cast<double>(it) / static_cast<double>(warmup);
+  if (style == "constant") return max_lr;
+  if (style == "inverse-square-root") {
+    const double w = static_cast<double>(std::max<int64_t>(warmup, 1));
+    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
+  }
+  if (it > decay_iters) return min_lr;
+  const double ratio = decay_iters > warmup
+                           ? static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup)
+                           : 1.0;
+  double coeff = 0;
+  if (style == "linear") coeff = 1.0 - ratio;
+  else coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);  // cosine
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info) {
+  ModelStats s;
+  std::set<const void*> seen;
+  for (const auto& p : params) {
+    // A tied tensor listed twice is counted once (Megatron counts unique parameters).
+    const void* key = p.tensor.unsafeGetTensorImpl();
+    if (!seen.insert(key).second) continue;
+    s.num_parameters += p.tensor.numel();
+  }
+  const double n = static_cast<double>(s.num_parameters);
+  const double attn = static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) *
+                      static_cast<double>(info.seq_length);
+  const double mult = info.recompute ? 8.0 : 6.0;
+  s.flops_per_token = mult * n + mult * attn;
+  return s;
+}
+
+}  // namespace dtk::core

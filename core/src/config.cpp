@@ -1,0 +1,254 @@
+#include "dtk/core/config.hpp"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using google::protobuf::TextFormat;
+using host::HostError;
+
+namespace {
+
+constexpr const char* kDefaults = R"pb(
+  model { name: "gpt" }
+  dataset { name: "synthetic" }
+  step { name: "causal_lm" }
+  optimizer { name: "adamw" }
+  strategy { name: "ddp" }
+  train {
+    micro_batch_size: 4
+    global_batch_size: 0
+    train_iters: 100
+    seq_length: 128
+    seed: 1234
+    clip_grad: 1.0
+    params_dtype: "fp32"
+    threads: 0
+    device: "cpu"
+  }
+  lr {
+    lr: 3e-4
+    min_lr: 3e-5
+    lr_decay_style: "cosine"
+    lr_warmup_iters: 0
+    lr_decay_iters: 0
+    weight_decay: 0.01
+  }
+  eval { eval_interval: 0 eval_iters: 10 }
+  logging { log_interval: 10 }
+  distributed {
+    tensor_model_parallel_size: 1
+    pipeline_model_parallel_size: 1
+    backend: "gloo"
+    timeout_seconds: 300
+  }
+)pb";
+
+// Collects the first parse error as "line L column C: message".
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (text.empty())
+      text = "line " + std::to_string(line + 1) + " column " + std::to_string(column + 1) + ": " + message;
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  std::string text;
+};
+
+void merge_text(const std::string& text, config::RunConfig* cfg, const std::string& origin) {
+  TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.MergeFromString(text, cfg))
+    throw HostError(origin + ": " + (errors.text.empty() ? "parse error" : errors.text));
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  std::string p;
+  while (std::getline(ss, p, '.')) parts.push_back(p);
+  return parts;
+}
+
+std::vector<std::string> field_names(const Descriptor* d, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (int i = 0; i < d->field_count(); ++i) out.push_back(prefix + d->field(i)->name());
+  return out;
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+config::RunConfig default_config() {
+  config::RunConfig cfg;
+  merge_text(kDefaults, &cfg, "built-in defaults");
+  return cfg;
+}
+
+config::RunConfig load_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw HostError("config '" + path + "': cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  config::RunConfig cfg = default_config();
+  merge_text(ss.str(), &cfg, "config '" + path + "'");
+  return cfg;
+}
+
+void apply_override(config::RunConfig& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw HostError("--set '" + assignment + "': expected key=value (e.g. train.lr=3e-4)");
+  const std::string path = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  const auto parts = split_path(path);
+
+  Message* msg = &cfg;
+  std::string walked;
+  std::string text_open, text_close;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Descriptor* d = msg->GetDescriptor();
+    const FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (!f && d->full_name() == "dtk.config.PluginChoice" && i + 1 == parts.size()) {
+      // Below a plugin slot, an unknown name is a plugin option; the host validates it against
+      // the plugin's declarations once the plugin is known.
+      auto* choice = static_cast<config::PluginChoice*>(msg);
+      (*choice->mutable_options())[parts[i]] = value;
+      return;
+    }
+    if (!f || f->is_map() || f->is_repeated()) {
+      std::string msg_text = "--set '" + assignment + "': no config field '" + walked + parts[i] + "'";
+      std::string guess = host::did_you_mean(parts[i], field_names(d, ""));
+      if (!guess.empty()) msg_text += "; did you mean '" + walked + guess + "'?";
+      throw HostError(msg_text);
+    }
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (i + 1 == parts.size())
+        throw HostError("--set '" + assignment + "': '" + path + "' is a section, name one of its fields");
+      msg = msg->GetReflection()->MutableMessage(msg, f);
+      walked += parts[i] + ".";
+      continue;
+    }
+    if (i + 1 != parts.size())
+      throw HostError("--set '" + assignment + "': '" + walked + parts[i] + "' is not a section");
+    // Leaf: let the text-format parser do the type checking and conversion.
+    const std::string literal =
+        f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
+    TextFormat::Parser parser;
+    FirstError errors;
+    parser.RecordErrorsTo(&errors);
+    std::unique_ptr<Message> tmp(msg->New());
+    if (value.empty() && f->type() != FieldDescriptor::TYPE_STRING)
+      throw HostError("--set '" + assignment + "': empty value for '" + path + "'");
+    if (!parser.ParseFieldValueFromString(literal, f, tmp.get()))
+      throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " +
+                      f->type_name() + " for '" + path + "'");
+    msg->GetReflection()->ClearField(msg, f);
+    msg->MergeFrom(*tmp);
+    // MergeFrom skips proto3 zero values; copy explicitly so "--set train.clip_grad=0" works.
+    const Reflection* r = msg->GetReflection();
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(msg, f, tmp->GetReflection()->GetInt32(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(msg, f, tmp->GetReflection()->GetInt64(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(msg, f, tmp->GetReflection()->GetUInt32(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(msg, f, tmp->GetReflection()->GetUInt64(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(msg, f, tmp->GetReflection()->GetDouble(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(msg, f, tmp->GetReflection()->GetFloat(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(msg, f, tmp->GetReflection()->GetBool(*tmp, f)); break;
+      case FieldDescriptor::CPPTYPE_STRING: r->SetString(msg, f, tmp->GetReflection()->GetString(*tmp, f)); break;
+      default: break;
+    }
+    return;
+  }
+}
+
+std::string config_value(const config::RunConfig& cfg, const std::string& path) {
+  const auto parts = split_path(path);
+  const Message* msg = &cfg;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Descriptor* d = msg->GetDescriptor();
+    const FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (!f && d->full_name() == "dtk.config.PluginChoice" && i + 1 == parts.size()) {
+      const auto& opts = static_cast<const config::PluginChoice*>(msg)->options();
+      auto it = opts.find(parts[i]);
+      if (it != opts.end()) return it->second;
+    }
+    if (!f) throw HostError("no config field '" + path + "'");
+    const Reflection* r = msg->GetReflection();
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_repeated()) {
+      msg = &r->GetMessage(*msg, f);
+      if (i + 1 == parts.size()) {
+        std::string out;
+        TextFormat::PrintToString(*msg, &out);
+        return out;
+      }
+      continue;
+    }
+    if (i + 1 != parts.size()) throw HostError("no config field '" + path + "'");
+    std::string out;
+    TextFormat::PrintFieldValueToString(*msg, f, -1, &out);
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      out = r->GetString(*msg, f);  // unquoted
+    }
+    return out;
+  }
+  throw HostError("no config field '" + path + "'");
+}
+
+void validate_config(const config::RunConfig& cfg) {
+  const auto& t = cfg.train();
+  auto positive = [](int64_t v, const char* name) {
+    if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
+  };
+  positive(t.micro_batch_size(), "train.micro_batch_size");
+  positive(t.train_iters(), "train.train_iters");
+  positive(t.seq_length(), "train.seq_length");
+  if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
+  if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")
+    throw HostError("config: train.params_dtype must be fp32, bf16 or fp16, got '" + t.params_dtype() + "'");
+  if (t.device() != "cpu" && t.device() != "cuda")
+    throw HostError("config: train.device must be cpu or cuda, got '" + t.device() + "'");
+  if (t.threads() < 0) throw HostError("config: train.threads must be >= 0");
+  if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
+  const auto& lr = cfg.lr();
+  if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
+  const std::string& style = lr.lr_decay_style();
+  if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root")
+    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine or inverse-square-root, got '" +
+                    style + "'");
+  if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
+  if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
+    throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
+  if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
+  for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
+    if (slot->name().empty()) throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");
+}
+
+std::string to_text(const config::RunConfig& cfg) {
+  std::string out;
+  TextFormat::PrintToString(cfg, &out);
+  return out;
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,97 @@
+// adamw — Adam with decoupled weight decay (Loshchilov & Hutter), the update Megatron-LM and
+// DeepSpeed use for GPT pretraining (torch.optim.AdamW / apex FusedAdam with adam_w_mode):
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   p -= lr * wd * p;  p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+#include <dtk/tensor.hpp>
+
+#include <cmath>
+
+namespace {
+
+const dtk_option_spec kOptions[] = {
+    dtk::opt_float("beta1", "0.9", "Adam beta1 (Megatron's --adam_beta1)."),
+    dtk::opt_float("beta2", "0.999", "Adam beta2 (Megatron's --adam_beta2)."),
+    dtk::opt_float("eps", "1e-8", "Adam epsilon (Megatron's --adam_eps)."),
+};
+
+class AdamW : public dtk::Optimizer {
+ public:
+  AdamW(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
+      : groups_(std::move(groups)), beta1_(ctx.options.get_float("beta1")), beta2_(ctx.options.get_float("beta2")),
+        eps_(ctx.options.get_float("eps")) {
+    if (beta1_ < 0 || beta1_ >= 1) throw dtk::Error("option 'beta1' must be in [0, 1)");
+    if (beta2_ < 0 || beta2_ >= 1) throw dtk::Error("option 'beta2' must be in [0, 1)");
+    if (eps_ <= 0) throw dtk::Error("option 'eps' must be > 0");
+    for (auto& g : groups_) {
+      m_.emplace_back(g.params.size());
+      v_.emplace_back(g.params.size());
+    }
+  }
+
+  void step(const dtk_optimizer_step_args& args) override {
+    at::NoGradGuard no_grad;
+    ++step_;
+    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step_));
+    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step_));
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      auto& g = groups_[gi];
+      const double lr = args.lr * g.lr_scale;
+      for (size_t i = 0; i < g.params.size(); ++i) {
+        at::Tensor& p = g.params[i];
+        if (!p.grad().defined()) continue;
+        at::Tensor grad = p.grad();
+        if (args.grad_scale != 1.0) grad = grad / args.grad_scale;
+        at::Tensor& m = m_[gi][i];
+        at::Tensor& v = v_[gi][i];
+        if (!m.defined()) {
+          m = at::zeros_like(p, at::MemoryFormat::Preserve);
+          v = at::zeros_like(p, at::MemoryFormat::Preserve);
+        }
+        m.mul_(beta1_).add_(grad, 1.0 - beta1_);
+        v.mul_(beta2_).addcmul_(grad, grad, 1.0 - beta2_);
+        if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
+        at::Tensor denom = (v / bc2).sqrt_().add_(eps_);
+        p.addcdiv_(m, denom, -lr / bc1);
+      }
+    }
+  }
+
+  dtk::TensorList state_save() override {
+    dtk::TensorList out;
+    out.emplace_back("step", at::scalar_tensor(static_cast<int64_t>(step_), at::kLong));
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
+        if (!m_[gi][i].defined()) continue;
+        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
+        out.emplace_back(key + ".exp_avg", m_[gi][i]);
+        out.emplace_back(key + ".exp_avg_sq", v_[gi][i]);
+      }
+    return out;
+  }
+
+  void state_load(const dtk::TensorList& state) override {
+    if (const at::Tensor* s = dtk::find(state, "step")) step_ = s->item<int64_t>();
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
+        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
+        const at::Tensor* m = dtk::find(state, key + ".exp_avg");
+        const at::Tensor* v = dtk::find(state, key + ".exp_avg_sq");
+        if (!m || !v) continue;
+        if (m->sizes() != groups_[gi].params[i].sizes())
+          throw dtk::Error("optimizer state '" + key + "' has the wrong shape");
+        m_[gi][i] = m->clone();
+        v_[gi][i] = v->clone();
+      }
+  }
+
+ private:
+  std::vector<dtk::ParamGroup> groups_;
+  std::vector<std::vector<at::Tensor>> m_, v_;
+  double beta1_, beta2_, eps_;
+  int64_t step_ = 0;
+};
+
+}  // namespace
+
+DTK_PLUGIN("adamw", DTK_KIND_OPTIMIZER, "1.0.0", "Adam with decoupled weight decay (Megatron/DeepSpeed default)",
+           DTK_TORCH_VERSION, dtk::optimizer_api<AdamW>(), kOptions)

@@ -1,0 +1,39 @@
+# dtk_add_plugin(<target> SOURCES <src>... [NO_TORCH] [LIBRARIES <lib>...] [INSTALL])
+#
+# Builds a DTK plugin: a MODULE library that exports exactly one symbol (dtk_plugin_get_entry),
+# compiled with hidden visibility and linked with a version script. Compute plugins (models,
+# steps, optimizers, strategies) link LibTorch; data-tier plugins pass NO_TORCH.
+# The output lands in DTK_PLUGIN_OUTPUT_DIR when set (the host's plugin directory in a DTK
+# build tree), else in the current binary directory. INSTALL installs it into
+# ${CMAKE_INSTALL_LIBDIR}/dtk/plugins, where an installed `dtk` discovers it.
+set(_DTK_PLUGIN_MAP "${CMAKE_CURRENT_LIST_DIR}/dtk_plugin.map" CACHE INTERNAL "")
+
+function(dtk_add_plugin target)
+  cmake_parse_arguments(ARG "NO_TORCH;INSTALL" "OUTPUT_DIRECTORY" "SOURCES;LIBRARIES" ${ARGN})
+  add_library(${target} MODULE ${ARG_SOURCES} ${ARG_UNPARSED_ARGUMENTS})
+  target_link_libraries(${target} PRIVATE dtk::sdk ${ARG_LIBRARIES})
+  if(NOT ARG_NO_TORCH)
+    if(NOT TARGET torch)
+      find_package(Torch REQUIRED)
+    endif()
+    target_link_libraries(${target} PRIVATE torch)
+  endif()
+  set_target_properties(${target} PROPERTIES
+    PREFIX ""
+    CXX_VISIBILITY_PRESET hidden
+    C_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    POSITION_INDEPENDENT_CODE ON
+    LINK_DEPENDS "${_DTK_PLUGIN_MAP}")
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${_DTK_PLUGIN_MAP}"
+                      "LINKER:--no-undefined")
+  if(ARG_OUTPUT_DIRECTORY)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${ARG_OUTPUT_DIRECTORY}")
+  elseif(DTK_PLUGIN_OUTPUT_DIR)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${DTK_PLUGIN_OUTPUT_DIR}")
+  endif()
+  if(ARG_INSTALL)
+    include(GNUInstallDirs)
+    install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/dtk/plugins)
+  endif()
+endfunction()

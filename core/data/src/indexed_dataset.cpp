@@ -278,7 +278,20 @@ void Pack(const In* in, size_t n, uint8_t* dst, const std::string& path) {
 
 template <typename T>
 void IndexedDatasetBuilder::AddItemImpl(const T* tokens, size_t count) {
-  if (count > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+  AppendImpl(tokens, count);
+  CloseItem();
+}
+
+void IndexedDatasetBuilder::AppendToItem(const int32_t* tokens, size_t count) { AppendImpl(tokens, count); }
+
+void IndexedDatasetBuilder::CloseItem() {
+  lengths_.push_back(static_cast<int32_t>(open_item_));
+  open_item_ = 0;
+}
+
+template <typename T>
+void IndexedDatasetBuilder::AppendImpl(const T* tokens, size_t count) {
+  if (open_item_ + count > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
     throw DataError("'" + bin_path_ + "': sequence of " + std::to_string(count) +
                     " tokens exceeds the int32 length field");
   }
@@ -296,13 +309,14 @@ void IndexedDatasetBuilder::AddItemImpl(const T* tokens, size_t count) {
     case DType::kFloat64: Pack<double>(tokens, count, dst, bin_path_); break;
   }
   WriteBin(dst, count * item);
-  lengths_.push_back(static_cast<int32_t>(count));
+  open_item_ += count;
 }
 
 void IndexedDatasetBuilder::AddItem(const int64_t* tokens, size_t count) { AddItemImpl(tokens, count); }
 void IndexedDatasetBuilder::AddItem(const int32_t* tokens, size_t count) { AddItemImpl(tokens, count); }
 
 void IndexedDatasetBuilder::EndDocument() {
+  if (open_item_ != 0) CloseItem();
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
@@ -325,6 +339,7 @@ void IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
 
 void IndexedDatasetBuilder::Finalize(const std::string& idx_path) {
   if (bin_ == nullptr) throw DataError("'" + bin_path_ + "': builder already finalized");
+  if (open_item_ != 0) CloseItem();
   const int rc = std::fclose(bin_);
   bin_ = nullptr;
   if (rc != 0) throw DataError("write error on '" + bin_path_ + "': " + std::strerror(errno));

@@ -108,6 +108,9 @@ class IndexedDatasetBuilder {
   void AddItem(const int64_t* tokens, size_t count);
   void AddItem(const int32_t* tokens, size_t count);
   void AddItem(const std::vector<int64_t>& tokens) { AddItem(tokens.data(), tokens.size()); }
+  // Streams one sequence in parts: AppendToItem(...)* then CloseItem().
+  void AppendToItem(const int32_t* tokens, size_t count);
+  void CloseItem();
   // Closes the current document (Megatron end_document).
   void EndDocument();
   // One sequence forming one document (Megatron add_document(tokens, [len(tokens)])).
@@ -127,6 +130,8 @@ class IndexedDatasetBuilder {
  private:
   template <typename T>
   void AddItemImpl(const T* tokens, size_t count);
+  template <typename T>
+  void AppendImpl(const T* tokens, size_t count);
   void WriteBin(const void* data, size_t bytes);
 
   std::string bin_path_;
@@ -136,6 +141,7 @@ class IndexedDatasetBuilder {
   std::vector<int32_t> lengths_;
   std::vector<int64_t> doc_idx_{0};
   std::vector<uint8_t> scratch_;
+  uint64_t open_item_ = 0;  // tokens appended to the item not yet closed
 };
 
 }  // namespace dtk::data

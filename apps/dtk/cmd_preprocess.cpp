@@ -1,0 +1,107 @@
+// `dtk preprocess` — Megatron-LM's tools/preprocess_data.py in C++ (see docs/data.md).
+//
+//   dtk preprocess --input corpus.jsonl[,more.jsonl|book.txt] --output_prefix data/my \
+//       --vocab_file encoder.json --merge_file vocab.bpe [--json_keys text] [--append_eod] \
+//       [--workers N] [--skip_bad_lines]
+//   dtk preprocess --decode --input data/my_text_document --vocab_file ... --merge_file ... [A:B]
+#include "cmd_preprocess.hpp"
+
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "dtk/data/error.hpp"
+#include "dtk/data/preprocess.hpp"
+
+DEFINE_string(input, "",
+              "preprocess: input files, comma-separated; *.jsonl/*.json = one JSON document per line, "
+              "anything else = plain text, one document per file. With --decode: the dataset prefix.");
+DEFINE_string(output_prefix, "", "preprocess: output prefix; writes PREFIX_{key}_document.{bin,idx}.");
+DEFINE_string(json_keys, "text", "preprocess: comma-separated JSON keys to extract (one output per key).");
+DEFINE_string(vocab_file, "", "preprocess: GPT-2 vocabulary (encoder.json / vocab.json).");
+DEFINE_string(merge_file, "", "preprocess: GPT-2 BPE merges (vocab.bpe / merges.txt).");
+DEFINE_bool(append_eod, false, "preprocess: append <|endoftext|> to every non-empty document.");
+DEFINE_int32(workers, 0, "preprocess: encoder threads (0 = all cores).");
+DEFINE_bool(decode, false, "preprocess: print the text of a preprocessed dataset (--input PREFIX [A:B]).");
+DEFINE_bool(skip_bad_lines, false,
+            "preprocess: skip (and count) lines with bad JSON or invalid UTF-8 instead of failing.");
+DEFINE_double(log_interval_mb, 64, "preprocess: print progress every this many input MB (0 = never).");
+
+namespace {
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t c = s.find(',', pos);
+    const std::string item = s.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    if (!item.empty()) out.push_back(item);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+int64_t ParseIndex(const std::string& s, const std::string& whole) {
+  size_t used = 0;
+  long long v = -1;
+  try {
+    v = std::stoll(s, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (s.empty() || used != s.size() || v < 0) {
+    throw dtk::data::DataError("invalid document range '" + whole + "' (expected A:B, A:, :B or A)");
+  }
+  return v;
+}
+
+}  // namespace
+
+int RunPreprocess(int argc, char** argv) {
+  try {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (FLAGS_decode) {
+      if (FLAGS_input.empty()) throw dtk::data::DataError("--decode needs --input PREFIX");
+      if (args.size() > 1) throw dtk::data::DataError("unexpected argument '" + args[1] + "'");
+      int64_t begin = 0, end = -1;
+      if (!args.empty()) {
+        const std::string& r = args[0];
+        const size_t colon = r.find(':');
+        if (colon == std::string::npos) {
+          begin = ParseIndex(r, r);
+          end = begin + 1;
+        } else {
+          if (colon > 0) begin = ParseIndex(r.substr(0, colon), r);
+          if (colon + 1 < r.size()) end = ParseIndex(r.substr(colon + 1), r);
+        }
+      }
+      std::string prefix = FLAGS_input;
+      for (const char* ext : {".idx", ".bin"}) {
+        if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
+      }
+      dtk::data::DecodeDocuments(prefix, FLAGS_vocab_file, FLAGS_merge_file, begin, end, std::cout);
+      return 0;
+    }
+    if (!args.empty()) throw dtk::data::DataError("unexpected argument '" + args[0] + "'");
+    dtk::data::PreprocessOptions o;
+    o.inputs = SplitComma(FLAGS_input);
+    o.output_prefix = FLAGS_output_prefix;
+    o.json_keys = SplitComma(FLAGS_json_keys);
+    o.vocab_file = FLAGS_vocab_file;
+    o.merge_file = FLAGS_merge_file;
+    o.append_eod = FLAGS_append_eod;
+    o.workers = FLAGS_workers;
+    o.skip_bad_lines = FLAGS_skip_bad_lines;
+    o.log_interval_mb = FLAGS_log_interval_mb;
+    o.log = &std::cerr;
+    dtk::data::Preprocess(o);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtk preprocess: error: %s\n", e.what());
+    return 1;
+  }
+}

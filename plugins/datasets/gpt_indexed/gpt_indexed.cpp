@@ -1,0 +1,104 @@
+// gpt_indexed — Megatron-LM GPT data: one PREFIX (PREFIX.bin + PREFIX.idx, as written by
+// `dtk preprocess` or Megatron's preprocess_data.py) or a weighted blend "0.3 A 0.7 B", split
+// into train/valid/test by documents ("969,30,1"), served as samples of seq_length + 1 tokens
+// with Megatron's index construction (see docs/data.md). Rank 0 builds the index caches; the
+// other ranks wait for them.
+#include <dtk/plugin.hpp>
+
+#include <array>
+#include <memory>
+
+#include "dtk/data/error.hpp"
+#include "dtk/data/gpt_dataset.hpp"
+
+namespace {
+
+const dtk_option_spec kOptions[] = {
+    dtk::opt_string("data_path", "",
+                    "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
+    dtk::opt_string("split", "969,30,1", "Train,valid,test proportions of the documents."),
+    dtk::opt_string("cache_dir", "",
+                    "Where the index caches (*_doc_idx.npy ...) go; empty = the run's cache dir, else next to the data."),
+    dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
+    dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
+};
+
+class GptIndexed : public dtk::Dataset {
+ public:
+  explicit GptIndexed(const dtk::DatasetContext& ctx) : vocab_(ctx.options.get_int("vocab_size")) {
+    const std::string data_path = ctx.options.get_string("data_path");
+    if (data_path.empty()) {
+      throw dtk::Error("option 'data_path' is required: a prefix of PREFIX.bin/PREFIX.idx or 'w1 p1 w2 p2 ...'",
+                       DTK_ERR_INVALID_ARGUMENT);
+    }
+    if (vocab_ < 0) throw dtk::Error("option 'vocab_size' must be >= 0", DTK_ERR_INVALID_ARGUMENT);
+    dtk::data::GptDatasetOptions o;
+    o.seq_length = ctx.seq_length;
+    o.seed = ctx.seed;
+    o.cache_dir = ctx.options.get_string("cache_dir");
+    if (o.cache_dir.empty()) o.cache_dir = ctx.cache_dir;
+    o.cache_mode = ctx.rank == 0 ? dtk::data::GptDatasetOptions::CacheMode::kBuild
+                                 : dtk::data::GptDatasetOptions::CacheMode::kWaitOnly;
+    o.wait_timeout_s = ctx.options.get_float("wait_timeout_s");
+    const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
+    try {
+      auto tvt = dtk::data::BuildTrainValidTestDatasets(data_path, ctx.options.get_string("split"), n, o);
+      splits_ = {tvt.train, tvt.valid, tvt.test};
+    } catch (const dtk::data::DataError& e) {
+      throw dtk::Error(e.what(), DTK_ERR_INVALID_ARGUMENT);
+    }
+    for (int s = 0; s < 3; ++s) {
+      if (splits_[s]) {
+        DTK_LOG(INFO) << "gpt_indexed: split " << s << ": " << splits_[s]->size() << " samples of "
+                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested)";
+      } else if (n[s] > 0) {
+        DTK_LOG(WARNING) << "gpt_indexed: split " << s << " has no documents under split '"
+                         << ctx.options.get_string("split") << "'";
+      }
+    }
+  }
+
+  int64_t num_samples(int32_t split) override {
+    return splits_.at(CheckSplit(split)) ? static_cast<int64_t>(splits_[static_cast<size_t>(split)]->size()) : 0;
+  }
+
+  void get_sample(int32_t split, int64_t index, const dtk_buffer_sink* out) override {
+    const auto& ds = splits_.at(CheckSplit(split));
+    if (!ds || index < 0 || static_cast<uint64_t>(index) >= ds->size()) {
+      throw dtk::Error("sample " + std::to_string(index) + " of split " + std::to_string(split) + " out of range (" +
+                           std::to_string(ds ? ds->size() : 0) + " samples)",
+                       DTK_ERR_OUT_OF_RANGE);
+    }
+    std::vector<int64_t> tokens(ds->sample_length());
+    try {
+      ds->Get(static_cast<size_t>(index), tokens.data());
+    } catch (const dtk::data::DataError& e) {
+      throw dtk::Error(e.what());
+    }
+    if (vocab_ > 0) {
+      for (int64_t t : tokens) {
+        if (t < 0 || t >= vocab_) {
+          throw dtk::Error("token " + std::to_string(t) + " in sample " + std::to_string(index) +
+                           " is outside the vocabulary of " + std::to_string(vocab_));
+        }
+      }
+    }
+    dtk::put(out, "text", dtk::make_buffer(std::move(tokens)));
+  }
+
+  int64_t vocab_size() override { return vocab_; }
+
+ private:
+  static size_t CheckSplit(int32_t split) {
+    if (split < 0 || split > 2) throw dtk::Error("unknown split " + std::to_string(split), DTK_ERR_OUT_OF_RANGE);
+    return static_cast<size_t>(split);
+  }
+  int64_t vocab_;
+  std::array<std::shared_ptr<const dtk::data::TokenDataset>, 3> splits_;
+};
+
+}  // namespace
+
+DTK_PLUGIN("gpt_indexed", DTK_KIND_DATASET, "1.0.0",
+           "Megatron indexed GPT data (.bin/.idx prefix or weighted blend), Megatron sample order",
+           DTK_NO_TORCH, dtk::dataset_api<GptIndexed>(), kOptions)

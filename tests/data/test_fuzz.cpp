@@ -1,0 +1,170 @@
+// Randomized robustness tests (run under ASan/UBSan in CI): mutated inputs must produce
+// success or a DataError, never a crash, a hang or an out-of-bounds read.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "dtk/data/error.hpp"
+#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/data/indexed_dataset.hpp"
+#include "dtk/data/json.hpp"
+#include "dtk/data/npy.hpp"
+#include "dtk/data/utf8.hpp"
+#include "test_util.hpp"
+
+namespace dtk::data {
+namespace {
+
+std::string Mutate(std::string s, std::mt19937_64& g) {
+  const int kind = static_cast<int>(g() % 6);
+  if (s.empty()) return std::string(1, static_cast<char>(g()));
+  switch (kind) {
+    case 0:  // truncate
+      s.resize(g() % s.size());
+      break;
+    case 1:  // flip random bytes
+      for (int k = 0, n = 1 + static_cast<int>(g() % 8); k < n; ++k) s[g() % s.size()] = static_cast<char>(g());
+      break;
+    case 2: {  // overwrite 8 bytes with a huge or negative number
+      const size_t at = g() % s.size();
+      const uint64_t vals[] = {~0ull, 1ull << 62, 0x7fffffffull, 0x80000000ull, ~0ull - 7, 1ull << 33};
+      uint64_t v = vals[g() % 6];
+      for (size_t k = 0; k < 8 && at + k < s.size(); ++k) s[at + k] = static_cast<char>(v >> (8 * k));
+      break;
+    }
+    case 3:  // append garbage
+      for (int k = 0, n = static_cast<int>(g() % 64); k < n; ++k) s.push_back(static_cast<char>(g()));
+      break;
+    case 4:  // duplicate a slice
+      {
+        const size_t a = g() % s.size();
+        s.insert(a, s.substr(a, g() % 32));
+      }
+      break;
+    default:  // delete a slice
+      {
+        const size_t a = g() % s.size();
+        s.erase(a, g() % 16);
+      }
+      break;
+  }
+  return s;
+}
+
+TEST(Fuzz, MutatedIndexedDatasetFiles) {
+  test::TempDir dir;
+  const std::string ok = dir / "ok";
+  {
+    IndexedDatasetBuilder b(BinPath(ok), DType::kInt32);
+    std::mt19937 g(1);
+    for (int d = 0; d < 20; ++d) {
+      std::vector<int64_t> doc(g() % 30);
+      for (auto& t : doc) t = g() % 1000;
+      b.AddItem(doc);
+      if (d % 3 == 0) b.AddItem(std::vector<int64_t>{1, 2});
+      b.EndDocument();
+    }
+    b.Finalize(IdxPath(ok));
+  }
+  const std::string idx = test::ReadFile(IdxPath(ok)), bin = test::ReadFile(BinPath(ok));
+  std::mt19937_64 g(42);
+  int opened = 0, rejected = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const std::string p = dir / "m";
+    const bool mutate_bin = g() % 4 == 0;
+    test::WriteFile(IdxPath(p), mutate_bin ? idx : Mutate(idx, g));
+    test::WriteFile(BinPath(p), mutate_bin ? Mutate(bin, g) : bin);
+    try {
+      IndexedDataset ds(p);
+      ++opened;
+      std::vector<int64_t> out;
+      for (size_t i = 0; i < ds.num_sequences(); ++i) {
+        out.clear();
+        ds.get(i, 0, static_cast<size_t>(ds.sequence_length(i)), &out);
+      }
+      for (size_t d = 0; d <= ds.num_documents(); ++d) (void)ds.document_index(d);
+    } catch (const DataError& e) {
+      ++rejected;
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(opened, 10);
+}
+
+TEST(Fuzz, MutatedNpyFiles) {
+  test::TempDir dir;
+  NpyArray::FromInt64({1, 2, 3, 4, 5, 6}, {3, 2}, "<i8").Save(dir / "a.npy");
+  const std::string good = test::ReadFile(dir / "a.npy");
+  std::mt19937_64 g(7);
+  for (int iter = 0; iter < 2000; ++iter) {
+    test::WriteFile(dir / "m.npy", Mutate(good, g));
+    try {
+      NpyArray a = NpyArray::Load(dir / "m.npy");
+      int64_t sum = 0;
+      for (size_t i = 0; i < a.size(); ++i) sum += a[i];
+      (void)sum;
+    } catch (const DataError&) {
+    }
+  }
+}
+
+std::string RandomText(std::mt19937_64& g, size_t max_len) {
+  // Mostly valid UTF-8 from interesting code points, sometimes raw random bytes.
+  static const uint32_t cps[] = {'a', 'Z', ' ', '\n', '\t', '\r', '\'', 's', 'l', '1', '.', ',', '"', 0xA0,
+                                 0xE9, 0x301, 0x3000, 0x4E00, 0x663, 0x1F600, 0x200B, 0xFEFF, 0x10FFFF, 0x85};
+  std::string s;
+  const size_t n = g() % max_len;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t r = g() % 100;
+    if (r < 3) {
+      s.push_back(static_cast<char>(g()));
+    } else if (r < 10) {
+      uint32_t cp = static_cast<uint32_t>(g() % 0x110000);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'x';
+      AppendUtf8(cp, &s);
+    } else {
+      AppendUtf8(cps[g() % (sizeof(cps) / sizeof(cps[0]))], &s);
+    }
+  }
+  return s;
+}
+
+TEST(Fuzz, TokenizerOnRandomInput) {
+  const Gpt2Tokenizer tok(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+  std::mt19937_64 g(3);
+  Gpt2Tokenizer::Cache cache;
+  int valid = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const std::string s = RandomText(g, 80);
+    std::vector<int32_t> ids;
+    try {
+      tok.Encode(s, &ids, &cache);
+      ++valid;
+      EXPECT_EQ(FindInvalidUtf8(s), std::string::npos);
+      EXPECT_EQ(tok.Decode(ids), s);  // byte-level BPE is lossless
+    } catch (const DataError&) {
+      EXPECT_NE(FindInvalidUtf8(s), std::string::npos);
+    }
+  }
+  EXPECT_GT(valid, 500);
+}
+
+TEST(Fuzz, JsonParserOnMutatedInput) {
+  const std::string seeds[] = {
+      R"({"text": "héllo \"w\" \u00e9\ud83d\ude00", "n": [1, -2.5e3, true, false, null, {}], "o": {"a": []}})",
+      R"([[[[{"a":"b"}]]]])", R"("\\\/\b\f\n\r\t")", "-0.0e+1"};
+  std::mt19937_64 g(11);
+  for (int iter = 0; iter < 5000; ++iter) {
+    std::string s = seeds[g() % 4];
+    for (int k = 0, n = 1 + static_cast<int>(g() % 3); k < n; ++k) s = Mutate(s, g);
+    try {
+      ParseJson(s, "fuzz");
+    } catch (const DataError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("fuzz: invalid JSON at byte ", 0), 0u) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtk::data

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds, runs ctest; then the sanitizer build
+# of the torch-free loader/ABI tests, and the out-of-tree SDK template against an install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+tools/build.sh
+(cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)")
+
+echo "== ASan/UBSan: loader and ABI tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDTK_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$(nproc)" --target dtk_host_tests dtk_abi_tests
+ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 build-asan/bin/dtk_host_tests
+build-asan/bin/dtk_abi_tests
+
+echo "== SDK: install, build sdk/template out of tree, load it with the installed dtk"
+rm -rf build-install build-template
+cmake --install build --prefix "$PWD/build-install" >/dev/null
+cmake -S sdk/template -B build-template -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null
+cmake --build build-template
+build-install/bin/dtk plugins describe template_scaled_sgd --plugin_path build-template
+build-install/bin/dtk train --config configs/gpt-tiny.pbtxt --optimizer template_scaled_sgd \
+  --set optimizer.scale=0.5 --dataset synthetic --set train.train_iters=4 --set logging.log_interval=2 \
+  --set eval.eval_iters=1 --plugin_path build-template
+echo "template plugin: OK"

@@ -1,0 +1,428 @@
+// gpt_model.cpp — the "gpt" model plugin: Megatron-LM's GPTModel (megatron/model/gpt_model.py,
+// language_model.py, transformer.py) on ATen, built from the tensor-parallel blocks of
+// tensor_parallel.hpp.
+//
+//   tokens, position_ids -> word + position embedding -> dropout
+//     -> N x [ x + dropout(attn(LN(x))) ; x + dropout(mlp(LN(x))) ]   (pre-LayerNorm)
+//     -> final LN -> logits = h W_emb^T (tied) or h W_out^T (untied)
+//     -> with labels: per-token vocab-parallel cross entropy
+//
+// Layout inside the plugin is [batch, seq, hidden] (Megatron uses [seq, batch, hidden]; the math
+// is identical). The fused QKV weight follows Megatron's layout: output rows grouped per head as
+// [q_h | k_h | v_h], so splitting rows across TP ranks splits whole heads.
+//
+// Dropout draws from two generators owned by the model, as Megatron's RNG tracker does: hidden
+// and embedding dropout from the DEFAULT stream, attention dropout from the TENSOR_PARALLEL
+// stream (differs per TP rank). Full activation recomputation (recompute_activations=full)
+// wraps each layer in a custom autograd function that keeps only the layer input, then reruns
+// the layer in backward with clones of the generators taken before the forward, so the dropout
+// masks are the same ones.
+#include <dtk/tensor.hpp>
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "tensor_parallel.hpp"
+
+namespace dtk::gpt {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The dropout generators (see the file comment). Cloning copies the state.
+struct DropoutRng {
+  at::Generator hidden;     // DTK_RNG_DEFAULT
+  at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
+  DropoutRng clone() {
+    std::lock_guard<std::mutex> l1(hidden.mutex());
+    std::lock_guard<std::mutex> l2(attention.mutex());
+    return {hidden.clone(), attention.clone()};
+  }
+};
+
+at::Generator make_generator(at::Device device, uint64_t seed) {
+  at::Generator base = at::globalContext().defaultGenerator(device);
+  at::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(base.mutex());
+    g = base.clone();
+  }
+  g.set_current_seed(seed);
+  return g;
+}
+
+// Inverted dropout with an explicit generator: x * bernoulli(1 - p) / (1 - p).
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
+  if (!training || p <= 0.0) return x;
+  at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  mask.bernoulli_(1.0 - p, gen);
+  mask.mul_(1.0 / (1.0 - p));
+  return x * mask.to(x.scalar_type());
+}
+
+// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps)
+      .to(x.scalar_type());
+}
+
+struct Config {
+  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0, max_pos = 0;
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
+  double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
+  bool untie = false, recompute = false;
+};
+
+// One transformer layer (Megatron ParallelTransformerLayer, pre-LayerNorm, causal self-attention).
+class Layer {
+ public:
+  Layer(const Config& c, int64_t layer_number, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
+    const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+    ln1_w = f.ones({c.hidden});
+    ln1_b = f.zeros({c.hidden});
+    qkv = ColumnParallelLinear(c.hidden, 3 * c.hidden, true, c.init_std, tp, f);
+    dense = RowParallelLinear(c.hidden, c.hidden, true, scaled_std, tp, f);
+    ln2_w = f.ones({c.hidden});
+    ln2_b = f.zeros({c.hidden});
+    fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
+    fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
+    heads_local_ = c.heads / tp.size;
+    head_dim_ = c.hidden / c.heads;
+    (void)layer_number;
+  }
+
+  // x [b, s, h]; mask [b or 1, 1, s, s] bool (true = masked) or undefined (causal).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
+    at::Tensor attn = attention(layer_norm(x, ln1_w, ln1_b, c_.eps), mask, rng, training);
+    at::Tensor h = x + dropout(attn, c_.hidden_dropout, training, rng.hidden);
+    at::Tensor mlp = fc2.forward(at::gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps))));
+    return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
+  }
+
+  void add_params(std::vector<Param>& out, const std::string& prefix) const {
+    auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
+      Param p;
+      p.name = prefix + name;
+      p.tensor = t;
+      p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
+      p.info.partition_dim = partition_dim;
+      p.info.no_weight_decay = no_wd ? 1 : 0;
+      out.push_back(std::move(p));
+    };
+    add("input_layernorm.weight", ln1_w, -1, true);
+    add("input_layernorm.bias", ln1_b, -1, true);
+    add("self_attention.query_key_value.weight", qkv.weight, 0, false);
+    add("self_attention.query_key_value.bias", qkv.bias, 0, true);
+    add("self_attention.dense.weight", dense.weight, 1, false);
+    add("self_attention.dense.bias", dense.bias, -1, true);
+    add("post_attention_layernorm.weight", ln2_w, -1, true);
+    add("post_attention_layernorm.bias", ln2_b, -1, true);
+    add("mlp.dense_h_to_4h.weight", fc1.weight, 0, false);
+    add("mlp.dense_h_to_4h.bias", fc1.bias, 0, true);
+    add("mlp.dense_4h_to_h.weight", fc2.weight, 1, false);
+    add("mlp.dense_4h_to_h.bias", fc2.bias, -1, true);
+  }
+
+  at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
+  ColumnParallelLinear qkv, fc1;
+  RowParallelLinear dense, fc2;
+
+ private:
+  at::Tensor attention(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
+    const int64_t b = x.size(0), s = x.size(1);
+    // [b, s, np * 3 * hn] -> [b, np, s, 3 * hn] -> q, k, v [b, np, s, hn]
+    at::Tensor mixed = qkv.forward(x).view({b, s, heads_local_, 3 * head_dim_}).transpose(1, 2);
+    at::Tensor q = mixed.narrow(-1, 0, head_dim_);
+    at::Tensor k = mixed.narrow(-1, head_dim_, head_dim_);
+    at::Tensor v = mixed.narrow(-1, 2 * head_dim_, head_dim_);
+    const double p = training ? c_.attention_dropout : 0.0;
+    at::Tensor context;
+#if TORCH_VERSION_MAJOR >= 2
+    // Fused kernel for the plain causal case. With attention dropout in training the plain path
+    // is used instead, because the fused kernel draws its mask from the global generator and
+    // recomputation needs the masks reproducible from the model's own generator.
+    if (!mask.defined() && p == 0.0)
+      context = at::scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), {}, 0.0, true);
+#endif
+    if (!context.defined()) {
+      // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax
+      // in fp32 with masked positions filled with -10000; dropout; probs @ v.
+      at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).mul_(1.0 / std::sqrt(static_cast<double>(head_dim_)));
+      at::Tensor m = mask.defined() ? mask : causal_mask(s, x.device());
+      at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(x.scalar_type());
+      probs = dropout(probs, p, training, rng.attention);
+      context = at::matmul(probs, v);
+    }
+    // [b, np, s, hn] -> [b, s, np * hn]
+    context = context.transpose(1, 2).reshape({b, s, heads_local_ * head_dim_});
+    return dense.forward(context);
+  }
+
+  at::Tensor causal_mask(int64_t s, at::Device device) const {
+    std::lock_guard<std::mutex> lock(mask_mu_);
+    at::Tensor& m = mask_cache_[s];
+    if (!m.defined() || m.device() != device)
+      m = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1).view({1, 1, s, s});
+    return m;
+  }
+
+  const Config& c_;
+  TPGroup tp_;
+  int64_t heads_local_ = 0, head_dim_ = 0;
+  mutable std::mutex mask_mu_;
+  mutable std::map<int64_t, at::Tensor> mask_cache_;
+};
+
+// Full activation recomputation of one layer (Megatron's CheckpointFunction with one layer per
+// chunk): forward keeps only the input and the generator states; backward reruns the layer with
+// grad enabled and backpropagates through it (parameter gradients accumulate as usual).
+struct LayerCall {
+  const Layer* layer;
+  at::Tensor mask;
+  DropoutRng* rng;
+  bool training;
+};
+
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const LayerCall* call) {
+    DropoutRng saved = call->rng->clone();
+    ctx->saved_data["hidden_gen"] = saved.hidden;
+    ctx->saved_data["attention_gen"] = saved.attention;
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(call->layer);
+    ctx->saved_data["mask"] = call->mask;
+    ctx->saved_data["training"] = call->training;
+    ctx->save_for_backward({x});
+    return call->layer->forward(x, call->mask, *call->rng, call->training);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const auto* layer = reinterpret_cast<const Layer*>(ctx->saved_data["layer"].toInt());
+    DropoutRng rng{ctx->saved_data["hidden_gen"].toGenerator(), ctx->saved_data["attention_gen"].toGenerator()};
+    rng = rng.clone();  // leave the saved states untouched (a second backward reruns identically)
+    at::Tensor mask = ctx->saved_data["mask"].isTensor() ? ctx->saved_data["mask"].toTensor() : at::Tensor();
+    at::Tensor input = x.detach().requires_grad_(true);
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = layer->forward(input, mask, rng, ctx->saved_data["training"].toBool());
+    }
+    torch::autograd::backward({out}, {grad[0]});
+    return {input.grad(), at::Tensor()};
+  }
+};
+
+int64_t opt_or(int64_t v, int64_t fallback) { return v > 0 ? v : fallback; }
+
+class GPTModel : public Model {
+ public:
+  explicit GPTModel(const BuildContext& ctx)
+      : tp_{ctx.tp_rank, std::max(1, ctx.tp_size)}, pre_(ctx.pre_process), post_(ctx.post_process) {
+    const Options& o = ctx.options;
+    c_.num_layers = o.get_int("num_layers");
+    c_.hidden = o.get_int("hidden_size");
+    c_.heads = o.get_int("num_attention_heads");
+    c_.ffn = opt_or(o.get_int("ffn_hidden_size"), 4 * c_.hidden);
+    c_.seq = opt_or(o.get_int("seq_length"), ctx.seq_length);
+    c_.max_pos = opt_or(o.get_int("max_position_embeddings"), c_.seq);
+    c_.vocab = o.get_int("vocab_size");
+    c_.divisible_by = o.get_int("make_vocab_size_divisible_by");
+    c_.hidden_dropout = o.get_float("hidden_dropout");
+    c_.attention_dropout = o.get_float("attention_dropout");
+    c_.init_std = o.get_float("init_method_std");
+    c_.eps = o.get_float("layernorm_epsilon");
+    c_.untie = o.get_bool("untie_embeddings_and_output_weights");
+    c_.recompute = o.get_string("recompute_activations") == "full";
+    validate(ctx);
+    c_.padded_vocab = padded_vocab_size(c_.vocab, c_.divisible_by, tp_.size);
+
+    // Layers of this pipeline stage: num_layers / pp_size consecutive layers.
+    const int64_t pp_size = std::max(1, ctx.pp_size);
+    const int64_t local_layers = c_.num_layers / pp_size;
+    const int64_t offset = static_cast<int64_t>(ctx.pp_rank) * local_layers;
+
+    // Initialization: every master weight comes from a CPU generator seeded by the run seed and
+    // the weight's place in the full model, so all TP ranks (and any pipeline split) agree.
+    ParamFactory f;
+    f.dtype = ctx.params_dtype;
+    f.device = ctx.device;
+    auto seeded = [&](uint64_t salt) {
+      f.gen = make_generator(at::kCPU, ctx.seed * 1000003ULL + salt);
+      return &f;
+    };
+    const bool need_word = pre_ || (post_ && !c_.untie);
+    if (need_word) word_ = VocabParallelEmbedding(c_.padded_vocab, c_.hidden, c_.init_std, tp_, *seeded(1));
+    if (pre_) position_ = f.param(seeded(2)->normal({c_.max_pos, c_.hidden}, c_.init_std));
+    for (int64_t i = 0; i < local_layers; ++i)
+      layers_.push_back(std::make_unique<Layer>(c_, offset + i + 1, tp_, *seeded(100 + offset + i)));
+    if (post_) {
+      final_ln_w_ = f.ones({c_.hidden});
+      final_ln_b_ = f.zeros({c_.hidden});
+      if (c_.untie) {
+        ColumnParallelLinear out(c_.hidden, c_.padded_vocab, false, c_.init_std, tp_, *seeded(3));
+        output_ = out.weight;
+      }
+    }
+    rng_ = {make_generator(ctx.device, rng_seed(DTK_RNG_DEFAULT)),
+            make_generator(ctx.device, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
+  }
+
+  TensorList forward(const TensorList& inputs) override {
+    at::Tensor h;
+    const at::Tensor* mask_p = find(inputs, "attention_mask");
+    const at::Tensor mask = mask_p ? mask_p->to(at::kBool) : at::Tensor();
+    if (pre_) {
+      const at::Tensor& tokens = get(inputs, "tokens");
+      if (tokens.dim() != 2) throw Error("gpt: 'tokens' must be [batch, seq], got " + shape_str(tokens));
+      if (tokens.size(1) > c_.max_pos)
+        throw Error("gpt: sequence of " + std::to_string(tokens.size(1)) + " tokens exceeds max_position_embeddings " +
+                    std::to_string(c_.max_pos));
+      const at::Tensor* pos_p = find(inputs, "position_ids");
+      at::Tensor pos = pos_p ? *pos_p : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
+      h = word_.forward(tokens) + at::embedding(position_, pos);
+      h = dropout(h, c_.hidden_dropout, training_, rng_.hidden);
+    } else {
+      h = get(inputs, "hidden_states");
+    }
+    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) ||
+                           mask.size(3) != h.size(1)))
+      throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
+
+    for (const auto& layer : layers_) {
+      if (c_.recompute && at::GradMode::is_enabled()) {
+        if (!h.requires_grad()) h = h.detach().requires_grad_(true);
+        LayerCall call{layer.get(), mask, &rng_, training_};
+        h = CheckpointedLayer::apply(h, &call);
+      } else {
+        h = layer->forward(h, mask, rng_, training_);
+      }
+    }
+    if (!post_) return {{"hidden_states", h}};
+
+    h = layer_norm(h, final_ln_w_, final_ln_b_, c_.eps);
+    at::Tensor logits = parallel_lm_logits(h, c_.untie ? output_ : word_.weight, tp_);
+    if (const at::Tensor* labels = find(inputs, "labels"))
+      return {{"loss", vocab_parallel_cross_entropy(logits, *labels, tp_)}};
+    return {{"logits", logits}};
+  }
+
+  std::vector<Param> parameters() override {
+    std::vector<Param> out;
+    auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd, bool shared) {
+      Param p;
+      p.name = name;
+      p.tensor = t;
+      p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
+      p.info.partition_dim = partition_dim;
+      p.info.no_weight_decay = no_wd ? 1 : 0;
+      p.info.shared = shared ? 1 : 0;
+      out.push_back(std::move(p));
+    };
+    const bool tied = !c_.untie;
+    if (pre_) {
+      add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied && post_);
+      add("language_model.embedding.position_embeddings.weight", position_, -1, false, false);
+    } else if (post_ && tied) {
+      // Megatron's copy of the embedding on the last stage (kept in sync by the embedding group).
+      add("word_embeddings_for_head.weight", word_.weight, 0, false, true);
+    }
+    for (size_t i = 0; i < layers_.size(); ++i)
+      layers_[i]->add_params(out, "language_model.encoder.layers." + std::to_string(i) + ".");
+    if (post_) {
+      add("language_model.encoder.final_layernorm.weight", final_ln_w_, -1, true, false);
+      add("language_model.encoder.final_layernorm.bias", final_ln_b_, -1, true, false);
+      if (c_.untie) add("language_model.output_layer.weight", output_, 0, false, false);
+    }
+    return out;
+  }
+
+  void set_training(bool training) override { training_ = training; }
+
+  dtk_model_info info() override {
+    dtk_model_info i{};
+    i.struct_size = sizeof(i);
+    i.num_layers = c_.num_layers;
+    i.hidden_size = c_.hidden;
+    i.num_attention_heads = c_.heads;
+    i.ffn_hidden_size = c_.ffn;
+    i.seq_length = c_.seq;
+    i.vocab_size = c_.padded_vocab;
+    i.recompute = c_.recompute ? 1 : 0;
+    i.tied_embeddings = c_.untie ? 0 : 1;
+    return i;
+  }
+
+ private:
+  void validate(const BuildContext& ctx) const {
+    auto positive = [](const char* name, int64_t v) {
+      if (v <= 0) throw Error(std::string("gpt: option '") + name + "' must be positive (got " + std::to_string(v) + ")");
+    };
+    positive("num_layers", c_.num_layers);
+    positive("hidden_size", c_.hidden);
+    positive("num_attention_heads", c_.heads);
+    positive("seq_length (option or train.seq_length)", c_.seq);
+    positive("vocab_size", c_.vocab);
+    positive("make_vocab_size_divisible_by", c_.divisible_by);
+    if (c_.hidden % c_.heads != 0)
+      throw Error("gpt: hidden_size " + std::to_string(c_.hidden) + " is not divisible by num_attention_heads " +
+                  std::to_string(c_.heads));
+    if (c_.heads % tp_.size != 0 || c_.ffn % tp_.size != 0)
+      throw Error("gpt: num_attention_heads and ffn_hidden_size must be divisible by the tensor-parallel size " +
+                  std::to_string(tp_.size));
+    if (c_.max_pos < c_.seq)
+      throw Error("gpt: max_position_embeddings " + std::to_string(c_.max_pos) + " < seq_length " +
+                  std::to_string(c_.seq));
+    const int64_t pp = std::max(1, ctx.pp_size);
+    if (c_.num_layers % pp != 0)
+      throw Error("gpt: num_layers " + std::to_string(c_.num_layers) + " is not divisible by the pipeline size " +
+                  std::to_string(pp));
+    for (double p : {c_.hidden_dropout, c_.attention_dropout})
+      if (p < 0.0 || p >= 1.0) throw Error("gpt: dropout probabilities must be in [0, 1)");
+    if (c_.init_std <= 0.0) throw Error("gpt: init_method_std must be positive");
+    if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
+      throw Error("gpt: parameters must be fp32, bf16 or fp16");
+  }
+
+  Config c_;
+  TPGroup tp_;
+  bool pre_, post_;
+  bool training_ = true;
+  VocabParallelEmbedding word_;
+  at::Tensor position_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  at::Tensor final_ln_w_, final_ln_b_, output_;
+  DropoutRng rng_;
+};
+
+const dtk_option_spec kOptions[] = {
+    opt_int("num_layers", "12", "Number of transformer layers (whole model, all pipeline stages)."),
+    opt_int("hidden_size", "768", "Transformer hidden size."),
+    opt_int("num_attention_heads", "12", "Number of attention heads."),
+    opt_int("ffn_hidden_size", "0", "MLP inner size; 0 = 4 x hidden_size."),
+    opt_int("seq_length", "0", "Sequence length; 0 = the run's train.seq_length."),
+    opt_int("max_position_embeddings", "0", "Rows of the position embedding; 0 = seq_length."),
+    opt_int("vocab_size", "50257", "Vocabulary size before padding (GPT-2 BPE: 50257)."),
+    opt_int("make_vocab_size_divisible_by", "128",
+            "Pad the vocabulary to a multiple of this x tensor-parallel size (Megatron)."),
+    opt_float("hidden_dropout", "0.1", "Dropout on embeddings and on each residual branch."),
+    opt_float("attention_dropout", "0.1", "Dropout on the attention probabilities."),
+    opt_float("init_method_std", "0.02",
+              "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
+    opt_float("layernorm_epsilon", "1e-5", "LayerNorm epsilon."),
+    opt_bool("untie_embeddings_and_output_weights", "false",
+             "Use a separate output layer instead of the word-embedding weight."),
+    opt_enum("recompute_activations", "none", "none|full",
+             "full = recompute every layer's activations in backward (one layer per checkpoint)."),
+};
+
+}  // namespace
+}  // namespace dtk::gpt
+
+DTK_PLUGIN("gpt", DTK_KIND_MODEL, "1.0.0", "Megatron-LM GPT (pre-LN, learned positions, tensor-parallel ready)",
+           DTK_TORCH_VERSION, dtk::model_api<dtk::gpt::GPTModel>(), dtk::gpt::kOptions)

@@ -1,0 +1,192 @@
+// tensor_parallel.cpp — see tensor_parallel.hpp. Megatron: core/tensor_parallel/{mappings,
+// layers,cross_entropy}.py. Collectives go through the host (dtk::Comm) on the TP group and are
+// skipped entirely at TP size 1.
+#include "tensor_parallel.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace dtk::gpt {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// In-place SUM/MAX all-reduce over the TP group (no-op at size 1). `t` must be contiguous.
+void tp_all_reduce(const at::Tensor& t, const TPGroup& tp, int32_t op = DTK_REDUCE_SUM) {
+  if (tp.size <= 1) return;
+  Comm::all_reduce(t, DTK_GROUP_TENSOR_PARALLEL, op);
+}
+
+struct CopyToTP : public torch::autograd::Function<CopyToTP> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, TPGroup tp) {
+    ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
+    ctx->saved_data["tp_size"] = static_cast<int64_t>(tp.size);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    TPGroup tp{static_cast<int>(ctx->saved_data["tp_rank"].toInt()),
+               static_cast<int>(ctx->saved_data["tp_size"].toInt())};
+    at::Tensor g = grad[0].contiguous().clone();
+    tp_all_reduce(g, tp);
+    return {g, at::Tensor()};
+  }
+};
+
+struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, TPGroup tp) {
+    at::Tensor y = x.contiguous().clone();
+    tp_all_reduce(y, tp);
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+// Megatron's _VocabParallelCrossEntropy.
+struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target,
+                            TPGroup tp) {
+    at::Tensor logits = logits_in.to(at::kFloat).contiguous();
+    if (logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();  // never touch the input
+    const int64_t part = logits.size(-1);
+    // Subtract the global row maximum (numerical stability).
+    at::Tensor logits_max = std::get<0>(logits.max(-1)).contiguous();
+    tp_all_reduce(logits_max, tp, DTK_REDUCE_MAX);
+    logits.sub_(logits_max.unsqueeze(-1));
+    // This rank's vocabulary range; targets outside it contribute 0 to the target logit.
+    const int64_t start = static_cast<int64_t>(tp.rank) * part, end = start + part;
+    at::Tensor target_mask = (target < start).logical_or_(target >= end);
+    at::Tensor masked_target = (target - start).masked_fill_(target_mask, 0).reshape({-1});
+    at::Tensor logits_2d = logits.view({-1, part});
+    at::Tensor arange = at::arange(logits_2d.size(0), target.options());
+    at::Tensor predicted = logits_2d.index({arange, masked_target}).view(target.sizes()).contiguous();
+    predicted.masked_fill_(target_mask, 0.0);
+    tp_all_reduce(predicted, tp);
+    // Sum of exponentials over the whole vocabulary.
+    at::Tensor exp_logits = logits;  // reuse the buffer
+    exp_logits.exp_();
+    at::Tensor sum_exp = exp_logits.sum(-1).contiguous();
+    tp_all_reduce(sum_exp, tp);
+    at::Tensor loss = at::log(sum_exp) - predicted;
+    // Keep the softmax for backward.
+    exp_logits.div_(sum_exp.unsqueeze(-1));
+    ctx->save_for_backward({exp_logits, target_mask, masked_target});
+    ctx->saved_data["in_dtype"] = static_cast<int64_t>(logits_in.scalar_type());
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& softmax = saved[0];
+    const at::Tensor& target_mask = saved[1];
+    const at::Tensor& masked_target = saved[2];
+    const int64_t part = softmax.size(-1);
+    at::Tensor grad_input = softmax.clone();
+    at::Tensor g2d = grad_input.view({-1, part});
+    at::Tensor arange = at::arange(g2d.size(0), masked_target.options());
+    at::Tensor update = 1.0 - target_mask.reshape({-1}).to(at::kFloat);
+    g2d.index_put_({arange, masked_target}, g2d.index({arange, masked_target}) - update);
+    grad_input.mul_(grad[0].unsqueeze(-1));
+    auto in_dtype = static_cast<at::ScalarType>(ctx->saved_data["in_dtype"].toInt());
+    return {grad_input.to(in_dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+at::Tensor ParamFactory::normal(at::IntArrayRef shape, double std) {
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  t.normal_(0.0, std, gen);
+  return t;
+}
+at::Tensor ParamFactory::param(const at::Tensor& value) const {
+  return value.to(device, dtype).contiguous().clone().set_requires_grad(true);
+}
+at::Tensor ParamFactory::zeros(at::IntArrayRef shape) const {
+  return at::zeros(shape, at::TensorOptions().dtype(dtype).device(device)).set_requires_grad(true);
+}
+at::Tensor ParamFactory::ones(at::IntArrayRef shape) const {
+  return at::ones(shape, at::TensorOptions().dtype(dtype).device(device)).set_requires_grad(true);
+}
+
+at::Tensor copy_to_tp_region(const at::Tensor& x, const TPGroup& tp) {
+  if (tp.size <= 1) return x;
+  return CopyToTP::apply(x, tp);
+}
+
+at::Tensor reduce_from_tp_region(const at::Tensor& x, const TPGroup& tp) {
+  if (tp.size <= 1) return x;
+  return ReduceFromTP::apply(x, tp);
+}
+
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size) {
+  if (vocab_size <= 0) throw Error("vocab_size must be positive");
+  const int64_t multiple = std::max<int64_t>(1, divisible_by) * std::max<int64_t>(1, tp_size);
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+static int64_t divide(int64_t n, int64_t d, const char* what) {
+  if (d <= 0 || n % d != 0)
+    throw Error(std::string(what) + " (" + std::to_string(n) + ") is not divisible by the tensor-parallel size (" +
+                std::to_string(d) + ")");
+  return n / d;
+}
+
+// ---------------------------------------------------------------------------------------------
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bias, double init_std,
+                                           const TPGroup& tp_, ParamFactory& f)
+    : tp(tp_) {
+  out_per_partition = divide(out, tp.size, "column-parallel output size");
+  at::Tensor master = f.normal({out, in}, init_std);
+  weight = f.param(master.narrow(0, tp.rank * out_per_partition, out_per_partition));
+  if (with_bias) bias = f.zeros({out_per_partition});
+}
+
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
+  return at::linear(copy_to_tp_region(x, tp), weight, bias);
+}
+
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, double init_std, const TPGroup& tp_,
+                                     ParamFactory& f)
+    : tp(tp_) {
+  in_per_partition = divide(in, tp.size, "row-parallel input size");
+  at::Tensor master = f.normal({out, in}, init_std);
+  weight = f.param(master.narrow(1, tp.rank * in_per_partition, in_per_partition));
+  if (with_bias) bias = f.zeros({out});
+}
+
+at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
+  at::Tensor y = reduce_from_tp_region(at::linear(x, weight), tp);
+  return bias.defined() ? y + bias : y;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp_,
+                                               ParamFactory& f)
+    : tp(tp_) {
+  const int64_t per = divide(vocab, tp.size, "padded vocabulary size");
+  vocab_start = tp.rank * per;
+  vocab_end = vocab_start + per;
+  at::Tensor master = f.normal({vocab, hidden}, init_std);
+  weight = f.param(master.narrow(0, vocab_start, per));
+}
+
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
+  if (tp.size <= 1) return at::embedding(weight, ids);
+  at::Tensor mask = (ids < vocab_start).logical_or_(ids >= vocab_end);
+  at::Tensor local = (ids - vocab_start).masked_fill_(mask, 0);
+  at::Tensor out = at::embedding(weight, local).masked_fill(mask.unsqueeze(-1), 0.0);
+  return reduce_from_tp_region(out, tp);
+}
+
+at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp) {
+  return at::linear(copy_to_tp_region(x, tp), weight);
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp) {
+  if (logits.dim() != target.dim() + 1 || logits.sizes().slice(0, target.dim()) != target.sizes())
+    throw Error("vocab_parallel_cross_entropy: logits " + Model::shape_str(logits) + " do not match labels " +
+                Model::shape_str(target));
+  return VocabParallelCE::apply(logits, target.to(at::kLong), tp);
+}
+
+}  // namespace dtk::gpt

@@ -1,0 +1,105 @@
+// tensor_parallel.hpp — Megatron-LM's tensor-parallel building blocks for the GPT plugin.
+//
+// Every block holds the shard this tensor-parallel (TP) rank owns and performs exactly the
+// communication Megatron's layer performs (megatron/core/tensor_parallel/{layers,mappings,
+// cross_entropy}.py). At TP size 1 every collective is skipped, so each block is the plain layer:
+//
+//   ColumnParallelLinear    Y_i = X A_i^T + b_i        A split along the OUTPUT dim (rows of [out, in]);
+//                           input passes through copy_to_tp_region (identity forward,
+//                           all-reduce of the input gradient in backward).
+//   RowParallelLinear       Y = all_reduce(X_i A_i^T) + b  A split along the INPUT dim (columns);
+//                           input already parallel; output through reduce_from_tp_region
+//                           (all-reduce forward, identity backward); bias added after the reduce.
+//   VocabParallelEmbedding  rows [start, end) of the vocabulary on each rank; ids outside the
+//                           range are masked to zero and the result is all-reduced.
+//   vocab_parallel_cross_entropy
+//                           loss over logits split along the vocabulary: all-reduce MAX of the
+//                           row maxima, all-reduce SUM of the target logit and of sum(exp).
+//
+// Weights are initialized as Megatron's CPU initialization does: the full ("master") weight is
+// drawn from a generator that is identical on all TP ranks and each rank keeps its slice, so a
+// TP=N model is exactly the TP=1 model cut in pieces.
+#pragma once
+
+#include <dtk/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtk::gpt {
+
+// Where this rank sits in its tensor-parallel group.
+struct TPGroup {
+  int rank = 0;
+  int size = 1;
+};
+
+// How new parameters are made: dtype/device of the parameters, init generator (CPU).
+struct ParamFactory {
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  at::Generator gen;  // CPU generator used for every master weight, in construction order
+
+  // A normal(0, std) master weight of `shape`, drawn in fp32 on the CPU.
+  at::Tensor normal(at::IntArrayRef shape, double std);
+  // Turns a (slice of a) master tensor into a trainable parameter.
+  at::Tensor param(const at::Tensor& value) const;
+  at::Tensor zeros(at::IntArrayRef shape) const;
+  at::Tensor ones(at::IntArrayRef shape) const;
+};
+
+// Megatron's region mappings (autograd functions).
+// Forward identity; backward all-reduce (SUM) over the TP group.
+at::Tensor copy_to_tp_region(const at::Tensor& x, const TPGroup& tp);
+// Forward all-reduce (SUM) over the TP group; backward identity.
+at::Tensor reduce_from_tp_region(const at::Tensor& x, const TPGroup& tp);
+
+// Megatron's _vocab_size_with_padding: the smallest multiple of divisible_by x tp_size that is
+// >= vocab_size.
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size);
+
+// Y = X A^T + b with A [out, in] split along out. gather_output is false (Megatron's GPT).
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear() = default;
+  ColumnParallelLinear(int64_t in, int64_t out, bool bias, double init_std, const TPGroup& tp, ParamFactory& f);
+  at::Tensor forward(const at::Tensor& x) const;
+  int64_t out_per_partition = 0;
+  at::Tensor weight;  // [out / tp, in]
+  at::Tensor bias;    // [out / tp] or undefined
+  TPGroup tp;
+};
+
+// Y = X A^T + b with A [out, in] split along in; X arrives already split (input_is_parallel).
+class RowParallelLinear {
+ public:
+  RowParallelLinear() = default;
+  RowParallelLinear(int64_t in, int64_t out, bool bias, double init_std, const TPGroup& tp, ParamFactory& f);
+  at::Tensor forward(const at::Tensor& x) const;
+  int64_t in_per_partition = 0;
+  at::Tensor weight;  // [out, in / tp]
+  at::Tensor bias;    // [out], replicated, added after the all-reduce
+  TPGroup tp;
+};
+
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding() = default;
+  VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp, ParamFactory& f);
+  at::Tensor forward(const at::Tensor& ids) const;  // [..] int64 -> [.., hidden]
+  int64_t vocab_start = 0, vocab_end = 0;
+  at::Tensor weight;  // [vocab / tp, hidden]
+  TPGroup tp;
+};
+
+// Megatron's parallel_lm_logits with parallel_output=True: copy_to_tp_region(x) @ W^T, giving
+// this rank's [.., vocab / tp] slice of the logits.
+at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp);
+
+// Per-token cross entropy of logits split along the last (vocabulary) dim. `logits` [.., V/tp]
+// (computed in fp32 whatever its dtype), `target` [..] int64 global ids. Returns [..] fp32.
+// Backward: (softmax - one_hot(target)) * grad, with the softmax kept from forward.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp);
+
+}  // namespace dtk::gpt

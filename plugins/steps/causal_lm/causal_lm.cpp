@@ -1,0 +1,131 @@
+// causal_lm.cpp — the "causal_lm" step plugin: Megatron-LM pretrain_gpt.py's forward_step.
+//
+//   get_batch:   text [b, s+1] -> tokens = text[:, :-1], labels = text[:, 1:]; inside a
+//                tensor-parallel group TP rank 0 holds the batch and broadcasts it (sizes, then
+//                data), so other ranks may receive an empty batch map.
+//   get_ltor_masks_and_position_ids(reset_position_ids, reset_attention_mask, eod_mask_loss):
+//                loss mask, position ids, and (only when reset_attention_mask asks for one) a
+//                [b, 1, s, s] bool attention mask, true = masked. Without a custom mask no
+//                "attention_mask" is passed, so the model may use its fused causal path.
+//   loss_func:   loss = sum(per_token_loss * loss_mask) / sum(loss_mask); metric "lm loss" is
+//                its value averaged over the data-parallel group.
+#include <dtk/tensor.hpp>
+
+#include <vector>
+
+namespace dtk::causal_lm {
+namespace {
+
+class CausalLM : public Step {
+ public:
+  explicit CausalLM(const BuildContext& ctx)
+      : tp_rank_(ctx.tp_rank), tp_size_(std::max(1, ctx.tp_size)), dp_size_(std::max(1, ctx.dp_size)),
+        device_(ctx.device) {
+    const Options& o = ctx.options;
+    reset_position_ids_ = o.get_bool("reset_position_ids");
+    reset_attention_mask_ = o.get_bool("reset_attention_mask");
+    eod_mask_loss_ = o.get_bool("eod_mask_loss");
+    eod_ = o.get_int("eod_token");
+  }
+
+  at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) override {
+    // ---- get_batch --------------------------------------------------------------------------
+    at::Tensor text = broadcast_text(batch);
+    if (text.dim() != 2 || text.size(1) < 2)
+      throw Error("causal_lm: 'text' must be [batch, seq_length + 1] with seq_length >= 1, got " +
+                  Model::shape_str(text));
+    text = text.to(device_, at::kLong);
+    const int64_t s = text.size(1) - 1;
+    at::Tensor tokens = text.narrow(1, 0, s).contiguous();
+    at::Tensor labels = text.narrow(1, 1, s).contiguous();
+
+    // ---- get_ltor_masks_and_position_ids ---------------------------------------------------
+    at::Tensor loss_mask = at::ones(tokens.sizes(), tokens.options().dtype(at::kFloat));
+    if (eod_mask_loss_) loss_mask.masked_fill_(tokens == eod_, 0.0);
+    at::Tensor position_ids = at::arange(s, tokens.options()).unsqueeze(0).expand_as(tokens).contiguous();
+    at::Tensor attention_mask;
+    if (reset_position_ids_ || reset_attention_mask_) {
+      // Keep the causal mask as "1 = may attend" while editing, like Megatron, then invert.
+      at::Tensor allowed;
+      if (reset_attention_mask_)
+        allowed = at::ones({tokens.size(0), s, s}, tokens.options().dtype(at::kBool)).tril().contiguous();
+      at::Tensor tokens_cpu = tokens.to(at::kCPU);
+      at::Tensor pos_cpu = position_ids.to(at::kCPU);
+      auto tok = tokens_cpu.accessor<int64_t, 2>();
+      auto pos = pos_cpu.accessor<int64_t, 2>();
+      for (int64_t b = 0; b < tokens.size(0); ++b) {
+        int64_t prev = 0;
+        for (int64_t i = 0; i < s; ++i) {
+          if (tok[b][i] != eod_) continue;
+          if (reset_attention_mask_ && i + 1 < s)
+            allowed[b].narrow(0, i + 1, s - i - 1).narrow(1, 0, i + 1).fill_(false);
+          if (reset_position_ids_) {
+            for (int64_t j = i + 1; j < s; ++j) pos[b][j] -= i + 1 - prev;
+            prev = i + 1;
+          }
+        }
+      }
+      position_ids = pos_cpu.to(tokens.device());
+      if (reset_attention_mask_) attention_mask = allowed.logical_not().unsqueeze(1);
+    }
+
+    // ---- forward ------------------------------------------------------------------------------
+    TensorList inputs{{"tokens", tokens}, {"position_ids", position_ids}, {"labels", labels}};
+    if (attention_mask.defined()) inputs.emplace_back("attention_mask", attention_mask);
+    TensorList out = model.forward(inputs);
+    const at::Tensor& losses = get(out, "loss");
+    if (losses.sizes() != labels.sizes())
+      throw Error("causal_lm: model returned 'loss' " + Model::shape_str(losses) + ", expected per-token " +
+                  Model::shape_str(labels));
+
+    // ---- loss_func ------------------------------------------------------------------------
+    at::Tensor lm = loss_mask.reshape({-1});
+    at::Tensor loss = (losses.to(at::kFloat).reshape({-1}) * lm).sum() / lm.sum();
+    at::Tensor reported = loss.detach().clone().reshape({1});
+    if (dp_size_ > 1) Comm::all_reduce(reported, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_AVG);
+    metrics.put("lm loss", reported.item<double>());
+    return loss;
+  }
+
+ private:
+  // Megatron's broadcast_data: TP rank 0 sends the sizes, then the tokens.
+  at::Tensor broadcast_text(const TensorList& batch) const {
+    const at::Tensor* text = find(batch, "text");
+    if (tp_size_ <= 1) {
+      if (!text) throw Error("causal_lm: the batch has no 'text' tensor", DTK_ERR_NOT_FOUND);
+      return *text;
+    }
+    at::Tensor sizes = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device_));
+    if (tp_rank_ == 0) {
+      if (!text) throw Error("causal_lm: TP rank 0 got a batch without 'text'", DTK_ERR_NOT_FOUND);
+      if (text->dim() != 2) throw Error("causal_lm: 'text' must be 2-D, got " + Model::shape_str(*text));
+      sizes.copy_(at::tensor({text->size(0), text->size(1)}, at::kLong));
+    }
+    Comm::broadcast(sizes, DTK_GROUP_TENSOR_PARALLEL, 0);
+    at::Tensor sizes_cpu = sizes.to(at::kCPU);
+    const int64_t b = sizes_cpu[0].item<int64_t>(), n = sizes_cpu[1].item<int64_t>();
+    at::Tensor data = tp_rank_ == 0 ? text->to(device_, at::kLong).contiguous().clone()
+                                    : at::empty({b, n}, at::TensorOptions().dtype(at::kLong).device(device_));
+    Comm::broadcast(data, DTK_GROUP_TENSOR_PARALLEL, 0);
+    return data;
+  }
+
+  int32_t tp_rank_, tp_size_, dp_size_;
+  at::Device device_;
+  bool reset_position_ids_ = false, reset_attention_mask_ = false, eod_mask_loss_ = false;
+  int64_t eod_ = 50256;
+};
+
+const dtk_option_spec kOptions[] = {
+    opt_bool("reset_position_ids", "false", "Restart position ids after each end-of-document token."),
+    opt_bool("reset_attention_mask", "false", "Stop attention across end-of-document tokens (custom mask)."),
+    opt_bool("eod_mask_loss", "false", "Exclude end-of-document tokens from the loss."),
+    opt_int("eod_token", "50256", "Id of the end-of-document token (GPT-2: 50256)."),
+};
+
+}  // namespace
+}  // namespace dtk::causal_lm
+
+DTK_PLUGIN("causal_lm", DTK_KIND_STEP, "1.0.0",
+           "Megatron pretrain_gpt forward step: shifted tokens/labels, LTOR masks, masked mean loss",
+           DTK_TORCH_VERSION, dtk::step_api<dtk::causal_lm::CausalLM>(), dtk::causal_lm::kOptions)

@@ -1,0 +1,548 @@
+// Tests of the "gpt" model and "causal_lm" step plugins as shipped: the .so files are loaded by
+// the host's PluginHost and called only through the C ABI (dtk_model_api / dtk_step_api).
+// The reference is an independent GPT written below with plain ATen ops on the plugin's weights.
+#include <dtk/core/services.hpp>
+#include <dtk/host/plugin_host.hpp>
+#include <dtk/tensor.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace {
+
+using dtk::TensorList;
+using Opts = std::map<std::string, std::string>;
+
+// ---------------------------------------------------------------------------------------------
+// Loading and driving the plugins through the ABI
+// ---------------------------------------------------------------------------------------------
+
+struct Plugins {
+  dtk::host::PluginHost host{dtk::core::host_torch_version(), dtk::core::host_services()};
+  const dtk::host::Plugin* gpt = nullptr;
+  const dtk::host::Plugin* step = nullptr;
+  Plugins() {
+    gpt = &host.load_file(std::string(DTK_TEST_PLUGIN_DIR) + "/dtk_plugin_gpt.so");
+    step = &host.load_file(std::string(DTK_TEST_PLUGIN_DIR) + "/dtk_plugin_causal_lm.so");
+  }
+};
+
+Plugins& plugins() {
+  static Plugins* p = new Plugins();  // plugins are never unloaded
+  return *p;
+}
+
+struct Ctx {
+  int32_t dtype = DTK_DTYPE_FLOAT32;
+  int32_t tp_rank = 0, tp_size = 1;
+  int64_t seq_length = 16;
+  uint64_t seed = 1234;
+};
+
+dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
+  dtk_build_context b{};
+  b.struct_size = sizeof(b);
+  b.options = options;
+  b.device = {DTK_DEVICE_CPU, -1};
+  b.params_dtype = c.dtype;
+  b.tp_rank = c.tp_rank, b.tp_size = c.tp_size;
+  b.pp_rank = 0, b.pp_size = 1;
+  b.dp_rank = 0, b.dp_size = 1;
+  b.pre_process = 1, b.post_process = 1;
+  b.seq_length = c.seq_length;
+  b.micro_batch_size = 2;
+  b.seed = c.seed;
+  return b;
+}
+
+void check(dtk_status* s) {
+  if (!s) return;
+  std::string m = dtk_status_get_message(s);
+  dtk_status_release(s);
+  throw std::runtime_error(m);
+}
+
+class GPT {
+ public:
+  explicit GPT(const Opts& user, const Ctx& c = {})
+      : opts_(dtk::host::resolve_options(*plugins().gpt, user)),
+        api_(plugins().gpt->api_as<dtk_model_api>()) {
+    dtk_build_context b = make_ctx(opts_.get(), c);
+    check(api_->create(&b, &model_));
+    ref_ = {sizeof(dtk_model_ref), api_, model_};
+  }
+  ~GPT() { api_->destroy(model_); }
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
+
+  TensorList forward(const TensorList& in) {
+    dtk::MapView view(in);
+    dtk::SinkCollector out;
+    check(api_->forward(model_, view.get(), out.sink()));
+    return std::move(out.items());
+  }
+  std::vector<dtk::Param> params() { return dtk::ModelHandle(&ref_).parameters(); }
+  std::map<std::string, at::Tensor> param_map() {
+    std::map<std::string, at::Tensor> m;
+    for (auto& p : params()) m[p.name] = p.tensor;
+    return m;
+  }
+  void train(bool t) { check(api_->set_training(model_, t ? 1 : 0)); }
+  TensorList state_save() {
+    dtk::SinkCollector out;
+    check(api_->state_save(model_, out.sink()));
+    return std::move(out.items());
+  }
+  void state_load(const TensorList& s, bool strict = true) {
+    dtk::MapView view(s);
+    check(api_->state_load(model_, view.get(), strict ? 1 : 0));
+  }
+  dtk_model_info info() {
+    dtk_model_info i{};
+    i.struct_size = sizeof(i);
+    check(api_->get_info(model_, &i));
+    return i;
+  }
+  void zero_grad() {
+    for (auto& p : params())
+      if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+  }
+  const dtk_model_ref* ref() const { return &ref_; }
+
+ private:
+  dtk::host::OptionValues opts_;
+  const dtk_model_api* api_;
+  dtk_model* model_ = nullptr;
+  dtk_model_ref ref_{};
+};
+
+class Step {
+ public:
+  explicit Step(const Opts& user)
+      : opts_(dtk::host::resolve_options(*plugins().step, user)), api_(plugins().step->api_as<dtk_step_api>()) {
+    dtk_build_context b = make_ctx(opts_.get(), Ctx{});
+    check(api_->create(&b, &step_));
+  }
+  ~Step() { api_->destroy(step_); }
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  // Returns the loss; *lm_loss receives the "lm loss" metric.
+  at::Tensor forward(GPT& model, const at::Tensor& text, double* lm_loss) {
+    TensorList batch{{"text", text}};
+    dtk::MapView view(batch);
+    std::vector<std::pair<std::string, double>> metrics;
+    dtk_metric_sink sink{sizeof(sink), &metrics, [](void* ctx, const char* name, double v) {
+                           static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
+                         }};
+    dtk_tensor* loss = nullptr;
+    check(api_->forward_step(step_, model.ref(), view.get(), &loss, &sink));
+    dtk::TensorHandle owned(loss);
+    for (auto& kv : metrics)
+      if (kv.first == "lm loss") *lm_loss = kv.second;
+    return dtk::unwrap(loss);
+  }
+
+ private:
+  dtk::host::OptionValues opts_;
+  const dtk_step_api* api_;
+  dtk_step* step_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The reference GPT (Megatron GPTModel math with plain ATen ops, [b, s, h] layout)
+// ---------------------------------------------------------------------------------------------
+
+struct Shape {
+  int64_t layers, hidden, heads, ffn, seq, vocab;  // vocab = the padded (weight) size
+  bool tied;
+};
+
+at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, const at::Tensor& tokens,
+                      const at::Tensor& pos, const at::Tensor& mask /*[b|1,1,s,s] bool or undefined*/) {
+  const int64_t b = tokens.size(0), s = tokens.size(1), hn = S.hidden / S.heads;
+  auto ln = [&](const at::Tensor& x, const std::string& n) {
+    return at::layer_norm(x, {S.hidden}, P[n + ".weight"], P[n + ".bias"], 1e-5);
+  };
+  at::Tensor h = at::embedding(P["language_model.embedding.word_embeddings.weight"], tokens) +
+                 at::embedding(P["language_model.embedding.position_embeddings.weight"], pos);
+  at::Tensor masked = mask.defined() ? mask : at::ones({s, s}, at::kBool).triu(1).view({1, 1, s, s});
+  for (int64_t l = 0; l < S.layers; ++l) {
+    const std::string L = "language_model.encoder.layers." + std::to_string(l) + ".";
+    at::Tensor x = ln(h, L + "input_layernorm");
+    at::Tensor qkv = at::matmul(x, P[L + "self_attention.query_key_value.weight"].t()) +
+                     P[L + "self_attention.query_key_value.bias"];
+    qkv = qkv.view({b, s, S.heads, 3, hn});  // per head: [q | k | v]
+    at::Tensor q = qkv.select(3, 0).permute({0, 2, 1, 3});
+    at::Tensor k = qkv.select(3, 1).permute({0, 2, 1, 3});
+    at::Tensor v = qkv.select(3, 2).permute({0, 2, 1, 3});
+    at::Tensor scores = at::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hn));
+    scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
+    at::Tensor ctx = at::matmul(at::softmax(scores, -1), v).permute({0, 2, 1, 3}).reshape({b, s, S.hidden});
+    h = h + at::matmul(ctx, P[L + "self_attention.dense.weight"].t()) + P[L + "self_attention.dense.bias"];
+    at::Tensor y = ln(h, L + "post_attention_layernorm");
+    y = at::gelu(at::matmul(y, P[L + "mlp.dense_h_to_4h.weight"].t()) + P[L + "mlp.dense_h_to_4h.bias"]);
+    h = h + at::matmul(y, P[L + "mlp.dense_4h_to_h.weight"].t()) + P[L + "mlp.dense_4h_to_h.bias"];
+  }
+  h = ln(h, "language_model.encoder.final_layernorm");
+  const at::Tensor& out = S.tied ? P["language_model.embedding.word_embeddings.weight"]
+                                 : P["language_model.output_layer.weight"];
+  return at::matmul(h, out.t());
+}
+
+at::Tensor ref_token_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t V = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, V}), labels.reshape({-1}), {}, at::Reduction::None)
+      .view(labels.sizes());
+}
+
+// Megatron get_ltor_masks_and_position_ids, written independently (loops over python-like
+// indices) for the reference.
+struct LtorOut {
+  at::Tensor mask;  // [b, 1, s, s] bool, true = masked, or undefined for plain causal
+  at::Tensor loss_mask, pos;
+};
+LtorOut ref_ltor(const at::Tensor& tokens, int64_t eod, bool reset_pos, bool reset_attn, bool eod_mask) {
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  LtorOut o;
+  o.loss_mask = at::ones({b, s}, at::kFloat);
+  o.pos = at::arange(s, at::kLong).repeat({b, 1});
+  at::Tensor att = at::ones({b, s, s}, at::kFloat).tril();
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t prev = 0;
+    for (int64_t j = 0; j < s; ++j) {
+      if (tokens[i][j].item<int64_t>() != eod) continue;
+      if (eod_mask) o.loss_mask[i][j] = 0.0;
+      if (reset_attn) att[i].narrow(0, j + 1, s - j - 1).narrow(1, 0, j + 1).zero_();
+      if (reset_pos) {
+        o.pos[i].narrow(0, j + 1, s - j - 1).sub_(j + 1 - prev);
+        prev = j + 1;
+      }
+    }
+  }
+  if (reset_attn) o.mask = (att < 0.5).unsqueeze(1);
+  return o;
+}
+
+Opts model_opts(const Shape& S, int64_t raw_vocab, const Opts& extra = {}) {
+  Opts o{{"num_layers", std::to_string(S.layers)},
+         {"hidden_size", std::to_string(S.hidden)},
+         {"num_attention_heads", std::to_string(S.heads)},
+         {"ffn_hidden_size", std::to_string(S.ffn)},
+         {"seq_length", std::to_string(S.seq)},
+         {"vocab_size", std::to_string(raw_vocab)},
+         {"make_vocab_size_divisible_by", "8"},
+         {"hidden_dropout", "0"},
+         {"attention_dropout", "0"},
+         // A wide init so activations are O(1): the reference comparison then sees every
+         // nonlinearity (GeLU flavour, softmax scale, LayerNorm eps) at full strength.
+         {"init_method_std", "0.25"},
+         {"untie_embeddings_and_output_weights", S.tied ? "false" : "true"}};
+  for (auto& kv : extra) o[kv.first] = kv.second;
+  return o;
+}
+
+// Leaf copies of the model's weights for the autograd reference.
+std::map<std::string, at::Tensor> leaf_copy(std::map<std::string, at::Tensor>& P) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& kv : P) out[kv.first] = kv.second.detach().clone().set_requires_grad(true);
+  return out;
+}
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, double atol, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  EXPECT_LE(diff, atol) << what << ": max abs difference " << diff;
+}
+
+at::Tensor random_text(int64_t b, int64_t s_plus_1, int64_t vocab, uint64_t seed) {
+  at::Generator g = at::detail::getDefaultCPUGenerator().clone();
+  g.set_current_seed(seed);
+  return at::randint(vocab, {b, s_plus_1}, g, at::kLong);
+}
+
+const Shape kShapes[] = {
+    {1, 32, 4, 128, 8, 64, true},     // ffn = 4h
+    {2, 48, 3, 100, 16, 80, false},   // odd ffn, untied
+    {3, 64, 8, 256, 12, 128, true},   // head dim 8
+    {2, 24, 2, 96, 5, 40, false},     // tiny odd seq
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+TEST(GptModel, LogitsAndLossMatchReference) {
+  for (const Shape& S : kShapes) {
+    GPT model(model_opts(S, S.vocab - 3));  // padded back up to S.vocab (multiple of 8)
+    ASSERT_EQ(model.info().vocab_size, S.vocab);
+    model.train(false);
+    auto P = model.param_map();
+    at::Tensor text = random_text(3, S.seq + 1, S.vocab - 3, 7 + S.layers);
+    at::Tensor tokens = text.narrow(1, 0, S.seq).contiguous(), labels = text.narrow(1, 1, S.seq).contiguous();
+    at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
+    at::NoGradGuard ng;
+    at::Tensor expect = ref_logits(P, S, tokens, pos, {});
+    auto out = model.forward({{"tokens", tokens}, {"position_ids", pos}});
+    expect_close(dtk::get(out, "logits"), expect, 1e-5, "logits L=" + std::to_string(S.layers));
+    auto lout = model.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}});
+    expect_close(dtk::get(lout, "loss"), ref_token_loss(expect, labels), 1e-5, "loss");
+    // An explicit all-causal mask gives the same result as none (plain vs fused path).
+    at::Tensor causal = at::ones({S.seq, S.seq}, at::kBool).triu(1).view({1, 1, S.seq, S.seq});
+    auto mout = model.forward({{"tokens", tokens}, {"position_ids", pos}, {"attention_mask", causal}});
+    expect_close(dtk::get(mout, "logits"), expect, 1e-5, "logits with explicit causal mask");
+  }
+}
+
+struct MaskCase {
+  bool reset_pos, reset_attn, eod_mask;
+};
+
+TEST(GptModel, StepLossAndGradientsMatchReferenceForEveryMaskOption) {
+  const MaskCase cases[] = {{false, false, false}, {true, false, false}, {false, true, false},
+                            {false, false, true},  {true, true, true}};
+  const int64_t eod = 5;
+  int n = 0;
+  for (const MaskCase& mc : cases) {
+    const Shape& S = kShapes[n++ % 2];
+    GPT model(model_opts(S, S.vocab));
+    Step step({{"reset_position_ids", mc.reset_pos ? "true" : "false"},
+               {"reset_attention_mask", mc.reset_attn ? "true" : "false"},
+               {"eod_mask_loss", mc.eod_mask ? "true" : "false"},
+               {"eod_token", std::to_string(eod)}});
+    at::Tensor text = random_text(3, S.seq + 1, S.vocab, 11);
+    // Plant end-of-document tokens (including position 0 and the last input position).
+    text[0][3] = eod, text[0][7] = eod, text[1][0] = eod, text[2][S.seq - 1] = eod, text[1][S.seq] = eod;
+    double lm = 0;
+    at::Tensor loss = step.forward(model, text, &lm);
+    loss.backward();
+
+    auto P = model.param_map();
+    auto R = leaf_copy(P);
+    at::Tensor tokens = text.narrow(1, 0, S.seq), labels = text.narrow(1, 1, S.seq);
+    LtorOut lt = ref_ltor(tokens, eod, mc.reset_pos, mc.reset_attn, mc.eod_mask);
+    at::Tensor tl = ref_token_loss(ref_logits(R, S, tokens, lt.pos, lt.mask), labels);
+    at::Tensor ref = (tl * lt.loss_mask).sum() / lt.loss_mask.sum();
+    ref.backward();
+    const std::string what = "reset_pos=" + std::to_string(mc.reset_pos) + " reset_attn=" +
+                             std::to_string(mc.reset_attn) + " eod_mask=" + std::to_string(mc.eod_mask);
+    expect_close(loss.detach(), ref.detach(), 1e-5, "loss " + what);
+    EXPECT_NEAR(lm, ref.item<double>(), 1e-5) << what;
+    for (auto& kv : P) {
+      ASSERT_TRUE(kv.second.grad().defined()) << kv.first;
+      expect_close(kv.second.grad(), R[kv.first].grad(), 1e-5, "grad " + kv.first + " " + what);
+    }
+  }
+}
+
+TEST(GptModel, CausalMaskLeaksNothing) {
+  const Shape S{2, 32, 4, 128, 12, 64, true};
+  GPT model(model_opts(S, S.vocab));
+  model.train(false);
+  at::NoGradGuard ng;
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 3);
+  at::Tensor base = dtk::get(model.forward({{"tokens", tokens}}), "logits");
+  for (int64_t t : {1, 5, 11}) {
+    at::Tensor changed = tokens.clone();
+    changed.narrow(1, t, S.seq - t).add_(17).remainder_(S.vocab);
+    at::Tensor out = dtk::get(model.forward({{"tokens", changed}}), "logits");
+    expect_close(out.narrow(1, 0, t), base.narrow(1, 0, t), 1e-6, "prefix before " + std::to_string(t));
+    EXPECT_GT((out.narrow(1, t, 1) - base.narrow(1, t, 1)).abs().max().item<double>(), 1e-4);
+  }
+}
+
+TEST(GptModel, DropoutOffIsDeterministicAndSeededDropoutRepeats) {
+  const Shape S{2, 32, 4, 128, 16, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 5), labels = random_text(2, S.seq, S.vocab, 6);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  at::NoGradGuard ng;
+  {
+    GPT m(model_opts(S, S.vocab));  // dropout 0, training mode
+    at::Tensor a = dtk::get(m.forward(in), "loss"), b = dtk::get(m.forward(in), "loss");
+    EXPECT_TRUE(at::equal(a, b));
+  }
+  Opts drop = model_opts(S, S.vocab, {{"hidden_dropout", "0.2"}, {"attention_dropout", "0.2"}});
+  GPT m1(drop), m2(drop);
+  at::Tensor a1 = dtk::get(m1.forward(in), "loss"), a2 = dtk::get(m1.forward(in), "loss");
+  at::Tensor b1 = dtk::get(m2.forward(in), "loss"), b2 = dtk::get(m2.forward(in), "loss");
+  EXPECT_TRUE(at::equal(a1, b1));  // same seed, same masks
+  EXPECT_TRUE(at::equal(a2, b2));
+  EXPECT_FALSE(at::equal(a1, a2));  // dropout is active and advances its generator
+  m1.train(false);
+  m2.train(false);
+  EXPECT_TRUE(at::equal(dtk::get(m1.forward(in), "loss"), dtk::get(m2.forward(in), "loss")));
+}
+
+TEST(GptModel, FullRecomputeMatchesNoRecompute) {
+  const Shape S{3, 32, 4, 128, 16, 64, false};
+  for (const char* p : {"0", "0.2"}) {
+    Opts base = model_opts(S, S.vocab, {{"hidden_dropout", p}, {"attention_dropout", p}});
+    Opts rec = base;
+    rec["recompute_activations"] = "full";
+    GPT a(base), b(rec);
+    EXPECT_EQ(b.info().recompute, 1);
+    at::Tensor tokens = random_text(2, S.seq, S.vocab, 9), labels = random_text(2, S.seq, S.vocab, 10);
+    TensorList in{{"tokens", tokens}, {"labels", labels}};
+    for (int it = 0; it < 2; ++it) {  // twice: generator states must stay in step
+      a.zero_grad();
+      b.zero_grad();
+      at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+      la.backward();
+      lb.backward();
+      expect_close(la.detach(), lb.detach(), 1e-6, std::string("loss, dropout ") + p);
+      auto pa = a.param_map(), pb = b.param_map();
+      for (auto& kv : pa)
+        expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-6, std::string("grad ") + kv.first + " dropout " + p);
+    }
+  }
+}
+
+TEST(GptModel, TinyModelOverfitsOneBatch) {
+  const Shape S{2, 64, 4, 256, 16, 32, true};
+  GPT model(model_opts(S, S.vocab, {{"make_vocab_size_divisible_by", "1"}}));
+  Step step({});
+  at::Tensor text = random_text(4, S.seq + 1, S.vocab, 21);
+  auto params = model.params();
+  // Plain Adam written here (lr 1e-2, betas 0.9/0.999).
+  std::vector<at::Tensor> m, v;
+  for (auto& p : params) m.push_back(at::zeros_like(p.tensor)), v.push_back(at::zeros_like(p.tensor));
+  double lm = 0;
+  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  for (int it = 1; it <= 150; ++it) {
+    model.zero_grad();
+    step.forward(model, text, &lm).backward();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& g = params[i].tensor.grad();
+      m[i].mul_(b1).add_(g, 1 - b1);
+      v[i].mul_(b2).addcmul_(g, g, 1 - b2);
+      at::Tensor denom = (v[i] / (1 - std::pow(b2, it))).sqrt_().add_(eps);
+      params[i].tensor.addcdiv_(m[i], denom, -lr / (1 - std::pow(b1, it)));
+    }
+    if (lm < 0.05) break;
+  }
+  EXPECT_LT(lm, 0.1);
+}
+
+TEST(GptModel, StateRoundTripIsExact) {
+  for (bool tied : {true, false}) {
+    const Shape S{2, 32, 4, 128, 8, 64, tied};
+    GPT a(model_opts(S, S.vocab), Ctx{DTK_DTYPE_FLOAT32, 0, 1, 16, 1});
+    GPT b(model_opts(S, S.vocab), Ctx{DTK_DTYPE_FLOAT32, 0, 1, 16, 2});
+    a.train(false);
+    b.train(false);
+    at::NoGradGuard ng;
+    at::Tensor tokens = random_text(2, S.seq, S.vocab, 4);
+    at::Tensor la = dtk::get(a.forward({{"tokens", tokens}}), "logits");
+    EXPECT_FALSE(at::equal(la, dtk::get(b.forward({{"tokens", tokens}}), "logits")));  // different init
+    TensorList state = a.state_save();
+    // Every parameter exactly once; the tied embedding is not saved twice.
+    EXPECT_EQ(state.size(), a.params().size());
+    EXPECT_EQ(dtk::find(state, "language_model.output_layer.weight") != nullptr, !tied);
+    b.state_load(state);
+    EXPECT_TRUE(at::equal(la, dtk::get(b.forward({{"tokens", tokens}}), "logits")));
+    // Strict loading names what is missing.
+    TensorList partial(state.begin() + 1, state.end());
+    try {
+      b.state_load(partial);
+      ADD_FAILURE() << "strict load of partial state succeeded";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(state[0].first), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GptModel, VocabPaddingFollowsMegatron) {
+  // Megatron _vocab_size_with_padding: multiple of make_vocab_size_divisible_by x tp_size.
+  struct Case {
+    int64_t vocab, divisible, tp, expect;
+  } cases[] = {{50257, 128, 1, 50304}, {50257, 128, 2, 50432}, {50257, 128, 4, 50688},
+               {50304, 128, 1, 50304}, {100, 7, 1, 105},       {64, 1, 1, 64}};
+  for (const Case& c : cases) {
+    Opts o{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
+           {"vocab_size", std::to_string(c.vocab)}, {"make_vocab_size_divisible_by", std::to_string(c.divisible)}};
+    GPT m(o, Ctx{DTK_DTYPE_FLOAT32, 0, static_cast<int32_t>(c.tp), 8, 1});
+    EXPECT_EQ(m.info().vocab_size, c.expect) << c.vocab << " / " << c.divisible << " x " << c.tp;
+    // This rank holds its slice of the padded vocabulary (and of the sharded layers).
+    auto P = m.param_map();
+    EXPECT_EQ(P["language_model.embedding.word_embeddings.weight"].size(0), c.expect / c.tp);
+    EXPECT_EQ(P["language_model.encoder.layers.0.self_attention.query_key_value.weight"].size(0), 48 / c.tp);
+    EXPECT_EQ(P["language_model.encoder.layers.0.mlp.dense_4h_to_h.weight"].size(1), 64 / c.tp);
+  }
+}
+
+TEST(GptModel, TensorParallelShardsAreSlicesOfTheFullWeights) {
+  const Shape S{1, 32, 4, 64, 8, 64, true};
+  GPT full(model_opts(S, S.vocab));
+  auto F = full.param_map();
+  for (int32_t r = 0; r < 2; ++r) {
+    GPT shard(model_opts(S, S.vocab), Ctx{DTK_DTYPE_FLOAT32, r, 2, 16, 1234});
+    for (auto& p : shard.params()) {
+      const at::Tensor& f = F[p.name];
+      at::Tensor expect = f;
+      if (p.info.partition_dim >= 0) {
+        const int64_t n = f.size(p.info.partition_dim) / 2;
+        expect = f.narrow(p.info.partition_dim, r * n, n);
+      }
+      EXPECT_TRUE(at::equal(p.tensor, expect)) << p.name << " rank " << r;
+    }
+  }
+}
+
+TEST(GptModel, ParameterInfo) {
+  const Shape S{1, 32, 4, 128, 8, 64, true};
+  GPT m(model_opts(S, S.vocab));
+  for (auto& p : m.params()) {
+    const bool is_bias_or_norm = p.name.find("bias") != std::string::npos || p.name.find("layernorm") != std::string::npos;
+    EXPECT_EQ(p.info.no_weight_decay, is_bias_or_norm ? 1 : 0) << p.name;
+    if (p.name.find("word_embeddings") != std::string::npos) {
+      EXPECT_EQ(p.info.shared, 1);
+      EXPECT_EQ(p.info.partition_dim, 0);
+    }
+    if (p.name.find("dense_4h_to_h.weight") != std::string::npos || p.name.find("dense.weight") != std::string::npos)
+      EXPECT_EQ(p.info.partition_dim, 1) << p.name;
+    if (p.name.find("query_key_value") != std::string::npos) EXPECT_EQ(p.info.partition_dim, 0) << p.name;
+  }
+  // Scaled init for the output projections: std / sqrt(2 L).
+  GPT big(Opts{{"num_layers", "8"}, {"hidden_size", "256"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
+               {"vocab_size", "64"}});
+  auto P = big.param_map();
+  EXPECT_NEAR(P["language_model.encoder.layers.0.mlp.dense_h_to_4h.weight"].std().item<double>(), 0.02, 1e-3);
+  EXPECT_NEAR(P["language_model.encoder.layers.0.mlp.dense_4h_to_h.weight"].std().item<double>(), 0.02 / 4.0, 3e-4);
+  EXPECT_NEAR(P["language_model.encoder.layers.0.self_attention.dense.weight"].std().item<double>(), 0.02 / 4.0, 3e-4);
+}
+
+TEST(GptModel, Bf16ParametersRun) {
+  const Shape S{2, 32, 4, 128, 16, 64, true};
+  GPT f32(model_opts(S, S.vocab));
+  GPT bf16(model_opts(S, S.vocab), Ctx{DTK_DTYPE_BFLOAT16, 0, 1, 16, 1234});
+  for (auto& p : bf16.params()) EXPECT_EQ(p.tensor.scalar_type(), at::kBFloat16) << p.name;
+  Step step({});
+  at::Tensor text = random_text(2, S.seq + 1, S.vocab, 8);
+  double l32 = 0, l16 = 0;
+  step.forward(f32, text, &l32);
+  at::Tensor loss = step.forward(bf16, text, &l16);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  EXPECT_NEAR(l16, l32, 0.05);  // same init, bf16 rounding
+  loss.backward();
+  for (auto& p : bf16.params()) {
+    ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
+    EXPECT_TRUE(at::isfinite(p.tensor.grad().to(at::kFloat)).all().item<bool>()) << p.name;
+  }
+}
+
+TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
+  try {
+    GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "30"}, {"num_attention_heads", "4"}, {"seq_length", "8"}});
+    ADD_FAILURE() << "hidden 30 / 4 heads accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
+  }
+  GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"}});
+  EXPECT_THROW(m.forward({{"tokens", at::zeros({1, 9}, at::kLong)}}), std::runtime_error);  // > max positions
+}
+
+}  // namespace

@@ -1,0 +1,104 @@
+// The `dtk` binary end to end: what a user types, what they see, the exit code.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+// Every run is bounded by `timeout` so a hang fails the test instead of CI.
+Result run(const std::string& args, int timeout_s = 300) {
+  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) r.out += buf;
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<double> losses(const std::string& log) {
+  std::vector<double> out;
+  std::regex re("lm loss: ([0-9.E+-]+) \\|");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out.push_back(std::stod((*it)[1]));
+  return out;
+}
+
+// The one-line error contract: a non-zero exit and exactly one "dtk: error:" line.
+void expect_one_line_error(const Result& r, const std::string& message) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: " + message + "\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+const std::string kTiny = std::string("--config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --dataset synthetic ";
+
+}  // namespace
+
+TEST(Cli, VersionAndHelp) {
+  Result v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find("(ABI 1."), std::string::npos) << v.out;
+  Result h = run("--help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("dtk train"), std::string::npos);
+  EXPECT_EQ(run("").code, 2);
+}
+
+TEST(Cli, PluginsListAndDescribe) {
+  Result l = run("plugins list");
+  ASSERT_EQ(l.code, 0) << l.out;
+  for (const char* name : {"gpt", "causal_lm", "adamw", "sgd", "ddp", "synthetic"})
+    EXPECT_NE(l.out.find(std::string(name) + " "), std::string::npos) << name << "\n" << l.out;
+  Result d = run("plugins describe gpt");
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("num_layers"), std::string::npos);
+  expect_one_line_error(run("plugins describe gtp"), "unknown plugin 'gtp'; did you mean 'gpt'?");
+}
+
+TEST(Cli, TrainGptTinyLossFalls) {
+  Result r = run(kTiny + "--set train.train_iters=30 --set logging.log_interval=5 --set eval.eval_iters=2 "
+                         "--set dataset.vocab_size=64 --threads 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto l = losses(r.out);
+  ASSERT_GE(l.size(), 4u) << r.out;
+  // Random tokens from a 64-word vocabulary: the model must at least learn the unigram
+  // distribution, from ln(50304) ~ 10.8 down towards ln(64) ~ 4.16.
+  EXPECT_LT(l.back(), l.front() - 2.0) << r.out;
+  EXPECT_NE(r.out.find("validation loss at iteration 30"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("test loss at iteration 30"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("number of parameters"), std::string::npos);
+}
+
+TEST(Cli, BadInputsAreOneLineErrors) {
+  expect_one_line_error(run(kTiny + "--model gtp"), "unknown model plugin 'gtp'; did you mean 'gpt'?");
+  expect_one_line_error(run(kTiny + "--set model.num_layer=2"),
+                        "model plugin 'gpt' has no option 'num_layer'; did you mean 'num_layers'?");
+  expect_one_line_error(run(kTiny + "--set model.num_layers=two"),
+                        "model plugin 'gpt': option 'num_layers' expects an integer, got 'two'");
+  expect_one_line_error(run("train --config /nonexistent.pbtxt"), "config '/nonexistent.pbtxt': cannot open file");
+  expect_one_line_error(run(kTiny + "--plugin_path /nonexistent/dir"),
+                        "--plugin_path entry '/nonexistent/dir' does not exist");
+  expect_one_line_error(run(kTiny + "--plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_major.so"),
+                        "plugin '" DTK_TEST_PLUGIN_DIR
+                        "/broken/tp_major.so': built for DTK ABI 2.0, this host speaks ABI 1.x (major version "
+                        "mismatch; rebuild the plugin)");
+  expect_one_line_error(run(kTiny + "--set train.global_batch_size=3 --set train.micro_batch_size=2"),
+                        "config: global_batch_size 3 is not divisible by micro_batch_size x data-parallel size = 2");
+  // A plugin throwing inside a call: the SDK turns it into a status, the host into one line.
+  expect_one_line_error(run(kTiny + "--dataset exploding --plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_throwing.so"),
+                        "dataset plugin 'exploding': num_samples: num_samples exploded");
+  expect_one_line_error(run("frobnicate"),
+                        "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, version; see --help)");
+}

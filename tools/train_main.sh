@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The main job: a real GPT training run on a real text corpus with the default plugins.
+#   1. installs what is missing (Debian packages, the GPT-2 vocab) and builds dtk
+#   2. makes a corpus: every fortune cookie of Debian's `fortunes` package, one document each
+#      (jsonl), or CORPUS=path/to/file.txt|.jsonl for your own text
+#   3. `dtk preprocess` -> Megatron .bin/.idx with GPT-2 BPE
+#   4. `dtk train` of configs/gpt-tiny.pbtxt on it (override with CONFIG=..., extra flags pass through)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh --vocab
+tools/build.sh
+mkdir -p data
+DTK=build/bin/dtk
+
+CORPUS=${CORPUS:-}
+if [[ -z "$CORPUS" ]]; then
+  if ! dpkg-query -W -f='${Status}' fortunes 2>/dev/null | grep -q "install ok installed"; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq fortunes >/dev/null
+  fi
+  CORPUS=data/fortunes.jsonl
+  if [[ ! -s $CORPUS ]]; then
+    # Fortune files hold cookies separated by lines of "%": one JSON document per cookie.
+    for f in /usr/share/games/fortunes/*; do
+      [[ -f $f && $f != *.dat && $f != *.u8 && ! -L $f ]] && cat "$f" && printf '\n%%\n'
+    done | awk 'BEGIN { doc = "" }
+      function flush() { if (doc != "") { printf "{\"text\": \"%s\"}\n", doc }; doc = "" }
+      /^%$/ { flush(); next }
+      { line = $0; gsub(/\\/, "\\\\", line); gsub(/"/, "\\\"", line); gsub(/\t/, "\\t", line);
+        gsub(/[\001-\010\013-\037\177]/, "", line);
+        doc = (doc == "" ? line : doc "\\n" line) }
+      END { flush() }' > "$CORPUS.tmp"
+    mv "$CORPUS.tmp" "$CORPUS"
+  fi
+fi
+name=$(basename "${CORPUS%.*}")
+PREFIX=data/${name}
+if [[ ! -s ${PREFIX}_text_document.idx ]]; then
+  $DTK preprocess --input "$CORPUS" --output_prefix "$PREFIX" --vocab_file data/gpt2/encoder.json \
+    --merge_file data/gpt2/vocab.bpe --append_eod --skip_bad_lines
+fi
+$DTK train --config "${CONFIG:-configs/gpt-tiny.pbtxt}" --dataset gpt_indexed \
+  --data_path "${PREFIX}_text_document" --set dataset.vocab_size=50257 "$@"

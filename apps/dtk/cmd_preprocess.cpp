@@ -1,7 +1,7 @@
 // `dtk preprocess` — Megatron-LM's tools/preprocess_data.py in C++ (see docs/data.md).
 //
-//   dtk preprocess --input corpus.jsonl[,more.jsonl|book.txt] --output_prefix data/my \
-//       --vocab_file encoder.json --merge_file vocab.bpe [--json_keys text] [--append_eod] \
+//   dtk preprocess --input corpus.jsonl[,more.jsonl|book.txt] --output_prefix data/my
+//       --vocab_file encoder.json --merge_file vocab.bpe [--json_keys text] [--append_eod]
 //       [--workers N] [--skip_bad_lines]
 //   dtk preprocess --decode --input data/my_text_document --vocab_file ... --merge_file ... [A:B]
 #include "cmd_preprocess.hpp"

@@ -285,6 +285,8 @@ class GPTModel : public Model {
                     std::to_string(c_.max_pos));
       const at::Tensor* pos_p = find(inputs, "position_ids");
       at::Tensor pos = pos_p ? *pos_p : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
+      check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
+      check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
       h = word_.forward(tokens) + at::embedding(position_, pos);
       h = dropout(h, c_.hidden_dropout, training_, rng_.hidden);
     } else {
@@ -359,6 +361,16 @@ class GPTModel : public Model {
   }
 
  private:
+  // Ids outside an embedding table would index out of bounds: refuse them with a clear message.
+  static void check_range(const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name) {
+    if (ids.numel() == 0) return;
+    auto mm = at::aminmax(ids);
+    const int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
+    if (lo < 0 || hi >= limit)
+      throw Error(std::string("gpt: '") + what + "' holds ids in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                  "], outside [0, " + std::to_string(limit) + ") (" + limit_name + ")");
+  }
+
   void validate(const BuildContext& ctx) const {
     auto positive = [](const char* name, int64_t v) {
       if (v <= 0) throw Error(std::string("gpt: option '") + name + "' must be positive (got " + std::to_string(v) + ")");

@@ -46,8 +46,9 @@ struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
 struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target,
                             TPGroup tp) {
+    // Like Megatron, an fp32 contiguous input is overwritten in place (it becomes the softmax kept
+    // for backward); callers pass logits they do not read again. Other inputs are converted.
     at::Tensor logits = logits_in.to(at::kFloat).contiguous();
-    if (logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();  // never touch the input
     const int64_t part = logits.size(-1);
     // Subtract the global row maximum (numerical stability).
     at::Tensor logits_max = std::get<0>(logits.max(-1)).contiguous();

@@ -100,6 +100,8 @@ at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, con
 // Per-token cross entropy of logits split along the last (vocabulary) dim. `logits` [.., V/tp]
 // (computed in fp32 whatever its dtype), `target` [..] int64 global ids. Returns [..] fp32.
 // Backward: (softmax - one_hot(target)) * grad, with the softmax kept from forward.
+// As in Megatron, fp32 contiguous logits are overwritten in place (they hold the softmax
+// afterwards): pass logits that are not read again.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp);
 
 }  // namespace dtk::gpt

@@ -213,7 +213,8 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
     default: throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
   }
   if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
-  return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st)).to(at::kLong);
+  // Always copy: the buffer is released as soon as this returns.
+  return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st)).to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
 }
 }  // namespace
 

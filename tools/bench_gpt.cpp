@@ -4,6 +4,8 @@
 //
 //   build/bin/dtk_bench_gpt [iterations]        (default 10 timed iterations per model)
 //
+// Times are the median over iterations (and over 10 matmuls for the ceiling).
+//
 // The plugins are loaded from the build tree through the host's loader and driven through the
 // C ABI, exactly as `dtk train` drives them. All cores are used (at::set_num_threads).
 // FLOPs per iteration count every matmul of forward and backward (backward = 2 x forward):
@@ -14,12 +16,14 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -36,12 +40,18 @@ void check(dtk_status* s) {
   throw std::runtime_error(m);
 }
 
+// Median rate of `reps` n x n x n fp32 matmuls.
 double matmul_gflops(int64_t n, int reps) {
   at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
   at::Tensor c = at::matmul(a, b);  // warm-up
-  auto t0 = Clock::now();
-  for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
-  return 2.0 * n * n * n * reps / seconds_since(t0) / 1e9;
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    at::mm_out(c, a, b);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return 2.0 * n * n * n / times[times.size() / 2] / 1e9;
 }
 
 struct Shape {
@@ -91,16 +101,22 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
     dtk::unwrap(loss).backward();
   };
   one();  // warm-up (allocator, kernels)
-  auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) one();
-  const double secs = seconds_since(t0) / iters;
+  // Median of per-iteration times: robust to other processes on a shared machine.
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    one();
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const double secs = times[times.size() / 2];
 
   const double B = S.batch, s = S.seq, L = S.layers, h = S.hidden, f = info.ffn_hidden_size,
                V = info.vocab_size;
   const double flops = 3.0 * (2.0 * B * s * (L * (4 * h * h + 2 * h * f) + h * V) + 4.0 * B * s * s * h * L);
   const double gflops = flops / secs / 1e9;
   std::printf("%-28s L=%-2lld h=%-4lld heads=%-2lld seq=%-4lld batch=%-2lld vocab=%lld | %8.1f ms/iter | "
-              "%9.0f tokens/s | %6.1f GFLOP/s (%4.1f%% of matmul)\n",
+              "%9.0f tokens/s | %6.1f GFLOP/s (%4.1f%% of the matmul)\n",
               S.name, static_cast<long long>(S.layers), static_cast<long long>(S.hidden),
               static_cast<long long>(S.heads), static_cast<long long>(S.seq), static_cast<long long>(S.batch),
               static_cast<long long>(info.vocab_size), secs * 1e3, B * s / secs, gflops, 100.0 * gflops / peak);
@@ -118,7 +134,7 @@ int main(int argc, char** argv) {
     dtk::host::PluginHost host(dtk::core::host_torch_version(), dtk::core::host_services());
     host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_gpt.so");
     host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_causal_lm.so");
-    std::printf("LibTorch %s, %d threads, fp32, training mode (dropout 0.1), %d timed iterations\n",
+    std::printf("LibTorch %s, %d threads, fp32, training mode (dropout 0.1), %d timed iterations (median)\n",
                 dtk::core::host_torch_version(), at::get_num_threads(), iters);
     const double peak = matmul_gflops(2048, 10);
     std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32 at::mm)\n", "ceiling: one large matmul", peak);

@@ -41,6 +41,7 @@ struct Ctx {
   int32_t tp_rank = 0, tp_size = 1;
   int64_t seq_length = 16;
   uint64_t seed = 1234;
+  int32_t pp_rank = 0, pp_size = 1;
 };
 
 dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
@@ -50,9 +51,9 @@ dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
   b.device = {DTK_DEVICE_CPU, -1};
   b.params_dtype = c.dtype;
   b.tp_rank = c.tp_rank, b.tp_size = c.tp_size;
-  b.pp_rank = 0, b.pp_size = 1;
+  b.pp_rank = c.pp_rank, b.pp_size = c.pp_size;
   b.dp_rank = 0, b.dp_size = 1;
-  b.pre_process = 1, b.post_process = 1;
+  b.pre_process = c.pp_rank == 0, b.post_process = c.pp_rank == c.pp_size - 1;
   b.seq_length = c.seq_length;
   b.micro_batch_size = 2;
   b.seed = c.seed;
@@ -489,6 +490,33 @@ TEST(GptModel, TensorParallelShardsAreSlicesOfTheFullWeights) {
       }
       EXPECT_TRUE(at::equal(p.tensor, expect)) << p.name << " rank " << r;
     }
+  }
+}
+
+TEST(GptModel, PipelineStagesComposeToTheFullModel) {
+  // pre_process/post_process: stage 0 holds the embedding and the first half of the layers,
+  // stage 1 the rest, the final LayerNorm and the (tied or separate) output weights.
+  for (bool tied : {true, false}) {
+    const Shape S{4, 32, 4, 128, 8, 64, tied};
+    Ctx c0, c1;
+    c0.pp_size = c1.pp_size = 2;
+    c1.pp_rank = 1;
+    GPT full(model_opts(S, S.vocab)), first(model_opts(S, S.vocab), c0), last(model_opts(S, S.vocab), c1);
+    at::NoGradGuard ng;
+    at::Tensor tokens = random_text(2, S.seq, S.vocab, 12);
+    TensorList mid = first.forward({{"tokens", tokens}});
+    ASSERT_NE(dtk::find(mid, "hidden_states"), nullptr);
+    at::Tensor logits = dtk::get(last.forward({{"hidden_states", dtk::get(mid, "hidden_states")}}), "logits");
+    EXPECT_TRUE(at::equal(logits, dtk::get(full.forward({{"tokens", tokens}}), "logits")));
+    // The embedding lives on stage 0; the last stage keeps Megatron's word_embeddings_for_head
+    // only when tied, and the output layer only when untied.
+    auto P0 = first.param_map(), P1 = last.param_map();
+    EXPECT_EQ(P0.count("language_model.embedding.word_embeddings.weight"), 1u);
+    EXPECT_EQ(P0.count("language_model.encoder.final_layernorm.weight"), 0u);
+    EXPECT_EQ(P1.count("language_model.embedding.word_embeddings.weight"), 0u);
+    EXPECT_EQ(P1.count("word_embeddings_for_head.weight"), tied ? 1u : 0u);
+    EXPECT_EQ(P1.count("language_model.output_layer.weight"), tied ? 0u : 1u);
+    EXPECT_EQ(P0.size() + P1.size(), full.params().size() + (tied ? 1u : 0u));
   }
 }
 

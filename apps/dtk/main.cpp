@@ -85,7 +85,8 @@ std::vector<std::string> extract_sets(int* argc, char** argv) {
 }
 
 dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
-  dtk::config::RunConfig cfg = FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
+  dtk::config::RunConfig cfg =
+      FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
   if (!FLAGS_model.empty()) cfg.mutable_model()->set_name(FLAGS_model);
   if (!FLAGS_dataset.empty()) cfg.mutable_dataset()->set_name(FLAGS_dataset);
   if (!FLAGS_step.empty()) cfg.mutable_step()->set_name(FLAGS_step);
@@ -121,7 +122,8 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   const dtk::host::Plugin* p = nullptr;
   if (!FLAGS_kind.empty()) {
     const int32_t kind = dtk::host::kind_from_name(FLAGS_kind);
-    if (!kind) throw dtk::host::HostError("--kind '" + FLAGS_kind + "': not one of model, dataset, step, strategy, optimizer");
+    if (!kind)
+      throw dtk::host::HostError("--kind '" + FLAGS_kind + "': not one of model, dataset, step, strategy, optimizer");
     p = &plugins.get(kind, args[1]);
   } else {
     p = plugins.find_any(args[1]);
@@ -204,7 +206,8 @@ int main(int argc, char** argv) {
       throw dtk::host::HostError("this dtk was built without the data library (preprocess unavailable)");
 #endif
     }
-    throw dtk::host::HostError("unknown command '" + cmd + "' (commands: train, plugins, config, preprocess, version; see --help)");
+    throw dtk::host::HostError("unknown command '" + cmd +
+                               "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtk: error: %s\n", e.what());
     return 1;

@@ -12,8 +12,8 @@ void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
   if (!s) return;
   std::string message = dtk_status_get_message(s);
   dtk_status_release(s);
-  throw HostError(std::string(host::kind_name(plugin.kind())) + " plugin '" + plugin.name() + "': " + call +
-                  ": " + message);
+  throw HostError(std::string(host::kind_name(plugin.kind())) + " plugin '" + plugin.name() + "': " + call + ": " +
+                  message);
 }
 
 namespace {
@@ -148,7 +148,9 @@ std::vector<Param> StrategyInstance::optimizer_params() {
 void StrategyInstance::before_backward(bool is_last) {
   check_plugin(api_->before_backward(strategy_, is_last ? 1 : 0), plugin_, "before_backward");
 }
-void StrategyInstance::reduce_gradients() { check_plugin(api_->reduce_gradients(strategy_), plugin_, "reduce_gradients"); }
+void StrategyInstance::reduce_gradients() {
+  check_plugin(api_->reduce_gradients(strategy_), plugin_, "reduce_gradients");
+}
 double StrategyInstance::clip_and_norm(double max_norm) {
   double norm = 0;
   check_plugin(api_->clip_and_norm(strategy_, max_norm, &norm), plugin_, "clip_and_norm");
@@ -197,11 +199,21 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
   const int64_t stride = b->strides ? b->strides[0] : 1;
   at::ScalarType st;
   switch (b->dtype) {
-    case DTK_DTYPE_UINT8: st = at::kByte; break;
-    case DTK_DTYPE_INT8: st = at::kChar; break;
-    case DTK_DTYPE_INT16: st = at::kShort; break;
-    case DTK_DTYPE_INT32: st = at::kInt; break;
-    case DTK_DTYPE_INT64: st = at::kLong; break;
+    case DTK_DTYPE_UINT8:
+      st = at::kByte;
+      break;
+    case DTK_DTYPE_INT8:
+      st = at::kChar;
+      break;
+    case DTK_DTYPE_INT16:
+      st = at::kShort;
+      break;
+    case DTK_DTYPE_INT32:
+      st = at::kInt;
+      break;
+    case DTK_DTYPE_INT64:
+      st = at::kLong;
+      break;
     case DTK_DTYPE_UINT16: {
       // LibTorch 1.13 has no uint16: widen by hand.
       auto out = at::empty({n}, at::kLong);
@@ -210,11 +222,13 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
       for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
       return out;
     }
-    default: throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
+    default:
+      throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
   }
   if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
   // Always copy: the buffer is released as soon as this returns.
-  return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st)).to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
+  return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st))
+      .to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
 }
 }  // namespace
 
@@ -234,8 +248,12 @@ at::Tensor DatasetInstance::get_sample(int32_t split, int64_t index) const {
 // ---------------------------------------------------------------------------------------------
 BatchLoader::BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
                          std::function<int64_t(int64_t, int64_t)> index_of, int depth)
-    : data_(data), split_(split), mbs_(micro_batch_size), num_batches_(num_batches),
-      index_of_(std::move(index_of)), depth_(static_cast<size_t>(depth)) {
+    : data_(data),
+      split_(split),
+      mbs_(micro_batch_size),
+      num_batches_(num_batches),
+      index_of_(std::move(index_of)),
+      depth_(static_cast<size_t>(depth)) {
   worker_ = std::thread([this] { run(); });
 }
 
@@ -293,12 +311,13 @@ double learning_rate(int64_t it, double max_lr, double min_lr, int64_t warmup, i
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
   }
   if (it > decay_iters) return min_lr;
-  const double ratio = decay_iters > warmup
-                           ? static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup)
-                           : 1.0;
+  const double ratio =
+      decay_iters > warmup ? static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup) : 1.0;
   double coeff = 0;
-  if (style == "linear") coeff = 1.0 - ratio;
-  else coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);  // cosine
+  if (style == "linear")
+    coeff = 1.0 - ratio;
+  else
+    coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);  // cosine
   return min_lr + coeff * (max_lr - min_lr);
 }
 

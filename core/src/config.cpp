@@ -38,22 +38,10 @@ constexpr const char* kDefaults = R"pb(
     threads: 0
     device: "cpu"
   }
-  lr {
-    lr: 3e-4
-    min_lr: 3e-5
-    lr_decay_style: "cosine"
-    lr_warmup_iters: 0
-    lr_decay_iters: 0
-    weight_decay: 0.01
-  }
+  lr { lr: 3e-4 min_lr: 3e-5 lr_decay_style: "cosine" lr_warmup_iters: 0 lr_decay_iters: 0 weight_decay: 0.01 }
   eval { eval_interval: 0 eval_iters: 10 }
   logging { log_interval: 10 }
-  distributed {
-    tensor_model_parallel_size: 1
-    pipeline_model_parallel_size: 1
-    backend: "gloo"
-    timeout_seconds: 300
-  }
+  distributed { tensor_model_parallel_size: 1 pipeline_model_parallel_size: 1 backend: "gloo" timeout_seconds: 300 }
 )pb";
 
 // Collects the first parse error as "line L column C: message".
@@ -153,8 +141,7 @@ void apply_override(config::RunConfig& cfg, const std::string& assignment) {
     if (i + 1 != parts.size())
       throw HostError("--set '" + assignment + "': '" + walked + parts[i] + "' is not a section");
     // Leaf: let the text-format parser do the type checking and conversion.
-    const std::string literal =
-        f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
+    const std::string literal = f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
     TextFormat::Parser parser;
     FirstError errors;
     parser.RecordErrorsTo(&errors);
@@ -162,22 +149,39 @@ void apply_override(config::RunConfig& cfg, const std::string& assignment) {
     if (value.empty() && f->type() != FieldDescriptor::TYPE_STRING)
       throw HostError("--set '" + assignment + "': empty value for '" + path + "'");
     if (!parser.ParseFieldValueFromString(literal, f, tmp.get()))
-      throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " +
-                      f->type_name() + " for '" + path + "'");
+      throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " + f->type_name() + " for '" + path +
+                      "'");
     msg->GetReflection()->ClearField(msg, f);
     msg->MergeFrom(*tmp);
     // MergeFrom skips proto3 zero values; copy explicitly so "--set train.clip_grad=0" works.
     const Reflection* r = msg->GetReflection();
     switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(msg, f, tmp->GetReflection()->GetInt32(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(msg, f, tmp->GetReflection()->GetInt64(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(msg, f, tmp->GetReflection()->GetUInt32(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(msg, f, tmp->GetReflection()->GetUInt64(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(msg, f, tmp->GetReflection()->GetDouble(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(msg, f, tmp->GetReflection()->GetFloat(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(msg, f, tmp->GetReflection()->GetBool(*tmp, f)); break;
-      case FieldDescriptor::CPPTYPE_STRING: r->SetString(msg, f, tmp->GetReflection()->GetString(*tmp, f)); break;
-      default: break;
+      case FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(msg, f, tmp->GetReflection()->GetInt32(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(msg, f, tmp->GetReflection()->GetInt64(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(msg, f, tmp->GetReflection()->GetUInt32(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(msg, f, tmp->GetReflection()->GetUInt64(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(msg, f, tmp->GetReflection()->GetDouble(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(msg, f, tmp->GetReflection()->GetFloat(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(msg, f, tmp->GetReflection()->GetBool(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(msg, f, tmp->GetReflection()->GetString(*tmp, f));
+        break;
+      default:
+        break;
     }
     return;
   }
@@ -235,14 +239,15 @@ void validate_config(const config::RunConfig& cfg) {
   if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
   const std::string& style = lr.lr_decay_style();
   if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root")
-    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine or inverse-square-root, got '" +
-                    style + "'");
+    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine or inverse-square-root, got '" + style +
+                    "'");
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
   if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
     throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
   if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
-    if (slot->name().empty()) throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");
+    if (slot->name().empty())
+      throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");
 }
 
 std::string to_text(const config::RunConfig& cfg) {

@@ -50,8 +50,10 @@ struct MetricAverager {
   void add(const std::vector<std::pair<std::string, double>>& m) {
     for (const auto& kv : m) {
       auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& s) { return s.first == kv.first; });
-      if (it == sums.end()) sums.emplace_back(kv.first, kv.second);
-      else it->second += kv.second;
+      if (it == sums.end())
+        sums.emplace_back(kv.first, kv.second);
+      else
+        it->second += kv.second;
       counts[kv.first]++;
     }
   }
@@ -73,7 +75,8 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const int threads = train.threads() > 0 ? train.threads() : static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, threads));
   at::manual_seed(train.seed());
-  if (train.device() == "cuda") throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
+  if (train.device() == "cuda")
+    throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
   const Topology& topo = topology();
 
   const int64_t mbs = train.micro_batch_size();
@@ -244,8 +247,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                     "throughput per device (TFLOP/s): %.3f | tokens per second: %.0f | learning rate: %.6E | "
                     "global batch size: %5lld |",
                     timestamp().c_str(), static_cast<long long>(it), static_cast<long long>(iters),
-                    static_cast<long long>(it * gbs), ms_per_it, tflops, tokens_per_s, lr,
-                    static_cast<long long>(gbs));
+                    static_cast<long long>(it * gbs), ms_per_it, tflops, tokens_per_s, lr, static_cast<long long>(gbs));
       line += buf;
       for (const auto& kv : window.sums) {
         std::snprintf(buf, sizeof buf, " %s: %.6E |", kv.first.c_str(), window.mean(kv.first));

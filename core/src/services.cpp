@@ -3,9 +3,9 @@
 // multi-process c10d backend plugs in behind the same table).
 #include "dtk/core/services.hpp"
 
-#include <dtk/tensor.hpp>
 #include <glog/logging.h>
 #include <torch/csrc/api/include/torch/version.h>
+#include <dtk/tensor.hpp>
 
 #include <mutex>
 
@@ -46,29 +46,42 @@ void log_fn(void*, int32_t level, const char* plugin, const char* file, int32_t 
     case DTK_LOG_ERROR:
       google::LogMessage(base, line_no, google::GLOG_ERROR).stream() << prefix << message;
       break;
-    default: google::LogMessage(base, line_no, google::GLOG_INFO).stream() << prefix << message;
+    default:
+      google::LogMessage(base, line_no, google::GLOG_INFO).stream() << prefix << message;
   }
 }
 
 int32_t group_rank(const Topology& t, int32_t group) {
   switch (group) {
-    case DTK_GROUP_WORLD: return t.world_rank;
-    case DTK_GROUP_DATA_PARALLEL: return t.dp_rank;
-    case DTK_GROUP_TENSOR_PARALLEL: return t.tp_rank;
-    case DTK_GROUP_PIPELINE_PARALLEL: return t.pp_rank;
-    case DTK_GROUP_MODEL_PARALLEL: return t.pp_rank * t.tp_size + t.tp_rank;
-    default: return -1;
+    case DTK_GROUP_WORLD:
+      return t.world_rank;
+    case DTK_GROUP_DATA_PARALLEL:
+      return t.dp_rank;
+    case DTK_GROUP_TENSOR_PARALLEL:
+      return t.tp_rank;
+    case DTK_GROUP_PIPELINE_PARALLEL:
+      return t.pp_rank;
+    case DTK_GROUP_MODEL_PARALLEL:
+      return t.pp_rank * t.tp_size + t.tp_rank;
+    default:
+      return -1;
   }
 }
 
 int32_t group_size(const Topology& t, int32_t group) {
   switch (group) {
-    case DTK_GROUP_WORLD: return t.world_size;
-    case DTK_GROUP_DATA_PARALLEL: return t.dp_size;
-    case DTK_GROUP_TENSOR_PARALLEL: return t.tp_size;
-    case DTK_GROUP_PIPELINE_PARALLEL: return t.pp_size;
-    case DTK_GROUP_MODEL_PARALLEL: return t.pp_size * t.tp_size;
-    default: return -1;
+    case DTK_GROUP_WORLD:
+      return t.world_size;
+    case DTK_GROUP_DATA_PARALLEL:
+      return t.dp_size;
+    case DTK_GROUP_TENSOR_PARALLEL:
+      return t.tp_size;
+    case DTK_GROUP_PIPELINE_PARALLEL:
+      return t.pp_size;
+    case DTK_GROUP_MODEL_PARALLEL:
+      return t.pp_size * t.tp_size;
+    default:
+      return -1;
   }
 }
 
@@ -137,9 +150,12 @@ uint64_t rng_seed(void*, int32_t stream) {
   const uint64_t seed = s.cfg.train().seed();
   // Megatron: default = seed + 100 * pp_rank; tensor-parallel = seed + 2718 + tp_rank.
   switch (stream) {
-    case DTK_RNG_TENSOR_PARALLEL: return seed + 2718 + static_cast<uint64_t>(s.topo.tp_rank);
-    case DTK_RNG_DATA: return seed;
-    default: return seed + 100 * static_cast<uint64_t>(s.topo.pp_rank);
+    case DTK_RNG_TENSOR_PARALLEL:
+      return seed + 2718 + static_cast<uint64_t>(s.topo.tp_rank);
+    case DTK_RNG_DATA:
+      return seed;
+    default:
+      return seed + 100 * static_cast<uint64_t>(s.topo.pp_rank);
   }
 }
 
@@ -159,13 +175,14 @@ dtk_status* config_get(void*, const char* key, const char** value) {
 void tensor_release(dtk_tensor* t) { dtk::release(t); }
 
 const dtk_comm_services kComm = {
-    sizeof(dtk_comm_services), nullptr, &comm_rank, &comm_size, &comm_global_rank, &all_reduce,
-    &broadcast, &all_gather, &reduce_scatter, &barrier, &wait, &work_release,
+    sizeof(dtk_comm_services), nullptr,     &comm_rank, &comm_size,
+    &comm_global_rank,         &all_reduce, &broadcast, &all_gather,
+    &reduce_scatter,           &barrier,    &wait,      &work_release,
 };
 
 const dtk_host_services kServices = {
-    sizeof(dtk_host_services), DTK_ABI_MAJOR, DTK_ABI_MINOR, "0.1.0", TORCH_VERSION, nullptr,
-    &log_fn, &host::make_status, &kComm, &rng_seed, &config_get, &tensor_release,
+    sizeof(dtk_host_services), DTK_ABI_MAJOR, DTK_ABI_MINOR, "0.1.0",     TORCH_VERSION,   nullptr, &log_fn,
+    &host::make_status,        &kComm,        &rng_seed,     &config_get, &tensor_release,
 };
 
 }  // namespace

@@ -13,8 +13,7 @@ const dtk_option_spec kOptions[] = {
 class ScaledSgd : public dtk::Optimizer {
  public:
   ScaledSgd(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
-      : groups_(std::move(groups)), scale_(ctx.options.get_float("scale")),
-        verbose_(ctx.options.get_bool("verbose")) {
+      : groups_(std::move(groups)), scale_(ctx.options.get_float("scale")), verbose_(ctx.options.get_bool("verbose")) {
     if (scale_ <= 0) throw dtk::Error("option 'scale' must be positive");  // becomes a status
     DTK_LOG(INFO) << "template_scaled_sgd: " << groups_.size() << " parameter groups, scale " << scale_;
   }

@@ -1,7 +1,7 @@
 // Every refusal of the loader is one line naming the file and the reason; these tests pin the
 // exact messages. They also check the rules that hold for every first-party plugin.
-#include <dtk/host/plugin_host.hpp>
 #include <gtest/gtest.h>
+#include <dtk/host/plugin_host.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -64,9 +64,7 @@ TEST(Loader, GoodPluginLoadsAndWorksThroughTheAbi) {
   api->destroy(d);
 }
 
-TEST(Loader, MissingFile) {
-  EXPECT_EQ(load_error(kDir + "/nope.so"), "plugin '" + kDir + "/nope.so': file not found");
-}
+TEST(Loader, MissingFile) { EXPECT_EQ(load_error(kDir + "/nope.so"), "plugin '" + kDir + "/nope.so': file not found"); }
 
 TEST(Loader, NotASharedLibrary) {
   const std::string msg = load_error(broken("garbage"));
@@ -85,10 +83,10 @@ TEST(Loader, AbiMajorMismatch) {
 }
 
 TEST(Loader, PluginNewerThanHost) {
-  EXPECT_EQ(load_error(broken("tp_newer")),
-            "plugin '" + broken("tp_newer") + "': plugin is newer than the host (built for ABI 1." +
-                std::to_string(DTK_ABI_MINOR + 1) + ", host supports up to 1." + std::to_string(DTK_ABI_MINOR) +
-                "; upgrade dtk)");
+  EXPECT_EQ(load_error(broken("tp_newer")), "plugin '" + broken("tp_newer") +
+                                                "': plugin is newer than the host (built for ABI 1." +
+                                                std::to_string(DTK_ABI_MINOR + 1) + ", host supports up to 1." +
+                                                std::to_string(DTK_ABI_MINOR) + "; upgrade dtk)");
 }
 
 TEST(Loader, LibTorchVersionMismatchNamesBothVersions) {
@@ -115,8 +113,8 @@ TEST(Loader, HostWithoutTorchRefusesComputePlugins) {
     host.load_file(broken("tp_compute"));
     FAIL() << "loaded";
   } catch (const HostError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'ok_model' (" + broken("tp_compute") +
-                                         "): needs LibTorch 1.13.0-test but this host has none");
+    EXPECT_EQ(std::string(e.what()),
+              "plugin 'ok_model' (" + broken("tp_compute") + "): needs LibTorch 1.13.0-test but this host has none");
   }
 }
 
@@ -126,17 +124,17 @@ TEST(Loader, InitFailure) {
 }
 
 TEST(Loader, EntryStructTooSmall) {
-  EXPECT_EQ(load_error(broken("tp_small_entry")),
-            "plugin '" + broken("tp_small_entry") + "': entry struct_size " +
-                std::to_string(offsetof(dtk_plugin_entry, options)) + " is smaller than ABI 1.0's " +
-                std::to_string(sizeof(dtk_plugin_entry)) + " bytes");
+  EXPECT_EQ(load_error(broken("tp_small_entry")), "plugin '" + broken("tp_small_entry") + "': entry struct_size " +
+                                                      std::to_string(offsetof(dtk_plugin_entry, options)) +
+                                                      " is smaller than ABI 1.0's " +
+                                                      std::to_string(sizeof(dtk_plugin_entry)) + " bytes");
 }
 
 TEST(Loader, ApiTableTooSmall) {
-  EXPECT_EQ(load_error(broken("tp_small_api")),
-            "plugin 'good_c' (" + broken("tp_small_api") + "): dataset api struct_size " +
-                std::to_string(2 * sizeof(void*)) + " is smaller than ABI 1.0's " +
-                std::to_string(sizeof(dtk_dataset_api)) + " bytes");
+  EXPECT_EQ(load_error(broken("tp_small_api")), "plugin 'good_c' (" + broken("tp_small_api") +
+                                                    "): dataset api struct_size " + std::to_string(2 * sizeof(void*)) +
+                                                    " is smaller than ABI 1.0's " +
+                                                    std::to_string(sizeof(dtk_dataset_api)) + " bytes");
 }
 
 TEST(Loader, InvalidName) {
@@ -151,8 +149,8 @@ TEST(Loader, DuplicateKindAndName) {
     host.load_file(kDir + "/copy/tp_good_copy.so");
     FAIL() << "duplicate accepted";
   } catch (const HostError& e) {
-    EXPECT_EQ(std::string(e.what()), "two dataset plugins named 'good_c': " + kDir + "/good/tp_good.so and " + kDir +
-                                         "/copy/tp_good_copy.so");
+    EXPECT_EQ(std::string(e.what()),
+              "two dataset plugins named 'good_c': " + kDir + "/good/tp_good.so and " + kDir + "/copy/tp_good_copy.so");
   }
 }
 
@@ -217,7 +215,8 @@ TEST(Registry, UnknownNameSuggestsTheClosest) {
     host.get(DTK_KIND_MODEL, "gpt");
     FAIL();
   } catch (const HostError& e) {
-    EXPECT_EQ(std::string(e.what()), "unknown model plugin 'gpt' (no model plugins were found; see `dtk plugins list`)");
+    EXPECT_EQ(std::string(e.what()),
+              "unknown model plugin 'gpt' (no model plugins were found; see `dtk plugins list`)");
   }
 }
 
@@ -240,8 +239,10 @@ TEST(Options, DefaultsFilledAndValidated) {
   EXPECT_EQ(err({{"path", "x"}, {"nun", "1"}}), "dataset plugin 'good_c' has no option 'nun'; did you mean 'num'?");
   EXPECT_EQ(err({{"path", "x"}, {"zzzzzzzz", "1"}}),
             "dataset plugin 'good_c' has no option 'zzzzzzzz' (see `dtk plugins describe good_c`)");
-  EXPECT_EQ(err({{"path", "x"}, {"num", "seven"}}), "dataset plugin 'good_c': option 'num' expects an integer, got 'seven'");
-  EXPECT_EQ(err({{"path", "x"}, {"rate", "fast"}}), "dataset plugin 'good_c': option 'rate' expects a number, got 'fast'");
+  EXPECT_EQ(err({{"path", "x"}, {"num", "seven"}}),
+            "dataset plugin 'good_c': option 'num' expects an integer, got 'seven'");
+  EXPECT_EQ(err({{"path", "x"}, {"rate", "fast"}}),
+            "dataset plugin 'good_c': option 'rate' expects a number, got 'fast'");
   EXPECT_EQ(err({{"path", "x"}, {"flag", "yes"}}),
             "dataset plugin 'good_c': option 'flag' expects a boolean (true/false), got 'yes'");
   EXPECT_EQ(err({{"path", "x"}, {"mode", "c"}}), "dataset plugin 'good_c': option 'mode' expects one of a|b, got 'c'");

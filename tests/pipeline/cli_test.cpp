@@ -42,7 +42,8 @@ void expect_one_line_error(const Result& r, const std::string& message) {
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 
-const std::string kTiny = std::string("train --config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --dataset synthetic ";
+const std::string kTiny =
+    std::string("train --config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --dataset synthetic ";
 
 }  // namespace
 
@@ -68,8 +69,9 @@ TEST(Cli, PluginsListAndDescribe) {
 }
 
 TEST(Cli, TrainGptTinyLossFalls) {
-  Result r = run(kTiny + "--set train.train_iters=30 --set logging.log_interval=5 --set eval.eval_iters=2 "
-                         "--set dataset.vocab_size=64 --set model.vocab_size=64 --set lr.lr=3e-3 --threads 2");
+  Result r = run(kTiny +
+                 "--set train.train_iters=30 --set logging.log_interval=5 --set eval.eval_iters=2 "
+                 "--set dataset.vocab_size=64 --set model.vocab_size=64 --set lr.lr=3e-3 --threads 2");
   ASSERT_EQ(r.code, 0) << r.out;
   auto l = losses(r.out);
   ASSERT_GE(l.size(), 4u) << r.out;
@@ -98,10 +100,12 @@ TEST(Cli, BadInputsAreOneLineErrors) {
   expect_one_line_error(run(kTiny + "--set train.global_batch_size=3 --set train.micro_batch_size=2"),
                         "config: global_batch_size 3 is not divisible by micro_batch_size x data-parallel size = 2");
   // A plugin throwing inside a call: the SDK turns it into a status, the host into one line.
-  expect_one_line_error(run("train --dataset exploding --set model.num_layers=1 --set model.hidden_size=32 "
-                            "--set model.num_attention_heads=2 --set model.vocab_size=64 --plugin_path " DTK_TEST_PLUGIN_DIR
-                            "/broken/tp_throwing.so"),
-                        "dataset plugin 'exploding': num_samples: num_samples exploded");
-  expect_one_line_error(run("frobnicate"),
-                        "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, version; see --help)");
+  expect_one_line_error(
+      run("train --dataset exploding --set model.num_layers=1 --set model.hidden_size=32 "
+          "--set model.num_attention_heads=2 --set model.vocab_size=64 --plugin_path " DTK_TEST_PLUGIN_DIR
+          "/broken/tp_throwing.so"),
+      "dataset plugin 'exploding': num_samples: num_samples exploded");
+  expect_one_line_error(
+      run("frobnicate"),
+      "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, version; see --help)");
 }

@@ -25,12 +25,18 @@ constexpr size_t kEntrySizeV1_0 = offsetof(dtk_plugin_entry, num_options) + size
 // Minimum api table sizes (ABI 1.0) per kind: every function the host calls unconditionally.
 size_t min_api_size(int32_t kind) {
   switch (kind) {
-    case DTK_KIND_MODEL: return offsetof(dtk_model_api, get_info) + sizeof(void*);
-    case DTK_KIND_DATASET: return offsetof(dtk_dataset_api, vocab_size) + sizeof(void*);
-    case DTK_KIND_STEP: return offsetof(dtk_step_api, forward_step) + sizeof(void*);
-    case DTK_KIND_STRATEGY: return offsetof(dtk_strategy_api, state_load) + sizeof(void*);
-    case DTK_KIND_OPTIMIZER: return offsetof(dtk_optimizer_api, state_load) + sizeof(void*);
-    default: return 0;
+    case DTK_KIND_MODEL:
+      return offsetof(dtk_model_api, get_info) + sizeof(void*);
+    case DTK_KIND_DATASET:
+      return offsetof(dtk_dataset_api, vocab_size) + sizeof(void*);
+    case DTK_KIND_STEP:
+      return offsetof(dtk_step_api, forward_step) + sizeof(void*);
+    case DTK_KIND_STRATEGY:
+      return offsetof(dtk_strategy_api, state_load) + sizeof(void*);
+    case DTK_KIND_OPTIMIZER:
+      return offsetof(dtk_optimizer_api, state_load) + sizeof(void*);
+    default:
+      return 0;
   }
 }
 
@@ -54,12 +60,18 @@ std::string quote(const std::string& s) { return "'" + s + "'"; }
 
 const char* kind_name(int32_t kind) {
   switch (kind) {
-    case DTK_KIND_MODEL: return "model";
-    case DTK_KIND_DATASET: return "dataset";
-    case DTK_KIND_STEP: return "step";
-    case DTK_KIND_STRATEGY: return "strategy";
-    case DTK_KIND_OPTIMIZER: return "optimizer";
-    default: return "unknown";
+    case DTK_KIND_MODEL:
+      return "model";
+    case DTK_KIND_DATASET:
+      return "dataset";
+    case DTK_KIND_STEP:
+      return "step";
+    case DTK_KIND_STRATEGY:
+      return "strategy";
+    case DTK_KIND_OPTIMIZER:
+      return "optimizer";
+    default:
+      return "unknown";
   }
 }
 
@@ -108,8 +120,7 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   // interpose each other's symbols.
   auto* lib = new boost::dll::shared_library();  // leaked on purpose: never unloaded
   boost::dll::fs::error_code load_ec;
-  lib->load(fs::path(path), load_ec,
-            boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  lib->load(fs::path(path), load_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   if (load_ec || !lib->is_loaded()) {
     std::string detail = load_ec.message();
     delete lib;
@@ -130,23 +141,20 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
                     " is too small to hold an ABI version");
   if (e->abi_major != DTK_ABI_MAJOR)
-    throw HostError(where + ": built for DTK ABI " + std::to_string(e->abi_major) + "." +
-                    std::to_string(e->abi_minor) + ", this host speaks ABI " +
-                    std::to_string(DTK_ABI_MAJOR) + ".x (major version mismatch; rebuild the plugin)");
+    throw HostError(where + ": built for DTK ABI " + std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
+                    ", this host speaks ABI " + std::to_string(DTK_ABI_MAJOR) +
+                    ".x (major version mismatch; rebuild the plugin)");
   if (e->abi_minor > DTK_ABI_MINOR)
-    throw HostError(where + ": plugin is newer than the host (built for ABI " +
-                    std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
-                    ", host supports up to " + std::to_string(DTK_ABI_MAJOR) + "." +
+    throw HostError(where + ": plugin is newer than the host (built for ABI " + std::to_string(e->abi_major) + "." +
+                    std::to_string(e->abi_minor) + ", host supports up to " + std::to_string(DTK_ABI_MAJOR) + "." +
                     std::to_string(DTK_ABI_MINOR) + "; upgrade dtk)");
   if (e->struct_size < kEntrySizeV1_0)
-    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
-                    " is smaller than ABI 1.0's " + std::to_string(kEntrySizeV1_0) + " bytes");
-  if (!valid_name(e->name))
-    throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
+    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) + " is smaller than ABI 1.0's " +
+                    std::to_string(kEntrySizeV1_0) + " bytes");
+  if (!valid_name(e->name)) throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
   const std::string name = e->name;
   const std::string who = "plugin " + quote(name) + " (" + path + ")";
-  if (min_api_size(e->kind) == 0)
-    throw HostError(who + ": unknown plugin kind " + std::to_string(e->kind));
+  if (min_api_size(e->kind) == 0) throw HostError(who + ": unknown plugin kind " + std::to_string(e->kind));
   const bool compute = e->kind != DTK_KIND_DATASET;
   if (compute && !e->torch_version)
     throw HostError(who + ": a " + std::string(kind_name(e->kind)) +
@@ -155,16 +163,14 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     if (torch_version_.empty())
       throw HostError(who + ": needs LibTorch " + e->torch_version + " but this host has none");
     if (torch_version_ != e->torch_version)
-      throw HostError(who + ": built against LibTorch " + std::string(e->torch_version) +
-                      ", host runs LibTorch " + torch_version_ + " (rebuild the plugin)");
+      throw HostError(who + ": built against LibTorch " + std::string(e->torch_version) + ", host runs LibTorch " +
+                      torch_version_ + " (rebuild the plugin)");
   }
-  if (!e->init || !e->get_api)
-    throw HostError(who + ": entry has no init or get_api function");
-  if (e->num_options > 0 && !e->options)
-    throw HostError(who + ": declares options but the option table is NULL");
+  if (!e->init || !e->get_api) throw HostError(who + ": entry has no init or get_api function");
+  if (e->num_options > 0 && !e->options) throw HostError(who + ": declares options but the option table is NULL");
   if (const Plugin* dup = find(e->kind, name))
-    throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) +
-                    ": " + dup->path + " and " + path);
+    throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) + ": " + dup->path +
+                    " and " + path);
 
   dtk_status* init_status = nullptr;
   try {
@@ -330,7 +336,8 @@ bool check_value(const dtk_option_spec& spec, const std::string& v, std::string*
       *why = "expects a number";
       return false;
     }
-    case DTK_OPT_STRING: return true;
+    case DTK_OPT_STRING:
+      return true;
     case DTK_OPT_ENUM: {
       std::stringstream ss(spec.choices ? spec.choices : "");
       std::string c;
@@ -339,13 +346,15 @@ bool check_value(const dtk_option_spec& spec, const std::string& v, std::string*
       *why = std::string("expects one of ") + (spec.choices ? spec.choices : "(none)");
       return false;
     }
-    default: *why = "has an unknown option type"; return false;
+    default:
+      *why = "has an unknown option type";
+      return false;
   }
 }
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> resolve_options(
-    const Plugin& plugin, const std::map<std::string, std::string>& user) {
+std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& plugin,
+                                                                 const std::map<std::string, std::string>& user) {
   const auto specs = plugin.options();
   const std::string who = std::string(kind_name(plugin.kind())) + " plugin '" + plugin.name() + "'";
   std::vector<std::string> names;
@@ -354,8 +363,10 @@ std::vector<std::pair<std::string, std::string>> resolve_options(
     if (std::find(names.begin(), names.end(), kv.first) != names.end()) continue;
     std::string msg = who + " has no option '" + kv.first + "'";
     std::string guess = did_you_mean(kv.first, names);
-    if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
-    else msg += " (see `dtk plugins describe " + plugin.name() + "`)";
+    if (!guess.empty())
+      msg += "; did you mean '" + guess + "'?";
+    else
+      msg += " (see `dtk plugins describe " + plugin.name() + "`)";
     throw HostError(msg);
   }
   std::vector<std::pair<std::string, std::string>> out;

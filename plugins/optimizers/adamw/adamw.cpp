@@ -17,7 +17,9 @@ const dtk_option_spec kOptions[] = {
 class AdamW : public dtk::Optimizer {
  public:
   AdamW(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
-      : groups_(std::move(groups)), beta1_(ctx.options.get_float("beta1")), beta2_(ctx.options.get_float("beta2")),
+      : groups_(std::move(groups)),
+        beta1_(ctx.options.get_float("beta1")),
+        beta2_(ctx.options.get_float("beta2")),
         eps_(ctx.options.get_float("eps")) {
     if (beta1_ < 0 || beta1_ >= 1) throw dtk::Error("option 'beta1' must be in [0, 1)");
     if (beta2_ < 0 || beta2_ >= 1) throw dtk::Error("option 'beta2' must be in [0, 1)");

@@ -12,7 +12,8 @@ const dtk_option_spec kOptions[] = {
 class Sgd : public dtk::Optimizer {
  public:
   Sgd(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
-      : groups_(std::move(groups)), momentum_(ctx.options.get_float("momentum")),
+      : groups_(std::move(groups)),
+        momentum_(ctx.options.get_float("momentum")),
         nesterov_(ctx.options.get_bool("nesterov")) {
     if (momentum_ < 0) throw dtk::Error("option 'momentum' must be >= 0");
     for (auto& g : groups_) buf_.emplace_back(g.params.size());
@@ -31,8 +32,10 @@ class Sgd : public dtk::Optimizer {
         if (g.weight_decay != 0) d = d.add(p, g.weight_decay);
         if (momentum_ != 0) {
           at::Tensor& b = buf_[gi][i];
-          if (!b.defined()) b = d.clone();
-          else b.mul_(momentum_).add_(d);
+          if (!b.defined())
+            b = d.clone();
+          else
+            b.mul_(momentum_).add_(d);
           d = nesterov_ ? d.add(b, momentum_) : b;
         }
         p.add_(d, -lr);
@@ -52,7 +55,8 @@ class Sgd : public dtk::Optimizer {
   void state_load(const dtk::TensorList& state) override {
     for (size_t gi = 0; gi < groups_.size(); ++gi)
       for (size_t i = 0; i < groups_[gi].params.size(); ++i)
-        if (const at::Tensor* t = dtk::find(state, "g" + std::to_string(gi) + "." + groups_[gi].names[i] + ".momentum_buffer"))
+        if (const at::Tensor* t =
+                dtk::find(state, "g" + std::to_string(gi) + "." + groups_[gi].names[i] + ".momentum_buffer"))
           buf_[gi][i] = t->clone();
   }
 

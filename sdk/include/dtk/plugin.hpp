@@ -50,10 +50,14 @@ inline const dtk_host_services* g_host = nullptr;
 inline const char* g_plugin_name = nullptr;
 
 template <size_t N>
-constexpr const dtk_option_spec* option_ptr(const dtk_option_spec (&specs)[N]) { return specs; }
+constexpr const dtk_option_spec* option_ptr(const dtk_option_spec (&specs)[N]) {
+  return specs;
+}
 constexpr const dtk_option_spec* option_ptr(std::nullptr_t) { return nullptr; }
 template <size_t N>
-constexpr size_t option_count(const dtk_option_spec (&)[N]) { return N; }
+constexpr size_t option_count(const dtk_option_spec (&)[N]) {
+  return N;
+}
 constexpr size_t option_count(std::nullptr_t) { return 0; }
 
 inline void destroy_local_status(dtk_status* s) {
@@ -68,8 +72,7 @@ inline const dtk_host_services* host_services() { return detail::g_host; }
 // A new status. Uses the host's allocator when available, else a local one; either way the
 // status carries its own destroy function so the receiver can free it.
 inline dtk_status* make_status(int32_t code, const std::string& message) {
-  if (detail::g_host && detail::g_host->make_status)
-    return detail::g_host->make_status(code, message.c_str());
+  if (detail::g_host && detail::g_host->make_status) return detail::g_host->make_status(code, message.c_str());
   auto* s = new dtk_status{};
   s->struct_size = sizeof(dtk_status);
   s->code = code;
@@ -114,11 +117,9 @@ class LogLine {
   ~LogLine() {
     const std::string text = stream_.str();
     if (detail::g_host && detail::g_host->log) {
-      detail::g_host->log(detail::g_host->ctx, level_, detail::g_plugin_name, file_, line_,
-                          text.c_str());
+      detail::g_host->log(detail::g_host->ctx, level_, detail::g_plugin_name, file_, line_, text.c_str());
     } else {
-      std::fprintf(stderr, "[%s] %s\n", detail::g_plugin_name ? detail::g_plugin_name : "plugin",
-                   text.c_str());
+      std::fprintf(stderr, "[%s] %s\n", detail::g_plugin_name ? detail::g_plugin_name : "plugin", text.c_str());
     }
   }
   std::ostream& stream() { return stream_; }
@@ -158,8 +159,7 @@ constexpr dtk_option_spec opt_string(const char* name, const char* def, const ch
   return {sizeof(dtk_option_spec), name, DTK_OPT_STRING, def, help, nullptr};
 }
 // choices: '|'-separated, e.g. "none|full".
-constexpr dtk_option_spec opt_enum(const char* name, const char* def, const char* choices,
-                                   const char* help) {
+constexpr dtk_option_spec opt_enum(const char* name, const char* def, const char* choices, const char* help) {
   return {sizeof(dtk_option_spec), name, DTK_OPT_ENUM, def, help, choices};
 }
 
@@ -222,15 +222,12 @@ struct OwnedBuffer {
   std::vector<int64_t> shape;
   std::shared_ptr<void> keepalive;  // owns (or pins) the memory `buffer.data` points into
 };
-inline void delete_owned_buffer(dtk_buffer* b) {
-  delete static_cast<OwnedBuffer*>(b->manager_ctx);
-}
+inline void delete_owned_buffer(dtk_buffer* b) { delete static_cast<OwnedBuffer*>(b->manager_ctx); }
 }  // namespace detail
 
 // A 1-D buffer over `count` elements at `data`, kept alive by `keepalive` (e.g. a shared
 // pointer to a memory map or to a std::vector). Ownership: [new], deleter frees it.
-inline dtk_buffer* make_buffer(void* data, int32_t dtype, int64_t count,
-                               std::shared_ptr<void> keepalive) {
+inline dtk_buffer* make_buffer(void* data, int32_t dtype, int64_t count, std::shared_ptr<void> keepalive) {
   auto* owned = new detail::OwnedBuffer();
   owned->shape = {count};
   owned->keepalive = std::move(keepalive);
@@ -260,8 +257,12 @@ inline void put(const dtk_buffer_sink* sink, const char* name, dtk_buffer* buffe
 // C++ view of the dataset context.
 struct DatasetContext {
   explicit DatasetContext(const dtk_dataset_context* c)
-      : options(c->options), seq_length(c->seq_length), seed(c->seed), rank(c->rank),
-        world_size(c->world_size), cache_dir(c->cache_dir ? c->cache_dir : "") {
+      : options(c->options),
+        seq_length(c->seq_length),
+        seed(c->seed),
+        rank(c->rank),
+        world_size(c->world_size),
+        cache_dir(c->cache_dir ? c->cache_dir : "") {
     for (int i = 0; i < 3; ++i) num_samples[i] = c->num_samples[i];
   }
   Options options;
@@ -297,9 +298,7 @@ const dtk_dataset_api* dataset_api() {
       [](dtk_dataset* d, int32_t split, int64_t index, const dtk_buffer_sink* out) {
         return guard([&] { reinterpret_cast<T*>(d)->get_sample(split, index, out); });
       },
-      [](dtk_dataset* d, int64_t* out) {
-        return guard([&] { *out = reinterpret_cast<T*>(d)->vocab_size(); });
-      },
+      [](dtk_dataset* d, int64_t* out) { return guard([&] { *out = reinterpret_cast<T*>(d)->vocab_size(); }); },
   };
   return &api;
 }
@@ -327,15 +326,21 @@ const dtk_dataset_api* dataset_api() {
   }                                                                                           \
   void dtk_plugin_deinit_() { ::dtk::detail::g_host = nullptr; }                              \
   const void* dtk_plugin_get_api_() { return static_cast<const void*>(API_EXPR); }            \
-  const dtk_plugin_entry dtk_plugin_entry_struct_ = {                                         \
-      sizeof(dtk_plugin_entry), DTK_ABI_MAJOR, DTK_ABI_MINOR, TORCH_VERSION_STRING, NAME,     \
-      KIND, VERSION, DESCRIPTION, &dtk_plugin_init_, &dtk_plugin_deinit_,                     \
-      &dtk_plugin_get_api_, ::dtk::detail::option_ptr(OPTIONS),                               \
-      ::dtk::detail::option_count(OPTIONS)};                                                  \
+  const dtk_plugin_entry dtk_plugin_entry_struct_ = {sizeof(dtk_plugin_entry),                \
+                                                     DTK_ABI_MAJOR,                           \
+                                                     DTK_ABI_MINOR,                           \
+                                                     TORCH_VERSION_STRING,                    \
+                                                     NAME,                                    \
+                                                     KIND,                                    \
+                                                     VERSION,                                 \
+                                                     DESCRIPTION,                             \
+                                                     &dtk_plugin_init_,                       \
+                                                     &dtk_plugin_deinit_,                     \
+                                                     &dtk_plugin_get_api_,                    \
+                                                     ::dtk::detail::option_ptr(OPTIONS),      \
+                                                     ::dtk::detail::option_count(OPTIONS)};   \
   }                                                                                           \
-  extern "C" DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) {                    \
-    return &dtk_plugin_entry_struct_;                                                         \
-  }
+  extern "C" DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &dtk_plugin_entry_struct_; }
 
 // For a plugin without options.
 #define DTK_NO_OPTIONS nullptr

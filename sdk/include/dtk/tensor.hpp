@@ -59,33 +59,55 @@ struct TensorHandle {
 
 inline at::ScalarType to_scalar_type(int32_t dtype) {
   switch (dtype) {
-    case DTK_DTYPE_UINT8: return at::kByte;
-    case DTK_DTYPE_INT8: return at::kChar;
-    case DTK_DTYPE_INT16: return at::kShort;
-    case DTK_DTYPE_INT32: return at::kInt;
-    case DTK_DTYPE_INT64: return at::kLong;
-    case DTK_DTYPE_FLOAT16: return at::kHalf;
-    case DTK_DTYPE_BFLOAT16: return at::kBFloat16;
-    case DTK_DTYPE_FLOAT32: return at::kFloat;
-    case DTK_DTYPE_FLOAT64: return at::kDouble;
-    case DTK_DTYPE_BOOL: return at::kBool;
-    default: throw Error("dtype code " + std::to_string(dtype) + " has no LibTorch equivalent");
+    case DTK_DTYPE_UINT8:
+      return at::kByte;
+    case DTK_DTYPE_INT8:
+      return at::kChar;
+    case DTK_DTYPE_INT16:
+      return at::kShort;
+    case DTK_DTYPE_INT32:
+      return at::kInt;
+    case DTK_DTYPE_INT64:
+      return at::kLong;
+    case DTK_DTYPE_FLOAT16:
+      return at::kHalf;
+    case DTK_DTYPE_BFLOAT16:
+      return at::kBFloat16;
+    case DTK_DTYPE_FLOAT32:
+      return at::kFloat;
+    case DTK_DTYPE_FLOAT64:
+      return at::kDouble;
+    case DTK_DTYPE_BOOL:
+      return at::kBool;
+    default:
+      throw Error("dtype code " + std::to_string(dtype) + " has no LibTorch equivalent");
   }
 }
 
 inline int32_t from_scalar_type(at::ScalarType t) {
   switch (t) {
-    case at::kByte: return DTK_DTYPE_UINT8;
-    case at::kChar: return DTK_DTYPE_INT8;
-    case at::kShort: return DTK_DTYPE_INT16;
-    case at::kInt: return DTK_DTYPE_INT32;
-    case at::kLong: return DTK_DTYPE_INT64;
-    case at::kHalf: return DTK_DTYPE_FLOAT16;
-    case at::kBFloat16: return DTK_DTYPE_BFLOAT16;
-    case at::kFloat: return DTK_DTYPE_FLOAT32;
-    case at::kDouble: return DTK_DTYPE_FLOAT64;
-    case at::kBool: return DTK_DTYPE_BOOL;
-    default: return DTK_DTYPE_INVALID;
+    case at::kByte:
+      return DTK_DTYPE_UINT8;
+    case at::kChar:
+      return DTK_DTYPE_INT8;
+    case at::kShort:
+      return DTK_DTYPE_INT16;
+    case at::kInt:
+      return DTK_DTYPE_INT32;
+    case at::kLong:
+      return DTK_DTYPE_INT64;
+    case at::kHalf:
+      return DTK_DTYPE_FLOAT16;
+    case at::kBFloat16:
+      return DTK_DTYPE_BFLOAT16;
+    case at::kFloat:
+      return DTK_DTYPE_FLOAT32;
+    case at::kDouble:
+      return DTK_DTYPE_FLOAT64;
+    case at::kBool:
+      return DTK_DTYPE_BOOL;
+    default:
+      return DTK_DTYPE_INVALID;
   }
 }
 
@@ -104,8 +126,7 @@ inline TensorList from_map(const dtk_tensor_map* map) {
   TensorList out;
   if (!map) return out;
   out.reserve(map->count);
-  for (size_t i = 0; i < map->count; ++i)
-    out.emplace_back(map->items[i].name, unwrap(map->items[i].tensor));
+  for (size_t i = 0; i < map->count; ++i) out.emplace_back(map->items[i].name, unwrap(map->items[i].tensor));
   return out;
 }
 
@@ -174,11 +195,20 @@ inline void put(const dtk_tensor_sink* sink, const std::string& name, const at::
 
 struct BuildContext {
   explicit BuildContext(const dtk_build_context* c)
-      : options(c->options), device(to_device(c->device)), params_dtype(to_scalar_type(c->params_dtype)),
-        tp_rank(c->tp_rank), tp_size(c->tp_size), pp_rank(c->pp_rank), pp_size(c->pp_size),
-        dp_rank(c->dp_rank), dp_size(c->dp_size), pre_process(c->pre_process != 0),
-        post_process(c->post_process != 0), seq_length(c->seq_length),
-        micro_batch_size(c->micro_batch_size), seed(c->seed) {}
+      : options(c->options),
+        device(to_device(c->device)),
+        params_dtype(to_scalar_type(c->params_dtype)),
+        tp_rank(c->tp_rank),
+        tp_size(c->tp_size),
+        pp_rank(c->pp_rank),
+        pp_size(c->pp_size),
+        dp_rank(c->dp_rank),
+        dp_size(c->dp_size),
+        pre_process(c->pre_process != 0),
+        post_process(c->post_process != 0),
+        seq_length(c->seq_length),
+        micro_batch_size(c->micro_batch_size),
+        seed(c->seed) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -214,7 +244,8 @@ class Comm {
   };
 
   static const dtk_comm_services* services() {
-    if (!host_services() || !host_services()->comm) throw Error("host communication services unavailable", DTK_ERR_COMM);
+    if (!host_services() || !host_services()->comm)
+      throw Error("host communication services unavailable", DTK_ERR_COMM);
     return host_services()->comm;
   }
   static int rank(int32_t group) { return services()->rank(services()->ctx, group); }
@@ -237,8 +268,7 @@ class Comm {
     dtk_tensor ho{out}, hi{in};
     check(services()->all_gather(services()->ctx, group, &ho, &hi, 0, nullptr));
   }
-  static void reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group,
-                             int32_t op = DTK_REDUCE_SUM) {
+  static void reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op = DTK_REDUCE_SUM) {
     dtk_tensor ho{out}, hi{in};
     check(services()->reduce_scatter(services()->ctx, group, &ho, &hi, op, 0, nullptr));
   }
@@ -298,8 +328,8 @@ class Model {
         continue;
       }
       if (src->sizes() != kv.second.sizes())
-        throw Error("tensor '" + kv.first + "': checkpoint shape " + shape_str(*src) +
-                    " does not match the model's " + shape_str(kv.second));
+        throw Error("tensor '" + kv.first + "': checkpoint shape " + shape_str(*src) + " does not match the model's " +
+                    shape_str(kv.second));
       at::NoGradGuard no_grad;
       kv.second.copy_(*src);
     }
@@ -437,8 +467,7 @@ class Step {
  public:
   virtual ~Step() = default;
   // Returns the scalar loss to differentiate; reports metrics (DP-averaged) into `metrics`.
-  virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch,
-                                  const Metrics& metrics) = 0;
+  virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) = 0;
 };
 
 template <class T>
@@ -452,8 +481,7 @@ const dtk_step_api* step_api() {
       [](dtk_step* s, const dtk_model_ref* model, const dtk_tensor_map* batch, dtk_tensor** loss,
          const dtk_metric_sink* metrics) {
         return guard([&] {
-          at::Tensor l = reinterpret_cast<T*>(s)->forward_step(ModelHandle(model), from_map(batch),
-                                                               Metrics(metrics));
+          at::Tensor l = reinterpret_cast<T*>(s)->forward_step(ModelHandle(model), from_map(batch), Metrics(metrics));
           *loss = wrap(std::move(l));
         });
       },
@@ -500,9 +528,8 @@ const dtk_optimizer_api* optimizer_api() {
   static const dtk_optimizer_api api = {
       sizeof(dtk_optimizer_api),
       [](const dtk_build_context* ctx, const dtk_param_group* groups, size_t n, dtk_optimizer** out) {
-        return guard([&] {
-          *out = reinterpret_cast<dtk_optimizer*>(new T(BuildContext(ctx), from_groups(groups, n)));
-        });
+        return guard(
+            [&] { *out = reinterpret_cast<dtk_optimizer*>(new T(BuildContext(ctx), from_groups(groups, n))); });
       },
       [](dtk_optimizer* o) { delete reinterpret_cast<T*>(o); },
       [](dtk_optimizer* o, const dtk_optimizer_step_args* args) {

@@ -34,7 +34,17 @@ static dtk_status* init(const dtk_host_services* host) {
   return NULL;
 }
 static const void* get_api(void) { return &kApi; }
-static const dtk_plugin_entry kEntry = {sizeof(dtk_plugin_entry), DTK_ABI_MAJOR, DTK_ABI_MINOR, NULL, "frozen_v1_0",
-                                        DTK_KIND_DATASET, "1.0.0", "Built with the ABI 1.0 header", init, NULL, get_api,
-                                        NULL, 0};
+static const dtk_plugin_entry kEntry = {sizeof(dtk_plugin_entry),
+                                        DTK_ABI_MAJOR,
+                                        DTK_ABI_MINOR,
+                                        NULL,
+                                        "frozen_v1_0",
+                                        DTK_KIND_DATASET,
+                                        "1.0.0",
+                                        "Built with the ABI 1.0 header",
+                                        init,
+                                        NULL,
+                                        get_api,
+                                        NULL,
+                                        0};
 DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &kEntry; }

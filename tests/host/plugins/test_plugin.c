@@ -20,7 +20,9 @@ static const dtk_option_spec kOptions[] = {
     {sizeof(dtk_option_spec), "path", DTK_OPT_STRING, NULL, "Required string.", NULL},
 };
 
-typedef struct state { int64_t n; } state;
+typedef struct state {
+  int64_t n;
+} state;
 
 static dtk_status* create(const dtk_dataset_context* ctx, dtk_dataset** out) {
   state* s = (state*)malloc(sizeof(state));
@@ -35,7 +37,11 @@ static dtk_status* num_samples(dtk_dataset* d, int32_t split, int64_t* out) {
   *out = ((state*)d)->n;
   return NULL;
 }
-typedef struct sample { dtk_buffer b; int64_t shape[1]; int64_t tokens[4]; } sample;
+typedef struct sample {
+  dtk_buffer b;
+  int64_t shape[1];
+  int64_t tokens[4];
+} sample;
 static void free_sample(dtk_buffer* b) { free(b->manager_ctx); }
 static dtk_status* get_sample(dtk_dataset* d, int32_t split, int64_t index, const dtk_buffer_sink* out) {
   sample* s;
@@ -108,7 +114,12 @@ static const dtk_plugin_entry kEntry = {
 #else
     DTK_KIND_DATASET,
 #endif
-    "1.2.3", "A test plugin written in C", init, deinit, get_api, kOptions,
+    "1.2.3",
+    "A test plugin written in C",
+    init,
+    deinit,
+    get_api,
+    kOptions,
     sizeof(kOptions) / sizeof(kOptions[0])};
 
 DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &kEntry; }

@@ -19,7 +19,7 @@ class HostError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-const char* kind_name(int32_t kind);          // "model", "dataset", ...; "unknown" otherwise
+const char* kind_name(int32_t kind);           // "model", "dataset", ...; "unknown" otherwise
 int32_t kind_from_name(const std::string& s);  // 0 when unknown
 
 // A plugin that passed validation and init(). Never unloaded (ARCHITECTURE.md rule 10).
@@ -30,7 +30,9 @@ struct Plugin {
   std::string name() const { return entry->name; }
   int32_t kind() const { return entry->kind; }
   template <class Api>
-  const Api* api_as() const { return static_cast<const Api*>(api); }
+  const Api* api_as() const {
+    return static_cast<const Api*>(api);
+  }
   // Declared options, only those the plugin's struct sizes cover.
   std::vector<const dtk_option_spec*> options() const;
 };
@@ -67,8 +69,8 @@ class PluginHost {
 
 // Checks user options against the plugin's declarations and returns every declared option with
 // defaults filled in, in declaration order. Throws HostError naming plugin and key.
-std::vector<std::pair<std::string, std::string>> resolve_options(
-    const Plugin& plugin, const std::map<std::string, std::string>& user);
+std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& plugin,
+                                                                 const std::map<std::string, std::string>& user);
 
 // Closest candidate by edit distance, or "" when none is reasonably close.
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);

@@ -530,9 +530,12 @@ TEST(GptModel, ParameterInfo) {
       EXPECT_EQ(p.info.shared, 1);
       EXPECT_EQ(p.info.partition_dim, 0);
     }
-    if (p.name.find("dense_4h_to_h.weight") != std::string::npos || p.name.find("dense.weight") != std::string::npos)
+    if (p.name.find("dense_4h_to_h.weight") != std::string::npos || p.name.find("dense.weight") != std::string::npos) {
       EXPECT_EQ(p.info.partition_dim, 1) << p.name;
-    if (p.name.find("query_key_value") != std::string::npos) EXPECT_EQ(p.info.partition_dim, 0) << p.name;
+    }
+    if (p.name.find("query_key_value") != std::string::npos) {
+      EXPECT_EQ(p.info.partition_dim, 0) << p.name;
+    }
   }
   // Scaled init for the output projections: std / sqrt(2 L).
   GPT big(Opts{{"num_layers", "8"}, {"hidden_size", "256"}, {"num_attention_heads", "4"}, {"seq_length", "8"},

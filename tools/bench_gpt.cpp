@@ -29,9 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void check(dtk_status* s) {
   if (!s) return;
@@ -111,15 +109,15 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
   std::sort(times.begin(), times.end());
   const double secs = times[times.size() / 2];
 
-  const double B = S.batch, s = S.seq, L = S.layers, h = S.hidden, f = info.ffn_hidden_size,
-               V = info.vocab_size;
+  const double B = S.batch, s = S.seq, L = S.layers, h = S.hidden, f = info.ffn_hidden_size, V = info.vocab_size;
   const double flops = 3.0 * (2.0 * B * s * (L * (4 * h * h + 2 * h * f) + h * V) + 4.0 * B * s * s * h * L);
   const double gflops = flops / secs / 1e9;
-  std::printf("%-28s L=%-2lld h=%-4lld heads=%-2lld seq=%-4lld batch=%-2lld vocab=%lld | %8.1f ms/iter | "
-              "%9.0f tokens/s | %6.1f GFLOP/s (%4.1f%% of the matmul)\n",
-              S.name, static_cast<long long>(S.layers), static_cast<long long>(S.hidden),
-              static_cast<long long>(S.heads), static_cast<long long>(S.seq), static_cast<long long>(S.batch),
-              static_cast<long long>(info.vocab_size), secs * 1e3, B * s / secs, gflops, 100.0 * gflops / peak);
+  std::printf(
+      "%-28s L=%-2lld h=%-4lld heads=%-2lld seq=%-4lld batch=%-2lld vocab=%lld | %8.1f ms/iter | "
+      "%9.0f tokens/s | %6.1f GFLOP/s (%4.1f%% of the matmul)\n",
+      S.name, static_cast<long long>(S.layers), static_cast<long long>(S.hidden), static_cast<long long>(S.heads),
+      static_cast<long long>(S.seq), static_cast<long long>(S.batch), static_cast<long long>(info.vocab_size),
+      secs * 1e3, B * s / secs, gflops, 100.0 * gflops / peak);
   sapi->destroy(step);
   mapi->destroy(model);
 }

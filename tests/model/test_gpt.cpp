@@ -70,8 +70,7 @@ void check(dtk_status* s) {
 class GPT {
  public:
   explicit GPT(const Opts& user, const Ctx& c = {})
-      : opts_(dtk::host::resolve_options(*plugins().gpt, user)),
-        api_(plugins().gpt->api_as<dtk_model_api>()) {
+      : opts_(dtk::host::resolve_options(*plugins().gpt, user)), api_(plugins().gpt->api_as<dtk_model_api>()) {
     dtk_build_context b = make_ctx(opts_.get(), c);
     check(api_->create(&b, &model_));
     ref_ = {sizeof(dtk_model_ref), api_, model_};
@@ -189,8 +188,8 @@ at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, cons
     h = h + at::matmul(y, P[L + "mlp.dense_4h_to_h.weight"].t()) + P[L + "mlp.dense_4h_to_h.bias"];
   }
   h = ln(h, "language_model.encoder.final_layernorm");
-  const at::Tensor& out = S.tied ? P["language_model.embedding.word_embeddings.weight"]
-                                 : P["language_model.output_layer.weight"];
+  const at::Tensor& out =
+      S.tied ? P["language_model.embedding.word_embeddings.weight"] : P["language_model.output_layer.weight"];
   return at::matmul(h, out.t());
 }
 
@@ -266,10 +265,10 @@ at::Tensor random_text(int64_t b, int64_t s_plus_1, int64_t vocab, uint64_t seed
 }
 
 const Shape kShapes[] = {
-    {1, 32, 4, 128, 8, 64, true},     // ffn = 4h
-    {2, 48, 3, 100, 16, 80, false},   // odd ffn, untied
-    {3, 64, 8, 256, 12, 128, true},   // head dim 8
-    {2, 24, 2, 96, 5, 40, false},     // tiny odd seq
+    {1, 32, 4, 128, 8, 64, true},    // ffn = 4h
+    {2, 48, 3, 100, 16, 80, false},  // odd ffn, untied
+    {3, 64, 8, 256, 12, 128, true},  // head dim 8
+    {2, 24, 2, 96, 5, 40, false},    // tiny odd seq
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -303,8 +302,8 @@ struct MaskCase {
 };
 
 TEST(GptModel, StepLossAndGradientsMatchReferenceForEveryMaskOption) {
-  const MaskCase cases[] = {{false, false, false}, {true, false, false}, {false, true, false},
-                            {false, false, true},  {true, true, true}};
+  const MaskCase cases[] = {
+      {false, false, false}, {true, false, false}, {false, true, false}, {false, false, true}, {true, true, true}};
   const int64_t eod = 5;
   int n = 0;
   for (const MaskCase& mc : cases) {
@@ -328,8 +327,9 @@ TEST(GptModel, StepLossAndGradientsMatchReferenceForEveryMaskOption) {
     at::Tensor tl = ref_token_loss(ref_logits(R, S, tokens, lt.pos, lt.mask), labels);
     at::Tensor ref = (tl * lt.loss_mask).sum() / lt.loss_mask.sum();
     ref.backward();
-    const std::string what = "reset_pos=" + std::to_string(mc.reset_pos) + " reset_attn=" +
-                             std::to_string(mc.reset_attn) + " eod_mask=" + std::to_string(mc.eod_mask);
+    const std::string what = "reset_pos=" + std::to_string(mc.reset_pos) +
+                             " reset_attn=" + std::to_string(mc.reset_attn) +
+                             " eod_mask=" + std::to_string(mc.eod_mask);
     expect_close(loss.detach(), ref.detach(), 1e-5, "loss " + what);
     EXPECT_NEAR(lm, ref.item<double>(), 1e-5) << what;
     for (auto& kv : P) {
@@ -463,8 +463,12 @@ TEST(GptModel, VocabPaddingFollowsMegatron) {
   } cases[] = {{50257, 128, 1, 50304}, {50257, 128, 2, 50432}, {50257, 128, 4, 50688},
                {50304, 128, 1, 50304}, {100, 7, 1, 105},       {64, 1, 1, 64}};
   for (const Case& c : cases) {
-    Opts o{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
-           {"vocab_size", std::to_string(c.vocab)}, {"make_vocab_size_divisible_by", std::to_string(c.divisible)}};
+    Opts o{{"num_layers", "1"},
+           {"hidden_size", "16"},
+           {"num_attention_heads", "4"},
+           {"seq_length", "8"},
+           {"vocab_size", std::to_string(c.vocab)},
+           {"make_vocab_size_divisible_by", std::to_string(c.divisible)}};
     GPT m(o, Ctx{DTK_DTYPE_FLOAT32, 0, static_cast<int32_t>(c.tp), 8, 1});
     EXPECT_EQ(m.info().vocab_size, c.expect) << c.vocab << " / " << c.divisible << " x " << c.tp;
     // This rank holds its slice of the padded vocabulary (and of the sharded layers).
@@ -524,7 +528,8 @@ TEST(GptModel, ParameterInfo) {
   const Shape S{1, 32, 4, 128, 8, 64, true};
   GPT m(model_opts(S, S.vocab));
   for (auto& p : m.params()) {
-    const bool is_bias_or_norm = p.name.find("bias") != std::string::npos || p.name.find("layernorm") != std::string::npos;
+    const bool is_bias_or_norm =
+        p.name.find("bias") != std::string::npos || p.name.find("layernorm") != std::string::npos;
     EXPECT_EQ(p.info.no_weight_decay, is_bias_or_norm ? 1 : 0) << p.name;
     if (p.name.find("word_embeddings") != std::string::npos) {
       EXPECT_EQ(p.info.shared, 1);
@@ -538,7 +543,10 @@ TEST(GptModel, ParameterInfo) {
     }
   }
   // Scaled init for the output projections: std / sqrt(2 L).
-  GPT big(Opts{{"num_layers", "8"}, {"hidden_size", "256"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
+  GPT big(Opts{{"num_layers", "8"},
+               {"hidden_size", "256"},
+               {"num_attention_heads", "4"},
+               {"seq_length", "8"},
                {"vocab_size", "64"}});
   auto P = big.param_map();
   EXPECT_NEAR(P["language_model.encoder.layers.0.mlp.dense_h_to_4h.weight"].std().item<double>(), 0.02, 1e-3);

@@ -69,8 +69,7 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
   if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps)
-      .to(x.scalar_type());
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
 }
 
 struct Config {
@@ -292,8 +291,8 @@ class GPTModel : public Model {
     } else {
       h = get(inputs, "hidden_states");
     }
-    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) ||
-                           mask.size(3) != h.size(1)))
+    if (mask.defined() &&
+        (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) || mask.size(3) != h.size(1)))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
     for (const auto& layer : layers_) {
@@ -373,7 +372,8 @@ class GPTModel : public Model {
 
   void validate(const BuildContext& ctx) const {
     auto positive = [](const char* name, int64_t v) {
-      if (v <= 0) throw Error(std::string("gpt: option '") + name + "' must be positive (got " + std::to_string(v) + ")");
+      if (v <= 0)
+        throw Error(std::string("gpt: option '") + name + "' must be positive (got " + std::to_string(v) + ")");
     };
     positive("num_layers", c_.num_layers);
     positive("hidden_size", c_.hidden);
@@ -424,8 +424,7 @@ const dtk_option_spec kOptions[] = {
             "Pad the vocabulary to a multiple of this x tensor-parallel size (Megatron)."),
     opt_float("hidden_dropout", "0.1", "Dropout on embeddings and on each residual branch."),
     opt_float("attention_dropout", "0.1", "Dropout on the attention probabilities."),
-    opt_float("init_method_std", "0.02",
-              "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
+    opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
     opt_float("layernorm_epsilon", "1e-5", "LayerNorm epsilon."),
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),

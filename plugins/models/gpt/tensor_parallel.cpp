@@ -44,8 +44,7 @@ struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
 
 // Megatron's _VocabParallelCrossEntropy.
 struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target,
-                            TPGroup tp) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target, TPGroup tp) {
     // Like Megatron, an fp32 contiguous input is overwritten in place (it becomes the softmax kept
     // for backward); callers pass logits they do not read again. Other inputs are converted.
     at::Tensor logits = logits_in.to(at::kFloat).contiguous();
@@ -134,8 +133,8 @@ static int64_t divide(int64_t n, int64_t d, const char* what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bias, double init_std,
-                                           const TPGroup& tp_, ParamFactory& f)
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bias, double init_std, const TPGroup& tp_,
+                                           ParamFactory& f)
     : tp(tp_) {
   out_per_partition = divide(out, tp.size, "column-parallel output size");
   at::Tensor master = f.normal({out, in}, init_std);

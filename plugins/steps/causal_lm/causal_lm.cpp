@@ -19,7 +19,9 @@ namespace {
 class CausalLM : public Step {
  public:
   explicit CausalLM(const BuildContext& ctx)
-      : tp_rank_(ctx.tp_rank), tp_size_(std::max(1, ctx.tp_size)), dp_size_(std::max(1, ctx.dp_size)),
+      : tp_rank_(ctx.tp_rank),
+        tp_size_(std::max(1, ctx.tp_size)),
+        dp_size_(std::max(1, ctx.dp_size)),
         device_(ctx.device) {
     const Options& o = ctx.options;
     reset_position_ids_ = o.get_bool("reset_position_ids");
@@ -127,5 +129,5 @@ const dtk_option_spec kOptions[] = {
 }  // namespace dtk::causal_lm
 
 DTK_PLUGIN("causal_lm", DTK_KIND_STEP, "1.0.0",
-           "Megatron pretrain_gpt forward step: shifted tokens/labels, LTOR masks, masked mean loss",
-           DTK_TORCH_VERSION, dtk::step_api<dtk::causal_lm::CausalLM>(), dtk::causal_lm::kOptions)
+           "Megatron pretrain_gpt forward step: shifted tokens/labels, LTOR masks, masked mean loss", DTK_TORCH_VERSION,
+           dtk::step_api<dtk::causal_lm::CausalLM>(), dtk::causal_lm::kOptions)

@@ -7,11 +7,14 @@ tools/setup.sh
 tools/build.sh
 (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)")
 
-echo "== ASan/UBSan: loader and ABI tests"
+echo "== ASan/UBSan: loader, ABI and data (fuzz) tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDTK_SANITIZE=ON >/dev/null
-cmake --build build-asan -j "$(nproc)" --target dtk_host_tests dtk_abi_tests
-ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 build-asan/bin/dtk_host_tests
+cmake --build build-asan -j "$(nproc)" --target dtk_host_tests dtk_abi_tests dtk_data_tests
+# detect_leaks=0: plugins and their registry entries are deliberately never freed (never unloaded).
+export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+build-asan/bin/dtk_host_tests
 build-asan/bin/dtk_abi_tests
+build-asan/bin/dtk_data_tests
 
 echo "== SDK: install, build sdk/template out of tree, load it with the installed dtk"
 rm -rf build-install build-template

@@ -5,7 +5,7 @@
 # steps, optimizers, strategies) link LibTorch; data-tier plugins pass NO_TORCH.
 # The output lands in DTK_PLUGIN_OUTPUT_DIR when set (the host's plugin directory in a DTK
 # build tree), else in the current binary directory. INSTALL installs it into
-# ${CMAKE_INSTALL_LIBDIR}/dtk/plugins, where an installed `dtk` discovers it.
+# <prefix>/lib/dtk/plugins, where an installed `dtk` discovers it (next to <prefix>/bin/dtk).
 set(_DTK_PLUGIN_MAP "${CMAKE_CURRENT_LIST_DIR}/dtk_plugin.map" CACHE INTERNAL "")
 
 function(dtk_add_plugin target)
@@ -34,6 +34,6 @@ function(dtk_add_plugin target)
   endif()
   if(ARG_INSTALL)
     include(GNUInstallDirs)
-    install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/dtk/plugins)
+    install(TARGETS ${target} LIBRARY DESTINATION lib/dtk/plugins)
   endif()
 endfunction()

@@ -87,11 +87,18 @@ std::vector<std::string> extract_sets(int* argc, char** argv) {
 dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
-  if (!FLAGS_model.empty()) cfg.mutable_model()->set_name(FLAGS_model);
-  if (!FLAGS_dataset.empty()) cfg.mutable_dataset()->set_name(FLAGS_dataset);
-  if (!FLAGS_step.empty()) cfg.mutable_step()->set_name(FLAGS_step);
-  if (!FLAGS_optimizer.empty()) cfg.mutable_optimizer()->set_name(FLAGS_optimizer);
-  if (!FLAGS_strategy.empty()) cfg.mutable_strategy()->set_name(FLAGS_strategy);
+  // Switching a slot to another plugin drops the options the config gave the previous one
+  // (they belong to that plugin); --set slot.key=value after it configures the new one.
+  auto choose = [](dtk::config::PluginChoice* slot, const std::string& name) {
+    if (name.empty() || name == slot->name()) return;
+    slot->set_name(name);
+    slot->clear_options();
+  };
+  choose(cfg.mutable_model(), FLAGS_model);
+  choose(cfg.mutable_dataset(), FLAGS_dataset);
+  choose(cfg.mutable_step(), FLAGS_step);
+  choose(cfg.mutable_optimizer(), FLAGS_optimizer);
+  choose(cfg.mutable_strategy(), FLAGS_strategy);
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);

@@ -16,20 +16,6 @@ void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
                   message);
 }
 
-namespace {
-dtk_param_visitor collecting_visitor(std::vector<Param>* out) {
-  return {sizeof(dtk_param_visitor), out, [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
-            return guard([&] {
-              Param p;
-              p.name = name ? name : "";
-              p.tensor = unwrap(t);
-              if (info) std::memcpy(&p.info, info, std::min(info->struct_size, sizeof(dtk_param_info)));
-              p.info.struct_size = sizeof(dtk_param_info);
-              static_cast<std::vector<Param>*>(ctx)->push_back(std::move(p));
-            });
-          }};
-}
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)

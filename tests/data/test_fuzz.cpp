@@ -36,17 +36,15 @@ std::string Mutate(std::string s, std::mt19937_64& g) {
       for (int k = 0, n = static_cast<int>(g() % 64); k < n; ++k) s.push_back(static_cast<char>(g()));
       break;
     case 4:  // duplicate a slice
-      {
-        const size_t a = g() % s.size();
-        s.insert(a, s.substr(a, g() % 32));
-      }
-      break;
+    {
+      const size_t a = g() % s.size();
+      s.insert(a, s.substr(a, g() % 32));
+    } break;
     default:  // delete a slice
-      {
-        const size_t a = g() % s.size();
-        s.erase(a, g() % 16);
-      }
-      break;
+    {
+      const size_t a = g() % s.size();
+      s.erase(a, g() % 16);
+    } break;
   }
   return s;
 }
@@ -111,8 +109,9 @@ TEST(Fuzz, MutatedNpyFiles) {
 
 std::string RandomText(std::mt19937_64& g, size_t max_len) {
   // Mostly valid UTF-8 from interesting code points, sometimes raw random bytes.
-  static const uint32_t cps[] = {'a', 'Z', ' ', '\n', '\t', '\r', '\'', 's', 'l', '1', '.', ',', '"', 0xA0,
-                                 0xE9, 0x301, 0x3000, 0x4E00, 0x663, 0x1F600, 0x200B, 0xFEFF, 0x10FFFF, 0x85};
+  static const uint32_t cps[] = {'a',    'Z',    ' ',   '\n',    '\t',   '\r',   '\'',     's',
+                                 'l',    '1',    '.',   ',',     '"',    0xA0,   0xE9,     0x301,
+                                 0x3000, 0x4E00, 0x663, 0x1F600, 0x200B, 0xFEFF, 0x10FFFF, 0x85};
   std::string s;
   const size_t n = g() % max_len;
   for (size_t i = 0; i < n; ++i) {

@@ -15,8 +15,8 @@ using test::TempDir;
 
 // Builds a dataset of `num_docs` documents with random lengths; token t of document d is
 // d * 1000 + t (so every sample tells which documents and offsets it came from).
-std::shared_ptr<const IndexedDataset> MakeData(const std::string& prefix, int num_docs, int min_len,
-                                               int max_len, uint32_t seed) {
+std::shared_ptr<const IndexedDataset> MakeData(const std::string& prefix, int num_docs, int min_len, int max_len,
+                                               uint32_t seed) {
   std::mt19937 gen(seed);
   IndexedDatasetBuilder b(BinPath(prefix), DType::kInt32);
   for (int d = 0; d < num_docs; ++d) {
@@ -55,9 +55,9 @@ TEST(GptIndices, HandComputedEpochs) {
   EXPECT_EQ(NumEpochs(100, 10, 20), 3);
   EXPECT_EQ(NumEpochs(100, 10, 0), 1);
   EXPECT_FALSE(SeparateLastEpoch(100, 10, 9, 1));
-  EXPECT_TRUE(SeparateLastEpoch(100, 10, 10, 2));    // last epoch supplies 1 of 9 samples
-  EXPECT_FALSE(SeparateLastEpoch(100, 10, 17, 2));   // 8 >= int(0.8 * 9) = 7
-  EXPECT_TRUE(SeparateLastEpoch(100, 10, 15, 2));    // 6 < 7
+  EXPECT_TRUE(SeparateLastEpoch(100, 10, 10, 2));   // last epoch supplies 1 of 9 samples
+  EXPECT_FALSE(SeparateLastEpoch(100, 10, 17, 2));  // 8 >= int(0.8 * 9) = 7
+  EXPECT_TRUE(SeparateLastEpoch(100, 10, 15, 2));   // 6 < 7
 }
 
 TEST(GptIndices, HandComputedSampleIdx) {
@@ -114,7 +114,8 @@ TEST(GptIndices, MatchesNaiveReimplementation) {
         auto below = [&](uint64_t n) {
           const uint64_t lim = UINT64_MAX - (UINT64_MAX % n + 1) % n;
           uint64_t x;
-          do x = gen(); while (x > lim);
+          do x = gen();
+          while (x > lim);
           return x % n;
         };
         auto shuffle = [&](auto* a, size_t n) {
@@ -259,8 +260,8 @@ TEST(Blending, DataPathAndEndToEnd) {
   o.seq_length = 32;
   o.seed = 5;
   o.cache_dir = dir.path();
-  const auto tvt = BuildTrainValidTestDatasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0",
-                                               {10000, 100, 0}, o);
+  const auto tvt =
+      BuildTrainValidTestDatasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0", {10000, 100, 0}, o);
   ASSERT_TRUE(tvt.train && tvt.valid);
   EXPECT_FALSE(tvt.test);
   EXPECT_EQ(tvt.train->size(), 10000u);

@@ -47,8 +47,11 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
     b.Finalize(IdxPath(dir / "d"));
   }
   const std::string data_path = dir / "d";
-  std::vector<dtk_key_value> kv = {{"data_path", data_path.c_str()}, {"split", "90,10,0"},
-                                   {"cache_dir", ""}, {"vocab_size", "100"}, {"wait_timeout_s", "5"}};
+  std::vector<dtk_key_value> kv = {{"data_path", data_path.c_str()},
+                                   {"split", "90,10,0"},
+                                   {"cache_dir", ""},
+                                   {"vocab_size", "100"},
+                                   {"wait_timeout_s", "5"}};
   dtk_option_values values{sizeof(dtk_option_values), kv.size(), kv.data()};
   dtk_dataset_context ctx{};
   ctx.struct_size = sizeof(ctx);

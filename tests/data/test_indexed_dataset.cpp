@@ -83,9 +83,15 @@ TEST(IndexedDataset, ByteIdenticalToMegatron) {
   expect_idx.push_back(8);  // uint16
   u64(3);                   // sequences
   u64(3);                   // document index entries: [0, 2, 3]
-  i32(3); i32(1); i32(2);   // lengths
-  u64(0); u64(6); u64(8);   // byte pointers
-  u64(0); u64(2); u64(3);   // document index
+  i32(3);
+  i32(1);
+  i32(2);  // lengths
+  u64(0);
+  u64(6);
+  u64(8);  // byte pointers
+  u64(0);
+  u64(2);
+  u64(3);  // document index
   EXPECT_EQ(ReadFile(IdxPath(prefix)), expect_idx);
   const uint16_t toks[] = {1, 2, 3, 4, 5, 6};
   EXPECT_EQ(ReadFile(BinPath(prefix)), std::string(reinterpret_cast<const char*>(toks), 12));
@@ -134,8 +140,8 @@ TEST(IndexedDataset, CorruptFilesGiveOneLineErrorsNamingTheFile) {
   Build(prefix, DType::kUInt16, {{1, 2, 3}, {4, 5}});
   const std::string idx = ReadFile(IdxPath(prefix));
   const std::string bin = ReadFile(BinPath(prefix));
-  auto expect_error = [&](const std::string& name, const std::string& idx_bytes,
-                          const std::string& bin_bytes, const std::string& needle) {
+  auto expect_error = [&](const std::string& name, const std::string& idx_bytes, const std::string& bin_bytes,
+                          const std::string& needle) {
     const std::string p = dir / name;
     WriteFile(IdxPath(p), idx_bytes);
     WriteFile(BinPath(p), bin_bytes);

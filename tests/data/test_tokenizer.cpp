@@ -13,8 +13,8 @@ namespace dtk::data {
 namespace {
 
 const Gpt2Tokenizer& Tok() {
-  static Gpt2Tokenizer* tok = new Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json",
-                                                test::SharedDataDir() + "/gpt2/vocab.bpe");
+  static Gpt2Tokenizer* tok =
+      new Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
   return *tok;
 }
 
@@ -108,15 +108,16 @@ TEST(Gpt2Tokenizer, BadVocabFilesNameTheFile) {
 }
 
 TEST(Json, ParsesAndRejects) {
-  JsonValue v = ParseJson(R"( {"text": "a\"b\\u00e9\ud83d\ude00", "n": -1.5e2, "l": [true, false, null], "text": "last"} )", "t");
+  JsonValue v =
+      ParseJson(R"( {"text": "a\"b\\u00e9\ud83d\ude00", "n": -1.5e2, "l": [true, false, null], "text": "last"} )", "t");
   ASSERT_EQ(v.type, JsonValue::Type::kObject);
   EXPECT_EQ(v.Find("text")->string, "last");
   EXPECT_EQ(v.object[0].second.string, "a\"b\\u00e9\xf0\x9f\x98\x80");
   EXPECT_EQ(v.Find("n")->number, -150);
   EXPECT_EQ(v.Find("l")->array.size(), 3u);
   EXPECT_EQ(ParseJson("\"\\u00e9\"", "t").string, "\xc3\xa9");
-  for (const char* bad : {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"",
-                          "tru", "{} x", "\"\xff\"", "[1 2]", "-", "1e"}) {
+  for (const char* bad : {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"", "tru", "{} x",
+                          "\"\xff\"", "[1 2]", "-", "1e"}) {
     EXPECT_THROW(ParseJson(bad, "input"), DataError) << bad;
   }
   std::string deep(100000, '[');

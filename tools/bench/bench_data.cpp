@@ -87,10 +87,14 @@ int main(int argc, char** argv) {
   std::string tmp = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--shared") shared = argv[i + 1];
-    else if (a == "--mb") mb = std::atof(argv[i + 1]);
-    else if (a == "--tokens") total_tokens = std::atoll(argv[i + 1]);
-    else if (a == "--tmp") tmp = argv[i + 1];
+    if (a == "--shared")
+      shared = argv[i + 1];
+    else if (a == "--mb")
+      mb = std::atof(argv[i + 1]);
+    else if (a == "--tokens")
+      total_tokens = std::atoll(argv[i + 1]);
+    else if (a == "--tmp")
+      tmp = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: dtk_bench_data [--shared DIR] [--mb 50] [--tokens 100000000] [--tmp /tmp]\n");
       return 2;
@@ -149,8 +153,8 @@ int main(int argc, char** argv) {
       written += len;
     }
     b.Finalize(IdxPath(prefix));
-    std::printf("synthetic dataset: %lld tokens in %zu documents written in %.2f s\n",
-                static_cast<long long>(written), b.num_documents(), Since(t0));
+    std::printf("synthetic dataset: %lld tokens in %zu documents written in %.2f s\n", static_cast<long long>(written),
+                b.num_documents(), Since(t0));
   }
   auto data = std::make_shared<const IndexedDataset>(prefix);
   for (int epochs : {1, 3}) {

@@ -22,9 +22,12 @@ bool InRanges(const CodeRange (&table)[N], uint32_t cp) {
   size_t lo = 0, hi = N;
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    if (cp < table[mid].lo) hi = mid;
-    else if (cp > table[mid].hi) lo = mid + 1;
-    else return true;
+    if (cp < table[mid].lo)
+      hi = mid;
+    else if (cp > table[mid].hi)
+      lo = mid + 1;
+    else
+      return true;
   }
   return false;
 }
@@ -146,8 +149,8 @@ void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) 
 
 struct Gpt2Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> encoder;  // token string (UTF-8) -> id
-  std::vector<std::string> id_bytes;                // id -> raw bytes
-  int32_t byte_id[256];                             // single byte -> id of its unicode char
+  std::vector<std::string> id_bytes;                 // id -> raw bytes
+  int32_t byte_id[256];                              // single byte -> id of its unicode char
   // (first id << 32 | second id) -> (rank << 32 | merged id)
   std::unordered_map<uint64_t, uint64_t> merges;
   int32_t eod = -1;
@@ -247,10 +250,10 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
       const std::string a = key.substr(0, c), b = key.substr(c + 1);
       auto ia = m.encoder.find(a), ib = m.encoder.find(b), iab = m.encoder.find(a + b);
       if (ia == m.encoder.end() || ib == m.encoder.end() || iab == m.encoder.end()) continue;
-      const uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
-                         static_cast<uint32_t>(ib->second);
-      const uint64_t v = (static_cast<uint64_t>(static_cast<uint32_t>(kr.second)) << 32) |
-                         static_cast<uint32_t>(iab->second);
+      const uint64_t k =
+          (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
+      const uint64_t v =
+          (static_cast<uint64_t>(static_cast<uint32_t>(kr.second)) << 32) | static_cast<uint32_t>(iab->second);
       m.merges[k] = v;
     }
   }
@@ -274,8 +277,8 @@ void Gpt2Tokenizer::Bpe(std::string_view piece, std::vector<int32_t>* out) const
     uint32_t best_rank = std::numeric_limits<uint32_t>::max();
     int32_t first = -1, second = -1, merged = -1;
     for (size_t k = 0; k + 1 < word.size(); ++k) {
-      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(word[k])) << 32) |
-                           static_cast<uint32_t>(word[k + 1]);
+      const uint64_t key =
+          (static_cast<uint64_t>(static_cast<uint32_t>(word[k])) << 32) | static_cast<uint32_t>(word[k + 1]);
       auto it = m.merges.find(key);
       if (it == m.merges.end()) continue;
       const uint32_t rank = static_cast<uint32_t>(it->second >> 32);
@@ -336,8 +339,8 @@ std::string Gpt2Tokenizer::Decode(const int64_t* ids, size_t n) const {
   std::string out;
   for (size_t k = 0; k < n; ++k) {
     if (ids[k] < 0 || static_cast<uint64_t>(ids[k]) >= impl_->id_bytes.size()) {
-      throw DataError("cannot decode token id " + std::to_string(ids[k]) +
-                      ": outside the vocabulary of " + std::to_string(impl_->id_bytes.size()));
+      throw DataError("cannot decode token id " + std::to_string(ids[k]) + ": outside the vocabulary of " +
+                      std::to_string(impl_->id_bytes.size()));
     }
     out += impl_->id_bytes[static_cast<size_t>(ids[k])];
   }

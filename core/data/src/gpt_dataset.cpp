@@ -79,8 +79,7 @@ int64_t NumEpochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samp
   }
 }
 
-bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples,
-                       int64_t num_epochs) {
+bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs) {
   if (num_epochs <= 1) return false;
   const int64_t before_last = ((num_epochs - 1) * tokens_per_epoch - 1) / seq_length;
   const int64_t from_last = num_samples - before_last;
@@ -88,8 +87,8 @@ bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num
   return from_last < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
 }
 
-std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs,
-                                 ShuffleRng* rng, bool separate_last_epoch) {
+std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+                                 bool separate_last_epoch) {
   if (!separate_last_epoch || num_epochs == 1) {
     std::vector<int32_t> idx;
     idx.reserve(documents.size() * static_cast<size_t>(num_epochs));
@@ -103,9 +102,8 @@ std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t 
   return first;
 }
 
-std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes,
-                                    const std::vector<int32_t>& doc_idx, int64_t seq_length,
-                                    int64_t num_epochs, int64_t tokens_per_epoch) {
+std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
+                                    int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch) {
   const int64_t num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length;
   std::vector<int64_t> out(2 * static_cast<size_t>(num_samples + 1));
   int64_t row = 0, pos = 0, offset = 0;
@@ -163,8 +161,8 @@ std::string Basename(const std::string& p) {
 
 }  // namespace
 
-GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_begin,
-                       size_t doc_end, const GptDatasetOptions& options)
+GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_begin, size_t doc_end,
+                       const GptDatasetOptions& options)
     : data_(std::move(data)), doc_begin_(doc_begin), doc_end_(doc_end), options_(options) {
   const std::string& prefix = data_->prefix();
   if (options_.seq_length < 1 || options_.seq_length > (1 << 30)) {
@@ -182,8 +180,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
   if (tokens_per_epoch_ < options_.seq_length + 1) {
     throw DataError("'" + prefix + "' " + options_.name + " split: " + std::to_string(tokens_per_epoch_) +
                     " tokens in documents [" + std::to_string(doc_begin_) + ", " + std::to_string(doc_end_) +
-                    "), too small for one sample of seq_length+1 = " +
-                    std::to_string(options_.seq_length + 1) + " tokens");
+                    "), too small for one sample of seq_length+1 = " + std::to_string(options_.seq_length + 1) +
+                    " tokens");
   }
   num_epochs_ = NumEpochs(tokens_per_epoch_, options_.seq_length, options_.num_samples);
   if (static_cast<double>(num_epochs_) * static_cast<double>(doc_end_ - doc_begin_) > 2e9) {
@@ -224,8 +222,8 @@ std::string GPTDataset::cache_file(const std::string& which) const {
   const std::string& prefix = data_->prefix();
   std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + Basename(prefix);
   std::ostringstream os;
-  os << base << "_" << options_.name << "_indexmap_" << options_.num_samples << "ns_"
-     << options_.seq_length << "sl_" << options_.seed << "s_" << which << ".npy";
+  os << base << "_" << options_.name << "_indexmap_" << options_.num_samples << "ns_" << options_.seq_length << "sl_"
+     << options_.seed << "s_" << which << ".npy";
   return os.str();
 }
 
@@ -248,9 +246,9 @@ void GPTDataset::Build() {
   doc_idx_ = NpyArray::FromInt32(std::move(doc_idx), {ndoc});
   sample_idx_ = NpyArray::FromInt64(sample_idx, {static_cast<size_t>(total_samples_ + 1), 2},
                                     max_sample <= std::numeric_limits<int32_t>::max() ? "<i4" : "<i8");
-  shuffle_idx_ = NpyArray::FromInt64(shuffle_idx, {static_cast<size_t>(total_samples_)},
-                                     total_samples_ < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1
-                                         ? "<u4" : "<i8");
+  shuffle_idx_ = NpyArray::FromInt64(
+      shuffle_idx, {static_cast<size_t>(total_samples_)},
+      total_samples_ < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1 ? "<u4" : "<i8");
   loaded_from_cache_ = false;
 }
 
@@ -330,8 +328,8 @@ void GPTDataset::Get(size_t i, int64_t* out) const {
     append(pos_l, 0, off_l + 1);
   }
   if (n != want) {
-    throw DataError("'" + data_->prefix() + "': corrupt sample index at sample " + std::to_string(i) +
-                    " (" + std::to_string(n) + " tokens instead of " + std::to_string(want) + ")");
+    throw DataError("'" + data_->prefix() + "': corrupt sample index at sample " + std::to_string(i) + " (" +
+                    std::to_string(n) + " tokens instead of " + std::to_string(want) + ")");
   }
 }
 
@@ -341,7 +339,8 @@ std::vector<double> NormalizeWeights(const std::vector<double>& weights) {
   if (weights.empty()) throw DataError("blend weights: no datasets given");
   double sum = 0;
   for (double w : weights) {
-    if (!std::isfinite(w) || w < 0) throw DataError("blend weights: weight " + std::to_string(w) + " is not a non-negative number");
+    if (!std::isfinite(w) || w < 0)
+      throw DataError("blend weights: weight " + std::to_string(w) + " is not a non-negative number");
     sum += w;
   }
   if (!(sum > 0)) throw DataError("blend weights: the weights sum to 0");
@@ -382,8 +381,8 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
                                const std::vector<double>& weights, int64_t size)
     : datasets_(std::move(datasets)) {
   if (datasets_.empty() || datasets_.size() != weights.size()) {
-    throw DataError("blend: " + std::to_string(datasets_.size()) + " datasets but " +
-                    std::to_string(weights.size()) + " weights");
+    throw DataError("blend: " + std::to_string(datasets_.size()) + " datasets but " + std::to_string(weights.size()) +
+                    " weights");
   }
   for (const auto& d : datasets_) {
     if (!d) throw DataError("blend: a blended dataset is empty");
@@ -393,14 +392,15 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
   for (size_t i = 0; i < dataset_index_.size(); ++i) {
     const auto& d = datasets_[static_cast<size_t>(dataset_index_[i])];
     if (static_cast<size_t>(dataset_sample_index_[i]) >= d->size()) {
-      throw DataError("blend: dataset " + std::to_string(dataset_index_[i]) + " has only " +
-                      std::to_string(d->size()) + " samples, fewer than the blend draws from it");
+      throw DataError("blend: dataset " + std::to_string(dataset_index_[i]) + " has only " + std::to_string(d->size()) +
+                      " samples, fewer than the blend draws from it");
     }
   }
 }
 
 void BlendedDataset::Get(size_t i, int64_t* out) const {
-  if (i >= size()) throw DataError("blend: sample " + std::to_string(i) + " out of range (" + std::to_string(size()) + ")");
+  if (i >= size())
+    throw DataError("blend: sample " + std::to_string(i) + " out of range (" + std::to_string(size()) + ")");
   datasets_[static_cast<size_t>(dataset_index_[i])]->Get(static_cast<size_t>(dataset_sample_index_[i]), out);
 }
 
@@ -439,8 +439,7 @@ DataBlend ParseDataPath(const std::string& data_path) {
 }
 
 TrainValidTest BuildTrainValidTestDatasets(const std::string& data_path, const std::string& split,
-                                           const std::array<int64_t, 3>& num_samples,
-                                           const GptDatasetOptions& base) {
+                                           const std::array<int64_t, 3>& num_samples, const GptDatasetOptions& base) {
   static const char* kNames[3] = {"train", "valid", "test"};
   const DataBlend blend = ParseDataPath(data_path);
   std::array<std::vector<std::shared_ptr<const TokenDataset>>, 3> parts;
@@ -452,9 +451,8 @@ TrainValidTest BuildTrainValidTestDatasets(const std::string& data_path, const s
       if (bounds[s + 1] > bounds[s] && num_samples[s] > 0) {
         GptDatasetOptions o = base;
         o.name = kNames[s];
-        o.num_samples = blend.prefixes.size() == 1
-                            ? num_samples[s]
-                            : BlendSamplesPerDataset(blend.weights, num_samples[s])[p];
+        o.num_samples =
+            blend.prefixes.size() == 1 ? num_samples[s] : BlendSamplesPerDataset(blend.weights, num_samples[s])[p];
         ds = std::make_shared<const GPTDataset>(data, bounds[s], bounds[s + 1], o);
       }
       parts[s].push_back(ds);

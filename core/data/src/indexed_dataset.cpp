@@ -66,14 +66,22 @@ size_t DTypeSize(DType dtype) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kUInt8: return "uint8";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat32: return "float32";
-    case DType::kUInt16: return "uint16";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt8:
+      return "int8";
+    case DType::kInt16:
+      return "int16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kUInt16:
+      return "uint16";
   }
   return "?";
 }
@@ -87,9 +95,7 @@ DType DTypeFromName(const std::string& name) {
                   "' (expected uint8, int8, int16, uint16, int32, int64, float32 or float64)");
 }
 
-DType OptimalDType(int64_t vocab_size) {
-  return vocab_size < 65500 ? DType::kUInt16 : DType::kInt32;
-}
+DType OptimalDType(int64_t vocab_size) { return vocab_size < 65500 ? DType::kUInt16 : DType::kInt32; }
 
 // ---------------------------------------------------------------- reader
 
@@ -102,9 +108,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string bin_path = BinPath(prefix);
   idx_ = MappedFile(idx_path);
   bin_ = MappedFile(bin_path);
-  auto corrupt = [&](const std::string& what) {
-    return DataError("corrupt index file '" + idx_path + "': " + what);
-  };
+  auto corrupt = [&](const std::string& what) { return DataError("corrupt index file '" + idx_path + "': " + what); };
   const uint8_t* p = idx_.data();
   const size_t n = idx_.size();
   if (n < kHeaderSize) {
@@ -125,9 +129,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   // Overflow-safe: each count alone must fit in the body before we multiply.
   if (s > body / 12 || d > body / 8 || s * 12 + d * 8 != body) {
     std::ostringstream os;
-    os << "sizes do not add up: header says " << s << " sequences and " << d
-       << " document indices (" << kHeaderSize << "+12*" << s << "+8*" << d
-       << " bytes) but the file has " << n << " bytes";
+    os << "sizes do not add up: header says " << s << " sequences and " << d << " document indices (" << kHeaderSize
+       << "+12*" << s << "+8*" << d << " bytes) but the file has " << n << " bytes";
     throw corrupt(os.str());
   }
   if (d == 0) throw corrupt("document index is empty (it must start with 0)");
@@ -148,8 +151,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     prev = v;
   }
   if (static_cast<uint64_t>(prev) != s) {
-    throw corrupt("last document index entry is " + std::to_string(prev) +
-                  " but there are " + std::to_string(s) + " sequences");
+    throw corrupt("last document index entry is " + std::to_string(prev) + " but there are " + std::to_string(s) +
+                  " sequences");
   }
   // Every sequence must lie inside the .bin file, aligned to the item size.
   const uint64_t item = DTypeSize(dtype_);
@@ -157,13 +160,12 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   for (size_t i = 0; i < num_sequences_; ++i) {
     const int64_t len = sequence_length(i);
     const int64_t ptr = sequence_pointer(i);
-    if (len < 0 || ptr < 0 || static_cast<uint64_t>(ptr) % item != 0 ||
-        static_cast<uint64_t>(ptr) > bin_size ||
+    if (len < 0 || ptr < 0 || static_cast<uint64_t>(ptr) % item != 0 || static_cast<uint64_t>(ptr) > bin_size ||
         static_cast<uint64_t>(len) > (bin_size - static_cast<uint64_t>(ptr)) / item) {
       std::ostringstream os;
-      os << "data file '" << bin_path << "' (" << bin_size << " bytes) does not match index '"
-         << idx_path << "': sequence " << i << " has length " << len << " at byte offset "
-         << ptr << " (" << DTypeName(dtype_) << "), truncated or corrupt";
+      os << "data file '" << bin_path << "' (" << bin_size << " bytes) does not match index '" << idx_path
+         << "': sequence " << i << " has length " << len << " at byte offset " << ptr << " (" << DTypeName(dtype_)
+         << "), truncated or corrupt";
       throw DataError(os.str());
     }
   }
@@ -186,30 +188,61 @@ TokenView IndexedDataset::view(size_t i, size_t offset, size_t length) const {
   }
   const size_t len = static_cast<size_t>(sequence_length(i));
   if (offset > len || length > len - offset) {
-    throw DataError("'" + prefix_ + "': tokens [" + std::to_string(offset) + ", +" +
-                    std::to_string(length) + ") out of range for sequence " + std::to_string(i) +
-                    " of length " + std::to_string(len));
+    throw DataError("'" + prefix_ + "': tokens [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                    ") out of range for sequence " + std::to_string(i) + " of length " + std::to_string(len));
   }
   TokenView v;
   v.dtype = dtype_;
   v.count = length;
-  v.data = bin_.data() == nullptr
-               ? nullptr
-               : bin_.data() + static_cast<size_t>(sequence_pointer(i)) + offset * DTypeSize(dtype_);
+  v.data = bin_.data() == nullptr ? nullptr
+                                  : bin_.data() + static_cast<size_t>(sequence_pointer(i)) + offset * DTypeSize(dtype_);
   return v;
 }
 
 void ConvertTokens(const TokenView& v, int64_t* out) {
   const size_t n = v.count;
   switch (v.dtype) {
-    case DType::kUInt8: { auto p = static_cast<const uint8_t*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = p[k]; break; }
-    case DType::kInt8: { auto p = static_cast<const int8_t*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = p[k]; break; }
-    case DType::kInt16: { auto p = static_cast<const int16_t*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = p[k]; break; }
-    case DType::kUInt16: { auto p = static_cast<const uint16_t*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = p[k]; break; }
-    case DType::kInt32: { auto p = static_cast<const int32_t*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = p[k]; break; }
-    case DType::kInt64: { if (n) std::memcpy(out, v.data, 8 * n); break; }
-    case DType::kFloat32: { auto p = static_cast<const float*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = std::isfinite(p[k]) && std::fabs(p[k]) < 9.2e18f ? static_cast<int64_t>(p[k]) : 0; break; }
-    case DType::kFloat64: { auto p = static_cast<const double*>(v.data); for (size_t k = 0; k < n; ++k) out[k] = std::isfinite(p[k]) && std::fabs(p[k]) < 9.2e18 ? static_cast<int64_t>(p[k]) : 0; break; }
+    case DType::kUInt8: {
+      auto p = static_cast<const uint8_t*>(v.data);
+      for (size_t k = 0; k < n; ++k) out[k] = p[k];
+      break;
+    }
+    case DType::kInt8: {
+      auto p = static_cast<const int8_t*>(v.data);
+      for (size_t k = 0; k < n; ++k) out[k] = p[k];
+      break;
+    }
+    case DType::kInt16: {
+      auto p = static_cast<const int16_t*>(v.data);
+      for (size_t k = 0; k < n; ++k) out[k] = p[k];
+      break;
+    }
+    case DType::kUInt16: {
+      auto p = static_cast<const uint16_t*>(v.data);
+      for (size_t k = 0; k < n; ++k) out[k] = p[k];
+      break;
+    }
+    case DType::kInt32: {
+      auto p = static_cast<const int32_t*>(v.data);
+      for (size_t k = 0; k < n; ++k) out[k] = p[k];
+      break;
+    }
+    case DType::kInt64: {
+      if (n) std::memcpy(out, v.data, 8 * n);
+      break;
+    }
+    case DType::kFloat32: {
+      auto p = static_cast<const float*>(v.data);
+      for (size_t k = 0; k < n; ++k)
+        out[k] = std::isfinite(p[k]) && std::fabs(p[k]) < 9.2e18f ? static_cast<int64_t>(p[k]) : 0;
+      break;
+    }
+    case DType::kFloat64: {
+      auto p = static_cast<const double*>(v.data);
+      for (size_t k = 0; k < n; ++k)
+        out[k] = std::isfinite(p[k]) && std::fabs(p[k]) < 9.2e18 ? static_cast<int64_t>(p[k]) : 0;
+      break;
+    }
   }
 }
 
@@ -266,8 +299,7 @@ void Pack(const In* in, size_t n, uint8_t* dst, const std::string& path) {
       o = static_cast<Out>(in[k]);
     } else {
       if (!FitsInt<Out>(in[k])) {
-        throw DataError("'" + path + "': token " + std::to_string(in[k]) +
-                        " does not fit the dataset dtype");
+        throw DataError("'" + path + "': token " + std::to_string(in[k]) + " does not fit the dataset dtype");
       }
       o = static_cast<Out>(in[k]);
     }
@@ -299,14 +331,30 @@ void IndexedDatasetBuilder::AppendImpl(const T* tokens, size_t count) {
   scratch_.resize(count * item);
   uint8_t* dst = scratch_.data();
   switch (dtype_) {
-    case DType::kUInt8: Pack<uint8_t>(tokens, count, dst, bin_path_); break;
-    case DType::kInt8: Pack<int8_t>(tokens, count, dst, bin_path_); break;
-    case DType::kInt16: Pack<int16_t>(tokens, count, dst, bin_path_); break;
-    case DType::kUInt16: Pack<uint16_t>(tokens, count, dst, bin_path_); break;
-    case DType::kInt32: Pack<int32_t>(tokens, count, dst, bin_path_); break;
-    case DType::kInt64: Pack<int64_t>(tokens, count, dst, bin_path_); break;
-    case DType::kFloat32: Pack<float>(tokens, count, dst, bin_path_); break;
-    case DType::kFloat64: Pack<double>(tokens, count, dst, bin_path_); break;
+    case DType::kUInt8:
+      Pack<uint8_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kInt8:
+      Pack<int8_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kInt16:
+      Pack<int16_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kUInt16:
+      Pack<uint16_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kInt32:
+      Pack<int32_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kInt64:
+      Pack<int64_t>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kFloat32:
+      Pack<float>(tokens, count, dst, bin_path_);
+      break;
+    case DType::kFloat64:
+      Pack<double>(tokens, count, dst, bin_path_);
+      break;
   }
   WriteBin(dst, count * item);
   open_item_ += count;

@@ -163,10 +163,14 @@ class Parser {
     for (int k = 0; k < 4; ++k) {
       const char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<unsigned>(c - 'A' + 10);
-      else Fail("invalid hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<unsigned>(c - 'A' + 10);
+      else
+        Fail("invalid hex digit in \\u escape");
     }
     return v;
   }
@@ -187,14 +191,30 @@ class Parser {
         if (AtEnd()) Fail("unterminated escape");
         const char e = s_[i_++];
         switch (e) {
-          case '"': out.push_back('"'); break;
-          case '\\': out.push_back('\\'); break;
-          case '/': out.push_back('/'); break;
-          case 'b': out.push_back('\b'); break;
-          case 'f': out.push_back('\f'); break;
-          case 'n': out.push_back('\n'); break;
-          case 'r': out.push_back('\r'); break;
-          case 't': out.push_back('\t'); break;
+          case '"':
+            out.push_back('"');
+            break;
+          case '\\':
+            out.push_back('\\');
+            break;
+          case '/':
+            out.push_back('/');
+            break;
+          case 'b':
+            out.push_back('\b');
+            break;
+          case 'f':
+            out.push_back('\f');
+            break;
+          case 'n':
+            out.push_back('\n');
+            break;
+          case 'r':
+            out.push_back('\r');
+            break;
+          case 't':
+            out.push_back('\t');
+            break;
           case 'u': {
             unsigned cp = Hex4();
             if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -237,8 +257,6 @@ class Parser {
 
 }  // namespace
 
-JsonValue ParseJson(std::string_view text, const std::string& source) {
-  return Parser(text, source).ParseDocument();
-}
+JsonValue ParseJson(std::string_view text, const std::string& source) { return Parser(text, source).ParseDocument(); }
 
 }  // namespace dtk::data

@@ -14,10 +14,26 @@ namespace dtk::data {
 namespace {
 
 bool DescrInfo(const std::string& d, size_t* itemsize, bool* is_unsigned) {
-  if (d == "<i4") { *itemsize = 4; *is_unsigned = false; return true; }
-  if (d == "<u4") { *itemsize = 4; *is_unsigned = true; return true; }
-  if (d == "<i8") { *itemsize = 8; *is_unsigned = false; return true; }
-  if (d == "<u8") { *itemsize = 8; *is_unsigned = true; return true; }
+  if (d == "<i4") {
+    *itemsize = 4;
+    *is_unsigned = false;
+    return true;
+  }
+  if (d == "<u4") {
+    *itemsize = 4;
+    *is_unsigned = true;
+    return true;
+  }
+  if (d == "<i8") {
+    *itemsize = 8;
+    *is_unsigned = false;
+    return true;
+  }
+  if (d == "<u8") {
+    *itemsize = 8;
+    *is_unsigned = true;
+    return true;
+  }
   return false;
 }
 
@@ -49,8 +65,7 @@ NpyArray NpyArray::FromInt32(std::vector<int32_t> v, std::vector<size_t> shape) 
   return a;
 }
 
-NpyArray NpyArray::FromInt64(const std::vector<int64_t>& v, std::vector<size_t> shape,
-                             const std::string& descr) {
+NpyArray NpyArray::FromInt64(const std::vector<int64_t>& v, std::vector<size_t> shape, const std::string& descr) {
   NpyArray a;
   if (!DescrInfo(descr, &a.itemsize_, &a.is_unsigned_)) throw DataError("unsupported npy dtype " + descr);
   a.descr_ = descr;
@@ -97,8 +112,8 @@ NpyArray NpyArray::Load(const std::string& path) {
     header_start = 10;
   } else if (p[6] == 2 || p[6] == 3) {
     if (n < 12) throw bad("truncated header");
-    header_len = static_cast<size_t>(p[8]) | (static_cast<size_t>(p[9]) << 8) |
-                 (static_cast<size_t>(p[10]) << 16) | (static_cast<size_t>(p[11]) << 24);
+    header_len = static_cast<size_t>(p[8]) | (static_cast<size_t>(p[9]) << 8) | (static_cast<size_t>(p[10]) << 16) |
+                 (static_cast<size_t>(p[11]) << 24);
     header_start = 12;
   } else {
     throw bad("unsupported format version " + std::to_string(p[6]));
@@ -145,8 +160,8 @@ NpyArray NpyArray::Load(const std::string& path) {
   if (i >= s.size()) throw bad("malformed shape");
   const size_t data_start = header_start + header_len;
   if (count > (n - data_start) / a.itemsize_ || count * a.itemsize_ != n - data_start) {
-    throw bad("data size " + std::to_string(n - data_start) + " bytes does not match shape (" +
-              std::to_string(count) + " elements of " + std::to_string(a.itemsize_) + " bytes)");
+    throw bad("data size " + std::to_string(n - data_start) + " bytes does not match shape (" + std::to_string(count) +
+              " elements of " + std::to_string(a.itemsize_) + " bytes)");
   }
   a.count_ = count;
   a.data_ = p + data_start;
@@ -163,8 +178,7 @@ void NpyArray::Save(const std::string& path) const {
   uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
   pre[8] = static_cast<uint8_t>(header.size() & 0xff);
   pre[9] = static_cast<uint8_t>(header.size() >> 8);
-  bool ok = std::fwrite(pre, 1, 10, f) == 10 &&
-            std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  bool ok = std::fwrite(pre, 1, 10, f) == 10 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
   const size_t bytes = count_ * itemsize_;
   if (ok && bytes > 0) ok = std::fwrite(data_, 1, bytes, f) == bytes;
   ok = (std::fflush(f) == 0) && ok;

@@ -45,8 +45,8 @@ struct Batch {
 };
 
 struct LineResult {
-  std::string error;                                  // non-empty: bad line
-  std::vector<std::vector<std::vector<int32_t>>> ids; // [key][sentence] -> ids
+  std::string error;                                   // non-empty: bad line
+  std::vector<std::vector<std::vector<int32_t>>> ids;  // [key][sentence] -> ids
 };
 
 struct BatchResult {
@@ -227,7 +227,8 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
   if (o.json_keys.empty()) throw DataError("--json_keys is empty");
   const auto t0 = std::chrono::steady_clock::now();
   const Gpt2Tokenizer tok(o.vocab_file, o.merge_file);
-  if (o.append_eod && tok.eod() < 0) throw DataError("vocab file '" + o.vocab_file + "' has no <|endoftext|> token for --append_eod");
+  if (o.append_eod && tok.eod() < 0)
+    throw DataError("vocab file '" + o.vocab_file + "' has no <|endoftext|> token for --append_eod");
   const DType dtype = OptimalDType(static_cast<int64_t>(tok.vocab_size()));
 
   PreprocessStats st;
@@ -308,8 +309,8 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
         }
         const size_t bad = FindInvalidUtf8(data);
         if (bad != std::string::npos) {
-          const std::string msg = path + ":" + std::to_string(LineOfOffset(data, bad)) +
-                                  ": invalid UTF-8 at byte " + std::to_string(bad);
+          const std::string msg =
+              path + ":" + std::to_string(LineOfOffset(data, bad)) + ": invalid UTF-8 at byte " + std::to_string(bad);
           if (!o.skip_bad_lines) throw DataError(msg + " (use --skip_bad_lines to skip the file)");
           ++st.bad_lines;
           if (o.log) *o.log << "dtk preprocess: skipping " << msg << std::endl;
@@ -378,8 +379,8 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
   return st;
 }
 
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file,
-                     const std::string& merge_file, int64_t begin, int64_t end, std::ostream& out) {
+void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                     int64_t begin, int64_t end, std::ostream& out) {
   const IndexedDataset ds(prefix);
   const Gpt2Tokenizer tok(vocab_file, merge_file);
   const int64_t ndocs = static_cast<int64_t>(ds.num_documents());

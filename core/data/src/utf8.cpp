@@ -15,11 +15,17 @@ size_t DecodeUtf8(std::string_view s, size_t i, uint32_t* cp) {
   uint32_t v;
   uint32_t min;
   if ((c & 0xE0) == 0xC0) {
-    len = 2; v = c & 0x1F; min = 0x80;
+    len = 2;
+    v = c & 0x1F;
+    min = 0x80;
   } else if ((c & 0xF0) == 0xE0) {
-    len = 3; v = c & 0x0F; min = 0x800;
+    len = 3;
+    v = c & 0x0F;
+    min = 0x800;
   } else if ((c & 0xF8) == 0xF0) {
-    len = 4; v = c & 0x07; min = 0x10000;
+    len = 4;
+    v = c & 0x07;
+    min = 0x10000;
   } else {
     return 0;
   }

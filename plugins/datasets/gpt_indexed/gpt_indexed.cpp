@@ -14,11 +14,11 @@
 namespace {
 
 const dtk_option_spec kOptions[] = {
-    dtk::opt_string("data_path", "",
-                    "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
+    dtk::opt_string("data_path", "", "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
     dtk::opt_string("split", "969,30,1", "Train,valid,test proportions of the documents."),
-    dtk::opt_string("cache_dir", "",
-                    "Where the index caches (*_doc_idx.npy ...) go; empty = the run's cache dir, else next to the data."),
+    dtk::opt_string(
+        "cache_dir", "",
+        "Where the index caches (*_doc_idx.npy ...) go; empty = the run's cache dir, else next to the data."),
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };
@@ -100,5 +100,5 @@ class GptIndexed : public dtk::Dataset {
 }  // namespace
 
 DTK_PLUGIN("gpt_indexed", DTK_KIND_DATASET, "1.0.0",
-           "Megatron indexed GPT data (.bin/.idx prefix or weighted blend), Megatron sample order",
-           DTK_NO_TORCH, dtk::dataset_api<GptIndexed>(), kOptions)
+           "Megatron indexed GPT data (.bin/.idx prefix or weighted blend), Megatron sample order", DTK_NO_TORCH,
+           dtk::dataset_api<GptIndexed>(), kOptions)

@@ -410,6 +410,21 @@ const dtk_model_api* model_api() {
   return &api;
 }
 
+// A dtk_param_visitor that appends every visited parameter (name, tensor, info) to `out`,
+// reading the info through its own struct_size (it may come from an older or newer plugin).
+inline dtk_param_visitor collecting_visitor(std::vector<Param>* out) {
+  return {sizeof(dtk_param_visitor), out, [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
+            return guard([&] {
+              Param p;
+              p.name = name ? name : "";
+              p.tensor = unwrap(t);
+              if (info) std::memcpy(&p.info, info, std::min(info->struct_size, sizeof(dtk_param_info)));
+              p.info.struct_size = sizeof(dtk_param_info);
+              static_cast<std::vector<Param>*>(ctx)->push_back(std::move(p));
+            });
+          }};
+}
+
 // Calls another plugin's model through its vtable (used by step and strategy plugins).
 class ModelHandle {
  public:
@@ -430,17 +445,7 @@ class ModelHandle {
   using VisitFn = dtk_status* (*)(dtk_model*, const dtk_param_visitor*);
   std::vector<Param> visit(VisitFn fn) const {
     std::vector<Param> out;
-    dtk_param_visitor v{sizeof(dtk_param_visitor), &out,
-                        [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
-                          return guard([&] {
-                            Param p;
-                            p.name = name;
-                            p.tensor = unwrap(t);
-                            if (info) std::memcpy(&p.info, info, std::min(info->struct_size, sizeof(dtk_param_info)));
-                            p.info.struct_size = sizeof(dtk_param_info);
-                            static_cast<std::vector<Param>*>(ctx)->push_back(std::move(p));
-                          });
-                        }};
+    dtk_param_visitor v = collecting_visitor(&out);
     check(fn(ref_->model, &v));
     return out;
   }

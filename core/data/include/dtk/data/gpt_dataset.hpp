@@ -49,17 +49,15 @@ class ShuffleRng {
 // Megatron's _num_epochs: smallest E with (E * tokens_per_epoch - 1) / seq_length >= samples.
 int64_t NumEpochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples);
 // Whether the last epoch is shuffled separately (it supplies < 80% of an epoch's samples).
-bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples,
-                       int64_t num_epochs);
+bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs);
 // _build_doc_idx: documents repeated num_epochs times and shuffled (all epochs together, or
 // the first E-1 together and the last one separately).
-std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs,
-                                 ShuffleRng* rng, bool separate_last_epoch);
+std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+                                 bool separate_last_epoch);
 // helpers.cpp build_sample_idx: rows of (position in doc_idx, token offset), flattened,
 // (num_samples + 1) rows where num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length.
-std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes,
-                                    const std::vector<int32_t>& doc_idx, int64_t seq_length,
-                                    int64_t num_epochs, int64_t tokens_per_epoch);
+std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
+                                    int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch);
 // _build_shuffle_idx: [0, num_samples) shuffled, then [num_samples, total_size) shuffled.
 std::vector<int64_t> BuildShuffleIdx(int64_t num_samples, int64_t total_size, ShuffleRng* rng);
 
@@ -80,11 +78,11 @@ class TokenDataset {
 };
 
 struct GptDatasetOptions {
-  std::string name = "train";   // split name, part of the cache file names
-  int64_t num_samples = 0;      // requested samples (the dataset may hold more: whole epochs)
+  std::string name = "train";  // split name, part of the cache file names
+  int64_t num_samples = 0;     // requested samples (the dataset may hold more: whole epochs)
   int64_t seq_length = 1024;
   uint64_t seed = 1234;
-  std::string cache_dir;        // empty: next to the data files
+  std::string cache_dir;  // empty: next to the data files
   enum class CacheMode {
     kBuild,     // load the cached indices when valid, otherwise build and save them
     kWaitOnly,  // only wait (up to wait_timeout_s) for another process to write them
@@ -131,18 +129,16 @@ class GPTDataset : public TokenDataset {
 // Weights normalized to sum 1; throws DataError for empty, negative, NaN or all-zero weights.
 std::vector<double> NormalizeWeights(const std::vector<double>& weights);
 // Megatron: samples to draw from each dataset of a blend, ceil(w * num_samples * 1.005).
-std::vector<int64_t> BlendSamplesPerDataset(const std::vector<double>& normalized_weights,
-                                            int64_t num_samples);
+std::vector<int64_t> BlendSamplesPerDataset(const std::vector<double>& normalized_weights, int64_t num_samples);
 // helpers.cpp build_blending_indices: at sample i pick the dataset with the largest
 // w * max(i, 1) - count (first on ties). Returns (dataset index, sample within it) per sample.
 void BuildBlendingIndices(const std::vector<double>& normalized_weights, int64_t size,
-                          std::vector<int16_t>* dataset_index,
-                          std::vector<int64_t>* dataset_sample_index);
+                          std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index);
 
 class BlendedDataset : public TokenDataset {
  public:
-  BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets,
-                 const std::vector<double>& weights, int64_t size);
+  BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets, const std::vector<double>& weights,
+                 int64_t size);
   size_t size() const override { return dataset_index_.size(); }
   size_t sample_length() const override { return datasets_[0]->sample_length(); }
   void Get(size_t i, int64_t* out) const override;

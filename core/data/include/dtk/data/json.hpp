@@ -13,9 +13,9 @@ struct JsonValue {
   Type type = Type::kNull;
   bool boolean = false;
   double number = 0;
-  std::string string;                                    // kString (UTF-8)
-  std::vector<JsonValue> array;                          // kArray
-  std::vector<std::pair<std::string, JsonValue>> object; // kObject, in input order
+  std::string string;                                     // kString (UTF-8)
+  std::vector<JsonValue> array;                           // kArray
+  std::vector<std::pair<std::string, JsonValue>> object;  // kObject, in input order
 
   bool is_string() const { return type == Type::kString; }
   // The value of the LAST member named `key` (like Python/JS), or nullptr.

@@ -29,7 +29,7 @@ struct PreprocessOptions {
   std::string vocab_file;
   std::string merge_file;
   bool append_eod = false;
-  int workers = 1;               // <= 0: all hardware threads
+  int workers = 1;  // <= 0: all hardware threads
   bool skip_bad_lines = false;
   double log_interval_mb = 64;   // progress line every this many input MB (<= 0: none)
   std::ostream* log = nullptr;   // progress / summary (nullptr: silent)
@@ -50,7 +50,7 @@ PreprocessStats Preprocess(const PreprocessOptions& options);
 
 // Writes the text of documents [begin, end) of the dataset at `prefix` to `out`
 // (end = -1: to the last). Throws DataError.
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file,
-                     const std::string& merge_file, int64_t begin, int64_t end, std::ostream& out);
+void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                     int64_t begin, int64_t end, std::ostream& out);
 
 }  // namespace dtk::data

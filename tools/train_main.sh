@@ -21,8 +21,9 @@ if [[ -z "$CORPUS" ]]; then
   CORPUS=data/fortunes.jsonl
   if [[ ! -s $CORPUS ]]; then
     # Fortune files hold cookies separated by lines of "%": one JSON document per cookie.
+    echo "train_main: building the corpus $CORPUS from Debian's fortune cookies"
     for f in /usr/share/games/fortunes/*; do
-      [[ -f $f && $f != *.dat && $f != *.u8 && ! -L $f ]] && cat "$f" && printf '\n%%\n'
+      if [[ -f $f && $f != *.dat && $f != *.u8 && ! -L $f ]]; then cat "$f"; printf '\n%%\n'; fi
     done | awk 'BEGIN { doc = "" }
       function flush() { if (doc != "") { printf "{\"text\": \"%s\"}\n", doc }; doc = "" }
       /^%$/ { flush(); next }

@@ -30,7 +30,9 @@ if [[ -z "$CORPUS" ]]; then
       { line = $0; gsub(/\\/, "\\\\", line); gsub(/"/, "\\\"", line); gsub(/\t/, "\\t", line);
         gsub(/[\001-\010\013-\037\177]/, "", line);
         doc = (doc == "" ? line : doc "\\n" line) }
-      END { flush() }' > "$CORPUS.tmp"
+      END { flush() }' | shuf --random-source=<(yes) > "$CORPUS.tmp"
+    # Shuffled (deterministically) because Megatron's split is contiguous: unshuffled, the
+    # validation and test documents would all come from the last fortune files.
     mv "$CORPUS.tmp" "$CORPUS"
   fi
 fi

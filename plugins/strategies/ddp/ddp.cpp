@@ -32,14 +32,17 @@ class Ddp : public dtk::Strategy {
 
   double clip_and_norm(double max_norm) override {
     at::NoGradGuard no_grad;
-    at::Tensor total = at::zeros({1}, at::kDouble);
+    // Accumulate on the gradients' device (one host sync at the end, not one per parameter).
+    at::Tensor total;
     for (auto& p : params_) {
       const at::Tensor& g = p.tensor.grad();
       if (!g.defined()) continue;
       // Replicated parameters are counted on TP rank 0 only, so the sum is not duplicated.
       if (!p.info.tensor_parallel && tp_rank_ != 0) continue;
-      total += g.to(at::kDouble).pow(2).sum();
+      at::Tensor sq = g.to(at::kDouble).pow(2).sum();
+      total = total.defined() ? total + sq : sq;
     }
+    if (!total.defined()) total = at::zeros({}, at::kDouble);
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm)) {

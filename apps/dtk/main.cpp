@@ -15,6 +15,7 @@
 #include "dtk/core/pipeline.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "dtk/plugin.hpp"
 #ifdef DTK_HAVE_PREPROCESS
 #include "cmd_preprocess.hpp"
 #endif
@@ -54,6 +55,33 @@ Plugins are found in <prefix>/lib/dtk/plugins, in DTK_PLUGIN_PATH and in --plugi
 --set paths: any config field (train.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
 a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
 )";
+
+dtk::host::PluginHost* g_loaded = nullptr;
+
+// gflags exits on an unknown flag with its own message; check first so the user gets the
+// usual one-line error and a suggestion.
+void check_flags(int argc, char** argv) {
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  std::vector<std::string> names;
+  for (const auto& f : all) names.push_back(f.name);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;
+    std::string name = a.substr(a[1] == '-' ? 2 : 1);
+    name = name.substr(0, name.find('='));
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
+    if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
+        info.type == "bool")
+      continue;
+    std::string msg = "unknown flag '--" + name + "'";
+    const std::string guess = dtk::host::did_you_mean(name, names);
+    if (!guess.empty()) msg += "; did you mean '--" + guess + "'?";
+    throw dtk::host::HostError(msg + " (see --help)");
+  }
+}
 
 std::string exe_dir(const char* argv0) {
   char buf[PATH_MAX];
@@ -181,7 +209,7 @@ int main(int argc, char** argv) {
   }
   try {
     std::vector<std::string> sets = extract_sets(&argc, argv);
-    // Subcommand first, so `dtk preprocess` can own its own flags (all flags are global).
+    check_flags(argc, argv);  // unknown flags: our one-line error with a suggestion
     gflags::ParseCommandLineFlags(&argc, &argv, true);
     if (argc < 2) {
       std::fputs(kUsage, stderr);
@@ -201,7 +229,9 @@ int main(int argc, char** argv) {
     if (cmd == "train") {
       if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
       dtk::config::RunConfig cfg = resolve_config(sets);
+      dtk::core::set_run_config(cfg);  // before any plugin's init() can ask for it
       auto& plugins = load_plugins(argv[0]);
+      g_loaded = &plugins;
       int rc = dtk::core::pretrain(cfg, plugins);
       plugins.shutdown();
       return rc;
@@ -216,7 +246,11 @@ int main(int argc, char** argv) {
     throw dtk::host::HostError("unknown command '" + cmd +
                                "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtk: error: %s\n", e.what());
-    return 1;
+    // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
+    std::fprintf(stderr, "dtk: error: %s\n", dtk::one_line(e.what()).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "dtk: error: unknown exception\n");
   }
+  if (g_loaded) g_loaded->shutdown();  // plugins get their deinit() on error paths too
+  return 1;
 }

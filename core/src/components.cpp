@@ -16,7 +16,6 @@ void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
                   message);
 }
 
-
 // ---------------------------------------------------------------------------------------------
 ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
     : plugin_(plugin), api_(plugin.api_as<dtk_model_api>()) {
@@ -65,8 +64,13 @@ StepInstance::~StepInstance() {
 at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch,
                                       std::vector<std::pair<std::string, double>>* metrics) {
   MapView view(batch);
+  // Host callbacks run inside plugin frames: nothing may throw out of them.
   dtk_metric_sink sink{sizeof(dtk_metric_sink), metrics, [](void* ctx, const char* name, double v) {
-                         static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
+                         if (!name) return;
+                         try {
+                           static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
+                         } catch (...) {
+                         }
                        }};
   dtk_tensor* loss = nullptr;
   check_plugin(api_->forward_step(step_, model.ref(), view.get(), &loss, &sink), plugin_, "forward_step");
@@ -183,6 +187,8 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
   if (b->ndim != 1 || !b->shape || b->shape[0] < 0) throw HostError(where + ": expected a 1-D buffer");
   const int64_t n = b->shape[0];
   const int64_t stride = b->strides ? b->strides[0] : 1;
+  if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
+  if (stride <= 0) throw HostError(where + ": buffer stride must be positive, got " + std::to_string(stride));
   at::ScalarType st;
   switch (b->dtype) {
     case DTK_DTYPE_UINT8:
@@ -211,7 +217,6 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
     default:
       throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
   }
-  if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
   // Always copy: the buffer is released as soon as this returns.
   return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st))
       .to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
@@ -221,8 +226,14 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
 at::Tensor DatasetInstance::get_sample(int32_t split, int64_t index) const {
   BufferCollector c;
   dtk_buffer_sink sink{sizeof(dtk_buffer_sink), &c, [](void* ctx, const char* name, dtk_buffer* b) -> dtk_status* {
-                         static_cast<BufferCollector*>(ctx)->items.emplace_back(name ? name : "", b);
-                         return nullptr;
+                         // The sink owns `b` even on failure: release it if it cannot be kept.
+                         try {
+                           static_cast<BufferCollector*>(ctx)->items.emplace_back(name ? name : "", b);
+                           return nullptr;
+                         } catch (...) {
+                           if (b && b->deleter) b->deleter(b);
+                           return host::make_status(DTK_ERR_INTERNAL, "out of memory collecting a sample buffer");
+                         }
                        }};
   check_plugin(api_->get_sample(dataset_, split, index, &sink), plugin_, "get_sample");
   for (auto& kv : c.items)
@@ -244,7 +255,12 @@ BatchLoader::BatchLoader(const DatasetInstance& data, int32_t split, int64_t mic
 }
 
 BatchLoader::~BatchLoader() {
-  stop_ = true;
+  {
+    // Under the lock: otherwise the worker can test the predicate, miss this store and the
+    // notification, and sleep forever while join() waits for it.
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
@@ -292,11 +308,11 @@ double learning_rate(int64_t it, double max_lr, double min_lr, int64_t warmup, i
                      const std::string& style) {
   if (warmup > 0 && it <= warmup) return max_lr * static_cast<double>(it) / static_cast<double>(warmup);
   if (style == "constant") return max_lr;
+  if (it > decay_iters) return min_lr;  // Megatron checks this before every decay style
   if (style == "inverse-square-root") {
     const double w = static_cast<double>(std::max<int64_t>(warmup, 1));
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
   }
-  if (it > decay_iters) return min_lr;
   const double ratio =
       decay_iters > warmup ? static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup) : 1.0;
   double coeff = 0;

@@ -199,6 +199,8 @@ std::string config_value(const config::RunConfig& cfg, const std::string& path) 
       if (it != opts.end()) return it->second;
     }
     if (!f) throw HostError("no config field '" + path + "'");
+    if (f->is_repeated())
+      throw HostError("config field '" + path + "' is a map; ask for one entry (e.g. model.num_layers)");
     const Reflection* r = msg->GetReflection();
     if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_repeated()) {
       msg = &r->GetMessage(*msg, f);
@@ -245,6 +247,32 @@ void validate_config(const config::RunConfig& cfg) {
   if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
     throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
   if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
+  if (lr.min_lr() > lr.lr())
+    throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
+                    std::to_string(lr.lr()) + ")");
+  const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
+  if (lr.lr_warmup_iters() >= decay && style != "constant")
+    throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
+                    ") must be smaller than the decay length (" + std::to_string(decay) +
+                    " = lr.lr_decay_iters, or train.train_iters when that is 0)");
+  if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
+  if (t.threads() > 4096) throw HostError("config: train.threads must be at most 4096");
+  if (t.params_dtype() == "fp16" && t.device() == "cpu")
+    throw HostError(
+        "config: train.params_dtype=fp16 needs train.device=cuda (LibTorch has no fp16 matmul on CPU); "
+        "use bf16 on CPU");
+  // Sections whose features arrive with later releases: refuse rather than silently ignore.
+  const auto& d = cfg.distributed();
+  if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
+    throw HostError("config: distributed.*_model_parallel_size must be at least 1");
+  if (d.tensor_model_parallel_size() > 1 || d.pipeline_model_parallel_size() > 1)
+    throw HostError(
+        "config: tensor/pipeline model parallelism (distributed.*_model_parallel_size > 1) is not "
+        "available in this release");
+  if (!cfg.checkpoint().save().empty() || !cfg.checkpoint().load().empty() || cfg.checkpoint().save_interval() != 0)
+    throw HostError("config: checkpoint.save/load/save_interval are not available in this release");
+  if (!cfg.logging().tensorboard_dir().empty())
+    throw HostError("config: logging.tensorboard_dir is not available in this release");
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
     if (slot->name().empty())
       throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");

@@ -21,6 +21,8 @@
 
 namespace dtk::core {
 
+using dtk::Model;
+
 using host::HostError;
 using Clock = std::chrono::steady_clock;
 
@@ -57,6 +59,16 @@ struct MetricAverager {
       counts[kv.first]++;
     }
   }
+  void merge(const MetricAverager& o) {
+    for (const auto& kv : o.sums) {
+      auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& s) { return s.first == kv.first; });
+      if (it == sums.end())
+        sums.emplace_back(kv.first, kv.second);
+      else
+        it->second += kv.second;
+      counts[kv.first] += o.counts.at(kv.first);
+    }
+  }
   double mean(const std::string& k) const {
     for (const auto& kv : sums)
       if (kv.first == k) return kv.second / static_cast<double>(counts.at(k));
@@ -86,6 +98,11 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                     "data-parallel size = " + std::to_string(mbs * topo.dp_size));
   const int64_t num_micro = gbs / (mbs * topo.dp_size);
   const int64_t iters = train.train_iters();
+  // Sample counts are products of user numbers: refuse values whose products overflow int64.
+  const int64_t evals_bound = (cfg.eval().eval_interval() > 0 ? iters / cfg.eval().eval_interval() : 0) + 2;
+  if (gbs > (int64_t{1} << 40) / std::max<int64_t>(1, iters) ||
+      gbs > (int64_t{1} << 40) / std::max<int64_t>(1, evals_bound * cfg.eval().eval_iters()))
+    throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
 
   // ---- resolve plugins and their options -------------------------------------------------
   const auto& model_p = plugins.get(DTK_KIND_MODEL, cfg.model().name());
@@ -200,6 +217,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const int64_t log_interval = cfg.logging().log_interval();
   const int64_t decay_iters = cfg.lr().lr_decay_iters() > 0 ? cfg.lr().lr_decay_iters() : iters;
   MetricAverager window;
+  int64_t scheduler_step = 0;
   int64_t skipped = 0, nan_iters = 0;
   double norm_sum = 0;
   int64_t norm_count = 0;
@@ -213,24 +231,34 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   std::fflush(stdout);
 
   for (int64_t it = 1; it <= iters; ++it) {
-    const double lr = learning_rate(it, cfg.lr().lr(), cfg.lr().min_lr(), cfg.lr().lr_warmup_iters(), decay_iters,
-                                    cfg.lr().lr_decay_style());
+    // Megatron's OptimizerParamScheduler: the rate of an update is that of the scheduler's
+    // current step, which starts at 0 and advances only after a successful update.
+    const double lr = learning_rate(scheduler_step, cfg.lr().lr(), cfg.lr().min_lr(), cfg.lr().lr_warmup_iters(),
+                                    decay_iters, cfg.lr().lr_decay_style());
+    MetricAverager iteration_metrics;
     for (int64_t m = 0; m < num_micro; ++m) {
       std::vector<std::pair<std::string, double>> metrics;
       at::Tensor loss = step.forward_step(model, {{"text", train_loader.next()}}, &metrics);
+      if (loss.dim() != 0 && loss.numel() != 1)
+        throw HostError("step plugin '" + step_p.name() + "': forward_step returned a loss of shape " +
+                        Model::shape_str(loss) + ", expected a scalar");
       strategy.before_backward(m + 1 == num_micro);
       // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
-      (loss / static_cast<double>(num_micro)).backward();
-      window.add(metrics);
+      (loss.reshape({}) / static_cast<double>(num_micro)).backward();
+      iteration_metrics.add(metrics);
     }
     strategy.reduce_gradients();
     const double norm = strategy.clip_and_norm(train.clip_grad());
     if (!std::isfinite(norm)) {
-      ++nan_iters, ++skipped;  // overflowed gradients: skip the update, as Megatron does
+      // Non-finite gradients: skip the update (DTK skips in every precision; Megatron does so
+      // only under fp16 loss scaling). The scheduler does not advance; the loss is not logged.
+      ++nan_iters, ++skipped;
     } else {
       dtk_optimizer_step_args args{sizeof(args), lr, it, 1.0};
       strategy.optimizer_step(optimizer, args);
+      ++scheduler_step;
       norm_sum += norm, ++norm_count;
+      window.merge(iteration_metrics);
     }
     strategy.zero_grad();
 

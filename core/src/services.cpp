@@ -23,7 +23,6 @@ namespace {
 struct State {
   config::RunConfig cfg;
   Topology topo;
-  std::string last_value;  // config_get's borrowed result
   std::mutex mu;
 };
 
@@ -148,10 +147,10 @@ int32_t comm_global_rank(void*, int32_t group, int32_t r) {
 uint64_t rng_seed(void*, int32_t stream) {
   const State& s = state();
   const uint64_t seed = s.cfg.train().seed();
-  // Megatron: default = seed + 100 * pp_rank; tensor-parallel = seed + 2718 + tp_rank.
+  // Megatron: default = seed + 100 * pp_rank; tensor-parallel = that + 2718 + tp_rank.
   switch (stream) {
     case DTK_RNG_TENSOR_PARALLEL:
-      return seed + 2718 + static_cast<uint64_t>(s.topo.tp_rank);
+      return seed + 100 * static_cast<uint64_t>(s.topo.pp_rank) + 2718 + static_cast<uint64_t>(s.topo.tp_rank);
     case DTK_RNG_DATA:
       return seed;
     default:
@@ -161,14 +160,17 @@ uint64_t rng_seed(void*, int32_t stream) {
 
 dtk_status* config_get(void*, const char* key, const char** value) {
   if (!key || !value) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "config_get: null argument");
+  // The result is borrowed until this thread's next call: one buffer per thread, so a dataset's
+  // loader thread and the training thread never share it.
+  thread_local std::string last_value;
   State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
   try {
-    s.last_value = config_value(s.cfg, key);
+    std::lock_guard<std::mutex> lock(s.mu);
+    last_value = config_value(s.cfg, key);
   } catch (const std::exception& e) {
     return host::make_status(DTK_ERR_NOT_FOUND, e.what());
   }
-  *value = s.last_value.c_str();
+  *value = last_value.c_str();
   return nullptr;
 }
 
@@ -189,7 +191,10 @@ const dtk_host_services kServices = {
 
 const char* host_torch_version() { return TORCH_VERSION; }
 const dtk_host_services* host_services() { return &kServices; }
-void set_run_config(const config::RunConfig& cfg) { state().cfg = cfg; }
+void set_run_config(const config::RunConfig& cfg) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().cfg = cfg;
+}
 const Topology& topology() { return state().topo; }
 
 }  // namespace dtk::core

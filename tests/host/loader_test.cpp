@@ -2,6 +2,7 @@
 // exact messages. They also check the rules that hold for every first-party plugin.
 #include <gtest/gtest.h>
 #include <dtk/host/plugin_host.hpp>
+#include <dtk/plugin.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -152,6 +153,24 @@ TEST(Loader, DuplicateKindAndName) {
     EXPECT_EQ(std::string(e.what()),
               "two dataset plugins named 'good_c': " + kDir + "/good/tp_good.so and " + kDir + "/copy/tp_good_copy.so");
   }
+}
+
+TEST(Loader, OptionSpecsAreValidatedAtLoad) {
+  EXPECT_EQ(load_error(broken("tp_bad_default")),
+            "plugin 'good_c' (" + broken("tp_bad_default") + "): option 'num': its default 'three' expects an integer");
+}
+
+TEST(Loader, SameFileTwiceIsNotADuplicate) {
+  PluginHost host(kHostTorch, &kServices);
+  const auto& a = host.load_file(kDir + "/good/tp_good.so");
+  const auto& b = host.load_file(kDir + "/good/../good/tp_good.so");
+  EXPECT_EQ(&a, &b);
+  EXPECT_EQ(host.list().size(), 1u);
+}
+
+TEST(Sdk, OneLineStripsLibTorchBacktraces) {
+  EXPECT_EQ(dtk::one_line("bad shape\nException raised from addmm at x.cpp:1\nframe #0: foo"), "bad shape");
+  EXPECT_EQ(dtk::one_line("first\nsecond\n"), "first; second");
 }
 
 TEST(Loader, ThrowingPluginReturnsStatusesNeverExceptions) {

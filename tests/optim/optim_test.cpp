@@ -40,8 +40,8 @@ void set_grads(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& 
 
 void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double tol, int step) {
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(at::allclose(a[i], b[i], tol, tol)) << "param " << i << " after step " << step << ": max diff "
-                                                    << (a[i] - b[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(a[i], b[i], tol, tol))
+        << "param " << i << " after step " << step << ": max diff " << (a[i] - b[i]).abs().max().item<double>();
 }
 
 }  // namespace
@@ -156,8 +156,8 @@ TEST(Ddp, ClipMatchesTorchClipGradNorm) {
     check(api->setup(s, &ref_model));
     double norm = 0;
     check(api->clip_and_norm(s, max_norm, &norm));
-    const double expected = max_norm > 0 ? torch::nn::utils::clip_grad_norm_(ref, max_norm)
-                                         : torch::nn::utils::clip_grad_norm_(ref, 1e30);
+    const double expected =
+        max_norm > 0 ? torch::nn::utils::clip_grad_norm_(ref, max_norm) : torch::nn::utils::clip_grad_norm_(ref, 1e30);
     EXPECT_NEAR(norm, expected, 1e-4 * expected) << "max_norm " << max_norm;
     for (size_t i = 0; i < mine.size(); ++i)
       EXPECT_TRUE(at::allclose(mine[i].grad(), ref[i].grad(), 1e-6, 1e-7)) << "grad " << i << " max_norm " << max_norm;

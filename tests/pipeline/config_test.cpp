@@ -70,6 +70,27 @@ TEST(Config, ValidationCatchesBadValues) {
   EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
             "config: train.params_dtype must be fp32, bf16 or fp16, got 'fp8'");
   cfg = default_config();
+  apply_override(cfg, "lr.min_lr=1");
+  EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
+            "config: lr.min_lr (1.000000) is larger than lr.lr (0.000300)");
+  cfg = default_config();
+  apply_override(cfg, "lr.lr_warmup_iters=500");
+  EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
+            "config: lr.lr_warmup_iters (500) must be smaller than the decay length (100 = lr.lr_decay_iters, or "
+            "train.train_iters when that is 0)");
+  cfg = default_config();
+  apply_override(cfg, "train.params_dtype=fp16");
+  EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
+            "config: train.params_dtype=fp16 needs train.device=cuda (LibTorch has no fp16 matmul on CPU); use bf16 "
+            "on CPU");
+  cfg = default_config();
+  apply_override(cfg, "checkpoint.save=/tmp/x");
+  EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
+            "config: checkpoint.save/load/save_interval are not available in this release");
+  cfg = default_config();
+  EXPECT_EQ(error_of([&] { config_value(cfg, "model.options"); }),
+            "config field 'model.options' is a map; ask for one entry (e.g. model.num_layers)");
+  cfg = default_config();
   apply_override(cfg, "train.train_iters=0");
   EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }), "config: train.train_iters must be positive, got 0");
 }
@@ -90,4 +111,8 @@ TEST(LrSchedule, MatchesMegatron) {
   EXPECT_DOUBLE_EQ(learning_rate(150, max_lr, min_lr, warmup, decay, "constant"), max_lr);
   EXPECT_NEAR(learning_rate(40, max_lr, min_lr, warmup, decay, "inverse-square-root"),
               max_lr * std::sqrt(10.0) / std::sqrt(40.0), 1e-15);
+  // Megatron returns min_lr past the decay length for every style but constant.
+  EXPECT_DOUBLE_EQ(learning_rate(101, max_lr, min_lr, warmup, decay, "inverse-square-root"), min_lr);
+  // The scheduler starts at step 0: the first update of a warmup uses lr 0, as Megatron's.
+  EXPECT_DOUBLE_EQ(learning_rate(0, max_lr, min_lr, warmup, decay, "cosine"), 0.0);
 }

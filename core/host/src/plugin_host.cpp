@@ -56,6 +56,36 @@ void destroy_host_status(dtk_status* s) {
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
+bool check_value(const dtk_option_spec& spec, const std::string& v, std::string* why);
+
+// The declared options must be usable before a user ever sets one: readable, named, typed, with
+// defaults of their own type. Returns "" or the problem.
+std::string check_option_specs(const dtk_plugin_entry* e) {
+  if (e->num_options == 0) return "";
+  const size_t stride = e->options[0].struct_size;
+  if (stride < offsetof(dtk_option_spec, choices) + sizeof(const char*))
+    return "option spec struct_size " + std::to_string(stride) + " is smaller than ABI 1.0's " +
+           std::to_string(sizeof(dtk_option_spec)) + " bytes";
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < e->num_options; ++i) {
+    const auto& spec =
+        *reinterpret_cast<const dtk_option_spec*>(reinterpret_cast<const char*>(e->options) + i * stride);
+    const std::string at = "option #" + std::to_string(i);
+    if (spec.struct_size != stride) return at + " has a different struct_size than option #0";
+    if (!valid_name(spec.name)) return at + ": invalid name (want [a-z0-9_]+)";
+    const std::string name = spec.name;
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) return "option '" + name + "' is declared twice";
+    seen.push_back(name);
+    if (spec.type < DTK_OPT_BOOL || spec.type > DTK_OPT_ENUM) return "option '" + name + "' has an unknown type";
+    if (spec.type == DTK_OPT_ENUM && (!spec.choices || !*spec.choices))
+      return "enum option '" + name + "' declares no choices";
+    std::string why;
+    if (spec.default_value && !check_value(spec, spec.default_value, &why))
+      return "option '" + name + "': its default '" + std::string(spec.default_value) + "' " + why;
+  }
+  return "";
+}
+
 }  // namespace
 
 const char* kind_name(int32_t kind) {
@@ -98,12 +128,13 @@ void check_status(dtk_status* s, const std::string& context) {
 }
 
 std::vector<const dtk_option_spec*> Plugin::options() const {
+  // Specs may grow in later minors: walk the array with the elements' own struct_size (validated
+  // at load to cover every field this host reads).
   std::vector<const dtk_option_spec*> out;
-  for (size_t i = 0; i < entry->num_options; ++i) {
-    const dtk_option_spec* spec = &entry->options[i];
-    // Option specs are read through their own struct_size (they may grow).
-    if (DTK_HAS_FIELD(dtk_option_spec, spec, help)) out.push_back(spec);
-  }
+  if (entry->num_options == 0) return out;
+  const size_t stride = entry->options[0].struct_size;
+  for (size_t i = 0; i < entry->num_options; ++i)
+    out.push_back(reinterpret_cast<const dtk_option_spec*>(reinterpret_cast<const char*>(entry->options) + i * stride));
   return out;
 }
 
@@ -115,6 +146,11 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw HostError(where + ": file not found");
   if (fs::is_directory(path, ec)) throw HostError(where + ": is a directory, not a plugin file");
+  // The same file reached twice (a directory listed in DTK_PLUGIN_PATH and --plugin_path, say)
+  // is the same plugin, not a duplicate.
+  const std::string canonical = fs::weakly_canonical(fs::path(path), ec).string();
+  for (const Plugin* p : plugins_)
+    if (!canonical.empty() && p->canonical_path == canonical) return *p;
 
   // RTLD_NOW: unresolved symbols fail here, not mid-training. RTLD_LOCAL: plugins cannot
   // interpose each other's symbols.
@@ -168,6 +204,7 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   }
   if (!e->init || !e->get_api) throw HostError(who + ": entry has no init or get_api function");
   if (e->num_options > 0 && !e->options) throw HostError(who + ": declares options but the option table is NULL");
+  if (const std::string bad = check_option_specs(e); !bad.empty()) throw HostError(who + ": " + bad);
   if (const Plugin* dup = find(e->kind, name))
     throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) + ": " + dup->path +
                     " and " + path);
@@ -179,20 +216,29 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     throw HostError(who + ": init threw an exception across the ABI boundary");
   }
   check_status(init_status, who + ": init failed");
+  // From here on the plugin is initialised: a refusal must give it its deinit().
+  auto refuse = [&](const std::string& message) {
+    try {
+      if (e->deinit) e->deinit();
+    } catch (...) {
+    }
+    throw HostError(message);
+  };
   const void* api = nullptr;
   try {
     api = e->get_api();
   } catch (...) {
-    throw HostError(who + ": get_api threw an exception across the ABI boundary");
+    refuse(who + ": get_api threw an exception across the ABI boundary");
   }
-  if (!api) throw HostError(who + ": get_api returned NULL");
+  if (!api) refuse(who + ": get_api returned NULL");
   const size_t api_size = *static_cast<const size_t*>(api);
   if (api_size < min_api_size(e->kind))
-    throw HostError(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
-                    " is smaller than ABI 1.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
+    refuse(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
+           " is smaller than ABI 1.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
 
   auto* p = new Plugin();
   p->path = path;
+  p->canonical_path = canonical;
   p->entry = e;
   p->api = api;
   plugins_.push_back(p);

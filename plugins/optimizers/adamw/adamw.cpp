@@ -18,8 +18,8 @@ struct AdamWScalars {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, decay, step_size, inv_sqrt_bc2, eps, inv_grad_scale;
 };
 
-void fused_adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                 int64_t n, const AdamWScalars& k) {
+void fused_adamw(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
+                 const AdamWScalars& k) {
   at::parallel_for(0, n, 1 << 15, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float grad = g[i] * k.inv_grad_scale;
@@ -89,8 +89,8 @@ class AdamW : public dtk::Optimizer {
                                static_cast<float>(1.0 / std::sqrt(bc2)),
                                static_cast<float>(eps_),
                                static_cast<float>(1.0 / args.grad_scale)};
-          fused_adamw(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(),
-                      p.numel(), k);
+          fused_adamw(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
+                      k);
           continue;
         }
         // Any other dtype/device/layout: the same update with tensor ops.
@@ -125,10 +125,13 @@ class AdamW : public dtk::Optimizer {
         const at::Tensor* m = dtk::find(state, key + ".exp_avg");
         const at::Tensor* v = dtk::find(state, key + ".exp_avg_sq");
         if (!m || !v) continue;
-        if (m->sizes() != groups_[gi].params[i].sizes())
-          throw dtk::Error("optimizer state '" + key + "' has the wrong shape");
-        m_[gi][i] = m->clone();
-        v_[gi][i] = v->clone();
+        const at::Tensor& p = groups_[gi].params[i];
+        if (m->sizes() != p.sizes() || v->sizes() != p.sizes())
+          throw dtk::Error("optimizer state '" + key + "': exp_avg " + dtk::Model::shape_str(*m) + " / exp_avg_sq " +
+                           dtk::Model::shape_str(*v) + " do not match the parameter's " + dtk::Model::shape_str(p));
+        // Same dtype, device and (dense) layout as the parameter, so the fused path stays in bounds.
+        m_[gi][i] = m->to(p.options()).clone(at::MemoryFormat::Preserve);
+        v_[gi][i] = v->to(p.options()).clone(at::MemoryFormat::Preserve);
       }
   }
 

@@ -16,6 +16,8 @@
  *    sizeof(that struct) as THEY compiled it. Structs and function tables only ever grow at the
  *    end. A reader uses a field only if the writer's struct_size covers it (DTK_HAS_FIELD).
  *    Field offsets of every shipped struct are asserted in tests/abi; reordering fails the build.
+ *    An array of versioned structs (option specs, parameter groups) is walked with the stride of
+ *    its elements' struct_size, which is the same for every element of one array.
  *
  * 3. Versions
  *    DTK_ABI_MAJOR changes only on an incompatible change; the host refuses another major.

@@ -81,6 +81,16 @@ inline dtk_status* make_status(int32_t code, const std::string& message) {
   return s;
 }
 
+// One line for the user: LibTorch's c10::Error::what() appends "Exception raised from ..." and a
+// C++ backtrace; keep the message before it and fold any remaining newlines.
+inline std::string one_line(std::string message) {
+  const size_t cut = message.find("\nException raised from");
+  if (cut != std::string::npos) message.resize(cut);
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  for (size_t i = 0; (i = message.find('\n', i)) != std::string::npos;) message.replace(i, 1, "; ");
+  return message;
+}
+
 // Runs `body`, converting any exception into a status. Use at every ABI entry point.
 template <class F>
 dtk_status* guard(F&& body) noexcept {
@@ -88,11 +98,11 @@ dtk_status* guard(F&& body) noexcept {
     body();
     return nullptr;
   } catch (const Error& e) {
-    return make_status(e.code(), e.what());
+    return make_status(e.code(), one_line(e.what()));
   } catch (const std::bad_alloc&) {
     return make_status(DTK_ERR_INTERNAL, "out of memory");
   } catch (const std::exception& e) {
-    return make_status(DTK_ERR_INTERNAL, e.what());
+    return make_status(DTK_ERR_INTERNAL, one_line(e.what()));
   } catch (...) {
     return make_status(DTK_ERR_INTERNAL, "unknown exception");
   }

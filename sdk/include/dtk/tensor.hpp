@@ -400,10 +400,11 @@ const dtk_model_api* model_api() {
       [](dtk_model* m, dtk_model_info* info) {
         return guard([&] {
           dtk_model_info mine = reinterpret_cast<T*>(m)->info();
-          mine.struct_size = sizeof(dtk_model_info);
-          // Copy only what the caller's struct has room for (append-only growth).
-          std::memcpy(info, &mine, std::min(info->struct_size, sizeof(dtk_model_info)));
-          info->struct_size = std::min(info->struct_size, sizeof(dtk_model_info));
+          // Copy only what the caller's struct has room for (append-only growth), and report
+          // how much of it was filled.
+          const size_t n = std::min(info->struct_size, sizeof(dtk_model_info));
+          std::memcpy(info, &mine, n);
+          info->struct_size = n;
         });
       },
   };
@@ -505,15 +506,22 @@ struct ParamGroup {
   double lr_scale = 1.0;
 };
 
+// Arrays of versioned structs are walked with their elements' own struct_size (abi.h rule 2):
+// a host of a newer minor may pass larger elements than this plugin knows.
 inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t n) {
   std::vector<ParamGroup> out(n);
+  if (n == 0) return out;
+  const size_t stride = groups[0].struct_size;
+  if (stride < offsetof(dtk_param_group, lr_scale) + sizeof(double))
+    throw Error("parameter group struct_size " + std::to_string(stride) + " is too small", DTK_ERR_ABI);
   for (size_t g = 0; g < n; ++g) {
-    for (size_t i = 0; i < groups[g].count; ++i) {
-      out[g].params.push_back(unwrap(groups[g].params[i]));
-      out[g].names.push_back(groups[g].names ? groups[g].names[i] : "p" + std::to_string(i));
+    const auto& group = *reinterpret_cast<const dtk_param_group*>(reinterpret_cast<const char*>(groups) + g * stride);
+    for (size_t i = 0; i < group.count; ++i) {
+      out[g].params.push_back(unwrap(group.params[i]));
+      out[g].names.push_back(group.names ? group.names[i] : "p" + std::to_string(i));
     }
-    out[g].weight_decay = groups[g].weight_decay;
-    out[g].lr_scale = groups[g].lr_scale;
+    out[g].weight_decay = group.weight_decay;
+    out[g].lr_scale = group.lr_scale;
   }
   return out;
 }

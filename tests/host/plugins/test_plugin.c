@@ -13,7 +13,11 @@
 static const dtk_host_services* g_host;
 
 static const dtk_option_spec kOptions[] = {
+#ifdef VARIANT_BAD_DEFAULT
+    {sizeof(dtk_option_spec), "num", DTK_OPT_INT, "three", "An integer.", NULL},
+#else
     {sizeof(dtk_option_spec), "num", DTK_OPT_INT, "3", "An integer.", NULL},
+#endif
     {sizeof(dtk_option_spec), "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL},
     {sizeof(dtk_option_spec), "flag", DTK_OPT_BOOL, "false", "A switch.", NULL},
     {sizeof(dtk_option_spec), "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b"},

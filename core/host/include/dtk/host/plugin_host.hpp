@@ -25,6 +25,7 @@ int32_t kind_from_name(const std::string& s);  // 0 when unknown
 // A plugin that passed validation and init(). Never unloaded (ARCHITECTURE.md rule 10).
 struct Plugin {
   std::string path;
+  std::string canonical_path;  // to recognise the same file reached twice
   const dtk_plugin_entry* entry = nullptr;
   const void* api = nullptr;  // the kind's function table
   std::string name() const { return entry->name; }

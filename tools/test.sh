@@ -23,6 +23,7 @@ cmake -S sdk/template -B build-template -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build
 cmake --build build-template
 build-install/bin/dtk plugins describe template_scaled_sgd --plugin_path build-template
 build-install/bin/dtk train --config configs/gpt-tiny.pbtxt --optimizer template_scaled_sgd \
-  --set optimizer.scale=0.5 --dataset synthetic --set train.train_iters=4 --set logging.log_interval=2 \
+  --set optimizer.scale=0.5 --dataset synthetic --set train.train_iters=4 --set lr.lr_warmup_iters=1 \
+  --set logging.log_interval=2 \
   --set eval.eval_iters=1 --plugin_path build-template
 echo "template plugin: OK"

@@ -64,6 +64,10 @@ int64_t ParseIndex(const std::string& s, const std::string& whole) {
 int RunPreprocess(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
+    if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
+      throw dtk::data::DataError(
+          "--vocab_file and --merge_file are required (GPT-2's encoder.json and vocab.bpe; tools/setup.sh --vocab "
+          "puts them in data/gpt2)");
     if (FLAGS_decode) {
       if (FLAGS_input.empty()) throw dtk::data::DataError("--decode needs --input PREFIX");
       if (args.size() > 1) throw dtk::data::DataError("unexpected argument '" + args[1] + "'");

@@ -3,6 +3,8 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -108,4 +110,50 @@ TEST(Cli, BadInputsAreOneLineErrors) {
   expect_one_line_error(
       run("frobnicate"),
       "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, version; see --help)");
+}
+
+// Issue 4's promise end to end: text -> `dtk preprocess` -> Megatron .bin/.idx -> `dtk train` on a
+// weighted blend of two such prefixes -> `dtk preprocess --decode` gives the text back.
+TEST(Cli, PreprocessBlendTrainDecode) {
+  const std::string shared = DTK_SHARED_DATA_DIR;
+  const char* env = std::getenv("DTK_SHARED_DATA");
+  const std::string data = env ? env : shared;
+  std::ifstream probe(data + "/gpt2/encoder.json");
+  if (!probe) GTEST_SKIP() << "GPT-2 vocab not found under " << data;
+  const std::string dir = ::testing::TempDir() + "dtk_cli_blend";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"a", "b"}) {
+    std::ofstream out(dir + "/" + name + ".jsonl");
+    for (int i = 0; i < 300; ++i)
+      out << "{\"text\": \"Document " << i << " of corpus " << name
+          << ": the quick brown fox jumps over the lazy dog, again and again.\"}\n";
+  }
+  const std::string vocab = "--vocab_file " + data + "/gpt2/encoder.json --merge_file " + data + "/gpt2/vocab.bpe";
+  for (const char* name : {"a", "b"}) {
+    Result r = run("preprocess --input " + dir + "/" + name + ".jsonl --output_prefix " + dir + "/" + name + " " +
+                   vocab + " --append_eod --workers 2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + name + "_text_document.idx"));
+  }
+  Result t =
+      run(kTiny + "--dataset gpt_indexed --data_path '0.3 " + dir + "/a_text_document 0.7 " + dir +
+          "/b_text_document' --set dataset.vocab_size=50257 --set train.train_iters=6 "
+          "--set logging.log_interval=3 --set eval.eval_iters=1 --set model.num_layers=1 --set lr.lr_warmup_iters=2 "
+          "--threads 2");
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(losses(t.out).size(), 2u) << t.out;
+  Result d = run("preprocess --decode --input " + dir + "/a_text_document 0:1 " + vocab);
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("Document 0 of corpus a: the quick brown fox"), std::string::npos) << d.out;
+  Result nv = run("preprocess --decode --input " + dir + "/a_text_document");
+  EXPECT_EQ(nv.code, 1);
+  EXPECT_NE(nv.out.find("dtk preprocess: error: --vocab_file and --merge_file are required"), std::string::npos)
+      << nv.out;
+  // A prefix that does not exist is one line naming it.
+  Result bad = run(kTiny + "--dataset gpt_indexed --data_path " + dir +
+                   "/missing --set train.train_iters=2 --set lr.lr_warmup_iters=0");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("dtk: error: dataset plugin 'gpt_indexed': create: "), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find(dir + "/missing"), std::string::npos) << bad.out;
 }

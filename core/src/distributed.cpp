@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -149,9 +150,28 @@ void init_distributed(const config::RunConfig& cfg) {
       so.port = static_cast<std::uint16_t>(le.master_port);
       so.isServer = le.rank == 0;
       so.numWorkers = static_cast<std::size_t>(le.world_size);
-      so.waitWorkers = true;
+      so.waitWorkers = false;  // the check-in below waits, bounded, with a clearer message
       so.timeout = d.timeout;
       d.store = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
+                      ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
+    }
+    // Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
+    // reported here, by count, rather than later as a socket timeout inside Gloo.
+    try {
+      const std::string key = "dtk/rendezvous/arrived";
+      d.store->add(key, 1);
+      const auto deadline = std::chrono::steady_clock::now() + d.timeout;
+      for (int64_t arrived = d.store->add(key, 0); arrived < le.world_size; arrived = d.store->add(key, 0)) {
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw HostError("distributed: rendezvous at " + where + " failed: " + std::to_string(arrived) + " of " +
+                          std::to_string(le.world_size) + " ranks arrived within distributed.timeout_seconds = " +
+                          std::to_string(d.timeout.count() / 1000) + " s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const HostError&) {
+      throw;
     } catch (const std::exception& e) {
       throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
                       ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));

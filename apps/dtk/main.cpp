@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
 #endif
     }
     throw dtk::host::HostError("unknown command '" + cmd +
-                               "' (commands: train, launch, plugins, config, preprocess, version; see --help)");
+                               "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
     // A multi-process run names the rank: "dtk: error: [rank R] ...".

@@ -141,3 +141,13 @@ TEST(Launch, Usage) {
   const Result h = dtk_test::run(kDtk + " --help", 30);
   EXPECT_NE(h.out.find("dtk launch --nproc_per_node N"), std::string::npos) << h.out;
 }
+
+// SIGTERM to the launcher reaches the children: the run stops promptly with 128 + SIGTERM.
+TEST(Launch, SigtermIsForwarded) {
+  const std::string launch = kDtk + " launch --nproc_per_node 2 " + kTrain + " --set train.train_iters=100000";
+  const Result r = dtk_test::run("sh -c '" + launch + " & p=$!; sleep 4; kill -TERM $p; wait $p; echo launcher rc=$?'",
+                                 60);
+  std::printf("[ timing ] SIGTERM run ended after %.1f s\n", r.seconds);
+  EXPECT_NE(r.out.find("launcher rc=143"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
+}

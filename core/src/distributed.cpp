@@ -133,8 +133,6 @@ void init_distributed(const config::RunConfig& cfg) {
     throw HostError("distributed: world size " + std::to_string(le.world_size) +
                     " is not divisible by tensor x pipeline model parallel size " + std::to_string(tp * pp));
   if (pp != 1) throw HostError("distributed: pipeline model parallelism is not available in this release");
-  if (!dc.backend().empty() && dc.backend() != "gloo")
-    throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
 
   Topology t;
   t.world_rank = le.rank, t.world_size = le.world_size;
@@ -144,6 +142,8 @@ void init_distributed(const config::RunConfig& cfg) {
   t.pp_rank = le.rank / (tp * t.dp_size);
 
   if (le.distributed) {
+    if (!dc.backend().empty() && dc.backend() != "gloo")
+      throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
     const std::string where = le.master_addr + ":" + std::to_string(le.master_port);
     try {
       c10d::TCPStoreOptions so;

@@ -1,4 +1,4 @@
-// dtk — the DTK host. Subcommands: train, plugins, preprocess, config, version, help.
+// dtk — the DTK host. Subcommands: train, launch, plugins, preprocess, config, version, help.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <unistd.h>
@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "dtk/core/config.hpp"
+#include "dtk/core/distributed.hpp"
 #include "dtk/core/pipeline.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
+#include "launch.hpp"
 #ifdef DTK_HAVE_PREPROCESS
 #include "cmd_preprocess.hpp"
 #endif
@@ -41,6 +43,7 @@ constexpr const char* kUsage = R"(dtk — the Domino Training Kit host
 Usage:
   dtk train [--config FILE] [--model NAME] [--dataset NAME] [--step NAME] [--optimizer NAME]
             [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
+  dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
   dtk plugins list
   dtk plugins describe NAME [--kind KIND]
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
@@ -55,6 +58,11 @@ Examples:
 Plugins are found in <prefix>/lib/dtk/plugins, in DTK_PLUGIN_PATH and in --plugin_path.
 --set paths: any config field (train.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
 a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
+
+Distributed: `dtk launch --nproc_per_node 2 train --config ...` runs 2 data-parallel ranks over
+Gloo (add --set distributed.tensor_model_parallel_size=2 for tensor parallelism). `dtk train`
+also starts under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), SLURM srun
+(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) and Open MPI's mpirun (OMPI_COMM_WORLD_*).
 )";
 
 dtk::host::PluginHost* g_loaded = nullptr;
@@ -232,6 +240,15 @@ int main(int argc, char** argv) {
   gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +
                            std::to_string(DTK_ABI_MINOR) + ", LibTorch " + dtk::core::host_torch_version() + ")");
   gflags::SetUsageMessage(kUsage);
+  // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
+  if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
+    try {
+      return RunLaunch(argc - 2, argv + 2);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dtk: error: %s\n", dtk::one_line(e.what()).c_str());
+      return 1;
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
       std::printf("dtk %s\n", gflags::VersionString());
@@ -282,10 +299,12 @@ int main(int argc, char** argv) {
                                "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
-    std::fprintf(stderr, "dtk: error: %s\n", dtk::one_line(e.what()).c_str());
+    // A multi-process run names the rank: "dtk: error: [rank R] ...".
+    std::fprintf(stderr, "dtk: error: %s%s\n", dtk::core::rank_prefix().c_str(), dtk::one_line(e.what()).c_str());
   } catch (...) {
-    std::fprintf(stderr, "dtk: error: unknown exception\n");
+    std::fprintf(stderr, "dtk: error: %sunknown exception\n", dtk::core::rank_prefix().c_str());
   }
+  std::fflush(stderr);
   if (g_loaded) g_loaded->shutdown();  // plugins get their deinit() on error paths too
   return 1;
 }

@@ -265,7 +265,10 @@ void validate_config(const config::RunConfig& cfg) {
   const auto& d = cfg.distributed();
   if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
     throw HostError("config: distributed.*_model_parallel_size must be at least 1");
-  if (d.tensor_model_parallel_size() > 1 || d.pipeline_model_parallel_size() > 1)
+  if (d.timeout_seconds() < 0) throw HostError("config: distributed.timeout_seconds must not be negative");
+  // Tensor parallelism runs over the Gloo process groups (core/src/distributed.cpp); the world
+  // size must be a multiple of it, which init_distributed checks once the world is known.
+  if (d.pipeline_model_parallel_size() > 1)
     throw HostError(
         "config: tensor/pipeline model parallelism (distributed.*_model_parallel_size > 1) is not "
         "available in this release");

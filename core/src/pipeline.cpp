@@ -17,6 +17,7 @@
 
 #include "dtk/core/components.hpp"
 #include "dtk/core/config.hpp"
+#include "dtk/core/distributed.hpp"
 #include "dtk/core/services.hpp"
 
 namespace dtk::core {
@@ -83,13 +84,17 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   // ---- initialize ----------------------------------------------------------------------------
   validate_config(cfg);
   set_run_config(cfg);
+  init_distributed(cfg);  // rendezvous and process groups; a no-op for a single process
+  const Topology& topo = topology();
+  // Megatron prints from one rank: the others log nothing but errors.
+  const bool printer = topo.world_rank == 0;
+  if (!printer) FLAGS_minloglevel = google::GLOG_ERROR;
   const auto& train = cfg.train();
   const int threads = train.threads() > 0 ? train.threads() : static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, threads));
   at::manual_seed(train.seed());
   if (train.device() == "cuda")
     throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
-  const Topology& topo = topology();
 
   const int64_t mbs = train.micro_batch_size();
   const int64_t gbs = train.global_batch_size() > 0 ? train.global_batch_size() : mbs * topo.dp_size;
@@ -144,10 +149,16 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   LOG(INFO) << "model '" << model_p.name() << "': " << info.num_layers << " layers, hidden " << info.hidden_size
             << ", heads " << info.num_attention_heads << ", seq " << info.seq_length << ", padded vocab "
             << info.vocab_size;
-  std::printf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", topo.tp_rank,
-              topo.pp_rank, static_cast<long long>(stats.num_parameters));
-  std::printf(" > training FLOPs per token: %.4g (%s)\n", stats.flops_per_token,
-              info.recompute ? "8N + 8Lhs, full recompute" : "6N + 6Lhs");
+  // As Megatron: every first data-parallel rank reports its shard; the line names the rank.
+  if (topo.dp_rank == 0) {
+    const std::string who = topo.world_size > 1 ? "[rank " + std::to_string(topo.world_rank) + "]" : "";
+    std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", who.c_str(),
+                topo.tp_rank, topo.pp_rank, static_cast<long long>(stats.num_parameters));
+    std::fflush(stdout);
+  }
+  if (printer)
+    std::printf(" > training FLOPs per token: %.4g (%s)\n", stats.flops_per_token,
+                info.recompute ? "8N + 8Lhs, full recompute" : "6N + 6Lhs");
 
   // ---- data iterators -------------------------------------------------------------------
   const int64_t eval_interval = cfg.eval().eval_interval();
@@ -208,8 +219,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                     std::exp(std::min(v, 20.0)));
       line += buf;
     }
-    std::printf("%s\n%s\n%s\n", std::string(line.size(), '-').c_str(), line.c_str(),
-                std::string(line.size(), '-').c_str());
+    if (printer)
+      std::printf("%s\n%s\n%s\n", std::string(line.size(), '-').c_str(), line.c_str(),
+                  std::string(line.size(), '-').c_str());
     std::fflush(stdout);
   };
 
@@ -224,7 +236,8 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   auto window_start = Clock::now();
   model.set_training(true);
   strategy.zero_grad();
-  std::printf("[%s] training: %lld iterations, global batch %lld (%lld micro-batches of %lld), seq %lld\n",
+  if (printer)
+    std::printf("[%s] training: %lld iterations, global batch %lld (%lld micro-batches of %lld), seq %lld\n",
               timestamp().c_str(), static_cast<long long>(iters), static_cast<long long>(gbs),
               static_cast<long long>(num_micro), static_cast<long long>(mbs),
               static_cast<long long>(train.seq_length()));
@@ -287,7 +300,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                     norm_count ? norm_sum / static_cast<double>(norm_count) : NAN, static_cast<long long>(skipped),
                     static_cast<long long>(nan_iters));
       line += buf;
-      std::printf("%s\n", line.c_str());
+      if (printer) std::printf("%s\n", line.c_str());
       std::fflush(stdout);
       window.clear();
       skipped = nan_iters = 0;
@@ -304,6 +317,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   // ---- final evaluation -------------------------------------------------------------------
   evaluate(DTK_SPLIT_VALID, valid_batches_used, "validation", iters);
   evaluate(DTK_SPLIT_TEST, 0, "test", iters);
+  shutdown_distributed();
   return 0;
 }
 

@@ -27,5 +27,7 @@ const dtk_host_services* host_services();
 // What config_get reads and rng_seed derives from. Call before creating plugin objects.
 void set_run_config(const config::RunConfig& cfg);
 const Topology& topology();
+// Set by init_distributed (dtk/core/distributed.hpp) once the process groups exist.
+void set_topology(const Topology& t);
 
 }  // namespace dtk::core

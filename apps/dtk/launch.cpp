@@ -1,0 +1,195 @@
+// `dtk launch --nproc_per_node N [--master_port P] <dtk args...>`
+//
+// Spawns N children running /proc/self/exe <dtk args...> with the torchrun variables set. The
+// children inherit stdout/stderr (their lines reach the user as they are written). The launcher
+// waits for all of them; when one fails (non-zero exit or a signal), the others get SIGTERM
+// and, after a grace period, SIGKILL, and the launcher exits with the failed child's code
+// (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded.
+#include "launch.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtk/host/plugin_host.hpp"
+
+namespace {
+
+using dtk::host::HostError;
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+constexpr auto kGrace = std::chrono::seconds(5);
+
+int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || errno || *end || x < lo || x > hi)
+    throw HostError("launch: " + flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                    "], got '" + v + "'");
+  return static_cast<int>(x);
+}
+
+// A port that is free now (bind port 0 on the loopback and read it back).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw HostError(std::string("launch: socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    throw HostError("launch: no free port on 127.0.0.1: " + err);
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw HostError("launch: cannot resolve /proc/self/exe");
+  buf[n] = '\0';
+  return buf;
+}
+
+int exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int RunLaunch(int argc, char** argv) {
+  int nproc = 0, port = 0;
+  int i = 0;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
+      if (i + 1 >= argc) throw HostError("launch: " + flag + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--nproc_per_node" || a.rfind("--nproc_per_node=", 0) == 0)
+      nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
+    else if (a == "--master_port" || a.rfind("--master_port=", 0) == 0)
+      port = parse_int("--master_port", value("--master_port"), 1, 65535);
+    else if (a == "--")
+      ++i;
+    else
+      break;
+    if (a == "--") break;
+  }
+  if (nproc <= 0)
+    throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
+  if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
+  if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
+  if (port == 0) port = free_port();
+  const std::string exe = self_exe();
+
+  std::vector<char*> child_argv;
+  child_argv.push_back(const_cast<char*>(exe.c_str()));
+  for (int k = i; k < argc; ++k) child_argv.push_back(argv[k]);
+  child_argv.push_back(nullptr);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids(nproc, -1);
+  std::vector<bool> running(nproc, false);
+  int alive = 0;
+  auto kill_all = [&](int sig) {
+    for (int r = 0; r < nproc; ++r)
+      if (running[r]) ::kill(pids[r], sig);
+  };
+  for (int r = 0; r < nproc; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const std::string err = std::strerror(errno);
+      kill_all(SIGKILL);
+      while (alive > 0 && ::wait(nullptr) > 0) --alive;
+      throw HostError("launch: fork failed: " + err);
+    }
+    if (pid == 0) {
+      signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("GROUP_RANK", "0", 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::execv(exe.c_str(), child_argv.data());
+      std::fprintf(stderr, "dtk: error: launch: exec %s failed: %s\n", exe.c_str(), std::strerror(errno));
+      std::_Exit(127);
+    }
+    pids[r] = pid, running[r] = true, ++alive;
+  }
+
+  int result = 0;
+  bool stopping = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  while (alive > 0) {
+    if (g_signal) {
+      const int sig = g_signal;
+      g_signal = 0;
+      kill_all(sig);  // forward; children that ignore it are killed after the grace period
+      if (!stopping) {
+        stopping = true;
+        kill_at = std::chrono::steady_clock::now() + kGrace;
+        if (result == 0) result = 128 + sig;
+      }
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < nproc; ++r) {
+        if (pids[r] != pid || !running[r]) continue;
+        running[r] = false, --alive;
+        const int code = exit_code(status);
+        if (code != 0 && result == 0) {
+          result = code;
+          std::fprintf(stderr, "dtk: launch: rank %d exited with code %d; stopping the other ranks\n", r, code);
+          std::fflush(stderr);
+        }
+        if (code != 0 && !stopping) {
+          stopping = true;
+          kill_all(SIGTERM);
+          kill_at = std::chrono::steady_clock::now() + kGrace;
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;  // no children left
+    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
+      kill_all(SIGKILL);
+      kill_at = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return result;
+}

@@ -1,0 +1,256 @@
+// Multi-process runs: launch environment, TCPStore rendezvous, Gloo process groups.
+// See dtk/core/distributed.hpp for the group layout.
+#include "dtk/core/distributed.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <dtk/abi.h>
+#include <dtk/plugin.hpp>
+
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "dtk/core/services.hpp"
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+struct DistState {
+  std::mutex mu;
+  bool initialized = false;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  c10::intrusive_ptr<c10d::Store> store;
+  // Indexed by dtk_group (WORLD .. MODEL_PARALLEL).
+  c10::intrusive_ptr<c10d::ProcessGroup> groups[5];
+};
+
+DistState& dist() {
+  static DistState* s = new DistState();  // never destroyed: worker threads may outlive main
+  return *s;
+}
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, const char* fallback_value = nullptr) {
+  const char* v = env(name);
+  if (!v) v = fallback_value;
+  if (!v) throw HostError(std::string("distributed: environment variable ") + name + " is not set");
+  errno = 0;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (errno || end == v || *end || x < 0 || x > 1 << 24)
+    throw HostError(std::string("distributed: ") + name + "='" + v + "' is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::string short_error(const std::exception& e) {
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return dtk::one_line(ce->what_without_backtrace());
+  return dtk::one_line(e.what());
+}
+
+}  // namespace
+
+LaunchEnv launch_env_from_environment() {
+  LaunchEnv le;
+  bool all_local = false;
+  if (env("RANK") && env("WORLD_SIZE")) {
+    le.source = "torchrun";
+    le.rank = env_int("RANK");
+    le.world_size = env_int("WORLD_SIZE");
+    le.local_rank = env("LOCAL_RANK") ? env_int("LOCAL_RANK") : le.rank;
+    all_local = env("LOCAL_WORLD_SIZE") && env_int("LOCAL_WORLD_SIZE") == le.world_size;
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+    le.source = "slurm";
+    le.rank = env_int("SLURM_PROCID");
+    le.world_size = env_int("SLURM_NTASKS");
+    le.local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : le.rank;
+    all_local = env("SLURM_NNODES") && env_int("SLURM_NNODES") == 1;
+  } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
+    le.source = "openmpi";
+    le.rank = env_int("OMPI_COMM_WORLD_RANK");
+    le.world_size = env_int("OMPI_COMM_WORLD_SIZE");
+    le.local_rank = env("OMPI_COMM_WORLD_LOCAL_RANK") ? env_int("OMPI_COMM_WORLD_LOCAL_RANK") : le.rank;
+    all_local = env("OMPI_COMM_WORLD_LOCAL_SIZE") && env_int("OMPI_COMM_WORLD_LOCAL_SIZE") == le.world_size;
+  } else {
+    return le;
+  }
+  if (le.world_size < 1) throw HostError("distributed: world size (" + le.source + ") must be at least 1");
+  if (le.rank >= le.world_size)
+    throw HostError("distributed: rank " + std::to_string(le.rank) + " is not below the world size " +
+                    std::to_string(le.world_size) + " (" + le.source + " environment)");
+  if (le.world_size == 1) {
+    le.rank = 0;
+    return le;  // one process: no store
+  }
+  le.distributed = true;
+  if (env("MASTER_ADDR"))
+    le.master_addr = env("MASTER_ADDR");
+  else if (all_local)
+    le.master_addr = "127.0.0.1";
+  else
+    throw HostError("distributed: MASTER_ADDR is not set (" + le.source +
+                    " run over several nodes: export MASTER_ADDR=<host of rank 0>)");
+  le.master_port = env_int("MASTER_PORT", "29500");
+  if (le.master_port < 1 || le.master_port > 65535)
+    throw HostError("distributed: MASTER_PORT=" + std::to_string(le.master_port) + " is not a TCP port");
+  return le;
+}
+
+std::string rank_prefix() {
+  try {
+    const LaunchEnv le = launch_env_from_environment();
+    if (le.distributed) return "[rank " + std::to_string(le.rank) + "] ";
+  } catch (...) {
+  }
+  return "";
+}
+
+void init_distributed(const config::RunConfig& cfg) {
+  DistState& d = dist();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.initialized) return;
+  const auto& dc = cfg.distributed();
+  d.timeout = std::chrono::seconds(dc.timeout_seconds() > 0 ? dc.timeout_seconds() : 300);
+  const LaunchEnv le = launch_env_from_environment();
+  const int tp = std::max(1, dc.tensor_model_parallel_size());
+  const int pp = std::max(1, dc.pipeline_model_parallel_size());
+  if (le.world_size % (tp * pp) != 0)
+    throw HostError("distributed: world size " + std::to_string(le.world_size) +
+                    " is not divisible by tensor x pipeline model parallel size " + std::to_string(tp * pp));
+  if (pp != 1) throw HostError("distributed: pipeline model parallelism is not available in this release");
+
+  Topology t;
+  t.world_rank = le.rank, t.world_size = le.world_size;
+  t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
+  t.tp_rank = le.rank % tp;
+  t.dp_rank = (le.rank / tp) % t.dp_size;
+  t.pp_rank = le.rank / (tp * t.dp_size);
+
+  if (le.distributed) {
+    if (!dc.backend().empty() && dc.backend() != "gloo")
+      throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
+    const std::string where = le.master_addr + ":" + std::to_string(le.master_port);
+    try {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<std::uint16_t>(le.master_port);
+      so.isServer = le.rank == 0;
+      so.numWorkers = static_cast<std::size_t>(le.world_size);
+      so.waitWorkers = false;  // the check-in below waits, bounded, with a clearer message
+      so.timeout = d.timeout;
+      d.store = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
+                      ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
+    }
+    // Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
+    // reported here, by count, rather than later as a socket timeout inside Gloo.
+    try {
+      const std::string key = "dtk/rendezvous/arrived";
+      d.store->add(key, 1);
+      const auto deadline = std::chrono::steady_clock::now() + d.timeout;
+      for (int64_t arrived = d.store->add(key, 0); arrived < le.world_size; arrived = d.store->add(key, 0)) {
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw HostError("distributed: rendezvous at " + where + " failed: " + std::to_string(arrived) + " of " +
+                          std::to_string(le.world_size) + " ranks arrived within distributed.timeout_seconds = " +
+                          std::to_string(d.timeout.count() / 1000) + " s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const HostError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
+                      ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
+    }
+    auto device = is_loopback(le.master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                  : env("GLOO_SOCKET_IFNAME") ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
+                                              : c10d::ProcessGroupGloo::createDefaultDevice();
+    // Members of a group, in group-rank order (Megatron: TP consecutive, DP strided by TP).
+    auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
+      if (members.size() <= 1) return;
+      int my = -1;
+      for (size_t i = 0; i < members.size(); ++i)
+        if (members[i] == le.rank) my = static_cast<int>(i);
+      auto opts = c10d::ProcessGroupGloo::Options::create(d.timeout);
+      opts->devices.push_back(device);
+      opts->threads = 2;
+      auto prefix = c10::make_intrusive<c10d::PrefixStore>("dtk/" + name, d.store);
+      try {
+        d.groups[group] =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, my, static_cast<int>(members.size()), opts);
+      } catch (const std::exception& e) {
+        throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e));
+      }
+    };
+    const int replica = t.pp_rank * t.dp_size * tp;  // first rank of this pipeline stage
+    std::vector<int> world, tp_members, dp_members, pp_members, mp_members;
+    for (int r = 0; r < le.world_size; ++r) world.push_back(r);
+    for (int i = 0; i < tp; ++i) tp_members.push_back(replica + t.dp_rank * tp + i);
+    for (int i = 0; i < t.dp_size; ++i) dp_members.push_back(replica + i * tp + t.tp_rank);
+    for (int i = 0; i < pp; ++i) pp_members.push_back(i * t.dp_size * tp + t.dp_rank * tp + t.tp_rank);
+    for (int p = 0; p < pp; ++p)
+      for (int i = 0; i < tp; ++i) mp_members.push_back(p * t.dp_size * tp + t.dp_rank * tp + i);
+    // Every rank creates its groups in the same order: world, TP, DP, PP, MP.
+    make(DTK_GROUP_WORLD, "world", world);
+    make(DTK_GROUP_TENSOR_PARALLEL, "tp/" + std::to_string(t.pp_rank * t.dp_size + t.dp_rank), tp_members);
+    make(DTK_GROUP_DATA_PARALLEL, "dp/" + std::to_string(t.pp_rank * tp + t.tp_rank), dp_members);
+    make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
+    make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
+  }
+  set_topology(t);
+  d.initialized = true;
+}
+
+bool distributed_initialized() {
+  std::lock_guard<std::mutex> lock(dist().mu);
+  return dist().initialized;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group) {
+  if (group < 0 || group > 4) return {};
+  std::lock_guard<std::mutex> lock(dist().mu);
+  return dist().groups[group];
+}
+
+std::chrono::milliseconds collective_timeout() {
+  std::lock_guard<std::mutex> lock(dist().mu);
+  return dist().timeout;
+}
+
+void shutdown_distributed() {
+  DistState& d = dist();
+  c10::intrusive_ptr<c10d::ProcessGroup> world;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.initialized) return;
+    world = d.groups[DTK_GROUP_WORLD];
+  }
+  // Nobody leaves while a peer may still talk to it (rank 0 also serves the store).
+  if (world) {
+    try {
+      world->barrier()->wait(d.timeout);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: final barrier failed: " + short_error(e));
+    }
+  }
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (auto& g : d.groups) g.reset();
+  d.store.reset();
+  d.initialized = false;
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,283 @@
+// Collectives through the host services table (what every plugin calls) on 2, 3 and 4
+// processes over loopback with Gloo. Each rank is this test binary in worker mode.
+#include <gtest/gtest.h>
+
+#include <dtk/tensor.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "dtk/core/config.hpp"
+#include "dtk/core/distributed.hpp"
+#include "dtk/core/services.hpp"
+#include "spawn.hpp"
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+#define WCHECK(cond, what)                                                              \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "rank %d FAIL %s:%d: %s\n", g_rank, __FILE__, __LINE__, what); \
+      ++g_failures;                                                                     \
+    }                                                                                   \
+  } while (0)
+
+// Calls a collective; returns the status code (and releases the status).
+int code_of(dtk_status* s, std::string* msg = nullptr) {
+  const int c = dtk_status_get_code(s);
+  if (s && msg) *msg = dtk_status_get_message(s);
+  if (s && !msg && c) std::fprintf(stderr, "rank %d status %d: %s\n", g_rank, c, dtk_status_get_message(s));
+  dtk_status_release(s);
+  return c;
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && at::allclose(a, b); }
+
+at::Tensor f(std::initializer_list<double> v) { return at::tensor(std::vector<double>(v), at::kFloat); }
+
+}  // namespace
+
+int collectives_worker(int, char**) {
+  using namespace dtk::core;
+  dtk::config::RunConfig cfg = default_config();
+  const int tp = std::atoi(std::getenv("DTK_TEST_TP") ? std::getenv("DTK_TEST_TP") : "1");
+  cfg.mutable_distributed()->set_tensor_model_parallel_size(tp);
+  cfg.mutable_distributed()->set_timeout_seconds(20);
+  try {
+    set_run_config(cfg);
+    init_distributed(cfg);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "init failed: %s\n", e.what());
+    return 1;
+  }
+  const Topology& t = topology();
+  g_rank = t.world_rank;
+  const int W = t.world_size, r = t.world_rank;
+  const dtk_comm_services* c = host_services()->comm;
+  void* ctx = c->ctx;
+
+  // Sizes and ranks of the groups (Megatron: TP consecutive, DP strided by TP).
+  WCHECK(c->size(ctx, DTK_GROUP_WORLD) == W && c->rank(ctx, DTK_GROUP_WORLD) == r, "world size/rank");
+  WCHECK(c->size(ctx, DTK_GROUP_TENSOR_PARALLEL) == tp && c->rank(ctx, DTK_GROUP_TENSOR_PARALLEL) == r % tp, "tp");
+  WCHECK(c->size(ctx, DTK_GROUP_DATA_PARALLEL) == W / tp && c->rank(ctx, DTK_GROUP_DATA_PARALLEL) == r / tp, "dp");
+  WCHECK(c->size(ctx, DTK_GROUP_PIPELINE_PARALLEL) == 1 && c->size(ctx, DTK_GROUP_MODEL_PARALLEL) == tp, "pp/mp");
+  for (int i = 0; i < tp; ++i)
+    WCHECK(c->global_rank(ctx, DTK_GROUP_TENSOR_PARALLEL, i) == (r / tp) * tp + i, "tp global_rank");
+  for (int i = 0; i < W / tp; ++i)
+    WCHECK(c->global_rank(ctx, DTK_GROUP_DATA_PARALLEL, i) == i * tp + r % tp, "dp global_rank");
+  WCHECK(c->global_rank(ctx, DTK_GROUP_WORLD, W) == -1, "global_rank out of range");
+
+  // all_reduce SUM / AVG / MAX / MIN on the world.
+  {
+    dtk_tensor h{f({1.0 * (r + 1), 2.0 * (r + 1)})};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "sum status");
+    const double s = W * (W + 1) / 2.0;
+    WCHECK(same(h.value, f({s, 2 * s})), "all_reduce SUM");
+    h.value = f({1.0 * r, 10.0});
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_AVG, 0, nullptr)) == 0, "avg status");
+    WCHECK(same(h.value, f({(W - 1) / 2.0, 10.0})), "all_reduce AVG");
+    h.value = f({1.0 * r, -1.0 * r});
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_MAX, 0, nullptr)) == 0, "max status");
+    WCHECK(same(h.value, f({W - 1.0, 0.0})), "all_reduce MAX");
+    h.value = f({1.0 * r, -1.0 * r});
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_MIN, 0, nullptr)) == 0, "min status");
+    WCHECK(same(h.value, f({0.0, 1.0 - W})), "all_reduce MIN");
+    // A non-contiguous tensor (a transposed view) is reduced in place too.
+    at::Tensor base = at::arange(6, at::kFloat).reshape({2, 3}).add(r);
+    dtk_tensor v{base.t()};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &v, DTK_REDUCE_SUM, 0, nullptr)) == 0, "noncontig status");
+    WCHECK(same(base, at::arange(6, at::kFloat).reshape({2, 3}).mul(W).add(W * (W - 1) / 2.0)),
+           "all_reduce of a non-contiguous view");
+    // Integers: AVG floors.
+    dtk_tensor iv{at::full({2}, 2 * r + 1, at::kLong)};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &iv, DTK_REDUCE_SUM, 0, nullptr)) == 0, "int status");
+    WCHECK(iv.value[0].item<int64_t>() == int64_t(W) * W, "int all_reduce SUM");
+  }
+  // broadcast from the last group rank.
+  {
+    dtk_tensor h{at::full({3}, 1.0 * r, at::kFloat)};
+    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_WORLD, &h, W - 1, 0, nullptr)) == 0, "broadcast status");
+    WCHECK(same(h.value, at::full({3}, W - 1.0, at::kFloat)), "broadcast");
+    std::string msg;
+    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_WORLD, &h, W, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
+           "broadcast from a rank outside the group is refused");
+  }
+  // all_gather in rank order; reduce_scatter (emulated over all_reduce).
+  {
+    dtk_tensor in{f({10.0 * r, 10.0 * r + 1})}, out{at::zeros({2 * W}, at::kFloat)};
+    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &out, &in, 0, nullptr)) == 0, "all_gather status");
+    at::Tensor want = at::empty({2 * W}, at::kFloat);
+    for (int i = 0; i < W; ++i) want[2 * i] = 10.0 * i, want[2 * i + 1] = 10.0 * i + 1;
+    WCHECK(same(out.value, want), "all_gather");
+    dtk_tensor rs_in{at::arange(2 * W, at::kFloat).add(r)}, rs_out{at::zeros({2}, at::kFloat)};
+    WCHECK(code_of(c->reduce_scatter(ctx, DTK_GROUP_WORLD, &rs_out, &rs_in, DTK_REDUCE_SUM, 0, nullptr)) == 0,
+           "reduce_scatter status");
+    const double base = W * (W - 1) / 2.0;
+    WCHECK(same(rs_out.value, f({base + W * (2.0 * r), base + W * (2.0 * r + 1)})), "reduce_scatter SUM");
+    WCHECK(same(rs_in.value, at::arange(2 * W, at::kFloat).add(r)), "reduce_scatter leaves its input alone");
+    std::string msg;
+    dtk_tensor bad{at::zeros({2 * W + 1}, at::kFloat)};
+    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &bad, &in, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
+           "all_gather with a wrong output shape is refused");
+  }
+  // Async + wait: all three kinds in flight at once, finished in reverse order.
+  {
+    dtk_tensor a{f({1.0 * r})}, gi{f({1.0 * r})}, go{at::zeros({W}, at::kFloat)};
+    dtk_tensor ri{at::ones({W}, at::kFloat)}, ro{at::zeros({1}, at::kFloat)};
+    dtk_comm_work *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &a, DTK_REDUCE_AVG, 1, &w1)) == 0 && w1, "async all_reduce");
+    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &go, &gi, 1, &w2)) == 0 && w2, "async all_gather");
+    WCHECK(code_of(c->reduce_scatter(ctx, DTK_GROUP_WORLD, &ro, &ri, DTK_REDUCE_AVG, 1, &w3)) == 0 && w3,
+           "async reduce_scatter");
+    WCHECK(code_of(c->wait(ctx, w3, 10000)) == 0, "wait reduce_scatter");
+    WCHECK(code_of(c->wait(ctx, w2, 0)) == 0, "wait all_gather");
+    WCHECK(code_of(c->wait(ctx, w1, -1)) == 0, "wait all_reduce");
+    c->work_release(ctx, w1), c->work_release(ctx, w2), c->work_release(ctx, w3);
+    WCHECK(same(a.value, f({(W - 1) / 2.0})), "async all_reduce AVG value");
+    WCHECK(same(go.value, at::arange(W, at::kFloat)), "async all_gather value");
+    WCHECK(same(ro.value, f({1.0})), "async reduce_scatter AVG value");
+  }
+  // Sub-groups: TP (consecutive ranks) and DP (stride tp).
+  if (tp > 1 || W / tp > 1) {
+    dtk_tensor h{f({1.0 * r})};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_TENSOR_PARALLEL, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "tp status");
+    const int first = (r / tp) * tp;
+    WCHECK(same(h.value, f({tp * first + tp * (tp - 1) / 2.0})), "TP all_reduce sums consecutive ranks");
+    dtk_tensor d{f({1.0 * r})};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_DATA_PARALLEL, &d, DTK_REDUCE_SUM, 0, nullptr)) == 0, "dp status");
+    const int dp = W / tp;
+    WCHECK(same(d.value, f({dp * (r % tp) + tp * dp * (dp - 1) / 2.0})), "DP all_reduce sums ranks strided by tp");
+    dtk_tensor b{f({1.0 * r})};
+    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_TENSOR_PARALLEL, &b, tp - 1, 0, nullptr)) == 0, "tp bcast status");
+    WCHECK(same(b.value, f({first + tp - 1.0})), "TP broadcast from group rank tp-1");
+  }
+  WCHECK(code_of(c->barrier(ctx, DTK_GROUP_WORLD)) == 0, "barrier");
+
+  // A wait that runs out: rank 0 waits 200 ms for an all_reduce the others join 1.5 s later.
+  {
+    dtk_tensor h{f({1.0})};
+    dtk_comm_work* w = nullptr;
+    if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)) == 0, "late async all_reduce");
+    std::string msg;
+    if (r == 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const int code = code_of(c->wait(ctx, w, 200), &msg);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      WCHECK(code == DTK_ERR_COMM, ("timed-out wait returns DTK_ERR_COMM, got: " + msg).c_str());
+      WCHECK(msg.find('\n') == std::string::npos && msg.find("all_reduce") != std::string::npos,
+             ("one-line message naming the collective: " + msg).c_str());
+      WCHECK(ms < 1400, "the wait returned at its timeout");
+      WCHECK(code_of(c->wait(ctx, w, 0)) == 0, "a second wait completes");  // the others arrive
+    } else {
+      WCHECK(code_of(c->wait(ctx, w, 0)) == 0, "peers complete the late all_reduce");
+    }
+    c->work_release(ctx, w);
+    WCHECK(h.value.item<float>() == W, "late all_reduce value");
+  }
+  try {
+    shutdown_distributed();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d shutdown: %s\n", r, e.what());
+    ++g_failures;
+  }
+  std::printf("rank %d: %s\n", r, g_failures ? "FAILED" : "ok");
+  return g_failures ? 1 : 0;
+}
+
+namespace {
+
+void run_collectives(int world, int tp) {
+  const int port = dtk_test::free_port();
+  std::vector<std::string> cmds;
+  for (int r = 0; r < world; ++r)
+    cmds.push_back("env DTK_TEST_WORKER=collectives DTK_TEST_TP=" + std::to_string(tp) + " RANK=" + std::to_string(r) +
+                   " WORLD_SIZE=" + std::to_string(world) + " LOCAL_RANK=" + std::to_string(r) +
+                   " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + dtk_test::self_exe());
+  const auto results = dtk_test::run_all(cmds, 90);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].code, 0) << "rank " << r << ":\n" << results[r].out;
+    EXPECT_NE(results[r].out.find("rank " + std::to_string(r) + ": ok"), std::string::npos) << results[r].out;
+  }
+}
+
+}  // namespace
+
+TEST(Collectives, TwoProcesses) { run_collectives(2, 1); }
+TEST(Collectives, ThreeProcesses) { run_collectives(3, 1); }
+TEST(Collectives, ThreeProcessesOneTensorParallelGroup) { run_collectives(3, 3); }
+TEST(Collectives, FourProcessesTp2Dp2) { run_collectives(4, 2); }
+
+// Without a distributed environment every group has size one and collectives are the identity.
+TEST(Collectives, SingleProcessIsIdentity) {
+  using namespace dtk::core;
+  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE"})
+    unsetenv(v);
+  const LaunchEnv le = launch_env_from_environment();
+  EXPECT_FALSE(le.distributed);
+  const dtk_comm_services* c = host_services()->comm;
+  dtk_tensor h{at::ones({2})};
+  dtk_comm_work* w = nullptr;
+  ASSERT_EQ(code_of(c->all_reduce(c->ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)), 0);
+  EXPECT_EQ(code_of(c->wait(c->ctx, w, 0)), 0);
+  c->work_release(c->ctx, w);
+  EXPECT_TRUE(same(h.value, at::ones({2})));
+  EXPECT_EQ(c->global_rank(c->ctx, DTK_GROUP_DATA_PARALLEL, 0), 0);
+}
+
+TEST(LaunchEnv, TorchrunSlurmOpenMpi) {
+  using namespace dtk::core;
+  auto clear = [] {
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+      unsetenv(v);
+  };
+  clear();
+  setenv("RANK", "3", 1), setenv("WORLD_SIZE", "4", 1), setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "node7", 1), setenv("MASTER_PORT", "1234", 1);
+  LaunchEnv le = launch_env_from_environment();
+  EXPECT_TRUE(le.distributed);
+  EXPECT_EQ(le.source, "torchrun");
+  EXPECT_EQ(le.rank, 3);
+  EXPECT_EQ(le.world_size, 4);
+  EXPECT_EQ(le.local_rank, 1);
+  EXPECT_EQ(le.master_addr, "node7");
+  EXPECT_EQ(le.master_port, 1234);
+  EXPECT_EQ(rank_prefix(), "[rank 3] ");
+  setenv("RANK", "4", 1);
+  EXPECT_THROW(launch_env_from_environment(), std::exception);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(launch_env_from_environment(), std::exception);
+  clear();
+  setenv("SLURM_PROCID", "1", 1), setenv("SLURM_NTASKS", "2", 1), setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_NNODES", "1", 1);
+  le = launch_env_from_environment();
+  EXPECT_EQ(le.source, "slurm");
+  EXPECT_EQ(le.rank, 1);
+  EXPECT_EQ(le.world_size, 2);
+  EXPECT_EQ(le.master_addr, "127.0.0.1");
+  EXPECT_EQ(le.master_port, 29500);
+  setenv("SLURM_NNODES", "2", 1);  // several nodes: MASTER_ADDR is required
+  EXPECT_THROW(launch_env_from_environment(), std::exception);
+  clear();
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1), setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  le = launch_env_from_environment();
+  EXPECT_EQ(le.source, "openmpi");
+  EXPECT_FALSE(le.distributed);  // a world of one: no store
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1), setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1), setenv("MASTER_PORT", "4321", 1);
+  le = launch_env_from_environment();
+  EXPECT_TRUE(le.distributed);
+  EXPECT_EQ(le.master_addr, "127.0.0.1");
+  EXPECT_EQ(le.master_port, 4321);
+  clear();
+  EXPECT_EQ(rank_prefix(), "");
+}

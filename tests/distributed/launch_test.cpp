@@ -1,0 +1,153 @@
+// `dtk launch` end to end: data- and tensor-parallel runs reproduce the single-process losses;
+// failures (a rank that dies, a rendezvous whose peers never come) end the run with a one-line
+// error within the timeout instead of hanging.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "spawn.hpp"
+
+namespace {
+
+using dtk_test::Result;
+
+const std::string kDtk = DTK_BIN;
+// gpt-tiny on synthetic tokens, deterministic (no dropout), every iteration logged.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1"
+                           " --set model.hidden_dropout=0 --set model.attention_dropout=0"
+                           " --set train.train_iters=4 --set logging.log_interval=1 --set lr.lr_warmup_iters=1"
+                           " --set eval.eval_iters=1 --set train.micro_batch_size=4 --set train.global_batch_size=8";
+
+std::vector<double> iteration_losses(const std::string& log) {
+  std::vector<double> out;
+  std::regex re("iteration +[0-9]+/ +[0-9]+ \\|.* lm loss: ([0-9.E+-]+) \\|");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out.push_back(std::stod((*it)[1]));
+  return out;
+}
+
+void expect_same_losses(const Result& one, const Result& many) {
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_EQ(many.code, 0) << many.out;
+  const auto a = iteration_losses(one.out), b = iteration_losses(many.out);
+  ASSERT_EQ(a.size(), 4u) << one.out;
+  ASSERT_EQ(b.size(), 4u) << many.out;  // only rank 0 prints the iteration lines
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "iteration " << i + 1 << "\n" << many.out;
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// (b) 2 data-parallel ranks x 1 micro-batch of 4 == 1 process x 2 micro-batches of 4.
+TEST(Launch, DataParallel2MatchesOneProcess) {
+  const Result one = dtk_test::run(kDtk + " " + kTrain, 240);
+  const Result dp2 = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + kTrain, 240);
+  std::printf("[ timing ] DP1 %.1f s, DP2 %.1f s\n", one.seconds, dp2.seconds);
+  expect_same_losses(one, dp2);
+  EXPECT_EQ(count(dp2.out, "training: 4 iterations"), 1) << dp2.out;
+  EXPECT_EQ(count(dp2.out, "validation loss at iteration"), 1) << dp2.out;
+  EXPECT_NE(dp2.out.find("[rank 0] > number of parameters"), std::string::npos) << dp2.out;
+}
+
+// (c) tensor parallel 2 == 1 process; and TP 2 x DP 2 on 4 processes. The vocabulary is 512 so
+// its padding (to a multiple of 128 x TP) is the same for TP 1 and TP 2 and both initialize the
+// same master weights.
+TEST(Launch, TensorParallel2MatchesOneProcess) {
+  const std::string train = kTrain + " --set model.vocab_size=512 --set dataset.vocab_size=512";
+  const std::string tp2 = " --set distributed.tensor_model_parallel_size=2";
+  const Result one = dtk_test::run(kDtk + " " + train, 240);
+  const Result two = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + tp2, 240);
+  const Result four = dtk_test::run(kDtk + " launch --nproc_per_node 4 " + train + tp2, 240);
+  std::printf("[ timing ] TP1 %.1f s, TP2 %.1f s, TP2xDP2 %.1f s\n", one.seconds, two.seconds, four.seconds);
+  expect_same_losses(one, two);
+  expect_same_losses(one, four);
+  // Every first data-parallel rank reports its shard, naming the rank.
+  EXPECT_NE(two.out.find("[rank 1] > number of parameters on (tensor, pipeline) model parallel rank (1, 0)"),
+            std::string::npos)
+      << two.out;
+}
+
+TEST(Launch, WorldSizeNotDivisibleByTensorParallel) {
+  const Result r = dtk_test::run(
+      kDtk + " launch --nproc_per_node 3 " + kTrain + " --set distributed.tensor_model_parallel_size=2", 60);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: [rank 0] distributed: world size 3 is not divisible by tensor x pipeline model "
+                       "parallel size 2\n"),
+            std::string::npos)
+      << r.out;
+}
+
+// (d) A rank that fails mid-run: the launcher stops the others and exits with the rank's code,
+// and the rank's one-line error reaches the user.
+TEST(Launch, FailingRankStopsTheRun) {
+  const Result r = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + kTrain + " --plugin_path " +
+                                     DTK_DIST_PLUGIN_DIR + " --strategy failing_ddp --set strategy.fail_rank=1" +
+                                     " --set train.train_iters=50 --set distributed.timeout_seconds=30",
+                                 60);
+  std::printf("[ timing ] failing rank: launcher exited after %.1f s\n", r.seconds);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_LT(r.seconds, 30.0) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: [rank 1] "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("injected failure at iteration 2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dtk: launch: rank 1 exited with code 1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// (d) Rank 0 of a world of 2 whose peer never comes: the rendezvous fails after
+// distributed.timeout_seconds with one line.
+TEST(Launch, RendezvousWithoutPeersTimesOut) {
+  const int port = dtk_test::free_port();
+  const Result r = dtk_test::run("env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                                     std::to_string(port) + " " + kDtk + " " + kTrain +
+                                     " --set distributed.timeout_seconds=3",
+                                 60);
+  std::printf("[ timing ] lonely rendezvous failed after %.1f s\n", r.seconds);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_GE(r.seconds, 2.5) << r.out;
+  EXPECT_LT(r.seconds, 10.0) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: [rank 0] distributed: rendezvous at 127.0.0.1:" + std::to_string(port) +
+                       " failed: 1 of 2 ranks arrived within distributed.timeout_seconds = 3 s\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(count(r.out, "dtk: error:"), 1) << r.out;
+}
+
+// A worker rank whose server never comes (connect retries) also gives up at the timeout.
+TEST(Launch, RendezvousWithoutServerTimesOut) {
+  const int port = dtk_test::free_port();
+  const Result r = dtk_test::run("env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                                     std::to_string(port) + " " + kDtk + " " + kTrain +
+                                     " --set distributed.timeout_seconds=3",
+                                 60);
+  std::printf("[ timing ] serverless rendezvous failed after %.1f s\n", r.seconds);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: [rank 1] distributed: rendezvous at"), std::string::npos) << r.out;
+}
+
+TEST(Launch, Usage) {
+  const Result r = dtk_test::run(kDtk + " launch train", 30);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: usage: dtk launch --nproc_per_node N"), std::string::npos) << r.out;
+  const Result h = dtk_test::run(kDtk + " --help", 30);
+  EXPECT_NE(h.out.find("dtk launch --nproc_per_node N"), std::string::npos) << h.out;
+}
+
+// SIGTERM to the launcher reaches the children: the run stops promptly with 128 + SIGTERM.
+TEST(Launch, SigtermIsForwarded) {
+  const std::string launch = kDtk + " launch --nproc_per_node 2 " + kTrain + " --set train.train_iters=100000";
+  const Result r = dtk_test::run("sh -c '" + launch + " & p=$!; sleep 4; kill -TERM $p; wait $p; echo launcher rc=$?'",
+                                 60);
+  std::printf("[ timing ] SIGTERM run ended after %.1f s\n", r.seconds);
+  EXPECT_NE(r.out.find("launcher rc=143"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
+}

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -100,8 +101,7 @@ int RunLaunch(int argc, char** argv) {
       break;
     if (a == "--") break;
   }
-  if (nproc <= 0)
-    throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
+  if (nproc <= 0) throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
   if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
   if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
   if (port == 0) port = free_port();
@@ -116,6 +116,15 @@ int RunLaunch(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // One namespace for this run's rendezvous keys (two launches on one port cannot mix).
+  setenv("DTK_RUN_ID", ("launch-" + std::to_string(::getpid()) + "-" + std::to_string(port)).c_str(), 1);
+  // Signals stay blocked across fork(): one arriving between fork and the child's reset would
+  // otherwise run the launcher's handler in the child and be lost.
+  sigset_t forwarded, previous;
+  sigemptyset(&forwarded);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, sig);
+  sigprocmask(SIG_BLOCK, &forwarded, &previous);
+  const pid_t launcher = ::getpid();
 
   std::fflush(stdout);
   std::fflush(stderr);
@@ -130,12 +139,17 @@ int RunLaunch(int argc, char** argv) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       const std::string err = std::strerror(errno);
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
       kill_all(SIGKILL);
       while (alive > 0 && ::wait(nullptr) > 0) --alive;
       throw HostError("launch: fork failed: " + err);
     }
     if (pid == 0) {
       signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+      // A rank never outlives its launcher (kill -9, OOM killer, a harness's timeout -s KILL).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) std::_Exit(1);
+      sigprocmask(SIG_SETMASK, &previous, nullptr);
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
@@ -149,6 +163,7 @@ int RunLaunch(int argc, char** argv) {
     }
     pids[r] = pid, running[r] = true, ++alive;
   }
+  sigprocmask(SIG_SETMASK, &previous, nullptr);  // a signal that came meanwhile is delivered now
 
   int result = 0;
   bool stopping = false;
@@ -174,6 +189,10 @@ int RunLaunch(int argc, char** argv) {
         if (code != 0 && result == 0) {
           result = code;
           std::fprintf(stderr, "dtk: launch: rank %d exited with code %d; stopping the other ranks\n", r, code);
+          std::fflush(stderr);
+        } else if (code != 0 && code != 128 + SIGTERM && code != 128 + SIGKILL) {
+          // Several ranks can fail at once and waitpid reports the oldest first: name them all.
+          std::fprintf(stderr, "dtk: launch: rank %d exited with code %d\n", r, code);
           std::fflush(stderr);
         }
         if (code != 0 && !stopping) {

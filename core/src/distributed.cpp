@@ -54,9 +54,16 @@ int env_int(const char* name, const char* fallback_value = nullptr) {
   return static_cast<int>(x);
 }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+// Identifies one run among jobs that may share a store: set by `dtk launch`, torchrun or SLURM.
+std::string run_id() {
+  if (const char* v = env("DTK_RUN_ID")) return v;
+  if (const char* v = env("TORCHELASTIC_RUN_ID")) return v;
+  if (const char* job = env("SLURM_JOB_ID"))
+    return std::string(job) + "." + (env("SLURM_STEP_ID") ? env("SLURM_STEP_ID") : "0");
+  return "default";
 }
+
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 std::string short_error(const std::exception& e) {
   if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return dtk::one_line(ce->what_without_backtrace());
@@ -74,7 +81,9 @@ LaunchEnv launch_env_from_environment() {
     le.world_size = env_int("WORLD_SIZE");
     le.local_rank = env("LOCAL_RANK") ? env_int("LOCAL_RANK") : le.rank;
     all_local = env("LOCAL_WORLD_SIZE") && env_int("LOCAL_WORLD_SIZE") == le.world_size;
-  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
+  } else if (env("SLURM_PROCID") && env("SLURM_NTASKS") && env("SLURM_STEP_NUM_TASKS")) {
+    // Only inside an srun step: a batch script also sees SLURM_PROCID/SLURM_NTASKS, but there
+    // dtk is one process, not one of SLURM_NTASKS ranks.
     le.source = "slurm";
     le.rank = env_int("SLURM_PROCID");
     le.world_size = env_int("SLURM_NTASKS");
@@ -148,11 +157,22 @@ void init_distributed(const config::RunConfig& cfg) {
     try {
       c10d::TCPStoreOptions so;
       so.port = static_cast<std::uint16_t>(le.master_port);
-      so.isServer = le.rank == 0;
+      // Under torchrun's agent (its default static rendezvous) the agent already serves the store
+      // on MASTER_PORT: every rank is a client, under the attempt's prefix, as PyTorch does.
+      const bool agent_store =
+          env("TORCHELASTIC_USE_AGENT_STORE") && std::string(env("TORCHELASTIC_USE_AGENT_STORE")) == "True";
+      so.isServer = le.rank == 0 && !agent_store;
       so.numWorkers = static_cast<std::size_t>(le.world_size);
       so.waitWorkers = false;  // the check-in below waits, bounded, with a clearer message
       so.timeout = d.timeout;
-      d.store = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+      c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+      if (agent_store) {
+        const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
+        tcp = c10::make_intrusive<c10d::PrefixStore>(std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
+      }
+      // Keys live under a per-run namespace, so two jobs that meet on one port cannot join (or
+      // corrupt) each other's rendezvous: they time out on their own keys instead.
+      d.store = c10::make_intrusive<c10d::PrefixStore>("dtk/" + run_id(), tcp);
     } catch (const std::exception& e) {
       throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
                       ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
@@ -177,8 +197,9 @@ void init_distributed(const config::RunConfig& cfg) {
                       ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
     }
     auto device = is_loopback(le.master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                  : env("GLOO_SOCKET_IFNAME") ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
-                                              : c10d::ProcessGroupGloo::createDefaultDevice();
+                  : env("GLOO_SOCKET_IFNAME")
+                      ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
+                      : c10d::ProcessGroupGloo::createDefaultDevice();
     // Members of a group, in group-rank order (Megatron: TP consecutive, DP strided by TP).
     auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
       if (members.size() <= 1) return;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "dtk/core/components.hpp"
@@ -78,6 +79,33 @@ struct MetricAverager {
   void clear() { sums.clear(), counts.clear(); }
 };
 
+// Rank 0 builds the dataset first (that is where index caches get written); then a bounded world
+// collective tells every other rank whether it succeeded, so they neither race rank 0 on the
+// caches nor wait for files that a failed rank 0 will never write.
+std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& plugin, const dtk_dataset_context& ctx,
+                                                           const Topology& topo) {
+  if (topo.world_size == 1) return std::make_unique<DatasetInstance>(plugin, ctx);
+  std::unique_ptr<DatasetInstance> data;
+  std::string error;
+  if (topo.world_rank == 0) {
+    try {
+      data = std::make_unique<DatasetInstance>(plugin, ctx);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  dtk_tensor handle{failed};
+  const dtk_comm_services* comm = host_services()->comm;
+  host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr),
+                     "waiting for rank 0 to build the dataset");
+  if (!error.empty()) throw HostError(error);
+  if (failed.item<int>() != 0)
+    throw HostError("dataset plugin '" + plugin.name() + "': rank 0 failed to build the dataset (its error is above)");
+  if (!data) data = std::make_unique<DatasetInstance>(plugin, ctx);
+  return data;
+}
+
 }  // namespace
 
 int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
@@ -90,7 +118,13 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const bool printer = topo.world_rank == 0;
   if (!printer) FLAGS_minloglevel = google::GLOG_ERROR;
   const auto& train = cfg.train();
-  const int threads = train.threads() > 0 ? train.threads() : static_cast<int>(std::thread::hardware_concurrency());
+  // Default: the cores shared among the ranks of this machine (N ranks x all cores would
+  // oversubscribe the CPU N-fold).
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_ranks = local_world ? std::max(1, std::atoi(local_world)) : 1;
+  const int threads = train.threads() > 0
+                          ? train.threads()
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
   at::set_num_threads(std::max(1, threads));
   at::manual_seed(train.seed());
   if (train.device() == "cuda")
@@ -174,7 +208,8 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   dctx.seed = train.seed();
   dctx.rank = topo.world_rank;
   dctx.world_size = topo.world_size;
-  DatasetInstance data(data_p, dctx);
+  const std::unique_ptr<DatasetInstance> data_owner = build_dataset_rank0_first(data_p, dctx, topo);
+  DatasetInstance& data = *data_owner;
   if (data.num_samples(DTK_SPLIT_TRAIN) < iters * gbs)
     throw HostError("dataset plugin '" + data_p.name() + "': train split has " +
                     std::to_string(data.num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
@@ -238,9 +273,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   strategy.zero_grad();
   if (printer)
     std::printf("[%s] training: %lld iterations, global batch %lld (%lld micro-batches of %lld), seq %lld\n",
-              timestamp().c_str(), static_cast<long long>(iters), static_cast<long long>(gbs),
-              static_cast<long long>(num_micro), static_cast<long long>(mbs),
-              static_cast<long long>(train.seq_length()));
+                timestamp().c_str(), static_cast<long long>(iters), static_cast<long long>(gbs),
+                static_cast<long long>(num_micro), static_cast<long long>(mbs),
+                static_cast<long long>(train.seq_length()));
   std::fflush(stdout);
 
   for (int64_t it = 1; it <= iters; ++it) {

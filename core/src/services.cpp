@@ -10,8 +10,8 @@
 
 #include <glog/logging.h>
 #include <torch/csrc/api/include/torch/version.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <dtk/tensor.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <functional>
 #include <mutex>
@@ -107,8 +107,9 @@ dtk_status* check_group(int32_t group) {
 c10::intrusive_ptr<c10d::ProcessGroup> pg_of(int32_t group) {
   if (group_size(state().topo, group) == 1) return {};
   auto pg = process_group(group);
-  if (!pg) throw dtk::Error("process group " + std::to_string(group) + " has no backend (distributed not initialized)",
-                            DTK_ERR_COMM);
+  if (!pg)
+    throw dtk::Error("process group " + std::to_string(group) + " has no backend (distributed not initialized)",
+                     DTK_ERR_COMM);
   return pg;
 }
 
@@ -158,11 +159,13 @@ c10d::ReduceOp reduce_op(int32_t op) {
   }
 }
 
-void divide_by(const at::Tensor& t, int64_t n) {
-  if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()))
-    t.div_(static_cast<double>(n));
-  else
-    t.div_(n, "floor");
+void divide_by(const at::Tensor& t, int64_t n) { t.div_(static_cast<double>(n)); }
+
+// An average of integers has no single right rounding (floor? truncation as NCCL?): refused.
+void check_avg(int32_t op, const at::Tensor& t) {
+  if (op == DTK_REDUCE_AVG && !at::isFloatingType(t.scalar_type()))
+    throw dtk::Error("AVG reduction needs a floating-point tensor (reduce integers with SUM)",
+                     DTK_ERR_INVALID_ARGUMENT);
 }
 
 // Gloo needs dense contiguous buffers: a non-contiguous tensor is reduced in a contiguous copy
@@ -198,6 +201,7 @@ dtk_status* all_reduce(void*, int32_t group, dtk_tensor* t, int32_t op, int32_t 
       o.timeout = collective_timeout();
       w->work = pg->allreduce(v, o);
       const int64_t n = pg->getSize();
+      check_avg(op, buf);
       const bool avg = op == DTK_REDUCE_AVG;
       if (avg || copy_back)
         w->then = [buf, avg, n, copy_back] {
@@ -240,8 +244,9 @@ void check_gather_shapes(const char* what, const at::Tensor& big, const at::Tens
             big.scalar_type() == small.scalar_type();
   for (int64_t d = 1; ok && d < big.dim(); ++d) ok = big.size(d) == small.size(d);
   if (!ok)
-    throw dtk::Error(std::string(what) + ": tensors " + dtk::Model::shape_str(big) + " and " + dtk::Model::shape_str(small) +
-                         " do not fit a group of " + std::to_string(size) + " (first dimension x group size, same dtype)",
+    throw dtk::Error(std::string(what) + ": tensors " + dtk::Model::shape_str(big) + " and " +
+                         dtk::Model::shape_str(small) + " do not fit a group of " + std::to_string(size) +
+                         " (first dimension x group size, same dtype)",
                      DTK_ERR_INVALID_ARGUMENT);
 }
 
@@ -297,6 +302,7 @@ dtk_status* reduce_scatter(void*, int32_t group, dtk_tensor* out, dtk_tensor* in
       opt.timeout = collective_timeout();
       w->work = pg->allreduce(v, opt);
       const int64_t rank = pg->getRank();
+      check_avg(op, buf);
       const bool avg = op == DTK_REDUCE_AVG;
       w->then = [o, buf, rank, n, avg] {
         at::NoGradGuard ng2;
@@ -327,9 +333,8 @@ dtk_status* barrier(void*, int32_t group) {
 
 dtk_status* wait(void*, dtk_comm_work* w, int64_t timeout_ms) {
   if (!w) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "wait: null work handle");
-  return dtk::guard([&] {
-    complete(*w, timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms) : collective_timeout());
-  });
+  return dtk::guard(
+      [&] { complete(*w, timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms) : collective_timeout()); });
 }
 void work_release(void*, dtk_comm_work* w) { delete w; }
 

@@ -165,7 +165,7 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   o.seed = 3;
   GPTDataset a(data, 0, 45, o);
   EXPECT_FALSE(a.loaded_from_cache());
-  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_doc_idx.npy");
+  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_dtk1_d0-45_doc_idx.npy");
   for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::FileExists(a.cache_file(w)));
   GPTDataset b(data, 0, 45, o);
   EXPECT_TRUE(b.loaded_from_cache());
@@ -179,7 +179,12 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   o.cache_dir = dir.path();
   o.name = "valid";
   GPTDataset d(data, 45, 50, o);
-  EXPECT_EQ(d.cache_file("shuffle_idx"), dir / "c_valid_indexmap_100ns_16sl_3s_shuffle_idx.npy");
+  // In a shared cache dir the name also carries a hash of the full prefix (one basename, two corpora).
+  const std::string f = d.cache_file("shuffle_idx");
+  EXPECT_EQ(f.rfind(dir / "c_valid_indexmap_100ns_16sl_3s_dtk1_d45-50_", 0), 0u) << f;
+  EXPECT_EQ(f.size(),
+            (dir / "c_valid_indexmap_100ns_16sl_3s_dtk1_d45-50_").size() + 8 + std::string("_shuffle_idx.npy").size())
+      << f;
   EXPECT_THROW(d.Get(d.size()), DataError);
 }
 

@@ -20,12 +20,12 @@ namespace {
 int g_failures = 0;
 int g_rank = 0;
 
-#define WCHECK(cond, what)                                                              \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define WCHECK(cond, what)                                                                \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "rank %d FAIL %s:%d: %s\n", g_rank, __FILE__, __LINE__, what); \
-      ++g_failures;                                                                     \
-    }                                                                                   \
+      ++g_failures;                                                                       \
+    }                                                                                     \
   } while (0)
 
 // Calls a collective; returns the status code (and releases the status).
@@ -94,10 +94,13 @@ int collectives_worker(int, char**) {
     WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &v, DTK_REDUCE_SUM, 0, nullptr)) == 0, "noncontig status");
     WCHECK(same(base, at::arange(6, at::kFloat).reshape({2, 3}).mul(W).add(W * (W - 1) / 2.0)),
            "all_reduce of a non-contiguous view");
-    // Integers: AVG floors.
+    // Integers: SUM works; AVG is refused (no single right rounding).
     dtk_tensor iv{at::full({2}, 2 * r + 1, at::kLong)};
     WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &iv, DTK_REDUCE_SUM, 0, nullptr)) == 0, "int status");
     WCHECK(iv.value[0].item<int64_t>() == int64_t(W) * W, "int all_reduce SUM");
+    dtk_tensor ia{at::full({2}, 3, at::kLong)};
+    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &ia, DTK_REDUCE_AVG, 0, nullptr)) == DTK_ERR_INVALID_ARGUMENT,
+           "int AVG refused");
   }
   // broadcast from the last group rank.
   {
@@ -217,8 +220,8 @@ TEST(Collectives, FourProcessesTp2Dp2) { run_collectives(4, 2); }
 // Without a distributed environment every group has size one and collectives are the identity.
 TEST(Collectives, SingleProcessIsIdentity) {
   using namespace dtk::core;
-  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE"})
+  for (const char* v :
+       {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
     unsetenv(v);
   const LaunchEnv le = launch_env_from_environment();
   EXPECT_FALSE(le.distributed);
@@ -235,9 +238,10 @@ TEST(Collectives, SingleProcessIsIdentity) {
 TEST(LaunchEnv, TorchrunSlurmOpenMpi) {
   using namespace dtk::core;
   auto clear = [] {
-    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "OMPI_COMM_WORLD_RANK",
-                          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    for (const char* v :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_RANK",
+          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
       unsetenv(v);
   };
   clear();
@@ -257,8 +261,10 @@ TEST(LaunchEnv, TorchrunSlurmOpenMpi) {
   setenv("RANK", "x", 1);
   EXPECT_THROW(launch_env_from_environment(), std::exception);
   clear();
-  setenv("SLURM_PROCID", "1", 1), setenv("SLURM_NTASKS", "2", 1), setenv("SLURM_LOCALID", "1", 1);
-  setenv("SLURM_NNODES", "1", 1);
+  setenv("SLURM_PROCID", "0", 1), setenv("SLURM_NTASKS", "2", 1), setenv("SLURM_NNODES", "1", 1);
+  le = launch_env_from_environment();
+  EXPECT_EQ(le.source, "");  // an sbatch script (no srun step): one process, not rank 0 of 2
+  setenv("SLURM_PROCID", "1", 1), setenv("SLURM_LOCALID", "1", 1), setenv("SLURM_STEP_NUM_TASKS", "2", 1);
   le = launch_env_from_environment();
   EXPECT_EQ(le.source, "slurm");
   EXPECT_EQ(le.rank, 1);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -222,8 +223,20 @@ std::string GPTDataset::cache_file(const std::string& which) const {
   const std::string& prefix = data_->prefix();
   std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + Basename(prefix);
   std::ostringstream os;
+  // Megatron's name, plus what Megatron's leaves out: a "dtk1" tag (DTK shuffles with its own
+  // portable RNG, so neither tool may adopt the other's files), the document range (two split
+  // strings give two ranges), and, in a shared cache_dir, a hash of the full prefix (two corpora
+  // with one basename).
   os << base << "_" << options_.name << "_indexmap_" << options_.num_samples << "ns_" << options_.seq_length << "sl_"
-     << options_.seed << "s_" << which << ".npy";
+     << options_.seed << "s_dtk1_d" << doc_begin_ << "-" << doc_end_;
+  if (!options_.cache_dir.empty()) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the prefix as given
+    for (unsigned char c : prefix) h = (h ^ c) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    os << "_" << std::string(hex, 8);
+  }
+  os << "_" << which << ".npy";
   return os.str();
 }
 

@@ -16,9 +16,7 @@ namespace {
 const dtk_option_spec kOptions[] = {
     dtk::opt_string("data_path", "", "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
     dtk::opt_string("split", "969,30,1", "Train,valid,test proportions of the documents."),
-    dtk::opt_string(
-        "cache_dir", "",
-        "Where the index caches (*_doc_idx.npy ...) go; empty = the run's cache dir, else next to the data."),
+    dtk::opt_string("cache_dir", "", "Directory for the index caches (*_doc_idx.npy ...); empty = next to the data."),
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };

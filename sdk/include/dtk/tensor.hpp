@@ -227,8 +227,12 @@ class Comm {
     Work(const dtk_comm_services* c, dtk_comm_work* w) : c_(c), w_(w) {}
     Work(Work&& o) noexcept : c_(o.c_), w_(o.w_) { o.w_ = nullptr; }
     Work(const Work&) = delete;
+    // A Work dropped without wait() still completes (bounded by the run's timeout): the
+    // collective's result, e.g. the division of an AVG, must not be silently skipped.
     ~Work() {
-      if (w_) c_->work_release(c_->ctx, w_);
+      if (!w_) return;
+      dtk_status_release(c_->wait(c_->ctx, w_, 0));
+      c_->work_release(c_->ctx, w_);
     }
     void wait(int64_t timeout_ms = 0) {
       if (!w_) return;

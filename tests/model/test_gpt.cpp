@@ -377,6 +377,45 @@ TEST(GptModel, DropoutOffIsDeterministicAndSeededDropoutRepeats) {
   EXPECT_TRUE(at::equal(dtk::get(m1.forward(in), "loss"), dtk::get(m2.forward(in), "loss")));
 }
 
+// Dropout semantics against a model without dropout built from the same seed (same weights):
+// eval mode must ignore dropout entirely (a model that kept dropping out in eval would differ);
+// training mode must apply it.
+TEST(GptModel, DropoutIsOffInEvalAndOnInTraining) {
+  const Shape S{1, 32, 4, 128, 8, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 15);
+  TensorList in{{"tokens", tokens}};
+  at::NoGradGuard ng;
+  GPT plain(model_opts(S, S.vocab));
+  GPT drop(model_opts(S, S.vocab, {{"hidden_dropout", "0.3"}, {"attention_dropout", "0.3"}}));
+  plain.train(false);
+  drop.train(false);
+  const at::Tensor reference = dtk::get(plain.forward(in), "logits");
+  EXPECT_TRUE(at::equal(dtk::get(drop.forward(in), "logits"), reference));
+  drop.train(true);
+  EXPECT_GT((dtk::get(drop.forward(in), "logits") - reference).abs().max().item<double>(), 1e-3);
+}
+
+TEST(GptModel, BadLabelsAndMasksAreRefused) {
+  const Shape S{1, 32, 4, 128, 8, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 16);
+  GPT m(model_opts(S, S.vocab));
+  at::NoGradGuard ng;
+  auto error = [&](const TensorList& in) {
+    try {
+      m.forward(in);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  at::Tensor labels = tokens.clone();
+  labels[0][3] = -100;  // a common "ignore" id: must not be scored silently
+  EXPECT_NE(error({{"tokens", tokens}, {"labels", labels}}).find("labels"), std::string::npos);
+  at::Tensor float_mask = at::ones({1, 1, S.seq, S.seq});
+  EXPECT_NE(error({{"tokens", tokens}, {"attention_mask", float_mask}}).find("must be a bool tensor"),
+            std::string::npos);
+}
+
 TEST(GptModel, FullRecomputeMatchesNoRecompute) {
   const Shape S{3, 32, 4, 128, 16, 64, false};
   for (const char* p : {"0", "0.2"}) {

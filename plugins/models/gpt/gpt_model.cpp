@@ -58,12 +58,13 @@ at::Generator make_generator(at::Device device, uint64_t seed) {
 }
 
 // Inverted dropout with an explicit generator: x * bernoulli(1 - p) / (1 - p).
+// The keep-mask is a bool tensor (1 byte per element, as torch's fused dropout keeps) and the
+// 1/(1-p) scale is a scalar multiply, computed in fp32 (a bf16 mask would round 1/0.9 to 1.109).
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
   if (!training || p <= 0.0) return x;
-  at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kFloat));
-  mask.bernoulli_(1.0 - p, gen);
-  mask.mul_(1.0 / (1.0 - p));
-  return x * mask.to(x.scalar_type());
+  at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kBool));
+  keep.bernoulli_(1.0 - p, gen);
+  return (x * keep).mul(1.0 / (1.0 - p));
 }
 
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
@@ -153,7 +154,9 @@ class Layer {
     if (!context.defined()) {
       // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax
       // in fp32 with masked positions filled with -10000; dropout; probs @ v.
-      at::Tensor scores = at::matmul(q, k.transpose(-1, -2)).mul_(1.0 / std::sqrt(static_cast<double>(head_dim_)));
+      // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the
+      // unscaled q k^T can overflow fp16.
+      at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
       at::Tensor m = mask.defined() ? mask : causal_mask(s, x.device());
       at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(x.scalar_type());
       probs = dropout(probs, p, training, rng.attention);
@@ -217,7 +220,13 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
-int64_t opt_or(int64_t v, int64_t fallback) { return v > 0 ? v : fallback; }
+// 0 selects the documented default; a negative size is a mistake, not a request for it.
+int64_t opt_or(const Options& o, const char* name, int64_t fallback) {
+  const int64_t v = o.get_int(name);
+  if (v < 0)
+    throw Error(std::string("gpt: option '") + name + "' must be >= 0 (0 = default), got " + std::to_string(v));
+  return v > 0 ? v : fallback;
+}
 
 class GPTModel : public Model {
  public:
@@ -227,9 +236,9 @@ class GPTModel : public Model {
     c_.num_layers = o.get_int("num_layers");
     c_.hidden = o.get_int("hidden_size");
     c_.heads = o.get_int("num_attention_heads");
-    c_.ffn = opt_or(o.get_int("ffn_hidden_size"), 4 * c_.hidden);
-    c_.seq = opt_or(o.get_int("seq_length"), ctx.seq_length);
-    c_.max_pos = opt_or(o.get_int("max_position_embeddings"), c_.seq);
+    c_.ffn = opt_or(o, "ffn_hidden_size", 4 * c_.hidden);
+    c_.seq = opt_or(o, "seq_length", ctx.seq_length);
+    c_.max_pos = opt_or(o, "max_position_embeddings", c_.seq);
     c_.vocab = o.get_int("vocab_size");
     c_.divisible_by = o.get_int("make_vocab_size_divisible_by");
     c_.hidden_dropout = o.get_float("hidden_dropout");
@@ -275,10 +284,17 @@ class GPTModel : public Model {
   TensorList forward(const TensorList& inputs) override {
     at::Tensor h;
     const at::Tensor* mask_p = find(inputs, "attention_mask");
-    const at::Tensor mask = mask_p ? mask_p->to(at::kBool) : at::Tensor();
+    // Megatron's convention: bool, true = masked. A float "1 = may attend" mask would silently
+    // flip meaning if converted, so anything but bool is refused.
+    if (mask_p && mask_p->scalar_type() != at::kBool)
+      throw Error("gpt: 'attention_mask' must be a bool tensor (true = masked, Megatron's convention), got " +
+                  std::string(c10::toString(mask_p->scalar_type())));
+    const at::Tensor mask = mask_p ? *mask_p : at::Tensor();
     if (pre_) {
       const at::Tensor& tokens = get(inputs, "tokens");
       if (tokens.dim() != 2) throw Error("gpt: 'tokens' must be [batch, seq], got " + shape_str(tokens));
+      if (tokens.scalar_type() != at::kLong && tokens.scalar_type() != at::kInt)
+        throw Error("gpt: 'tokens' must hold integer ids (int64 or int32)");
       if (tokens.size(1) > c_.max_pos)
         throw Error("gpt: sequence of " + std::to_string(tokens.size(1)) + " tokens exceeds max_position_embeddings " +
                     std::to_string(c_.max_pos));
@@ -291,8 +307,8 @@ class GPTModel : public Model {
     } else {
       h = get(inputs, "hidden_states");
     }
-    if (mask.defined() &&
-        (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) || mask.size(3) != h.size(1)))
+    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) ||
+                           mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
     for (const auto& layer : layers_) {
@@ -308,8 +324,11 @@ class GPTModel : public Model {
 
     h = layer_norm(h, final_ln_w_, final_ln_b_, c_.eps);
     at::Tensor logits = parallel_lm_logits(h, c_.untie ? output_ : word_.weight, tp_);
-    if (const at::Tensor* labels = find(inputs, "labels"))
+    if (const at::Tensor* labels = find(inputs, "labels")) {
+      // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
+      check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
       return {{"loss", vocab_parallel_cross_entropy(logits, *labels, tp_)}};
+    }
     return {{"logits", logits}};
   }
 

@@ -97,15 +97,25 @@ class CausalLM : public Step {
       if (!text) throw Error("causal_lm: the batch has no 'text' tensor", DTK_ERR_NOT_FOUND);
       return *text;
     }
+    // A bad batch on TP rank 0 is announced with sizes {-1, -1}, so the other TP ranks fail at
+    // once with it instead of waiting in the data broadcast until the collective timeout.
     at::Tensor sizes = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device_));
+    std::string problem;
     if (tp_rank_ == 0) {
-      if (!text) throw Error("causal_lm: TP rank 0 got a batch without 'text'", DTK_ERR_NOT_FOUND);
-      if (text->dim() != 2) throw Error("causal_lm: 'text' must be 2-D, got " + Model::shape_str(*text));
-      sizes.copy_(at::tensor({text->size(0), text->size(1)}, at::kLong));
+      if (!text)
+        problem = "TP rank 0 got a batch without 'text'";
+      else if (text->dim() != 2)
+        problem = "'text' must be 2-D, got " + Model::shape_str(*text);
+      if (problem.empty())
+        sizes.copy_(at::tensor({text->size(0), text->size(1)}, at::kLong));
+      else
+        sizes.fill_(-1);
     }
     Comm::broadcast(sizes, DTK_GROUP_TENSOR_PARALLEL, 0);
     at::Tensor sizes_cpu = sizes.to(at::kCPU);
     const int64_t b = sizes_cpu[0].item<int64_t>(), n = sizes_cpu[1].item<int64_t>();
+    if (!problem.empty()) throw Error("causal_lm: " + problem, DTK_ERR_INVALID_ARGUMENT);
+    if (b < 0 || n < 0) throw Error("causal_lm: TP rank 0 could not broadcast the batch (its error is above)");
     at::Tensor data = tp_rank_ == 0 ? text->to(device_, at::kLong).contiguous().clone()
                                     : at::empty({b, n}, at::TensorOptions().dtype(at::kLong).device(device_));
     Comm::broadcast(data, DTK_GROUP_TENSOR_PARALLEL, 0);

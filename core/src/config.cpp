@@ -274,8 +274,7 @@ void validate_config(const config::RunConfig& cfg) {
         "available in this release");
   if (!cfg.checkpoint().save().empty() || !cfg.checkpoint().load().empty() || cfg.checkpoint().save_interval() != 0)
     throw HostError("config: checkpoint.save/load/save_interval are not available in this release");
-  if (!cfg.logging().tensorboard_dir().empty())
-    throw HostError("config: logging.tensorboard_dir is not available in this release");
+
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
     if (slot->name().empty())
       throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");

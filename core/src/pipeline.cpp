@@ -20,6 +20,7 @@
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/services.hpp"
+#include "dtk/core/tensorboard.hpp"
 
 namespace dtk::core {
 
@@ -116,6 +117,10 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const Topology& topo = topology();
   // Megatron prints from one rank: the others log nothing but errors.
   const bool printer = topo.world_rank == 0;
+  // TensorBoard scalars from rank 0 (whose metrics are already averaged over data parallel).
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (printer && !cfg.logging().tensorboard_dir().empty())
+    tensorboard = std::make_unique<TensorBoardWriter>(cfg.logging().tensorboard_dir());
   if (!printer) FLAGS_minloglevel = google::GLOG_ERROR;
   const auto& train = cfg.train();
   // Default: the cores shared among the ranks of this machine (N ranks x all cores would
@@ -258,6 +263,14 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
       std::printf("%s\n%s\n%s\n", std::string(line.size(), '-').c_str(), line.c_str(),
                   std::string(line.size(), '-').c_str());
     std::fflush(stdout);
+    if (tensorboard) {
+      for (const auto& kv : avg.sums) {
+        const double v = avg.mean(kv.first);
+        tensorboard->add_scalar(kv.first + " " + what, v, iteration);
+        tensorboard->add_scalar(kv.first + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration);
+      }
+      tensorboard->flush();
+    }
   };
 
   // ---- train --------------------------------------------------------------------------------
@@ -337,6 +350,18 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
       line += buf;
       if (printer) std::printf("%s\n", line.c_str());
       std::fflush(stdout);
+      if (tensorboard) {  // Megatron's training_log tags
+        tensorboard->add_scalar("learning-rate", lr, it);
+        tensorboard->add_scalar("batch-size", static_cast<double>(gbs), it);
+        for (const auto& kv : window.sums) tensorboard->add_scalar(kv.first, window.mean(kv.first), it);
+        tensorboard->add_scalar("loss-scale", 1.0, it);
+        if (norm_count) tensorboard->add_scalar("grad-norm", norm_sum / static_cast<double>(norm_count), it);
+        tensorboard->add_scalar("iteration-time", secs / static_cast<double>(n_it), it);
+        tensorboard->add_scalar("tokens-per-second", tokens_per_s, it);
+        tensorboard->add_scalar("throughput-tflops", tflops, it);
+        tensorboard->add_scalar("skipped-iterations", static_cast<double>(skipped), it);
+        tensorboard->flush();
+      }
       window.clear();
       skipped = nan_iters = 0;
       norm_sum = 0, norm_count = 0;

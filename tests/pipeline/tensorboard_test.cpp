@@ -1,0 +1,114 @@
+// TensorBoard event files: the record framing (CRC-32C, TensorFlow's masking), and a real run's
+// file read back record by record, its scalars equal to what the log line printed.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "dtk/core/tensorboard.hpp"
+#include "tensorboard.pb.h"
+
+namespace {
+
+struct Record {
+  std::string tag;
+  int64_t step;
+  float value;
+};
+
+// Reads an event file, checking every record's two CRCs; returns the file_version and scalars.
+std::vector<Record> read_events(const std::string& path, std::string* version) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<Record> out;
+  while (true) {
+    uint64_t len = 0;
+    uint32_t len_crc = 0, data_crc = 0;
+    if (!in.read(reinterpret_cast<char*>(&len), 8)) break;
+    EXPECT_TRUE(in.read(reinterpret_cast<char*>(&len_crc), 4));
+    EXPECT_EQ(len_crc, dtk::core::masked_crc32c(&len, 8));
+    std::string data(len, '\0');
+    EXPECT_TRUE(in.read(data.data(), static_cast<std::streamsize>(len)));
+    EXPECT_TRUE(in.read(reinterpret_cast<char*>(&data_crc), 4));
+    EXPECT_EQ(data_crc, dtk::core::masked_crc32c(data.data(), data.size()));
+    dtk::tensorboard::Event e;
+    EXPECT_TRUE(e.ParseFromString(data));
+    EXPECT_GT(e.wall_time(), 1.6e9);
+    if (e.has_file_version()) *version = e.file_version();
+    if (e.has_summary())
+      for (const auto& v : e.summary().value()) out.push_back({v.tag(), e.step(), v.simple_value()});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(TensorBoard, Crc32cKnownAnswers) {
+  // The CRC-32C check value (RFC 3720 / iSCSI): "123456789" -> 0xE3069283.
+  EXPECT_EQ(dtk::core::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(dtk::core::crc32c("", 0), 0u);
+  const std::string zeros(32, '\0');
+  EXPECT_EQ(dtk::core::crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
+}
+
+TEST(TensorBoard, TrainingRunWritesMegatronScalars) {
+  const std::string dir = ::testing::TempDir() + "dtk_tb_test";
+  std::filesystem::remove_all(dir);
+  const std::string cmd = std::string("timeout 300 ") + DTK_BIN + " train --config " + DTK_SOURCE_DIR +
+                          "/configs/gpt-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
+                          "--set model.vocab_size=64 --set train.train_iters=6 --set lr.lr_warmup_iters=2 "
+                          "--set logging.log_interval=3 --set eval.eval_iters=1 --threads 2 "
+                          "--set logging.tensorboard_dir=" +
+                          dir + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string log;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) log += buf;
+  ASSERT_EQ(pclose(p), 0) << log;
+
+  std::vector<std::string> files;
+  for (const auto& de : std::filesystem::directory_iterator(dir)) files.push_back(de.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].find("/events.out.tfevents."), std::string::npos);
+  std::string version;
+  const auto records = read_events(files[0], &version);
+  EXPECT_EQ(version, "brain.Event:2");
+  std::map<std::pair<std::string, int64_t>, float> scalars;
+  for (const auto& r : records) scalars[{r.tag, r.step}] = r.value;
+  for (const char* tag : {"learning-rate", "batch-size", "lm loss", "grad-norm", "iteration-time", "tokens-per-second"})
+    for (int64_t step : {3, 6})
+      EXPECT_EQ(scalars.count(std::make_pair(std::string(tag), step)), 1u) << tag << " at " << step;
+  for (const char* tag : {"lm loss validation", "lm loss validation ppl", "lm loss test"})
+    EXPECT_EQ(scalars.count(std::make_pair(std::string(tag), int64_t{6})), 1u) << tag;
+  // The same numbers the log line printed.
+  std::regex re("iteration +([0-9]+)/ .*lm loss: ([0-9.E+-]+) \\|");
+  int matched = 0;
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it, ++matched) {
+    const int64_t step = std::stoll((*it)[1]);
+    const float logged = scalars[std::make_pair(std::string("lm loss"), step)];
+    const double printed = std::stod((*it)[2]);
+    EXPECT_NEAR(logged, printed, 1e-5 * printed);
+  }
+  EXPECT_EQ(matched, 2) << log;
+  const float batch_size = scalars[std::make_pair(std::string("batch-size"), int64_t{6})];
+  EXPECT_FLOAT_EQ(batch_size, 8.0f);
+}
+
+TEST(TensorBoard, UnwritableDirectoryIsOneLineError) {
+  const std::string cmd = std::string("timeout 120 ") + DTK_BIN + " train --config " + DTK_SOURCE_DIR +
+                          "/configs/gpt-tiny.pbtxt --dataset synthetic --set train.train_iters=2 "
+                          "--set lr.lr_warmup_iters=0 --set logging.tensorboard_dir=/proc/dtk_no 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string log;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) log += buf;
+  const int status = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << log;
+  EXPECT_NE(log.find("dtk: error: tensorboard: cannot create directory '/proc/dtk_no'"), std::string::npos) << log;
+}

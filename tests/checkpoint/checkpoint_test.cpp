@@ -234,3 +234,18 @@ TEST(Checkpoint, DataParallelRunSavesOnceAndResumes) {
   ASSERT_EQ(b.size(), 4u) << resumed.out;
   for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
 }
+
+// A checkpoint of a tensor-parallel run has one file per TP rank; another TP size is refused
+// with one line naming the file.
+TEST(Checkpoint, TensorParallelSizeMustMatch) {
+  const std::string d = fresh_dir("tp2");
+  const Result saved = run("launch --nproc_per_node 2 " + kTrain +
+                               "--threads 1 --set train.train_iters=4 --set distributed.tensor_model_parallel_size=2 "
+                               "--set checkpoint.save=" + d,
+                           300);
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  EXPECT_TRUE(fs::is_regular_file(d + kFile4));
+  EXPECT_TRUE(fs::is_regular_file(d + "/iter_0000004/mp_rank_01/model_optim_rng.pt"));
+  expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.load=" + d),
+                        d + kFile4 + " was saved with tensor-parallel size 2, this run has 1");
+}

@@ -14,7 +14,11 @@
 // world rank 0 renames (atomically exchanges, when replacing) the directory into place and
 // rewrites latest_checkpointed_iteration.txt through a temporary file + fsync + rename. A crash at
 // any point leaves the previous checkpoint or the new one, never a half one; leftover *.tmp-*
-// directories are ignored by load and removed by the next save of the same iteration.
+// entries of a crashed save are never read (load follows the tracker file) and may be deleted.
+//
+// Only data-parallel rank 0 writes, which holds for strategies whose state is replicated over
+// data parallel (ddp). A strategy that shards state over data-parallel ranks (ZeRO) will need
+// one file per data-parallel rank as well.
 #pragma once
 
 #include <cstdint>

@@ -150,6 +150,17 @@ void StrategyInstance::optimizer_step(const OptimizerInstance& opt, const dtk_op
   check_plugin(api_->optimizer_step(strategy_, opt.ref(), &args), plugin_, "optimizer_step");
 }
 void StrategyInstance::zero_grad() { check_plugin(api_->zero_grad(strategy_), plugin_, "zero_grad"); }
+TensorList StrategyInstance::state_save() const {
+  SinkCollector out;
+  if (!api_->state_save) return {};
+  check_plugin(api_->state_save(strategy_, out.sink()), plugin_, "state_save");
+  return std::move(out.items());
+}
+void StrategyInstance::state_load(const TensorList& state) {
+  if (!api_->state_load) return;
+  MapView view(state);
+  check_plugin(api_->state_load(strategy_, view.get()), plugin_, "state_load");
+}
 
 // ---------------------------------------------------------------------------------------------
 DatasetInstance::DatasetInstance(const Plugin& plugin, const dtk_dataset_context& ctx)

@@ -272,8 +272,9 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError(
         "config: tensor/pipeline model parallelism (distributed.*_model_parallel_size > 1) is not "
         "available in this release");
-  if (!cfg.checkpoint().save().empty() || !cfg.checkpoint().load().empty() || cfg.checkpoint().save_interval() != 0)
-    throw HostError("config: checkpoint.save/load/save_interval are not available in this release");
+  if (cfg.checkpoint().save_interval() < 0) throw HostError("config: checkpoint.save_interval must not be negative");
+  if (cfg.checkpoint().save_interval() > 0 && cfg.checkpoint().save().empty())
+    throw HostError("config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");
 
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
     if (slot->name().empty())

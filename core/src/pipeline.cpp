@@ -16,6 +16,7 @@
 #include <memory>
 #include <thread>
 
+#include "dtk/core/checkpoint.hpp"
 #include "dtk/core/components.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
@@ -195,6 +196,22 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                 topo.tp_rank, topo.pp_rank, static_cast<long long>(stats.num_parameters));
     std::fflush(stdout);
   }
+  // Megatron's load_checkpoint at the end of setup_model_and_optimizer.
+  TrainProgress resumed;
+  const std::string& load_dir = cfg.checkpoint().load();
+  if (!load_dir.empty()) {
+    resumed = load_checkpoint(load_dir, model, optimizer, strategy, topo);
+    if (resumed.consumed_train_samples != resumed.iteration * gbs || resumed.consumed_valid_samples % gbs != 0)
+      throw HostError("checkpoint in " + load_dir + " consumed " + std::to_string(resumed.consumed_train_samples) +
+                      " train samples in " + std::to_string(resumed.iteration) +
+                      " iterations: resuming needs the same global batch size (" + std::to_string(gbs) + ")");
+    if (resumed.iteration > iters)
+      throw HostError("checkpoint in " + load_dir + " is at iteration " + std::to_string(resumed.iteration) +
+                      ", beyond train.train_iters " + std::to_string(iters));
+    if (printer)
+      std::printf(" loaded checkpoint from %s at iteration %lld\n", load_dir.c_str(),
+                  static_cast<long long>(resumed.iteration));
+  }
   if (printer)
     std::printf(" > training FLOPs per token: %.4g (%s)\n", stats.flops_per_token,
                 info.recompute ? "8N + 8Lhs, full recompute" : "6N + 6Lhs");
@@ -231,8 +248,11 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
       return gb * gbs + m * mbs * topo.dp_size + topo.dp_rank * mbs + j;
     };
   };
-  BatchLoader train_loader(data, DTK_SPLIT_TRAIN, mbs, iters * num_micro, sampler(0));
-  int64_t valid_batches_used = 0;
+  // A resumed run starts at the next global batch; validation continues where it was.
+  const int64_t start_iter = resumed.iteration;
+  BatchLoader train_loader(data, DTK_SPLIT_TRAIN, mbs, (iters - start_iter) * num_micro,
+                           sampler(resumed.consumed_train_samples / gbs));
+  int64_t valid_batches_used = resumed.consumed_valid_samples / gbs;
 
   auto evaluate = [&](int32_t split, int64_t first_global_batch, const char* what, int64_t iteration) {
     if (eval_iters <= 0 || data.num_samples(split) < (first_global_batch + eval_iters) * gbs) {
@@ -277,7 +297,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const int64_t log_interval = cfg.logging().log_interval();
   const int64_t decay_iters = cfg.lr().lr_decay_iters() > 0 ? cfg.lr().lr_decay_iters() : iters;
   MetricAverager window;
-  int64_t scheduler_step = 0;
+  int64_t scheduler_step = resumed.scheduler_step;
   int64_t skipped = 0, nan_iters = 0;
   double norm_sum = 0;
   int64_t norm_count = 0;
@@ -291,7 +311,20 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
                 static_cast<long long>(train.seq_length()));
   std::fflush(stdout);
 
-  for (int64_t it = 1; it <= iters; ++it) {
+  const std::string& save_dir = cfg.checkpoint().save();
+  const int64_t save_interval = cfg.checkpoint().save_interval();
+  int64_t last_saved = -1;
+  auto save = [&](int64_t it) {
+    TrainProgress p{it, it * gbs, valid_batches_used * gbs, scheduler_step};
+    const SaveReport r = save_checkpoint(save_dir, p, model, optimizer, strategy, to_text(cfg), topo);
+    last_saved = it;
+    if (printer)
+      std::printf(" saved checkpoint at iteration %lld to %s (%.1f MB, %.2f s)\n", static_cast<long long>(it),
+                  save_dir.c_str(), r.megabytes, r.seconds);
+    std::fflush(stdout);
+  };
+
+  for (int64_t it = start_iter + 1; it <= iters; ++it) {
     // Megatron's OptimizerParamScheduler: the rate of an update is that of the scheduler's
     // current step, which starts at 0 and advances only after a successful update.
     const double lr = learning_rate(scheduler_step, cfg.lr().lr(), cfg.lr().min_lr(), cfg.lr().lr_warmup_iters(),
@@ -325,7 +358,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
 
     if (it % log_interval == 0 || it == iters) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start).count();
-      const int64_t n_it = it % log_interval == 0 ? log_interval : it % log_interval;
+      const int64_t n_it = std::min(it % log_interval == 0 ? log_interval : it % log_interval, it - start_iter);
       const double ms_per_it = 1000.0 * secs / static_cast<double>(n_it);
       const double tokens_per_s = static_cast<double>(gbs * train.seq_length()) * static_cast<double>(n_it) / secs;
       const double tflops = stats.flops_per_token * tokens_per_s / 1e12 / topo.world_size;
@@ -372,7 +405,13 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
       valid_batches_used += eval_iters;
       window_start = Clock::now();
     }
+    if (!save_dir.empty() && save_interval > 0 && it % save_interval == 0) {
+      save(it);
+      window_start = Clock::now();
+    }
   }
+  // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
+  if (!save_dir.empty() && last_saved != iters && start_iter < iters) save(iters);
 
   // ---- final evaluation -------------------------------------------------------------------
   evaluate(DTK_SPLIT_VALID, valid_batches_used, "validation", iters);

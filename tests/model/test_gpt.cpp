@@ -479,8 +479,12 @@ TEST(GptModel, StateRoundTripIsExact) {
     at::Tensor la = dtk::get(a.forward({{"tokens", tokens}}), "logits");
     EXPECT_FALSE(at::equal(la, dtk::get(b.forward({{"tokens", tokens}}), "logits")));  // different init
     TensorList state = a.state_save();
-    // Every parameter exactly once; the tied embedding is not saved twice.
-    EXPECT_EQ(state.size(), a.params().size());
+    // Every parameter exactly once (the tied embedding is not saved twice), plus the two dropout
+    // generator states.
+    EXPECT_EQ(state.size(), a.params().size() + 2);
+    ASSERT_NE(dtk::find(state, "rng.hidden"), nullptr);
+    ASSERT_NE(dtk::find(state, "rng.attention"), nullptr);
+    EXPECT_EQ(dtk::find(state, "rng.hidden")->scalar_type(), at::kByte);
     EXPECT_EQ(dtk::find(state, "language_model.output_layer.weight") != nullptr, !tied);
     b.state_load(state);
     EXPECT_TRUE(at::equal(la, dtk::get(b.forward({{"tokens", tokens}}), "logits")));

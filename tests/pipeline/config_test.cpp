@@ -84,9 +84,11 @@ TEST(Config, ValidationCatchesBadValues) {
             "config: train.params_dtype=fp16 needs train.device=cuda (LibTorch has no fp16 matmul on CPU); use bf16 "
             "on CPU");
   cfg = default_config();
-  apply_override(cfg, "checkpoint.save=/tmp/x");
+  apply_override(cfg, "checkpoint.save_interval=5");
   EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }),
-            "config: checkpoint.save/load/save_interval are not available in this release");
+            "config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");
+  apply_override(cfg, "checkpoint.save=/tmp/x");
+  EXPECT_EQ(error_of([&] { dtk::core::validate_config(cfg); }), "");
   cfg = default_config();
   EXPECT_EQ(error_of([&] { config_value(cfg, "model.options"); }),
             "config field 'model.options' is a map; ask for one entry (e.g. model.num_layers)");

@@ -46,6 +46,11 @@ struct DropoutRng {
   }
 };
 
+at::Tensor generator_state(at::Generator& g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+
 at::Generator make_generator(at::Device device, uint64_t seed) {
   at::Generator base = at::globalContext().defaultGenerator(device);
   at::Generator g;
@@ -279,6 +284,33 @@ class GPTModel : public Model {
     }
     rng_ = {make_generator(ctx.device, rng_seed(DTK_RNG_DEFAULT)),
             make_generator(ctx.device, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
+  }
+
+  // Checkpoint state: the parameters (Model's default: each once, tied embedding once) plus the
+  // two dropout generators' states ("rng.hidden", "rng.attention": uint8 tensors from
+  // at::Generator::get_state), so that a resumed run draws the same dropout masks as an
+  // uninterrupted one. They are part of the state: a strict load of a checkpoint without them
+  // fails naming the missing entry.
+  TensorList state_save() override {
+    TensorList out = Model::state_save();
+    out.emplace_back("rng.hidden", generator_state(rng_.hidden));
+    out.emplace_back("rng.attention", generator_state(rng_.attention));
+    return out;
+  }
+
+  void state_load(const TensorList& state, bool strict) override {
+    // Checks names and shapes of everything, the generator states included, and copies the
+    // parameters (the copies into the freshly taken generator states are discarded).
+    Model::state_load(state, strict);
+    for (auto [name, gen] : {std::pair<const char*, at::Generator*>{"rng.hidden", &rng_.hidden},
+                             std::pair<const char*, at::Generator*>{"rng.attention", &rng_.attention}}) {
+      const at::Tensor* src = find(state, name);
+      if (!src) continue;  // non-strict load without it: keep the current stream
+      if (src->scalar_type() != at::kByte)
+        throw Error(std::string("tensor '") + name + "': a generator state must be uint8");
+      std::lock_guard<std::mutex> lock(gen->mutex());
+      gen->set_state(src->contiguous());
+    }
   }
 
   TensorList forward(const TensorList& inputs) override {

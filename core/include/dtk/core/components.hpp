@@ -83,6 +83,8 @@ class StrategyInstance {
   double clip_and_norm(double max_norm);
   void optimizer_step(const OptimizerInstance& opt, const dtk_optimizer_step_args& args);
   void zero_grad();
+  TensorList state_save() const;
+  void state_load(const TensorList& state);
 
  private:
   const host::Plugin& plugin_;

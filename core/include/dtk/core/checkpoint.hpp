@@ -1,0 +1,61 @@
+// dtk/core/checkpoint.hpp — Megatron-layout checkpoints.
+//
+//   {save}/latest_checkpointed_iteration.txt          the iteration of the newest complete checkpoint
+//   {save}/iter_0000004/mp_rank_00/model_optim_rng.pt  one file per tensor-parallel rank
+//
+// Each file is a LibTorch pickle (torch::pickle_save, the zip format of torch.save) of a dict:
+//   "model" {name: tensor}, "optimizer" {name: tensor}, "strategy" {name: tensor},
+//   "iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step" (int),
+//   "rng" (the host's default CPU generator state, uint8), "tensor_model_parallel_size",
+//   "config" (the RunConfig in text format), "dtk_version".
+// Python opens it with torch.load(path).
+//
+// Atomicity: the ranks write into {save}/iter_X.tmp-<pid of rank 0>/, fsync every file, then
+// world rank 0 renames (atomically exchanges, when replacing) the directory into place and
+// rewrites latest_checkpointed_iteration.txt through a temporary file + fsync + rename. A crash at
+// any point leaves the previous checkpoint or the new one, never a half one; leftover *.tmp-*
+// entries of a crashed save are never read (load follows the tracker file) and may be deleted.
+//
+// Only data-parallel rank 0 writes, which holds for strategies whose state is replicated over
+// data parallel (ddp). A strategy that shards state over data-parallel ranks (ZeRO) will need
+// one file per data-parallel rank as well.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtk/core/components.hpp"
+#include "dtk/core/services.hpp"
+
+namespace dtk::core {
+
+struct TrainProgress {
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  int64_t scheduler_step = 0;
+};
+
+struct SaveReport {
+  std::string dir;     // the iteration directory
+  double megabytes = 0;  // this rank's file (all TP ranks' files summed on world rank 0)
+  double seconds = 0;
+};
+
+// Called by every rank (collective: bounded world barriers around the write). Only data-parallel
+// rank 0 of each tensor-parallel rank writes. Throws HostError naming the path on failure.
+SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+                           const OptimizerInstance& optimizer, StrategyInstance& strategy,
+                           const std::string& config_text, const Topology& topo);
+
+// Called by every rank (collective). Restores model (strict), optimizer, strategy and the host
+// RNG from this rank's file and returns the progress counters. Every bad input is one HostError
+// naming the file (or tensor).
+TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
+                              StrategyInstance& strategy, const Topology& topo);
+
+// "{dir}/iter_0000004" and "{dir}/latest_checkpointed_iteration.txt".
+std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);
+std::string checkpoint_tracker_file(const std::string& dir);
+
+}  // namespace dtk::core

@@ -1,0 +1,315 @@
+// Megatron-layout checkpoints: see dtk/core/checkpoint.hpp for the layout and the atomicity
+// protocol. Every rank calls save/load; collectives are bounded (distributed.timeout_seconds)
+// and carry a failure flag, so one rank's error stops all ranks instead of stranding them.
+#include "dtk/core/checkpoint.hpp"
+
+#include <ATen/core/Dict.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#ifndef DTK_VERSION
+#define DTK_VERSION "unknown"
+#endif
+
+namespace dtk::core {
+
+namespace fs = std::filesystem;
+using host::HostError;
+
+namespace {
+
+constexpr const char* kFileName = "model_optim_rng.pt";
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string mp_rank_dir(int tp_rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
+  return buf;
+}
+
+// World-wide MAX of `value`: a bounded barrier that also carries a flag or a number.
+int64_t world_max(int64_t value, const Topology& topo, const char* what) {
+  if (topo.world_size == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kLong);
+  dtk_tensor handle{t};
+  const dtk_comm_services* comm = host_services()->comm;
+  host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr), what);
+  return t.item<int64_t>();
+}
+
+// Raises this rank's error, or a line pointing at the failed rank's, once all ranks agree.
+void agree(const std::string& error, const Topology& topo, const char* what) {
+  const int64_t failed = world_max(error.empty() ? 0 : 1, topo, what);
+  if (!error.empty()) throw HostError(error);
+  if (failed) throw HostError(std::string(what) + ": another rank failed (its error is above)");
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw HostError("checkpoint: cannot open " + path + " to sync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw HostError("checkpoint: fsync " + path + " failed: " + std::strerror(err));
+}
+
+void write_file_synced(const std::string& path, const char* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw HostError("checkpoint: cannot create " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw HostError("checkpoint: writing " + path + " failed: " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw HostError("checkpoint: syncing " + path + " failed: " + std::strerror(errno));
+}
+
+c10::Dict<std::string, at::Tensor> to_dict(const TensorList& list) {
+  c10::Dict<std::string, at::Tensor> d;
+  // Own storage per tensor: a view into a larger buffer would otherwise save the whole buffer.
+  for (const auto& kv : list) d.insert(kv.first, kv.second.detach().to(at::kCPU).contiguous().clone());
+  return d;
+}
+
+TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key) {
+  if (!v.isGenericDict()) throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
+  TensorList out;
+  for (const auto& kv : v.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor())
+      throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
+    out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  }
+  return out;
+}
+
+// Atomically puts `from` at `to`: rename when `to` does not exist, else exchange the two
+// (renameat2 RENAME_EXCHANGE) so that `to` is the old or the new directory at every instant;
+// `from` then holds the old one, which the caller removes.
+void move_into_place(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (!fs::exists(to, ec)) {
+    fs::rename(from, to, ec);
+    if (ec) throw HostError("checkpoint: rename " + from + " -> " + to + " failed: " + ec.message());
+    return;
+  }
+#ifdef SYS_renameat2
+  constexpr unsigned kExchange = 1u << 1;  // RENAME_EXCHANGE
+  if (::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), kExchange) == 0) return;
+#endif
+  // No exchange on this filesystem: move the old one aside first (the tracker file still names
+  // the previous iteration unless this one is re-saved, so the window is that of a re-save only).
+  const std::string aside = from + ".old";
+  fs::rename(to, aside, ec);
+  if (!ec) fs::rename(from, to, ec);
+  if (ec) throw HostError("checkpoint: replacing " + to + " failed: " + ec.message());
+  fs::rename(aside, from, ec);
+}
+
+}  // namespace
+
+std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
+  return (fs::path(dir) / buf).string();
+}
+
+std::string checkpoint_tracker_file(const std::string& dir) {
+  return (fs::path(dir) / "latest_checkpointed_iteration.txt").string();
+}
+
+SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+                           const OptimizerInstance& optimizer, StrategyInstance& strategy,
+                           const std::string& config_text, const Topology& topo) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
+  // One temporary directory for all TP ranks: named after world rank 0's pid.
+  const int64_t pid = world_max(topo.world_rank == 0 ? static_cast<int64_t>(::getpid()) : 0, topo,
+                                "checkpoint: agreeing on the temporary directory");
+  const std::string tmp_dir = final_dir + ".tmp-" + std::to_string(pid);
+  const bool writer = topo.dp_rank == 0;
+  SaveReport report;
+  report.dir = final_dir;
+
+  // Every rank gathers its state (strategies with sharded state may need all ranks), writers write.
+  std::string error;
+  int64_t bytes = 0;
+  try {
+    TensorList model_state = model.state_save();
+    TensorList optim_state = optimizer.state_save();
+    TensorList strat_state = strategy.state_save();
+    if (writer) {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+      d.insert("model", to_dict(model_state));
+      d.insert("optimizer", to_dict(optim_state));
+      d.insert("strategy", to_dict(strat_state));
+      d.insert("iteration", progress.iteration);
+      d.insert("consumed_train_samples", progress.consumed_train_samples);
+      d.insert("consumed_valid_samples", progress.consumed_valid_samples);
+      d.insert("scheduler_step", progress.scheduler_step);
+      d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
+      d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
+      d.insert("config", config_text);
+      d.insert("dtk_version", std::string(DTK_VERSION));
+      const std::vector<char> data = torch::jit::pickle_save(c10::IValue(d));
+      const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(topo.tp_rank)).string();
+      std::error_code ec;
+      fs::create_directories(rank_dir, ec);
+      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+      write_file_synced((fs::path(rank_dir) / kFileName).string(), data.data(), data.size());
+      fsync_path(rank_dir, true);
+      bytes = static_cast<int64_t>(data.size());
+    }
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+  agree(error, topo, "checkpoint: waiting for every rank to write its file");
+
+  // World rank 0 publishes: directory into place, then the tracker file.
+  if (topo.world_rank == 0) {
+    try {
+      fsync_path(tmp_dir, true);
+      move_into_place(tmp_dir, final_dir);
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
+      fsync_path(save_dir, true);
+      const std::string tracker = checkpoint_tracker_file(save_dir);
+      const std::string tracker_tmp = tracker + ".tmp-" + std::to_string(::getpid());
+      const std::string text = std::to_string(progress.iteration) + "\n";
+      write_file_synced(tracker_tmp, text.data(), text.size());
+      fs::rename(tracker_tmp, tracker, ec);
+      if (ec) throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
+      fsync_path(save_dir, true);
+    } catch (const std::exception& e) {
+      error = first_line(e.what());
+    }
+  }
+  agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
+  // Total size over the TP ranks' files, for the log line.
+  if (topo.world_size > 1 && topo.tp_size > 1) {
+    at::Tensor t = at::full({1}, writer ? bytes : 0, at::kLong);
+    dtk_tensor handle{t};
+    const dtk_comm_services* comm = host_services()->comm;
+    host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_SUM, 0, nullptr),
+                       "checkpoint: summing file sizes");
+    bytes = t.item<int64_t>();
+  }
+  report.megabytes = static_cast<double>(bytes) / 1e6;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+namespace {
+
+TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
+                        StrategyInstance& strategy, const Topology& topo) {
+  std::error_code ec;
+  if (!fs::is_directory(load_dir, ec)) throw HostError("checkpoint: load directory " + load_dir + " does not exist");
+  const std::string tracker = checkpoint_tracker_file(load_dir);
+  std::ifstream in(tracker);
+  if (!in) throw HostError("checkpoint: cannot read " + tracker + " (no checkpoint in " + load_dir + "?)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  int64_t iteration = -1;
+  try {
+    size_t pos = 0;
+    iteration = std::stoll(text, &pos);
+    if (pos != text.size()) iteration = -1;
+  } catch (const std::exception&) {
+  }
+  if (iteration < 0) throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + text + "'");
+
+  const std::string file =
+      (fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank) / kFileName).string();
+  std::ifstream f(file, std::ios::binary);
+  if (!f)
+    throw HostError("checkpoint: " + file + " does not exist" +
+                    (topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : ""));
+  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  c10::IValue root;
+  try {
+    if (data.empty()) throw std::runtime_error("empty file");
+    root = torch::jit::pickle_load(data);
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + file + " is truncated or corrupt: " + first_line(e.what()));
+  }
+  if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
+  const c10::impl::GenericDict d = root.toGenericDict();
+  auto get = [&](const char* key) -> c10::IValue {
+    auto it = d.find(c10::IValue(std::string(key)));
+    if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
+    return it->value();
+  };
+  auto get_int = [&](const char* key) {
+    c10::IValue v = get(key);
+    if (!v.isInt()) throw HostError("checkpoint " + file + ": '" + key + "' is not an integer");
+    return v.toInt();
+  };
+  const int64_t saved_tp = get_int("tensor_model_parallel_size");
+  if (saved_tp != topo.tp_size)
+    throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
+                    ", this run has " + std::to_string(topo.tp_size));
+  TrainProgress p;
+  p.iteration = get_int("iteration");
+  p.consumed_train_samples = get_int("consumed_train_samples");
+  p.consumed_valid_samples = get_int("consumed_valid_samples");
+  p.scheduler_step = get_int("scheduler_step");
+  if (p.iteration != iteration)
+    throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", " + tracker +
+                    " says " + std::to_string(iteration));
+  const TensorList model_state = from_dict(get("model"), file, "model");
+  const TensorList optim_state = from_dict(get("optimizer"), file, "optimizer");
+  const TensorList strat_state = from_dict(get("strategy"), file, "strategy");
+  c10::IValue rng = get("rng");
+  if (!rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
+  try {
+    model.state_load(model_state, /*strict=*/true);
+    optimizer.state_load(optim_state);
+    strategy.state_load(strat_state);
+    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.toTensor());
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + file + ": " + first_line(e.what()));
+  }
+  return p;
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
+                              StrategyInstance& strategy, const Topology& topo) {
+  TrainProgress p;
+  std::string error;
+  try {
+    p = load_rank(load_dir, model, optimizer, strategy, topo);
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+  agree(error, topo, "checkpoint: waiting for every rank to load");
+  // Every rank must resume at the same iteration.
+  const int64_t hi = world_max(p.iteration, topo, "checkpoint: comparing iterations");
+  const int64_t lo = -world_max(-p.iteration, topo, "checkpoint: comparing iterations");
+  if (hi != lo)
+    throw HostError("checkpoint: ranks of " + load_dir + " hold different iterations");
+  return p;
+}
+
+}  // namespace dtk::core

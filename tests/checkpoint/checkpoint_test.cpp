@@ -1,0 +1,251 @@
+// Checkpoints end to end through the `dtk` binary: Megatron's layout, exact resume (dropout on),
+// atomic publication, one-line errors for bad checkpoints, and a 2-process data-parallel run.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+// Every run is bounded by `timeout` so a hang fails the test instead of CI.
+Result run(const std::string& args, int timeout_s = 300) {
+  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) r.out += buf;
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A fresh directory per test (and per process, so parallel ctest runs do not collide).
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(DTK_TEST_TMP) / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// gpt-tiny on synthetic tokens with dropout on, 2 micro-batches per step, validation every 4.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
+                           "--set model.vocab_size=64 --set model.hidden_dropout=0.1 "
+                           "--set model.attention_dropout=0.1 --set optimizer.name=adamw "
+                           "--set train.train_iters=8 --set train.global_batch_size=16 "
+                           "--set logging.log_interval=1 --set lr.lr_warmup_iters=2 "
+                           "--set eval.eval_interval=4 --set eval.eval_iters=1 ";
+
+// iteration -> "lm loss: X | ... grad norm: Y" as printed (the strings, not parsed numbers).
+std::map<int, std::string> train_lines(const std::string& log) {
+  std::map<int, std::string> out;
+  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*learning rate: (\S+) \|.*(lm loss: \S+) \|.*(grad norm: \S+) \|)");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
+    out[std::stoi((*it)[1])] = "lr " + (*it)[2].str() + " " + (*it)[3].str() + " " + (*it)[4].str();
+  return out;
+}
+
+std::string validation_line(const std::string& log, int iteration) {
+  std::smatch m;
+  std::regex re(" validation loss at iteration " + std::to_string(iteration) + R"( \| [^\n]*)");
+  return std::regex_search(log, m, re) ? m[0].str() : "";
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The one-line error contract: exit 1 and exactly one "dtk: error:" line holding `needle`.
+void expect_one_line_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t at = r.out.find("dtk: error: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("dtk: error: ", at + 1), std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// One uninterrupted 8-iteration run saving every 4 iterations, shared by the tests below.
+struct Reference {
+  std::string dir;
+  Result result;
+};
+const Reference& reference() {
+  static const Reference ref = [] {
+    Reference r;
+    r.dir = fresh_dir("reference");
+    r.result = run(kTrain + "--threads 2 --set checkpoint.save=" + r.dir + " --set checkpoint.save_interval=4");
+    return r;
+  }();
+  return ref;
+}
+
+// A copy of the reference checkpoints whose tracker points at iteration 4.
+std::string copy_at_iteration_4(const std::string& name) {
+  const std::string d = fresh_dir(name);
+  fs::copy(reference().dir, d, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  fs::remove_all(fs::path(d) / "iter_0000008");
+  write(d + "/latest_checkpointed_iteration.txt", "4\n");
+  return d;
+}
+
+const std::string kFile4 = "/iter_0000004/mp_rank_00/model_optim_rng.pt";
+
+}  // namespace
+
+TEST(Checkpoint, MegatronLayoutAndLogLines) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  EXPECT_TRUE(fs::is_regular_file(ref.dir + kFile4));
+  EXPECT_TRUE(fs::is_regular_file(ref.dir + "/iter_0000008/mp_rank_00/model_optim_rng.pt"));
+  EXPECT_EQ(read(ref.dir + "/latest_checkpointed_iteration.txt"), "8\n");
+  for (const auto& e : fs::directory_iterator(ref.dir))  // no temporary left behind
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  for (int it : {4, 8})
+    EXPECT_NE(ref.result.out.find(" saved checkpoint at iteration " + std::to_string(it) + " to " + ref.dir + " ("),
+              std::string::npos)
+        << ref.result.out;
+  // A torch.save-compatible zip archive ("PK" magic).
+  EXPECT_EQ(read(ref.dir + kFile4).substr(0, 2), "PK");
+}
+
+// (a) resumed == uninterrupted, to the printed digit, dropout included.
+TEST(Checkpoint, ResumeReproducesUninterruptedRun) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string d = copy_at_iteration_4("resume");
+  const Result r = run(kTrain + "--threads 2 --set checkpoint.load=" + d);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" loaded checkpoint from " + d + " at iteration 4\n"), std::string::npos) << r.out;
+  const auto a = train_lines(ref.result.out), b = train_lines(r.out);
+  ASSERT_EQ(a.size(), 8u) << ref.result.out;
+  ASSERT_EQ(b.size(), 4u) << r.out;  // iterations 5..8 only
+  for (int it = 5; it <= 8; ++it) {
+    ASSERT_TRUE(b.count(it)) << it << "\n" << r.out;
+    EXPECT_EQ(a.at(it), b.at(it)) << "iteration " << it;
+  }
+  // Validation continues with the batches the uninterrupted run used.
+  EXPECT_FALSE(validation_line(ref.result.out, 8).empty()) << ref.result.out;
+  EXPECT_EQ(validation_line(ref.result.out, 8), validation_line(r.out, 8));
+}
+
+// (b) atomicity: leftovers of a crashed save do not matter; a re-save replaces completely.
+TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnored) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string d = copy_at_iteration_4("leftovers");
+  fs::create_directories(d + "/iter_0000004.tmp-123/mp_rank_00");
+  write(d + "/iter_0000004.tmp-123/mp_rank_00/model_optim_rng.pt", "half a file");
+  write(d + "/garbage", "not a checkpoint");
+  write(d + "/latest_checkpointed_iteration.txt.tmp-99", "8");  // an unfinished tracker update
+  const Result r = run(kTrain + "--threads 2 --set checkpoint.load=" + d);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = train_lines(ref.result.out), b = train_lines(r.out);
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+
+  // Saving an iteration that already exists replaces it whole and leaves no temporary behind.
+  const Result again =
+      run(kTrain + "--threads 2 --set train.train_iters=4 --set lr.lr_decay_iters=8 --set checkpoint.save=" + d);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(read(d + "/latest_checkpointed_iteration.txt"), "4\n");
+  EXPECT_EQ(read(d + kFile4).substr(0, 2), "PK");
+  EXPECT_FALSE(fs::exists(d + "/iter_0000004.tmp-" + std::to_string(0)));
+  int tmp = 0;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().find(".tmp-") != std::string::npos &&
+        e.path().filename() != "iter_0000004.tmp-123" &&
+        e.path().filename() != "latest_checkpointed_iteration.txt.tmp-99")
+      ++tmp;
+  EXPECT_EQ(tmp, 0);
+}
+
+// (c) bad inputs: one line naming the file (or the tensor), exit 1.
+TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string missing = std::string(DTK_TEST_TMP) + "/no-such-checkpoint";
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + missing), missing);
+
+  const std::string empty = fresh_dir("no-tracker");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + empty),
+                        empty + "/latest_checkpointed_iteration.txt");
+
+  const std::string bad_tracker = copy_at_iteration_4("bad-tracker");
+  write(bad_tracker + "/latest_checkpointed_iteration.txt", "four\n");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + bad_tracker),
+                        bad_tracker + "/latest_checkpointed_iteration.txt");
+
+  const std::string no_iter = copy_at_iteration_4("no-iter");
+  write(no_iter + "/latest_checkpointed_iteration.txt", "12\n");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + no_iter),
+                        no_iter + "/iter_0000012/mp_rank_00/model_optim_rng.pt");
+
+  const std::string truncated = copy_at_iteration_4("truncated");
+  fs::resize_file(truncated + kFile4, fs::file_size(truncated + kFile4) / 2);
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + truncated), truncated + kFile4);
+
+  const std::string garbage = copy_at_iteration_4("garbage");
+  write(garbage + kFile4, "this is not a pickle");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + garbage), garbage + kFile4);
+
+  const std::string shape = copy_at_iteration_4("shape");
+  const Result r = run(kTrain + "--set model.hidden_size=32 --set checkpoint.load=" + shape);
+  expect_one_line_error(r, shape + kFile4);
+  expect_one_line_error(r, "does not match the model's");
+  expect_one_line_error(r, "tensor 'language_model.");
+}
+
+// (d) two data-parallel processes: one file (data-parallel rank 0 writes), identical resume.
+TEST(Checkpoint, DataParallelRunSavesOnceAndResumes) {
+  const std::string d = fresh_dir("dp2");
+  const std::string launch = "launch --nproc_per_node 2 " + kTrain + "--threads 1 ";
+  const Result full = run(launch + "--set checkpoint.save=" + d + " --set checkpoint.save_interval=4", 300);
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_TRUE(fs::is_regular_file(d + kFile4));
+  EXPECT_FALSE(fs::exists(d + "/iter_0000004/mp_rank_01"));
+  size_t n = 0;
+  for (size_t at = full.out.find(" saved checkpoint at iteration 4 "); at != std::string::npos;
+       at = full.out.find(" saved checkpoint at iteration 4 ", at + 1))
+    ++n;
+  EXPECT_EQ(n, 1u) << full.out;  // printed by rank 0 only
+  fs::remove_all(d + "/iter_0000008");
+  write(d + "/latest_checkpointed_iteration.txt", "4\n");
+  const Result resumed = run(launch + "--set checkpoint.load=" + d, 300);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(full.out), b = train_lines(resumed.out);
+  ASSERT_EQ(b.size(), 4u) << resumed.out;
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+}
+
+// A checkpoint of a tensor-parallel run has one file per TP rank; another TP size is refused
+// with one line naming the file.
+TEST(Checkpoint, TensorParallelSizeMustMatch) {
+  const std::string d = fresh_dir("tp2");
+  const Result saved = run("launch --nproc_per_node 2 " + kTrain +
+                               "--threads 1 --set train.train_iters=4 --set distributed.tensor_model_parallel_size=2 "
+                               "--set checkpoint.save=" + d,
+                           300);
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  EXPECT_TRUE(fs::is_regular_file(d + kFile4));
+  EXPECT_TRUE(fs::is_regular_file(d + "/iter_0000004/mp_rank_01/model_optim_rng.pt"));
+  expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.load=" + d),
+                        d + kFile4 + " was saved with tensor-parallel size 2, this run has 1");
+}

@@ -1,8 +1,10 @@
 // Checkpoints end to end through the `dtk` binary: Megatron's layout, exact resume (dropout on),
 // atomic publication, one-line errors for bad checkpoints, and a 2-process data-parallel run.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "../common/run_dtk.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -15,23 +17,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-// Every run is bounded by `timeout` so a hang fails the test instead of CI.
-Result run(const std::string& args, int timeout_s = 300) {
-  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dtk_test::Result;
+Result run(const std::string& args, int timeout_s = 300) { return dtk_test::run_dtk(args, timeout_s); }
 
 // A fresh directory per test (and per process, so parallel ctest runs do not collide).
 std::string fresh_dir(const std::string& name) {
@@ -185,8 +172,7 @@ TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
   expect_one_line_error(run(kTrain + "--set checkpoint.load=" + missing), missing);
 
   const std::string empty = fresh_dir("no-tracker");
-  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + empty),
-                        empty + "/latest_checkpointed_iteration.txt");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + empty), empty + "/latest_checkpointed_iteration.txt");
 
   const std::string bad_tracker = copy_at_iteration_4("bad-tracker");
   write(bad_tracker + "/latest_checkpointed_iteration.txt", "four\n");
@@ -241,7 +227,8 @@ TEST(Checkpoint, TensorParallelSizeMustMatch) {
   const std::string d = fresh_dir("tp2");
   const Result saved = run("launch --nproc_per_node 2 " + kTrain +
                                "--threads 1 --set train.train_iters=4 --set distributed.tensor_model_parallel_size=2 "
-                               "--set checkpoint.save=" + d,
+                               "--set checkpoint.save=" +
+                               d,
                            300);
   ASSERT_EQ(saved.code, 0) << saved.out;
   EXPECT_TRUE(fs::is_regular_file(d + kFile4));

@@ -1,6 +1,8 @@
 // The `dtk` binary end to end: what a user types, what they see, the exit code.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include "../common/run_dtk.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,23 +14,8 @@
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-// Every run is bounded by `timeout` so a hang fails the test instead of CI.
-Result run(const std::string& args, int timeout_s = 300) {
-  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dtk_test::Result;
+Result run(const std::string& args, int timeout_s = 300) { return dtk_test::run_dtk(args, timeout_s); }
 
 std::vector<double> losses(const std::string& log) {
   std::vector<double> out;

@@ -60,6 +60,7 @@ class PluginOptimizer {
     check(api_->create(&b, gs.data(), gs.size(), &opt_));
   }
   ~PluginOptimizer() { api_->destroy(opt_); }
+  dtk_optimizer_ref ref() const { return {sizeof(dtk_optimizer_ref), api_, opt_}; }
   void step(double lr, int64_t it) {
     dtk_optimizer_step_args a{sizeof(a), lr, it, 1.0};
     check(api_->step(opt_, &a));

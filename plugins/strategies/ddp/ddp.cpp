@@ -3,6 +3,11 @@
 // the global gradient norm follows Megatron's clip_grad_norm_fp32 (TP-sharded parameters on
 // every TP rank, replicated ones once, summed over the model-parallel group).
 // With one process every collective is the identity, so this is also the single-device path.
+//
+// Mixed precision as Megatron's Float16OptimizerWithFloat16Params: for bf16/fp16 parameters the
+// optimizer works on fp32 master copies (gradients converted to fp32 before the reduction, the
+// norm and the update), and the updated masters are copied back into the model's parameters.
+// Without masters a bf16 weight near 1.0 cannot move by less than 2^-8: small updates vanish.
 #include <dtk/tensor.hpp>
 
 #include <cmath>
@@ -11,22 +16,45 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_bool("average_gradients", "true", "Average (not sum) gradients over data-parallel ranks."),
+    dtk::opt_bool("fp32_master_weights", "true",
+                  "For bf16/fp16 parameters, let the optimizer update fp32 master copies (Megatron)."),
 };
 
 class Ddp : public dtk::Strategy {
  public:
   explicit Ddp(const dtk::BuildContext& ctx)
-      : average_(ctx.options.get_bool("average_gradients")), tp_rank_(ctx.tp_rank) {}
+      : average_(ctx.options.get_bool("average_gradients")),
+        masters_enabled_(ctx.options.get_bool("fp32_master_weights")),
+        tp_rank_(ctx.tp_rank) {}
 
-  void setup(const dtk::ModelHandle& model) override { params_ = model.parameters(); }
+  void setup(const dtk::ModelHandle& model) override {
+    params_ = model.parameters();
+    at::NoGradGuard no_grad;
+    for (const auto& p : params_) {
+      const bool low =
+          p.tensor.is_floating_point() && p.tensor.scalar_type() != at::kFloat && p.tensor.scalar_type() != at::kDouble;
+      // The master is the parameter itself for fp32 (no copy), a fp32 clone otherwise.
+      masters_.push_back(masters_enabled_ && low ? p.tensor.detach().to(at::kFloat).clone() : p.tensor);
+    }
+  }
 
-  std::vector<dtk::Param> optimizer_params() override { return params_; }
+  // The optimizer sees the masters: fp32 copies for low-precision parameters, else the params.
+  std::vector<dtk::Param> optimizer_params() override {
+    std::vector<dtk::Param> out = params_;
+    for (size_t i = 0; i < out.size(); ++i) out[i].tensor = masters_[i];
+    return out;
+  }
 
   void reduce_gradients() override {
-    if (dtk::Comm::size(DTK_GROUP_DATA_PARALLEL) == 1) return;
-    for (auto& p : params_) {
-      if (!p.tensor.grad().defined()) continue;
-      dtk::Comm::all_reduce(p.tensor.grad(), DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM);
+    at::NoGradGuard no_grad;
+    const bool reduce = dtk::Comm::size(DTK_GROUP_DATA_PARALLEL) > 1;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = params_[i].tensor.grad();
+      if (!g.defined()) continue;
+      // Convert first, reduce in fp32 (Megatron accumulates and reduces main_grad in fp32).
+      if (!is_self(i)) masters_[i].mutable_grad() = g.to(at::kFloat);
+      if (reduce)
+        dtk::Comm::all_reduce(masters_[i].grad(), DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM);
     }
   }
 
@@ -34,11 +62,11 @@ class Ddp : public dtk::Strategy {
     at::NoGradGuard no_grad;
     // Accumulate on the gradients' device (one host sync at the end, not one per parameter).
     at::Tensor total;
-    for (auto& p : params_) {
-      const at::Tensor& g = p.tensor.grad();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = masters_[i].grad();
       if (!g.defined()) continue;
       // Replicated parameters are counted on TP rank 0 only, so the sum is not duplicated.
-      if (!p.info.tensor_parallel && tp_rank_ != 0) continue;
+      if (!params_[i].info.tensor_parallel && tp_rank_ != 0) continue;
       at::Tensor sq = g.to(at::kDouble).pow(2).sum();
       total = total.defined() ? total + sq : sq;
     }
@@ -48,21 +76,54 @@ class Ddp : public dtk::Strategy {
     if (max_norm > 0 && std::isfinite(norm)) {
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0)
-        for (auto& p : params_)
-          if (p.tensor.grad().defined()) p.tensor.grad().mul_(coeff);
+        for (auto& m : masters_)
+          if (m.grad().defined()) m.grad().mul_(coeff);
     }
     return norm;
   }
 
+  void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) override {
+    dtk::check(optimizer->api->step(optimizer->optimizer, &args));
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!is_self(i)) params_[i].tensor.copy_(masters_[i]);  // round the fp32 master into the param
+  }
+
   void zero_grad() override {
-    for (auto& p : params_)
-      if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].tensor.grad().defined()) params_[i].tensor.mutable_grad() = at::Tensor();
+      if (!is_self(i) && masters_[i].grad().defined()) masters_[i].mutable_grad() = at::Tensor();
+    }
+  }
+
+  // Checkpoints carry the fp32 masters: the low-precision params alone would lose their bits.
+  dtk::TensorList state_save() override {
+    dtk::TensorList out;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!is_self(i)) out.emplace_back("master." + params_[i].name, masters_[i]);
+    return out;
+  }
+
+  void state_load(const dtk::TensorList& state) override {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (is_self(i)) continue;
+      const at::Tensor* t = dtk::find(state, "master." + params_[i].name);
+      if (!t) throw dtk::Error("ddp: checkpoint has no fp32 master for '" + params_[i].name + "'", DTK_ERR_NOT_FOUND);
+      if (t->sizes() != masters_[i].sizes())
+        throw dtk::Error("ddp: master '" + params_[i].name + "' has shape " + dtk::Model::shape_str(*t) +
+                         ", expected " + dtk::Model::shape_str(masters_[i]));
+      masters_[i].copy_(*t);
+    }
   }
 
  private:
-  bool average_;
+  bool is_self(size_t i) const { return masters_[i].unsafeGetTensorImpl() == params_[i].tensor.unsafeGetTensorImpl(); }
+
+  bool average_, masters_enabled_;
   int32_t tp_rank_;
   std::vector<dtk::Param> params_;
+  std::vector<at::Tensor> masters_;  // masters_[i] is params_[i] itself, or its fp32 copy
 };
 
 }  // namespace

@@ -10,10 +10,7 @@ using host::Plugin;
 
 void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
   if (!s) return;
-  std::string message = dtk_status_get_message(s);
-  dtk_status_release(s);
-  throw HostError(std::string(host::kind_name(plugin.kind())) + " plugin '" + plugin.name() + "': " + call + ": " +
-                  message);
+  host::check_status(s, std::string(host::kind_name(plugin.kind())) + " plugin '" + plugin.name() + "': " + call);
 }
 
 // ---------------------------------------------------------------------------------------------

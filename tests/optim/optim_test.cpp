@@ -8,6 +8,8 @@
 // clip_grad.h is not self-contained: it needs torch/types.h first.
 #include <torch/nn/utils/clip_grad.h>
 
+#include <map>
+
 #include "optim_support.hpp"
 
 using namespace dtk_optim_support;
@@ -138,22 +140,39 @@ class FixedModel : public dtk::Model {
   dtk_model_info info() override { return dtk_model_info{sizeof(dtk_model_info), 0, 0, 0, 0, 0, 0, 0, 0}; }
 };
 
+// The ddp strategy, set up through its ABI table over a FixedModel holding `params`.
+struct DdpOver {
+  DdpOver(const std::vector<at::Tensor>& params, const std::map<std::string, std::string>& user)
+      : api(plugin(kDir, "dtk_plugin_ddp.so").api_as<dtk_strategy_api>()),
+        options(dtk::host::resolve_options(plugin(kDir, "dtk_plugin_ddp.so"), user)) {
+    FixedModel::source() = params;
+    dtk_build_context b = context(options.get());
+    check(model_api->create(&b, &model));
+    dtk_model_ref ref{sizeof(dtk_model_ref), model_api, model};
+    check(api->create(&b, &s));
+    check(api->setup(s, &ref));
+  }
+  ~DdpOver() {
+    api->destroy(s);
+    model_api->destroy(model);
+  }
+  DdpOver(const DdpOver&) = delete;
+  DdpOver& operator=(const DdpOver&) = delete;
+
+  const dtk_strategy_api* api;
+  dtk::host::OptionValues options;
+  const dtk_model_api* model_api = dtk::model_api<FixedModel>();
+  dtk_model* model = nullptr;
+  dtk_strategy* s = nullptr;
+};
+
 TEST(Ddp, ClipMatchesTorchClipGradNorm) {
-  const auto& p = plugin(kDir, "dtk_plugin_ddp.so");
-  const auto* api = p.api_as<dtk_strategy_api>();
   for (double max_norm : {0.5, 1e6, 0.0}) {
     auto mine = clones(make_params(4)), ref = clones(mine);
     set_grads(mine, ref, 7);
-    FixedModel::source() = mine;
-    const dtk_model_api* model_api = dtk::model_api<FixedModel>();
-    dtk::host::OptionValues none(dtk::host::resolve_options(p, {}));
-    dtk_build_context b = context(none.get());
-    dtk_model* model = nullptr;
-    check(model_api->create(&b, &model));
-    dtk_model_ref ref_model{sizeof(dtk_model_ref), model_api, model};
-    dtk_strategy* s = nullptr;
-    check(api->create(&b, &s));
-    check(api->setup(s, &ref_model));
+    DdpOver ddp(mine, {});
+    const auto* api = ddp.api;
+    dtk_strategy* s = ddp.s;
     double norm = 0;
     check(api->clip_and_norm(s, max_norm, &norm));
     const double expected =
@@ -163,8 +182,6 @@ TEST(Ddp, ClipMatchesTorchClipGradNorm) {
       EXPECT_TRUE(at::allclose(mine[i].grad(), ref[i].grad(), 1e-6, 1e-7)) << "grad " << i << " max_norm " << max_norm;
     check(api->zero_grad(s));
     EXPECT_FALSE(mine[0].grad().defined());
-    api->destroy(s);
-    model_api->destroy(model);
   }
 }
 
@@ -172,31 +189,20 @@ TEST(Ddp, ClipMatchesTorchClipGradNorm) {
 // fp32 torch::optim::AdamW exactly (the bf16 params are the rounded masters); without masters
 // the same tiny updates vanish in bf16.
 TEST(Ddp, Bf16ParametersTrainOnFp32Masters) {
-  const auto& strat = plugin(kDir, "dtk_plugin_ddp.so");
-  const auto* api = strat.api_as<dtk_strategy_api>();
   for (bool masters : {true, false}) {
     at::manual_seed(5);
     std::vector<at::Tensor> model = {
         (at::ones({64}) + 0.01 * at::randn({64})).to(at::kBFloat16).set_requires_grad(true)};
     std::vector<at::Tensor> ref = {model[0].detach().to(at::kFloat).clone().set_requires_grad(true)};
     const at::Tensor start = model[0].detach().clone();
-    FixedModel::source() = model;
-    const dtk_model_api* model_api = dtk::model_api<FixedModel>();
-    dtk::host::OptionValues opts(
-        dtk::host::resolve_options(strat, {{"fp32_master_weights", masters ? "true" : "false"}}));
-    dtk_build_context b = context(opts.get());
-    dtk_model* m = nullptr;
-    check(model_api->create(&b, &m));
-    dtk_model_ref mref{sizeof(dtk_model_ref), model_api, m};
-    dtk_strategy* s = nullptr;
-    check(api->create(&b, &s));
-    check(api->setup(s, &mref));
+    DdpOver ddp(model, {{"fp32_master_weights", masters ? "true" : "false"}});
+    const auto* api = ddp.api;
+    dtk_strategy* s = ddp.s;
     // The optimizer is built over what the strategy hands out: the fp32 masters.
-    std::vector<at::Tensor> handed;
-    dtk_param_visitor v = dtk::collecting_visitor(nullptr);
     std::vector<dtk::Param> params;
-    v.ctx = &params;
+    dtk_param_visitor v = dtk::collecting_visitor(&params);
     check(api->optimizer_params(s, &v));
+    std::vector<at::Tensor> handed;
     for (auto& p : params) handed.push_back(p.tensor);
     ASSERT_EQ(handed[0].scalar_type(), masters ? at::kFloat : at::kBFloat16);
     PluginOptimizer opt(plugin(kDir, "dtk_plugin_adamw.so"), {}, {{handed, 0.0}});
@@ -229,7 +235,5 @@ TEST(Ddp, Bf16ParametersTrainOnFp32Masters) {
     } else {
       EXPECT_TRUE(at::equal(model[0], start));  // every update rounded away: why masters exist
     }
-    api->destroy(s);
-    model_api->destroy(m);
   }
 }

@@ -1,7 +1,6 @@
 // TensorBoard event files: the record framing (CRC-32C, TensorFlow's masking), and a real run's
 // file read back record by record, its scalars equal to what the log line printed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstring>
@@ -10,6 +9,7 @@
 #include <map>
 #include <regex>
 
+#include "../common/run_dtk.hpp"
 #include "dtk/core/tensorboard.hpp"
 #include "tensorboard.pb.h"
 
@@ -58,18 +58,14 @@ TEST(TensorBoard, Crc32cKnownAnswers) {
 TEST(TensorBoard, TrainingRunWritesMegatronScalars) {
   const std::string dir = ::testing::TempDir() + "dtk_tb_test";
   std::filesystem::remove_all(dir);
-  const std::string cmd = std::string("timeout 300 ") + DTK_BIN + " train --config " + DTK_SOURCE_DIR +
-                          "/configs/gpt-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
-                          "--set model.vocab_size=64 --set train.train_iters=6 --set lr.lr_warmup_iters=2 "
-                          "--set logging.log_interval=3 --set eval.eval_iters=1 --threads 2 "
-                          "--set logging.tensorboard_dir=" +
-                          dir + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  std::string log;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) log += buf;
-  ASSERT_EQ(pclose(p), 0) << log;
+  const dtk_test::Result r = dtk_test::run_dtk(
+      std::string("train --config ") + DTK_SOURCE_DIR +
+      "/configs/gpt-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
+      "--set model.vocab_size=64 --set train.train_iters=6 --set lr.lr_warmup_iters=2 "
+      "--set logging.log_interval=3 --set eval.eval_iters=1 --threads 2 --set logging.tensorboard_dir=" +
+      dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string& log = r.out;
 
   std::vector<std::string> files;
   for (const auto& de : std::filesystem::directory_iterator(dir)) files.push_back(de.path().string());
@@ -100,15 +96,12 @@ TEST(TensorBoard, TrainingRunWritesMegatronScalars) {
 }
 
 TEST(TensorBoard, UnwritableDirectoryIsOneLineError) {
-  const std::string cmd = std::string("timeout 120 ") + DTK_BIN + " train --config " + DTK_SOURCE_DIR +
-                          "/configs/gpt-tiny.pbtxt --dataset synthetic --set train.train_iters=2 "
-                          "--set lr.lr_warmup_iters=0 --set logging.tensorboard_dir=/proc/dtk_no 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  std::string log;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) log += buf;
-  const int status = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(status), 1) << log;
+  const dtk_test::Result r =
+      dtk_test::run_dtk(std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set train.train_iters=2 "
+                            "--set lr.lr_warmup_iters=0 --set logging.tensorboard_dir=/proc/dtk_no",
+                        120);
+  const std::string& log = r.out;
+  EXPECT_EQ(r.code, 1) << log;
   EXPECT_NE(log.find("dtk: error: tensorboard: cannot create directory '/proc/dtk_no'"), std::string::npos) << log;
 }

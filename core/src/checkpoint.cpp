@@ -38,23 +38,6 @@ std::string mp_rank_dir(int tp_rank) {
   return buf;
 }
 
-// World-wide MAX of `value`: a bounded barrier that also carries a flag or a number.
-int64_t world_max(int64_t value, const Topology& topo, const char* what) {
-  if (topo.world_size == 1) return value;
-  at::Tensor t = at::full({1}, value, at::kLong);
-  dtk_tensor handle{t};
-  const dtk_comm_services* comm = host_services()->comm;
-  host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr), what);
-  return t.item<int64_t>();
-}
-
-// Raises this rank's error, or a line pointing at the failed rank's, once all ranks agree.
-void agree(const std::string& error, const Topology& topo, const char* what) {
-  const int64_t failed = world_max(error.empty() ? 0 : 1, topo, what);
-  if (!error.empty()) throw HostError(error);
-  if (failed) throw HostError(std::string(what) + ": another rank failed (its error is above)");
-}
-
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
   if (fd < 0) throw HostError("checkpoint: cannot open " + path + " to sync: " + std::strerror(errno));
@@ -307,8 +290,7 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
   // Every rank must resume at the same iteration.
   const int64_t hi = world_max(p.iteration, topo, "checkpoint: comparing iterations");
   const int64_t lo = -world_max(-p.iteration, topo, "checkpoint: comparing iterations");
-  if (hi != lo)
-    throw HostError("checkpoint: ranks of " + load_dir + " hold different iterations");
+  if (hi != lo) throw HostError("checkpoint: ranks of " + load_dir + " hold different iterations");
   return p;
 }
 

@@ -96,14 +96,8 @@ std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& p
       error = e.what();
     }
   }
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
-  dtk_tensor handle{failed};
-  const dtk_comm_services* comm = host_services()->comm;
-  host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr),
-                     "waiting for rank 0 to build the dataset");
-  if (!error.empty()) throw HostError(error);
-  if (failed.item<int>() != 0)
-    throw HostError("dataset plugin '" + plugin.name() + "': rank 0 failed to build the dataset (its error is above)");
+  agree(error, topo, "waiting for rank 0 to build the dataset",
+        "dataset plugin '" + plugin.name() + "': rank 0 failed to build the dataset (its error is above)");
   if (!data) data = std::make_unique<DatasetInstance>(plugin, ctx);
   return data;
 }

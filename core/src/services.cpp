@@ -417,6 +417,22 @@ void set_run_config(const config::RunConfig& cfg) {
   state().cfg = cfg;
 }
 const Topology& topology() { return state().topo; }
+
+int64_t world_max(int64_t value, const Topology& topo, const char* what) {
+  if (topo.world_size == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kLong);
+  dtk_tensor handle{t};
+  host::check_status(all_reduce(nullptr, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr), what);
+  return t.item<int64_t>();
+}
+
+void agree(const std::string& error, const Topology& topo, const char* what, const std::string& others_failed) {
+  const int64_t failed = world_max(error.empty() ? 0 : 1, topo, what);
+  if (!error.empty()) throw host::HostError(error);
+  if (failed)
+    throw host::HostError(others_failed.empty() ? std::string(what) + ": another rank failed (its error is above)"
+                                                : others_failed);
+}
 void set_topology(const Topology& t) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().topo = t;

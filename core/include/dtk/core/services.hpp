@@ -4,6 +4,7 @@
 
 #include <dtk/abi.h>
 
+#include <cstdint>
 #include <string>
 
 #include "dtk_config.pb.h"
@@ -27,6 +28,14 @@ const dtk_host_services* host_services();
 // What config_get reads and rng_seed derives from. Call before creating plugin objects.
 void set_run_config(const config::RunConfig& cfg);
 const Topology& topology();
+
+// World-wide MAX of `value` through a bounded collective (the identity for one process): a
+// barrier that also carries a flag or a number. `what` names the wait in a failure.
+int64_t world_max(int64_t value, const Topology& topo, const char* what);
+
+// After a step every rank ran: throws this rank's `error` if it has one, else `others_failed`
+// (default "<what>: another rank failed (its error is above)") if any rank failed.
+void agree(const std::string& error, const Topology& topo, const char* what, const std::string& others_failed = "");
 // Set by init_distributed (dtk/core/distributed.hpp) once the process groups exist.
 void set_topology(const Topology& t);
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -42,9 +43,8 @@ class TempDir {
   }
   ~TempDir() {
     if (path_ != "/tmp") {
-      std::string cmd = "rm -rf '" + path_ + "'";
-      if (std::system(cmd.c_str()) != 0) {
-      }
+      std::error_code ec;  // best effort: a leftover temp dir must not fail a test
+      std::filesystem::remove_all(path_, ec);
     }
   }
   const std::string& path() const { return path_; }

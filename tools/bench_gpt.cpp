@@ -93,8 +93,9 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
   dtk::MapView view(batch);
   dtk_metric_sink sink{sizeof(sink), nullptr, [](void*, const char*, double) {}};
   auto one = [&] {
-    dtk_tensor* loss = nullptr;
-    check(sapi->forward_step(step, &ref, view.get(), &loss, &sink));
+    dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, &ref, view.get(), &sink, nullptr};
+    check(sapi->forward_step(step, &args));
+    dtk_tensor* loss = args.loss;
     dtk::TensorHandle owned(loss);
     dtk::unwrap(loss).backward();
   };

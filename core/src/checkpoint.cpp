@@ -190,8 +190,12 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     at::Tensor t = at::full({1}, writer ? bytes : 0, at::kLong);
     dtk_tensor handle{t};
     const dtk_comm_services* comm = host_services()->comm;
-    host::check_status(comm->all_reduce(comm->ctx, DTK_GROUP_WORLD, &handle, DTK_REDUCE_SUM, 0, nullptr),
-                       "checkpoint: summing file sizes");
+    dtk_collective_args args{};
+    args.struct_size = dtk_collective_args_STRUCT_SIZE;
+    args.group = DTK_GROUP_WORLD;
+    args.op = DTK_REDUCE_SUM;
+    args.tensor = &handle;
+    host::check_status(comm->all_reduce(comm->ctx, &args), "checkpoint: summing file sizes");
     bytes = t.item<int64_t>();
   }
   report.megabytes = static_cast<double>(bytes) / 1e6;

@@ -1,5 +1,7 @@
 #include "dtk/core/components.hpp"
 
+#include <glog/logging.h>
+
 #include <cmath>
 #include <set>
 
@@ -19,7 +21,16 @@ ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
   dtk_model* m = nullptr;
   check_plugin(api_->create(&ctx, &m), plugin_, "create");
   if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
-  ref_ = {sizeof(dtk_model_ref), api_, m};
+  ref_ = {dtk_model_ref_STRUCT_SIZE, api_, m};
+  // A model that did not honour the context's device or dtype is moved (abi.h: `to`).
+  const at::Device device = to_device(ctx.device);
+  const at::ScalarType dtype = to_scalar_type(ctx.params_dtype);
+  for (const Param& p : parameters()) {
+    if (p.tensor.device() != device || (p.tensor.is_floating_point() && p.tensor.scalar_type() != dtype)) {
+      to(device, dtype);
+      break;
+    }
+  }
 }
 ModelInstance::~ModelInstance() {
   if (ref_.model) api_->destroy(ref_.model);
@@ -35,9 +46,26 @@ void ModelInstance::set_training(bool training) {
 }
 dtk_model_info ModelInstance::info() const {
   dtk_model_info info{};
-  info.struct_size = sizeof(info);
+  info.struct_size = dtk_model_info_STRUCT_SIZE;
   check_plugin(api_->get_info(ref_.model, &info), plugin_, "get_info");
+  if (!DTK_STRUCT_COVERS(dtk_model_info, &info, 2_0))
+    throw HostError("model plugin '" + plugin_.name() + "': get_info filled " + std::to_string(info.struct_size) +
+                    " bytes, fewer than ABI 2.0's " + std::to_string(dtk_model_info_STRUCT_SIZE_2_0));
   return info;
+}
+void ModelInstance::to(at::Device device, std::optional<at::ScalarType> dtype) {
+  const dtk_model_to_args args{dtk_model_to_args_STRUCT_SIZE, from_device(device),
+                               dtype ? from_scalar_type(*dtype) : DTK_DTYPE_INVALID};
+  check_plugin(api_->to(ref_.model, &args), plugin_, "to");
+}
+std::vector<Module> ModelInstance::modules() const {
+  std::vector<Module> out;
+  const dtk_module_visitor v = collecting_module_visitor(&out);
+  check_plugin(api_->visit_modules(ref_.model, &v), plugin_, "visit_modules");
+  return out;
+}
+void ModelInstance::set_module_hooks(const dtk_module_hooks* hooks) {
+  check_plugin(api_->set_module_hooks(ref_.model, hooks), plugin_, "set_module_hooks");
 }
 TensorList ModelInstance::state_save() const {
   SinkCollector out;
@@ -62,18 +90,18 @@ at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorLi
                                       std::vector<std::pair<std::string, double>>* metrics) {
   MapView view(batch);
   // Host callbacks run inside plugin frames: nothing may throw out of them.
-  dtk_metric_sink sink{sizeof(dtk_metric_sink), metrics, [](void* ctx, const char* name, double v) {
+  dtk_metric_sink sink{dtk_metric_sink_STRUCT_SIZE, metrics, [](void* ctx, const char* name, double v) {
                          if (!name) return;
                          try {
                            static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
                          } catch (...) {
                          }
                        }};
-  dtk_tensor* loss = nullptr;
-  check_plugin(api_->forward_step(step_, model.ref(), view.get(), &loss, &sink), plugin_, "forward_step");
-  if (!loss) throw HostError("step plugin '" + plugin_.name() + "': forward_step returned no loss");
-  TensorHandle owned(loss);
-  return unwrap(loss);
+  dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, model.ref(), view.get(), &sink, nullptr};
+  check_plugin(api_->forward_step(step_, &args), plugin_, "forward_step");
+  if (!args.loss) throw HostError("step plugin '" + plugin_.name() + "': forward_step returned no loss");
+  TensorHandle owned(args.loss);
+  return unwrap(args.loss);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -92,14 +120,15 @@ OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_conte
   }
   std::vector<dtk_param_group> groups;
   if (!decay.empty())
-    groups.push_back({sizeof(dtk_param_group), decay.size(), decay.data(), decay_names.data(), weight_decay, 1.0});
+    groups.push_back({dtk_param_group_STRUCT_SIZE, decay.size(), decay.data(), decay_names.data(), weight_decay, 1.0});
   if (!no_decay.empty())
-    groups.push_back({sizeof(dtk_param_group), no_decay.size(), no_decay.data(), no_decay_names.data(), 0.0, 1.0});
+    groups.push_back({dtk_param_group_STRUCT_SIZE, no_decay.size(), no_decay.data(), no_decay_names.data(), 0.0, 1.0});
   num_groups_ = groups.size();
   dtk_optimizer* o = nullptr;
-  check_plugin(api_->create(&ctx, groups.data(), groups.size(), &o), plugin_, "create");
+  const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &ctx, groups.data(), groups.size()};
+  check_plugin(api_->create(&args, &o), plugin_, "create");
   if (!o) throw HostError("optimizer plugin '" + plugin_.name() + "': create returned no optimizer");
-  ref_ = {sizeof(dtk_optimizer_ref), api_, o};
+  ref_ = {dtk_optimizer_ref_STRUCT_SIZE, api_, o};
 }
 OptimizerInstance::~OptimizerInstance() {
   if (ref_.optimizer) api_->destroy(ref_.optimizer);
@@ -121,10 +150,26 @@ StrategyInstance::StrategyInstance(const Plugin& plugin, const dtk_build_context
   if (!strategy_) throw HostError("strategy plugin '" + plugin_.name() + "': create returned no strategy");
 }
 StrategyInstance::~StrategyInstance() {
+  if (hooked_) {
+    try {
+      hooked_->set_module_hooks(nullptr);
+    } catch (const std::exception& e) {
+      LOG(ERROR) << e.what();
+    }
+  }
   if (strategy_) api_->destroy(strategy_);
 }
-void StrategyInstance::setup(const ModelInstance& model) {
+void StrategyInstance::setup(ModelInstance& model) {
   check_plugin(api_->setup(strategy_, model.ref()), plugin_, "setup");
+  const dtk_module_hooks* hooks = nullptr;
+  check_plugin(api_->module_hooks(strategy_, &hooks), plugin_, "module_hooks");
+  if (!hooks) return;
+  try {
+    model.set_module_hooks(hooks);
+  } catch (const HostError& e) {
+    throw HostError("strategy plugin '" + plugin_.name() + "' needs per-module hooks, but " + e.what());
+  }
+  hooked_ = &model;
 }
 std::vector<Param> StrategyInstance::optimizer_params() {
   std::vector<Param> out;
@@ -132,19 +177,22 @@ std::vector<Param> StrategyInstance::optimizer_params() {
   check_plugin(api_->optimizer_params(strategy_, &v), plugin_, "optimizer_params");
   return out;
 }
-void StrategyInstance::before_backward(bool is_last) {
-  check_plugin(api_->before_backward(strategy_, is_last ? 1 : 0), plugin_, "before_backward");
+void StrategyInstance::before_backward(int64_t micro_batch, int64_t num_micro_batches) {
+  const dtk_backward_args args{dtk_backward_args_STRUCT_SIZE, static_cast<int32_t>(micro_batch),
+                               static_cast<int32_t>(num_micro_batches), micro_batch + 1 == num_micro_batches ? 1 : 0};
+  check_plugin(api_->before_backward(strategy_, &args), plugin_, "before_backward");
 }
 void StrategyInstance::reduce_gradients() {
   check_plugin(api_->reduce_gradients(strategy_), plugin_, "reduce_gradients");
 }
 double StrategyInstance::clip_and_norm(double max_norm) {
-  double norm = 0;
-  check_plugin(api_->clip_and_norm(strategy_, max_norm, &norm), plugin_, "clip_and_norm");
-  return norm;
+  dtk_clip_args args{dtk_clip_args_STRUCT_SIZE, max_norm, 0.0};
+  check_plugin(api_->clip_and_norm(strategy_, &args), plugin_, "clip_and_norm");
+  return args.norm;
 }
 void StrategyInstance::optimizer_step(const OptimizerInstance& opt, const dtk_optimizer_step_args& args) {
-  check_plugin(api_->optimizer_step(strategy_, opt.ref(), &args), plugin_, "optimizer_step");
+  const dtk_strategy_step_args step{dtk_strategy_step_args_STRUCT_SIZE, opt.ref(), &args};
+  check_plugin(api_->optimizer_step(strategy_, &step), plugin_, "optimizer_step");
 }
 void StrategyInstance::zero_grad() { check_plugin(api_->zero_grad(strategy_), plugin_, "zero_grad"); }
 TensorList StrategyInstance::state_save() const {
@@ -190,41 +238,26 @@ struct BufferCollector {
 };
 
 at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
-  if (!b || b->struct_size < offsetof(dtk_buffer, deleter) + sizeof(void*))
-    throw HostError(where + ": malformed buffer");
+  if (!DTK_STRUCT_COVERS(dtk_buffer, b, 2_0)) throw HostError(where + ": malformed buffer");
   if (b->ndim != 1 || !b->shape || b->shape[0] < 0) throw HostError(where + ": expected a 1-D buffer");
   const int64_t n = b->shape[0];
   const int64_t stride = b->strides ? b->strides[0] : 1;
   if (n > 0 && !b->data) throw HostError(where + ": buffer has no data");
   if (stride <= 0) throw HostError(where + ": buffer stride must be positive, got " + std::to_string(stride));
-  at::ScalarType st;
-  switch (b->dtype) {
-    case DTK_DTYPE_UINT8:
-      st = at::kByte;
-      break;
-    case DTK_DTYPE_INT8:
-      st = at::kChar;
-      break;
-    case DTK_DTYPE_INT16:
-      st = at::kShort;
-      break;
-    case DTK_DTYPE_INT32:
-      st = at::kInt;
-      break;
-    case DTK_DTYPE_INT64:
-      st = at::kLong;
-      break;
-    case DTK_DTYPE_UINT16: {
-      // LibTorch 1.13 has no uint16: widen by hand.
-      auto out = at::empty({n}, at::kLong);
-      auto* dst = out.data_ptr<int64_t>();
-      const auto* src = static_cast<const uint16_t*>(b->data);
-      for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
-      return out;
-    }
-    default:
-      throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
+  if (b->dtype == DTK_DTYPE_UINT16) {
+    // LibTorch 1.13 has no uint16: widen by hand.
+    auto out = at::empty({n}, at::kLong);
+    auto* dst = out.data_ptr<int64_t>();
+    const auto* src = static_cast<const uint16_t*>(b->data);
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
+    return out;
   }
+  const int32_t code = b->dtype;
+  const bool integer = code == DTK_DTYPE_UINT8 || code == DTK_DTYPE_INT8 || code == DTK_DTYPE_INT16 ||
+                       code == DTK_DTYPE_INT32 || code == DTK_DTYPE_INT64;
+  if (!integer)
+    throw HostError(where + ": token buffer must have an integer dtype (got code " + std::to_string(b->dtype) + ")");
+  const at::ScalarType st = to_scalar_type(code);
   // Always copy: the buffer is released as soon as this returns.
   return at::from_blob(b->data, {n}, {stride}, at::TensorOptions().dtype(st))
       .to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
@@ -233,7 +266,7 @@ at::Tensor buffer_to_int64(const dtk_buffer* b, const std::string& where) {
 
 at::Tensor DatasetInstance::get_sample(int32_t split, int64_t index) const {
   BufferCollector c;
-  dtk_buffer_sink sink{sizeof(dtk_buffer_sink), &c, [](void* ctx, const char* name, dtk_buffer* b) -> dtk_status* {
+  dtk_buffer_sink sink{dtk_buffer_sink_STRUCT_SIZE, &c, [](void* ctx, const char* name, dtk_buffer* b) -> dtk_status* {
                          // The sink owns `b` even on failure: release it if it cannot be kept.
                          try {
                            static_cast<BufferCollector*>(ctx)->items.emplace_back(name ? name : "", b);
@@ -243,7 +276,8 @@ at::Tensor DatasetInstance::get_sample(int32_t split, int64_t index) const {
                            return host::make_status(DTK_ERR_INTERNAL, "out of memory collecting a sample buffer");
                          }
                        }};
-  check_plugin(api_->get_sample(dataset_, split, index, &sink), plugin_, "get_sample");
+  const dtk_sample_args args{dtk_sample_args_STRUCT_SIZE, split, index, &sink};
+  check_plugin(api_->get_sample(dataset_, &args), plugin_, "get_sample");
   for (auto& kv : c.items)
     if (kv.first == "text")
       return buffer_to_int64(kv.second, "dataset plugin '" + plugin_.name() + "' sample " + std::to_string(index));

@@ -330,7 +330,7 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
       if (loss.dim() != 0 && loss.numel() != 1)
         throw HostError("step plugin '" + step_p.name() + "': forward_step returned a loss of shape " +
                         Model::shape_str(loss) + ", expected a scalar");
-      strategy.before_backward(m + 1 == num_micro);
+      strategy.before_backward(m, num_micro);
       // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
       (loss.reshape({}) / static_cast<double>(num_micro)).backward();
       iteration_metrics.add(metrics);

@@ -177,14 +177,27 @@ at::Tensor contiguous_buffer(const at::Tensor& t, std::function<void()>* copy_ba
   return buf;
 }
 
-dtk_status* check_async(int32_t async, dtk_comm_work** work) {
-  if (async && !work) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "async collective without a work pointer");
+// Checks what every collective reads: the args' size, the group, async without a work pointer
+// and the reserved priority (a 2.0 host refuses a value it would otherwise silently ignore).
+dtk_status* check_args(const dtk_collective_args* a, const char* what) {
+  if (!DTK_STRUCT_COVERS(dtk_collective_args, a, 2_0))
+    return host::make_status(DTK_ERR_ABI, (std::string(what) + ": collective args missing or smaller than ABI 2.0's " +
+                                           std::to_string(dtk_collective_args_STRUCT_SIZE_2_0) + " bytes")
+                                              .c_str());
+  if (dtk_status* s = check_group(a->group)) return s;
+  if (a->async && !a->work)
+    return host::make_status(DTK_ERR_INVALID_ARGUMENT, (std::string(what) + ": async without a work pointer").c_str());
+  if (a->priority != 0)
+    return host::make_status(DTK_ERR_UNSUPPORTED,
+                             (std::string(what) + ": priority is reserved and must be 0 in ABI 2.0").c_str());
   return nullptr;
 }
 
-dtk_status* all_reduce(void*, int32_t group, dtk_tensor* t, int32_t op, int32_t async, dtk_comm_work** work) {
-  if (dtk_status* s = check_group(group)) return s;
-  if (dtk_status* s = check_async(async, work)) return s;
+dtk_status* all_reduce(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "all_reduce")) return s;
+  const int32_t group = a->group, op = a->op, async = a->async;
+  dtk_comm_work** work = a->work;
+  dtk_tensor* t = a->tensor;
   if (!t) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "all_reduce: null tensor");
   return dtk::guard([&] {
     at::NoGradGuard ng;
@@ -214,9 +227,11 @@ dtk_status* all_reduce(void*, int32_t group, dtk_tensor* t, int32_t op, int32_t 
   });
 }
 
-dtk_status* broadcast(void*, int32_t group, dtk_tensor* t, int32_t src, int32_t async, dtk_comm_work** work) {
-  if (dtk_status* s = check_group(group)) return s;
-  if (dtk_status* s = check_async(async, work)) return s;
+dtk_status* broadcast(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "broadcast")) return s;
+  const int32_t group = a->group, src = a->root, async = a->async;
+  dtk_comm_work** work = a->work;
+  dtk_tensor* t = a->tensor;
   if (!t || src < 0 || src >= group_size(state().topo, group))
     return host::make_status(DTK_ERR_INVALID_ARGUMENT, "broadcast: bad tensor or source rank");
   return dtk::guard([&] {
@@ -244,15 +259,17 @@ void check_gather_shapes(const char* what, const at::Tensor& big, const at::Tens
             big.scalar_type() == small.scalar_type();
   for (int64_t d = 1; ok && d < big.dim(); ++d) ok = big.size(d) == small.size(d);
   if (!ok)
-    throw dtk::Error(std::string(what) + ": tensors " + dtk::Model::shape_str(big) + " and " +
-                         dtk::Model::shape_str(small) + " do not fit a group of " + std::to_string(size) +
+    throw dtk::Error(std::string(what) + ": tensors " + dtk::shape_str(big) + " and " + dtk::shape_str(small) +
+                         " do not fit a group of " + std::to_string(size) +
                          " (first dimension x group size, same dtype)",
                      DTK_ERR_INVALID_ARGUMENT);
 }
 
-dtk_status* all_gather(void*, int32_t group, dtk_tensor* out, dtk_tensor* in, int32_t async, dtk_comm_work** work) {
-  if (dtk_status* s = check_group(group)) return s;
-  if (dtk_status* s = check_async(async, work)) return s;
+dtk_status* all_gather(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "all_gather")) return s;
+  const int32_t group = a->group, async = a->async;
+  dtk_comm_work** work = a->work;
+  dtk_tensor *out = a->output, *in = a->tensor;
   if (!out || !in) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "all_gather: null tensor");
   return dtk::guard([&] {
     at::NoGradGuard ng;
@@ -279,10 +296,11 @@ dtk_status* all_gather(void*, int32_t group, dtk_tensor* out, dtk_tensor* in, in
   });
 }
 
-dtk_status* reduce_scatter(void*, int32_t group, dtk_tensor* out, dtk_tensor* in, int32_t op, int32_t async,
-                           dtk_comm_work** work) {
-  if (dtk_status* s = check_group(group)) return s;
-  if (dtk_status* s = check_async(async, work)) return s;
+dtk_status* reduce_scatter(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "reduce_scatter")) return s;
+  const int32_t group = a->group, op = a->op, async = a->async;
+  dtk_comm_work** work = a->work;
+  dtk_tensor *out = a->output, *in = a->tensor;
   if (!out || !in) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "reduce_scatter: null tensor");
   return dtk::guard([&] {
     at::NoGradGuard ng;
@@ -317,8 +335,9 @@ dtk_status* reduce_scatter(void*, int32_t group, dtk_tensor* out, dtk_tensor* in
   });
 }
 
-dtk_status* barrier(void*, int32_t group) {
-  if (dtk_status* s = check_group(group)) return s;
+dtk_status* barrier(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "barrier")) return s;
+  const int32_t group = a->group;
   return dtk::guard([&] {
     if (auto pg = pg_of(group)) {
       auto w = std::make_unique<dtk_comm_work>();
@@ -340,31 +359,6 @@ void work_release(void*, dtk_comm_work* w) { delete w; }
 
 int32_t comm_rank(void*, int32_t group) { return group_rank(state().topo, group); }
 int32_t comm_size(void*, int32_t group) { return group_size(state().topo, group); }
-// Megatron's layout: global = pp * (dp_size * tp_size) + dp * tp_size + tp.
-int32_t comm_global_rank(void*, int32_t group, int32_t r) {
-  const Topology& t = state().topo;
-  const int32_t n = group_size(t, group);
-  if (n <= 0 || r < 0 || r >= n) return -1;
-  int tp = t.tp_rank, dp = t.dp_rank, pp = t.pp_rank;
-  switch (group) {
-    case DTK_GROUP_WORLD:
-      return r;
-    case DTK_GROUP_DATA_PARALLEL:
-      dp = r;
-      break;
-    case DTK_GROUP_TENSOR_PARALLEL:
-      tp = r;
-      break;
-    case DTK_GROUP_PIPELINE_PARALLEL:
-      pp = r;
-      break;
-    case DTK_GROUP_MODEL_PARALLEL:
-      pp = r / t.tp_size, tp = r % t.tp_size;
-      break;
-  }
-  return pp * t.dp_size * t.tp_size + dp * t.tp_size + tp;
-}
-
 uint64_t rng_seed(void*, int32_t stream) {
   const State& s = state();
   const uint64_t seed = s.cfg.train().seed();
@@ -372,46 +366,55 @@ uint64_t rng_seed(void*, int32_t stream) {
   switch (stream) {
     case DTK_RNG_TENSOR_PARALLEL:
       return seed + 100 * static_cast<uint64_t>(s.topo.pp_rank) + 2718 + static_cast<uint64_t>(s.topo.tp_rank);
-    case DTK_RNG_DATA:
-      return seed;
     default:
       return seed + 100 * static_cast<uint64_t>(s.topo.pp_rank);
   }
 }
 
-dtk_status* config_get(void*, const char* key, const char** value) {
-  if (!key || !value) return host::make_status(DTK_ERR_INVALID_ARGUMENT, "config_get: null argument");
-  // The result is borrowed until this thread's next call: one buffer per thread, so a dataset's
-  // loader thread and the training thread never share it.
-  thread_local std::string last_value;
-  State& s = state();
-  try {
-    std::lock_guard<std::mutex> lock(s.mu);
-    last_value = config_value(s.cfg, key);
-  } catch (const std::exception& e) {
-    return host::make_status(DTK_ERR_NOT_FOUND, e.what());
-  }
-  *value = last_value.c_str();
+void tensor_release(dtk_tensor* t) { dtk::release(t); }
+
+// No host extensions in ABI 2.0 (abi.h rule 8): every id is unknown.
+const void* get_extension(const char* id) {
+  (void)id;
   return nullptr;
 }
 
-void tensor_release(dtk_tensor* t) { dtk::release(t); }
-
 const dtk_comm_services kComm = {
-    sizeof(dtk_comm_services), nullptr,     &comm_rank, &comm_size,
-    &comm_global_rank,         &all_reduce, &broadcast, &all_gather,
-    &reduce_scatter,           &barrier,    &wait,      &work_release,
-};
-
-const dtk_host_services kServices = {
-    sizeof(dtk_host_services), DTK_ABI_MAJOR, DTK_ABI_MINOR, "0.1.0",     TORCH_VERSION,   nullptr, &log_fn,
-    &host::make_status,        &kComm,        &rng_seed,     &config_get, &tensor_release,
+    dtk_comm_services_STRUCT_SIZE,
+    nullptr,
+    &comm_rank,
+    &comm_size,
+    &all_reduce,
+    &broadcast,
+    &all_gather,
+    &reduce_scatter,
+    &barrier,
+    &wait,
+    &work_release,
 };
 
 }  // namespace
 
 const char* host_torch_version() { return TORCH_VERSION; }
-const dtk_host_services* host_services() { return &kServices; }
+// A function-local static: the device table comes from another translation unit.
+const dtk_host_services* host_services() {
+  static const dtk_host_services services = {
+      dtk_host_services_STRUCT_SIZE,
+      DTK_ABI_MAJOR,
+      DTK_ABI_MINOR,
+      "0.1.0",
+      TORCH_VERSION,
+      nullptr,
+      &log_fn,
+      &host::make_status,
+      &kComm,
+      &rng_seed,
+      &tensor_release,
+      device_services(),
+      &get_extension,
+  };
+  return &services;
+}
 void set_run_config(const config::RunConfig& cfg) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().cfg = cfg;
@@ -422,7 +425,12 @@ int64_t world_max(int64_t value, const Topology& topo, const char* what) {
   if (topo.world_size == 1) return value;
   at::Tensor t = at::full({1}, value, at::kLong);
   dtk_tensor handle{t};
-  host::check_status(all_reduce(nullptr, DTK_GROUP_WORLD, &handle, DTK_REDUCE_MAX, 0, nullptr), what);
+  dtk_collective_args a{};
+  a.struct_size = dtk_collective_args_STRUCT_SIZE;
+  a.group = DTK_GROUP_WORLD;
+  a.op = DTK_REDUCE_MAX;
+  a.tensor = &handle;
+  host::check_status(all_reduce(nullptr, &a), what);
   return t.item<int64_t>();
 }
 

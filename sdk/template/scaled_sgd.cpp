@@ -1,7 +1,7 @@
 // template_scaled_sgd — an example optimizer plugin built out of tree against the installed
 // DTK SDK: plain SGD whose step size is scaled per parameter group. It shows everything a
 // plugin author writes: options, a class deriving from an SDK base, and one DTK_PLUGIN line.
-#include <dtk/tensor.hpp>
+#include <dtk/optimizer.hpp>
 
 namespace {
 

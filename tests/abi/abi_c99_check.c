@@ -1,6 +1,7 @@
-/* Compiled with -std=c99 -pedantic -Werror: abi.h must stay pure C99. */
+/* Compiled with -std=c99 -pedantic -Werror: abi.h must stay pure C99, traits included. */
 #include <dtk/abi.h>
 
 int dtk_abi_c99_check(const dtk_plugin_entry* e) {
-  return DTK_HAS_FIELD(dtk_plugin_entry, e, num_options) ? (int)e->abi_major : -1;
+  if (!DTK_STRUCT_COVERS(dtk_plugin_entry, e, 2_0)) return -1;
+  return DTK_HAS_FIELD(dtk_plugin_entry, e, get_extension) ? (int)e->abi_major : (int)dtk_plugin_entry_STRUCT_SIZE;
 }

@@ -41,6 +41,40 @@ bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.size
 
 at::Tensor f(std::initializer_list<double> v) { return at::tensor(std::vector<double>(v), at::kFloat); }
 
+// ABI 2.0 passes a collective's arguments in a dtk_collective_args; these build it from the
+// positional arguments the checks below were written with.
+dtk_collective_args cargs(int32_t group, dtk_tensor* tensor, dtk_tensor* output, int32_t op, int32_t root,
+                          int32_t async, dtk_comm_work** work) {
+  dtk_collective_args a{};
+  a.struct_size = dtk_collective_args_STRUCT_SIZE;
+  a.group = group, a.tensor = tensor, a.output = output, a.op = op, a.root = root, a.async = async, a.work = work;
+  return a;
+}
+dtk_status* all_reduce(const dtk_comm_services* c, int32_t g, dtk_tensor* t, int32_t op, int32_t async,
+                       dtk_comm_work** w) {
+  const dtk_collective_args a = cargs(g, t, nullptr, op, 0, async, w);
+  return c->all_reduce(c->ctx, &a);
+}
+dtk_status* broadcast(const dtk_comm_services* c, int32_t g, dtk_tensor* t, int32_t root, int32_t async,
+                      dtk_comm_work** w) {
+  const dtk_collective_args a = cargs(g, t, nullptr, DTK_REDUCE_SUM, root, async, w);
+  return c->broadcast(c->ctx, &a);
+}
+dtk_status* all_gather(const dtk_comm_services* c, int32_t g, dtk_tensor* out, dtk_tensor* in, int32_t async,
+                       dtk_comm_work** w) {
+  const dtk_collective_args a = cargs(g, in, out, DTK_REDUCE_SUM, 0, async, w);
+  return c->all_gather(c->ctx, &a);
+}
+dtk_status* reduce_scatter(const dtk_comm_services* c, int32_t g, dtk_tensor* out, dtk_tensor* in, int32_t op,
+                           int32_t async, dtk_comm_work** w) {
+  const dtk_collective_args a = cargs(g, in, out, op, 0, async, w);
+  return c->reduce_scatter(c->ctx, &a);
+}
+dtk_status* barrier(const dtk_comm_services* c, int32_t g) {
+  const dtk_collective_args a = cargs(g, nullptr, nullptr, DTK_REDUCE_SUM, 0, 0, nullptr);
+  return c->barrier(c->ctx, &a);
+}
+
 }  // namespace
 
 int collectives_worker(int, char**) {
@@ -67,66 +101,61 @@ int collectives_worker(int, char**) {
   WCHECK(c->size(ctx, DTK_GROUP_TENSOR_PARALLEL) == tp && c->rank(ctx, DTK_GROUP_TENSOR_PARALLEL) == r % tp, "tp");
   WCHECK(c->size(ctx, DTK_GROUP_DATA_PARALLEL) == W / tp && c->rank(ctx, DTK_GROUP_DATA_PARALLEL) == r / tp, "dp");
   WCHECK(c->size(ctx, DTK_GROUP_PIPELINE_PARALLEL) == 1 && c->size(ctx, DTK_GROUP_MODEL_PARALLEL) == tp, "pp/mp");
-  for (int i = 0; i < tp; ++i)
-    WCHECK(c->global_rank(ctx, DTK_GROUP_TENSOR_PARALLEL, i) == (r / tp) * tp + i, "tp global_rank");
-  for (int i = 0; i < W / tp; ++i)
-    WCHECK(c->global_rank(ctx, DTK_GROUP_DATA_PARALLEL, i) == i * tp + r % tp, "dp global_rank");
-  WCHECK(c->global_rank(ctx, DTK_GROUP_WORLD, W) == -1, "global_rank out of range");
 
   // all_reduce SUM / AVG / MAX / MIN on the world.
   {
     dtk_tensor h{f({1.0 * (r + 1), 2.0 * (r + 1)})};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "sum status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "sum status");
     const double s = W * (W + 1) / 2.0;
     WCHECK(same(h.value, f({s, 2 * s})), "all_reduce SUM");
     h.value = f({1.0 * r, 10.0});
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_AVG, 0, nullptr)) == 0, "avg status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_AVG, 0, nullptr)) == 0, "avg status");
     WCHECK(same(h.value, f({(W - 1) / 2.0, 10.0})), "all_reduce AVG");
     h.value = f({1.0 * r, -1.0 * r});
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_MAX, 0, nullptr)) == 0, "max status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_MAX, 0, nullptr)) == 0, "max status");
     WCHECK(same(h.value, f({W - 1.0, 0.0})), "all_reduce MAX");
     h.value = f({1.0 * r, -1.0 * r});
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_MIN, 0, nullptr)) == 0, "min status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_MIN, 0, nullptr)) == 0, "min status");
     WCHECK(same(h.value, f({0.0, 1.0 - W})), "all_reduce MIN");
     // A non-contiguous tensor (a transposed view) is reduced in place too.
     at::Tensor base = at::arange(6, at::kFloat).reshape({2, 3}).add(r);
     dtk_tensor v{base.t()};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &v, DTK_REDUCE_SUM, 0, nullptr)) == 0, "noncontig status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &v, DTK_REDUCE_SUM, 0, nullptr)) == 0, "noncontig status");
     WCHECK(same(base, at::arange(6, at::kFloat).reshape({2, 3}).mul(W).add(W * (W - 1) / 2.0)),
            "all_reduce of a non-contiguous view");
     // Integers: SUM works; AVG is refused (no single right rounding).
     dtk_tensor iv{at::full({2}, 2 * r + 1, at::kLong)};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &iv, DTK_REDUCE_SUM, 0, nullptr)) == 0, "int status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &iv, DTK_REDUCE_SUM, 0, nullptr)) == 0, "int status");
     WCHECK(iv.value[0].item<int64_t>() == int64_t(W) * W, "int all_reduce SUM");
     dtk_tensor ia{at::full({2}, 3, at::kLong)};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &ia, DTK_REDUCE_AVG, 0, nullptr)) == DTK_ERR_INVALID_ARGUMENT,
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &ia, DTK_REDUCE_AVG, 0, nullptr)) == DTK_ERR_INVALID_ARGUMENT,
            "int AVG refused");
   }
   // broadcast from the last group rank.
   {
     dtk_tensor h{at::full({3}, 1.0 * r, at::kFloat)};
-    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_WORLD, &h, W - 1, 0, nullptr)) == 0, "broadcast status");
+    WCHECK(code_of(broadcast(c, DTK_GROUP_WORLD, &h, W - 1, 0, nullptr)) == 0, "broadcast status");
     WCHECK(same(h.value, at::full({3}, W - 1.0, at::kFloat)), "broadcast");
     std::string msg;
-    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_WORLD, &h, W, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
+    WCHECK(code_of(broadcast(c, DTK_GROUP_WORLD, &h, W, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
            "broadcast from a rank outside the group is refused");
   }
   // all_gather in rank order; reduce_scatter (emulated over all_reduce).
   {
     dtk_tensor in{f({10.0 * r, 10.0 * r + 1})}, out{at::zeros({2 * W}, at::kFloat)};
-    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &out, &in, 0, nullptr)) == 0, "all_gather status");
+    WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &out, &in, 0, nullptr)) == 0, "all_gather status");
     at::Tensor want = at::empty({2 * W}, at::kFloat);
     for (int i = 0; i < W; ++i) want[2 * i] = 10.0 * i, want[2 * i + 1] = 10.0 * i + 1;
     WCHECK(same(out.value, want), "all_gather");
     dtk_tensor rs_in{at::arange(2 * W, at::kFloat).add(r)}, rs_out{at::zeros({2}, at::kFloat)};
-    WCHECK(code_of(c->reduce_scatter(ctx, DTK_GROUP_WORLD, &rs_out, &rs_in, DTK_REDUCE_SUM, 0, nullptr)) == 0,
+    WCHECK(code_of(reduce_scatter(c, DTK_GROUP_WORLD, &rs_out, &rs_in, DTK_REDUCE_SUM, 0, nullptr)) == 0,
            "reduce_scatter status");
     const double base = W * (W - 1) / 2.0;
     WCHECK(same(rs_out.value, f({base + W * (2.0 * r), base + W * (2.0 * r + 1)})), "reduce_scatter SUM");
     WCHECK(same(rs_in.value, at::arange(2 * W, at::kFloat).add(r)), "reduce_scatter leaves its input alone");
     std::string msg;
     dtk_tensor bad{at::zeros({2 * W + 1}, at::kFloat)};
-    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &bad, &in, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
+    WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &bad, &in, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
            "all_gather with a wrong output shape is refused");
   }
   // Async + wait: all three kinds in flight at once, finished in reverse order.
@@ -134,9 +163,9 @@ int collectives_worker(int, char**) {
     dtk_tensor a{f({1.0 * r})}, gi{f({1.0 * r})}, go{at::zeros({W}, at::kFloat)};
     dtk_tensor ri{at::ones({W}, at::kFloat)}, ro{at::zeros({1}, at::kFloat)};
     dtk_comm_work *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &a, DTK_REDUCE_AVG, 1, &w1)) == 0 && w1, "async all_reduce");
-    WCHECK(code_of(c->all_gather(ctx, DTK_GROUP_WORLD, &go, &gi, 1, &w2)) == 0 && w2, "async all_gather");
-    WCHECK(code_of(c->reduce_scatter(ctx, DTK_GROUP_WORLD, &ro, &ri, DTK_REDUCE_AVG, 1, &w3)) == 0 && w3,
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &a, DTK_REDUCE_AVG, 1, &w1)) == 0 && w1, "async all_reduce");
+    WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &go, &gi, 1, &w2)) == 0 && w2, "async all_gather");
+    WCHECK(code_of(reduce_scatter(c, DTK_GROUP_WORLD, &ro, &ri, DTK_REDUCE_AVG, 1, &w3)) == 0 && w3,
            "async reduce_scatter");
     WCHECK(code_of(c->wait(ctx, w3, 10000)) == 0, "wait reduce_scatter");
     WCHECK(code_of(c->wait(ctx, w2, 0)) == 0, "wait all_gather");
@@ -149,25 +178,25 @@ int collectives_worker(int, char**) {
   // Sub-groups: TP (consecutive ranks) and DP (stride tp).
   if (tp > 1 || W / tp > 1) {
     dtk_tensor h{f({1.0 * r})};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_TENSOR_PARALLEL, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "tp status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_TENSOR_PARALLEL, &h, DTK_REDUCE_SUM, 0, nullptr)) == 0, "tp status");
     const int first = (r / tp) * tp;
     WCHECK(same(h.value, f({tp * first + tp * (tp - 1) / 2.0})), "TP all_reduce sums consecutive ranks");
     dtk_tensor d{f({1.0 * r})};
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_DATA_PARALLEL, &d, DTK_REDUCE_SUM, 0, nullptr)) == 0, "dp status");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_DATA_PARALLEL, &d, DTK_REDUCE_SUM, 0, nullptr)) == 0, "dp status");
     const int dp = W / tp;
     WCHECK(same(d.value, f({dp * (r % tp) + tp * dp * (dp - 1) / 2.0})), "DP all_reduce sums ranks strided by tp");
     dtk_tensor b{f({1.0 * r})};
-    WCHECK(code_of(c->broadcast(ctx, DTK_GROUP_TENSOR_PARALLEL, &b, tp - 1, 0, nullptr)) == 0, "tp bcast status");
+    WCHECK(code_of(broadcast(c, DTK_GROUP_TENSOR_PARALLEL, &b, tp - 1, 0, nullptr)) == 0, "tp bcast status");
     WCHECK(same(b.value, f({first + tp - 1.0})), "TP broadcast from group rank tp-1");
   }
-  WCHECK(code_of(c->barrier(ctx, DTK_GROUP_WORLD)) == 0, "barrier");
+  WCHECK(code_of(barrier(c, DTK_GROUP_WORLD)) == 0, "barrier");
 
   // A wait that runs out: rank 0 waits 200 ms for an all_reduce the others join 1.5 s later.
   {
     dtk_tensor h{f({1.0})};
     dtk_comm_work* w = nullptr;
     if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    WCHECK(code_of(c->all_reduce(ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)) == 0, "late async all_reduce");
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)) == 0, "late async all_reduce");
     std::string msg;
     if (r == 0) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -228,11 +257,10 @@ TEST(Collectives, SingleProcessIsIdentity) {
   const dtk_comm_services* c = host_services()->comm;
   dtk_tensor h{at::ones({2})};
   dtk_comm_work* w = nullptr;
-  ASSERT_EQ(code_of(c->all_reduce(c->ctx, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)), 0);
+  ASSERT_EQ(code_of(all_reduce(c, DTK_GROUP_WORLD, &h, DTK_REDUCE_SUM, 1, &w)), 0);
   EXPECT_EQ(code_of(c->wait(c->ctx, w, 0)), 0);
   c->work_release(c->ctx, w);
   EXPECT_TRUE(same(h.value, at::ones({2})));
-  EXPECT_EQ(c->global_rank(c->ctx, DTK_GROUP_DATA_PARALLEL, 0), 0);
 }
 
 TEST(LaunchEnv, TorchrunSlurmOpenMpi) {
@@ -286,4 +314,65 @@ TEST(LaunchEnv, TorchrunSlurmOpenMpi) {
   EXPECT_EQ(le.master_port, 4321);
   clear();
   EXPECT_EQ(rank_prefix(), "");
+}
+
+// The device services of a CPU run (abi.h dtk_device_services): valid streams and events that
+// order nothing (CPU work is synchronous), plain host memory for "pinned" tensors.
+TEST(HostServices, DeviceServicesOnCpuAreValidNoOps) {
+  const dtk_host_services* h = dtk::core::host_services();
+  ASSERT_TRUE(DTK_STRUCT_COVERS(dtk_host_services, h, 2_0));
+  const dtk_device_services* d = h->device;
+  ASSERT_TRUE(DTK_STRUCT_COVERS(dtk_device_services, d, 2_0));
+  const dtk_device cpu{DTK_DEVICE_CPU, -1};
+  dtk_stream* current = d->current_stream(d->ctx, cpu);
+  ASSERT_NE(current, nullptr);
+  dtk_stream* s = nullptr;
+  ASSERT_EQ(code_of(d->stream_create(d->ctx, cpu, -1, &s)), 0);
+  dtk_stream* previous = nullptr;
+  ASSERT_EQ(code_of(d->set_current_stream(d->ctx, s, &previous)), 0);
+  EXPECT_EQ(previous, current);
+  EXPECT_EQ(d->current_stream(d->ctx, cpu), s);
+  dtk_event* e = nullptr;
+  ASSERT_EQ(code_of(d->event_create(d->ctx, &e)), 0);
+  EXPECT_EQ(code_of(d->event_record(d->ctx, e, s)), 0);
+  EXPECT_EQ(code_of(d->stream_wait_event(d->ctx, current, e)), 0);
+  EXPECT_EQ(code_of(d->event_synchronize(d->ctx, e, 100)), 0);
+  EXPECT_EQ(code_of(d->stream_synchronize(d->ctx, s)), 0);
+  ASSERT_EQ(code_of(d->set_current_stream(d->ctx, previous, nullptr)), 0);
+  d->event_destroy(d->ctx, e);
+  d->stream_destroy(d->ctx, s);
+  std::string msg;
+  EXPECT_EQ(code_of(d->stream_create(d->ctx, dtk_device{DTK_DEVICE_CUDA, 0}, 0, &s), &msg), DTK_ERR_UNSUPPORTED);
+  EXPECT_EQ(msg, "stream_create: CUDA device services need a CUDA build of dtk");
+
+  const int64_t shape[] = {3, 4};
+  dtk_tensor* handle = nullptr;
+  ASSERT_EQ(code_of(d->alloc_pinned(d->ctx, shape, 2, DTK_DTYPE_BFLOAT16, &handle)), 0);
+  const at::Tensor pinned = dtk::unwrap(handle);
+  h->tensor_release(handle);
+  EXPECT_EQ(pinned.sizes(), at::IntArrayRef({3, 4}));
+  EXPECT_EQ(pinned.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(pinned.is_contiguous());
+}
+
+// Collectives refuse a non-zero priority: reserved in ABI 2.0, never silently ignored.
+TEST(HostServices, ReservedCollectivePriorityIsRefused) {
+  const dtk_comm_services* c = dtk::core::host_services()->comm;
+  dtk_tensor t{at::ones({2})};
+  dtk_collective_args a = cargs(DTK_GROUP_WORLD, &t, nullptr, DTK_REDUCE_SUM, 0, 0, nullptr);
+  a.priority = 1;
+  std::string msg;
+  EXPECT_EQ(code_of(c->all_reduce(c->ctx, &a), &msg), DTK_ERR_UNSUPPORTED);
+  EXPECT_EQ(msg, "all_reduce: priority is reserved and must be 0 in ABI 2.0");
+  a.priority = 0;
+  a.struct_size = offsetof(dtk_collective_args, stream);  // a writer missing 2.0 fields
+  EXPECT_EQ(code_of(c->all_reduce(c->ctx, &a)), DTK_ERR_ABI);
+}
+
+// No host extensions in ABI 2.0: every id is unknown (abi.h rule 8).
+TEST(HostServices, UnknownExtensionIsNull) {
+  const dtk_host_services* h = dtk::core::host_services();
+  ASSERT_TRUE(DTK_HAS_FIELD(dtk_host_services, h, get_extension));
+  EXPECT_EQ(h->get_extension("dtk.ext.nothing.v1"), nullptr);
+  EXPECT_EQ(h->get_extension(nullptr), nullptr);
 }

@@ -20,7 +20,7 @@ const std::string kHostTorch = "1.13.0-test";
 
 dtk_host_services make_services() {
   dtk_host_services s{};
-  s.struct_size = sizeof(s);
+  s.struct_size = dtk_host_services_STRUCT_SIZE;
   s.abi_major = DTK_ABI_MAJOR;
   s.abi_minor = DTK_ABI_MINOR;
   s.host_version = "test";
@@ -57,7 +57,8 @@ TEST(Loader, GoodPluginLoadsAndWorksThroughTheAbi) {
   int64_t n = 0;
   ASSERT_EQ(api->num_samples(d, DTK_SPLIT_TRAIN, &n), nullptr);
   EXPECT_EQ(n, 3);
-  dtk_status* s = api->get_sample(d, DTK_SPLIT_TRAIN, 7, nullptr);
+  const dtk_sample_args args{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_TRAIN, 7, nullptr};
+  dtk_status* s = api->get_sample(d, &args);
   ASSERT_NE(s, nullptr);  // out of range: an error status, created through the host services
   EXPECT_EQ(dtk_status_get_code(s), DTK_ERR_OUT_OF_RANGE);
   EXPECT_STREQ(dtk_status_get_message(s), "index out of range");
@@ -79,14 +80,14 @@ TEST(Loader, NoEntrySymbol) {
 
 TEST(Loader, AbiMajorMismatch) {
   EXPECT_EQ(load_error(broken("tp_major")), "plugin '" + broken("tp_major") +
-                                                "': built for DTK ABI 2.0, this host speaks ABI 1.x (major version "
+                                                "': built for DTK ABI 3.0, this host speaks ABI 2.x (major version "
                                                 "mismatch; rebuild the plugin)");
 }
 
 TEST(Loader, PluginNewerThanHost) {
   EXPECT_EQ(load_error(broken("tp_newer")), "plugin '" + broken("tp_newer") +
-                                                "': plugin is newer than the host (built for ABI 1." +
-                                                std::to_string(DTK_ABI_MINOR + 1) + ", host supports up to 1." +
+                                                "': plugin is newer than the host (built for ABI 2." +
+                                                std::to_string(DTK_ABI_MINOR + 1) + ", host supports up to 2." +
                                                 std::to_string(DTK_ABI_MINOR) + "; upgrade dtk)");
 }
 
@@ -104,8 +105,8 @@ TEST(Loader, ComputePluginMustRecordTorchVersion) {
   // (this C test plugin hands out a dataset table under the model kind, which is refused).
   EXPECT_EQ(load_error(broken("tp_compute")),
             "plugin 'ok_model' (" + broken("tp_compute") + "): model api struct_size " +
-                std::to_string(sizeof(dtk_dataset_api)) + " is smaller than ABI 1.0's " +
-                std::to_string(sizeof(dtk_model_api)) + " bytes");
+                std::to_string(dtk_dataset_api_STRUCT_SIZE) + " is smaller than ABI 2.0's " +
+                std::to_string(dtk_model_api_STRUCT_SIZE_2_0) + " bytes");
 }
 
 TEST(Loader, HostWithoutTorchRefusesComputePlugins) {
@@ -127,15 +128,15 @@ TEST(Loader, InitFailure) {
 TEST(Loader, EntryStructTooSmall) {
   EXPECT_EQ(load_error(broken("tp_small_entry")), "plugin '" + broken("tp_small_entry") + "': entry struct_size " +
                                                       std::to_string(offsetof(dtk_plugin_entry, options)) +
-                                                      " is smaller than ABI 1.0's " +
-                                                      std::to_string(sizeof(dtk_plugin_entry)) + " bytes");
+                                                      " is smaller than ABI 2.0's " +
+                                                      std::to_string(dtk_plugin_entry_STRUCT_SIZE_2_0) + " bytes");
 }
 
 TEST(Loader, ApiTableTooSmall) {
   EXPECT_EQ(load_error(broken("tp_small_api")), "plugin 'good_c' (" + broken("tp_small_api") +
                                                     "): dataset api struct_size " + std::to_string(2 * sizeof(void*)) +
-                                                    " is smaller than ABI 1.0's " +
-                                                    std::to_string(sizeof(dtk_dataset_api)) + " bytes");
+                                                    " is smaller than ABI 2.0's " +
+                                                    std::to_string(dtk_dataset_api_STRUCT_SIZE_2_0) + " bytes");
 }
 
 TEST(Loader, InvalidName) {
@@ -191,7 +192,8 @@ TEST(Loader, ThrowingPluginReturnsStatusesNeverExceptions) {
   s = api->num_samples(d, 0, &n);
   EXPECT_STREQ(dtk_status_get_message(s), "num_samples exploded");
   dtk_status_release(s);
-  s = api->get_sample(d, 0, 0, nullptr);
+  const dtk_sample_args args{dtk_sample_args_STRUCT_SIZE, 0, 0, nullptr};
+  s = api->get_sample(d, &args);
   EXPECT_EQ(dtk_status_get_code(s), DTK_ERR_IO);
   EXPECT_STREQ(dtk_status_get_message(s), "sample exploded");
   dtk_status_release(s);
@@ -201,9 +203,19 @@ TEST(Loader, ThrowingPluginReturnsStatusesNeverExceptions) {
   api->destroy(d);
 }
 
-TEST(Loader, FrozenV1_0PluginLoadsInCurrentHost) {
+// ABI 2.0 changed layouts incompatibly: a plugin built against the frozen 1.0 header is refused
+// with one line naming the file, its ABI and the host's.
+TEST(Loader, FrozenV1_0PluginIsRefusedByA2_0Host) {
+  EXPECT_EQ(load_error(broken("tp_frozen_v1_0")),
+            "plugin '" + broken("tp_frozen_v1_0") +
+                "': built for DTK ABI 1.0, this host speaks ABI 2.x (major version mismatch; rebuild the plugin)");
+}
+
+// The frozen 2.0 header's plugin loads and works in this host (every 2.x host must keep it so).
+TEST(Loader, FrozenV2_0PluginLoadsInCurrentHost) {
   PluginHost host(kHostTorch, &kServices);
-  const auto& p = host.load_file(broken("tp_frozen_v1_0"));
+  const auto& p = host.load_file(kDir + "/frozen/tp_frozen_v2_0.so");
+  EXPECT_EQ(p.entry->abi_major, 2u);
   EXPECT_EQ(p.entry->abi_minor, 0u);
   const auto* api = p.api_as<dtk_dataset_api>();
   dtk_dataset* d = nullptr;
@@ -211,7 +223,25 @@ TEST(Loader, FrozenV1_0PluginLoadsInCurrentHost) {
   int64_t n = 0;
   ASSERT_EQ(api->num_samples(d, DTK_SPLIT_TRAIN, &n), nullptr);
   EXPECT_EQ(n, 7);
+  const dtk_sample_args args{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_TRAIN, 0, nullptr};
+  dtk_status* s = api->get_sample(d, &args);
+  EXPECT_STREQ(dtk_status_get_message(s), "frozen_v2_0 has no samples");
+  dtk_status_release(s);
   api->destroy(d);
+}
+
+// Extensions (abi.h rule 8): a plugin's get_extension answers the ids it provides, NULL else.
+TEST(Loader, PluginExtensionsByIdentifier) {
+  PluginHost host(kHostTorch, &kServices);
+  const auto& p = host.load_file(kDir + "/good/tp_good.so");
+  const auto* ext = static_cast<const size_t*>(p.extension("dtk.ext.test_answer.v1"));
+  ASSERT_NE(ext, nullptr);
+  EXPECT_GE(*ext, sizeof(size_t));  // struct_size first, like every table
+  EXPECT_EQ(p.extension("dtk.ext.test_answer.v2"), nullptr);
+  EXPECT_EQ(p.extension(nullptr), nullptr);
+  // A plugin whose entry has no get_extension (NULL) provides none.
+  const auto& c = host.load_file(broken("tp_throwing"));
+  EXPECT_EQ(c.extension("dtk.ext.test_answer.v1"), nullptr);
 }
 
 TEST(Loader, DirectoryScanStopsAtTheFirstBadFile) {

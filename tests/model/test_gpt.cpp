@@ -1,12 +1,14 @@
 // Tests of the "gpt" model and "causal_lm" step plugins as shipped: the .so files are loaded by
 // the host's PluginHost and called only through the C ABI (dtk_model_api / dtk_step_api).
 // The reference is an independent GPT written below with plain ATen ops on the plugin's weights.
+#include <dtk/core/components.hpp>
 #include <dtk/core/services.hpp>
 #include <dtk/host/plugin_host.hpp>
-#include <dtk/tensor.hpp>
+#include <dtk/model.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -82,7 +84,8 @@ class GPT {
   TensorList forward(const TensorList& in) {
     dtk::MapView view(in);
     dtk::SinkCollector out;
-    check(api_->forward(model_, view.get(), out.sink()));
+    const dtk_model_forward_args args{dtk_model_forward_args_STRUCT_SIZE, view.get(), out.sink()};
+    check(api_->forward(model_, &args));
     return std::move(out.items());
   }
   std::vector<dtk::Param> params() { return dtk::ModelHandle(&ref_).parameters(); }
@@ -112,6 +115,8 @@ class GPT {
       if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
   }
   const dtk_model_ref* ref() const { return &ref_; }
+  void set_hooks(const dtk_module_hooks* hooks) { check(api_->set_module_hooks(model_, hooks)); }
+  std::vector<dtk::Module> modules() { return dtk::ModelHandle(&ref_).modules(); }
 
  private:
   dtk::host::OptionValues opts_;
@@ -138,8 +143,9 @@ class Step {
     dtk_metric_sink sink{sizeof(sink), &metrics, [](void* ctx, const char* name, double v) {
                            static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
                          }};
-    dtk_tensor* loss = nullptr;
-    check(api_->forward_step(step_, model.ref(), view.get(), &loss, &sink));
+    dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, model.ref(), view.get(), &sink, nullptr};
+    check(api_->forward_step(step_, &args));
+    dtk_tensor* loss = args.loss;
     dtk::TensorHandle owned(loss);
     for (auto& kv : metrics)
       if (kv.first == "lm loss") *lm_loss = kv.second;
@@ -625,6 +631,160 @@ TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
   }
   GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"}});
   EXPECT_THROW(m.forward({{"tokens", at::zeros({1, 9}, at::kLong)}}), std::runtime_error);  // > max positions
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-module hooks (ZeRO-3's gather/release points), fired by the plugin through the ABI
+// ---------------------------------------------------------------------------------------------
+
+// Records every hook as "F+i" (pre_forward), "F-i" (post_forward), "B+i" (pre_backward) and
+// "B-i" (post_backward), as a ZeRO-3 strategy would see them; `fail` makes one hook fail.
+struct HookRecorder {
+  std::vector<std::string> events;
+  std::string fail;
+  dtk_module_hooks table{};
+  HookRecorder() {
+    table.struct_size = dtk_module_hooks_STRUCT_SIZE;
+    table.ctx = this;
+    table.pre_forward = [](void* c, int32_t i) { return static_cast<HookRecorder*>(c)->add("F+", i); };
+    table.post_forward = [](void* c, int32_t i) { return static_cast<HookRecorder*>(c)->add("F-", i); };
+    table.pre_backward = [](void* c, int32_t i) { return static_cast<HookRecorder*>(c)->add("B+", i); };
+    table.post_backward = [](void* c, int32_t i) { return static_cast<HookRecorder*>(c)->add("B-", i); };
+  }
+  dtk_status* add(const char* what, int32_t i) {
+    const std::string e = what + std::to_string(i);
+    events.push_back(e);
+    return e == fail ? dtk::host::make_status(DTK_ERR_COMM, "gather timed out") : nullptr;
+  }
+  std::string joined() const {
+    std::string out;
+    for (const auto& e : events) out += (out.empty() ? "" : " ") + e;
+    return out;
+  }
+};
+
+TEST(GptModuleHooks, ModulesCoverEveryParameterOnce) {
+  const Shape S{2, 32, 4, 128, 8, 64, true};
+  GPT m(model_opts(S, S.vocab));
+  const auto modules = m.modules();
+  ASSERT_EQ(modules.size(), 4u);  // embedding, 2 layers, output layer
+  const char* names[] = {"language_model.embedding", "language_model.encoder.layers.0",
+                         "language_model.encoder.layers.1", "language_model.output_layer"};
+  for (size_t i = 0; i < modules.size(); ++i) {
+    EXPECT_EQ(modules[i].index, static_cast<int32_t>(i));
+    EXPECT_EQ(modules[i].name, names[i]);
+  }
+  // Every parameter is owned by one module, which lists it; the tied output layer also reads the
+  // word embedding owned by the embedding module.
+  for (const auto& p : m.params()) {
+    ASSERT_GE(p.info.module_index, 0) << p.name;
+    ASSERT_LT(p.info.module_index, 4) << p.name;
+    const auto& owner = modules[static_cast<size_t>(p.info.module_index)].params;
+    EXPECT_NE(std::find(owner.begin(), owner.end(), p.name), owner.end()) << p.name;
+  }
+  EXPECT_EQ(modules[0].params.size(), 2u);
+  EXPECT_EQ(modules[3].params.back(), "language_model.embedding.word_embeddings.weight");
+  EXPECT_EQ(modules[3].params.size(), 3u);  // final LN weight and bias + the tied embedding
+}
+
+TEST(GptModuleHooks, FireInOrderInForwardAndBackwardWithoutChangingResults) {
+  const Shape S{2, 32, 4, 128, 8, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 31), labels = random_text(2, S.seq, S.vocab, 32);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  GPT plain(model_opts(S, S.vocab)), hooked(model_opts(S, S.vocab));
+  HookRecorder rec;
+  hooked.set_hooks(&rec.table);
+  at::Tensor lp = dtk::get(plain.forward(in), "loss").mean();
+  at::Tensor lh = dtk::get(hooked.forward(in), "loss").mean();
+  EXPECT_EQ(rec.joined(), "F+0 F-0 F+1 F-1 F+2 F-2 F+3 F-3");
+  lp.backward();
+  lh.backward();
+  EXPECT_EQ(rec.joined(),
+            "F+0 F-0 F+1 F-1 F+2 F-2 F+3 F-3 "
+            "B+3 B-3 B+2 B-2 B+1 B-1 B+0 B-0");
+  EXPECT_TRUE(at::equal(lp, lh));
+  auto gp = plain.param_map(), gh = hooked.param_map();
+  for (auto& kv : gp) EXPECT_TRUE(at::equal(kv.second.grad(), gh[kv.first].grad())) << kv.first;
+
+  // Without an autograd graph only the forward hooks fire; removed hooks fire nothing.
+  rec.events.clear();
+  {
+    at::NoGradGuard ng;
+    hooked.forward(in);
+  }
+  EXPECT_EQ(rec.joined(), "F+0 F-0 F+1 F-1 F+2 F-2 F+3 F-3");
+  rec.events.clear();
+  hooked.set_hooks(nullptr);
+  hooked.forward(in);
+  EXPECT_TRUE(rec.events.empty());
+}
+
+TEST(GptModuleHooks, FullRecomputeRefiresForwardHooksBeforeEachLayersBackward) {
+  const Shape S{2, 32, 4, 128, 8, 64, false};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 33), labels = random_text(2, S.seq, S.vocab, 34);
+  GPT m(model_opts(S, S.vocab, {{"recompute_activations", "full"}}));
+  HookRecorder rec;
+  m.set_hooks(&rec.table);
+  dtk::get(m.forward({{"tokens", tokens}, {"labels", labels}}), "loss").mean().backward();
+  EXPECT_EQ(rec.joined(),
+            "F+0 F-0 F+1 F-1 F+2 F-2 F+3 F-3 "
+            "B+3 B-3 F+2 F-2 B+2 B-2 F+1 F-1 B+1 B-1 B+0 B-0");
+}
+
+TEST(GptModuleHooks, AFailingHookFailsTheCallNamingTheModule) {
+  const Shape S{1, 32, 4, 128, 8, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 35), labels = random_text(2, S.seq, S.vocab, 36);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  GPT m(model_opts(S, S.vocab));
+  HookRecorder rec;
+  m.set_hooks(&rec.table);
+  rec.fail = "F+1";
+  try {
+    m.forward(in);
+    ADD_FAILURE() << "a failing pre_forward hook was ignored";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()), "module 1: pre_forward hook: gather timed out");
+  }
+  rec.fail = "B+1";
+  at::Tensor loss = dtk::get(m.forward(in), "loss").mean();
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a failing pre_backward hook was ignored";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("module 1: pre_backward hook: gather timed out"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The host wires a strategy's hooks into the model (StrategyInstance::setup) and removes them
+// before the strategy goes; the strategy here is a plugin that records them, read back through
+// its extension.
+TEST(GptModuleHooks, HostInstallsTheStrategysHooksAndRemovesThemWithIt) {
+  struct HookLog {
+    size_t struct_size;
+    const char* (*log)(void);
+    void (*clear)(void);
+  };
+  const auto& rec_plugin =
+      plugins().host.load_file(std::string(DTK_MODEL_TEST_PLUGIN_DIR) + "/dtk_test_plugin_recording.so");
+  const auto* log = static_cast<const HookLog*>(rec_plugin.extension("dtk.ext.test_hook_log.v1"));
+  ASSERT_NE(log, nullptr);
+  const Shape S{2, 32, 4, 128, 8, 64, true};
+  dtk::host::OptionValues model_options(dtk::host::resolve_options(*plugins().gpt, model_opts(S, S.vocab)));
+  dtk::host::OptionValues no_options(dtk::host::resolve_options(rec_plugin, {}));
+  dtk::core::ModelInstance model(*plugins().gpt, make_ctx(model_options.get(), Ctx{}));
+  TensorList in{{"tokens", random_text(2, S.seq, S.vocab, 37)}, {"labels", random_text(2, S.seq, S.vocab, 38)}};
+  {
+    dtk::core::StrategyInstance strategy(rec_plugin, make_ctx(no_options.get(), Ctx{}));
+    strategy.setup(model);
+    EXPECT_STREQ(log->log(), "modules 4");
+    log->clear();
+    dtk::get(dtk::ModelHandle(model.ref()).forward(in), "loss").mean().backward();
+    EXPECT_STREQ(log->log(), "F+0 F-0 F+1 F-1 F+2 F-2 F+3 F-3 B+3 B-3 B+2 B-2 B+1 B-1 B+0 B-0");
+    log->clear();
+  }
+  dtk::ModelHandle(model.ref()).forward(in);
+  EXPECT_STREQ(log->log(), "");  // the strategy is gone, and its hooks with it
 }
 
 }  // namespace

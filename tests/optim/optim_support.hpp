@@ -3,7 +3,8 @@
 
 #include <dtk/core/services.hpp>
 #include <dtk/host/plugin_host.hpp>
-#include <dtk/tensor.hpp>
+#include <dtk/model.hpp>
+#include <dtk/optimizer.hpp>
 
 #include <map>
 #include <stdexcept>
@@ -57,7 +58,8 @@ class PluginOptimizer {
       gs.push_back({sizeof(dtk_param_group), ptrs[g].size(), ptrs[g].data(), nullptr, groups[g].second, 1.0});
     }
     dtk_build_context b = context(options_.get());
-    check(api_->create(&b, gs.data(), gs.size(), &opt_));
+    const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &b, gs.data(), gs.size()};
+    check(api_->create(&args, &opt_));
   }
   ~PluginOptimizer() { api_->destroy(opt_); }
   dtk_optimizer_ref ref() const { return {sizeof(dtk_optimizer_ref), api_, opt_}; }

@@ -173,8 +173,9 @@ TEST(Ddp, ClipMatchesTorchClipGradNorm) {
     DdpOver ddp(mine, {});
     const auto* api = ddp.api;
     dtk_strategy* s = ddp.s;
-    double norm = 0;
-    check(api->clip_and_norm(s, max_norm, &norm));
+    dtk_clip_args clip{dtk_clip_args_STRUCT_SIZE, max_norm, 0.0};
+    check(api->clip_and_norm(s, &clip));
+    const double norm = clip.norm;
     const double expected =
         max_norm > 0 ? torch::nn::utils::clip_grad_norm_(ref, max_norm) : torch::nn::utils::clip_grad_norm_(ref, 1e30);
     EXPECT_NEAR(norm, expected, 1e-4 * expected) << "max_norm " << max_norm;
@@ -214,11 +215,12 @@ TEST(Ddp, Bf16ParametersTrainOnFp32Masters) {
       model[0].mutable_grad() = g;
       ref[0].mutable_grad() = g.to(at::kFloat);
       check(api->reduce_gradients(s));
-      double norm = 0;
-      check(api->clip_and_norm(s, 0.0, &norm));
+      dtk_clip_args clip{dtk_clip_args_STRUCT_SIZE, 0.0, 0.0};
+      check(api->clip_and_norm(s, &clip));
       dtk_optimizer_ref oref = opt.ref();
       dtk_optimizer_step_args args{sizeof(args), lr, step, 1.0};
-      check(api->optimizer_step(s, &oref, &args));
+      const dtk_strategy_step_args step_args{dtk_strategy_step_args_STRUCT_SIZE, &oref, &args};
+      check(api->optimizer_step(s, &step_args));
       torch_opt.step();
       check(api->zero_grad(s));
     }

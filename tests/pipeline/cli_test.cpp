@@ -39,7 +39,7 @@ const std::string kTiny =
 TEST(Cli, VersionAndHelp) {
   Result v = run("--version");
   EXPECT_EQ(v.code, 0);
-  EXPECT_NE(v.out.find("(ABI 1."), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("(ABI 2."), std::string::npos) << v.out;
   Result h = run("--help");
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("dtk train"), std::string::npos);
@@ -84,7 +84,7 @@ TEST(Cli, BadInputsAreOneLineErrors) {
                         "--plugin_path entry '/nonexistent/dir' does not exist");
   expect_one_line_error(run(kTiny + "--plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_major.so"),
                         "plugin '" DTK_TEST_PLUGIN_DIR
-                        "/broken/tp_major.so': built for DTK ABI 2.0, this host speaks ABI 1.x (major version "
+                        "/broken/tp_major.so': built for DTK ABI 3.0, this host speaks ABI 2.x (major version "
                         "mismatch; rebuild the plugin)");
   expect_one_line_error(run(kTiny + "--set train.global_batch_size=3 --set train.micro_batch_size=2"),
                         "config: global_batch_size 3 is not divisible by micro_batch_size x data-parallel size = 2");

@@ -19,22 +19,19 @@ namespace dtk::host {
 
 namespace {
 
-// Size of the v1.0 entry struct: any plugin of this major must cover it.
-constexpr size_t kEntrySizeV1_0 = offsetof(dtk_plugin_entry, num_options) + sizeof(size_t);
-
-// Minimum api table sizes (ABI 1.0) per kind: every function the host calls unconditionally.
+// Minimum api table sizes per kind: the ABI 2.0 table, every function the host may call.
 size_t min_api_size(int32_t kind) {
   switch (kind) {
     case DTK_KIND_MODEL:
-      return offsetof(dtk_model_api, get_info) + sizeof(void*);
+      return dtk_model_api_STRUCT_SIZE_2_0;
     case DTK_KIND_DATASET:
-      return offsetof(dtk_dataset_api, vocab_size) + sizeof(void*);
+      return dtk_dataset_api_STRUCT_SIZE_2_0;
     case DTK_KIND_STEP:
-      return offsetof(dtk_step_api, forward_step) + sizeof(void*);
+      return dtk_step_api_STRUCT_SIZE_2_0;
     case DTK_KIND_STRATEGY:
-      return offsetof(dtk_strategy_api, state_load) + sizeof(void*);
+      return dtk_strategy_api_STRUCT_SIZE_2_0;
     case DTK_KIND_OPTIMIZER:
-      return offsetof(dtk_optimizer_api, state_load) + sizeof(void*);
+      return dtk_optimizer_api_STRUCT_SIZE_2_0;
     default:
       return 0;
   }
@@ -63,9 +60,9 @@ bool check_value(const dtk_option_spec& spec, const std::string& v, std::string*
 std::string check_option_specs(const dtk_plugin_entry* e) {
   if (e->num_options == 0) return "";
   const size_t stride = e->options[0].struct_size;
-  if (stride < offsetof(dtk_option_spec, choices) + sizeof(const char*))
-    return "option spec struct_size " + std::to_string(stride) + " is smaller than ABI 1.0's " +
-           std::to_string(sizeof(dtk_option_spec)) + " bytes";
+  if (!DTK_STRUCT_COVERS(dtk_option_spec, &e->options[0], 2_0))
+    return "option spec struct_size " + std::to_string(stride) + " is smaller than ABI 2.0's " +
+           std::to_string(dtk_option_spec_STRUCT_SIZE_2_0) + " bytes";
   std::vector<std::string> seen;
   for (size_t i = 0; i < e->num_options; ++i) {
     const auto& spec =
@@ -113,7 +110,7 @@ int32_t kind_from_name(const std::string& s) {
 
 dtk_status* make_status(int32_t code, const char* message) {
   auto* s = new dtk_status{};
-  s->struct_size = sizeof(dtk_status);
+  s->struct_size = dtk_status_STRUCT_SIZE;
   s->code = code;
   s->message = strdup(message ? message : "");
   s->destroy = &destroy_host_status;
@@ -125,6 +122,15 @@ void check_status(dtk_status* s, const std::string& context) {
   std::string message = dtk_status_get_message(s);
   dtk_status_release(s);
   throw HostError(context + ": " + message);
+}
+
+const void* Plugin::extension(const char* id) const {
+  if (!id || !DTK_HAS_FIELD(dtk_plugin_entry, entry, get_extension) || !entry->get_extension) return nullptr;
+  try {
+    return entry->get_extension(id);
+  } catch (...) {
+    return nullptr;  // a C function cannot throw; a broken C++ plugin gets no extension
+  }
 }
 
 std::vector<const dtk_option_spec*> Plugin::options() const {
@@ -173,7 +179,7 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     throw HostError(where + ": entry function threw an exception");
   }
   if (!e) throw HostError(where + ": entry function returned NULL");
-  if (e->struct_size < offsetof(dtk_plugin_entry, abi_minor) + sizeof(uint32_t))
+  if (!DTK_HAS_FIELD(dtk_plugin_entry, e, abi_minor))
     throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
                     " is too small to hold an ABI version");
   if (e->abi_major != DTK_ABI_MAJOR)
@@ -184,9 +190,9 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     throw HostError(where + ": plugin is newer than the host (built for ABI " + std::to_string(e->abi_major) + "." +
                     std::to_string(e->abi_minor) + ", host supports up to " + std::to_string(DTK_ABI_MAJOR) + "." +
                     std::to_string(DTK_ABI_MINOR) + "; upgrade dtk)");
-  if (e->struct_size < kEntrySizeV1_0)
-    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) + " is smaller than ABI 1.0's " +
-                    std::to_string(kEntrySizeV1_0) + " bytes");
+  if (!DTK_STRUCT_COVERS(dtk_plugin_entry, e, 2_0))
+    throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) + " is smaller than ABI 2.0's " +
+                    std::to_string(dtk_plugin_entry_STRUCT_SIZE_2_0) + " bytes");
   if (!valid_name(e->name)) throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
   const std::string name = e->name;
   const std::string who = "plugin " + quote(name) + " (" + path + ")";
@@ -234,7 +240,7 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   const size_t api_size = *static_cast<const size_t*>(api);
   if (api_size < min_api_size(e->kind))
     refuse(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
-           " is smaller than ABI 1.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
+           " is smaller than ABI 2.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
 
   auto* p = new Plugin();
   p->path = path;
@@ -436,7 +442,7 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& p
 
 OptionValues::OptionValues(std::vector<std::pair<std::string, std::string>> kv) : kv_(std::move(kv)) {
   for (const auto& p : kv_) items_.push_back({p.first.c_str(), p.second.c_str()});
-  values_ = {sizeof(dtk_option_values), items_.size(), items_.data()};
+  values_ = {dtk_option_values_STRUCT_SIZE, items_.size(), items_.data()};
 }
 
 }  // namespace dtk::host

@@ -3,7 +3,7 @@
 // into train/valid/test by documents ("969,30,1"), served as samples of seq_length + 1 tokens
 // with Megatron's index construction (see docs/data.md). Rank 0 builds the index caches; the
 // other ranks wait for them.
-#include <dtk/plugin.hpp>
+#include <dtk/dataset.hpp>
 
 #include <array>
 #include <memory>

@@ -1,6 +1,6 @@
 // synthetic — random token samples for benchmarks and smoke tests. Sample i of a split is a
 // pure function of (seed, split, i), so any rank or worker thread can produce it.
-#include <dtk/plugin.hpp>
+#include <dtk/dataset.hpp>
 
 #include <cstdint>
 

@@ -17,7 +17,11 @@
 // wraps each layer in a custom autograd function that keeps only the layer input, then reruns
 // the layer in backward with clones of the generators taken before the forward, so the dropout
 // masks are the same ones.
-#include <dtk/tensor.hpp>
+//
+// Modules (for a strategy's per-module hooks, ZeRO-3): the embedding (first stage), each
+// transformer layer, and the output layer (final LN + logits + loss, last stage), indexed in
+// forward order. Hooks fire through dtk::ModuleHooks, inside the recomputed code as well.
+#include <dtk/module_hooks.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -195,7 +199,15 @@ struct LayerCall {
   at::Tensor mask;
   DropoutRng* rng;
   bool training;
+  const ModuleHooks* hooks;
+  int32_t module;
 };
+
+// One layer as module `module`: the hooks fire around it (no-op without hooks).
+at::Tensor run_layer(const ModuleHooks& hooks, int32_t module, const Layer& layer, const at::Tensor& x,
+                     const at::Tensor& mask, DropoutRng& rng, bool training) {
+  return hooks.run(module, x, [&](const at::Tensor& in) { return layer.forward(in, mask, rng, training); });
+}
 
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const LayerCall* call) {
@@ -205,8 +217,10 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["layer"] = reinterpret_cast<int64_t>(call->layer);
     ctx->saved_data["mask"] = call->mask;
     ctx->saved_data["training"] = call->training;
+    ctx->saved_data["hooks"] = reinterpret_cast<int64_t>(call->hooks);
+    ctx->saved_data["module"] = static_cast<int64_t>(call->module);
     ctx->save_for_backward({x});
-    return call->layer->forward(x, call->mask, *call->rng, call->training);
+    return run_layer(*call->hooks, call->module, *call->layer, x, call->mask, *call->rng, call->training);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const at::Tensor x = ctx->get_saved_variables()[0];
@@ -218,7 +232,9 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     at::Tensor out;
     {
       at::AutoGradMode enable(true);
-      out = layer->forward(input, mask, rng, ctx->saved_data["training"].toBool());
+      const auto* hooks = reinterpret_cast<const ModuleHooks*>(ctx->saved_data["hooks"].toInt());
+      out = run_layer(*hooks, static_cast<int32_t>(ctx->saved_data["module"].toInt()), *layer, input, mask, rng,
+                      ctx->saved_data["training"].toBool());
     }
     torch::autograd::backward({out}, {grad[0]});
     return {input.grad(), at::Tensor()};
@@ -334,8 +350,9 @@ class GPTModel : public Model {
       at::Tensor pos = pos_p ? *pos_p : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
       check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
       check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
-      h = word_.forward(tokens) + at::embedding(position_, pos);
-      h = dropout(h, c_.hidden_dropout, training_, rng_.hidden);
+      h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
+        return dropout(word_.forward(ids) + at::embedding(position_, pos), c_.hidden_dropout, training_, rng_.hidden);
+      });
     } else {
       h = get(inputs, "hidden_states");
     }
@@ -343,29 +360,58 @@ class GPTModel : public Model {
                            mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
-    for (const auto& layer : layers_) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = *layers_[i];
+      const int32_t module = layer_module(i);
       if (c_.recompute && at::GradMode::is_enabled()) {
         if (!h.requires_grad()) h = h.detach().requires_grad_(true);
-        LayerCall call{layer.get(), mask, &rng_, training_};
+        LayerCall call{&layer, mask, &rng_, training_, &hooks_, module};
         h = CheckpointedLayer::apply(h, &call);
       } else {
-        h = layer->forward(h, mask, rng_, training_);
+        h = run_layer(hooks_, module, layer, h, mask, rng_, training_);
       }
     }
     if (!post_) return {{"hidden_states", h}};
 
-    h = layer_norm(h, final_ln_w_, final_ln_b_, c_.eps);
-    at::Tensor logits = parallel_lm_logits(h, c_.untie ? output_ : word_.weight, tp_);
-    if (const at::Tensor* labels = find(inputs, "labels")) {
-      // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
-      check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
-      return {{"loss", vocab_parallel_cross_entropy(logits, *labels, tp_)}};
-    }
-    return {{"logits", logits}};
+    const at::Tensor* labels = find(inputs, "labels");
+    // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
+    if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
+    at::Tensor out = hooks_.run(output_module(), h, [&](const at::Tensor& x) {
+      at::Tensor logits =
+          parallel_lm_logits(layer_norm(x, final_ln_w_, final_ln_b_, c_.eps), c_.untie ? output_ : word_.weight, tp_);
+      return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
+    });
+    return {{labels ? "loss" : "logits", out}};
   }
+
+  // Modules in forward order: [embedding,] layers..., [output layer].
+  int32_t embedding_module() const { return 0; }
+  int32_t layer_module(size_t i) const { return static_cast<int32_t>(i) + (pre_ ? 1 : 0); }
+  int32_t output_module() const { return layer_module(layers_.size()); }
+
+  std::vector<Module> modules() override {
+    std::vector<Module> out;
+    auto add = [&](int32_t index, const std::string& name) {
+      Module m;
+      m.index = index;
+      m.name = name;
+      out.push_back(std::move(m));
+    };
+    if (pre_) add(embedding_module(), "language_model.embedding");
+    for (size_t i = 0; i < layers_.size(); ++i)
+      add(layer_module(i), "language_model.encoder.layers." + std::to_string(i));
+    if (post_) add(output_module(), "language_model.output_layer");
+    for (const Param& p : parameters()) out[static_cast<size_t>(p.info.module_index)].params.push_back(p.name);
+    // The tied output layer reads the word embedding owned by the embedding module.
+    if (pre_ && post_ && !c_.untie) out.back().params.push_back("language_model.embedding.word_embeddings.weight");
+    return out;
+  }
+
+  void set_module_hooks(const dtk_module_hooks* hooks) override { hooks_.set(hooks); }
 
   std::vector<Param> parameters() override {
     std::vector<Param> out;
+    int32_t module = 0;
     auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd, bool shared) {
       Param p;
       p.name = name;
@@ -374,19 +420,26 @@ class GPTModel : public Model {
       p.info.partition_dim = partition_dim;
       p.info.no_weight_decay = no_wd ? 1 : 0;
       p.info.shared = shared ? 1 : 0;
+      p.info.module_index = module;
       out.push_back(std::move(p));
     };
     const bool tied = !c_.untie;
     if (pre_) {
+      module = embedding_module();
       add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied && post_);
       add("language_model.embedding.position_embeddings.weight", position_, -1, false, false);
     } else if (post_ && tied) {
       // Megatron's copy of the embedding on the last stage (kept in sync by the embedding group).
+      module = output_module();
       add("word_embeddings_for_head.weight", word_.weight, 0, false, true);
     }
-    for (size_t i = 0; i < layers_.size(); ++i)
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const size_t first = out.size();
       layers_[i]->add_params(out, "language_model.encoder.layers." + std::to_string(i) + ".");
+      for (size_t k = first; k < out.size(); ++k) out[k].info.module_index = layer_module(i);
+    }
     if (post_) {
+      module = output_module();
       add("language_model.encoder.final_layernorm.weight", final_ln_w_, -1, true, false);
       add("language_model.encoder.final_layernorm.bias", final_ln_b_, -1, true, false);
       if (c_.untie) add("language_model.output_layer.weight", output_, 0, false, false);
@@ -398,7 +451,7 @@ class GPTModel : public Model {
 
   dtk_model_info info() override {
     dtk_model_info i{};
-    i.struct_size = sizeof(i);
+    i.struct_size = dtk_model_info_STRUCT_SIZE;
     i.num_layers = c_.num_layers;
     i.hidden_size = c_.hidden;
     i.num_attention_heads = c_.heads;
@@ -461,6 +514,7 @@ class GPTModel : public Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   at::Tensor final_ln_w_, final_ln_b_, output_;
   DropoutRng rng_;
+  ModuleHooks hooks_;
 };
 
 const dtk_option_spec kOptions[] = {

@@ -184,8 +184,8 @@ at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, con
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp) {
   if (logits.dim() != target.dim() + 1 || logits.sizes().slice(0, target.dim()) != target.sizes())
-    throw Error("vocab_parallel_cross_entropy: logits " + Model::shape_str(logits) + " do not match labels " +
-                Model::shape_str(target));
+    throw Error("vocab_parallel_cross_entropy: logits " + shape_str(logits) + " do not match labels " +
+                shape_str(target));
   return VocabParallelCE::apply(logits, target.to(at::kLong), tp);
 }
 

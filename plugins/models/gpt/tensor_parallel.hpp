@@ -21,7 +21,7 @@
 // TP=N model is exactly the TP=1 model cut in pieces.
 #pragma once
 
-#include <dtk/tensor.hpp>
+#include <dtk/model.hpp>
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,7 @@
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * wd * p;  p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
 #include <ATen/Parallel.h>
-#include <dtk/tensor.hpp>
+#include <dtk/optimizer.hpp>
 
 #include <cmath>
 
@@ -127,8 +127,8 @@ class AdamW : public dtk::Optimizer {
         if (!m || !v) continue;
         const at::Tensor& p = groups_[gi].params[i];
         if (m->sizes() != p.sizes() || v->sizes() != p.sizes())
-          throw dtk::Error("optimizer state '" + key + "': exp_avg " + dtk::Model::shape_str(*m) + " / exp_avg_sq " +
-                           dtk::Model::shape_str(*v) + " do not match the parameter's " + dtk::Model::shape_str(p));
+          throw dtk::Error("optimizer state '" + key + "': exp_avg " + dtk::shape_str(*m) + " / exp_avg_sq " +
+                           dtk::shape_str(*v) + " do not match the parameter's " + dtk::shape_str(p));
         // Same dtype, device and (dense) layout as the parameter, so the fused path stays in bounds.
         m_[gi][i] = m->to(p.options()).clone(at::MemoryFormat::Preserve);
         v_[gi][i] = v->to(p.options()).clone(at::MemoryFormat::Preserve);

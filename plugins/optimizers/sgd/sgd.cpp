@@ -1,6 +1,6 @@
 // sgd — stochastic gradient descent with momentum and (L2-coupled) weight decay, as
 // torch.optim.SGD, which is what Megatron uses for --optimizer sgd.
-#include <dtk/tensor.hpp>
+#include <dtk/optimizer.hpp>
 
 namespace {
 

@@ -9,7 +9,7 @@
 //                "attention_mask" is passed, so the model may use its fused causal path.
 //   loss_func:   loss = sum(per_token_loss * loss_mask) / sum(loss_mask); metric "lm loss" is
 //                its value averaged over the data-parallel group.
-#include <dtk/tensor.hpp>
+#include <dtk/step.hpp>
 
 #include <vector>
 
@@ -34,8 +34,7 @@ class CausalLM : public Step {
     // ---- get_batch --------------------------------------------------------------------------
     at::Tensor text = broadcast_text(batch);
     if (text.dim() != 2 || text.size(1) < 2)
-      throw Error("causal_lm: 'text' must be [batch, seq_length + 1] with seq_length >= 1, got " +
-                  Model::shape_str(text));
+      throw Error("causal_lm: 'text' must be [batch, seq_length + 1] with seq_length >= 1, got " + shape_str(text));
     text = text.to(device_, at::kLong);
     const int64_t s = text.size(1) - 1;
     at::Tensor tokens = text.narrow(1, 0, s).contiguous();
@@ -77,8 +76,8 @@ class CausalLM : public Step {
     TensorList out = model.forward(inputs);
     const at::Tensor& losses = get(out, "loss");
     if (losses.sizes() != labels.sizes())
-      throw Error("causal_lm: model returned 'loss' " + Model::shape_str(losses) + ", expected per-token " +
-                  Model::shape_str(labels));
+      throw Error("causal_lm: model returned 'loss' " + shape_str(losses) + ", expected per-token " +
+                  shape_str(labels));
 
     // ---- loss_func ------------------------------------------------------------------------
     at::Tensor lm = loss_mask.reshape({-1});
@@ -105,7 +104,7 @@ class CausalLM : public Step {
       if (!text)
         problem = "TP rank 0 got a batch without 'text'";
       else if (text->dim() != 2)
-        problem = "'text' must be 2-D, got " + Model::shape_str(*text);
+        problem = "'text' must be 2-D, got " + shape_str(*text);
       if (problem.empty())
         sizes.copy_(at::tensor({text->size(0), text->size(1)}, at::kLong));
       else

@@ -8,7 +8,7 @@
 // optimizer works on fp32 master copies (gradients converted to fp32 before the reduction, the
 // norm and the update), and the updated masters are copied back into the model's parameters.
 // Without masters a bf16 weight near 1.0 cannot move by less than 2^-8: small updates vanish.
-#include <dtk/tensor.hpp>
+#include <dtk/strategy.hpp>
 
 #include <cmath>
 
@@ -83,7 +83,7 @@ class Ddp : public dtk::Strategy {
   }
 
   void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) override {
-    dtk::check(optimizer->api->step(optimizer->optimizer, &args));
+    dtk::optimizer_step(optimizer, args);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i)
       if (!is_self(i)) params_[i].tensor.copy_(masters_[i]);  // round the fp32 master into the param
@@ -111,8 +111,8 @@ class Ddp : public dtk::Strategy {
       const at::Tensor* t = dtk::find(state, "master." + params_[i].name);
       if (!t) throw dtk::Error("ddp: checkpoint has no fp32 master for '" + params_[i].name + "'", DTK_ERR_NOT_FOUND);
       if (t->sizes() != masters_[i].sizes())
-        throw dtk::Error("ddp: master '" + params_[i].name + "' has shape " + dtk::Model::shape_str(*t) +
-                         ", expected " + dtk::Model::shape_str(masters_[i]));
+        throw dtk::Error("ddp: master '" + params_[i].name + "' has shape " + dtk::shape_str(*t) + ", expected " +
+                         dtk::shape_str(masters_[i]));
       masters_[i].copy_(*t);
     }
   }

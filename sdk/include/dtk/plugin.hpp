@@ -6,13 +6,16 @@
 //   * DTK_LOG(INFO) << ...: logs through the host (plugin output joins the host's log).
 //   * dtk::Options: typed access to the plugin's validated options.
 //   * dtk::opt_int/opt_float/... : option declarations for the entry struct.
+//   * dtk::read_struct / write_struct: struct_size-aware copies of ABI structs (abi.h rule 2).
 //   * DTK_PLUGIN(...): defines the single exported entry symbol.
-//   * dtk::Dataset + DTK_DATASET_API(Class): a data-tier dataset plugin in plain C++.
-// Compute-tier plugins (models, steps, optimizers, strategies) also include dtk/tensor.hpp.
+// One header per plugin kind builds on it: dtk/dataset.hpp (data tier, no LibTorch), and on
+// top of dtk/tensor.hpp (compute tier) dtk/model.hpp, dtk/step.hpp, dtk/optimizer.hpp,
+// dtk/strategy.hpp.
 #pragma once
 
 #include <dtk/abi.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -74,7 +77,7 @@ inline const dtk_host_services* host_services() { return detail::g_host; }
 inline dtk_status* make_status(int32_t code, const std::string& message) {
   if (detail::g_host && detail::g_host->make_status) return detail::g_host->make_status(code, message.c_str());
   auto* s = new dtk_status{};
-  s->struct_size = sizeof(dtk_status);
+  s->struct_size = dtk_status_STRUCT_SIZE;
   s->code = code;
   s->message = strdup(message.c_str());
   s->destroy = &detail::destroy_local_status;
@@ -118,6 +121,41 @@ inline void check(dtk_status* s) {
 }
 
 // ------------------------------------------------------------------------------------------
+// Struct sizes (abi.h rule 2)
+// ------------------------------------------------------------------------------------------
+
+// A copy of a struct another party wrote, refusing one smaller than `min_size` (the reader's
+// required minor, e.g. dtk_optimizer_step_args_STRUCT_SIZE_2_0). Fields the writer did not have
+// (it predates them) read as zero; fields the reader does not know are ignored.
+template <class T>
+T read_struct(const T* in, size_t min_size, const char* what) {
+  if (!in) throw Error(std::string(what) + ": NULL", DTK_ERR_INVALID_ARGUMENT);
+  if (in->struct_size < min_size)
+    throw Error(std::string(what) + ": struct_size " + std::to_string(in->struct_size) + " is smaller than the " +
+                    std::to_string(min_size) + " bytes this plugin requires",
+                DTK_ERR_ABI);
+  T out{};
+  std::memcpy(static_cast<void*>(&out), in, std::min(in->struct_size, sizeof(T)));
+  out.struct_size = std::min(in->struct_size, sizeof(T));
+  return out;
+}
+
+// Writes `value` into an [out] struct whose room the caller declared in out->struct_size, and
+// sets out->struct_size to the bytes written.
+template <class T>
+void write_struct(T* out, const T& value) {
+  const size_t n = std::min(out->struct_size, value.struct_size);
+  std::memcpy(static_cast<void*>(out), &value, n);
+  out->struct_size = n;
+}
+
+// Element `i` of an array of versioned structs, walked with the elements' own struct_size.
+template <class T>
+const T& element(const T* array, size_t i) {
+  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(array) + i * array[0].struct_size);
+}
+
+// ------------------------------------------------------------------------------------------
 // Logging through the host
 // ------------------------------------------------------------------------------------------
 
@@ -157,20 +195,20 @@ namespace dtk {
 // ------------------------------------------------------------------------------------------
 
 constexpr dtk_option_spec opt_bool(const char* name, const char* def, const char* help) {
-  return {sizeof(dtk_option_spec), name, DTK_OPT_BOOL, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_BOOL, def, help, nullptr};
 }
 constexpr dtk_option_spec opt_int(const char* name, const char* def, const char* help) {
-  return {sizeof(dtk_option_spec), name, DTK_OPT_INT, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_INT, def, help, nullptr};
 }
 constexpr dtk_option_spec opt_float(const char* name, const char* def, const char* help) {
-  return {sizeof(dtk_option_spec), name, DTK_OPT_FLOAT, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_FLOAT, def, help, nullptr};
 }
 constexpr dtk_option_spec opt_string(const char* name, const char* def, const char* help) {
-  return {sizeof(dtk_option_spec), name, DTK_OPT_STRING, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_STRING, def, help, nullptr};
 }
 // choices: '|'-separated, e.g. "none|full".
 constexpr dtk_option_spec opt_enum(const char* name, const char* def, const char* choices, const char* help) {
-  return {sizeof(dtk_option_spec), name, DTK_OPT_ENUM, def, help, choices};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_ENUM, def, help, choices};
 }
 
 // Typed, validated view of the option values the host passed (every declared option is there).
@@ -222,97 +260,6 @@ class Options {
   std::vector<std::pair<std::string, std::string>> items_;
 };
 
-// ------------------------------------------------------------------------------------------
-// Data tier: buffers
-// ------------------------------------------------------------------------------------------
-
-namespace detail {
-struct OwnedBuffer {
-  dtk_buffer buffer{};
-  std::vector<int64_t> shape;
-  std::shared_ptr<void> keepalive;  // owns (or pins) the memory `buffer.data` points into
-};
-inline void delete_owned_buffer(dtk_buffer* b) { delete static_cast<OwnedBuffer*>(b->manager_ctx); }
-}  // namespace detail
-
-// A 1-D buffer over `count` elements at `data`, kept alive by `keepalive` (e.g. a shared
-// pointer to a memory map or to a std::vector). Ownership: [new], deleter frees it.
-inline dtk_buffer* make_buffer(void* data, int32_t dtype, int64_t count, std::shared_ptr<void> keepalive) {
-  auto* owned = new detail::OwnedBuffer();
-  owned->shape = {count};
-  owned->keepalive = std::move(keepalive);
-  owned->buffer.struct_size = sizeof(dtk_buffer);
-  owned->buffer.data = data;
-  owned->buffer.dtype = dtype;
-  owned->buffer.ndim = 1;
-  owned->buffer.shape = owned->shape.data();
-  owned->buffer.strides = nullptr;
-  owned->buffer.manager_ctx = owned;
-  owned->buffer.deleter = &detail::delete_owned_buffer;
-  return &owned->buffer;
-}
-
-// A buffer that owns a copy of `values` (int64 tokens).
-inline dtk_buffer* make_buffer(std::vector<int64_t> values) {
-  auto storage = std::make_shared<std::vector<int64_t>>(std::move(values));
-  void* data = storage->data();
-  const auto n = static_cast<int64_t>(storage->size());
-  return make_buffer(data, DTK_DTYPE_INT64, n, std::move(storage));
-}
-
-inline void put(const dtk_buffer_sink* sink, const char* name, dtk_buffer* buffer) {
-  check(sink->put(sink->ctx, name, buffer));
-}
-
-// C++ view of the dataset context.
-struct DatasetContext {
-  explicit DatasetContext(const dtk_dataset_context* c)
-      : options(c->options),
-        seq_length(c->seq_length),
-        seed(c->seed),
-        rank(c->rank),
-        world_size(c->world_size),
-        cache_dir(c->cache_dir ? c->cache_dir : "") {
-    for (int i = 0; i < 3; ++i) num_samples[i] = c->num_samples[i];
-  }
-  Options options;
-  int64_t seq_length;
-  int64_t num_samples[3];
-  uint64_t seed;
-  int32_t rank, world_size;
-  std::string cache_dir;
-};
-
-// Base class of a C++ dataset plugin. Constructor: Class(const dtk::DatasetContext&).
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  virtual int64_t num_samples(int32_t split) = 0;
-  // Puts the sample's named buffers into `out` (GPT: "text", seq_length + 1 tokens).
-  virtual void get_sample(int32_t split, int64_t index, const dtk_buffer_sink* out) = 0;
-  virtual int64_t vocab_size() { return 0; }
-};
-
-// The dtk_dataset_api table for a dtk::Dataset subclass.
-template <class T>
-const dtk_dataset_api* dataset_api() {
-  static const dtk_dataset_api api = {
-      sizeof(dtk_dataset_api),
-      [](const dtk_dataset_context* ctx, dtk_dataset** out) {
-        return guard([&] { *out = reinterpret_cast<dtk_dataset*>(new T(DatasetContext(ctx))); });
-      },
-      [](dtk_dataset* d) { delete reinterpret_cast<T*>(d); },
-      [](dtk_dataset* d, int32_t split, int64_t* out) {
-        return guard([&] { *out = reinterpret_cast<T*>(d)->num_samples(split); });
-      },
-      [](dtk_dataset* d, int32_t split, int64_t index, const dtk_buffer_sink* out) {
-        return guard([&] { reinterpret_cast<T*>(d)->get_sample(split, index, out); });
-      },
-      [](dtk_dataset* d, int64_t* out) { return guard([&] { *out = reinterpret_cast<T*>(d)->vocab_size(); }); },
-  };
-  return &api;
-}
-
 }  // namespace dtk
 
 // ------------------------------------------------------------------------------------------
@@ -320,36 +267,43 @@ const dtk_dataset_api* dataset_api() {
 //
 //   static const dtk_option_spec kOptions[] = { dtk::opt_int("vocab_size", "50257", "...") };
 //   DTK_PLUGIN("synthetic", DTK_KIND_DATASET, "1.0.0", "Random tokens", DTK_NO_TORCH,
-//              dtk::dataset_api<Synthetic>(), kOptions)
+//              dtk::dataset_api<Synthetic>(), kOptions)          // dtk/dataset.hpp
 //
 // TORCH_VERSION_STRING: DTK_TORCH_VERSION (from dtk/tensor.hpp) for compute plugins,
 // DTK_NO_TORCH for data-tier plugins.
 // ------------------------------------------------------------------------------------------
 #define DTK_NO_TORCH nullptr
 
+// Plugins with extensions (abi.h rule 8) use DTK_PLUGIN_WITH_EXTENSIONS with a function
+// `const void* get_extension(const char* id)` returning a static table or nullptr.
 #define DTK_PLUGIN(NAME, KIND, VERSION, DESCRIPTION, TORCH_VERSION_STRING, API_EXPR, OPTIONS) \
-  namespace {                                                                                 \
-  dtk_status* dtk_plugin_init_(const dtk_host_services* host) {                               \
-    ::dtk::detail::g_host = host;                                                             \
-    ::dtk::detail::g_plugin_name = NAME;                                                      \
-    return nullptr;                                                                           \
-  }                                                                                           \
-  void dtk_plugin_deinit_() { ::dtk::detail::g_host = nullptr; }                              \
-  const void* dtk_plugin_get_api_() { return static_cast<const void*>(API_EXPR); }            \
-  const dtk_plugin_entry dtk_plugin_entry_struct_ = {sizeof(dtk_plugin_entry),                \
-                                                     DTK_ABI_MAJOR,                           \
-                                                     DTK_ABI_MINOR,                           \
-                                                     TORCH_VERSION_STRING,                    \
-                                                     NAME,                                    \
-                                                     KIND,                                    \
-                                                     VERSION,                                 \
-                                                     DESCRIPTION,                             \
-                                                     &dtk_plugin_init_,                       \
-                                                     &dtk_plugin_deinit_,                     \
-                                                     &dtk_plugin_get_api_,                    \
-                                                     ::dtk::detail::option_ptr(OPTIONS),      \
-                                                     ::dtk::detail::option_count(OPTIONS)};   \
-  }                                                                                           \
+  DTK_PLUGIN_WITH_EXTENSIONS(NAME, KIND, VERSION, DESCRIPTION, TORCH_VERSION_STRING, API_EXPR, OPTIONS, nullptr)
+
+#define DTK_PLUGIN_WITH_EXTENSIONS(NAME, KIND, VERSION, DESCRIPTION, TORCH_VERSION_STRING, API_EXPR, OPTIONS, \
+                                   GET_EXTENSION)                                                             \
+  namespace {                                                                                                 \
+  dtk_status* dtk_plugin_init_(const dtk_host_services* host) {                                               \
+    ::dtk::detail::g_host = host;                                                                             \
+    ::dtk::detail::g_plugin_name = NAME;                                                                      \
+    return nullptr;                                                                                           \
+  }                                                                                                           \
+  void dtk_plugin_deinit_() { ::dtk::detail::g_host = nullptr; }                                              \
+  const void* dtk_plugin_get_api_() { return static_cast<const void*>(API_EXPR); }                            \
+  const dtk_plugin_entry dtk_plugin_entry_struct_ = {dtk_plugin_entry_STRUCT_SIZE,                            \
+                                                     DTK_ABI_MAJOR,                                           \
+                                                     DTK_ABI_MINOR,                                           \
+                                                     TORCH_VERSION_STRING,                                    \
+                                                     NAME,                                                    \
+                                                     KIND,                                                    \
+                                                     VERSION,                                                 \
+                                                     DESCRIPTION,                                             \
+                                                     &dtk_plugin_init_,                                       \
+                                                     &dtk_plugin_deinit_,                                     \
+                                                     &dtk_plugin_get_api_,                                    \
+                                                     ::dtk::detail::option_ptr(OPTIONS),                      \
+                                                     ::dtk::detail::option_count(OPTIONS),                    \
+                                                     GET_EXTENSION};                                          \
+  }                                                                                                           \
   extern "C" DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &dtk_plugin_entry_struct_; }
 
 // For a plugin without options.

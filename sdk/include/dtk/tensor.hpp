@@ -1,9 +1,7 @@
-// dtk/tensor.hpp — compute-tier helpers: tensor handles <-> at::Tensor, and C++ base classes
-// that turn an ordinary C++ class into a model, step, optimizer or strategy vtable.
-//
-//   class MyModel : public dtk::Model { ... };
-//   DTK_PLUGIN("my_model", DTK_KIND_MODEL, "1.0.0", "What it is", DTK_TORCH_VERSION,
-//              dtk::model_api<MyModel>(), kOptions)
+// dtk/tensor.hpp — the compute tier's core: tensor handles <-> at::Tensor, the one dtype table,
+// named tensors across the boundary, the build context, collectives, device services and seeds.
+// Shared by every compute plugin kind; the kinds themselves are in dtk/model.hpp, dtk/step.hpp,
+// dtk/optimizer.hpp and dtk/strategy.hpp.
 //
 // A compute plugin shares the host's LibTorch (autograd graphs cross the boundary), which is
 // why the entry records DTK_TORCH_VERSION and the host refuses a mismatch.
@@ -14,9 +12,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/api/include/torch/version.h>
 
-#include <algorithm>
-#include <cstring>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,63 +52,52 @@ struct TensorHandle {
   dtk_tensor* h;
 };
 
+// ------------------------------------------------------------------------------------------
+// Dtypes and devices: the one table mapping dtk_dtype codes to LibTorch scalar types
+// ------------------------------------------------------------------------------------------
+
+namespace detail {
+struct DtypePair {
+  int32_t code;
+  at::ScalarType type;
+};
+// DTK_DTYPE_UINT16 has no LibTorch 1.13 equivalent and is absent (data tier only).
+inline constexpr DtypePair kDtypes[] = {
+    {DTK_DTYPE_UINT8, at::kByte},        {DTK_DTYPE_INT8, at::kChar},     {DTK_DTYPE_INT16, at::kShort},
+    {DTK_DTYPE_INT32, at::kInt},         {DTK_DTYPE_INT64, at::kLong},    {DTK_DTYPE_FLOAT16, at::kHalf},
+    {DTK_DTYPE_BFLOAT16, at::kBFloat16}, {DTK_DTYPE_FLOAT32, at::kFloat}, {DTK_DTYPE_FLOAT64, at::kDouble},
+    {DTK_DTYPE_BOOL, at::kBool},
+};
+}  // namespace detail
+
+// The LibTorch scalar type of a dtk_dtype code; throws for a code without one.
 inline at::ScalarType to_scalar_type(int32_t dtype) {
-  switch (dtype) {
-    case DTK_DTYPE_UINT8:
-      return at::kByte;
-    case DTK_DTYPE_INT8:
-      return at::kChar;
-    case DTK_DTYPE_INT16:
-      return at::kShort;
-    case DTK_DTYPE_INT32:
-      return at::kInt;
-    case DTK_DTYPE_INT64:
-      return at::kLong;
-    case DTK_DTYPE_FLOAT16:
-      return at::kHalf;
-    case DTK_DTYPE_BFLOAT16:
-      return at::kBFloat16;
-    case DTK_DTYPE_FLOAT32:
-      return at::kFloat;
-    case DTK_DTYPE_FLOAT64:
-      return at::kDouble;
-    case DTK_DTYPE_BOOL:
-      return at::kBool;
-    default:
-      throw Error("dtype code " + std::to_string(dtype) + " has no LibTorch equivalent");
-  }
+  for (const auto& d : detail::kDtypes)
+    if (d.code == dtype) return d.type;
+  throw Error("dtype code " + std::to_string(dtype) + " has no LibTorch equivalent");
 }
 
+// The dtk_dtype code of a LibTorch scalar type, DTK_DTYPE_INVALID for one without a code.
 inline int32_t from_scalar_type(at::ScalarType t) {
-  switch (t) {
-    case at::kByte:
-      return DTK_DTYPE_UINT8;
-    case at::kChar:
-      return DTK_DTYPE_INT8;
-    case at::kShort:
-      return DTK_DTYPE_INT16;
-    case at::kInt:
-      return DTK_DTYPE_INT32;
-    case at::kLong:
-      return DTK_DTYPE_INT64;
-    case at::kHalf:
-      return DTK_DTYPE_FLOAT16;
-    case at::kBFloat16:
-      return DTK_DTYPE_BFLOAT16;
-    case at::kFloat:
-      return DTK_DTYPE_FLOAT32;
-    case at::kDouble:
-      return DTK_DTYPE_FLOAT64;
-    case at::kBool:
-      return DTK_DTYPE_BOOL;
-    default:
-      return DTK_DTYPE_INVALID;
-  }
+  for (const auto& d : detail::kDtypes)
+    if (d.type == t) return d.code;
+  return DTK_DTYPE_INVALID;
 }
 
 inline at::Device to_device(dtk_device d) {
   return d.type == DTK_DEVICE_CUDA ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.index))
                                    : at::Device(at::kCPU);
+}
+
+inline dtk_device from_device(const at::Device& d) {
+  return d.is_cuda() ? dtk_device{DTK_DEVICE_CUDA, d.has_index() ? d.index() : -1} : dtk_device{DTK_DEVICE_CPU, -1};
+}
+
+// "[2, 3]"
+inline std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
 }
 
 // ------------------------------------------------------------------------------------------
@@ -149,11 +133,9 @@ class MapView {
   explicit MapView(const TensorList& list) {
     handles_.reserve(list.size());
     items_.reserve(list.size());
-    for (const auto& kv : list) {
-      handles_.push_back(dtk_tensor{kv.second});
-    }
+    for (const auto& kv : list) handles_.push_back(dtk_tensor{kv.second});
     for (size_t i = 0; i < list.size(); ++i) items_.push_back({list[i].first.c_str(), &handles_[i]});
-    map_ = {sizeof(dtk_tensor_map), items_.size(), items_.data()};
+    map_ = {dtk_tensor_map_STRUCT_SIZE, items_.size(), items_.data()};
   }
   MapView(const MapView&) = delete;
   MapView& operator=(const MapView&) = delete;
@@ -168,7 +150,7 @@ class MapView {
 // A dtk_tensor_sink collecting into a TensorList.
 class SinkCollector {
  public:
-  SinkCollector() { sink_ = {sizeof(dtk_tensor_sink), this, &SinkCollector::put_fn}; }
+  SinkCollector() { sink_ = {dtk_tensor_sink_STRUCT_SIZE, this, &SinkCollector::put_fn}; }
   SinkCollector(const SinkCollector&) = delete;
   SinkCollector& operator=(const SinkCollector&) = delete;
   const dtk_tensor_sink* sink() const { return &sink_; }
@@ -189,26 +171,33 @@ inline void put(const dtk_tensor_sink* sink, const std::string& name, const at::
   check(sink->put(sink->ctx, name.c_str(), wrap(t)));
 }
 
+// Puts every tensor of `list` into `sink`.
+inline void put_all(const dtk_tensor_sink* sink, const TensorList& list) {
+  for (const auto& kv : list) put(sink, kv.first, kv.second);
+}
+
 // ------------------------------------------------------------------------------------------
-// Build context and host services
+// Build context
 // ------------------------------------------------------------------------------------------
 
 struct BuildContext {
-  explicit BuildContext(const dtk_build_context* c)
-      : options(c->options),
-        device(to_device(c->device)),
-        params_dtype(to_scalar_type(c->params_dtype)),
-        tp_rank(c->tp_rank),
-        tp_size(c->tp_size),
-        pp_rank(c->pp_rank),
-        pp_size(c->pp_size),
-        dp_rank(c->dp_rank),
-        dp_size(c->dp_size),
-        pre_process(c->pre_process != 0),
-        post_process(c->post_process != 0),
-        seq_length(c->seq_length),
-        micro_batch_size(c->micro_batch_size),
-        seed(c->seed) {}
+  explicit BuildContext(const dtk_build_context* in)
+      : BuildContext(read_struct(in, dtk_build_context_STRUCT_SIZE_2_0, "build context")) {}
+  explicit BuildContext(const dtk_build_context& c)
+      : options(c.options),
+        device(to_device(c.device)),
+        params_dtype(to_scalar_type(c.params_dtype)),
+        tp_rank(c.tp_rank),
+        tp_size(c.tp_size),
+        pp_rank(c.pp_rank),
+        pp_size(c.pp_size),
+        dp_rank(c.dp_rank),
+        dp_size(c.dp_size),
+        pre_process(c.pre_process != 0),
+        post_process(c.post_process != 0),
+        seq_length(c.seq_length),
+        micro_batch_size(c.micro_batch_size),
+        seed(c.seed) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -218,8 +207,12 @@ struct BuildContext {
   uint64_t seed;
 };
 
-// Collectives through the host's process groups. Every call is synchronous unless it returns
-// a Work, whose wait() must be called before the tensor is read.
+// ------------------------------------------------------------------------------------------
+// Collectives through the host's process groups
+// ------------------------------------------------------------------------------------------
+
+// Every call is synchronous unless it returns a Work, whose wait() must be called before the
+// tensor is read (abi.h: issue, compute, wait). Collectives are [main-thread].
 class Comm {
  public:
   class Work {
@@ -234,6 +227,7 @@ class Comm {
       dtk_status_release(c_->wait(c_->ctx, w_, 0));
       c_->work_release(c_->ctx, w_);
     }
+    // Bounded: timeout_ms <= 0 = the run's collective timeout.
     void wait(int64_t timeout_ms = 0) {
       if (!w_) return;
       dtk_status* s = c_->wait(c_->ctx, w_, timeout_ms);
@@ -256,380 +250,83 @@ class Comm {
   static int size(int32_t group) { return services()->size(services()->ctx, group); }
   static void all_reduce(const at::Tensor& t, int32_t group, int32_t op = DTK_REDUCE_SUM) {
     dtk_tensor h{t};
-    check(services()->all_reduce(services()->ctx, group, &h, op, 0, nullptr));
+    run(&dtk_comm_services::all_reduce, args(group, op, &h, nullptr, 0));
   }
   static Work all_reduce_async(const at::Tensor& t, int32_t group, int32_t op = DTK_REDUCE_SUM) {
     dtk_tensor h{t};
-    dtk_comm_work* w = nullptr;
-    check(services()->all_reduce(services()->ctx, group, &h, op, 1, &w));
-    return Work(services(), w);
+    return run_async(&dtk_comm_services::all_reduce, args(group, op, &h, nullptr, 0));
   }
   static void broadcast(const at::Tensor& t, int32_t group, int32_t src_group_rank = 0) {
     dtk_tensor h{t};
-    check(services()->broadcast(services()->ctx, group, &h, src_group_rank, 0, nullptr));
+    run(&dtk_comm_services::broadcast, args(group, DTK_REDUCE_SUM, &h, nullptr, src_group_rank));
   }
   static void all_gather(const at::Tensor& out, const at::Tensor& in, int32_t group) {
     dtk_tensor ho{out}, hi{in};
-    check(services()->all_gather(services()->ctx, group, &ho, &hi, 0, nullptr));
+    run(&dtk_comm_services::all_gather, args(group, DTK_REDUCE_SUM, &hi, &ho, 0));
+  }
+  static Work all_gather_async(const at::Tensor& out, const at::Tensor& in, int32_t group) {
+    dtk_tensor ho{out}, hi{in};
+    return run_async(&dtk_comm_services::all_gather, args(group, DTK_REDUCE_SUM, &hi, &ho, 0));
   }
   static void reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op = DTK_REDUCE_SUM) {
     dtk_tensor ho{out}, hi{in};
-    check(services()->reduce_scatter(services()->ctx, group, &ho, &hi, op, 0, nullptr));
+    run(&dtk_comm_services::reduce_scatter, args(group, op, &hi, &ho, 0));
+  }
+  static void barrier(int32_t group) {
+    run(&dtk_comm_services::barrier, args(group, DTK_REDUCE_SUM, nullptr, nullptr, 0));
+  }
+
+ private:
+  using Fn = dtk_status* (*dtk_comm_services::*)(void*, const dtk_collective_args*);
+  static dtk_collective_args args(int32_t group, int32_t op, dtk_tensor* tensor, dtk_tensor* output, int32_t root) {
+    dtk_collective_args a{};
+    a.struct_size = dtk_collective_args_STRUCT_SIZE;
+    a.group = group;
+    a.op = op;
+    a.tensor = tensor;
+    a.output = output;
+    a.root = root;
+    return a;
+  }
+  static void run(Fn fn, dtk_collective_args a) { check((services()->*fn)(services()->ctx, &a)); }
+  static Work run_async(Fn fn, dtk_collective_args a) {
+    dtk_comm_work* w = nullptr;
+    a.async = 1;
+    a.work = &w;
+    check((services()->*fn)(services()->ctx, &a));
+    return Work(services(), w);
   }
 };
 
+// ------------------------------------------------------------------------------------------
+// Device services: streams, events, pinned host memory (CPU runs: valid no-ops)
+// ------------------------------------------------------------------------------------------
+
+class Device {
+ public:
+  static const dtk_device_services* services() {
+    if (!host_services() || !host_services()->device)
+      throw Error("host device services unavailable", DTK_ERR_UNSUPPORTED);
+    return host_services()->device;
+  }
+  // A contiguous, uninitialized host tensor in page-locked memory (plain memory on CPU runs).
+  static at::Tensor pinned_empty(at::IntArrayRef shape, at::ScalarType dtype) {
+    dtk_tensor* out = nullptr;
+    check(services()->alloc_pinned(services()->ctx, shape.data(), static_cast<int32_t>(shape.size()),
+                                   from_scalar_type(dtype), &out));
+    TensorHandle owned(out);
+    return unwrap(out);
+  }
+  // The calling thread's current stream on `device` ([borrowed]).
+  static dtk_stream* current_stream(const at::Device& device) {
+    return services()->current_stream(services()->ctx, from_device(device));
+  }
+};
+
+// Seed of an RNG stream for this rank (dtk_rng_stream).
 inline uint64_t rng_seed(int32_t stream) {
   if (!host_services() || !host_services()->rng_seed) return 1234;
   return host_services()->rng_seed(host_services()->ctx, stream);
-}
-
-// ------------------------------------------------------------------------------------------
-// Model
-// ------------------------------------------------------------------------------------------
-
-struct Param {
-  std::string name;
-  at::Tensor tensor;
-  dtk_param_info info{sizeof(dtk_param_info), 0, -1, 1, 0, 0, 0};
-};
-
-// Base class of a C++ model plugin. Constructor: Class(const dtk::BuildContext&).
-class Model {
- public:
-  virtual ~Model() = default;
-  virtual TensorList forward(const TensorList& inputs) = 0;
-  virtual std::vector<Param> parameters() = 0;
-  virtual std::vector<Param> buffers() { return {}; }
-  virtual void set_training(bool training) = 0;
-  virtual dtk_model_info info() = 0;
-
-  // Moves/casts every parameter and buffer in place (keeping tensor identity for optimizers).
-  virtual void to(at::Device device, std::optional<at::ScalarType> dtype) {
-    auto move = [&](const at::Tensor& t) {
-      at::Tensor moved = dtype && t.is_floating_point() ? t.to(device, *dtype) : t.to(device);
-      t.set_data(moved);
-    };
-    for (auto& p : parameters()) move(p.tensor);
-    for (auto& b : buffers()) move(b.tensor);
-  }
-
-  // Checkpoint state: parameters and buffers under their names, tied duplicates once.
-  virtual TensorList state_save() {
-    TensorList out;
-    for (auto& p : parameters())
-      if (!find(out, p.name)) out.emplace_back(p.name, p.tensor.detach());
-    for (auto& b : buffers())
-      if (!find(out, b.name)) out.emplace_back(b.name, b.tensor.detach());
-    return out;
-  }
-
-  virtual void state_load(const TensorList& state, bool strict) {
-    TensorList mine = state_save();
-    for (auto& kv : mine) {
-      const at::Tensor* src = find(state, kv.first);
-      if (!src) {
-        if (strict) throw Error("checkpoint state has no tensor '" + kv.first + "'", DTK_ERR_NOT_FOUND);
-        continue;
-      }
-      if (src->sizes() != kv.second.sizes())
-        throw Error("tensor '" + kv.first + "': checkpoint shape " + shape_str(*src) + " does not match the model's " +
-                    shape_str(kv.second));
-      at::NoGradGuard no_grad;
-      kv.second.copy_(*src);
-    }
-    if (strict)
-      for (auto& kv : state)
-        if (!find(mine, kv.first))
-          throw Error("checkpoint has unexpected tensor '" + kv.first + "'", DTK_ERR_INVALID_ARGUMENT);
-  }
-
-  static std::string shape_str(const at::Tensor& t) {
-    std::string s = "[";
-    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + "]";
-  }
-};
-
-namespace detail {
-inline dtk_status* visit_all(const std::vector<Param>& params, const dtk_param_visitor* v) {
-  for (const auto& p : params) {
-    dtk_tensor h{p.tensor};
-    if (dtk_status* s = v->visit(v->ctx, p.name.c_str(), &h, &p.info)) return s;
-  }
-  return nullptr;
-}
-}  // namespace detail
-
-template <class T>
-const dtk_model_api* model_api() {
-  static const dtk_model_api api = {
-      sizeof(dtk_model_api),
-      [](const dtk_build_context* ctx, dtk_model** out) {
-        return guard([&] { *out = reinterpret_cast<dtk_model*>(new T(BuildContext(ctx))); });
-      },
-      [](dtk_model* m) { delete reinterpret_cast<T*>(m); },
-      [](dtk_model* m, const dtk_tensor_map* in, const dtk_tensor_sink* out) {
-        return guard([&] {
-          for (auto& kv : reinterpret_cast<T*>(m)->forward(from_map(in))) put(out, kv.first, kv.second);
-        });
-      },
-      [](dtk_model* m, const dtk_param_visitor* v) {
-        dtk_status* s = nullptr;
-        dtk_status* g = guard([&] { s = detail::visit_all(reinterpret_cast<T*>(m)->parameters(), v); });
-        return g ? g : s;
-      },
-      [](dtk_model* m, const dtk_param_visitor* v) {
-        dtk_status* s = nullptr;
-        dtk_status* g = guard([&] { s = detail::visit_all(reinterpret_cast<T*>(m)->buffers(), v); });
-        return g ? g : s;
-      },
-      [](dtk_model* m, int32_t training) {
-        return guard([&] { reinterpret_cast<T*>(m)->set_training(training != 0); });
-      },
-      [](dtk_model* m, dtk_device device, int32_t dtype) {
-        return guard([&] {
-          std::optional<at::ScalarType> st;
-          if (dtype != DTK_DTYPE_INVALID) st = to_scalar_type(dtype);
-          reinterpret_cast<T*>(m)->to(to_device(device), st);
-        });
-      },
-      [](dtk_model* m, const dtk_tensor_sink* out) {
-        return guard([&] {
-          for (auto& kv : reinterpret_cast<T*>(m)->state_save()) put(out, kv.first, kv.second);
-        });
-      },
-      [](dtk_model* m, const dtk_tensor_map* state, int32_t strict) {
-        return guard([&] { reinterpret_cast<T*>(m)->state_load(from_map(state), strict != 0); });
-      },
-      [](dtk_model* m, dtk_model_info* info) {
-        return guard([&] {
-          dtk_model_info mine = reinterpret_cast<T*>(m)->info();
-          // Copy only what the caller's struct has room for (append-only growth), and report
-          // how much of it was filled.
-          const size_t n = std::min(info->struct_size, sizeof(dtk_model_info));
-          std::memcpy(info, &mine, n);
-          info->struct_size = n;
-        });
-      },
-  };
-  return &api;
-}
-
-// A dtk_param_visitor that appends every visited parameter (name, tensor, info) to `out`,
-// reading the info through its own struct_size (it may come from an older or newer plugin).
-inline dtk_param_visitor collecting_visitor(std::vector<Param>* out) {
-  return {sizeof(dtk_param_visitor), out, [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
-            return guard([&] {
-              Param p;
-              p.name = name ? name : "";
-              p.tensor = unwrap(t);
-              if (info) std::memcpy(&p.info, info, std::min(info->struct_size, sizeof(dtk_param_info)));
-              p.info.struct_size = sizeof(dtk_param_info);
-              static_cast<std::vector<Param>*>(ctx)->push_back(std::move(p));
-            });
-          }};
-}
-
-// Calls another plugin's model through its vtable (used by step and strategy plugins).
-class ModelHandle {
- public:
-  explicit ModelHandle(const dtk_model_ref* ref) : ref_(ref) {
-    if (!ref || !ref->api || !ref->model) throw Error("invalid model reference");
-  }
-  TensorList forward(const TensorList& inputs) const {
-    MapView view(inputs);
-    SinkCollector out;
-    check(ref_->api->forward(ref_->model, view.get(), out.sink()));
-    return std::move(out.items());
-  }
-  std::vector<Param> parameters() const { return visit(ref_->api->visit_parameters); }
-  std::vector<Param> buffers() const { return visit(ref_->api->visit_buffers); }
-  const dtk_model_ref* ref() const { return ref_; }
-
- private:
-  using VisitFn = dtk_status* (*)(dtk_model*, const dtk_param_visitor*);
-  std::vector<Param> visit(VisitFn fn) const {
-    std::vector<Param> out;
-    dtk_param_visitor v = collecting_visitor(&out);
-    check(fn(ref_->model, &v));
-    return out;
-  }
-  const dtk_model_ref* ref_;
-};
-
-// ------------------------------------------------------------------------------------------
-// Step
-// ------------------------------------------------------------------------------------------
-
-class Metrics {
- public:
-  explicit Metrics(const dtk_metric_sink* sink) : sink_(sink) {}
-  void put(const std::string& name, double value) const {
-    if (sink_ && sink_->put) sink_->put(sink_->ctx, name.c_str(), value);
-  }
-
- private:
-  const dtk_metric_sink* sink_;
-};
-
-// Base class of a C++ step plugin. Constructor: Class(const dtk::BuildContext&).
-class Step {
- public:
-  virtual ~Step() = default;
-  // Returns the scalar loss to differentiate; reports metrics (DP-averaged) into `metrics`.
-  virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) = 0;
-};
-
-template <class T>
-const dtk_step_api* step_api() {
-  static const dtk_step_api api = {
-      sizeof(dtk_step_api),
-      [](const dtk_build_context* ctx, dtk_step** out) {
-        return guard([&] { *out = reinterpret_cast<dtk_step*>(new T(BuildContext(ctx))); });
-      },
-      [](dtk_step* s) { delete reinterpret_cast<T*>(s); },
-      [](dtk_step* s, const dtk_model_ref* model, const dtk_tensor_map* batch, dtk_tensor** loss,
-         const dtk_metric_sink* metrics) {
-        return guard([&] {
-          at::Tensor l = reinterpret_cast<T*>(s)->forward_step(ModelHandle(model), from_map(batch), Metrics(metrics));
-          *loss = wrap(std::move(l));
-        });
-      },
-  };
-  return &api;
-}
-
-// ------------------------------------------------------------------------------------------
-// Optimizer
-// ------------------------------------------------------------------------------------------
-
-struct ParamGroup {
-  std::vector<at::Tensor> params;
-  std::vector<std::string> names;
-  double weight_decay = 0.0;
-  double lr_scale = 1.0;
-};
-
-// Arrays of versioned structs are walked with their elements' own struct_size (abi.h rule 2):
-// a host of a newer minor may pass larger elements than this plugin knows.
-inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t n) {
-  std::vector<ParamGroup> out(n);
-  if (n == 0) return out;
-  const size_t stride = groups[0].struct_size;
-  if (stride < offsetof(dtk_param_group, lr_scale) + sizeof(double))
-    throw Error("parameter group struct_size " + std::to_string(stride) + " is too small", DTK_ERR_ABI);
-  for (size_t g = 0; g < n; ++g) {
-    const auto& group = *reinterpret_cast<const dtk_param_group*>(reinterpret_cast<const char*>(groups) + g * stride);
-    for (size_t i = 0; i < group.count; ++i) {
-      out[g].params.push_back(unwrap(group.params[i]));
-      out[g].names.push_back(group.names ? group.names[i] : "p" + std::to_string(i));
-    }
-    out[g].weight_decay = group.weight_decay;
-    out[g].lr_scale = group.lr_scale;
-  }
-  return out;
-}
-
-// Base class of a C++ optimizer plugin.
-// Constructor: Class(const dtk::BuildContext&, std::vector<dtk::ParamGroup>).
-class Optimizer {
- public:
-  virtual ~Optimizer() = default;
-  virtual void step(const dtk_optimizer_step_args& args) = 0;
-  virtual TensorList state_save() = 0;
-  virtual void state_load(const TensorList& state) = 0;
-};
-
-template <class T>
-const dtk_optimizer_api* optimizer_api() {
-  static const dtk_optimizer_api api = {
-      sizeof(dtk_optimizer_api),
-      [](const dtk_build_context* ctx, const dtk_param_group* groups, size_t n, dtk_optimizer** out) {
-        return guard(
-            [&] { *out = reinterpret_cast<dtk_optimizer*>(new T(BuildContext(ctx), from_groups(groups, n))); });
-      },
-      [](dtk_optimizer* o) { delete reinterpret_cast<T*>(o); },
-      [](dtk_optimizer* o, const dtk_optimizer_step_args* args) {
-        return guard([&] {
-          dtk_optimizer_step_args a{sizeof(a), 0.0, 0, 1.0};
-          std::memcpy(&a, args, std::min(args->struct_size, sizeof(a)));
-          reinterpret_cast<T*>(o)->step(a);
-        });
-      },
-      [](dtk_optimizer* o, const dtk_tensor_sink* out) {
-        return guard([&] {
-          for (auto& kv : reinterpret_cast<T*>(o)->state_save()) put(out, kv.first, kv.second);
-        });
-      },
-      [](dtk_optimizer* o, const dtk_tensor_map* state) {
-        return guard([&] { reinterpret_cast<T*>(o)->state_load(from_map(state)); });
-      },
-  };
-  return &api;
-}
-
-// ------------------------------------------------------------------------------------------
-// Strategy
-// ------------------------------------------------------------------------------------------
-
-// Base class of a C++ strategy plugin. Constructor: Class(const dtk::BuildContext&).
-class Strategy {
- public:
-  virtual ~Strategy() = default;
-  virtual void setup(const ModelHandle& model) = 0;
-  virtual std::vector<Param> optimizer_params() = 0;
-  virtual void before_backward(bool is_last) {}
-  virtual void reduce_gradients() = 0;
-  virtual double clip_and_norm(double max_norm) = 0;
-  virtual void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
-    check(optimizer->api->step(optimizer->optimizer, &args));
-  }
-  virtual void zero_grad() = 0;
-  virtual TensorList state_save() { return {}; }
-  virtual void state_load(const TensorList& state) {}
-};
-
-template <class T>
-const dtk_strategy_api* strategy_api() {
-  static const dtk_strategy_api api = {
-      sizeof(dtk_strategy_api),
-      [](const dtk_build_context* ctx, dtk_strategy** out) {
-        return guard([&] { *out = reinterpret_cast<dtk_strategy*>(new T(BuildContext(ctx))); });
-      },
-      [](dtk_strategy* s) { delete reinterpret_cast<T*>(s); },
-      [](dtk_strategy* s, const dtk_model_ref* model) {
-        return guard([&] { reinterpret_cast<T*>(s)->setup(ModelHandle(model)); });
-      },
-      [](dtk_strategy* s, const dtk_param_visitor* v) {
-        dtk_status* st = nullptr;
-        dtk_status* g = guard([&] { st = detail::visit_all(reinterpret_cast<T*>(s)->optimizer_params(), v); });
-        return g ? g : st;
-      },
-      [](dtk_strategy* s, int32_t is_last) {
-        return guard([&] { reinterpret_cast<T*>(s)->before_backward(is_last != 0); });
-      },
-      [](dtk_strategy* s) { return guard([&] { reinterpret_cast<T*>(s)->reduce_gradients(); }); },
-      [](dtk_strategy* s, double max_norm, double* norm) {
-        return guard([&] { *norm = reinterpret_cast<T*>(s)->clip_and_norm(max_norm); });
-      },
-      [](dtk_strategy* s, const dtk_optimizer_ref* opt, const dtk_optimizer_step_args* args) {
-        return guard([&] {
-          dtk_optimizer_step_args a{sizeof(a), 0.0, 0, 1.0};
-          std::memcpy(&a, args, std::min(args->struct_size, sizeof(a)));
-          reinterpret_cast<T*>(s)->optimizer_step(opt, a);
-        });
-      },
-      [](dtk_strategy* s) { return guard([&] { reinterpret_cast<T*>(s)->zero_grad(); }); },
-      [](dtk_strategy* s, const dtk_tensor_sink* out) {
-        return guard([&] {
-          for (auto& kv : reinterpret_cast<T*>(s)->state_save()) put(out, kv.first, kv.second);
-        });
-      },
-      [](dtk_strategy* s, const dtk_tensor_map* state) {
-        return guard([&] { reinterpret_cast<T*>(s)->state_load(from_map(state)); });
-      },
-  };
-  return &api;
 }
 
 }  // namespace dtk

@@ -1,7 +1,7 @@
 // failing_ddp — test-only strategy: data-parallel gradient averaging (like ddp, no clipping)
 // that throws on one chosen rank at a chosen iteration, so the launcher's failure path can be
 // exercised with a real training run.
-#include <dtk/tensor.hpp>
+#include <dtk/strategy.hpp>
 
 #include <cmath>
 

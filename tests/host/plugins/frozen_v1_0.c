@@ -1,5 +1,6 @@
 /* Built against the FROZEN copy of the ABI 1.0 header (tests/abi/v1_0/dtk/abi.h), not the
- * current one: a plugin from the first release must keep loading in every 1.x host. */
+ * current one: ABI 2.0 changed layouts incompatibly, so a plugin from the first release must be
+ * refused by every 2.x host with one line naming the file, its ABI and the host's. */
 #include <dtk/abi.h>
 
 #include <stdlib.h>

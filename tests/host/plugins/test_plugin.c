@@ -14,14 +14,14 @@ static const dtk_host_services* g_host;
 
 static const dtk_option_spec kOptions[] = {
 #ifdef VARIANT_BAD_DEFAULT
-    {sizeof(dtk_option_spec), "num", DTK_OPT_INT, "three", "An integer.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "three", "An integer.", NULL},
 #else
-    {sizeof(dtk_option_spec), "num", DTK_OPT_INT, "3", "An integer.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "3", "An integer.", NULL},
 #endif
-    {sizeof(dtk_option_spec), "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL},
-    {sizeof(dtk_option_spec), "flag", DTK_OPT_BOOL, "false", "A switch.", NULL},
-    {sizeof(dtk_option_spec), "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b"},
-    {sizeof(dtk_option_spec), "path", DTK_OPT_STRING, NULL, "Required string.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "flag", DTK_OPT_BOOL, "false", "A switch.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b"},
+    {dtk_option_spec_STRUCT_SIZE, "path", DTK_OPT_STRING, NULL, "Required string.", NULL},
 };
 
 typedef struct state {
@@ -47,15 +47,18 @@ typedef struct sample {
   int64_t tokens[4];
 } sample;
 static void free_sample(dtk_buffer* b) { free(b->manager_ctx); }
-static dtk_status* get_sample(dtk_dataset* d, int32_t split, int64_t index, const dtk_buffer_sink* out) {
+static dtk_status* get_sample(dtk_dataset* d, const dtk_sample_args* args) {
   sample* s;
   int i;
-  (void)split;
+  int64_t index;
+  if (!DTK_STRUCT_COVERS(dtk_sample_args, args, 2_0))
+    return g_host->make_status(DTK_ERR_ABI, "get_sample args smaller than ABI 2.0's");
+  index = args->index;
   if (index < 0 || index >= ((state*)d)->n) return g_host->make_status(DTK_ERR_OUT_OF_RANGE, "index out of range");
   s = (sample*)calloc(1, sizeof(sample));
   for (i = 0; i < 4; ++i) s->tokens[i] = index + i;
   s->shape[0] = 4;
-  s->b.struct_size = sizeof(dtk_buffer);
+  s->b.struct_size = dtk_buffer_STRUCT_SIZE;
   s->b.data = s->tokens;
   s->b.dtype = DTK_DTYPE_INT64;
   s->b.ndim = 1;
@@ -63,7 +66,7 @@ static dtk_status* get_sample(dtk_dataset* d, int32_t split, int64_t index, cons
   s->b.strides = NULL;
   s->b.manager_ctx = s;
   s->b.deleter = free_sample;
-  return out->put(out->ctx, "text", &s->b);
+  return args->out->put(args->out->ctx, "text", &s->b);
 }
 static dtk_status* vocab_size(dtk_dataset* d, int64_t* out) {
   (void)d;
@@ -71,7 +74,17 @@ static dtk_status* vocab_size(dtk_dataset* d, int64_t* out) {
   return NULL;
 }
 
-static dtk_dataset_api kApi = {sizeof(dtk_dataset_api), create, destroy, num_samples, get_sample, vocab_size};
+static dtk_dataset_api kApi = {dtk_dataset_api_STRUCT_SIZE, create, destroy, num_samples, get_sample, vocab_size};
+
+/* One extension, to test the lookup by id (abi.h rule 8). */
+typedef struct test_answer_ext {
+  size_t struct_size;
+  int32_t answer;
+} test_answer_ext;
+static const test_answer_ext kAnswer = {sizeof(test_answer_ext), 42};
+static const void* get_extension(const char* id) {
+  return id && strcmp(id, "dtk.ext.test_answer.v1") == 0 ? &kAnswer : NULL;
+}
 
 static dtk_status* init(const dtk_host_services* host) {
   g_host = host;
@@ -93,7 +106,7 @@ static const dtk_plugin_entry kEntry = {
 #ifdef VARIANT_SMALL_ENTRY
     offsetof(dtk_plugin_entry, options),
 #else
-    sizeof(dtk_plugin_entry),
+    dtk_plugin_entry_STRUCT_SIZE,
 #endif
 #ifdef VARIANT_MAJOR
     DTK_ABI_MAJOR + 1,
@@ -124,6 +137,7 @@ static const dtk_plugin_entry kEntry = {
     deinit,
     get_api,
     kOptions,
-    sizeof(kOptions) / sizeof(kOptions[0])};
+    sizeof(kOptions) / sizeof(kOptions[0]),
+    get_extension};
 
 DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &kEntry; }

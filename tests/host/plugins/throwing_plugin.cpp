@@ -1,6 +1,6 @@
 // A C++ dataset plugin (SDK, no LibTorch) whose calls throw: the SDK's guard must turn every
 // exception into a status, so the host sees an error message and never an exception.
-#include <dtk/plugin.hpp>
+#include <dtk/dataset.hpp>
 
 namespace {
 class Exploding : public dtk::Dataset {

@@ -3,7 +3,8 @@
 // and the call, so the driver (pipeline.cpp) reads top to bottom.
 #pragma once
 
-#include <dtk/tensor.hpp>
+#include <dtk/model.hpp>
+#include <dtk/optimizer.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,8 @@ void check_plugin(dtk_status* s, const host::Plugin& plugin, const char* call);
 
 class ModelInstance {
  public:
+  // Creates the model, then moves it (the model's `to`) if a parameter is not on the context's
+  // device or a floating-point one not of its params_dtype.
   ModelInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
   ~ModelInstance();
   const dtk_model_ref* ref() const { return &ref_; }
@@ -33,6 +37,12 @@ class ModelInstance {
   dtk_model_info info() const;
   TensorList state_save() const;
   void state_load(const TensorList& state, bool strict);
+  // Moves/casts parameters and buffers in place (dtype nullopt keeps each dtype).
+  void to(at::Device device, std::optional<at::ScalarType> dtype);
+  // The model's modules (ZeRO-3 units), in forward order.
+  std::vector<Module> modules() const;
+  // Installs per-module hooks on the model (nullptr removes them).
+  void set_module_hooks(const dtk_module_hooks* hooks);
   const host::Plugin& plugin() const { return plugin_; }
 
  private:
@@ -75,10 +85,14 @@ class OptimizerInstance {
 class StrategyInstance {
  public:
   StrategyInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
+  // Removes the module hooks it installed on the model before destroying the strategy.
   ~StrategyInstance();
-  void setup(const ModelInstance& model);
+  // Sets the strategy up over the model, then installs the strategy's module hooks (if any) on
+  // it; a model that cannot fire them is refused naming both plugins.
+  void setup(ModelInstance& model);
   std::vector<Param> optimizer_params();
-  void before_backward(bool is_last);
+  // Before the backward of micro-batch `micro_batch` (0-based) of `num_micro_batches`.
+  void before_backward(int64_t micro_batch, int64_t num_micro_batches);
   void reduce_gradients();
   double clip_and_norm(double max_norm);
   void optimizer_step(const OptimizerInstance& opt, const dtk_optimizer_step_args& args);
@@ -90,6 +104,7 @@ class StrategyInstance {
   const host::Plugin& plugin_;
   const dtk_strategy_api* api_;
   dtk_strategy* strategy_ = nullptr;
+  ModelInstance* hooked_ = nullptr;  // the model carrying this strategy's module hooks
 };
 
 class DatasetInstance {

@@ -1,5 +1,5 @@
 // dtk/core/services.hpp — the dtk_host_services table the host hands to every plugin:
-// logging into glog, statuses, process groups and collectives, RNG seeds, config access.
+// logging into glog, statuses, process groups and collectives, RNG seeds, device services.
 #pragma once
 
 #include <dtk/abi.h>
@@ -25,7 +25,11 @@ const char* host_torch_version();
 // The process-wide services table. Valid for the process lifetime.
 const dtk_host_services* host_services();
 
-// What config_get reads and rng_seed derives from. Call before creating plugin objects.
+// Streams, events and pinned memory (device_services.cpp). This build is CPU-only: every
+// stream is the CPU's in-order queue, events are always complete, pinned memory is plain.
+const dtk_device_services* device_services();
+
+// What rng_seed derives from (train.seed). Call before creating plugin objects.
 void set_run_config(const config::RunConfig& cfg);
 const Topology& topology();
 

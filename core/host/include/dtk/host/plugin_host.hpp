@@ -34,6 +34,9 @@ struct Plugin {
   const Api* api_as() const {
     return static_cast<const Api*>(api);
   }
+  // A plugin-provided extension (abi.h rule 8) by id, or nullptr when the plugin provides none
+  // (or predates get_extension). The pointer is static for the process lifetime.
+  const void* extension(const char* id) const;
   // Declared options, only those the plugin's struct sizes cover.
   std::vector<const dtk_option_spec*> options() const;
 };

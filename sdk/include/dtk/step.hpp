@@ -1,0 +1,55 @@
+// dtk/step.hpp — a forward-step (+ loss) plugin as an ordinary C++ class.
+//
+//   class MyStep : public dtk::Step { ... };          // constructor: (const dtk::BuildContext&)
+//   DTK_PLUGIN("my_step", DTK_KIND_STEP, "1.0.0", "What it is", DTK_TORCH_VERSION,
+//              dtk::step_api<MyStep>(), kOptions)
+#pragma once
+
+#include <dtk/model.hpp>
+
+#include <string>
+#include <utility>
+
+namespace dtk {
+
+class Metrics {
+ public:
+  explicit Metrics(const dtk_metric_sink* sink) : sink_(sink) {}
+  void put(const std::string& name, double value) const {
+    if (sink_ && sink_->put) sink_->put(sink_->ctx, name.c_str(), value);
+  }
+
+ private:
+  const dtk_metric_sink* sink_;
+};
+
+// Base class of a C++ step plugin. [main-thread]
+class Step {
+ public:
+  virtual ~Step() = default;
+  // `batch`: every buffer the dataset put, by name, collated to [micro_batch_size, ...].
+  // Returns the scalar loss to differentiate; reports metrics (DP-averaged) into `metrics`.
+  virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) = 0;
+};
+
+template <class T>
+const dtk_step_api* step_api() {
+  static const dtk_step_api api = {
+      dtk_step_api_STRUCT_SIZE,
+      [](const dtk_build_context* ctx, dtk_step** out) {
+        return guard([&] { *out = reinterpret_cast<dtk_step*>(new T(BuildContext(ctx))); });
+      },
+      [](dtk_step* s) { delete reinterpret_cast<T*>(s); },
+      [](dtk_step* s, dtk_step_forward_args* args) {
+        return guard([&] {
+          const auto a = read_struct(args, dtk_step_forward_args_STRUCT_SIZE_2_0, "forward_step args");
+          at::Tensor l =
+              reinterpret_cast<T*>(s)->forward_step(ModelHandle(a.model), from_map(a.batch), Metrics(a.metrics));
+          args->loss = wrap(std::move(l));
+        });
+      },
+  };
+  return &api;
+}
+
+}  // namespace dtk

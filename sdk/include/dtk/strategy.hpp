@@ -1,0 +1,85 @@
+// dtk/strategy.hpp — a parallel strategy plugin as an ordinary C++ class.
+//
+//   class MyStrategy : public dtk::Strategy { ... };  // constructor: (const dtk::BuildContext&)
+//   DTK_PLUGIN("my_strategy", DTK_KIND_STRATEGY, "1.0.0", "What it is", DTK_TORCH_VERSION,
+//              dtk::strategy_api<MyStrategy>(), kOptions)
+#pragma once
+
+#include <dtk/model.hpp>
+#include <dtk/optimizer.hpp>
+
+#include <vector>
+
+namespace dtk {
+
+// Base class of a C++ strategy plugin. Every method is [main-thread]; the hooks a strategy
+// returns from module_hooks() are called as abi.h's dtk_module_hooks documents.
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual void setup(const ModelHandle& model) = 0;
+  virtual std::vector<Param> optimizer_params() = 0;
+  // Before each micro-batch's backward (args.is_last: gradient reduction may overlap it).
+  virtual void before_backward(const dtk_backward_args& args) { (void)args; }
+  virtual void reduce_gradients() = 0;
+  virtual double clip_and_norm(double max_norm) = 0;
+  virtual void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
+    dtk::optimizer_step(optimizer, args);
+  }
+  virtual void zero_grad() = 0;
+  virtual TensorList state_save() { return {}; }
+  virtual void state_load(const TensorList& state) { (void)state; }
+  // The per-module hooks this strategy needs installed on the model (ZeRO-3), or nullptr.
+  // The table must stay valid as long as the strategy.
+  virtual const dtk_module_hooks* module_hooks() { return nullptr; }
+};
+
+template <class T>
+const dtk_strategy_api* strategy_api() {
+  static const dtk_strategy_api api = {
+      dtk_strategy_api_STRUCT_SIZE,
+      [](const dtk_build_context* ctx, dtk_strategy** out) {
+        return guard([&] { *out = reinterpret_cast<dtk_strategy*>(new T(BuildContext(ctx))); });
+      },
+      [](dtk_strategy* s) { delete reinterpret_cast<T*>(s); },
+      [](dtk_strategy* s, const dtk_model_ref* model) {
+        return guard([&] { reinterpret_cast<T*>(s)->setup(ModelHandle(model)); });
+      },
+      [](dtk_strategy* s, const dtk_param_visitor* v) {
+        return detail::guard_status([&] { return detail::visit_all(reinterpret_cast<T*>(s)->optimizer_params(), v); });
+      },
+      [](dtk_strategy* s, const dtk_backward_args* args) {
+        return guard([&] {
+          reinterpret_cast<T*>(s)->before_backward(
+              read_struct(args, dtk_backward_args_STRUCT_SIZE_2_0, "before_backward args"));
+        });
+      },
+      [](dtk_strategy* s) { return guard([&] { reinterpret_cast<T*>(s)->reduce_gradients(); }); },
+      [](dtk_strategy* s, dtk_clip_args* args) {
+        return guard([&] {
+          const auto a = read_struct(args, dtk_clip_args_STRUCT_SIZE_2_0, "clip_and_norm args");
+          args->norm = reinterpret_cast<T*>(s)->clip_and_norm(a.max_norm);
+        });
+      },
+      [](dtk_strategy* s, const dtk_strategy_step_args* args) {
+        return guard([&] {
+          const auto a = read_struct(args, dtk_strategy_step_args_STRUCT_SIZE_2_0, "optimizer_step args");
+          reinterpret_cast<T*>(s)->optimizer_step(
+              a.optimizer, read_struct(a.step, dtk_optimizer_step_args_STRUCT_SIZE_2_0, "step args"));
+        });
+      },
+      [](dtk_strategy* s) { return guard([&] { reinterpret_cast<T*>(s)->zero_grad(); }); },
+      [](dtk_strategy* s, const dtk_tensor_sink* out) {
+        return guard([&] { put_all(out, reinterpret_cast<T*>(s)->state_save()); });
+      },
+      [](dtk_strategy* s, const dtk_tensor_map* state) {
+        return guard([&] { reinterpret_cast<T*>(s)->state_load(from_map(state)); });
+      },
+      [](dtk_strategy* s, const dtk_module_hooks** out) {
+        return guard([&] { *out = reinterpret_cast<T*>(s)->module_hooks(); });
+      },
+  };
+  return &api;
+}
+
+}  // namespace dtk

@@ -10,6 +10,7 @@
 
 #include <map>
 
+#include "dtk/core/components.hpp"
 #include "optim_support.hpp"
 
 using namespace dtk_optim_support;
@@ -165,6 +166,40 @@ struct DdpOver {
   dtk_model* model = nullptr;
   dtk_strategy* s = nullptr;
 };
+
+// The host moves a model that did not honour the build context's dtype (abi.h dtk_model_api.to),
+// in place: the parameter tensors keep their identity, so references taken earlier stay valid.
+TEST(ModelInstance, MovesAModelThatIgnoredTheContextsDtype) {
+  static const dtk_plugin_entry entry = {dtk_plugin_entry_STRUCT_SIZE,
+                                         DTK_ABI_MAJOR,
+                                         DTK_ABI_MINOR,
+                                         "",
+                                         "fixed",
+                                         DTK_KIND_MODEL,
+                                         "0",
+                                         "test model",
+                                         nullptr,
+                                         nullptr,
+                                         nullptr,
+                                         nullptr,
+                                         0,
+                                         nullptr};
+  dtk::host::Plugin plugin;
+  plugin.entry = &entry;
+  plugin.api = dtk::model_api<FixedModel>();
+  const std::vector<at::Tensor> params = {at::ones({3}, at::kDouble), at::zeros({2, 2}, at::kBFloat16)};
+  FixedModel::source() = params;
+  dtk::host::OptionValues none({});
+  dtk::core::ModelInstance model(plugin, context(none.get()));  // the context asks for fp32
+  for (const auto& p : model.parameters()) EXPECT_EQ(p.tensor.scalar_type(), at::kFloat) << p.name;
+  EXPECT_EQ(params[0].scalar_type(), at::kFloat);  // moved in place
+  EXPECT_TRUE(at::equal(params[0], at::ones({3})));
+  // A model that honours the context is left alone.
+  FixedModel::source() = {at::ones({3})};
+  const void* before = FixedModel::source()[0].data_ptr();
+  dtk::core::ModelInstance same(plugin, context(none.get()));
+  EXPECT_EQ(FixedModel::source()[0].data_ptr(), before);
+}
 
 TEST(Ddp, ClipMatchesTorchClipGradNorm) {
   for (double max_norm : {0.5, 1e6, 0.0}) {

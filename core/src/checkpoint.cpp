@@ -188,14 +188,11 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   // Total size over the TP ranks' files, for the log line.
   if (topo.world_size > 1 && topo.tp_size > 1) {
     at::Tensor t = at::full({1}, writer ? bytes : 0, at::kLong);
-    dtk_tensor handle{t};
-    const dtk_comm_services* comm = host_services()->comm;
-    dtk_collective_args args{};
-    args.struct_size = dtk_collective_args_STRUCT_SIZE;
-    args.group = DTK_GROUP_WORLD;
-    args.op = DTK_REDUCE_SUM;
-    args.tensor = &handle;
-    host::check_status(comm->all_reduce(comm->ctx, &args), "checkpoint: summing file sizes");
+    try {
+      all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+    } catch (const std::exception& e) {
+      throw host::HostError(std::string("checkpoint: summing file sizes: ") + e.what());
+    }
     bytes = t.item<int64_t>();
   }
   report.megabytes = static_cast<double>(bytes) / 1e6;

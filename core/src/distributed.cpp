@@ -28,8 +28,6 @@ struct DistState {
   bool initialized = false;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   c10::intrusive_ptr<c10d::Store> store;
-  // Indexed by dtk_group (WORLD .. MODEL_PARALLEL).
-  c10::intrusive_ptr<c10d::ProcessGroup> groups[5];
 };
 
 DistState& dist() {
@@ -144,6 +142,7 @@ void init_distributed(const config::RunConfig& cfg) {
   if (pp != 1) throw HostError("distributed: pipeline model parallelism is not available in this release");
 
   Topology t;
+  ProcessGroups groups;  // indexed by dtk_group; installed into comm.hpp's registry at the end
   t.world_rank = le.rank, t.world_size = le.world_size;
   t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
   t.tp_rank = le.rank % tp;
@@ -211,7 +210,7 @@ void init_distributed(const config::RunConfig& cfg) {
       opts->threads = 2;
       auto prefix = c10::make_intrusive<c10d::PrefixStore>("dtk/" + name, d.store);
       try {
-        d.groups[group] =
+        groups[static_cast<size_t>(group)] =
             c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, my, static_cast<int>(members.size()), opts);
       } catch (const std::exception& e) {
         throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e));
@@ -232,7 +231,7 @@ void init_distributed(const config::RunConfig& cfg) {
     make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
     make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
   }
-  set_topology(t);
+  install_process_groups(t, std::move(groups), d.timeout);
   d.initialized = true;
 }
 
@@ -241,25 +240,14 @@ bool distributed_initialized() {
   return dist().initialized;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group) {
-  if (group < 0 || group > 4) return {};
-  std::lock_guard<std::mutex> lock(dist().mu);
-  return dist().groups[group];
-}
-
-std::chrono::milliseconds collective_timeout() {
-  std::lock_guard<std::mutex> lock(dist().mu);
-  return dist().timeout;
-}
-
 void shutdown_distributed() {
   DistState& d = dist();
   c10::intrusive_ptr<c10d::ProcessGroup> world;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (!d.initialized) return;
-    world = d.groups[DTK_GROUP_WORLD];
   }
+  world = process_group(DTK_GROUP_WORLD);
   // Nobody leaves while a peer may still talk to it (rank 0 also serves the store).
   if (world) {
     try {
@@ -268,8 +256,8 @@ void shutdown_distributed() {
       throw HostError("distributed: final barrier failed: " + short_error(e));
     }
   }
+  release_process_groups();
   std::lock_guard<std::mutex> lock(d.mu);
-  for (auto& g : d.groups) g.reset();
   d.store.reset();
   d.initialized = false;
 }

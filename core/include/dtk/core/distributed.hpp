@@ -15,6 +15,7 @@
 #include <chrono>
 #include <string>
 
+#include "dtk/core/comm.hpp"
 #include "dtk_config.pb.h"
 
 namespace c10d {
@@ -46,11 +47,8 @@ std::string rank_prefix();
 void init_distributed(const config::RunConfig& cfg);
 bool distributed_initialized();
 
-// The process group of `group` (a dtk_group), or null when the group has size 1.
-c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group);
-
-// The run's collective timeout (distributed.timeout_seconds; 300 s when unset).
-std::chrono::milliseconds collective_timeout();
+// process_group(group) and collective_timeout() are in dtk/core/comm.hpp, where
+// init_distributed installs the groups it created.
 
 // A bounded world barrier, then the process groups and the store are released.
 void shutdown_distributed();

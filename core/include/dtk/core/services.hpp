@@ -1,5 +1,6 @@
 // dtk/core/services.hpp — the dtk_host_services table the host hands to every plugin:
-// logging into glog, statuses, process groups and collectives, RNG seeds, device services.
+// logging into glog, statuses, process groups and collectives (an adapter over comm.hpp), RNG
+// seeds, device services, extensions.
 #pragma once
 
 #include <dtk/abi.h>
@@ -7,17 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#include "dtk/core/comm.hpp"  // Topology, topology(), world_max, agree (host code's comm API)
 #include "dtk_config.pb.h"
 
 namespace dtk::core {
-
-// Ranks and sizes of the process groups of this process (Megatron's layout).
-struct Topology {
-  int world_rank = 0, world_size = 1;
-  int tp_rank = 0, tp_size = 1;
-  int pp_rank = 0, pp_size = 1;
-  int dp_rank = 0, dp_size = 1;
-};
 
 // The LibTorch version this host runs ("1.13.0"); compute plugins must match it.
 const char* host_torch_version();
@@ -31,16 +25,5 @@ const dtk_device_services* device_services();
 
 // What rng_seed derives from (train.seed). Call before creating plugin objects.
 void set_run_config(const config::RunConfig& cfg);
-const Topology& topology();
-
-// World-wide MAX of `value` through a bounded collective (the identity for one process): a
-// barrier that also carries a flag or a number. `what` names the wait in a failure.
-int64_t world_max(int64_t value, const Topology& topo, const char* what);
-
-// After a step every rank ran: throws this rank's `error` if it has one, else `others_failed`
-// (default "<what>: another rank failed (its error is above)") if any rank failed.
-void agree(const std::string& error, const Topology& topo, const char* what, const std::string& others_failed = "");
-// Set by init_distributed (dtk/core/distributed.hpp) once the process groups exist.
-void set_topology(const Topology& t);
 
 }  // namespace dtk::core

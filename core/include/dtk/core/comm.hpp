@@ -1,0 +1,99 @@
+// dtk/core/comm.hpp — communication for host code: the process groups of this process
+// (Megatron's layout, installed by init_distributed), and collectives over them with bounded
+// waits. The ABI's dtk_comm_services (services.cpp) is a thin adapter over this API; host code
+// calls it directly.
+//
+// Every collective is issued at once and returns a Work; wait() (or the Work's destructor) ends
+// it, bounded by a timeout (the run's collective timeout by default). Groups of size one are the
+// identity (no backend). Failures throw dtk::Error with DTK_ERR_COMM (collective failed or timed
+// out) or DTK_ERR_INVALID_ARGUMENT (bad group, shape, op), one line naming the collective.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+#include <dtk/abi.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace at {
+class Tensor;
+}
+namespace c10d {
+class ProcessGroup;
+}
+
+// An issued collective (the ABI's opaque dtk_comm_work): defined in comm/collectives.cpp.
+struct dtk_comm_work;
+
+namespace dtk::core {
+
+// Ranks and sizes of the process groups of this process (Megatron's layout).
+struct Topology {
+  int world_rank = 0, world_size = 1;
+  int tp_rank = 0, tp_size = 1;
+  int pp_rank = 0, pp_size = 1;
+  int dp_rank = 0, dp_size = 1;
+};
+
+const Topology& topology();
+// Rank of this process in `group` (a dtk_group) and the group's size; -1 for an unknown group.
+int32_t group_rank(int32_t group);
+int32_t group_size(int32_t group);
+
+// The process group of `group`, or null when the group has size 1 (or distributed is off).
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group);
+// The run's collective timeout (distributed.timeout_seconds; 300 s when unset).
+std::chrono::milliseconds collective_timeout();
+
+// Installed by init_distributed once the groups exist (indexed by dtk_group), released by
+// shutdown_distributed. Without them every group larger than one has no backend.
+using ProcessGroups = std::array<c10::intrusive_ptr<c10d::ProcessGroup>, 5>;
+void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout);
+void release_process_groups();
+// Sets the layout alone (tests of group arithmetic; no backends).
+void set_topology(const Topology& t);
+
+// An issued collective. wait() finishes it on this rank (AVG division, chunk copies) once the
+// backend completed; a Work dropped without wait() waits in its destructor (bounded, errors
+// logged), so a result is never silently skipped.
+class Work {
+ public:
+  explicit Work(std::unique_ptr<dtk_comm_work> work);
+  Work(Work&& other) noexcept;
+  Work& operator=(Work&&) = delete;
+  ~Work();
+  // Bounded: timeout <= 0 uses the run's collective timeout. Throws on failure or timeout.
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // Hands the pending collective over (the ABI's async handle); finish it with complete().
+  dtk_comm_work* release();
+  // Finishes a released collective (same semantics as wait()).
+  static void complete(dtk_comm_work& work, std::chrono::milliseconds timeout);
+  // Frees a released collective without finishing it (after complete(), or to abandon it).
+  static void discard(dtk_comm_work* work);
+
+ private:
+  std::unique_ptr<dtk_comm_work> work_;
+};
+
+// Collectives (issue; call wait() on the result). `op` is a dtk_reduce_op.
+Work all_reduce(const at::Tensor& inout, int32_t group, int32_t op = DTK_REDUCE_SUM);
+Work broadcast(const at::Tensor& inout, int32_t group, int32_t root);
+// out = [size(group) * n, ...] gathered along dim 0 in rank order from in = [n, ...].
+Work all_gather(const at::Tensor& out, const at::Tensor& in, int32_t group);
+// in = [size(group) * n, ...]; rank r receives reduced chunk r into out = [n, ...].
+Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op = DTK_REDUCE_SUM);
+// Synchronous, bounded by the collective timeout.
+void barrier(int32_t group);
+
+// World-wide MAX of `value` through a bounded collective (the identity for one process): a
+// barrier that also carries a flag or a number. `what` names the wait in a failure.
+int64_t world_max(int64_t value, const Topology& topo, const char* what);
+
+// After a step every rank ran: throws this rank's `error` if it has one, else `others_failed`
+// (default "<what>: another rank failed (its error is above)") if any rank failed.
+void agree(const std::string& error, const Topology& topo, const char* what, const std::string& others_failed = "");
+
+}  // namespace dtk::core

@@ -1,0 +1,368 @@
+// Collectives over this process's group layout (dtk/core/comm.hpp): groups of size one are the
+// identity (no store, no process group); larger groups run on the Gloo process groups that
+// init_distributed (distributed.cpp) created and installed here.
+//
+// Gloo in LibTorch 1.13 has no AVG reduction and no reduce_scatter: AVG is SUM followed by a
+// division by the group size, and reduce_scatter is an all_reduce of a copy of the input
+// followed by a copy of this rank's chunk into the output (size(group) times the traffic of a
+// native reduce-scatter; correct, not optimal).
+#include <glog/logging.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <dtk/plugin.hpp>
+
+#include <functional>
+#include <mutex>
+
+#include "dtk/core/comm.hpp"
+#include "dtk/host/plugin_host.hpp"
+
+// An issued collective. `work` is null for an identity collective; `then` finishes the result
+// on this rank (AVG division, reduce-scatter chunk copy, copy back into a non-contiguous tensor)
+// once the c10d work completed.
+struct dtk_comm_work {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::function<void()> then;
+  std::string what;
+};
+
+namespace dtk::core {
+namespace {
+
+struct CommState {
+  std::mutex mu;
+  Topology topo;
+  ProcessGroups groups;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+CommState& state() {
+  static CommState* s = new CommState();  // never destroyed: worker threads may outlive main
+  return *s;
+}
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// The size of `group`, refusing an unknown one.
+int64_t checked_size(int32_t group) {
+  const int32_t n = group_size(group);
+  if (n <= 0) throw dtk::Error("unknown process group " + std::to_string(group), DTK_ERR_INVALID_ARGUMENT);
+  return n;
+}
+
+// The process group behind `group`, or null for a size-one group. Throws when a larger group
+// has none (the distributed backend was not initialized).
+c10::intrusive_ptr<c10d::ProcessGroup> pg_of(int32_t group) {
+  if (checked_size(group) == 1) return {};
+  auto pg = process_group(group);
+  if (!pg)
+    throw dtk::Error("process group " + std::to_string(group) + " has no backend (distributed not initialized)",
+                     DTK_ERR_COMM);
+  return pg;
+}
+
+std::string comm_error(const std::exception& e) {
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return dtk::one_line(ce->what_without_backtrace());
+  return dtk::one_line(e.what());
+}
+
+c10d::ReduceOp reduce_op(int32_t op) {
+  switch (op) {
+    case DTK_REDUCE_SUM:
+    case DTK_REDUCE_AVG:
+      return c10d::ReduceOp::SUM;
+    case DTK_REDUCE_MAX:
+      return c10d::ReduceOp::MAX;
+    case DTK_REDUCE_MIN:
+      return c10d::ReduceOp::MIN;
+    default:
+      throw dtk::Error("unknown reduce op " + std::to_string(op), DTK_ERR_INVALID_ARGUMENT);
+  }
+}
+
+void divide_by(const at::Tensor& t, int64_t n) { t.div_(static_cast<double>(n)); }
+
+// An average of integers has no single right rounding (floor? truncation as NCCL?): refused.
+void check_avg(int32_t op, const at::Tensor& t) {
+  if (op == DTK_REDUCE_AVG && !at::isFloatingType(t.scalar_type()))
+    throw dtk::Error("AVG reduction needs a floating-point tensor (reduce integers with SUM)",
+                     DTK_ERR_INVALID_ARGUMENT);
+}
+
+// Gloo needs dense contiguous buffers: a non-contiguous tensor is reduced in a contiguous copy
+// that is copied back when the collective completes.
+at::Tensor contiguous_buffer(const at::Tensor& t, std::function<void()>* copy_back) {
+  if (t.is_contiguous()) return t;
+  at::Tensor buf = t.contiguous();
+  *copy_back = [t, buf] { t.copy_(buf); };
+  return buf;
+}
+
+// Shapes: output = [size * n, rest...] where input = [n, rest...] (reduce_scatter: swapped).
+void check_gather_shapes(const char* what, const at::Tensor& big, const at::Tensor& small, int64_t size) {
+  bool ok = big.dim() >= 1 && big.dim() == small.dim() && big.size(0) == size * small.size(0) &&
+            big.scalar_type() == small.scalar_type();
+  for (int64_t d = 1; ok && d < big.dim(); ++d) ok = big.size(d) == small.size(d);
+  if (!ok)
+    throw dtk::Error(std::string(what) + ": tensors " + shape_str(big) + " and " + shape_str(small) +
+                         " do not fit a group of " + std::to_string(size) +
+                         " (first dimension x group size, same dtype)",
+                     DTK_ERR_INVALID_ARGUMENT);
+}
+
+std::unique_ptr<dtk_comm_work> pending(const char* what, int32_t group) {
+  auto w = std::make_unique<dtk_comm_work>();
+  w->what = std::string(what) + " on group " + std::to_string(group);
+  return w;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Groups
+// ---------------------------------------------------------------------------------------------
+
+const Topology& topology() { return state().topo; }
+
+void set_topology(const Topology& t) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().topo = t;
+}
+
+int32_t group_rank(int32_t group) {
+  const Topology& t = state().topo;
+  switch (group) {
+    case DTK_GROUP_WORLD:
+      return t.world_rank;
+    case DTK_GROUP_DATA_PARALLEL:
+      return t.dp_rank;
+    case DTK_GROUP_TENSOR_PARALLEL:
+      return t.tp_rank;
+    case DTK_GROUP_PIPELINE_PARALLEL:
+      return t.pp_rank;
+    case DTK_GROUP_MODEL_PARALLEL:
+      return t.pp_rank * t.tp_size + t.tp_rank;
+    default:
+      return -1;
+  }
+}
+
+int32_t group_size(int32_t group) {
+  const Topology& t = state().topo;
+  switch (group) {
+    case DTK_GROUP_WORLD:
+      return t.world_size;
+    case DTK_GROUP_DATA_PARALLEL:
+      return t.dp_size;
+    case DTK_GROUP_TENSOR_PARALLEL:
+      return t.tp_size;
+    case DTK_GROUP_PIPELINE_PARALLEL:
+      return t.pp_size;
+    case DTK_GROUP_MODEL_PARALLEL:
+      return t.pp_size * t.tp_size;
+    default:
+      return -1;
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group) {
+  if (group < 0 || group > 4) return {};
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().groups[static_cast<size_t>(group)];
+}
+
+std::chrono::milliseconds collective_timeout() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().timeout;
+}
+
+void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().topo = topology;
+  state().groups = std::move(groups);
+  state().timeout = timeout;
+}
+
+void release_process_groups() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  for (auto& g : state().groups) g.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work
+// ---------------------------------------------------------------------------------------------
+
+Work::Work(std::unique_ptr<dtk_comm_work> work) : work_(std::move(work)) {}
+Work::Work(Work&& other) noexcept : work_(std::move(other.work_)) {}
+Work::~Work() {
+  if (!work_) return;
+  try {
+    complete(*work_, collective_timeout());
+  } catch (const std::exception& e) {
+    LOG(ERROR) << e.what();
+  }
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (!work_) return;
+  std::unique_ptr<dtk_comm_work> w = std::move(work_);
+  complete(*w, timeout);
+}
+
+dtk_comm_work* Work::release() { return work_.release(); }
+
+void Work::discard(dtk_comm_work* work) { delete work; }
+
+void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) timeout = collective_timeout();
+  if (w.work) {
+    try {
+      w.work->wait(timeout);
+    } catch (const std::exception& e) {
+      throw dtk::Error(w.what + " failed: " + comm_error(e) + " (timeout " + std::to_string(timeout.count()) + " ms)",
+                       DTK_ERR_COMM);
+    }
+    w.work.reset();
+  }
+  if (w.then) {
+    auto then = std::move(w.then);
+    w.then = nullptr;
+    then();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+// ---------------------------------------------------------------------------------------------
+
+Work all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
+  at::NoGradGuard ng;
+  const c10d::ReduceOp rop = reduce_op(op);
+  auto w = pending("all_reduce", group);
+  if (auto pg = pg_of(group)) {
+    std::function<void()> copy_back;
+    at::Tensor buf = contiguous_buffer(x, &copy_back);
+    std::vector<at::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = rop;
+    o.timeout = collective_timeout();
+    w->work = pg->allreduce(v, o);
+    const int64_t n = pg->getSize();
+    check_avg(op, buf);
+    const bool avg = op == DTK_REDUCE_AVG;
+    if (avg || copy_back)
+      w->then = [buf, avg, n, copy_back] {
+        at::NoGradGuard ng2;
+        if (avg) divide_by(buf, n);
+        if (copy_back) copy_back();
+      };
+  }
+  return Work(std::move(w));
+}
+
+Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
+  at::NoGradGuard ng;
+  if (root < 0 || root >= checked_size(group))
+    throw dtk::Error("broadcast: bad tensor or source rank", DTK_ERR_INVALID_ARGUMENT);
+  auto w = pending("broadcast", group);
+  if (auto pg = pg_of(group)) {
+    std::function<void()> copy_back;
+    at::Tensor buf = contiguous_buffer(x, &copy_back);
+    std::vector<at::Tensor> v{buf};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = collective_timeout();
+    w->work = pg->broadcast(v, o);
+    w->then = copy_back;
+  }
+  return Work(std::move(w));
+}
+
+Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
+  at::NoGradGuard ng;
+  const int64_t n = checked_size(group);
+  check_gather_shapes("all_gather", o, i, n);
+  auto w = pending("all_gather", group);
+  if (auto pg = pg_of(group)) {
+    std::function<void()> copy_back;
+    at::Tensor buf = contiguous_buffer(o, &copy_back);
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (const at::Tensor& c : buf.chunk(n, 0)) outs[0].push_back(c);  // views: rank order
+    std::vector<at::Tensor> ins{i.contiguous()};
+    c10d::AllgatherOptions opt;
+    opt.timeout = collective_timeout();
+    w->work = pg->allgather(outs, ins, opt);
+    w->then = copy_back;
+  } else {
+    o.copy_(i);
+  }
+  return Work(std::move(w));
+}
+
+Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int32_t op) {
+  at::NoGradGuard ng;
+  const int64_t n = checked_size(group);
+  check_gather_shapes("reduce_scatter", i, o, n);
+  const c10d::ReduceOp rop = reduce_op(op);
+  auto w = pending("reduce_scatter", group);
+  if (auto pg = pg_of(group)) {
+    // Emulated (Gloo has no reduce_scatter in 1.13): all_reduce a copy, keep our chunk.
+    at::Tensor buf = i.contiguous().clone();
+    std::vector<at::Tensor> v{buf};
+    c10d::AllreduceOptions opt;
+    opt.reduceOp = rop;
+    opt.timeout = collective_timeout();
+    w->work = pg->allreduce(v, opt);
+    const int64_t rank = pg->getRank();
+    check_avg(op, buf);
+    const bool avg = op == DTK_REDUCE_AVG;
+    w->then = [o, buf, rank, n, avg] {
+      at::NoGradGuard ng2;
+      at::Tensor chunk = buf.narrow(0, rank * (buf.size(0) / n), buf.size(0) / n);
+      if (avg) divide_by(chunk, n);
+      o.copy_(chunk);
+    };
+  } else {
+    o.copy_(i);
+  }
+  return Work(std::move(w));
+}
+
+void barrier(int32_t group) {
+  if (auto pg = pg_of(group)) {
+    auto w = pending("barrier", group);
+    c10d::BarrierOptions o;
+    o.timeout = collective_timeout();
+    w->work = pg->barrier(o);
+    Work(std::move(w)).wait();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agreement
+// ---------------------------------------------------------------------------------------------
+
+int64_t world_max(int64_t value, const Topology& topo, const char* what) {
+  if (topo.world_size == 1) return value;
+  at::Tensor t = at::full({1}, value, at::kLong);
+  try {
+    all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_MAX).wait();
+  } catch (const std::exception& e) {
+    throw host::HostError(std::string(what) + ": " + e.what());
+  }
+  return t.item<int64_t>();
+}
+
+void agree(const std::string& error, const Topology& topo, const char* what, const std::string& others_failed) {
+  const int64_t failed = world_max(error.empty() ? 0 : 1, topo, what);
+  if (!error.empty()) throw host::HostError(error);
+  if (failed)
+    throw host::HostError(others_failed.empty() ? std::string(what) + ": another rank failed (its error is above)"
+                                                : others_failed);
+}
+
+}  // namespace dtk::core

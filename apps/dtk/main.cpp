@@ -56,7 +56,7 @@ Examples:
   dtk plugins describe gpt
 
 Plugins are found in <prefix>/lib/dtk/plugins, in DTK_PLUGIN_PATH and in --plugin_path.
---set paths: any config field (train.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
+--set paths: any config field (lr.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
 a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
 
 Distributed: `dtk launch --nproc_per_node 2 train --config ...` runs 2 data-parallel ranks over
@@ -232,6 +232,14 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   return 0;
 }
 
+// The one error line of a failed command. Whatever the command printed before goes out first:
+// stdout is block-buffered when piped, so without the flush the error would precede it.
+void report_error(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "dtk: error: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,7 +253,7 @@ int main(int argc, char** argv) {
     try {
       return RunLaunch(argc - 2, argv + 2);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtk: error: %s\n", dtk::one_line(e.what()).c_str());
+      report_error(dtk::one_line(e.what()));
       return 1;
     }
   }
@@ -300,11 +308,10 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
     // A multi-process run names the rank: "dtk: error: [rank R] ...".
-    std::fprintf(stderr, "dtk: error: %s%s\n", dtk::core::rank_prefix().c_str(), dtk::one_line(e.what()).c_str());
+    report_error(dtk::core::rank_prefix() + dtk::one_line(e.what()));
   } catch (...) {
-    std::fprintf(stderr, "dtk: error: %sunknown exception\n", dtk::core::rank_prefix().c_str());
+    report_error(dtk::core::rank_prefix() + "unknown exception");
   }
-  std::fflush(stderr);
   if (g_loaded) g_loaded->shutdown();  // plugins get their deinit() on error paths too
   return 1;
 }

@@ -144,3 +144,15 @@ TEST(Cli, PreprocessBlendTrainDecode) {
   EXPECT_NE(bad.out.find("dtk: error: dataset plugin 'gpt_indexed': create: "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find(dir + "/missing"), std::string::npos) << bad.out;
 }
+
+// With stdout piped (block-buffered), what a command printed before failing still comes out
+// before its error line.
+TEST(Cli, ErrorLineComesAfterEarlierOutput) {
+  Result r = run(kTiny + "--dataset gpt_indexed --set dataset.data_path=/nonexistent/corpus");
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t params = r.out.find("number of parameters");
+  const size_t error = r.out.find("dtk: error: ");
+  ASSERT_NE(params, std::string::npos) << r.out;
+  ASSERT_NE(error, std::string::npos) << r.out;
+  EXPECT_LT(params, error) << r.out;
+}

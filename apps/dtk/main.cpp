@@ -19,9 +19,7 @@
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
-#ifdef DTK_HAVE_PREPROCESS
 #include "cmd_preprocess.hpp"
-#endif
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
 DEFINE_string(model, "", "Model plugin (overrides model.name).");
@@ -297,11 +295,7 @@ int main(int argc, char** argv) {
       return rc;
     }
     if (cmd == "preprocess") {
-#ifdef DTK_HAVE_PREPROCESS
       return RunPreprocess(argc - 1, argv + 1);
-#else
-      throw dtk::host::HostError("this dtk was built without the data library (preprocess unavailable)");
-#endif
     }
     throw dtk::host::HostError("unknown command '" + cmd +
                                "' (commands: train, plugins, config, preprocess, version; see --help)");

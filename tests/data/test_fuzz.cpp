@@ -130,7 +130,7 @@ std::string RandomText(std::mt19937_64& g, size_t max_len) {
 }
 
 TEST(Fuzz, TokenizerOnRandomInput) {
-  const Gpt2Tokenizer tok(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+  const Gpt2Tokenizer tok(test::EncoderJson(), test::VocabBpe());
   std::mt19937_64 g(3);
   Gpt2Tokenizer::Cache cache;
   int valid = 0;

@@ -1,6 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <sstream>
 
 #include "dtk/data/error.hpp"
@@ -13,8 +12,7 @@ namespace dtk::data {
 namespace {
 
 const Gpt2Tokenizer& Tok() {
-  static Gpt2Tokenizer* tok =
-      new Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+  static Gpt2Tokenizer* tok = new Gpt2Tokenizer(test::EncoderJson(), test::VocabBpe());
   return *tok;
 }
 
@@ -70,16 +68,12 @@ TEST(Gpt2Tokenizer, MatchesReferenceOnTrickyCases) {
   EXPECT_GT(n, 300);
 }
 
+// The whole excerpt in one piece against the reference ids of the whole file.
 TEST(Gpt2Tokenizer, MatchesReferenceOnTinyShakespeare) {
-  const std::string text = test::ReadFile(test::SharedDataDir() + "/tinyshakespeare.txt");
-  ASSERT_GT(text.size(), 1000000u) << "missing " << test::SharedDataDir();
-  const std::string raw = test::ReadFile(test::FixturesDir() + "/tinyshakespeare_gpt2.u16");
-  std::vector<int32_t> want(raw.size() / 2);
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint16_t v;
-    std::memcpy(&v, raw.data() + 2 * i, 2);
-    want[i] = v;
-  }
+  const std::string text = test::ReadFile(test::ShakespeareText());
+  ASSERT_GT(text.size(), 100000u) << "missing " << test::ShakespeareText();
+  const std::vector<int32_t> want = test::ShakespeareReferenceIds();
+  ASSERT_GT(want.size(), 30000u);
   const std::vector<int32_t> got = Tok().Encode(text);
   ASSERT_EQ(got.size(), want.size());
   size_t first_diff = got.size();
@@ -97,13 +91,13 @@ TEST(Gpt2Tokenizer, BadVocabFilesNameTheFile) {
   test::TempDir dir;
   test::WriteFile(dir / "v.json", "{\"a\": 1,}");
   try {
-    Gpt2Tokenizer t(dir / "v.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+    Gpt2Tokenizer t(dir / "v.json", test::VocabBpe());
     FAIL();
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find(dir / "v.json"), std::string::npos) << e.what();
   }
   test::WriteFile(dir / "m.bpe", "#version\na b c\n");
-  EXPECT_THROW(Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", dir / "m.bpe"), DataError);
+  EXPECT_THROW(Gpt2Tokenizer(test::EncoderJson(), dir / "m.bpe"), DataError);
   EXPECT_THROW(Gpt2Tokenizer(dir / "nope.json", dir / "m.bpe"), DataError);
 }
 

@@ -291,6 +291,7 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
       }
     }
     st.input_bytes += static_cast<int64_t>(b.bytes);
+    ++st.batches;
     if (next_log > 0 && static_cast<double>(st.input_bytes) >= next_log) {
       progress("");
       while (next_log <= static_cast<double>(st.input_bytes)) next_log += o.log_interval_mb * 1e6;

@@ -12,6 +12,7 @@ PACKAGES=(
   libgoogle-glog-dev libgflags-dev               # logging, flags
   libboost-dev                                   # Boost.DLL (header-only)
   libgtest-dev                                   # tests
+  libsimdjson-dev nlohmann-json3-dev             # JSON: jsonl preprocessing; encoder.json
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, runs ctest; then the sanitizer build
-# of the torch-free loader/ABI tests, and the out-of-tree SDK template against an install.
+# The whole test suite: installs what is missing (packages and the GPT-2 vocab, which the data
+# and CLI tests read from data/gpt2), builds, runs ctest; then the sanitizer build of the
+# torch-free loader/ABI/data tests, and the out-of-tree SDK template against an install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+tools/setup.sh --vocab
 tools/build.sh
 (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)")
 

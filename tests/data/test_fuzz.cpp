@@ -2,12 +2,14 @@
 // success or a DataError, never a crash, a hang or an out-of-bounds read.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/json.hpp"
+#include "dtk/data/jsonl.hpp"
 #include "dtk/data/npy.hpp"
 #include "dtk/data/utf8.hpp"
 #include "test_util.hpp"
@@ -130,7 +132,7 @@ std::string RandomText(std::mt19937_64& g, size_t max_len) {
 }
 
 TEST(Fuzz, TokenizerOnRandomInput) {
-  const Gpt2Tokenizer tok(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+  const Gpt2Tokenizer tok(test::EncoderJson(), test::VocabBpe());
   std::mt19937_64 g(3);
   Gpt2Tokenizer::Cache cache;
   int valid = 0;
@@ -149,20 +151,51 @@ TEST(Fuzz, TokenizerOnRandomInput) {
   EXPECT_GT(valid, 500);
 }
 
-TEST(Fuzz, JsonParserOnMutatedInput) {
+// Differential: the jsonl line parser (simdjson) against nlohmann_json as an independent oracle,
+// on mutated lines. Both must agree on which lines are bad, and on the extracted strings.
+TEST(Fuzz, JsonlLineParserAgreesWithNlohmannOnMutatedLines) {
   const std::string seeds[] = {
-      R"({"text": "héllo \"w\" \u00e9\ud83d\ude00", "n": [1, -2.5e3, true, false, null, {}], "o": {"a": []}})",
-      R"([[[[{"a":"b"}]]]])", R"("\\\/\b\f\n\r\t")", "-0.0e+1"};
+      R"({"text": "h\u00e9llo \"w\" \u00e9\ud83d\ude00", "n": [1, -2.5e3, true, false, null, {}], "o": {"a": []}})",
+      R"({"o": [[[[{"a":"b"}]]]], "text": ["x\\\/\b\f\n\r\t", "", "y"]})",
+      "{\"text\": \"-0.0e+1 caf\xc3\xa9\", \"text\": \"dup \xe6\xbc\xa2\"}", R"([{"text": "not an object"}])"};
+  JsonlLineParser parser({"text"});
   std::mt19937_64 g(11);
-  for (int iter = 0; iter < 5000; ++iter) {
+  int good = 0, bad = 0;
+  for (int iter = 0; iter < 6000; ++iter) {
     std::string s = seeds[g() % 4];
-    for (int k = 0, n = 1 + static_cast<int>(g() % 3); k < n; ++k) s = Mutate(s, g);
+    for (int k = 0, n = static_cast<int>(g() % 3); k < n; ++k) s = Mutate(s, g);
+    // Oracle: nlohmann_json (strict RFC 8259 + UTF-8), then the shape rules of a jsonl line.
+    std::vector<std::string> want;
+    bool want_ok = false;
+    // A raw NUL byte is never valid JSON, but nlohmann's lexer takes it for the end of the input.
+    const nlohmann::json j = nlohmann::json::parse(s, nullptr, /*allow_exceptions=*/false);
+    if (s.find('\0') == std::string::npos && !j.is_discarded() && j.is_object() && j.contains("text")) {
+      const nlohmann::json& t = j["text"];
+      if (t.is_string()) {
+        want = {t.get<std::string>()};
+        want_ok = true;
+      } else if (t.is_array()) {
+        want_ok = std::all_of(t.begin(), t.end(), [](const nlohmann::json& e) { return e.is_string(); });
+        for (const auto& e : t)
+          if (e.is_string()) want.push_back(e.get<std::string>());
+      }
+    }
+    std::vector<std::vector<std::string_view>> got;
     try {
-      ParseJson(s, "fuzz");
+      parser.Parse(s, "fuzz.jsonl:7", &got);
+      ASSERT_TRUE(want_ok) << "accepted a line the oracle rejects: " << s;
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_EQ(std::vector<std::string>(got[0].begin(), got[0].end()), want) << s;
+      ++good;
     } catch (const DataError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("fuzz: invalid JSON at byte ", 0), 0u) << e.what();
+      ASSERT_FALSE(want_ok) << "rejected a line the oracle accepts: " << s << ": " << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind("fuzz.jsonl:7: ", 0), 0u) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      ++bad;
     }
   }
+  EXPECT_GT(good, 1000);
+  EXPECT_GT(bad, 1000);
 }
 
 }  // namespace

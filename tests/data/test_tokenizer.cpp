@@ -1,11 +1,9 @@
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <sstream>
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
-#include "dtk/data/json.hpp"
 #include "dtk/data/utf8.hpp"
 #include "test_util.hpp"
 
@@ -13,8 +11,7 @@ namespace dtk::data {
 namespace {
 
 const Gpt2Tokenizer& Tok() {
-  static Gpt2Tokenizer* tok =
-      new Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+  static Gpt2Tokenizer* tok = new Gpt2Tokenizer(test::EncoderJson(), test::VocabBpe());
   return *tok;
 }
 
@@ -70,16 +67,12 @@ TEST(Gpt2Tokenizer, MatchesReferenceOnTrickyCases) {
   EXPECT_GT(n, 300);
 }
 
+// The whole excerpt in one piece against the reference ids of the whole file.
 TEST(Gpt2Tokenizer, MatchesReferenceOnTinyShakespeare) {
-  const std::string text = test::ReadFile(test::SharedDataDir() + "/tinyshakespeare.txt");
-  ASSERT_GT(text.size(), 1000000u) << "missing " << test::SharedDataDir();
-  const std::string raw = test::ReadFile(test::FixturesDir() + "/tinyshakespeare_gpt2.u16");
-  std::vector<int32_t> want(raw.size() / 2);
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint16_t v;
-    std::memcpy(&v, raw.data() + 2 * i, 2);
-    want[i] = v;
-  }
+  const std::string text = test::ReadFile(test::ShakespeareText());
+  ASSERT_GT(text.size(), 100000u) << "missing " << test::ShakespeareText();
+  const std::vector<int32_t> want = test::ShakespeareReferenceIds();
+  ASSERT_GT(want.size(), 30000u);
   const std::vector<int32_t> got = Tok().Encode(text);
   ASSERT_EQ(got.size(), want.size());
   size_t first_diff = got.size();
@@ -97,36 +90,32 @@ TEST(Gpt2Tokenizer, BadVocabFilesNameTheFile) {
   test::TempDir dir;
   test::WriteFile(dir / "v.json", "{\"a\": 1,}");
   try {
-    Gpt2Tokenizer t(dir / "v.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+    Gpt2Tokenizer t(dir / "v.json", test::VocabBpe());
     FAIL();
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find(dir / "v.json"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("vocab file '" + (dir / "v.json") + "': invalid JSON: ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+  const std::pair<const char*, const char*> bad_vocabs[] = {{"[1]", "expected a non-empty JSON object"},
+                                                            {"{}", "expected a non-empty JSON object"},
+                                                            {"{\"a\": -1}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1.5}", "token 'a' has an id that"},
+                                                            {"{\"a\": \"1\"}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1e9}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1} x", "invalid JSON"},
+                                                            {"{\"\xff\": 1}", "invalid JSON"}};
+  for (const auto& [bad, why] : bad_vocabs) {
+    test::WriteFile(dir / "v.json", bad);
+    try {
+      Gpt2Tokenizer t(dir / "v.json", test::VocabBpe());
+      ADD_FAILURE() << bad;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << bad << ": " << e.what();
+    }
   }
   test::WriteFile(dir / "m.bpe", "#version\na b c\n");
-  EXPECT_THROW(Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", dir / "m.bpe"), DataError);
+  EXPECT_THROW(Gpt2Tokenizer(test::EncoderJson(), dir / "m.bpe"), DataError);
   EXPECT_THROW(Gpt2Tokenizer(dir / "nope.json", dir / "m.bpe"), DataError);
-}
-
-TEST(Json, ParsesAndRejects) {
-  JsonValue v =
-      ParseJson(R"( {"text": "a\"b\\u00e9\ud83d\ude00", "n": -1.5e2, "l": [true, false, null], "text": "last"} )", "t");
-  ASSERT_EQ(v.type, JsonValue::Type::kObject);
-  EXPECT_EQ(v.Find("text")->string, "last");
-  EXPECT_EQ(v.object[0].second.string, "a\"b\\u00e9\xf0\x9f\x98\x80");
-  EXPECT_EQ(v.Find("n")->number, -150);
-  EXPECT_EQ(v.Find("l")->array.size(), 3u);
-  EXPECT_EQ(ParseJson("\"\\u00e9\"", "t").string, "\xc3\xa9");
-  for (const char* bad : {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"", "tru", "{} x",
-                          "\"\xff\"", "[1 2]", "-", "1e"}) {
-    EXPECT_THROW(ParseJson(bad, "input"), DataError) << bad;
-  }
-  std::string deep(100000, '[');
-  EXPECT_THROW(ParseJson(deep, "deep"), DataError);
-  try {
-    ParseJson("{\"a\": nul}", "file.jsonl:3");
-  } catch (const DataError& e) {
-    EXPECT_EQ(std::string(e.what()), "file.jsonl:3: invalid JSON at byte 6: invalid literal");
-  }
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 // dtk_bench_data — data pipeline throughput (prints figures; asserts nothing).
 //
-//   dtk_bench_data [--shared DIR] [--mb 50] [--tokens 100000000] [--tmp /tmp]
+//   dtk_bench_data [--text FILE] [--vocab DIR] [--mb 50] [--tokens 100000000] [--tmp /tmp]
 //
-// 1. GPT-2 BPE tokenizer MB/s on tinyshakespeare repeated to --mb MB, on 1 thread and on all
+// --text: the base text (default: the committed tests/data/fixtures/shakespeare_excerpt.txt);
+// --vocab: the directory of encoder.json and vocab.bpe (default: data/gpt2 of the repository,
+// where `tools/setup.sh --vocab` puts them).
+//
+// 1. GPT-2 BPE tokenizer MB/s on the base text repeated to --mb MB, on 1 thread and on all
 //    hardware threads (the text is cut at safe pre-tokenizer boundaries, one cache per thread,
 //    as `dtk preprocess` does). When `node` and the npm reference encoders are available
 //    (NODE_PATH), it times them on the same text in the same run (tools/bench/bench_tokenizer.js).
@@ -81,14 +85,17 @@ static double EncodeMbps(const Gpt2Tokenizer& tok, std::string_view text, unsign
 }
 
 int main(int argc, char** argv) {
-  std::string shared = std::getenv("DTK_SHARED_DATA") ? std::getenv("DTK_SHARED_DATA") : DTK_SHARED_DATA_DIR;
+  std::string text_path = std::string(DTK_DATA_FIXTURES_DIR) + "/shakespeare_excerpt.txt";
+  std::string vocab = DTK_GPT2_VOCAB_DIR;
   double mb = 50;
   int64_t total_tokens = 100000000;
   std::string tmp = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--shared")
-      shared = argv[i + 1];
+    if (a == "--text")
+      text_path = argv[i + 1];
+    else if (a == "--vocab")
+      vocab = argv[i + 1];
     else if (a == "--mb")
       mb = std::atof(argv[i + 1]);
     else if (a == "--tokens")
@@ -96,7 +103,8 @@ int main(int argc, char** argv) {
     else if (a == "--tmp")
       tmp = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: dtk_bench_data [--shared DIR] [--mb 50] [--tokens 100000000] [--tmp /tmp]\n");
+      std::fprintf(stderr,
+                   "usage: dtk_bench_data [--text FILE] [--vocab DIR] [--mb 50] [--tokens 100000000] [--tmp /tmp]\n");
       return 2;
     }
   }
@@ -104,17 +112,24 @@ int main(int argc, char** argv) {
   std::printf("dtk_bench_data: %u hardware threads\n", hw);
 
   // ---- tokenizer
-  const std::string base = ReadFile(shared + "/tinyshakespeare.txt");
+  const std::string base = ReadFile(text_path);
   if (base.empty()) {
-    std::fprintf(stderr, "cannot read %s/tinyshakespeare.txt\n", shared.c_str());
+    std::fprintf(stderr, "dtk_bench_data: cannot read the base text '%s' (--text)\n", text_path.c_str());
     return 1;
+  }
+  for (const char* f : {"/encoder.json", "/vocab.bpe"}) {
+    if (ReadFile(vocab + f).empty()) {
+      std::fprintf(stderr, "dtk_bench_data: cannot read '%s%s': run tools/setup.sh --vocab (or pass --vocab DIR)\n",
+                   vocab.c_str(), f);
+      return 1;
+    }
   }
   std::string text;
   while (text.size() < mb * 1e6) text += base;
   text.resize(static_cast<size_t>(mb * 1e6));
   text.resize(text.rfind('\n') + 1);
   auto t0 = Clock::now();
-  const Gpt2Tokenizer tok(shared + "/gpt2/encoder.json", shared + "/gpt2/vocab.bpe");
+  const Gpt2Tokenizer tok(vocab + "/encoder.json", vocab + "/vocab.bpe");
   std::printf("tokenizer load (encoder.json + vocab.bpe): %.3f s\n", Since(t0));
   size_t tokens = 0;
   const double one = EncodeMbps(tok, text, 1, &tokens);

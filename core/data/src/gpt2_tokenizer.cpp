@@ -5,8 +5,9 @@
 #include <limits>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "dtk/data/error.hpp"
-#include "dtk/data/json.hpp"
 #include "dtk/data/utf8.hpp"
 
 namespace dtk::data {
@@ -162,18 +163,23 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   // ---- vocabulary
-  const JsonValue vocab = ParseJson(ReadWholeFile(vocab_file), "vocab file '" + vocab_file + "'");
-  if (vocab.type != JsonValue::Type::kObject || vocab.object.empty()) {
+  nlohmann::json vocab;
+  try {
+    vocab = nlohmann::json::parse(ReadWholeFile(vocab_file));  // strict RFC 8259 + UTF-8
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("vocab file '" + vocab_file + "': invalid JSON: " + e.what());
+  }
+  if (!vocab.is_object() || vocab.empty()) {
     throw DataError("vocab file '" + vocab_file + "': expected a non-empty JSON object of token -> id");
   }
   int64_t max_id = -1;
-  for (const auto& kv : vocab.object) {
-    const double v = kv.second.number;
-    if (kv.second.type != JsonValue::Type::kNumber || v < 0 || v > 1e8 || v != static_cast<int64_t>(v)) {
-      throw DataError("vocab file '" + vocab_file + "': token '" + kv.first +
+  for (auto it = vocab.cbegin(); it != vocab.cend(); ++it) {  // of a repeated token, the last id is kept
+    const double v = it.value().is_number() ? it.value().get<double>() : -1;
+    if (v < 0 || v > 1e8 || v != static_cast<int64_t>(v)) {
+      throw DataError("vocab file '" + vocab_file + "': token '" + it.key() +
                       "' has an id that is not a non-negative integer < 1e8");
     }
-    m.encoder[kv.first] = static_cast<int32_t>(v);
+    m.encoder[it.key()] = static_cast<int32_t>(v);
     max_id = std::max<int64_t>(max_id, static_cast<int64_t>(v));
   }
   uint32_t byte_char[256];

@@ -16,7 +16,7 @@
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/json.hpp"
+#include "dtk/data/jsonl.hpp"
 #include "dtk/data/mapped_file.hpp"
 #include "dtk/data/utf8.hpp"
 
@@ -122,6 +122,7 @@ class Pipeline {
 
   void Work() {
     Gpt2Tokenizer::Cache cache;
+    JsonlLineParser json(o_.json_keys);
     while (true) {
       Batch b;
       {
@@ -133,7 +134,7 @@ class Pipeline {
       }
       BatchResult r;
       try {
-        Process(b, &r, &cache);
+        Process(b, &r, &cache, &json);
       } catch (const std::exception& e) {
         r.fatal = e.what();
       }
@@ -146,39 +147,26 @@ class Pipeline {
     }
   }
 
-  void Process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache) {
+  void Process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache, JsonlLineParser* json) {
     const std::string& file = o_.inputs[b.file];
     if (b.text) {
       tok_.Encode(b.chunk, &r->text_ids, cache);
       return;
     }
     r->lines.resize(b.lines.size());
+    std::vector<std::vector<std::string_view>> values;  // [key][sentence]
     for (size_t k = 0; k < b.lines.size(); ++k) {
       LineResult& lr = r->lines[k];
       const std::string where = file + ":" + std::to_string(b.line_numbers[k]);
       try {
-        const JsonValue v = ParseJson(b.lines[k], where);
-        if (v.type != JsonValue::Type::kObject) throw DataError(where + ": the line is not a JSON object");
+        json->Parse(b.lines[k], where, &values);
         lr.ids.resize(o_.json_keys.size());
         for (size_t key = 0; key < o_.json_keys.size(); ++key) {
-          const JsonValue* val = v.Find(o_.json_keys[key]);
-          if (val == nullptr) throw DataError(where + ": missing key '" + o_.json_keys[key] + "'");
-          std::vector<const std::string*> sentences;
-          if (val->is_string()) {
-            sentences.push_back(&val->string);
-          } else if (val->type == JsonValue::Type::kArray) {
-            for (const auto& s : val->array) {
-              if (!s.is_string()) throw DataError(where + ": '" + o_.json_keys[key] + "' is a list with a non-string");
-              sentences.push_back(&s.string);
-            }
-          } else {
-            throw DataError(where + ": '" + o_.json_keys[key] + "' is not a string or a list of strings");
-          }
           auto& out = lr.ids[key];
-          for (const std::string* s : sentences) {
+          for (const std::string_view s : values[key]) {
             std::vector<int32_t> ids;
             try {
-              tok_.Encode(*s, &ids, cache);
+              tok_.Encode(s, &ids, cache);
             } catch (const DataError& e) {
               throw DataError(where + ": " + e.what());
             }
@@ -291,6 +279,7 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
       }
     }
     st.input_bytes += static_cast<int64_t>(b.bytes);
+    ++st.batches;
     if (next_log > 0 && static_cast<double>(st.input_bytes) >= next_log) {
       progress("");
       while (next_log <= static_cast<double>(st.input_bytes)) next_log += o.log_interval_mb * 1e6;

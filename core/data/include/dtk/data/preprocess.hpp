@@ -41,6 +41,7 @@ struct PreprocessStats {
   int64_t tokens = 0;
   int64_t input_bytes = 0;
   int64_t bad_lines = 0;
+  int64_t batches = 0;  // work units encoded: batches of jsonl lines, chunks of plain text
   double seconds = 0;
   std::vector<std::string> output_prefixes;  // one per key
 };

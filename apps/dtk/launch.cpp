@@ -228,7 +228,7 @@ int Ranks::supervise() {
 
 }  // namespace
 
-int RunLaunch(int argc, char** argv) {
+int run_launch(int argc, char** argv) {
   LaunchArgs args = parse_args(argc, argv);
   if (args.port == 0) args.port = free_port();
   const std::string exe = self_exe();

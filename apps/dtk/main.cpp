@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cmd_preprocess.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/pipeline.hpp"
@@ -19,7 +20,6 @@
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
-#include "cmd_preprocess.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
 DEFINE_string(model, "", "Model plugin (overrides model.name).");
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
   // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
   if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
     try {
-      return RunLaunch(argc - 2, argv + 2);
+      return run_launch(argc - 2, argv + 2);
     } catch (const std::exception& e) {
       report_error(dtk::one_line(e.what()));
       return 1;
@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
       return rc;
     }
     if (cmd == "preprocess") {
-      return RunPreprocess(argc - 1, argv + 1);
+      return run_preprocess(argc - 1, argv + 1);
     }
     throw dtk::host::HostError("unknown command '" + cmd +
                                "' (commands: train, plugins, config, preprocess, version; see --help)");

@@ -24,14 +24,14 @@ JsonlLineParser::JsonlLineParser(std::vector<std::string> keys) : impl_(std::mak
 
 JsonlLineParser::~JsonlLineParser() = default;
 
-void JsonlLineParser::Parse(std::string_view line, const std::string& where,
+void JsonlLineParser::parse(std::string_view line, const std::string& where,
                             std::vector<std::vector<std::string_view>>* values) {
   Impl& m = *impl_;
   m.padded.assign(line.data(), line.size());
   m.padded.resize(line.size() + simdjson::SIMDJSON_PADDING);
   simdjson::dom::element doc;
   if (const auto err = m.parser.parse(m.padded.data(), line.size(), false).get(doc)) {
-    const size_t bad = err == simdjson::UTF8_ERROR ? FindInvalidUtf8(line) : std::string::npos;
+    const size_t bad = err == simdjson::UTF8_ERROR ? find_invalid_utf8(line) : std::string::npos;
     if (bad != std::string::npos) throw DataError(where + ": invalid UTF-8 at byte " + std::to_string(bad));
     throw DataError(where + ": invalid JSON: " + simdjson::error_message(err));
   }

@@ -25,7 +25,7 @@ namespace {
 
 constexpr size_t kBatchLines = 4096;
 
-bool IsJsonl(const std::string& path) {
+bool is_jsonl(const std::string& path) {
   auto ends = [&](const char* suf) {
     const size_t n = std::strlen(suf);
     return path.size() >= n && path.compare(path.size() - n, n, suf) == 0;
@@ -61,7 +61,7 @@ class Pipeline {
  public:
   Pipeline(const Gpt2Tokenizer& tok, const PreprocessOptions& o, int workers) : tok_(tok), o_(o) {
     max_inflight_ = static_cast<size_t>(workers) * 4;
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { Work(); });
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
   }
   ~Pipeline() {
     {
@@ -74,7 +74,7 @@ class Pipeline {
   }
 
   template <typename Sink>
-  void Submit(Batch b, Sink&& sink) {
+  void submit(Batch b, Sink&& sink) {
     b.seq = submitted_;
     while (true) {
       {
@@ -87,25 +87,25 @@ class Pipeline {
         }
         done_cv_.wait(lk, [&] { return results_.count(written_) > 0; });
       }
-      WriteReady(sink);
+      write_ready(sink);
     }
-    WriteReady(sink);
+    write_ready(sink);
   }
 
   template <typename Sink>
-  void Finish(Sink&& sink) {
+  void finish(Sink&& sink) {
     while (written_ < submitted_) {
       {
         std::unique_lock<std::mutex> lk(mu_);
         done_cv_.wait(lk, [&] { return results_.count(written_) > 0; });
       }
-      WriteReady(sink);
+      write_ready(sink);
     }
   }
 
  private:
   template <typename Sink>
-  void WriteReady(Sink& sink) {
+  void write_ready(Sink& sink) {
     while (true) {
       BatchResult r;
       {
@@ -120,7 +120,7 @@ class Pipeline {
     }
   }
 
-  void Work() {
+  void work() {
     Gpt2Tokenizer::Cache cache;
     JsonlLineParser json(o_.json_keys);
     while (true) {
@@ -134,7 +134,7 @@ class Pipeline {
       }
       BatchResult r;
       try {
-        Process(b, &r, &cache, &json);
+        process(b, &r, &cache, &json);
       } catch (const std::exception& e) {
         r.fatal = e.what();
       }
@@ -147,10 +147,10 @@ class Pipeline {
     }
   }
 
-  void Process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache, JsonlLineParser* json) {
+  void process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache, JsonlLineParser* json) {
     const std::string& file = o_.inputs[b.file];
     if (b.text) {
-      tok_.Encode(b.chunk, &r->text_ids, cache);
+      tok_.encode(b.chunk, &r->text_ids, cache);
       return;
     }
     r->lines.resize(b.lines.size());
@@ -159,14 +159,14 @@ class Pipeline {
       LineResult& lr = r->lines[k];
       const std::string where = file + ":" + std::to_string(b.line_numbers[k]);
       try {
-        json->Parse(b.lines[k], where, &values);
+        json->parse(b.lines[k], where, &values);
         lr.ids.resize(o_.json_keys.size());
         for (size_t key = 0; key < o_.json_keys.size(); ++key) {
           auto& out = lr.ids[key];
           for (const std::string_view s : values[key]) {
             std::vector<int32_t> ids;
             try {
-              tok_.Encode(s, &ids, cache);
+              tok_.encode(s, &ids, cache);
             } catch (const DataError& e) {
               throw DataError(where + ": " + e.what());
             }
@@ -194,19 +194,19 @@ class Pipeline {
   bool stop_ = false;
 };
 
-std::string FormatMb(double bytes) {
+std::string format_mb(double bytes) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1) << bytes / 1e6;
   return os.str();
 }
 
-int64_t LineOfOffset(std::string_view s, size_t offset) {
+int64_t line_of_offset(std::string_view s, size_t offset) {
   return 1 + std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(std::min(offset, s.size())), '\n');
 }
 
 }  // namespace
 
-PreprocessStats Preprocess(const PreprocessOptions& o) {
+PreprocessStats preprocess(const PreprocessOptions& o) {
   if (o.inputs.empty()) throw DataError("no --input given");
   if (o.output_prefix.empty()) throw DataError("no --output_prefix given");
   if (o.vocab_file.empty() || o.merge_file.empty()) {
@@ -217,13 +217,13 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
   const Gpt2Tokenizer tok(o.vocab_file, o.merge_file);
   if (o.append_eod && tok.eod() < 0)
     throw DataError("vocab file '" + o.vocab_file + "' has no <|endoftext|> token for --append_eod");
-  const DType dtype = OptimalDType(static_cast<int64_t>(tok.vocab_size()));
+  const DType dtype = optimal_dtype(static_cast<int64_t>(tok.vocab_size()));
 
   PreprocessStats st;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
   for (const std::string& key : o.json_keys) {
     const std::string prefix = o.output_prefix + "_" + key + "_document";
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(BinPath(prefix), dtype));
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
     st.output_prefixes.push_back(prefix);
   }
   const auto text_key = std::find(o.json_keys.begin(), o.json_keys.end(), "text");
@@ -236,8 +236,8 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
     if (o.log == nullptr) return;
     const double s = std::max(elapsed(), 1e-9);
     *o.log << "dtk preprocess: " << what << st.documents << " docs, " << st.tokens << " tokens, "
-           << FormatMb(static_cast<double>(st.input_bytes)) << " MB, "
-           << FormatMb(static_cast<double>(st.input_bytes) / s) << " MB/s" << std::endl;
+           << format_mb(static_cast<double>(st.input_bytes)) << " MB, "
+           << format_mb(static_cast<double>(st.input_bytes) / s) << " MB/s" << std::endl;
   };
 
   std::vector<MappedFile> files(o.inputs.size());
@@ -247,17 +247,17 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
     const Batch& b = r.batch;
     if (b.text) {
       IndexedDatasetBuilder& bld = *builders[static_cast<size_t>(text_key - o.json_keys.begin())];
-      bld.AppendToItem(r.text_ids.data(), r.text_ids.size());
+      bld.append_to_item(r.text_ids.data(), r.text_ids.size());
       text_doc_tokens += static_cast<int64_t>(r.text_ids.size());
       st.tokens += static_cast<int64_t>(r.text_ids.size());
       if (b.end_of_file) {
         if (o.append_eod && text_doc_tokens > 0) {
           const int32_t eod = tok.eod();
-          bld.AppendToItem(&eod, 1);
+          bld.append_to_item(&eod, 1);
           ++st.tokens;
         }
-        if (text_doc_tokens > 0) bld.CloseItem();
-        bld.EndDocument();
+        if (text_doc_tokens > 0) bld.close_item();
+        bld.end_document();
         ++st.documents;
         text_doc_tokens = 0;
       }
@@ -270,10 +270,10 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
         }
         for (size_t key = 0; key < builders.size(); ++key) {
           for (const auto& ids : lr.ids[key]) {
-            builders[key]->AddItem(ids.data(), ids.size());
+            builders[key]->add_item(ids.data(), ids.size());
             st.tokens += static_cast<int64_t>(ids.size());
           }
-          builders[key]->EndDocument();
+          builders[key]->end_document();
         }
         ++st.documents;
       }
@@ -292,14 +292,14 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
       const std::string& path = o.inputs[f];
       files[f] = MappedFile(path);
       std::string_view data(reinterpret_cast<const char*>(files[f].data()), files[f].size());
-      if (!IsJsonl(path)) {
+      if (!is_jsonl(path)) {
         if (text_key == o.json_keys.end()) {
           throw DataError("plain-text input '" + path + "' needs 'text' among --json_keys");
         }
-        const size_t bad = FindInvalidUtf8(data);
+        const size_t bad = find_invalid_utf8(data);
         if (bad != std::string::npos) {
           const std::string msg =
-              path + ":" + std::to_string(LineOfOffset(data, bad)) + ": invalid UTF-8 at byte " + std::to_string(bad);
+              path + ":" + std::to_string(line_of_offset(data, bad)) + ": invalid UTF-8 at byte " + std::to_string(bad);
           if (!o.skip_bad_lines) throw DataError(msg + " (use --skip_bad_lines to skip the file)");
           ++st.bad_lines;
           if (o.log) *o.log << "dtk preprocess: skipping " << msg << std::endl;
@@ -327,7 +327,7 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
           b.bytes = cut - pos;
           b.end_of_file = cut == data.size();
           pos = cut;
-          pipe.Submit(std::move(b), sink);
+          pipe.submit(std::move(b), sink);
         } while (pos < data.size());
         continue;
       }
@@ -349,16 +349,16 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
           b.line_numbers.push_back(line_no);
         }
         if (b.bytes >= o.batch_bytes || b.lines.size() >= kBatchLines) {
-          pipe.Submit(std::move(b), sink);
+          pipe.submit(std::move(b), sink);
           b = Batch();
           b.file = f;
         }
       }
-      if (b.bytes > 0) pipe.Submit(std::move(b), sink);
+      if (b.bytes > 0) pipe.submit(std::move(b), sink);
     }
-    pipe.Finish(sink);
+    pipe.finish(sink);
   }
-  for (size_t key = 0; key < builders.size(); ++key) builders[key]->Finalize(IdxPath(st.output_prefixes[key]));
+  for (size_t key = 0; key < builders.size(); ++key) builders[key]->finalize(idx_path(st.output_prefixes[key]));
   st.seconds = elapsed();
   if (o.log) {
     progress("done: ");
@@ -368,8 +368,8 @@ PreprocessStats Preprocess(const PreprocessOptions& o) {
   return st;
 }
 
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                     int64_t begin, int64_t end, std::ostream& out) {
+void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                      int64_t begin, int64_t end, std::ostream& out) {
   const IndexedDataset ds(prefix);
   const Gpt2Tokenizer tok(vocab_file, merge_file);
   const int64_t ndocs = static_cast<int64_t>(ds.num_documents());
@@ -385,7 +385,7 @@ void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, c
     for (int64_t s = s0; s < s1; ++s) {
       ids.clear();
       ds.get(static_cast<size_t>(s), 0, static_cast<size_t>(ds.sequence_length(static_cast<size_t>(s))), &ids);
-      out << tok.Decode(ids.data(), ids.size());
+      out << tok.decode(ids.data(), ids.size());
     }
   }
   out.flush();

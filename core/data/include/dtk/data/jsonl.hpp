@@ -24,7 +24,7 @@ class JsonlLineParser {
   // DataError "<where>: what is wrong" (one line): invalid JSON (with simdjson's reason), invalid
   // UTF-8 at byte N, not a JSON object, a missing key, a value that is neither a string nor a list
   // of strings.
-  void Parse(std::string_view line, const std::string& where, std::vector<std::vector<std::string_view>>* values);
+  void parse(std::string_view line, const std::string& where, std::vector<std::vector<std::string_view>>* values);
 
  private:
   struct Impl;

@@ -47,11 +47,11 @@ struct PreprocessStats {
 };
 
 // Throws DataError with a one-line message on any bad input.
-PreprocessStats Preprocess(const PreprocessOptions& options);
+PreprocessStats preprocess(const PreprocessOptions& options);
 
 // Writes the text of documents [begin, end) of the dataset at `prefix` to `out`
 // (end = -1: to the last). Throws DataError.
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                     int64_t begin, int64_t end, std::ostream& out);
+void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                      int64_t begin, int64_t end, std::ostream& out);
 
 }  // namespace dtk::data

@@ -22,20 +22,23 @@ stage() {  # stage NAME COMMAND...: runs a stage, records its failure
 
 run_ctest() { (cd build && ctest --output-on-failure --timeout 600 -j "$(nproc)"); }
 
+# Stages run inside `if`, where bash ignores `set -e`: every command is chained with || return.
 run_sanitizers() {
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDTK_SANITIZE=ON >/dev/null
-  cmake --build build-asan -j "$(nproc)" --target dtk_host_tests dtk_abi_tests dtk_data_tests
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDTK_SANITIZE=ON >/dev/null || return
+  cmake --build build-asan -j "$(nproc)" --target dtk_host_tests dtk_abi_tests dtk_data_tests || return
   # detect_leaks=0: plugins and their registry entries are deliberately never freed (never unloaded).
   export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  build-asan/bin/dtk_host_tests && build-asan/bin/dtk_abi_tests && build-asan/bin/dtk_data_tests
+  build-asan/bin/dtk_host_tests || return
+  build-asan/bin/dtk_abi_tests || return
+  build-asan/bin/dtk_data_tests
 }
 
 run_sdk_template() {
   rm -rf build-install build-template
-  cmake --install build --prefix "$PWD/build-install" >/dev/null
-  cmake -S sdk/template -B build-template -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null
-  cmake --build build-template
-  build-install/bin/dtk plugins describe template_scaled_sgd --plugin_path build-template
+  cmake --install build --prefix "$PWD/build-install" >/dev/null || return
+  cmake -S sdk/template -B build-template -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null || return
+  cmake --build build-template || return
+  build-install/bin/dtk plugins describe template_scaled_sgd --plugin_path build-template || return
   build-install/bin/dtk train --config configs/gpt-tiny.pbtxt --optimizer template_scaled_sgd \
     --set optimizer.scale=0.5 --dataset synthetic --set train.train_iters=4 --set lr.lr_warmup_iters=1 \
     --set logging.log_interval=2 --set eval.eval_iters=1 --plugin_path build-template

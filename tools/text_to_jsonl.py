@@ -5,7 +5,7 @@
 train/valid/test split of documents has something in every split), write one JSON line per
 blank-line-separated paragraph:
 
-    python3 tools/text_to_jsonl.py ../shared/data/tinyshakespeare.txt data/tinyshakespeare.jsonl
+    python3 tools/text_to_jsonl.py tests/data/fixtures/shakespeare_excerpt.txt data/shakespeare.jsonl
 """
 import json
 import re

@@ -32,7 +32,7 @@ DEFINE_double(log_interval_mb, 64, "preprocess: print progress every this many i
 
 namespace {
 
-std::vector<std::string> SplitComma(const std::string& s) {
+std::vector<std::string> split_comma(const std::string& s) {
   std::vector<std::string> out;
   size_t pos = 0;
   while (pos <= s.size()) {
@@ -45,7 +45,7 @@ std::vector<std::string> SplitComma(const std::string& s) {
   return out;
 }
 
-int64_t ParseIndex(const std::string& s, const std::string& whole) {
+int64_t parse_index(const std::string& s, const std::string& whole) {
   size_t used = 0;
   long long v = -1;
   try {
@@ -61,7 +61,7 @@ int64_t ParseIndex(const std::string& s, const std::string& whole) {
 
 }  // namespace
 
-int RunPreprocess(int argc, char** argv) {
+int run_preprocess(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
     if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
@@ -76,25 +76,25 @@ int RunPreprocess(int argc, char** argv) {
         const std::string& r = args[0];
         const size_t colon = r.find(':');
         if (colon == std::string::npos) {
-          begin = ParseIndex(r, r);
+          begin = parse_index(r, r);
           end = begin + 1;
         } else {
-          if (colon > 0) begin = ParseIndex(r.substr(0, colon), r);
-          if (colon + 1 < r.size()) end = ParseIndex(r.substr(colon + 1), r);
+          if (colon > 0) begin = parse_index(r.substr(0, colon), r);
+          if (colon + 1 < r.size()) end = parse_index(r.substr(colon + 1), r);
         }
       }
       std::string prefix = FLAGS_input;
       for (const char* ext : {".idx", ".bin"}) {
         if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
       }
-      dtk::data::DecodeDocuments(prefix, FLAGS_vocab_file, FLAGS_merge_file, begin, end, std::cout);
+      dtk::data::decode_documents(prefix, FLAGS_vocab_file, FLAGS_merge_file, begin, end, std::cout);
       return 0;
     }
     if (!args.empty()) throw dtk::data::DataError("unexpected argument '" + args[0] + "'");
     dtk::data::PreprocessOptions o;
-    o.inputs = SplitComma(FLAGS_input);
+    o.inputs = split_comma(FLAGS_input);
     o.output_prefix = FLAGS_output_prefix;
-    o.json_keys = SplitComma(FLAGS_json_keys);
+    o.json_keys = split_comma(FLAGS_json_keys);
     o.vocab_file = FLAGS_vocab_file;
     o.merge_file = FLAGS_merge_file;
     o.append_eod = FLAGS_append_eod;
@@ -102,7 +102,7 @@ int RunPreprocess(int argc, char** argv) {
     o.skip_bad_lines = FLAGS_skip_bad_lines;
     o.log_interval_mb = FLAGS_log_interval_mb;
     o.log = &std::cerr;
-    dtk::data::Preprocess(o);
+    dtk::data::preprocess(o);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtk preprocess: error: %s\n", e.what());

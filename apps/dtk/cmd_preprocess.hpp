@@ -3,4 +3,4 @@
 
 // Called by the dtk main after gflags parsing; argv[0] is "preprocess", argv[1..] the
 // remaining positional arguments. Returns the process exit status.
-int RunPreprocess(int argc, char** argv);
+int run_preprocess(int argc, char** argv);

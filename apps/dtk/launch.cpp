@@ -79,10 +79,13 @@ int exit_code(int status) {
   return 1;
 }
 
-}  // namespace
-
-int RunLaunch(int argc, char** argv) {
+struct LaunchArgs {
   int nproc = 0, port = 0;
+  int command = 0;  // index of the dtk command the children run
+};
+
+LaunchArgs parse_args(int argc, char** argv) {
+  LaunchArgs args;
   int i = 0;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -92,32 +95,52 @@ int RunLaunch(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--nproc_per_node" || a.rfind("--nproc_per_node=", 0) == 0)
-      nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
+      args.nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
     else if (a == "--master_port" || a.rfind("--master_port=", 0) == 0)
-      port = parse_int("--master_port", value("--master_port"), 1, 65535);
+      args.port = parse_int("--master_port", value("--master_port"), 1, 65535);
     else if (a == "--")
       ++i;
     else
       break;
     if (a == "--") break;
   }
-  if (nproc <= 0) throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
+  if (args.nproc <= 0)
+    throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
   if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
   if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
-  if (port == 0) port = free_port();
-  const std::string exe = self_exe();
+  args.command = i;
+  return args;
+}
 
-  std::vector<char*> child_argv;
-  child_argv.push_back(const_cast<char*>(exe.c_str()));
-  for (int k = i; k < argc; ++k) child_argv.push_back(argv[k]);
-  child_argv.push_back(nullptr);
+// The ranks of one launch: spawned with the torchrun variables, signals forwarded, the others
+// stopped (SIGTERM, then SIGKILL after a grace period) as soon as one fails.
+class Ranks {
+ public:
+  explicit Ranks(int nproc) : pids_(nproc, -1), running_(nproc, false) {}
 
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-  // One namespace for this run's rendezvous keys (two launches on one port cannot mix).
-  setenv("DTK_RUN_ID", ("launch-" + std::to_string(::getpid()) + "-" + std::to_string(port)).c_str(), 1);
+  void spawn(const std::string& exe, std::vector<char*>& child_argv, int port);
+  int supervise();  // returns the launcher's exit code
+
+ private:
+  void kill_all(int sig) {
+    for (size_t r = 0; r < pids_.size(); ++r)
+      if (running_[r]) ::kill(pids_[r], sig);
+  }
+  void stop_others() {
+    stopping_ = true;
+    kill_all(SIGTERM);
+    kill_at_ = std::chrono::steady_clock::now() + kGrace;
+  }
+  void exited(int rank, int status);
+
+  std::vector<pid_t> pids_;
+  std::vector<bool> running_;
+  int alive_ = 0, result_ = 0;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point kill_at_{};
+};
+
+void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, int port) {
   // Signals stay blocked across fork(): one arriving between fork and the child's reset would
   // otherwise run the launcher's handler in the child and be lost.
   sigset_t forwarded, previous;
@@ -125,23 +148,16 @@ int RunLaunch(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, sig);
   sigprocmask(SIG_BLOCK, &forwarded, &previous);
   const pid_t launcher = ::getpid();
-
+  const int nproc = static_cast<int>(pids_.size());
   std::fflush(stdout);
   std::fflush(stderr);
-  std::vector<pid_t> pids(nproc, -1);
-  std::vector<bool> running(nproc, false);
-  int alive = 0;
-  auto kill_all = [&](int sig) {
-    for (int r = 0; r < nproc; ++r)
-      if (running[r]) ::kill(pids[r], sig);
-  };
   for (int r = 0; r < nproc; ++r) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       const std::string err = std::strerror(errno);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
       kill_all(SIGKILL);
-      while (alive > 0 && ::wait(nullptr) > 0) --alive;
+      while (alive_ > 0 && ::wait(nullptr) > 0) --alive_;
       throw HostError("launch: fork failed: " + err);
     }
     if (pid == 0) {
@@ -161,54 +177,73 @@ int RunLaunch(int argc, char** argv) {
       std::fprintf(stderr, "dtk: error: launch: exec %s failed: %s\n", exe.c_str(), std::strerror(errno));
       std::_Exit(127);
     }
-    pids[r] = pid, running[r] = true, ++alive;
+    pids_[r] = pid, running_[r] = true, ++alive_;
   }
   sigprocmask(SIG_SETMASK, &previous, nullptr);  // a signal that came meanwhile is delivered now
+}
 
-  int result = 0;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point kill_at{};
-  while (alive > 0) {
+void Ranks::exited(int rank, int status) {
+  running_[rank] = false, --alive_;
+  const int code = exit_code(status);
+  if (code != 0 && result_ == 0) {
+    result_ = code;
+    std::fprintf(stderr, "dtk: launch: rank %d exited with code %d; stopping the other ranks\n", rank, code);
+    std::fflush(stderr);
+  } else if (code != 0 && code != 128 + SIGTERM && code != 128 + SIGKILL) {
+    // Several ranks can fail at once and waitpid reports the oldest first: name them all.
+    std::fprintf(stderr, "dtk: launch: rank %d exited with code %d\n", rank, code);
+    std::fflush(stderr);
+  }
+  if (code != 0 && !stopping_) stop_others();
+}
+
+int Ranks::supervise() {
+  while (alive_ > 0) {
     if (g_signal) {
       const int sig = g_signal;
       g_signal = 0;
       kill_all(sig);  // forward; children that ignore it are killed after the grace period
-      if (!stopping) {
-        stopping = true;
-        kill_at = std::chrono::steady_clock::now() + kGrace;
-        if (result == 0) result = 128 + sig;
+      if (!stopping_) {
+        stopping_ = true;
+        kill_at_ = std::chrono::steady_clock::now() + kGrace;
+        if (result_ == 0) result_ = 128 + sig;
       }
     }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
-      for (int r = 0; r < nproc; ++r) {
-        if (pids[r] != pid || !running[r]) continue;
-        running[r] = false, --alive;
-        const int code = exit_code(status);
-        if (code != 0 && result == 0) {
-          result = code;
-          std::fprintf(stderr, "dtk: launch: rank %d exited with code %d; stopping the other ranks\n", r, code);
-          std::fflush(stderr);
-        } else if (code != 0 && code != 128 + SIGTERM && code != 128 + SIGKILL) {
-          // Several ranks can fail at once and waitpid reports the oldest first: name them all.
-          std::fprintf(stderr, "dtk: launch: rank %d exited with code %d\n", r, code);
-          std::fflush(stderr);
-        }
-        if (code != 0 && !stopping) {
-          stopping = true;
-          kill_all(SIGTERM);
-          kill_at = std::chrono::steady_clock::now() + kGrace;
-        }
-      }
+      for (size_t r = 0; r < pids_.size(); ++r)
+        if (pids_[r] == pid && running_[r]) exited(static_cast<int>(r), status);
       continue;
     }
     if (pid < 0 && errno != EINTR) break;  // no children left
-    if (stopping && std::chrono::steady_clock::now() >= kill_at) {
+    if (stopping_ && std::chrono::steady_clock::now() >= kill_at_) {
       kill_all(SIGKILL);
-      kill_at = std::chrono::steady_clock::time_point::max();
+      kill_at_ = std::chrono::steady_clock::time_point::max();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return result;
+  return result_;
+}
+
+}  // namespace
+
+int run_launch(int argc, char** argv) {
+  LaunchArgs args = parse_args(argc, argv);
+  if (args.port == 0) args.port = free_port();
+  const std::string exe = self_exe();
+  std::vector<char*> child_argv;
+  child_argv.push_back(const_cast<char*>(exe.c_str()));
+  for (int k = args.command; k < argc; ++k) child_argv.push_back(argv[k]);
+  child_argv.push_back(nullptr);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // One namespace for this run's rendezvous keys (two launches on one port cannot mix).
+  setenv("DTK_RUN_ID", ("launch-" + std::to_string(::getpid()) + "-" + std::to_string(args.port)).c_str(), 1);
+  Ranks ranks(args.nproc);
+  ranks.spawn(exe, child_argv, args.port);
+  return ranks.supervise();
 }

@@ -3,4 +3,4 @@
 #pragma once
 
 // args: everything after "launch". Returns the exit code of the launcher.
-int RunLaunch(int argc, char** argv);
+int run_launch(int argc, char** argv);

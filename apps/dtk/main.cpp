@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cmd_preprocess.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/pipeline.hpp"
@@ -19,9 +20,6 @@
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
-#ifdef DTK_HAVE_PREPROCESS
-#include "cmd_preprocess.hpp"
-#endif
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
 DEFINE_string(model, "", "Model plugin (overrides model.name).");
@@ -56,7 +54,7 @@ Examples:
   dtk plugins describe gpt
 
 Plugins are found in <prefix>/lib/dtk/plugins, in DTK_PLUGIN_PATH and in --plugin_path.
---set paths: any config field (train.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
+--set paths: any config field (lr.lr=3e-4, lr.lr_decay_style=cosine) or, below a plugin slot,
 a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
 
 Distributed: `dtk launch --nproc_per_node 2 train --config ...` runs 2 data-parallel ranks over
@@ -232,6 +230,14 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   return 0;
 }
 
+// The one error line of a failed command. Whatever the command printed before goes out first:
+// stdout is block-buffered when piped, so without the flush the error would precede it.
+void report_error(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "dtk: error: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -243,9 +249,9 @@ int main(int argc, char** argv) {
   // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
   if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
     try {
-      return RunLaunch(argc - 2, argv + 2);
+      return run_launch(argc - 2, argv + 2);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dtk: error: %s\n", dtk::one_line(e.what()).c_str());
+      report_error(dtk::one_line(e.what()));
       return 1;
     }
   }
@@ -289,22 +295,17 @@ int main(int argc, char** argv) {
       return rc;
     }
     if (cmd == "preprocess") {
-#ifdef DTK_HAVE_PREPROCESS
-      return RunPreprocess(argc - 1, argv + 1);
-#else
-      throw dtk::host::HostError("this dtk was built without the data library (preprocess unavailable)");
-#endif
+      return run_preprocess(argc - 1, argv + 1);
     }
     throw dtk::host::HostError("unknown command '" + cmd +
                                "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
     // A multi-process run names the rank: "dtk: error: [rank R] ...".
-    std::fprintf(stderr, "dtk: error: %s%s\n", dtk::core::rank_prefix().c_str(), dtk::one_line(e.what()).c_str());
+    report_error(dtk::core::rank_prefix() + dtk::one_line(e.what()));
   } catch (...) {
-    std::fprintf(stderr, "dtk: error: %sunknown exception\n", dtk::core::rank_prefix().c_str());
+    report_error(dtk::core::rank_prefix() + "unknown exception");
   }
-  std::fflush(stderr);
   if (g_loaded) g_loaded->shutdown();  // plugins get their deinit() on error paths too
   return 1;
 }

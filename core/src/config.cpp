@@ -107,7 +107,7 @@ config::RunConfig load_config(const std::string& path) {
 void apply_override(config::RunConfig& cfg, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw HostError("--set '" + assignment + "': expected key=value (e.g. train.lr=3e-4)");
+    throw HostError("--set '" + assignment + "': expected key=value (e.g. lr.lr=3e-4)");
   const std::string path = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   const auto parts = split_path(path);
@@ -270,8 +270,8 @@ void validate_config(const config::RunConfig& cfg) {
   // size must be a multiple of it, which init_distributed checks once the world is known.
   if (d.pipeline_model_parallel_size() > 1)
     throw HostError(
-        "config: tensor/pipeline model parallelism (distributed.*_model_parallel_size > 1) is not "
-        "available in this release");
+        "config: pipeline model parallelism (distributed.pipeline_model_parallel_size > 1) is not "
+        "available in this release (tensor parallelism is: distributed.tensor_model_parallel_size)");
   if (cfg.checkpoint().save_interval() < 0) throw HostError("config: checkpoint.save_interval must not be negative");
   if (cfg.checkpoint().save_interval() > 0 && cfg.checkpoint().save().empty())
     throw HostError("config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");

@@ -15,32 +15,32 @@ using test::TempDir;
 
 // Builds a dataset of `num_docs` documents with random lengths; token t of document d is
 // d * 1000 + t (so every sample tells which documents and offsets it came from).
-std::shared_ptr<const IndexedDataset> MakeData(const std::string& prefix, int num_docs, int min_len, int max_len,
-                                               uint32_t seed) {
+std::shared_ptr<const IndexedDataset> make_data(const std::string& prefix, int num_docs, int min_len, int max_len,
+                                                uint32_t seed) {
   std::mt19937 gen(seed);
-  IndexedDatasetBuilder b(BinPath(prefix), DType::kInt32);
+  IndexedDatasetBuilder b(bin_path(prefix), DType::kInt32);
   for (int d = 0; d < num_docs; ++d) {
     const int len = min_len + static_cast<int>(gen() % static_cast<uint32_t>(max_len - min_len + 1));
     std::vector<int64_t> doc;
     for (int t = 0; t < len; ++t) doc.push_back(d * 1000 + t);
-    b.AddDocument(doc);
+    b.add_document(doc);
   }
-  b.Finalize(IdxPath(prefix));
+  b.finalize(idx_path(prefix));
   return std::make_shared<const IndexedDataset>(prefix);
 }
 
 TEST(Split, MegatronNormalization) {
   using A = std::array<size_t, 4>;
-  EXPECT_EQ(SplitBoundaries("969,30,1", 1000), (A{0, 969, 999, 1000}));
-  EXPECT_EQ(SplitBoundaries("969,30,1", 10), (A{0, 10, 10, 10}));
-  EXPECT_EQ(SplitBoundaries("1,1,1", 100), (A{0, 34, 67, 100}));  // round -> [0,33,66,99], shifted
-  EXPECT_EQ(SplitBoundaries("80/20", 10), (A{0, 8, 10, 10}));
-  EXPECT_EQ(SplitBoundaries("1", 7), (A{0, 7, 7, 7}));
-  EXPECT_EQ(SplitBoundaries("98, 2, 0", 50), (A{0, 49, 50, 50}));
-  EXPECT_EQ(SplitBoundaries("1,1", 5), (A{0, 3, 5, 5}));  // round half even: [0,2,4,4] +1
+  EXPECT_EQ(split_boundaries("969,30,1", 1000), (A{0, 969, 999, 1000}));
+  EXPECT_EQ(split_boundaries("969,30,1", 10), (A{0, 10, 10, 10}));
+  EXPECT_EQ(split_boundaries("1,1,1", 100), (A{0, 34, 67, 100}));  // round -> [0,33,66,99], shifted
+  EXPECT_EQ(split_boundaries("80/20", 10), (A{0, 8, 10, 10}));
+  EXPECT_EQ(split_boundaries("1", 7), (A{0, 7, 7, 7}));
+  EXPECT_EQ(split_boundaries("98, 2, 0", 50), (A{0, 49, 50, 50}));
+  EXPECT_EQ(split_boundaries("1,1", 5), (A{0, 3, 5, 5}));  // round half even: [0,2,4,4] +1
   for (const char* bad : {"a", "", "1,x,2", "-1,2,3", "0,0,0", "1,,2", "nan"}) {
     try {
-      SplitBoundaries(bad, 100);
+      split_boundaries(bad, 100);
       ADD_FAILURE() << bad;
     } catch (const DataError& e) {
       EXPECT_NE(std::string(e.what()).find("invalid split"), std::string::npos) << e.what();
@@ -49,22 +49,22 @@ TEST(Split, MegatronNormalization) {
 }
 
 TEST(GptIndices, HandComputedEpochs) {
-  EXPECT_EQ(NumEpochs(100, 10, 9), 1);
-  EXPECT_EQ(NumEpochs(100, 10, 10), 2);
-  EXPECT_EQ(NumEpochs(100, 10, 19), 2);
-  EXPECT_EQ(NumEpochs(100, 10, 20), 3);
-  EXPECT_EQ(NumEpochs(100, 10, 0), 1);
-  EXPECT_FALSE(SeparateLastEpoch(100, 10, 9, 1));
-  EXPECT_TRUE(SeparateLastEpoch(100, 10, 10, 2));   // last epoch supplies 1 of 9 samples
-  EXPECT_FALSE(SeparateLastEpoch(100, 10, 17, 2));  // 8 >= int(0.8 * 9) = 7
-  EXPECT_TRUE(SeparateLastEpoch(100, 10, 15, 2));   // 6 < 7
+  EXPECT_EQ(num_epochs(100, 10, 9), 1);
+  EXPECT_EQ(num_epochs(100, 10, 10), 2);
+  EXPECT_EQ(num_epochs(100, 10, 19), 2);
+  EXPECT_EQ(num_epochs(100, 10, 20), 3);
+  EXPECT_EQ(num_epochs(100, 10, 0), 1);
+  EXPECT_FALSE(separate_last_epoch(100, 10, 9, 1));
+  EXPECT_TRUE(separate_last_epoch(100, 10, 10, 2));   // last epoch supplies 1 of 9 samples
+  EXPECT_FALSE(separate_last_epoch(100, 10, 17, 2));  // 8 >= int(0.8 * 9) = 7
+  EXPECT_TRUE(separate_last_epoch(100, 10, 15, 2));   // 6 < 7
 }
 
 TEST(GptIndices, HandComputedSampleIdx) {
   // Documents of 4, 3, 5 tokens in this order, seq_length 3 (4 tokens per sample, sharing one).
   const std::vector<int32_t> sizes = {4, 3, 5};
   const std::vector<int32_t> doc_idx = {0, 1, 2};
-  const auto s = BuildSampleIdx(sizes, doc_idx, 3, 1, 12);
+  const auto s = build_sample_idx(sizes, doc_idx, 3, 1, 12);
   // (12 - 1) / 3 = 3 samples: tokens [0,4) [3,7) [6,10) of the 12-token stream.
   EXPECT_EQ(s, (std::vector<int64_t>{0, 0, 0, 3, 1, 2, 2, 2}));
 }
@@ -73,15 +73,15 @@ TEST(GptIndices, ShuffleIsSeededAndPortable) {
   ShuffleRng a(7), b(7), c(8);
   std::vector<int> x(100), y(100), z(100);
   for (int i = 0; i < 100; ++i) x[i] = y[i] = z[i] = i;
-  a.Shuffle(x.data(), x.size());
-  b.Shuffle(y.data(), y.size());
-  c.Shuffle(z.data(), z.size());
+  a.shuffle(x.data(), x.size());
+  b.shuffle(y.data(), y.size());
+  c.shuffle(z.data(), z.size());
   EXPECT_EQ(x, y);
   EXPECT_NE(x, z);
   // Pin the first values so a change of algorithm (or of std::mt19937_64) is noticed.
   ShuffleRng r(1234);
   std::vector<uint64_t> first;
-  for (int i = 0; i < 4; ++i) first.push_back(r.Below(1000));
+  for (int i = 0; i < 4; ++i) first.push_back(r.below(1000));
   std::mt19937_64 ref(1234);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], ref() % 1000);  // no rejection at these draws
 }
@@ -91,7 +91,7 @@ TEST(GptIndices, ShuffleIsSeededAndPortable) {
 TEST(GptIndices, MatchesNaiveReimplementation) {
   TempDir dir;
   for (uint32_t seed : {1u, 2u, 3u}) {
-    auto data = MakeData(dir / ("d" + std::to_string(seed)), 40, 0, 30, seed);
+    auto data = make_data(dir / ("d" + std::to_string(seed)), 40, 0, 30, seed);
     for (int64_t seq_len : {1, 7, 64}) {
       for (int64_t num_samples : {1, 50, 333}) {
         GptDatasetOptions o;
@@ -149,7 +149,7 @@ TEST(GptIndices, MatchesNaiveReimplementation) {
           const int64_t j = shuffle_idx[i];
           ASSERT_EQ(ds.shuffle_idx()[i], j);
           const std::vector<int64_t> want(stream.begin() + j * seq_len, stream.begin() + j * seq_len + seq_len + 1);
-          ASSERT_EQ(ds.Get(i), want) << "seed " << seed << " L " << seq_len << " N " << num_samples << " i " << i;
+          ASSERT_EQ(ds.get(i), want) << "seed " << seed << " L " << seq_len << " N " << num_samples << " i " << i;
         }
       }
     }
@@ -158,7 +158,7 @@ TEST(GptIndices, MatchesNaiveReimplementation) {
 
 TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   TempDir dir;
-  auto data = MakeData(dir / "c", 50, 1, 40, 5);
+  auto data = make_data(dir / "c", 50, 1, 40, 5);
   GptDatasetOptions o;
   o.seq_length = 16;
   o.num_samples = 100;
@@ -166,15 +166,15 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   GPTDataset a(data, 0, 45, o);
   EXPECT_FALSE(a.loaded_from_cache());
   EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_dtk1_d0-45_doc_idx.npy");
-  for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::FileExists(a.cache_file(w)));
+  for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::file_exists(a.cache_file(w)));
   GPTDataset b(data, 0, 45, o);
   EXPECT_TRUE(b.loaded_from_cache());
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.Get(i), b.Get(i));
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.get(i), b.get(i));
   // A corrupt cache is rebuilt.
-  test::WriteFile(a.cache_file("sample_idx"), "garbage");
+  test::write_file(a.cache_file("sample_idx"), "garbage");
   GPTDataset c(data, 0, 45, o);
   EXPECT_FALSE(c.loaded_from_cache());
-  EXPECT_EQ(c.Get(7), a.Get(7));
+  EXPECT_EQ(c.get(7), a.get(7));
   // A separate cache dir.
   o.cache_dir = dir.path();
   o.name = "valid";
@@ -185,12 +185,12 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   EXPECT_EQ(f.size(),
             (dir / "c_valid_indexmap_100ns_16sl_3s_dtk1_d45-50_").size() + 8 + std::string("_shuffle_idx.npy").size())
       << f;
-  EXPECT_THROW(d.Get(d.size()), DataError);
+  EXPECT_THROW(d.get(d.size()), DataError);
 }
 
 TEST(GptDataset, WaitOnlyWaitsForTheBuilder) {
   TempDir dir;
-  auto data = MakeData(dir / "w", 30, 5, 20, 9);
+  auto data = make_data(dir / "w", 30, 5, 20, 9);
   GptDatasetOptions o;
   o.seq_length = 8;
   o.num_samples = 40;
@@ -212,12 +212,12 @@ TEST(GptDataset, WaitOnlyWaitsForTheBuilder) {
   t.join();
   ASSERT_TRUE(waiter);
   EXPECT_TRUE(waiter->loaded_from_cache());
-  EXPECT_EQ(waiter->Get(3), builder.Get(3));
+  EXPECT_EQ(waiter->get(3), builder.get(3));
 }
 
 TEST(GptDataset, TooSmallIsAClearError) {
   TempDir dir;
-  auto data = MakeData(dir / "s", 3, 2, 2, 1);  // 6 tokens
+  auto data = make_data(dir / "s", 3, 2, 2, 1);  // 6 tokens
   GptDatasetOptions o;
   o.seq_length = 8;
   o.num_samples = 1;
@@ -235,8 +235,8 @@ TEST(GptDataset, TooSmallIsAClearError) {
 TEST(Blending, GreedyRatiosWithinOnePercent) {
   std::vector<int16_t> di;
   std::vector<int64_t> dsi;
-  const auto w = NormalizeWeights({3, 5, 2});
-  BuildBlendingIndices(w, 10000, &di, &dsi);
+  const auto w = normalize_weights({3, 5, 2});
+  build_blending_indices(w, 10000, &di, &dsi);
   std::map<int, int64_t> count;
   for (size_t i = 0; i < di.size(); ++i) {
     EXPECT_EQ(dsi[i], count[di[i]]);
@@ -246,43 +246,43 @@ TEST(Blending, GreedyRatiosWithinOnePercent) {
   // Hand-computed start: i=0 and i=1 both use max(i,1)=1; errors .3/.5/.2 -> 1, then .3/-.5/.2 -> 0.
   EXPECT_EQ(di[0], 1);
   EXPECT_EQ(di[1], 0);
-  EXPECT_EQ(BlendSamplesPerDataset({0.3, 0.7}, 1000), (std::vector<int64_t>{302, 704}));
-  EXPECT_THROW(NormalizeWeights({}), DataError);
-  EXPECT_THROW(NormalizeWeights({0, 0}), DataError);
-  EXPECT_THROW(NormalizeWeights({1, -1}), DataError);
+  EXPECT_EQ(blend_samples_per_dataset({0.3, 0.7}, 1000), (std::vector<int64_t>{302, 704}));
+  EXPECT_THROW(normalize_weights({}), DataError);
+  EXPECT_THROW(normalize_weights({0, 0}), DataError);
+  EXPECT_THROW(normalize_weights({1, -1}), DataError);
 }
 
 TEST(Blending, DataPathAndEndToEnd) {
   TempDir dir;
-  MakeData(dir / "a", 200, 10, 50, 1);
-  MakeData(dir / "b", 100, 10, 50, 2);
-  EXPECT_THROW(ParseDataPath("x " + (dir / "a")), DataError);
-  EXPECT_THROW(ParseDataPath("0.3 a 0.7"), DataError);
-  EXPECT_THROW(ParseDataPath(""), DataError);
-  const DataBlend b = ParseDataPath("3 " + (dir / "a") + " 7 " + (dir / "b"));
+  make_data(dir / "a", 200, 10, 50, 1);
+  make_data(dir / "b", 100, 10, 50, 2);
+  EXPECT_THROW(parse_data_path("x " + (dir / "a")), DataError);
+  EXPECT_THROW(parse_data_path("0.3 a 0.7"), DataError);
+  EXPECT_THROW(parse_data_path(""), DataError);
+  const DataBlend b = parse_data_path("3 " + (dir / "a") + " 7 " + (dir / "b"));
   EXPECT_NEAR(b.weights[0], 0.3, 1e-12);
   GptDatasetOptions o;
   o.seq_length = 32;
   o.seed = 5;
   o.cache_dir = dir.path();
   const auto tvt =
-      BuildTrainValidTestDatasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0", {10000, 100, 0}, o);
+      build_train_valid_test_datasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0", {10000, 100, 0}, o);
   ASSERT_TRUE(tvt.train && tvt.valid);
   EXPECT_FALSE(tvt.test);
   EXPECT_EQ(tvt.train->size(), 10000u);
   int from_a = 0;
   for (size_t i = 0; i < tvt.train->size(); ++i) {
-    const auto s = tvt.train->Get(i);
+    const auto s = tvt.train->get(i);
     ASSERT_EQ(s.size(), 33u);
     // Dataset a has 200 docs, ids < 200*1000; the tokens of b are < 100*1000 too, so tell them
     // apart by the blended index instead.
     from_a += static_cast<const BlendedDataset&>(*tvt.train).dataset_of(i) == 0;
   }
   EXPECT_NEAR(from_a / 10000.0, 0.3, 0.01);
-  const auto single = BuildTrainValidTestDatasets(dir / "a", "969,30,1", {50, 5, 5}, o);
+  const auto single = build_train_valid_test_datasets(dir / "a", "969,30,1", {50, 5, 5}, o);
   ASSERT_TRUE(single.train);
   EXPECT_GE(single.train->size(), 50u);
-  EXPECT_THROW(BuildTrainValidTestDatasets(dir / "missing", "1", {1, 0, 0}, o), DataError);
+  EXPECT_THROW(build_train_valid_test_datasets(dir / "missing", "1", {1, 0, 0}, o), DataError);
 }
 
 }  // namespace

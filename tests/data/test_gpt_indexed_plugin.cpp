@@ -17,7 +17,7 @@ namespace {
 struct Sink {
   std::vector<int64_t> tokens;
   std::string name;
-  static dtk_status* Put(void* ctx, const char* name, dtk_buffer* b) {
+  static dtk_status* put(void* ctx, const char* name, dtk_buffer* b) {
     auto* self = static_cast<Sink*>(ctx);
     self->name = name;
     EXPECT_EQ(b->dtype, DTK_DTYPE_INT64);
@@ -42,9 +42,9 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
 
   test::TempDir dir;
   {
-    IndexedDatasetBuilder b(BinPath(dir / "d"), DType::kUInt16);
-    for (int d = 0; d < 100; ++d) b.AddDocument(std::vector<int64_t>(static_cast<size_t>(10 + d % 7), d));
-    b.Finalize(IdxPath(dir / "d"));
+    IndexedDatasetBuilder b(bin_path(dir / "d"), DType::kUInt16);
+    for (int d = 0; d < 100; ++d) b.add_document(std::vector<int64_t>(static_cast<size_t>(10 + d % 7), d));
+    b.finalize(idx_path(dir / "d"));
   }
   const std::string data_path = dir / "d";
   std::vector<dtk_key_value> kv = {{"data_path", data_path.c_str()},
@@ -73,7 +73,7 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
   ASSERT_EQ(api->num_samples(ds, DTK_SPLIT_TEST, &n), nullptr);
   EXPECT_EQ(n, 0);
   Sink sink;
-  dtk_buffer_sink bs{sizeof(dtk_buffer_sink), &sink, &Sink::Put};
+  dtk_buffer_sink bs{sizeof(dtk_buffer_sink), &sink, &Sink::put};
   ASSERT_EQ(api->get_sample(ds, DTK_SPLIT_VALID, 0, &bs), nullptr);
   EXPECT_EQ(sink.name, "text");
   ASSERT_EQ(sink.tokens.size(), 17u);

@@ -8,17 +8,17 @@
 namespace dtk::data {
 namespace {
 
-using test::ReadFile;
+using test::read_file;
 using test::TempDir;
-using test::WriteFile;
+using test::write_file;
 
 const DType kAllDTypes[] = {DType::kUInt8, DType::kInt8,    DType::kInt16,   DType::kInt32,
                             DType::kInt64, DType::kFloat64, DType::kFloat32, DType::kUInt16};
 
-void Build(const std::string& prefix, DType dtype, const std::vector<std::vector<int64_t>>& docs) {
-  IndexedDatasetBuilder b(BinPath(prefix), dtype);
-  for (const auto& d : docs) b.AddDocument(d);
-  b.Finalize(IdxPath(prefix));
+void build(const std::string& prefix, DType dtype, const std::vector<std::vector<int64_t>>& docs) {
+  IndexedDatasetBuilder b(bin_path(prefix), dtype);
+  for (const auto& d : docs) b.add_document(d);
+  b.finalize(idx_path(prefix));
 }
 
 TEST(IndexedDataset, DTypeCodesAreMegatrons) {
@@ -30,25 +30,25 @@ TEST(IndexedDataset, DTypeCodesAreMegatrons) {
   EXPECT_EQ(static_cast<int>(DType::kFloat64), 6);
   EXPECT_EQ(static_cast<int>(DType::kFloat32), 7);
   EXPECT_EQ(static_cast<int>(DType::kUInt16), 8);
-  EXPECT_EQ(OptimalDType(50257), DType::kUInt16);
-  EXPECT_EQ(OptimalDType(65499), DType::kUInt16);
-  EXPECT_EQ(OptimalDType(65500), DType::kInt32);
-  EXPECT_EQ(DTypeFromName("float32"), DType::kFloat32);
-  EXPECT_THROW(DTypeFromName("bfloat16"), DataError);
+  EXPECT_EQ(optimal_dtype(50257), DType::kUInt16);
+  EXPECT_EQ(optimal_dtype(65499), DType::kUInt16);
+  EXPECT_EQ(optimal_dtype(65500), DType::kInt32);
+  EXPECT_EQ(dtype_from_name("float32"), DType::kFloat32);
+  EXPECT_THROW(dtype_from_name("bfloat16"), DataError);
 }
 
 TEST(IndexedDataset, RoundTripEveryDType) {
   TempDir dir;
   const std::vector<std::vector<int64_t>> docs = {{1, 2, 3}, {}, {100, 0, 7, 127}, {5}};
   for (DType dt : kAllDTypes) {
-    const std::string prefix = dir / (std::string("rt_") + DTypeName(dt));
-    Build(prefix, dt, docs);
+    const std::string prefix = dir / (std::string("rt_") + dtype_name(dt));
+    build(prefix, dt, docs);
     IndexedDataset ds(prefix);
     EXPECT_EQ(ds.dtype(), dt);
     EXPECT_EQ(ds.num_sequences(), 4u);
     EXPECT_EQ(ds.num_documents(), 4u);
     for (size_t i = 0; i < docs.size(); ++i) {
-      EXPECT_EQ(ds.get(i), docs[i]) << DTypeName(dt) << " seq " << i;
+      EXPECT_EQ(ds.get(i), docs[i]) << dtype_name(dt) << " seq " << i;
       EXPECT_EQ(ds.document_index(i + 1), static_cast<int64_t>(i + 1));
     }
     std::vector<int64_t> part;
@@ -58,7 +58,7 @@ TEST(IndexedDataset, RoundTripEveryDType) {
     EXPECT_THROW(ds.get(4), DataError);
     TokenView v = ds.view(2);
     EXPECT_EQ(v.count, 4u);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % DTypeSize(dt), 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % dtype_size(dt), 0u);
   }
 }
 
@@ -68,13 +68,13 @@ TEST(IndexedDataset, ByteIdenticalToMegatron) {
   TempDir dir;
   const std::string prefix = dir / "m";
   {
-    IndexedDatasetBuilder b(BinPath(prefix), DType::kUInt16);
-    b.AddItem(std::vector<int64_t>{1, 2, 3});
-    b.AddItem(std::vector<int64_t>{4});
-    b.EndDocument();
-    b.AddItem(std::vector<int64_t>{5, 6});
-    b.EndDocument();
-    b.Finalize(IdxPath(prefix));
+    IndexedDatasetBuilder b(bin_path(prefix), DType::kUInt16);
+    b.add_item(std::vector<int64_t>{1, 2, 3});
+    b.add_item(std::vector<int64_t>{4});
+    b.end_document();
+    b.add_item(std::vector<int64_t>{5, 6});
+    b.end_document();
+    b.finalize(idx_path(prefix));
   }
   std::string expect_idx("MMIDIDX\0\0", 9);
   auto u64 = [&](uint64_t v) { expect_idx.append(reinterpret_cast<const char*>(&v), 8); };
@@ -92,9 +92,9 @@ TEST(IndexedDataset, ByteIdenticalToMegatron) {
   u64(0);
   u64(2);
   u64(3);  // document index
-  EXPECT_EQ(ReadFile(IdxPath(prefix)), expect_idx);
+  EXPECT_EQ(read_file(idx_path(prefix)), expect_idx);
   const uint16_t toks[] = {1, 2, 3, 4, 5, 6};
-  EXPECT_EQ(ReadFile(BinPath(prefix)), std::string(reinterpret_cast<const char*>(toks), 12));
+  EXPECT_EQ(read_file(bin_path(prefix)), std::string(reinterpret_cast<const char*>(toks), 12));
 
   IndexedDataset ds(prefix);
   EXPECT_EQ(ds.num_documents(), 2u);
@@ -103,29 +103,29 @@ TEST(IndexedDataset, ByteIdenticalToMegatron) {
 
 TEST(IndexedDataset, AddIndexConcatenates) {
   TempDir dir;
-  Build(dir / "a", DType::kInt32, {{1, 2}, {3}});
-  Build(dir / "b", DType::kInt32, {{4, 5, 6}});
-  IndexedDatasetBuilder b(BinPath(dir / "c"), DType::kInt32);
-  b.AddIndex(dir / "a");
-  b.AddIndex(dir / "b");
-  b.Finalize(IdxPath(dir / "c"));
+  build(dir / "a", DType::kInt32, {{1, 2}, {3}});
+  build(dir / "b", DType::kInt32, {{4, 5, 6}});
+  IndexedDatasetBuilder b(bin_path(dir / "c"), DType::kInt32);
+  b.add_index(dir / "a");
+  b.add_index(dir / "b");
+  b.finalize(idx_path(dir / "c"));
   IndexedDataset c(dir / "c");
   ASSERT_EQ(c.num_sequences(), 3u);
   EXPECT_EQ(c.num_documents(), 3u);
   EXPECT_EQ(c.get(2), (std::vector<int64_t>{4, 5, 6}));
   EXPECT_EQ(c.sequence_pointer(2), 12);
-  IndexedDatasetBuilder wrong(BinPath(dir / "d"), DType::kUInt16);
-  EXPECT_THROW(wrong.AddIndex(dir / "a"), DataError);
+  IndexedDatasetBuilder wrong(bin_path(dir / "d"), DType::kUInt16);
+  EXPECT_THROW(wrong.add_index(dir / "a"), DataError);
 }
 
 TEST(IndexedDataset, TokenOutOfDTypeRangeIsAnError) {
   TempDir dir;
-  IndexedDatasetBuilder b(BinPath(dir / "x"), DType::kUInt16);
-  EXPECT_THROW(b.AddItem(std::vector<int64_t>{70000}), DataError);
-  EXPECT_THROW(b.AddItem(std::vector<int64_t>{-1}), DataError);
+  IndexedDatasetBuilder b(bin_path(dir / "x"), DType::kUInt16);
+  EXPECT_THROW(b.add_item(std::vector<int64_t>{70000}), DataError);
+  EXPECT_THROW(b.add_item(std::vector<int64_t>{-1}), DataError);
 }
 
-std::string ErrorOf(const std::string& prefix) {
+std::string error_of(const std::string& prefix) {
   try {
     IndexedDataset ds(prefix);
   } catch (const DataError& e) {
@@ -137,15 +137,15 @@ std::string ErrorOf(const std::string& prefix) {
 TEST(IndexedDataset, CorruptFilesGiveOneLineErrorsNamingTheFile) {
   TempDir dir;
   const std::string prefix = dir / "ok";
-  Build(prefix, DType::kUInt16, {{1, 2, 3}, {4, 5}});
-  const std::string idx = ReadFile(IdxPath(prefix));
-  const std::string bin = ReadFile(BinPath(prefix));
+  build(prefix, DType::kUInt16, {{1, 2, 3}, {4, 5}});
+  const std::string idx = read_file(idx_path(prefix));
+  const std::string bin = read_file(bin_path(prefix));
   auto expect_error = [&](const std::string& name, const std::string& idx_bytes, const std::string& bin_bytes,
                           const std::string& needle) {
     const std::string p = dir / name;
-    WriteFile(IdxPath(p), idx_bytes);
-    WriteFile(BinPath(p), bin_bytes);
-    const std::string err = ErrorOf(p);
+    write_file(idx_path(p), idx_bytes);
+    write_file(bin_path(p), bin_bytes);
+    const std::string err = error_of(p);
     EXPECT_NE(err.find(needle), std::string::npos) << name << ": " << err;
     EXPECT_NE(err.find(p), std::string::npos) << name << ": " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << name << ": " << err;
@@ -169,7 +169,7 @@ TEST(IndexedDataset, CorruptFilesGiveOneLineErrorsNamingTheFile) {
   bad = idx;
   bad[34 + 2 * 12] = 1;  // document index [0] := 1
   expect_error("docidx", bad, bin, "document index entry 0");
-  EXPECT_NE(ErrorOf(dir / "missing").find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of(dir / "missing").find("cannot open"), std::string::npos);
 }
 
 }  // namespace

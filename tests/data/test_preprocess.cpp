@@ -1,6 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <sstream>
 
 #include "dtk/data/error.hpp"
@@ -12,17 +11,17 @@
 namespace dtk::data {
 namespace {
 
-PreprocessOptions Options(const test::TempDir& dir) {
+PreprocessOptions options(const test::TempDir& dir) {
   PreprocessOptions o;
-  o.vocab_file = test::SharedDataDir() + "/gpt2/encoder.json";
-  o.merge_file = test::SharedDataDir() + "/gpt2/vocab.bpe";
+  o.vocab_file = test::encoder_json();
+  o.merge_file = test::vocab_bpe();
   o.output_prefix = dir / "out";
   return o;
 }
 
-std::string ErrorOf(const PreprocessOptions& o) {
+std::string error_of(const PreprocessOptions& o) {
   try {
-    Preprocess(o);
+    preprocess(o);
   } catch (const DataError& e) {
     return e.what();
   }
@@ -33,43 +32,40 @@ std::string ErrorOf(const PreprocessOptions& o) {
 // reference encoder on the whole file.
 TEST(Preprocess, TextFileMatchesReferenceIdsWithChunkedParallelEncoding) {
   test::TempDir dir;
-  PreprocessOptions o = Options(dir);
-  o.inputs = {test::SharedDataDir() + "/tinyshakespeare.txt"};
+  PreprocessOptions o = options(dir);
+  o.inputs = {test::shakespeare_text()};
   o.workers = 2;
-  o.batch_bytes = 50000;  // ~22 chunks
+  o.batch_bytes = 6000;  // the 120 KB excerpt: ~20 chunks
   o.append_eod = true;
-  const PreprocessStats st = Preprocess(o);
+  const PreprocessStats st = preprocess(o);
   EXPECT_EQ(st.documents, 1);
+  EXPECT_GE(st.batches, 15);  // really cut into many chunks
   IndexedDataset ds(dir / "out_text_document");
   EXPECT_EQ(ds.dtype(), DType::kUInt16);
   ASSERT_EQ(ds.num_sequences(), 1u);
-  const std::string raw = test::ReadFile(test::FixturesDir() + "/tinyshakespeare_gpt2.u16");
+  const std::vector<int32_t> want = test::shakespeare_reference_ids();
   const std::vector<int64_t> ids = ds.get(0);
-  ASSERT_EQ(ids.size(), raw.size() / 2 + 1);
+  ASSERT_EQ(ids.size(), want.size() + 1);
   EXPECT_EQ(ids.back(), 50256);
-  for (size_t i = 0; i + 1 < ids.size(); ++i) {
-    uint16_t v;
-    std::memcpy(&v, raw.data() + 2 * i, 2);
-    ASSERT_EQ(ids[i], v) << "token " << i;
-  }
+  for (size_t i = 0; i + 1 < ids.size(); ++i) ASSERT_EQ(ids[i], want[i]) << "token " << i;
   std::ostringstream text;
-  DecodeDocuments(dir / "out_text_document", o.vocab_file, o.merge_file, 0, -1, text);
-  EXPECT_EQ(text.str(), test::ReadFile(o.inputs[0]) + "<|endoftext|>");
+  decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 0, -1, text);
+  EXPECT_EQ(text.str(), test::read_file(o.inputs[0]) + "<|endoftext|>");
 }
 
 TEST(Preprocess, JsonlLikeMegatron) {
   test::TempDir dir;
-  test::WriteFile(dir / "in.jsonl",
-                  "{\"text\": \"Hello world\", \"title\": \"A\"}\n"
-                  "{\"text\": \"\", \"title\": \"B\"}\r\n"
-                  "\n"
-                  "{\"text\": [\"One.\", \"\", \"Two.\"], \"title\": \"C\"}\n");
-  PreprocessOptions o = Options(dir);
+  test::write_file(dir / "in.jsonl",
+                   "{\"text\": \"Hello world\", \"title\": \"A\"}\n"
+                   "{\"text\": \"\", \"title\": \"B\"}\r\n"
+                   "\n"
+                   "{\"text\": [\"One.\", \"\", \"Two.\"], \"title\": \"C\"}\n");
+  PreprocessOptions o = options(dir);
   o.inputs = {dir / "in.jsonl"};
   o.json_keys = {"text", "title"};
   o.append_eod = true;
   o.workers = 3;
-  const PreprocessStats st = Preprocess(o);
+  const PreprocessStats st = preprocess(o);
   EXPECT_EQ(st.documents, 3);
   IndexedDataset text(dir / "out_text_document");
   // Documents: [Hello world EOD], [] (no sequence), [One.] [Two. EOD]
@@ -84,47 +80,47 @@ TEST(Preprocess, JsonlLikeMegatron) {
   EXPECT_EQ(title.num_documents(), 3u);
   EXPECT_EQ(title.num_sequences(), 3u);
   std::ostringstream decoded;
-  DecodeDocuments(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 3, decoded);
+  decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 3, decoded);
   EXPECT_EQ(decoded.str(), "One.Two.<|endoftext|>");
-  EXPECT_THROW(DecodeDocuments(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 9, decoded), DataError);
+  EXPECT_THROW(decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 9, decoded), DataError);
 }
 
 TEST(Preprocess, BadLinesAreErrorsOrCountedSkips) {
   test::TempDir dir;
-  test::WriteFile(dir / "bad.jsonl",
-                  "{\"text\": \"ok\"}\n"
-                  "{\"text\": \"broken\"\n"
-                  "{\"other\": \"x\"}\n"
-                  "{\"text\": \"bad \xff utf8\"}\n"
-                  "[1]\n"
-                  "{\"text\": 5}\n"
-                  "{\"text\": \"fine\"}\n");
-  PreprocessOptions o = Options(dir);
+  test::write_file(dir / "bad.jsonl",
+                   "{\"text\": \"ok\"}\n"
+                   "{\"text\": \"broken\"\n"
+                   "{\"other\": \"x\"}\n"
+                   "{\"text\": \"bad \xff utf8\"}\n"
+                   "[1]\n"
+                   "{\"text\": 5}\n"
+                   "{\"text\": \"fine\"}\n");
+  PreprocessOptions o = options(dir);
   o.inputs = {dir / "bad.jsonl"};
-  const std::string err = ErrorOf(o);
+  const std::string err = error_of(o);
   EXPECT_NE(err.find(dir / "bad.jsonl:2: invalid JSON"), std::string::npos) << err;
   EXPECT_EQ(err.find('\n'), std::string::npos);
   o.skip_bad_lines = true;
   std::ostringstream log;
   o.log = &log;
-  const PreprocessStats st = Preprocess(o);
+  const PreprocessStats st = preprocess(o);
   EXPECT_EQ(st.bad_lines, 5);
   EXPECT_EQ(st.documents, 2);
   EXPECT_NE(log.str().find("skipped 5 bad lines"), std::string::npos) << log.str();
 
-  test::WriteFile(dir / "bad.txt", "abc\n\xc3(\n");
-  o = Options(dir);
+  test::write_file(dir / "bad.txt", "abc\n\xc3(\n");
+  o = options(dir);
   o.inputs = {dir / "bad.txt"};
-  EXPECT_NE(ErrorOf(o).find(dir / "bad.txt:2: invalid UTF-8 at byte 4"), std::string::npos) << ErrorOf(o);
+  EXPECT_NE(error_of(o).find(dir / "bad.txt:2: invalid UTF-8 at byte 4"), std::string::npos) << error_of(o);
   o.inputs = {dir / "missing.jsonl"};
-  EXPECT_NE(ErrorOf(o).find("cannot open"), std::string::npos);
+  EXPECT_NE(error_of(o).find("cannot open"), std::string::npos);
   o.inputs = {dir / "bad.txt"};
   o.json_keys = {"body"};
-  EXPECT_NE(ErrorOf(o).find("needs 'text'"), std::string::npos);
-  o = Options(dir);
+  EXPECT_NE(error_of(o).find("needs 'text'"), std::string::npos);
+  o = options(dir);
   o.inputs = {dir / "bad.txt"};
   o.vocab_file = "";
-  EXPECT_NE(ErrorOf(o).find("--vocab_file"), std::string::npos);
+  EXPECT_NE(error_of(o).find("--vocab_file"), std::string::npos);
 }
 
 }  // namespace

@@ -1,24 +1,21 @@
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <sstream>
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
-#include "dtk/data/json.hpp"
 #include "dtk/data/utf8.hpp"
 #include "test_util.hpp"
 
 namespace dtk::data {
 namespace {
 
-const Gpt2Tokenizer& Tok() {
-  static Gpt2Tokenizer* tok =
-      new Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+const Gpt2Tokenizer& tok() {
+  static Gpt2Tokenizer* tok = new Gpt2Tokenizer(test::encoder_json(), test::vocab_bpe());
   return *tok;
 }
 
-std::string FromHex(const std::string& hex) {
+std::string from_hex(const std::string& hex) {
   std::string out;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) {
     out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
@@ -27,60 +24,56 @@ std::string FromHex(const std::string& hex) {
 }
 
 TEST(Gpt2Tokenizer, Basics) {
-  EXPECT_EQ(Tok().vocab_size(), 50257u);
-  EXPECT_EQ(Tok().eod(), 50256);
-  EXPECT_EQ(Tok().Encode("Hello world"), (std::vector<int32_t>{15496, 995}));
-  EXPECT_EQ(Tok().Encode(""), std::vector<int32_t>{});
-  EXPECT_EQ(Tok().Decode(Tok().Encode("Hello, wörld! 😀")), "Hello, wörld! 😀");
+  EXPECT_EQ(tok().vocab_size(), 50257u);
+  EXPECT_EQ(tok().eod(), 50256);
+  EXPECT_EQ(tok().encode("Hello world"), (std::vector<int32_t>{15496, 995}));
+  EXPECT_EQ(tok().encode(""), std::vector<int32_t>{});
+  EXPECT_EQ(tok().decode(tok().encode("Hello, wörld! 😀")), "Hello, wörld! 😀");
   const int64_t bad = 50257;
-  EXPECT_THROW(Tok().Decode(&bad, 1), DataError);
+  EXPECT_THROW(tok().decode(&bad, 1), DataError);
 }
 
 TEST(Gpt2Tokenizer, PreTokenizerFollowsTheRegex) {
   std::vector<std::string_view> p;
-  Gpt2PreTokenize("I'm  here\n\n  ok 42x!?", &p);
+  gpt2_pre_tokenize("I'm  here\n\n  ok 42x!?", &p);
   std::vector<std::string> got(p.begin(), p.end());
   EXPECT_EQ(got, (std::vector<std::string>{"I", "'m", " ", " here", "\n\n ", " ok", " 42", "x", "!?"}));
 }
 
 TEST(Gpt2Tokenizer, InvalidUtf8IsAnError) {
   for (const char* bad : {"\xff", "a\xc3", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "ok \xe2\x82"}) {
-    EXPECT_THROW(Tok().Encode(bad), DataError) << bad;
+    EXPECT_THROW(tok().encode(bad), DataError) << bad;
   }
-  EXPECT_EQ(FindInvalidUtf8("ab\xe2\x82"), 2u);
-  EXPECT_EQ(FindInvalidUtf8("ab\xe2\x82\xac"), std::string::npos);
+  EXPECT_EQ(find_invalid_utf8("ab\xe2\x82"), 2u);
+  EXPECT_EQ(find_invalid_utf8("ab\xe2\x82\xac"), std::string::npos);
 }
 
 // Ids produced by the npm `gpt-3-encoder` reference (tools/make_tokenizer_fixture.js).
 TEST(Gpt2Tokenizer, MatchesReferenceOnTrickyCases) {
-  std::istringstream in(test::ReadFile(test::FixturesDir() + "/gpt2_cases.txt"));
+  std::istringstream in(test::read_file(test::fixtures_dir() + "/gpt2_cases.txt"));
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
     const size_t tab = line.find('\t');
     ASSERT_NE(tab, std::string::npos);
-    const std::string text = FromHex(line.substr(0, tab));
+    const std::string text = from_hex(line.substr(0, tab));
     std::vector<int32_t> want;
     std::istringstream ids(line.substr(tab + 1));
     int32_t id;
     while (ids >> id) want.push_back(id);
-    EXPECT_EQ(Tok().Encode(text), want) << "case " << n << ": " << text;
+    EXPECT_EQ(tok().encode(text), want) << "case " << n << ": " << text;
     ++n;
   }
   EXPECT_GT(n, 300);
 }
 
+// The whole excerpt in one piece against the reference ids of the whole file.
 TEST(Gpt2Tokenizer, MatchesReferenceOnTinyShakespeare) {
-  const std::string text = test::ReadFile(test::SharedDataDir() + "/tinyshakespeare.txt");
-  ASSERT_GT(text.size(), 1000000u) << "missing " << test::SharedDataDir();
-  const std::string raw = test::ReadFile(test::FixturesDir() + "/tinyshakespeare_gpt2.u16");
-  std::vector<int32_t> want(raw.size() / 2);
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint16_t v;
-    std::memcpy(&v, raw.data() + 2 * i, 2);
-    want[i] = v;
-  }
-  const std::vector<int32_t> got = Tok().Encode(text);
+  const std::string text = test::read_file(test::shakespeare_text());
+  ASSERT_GT(text.size(), 100000u) << "missing " << test::shakespeare_text();
+  const std::vector<int32_t> want = test::shakespeare_reference_ids();
+  ASSERT_GT(want.size(), 30000u);
+  const std::vector<int32_t> got = tok().encode(text);
   ASSERT_EQ(got.size(), want.size());
   size_t first_diff = got.size();
   for (size_t i = 0; i < got.size(); ++i) {
@@ -90,43 +83,39 @@ TEST(Gpt2Tokenizer, MatchesReferenceOnTinyShakespeare) {
     }
   }
   EXPECT_EQ(first_diff, got.size());
-  EXPECT_EQ(Tok().Decode(got), text);
+  EXPECT_EQ(tok().decode(got), text);
 }
 
 TEST(Gpt2Tokenizer, BadVocabFilesNameTheFile) {
   test::TempDir dir;
-  test::WriteFile(dir / "v.json", "{\"a\": 1,}");
+  test::write_file(dir / "v.json", "{\"a\": 1,}");
   try {
-    Gpt2Tokenizer t(dir / "v.json", test::SharedDataDir() + "/gpt2/vocab.bpe");
+    Gpt2Tokenizer t(dir / "v.json", test::vocab_bpe());
     FAIL();
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find(dir / "v.json"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("vocab file '" + (dir / "v.json") + "': invalid JSON: ", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
   }
-  test::WriteFile(dir / "m.bpe", "#version\na b c\n");
-  EXPECT_THROW(Gpt2Tokenizer(test::SharedDataDir() + "/gpt2/encoder.json", dir / "m.bpe"), DataError);
+  const std::pair<const char*, const char*> bad_vocabs[] = {{"[1]", "expected a non-empty JSON object"},
+                                                            {"{}", "expected a non-empty JSON object"},
+                                                            {"{\"a\": -1}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1.5}", "token 'a' has an id that"},
+                                                            {"{\"a\": \"1\"}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1e9}", "token 'a' has an id that"},
+                                                            {"{\"a\": 1} x", "invalid JSON"},
+                                                            {"{\"\xff\": 1}", "invalid JSON"}};
+  for (const auto& [bad, why] : bad_vocabs) {
+    test::write_file(dir / "v.json", bad);
+    try {
+      Gpt2Tokenizer t(dir / "v.json", test::vocab_bpe());
+      ADD_FAILURE() << bad;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << bad << ": " << e.what();
+    }
+  }
+  test::write_file(dir / "m.bpe", "#version\na b c\n");
+  EXPECT_THROW(Gpt2Tokenizer(test::encoder_json(), dir / "m.bpe"), DataError);
   EXPECT_THROW(Gpt2Tokenizer(dir / "nope.json", dir / "m.bpe"), DataError);
-}
-
-TEST(Json, ParsesAndRejects) {
-  JsonValue v =
-      ParseJson(R"( {"text": "a\"b\\u00e9\ud83d\ude00", "n": -1.5e2, "l": [true, false, null], "text": "last"} )", "t");
-  ASSERT_EQ(v.type, JsonValue::Type::kObject);
-  EXPECT_EQ(v.Find("text")->string, "last");
-  EXPECT_EQ(v.object[0].second.string, "a\"b\\u00e9\xf0\x9f\x98\x80");
-  EXPECT_EQ(v.Find("n")->number, -150);
-  EXPECT_EQ(v.Find("l")->array.size(), 3u);
-  EXPECT_EQ(ParseJson("\"\\u00e9\"", "t").string, "\xc3\xa9");
-  for (const char* bad : {"", "{", "{\"a\"}", "[1,]", "01", "1.", "\"\\x\"", "\"\\ud800\"", "\"a\nb\"", "tru", "{} x",
-                          "\"\xff\"", "[1 2]", "-", "1e"}) {
-    EXPECT_THROW(ParseJson(bad, "input"), DataError) << bad;
-  }
-  std::string deep(100000, '[');
-  EXPECT_THROW(ParseJson(deep, "deep"), DataError);
-  try {
-    ParseJson("{\"a\": nul}", "file.jsonl:3");
-  } catch (const DataError& e) {
-    EXPECT_EQ(std::string(e.what()), "file.jsonl:3: invalid JSON at byte 6: invalid literal");
-  }
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // Helpers shared by the data tests.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -13,24 +16,52 @@
 
 namespace dtk::data::test {
 
-inline std::string SharedDataDir() {
-  const char* env = std::getenv("DTK_SHARED_DATA");
-  return env != nullptr && *env ? std::string(env) : std::string(DTK_SHARED_DATA_DIR);
-}
-inline std::string FixturesDir() { return DTK_DATA_FIXTURES_DIR; }
+inline bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-inline std::string ReadFile(const std::string& path) {
+// The GPT-2 vocab (encoder.json, vocab.bpe): $DTK_GPT2_VOCAB_DIR when set, else <repo>/data/gpt2,
+// where `tools/setup.sh --vocab` puts it.
+inline std::string gpt2_vocab_dir() {
+  const char* env = std::getenv("DTK_GPT2_VOCAB_DIR");
+  return env != nullptr && *env ? std::string(env) : std::string(DTK_GPT2_VOCAB_DIR);
+}
+// The path of one GPT-2 vocab file. A missing file fails the calling test (never skips it).
+inline std::string gpt2_file(const std::string& name) {
+  const std::string path = gpt2_vocab_dir() + "/" + name;
+  if (!file_exists(path)) {
+    ADD_FAILURE() << "GPT-2 vocab file " << path
+                  << " is missing: run tools/setup.sh --vocab (or set DTK_GPT2_VOCAB_DIR)";
+  }
+  return path;
+}
+inline std::string encoder_json() { return gpt2_file("encoder.json"); }
+inline std::string vocab_bpe() { return gpt2_file("vocab.bpe"); }
+
+// Committed fixtures: tests/data/fixtures (see tools/make_tokenizer_fixture.js for how they were made).
+inline std::string fixtures_dir() { return DTK_DATA_FIXTURES_DIR; }
+// Real text: the first 119,994 bytes of tinyshakespeare (public-domain Shakespeare).
+inline std::string shakespeare_text() { return fixtures_dir() + "/shakespeare_excerpt.txt"; }
+
+inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
 }
-inline void WriteFile(const std::string& path, const std::string& bytes) {
+// The reference GPT-2 ids of shakespeare_text(), made by the npm `gpt-3-encoder`.
+inline std::vector<int32_t> shakespeare_reference_ids() {
+  const std::string raw = read_file(fixtures_dir() + "/shakespeare_excerpt_gpt2.u16");
+  std::vector<int32_t> ids(raw.size() / 2);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint16_t v;
+    std::memcpy(&v, raw.data() + 2 * i, 2);
+    ids[i] = v;
+  }
+  return ids;
+}
+inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
-inline bool FileExists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
-
 // A fresh temporary directory per test, removed at the end.
 class TempDir {
  public:

@@ -102,11 +102,14 @@ TEST(Cli, BadInputsAreOneLineErrors) {
 // Issue 4's promise end to end: text -> `dtk preprocess` -> Megatron .bin/.idx -> `dtk train` on a
 // weighted blend of two such prefixes -> `dtk preprocess --decode` gives the text back.
 TEST(Cli, PreprocessBlendTrainDecode) {
-  const std::string shared = DTK_SHARED_DATA_DIR;
-  const char* env = std::getenv("DTK_SHARED_DATA");
-  const std::string data = env ? env : shared;
-  std::ifstream probe(data + "/gpt2/encoder.json");
-  if (!probe) GTEST_SKIP() << "GPT-2 vocab not found under " << data;
+  // The GPT-2 vocab that `tools/setup.sh --vocab` puts in <repo>/data/gpt2 ($DTK_GPT2_VOCAB_DIR overrides).
+  const char* env = std::getenv("DTK_GPT2_VOCAB_DIR");
+  const std::string gpt2 = env != nullptr && *env ? env : DTK_SOURCE_DIR "/data/gpt2";
+  for (const char* f : {"encoder.json", "vocab.bpe"}) {
+    ASSERT_TRUE(std::filesystem::exists(gpt2 + "/" + f))
+        << "GPT-2 vocab file " << gpt2 << "/" << f
+        << " is missing: run tools/setup.sh --vocab (or set DTK_GPT2_VOCAB_DIR)";
+  }
   const std::string dir = ::testing::TempDir() + "dtk_cli_blend";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -116,7 +119,7 @@ TEST(Cli, PreprocessBlendTrainDecode) {
       out << "{\"text\": \"Document " << i << " of corpus " << name
           << ": the quick brown fox jumps over the lazy dog, again and again.\"}\n";
   }
-  const std::string vocab = "--vocab_file " + data + "/gpt2/encoder.json --merge_file " + data + "/gpt2/vocab.bpe";
+  const std::string vocab = "--vocab_file " + gpt2 + "/encoder.json --merge_file " + gpt2 + "/vocab.bpe";
   for (const char* name : {"a", "b"}) {
     Result r = run("preprocess --input " + dir + "/" + name + ".jsonl --output_prefix " + dir + "/" + name + " " +
                    vocab + " --append_eod --workers 2");
@@ -143,4 +146,16 @@ TEST(Cli, PreprocessBlendTrainDecode) {
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_NE(bad.out.find("dtk: error: dataset plugin 'gpt_indexed': create: "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find(dir + "/missing"), std::string::npos) << bad.out;
+}
+
+// With stdout piped (block-buffered), what a command printed before failing still comes out
+// before its error line.
+TEST(Cli, ErrorLineComesAfterEarlierOutput) {
+  Result r = run(kTiny + "--dataset gpt_indexed --set dataset.data_path=/nonexistent/corpus");
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t params = r.out.find("number of parameters");
+  const size_t error = r.out.find("dtk: error: ");
+  ASSERT_NE(params, std::string::npos) << r.out;
+  ASSERT_NE(error, std::string::npos) << r.out;
+  EXPECT_LT(params, error) << r.out;
 }

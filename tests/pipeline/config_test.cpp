@@ -4,7 +4,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "dtk/core/components.hpp"
+#include "dtk/core/lr_schedule.hpp"
+#include "dtk/host/plugin_host.hpp"
 #include "dtk/core/config.hpp"
 
 using dtk::core::apply_override;
@@ -49,7 +50,7 @@ TEST(Config, BadOverridesNameTheProblem) {
   EXPECT_EQ(error_of([&] { apply_override(cfg, "train.micro_batch_size=two"); }),
             "--set 'train.micro_batch_size=two': 'two' is not a valid int64 for 'train.micro_batch_size'");
   EXPECT_EQ(error_of([&] { apply_override(cfg, "novalue"); }),
-            "--set 'novalue': expected key=value (e.g. train.lr=3e-4)");
+            "--set 'novalue': expected key=value (e.g. lr.lr=3e-4)");
   EXPECT_EQ(error_of([&] { apply_override(cfg, "train=3"); }),
             "--set 'train=3': 'train' is a section, name one of its fields");
 }

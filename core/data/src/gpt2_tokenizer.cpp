@@ -5,8 +5,9 @@
 #include <limits>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "dtk/data/error.hpp"
-#include "dtk/data/json.hpp"
 #include "dtk/data/utf8.hpp"
 
 namespace dtk::data {
@@ -18,7 +19,7 @@ struct CodeRange {
 #include "unicode_tables.inc"
 
 template <size_t N>
-bool InRanges(const CodeRange (&table)[N], uint32_t cp) {
+bool in_ranges(const CodeRange (&table)[N], uint32_t cp) {
   size_t lo = 0, hi = N;
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
@@ -34,16 +35,16 @@ bool InRanges(const CodeRange (&table)[N], uint32_t cp) {
 
 enum CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };  // kSpace = any \s
 
-CharClass Classify(uint32_t cp) {
+CharClass classify(uint32_t cp) {
   if (cp < 128) {
     if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return kLetter;
     if (cp >= '0' && cp <= '9') return kNumber;
     if (cp == ' ' || (cp >= 9 && cp <= 13)) return kSpace;
     return kOther;
   }
-  if (InRanges(kLetterRanges, cp)) return kLetter;
-  if (InRanges(kNumberRanges, cp)) return kNumber;
-  if (InRanges(kSpaceRanges, cp)) return kSpace;
+  if (in_ranges(kLetterRanges, cp)) return kLetter;
+  if (in_ranges(kNumberRanges, cp)) return kNumber;
+  if (in_ranges(kSpaceRanges, cp)) return kSpace;
   return kOther;
 }
 
@@ -53,26 +54,26 @@ struct Cp {
   uint32_t cp;
   size_t len;
 };
-Cp At(std::string_view s, size_t i) {
+Cp at(std::string_view s, size_t i) {
   const uint8_t b = static_cast<uint8_t>(s[i]);
-  if (b < 0x80) return {Classify(b), b, 1};
+  if (b < 0x80) return {classify(b), b, 1};
   uint32_t cp = 0;
-  const size_t len = DecodeUtf8(s, i, &cp);
+  const size_t len = decode_utf8(s, i, &cp);
   if (len == 0) throw DataError("invalid UTF-8 at byte " + std::to_string(i));
-  return {Classify(cp), cp, len};
+  return {classify(cp), cp, len};
 }
 
 // End of the run of code points of class `cls` starting at byte i.
-size_t RunEnd(std::string_view s, size_t i, CharClass cls) {
+size_t run_end(std::string_view s, size_t i, CharClass cls) {
   while (i < s.size()) {
-    const Cp c = At(s, i);
+    const Cp c = at(s, i);
     if (c.cls != cls) break;
     i += c.len;
   }
   return i;
 }
 
-std::string ReadWholeFile(const std::string& path) {
+std::string read_whole_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw DataError("cannot open '" + path + "'");
   std::ostringstream ss;
@@ -82,7 +83,7 @@ std::string ReadWholeFile(const std::string& path) {
 }
 
 // GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100 + n.
-void BytesToUnicode(uint32_t (&table)[256]) {
+void bytes_to_unicode(uint32_t (&table)[256]) {
   int n = 0;
   for (int b = 0; b < 256; ++b) {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
@@ -92,11 +93,11 @@ void BytesToUnicode(uint32_t (&table)[256]) {
 
 }  // namespace
 
-void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) {
+void gpt2_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces) {
   const size_t n = s.size();
   size_t i = 0;
   while (i < n) {
-    const Cp c = At(s, i);
+    const Cp c = at(s, i);
     size_t end;
     if (c.cp == '\'' && i + 1 < n) {
       // 's|'t|'re|'ve|'m|'ll|'d (ASCII, case-sensitive)
@@ -116,9 +117,9 @@ void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) 
     if (c.cls == kSpace) {
       if (c.cp == ' ' && i + 1 < n) {
         // " ?\p{L}+", " ?\p{N}+", " ?[^\s\p{L}\p{N}]+" with the optional space
-        const Cp next = At(s, i + 1);
+        const Cp next = at(s, i + 1);
         if (next.cls != kSpace) {
-          end = RunEnd(s, i + 1, next.cls);
+          end = run_end(s, i + 1, next.cls);
           pieces->push_back(s.substr(i, end - i));
           i = end;
           continue;
@@ -130,7 +131,7 @@ void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) 
       end = i;
       size_t count = 0;
       while (end < n) {
-        const Cp w = At(s, end);
+        const Cp w = at(s, end);
         if (w.cls != kSpace) break;
         last = end;
         end += w.len;
@@ -141,7 +142,7 @@ void Gpt2PreTokenize(std::string_view s, std::vector<std::string_view>* pieces) 
       i = end;
       continue;
     }
-    end = RunEnd(s, i + c.len, c.cls);
+    end = run_end(s, i + c.len, c.cls);
     pieces->push_back(s.substr(i, end - i));
     i = end;
   }
@@ -162,22 +163,27 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   // ---- vocabulary
-  const JsonValue vocab = ParseJson(ReadWholeFile(vocab_file), "vocab file '" + vocab_file + "'");
-  if (vocab.type != JsonValue::Type::kObject || vocab.object.empty()) {
+  nlohmann::json vocab;
+  try {
+    vocab = nlohmann::json::parse(read_whole_file(vocab_file));  // strict RFC 8259 + UTF-8
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError("vocab file '" + vocab_file + "': invalid JSON: " + e.what());
+  }
+  if (!vocab.is_object() || vocab.empty()) {
     throw DataError("vocab file '" + vocab_file + "': expected a non-empty JSON object of token -> id");
   }
   int64_t max_id = -1;
-  for (const auto& kv : vocab.object) {
-    const double v = kv.second.number;
-    if (kv.second.type != JsonValue::Type::kNumber || v < 0 || v > 1e8 || v != static_cast<int64_t>(v)) {
-      throw DataError("vocab file '" + vocab_file + "': token '" + kv.first +
+  for (auto it = vocab.cbegin(); it != vocab.cend(); ++it) {  // of a repeated token, the last id is kept
+    const double v = it.value().is_number() ? it.value().get<double>() : -1;
+    if (v < 0 || v > 1e8 || v != static_cast<int64_t>(v)) {
+      throw DataError("vocab file '" + vocab_file + "': token '" + it.key() +
                       "' has an id that is not a non-negative integer < 1e8");
     }
-    m.encoder[kv.first] = static_cast<int32_t>(v);
+    m.encoder[it.key()] = static_cast<int32_t>(v);
     max_id = std::max<int64_t>(max_id, static_cast<int64_t>(v));
   }
   uint32_t byte_char[256];
-  BytesToUnicode(byte_char);
+  bytes_to_unicode(byte_char);
   std::unordered_map<uint32_t, uint8_t> char_byte;
   for (int b = 0; b < 256; ++b) char_byte[byte_char[b]] = static_cast<uint8_t>(b);
   m.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
@@ -186,7 +192,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
     const std::string& t = kv.first;
     for (size_t i = 0; i < t.size();) {
       uint32_t cp = 0;
-      const size_t len = DecodeUtf8(t, i, &cp);
+      const size_t len = decode_utf8(t, i, &cp);
       auto it = char_byte.find(cp);
       if (len == 0 || it == char_byte.end()) {  // e.g. a special token: keep its text
         bytes = t;
@@ -199,7 +205,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
   }
   for (int b = 0; b < 256; ++b) {
     std::string ch;
-    AppendUtf8(byte_char[b], &ch);
+    append_utf8(byte_char[b], &ch);
     auto it = m.encoder.find(ch);
     if (it == m.encoder.end()) {
       throw DataError("vocab file '" + vocab_file + "': byte " + std::to_string(b) +
@@ -211,7 +217,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
   m.eod = eod == m.encoder.end() ? -1 : eod->second;
 
   // ---- merges: key "first,second" -> rank (later duplicates win, as in the JS dict)
-  const std::string text = ReadWholeFile(merges_file);
+  const std::string text = read_whole_file(merges_file);
   std::vector<std::string_view> lines;
   for (size_t pos = 0;;) {
     const size_t nl = text.find('\n', pos);
@@ -261,12 +267,12 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
 
 size_t Gpt2Tokenizer::vocab_size() const { return impl_->id_bytes.size(); }
 int32_t Gpt2Tokenizer::eod() const { return impl_->eod; }
-int32_t Gpt2Tokenizer::TokenToId(const std::string& token) const {
+int32_t Gpt2Tokenizer::token_to_id(const std::string& token) const {
   auto it = impl_->encoder.find(token);
   return it == impl_->encoder.end() ? -1 : it->second;
 }
 
-void Gpt2Tokenizer::Bpe(std::string_view piece, std::vector<int32_t>* out) const {
+void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
   const Impl& m = *impl_;
   std::vector<int32_t> word;
   word.reserve(piece.size());
@@ -305,9 +311,9 @@ void Gpt2Tokenizer::Bpe(std::string_view piece, std::vector<int32_t>* out) const
   out->insert(out->end(), word.begin(), word.end());
 }
 
-void Gpt2Tokenizer::Encode(std::string_view text, std::vector<int32_t>* out, Cache* cache) const {
+void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>* out, Cache* cache) const {
   std::vector<std::string_view> pieces;
-  Gpt2PreTokenize(text, &pieces);
+  gpt2_pre_tokenize(text, &pieces);
   std::string key;
   for (std::string_view p : pieces) {
     if (p.size() == 1) {
@@ -321,21 +327,21 @@ void Gpt2Tokenizer::Encode(std::string_view text, std::vector<int32_t>* out, Cac
       continue;
     }
     std::vector<int32_t> ids;
-    Bpe(p, &ids);
+    bpe(p, &ids);
     out->insert(out->end(), ids.begin(), ids.end());
     if (cache->map_.size() >= cache->max_entries_) cache->map_.clear();
     cache->map_.emplace(key, std::move(ids));
   }
 }
 
-std::vector<int32_t> Gpt2Tokenizer::Encode(std::string_view text) const {
+std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   Cache cache;
   std::vector<int32_t> out;
-  Encode(text, &out, &cache);
+  encode(text, &out, &cache);
   return out;
 }
 
-std::string Gpt2Tokenizer::Decode(const int64_t* ids, size_t n) const {
+std::string Gpt2Tokenizer::decode(const int64_t* ids, size_t n) const {
   std::string out;
   for (size_t k = 0; k < n; ++k) {
     if (ids[k] < 0 || static_cast<uint64_t>(ids[k]) >= impl_->id_bytes.size()) {
@@ -347,9 +353,9 @@ std::string Gpt2Tokenizer::Decode(const int64_t* ids, size_t n) const {
   return out;
 }
 
-std::string Gpt2Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+std::string Gpt2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::vector<int64_t> wide(ids.begin(), ids.end());
-  return Decode(wide.data(), wide.size());
+  return decode(wide.data(), wide.size());
 }
 
 }  // namespace dtk::data

@@ -16,7 +16,7 @@ namespace dtk::data {
 
 // ------------------------------------------------------------------ split
 
-std::array<size_t, 4> SplitBoundaries(const std::string& split, size_t size) {
+std::array<size_t, 4> split_boundaries(const std::string& split, size_t size) {
   std::vector<double> w;
   const char sep = split.find(',') != std::string::npos ? ',' : (split.find('/') != std::string::npos ? '/' : '\0');
   size_t pos = 0;
@@ -61,7 +61,7 @@ std::array<size_t, 4> SplitBoundaries(const std::string& split, size_t size) {
 
 // ------------------------------------------------------------------ index construction
 
-uint64_t ShuffleRng::Below(uint64_t n) {
+uint64_t ShuffleRng::below(uint64_t n) {
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   const uint64_t limit = max - (max % n + 1) % n;  // largest multiple of n, minus 1
   uint64_t x;
@@ -71,7 +71,7 @@ uint64_t ShuffleRng::Below(uint64_t n) {
   return x % n;
 }
 
-int64_t NumEpochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples) {
+int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples) {
   int64_t epochs = 0, total = 0;
   while (true) {
     ++epochs;
@@ -80,7 +80,7 @@ int64_t NumEpochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samp
   }
 }
 
-bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs) {
+bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs) {
   if (num_epochs <= 1) return false;
   const int64_t before_last = ((num_epochs - 1) * tokens_per_epoch - 1) / seq_length;
   const int64_t from_last = num_samples - before_last;
@@ -88,23 +88,23 @@ bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num
   return from_last < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
 }
 
-std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
-                                 bool separate_last_epoch) {
+std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+                                   bool separate_last_epoch) {
   if (!separate_last_epoch || num_epochs == 1) {
     std::vector<int32_t> idx;
     idx.reserve(documents.size() * static_cast<size_t>(num_epochs));
     for (int64_t e = 0; e < num_epochs; ++e) idx.insert(idx.end(), documents.begin(), documents.end());
-    rng->Shuffle(idx.data(), idx.size());
+    rng->shuffle(idx.data(), idx.size());
     return idx;
   }
-  std::vector<int32_t> first = BuildDocIdx(documents, num_epochs - 1, rng, false);
-  std::vector<int32_t> last = BuildDocIdx(documents, 1, rng, false);
+  std::vector<int32_t> first = build_doc_idx(documents, num_epochs - 1, rng, false);
+  std::vector<int32_t> last = build_doc_idx(documents, 1, rng, false);
   first.insert(first.end(), last.begin(), last.end());
   return first;
 }
 
-std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
-                                    int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch) {
+std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
+                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch) {
   const int64_t num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length;
   std::vector<int64_t> out(2 * static_cast<size_t>(num_samples + 1));
   int64_t row = 0, pos = 0, offset = 0;
@@ -136,12 +136,12 @@ std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes, const std
   return out;
 }
 
-std::vector<int64_t> BuildShuffleIdx(int64_t num_samples, int64_t total_size, ShuffleRng* rng) {
+std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, ShuffleRng* rng) {
   std::vector<int64_t> idx(static_cast<size_t>(total_size));
   for (int64_t i = 0; i < total_size; ++i) idx[static_cast<size_t>(i)] = i;
-  rng->Shuffle(idx.data(), static_cast<size_t>(num_samples));
+  rng->shuffle(idx.data(), static_cast<size_t>(num_samples));
   if (total_size > num_samples) {
-    rng->Shuffle(idx.data() + num_samples, static_cast<size_t>(total_size - num_samples));
+    rng->shuffle(idx.data() + num_samples, static_cast<size_t>(total_size - num_samples));
   }
   return idx;
 }
@@ -150,12 +150,12 @@ std::vector<int64_t> BuildShuffleIdx(int64_t num_samples, int64_t total_size, Sh
 
 namespace {
 
-bool IsFile(const std::string& p) {
+bool is_file(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-std::string Basename(const std::string& p) {
+std::string basename(const std::string& p) {
   const size_t s = p.rfind('/');
   return s == std::string::npos ? p : p.substr(s + 1);
 }
@@ -184,7 +184,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
                     "), too small for one sample of seq_length+1 = " + std::to_string(options_.seq_length + 1) +
                     " tokens");
   }
-  num_epochs_ = NumEpochs(tokens_per_epoch_, options_.seq_length, options_.num_samples);
+  num_epochs_ = data::num_epochs(tokens_per_epoch_, options_.seq_length, options_.num_samples);
   if (static_cast<double>(num_epochs_) * static_cast<double>(doc_end_ - doc_begin_) > 2e9) {
     throw DataError("'" + prefix + "' " + options_.name + " split: " + std::to_string(options_.num_samples) +
                     " samples would need " + std::to_string(num_epochs_) +
@@ -194,23 +194,23 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
 
   using Mode = GptDatasetOptions::CacheMode;
   if (options_.cache_mode == Mode::kNoCache) {
-    Build();
+    build();
     return;
   }
   std::string why;
-  if (TryLoad(&why)) return;
+  if (try_load(&why)) return;
   if (options_.cache_mode == Mode::kBuild) {
-    Build();
-    doc_idx_.Save(cache_file("doc_idx"));
-    sample_idx_.Save(cache_file("sample_idx"));
-    shuffle_idx_.Save(cache_file("shuffle_idx"));
+    build();
+    doc_idx_.save(cache_file("doc_idx"));
+    sample_idx_.save(cache_file("sample_idx"));
+    shuffle_idx_.save(cache_file("shuffle_idx"));
     return;
   }
   // kWaitOnly: another process (rank 0) builds them.
   const auto start = std::chrono::steady_clock::now();
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (TryLoad(&why)) return;
+    if (try_load(&why)) return;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > options_.wait_timeout_s) {
       throw DataError("timed out after " + std::to_string(static_cast<int>(waited)) +
@@ -221,7 +221,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
 
 std::string GPTDataset::cache_file(const std::string& which) const {
   const std::string& prefix = data_->prefix();
-  std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + Basename(prefix);
+  std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + basename(prefix);
   std::ostringstream os;
   // Megatron's name, plus what Megatron's leaves out: a "dtk1" tag (DTK shuffles with its own
   // portable RNG, so neither tool may adopt the other's files), the document range (two split
@@ -240,39 +240,40 @@ std::string GPTDataset::cache_file(const std::string& which) const {
   return os.str();
 }
 
-void GPTDataset::Build() {
+void GPTDataset::build() {
   std::vector<int32_t> documents;
   documents.reserve(doc_end_ - doc_begin_);
   for (size_t d = doc_begin_; d < doc_end_; ++d) documents.push_back(static_cast<int32_t>(d));
-  const bool separate = SeparateLastEpoch(tokens_per_epoch_, options_.seq_length, options_.num_samples, num_epochs_);
+  const bool separate = separate_last_epoch(tokens_per_epoch_, options_.seq_length, options_.num_samples, num_epochs_);
   ShuffleRng rng(options_.seed);
-  std::vector<int32_t> doc_idx = BuildDocIdx(documents, num_epochs_, &rng, separate);
+  std::vector<int32_t> doc_idx = build_doc_idx(documents, num_epochs_, &rng, separate);
   const std::vector<int32_t> sizes = data_->sequence_lengths();
-  std::vector<int64_t> sample_idx = BuildSampleIdx(sizes, doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_);
+  std::vector<int64_t> sample_idx =
+      build_sample_idx(sizes, doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_);
   const int64_t first_part =
       separate ? ((num_epochs_ - 1) * tokens_per_epoch_ - 1) / options_.seq_length : total_samples_;
-  std::vector<int64_t> shuffle_idx = BuildShuffleIdx(first_part, total_samples_, &rng);
+  std::vector<int64_t> shuffle_idx = build_shuffle_idx(first_part, total_samples_, &rng);
 
   int64_t max_sample = 0;
   for (int64_t v : sample_idx) max_sample = std::max(max_sample, v);
   const size_t ndoc = doc_idx.size();
-  doc_idx_ = NpyArray::FromInt32(std::move(doc_idx), {ndoc});
-  sample_idx_ = NpyArray::FromInt64(sample_idx, {static_cast<size_t>(total_samples_ + 1), 2},
-                                    max_sample <= std::numeric_limits<int32_t>::max() ? "<i4" : "<i8");
-  shuffle_idx_ = NpyArray::FromInt64(
+  doc_idx_ = NpyArray::from_int32(std::move(doc_idx), {ndoc});
+  sample_idx_ = NpyArray::from_int64(sample_idx, {static_cast<size_t>(total_samples_ + 1), 2},
+                                     max_sample <= std::numeric_limits<int32_t>::max() ? "<i4" : "<i8");
+  shuffle_idx_ = NpyArray::from_int64(
       shuffle_idx, {static_cast<size_t>(total_samples_)},
       total_samples_ < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1 ? "<u4" : "<i8");
   loaded_from_cache_ = false;
 }
 
-bool GPTDataset::TryLoad(std::string* why) {
+bool GPTDataset::try_load(std::string* why) {
   const std::string fd = cache_file("doc_idx"), fs = cache_file("sample_idx"), fh = cache_file("shuffle_idx");
-  if (!IsFile(fd) || !IsFile(fs) || !IsFile(fh)) {
+  if (!is_file(fd) || !is_file(fs) || !is_file(fh)) {
     *why = "not all three index files exist yet";
     return false;
   }
   try {
-    NpyArray d = NpyArray::Load(fd), s = NpyArray::Load(fs), h = NpyArray::Load(fh);
+    NpyArray d = NpyArray::load(fd), s = NpyArray::load(fs), h = NpyArray::load(fh);
     const size_t ndoc = static_cast<size_t>(num_epochs_) * (doc_end_ - doc_begin_);
     if (d.shape().size() != 1 || d.size() != ndoc) throw DataError("'" + fd + "' has the wrong shape");
     for (size_t k = 0; k < d.size(); ++k) {
@@ -309,7 +310,7 @@ bool GPTDataset::TryLoad(std::string* why) {
   }
 }
 
-void GPTDataset::Get(size_t i, int64_t* out) const {
+void GPTDataset::get(size_t i, int64_t* out) const {
   if (i >= size()) {
     throw DataError("'" + data_->prefix() + "' " + options_.name + " split: sample " + std::to_string(i) +
                     " out of range (" + std::to_string(size()) + " samples)");
@@ -327,7 +328,7 @@ void GPTDataset::Get(size_t i, int64_t* out) const {
       throw DataError("'" + data_->prefix() + "': corrupt sample index at sample " + std::to_string(i));
     }
     const TokenView v = data_->view(static_cast<size_t>(doc_idx_[pos]), offset, length);
-    ConvertTokens(v, out + n);
+    convert_tokens(v, out + n);
     n += v.count;
   };
   if (pos_f == pos_l) {
@@ -348,7 +349,7 @@ void GPTDataset::Get(size_t i, int64_t* out) const {
 
 // ------------------------------------------------------------------ blending
 
-std::vector<double> NormalizeWeights(const std::vector<double>& weights) {
+std::vector<double> normalize_weights(const std::vector<double>& weights) {
   if (weights.empty()) throw DataError("blend weights: no datasets given");
   double sum = 0;
   for (double w : weights) {
@@ -362,14 +363,14 @@ std::vector<double> NormalizeWeights(const std::vector<double>& weights) {
   return out;
 }
 
-std::vector<int64_t> BlendSamplesPerDataset(const std::vector<double>& w, int64_t n) {
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& w, int64_t n) {
   std::vector<int64_t> out;
   for (double x : w) out.push_back(static_cast<int64_t>(std::ceil(static_cast<double>(n) * x * 1.005)));
   return out;
 }
 
-void BuildBlendingIndices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
-                          std::vector<int64_t>* dataset_sample_index) {
+void build_blending_indices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
+                            std::vector<int64_t>* dataset_sample_index) {
   if (w.size() > 32767) throw DataError("blend: at most 32767 datasets");
   std::vector<int64_t> current(w.size(), 0);
   dataset_index->resize(static_cast<size_t>(size));
@@ -401,7 +402,7 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
     if (!d) throw DataError("blend: a blended dataset is empty");
     if (d->sample_length() != datasets_[0]->sample_length()) throw DataError("blend: datasets differ in sample length");
   }
-  BuildBlendingIndices(NormalizeWeights(weights), size, &dataset_index_, &dataset_sample_index_);
+  build_blending_indices(normalize_weights(weights), size, &dataset_index_, &dataset_sample_index_);
   for (size_t i = 0; i < dataset_index_.size(); ++i) {
     const auto& d = datasets_[static_cast<size_t>(dataset_index_[i])];
     if (static_cast<size_t>(dataset_sample_index_[i]) >= d->size()) {
@@ -411,13 +412,13 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
   }
 }
 
-void BlendedDataset::Get(size_t i, int64_t* out) const {
+void BlendedDataset::get(size_t i, int64_t* out) const {
   if (i >= size())
     throw DataError("blend: sample " + std::to_string(i) + " out of range (" + std::to_string(size()) + ")");
-  datasets_[static_cast<size_t>(dataset_index_[i])]->Get(static_cast<size_t>(dataset_sample_index_[i]), out);
+  datasets_[static_cast<size_t>(dataset_index_[i])]->get(static_cast<size_t>(dataset_sample_index_[i]), out);
 }
 
-DataBlend ParseDataPath(const std::string& data_path) {
+DataBlend parse_data_path(const std::string& data_path) {
   std::istringstream in(data_path);
   std::vector<std::string> tokens;
   std::string t;
@@ -447,25 +448,26 @@ DataBlend ParseDataPath(const std::string& data_path) {
     w.push_back(v);
     b.prefixes.push_back(tokens[k + 1]);
   }
-  b.weights = NormalizeWeights(w);
+  b.weights = normalize_weights(w);
   return b;
 }
 
-TrainValidTest BuildTrainValidTestDatasets(const std::string& data_path, const std::string& split,
-                                           const std::array<int64_t, 3>& num_samples, const GptDatasetOptions& base) {
+TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::string& split,
+                                               const std::array<int64_t, 3>& num_samples,
+                                               const GptDatasetOptions& base) {
   static const char* kNames[3] = {"train", "valid", "test"};
-  const DataBlend blend = ParseDataPath(data_path);
+  const DataBlend blend = parse_data_path(data_path);
   std::array<std::vector<std::shared_ptr<const TokenDataset>>, 3> parts;
   for (size_t p = 0; p < blend.prefixes.size(); ++p) {
     auto data = std::make_shared<const IndexedDataset>(blend.prefixes[p]);
-    const auto bounds = SplitBoundaries(split, data->num_sequences());
+    const auto bounds = split_boundaries(split, data->num_sequences());
     for (int s = 0; s < 3; ++s) {
       std::shared_ptr<const TokenDataset> ds;
       if (bounds[s + 1] > bounds[s] && num_samples[s] > 0) {
         GptDatasetOptions o = base;
         o.name = kNames[s];
         o.num_samples =
-            blend.prefixes.size() == 1 ? num_samples[s] : BlendSamplesPerDataset(blend.weights, num_samples[s])[p];
+            blend.prefixes.size() == 1 ? num_samples[s] : blend_samples_per_dataset(blend.weights, num_samples[s])[p];
         ds = std::make_shared<const GPTDataset>(data, bounds[s], bounds[s + 1], o);
       }
       parts[s].push_back(ds);

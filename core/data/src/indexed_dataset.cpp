@@ -16,13 +16,13 @@ constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr size_t kHeaderSize = 9 + 8 + 1 + 8 + 8;  // = 34
 
 template <typename T>
-T LoadLE(const uint8_t* p) {  // the format and every supported host are little endian
+T load_le(const uint8_t* p) {  // the format and every supported host are little endian
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
 }
 
-std::string Hex(const uint8_t* p, size_t n) {
+std::string hex(const uint8_t* p, size_t n) {
   static const char* d = "0123456789abcdef";
   std::string s;
   for (size_t i = 0; i < n; ++i) {
@@ -33,20 +33,20 @@ std::string Hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-bool FileExists(const std::string& path) {
+bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 }  // namespace
 
-bool DTypeFromCode(uint8_t code, DType* out) {
+bool dtype_from_code(uint8_t code, DType* out) {
   if (code < 1 || code > 8) return false;
   *out = static_cast<DType>(code);
   return true;
 }
 
-size_t DTypeSize(DType dtype) {
+size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::kUInt8:
     case DType::kInt8:
@@ -64,7 +64,7 @@ size_t DTypeSize(DType dtype) {
   return 0;
 }
 
-const char* DTypeName(DType dtype) {
+const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kUInt8:
       return "uint8";
@@ -86,45 +86,45 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
-DType DTypeFromName(const std::string& name) {
+DType dtype_from_name(const std::string& name) {
   for (uint8_t c = 1; c <= 8; ++c) {
     DType d = static_cast<DType>(c);
-    if (name == DTypeName(d)) return d;
+    if (name == dtype_name(d)) return d;
   }
   throw DataError("unknown dtype '" + name +
                   "' (expected uint8, int8, int16, uint16, int32, int64, float32 or float64)");
 }
 
-DType OptimalDType(int64_t vocab_size) { return vocab_size < 65500 ? DType::kUInt16 : DType::kInt32; }
+DType optimal_dtype(int64_t vocab_size) { return vocab_size < 65500 ? DType::kUInt16 : DType::kInt32; }
 
 // ---------------------------------------------------------------- reader
 
-bool IndexedDataset::Exists(const std::string& prefix) {
-  return FileExists(IdxPath(prefix)) && FileExists(BinPath(prefix));
+bool IndexedDataset::exists(const std::string& prefix) {
+  return file_exists(idx_path(prefix)) && file_exists(bin_path(prefix));
 }
 
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
-  const std::string idx_path = IdxPath(prefix);
-  const std::string bin_path = BinPath(prefix);
-  idx_ = MappedFile(idx_path);
-  bin_ = MappedFile(bin_path);
-  auto corrupt = [&](const std::string& what) { return DataError("corrupt index file '" + idx_path + "': " + what); };
+  const std::string idx_file = idx_path(prefix);
+  const std::string bin_file = bin_path(prefix);
+  idx_ = MappedFile(idx_file);
+  bin_ = MappedFile(bin_file);
+  auto corrupt = [&](const std::string& what) { return DataError("corrupt index file '" + idx_file + "': " + what); };
   const uint8_t* p = idx_.data();
   const size_t n = idx_.size();
   if (n < kHeaderSize) {
     throw corrupt("file is " + std::to_string(n) + " bytes, shorter than the 34-byte header");
   }
   if (std::memcmp(p, kMagic, 9) != 0) {
-    throw corrupt("header magic is not MMIDIDX\\x00\\x00 (got '" + Hex(p, 9) + "')");
+    throw corrupt("header magic is not MMIDIDX\\x00\\x00 (got '" + hex(p, 9) + "')");
   }
-  const uint64_t version = LoadLE<uint64_t>(p + 9);
+  const uint64_t version = load_le<uint64_t>(p + 9);
   if (version != 1) throw corrupt("unsupported version " + std::to_string(version) + " (expected 1)");
   const uint8_t code = p[17];
-  if (!DTypeFromCode(code, &dtype_)) {
+  if (!dtype_from_code(code, &dtype_)) {
     throw corrupt("unknown dtype code " + std::to_string(code) + " (expected 1..8)");
   }
-  const uint64_t s = LoadLE<uint64_t>(p + 18);
-  const uint64_t d = LoadLE<uint64_t>(p + 26);
+  const uint64_t s = load_le<uint64_t>(p + 18);
+  const uint64_t d = load_le<uint64_t>(p + 26);
   const uint64_t body = n - kHeaderSize;
   // Overflow-safe: each count alone must fit in the body before we multiply.
   if (s > body / 12 || d > body / 8 || s * 12 + d * 8 != body) {
@@ -155,7 +155,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
                   " sequences");
   }
   // Every sequence must lie inside the .bin file, aligned to the item size.
-  const uint64_t item = DTypeSize(dtype_);
+  const uint64_t item = dtype_size(dtype_);
   const uint64_t bin_size = bin_.size();
   for (size_t i = 0; i < num_sequences_; ++i) {
     const int64_t len = sequence_length(i);
@@ -163,17 +163,17 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     if (len < 0 || ptr < 0 || static_cast<uint64_t>(ptr) % item != 0 || static_cast<uint64_t>(ptr) > bin_size ||
         static_cast<uint64_t>(len) > (bin_size - static_cast<uint64_t>(ptr)) / item) {
       std::ostringstream os;
-      os << "data file '" << bin_path << "' (" << bin_size << " bytes) does not match index '" << idx_path
-         << "': sequence " << i << " has length " << len << " at byte offset " << ptr << " (" << DTypeName(dtype_)
+      os << "data file '" << bin_file << "' (" << bin_size << " bytes) does not match index '" << idx_file
+         << "': sequence " << i << " has length " << len << " at byte offset " << ptr << " (" << dtype_name(dtype_)
          << "), truncated or corrupt";
       throw DataError(os.str());
     }
   }
 }
 
-int32_t IndexedDataset::sequence_length(size_t i) const { return LoadLE<int32_t>(lengths_ + 4 * i); }
-int64_t IndexedDataset::sequence_pointer(size_t i) const { return LoadLE<int64_t>(pointers_ + 8 * i); }
-int64_t IndexedDataset::document_index(size_t d) const { return LoadLE<int64_t>(doc_idx_ + 8 * d); }
+int32_t IndexedDataset::sequence_length(size_t i) const { return load_le<int32_t>(lengths_ + 4 * i); }
+int64_t IndexedDataset::sequence_pointer(size_t i) const { return load_le<int64_t>(pointers_ + 8 * i); }
+int64_t IndexedDataset::document_index(size_t d) const { return load_le<int64_t>(doc_idx_ + 8 * d); }
 
 std::vector<int32_t> IndexedDataset::sequence_lengths() const {
   std::vector<int32_t> out(num_sequences_);
@@ -194,12 +194,13 @@ TokenView IndexedDataset::view(size_t i, size_t offset, size_t length) const {
   TokenView v;
   v.dtype = dtype_;
   v.count = length;
-  v.data = bin_.data() == nullptr ? nullptr
-                                  : bin_.data() + static_cast<size_t>(sequence_pointer(i)) + offset * DTypeSize(dtype_);
+  v.data = bin_.data() == nullptr
+               ? nullptr
+               : bin_.data() + static_cast<size_t>(sequence_pointer(i)) + offset * dtype_size(dtype_);
   return v;
 }
 
-void ConvertTokens(const TokenView& v, int64_t* out) {
+void convert_tokens(const TokenView& v, int64_t* out) {
   const size_t n = v.count;
   switch (v.dtype) {
     case DType::kUInt8: {
@@ -250,7 +251,7 @@ void IndexedDataset::get(size_t i, size_t offset, size_t length, std::vector<int
   TokenView v = view(i, offset, length);
   const size_t base = out->size();
   out->resize(base + v.count);
-  ConvertTokens(v, out->data() + base);
+  convert_tokens(v, out->data() + base);
 }
 
 std::vector<int64_t> IndexedDataset::get(size_t i) const {
@@ -264,7 +265,7 @@ std::vector<int64_t> IndexedDataset::get(size_t i) const {
 
 IndexedDatasetBuilder::IndexedDatasetBuilder(const std::string& bin_path, DType dtype)
     : bin_path_(bin_path), dtype_(dtype) {
-  if (DTypeSize(dtype) == 0) throw DataError("'" + bin_path + "': invalid dtype");
+  if (dtype_size(dtype) == 0) throw DataError("'" + bin_path + "': invalid dtype");
   bin_ = std::fopen(bin_path.c_str(), "wb");
   if (bin_ == nullptr) {
     throw DataError("cannot create '" + bin_path + "': " + std::strerror(errno));
@@ -276,7 +277,7 @@ IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   if (bin_ != nullptr) std::fclose(bin_);
 }
 
-void IndexedDatasetBuilder::WriteBin(const void* data, size_t bytes) {
+void IndexedDatasetBuilder::write_bin(const void* data, size_t bytes) {
   if (bin_ == nullptr) throw DataError("'" + bin_path_ + "': builder already finalized");
   if (bytes > 0 && std::fwrite(data, 1, bytes, bin_) != bytes) {
     throw DataError("write error on '" + bin_path_ + "': " + std::strerror(errno));
@@ -286,19 +287,19 @@ void IndexedDatasetBuilder::WriteBin(const void* data, size_t bytes) {
 
 namespace {
 template <typename Out, typename In>
-bool FitsInt(In v) {
+bool fits_int(In v) {
   return static_cast<int64_t>(v) >= static_cast<int64_t>(std::numeric_limits<Out>::min()) &&
          (std::is_same<Out, int64_t>::value ||
           static_cast<int64_t>(v) <= static_cast<int64_t>(std::numeric_limits<Out>::max()));
 }
 template <typename Out, typename In>
-void Pack(const In* in, size_t n, uint8_t* dst, const std::string& path) {
+void pack(const In* in, size_t n, uint8_t* dst, const std::string& path) {
   for (size_t k = 0; k < n; ++k) {
     Out o;
     if constexpr (std::is_floating_point<Out>::value) {
       o = static_cast<Out>(in[k]);
     } else {
-      if (!FitsInt<Out>(in[k])) {
+      if (!fits_int<Out>(in[k])) {
         throw DataError("'" + path + "': token " + std::to_string(in[k]) + " does not fit the dataset dtype");
       }
       o = static_cast<Out>(in[k]);
@@ -309,75 +310,75 @@ void Pack(const In* in, size_t n, uint8_t* dst, const std::string& path) {
 }  // namespace
 
 template <typename T>
-void IndexedDatasetBuilder::AddItemImpl(const T* tokens, size_t count) {
-  AppendImpl(tokens, count);
-  CloseItem();
+void IndexedDatasetBuilder::add_item_impl(const T* tokens, size_t count) {
+  append_impl(tokens, count);
+  close_item();
 }
 
-void IndexedDatasetBuilder::AppendToItem(const int32_t* tokens, size_t count) { AppendImpl(tokens, count); }
+void IndexedDatasetBuilder::append_to_item(const int32_t* tokens, size_t count) { append_impl(tokens, count); }
 
-void IndexedDatasetBuilder::CloseItem() {
+void IndexedDatasetBuilder::close_item() {
   lengths_.push_back(static_cast<int32_t>(open_item_));
   open_item_ = 0;
 }
 
 template <typename T>
-void IndexedDatasetBuilder::AppendImpl(const T* tokens, size_t count) {
+void IndexedDatasetBuilder::append_impl(const T* tokens, size_t count) {
   if (open_item_ + count > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
     throw DataError("'" + bin_path_ + "': sequence of " + std::to_string(count) +
                     " tokens exceeds the int32 length field");
   }
-  const size_t item = DTypeSize(dtype_);
+  const size_t item = dtype_size(dtype_);
   scratch_.resize(count * item);
   uint8_t* dst = scratch_.data();
   switch (dtype_) {
     case DType::kUInt8:
-      Pack<uint8_t>(tokens, count, dst, bin_path_);
+      pack<uint8_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kInt8:
-      Pack<int8_t>(tokens, count, dst, bin_path_);
+      pack<int8_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kInt16:
-      Pack<int16_t>(tokens, count, dst, bin_path_);
+      pack<int16_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kUInt16:
-      Pack<uint16_t>(tokens, count, dst, bin_path_);
+      pack<uint16_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kInt32:
-      Pack<int32_t>(tokens, count, dst, bin_path_);
+      pack<int32_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kInt64:
-      Pack<int64_t>(tokens, count, dst, bin_path_);
+      pack<int64_t>(tokens, count, dst, bin_path_);
       break;
     case DType::kFloat32:
-      Pack<float>(tokens, count, dst, bin_path_);
+      pack<float>(tokens, count, dst, bin_path_);
       break;
     case DType::kFloat64:
-      Pack<double>(tokens, count, dst, bin_path_);
+      pack<double>(tokens, count, dst, bin_path_);
       break;
   }
-  WriteBin(dst, count * item);
+  write_bin(dst, count * item);
   open_item_ += count;
 }
 
-void IndexedDatasetBuilder::AddItem(const int64_t* tokens, size_t count) { AddItemImpl(tokens, count); }
-void IndexedDatasetBuilder::AddItem(const int32_t* tokens, size_t count) { AddItemImpl(tokens, count); }
+void IndexedDatasetBuilder::add_item(const int64_t* tokens, size_t count) { add_item_impl(tokens, count); }
+void IndexedDatasetBuilder::add_item(const int32_t* tokens, size_t count) { add_item_impl(tokens, count); }
 
-void IndexedDatasetBuilder::EndDocument() {
-  if (open_item_ != 0) CloseItem();
+void IndexedDatasetBuilder::end_document() {
+  if (open_item_ != 0) close_item();
   doc_idx_.push_back(static_cast<int64_t>(lengths_.size()));
 }
 
-void IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
+void IndexedDatasetBuilder::add_index(const std::string& prefix) {
   IndexedDataset other(prefix);
   if (other.dtype() != dtype_) {
-    throw DataError("cannot merge '" + prefix + "': dtype " + DTypeName(other.dtype()) +
-                    " differs from the builder's " + DTypeName(dtype_));
+    throw DataError("cannot merge '" + prefix + "': dtype " + dtype_name(other.dtype()) +
+                    " differs from the builder's " + dtype_name(dtype_));
   }
   const int64_t offset = static_cast<int64_t>(lengths_.size());
   for (size_t i = 0; i < other.num_sequences(); ++i) {
     TokenView v = other.view(i);
-    WriteBin(v.data, v.count * DTypeSize(dtype_));
+    write_bin(v.data, v.count * dtype_size(dtype_));
     lengths_.push_back(other.sequence_length(i));
   }
   for (size_t d = 1; d <= other.num_documents(); ++d) {
@@ -385,9 +386,9 @@ void IndexedDatasetBuilder::AddIndex(const std::string& prefix) {
   }
 }
 
-void IndexedDatasetBuilder::Finalize(const std::string& idx_path) {
+void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
   if (bin_ == nullptr) throw DataError("'" + bin_path_ + "': builder already finalized");
-  if (open_item_ != 0) CloseItem();
+  if (open_item_ != 0) close_item();
   const int rc = std::fclose(bin_);
   bin_ = nullptr;
   if (rc != 0) throw DataError("write error on '" + bin_path_ + "': " + std::strerror(errno));
@@ -410,7 +411,7 @@ void IndexedDatasetBuilder::Finalize(const std::string& idx_path) {
   put(&d, 8);
   buf.reserve(buf.size() + 12 * s + 8 * d);
   if (s) put(lengths_.data(), 4 * s);
-  const int64_t item = static_cast<int64_t>(DTypeSize(dtype_));
+  const int64_t item = static_cast<int64_t>(dtype_size(dtype_));
   int64_t ptr = 0;
   for (int32_t len : lengths_) {
     put(&ptr, 8);

@@ -13,7 +13,7 @@
 namespace dtk::data {
 namespace {
 
-bool DescrInfo(const std::string& d, size_t* itemsize, bool* is_unsigned) {
+bool descr_info(const std::string& d, size_t* itemsize, bool* is_unsigned) {
   if (d == "<i4") {
     *itemsize = 4;
     *is_unsigned = false;
@@ -37,7 +37,7 @@ bool DescrInfo(const std::string& d, size_t* itemsize, bool* is_unsigned) {
   return false;
 }
 
-std::string HeaderFor(const std::string& descr, const std::vector<size_t>& shape) {
+std::string header_for(const std::string& descr, const std::vector<size_t>& shape) {
   std::string s = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (";
   for (size_t k = 0; k < shape.size(); ++k) {
     if (k) s += ", ";
@@ -53,7 +53,7 @@ std::string HeaderFor(const std::string& descr, const std::vector<size_t>& shape
 
 }  // namespace
 
-NpyArray NpyArray::FromInt32(std::vector<int32_t> v, std::vector<size_t> shape) {
+NpyArray NpyArray::from_int32(std::vector<int32_t> v, std::vector<size_t> shape) {
   NpyArray a;
   a.descr_ = "<i4";
   a.itemsize_ = 4;
@@ -65,9 +65,9 @@ NpyArray NpyArray::FromInt32(std::vector<int32_t> v, std::vector<size_t> shape) 
   return a;
 }
 
-NpyArray NpyArray::FromInt64(const std::vector<int64_t>& v, std::vector<size_t> shape, const std::string& descr) {
+NpyArray NpyArray::from_int64(const std::vector<int64_t>& v, std::vector<size_t> shape, const std::string& descr) {
   NpyArray a;
-  if (!DescrInfo(descr, &a.itemsize_, &a.is_unsigned_)) throw DataError("unsupported npy dtype " + descr);
+  if (!descr_info(descr, &a.itemsize_, &a.is_unsigned_)) throw DataError("unsupported npy dtype " + descr);
   a.descr_ = descr;
   a.shape_ = std::move(shape);
   a.count_ = v.size();
@@ -100,7 +100,7 @@ int64_t NpyArray::operator[](size_t i) const {
   return x;
 }
 
-NpyArray NpyArray::Load(const std::string& path) {
+NpyArray NpyArray::load(const std::string& path) {
   auto file = std::make_shared<MappedFile>(path);
   const uint8_t* p = file->data();
   const size_t n = file->size();
@@ -133,7 +133,7 @@ NpyArray NpyArray::Load(const std::string& path) {
   std::string d = value_after("descr");
   if (d.size() < 5 || d[0] != '\'' || d[4] != '\'') throw bad("malformed descr");
   a.descr_ = d.substr(1, 3);
-  if (!DescrInfo(a.descr_, &a.itemsize_, &a.is_unsigned_)) {
+  if (!descr_info(a.descr_, &a.itemsize_, &a.is_unsigned_)) {
     throw bad("dtype " + a.descr_ + " is not one of <i4 <u4 <i8 <u8");
   }
   if (value_after("fortran_order").compare(0, 5, "False") != 0) throw bad("fortran_order arrays are not supported");
@@ -169,8 +169,8 @@ NpyArray NpyArray::Load(const std::string& path) {
   return a;
 }
 
-void NpyArray::Save(const std::string& path) const {
-  const std::string header = HeaderFor(descr_, shape_);
+void NpyArray::save(const std::string& path) const {
+  const std::string header = header_for(descr_, shape_);
   std::random_device rd;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");

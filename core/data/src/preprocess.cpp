@@ -16,7 +16,7 @@
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/json.hpp"
+#include "dtk/data/jsonl.hpp"
 #include "dtk/data/mapped_file.hpp"
 #include "dtk/data/utf8.hpp"
 
@@ -25,7 +25,7 @@ namespace {
 
 constexpr size_t kBatchLines = 4096;
 
-bool IsJsonl(const std::string& path) {
+bool is_jsonl(const std::string& path) {
   auto ends = [&](const char* suf) {
     const size_t n = std::strlen(suf);
     return path.size() >= n && path.compare(path.size() - n, n, suf) == 0;
@@ -61,7 +61,7 @@ class Pipeline {
  public:
   Pipeline(const Gpt2Tokenizer& tok, const PreprocessOptions& o, int workers) : tok_(tok), o_(o) {
     max_inflight_ = static_cast<size_t>(workers) * 4;
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { Work(); });
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
   }
   ~Pipeline() {
     {
@@ -74,7 +74,7 @@ class Pipeline {
   }
 
   template <typename Sink>
-  void Submit(Batch b, Sink&& sink) {
+  void submit(Batch b, Sink&& sink) {
     b.seq = submitted_;
     while (true) {
       {
@@ -87,25 +87,25 @@ class Pipeline {
         }
         done_cv_.wait(lk, [&] { return results_.count(written_) > 0; });
       }
-      WriteReady(sink);
+      write_ready(sink);
     }
-    WriteReady(sink);
+    write_ready(sink);
   }
 
   template <typename Sink>
-  void Finish(Sink&& sink) {
+  void finish(Sink&& sink) {
     while (written_ < submitted_) {
       {
         std::unique_lock<std::mutex> lk(mu_);
         done_cv_.wait(lk, [&] { return results_.count(written_) > 0; });
       }
-      WriteReady(sink);
+      write_ready(sink);
     }
   }
 
  private:
   template <typename Sink>
-  void WriteReady(Sink& sink) {
+  void write_ready(Sink& sink) {
     while (true) {
       BatchResult r;
       {
@@ -120,8 +120,9 @@ class Pipeline {
     }
   }
 
-  void Work() {
+  void work() {
     Gpt2Tokenizer::Cache cache;
+    JsonlLineParser json(o_.json_keys);
     while (true) {
       Batch b;
       {
@@ -133,7 +134,7 @@ class Pipeline {
       }
       BatchResult r;
       try {
-        Process(b, &r, &cache);
+        process(b, &r, &cache, &json);
       } catch (const std::exception& e) {
         r.fatal = e.what();
       }
@@ -146,39 +147,26 @@ class Pipeline {
     }
   }
 
-  void Process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache) {
+  void process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache, JsonlLineParser* json) {
     const std::string& file = o_.inputs[b.file];
     if (b.text) {
-      tok_.Encode(b.chunk, &r->text_ids, cache);
+      tok_.encode(b.chunk, &r->text_ids, cache);
       return;
     }
     r->lines.resize(b.lines.size());
+    std::vector<std::vector<std::string_view>> values;  // [key][sentence]
     for (size_t k = 0; k < b.lines.size(); ++k) {
       LineResult& lr = r->lines[k];
       const std::string where = file + ":" + std::to_string(b.line_numbers[k]);
       try {
-        const JsonValue v = ParseJson(b.lines[k], where);
-        if (v.type != JsonValue::Type::kObject) throw DataError(where + ": the line is not a JSON object");
+        json->parse(b.lines[k], where, &values);
         lr.ids.resize(o_.json_keys.size());
         for (size_t key = 0; key < o_.json_keys.size(); ++key) {
-          const JsonValue* val = v.Find(o_.json_keys[key]);
-          if (val == nullptr) throw DataError(where + ": missing key '" + o_.json_keys[key] + "'");
-          std::vector<const std::string*> sentences;
-          if (val->is_string()) {
-            sentences.push_back(&val->string);
-          } else if (val->type == JsonValue::Type::kArray) {
-            for (const auto& s : val->array) {
-              if (!s.is_string()) throw DataError(where + ": '" + o_.json_keys[key] + "' is a list with a non-string");
-              sentences.push_back(&s.string);
-            }
-          } else {
-            throw DataError(where + ": '" + o_.json_keys[key] + "' is not a string or a list of strings");
-          }
           auto& out = lr.ids[key];
-          for (const std::string* s : sentences) {
+          for (const std::string_view s : values[key]) {
             std::vector<int32_t> ids;
             try {
-              tok_.Encode(*s, &ids, cache);
+              tok_.encode(s, &ids, cache);
             } catch (const DataError& e) {
               throw DataError(where + ": " + e.what());
             }
@@ -206,181 +194,225 @@ class Pipeline {
   bool stop_ = false;
 };
 
-std::string FormatMb(double bytes) {
+std::string format_mb(double bytes) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1) << bytes / 1e6;
   return os.str();
 }
 
-int64_t LineOfOffset(std::string_view s, size_t offset) {
+int64_t line_of_offset(std::string_view s, size_t offset) {
   return 1 + std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(std::min(offset, s.size())), '\n');
 }
 
 }  // namespace
 
-PreprocessStats Preprocess(const PreprocessOptions& o) {
+namespace {
+
+// The calling thread's end of the pipeline: writes each encoded batch, in input order, into the
+// .bin builders (one per json key), counts, and reports progress.
+class Writer {
+ public:
+  Writer(const PreprocessOptions& o, const Gpt2Tokenizer& tok, DType dtype) : o_(o), tok_(tok) {
+    for (const std::string& key : o.json_keys) {
+      const std::string prefix = o.output_prefix + "_" + key + "_document";
+      builders_.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
+      stats_.output_prefixes.push_back(prefix);
+    }
+    const auto text = std::find(o.json_keys.begin(), o.json_keys.end(), "text");
+    text_key_ = text == o.json_keys.end() ? -1 : text - o.json_keys.begin();
+    next_log_ = o.log_interval_mb > 0 ? o.log_interval_mb * 1e6 : -1;
+  }
+  bool has_text_key() const { return text_key_ >= 0; }
+  PreprocessStats& stats() { return stats_; }
+
+  void operator()(BatchResult& r) {
+    if (!r.fatal.empty()) throw DataError(r.fatal);
+    if (r.batch.text)
+      write_text(r);
+    else
+      write_lines(r);
+    stats_.input_bytes += static_cast<int64_t>(r.batch.bytes);
+    ++stats_.batches;
+    if (next_log_ > 0 && static_cast<double>(stats_.input_bytes) >= next_log_) {
+      progress("");
+      while (next_log_ <= static_cast<double>(stats_.input_bytes)) next_log_ += o_.log_interval_mb * 1e6;
+    }
+  }
+
+  // Writes the .idx files; the run's totals.
+  PreprocessStats finish() {
+    for (size_t key = 0; key < builders_.size(); ++key) builders_[key]->finalize(idx_path(stats_.output_prefixes[key]));
+    stats_.seconds = elapsed();
+    if (o_.log) {
+      progress("done: ");
+      if (stats_.bad_lines > 0) *o_.log << "dtk preprocess: skipped " << stats_.bad_lines << " bad lines" << std::endl;
+      for (const auto& p : stats_.output_prefixes)
+        *o_.log << "dtk preprocess: wrote " << p << ".{bin,idx}" << std::endl;
+    }
+    return stats_;
+  }
+
+  void progress(const char* what) const {
+    if (o_.log == nullptr) return;
+    const double s = std::max(elapsed(), 1e-9);
+    *o_.log << "dtk preprocess: " << what << stats_.documents << " docs, " << stats_.tokens << " tokens, "
+            << format_mb(static_cast<double>(stats_.input_bytes)) << " MB, "
+            << format_mb(static_cast<double>(stats_.input_bytes) / s) << " MB/s" << std::endl;
+  }
+
+ private:
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+  // A plain-text file is one document, encoded in chunks: its tokens accumulate into one item.
+  void write_text(const BatchResult& r) {
+    IndexedDatasetBuilder& bld = *builders_[static_cast<size_t>(text_key_)];
+    bld.append_to_item(r.text_ids.data(), r.text_ids.size());
+    text_doc_tokens_ += static_cast<int64_t>(r.text_ids.size());
+    stats_.tokens += static_cast<int64_t>(r.text_ids.size());
+    if (!r.batch.end_of_file) return;
+    if (o_.append_eod && text_doc_tokens_ > 0) {
+      const int32_t eod = tok_.eod();
+      bld.append_to_item(&eod, 1);
+      ++stats_.tokens;
+    }
+    if (text_doc_tokens_ > 0) bld.close_item();
+    bld.end_document();
+    ++stats_.documents;
+    text_doc_tokens_ = 0;
+  }
+
+  // jsonl: each good line is one document per key (one item per sentence).
+  void write_lines(const BatchResult& r) {
+    for (const LineResult& lr : r.lines) {
+      if (!lr.error.empty()) {
+        if (!o_.skip_bad_lines) throw DataError(lr.error + " (use --skip_bad_lines to skip bad lines)");
+        ++stats_.bad_lines;
+        continue;
+      }
+      for (size_t key = 0; key < builders_.size(); ++key) {
+        for (const auto& ids : lr.ids[key]) {
+          builders_[key]->add_item(ids.data(), ids.size());
+          stats_.tokens += static_cast<int64_t>(ids.size());
+        }
+        builders_[key]->end_document();
+      }
+      ++stats_.documents;
+    }
+  }
+
+  const PreprocessOptions& o_;
+  const Gpt2Tokenizer& tok_;
+  const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
+  std::ptrdiff_t text_key_ = -1;
+  PreprocessStats stats_;
+  int64_t text_doc_tokens_ = 0;
+  double next_log_ = -1;
+};
+
+// Plain text: chunks of about batch_bytes, cut before a '\n' followed by printable ASCII (a
+// boundary the GPT-2 pre-tokenizer never joins across).
+void submit_text_file(Pipeline& pipe, Writer& writer, size_t file, std::string_view data, size_t batch_bytes) {
+  size_t pos = 0;
+  do {
+    size_t cut = data.size();
+    if (data.size() - pos > batch_bytes) {
+      for (size_t k = pos + batch_bytes; k + 1 < data.size(); ++k) {
+        const char* nl = static_cast<const char*>(std::memchr(data.data() + k, '\n', data.size() - k - 1));
+        if (nl == nullptr) break;
+        k = static_cast<size_t>(nl - data.data());
+        const unsigned char next = static_cast<unsigned char>(data[k + 1]);
+        if (next >= 0x21 && next <= 0x7e) {
+          cut = k;
+          break;
+        }
+      }
+    }
+    Batch b;
+    b.file = file;
+    b.text = true;
+    b.chunk = data.substr(pos, cut - pos);
+    b.bytes = cut - pos;
+    b.end_of_file = cut == data.size();
+    pos = cut;
+    pipe.submit(std::move(b), writer);
+  } while (pos < data.size());
+}
+
+// jsonl: batches of whole non-blank lines (about batch_bytes, at most kBatchLines).
+void submit_jsonl_file(Pipeline& pipe, Writer& writer, size_t file, std::string_view data, size_t batch_bytes) {
+  Batch b;
+  b.file = file;
+  int64_t line_no = 0;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    const size_t nl = data.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? data.size() : nl;
+    std::string_view line = data.substr(pos, end - pos);
+    ++line_no;
+    b.bytes += end - pos + (nl == std::string_view::npos ? 0 : 1);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") != std::string_view::npos) {
+      b.lines.push_back(line);
+      b.line_numbers.push_back(line_no);
+    }
+    if (b.bytes >= batch_bytes || b.lines.size() >= kBatchLines) {
+      pipe.submit(std::move(b), writer);
+      b = Batch();
+      b.file = file;
+    }
+  }
+  if (b.bytes > 0) pipe.submit(std::move(b), writer);
+}
+
+void check_options(const PreprocessOptions& o) {
   if (o.inputs.empty()) throw DataError("no --input given");
   if (o.output_prefix.empty()) throw DataError("no --output_prefix given");
-  if (o.vocab_file.empty() || o.merge_file.empty()) {
+  if (o.vocab_file.empty() || o.merge_file.empty())
     throw DataError("--vocab_file (encoder.json) and --merge_file (vocab.bpe) are required");
-  }
   if (o.json_keys.empty()) throw DataError("--json_keys is empty");
-  const auto t0 = std::chrono::steady_clock::now();
+}
+
+}  // namespace
+
+PreprocessStats preprocess(const PreprocessOptions& o) {
+  check_options(o);
   const Gpt2Tokenizer tok(o.vocab_file, o.merge_file);
   if (o.append_eod && tok.eod() < 0)
     throw DataError("vocab file '" + o.vocab_file + "' has no <|endoftext|> token for --append_eod");
-  const DType dtype = OptimalDType(static_cast<int64_t>(tok.vocab_size()));
-
-  PreprocessStats st;
-  std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
-  for (const std::string& key : o.json_keys) {
-    const std::string prefix = o.output_prefix + "_" + key + "_document";
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(BinPath(prefix), dtype));
-    st.output_prefixes.push_back(prefix);
-  }
-  const auto text_key = std::find(o.json_keys.begin(), o.json_keys.end(), "text");
-
-  int workers = o.workers;
-  if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  double next_log = o.log_interval_mb > 0 ? o.log_interval_mb * 1e6 : -1;
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  auto progress = [&](const char* what) {
-    if (o.log == nullptr) return;
-    const double s = std::max(elapsed(), 1e-9);
-    *o.log << "dtk preprocess: " << what << st.documents << " docs, " << st.tokens << " tokens, "
-           << FormatMb(static_cast<double>(st.input_bytes)) << " MB, "
-           << FormatMb(static_cast<double>(st.input_bytes) / s) << " MB/s" << std::endl;
-  };
-
-  std::vector<MappedFile> files(o.inputs.size());
-  int64_t text_doc_tokens = 0;
-  auto sink = [&](BatchResult& r) {
-    if (!r.fatal.empty()) throw DataError(r.fatal);
-    const Batch& b = r.batch;
-    if (b.text) {
-      IndexedDatasetBuilder& bld = *builders[static_cast<size_t>(text_key - o.json_keys.begin())];
-      bld.AppendToItem(r.text_ids.data(), r.text_ids.size());
-      text_doc_tokens += static_cast<int64_t>(r.text_ids.size());
-      st.tokens += static_cast<int64_t>(r.text_ids.size());
-      if (b.end_of_file) {
-        if (o.append_eod && text_doc_tokens > 0) {
-          const int32_t eod = tok.eod();
-          bld.AppendToItem(&eod, 1);
-          ++st.tokens;
-        }
-        if (text_doc_tokens > 0) bld.CloseItem();
-        bld.EndDocument();
-        ++st.documents;
-        text_doc_tokens = 0;
-      }
-    } else {
-      for (const LineResult& lr : r.lines) {
-        if (!lr.error.empty()) {
-          if (!o.skip_bad_lines) throw DataError(lr.error + " (use --skip_bad_lines to skip bad lines)");
-          ++st.bad_lines;
-          continue;
-        }
-        for (size_t key = 0; key < builders.size(); ++key) {
-          for (const auto& ids : lr.ids[key]) {
-            builders[key]->AddItem(ids.data(), ids.size());
-            st.tokens += static_cast<int64_t>(ids.size());
-          }
-          builders[key]->EndDocument();
-        }
-        ++st.documents;
-      }
-    }
-    st.input_bytes += static_cast<int64_t>(b.bytes);
-    if (next_log > 0 && static_cast<double>(st.input_bytes) >= next_log) {
-      progress("");
-      while (next_log <= static_cast<double>(st.input_bytes)) next_log += o.log_interval_mb * 1e6;
-    }
-  };
-
+  Writer writer(o, tok, optimal_dtype(static_cast<int64_t>(tok.vocab_size())));
+  const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<MappedFile> files(o.inputs.size());  // mapped until every batch is encoded
   {
     Pipeline pipe(tok, o, workers);
     for (size_t f = 0; f < o.inputs.size(); ++f) {
       const std::string& path = o.inputs[f];
       files[f] = MappedFile(path);
-      std::string_view data(reinterpret_cast<const char*>(files[f].data()), files[f].size());
-      if (!IsJsonl(path)) {
-        if (text_key == o.json_keys.end()) {
-          throw DataError("plain-text input '" + path + "' needs 'text' among --json_keys");
-        }
-        const size_t bad = FindInvalidUtf8(data);
-        if (bad != std::string::npos) {
-          const std::string msg =
-              path + ":" + std::to_string(LineOfOffset(data, bad)) + ": invalid UTF-8 at byte " + std::to_string(bad);
-          if (!o.skip_bad_lines) throw DataError(msg + " (use --skip_bad_lines to skip the file)");
-          ++st.bad_lines;
-          if (o.log) *o.log << "dtk preprocess: skipping " << msg << std::endl;
-          continue;
-        }
-        size_t pos = 0;
-        do {
-          size_t cut = data.size();
-          if (data.size() - pos > o.batch_bytes) {
-            for (size_t k = pos + o.batch_bytes; k + 1 < data.size(); ++k) {
-              const char* nl = static_cast<const char*>(std::memchr(data.data() + k, '\n', data.size() - k - 1));
-              if (nl == nullptr) break;
-              k = static_cast<size_t>(nl - data.data());
-              const unsigned char next = static_cast<unsigned char>(data[k + 1]);
-              if (next >= 0x21 && next <= 0x7e) {
-                cut = k;
-                break;
-              }
-            }
-          }
-          Batch b;
-          b.file = f;
-          b.text = true;
-          b.chunk = data.substr(pos, cut - pos);
-          b.bytes = cut - pos;
-          b.end_of_file = cut == data.size();
-          pos = cut;
-          pipe.Submit(std::move(b), sink);
-        } while (pos < data.size());
+      const std::string_view data(reinterpret_cast<const char*>(files[f].data()), files[f].size());
+      if (is_jsonl(path)) {
+        submit_jsonl_file(pipe, writer, f, data, o.batch_bytes);
         continue;
       }
-      // jsonl
-      Batch b;
-      b.file = f;
-      int64_t line_no = 0;
-      size_t pos = 0;
-      while (pos < data.size()) {
-        const size_t nl = data.find('\n', pos);
-        const size_t end = nl == std::string_view::npos ? data.size() : nl;
-        std::string_view line = data.substr(pos, end - pos);
-        ++line_no;
-        b.bytes += end - pos + (nl == std::string_view::npos ? 0 : 1);
-        pos = end + 1;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line.find_first_not_of(" \t") != std::string_view::npos) {
-          b.lines.push_back(line);
-          b.line_numbers.push_back(line_no);
-        }
-        if (b.bytes >= o.batch_bytes || b.lines.size() >= kBatchLines) {
-          pipe.Submit(std::move(b), sink);
-          b = Batch();
-          b.file = f;
-        }
+      if (!writer.has_text_key()) throw DataError("plain-text input '" + path + "' needs 'text' among --json_keys");
+      const size_t bad = find_invalid_utf8(data);
+      if (bad != std::string::npos) {
+        const std::string msg =
+            path + ":" + std::to_string(line_of_offset(data, bad)) + ": invalid UTF-8 at byte " + std::to_string(bad);
+        if (!o.skip_bad_lines) throw DataError(msg + " (use --skip_bad_lines to skip the file)");
+        ++writer.stats().bad_lines;
+        if (o.log) *o.log << "dtk preprocess: skipping " << msg << std::endl;
+        continue;
       }
-      if (b.bytes > 0) pipe.Submit(std::move(b), sink);
+      submit_text_file(pipe, writer, f, data, o.batch_bytes);
     }
-    pipe.Finish(sink);
+    pipe.finish(writer);
   }
-  for (size_t key = 0; key < builders.size(); ++key) builders[key]->Finalize(IdxPath(st.output_prefixes[key]));
-  st.seconds = elapsed();
-  if (o.log) {
-    progress("done: ");
-    if (st.bad_lines > 0) *o.log << "dtk preprocess: skipped " << st.bad_lines << " bad lines" << std::endl;
-    for (const auto& p : st.output_prefixes) *o.log << "dtk preprocess: wrote " << p << ".{bin,idx}" << std::endl;
-  }
-  return st;
+  return writer.finish();
 }
 
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                     int64_t begin, int64_t end, std::ostream& out) {
+void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                      int64_t begin, int64_t end, std::ostream& out) {
   const IndexedDataset ds(prefix);
   const Gpt2Tokenizer tok(vocab_file, merge_file);
   const int64_t ndocs = static_cast<int64_t>(ds.num_documents());
@@ -396,7 +428,7 @@ void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, c
     for (int64_t s = s0; s < s1; ++s) {
       ids.clear();
       ds.get(static_cast<size_t>(s), 0, static_cast<size_t>(ds.sequence_length(static_cast<size_t>(s))), &ids);
-      out << tok.Decode(ids.data(), ids.size());
+      out << tok.decode(ids.data(), ids.size());
     }
   }
   out.flush();

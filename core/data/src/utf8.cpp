@@ -2,7 +2,7 @@
 
 namespace dtk::data {
 
-size_t DecodeUtf8(std::string_view s, size_t i, uint32_t* cp) {
+size_t decode_utf8(std::string_view s, size_t i, uint32_t* cp) {
   const size_t n = s.size();
   if (i >= n) return 0;
   const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
@@ -40,7 +40,7 @@ size_t DecodeUtf8(std::string_view s, size_t i, uint32_t* cp) {
   return len;
 }
 
-size_t FindInvalidUtf8(std::string_view s) {
+size_t find_invalid_utf8(std::string_view s) {
   size_t i = 0;
   const size_t n = s.size();
   while (i < n) {
@@ -49,14 +49,14 @@ size_t FindInvalidUtf8(std::string_view s) {
       continue;
     }
     uint32_t cp;
-    const size_t len = DecodeUtf8(s, i, &cp);
+    const size_t len = decode_utf8(s, i, &cp);
     if (len == 0) return i;
     i += len;
   }
   return std::string::npos;
 }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
+void append_utf8(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
   } else if (cp < 0x800) {

@@ -40,7 +40,7 @@ class GptIndexed : public dtk::Dataset {
     o.wait_timeout_s = ctx.options.get_float("wait_timeout_s");
     const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
     try {
-      auto tvt = dtk::data::BuildTrainValidTestDatasets(data_path, ctx.options.get_string("split"), n, o);
+      auto tvt = dtk::data::build_train_valid_test_datasets(data_path, ctx.options.get_string("split"), n, o);
       splits_ = {tvt.train, tvt.valid, tvt.test};
     } catch (const dtk::data::DataError& e) {
       throw dtk::Error(e.what(), DTK_ERR_INVALID_ARGUMENT);
@@ -69,7 +69,7 @@ class GptIndexed : public dtk::Dataset {
     }
     std::vector<int64_t> tokens(ds->sample_length());
     try {
-      ds->Get(static_cast<size_t>(index), tokens.data());
+      ds->get(static_cast<size_t>(index), tokens.data());
     } catch (const dtk::data::DataError& e) {
       throw dtk::Error(e.what());
     }

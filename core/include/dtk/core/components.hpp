@@ -6,16 +6,9 @@
 #include <dtk/model.hpp>
 #include <dtk/optimizer.hpp>
 
-#include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dtk/host/plugin_host.hpp"
@@ -113,8 +106,9 @@ class DatasetInstance {
   ~DatasetInstance();
   int64_t num_samples(int32_t split) const;
   int64_t vocab_size() const;
-  // One sample as an int64 tensor (the "text" buffer, any integer dtype, converted).
-  at::Tensor get_sample(int32_t split, int64_t index) const;
+  // One sample: every buffer the dataset put, by name, copied into tensors (integer buffers
+  // widened to int64). Called from the loader thread.
+  TensorList get_sample(int32_t split, int64_t index) const;
   const host::Plugin& plugin() const { return plugin_; }
 
  private:
@@ -122,44 +116,5 @@ class DatasetInstance {
   const dtk_dataset_api* api_;
   dtk_dataset* dataset_ = nullptr;
 };
-
-// Background prefetching of micro-batches, so the step never waits on data. Produces
-// [micro_batch_size, seq_length + 1] int64 batches for a list of sample indices.
-class BatchLoader {
- public:
-  // `index_of(k, j)`: sample index of row j of the k-th micro-batch produced.
-  BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
-              std::function<int64_t(int64_t, int64_t)> index_of, int depth = 4);
-  ~BatchLoader();
-  at::Tensor next();  // rethrows the worker's error, if any
-
- private:
-  void run();
-  const DatasetInstance& data_;
-  int32_t split_;
-  int64_t mbs_, num_batches_;
-  std::function<int64_t(int64_t, int64_t)> index_of_;
-  size_t depth_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<at::Tensor> queue_;
-  std::exception_ptr error_;
-  int64_t produced_ = 0, consumed_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread worker_;
-};
-
-// Megatron's OptimizerParamScheduler learning rate: linear warmup, then constant, linear,
-// cosine or inverse-square-root decay to min_lr over lr_decay_iters.
-double learning_rate(int64_t iteration, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
-                     const std::string& style);
-
-// Parameter count (tied weights once) and training FLOPs per token:
-// 6N + 6*L*h*s without recomputation, 8N + 8*L*h*s with full recomputation.
-struct ModelStats {
-  int64_t num_parameters = 0;
-  double flops_per_token = 0;
-};
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info);
 
 }  // namespace dtk::core

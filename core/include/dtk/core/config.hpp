@@ -14,7 +14,7 @@ config::RunConfig default_config();
 // file, line and column on a parse error.
 config::RunConfig load_config(const std::string& path);
 
-// Applies "dotted.path=value": a config field (train.lr=3e-4, model.name=gpt) or, below a
+// Applies "dotted.path=value": a config field (lr.lr=3e-4, model.name=gpt) or, below a
 // plugin slot, a plugin option (model.num_layers=4). Throws HostError for unknown fields
 // (with a suggestion) and ill-typed values.
 void apply_override(config::RunConfig& cfg, const std::string& assignment);

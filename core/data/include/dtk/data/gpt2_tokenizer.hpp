@@ -22,7 +22,7 @@ namespace dtk::data {
 
 // Splits `text` into pre-tokens (views into `text`) like the GPT-2 regex. Throws DataError
 // "invalid UTF-8 at byte N" on malformed input.
-void Gpt2PreTokenize(std::string_view text, std::vector<std::string_view>* pieces);
+void gpt2_pre_tokenize(std::string_view text, std::vector<std::string_view>* pieces);
 
 class Gpt2Tokenizer {
  public:
@@ -43,23 +43,23 @@ class Gpt2Tokenizer {
   };
 
   // Appends the ids of `text` to `out`. Thread-safe for concurrent calls with distinct caches.
-  void Encode(std::string_view text, std::vector<int32_t>* out, Cache* cache) const;
-  std::vector<int32_t> Encode(std::string_view text) const;
+  void encode(std::string_view text, std::vector<int32_t>* out, Cache* cache) const;
+  std::vector<int32_t> encode(std::string_view text) const;
 
   // Concatenated bytes of the tokens (may be invalid UTF-8 if cut mid-character).
   // Throws DataError for an id outside the vocabulary.
-  std::string Decode(const int64_t* ids, size_t n) const;
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  std::string decode(const int64_t* ids, size_t n) const;
+  std::string decode(const std::vector<int32_t>& ids) const;
 
   size_t vocab_size() const;
   // Id of "<|endoftext|>" (50256 for GPT-2); -1 if the vocabulary lacks it.
   int32_t eod() const;
   // Id of a token string as spelled in encoder.json, or -1.
-  int32_t TokenToId(const std::string& token) const;
+  int32_t token_to_id(const std::string& token) const;
 
  private:
   struct Impl;
-  void Bpe(std::string_view piece, std::vector<int32_t>* out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>* out) const;
   std::unique_ptr<Impl> impl_;
 };
 

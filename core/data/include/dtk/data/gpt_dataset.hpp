@@ -25,19 +25,19 @@ namespace dtk::data {
 
 // Megatron's get_train_valid_test_split_: "969,30,1" (or "a/b/c", or "1") normalized to the
 // document boundaries [0, b1, b2, size]. Throws DataError for unparsable/negative/zero weights.
-std::array<size_t, 4> SplitBoundaries(const std::string& split, size_t num_documents);
+std::array<size_t, 4> split_boundaries(const std::string& split, size_t num_documents);
 
 // Deterministic, portable shuffling.
 class ShuffleRng {
  public:
   explicit ShuffleRng(uint64_t seed) : gen_(seed) {}
   // Uniform integer in [0, n), n >= 1, by rejection (no modulo bias).
-  uint64_t Below(uint64_t n);
-  // Fisher-Yates: for i = n-1 .. 1, swap(a[i], a[Below(i+1)]).
+  uint64_t below(uint64_t n);
+  // Fisher-Yates: for i = n-1 .. 1, swap(a[i], a[below(i+1)]).
   template <typename T>
-  void Shuffle(T* a, size_t n) {
+  void shuffle(T* a, size_t n) {
     for (size_t i = n; i > 1; --i) {
-      const size_t j = static_cast<size_t>(Below(i));
+      const size_t j = static_cast<size_t>(below(i));
       std::swap(a[i - 1], a[j]);
     }
   }
@@ -47,19 +47,19 @@ class ShuffleRng {
 };
 
 // Megatron's _num_epochs: smallest E with (E * tokens_per_epoch - 1) / seq_length >= samples.
-int64_t NumEpochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples);
+int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples);
 // Whether the last epoch is shuffled separately (it supplies < 80% of an epoch's samples).
-bool SeparateLastEpoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs);
+bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs);
 // _build_doc_idx: documents repeated num_epochs times and shuffled (all epochs together, or
 // the first E-1 together and the last one separately).
-std::vector<int32_t> BuildDocIdx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
-                                 bool separate_last_epoch);
+std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+                                   bool separate_last_epoch);
 // helpers.cpp build_sample_idx: rows of (position in doc_idx, token offset), flattened,
 // (num_samples + 1) rows where num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length.
-std::vector<int64_t> BuildSampleIdx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
-                                    int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch);
+std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
+                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch);
 // _build_shuffle_idx: [0, num_samples) shuffled, then [num_samples, total_size) shuffled.
-std::vector<int64_t> BuildShuffleIdx(int64_t num_samples, int64_t total_size, ShuffleRng* rng);
+std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, ShuffleRng* rng);
 
 // A source of fixed-length token samples (what a dataset plugin hands out).
 class TokenDataset {
@@ -69,10 +69,10 @@ class TokenDataset {
   // Every sample has sample_length() = seq_length + 1 tokens.
   virtual size_t sample_length() const = 0;
   // Writes sample i (i < size()) to out[0 .. sample_length()). Throws DataError.
-  virtual void Get(size_t i, int64_t* out) const = 0;
-  std::vector<int64_t> Get(size_t i) const {
+  virtual void get(size_t i, int64_t* out) const = 0;
+  std::vector<int64_t> get(size_t i) const {
     std::vector<int64_t> v(sample_length());
-    Get(i, v.data());
+    get(i, v.data());
     return v;
   }
 };
@@ -102,8 +102,8 @@ class GPTDataset : public TokenDataset {
 
   size_t size() const override { return shuffle_idx_.size(); }
   size_t sample_length() const override { return static_cast<size_t>(options_.seq_length) + 1; }
-  void Get(size_t i, int64_t* out) const override;
-  using TokenDataset::Get;
+  void get(size_t i, int64_t* out) const override;
+  using TokenDataset::get;
 
   // The cache files: PREFIX_{name}_indexmap_{N}ns_{L}sl_{S}s_{doc,sample,shuffle}_idx.npy.
   std::string cache_file(const std::string& which) const;
@@ -114,8 +114,8 @@ class GPTDataset : public TokenDataset {
   const NpyArray& shuffle_idx() const { return shuffle_idx_; }
 
  private:
-  void Build();
-  bool TryLoad(std::string* why);
+  void build();
+  bool try_load(std::string* why);
   std::shared_ptr<const IndexedDataset> data_;
   size_t doc_begin_, doc_end_;
   GptDatasetOptions options_;
@@ -127,13 +127,13 @@ class GPTDataset : public TokenDataset {
 };
 
 // Weights normalized to sum 1; throws DataError for empty, negative, NaN or all-zero weights.
-std::vector<double> NormalizeWeights(const std::vector<double>& weights);
+std::vector<double> normalize_weights(const std::vector<double>& weights);
 // Megatron: samples to draw from each dataset of a blend, ceil(w * num_samples * 1.005).
-std::vector<int64_t> BlendSamplesPerDataset(const std::vector<double>& normalized_weights, int64_t num_samples);
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& normalized_weights, int64_t num_samples);
 // helpers.cpp build_blending_indices: at sample i pick the dataset with the largest
 // w * max(i, 1) - count (first on ties). Returns (dataset index, sample within it) per sample.
-void BuildBlendingIndices(const std::vector<double>& normalized_weights, int64_t size,
-                          std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index);
+void build_blending_indices(const std::vector<double>& normalized_weights, int64_t size,
+                            std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index);
 
 class BlendedDataset : public TokenDataset {
  public:
@@ -141,8 +141,8 @@ class BlendedDataset : public TokenDataset {
                  int64_t size);
   size_t size() const override { return dataset_index_.size(); }
   size_t sample_length() const override { return datasets_[0]->sample_length(); }
-  void Get(size_t i, int64_t* out) const override;
-  using TokenDataset::Get;
+  void get(size_t i, int64_t* out) const override;
+  using TokenDataset::get;
   int16_t dataset_of(size_t i) const { return dataset_index_.at(i); }
 
  private:
@@ -156,7 +156,7 @@ struct DataBlend {
   std::vector<std::string> prefixes;
   std::vector<double> weights;  // normalized; {1} for a single prefix
 };
-DataBlend ParseDataPath(const std::string& data_path);
+DataBlend parse_data_path(const std::string& data_path);
 
 // Megatron's build_train_valid_test_datasets: per prefix, split the documents, build the
 // three GPT datasets (each blended dataset draws ceil(w*N*1.005) samples per prefix), blend.
@@ -165,8 +165,8 @@ DataBlend ParseDataPath(const std::string& data_path);
 struct TrainValidTest {
   std::shared_ptr<const TokenDataset> train, valid, test;
 };
-TrainValidTest BuildTrainValidTestDatasets(const std::string& data_path, const std::string& split,
-                                           const std::array<int64_t, 3>& num_samples,
-                                           const GptDatasetOptions& base_options);
+TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::string& split,
+                                               const std::array<int64_t, 3>& num_samples,
+                                               const GptDatasetOptions& base_options);
 
 }  // namespace dtk::data

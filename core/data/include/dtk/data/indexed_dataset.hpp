@@ -36,16 +36,16 @@ enum class DType : uint8_t {
 };
 
 // True and sets *out when `code` is a valid Megatron dtype code.
-bool DTypeFromCode(uint8_t code, DType* out);
-size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);
+bool dtype_from_code(uint8_t code, DType* out);
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
 // Parses "uint16", "int32", ... (the names DTypeName returns); throws DataError.
-DType DTypeFromName(const std::string& name);
+DType dtype_from_name(const std::string& name);
 // Megatron's choice for a vocabulary: uint16 when vocab_size < 65500, else int32.
-DType OptimalDType(int64_t vocab_size);
+DType optimal_dtype(int64_t vocab_size);
 
-inline std::string IdxPath(const std::string& prefix) { return prefix + ".idx"; }
-inline std::string BinPath(const std::string& prefix) { return prefix + ".bin"; }
+inline std::string idx_path(const std::string& prefix) { return prefix + ".idx"; }
+inline std::string bin_path(const std::string& prefix) { return prefix + ".bin"; }
 
 // A typed view of tokens inside the .bin mapping (zero-copy). `data` is aligned for `dtype`.
 struct TokenView {
@@ -58,7 +58,7 @@ class IndexedDataset {
  public:
   // Opens PREFIX.idx and PREFIX.bin; throws DataError naming the file and the problem.
   explicit IndexedDataset(const std::string& prefix);
-  static bool Exists(const std::string& prefix);
+  static bool exists(const std::string& prefix);
 
   const std::string& prefix() const { return prefix_; }
   DType dtype() const { return dtype_; }
@@ -93,9 +93,9 @@ class IndexedDataset {
 };
 
 // Converts `count` tokens of `view` to int64, writing to out[0..count).
-void ConvertTokens(const TokenView& view, int64_t* out);
+void convert_tokens(const TokenView& view, int64_t* out);
 
-// Writes PREFIX.bin while sequences are added, then PREFIX.idx on Finalize(). Produces files
+// Writes PREFIX.bin while sequences are added, then PREFIX.idx on finalize(). Produces files
 // byte-identical to Megatron's IndexedDatasetBuilder for the same add_item/end_document calls.
 class IndexedDatasetBuilder {
  public:
@@ -105,23 +105,23 @@ class IndexedDatasetBuilder {
   IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
 
   // One sequence (Megatron add_item). Throws DataError if a token does not fit the dtype.
-  void AddItem(const int64_t* tokens, size_t count);
-  void AddItem(const int32_t* tokens, size_t count);
-  void AddItem(const std::vector<int64_t>& tokens) { AddItem(tokens.data(), tokens.size()); }
-  // Streams one sequence in parts: AppendToItem(...)* then CloseItem().
-  void AppendToItem(const int32_t* tokens, size_t count);
-  void CloseItem();
+  void add_item(const int64_t* tokens, size_t count);
+  void add_item(const int32_t* tokens, size_t count);
+  void add_item(const std::vector<int64_t>& tokens) { add_item(tokens.data(), tokens.size()); }
+  // Streams one sequence in parts: append_to_item(...)* then close_item().
+  void append_to_item(const int32_t* tokens, size_t count);
+  void close_item();
   // Closes the current document (Megatron end_document).
-  void EndDocument();
+  void end_document();
   // One sequence forming one document (Megatron add_document(tokens, [len(tokens)])).
-  void AddDocument(const std::vector<int64_t>& tokens) {
-    AddItem(tokens);
-    EndDocument();
+  void add_document(const std::vector<int64_t>& tokens) {
+    add_item(tokens);
+    end_document();
   }
   // Appends a whole existing dataset of the same dtype (Megatron add_index).
-  void AddIndex(const std::string& prefix);
+  void add_index(const std::string& prefix);
   // Flushes .bin and writes the .idx file.
-  void Finalize(const std::string& idx_path);
+  void finalize(const std::string& idx_path);
 
   size_t num_sequences() const { return lengths_.size(); }
   size_t num_documents() const { return doc_idx_.size() - 1; }
@@ -129,10 +129,10 @@ class IndexedDatasetBuilder {
 
  private:
   template <typename T>
-  void AddItemImpl(const T* tokens, size_t count);
+  void add_item_impl(const T* tokens, size_t count);
   template <typename T>
-  void AppendImpl(const T* tokens, size_t count);
-  void WriteBin(const void* data, size_t bytes);
+  void append_impl(const T* tokens, size_t count);
+  void write_bin(const void* data, size_t bytes);
 
   std::string bin_path_;
   DType dtype_;

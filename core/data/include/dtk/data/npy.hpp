@@ -15,13 +15,13 @@ class NpyArray {
  public:
   NpyArray() = default;
   // '<i4', '<u4', '<i8' or '<u8' elements. Owns a copy of the data.
-  static NpyArray FromInt32(std::vector<int32_t> v, std::vector<size_t> shape);
-  static NpyArray FromInt64(const std::vector<int64_t>& v, std::vector<size_t> shape,
-                            const std::string& descr);  // descr: '<i4', '<u4' or '<i8'
+  static NpyArray from_int32(std::vector<int32_t> v, std::vector<size_t> shape);
+  static NpyArray from_int64(const std::vector<int64_t>& v, std::vector<size_t> shape,
+                             const std::string& descr);  // descr: '<i4', '<u4' or '<i8'
   // Memory-maps `path`; throws DataError naming the file when it is not a valid integer .npy.
-  static NpyArray Load(const std::string& path);
+  static NpyArray load(const std::string& path);
   // Writes atomically: a temporary file in the same directory, then rename().
-  void Save(const std::string& path) const;
+  void save(const std::string& path) const;
 
   const std::string& descr() const { return descr_; }
   const std::vector<size_t>& shape() const { return shape_; }

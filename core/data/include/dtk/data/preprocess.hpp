@@ -41,16 +41,17 @@ struct PreprocessStats {
   int64_t tokens = 0;
   int64_t input_bytes = 0;
   int64_t bad_lines = 0;
+  int64_t batches = 0;  // work units encoded: batches of jsonl lines, chunks of plain text
   double seconds = 0;
   std::vector<std::string> output_prefixes;  // one per key
 };
 
 // Throws DataError with a one-line message on any bad input.
-PreprocessStats Preprocess(const PreprocessOptions& options);
+PreprocessStats preprocess(const PreprocessOptions& options);
 
 // Writes the text of documents [begin, end) of the dataset at `prefix` to `out`
 // (end = -1: to the last). Throws DataError.
-void DecodeDocuments(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                     int64_t begin, int64_t end, std::ostream& out);
+void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
+                      int64_t begin, int64_t end, std::ostream& out);
 
 }  // namespace dtk::data

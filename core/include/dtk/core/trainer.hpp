@@ -1,0 +1,79 @@
+// dtk/core/trainer.hpp — `dtk train`, in the shape of Megatron's pretrain():
+//
+//   Trainer(cfg, plugins)   initialize (config, process groups, runtime), then
+//                           setup_model_and_optimizer (model, strategy, optimizer, step, and the
+//                           checkpoint to resume from), then the data iterators
+//   train()                 the loop: train_step, training_log, periodic evaluate and save
+//   train_step(it)          micro-batches (forward step + backward), gradient reduction,
+//                           clipping, optimizer step
+//   evaluate(split)         evaluate_and_print_results
+//   save(it)                save_checkpoint_and_time
+//   final_evaluation()      validation and test at the end
+//
+// Every plugin call goes through core/components, so errors name the plugin and the call.
+#pragma once
+
+#include <memory>
+
+#include "dtk/core/batch_loader.hpp"
+#include "dtk/core/batch_plan.hpp"
+#include "dtk/core/checkpoint.hpp"
+#include "dtk/core/components.hpp"
+#include "dtk/core/flops.hpp"
+#include "dtk/core/lr_schedule.hpp"
+#include "dtk/core/training_log.hpp"
+#include "dtk/host/plugin_host.hpp"
+#include "dtk_config.pb.h"
+
+namespace dtk::core {
+
+class Trainer {
+ public:
+  // Initializes the run and builds every component; throws HostError for bad input.
+  Trainer(const config::RunConfig& cfg, host::PluginHost& plugins);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void train();
+  void final_evaluation();
+
+  int64_t iteration() const { return progress_.iteration; }
+
+ private:
+  // The plugins of the run and their validated options (alive as long as their objects).
+  struct Slot {
+    const host::Plugin& plugin;
+    host::OptionValues options;
+  };
+  Slot resolve(host::PluginHost& plugins, int32_t kind, const config::PluginChoice& choice) const;
+  dtk_build_context build_context(const Slot& slot) const;
+
+  void setup_model_and_optimizer();
+  void load_checkpoint();
+  void build_data_iterators();
+  IterationResult train_step(int64_t iteration);
+  void evaluate(int32_t split, const char* what, int64_t iteration);
+  void save(int64_t iteration);
+
+  const config::RunConfig& cfg_;
+  const Topology& topo_;
+  const BatchPlan plan_;
+  const LearningRateSchedule schedule_;
+  Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
+
+  std::unique_ptr<ModelInstance> model_;
+  std::unique_ptr<StrategyInstance> strategy_;
+  std::unique_ptr<OptimizerInstance> optimizer_;
+  std::unique_ptr<StepInstance> step_;
+  ModelStats stats_;
+  std::unique_ptr<DatasetInstance> data_;
+  std::unique_ptr<BatchLoader> train_loader_;
+  std::unique_ptr<TrainingLog> log_;
+
+  TrainProgress progress_;         // iteration, consumed samples, scheduler step
+  int64_t resumed_iteration_ = 0;  // where this process started
+  int64_t last_saved_ = -1;
+};
+
+}  // namespace dtk::core

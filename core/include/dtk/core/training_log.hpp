@@ -1,0 +1,89 @@
+// dtk/core/training_log.hpp — what the user sees of a run: Megatron's training_log (one line per
+// log interval, TensorBoard scalars with Megatron's tags) and evaluate_and_print_results.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtk/core/tensorboard.hpp"
+
+namespace dtk::core {
+
+// Means of named metrics ("lm loss") over micro-batches and iterations, in first-seen order.
+class MetricAverager {
+ public:
+  void add(const std::vector<std::pair<std::string, double>>& metrics);
+  void merge(const MetricAverager& other);
+  double mean(const std::string& name) const;  // NaN when never added
+  std::vector<std::string> names() const;
+  void clear();
+
+ private:
+  std::vector<std::pair<std::string, double>> sums_;
+  std::map<std::string, int64_t> counts_;
+};
+
+// One finished iteration, as the trainer hands it to the log.
+struct IterationResult {
+  int64_t iteration = 0;
+  double learning_rate = 0;  // the rate the update used
+  double grad_norm = 0;      // before clipping; NaN/Inf when gradients overflowed
+  bool skipped = false;      // the update was skipped (non-finite gradients)
+  MetricAverager metrics;    // means over the iteration's micro-batches
+};
+
+// Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
+// Only the printing rank (world rank 0) prints and writes events; every rank keeps the window.
+class TrainingLog {
+ public:
+  struct Setup {
+    int64_t train_iters = 0, log_interval = 1, global_batch_size = 1, seq_length = 0;
+    double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
+    int world_size = 1;
+    bool printer = true;
+    std::string tensorboard_dir;  // empty: no event file
+  };
+  explicit TrainingLog(Setup setup);
+
+  // Adds an iteration to the window and prints the window on log-interval boundaries and at
+  // the last iteration.
+  void record(const IterationResult& result);
+  // Validation/test results: Megatron's dashed block and TensorBoard "<metric> <what>" tags.
+  void report_evaluation(const std::string& what, int64_t iteration, const MetricAverager& metrics);
+  // Prints a line from the printing rank only, flushed (so it precedes any later error line).
+  void print(const std::string& line) const;
+
+  // Time spent inside an Excluded scope (evaluation, checkpoint saves) does not count towards
+  // the window's iteration time.
+  class Excluded {
+   public:
+    explicit Excluded(TrainingLog& log) : log_(log), start_(std::chrono::steady_clock::now()) {}
+    ~Excluded() { log_.excluded_ += std::chrono::steady_clock::now() - start_; }
+
+   private:
+    TrainingLog& log_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
+ private:
+  void print_window(const IterationResult& last);
+  void clear_window();
+
+  Setup setup_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  MetricAverager window_;
+  int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0, norm_count_ = 0;
+  double norm_sum_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+  std::chrono::steady_clock::duration excluded_{};
+};
+
+// "YYYY-MM-DD HH:MM:SS", local time, as Megatron's log lines begin.
+std::string timestamp();
+
+}  // namespace dtk::core

@@ -1,0 +1,296 @@
+#include "dtk/core/trainer.hpp"
+
+#include <ATen/Parallel.h>
+#include <glog/logging.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "dtk/core/config.hpp"
+#include "dtk/core/distributed.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+int32_t dtype_code(const std::string& s) {
+  if (s == "bf16") return DTK_DTYPE_BFLOAT16;
+  if (s == "fp16") return DTK_DTYPE_FLOAT16;
+  return DTK_DTYPE_FLOAT32;
+}
+
+// Megatron's initialize_megatron for this process: config checks, process groups, then the
+// runtime (intra-op threads, seed, device). Returns the topology of the run.
+const Topology& initialize(const config::RunConfig& cfg) {
+  validate_config(cfg);
+  set_run_config(cfg);
+  init_distributed(cfg);  // rendezvous and process groups; a no-op for a single process
+  const Topology& topo = topology();
+  // Megatron prints from one rank: the others log nothing but errors.
+  if (topo.world_rank != 0) FLAGS_minloglevel = google::GLOG_ERROR;
+  const auto& train = cfg.train();
+  // Default: the cores shared among the ranks of this machine (N ranks x all cores would
+  // oversubscribe the CPU N-fold).
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int local_ranks = local_world ? std::max(1, std::atoi(local_world)) : 1;
+  const int threads = train.threads() > 0
+                          ? train.threads()
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
+  at::set_num_threads(std::max(1, threads));
+  at::manual_seed(train.seed());
+  if (train.device() == "cuda")
+    throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
+  return topo;
+}
+
+// Rank 0 builds the dataset first (that is where index caches get written); then a bounded world
+// collective tells every other rank whether it succeeded, so they neither race rank 0 on the
+// caches nor wait for files that a failed rank 0 will never write.
+std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& plugin, const dtk_dataset_context& ctx,
+                                                           const Topology& topo) {
+  if (topo.world_size == 1) return std::make_unique<DatasetInstance>(plugin, ctx);
+  std::unique_ptr<DatasetInstance> data;
+  std::string error;
+  if (topo.world_rank == 0) {
+    try {
+      data = std::make_unique<DatasetInstance>(plugin, ctx);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, topo, "waiting for rank 0 to build the dataset",
+        "dataset plugin '" + plugin.name() + "': rank 0 failed to build the dataset (its error is above)");
+  if (!data) data = std::make_unique<DatasetInstance>(plugin, ctx);
+  return data;
+}
+
+}  // namespace
+
+Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
+    : cfg_(cfg),
+      topo_(initialize(cfg)),
+      plan_(cfg, topo_),
+      schedule_(cfg.lr(), cfg.train().train_iters()),
+      model_slot_(resolve(plugins, DTK_KIND_MODEL, cfg.model())),
+      data_slot_(resolve(plugins, DTK_KIND_DATASET, cfg.dataset())),
+      step_slot_(resolve(plugins, DTK_KIND_STEP, cfg.step())),
+      optimizer_slot_(resolve(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer())),
+      strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())) {
+  TrainingLog::Setup log;
+  log.train_iters = plan_.train_iters();
+  log.log_interval = cfg.logging().log_interval();
+  log.global_batch_size = plan_.global_batch_size();
+  log.seq_length = plan_.seq_length();
+  log.world_size = topo_.world_size;
+  log.printer = topo_.world_rank == 0;
+  log.tensorboard_dir = cfg.logging().tensorboard_dir();
+  setup_model_and_optimizer();
+  log.flops_per_token = stats_.flops_per_token;
+  log_ = std::make_unique<TrainingLog>(log);
+  load_checkpoint();
+  char flops[96];
+  std::snprintf(flops, sizeof flops, " > training FLOPs per token: %.4g (%s)", stats_.flops_per_token,
+                model_->info().recompute ? "8N + 8Lhs, full recompute" : "6N + 6Lhs");
+  log_->print(flops);
+  build_data_iterators();
+}
+
+Trainer::~Trainer() = default;
+
+Trainer::Slot Trainer::resolve(host::PluginHost& plugins, int32_t kind, const config::PluginChoice& choice) const {
+  const host::Plugin& plugin = plugins.get(kind, choice.name());
+  const std::map<std::string, std::string> user(choice.options().begin(), choice.options().end());
+  return Slot{plugin, host::OptionValues(host::resolve_options(plugin, user))};
+}
+
+dtk_build_context Trainer::build_context(const Slot& slot) const {
+  dtk_build_context c{};
+  c.struct_size = sizeof(c);
+  c.options = slot.options.get();
+  c.device = {DTK_DEVICE_CPU, -1};
+  c.params_dtype = dtype_code(cfg_.train().params_dtype());
+  c.tp_rank = topo_.tp_rank, c.tp_size = topo_.tp_size;
+  c.pp_rank = topo_.pp_rank, c.pp_size = topo_.pp_size;
+  c.dp_rank = topo_.dp_rank, c.dp_size = topo_.dp_size;
+  c.pre_process = topo_.pp_rank == 0;
+  c.post_process = topo_.pp_rank == topo_.pp_size - 1;
+  c.seq_length = plan_.seq_length();
+  c.micro_batch_size = plan_.micro_batch_size();
+  c.seed = cfg_.train().seed();
+  return c;
+}
+
+// Megatron's setup_model_and_optimizer: the model for this rank, the strategy wrapping it, the
+// optimizer over the strategy's parameters, and the forward step.
+void Trainer::setup_model_and_optimizer() {
+  model_ = std::make_unique<ModelInstance>(model_slot_.plugin, build_context(model_slot_));
+  strategy_ = std::make_unique<StrategyInstance>(strategy_slot_.plugin, build_context(strategy_slot_));
+  strategy_->setup(*model_);
+  optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
+                                                   strategy_->optimizer_params(), cfg_.lr().weight_decay());
+  step_ = std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_));
+  const dtk_model_info info = model_->info();
+  stats_ = model_stats(model_->parameters(), info);
+  LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
+            << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
+            << ", padded vocab " << info.vocab_size;
+  // As Megatron: every first data-parallel rank reports its shard; the line names the rank.
+  if (topo_.dp_rank == 0) {
+    const std::string who = topo_.world_size > 1 ? "[rank " + std::to_string(topo_.world_rank) + "]" : "";
+    std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", who.c_str(),
+                topo_.tp_rank, topo_.pp_rank, static_cast<long long>(stats_.num_parameters));
+    std::fflush(stdout);
+  }
+}
+
+// Megatron's load_checkpoint at the end of setup_model_and_optimizer.
+void Trainer::load_checkpoint() {
+  const std::string& dir = cfg_.checkpoint().load();
+  if (dir.empty()) return;
+  progress_ = core::load_checkpoint(dir, *model_, *optimizer_, *strategy_, topo_);
+  const int64_t gbs = plan_.global_batch_size();
+  if (progress_.consumed_train_samples != progress_.iteration * gbs || progress_.consumed_valid_samples % gbs != 0)
+    throw HostError("checkpoint in " + dir + " consumed " + std::to_string(progress_.consumed_train_samples) +
+                    " train samples in " + std::to_string(progress_.iteration) +
+                    " iterations: resuming needs the same global batch size (" + std::to_string(gbs) + ")");
+  if (progress_.iteration > plan_.train_iters())
+    throw HostError("checkpoint in " + dir + " is at iteration " + std::to_string(progress_.iteration) +
+                    ", beyond train.train_iters " + std::to_string(plan_.train_iters()));
+  resumed_iteration_ = progress_.iteration;
+  log_->print(" loaded checkpoint from " + dir + " at iteration " + std::to_string(progress_.iteration));
+}
+
+// Megatron's build_train_valid_test_data_iterators: the dataset serves every split's samples
+// for the whole run; the train iterator starts after what a resumed run already consumed.
+void Trainer::build_data_iterators() {
+  dtk_dataset_context ctx{};
+  ctx.struct_size = sizeof(ctx);
+  ctx.options = data_slot_.options.get();
+  ctx.seq_length = plan_.seq_length();
+  ctx.num_samples[DTK_SPLIT_TRAIN] = plan_.train_samples();
+  ctx.num_samples[DTK_SPLIT_VALID] = plan_.valid_samples();
+  ctx.num_samples[DTK_SPLIT_TEST] = plan_.test_samples();
+  ctx.seed = cfg_.train().seed();
+  ctx.rank = topo_.world_rank;
+  ctx.world_size = topo_.world_size;
+  data_ = build_dataset_rank0_first(data_slot_.plugin, ctx, topo_);
+  const std::string who = "dataset plugin '" + data_slot_.plugin.name() + "': ";
+  if (data_->num_samples(DTK_SPLIT_TRAIN) < plan_.train_samples())
+    throw HostError(who + "train split has " + std::to_string(data_->num_samples(DTK_SPLIT_TRAIN)) +
+                    " samples, the run needs " + std::to_string(plan_.train_samples()));
+  const int64_t model_vocab = model_->info().vocab_size;
+  if (data_->vocab_size() > model_vocab)
+    throw HostError("dataset vocabulary (" + std::to_string(data_->vocab_size()) + ") is larger than the model's (" +
+                    std::to_string(model_vocab) + ")");
+  const int64_t first_batch = progress_.consumed_train_samples / plan_.global_batch_size();
+  const int64_t remaining = (plan_.train_iters() - progress_.iteration) * plan_.micro_batches_per_step();
+  train_loader_ = std::make_unique<BatchLoader>(
+      *data_, DTK_SPLIT_TRAIN, plan_.micro_batch_size(), remaining,
+      [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
+}
+
+// One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
+// strategy's gradient reduction, clipping and the optimizer step. A step whose gradients are not
+// finite is skipped (DTK skips in every precision; Megatron only under fp16 loss scaling).
+IterationResult Trainer::train_step(int64_t iteration) {
+  IterationResult r;
+  r.iteration = iteration;
+  r.learning_rate = schedule_.rate(progress_.scheduler_step);
+  const int64_t num_micro = plan_.micro_batches_per_step();
+  for (int64_t m = 0; m < num_micro; ++m) {
+    std::vector<std::pair<std::string, double>> metrics;
+    const at::Tensor loss = step_->forward_step(*model_, train_loader_->next(), &metrics);
+    if (loss.dim() != 0 && loss.numel() != 1)
+      throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
+                      Model::shape_str(loss) + ", expected a scalar");
+    strategy_->before_backward(m, num_micro);
+    // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
+    (loss.reshape({}) / static_cast<double>(num_micro)).backward();
+    r.metrics.add(metrics);
+  }
+  strategy_->reduce_gradients();
+  r.grad_norm = strategy_->clip_and_norm(cfg_.train().clip_grad());
+  r.skipped = !std::isfinite(r.grad_norm);
+  if (!r.skipped) {
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, r.learning_rate, iteration, 1.0};
+    strategy_->optimizer_step(*optimizer_, args);
+    ++progress_.scheduler_step;  // the scheduler advances only after a successful update
+  }
+  strategy_->zero_grad();
+  return r;
+}
+
+void Trainer::train() {
+  log_->print("[" + timestamp() + "] training: " + std::to_string(plan_.train_iters()) + " iterations, global batch " +
+              std::to_string(plan_.global_batch_size()) + " (" + std::to_string(plan_.micro_batches_per_step()) +
+              " micro-batches of " + std::to_string(plan_.micro_batch_size()) + "), seq " +
+              std::to_string(plan_.seq_length()));
+  model_->set_training(true);
+  strategy_->zero_grad();
+  const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
+  const bool saving = !cfg_.checkpoint().save().empty();
+  for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
+    log_->record(train_step(it));
+    progress_.iteration = it;
+    progress_.consumed_train_samples = it * plan_.global_batch_size();
+    if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
+      evaluate(DTK_SPLIT_VALID, "validation", it);
+      progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
+    }
+    if (saving && save_interval > 0 && it % save_interval == 0) save(it);
+  }
+  // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
+  if (saving && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
+    save(plan_.train_iters());
+}
+
+// Megatron's evaluate_and_print_results: eval_iters global batches of `split`, no gradients.
+// Validation continues through its split across evaluations (and across a resume: the loop
+// advances consumed_valid_samples after each periodic one); test starts at its beginning.
+void Trainer::evaluate(int32_t split, const char* what, int64_t iteration) {
+  TrainingLog::Excluded not_training_time(*log_);
+  const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
+  const int64_t first_batch = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples / gbs : 0;
+  if (eval_iters <= 0 || data_->num_samples(split) < (first_batch + eval_iters) * gbs) {
+    if (eval_iters > 0) LOG(WARNING) << "skipping " << what << " evaluation: the split has too few samples";
+    return;
+  }
+  const int64_t num_batches = eval_iters * plan_.micro_batches_per_step();
+  BatchLoader loader(*data_, split, plan_.micro_batch_size(), num_batches,
+                     [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
+  model_->set_training(false);
+  MetricAverager metrics;
+  {
+    at::NoGradGuard no_grad;
+    for (int64_t k = 0; k < num_batches; ++k) {
+      std::vector<std::pair<std::string, double>> m;
+      step_->forward_step(*model_, loader.next(), &m);
+      metrics.add(m);
+    }
+  }
+  model_->set_training(true);
+  log_->report_evaluation(what, iteration, metrics);
+}
+
+void Trainer::save(int64_t iteration) {
+  TrainingLog::Excluded not_training_time(*log_);
+  const std::string& dir = cfg_.checkpoint().save();
+  const SaveReport r = save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), topo_);
+  last_saved_ = iteration;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);
+  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + dir + buf);
+}
+
+void Trainer::final_evaluation() {
+  evaluate(DTK_SPLIT_VALID, "validation", plan_.train_iters());
+  evaluate(DTK_SPLIT_TEST, "test", plan_.train_iters());
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,151 @@
+#include "dtk/core/training_log.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+namespace dtk::core {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- MetricAverager -------------------------------------------------------------------------
+void MetricAverager::add(const std::vector<std::pair<std::string, double>>& metrics) {
+  for (const auto& [name, value] : metrics) {
+    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+    if (it == sums_.end())
+      sums_.emplace_back(name, value);
+    else
+      it->second += value;
+    counts_[name]++;
+  }
+}
+
+void MetricAverager::merge(const MetricAverager& other) {
+  for (const auto& [name, sum] : other.sums_) {
+    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+    if (it == sums_.end())
+      sums_.emplace_back(name, sum);
+    else
+      it->second += sum;
+    counts_[name] += other.counts_.at(name);
+  }
+}
+
+double MetricAverager::mean(const std::string& name) const {
+  for (const auto& [n, sum] : sums_)
+    if (n == name) return sum / static_cast<double>(counts_.at(n));
+  return NAN;
+}
+
+std::vector<std::string> MetricAverager::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : sums_) out.push_back(kv.first);
+  return out;
+}
+
+void MetricAverager::clear() { sums_.clear(), counts_.clear(); }
+
+// ---- TrainingLog ----------------------------------------------------------------------------
+std::string timestamp() {
+  char buf[32];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+TrainingLog::TrainingLog(Setup setup) : setup_(std::move(setup)), window_start_(Clock::now()) {
+  // TensorBoard scalars from rank 0, whose metrics are already averaged over data parallel.
+  if (setup_.printer && !setup_.tensorboard_dir.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.tensorboard_dir);
+}
+
+void TrainingLog::print(const std::string& line) const {
+  if (setup_.printer) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void TrainingLog::record(const IterationResult& r) {
+  ++iterations_;
+  if (r.skipped) {
+    // Megatron counts a non-finite gradient as both a skipped and a NaN iteration; its loss is
+    // not averaged into the window.
+    ++skipped_, ++nan_iterations_;
+  } else {
+    norm_sum_ += r.grad_norm, ++norm_count_;
+    window_.merge(r.metrics);
+  }
+  if (r.iteration % setup_.log_interval == 0 || r.iteration == setup_.train_iters) {
+    print_window(r);
+    clear_window();
+  }
+}
+
+void TrainingLog::print_window(const IterationResult& last) {
+  const double secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
+  const double n_it = static_cast<double>(iterations_);
+  const double ms_per_it = 1000.0 * secs / n_it;
+  const double tokens_per_s = static_cast<double>(setup_.global_batch_size * setup_.seq_length) * n_it / secs;
+  const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
+  const double norm = norm_count_ ? norm_sum_ / static_cast<double>(norm_count_) : NAN;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                "throughput per device (TFLOP/s): %.3f | tokens per second: %.0f | learning rate: %.6E | "
+                "global batch size: %5lld |",
+                timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup_.train_iters),
+                static_cast<long long>(last.iteration * setup_.global_batch_size), ms_per_it, tflops, tokens_per_s,
+                last.learning_rate, static_cast<long long>(setup_.global_batch_size));
+  std::string line = buf;
+  for (const auto& name : window_.names()) {
+    std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                " loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3lld | number of nan "
+                "iterations: %3lld |",
+                norm, static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
+  print(line + buf);
+  if (!tensorboard_) return;
+  const int64_t it = last.iteration;  // Megatron's training_log tags
+  tensorboard_->add_scalar("learning-rate", last.learning_rate, it);
+  tensorboard_->add_scalar("batch-size", static_cast<double>(setup_.global_batch_size), it);
+  for (const auto& name : window_.names()) tensorboard_->add_scalar(name, window_.mean(name), it);
+  tensorboard_->add_scalar("loss-scale", 1.0, it);
+  if (norm_count_) tensorboard_->add_scalar("grad-norm", norm, it);
+  tensorboard_->add_scalar("iteration-time", secs / n_it, it);
+  tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
+  tensorboard_->add_scalar("throughput-tflops", tflops, it);
+  tensorboard_->add_scalar("skipped-iterations", static_cast<double>(skipped_), it);
+  tensorboard_->flush();
+}
+
+void TrainingLog::clear_window() {
+  window_.clear();
+  iterations_ = skipped_ = nan_iterations_ = norm_count_ = 0;
+  norm_sum_ = 0;
+  window_start_ = Clock::now();
+  excluded_ = {};
+}
+
+void TrainingLog::report_evaluation(const std::string& what, int64_t iteration, const MetricAverager& metrics) {
+  std::string line = " " + what + " loss at iteration " + std::to_string(iteration) + " | ";
+  char buf[256];
+  for (const auto& name : metrics.names()) {
+    const double v = metrics.mean(name);
+    std::snprintf(buf, sizeof buf, "%s value: %.6E | %s PPL: %.6E | ", name.c_str(), v, name.c_str(),
+                  std::exp(std::min(v, 20.0)));
+    line += buf;
+  }
+  const std::string rule(line.size(), '-');
+  print(rule + "\n" + line + "\n" + rule);
+  if (!tensorboard_) return;
+  for (const auto& name : metrics.names()) {
+    const double v = metrics.mean(name);
+    tensorboard_->add_scalar(name + " " + what, v, iteration);
+    tensorboard_->add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration);
+  }
+  tensorboard_->flush();
+}
+
+}  // namespace dtk::core

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -15,6 +16,11 @@
 #include "cpu_adam_kernel.hpp"
 
 namespace ca = dtk::cpu_adam;
+
+// Readable test parameters in gtest's output ("avx512" rather than "4-byte object <02-00 00-00>").
+namespace dtk::cpu_adam {
+void PrintTo(Isa isa, std::ostream* os) { *os << isa_name(isa); }
+}  // namespace dtk::cpu_adam
 
 namespace {
 

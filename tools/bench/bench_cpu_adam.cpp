@@ -154,13 +154,21 @@ int main(int argc, char** argv) {
   {
     float* __restrict pp = p.data_ptr<float>();
     const float* __restrict gg = g32.data_ptr<float>();
+    const uint16_t* __restrict gh =
+        bf16_grad ? reinterpret_cast<const uint16_t*>(g16.data_ptr<at::BFloat16>()) : nullptr;
     float* __restrict mm = m.data_ptr<float>();
     float* __restrict vv = v.data_ptr<float>();
     uint16_t* __restrict oo = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
     auto twin = [&](int) {
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        const float gi = gg[i];
+        float gi;
+        if (gh) {  // read the bf16 gradient, as the kernel does (28 bytes/param)
+          const uint32_t w = static_cast<uint32_t>(gh[i]) << 16;
+          std::memcpy(&gi, &w, 4);
+        } else {
+          gi = gg[i];
+        }
         mm[i] += gi;
         vv[i] += gi;
         const float pi = pp[i] - gi;

@@ -137,7 +137,6 @@ int main(int argc, char** argv) {
   hp.lr = 1e-4f;
   hp.weight_decay = 0.1f;
   int64_t step = 0;
-  double twin_sec = 0;
   auto kernel = [&](int) {
     hp.step = ++step;
     auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
@@ -148,50 +147,11 @@ int main(int argc, char** argv) {
       ca::adam_step(p.data_ptr<float>(), g32.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, hp, o,
                     nullptr, {ca::active_isa(), threads});
   };
-  // The kernel's own memory pattern without its arithmetic: the same four reads and four writes
-  // per element (bf16 copy by truncation), so "% of twin" is how much the math and the rounding
-  // cost on top of the traffic.
-  {
-    float* __restrict pp = p.data_ptr<float>();
-    const float* __restrict gg = g32.data_ptr<float>();
-    const uint16_t* __restrict gh =
-        bf16_grad ? reinterpret_cast<const uint16_t*>(g16.data_ptr<at::BFloat16>()) : nullptr;
-    float* __restrict mm = m.data_ptr<float>();
-    float* __restrict vv = v.data_ptr<float>();
-    uint16_t* __restrict oo = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    auto twin = [&](int) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        float gi;
-        if (gh) {  // read the bf16 gradient, as the kernel does (28 bytes/param)
-          const uint32_t w = static_cast<uint32_t>(gh[i]) << 16;
-          std::memcpy(&gi, &w, 4);
-        } else {
-          gi = gg[i];
-        }
-        mm[i] += gi;
-        vv[i] += gi;
-        const float pi = pp[i] - gi;
-        pp[i] = pi;
-        uint32_t u;
-        std::memcpy(&u, &pi, 4);
-        oo[i] = static_cast<uint16_t>(u >> 16);
-      }
-    };
-    twin(0);
-    twin_sec = median_seconds(reps, twin);
-    std::printf("same traffic, no math : %8.2f ms  %7.2f GB/s\n", twin_sec * 1e3, kernel_bytes / twin_sec / 1e9);
-    at::manual_seed(0);  // the twin scribbled over the state: start the optimizer from scratch
-    p.copy_(at::randn({n}));
-    m.zero_();
-    v.zero_();
-  }
   kernel(0);
   const double k_sec = median_seconds(reps, kernel);
   const double k_gbs = kernel_bytes / k_sec / 1e9;
   std::printf("cpu_adam kernel        : %8.2f ms  %7.2f GB/s at %.0f bytes/param = %5.1f %% of the best copy\n",
               k_sec * 1e3, k_gbs, bpp, 100.0 * k_gbs / copy_gbs);
-  std::printf("                          %.1f %% of the same-traffic twin\n", 100.0 * twin_sec / k_sec);
   m = v = g16 = at::Tensor();
 
   if (with_torch) {

@@ -45,7 +45,9 @@ bool isa_supported(Isa isa);
 // std::runtime_error). Decided once per process.
 Isa active_isa();
 
-// How a step runs. threads <= 0 means OpenMP's default (omp_get_max_threads()).
+// How a step runs. threads <= 0 means OpenMP's current default, omp_get_max_threads(): in a process
+// with LibTorch that is whatever at::set_num_threads() set (LibTorch 1.13 starts at the number of
+// physical cores, 1 on this 2-vCPU VM), so pass the count explicitly when it matters.
 struct RunOptions {
   Isa isa;
   int threads = 0;

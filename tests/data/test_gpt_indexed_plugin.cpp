@@ -74,11 +74,13 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
   EXPECT_EQ(n, 0);
   Sink sink;
   dtk_buffer_sink bs{sizeof(dtk_buffer_sink), &sink, &Sink::put};
-  ASSERT_EQ(api->get_sample(ds, DTK_SPLIT_VALID, 0, &bs), nullptr);
+  const dtk_sample_args valid0{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_VALID, 0, &bs};
+  ASSERT_EQ(api->get_sample(ds, &valid0), nullptr);
   EXPECT_EQ(sink.name, "text");
   ASSERT_EQ(sink.tokens.size(), 17u);
   for (int64_t t : sink.tokens) EXPECT_GE(t, 90);  // valid split = documents 90..99
-  st = api->get_sample(ds, DTK_SPLIT_TRAIN, 1 << 30, &bs);
+  const dtk_sample_args past_end{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_TRAIN, 1 << 30, &bs};
+  st = api->get_sample(ds, &past_end);
   ASSERT_NE(st, nullptr);
   EXPECT_EQ(dtk_status_get_code(st), DTK_ERR_OUT_OF_RANGE);
   dtk_status_release(st);

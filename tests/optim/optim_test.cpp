@@ -1,6 +1,7 @@
 // The optimizer plugins and the ddp strategy's clipping, checked against LibTorch's own
 // implementations (torch::optim::AdamW/SGD, torch::nn::utils::clip_grad_norm_) step by step.
 #include <gtest/gtest.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
@@ -73,6 +74,63 @@ TEST(AdamW, MatchesTorchOptimAdamWWithTwoGroups) {
   }
   // The update really moved the parameters (a no-op optimizer would fail above only by luck).
   EXPECT_GT((mine[0] - base[0]).abs().max().item<double>(), 1e-2);
+}
+
+// The SIMD cpu_adam plugin is the same update as torch.optim.AdamW (and Adam with L2 when
+// adamw_mode=false), including strided parameters and two weight-decay groups.
+TEST(CpuAdam, MatchesTorchOptimAdamWAndAdam) {
+  for (bool adamw_mode : {true, false}) {
+    auto base = make_params(4);
+    auto mine = clones(base), ref = clones(base);
+    PluginOptimizer opt(
+        plugin(kDir, "dtk_plugin_cpu_adam.so"),
+        {{"beta1", "0.9"}, {"beta2", "0.95"}, {"eps", "1e-8"}, {"adamw_mode", adamw_mode ? "true" : "false"}},
+        {{{mine[0], mine[2], mine[4]}, 0.1}, {{mine[1], mine[3]}, 0.0}});
+    const double lr = 3e-2;
+    auto options = [&](double wd) -> std::unique_ptr<torch::optim::OptimizerOptions> {
+      if (adamw_mode)
+        return std::make_unique<torch::optim::AdamWOptions>(
+            torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+      return std::make_unique<torch::optim::AdamOptions>(
+          torch::optim::AdamOptions(lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{ref[0], ref[2], ref[4]}, options(0.1));
+    groups.emplace_back(std::vector<at::Tensor>{ref[1], ref[3]}, options(0.0));
+    std::unique_ptr<torch::optim::Optimizer> torch_opt;
+    if (adamw_mode)
+      torch_opt = std::make_unique<torch::optim::AdamW>(std::move(groups));
+    else
+      torch_opt = std::make_unique<torch::optim::Adam>(std::move(groups));
+    for (int step = 1; step <= 6; ++step) {
+      set_grads(mine, ref, step);
+      opt.step(lr, step);
+      torch_opt->step();
+      expect_close(mine, ref, 1e-6, step);
+    }
+    EXPECT_GT((mine[0] - base[0]).abs().max().item<double>(), 1e-2) << "adamw_mode " << adamw_mode;
+  }
+}
+
+// cpu_adam keeps the adamw plugin's state names: a run can switch optimizers at a checkpoint.
+TEST(CpuAdam, ContinuesFromTheAdamWPluginsState) {
+  auto a = clones(make_params(5));
+  auto scratch = clones(a);
+  PluginOptimizer adamw(plugin(kDir, "dtk_plugin_adamw.so"), {}, {{a, 0.05}});
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(a, scratch, step);
+    adamw.step(1e-2, step);
+  }
+  auto b = clones(a);
+  PluginOptimizer cpu(plugin(kDir, "dtk_plugin_cpu_adam.so"), {}, {{b, 0.05}});
+  cpu.state_load(adamw.state_save());
+  for (int step = 4; step <= 6; ++step) {
+    set_grads(a, b, step);
+    adamw.step(1e-2, step);
+    cpu.step(1e-2, step);
+    expect_close(a, b, 1e-6, step);
+  }
+  EXPECT_EQ(cpu.state_save().size(), 1u + 2u * a.size());
 }
 
 TEST(Sgd, MatchesTorchOptimSgd) {

@@ -301,7 +301,8 @@ TEST(Options, DefaultsFilledAndValidated) {
 // Rules every first-party plugin must follow: exactly one exported symbol.
 TEST(FirstPartyPlugins, ExportExactlyTheEntrySymbol) {
   const std::string dir = DTK_PLUGIN_DIR;
-  if (!fs::is_directory(dir)) GTEST_SKIP() << "no first-party plugins in this build (sanitizer build)";
+  if (DTK_FIRST_PARTY_PLUGINS == 0 && !fs::is_directory(dir))
+    GTEST_SKIP() << "no first-party plugin built (sanitizer build)";
   int checked = 0;
   for (const auto& de : fs::directory_iterator(dir)) {
     if (de.path().extension() != ".so") continue;
@@ -314,5 +315,7 @@ TEST(FirstPartyPlugins, ExportExactlyTheEntrySymbol) {
     EXPECT_EQ(out, "dtk_plugin_get_entry\n") << de.path();
     ++checked;
   }
-  EXPECT_GE(checked, 1);  // every plugin present is checked (all seven in a full build)
+  // A full build has every first-party plugin (plugins/CMakeLists.txt's list); the sanitizer
+  // build only those its tests need.
+  if (DTK_FIRST_PARTY_PLUGINS > 0) EXPECT_GE(checked, DTK_FIRST_PARTY_PLUGINS);
 }

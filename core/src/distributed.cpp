@@ -127,6 +127,119 @@ std::string rank_prefix() {
   return "";
 }
 
+namespace {
+
+// Megatron's rank order (pipeline size 1 for now): TP consecutive, DP strided by TP.
+Topology topology_of(const LaunchEnv& le, int tp, int pp) {
+  Topology t;
+  t.world_rank = le.rank, t.world_size = le.world_size;
+  t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
+  t.tp_rank = le.rank % tp;
+  t.dp_rank = (le.rank / tp) % t.dp_size;
+  t.pp_rank = le.rank / (tp * t.dp_size);
+  return t;
+}
+
+std::string rendezvous_failed(const LaunchEnv& le, std::chrono::milliseconds timeout, const std::exception& e) {
+  return "distributed: rendezvous at " + le.master_addr + ":" + std::to_string(le.master_port) +
+         " failed (world size " + std::to_string(le.world_size) + ", timeout " +
+         std::to_string(timeout.count() / 1000) + " s): " + short_error(e);
+}
+
+// The c10d TCPStore of the run (rank 0 serves it unless torchrun's agent does), under a per-run
+// key namespace.
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& le, std::chrono::milliseconds timeout) {
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(le.master_port);
+    // Under torchrun's agent (its default static rendezvous) the agent already serves the store
+    // on MASTER_PORT: every rank is a client, under the attempt's prefix, as PyTorch does.
+    const bool agent_store =
+        env("TORCHELASTIC_USE_AGENT_STORE") && std::string(env("TORCHELASTIC_USE_AGENT_STORE")) == "True";
+    so.isServer = le.rank == 0 && !agent_store;
+    so.numWorkers = static_cast<std::size_t>(le.world_size);
+    so.waitWorkers = false;  // check_in waits, bounded, with a clearer message
+    so.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+    if (agent_store) {
+      const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
+      tcp = c10::make_intrusive<c10d::PrefixStore>(std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
+    }
+    // Keys live under a per-run namespace, so two jobs that meet on one port cannot join (or
+    // corrupt) each other's rendezvous: they time out on their own keys instead.
+    return c10::make_intrusive<c10d::PrefixStore>("dtk/" + run_id(), tcp);
+  } catch (const std::exception& e) {
+    throw HostError(rendezvous_failed(le, timeout, e));
+  }
+}
+
+// Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
+// reported here, by count, rather than later as a socket timeout inside Gloo.
+void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds timeout) {
+  try {
+    const std::string key = "dtk/rendezvous/arrived";
+    store.add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int64_t arrived = store.add(key, 0); arrived < le.world_size; arrived = store.add(key, 0)) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw HostError(
+            "distributed: rendezvous at " + le.master_addr + ":" + std::to_string(le.master_port) +
+            " failed: " + std::to_string(arrived) + " of " + std::to_string(le.world_size) +
+            " ranks arrived within distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) + " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const HostError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw HostError(rendezvous_failed(le, timeout, e));
+  }
+}
+
+// The Gloo groups of this rank in Megatron's layout; every rank creates its groups in the same
+// order: world, TP, DP, PP, MP.
+ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::intrusive_ptr<c10d::Store>& store,
+                            std::chrono::milliseconds timeout) {
+  auto device = is_loopback(le.master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                : env("GLOO_SOCKET_IFNAME")
+                    ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
+                    : c10d::ProcessGroupGloo::createDefaultDevice();
+  ProcessGroups groups;  // indexed by dtk_group
+  // Members of a group, in group-rank order.
+  auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
+    if (members.size() <= 1) return;
+    int my = -1;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == le.rank) my = static_cast<int>(i);
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(device);
+    opts->threads = 2;
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>("dtk/" + name, store);
+    try {
+      groups[static_cast<size_t>(group)] =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, my, static_cast<int>(members.size()), opts);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e));
+    }
+  };
+  const int tp = t.tp_size, pp = t.pp_size;
+  const int replica = t.pp_rank * t.dp_size * tp;  // first rank of this pipeline stage
+  std::vector<int> world, tp_members, dp_members, pp_members, mp_members;
+  for (int r = 0; r < le.world_size; ++r) world.push_back(r);
+  for (int i = 0; i < tp; ++i) tp_members.push_back(replica + t.dp_rank * tp + i);
+  for (int i = 0; i < t.dp_size; ++i) dp_members.push_back(replica + i * tp + t.tp_rank);
+  for (int i = 0; i < pp; ++i) pp_members.push_back(i * t.dp_size * tp + t.dp_rank * tp + t.tp_rank);
+  for (int p = 0; p < pp; ++p)
+    for (int i = 0; i < tp; ++i) mp_members.push_back(p * t.dp_size * tp + t.dp_rank * tp + i);
+  make(DTK_GROUP_WORLD, "world", world);
+  make(DTK_GROUP_TENSOR_PARALLEL, "tp/" + std::to_string(t.pp_rank * t.dp_size + t.dp_rank), tp_members);
+  make(DTK_GROUP_DATA_PARALLEL, "dp/" + std::to_string(t.pp_rank * tp + t.tp_rank), dp_members);
+  make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
+  make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
+  return groups;
+}
+
+}  // namespace
+
 void init_distributed(const config::RunConfig& cfg) {
   DistState& d = dist();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -140,96 +253,14 @@ void init_distributed(const config::RunConfig& cfg) {
     throw HostError("distributed: world size " + std::to_string(le.world_size) +
                     " is not divisible by tensor x pipeline model parallel size " + std::to_string(tp * pp));
   if (pp != 1) throw HostError("distributed: pipeline model parallelism is not available in this release");
-
-  Topology t;
-  ProcessGroups groups;  // indexed by dtk_group; installed into comm.hpp's registry at the end
-  t.world_rank = le.rank, t.world_size = le.world_size;
-  t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
-  t.tp_rank = le.rank % tp;
-  t.dp_rank = (le.rank / tp) % t.dp_size;
-  t.pp_rank = le.rank / (tp * t.dp_size);
-
+  const Topology t = topology_of(le, tp, pp);
+  ProcessGroups groups;
   if (le.distributed) {
     if (!dc.backend().empty() && dc.backend() != "gloo")
       throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
-    const std::string where = le.master_addr + ":" + std::to_string(le.master_port);
-    try {
-      c10d::TCPStoreOptions so;
-      so.port = static_cast<std::uint16_t>(le.master_port);
-      // Under torchrun's agent (its default static rendezvous) the agent already serves the store
-      // on MASTER_PORT: every rank is a client, under the attempt's prefix, as PyTorch does.
-      const bool agent_store =
-          env("TORCHELASTIC_USE_AGENT_STORE") && std::string(env("TORCHELASTIC_USE_AGENT_STORE")) == "True";
-      so.isServer = le.rank == 0 && !agent_store;
-      so.numWorkers = static_cast<std::size_t>(le.world_size);
-      so.waitWorkers = false;  // the check-in below waits, bounded, with a clearer message
-      so.timeout = d.timeout;
-      c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
-      if (agent_store) {
-        const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
-        tcp = c10::make_intrusive<c10d::PrefixStore>(std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
-      }
-      // Keys live under a per-run namespace, so two jobs that meet on one port cannot join (or
-      // corrupt) each other's rendezvous: they time out on their own keys instead.
-      d.store = c10::make_intrusive<c10d::PrefixStore>("dtk/" + run_id(), tcp);
-    } catch (const std::exception& e) {
-      throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
-                      ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
-    }
-    // Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
-    // reported here, by count, rather than later as a socket timeout inside Gloo.
-    try {
-      const std::string key = "dtk/rendezvous/arrived";
-      d.store->add(key, 1);
-      const auto deadline = std::chrono::steady_clock::now() + d.timeout;
-      for (int64_t arrived = d.store->add(key, 0); arrived < le.world_size; arrived = d.store->add(key, 0)) {
-        if (std::chrono::steady_clock::now() >= deadline)
-          throw HostError("distributed: rendezvous at " + where + " failed: " + std::to_string(arrived) + " of " +
-                          std::to_string(le.world_size) + " ranks arrived within distributed.timeout_seconds = " +
-                          std::to_string(d.timeout.count() / 1000) + " s");
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    } catch (const HostError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw HostError("distributed: rendezvous at " + where + " failed (world size " + std::to_string(le.world_size) +
-                      ", timeout " + std::to_string(d.timeout.count() / 1000) + " s): " + short_error(e));
-    }
-    auto device = is_loopback(le.master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                  : env("GLOO_SOCKET_IFNAME")
-                      ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
-                      : c10d::ProcessGroupGloo::createDefaultDevice();
-    // Members of a group, in group-rank order (Megatron: TP consecutive, DP strided by TP).
-    auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
-      if (members.size() <= 1) return;
-      int my = -1;
-      for (size_t i = 0; i < members.size(); ++i)
-        if (members[i] == le.rank) my = static_cast<int>(i);
-      auto opts = c10d::ProcessGroupGloo::Options::create(d.timeout);
-      opts->devices.push_back(device);
-      opts->threads = 2;
-      auto prefix = c10::make_intrusive<c10d::PrefixStore>("dtk/" + name, d.store);
-      try {
-        groups[static_cast<size_t>(group)] =
-            c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, my, static_cast<int>(members.size()), opts);
-      } catch (const std::exception& e) {
-        throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e));
-      }
-    };
-    const int replica = t.pp_rank * t.dp_size * tp;  // first rank of this pipeline stage
-    std::vector<int> world, tp_members, dp_members, pp_members, mp_members;
-    for (int r = 0; r < le.world_size; ++r) world.push_back(r);
-    for (int i = 0; i < tp; ++i) tp_members.push_back(replica + t.dp_rank * tp + i);
-    for (int i = 0; i < t.dp_size; ++i) dp_members.push_back(replica + i * tp + t.tp_rank);
-    for (int i = 0; i < pp; ++i) pp_members.push_back(i * t.dp_size * tp + t.dp_rank * tp + t.tp_rank);
-    for (int p = 0; p < pp; ++p)
-      for (int i = 0; i < tp; ++i) mp_members.push_back(p * t.dp_size * tp + t.dp_rank * tp + i);
-    // Every rank creates its groups in the same order: world, TP, DP, PP, MP.
-    make(DTK_GROUP_WORLD, "world", world);
-    make(DTK_GROUP_TENSOR_PARALLEL, "tp/" + std::to_string(t.pp_rank * t.dp_size + t.dp_rank), tp_members);
-    make(DTK_GROUP_DATA_PARALLEL, "dp/" + std::to_string(t.pp_rank * tp + t.tp_rank), dp_members);
-    make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
-    make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
+    d.store = connect_store(le, d.timeout);
+    check_in(*d.store, le, d.timeout);
+    groups = create_groups(le, t, d.store, d.timeout);
   }
   install_process_groups(t, std::move(groups), d.timeout);
   d.initialized = true;

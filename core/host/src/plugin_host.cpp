@@ -144,22 +144,12 @@ std::vector<const dtk_option_spec*> Plugin::options() const {
   return out;
 }
 
-PluginHost::PluginHost(std::string host_torch_version, const dtk_host_services* services)
-    : torch_version_(std::move(host_torch_version)), services_(services) {}
+namespace {
 
-const Plugin& PluginHost::load_file(const std::string& path) {
-  const std::string where = "plugin " + quote(path);
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw HostError(where + ": file not found");
-  if (fs::is_directory(path, ec)) throw HostError(where + ": is a directory, not a plugin file");
-  // The same file reached twice (a directory listed in DTK_PLUGIN_PATH and --plugin_path, say)
-  // is the same plugin, not a duplicate.
-  const std::string canonical = fs::weakly_canonical(fs::path(path), ec).string();
-  for (const Plugin* p : plugins_)
-    if (!canonical.empty() && p->canonical_path == canonical) return *p;
-
-  // RTLD_NOW: unresolved symbols fail here, not mid-training. RTLD_LOCAL: plugins cannot
-  // interpose each other's symbols.
+// Maps the file (RTLD_NOW: unresolved symbols fail here, not mid-training; RTLD_LOCAL: plugins
+// cannot interpose each other's symbols) and returns its entry struct. The library is never
+// unloaded (abi.h rule 13).
+const dtk_plugin_entry* open_entry(const std::string& path, const std::string& where) {
   auto* lib = new boost::dll::shared_library();  // leaked on purpose: never unloaded
   boost::dll::fs::error_code load_ec;
   lib->load(fs::path(path), load_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -171,7 +161,6 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   if (!lib->has(DTK_PLUGIN_ENTRY_SYMBOL))
     throw HostError(where + ": not a DTK plugin (no '" DTK_PLUGIN_ENTRY_SYMBOL "' symbol)");
   auto entry_fn = lib->get<const dtk_plugin_entry*()>(DTK_PLUGIN_ENTRY_SYMBOL);
-
   const dtk_plugin_entry* e = nullptr;
   try {
     e = entry_fn();
@@ -179,6 +168,11 @@ const Plugin& PluginHost::load_file(const std::string& path) {
     throw HostError(where + ": entry function threw an exception");
   }
   if (!e) throw HostError(where + ": entry function returned NULL");
+  return e;
+}
+
+// ABI version and struct size of the entry (before any other field is read).
+void check_abi_version(const dtk_plugin_entry* e, const std::string& where) {
   if (!DTK_HAS_FIELD(dtk_plugin_entry, e, abi_minor))
     throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) +
                     " is too small to hold an ABI version");
@@ -193,36 +187,36 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   if (!DTK_STRUCT_COVERS(dtk_plugin_entry, e, 2_0))
     throw HostError(where + ": entry struct_size " + std::to_string(e->struct_size) + " is smaller than ABI 2.0's " +
                     std::to_string(dtk_plugin_entry_STRUCT_SIZE_2_0) + " bytes");
-  if (!valid_name(e->name)) throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
-  const std::string name = e->name;
-  const std::string who = "plugin " + quote(name) + " (" + path + ")";
+}
+
+// Kind, LibTorch version, functions and option table of a versioned entry. `who` names it.
+void check_entry(const dtk_plugin_entry* e, const std::string& who, const std::string& host_torch) {
   if (min_api_size(e->kind) == 0) throw HostError(who + ": unknown plugin kind " + std::to_string(e->kind));
   const bool compute = e->kind != DTK_KIND_DATASET;
   if (compute && !e->torch_version)
     throw HostError(who + ": a " + std::string(kind_name(e->kind)) +
                     " plugin must record the LibTorch version it was built with");
   if (e->torch_version) {
-    if (torch_version_.empty())
-      throw HostError(who + ": needs LibTorch " + e->torch_version + " but this host has none");
-    if (torch_version_ != e->torch_version)
+    if (host_torch.empty()) throw HostError(who + ": needs LibTorch " + e->torch_version + " but this host has none");
+    if (host_torch != e->torch_version)
       throw HostError(who + ": built against LibTorch " + std::string(e->torch_version) + ", host runs LibTorch " +
-                      torch_version_ + " (rebuild the plugin)");
+                      host_torch + " (rebuild the plugin)");
   }
   if (!e->init || !e->get_api) throw HostError(who + ": entry has no init or get_api function");
   if (e->num_options > 0 && !e->options) throw HostError(who + ": declares options but the option table is NULL");
   if (const std::string bad = check_option_specs(e); !bad.empty()) throw HostError(who + ": " + bad);
-  if (const Plugin* dup = find(e->kind, name))
-    throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) + ": " + dup->path +
-                    " and " + path);
+}
 
+// init() and the kind's function table. A refusal after a successful init gives the plugin its
+// deinit().
+const void* initialise(const dtk_plugin_entry* e, const dtk_host_services* services, const std::string& who) {
   dtk_status* init_status = nullptr;
   try {
-    init_status = e->init(services_);
+    init_status = e->init(services);
   } catch (...) {
     throw HostError(who + ": init threw an exception across the ABI boundary");
   }
   check_status(init_status, who + ": init failed");
-  // From here on the plugin is initialised: a refusal must give it its deinit().
   auto refuse = [&](const std::string& message) {
     try {
       if (e->deinit) e->deinit();
@@ -241,6 +235,35 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   if (api_size < min_api_size(e->kind))
     refuse(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
            " is smaller than ABI 2.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
+  return api;
+}
+
+}  // namespace
+
+PluginHost::PluginHost(std::string host_torch_version, const dtk_host_services* services)
+    : torch_version_(std::move(host_torch_version)), services_(services) {}
+
+const Plugin& PluginHost::load_file(const std::string& path) {
+  const std::string where = "plugin " + quote(path);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw HostError(where + ": file not found");
+  if (fs::is_directory(path, ec)) throw HostError(where + ": is a directory, not a plugin file");
+  // The same file reached twice (a directory listed in DTK_PLUGIN_PATH and --plugin_path, say)
+  // is the same plugin, not a duplicate.
+  const std::string canonical = fs::weakly_canonical(fs::path(path), ec).string();
+  for (const Plugin* p : plugins_)
+    if (!canonical.empty() && p->canonical_path == canonical) return *p;
+
+  const dtk_plugin_entry* e = open_entry(path, where);
+  check_abi_version(e, where);
+  if (!valid_name(e->name)) throw HostError(where + ": invalid plugin name (want [a-z0-9_]+)");
+  const std::string name = e->name;
+  const std::string who = "plugin " + quote(name) + " (" + path + ")";
+  check_entry(e, who, torch_version_);
+  if (const Plugin* dup = find(e->kind, name))
+    throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) + ": " + dup->path +
+                    " and " + path);
+  const void* api = initialise(e, services_, who);
 
   auto* p = new Plugin();
   p->path = path;

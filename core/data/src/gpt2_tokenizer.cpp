@@ -161,8 +161,13 @@ Gpt2Tokenizer::~Gpt2Tokenizer() = default;
 
 Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& merges_file)
     : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  // ---- vocabulary
+  load_vocabulary(vocab_file, impl_.get());
+  load_merges(merges_file, impl_.get());
+}
+
+// encoder.json: token (byte-level unicode) -> id; the byte table and the end-of-document id.
+void Gpt2Tokenizer::load_vocabulary(const std::string& vocab_file, Impl* impl) {
+  Impl& m = *impl;
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(read_whole_file(vocab_file));  // strict RFC 8259 + UTF-8
@@ -215,8 +220,11 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& vocab_file, const std::string& m
   }
   auto eod = m.encoder.find("<|endoftext|>");
   m.eod = eod == m.encoder.end() ? -1 : eod->second;
+}
 
-  // ---- merges: key "first,second" -> rank (later duplicates win, as in the JS dict)
+// vocab.bpe: key "first,second" -> rank (later duplicates win, as in the JS dict).
+void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
+  Impl& m = *impl;
   const std::string text = read_whole_file(merges_file);
   std::vector<std::string_view> lines;
   for (size_t pos = 0;;) {

@@ -59,6 +59,8 @@ class Gpt2Tokenizer {
 
  private:
   struct Impl;
+  static void load_vocabulary(const std::string& vocab_file, Impl* impl);
+  static void load_merges(const std::string& merges_file, Impl* impl);
   void bpe(std::string_view piece, std::vector<int32_t>* out) const;
   std::unique_ptr<Impl> impl_;
 };

@@ -17,9 +17,6 @@
 #include <fstream>
 #include <sstream>
 
-#ifndef DTK_VERSION
-#define DTK_VERSION "unknown"
-#endif
 
 namespace dtk::core {
 

@@ -149,7 +149,7 @@ const dtk_host_services* host_services() {
       dtk_host_services_STRUCT_SIZE,
       DTK_ABI_MAJOR,
       DTK_ABI_MINOR,
-      "0.1.0",
+      DTK_VERSION,
       TORCH_VERSION,
       nullptr,
       &log_to_glog,

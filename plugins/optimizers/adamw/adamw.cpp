@@ -55,17 +55,13 @@ class AdamW : public dtk::Optimizer {
     if (beta1_ < 0 || beta1_ >= 1) throw dtk::Error("option 'beta1' must be in [0, 1)");
     if (beta2_ < 0 || beta2_ >= 1) throw dtk::Error("option 'beta2' must be in [0, 1)");
     if (eps_ <= 0) throw dtk::Error("option 'eps' must be > 0");
-    for (auto& g : groups_) {
-      m_.emplace_back(g.params.size());
-      v_.emplace_back(g.params.size());
-    }
   }
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
-    ++step_;
-    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step_));
-    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step_));
+    const int64_t step = ++moments_.step;
+    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step));
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
       const double lr = args.lr * g.lr_scale;
@@ -73,8 +69,8 @@ class AdamW : public dtk::Optimizer {
         at::Tensor& p = g.params[i];
         if (!p.grad().defined()) continue;
         at::Tensor grad = p.grad();
-        at::Tensor& m = m_[gi][i];
-        at::Tensor& v = v_[gi][i];
+        at::Tensor& m = moments_.exp_avg[gi][i];
+        at::Tensor& v = moments_.exp_avg_sq[gi][i];
         if (!m.defined()) {
           m = at::zeros_like(p, at::MemoryFormat::Preserve);
           v = at::zeros_like(p, at::MemoryFormat::Preserve);
@@ -104,42 +100,14 @@ class AdamW : public dtk::Optimizer {
     }
   }
 
-  dtk::TensorList state_save() override {
-    dtk::TensorList out;
-    out.emplace_back("step", at::scalar_tensor(static_cast<int64_t>(step_), at::kLong));
-    for (size_t gi = 0; gi < groups_.size(); ++gi)
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        if (!m_[gi][i].defined()) continue;
-        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
-        out.emplace_back(key + ".exp_avg", m_[gi][i]);
-        out.emplace_back(key + ".exp_avg_sq", v_[gi][i]);
-      }
-    return out;
-  }
-
-  void state_load(const dtk::TensorList& state) override {
-    if (const at::Tensor* s = dtk::find(state, "step")) step_ = s->item<int64_t>();
-    for (size_t gi = 0; gi < groups_.size(); ++gi)
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
-        const at::Tensor* m = dtk::find(state, key + ".exp_avg");
-        const at::Tensor* v = dtk::find(state, key + ".exp_avg_sq");
-        if (!m || !v) continue;
-        const at::Tensor& p = groups_[gi].params[i];
-        if (m->sizes() != p.sizes() || v->sizes() != p.sizes())
-          throw dtk::Error("optimizer state '" + key + "': exp_avg " + dtk::shape_str(*m) + " / exp_avg_sq " +
-                           dtk::shape_str(*v) + " do not match the parameter's " + dtk::shape_str(p));
-        // Same dtype, device and (dense) layout as the parameter, so the fused path stays in bounds.
-        m_[gi][i] = m->to(p.options()).clone(at::MemoryFormat::Preserve);
-        v_[gi][i] = v->to(p.options()).clone(at::MemoryFormat::Preserve);
-      }
-  }
+  dtk::TensorList state_save() override { return moments_.save(groups_); }
+  // Same dtype, device and (dense) layout as the parameter, so the fused path stays in bounds.
+  void state_load(const dtk::TensorList& state) override { moments_.load(state, groups_, /*contiguous=*/false); }
 
  private:
   std::vector<dtk::ParamGroup> groups_;
-  std::vector<std::vector<at::Tensor>> m_, v_;
+  dtk::AdamMoments moments_{groups_};
   double beta1_, beta2_, eps_;
-  int64_t step_ = 0;
 };
 
 }  // namespace

@@ -52,16 +52,12 @@ class CpuAdam : public dtk::Optimizer {
           throw dtk::Error("parameter '" + g.names[i] + "' is " +
                            std::string(c10::toString(g.params[i].scalar_type())) + " on " + g.params[i].device().str() +
                            ": cpu_adam steps fp32 host tensors (use fp32 master weights, or the adamw plugin)");
-    for (auto& g : groups_) {
-      m_.emplace_back(g.params.size());
-      v_.emplace_back(g.params.size());
-    }
     DTK_LOG(INFO) << "SIMD kernel: " << dtk::cpu_adam::isa_name(dtk::cpu_adam::active_isa());
   }
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
-    ++step_;
+    const int64_t step = ++moments_.step;
     dtk::cpu_adam::RunOptions run = dtk::cpu_adam::default_run_options();
     run.threads = threads_ > 0 ? threads_ : at::get_num_threads();
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -71,7 +67,7 @@ class CpuAdam : public dtk::Optimizer {
       k.beta1 = static_cast<float>(beta1_), k.beta2 = static_cast<float>(beta2_), k.eps = static_cast<float>(eps_);
       k.weight_decay = static_cast<float>(g.weight_decay);
       k.adamw = adamw_, k.bias_correction = bias_correction_;
-      k.step = step_;
+      k.step = step;
       k.grad_scale = static_cast<float>(args.grad_scale);
       for (size_t i = 0; i < g.params.size(); ++i) {
         const at::Tensor& p = g.params[i];
@@ -79,8 +75,8 @@ class CpuAdam : public dtk::Optimizer {
         const at::Tensor grad = kernel_grad(p.grad());
         // A strided parameter (a transposed view) is stepped in a contiguous copy and written back.
         at::Tensor work = p.is_contiguous() ? p : p.contiguous();
-        at::Tensor& m = m_[gi][i];
-        at::Tensor& v = v_[gi][i];
+        at::Tensor& m = moments_.exp_avg[gi][i];
+        at::Tensor& v = moments_.exp_avg_sq[gi][i];
         if (!m.defined()) m = at::zeros(p.sizes(), p.options()), v = at::zeros(p.sizes(), p.options());
         float* param = work.data_ptr<float>();
         if (grad.scalar_type() == at::kBFloat16)
@@ -95,44 +91,16 @@ class CpuAdam : public dtk::Optimizer {
     }
   }
 
-  dtk::TensorList state_save() override {
-    dtk::TensorList out;
-    out.emplace_back("step", at::scalar_tensor(static_cast<int64_t>(step_), at::kLong));
-    for (size_t gi = 0; gi < groups_.size(); ++gi)
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        if (!m_[gi][i].defined()) continue;
-        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
-        out.emplace_back(key + ".exp_avg", m_[gi][i]);
-        out.emplace_back(key + ".exp_avg_sq", v_[gi][i]);
-      }
-    return out;
-  }
-
-  void state_load(const dtk::TensorList& state) override {
-    if (const at::Tensor* s = dtk::find(state, "step")) step_ = s->item<int64_t>();
-    for (size_t gi = 0; gi < groups_.size(); ++gi)
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        const std::string key = "g" + std::to_string(gi) + "." + groups_[gi].names[i];
-        const at::Tensor* m = dtk::find(state, key + ".exp_avg");
-        const at::Tensor* v = dtk::find(state, key + ".exp_avg_sq");
-        if (!m || !v) continue;
-        const at::Tensor& p = groups_[gi].params[i];
-        if (m->sizes() != p.sizes() || v->sizes() != p.sizes())
-          throw dtk::Error("optimizer state '" + key + "': exp_avg " + dtk::shape_str(*m) + " / exp_avg_sq " +
-                           dtk::shape_str(*v) + " do not match the parameter's " + dtk::shape_str(p));
-        // fp32, contiguous, on the host: what the kernel indexes.
-        m_[gi][i] = m->to(p.options()).contiguous().clone();
-        v_[gi][i] = v->to(p.options()).contiguous().clone();
-      }
-  }
+  dtk::TensorList state_save() override { return moments_.save(groups_); }
+  // fp32, contiguous, on the host: what the kernel indexes.
+  void state_load(const dtk::TensorList& state) override { moments_.load(state, groups_, /*contiguous=*/true); }
 
  private:
   std::vector<dtk::ParamGroup> groups_;
-  std::vector<std::vector<at::Tensor>> m_, v_;
+  dtk::AdamMoments moments_{groups_};
   double beta1_, beta2_, eps_;
   bool adamw_, bias_correction_;
   int threads_;
-  int64_t step_ = 0;
 };
 
 }  // namespace

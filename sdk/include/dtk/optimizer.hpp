@@ -37,6 +37,54 @@ inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t
   return out;
 }
 
+// Adam's per-parameter moments and step count, in the checkpoint layout the first-party Adam
+// plugins share ("step", "g<group>.<param>.exp_avg", "g<group>.<param>.exp_avg_sq"), so a run can
+// switch between them at a checkpoint. A moment stays undefined until its parameter's first step.
+struct AdamMoments {
+  std::vector<std::vector<at::Tensor>> exp_avg, exp_avg_sq;  // [group][param]
+  int64_t step = 0;
+
+  explicit AdamMoments(const std::vector<ParamGroup>& groups) {
+    for (const auto& g : groups) {
+      exp_avg.emplace_back(g.params.size());
+      exp_avg_sq.emplace_back(g.params.size());
+    }
+  }
+
+  TensorList save(const std::vector<ParamGroup>& groups) const {
+    TensorList out;
+    out.emplace_back("step", at::scalar_tensor(static_cast<int64_t>(step), at::kLong));
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+        if (!exp_avg[gi][i].defined()) continue;
+        const std::string key = "g" + std::to_string(gi) + "." + groups[gi].names[i];
+        out.emplace_back(key + ".exp_avg", exp_avg[gi][i]);
+        out.emplace_back(key + ".exp_avg_sq", exp_avg_sq[gi][i]);
+      }
+    return out;
+  }
+
+  // Copies each moment into the parameter's dtype and device; `contiguous` for optimizers that
+  // index raw arrays, else the parameter's own (dense) layout is kept.
+  void load(const TensorList& state, const std::vector<ParamGroup>& groups, bool contiguous) {
+    if (const at::Tensor* s = find(state, "step")) step = s->item<int64_t>();
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+        const std::string key = "g" + std::to_string(gi) + "." + groups[gi].names[i];
+        const at::Tensor* m = find(state, key + ".exp_avg");
+        const at::Tensor* v = find(state, key + ".exp_avg_sq");
+        if (!m || !v) continue;
+        const at::Tensor& p = groups[gi].params[i];
+        if (m->sizes() != p.sizes() || v->sizes() != p.sizes())
+          throw Error("optimizer state '" + key + "': exp_avg " + shape_str(*m) + " / exp_avg_sq " + shape_str(*v) +
+                      " do not match the parameter's " + shape_str(p));
+        const auto format = contiguous ? at::MemoryFormat::Contiguous : at::MemoryFormat::Preserve;
+        exp_avg[gi][i] = m->to(p.options()).clone(format);
+        exp_avg_sq[gi][i] = v->to(p.options()).clone(format);
+      }
+  }
+};
+
 // Base class of a C++ optimizer plugin. [main-thread]
 class Optimizer {
  public:

@@ -140,7 +140,7 @@ int collectives_worker(int, char**) {
     WCHECK(code_of(broadcast(c, DTK_GROUP_WORLD, &h, W, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
            "broadcast from a rank outside the group is refused");
   }
-  // all_gather in rank order; reduce_scatter (emulated over all_reduce).
+  // all_gather in rank order; reduce_scatter.
   {
     dtk_tensor in{f({10.0 * r, 10.0 * r + 1})}, out{at::zeros({2 * W}, at::kFloat)};
     WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &out, &in, 0, nullptr)) == 0, "all_gather status");
@@ -157,6 +157,53 @@ int collectives_worker(int, char**) {
     dtk_tensor bad{at::zeros({2 * W + 1}, at::kFloat)};
     WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &bad, &in, 0, nullptr), &msg) == DTK_ERR_INVALID_ARGUMENT,
            "all_gather with a wrong output shape is refused");
+  }
+  // reduce_scatter (a ring over send/recv on Gloo) against a reference computed from every rank's
+  // input: every rank draws all inputs from the same seeds. 2-D tensors, SUM/AVG/MAX/MIN, and four
+  // in flight at once finished out of order.
+  {
+    auto input_of = [&](int rank) {
+      at::Generator g = at::detail::createCPUGenerator(1000 + rank);
+      return at::randn({3 * W, 5}, g, at::kFloat);
+    };
+    std::vector<at::Tensor> all;
+    for (int k = 0; k < W; ++k) all.push_back(input_of(k));
+    const at::Tensor stacked = at::stack(all);  // [W, 3W, 5]
+    const at::Tensor mine = stacked.narrow(1, 3 * r, 3);
+    const std::pair<int32_t, at::Tensor> cases[] = {
+        {DTK_REDUCE_SUM, mine.sum(0)},
+        {DTK_REDUCE_AVG, mine.sum(0) / W},
+        {DTK_REDUCE_MAX, std::get<0>(mine.max(0))},
+        {DTK_REDUCE_MIN, std::get<0>(mine.min(0))},
+    };
+    std::vector<dtk_tensor> ins(4, dtk_tensor{input_of(r)}), outs;
+    for (int k = 0; k < 4; ++k) outs.push_back(dtk_tensor{at::zeros({3, 5}, at::kFloat)});
+    std::vector<dtk_comm_work*> works(4, nullptr);
+    for (int k = 0; k < 4; ++k)
+      WCHECK(code_of(reduce_scatter(c, DTK_GROUP_WORLD, &outs[k], &ins[k], cases[k].first, 1, &works[k])) == 0,
+             "async ring reduce_scatter status");
+    for (int k = 3; k >= 0; --k) {
+      WCHECK(code_of(c->wait(ctx, works[k], 0)) == 0, "wait ring reduce_scatter");
+      c->work_release(ctx, works[k]);
+      WCHECK(at::allclose(outs[k].value, cases[k].second, 1e-5, 1e-6), "ring reduce_scatter value");
+    }
+    WCHECK(same(ins[0].value, input_of(r)), "ring reduce_scatter leaves its input alone");
+  }
+  // bf16: copies move the bits unchanged; reductions sum in fp32 and round once.
+  {
+    const at::Tensor mine = at::arange(4, at::kFloat).add(0.5 * r).to(at::kBFloat16);
+    dtk_tensor in{mine}, out{at::zeros({4 * W}, at::kBFloat16)};
+    WCHECK(code_of(all_gather(c, DTK_GROUP_WORLD, &out, &in, 0, nullptr)) == 0, "bf16 all_gather status");
+    for (int k = 0; k < W; ++k)
+      WCHECK(at::equal(out.value.narrow(0, 4 * k, 4), at::arange(4, at::kFloat).add(0.5 * k).to(at::kBFloat16)),
+             "bf16 all_gather bits");
+    dtk_tensor b{mine.clone()};
+    WCHECK(code_of(broadcast(c, DTK_GROUP_WORLD, &b, 0, 0, nullptr)) == 0, "bf16 broadcast status");
+    WCHECK(at::equal(b.value, at::arange(4, at::kFloat).to(at::kBFloat16)), "bf16 broadcast bits");
+    dtk_tensor s{at::full({3}, 1.0 + r, at::kBFloat16)};
+    WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &s, DTK_REDUCE_SUM, 0, nullptr)) == 0, "bf16 all_reduce status");
+    WCHECK(s.value.scalar_type() == at::kBFloat16 && s.value[0].item<float>() == W * (W + 1) / 2.0f,
+           "bf16 all_reduce SUM");
   }
   // Async + wait: all three kinds in flight at once, finished in reverse order.
   {

@@ -5,7 +5,8 @@ Run once per ABI minor release (after appending fields) to extend tests/abi/abi_
     python3 tools/gen_abi_layout_test.py > tests/abi/abi_layout.inc
 Existing lines must never change within a major: a changed offset means a field was reordered
 or resized, which breaks every plugin built against an earlier header. A new major regenerates
-the file. Besides offsets it freezes each versioned struct's <type>_STRUCT_SIZE_<major>_<minor>.
+the file. Besides offsets it freezes every <type>_STRUCT_SIZE_<major>_<minor> the header defines.
+Appending for a new minor: keep the existing file and add the lines it lacks.
 """
 import os, re, subprocess, sys, tempfile
 
@@ -36,10 +37,10 @@ for name, fields in structs:
     prog.append(f'  printf("static_assert(sizeof({name}) >= %zu, \\"{name} size\\");\\n", sizeof({name}));')
     for f in fields:
         prog.append(f'  printf("static_assert(offsetof({name}, {f}) == %zu, \\"{name}.{f}\\");\\n", offsetof({name}, {f}));')
-ver = re.search(r"DTK_ABI_MAJOR (\d+)", header).group(1) + "_" + re.search(r"DTK_ABI_MINOR (\d+)", header).group(1)
-for name, fields in structs:
-    if "struct_size" in fields:
-        prog.append(f'  printf("static_assert({name}_STRUCT_SIZE_{ver} == %d, \\"{name}_STRUCT_SIZE_{ver}\\");\\n", (int){name}_STRUCT_SIZE_{ver});')
+# Every size constant the header defines (DTK_DEFINE_STRUCT_SIZE(type, M_m, last)): one per struct
+# per minor that grew it.
+for name, ver in re.findall(r"DTK_DEFINE_STRUCT_SIZE\((dtk_\w+), (\d+_\d+),", header_nc):
+    prog.append(f'  printf("static_assert({name}_STRUCT_SIZE_{ver} == %d, \\"{name}_STRUCT_SIZE_{ver}\\");\\n", (int){name}_STRUCT_SIZE_{ver});')
 prog.append("  return 0;\n}")
 with tempfile.TemporaryDirectory() as d:
     src = os.path.join(d, "gen.c")

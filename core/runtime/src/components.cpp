@@ -105,27 +105,27 @@ at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorLi
 }
 
 // ---------------------------------------------------------------------------------------------
-OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_context& ctx,
-                                     const std::vector<Param>& params, double weight_decay)
-    : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()) {
-  // Two groups as Megatron: weights decay; biases and norm parameters do not.
+OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_context& ctx, std::vector<Param> params,
+                                     double weight_decay)
+    : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()), params_(std::move(params)) {
+  // Two groups as Megatron: weights decay; biases and norm parameters do not. Both are always
+  // passed, in this order, so a parameter's group index does not depend on the others.
   std::vector<dtk_tensor> handles;
-  handles.reserve(params.size());
-  for (const auto& p : params) handles.push_back(dtk_tensor{p.tensor});
-  std::vector<dtk_tensor*> decay, no_decay;
-  std::vector<const char*> decay_names, no_decay_names;
-  for (size_t i = 0; i < params.size(); ++i) {
-    (params[i].info.no_weight_decay ? no_decay : decay).push_back(&handles[i]);
-    (params[i].info.no_weight_decay ? no_decay_names : decay_names).push_back(params[i].name.c_str());
+  handles.reserve(params_.size());
+  for (const auto& p : params_) handles.push_back(dtk_tensor{p.tensor});
+  std::vector<dtk_tensor*> tensors[2];
+  std::vector<const char*> names[2];
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int g = params_[i].info.no_weight_decay ? 1 : 0;
+    tensors[g].push_back(&handles[i]);
+    names[g].push_back(params_[i].name.c_str());
   }
-  std::vector<dtk_param_group> groups;
-  if (!decay.empty())
-    groups.push_back({dtk_param_group_STRUCT_SIZE, decay.size(), decay.data(), decay_names.data(), weight_decay, 1.0});
-  if (!no_decay.empty())
-    groups.push_back({dtk_param_group_STRUCT_SIZE, no_decay.size(), no_decay.data(), no_decay_names.data(), 0.0, 1.0});
-  num_groups_ = groups.size();
+  const dtk_param_group groups[2] = {
+      {dtk_param_group_STRUCT_SIZE, tensors[0].size(), tensors[0].data(), names[0].data(), weight_decay, 1.0},
+      {dtk_param_group_STRUCT_SIZE, tensors[1].size(), tensors[1].data(), names[1].data(), 0.0, 1.0},
+  };
   dtk_optimizer* o = nullptr;
-  const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &ctx, groups.data(), groups.size()};
+  const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &ctx, groups, 2};
   check_plugin(api_->create(&args, &o), plugin_, "create");
   if (!o) throw HostError("optimizer plugin '" + plugin_.name() + "': create returned no optimizer");
   ref_ = {dtk_optimizer_ref_STRUCT_SIZE, api_, o};
@@ -161,6 +161,17 @@ StrategyInstance::~StrategyInstance() {
 }
 void StrategyInstance::setup(ModelInstance& model) {
   check_plugin(api_->setup(strategy_, model.ref()), plugin_, "setup");
+  info_ = dtk_strategy_info{};
+  info_.struct_size = dtk_strategy_info_STRUCT_SIZE;
+  if (DTK_HAS_FIELD(dtk_strategy_api, api_, get_info) && api_->get_info) {
+    check_plugin(api_->get_info(strategy_, &info_), plugin_, "get_info");
+    if (info_.struct_size > dtk_strategy_info_STRUCT_SIZE) info_.struct_size = dtk_strategy_info_STRUCT_SIZE;
+  } else {
+    info_ = dtk_strategy_info{};  // a 2.0 strategy: replicated state, whole parameters
+  }
+  if (info_.partitions_parameters &&
+      !(DTK_HAS_FIELD(dtk_strategy_api, api_, gather_parameters) && api_->gather_parameters))
+    throw HostError("strategy plugin '" + plugin_.name() + "' partitions parameters but has no gather_parameters");
   const dtk_module_hooks* hooks = nullptr;
   check_plugin(api_->module_hooks(strategy_, &hooks), plugin_, "module_hooks");
   if (!hooks) return;
@@ -205,6 +216,21 @@ void StrategyInstance::state_load(const TensorList& state) {
   if (!api_->state_load) return;
   MapView view(state);
   check_plugin(api_->state_load(strategy_, view.get()), plugin_, "state_load");
+}
+
+void StrategyInstance::gather_parameters(bool whole) {
+  if (!info_.partitions_parameters) return;
+  check_plugin(api_->gather_parameters(strategy_, whole ? 1 : 0), plugin_, "gather_parameters");
+}
+dtk_memory_usage StrategyInstance::memory_usage() const {
+  dtk_memory_usage u{};
+  u.struct_size = dtk_memory_usage_STRUCT_SIZE;
+  if (!(DTK_HAS_FIELD(dtk_strategy_api, api_, memory_usage) && api_->memory_usage)) {
+    u = dtk_memory_usage{};
+    return u;
+  }
+  check_plugin(api_->memory_usage(strategy_, &u), plugin_, "memory_usage");
+  return u;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 0
+#define DTK_ABI_MINOR 1
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -367,9 +367,17 @@ typedef struct dtk_param_info {
   int32_t no_weight_decay; /* biases and norm weights: 1 */
   int32_t shared;          /* 1 if the same tensor appears under another name (tied) */
   int32_t module_index;    /* the module owning it (dtk_module_info.index), -1 if none */
+  /* ABI 2.1. A strategy that hands the optimizer a shard of a parameter (ZeRO) describes it here:
+   * the shard is the 1-D run of its numel() elements that starts at element `shard_offset` of the
+   * flattened parameter, whose whole size is `full_numel` elements. full_numel == 0: the tensor
+   * is the whole parameter (what a 2.0 writer means too). Checkpoints use it to re-partition
+   * optimizer state between strategies and data-parallel sizes. */
+  int64_t shard_offset;
+  int64_t full_numel;
 } dtk_param_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_0, module_index);
-DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, module_index);
+DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_1, full_numel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, full_numel);
 
 /* Visitor over named parameters. `tensor` is [borrowed] for the call: a C++ visitor that
  * keeps the tensor copies the at::Tensor (dtk::unwrap(tensor)), which takes its own reference.
@@ -814,6 +822,10 @@ typedef struct dtk_param_group {
 DTK_DEFINE_STRUCT_SIZE(dtk_param_group, 2_0, lr_scale);
 DTK_DEFINE_STRUCT_TRAITS(dtk_param_group, lr_scale);
 
+/* The DTK host passes two groups in a fixed order, group 0 the parameters with weight decay and
+ * group 1 those without (biases, norm weights), so that a parameter's group, and the state names
+ * an optimizer derives from it, do not depend on which other parameters a rank holds. Either group
+ * may be empty (count 0): a ZeRO partition can hold no parameter of one kind. */
 typedef struct dtk_optimizer_create_args {
   size_t struct_size;
   const dtk_build_context* context; /* [borrowed] */
@@ -884,6 +896,39 @@ typedef struct dtk_strategy_step_args {
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_step_args, 2_0, step);
 DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_step_args, step);
 
+/* What a strategy does with state and memory, so the host can save, load and account for it
+ * (ABI 2.1; a 2.0 strategy has no get_info and counts as all zeros). */
+typedef struct dtk_strategy_info {
+  size_t struct_size;
+  /* 1: the optimizer's and the strategy's state differ between data-parallel ranks (ZeRO): every
+   * DP rank saves its own, and every entry of that state that belongs to one parameter has the
+   * parameter's name in its key ("g0.<name>.exp_avg", "master.<name>") and holds exactly the
+   * shard optimizer_params reported for it (dtk_param_info.shard_offset/full_numel). The host then
+   * re-partitions saved state on load: another DP size, or another strategy (ddp <-> zero). */
+  int32_t sharded_state;
+  /* 1: model parameters are not whole outside the module hooks (ZeRO-3): around every read or
+   * write of the model's parameters outside a training step (checkpoints) the host calls
+   * gather_parameters(1) before and gather_parameters(0) after. */
+  int32_t partitions_parameters;
+  /* 1: the optimizer steps host tensors (ZeRO-Offload): what it allocates is host memory. */
+  int32_t optimizer_on_host;
+} dtk_strategy_info;
+DTK_DEFINE_STRUCT_SIZE(dtk_strategy_info, 2_1, optimizer_on_host);
+DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_info, optimizer_on_host);
+
+/* Bytes a strategy holds, by what they are (ABI 2.1), for the memory report. Device bytes are
+ * on the run's device (on a CPU run: tensors outside pinned host memory); host bytes are what
+ * offload keeps in (pinned) host memory. The optimizer's own state is counted by the host. */
+typedef struct dtk_memory_usage {
+  size_t struct_size;
+  int64_t parameter_bytes; /* model parameters as the model reads them (whole or partitioned) */
+  int64_t gradient_bytes;  /* gradients: the model's .grad tensors and the strategy's buffers */
+  int64_t master_bytes;    /* fp32 master weights that are not the parameters themselves */
+  int64_t host_bytes;      /* all of the above that lives in host memory instead (offload) */
+} dtk_memory_usage;
+DTK_DEFINE_STRUCT_SIZE(dtk_memory_usage, 2_1, host_bytes);
+DTK_DEFINE_STRUCT_TRAITS(dtk_memory_usage, host_bytes);
+
 /* The pipeline's per-iteration contract with a strategy (every call [main-thread]):
  *   setup(model)                   once: wrap the model (DDP buckets, ZeRO partitions)
  *   module_hooks(&hooks)           once, after setup: hooks the host installs on the model
@@ -893,7 +938,8 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_step_args, step);
  *   clip_and_norm(args)            global grad norm across DP/TP, clipped if max_norm > 0
  *   optimizer_step(args)           steps the optimizer and makes params current everywhere
  *   zero_grad()
- * Checkpoints: state_save/state_load carry sharded optimizer state and master weights. */
+ * Checkpoints: state_save/state_load carry the strategy's own state (e.g. fp32 master weights);
+ * a strategy whose state is sharded over data-parallel ranks says so in get_info (2.1). */
 typedef struct dtk_strategy_api {
   size_t struct_size;
   dtk_status* (*create)(const dtk_build_context* ctx, dtk_strategy** out /*[new] destroy()*/);
@@ -915,9 +961,19 @@ typedef struct dtk_strategy_api {
    * set_module_hooks after setup (refusing a model that cannot fire hooks) and removes it
    * before destroying the strategy. */
   dtk_status* (*module_hooks)(dtk_strategy* strategy, const dtk_module_hooks** out);
+  /* ABI 2.1. [out] `info`: the caller sets info->struct_size; the strategy fills what both know
+   * and sets struct_size to what it filled. Called once, after setup. */
+  dtk_status* (*get_info)(dtk_strategy* strategy, dtk_strategy_info* info);
+  /* ABI 2.1. whole = 1: make every model parameter whole (the host is about to read or write
+   * them); whole = 0: the host is done; take this rank's shard of the (possibly just loaded)
+   * values and release the rest. Only called when get_info reports partitions_parameters. */
+  dtk_status* (*gather_parameters)(dtk_strategy* strategy, int32_t whole);
+  /* ABI 2.1. [out] the bytes held now (caller sets usage->struct_size, as get_info). */
+  dtk_status* (*memory_usage)(dtk_strategy* strategy, dtk_memory_usage* usage);
 } dtk_strategy_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_0, module_hooks);
-DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_api, module_hooks);
+DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_1, memory_usage);
+DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_api, memory_usage);
 
 /* ============================================================================================
  * The entry struct (rule 1)

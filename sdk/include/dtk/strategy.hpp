@@ -32,6 +32,21 @@ class Strategy {
   // The per-module hooks this strategy needs installed on the model (ZeRO-3), or nullptr.
   // The table must stay valid as long as the strategy.
   virtual const dtk_module_hooks* module_hooks() { return nullptr; }
+  // What the host must know about this strategy's state (abi.h dtk_strategy_info): sharded over
+  // data-parallel ranks, parameters partitioned, optimizer on the host. Default: none of these.
+  virtual dtk_strategy_info info() {
+    dtk_strategy_info i{};
+    i.struct_size = dtk_strategy_info_STRUCT_SIZE;
+    return i;
+  }
+  // Only for strategies whose info() reports partitions_parameters (ZeRO-3).
+  virtual void gather_parameters(bool whole) { (void)whole; }
+  // The bytes held now, by kind (abi.h dtk_memory_usage). Default: unknown (zeros).
+  virtual dtk_memory_usage memory_usage() {
+    dtk_memory_usage u{};
+    u.struct_size = dtk_memory_usage_STRUCT_SIZE;
+    return u;
+  }
 };
 
 template <class T>
@@ -77,6 +92,21 @@ const dtk_strategy_api* strategy_api() {
       },
       [](dtk_strategy* s, const dtk_module_hooks** out) {
         return guard([&] { *out = reinterpret_cast<T*>(s)->module_hooks(); });
+      },
+      [](dtk_strategy* s, dtk_strategy_info* info) {
+        return guard([&] {
+          dtk_strategy_info mine = reinterpret_cast<T*>(s)->info();
+          mine.struct_size = dtk_strategy_info_STRUCT_SIZE;
+          write_struct(info, mine);
+        });
+      },
+      [](dtk_strategy* s, int32_t whole) { return guard([&] { reinterpret_cast<T*>(s)->gather_parameters(whole != 0); }); },
+      [](dtk_strategy* s, dtk_memory_usage* usage) {
+        return guard([&] {
+          dtk_memory_usage mine = reinterpret_cast<T*>(s)->memory_usage();
+          mine.struct_size = dtk_memory_usage_STRUCT_SIZE;
+          write_struct(usage, mine);
+        });
       },
   };
   return &api;

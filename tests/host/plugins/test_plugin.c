@@ -113,8 +113,10 @@ static const dtk_plugin_entry kEntry = {
 #else
     DTK_ABI_MAJOR,
 #endif
-#ifdef VARIANT_NEWER
+#if defined(VARIANT_NEWER)
     DTK_ABI_MINOR + 1,
+#elif defined(VARIANT_MAJOR)
+    0, /* the first minor of the next major */
 #else
     DTK_ABI_MINOR,
 #endif

@@ -60,19 +60,24 @@ class StepInstance {
 
 class OptimizerInstance {
  public:
-  OptimizerInstance(const host::Plugin& plugin, const dtk_build_context& ctx, const std::vector<Param>& params,
+  // Creates the optimizer over `params` in two groups, always in this order (abi.h): 0 = with
+  // weight decay, 1 = without (info.no_weight_decay); either may be empty.
+  OptimizerInstance(const host::Plugin& plugin, const dtk_build_context& ctx, std::vector<Param> params,
                     double weight_decay);
   ~OptimizerInstance();
   const dtk_optimizer_ref* ref() const { return &ref_; }
   TensorList state_save() const;
   void state_load(const TensorList& state);
-  size_t num_groups() const { return num_groups_; }
+  // The tensors the optimizer steps, with their infos (shards under ZeRO): what checkpoints
+  // re-partition optimizer state against.
+  const std::vector<Param>& params() const { return params_; }
+  const host::Plugin& plugin() const { return plugin_; }
 
  private:
   const host::Plugin& plugin_;
   const dtk_optimizer_api* api_;
+  std::vector<Param> params_;
   dtk_optimizer_ref ref_{};
-  size_t num_groups_ = 0;
 };
 
 class StrategyInstance {
@@ -92,12 +97,21 @@ class StrategyInstance {
   void zero_grad();
   TensorList state_save() const;
   void state_load(const TensorList& state);
+  // abi.h dtk_strategy_info (all zeros for a 2.0 strategy), read once after setup.
+  const dtk_strategy_info& info() const { return info_; }
+  // Around reads and writes of the model's parameters outside a step (ZeRO-3); a no-op unless
+  // info().partitions_parameters.
+  void gather_parameters(bool whole);
+  // The bytes the strategy holds now (zeros for a strategy that does not say).
+  dtk_memory_usage memory_usage() const;
+  const host::Plugin& plugin() const { return plugin_; }
 
  private:
   const host::Plugin& plugin_;
   const dtk_strategy_api* api_;
   dtk_strategy* strategy_ = nullptr;
   ModelInstance* hooked_ = nullptr;  // the model carrying this strategy's module hooks
+  dtk_strategy_info info_{};
 };
 
 class DatasetInstance {

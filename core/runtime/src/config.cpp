@@ -236,6 +236,7 @@ void validate_config(const config::RunConfig& cfg) {
   if (t.device() != "cpu" && t.device() != "cuda")
     throw HostError("config: train.device must be cpu or cuda, got '" + t.device() + "'");
   if (t.threads() < 0) throw HostError("config: train.threads must be >= 0");
+  if (t.memory_limit_mb() < 0) throw HostError("config: train.memory_limit_mb must be >= 0 (0 = no budget)");
   if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
   const auto& lr = cfg.lr();
   if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");

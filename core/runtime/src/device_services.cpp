@@ -1,10 +1,11 @@
 // The device services of a CPU-only build (abi.h dtk_device_services). CPU work is synchronous
 // and in order, so every stream is a valid handle for that one queue, recording an event and
 // waiting for one do nothing, and synchronizing returns at once. Pinned memory is ordinary host
-// memory. A CUDA build replaces this file's functions with ones over c10::cuda streams and
+// memory, counted in the host pool of the memory report. A CUDA build replaces this file's functions with ones over c10::cuda streams and
 // events; plugin code written against the table runs unchanged on both.
 #include <dtk/tensor.hpp>
 
+#include "dtk/core/memory.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 
@@ -74,6 +75,7 @@ dtk_status* alloc_pinned(void*, const int64_t* shape, int32_t ndim, int32_t dtyp
   for (int32_t i = 0; i < ndim; ++i)
     if (shape[i] < 0) return error(DTK_ERR_INVALID_ARGUMENT, "alloc_pinned: negative dimension");
   return dtk::guard([&] {
+    memory::HostScope host;  // host memory, not the device's (dtk/core/memory.hpp)
     *out = dtk::wrap(at::empty(at::IntArrayRef(shape, static_cast<size_t>(ndim)), dtk::to_scalar_type(dtype)));
   });
 }

@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
+#include "dtk/core/memory.hpp"
 
 namespace dtk::core {
 
@@ -44,6 +47,9 @@ const Topology& initialize(const config::RunConfig& cfg) {
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks);
   at::set_num_threads(std::max(1, threads));
   at::manual_seed(train.seed());
+  // Count tensor bytes from here on (the memory report; the device budget).
+  memory::install();
+  memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
   if (train.device() == "cuda")
     throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
   return topo;
@@ -219,11 +225,34 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.skipped = !std::isfinite(r.grad_norm);
   if (!r.skipped) {
     const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, r.learning_rate, iteration, 1.0};
-    strategy_->optimizer_step(*optimizer_, args);
+    {
+      // An offloaded optimizer's state is host memory, wherever the process allocates it.
+      std::optional<memory::HostScope> host;
+      if (strategy_->info().optimizer_on_host) host.emplace();
+      strategy_->optimizer_step(*optimizer_, args);
+    }
     ++progress_.scheduler_step;  // the scheduler advances only after a successful update
+  }
+  if (!memory_reported_ && log_->logs(iteration)) {
+    r.memory = memory_sample();
+    memory_reported_ = true;
   }
   strategy_->zero_grad();
   return r;
+}
+
+// What this rank holds at the end of the step, before the gradients are cleared.
+MemorySample Trainer::memory_sample() const {
+  MemorySample m;
+  m.allocator = memory::stats();
+  m.strategy = strategy_->memory_usage();
+  m.optimizer_on_host = strategy_->info().optimizer_on_host != 0;
+  std::set<const void*> seen;  // count each storage once (views, shared buffers)
+  for (const auto& [name, t] : optimizer_->state_save()) {
+    if (!t.defined() || !seen.insert(t.storage().data()).second) continue;
+    m.optimizer_state_bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return m;
 }
 
 void Trainer::train() {

@@ -75,10 +75,32 @@ void TrainingLog::record(const IterationResult& r) {
     norm_sum_ += r.grad_norm, ++norm_count_;
     window_.merge(r.metrics);
   }
-  if (r.iteration % setup_.log_interval == 0 || r.iteration == setup_.train_iters) {
+  if (logs(r.iteration)) {
     print_window(r);
+    if (r.memory) print_memory(r.iteration, *r.memory);
     clear_window();
   }
+}
+
+// Megatron's report_memory line (after the first logged iteration), with DTK's breakdown: the
+// allocator's device pool (what a GPU would hold; on a CPU run every tensor outside pinned host
+// memory and an offloaded optimizer) and what the strategy and the optimizer hold of it.
+void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
+  auto mb = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " [Rank 0] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: %.2f | "
+                "parameters: %.2f | gradients: %.2f | fp32 masters: %.2f | optimizer state: %.2f%s | "
+                "host allocated: %.2f | host max allocated: %.2f",
+                static_cast<long long>(iteration), mb(m.allocator.device.bytes), mb(m.allocator.device.peak),
+                mb(m.strategy.parameter_bytes), mb(m.strategy.gradient_bytes), mb(m.strategy.master_bytes),
+                mb(m.optimizer_state_bytes), m.optimizer_on_host ? " (host)" : "", mb(m.allocator.host.bytes),
+                mb(m.allocator.host.peak));
+  print(buf);
+  if (!tensorboard_) return;
+  tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
+  tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);
+  tensorboard_->flush();
 }
 
 void TrainingLog::print_window(const IterationResult& last) {

@@ -53,6 +53,7 @@ class Trainer {
   void load_checkpoint();
   void build_data_iterators();
   IterationResult train_step(int64_t iteration);
+  MemorySample memory_sample() const;
   void evaluate(int32_t split, const char* what, int64_t iteration);
   void save(int64_t iteration);
 
@@ -74,6 +75,7 @@ class Trainer {
   TrainProgress progress_;         // iteration, consumed samples, scheduler step
   int64_t resumed_iteration_ = 0;  // where this process started
   int64_t last_saved_ = -1;
+  bool memory_reported_ = false;  // the memory report follows the first logged iteration
 };
 
 }  // namespace dtk::core

@@ -4,12 +4,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <dtk/abi.h>
+
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dtk/core/memory.hpp"
 #include "dtk/core/tensorboard.hpp"
 
 namespace dtk::core {
@@ -28,6 +32,15 @@ class MetricAverager {
   std::map<std::string, int64_t> counts_;
 };
 
+// What a rank holds at the end of a step (after the optimizer step, before gradients are
+// cleared): the allocator's pools (dtk/core/memory.hpp) and who holds what.
+struct MemorySample {
+  memory::Stats allocator;                 // device and host pools: now and peak since the start
+  dtk_memory_usage strategy{};             // parameters, gradients, masters (strategy's count)
+  int64_t optimizer_state_bytes = 0;       // the optimizer's state tensors
+  bool optimizer_on_host = false;          // ...which then live in host memory (offload)
+};
+
 // One finished iteration, as the trainer hands it to the log.
 struct IterationResult {
   int64_t iteration = 0;
@@ -35,6 +48,7 @@ struct IterationResult {
   double grad_norm = 0;      // before clipping; NaN/Inf when gradients overflowed
   bool skipped = false;      // the update was skipped (non-finite gradients)
   MetricAverager metrics;    // means over the iteration's micro-batches
+  std::optional<MemorySample> memory;  // taken on the first logged iteration
 };
 
 // Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
@@ -51,8 +65,12 @@ class TrainingLog {
   explicit TrainingLog(Setup setup);
 
   // Adds an iteration to the window and prints the window on log-interval boundaries and at
-  // the last iteration.
+  // the last iteration, followed by the memory report when the result carries one.
   void record(const IterationResult& result);
+  // Whether `iteration` ends a window (its result is printed).
+  bool logs(int64_t iteration) const {
+    return iteration % setup_.log_interval == 0 || iteration == setup_.train_iters;
+  }
   // Validation/test results: Megatron's dashed block and TensorBoard "<metric> <what>" tags.
   void report_evaluation(const std::string& what, int64_t iteration, const MetricAverager& metrics);
   // Prints a line from the printing rank only, flushed (so it precedes any later error line).
@@ -72,6 +90,7 @@ class TrainingLog {
 
  private:
   void print_window(const IterationResult& last);
+  void print_memory(int64_t iteration, const MemorySample& m) const;
   void clear_window();
 
   Setup setup_;

@@ -1,0 +1,46 @@
+// dtk/core/memory.hpp — how many tensor bytes the process holds, as the memory report and the
+// device memory budget see them.
+//
+// install() wraps LibTorch's CPU allocator with one that counts live bytes and their peak in two
+// pools: "device" and "host". On a CPU run the CPU is the device: every tensor allocation counts
+// as device memory, except those made inside a HostScope — pinned host buffers
+// (dtk_device_services.alloc_pinned) and the optimizer's state when the strategy runs the
+// optimizer on the host (ZeRO-Offload). That is where those bytes would live on a GPU run, so the
+// device pool measures what a GPU would have to hold, and a device budget (train.memory_limit_mb)
+// shows what offload makes fit.
+#pragma once
+
+#include <cstdint>
+
+namespace dtk::core::memory {
+
+struct Pool {
+  int64_t bytes = 0;  // live now
+  int64_t peak = 0;   // highest since install() or the last reset_peak()
+};
+
+struct Stats {
+  Pool device, host;
+};
+
+// Wraps the CPU allocator (idempotent; allocations made before keep their own deleters).
+void install();
+bool installed();
+Stats stats();
+// Starts a new peak at the current value (both pools).
+void reset_peak();
+
+// A budget for the device pool: an allocation that would take it past `bytes` fails with
+// "device memory budget of N MB exceeded ..." (bytes <= 0: no budget).
+void set_device_limit(int64_t bytes);
+
+// While one is alive on a thread, that thread's allocations count as host memory.
+class HostScope {
+ public:
+  HostScope();
+  ~HostScope();
+  HostScope(const HostScope&) = delete;
+  HostScope& operator=(const HostScope&) = delete;
+};
+
+}  // namespace dtk::core::memory

@@ -3,6 +3,7 @@
 // skipped entirely at TP size 1.
 #include "tensor_parallel.hpp"
 
+#include <dtk/module_hooks.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace dtk::gpt {
@@ -143,7 +144,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bi
 }
 
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
-  return at::linear(copy_to_tp_region(x, tp), weight, bias);
+  return dtk::linear(copy_to_tp_region(x, tp), weight, bias);
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, double init_std, const TPGroup& tp_,
@@ -156,7 +157,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, do
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor y = reduce_from_tp_region(at::linear(x, weight), tp);
+  at::Tensor y = reduce_from_tp_region(dtk::linear(x, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 
@@ -179,7 +180,7 @@ at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
 }
 
 at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp) {
-  return at::linear(copy_to_tp_region(x, tp), weight);
+  return dtk::linear(copy_to_tp_region(x, tp), weight);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp) {

@@ -21,6 +21,14 @@
 // Inside an activation-recomputing autograd function, call run() from the code that is rerun
 // in backward: the recomputation then fires pre/post_forward again followed by the backward
 // hooks, the order abi.h documents.
+//
+// Parameters that come and go (ZeRO-3): a strategy may release a module's parameters after its
+// forward and gather them again in pre_backward. Backward must then read each parameter through
+// the parameter tensor itself, which is what autograd does for a parameter saved directly, but
+// not for a view of it saved in forward (at::linear saves weight.t(), which keeps the forward's
+// storage alive and bypasses the release). dtk::linear below is at::linear with that property;
+// use it for every product with a weight. Element-wise uses of a parameter (bias adds, LayerNorm
+// weights passed directly) save nothing or the parameter itself and need nothing special.
 #pragma once
 
 #include <dtk/model.hpp>
@@ -117,5 +125,43 @@ class ModuleHooks {
   std::shared_ptr<const dtk_module_hooks> current_;
   std::vector<std::shared_ptr<const dtk_module_hooks>> history_;
 };
+
+namespace detail {
+// With and without bias: an undefined tensor cannot be an input of a custom autograd function.
+template <bool kBias>
+struct LinearFunction : public torch::autograd::Function<LinearFunction<kBias>> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    return at::linear(x, weight, kBias ? bias : at::Tensor());
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    return forward(ctx, x, weight, at::Tensor());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    // The products autograd forms for at::linear's mm(x, weight.t()), in the same order.
+    const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(0)) gx = g.mm(weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
+    if (!kBias) return {gx, gw};
+    if (ctx->needs_input_grad(2)) gb = g.sum(0);
+    return {gx, gw, gb};
+  }
+};
+}  // namespace detail
+
+// y = x W^T + b, as at::linear (same forward kernel, gradients bit-identical), saving the weight
+// parameter itself for backward so a strategy may release it in between (see the file comment).
+// x [..., in], weight [out, in], bias [out] or undefined.
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor()) {
+  if (!at::GradMode::is_enabled()) return at::linear(x, weight, bias);
+  if (bias.defined()) return detail::LinearFunction<true>::apply(x, weight, bias);
+  return detail::LinearFunction<false>::apply(x, weight);
+}
 
 }  // namespace dtk

@@ -8,6 +8,9 @@
 // optimizer works on fp32 master copies (gradients converted to fp32 before the reduction, the
 // norm and the update), and the updated masters are copied back into the model's parameters.
 // Without masters a bf16 weight near 1.0 cannot move by less than 2^-8: small updates vanish.
+// Gradients of such parameters accumulate across micro-batches in fp32 (Megatron's
+// accumulate_allreduce_grads_in_fp32): before each further micro-batch's backward, and before the
+// reduction, the parameter's gradient is added into the master's fp32 gradient and cleared.
 #include <dtk/strategy.hpp>
 
 #include <cmath>
@@ -45,17 +48,30 @@ class Ddp : public dtk::Strategy {
     return out;
   }
 
+  void before_backward(const dtk_backward_args& args) override {
+    if (args.micro_batch > 0) accumulate_into_masters();
+  }
+
   void reduce_gradients() override {
     at::NoGradGuard no_grad;
-    const bool reduce = dtk::Comm::size(DTK_GROUP_DATA_PARALLEL) > 1;
+    accumulate_into_masters();
+    if (dtk::Comm::size(DTK_GROUP_DATA_PARALLEL) <= 1) return;
+    for (auto& m : masters_)
+      if (m.grad().defined())
+        dtk::Comm::all_reduce(m.grad(), DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM);
+  }
+
+  dtk_memory_usage memory_usage() override {
+    dtk_memory_usage u{};
+    u.struct_size = dtk_memory_usage_STRUCT_SIZE;
     for (size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor& g = params_[i].tensor.grad();
-      if (!g.defined()) continue;
-      // Convert first, reduce in fp32 (Megatron accumulates and reduces main_grad in fp32).
-      if (!is_self(i)) masters_[i].mutable_grad() = g.to(at::kFloat);
-      if (reduce)
-        dtk::Comm::all_reduce(masters_[i].grad(), DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM);
+      u.parameter_bytes += bytes(params_[i].tensor);
+      u.gradient_bytes += bytes(params_[i].tensor.grad());
+      if (is_self(i)) continue;
+      u.master_bytes += bytes(masters_[i]);
+      u.gradient_bytes += bytes(masters_[i].grad());
     }
+    return u;
   }
 
   double clip_and_norm(double max_norm) override {
@@ -119,6 +135,23 @@ class Ddp : public dtk::Strategy {
 
  private:
   bool is_self(size_t i) const { return masters_[i].unsafeGetTensorImpl() == params_[i].tensor.unsafeGetTensorImpl(); }
+
+  // Moves the low-precision parameters' gradients (one micro-batch's) into the fp32 masters'.
+  void accumulate_into_masters() {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& g = params_[i].tensor.mutable_grad();
+      if (is_self(i) || !g.defined()) continue;
+      at::Tensor& main = masters_[i].mutable_grad();
+      if (main.defined())
+        main.add_(g);
+      else
+        main = g.to(at::kFloat);
+      g = at::Tensor();
+    }
+  }
+
+  static int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
   bool average_, masters_enabled_;
   int32_t tp_rank_;

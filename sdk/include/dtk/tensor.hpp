@@ -272,6 +272,11 @@ class Comm {
     dtk_tensor ho{out}, hi{in};
     run(&dtk_comm_services::reduce_scatter, args(group, op, &hi, &ho, 0));
   }
+  static Work reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, int32_t group,
+                                   int32_t op = DTK_REDUCE_SUM) {
+    dtk_tensor ho{out}, hi{in};
+    return run_async(&dtk_comm_services::reduce_scatter, args(group, op, &hi, &ho, 0));
+  }
   static void barrier(int32_t group) {
     run(&dtk_comm_services::barrier, args(group, DTK_REDUCE_SUM, nullptr, nullptr, 0));
   }

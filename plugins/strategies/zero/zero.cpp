@@ -1,0 +1,40 @@
+// zero — DeepSpeed's ZeRO (stages 1, 2, 3) with CPU offload as a DTK strategy plugin:
+//   dtk train ... --strategy zero --set strategy.stage=2 [--set strategy.offload_optimizer=cpu]
+// Options carry DeepSpeed's zero_optimization names (docs/user-guide.md maps a DeepSpeed config).
+// The implementation is in zero_strategy.{hpp,cpp} (setup, gradients, step, state), gather.cpp
+// (module hooks, stage 3 gathering) and layout.{hpp,cpp} (buckets and partitions).
+#include "zero_strategy.hpp"
+
+namespace {
+
+const dtk_option_spec kOptions[] = {
+    dtk::opt_int("stage", "1",
+                 "1: partition optimizer state and fp32 masters; 2: + gradients; 3: + parameters (DeepSpeed's "
+                 "zero_optimization.stage)."),
+    dtk::opt_int("reduce_bucket_size", "500000000",
+                 "Elements per gradient bucket: the unit of every reduce-scatter and of the partition layout."),
+    dtk::opt_int("allgather_bucket_size", "500000000",
+                 "Elements of parameter all-gathers in flight at once after the optimizer step."),
+    dtk::opt_bool("overlap_comm", "false",
+                  "Leave reduce-scatters in flight (two at most) while backward goes on, instead of waiting on each."),
+    dtk::opt_bool("contiguous_gradients", "true",
+                  "Copy gradients into contiguous buckets as they are produced (always on; false is refused)."),
+    dtk::opt_bool("average_gradients", "true", "Average (not sum) gradients over data-parallel ranks."),
+    dtk::opt_int("stage3_prefetch_bucket_size", "50000000",
+                  "Stage 3: elements of the next modules' parameters gathered ahead of use."),
+    dtk::opt_int("stage3_max_live_parameters", "1000000000",
+                 "Stage 3: prefetching stops when this many parameter elements are gathered."),
+    dtk::opt_int("stage3_param_persistence_threshold", "100000",
+                 "Stage 3: parameters of at most this many elements stay whole on every rank."),
+    dtk::opt_enum("offload_optimizer", "none", "none|cpu",
+                  "cpu: fp32 masters, optimizer state and the gradient partition in pinned host memory; the optimizer "
+                  "(use cpu_adam) steps there (ZeRO-Offload)."),
+    dtk::opt_enum("offload_param", "none", "none|cpu", "Stage 3, cpu: this rank's parameter partition in host memory."),
+};
+
+}  // namespace
+
+DTK_PLUGIN("zero", DTK_KIND_STRATEGY, "1.0.0",
+           "DeepSpeed ZeRO stages 1-3: optimizer state, gradients and parameters partitioned over data "
+           "parallel; CPU offload",
+           DTK_TORCH_VERSION, dtk::strategy_api<dtk::zero::ZeroStrategy>(), kOptions)

@@ -1,0 +1,492 @@
+// zero_strategy.cpp — setup, gradients, the optimizer step, checkpoint state and memory of the
+// ZeRO strategy (zero_strategy.hpp). Stage 3's gathering is in gather.cpp.
+#include "zero_strategy.hpp"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace dtk::zero {
+
+namespace {
+
+int64_t positive(const dtk::Options& o, const char* name) {
+  const int64_t v = o.get_int(name);
+  if (v <= 0) throw Error(std::string("zero: option '") + name + "' must be positive, got " + std::to_string(v));
+  return v;
+}
+
+int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+}  // namespace
+
+Options Options::from(const dtk::Options& o) {
+  Options r;
+  r.stage = static_cast<int>(o.get_int("stage"));
+  if (r.stage == 0)
+    throw Error("zero: stage 0 partitions nothing; use the ddp strategy (--strategy ddp)");
+  if (r.stage < 1 || r.stage > 3) throw Error("zero: option 'stage' must be 1, 2 or 3, got " + std::to_string(r.stage));
+  r.reduce_bucket_size = positive(o, "reduce_bucket_size");
+  r.allgather_bucket_size = positive(o, "allgather_bucket_size");
+  r.overlap_comm = o.get_bool("overlap_comm");
+  if (!o.get_bool("contiguous_gradients"))
+    throw Error(
+        "zero: contiguous_gradients=false is not supported: gradients are always copied into contiguous "
+        "buckets (DeepSpeed's default)");
+  r.average_gradients = o.get_bool("average_gradients");
+  r.prefetch_bucket_size = positive(o, "stage3_prefetch_bucket_size");
+  r.max_live_parameters = positive(o, "stage3_max_live_parameters");
+  r.persistence_threshold = o.get_int("stage3_param_persistence_threshold");
+  if (r.persistence_threshold < 0) throw Error("zero: option 'stage3_param_persistence_threshold' must be >= 0");
+  r.offload_optimizer = o.get_string("offload_optimizer") == "cpu";
+  r.offload_param = o.get_string("offload_param") == "cpu";
+  if (r.offload_param && r.stage != 3)
+    throw Error("zero: offload_param=cpu needs stage 3 (stages 1 and 2 keep every parameter on the device)");
+  return r;
+}
+
+ZeroStrategy::ZeroStrategy(const BuildContext& ctx)
+    : opt_(Options::from(ctx.options)),
+      device_(ctx.device),
+      dp_rank_(std::max(0, Comm::rank(DTK_GROUP_DATA_PARALLEL))),
+      dp_size_(std::max(1, Comm::size(DTK_GROUP_DATA_PARALLEL))),
+      tp_rank_(ctx.tp_rank),
+      tp_size_(std::max(1, ctx.tp_size)) {
+  hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, &pre_forward, &post_forward, &pre_backward, &post_backward};
+}
+
+ZeroStrategy::~ZeroStrategy() {
+  // Finish what is in flight before the buffers go (each wait is bounded).
+  try {
+    finish_reductions(0);
+    for (auto& g : gathering_)
+      if (g) g->wait();
+  } catch (const std::exception& e) {
+    DTK_LOG(ERROR) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+// ---------------------------------------------------------------------------------------------
+
+void ZeroStrategy::setup(const ModelHandle& model) {
+  at::NoGradGuard no_grad;
+  read_parameters(model);
+  build_layout();
+  allocate_parameters();
+  allocate_masters_and_gradients();
+  const Layout& l = *layout_;
+  int64_t total = 0;
+  for (const auto& p : l.params()) total += p.numel;
+  DTK_LOG(INFO) << "stage " << opt_.stage << " over " << dp_size_ << " data-parallel ranks: " << total
+                << " parameters in " << l.buckets().size() << " buckets, this rank's partition "
+                << l.partition_numel() << " elements (" << shards_.size() << " shards)"
+                << (opt_.offload_optimizer ? ", optimizer offloaded to the host" : "")
+                << (opt_.offload_param ? ", parameters offloaded to the host" : "");
+}
+
+void ZeroStrategy::read_parameters(const ModelHandle& model) {
+  params_ = model.parameters();
+  if (params_.empty()) throw Error("zero: the model has no parameters");
+  std::map<std::string, size_t> by_name;
+  std::set<const void*> impls;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& t = params_[i].tensor;
+    if (!t.is_floating_point()) throw Error("zero: parameter '" + params_[i].name + "' is not floating point");
+    if (i == 0) dtype_ = t.scalar_type();
+    if (t.scalar_type() != dtype_)
+      throw Error("zero: parameters of different dtypes ('" + params_[0].name + "' " +
+                  std::string(c10::toString(dtype_)) + ", '" + params_[i].name + "' " +
+                  std::string(c10::toString(t.scalar_type())) + ") are not supported");
+    if (t.device() != device_)
+      throw Error("zero: parameter '" + params_[i].name + "' is on " + t.device().str() + ", the run's device is " +
+                  device_.str());
+    if (!impls.insert(t.unsafeGetTensorImpl()).second)
+      throw Error("zero: parameter '" + params_[i].name + "' is listed twice (the same tensor under two names)");
+    by_name[params_[i].name] = i;
+  }
+  const std::vector<Module> modules = model.modules();
+  if (opt_.stage >= 2 && modules.empty())
+    throw Error("zero: stage " + std::to_string(opt_.stage) +
+                " needs a model that reports its modules and fires module hooks (use stage 1)");
+  int32_t max_index = -1;
+  first_module_ = std::numeric_limits<int32_t>::max();
+  for (const Module& m : modules) max_index = std::max(max_index, m.index), first_module_ = std::min(first_module_, m.index);
+  module_reads_.assign(static_cast<size_t>(max_index + 1), {});
+  for (const Module& m : modules) {
+    if (m.index < 0) throw Error("zero: module '" + m.name + "' has a negative index");
+    for (const std::string& n : m.params) {
+      auto it = by_name.find(n);
+      if (it == by_name.end())
+        throw Error("zero: module '" + m.name + "' reads '" + n + "', which is not among the model's parameters");
+      module_reads_[static_cast<size_t>(m.index)].push_back(it->second);
+    }
+  }
+}
+
+void ZeroStrategy::build_layout() {
+  std::vector<LayoutParam> lps(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    lps[i].name = params_[i].name;
+    lps[i].numel = params_[i].tensor.numel();
+    lps[i].on_demand = opt_.stage == 3 && lps[i].numel > opt_.persistence_threshold;
+  }
+  // A gradient is complete after the backward of the lowest-index module that reads it.
+  for (size_t m = 0; m < module_reads_.size(); ++m)
+    for (size_t p : module_reads_[m])
+      if (lps[p].ready_module < 0 || static_cast<int32_t>(m) < lps[p].ready_module)
+        lps[p].ready_module = static_cast<int32_t>(m);
+  ready_at_.assign(module_reads_.size(), {});
+  for (size_t p = 0; p < lps.size(); ++p)
+    if (lps[p].ready_module >= 0) ready_at_[static_cast<size_t>(lps[p].ready_module)].push_back(p);
+  // ZeRO-3 buckets are gathering units (one module each), whatever reduce_bucket_size says.
+  layout_.emplace(std::move(lps), dp_size_, opt_.reduce_bucket_size);
+  shards_ = layout_->shards(dp_rank_);
+  shard_of_.assign(params_.size(), -1);
+  for (size_t s = 0; s < shards_.size(); ++s) shard_of_[shards_[s].param] = static_cast<int64_t>(s);
+  const size_t nb = layout_->buckets().size();
+  full_.assign(nb, at::Tensor());
+  staging_.assign(nb, at::Tensor());
+  pending_.assign(nb, 0);
+  refs_.assign(nb, 0);
+  gathering_.resize(nb);
+  module_live_.assign(module_reads_.size(), 0);
+  collected_.assign(params_.size(), 0);
+}
+
+at::Tensor ZeroStrategy::host_or_device(int64_t numel, at::ScalarType dtype, bool host) const {
+  if (!host) return at::zeros({numel}, at::TensorOptions().dtype(dtype).device(device_));
+  at::Tensor t = Device::pinned_empty({numel}, dtype);  // pinned host memory (CPU runs: host pool)
+  t.zero_();
+  return t;
+}
+
+// Stages 1/2: every parameter becomes a view of one flat buffer in the layout's order, so a
+// bucket's all-gather writes the parameters in place. Stage 3: each rank keeps its chunks; whole
+// values exist only for the always-whole buckets and while a bucket is gathered.
+void ZeroStrategy::allocate_parameters() {
+  const Layout& l = *layout_;
+  auto view_params = [&](size_t b, const at::Tensor& whole) {
+    for (const Slot& s : l.buckets()[b].slots) {
+      at::Tensor& p = params_[s.param].tensor;
+      at::Tensor v = whole.narrow(0, s.offset, s.numel).view(p.sizes());
+      v.copy_(p);
+      p.set_data(v);
+    }
+  };
+  if (opt_.stage < 3) {
+    flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(dtype_).device(device_));
+    for (size_t b = 0; b < l.buckets().size(); ++b) {
+      full_[b] = flat_.narrow(0, l.buckets()[b].flat_offset, l.buckets()[b].numel);
+      view_params(b, full_[b]);
+    }
+    return;
+  }
+  part_params_ = host_or_device(l.partition_numel(), dtype_, opt_.offload_param);
+  for (const Shard& s : shards_)
+    part_params_.narrow(0, s.partition_offset, s.numel)
+        .copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+  nan_ = at::full({}, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions().dtype(dtype_).device(device_));
+  for (size_t b = 0; b < l.buckets().size(); ++b) {
+    const Bucket& bucket = l.buckets()[b];
+    if (!bucket.on_demand) {
+      full_[b] = at::zeros({bucket.numel}, at::TensorOptions().dtype(dtype_).device(device_));
+      view_params(b, full_[b]);
+    } else {
+      // Released: the parameter keeps its shape and shows NaN (any use outside a gather shows),
+      // its storage is one shared element.
+      for (const Slot& s : bucket.slots) params_[s.param].tensor.set_data(nan_.expand(params_[s.param].tensor.sizes()));
+    }
+  }
+}
+
+// The optimizer's view of a shard: fp32 values and the gradient partition.
+at::Tensor ZeroStrategy::master_of(const Shard& s) const {
+  if (!masters_alias_) return masters_.narrow(0, s.partition_offset, s.numel);
+  if (opt_.stage == 3) return part_params_.narrow(0, s.partition_offset, s.numel);
+  return flat_.narrow(0, layout_->flat_offset(s.param) + s.param_offset, s.numel);
+}
+
+void ZeroStrategy::allocate_masters_and_gradients() {
+  const Layout& l = *layout_;
+  // fp32 parameters where the optimizer runs are their own masters (no copy).
+  masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param);
+  if (!masters_alias_) {
+    masters_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
+    for (const Shard& s : shards_) {
+      const at::Tensor src = opt_.stage == 3 ? part_params_.narrow(0, s.partition_offset, s.numel)
+                                             : flat_.narrow(0, l.flat_offset(s.param) + s.param_offset, s.numel);
+      masters_.narrow(0, s.partition_offset, s.numel).copy_(src);
+    }
+  }
+  part_grads_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
+  if (opt_.stage == 1) grad_flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  optimizer_params_.clear();
+  for (const Shard& s : shards_) {
+    Param p;
+    p.name = params_[s.param].name;
+    p.tensor = master_of(s);
+    p.tensor.mutable_grad() = part_grads_.narrow(0, s.partition_offset, s.numel);
+    p.info = params_[s.param].info;
+    p.info.struct_size = dtk_param_info_STRUCT_SIZE;
+    p.info.shard_offset = s.param_offset;
+    p.info.full_numel = params_[s.param].tensor.numel();
+    optimizer_params_.push_back(std::move(p));
+  }
+  zero_grad();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradients
+// ---------------------------------------------------------------------------------------------
+
+void ZeroStrategy::before_backward(const dtk_backward_args& args) {
+  at::NoGradGuard no_grad;
+  backward_phase_ = true;
+  if (opt_.stage == 1) {
+    if (args.micro_batch > 0) collect_into_flat();  // fp32 accumulation of low-precision gradients
+    return;
+  }
+  if (args.micro_batch > 0) flush_buckets();  // anything the previous backward left incomplete
+  const Layout& l = *layout_;
+  for (size_t b = 0; b < l.buckets().size(); ++b) pending_[b] = static_cast<int64_t>(l.buckets()[b].slots.size());
+  std::fill(collected_.begin(), collected_.end(), 0);
+}
+
+// Stage 1: fp32 parameters accumulate straight into the flat fp32 buffer (their .grad is a view of
+// it); low-precision ones are added into it before every further backward and the reduction.
+void ZeroStrategy::collect_into_flat() {
+  if (!low_precision()) return;
+  for (size_t p = 0; p < params_.size(); ++p) {
+    at::Tensor& g = params_[p].tensor.mutable_grad();
+    if (!g.defined()) continue;
+    grad_flat_.narrow(0, layout_->flat_offset(p), g.numel()).add_(g.reshape({-1}));
+    g = at::Tensor();
+  }
+}
+
+// Stages 2/3: one parameter's gradient of this micro-batch into its bucket's fp32 staging buffer;
+// the bucket is reduce-scattered when its last gradient arrived.
+void ZeroStrategy::collect(size_t p) {
+  if (collected_[p]) return;
+  collected_[p] = 1;
+  const size_t b = layout_->bucket_of(p);
+  const Bucket& bucket = layout_->buckets()[b];
+  if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  at::Tensor& g = params_[p].tensor.mutable_grad();
+  if (g.defined()) {
+    staging_[b].narrow(0, layout_->flat_offset(p) - bucket.flat_offset, g.numel()).copy_(g.reshape({-1}));
+    g = at::Tensor();  // the whole gradient is gone: only the bucket and the partition remain
+  }
+  if (--pending_[b] == 0) {
+    at::Tensor input = std::move(staging_[b]);
+    staging_[b] = at::Tensor();
+    reduce_bucket(b, input);
+  }
+}
+
+// Reduce-scatters one bucket (fp32, whole) over the DP group and adds this rank's chunk into the
+// gradient partition; with overlap_comm the collective is left in flight (two at most).
+void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input) {
+  const Bucket& bucket = layout_->buckets()[b];
+  InFlight f{b, input, at::empty({bucket.chunk}, input.options()), std::nullopt};
+  const int32_t op = opt_.average_gradients ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
+  if (dp_size_ == 1)
+    f.output.copy_(input);
+  else if (opt_.overlap_comm)
+    f.work.emplace(Comm::reduce_scatter_async(f.output, input, DTK_GROUP_DATA_PARALLEL, op));
+  else
+    Comm::reduce_scatter(f.output, input, DTK_GROUP_DATA_PARALLEL, op);
+  in_flight_.push_back(std::move(f));
+  finish_reductions(opt_.overlap_comm ? 2 : 0);
+}
+
+void ZeroStrategy::finish_reductions(size_t keep) {
+  at::NoGradGuard no_grad;
+  while (in_flight_.size() > keep) {
+    InFlight& f = in_flight_.front();
+    if (f.work) f.work->wait();
+    const Bucket& bucket = layout_->buckets()[f.bucket];
+    // Device -> host when the partition is offloaded (a no-op move on CPU runs).
+    part_grads_.narrow(0, bucket.partition_offset, bucket.chunk).add_(f.output.to(part_grads_.device()));
+    in_flight_.pop_front();
+  }
+}
+
+void ZeroStrategy::flush_buckets() {
+  for (size_t p = 0; p < params_.size(); ++p)
+    if (!collected_[p] && params_[p].tensor.numel() > 0) collect(p);
+  finish_reductions(0);
+}
+
+void ZeroStrategy::reduce_gradients() {
+  at::NoGradGuard no_grad;
+  backward_phase_ = false;
+  if (opt_.stage >= 2) {
+    flush_buckets();
+  } else {
+    collect_into_flat();
+    const Layout& l = *layout_;
+    for (size_t b = 0; b < l.buckets().size(); ++b)
+      reduce_bucket(b, grad_flat_.narrow(0, l.buckets()[b].flat_offset, l.buckets()[b].numel));
+    finish_reductions(0);
+  }
+  if (opt_.stage == 3)  // prefetched buckets nobody used
+    for (size_t b = 0; b < full_.size(); ++b)
+      if (layout_->buckets()[b].on_demand && refs_[b] == 0 && (full_[b].defined() || gathering_[b])) {
+        wait_bucket(b);
+        free_bucket(b);
+      }
+}
+
+// Megatron's clip_grad_norm_fp32 over the partitions: this rank's shards (TP-replicated
+// parameters on TP rank 0 only), summed over the data-parallel group (disjoint partitions) and
+// the model-parallel group.
+double ZeroStrategy::clip_and_norm(double max_norm) {
+  at::NoGradGuard no_grad;
+  at::Tensor total;
+  if (tp_size_ == 1 || tp_rank_ == 0) {
+    total = part_grads_.to(at::kDouble).pow(2).sum();  // padding is zero
+  } else {
+    total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
+    for (const Shard& s : shards_)
+      if (params_[s.param].info.tensor_parallel)
+        total += part_grads_.narrow(0, s.partition_offset, s.numel).to(at::kDouble).pow(2).sum();
+  }
+  total = total.to(at::kCPU).reshape({1});
+  Comm::all_reduce(total, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);
+  Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
+  const double norm = std::sqrt(total.item<double>());
+  if (max_norm > 0 && std::isfinite(norm)) {
+    const double coeff = max_norm / (norm + 1e-6);
+    if (coeff < 1.0) part_grads_.mul_(coeff);
+  }
+  return norm;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step
+// ---------------------------------------------------------------------------------------------
+
+void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
+  dtk::optimizer_step(optimizer, args);
+  at::NoGradGuard no_grad;
+  const Layout& l = *layout_;
+  if (opt_.stage == 3) {
+    // The partition takes the updated values (in the parameter dtype) for the next gathers.
+    if (!masters_alias_) part_params_.copy_(masters_);
+  } else if (!masters_alias_) {
+    for (const Bucket& b : l.buckets())
+      flat_.narrow(0, b.flat_offset + static_cast<int64_t>(dp_rank_) * b.chunk, b.chunk)
+          .copy_(masters_.narrow(0, b.partition_offset, b.chunk));
+  }
+  gather_after_step();
+}
+
+// Every always-whole bucket (all of them in stages 1/2) gets the other ranks' updated chunks, in
+// place; at most allgather_bucket_size elements are in flight at once (one bucket at least).
+void ZeroStrategy::gather_after_step() {
+  if (dp_size_ == 1 && opt_.stage < 3) return;
+  const Layout& l = *layout_;
+  std::deque<std::pair<int64_t, Comm::Work>> flying;
+  int64_t in_flight = 0;
+  for (size_t b = 0; b < l.buckets().size(); ++b) {
+    const Bucket& bucket = l.buckets()[b];
+    if (bucket.on_demand) continue;
+    at::Tensor mine = full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
+    if (opt_.stage == 3) mine.copy_(part_params_.narrow(0, bucket.partition_offset, bucket.chunk));
+    if (dp_size_ == 1) continue;
+    while (!flying.empty() && in_flight + bucket.numel > opt_.allgather_bucket_size) {
+      flying.front().second.wait();
+      in_flight -= flying.front().first;
+      flying.pop_front();
+    }
+    flying.emplace_back(bucket.numel, Comm::all_gather_async(full_[b], mine, DTK_GROUP_DATA_PARALLEL));
+    in_flight += bucket.numel;
+  }
+  for (auto& f : flying) f.second.wait();
+}
+
+void ZeroStrategy::zero_grad() {
+  at::NoGradGuard no_grad;
+  finish_reductions(0);
+  part_grads_.zero_();
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  if (opt_.stage == 1) {
+    grad_flat_.zero_();
+    if (!low_precision())  // accumulate in place, in the layout's order
+      for (size_t p = 0; p < params_.size(); ++p)
+        params_[p].tensor.mutable_grad() =
+            grad_flat_.narrow(0, layout_->flat_offset(p), params_[p].tensor.numel()).view(params_[p].tensor.sizes());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints, info, memory
+// ---------------------------------------------------------------------------------------------
+
+// Low-precision runs save their fp32 masters per shard, under ddp's names ("master.<param>"), so
+// the host can re-partition them (another DP size, or ddp). fp32 parameters are their own
+// masters: the model's state has them.
+TensorList ZeroStrategy::state_save() {
+  TensorList out;
+  if (!low_precision()) return out;
+  for (const Shard& s : shards_) out.emplace_back("master." + params_[s.param].name, master_of(s));
+  return out;
+}
+
+void ZeroStrategy::state_load(const TensorList& state) {
+  at::NoGradGuard no_grad;
+  for (const Shard& s : shards_) {
+    const std::string& name = params_[s.param].name;
+    at::Tensor dst = master_of(s);
+    if (low_precision()) {
+      const at::Tensor* t = find(state, "master." + name);
+      if (!t) throw Error("zero: checkpoint has no fp32 master for '" + name + "'", DTK_ERR_NOT_FOUND);
+      if (t->numel() != s.numel)
+        throw Error("zero: master '" + name + "' has " + std::to_string(t->numel()) + " elements, this rank's shard " +
+                    std::to_string(s.numel));
+      dst.copy_(t->reshape({-1}));
+    } else if (!masters_alias_) {
+      // Separate fp32 masters (offload) take the loaded parameters, which are whole now (stage 3:
+      // the host gathered them around the load).
+      dst.copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+    }
+  }
+}
+
+dtk_strategy_info ZeroStrategy::info() {
+  dtk_strategy_info i{};
+  i.struct_size = dtk_strategy_info_STRUCT_SIZE;
+  i.sharded_state = 1;
+  i.partitions_parameters = opt_.stage == 3 ? 1 : 0;
+  i.optimizer_on_host = opt_.offload_optimizer ? 1 : 0;
+  return i;
+}
+
+dtk_memory_usage ZeroStrategy::memory_usage() {
+  dtk_memory_usage u{};
+  u.struct_size = dtk_memory_usage_STRUCT_SIZE;
+  // Parameters: the flat buffer (1/2), or the partition plus the whole buckets held (3).
+  if (opt_.stage < 3) {
+    u.parameter_bytes = bytes(flat_);
+  } else {
+    u.parameter_bytes = bytes(part_params_);
+    for (const auto& f : full_) u.parameter_bytes += bytes(f);
+    if (opt_.offload_param) u.host_bytes += bytes(part_params_);
+  }
+  // Gradients: the partition, stage 1's whole buffer, staging buckets, and any .grad held (stage
+  // 1's fp32 .grad tensors are views of its buffer: not counted twice).
+  u.gradient_bytes = bytes(part_grads_) + bytes(grad_flat_);
+  for (const auto& s : staging_) u.gradient_bytes += bytes(s);
+  for (const auto& f : in_flight_) u.gradient_bytes += bytes(f.input) + bytes(f.output);
+  if (!(opt_.stage == 1 && !low_precision()))
+    for (const auto& p : params_) u.gradient_bytes += bytes(p.tensor.grad());
+  u.master_bytes = masters_alias_ ? 0 : bytes(masters_);
+  if (opt_.offload_optimizer) u.host_bytes += bytes(part_grads_) + u.master_bytes;
+  return u;
+}
+
+}  // namespace dtk::zero

@@ -1,0 +1,142 @@
+// zero_strategy.hpp — DeepSpeed's ZeRO as a DTK strategy (see zero.cpp for the plugin entry and
+// docs/user-guide.md for the user's view).
+//
+//   stage 1  fp32 master weights and optimizer state partitioned over the data-parallel (DP)
+//            group; gradients accumulate whole (fp32), are reduce-scattered bucket by bucket after
+//            the last micro-batch, each rank steps its partition, and the updated parameters are
+//            all-gathered bucket by bucket.
+//   stage 2  + gradients partitioned: as each bucket's gradients become ready in backward (the
+//            module hooks' post_backward) they are copied into a contiguous fp32 bucket and
+//            reduce-scattered into the rank's partition, every micro-batch, so no rank ever holds
+//            the whole fp32 gradient.
+//   stage 3  + parameters partitioned: each rank keeps its chunk of every bucket; a module's
+//            buckets are all-gathered just before its forward and again before its backward
+//            (pre_forward/pre_backward hooks), with the next modules prefetched, and released after
+//            (post_forward/post_backward). Parameters at or below
+//            stage3_param_persistence_threshold elements stay whole.
+//   offload_optimizer=cpu   masters, optimizer state and the gradient partition live in pinned
+//            host memory; the optimizer (cpu_adam) steps them there; updated parameters go back to
+//            the device in the parameter dtype. offload_param=cpu (stage 3): the parameter
+//            partition lives in host memory too.
+//
+// The layout (layout.hpp) is bucket-major; the optimizer steps one 1-D shard per parameter that
+// intersects this rank's partition, named after the parameter, so its state is per parameter and
+// checkpoints can re-partition it (abi.h dtk_strategy_info.sharded_state).
+#pragma once
+
+#include <dtk/strategy.hpp>
+
+#include <deque>
+#include <optional>
+#include <vector>
+
+#include "layout.hpp"
+
+namespace dtk::zero {
+
+struct Options {
+  int stage = 1;
+  int64_t reduce_bucket_size = 0, allgather_bucket_size = 0;
+  bool overlap_comm = false, average_gradients = true;
+  int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
+  bool offload_optimizer = false, offload_param = false;
+  // Reads and checks the plugin's options (one-line errors naming the option).
+  static Options from(const dtk::Options& o);
+};
+
+class ZeroStrategy : public Strategy {
+ public:
+  explicit ZeroStrategy(const BuildContext& ctx);
+  ~ZeroStrategy() override;
+
+  void setup(const ModelHandle& model) override;
+  std::vector<Param> optimizer_params() override { return optimizer_params_; }
+  void before_backward(const dtk_backward_args& args) override;
+  void reduce_gradients() override;
+  double clip_and_norm(double max_norm) override;
+  void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) override;
+  void zero_grad() override;
+  TensorList state_save() override;
+  void state_load(const TensorList& state) override;
+  const dtk_module_hooks* module_hooks() override { return opt_.stage >= 2 ? &hooks_ : nullptr; }
+  dtk_strategy_info info() override;
+  void gather_parameters(bool whole) override;
+  dtk_memory_usage memory_usage() override;
+
+ private:
+  // setup
+  void read_parameters(const ModelHandle& model);
+  void build_layout();
+  void allocate_parameters();
+  void allocate_masters_and_gradients();
+  at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
+  at::Tensor master_of(const Shard& s) const;  // the fp32 values the optimizer steps
+  bool low_precision() const { return dtype_ != at::kFloat; }
+
+  // gradients
+  void collect_into_flat();               // stage 1: low-precision .grad -> the fp32 flat buffer
+  void collect(size_t param);             // stage 2/3: .grad -> its bucket's fp32 staging buffer
+  void reduce_bucket(size_t bucket, const at::Tensor& input);
+  void finish_reductions(size_t keep);    // completes in-flight reduce-scatters down to `keep`
+  void flush_buckets();                   // stage 2/3: reduce what backward did not complete
+
+  // parameters
+  void gather_after_step();               // all-gathers the always-whole buckets
+  void acquire_module(int32_t module);    // stage 3: gather a module's buckets (or take a prefetch)
+  void release_module(int32_t module);
+  void gather_bucket(size_t bucket, bool async);
+  void wait_bucket(size_t bucket);        // a pending gather completes; parameters point into it
+  void free_bucket(size_t bucket);
+  void prefetch(int32_t from_module, int direction);
+  void write_back_partition(size_t bucket);  // stage 3: whole bucket values -> this rank's chunk
+
+  // module hooks
+  static dtk_status* pre_forward(void* ctx, int32_t module);
+  static dtk_status* post_forward(void* ctx, int32_t module);
+  static dtk_status* pre_backward(void* ctx, int32_t module);
+  static dtk_status* post_backward(void* ctx, int32_t module);
+
+  const Options opt_;
+  const at::Device device_;
+  const int dp_rank_, dp_size_, tp_rank_, tp_size_;
+  at::ScalarType dtype_ = at::kFloat;
+  dtk_module_hooks hooks_{};
+
+  std::vector<Param> params_;                    // the model's (tensors shared with the model)
+  std::vector<std::vector<size_t>> module_reads_;  // per module: the parameters it reads
+  std::vector<std::vector<size_t>> ready_at_;      // per module: gradients complete after it
+  int32_t first_module_ = 0;                     // lowest module index: the end of backward
+  std::optional<Layout> layout_;
+  std::vector<Shard> shards_;                    // this rank's, in partition order
+  std::vector<int64_t> shard_of_;                // per parameter: its shard index or -1
+
+  // storage (see the file comment)
+  bool masters_alias_ = false;  // the optimizer steps the parameters' own fp32 storage
+  at::Tensor flat_;             // stages 1/2: every bucket, whole, in the parameter dtype
+  std::vector<at::Tensor> full_;  // per bucket: whole values (stage 3: while gathered)
+  at::Tensor part_params_;      // stage 3: this rank's chunks, parameter dtype
+  at::Tensor masters_;          // fp32 partition unless masters_alias_
+  at::Tensor part_grads_;       // fp32 partition of the reduced gradients
+  at::Tensor grad_flat_;        // stage 1: the whole fp32 gradient
+  at::Tensor nan_;              // stage 3: what a released parameter shows (NaN, any shape)
+  std::vector<Param> optimizer_params_;
+
+  // stage 2/3 reduction state
+  std::vector<at::Tensor> staging_;    // per bucket, while its gradients arrive
+  std::vector<int64_t> pending_;       // per bucket: gradients still to arrive this backward
+  std::vector<char> collected_;        // per parameter: collected this backward
+  struct InFlight {
+    size_t bucket;
+    at::Tensor input, output;
+    std::optional<Comm::Work> work;
+  };
+  std::deque<InFlight> in_flight_;
+
+  // stage 3 gathering state
+  std::vector<int> refs_;                 // per bucket: modules holding it
+  std::vector<char> module_live_;         // per module: its buckets are held for it
+  std::vector<std::optional<Comm::Work>> gathering_;  // per bucket: an issued, unfinished gather
+  bool backward_phase_ = false;
+};
+
+}  // namespace dtk::zero

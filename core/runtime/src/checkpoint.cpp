@@ -17,6 +17,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "dtk/core/checkpoint_shards.hpp"
+
 
 namespace dtk::core {
 
@@ -103,6 +105,57 @@ void move_into_place(const std::string& from, const std::string& to) {
   fs::rename(aside, from, ec);
 }
 
+// Pickles `value` (torch.save's zip format) into `path`, synced; returns the bytes written.
+int64_t write_pickle(const std::string& path, const c10::IValue& value) {
+  const std::vector<char> data = torch::jit::pickle_save(value);
+  write_file_synced(path, data.data(), data.size());
+  return static_cast<int64_t>(data.size());
+}
+
+// Reads a pickled dict, one line naming the file for anything wrong with it.
+c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint = "") {
+  std::ifstream f(file, std::ios::binary);
+  if (!f) throw HostError("checkpoint: " + file + " does not exist" + hint);
+  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  c10::IValue root;
+  try {
+    if (data.empty()) throw std::runtime_error("empty file");
+    root = torch::jit::pickle_load(data);
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + file + " is truncated or corrupt: " + first_line(e.what()));
+  }
+  if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
+  return root.toGenericDict();
+}
+
+// "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).
+std::string shard_file_name(int dp_rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "optim_dp_rank_%03d.pt", dp_rank);
+  return buf;
+}
+
+// What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
+c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& [name, s] : slices)
+    d.insert(name, at::tensor(std::vector<int64_t>{s.offset, s.numel, s.full_numel}, at::kLong));
+  return d;
+}
+
+SliceMap slices_from_dict(const TensorList& list, const std::string& file) {
+  SliceMap out;
+  for (const auto& [name, t] : list) {
+    if (t.scalar_type() != at::kLong || t.numel() != 3)
+      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is not [offset, numel, full_numel]");
+    const int64_t* v = t.contiguous().data_ptr<int64_t>();
+    if (v[0] < 0 || v[1] < 0 || v[0] + v[1] > v[2])
+      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is outside its parameter");
+    out[name] = ParamSlice{v[0], v[1], v[2]};
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration) {
@@ -124,39 +177,56 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   const int64_t pid = world_max(topo.world_rank == 0 ? static_cast<int64_t>(::getpid()) : 0, topo,
                                 "checkpoint: agreeing on the temporary directory");
   const std::string tmp_dir = final_dir + ".tmp-" + std::to_string(pid);
+  // Data-parallel rank 0 writes the model, the progress and the RNG; every DP rank writes its
+  // own optimizer and strategy state when the strategy shards it (ZeRO), else DP rank 0 does.
   const bool writer = topo.dp_rank == 0;
+  const bool sharded = strategy.info().sharded_state != 0;
   SaveReport report;
   report.dir = final_dir;
 
-  // Every rank gathers its state (strategies with sharded state may need all ranks), writers write.
   std::string error;
   int64_t bytes = 0;
   try {
-    TensorList model_state = model.state_save();
-    TensorList optim_state = optimizer.state_save();
-    TensorList strat_state = strategy.state_save();
+    // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
+    c10::Dict<std::string, at::Tensor> model_dict;
+    strategy.gather_parameters(true);
+    if (writer) model_dict = to_dict(model.state_save());
+    strategy.gather_parameters(false);
+    const TensorList optim_state = optimizer.state_save();
+    const TensorList strat_state = strategy.state_save();
+    const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(topo.tp_rank)).string();
+    if (writer || sharded) {
+      std::error_code ec;
+      fs::create_directories(rank_dir, ec);
+      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+    }
     if (writer) {
       c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-      d.insert("model", to_dict(model_state));
-      d.insert("optimizer", to_dict(optim_state));
-      d.insert("strategy", to_dict(strat_state));
+      d.insert("model", model_dict);
+      d.insert("optimizer", to_dict(sharded ? TensorList{} : optim_state));
+      d.insert("strategy", to_dict(sharded ? TensorList{} : strat_state));
       d.insert("iteration", progress.iteration);
       d.insert("consumed_train_samples", progress.consumed_train_samples);
       d.insert("consumed_valid_samples", progress.consumed_valid_samples);
       d.insert("scheduler_step", progress.scheduler_step);
       d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
+      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
+      if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
       d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
       d.insert("config", config_text);
       d.insert("dtk_version", std::string(DTK_VERSION));
-      const std::vector<char> data = torch::jit::pickle_save(c10::IValue(d));
-      const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(topo.tp_rank)).string();
-      std::error_code ec;
-      fs::create_directories(rank_dir, ec);
-      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
-      write_file_synced((fs::path(rank_dir) / kFileName).string(), data.data(), data.size());
-      fsync_path(rank_dir, true);
-      bytes = static_cast<int64_t>(data.size());
+      bytes += write_pickle((fs::path(rank_dir) / kFileName).string(), c10::IValue(d));
     }
+    if (sharded) {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+      d.insert("optimizer", to_dict(optim_state));
+      d.insert("strategy", to_dict(strat_state));
+      d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
+      d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
+      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
+      bytes += write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
+    }
+    if (writer || sharded) fsync_path(rank_dir, true);
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
@@ -182,9 +252,9 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     }
   }
   agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
-  // Total size over the TP ranks' files, for the log line.
-  if (topo.world_size > 1 && topo.tp_size > 1) {
-    at::Tensor t = at::full({1}, writer ? bytes : 0, at::kLong);
+  // Total size over every rank's files, for the log line.
+  if (topo.world_size > 1) {
+    at::Tensor t = at::full({1}, bytes, at::kLong);
     try {
       all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
     } catch (const std::exception& e) {
@@ -198,6 +268,43 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
 }
 
 namespace {
+
+// Optimizer and strategy state across layouts (dtk/core/checkpoint_shards.hpp): from the main
+// file of a replicated save, or from the shard files of a sharded one (this rank's own first: when
+// it was saved with the same layout it is the only one read).
+void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::GenericDict& main,
+                    OptimizerInstance& optimizer, StrategyInstance& strategy, const Topology& topo) {
+  StateAssembler assembler(optimizer.params());
+  std::string where = (rank_dir / kFileName).string();
+  try {
+    if (shards == 0) {
+      assembler.add(from_dict(main.at("optimizer"), where, "optimizer"), from_dict(main.at("strategy"), where, "strategy"),
+                    {});
+    } else {
+      std::vector<int64_t> order;
+      if (topo.dp_rank < shards) order.push_back(topo.dp_rank);
+      for (int64_t k = 0; k < shards; ++k)
+        if (k != topo.dp_rank) order.push_back(k);
+      const SliceMap mine = slices_of(optimizer.params());
+      for (size_t i = 0; i < order.size(); ++i) {
+        where = (rank_dir / shard_file_name(static_cast<int>(order[i]))).string();
+        const c10::impl::GenericDict d = read_pickled_dict(where, " (the checkpoint has " + std::to_string(shards) +
+                                                                      " data-parallel shard files)");
+        for (const char* key : {"optimizer", "strategy", "param_slices"})
+          if (!d.contains(key)) throw HostError("checkpoint " + where + " has no '" + key + "' entry");
+        const SliceMap saved = slices_from_dict(from_dict(d.at("param_slices"), where, "param_slices"), where);
+        assembler.add(from_dict(d.at("optimizer"), where, "optimizer"), from_dict(d.at("strategy"), where, "strategy"),
+                      saved);
+        if (i == 0 && saved == mine) break;  // saved with this rank's layout: exact resume from one file
+      }
+    }
+    where = rank_dir.string();
+    optimizer.state_load(assembler.optimizer());
+    strategy.state_load(assembler.strategy());
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + where + ": " + first_line(e.what()));
+  }
+}
 
 TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
                         StrategyInstance& strategy, const Topology& topo) {
@@ -217,22 +324,10 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   }
   if (iteration < 0) throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + text + "'");
 
-  const std::string file =
-      (fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank) / kFileName).string();
-  std::ifstream f(file, std::ios::binary);
-  if (!f)
-    throw HostError("checkpoint: " + file + " does not exist" +
-                    (topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : ""));
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  c10::IValue root;
-  try {
-    if (data.empty()) throw std::runtime_error("empty file");
-    root = torch::jit::pickle_load(data);
-  } catch (const std::exception& e) {
-    throw HostError("checkpoint " + file + " is truncated or corrupt: " + first_line(e.what()));
-  }
-  if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
-  const c10::impl::GenericDict d = root.toGenericDict();
+  const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank);
+  const std::string file = (rank_dir / kFileName).string();
+  const c10::impl::GenericDict d = read_pickled_dict(
+      file, topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : "");
   auto get = [&](const char* key) -> c10::IValue {
     auto it = d.find(c10::IValue(std::string(key)));
     if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
@@ -256,20 +351,28 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
     throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", " + tracker +
                     " says " + std::to_string(iteration));
   const TensorList model_state = from_dict(get("model"), file, "model");
-  const TensorList optim_state = from_dict(get("optimizer"), file, "optimizer");
-  const TensorList strat_state = from_dict(get("strategy"), file, "strategy");
+  const int64_t shards = d.contains("optimizer_shards") ? get_int("optimizer_shards") : 0;
   c10::IValue rng = get("rng");
   if (!rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
   try {
     model.state_load(model_state, /*strict=*/true);
-    optimizer.state_load(optim_state);
-    strategy.state_load(strat_state);
-    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng.toTensor());
   } catch (const std::exception& e) {
     throw HostError("checkpoint " + file + ": " + first_line(e.what()));
   }
+  if (shards == 0 && !strategy.info().sharded_state) {
+    // Replicated state saved and wanted (ddp to ddp): as saved.
+    try {
+      optimizer.state_load(from_dict(get("optimizer"), file, "optimizer"));
+      strategy.state_load(from_dict(get("strategy"), file, "strategy"));
+    } catch (const std::exception& e) {
+      throw HostError("checkpoint " + file + ": " + first_line(e.what()));
+    }
+  } else {
+    load_resharded(rank_dir, shards, d, optimizer, strategy, topo);
+  }
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng.toTensor());
   return p;
 }
 
@@ -280,7 +383,11 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
   TrainProgress p;
   std::string error;
   try {
+    // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
+    // afterwards the strategy takes its shards of the loaded values.
+    strategy.gather_parameters(true);
     p = load_rank(load_dir, model, optimizer, strategy, topo);
+    strategy.gather_parameters(false);
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }

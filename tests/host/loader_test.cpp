@@ -317,5 +317,7 @@ TEST(FirstPartyPlugins, ExportExactlyTheEntrySymbol) {
   }
   // A full build has every first-party plugin (plugins/CMakeLists.txt's list); the sanitizer
   // build only those its tests need.
-  if (DTK_FIRST_PARTY_PLUGINS > 0) EXPECT_GE(checked, DTK_FIRST_PARTY_PLUGINS);
+  if (DTK_FIRST_PARTY_PLUGINS > 0) {
+    EXPECT_GE(checked, DTK_FIRST_PARTY_PLUGINS);
+  }
 }

@@ -10,42 +10,10 @@
 #include <regex>
 
 #include "../common/run_dtk.hpp"
+#include "../common/tensorboard_reader.hpp"
 #include "dtk/core/tensorboard.hpp"
-#include "tensorboard.pb.h"
 
-namespace {
-
-struct Record {
-  std::string tag;
-  int64_t step;
-  float value;
-};
-
-// Reads an event file, checking every record's two CRCs; returns the file_version and scalars.
-std::vector<Record> read_events(const std::string& path, std::string* version) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<Record> out;
-  while (true) {
-    uint64_t len = 0;
-    uint32_t len_crc = 0, data_crc = 0;
-    if (!in.read(reinterpret_cast<char*>(&len), 8)) break;
-    EXPECT_TRUE(in.read(reinterpret_cast<char*>(&len_crc), 4));
-    EXPECT_EQ(len_crc, dtk::core::masked_crc32c(&len, 8));
-    std::string data(len, '\0');
-    EXPECT_TRUE(in.read(data.data(), static_cast<std::streamsize>(len)));
-    EXPECT_TRUE(in.read(reinterpret_cast<char*>(&data_crc), 4));
-    EXPECT_EQ(data_crc, dtk::core::masked_crc32c(data.data(), data.size()));
-    dtk::tensorboard::Event e;
-    EXPECT_TRUE(e.ParseFromString(data));
-    EXPECT_GT(e.wall_time(), 1.6e9);
-    if (e.has_file_version()) *version = e.file_version();
-    if (e.has_summary())
-      for (const auto& v : e.summary().value()) out.push_back({v.tag(), e.step(), v.simple_value()});
-  }
-  return out;
-}
-
-}  // namespace
+using dtk_test::read_events;
 
 TEST(TensorBoard, Crc32cKnownAnswers) {
   // The CRC-32C check value (RFC 3720 / iSCSI): "123456789" -> 0xE3069283.

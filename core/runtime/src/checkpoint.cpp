@@ -273,8 +273,11 @@ namespace {
 // file of a replicated save, or from the shard files of a sharded one (this rank's own first: when
 // it was saved with the same layout it is the only one read).
 void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::GenericDict& main,
-                    OptimizerInstance& optimizer, StrategyInstance& strategy, const Topology& topo) {
-  StateAssembler assembler(optimizer.params());
+                    const ModelInstance& model, OptimizerInstance& optimizer, StrategyInstance& strategy,
+                    const Topology& topo) {
+  std::vector<std::string> names;
+  for (const Param& p : model.parameters()) names.push_back(p.name);
+  StateAssembler assembler(optimizer.params(), names);
   std::string where = (rank_dir / kFileName).string();
   try {
     if (shards == 0) {
@@ -368,7 +371,7 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
       throw HostError("checkpoint " + file + ": " + first_line(e.what()));
     }
   } else {
-    load_resharded(rank_dir, shards, d, optimizer, strategy, topo);
+    load_resharded(rank_dir, shards, d, model, optimizer, strategy, topo);
   }
   at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
   std::lock_guard<std::mutex> lock(gen.mutex());

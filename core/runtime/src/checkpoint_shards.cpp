@@ -1,7 +1,6 @@
 #include "dtk/core/checkpoint_shards.hpp"
 
 #include <algorithm>
-#include <optional>
 
 #include "dtk/host/plugin_host.hpp"
 
@@ -35,8 +34,10 @@ std::string param_of_key(const std::string& key, const std::map<std::string, Par
   return best;
 }
 
-StateAssembler::StateAssembler(const std::vector<Param>& wanted) : wanted_(slices_of(wanted)) {
+StateAssembler::StateAssembler(const std::vector<Param>& wanted, const std::vector<std::string>& model_params)
+    : wanted_(slices_of(wanted)), names_(wanted_) {
   for (const Param& p : wanted) shape_[p.name] = p.tensor.sizes().vec();
+  for (const std::string& n : model_params) names_.emplace(n, ParamSlice{});
 }
 
 void StateAssembler::add(const TensorList& optimizer, const TensorList& strategy, const SliceMap& saved) {
@@ -47,38 +48,40 @@ void StateAssembler::add(const TensorList& optimizer, const TensorList& strategy
 
 void StateAssembler::add_to(Entries& out, const TensorList& state, const SliceMap& saved) {
   at::NoGradGuard no_grad;
-  SliceMap names = wanted_;  // every parameter name either layout knows
+  SliceMap names = names_;  // every parameter name either layout knows
   names.insert(saved.begin(), saved.end());
   for (const auto& [key, value] : state) {
     const std::string param = param_of_key(key, names);
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == key; });
-    const auto want = wanted_.find(param);
-    const auto have = saved.find(param);
-    // The run of the parameter this entry holds: the file's shard, or (a replicated save, which
-    // lists nothing) all of it.
-    std::optional<ParamSlice> src;
-    if (have != saved.end())
-      src = have->second;
-    else if (want != wanted_.end())
-      src = ParamSlice{0, want->second.full_numel, want->second.full_numel};
-    if (!src || value.numel() != src->numel) {  // not per element (an optimizer's "step"): first file's
+    if (param.empty()) {  // not a parameter's (an optimizer's "step"): the first file's
       if (it == out.end()) out.emplace_back(key, Entry{"", value, 0});
       continue;
     }
+    const auto want = wanted_.find(param);
     if (want == wanted_.end()) continue;  // a parameter this rank does not step
+    // The run of the parameter this entry holds: the file's shard, or (a replicated save, which
+    // lists nothing) all of it. An entry of another size is per parameter, not per element (a
+    // per-parameter step count): the first file's.
+    const auto have = saved.find(param);
+    const ParamSlice src =
+        have != saved.end() ? have->second : ParamSlice{0, want->second.full_numel, want->second.full_numel};
+    if (value.numel() != src.numel) {
+      if (it == out.end()) out.emplace_back(key, Entry{"", value, 0});
+      continue;
+    }
     const ParamSlice& dst = want->second;
-    if (src->full_numel != dst.full_numel)
-      throw HostError("state '" + key + "' is of a parameter of " + std::to_string(src->full_numel) +
+    if (src.full_numel != dst.full_numel)
+      throw HostError("state '" + key + "' is of a parameter of " + std::to_string(src.full_numel) +
                       " elements, this model's '" + param + "' has " + std::to_string(dst.full_numel));
     if (it == out.end()) {
       out.emplace_back(key, Entry{param, at::zeros({dst.numel}, value.options().device(at::kCPU)), 0});
       it = out.end() - 1;
     }
-    const int64_t lo = std::max(src->offset, dst.offset);
-    const int64_t hi = std::min(src->offset + src->numel, dst.offset + dst.numel);
+    const int64_t lo = std::max(src.offset, dst.offset);
+    const int64_t hi = std::min(src.offset + src.numel, dst.offset + dst.numel);
     if (lo >= hi) continue;
     it->second.value.narrow(0, lo - dst.offset, hi - lo)
-        .copy_(value.reshape({-1}).narrow(0, lo - src->offset, hi - lo));
+        .copy_(value.reshape({-1}).narrow(0, lo - src.offset, hi - lo));
     it->second.covered += hi - lo;
   }
 }

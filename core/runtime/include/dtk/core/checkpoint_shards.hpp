@@ -41,8 +41,10 @@ std::string param_of_key(const std::string& key, const std::map<std::string, Par
 
 class StateAssembler {
  public:
-  // `wanted`: the loading rank's optimizer parameters (names, shard infos, tensor shapes).
-  explicit StateAssembler(const std::vector<Param>& wanted);
+  // `wanted`: the loading rank's optimizer parameters (names, shard infos, tensor shapes);
+  // `model_params`: every parameter name of the model (a replicated save lists none, and an entry
+  // of a parameter this rank does not step must still be recognised as one).
+  StateAssembler(const std::vector<Param>& wanted, const std::vector<std::string>& model_params);
   // One saved rank's state. `saved` describes what it held; an entry of a parameter it does not
   // list is a whole parameter (a replicated save).
   void add(const TensorList& optimizer, const TensorList& strategy, const SliceMap& saved);
@@ -64,6 +66,7 @@ class StateAssembler {
   TensorList finish(const Entries& entries) const;
 
   SliceMap wanted_;
+  SliceMap names_;  // every parameter name (values unused)
   std::map<std::string, std::vector<int64_t>> shape_;  // per parameter: the optimizer tensor's shape
   Entries optimizer_, strategy_;
   bool any_ = false;

@@ -1,0 +1,355 @@
+// The zero strategy end to end through `dtk launch`, real processes over loopback (Gloo):
+//   * stages 1, 2, 3, with and without CPU offload, equal the ddp strategy iteration by iteration
+//     (lm loss and grad norm within 1e-5, clipping active) at DP=2, DP=4 and TP=2 x DP=2, in fp32
+//     and bf16;
+//   * checkpoints: exact resume at the same data-parallel size; a DP=4 checkpoint continues at
+//     DP=2 and DP=1; state moves between ddp and zero; a missing shard file is one line;
+//   * memory: the bytes each rank holds match the ZeRO formulas (12 Psi / N of optimizer state
+//     and masters, + gradients / N, + parameters / N), the allocator's count agrees with the
+//     strategy's, and offload moves optimizer state and gradients off the device;
+//   * bad options are one-line errors.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+
+#include "../common/run_dtk.hpp"
+#include "../common/tensorboard_reader.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using dtk_test::Result;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(DTK_TEST_TMP) / (name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// A small GPT on synthetic tokens, deterministic (no dropout), gradient clipping active (the
+// norms are around 0.8), 20 iterations of 8 samples in micro-batches of 2.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 "
+                           "--set model.hidden_dropout=0 --set model.attention_dropout=0 "
+                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                           "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
+                           "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+
+Result launch(int nproc, const std::string& args, int timeout_s = 300) {
+  return dtk_test::run_dtk("launch --nproc_per_node " + std::to_string(nproc) + " " + args, timeout_s);
+}
+
+struct Curve {
+  std::map<int64_t, float> loss, norm;
+};
+
+// Runs and reads the per-iteration lm loss and grad norm back from TensorBoard (full float
+// precision; the log line prints the norm with three decimals).
+Curve curve_of(int nproc, const std::string& args, const std::string& name) {
+  std::string safe = name;  // a directory name the shell takes as one word
+  for (char& c : safe)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '-';
+  const std::string tb = fresh_dir("tb-" + safe);
+  const Result r = launch(nproc, kTrain + args + " --set logging.tensorboard_dir=" + tb);
+  EXPECT_EQ(r.code, 0) << name << "\n" << r.out;
+  auto scalars = dtk_test::read_scalars(tb);
+  return Curve{scalars["lm loss"], scalars["grad-norm"]};
+}
+
+void expect_same_curve(const Curve& want, const Curve& got, size_t iterations, const std::string& what) {
+  ASSERT_EQ(got.loss.size(), iterations) << what;
+  ASSERT_EQ(want.loss.size(), iterations) << what;
+  for (const auto& [it, loss] : want.loss) {
+    EXPECT_NEAR(got.loss.at(it), loss, 1e-5 * std::abs(loss)) << what << ", lm loss at iteration " << it;
+    EXPECT_NEAR(got.norm.at(it), want.norm.at(it), 1e-5 * std::abs(want.norm.at(it)))
+        << what << ", grad norm at iteration " << it;
+  }
+}
+
+void expect_one_line_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t at = r.out.find("dtk: error: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// zero == ddp
+// ---------------------------------------------------------------------------------------------
+
+struct Parallel {
+  int nproc;
+  const char* name;
+  const char* args;
+};
+const Parallel kLayouts[] = {
+    {2, "DP2", ""},
+    {4, "DP4", ""},
+    {4, "TP2xDP2", "--set distributed.tensor_model_parallel_size=2 "},
+};
+
+class ZeroMatchesDdp : public ::testing::TestWithParam<std::tuple<Parallel, const char*>> {};
+
+TEST_P(ZeroMatchesDdp, EveryStageWithAndWithoutOffload) {
+  const Parallel& p = std::get<0>(GetParam());
+  const std::string dtype = std::get<1>(GetParam());
+  const std::string base = std::string(p.args) + "--set train.params_dtype=" + dtype + " ";
+  const std::string tag = std::string(p.name) + "-" + dtype;
+  const Curve ddp = curve_of(p.nproc, base + "--strategy ddp", tag + "-ddp");
+  // Small buckets (several per model) and a persistence threshold that leaves the biases and norm
+  // weights whole under stage 3 while the weights come and go.
+  const std::string zero = base + "--strategy zero --set strategy.reduce_bucket_size=20000 "
+                                  "--set strategy.stage3_param_persistence_threshold=100 ";
+  const std::string offload = "--set strategy.offload_optimizer=cpu --set strategy.overlap_comm=true ";
+  const std::pair<const char*, std::string> variants[] = {
+      {"stage 1", "--set strategy.stage=1"},
+      {"stage 1 + offload", "--set strategy.stage=1 " + offload},
+      {"stage 2", "--set strategy.stage=2"},
+      {"stage 2 + offload", "--set strategy.stage=2 " + offload},
+      {"stage 3", "--set strategy.stage=3"},
+      {"stage 3 + offload of optimizer and parameters, recompute",
+       "--set strategy.stage=3 --set strategy.offload_param=cpu --set model.recompute_activations=full " + offload},
+  };
+  for (const auto& [name, args] : variants)
+    expect_same_curve(ddp, curve_of(p.nproc, zero + args, tag + "-" + name), 20, tag + " " + name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ZeroMatchesDdp,
+                         ::testing::Combine(::testing::ValuesIn(kLayouts), ::testing::Values("fp32", "bf16")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param);
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+// ---------------------------------------------------------------------------------------------
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// iteration -> the printed "lm loss: X ... grad norm: Y" (strings: exact comparison).
+std::map<int, std::string> train_lines(const std::string& log) {
+  std::map<int, std::string> out;
+  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|.*(grad norm: \S+) \|)");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
+    out[std::stoi((*it)[1])] = (*it)[2].str() + " " + (*it)[3].str();
+  return out;
+}
+
+// Makes `dir`'s checkpoint at iteration 4 the one to resume from.
+void resume_from_4(const std::string& dir) {
+  fs::remove_all(dir + "/iter_0000008");
+  write(dir + "/latest_checkpointed_iteration.txt", "4\n");
+}
+
+const std::string kSave8 = "--set train.train_iters=8 --set checkpoint.save_interval=4 --set checkpoint.save=";
+
+// Same data-parallel size: every rank reads back its own shard file; the printed losses and
+// norms are those of the uninterrupted run, dropout included.
+TEST(ZeroCheckpoint, ResumeAtTheSameDataParallelSizeIsExact) {
+  const std::pair<const char*, std::string> cases[] = {
+      {"stage2-offload", "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu "},
+      {"stage3-bf16", "--strategy zero --set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 "
+                      "--set train.params_dtype=bf16 "},
+  };
+  for (const auto& [name, args] : cases) {
+    const std::string d = fresh_dir(std::string("exact-") + name);
+    const std::string run = kTrain + args + "--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 ";
+    const Result full = launch(2, run + kSave8 + d);
+    ASSERT_EQ(full.code, 0) << full.out;
+    const std::string rank_dir = d + "/iter_0000004/mp_rank_00/";
+    EXPECT_TRUE(fs::is_regular_file(rank_dir + "model_optim_rng.pt"));
+    EXPECT_TRUE(fs::is_regular_file(rank_dir + "optim_dp_rank_000.pt"));
+    EXPECT_TRUE(fs::is_regular_file(rank_dir + "optim_dp_rank_001.pt"));
+    resume_from_4(d);
+    const Result resumed = launch(2, run + "--set train.train_iters=8 --set checkpoint.load=" + d);
+    ASSERT_EQ(resumed.code, 0) << resumed.out;
+    const auto a = train_lines(full.out), b = train_lines(resumed.out);
+    ASSERT_EQ(b.size(), 4u) << resumed.out;
+    for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << name << " iteration " << it;
+  }
+}
+
+// A DP=4 checkpoint re-partitioned on load: DP=2 (stage 3 and stage 1) and DP=1 continue the
+// uninterrupted DP=4 run (to 1e-5: the gradient averages are summed in another order).
+TEST(ZeroCheckpoint, DataParallel4CheckpointContinuesAtOtherSizes) {
+  const std::string d = fresh_dir("dp4");
+  const std::string stage3 = "--strategy zero --set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 "
+                             "--set strategy.reduce_bucket_size=20000 --set train.params_dtype=bf16 ";
+  const Curve full = curve_of(4, stage3 + kSave8 + d, "dp4-full");
+  ASSERT_TRUE(fs::is_regular_file(d + "/iter_0000004/mp_rank_00/optim_dp_rank_003.pt"));
+  resume_from_4(d);
+  auto tail = [](Curve c) {
+    for (int64_t it = 1; it <= 4; ++it) c.loss.erase(it), c.norm.erase(it);
+    return c;
+  };
+  const std::pair<int, std::string> resumes[] = {
+      {2, stage3}, {2, "--strategy zero --set strategy.stage=1 --set train.params_dtype=bf16 "}, {1, stage3}};
+  for (const auto& [n, args] : resumes)
+    expect_same_curve(tail(full),
+                      curve_of(n, args + "--set train.train_iters=8 --set checkpoint.load=" + d,
+                               "dp4-to-" + std::to_string(n)),
+                      4, "DP4 checkpoint resumed at DP" + std::to_string(n) + ": " + args);
+}
+
+// State moves between strategies: a ddp checkpoint continues under zero, and a zero one under ddp
+// (DeepSpeed needs its offline zero_to_fp32 for the second).
+TEST(ZeroCheckpoint, StateMovesBetweenDdpAndZero) {
+  const std::string bf16 = "--set train.params_dtype=bf16 ";
+  const std::string ddp_dir = fresh_dir("from-ddp"), zero_dir = fresh_dir("from-zero");
+  const Curve ddp_full = curve_of(2, bf16 + "--strategy ddp " + kSave8 + ddp_dir, "ddp-full");
+  const Curve zero_full =
+      curve_of(2, bf16 + "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu " + kSave8 + zero_dir,
+               "zero-full");
+  resume_from_4(ddp_dir);
+  resume_from_4(zero_dir);
+  auto tail = [](Curve c) {
+    for (int64_t it = 1; it <= 4; ++it) c.loss.erase(it), c.norm.erase(it);
+    return c;
+  };
+  expect_same_curve(tail(ddp_full),
+                    curve_of(4, bf16 + "--strategy zero --set strategy.stage=2 --set train.train_iters=8 "
+                                       "--set checkpoint.load=" + ddp_dir,
+                             "ddp-to-zero"),
+                    4, "ddp DP2 checkpoint under zero stage 2 at DP4");
+  expect_same_curve(tail(zero_full),
+                    curve_of(1, bf16 + "--strategy ddp --set train.train_iters=8 --set checkpoint.load=" + zero_dir,
+                             "zero-to-ddp"),
+                    4, "zero stage 3 DP2 checkpoint under ddp at DP1");
+}
+
+TEST(ZeroCheckpoint, AMissingShardFileIsOneLineError) {
+  const std::string d = fresh_dir("missing");
+  const Result saved = launch(2, kTrain + "--strategy zero --set train.train_iters=4 --set checkpoint.save=" + d);
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  const std::string gone = d + "/iter_0000004/mp_rank_00/optim_dp_rank_001.pt";
+  ASSERT_TRUE(fs::remove(gone));
+  expect_one_line_error(
+      dtk_test::run_dtk(kTrain + "--strategy zero --set train.train_iters=8 --set checkpoint.load=" + d, 120),
+      "checkpoint: " + gone + " does not exist (the checkpoint has 2 data-parallel shard files)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+
+struct Memory {
+  double allocated = -1, max_allocated, parameters, gradients, masters, optimizer, host;
+  bool optimizer_on_host = false;
+};
+
+// The memory report line of rank 0 (MiB).
+Memory memory_of(const std::string& log) {
+  std::smatch m;
+  Memory out;
+  const std::regex re(
+      R"(memory \(MB\) \| allocated: (\S+) \| max allocated: (\S+) \| parameters: (\S+) \| gradients: (\S+) \| )"
+      R"(fp32 masters: (\S+) \| optimizer state: (\S+)( \(host\))? \| host allocated: (\S+) \|)");
+  if (!std::regex_search(log, m, re)) return out;
+  out.allocated = std::stod(m[1]), out.max_allocated = std::stod(m[2]), out.parameters = std::stod(m[3]);
+  out.gradients = std::stod(m[4]), out.masters = std::stod(m[5]), out.optimizer = std::stod(m[6]);
+  out.optimizer_on_host = m[7].matched;
+  out.host = std::stod(m[8]);
+  return out;
+}
+
+int64_t parameter_count(const std::string& log) {
+  std::smatch m;
+  return std::regex_search(log, m, std::regex(R"(model parallel rank \(0, 0\): (\d+))")) ? std::stoll(m[1]) : -1;
+}
+
+// bf16 parameters, fp32 masters and Adam state: per rank, with Psi parameters and N ranks,
+//   ddp      parameters 2 Psi,   gradients 4 Psi (fp32),         masters 4 Psi,   optimizer 8 Psi
+//   stage 1  parameters 2 Psi,   gradients 4 Psi + 4 Psi / N,     masters 4 Psi/N, optimizer 8 Psi / N
+//   stage 2  parameters 2 Psi,   gradients 4 Psi / N,             ...
+//   stage 3  parameters 2 Psi/N, gradients 4 Psi / N,             ...
+// so masters + optimizer state = 12 Psi / N from stage 1 on (the ZeRO paper's K = 12). The
+// allocator's device bytes equal the sum of what is on the device.
+TEST(ZeroMemory, BytesPerRankFollowTheZeroFormulas) {
+  const std::string model = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
+                            "--set train.train_iters=3 ";
+  const double mib = 1024.0 * 1024.0;
+  for (int n : {1, 2, 4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      const std::string strategy =
+          stage == 0 ? "--strategy ddp"
+                     : "--strategy zero --set strategy.stage=" + std::to_string(stage) +
+                           " --set strategy.stage3_param_persistence_threshold=0";
+      const Result r = launch(n, kTrain + model + strategy);
+      ASSERT_EQ(r.code, 0) << r.out;
+      const double psi = static_cast<double>(parameter_count(r.out)) / mib;  // Mi-parameters
+      const Memory m = memory_of(r.out);
+      ASSERT_GE(m.allocated, 0) << r.out;
+      const std::string what = "DP" + std::to_string(n) + (stage ? " stage " + std::to_string(stage) : " ddp");
+      const double by_n = stage == 0 ? 1.0 : 1.0 / n;
+      // Bucket padding (N x 16 elements per bucket) and the log's rounding to 0.01 MiB.
+      const double slack = 0.02;
+      EXPECT_NEAR(m.parameters, stage == 3 ? 2 * psi / n : 2 * psi, slack) << what;
+      EXPECT_NEAR(m.masters, 4 * psi * by_n, slack) << what;
+      EXPECT_NEAR(m.optimizer, 8 * psi * by_n, slack) << what;
+      EXPECT_NEAR(m.masters + m.optimizer, 12 * psi * by_n, 2 * slack) << what << ": 12 Psi / N";
+      const double gradients = stage == 0 ? 4 * psi : stage == 1 ? 4 * psi + 4 * psi / n : 4 * psi / n;
+      EXPECT_NEAR(m.gradients, gradients, slack) << what;
+      EXPECT_NEAR(m.allocated, m.parameters + m.gradients + m.masters + m.optimizer, 0.1) << what << "\n" << r.out;
+      EXPECT_NEAR(m.host, 0.0, 0.01) << what;
+    }
+  }
+}
+
+// Offload: the optimizer state, the fp32 masters and the gradient partition live in host memory;
+// the device keeps the parameters (stage 1 also its whole fp32 gradient buffer). With
+// offload_param the device keeps nothing between steps.
+TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
+  const std::string model = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
+                            "--set train.train_iters=3 ";
+  const double mib = 1024.0 * 1024.0;
+  const int n = 2;
+  for (int stage : {1, 2, 3}) {
+    for (bool offload_param : {false, true}) {
+      if (offload_param && stage != 3) continue;
+      const Result r = launch(n, kTrain + model + "--strategy zero --set strategy.offload_optimizer=cpu " +
+                                     "--set strategy.stage3_param_persistence_threshold=0 --set strategy.stage=" +
+                                     std::to_string(stage) + (offload_param ? " --set strategy.offload_param=cpu" : ""));
+      ASSERT_EQ(r.code, 0) << r.out;
+      const double psi = static_cast<double>(parameter_count(r.out)) / mib;
+      const Memory m = memory_of(r.out);
+      const std::string what = "stage " + std::to_string(stage) + (offload_param ? " + offload_param" : "");
+      EXPECT_TRUE(m.optimizer_on_host) << what;
+      const double host_expected = (8 + 4 + 4) * psi / n + (offload_param ? 2 * psi / n : 0);
+      EXPECT_NEAR(m.host, host_expected, 0.05 + 0.01 * host_expected) << what << "\n" << r.out;
+      const double device_expected = (stage == 3 ? (offload_param ? 0 : 2 * psi / n) : 2 * psi) + (stage == 1 ? 4 * psi : 0);
+      EXPECT_NEAR(m.allocated, device_expected, 0.1) << what << "\n" << r.out;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+TEST(ZeroOptions, BadOptionsAreOneLineErrors) {
+  const std::string run = kTrain + "--set train.train_iters=3 --strategy zero ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--set strategy.stage=0", "zero: stage 0 partitions nothing; use the ddp strategy (--strategy ddp)"},
+      {"--set strategy.stage=4", "zero: option 'stage' must be 1, 2 or 3, got 4"},
+      {"--set strategy.stage=2 --set strategy.offload_param=cpu", "zero: offload_param=cpu needs stage 3"},
+      {"--set strategy.contiguous_gradients=false", "zero: contiguous_gradients=false is not supported"},
+      {"--set strategy.reduce_bucket_size=0", "zero: option 'reduce_bucket_size' must be positive, got 0"},
+      {"--set strategy.offload_optimizer=nvme", "offload_optimizer"},
+  };
+  for (const auto& [args, needle] : cases) expect_one_line_error(dtk_test::run_dtk(run + args, 60), needle);
+}
+
+}  // namespace

@@ -353,3 +353,29 @@ TEST(ZeroOptions, BadOptionsAreOneLineErrors) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ABI compatibility
+// ---------------------------------------------------------------------------------------------
+
+// A strategy table of ABI 2.0's size has no get_info, gather_parameters or memory_usage: the host
+// treats its state as replicated (one checkpoint file, as before 2.1), never calls beyond the
+// table, and the run equals the ddp plugin's; its checkpoint resumes exactly.
+TEST(ZeroAbi, AStrategyOfAbi20StillTrainsAndCheckpoints) {
+  const std::string plugin = "--plugin_path " DTK_ZERO_TEST_PLUGIN_DIR " --strategy strategy_v2_0 ";
+  const Curve ddp = curve_of(2, "--strategy ddp", "v20-ddp");
+  const Curve v20 = curve_of(2, plugin, "v20");
+  expect_same_curve(ddp, v20, 20, "2.0-sized strategy table");
+  const std::string d = fresh_dir("v20-ckpt");
+  const Result full = launch(2, kTrain + plugin + kSave8 + d);
+  ASSERT_EQ(full.code, 0) << full.out;
+  EXPECT_TRUE(fs::is_regular_file(d + "/iter_0000004/mp_rank_00/model_optim_rng.pt"));
+  EXPECT_FALSE(fs::exists(d + "/iter_0000004/mp_rank_00/optim_dp_rank_000.pt"));
+  EXPECT_NE(full.out.find("parameters: 0.00 | gradients: 0.00 | fp32 masters: 0.00"), std::string::npos)
+      << "a 2.0 strategy reports no memory of its own\n" << full.out;
+  resume_from_4(d);
+  const Result resumed = launch(2, kTrain + plugin + "--set train.train_iters=8 --set checkpoint.load=" + d);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(full.out), b = train_lines(resumed.out);
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+}

@@ -205,6 +205,7 @@ void Trainer::build_data_iterators() {
 // strategy's gradient reduction, clipping and the optimizer step. A step whose gradients are not
 // finite is skipped (DTK skips in every precision; Megatron only under fp16 loss scaling).
 IterationResult Trainer::train_step(int64_t iteration) {
+  reset_traffic();  // the iteration's communication volume, for the first report
   IterationResult r;
   r.iteration = iteration;
   r.learning_rate = schedule_.rate(progress_.scheduler_step);
@@ -247,6 +248,10 @@ MemorySample Trainer::memory_sample() const {
   m.allocator = memory::stats();
   m.strategy = strategy_->memory_usage();
   m.optimizer_on_host = strategy_->info().optimizer_on_host != 0;
+  m.data_parallel = traffic(DTK_GROUP_DATA_PARALLEL);
+  m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
+  m.dp_size = topo_.dp_size;
+  m.tp_size = topo_.tp_size;
   std::set<const void*> seen;  // count each storage once (views, shared buffers)
   for (const auto& [name, t] : optimizer_->state_save()) {
     if (!t.defined() || !seen.insert(t.storage().data()).second) continue;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <tuple>
 
 namespace dtk::core {
 
@@ -97,6 +98,18 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
                 mb(m.optimizer_state_bytes), m.optimizer_on_host ? " (host)" : "", mb(m.allocator.host.bytes),
                 mb(m.allocator.host.peak));
   print(buf);
+  // The communication volume of the iteration: under ZeRO reduce-scatter + all-gather move what
+  // ddp's all-reduce moves.
+  for (const auto& [name, t, n] : {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
+                                   std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
+    if (n <= 1) continue;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) %s-parallel traffic sent per iteration (MB) | all-reduce: %.2f | "
+                  "reduce-scatter: %.2f | all-gather: %.2f | broadcast: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), name, mb(t.all_reduce), mb(t.reduce_scatter), mb(t.all_gather),
+                  mb(t.broadcast), mb(t.total()));
+    print(buf);
+  }
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
   tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);

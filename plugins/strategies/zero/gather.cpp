@@ -5,7 +5,8 @@
 // the embedding's) from its pre_forward or pre_backward to its post_forward or post_backward;
 // buckets are reference-counted across modules and freed when the last holder lets go. In
 // backward with full recomputation a module's recomputed forward comes first: its post_forward
-// then keeps the buckets for the backward that follows. Prefetch: entering a module issues the
+// then keeps the buckets for the backward that follows; so does the last module's forward when
+// backward follows it. Prefetch: entering a module issues the
 // all-gathers of the next modules in the direction of travel (forward: higher indices, backward:
 // lower), up to stage3_prefetch_bucket_size elements and while the gathered total stays within
 // stage3_max_live_parameters.
@@ -33,7 +34,10 @@ dtk_status* ZeroStrategy::pre_forward(void* ctx, int32_t module) {
 dtk_status* ZeroStrategy::post_forward(void* ctx, int32_t module) {
   return guard([&] {
     ZeroStrategy* z = self(ctx);
-    if (z->opt_.stage == 3 && !z->backward_phase_) z->release_module(module);
+    if (z->opt_.stage != 3 || z->backward_phase_) return;
+    // The last module's backward comes right after its forward: keep what it holds.
+    if (at::GradMode::is_enabled() && static_cast<size_t>(module) + 1 == z->module_reads_.size()) return;
+    z->release_module(module);
   });
 }
 

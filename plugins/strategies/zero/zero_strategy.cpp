@@ -2,6 +2,7 @@
 // ZeRO strategy (zero_strategy.hpp). Stage 3's gathering is in gather.cpp.
 #include "zero_strategy.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -177,9 +178,10 @@ void ZeroStrategy::allocate_parameters() {
     }
   };
   if (opt_.stage < 3) {
-    flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(dtype_).device(device_));
+    // One buffer per bucket, filled as the parameters move in: the transient peak is the model
+    // plus one bucket, not twice the model.
     for (size_t b = 0; b < l.buckets().size(); ++b) {
-      full_[b] = flat_.narrow(0, l.buckets()[b].flat_offset, l.buckets()[b].numel);
+      full_[b] = at::zeros({l.buckets()[b].numel}, at::TensorOptions().dtype(dtype_).device(device_));
       view_params(b, full_[b]);
     }
     return;
@@ -202,11 +204,16 @@ void ZeroStrategy::allocate_parameters() {
   }
 }
 
-// The optimizer's view of a shard: fp32 values and the gradient partition.
-at::Tensor ZeroStrategy::master_of(const Shard& s) const {
-  if (!masters_alias_) return masters_.narrow(0, s.partition_offset, s.numel);
+// A shard's values in the parameter dtype: in its whole bucket (stages 1/2) or the partition (3).
+at::Tensor ZeroStrategy::param_values_of(const Shard& s) const {
   if (opt_.stage == 3) return part_params_.narrow(0, s.partition_offset, s.numel);
-  return flat_.narrow(0, layout_->flat_offset(s.param) + s.param_offset, s.numel);
+  const Bucket& b = layout_->buckets()[s.bucket];
+  return full_[s.bucket].narrow(0, layout_->flat_offset(s.param) - b.flat_offset + s.param_offset, s.numel);
+}
+
+// The optimizer's view of a shard: fp32 values.
+at::Tensor ZeroStrategy::master_of(const Shard& s) const {
+  return masters_alias_ ? param_values_of(s) : masters_.narrow(0, s.partition_offset, s.numel);
 }
 
 void ZeroStrategy::allocate_masters_and_gradients() {
@@ -215,11 +222,7 @@ void ZeroStrategy::allocate_masters_and_gradients() {
   masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param);
   if (!masters_alias_) {
     masters_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
-    for (const Shard& s : shards_) {
-      const at::Tensor src = opt_.stage == 3 ? part_params_.narrow(0, s.partition_offset, s.numel)
-                                             : flat_.narrow(0, l.flat_offset(s.param) + s.param_offset, s.numel);
-      masters_.narrow(0, s.partition_offset, s.numel).copy_(src);
-    }
+    for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(param_values_of(s));
   }
   part_grads_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
   if (opt_.stage == 1) grad_flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -346,14 +349,19 @@ void ZeroStrategy::reduce_gradients() {
 // the model-parallel group.
 double ZeroStrategy::clip_and_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  at::Tensor total;
+  // Squares summed in double, a million elements at a time (a double copy of the whole partition
+  // would be a large temporary).
+  at::Tensor total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
+  auto add_squares = [&](const at::Tensor& t) {
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    for (int64_t i = 0; i < t.numel(); i += kChunk)
+      total += t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble).pow(2).sum();
+  };
   if (tp_size_ == 1 || tp_rank_ == 0) {
-    total = part_grads_.to(at::kDouble).pow(2).sum();  // padding is zero
+    add_squares(part_grads_);  // padding is zero
   } else {
-    total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
     for (const Shard& s : shards_)
-      if (params_[s.param].info.tensor_parallel)
-        total += part_grads_.narrow(0, s.partition_offset, s.numel).to(at::kDouble).pow(2).sum();
+      if (params_[s.param].info.tensor_parallel) add_squares(part_grads_.narrow(0, s.partition_offset, s.numel));
   }
   total = total.to(at::kCPU).reshape({1});
   Comm::all_reduce(total, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);
@@ -378,9 +386,11 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
     if (!masters_alias_) part_params_.copy_(masters_);
   } else if (!masters_alias_) {
-    for (const Bucket& b : l.buckets())
-      flat_.narrow(0, b.flat_offset + static_cast<int64_t>(dp_rank_) * b.chunk, b.chunk)
-          .copy_(masters_.narrow(0, b.partition_offset, b.chunk));
+    for (size_t b = 0; b < l.buckets().size(); ++b) {
+      const Bucket& bucket = l.buckets()[b];
+      full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
+          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk));
+    }
   }
   gather_after_step();
 }
@@ -469,14 +479,10 @@ dtk_strategy_info ZeroStrategy::info() {
 dtk_memory_usage ZeroStrategy::memory_usage() {
   dtk_memory_usage u{};
   u.struct_size = dtk_memory_usage_STRUCT_SIZE;
-  // Parameters: the flat buffer (1/2), or the partition plus the whole buckets held (3).
-  if (opt_.stage < 3) {
-    u.parameter_bytes = bytes(flat_);
-  } else {
-    u.parameter_bytes = bytes(part_params_);
-    for (const auto& f : full_) u.parameter_bytes += bytes(f);
-    if (opt_.offload_param) u.host_bytes += bytes(part_params_);
-  }
+  // Parameters: every bucket whole (1/2), or the partition plus the whole buckets held (3).
+  u.parameter_bytes = bytes(part_params_);
+  for (const auto& f : full_) u.parameter_bytes += bytes(f);
+  if (opt_.offload_param) u.host_bytes += bytes(part_params_);
   // Gradients: the partition, stage 1's whole buffer, staging buckets, and any .grad held (stage
   // 1's fp32 .grad tensors are views of its buffer: not counted twice).
   u.gradient_bytes = bytes(part_grads_) + bytes(grad_flat_);

@@ -70,7 +70,8 @@ class ZeroStrategy : public Strategy {
   void allocate_parameters();
   void allocate_masters_and_gradients();
   at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
-  at::Tensor master_of(const Shard& s) const;  // the fp32 values the optimizer steps
+  at::Tensor param_values_of(const Shard& s) const;  // the shard in the parameter dtype
+  at::Tensor master_of(const Shard& s) const;        // the fp32 values the optimizer steps
   bool low_precision() const { return dtype_ != at::kFloat; }
 
   // gradients
@@ -112,8 +113,8 @@ class ZeroStrategy : public Strategy {
 
   // storage (see the file comment)
   bool masters_alias_ = false;  // the optimizer steps the parameters' own fp32 storage
-  at::Tensor flat_;             // stages 1/2: every bucket, whole, in the parameter dtype
-  std::vector<at::Tensor> full_;  // per bucket: whole values (stage 3: while gathered)
+  std::vector<at::Tensor> full_;  // per bucket: whole values in the parameter dtype (stages 1/2:
+                                  // always; stage 3: persistent buckets, and others while gathered)
   at::Tensor part_params_;      // stage 3: this rank's chunks, parameter dtype
   at::Tensor masters_;          // fp32 partition unless masters_alias_
   at::Tensor part_grads_;       // fp32 partition of the reduced gradients

@@ -14,6 +14,7 @@
 
 #include <dtk/plugin.hpp>
 
+#include <atomic>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -46,6 +47,16 @@ CommState& state() {
   static CommState* s = new CommState();  // never destroyed: worker threads may outlive main
   return *s;
 }
+
+// Traffic counters per group (dtk/core/comm.hpp).
+enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3 };
+std::atomic<int64_t> g_traffic[5][4];
+
+void count(int32_t group, TrafficKind kind, const at::Tensor& t, double share) {
+  if (group < 0 || group > 4) return;
+  g_traffic[group][kind] += static_cast<int64_t>(share * static_cast<double>(t.numel() * t.element_size()));
+}
+double ring_share(int64_t n) { return static_cast<double>(n - 1) / static_cast<double>(n); }
 
 std::string shape_str(const at::Tensor& t) {
   std::string s = "[";
@@ -275,6 +286,7 @@ Work all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
     o.timeout = collective_timeout();
     w->work = pg->allreduce(v, o);
     const int64_t n = pg->getSize();
+    count(group, kAllReduce, buf, 2 * ring_share(n));
     check_avg(op, buf);
     const bool avg = op == DTK_REDUCE_AVG;
     if (avg || copy_back)
@@ -304,6 +316,7 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
     o.rootRank = root;
     o.timeout = collective_timeout();
     w->work = pg->broadcast(v, o);
+    if (pg->getRank() == root) count(group, kBroadcast, buf, 1.0);
     w->then = copy_back;
   }
   return Work(std::move(w));
@@ -327,6 +340,7 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
     c10d::AllgatherOptions opt;
     opt.timeout = collective_timeout();
     w->work = pg->allgather(outs, ins, opt);
+    count(group, kAllGather, o, ring_share(n));
     w->then = copy_back;
   } else {
     o.copy_(i);
@@ -347,6 +361,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
     return Work(std::move(w));
   }
   const bool avg = op == DTK_REDUCE_AVG;
+  count(group, kReduceScatter, i, ring_share(n));
   // The result lands in a contiguous buffer of the output's dtype (fp32 for bf16), copied into
   // the output when the collective completes.
   std::function<void()> copy_back;
@@ -383,6 +398,21 @@ void barrier(int32_t group) {
     w->work = pg->barrier(o);
     Work(std::move(w)).wait();
   }
+}
+
+Traffic traffic(int32_t group) {
+  Traffic t;
+  if (group < 0 || group > 4) return t;
+  t.all_reduce = g_traffic[group][kAllReduce];
+  t.reduce_scatter = g_traffic[group][kReduceScatter];
+  t.all_gather = g_traffic[group][kAllGather];
+  t.broadcast = g_traffic[group][kBroadcast];
+  return t;
+}
+
+void reset_traffic() {
+  for (auto& g : g_traffic)
+    for (auto& k : g) k = 0;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -88,6 +88,17 @@ Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, 
 // Synchronous, bounded by the collective timeout.
 void barrier(int32_t group);
 
+// Bytes this rank sent on a group since the last reset_traffic(), per kind of collective, as the
+// algorithms move them (N = group size, b = the tensor's bytes): ring all-reduce 2 (N-1)/N b;
+// reduce-scatter (N-1)/N of the input; all-gather (N-1)/N of the output; broadcast b from the root
+// (pipelined). Counted when a collective is issued; groups of one send nothing.
+struct Traffic {
+  int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+  int64_t total() const { return all_reduce + reduce_scatter + all_gather + broadcast; }
+};
+Traffic traffic(int32_t group);
+void reset_traffic();
+
 // World-wide MAX of `value` through a bounded collective (the identity for one process): a
 // barrier that also carries a flag or a number. `what` names the wait in a failure.
 int64_t world_max(int64_t value, const Topology& topo, const char* what);

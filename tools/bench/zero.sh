@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# ZeRO benchmarks (docs/benchmarks.md), both in one run on this machine:
+#
+#  1. Throughput at data-parallel size 2: tokens/s of the ddp strategy (plain all-reduce, the
+#     peer) and of zero stages 1-3 with and without CPU offload, on the same model and data, plus
+#     each run's memory report and data-parallel traffic per iteration.
+#  2. Capacity: the largest GPT (4 layers, growing hidden size) that trains under a device memory
+#     budget (train.memory_limit_mb) with ddp, with zero stage 2 + optimizer offload (cpu_adam), and
+#     with zero stage 3 + optimizer and parameter offload, one process.
+#
+#   tools/bench/zero.sh [--budget_mb 256] [--quick]
+# Needs a build (tools/build.sh). Uses tcmalloc when Debian's libtcmalloc-minimal4 is installed
+# (the same allocator for every row).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DTK=build/bin/dtk
+BUDGET=256
+QUICK=0
+while (($#)); do
+  case "$1" in
+    --budget_mb) BUDGET=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    *) echo "usage: tools/bench/zero.sh [--budget_mb N] [--quick]" >&2; exit 2 ;;
+  esac
+done
+[[ -x $DTK ]] || { echo "zero.sh: build first (tools/build.sh)" >&2; exit 1; }
+TCMALLOC=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
+[[ -n $TCMALLOC ]] && export LD_PRELOAD=$TCMALLOC
+echo "zero.sh: $(nproc) cores, allocator: ${TCMALLOC:-glibc malloc}, $(date -u +%F)"
+
+# ---- 1. throughput at DP=2 -----------------------------------------------------------------
+ITERS=$((QUICK ? 12 : 30))
+TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=4
+  --set model.hidden_size=256 --set model.num_attention_heads=8 --set model.vocab_size=8192
+  --set dataset.vocab_size=8192 --set train.seq_length=128 --set train.micro_batch_size=4
+  --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=$((ITERS / 3))
+  --set eval.eval_iters=0 --set eval.eval_interval=0 --set lr.lr_warmup_iters=2"
+echo
+echo "== 1. tokens/s at data-parallel size 2 (4 layers, hidden 256, seq 128, global batch 16, fp32;"
+echo "      the last of three logging windows, so start-up is excluded)"
+printf '%-44s %10s %12s %14s %12s\n' "strategy" "tokens/s" "vs ddp" "DP MB/iter" "device MB"
+ddp_rate=""
+run_throughput() {  # name, args
+  local out rate traffic mem
+  out=$($DTK launch --nproc_per_node 2 $TRAIN $2 2>&1) || { echo "$1: failed"; echo "$out" | tail -3; return; }
+  rate=$(echo "$out" | grep -o "tokens per second: [0-9]*" | tail -1 | grep -o "[0-9]*$")
+  traffic=$(echo "$out" | grep -o "data-parallel traffic .* total: [0-9.]*" | grep -o "[0-9.]*$")
+  mem=$(echo "$out" | grep -o "memory (MB) | allocated: [0-9.]*" | grep -o "[0-9.]*$")
+  [[ -z $ddp_rate ]] && ddp_rate=$rate
+  printf '%-44s %10s %11.2fx %14s %12s\n' "$1" "$rate" "$(echo "$rate / $ddp_rate" | bc -l)" "$traffic" "$mem"
+}
+run_throughput "ddp (all-reduce, the peer)" "--strategy ddp"
+run_throughput "zero stage 1" "--strategy zero --set strategy.stage=1"
+run_throughput "zero stage 2" "--strategy zero --set strategy.stage=2"
+run_throughput "zero stage 2, overlap_comm" "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
+run_throughput "zero stage 2, offload_optimizer=cpu, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam"
+run_throughput "zero stage 3" "--strategy zero --set strategy.stage=3"
+
+# ---- 2. capacity under a device memory budget -----------------------------------------------
+echo
+echo "== 2. largest model under a device budget of $BUDGET MB, one process (4 layers, vocab 512, seq 64,"
+echo "      batch 1, fp32; hidden grows until the budget refuses an allocation)"
+HIDDEN=(256 384 512 640 768 896 1024 1280 1536 1792 2048 2560 3072)
+((QUICK)) && HIDDEN=(256 512 768 1024 1536 2048)
+CAP="train --config configs/gpt-tiny.pbtxt --dataset synthetic --set model.num_layers=4 --set model.num_attention_heads=8
+  --set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=64 --set train.micro_batch_size=1
+  --set train.global_batch_size=1 --set train.train_iters=2 --set logging.log_interval=1 --set eval.eval_iters=0
+  --set eval.eval_interval=0 --set lr.lr_warmup_iters=0 --set train.memory_limit_mb=$BUDGET"
+printf '%-52s %8s %14s %14s\n' "strategy" "hidden" "parameters" "max device MB"
+capacity() {  # name, args
+  local best="" params="" peak="" out
+  for h in "${HIDDEN[@]}"; do
+    if out=$($DTK $CAP --set model.hidden_size="$h" $2 2>&1); then
+      best=$h
+      params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
+      peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
+    else
+      echo "$out" | grep -q "device memory budget" || { echo "$1: hidden $h failed: $(echo "$out" | tail -1)"; }
+      break
+    fi
+  done
+  printf '%-52s %8s %14s %14s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}"
+}
+capacity "ddp" "--strategy ddp"
+# Gradient buckets of 2M elements: DeepSpeed's default (5e8) would stage the whole model's fp32
+# gradient at once on a model this size.
+BUCKETS="--set strategy.reduce_bucket_size=2000000 --set strategy.allgather_bucket_size=2000000"
+capacity "zero stage 2, offload_optimizer=cpu, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
+capacity "zero stage 3, offload optimizer + param, cpu_adam" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"

@@ -29,33 +29,43 @@ TCMALLOC=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || 
 echo "zero.sh: $(nproc) cores, allocator: ${TCMALLOC:-glibc malloc}, $(date -u +%F)"
 
 # ---- 1. throughput at DP=2 -----------------------------------------------------------------
-ITERS=$((QUICK ? 12 : 30))
+# tokens/s of a run = the median over its logging windows of 5 iterations, the first window (start-up)
+# left out; each strategy runs REPS times, interleaved with the others, and the median run is shown.
+# This VM's figures wander by 20% and more from run to run: read the ratios within one table.
+ITERS=$((QUICK ? 20 : 40))
+REPS=$((QUICK ? 1 : 3))
 TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=4
   --set model.hidden_size=256 --set model.num_attention_heads=8 --set model.vocab_size=8192
   --set dataset.vocab_size=8192 --set train.seq_length=128 --set train.micro_batch_size=4
-  --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=$((ITERS / 3))
+  --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=5
   --set eval.eval_iters=0 --set eval.eval_interval=0 --set lr.lr_warmup_iters=2"
-echo
-echo "== 1. tokens/s at data-parallel size 2 (4 layers, hidden 256, seq 128, global batch 16, fp32;"
-echo "      the last of three logging windows, so start-up is excluded)"
-printf '%-44s %10s %12s %14s %12s\n' "strategy" "tokens/s" "vs ddp" "DP MB/iter" "device MB"
-ddp_rate=""
-run_throughput() {  # name, args
-  local out rate traffic mem
-  out=$($DTK launch --nproc_per_node 2 $TRAIN $2 2>&1) || { echo "$1: failed"; echo "$out" | tail -3; return; }
-  rate=$(echo "$out" | grep -o "tokens per second: [0-9]*" | tail -1 | grep -o "[0-9]*$")
-  traffic=$(echo "$out" | grep -o "data-parallel traffic .* total: [0-9.]*" | grep -o "[0-9.]*$")
-  mem=$(echo "$out" | grep -o "memory (MB) | allocated: [0-9.]*" | grep -o "[0-9.]*$")
-  [[ -z $ddp_rate ]] && ddp_rate=$rate
-  printf '%-44s %10s %11.2fx %14s %12s\n' "$1" "$rate" "$(echo "$rate / $ddp_rate" | bc -l)" "$traffic" "$mem"
-}
-run_throughput "ddp (all-reduce, the peer)" "--strategy ddp"
-run_throughput "zero stage 1" "--strategy zero --set strategy.stage=1"
-run_throughput "zero stage 2" "--strategy zero --set strategy.stage=2"
-run_throughput "zero stage 2, overlap_comm" "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
-run_throughput "zero stage 2, offload_optimizer=cpu, cpu_adam" \
+NAMES=("ddp (all-reduce, the peer)" "zero stage 1" "zero stage 2" "zero stage 2, overlap_comm"
+  "zero stage 2, offload_optimizer=cpu, cpu_adam" "zero stage 3")
+ARGS=("--strategy ddp" "--strategy zero --set strategy.stage=1" "--strategy zero --set strategy.stage=2"
+  "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam"
-run_throughput "zero stage 3" "--strategy zero --set strategy.stage=3"
+  "--strategy zero --set strategy.stage=3")
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : int((a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+declare -A RATES TRAFFIC MEM
+for ((rep = 0; rep < REPS; rep++)); do
+  for i in "${!NAMES[@]}"; do
+    out=$($DTK launch --nproc_per_node 2 $TRAIN ${ARGS[$i]} 2>&1) || { echo "${NAMES[$i]}: failed"; echo "$out" | tail -3; continue; }
+    rate=$(echo "$out" | grep -o "tokens per second: [0-9]*" | grep -o "[0-9]*$" | tail -n +2 | median)
+    RATES[$i]="${RATES[$i]:-} $rate"
+    TRAFFIC[$i]=$(echo "$out" | grep -o "data-parallel traffic .* total: [0-9.]*" | grep -o "[0-9.]*$")
+    MEM[$i]=$(echo "$out" | grep -o "memory (MB) | allocated: [0-9.]*" | grep -o "[0-9.]*$")
+  done
+done
+echo
+echo "== 1. tokens/s at data-parallel size 2 (4 layers, hidden 256, vocab 8192, seq 128, micro-batch 4,"
+echo "      global batch 16 = 2 micro-batches per rank, fp32; median of $REPS runs, each the median of its windows)"
+printf '%-46s %10s %8s %-22s %14s %12s\n' "strategy" "tokens/s" "vs ddp" "  (runs)" "DP MB/iter" "device MB"
+ddp_rate=$(echo ${RATES[0]} | tr ' ' '\n' | median)
+for i in "${!NAMES[@]}"; do
+  rate=$(echo ${RATES[$i]} | tr ' ' '\n' | median)
+  printf '%-46s %10s %7.2fx %-22s %14s %12s\n' "${NAMES[$i]}" "$rate" "$(echo "$rate / $ddp_rate" | bc -l)" \
+    "  (${RATES[$i]# })" "${TRAFFIC[$i]}" "${MEM[$i]}"
+done
 
 # ---- 2. capacity under a device memory budget -----------------------------------------------
 echo

@@ -15,9 +15,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "dtk/core/checkpoint_shards.hpp"
+#include "dtk/core/memory.hpp"
 
 
 namespace dtk::core {
@@ -362,6 +364,9 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   } catch (const std::exception& e) {
     throw HostError("checkpoint " + file + ": " + first_line(e.what()));
   }
+  // An offloaded optimizer's state is host memory, here as in the step (dtk/core/memory.hpp).
+  std::optional<memory::HostScope> host;
+  if (strategy.info().optimizer_on_host) host.emplace();
   if (shards == 0 && !strategy.info().sharded_state) {
     // Replicated state saved and wanted (ddp to ddp): as saved.
     try {
@@ -373,6 +378,7 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   } else {
     load_resharded(rank_dir, shards, d, model, optimizer, strategy, topo);
   }
+  host.reset();
   at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng.toTensor());

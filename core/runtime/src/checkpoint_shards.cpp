@@ -1,6 +1,10 @@
 #include "dtk/core/checkpoint_shards.hpp"
 
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <cctype>
+#include <set>
 
 #include "dtk/host/plugin_host.hpp"
 
@@ -43,7 +47,6 @@ StateAssembler::StateAssembler(const std::vector<Param>& wanted, const std::vect
 void StateAssembler::add(const TensorList& optimizer, const TensorList& strategy, const SliceMap& saved) {
   add_to(optimizer_, optimizer, saved);
   add_to(strategy_, strategy, saved);
-  any_ = true;
 }
 
 void StateAssembler::add_to(Entries& out, const TensorList& state, const SliceMap& saved) {
@@ -52,9 +55,15 @@ void StateAssembler::add_to(Entries& out, const TensorList& state, const SliceMa
   names.insert(saved.begin(), saved.end());
   for (const auto& [key, value] : state) {
     const std::string param = param_of_key(key, names);
-    auto it = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == key; });
+    auto found = out.index.find(key);
+    Entry* entry = found == out.index.end() ? nullptr : &out.list[found->second].second;
+    auto keep_first = [&](Entry e) {
+      if (entry) return;
+      out.index[key] = out.list.size();
+      out.list.emplace_back(key, std::move(e));
+    };
     if (param.empty()) {  // not a parameter's (an optimizer's "step"): the first file's
-      if (it == out.end()) out.emplace_back(key, Entry{"", value, 0});
+      keep_first(Entry{"", value, 0});
       continue;
     }
     const auto want = wanted_.find(param);
@@ -66,37 +75,49 @@ void StateAssembler::add_to(Entries& out, const TensorList& state, const SliceMa
     const ParamSlice src =
         have != saved.end() ? have->second : ParamSlice{0, want->second.full_numel, want->second.full_numel};
     if (value.numel() != src.numel) {
-      if (it == out.end()) out.emplace_back(key, Entry{"", value, 0});
+      keep_first(Entry{"", value, 0});
       continue;
     }
     const ParamSlice& dst = want->second;
     if (src.full_numel != dst.full_numel)
       throw HostError("state '" + key + "' is of a parameter of " + std::to_string(src.full_numel) +
                       " elements, this model's '" + param + "' has " + std::to_string(dst.full_numel));
-    if (it == out.end()) {
-      out.emplace_back(key, Entry{param, at::zeros({dst.numel}, value.options().device(at::kCPU)), 0});
-      it = out.end() - 1;
+    if (!entry) {
+      keep_first(Entry{param, at::zeros({dst.numel}, value.options().device(at::kCPU)), 0});
+      entry = &out.list.back().second;
     }
     const int64_t lo = std::max(src.offset, dst.offset);
     const int64_t hi = std::min(src.offset + src.numel, dst.offset + dst.numel);
     if (lo >= hi) continue;
-    it->second.value.narrow(0, lo - dst.offset, hi - lo)
-        .copy_(value.reshape({-1}).narrow(0, lo - src.offset, hi - lo));
-    it->second.covered += hi - lo;
+    if (entry->covered + (hi - lo) > dst.numel)
+      throw HostError("state '" + key + "': saved shards of '" + param + "' overlap");
+    entry->value.narrow(0, lo - dst.offset, hi - lo).copy_(value.reshape({-1}).narrow(0, lo - src.offset, hi - lo));
+    entry->covered += hi - lo;
   }
 }
 
-bool StateAssembler::complete() const {
-  if (!any_) return false;
-  for (const Entries* entries : {&optimizer_, &strategy_})
-    for (const auto& [key, e] : *entries)
-      if (!e.param.empty() && e.covered != wanted_.at(e.param).numel) return false;
-  return true;
+// The kinds of per-parameter state ("g*.{}.exp_avg") and the wanted parameters each one lacks.
+void StateAssembler::warn_missing(const Entries& entries) const {
+  std::map<std::string, std::set<std::string>> has;  // kind -> parameters
+  for (const auto& [key, e] : entries.list) {
+    if (e.param.empty()) continue;
+    std::string kind = key;
+    kind.replace(kind.find(e.param), e.param.size(), "{}");
+    if (kind.size() > 1 && kind[0] == 'g' && std::isdigit(static_cast<unsigned char>(kind[1])))
+      kind = "g*" + kind.substr(kind.find('.'));  // the group index differs between parameters
+    has[kind].insert(e.param);
+  }
+  for (const auto& [kind, params] : has)
+    for (const auto& [name, slice] : wanted_)
+      if (!params.count(name))
+        LOG(WARNING) << "checkpoint: no '" << kind << "' state for '" << name << "' (" << params.size()
+                     << " other parameters have it): it starts fresh";
 }
 
 TensorList StateAssembler::finish(const Entries& entries) const {
+  warn_missing(entries);
   TensorList out;
-  for (const auto& [key, e] : entries) {
+  for (const auto& [key, e] : entries.list) {
     if (e.param.empty()) {
       out.emplace_back(key, e.value);
       continue;

@@ -3,8 +3,10 @@
 //
 // The parameters are laid out in the order their gradients become ready in backward (the reverse
 // of the modules' forward order) and cut into buckets of about `bucket_numel` elements (a
-// parameter is never split across buckets; under ZeRO-3 a bucket never mixes modules, so a module
-// is gathered by gathering its buckets). Each bucket is padded to a multiple of N x 16 elements
+// parameter is never split across buckets). ZeRO-3's on-demand parameters come first, grouped by
+// the module whose gradient completes them (the lowest module reading them; a tied weight goes
+// with the embedding), and a bucket never mixes two such groups: a module is gathered by gathering
+// the buckets of every parameter it reads. Each bucket is padded to a multiple of N x 16 elements
 // (N = data-parallel size) and split into N equal, contiguous chunks: rank r owns chunk r of every
 // bucket, which is what a reduce-scatter of the bucket gives it and what it contributes to the
 // bucket's all-gather. This is Megatron's distributed-optimizer layout (buckets partitioned, not
@@ -46,7 +48,7 @@ struct Bucket {
   int64_t flat_offset = 0;       // of the bucket in the flat layout
   int64_t partition_offset = 0;  // of a rank's chunk in that rank's partition
   bool on_demand = false;
-  int32_t ready_module = -1;     // the lowest ready module of its parameters
+  int32_t ready_module = -1;     // the lowest ready module of its parameters (-1: some have none)
 };
 
 // The run of one parameter that a rank owns (a ZeRO shard, abi.h dtk_param_info.shard_offset).

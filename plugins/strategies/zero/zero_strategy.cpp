@@ -132,17 +132,18 @@ void ZeroStrategy::build_layout() {
   for (size_t i = 0; i < params_.size(); ++i) {
     lps[i].name = params_[i].name;
     lps[i].numel = params_[i].tensor.numel();
-    lps[i].on_demand = opt_.stage == 3 && lps[i].numel > opt_.persistence_threshold;
   }
   // A gradient is complete after the backward of the lowest-index module that reads it.
   for (size_t m = 0; m < module_reads_.size(); ++m)
     for (size_t p : module_reads_[m])
       if (lps[p].ready_module < 0 || static_cast<int32_t>(m) < lps[p].ready_module)
         lps[p].ready_module = static_cast<int32_t>(m);
+  // ZeRO-3 gathers a parameter for the modules that read it: one that no module lists stays whole.
+  for (auto& lp : lps) lp.on_demand = opt_.stage == 3 && lp.numel > opt_.persistence_threshold && lp.ready_module >= 0;
   ready_at_.assign(module_reads_.size(), {});
   for (size_t p = 0; p < lps.size(); ++p)
     if (lps[p].ready_module >= 0) ready_at_[static_cast<size_t>(lps[p].ready_module)].push_back(p);
-  // ZeRO-3 buckets are gathering units (one module each), whatever reduce_bucket_size says.
+  // ZeRO-3's on-demand buckets never mix modules: a module is gathered by gathering its buckets.
   layout_.emplace(std::move(lps), dp_size_, opt_.reduce_bucket_size);
   shards_ = layout_->shards(dp_rank_);
   shard_of_.assign(params_.size(), -1);
@@ -259,14 +260,16 @@ void ZeroStrategy::before_backward(const dtk_backward_args& args) {
 }
 
 // Stage 1: fp32 parameters accumulate straight into the flat fp32 buffer (their .grad is a view of
-// it); low-precision ones are added into it before every further backward and the reduction.
+// it, which autograd adds into in place); low-precision ones, and any gradient that is not that
+// view (something replaced it), are added into it before every further backward and the reduction.
 void ZeroStrategy::collect_into_flat() {
-  if (!low_precision()) return;
   for (size_t p = 0; p < params_.size(); ++p) {
     at::Tensor& g = params_[p].tensor.mutable_grad();
     if (!g.defined()) continue;
-    grad_flat_.narrow(0, layout_->flat_offset(p), g.numel()).add_(g.reshape({-1}));
-    g = at::Tensor();
+    const at::Tensor slot = grad_flat_.narrow(0, layout_->flat_offset(p), params_[p].tensor.numel());
+    if (!low_precision() && g.data_ptr() == slot.data_ptr()) continue;  // already in place
+    slot.add_(g.reshape({-1}));
+    g = low_precision() ? at::Tensor() : slot.view(params_[p].tensor.sizes());
   }
 }
 
@@ -275,6 +278,7 @@ void ZeroStrategy::collect_into_flat() {
 void ZeroStrategy::collect(size_t p) {
   if (collected_[p]) return;
   collected_[p] = 1;
+  if (params_[p].tensor.numel() == 0) return;  // in no bucket
   const size_t b = layout_->bucket_of(p);
   const Bucket& bucket = layout_->buckets()[b];
   if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.numel}, at::TensorOptions().dtype(at::kFloat).device(device_));

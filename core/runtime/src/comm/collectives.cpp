@@ -29,6 +29,7 @@
 struct dtk_comm_work {
   c10::intrusive_ptr<c10d::Work> work;
   std::shared_future<void> task;
+  int64_t group_size = 1;
   std::function<void()> then;
   std::string what;
 };
@@ -252,8 +253,10 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
     w.work.reset();
   }
   if (w.task.valid()) {
-    // The task's own waits are bounded by the same timeout; this one bounds the queue as well.
-    if (w.task.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready)
+    // A ring task makes 2 (N - 1) message waits, each bounded by the timeout, and may queue behind
+    // one more in-flight task: this bound covers both without cutting a slow, healthy ring short.
+    const auto bound = timeout * (4 * std::max<int64_t>(1, w.group_size)) + std::chrono::seconds(5);
+    if (w.task.wait_for(bound) != std::future_status::ready)
       throw dtk::Error(w.what + " failed: timed out" + limit, DTK_ERR_COMM);
     try {
       w.task.get();
@@ -370,6 +373,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
   if (pg->getBackendName() == "gloo") {
     const uint32_t tag = ring::next_tag(group);
     const auto timeout = collective_timeout();
+    w->group_size = n;
     // The task keeps the group and both buffers alive until it ran.
     w->task = ring::run_async([pg, out, in, rop, tag, timeout] { ring::reduce_scatter(*pg, out, in, rop, tag, timeout); });
   } else {

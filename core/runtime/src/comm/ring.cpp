@@ -2,6 +2,7 @@
 #include "ring.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <array>
 #include <condition_variable>
@@ -51,6 +52,7 @@ class Worker {
 
  private:
   void loop() {
+    at::init_num_threads();  // the run's intra-op thread count (at::set_num_threads), not the default
     for (;;) {
       std::packaged_task<void()> job;
       {
@@ -73,6 +75,7 @@ void reduce_scatter(c10d::ProcessGroup& pg, const at::Tensor& out, const at::Ten
                     uint32_t tag, std::chrono::milliseconds timeout) {
   at::NoGradGuard no_grad;
   const int n = pg.getSize(), rank = pg.getRank();
+  if (n > 1025) throw std::invalid_argument("ring reduce_scatter supports groups of up to 1025 ranks (tag block)");
   const at::Tensor flat = in.reshape({-1});
   const int64_t m = flat.numel() / n;
   auto chunk = [&](int i) { return flat.narrow(0, static_cast<int64_t>(((i % n) + n) % n) * m, m); };

@@ -16,9 +16,12 @@
 // any point leaves the previous checkpoint or the new one, never a half one; leftover *.tmp-*
 // entries of a crashed save are never read (load follows the tracker file) and may be deleted.
 //
-// Only data-parallel rank 0 writes, which holds for strategies whose state is replicated over
-// data parallel (ddp). A strategy that shards state over data-parallel ranks (ZeRO) will need
-// one file per data-parallel rank as well.
+// Data-parallel rank 0 writes model_optim_rng.pt. A strategy whose state is sharded over
+// data-parallel ranks (dtk_strategy_info.sharded_state: zero) also has every DP rank write
+//   {save}/iter_0000004/mp_rank_00/optim_dp_rank_001.pt
+// ("optimizer", "strategy", "param_slices": name -> [offset, numel, full_numel], "data_parallel_rank",
+// "data_parallel_size"), the main file then recording "optimizer_shards" and empty "optimizer" and
+// "strategy" dicts. Loading re-partitions such state for this rank's layout (checkpoint_shards.hpp).
 #pragma once
 
 #include <cstdint>

@@ -48,10 +48,9 @@ class StateAssembler {
   // One saved rank's state. `saved` describes what it held; an entry of a parameter it does not
   // list is a whole parameter (a replicated save).
   void add(const TensorList& optimizer, const TensorList& strategy, const SliceMap& saved);
-  // Whether the state added so far is exactly this rank's (the same layout): no other file needed.
-  bool complete() const;
   // The assembled state, per-parameter entries shaped like the loading optimizer's tensors. Throws
-  // naming the first entry that only part of the saved files covered.
+  // naming the first entry that only part of the saved files covered. A parameter that lacks a
+  // kind of state the others have (no "exp_avg" for it) is logged as a warning: it starts fresh.
   TensorList optimizer() const { return finish(optimizer_); }
   TensorList strategy() const { return finish(strategy_); }
 
@@ -61,15 +60,18 @@ class StateAssembler {
     at::Tensor value;
     int64_t covered = 0;
   };
-  using Entries = std::vector<std::pair<std::string, Entry>>;
+  struct Entries {
+    std::vector<std::pair<std::string, Entry>> list;  // in first-seen order
+    std::map<std::string, size_t> index;              // key -> position in list
+  };
   void add_to(Entries& out, const TensorList& saved_state, const SliceMap& saved);
   TensorList finish(const Entries& entries) const;
+  void warn_missing(const Entries& entries) const;
 
   SliceMap wanted_;
   SliceMap names_;  // every parameter name (values unused)
   std::map<std::string, std::vector<int64_t>> shape_;  // per parameter: the optimizer tensor's shape
   Entries optimizer_, strategy_;
-  bool any_ = false;
 };
 
 }  // namespace dtk::core

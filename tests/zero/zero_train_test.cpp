@@ -86,6 +86,31 @@ void expect_one_line_error(const Result& r, const std::string& needle) {
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 
+struct Memory {
+  double allocated = -1, max_allocated, parameters, gradients, masters, optimizer, host;
+  bool optimizer_on_host = false;
+};
+
+// The memory report line of rank 0 (MiB).
+Memory memory_of(const std::string& log) {
+  std::smatch m;
+  Memory out;
+  const std::regex re(
+      R"(memory \(MB\) \| allocated: (\S+) \| max allocated: (\S+) \| parameters: (\S+) \| gradients: (\S+) \| )"
+      R"(fp32 masters: (\S+) \| optimizer state: (\S+)( \(host\))? \| host allocated: (\S+) \|)");
+  if (!std::regex_search(log, m, re)) return out;
+  out.allocated = std::stod(m[1]), out.max_allocated = std::stod(m[2]), out.parameters = std::stod(m[3]);
+  out.gradients = std::stod(m[4]), out.masters = std::stod(m[5]), out.optimizer = std::stod(m[6]);
+  out.optimizer_on_host = m[7].matched;
+  out.host = std::stod(m[8]);
+  return out;
+}
+
+int64_t parameter_count(const std::string& log) {
+  std::smatch m;
+  return std::regex_search(log, m, std::regex(R"(model parallel rank \(0, 0\): (\d+))")) ? std::stoll(m[1]) : -1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // zero == ddp
 // ---------------------------------------------------------------------------------------------
@@ -179,6 +204,10 @@ TEST(ZeroCheckpoint, ResumeAtTheSameDataParallelSizeIsExact) {
     const auto a = train_lines(full.out), b = train_lines(resumed.out);
     ASSERT_EQ(b.size(), 4u) << resumed.out;
     for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << name << " iteration " << it;
+    // The loaded state sits where the trained state sat (offload: the optimizer's in host memory).
+    const Memory before = memory_of(full.out), after = memory_of(resumed.out);
+    EXPECT_NEAR(after.allocated, before.allocated, 0.05) << name << "\n" << resumed.out;
+    EXPECT_NEAR(after.host, before.host, 0.05) << name << "\n" << resumed.out;
   }
 }
 
@@ -245,48 +274,29 @@ TEST(ZeroCheckpoint, AMissingShardFileIsOneLineError) {
 // Memory
 // ---------------------------------------------------------------------------------------------
 
-struct Memory {
-  double allocated = -1, max_allocated, parameters, gradients, masters, optimizer, host;
-  bool optimizer_on_host = false;
-};
-
-// The memory report line of rank 0 (MiB).
-Memory memory_of(const std::string& log) {
-  std::smatch m;
-  Memory out;
-  const std::regex re(
-      R"(memory \(MB\) \| allocated: (\S+) \| max allocated: (\S+) \| parameters: (\S+) \| gradients: (\S+) \| )"
-      R"(fp32 masters: (\S+) \| optimizer state: (\S+)( \(host\))? \| host allocated: (\S+) \|)");
-  if (!std::regex_search(log, m, re)) return out;
-  out.allocated = std::stod(m[1]), out.max_allocated = std::stod(m[2]), out.parameters = std::stod(m[3]);
-  out.gradients = std::stod(m[4]), out.masters = std::stod(m[5]), out.optimizer = std::stod(m[6]);
-  out.optimizer_on_host = m[7].matched;
-  out.host = std::stod(m[8]);
-  return out;
-}
-
-int64_t parameter_count(const std::string& log) {
-  std::smatch m;
-  return std::regex_search(log, m, std::regex(R"(model parallel rank \(0, 0\): (\d+))")) ? std::stoll(m[1]) : -1;
-}
-
 // bf16 parameters, fp32 masters and Adam state: per rank, with Psi parameters and N ranks,
 //   ddp      parameters 2 Psi,   gradients 4 Psi (fp32),         masters 4 Psi,   optimizer 8 Psi
 //   stage 1  parameters 2 Psi,   gradients 4 Psi + 4 Psi / N,     masters 4 Psi/N, optimizer 8 Psi / N
-//   stage 2  parameters 2 Psi,   gradients 4 Psi / N,             ...
-//   stage 3  parameters 2 Psi/N, gradients 4 Psi / N,             ...
-// so masters + optimizer state = 12 Psi / N from stage 1 on (the ZeRO paper's K = 12). The
-// allocator's device bytes equal the sum of what is on the device.
+//   stage 2  parameters 2 Psi,   gradients 4 Psi / N + B,         ...
+//   stage 3  parameters 2 Psi/N, gradients 4 Psi / N + B,         ...
+// so masters + optimizer state = 12 Psi / N from stage 1 on (the ZeRO paper's K = 12). B is the
+// fp32 staging buffer kept for reuse: one gradient bucket, at most 4 x 262,144 bytes here (the
+// largest parameter, the MLP's 256 x 1024 weights, is a bucket of its own). The allocator's device
+// bytes equal the sum of what is on the device.
+const std::string kMemoryModel = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
+                                 "--set train.train_iters=3 ";
+const std::string kBuckets = " --set strategy.reduce_bucket_size=200000";
+constexpr double kStagingMiB = 262144.0 * 4 / (1024 * 1024) + 0.01;
+
 TEST(ZeroMemory, BytesPerRankFollowTheZeroFormulas) {
-  const std::string model = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
-                            "--set train.train_iters=3 ";
+  const std::string& model = kMemoryModel;
   const double mib = 1024.0 * 1024.0;
   for (int n : {1, 2, 4}) {
     for (int stage : {0, 1, 2, 3}) {
       const std::string strategy =
           stage == 0 ? "--strategy ddp"
                      : "--strategy zero --set strategy.stage=" + std::to_string(stage) +
-                           " --set strategy.stage3_param_persistence_threshold=0";
+                           " --set strategy.stage3_param_persistence_threshold=0" + kBuckets;
       const Result r = launch(n, kTrain + model + strategy);
       ASSERT_EQ(r.code, 0) << r.out;
       const double psi = static_cast<double>(parameter_count(r.out)) / mib;  // Mi-parameters
@@ -301,7 +311,12 @@ TEST(ZeroMemory, BytesPerRankFollowTheZeroFormulas) {
       EXPECT_NEAR(m.optimizer, 8 * psi * by_n, slack) << what;
       EXPECT_NEAR(m.masters + m.optimizer, 12 * psi * by_n, 2 * slack) << what << ": 12 Psi / N";
       const double gradients = stage == 0 ? 4 * psi : stage == 1 ? 4 * psi + 4 * psi / n : 4 * psi / n;
-      EXPECT_NEAR(m.gradients, gradients, slack) << what;
+      if (stage < 2) {
+        EXPECT_NEAR(m.gradients, gradients, slack) << what;
+      } else {
+        EXPECT_GE(m.gradients, gradients - slack) << what;
+        EXPECT_LE(m.gradients, gradients + kStagingMiB) << what;
+      }
       EXPECT_NEAR(m.allocated, m.parameters + m.gradients + m.masters + m.optimizer, 0.1) << what << "\n" << r.out;
       EXPECT_NEAR(m.host, 0.0, 0.01) << what;
     }
@@ -312,8 +327,7 @@ TEST(ZeroMemory, BytesPerRankFollowTheZeroFormulas) {
 // the device keeps the parameters (stage 1 also its whole fp32 gradient buffer). With
 // offload_param the device keeps nothing between steps.
 TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
-  const std::string model = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
-                            "--set train.train_iters=3 ";
+  const std::string& model = kMemoryModel;
   const double mib = 1024.0 * 1024.0;
   const int n = 2;
   for (int stage : {1, 2, 3}) {
@@ -321,7 +335,8 @@ TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
       if (offload_param && stage != 3) continue;
       const Result r = launch(n, kTrain + model + "--strategy zero --set strategy.offload_optimizer=cpu " +
                                      "--set strategy.stage3_param_persistence_threshold=0 --set strategy.stage=" +
-                                     std::to_string(stage) + (offload_param ? " --set strategy.offload_param=cpu" : ""));
+                                     std::to_string(stage) + (offload_param ? " --set strategy.offload_param=cpu" : "") +
+                                     kBuckets);
       ASSERT_EQ(r.code, 0) << r.out;
       const double psi = static_cast<double>(parameter_count(r.out)) / mib;
       const Memory m = memory_of(r.out);
@@ -329,8 +344,10 @@ TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
       EXPECT_TRUE(m.optimizer_on_host) << what;
       const double host_expected = (8 + 4 + 4) * psi / n + (offload_param ? 2 * psi / n : 0);
       EXPECT_NEAR(m.host, host_expected, 0.05 + 0.01 * host_expected) << what << "\n" << r.out;
+      // The device keeps the parameters, stage 1 its whole fp32 gradient, stages 2/3 a staging bucket.
       const double device_expected = (stage == 3 ? (offload_param ? 0 : 2 * psi / n) : 2 * psi) + (stage == 1 ? 4 * psi : 0);
-      EXPECT_NEAR(m.allocated, device_expected, 0.1) << what << "\n" << r.out;
+      EXPECT_GE(m.allocated, device_expected - 0.02) << what << "\n" << r.out;
+      EXPECT_LE(m.allocated, device_expected + (stage >= 2 ? kStagingMiB : 0) + 0.1) << what << "\n" << r.out;
     }
   }
 }

@@ -281,24 +281,57 @@ void ZeroStrategy::collect(size_t p) {
   if (params_[p].tensor.numel() == 0) return;  // in no bucket
   const size_t b = layout_->bucket_of(p);
   const Bucket& bucket = layout_->buckets()[b];
-  if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  if (!staging_[b].defined()) {
+    staging_[b] = take_staging(bucket.numel);
+    const int64_t used = bucket.slots.back().offset + bucket.slots.back().numel;
+    staging_[b].narrow(0, used, bucket.numel - used).zero_();  // the padding
+  }  // staging_[b] may be longer than the bucket: only its first bucket.numel elements are used
   at::Tensor& g = params_[p].tensor.mutable_grad();
+  at::Tensor slot = staging_[b].narrow(0, layout_->flat_offset(p) - bucket.flat_offset, params_[p].tensor.numel());
   if (g.defined()) {
-    staging_[b].narrow(0, layout_->flat_offset(p) - bucket.flat_offset, g.numel()).copy_(g.reshape({-1}));
+    slot.copy_(g.reshape({-1}));
     g = at::Tensor();  // the whole gradient is gone: only the bucket and the partition remain
+  } else {
+    slot.zero_();  // no gradient this micro-batch (the buffer is reused)
   }
   if (--pending_[b] == 0) {
-    at::Tensor input = std::move(staging_[b]);
+    at::Tensor buffer = std::move(staging_[b]);
     staging_[b] = at::Tensor();
-    reduce_bucket(b, input);
+    reduce_bucket(b, buffer.narrow(0, 0, bucket.numel), buffer);
   }
+}
+
+// A staging buffer of at least `numel` fp32 elements, reused across buckets, micro-batches and
+// steps: at most three are kept (two reductions in flight and one filling), each of one bucket, so
+// backward allocates nothing large in the steady state.
+at::Tensor ZeroStrategy::take_staging(int64_t numel) {
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it)
+    if (it->numel() >= numel && (best == spare_.end() || it->numel() < best->numel())) best = it;
+  at::Tensor base;
+  if (best != spare_.end()) {
+    base = *best;
+    spare_.erase(best);
+  } else {
+    // None is large enough: a larger one replaces the largest spare (the pool grows to the
+    // largest bucket instead of keeping one buffer per bucket size).
+    auto largest = std::max_element(spare_.begin(), spare_.end(),
+                                    [](const at::Tensor& a, const at::Tensor& b) { return a.numel() < b.numel(); });
+    if (largest != spare_.end()) spare_.erase(largest);
+    base = at::empty({numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  }
+  return base;
+}
+
+void ZeroStrategy::return_staging(at::Tensor buffer) {
+  if (spare_.size() < 3) spare_.push_back(std::move(buffer));
 }
 
 // Reduce-scatters one bucket (fp32, whole) over the DP group and adds this rank's chunk into the
 // gradient partition; with overlap_comm the collective is left in flight (two at most).
-void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input) {
+void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input, at::Tensor staging) {
   const Bucket& bucket = layout_->buckets()[b];
-  InFlight f{b, input, at::empty({bucket.chunk}, input.options()), std::nullopt};
+  InFlight f{b, input, at::empty({bucket.chunk}, input.options()), std::nullopt, std::move(staging)};
   const int32_t op = opt_.average_gradients ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
   if (dp_size_ == 1)
     f.output.copy_(input);
@@ -318,6 +351,7 @@ void ZeroStrategy::finish_reductions(size_t keep) {
     const Bucket& bucket = layout_->buckets()[f.bucket];
     // Device -> host when the partition is offloaded (a no-op move on CPU runs).
     part_grads_.narrow(0, bucket.partition_offset, bucket.chunk).add_(f.output.to(part_grads_.device()));
+    if (f.staging.defined()) return_staging(std::move(f.staging));
     in_flight_.pop_front();
   }
 }
@@ -337,7 +371,7 @@ void ZeroStrategy::reduce_gradients() {
     collect_into_flat();
     const Layout& l = *layout_;
     for (size_t b = 0; b < l.buckets().size(); ++b)
-      reduce_bucket(b, grad_flat_.narrow(0, l.buckets()[b].flat_offset, l.buckets()[b].numel));
+      reduce_bucket(b, grad_flat_.narrow(0, l.buckets()[b].flat_offset, l.buckets()[b].numel), at::Tensor());
     finish_reductions(0);
   }
   if (opt_.stage == 3)  // prefetched buckets nobody used
@@ -491,7 +525,8 @@ dtk_memory_usage ZeroStrategy::memory_usage() {
   // 1's fp32 .grad tensors are views of its buffer: not counted twice).
   u.gradient_bytes = bytes(part_grads_) + bytes(grad_flat_);
   for (const auto& s : staging_) u.gradient_bytes += bytes(s);
-  for (const auto& f : in_flight_) u.gradient_bytes += bytes(f.input) + bytes(f.output);
+  for (const auto& s : spare_) u.gradient_bytes += bytes(s);
+  for (const auto& f : in_flight_) u.gradient_bytes += bytes(f.staging) + bytes(f.output);
   if (!(opt_.stage == 1 && !low_precision()))
     for (const auto& p : params_) u.gradient_bytes += bytes(p.tensor.grad());
   u.master_bytes = masters_alias_ ? 0 : bytes(masters_);

@@ -77,7 +77,10 @@ class ZeroStrategy : public Strategy {
   // gradients
   void collect_into_flat();               // stage 1: low-precision .grad -> the fp32 flat buffer
   void collect(size_t param);             // stage 2/3: .grad -> its bucket's fp32 staging buffer
-  void reduce_bucket(size_t bucket, const at::Tensor& input);
+  at::Tensor take_staging(int64_t numel);
+  void return_staging(at::Tensor buffer);
+  // `staging`: the pooled buffer behind `input`, returned when the reduction completed (stage 2/3).
+  void reduce_bucket(size_t bucket, const at::Tensor& input, at::Tensor staging);
   void finish_reductions(size_t keep);    // completes in-flight reduce-scatters down to `keep`
   void flush_buckets();                   // stage 2/3: reduce what backward did not complete
 
@@ -124,12 +127,14 @@ class ZeroStrategy : public Strategy {
 
   // stage 2/3 reduction state
   std::vector<at::Tensor> staging_;    // per bucket, while its gradients arrive
+  std::vector<at::Tensor> spare_;      // staging buffers to reuse
   std::vector<int64_t> pending_;       // per bucket: gradients still to arrive this backward
   std::vector<char> collected_;        // per parameter: collected this backward
   struct InFlight {
     size_t bucket;
     at::Tensor input, output;
     std::optional<Comm::Work> work;
+    at::Tensor staging;  // stage 2/3: the pool buffer behind input
   };
   std::deque<InFlight> in_flight_;
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -157,6 +158,20 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ZeroMatchesDdp,
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param);
                          });
+
+// A step whose gradients are not finite is skipped by every stage as by ddp: the host's test hook
+// makes iteration 3's gradients infinite; the runs skip it, and go on with equal losses.
+TEST(ZeroSkippedSteps, NonFiniteGradientsAreSkippedAsUnderDdp) {
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "3", 1);
+  const Curve ddp = curve_of(2, "--strategy ddp --set train.params_dtype=bf16", "skip-ddp");
+  for (const std::string zero : {"--set strategy.stage=2 --set strategy.offload_optimizer=cpu",
+                                 "--set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=0"}) {
+    const Curve z = curve_of(2, "--strategy zero --set train.params_dtype=bf16 " + zero, "skip-zero");
+    expect_same_curve(ddp, z, 19, "skipped step, zero " + zero);
+    EXPECT_EQ(z.loss.count(3), 0u) << "iteration 3 was not skipped";
+  }
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Checkpoints

@@ -76,6 +76,27 @@ std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& p
   return data;
 }
 
+// Test hook: DTK_TEST_NONFINITE_ITERS=3,7 makes the gradients of those iterations infinite (the
+// first micro-batch's loss times inf), to test the skipped-step path of every strategy.
+std::set<int64_t> nonfinite_iterations_from_environment() {
+  std::set<int64_t> out;
+  const char* v = std::getenv("DTK_TEST_NONFINITE_ITERS");
+  if (!v) return out;
+  std::string s = v;
+  for (size_t at = 0; at < s.size();) {
+    const size_t comma = s.find(',', at);
+    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    try {
+      out.insert(std::stoll(item));
+    } catch (const std::exception&) {
+      throw HostError("DTK_TEST_NONFINITE_ITERS: '" + item + "' is not an iteration number");
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
@@ -87,7 +108,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
       data_slot_(resolve(plugins, DTK_KIND_DATASET, cfg.dataset())),
       step_slot_(resolve(plugins, DTK_KIND_STEP, cfg.step())),
       optimizer_slot_(resolve(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer())),
-      strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())) {
+      strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())),
+      nonfinite_iterations_(nonfinite_iterations_from_environment()) {
   TrainingLog::Setup log;
   log.train_iters = plan_.train_iters();
   log.log_interval = cfg.logging().log_interval();
@@ -108,6 +130,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
 }
 
 Trainer::~Trainer() = default;
+
 
 Trainer::Slot Trainer::resolve(host::PluginHost& plugins, int32_t kind, const config::PluginChoice& choice) const {
   const host::Plugin& plugin = plugins.get(kind, choice.name());
@@ -218,7 +241,9 @@ IterationResult Trainer::train_step(int64_t iteration) {
                       Model::shape_str(loss) + ", expected a scalar");
     strategy_->before_backward(m, num_micro);
     // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
-    (loss.reshape({}) / static_cast<double>(num_micro)).backward();
+    at::Tensor scaled = loss.reshape({}) / static_cast<double>(num_micro);
+    if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
+    scaled.backward();
     r.metrics.add(metrics);
   }
   strategy_->reduce_gradients();

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 
 #include "dtk/core/batch_loader.hpp"
 #include "dtk/core/batch_plan.hpp"
@@ -76,6 +77,7 @@ class Trainer {
   int64_t resumed_iteration_ = 0;  // where this process started
   int64_t last_saved_ = -1;
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
+  const std::set<int64_t> nonfinite_iterations_;  // test hook (DTK_TEST_NONFINITE_ITERS)
 };
 
 }  // namespace dtk::core

@@ -20,13 +20,7 @@ namespace {
 using dtk_test::Result;
 Result run(const std::string& args, int timeout_s = 300) { return dtk_test::run_dtk(args, timeout_s); }
 
-// A fresh directory per test (and per process, so parallel ctest runs do not collide).
-std::string fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(DTK_TEST_TMP) / (name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_TEST_TMP, name); }
 
 // gpt-tiny on synthetic tokens with dropout on, 2 micro-batches per step, validation every 4.
 const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
@@ -59,16 +53,7 @@ std::string read(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// The one-line error contract: exit 1 and exactly one "dtk: error:" line holding `needle`.
-void expect_one_line_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 1) << r.out;
-  const size_t at = r.out.find("dtk: error: ");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("dtk: error: ", at + 1), std::string::npos) << r.out;
-  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
-  EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
-  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
-}
+using dtk_test::expect_one_line_error;
 
 // One uninterrupted 8-iteration run saving every 4 iterations, shared by the tests below.
 struct Reference {

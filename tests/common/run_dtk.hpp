@@ -2,9 +2,12 @@
 // and always bounded by `timeout` so a hang fails the test instead of CI.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace dtk_test {
@@ -24,6 +27,27 @@ inline Result run_dtk(const std::string& args, int timeout_s = 300) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// A fresh, empty directory `base`/`name`-<pid> (per process, so parallel ctest runs do not
+// collide).
+inline std::string fresh_dir(const std::string& base, const std::string& name) {
+  const std::filesystem::path d = std::filesystem::path(base) / (name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// The one-line error contract: exit 1 and exactly one "dtk: error:" line, holding `needle`, and no
+// uncaught exception.
+inline void expect_one_line_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 1) << r.out;
+  const size_t at = r.out.find("dtk: error: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("dtk: error: ", at + 1), std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 
 }  // namespace dtk_test

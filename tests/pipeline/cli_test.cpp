@@ -24,8 +24,8 @@ std::vector<double> losses(const std::string& log) {
   return out;
 }
 
-// The one-line error contract: a non-zero exit and exactly one "dtk: error:" line.
-void expect_one_line_error(const Result& r, const std::string& message) {
+// The one-line error contract with the whole message: exit 1 and the line "dtk: error: <message>".
+void expect_error_line(const Result& r, const std::string& message) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("dtk: error: " + message + "\n"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
@@ -54,7 +54,7 @@ TEST(Cli, PluginsListAndDescribe) {
   Result d = run("plugins describe gpt");
   ASSERT_EQ(d.code, 0) << d.out;
   EXPECT_NE(d.out.find("num_layers"), std::string::npos);
-  expect_one_line_error(run("plugins describe gtp"), "unknown plugin 'gtp'; did you mean 'gpt'?");
+  expect_error_line(run("plugins describe gtp"), "unknown plugin 'gtp'; did you mean 'gpt'?");
 }
 
 TEST(Cli, TrainGptTinyLossFalls) {
@@ -74,27 +74,27 @@ TEST(Cli, TrainGptTinyLossFalls) {
 }
 
 TEST(Cli, BadInputsAreOneLineErrors) {
-  expect_one_line_error(run(kTiny + "--model gtp"), "unknown model plugin 'gtp'; did you mean 'gpt'?");
-  expect_one_line_error(run(kTiny + "--set model.num_layer=2"),
+  expect_error_line(run(kTiny + "--model gtp"), "unknown model plugin 'gtp'; did you mean 'gpt'?");
+  expect_error_line(run(kTiny + "--set model.num_layer=2"),
                         "model plugin 'gpt' has no option 'num_layer'; did you mean 'num_layers'?");
-  expect_one_line_error(run(kTiny + "--set model.num_layers=two"),
+  expect_error_line(run(kTiny + "--set model.num_layers=two"),
                         "model plugin 'gpt': option 'num_layers' expects an integer, got 'two'");
-  expect_one_line_error(run("train --config /nonexistent.pbtxt"), "config '/nonexistent.pbtxt': cannot open file");
-  expect_one_line_error(run(kTiny + "--plugin_path /nonexistent/dir"),
+  expect_error_line(run("train --config /nonexistent.pbtxt"), "config '/nonexistent.pbtxt': cannot open file");
+  expect_error_line(run(kTiny + "--plugin_path /nonexistent/dir"),
                         "--plugin_path entry '/nonexistent/dir' does not exist");
-  expect_one_line_error(run(kTiny + "--plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_major.so"),
+  expect_error_line(run(kTiny + "--plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_major.so"),
                         "plugin '" DTK_TEST_PLUGIN_DIR
                         "/broken/tp_major.so': built for DTK ABI 3.0, this host speaks ABI 2.x (major version "
                         "mismatch; rebuild the plugin)");
-  expect_one_line_error(run(kTiny + "--set train.global_batch_size=3 --set train.micro_batch_size=2"),
+  expect_error_line(run(kTiny + "--set train.global_batch_size=3 --set train.micro_batch_size=2"),
                         "config: global_batch_size 3 is not divisible by micro_batch_size x data-parallel size = 2");
   // A plugin throwing inside a call: the SDK turns it into a status, the host into one line.
-  expect_one_line_error(
+  expect_error_line(
       run("train --dataset exploding --set model.num_layers=1 --set model.hidden_size=32 "
           "--set model.num_attention_heads=2 --set model.vocab_size=64 --plugin_path " DTK_TEST_PLUGIN_DIR
           "/broken/tp_throwing.so"),
       "dataset plugin 'exploding': num_samples: num_samples exploded");
-  expect_one_line_error(
+  expect_error_line(
       run("frobnicate"),
       "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, version; see --help)");
 }

@@ -30,12 +30,7 @@ namespace {
 
 using dtk_test::Result;
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path d = fs::path(DTK_TEST_TMP) / (name + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_TEST_TMP, name); }
 
 // A small GPT on synthetic tokens, deterministic (no dropout), gradient clipping active (the
 // norms are around 0.8), 20 iterations of 8 samples in micro-batches of 2.
@@ -78,14 +73,7 @@ void expect_same_curve(const Curve& want, const Curve& got, size_t iterations, c
   }
 }
 
-void expect_one_line_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 1) << r.out;
-  const size_t at = r.out.find("dtk: error: ");
-  ASSERT_NE(at, std::string::npos) << r.out;
-  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
-  EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
-  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
-}
+using dtk_test::expect_one_line_error;
 
 struct Memory {
   double allocated = -1, max_allocated, parameters, gradients, masters, optimizer, host;

@@ -21,16 +21,20 @@
 // Modules (for a strategy's per-module hooks, ZeRO-3): the embedding (first stage), each
 // transformer layer, and the output layer (final LN + logits + loss, last stage), indexed in
 // forward order. Hooks fire through dtk::ModuleHooks, inside the recomputed code as well.
+//
+// domino_chunks >= 2 runs the layers with DeepSpeed-Domino's schedule instead (domino.hpp): the
+// micro-batch split into chunks whose tensor-parallel all-reduces overlap each other's compute.
 #include <dtk/module_hooks.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
-#include <map>
 #include <memory>
 #include <mutex>
 
+#include "domino.hpp"
+#include "layer.hpp"
 #include "tensor_parallel.hpp"
 
 namespace dtk::gpt {
@@ -38,17 +42,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The dropout generators (see the file comment). Cloning copies the state.
-struct DropoutRng {
-  at::Generator hidden;     // DTK_RNG_DEFAULT
-  at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
-  DropoutRng clone() {
-    std::lock_guard<std::mutex> l1(hidden.mutex());
-    std::lock_guard<std::mutex> l2(attention.mutex());
-    return {hidden.clone(), attention.clone()};
-  }
-};
 
 at::Tensor generator_state(at::Generator& g) {
   std::lock_guard<std::mutex> lock(g.mutex());
@@ -65,131 +58,6 @@ at::Generator make_generator(at::Device device, uint64_t seed) {
   g.set_current_seed(seed);
   return g;
 }
-
-// Inverted dropout with an explicit generator: x * bernoulli(1 - p) / (1 - p).
-// The keep-mask is a bool tensor (1 byte per element, as torch's fused dropout keeps) and the
-// 1/(1-p) scale is a scalar multiply, computed in fp32 (a bf16 mask would round 1/0.9 to 1.109).
-at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
-  if (!training || p <= 0.0) return x;
-  at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kBool));
-  keep.bernoulli_(1.0 - p, gen);
-  return (x * keep).mul(1.0 / (1.0 - p));
-}
-
-// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
-at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
-  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
-}
-
-struct Config {
-  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0, max_pos = 0;
-  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
-  double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
-  bool untie = false, recompute = false;
-};
-
-// One transformer layer (Megatron ParallelTransformerLayer, pre-LayerNorm, causal self-attention).
-class Layer {
- public:
-  Layer(const Config& c, int64_t layer_number, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
-    const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-    ln1_w = f.ones({c.hidden});
-    ln1_b = f.zeros({c.hidden});
-    qkv = ColumnParallelLinear(c.hidden, 3 * c.hidden, true, c.init_std, tp, f);
-    dense = RowParallelLinear(c.hidden, c.hidden, true, scaled_std, tp, f);
-    ln2_w = f.ones({c.hidden});
-    ln2_b = f.zeros({c.hidden});
-    fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
-    fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
-    heads_local_ = c.heads / tp.size;
-    head_dim_ = c.hidden / c.heads;
-    (void)layer_number;
-  }
-
-  // x [b, s, h]; mask [b or 1, 1, s, s] bool (true = masked) or undefined (causal).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
-    at::Tensor attn = attention(layer_norm(x, ln1_w, ln1_b, c_.eps), mask, rng, training);
-    at::Tensor h = x + dropout(attn, c_.hidden_dropout, training, rng.hidden);
-    at::Tensor mlp = fc2.forward(at::gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps))));
-    return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
-  }
-
-  void add_params(std::vector<Param>& out, const std::string& prefix) const {
-    auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
-      Param p;
-      p.name = prefix + name;
-      p.tensor = t;
-      p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
-      p.info.partition_dim = partition_dim;
-      p.info.no_weight_decay = no_wd ? 1 : 0;
-      out.push_back(std::move(p));
-    };
-    add("input_layernorm.weight", ln1_w, -1, true);
-    add("input_layernorm.bias", ln1_b, -1, true);
-    add("self_attention.query_key_value.weight", qkv.weight, 0, false);
-    add("self_attention.query_key_value.bias", qkv.bias, 0, true);
-    add("self_attention.dense.weight", dense.weight, 1, false);
-    add("self_attention.dense.bias", dense.bias, -1, true);
-    add("post_attention_layernorm.weight", ln2_w, -1, true);
-    add("post_attention_layernorm.bias", ln2_b, -1, true);
-    add("mlp.dense_h_to_4h.weight", fc1.weight, 0, false);
-    add("mlp.dense_h_to_4h.bias", fc1.bias, 0, true);
-    add("mlp.dense_4h_to_h.weight", fc2.weight, 1, false);
-    add("mlp.dense_4h_to_h.bias", fc2.bias, -1, true);
-  }
-
-  at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
-  ColumnParallelLinear qkv, fc1;
-  RowParallelLinear dense, fc2;
-
- private:
-  at::Tensor attention(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
-    const int64_t b = x.size(0), s = x.size(1);
-    // [b, s, np * 3 * hn] -> [b, np, s, 3 * hn] -> q, k, v [b, np, s, hn]
-    at::Tensor mixed = qkv.forward(x).view({b, s, heads_local_, 3 * head_dim_}).transpose(1, 2);
-    at::Tensor q = mixed.narrow(-1, 0, head_dim_);
-    at::Tensor k = mixed.narrow(-1, head_dim_, head_dim_);
-    at::Tensor v = mixed.narrow(-1, 2 * head_dim_, head_dim_);
-    const double p = training ? c_.attention_dropout : 0.0;
-    at::Tensor context;
-#if TORCH_VERSION_MAJOR >= 2
-    // Fused kernel for the plain causal case. With attention dropout in training the plain path
-    // is used instead, because the fused kernel draws its mask from the global generator and
-    // recomputation needs the masks reproducible from the model's own generator.
-    if (!mask.defined() && p == 0.0)
-      context = at::scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), {}, 0.0, true);
-#endif
-    if (!context.defined()) {
-      // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax
-      // in fp32 with masked positions filled with -10000; dropout; probs @ v.
-      // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the
-      // unscaled q k^T can overflow fp16.
-      at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
-      at::Tensor m = mask.defined() ? mask : causal_mask(s, x.device());
-      at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(x.scalar_type());
-      probs = dropout(probs, p, training, rng.attention);
-      context = at::matmul(probs, v);
-    }
-    // [b, np, s, hn] -> [b, s, np * hn]
-    context = context.transpose(1, 2).reshape({b, s, heads_local_ * head_dim_});
-    return dense.forward(context);
-  }
-
-  at::Tensor causal_mask(int64_t s, at::Device device) const {
-    std::lock_guard<std::mutex> lock(mask_mu_);
-    at::Tensor& m = mask_cache_[s];
-    if (!m.defined() || m.device() != device)
-      m = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1).view({1, 1, s, s});
-    return m;
-  }
-
-  const Config& c_;
-  TPGroup tp_;
-  int64_t heads_local_ = 0, head_dim_ = 0;
-  mutable std::mutex mask_mu_;
-  mutable std::map<int64_t, at::Tensor> mask_cache_;
-};
 
 // Full activation recomputation of one layer (Megatron's CheckpointFunction with one layer per
 // chunk): forward keeps only the input and the generator states; backward reruns the layer with
@@ -268,6 +136,7 @@ class GPTModel : public Model {
     c_.eps = o.get_float("layernorm_epsilon");
     c_.untie = o.get_bool("untie_embeddings_and_output_weights");
     c_.recompute = o.get_string("recompute_activations") == "full";
+    c_.domino_chunks = o.get_int("domino_chunks");
     validate(ctx);
     c_.padded_vocab = padded_vocab_size(c_.vocab, c_.divisible_by, tp_.size);
 
@@ -289,7 +158,7 @@ class GPTModel : public Model {
     if (need_word) word_ = VocabParallelEmbedding(c_.padded_vocab, c_.hidden, c_.init_std, tp_, *seeded(1));
     if (pre_) position_ = f.param(seeded(2)->normal({c_.max_pos, c_.hidden}, c_.init_std));
     for (int64_t i = 0; i < local_layers; ++i)
-      layers_.push_back(std::make_unique<Layer>(c_, offset + i + 1, tp_, *seeded(100 + offset + i)));
+      layers_.push_back(std::make_unique<Layer>(c_, tp_, *seeded(100 + offset + i)));
     if (post_) {
       final_ln_w_ = f.ones({c_.hidden});
       final_ln_b_ = f.zeros({c_.hidden});
@@ -298,6 +167,10 @@ class GPTModel : public Model {
         output_ = out.weight;
       }
     }
+    domino_.config = &c_;
+    domino_.layers = &layers_;
+    domino_.hooks = &hooks_;
+    domino_.module_of = [this](size_t i) { return layer_module(i); };
     rng_ = {make_generator(ctx.device, rng_seed(DTK_RNG_DEFAULT)),
             make_generator(ctx.device, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
   }
@@ -360,16 +233,10 @@ class GPTModel : public Model {
                            mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& layer = *layers_[i];
-      const int32_t module = layer_module(i);
-      if (c_.recompute && at::GradMode::is_enabled()) {
-        if (!h.requires_grad()) h = h.detach().requires_grad_(true);
-        LayerCall call{&layer, mask, &rng_, training_, &hooks_, module};
-        h = CheckpointedLayer::apply(h, &call);
-      } else {
-        h = run_layer(hooks_, module, layer, h, mask, rng_, training_);
-      }
+    if (c_.domino_chunks > 1) {
+      h = domino_forward(domino_, h, mask, rng_, training_);
+    } else {
+      h = plain_layers(h, mask);
     }
     if (!post_) return {{"hidden_states", h}};
 
@@ -382,6 +249,22 @@ class GPTModel : public Model {
       return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
     });
     return {{labels ? "loss" : "logits", out}};
+  }
+
+  // Plain tensor parallelism: layer after layer on the whole micro-batch.
+  at::Tensor plain_layers(at::Tensor h, const at::Tensor& mask) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = *layers_[i];
+      const int32_t module = layer_module(i);
+      if (c_.recompute && at::GradMode::is_enabled()) {
+        if (!h.requires_grad()) h = h.detach().requires_grad_(true);
+        LayerCall call{&layer, mask, &rng_, training_, &hooks_, module};
+        h = CheckpointedLayer::apply(h, &call);
+      } else {
+        h = run_layer(hooks_, module, layer, h, mask, rng_, training_);
+      }
+    }
+    return h;
   }
 
   // Modules in forward order: [embedding,] layers..., [output layer].
@@ -501,6 +384,9 @@ class GPTModel : public Model {
     for (double p : {c_.hidden_dropout, c_.attention_dropout})
       if (p < 0.0 || p >= 1.0) throw Error("gpt: dropout probabilities must be in [0, 1)");
     if (c_.init_std <= 0.0) throw Error("gpt: init_method_std must be positive");
+    if (c_.domino_chunks < 1)
+      throw Error("gpt: option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " +
+                  std::to_string(c_.domino_chunks));
     if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
       throw Error("gpt: parameters must be fp32, bf16 or fp16");
   }
@@ -515,6 +401,7 @@ class GPTModel : public Model {
   at::Tensor final_ln_w_, final_ln_b_, output_;
   DropoutRng rng_;
   ModuleHooks hooks_;
+  DominoStack domino_;
 };
 
 const dtk_option_spec kOptions[] = {
@@ -535,6 +422,9 @@ const dtk_option_spec kOptions[] = {
              "Use a separate output layer instead of the word-embedding weight."),
     opt_enum("recompute_activations", "none", "none|full",
              "full = recompute every layer's activations in backward (one layer per checkpoint)."),
+    opt_int("domino_chunks", "1",
+            "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces "
+            "overlap the other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),
 };
 
 }  // namespace

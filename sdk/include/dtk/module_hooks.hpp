@@ -56,6 +56,9 @@ class ModuleHooks {
     history_.push_back(current_);
   }
   bool active() const { return current_ != nullptr; }
+  // The current table (nullptr without hooks), for code that fires hooks itself (fire()), e.g.
+  // a schedule that interleaves several modules. Alive as long as this object.
+  const dtk_module_hooks* table() const { return current_.get(); }
 
   template <class F>
   at::Tensor run(int32_t index, const at::Tensor& input, F&& body) const {

@@ -1,0 +1,289 @@
+// domino.cpp — see domino.hpp.
+#include "domino.hpp"
+
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+
+namespace dtk::gpt {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// An input gradient whose all-reduce is in flight: the column projection's backward fills it.
+struct GradSlot {
+  at::Tensor buffer;
+  std::optional<Comm::Work> work;
+};
+
+// Column-parallel linear (input replicated on the TP ranks, so forward needs no communication)
+// whose backward computes the input gradient, issues its all-reduce into `slot`, and then
+// computes the weight and bias gradients while it is in flight. The input gradient reaches the
+// caller through the slot, not through autograd: the caller waits for it when it needs it.
+// The weight itself is saved (not a view), as dtk::linear does, so ZeRO-3 may release it.
+struct ColumnAsyncGrad : public torch::autograd::Function<ColumnAsyncGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            GradSlot* slot) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["slot"] = reinterpret_cast<int64_t>(slot);
+    return at::linear(x, weight, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    auto* slot = reinterpret_cast<GradSlot*>(ctx->saved_data["slot"].toInt());
+    const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
+    slot->buffer = g.mm(weight).view(x.sizes());
+    slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
+    at::Tensor gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
+    at::Tensor gb = g.sum(0);
+    return {at::Tensor(), gw, gb, at::Tensor()};
+  }
+};
+
+// The row-parallel partial sum's all-reduce, issued in forward and waited by the caller before
+// the result is read (identity in backward: Megatron's reduce_from_tensor_model_parallel_region).
+struct ReduceAsync : public torch::autograd::Function<ReduceAsync> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& partial, std::optional<Comm::Work>* work) {
+    at::Tensor buffer = partial.contiguous().clone();
+    work->emplace(Comm::all_reduce_async(buffer, DTK_GROUP_TENSOR_PARALLEL));
+    return buffer;
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+// One (layer, stage, chunk) of a training forward: the stage input (a leaf), its LayerNorm output
+// (graph from the input), the stage output (graph from the input and the LayerNorm output, cut at
+// the column projection's input), and the slot of the input-gradient all-reduce.
+struct Piece {
+  at::Tensor in, ln_out, out;
+  std::unique_ptr<GradSlot> slot;
+};
+
+// A stage of one chunk whose forward all-reduce is in flight.
+struct InFlight {
+  size_t layer = 0;
+  int stage = 0;
+  at::Tensor in, reduced;
+  std::optional<Comm::Work> work;
+  bool active = false;
+};
+
+const char* const kStageName[2] = {"attention", "mlp"};
+
+struct State : torch::CustomClassHolder {
+  DominoStack stack;
+  at::Tensor mask;  // the micro-batch's attention mask or undefined
+  bool training = true, recompute = false;
+  int64_t batch = 0, seq = 0, chunks = 1;
+  at::Device device = at::kCPU;
+  std::vector<int64_t> start, rows;         // chunk c = rows [start[c], start[c] + rows[c])
+  std::vector<LayerMasks> masks;            // per layer, whole micro-batch
+  std::vector<std::array<std::vector<Piece>, 2>> pieces;  // [layer][stage][chunk]
+  std::vector<std::vector<at::Tensor>> layer_inputs;      // recompute: [layer][chunk]
+  std::vector<DropoutRng> layer_rng;                      // recompute: generators before the layer
+
+  const Layer& layer(size_t l) const { return *(*stack.layers)[l]; }
+
+  void fire(ModuleHooks::HookFn fn, size_t l, const char* what) const {
+    if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr)
+      ModuleHooks::fire(t, fn, stack.module_of(l), what);
+  }
+
+  at::Tensor chunk_mask(size_t c) const {
+    if (!mask.defined() || mask.size(0) == 1) return mask;
+    return mask.narrow(0, start[c], rows[c]);
+  }
+
+  // Finishes chunk c's in-flight stage: waits for its all-reduce, adds bias, dropout, residual.
+  at::Tensor finish(InFlight& f, size_t c, bool graph) {
+    f.work->wait();
+    f.work.reset();
+    f.active = false;
+    const LayerMasks m = masks[f.layer].rows(start[c], rows[c]);
+    at::Tensor out;
+    {
+      at::AutoGradMode mode(graph);
+      out = layer(f.layer).stage_finish(f.stage, f.in, f.reduced, f.stage == 0 ? m.attention_out : m.mlp_out);
+    }
+    if (graph) pieces[f.layer][static_cast<size_t>(f.stage)][c].out = out;
+    f.in = f.reduced = at::Tensor();
+    if (f.stage == 1 && c + 1 == static_cast<size_t>(chunks)) fire(&dtk_module_hooks::post_forward, f.layer, "post_forward");
+    return graph ? out.detach() : out;
+  }
+
+  // Layers [first, last) on the finished chunk inputs `h`; returns the finished outputs. With
+  // `graph` each piece's graph is kept in `pieces`; with `save_inputs` (recompute) the layers'
+  // chunk inputs and generator states are kept instead.
+  std::vector<at::Tensor> run_forward(size_t first, size_t last, std::vector<at::Tensor> h, DropoutRng& rng, bool graph,
+                                      bool save_inputs) {
+    std::vector<InFlight> flight(static_cast<size_t>(chunks));
+    for (size_t l = first; l < last; ++l) {
+      fire(&dtk_module_hooks::pre_forward, l, "pre_forward");
+      if (save_inputs) layer_rng[l] = rng.clone();
+      masks[l] = layer(l).draw_masks(batch, seq, device, rng, training);
+      if (graph) {
+        for (auto& stage : pieces[l]) {
+          stage.clear();
+          stage.resize(static_cast<size_t>(chunks));
+        }
+      }
+      for (int s = 0; s < 2; ++s) {
+        for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+          at::Tensor in = flight[c].active ? finish(flight[c], c, graph) : h[c];
+          if (s == 0 && save_inputs) layer_inputs[l][c] = in;
+          const Layer& ly = layer(l);
+          const ColumnParallelLinear& column = ly.stage_column(s);
+          const at::Tensor probs_keep = s == 0 ? masks[l].rows(start[c], rows[c]).attention_probs : at::Tensor();
+          InFlight& f = flight[c];
+          f.layer = l;
+          f.stage = s;
+          f.active = true;
+          if (graph) {
+            at::AutoGradMode enable(true);
+            Piece& p = pieces[l][static_cast<size_t>(s)][c];
+            p.slot = std::make_unique<GradSlot>();
+            p.in = in.detach().requires_grad_(true);
+            p.ln_out = ly.stage_norm(s, p.in);
+            at::Tensor ln_leaf = p.ln_out.detach().requires_grad_(true);
+            at::Tensor projected = ColumnAsyncGrad::apply(ln_leaf, column.weight, column.bias, p.slot.get());
+            at::Tensor partial = ly.stage_partial(s, projected, chunk_mask(c), probs_keep);
+            f.in = p.in;
+            f.reduced = ReduceAsync::apply(partial, &f.work);
+          } else {
+            at::NoGradGuard no_grad;
+            at::Tensor projected = at::linear(ly.stage_norm(s, in), column.weight, column.bias);
+            f.in = in;
+            f.reduced = ly.stage_partial(s, projected, chunk_mask(c), probs_keep).contiguous();
+            f.work.emplace(Comm::all_reduce_async(f.reduced, DTK_GROUP_TENSOR_PARALLEL));
+          }
+        }
+      }
+    }
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) h[c] = finish(flight[c], c, graph);
+    return h;
+  }
+
+  // Waits for piece p's input-gradient all-reduce and runs its LayerNorm backward: the gradient
+  // of the stage input (the residual part arrived with the stage's backward).
+  at::Tensor finish_backward(size_t l, int s, size_t c) {
+    Piece& p = pieces[l][static_cast<size_t>(s)][c];
+    p.slot->work->wait();
+    p.slot->work.reset();
+    torch::autograd::backward({p.ln_out}, {p.slot->buffer});
+    at::Tensor g = p.in.grad();
+    p = Piece();
+    if (s == 0 && c + 1 == static_cast<size_t>(chunks)) fire(&dtk_module_hooks::post_backward, l, "post_backward");
+    return g;
+  }
+
+  std::vector<at::Tensor> run_backward(std::vector<at::Tensor> g) {
+    const size_t n = layer_count();
+    struct Pending {
+      size_t layer = 0;
+      int stage = 0;
+      bool active = false;
+    };
+    std::vector<Pending> pending(static_cast<size_t>(chunks));
+    for (size_t l = n; l-- > 0;) {
+      if (recompute) {
+        DropoutRng rng = layer_rng[l].clone();
+        run_forward(l, l + 1, layer_inputs[l], rng, /*graph=*/true, /*save_inputs=*/false);
+        layer_inputs[l].clear();
+      }
+      fire(&dtk_module_hooks::pre_backward, l, "pre_backward");
+      for (int s = 1; s >= 0; --s) {
+        for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+          if (pending[c].active) g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+          Piece& p = pieces[l][static_cast<size_t>(s)][c];
+          torch::autograd::backward({p.out}, {g[c]});
+          p.out = at::Tensor();
+          pending[c] = {l, s, true};
+        }
+      }
+    }
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+    return g;
+  }
+
+  size_t layer_count() const { return stack.layers->size(); }
+
+  void init(const DominoStack& s, const at::Tensor& x, const at::Tensor& m, bool train) {
+    stack = s;
+    mask = m;
+    training = train;
+    batch = x.size(0);
+    seq = x.size(1);
+    device = x.device();
+    chunks = s.config->domino_chunks;
+    if (chunks > batch)
+      throw Error("gpt: domino_chunks (" + std::to_string(chunks) + ") exceeds the micro-batch size (" +
+                  std::to_string(batch) + "): each chunk needs at least one sequence");
+    // Chunks as equal as possible; the first batch % chunks get one row more.
+    for (int64_t c = 0, at_row = 0; c < chunks; ++c) {
+      const int64_t r = batch / chunks + (c < batch % chunks ? 1 : 0);
+      start.push_back(at_row);
+      rows.push_back(r);
+      at_row += r;
+    }
+    masks.resize(layer_count());
+    pieces.resize(layer_count());
+  }
+
+  std::vector<at::Tensor> split(const at::Tensor& t) const {
+    std::vector<at::Tensor> out;
+    for (int64_t c = 0; c < chunks; ++c) out.push_back(t.narrow(0, start[static_cast<size_t>(c)], rows[static_cast<size_t>(c)]));
+    return out;
+  }
+};
+
+// The whole stack as one autograd function (see domino.hpp for why).
+struct DominoFunction : public torch::autograd::Function<DominoFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const DominoStack* stack, const at::Tensor* mask,
+                            DropoutRng* rng, bool training) {
+    auto st = c10::make_intrusive<State>();
+    st->init(*stack, x, *mask, training);
+    st->recompute = stack->config->recompute;
+    const size_t n = st->layer_count();
+    std::vector<at::Tensor> out;
+    if (st->recompute) {
+      st->layer_inputs.assign(n, std::vector<at::Tensor>(static_cast<size_t>(st->chunks)));
+      st->layer_rng.resize(n);
+      at::NoGradGuard no_grad;
+      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/false, /*save_inputs=*/true);
+    } else {
+      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/true, /*save_inputs=*/false);
+    }
+    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    at::NoGradGuard no_grad;
+    return at::cat(out, 0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto st = c10::static_intrusive_pointer_cast<State>(ctx->saved_data["state"].toCapsule());
+    ctx->saved_data.erase("state");
+    at::Tensor g = grad[0];
+    if (!g.defined()) g = at::zeros({st->batch, st->seq, st->stack.config->hidden}, at::TensorOptions().device(st->device));
+    std::vector<at::Tensor> gx = st->run_backward(st->split(g));
+    return {at::cat(gx, 0), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor domino_forward(const DominoStack& stack, const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng,
+                          bool training) {
+  if (at::GradMode::is_enabled() && !stack.layers->empty()) {
+    // The input must need a gradient for the function to be recorded (parameter gradients
+    // flow through it as well).
+    at::Tensor input = x.requires_grad() ? x : x.detach().requires_grad_(true);
+    return DominoFunction::apply(input, &stack, &mask, &rng, training);
+  }
+  State st;
+  st.init(stack, x, mask, training);
+  return at::cat(st.run_forward(0, st.layer_count(), st.split(x), rng, /*graph=*/false, /*save_inputs=*/false), 0);
+}
+
+}  // namespace dtk::gpt

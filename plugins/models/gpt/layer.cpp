@@ -1,0 +1,160 @@
+// layer.cpp — see layer.hpp. Megatron: megatron/model/transformer.py (ParallelTransformerLayer,
+// ParallelAttention, CoreAttention, ParallelMLP).
+#include "layer.hpp"
+
+#include <cmath>
+
+namespace dtk::gpt {
+
+DropoutRng DropoutRng::clone() {
+  std::lock_guard<std::mutex> l1(hidden.mutex());
+  std::lock_guard<std::mutex> l2(attention.mutex());
+  return {hidden.clone(), attention.clone()};
+}
+
+at::Tensor draw_keep_mask(at::IntArrayRef shape, double p, at::Device device, at::Generator& gen) {
+  at::Tensor keep = at::empty(shape, at::TensorOptions().dtype(at::kBool).device(device));
+  keep.bernoulli_(1.0 - p, gen);
+  return keep;
+}
+
+at::Tensor apply_dropout(const at::Tensor& x, const at::Tensor& keep, double p) {
+  return (x * keep).mul(1.0 / (1.0 - p));
+}
+
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
+  if (!training || p <= 0.0) return x;
+  return apply_dropout(x, draw_keep_mask(x.sizes(), p, x.device(), gen), p);
+}
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
+}
+
+LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
+  auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, length) : t; };
+  return {slice(attention_probs), slice(attention_out), slice(mlp_out)};
+}
+
+Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
+  const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  ln1_w = f.ones({c.hidden});
+  ln1_b = f.zeros({c.hidden});
+  qkv = ColumnParallelLinear(c.hidden, 3 * c.hidden, true, c.init_std, tp, f);
+  dense = RowParallelLinear(c.hidden, c.hidden, true, scaled_std, tp, f);
+  ln2_w = f.ones({c.hidden});
+  ln2_b = f.zeros({c.hidden});
+  fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
+  fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
+  heads_local_ = c.heads / tp.size;
+  head_dim_ = c.hidden / c.heads;
+}
+
+at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
+  const double p = training ? c_.attention_dropout : 0.0;
+  at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, p,
+                                      [&](const at::Tensor& probs) { return dropout(probs, p, training, rng.attention); });
+  at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
+  at::Tensor mlp = fc2.forward(at::gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps))));
+  return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
+}
+
+at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
+  return stage == 0 ? layer_norm(in, ln1_w, ln1_b, c_.eps) : layer_norm(in, ln2_w, ln2_b, c_.eps);
+}
+
+at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
+                                const at::Tensor& probs_keep) const {
+  if (stage == 1) return dtk::linear(at::gelu(projected), fc2.weight);
+  const double p = probs_keep.defined() ? c_.attention_dropout : 0.0;
+  at::Tensor context = core_attention(projected, mask, p, [&](const at::Tensor& probs) {
+    return probs_keep.defined() ? apply_dropout(probs, probs_keep, p) : probs;
+  });
+  return dtk::linear(context, dense.weight);
+}
+
+at::Tensor Layer::stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const at::Tensor& keep) const {
+  const at::Tensor& bias = stage == 0 ? dense.bias : fc2.bias;
+  at::Tensor y = bias.defined() ? reduced + bias : reduced;
+  return in + (keep.defined() ? apply_dropout(y, keep, c_.hidden_dropout) : y);
+}
+
+LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, at::Device device, DropoutRng& rng, bool training) const {
+  LayerMasks m;
+  if (!training) return m;
+  // The plain layer's draws, per generator in the same order: attention probabilities from the
+  // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
+  if (c_.attention_dropout > 0.0)
+    m.attention_probs = draw_keep_mask({batch, heads_local_, seq, seq}, c_.attention_dropout, device, rng.attention);
+  if (c_.hidden_dropout > 0.0) {
+    m.attention_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, device, rng.hidden);
+    m.mlp_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, device, rng.hidden);
+  }
+  return m;
+}
+
+template <class DropoutFn>
+at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& mask, double p,
+                                 DropoutFn&& probs_dropout) const {
+  const int64_t b = projected.size(0), s = projected.size(1);
+  // [b, s, np * 3 * hn] -> [b, np, s, 3 * hn] -> q, k, v [b, np, s, hn]
+  at::Tensor mixed = projected.view({b, s, heads_local_, 3 * head_dim_}).transpose(1, 2);
+  at::Tensor q = mixed.narrow(-1, 0, head_dim_);
+  at::Tensor k = mixed.narrow(-1, head_dim_, head_dim_);
+  at::Tensor v = mixed.narrow(-1, 2 * head_dim_, head_dim_);
+  at::Tensor context;
+#if TORCH_VERSION_MAJOR >= 2
+  // Fused kernel for the plain causal case. With attention dropout in training the plain path
+  // is used instead, because the fused kernel draws its mask from the global generator and
+  // recomputation needs the masks reproducible from the model's own generator.
+  if (!mask.defined() && p == 0.0)
+    context = at::scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), {}, 0.0, true);
+#endif
+  if (!context.defined()) {
+    // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax
+    // in fp32 with masked positions filled with -10000; dropout; probs @ v.
+    // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the
+    // unscaled q k^T can overflow fp16.
+    at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
+    at::Tensor m = mask.defined() ? mask : causal_mask(s, projected.device());
+    at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(projected.scalar_type());
+    context = at::matmul(probs_dropout(probs), v);
+  }
+  // [b, np, s, hn] -> [b, s, np * hn]
+  return context.transpose(1, 2).reshape({b, s, heads_local_ * head_dim_});
+}
+
+at::Tensor Layer::causal_mask(int64_t s, at::Device device) const {
+  std::lock_guard<std::mutex> lock(mask_mu_);
+  at::Tensor& m = mask_cache_[s];
+  if (!m.defined() || m.device() != device)
+    m = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1).view({1, 1, s, s});
+  return m;
+}
+
+void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {
+  auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
+    Param p;
+    p.name = prefix + name;
+    p.tensor = t;
+    p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
+    p.info.partition_dim = partition_dim;
+    p.info.no_weight_decay = no_wd ? 1 : 0;
+    out.push_back(std::move(p));
+  };
+  add("input_layernorm.weight", ln1_w, -1, true);
+  add("input_layernorm.bias", ln1_b, -1, true);
+  add("self_attention.query_key_value.weight", qkv.weight, 0, false);
+  add("self_attention.query_key_value.bias", qkv.bias, 0, true);
+  add("self_attention.dense.weight", dense.weight, 1, false);
+  add("self_attention.dense.bias", dense.bias, -1, true);
+  add("post_attention_layernorm.weight", ln2_w, -1, true);
+  add("post_attention_layernorm.bias", ln2_b, -1, true);
+  add("mlp.dense_h_to_4h.weight", fc1.weight, 0, false);
+  add("mlp.dense_h_to_4h.bias", fc1.bias, 0, true);
+  add("mlp.dense_4h_to_h.weight", fc2.weight, 1, false);
+  add("mlp.dense_4h_to_h.bias", fc2.bias, -1, true);
+}
+
+}  // namespace dtk::gpt

@@ -1,0 +1,103 @@
+// layer.hpp — one GPT transformer layer (Megatron ParallelTransformerLayer: pre-LayerNorm,
+// causal self-attention, GeLU MLP) and the pieces the plain and the Domino schedules share.
+//
+// A layer is two stages, each  out = in + dropout(RowParallel(f(ColumnParallel(LN(in)))) + bias):
+//   stage 0 (attention)  LN1 -> QKV (column) -> core attention -> dense (row)
+//   stage 1 (MLP)        LN2 -> fc1 (column) -> GeLU -> fc2 (row)
+// Plain tensor parallelism runs a stage on the whole micro-batch and waits for the row-parallel
+// all-reduce inside it (Layer::forward). Domino (domino.hpp) runs the same stage pieces on
+// batch chunks: stage_partial() stops before the all-reduce, stage_finish() continues after it.
+//
+// Dropout draws from the model's two generators exactly as Megatron's RNG tracker does: hidden
+// and embedding dropout from the DEFAULT stream, attention dropout from the TENSOR_PARALLEL
+// stream. LayerMasks draws a layer's three masks for the whole micro-batch in the order the
+// plain layer draws them, so a chunked schedule that slices them uses the very same masks.
+#pragma once
+
+#include <dtk/module_hooks.hpp>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "tensor_parallel.hpp"
+
+namespace dtk::gpt {
+
+struct Config {
+  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0, max_pos = 0;
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
+  double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
+  bool untie = false, recompute = false;
+  int64_t domino_chunks = 1;
+};
+
+// The dropout generators (see the file comment). Cloning copies the state.
+struct DropoutRng {
+  at::Generator hidden;     // DTK_RNG_DEFAULT
+  at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
+  DropoutRng clone();
+};
+
+// A bool keep-mask of `shape` drawn with bernoulli(1 - p) from `gen` (1 byte per element, as
+// torch's fused dropout keeps).
+at::Tensor draw_keep_mask(at::IntArrayRef shape, double p, at::Device device, at::Generator& gen);
+// Inverted dropout with a given keep-mask: x * keep / (1 - p), the scale a scalar computed in
+// fp32 (a bf16 mask would round 1/0.9 to 1.109).
+at::Tensor apply_dropout(const at::Tensor& x, const at::Tensor& keep, double p);
+// Inverted dropout drawing its mask from `gen` (identity when not training or p == 0).
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
+// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);
+
+// One layer's dropout masks for a micro-batch of `batch` sequences (undefined where that dropout
+// is off): drawn in the plain layer's order, then sliced per chunk.
+struct LayerMasks {
+  at::Tensor attention_probs;  // [batch, heads / tp, seq, seq]
+  at::Tensor attention_out;    // [batch, seq, hidden]
+  at::Tensor mlp_out;          // [batch, seq, hidden]
+  LayerMasks rows(int64_t start, int64_t length) const;
+};
+
+class Layer {
+ public:
+  Layer(const Config& c, const TPGroup& tp, ParamFactory& f);
+
+  // Plain tensor parallelism: x [b, s, h]; mask [b or 1, 1, s, s] bool (true = masked) or
+  // undefined (causal).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const;
+
+  // Domino's pieces of stage 0 (attention) or 1 (MLP), see the file comment.
+  at::Tensor stage_norm(int stage, const at::Tensor& in) const;
+  // The column-parallel projection of a stage (its input gradient is all-reduced by the caller).
+  const ColumnParallelLinear& stage_column(int stage) const { return stage == 0 ? qkv : fc1; }
+  // From the column projection's output to this rank's row-parallel partial sum (not reduced).
+  at::Tensor stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
+                           const at::Tensor& probs_keep) const;
+  // After the all-reduce: in + dropout(reduced + bias), with the stage's keep-mask (or none).
+  at::Tensor stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const at::Tensor& keep) const;
+
+  // The masks of a whole micro-batch of `batch` sequences of `seq` tokens.
+  LayerMasks draw_masks(int64_t batch, int64_t seq, at::Device device, DropoutRng& rng, bool training) const;
+
+  void add_params(std::vector<Param>& out, const std::string& prefix) const;
+
+  at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
+  ColumnParallelLinear qkv, fc1;
+  RowParallelLinear dense, fc2;
+
+ private:
+  // Core attention on the fused QKV projection [b, s, np * 3 * hn] -> context [b, s, np * hn];
+  // `probs_dropout` applies the attention dropout to the probabilities.
+  template <class DropoutFn>
+  at::Tensor core_attention(const at::Tensor& mixed, const at::Tensor& mask, double p, DropoutFn&& probs_dropout) const;
+  at::Tensor causal_mask(int64_t s, at::Device device) const;
+
+  const Config& c_;
+  TPGroup tp_;
+  int64_t heads_local_ = 0, head_dim_ = 0;
+  mutable std::mutex mask_mu_;
+  mutable std::map<int64_t, at::Tensor> mask_cache_;
+};
+
+}  // namespace dtk::gpt

@@ -788,3 +788,96 @@ TEST(GptModuleHooks, HostInstallsTheStrategysHooksAndRemovesThemWithIt) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Domino (domino.hpp): the chunked schedule is plain tensor parallelism's arithmetic. At TP 1 the
+// all-reduces are the identity and the schedule, chunking, mask slicing and the hand-ordered
+// backward are what is tested; tests/domino runs it over real processes at TP 2.
+// ---------------------------------------------------------------------------------------------
+
+TEST(GptDomino, ChunkedScheduleMatchesPlainForEveryChunkCountDropoutAndRecompute) {
+  const Shape S{3, 32, 4, 128, 16, 64, false};
+  at::Tensor tokens = random_text(4, S.seq, S.vocab, 41), labels = random_text(4, S.seq, S.vocab, 42);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  for (const char* p : {"0", "0.2"}) {
+    for (const char* recompute : {"none", "full"}) {
+      for (const char* chunks : {"2", "3", "4"}) {
+        const std::string what = std::string("dropout ") + p + ", recompute " + recompute + ", chunks " + chunks;
+        Opts base = model_opts(S, S.vocab, {{"hidden_dropout", p}, {"attention_dropout", p}});
+        Opts domino = base;
+        domino["recompute_activations"] = recompute;
+        domino["domino_chunks"] = chunks;
+        GPT a(base), b(domino);
+        for (int it = 0; it < 2; ++it) {  // twice: the generators must stay in step
+          a.zero_grad();
+          b.zero_grad();
+          at::Tensor la = dtk::get(a.forward(in), "loss"), lb = dtk::get(b.forward(in), "loss");
+          expect_close(la.detach(), lb.detach(), 1e-5, "per-token loss, " + what);
+          la.mean().backward();
+          lb.mean().backward();
+          auto pa = a.param_map(), pb = b.param_map();
+          for (auto& kv : pa) expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-5, "grad " + kv.first + ", " + what);
+        }
+        at::NoGradGuard no_grad;  // the forward schedule alone (evaluation)
+        a.train(false);
+        b.train(false);
+        expect_close(dtk::get(a.forward(in), "loss"), dtk::get(b.forward(in), "loss"), 1e-5, "eval loss, " + what);
+      }
+    }
+  }
+}
+
+TEST(GptDomino, ChunksOfUnequalSizeAndAPerSequenceMask) {
+  const Shape S{2, 32, 4, 128, 16, 64, true};
+  at::Tensor tokens = random_text(5, S.seq, S.vocab, 43), labels = random_text(5, S.seq, S.vocab, 44);
+  // A padding-style mask per sequence: sequence i may not attend to its first i positions.
+  at::Tensor mask = at::ones({S.seq, S.seq}, at::kBool).triu(1).view({1, 1, S.seq, S.seq}).repeat({5, 1, 1, 1});
+  for (int64_t i = 0; i < 5; ++i) mask[i].narrow(-1, 0, i).fill_(true);
+  mask.select(-1, 0).select(-1, 0).fill_(false);  // every row keeps one position
+  for (int64_t i = 0; i < 5; ++i) mask[i][0].diagonal().fill_(false);
+  TensorList in{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}};
+  GPT a(model_opts(S, S.vocab)), b(model_opts(S, S.vocab, {{"domino_chunks", "3"}}));  // rows 2, 2, 1
+  at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+  expect_close(la.detach(), lb.detach(), 1e-5, "loss");
+  la.backward();
+  lb.backward();
+  auto pa = a.param_map(), pb = b.param_map();
+  for (auto& kv : pa) expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-5, "grad " + kv.first);
+}
+
+// Per-layer hooks: a layer's post_forward comes once its last chunk is finished, after the next
+// layer began (two layers live at once); backward mirrors it. Recompute refires a layer's forward
+// hooks right before its backward, as for plain TP.
+TEST(GptDomino, HooksFirePerLayerAroundTheInterleavedChunks) {
+  const Shape S{2, 32, 4, 128, 8, 64, true};
+  at::Tensor tokens = random_text(2, S.seq, S.vocab, 45), labels = random_text(2, S.seq, S.vocab, 46);
+  for (const char* recompute : {"none", "full"}) {
+    GPT m(model_opts(S, S.vocab, {{"domino_chunks", "2"}, {"recompute_activations", recompute}}));
+    HookRecorder rec;
+    m.set_hooks(&rec.table);
+    dtk::get(m.forward({{"tokens", tokens}, {"labels", labels}}), "loss").mean().backward();
+    const std::string forward = "F+0 F-0 F+1 F+2 F-1 F-2 F+3 F-3 ";
+    EXPECT_EQ(rec.joined(), std::string(recompute) == "none"
+                                ? forward + "B+3 B-3 B+2 B+1 B-2 B-1 B+0 B-0"
+                                : forward + "B+3 B-3 F+2 F-2 B+2 F+1 F-1 B+1 B-2 B-1 B+0 B-0")
+        << "recompute " << recompute;
+  }
+}
+
+TEST(GptDomino, BadChunkCountsAreRefusedNamingTheOption) {
+  const Shape S{1, 32, 4, 128, 8, 64, true};
+  try {
+    GPT m(model_opts(S, S.vocab, {{"domino_chunks", "0"}}));
+    ADD_FAILURE() << "domino_chunks 0 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("domino_chunks"), std::string::npos) << e.what();
+  }
+  GPT m(model_opts(S, S.vocab, {{"domino_chunks", "3"}}));
+  try {
+    m.forward({{"tokens", random_text(2, S.seq, S.vocab, 47)}});
+    ADD_FAILURE() << "3 chunks of a micro-batch of 2 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("domino_chunks (3) exceeds the micro-batch size (2)"), std::string::npos)
+        << e.what();
+  }
+}

@@ -21,8 +21,8 @@
 #include <regex>
 #include <string>
 
+#include "../common/curves.hpp"
 #include "../common/run_dtk.hpp"
-#include "../common/tensorboard_reader.hpp"
 
 namespace fs = std::filesystem;
 
@@ -46,31 +46,12 @@ Result launch(int nproc, const std::string& args, int timeout_s = 300) {
   return dtk_test::run_dtk("launch --nproc_per_node " + std::to_string(nproc) + " " + args, timeout_s);
 }
 
-struct Curve {
-  std::map<int64_t, float> loss, norm;
-};
+using dtk_test::Curve;
+using dtk_test::expect_same_curve;
 
-// Runs and reads the per-iteration lm loss and grad norm back from TensorBoard (full float
-// precision; the log line prints the norm with three decimals).
 Curve curve_of(int nproc, const std::string& args, const std::string& name) {
-  std::string safe = name;  // a directory name the shell takes as one word
-  for (char& c : safe)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '-';
-  const std::string tb = fresh_dir("tb-" + safe);
-  const Result r = launch(nproc, kTrain + args + " --set logging.tensorboard_dir=" + tb);
-  EXPECT_EQ(r.code, 0) << name << "\n" << r.out;
-  auto scalars = dtk_test::read_scalars(tb);
-  return Curve{scalars["lm loss"], scalars["grad-norm"]};
-}
-
-void expect_same_curve(const Curve& want, const Curve& got, size_t iterations, const std::string& what) {
-  ASSERT_EQ(got.loss.size(), iterations) << what;
-  ASSERT_EQ(want.loss.size(), iterations) << what;
-  for (const auto& [it, loss] : want.loss) {
-    EXPECT_NEAR(got.loss.at(it), loss, 1e-5 * std::abs(loss)) << what << ", lm loss at iteration " << it;
-    EXPECT_NEAR(got.norm.at(it), want.norm.at(it), 1e-5 * std::abs(want.norm.at(it)))
-        << what << ", grad norm at iteration " << it;
-  }
+  return dtk_test::run_curve("launch --nproc_per_node " + std::to_string(nproc) + " " + kTrain + args, DTK_TEST_TMP,
+                             name);
 }
 
 using dtk_test::expect_one_line_error;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dtk/core/comm.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 namespace dtk::core {
@@ -267,6 +268,11 @@ void validate_config(const config::RunConfig& cfg) {
   if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
     throw HostError("config: distributed.*_model_parallel_size must be at least 1");
   if (d.timeout_seconds() < 0) throw HostError("config: distributed.timeout_seconds must not be negative");
+  try {
+    parse_simulated_link(d.simulated_link());
+  } catch (const std::exception& e) {
+    throw HostError(std::string("config: ") + e.what());
+  }
   // Tensor parallelism runs over the Gloo process groups (core/runtime/src/distributed.cpp); the world
   // size must be a multiple of it, which init_distributed checks once the world is known.
   if (d.pipeline_model_parallel_size() > 1)

@@ -263,6 +263,7 @@ void init_distributed(const config::RunConfig& cfg) {
     groups = create_groups(le, t, d.store, d.timeout);
   }
   install_process_groups(t, std::move(groups), d.timeout);
+  set_simulated_link(parse_simulated_link(dc.simulated_link()));
   d.initialized = true;
 }
 

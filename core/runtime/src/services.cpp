@@ -54,7 +54,7 @@ void finish(Work work, const dtk_collective_args* a) {
   if (a->async)
     *a->work = work.release();
   else
-    work.wait();
+    work.wait_synchronous();
 }
 
 dtk_status* abi_all_reduce(void*, const dtk_collective_args* a) {

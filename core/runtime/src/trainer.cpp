@@ -116,6 +116,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.global_batch_size = plan_.global_batch_size();
   log.seq_length = plan_.seq_length();
   log.world_size = topo_.world_size;
+  log.tp_size = topo_.tp_size;
+  log.dp_size = topo_.dp_size;
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg.logging().tensorboard_dir();
   setup_model_and_optimizer();
@@ -229,6 +231,7 @@ void Trainer::build_data_iterators() {
 // finite is skipped (DTK skips in every precision; Megatron only under fp16 loss scaling).
 IterationResult Trainer::train_step(int64_t iteration) {
   reset_traffic();  // the iteration's communication volume, for the first report
+  reset_comm_timing();
   IterationResult r;
   r.iteration = iteration;
   r.learning_rate = schedule_.rate(progress_.scheduler_step);
@@ -264,6 +267,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
     memory_reported_ = true;
   }
   strategy_->zero_grad();
+  r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
+  r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
   return r;
 }
 

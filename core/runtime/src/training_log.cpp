@@ -76,6 +76,12 @@ void TrainingLog::record(const IterationResult& r) {
     norm_sum_ += r.grad_norm, ++norm_count_;
     window_.merge(r.metrics);
   }
+  for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm}}) {
+    sum->in_flight_ms += t->in_flight_ms;
+    sum->exposed_ms += t->exposed_ms;
+    sum->collectives += t->collectives;
+  }
   if (logs(r.iteration)) {
     print_window(r);
     if (r.memory) print_memory(r.iteration, *r.memory);
@@ -140,7 +146,18 @@ void TrainingLog::print_window(const IterationResult& last) {
                 " loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3lld | number of nan "
                 "iterations: %3lld |",
                 norm, static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
-  print(line + buf);
+  line += buf;
+  // Communication per iteration: time in flight, and how much of it the training thread waited
+  // (not hidden behind computation; Domino's figure of merit for tensor parallelism).
+  for (const auto& [name, sum, n] :
+       {std::tuple<const char*, const CommTiming&, int>{"tensor", tp_comm_sum_, setup_.tp_size},
+        std::tuple<const char*, const CommTiming&, int>{"data", dp_comm_sum_, setup_.dp_size}}) {
+    if (n <= 1) continue;
+    std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
+                  sum.in_flight_ms / n_it, sum.exposed_ms / n_it);
+    line += buf;
+  }
+  print(line);
   if (!tensorboard_) return;
   const int64_t it = last.iteration;  // Megatron's training_log tags
   tensorboard_->add_scalar("learning-rate", last.learning_rate, it);
@@ -152,6 +169,10 @@ void TrainingLog::print_window(const IterationResult& last) {
   tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
   tensorboard_->add_scalar("throughput-tflops", tflops, it);
   tensorboard_->add_scalar("skipped-iterations", static_cast<double>(skipped_), it);
+  if (setup_.tp_size > 1) {
+    tensorboard_->add_scalar("tensor-parallel-comm-in-flight-ms", tp_comm_sum_.in_flight_ms / n_it, it);
+    tensorboard_->add_scalar("tensor-parallel-comm-exposed-ms", tp_comm_sum_.exposed_ms / n_it, it);
+  }
   tensorboard_->flush();
 }
 
@@ -159,6 +180,7 @@ void TrainingLog::clear_window() {
   window_.clear();
   iterations_ = skipped_ = nan_iterations_ = norm_count_ = 0;
   norm_sum_ = 0;
+  tp_comm_sum_ = dp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
 }

@@ -18,20 +18,28 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <thread>
 
 #include "dtk/core/comm.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "ring.hpp"
+#include "timing.hpp"
 
 // An issued collective: a c10d work, or a task on the communication thread (ring collectives),
 // or neither for an identity collective; `then` finishes the result on this rank (AVG division,
 // copy back into a non-contiguous or bf16 tensor) once the collective completed.
+// Timing (comm.hpp CommTiming): issue time, the backend's completion time (set from its thread),
+// and when the simulated link, if any, lets the collective complete.
 struct dtk_comm_work {
   c10::intrusive_ptr<c10d::Work> work;
   std::shared_future<void> task;
   int64_t group_size = 1;
   std::function<void()> then;
   std::string what;
+  int32_t group = -1;
+  int64_t issued_ns = 0, link_done_ns = 0;
+  bool synchronous = false;  // waited right after the issue: exposed from the issue on
+  std::shared_ptr<std::atomic<int64_t>> done_ns = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 namespace dtk::core {
@@ -53,9 +61,24 @@ CommState& state() {
 enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3 };
 std::atomic<int64_t> g_traffic[5][4];
 
-void count(int32_t group, TrafficKind kind, const at::Tensor& t, double share) {
+// Counts what this rank sends and books the simulated link for `link_share` of the tensor's bytes
+// (a broadcast's receivers wait for the message too).
+void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share, double link_share = -1) {
+  const int32_t group = w.group;
   if (group < 0 || group > 4) return;
-  g_traffic[group][kind] += static_cast<int64_t>(share * static_cast<double>(t.numel() * t.element_size()));
+  const double bytes = static_cast<double>(t.numel() * t.element_size());
+  g_traffic[group][kind] += static_cast<int64_t>(share * bytes);
+  w.link_done_ns = comm_timing_detail::reserve_link(
+      group, static_cast<int64_t>((link_share < 0 ? share : link_share) * bytes), w.issued_ns);
+}
+
+// Notes when the backend finished (from its thread); without a future, wait() notes it.
+void watch(dtk_comm_work& w) {
+  auto done = w.done_ns;
+  try {
+    w.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = comm_timing_detail::now_ns(); });
+  } catch (const std::exception&) {
+  }
 }
 double ring_share(int64_t n) { return static_cast<double>(n - 1) / static_cast<double>(n); }
 
@@ -141,6 +164,8 @@ void check_gather_shapes(const char* what, const at::Tensor& big, const at::Tens
 std::unique_ptr<dtk_comm_work> pending(const char* what, int32_t group) {
   auto w = std::make_unique<dtk_comm_work>();
   w->what = std::string(what) + " on group " + std::to_string(group);
+  w->group = group;
+  w->issued_ns = comm_timing_detail::now_ns();
   return w;
 }
 
@@ -237,6 +262,11 @@ void Work::wait(std::chrono::milliseconds timeout) {
   complete(*w, timeout);
 }
 
+void Work::wait_synchronous() {
+  if (work_) work_->synchronous = true;
+  wait();
+}
+
 dtk_comm_work* Work::release() { return work_.release(); }
 
 void Work::discard(dtk_comm_work* work) { delete work; }
@@ -244,6 +274,8 @@ void Work::discard(dtk_comm_work* work) { delete work; }
 void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();
   const std::string limit = " (timeout " + std::to_string(timeout.count()) + " ms)";
+  const bool timed = w.work || w.task.valid();
+  const int64_t wait_start = w.synchronous ? w.issued_ns : comm_timing_detail::now_ns();
   if (w.work) {
     try {
       w.work->wait(timeout);
@@ -264,6 +296,15 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
       throw dtk::Error(w.what + " failed: " + comm_error(e) + limit, DTK_ERR_COMM);
     }
     w.task = {};
+  }
+  if (timed) {
+    int64_t done = w.done_ns->load();
+    if (done == 0) done = comm_timing_detail::now_ns();
+    if (w.link_done_ns > done) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(w.link_done_ns - comm_timing_detail::now_ns()));
+      done = w.link_done_ns;
+    }
+    comm_timing_detail::record(w.group, w.issued_ns, done, comm_timing_detail::now_ns() - wait_start);
   }
   if (w.then) {
     auto then = std::move(w.then);
@@ -288,8 +329,9 @@ Work all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
     o.reduceOp = rop;
     o.timeout = collective_timeout();
     w->work = pg->allreduce(v, o);
+    watch(*w);
     const int64_t n = pg->getSize();
-    count(group, kAllReduce, buf, 2 * ring_share(n));
+    count(*w, kAllReduce, buf, 2 * ring_share(n));
     check_avg(op, buf);
     const bool avg = op == DTK_REDUCE_AVG;
     if (avg || copy_back)
@@ -319,7 +361,8 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
     o.rootRank = root;
     o.timeout = collective_timeout();
     w->work = pg->broadcast(v, o);
-    if (pg->getRank() == root) count(group, kBroadcast, buf, 1.0);
+    watch(*w);
+    count(*w, kBroadcast, buf, pg->getRank() == root ? 1.0 : 0.0, 1.0);
     w->then = copy_back;
   }
   return Work(std::move(w));
@@ -343,7 +386,8 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
     c10d::AllgatherOptions opt;
     opt.timeout = collective_timeout();
     w->work = pg->allgather(outs, ins, opt);
-    count(group, kAllGather, o, ring_share(n));
+    watch(*w);
+    count(*w, kAllGather, o, ring_share(n));
     w->then = copy_back;
   } else {
     o.copy_(i);
@@ -364,7 +408,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
     return Work(std::move(w));
   }
   const bool avg = op == DTK_REDUCE_AVG;
-  count(group, kReduceScatter, i, ring_share(n));
+  count(*w, kReduceScatter, i, ring_share(n));
   // The result lands in a contiguous buffer of the output's dtype (fp32 for bf16), copied into
   // the output when the collective completes.
   std::function<void()> copy_back;
@@ -375,7 +419,11 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
     const auto timeout = collective_timeout();
     w->group_size = n;
     // The task keeps the group and both buffers alive until it ran.
-    w->task = ring::run_async([pg, out, in, rop, tag, timeout] { ring::reduce_scatter(*pg, out, in, rop, tag, timeout); });
+    auto done = w->done_ns;
+    w->task = ring::run_async([pg, out, in, rop, tag, timeout, done] {
+      ring::reduce_scatter(*pg, out, in, rop, tag, timeout);
+      *done = comm_timing_detail::now_ns();
+    });
   } else {
     std::vector<at::Tensor> outs{out};
     std::vector<std::vector<at::Tensor>> ins(1);
@@ -384,6 +432,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
     opt.reduceOp = rop;
     opt.timeout = collective_timeout();
     w->work = pg->reduce_scatter(outs, ins, opt);
+    watch(*w);
   }
   if (avg || copy_back)
     w->then = [out, avg, n, copy_back] {

@@ -67,6 +67,10 @@ class Work {
   ~Work();
   // Bounded: timeout <= 0 uses the run's collective timeout. Throws on failure or timeout.
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // wait() for a collective issued to be waited at once: its whole duration counts as exposed
+  // (CommTiming), even when it finished before the wait began (the issuing thread computed
+  // nothing meanwhile).
+  void wait_synchronous();
   // Hands the pending collective over (the ABI's async handle); finish it with complete().
   dtk_comm_work* release();
   // Finishes a released collective (same semantics as wait()).
@@ -98,6 +102,32 @@ struct Traffic {
 };
 Traffic traffic(int32_t group);
 void reset_traffic();
+
+// How long collectives took and how much of it the issuing thread waited, per group, since the
+// last reset_comm_timing(): `in_flight_ms` is the union of the intervals from each collective's
+// issue to its completion (overlapping collectives count once), `exposed_ms` the time spent
+// blocked in wait() — communication not hidden behind computation. Synchronous collectives are
+// exposed for their whole duration.
+struct CommTiming {
+  double in_flight_ms = 0, exposed_ms = 0;
+  int64_t collectives = 0;
+};
+CommTiming comm_timing(int32_t group);
+void reset_comm_timing();
+
+// A simulated link (distributed.simulated_link, a study tool, off by default): each collective on
+// a group larger than one completes no earlier than latency + bytes / bandwidth after the link
+// became free, bytes being what this rank sends (the traffic counters' figure), one message at a
+// time per group, as on one link. The real transfer runs as usual, so a collective takes the
+// longer of the two. Parsed from "<latency>,<bandwidth>", e.g. "25us,50GBps": latency in
+// ns|us|ms|s, bandwidth in Bps|KBps|MBps|GBps (bytes, decimal) or bps|Kbps|Mbps|Gbps (bits).
+struct SimulatedLink {
+  double latency_s = 0, bytes_per_s = 0;  // bytes_per_s == 0: no link
+  bool enabled() const { return bytes_per_s > 0; }
+};
+// Throws dtk::Error (one line naming distributed.simulated_link) on a malformed spec.
+SimulatedLink parse_simulated_link(const std::string& spec);
+void set_simulated_link(const SimulatedLink& link);
 
 // World-wide MAX of `value` through a bounded collective (the identity for one process): a
 // barrier that also carries a flag or a number. `what` names the wait in a failure.

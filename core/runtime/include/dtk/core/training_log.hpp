@@ -53,6 +53,7 @@ struct IterationResult {
   bool skipped = false;      // the update was skipped (non-finite gradients)
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
+  CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
 };
 
 // Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
@@ -63,6 +64,7 @@ class TrainingLog {
     int64_t train_iters = 0, log_interval = 1, global_batch_size = 1, seq_length = 0;
     double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
     int world_size = 1;
+    int tp_size = 1, dp_size = 1;  // communication timing is printed for groups larger than one
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
   };
@@ -102,6 +104,7 @@ class TrainingLog {
   MetricAverager window_;
   int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0, norm_count_ = 0;
   double norm_sum_ = 0;
+  CommTiming tp_comm_sum_, dp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};
 };

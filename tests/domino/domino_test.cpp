@@ -1,0 +1,131 @@
+// Domino (plugins/models/gpt/domino.hpp) end to end through `dtk launch`, real processes over
+// loopback (Gloo):
+//   * TP=2 with 2, 3 and 4 chunks gives plain TP=2's and one process's lm loss and grad norm,
+//     iteration by iteration for 20 iterations (fp32, within 1e-5): dropout off, dropout on (the
+//     same masks: drawn for the whole micro-batch and sliced), with full recompute; bf16 within
+//     the rounding of bf16 products; TP=2 x DP=2 with ddp and with ZeRO stage 3;
+//   * checkpoints move between Domino and plain TP;
+//   * the simulated link delays every tensor-parallel collective (a lower bound, not a timing);
+//   * bad inputs are one-line errors.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "../common/curves.hpp"
+#include "../common/run_dtk.hpp"
+
+namespace {
+
+using dtk_test::Curve;
+using dtk_test::expect_same_curve;
+
+// gpt-tiny on synthetic tokens, gradient clipping active, 20 iterations of 8 samples in
+// micro-batches of 4 (so up to 4 chunks). The vocabulary is 512, padded alike at TP 1 and 2.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 "
+                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                           "--set train.micro_batch_size=4 --set train.global_batch_size=8 "
+                           "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+const std::string kNoDropout = "--set model.hidden_dropout=0 --set model.attention_dropout=0 ";
+const std::string kTP2 = "--set distributed.tensor_model_parallel_size=2 ";
+
+Curve curve_of(int nproc, const std::string& args, const std::string& name) {
+  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+  return dtk_test::run_curve(launch + kTrain + args, DTK_TEST_TMP, name);
+}
+
+std::string chunks(int n) { return "--set model.domino_chunks=" + std::to_string(n) + " "; }
+
+}  // namespace
+
+TEST(Domino, EqualsPlainTensorParallelAndOneProcessForEveryChunkCount) {
+  const Curve one = curve_of(1, kNoDropout, "tp1");
+  const Curve plain = curve_of(2, kNoDropout + kTP2, "tp2");
+  expect_same_curve(one, plain, 20, "plain TP2 vs TP1");
+  for (int n : {2, 3, 4}) {
+    const Curve domino = curve_of(2, kNoDropout + kTP2 + chunks(n), "domino" + std::to_string(n));
+    expect_same_curve(plain, domino, 20, "Domino " + std::to_string(n) + " chunks vs plain TP2");
+    expect_same_curve(one, domino, 20, "Domino " + std::to_string(n) + " chunks vs TP1");
+  }
+}
+
+// The masks are drawn for the whole micro-batch in plain TP's order and sliced per chunk, so with
+// dropout on Domino is not merely statistically equal: it computes the same thing.
+TEST(Domino, EqualsPlainTensorParallelWithDropoutAndWithRecompute) {
+  const Curve plain = curve_of(2, kTP2, "tp2-dropout");
+  expect_same_curve(plain, curve_of(2, kTP2 + chunks(2), "domino2-dropout"), 20, "Domino 2, dropout");
+  expect_same_curve(plain, curve_of(2, kTP2 + chunks(4), "domino4-dropout"), 20, "Domino 4, dropout");
+  expect_same_curve(plain,
+                    curve_of(2, kTP2 + chunks(3) + "--set model.recompute_activations=full ", "domino3-recompute"),
+                    20, "Domino 3, dropout, full recompute");
+}
+
+// bf16: chunked products round differently from whole-batch ones (bf16 keeps 8 bits), so the
+// curves agree to bf16's resolution rather than to 1e-5.
+TEST(Domino, Bf16FollowsPlainTensorParallel) {
+  const std::string bf16 = kNoDropout + kTP2 + "--set train.params_dtype=bf16 ";
+  expect_same_curve(curve_of(2, bf16, "tp2-bf16"), curve_of(2, bf16 + chunks(2), "domino2-bf16"), 20,
+                    "Domino 2 vs plain TP2, bf16", 2e-3);
+}
+
+TEST(Domino, WithDataParallelAndZero) {
+  const Curve plain = curve_of(4, kNoDropout + kTP2 + "--strategy ddp ", "tp2dp2");
+  expect_same_curve(plain, curve_of(4, kNoDropout + kTP2 + "--strategy ddp " + chunks(2), "tp2dp2-domino2"), 20,
+                    "TP2 x DP2, Domino 2, ddp");
+  expect_same_curve(plain,
+                    curve_of(4,
+                             kNoDropout + kTP2 + chunks(2) +
+                                 "--strategy zero --set strategy.stage=3 --set strategy.reduce_bucket_size=20000 "
+                                 "--set strategy.stage3_param_persistence_threshold=100 ",
+                             "tp2dp2-domino2-zero3"),
+                    20, "TP2 x DP2, Domino 2, ZeRO-3");
+}
+
+// A Domino checkpoint resumes as plain TP (and back): same parameters, same generator states.
+TEST(Domino, CheckpointsMoveBetweenDominoAndPlainTensorParallel) {
+  const std::string base = kTP2 + "--set train.train_iters=8 ";
+  const Curve whole = curve_of(2, base + chunks(2), "whole");
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{chunks(2), ""},
+                                      std::pair<std::string, std::string>{"", chunks(4)}}) {
+    const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ckpt" + std::to_string(first.size()));
+    const Curve a = curve_of(2, base + first + "--set train.train_iters=4 --set lr.lr_decay_iters=8 --set checkpoint.save=" + dir,
+                             "first-half");
+    const Curve b = curve_of(2, base + second + "--set checkpoint.load=" + dir, "second-half");
+    ASSERT_EQ(b.loss.size(), 4u) << b.run.out;
+    for (int64_t it = 5; it <= 8; ++it) {
+      EXPECT_NEAR(b.loss.at(it), whole.loss.at(it), 1e-5 * whole.loss.at(it)) << "iteration " << it;
+      EXPECT_NEAR(b.norm.at(it), whole.norm.at(it), 1e-5 * whole.norm.at(it)) << "iteration " << it;
+    }
+  }
+}
+
+// Each tensor-parallel collective lasts at least the link's latency: gpt-tiny (2 layers) makes 13
+// per micro-batch (forward: embedding, 2 per layer, 3 in the cross entropy; backward: 2 per layer
+// and the output layer's input gradient), 26 per iteration, so at 2 ms each the in-flight time is
+// at least 52 ms per iteration (the link carries one message at a time). A lower bound by
+// construction, not a timing.
+TEST(Domino, SimulatedLinkDelaysEveryCollective) {
+  const dtk_test::Result r =
+      dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + kNoDropout + kTP2 + chunks(2) +
+                        "--set train.train_iters=2 --set lr.lr_warmup_iters=1 --set distributed.simulated_link=2ms,10GBps");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  const std::string& out = r.out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(tensor-parallel comm \(ms\) in flight: (\S+) \| exposed: (\S+) \|)")))
+      << out;
+  const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
+  EXPECT_GE(in_flight, 52.0) << out;
+  EXPECT_GE(exposed, 0.0) << out;
+}
+
+TEST(Domino, BadInputsAreOneLineErrors) {
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + chunks(5) + "--set train.train_iters=1 --set lr.lr_warmup_iters=0"),
+      "domino_chunks (5) exceeds the micro-batch size (4)");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + chunks(-1)), "domino_chunks");
+  for (const char* bad : {"25us", "fast,50GBps", "25us,50GBs", "25us,0GBps", "25us,1GBps,1"})
+    dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + "--set distributed.simulated_link=" + bad),
+                                    "distributed.simulated_link");
+}

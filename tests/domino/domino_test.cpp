@@ -9,6 +9,8 @@
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 
@@ -118,6 +120,40 @@ TEST(Domino, SimulatedLinkDelaysEveryCollective) {
   const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
   EXPECT_GE(in_flight, 52.0) << out;
   EXPECT_GE(exposed, 0.0) << out;
+}
+
+// logging.trace_file: one Chrome trace per rank of the chosen iterations, with every (layer, stage,
+// chunk) compute span forward and backward, each collective from issue to completion (async
+// begin/end pairs on the group's track) and the waits.
+TEST(Domino, TraceFileHoldsChunkSpansCollectivesAndWaitsPerRank) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "trace");
+  const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + kTP2 + chunks(2) +
+                                               "--set train.train_iters=3 --set logging.trace_file=" + dir +
+                                               "/timeline.json --set logging.trace_iterations=2-3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto count = [](const std::string& s, const std::string& what) {
+    int n = 0;
+    for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+    return n;
+  };
+  for (int rank : {0, 1}) {
+    std::ifstream in(dir + "/timeline.rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "no trace of rank " << rank << "\n" << r.out;
+    const std::string t((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(t.rfind("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", 0), 0u);
+    EXPECT_EQ(t.substr(t.size() - 4), "\n]}\n");
+    // 2 iterations x 2 micro-batches: each (layer, stage, chunk) forward and backward once.
+    EXPECT_EQ(count(t, "\"layer 1 mlp, chunk 1\""), 4) << t.substr(0, 2000);
+    EXPECT_EQ(count(t, "\"layer 1 mlp, chunk 1 backward\""), 4);
+    EXPECT_EQ(count(t, "\"forward 1\""), 2);
+    EXPECT_EQ(count(t, "\"optimizer step\""), 2);
+    EXPECT_GT(count(t, "\"ph\": \"b\""), 0);
+    EXPECT_EQ(count(t, "\"ph\": \"b\""), count(t, "\"ph\": \"e\""));
+    EXPECT_GT(count(t, "\"cat\": \"wait\""), 0);
+    EXPECT_NE(t.find("\"name\": \"rank " + std::to_string(rank) + "\""), std::string::npos);
+  }
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + "--set logging.trace_iterations=3-2"),
+                                  "logging.trace_iterations");
 }
 
 TEST(Domino, BadInputsAreOneLineErrors) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtk/core/comm.hpp"
+#include "dtk/core/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 namespace dtk::core {
@@ -268,6 +269,14 @@ void validate_config(const config::RunConfig& cfg) {
   if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
     throw HostError("config: distributed.*_model_parallel_size must be at least 1");
   if (d.timeout_seconds() < 0) throw HostError("config: distributed.timeout_seconds must not be negative");
+  if (!cfg.logging().trace_iterations().empty()) {
+    int64_t first = 0, last = 0;
+    try {
+      trace::parse_iterations(cfg.logging().trace_iterations(), &first, &last);
+    } catch (const std::exception& e) {
+      throw HostError(std::string("config: ") + e.what());
+    }
+  }
   try {
     parse_simulated_link(d.simulated_link());
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtk/core/comm.hpp"
+#include "dtk/core/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "log_bridge.hpp"
 
@@ -133,9 +134,9 @@ uint64_t rng_seed(void*, int32_t stream) {
 
 void tensor_release(dtk_tensor* t) { dtk::release(t); }
 
-// No host extensions in ABI 2.0 (abi.h rule 8): every id is unknown.
+// Host extensions (abi.h rule 8): the timeline (dtk.ext.trace.v1, since 2.1).
 const void* get_extension(const char* id) {
-  (void)id;
+  if (id && std::string(id) == DTK_EXT_TRACE_V1) return trace::extension();
   return nullptr;
 }
 

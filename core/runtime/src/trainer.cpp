@@ -15,6 +15,7 @@
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/memory.hpp"
+#include "dtk/core/trace.hpp"
 
 namespace dtk::core {
 
@@ -123,6 +124,15 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   setup_model_and_optimizer();
   log.flops_per_token = stats_.flops_per_token;
   log_ = std::make_unique<TrainingLog>(log);
+  if (!cfg.logging().trace_file().empty()) {
+    trace::Settings ts;
+    ts.path = cfg.logging().trace_file();
+    trace::parse_iterations(cfg.logging().trace_iterations().empty() ? "2-3" : cfg.logging().trace_iterations(),
+                            &ts.first, &ts.last);
+    ts.rank = topo_.world_rank;
+    ts.world_size = topo_.world_size;
+    trace::configure(ts);
+  }
   load_checkpoint();
   char flops[96];
   std::snprintf(flops, sizeof flops, " > training FLOPs per token: %.4g (%s)", stats_.flops_per_token,
@@ -238,7 +248,10 @@ IterationResult Trainer::train_step(int64_t iteration) {
   const int64_t num_micro = plan_.micro_batches_per_step();
   for (int64_t m = 0; m < num_micro; ++m) {
     std::vector<std::pair<std::string, double>> metrics;
+    const int64_t forward_start = trace::now_ns();
     const at::Tensor loss = step_->forward_step(*model_, train_loader_->next(), &metrics);
+    const int64_t backward_start = trace::now_ns();
+    if (trace::active()) trace::span(("forward " + std::to_string(m)).c_str(), "step", forward_start, backward_start);
     if (loss.dim() != 0 && loss.numel() != 1)
       throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
                       Model::shape_str(loss) + ", expected a scalar");
@@ -247,10 +260,14 @@ IterationResult Trainer::train_step(int64_t iteration) {
     at::Tensor scaled = loss.reshape({}) / static_cast<double>(num_micro);
     if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
     scaled.backward();
+    if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
     r.metrics.add(metrics);
   }
+  const int64_t reduce_start = trace::now_ns();
   strategy_->reduce_gradients();
   r.grad_norm = strategy_->clip_and_norm(cfg_.train().clip_grad());
+  if (trace::active()) trace::span("reduce gradients, norm", "step", reduce_start, trace::now_ns());
+  const int64_t update_start = trace::now_ns();
   r.skipped = !std::isfinite(r.grad_norm);
   if (!r.skipped) {
     const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, r.learning_rate, iteration, 1.0};
@@ -262,6 +279,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     }
     ++progress_.scheduler_step;  // the scheduler advances only after a successful update
   }
+  if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
   if (!memory_reported_ && log_->logs(iteration)) {
     r.memory = memory_sample();
     memory_reported_ = true;
@@ -300,7 +318,9 @@ void Trainer::train() {
   const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
   const bool saving = !cfg_.checkpoint().save().empty();
   for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
+    trace::begin_iteration(it);
     log_->record(train_step(it));
+    trace::end_iteration(it);
     progress_.iteration = it;
     progress_.consumed_train_samples = it * plan_.global_batch_size();
     if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
@@ -309,6 +329,7 @@ void Trainer::train() {
     }
     if (saving && save_interval > 0 && it % save_interval == 0) save(it);
   }
+  trace::flush();  // a run shorter than the traced range writes what it traced
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
   if (saving && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
     save(plan_.train_iters());

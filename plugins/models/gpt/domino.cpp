@@ -1,6 +1,8 @@
 // domino.cpp — see domino.hpp.
 #include "domino.hpp"
 
+#include <dtk/trace.hpp>
+
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -133,6 +135,7 @@ struct State : torch::CustomClassHolder {
       }
       for (int s = 0; s < 2; ++s) {
         for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+          TraceSpan span("compute", [&] { return piece_name(l, s, c) + (graph || !save_inputs ? "" : " (keeps input)"); });
           at::Tensor in = flight[c].active ? finish(flight[c], c, graph) : h[c];
           if (s == 0 && save_inputs) layer_inputs[l][c] = in;
           const Layer& ly = layer(l);
@@ -163,7 +166,10 @@ struct State : torch::CustomClassHolder {
         }
       }
     }
-    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) h[c] = finish(flight[c], c, graph);
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+      TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c); });
+      h[c] = finish(flight[c], c, graph);
+    }
     return h;
   }
 
@@ -197,6 +203,7 @@ struct State : torch::CustomClassHolder {
       fire(&dtk_module_hooks::pre_backward, l, "pre_backward");
       for (int s = 1; s >= 0; --s) {
         for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+          TraceSpan span("compute", [&] { return piece_name(l, s, c) + " backward"; });
           if (pending[c].active) g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
           Piece& p = pieces[l][static_cast<size_t>(s)][c];
           torch::autograd::backward({p.out}, {g[c]});
@@ -205,11 +212,19 @@ struct State : torch::CustomClassHolder {
         }
       }
     }
-    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+      TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c) + " backward"; });
+      g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+    }
     return g;
   }
 
   size_t layer_count() const { return stack.layers->size(); }
+
+  // "layer 3 attention, chunk 1" (timeline spans).
+  static std::string piece_name(size_t l, int s, size_t c) {
+    return "layer " + std::to_string(l) + " " + kStageName[s] + ", chunk " + std::to_string(c);
+  }
 
   void init(const DominoStack& s, const at::Tensor& x, const at::Tensor& m, bool train) {
     stack = s;

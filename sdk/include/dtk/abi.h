@@ -560,6 +560,23 @@ typedef struct dtk_host_services {
 } dtk_host_services;
 DTK_DEFINE_STRUCT_SIZE(dtk_host_services, 2_0, get_extension);
 DTK_DEFINE_STRUCT_TRAITS(dtk_host_services, get_extension);
+
+/* Host extension "dtk.ext.trace.v1" (since 2.1): the run's timeline (logging.trace_file). Code
+ * marks spans of its work; the host adds every collective (issue to completion) and every wait,
+ * and writes a Chrome/Perfetto trace per rank for the iterations being traced. Every function is
+ * [thread-safe]; spans recorded while no traced iteration runs are dropped. */
+#define DTK_EXT_TRACE_V1 "dtk.ext.trace.v1"
+typedef struct dtk_trace_ext {
+  size_t struct_size;
+  /* Non-zero while a traced iteration runs: a caller may skip naming its spans otherwise. */
+  int32_t (*active)(void);
+  /* The trace's clock (steady, nanoseconds). */
+  int64_t (*now_ns)(void);
+  /* A span [start_ns, end_ns] of the calling thread's work; `name` and `category` are copied. */
+  void (*span)(const char* name, const char* category, int64_t start_ns, int64_t end_ns);
+} dtk_trace_ext;
+DTK_DEFINE_STRUCT_SIZE(dtk_trace_ext, 2_1, span);
+DTK_DEFINE_STRUCT_TRAITS(dtk_trace_ext, span);
 /* 1.0's config_get was removed in 2.0: nothing read it, and a plugin that reads the host's
  * configuration by path couples itself to the host's config schema. A plugin gets what it
  * needs through its declared options and the build context. */

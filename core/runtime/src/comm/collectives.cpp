@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "dtk/core/comm.hpp"
+#include "dtk/core/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "ring.hpp"
 #include "timing.hpp"
@@ -304,7 +305,12 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
       std::this_thread::sleep_for(std::chrono::nanoseconds(w.link_done_ns - comm_timing_detail::now_ns()));
       done = w.link_done_ns;
     }
-    comm_timing_detail::record(w.group, w.issued_ns, done, comm_timing_detail::now_ns() - wait_start);
+    const int64_t wait_end = comm_timing_detail::now_ns();
+    comm_timing_detail::record(w.group, w.issued_ns, done, wait_end - wait_start);
+    if (trace::active()) {
+      trace::collective(w.what, w.group, w.issued_ns, done);
+      trace::span(("wait " + w.what).c_str(), "wait", wait_start, wait_end);
+    }
   }
   if (w.then) {
     auto then = std::move(w.then);

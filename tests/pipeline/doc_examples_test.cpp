@@ -16,10 +16,11 @@
 
 namespace {
 
-// "section.field=value" where section is a config section or a plugin slot.
+// "section.field=value" where section is a config section or a plugin slot. A comma followed by
+// more value continues it ("25us,50GBps"); one followed by a space ends it (prose).
 std::set<std::string> set_examples(const std::string& text) {
   static const std::regex re(
-      R"(\b((?:train|lr|eval|logging|checkpoint|distributed|model|dataset|step|optimizer|strategy)\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*))");
+      R"(\b((?:train|lr|eval|logging|checkpoint|distributed|model|dataset|step|optimizer|strategy)\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");
   std::set<std::string> out;
   for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) {
     const std::string value = (*it)[2];

@@ -14,7 +14,7 @@
 # One thread per rank (2 ranks): communication competes with compute for this machine's cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DTK=build/bin/dtk
+source tools/bench/common.sh
 QUICK=0
 while (($#)); do
   case "$1" in
@@ -22,10 +22,7 @@ while (($#)); do
     *) echo "usage: tools/bench/domino.sh [--quick]" >&2; exit 2 ;;
   esac
 done
-[[ -x $DTK ]] || { echo "domino.sh: build first (tools/build.sh)" >&2; exit 1; }
-TCMALLOC=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
-[[ -n $TCMALLOC ]] && export LD_PRELOAD=$TCMALLOC
-echo "domino.sh: $(nproc) cores, allocator: ${TCMALLOC:-glibc malloc}, $(date -u +%F)"
+bench_start domino.sh
 
 # Windows of 4 iterations; the first (start-up) is left out, the median of the rest is reported;
 # each configuration runs REPS times interleaved with the others and the median run is shown.
@@ -39,8 +36,6 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   --set distributed.tensor_model_parallel_size=2"
 NAMES=("plain TP (the peer)" "Domino, 2 chunks" "Domino, 4 chunks")
 ARGS=("--set model.domino_chunks=1" "--set model.domino_chunks=2" "--set model.domino_chunks=4")
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
-calc() { awk "BEGIN { print $1 }"; }
 field() { echo "$1" | grep -o "$2 [0-9.]*" | grep -o "[0-9.]*$" | tail -n +2 | median; }
 
 # Runs every configuration REPS times with extra args $1; fills MS, TOK, FLIGHT, EXPOSED (medians).

@@ -13,7 +13,7 @@
 # (the same allocator for every row).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DTK=build/bin/dtk
+source tools/bench/common.sh
 BUDGET=256
 QUICK=0
 while (($#)); do
@@ -23,10 +23,7 @@ while (($#)); do
     *) echo "usage: tools/bench/zero.sh [--budget_mb N] [--quick]" >&2; exit 2 ;;
   esac
 done
-[[ -x $DTK ]] || { echo "zero.sh: build first (tools/build.sh)" >&2; exit 1; }
-TCMALLOC=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
-[[ -n $TCMALLOC ]] && export LD_PRELOAD=$TCMALLOC
-echo "zero.sh: $(nproc) cores, allocator: ${TCMALLOC:-glibc malloc}, $(date -u +%F)"
+bench_start zero.sh
 
 # ---- 1. throughput at DP=2 -----------------------------------------------------------------
 # tokens/s of a run = the median over its logging windows of 5 iterations, the first window (start-up)
@@ -45,7 +42,6 @@ ARGS=("--strategy ddp" "--strategy zero --set strategy.stage=1" "--strategy zero
   "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam"
   "--strategy zero --set strategy.stage=3")
-median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : int((a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 declare -A RATES TRAFFIC MEM
 for ((rep = 0; rep < REPS; rep++)); do
   for i in "${!NAMES[@]}"; do
@@ -63,7 +59,7 @@ printf '%-46s %10s %8s %-22s %14s %12s\n' "strategy" "tokens/s" "vs ddp" "  (run
 ddp_rate=$(echo ${RATES[0]} | tr ' ' '\n' | median)
 for i in "${!NAMES[@]}"; do
   rate=$(echo ${RATES[$i]} | tr ' ' '\n' | median)
-  printf '%-46s %10s %7.2fx %-22s %14s %12s\n' "${NAMES[$i]}" "$rate" "$(echo "$rate / $ddp_rate" | bc -l)" \
+  printf '%-46s %10s %7.2fx %-22s %14s %12s\n' "${NAMES[$i]}" "$rate" "$(calc "$rate / $ddp_rate")" \
     "  (${RATES[$i]# })" "${TRAFFIC[$i]}" "${MEM[$i]}"
 done
 

@@ -120,6 +120,15 @@ TEST(Domino, SimulatedLinkDelaysEveryCollective) {
   const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
   EXPECT_GE(in_flight, 52.0) << out;
   EXPECT_GE(exposed, 0.0) << out;
+
+  // The link's delay is a wait like any other: bounded by the collective timeout.
+  const dtk_test::Result slow =
+      dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + kNoDropout + kTP2 +
+                            "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set distributed.timeout_seconds=2 "
+                            "--set distributed.simulated_link=0us,10Bps",
+                        120);
+  EXPECT_NE(slow.code, 0) << slow.out;
+  EXPECT_NE(slow.out.find("the simulated link (distributed.simulated_link) needs"), std::string::npos) << slow.out;
 }
 
 // logging.trace_file: one Chrome trace per rank of the chosen iterations, with every (layer, stage,

@@ -44,6 +44,7 @@ struct Ctx {
   int64_t seq_length = 16;
   uint64_t seed = 1234;
   int32_t pp_rank = 0, pp_size = 1;
+  int64_t micro_batch = 2;
 };
 
 dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
@@ -57,7 +58,7 @@ dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
   b.dp_rank = 0, b.dp_size = 1;
   b.pre_process = c.pp_rank == 0, b.post_process = c.pp_rank == c.pp_size - 1;
   b.seq_length = c.seq_length;
-  b.micro_batch_size = 2;
+  b.micro_batch_size = c.micro_batch;
   b.seed = c.seed;
   return b;
 }
@@ -807,7 +808,9 @@ TEST(GptDomino, ChunkedScheduleMatchesPlainForEveryChunkCountDropoutAndRecompute
         Opts domino = base;
         domino["recompute_activations"] = recompute;
         domino["domino_chunks"] = chunks;
-        GPT a(base), b(domino);
+        Ctx four;
+        four.micro_batch = 4;
+        GPT a(base), b(domino, four);
         for (int it = 0; it < 2; ++it) {  // twice: the generators must stay in step
           a.zero_grad();
           b.zero_grad();
@@ -836,7 +839,9 @@ TEST(GptDomino, ChunksOfUnequalSizeAndAPerSequenceMask) {
   mask.select(-1, 0).select(-1, 0).fill_(false);  // every row keeps one position
   for (int64_t i = 0; i < 5; ++i) mask[i][0].diagonal().fill_(false);
   TensorList in{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}};
-  GPT a(model_opts(S, S.vocab)), b(model_opts(S, S.vocab, {{"domino_chunks", "3"}}));  // rows 2, 2, 1
+  Ctx five;
+  five.micro_batch = 5;
+  GPT a(model_opts(S, S.vocab)), b(model_opts(S, S.vocab, {{"domino_chunks", "3"}}), five);  // rows 2, 2, 1
   at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
   expect_close(la.detach(), lb.detach(), 1e-5, "loss");
   la.backward();
@@ -872,12 +877,32 @@ TEST(GptDomino, BadChunkCountsAreRefusedNamingTheOption) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("domino_chunks"), std::string::npos) << e.what();
   }
-  GPT m(model_opts(S, S.vocab, {{"domino_chunks", "3"}}));
   try {
-    m.forward({{"tokens", random_text(2, S.seq, S.vocab, 47)}});
+    GPT m(model_opts(S, S.vocab, {{"domino_chunks", "3"}}));  // micro-batches of 2
     ADD_FAILURE() << "3 chunks of a micro-batch of 2 accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("domino_chunks (3) exceeds the micro-batch size (2)"), std::string::npos)
         << e.what();
+  }
+  // A forward of fewer sequences than chunks (e.g. a last, short batch) is refused too.
+  Ctx four;
+  four.micro_batch = 4;
+  GPT m(model_opts(S, S.vocab, {{"domino_chunks", "3"}}), four);
+  try {
+    m.forward({{"tokens", random_text(2, S.seq, S.vocab, 47)}});
+    ADD_FAILURE() << "3 chunks of 2 sequences accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("domino_chunks (3) exceeds the micro-batch size (2)"), std::string::npos)
+        << e.what();
+  }
+  // One backward per forward: a second one (retain_graph) is refused with a message.
+  GPT two(model_opts(S, S.vocab, {{"domino_chunks", "2"}}));
+  at::Tensor loss = dtk::get(two.forward({{"tokens", random_text(2, S.seq, S.vocab, 48)}, {"labels", random_text(2, S.seq, S.vocab, 49)}}), "loss").mean();
+  loss.backward({}, /*retain_graph=*/true);
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward through the Domino schedule ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("runs backward once per forward"), std::string::npos) << e.what();
   }
 }

@@ -26,7 +26,7 @@ struct Event {
 struct State {
   std::mutex mu;
   Settings settings;
-  bool on = false, written = false;
+  bool on = false, written = false, started = false;  // started: a traced iteration ran
   int64_t origin_ns = -1;
   std::vector<Event> events;
 };
@@ -42,7 +42,12 @@ std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+      continue;
+    }
     out += c;
   }
   return out;
@@ -111,7 +116,7 @@ void configure(const Settings& settings) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.settings = settings;
-  s.on = s.written = false;
+  s.on = s.written = s.started = false;
   s.origin_ns = -1;
   s.events.clear();
 }
@@ -148,6 +153,7 @@ void begin_iteration(int64_t iteration) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.on = !s.settings.path.empty() && !s.written && iteration >= s.settings.first && iteration <= s.settings.last;
+  if (s.on) s.started = true;
   if (s.on && s.origin_ns < 0) s.origin_ns = now_ns();
 }
 
@@ -155,14 +161,14 @@ void end_iteration(int64_t iteration) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.on = false;
-  if (iteration >= s.settings.last) write_locked(s);
+  if (iteration >= s.settings.last && s.started) write_locked(s);  // a resumed run past the range writes nothing
 }
 
 void flush() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.on = false;
-  if (!s.events.empty()) write_locked(s);
+  if (s.started) write_locked(s);
 }
 
 bool active() {

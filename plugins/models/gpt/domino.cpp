@@ -82,6 +82,7 @@ struct State : torch::CustomClassHolder {
   bool training = true, recompute = false;
   int64_t batch = 0, seq = 0, chunks = 1;
   at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> start, rows;         // chunk c = rows [start[c], start[c] + rows[c])
   std::vector<LayerMasks> masks;            // per layer, whole micro-batch
   std::vector<std::array<std::vector<Piece>, 2>> pieces;  // [layer][stage][chunk]
@@ -113,7 +114,11 @@ struct State : torch::CustomClassHolder {
     }
     if (graph) pieces[f.layer][static_cast<size_t>(f.stage)][c].out = out;
     f.in = f.reduced = at::Tensor();
-    if (f.stage == 1 && c + 1 == static_cast<size_t>(chunks)) fire(&dtk_module_hooks::post_forward, f.layer, "post_forward");
+    if (f.stage == 1 && c + 1 == static_cast<size_t>(chunks)) {
+      masks[f.layer] = LayerMasks();  // the layer is done (a graph keeps the slices it saved)
+      at::AutoGradMode mode(graph);   // hooks see the grad mode of the work they surround
+      fire(&dtk_module_hooks::post_forward, f.layer, "post_forward");
+    }
     return graph ? out.detach() : out;
   }
 
@@ -124,7 +129,10 @@ struct State : torch::CustomClassHolder {
                                       bool save_inputs) {
     std::vector<InFlight> flight(static_cast<size_t>(chunks));
     for (size_t l = first; l < last; ++l) {
-      fire(&dtk_module_hooks::pre_forward, l, "pre_forward");
+      {
+        at::AutoGradMode mode(graph);
+        fire(&dtk_module_hooks::pre_forward, l, "pre_forward");
+      }
       if (save_inputs) layer_rng[l] = rng.clone();
       masks[l] = layer(l).draw_masks(batch, seq, device, rng, training);
       if (graph) {
@@ -233,6 +241,7 @@ struct State : torch::CustomClassHolder {
     batch = x.size(0);
     seq = x.size(1);
     device = x.device();
+    dtype = x.scalar_type();
     chunks = s.config->domino_chunks;
     if (chunks > batch)
       throw Error("gpt: domino_chunks (" + std::to_string(chunks) + ") exceeds the micro-batch size (" +
@@ -277,10 +286,14 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
     return at::cat(out, 0);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    auto st = c10::static_intrusive_pointer_cast<State>(ctx->saved_data["state"].toCapsule());
-    ctx->saved_data.erase("state");
+    auto it = ctx->saved_data.find("state");
+    if (it == ctx->saved_data.end())
+      throw Error("gpt: the Domino schedule (domino_chunks > 1) runs backward once per forward (no retain_graph)");
+    auto st = c10::static_intrusive_pointer_cast<State>(it->second.toCapsule());
+    ctx->saved_data.erase(it);
     at::Tensor g = grad[0];
-    if (!g.defined()) g = at::zeros({st->batch, st->seq, st->stack.config->hidden}, at::TensorOptions().device(st->device));
+    if (!g.defined())
+      g = at::zeros({st->batch, st->seq, st->stack.config->hidden}, at::TensorOptions().device(st->device).dtype(st->dtype));
     std::vector<at::Tensor> gx = st->run_backward(st->split(g));
     return {at::cat(gx, 0), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -387,6 +387,9 @@ class GPTModel : public Model {
     if (c_.domino_chunks < 1)
       throw Error("gpt: option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " +
                   std::to_string(c_.domino_chunks));
+    if (ctx.micro_batch_size > 0 && c_.domino_chunks > ctx.micro_batch_size)
+      throw Error("gpt: domino_chunks (" + std::to_string(c_.domino_chunks) + ") exceeds the micro-batch size (" +
+                  std::to_string(ctx.micro_batch_size) + "): each chunk needs at least one sequence");
     if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
       throw Error("gpt: parameters must be fp32, bf16 or fp16");
   }

@@ -302,7 +302,13 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
     int64_t done = w.done_ns->load();
     if (done == 0) done = comm_timing_detail::now_ns();
     if (w.link_done_ns > done) {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(w.link_done_ns - comm_timing_detail::now_ns()));
+      // The simulated link's delay is a wait like any other: bounded by the timeout.
+      const int64_t left = w.link_done_ns - comm_timing_detail::now_ns();
+      if (left > std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count())
+        throw dtk::Error(w.what + " failed: the simulated link (distributed.simulated_link) needs " +
+                             std::to_string(left / 1000000) + " ms more" + limit,
+                         DTK_ERR_COMM);
+      if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
       done = w.link_done_ns;
     }
     const int64_t wait_end = comm_timing_detail::now_ns();
@@ -452,6 +458,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
 void barrier(int32_t group) {
   if (auto pg = pg_of(group)) {
     auto w = pending("barrier", group);
+    w->group = -1;  // not a transfer: no link time, no communication timing
     c10d::BarrierOptions o;
     o.timeout = collective_timeout();
     w->work = pg->barrier(o);

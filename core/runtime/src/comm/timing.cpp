@@ -49,7 +49,8 @@ int64_t reserve_link(int32_t group, int64_t bytes, int64_t issued_ns) {
   if (!s.link.enabled() || group < 0 || static_cast<size_t>(group) >= kGroups) return 0;
   PerGroup& g = s.groups[static_cast<size_t>(group)];
   const int64_t start = std::max(issued_ns, g.link_free_ns);
-  const double seconds = s.link.latency_s + static_cast<double>(bytes) / s.link.bytes_per_s;
+  // Capped at a day: the wait that sleeps on it is bounded by the collective timeout anyway.
+  const double seconds = std::min(86400.0, s.link.latency_s + static_cast<double>(bytes) / s.link.bytes_per_s);
   g.link_free_ns = start + static_cast<int64_t>(std::llround(seconds * 1e9));
   return g.link_free_ns;
 }

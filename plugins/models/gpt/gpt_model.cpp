@@ -245,7 +245,8 @@ class GPTModel : public Model {
     if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
     at::Tensor out = hooks_.run(output_module(), h, [&](const at::Tensor& x) {
       at::Tensor logits =
-          parallel_lm_logits(layer_norm(x, final_ln_w_, final_ln_b_, c_.eps), c_.untie ? output_ : word_.weight, tp_);
+          parallel_lm_logits(layer_norm(x, final_ln_w_, final_ln_b_, c_.eps), c_.untie ? output_ : word_.weight, tp_,
+                             /*async_grad=*/c_.domino_chunks > 1);
       return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
     });
     return {{labels ? "loss" : "logits", out}};

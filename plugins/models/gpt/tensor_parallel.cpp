@@ -43,6 +43,27 @@ struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
+// Megatron's LinearWithGradAccumulationAndAsyncCommunication (no bias, input replicated on the TP
+// ranks): backward issues the input gradient's all-reduce, computes the weight gradient while it
+// is in flight, then waits. Saves the weight itself (as dtk::linear), so ZeRO-3 may release it.
+struct LinearAsyncGradAllReduce : public torch::autograd::Function<LinearAsyncGradAllReduce> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return at::linear(x, weight);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
+    at::Tensor gx = g.mm(weight).view(x.sizes());
+    Comm::Work reduce = Comm::all_reduce_async(gx, DTK_GROUP_TENSOR_PARALLEL);
+    at::Tensor gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
+    reduce.wait();
+    return {gx, gw};
+  }
+};
+
 // Megatron's _VocabParallelCrossEntropy.
 struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target, TPGroup tp) {
@@ -179,7 +200,8 @@ at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
   return reduce_from_tp_region(out, tp);
 }
 
-at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp) {
+at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp, bool async_grad) {
+  if (async_grad && tp.size > 1 && at::GradMode::is_enabled()) return LinearAsyncGradAllReduce::apply(x, weight);
   return dtk::linear(copy_to_tp_region(x, tp), weight);
 }
 

@@ -95,7 +95,11 @@ class VocabParallelEmbedding {
 
 // Megatron's parallel_lm_logits with parallel_output=True: copy_to_tp_region(x) @ W^T, giving
 // this rank's [.., vocab / tp] slice of the logits.
-at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp);
+// With `async_grad` the backward overlaps the input gradient's all-reduce with the weight
+// gradient's product (Megatron's async_tensor_model_parallel_allreduce; Domino turns it on): the
+// same values, the all-reduce no longer alone on the critical path.
+at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp,
+                              bool async_grad = false);
 
 // Per-token cross entropy of logits split along the last (vocabulary) dim. `logits` [.., V/tp]
 // (computed in fp32 whatever its dtype), `target` [..] int64 global ids. Returns [..] fp32.

@@ -25,12 +25,17 @@ struct GradSlot {
 // computes the weight and bias gradients while it is in flight. The input gradient reaches the
 // caller through the slot, not through autograd: the caller waits for it when it needs it.
 // The weight itself is saved (not a view), as dtk::linear does, so ZeRO-3 may release it.
-struct ColumnAsyncGrad : public torch::autograd::Function<ColumnAsyncGrad> {
+// With and without bias (an undefined tensor cannot be an input of a custom autograd function).
+template <bool kBias>
+struct ColumnAsyncGrad : public torch::autograd::Function<ColumnAsyncGrad<kBias>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                             GradSlot* slot) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["slot"] = reinterpret_cast<int64_t>(slot);
-    return at::linear(x, weight, bias);
+    return at::linear(x, weight, kBias ? bias : at::Tensor());
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, GradSlot* slot) {
+    return forward(ctx, x, weight, at::Tensor(), slot);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
@@ -41,8 +46,8 @@ struct ColumnAsyncGrad : public torch::autograd::Function<ColumnAsyncGrad> {
     slot->buffer = g.mm(weight).view(x.sizes());
     slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
     at::Tensor gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
-    at::Tensor gb = g.sum(0);
-    return {at::Tensor(), gw, gb, at::Tensor()};
+    if (!kBias) return {at::Tensor(), gw, at::Tensor()};
+    return {at::Tensor(), gw, g.sum(0), at::Tensor()};
   }
 };
 
@@ -88,12 +93,45 @@ struct State : torch::CustomClassHolder {
   std::vector<std::array<std::vector<Piece>, 2>> pieces;  // [layer][stage][chunk]
   std::vector<std::vector<at::Tensor>> layer_inputs;      // recompute: [layer][chunk]
   std::vector<DropoutRng> layer_rng;                      // recompute: generators before the layer
+  at::Tensor labels;                                      // with the output layer in the schedule
+  std::vector<Piece> head_pieces;                         // [chunk]
+  std::vector<at::Tensor> head_inputs;                    // recompute: [chunk]
+
+  bool with_head() const { return stack.head && labels.defined(); }
 
   const Layer& layer(size_t l) const { return *(*stack.layers)[l]; }
 
-  void fire(ModuleHooks::HookFn fn, size_t l, const char* what) const {
-    if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr)
-      ModuleHooks::fire(t, fn, stack.module_of(l), what);
+  void fire(ModuleHooks::HookFn fn, size_t l, const char* what) const { fire_module(fn, stack.module_of(l), what); }
+  void fire_module(ModuleHooks::HookFn fn, int32_t module, const char* what) const {
+    if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr) ModuleHooks::fire(t, fn, module, what);
+  }
+
+  // The output layer on chunk c's finished hidden states: its per-token loss [rows, s].
+  at::Tensor head_forward(size_t c, const at::Tensor& in, bool graph, bool save_inputs) {
+    TraceSpan span("compute", [&] { return "output layer, chunk " + std::to_string(c); });
+    if (save_inputs) head_inputs[c] = in;
+    const DominoHead& head = *stack.head;
+    const at::Tensor labels_c = labels.narrow(0, start[c], rows[c]);
+    if (!graph) {
+      at::NoGradGuard no_grad;
+      return head.cross_entropy(at::linear(head.norm(in), head.weight()), labels_c);
+    }
+    at::AutoGradMode enable(true);
+    Piece& p = head_pieces[c];
+    p.slot = std::make_unique<GradSlot>();
+    p.in = in.detach().requires_grad_(true);
+    p.ln_out = head.norm(p.in);
+    at::Tensor ln_leaf = p.ln_out.detach().requires_grad_(true);
+    p.out = head.cross_entropy(ColumnAsyncGrad<false>::apply(ln_leaf, head.weight(), p.slot.get()), labels_c);
+    return p.out.detach();
+  }
+
+  // The output layer on every chunk (after the last layer), between its forward hooks.
+  void run_head(std::vector<at::Tensor>& h, bool graph, bool save_inputs) {
+    at::AutoGradMode mode(graph);
+    fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) h[c] = head_forward(c, h[c], graph, save_inputs);
+    fire_module(&dtk_module_hooks::post_forward, stack.head->module, "post_forward");
   }
 
   at::Tensor chunk_mask(size_t c) const {
@@ -126,7 +164,7 @@ struct State : torch::CustomClassHolder {
   // `graph` each piece's graph is kept in `pieces`; with `save_inputs` (recompute) the layers'
   // chunk inputs and generator states are kept instead.
   std::vector<at::Tensor> run_forward(size_t first, size_t last, std::vector<at::Tensor> h, DropoutRng& rng, bool graph,
-                                      bool save_inputs) {
+                                      bool save_inputs, bool head = false) {
     std::vector<InFlight> flight(static_cast<size_t>(chunks));
     for (size_t l = first; l < last; ++l) {
       {
@@ -160,7 +198,7 @@ struct State : torch::CustomClassHolder {
             p.in = in.detach().requires_grad_(true);
             p.ln_out = ly.stage_norm(s, p.in);
             at::Tensor ln_leaf = p.ln_out.detach().requires_grad_(true);
-            at::Tensor projected = ColumnAsyncGrad::apply(ln_leaf, column.weight, column.bias, p.slot.get());
+            at::Tensor projected = ColumnAsyncGrad<true>::apply(ln_leaf, column.weight, column.bias, p.slot.get());
             at::Tensor partial = ly.stage_partial(s, projected, chunk_mask(c), probs_keep);
             f.in = p.in;
             f.reduced = ReduceAsync::apply(partial, &f.work);
@@ -174,34 +212,65 @@ struct State : torch::CustomClassHolder {
         }
       }
     }
+    if (head) {
+      // Chunk c's output layer runs while the later chunks' last all-reduces are in flight.
+      at::AutoGradMode mode(graph);
+      fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
+    }
     for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
-      TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c); });
-      h[c] = finish(flight[c], c, graph);
+      {
+        TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c); });
+        h[c] = finish(flight[c], c, graph);
+      }
+      if (head) h[c] = head_forward(c, h[c], graph, save_inputs);
+    }
+    if (head) {
+      at::AutoGradMode mode(graph);
+      fire_module(&dtk_module_hooks::post_forward, stack.head->module, "post_forward");
     }
     return h;
   }
 
   // Waits for piece p's input-gradient all-reduce and runs its LayerNorm backward: the gradient
   // of the stage input (the residual part arrived with the stage's backward).
-  at::Tensor finish_backward(size_t l, int s, size_t c) {
-    Piece& p = pieces[l][static_cast<size_t>(s)][c];
+  // `module_done`: the module whose post_backward fires after the last chunk (-1: none).
+  at::Tensor finish_backward(Piece& p, size_t c, int32_t module_done) {
     p.slot->work->wait();
     p.slot->work.reset();
     torch::autograd::backward({p.ln_out}, {p.slot->buffer});
     at::Tensor g = p.in.grad();
     p = Piece();
-    if (s == 0 && c + 1 == static_cast<size_t>(chunks)) fire(&dtk_module_hooks::post_backward, l, "post_backward");
+    if (module_done >= 0 && c + 1 == static_cast<size_t>(chunks))
+      fire_module(&dtk_module_hooks::post_backward, module_done, "post_backward");
     return g;
   }
 
   std::vector<at::Tensor> run_backward(std::vector<at::Tensor> g) {
     const size_t n = layer_count();
     struct Pending {
-      size_t layer = 0;
-      int stage = 0;
-      bool active = false;
+      Piece* piece = nullptr;  // its input-gradient all-reduce is in flight
+      int32_t module_done = -1;
     };
     std::vector<Pending> pending(static_cast<size_t>(chunks));
+    auto take = [&](size_t c) {
+      Pending p = pending[c];
+      pending[c] = Pending();
+      return finish_backward(*p.piece, c, p.module_done);
+    };
+    if (with_head()) {
+      if (recompute) {
+        run_head(head_inputs, /*graph=*/true, /*save_inputs=*/false);
+        head_inputs.clear();
+      }
+      fire_module(&dtk_module_hooks::pre_backward, stack.head->module, "pre_backward");
+      for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+        TraceSpan span("compute", [&] { return "output layer, chunk " + std::to_string(c) + " backward"; });
+        Piece& p = head_pieces[c];
+        torch::autograd::backward({p.out}, {g[c]});
+        p.out = at::Tensor();
+        pending[c] = {&p, stack.head->module};
+      }
+    }
     for (size_t l = n; l-- > 0;) {
       if (recompute) {
         DropoutRng rng = layer_rng[l].clone();
@@ -212,17 +281,17 @@ struct State : torch::CustomClassHolder {
       for (int s = 1; s >= 0; --s) {
         for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
           TraceSpan span("compute", [&] { return piece_name(l, s, c) + " backward"; });
-          if (pending[c].active) g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+          if (pending[c].piece) g[c] = take(c);
           Piece& p = pieces[l][static_cast<size_t>(s)][c];
           torch::autograd::backward({p.out}, {g[c]});
           p.out = at::Tensor();
-          pending[c] = {l, s, true};
+          pending[c] = {&p, s == 0 ? stack.module_of(l) : -1};
         }
       }
     }
     for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
       TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c) + " backward"; });
-      g[c] = finish_backward(pending[c].layer, pending[c].stage, c);
+      g[c] = take(c);
     }
     return g;
   }
@@ -234,9 +303,13 @@ struct State : torch::CustomClassHolder {
     return "layer " + std::to_string(l) + " " + kStageName[s] + ", chunk " + std::to_string(c);
   }
 
-  void init(const DominoStack& s, const at::Tensor& x, const at::Tensor& m, bool train) {
+  void init(const DominoStack& s, const at::Tensor& x, const at::Tensor& m, bool train, const at::Tensor& lbl) {
     stack = s;
     mask = m;
+    labels = lbl;
+    if (labels.defined() && (labels.dim() != 2 || labels.size(0) != x.size(0) || labels.size(1) != x.size(1)))
+      throw Error("gpt: 'labels' must be [batch, seq] like the tokens, got " + Model::shape_str(labels));
+    head_pieces.resize(static_cast<size_t>(s.config->domino_chunks));
     training = train;
     batch = x.size(0);
     seq = x.size(1);
@@ -267,19 +340,20 @@ struct State : torch::CustomClassHolder {
 // The whole stack as one autograd function (see domino.hpp for why).
 struct DominoFunction : public torch::autograd::Function<DominoFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const DominoStack* stack, const at::Tensor* mask,
-                            DropoutRng* rng, bool training) {
+                            DropoutRng* rng, bool training, const at::Tensor* labels) {
     auto st = c10::make_intrusive<State>();
-    st->init(*stack, x, *mask, training);
+    st->init(*stack, x, *mask, training, *labels);
     st->recompute = stack->config->recompute;
     const size_t n = st->layer_count();
     std::vector<at::Tensor> out;
     if (st->recompute) {
       st->layer_inputs.assign(n, std::vector<at::Tensor>(static_cast<size_t>(st->chunks)));
       st->layer_rng.resize(n);
+      st->head_inputs.resize(static_cast<size_t>(st->chunks));
       at::NoGradGuard no_grad;
-      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/false, /*save_inputs=*/true);
+      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/false, /*save_inputs=*/true, st->with_head());
     } else {
-      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/true, /*save_inputs=*/false);
+      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/true, /*save_inputs=*/false, st->with_head());
     }
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
     at::NoGradGuard no_grad;
@@ -293,25 +367,28 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
     ctx->saved_data.erase(it);
     at::Tensor g = grad[0];
     if (!g.defined())
-      g = at::zeros({st->batch, st->seq, st->stack.config->hidden}, at::TensorOptions().device(st->device).dtype(st->dtype));
+      g = st->with_head() ? at::zeros({st->batch, st->seq}, at::TensorOptions().device(st->device))
+                          : at::zeros({st->batch, st->seq, st->stack.config->hidden},
+                                      at::TensorOptions().device(st->device).dtype(st->dtype));
     std::vector<at::Tensor> gx = st->run_backward(st->split(g));
-    return {at::cat(gx, 0), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {at::cat(gx, 0), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor domino_forward(const DominoStack& stack, const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng,
-                          bool training) {
+                          bool training, const at::Tensor& labels) {
   if (at::GradMode::is_enabled() && !stack.layers->empty()) {
     // The input must need a gradient for the function to be recorded (parameter gradients
     // flow through it as well).
     at::Tensor input = x.requires_grad() ? x : x.detach().requires_grad_(true);
-    return DominoFunction::apply(input, &stack, &mask, &rng, training);
+    return DominoFunction::apply(input, &stack, &mask, &rng, training, &labels);
   }
   State st;
-  st.init(stack, x, mask, training);
-  return at::cat(st.run_forward(0, st.layer_count(), st.split(x), rng, /*graph=*/false, /*save_inputs=*/false), 0);
+  st.init(stack, x, mask, training, labels);
+  return at::cat(
+      st.run_forward(0, st.layer_count(), st.split(x), rng, /*graph=*/false, /*save_inputs=*/false, st.with_head()), 0);
 }
 
 }  // namespace dtk::gpt

@@ -42,16 +42,30 @@
 
 namespace dtk::gpt {
 
+// The output layer (final LayerNorm, vocab-parallel logits, cross entropy) run per chunk inside
+// the schedule, like a third stage: chunk c's loss is computed while the next chunk's last
+// all-reduce is in flight, and in backward its input-gradient all-reduce overlaps the next
+// chunk's output-layer backward and the last layer's.
+struct DominoHead {
+  std::function<at::Tensor(const at::Tensor&)> norm;                             // final LayerNorm
+  std::function<const at::Tensor&()> weight;                                     // [vocab / tp, hidden]
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> cross_entropy;  // (logits, labels)
+  int32_t module = -1;                                                           // hooks
+};
+
 struct DominoStack {
   const Config* config = nullptr;
   const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
   const ModuleHooks* hooks = nullptr;
   std::function<int32_t(size_t)> module_of;  // layer index -> module index (hooks)
+  const DominoHead* head = nullptr;          // with labels: the output layer joins the schedule
 };
 
 // The layers on x [b, s, h] with N = config->domino_chunks chunks (2 <= N <= b). Training with
 // grad mode on builds the graph described above; otherwise the forward schedule alone runs.
+// With `labels` ([b, s] int64) and stack.head, the output layer runs per chunk as well and the
+// result is the per-token loss [b, s] (fp32); otherwise the hidden states [b, s, h].
 at::Tensor domino_forward(const DominoStack& stack, const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng,
-                          bool training);
+                          bool training, const at::Tensor& labels = at::Tensor());
 
 }  // namespace dtk::gpt

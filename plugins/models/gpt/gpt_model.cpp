@@ -171,6 +171,15 @@ class GPTModel : public Model {
     domino_.layers = &layers_;
     domino_.hooks = &hooks_;
     domino_.module_of = [this](size_t i) { return layer_module(i); };
+    if (post_) {
+      head_.norm = [this](const at::Tensor& x) { return layer_norm(x, final_ln_w_, final_ln_b_, c_.eps); };
+      head_.weight = [this]() -> const at::Tensor& { return c_.untie ? output_ : word_.weight; };
+      head_.cross_entropy = [this](const at::Tensor& logits, const at::Tensor& labels) {
+        return vocab_parallel_cross_entropy(logits, labels, tp_);
+      };
+      head_.module = output_module();
+      domino_.head = &head_;
+    }
     rng_ = {make_generator(ctx.device, rng_seed(DTK_RNG_DEFAULT)),
             make_generator(ctx.device, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
   }
@@ -233,16 +242,18 @@ class GPTModel : public Model {
                            mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
+    const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
+    // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
+    if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
     if (c_.domino_chunks > 1) {
-      h = domino_forward(domino_, h, mask, rng_, training_);
+      // With labels the output layer joins the chunked schedule (domino.hpp DominoHead).
+      h = domino_forward(domino_, h, mask, rng_, training_, labels ? labels->to(at::kLong) : at::Tensor());
+      if (labels) return {{"loss", h}};
     } else {
       h = plain_layers(h, mask);
     }
     if (!post_) return {{"hidden_states", h}};
 
-    const at::Tensor* labels = find(inputs, "labels");
-    // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
-    if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
     at::Tensor out = hooks_.run(output_module(), h, [&](const at::Tensor& x) {
       at::Tensor logits =
           parallel_lm_logits(layer_norm(x, final_ln_w_, final_ln_b_, c_.eps), c_.untie ? output_ : word_.weight, tp_,
@@ -406,6 +417,7 @@ class GPTModel : public Model {
   DropoutRng rng_;
   ModuleHooks hooks_;
   DominoStack domino_;
+  DominoHead head_;
 };
 
 const dtk_option_spec kOptions[] = {

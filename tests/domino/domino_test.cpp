@@ -103,11 +103,11 @@ TEST(Domino, CheckpointsMoveBetweenDominoAndPlainTensorParallel) {
   }
 }
 
-// Each tensor-parallel collective lasts at least the link's latency: gpt-tiny (2 layers) makes 13
-// per micro-batch (forward: embedding, 2 per layer, 3 in the cross entropy; backward: 2 per layer
-// and the output layer's input gradient), 26 per iteration, so at 2 ms each the in-flight time is
-// at least 52 ms per iteration (the link carries one message at a time). A lower bound by
-// construction, not a timing.
+// Each tensor-parallel collective lasts at least the link's latency: gpt-tiny (2 layers) makes at
+// least 13 per micro-batch (plain TP's count: forward, the embedding, 2 per layer, 3 in the cross
+// entropy; backward, 2 per layer and the output layer's input gradient; Domino's chunks make more),
+// 26 per iteration, so at 2 ms each the in-flight time is at least 52 ms per iteration (the link
+// carries one message at a time). A lower bound by construction, not a timing.
 TEST(Domino, SimulatedLinkDelaysEveryCollective) {
   const dtk_test::Result r =
       dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + kNoDropout + kTP2 + chunks(2) +

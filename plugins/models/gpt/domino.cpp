@@ -94,10 +94,15 @@ struct State : torch::CustomClassHolder {
   std::vector<std::vector<at::Tensor>> layer_inputs;      // recompute: [layer][chunk]
   std::vector<DropoutRng> layer_rng;                      // recompute: generators before the layer
   at::Tensor labels;                                      // with the output layer in the schedule
+  bool embedding_graph = false;                           // the embedding's pieces keep their graph
   std::vector<Piece> head_pieces;                         // [chunk]
   std::vector<at::Tensor> head_inputs;                    // recompute: [chunk]
 
   bool with_head() const { return stack.head && labels.defined(); }
+  at::Tensor tokens, positions;   // with the embedding in the schedule
+  at::Tensor embedding_keep;      // its dropout mask, whole micro-batch
+  std::vector<Piece> embedding_pieces;  // [chunk]: only `out` (no input gradient)
+  bool with_embedding() const { return stack.embedding && tokens.defined(); }
 
   const Layer& layer(size_t l) const { return *(*stack.layers)[l]; }
 
@@ -144,6 +149,7 @@ struct State : torch::CustomClassHolder {
     f.work->wait();
     f.work.reset();
     f.active = false;
+    if (f.stage < 0) return finish_embedding(f, c);
     const LayerMasks m = masks[f.layer].rows(start[c], rows[c]);
     at::Tensor out;
     {
@@ -160,12 +166,56 @@ struct State : torch::CustomClassHolder {
     return graph ? out.detach() : out;
   }
 
+  // Chunk c's embedding after its all-reduce: + position embedding, dropout (plain TP's order).
+  // Its graph is kept whenever the function records one (recompute does not rerun it).
+  at::Tensor finish_embedding(InFlight& f, size_t c) {
+    const DominoEmbedding& e = *stack.embedding;
+    at::Tensor out;
+    {
+      at::AutoGradMode mode(embedding_graph);
+      out = f.reduced + e.position(positions.narrow(0, start[c], rows[c]));
+      if (embedding_keep.defined()) out = apply_dropout(out, embedding_keep.narrow(0, start[c], rows[c]), e.dropout);
+    }
+    f.reduced = at::Tensor();
+    if (embedding_graph) embedding_pieces[c].out = out;
+    if (c + 1 == static_cast<size_t>(chunks)) {
+      embedding_keep = at::Tensor();
+      at::AutoGradMode mode(embedding_graph);
+      fire_module(&dtk_module_hooks::post_forward, e.module, "post_forward");
+    }
+    return embedding_graph ? out.detach() : out;
+  }
+
+  // Looks every chunk's tokens up and issues their all-reduces (stage -1 of `flight`).
+  void start_embedding(std::vector<InFlight>& flight, DropoutRng& rng) {
+    const DominoEmbedding& e = *stack.embedding;
+    at::AutoGradMode mode(embedding_graph);
+    fire_module(&dtk_module_hooks::pre_forward, e.module, "pre_forward");
+    // Plain TP draws the embedding's mask before the first layer's: so does this.
+    if (training && e.dropout > 0.0) embedding_keep = draw_keep_mask({batch, seq, stack.config->hidden}, e.dropout, device, rng.hidden);
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
+      TraceSpan span("compute", [&] { return "embedding, chunk " + std::to_string(c); });
+      InFlight& f = flight[c];
+      f.stage = -1;
+      f.layer = 0;
+      f.active = true;
+      at::Tensor partial = e.word_partial(tokens.narrow(0, start[c], rows[c]));
+      if (embedding_graph) {
+        f.reduced = ReduceAsync::apply(partial, &f.work);
+      } else {
+        f.reduced = partial.contiguous();
+        f.work.emplace(Comm::all_reduce_async(f.reduced, DTK_GROUP_TENSOR_PARALLEL));
+      }
+    }
+  }
+
   // Layers [first, last) on the finished chunk inputs `h`; returns the finished outputs. With
   // `graph` each piece's graph is kept in `pieces`; with `save_inputs` (recompute) the layers'
   // chunk inputs and generator states are kept instead.
   std::vector<at::Tensor> run_forward(size_t first, size_t last, std::vector<at::Tensor> h, DropoutRng& rng, bool graph,
-                                      bool save_inputs, bool head = false) {
+                                      bool save_inputs, bool head = false, bool embed = false) {
     std::vector<InFlight> flight(static_cast<size_t>(chunks));
+    if (embed) start_embedding(flight, rng);  // h is then filled by the first layer's finishes
     for (size_t l = first; l < last; ++l) {
       {
         at::AutoGradMode mode(graph);
@@ -292,6 +342,13 @@ struct State : torch::CustomClassHolder {
     for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
       TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c) + " backward"; });
       g[c] = take(c);
+      if (!with_embedding()) continue;
+      // The embedding's backward (word and position gradients), chunk by chunk.
+      if (c == 0) fire_module(&dtk_module_hooks::pre_backward, stack.embedding->module, "pre_backward");
+      torch::autograd::backward({embedding_pieces[c].out}, {g[c]});
+      embedding_pieces[c] = Piece();
+      if (c + 1 == static_cast<size_t>(chunks))
+        fire_module(&dtk_module_hooks::post_backward, stack.embedding->module, "post_backward");
     }
     return g;
   }
@@ -303,18 +360,23 @@ struct State : torch::CustomClassHolder {
     return "layer " + std::to_string(l) + " " + kStageName[s] + ", chunk " + std::to_string(c);
   }
 
-  void init(const DominoStack& s, const at::Tensor& x, const at::Tensor& m, bool train, const at::Tensor& lbl) {
+  void init(const DominoStack& s, const DominoInputs& in, bool train, bool graph) {
     stack = s;
-    mask = m;
-    labels = lbl;
+    mask = in.mask;
+    labels = in.labels;
+    tokens = stack.embedding ? in.tokens : at::Tensor();
+    positions = in.positions;
+    embedding_graph = graph;
+    const at::Tensor& x = with_embedding() ? tokens : in.hidden;
     if (labels.defined() && (labels.dim() != 2 || labels.size(0) != x.size(0) || labels.size(1) != x.size(1)))
       throw Error("gpt: 'labels' must be [batch, seq] like the tokens, got " + Model::shape_str(labels));
     head_pieces.resize(static_cast<size_t>(s.config->domino_chunks));
+    embedding_pieces.resize(static_cast<size_t>(s.config->domino_chunks));
     training = train;
     batch = x.size(0);
     seq = x.size(1);
     device = x.device();
-    dtype = x.scalar_type();
+    dtype = with_embedding() ? stack.embedding->anchor().scalar_type() : x.scalar_type();
     chunks = s.config->domino_chunks;
     if (chunks > batch)
       throw Error("gpt: domino_chunks (" + std::to_string(chunks) + ") exceeds the micro-batch size (" +
@@ -339,10 +401,14 @@ struct State : torch::CustomClassHolder {
 
 // The whole stack as one autograd function (see domino.hpp for why).
 struct DominoFunction : public torch::autograd::Function<DominoFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const DominoStack* stack, const at::Tensor* mask,
-                            DropoutRng* rng, bool training, const at::Tensor* labels) {
+  // `anchor`: the hidden input, or (embedding in the schedule) a parameter the embedding reads,
+  // so the function is recorded; its gradient comes from the pieces' own backward.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& anchor, const DominoStack* stack,
+                            const DominoInputs* in, DropoutRng* rng, bool training) {
     auto st = c10::make_intrusive<State>();
-    st->init(*stack, x, *mask, training, *labels);
+    st->init(*stack, *in, training, /*graph=*/true);
+    const bool embed = st->with_embedding();
+    std::vector<at::Tensor> first = embed ? std::vector<at::Tensor>(static_cast<size_t>(st->chunks)) : st->split(anchor);
     st->recompute = stack->config->recompute;
     const size_t n = st->layer_count();
     std::vector<at::Tensor> out;
@@ -351,9 +417,9 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
       st->layer_rng.resize(n);
       st->head_inputs.resize(static_cast<size_t>(st->chunks));
       at::NoGradGuard no_grad;
-      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/false, /*save_inputs=*/true, st->with_head());
+      out = st->run_forward(0, n, first, *rng, /*graph=*/false, /*save_inputs=*/true, st->with_head(), embed);
     } else {
-      out = st->run_forward(0, n, st->split(x), *rng, /*graph=*/true, /*save_inputs=*/false, st->with_head());
+      out = st->run_forward(0, n, first, *rng, /*graph=*/true, /*save_inputs=*/false, st->with_head(), embed);
     }
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
     at::NoGradGuard no_grad;
@@ -371,24 +437,28 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
                           : at::zeros({st->batch, st->seq, st->stack.config->hidden},
                                       at::TensorOptions().device(st->device).dtype(st->dtype));
     std::vector<at::Tensor> gx = st->run_backward(st->split(g));
-    return {at::cat(gx, 0), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor g_anchor = st->with_embedding() ? at::Tensor() : at::cat(gx, 0);
+    return {g_anchor, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor domino_forward(const DominoStack& stack, const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng,
-                          bool training, const at::Tensor& labels) {
+at::Tensor domino_forward(const DominoStack& stack, const DominoInputs& in, DropoutRng& rng, bool training) {
+  const bool embed = stack.embedding && in.tokens.defined();
   if (at::GradMode::is_enabled() && !stack.layers->empty()) {
-    // The input must need a gradient for the function to be recorded (parameter gradients
-    // flow through it as well).
-    at::Tensor input = x.requires_grad() ? x : x.detach().requires_grad_(true);
-    return DominoFunction::apply(input, &stack, &mask, &rng, training, &labels);
+    // An input must need a gradient for the function to be recorded: the hidden input (made a
+    // leaf if it is not), or a parameter of the embedding.
+    at::Tensor anchor = embed ? stack.embedding->anchor()
+                              : (in.hidden.requires_grad() ? in.hidden : in.hidden.detach().requires_grad_(true));
+    return DominoFunction::apply(anchor, &stack, &in, &rng, training);
   }
   State st;
-  st.init(stack, x, mask, training, labels);
-  return at::cat(
-      st.run_forward(0, st.layer_count(), st.split(x), rng, /*graph=*/false, /*save_inputs=*/false, st.with_head()), 0);
+  st.init(stack, in, training, /*graph=*/false);
+  std::vector<at::Tensor> first = embed ? std::vector<at::Tensor>(static_cast<size_t>(st.chunks)) : st.split(in.hidden);
+  return at::cat(st.run_forward(0, st.layer_count(), first, rng, /*graph=*/false, /*save_inputs=*/false,
+                                st.with_head(), embed),
+                 0);
 }
 
 }  // namespace dtk::gpt

@@ -53,19 +53,37 @@ struct DominoHead {
   int32_t module = -1;                                                           // hooks
 };
 
+// The embedding (word + position, dropout) run per chunk inside the schedule, as a first stage:
+// chunk c's word-embedding all-reduce is in flight while the next chunks are looked up and until
+// the first layer needs chunk c.
+struct DominoEmbedding {
+  std::function<at::Tensor(const at::Tensor&)> word_partial;  // ids -> this rank's share (VocabParallelEmbedding)
+  std::function<at::Tensor(const at::Tensor&)> position;      // position ids -> position embedding
+  std::function<const at::Tensor&()> anchor;                  // a parameter it reads (records the function)
+  double dropout = 0;                                         // hidden_dropout
+  int32_t module = -1;                                        // hooks
+};
+
 struct DominoStack {
   const Config* config = nullptr;
   const std::vector<std::unique_ptr<Layer>>* layers = nullptr;
   const ModuleHooks* hooks = nullptr;
   std::function<int32_t(size_t)> module_of;  // layer index -> module index (hooks)
   const DominoHead* head = nullptr;          // with labels: the output layer joins the schedule
+  const DominoEmbedding* embedding = nullptr;  // with tokens: the embedding joins the schedule
 };
 
-// The layers on x [b, s, h] with N = config->domino_chunks chunks (2 <= N <= b). Training with
-// grad mode on builds the graph described above; otherwise the forward schedule alone runs.
-// With `labels` ([b, s] int64) and stack.head, the output layer runs per chunk as well and the
-// result is the per-token loss [b, s] (fp32); otherwise the hidden states [b, s, h].
-at::Tensor domino_forward(const DominoStack& stack, const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng,
-                          bool training, const at::Tensor& labels = at::Tensor());
+// What the stack runs on: the hidden states [b, s, h], or (with stack.embedding) token and
+// position ids [b, s]; optional attention mask and labels.
+struct DominoInputs {
+  at::Tensor hidden, tokens, positions, mask, labels;
+};
+
+// The layers with N = config->domino_chunks chunks (2 <= N <= b). Training with grad mode on
+// builds the graph described above; otherwise the forward schedule alone runs. With tokens the
+// embedding runs per chunk first; with labels ([b, s] int64) and stack.head the output layer runs
+// per chunk last and the result is the per-token loss [b, s] (fp32); otherwise the hidden states
+// [b, s, h].
+at::Tensor domino_forward(const DominoStack& stack, const DominoInputs& in, DropoutRng& rng, bool training);
 
 }  // namespace dtk::gpt

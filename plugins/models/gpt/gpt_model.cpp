@@ -171,6 +171,14 @@ class GPTModel : public Model {
     domino_.layers = &layers_;
     domino_.hooks = &hooks_;
     domino_.module_of = [this](size_t i) { return layer_module(i); };
+    if (pre_) {
+      embedding_.word_partial = [this](const at::Tensor& ids) { return word_.partial(ids); };
+      embedding_.position = [this](const at::Tensor& pos) { return at::embedding(position_, pos); };
+      embedding_.anchor = [this]() -> const at::Tensor& { return position_; };
+      embedding_.dropout = c_.hidden_dropout;
+      embedding_.module = embedding_module();
+      domino_.embedding = &embedding_;
+    }
     if (post_) {
       head_.norm = [this](const at::Tensor& x) { return layer_norm(x, final_ln_w_, final_ln_b_, c_.eps); };
       head_.weight = [this]() -> const at::Tensor& { return c_.untie ? output_ : word_.weight; };
@@ -213,6 +221,8 @@ class GPTModel : public Model {
 
   TensorList forward(const TensorList& inputs) override {
     at::Tensor h;
+    DominoInputs domino_in;  // Domino runs the embedding itself (domino.hpp DominoEmbedding)
+    const bool domino = c_.domino_chunks > 1;
     const at::Tensor* mask_p = find(inputs, "attention_mask");
     // Megatron's convention: bool, true = masked. A float "1 = may attend" mask would silently
     // flip meaning if converted, so anything but bool is refused.
@@ -232,22 +242,31 @@ class GPTModel : public Model {
       at::Tensor pos = pos_p ? *pos_p : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
       check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
       check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
-      h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
-        return dropout(word_.forward(ids) + at::embedding(position_, pos), c_.hidden_dropout, training_, rng_.hidden);
-      });
+      if (domino) {
+        domino_in.tokens = tokens;
+        domino_in.positions = pos;
+      } else {
+        h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
+          return dropout(word_.forward(ids) + at::embedding(position_, pos), c_.hidden_dropout, training_, rng_.hidden);
+        });
+      }
     } else {
       h = get(inputs, "hidden_states");
     }
-    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) ||
-                           mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
+    const at::Tensor& shape = h.defined() ? h : domino_in.tokens;  // [b, s, ...]
+    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != shape.size(1) ||
+                           mask.size(3) != shape.size(1) || (mask.size(0) != 1 && mask.size(0) != shape.size(0))))
       throw Error("gpt: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
 
     const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
     // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
     if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
-    if (c_.domino_chunks > 1) {
+    if (domino) {
       // With labels the output layer joins the chunked schedule (domino.hpp DominoHead).
-      h = domino_forward(domino_, h, mask, rng_, training_, labels ? labels->to(at::kLong) : at::Tensor());
+      domino_in.hidden = h;
+      domino_in.mask = mask;
+      if (labels) domino_in.labels = labels->to(at::kLong);
+      h = domino_forward(domino_, domino_in, rng_, training_);
       if (labels) return {{"loss", h}};
     } else {
       h = plain_layers(h, mask);
@@ -418,6 +437,7 @@ class GPTModel : public Model {
   ModuleHooks hooks_;
   DominoStack domino_;
   DominoHead head_;
+  DominoEmbedding embedding_;
 };
 
 const dtk_option_spec kOptions[] = {

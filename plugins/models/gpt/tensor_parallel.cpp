@@ -192,12 +192,16 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t hidden, do
   weight = f.param(master.narrow(0, vocab_start, per));
 }
 
-at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
+at::Tensor VocabParallelEmbedding::partial(const at::Tensor& ids) const {
   if (tp.size <= 1) return at::embedding(weight, ids);
   at::Tensor mask = (ids < vocab_start).logical_or_(ids >= vocab_end);
   at::Tensor local = (ids - vocab_start).masked_fill_(mask, 0);
-  at::Tensor out = at::embedding(weight, local).masked_fill(mask.unsqueeze(-1), 0.0);
-  return reduce_from_tp_region(out, tp);
+  return at::embedding(weight, local).masked_fill(mask.unsqueeze(-1), 0.0);
+}
+
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
+  if (tp.size <= 1) return at::embedding(weight, ids);
+  return reduce_from_tp_region(partial(ids), tp);
 }
 
 at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp, bool async_grad) {

@@ -88,6 +88,9 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding() = default;
   VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp, ParamFactory& f);
   at::Tensor forward(const at::Tensor& ids) const;  // [..] int64 -> [.., hidden]
+  // This rank's share before the all-reduce (rows of ids outside its slice are zero); summed over
+  // the TP group it is forward(ids). At TP 1 it is forward(ids).
+  at::Tensor partial(const at::Tensor& ids) const;
   int64_t vocab_start = 0, vocab_end = 0;
   at::Tensor weight;  // [vocab / tp, hidden]
   TPGroup tp;

@@ -830,7 +830,7 @@ TEST(GptDomino, ChunkedScheduleMatchesPlainForEveryChunkCountDropoutAndRecompute
   }
 }
 
-TEST(GptDomino, ChunksOfUnequalSizeAndAPerSequenceMask) {
+TEST(GptDomino, ChunksOfUnequalSizeAPerSequenceMaskAndSharedPositionIds) {
   const Shape S{2, 32, 4, 128, 16, 64, true};
   at::Tensor tokens = random_text(5, S.seq, S.vocab, 43), labels = random_text(5, S.seq, S.vocab, 44);
   // A padding-style mask per sequence: sequence i may not attend to its first i positions.
@@ -838,7 +838,9 @@ TEST(GptDomino, ChunksOfUnequalSizeAndAPerSequenceMask) {
   for (int64_t i = 0; i < 5; ++i) mask[i].narrow(-1, 0, i).fill_(true);
   mask.select(-1, 0).select(-1, 0).fill_(false);  // every row keeps one position
   for (int64_t i = 0; i < 5; ++i) mask[i][0].diagonal().fill_(false);
-  TensorList in{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}};
+  // Position ids of one row, shared by every sequence (broadcast), in an order that is not the default.
+  at::Tensor pos = at::arange(S.seq, at::kLong).flip(0).unsqueeze(0);
+  TensorList in{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}, {"position_ids", pos}};
   Ctx five;
   five.micro_batch = 5;
   GPT a(model_opts(S, S.vocab)), b(model_opts(S, S.vocab, {{"domino_chunks", "3"}}), five);  // rows 2, 2, 1

@@ -173,7 +173,9 @@ struct State : torch::CustomClassHolder {
     at::Tensor out;
     {
       at::AutoGradMode mode(embedding_graph);
-      out = f.reduced + e.position(positions.narrow(0, start[c], rows[c]));
+      // Position ids of one row ([1, s]) serve every sequence, as in plain TP's broadcast add.
+      const at::Tensor pos = positions.size(0) == 1 ? positions : positions.narrow(0, start[c], rows[c]);
+      out = f.reduced + e.position(pos);
       if (embedding_keep.defined()) out = apply_dropout(out, embedding_keep.narrow(0, start[c], rows[c]), e.dropout);
     }
     f.reduced = at::Tensor();

@@ -68,6 +68,16 @@ struct ReduceAsync : public torch::autograd::Function<ReduceAsync> {
 struct Piece {
   at::Tensor in, ln_out, out;
   std::unique_ptr<GradSlot> slot;
+
+  // Starts the piece's graph (grad mode on) at `input`: the leaf `in`, its LayerNorm output, and
+  // the cut after it, which is returned: the column projection's input.
+  template <class Norm>
+  at::Tensor begin(const at::Tensor& input, Norm&& norm) {
+    slot = std::make_unique<GradSlot>();
+    in = input.detach().requires_grad_(true);
+    ln_out = norm(in);
+    return ln_out.detach().requires_grad_(true);
+  }
 };
 
 // A stage of one chunk whose forward all-reduce is in flight.
@@ -77,6 +87,17 @@ struct InFlight {
   at::Tensor in, reduced;
   std::optional<Comm::Work> work;
   bool active = false;
+
+  // Issues the all-reduce of this rank's partial sum; `reduced` holds the result after the wait.
+  // With `graph` through ReduceAsync (identity in backward), else on the partial sum itself.
+  void issue(const at::Tensor& partial, bool graph) {
+    if (graph) {
+      reduced = ReduceAsync::apply(partial, &work);
+      return;
+    }
+    reduced = partial.contiguous();
+    work.emplace(Comm::all_reduce_async(reduced, DTK_GROUP_TENSOR_PARALLEL));
+  }
 };
 
 const char* const kStageName[2] = {"attention", "mlp"};
@@ -123,20 +144,25 @@ struct State : torch::CustomClassHolder {
     }
     at::AutoGradMode enable(true);
     Piece& p = head_pieces[c];
-    p.slot = std::make_unique<GradSlot>();
-    p.in = in.detach().requires_grad_(true);
-    p.ln_out = head.norm(p.in);
-    at::Tensor ln_leaf = p.ln_out.detach().requires_grad_(true);
+    const at::Tensor ln_leaf = p.begin(in, head.norm);
     p.out = head.cross_entropy(ColumnAsyncGrad<false>::apply(ln_leaf, head.weight(), p.slot.get()), labels_c);
     return p.out.detach();
   }
 
-  // The output layer on every chunk (after the last layer), between its forward hooks.
-  void run_head(std::vector<at::Tensor>& h, bool graph, bool save_inputs) {
+  // The output layer on every chunk, between its forward hooks; `input(c)` gives chunk c's hidden
+  // states just before its turn (after the last layer: finishing that chunk, so chunk c's loss is
+  // computed while the later chunks' last all-reduces are in flight).
+  template <class Input>
+  std::vector<at::Tensor> run_head(Input&& input, bool graph, bool save_inputs) {
+    std::vector<at::Tensor> out(static_cast<size_t>(chunks));
+    {
+      at::AutoGradMode mode(graph);
+      fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
+    }
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) out[c] = head_forward(c, input(c), graph, save_inputs);
     at::AutoGradMode mode(graph);
-    fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
-    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) h[c] = head_forward(c, h[c], graph, save_inputs);
     fire_module(&dtk_module_hooks::post_forward, stack.head->module, "post_forward");
+    return out;
   }
 
   at::Tensor chunk_mask(size_t c) const {
@@ -201,13 +227,7 @@ struct State : torch::CustomClassHolder {
       f.stage = -1;
       f.layer = 0;
       f.active = true;
-      at::Tensor partial = e.word_partial(tokens.narrow(0, start[c], rows[c]));
-      if (embedding_graph) {
-        f.reduced = ReduceAsync::apply(partial, &f.work);
-      } else {
-        f.reduced = partial.contiguous();
-        f.work.emplace(Comm::all_reduce_async(f.reduced, DTK_GROUP_TENSOR_PARALLEL));
-      }
+      f.issue(e.word_partial(tokens.narrow(0, start[c], rows[c])), embedding_graph);
     }
   }
 
@@ -246,40 +266,26 @@ struct State : torch::CustomClassHolder {
           if (graph) {
             at::AutoGradMode enable(true);
             Piece& p = pieces[l][static_cast<size_t>(s)][c];
-            p.slot = std::make_unique<GradSlot>();
-            p.in = in.detach().requires_grad_(true);
-            p.ln_out = ly.stage_norm(s, p.in);
-            at::Tensor ln_leaf = p.ln_out.detach().requires_grad_(true);
+            const at::Tensor ln_leaf = p.begin(in, [&](const at::Tensor& x) { return ly.stage_norm(s, x); });
             at::Tensor projected = ColumnAsyncGrad<true>::apply(ln_leaf, column.weight, column.bias, p.slot.get());
             at::Tensor partial = ly.stage_partial(s, projected, chunk_mask(c), probs_keep);
             f.in = p.in;
-            f.reduced = ReduceAsync::apply(partial, &f.work);
+            f.issue(partial, graph);
           } else {
             at::NoGradGuard no_grad;
             at::Tensor projected = at::linear(ly.stage_norm(s, in), column.weight, column.bias);
             f.in = in;
-            f.reduced = ly.stage_partial(s, projected, chunk_mask(c), probs_keep).contiguous();
-            f.work.emplace(Comm::all_reduce_async(f.reduced, DTK_GROUP_TENSOR_PARALLEL));
+            f.issue(ly.stage_partial(s, projected, chunk_mask(c), probs_keep), /*graph=*/false);
           }
         }
       }
     }
-    if (head) {
-      // Chunk c's output layer runs while the later chunks' last all-reduces are in flight.
-      at::AutoGradMode mode(graph);
-      fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
-    }
-    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
-      {
-        TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c); });
-        h[c] = finish(flight[c], c, graph);
-      }
-      if (head) h[c] = head_forward(c, h[c], graph, save_inputs);
-    }
-    if (head) {
-      at::AutoGradMode mode(graph);
-      fire_module(&dtk_module_hooks::post_forward, stack.head->module, "post_forward");
-    }
+    auto finished = [&](size_t c) {
+      TraceSpan span("compute", [&] { return "finish chunk " + std::to_string(c); });
+      return finish(flight[c], c, graph);
+    };
+    if (head) return run_head(finished, graph, save_inputs);
+    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) h[c] = finished(c);
     return h;
   }
 
@@ -311,7 +317,7 @@ struct State : torch::CustomClassHolder {
     };
     if (with_head()) {
       if (recompute) {
-        run_head(head_inputs, /*graph=*/true, /*save_inputs=*/false);
+        run_head([&](size_t c) { return head_inputs[c]; }, /*graph=*/true, /*save_inputs=*/false);
         head_inputs.clear();
       }
       fire_module(&dtk_module_hooks::pre_backward, stack.head->module, "pre_backward");

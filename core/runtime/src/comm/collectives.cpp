@@ -77,7 +77,7 @@ void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share
 void watch(dtk_comm_work& w) {
   auto done = w.done_ns;
   try {
-    w.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = comm_timing_detail::now_ns(); });
+    w.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = trace::now_ns(); });
   } catch (const std::exception&) {
   }
 }
@@ -166,7 +166,7 @@ std::unique_ptr<dtk_comm_work> pending(const char* what, int32_t group) {
   auto w = std::make_unique<dtk_comm_work>();
   w->what = std::string(what) + " on group " + std::to_string(group);
   w->group = group;
-  w->issued_ns = comm_timing_detail::now_ns();
+  w->issued_ns = trace::now_ns();
   return w;
 }
 
@@ -276,7 +276,7 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();
   const std::string limit = " (timeout " + std::to_string(timeout.count()) + " ms)";
   const bool timed = w.work || w.task.valid();
-  const int64_t wait_start = w.synchronous ? w.issued_ns : comm_timing_detail::now_ns();
+  const int64_t wait_start = w.synchronous ? w.issued_ns : trace::now_ns();
   if (w.work) {
     try {
       w.work->wait(timeout);
@@ -300,10 +300,10 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   }
   if (timed) {
     int64_t done = w.done_ns->load();
-    if (done == 0) done = comm_timing_detail::now_ns();
+    if (done == 0) done = trace::now_ns();
     if (w.link_done_ns > done) {
       // The simulated link's delay is a wait like any other: bounded by the timeout.
-      const int64_t left = w.link_done_ns - comm_timing_detail::now_ns();
+      const int64_t left = w.link_done_ns - trace::now_ns();
       if (left > std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count())
         throw dtk::Error(w.what + " failed: the simulated link (distributed.simulated_link) needs " +
                              std::to_string(left / 1000000) + " ms more" + limit,
@@ -311,7 +311,7 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
       if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
       done = w.link_done_ns;
     }
-    const int64_t wait_end = comm_timing_detail::now_ns();
+    const int64_t wait_end = trace::now_ns();
     comm_timing_detail::record(w.group, w.issued_ns, done, wait_end - wait_start);
     if (trace::active()) {
       trace::collective(w.what, w.group, w.issued_ns, done);
@@ -434,7 +434,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
     auto done = w->done_ns;
     w->task = ring::run_async([pg, out, in, rop, tag, timeout, done] {
       ring::reduce_scatter(*pg, out, in, rop, tag, timeout);
-      *done = comm_timing_detail::now_ns();
+      *done = trace::now_ns();
     });
   } else {
     std::vector<at::Tensor> outs{out};

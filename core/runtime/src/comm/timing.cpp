@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <utility>
@@ -37,11 +36,6 @@ TimingState& state() {
 }
 
 }  // namespace
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int64_t reserve_link(int32_t group, int64_t bytes, int64_t issued_ns) {
   TimingState& s = state();

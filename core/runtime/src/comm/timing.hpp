@@ -1,13 +1,13 @@
 // timing.hpp — what collectives.cpp records about each collective (comm.hpp: CommTiming,
-// SimulatedLink): the steady clock in nanoseconds, the simulated link's schedule, and the
-// per-group in-flight intervals and blocked waits.
+// SimulatedLink): the simulated link's schedule and the per-group in-flight intervals and blocked
+// waits. Times are trace::now_ns() (dtk/core/trace.hpp), so collectives land on the timeline as
+// measured.
 #pragma once
 
 #include <cstdint>
 
 namespace dtk::core::comm_timing_detail {
 
-int64_t now_ns();
 // Reserves the simulated link of `group` for `bytes` issued at `issued_ns`; returns when the
 // message has crossed it, or 0 without a simulated link.
 int64_t reserve_link(int32_t group, int64_t bytes, int64_t issued_ns);

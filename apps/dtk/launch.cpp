@@ -4,7 +4,10 @@
 // children inherit stdout/stderr (their lines reach the user as they are written). The launcher
 // waits for all of them; when one fails (non-zero exit or a signal), the others get SIGTERM
 // and, after a grace period, SIGKILL, and the launcher exits with the failed child's code
-// (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded.
+// (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded: the
+// ranks finish their iteration, save and exit 0 together (core/exit_conditions.hpp), and the
+// launcher exits with their codes; they get kForwardedGrace to do it, and a second signal to the
+// launcher kills them at once.
 #include "launch.hpp"
 
 #include <arpa/inet.h>
@@ -34,7 +37,8 @@ using dtk::host::HostError;
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
-constexpr auto kGrace = std::chrono::seconds(5);
+constexpr auto kGrace = std::chrono::seconds(5);             // after a rank failed
+constexpr auto kForwardedGrace = std::chrono::seconds(300);  // to finish an iteration and save
 
 int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
   char* end = nullptr;
@@ -137,6 +141,7 @@ class Ranks {
   std::vector<bool> running_;
   int alive_ = 0, result_ = 0;
   bool stopping_ = false;
+  bool forwarded_ = false;  // a signal to the launcher was passed on
   std::chrono::steady_clock::time_point kill_at_{};
 };
 
@@ -202,11 +207,14 @@ int Ranks::supervise() {
     if (g_signal) {
       const int sig = g_signal;
       g_signal = 0;
-      kill_all(sig);  // forward; children that ignore it are killed after the grace period
-      if (!stopping_) {
+      if (forwarded_) {
+        kill_all(SIGKILL);  // the second: now
+      } else {
+        forwarded_ = true;
+        kill_all(sig);  // forward; ranks that do not finish in time are killed
+        const auto deadline = std::chrono::steady_clock::now() + kForwardedGrace;
+        if (!stopping_ || deadline < kill_at_) kill_at_ = deadline;
         stopping_ = true;
-        kill_at_ = std::chrono::steady_clock::now() + kGrace;
-        if (result_ == 0) result_ = 128 + sig;
       }
     }
     int status = 0;

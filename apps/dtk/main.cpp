@@ -30,6 +30,7 @@ DEFINE_string(strategy, "", "Parallel strategy plugin (overrides strategy.name).
 DEFINE_string(plugin_path, "", "Extra plugin files or directories, ':'-separated.");
 DEFINE_int32(threads, 0, "Intra-op CPU threads for LibTorch (0 = all cores).");
 DEFINE_string(data_path, "", "Shortcut for --set dataset.data_path=... (Megatron's --data_path).");
+DEFINE_string(bench_out, "", "Write the performance summary as JSON to this file (--set logging.bench_out=...).");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
 DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
@@ -41,6 +42,7 @@ constexpr const char* kUsage = R"(dtk — the Domino Training Kit host
 Usage:
   dtk train [--config FILE] [--model NAME] [--dataset NAME] [--step NAME] [--optimizer NAME]
             [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
+            [--bench_out FILE.json]
   dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
   dtk plugins list
   dtk plugins describe NAME [--kind KIND]
@@ -160,6 +162,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   choose(cfg.mutable_strategy(), FLAGS_strategy);
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
+  if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   return cfg;
 }

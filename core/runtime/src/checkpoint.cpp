@@ -211,6 +211,13 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("consumed_train_samples", progress.consumed_train_samples);
       d.insert("consumed_valid_samples", progress.consumed_valid_samples);
       d.insert("scheduler_step", progress.scheduler_step);
+      if (progress.grad_scaler) {
+        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+        g.insert("scale", progress.grad_scaler->scale);
+        g.insert("growth_tracker", progress.grad_scaler->growth_tracker);
+        g.insert("hysteresis_tracker", progress.grad_scaler->hysteresis_tracker);
+        d.insert("grad_scaler", g);
+      }
       d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
       if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
@@ -352,6 +359,20 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   p.consumed_train_samples = get_int("consumed_train_samples");
   p.consumed_valid_samples = get_int("consumed_valid_samples");
   p.scheduler_step = get_int("scheduler_step");
+  if (d.contains("grad_scaler")) {
+    const c10::IValue g = get("grad_scaler");
+    auto bad = [&]() { return HostError("checkpoint " + file + ": 'grad_scaler' is not {scale, growth_tracker, hysteresis_tracker}"); };
+    if (!g.isGenericDict()) throw bad();
+    const auto gd = g.toGenericDict();
+    auto entry = [&](const char* key) {
+      auto it = gd.find(c10::IValue(std::string(key)));
+      if (it == gd.end()) throw bad();
+      return it->value();
+    };
+    const c10::IValue scale = entry("scale"), growth = entry("growth_tracker"), hyst = entry("hysteresis_tracker");
+    if (!scale.isDouble() || !growth.isInt() || !hyst.isInt() || !(scale.toDouble() > 0)) throw bad();
+    p.grad_scaler = GradScaler::State{scale.toDouble(), growth.toInt(), hyst.toInt()};
+  }
   if (p.iteration != iteration)
     throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", " + tracker +
                     " says " + std::to_string(iteration));

@@ -4,6 +4,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -243,10 +244,30 @@ void validate_config(const config::RunConfig& cfg) {
   const auto& lr = cfg.lr();
   if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
   const std::string& style = lr.lr_decay_style();
-  if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root")
-    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine or inverse-square-root, got '" + style +
-                    "'");
+  if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root" &&
+      style != "WSD")
+    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root or WSD, got '" +
+                    style + "'");
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
+  if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
+      !std::isfinite(lr.weight_decay()))
+    throw HostError("config: lr.lr, lr.min_lr, lr.lr_warmup_init and lr.weight_decay must be finite numbers");
+  if (!(lr.lr_warmup_fraction() >= 0 && lr.lr_warmup_fraction() < 1))
+    throw HostError("config: lr.lr_warmup_fraction must be in [0, 1)");
+  if (lr.lr_warmup_fraction() > 0 && lr.lr_warmup_iters() > 0)
+    throw HostError("config: lr.lr_warmup_fraction and lr.lr_warmup_iters cannot both be set (Megatron refuses it too)");
+  if (lr.lr_warmup_init() < 0 || lr.lr_warmup_init() > lr.lr())
+    throw HostError("config: lr.lr_warmup_init must be in [0, lr.lr]");
+  const std::string& wsd = lr.lr_wsd_decay_style();
+  if (!wsd.empty() && wsd != "exponential" && wsd != "linear" && wsd != "cosine" && wsd != "minus_sqrt")
+    throw HostError("config: lr.lr_wsd_decay_style must be exponential, linear, cosine or minus_sqrt, got '" + wsd + "'");
+  if (lr.lr_wsd_decay_iters() < 0) throw HostError("config: lr.lr_wsd_decay_iters must be >= 0");
+  if (style == "WSD") {
+    const int64_t decay_len = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
+    if (lr.lr_wsd_decay_iters() <= 0 || lr.lr_wsd_decay_iters() > decay_len)
+      throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
+                      "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
+  }
   if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
     throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
   if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
@@ -259,6 +280,27 @@ void validate_config(const config::RunConfig& cfg) {
                     ") must be smaller than the decay length (" + std::to_string(decay) +
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");
   if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
+  // Loss scaling, bench mode, exit conditions.
+  auto finite_at_least = [](double v, double lo, const char* name) {
+    if (!std::isfinite(v) || v < lo)
+      throw HostError(std::string("config: ") + name + " must be a finite number >= " + std::to_string(lo) +
+                      ", got " + std::to_string(v));
+  };
+  finite_at_least(t.loss_scale(), 0, "train.loss_scale");
+  finite_at_least(t.initial_loss_scale(), 0, "train.initial_loss_scale");
+  finite_at_least(t.min_loss_scale(), 0, "train.min_loss_scale");
+  if (t.loss_scale_window() < 0 || t.hysteresis() < 0)
+    throw HostError("config: train.loss_scale_window and train.hysteresis must be >= 0 (0 = Megatron's default)");
+  if (t.min_loss_scale() > 0 && t.initial_loss_scale() > 0 && t.min_loss_scale() > t.initial_loss_scale())
+    throw HostError("config: train.min_loss_scale is larger than train.initial_loss_scale");
+  if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
+    throw HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (t.exit_interval() < 0) throw HostError("config: train.exit_interval must be >= 0 (0 = off)");
+  finite_at_least(t.exit_duration_in_mins(), 0, "train.exit_duration_in_mins");
+  finite_at_least(cfg.logging().peak_tflops(), 0, "logging.peak_tflops");
+  if (cfg.logging().timing_log_level() < 0 || cfg.logging().timing_log_level() > 2)
+    throw HostError("config: logging.timing_log_level must be 0, 1 or 2, got " +
+                    std::to_string(cfg.logging().timing_log_level()));
   if (t.threads() > 4096) throw HostError("config: train.threads must be at most 4096");
   if (t.params_dtype() == "fp16" && t.device() == "cpu")
     throw HostError(

@@ -4,7 +4,7 @@
 
 namespace dtk::core {
 
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info) {
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size) {
   ModelStats s;
   std::set<const void*> seen;
   for (const auto& p : params) {
@@ -12,12 +12,13 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
     const void* key = p.tensor.unsafeGetTensorImpl();
     if (!seen.insert(key).second) continue;
     s.num_parameters += p.tensor.numel();
+    s.model_parameters += p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1);
   }
-  const double n = static_cast<double>(s.num_parameters);
-  const double attn = static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) *
-                      static_cast<double>(info.seq_length);
-  const double mult = info.recompute ? 8.0 : 6.0;
-  s.flops_per_token = mult * n + mult * attn;
+  s.passes = info.recompute ? 4 : 3;
+  const double c = s.passes, n = static_cast<double>(s.model_parameters);
+  const double lhs = static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) *
+                     static_cast<double>(info.seq_length);
+  s.flops_per_token = 2 * c * n + 4 * c * lhs;
   return s;
 }
 

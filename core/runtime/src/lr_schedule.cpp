@@ -5,34 +5,62 @@
 
 namespace dtk::core {
 
-double learning_rate(int64_t it, double max_lr, double min_lr, int64_t warmup, int64_t decay_iters,
-                     const std::string& style) {
-  if (warmup > 0 && it <= warmup) return max_lr * static_cast<double>(it) / static_cast<double>(warmup);
-  if (style == "constant") return max_lr;
-  if (it > decay_iters) return min_lr;  // Megatron checks this before every decay style
-  if (style == "inverse-square-root") {
-    const double w = static_cast<double>(std::max<int64_t>(warmup, 1));
-    return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(static_cast<double>(std::max<int64_t>(it, 1))));
+double learning_rate(int64_t it, const LrParams& p) {
+  const double step = static_cast<double>(it);
+  if (p.warmup_iters > 0 && step <= p.warmup_iters)
+    return p.init_lr + (p.max_lr - p.init_lr) * step / p.warmup_iters;
+  if (p.style == "constant") return p.max_lr;
+  if (it > p.decay_iters) return p.min_lr;  // Megatron checks this before every decay style
+  if (p.style == "inverse-square-root") {
+    const double w = std::max(p.warmup_iters, 1.0);
+    return std::max(p.min_lr, p.max_lr * std::sqrt(w) / std::sqrt(std::max(step, 1.0)));
   }
-  const double ratio =
-      decay_iters > warmup ? static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup) : 1.0;
+  const double decay = static_cast<double>(p.decay_iters);
+  const double ratio = decay > p.warmup_iters ? (step - p.warmup_iters) / (decay - p.warmup_iters) : 1.0;
   double coeff = 0;
-  if (style == "linear")
+  if (p.style == "linear") {
     coeff = 1.0 - ratio;
-  else
+  } else if (p.style == "WSD") {
+    // Megatron's WSD measures its anneal from the decay's end, not from the warm-up.
+    const double anneal_start = decay - static_cast<double>(p.wsd_decay_iters);
+    if (step <= anneal_start) {
+      coeff = 1.0;
+    } else {
+      const double r = (step - anneal_start) / static_cast<double>(p.wsd_decay_iters);
+      if (p.wsd_style == "linear")
+        coeff = 1.0 - r;
+      else if (p.wsd_style == "cosine")
+        coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+      else if (p.wsd_style == "minus_sqrt")
+        coeff = 1.0 - std::sqrt(r);
+      else  // exponential
+        coeff = 2.0 * std::pow(0.5, r) - 1.0;
+    }
+  } else {
     coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);  // cosine
-  return min_lr + coeff * (max_lr - min_lr);
+  }
+  return p.min_lr + coeff * (p.max_lr - p.min_lr);
 }
 
-LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters)
-    : max_lr_(lr.lr()),
-      min_lr_(lr.min_lr()),
-      warmup_iters_(lr.lr_warmup_iters()),
-      decay_iters_(lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : train_iters),
-      style_(lr.lr_decay_style()) {}
+double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
+                     const std::string& style) {
+  LrParams p;
+  p.max_lr = max_lr, p.min_lr = min_lr, p.warmup_iters = static_cast<double>(warmup_iters);
+  p.decay_iters = decay_iters, p.style = style;
+  return learning_rate(step, p);
+}
 
-double LearningRateSchedule::rate(int64_t step) const {
-  return learning_rate(step, max_lr_, min_lr_, warmup_iters_, decay_iters_, style_);
+LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters) {
+  params_.max_lr = lr.lr();
+  params_.min_lr = lr.min_lr();
+  params_.init_lr = lr.lr_warmup_init();
+  params_.decay_iters = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : train_iters;
+  params_.warmup_iters = lr.lr_warmup_fraction() > 0
+                             ? lr.lr_warmup_fraction() * static_cast<double>(params_.decay_iters)
+                             : static_cast<double>(lr.lr_warmup_iters());
+  params_.style = lr.lr_decay_style();
+  if (!lr.lr_wsd_decay_style().empty()) params_.wsd_style = lr.lr_wsd_decay_style();
+  params_.wsd_decay_iters = lr.lr_wsd_decay_iters();
 }
 
 }  // namespace dtk::core

@@ -10,13 +10,39 @@
 
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/trainer.hpp"
+#include "dtk/host/plugin_host.hpp"
 
 namespace dtk::core {
 
+namespace {
+
+// Bench mode (train.bench_steps) runs the first perf_warmup_steps + bench_steps iterations of
+// the configured run: the same learning-rate schedule (its decay length stays that of the full
+// run), no evaluation, no checkpoint.
+config::RunConfig bench_config(const config::RunConfig& cfg) {
+  config::RunConfig run = cfg;
+  const auto& t = cfg.train();
+  if (t.bench_steps() <= 0) return run;
+  if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
+    throw host::HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (!cfg.checkpoint().load().empty())
+    throw host::HostError("config: train.bench_steps measures a fresh run; drop checkpoint.load");
+  if (cfg.lr().lr_decay_iters() == 0) run.mutable_lr()->set_lr_decay_iters(t.train_iters());
+  run.mutable_train()->set_train_iters(t.perf_warmup_steps() + t.bench_steps());
+  run.mutable_eval()->set_eval_interval(0);
+  run.mutable_eval()->set_eval_iters(0);
+  run.mutable_checkpoint()->clear_save();
+  run.mutable_checkpoint()->set_save_interval(0);
+  return run;
+}
+
+}  // namespace
+
 int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins) {
-  Trainer trainer(cfg, plugins);
+  const config::RunConfig run = bench_config(cfg);
+  Trainer trainer(run, plugins);
   trainer.train();
-  trainer.final_evaluation();
+  if (!trainer.stopped_early()) trainer.final_evaluation();
   shutdown_distributed();
   return 0;
 }

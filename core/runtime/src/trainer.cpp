@@ -11,9 +11,11 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <chrono>
 
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
+#include "dtk/core/exit_conditions.hpp"
 #include "dtk/core/memory.hpp"
 #include "dtk/core/trace.hpp"
 
@@ -78,8 +80,9 @@ std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& p
 }
 
 // Test hook: DTK_TEST_NONFINITE_ITERS=3,7 makes the gradients of those iterations infinite (the
-// first micro-batch's loss times inf), to test the skipped-step path of every strategy.
-std::set<int64_t> nonfinite_iterations_from_environment() {
+// first micro-batch's loss times inf), to test the skipped-step path of every strategy and the
+// loss scaler; "3@1" does it on world rank 1 only (the other ranks must skip with it).
+std::set<int64_t> nonfinite_iterations_from_environment(int world_rank) {
   std::set<int64_t> out;
   const char* v = std::getenv("DTK_TEST_NONFINITE_ITERS");
   if (!v) return out;
@@ -87,10 +90,14 @@ std::set<int64_t> nonfinite_iterations_from_environment() {
   for (size_t at = 0; at < s.size();) {
     const size_t comma = s.find(',', at);
     const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const size_t rank_at = item.find('@');
     try {
-      out.insert(std::stoll(item));
+      size_t used = 0;
+      const int64_t it = std::stoll(item.substr(0, rank_at), &used);
+      if (used != item.substr(0, rank_at).size()) throw std::invalid_argument(item);
+      if (rank_at == std::string::npos || std::stoi(item.substr(rank_at + 1)) == world_rank) out.insert(it);
     } catch (const std::exception&) {
-      throw HostError("DTK_TEST_NONFINITE_ITERS: '" + item + "' is not an iteration number");
+      throw HostError("DTK_TEST_NONFINITE_ITERS: '" + item + "' is not ITERATION or ITERATION@RANK");
     }
     if (comma == std::string::npos) break;
     at = comma + 1;
@@ -105,12 +112,24 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
       topo_(initialize(cfg)),
       plan_(cfg, topo_),
       schedule_(cfg.lr(), cfg.train().train_iters()),
+      scaler_(cfg.train()),
+      timers_(cfg.logging().timing_log_level()),
       model_slot_(resolve(plugins, DTK_KIND_MODEL, cfg.model())),
       data_slot_(resolve(plugins, DTK_KIND_DATASET, cfg.dataset())),
       step_slot_(resolve(plugins, DTK_KIND_STEP, cfg.step())),
       optimizer_slot_(resolve(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer())),
       strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())),
-      nonfinite_iterations_(nonfinite_iterations_from_environment()) {
+      nonfinite_iterations_(nonfinite_iterations_from_environment(topo_.world_rank)) {
+  // MFU needs the device's peak: given, or (bench mode on a CPU) measured here, before the
+  // model takes memory and threads.
+  const bool bench_mode = cfg.train().bench_steps() > 0;
+  if (cfg.logging().peak_tflops() > 0) {
+    peak_tflops_ = cfg.logging().peak_tflops(), peak_source_ = "logging.peak_tflops";
+  } else if (bench_mode) {
+    peak_tflops_ = measure_matmul_tflops();
+    memory::reset_peak();
+    peak_source_ = "measured: best 2048x2048 fp32 matmul on " + std::to_string(at::get_num_threads()) + " threads";
+  }
   TrainingLog::Setup log;
   log.train_iters = plan_.train_iters();
   log.log_interval = cfg.logging().log_interval();
@@ -121,6 +140,10 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.dp_size = topo_.dp_size;
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg.logging().tensorboard_dir();
+  log.metrics_jsonl = cfg.logging().metrics_jsonl();
+  log.peak_tflops = peak_tflops_;
+  log.timers = &timers_;
+  log.topo = &topo_;
   setup_model_and_optimizer();
   log.flops_per_token = stats_.flops_per_token;
   log_ = std::make_unique<TrainingLog>(log);
@@ -134,10 +157,30 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     trace::configure(ts);
   }
   load_checkpoint();
-  char flops[96];
-  std::snprintf(flops, sizeof flops, " > training FLOPs per token: %.4g (%s)", stats_.flops_per_token,
-                model_->info().recompute ? "8N + 8Lhs, full recompute" : "6N + 6Lhs");
-  log_->print(flops);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                " > training FLOPs per token: %.4g (2cN + 4cLhs with c = %d%s, N = %lld parameters of the whole "
+                "model, L = %d layers, h = %d, s = %lld); TFLOP/s per device = FLOPs per token x tokens/s / %d "
+                "ranks",
+                stats_.flops_per_token, stats_.passes, stats_.passes == 4 ? " (full recompute)" : "",
+                static_cast<long long>(stats_.model_parameters), model_->info().num_layers,
+                model_->info().hidden_size, static_cast<long long>(plan_.seq_length()), topo_.world_size);
+  log_->print(line);
+  if (scaler_.kind() != GradScaler::Kind::kNone) {
+    std::snprintf(line, sizeof line, " > loss scaling: %s, scale %.6g", scaler_.dynamic() ? "dynamic" : "static",
+                  scaler_.scale());
+    log_->print(line);
+  }
+  if (bench_mode || !cfg.logging().bench_out().empty()) {
+    BenchSetup b;
+    b.warmup_steps = cfg.train().perf_warmup_steps();
+    b.tokens_per_iteration = plan_.global_batch_size() * plan_.seq_length();
+    b.flops_per_token = stats_.flops_per_token;
+    b.world_size = topo_.world_size;
+    b.peak_tflops = peak_tflops_;
+    b.peak_source = peak_source_;
+    bench_ = std::make_unique<BenchReport>(b);
+  }
   build_data_iterators();
 }
 
@@ -171,13 +214,14 @@ dtk_build_context Trainer::build_context(const Slot& slot) const {
 // optimizer over the strategy's parameters, and the forward step.
 void Trainer::setup_model_and_optimizer() {
   model_ = std::make_unique<ModelInstance>(model_slot_.plugin, build_context(model_slot_));
+  // Counted before the strategy wraps the model (ZeRO-3 partitions its parameters).
+  const dtk_model_info info = model_->info();
+  stats_ = model_stats(model_->parameters(), info, topo_.tp_size);
   strategy_ = std::make_unique<StrategyInstance>(strategy_slot_.plugin, build_context(strategy_slot_));
   strategy_->setup(*model_);
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
                                                    strategy_->optimizer_params(), cfg_.lr().weight_decay());
   step_ = std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_));
-  const dtk_model_info info = model_->info();
-  stats_ = model_stats(model_->parameters(), info);
   LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
             << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
             << ", padded vocab " << info.vocab_size;
@@ -205,6 +249,16 @@ void Trainer::load_checkpoint() {
                     ", beyond train.train_iters " + std::to_string(plan_.train_iters()));
   resumed_iteration_ = progress_.iteration;
   log_->print(" loaded checkpoint from " + dir + " at iteration " + std::to_string(progress_.iteration));
+  if (scaler_.dynamic()) {
+    if (progress_.grad_scaler) {
+      scaler_.load(*progress_.grad_scaler);
+    } else {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " the checkpoint has no loss-scaler state: the scale starts at %.6g",
+                    scaler_.scale());
+      log_->print(buf);
+    }
+  }
 }
 
 // Megatron's build_train_valid_test_data_iterators: the dataset serves every split's samples
@@ -244,12 +298,23 @@ IterationResult Trainer::train_step(int64_t iteration) {
   reset_comm_timing();
   IterationResult r;
   r.iteration = iteration;
-  r.learning_rate = schedule_.rate(progress_.scheduler_step);
+  const double learning_rate = schedule_.rate(progress_.scheduler_step);  // what this update uses
   const int64_t num_micro = plan_.micro_batches_per_step();
+  const double scale = scaler_.scale();  // this iteration's loss scale
+  std::optional<Timers::Scope> forward_backward(std::in_place, timers_, Phase::kForwardBackward);
   for (int64_t m = 0; m < num_micro; ++m) {
     std::vector<std::pair<std::string, double>> metrics;
     const int64_t forward_start = trace::now_ns();
-    const at::Tensor loss = step_->forward_step(*model_, train_loader_->next(), &metrics);
+    TensorList batch;
+    {
+      auto t = timers_.scope(Phase::kBatchGenerator);
+      batch = train_loader_->next();
+    }
+    at::Tensor loss;
+    {
+      auto t = timers_.scope(Phase::kForwardCompute);
+      loss = step_->forward_step(*model_, batch, &metrics);
+    }
     const int64_t backward_start = trace::now_ns();
     if (trace::active()) trace::span(("forward " + std::to_string(m)).c_str(), "step", forward_start, backward_start);
     if (loss.dim() != 0 && loss.numel() != 1)
@@ -258,20 +323,40 @@ IterationResult Trainer::train_step(int64_t iteration) {
     strategy_->before_backward(m, num_micro);
     // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
     at::Tensor scaled = loss.reshape({}) / static_cast<double>(num_micro);
+    if (scale != 1.0) scaled = scaled * scale;  // loss scaling
     if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
-    scaled.backward();
+    {
+      auto t = timers_.scope(Phase::kBackwardCompute);
+      scaled.backward();
+    }
     if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
     r.metrics.add(metrics);
   }
+  forward_backward.reset();
   const int64_t reduce_start = trace::now_ns();
-  strategy_->reduce_gradients();
-  r.grad_norm = strategy_->clip_and_norm(cfg_.train().clip_grad());
+  {
+    auto t = timers_.scope(Phase::kGradsReduce);
+    strategy_->reduce_gradients();
+  }
+  std::optional<Timers::Scope> optimizer(std::in_place, timers_, Phase::kOptimizer);
+  std::optional<Timers::Scope> clip(std::in_place, timers_, Phase::kOptimizerClip);
+  // The strategy sees the scaled gradients: the clip threshold is scaled with them (clipping the
+  // scaled gradients to clip x scale is clipping the true ones to clip) and the norm unscaled.
+  // The norm is global over data and tensor parallel ranks, so every rank finds the same
+  // overflow and skips the same iterations (Megatron all-reduces found_inf).
+  const double scaled_norm = strategy_->clip_and_norm(cfg_.train().clip_grad() * scale);
+  r.grad_norm = scaled_norm / scale;
+  clip.reset();
   if (trace::active()) trace::span("reduce gradients, norm", "step", reduce_start, trace::now_ns());
   const int64_t update_start = trace::now_ns();
-  r.skipped = !std::isfinite(r.grad_norm);
+  r.skipped = !std::isfinite(scaled_norm);
+  scaler_.update(/*found_inf=*/r.skipped);
+  r.loss_scale = scaler_.scale();
   if (!r.skipped) {
-    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, r.learning_rate, iteration, 1.0};
+    // The optimizer divides the gradients by the scale they carry.
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale};
     {
+      auto t = timers_.scope(Phase::kOptimizerStep);
       // An offloaded optimizer's state is host memory, wherever the process allocates it.
       std::optional<memory::HostScope> host;
       if (strategy_->info().optimizer_on_host) host.emplace();
@@ -279,6 +364,9 @@ IterationResult Trainer::train_step(int64_t iteration) {
     }
     ++progress_.scheduler_step;  // the scheduler advances only after a successful update
   }
+  optimizer.reset();
+  // Megatron logs the optimizer's rate after the scheduler step: the next update's.
+  r.learning_rate = schedule_.rate(progress_.scheduler_step);
   if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
   if (!memory_reported_ && log_->logs(iteration)) {
     r.memory = memory_sample();
@@ -313,13 +401,18 @@ void Trainer::train() {
               std::to_string(plan_.global_batch_size()) + " (" + std::to_string(plan_.micro_batches_per_step()) +
               " micro-batches of " + std::to_string(plan_.micro_batch_size()) + "), seq " +
               std::to_string(plan_.seq_length()));
+  ExitConditions exit(cfg_.train(), topo_);
   model_->set_training(true);
   strategy_->zero_grad();
   const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
   const bool saving = !cfg_.checkpoint().save().empty();
   for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
     trace::begin_iteration(it);
-    log_->record(train_step(it));
+    const auto step_start = std::chrono::steady_clock::now();
+    IterationResult result = train_step(it);
+    if (bench_ && it - resumed_iteration_ > cfg_.train().perf_warmup_steps())
+      bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    log_->record(result);
     trace::end_iteration(it);
     progress_.iteration = it;
     progress_.consumed_train_samples = it * plan_.global_batch_size();
@@ -328,11 +421,33 @@ void Trainer::train() {
       progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
     }
     if (saving && save_interval > 0 && it % save_interval == 0) save(it);
+    if (it == plan_.train_iters()) break;
+    // Megatron's checkpoint_and_decide_exit: every rank agrees, saves, and leaves the loop.
+    const std::string why = exit.check(it);
+    if (!why.empty()) {
+      if (saving && last_saved_ != it) save(it);
+      log_->print(" exiting program " + why + ": stopped after iteration " + std::to_string(it) + " of " +
+                  std::to_string(plan_.train_iters()) +
+                  (saving ? "; resume with --set checkpoint.load=" + cfg_.checkpoint().save()
+                          : " (no checkpoint: checkpoint.save is not set)"));
+      stopped_early_ = true;
+      break;
+    }
   }
   trace::flush();  // a run shorter than the traced range writes what it traced
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
-  if (saving && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
+  if (!stopped_early_ && saving && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
     save(plan_.train_iters());
+  if (bench_) print_bench_summary();
+}
+
+void Trainer::print_bench_summary() {
+  if (topo_.world_rank != 0) return;
+  for (const auto& line : bench_->lines()) log_->print(line);
+  const std::string& path = cfg_.logging().bench_out();
+  if (path.empty()) return;
+  write_file_atomically(path, bench_->json().str() + "\n");
+  log_->print(" wrote the performance summary to " + path);
 }
 
 // Megatron's evaluate_and_print_results: eval_iters global batches of `split`, no gradients.
@@ -340,6 +455,7 @@ void Trainer::train() {
 // advances consumed_valid_samples after each periodic one); test starts at its beginning.
 void Trainer::evaluate(int32_t split, const char* what, int64_t iteration) {
   TrainingLog::Excluded not_training_time(*log_);
+  auto timer = timers_.scope(Phase::kEvaluate);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
   const int64_t first_batch = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples / gbs : 0;
   if (eval_iters <= 0 || data_->num_samples(split) < (first_batch + eval_iters) * gbs) {
@@ -365,6 +481,9 @@ void Trainer::evaluate(int32_t split, const char* what, int64_t iteration) {
 
 void Trainer::save(int64_t iteration) {
   TrainingLog::Excluded not_training_time(*log_);
+  auto timer = timers_.scope(Phase::kSaveCheckpoint);
+  progress_.grad_scaler.reset();
+  if (scaler_.dynamic()) progress_.grad_scaler = scaler_.state();
   const std::string& dir = cfg_.checkpoint().save();
   const SaveReport r = save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), topo_);
   last_saved_ = iteration;

@@ -1,5 +1,7 @@
 #include "dtk/core/training_log.hpp"
 
+#include "dtk/core/bench_report.hpp"  // peak_rss_bytes
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -55,11 +57,25 @@ std::string timestamp() {
   return buf;
 }
 
-TrainingLog::TrainingLog(Setup setup) : setup_(std::move(setup)), window_start_(Clock::now()) {
+TrainingLog::TrainingLog(Setup setup) : setup_(std::move(setup)), window_start_(Clock::now()), start_(Clock::now()) {
   // TensorBoard scalars from rank 0, whose metrics are already averaged over data parallel.
   if (setup_.printer && !setup_.tensorboard_dir.empty())
     tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.tensorboard_dir);
+  if (setup_.printer && !setup_.metrics_jsonl.empty()) metrics_ = std::make_unique<JsonlWriter>(setup_.metrics_jsonl);
 }
+
+namespace {
+
+// "H:MM:SS" (hours unbounded).
+std::string clock_text(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const long long s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+}  // namespace
 
 void TrainingLog::print(const std::string& line) const {
   if (setup_.printer) std::printf("%s\n", line.c_str());
@@ -68,14 +84,19 @@ void TrainingLog::print(const std::string& line) const {
 
 void TrainingLog::record(const IterationResult& r) {
   ++iterations_;
+  // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
+  // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite.
   if (r.skipped) {
-    // Megatron counts a non-finite gradient as both a skipped and a NaN iteration; its loss is
-    // not averaged into the window.
-    ++skipped_, ++nan_iterations_;
+    ++skipped_;
   } else {
     norm_sum_ += r.grad_norm, ++norm_count_;
     window_.merge(r.metrics);
   }
+  for (const auto& name : r.metrics.names())
+    if (!std::isfinite(r.metrics.mean(name))) {
+      ++nan_iterations_;
+      break;
+    }
   for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
                         std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm}}) {
     sum->in_flight_ms += t->in_flight_ms;
@@ -128,24 +149,35 @@ void TrainingLog::print_window(const IterationResult& last) {
   const double ms_per_it = 1000.0 * secs / n_it;
   const double tokens_per_s = static_cast<double>(setup_.global_batch_size * setup_.seq_length) * n_it / secs;
   const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
+  const double mfu = setup_.peak_tflops > 0 ? tflops / setup_.peak_tflops : NAN;
   const double norm = norm_count_ ? norm_sum_ / static_cast<double>(norm_count_) : NAN;
+  trained_seconds_ += secs, trained_iterations_ += iterations_;
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
+                     static_cast<double>(std::max<int64_t>(trained_iterations_, 1));
+  const double rss_mb = static_cast<double>(peak_rss_bytes()) / (1 << 20);
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                "throughput per device (TFLOP/s): %.3f | tokens per second: %.0f | learning rate: %.6E | "
-                "global batch size: %5lld |",
+                "throughput per device (TFLOP/s): %.3f |",
                 timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup_.train_iters),
-                static_cast<long long>(last.iteration * setup_.global_batch_size), ms_per_it, tflops, tokens_per_s,
-                last.learning_rate, static_cast<long long>(setup_.global_batch_size));
+                static_cast<long long>(last.iteration * setup_.global_batch_size), ms_per_it, tflops);
   std::string line = buf;
+  if (std::isfinite(mfu)) {
+    std::snprintf(buf, sizeof buf, " MFU: %.1f%% |", 100.0 * mfu);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " tokens per second: %.0f | learning rate: %.6E | global batch size: %5lld |",
+                tokens_per_s, last.learning_rate, static_cast<long long>(setup_.global_batch_size));
+  line += buf;
   for (const auto& name : window_.names()) {
     std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
     line += buf;
   }
   std::snprintf(buf, sizeof buf,
-                " loss scale: 1.0 | grad norm: %.3f | number of skipped iterations: %3lld | number of nan "
+                " loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan "
                 "iterations: %3lld |",
-                norm, static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
+                last.loss_scale, norm, static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
   line += buf;
   // Communication per iteration: time in flight, and how much of it the training thread waited
   // (not hidden behind computation; Domino's figure of merit for tensor parallelism).
@@ -157,13 +189,54 @@ void TrainingLog::print_window(const IterationResult& last) {
                   sum.in_flight_ms / n_it, sum.exposed_ms / n_it);
     line += buf;
   }
+  std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,
+                clock_text(elapsed).c_str(), clock_text(eta).c_str());
+  line += buf;
   print(line);
+  // Megatron's timers block: every rank takes part in the min/max.
+  std::vector<Timers::Row> timer_rows;
+  if (setup_.timers && setup_.topo) {
+    timer_rows = setup_.timers->window(iterations_, *setup_.topo);
+    setup_.timers->reset();
+    if (!timer_rows.empty()) print(Timers::format(timer_rows));
+  }
+  if (metrics_) {
+    JsonObject o;
+    o.add("kind", "train")
+        .add("iteration", last.iteration)
+        .add("train_iters", setup_.train_iters)
+        .add("consumed_samples", last.iteration * setup_.global_batch_size)
+        .add("iteration_time_ms", ms_per_it)
+        .add("tflops_per_device", tflops)
+        .add("mfu", mfu)
+        .add("tokens_per_second", tokens_per_s)
+        .add("learning_rate", last.learning_rate)
+        .add("global_batch_size", setup_.global_batch_size);
+    for (const auto& name : window_.names()) o.add(name, window_.mean(name));
+    o.add("loss_scale", last.loss_scale)
+        .add("grad_norm", norm)
+        .add("skipped_iterations", skipped_)
+        .add("nan_iterations", nan_iterations_)
+        .add("peak_rss_mb", rss_mb)
+        .add("elapsed_s", elapsed)
+        .add("eta_s", eta);
+    if (setup_.tp_size > 1)
+      o.add("tensor_parallel_comm_in_flight_ms", tp_comm_sum_.in_flight_ms / n_it)
+          .add("tensor_parallel_comm_exposed_ms", tp_comm_sum_.exposed_ms / n_it);
+    if (setup_.dp_size > 1)
+      o.add("data_parallel_comm_in_flight_ms", dp_comm_sum_.in_flight_ms / n_it)
+          .add("data_parallel_comm_exposed_ms", dp_comm_sum_.exposed_ms / n_it);
+    for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
+    metrics_->write(o);
+  }
   if (!tensorboard_) return;
   const int64_t it = last.iteration;  // Megatron's training_log tags
+  for (const auto& row : timer_rows) tensorboard_->add_scalar(row.name + "-time", row.max_ms / 1e3, it);
   tensorboard_->add_scalar("learning-rate", last.learning_rate, it);
   tensorboard_->add_scalar("batch-size", static_cast<double>(setup_.global_batch_size), it);
   for (const auto& name : window_.names()) tensorboard_->add_scalar(name, window_.mean(name), it);
-  tensorboard_->add_scalar("loss-scale", 1.0, it);
+  tensorboard_->add_scalar("loss-scale", last.loss_scale, it);
+  if (std::isfinite(mfu)) tensorboard_->add_scalar("mfu", mfu, it);
   if (norm_count_) tensorboard_->add_scalar("grad-norm", norm, it);
   tensorboard_->add_scalar("iteration-time", secs / n_it, it);
   tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
@@ -196,6 +269,15 @@ void TrainingLog::report_evaluation(const std::string& what, int64_t iteration, 
   }
   const std::string rule(line.size(), '-');
   print(rule + "\n" + line + "\n" + rule);
+  if (metrics_) {
+    JsonObject o;
+    o.add("kind", what).add("iteration", iteration);
+    for (const auto& name : metrics.names()) {
+      const double v = metrics.mean(name);
+      o.add(name, v).add(name + " ppl", std::exp(std::min(v, 20.0)));
+    }
+    metrics_->write(o);
+  }
   if (!tensorboard_) return;
   for (const auto& name : metrics.names()) {
     const double v = metrics.mean(name);

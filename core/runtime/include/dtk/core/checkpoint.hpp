@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "dtk/core/components.hpp"
+#include "dtk/core/grad_scaler.hpp"
 #include "dtk/core/services.hpp"
 
 namespace dtk::core {
@@ -37,6 +39,9 @@ struct TrainProgress {
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
   int64_t scheduler_step = 0;
+  // A dynamic loss scaler's state (Megatron's optimizer 'grad_scaler' entry): saved when the run
+  // has one, restored when the checkpoint has it.
+  std::optional<GradScaler::State> grad_scaler;
 };
 
 struct SaveReport {

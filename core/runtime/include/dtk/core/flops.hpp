@@ -1,4 +1,4 @@
-// dtk/core/flops.hpp — parameter count and the FLOPs model behind the TFLOP/s in the log.
+// dtk/core/flops.hpp — parameter counts and the FLOPs model behind TFLOP/s and MFU.
 #pragma once
 
 #include <dtk/model.hpp>  // dtk::Param
@@ -8,12 +8,17 @@
 
 namespace dtk::core {
 
-// Parameter count (tied weights once) and training FLOPs per token:
-// 6N + 6*L*h*s without recomputation, 8N + 8*L*h*s with full recomputation.
+// Training FLOPs per token = 2cN + 4cLhs (the matmuls with the N parameters, and attention's
+// QK^T and AV over s positions in each of L layers of width h), c = 3 passes (forward, and a
+// backward that costs two) or c = 4 with full recomputation. N counts the WHOLE model: a rank
+// holding a tensor-parallel shard counts it tp_size times (Megatron shards evenly), tied
+// weights once. TFLOP/s per device divides the run's total by its world size.
 struct ModelStats {
-  int64_t num_parameters = 0;
+  int64_t num_parameters = 0;    // on this rank (what Megatron's "number of parameters" line says)
+  int64_t model_parameters = 0;  // the whole model, N
+  int passes = 3;                // c
   double flops_per_token = 0;
 };
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info);
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size);
 
 }  // namespace dtk::core

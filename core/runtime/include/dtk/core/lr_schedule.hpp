@@ -8,8 +8,22 @@
 
 namespace dtk::core {
 
-// Linear warmup over warmup_iters, then constant, linear, cosine or inverse-square-root decay
-// to min_lr over decay_iters (Megatron's get_lr, step = the scheduler's step count).
+// Megatron's get_lr, in iterations (Megatron counts samples; every length there is a multiple of
+// the global batch size, so the ratios are the same):
+//   warm-up: init_lr -> max_lr linearly over warmup iterations (steps <= warmup);
+//   then constant, or past decay_iters min_lr, or inverse-square-root, linear, cosine or WSD
+//   decay to min_lr. WSD keeps max_lr until the last wsd_decay_iters of decay_iters, then decays
+//   as wsd_style: exponential, linear, cosine or minus_sqrt.
+struct LrParams {
+  double max_lr = 0, min_lr = 0, init_lr = 0;
+  double warmup_iters = 0;  // lr_warmup_iters, or lr_warmup_fraction x decay_iters
+  int64_t decay_iters = 0;
+  std::string style = "cosine";
+  std::string wsd_style = "exponential";
+  int64_t wsd_decay_iters = 0;
+};
+double learning_rate(int64_t step, const LrParams& p);
+// The common case (no init_lr, no WSD).
 double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
                      const std::string& style);
 
@@ -18,12 +32,11 @@ double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_
 class LearningRateSchedule {
  public:
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
-  double rate(int64_t step) const;
+  double rate(int64_t step) const { return learning_rate(step, params_); }
+  const LrParams& params() const { return params_; }
 
  private:
-  double max_lr_, min_lr_;
-  int64_t warmup_iters_, decay_iters_;
-  std::string style_;
+  LrParams params_;
 };
 
 }  // namespace dtk::core

@@ -3,7 +3,8 @@
 //   Trainer(cfg, plugins)   initialize (config, process groups, runtime), then
 //                           setup_model_and_optimizer (model, strategy, optimizer, step, and the
 //                           checkpoint to resume from), then the data iterators
-//   train()                 the loop: train_step, training_log, periodic evaluate and save
+//   train()                 the loop: train_step, training_log, periodic evaluate and save,
+//                           exit conditions (signal, duration, interval), the bench summary
 //   train_step(it)          micro-batches (forward step + backward), gradient reduction,
 //                           clipping, optimizer step
 //   evaluate(split)         evaluate_and_print_results
@@ -18,10 +19,13 @@
 
 #include "dtk/core/batch_loader.hpp"
 #include "dtk/core/batch_plan.hpp"
+#include "dtk/core/bench_report.hpp"
 #include "dtk/core/checkpoint.hpp"
 #include "dtk/core/components.hpp"
 #include "dtk/core/flops.hpp"
+#include "dtk/core/grad_scaler.hpp"
 #include "dtk/core/lr_schedule.hpp"
+#include "dtk/core/timers.hpp"
 #include "dtk/core/training_log.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk_config.pb.h"
@@ -40,6 +44,8 @@ class Trainer {
   void final_evaluation();
 
   int64_t iteration() const { return progress_.iteration; }
+  // An exit condition ended train() before train_iters (no final evaluation then).
+  bool stopped_early() const { return stopped_early_; }
 
  private:
   // The plugins of the run and their validated options (alive as long as their objects).
@@ -55,6 +61,7 @@ class Trainer {
   void build_data_iterators();
   IterationResult train_step(int64_t iteration);
   MemorySample memory_sample() const;
+  void print_bench_summary();
   void evaluate(int32_t split, const char* what, int64_t iteration);
   void save(int64_t iteration);
 
@@ -62,6 +69,8 @@ class Trainer {
   const Topology& topo_;
   const BatchPlan plan_;
   const LearningRateSchedule schedule_;
+  GradScaler scaler_;  // loss scaling (none: scale 1)
+  Timers timers_;      // logging.timing_log_level
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
 
   std::unique_ptr<ModelInstance> model_;
@@ -77,6 +86,10 @@ class Trainer {
   int64_t resumed_iteration_ = 0;  // where this process started
   int64_t last_saved_ = -1;
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
+  bool stopped_early_ = false;
+  double peak_tflops_ = 0;           // per device, for MFU (0 = unknown)
+  std::string peak_source_;
+  std::unique_ptr<BenchReport> bench_;  // bench mode or --bench_out
   const std::set<int64_t> nonfinite_iterations_;  // test hook (DTK_TEST_NONFINITE_ITERS)
 };
 

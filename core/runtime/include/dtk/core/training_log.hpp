@@ -15,7 +15,9 @@
 
 #include "dtk/core/comm.hpp"
 #include "dtk/core/memory.hpp"
+#include "dtk/core/metrics_jsonl.hpp"
 #include "dtk/core/tensorboard.hpp"
+#include "dtk/core/timers.hpp"
 
 namespace dtk::core {
 
@@ -48,9 +50,10 @@ struct MemorySample {
 // One finished iteration, as the trainer hands it to the log.
 struct IterationResult {
   int64_t iteration = 0;
-  double learning_rate = 0;  // the rate the update used
+  double learning_rate = 0;  // after the scheduler step (the next update's), as Megatron logs it
   double grad_norm = 0;      // before clipping; NaN/Inf when gradients overflowed
   bool skipped = false;      // the update was skipped (non-finite gradients)
+  double loss_scale = 1;     // after this iteration's update of the scaler (Megatron logs that)
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
@@ -67,6 +70,10 @@ class TrainingLog {
     int tp_size = 1, dp_size = 1;  // communication timing is printed for groups larger than one
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
+    std::string metrics_jsonl;    // empty: no metrics file
+    double peak_tflops = 0;       // per device; > 0 adds MFU to the line
+    Timers* timers = nullptr;     // reported (collectively) at each log line when its level > 0
+    const Topology* topo = nullptr;
   };
   explicit TrainingLog(Setup setup);
 
@@ -101,12 +108,18 @@ class TrainingLog {
 
   Setup setup_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<JsonlWriter> metrics_;
   MetricAverager window_;
   int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0, norm_count_ = 0;
   double norm_sum_ = 0;
   CommTiming tp_comm_sum_, dp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};
+  // For the progress fields: wall time since the start, and training time and iterations of
+  // this process (the ETA's rate).
+  const std::chrono::steady_clock::time_point start_;
+  double trained_seconds_ = 0;
+  int64_t trained_iterations_ = 0;
 };
 
 // "YYYY-MM-DD HH:MM:SS", local time, as Megatron's log lines begin.

@@ -1,0 +1,52 @@
+// dtk/core/bench_report.hpp — the performance summary at the end of a bench run
+// (train.bench_steps, train.perf_warmup_steps, --bench_out): step time statistics over the
+// measured iterations only, tokens/s, TFLOP/s per device, MFU and peak memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtk/core/metrics_jsonl.hpp"
+
+namespace dtk::core {
+
+struct BenchSetup {
+  int64_t warmup_steps = 0;
+  int64_t tokens_per_iteration = 0;  // global batch x sequence length
+  double flops_per_token = 0;        // core/flops.hpp, whole model
+  int world_size = 1;
+  double peak_tflops = 0;   // per device; 0 = unknown (no MFU)
+  std::string peak_source;  // "logging.peak_tflops" or how it was measured
+};
+
+class BenchReport {
+ public:
+  explicit BenchReport(BenchSetup setup) : setup_(std::move(setup)) {}
+  void add_step(double seconds) { steps_.push_back(seconds); }
+  int64_t measured() const { return static_cast<int64_t>(steps_.size()); }
+
+  // The summary as printed lines, and as one JSON object (for --bench_out).
+  std::vector<std::string> lines() const;
+  JsonObject json() const;
+
+ private:
+  struct Stats {
+    double mean = 0, median = 0, p95 = 0, min = 0, max = 0;
+  };
+  Stats step_stats() const;
+  double tokens_per_second() const;
+  double tflops_per_device() const;
+
+  BenchSetup setup_;
+  std::vector<double> steps_;
+};
+
+// The host's matmul ceiling in TFLOP/s: the best of a few n x n fp32 matmuls on the run's
+// intra-op threads (what "peak" means for MFU on a CPU).
+double measure_matmul_tflops(int64_t n = 2048, int repeats = 4);
+
+// This process's peak resident set size (getrusage), in bytes.
+int64_t peak_rss_bytes();
+
+}  // namespace dtk::core

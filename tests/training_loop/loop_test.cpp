@@ -1,0 +1,377 @@
+// The training loop end to end through `dtk` (real processes; every wait bounded):
+//   * dynamic loss scaling in fp32 with injected overflows: the scale follows Megatron's
+//     algorithm iteration by iteration, overflowed iterations are skipped, and the losses equal
+//     an unscaled run that skips the same iterations (power-of-two scales are exact in fp32);
+//   * an overflow on one rank of two skips the iteration on both;
+//   * the scaler's state survives a checkpoint: resumed == uninterrupted, scale included;
+//   * SIGTERM (to `dtk train`, and to `dtk launch` with two ranks): the run finishes its
+//     iteration, saves, exits 0 saying why; resuming gives the uninterrupted run's losses;
+//   * exit_interval and exit_duration_in_mins stop the run with a checkpoint;
+//   * bench mode prints the summary and writes --bench_out; the JSONL metrics file carries the
+//     log's figures.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "../common/curves.hpp"
+#include "../common/run_dtk.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using dtk_test::Curve;
+using dtk_test::Result;
+
+std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_TEST_TMP, name); }
+
+// A small GPT on synthetic tokens: deterministic (no dropout), clipping active, one log line and
+// one TensorBoard point per iteration.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 "
+                           "--set model.hidden_dropout=0 --set model.attention_dropout=0 "
+                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                           "--set train.micro_batch_size=2 --set train.global_batch_size=4 "
+                           "--set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+
+std::string iters(int n) { return " --set train.train_iters=" + std::to_string(n) + " "; }
+
+// Runs with DTK_TEST_NONFINITE_ITERS=`nonfinite` (see core/trainer.cpp) in the environment.
+Curve curve_with_overflows(const std::string& args, const std::string& nonfinite, const std::string& name) {
+  ::setenv("DTK_TEST_NONFINITE_ITERS", nonfinite.c_str(), 1);
+  Curve c = dtk_test::run_curve(args, DTK_TEST_TMP, name);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  return c;
+}
+
+// The TensorBoard scalars of a run (run_curve's directory is not kept, so these runs name one).
+std::map<std::string, std::map<int64_t, float>> run_scalars(const std::string& args, const std::string& name,
+                                                            Result* result) {
+  const std::string tb = fresh_dir("tb-" + name);
+  *result = dtk_test::run_dtk(args + " --set logging.tensorboard_dir=" + tb, 300);
+  return dtk_test::read_scalars(tb);
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+void expect_same(const std::map<int64_t, float>& want, const std::map<int64_t, float>& got, const std::string& what,
+                 double tol = 1e-6) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (const auto& [it, v] : want) {
+    ASSERT_TRUE(got.count(it)) << what << ": no value at iteration " << it;
+    EXPECT_NEAR(got.at(it), v, tol * std::abs(v) + 1e-12) << what << " at iteration " << it;
+  }
+}
+
+TEST(LossScaling, DynamicScaleFollowsMegatronAndSkipsOverflows) {
+  const std::string args = kTrain + iters(13);
+  const std::string overflows = "2,3,7,9,10";
+  Result scaled_run, plain_run;
+  ::setenv("DTK_TEST_NONFINITE_ITERS", overflows.c_str(), 1);
+  auto scaled = run_scalars(args +
+                                " --set train.dynamic_loss_scale=true --set train.initial_loss_scale=1024 "
+                                "--set train.loss_scale_window=3 --set train.hysteresis=2",
+                            "scaled", &scaled_run);
+  auto plain = run_scalars(args, "plain", &plain_run);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  ASSERT_EQ(scaled_run.code, 0) << scaled_run.out;
+  ASSERT_EQ(plain_run.code, 0) << plain_run.out;
+  // The scale after each iteration's update (the same script as the unit test).
+  const std::vector<float> want = {1024, 1024, 512, 512, 512, 1024, 1024, 1024, 512, 256, 256, 256, 512};
+  ASSERT_EQ(scaled["loss-scale"].size(), want.size()) << scaled_run.out;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(scaled["loss-scale"].at(static_cast<int64_t>(i + 1)), want[i]) << "iteration " << i + 1;
+  EXPECT_NE(scaled_run.out.find("loss scale: 512.0 |"), std::string::npos) << scaled_run.out;
+  // Skipped: no loss or norm logged for them, and the counts in the log line.
+  EXPECT_EQ(scaled["lm loss"].size(), 13u - 5u);
+  EXPECT_EQ(scaled["skipped-iterations"].at(10), 1);  // per window (one iteration here)
+  EXPECT_EQ(count(scaled_run.out, "number of skipped iterations:   1 |"), 5) << scaled_run.out;
+  EXPECT_EQ(count(scaled_run.out, "number of nan iterations:   1 |"), 0) << "the losses themselves were finite";
+  // Scaling by powers of two is exact: the same losses, and norms up to clipping's epsilon.
+  expect_same(plain["lm loss"], scaled["lm loss"], "lm loss, scaled vs unscaled");
+  expect_same(plain["grad-norm"], scaled["grad-norm"], "grad norm, scaled vs unscaled", 1e-5);
+  EXPECT_EQ(plain["loss-scale"].at(13), 1.0f);
+}
+
+TEST(LossScaling, AnOverflowOnOneRankSkipsOnEveryRank) {
+  const std::string args = "launch --nproc_per_node 2 " + kTrain + iters(6) +
+                           " --set train.dynamic_loss_scale=true --set train.initial_loss_scale=64 "
+                           "--set train.hysteresis=1";
+  const Curve one_rank = curve_with_overflows(args, "3@1", "overflow-on-rank-1");
+  const Curve all_ranks = curve_with_overflows(args, "3", "overflow-everywhere");
+  EXPECT_EQ(one_rank.loss.count(3), 0u) << "iteration 3 was not skipped:\n" << one_rank.run.out;
+  EXPECT_EQ(count(one_rank.run.out, "number of skipped iterations:   1 |"), 1) << one_rank.run.out;
+  EXPECT_NE(one_rank.run.out.find("loss scale: 32.0 |"), std::string::npos) << one_rank.run.out;
+  expect_same(all_ranks.loss, one_rank.loss, "lm loss, overflow on rank 1 vs on both");
+}
+
+TEST(LossScaling, ScalerStateSurvivesResume) {
+  const std::string scaling =
+      " --set train.dynamic_loss_scale=true --set train.initial_loss_scale=1024 --set train.loss_scale_window=3 "
+      "--set train.hysteresis=2 ";
+  const std::string ckpt = fresh_dir("ckpt-scaler");
+  Result full_run, first_run, rest_run;
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "2,3,7", 1);
+  auto full = run_scalars(kTrain + iters(10) + scaling, "scaler-full", &full_run);
+  // Stop at 5 (scale 512, growth 2 of 3, hysteresis 0): iteration 6 must grow it back to 1024.
+  auto first = run_scalars(kTrain + iters(10) + scaling + " --set train.exit_interval=5 --set checkpoint.save=" + ckpt,
+                           "scaler-first", &first_run);
+  auto rest = run_scalars(kTrain + iters(10) + scaling + " --set checkpoint.load=" + ckpt, "scaler-rest", &rest_run);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  ASSERT_EQ(full_run.code, 0) << full_run.out;
+  ASSERT_EQ(first_run.code, 0) << first_run.out;
+  ASSERT_EQ(rest_run.code, 0) << rest_run.out;
+  for (const char* tag : {"lm loss", "loss-scale"}) {
+    std::map<int64_t, float> joined = first[tag];
+    for (const auto& [it, v] : rest[tag]) joined[it] = v;
+    expect_same(full[tag], joined, std::string(tag) + ", resumed vs uninterrupted");
+  }
+  EXPECT_EQ(rest["loss-scale"].at(6), 1024.0f);
+}
+
+// ---- exit conditions ------------------------------------------------------------------------
+
+// A `dtk` process started in the background, its output in a file.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+
+  Background(const std::string& args, const std::string& log_path) : log(log_path) {
+    pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1), ::dup2(fd, 2);
+      const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
+  }
+  std::string output() const {
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Waits (bounded) until the output holds `needle`; false if the process ended or time ran out.
+  bool wait_for(const std::string& needle, int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      if (output().find(needle) != std::string::npos) return true;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return output().find(needle) != std::string::npos;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // The exit code, waiting at most timeout_s (then -1, and the process is killed).
+  int wait_exit(int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (pid > 0 && std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+};
+
+int saved_iteration(const std::string& ckpt) {
+  std::ifstream in(ckpt + "/latest_checkpointed_iteration.txt");
+  int it = -1;
+  in >> it;
+  return it;
+}
+
+// Signal a run after its third iteration; it must save where it stopped and exit 0, and the
+// resumed run must continue the uninterrupted run's losses.
+void signal_then_resume(const std::string& prefix, int sig, const std::string& name) {
+  const int total = 150;  // long enough that the signal lands mid-run on a loaded machine
+  const std::string ckpt = fresh_dir("ckpt-" + name), tb = fresh_dir("tb-" + name);
+  const Curve full = dtk_test::run_curve(prefix + kTrain + iters(total), DTK_TEST_TMP, name + "-full");
+  Background run(prefix + kTrain + iters(total) + " --set checkpoint.save=" + ckpt +
+                     " --set logging.tensorboard_dir=" + tb,
+                 fresh_dir("log-" + name) + "/out.txt");
+  ASSERT_TRUE(run.wait_for("iteration        3/", 120)) << run.output();
+  ASSERT_EQ(::kill(run.pid, sig), 0);
+  const int code = run.wait_exit(120);
+  const std::string out = run.output();
+  ASSERT_EQ(code, 0) << out;
+  const std::string why = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  EXPECT_NE(out.find("exiting program after receiving " + why), std::string::npos) << out;
+  const int stopped = saved_iteration(ckpt);
+  ASSERT_GE(stopped, 3) << out;
+  ASSERT_LT(stopped, total) << "the run ended before the signal took effect:\n" << out;
+  EXPECT_EQ(out.find("validation loss"), std::string::npos) << "no final evaluation after an early exit";
+  std::map<int64_t, float> joined = dtk_test::read_scalars(tb)["lm loss"];
+  ASSERT_EQ(joined.size(), static_cast<size_t>(stopped)) << out;
+  const Curve rest =
+      dtk_test::run_curve(prefix + kTrain + iters(total) + " --set checkpoint.load=" + ckpt, DTK_TEST_TMP, name + "-rest");
+  for (const auto& [it, v] : rest.loss) joined[it] = v;
+  expect_same(full.loss, joined, name + ": resumed after the signal vs uninterrupted");
+}
+
+TEST(ExitConditions, SigtermSavesAndResumesExactly) { signal_then_resume("", SIGTERM, "sigterm"); }
+
+TEST(ExitConditions, SigtermToLaunchStopsBothRanksTogether) {
+  signal_then_resume("launch --nproc_per_node 2 ", SIGTERM, "sigterm-launch");
+}
+
+TEST(ExitConditions, SigintToOneRankOfTwoStopsBoth) {
+  // The signal reaches rank 1 only (not the launcher): the ranks agree and stop together.
+  const std::string ckpt = fresh_dir("ckpt-one-rank");
+  Background run("launch --nproc_per_node 2 " + kTrain + iters(200) + " --set checkpoint.save=" + ckpt,
+                 fresh_dir("log-one-rank") + "/out.txt");
+  ASSERT_TRUE(run.wait_for("iteration        3/", 120)) << run.output();
+  // The launcher's children: the ranks, in spawn order.
+  std::ifstream children("/proc/" + std::to_string(run.pid) + "/task/" + std::to_string(run.pid) + "/children");
+  pid_t rank0 = -1, rank1 = -1;
+  children >> rank0 >> rank1;
+  ASSERT_GT(rank1, 0) << "no second rank under the launcher";
+  ASSERT_EQ(::kill(rank1, SIGINT), 0);
+  ASSERT_EQ(run.wait_exit(120), 0) << run.output();
+  EXPECT_NE(run.output().find("exiting program after receiving SIGINT"), std::string::npos) << run.output();
+  EXPECT_GE(saved_iteration(ckpt), 3);
+}
+
+TEST(ExitConditions, ExitIntervalAndDurationSaveAndStop) {
+  const std::string ckpt = fresh_dir("ckpt-interval");
+  const Result r = dtk_test::run_dtk(kTrain + iters(20) + " --set train.exit_interval=4 --set checkpoint.save=" + ckpt);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("exiting program at train.exit_interval (every 4 iterations): stopped after iteration 4 of 20"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(saved_iteration(ckpt), 4);
+  const Result d = dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + iters(200) +
+                                     " --set train.exit_duration_in_mins=0.0001");
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("exiting program after "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("(train.exit_duration_in_mins): stopped after iteration 1 of 200 (no checkpoint"), std::string::npos)
+      << d.out;
+}
+
+// ---- bench mode, metrics ----------------------------------------------------------------------
+
+TEST(BenchMode, PrintsTheSummaryAndWritesJson) {
+  const std::string out = fresh_dir("bench") + "/r.json";
+  const Result r = dtk_test::run_dtk(kTrain + " --set train.bench_steps=6 --set train.perf_warmup_steps=2 "
+                                              "--set logging.peak_tflops=0.5 --bench_out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("training: 8 iterations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("performance summary: 6 measured iterations after 2 warm-up"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of 0.5000 TFLOP/s per device (logging.peak_tflops)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("validation loss"), std::string::npos) << "bench mode evaluates nothing";
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string json = ss.str();
+  EXPECT_NE(json.find("\"measured_iterations\": 6,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"warmup_iterations\": 2,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tokens_per_iteration\": 128,"), std::string::npos) << json;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(json, m, std::regex(R"("step_times_ms": \[([^\]]*)\])"))) << json;
+  EXPECT_EQ(count(m[1].str(), ",") + 1, 6) << "one step time per measured iteration: " << json;
+  ASSERT_TRUE(std::regex_search(json, m, std::regex(R"("tflops_per_device": ([0-9.e-]+), "peak_tflops_per_device": 0.5, "mfu": ([0-9.e-]+))")))
+      << json;
+  EXPECT_NEAR(std::stod(m[2]), std::stod(m[1]) / 0.5, 1e-6 * std::stod(m[2]));
+}
+
+TEST(Metrics, JsonlCarriesTheLogFigures) {
+  const std::string dir = fresh_dir("jsonl"), path = dir + "/metrics.jsonl";
+  Result r;
+  auto tb = run_scalars(kTrain + iters(6) + " --set logging.log_interval=2 --set eval.eval_interval=3 "
+                                              "--set logging.metrics_jsonl=" + path,
+                        "jsonl", &r);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  // Iterations 2, 4, 6; validation at 3 and at the end; test at the end.
+  ASSERT_EQ(lines.size(), 6u) << r.out;
+  int train = 0;
+  for (const auto& l : lines) {
+    std::smatch m;
+    if (l.find("\"kind\": \"train\"") == std::string::npos) continue;
+    ++train;
+    ASSERT_TRUE(std::regex_search(l, m, std::regex(R"("iteration": (\d+),.*"lm loss": ([0-9.e+-]+),)"))) << l;
+    const int64_t it = std::stoll(m[1]);
+    EXPECT_NEAR(std::stod(m[2]), tb["lm loss"].at(it), 1e-6 * tb["lm loss"].at(it)) << l;
+    for (const char* key : {"\"learning_rate\"", "\"grad_norm\"", "\"tokens_per_second\"", "\"eta_s\"",
+                            "\"peak_rss_mb\"", "\"loss_scale\": 1,"})
+      EXPECT_NE(l.find(key), std::string::npos) << key << " in " << l;
+  }
+  EXPECT_EQ(train, 3);
+  EXPECT_NE(lines[1].find("{\"kind\": \"validation\", \"iteration\": 3, \"lm loss\": "), std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[5].find("{\"kind\": \"test\", \"iteration\": 6,"), std::string::npos) << lines[5];
+}
+
+TEST(Config, BadLoopSettingsAreOneLine) {
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set train.loss_scale=-1"), "train.loss_scale");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set train.exit_duration_in_mins=nan"),
+                                  "train.exit_duration_in_mins");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.lr_decay_style=WSD"), "lr.lr_wsd_decay_iters");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.lr_wsd_decay_style=square"),
+                                  "lr.lr_wsd_decay_style");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + " --set lr.lr_warmup_fraction=0.1"), "lr.lr_warmup_fraction and lr.lr_warmup_iters");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.lr=nan"), "must be finite");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + " --set train.bench_steps=3 --set checkpoint.load=/nonexistent"), "train.bench_steps");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Timers, PrintMegatronsBlockWithMinAndMaxAcrossRanks) {
+  const Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + kTrain + iters(4) +
+                                     " --set logging.log_interval=2 --set logging.timing_log_level=2 "
+                                     "--set checkpoint.save=" + fresh_dir("ckpt-timers") +
+                                     " --set checkpoint.save_interval=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(count(r.out, "(min, max) time across ranks (ms):"), 2) << r.out;
+  for (const char* name : {"forward-backward", "batch-generator", "forward-compute", "backward-compute",
+                           "all-grads-sync", "optimizer-clip-main-grad", "optimizer-inner-step", "optimizer"}) {
+    std::string label = std::string(name) + " ";
+    label.append(48 - label.size(), '.');
+    const std::regex row("\n    " + label + R"(: \(([0-9.]+), ([0-9.]+)\))");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, row)) << name << "\n" << r.out;
+    EXPECT_LE(std::stod(m[1]), std::stod(m[2])) << name;
+  }
+  // The save after iteration 2 shows in the next window.
+  EXPECT_NE(r.out.find("    save-checkpoint ......"), std::string::npos) << r.out;
+  // Level 1 leaves out the per-micro-batch compute timers.
+  const Result one = dtk_test::run_dtk(kTrain + iters(3) + " --set logging.timing_log_level=1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("    forward-backward ...."), std::string::npos) << one.out;
+  EXPECT_EQ(one.out.find("forward-compute"), std::string::npos) << one.out;
+  const Result none = dtk_test::run_dtk(kTrain + iters(3));
+  EXPECT_EQ(none.out.find("time across ranks"), std::string::npos) << none.out;
+}
+
+}  // namespace

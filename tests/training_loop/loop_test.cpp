@@ -375,3 +375,85 @@ TEST(Timers, PrintMegatronsBlockWithMinAndMaxAcrossRanks) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- resuming with another schedule, no_load_optim, finetune ----------------------------------
+
+TEST(Resume, AnotherScheduleIsRefusedUnlessTheConfigSaysWhichWins) {
+  const std::string ckpt = fresh_dir("ckpt-schedule");
+  const std::string base = kTrain + " --set lr.lr_decay_style=linear --set lr.min_lr=0 ";
+  Result full_run, first_run;
+  auto full = run_scalars(base + iters(8), "schedule-full", &full_run);
+  auto first = run_scalars(base + iters(8) + " --set train.exit_interval=4 --set checkpoint.save=" + ckpt,
+                           "schedule-first", &first_run);
+  ASSERT_EQ(full_run.code, 0) << full_run.out;
+  ASSERT_EQ(first_run.code, 0) << first_run.out;
+  // Twice the iterations: the decay (train_iters) changes.
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + iters(16) + " --set checkpoint.load=" + ckpt),
+                                  "decay iterations (lr.lr_decay_iters, or train.train_iters when 0) 8 (checkpoint) "
+                                  "vs 16 (this run); set checkpoint.override_opt_param_scheduler=true");
+  Result kept_run, overridden_run;
+  auto kept = run_scalars(base + iters(8) + " --set lr.lr=0.002 --set checkpoint.use_checkpoint_opt_param_scheduler=true "
+                                            "--set checkpoint.load=" + ckpt,
+                          "schedule-kept", &kept_run);
+  ASSERT_EQ(kept_run.code, 0) << kept_run.out;
+  EXPECT_NE(kept_run.out.find("learning-rate schedule from the checkpoint"), std::string::npos) << kept_run.out;
+  for (int64_t it = 5; it <= 8; ++it)
+    EXPECT_EQ(kept["learning-rate"].at(it), full["learning-rate"].at(it)) << "iteration " << it;
+  auto overridden = run_scalars(base + iters(8) + " --set lr.lr=0.002 --set checkpoint.override_opt_param_scheduler=true "
+                                                  "--set checkpoint.load=" + ckpt,
+                                "schedule-overridden", &overridden_run);
+  ASSERT_EQ(overridden_run.code, 0) << overridden_run.out;
+  EXPECT_NEAR(overridden["learning-rate"].at(5), 2 * full["learning-rate"].at(5), 1e-9);
+}
+
+TEST(Resume, NoLoadOptimRestartsTheScheduleAndFinetuneStartsAtZero) {
+  const std::string ckpt = fresh_dir("ckpt-finetune");
+  const Result first = dtk_test::run_dtk(kTrain + iters(8) + " --set train.exit_interval=4 --set checkpoint.save=" + ckpt);
+  ASSERT_EQ(first.code, 0) << first.out;
+  Result fresh_run, no_optim_run, finetune_run;
+  auto fresh = run_scalars(kTrain + iters(8), "fresh", &fresh_run);
+  auto no_optim = run_scalars(kTrain + iters(8) + " --set checkpoint.no_load_optim=true --set checkpoint.load=" + ckpt,
+                              "no-optim", &no_optim_run);
+  ASSERT_EQ(no_optim_run.code, 0) << no_optim_run.out;
+  EXPECT_NE(no_optim_run.out.find("loaded checkpoint from " + ckpt + " at iteration 4"), std::string::npos);
+  // The scheduler starts again at step 0: iteration 5 logs the rate after one step, as a fresh
+  // run's iteration 1 does.
+  EXPECT_EQ(no_optim["learning-rate"].at(5), fresh["learning-rate"].at(1));
+  auto finetune = run_scalars(kTrain + iters(8) + " --set checkpoint.finetune=true --set checkpoint.load=" + ckpt,
+                              "finetune", &finetune_run);
+  ASSERT_EQ(finetune_run.code, 0) << finetune_run.out;
+  EXPECT_NE(finetune_run.out.find("training starts at iteration 0"), std::string::npos) << finetune_run.out;
+  ASSERT_EQ(finetune["lm loss"].size(), 8u) << finetune_run.out;
+  // Same batch and rate as the fresh run's first iteration, but trained weights: a lower loss.
+  EXPECT_EQ(finetune["learning-rate"].at(1), fresh["learning-rate"].at(1));
+  EXPECT_LT(finetune["lm loss"].at(1), fresh["lm loss"].at(1) - 0.01);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(BatchConfig, DeepSpeedAccumulationStepsAndMegatronTrainSamples) {
+  // micro 2 x DP 1 x 2 accumulation steps = global 4; 20 samples = 5 iterations.
+  const std::string base = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.vocab_size=512 "
+                           "--set dataset.vocab_size=512 --set train.seq_length=32 --set train.micro_batch_size=2 "
+                           "--set train.global_batch_size=0 "
+                           "--set logging.log_interval=1 --set eval.eval_iters=1 ";
+  const Result r = dtk_test::run_dtk(base + "--set train.gradient_accumulation_steps=2 --set train.train_iters=0 "
+                                            "--set train.train_samples=20 --set lr.lr_warmup_iters=1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("training: 5 iterations, global batch 4 (2 micro-batches of 2)"), std::string::npos) << r.out;
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base + "--set train.gradient_accumulation_steps=3 --set train.global_batch_size=4"),
+      "train.gradient_accumulation_steps is 3");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + "--set train.train_samples=20"),
+                                  "train.train_iters and train.train_samples cannot both be set");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base + "--set train.train_iters=0 --set train.train_samples=40 --set lr.lr_warmup_iters=20"),
+      "the warm-up (20 iterations) is not shorter than the decay, 20 iterations (train.train_samples / global batch 2");
+}
+
+}  // namespace

@@ -211,6 +211,20 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("consumed_train_samples", progress.consumed_train_samples);
       d.insert("consumed_valid_samples", progress.consumed_valid_samples);
       d.insert("scheduler_step", progress.scheduler_step);
+      if (progress.schedule) {
+        const LrParams& l = *progress.schedule;
+        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+        g.insert("max_lr", l.max_lr);
+        g.insert("min_lr", l.min_lr);
+        g.insert("lr_warmup_init", l.init_lr);
+        g.insert("lr_warmup_iters", l.warmup_iters);
+        g.insert("lr_decay_iters", l.decay_iters);
+        g.insert("lr_decay_style", l.style);
+        g.insert("lr_wsd_decay_style", l.wsd_style);
+        g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
+        g.insert("num_steps", progress.scheduler_step);
+        d.insert("opt_param_scheduler", g);
+      }
       if (progress.grad_scaler) {
         c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
         g.insert("scale", progress.grad_scaler->scale);
@@ -283,7 +297,7 @@ namespace {
 // it was saved with the same layout it is the only one read).
 void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::GenericDict& main,
                     const ModelInstance& model, OptimizerInstance& optimizer, StrategyInstance& strategy,
-                    const Topology& topo) {
+                    const Topology& topo, const LoadOptions& what) {
   std::vector<std::string> names;
   for (const Param& p : model.parameters()) names.push_back(p.name);
   StateAssembler assembler(optimizer.params(), names);
@@ -311,7 +325,7 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
       }
     }
     where = rank_dir.string();
-    optimizer.state_load(assembler.optimizer());
+    if (what.optimizer) optimizer.state_load(assembler.optimizer());
     strategy.state_load(assembler.strategy());
   } catch (const std::exception& e) {
     throw HostError("checkpoint " + where + ": " + first_line(e.what()));
@@ -319,7 +333,7 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
 }
 
 TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                        StrategyInstance& strategy, const Topology& topo) {
+                        StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
   std::error_code ec;
   if (!fs::is_directory(load_dir, ec)) throw HostError("checkpoint: load directory " + load_dir + " does not exist");
   const std::string tracker = checkpoint_tracker_file(load_dir);
@@ -359,7 +373,41 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   p.consumed_train_samples = get_int("consumed_train_samples");
   p.consumed_valid_samples = get_int("consumed_valid_samples");
   p.scheduler_step = get_int("scheduler_step");
-  if (d.contains("grad_scaler")) {
+  if (d.contains("opt_param_scheduler")) {
+    const c10::IValue g = get("opt_param_scheduler");
+    auto bad = [&](const char* key) {
+      return HostError("checkpoint " + file + ": 'opt_param_scheduler' has no valid '" + key + "'");
+    };
+    if (!g.isGenericDict()) throw bad("(a dict)");
+    const auto gd = g.toGenericDict();
+    auto entry = [&](const char* key) {
+      auto it = gd.find(c10::IValue(std::string(key)));
+      if (it == gd.end()) throw bad(key);
+      return it->value();
+    };
+    auto real = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isDouble()) throw bad(key);
+      return v.toDouble();
+    };
+    auto integer = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isInt()) throw bad(key);
+      return v.toInt();
+    };
+    auto text = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isString()) throw bad(key);
+      return v.toStringRef();
+    };
+    LrParams l;
+    l.max_lr = real("max_lr"), l.min_lr = real("min_lr"), l.init_lr = real("lr_warmup_init");
+    l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
+    l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
+    l.wsd_decay_iters = integer("lr_wsd_decay_iters");
+    p.schedule = l;
+  }
+  if (what.optimizer && d.contains("grad_scaler")) {
     const c10::IValue g = get("grad_scaler");
     auto bad = [&]() { return HostError("checkpoint " + file + ": 'grad_scaler' is not {scale, growth_tracker, hysteresis_tracker}"); };
     if (!g.isGenericDict()) throw bad();
@@ -391,15 +439,16 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   if (shards == 0 && !strategy.info().sharded_state) {
     // Replicated state saved and wanted (ddp to ddp): as saved.
     try {
-      optimizer.state_load(from_dict(get("optimizer"), file, "optimizer"));
+      if (what.optimizer) optimizer.state_load(from_dict(get("optimizer"), file, "optimizer"));
       strategy.state_load(from_dict(get("strategy"), file, "strategy"));
     } catch (const std::exception& e) {
       throw HostError("checkpoint " + file + ": " + first_line(e.what()));
     }
   } else {
-    load_resharded(rank_dir, shards, d, model, optimizer, strategy, topo);
+    load_resharded(rank_dir, shards, d, model, optimizer, strategy, topo, what);
   }
   host.reset();
+  if (!what.rng) return p;
   at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(rng.toTensor());
@@ -409,14 +458,14 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
 }  // namespace
 
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                              StrategyInstance& strategy, const Topology& topo) {
+                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
   TrainProgress p;
   std::string error;
   try {
     // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
     // afterwards the strategy takes its shards of the loaded values.
     strategy.gather_parameters(true);
-    p = load_rank(load_dir, model, optimizer, strategy, topo);
+    p = load_rank(load_dir, model, optimizer, strategy, topo, what);
     strategy.gather_parameters(false);
   } catch (const std::exception& e) {
     error = first_line(e.what());

@@ -231,7 +231,11 @@ void validate_config(const config::RunConfig& cfg) {
     if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
   };
   positive(t.micro_batch_size(), "train.micro_batch_size");
-  positive(t.train_iters(), "train.train_iters");
+  if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
+  if (t.train_samples() > 0 && t.train_iters() > 0)
+    throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
+                    "set train.train_iters=0 with train.train_samples");
+  if (t.train_samples() == 0) positive(t.train_iters(), "train.train_iters");
   positive(t.seq_length(), "train.seq_length");
   if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
   if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")
@@ -264,7 +268,8 @@ void validate_config(const config::RunConfig& cfg) {
   if (lr.lr_wsd_decay_iters() < 0) throw HostError("config: lr.lr_wsd_decay_iters must be >= 0");
   if (style == "WSD") {
     const int64_t decay_len = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
-    if (lr.lr_wsd_decay_iters() <= 0 || lr.lr_wsd_decay_iters() > decay_len)
+    // decay_len 0: train_samples decides it (the Trainer checks once the global batch is known).
+    if (lr.lr_wsd_decay_iters() <= 0 || (decay_len > 0 && lr.lr_wsd_decay_iters() > decay_len))
       throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
                       "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
   }
@@ -275,7 +280,7 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
                     std::to_string(lr.lr()) + ")");
   const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
-  if (lr.lr_warmup_iters() >= decay && style != "constant")
+  if (decay > 0 && lr.lr_warmup_iters() >= decay && style != "constant")
     throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
                     ") must be smaller than the decay length (" + std::to_string(decay) +
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");
@@ -330,6 +335,10 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError(
         "config: pipeline model parallelism (distributed.pipeline_model_parallel_size > 1) is not "
         "available in this release (tensor parallelism is: distributed.tensor_model_parallel_size)");
+  if (cfg.checkpoint().override_opt_param_scheduler() && cfg.checkpoint().use_checkpoint_opt_param_scheduler())
+    throw HostError(
+        "config: checkpoint.override_opt_param_scheduler and checkpoint.use_checkpoint_opt_param_scheduler "
+        "contradict each other; set one");
   if (cfg.checkpoint().save_interval() < 0) throw HostError("config: checkpoint.save_interval must not be negative");
   if (cfg.checkpoint().save_interval() > 0 && cfg.checkpoint().save().empty())
     throw HostError("config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");

@@ -25,6 +25,9 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
   if (t.bench_steps() <= 0) return run;
   if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
     throw host::HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (t.train_samples() > 0)
+    throw host::HostError("config: train.bench_steps runs the first iterations of a run given by train.train_iters; "
+                          "drop train.train_samples");
   if (!cfg.checkpoint().load().empty())
     throw host::HostError("config: train.bench_steps measures a fresh run; drop checkpoint.load");
   if (cfg.lr().lr_decay_iters() == 0) run.mutable_lr()->set_lr_decay_iters(t.train_iters());

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 #include <chrono>
 
 #include "dtk/core/config.hpp"
@@ -111,7 +112,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     : cfg_(cfg),
       topo_(initialize(cfg)),
       plan_(cfg, topo_),
-      schedule_(cfg.lr(), cfg.train().train_iters()),
+      schedule_(cfg.lr(), plan_.train_iters()),
       scaler_(cfg.train()),
       timers_(cfg.logging().timing_log_level()),
       model_slot_(resolve(plugins, DTK_KIND_MODEL, cfg.model())),
@@ -129,6 +130,18 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     peak_tflops_ = measure_matmul_tflops();
     memory::reset_peak();
     peak_source_ = "measured: best 2048x2048 fp32 matmul on " + std::to_string(at::get_num_threads()) + " threads";
+  }
+  if (cfg.train().train_samples() > 0) {
+    // The checks validate_config could not make before the global batch was known.
+    const LrParams& l = schedule_.params();
+    const std::string decay = std::to_string(l.decay_iters) + " iterations (train.train_samples / global batch " +
+                              std::to_string(plan_.global_batch_size()) + ", or lr.lr_decay_iters)";
+    if (l.style != "constant" && l.warmup_iters >= static_cast<double>(l.decay_iters))
+      throw HostError("config: the warm-up (" + std::to_string(static_cast<int64_t>(std::ceil(l.warmup_iters))) +
+                      " iterations) is not shorter than the decay, " + decay);
+    if (l.style == "WSD" && l.wsd_decay_iters > l.decay_iters)
+      throw HostError("config: lr.lr_wsd_decay_iters (" + std::to_string(l.wsd_decay_iters) +
+                      ") is longer than the decay, " + decay);
   }
   TrainingLog::Setup log;
   log.train_iters = plan_.train_iters();
@@ -236,9 +249,28 @@ void Trainer::setup_model_and_optimizer() {
 
 // Megatron's load_checkpoint at the end of setup_model_and_optimizer.
 void Trainer::load_checkpoint() {
-  const std::string& dir = cfg_.checkpoint().load();
+  const auto& ck = cfg_.checkpoint();
+  const std::string& dir = ck.load();
   if (dir.empty()) return;
-  progress_ = core::load_checkpoint(dir, *model_, *optimizer_, *strategy_, topo_);
+  LoadOptions what;
+  what.optimizer = !ck.no_load_optim() && !ck.finetune();
+  what.rng = !ck.no_load_rng() && !ck.finetune();
+  progress_ = core::load_checkpoint(dir, *model_, *optimizer_, *strategy_, topo_, what);
+  if (ck.finetune()) {
+    // Megatron's --finetune: the weights, and a run of its own from iteration 0.
+    log_->print(" finetuning from the model of " + dir + " at iteration " + std::to_string(progress_.iteration) +
+                ": optimizer, scheduler and RNG start fresh, training starts at iteration 0");
+    progress_ = TrainProgress{};
+    return;
+  }
+  if (!what.optimizer) {
+    // Megatron's --no-load-optim skips the scheduler's state with the optimizer's.
+    progress_.scheduler_step = 0;
+    progress_.grad_scaler.reset();
+    progress_.schedule.reset();
+    log_->print(" checkpoint.no_load_optim: optimizer state, loss scaler and learning-rate schedule start fresh");
+  }
+  if (progress_.schedule) check_schedule(*progress_.schedule, dir);
   const int64_t gbs = plan_.global_batch_size();
   if (progress_.consumed_train_samples != progress_.iteration * gbs || progress_.consumed_valid_samples % gbs != 0)
     throw HostError("checkpoint in " + dir + " consumed " + std::to_string(progress_.consumed_train_samples) +
@@ -258,6 +290,49 @@ void Trainer::load_checkpoint() {
                     scaler_.scale());
       log_->print(buf);
     }
+  }
+}
+
+// Megatron's OptimizerParamScheduler._check_and_set on load: the schedule must be the one the
+// checkpoint trained with, unless the config says which of the two to use. DTK compares what
+// decides the rates (the WSD fields only under WSD).
+void Trainer::check_schedule(const LrParams& saved, const std::string& dir) {
+  const LrParams& now = schedule_.params();
+  std::vector<std::string> differ;
+  auto num = [&](const char* name, double a, double b) {
+    if (a != b) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%s %.9g (checkpoint) vs %.9g (this run)", name, a, b);
+      differ.emplace_back(buf);
+    }
+  };
+  auto str = [&](const char* name, const std::string& a, const std::string& b) {
+    if (a != b) differ.push_back(std::string(name) + " " + a + " (checkpoint) vs " + b + " (this run)");
+  };
+  num("lr.lr", saved.max_lr, now.max_lr);
+  num("lr.min_lr", saved.min_lr, now.min_lr);
+  num("lr.lr_warmup_init", saved.init_lr, now.init_lr);
+  num("warm-up iterations", saved.warmup_iters, now.warmup_iters);
+  num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
+      static_cast<double>(now.decay_iters));
+  str("lr.lr_decay_style", saved.style, now.style);
+  if (saved.style == "WSD" && now.style == "WSD") {
+    str("lr.lr_wsd_decay_style", saved.wsd_style, now.wsd_style);
+    num("lr.lr_wsd_decay_iters", static_cast<double>(saved.wsd_decay_iters), static_cast<double>(now.wsd_decay_iters));
+  }
+  if (differ.empty()) return;
+  std::string list;
+  for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
+  const auto& ck = cfg_.checkpoint();
+  if (ck.override_opt_param_scheduler()) {
+    log_->print(" learning-rate schedule from this run's config (checkpoint.override_opt_param_scheduler): " + list);
+  } else if (ck.use_checkpoint_opt_param_scheduler()) {
+    schedule_.set_params(saved);
+    log_->print(" learning-rate schedule from the checkpoint (checkpoint.use_checkpoint_opt_param_scheduler): " + list);
+  } else {
+    throw HostError("checkpoint in " + dir + " was trained with another learning-rate schedule: " + list +
+                    "; set checkpoint.override_opt_param_scheduler=true to use this run's or "
+                    "checkpoint.use_checkpoint_opt_param_scheduler=true to keep the checkpoint's");
   }
 }
 
@@ -484,6 +559,7 @@ void Trainer::save(int64_t iteration) {
   auto timer = timers_.scope(Phase::kSaveCheckpoint);
   progress_.grad_scaler.reset();
   if (scaler_.dynamic()) progress_.grad_scaler = scaler_.state();
+  progress_.schedule = schedule_.params();
   const std::string& dir = cfg_.checkpoint().save();
   const SaveReport r = save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), topo_);
   last_saved_ = iteration;

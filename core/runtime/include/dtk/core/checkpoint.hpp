@@ -30,6 +30,7 @@
 
 #include "dtk/core/components.hpp"
 #include "dtk/core/grad_scaler.hpp"
+#include "dtk/core/lr_schedule.hpp"
 #include "dtk/core/services.hpp"
 
 namespace dtk::core {
@@ -42,6 +43,16 @@ struct TrainProgress {
   // A dynamic loss scaler's state (Megatron's optimizer 'grad_scaler' entry): saved when the run
   // has one, restored when the checkpoint has it.
   std::optional<GradScaler::State> grad_scaler;
+  // The learning-rate schedule the run trained with (Megatron's opt_param_scheduler entry), to
+  // refuse resuming with another one unless told which to use; absent in older checkpoints.
+  std::optional<LrParams> schedule;
+};
+
+// What load_checkpoint restores besides the model: Megatron's --no-load-optim (optimizer state and
+// loss scaler start fresh; fp32 master weights still load, they are weights) and --no-load-rng.
+struct LoadOptions {
+  bool optimizer = true;
+  bool rng = true;
 };
 
 struct SaveReport {
@@ -60,7 +71,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
 // RNG from this rank's file and returns the progress counters. Every bad input is one HostError
 // naming the file (or tensor).
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                              StrategyInstance& strategy, const Topology& topo);
+                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what = {});
 
 // "{dir}/iter_0000004" and "{dir}/latest_checkpointed_iteration.txt".
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);

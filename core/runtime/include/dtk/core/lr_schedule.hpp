@@ -34,6 +34,7 @@ class LearningRateSchedule {
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
   double rate(int64_t step) const { return learning_rate(step, params_); }
   const LrParams& params() const { return params_; }
+  void set_params(const LrParams& p) { params_ = p; }  // the checkpoint's schedule, on request
 
  private:
   LrParams params_;

@@ -58,6 +58,7 @@ class Trainer {
 
   void setup_model_and_optimizer();
   void load_checkpoint();
+  void check_schedule(const LrParams& saved, const std::string& dir);
   void build_data_iterators();
   IterationResult train_step(int64_t iteration);
   MemorySample memory_sample() const;
@@ -68,7 +69,7 @@ class Trainer {
   const config::RunConfig& cfg_;
   const Topology& topo_;
   const BatchPlan plan_;
-  const LearningRateSchedule schedule_;
+  LearningRateSchedule schedule_;
   GradScaler scaler_;  // loss scaling (none: scale 1)
   Timers timers_;      // logging.timing_log_level
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;

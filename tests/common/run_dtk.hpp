@@ -18,7 +18,8 @@ struct Result {
 };
 
 inline Result run_dtk(const std::string& args, int timeout_s = 300) {
-  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
+  // SIGTERM asks dtk to finish its iteration and save; -k 10 kills one that cannot (a hang).
+  const std::string cmd = "timeout -k 10 " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   Result r{-1, ""};
   if (!p) return r;

@@ -39,7 +39,7 @@ inline std::vector<Result> run_all(const std::vector<std::string>& cmds, int tim
   const auto start = std::chrono::steady_clock::now();
   std::vector<FILE*> pipes;
   for (const auto& c : cmds)
-    pipes.push_back(popen(("timeout " + std::to_string(timeout_s) + " " + c + " 2>&1").c_str(), "r"));
+    pipes.push_back(popen(("timeout -k 10 " + std::to_string(timeout_s) + " " + c + " 2>&1").c_str(), "r"));
   std::vector<Result> out;
   for (FILE* p : pipes) {
     Result r{-1, "", 0};

@@ -457,3 +457,27 @@ TEST(BatchConfig, DeepSpeedAccumulationStepsAndMegatronTrainSamples) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Logging, ParamsNormIsTheSameUnderTensorParallelismAndZero3) {
+  const std::string args = kTrain + iters(3) + " --set logging.log_params_norm=true ";
+  Result one_run, tp_run, zero_run;
+  auto one = run_scalars(args, "params-norm-1", &one_run);
+  auto tp = run_scalars("launch --nproc_per_node 2 " + args + " --set distributed.tensor_model_parallel_size=2",
+                        "params-norm-tp2", &tp_run);
+  auto zero = run_scalars("launch --nproc_per_node 2 " + args + " --strategy zero --set strategy.stage=3",
+                          "params-norm-zero3", &zero_run);
+  for (const Result* r : {&one_run, &tp_run, &zero_run}) ASSERT_EQ(r->code, 0) << r->out;
+  EXPECT_NE(one_run.out.find(" params norm: "), std::string::npos) << one_run.out;
+  ASSERT_EQ(one["params-norm"].size(), 3u);
+  EXPECT_GT(one["params-norm"].at(1), 1.0f);
+  for (int64_t it = 1; it <= 3; ++it) {
+    EXPECT_NEAR(tp["params-norm"].at(it), one["params-norm"].at(it), 1e-5 * one["params-norm"].at(it)) << it;
+    EXPECT_NEAR(zero["params-norm"].at(it), one["params-norm"].at(it), 1e-5 * one["params-norm"].at(it)) << it;
+  }
+  // Not asked for: not there.
+  EXPECT_EQ(run_scalars(kTrain + iters(3), "params-norm-off", &one_run).count("params-norm"), 0u);
+}
+
+}  // namespace

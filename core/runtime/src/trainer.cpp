@@ -447,10 +447,32 @@ IterationResult Trainer::train_step(int64_t iteration) {
     r.memory = memory_sample();
     memory_reported_ = true;
   }
+  if (cfg_.logging().log_params_norm() && log_->logs(iteration)) r.params_norm = params_norm();
   strategy_->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
   r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
   return r;
+}
+
+// Megatron's calc_params_l2_norm: every parameter once (a tensor-parallel shard on each TP rank,
+// a replicated tensor on TP rank 0 only, tied weights once), summed over the model-parallel group.
+// Under ZeRO-3 the parameters are gathered for it (a collective, at log intervals only).
+double Trainer::params_norm() {
+  const bool partitioned = strategy_->info().partitions_parameters != 0;
+  if (partitioned) strategy_->gather_parameters(true);
+  at::Tensor total = at::zeros({}, at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    std::set<const void*> seen;
+    for (const Param& p : model_->parameters()) {
+      if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+      if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
+      total += p.tensor.to(at::kDouble).pow(2).sum();
+    }
+  }
+  if (partitioned) strategy_->gather_parameters(false);
+  if (topo_.tp_size * topo_.pp_size > 1) all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM).wait();
+  return std::sqrt(total.item<double>());
 }
 
 // What this rank holds at the end of the step, before the gradients are cleared.

@@ -174,10 +174,14 @@ void TrainingLog::print_window(const IterationResult& last) {
     std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
     line += buf;
   }
-  std::snprintf(buf, sizeof buf,
-                " loss scale: %.1f | grad norm: %.3f | number of skipped iterations: %3lld | number of nan "
-                "iterations: %3lld |",
-                last.loss_scale, norm, static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
+  std::snprintf(buf, sizeof buf, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, norm);
+  line += buf;
+  if (std::isfinite(last.params_norm)) {
+    std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
+                static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
   line += buf;
   // Communication per iteration: time in flight, and how much of it the training thread waited
   // (not hidden behind computation; Domino's figure of merit for tensor parallelism).
@@ -213,9 +217,9 @@ void TrainingLog::print_window(const IterationResult& last) {
         .add("learning_rate", last.learning_rate)
         .add("global_batch_size", setup_.global_batch_size);
     for (const auto& name : window_.names()) o.add(name, window_.mean(name));
-    o.add("loss_scale", last.loss_scale)
-        .add("grad_norm", norm)
-        .add("skipped_iterations", skipped_)
+    o.add("loss_scale", last.loss_scale).add("grad_norm", norm);
+    if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
+    o.add("skipped_iterations", skipped_)
         .add("nan_iterations", nan_iterations_)
         .add("peak_rss_mb", rss_mb)
         .add("elapsed_s", elapsed)
@@ -238,6 +242,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   tensorboard_->add_scalar("loss-scale", last.loss_scale, it);
   if (std::isfinite(mfu)) tensorboard_->add_scalar("mfu", mfu, it);
   if (norm_count_) tensorboard_->add_scalar("grad-norm", norm, it);
+  if (std::isfinite(last.params_norm)) tensorboard_->add_scalar("params-norm", last.params_norm, it);
   tensorboard_->add_scalar("iteration-time", secs / n_it, it);
   tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
   tensorboard_->add_scalar("throughput-tflops", tflops, it);

@@ -62,6 +62,7 @@ class Trainer {
   void build_data_iterators();
   IterationResult train_step(int64_t iteration);
   MemorySample memory_sample() const;
+  double params_norm();
   void print_bench_summary();
   void evaluate(int32_t split, const char* what, int64_t iteration);
   void save(int64_t iteration);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <dtk/abi.h>
 
@@ -54,6 +55,7 @@ struct IterationResult {
   double grad_norm = 0;      // before clipping; NaN/Inf when gradients overflowed
   bool skipped = false;      // the update was skipped (non-finite gradients)
   double loss_scale = 1;     // after this iteration's update of the scaler (Megatron logs that)
+  double params_norm = NAN;  // logging.log_params_norm, on logged iterations
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed

@@ -42,7 +42,7 @@ std::map<int, std::string> train_lines(const std::string& log) {
 
 std::string validation_line(const std::string& log, int iteration) {
   std::smatch m;
-  std::regex re(" validation loss at iteration " + std::to_string(iteration) + R"( \| [^\n]*)");
+  std::regex re(" validation loss at iteration " + std::to_string(iteration) + R"(( on validation set)? \| [^\n]*)");
   return std::regex_search(log, m, re) ? m[0].str() : "";
 }
 

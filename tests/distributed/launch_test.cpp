@@ -54,7 +54,7 @@ TEST(Launch, DataParallel2MatchesOneProcess) {
   std::printf("[ timing ] DP1 %.1f s, DP2 %.1f s\n", one.seconds, dp2.seconds);
   expect_same_losses(one, dp2);
   EXPECT_EQ(count(dp2.out, "training: 4 iterations"), 1) << dp2.out;
-  EXPECT_EQ(count(dp2.out, "validation loss at iteration"), 1) << dp2.out;
+  EXPECT_EQ(count(dp2.out, "on validation set |"), 1) << dp2.out;
   EXPECT_NE(dp2.out.find("[rank 0] > number of parameters"), std::string::npos) << dp2.out;
 }
 

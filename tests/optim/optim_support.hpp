@@ -46,8 +46,10 @@ inline dtk_build_context context(const dtk_option_values* options) {
 // An optimizer plugin instance over parameter groups (params, weight decay).
 class PluginOptimizer {
  public:
+  // lr_scales: one per group (default 1).
   PluginOptimizer(const dtk::host::Plugin& p, const std::map<std::string, std::string>& opts,
-                  const std::vector<std::pair<std::vector<at::Tensor>, double>>& groups)
+                  const std::vector<std::pair<std::vector<at::Tensor>, double>>& groups,
+                  const std::vector<double>& lr_scales = {})
       : options_(dtk::host::resolve_options(p, opts)), api_(p.api_as<dtk_optimizer_api>()) {
     std::vector<std::vector<dtk_tensor>> handles(groups.size());
     std::vector<std::vector<dtk_tensor*>> ptrs(groups.size());
@@ -55,7 +57,8 @@ class PluginOptimizer {
     for (size_t g = 0; g < groups.size(); ++g) {
       for (const auto& t : groups[g].first) handles[g].push_back(dtk_tensor{t});
       for (auto& h : handles[g]) ptrs[g].push_back(&h);
-      gs.push_back({sizeof(dtk_param_group), ptrs[g].size(), ptrs[g].data(), nullptr, groups[g].second, 1.0});
+      gs.push_back({sizeof(dtk_param_group), ptrs[g].size(), ptrs[g].data(), nullptr, groups[g].second,
+                    g < lr_scales.size() ? lr_scales[g] : 1.0});
     }
     dtk_build_context b = context(options_.get());
     const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &b, gs.data(), gs.size()};
@@ -63,8 +66,8 @@ class PluginOptimizer {
   }
   ~PluginOptimizer() { api_->destroy(opt_); }
   dtk_optimizer_ref ref() const { return {sizeof(dtk_optimizer_ref), api_, opt_}; }
-  void step(double lr, int64_t it) {
-    dtk_optimizer_step_args a{sizeof(a), lr, it, 1.0};
+  void step(double lr, int64_t it, double weight_decay_scale = 1.0) {
+    dtk_optimizer_step_args a{dtk_optimizer_step_args_STRUCT_SIZE, lr, it, 1.0, weight_decay_scale};
     check(api_->step(opt_, &a));
   }
   dtk::TensorList state_save() {

@@ -149,6 +149,46 @@ TEST(Sgd, MatchesTorchOptimSgd) {
   }
 }
 
+// ABI 2.2: per step, a group's weight decay is its weight_decay x weight_decay_scale, and its
+// learning rate the step's x lr_scale; every first-party optimizer equals torch.optim with those
+// values set on its param groups before each step.
+TEST(Optimizers, FollowTheWeightDecayScheduleAndEachGroupsLrScale) {
+  const double lr = 3e-2;
+  const std::vector<double> lr_scales = {0.5, 2.0}, group_wd = {0.1, 0.03};
+  for (const std::string name : {"adamw", "cpu_adam", "sgd"}) {
+    auto base = make_params(7);
+    auto mine = clones(base), ref = clones(base);
+    const std::map<std::string, std::string> opts =
+        name == "sgd" ? std::map<std::string, std::string>{{"momentum", "0"}} : std::map<std::string, std::string>{};
+    PluginOptimizer opt(plugin(kDir, "dtk_plugin_" + name + ".so"), opts,
+                        {{{mine[0], mine[2], mine[4]}, group_wd[0]}, {{mine[1], mine[3]}, group_wd[1]}}, lr_scales);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>{ref[0], ref[2], ref[4]});
+    groups.emplace_back(std::vector<at::Tensor>{ref[1], ref[3]});
+    std::unique_ptr<torch::optim::Optimizer> torch_opt;
+    if (name == "sgd")
+      torch_opt = std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(lr));
+    else
+      torch_opt = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(lr));
+    for (int step = 1; step <= 5; ++step) {
+      const double scale = 0.2 * step;  // a weight-decay increment
+      for (size_t g = 0; g < 2; ++g) {
+        auto& o = torch_opt->param_groups()[g].options();
+        if (name == "sgd") {
+          static_cast<torch::optim::SGDOptions&>(o).lr(lr * lr_scales[g]).weight_decay(group_wd[g] * scale);
+        } else {
+          static_cast<torch::optim::AdamWOptions&>(o).lr(lr * lr_scales[g]).weight_decay(group_wd[g] * scale);
+        }
+      }
+      set_grads(mine, ref, step);
+      opt.step(lr, step, scale);
+      torch_opt->step();
+      expect_close(mine, ref, 1e-6, step);
+    }
+    EXPECT_GT((mine[1] - base[1]).abs().max().item<double>(), 1e-2) << name;
+  }
+}
+
 TEST(AdamW, StateRoundTripContinuesExactly) {
   const auto& p = plugin(kDir, "dtk_plugin_adamw.so");
   auto a = clones(make_params(3));
@@ -311,7 +351,7 @@ TEST(Ddp, Bf16ParametersTrainOnFp32Masters) {
       dtk_clip_args clip{dtk_clip_args_STRUCT_SIZE, 0.0, 0.0};
       check(api->clip_and_norm(s, &clip));
       dtk_optimizer_ref oref = opt.ref();
-      dtk_optimizer_step_args args{sizeof(args), lr, step, 1.0};
+      dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, lr, step, 1.0, 1.0};
       const dtk_strategy_step_args step_args{dtk_strategy_step_args_STRUCT_SIZE, &oref, &args};
       check(api->optimizer_step(s, &step_args));
       torch_opt.step();

@@ -68,8 +68,10 @@ TEST(Cli, TrainGptTinyLossFalls) {
   // the unigram distribution, from about ln(128) = 4.85 down to ln(64) = 4.16.
   EXPECT_LT(l.back(), l.front() - 0.3) << r.out;
   EXPECT_LT(l.back(), 4.5) << r.out;
-  EXPECT_NE(r.out.find("validation loss at iteration 30"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("test loss at iteration 30"), std::string::npos) << r.out;
+  // Megatron's labels for the evaluation after training.
+  EXPECT_NE(r.out.find(" validation loss at iteration 30 on validation set | lm loss value: "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" validation loss at iteration 30 on test set | lm loss value: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("number of parameters"), std::string::npos);
 }
 

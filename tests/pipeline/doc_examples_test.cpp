@@ -16,12 +16,19 @@
 
 namespace {
 
+#define DTK_SECTIONS "(?:train|lr|eval|logging|checkpoint|distributed|model|dataset|step|optimizer|strategy)"
+
 // "section.field=value" where section is a config section or a plugin slot. A comma followed by
-// more value continues it ("25us,50GBps"); one followed by a space ends it (prose).
-std::set<std::string> set_examples(const std::string& text) {
+// more value continues it ("25us,50GBps"); one followed by a space ends it (prose). A
+// single-quoted example ('lr.param_rules=match: "bias$" wd_mult: 0') is taken whole.
+std::set<std::string> set_examples(std::string text) {
+  static const std::regex quoted("'(" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*=[^'\n]*)')");
   static const std::regex re(
-      R"(\b((?:train|lr|eval|logging|checkpoint|distributed|model|dataset|step|optimizer|strategy)\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");
+      R"(\b()" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");
   std::set<std::string> out;
+  for (std::sregex_iterator it(text.begin(), text.end(), quoted), end; it != end; ++it)
+    out.insert("'" + std::string((*it)[1]) + "'");
+  text = std::regex_replace(text, quoted, "");
   for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) {
     const std::string value = (*it)[2];
     if (value.empty() || value == "..." || value.find('<') != std::string::npos) continue;  // placeholders
@@ -63,7 +70,8 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
   for (const auto& [where, text] : sources) {
     for (const auto& example : set_examples(text)) {
       dtk_test::Result r = dtk_test::run_dtk("config --set " + example, 60);
-      const std::string slot = example.substr(0, example.find('.'));
+      const std::string bare = example[0] == '\'' ? example.substr(1) : example;
+      const std::string slot = bare.substr(0, bare.find('.'));
       for (const std::string& name : plugins[slot]) {
         if (r.code == 0) break;
         r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + example, 60);

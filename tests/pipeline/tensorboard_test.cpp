@@ -49,14 +49,19 @@ TEST(TensorBoard, TrainingRunWritesMegatronScalars) {
       EXPECT_EQ(scalars.count(std::make_pair(std::string(tag), step)), 1u) << tag << " at " << step;
   for (const char* tag : {"lm loss validation", "lm loss validation ppl", "lm loss test"})
     EXPECT_EQ(scalars.count(std::make_pair(std::string(tag), int64_t{6})), 1u) << tag;
-  // The same numbers the log line printed.
+  // As Megatron: TensorBoard has every iteration's own loss, the log line the mean of its window
+  // of 3 iterations.
   std::regex re("iteration +([0-9]+)/ .*lm loss: ([0-9.E+-]+) \\|");
   int matched = 0;
   for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it, ++matched) {
     const int64_t step = std::stoll((*it)[1]);
-    const float logged = scalars[std::make_pair(std::string("lm loss"), step)];
+    double mean = 0;
+    for (int64_t i = step - 2; i <= step; ++i) {
+      ASSERT_EQ(scalars.count(std::make_pair(std::string("lm loss"), i)), 1u) << i;
+      mean += scalars[std::make_pair(std::string("lm loss"), i)] / 3.0;
+    }
     const double printed = std::stod((*it)[2]);
-    EXPECT_NEAR(logged, printed, 1e-5 * printed);
+    EXPECT_NEAR(mean, printed, 1e-5 * printed);
   }
   EXPECT_EQ(matched, 2) << log;
   const float batch_size = scalars[std::make_pair(std::string("batch-size"), int64_t{6})];

@@ -5,17 +5,22 @@
 //   * the learning rate == OptimizerParamScheduler.get_lr at chosen steps for WSD (every decay
 //     style), lr_warmup_init and lr_warmup_fraction. The expected numbers were computed by a
 //     transcription of Megatron's get_lr counting samples (global batch 8), not by DTK;
+//   * the weight decay == OptimizerParamScheduler.get_wd (linear, cosine increments);
+//   * the optimizer groups == get_param_groups with name rules (lr_mult, wd_mult), first match;
 //   * the FLOPs model: 2cN + 4cLhs with N of the whole model under tensor parallelism.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "dtk/core/flops.hpp"
 #include "dtk/core/grad_scaler.hpp"
 #include "dtk/core/lr_schedule.hpp"
+#include "dtk/core/param_groups.hpp"
 
 namespace {
 
@@ -127,6 +132,83 @@ TEST(LearningRate, WarmupFractionEqualsMegatron) {
                                     1e-05,
                                     1e-05};
   expect_rates(schedule.params(), want, "warm-up fraction");
+}
+
+// Megatron's get_wd counts samples: wd_incr_steps = train_iters x global batch, num_steps = the
+// scheduler's successful steps x global batch. Expected values from a transcription of get_wd
+// (train_iters 10, global batch 8, 0.02 -> 0.1) at steps 0, 1, 3, 5, 9, 10, 11.
+TEST(WeightDecay, IncrementEqualsMegatron) {
+  dtk::config::LrSchedule lr;
+  lr.set_lr(1e-3), lr.set_min_lr(1e-5), lr.set_lr_decay_style("cosine");
+  lr.set_start_weight_decay(0.02), lr.set_end_weight_decay(0.1);
+  const std::vector<int64_t> steps = {0, 1, 3, 5, 9, 10, 11};
+  const std::map<std::string, std::vector<double>> want = {
+      {"linear", {0.02, 0.028, 0.044, 0.06, 0.09200000000000001, 0.1, 0.1}},
+      {"cosine", {0.02, 0.02195773934819386, 0.036488589908301075, 0.06, 0.09804226065180616, 0.1, 0.1}}};
+  for (const auto& [style, values] : want) {
+    lr.set_weight_decay_incr_style(style);
+    const dtk::core::LearningRateSchedule schedule(lr, 10);
+    EXPECT_TRUE(schedule.weight_decay_varies());
+    EXPECT_EQ(schedule.reference_weight_decay(), 0.1);  // the groups carry the end value
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_NEAR(dtk::core::weight_decay(steps[i], schedule.params()), values[i], 1e-15) << style << " " << steps[i];
+      EXPECT_NEAR(schedule.weight_decay_scale(steps[i]) * 0.1, values[i], 1e-15) << style << " " << steps[i];
+    }
+  }
+  // Constant (the default): lr.weight_decay throughout, scale 1.
+  dtk::config::LrSchedule constant;
+  constant.set_lr(1e-3), constant.set_weight_decay(0.05);
+  const dtk::core::LearningRateSchedule flat(constant, 10);
+  EXPECT_FALSE(flat.weight_decay_varies());
+  for (int64_t step : steps) EXPECT_EQ(flat.weight_decay_scale(step), 1.0);
+  EXPECT_EQ(dtk::core::weight_decay(3, flat.params()), 0.05);
+}
+
+dtk::Param named(const std::string& name, bool no_weight_decay) {
+  dtk::Param p;
+  p.name = name;
+  p.tensor = at::zeros({2, 3});
+  p.info.no_weight_decay = no_weight_decay ? 1 : 0;
+  return p;
+}
+
+// Megatron's get_param_groups: (wd_mult, lr_mult) per parameter; DTK's groups are fixed by the
+// config (0 decay, 1 no decay, then two per rule), the first matching rule decides.
+TEST(ParamGroups, RulesDecideGroupsByName) {
+  dtk::config::LrSchedule lr;
+  auto* out = lr.add_param_rules();
+  out->set_match("output_layer"), out->set_lr_mult(0.1);
+  auto* norms = lr.add_param_rules();
+  norms->set_match("layernorm"), norms->set_wd_mult(0.5);
+  auto* shadowed = lr.add_param_rules();
+  shadowed->set_match("final_layernorm"), shadowed->set_lr_mult(7);  // never reached: rule 1 matches first
+  const dtk::core::ParamGroups g(lr, 0.01);
+  ASSERT_EQ(g.specs().size(), 8u);
+  EXPECT_EQ(g.specs()[0].weight_decay, 0.01);
+  EXPECT_EQ(g.specs()[1].weight_decay, 0.0);
+  EXPECT_EQ(g.specs()[2].lr_scale, 0.1);   // rule 0, decaying parameters
+  EXPECT_EQ(g.specs()[2].weight_decay, 0.01);
+  EXPECT_EQ(g.specs()[3].weight_decay, 0.0);  // rule 0 keeps a bias's own "no decay"
+  EXPECT_EQ(g.specs()[4].weight_decay, 0.005);  // rule 1: wd_mult replaces the default...
+  EXPECT_EQ(g.specs()[5].weight_decay, 0.005);  // ...for no-decay parameters too
+  EXPECT_EQ(g.specs()[5].lr_scale, 1.0);
+  EXPECT_EQ(g.group_of("layers.0.mlp.weight", false), 0u);
+  EXPECT_EQ(g.group_of("layers.0.mlp.bias", true), 1u);
+  EXPECT_EQ(g.group_of("language_model.output_layer.weight", false), 2u);
+  EXPECT_EQ(g.group_of("language_model.output_layer.bias", true), 3u);
+  EXPECT_EQ(g.group_of("layers.3.input_layernorm.weight", true), 5u);
+  EXPECT_EQ(g.group_of("encoder.final_layernorm.bias", true), 5u);
+  const auto lines = g.describe({named("m.layers.0.fc.weight", false), named("m.layers.1.fc.weight", false),
+                                 named("m.layers.0.input_layernorm.bias", true), named("m.output_layer.weight", false)});
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], " > optimizer group 0, decay (weight decay 0.01, lr x 1): 2 tensors, 12 elements: "
+                      "m.layers.*.fc.weight (x2)");
+  EXPECT_NE(lines[1].find("optimizer group 2, rule 0 \"output_layer\" (weight decay 0.01, lr x 0.1): 1 tensors"),
+            std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[2].find("optimizer group 5, rule 1 \"layernorm\", a no-decay parameter (weight decay 0.005, lr x 1)"),
+            std::string::npos)
+      << lines[2];
 }
 
 dtk::Param param(std::vector<int64_t> shape, bool tensor_parallel) {

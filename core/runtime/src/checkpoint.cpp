@@ -222,6 +222,10 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
         g.insert("lr_decay_style", l.style);
         g.insert("lr_wsd_decay_style", l.wsd_style);
         g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
+        g.insert("start_wd", l.start_wd);
+        g.insert("end_wd", l.end_wd);
+        g.insert("wd_incr_style", l.wd_style);
+        g.insert("wd_incr_iters", l.wd_incr_iters);
         g.insert("num_steps", progress.scheduler_step);
         d.insert("opt_param_scheduler", g);
       }
@@ -405,6 +409,12 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
     l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
     l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
     l.wsd_decay_iters = integer("lr_wsd_decay_iters");
+    // The weight-decay schedule, saved since ABI 2.2's DTK; an older checkpoint has none.
+    l.has_wd = gd.contains(c10::IValue(std::string("wd_incr_style")));
+    if (l.has_wd) {
+      l.start_wd = real("start_wd"), l.end_wd = real("end_wd"), l.wd_style = text("wd_incr_style");
+      l.wd_incr_iters = real("wd_incr_iters");
+    }
     p.schedule = l;
   }
   if (what.optimizer && d.contains("grad_scaler")) {

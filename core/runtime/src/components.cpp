@@ -106,26 +106,25 @@ at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorLi
 
 // ---------------------------------------------------------------------------------------------
 OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_context& ctx, std::vector<Param> params,
-                                     double weight_decay)
+                                     const ParamGroups& groups)
     : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()), params_(std::move(params)) {
-  // Two groups as Megatron: weights decay; biases and norm parameters do not. Both are always
-  // passed, in this order, so a parameter's group index does not depend on the others.
+  const size_t n = groups.specs().size();
   std::vector<dtk_tensor> handles;
   handles.reserve(params_.size());
   for (const auto& p : params_) handles.push_back(dtk_tensor{p.tensor});
-  std::vector<dtk_tensor*> tensors[2];
-  std::vector<const char*> names[2];
+  std::vector<std::vector<dtk_tensor*>> tensors(n);
+  std::vector<std::vector<const char*>> names(n);
   for (size_t i = 0; i < params_.size(); ++i) {
-    const int g = params_[i].info.no_weight_decay ? 1 : 0;
+    const size_t g = groups.group_of(params_[i].name, params_[i].info.no_weight_decay != 0);
     tensors[g].push_back(&handles[i]);
     names[g].push_back(params_[i].name.c_str());
   }
-  const dtk_param_group groups[2] = {
-      {dtk_param_group_STRUCT_SIZE, tensors[0].size(), tensors[0].data(), names[0].data(), weight_decay, 1.0},
-      {dtk_param_group_STRUCT_SIZE, tensors[1].size(), tensors[1].data(), names[1].data(), 0.0, 1.0},
-  };
+  std::vector<dtk_param_group> group_args;
+  for (size_t g = 0; g < n; ++g)
+    group_args.push_back({dtk_param_group_STRUCT_SIZE, tensors[g].size(), tensors[g].data(), names[g].data(),
+                          groups.specs()[g].weight_decay, groups.specs()[g].lr_scale});
   dtk_optimizer* o = nullptr;
-  const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &ctx, groups, 2};
+  const dtk_optimizer_create_args args{dtk_optimizer_create_args_STRUCT_SIZE, &ctx, group_args.data(), n};
   check_plugin(api_->create(&args, &o), plugin_, "create");
   if (!o) throw HostError("optimizer plugin '" + plugin_.name() + "': create returned no optimizer");
   ref_ = {dtk_optimizer_ref_STRUCT_SIZE, api_, o};

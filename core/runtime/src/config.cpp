@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <vector>
 
@@ -128,6 +129,27 @@ void apply_override(config::RunConfig& cfg, const std::string& assignment) {
       (*choice->mutable_options())[parts[i]] = value;
       return;
     }
+    if (f && f->is_repeated() && !f->is_map() && f->type() == FieldDescriptor::TYPE_MESSAGE && i + 1 == parts.size()) {
+      // A list of sections (lr.param_rules): each --set appends one entry, written in text
+      // format with or without braces ('match: "bias$" wd_mult: 0').
+      std::string body = value;
+      const size_t first = body.find_first_not_of(" \t");
+      const size_t last = body.find_last_not_of(" \t");
+      if (first != std::string::npos && body[first] == '{' && body[last] == '}')
+        body = body.substr(first + 1, last - first - 1);
+      std::unique_ptr<Message> entry(msg->GetReflection()->GetMessageFactory()->GetPrototype(f->message_type())->New());
+      TextFormat::Parser parser;
+      FirstError errors;
+      parser.RecordErrorsTo(&errors);
+      if (!parser.ParseFromString(body, entry.get()))
+        throw HostError("--set '" + assignment + "': not a valid " + f->message_type()->name() + " entry (" +
+                        (errors.text.empty() ? "parse error" : errors.text) + ")" +
+                        (f->message_type()->name() == "ParamRule"
+                             ? "; e.g. --set '" + path + "=match: \"bias$\" wd_mult: 0'"
+                             : std::string()));
+      msg->GetReflection()->AddMessage(msg, f)->CopyFrom(*entry);
+      return;
+    }
     if (!f || f->is_map() || f->is_repeated()) {
       std::string msg_text = "--set '" + assignment + "': no config field '" + walked + parts[i] + "'";
       std::string guess = host::did_you_mean(parts[i], field_names(d, ""));
@@ -225,6 +247,48 @@ std::string config_value(const config::RunConfig& cfg, const std::string& path) 
   throw HostError("no config field '" + path + "'");
 }
 
+namespace {
+
+// Megatron's rules for --weight-decay-incr-style: constant uses weight_decay and takes no ends;
+// linear and cosine need both ends, 0 <= start <= end.
+void validate_weight_decay(const config::LrSchedule& lr) {
+  const std::string& style = lr.weight_decay_incr_style();
+  if (!style.empty() && style != "constant" && style != "linear" && style != "cosine")
+    throw HostError("config: lr.weight_decay_incr_style must be constant, linear or cosine, got '" + style + "'");
+  if (!std::isfinite(lr.weight_decay()) || lr.weight_decay() < 0)
+    throw HostError("config: lr.weight_decay must be a finite number >= 0");
+  if (style.empty() || style == "constant") {
+    if (lr.has_start_weight_decay() || lr.has_end_weight_decay())
+      throw HostError(
+          "config: lr.start_weight_decay and lr.end_weight_decay need lr.weight_decay_incr_style linear or cosine "
+          "(a constant schedule uses lr.weight_decay)");
+  } else {
+    if (!lr.has_start_weight_decay() || !lr.has_end_weight_decay())
+      throw HostError("config: lr.weight_decay_incr_style=" + style +
+                      " needs lr.start_weight_decay and lr.end_weight_decay");
+    if (!std::isfinite(lr.start_weight_decay()) || !std::isfinite(lr.end_weight_decay()) ||
+        lr.start_weight_decay() < 0 || lr.end_weight_decay() < lr.start_weight_decay())
+      throw HostError("config: lr.start_weight_decay and lr.end_weight_decay must be finite with 0 <= start <= end, got " +
+                      std::to_string(lr.start_weight_decay()) + " and " + std::to_string(lr.end_weight_decay()));
+  }
+  for (int i = 0; i < lr.param_rules_size(); ++i) {
+    const auto& r = lr.param_rules(i);
+    const std::string which = "config: lr.param_rules[" + std::to_string(i) + "]";
+    if (r.match().empty()) throw HostError(which + ": 'match' (a regular expression) is empty");
+    try {
+      std::regex re(r.match());
+    } catch (const std::regex_error& e) {
+      throw HostError(which + ": 'match' \"" + r.match() + "\" is not a valid regular expression (" + e.what() + ")");
+    }
+    if (r.has_lr_mult() && (!std::isfinite(r.lr_mult()) || r.lr_mult() < 0))
+      throw HostError(which + ": lr_mult must be a finite number >= 0");
+    if (r.has_wd_mult() && (!std::isfinite(r.wd_mult()) || r.wd_mult() < 0))
+      throw HostError(which + ": wd_mult must be a finite number >= 0");
+  }
+}
+
+}  // namespace
+
 void validate_config(const config::RunConfig& cfg) {
   const auto& t = cfg.train();
   auto positive = [](int64_t v, const char* name) {
@@ -273,9 +337,12 @@ void validate_config(const config::RunConfig& cfg) {
       throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
                       "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
   }
+  validate_weight_decay(lr);
   if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
     throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
   if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
+  if (cfg.logging().tensorboard_log_interval() < 0)
+    throw HostError("config: logging.tensorboard_log_interval must be >= 0 (0 = every iteration)");
   if (lr.min_lr() > lr.lr())
     throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
                     std::to_string(lr.lr()) + ")");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dtk/host/plugin_host.hpp"
+
 namespace dtk::core {
 
 double learning_rate(int64_t it, const LrParams& p) {
@@ -42,6 +44,14 @@ double learning_rate(int64_t it, const LrParams& p) {
   return p.min_lr + coeff * (p.max_lr - p.min_lr);
 }
 
+double weight_decay(int64_t it, const LrParams& p) {
+  const double step = static_cast<double>(it);
+  if (step > p.wd_incr_iters || p.wd_style == "constant") return p.end_wd;
+  const double ratio = p.wd_incr_iters > 0 ? step / p.wd_incr_iters : 1.0;
+  const double coeff = p.wd_style == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);  // cosine
+  return p.start_wd + coeff * (p.end_wd - p.start_wd);
+}
+
 double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
                      const std::string& style) {
   LrParams p;
@@ -61,6 +71,26 @@ LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t
   params_.style = lr.lr_decay_style();
   if (!lr.lr_wsd_decay_style().empty()) params_.wsd_style = lr.lr_wsd_decay_style();
   params_.wsd_decay_iters = lr.lr_wsd_decay_iters();
+  // Megatron: a constant style decays by weight_decay throughout; the others need both ends.
+  params_.wd_style = lr.weight_decay_incr_style().empty() ? "constant" : lr.weight_decay_incr_style();
+  const bool constant = params_.wd_style == "constant";
+  params_.start_wd = constant ? lr.weight_decay() : lr.start_weight_decay();
+  params_.end_wd = constant ? lr.weight_decay() : lr.end_weight_decay();
+  params_.wd_incr_iters = static_cast<double>(train_iters);
+  reference_wd_ = params_.end_wd;
+}
+
+void LearningRateSchedule::set_params(const LrParams& p) {
+  const LrParams mine = params_;
+  params_ = p;
+  if (!p.has_wd) {
+    params_.start_wd = mine.start_wd, params_.end_wd = mine.end_wd;
+    params_.wd_style = mine.wd_style, params_.wd_incr_iters = mine.wd_incr_iters, params_.has_wd = true;
+  }
+  if (reference_wd_ == 0 && (params_.start_wd > 0 || params_.end_wd > 0))
+    throw host::HostError(
+        "checkpoint.use_checkpoint_opt_param_scheduler: the checkpoint's schedule decays weights but this run's "
+        "lr.weight_decay is 0, so its optimizer groups have none; set lr.weight_decay (or the schedule's ends)");
 }
 
 }  // namespace dtk::core

@@ -155,6 +155,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.tensorboard_dir = cfg.logging().tensorboard_dir();
   log.metrics_jsonl = cfg.logging().metrics_jsonl();
   log.peak_tflops = peak_tflops_;
+  log.tensorboard_log_interval = cfg.logging().tensorboard_log_interval();
   log.timers = &timers_;
   log.topo = &topo_;
   setup_model_and_optimizer();
@@ -170,14 +171,15 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     trace::configure(ts);
   }
   load_checkpoint();
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
                 " > training FLOPs per token: %.4g (2cN + 4cLhs with c = %d%s, N = %lld parameters of the whole "
-                "model, L = %d layers, h = %d, s = %lld); TFLOP/s per device = FLOPs per token x tokens/s / %d "
+                "model, L = %lld layers, h = %lld, s = %lld); TFLOP/s per device = FLOPs per token x tokens/s / %d "
                 "ranks",
                 stats_.flops_per_token, stats_.passes, stats_.passes == 4 ? " (full recompute)" : "",
-                static_cast<long long>(stats_.model_parameters), model_->info().num_layers,
-                model_->info().hidden_size, static_cast<long long>(plan_.seq_length()), topo_.world_size);
+                static_cast<long long>(stats_.model_parameters), static_cast<long long>(model_->info().num_layers),
+                static_cast<long long>(model_->info().hidden_size), static_cast<long long>(plan_.seq_length()),
+                topo_.world_size);
   log_->print(line);
   if (scaler_.kind() != GradScaler::Kind::kNone) {
     std::snprintf(line, sizeof line, " > loss scaling: %s, scale %.6g", scaler_.dynamic() ? "dynamic" : "static",
@@ -232,8 +234,10 @@ void Trainer::setup_model_and_optimizer() {
   stats_ = model_stats(model_->parameters(), info, topo_.tp_size);
   strategy_ = std::make_unique<StrategyInstance>(strategy_slot_.plugin, build_context(strategy_slot_));
   strategy_->setup(*model_);
+  const ParamGroups groups(cfg_.lr(), schedule_.reference_weight_decay());
+  if (schedule_.weight_decay_varies()) require_weight_decay_scale();
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
-                                                   strategy_->optimizer_params(), cfg_.lr().weight_decay());
+                                                   strategy_->optimizer_params(), groups);
   step_ = std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_));
   LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
             << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
@@ -244,6 +248,24 @@ void Trainer::setup_model_and_optimizer() {
     std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", who.c_str(),
                 topo_.tp_rank, topo_.pp_rank, static_cast<long long>(stats_.num_parameters));
     std::fflush(stdout);
+  }
+  // The groups by the model's own parameters (a ZeRO shard list would show this rank's part).
+  if (topo_.world_rank == 0)
+    for (const auto& line : groups.describe(model_->parameters())) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// A weight-decay schedule reaches the optimizer through dtk_optimizer_step_args.weight_decay_scale
+// (ABI 2.2), passed on by the strategy: a plugin built for an earlier minor would silently decay
+// by the schedule's end value throughout.
+void Trainer::require_weight_decay_scale() const {
+  for (const Slot* slot : {&optimizer_slot_, &strategy_slot_}) {
+    const dtk_plugin_entry* e = slot->plugin.entry;
+    if (e->abi_major == DTK_ABI_MAJOR && e->abi_minor < 2)
+      throw HostError("config: lr.weight_decay_incr_style=" + cfg_.lr().weight_decay_incr_style() + " needs " +
+                      host::kind_name(e->kind) + " plugin '" + slot->plugin.name() + "' built for DTK ABI 2.2 or later (it is " +
+                      std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
+                      "; rebuild it against this SDK)");
   }
 }
 
@@ -316,6 +338,13 @@ void Trainer::check_schedule(const LrParams& saved, const std::string& dir) {
   num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
       static_cast<double>(now.decay_iters));
   str("lr.lr_decay_style", saved.style, now.style);
+  if (saved.has_wd) {  // Megatron's _check_and_set covers the weight-decay schedule as well
+    str("lr.weight_decay_incr_style", saved.wd_style, now.wd_style);
+    num("start weight decay (lr.start_weight_decay, or lr.weight_decay when constant)", saved.start_wd, now.start_wd);
+    num("end weight decay (lr.end_weight_decay, or lr.weight_decay when constant)", saved.end_wd, now.end_wd);
+    if (saved.wd_style != "constant" || now.wd_style != "constant")
+      num("weight-decay iterations (train.train_iters)", saved.wd_incr_iters, now.wd_incr_iters);
+  }
   if (saved.style == "WSD" && now.style == "WSD") {
     str("lr.lr_wsd_decay_style", saved.wsd_style, now.wsd_style);
     num("lr.lr_wsd_decay_iters", static_cast<double>(saved.wsd_decay_iters), static_cast<double>(now.wsd_decay_iters));
@@ -422,6 +451,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   const double scaled_norm = strategy_->clip_and_norm(cfg_.train().clip_grad() * scale);
   r.grad_norm = scaled_norm / scale;
   clip.reset();
+  if (cfg_.logging().log_num_zeros_in_grad()) r.num_zeros = num_zeros_in_grad();
   if (trace::active()) trace::span("reduce gradients, norm", "step", reduce_start, trace::now_ns());
   const int64_t update_start = trace::now_ns();
   r.skipped = !std::isfinite(scaled_norm);
@@ -429,7 +459,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.loss_scale = scaler_.scale();
   if (!r.skipped) {
     // The optimizer divides the gradients by the scale they carry.
-    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale};
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale,
+                                       schedule_.weight_decay_scale(progress_.scheduler_step)};
     {
       auto t = timers_.scope(Phase::kOptimizerStep);
       // An offloaded optimizer's state is host memory, wherever the process allocates it.
@@ -475,6 +506,30 @@ double Trainer::params_norm() {
   return std::sqrt(total.item<double>());
 }
 
+// Megatron's count_zeros_fp32: zero entries of the gradients the optimizer steps, every element of
+// the model once: a tensor-parallel shard on each TP rank, a replicated tensor on TP rank 0 only;
+// under a sharded strategy (ZeRO) each data-parallel rank counts its own shard, else one DP rank's
+// (replicated) gradients stand for all. Tied tensors count once.
+double Trainer::num_zeros_in_grad() {
+  at::Tensor total = at::zeros({}, at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    std::set<const void*> seen;
+    for (const Param& p : optimizer_->params()) {
+      const at::Tensor& g = p.tensor.grad();
+      if (!g.defined() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+      if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
+      total += (g == 0).sum().to(at::kDouble);
+    }
+  }
+  const bool sharded = strategy_->info().sharded_state != 0;
+  if (sharded && topo_.world_size > 1)
+    all_reduce(total, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+  else if (topo_.tp_size * topo_.pp_size > 1)
+    all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM).wait();
+  return total.item<double>();
+}
+
 // What this rank holds at the end of the step, before the gradients are cleared.
 MemorySample Trainer::memory_sample() const {
   MemorySample m;
@@ -514,7 +569,7 @@ void Trainer::train() {
     progress_.iteration = it;
     progress_.consumed_train_samples = it * plan_.global_batch_size();
     if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
-      evaluate(DTK_SPLIT_VALID, "validation", it);
+      evaluate(DTK_SPLIT_VALID, "validation", "iteration " + std::to_string(it), it);
       progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
     }
     if (saving && save_interval > 0 && it % save_interval == 0) save(it);
@@ -550,7 +605,7 @@ void Trainer::print_bench_summary() {
 // Megatron's evaluate_and_print_results: eval_iters global batches of `split`, no gradients.
 // Validation continues through its split across evaluations (and across a resume: the loop
 // advances consumed_valid_samples after each periodic one); test starts at its beginning.
-void Trainer::evaluate(int32_t split, const char* what, int64_t iteration) {
+void Trainer::evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration) {
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kEvaluate);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
@@ -573,7 +628,7 @@ void Trainer::evaluate(int32_t split, const char* what, int64_t iteration) {
     }
   }
   model_->set_training(true);
-  log_->report_evaluation(what, iteration, metrics);
+  log_->report_evaluation(what, label, iteration, metrics);
 }
 
 void Trainer::save(int64_t iteration) {
@@ -591,8 +646,10 @@ void Trainer::save(int64_t iteration) {
 }
 
 void Trainer::final_evaluation() {
-  evaluate(DTK_SPLIT_VALID, "validation", plan_.train_iters());
-  evaluate(DTK_SPLIT_TEST, "test", plan_.train_iters());
+  // Megatron's labels for the evaluation after training.
+  const std::string at = "iteration " + std::to_string(plan_.train_iters());
+  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", plan_.train_iters());
+  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", plan_.train_iters());
 }
 
 }  // namespace dtk::core

@@ -86,12 +86,10 @@ void TrainingLog::record(const IterationResult& r) {
   ++iterations_;
   // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
   // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite.
-  if (r.skipped) {
+  if (r.skipped)
     ++skipped_;
-  } else {
-    norm_sum_ += r.grad_norm, ++norm_count_;
+  else
     window_.merge(r.metrics);
-  }
   for (const auto& name : r.metrics.names())
     if (!std::isfinite(r.metrics.mean(name))) {
       ++nan_iterations_;
@@ -103,11 +101,34 @@ void TrainingLog::record(const IterationResult& r) {
     sum->exposed_ms += t->exposed_ms;
     sum->collectives += t->collectives;
   }
+  if (tensorboard_ && r.iteration % std::max<int64_t>(1, setup_.tensorboard_log_interval) == 0)
+    write_iteration_scalars(r);
   if (logs(r.iteration)) {
     print_window(r);
     if (r.memory) print_memory(r.iteration, *r.memory);
     clear_window();
   }
+}
+
+// Megatron's training_log writes the iteration's own values (not the window's means), each against
+// the iteration and against the samples consumed; a skipped iteration has no loss and no norm.
+void TrainingLog::write_iteration_scalars(const IterationResult& r) {
+  const int64_t it = r.iteration;
+  add_scalar("learning-rate", r.learning_rate, it);
+  add_scalar("batch-size", static_cast<double>(setup_.global_batch_size), it);
+  if (!r.skipped)
+    for (const auto& name : r.metrics.names()) add_scalar(name, r.metrics.mean(name), it);
+  add_scalar("loss-scale", r.loss_scale, it);
+  add_scalar("world-size", static_cast<double>(setup_.world_size), it);
+  if (!r.skipped) add_scalar("grad-norm", r.grad_norm, it);
+  if (std::isfinite(r.num_zeros)) add_scalar("num-zeros", r.num_zeros, it);
+  if (std::isfinite(r.params_norm)) add_scalar("params-norm", r.params_norm, it);
+  tensorboard_->flush();
+}
+
+void TrainingLog::add_scalar(const std::string& tag, double value, int64_t iteration) {
+  tensorboard_->add_scalar(tag, value, iteration);
+  tensorboard_->add_scalar(tag + " vs samples", value, iteration * setup_.global_batch_size);
 }
 
 // Megatron's report_memory line (after the first logged iteration), with DTK's breakdown: the
@@ -150,7 +171,9 @@ void TrainingLog::print_window(const IterationResult& last) {
   const double tokens_per_s = static_cast<double>(setup_.global_batch_size * setup_.seq_length) * n_it / secs;
   const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
   const double mfu = setup_.peak_tflops > 0 ? tflops / setup_.peak_tflops : NAN;
-  const double norm = norm_count_ ? norm_sum_ / static_cast<double>(norm_count_) : NAN;
+  // Megatron prints the last iteration's norm (none when it was skipped: DTK prints nan, so every
+  // line has the same fields).
+  const double norm = last.skipped ? NAN : last.grad_norm;
   trained_seconds_ += secs, trained_iterations_ += iterations_;
   const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
   const double eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
@@ -176,6 +199,10 @@ void TrainingLog::print_window(const IterationResult& last) {
   }
   std::snprintf(buf, sizeof buf, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, norm);
   line += buf;
+  if (std::isfinite(last.num_zeros)) {
+    std::snprintf(buf, sizeof buf, " num zeros: %.1f |", last.num_zeros);
+    line += buf;
+  }
   if (std::isfinite(last.params_norm)) {
     std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
     line += buf;
@@ -219,6 +246,7 @@ void TrainingLog::print_window(const IterationResult& last) {
     for (const auto& name : window_.names()) o.add(name, window_.mean(name));
     o.add("loss_scale", last.loss_scale).add("grad_norm", norm);
     if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
+    if (std::isfinite(last.num_zeros)) o.add("num_zeros", last.num_zeros);
     o.add("skipped_iterations", skipped_)
         .add("nan_iterations", nan_iterations_)
         .add("peak_rss_mb", rss_mb)
@@ -236,13 +264,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   if (!tensorboard_) return;
   const int64_t it = last.iteration;  // Megatron's training_log tags
   for (const auto& row : timer_rows) tensorboard_->add_scalar(row.name + "-time", row.max_ms / 1e3, it);
-  tensorboard_->add_scalar("learning-rate", last.learning_rate, it);
-  tensorboard_->add_scalar("batch-size", static_cast<double>(setup_.global_batch_size), it);
-  for (const auto& name : window_.names()) tensorboard_->add_scalar(name, window_.mean(name), it);
-  tensorboard_->add_scalar("loss-scale", last.loss_scale, it);
   if (std::isfinite(mfu)) tensorboard_->add_scalar("mfu", mfu, it);
-  if (norm_count_) tensorboard_->add_scalar("grad-norm", norm, it);
-  if (std::isfinite(last.params_norm)) tensorboard_->add_scalar("params-norm", last.params_norm, it);
   tensorboard_->add_scalar("iteration-time", secs / n_it, it);
   tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
   tensorboard_->add_scalar("throughput-tflops", tflops, it);
@@ -256,15 +278,15 @@ void TrainingLog::print_window(const IterationResult& last) {
 
 void TrainingLog::clear_window() {
   window_.clear();
-  iterations_ = skipped_ = nan_iterations_ = norm_count_ = 0;
-  norm_sum_ = 0;
+  iterations_ = skipped_ = nan_iterations_ = 0;
   tp_comm_sum_ = dp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
 }
 
-void TrainingLog::report_evaluation(const std::string& what, int64_t iteration, const MetricAverager& metrics) {
-  std::string line = " " + what + " loss at iteration " + std::to_string(iteration) + " | ";
+void TrainingLog::report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
+                                    const MetricAverager& metrics) {
+  std::string line = " validation loss at " + label + " | ";
   char buf[256];
   for (const auto& name : metrics.names()) {
     const double v = metrics.mean(name);
@@ -286,8 +308,8 @@ void TrainingLog::report_evaluation(const std::string& what, int64_t iteration, 
   if (!tensorboard_) return;
   for (const auto& name : metrics.names()) {
     const double v = metrics.mean(name);
-    tensorboard_->add_scalar(name + " " + what, v, iteration);
-    tensorboard_->add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration);
+    add_scalar(name + " " + what, v, iteration);
+    add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration);
   }
   tensorboard_->flush();
 }

@@ -65,6 +65,7 @@ class AdamW : public dtk::Optimizer {
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
       const double lr = args.lr * g.lr_scale;
+      const double weight_decay = g.decay_at(args);
       for (size_t i = 0; i < g.params.size(); ++i) {
         at::Tensor& p = g.params[i];
         if (!p.grad().defined()) continue;
@@ -80,7 +81,7 @@ class AdamW : public dtk::Optimizer {
                                static_cast<float>(beta2_),
                                static_cast<float>(1.0 - beta1_),
                                static_cast<float>(1.0 - beta2_),
-                               static_cast<float>(1.0 - lr * g.weight_decay),
+                               static_cast<float>(1.0 - lr * weight_decay),
                                static_cast<float>(lr / bc1),
                                static_cast<float>(1.0 / std::sqrt(bc2)),
                                static_cast<float>(eps_),
@@ -93,7 +94,7 @@ class AdamW : public dtk::Optimizer {
         if (args.grad_scale != 1.0) grad = grad / args.grad_scale;
         m.mul_(beta1_).add_(grad, 1.0 - beta1_);
         v.mul_(beta2_).addcmul_(grad, grad, 1.0 - beta2_);
-        if (g.weight_decay != 0) p.mul_(1.0 - lr * g.weight_decay);
+        if (weight_decay != 0) p.mul_(1.0 - lr * weight_decay);
         at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(eps_);
         p.addcdiv_(m, denom, -lr / bc1);
       }

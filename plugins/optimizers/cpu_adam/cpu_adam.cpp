@@ -65,7 +65,7 @@ class CpuAdam : public dtk::Optimizer {
       dtk::cpu_adam::AdamParams k;
       k.lr = static_cast<float>(args.lr * g.lr_scale);
       k.beta1 = static_cast<float>(beta1_), k.beta2 = static_cast<float>(beta2_), k.eps = static_cast<float>(eps_);
-      k.weight_decay = static_cast<float>(g.weight_decay);
+      k.weight_decay = static_cast<float>(g.decay_at(args));
       k.adamw = adamw_, k.bias_correction = bias_correction_;
       k.step = step;
       k.grad_scale = static_cast<float>(args.grad_scale);

@@ -25,12 +25,13 @@ class Sgd : public dtk::Optimizer {
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
       const double lr = args.lr * g.lr_scale;
+      const double weight_decay = g.decay_at(args);
       for (size_t i = 0; i < g.params.size(); ++i) {
         at::Tensor& p = g.params[i];
         if (!p.grad().defined()) continue;
         at::Tensor d = p.grad();
         if (args.grad_scale != 1.0) d = d / args.grad_scale;
-        if (g.weight_decay != 0) d = d.add(p, g.weight_decay);
+        if (weight_decay != 0) d = d.add(p, weight_decay);
         if (momentum_ != 0) {
           at::Tensor& b = buf_[gi][i];
           if (!b.defined())

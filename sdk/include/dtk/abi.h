@@ -116,7 +116,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 1
+#define DTK_ABI_MINOR 2
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -839,10 +839,12 @@ typedef struct dtk_param_group {
 DTK_DEFINE_STRUCT_SIZE(dtk_param_group, 2_0, lr_scale);
 DTK_DEFINE_STRUCT_TRAITS(dtk_param_group, lr_scale);
 
-/* The DTK host passes two groups in a fixed order, group 0 the parameters with weight decay and
- * group 1 those without (biases, norm weights), so that a parameter's group, and the state names
- * an optimizer derives from it, do not depend on which other parameters a rank holds. Either group
- * may be empty (count 0): a ZeRO partition can hold no parameter of one kind. */
+/* The DTK host passes its groups in a fixed order that depends only on the run's configuration,
+ * so that a parameter's group, and the state names an optimizer derives from it, do not depend on
+ * which other parameters a rank holds: group 0 the parameters with weight decay, group 1 those
+ * without (biases, norm weights), then (2.2) the groups of the config's parameter rules
+ * (lr.param_rules: a learning-rate and weight-decay multiplier for parameters matched by name).
+ * Any group may be empty (count 0): a ZeRO partition can hold no parameter of one kind. */
 typedef struct dtk_optimizer_create_args {
   size_t struct_size;
   const dtk_build_context* context; /* [borrowed] */
@@ -857,9 +859,16 @@ typedef struct dtk_optimizer_step_args {
   double lr;
   int64_t iteration; /* 1-based optimizer step number */
   double grad_scale; /* gradients are multiplied by 1/grad_scale before use (loss scaling) */
+  /* ABI 2.2. This step's weight decay of group g is groups[g].weight_decay x weight_decay_scale
+   * (a weight-decay schedule: Megatron's start_weight_decay -> end_weight_decay, where a group's
+   * weight_decay is its value at the end of the schedule). 1.0 when the schedule is constant.
+   * Written by 2.2 hosts; an optimizer reads it only when struct_size covers it (DTK_HAS_FIELD)
+   * and uses 1.0 otherwise (dtk::ParamGroup::decay_at in the SDK does both). */
+  double weight_decay_scale;
 } dtk_optimizer_step_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_0, grad_scale);
-DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, grad_scale);
+DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_2, weight_decay_scale);
+DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, weight_decay_scale);
 
 /* Every function is [main-thread]. */
 typedef struct dtk_optimizer_api {

@@ -17,8 +17,15 @@ namespace dtk {
 struct ParamGroup {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  double weight_decay = 0.0;
-  double lr_scale = 1.0;
+  double weight_decay = 0.0;  // at the end of a weight-decay schedule (the whole run when constant)
+  double lr_scale = 1.0;      // effective lr = step lr x lr_scale
+
+  // This step's weight decay: weight_decay x args.weight_decay_scale (ABI 2.2; a host of an
+  // earlier minor does not pass the scale, which then is 1).
+  double decay_at(const dtk_optimizer_step_args& args) const {
+    const bool has = args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_2;
+    return weight_decay * (has ? args.weight_decay_scale : 1.0);
+  }
 };
 
 // Arrays of versioned structs are walked with their elements' own struct_size (abi.h rule 2):

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtk/core/param_groups.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 namespace dtk::core {
@@ -60,10 +61,10 @@ class StepInstance {
 
 class OptimizerInstance {
  public:
-  // Creates the optimizer over `params` in two groups, always in this order (abi.h): 0 = with
-  // weight decay, 1 = without (info.no_weight_decay); either may be empty.
+  // Creates the optimizer over `params` in the groups of `groups` (param_groups.hpp), every group
+  // passed in its fixed order, empty or not (abi.h).
   OptimizerInstance(const host::Plugin& plugin, const dtk_build_context& ctx, std::vector<Param> params,
-                    double weight_decay);
+                    const ParamGroups& groups);
   ~OptimizerInstance();
   const dtk_optimizer_ref* ref() const { return &ref_; }
   TensorList state_save() const;

@@ -21,8 +21,16 @@ struct LrParams {
   std::string style = "cosine";
   std::string wsd_style = "exponential";
   int64_t wsd_decay_iters = 0;
+  // Megatron's get_wd: start_wd -> end_wd as wd_style ("constant", "linear", "cosine") over
+  // wd_incr_iters (the whole run), then end_wd. has_wd: false for a checkpoint written before
+  // DTK saved it (nothing to compare on resume).
+  double start_wd = 0, end_wd = 0;
+  std::string wd_style = "constant";
+  double wd_incr_iters = 0;
+  bool has_wd = true;
 };
 double learning_rate(int64_t step, const LrParams& p);
+double weight_decay(int64_t step, const LrParams& p);
 // The common case (no init_lr, no WSD).
 double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
                      const std::string& style);
@@ -31,13 +39,25 @@ double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_
 // a successful optimizer update (a skipped iteration keeps the rate).
 class LearningRateSchedule {
  public:
+  // train_iters: the run's length (the weight-decay schedule spans it).
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
   double rate(int64_t step) const { return learning_rate(step, params_); }
+  // The weight decay at `step` relative to its end value (the optimizer groups' weight_decay):
+  // dtk_optimizer_step_args.weight_decay_scale. 1 for a constant schedule.
+  double weight_decay_scale(int64_t step) const {
+    return reference_wd_ > 0 ? weight_decay(step, params_) / reference_wd_ : 1.0;
+  }
+  // The weight decay the optimizer groups were built with (the config's end value).
+  double reference_weight_decay() const { return reference_wd_; }
+  bool weight_decay_varies() const { return params_.wd_style != "constant" && params_.start_wd != params_.end_wd; }
   const LrParams& params() const { return params_; }
-  void set_params(const LrParams& p) { params_ = p; }  // the checkpoint's schedule, on request
+  // The checkpoint's schedule, on request (a checkpoint without a weight-decay schedule keeps
+  // this run's; one whose weight decay is not a multiple of the groups' is refused).
+  void set_params(const LrParams& p);
 
  private:
   LrParams params_;
+  double reference_wd_ = 0;
 };
 
 }  // namespace dtk::core

@@ -63,8 +63,10 @@ class Trainer {
   IterationResult train_step(int64_t iteration);
   MemorySample memory_sample() const;
   double params_norm();
+  double num_zeros_in_grad();
+  void require_weight_decay_scale() const;
   void print_bench_summary();
-  void evaluate(int32_t split, const char* what, int64_t iteration);
+  void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration);
   void save(int64_t iteration);
 
   const config::RunConfig& cfg_;

@@ -56,6 +56,7 @@ struct IterationResult {
   bool skipped = false;      // the update was skipped (non-finite gradients)
   double loss_scale = 1;     // after this iteration's update of the scaler (Megatron logs that)
   double params_norm = NAN;  // logging.log_params_norm, on logged iterations
+  double num_zeros = NAN;    // logging.log_num_zeros_in_grad
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
@@ -74,6 +75,7 @@ class TrainingLog {
     std::string tensorboard_dir;  // empty: no event file
     std::string metrics_jsonl;    // empty: no metrics file
     double peak_tflops = 0;       // per device; > 0 adds MFU to the line
+    int64_t tensorboard_log_interval = 1;  // iterations between TensorBoard points
     Timers* timers = nullptr;     // reported (collectively) at each log line when its level > 0
     const Topology* topo = nullptr;
   };
@@ -86,8 +88,10 @@ class TrainingLog {
   bool logs(int64_t iteration) const {
     return iteration % setup_.log_interval == 0 || iteration == setup_.train_iters;
   }
-  // Validation/test results: Megatron's dashed block and TensorBoard "<metric> <what>" tags.
-  void report_evaluation(const std::string& what, int64_t iteration, const MetricAverager& metrics);
+  // Validation/test results: Megatron's dashed block (" validation loss at iteration N[ on test
+  // set] | ...": `label` follows "at") and TensorBoard "<metric> <what>" tags.
+  void report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
+                         const MetricAverager& metrics);
   // Prints a line from the printing rank only, flushed (so it precedes any later error line).
   void print(const std::string& line) const;
 
@@ -105,6 +109,9 @@ class TrainingLog {
 
  private:
   void print_window(const IterationResult& last);
+  // Megatron's per-iteration TensorBoard scalars (tensorboard_log_interval), each also "vs samples".
+  void write_iteration_scalars(const IterationResult& r);
+  void add_scalar(const std::string& tag, double value, int64_t iteration);
   void print_memory(int64_t iteration, const MemorySample& m) const;
   void clear_window();
 
@@ -112,8 +119,7 @@ class TrainingLog {
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   std::unique_ptr<JsonlWriter> metrics_;
   MetricAverager window_;
-  int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0, norm_count_ = 0;
-  double norm_sum_ = 0;
+  int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0;
   CommTiming tp_comm_sum_, dp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};

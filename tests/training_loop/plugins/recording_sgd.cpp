@@ -1,0 +1,70 @@
+// recording_sgd — plain SGD with decoupled weight decay that writes what the host hands it to a
+// file (option `record`), so tests can check the optimizer groups (names, weight decay, lr
+// scale) and, per step, the learning rate and weight_decay_scale against Megatron's schedules:
+//   group <g> wd <weight_decay> lr_scale <lr_scale> <name> <name> ...
+//   step <iteration> lr <lr> wd_scale <weight_decay_scale or "none">
+// Built as sgd_v2_1 too (DTK_TEST_ABI_MINOR=1): an entry that says ABI 2.1, which predates
+// weight_decay_scale, so the host must refuse a weight-decay schedule with it.
+#include <dtk/optimizer.hpp>
+
+#include <fstream>
+
+namespace {
+
+const dtk_option_spec kOptions[] = {
+    dtk::opt_string("record", "", "File the groups and every step's arguments are written to."),
+};
+
+class RecordingSgd : public dtk::Optimizer {
+ public:
+  RecordingSgd(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
+      : groups_(std::move(groups)), path_(ctx.options.get_string("record")) {
+    if (path_.empty()) return;
+    std::ofstream out(path_, std::ios::trunc);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      out << "group " << g << " wd " << groups_[g].weight_decay << " lr_scale " << groups_[g].lr_scale;
+      for (const auto& n : groups_[g].names) out << " " << n;
+      out << "\n";
+    }
+  }
+
+  void step(const dtk_optimizer_step_args& args) override {
+    at::NoGradGuard no_grad;
+    if (!path_.empty()) {
+      std::ofstream out(path_, std::ios::app);
+      out.precision(17);
+      out << "step " << args.iteration << " lr " << args.lr << " wd_scale ";
+      if (args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_2)
+        out << args.weight_decay_scale << "\n";
+      else
+        out << "none\n";
+    }
+    for (auto& g : groups_) {
+      const double lr = args.lr * g.lr_scale, wd = g.decay_at(args);
+      for (auto& p : g.params) {
+        if (!p.grad().defined()) continue;
+        if (wd != 0) p.mul_(1.0 - lr * wd);
+        p.add_(p.grad(), -lr / args.grad_scale);
+      }
+    }
+  }
+
+  dtk::TensorList state_save() override { return {}; }
+  void state_load(const dtk::TensorList&) override {}
+
+ private:
+  std::vector<dtk::ParamGroup> groups_;
+  std::string path_;
+};
+
+}  // namespace
+
+#ifdef DTK_TEST_ABI_MINOR
+#undef DTK_ABI_MINOR
+#define DTK_ABI_MINOR DTK_TEST_ABI_MINOR
+DTK_PLUGIN("sgd_v2_1", DTK_KIND_OPTIMIZER, "1.0.0", "recording_sgd whose entry says ABI 2.1", DTK_TORCH_VERSION,
+           dtk::optimizer_api<RecordingSgd>(), kOptions)
+#else
+DTK_PLUGIN("recording_sgd", DTK_KIND_OPTIMIZER, "1.0.0", "SGD that records its groups and step arguments",
+           DTK_TORCH_VERSION, dtk::optimizer_api<RecordingSgd>(), kOptions)
+#endif

@@ -19,6 +19,7 @@
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
+#include "allocator.hpp"
 #include "launch.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
@@ -244,6 +245,7 @@ void report_error(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  use_caching_allocator(argv);  // may re-execute dtk with tcmalloc preloaded (allocator.hpp)
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +

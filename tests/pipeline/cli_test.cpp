@@ -161,3 +161,27 @@ TEST(Cli, ErrorLineComesAfterEarlierOutput) {
   ASSERT_NE(error, std::string::npos) << r.out;
   EXPECT_LT(params, error) << r.out;
 }
+
+// dtk runs on tcmalloc by default (apps/dtk/allocator.hpp: it re-executes itself with it
+// preloaded) and says which allocator it runs on; DTK_ALLOCATOR=system keeps glibc malloc, and the
+// process really has no tcmalloc mapped then.
+TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
+  const std::string args = kTiny + "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set eval.eval_iters=0 "
+                                   "--set logging.log_interval=1 ";
+  const Result def = run(args);
+  ASSERT_EQ(def.code, 0) << def.out;
+#ifdef DTK_TEST_HAVE_TCMALLOC
+  EXPECT_NE(def.out.find(" > memory allocator: tcmalloc (DTK_ALLOCATOR=system selects glibc malloc)"),
+            std::string::npos)
+      << def.out;
+#endif
+  ::setenv("DTK_ALLOCATOR", "system", 1);
+  const Result sys = run(args);
+  ::setenv("DTK_ALLOCATOR", "jemalloc", 1);
+  const Result bad = run(args);
+  ::unsetenv("DTK_ALLOCATOR");
+  ASSERT_EQ(sys.code, 0) << sys.out;
+  EXPECT_NE(sys.out.find(" > memory allocator: glibc malloc"), std::string::npos) << sys.out;
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(bad.out, "dtk: error: DTK_ALLOCATOR='jemalloc': expected 'tcmalloc' (the default) or 'system'\n");
+}

@@ -181,6 +181,12 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
                 static_cast<long long>(model_->info().hidden_size), static_cast<long long>(plan_.seq_length()),
                 topo_.world_size);
   log_->print(line);
+  // glibc malloc re-faults large activations every iteration (apps/dtk/allocator.hpp).
+  if (memory::malloc_name() == "tcmalloc")
+    log_->print(" > memory allocator: tcmalloc (DTK_ALLOCATOR=system selects glibc malloc)");
+  else
+    log_->print(" > memory allocator: glibc malloc (training runs several times slower than on tcmalloc: "
+                "apt-get install libtcmalloc-minimal4, and leave DTK_ALLOCATOR unset)");
   if (scaler_.kind() != GradScaler::Kind::kNone) {
     std::snprintf(line, sizeof line, " > loss scaling: %s, scale %.6g", scaler_.dynamic() ? "dynamic" : "static",
                   scaler_.scale());

@@ -23,7 +23,7 @@ std::string tcmalloc_path() {
 
 }  // namespace
 
-void use_caching_allocator(char** argv) {
+void use_caching_allocator(int argc, char** argv) {
 #if defined(__SANITIZE_ADDRESS__)
   return;  // the sanitizers bring their own allocator
 #endif
@@ -36,12 +36,18 @@ void use_caching_allocator(char** argv) {
   if (tcmalloc_loaded()) return;
   // Once only: if the preload did not take (a broken file), carry on with malloc.
   if (std::getenv("DTK_ALLOCATOR_REEXEC")) return;
+  // Only training allocates tensors in earnest: other commands start once (loading LibTorch
+  // twice costs about half a second). `dtk launch` passes the preload on to its ranks.
+  const bool train = argc >= 2 && !std::strcmp(argv[1], "train");
+  const bool launch = argc >= 2 && !std::strcmp(argv[1], "launch");
+  if (!train && !launch) return;
   const std::string path = tcmalloc_path();
   if (path.empty() || access(path.c_str(), R_OK) != 0) return;
   const char* old = std::getenv("LD_PRELOAD");
   const std::string preload = old && *old ? path + ":" + old : path;
   setenv("LD_PRELOAD", preload.c_str(), 1);
   setenv("DTK_ALLOCATOR_REEXEC", "1", 1);
+  if (launch) return;  // the launcher itself allocates nothing; its children start preloaded
   execv("/proc/self/exe", argv);
   // execv failed: continue in this process, as it was.
   if (old)

@@ -12,6 +12,8 @@
 //   DTK_TCMALLOC_PATH=FILE     this tcmalloc instead of the one found when dtk was configured
 #pragma once
 
-// Call first thing in main(). Returns when dtk already runs on tcmalloc, was asked not to, or
-// no tcmalloc is installed; otherwise it does not return (execv of /proc/self/exe).
-void use_caching_allocator(char** argv);
+// Call first thing in main(). For `dtk train` it re-executes dtk (execv of /proc/self/exe)
+// unless dtk already runs on tcmalloc, was asked not to, or no tcmalloc is installed; for
+// `dtk launch` it puts the preload into the environment its ranks inherit; other commands
+// (config, plugins, preprocess) start once, on malloc.
+void use_caching_allocator(int argc, char** argv);

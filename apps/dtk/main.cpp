@@ -245,7 +245,7 @@ void report_error(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  use_caching_allocator(argv);  // may re-execute dtk with tcmalloc preloaded (allocator.hpp)
+  use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded (allocator.hpp)
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +

@@ -346,6 +346,56 @@ TEST(GptModel, StepLossAndGradientsMatchReferenceForEveryMaskOption) {
   }
 }
 
+// The fused output layer (lm_head.hpp: gradients computed in forward, chunk by chunk) equals
+// Megatron's logits + vocab-parallel cross entropy for any incoming per-token gradient: uniform
+// (the mean), with masked tokens (its correction path), and arbitrary; at any chunk size; in
+// evaluation; tied and untied.
+TEST(GptModel, FusedOutputLayerEqualsTheLogitsPathForAnyLossGradient) {
+  for (const Shape& S : {kShapes[0], kShapes[1]}) {
+    for (const char* chunk : {"1", "5", "0"}) {
+      GPT fused(model_opts(S, S.vocab, {{"lm_head_chunk_tokens", chunk}}));
+      GPT plain(model_opts(S, S.vocab, {{"fused_lm_head", "false"}}));
+      at::Tensor text = random_text(3, S.seq + 1, S.vocab, 21);
+      const TensorList in{{"tokens", text.narrow(1, 0, S.seq)}, {"labels", text.narrow(1, 1, S.seq)}};
+      at::Generator g = at::detail::getDefaultCPUGenerator().clone();
+      g.set_current_seed(5);
+      at::Tensor masked = at::ones({3, S.seq}) / (3.0 * S.seq);
+      masked[0][2] = 0, masked[2][S.seq - 1] = 0, masked[1][0] = 0;
+      const std::pair<const char*, at::Tensor> grads[] = {
+          {"uniform", at::full({3, S.seq}, 0.25)}, {"masked", masked}, {"random", at::randn({3, S.seq}, g)}};
+      for (const auto& [what, grad] : grads) {
+        const std::string where = std::string(what) + " chunk " + chunk + (S.tied ? " tied" : " untied");
+        fused.zero_grad(), plain.zero_grad();
+        at::Tensor a = dtk::get(fused.forward(in), "loss"), b = dtk::get(plain.forward(in), "loss");
+        expect_close(a, b, 1e-5, "loss " + where);
+        a.backward(grad), b.backward(grad);
+        auto pa = fused.param_map(), pb = plain.param_map();
+        for (auto& [name, t] : pa) {  // relative to the gradient's size (random ones are O(10))
+          const double scale = 1.0 + pb[name].grad().abs().max().item<double>();
+          expect_close(t.grad(), pb[name].grad(), 1e-5 * scale, "grad " + name + " " + where);
+        }
+      }
+      fused.train(false), plain.train(false);
+      at::NoGradGuard no_grad;
+      expect_close(dtk::get(fused.forward(in), "loss"), dtk::get(plain.forward(in), "loss"), 1e-5, "eval");
+    }
+  }
+  // Its gradients are computed once: a second backward is a clear error, not wrong numbers.
+  const Shape& S = kShapes[0];
+  GPT fused(model_opts(S, S.vocab));
+  at::Tensor text = random_text(2, S.seq + 1, S.vocab, 3);
+  at::Tensor loss = dtk::get(fused.forward({{"tokens", text.narrow(1, 0, S.seq)}, {"labels", text.narrow(1, 1, S.seq)}}),
+                             "loss").sum();
+  loss.backward({}, /*retain_graph=*/true);
+  try {
+    loss.backward();
+    ADD_FAILURE() << "a second backward through the fused output layer ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the fused output layer's backward ran twice"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GptModel, CausalMaskLeaksNothing) {
   const Shape S{2, 32, 4, 128, 12, 64, true};
   GPT model(model_opts(S, S.vocab));

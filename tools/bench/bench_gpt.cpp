@@ -15,6 +15,7 @@
 #include <dtk/tensor.hpp>
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
@@ -100,6 +101,12 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
     dtk::unwrap(loss).backward();
   };
   one();  // warm-up (allocator, kernels)
+  if (const char* trace = std::getenv("DTK_BENCH_PROFILE")) {  // one profiled iteration (chrome trace)
+    std::string name = S.name;
+    std::replace_if(name.begin(), name.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '-');
+    torch::autograd::profiler::RecordProfile profile(std::string(trace) + "." + name + ".json");
+    one();
+  }
   // Median of per-iteration times: robust to other processes on a shared machine.
   std::vector<double> times;
   for (int i = 0; i < iters; ++i) {

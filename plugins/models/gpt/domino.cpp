@@ -121,7 +121,7 @@ struct State : torch::CustomClassHolder {
 
   bool with_head() const { return stack.head && labels.defined(); }
   at::Tensor tokens, positions;   // with the embedding in the schedule
-  at::Tensor embedding_keep;      // its dropout mask, whole micro-batch
+  DropoutMask embedding_keep;     // its dropout mask, whole micro-batch
   std::vector<Piece> embedding_pieces;  // [chunk]: only `out` (no input gradient)
   bool with_embedding() const { return stack.embedding && tokens.defined(); }
 
@@ -202,12 +202,12 @@ struct State : torch::CustomClassHolder {
       // Position ids of one row ([1, s]) serve every sequence, as in plain TP's broadcast add.
       const at::Tensor pos = positions.size(0) == 1 ? positions : positions.narrow(0, start[c], rows[c]);
       out = f.reduced + e.position(pos);
-      if (embedding_keep.defined()) out = apply_dropout(out, embedding_keep.narrow(0, start[c], rows[c]), e.dropout);
+      out = apply_dropout(out, embedding_keep.rows(start[c], rows[c]));
     }
     f.reduced = at::Tensor();
     if (embedding_graph) embedding_pieces[c].out = out;
     if (c + 1 == static_cast<size_t>(chunks)) {
-      embedding_keep = at::Tensor();
+      embedding_keep = DropoutMask();
       at::AutoGradMode mode(embedding_graph);
       fire_module(&dtk_module_hooks::post_forward, e.module, "post_forward");
     }
@@ -220,7 +220,7 @@ struct State : torch::CustomClassHolder {
     at::AutoGradMode mode(embedding_graph);
     fire_module(&dtk_module_hooks::pre_forward, e.module, "pre_forward");
     // Plain TP draws the embedding's mask before the first layer's: so does this.
-    if (training && e.dropout > 0.0) embedding_keep = draw_keep_mask({batch, seq, stack.config->hidden}, e.dropout, device, rng.hidden);
+    if (training && e.dropout > 0.0) embedding_keep = draw_keep_mask({batch, seq, stack.config->hidden}, e.dropout, rng.hidden);
     for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
       TraceSpan span("compute", [&] { return "embedding, chunk " + std::to_string(c); });
       InFlight& f = flight[c];
@@ -244,7 +244,7 @@ struct State : torch::CustomClassHolder {
         fire(&dtk_module_hooks::pre_forward, l, "pre_forward");
       }
       if (save_inputs) layer_rng[l] = rng.clone();
-      masks[l] = layer(l).draw_masks(batch, seq, device, rng, training);
+      masks[l] = layer(l).draw_masks(batch, seq, rng, training);
       if (graph) {
         for (auto& stage : pieces[l]) {
           stage.clear();
@@ -258,7 +258,7 @@ struct State : torch::CustomClassHolder {
           if (s == 0 && save_inputs) layer_inputs[l][c] = in;
           const Layer& ly = layer(l);
           const ColumnParallelLinear& column = ly.stage_column(s);
-          const at::Tensor probs_keep = s == 0 ? masks[l].rows(start[c], rows[c]).attention_probs : at::Tensor();
+          const DropoutMask probs_keep = s == 0 ? masks[l].rows(start[c], rows[c]).attention_probs : DropoutMask();
           InFlight& f = flight[c];
           f.layer = l;
           f.stage = s;

@@ -35,6 +35,7 @@
 
 #include "domino.hpp"
 #include "layer.hpp"
+#include "lm_head.hpp"
 #include "tensor_parallel.hpp"
 
 namespace dtk::gpt {
@@ -137,6 +138,8 @@ class GPTModel : public Model {
     c_.untie = o.get_bool("untie_embeddings_and_output_weights");
     c_.recompute = o.get_string("recompute_activations") == "full";
     c_.domino_chunks = o.get_int("domino_chunks");
+    c_.fused_lm_head = o.get_bool("fused_lm_head");
+    c_.lm_head_chunk_tokens = o.get_int("lm_head_chunk_tokens");
     validate(ctx);
     c_.padded_vocab = padded_vocab_size(c_.vocab, c_.divisible_by, tp_.size);
 
@@ -188,8 +191,8 @@ class GPTModel : public Model {
       head_.module = output_module();
       domino_.head = &head_;
     }
-    rng_ = {make_generator(ctx.device, rng_seed(DTK_RNG_DEFAULT)),
-            make_generator(ctx.device, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
+    // CPU generators on every device: they only seed the masks (dropout.hpp).
+    rng_ = {make_generator(at::kCPU, rng_seed(DTK_RNG_DEFAULT)), make_generator(at::kCPU, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
   }
 
   // Checkpoint state: the parameters (Model's default: each once, tied embedding once) plus the
@@ -274,9 +277,12 @@ class GPTModel : public Model {
     if (!post_) return {{"hidden_states", h}};
 
     at::Tensor out = hooks_.run(output_module(), h, [&](const at::Tensor& x) {
-      at::Tensor logits =
-          parallel_lm_logits(layer_norm(x, final_ln_w_, final_ln_b_, c_.eps), c_.untie ? output_ : word_.weight, tp_,
-                             /*async_grad=*/c_.domino_chunks > 1);
+      const at::Tensor normed = layer_norm(x, final_ln_w_, final_ln_b_, c_.eps);
+      const at::Tensor& weight = c_.untie ? output_ : word_.weight;
+      // With labels the logits are never made whole (lm_head.hpp); without, they are the output.
+      if (labels && c_.fused_lm_head)
+        return fused_lm_head_loss(copy_to_tp_region(normed, tp_), weight, *labels, tp_, c_.lm_head_chunk_tokens);
+      at::Tensor logits = parallel_lm_logits(normed, weight, tp_, /*async_grad=*/c_.domino_chunks > 1);
       return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
     });
     return {{labels ? "loss" : "logits", out}};
@@ -415,6 +421,9 @@ class GPTModel : public Model {
     for (double p : {c_.hidden_dropout, c_.attention_dropout})
       if (p < 0.0 || p >= 1.0) throw Error("gpt: dropout probabilities must be in [0, 1)");
     if (c_.init_std <= 0.0) throw Error("gpt: init_method_std must be positive");
+    if (c_.lm_head_chunk_tokens < 0)
+      throw Error("gpt: option 'lm_head_chunk_tokens' must be >= 0 (0 = automatic), got " +
+                  std::to_string(c_.lm_head_chunk_tokens));
     if (c_.domino_chunks < 1)
       throw Error("gpt: option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " +
                   std::to_string(c_.domino_chunks));
@@ -458,6 +467,10 @@ const dtk_option_spec kOptions[] = {
              "Use a separate output layer instead of the word-embedding weight."),
     opt_enum("recompute_activations", "none", "none|full",
              "full = recompute every layer's activations in backward (one layer per checkpoint)."),
+    opt_bool("fused_lm_head", "true",
+             "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
+             "logits (false: Megatron's logits, then vocab-parallel cross entropy)."),
+    opt_int("lm_head_chunk_tokens", "0", "Tokens per chunk of the fused output layer; 0 = 512."),
     opt_int("domino_chunks", "1",
             "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces "
             "overlap the other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),

@@ -6,35 +6,13 @@
 
 namespace dtk::gpt {
 
-DropoutRng DropoutRng::clone() {
-  std::lock_guard<std::mutex> l1(hidden.mutex());
-  std::lock_guard<std::mutex> l2(attention.mutex());
-  return {hidden.clone(), attention.clone()};
-}
-
-at::Tensor draw_keep_mask(at::IntArrayRef shape, double p, at::Device device, at::Generator& gen) {
-  at::Tensor keep = at::empty(shape, at::TensorOptions().dtype(at::kBool).device(device));
-  keep.bernoulli_(1.0 - p, gen);
-  return keep;
-}
-
-at::Tensor apply_dropout(const at::Tensor& x, const at::Tensor& keep, double p) {
-  return (x * keep).mul(1.0 / (1.0 - p));
-}
-
-at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
-  if (!training || p <= 0.0) return x;
-  return apply_dropout(x, draw_keep_mask(x.sizes(), p, x.device(), gen), p);
-}
-
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
   if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
   return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
 }
 
 LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
-  auto slice = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, start, length) : t; };
-  return {slice(attention_probs), slice(attention_out), slice(mlp_out)};
+  return {attention_probs.rows(start, length), attention_out.rows(start, length), mlp_out.rows(start, length)};
 }
 
 Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
@@ -65,31 +43,31 @@ at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
 }
 
 at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
-                                const at::Tensor& probs_keep) const {
+                                const DropoutMask& probs_keep) const {
   if (stage == 1) return dtk::linear(at::gelu(projected), fc2.weight);
   const double p = probs_keep.defined() ? c_.attention_dropout : 0.0;
   at::Tensor context = core_attention(projected, mask, p, [&](const at::Tensor& probs) {
-    return probs_keep.defined() ? apply_dropout(probs, probs_keep, p) : probs;
+    return apply_dropout(probs, probs_keep);
   });
   return dtk::linear(context, dense.weight);
 }
 
-at::Tensor Layer::stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const at::Tensor& keep) const {
+at::Tensor Layer::stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const DropoutMask& keep) const {
   const at::Tensor& bias = stage == 0 ? dense.bias : fc2.bias;
   at::Tensor y = bias.defined() ? reduced + bias : reduced;
-  return in + (keep.defined() ? apply_dropout(y, keep, c_.hidden_dropout) : y);
+  return in + apply_dropout(y, keep);
 }
 
-LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, at::Device device, DropoutRng& rng, bool training) const {
+LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
   LayerMasks m;
   if (!training) return m;
   // The plain layer's draws, per generator in the same order: attention probabilities from the
   // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
   if (c_.attention_dropout > 0.0)
-    m.attention_probs = draw_keep_mask({batch, heads_local_, seq, seq}, c_.attention_dropout, device, rng.attention);
+    m.attention_probs = draw_keep_mask({batch, heads_local_, seq, seq}, c_.attention_dropout, rng.attention);
   if (c_.hidden_dropout > 0.0) {
-    m.attention_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, device, rng.hidden);
-    m.mlp_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, device, rng.hidden);
+    m.attention_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, rng.hidden);
+    m.mlp_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, rng.hidden);
   }
   return m;
 }

@@ -10,8 +10,9 @@
 //
 // Dropout draws from the model's two generators exactly as Megatron's RNG tracker does: hidden
 // and embedding dropout from the DEFAULT stream, attention dropout from the TENSOR_PARALLEL
-// stream. LayerMasks draws a layer's three masks for the whole micro-batch in the order the
-// plain layer draws them, so a chunked schedule that slices them uses the very same masks.
+// stream (dropout.hpp: one seed per mask). LayerMasks draws a layer's three masks for the whole
+// micro-batch in the order the plain layer draws them, so a chunked schedule that slices them
+// uses the very same masks.
 #pragma once
 
 #include <dtk/module_hooks.hpp>
@@ -20,6 +21,7 @@
 #include <map>
 #include <mutex>
 
+#include "dropout.hpp"
 #include "tensor_parallel.hpp"
 
 namespace dtk::gpt {
@@ -30,32 +32,19 @@ struct Config {
   double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
   bool untie = false, recompute = false;
   int64_t domino_chunks = 1;
+  bool fused_lm_head = true;  // lm_head.hpp (training and evaluation with labels)
+  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
 };
 
-// The dropout generators (see the file comment). Cloning copies the state.
-struct DropoutRng {
-  at::Generator hidden;     // DTK_RNG_DEFAULT
-  at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
-  DropoutRng clone();
-};
-
-// A bool keep-mask of `shape` drawn with bernoulli(1 - p) from `gen` (1 byte per element, as
-// torch's fused dropout keeps).
-at::Tensor draw_keep_mask(at::IntArrayRef shape, double p, at::Device device, at::Generator& gen);
-// Inverted dropout with a given keep-mask: x * keep / (1 - p), the scale a scalar computed in
-// fp32 (a bf16 mask would round 1/0.9 to 1.109).
-at::Tensor apply_dropout(const at::Tensor& x, const at::Tensor& keep, double p);
-// Inverted dropout drawing its mask from `gen` (identity when not training or p == 0).
-at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);
 
 // One layer's dropout masks for a micro-batch of `batch` sequences (undefined where that dropout
 // is off): drawn in the plain layer's order, then sliced per chunk.
 struct LayerMasks {
-  at::Tensor attention_probs;  // [batch, heads / tp, seq, seq]
-  at::Tensor attention_out;    // [batch, seq, hidden]
-  at::Tensor mlp_out;          // [batch, seq, hidden]
+  DropoutMask attention_probs;  // [batch, heads / tp, seq, seq]
+  DropoutMask attention_out;    // [batch, seq, hidden]
+  DropoutMask mlp_out;          // [batch, seq, hidden]
   LayerMasks rows(int64_t start, int64_t length) const;
 };
 
@@ -73,12 +62,12 @@ class Layer {
   const ColumnParallelLinear& stage_column(int stage) const { return stage == 0 ? qkv : fc1; }
   // From the column projection's output to this rank's row-parallel partial sum (not reduced).
   at::Tensor stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
-                           const at::Tensor& probs_keep) const;
+                           const DropoutMask& probs_keep) const;
   // After the all-reduce: in + dropout(reduced + bias), with the stage's keep-mask (or none).
-  at::Tensor stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const at::Tensor& keep) const;
+  at::Tensor stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const DropoutMask& keep) const;
 
   // The masks of a whole micro-batch of `batch` sequences of `seq` tokens.
-  LayerMasks draw_masks(int64_t batch, int64_t seq, at::Device device, DropoutRng& rng, bool training) const;
+  LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const;
 
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
 

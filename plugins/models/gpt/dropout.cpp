@@ -1,0 +1,132 @@
+// dropout.cpp — see dropout.hpp.
+#include "dropout.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <mutex>
+#include <type_traits>
+
+namespace dtk::gpt {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// splitmix64's output function of the pair index: two 32-bit uniforms per call.
+inline uint64_t mix(uint64_t seed, uint64_t pair) {
+  uint64_t z = seed + (pair + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Calls keep(i, kept) for elements [begin, end) of the mask (absolute indices), in parallel.
+template <class F>
+void for_each_bit(const DropoutMask& m, int64_t n, F&& f) {
+  const uint64_t threshold = static_cast<uint64_t>(std::llround(m.p * 4294967296.0));
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    uint64_t word = 0;
+    for (; i < end; ++i) {
+      const uint64_t k = static_cast<uint64_t>(m.offset + i);
+      if (i == begin || (k & 1) == 0) word = mix(m.seed, k >> 1);
+      const uint64_t u = (k & 1) ? (word >> 32) : (word & 0xffffffffULL);
+      f(i, u >= threshold);
+    }
+  });
+}
+
+// out = x * keep * scale, elementwise over contiguous data.
+at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const int64_t n = x.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dtk_dropout", [&] {
+    // As x.mul(scalar): the scale in fp32 (fp64 for double), low precision rounded once.
+    using opmath = std::conditional_t<std::is_same<scalar_t, double>::value, double, float>;
+    const opmath scale = static_cast<opmath>(1.0 / (1.0 - m.p));
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    for_each_bit(m, n, [&](int64_t i, bool keep) {
+      dst[i] = keep ? static_cast<scalar_t>(static_cast<opmath>(src[i]) * scale) : static_cast<scalar_t>(0);
+    });
+  });
+  return out;
+}
+
+at::Tensor apply_on_cpu(const at::Tensor& x, const DropoutMask& m) {
+  if (x.device().is_cpu()) return masked_scale(x, m);
+  // Other devices: the same bits, made on the CPU (dropout.hpp).
+  const at::Tensor keep = keep_bits(m, x.numel()).view(x.sizes()).to(x.device());
+  return (x * keep).mul(1.0 / (1.0 - m.p));
+}
+
+struct Dropout : public torch::autograd::Function<Dropout> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, DropoutMask m) {
+    ctx->saved_data["seed"] = static_cast<int64_t>(m.seed);
+    ctx->saved_data["p"] = m.p;
+    ctx->saved_data["offset"] = m.offset;
+    ctx->saved_data["row_numel"] = m.row_numel;
+    return apply_on_cpu(x, m);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    DropoutMask m;
+    m.seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    m.p = ctx->saved_data["p"].toDouble();
+    m.offset = ctx->saved_data["offset"].toInt();
+    m.row_numel = ctx->saved_data["row_numel"].toInt();
+    return {apply_on_cpu(grad[0], m), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+DropoutRng DropoutRng::clone() {
+  std::lock_guard<std::mutex> l1(hidden.mutex());
+  std::lock_guard<std::mutex> l2(attention.mutex());
+  return {hidden.clone(), attention.clone()};
+}
+
+DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
+  DropoutMask m = *this;
+  m.offset += start * row_numel;
+  return m;
+}
+
+DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
+  DropoutMask m;
+  if (p <= 0.0) return m;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    m.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  }
+  m.p = p;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  m.row_numel = shape.empty() || shape[0] == 0 ? numel : numel / shape[0];
+  return m;
+}
+
+at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep) {
+  if (!keep.defined()) return x;
+  if (at::GradMode::is_enabled() && x.requires_grad()) return Dropout::apply(x, keep);
+  return apply_on_cpu(x, keep);
+}
+
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
+  if (!training || p <= 0.0) return x;
+  return apply_dropout(x, draw_keep_mask(x.sizes(), p, gen));
+}
+
+at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
+  at::Tensor out = at::empty({numel}, at::kBool);
+  bool* dst = out.data_ptr<bool>();
+  for_each_bit(keep, numel, [&](int64_t i, bool k) { dst[i] = k; });
+  return out;
+}
+
+}  // namespace dtk::gpt

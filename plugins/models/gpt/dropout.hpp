@@ -1,0 +1,55 @@
+// dropout.hpp — dropout whose keep-mask is a function of (seed, element index), drawn once per
+// mask from the model's generators.
+//
+// torch's dropout draws a Bernoulli per element from a sequential generator and keeps the mask
+// for backward: on a 2-core CPU that costs about 6% of a GPT step (bernoulli_ in the eager
+// PyTorch peer's profile, docs/benchmarks.md) and a byte per element of memory. Here a mask is
+// one 64-bit seed taken from the generator (so the generator's state, which checkpoints keep,
+// still decides every mask, and recomputation with a cloned generator draws the same one);
+// element i of a tensor of the mask's shape is kept when the 32-bit hash of (seed, i) is at
+// least p * 2^32 (splitmix64, two elements per hash). Backward recomputes the bits instead of
+// storing them, and a slice of rows is the same mask with an offset: Domino's chunks use exactly
+// the plain layer's masks.
+//
+// The bits are made on the CPU for any device (and copied), so a CPU and a GPU run draw the same
+// masks.
+#pragma once
+
+#include <dtk/model.hpp>
+
+#include <cstdint>
+
+namespace dtk::gpt {
+
+// The dropout generators: hidden and embedding dropout from Megatron's DEFAULT stream, attention
+// dropout from the TENSOR_PARALLEL stream (differs per TP rank). CPU generators on every device.
+struct DropoutRng {
+  at::Generator hidden;     // DTK_RNG_DEFAULT
+  at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
+  DropoutRng clone();
+};
+
+// A keep-mask over a tensor of some shape, element by element in row-major order. Undefined
+// (p == 0) means keep everything.
+struct DropoutMask {
+  uint64_t seed = 0;
+  double p = 0;            // drop probability
+  int64_t offset = 0;      // index of this mask's first element in the drawn mask
+  int64_t row_numel = 0;   // elements per index of the first dimension
+  bool defined() const { return p > 0; }
+  // Rows [start, start + length) of the first dimension (a Domino chunk of the micro-batch).
+  DropoutMask rows(int64_t start, int64_t length) const;
+};
+
+// Draws one mask for tensors of `shape` (advances `gen` by one 64-bit draw); undefined for p 0.
+DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen);
+// x * keep / (1 - p) (inverted dropout; the scale in fp32), differentiable in x; nothing is
+// saved for backward but the seed. x's first dimension must match the mask's rows.
+at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep);
+// Inverted dropout drawing its mask from `gen` (identity when not training or p == 0).
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
+
+// The mask's bits as a bool tensor [numel] (tests).
+at::Tensor keep_bits(const DropoutMask& keep, int64_t numel);
+
+}  // namespace dtk::gpt

@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "cmd_preprocess.hpp"
+#include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/pipeline.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
-#include "allocator.hpp"
 #include "launch.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
@@ -245,7 +245,7 @@ void report_error(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded (allocator.hpp)
+  dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +

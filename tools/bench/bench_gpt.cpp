@@ -10,6 +10,7 @@
 // C ABI, exactly as `dtk train` drives them. All cores are used (at::set_num_threads).
 // FLOPs per iteration count every matmul of forward and backward (backward = 2 x forward):
 //   3 x [ 2 B s (L (4h^2 + 2 h f) + h V) + 4 B s^2 h L ]      (attention counted as full s x s)
+#include <dtk/core/allocator.hpp>
 #include <dtk/core/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/tensor.hpp>
@@ -133,6 +134,7 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtk::core::reexec_with_caching_allocator(argv);  // as dtk train runs (tcmalloc)
   try {
     const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -140,8 +142,8 @@ int main(int argc, char** argv) {
     dtk::host::PluginHost host(dtk::core::host_torch_version(), dtk::core::host_services());
     host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_gpt.so");
     host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_causal_lm.so");
-    std::printf("LibTorch %s, %d threads, fp32, training mode (dropout 0.1), %d timed iterations (median)\n",
-                dtk::core::host_torch_version(), at::get_num_threads(), iters);
+    std::printf("LibTorch %s, %d threads, %s, fp32, training mode (dropout 0.1), %d timed iterations (median)\n",
+                dtk::core::host_torch_version(), at::get_num_threads(), dtk::core::malloc_name().c_str(), iters);
     const double peak = matmul_gflops(2048, 10);
     std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32 at::mm)\n", "ceiling: one large matmul", peak);
     bench(host, {"gpt-tiny", 2, 64, 4, 64, 8, 50257}, iters, peak);

@@ -3,6 +3,7 @@
 // bandwidth (a large tensor copy) in the same run. AdamW must read p, g, m, v and write p, m, v:
 // 28 bytes per fp32 parameter at the very least, so bandwidth bounds the step.
 //   build/bin/dtk_bench_optim [millions of parameters, default 16] [steps, default 5]
+#include <dtk/core/allocator.hpp>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 
@@ -32,6 +33,7 @@ double median_seconds(int reps, F&& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dtk::core::reexec_with_caching_allocator(argv);  // as dtk train runs (tcmalloc)
   const int64_t millions = argc > 1 ? std::atoll(argv[1]) : 16;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 5;
   at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));

@@ -3,8 +3,6 @@
 // 64-byte alignment; data and context are the same pointer, so raw_allocate() keeps working.
 #include "dtk/core/memory.hpp"
 
-#include <dlfcn.h>
-
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -84,8 +82,6 @@ class CountingAllocator final : public c10::Allocator {
 };
 
 }  // namespace
-
-std::string malloc_name() { return dlsym(RTLD_DEFAULT, "tc_malloc") ? "tcmalloc" : "glibc malloc"; }
 
 void install() {
   if (g_installed.exchange(true)) return;

@@ -14,6 +14,7 @@
 #include <vector>
 #include <chrono>
 
+#include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/exit_conditions.hpp"
@@ -181,8 +182,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
                 static_cast<long long>(model_->info().hidden_size), static_cast<long long>(plan_.seq_length()),
                 topo_.world_size);
   log_->print(line);
-  // glibc malloc re-faults large activations every iteration (apps/dtk/allocator.hpp).
-  if (memory::malloc_name() == "tcmalloc")
+  // glibc malloc re-faults large activations every iteration (dtk/core/allocator.hpp).
+  if (malloc_name() == "tcmalloc")
     log_->print(" > memory allocator: tcmalloc (DTK_ALLOCATOR=system selects glibc malloc)");
   else
     log_->print(" > memory allocator: glibc malloc (training runs several times slower than on tcmalloc: "

@@ -11,13 +11,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace dtk::core::memory {
-
-// The malloc this process runs on: "tcmalloc" (dtk's default, apps/dtk/allocator.hpp) or
-// "glibc malloc".
-std::string malloc_name();
 
 struct Pool {
   int64_t bytes = 0;  // live now

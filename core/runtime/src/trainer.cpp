@@ -1,6 +1,7 @@
 #include "dtk/core/trainer.hpp"
 
 #include <ATen/Parallel.h>
+#include <dtk/strategy.hpp>  // sum_of_squares
 #include <glog/logging.h>
 
 #include <cmath>
@@ -505,7 +506,7 @@ double Trainer::params_norm() {
     for (const Param& p : model_->parameters()) {
       if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
       if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
-      total += p.tensor.to(at::kDouble).pow(2).sum();
+      total += sum_of_squares(p.tensor);
     }
   }
   if (partitioned) strategy_->gather_parameters(false);

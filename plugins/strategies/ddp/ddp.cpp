@@ -83,7 +83,7 @@ class Ddp : public dtk::Strategy {
       if (!g.defined()) continue;
       // Replicated parameters are counted on TP rank 0 only, so the sum is not duplicated.
       if (!params_[i].info.tensor_parallel && tp_rank_ != 0) continue;
-      at::Tensor sq = g.to(at::kDouble).pow(2).sum();
+      at::Tensor sq = dtk::sum_of_squares(g);
       total = total.defined() ? total + sq : sq;
     }
     if (!total.defined()) total = at::zeros({}, at::kDouble);

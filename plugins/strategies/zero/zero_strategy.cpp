@@ -387,14 +387,8 @@ void ZeroStrategy::reduce_gradients() {
 // the model-parallel group.
 double ZeroStrategy::clip_and_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  // Squares summed in double, a million elements at a time (a double copy of the whole partition
-  // would be a large temporary).
   at::Tensor total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
-  auto add_squares = [&](const at::Tensor& t) {
-    constexpr int64_t kChunk = int64_t{1} << 20;
-    for (int64_t i = 0; i < t.numel(); i += kChunk)
-      total += t.narrow(0, i, std::min(kChunk, t.numel() - i)).to(at::kDouble).pow(2).sum();
-  };
+  auto add_squares = [&](const at::Tensor& t) { total += dtk::sum_of_squares(t); };
   if (tp_size_ == 1 || tp_rank_ == 0) {
     add_squares(part_grads_);  // padding is zero
   } else {

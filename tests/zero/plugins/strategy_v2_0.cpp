@@ -23,7 +23,7 @@ class V20 : public dtk::Strategy {
     at::Tensor total = at::zeros({}, at::kDouble);
     for (auto& p : params_)
       if (p.tensor.grad().defined() && (p.info.tensor_parallel || tp_rank_ == 0))
-        total += p.tensor.grad().to(at::kDouble).pow(2).sum();
+        total += dtk::sum_of_squares(p.tensor.grad());
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     const double coeff = max_norm / (norm + 1e-6);

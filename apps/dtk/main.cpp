@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -106,7 +109,31 @@ void check_flags(int argc, char** argv) {
     std::string name = a.substr(a[1] == '-' ? 2 : 1);
     name = name.substr(0, name.find('='));
     gflags::CommandLineFlagInfo info;
-    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) continue;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      // Check the value's type here: gflags would print its own multi-word message and exit.
+      if (info.type == "bool" || info.type == "string") continue;
+      const size_t eq = a.find('=');
+      std::string value;
+      if (eq != std::string::npos)
+        value = a.substr(eq + 1);
+      else if (i + 1 < argc)
+        value = argv[i + 1];
+      else
+        throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
+      char* end = nullptr;
+      errno = 0;
+      if (info.type == "double") {
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || !std::isfinite(v))
+          throw dtk::host::HostError("--" + name + " expects a finite number, got '" + value + "'");
+        continue;
+      }
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      const bool fits = info.type == "int32" ? v >= INT32_MIN && v <= INT32_MAX : true;
+      if (value.empty() || *end != '\0' || errno == ERANGE || !fits)
+        throw dtk::host::HostError("--" + name + " expects an integer (" + info.type + "), got '" + value + "'");
+      continue;
+    }
     if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
         info.type == "bool")
       continue;
@@ -177,6 +204,11 @@ dtk::host::PluginHost& load_plugins(const char* argv0) {
   return *plugins;
 }
 
+// One warning per plugin file that could not be loaded (the run goes on without it).
+void warn_broken_plugins(const dtk::host::PluginHost& plugins) {
+  for (const auto& b : plugins.broken()) std::fprintf(stderr, "dtk: warning: skipped %s\n", b.reason.c_str());
+}
+
 int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   if (args.empty() || (args[0] != "list" && args[0] != "describe"))
     throw dtk::host::HostError("usage: dtk plugins list | dtk plugins describe NAME");
@@ -186,6 +218,9 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
     for (const auto* p : plugins.list())
       std::printf("%-16s %-10s %-9s %u.%-3u %s\n", p->entry->name, dtk::host::kind_name(p->kind()), p->entry->version,
                   p->entry->abi_major, p->entry->abi_minor, p->path.c_str());
+    // Files on the plugin path that could not be loaded block nothing else; they are listed.
+    for (const auto& b : plugins.broken())
+      std::printf("%-16s %-10s %-9s %-5s %s\n  %s\n", "(broken)", "-", "-", "-", b.path.c_str(), b.reason.c_str());
     return 0;
   }
   if (args.size() < 2) throw dtk::host::HostError("usage: dtk plugins describe NAME [--kind KIND]");
@@ -295,6 +330,7 @@ int main(int argc, char** argv) {
       dtk::core::set_run_config(cfg);  // before any plugin's init() can ask for it
       auto& plugins = load_plugins(argv[0]);
       g_loaded = &plugins;
+      warn_broken_plugins(plugins);
       int rc = dtk::core::pretrain(cfg, plugins);
       plugins.shutdown();
       return rc;
@@ -305,8 +341,10 @@ int main(int argc, char** argv) {
     throw dtk::host::HostError("unknown command '" + cmd +
                                "' (commands: train, plugins, config, preprocess, version; see --help)");
   } catch (const std::exception& e) {
-    // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only.
-    // A multi-process run names the rank: "dtk: error: [rank R] ...".
+    // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
+    // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:
+    // "dtk: error: [rank R] ...".
+    VLOG(1) << "the error in full: " << e.what();
     report_error(dtk::core::rank_prefix() + dtk::one_line(e.what()));
   } catch (...) {
     report_error(dtk::core::rank_prefix() + "unknown exception");

@@ -1,6 +1,7 @@
 // Checkpoints end to end through the `dtk` binary: Megatron's layout, exact resume (dropout on),
 // atomic publication, one-line errors for bad checkpoints, and a 2-process data-parallel run.
 #include <gtest/gtest.h>
+#include <cctype>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -119,19 +120,49 @@ TEST(Checkpoint, ResumeReproducesUninterruptedRun) {
   EXPECT_EQ(validation_line(ref.result.out, 8), validation_line(r.out, 8));
 }
 
-// (b) atomicity: leftovers of a crashed save do not matter; a re-save replaces completely.
-TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnored) {
+// A pid that no process has now: a child that has exited and been reaped.
+int dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return static_cast<int>(pid);
+}
+
+std::string host_name() {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  std::string h = host;
+  for (char& c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+  return h;
+}
+
+// (b) atomicity: leftovers of a crashed save do not matter; a re-save replaces completely; the
+// leftovers of dead processes of this machine are removed (at load and at save), a live
+// process's and another machine's are not.
+TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnoredAndCleanedUp) {
   const Reference& ref = reference();
   ASSERT_EQ(ref.result.code, 0) << ref.result.out;
   const std::string d = copy_at_iteration_4("leftovers");
-  fs::create_directories(d + "/iter_0000004.tmp-123/mp_rank_00");
-  write(d + "/iter_0000004.tmp-123/mp_rank_00/model_optim_rng.pt", "half a file");
+  const std::string dead_dir = "iter_0000004.tmp-" + std::to_string(dead_pid());
+  const std::string dead_tracker = "latest_checkpointed_iteration.txt.tmp-" + host_name() + "-" + std::to_string(dead_pid());
+  const std::string live_dir = "iter_0000008.tmp-" + host_name() + "-" + std::to_string(::getpid());
+  const std::string other_host = "iter_0000008.tmp-some-other-host-" + std::to_string(dead_pid());
+  for (const std::string& dir : {dead_dir, live_dir, other_host}) {
+    fs::create_directories(d + "/" + dir + "/mp_rank_00");
+    write(d + "/" + dir + "/mp_rank_00/model_optim_rng.pt", "half a file");
+  }
   write(d + "/garbage", "not a checkpoint");
-  write(d + "/latest_checkpointed_iteration.txt.tmp-99", "8");  // an unfinished tracker update
+  write(d + "/" + dead_tracker, "8");  // an unfinished tracker update
   const Result r = run(kTrain + "--threads 2 --set checkpoint.load=" + d);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto a = train_lines(ref.result.out), b = train_lines(r.out);
   for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  EXPECT_FALSE(fs::exists(d + "/" + dead_dir)) << "a dead process's temporary directory was kept";
+  EXPECT_FALSE(fs::exists(d + "/" + dead_tracker));
+  EXPECT_NE(r.out.find("left by a save whose process (pid "), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/" + live_dir)) << "a live process's temporary directory was removed";
+  EXPECT_TRUE(fs::exists(d + "/" + other_host)) << "another machine's temporary directory was removed";
 
   // Saving an iteration that already exists replaces it whole and leaves no temporary behind.
   const Result again =
@@ -139,12 +170,10 @@ TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnored) {
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_EQ(read(d + "/latest_checkpointed_iteration.txt"), "4\n");
   EXPECT_EQ(read(d + kFile4).substr(0, 2), "PK");
-  EXPECT_FALSE(fs::exists(d + "/iter_0000004.tmp-" + std::to_string(0)));
   int tmp = 0;
   for (const auto& e : fs::directory_iterator(d))
-    if (e.path().filename().string().find(".tmp-") != std::string::npos &&
-        e.path().filename() != "iter_0000004.tmp-123" &&
-        e.path().filename() != "latest_checkpointed_iteration.txt.tmp-99")
+    if (e.path().filename().string().find(".tmp-") != std::string::npos && e.path().filename() != live_dir &&
+        e.path().filename() != other_host)
       ++tmp;
   EXPECT_EQ(tmp, 0);
 }

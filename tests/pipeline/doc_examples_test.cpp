@@ -21,7 +21,13 @@ namespace {
 // "section.field=value" where section is a config section or a plugin slot. A comma followed by
 // more value continues it ("25us,50GBps"); one followed by a space ends it (prose). A
 // single-quoted example ('lr.param_rules=match: "bias$" wd_mult: 0') is taken whole.
+// The section listing bad inputs ("## What DTK refuses ...") shows examples that must fail: left out.
 std::set<std::string> set_examples(std::string text) {
+  const size_t bad = text.find("\n## What DTK refuses");
+  if (bad != std::string::npos) {
+    const size_t next = text.find("\n## ", bad + 1);
+    text.erase(bad, next == std::string::npos ? std::string::npos : next - bad);
+  }
   static const std::regex quoted("'(" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*=[^'\n]*)')");
   static const std::regex re(
       R"(\b()" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");

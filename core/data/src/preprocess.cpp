@@ -1,5 +1,7 @@
 #include "dtk/data/preprocess.hpp"
 
+#include <filesystem>
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -212,11 +214,15 @@ namespace {
 // .bin builders (one per json key), counts, and reports progress.
 class Writer {
  public:
-  Writer(const PreprocessOptions& o, const Gpt2Tokenizer& tok, DType dtype) : o_(o), tok_(tok) {
+  // The outputs are written under temporary names and renamed into place only when every file
+  // is complete: a failed or interrupted run leaves no .bin without its .idx (or a short one).
+  Writer(const PreprocessOptions& o, const Gpt2Tokenizer& tok, DType dtype)
+      : o_(o), tok_(tok), suffix_(".tmp-" + std::to_string(::getpid())) {
     for (const std::string& key : o.json_keys) {
       const std::string prefix = o.output_prefix + "_" + key + "_document";
-      builders_.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(prefix), dtype));
       stats_.output_prefixes.push_back(prefix);
+      temporaries_.push_back(bin_path(prefix) + suffix_);
+      builders_.push_back(std::make_unique<IndexedDatasetBuilder>(temporaries_.back(), dtype));
     }
     const auto text = std::find(o.json_keys.begin(), o.json_keys.end(), "text");
     text_key_ = text == o.json_keys.end() ? -1 : text - o.json_keys.begin();
@@ -239,9 +245,26 @@ class Writer {
     }
   }
 
-  // Writes the .idx files; the run's totals.
+  ~Writer() {
+    builders_.clear();  // closes the files
+    if (committed_) return;
+    std::error_code ec;
+    for (const auto& t : temporaries_) std::filesystem::remove(t, ec);
+  }
+
+  // Writes the .idx files and moves every output into place; the run's totals.
   PreprocessStats finish() {
-    for (size_t key = 0; key < builders_.size(); ++key) builders_[key]->finalize(idx_path(stats_.output_prefixes[key]));
+    for (size_t key = 0; key < builders_.size(); ++key) {
+      temporaries_.push_back(idx_path(stats_.output_prefixes[key]) + suffix_);
+      builders_[key]->finalize(temporaries_.back());
+    }
+    for (const auto& p : stats_.output_prefixes)
+      for (const std::string& final_path : {bin_path(p), idx_path(p)}) {
+        std::error_code ec;
+        std::filesystem::rename(final_path + suffix_, final_path, ec);
+        if (ec) throw DataError("cannot move " + final_path + suffix_ + " to " + final_path + ": " + ec.message());
+      }
+    committed_ = true;
     stats_.seconds = elapsed();
     if (o_.log) {
       progress("done: ");
@@ -304,6 +327,9 @@ class Writer {
   const Gpt2Tokenizer& tok_;
   const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
+  std::string suffix_;                   // of the temporary names: ".tmp-PID"
+  std::vector<std::string> temporaries_;  // removed unless committed
+  bool committed_ = false;
   std::ptrdiff_t text_key_ = -1;
   PreprocessStats stats_;
   int64_t text_doc_tokens_ = 0;

@@ -1,11 +1,14 @@
 // Plugin loading and validation. Every refusal is one line naming the file and the reason.
 #include "dtk/host/plugin_host.hpp"
 
+#include "elf_check.hpp"
+
 #define BOOST_DLL_USE_STD_FS 1
 #include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -150,6 +153,7 @@ namespace {
 // cannot interpose each other's symbols) and returns its entry struct. The library is never
 // unloaded (abi.h rule 13).
 const dtk_plugin_entry* open_entry(const std::string& path, const std::string& where) {
+  check_elf_file(path, where);  // a truncated file would map, then SIGBUS (elf_check.hpp)
   auto* lib = new boost::dll::shared_library();  // leaked on purpose: never unloaded
   boost::dll::fs::error_code load_ec;
   lib->load(fs::path(path), load_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -284,7 +288,13 @@ void PluginHost::load_directory(const std::string& dir, bool required) {
   for (const auto& de : fs::directory_iterator(dir, ec))
     if (de.path().extension() == ".so") files.push_back(de.path().string());
   std::sort(files.begin(), files.end());  // deterministic order (and duplicate reports)
-  for (const auto& f : files) load_file(f);
+  for (const auto& f : files) {
+    try {
+      load_file(f);
+    } catch (const HostError& e) {
+      broken_.push_back({f, e.what()});
+    }
+  }
 }
 
 void PluginHost::discover(const std::string& exe_dir, const std::vector<std::string>& extra) {
@@ -342,6 +352,9 @@ const Plugin& PluginHost::get(int32_t kind, const std::string& name) const {
     for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
     msg += " (available: " + all + ")";
   }
+  if (!broken_.empty())
+    msg += "; " + std::to_string(broken_.size()) + " plugin file" + (broken_.size() > 1 ? "s" : "") +
+           " could not be loaded, the first: " + broken_.front().reason + " (see `dtk plugins list`)";
   throw HostError(msg);
 }
 
@@ -406,10 +419,18 @@ bool check_value(const dtk_option_spec& spec, const std::string& v, std::string*
     }
     case DTK_OPT_FLOAT: {
       char* end = nullptr;
-      (void)std::strtod(v.c_str(), &end);
-      if (!v.empty() && *end == '\0') return true;
-      *why = "expects a number";
-      return false;
+      errno = 0;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0') {
+        *why = "expects a number";
+        return false;
+      }
+      // A NaN or an infinity is never a valid rate, probability, scale or epsilon.
+      if (!std::isfinite(x) || errno == ERANGE) {
+        *why = "expects a finite number";
+        return false;
+      }
+      return true;
     }
     case DTK_OPT_STRING:
       return true;

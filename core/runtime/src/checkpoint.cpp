@@ -5,6 +5,13 @@
 
 #include <ATen/core/Dict.h>
 #include <fcntl.h>
+#include <google/protobuf/text_format.h>
+#include <set>
+#include <cctype>
+#include <glog/logging.h>
+#include <signal.h>
+#include <regex>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
@@ -58,7 +65,18 @@ void write_file_synced(const std::string& path, const char* data, size_t size) {
     if (n <= 0) {
       const int err = errno;
       ::close(fd);
-      throw HostError("checkpoint: writing " + path + " failed: " + std::strerror(err));
+      std::string room;
+      if (err == ENOSPC || err == EDQUOT) {  // say how much was needed
+        struct statvfs fs_info {};
+        const std::string dir = fs::path(path).parent_path().string();
+        const double free_mb =
+            ::statvfs(dir.c_str(), &fs_info) == 0 ? static_cast<double>(fs_info.f_bavail) * fs_info.f_frsize / 1e6 : -1;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " (this file needs %.1f MB; %.1f MB free there)", static_cast<double>(size) / 1e6,
+                      std::max(0.0, free_mb + static_cast<double>(done) / 1e6));
+        room = buf;
+      }
+      throw HostError("checkpoint: writing " + path + " failed: " + std::strerror(err) + room);
     }
     done += static_cast<size_t>(n);
   }
@@ -158,7 +176,44 @@ SliceMap slices_from_dict(const TensorList& list, const std::string& file) {
   return out;
 }
 
+// "<host>-<pid>": the suffix of this process's temporary names. The host keeps a save directory
+// shared between machines safe from another machine's cleanup.
+std::string temp_owner(int64_t pid) {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  std::string h = host;
+  for (char& c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+  return h + "-" + std::to_string(pid);
+}
+
 }  // namespace
+
+int remove_stale_temporaries(const std::string& dir) {
+  // iter_NNNNNNN.tmp-[HOST-]PID (a save's directory) and latest_checkpointed_iteration.txt.tmp-...
+  static const std::regex name(R"(^(iter_\d+|latest_checkpointed_iteration\.txt)\.tmp-(?:(.+)-)?(\d+)$)");
+  const std::string me = temp_owner(0);
+  const std::string my_host = me.substr(0, me.size() - 2);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (!std::regex_match(file, m, name)) continue;
+    if (m[2].matched && m[2].str() != my_host) continue;  // another machine's: not ours to judge
+    const long pid = std::stol(m[3].str());
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // alive (or not ours)
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm) {
+      ++removed;
+      LOG(WARNING) << "checkpoint: removed " << e.path().string() << ", left by a save whose process (pid " << pid
+                   << ") is gone";
+    }
+  }
+  return removed;
+}
 
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration) {
   char buf[32];
@@ -178,7 +233,9 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   // One temporary directory for all TP ranks: named after world rank 0's pid.
   const int64_t pid = world_max(topo.world_rank == 0 ? static_cast<int64_t>(::getpid()) : 0, topo,
                                 "checkpoint: agreeing on the temporary directory");
-  const std::string tmp_dir = final_dir + ".tmp-" + std::to_string(pid);
+  const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(pid);
+  // What saves that died left behind (a crash, a kill, a full disk) goes before this one adds.
+  if (topo.world_rank == 0) remove_stale_temporaries(save_dir);
   // Data-parallel rank 0 writes the model, the progress and the RNG; every DP rank writes its
   // own optimizer and strategy state when the strategy shards it (ZeRO), else DP rank 0 does.
   const bool writer = topo.dp_rank == 0;
@@ -257,7 +314,17 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
-  agree(error, topo, "checkpoint: waiting for every rank to write its file");
+  try {
+    agree(error, topo, "checkpoint: waiting for every rank to write its file");
+  } catch (...) {
+    // A failed save (a full disk, say) leaves nothing behind: the tracker still names the last
+    // complete checkpoint.
+    if (topo.world_rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+    throw;
+  }
 
   // World rank 0 publishes: directory into place, then the tracker file.
   if (topo.world_rank == 0) {
@@ -268,7 +335,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
       fsync_path(save_dir, true);
       const std::string tracker = checkpoint_tracker_file(save_dir);
-      const std::string tracker_tmp = tracker + ".tmp-" + std::to_string(::getpid());
+      const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
       const std::string text = std::to_string(progress.iteration) + "\n";
       write_file_synced(tracker_tmp, text.data(), text.size());
       fs::rename(tracker_tmp, tracker, ec);
@@ -295,6 +362,34 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
 }
 
 namespace {
+
+// Loads optimizer state and checks that the optimizer took all of it: an optimizer keeps the
+// entries it knows and ignores the rest, so adamw's moments loaded into sgd (or the reverse) would
+// silently start fresh. The optimizer's state after loading must hold every entry given
+// (adamw <-> cpu_adam share their names and pass).
+void load_optimizer_state(OptimizerInstance& optimizer, const TensorList& state, const std::string& saved_with) {
+  optimizer.state_load(state);
+  const TensorList after = optimizer.state_save();
+  std::set<std::string> held;
+  for (const auto& [name, t] : after) held.insert(name);
+  std::vector<std::string> lost;
+  for (const auto& [name, t] : state)
+    if (!held.count(name)) lost.push_back(name);
+  if (lost.empty()) return;
+  throw HostError("optimizer plugin '" + optimizer.plugin().name() + "' did not take " + std::to_string(lost.size()) +
+                  " of the " + std::to_string(state.size()) + " optimizer state entries (the first: '" + lost.front() +
+                  "'); the checkpoint was written with optimizer '" + saved_with +
+                  "': resume with it, or set checkpoint.no_load_optim=true to start the optimizer state fresh");
+}
+
+// The optimizer plugin a checkpoint was written with, from its config entry ("" if unknown).
+std::string saved_optimizer(const c10::impl::GenericDict& d) {
+  auto it = d.find(c10::IValue(std::string("config")));
+  if (it == d.end() || !it->value().isString()) return "";
+  config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(it->value().toStringRef(), &cfg)) return "";
+  return cfg.optimizer().name();
+}
 
 // Optimizer and strategy state across layouts (dtk/core/checkpoint_shards.hpp): from the main
 // file of a replicated save, or from the shard files of a sharded one (this rank's own first: when
@@ -329,7 +424,7 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
       }
     }
     where = rank_dir.string();
-    if (what.optimizer) optimizer.state_load(assembler.optimizer());
+    if (what.optimizer) load_optimizer_state(optimizer, assembler.optimizer(), saved_optimizer(main));
     strategy.state_load(assembler.strategy());
   } catch (const std::exception& e) {
     throw HostError("checkpoint " + where + ": " + first_line(e.what()));
@@ -449,7 +544,7 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
   if (shards == 0 && !strategy.info().sharded_state) {
     // Replicated state saved and wanted (ddp to ddp): as saved.
     try {
-      if (what.optimizer) optimizer.state_load(from_dict(get("optimizer"), file, "optimizer"));
+      if (what.optimizer) load_optimizer_state(optimizer, from_dict(get("optimizer"), file, "optimizer"), saved_optimizer(d));
       strategy.state_load(from_dict(get("strategy"), file, "strategy"));
     } catch (const std::exception& e) {
       throw HostError("checkpoint " + file + ": " + first_line(e.what()));
@@ -471,6 +566,7 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
                               StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
   TrainProgress p;
   std::string error;
+  if (topo.world_rank == 0) remove_stale_temporaries(load_dir);
   try {
     // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
     // afterwards the strategy takes its shards of the loaded values.

@@ -289,7 +289,42 @@ void validate_weight_decay(const config::LrSchedule& lr) {
 
 }  // namespace
 
+namespace {
+
+// Every floating-point field of the config, anywhere: a NaN or an infinity is never a valid
+// rate, decay, clip, scale, duration or peak (`--set lr.lr=nan` trained and skipped every step).
+void require_finite_numbers(const Message& msg, const std::string& prefix) {
+  const Descriptor* d = msg.GetDescriptor();
+  const Reflection* r = msg.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string path = prefix + f->name();
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_map()) {
+      if (f->is_repeated()) {
+        for (int k = 0; k < r->FieldSize(msg, f); ++k)
+          require_finite_numbers(r->GetRepeatedMessage(msg, f, k), path + "[" + std::to_string(k) + "].");
+      } else if (r->HasField(msg, f)) {
+        require_finite_numbers(r->GetMessage(msg, f), path + ".");
+      }
+      continue;
+    }
+    if (f->is_repeated()) continue;
+    double v = 0;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE)
+      v = r->GetDouble(msg, f);
+    else if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT)
+      v = r->GetFloat(msg, f);
+    else
+      continue;
+    if (!std::isfinite(v))
+      throw HostError("config: " + path + " must be a finite number, got " + (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"));
+  }
+}
+
+}  // namespace
+
 void validate_config(const config::RunConfig& cfg) {
+  require_finite_numbers(cfg, "");
   const auto& t = cfg.train();
   auto positive = [](int64_t v, const char* name) {
     if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));

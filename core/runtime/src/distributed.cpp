@@ -1,6 +1,7 @@
 // Multi-process runs: launch environment, TCPStore rendezvous, Gloo process groups.
 // See dtk/core/distributed.hpp for the group layout.
 #include "dtk/core/distributed.hpp"
+#include "dtk/core/run_agreement.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -195,6 +196,43 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
   }
 }
 
+// Every rank publishes what it will run; each compares with rank 0's and counts a mismatch; after
+// a second check-in every rank knows whether any differed (run_agreement.hpp). Store waits are
+// bounded by the rendezvous timeout.
+void require_same_run(c10d::Store& store, const LaunchEnv& le, const std::vector<std::string>& description,
+                      std::chrono::milliseconds timeout) {
+  if (description.empty()) return;
+  std::string difference;
+  int64_t differing = 0;
+  try {
+    const std::string text = join_lines(description);
+    store.set("dtk/run/" + std::to_string(le.rank), std::vector<uint8_t>(text.begin(), text.end()));
+    const std::vector<uint8_t> r0 = store.get("dtk/run/0");
+    difference = first_difference(description, split_lines(std::string(r0.begin(), r0.end())));
+    store.add("dtk/run/differing", difference.empty() ? 0 : 1);
+    const std::string key = "dtk/run/compared";
+    store.add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (store.add(key, 0) < le.world_size) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw HostError("distributed: comparing the ranks' configurations: not every rank took part within "
+                        "distributed.timeout_seconds");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    differing = store.add("dtk/run/differing", 0);
+  } catch (const HostError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw HostError(rendezvous_failed(le, timeout, e));
+  }
+  if (!difference.empty())
+    throw HostError("rank " + std::to_string(le.rank) + " was started with another configuration than rank 0: " +
+                    difference + " (start every rank with the same config, --set flags and plugins)");
+  if (differing > 0)
+    throw HostError(std::to_string(differing) + " of " + std::to_string(le.world_size) +
+                    " ranks were started with another configuration than rank 0 (their errors name the setting)");
+}
+
 // The Gloo groups of this rank in Megatron's layout; every rank creates its groups in the same
 // order: world, TP, DP, PP, MP.
 ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::intrusive_ptr<c10d::Store>& store,
@@ -240,7 +278,7 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
 
 }  // namespace
 
-void init_distributed(const config::RunConfig& cfg) {
+void init_distributed(const config::RunConfig& cfg, const std::vector<std::string>& description) {
   DistState& d = dist();
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.initialized) return;
@@ -260,6 +298,7 @@ void init_distributed(const config::RunConfig& cfg) {
       throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
     d.store = connect_store(le, d.timeout);
     check_in(*d.store, le, d.timeout);
+    require_same_run(*d.store, le, description, d.timeout);
     groups = create_groups(le, t, d.store, d.timeout);
   }
   install_process_groups(t, std::move(groups), d.timeout);

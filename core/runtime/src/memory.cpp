@@ -7,6 +7,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -33,6 +35,7 @@ struct Counter {
 
 Counter g_device, g_host;
 std::atomic<int64_t> g_limit{0};
+std::atomic<bool> g_limit_is_machine{false};  // the default budget: this machine's memory
 std::atomic<bool> g_installed{false};
 thread_local int t_host_depth = 0;
 
@@ -52,7 +55,10 @@ class CountingAllocator final : public c10::Allocator {
     const int64_t limit = g_limit.load();
     if (!host && limit > 0 && g_device.bytes.load() + size > limit)
       TORCH_CHECK(false, "device memory budget of ", mb(limit), " exceeded: allocating ", mb(size), " with ",
-                  mb(g_device.bytes.load()), " in use (train.memory_limit_mb)");
+                  mb(g_device.bytes.load()), " in use (",
+                  g_limit_is_machine.load() ? "this machine's memory for this rank; train.memory_limit_mb sets another"
+                                            : "train.memory_limit_mb",
+                  ")");
     void* block = base_->raw_allocate(n + kHeader);
     auto* h = static_cast<Header*>(block);
     h->size = size;
@@ -108,7 +114,15 @@ void reset_peak() {
   g_host.peak = g_host.bytes.load();
 }
 
-void set_device_limit(int64_t bytes) { g_limit = bytes > 0 ? bytes : 0; }
+void set_device_limit(int64_t bytes, bool machine) {
+  g_limit = bytes > 0 ? bytes : 0;
+  g_limit_is_machine = machine;
+}
+
+int64_t machine_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
 
 HostScope::HostScope() { ++t_host_depth; }
 HostScope::~HostScope() { --t_host_depth; }

@@ -1,9 +1,13 @@
 #include "dtk/core/trainer.hpp"
 
 #include <ATen/Parallel.h>
+#include <unistd.h>
 #include <dtk/strategy.hpp>  // sum_of_squares
 #include <glog/logging.h>
 
+#include <filesystem>
+#include <cstring>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +24,7 @@
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/exit_conditions.hpp"
 #include "dtk/core/memory.hpp"
+#include "dtk/core/run_agreement.hpp"
 #include "dtk/core/trace.hpp"
 
 namespace dtk::core {
@@ -34,12 +39,28 @@ int32_t dtype_code(const std::string& s) {
   return DTK_DTYPE_FLOAT32;
 }
 
+// What every rank must agree on: the resolved config and the plugins of its slots.
+std::vector<std::string> run_description(const config::RunConfig& cfg, const host::PluginHost& plugins) {
+  std::vector<std::string> lines;
+  const std::pair<int32_t, const config::PluginChoice*> slots[] = {
+      {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
+      {DTK_KIND_OPTIMIZER, &cfg.optimizer()}, {DTK_KIND_STRATEGY, &cfg.strategy()}};
+  for (const auto& [kind, choice] : slots) {
+    const dtk_plugin_entry* e = plugins.get(kind, choice->name()).entry;
+    lines.push_back(std::string("plugin.") + host::kind_name(kind) + "=" + e->name + " " + e->version + " (ABI " +
+                    std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) + ")");
+  }
+  return describe_run(cfg, lines);
+}
+
 // Megatron's initialize_megatron for this process: config checks, process groups, then the
 // runtime (intra-op threads, seed, device). Returns the topology of the run.
-const Topology& initialize(const config::RunConfig& cfg) {
+const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost& plugins) {
   validate_config(cfg);
   set_run_config(cfg);
-  init_distributed(cfg);  // rendezvous and process groups; a no-op for a single process
+  // Rendezvous and process groups (a no-op for a single process); the ranks first compare what
+  // they will run (run_agreement.hpp).
+  init_distributed(cfg, run_description(cfg, plugins));
   const Topology& topo = topology();
   // Megatron prints from one rank: the others log nothing but errors.
   if (topo.world_rank != 0) FLAGS_minloglevel = google::GLOG_ERROR;
@@ -55,7 +76,12 @@ const Topology& initialize(const config::RunConfig& cfg) {
   at::manual_seed(train.seed());
   // Count tensor bytes from here on (the memory report; the device budget).
   memory::install();
-  memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
+  // The device budget: train.memory_limit_mb, else (CPU) this machine's memory shared by the ranks
+  // on it, so an absurd size fails with one line instead of growing until the kernel kills it.
+  if (train.memory_limit_mb() > 0)
+    memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
+  else
+    memory::set_device_limit(memory::machine_memory_bytes() / local_ranks, /*machine=*/true);
   if (train.device() == "cuda")
     throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
   return topo;
@@ -112,7 +138,7 @@ std::set<int64_t> nonfinite_iterations_from_environment(int world_rank) {
 
 Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     : cfg_(cfg),
-      topo_(initialize(cfg)),
+      topo_(initialize(cfg, plugins)),
       plan_(cfg, topo_),
       schedule_(cfg.lr(), plan_.train_iters()),
       scaler_(cfg.train()),
@@ -160,7 +186,20 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.tensorboard_log_interval = cfg.logging().tensorboard_log_interval();
   log.timers = &timers_;
   log.topo = &topo_;
+  // Checks every rank makes before any work; all fail together (a rank that left would make the
+  // others wait at their next collective).
+  auto on_every_rank = [&](const char* what, auto&& check) {
+    std::string error;
+    try {
+      check();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree(error, topo_, what);
+  };
+  on_every_rank("checking the output paths", [&] { check_output_paths(); });
   setup_model_and_optimizer();
+  on_every_rank("estimating the memory of the run", [&] { check_memory_estimate(); });
   log.flops_per_token = stats_.flops_per_token;
   log_ = std::make_unique<TrainingLog>(log);
   if (!cfg.logging().trace_file().empty()) {
@@ -261,6 +300,81 @@ void Trainer::setup_model_and_optimizer() {
   if (topo_.world_rank == 0)
     for (const auto& line : groups.describe(model_->parameters())) std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+// Where the run will write, checked before any work: an unwritable checkpoint.save used to be
+// found at the first save, after the training it was meant to keep.
+void Trainer::check_output_paths() const {
+  namespace fs = std::filesystem;
+  auto writable_dir = [](const std::string& dir, const std::string& what) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir, ec))
+      throw HostError(what + " '" + dir + "': cannot create the directory" + (ec ? " (" + ec.message() + ")" : ""));
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw HostError(what + " '" + dir + "': cannot write there (" + std::strerror(errno) + ")");
+  };
+  auto writable_file = [&](const std::string& file, const std::string& what) {
+    if (file.empty()) return;
+    const fs::path parent = fs::path(file).parent_path();
+    writable_dir(parent.empty() ? "." : parent.string(), what + " '" + file + "': its directory");
+    if (fs::is_directory(file)) throw HostError(what + " '" + file + "' is a directory, not a file");
+  };
+  const auto& ck = cfg_.checkpoint();
+  if (!ck.save().empty()) writable_dir(ck.save(), "checkpoint.save");
+  if (!ck.load().empty() && !fs::is_directory(ck.load()))
+    throw HostError("checkpoint.load '" + ck.load() + "': no such directory");
+  const auto& lg = cfg_.logging();
+  if (!lg.tensorboard_dir().empty()) writable_dir(lg.tensorboard_dir(), "logging.tensorboard_dir");
+  writable_file(lg.trace_file(), "logging.trace_file");
+  writable_file(lg.metrics_jsonl(), "logging.metrics_jsonl");
+  writable_file(lg.bench_out(), "logging.bench_out (--bench_out)");
+}
+
+// Before the first step: what a rank will hold, against what it may use (train.memory_limit_mb, or
+// this machine's memory shared by its ranks). Parameters and the strategy's gradient and master
+// buffers are counted as allocated; the optimizer state (allocated at the first step) as two fp32
+// values per optimized element (Adam); activations by Megatron's formula (Korthikanti et al.:
+// s b h (34 + 5 a s / h) bytes per layer in 16-bit, twice in fp32, divided over TP ranks, one
+// layer's worth plus the layer inputs with full recomputation) times the micro-batches that may
+// be alive at once (one), plus the output layer's logits and the prefetched batches.
+void Trainer::check_memory_estimate() {
+  const auto& t = cfg_.train();
+  if (t.skip_memory_check()) return;
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t local_ranks = local_world ? std::max(1, std::atoi(local_world)) : 1;
+  const int64_t budget = t.memory_limit_mb() > 0 ? t.memory_limit_mb() * (int64_t{1} << 20)
+                                                 : memory::machine_memory_bytes() / local_ranks;
+  if (budget <= 0) return;
+  const dtk_model_info info = model_->info();
+  const dtk_memory_usage held = strategy_->memory_usage();
+  int64_t optimized = 0;
+  for (const Param& p : optimizer_->params()) optimized += p.tensor.numel();
+  const double dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
+  const double s = static_cast<double>(plan_.seq_length()), b = static_cast<double>(plan_.micro_batch_size());
+  const double h = static_cast<double>(info.hidden_size), a = static_cast<double>(std::max<int64_t>(1, info.num_attention_heads));
+  const double layers = static_cast<double>(info.num_layers) / topo_.pp_size;
+  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / topo_.tp_size * (dtype_bytes / 2.0);
+  const double activations = info.recompute ? layers * s * b * h * dtype_bytes + per_layer : layers * per_layer;
+  const double vocab = static_cast<double>(info.vocab_size) / topo_.tp_size;
+  const double logits = std::min(s * b, 512.0) * vocab * 4.0 * 2.0;
+  const double batches = 5.0 * b * (s + 1) * 8.0;  // the loader's queue and the batch in use
+  // What lives in host memory (offload) is outside a device budget (not outside the machine's).
+  const bool device_budget = t.memory_limit_mb() > 0;
+  const double optimizer =
+      device_budget && strategy_->info().optimizer_on_host ? 0.0 : 8.0 * static_cast<double>(optimized);
+  const double params = static_cast<double>(held.parameter_bytes + held.gradient_bytes + held.master_bytes -
+                                            (device_budget ? held.host_bytes : 0));
+  const double total = params + optimizer + activations + logits + batches;
+  if (total <= static_cast<double>(budget)) return;
+  auto mb = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MB"; };
+  throw HostError("config: this run needs about " + mb(total) + " per rank (parameters, gradients and masters " +
+                  mb(params) + ", optimizer state " + mb(optimizer) + ", activations " + mb(activations + logits) +
+                  ", batches " + mb(batches) + "), more than the " + mb(static_cast<double>(budget)) +
+                  (t.memory_limit_mb() > 0 ? " of train.memory_limit_mb"
+                                           : " this machine has for each of its " + std::to_string(local_ranks) +
+                                                 " rank(s)") +
+                  "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true");
 }
 
 // A weight-decay schedule reaches the optimizer through dtk_optimizer_step_args.weight_decay_scale

@@ -87,9 +87,14 @@ inline dtk_status* make_status(int32_t code, const std::string& message) {
 // One line for the user: LibTorch's c10::Error::what() appends "Exception raised from ..." and a
 // C++ backtrace; keep the message before it and fold any remaining newlines.
 inline std::string one_line(std::string message) {
-  const size_t cut = message.find("\nException raised from");
-  if (cut != std::string::npos) message.resize(cut);
-  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  // The backtrace starts at "Exception raised from" or, for TORCH_CHECK/enforce failures, at
+  // "frame #0:" (on its own line, or after "; " once another one_line folded the lines).
+  for (const char* marker : {"Exception raised from", "frame #0:"}) {
+    const size_t cut = message.find(marker);
+    if (cut != std::string::npos) message.resize(cut);
+  }
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ' || message.back() == ';'))
+    message.pop_back();
   for (size_t i = 0; (i = message.find('\n', i)) != std::string::npos;) message.replace(i, 1, "; ");
   return message;
 }

@@ -49,7 +49,10 @@ class PluginHost {
 
   // Loads one plugin file; throws HostError naming the file and the problem.
   const Plugin& load_file(const std::string& path);
-  // Loads every *.so in a directory (a missing directory is an error only if `required`).
+  // Loads every *.so in a directory (a missing directory is an error only if `required`). A file
+  // that cannot be loaded (not a plugin, truncated, another ABI, a duplicate name...) blocks
+  // nothing else: it is recorded in broken() with its reason, and named when a plugin is asked
+  // for that is not there.
   void load_directory(const std::string& dir, bool required);
   // Default discovery: <exe_dir>/../lib/dtk/plugins, then DTK_PLUGIN_PATH (':'-separated),
   // then `extra` (--plugin_path). Entries may be files or directories.
@@ -60,6 +63,10 @@ class PluginHost {
   const Plugin* find(int32_t kind, const std::string& name) const;
   const Plugin* find_any(const std::string& name) const;  // by name across kinds
   std::vector<const Plugin*> list() const;
+  struct Broken {
+    std::string path, reason;  // reason: the one-line refusal, naming the file
+  };
+  const std::vector<Broken>& broken() const { return broken_; }
 
   // Calls deinit() of every plugin, once (plugins stay mapped).
   void shutdown();
@@ -68,6 +75,7 @@ class PluginHost {
   std::string torch_version_;
   const dtk_host_services* services_;
   std::vector<Plugin*> plugins_;  // leaked on purpose: never unloaded
+  std::vector<Broken> broken_;
   bool shut_down_ = false;
 };
 

@@ -77,4 +77,10 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);
 std::string checkpoint_tracker_file(const std::string& dir);
 
+// Removes the temporaries of saves whose process has died (`iter_N.tmp-HOST-PID` directories,
+// `latest_checkpointed_iteration.txt.tmp-HOST-PID` files of this machine, and the older
+// `.tmp-PID` form): a crash or a full disk otherwise leaves them forever. A live process's are
+// kept. Called by world rank 0 before each save and when loading. Returns how many went.
+int remove_stale_temporaries(const std::string& dir);
+
 }  // namespace dtk::core

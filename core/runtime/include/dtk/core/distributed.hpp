@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "dtk/core/comm.hpp"
 #include "dtk_config.pb.h"
@@ -43,8 +44,10 @@ std::string rank_prefix();
 
 // Rendezvous and process groups for `cfg` (idempotent: a second call is a no-op). Fills
 // topology(). Without a distributed environment: a single process, no store. Every wait is
-// bounded by distributed.timeout_seconds. Throws HostError with a one-line message.
-void init_distributed(const config::RunConfig& cfg);
+// bounded by distributed.timeout_seconds. Throws HostError with a one-line message. After the
+// rendezvous the ranks compare `description` (run_agreement.hpp; empty: not compared) and fail
+// together, each naming its difference, before any process group exists.
+void init_distributed(const config::RunConfig& cfg, const std::vector<std::string>& description = {});
 bool distributed_initialized();
 
 // process_group(group) and collective_timeout() are in dtk/core/comm.hpp, where

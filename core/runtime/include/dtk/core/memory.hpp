@@ -31,8 +31,11 @@ Stats stats();
 void reset_peak();
 
 // A budget for the device pool: an allocation that would take it past `bytes` fails with
-// "device memory budget of N MB exceeded ..." (bytes <= 0: no budget).
-void set_device_limit(int64_t bytes);
+// "device memory budget of N MB exceeded ..." (bytes <= 0: no budget). `machine`: the budget is
+// this machine's memory (the default on a CPU run), not train.memory_limit_mb.
+void set_device_limit(int64_t bytes, bool machine = false);
+// Physical memory of this machine in bytes (0 when unknown).
+int64_t machine_memory_bytes();
 
 // While one is alive on a thread, that thread's allocations count as host memory.
 class HostScope {

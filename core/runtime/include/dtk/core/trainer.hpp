@@ -65,6 +65,8 @@ class Trainer {
   double params_norm();
   double num_zeros_in_grad();
   void require_weight_decay_scale() const;
+  void check_memory_estimate();
+  void check_output_paths() const;
   void print_bench_summary();
   void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration);
   void save(int64_t iteration);

@@ -343,7 +343,7 @@ TEST(Config, BadLoopSettingsAreOneLine) {
                                   "lr.lr_wsd_decay_style");
   dtk_test::expect_one_line_error(
       dtk_test::run_dtk(kTrain + " --set lr.lr_warmup_fraction=0.1"), "lr.lr_warmup_fraction and lr.lr_warmup_iters");
-  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.lr=nan"), "must be finite");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.lr=nan"), "lr.lr must be a finite number");
   dtk_test::expect_one_line_error(
       dtk_test::run_dtk(kTrain + " --set train.bench_steps=3 --set checkpoint.load=/nonexistent"), "train.bench_steps");
 }

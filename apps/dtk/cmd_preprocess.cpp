@@ -6,6 +6,8 @@
 //   dtk preprocess --decode --input data/my_text_document --vocab_file ... --merge_file ... [A:B]
 #include "cmd_preprocess.hpp"
 
+#include <dtk/plugin.hpp>  // one_line
+
 #include <gflags/gflags.h>
 
 #include <cstdio>
@@ -105,7 +107,7 @@ int run_preprocess(int argc, char** argv) {
     dtk::data::preprocess(o);
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtk preprocess: error: %s\n", e.what());
+    std::fprintf(stderr, "dtk: error: preprocess: %s\n", dtk::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -110,16 +111,18 @@ void check_flags(int argc, char** argv) {
     name = name.substr(0, name.find('='));
     gflags::CommandLineFlagInfo info;
     if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-      // Check the value's type here: gflags would print its own multi-word message and exit.
-      if (info.type == "bool" || info.type == "string") continue;
+      // Check the value here: gflags would print its own multi-word message and exit.
+      if (info.type == "bool") continue;
       const size_t eq = a.find('=');
       std::string value;
-      if (eq != std::string::npos)
+      if (eq != std::string::npos) {
         value = a.substr(eq + 1);
-      else if (i + 1 < argc)
-        value = argv[i + 1];
-      else
+      } else if (i + 1 < argc) {
+        value = argv[++i];  // the value, even if it starts with '-' ("--threads -1")
+      } else {
         throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
+      }
+      if (info.type == "string") continue;
       char* end = nullptr;
       errno = 0;
       if (info.type == "double") {
@@ -311,6 +314,7 @@ int main(int argc, char** argv) {
     gflags::ParseCommandLineFlags(&argc, &argv, true);
     if (argc < 2) {
       std::fputs(kUsage, stderr);
+      report_error("no command given (train, launch, plugins, config, preprocess; see dtk --help)");
       return 2;
     }
     const std::string cmd = argv[1];
@@ -321,7 +325,19 @@ int main(int argc, char** argv) {
     }
     if (cmd == "plugins") return cmd_plugins(args, argv[0]);
     if (cmd == "config") {
-      std::fputs(dtk::core::to_text(resolve_config(sets)).c_str(), stdout);
+      // Checked as `dtk train` checks it before any work: the fields, and each slot's plugin and
+      // options (a typo in an option is found here, not at the start of a long run).
+      const dtk::config::RunConfig cfg = resolve_config(sets);
+      dtk::core::validate_config(cfg);
+      auto& plugins = load_plugins(argv[0]);
+      const std::pair<int32_t, const dtk::config::PluginChoice*> slots[] = {
+          {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
+          {DTK_KIND_OPTIMIZER, &cfg.optimizer()}, {DTK_KIND_STRATEGY, &cfg.strategy()}};
+      for (const auto& [kind, choice] : slots)
+        dtk::host::resolve_options(plugins.get(kind, choice->name()),
+                                   std::map<std::string, std::string>(choice->options().begin(),
+                                                                      choice->options().end()));
+      std::fputs(dtk::core::to_text(cfg).c_str(), stdout);
       return 0;
     }
     if (cmd == "train") {

@@ -247,3 +247,59 @@ TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
 }
 
 }  // namespace
+
+namespace {
+
+// A catalogue from a new user's hunt (289 bad inputs tried; these were the ones that slipped
+// through): each is now one line naming what is wrong.
+TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
+  const std::string dir = tmp_dir("catalogue");
+  fs::create_directories(dir + "/adir");
+  fs::create_directories(dir + "/dup-plugins");
+  fs::copy_file(std::string(DTK_PLUGIN_DIR) + "/dtk_plugin_sgd.so", dir + "/dup-plugins/dtk_plugin_sgd.so");
+  fs::create_directories(dir + "/garbage-ck");
+  std::ofstream(dir + "/garbage-ck/latest_checkpointed_iteration.txt") << "\x1b[31m\r12x";
+  fs::create_directories(dir + "/tracker-dir/latest_checkpointed_iteration.txt");
+  std::ofstream(dir + "/dup.pbtxt") << "train { train_iters: 3 train_iters: 5 }\n";
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {"train --config " + dir + "/adir", "config '" + dir + "/adir': not a regular file"},
+      {kTrain + "--config", "--config needs a value (string)"},
+      {kTrain + "--threads -1", "config: train.threads must be >= 0"},
+      {kTrain + "--set train.loss_scale=1e300", "train.loss_scale must be at most 2^64"},
+      {kTrain + "--set lr.lr_decay_iters=-2", "lr.lr_decay_iters must be >= 0"},
+      {kTrain + "--set logging.trace_file=" + dir + "/t.json --set logging.trace_iterations=100-200",
+       "starts after the last iteration"},
+      {kTrain + "--set distributed.backend=mpi", "distributed.backend 'mpi' is not available"},
+      {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
+      {kTrain + "--set step.eod_token=-1", "option 'eod_token' must be a token id"},
+      {kTrain + "--plugin_path " + dir + "/dup-plugins --optimizer sgd", "two optimizer plugins named 'sgd'"},
+      {kTrain + "--set checkpoint.load=" + dir + "/garbage-ck", "does not hold an iteration number: '\\x1b[31m\\x0d12x'"},
+      {"preprocess --input " + dir + "/none.jsonl --output_prefix " + dir + "/o --vocab_file x --merge_file y",
+       "preprocess: "},
+      {"config --set lr.lr=nan", "config: lr.lr must be a finite number, got nan"},
+      {"config --set model.num_layerz=3", "model plugin 'gpt' has no option 'num_layerz'; did you mean 'num_layers'?"},
+      {kTrain + "--set checkpoint.save=" + dir + "/tracker-dir", "latest_checkpointed_iteration.txt exists and is not a file"},
+      {kTrain + "--set 'lr.param_rules=match: \"nothing_matches\" lr_mult: 0.5'", "matches no parameter of the model"},
+      {"train --config " + dir + "/dup.pbtxt", "Non-repeated field \"train_iters\" is specified multiple times"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    expect_clean_error(run_dtk(c.args, 60), c.needle);
+  }
+  ::setenv("RANK", "1", 1);
+  expect_clean_error(run_dtk(kTrain, 60), "RANK is set but WORLD_SIZE is not");
+  ::unsetenv("RANK");
+  const dtk_test::Result none = run_dtk("", 60);
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("dtk: error: no command given"), std::string::npos) << none.out;
+  // An executable is not a plugin, even a position-independent one (ELF type "shared object").
+  fs::create_directories(dir + "/exe");
+  fs::copy_file("/bin/true", dir + "/exe/dtk_plugin_true.so");
+  const dtk_test::Result list = run_dtk("plugins list --plugin_path " + dir + "/exe", 60);
+  EXPECT_NE(list.out.find("an executable program, not a shared library"), std::string::npos) << list.out;
+}
+
+}  // namespace

@@ -81,7 +81,7 @@ TEST(Cli, BadInputsAreOneLineErrors) {
                         "model plugin 'gpt' has no option 'num_layer'; did you mean 'num_layers'?");
   expect_error_line(run(kTiny + "--set model.num_layers=two"),
                         "model plugin 'gpt': option 'num_layers' expects an integer, got 'two'");
-  expect_error_line(run("train --config /nonexistent.pbtxt"), "config '/nonexistent.pbtxt': cannot open file");
+  expect_error_line(run("train --config /nonexistent.pbtxt"), "config '/nonexistent.pbtxt': no such file");
   expect_error_line(run(kTiny + "--plugin_path /nonexistent/dir"),
                         "--plugin_path entry '/nonexistent/dir' does not exist");
   expect_error_line(run(kTiny + "--plugin_path " DTK_TEST_PLUGIN_DIR "/broken/tp_major.so"),
@@ -140,7 +140,7 @@ TEST(Cli, PreprocessBlendTrainDecode) {
   EXPECT_NE(d.out.find("Document 0 of corpus a: the quick brown fox"), std::string::npos) << d.out;
   Result nv = run("preprocess --decode --input " + dir + "/a_text_document");
   EXPECT_EQ(nv.code, 1);
-  EXPECT_NE(nv.out.find("dtk preprocess: error: --vocab_file and --merge_file are required"), std::string::npos)
+  EXPECT_NE(nv.out.find("dtk: error: preprocess: --vocab_file and --merge_file are required"), std::string::npos)
       << nv.out;
   // A prefix that does not exist is one line naming it.
   Result bad = run(kTiny + "--dataset gpt_indexed --data_path " + dir +

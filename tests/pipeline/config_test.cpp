@@ -62,7 +62,7 @@ TEST(Config, FileParseErrorsGiveLineAndColumn) {
   EXPECT_EQ(msg.rfind("config '" + path + "': line 3 column ", 0), 0u) << msg;
   EXPECT_NE(msg.find("bogus_field"), std::string::npos) << msg;
   EXPECT_EQ(error_of([&] { dtk::core::load_config("/nonexistent.pbtxt"); }),
-            "config '/nonexistent.pbtxt': cannot open file");
+            "config '/nonexistent.pbtxt': no such file");
 }
 
 TEST(Config, ValidationCatchesBadValues) {

@@ -54,6 +54,8 @@ void check_elf_file(const std::string& path, const std::string& where) {
   if (!in.read(reinterpret_cast<char*>(ph.data()), static_cast<std::streamsize>(ph.size() * sizeof(Elf64_Phdr))))
     throw truncated("the program header table", ph_end);
   for (size_t i = 0; i < ph.size(); ++i) {
+    // A position-independent executable is ET_DYN too; it names its program interpreter.
+    if (ph[i].p_type == PT_INTERP) throw bad("an executable program, not a shared library");
     if (ph[i].p_type != PT_LOAD && ph[i].p_type != PT_DYNAMIC) continue;
     const uint64_t end = ph[i].p_offset + ph[i].p_filesz;
     if (end < ph[i].p_offset || end > size)

@@ -264,9 +264,12 @@ const Plugin& PluginHost::load_file(const std::string& path) {
   const std::string name = e->name;
   const std::string who = "plugin " + quote(name) + " (" + path + ")";
   check_entry(e, who, torch_version_);
-  if (const Plugin* dup = find(e->kind, name))
+  if (const Plugin* dup = find(e->kind, name)) {
+    // Which of the two a run would get depends on the search order: neither may be used.
+    ambiguous_.emplace_back(e->kind, name);
     throw HostError("two " + std::string(kind_name(e->kind)) + " plugins named " + quote(name) + ": " + dup->path +
                     " and " + path);
+  }
   const void* api = initialise(e, services_, who);
 
   auto* p = new Plugin();
@@ -337,6 +340,11 @@ const Plugin* PluginHost::find_any(const std::string& name) const {
 }
 
 const Plugin& PluginHost::get(int32_t kind, const std::string& name) const {
+  for (const auto& [k, n] : ambiguous_)
+    if (k == kind && n == name)
+      for (const Broken& b : broken_)
+        if (b.reason.find("plugins named " + quote(name)) != std::string::npos)
+          throw HostError(b.reason + " (both on the plugin path: remove one)");
   if (const Plugin* p = find(kind, name)) return *p;
   std::vector<std::string> names;
   for (const Plugin* p : plugins_)

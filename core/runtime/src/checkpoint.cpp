@@ -227,7 +227,8 @@ std::string checkpoint_tracker_file(const std::string& dir) {
 
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
-                           const std::string& config_text, const Topology& topo) {
+                           const std::string& config_text, const std::vector<std::string>& writers,
+                           const Topology& topo) {
   const auto start = std::chrono::steady_clock::now();
   const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
   // One temporary directory for all TP ranks: named after world rank 0's pid.
@@ -299,6 +300,9 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
       d.insert("config", config_text);
       d.insert("dtk_version", std::string(DTK_VERSION));
+      std::string plugins;
+      for (const auto& w : writers) plugins += w + "\n";
+      d.insert("plugins", plugins);
       bytes += write_pickle((fs::path(rank_dir) / kFileName).string(), c10::IValue(d));
     }
     if (sharded) {
@@ -339,7 +343,11 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       const std::string text = std::to_string(progress.iteration) + "\n";
       write_file_synced(tracker_tmp, text.data(), text.size());
       fs::rename(tracker_tmp, tracker, ec);
-      if (ec) throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
+      if (ec) {
+        std::error_code rm;
+        fs::remove(tracker_tmp, rm);
+        throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
+      }
       fsync_path(save_dir, true);
     } catch (const std::exception& e) {
       error = first_line(e.what());
@@ -447,7 +455,21 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
     if (pos != text.size()) iteration = -1;
   } catch (const std::exception&) {
   }
-  if (iteration < 0) throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + text + "'");
+  if (iteration < 0) {
+    // Show what it holds, escaped and cut short: it may be any bytes.
+    std::string shown;
+    for (unsigned char c : text.substr(0, 40)) {
+      if (c >= 0x20 && c < 0x7f) {
+        shown += static_cast<char>(c);
+      } else {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\x%02x", c);
+        shown += buf;
+      }
+    }
+    throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + shown +
+                    (text.size() > 40 ? "...'" : "'") + " (" + std::to_string(text.size()) + " bytes)");
+  }
 
   const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank);
   const std::string file = (rank_dir / kFileName).string();

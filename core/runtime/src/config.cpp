@@ -5,6 +5,8 @@
 #include <google/protobuf/text_format.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -99,10 +101,22 @@ config::RunConfig default_config() {
 }
 
 config::RunConfig load_config(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw HostError("config '" + path + "': no such file");
+  if (!std::filesystem::is_regular_file(path, ec)) throw HostError("config '" + path + "': not a regular file");
   std::ifstream in(path);
   if (!in) throw HostError("config '" + path + "': cannot open file");
   std::stringstream ss;
   ss << in.rdbuf();
+  // The file alone first: a field set twice in it is a mistake (merging would keep the last).
+  {
+    config::RunConfig alone;
+    TextFormat::Parser parser;
+    FirstError errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(ss.str(), &alone))
+      throw HostError("config '" + path + "': " + (errors.text.empty() ? "parse error" : errors.text));
+  }
   config::RunConfig cfg = default_config();
   merge_text(ss.str(), &cfg, "config '" + path + "'");
   return cfg;
@@ -352,6 +366,7 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root or WSD, got '" +
                     style + "'");
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
+  if (lr.lr_decay_iters() < 0) throw HostError("config: lr.lr_decay_iters must be >= 0 (0 = train.train_iters)");
   if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
       !std::isfinite(lr.weight_decay()))
     throw HostError("config: lr.lr, lr.min_lr, lr.lr_warmup_init and lr.weight_decay must be finite numbers");
@@ -395,6 +410,15 @@ void validate_config(const config::RunConfig& cfg) {
   };
   finite_at_least(t.loss_scale(), 0, "train.loss_scale");
   finite_at_least(t.initial_loss_scale(), 0, "train.initial_loss_scale");
+  // A scale beyond 2^64 overflows any loss's gradients in fp32 and bf16: every step would be skipped.
+  for (const auto& [v, name] : {std::pair<double, const char*>{t.loss_scale(), "train.loss_scale"},
+                                {t.initial_loss_scale(), "train.initial_loss_scale"},
+                                {t.min_loss_scale(), "train.min_loss_scale"}})
+    if (v > 18446744073709551616.0) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", v);
+      throw HostError(std::string("config: ") + name + " must be at most 2^64 (Megatron's default is 2^32), got " + got);
+    }
   finite_at_least(t.min_loss_scale(), 0, "train.min_loss_scale");
   if (t.loss_scale_window() < 0 || t.hysteresis() < 0)
     throw HostError("config: train.loss_scale_window and train.hysteresis must be >= 0 (0 = Megatron's default)");
@@ -425,7 +449,15 @@ void validate_config(const config::RunConfig& cfg) {
     } catch (const std::exception& e) {
       throw HostError(std::string("config: ") + e.what());
     }
+    // train_iters 0: train_samples decides the length (known once the global batch is).
+    if (!cfg.logging().trace_file().empty() && t.train_iters() > 0 && first > t.train_iters())
+      throw HostError("config: logging.trace_iterations '" + cfg.logging().trace_iterations() +
+                      "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
+                      "): the trace would stay empty");
   }
+  if (!d.backend().empty() && d.backend() != "gloo")
+    throw HostError("config: distributed.backend '" + d.backend() +
+                    "' is not available in this CPU build (gloo is; nccl comes with the CUDA build)");
   try {
     parse_simulated_link(d.simulated_link());
   } catch (const std::exception& e) {

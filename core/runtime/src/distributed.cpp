@@ -74,6 +74,10 @@ std::string short_error(const std::exception& e) {
 LaunchEnv launch_env_from_environment() {
   LaunchEnv le;
   bool all_local = false;
+  // torchrun sets both: one without the other is a broken launch, not a single process.
+  if (static_cast<bool>(env("RANK")) != static_cast<bool>(env("WORLD_SIZE")))
+    throw HostError(std::string("distributed: ") + (env("RANK") ? "RANK" : "WORLD_SIZE") + " is set but " +
+                    (env("RANK") ? "WORLD_SIZE" : "RANK") + " is not (torchrun sets both; unset it to run one process)");
   if (env("RANK") && env("WORLD_SIZE")) {
     le.source = "torchrun";
     le.rank = env_int("RANK");

@@ -1,5 +1,7 @@
 #include "dtk/core/param_groups.hpp"
 
+#include "dtk/host/plugin_host.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -17,6 +19,7 @@ ParamGroups::ParamGroups(const config::LrSchedule& lr, double end_weight_decay) 
   for (int i = 0; i < lr.param_rules_size(); ++i) {
     const auto& r = lr.param_rules(i);
     rules_.emplace_back(r.match());
+    patterns_.push_back(r.match());
     const double lr_scale = r.has_lr_mult() ? r.lr_mult() : 1.0;
     const std::string who = "rule " + std::to_string(i) + " \"" + r.match() + "\"";
     // wd_mult replaces the parameter's own decay (1 for weights, 0 for biases and norms).
@@ -31,6 +34,17 @@ size_t ParamGroups::group_of(const std::string& name, bool no_weight_decay) cons
   for (size_t i = 0; i < rules_.size(); ++i)
     if (std::regex_search(name, rules_[i])) return 2 + 2 * i + (no_weight_decay ? 1 : 0);
   return no_weight_decay ? 1 : 0;
+}
+
+void ParamGroups::require_every_rule_matches(const std::vector<Param>& params) const {
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    bool any = false;
+    for (const Param& p : params) any = any || std::regex_search(p.name, rules_[i]);
+    if (!any)
+      throw host::HostError("config: lr.param_rules[" + std::to_string(i) + "]: '" + patterns_[i] +
+                            "' matches no parameter of the model (its names look like '" +
+                            (params.empty() ? std::string("?") : params.back().name) + "')");
+  }
 }
 
 std::vector<std::string> ParamGroups::describe(const std::vector<Param>& params) const {

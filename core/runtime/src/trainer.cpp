@@ -39,8 +39,9 @@ int32_t dtype_code(const std::string& s) {
   return DTK_DTYPE_FLOAT32;
 }
 
-// What every rank must agree on: the resolved config and the plugins of its slots.
-std::vector<std::string> run_description(const config::RunConfig& cfg, const host::PluginHost& plugins) {
+// The plugins of the run's slots: "plugin.<kind>=<name> <version> (ABI M.m)" (what every rank must
+// agree on, with the config; recorded in checkpoints).
+std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::PluginHost& plugins) {
   std::vector<std::string> lines;
   const std::pair<int32_t, const config::PluginChoice*> slots[] = {
       {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
@@ -50,7 +51,7 @@ std::vector<std::string> run_description(const config::RunConfig& cfg, const hos
     lines.push_back(std::string("plugin.") + host::kind_name(kind) + "=" + e->name + " " + e->version + " (ABI " +
                     std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) + ")");
   }
-  return describe_run(cfg, lines);
+  return lines;
 }
 
 // Megatron's initialize_megatron for this process: config checks, process groups, then the
@@ -60,7 +61,7 @@ const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost&
   set_run_config(cfg);
   // Rendezvous and process groups (a no-op for a single process); the ranks first compare what
   // they will run (run_agreement.hpp).
-  init_distributed(cfg, run_description(cfg, plugins));
+  init_distributed(cfg, describe_run(cfg, plugin_lines(cfg, plugins)));
   const Topology& topo = topology();
   // Megatron prints from one rank: the others log nothing but errors.
   if (topo.world_rank != 0) FLAGS_minloglevel = google::GLOG_ERROR;
@@ -148,7 +149,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
       step_slot_(resolve(plugins, DTK_KIND_STEP, cfg.step())),
       optimizer_slot_(resolve(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer())),
       strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())),
-      nonfinite_iterations_(nonfinite_iterations_from_environment(topo_.world_rank)) {
+      nonfinite_iterations_(nonfinite_iterations_from_environment(topo_.world_rank)),
+      writers_(plugin_lines(cfg, plugins)) {
   // MFU needs the device's peak: given, or (bench mode on a CPU) measured here, before the
   // model takes memory and threads.
   const bool bench_mode = cfg.train().bench_steps() > 0;
@@ -282,6 +284,7 @@ void Trainer::setup_model_and_optimizer() {
   strategy_ = std::make_unique<StrategyInstance>(strategy_slot_.plugin, build_context(strategy_slot_));
   strategy_->setup(*model_);
   const ParamGroups groups(cfg_.lr(), schedule_.reference_weight_decay());
+  if (topo_.pp_size == 1) groups.require_every_rule_matches(model_->parameters());
   if (schedule_.weight_decay_varies()) require_weight_decay_scale();
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
                                                    strategy_->optimizer_params(), groups);
@@ -321,7 +324,12 @@ void Trainer::check_output_paths() const {
     if (fs::is_directory(file)) throw HostError(what + " '" + file + "' is a directory, not a file");
   };
   const auto& ck = cfg_.checkpoint();
-  if (!ck.save().empty()) writable_dir(ck.save(), "checkpoint.save");
+  if (!ck.save().empty()) {
+    writable_dir(ck.save(), "checkpoint.save");
+    const std::string tracker = checkpoint_tracker_file(ck.save());
+    if (fs::exists(tracker) && !fs::is_regular_file(tracker))
+      throw HostError("checkpoint.save '" + ck.save() + "': " + tracker + " exists and is not a file");
+  }
   if (!ck.load().empty() && !fs::is_directory(ck.load()))
     throw HostError("checkpoint.load '" + ck.load() + "': no such directory");
   const auto& lg = cfg_.logging();
@@ -760,7 +768,8 @@ void Trainer::save(int64_t iteration) {
   if (scaler_.dynamic()) progress_.grad_scaler = scaler_.state();
   progress_.schedule = schedule_.params();
   const std::string& dir = cfg_.checkpoint().save();
-  const SaveReport r = save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), topo_);
+  const SaveReport r =
+      save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), writers_, topo_);
   last_saved_ = iteration;
   char buf[64];
   std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);

@@ -38,6 +38,9 @@ class GptIndexed : public dtk::Dataset {
     o.cache_mode = ctx.rank == 0 ? dtk::data::GptDatasetOptions::CacheMode::kBuild
                                  : dtk::data::GptDatasetOptions::CacheMode::kWaitOnly;
     o.wait_timeout_s = ctx.options.get_float("wait_timeout_s");
+    if (o.wait_timeout_s < 0)
+      throw dtk::Error("option 'wait_timeout_s' must be >= 0, got " + std::to_string(o.wait_timeout_s),
+                       DTK_ERR_INVALID_ARGUMENT);
     const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
     try {
       auto tvt = dtk::data::build_train_valid_test_datasets(data_path, ctx.options.get_string("split"), n, o);

@@ -421,6 +421,8 @@ class GPTModel : public Model {
     for (double p : {c_.hidden_dropout, c_.attention_dropout})
       if (p < 0.0 || p >= 1.0) throw Error("gpt: dropout probabilities must be in [0, 1)");
     if (c_.init_std <= 0.0) throw Error("gpt: init_method_std must be positive");
+    if (!(c_.eps > 0.0)) throw Error("gpt: option 'layernorm_epsilon' must be positive, got " + std::to_string(c_.eps));
+
     if (c_.lm_head_chunk_tokens < 0)
       throw Error("gpt: option 'lm_head_chunk_tokens' must be >= 0 (0 = automatic), got " +
                   std::to_string(c_.lm_head_chunk_tokens));

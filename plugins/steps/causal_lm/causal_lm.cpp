@@ -28,6 +28,7 @@ class CausalLM : public Step {
     reset_attention_mask_ = o.get_bool("reset_attention_mask");
     eod_mask_loss_ = o.get_bool("eod_mask_loss");
     eod_ = o.get_int("eod_token");
+    if (eod_ < 0) throw Error("causal_lm: option 'eod_token' must be a token id (>= 0), got " + std::to_string(eod_));
   }
 
   at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) override {

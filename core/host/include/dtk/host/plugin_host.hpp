@@ -76,6 +76,7 @@ class PluginHost {
   const dtk_host_services* services_;
   std::vector<Plugin*> plugins_;  // leaked on purpose: never unloaded
   std::vector<Broken> broken_;
+  std::vector<std::pair<int32_t, std::string>> ambiguous_;  // names found in two files (kind, name)
   bool shut_down_ = false;
 };
 

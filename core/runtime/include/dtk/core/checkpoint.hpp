@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtk/core/components.hpp"
 #include "dtk/core/grad_scaler.hpp"
@@ -62,10 +63,14 @@ struct SaveReport {
 };
 
 // Called by every rank (collective: bounded world barriers around the write). Only data-parallel
-// rank 0 of each tensor-parallel rank writes. Throws HostError naming the path on failure.
+// rank 0 of each tensor-parallel rank writes. Throws HostError naming the path on failure. What
+// wrote the checkpoint is recorded with it: the resolved config (`config_text`: plugins, their
+// options, the parallel layout), `writers` (each plugin's name, version and ABI) and DTK's
+// version.
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
-                           const std::string& config_text, const Topology& topo);
+                           const std::string& config_text, const std::vector<std::string>& writers,
+                           const Topology& topo);
 
 // Called by every rank (collective). Restores model (strict), optimizer, strategy and the host
 // RNG from this rank's file and returns the progress counters. Every bad input is one HostError

@@ -33,10 +33,14 @@ class ParamGroups {
   // One line per non-empty group: its settings and its members (names that differ only in a
   // layer number are shown once as "layers.*." with a count).
   std::vector<std::string> describe(const std::vector<Param>& params) const;
+  // Throws HostError for a rule that matches none of `params` (a typo would otherwise change
+  // nothing without a word). Pass the whole model's parameters.
+  void require_every_rule_matches(const std::vector<Param>& params) const;
 
  private:
   std::vector<GroupSpec> specs_;
   std::vector<std::regex> rules_;
+  std::vector<std::string> patterns_;
 };
 
 }  // namespace dtk::core

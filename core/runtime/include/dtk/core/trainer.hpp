@@ -16,6 +16,8 @@
 
 #include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "dtk/core/batch_loader.hpp"
 #include "dtk/core/batch_plan.hpp"
@@ -97,6 +99,7 @@ class Trainer {
   std::string peak_source_;
   std::unique_ptr<BenchReport> bench_;  // bench mode or --bench_out
   const std::set<int64_t> nonfinite_iterations_;  // test hook (DTK_TEST_NONFINITE_ITERS)
+  const std::vector<std::string> writers_;         // the plugins, as checkpoints record them
 };
 
 }  // namespace dtk::core

@@ -1,4 +1,4 @@
-// dtk — the DTK host. Subcommands: train, launch, plugins, preprocess, config, version, help.
+// dtk — the DTK host. Subcommands: train, launch, plugins, preprocess, checkpoint, config, version, help.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <unistd.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cmd_checkpoint.hpp"
 #include "cmd_preprocess.hpp"
 #include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
@@ -53,6 +54,7 @@ Usage:
   dtk plugins describe NAME [--kind KIND]
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
   dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
+  dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk --version
 
 Examples:
@@ -83,7 +85,9 @@ void print_help(int argc, char** argv) {
   std::fputs(kUsage, stdout);
   if (sub.empty()) return;
   // Flags are global in gflags; the file that defines one says which subcommand owns it.
-  const std::string file = sub == "preprocess" ? "cmd_preprocess.cpp" : "main.cpp";
+  const std::string file = sub == "preprocess"   ? "cmd_preprocess.cpp"
+                           : sub == "checkpoint" ? "cmd_checkpoint.cpp"
+                                                 : "main.cpp";
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::printf("\nflags of `dtk %s`:\n", sub.c_str());
@@ -314,7 +318,7 @@ int main(int argc, char** argv) {
     gflags::ParseCommandLineFlags(&argc, &argv, true);
     if (argc < 2) {
       std::fputs(kUsage, stderr);
-      report_error("no command given (train, launch, plugins, config, preprocess; see dtk --help)");
+      report_error("no command given (train, launch, plugins, config, preprocess, checkpoint; see dtk --help)");
       return 2;
     }
     const std::string cmd = argv[1];
@@ -354,8 +358,9 @@ int main(int argc, char** argv) {
     if (cmd == "preprocess") {
       return run_preprocess(argc - 1, argv + 1);
     }
+    if (cmd == "checkpoint") return run_checkpoint(args);
     throw dtk::host::HostError("unknown command '" + cmd +
-                               "' (commands: train, plugins, config, preprocess, version; see --help)");
+                               "' (commands: train, plugins, config, preprocess, checkpoint, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
     // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:

@@ -196,7 +196,7 @@ TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
   const std::string no_iter = copy_at_iteration_4("no-iter");
   write(no_iter + "/latest_checkpointed_iteration.txt", "12\n");
   expect_one_line_error(run(kTrain + "--set checkpoint.load=" + no_iter),
-                        no_iter + "/iter_0000012/mp_rank_00/model_optim_rng.pt");
+                        no_iter + "/iter_0000012 does not exist (named by " + no_iter + "/latest_checkpointed_iteration.txt)");
 
   const std::string truncated = copy_at_iteration_4("truncated");
   fs::resize_file(truncated + kFile4, fs::file_size(truncated + kFile4) / 2);

@@ -16,6 +16,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +26,8 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint_io.hpp"
+#include "dtk/core/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint_shards.hpp"
 #include "dtk/core/memory.hpp"
 
@@ -33,56 +36,16 @@ namespace dtk::core {
 
 namespace fs = std::filesystem;
 using host::HostError;
+using ckpt::first_line;
+using ckpt::fsync_path;
+using ckpt::mp_rank_dir;
+using ckpt::read_pickled_dict;
+using ckpt::shard_file_name;
+using ckpt::temp_owner;
+using ckpt::write_file_synced;
+using ckpt::write_pickle;
 
 namespace {
-
-constexpr const char* kFileName = "model_optim_rng.pt";
-
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-std::string mp_rank_dir(int tp_rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
-  return buf;
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw HostError("checkpoint: cannot open " + path + " to sync: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw HostError("checkpoint: fsync " + path + " failed: " + std::strerror(err));
-}
-
-void write_file_synced(const std::string& path, const char* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw HostError("checkpoint: cannot create " + path + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      std::string room;
-      if (err == ENOSPC || err == EDQUOT) {  // say how much was needed
-        struct statvfs fs_info {};
-        const std::string dir = fs::path(path).parent_path().string();
-        const double free_mb =
-            ::statvfs(dir.c_str(), &fs_info) == 0 ? static_cast<double>(fs_info.f_bavail) * fs_info.f_frsize / 1e6 : -1;
-        char buf[160];
-        std::snprintf(buf, sizeof buf, " (this file needs %.1f MB; %.1f MB free there)", static_cast<double>(size) / 1e6,
-                      std::max(0.0, free_mb + static_cast<double>(done) / 1e6));
-        room = buf;
-      }
-      throw HostError("checkpoint: writing " + path + " failed: " + std::strerror(err) + room);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw HostError("checkpoint: syncing " + path + " failed: " + std::strerror(errno));
-}
 
 c10::Dict<std::string, at::Tensor> to_dict(const TensorList& list) {
   c10::Dict<std::string, at::Tensor> d;
@@ -125,36 +88,6 @@ void move_into_place(const std::string& from, const std::string& to) {
   fs::rename(aside, from, ec);
 }
 
-// Pickles `value` (torch.save's zip format) into `path`, synced; returns the bytes written.
-int64_t write_pickle(const std::string& path, const c10::IValue& value) {
-  const std::vector<char> data = torch::jit::pickle_save(value);
-  write_file_synced(path, data.data(), data.size());
-  return static_cast<int64_t>(data.size());
-}
-
-// Reads a pickled dict, one line naming the file for anything wrong with it.
-c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint = "") {
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw HostError("checkpoint: " + file + " does not exist" + hint);
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  c10::IValue root;
-  try {
-    if (data.empty()) throw std::runtime_error("empty file");
-    root = torch::jit::pickle_load(data);
-  } catch (const std::exception& e) {
-    throw HostError("checkpoint " + file + " is truncated or corrupt: " + first_line(e.what()));
-  }
-  if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
-  return root.toGenericDict();
-}
-
-// "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).
-std::string shard_file_name(int dp_rank) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "optim_dp_rank_%03d.pt", dp_rank);
-  return buf;
-}
-
 // What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
 c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices) {
   c10::Dict<std::string, at::Tensor> d;
@@ -174,17 +107,6 @@ SliceMap slices_from_dict(const TensorList& list, const std::string& file) {
     out[name] = ParamSlice{v[0], v[1], v[2]};
   }
   return out;
-}
-
-// "<host>-<pid>": the suffix of this process's temporary names. The host keeps a save directory
-// shared between machines safe from another machine's cleanup.
-std::string temp_owner(int64_t pid) {
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof host - 1);
-  std::string h = host;
-  for (char& c : h)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
-  return h + "-" + std::to_string(pid);
 }
 
 }  // namespace
@@ -215,6 +137,32 @@ int remove_stale_temporaries(const std::string& dir) {
   return removed;
 }
 
+namespace {
+
+// SHA256SUMS from the ranks' parts (SHA256SUMS.part-R), in path order; the parts go.
+void merge_checksum_parts(const std::string& tmp_dir) {
+  const std::string prefix = std::string(ckpt::kChecksumsFile) + ".part-";
+  std::vector<std::string> lines;
+  std::vector<fs::path> parts;
+  for (const auto& e : fs::directory_iterator(tmp_dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
+    parts.push_back(e.path());
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) lines.push_back(line);
+  }
+  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return a.substr(66) < b.substr(66);
+  });
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  write_file_synced((fs::path(tmp_dir) / ckpt::kChecksumsFile).string(), text.data(), text.size());
+  for (const auto& p : parts) fs::remove(p);
+}
+
+}  // namespace
+
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
@@ -228,7 +176,7 @@ std::string checkpoint_tracker_file(const std::string& dir) {
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
-                           const Topology& topo) {
+                           const Topology& topo, int64_t keep_last) {
   const auto start = std::chrono::steady_clock::now();
   const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
   // One temporary directory for all TP ranks: named after world rank 0's pid.
@@ -246,6 +194,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
 
   std::string error;
   int64_t bytes = 0;
+  std::string sums;  // "<sha256>  <relative path>" of the files this rank wrote
   try {
     // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
     c10::Dict<std::string, at::Tensor> model_dict;
@@ -303,7 +252,9 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       std::string plugins;
       for (const auto& w : writers) plugins += w + "\n";
       d.insert("plugins", plugins);
-      bytes += write_pickle((fs::path(rank_dir) / kFileName).string(), c10::IValue(d));
+      const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
+      bytes += w.bytes;
+      sums += w.sha256 + "  " + mp_rank_dir(topo.tp_rank) + "/" + ckpt::kModelFile + "\n";
     }
     if (sharded) {
       c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
@@ -312,9 +263,16 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
       d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
-      bytes += write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
+      const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
+      bytes += w.bytes;
+      sums += w.sha256 + "  " + mp_rank_dir(topo.tp_rank) + "/" + shard_file_name(topo.dp_rank) + "\n";
     }
     if (writer || sharded) fsync_path(rank_dir, true);
+    // This rank's lines of the manifest; world rank 0 merges them before publishing.
+    if (!sums.empty())
+      write_file_synced((fs::path(tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" +
+                                              std::to_string(topo.world_rank))).string(),
+                        sums.data(), sums.size());
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
@@ -333,6 +291,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   // World rank 0 publishes: directory into place, then the tracker file.
   if (topo.world_rank == 0) {
     try {
+      merge_checksum_parts(tmp_dir);
       fsync_path(tmp_dir, true);
       move_into_place(tmp_dir, final_dir);
       std::error_code ec;
@@ -352,6 +311,9 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     } catch (const std::exception& e) {
       error = first_line(e.what());
     }
+    // checkpoint.keep_last: older iterations go once the new one is published (never the one the
+    // tracker names). A failure to remove is a warning: training goes on.
+    if (error.empty() && keep_last > 0) report.removed = rotate_checkpoints(save_dir, keep_last);
   }
   agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
   // Total size over every rank's files, for the log line.
@@ -403,12 +365,12 @@ std::string saved_optimizer(const c10::impl::GenericDict& d) {
 // file of a replicated save, or from the shard files of a sharded one (this rank's own first: when
 // it was saved with the same layout it is the only one read).
 void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::GenericDict& main,
-                    const ModelInstance& model, OptimizerInstance& optimizer, StrategyInstance& strategy,
-                    const Topology& topo, const LoadOptions& what) {
+                    const ckpt::Checksums& sums, const ModelInstance& model, OptimizerInstance& optimizer,
+                    StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
   std::vector<std::string> names;
   for (const Param& p : model.parameters()) names.push_back(p.name);
   StateAssembler assembler(optimizer.params(), names);
-  std::string where = (rank_dir / kFileName).string();
+  std::string where = (rank_dir / ckpt::kModelFile).string();
   try {
     if (shards == 0) {
       assembler.add(from_dict(main.at("optimizer"), where, "optimizer"), from_dict(main.at("strategy"), where, "strategy"),
@@ -421,8 +383,10 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
       const SliceMap mine = slices_of(optimizer.params());
       for (size_t i = 0; i < order.size(); ++i) {
         where = (rank_dir / shard_file_name(static_cast<int>(order[i]))).string();
-        const c10::impl::GenericDict d = read_pickled_dict(where, " (the checkpoint has " + std::to_string(shards) +
-                                                                      " data-parallel shard files)");
+        const std::string name = shard_file_name(static_cast<int>(order[i]));
+        const c10::impl::GenericDict d =
+            read_pickled_dict(where, " (the checkpoint has " + std::to_string(shards) + " data-parallel shard files)",
+                              &sums, rank_dir.filename().string() + "/" + name);
         for (const char* key : {"optimizer", "strategy", "param_slices"})
           if (!d.contains(key)) throw HostError("checkpoint " + where + " has no '" + key + "' entry");
         const SliceMap saved = slices_from_dict(from_dict(d.at("param_slices"), where, "param_slices"), where);
@@ -439,42 +403,21 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
   }
 }
 
-TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                        StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
+// Loads iteration `iteration` of `load_dir` into this rank's model, optimizer, strategy and RNG.
+TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelInstance& model,
+                        OptimizerInstance& optimizer, StrategyInstance& strategy, const Topology& topo,
+                        const LoadOptions& what) {
+  const std::string iter_dir = checkpoint_iter_dir(load_dir, iteration);
   std::error_code ec;
-  if (!fs::is_directory(load_dir, ec)) throw HostError("checkpoint: load directory " + load_dir + " does not exist");
-  const std::string tracker = checkpoint_tracker_file(load_dir);
-  std::ifstream in(tracker);
-  if (!in) throw HostError("checkpoint: cannot read " + tracker + " (no checkpoint in " + load_dir + "?)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-  int64_t iteration = -1;
-  try {
-    size_t pos = 0;
-    iteration = std::stoll(text, &pos);
-    if (pos != text.size()) iteration = -1;
-  } catch (const std::exception&) {
-  }
-  if (iteration < 0) {
-    // Show what it holds, escaped and cut short: it may be any bytes.
-    std::string shown;
-    for (unsigned char c : text.substr(0, 40)) {
-      if (c >= 0x20 && c < 0x7f) {
-        shown += static_cast<char>(c);
-      } else {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\x%02x", c);
-        shown += buf;
-      }
-    }
-    throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + shown +
-                    (text.size() > 40 ? "...'" : "'") + " (" + std::to_string(text.size()) + " bytes)");
-  }
-
+  if (!fs::is_directory(iter_dir, ec))
+    throw HostError("checkpoint: " + iter_dir + " does not exist (named by " + checkpoint_tracker_file(load_dir) + ")");
+  // The manifest, when the checkpoint has one and verification is wanted.
+  const ckpt::Checksums sums = what.verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
   const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank);
-  const std::string file = (rank_dir / kFileName).string();
+  const std::string file = (rank_dir / ckpt::kModelFile).string();
   const c10::impl::GenericDict d = read_pickled_dict(
-      file, topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : "");
+      file, topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : "", &sums,
+      mp_rank_dir(topo.tp_rank) + "/" + ckpt::kModelFile);
   auto get = [&](const char* key) -> c10::IValue {
     auto it = d.find(c10::IValue(std::string(key)));
     if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
@@ -549,8 +492,8 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
     p.grad_scaler = GradScaler::State{scale.toDouble(), growth.toInt(), hyst.toInt()};
   }
   if (p.iteration != iteration)
-    throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", " + tracker +
-                    " says " + std::to_string(iteration));
+    throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", not " +
+                    std::to_string(iteration) + " as its directory's name says");
   const TensorList model_state = from_dict(get("model"), file, "model");
   const int64_t shards = d.contains("optimizer_shards") ? get_int("optimizer_shards") : 0;
   c10::IValue rng = get("rng");
@@ -572,7 +515,7 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
       throw HostError("checkpoint " + file + ": " + first_line(e.what()));
     }
   } else {
-    load_resharded(rank_dir, shards, d, model, optimizer, strategy, topo, what);
+    load_resharded(rank_dir, shards, d, sums, model, optimizer, strategy, topo, what);
   }
   host.reset();
   if (!what.rng) return p;
@@ -585,20 +528,54 @@ TrainProgress load_rank(const std::string& load_dir, ModelInstance& model, Optim
 }  // namespace
 
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
+                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what,
+                              std::vector<std::string>* skipped) {
   TrainProgress p;
   std::string error;
   if (topo.world_rank == 0) remove_stale_temporaries(load_dir);
+  int64_t iteration = -1;
   try {
-    // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
-    // afterwards the strategy takes its shards of the loaded values.
-    strategy.gather_parameters(true);
-    p = load_rank(load_dir, model, optimizer, strategy, topo, what);
-    strategy.gather_parameters(false);
+    std::error_code ec;
+    if (!fs::is_directory(load_dir, ec)) throw HostError("checkpoint: load directory " + load_dir + " does not exist");
+    iteration = read_checkpoint_tracker(load_dir);
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
-  agree(error, topo, "checkpoint: waiting for every rank to load");
+  // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
+  // afterwards the strategy takes its shards of the loaded values.
+  strategy.gather_parameters(true);
+  // The tracker's iteration, then (checkpoint.fallback) older ones, newest first, as long as one
+  // fails on any rank. World rank 0 picks each next candidate, so every rank tries the same.
+  for (;;) {
+    if (error.empty()) {
+      try {
+        p = load_rank(load_dir, iteration, model, optimizer, strategy, topo, what);
+      } catch (const std::exception& e) {
+        error = first_line(e.what());
+      }
+    }
+    const bool failed = world_max(error.empty() ? 0 : 1, topo, "checkpoint: waiting for every rank to load") != 0;
+    if (!failed) break;
+    int64_t next = -1;
+    if (topo.world_rank == 0) next = older_complete_iteration(load_dir, iteration);
+    next = world_max(next, topo, "checkpoint: agreeing on the iteration to fall back to");
+    const std::string what_failed = error.empty() ? "another rank could not load it" : error;
+    if (!what.fallback || next < 0) {
+      if (!error.empty() && !what.fallback && next >= 0)
+        error += "; checkpoint.fallback=true loads iteration " + std::to_string(next) +
+                 ", the newest complete checkpoint before it";
+      else if (!error.empty() && what.fallback)
+        error += "; no older complete checkpoint in " + load_dir + " to fall back to";
+      agree(error, topo, "checkpoint: waiting for every rank to load");
+      throw HostError(what_failed);  // not reached: agree throws when any rank failed
+    }
+    if (skipped)
+      skipped->push_back((iteration >= 0 ? "iteration " + std::to_string(iteration) : std::string("the tracker")) +
+                         ": " + what_failed + "; falling back to iteration " + std::to_string(next));
+    iteration = next;
+    error.clear();
+  }
+  strategy.gather_parameters(false);
   // Every rank must resume at the same iteration.
   const int64_t hi = world_max(p.iteration, topo, "checkpoint: comparing iterations");
   const int64_t lo = -world_max(-p.iteration, topo, "checkpoint: comparing iterations");

@@ -474,6 +474,12 @@ void validate_config(const config::RunConfig& cfg) {
         "config: checkpoint.override_opt_param_scheduler and checkpoint.use_checkpoint_opt_param_scheduler "
         "contradict each other; set one");
   if (cfg.checkpoint().save_interval() < 0) throw HostError("config: checkpoint.save_interval must not be negative");
+  if (cfg.checkpoint().keep_last() < 0)
+    throw HostError("config: checkpoint.keep_last must be >= 0 (0 keeps every checkpoint)");
+  if (cfg.checkpoint().keep_last() > 0 && cfg.checkpoint().save().empty())
+    throw HostError("config: checkpoint.keep_last needs checkpoint.save (the directory to rotate)");
+  if (cfg.checkpoint().fallback() && cfg.checkpoint().load().empty())
+    throw HostError("config: checkpoint.fallback needs checkpoint.load (the directory to load from)");
   if (cfg.checkpoint().save_interval() > 0 && cfg.checkpoint().save().empty())
     throw HostError("config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");
 

@@ -407,7 +407,11 @@ void Trainer::load_checkpoint() {
   LoadOptions what;
   what.optimizer = !ck.no_load_optim() && !ck.finetune();
   what.rng = !ck.no_load_rng() && !ck.finetune();
-  progress_ = core::load_checkpoint(dir, *model_, *optimizer_, *strategy_, topo_, what);
+  what.verify = !ck.no_verify_checksums();
+  what.fallback = ck.fallback();
+  std::vector<std::string> skipped;
+  progress_ = core::load_checkpoint(dir, *model_, *optimizer_, *strategy_, topo_, what, &skipped);
+  for (const auto& s : skipped) log_->print(" checkpoint.fallback: " + s);
   if (ck.finetune()) {
     // Megatron's --finetune: the weights, and a run of its own from iteration 0.
     log_->print(" finetuning from the model of " + dir + " at iteration " + std::to_string(progress_.iteration) +
@@ -769,11 +773,15 @@ void Trainer::save(int64_t iteration) {
   progress_.schedule = schedule_.params();
   const std::string& dir = cfg_.checkpoint().save();
   const SaveReport r =
-      save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), writers_, topo_);
+      save_checkpoint(dir, progress_, *model_, *optimizer_, *strategy_, to_text(cfg_), writers_, topo_,
+                      cfg_.checkpoint().keep_last());
   last_saved_ = iteration;
   char buf[64];
   std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);
-  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + dir + buf);
+  std::string removed;
+  for (int64_t it : r.removed) removed += (removed.empty() ? "; removed iteration " : ", ") + std::to_string(it);
+  if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";
+  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + dir + buf + removed);
 }
 
 void Trainer::final_evaluation() {

@@ -2,6 +2,7 @@
 //
 //   {save}/latest_checkpointed_iteration.txt          the iteration of the newest complete checkpoint
 //   {save}/iter_0000004/mp_rank_00/model_optim_rng.pt  one file per tensor-parallel rank
+//   {save}/iter_0000004/SHA256SUMS                     each file's SHA-256 (`sha256sum -c SHA256SUMS`)
 //
 // Each file is a LibTorch pickle (torch::pickle_save, the zip format of torch.save) of a dict:
 //   "model" {name: tensor}, "optimizer" {name: tensor}, "strategy" {name: tensor},
@@ -54,29 +55,40 @@ struct TrainProgress {
 struct LoadOptions {
   bool optimizer = true;
   bool rng = true;
+  // Each file's SHA-256 checked against the iteration's SHA256SUMS (checkpoint.no_verify_checksums
+  // turns it off); checkpoints without a manifest load unverified.
+  bool verify = true;
+  // checkpoint.fallback: when the tracker's iteration cannot be loaded on some rank (damaged,
+  // missing, incomplete), the newest older complete one is loaded instead, and said so.
+  bool fallback = false;
 };
 
 struct SaveReport {
   std::string dir;     // the iteration directory
   double megabytes = 0;  // this rank's file (all TP ranks' files summed on world rank 0)
   double seconds = 0;
+  std::vector<int64_t> removed;  // iterations removed by keep_last (world rank 0)
 };
 
 // Called by every rank (collective: bounded world barriers around the write). Only data-parallel
 // rank 0 of each tensor-parallel rank writes. Throws HostError naming the path on failure. What
 // wrote the checkpoint is recorded with it: the resolved config (`config_text`: plugins, their
 // options, the parallel layout), `writers` (each plugin's name, version and ABI) and DTK's
-// version.
+// version. Each file's SHA-256 goes into the iteration's SHA256SUMS (sha256sum's format) before the
+// directory is published. keep_last > 0: older iterations beyond the newest keep_last are removed
+// after publication (never the tracker's; checkpoint_catalog.hpp).
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
-                           const Topology& topo);
+                           const Topology& topo, int64_t keep_last = 0);
 
 // Called by every rank (collective). Restores model (strict), optimizer, strategy and the host
 // RNG from this rank's file and returns the progress counters. Every bad input is one HostError
-// naming the file (or tensor).
+// naming the file (or tensor). With what.fallback, each iteration skipped is described in
+// `skipped` ("iteration 8: <why>; falling back to iteration 6").
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
-                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what = {});
+                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what = {},
+                              std::vector<std::string>* skipped = nullptr);
 
 // "{dir}/iter_0000004" and "{dir}/latest_checkpointed_iteration.txt".
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);

@@ -1,0 +1,148 @@
+// Checkpoint files: see checkpoint_io.hpp.
+#include "checkpoint_io.hpp"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "dtk/core/sha256.hpp"
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core::ckpt {
+
+namespace fs = std::filesystem;
+using host::HostError;
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string mp_rank_dir(int tp_rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
+  return buf;
+}
+
+// "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).
+std::string shard_file_name(int dp_rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "optim_dp_rank_%03d.pt", dp_rank);
+  return buf;
+}
+
+// The host keeps a save directory shared between machines safe from another machine's cleanup.
+std::string temp_owner(int64_t pid) {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof host - 1);
+  std::string h = host;
+  for (char& c : h)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+  return h + "-" + std::to_string(pid);
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw HostError("checkpoint: cannot open " + path + " to sync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw HostError("checkpoint: fsync " + path + " failed: " + std::strerror(err));
+}
+
+void write_file_synced(const std::string& path, const char* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw HostError("checkpoint: cannot create " + path + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      std::string room;
+      if (err == ENOSPC || err == EDQUOT) {  // say how much was needed
+        struct statvfs fs_info {};
+        const std::string dir = fs::path(path).parent_path().string();
+        const double free_mb =
+            ::statvfs(dir.c_str(), &fs_info) == 0 ? static_cast<double>(fs_info.f_bavail) * fs_info.f_frsize / 1e6 : -1;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " (this file needs %.1f MB; %.1f MB free there)", static_cast<double>(size) / 1e6,
+                      std::max(0.0, free_mb + static_cast<double>(done) / 1e6));
+        room = buf;
+      }
+      throw HostError("checkpoint: writing " + path + " failed: " + std::strerror(err) + room);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw HostError("checkpoint: syncing " + path + " failed: " + std::strerror(errno));
+}
+
+Written write_pickle(const std::string& path, const c10::IValue& value) {
+  const std::vector<char> data = torch::jit::pickle_save(value);
+  Written w;
+  w.sha256 = sha256_hex(data.data(), data.size());
+  write_file_synced(path, data.data(), data.size());
+  w.bytes = static_cast<int64_t>(data.size());
+  return w;
+}
+
+Checksums read_checksums(const std::string& iter_dir) {
+  Checksums sums;
+  const std::string file = (fs::path(iter_dir) / kChecksumsFile).string();
+  std::ifstream in(file);
+  if (!in) return sums;
+  sums.present = true;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty()) continue;
+    // "<hex>  <name>" (text mode) or "<hex> *<name>" (binary mode): both sha256sum's.
+    const bool ok = line.size() > 66 && line[64] == ' ' && (line[65] == ' ' || line[65] == '*') &&
+                    std::all_of(line.begin(), line.begin() + 64, [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+    if (!ok) throw HostError("checkpoint " + file + " line " + std::to_string(number) + " is not '<sha256>  <file>'");
+    std::string hex = line.substr(0, 64);
+    for (char& c : hex) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    sums.sha256[line.substr(66)] = hex;
+  }
+  return sums;
+}
+
+c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint, const Checksums* sums,
+                                         const std::string& relative) {
+  std::ifstream f(file, std::ios::binary);
+  if (!f) throw HostError("checkpoint: " + file + " does not exist" + hint);
+  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (sums && sums->present) {
+    auto it = sums->sha256.find(relative);
+    if (it == sums->sha256.end())
+      throw HostError("checkpoint " + file + " is not listed in its " + kChecksumsFile +
+                      " (checkpoint.no_verify_checksums=true loads it unverified)");
+    const std::string actual = sha256_hex(data.data(), data.size());
+    if (actual != it->second)
+      throw HostError("checkpoint " + file + " is damaged: its SHA-256 is " + actual.substr(0, 16) + "..., " +
+                      kChecksumsFile + " recorded " + it->second.substr(0, 16) + "... when it was saved (" +
+                      std::to_string(data.size()) + " bytes now; checkpoint.no_verify_checksums=true loads it anyway)");
+  }
+  c10::IValue root;
+  try {
+    if (data.empty()) throw std::runtime_error("empty file");
+    root = torch::jit::pickle_load(data);
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + file + " is truncated or corrupt: " + first_line(e.what()));
+  }
+  if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
+  return root.toGenericDict();
+}
+
+}  // namespace dtk::core::ckpt

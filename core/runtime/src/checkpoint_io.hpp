@@ -1,0 +1,51 @@
+// Checkpoint files (internal to dtk_core): names, synced writes, pickles read with one-line errors,
+// and the SHA256SUMS manifest. Shared by the save/load protocol (checkpoint.cpp) and the catalog
+// (checkpoint_catalog.cpp: listing, completeness, rotation, inspect).
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace dtk::core::ckpt {
+
+constexpr const char* kModelFile = "model_optim_rng.pt";
+// sha256sum's format: "<64 hex digits>  <path relative to the iteration directory>" per line.
+constexpr const char* kChecksumsFile = "SHA256SUMS";
+
+std::string first_line(const std::string& s);
+// "mp_rank_03", "optim_dp_rank_001.pt".
+std::string mp_rank_dir(int tp_rank);
+std::string shard_file_name(int dp_rank);
+// "<host>-<pid>": the suffix of a process's temporary names (`iter_N.tmp-HOST-PID`).
+std::string temp_owner(int64_t pid);
+
+void fsync_path(const std::string& path, bool directory);
+// Writes and fsyncs; a full disk says how much the file needed and how much was free.
+void write_file_synced(const std::string& path, const char* data, size_t size);
+
+struct Written {
+  int64_t bytes = 0;
+  std::string sha256;
+};
+// Pickles `value` (torch.save's zip format) into `path`, synced.
+Written write_pickle(const std::string& path, const c10::IValue& value);
+
+// The manifest of one iteration directory. `present` is false for checkpoints written before DTK
+// recorded checksums (and Megatron's own): those load unverified.
+struct Checksums {
+  bool present = false;
+  std::map<std::string, std::string> sha256;  // relative path -> hex digest
+};
+// Throws naming the file when it exists but is not a sha256sum manifest.
+Checksums read_checksums(const std::string& iter_dir);
+
+// Reads a pickled dict, one line naming the file for anything wrong with it. With `sums` holding a
+// manifest, the bytes are checked against the digest recorded for `relative` first.
+c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint = "",
+                                         const Checksums* sums = nullptr, const std::string& relative = "");
+
+}  // namespace dtk::core::ckpt

@@ -23,8 +23,8 @@ DEFINE_string(input, "",
               "anything else = plain text, one document per file. With --decode: the dataset prefix.");
 DEFINE_string(output_prefix, "", "preprocess: output prefix; writes PREFIX_{key}_document.{bin,idx}.");
 DEFINE_string(json_keys, "text", "preprocess: comma-separated JSON keys to extract (one output per key).");
-DEFINE_string(vocab_file, "", "preprocess: GPT-2 vocabulary (encoder.json / vocab.json).");
-DEFINE_string(merge_file, "", "preprocess: GPT-2 BPE merges (vocab.bpe / merges.txt).");
+DEFINE_string(vocab_file, "", "preprocess, export hf: GPT-2 vocabulary (encoder.json / vocab.json).");
+DEFINE_string(merge_file, "", "preprocess, export hf: GPT-2 BPE merges (vocab.bpe / merges.txt).");
 DEFINE_bool(append_eod, false, "preprocess: append <|endoftext|> to every non-empty document.");
 DEFINE_int32(workers, 0, "preprocess: encoder threads (0 = all cores).");
 DEFINE_bool(decode, false, "preprocess: print the text of a preprocessed dataset (--input PREFIX [A:B]).");

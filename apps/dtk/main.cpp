@@ -1,4 +1,4 @@
-// dtk — the DTK host. Subcommands: train, launch, plugins, preprocess, checkpoint, config, version, help.
+// dtk — the DTK host. Subcommands: train, launch, plugins, preprocess, checkpoint, export, config, version, help.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cmd_checkpoint.hpp"
+#include "cmd_export.hpp"
 #include "cmd_preprocess.hpp"
 #include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
@@ -55,6 +56,9 @@ Usage:
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
   dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
+  dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
+                                        a Hugging Face GPT2LMHeadModel folder (safetensors)
+  dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel folder as a checkpoint to fine-tune from
   dtk --version
 
 Examples:
@@ -85,7 +89,7 @@ void print_help(int argc, char** argv) {
   std::fputs(kUsage, stdout);
   if (sub.empty()) return;
   // Flags are global in gflags; the file that defines one says which subcommand owns it.
-  const std::string file = sub == "preprocess"   ? "cmd_preprocess.cpp"
+  const std::string file = sub == "preprocess" || sub == "export" ? "cmd_preprocess.cpp"
                            : sub == "checkpoint" ? "cmd_checkpoint.cpp"
                                                  : "main.cpp";
   std::vector<gflags::CommandLineFlagInfo> all;
@@ -95,6 +99,7 @@ void print_help(int argc, char** argv) {
     if (f.filename.size() < file.size() || f.filename.compare(f.filename.size() - file.size(), file.size(), file) != 0)
       continue;
     if (sub != "preprocess" && f.name == "kind" && sub != "plugins") continue;
+    if (sub == "export" && f.name != "vocab_file" && f.name != "merge_file") continue;
     std::printf("  --%-18s %-7s default: %-10s %s\n", f.name.c_str(), f.type.c_str(),
                 f.default_value.empty() ? "''" : f.default_value.c_str(), f.description.c_str());
   }
@@ -318,7 +323,7 @@ int main(int argc, char** argv) {
     gflags::ParseCommandLineFlags(&argc, &argv, true);
     if (argc < 2) {
       std::fputs(kUsage, stderr);
-      report_error("no command given (train, launch, plugins, config, preprocess, checkpoint; see dtk --help)");
+      report_error("no command given (train, launch, plugins, config, preprocess, checkpoint, export, import; see dtk --help)");
       return 2;
     }
     const std::string cmd = argv[1];
@@ -359,8 +364,10 @@ int main(int argc, char** argv) {
       return run_preprocess(argc - 1, argv + 1);
     }
     if (cmd == "checkpoint") return run_checkpoint(args);
+    if (cmd == "export") return run_export(args, load_plugins(argv[0]));
+    if (cmd == "import") return run_import(args, load_plugins(argv[0]));
     throw dtk::host::HostError("unknown command '" + cmd +
-                               "' (commands: train, plugins, config, preprocess, checkpoint, version; see --help)");
+                               "' (commands: train, plugins, config, preprocess, checkpoint, export, import, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
     // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:

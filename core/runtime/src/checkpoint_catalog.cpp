@@ -264,6 +264,37 @@ std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_las
   return removed;
 }
 
+std::string resolve_iteration_dir(const std::string& path, int64_t* iteration) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw HostError("checkpoint " + path + " is not a directory");
+  fs::path normal = fs::path(path).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();  // a trailing '/'
+  int64_t it = iteration_of(normal.filename().string());
+  if (it < 0) {
+    const std::vector<int64_t> all = list_checkpoint_iterations(normal.string());
+    if (all.empty()) throw HostError("checkpoint " + path + " holds no iter_NNNNNNN directory");
+    try {
+      it = read_checkpoint_tracker(normal.string());
+    } catch (const std::exception&) {
+      it = all.back();
+    }
+    normal = checkpoint_iter_dir(normal.string(), it);
+  }
+  if (iteration) *iteration = it;
+  return normal.string();
+}
+
+std::string checkpoint_config_text(const std::string& iter_dir) {
+  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  const std::string relative = ckpt::mp_rank_dir(0) + "/" + ckpt::kModelFile;
+  const auto d = ckpt::read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
+  auto it = d.find(c10::IValue(std::string("config")));
+  if (it == d.end() || !it->value().isString())
+    throw HostError("checkpoint " + (fs::path(iter_dir) / relative).string() +
+                    " records no run configuration (written by another program?)");
+  return it->value().toStringRef();
+}
+
 std::string inspect_checkpoint(const std::string& path, const InspectOptions& options, std::ostream& out) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw HostError("checkpoint inspect: " + path + " is not a directory");

@@ -136,6 +136,7 @@ class GPTModel : public Model {
     c_.init_std = o.get_float("init_method_std");
     c_.eps = o.get_float("layernorm_epsilon");
     c_.untie = o.get_bool("untie_embeddings_and_output_weights");
+    c_.openai_gelu = o.get_bool("openai_gelu");
     c_.recompute = o.get_string("recompute_activations") == "full";
     c_.domino_chunks = o.get_int("domino_chunks");
     c_.fused_lm_head = o.get_bool("fused_lm_head");
@@ -465,6 +466,9 @@ const dtk_option_spec kOptions[] = {
     opt_float("attention_dropout", "0.1", "Dropout on the attention probabilities."),
     opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
     opt_float("layernorm_epsilon", "1e-5", "LayerNorm epsilon."),
+    opt_bool("openai_gelu", "false",
+             "GELU's tanh approximation (Megatron's --openai-gelu, GPT-2's and Hugging Face's gelu_new) instead of the "
+             "exact erf GELU."),
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),
     opt_enum("recompute_activations", "none", "none|full",

@@ -29,12 +29,14 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(t
   head_dim_ = c.hidden / c.heads;
 }
 
+at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
+
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
   at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, p,
                                       [&](const at::Tensor& probs) { return dropout(probs, p, training, rng.attention); });
   at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
-  at::Tensor mlp = fc2.forward(at::gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps))));
+  at::Tensor mlp = fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
   return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
 }
 
@@ -44,7 +46,7 @@ at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
 
 at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
                                 const DropoutMask& probs_keep) const {
-  if (stage == 1) return dtk::linear(at::gelu(projected), fc2.weight);
+  if (stage == 1) return dtk::linear(gelu(projected, c_), fc2.weight);
   const double p = probs_keep.defined() ? c_.attention_dropout : 0.0;
   at::Tensor context = core_attention(projected, mask, p, [&](const at::Tensor& probs) {
     return apply_dropout(probs, probs_keep);

@@ -31,10 +31,15 @@ struct Config {
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
   double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
   bool untie = false, recompute = false;
+  bool openai_gelu = false;  // GELU's tanh approximation (GPT-2's gelu_new) instead of the exact erf form
   int64_t domino_chunks = 1;
   bool fused_lm_head = true;  // lm_head.hpp (training and evaluation with labels)
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512
 };
+
+// The MLP's activation: exact GELU, or its tanh approximation with openai_gelu (Megatron's
+// --openai-gelu; Hugging Face's "gelu_new").
+at::Tensor gelu(const at::Tensor& x, const Config& c);
 
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);

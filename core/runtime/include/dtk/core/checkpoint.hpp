@@ -90,6 +90,12 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
                               StrategyInstance& strategy, const Topology& topo, const LoadOptions& what = {},
                               std::vector<std::string>* skipped = nullptr);
 
+// A weights-only checkpoint at iteration 0 written by one process (tensor-parallel size 1): what
+// `dtk import hf` produces, loaded with checkpoint.finetune=true (or no_load_optim). Same layout,
+// SHA256SUMS and atomic publication as save_checkpoint; `save_dir` gets its tracker.
+void write_weights_checkpoint(const std::string& save_dir, const TensorList& model_state,
+                              const std::string& config_text, const std::vector<std::string>& writers);
+
 // "{dir}/iter_0000004" and "{dir}/latest_checkpointed_iteration.txt".
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);
 std::string checkpoint_tracker_file(const std::string& dir);

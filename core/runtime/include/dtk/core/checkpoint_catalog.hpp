@@ -38,6 +38,15 @@ int64_t older_complete_iteration(const std::string& dir, int64_t before);
 // temporary name of this process, so a removal cut short is cleaned up like a crashed save's.
 std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_last);
 
+// PATH as `dtk checkpoint inspect` and `dtk export` take it: an iter_NNNNNNN directory, or a save
+// directory (its tracker's iteration, else its newest). Returns the iteration directory; one line
+// naming PATH when there is none.
+std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = nullptr);
+
+// The run configuration (text format) recorded in an iteration's mp_rank_00 file, verified
+// against SHA256SUMS; throws when the file is damaged or has none.
+std::string checkpoint_config_text(const std::string& iter_dir);
+
 struct InspectOptions {
   bool verify = true;        // hash every file against SHA256SUMS
   bool all_tensors = false;  // list optimizer and strategy tensors too, not only the model's

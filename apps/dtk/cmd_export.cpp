@@ -1,0 +1,126 @@
+// `dtk export hf CHECKPOINT OUT_DIR --vocab_file F --merge_file F`: see cmd_export.hpp. The
+// tokenizer flags are preprocess's (defined in cmd_preprocess.cpp).
+#include "cmd_export.hpp"
+
+#include <gflags/gflags.h>
+#include <google/protobuf/text_format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "dtk/core/checkpoint.hpp"
+#include "dtk/core/components.hpp"
+
+#include "dtk/core/checkpoint_catalog.hpp"
+#include "dtk/core/config.hpp"
+#include "dtk/core/hf_gpt2.hpp"
+#include "dtk/host/plugin_host.hpp"
+#include "dtk/plugin.hpp"
+
+DECLARE_string(vocab_file);
+DECLARE_string(merge_file);
+
+int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
+  using dtk::host::HostError;
+  const char* usage = "usage: dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe";
+  if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
+  if (args.size() != 3) throw HostError(usage);
+  if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
+    throw HostError(
+        "export hf: --vocab_file and --merge_file name the GPT-2 tokenizer files shipped with the model "
+        "(data/gpt2/encoder.json and data/gpt2/vocab.bpe after tools/setup.sh --vocab)");
+  int64_t iteration = 0;
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
+  dtk::config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+    throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
+  if (cfg.model().name() != "gpt")
+    throw HostError("export hf: " + iter_dir + " holds a '" + cfg.model().name() +
+                    "' model; GPT2LMHeadModel export is for the gpt model plugin");
+  const dtk::host::Plugin& gpt = plugins.get(DTK_KIND_MODEL, "gpt");
+  const auto resolved = dtk::host::resolve_options(
+      gpt, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end()));
+  const std::map<std::string, std::string> options(resolved.begin(), resolved.end());
+  const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
+  const auto report = dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file);
+  std::printf("exported iteration %lld of %s to %s: GPT2LMHeadModel, %lld layers, hidden %lld, %lld heads, vocab %lld, "
+              "%lld positions, activation gelu, %s; model.safetensors %lld tensors, %.1f MB; config.json and the "
+              "GPT-2 tokenizer files\n",
+              static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(), static_cast<long long>(shape.layers),
+              static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads),
+              static_cast<long long>(shape.vocab), static_cast<long long>(shape.positions), report.dtype.c_str(),
+              static_cast<long long>(report.tensors), report.megabytes);
+  return 0;
+}
+
+int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
+  using dtk::host::HostError;
+  const char* usage = "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel folder -> a checkpoint)";
+  if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
+  if (args.size() != 3) throw HostError(usage);
+  const std::string& save = args[2];
+  std::error_code ec;
+  if (std::filesystem::exists(save, ec) &&
+      !(std::filesystem::is_directory(save, ec) && std::filesystem::is_empty(save, ec)))
+    throw HostError("import hf: " + save + " exists and is not an empty directory");
+  const dtk::core::HfImport imported = dtk::core::import_hf_gpt2(args[1]);
+  const dtk::core::Gpt2Shape& shape = imported.shape;
+
+  // The gpt model of that shape, built by its plugin: its own state (the dropout generators
+  // included) with the imported weights in it, loaded strictly, is what the checkpoint holds.
+  dtk::config::RunConfig cfg = dtk::core::default_config();
+  cfg.mutable_model()->set_name("gpt");
+  cfg.mutable_model()->clear_options();
+  for (const auto& [key, value] : imported.model_options) (*cfg.mutable_model()->mutable_options())[key] = value;
+  cfg.mutable_train()->set_seq_length(shape.positions);
+  cfg.mutable_train()->set_params_dtype("fp32");
+  const dtk::host::Plugin& gpt = plugins.get(DTK_KIND_MODEL, "gpt");
+  const dtk::host::OptionValues options(dtk::host::resolve_options(
+      gpt, std::map<std::string, std::string>(imported.model_options.begin(), imported.model_options.end())));
+  dtk_build_context c{};
+  c.struct_size = sizeof(c);
+  c.options = options.get();
+  c.device = {DTK_DEVICE_CPU, -1};
+  c.params_dtype = DTK_DTYPE_FLOAT32;
+  c.tp_rank = 0, c.tp_size = 1, c.pp_rank = 0, c.pp_size = 1, c.dp_rank = 0, c.dp_size = 1;
+  c.pre_process = 1, c.post_process = 1;
+  c.seq_length = shape.positions;
+  c.micro_batch_size = 1;
+  c.seed = cfg.train().seed();
+  dtk::core::ModelInstance model(gpt, c);
+  std::map<std::string, at::Tensor> weights(imported.tensors.begin(), imported.tensors.end());
+  dtk::TensorList state;
+  for (const auto& [name, current] : model.state_save()) {
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      if (name.rfind("rng.", 0) != 0)
+        throw HostError("import hf: the gpt model has a tensor '" + name + "' the Hugging Face model lacks");
+      state.emplace_back(name, current);
+      continue;
+    }
+    at::Tensor value = it->second.to(current.scalar_type());
+    // The vocabulary padded as Megatron pads it: zero rows after the real ones.
+    if (value.dim() == 2 && current.dim() == 2 && value.size(0) < current.size(0) && value.size(1) == current.size(1))
+      value = at::cat({value, at::zeros({current.size(0) - value.size(0), value.size(1)}, value.options())}, 0);
+    state.emplace_back(name, value);
+    weights.erase(it);
+  }
+  if (!weights.empty())
+    throw HostError("import hf: the gpt model has no tensor '" + weights.begin()->first + "' (from " + args[1] + ")");
+  model.state_load(state, /*strict=*/true);
+  const dtk_plugin_entry* e = gpt.entry;
+  const std::string writer = std::string("plugin.model=") + e->name + " " + e->version + " (ABI " +
+                             std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) + ")";
+  dtk::core::write_weights_checkpoint(save, model.state_save(), dtk::core::to_text(cfg), {writer});
+  std::string sets;
+  for (const auto& [key, value] : imported.model_options) sets += " --set model." + key + "=" + value;
+  std::printf("imported %s into %s (iteration 0): gpt model, %lld layers, hidden %lld, %lld heads, vocab %lld, "
+              "%lld positions, activation %s\nfine-tune from it with:\n  dtk train --set checkpoint.load=%s "
+              "--set checkpoint.finetune=true%s ...\n",
+              args[1].c_str(), save.c_str(), static_cast<long long>(shape.layers), static_cast<long long>(shape.hidden),
+              static_cast<long long>(shape.heads), static_cast<long long>(shape.vocab),
+              static_cast<long long>(shape.positions), shape.openai_gelu ? "gelu_new (model.openai_gelu=true)" : "gelu",
+              save.c_str(), sets.c_str());
+  return 0;
+}

@@ -79,14 +79,7 @@ bool has_save_temporary(const std::string& dir) {
   return false;
 }
 
-// iteration -> "lm loss: X" of every line in `log`.
-std::map<int, std::string> losses(const std::string& log) {
-  std::map<int, std::string> out;
-  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|)");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
-    out[std::stoi((*it)[1])] = (*it)[2].str();
-  return out;
-}
+std::map<int, std::string> losses(const std::string& log) { return dtk_test::printed_losses(log); }
 
 // A very small model so that saves (write + fsync + rename) are a large part of each iteration.
 const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +

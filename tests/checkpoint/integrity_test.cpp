@@ -45,13 +45,7 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
                            "--set train.train_iters=6 --set logging.log_interval=1 --set lr.lr_warmup_iters=1 "
                            "--threads 1 ";
 
-std::map<int, std::string> losses(const std::string& log) {
-  std::map<int, std::string> out;
-  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|)");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
-    out[std::stoi((*it)[1])] = (*it)[2].str();
-  return out;
-}
+std::map<int, std::string> losses(const std::string& log) { return dtk_test::printed_losses(log); }
 
 const std::string kFile4 = "/iter_0000004/mp_rank_00/model_optim_rng.pt";
 

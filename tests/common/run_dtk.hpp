@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <regex>
 #include <string>
 
 namespace dtk_test {
@@ -49,6 +51,15 @@ inline void expect_one_line_error(const Result& r, const std::string& needle) {
   const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
   EXPECT_NE(line.find(needle), std::string::npos) << "line: " << line << "\nwanted: " << needle;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// iteration -> "lm loss: X" of every Megatron-style log line in `log`, as printed.
+inline std::map<int, std::string> printed_losses(const std::string& log) {
+  std::map<int, std::string> out;
+  static const std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|)");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
+    out[std::stoi((*it)[1])] = (*it)[2].str();
+  return out;
 }
 
 }  // namespace dtk_test

@@ -125,6 +125,15 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
                            "--set lr.lr_warmup_iters=1 --set model.hidden_dropout=0 --set model.attention_dropout=0 "
                            "--set checkpoint.save_interval=3 --threads 1 ";
 
+// gpt-tiny's shape (configs/gpt-tiny.pbtxt), dropout off, at seq 64.
+const dtk_test_gpt::Opts kTiny = {{"num_layers", "2"}, {"hidden_size", "64"}, {"num_attention_heads", "4"},
+                                  {"hidden_dropout", "0"}, {"attention_dropout", "0"}};
+const dtk_test_gpt::Ctx kSeq64 = [] {
+  dtk_test_gpt::Ctx c;
+  c.seq_length = 64;
+  return c;
+}();
+
 std::string export_cmd(const std::string& ck, const std::string& out) {
   return "export hf " + ck + " " + out + " --vocab_file " + kVocab + " --merge_file " + kMerges;
 }
@@ -159,13 +168,7 @@ TEST(HfExport, LogitsOfTheExportedGpt2EqualTheModelsOwn) {
   EXPECT_EQ(hf.at("transformer.h.0.attn.c_attn.weight").sizes(), (std::vector<int64_t>{64, 192}));
 
   // The gpt plugin on the checkpoint's weights (eval, no dropout) against GPT-2's math on the export.
-  GPT model({{"num_layers", "2"}, {"hidden_size", "64"}, {"num_attention_heads", "4"}, {"hidden_dropout", "0"},
-             {"attention_dropout", "0"}},
-            [] {
-              dtk_test_gpt::Ctx c;
-              c.seq_length = 64;
-              return c;
-            }());
+  GPT model(kTiny, kSeq64);
   const auto saved = checkpoint_model(dir + "/ck/iter_0000003/mp_rank_00/model_optim_rng.pt");
   model.state_load(dtk::TensorList(saved.begin(), saved.end()));
   model.train(false);
@@ -191,13 +194,7 @@ TEST(HfExport, LogitsOfTheExportedGpt2EqualTheModelsOwn) {
   EXPECT_NE(imported.out.find("--set checkpoint.finetune=true --set model."), std::string::npos) << imported.out;
   const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir + "/imp");
   EXPECT_EQ(inspect.code, 0) << inspect.out;
-  GPT back({{"num_layers", "2"}, {"hidden_size", "64"}, {"num_attention_heads", "4"}, {"hidden_dropout", "0"},
-            {"attention_dropout", "0"}},
-           [] {
-             dtk_test_gpt::Ctx c;
-             c.seq_length = 64;
-             return c;
-           }());
+  GPT back(kTiny, kSeq64);
   const auto reloaded = checkpoint_model(dir + "/imp/iter_0000000/mp_rank_00/model_optim_rng.pt");
   back.state_load(dtk::TensorList(reloaded.begin(), reloaded.end()));
   back.train(false);
@@ -232,13 +229,9 @@ TEST(HfExport, OpenaiGeluExportsGeluNew) {
   ASSERT_EQ(dtk_test::run_dtk(export_cmd(dir + "/ck", dir + "/hf")).code, 0);
   const std::string config = read(dir + "/hf/config.json");
   EXPECT_EQ(json_value(config, "activation_function"), "gelu_new");
-  GPT model({{"num_layers", "2"}, {"hidden_size", "64"}, {"num_attention_heads", "4"}, {"hidden_dropout", "0"},
-             {"attention_dropout", "0"}, {"openai_gelu", "true"}},
-            [] {
-              dtk_test_gpt::Ctx c;
-              c.seq_length = 64;
-              return c;
-            }());
+  dtk_test_gpt::Opts opts = kTiny;
+  opts["openai_gelu"] = "true";
+  GPT model(opts, kSeq64);
   const auto saved = checkpoint_model(dir + "/ck/iter_0000003/mp_rank_00/model_optim_rng.pt");
   model.state_load(dtk::TensorList(saved.begin(), saved.end()));
   model.train(false);

@@ -139,6 +139,32 @@ int remove_stale_temporaries(const std::string& dir) {
 
 namespace {
 
+// What wrote a checkpoint: the host RNG, the resolved config, DTK's version, the plugins.
+void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text, const std::vector<std::string>& writers) {
+  d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
+  d.insert("config", config_text);
+  d.insert("dtk_version", std::string(DTK_VERSION));
+  std::string plugins;
+  for (const auto& w : writers) plugins += w + "\n";
+  d.insert("plugins", plugins);
+}
+
+// latest_checkpointed_iteration.txt through a temporary file, fsync and rename.
+void write_tracker(const std::string& save_dir, int64_t iteration) {
+  const std::string tracker = checkpoint_tracker_file(save_dir);
+  const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
+  const std::string text = std::to_string(iteration) + "\n";
+  write_file_synced(tracker_tmp, text.data(), text.size());
+  std::error_code ec;
+  fs::rename(tracker_tmp, tracker, ec);
+  if (ec) {
+    std::error_code rm;
+    fs::remove(tracker_tmp, rm);
+    throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
+  }
+  fsync_path(save_dir, true);
+}
+
 // SHA256SUMS from the ranks' parts (SHA256SUMS.part-R), in path order; the parts go.
 void merge_checksum_parts(const std::string& tmp_dir) {
   const std::string prefix = std::string(ckpt::kChecksumsFile) + ".part-";
@@ -182,12 +208,7 @@ void write_weights_checkpoint(const std::string& save_dir, const TensorList& mod
       d.insert(key, int64_t{0});
     d.insert("tensor_model_parallel_size", int64_t{1});
     d.insert("data_parallel_size", int64_t{1});
-    d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
-    d.insert("config", config_text);
-    d.insert("dtk_version", std::string(DTK_VERSION));
-    std::string plugins;
-    for (const auto& w : writers) plugins += w + "\n";
-    d.insert("plugins", plugins);
+    insert_provenance(d, config_text, writers);
     const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
     const std::string sums = w.sha256 + "  " + mp_rank_dir(0) + "/" + ckpt::kModelFile + "\n";
     write_file_synced((fs::path(tmp_dir) / ckpt::kChecksumsFile).string(), sums.data(), sums.size());
@@ -195,12 +216,7 @@ void write_weights_checkpoint(const std::string& save_dir, const TensorList& mod
     fsync_path(tmp_dir, true);
     move_into_place(tmp_dir, final_dir);
     fs::remove_all(tmp_dir, ec);
-    const std::string tracker = checkpoint_tracker_file(save_dir);
-    const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
-    write_file_synced(tracker_tmp, "0\n", 2);
-    fs::rename(tracker_tmp, tracker, ec);
-    if (ec) throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
-    fsync_path(save_dir, true);
+    write_tracker(save_dir, 0);
   } catch (...) {
     std::error_code rm;
     fs::remove_all(tmp_dir, rm);
@@ -291,12 +307,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
       if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
-      d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
-      d.insert("config", config_text);
-      d.insert("dtk_version", std::string(DTK_VERSION));
-      std::string plugins;
-      for (const auto& w : writers) plugins += w + "\n";
-      d.insert("plugins", plugins);
+      insert_provenance(d, config_text, writers);
       const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
       bytes += w.bytes;
       sums += w.sha256 + "  " + mp_rank_dir(topo.tp_rank) + "/" + ckpt::kModelFile + "\n";
@@ -342,17 +353,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       std::error_code ec;
       fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
       fsync_path(save_dir, true);
-      const std::string tracker = checkpoint_tracker_file(save_dir);
-      const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
-      const std::string text = std::to_string(progress.iteration) + "\n";
-      write_file_synced(tracker_tmp, text.data(), text.size());
-      fs::rename(tracker_tmp, tracker, ec);
-      if (ec) {
-        std::error_code rm;
-        fs::remove(tracker_tmp, rm);
-        throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
-      }
-      fsync_path(save_dir, true);
+      write_tracker(save_dir, progress.iteration);
     } catch (const std::exception& e) {
       error = first_line(e.what());
     }

@@ -1,3 +1,4 @@
+// `dtk checkpoint convert SRC DST --tensor_model_parallel_size N` (checkpoint_convert.hpp) and
 // `dtk checkpoint inspect DIR [--noverify] [--all_tensors]` — a checkpoint's iteration, progress,
 // parallel layout, writers, tensors, files with their SHA-256 against SHA256SUMS, and whether it is
 // complete (exit 0) or not (one error line, exit 1). DIR is a save directory (the tracker's
@@ -5,19 +6,58 @@
 #include "cmd_checkpoint.hpp"
 
 #include <gflags/gflags.h>
+#include <google/protobuf/text_format.h>
 
 #include <cstdio>
 #include <iostream>
 
+#include "cmd_export.hpp"
 #include "dtk/core/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint_convert.hpp"
+#include "dtk/core/config.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 DEFINE_bool(verify, true, "checkpoint inspect: hash every file against the checkpoint's SHA256SUMS.");
 DEFINE_bool(all_tensors, false, "checkpoint inspect: list the optimizer's and strategy's tensors too.");
+DEFINE_int32(tensor_model_parallel_size, 0, "checkpoint convert: the tensor-parallel size to convert to.");
 
-int run_checkpoint(const std::vector<std::string>& args) {
+namespace {
+
+int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
+  using dtk::host::HostError;
+  if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 1)
+    throw HostError("usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N (N >= 1)");
+  int64_t iteration = 0;
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
+  dtk::config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+    throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
+  const int new_tp = FLAGS_tensor_model_parallel_size;
+  cfg.mutable_distributed()->set_tensor_model_parallel_size(new_tp);
+  std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
+  const auto report = dtk::core::convert_tensor_parallel(
+      iter_dir, args[2], new_tp, dtk::core::to_text(cfg), [&](int tp_rank, int tp_size) {
+        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size);
+        options.push_back(std::move(b.options));
+        return std::move(b.model);
+      });
+  std::printf("converted iteration %lld of %s from tensor-parallel size %d to %d into %s: %d file(s), %.1f MB; "
+              "%lld model and %lld optimizer/strategy tensors per rank; resume with --set checkpoint.load=%s "
+              "--set distributed.tensor_model_parallel_size=%d\n",
+              static_cast<long long>(report.iteration), args[1].c_str(), report.old_tp, report.new_tp, args[2].c_str(),
+              report.new_tp, report.megabytes, static_cast<long long>(report.model_tensors),
+              static_cast<long long>(report.state_tensors), args[2].c_str(), report.new_tp);
+  return 0;
+}
+
+}  // namespace
+
+int run_checkpoint(const std::vector<std::string>& args, const std::function<dtk::host::PluginHost&()>& plugins) {
+  if (!args.empty() && args[0] == "convert") return run_convert(args, plugins());
   if (args.empty() || args[0] != "inspect")
-    throw dtk::host::HostError("usage: dtk checkpoint inspect DIR [--noverify] [--all_tensors]");
+    throw dtk::host::HostError(
+        "usage: dtk checkpoint inspect DIR [--noverify] [--all_tensors] | dtk checkpoint convert SRC DST "
+        "--tensor_model_parallel_size N");
   if (args.size() != 2)
     throw dtk::host::HostError("usage: dtk checkpoint inspect DIR (one directory: a save directory or an iter_NNNNNNN one)");
   dtk::core::InspectOptions options;

@@ -54,6 +54,26 @@ int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plug
   return 0;
 }
 
+BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size) {
+  const dtk::host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, cfg.model().name());
+  BuiltModel b;
+  b.options = std::make_unique<dtk::host::OptionValues>(dtk::host::resolve_options(
+      plugin, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end())));
+  dtk_build_context c{};
+  c.struct_size = sizeof(c);
+  c.options = b.options->get();
+  c.device = {DTK_DEVICE_CPU, -1};
+  const std::string& dtype = cfg.train().params_dtype();
+  c.params_dtype = dtype == "bf16" ? DTK_DTYPE_BFLOAT16 : dtype == "fp16" ? DTK_DTYPE_FLOAT16 : DTK_DTYPE_FLOAT32;
+  c.tp_rank = tp_rank, c.tp_size = tp_size, c.pp_rank = 0, c.pp_size = 1, c.dp_rank = 0, c.dp_size = 1;
+  c.pre_process = 1, c.post_process = 1;
+  c.seq_length = cfg.train().seq_length();
+  c.micro_batch_size = std::max<int64_t>(1, cfg.train().micro_batch_size());
+  c.seed = cfg.train().seed();
+  b.model = std::make_unique<dtk::core::ModelInstance>(plugin, c);
+  return b;
+}
+
 int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
   const char* usage = "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel folder -> a checkpoint)";
@@ -76,19 +96,8 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
   cfg.mutable_train()->set_seq_length(shape.positions);
   cfg.mutable_train()->set_params_dtype("fp32");
   const dtk::host::Plugin& gpt = plugins.get(DTK_KIND_MODEL, "gpt");
-  const dtk::host::OptionValues options(dtk::host::resolve_options(
-      gpt, std::map<std::string, std::string>(imported.model_options.begin(), imported.model_options.end())));
-  dtk_build_context c{};
-  c.struct_size = sizeof(c);
-  c.options = options.get();
-  c.device = {DTK_DEVICE_CPU, -1};
-  c.params_dtype = DTK_DTYPE_FLOAT32;
-  c.tp_rank = 0, c.tp_size = 1, c.pp_rank = 0, c.pp_size = 1, c.dp_rank = 0, c.dp_size = 1;
-  c.pre_process = 1, c.post_process = 1;
-  c.seq_length = shape.positions;
-  c.micro_batch_size = 1;
-  c.seed = cfg.train().seed();
-  dtk::core::ModelInstance model(gpt, c);
+  BuiltModel built = build_model(plugins, cfg, 0, 1);
+  dtk::core::ModelInstance& model = *built.model;
   std::map<std::string, at::Tensor> weights(imported.tensors.begin(), imported.tensors.end());
   dtk::TensorList state;
   for (const auto& [name, current] : model.state_save()) {

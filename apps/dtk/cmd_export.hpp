@@ -3,12 +3,25 @@
 // reverse, a checkpoint to fine-tune from (dtk/core/hf_gpt2.hpp).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "dtk/core/components.hpp"
+#include "dtk/core/config.hpp"
 
 namespace dtk::host {
 class PluginHost;
 }
+
+// The model of `cfg` (its plugin and options) for one rank of a tensor-parallel layout, on the CPU
+// in cfg's params_dtype, built only to read its shapes, parameter layout and initial state
+// (import, convert). `options` keeps the resolved options alive as long as the model.
+struct BuiltModel {
+  std::unique_ptr<dtk::host::OptionValues> options;
+  std::unique_ptr<dtk::core::ModelInstance> model;
+};
+BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size);
 
 // `args`: the words after "export". `plugins` resolves the model plugin's options (defaults
 // included) for the checkpoint's recorded configuration.

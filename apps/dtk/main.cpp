@@ -56,6 +56,7 @@ Usage:
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
   dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
+  dtk checkpoint convert SRC DST --tensor_model_parallel_size N     another tensor-parallel size
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
                                         a Hugging Face GPT2LMHeadModel folder (safetensors)
   dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel folder as a checkpoint to fine-tune from
@@ -363,7 +364,8 @@ int main(int argc, char** argv) {
     if (cmd == "preprocess") {
       return run_preprocess(argc - 1, argv + 1);
     }
-    if (cmd == "checkpoint") return run_checkpoint(args);
+    if (cmd == "checkpoint")
+      return run_checkpoint(args, [&]() -> dtk::host::PluginHost& { return load_plugins(argv[0]); });
     if (cmd == "export") return run_export(args, load_plugins(argv[0]));
     if (cmd == "import") return run_import(args, load_plugins(argv[0]));
     throw dtk::host::HostError("unknown command '" + cmd +

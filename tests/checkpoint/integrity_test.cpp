@@ -257,3 +257,50 @@ TEST(CheckpointIntegrity, KeepLastRotation) {
   dtk_test::expect_one_line_error(run(kTrain + "--set checkpoint.keep_last=2"), "checkpoint.keep_last needs checkpoint.save");
   dtk_test::expect_one_line_error(run(kTrain + "--set checkpoint.fallback=true"), "checkpoint.fallback needs checkpoint.load");
 }
+
+// `dtk checkpoint convert`: a TP2 checkpoint resumed at TP1, and a TP1 one at TP2, continue with the
+// losses of the runs they came from, to the printed digit. The vocabulary is padded alike at both
+// sizes (make_vocab_size_divisible_by 64: 50304 rows at TP1 and TP2); with Megatron's default 128,
+// TP2 pads 128 rows more, whose logits enter the softmax, so TP1 and TP2 runs differ anyway.
+TEST(CheckpointConvert, TensorParallelTwoToOneAndBackContinueWithTheSameLosses) {
+  const std::string d = fresh_dir("convert");
+  const std::string train = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.hidden_dropout=0 "
+                            "--set model.attention_dropout=0 --set train.train_iters=6 --set lr.lr_warmup_iters=1 "
+                            "--set logging.log_interval=1 --threads 1 --set model.make_vocab_size_divisible_by=64 ";
+  const std::string tp2 = "launch --nproc_per_node 2 " + train + "--set distributed.tensor_model_parallel_size=2 ";
+  const Result a = run(tp2 + "--set checkpoint.save=" + d + "/tp2 --set checkpoint.save_interval=4");
+  ASSERT_EQ(a.code, 0) << a.out;
+  const Result converted = run("checkpoint convert " + d + "/tp2/iter_0000004 " + d + "/to1 --tensor_model_parallel_size 1");
+  ASSERT_EQ(converted.code, 0) << converted.out;
+  EXPECT_NE(converted.out.find("converted iteration 4 of " + d + "/tp2/iter_0000004 from tensor-parallel size 2 to 1"),
+            std::string::npos)
+      << converted.out;
+  EXPECT_EQ(run("checkpoint inspect " + d + "/to1").code, 0);
+  const Result b = run(train + "--set checkpoint.load=" + d + "/to1");
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto la = losses(a.out), lb = losses(b.out);
+  ASSERT_EQ(lb.size(), 2u) << b.out;
+  for (int it : {5, 6}) EXPECT_EQ(la.at(it), lb.at(it)) << "TP2 -> TP1, iteration " << it;
+
+  const Result c = run(train + "--set checkpoint.save=" + d + "/tp1 --set checkpoint.save_interval=4");
+  ASSERT_EQ(c.code, 0) << c.out;
+  ASSERT_EQ(run("checkpoint convert " + d + "/tp1/iter_0000004 " + d + "/to2 --tensor_model_parallel_size 2").code, 0);
+  EXPECT_TRUE(fs::is_regular_file(d + "/to2/iter_0000004/mp_rank_01/model_optim_rng.pt"));
+  const Result e = run(tp2 + "--set checkpoint.load=" + d + "/to2");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const auto lc = losses(c.out), le = losses(e.out);
+  ASSERT_EQ(le.size(), 2u) << e.out;
+  for (int it : {5, 6}) EXPECT_EQ(lc.at(it), le.at(it)) << "TP1 -> TP2, iteration " << it;
+
+  // Refusals: one line each.
+  dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/to2 --tensor_model_parallel_size 2"),
+                                  d + "/to2 exists and is not an empty directory");
+  dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/x"), "--tensor_model_parallel_size N");
+  const Result z = run("launch --nproc_per_node 2 " + train + "--set train.global_batch_size=16 --strategy zero "
+                       "--set checkpoint.save=" + d + "/zero --set train.train_iters=2 --set checkpoint.save_interval=2");
+  ASSERT_EQ(z.code, 0) << z.out;
+  dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/zero " + d + "/y --tensor_model_parallel_size 2"),
+                                  "holds ZeRO-sharded optimizer state; resume it with --strategy ddp");
+  EXPECT_FALSE(fs::exists(d + "/y/iter_0000002"));
+}

@@ -43,7 +43,9 @@ using ckpt::read_pickled_dict;
 using ckpt::shard_file_name;
 using ckpt::temp_owner;
 using ckpt::write_file_synced;
+using ckpt::move_into_place;
 using ckpt::write_pickle;
+using ckpt::write_tracker;
 
 namespace {
 
@@ -65,28 +67,6 @@ TensorList from_dict(const c10::IValue& v, const std::string& file, const char* 
   return out;
 }
 
-// Atomically puts `from` at `to`: rename when `to` does not exist, else exchange the two
-// (renameat2 RENAME_EXCHANGE) so that `to` is the old or the new directory at every instant;
-// `from` then holds the old one, which the caller removes.
-void move_into_place(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  if (!fs::exists(to, ec)) {
-    fs::rename(from, to, ec);
-    if (ec) throw HostError("checkpoint: rename " + from + " -> " + to + " failed: " + ec.message());
-    return;
-  }
-#ifdef SYS_renameat2
-  constexpr unsigned kExchange = 1u << 1;  // RENAME_EXCHANGE
-  if (::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), kExchange) == 0) return;
-#endif
-  // No exchange on this filesystem: move the old one aside first (the tracker file still names
-  // the previous iteration unless this one is re-saved, so the window is that of a re-save only).
-  const std::string aside = from + ".old";
-  fs::rename(to, aside, ec);
-  if (!ec) fs::rename(from, to, ec);
-  if (ec) throw HostError("checkpoint: replacing " + to + " failed: " + ec.message());
-  fs::rename(aside, from, ec);
-}
 
 // What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
 c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices) {
@@ -149,21 +129,6 @@ void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text
   d.insert("plugins", plugins);
 }
 
-// latest_checkpointed_iteration.txt through a temporary file, fsync and rename.
-void write_tracker(const std::string& save_dir, int64_t iteration) {
-  const std::string tracker = checkpoint_tracker_file(save_dir);
-  const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
-  const std::string text = std::to_string(iteration) + "\n";
-  write_file_synced(tracker_tmp, text.data(), text.size());
-  std::error_code ec;
-  fs::rename(tracker_tmp, tracker, ec);
-  if (ec) {
-    std::error_code rm;
-    fs::remove(tracker_tmp, rm);
-    throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
-  }
-  fsync_path(save_dir, true);
-}
 
 // SHA256SUMS from the ranks' parts (SHA256SUMS.part-R), in path order; the parts go.
 void merge_checksum_parts(const std::string& tmp_dir) {

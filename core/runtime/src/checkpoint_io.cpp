@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dtk/core/checkpoint.hpp"
 #include "dtk/core/sha256.hpp"
 #include "dtk/host/plugin_host.hpp"
 
@@ -143,6 +145,45 @@ c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::str
   }
   if (!root.isGenericDict()) throw HostError("checkpoint " + file + " does not hold a dict");
   return root.toGenericDict();
+}
+
+// Atomically puts `from` at `to`: rename when `to` does not exist, else exchange the two
+// (renameat2 RENAME_EXCHANGE) so that `to` is the old or the new directory at every instant;
+// `from` then holds the old one, which the caller removes.
+void move_into_place(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  if (!fs::exists(to, ec)) {
+    fs::rename(from, to, ec);
+    if (ec) throw HostError("checkpoint: rename " + from + " -> " + to + " failed: " + ec.message());
+    return;
+  }
+#ifdef SYS_renameat2
+  constexpr unsigned kExchange = 1u << 1;  // RENAME_EXCHANGE
+  if (::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), kExchange) == 0) return;
+#endif
+  // No exchange on this filesystem: move the old one aside first (the tracker file still names
+  // the previous iteration unless this one is re-saved, so the window is that of a re-save only).
+  const std::string aside = from + ".old";
+  fs::rename(to, aside, ec);
+  if (!ec) fs::rename(from, to, ec);
+  if (ec) throw HostError("checkpoint: replacing " + to + " failed: " + ec.message());
+  fs::rename(aside, from, ec);
+}
+
+// latest_checkpointed_iteration.txt through a temporary file, fsync and rename.
+void write_tracker(const std::string& save_dir, int64_t iteration) {
+  const std::string tracker = checkpoint_tracker_file(save_dir);
+  const std::string tracker_tmp = tracker + ".tmp-" + temp_owner(::getpid());
+  const std::string text = std::to_string(iteration) + "\n";
+  write_file_synced(tracker_tmp, text.data(), text.size());
+  std::error_code ec;
+  fs::rename(tracker_tmp, tracker, ec);
+  if (ec) {
+    std::error_code rm;
+    fs::remove(tracker_tmp, rm);
+    throw HostError("checkpoint: rename " + tracker_tmp + " -> " + tracker + " failed: " + ec.message());
+  }
+  fsync_path(save_dir, true);
 }
 
 }  // namespace dtk::core::ckpt

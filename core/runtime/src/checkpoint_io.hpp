@@ -27,6 +27,12 @@ void fsync_path(const std::string& path, bool directory);
 // Writes and fsyncs; a full disk says how much the file needed and how much was free.
 void write_file_synced(const std::string& path, const char* data, size_t size);
 
+// Atomically puts directory `from` at `to`: a rename, or an exchange when `to` exists (then `from`
+// holds the old one, for the caller to remove).
+void move_into_place(const std::string& from, const std::string& to);
+// latest_checkpointed_iteration.txt of `save_dir` := iteration, through a temporary file, fsync, rename.
+void write_tracker(const std::string& save_dir, int64_t iteration);
+
 struct Written {
   int64_t bytes = 0;
   std::string sha256;

@@ -1,0 +1,46 @@
+// dtk/core/checkpoint_convert.hpp — `dtk checkpoint convert SRC DST --tensor_model_parallel_size N`:
+// a checkpoint re-partitioned for another tensor-parallel size, as Megatron's checkpoint tools do.
+//
+// The model plugin says how: the converter builds the model once per new tensor-parallel rank
+// (nothing is trained or communicated; only shapes, the parameters' partition_dim and freshly
+// seeded generator states are used). Every parameter is assembled whole from the old ranks
+// (concatenated along its partition_dim, Megatron's column-, row- and vocab-parallel split) and cut
+// for the new ranks; a partitioned dimension whose whole size differs between the layouts (the
+// vocabulary padded to a multiple of make_vocab_size_divisible_by x TP) keeps the rows both have
+// and zero-fills the rest: only padding rows differ. Optimizer and strategy entries of a parameter
+// ("g0.<name>.exp_avg", "master.<name>") follow their parameter; the others ("step") are copied.
+// The model's non-parameter state (the gpt model's dropout generators) comes from the new model:
+// with dropout on, a converted run draws other masks than the unconverted one would have.
+// Progress, schedule, loss scaler and host RNG are kept; the new checkpoint has its own
+// SHA256SUMS and tracker.
+//
+// ZeRO-sharded optimizer state (optim_dp_rank_NNN.pt) is refused: resume such a checkpoint under
+// ddp at its own tensor-parallel size (loading re-partitions it), save, and convert that.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dtk/core/components.hpp"
+
+namespace dtk::core {
+
+// Builds the checkpoint's model for one rank of a tensor-parallel layout (fp32 parameters on the
+// CPU; the caller resolves the plugin and its options from the checkpoint's configuration).
+using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size)>;
+
+struct ConvertReport {
+  int64_t iteration = 0;
+  int old_tp = 1, new_tp = 1;
+  int64_t model_tensors = 0, state_tensors = 0;
+  double megabytes = 0;
+};
+
+// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `config_text`: the
+// configuration to record (the caller sets its tensor_model_parallel_size); `save_dir`: must not
+// hold a checkpoint yet.
+ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::string& save_dir, int new_tp,
+                                      const std::string& config_text, const ModelAtLayout& build);
+
+}  // namespace dtk::core

@@ -91,11 +91,13 @@ void print_help(int argc, char** argv) {
   if (sub.empty()) return;
   // Flags are global in gflags; the file that defines one says which subcommand owns it.
   const std::string file = sub == "preprocess" || sub == "export" ? "cmd_preprocess.cpp"
-                           : sub == "checkpoint" ? "cmd_checkpoint.cpp"
-                                                 : "main.cpp";
+                           : sub == "checkpoint"                  ? "cmd_checkpoint.cpp"
+                           : sub == "import"                      ? "cmd_export.cpp"  // none
+                                                                  : "main.cpp";
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::printf("\nflags of `dtk %s`:\n", sub.c_str());
+  int shown = 0;
   for (const auto& f : all) {
     if (f.filename.size() < file.size() || f.filename.compare(f.filename.size() - file.size(), file.size(), file) != 0)
       continue;
@@ -103,7 +105,9 @@ void print_help(int argc, char** argv) {
     if (sub == "export" && f.name != "vocab_file" && f.name != "merge_file") continue;
     std::printf("  --%-18s %-7s default: %-10s %s\n", f.name.c_str(), f.type.c_str(),
                 f.default_value.empty() ? "''" : f.default_value.c_str(), f.description.c_str());
+    ++shown;
   }
+  if (shown == 0) std::printf("  (none)\n");
 }
 
 // gflags exits on an unknown flag with its own message; check first so the user gets the

@@ -11,9 +11,6 @@
 //   * a failed `dtk preprocess` leaves no .bin without its .idx.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/free_port.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace fs = std::filesystem;
@@ -61,18 +59,6 @@ Ran run_together(const std::vector<std::string>& cmds, int timeout_s) {
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // The whole output is one error line and nothing LibTorch-internal.
@@ -152,7 +138,7 @@ TEST(BadInputs, ATruncatedPluginFileIsReportedAndBlocksNothingElse) {
 // Two ranks started with different configurations (torchrun-style environment, no `dtk launch`):
 // before any process group exists each rank says what differs; no Gloo abort, a bounded exit.
 TEST(BadInputs, RanksWithDifferentConfigurationsNameTheDifference) {
-  const int port = free_port();
+  const int port = dtk_test::free_port();
   auto rank = [&](int r, const std::string& extra) {
     return "env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
            " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + DTK_BIN + " " +

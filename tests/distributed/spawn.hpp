@@ -2,9 +2,6 @@
 // and collect exit codes and output.
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/free_port.hpp"
+
 namespace dtk_test {
 
 struct Result {
@@ -20,19 +19,6 @@ struct Result {
   std::string out;  // stdout + stderr
   double seconds;
 };
-
-// A TCP port free on 127.0.0.1 right now.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Runs each shell command concurrently (each under `timeout timeout_s`) and waits for all.
 inline std::vector<Result> run_all(const std::vector<std::string>& cmds, int timeout_s) {

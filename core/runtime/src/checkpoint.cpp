@@ -156,37 +156,16 @@ void merge_checksum_parts(const std::string& tmp_dir) {
 
 void write_weights_checkpoint(const std::string& save_dir, const TensorList& model_state,
                               const std::string& config_text, const std::vector<std::string>& writers) {
-  std::error_code ec;
-  fs::create_directories(save_dir, ec);
-  if (ec) throw HostError("checkpoint: cannot create " + save_dir + ": " + ec.message());
-  const std::string final_dir = checkpoint_iter_dir(save_dir, 0);
-  const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(::getpid());
-  try {
-    const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(0)).string();
-    fs::create_directories(rank_dir, ec);
-    if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
-    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-    d.insert("model", to_dict(model_state));
-    d.insert("optimizer", to_dict({}));
-    d.insert("strategy", to_dict({}));
-    for (const char* key : {"iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step"})
-      d.insert(key, int64_t{0});
-    d.insert("tensor_model_parallel_size", int64_t{1});
-    d.insert("data_parallel_size", int64_t{1});
-    insert_provenance(d, config_text, writers);
-    const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
-    const std::string sums = w.sha256 + "  " + mp_rank_dir(0) + "/" + ckpt::kModelFile + "\n";
-    write_file_synced((fs::path(tmp_dir) / ckpt::kChecksumsFile).string(), sums.data(), sums.size());
-    fsync_path(rank_dir, true);
-    fsync_path(tmp_dir, true);
-    move_into_place(tmp_dir, final_dir);
-    fs::remove_all(tmp_dir, ec);
-    write_tracker(save_dir, 0);
-  } catch (...) {
-    std::error_code rm;
-    fs::remove_all(tmp_dir, rm);
-    throw;
-  }
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("model", to_dict(model_state));
+  d.insert("optimizer", to_dict({}));
+  d.insert("strategy", to_dict({}));
+  for (const char* key : {"iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step"})
+    d.insert(key, int64_t{0});
+  d.insert("tensor_model_parallel_size", int64_t{1});
+  d.insert("data_parallel_size", int64_t{1});
+  insert_provenance(d, config_text, writers);
+  ckpt::write_offline_checkpoint(save_dir, 0, {d});
 }
 
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration) {

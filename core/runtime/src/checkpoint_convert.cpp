@@ -4,7 +4,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -132,62 +131,43 @@ ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::st
   };
   const auto optimizer_whole = state_whole(optimizer), strategy_whole = state_whole(strategy);
 
-  // The new ranks' files into a temporary directory, then published as save_checkpoint does.
-  fs::create_directories(save_dir, ec);
-  if (ec) throw HostError("checkpoint convert: cannot create " + save_dir + ": " + ec.message());
-  const std::string final_dir = checkpoint_iter_dir(save_dir, report.iteration);
-  const std::string tmp_dir = final_dir + ".tmp-" + ckpt::temp_owner(::getpid());
-  try {
-    std::string manifest;
-    for (int r = 0; r < new_tp; ++r) {
-      std::unique_ptr<ModelInstance> m = build(r, new_tp);
-      TensorMap target_params;
-      for (const Param& p : m->parameters()) target_params[p.name] = p.tensor;
-      std::vector<std::pair<std::string, at::Tensor>> new_model;
-      for (const auto& [name, target] : m->state_save()) {
-        auto it = model_whole.find(name);
-        // Not a parameter (the dropout generators): the new model's own.
-        new_model.emplace_back(name, it == model_whole.end() ? target : piece(it->second, dim[name], r, target, name));
-      }
-      auto cut = [&](const std::vector<std::tuple<std::string, std::string, at::Tensor>>& entries) {
-        std::vector<std::pair<std::string, at::Tensor>> out;
-        for (const auto& [key, param, value] : entries) {
-          if (param.empty()) {
-            out.emplace_back(key, value);
-            continue;
-          }
-          const at::Tensor& target = target_params.at(param);
-          // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
-          out.emplace_back(key, piece(value, dim[param], r, target.to(value.scalar_type()), key));
-        }
-        return out;
-      };
-      const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
-      c10::impl::GenericDict d = old[0].copy();
-      d.insert_or_assign("model", to_dict(new_model));
-      d.insert_or_assign("optimizer", to_dict(new_optimizer));
-      d.insert_or_assign("strategy", to_dict(new_strategy));
-      d.insert_or_assign("tensor_model_parallel_size", static_cast<int64_t>(new_tp));
-      d.insert_or_assign("config", config_text);
-      const std::string rank_dir = (fs::path(tmp_dir) / ckpt::mp_rank_dir(r)).string();
-      fs::create_directories(rank_dir, ec);
-      if (ec) throw HostError("checkpoint convert: cannot create " + rank_dir + ": " + ec.message());
-      const ckpt::Written w = ckpt::write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
-      ckpt::fsync_path(rank_dir, true);
-      manifest += w.sha256 + "  " + ckpt::mp_rank_dir(r) + "/" + ckpt::kModelFile + "\n";
-      report.megabytes += static_cast<double>(w.bytes) / 1e6;
-      report.model_tensors = static_cast<int64_t>(new_model.size());
-      report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
+  // The new ranks' files, then published as a training save is (SHA256SUMS, rename, tracker).
+  std::vector<c10::impl::GenericDict> files;
+  for (int r = 0; r < new_tp; ++r) {
+    std::unique_ptr<ModelInstance> m = build(r, new_tp);
+    TensorMap target_params;
+    for (const Param& p : m->parameters()) target_params[p.name] = p.tensor;
+    std::vector<std::pair<std::string, at::Tensor>> new_model;
+    for (const auto& [name, target] : m->state_save()) {
+      auto it = model_whole.find(name);
+      // Not a parameter (the dropout generators): the new model's own.
+      new_model.emplace_back(name, it == model_whole.end() ? target : piece(it->second, dim[name], r, target, name));
     }
-    ckpt::write_file_synced((fs::path(tmp_dir) / ckpt::kChecksumsFile).string(), manifest.data(), manifest.size());
-    ckpt::fsync_path(tmp_dir, true);
-    ckpt::move_into_place(tmp_dir, final_dir);
-    ckpt::write_tracker(save_dir, report.iteration);
-  } catch (...) {
-    std::error_code rm;
-    fs::remove_all(tmp_dir, rm);
-    throw;
+    auto cut = [&](const std::vector<std::tuple<std::string, std::string, at::Tensor>>& entries) {
+      std::vector<std::pair<std::string, at::Tensor>> out;
+      for (const auto& [key, param, value] : entries) {
+        if (param.empty()) {
+          out.emplace_back(key, value);
+          continue;
+        }
+        const at::Tensor& target = target_params.at(param);
+        // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
+        out.emplace_back(key, piece(value, dim[param], r, target.to(value.scalar_type()), key));
+      }
+      return out;
+    };
+    const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
+    c10::impl::GenericDict d = old[0].copy();
+    d.insert_or_assign("model", to_dict(new_model));
+    d.insert_or_assign("optimizer", to_dict(new_optimizer));
+    d.insert_or_assign("strategy", to_dict(new_strategy));
+    d.insert_or_assign("tensor_model_parallel_size", static_cast<int64_t>(new_tp));
+    d.insert_or_assign("config", config_text);
+    files.push_back(d);
+    report.model_tensors = static_cast<int64_t>(new_model.size());
+    report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
   }
+  report.megabytes = static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files)) / 1e6;
   return report;
 }
 

@@ -186,4 +186,36 @@ void write_tracker(const std::string& save_dir, int64_t iteration) {
   fsync_path(save_dir, true);
 }
 
+int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
+                                 const std::vector<c10::impl::GenericDict>& rank_files) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  if (ec) throw HostError("checkpoint: cannot create " + save_dir + ": " + ec.message());
+  const std::string final_dir = checkpoint_iter_dir(save_dir, iteration);
+  const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(::getpid());
+  int64_t bytes = 0;
+  try {
+    std::string sums;
+    for (size_t r = 0; r < rank_files.size(); ++r) {
+      const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(static_cast<int>(r))).string();
+      fs::create_directories(rank_dir, ec);
+      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+      const Written w = write_pickle((fs::path(rank_dir) / kModelFile).string(), c10::IValue(rank_files[r]));
+      fsync_path(rank_dir, true);
+      sums += w.sha256 + "  " + mp_rank_dir(static_cast<int>(r)) + "/" + kModelFile + "\n";
+      bytes += w.bytes;
+    }
+    write_file_synced((fs::path(tmp_dir) / kChecksumsFile).string(), sums.data(), sums.size());
+    fsync_path(tmp_dir, true);
+    move_into_place(tmp_dir, final_dir);
+    fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
+    write_tracker(save_dir, iteration);
+  } catch (...) {
+    std::error_code rm;
+    fs::remove_all(tmp_dir, rm);
+    throw;
+  }
+  return bytes;
+}
+
 }  // namespace dtk::core::ckpt

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace dtk::core::ckpt {
 
@@ -48,6 +49,13 @@ struct Checksums {
 };
 // Throws naming the file when it exists but is not a sha256sum manifest.
 Checksums read_checksums(const std::string& iter_dir);
+
+// Publishes iteration `iteration` of `save_dir` written by one process (`dtk import`, `dtk
+// checkpoint convert`): rank_files[r] goes to mp_rank_RR/model_optim_rng.pt in a temporary
+// directory, with SHA256SUMS, then the directory is moved into place and the tracker rewritten, as
+// a training save does. Returns the bytes written.
+int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
+                                 const std::vector<c10::impl::GenericDict>& rank_files);
 
 // Reads a pickled dict, one line naming the file for anything wrong with it. With `sums` holding a
 // manifest, the bytes are checked against the digest recorded for `relative` first.

@@ -61,6 +61,28 @@ std::vector<std::string> BenchReport::lines() const {
                 static_cast<double>(peak_rss_bytes()) / (1 << 20),
                 static_cast<double>(mem.device.peak + mem.host.peak) / (1 << 20));
   out.emplace_back(buf);
+  for (const auto& g : comm_groups()) {
+    std::snprintf(buf, sizeof buf, "   %s-parallel comm per iteration (ms): in flight %.1f | exposed %.1f (%.0f%% of in flight)",
+                  g.name, g.in_flight_ms, g.exposed_ms, g.in_flight_ms > 0 ? 100.0 * g.exposed_ms / g.in_flight_ms : 0.0);
+    out.emplace_back(buf);
+  }
+  return out;
+}
+
+// Means over the measured steps, for each parallel group larger than one.
+std::vector<BenchReport::CommMeans> BenchReport::comm_groups() const {
+  std::vector<CommMeans> out;
+  const double n = static_cast<double>(std::max<size_t>(comm_.size(), 1));
+  if (setup_.tp_size > 1) {
+    CommMeans m{"tensor", 0, 0};
+    for (const auto& c : comm_) m.in_flight_ms += c.tp_in_flight_ms / n, m.exposed_ms += c.tp_exposed_ms / n;
+    out.push_back(m);
+  }
+  if (setup_.dp_size > 1) {
+    CommMeans m{"data", 0, 0};
+    for (const auto& c : comm_) m.in_flight_ms += c.dp_in_flight_ms / n, m.exposed_ms += c.dp_exposed_ms / n;
+    out.push_back(m);
+  }
   return out;
 }
 
@@ -84,6 +106,9 @@ JsonObject BenchReport::json() const {
       .add("mfu", setup_.peak_tflops > 0 ? tflops_per_device() / setup_.peak_tflops : NAN)
       .add("peak_rss_bytes", peak_rss_bytes())
       .add("tensor_max_allocated_bytes", mem.device.peak + mem.host.peak);
+  for (const auto& g : comm_groups())
+    o.add(std::string(g.name) + "_parallel_comm_in_flight_ms_mean", g.in_flight_ms)
+        .add(std::string(g.name) + "_parallel_comm_exposed_ms_mean", g.exposed_ms);
   std::string steps = "[";
   char buf[32];
   for (size_t i = 0; i < steps_.size(); ++i) {

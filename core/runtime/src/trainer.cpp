@@ -243,6 +243,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     b.world_size = topo_.world_size;
     b.peak_tflops = peak_tflops_;
     b.peak_source = peak_source_;
+    b.tp_size = topo_.tp_size;
+    b.dp_size = topo_.dp_size;
     bench_ = std::make_unique<BenchReport>(b);
   }
   build_data_iterators();
@@ -697,7 +699,9 @@ void Trainer::train() {
     const auto step_start = std::chrono::steady_clock::now();
     IterationResult result = train_step(it);
     if (bench_ && it - resumed_iteration_ > cfg_.train().perf_warmup_steps())
-      bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+      bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count(),
+                       StepComm{result.tensor_parallel_comm.in_flight_ms, result.tensor_parallel_comm.exposed_ms,
+                                result.data_parallel_comm.in_flight_ms, result.data_parallel_comm.exposed_ms});
     log_->record(result);
     trace::end_iteration(it);
     progress_.iteration = it;

@@ -1,6 +1,7 @@
 // dtk/core/bench_report.hpp — the performance summary at the end of a bench run
 // (train.bench_steps, train.perf_warmup_steps, --bench_out): step time statistics over the
-// measured iterations only, tokens/s, TFLOP/s per device, MFU and peak memory.
+// measured iterations only, tokens/s, TFLOP/s per device, MFU, peak memory and, under tensor or
+// data parallelism, the communication in flight and exposed per iteration (Domino's figure).
 #pragma once
 
 #include <cstdint>
@@ -18,12 +19,22 @@ struct BenchSetup {
   int world_size = 1;
   double peak_tflops = 0;   // per device; 0 = unknown (no MFU)
   std::string peak_source;  // "logging.peak_tflops" or how it was measured
+  int tp_size = 1, dp_size = 1;
+};
+
+// One measured step's communication per parallel group (core/comm.hpp's CommTiming figures):
+// the time collectives were in flight and the time the training thread waited for them.
+struct StepComm {
+  double tp_in_flight_ms = 0, tp_exposed_ms = 0, dp_in_flight_ms = 0, dp_exposed_ms = 0;
 };
 
 class BenchReport {
  public:
   explicit BenchReport(BenchSetup setup) : setup_(std::move(setup)) {}
-  void add_step(double seconds) { steps_.push_back(seconds); }
+  void add_step(double seconds, const StepComm& comm = {}) {
+    steps_.push_back(seconds);
+    comm_.push_back(comm);
+  }
   int64_t measured() const { return static_cast<int64_t>(steps_.size()); }
 
   // The summary as printed lines, and as one JSON object (for --bench_out).
@@ -35,11 +46,17 @@ class BenchReport {
     double mean = 0, median = 0, p95 = 0, min = 0, max = 0;
   };
   Stats step_stats() const;
+  struct CommMeans {
+    const char* name;  // "tensor" | "data"
+    double in_flight_ms, exposed_ms;
+  };
+  std::vector<CommMeans> comm_groups() const;
   double tokens_per_second() const;
   double tflops_per_device() const;
 
   BenchSetup setup_;
   std::vector<double> steps_;
+  std::vector<StepComm> comm_;
 };
 
 // The host's matmul ceiling in TFLOP/s: the best of a few n x n fp32 matmuls on the run's

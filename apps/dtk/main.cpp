@@ -20,6 +20,7 @@
 #include "cmd_export.hpp"
 #include "cmd_preprocess.hpp"
 #include "dtk/core/allocator.hpp"
+#include "dtk/core/cuda_support.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/pipeline.hpp"
@@ -314,7 +315,7 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
-      std::printf("dtk %s\n", gflags::VersionString());
+      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
       return 0;
     }
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
     if (cmd == "version") {
-      std::printf("dtk %s\n", gflags::VersionString());
+      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
       return 0;
     }
     if (cmd == "plugins") return cmd_plugins(args, argv[0]);

@@ -258,7 +258,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {kTrain + "--set lr.lr_decay_iters=-2", "lr.lr_decay_iters must be >= 0"},
       {kTrain + "--set logging.trace_file=" + dir + "/t.json --set logging.trace_iterations=100-200",
        "starts after the last iteration"},
-      {kTrain + "--set distributed.backend=mpi", "distributed.backend 'mpi' is not available"},
+      {kTrain + "--set distributed.backend=mpi", "config: distributed.backend must be gloo or nccl, got 'mpi'"},
+      // This machine class has no GPU (and CI's LibTorch is CPU-only): the reason, whatever the build.
+      {kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
+      {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
       {kTrain + "--set step.eod_token=-1", "option 'eod_token' must be a token id"},
       {kTrain + "--plugin_path " + dir + "/dup-plugins --optimizer sgd", "two optimizer plugins named 'sgd'"},

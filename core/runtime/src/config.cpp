@@ -1,4 +1,5 @@
 #include "dtk/core/config.hpp"
+#include "dtk/core/cuda_support.hpp"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
@@ -455,9 +456,16 @@ void validate_config(const config::RunConfig& cfg) {
                       "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
                       "): the trace would stay empty");
   }
-  if (!d.backend().empty() && d.backend() != "gloo")
-    throw HostError("config: distributed.backend '" + d.backend() +
-                    "' is not available in this CPU build (gloo is; nccl comes with the CUDA build)");
+  if (!d.backend().empty() && d.backend() != "gloo") {
+    if (d.backend() != "nccl")
+      throw HostError("config: distributed.backend must be gloo or nccl, got '" + d.backend() + "'");
+    // NCCL carries CUDA tensors: it comes with train.device=cuda (and a build that can train there).
+    std::string why;
+    if (!cuda_training_available(&why)) throw HostError("config: distributed.backend=nccl: " + why);
+    if (t.device() != "cuda")
+      throw HostError("config: distributed.backend=nccl needs train.device=cuda (NCCL moves CUDA tensors; "
+                      "CPU runs use gloo)");
+  }
   try {
     parse_simulated_link(d.simulated_link());
   } catch (const std::exception& e) {

@@ -21,6 +21,7 @@
 
 #include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
+#include "dtk/core/cuda_support.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/exit_conditions.hpp"
 #include "dtk/core/memory.hpp"
@@ -83,8 +84,14 @@ const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost&
     memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
   else
     memory::set_device_limit(memory::machine_memory_bytes() / local_ranks, /*machine=*/true);
-  if (train.device() == "cuda")
-    throw HostError("config: train.device=cuda needs a CUDA build of dtk (this one is CPU-only)");
+  if (train.device() == "cuda") {
+    std::string why;
+    if (!cuda_training_available(&why)) throw HostError("config: train.device=cuda: " + why);
+    // A CUDA LibTorch with a device: the pieces exist (core/cuda: streams, NCCL, fused AdamW) but
+    // the trainer does not yet place the model, batches and strategy on the GPU (issue 14).
+    throw HostError("config: train.device=cuda: the GPU training path is not finished in this release "
+                    "(the CUDA runtime, NCCL and kernel pieces are; see docs/cuda.md)");
+  }
   return topo;
 }
 

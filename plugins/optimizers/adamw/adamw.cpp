@@ -6,6 +6,14 @@
 #include <dtk/optimizer.hpp>
 
 #include <cmath>
+#include <vector>
+
+#if DTK_HAVE_CUDA
+#include "dtk/cuda/adamw.hpp"
+#endif
+#if DTK_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace {
 
@@ -32,6 +40,26 @@ void fused_adamw(float* __restrict p, const float* __restrict g, float* __restri
     }
   });
 }
+
+#if DTK_HAVE_CUDA
+// On a GPU: fp32 p, m, v and an fp32 or bf16 gradient, contiguous, go to the fused multi-tensor
+// kernel (core/cuda/src/adamw.cu): one launch per 32 tensors instead of a dozen per tensor.
+bool cuda_fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
+  for (const at::Tensor* t : {&p, &m, &v})
+    if (!t->is_cuda() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+  return g.is_cuda() && g.device() == p.device() && g.is_contiguous() &&
+         (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16);
+}
+
+dtk::cuda::StreamHandle torch_stream(const at::Tensor& t) {
+#if DTK_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  (void)t;
+  return dtk::cuda::default_stream();  // where LibTorch launches unless told otherwise
+#endif
+}
+#endif
 
 bool fusable(const at::Tensor& p, const at::Tensor& g, const at::Tensor& m, const at::Tensor& v) {
   for (const at::Tensor* t : {&p, &g, &m, &v})
@@ -66,6 +94,20 @@ class AdamW : public dtk::Optimizer {
       auto& g = groups_[gi];
       const double lr = args.lr * g.lr_scale;
       const double weight_decay = g.decay_at(args);
+      const AdamWScalars k{static_cast<float>(beta1_),
+                           static_cast<float>(beta2_),
+                           static_cast<float>(1.0 - beta1_),
+                           static_cast<float>(1.0 - beta2_),
+                           static_cast<float>(1.0 - lr * weight_decay),
+                           static_cast<float>(lr / bc1),
+                           static_cast<float>(1.0 / std::sqrt(bc2)),
+                           static_cast<float>(eps_),
+                           static_cast<float>(1.0 / args.grad_scale)};
+#if DTK_HAVE_CUDA
+      // Per gradient dtype and device: the tensors of one fused launch.
+      std::vector<std::vector<dtk::cuda::AdamWTensor>> cuda_batches;
+      std::vector<std::pair<bool, at::Tensor>> cuda_batch_of;  // (bf16 grads, a tensor on that device)
+#endif
       for (size_t i = 0; i < g.params.size(); ++i) {
         at::Tensor& p = g.params[i];
         if (!p.grad().defined()) continue;
@@ -76,16 +118,23 @@ class AdamW : public dtk::Optimizer {
           m = at::zeros_like(p, at::MemoryFormat::Preserve);
           v = at::zeros_like(p, at::MemoryFormat::Preserve);
         }
+#if DTK_HAVE_CUDA
+        if (cuda_fusable(p, grad, m, v)) {
+          const bool bf16 = grad.scalar_type() == at::kBFloat16;
+          size_t b = 0;
+          while (b < cuda_batch_of.size() &&
+                 (cuda_batch_of[b].first != bf16 || cuda_batch_of[b].second.device() != p.device()))
+            ++b;
+          if (b == cuda_batch_of.size()) {
+            cuda_batch_of.emplace_back(bf16, p);
+            cuda_batches.emplace_back();
+          }
+          cuda_batches[b].push_back(
+              {p.data_ptr<float>(), grad.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel()});
+          continue;
+        }
+#endif
         if (fusable(p, grad, m, v)) {
-          const AdamWScalars k{static_cast<float>(beta1_),
-                               static_cast<float>(beta2_),
-                               static_cast<float>(1.0 - beta1_),
-                               static_cast<float>(1.0 - beta2_),
-                               static_cast<float>(1.0 - lr * weight_decay),
-                               static_cast<float>(lr / bc1),
-                               static_cast<float>(1.0 / std::sqrt(bc2)),
-                               static_cast<float>(eps_),
-                               static_cast<float>(1.0 / args.grad_scale)};
           fused_adamw(p.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), p.numel(),
                       k);
           continue;
@@ -98,6 +147,15 @@ class AdamW : public dtk::Optimizer {
         at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(eps_);
         p.addcdiv_(m, denom, -lr / bc1);
       }
+#if DTK_HAVE_CUDA
+      for (size_t b = 0; b < cuda_batches.size(); ++b) {
+        const dtk::cuda::AdamWScalars ck{k.beta1, k.beta2, k.one_minus_beta1, k.one_minus_beta2, k.decay,
+                                         k.step_size, k.inv_sqrt_bc2, k.eps, k.inv_grad_scale};
+        const at::Tensor& any = cuda_batch_of[b].second;
+        dtk::cuda::set_device(any.device().index());
+        dtk::cuda::fused_adamw(cuda_batches[b], cuda_batch_of[b].first, ck, torch_stream(any));
+      }
+#endif
     }
   }
 

@@ -1,0 +1,248 @@
+#include "dtk/cuda/nccl.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace dtk::cuda {
+namespace {
+
+ncclDataType_t nccl_type(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+    case DataType::kUInt8: return ncclUint8;
+    case DataType::kInt8: return ncclInt8;
+  }
+  throw CudaError("nccl: unknown data type");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  throw CudaError("nccl: unknown reduce op");
+}
+
+std::string nccl_error(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) s += std::string(": ") + last;
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+// Shared with the watchdog thread, which outlives nothing: the destructor stops and joins it.
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  int rank = 0, size = 1, device = 0;
+  std::chrono::milliseconds timeout{0};
+  std::unique_ptr<Stream> stream;  // the communication stream
+
+  std::mutex mu;
+  std::condition_variable cv;
+  struct InFlight {
+    std::shared_ptr<Event> done;
+    std::string what;
+    std::chrono::steady_clock::time_point issued;
+  };
+  std::deque<InFlight> in_flight;  // issue order = completion order on the one stream
+  std::string error;               // set once: the communicator was aborted for this reason
+  bool stop = false;
+  std::thread watchdog;
+
+  void fail(const std::string& why) {  // under mu
+    if (!error.empty()) return;
+    error = why;
+    ncclCommAbort(comm);  // ends NCCL's kernels on this rank: streams waiting on them drain
+    comm = nullptr;
+  }
+  void throw_if_failed() {  // under mu
+    if (!error.empty()) throw CudaError(error);
+  }
+
+  // NCCL calls on a non-blocking communicator may return ncclInProgress: poll until the call
+  // took effect, bounded by the timeout.
+  void settle(ncclResult_t r, const std::string& what) {  // under mu
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (r == ncclInProgress) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        fail(what + ": NCCL did not finish within the timeout (" + std::to_string(timeout.count()) + " ms)");
+        throw_if_failed();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      ncclCommGetAsyncError(comm, &r);
+    }
+    if (r != ncclSuccess) {
+      fail(what + " failed: " + nccl_error(r, comm));
+      throw_if_failed();
+    }
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      cv.wait_for(lock, std::chrono::milliseconds(50));
+      if (stop || !error.empty()) continue;
+      while (!in_flight.empty() && in_flight.front().done->query()) in_flight.pop_front();
+      ncclResult_t async = ncclSuccess;
+      if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+        fail("nccl: communicator failed: " + nccl_error(async, comm));
+        continue;
+      }
+      if (!in_flight.empty() && std::chrono::steady_clock::now() - in_flight.front().issued > timeout)
+        fail(in_flight.front().what + " failed: not finished after " + std::to_string(timeout.count()) +
+             " ms (a peer is gone or stuck); communicator aborted");
+    }
+  }
+
+  // Issues `launch` (one NCCL call) on the communication stream after `producer`'s work so far.
+  Pending issue(const std::string& what, StreamHandle producer, const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& launch) {
+    std::lock_guard<std::mutex> lock(mu);
+    throw_if_failed();
+    check(cudaSetDevice(device), "cudaSetDevice");
+    Event ready;
+    ready.record(producer);
+    ready.block(stream->get());
+    settle(launch(comm, stream->get()), what);
+    auto done = std::make_shared<Event>();
+    done->record(stream->get());
+    in_flight.push_back({done, what, std::chrono::steady_clock::now()});
+    return Pending{done, what};
+  }
+};
+
+NcclCommunicator::NcclCommunicator(const Rendezvous& rendezvous, const std::string& key, int rank, int size, int device,
+                                   std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.rank = rank, s.size = size, s.device = device, s.timeout = timeout;
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) throw CudaError("nccl: ncclGetUniqueId failed: " + nccl_error(r, nullptr));
+    rendezvous.set(key, std::string(id.internal, sizeof id.internal));
+  } else {
+    const std::string v = rendezvous.get(key);
+    if (v.size() != sizeof id.internal)
+      throw CudaError("nccl: the unique id under '" + key + "' has " + std::to_string(v.size()) + " bytes, not " +
+                      std::to_string(sizeof id.internal));
+    std::copy(v.begin(), v.end(), id.internal);
+  }
+  set_device(device);
+  s.stream = std::make_unique<Stream>(/*priority=*/-1000);  // clamped: the device's highest
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // initialisation polled below, bounded by the timeout
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ncclResult_t r = ncclCommInitRankConfig(&s.comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw CudaError("nccl: creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                      ") failed: " + nccl_error(r, s.comm));
+    if (r == ncclInProgress) ncclCommGetAsyncError(s.comm, &r);
+    s.settle(r, "nccl: creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
+  }
+  s.watchdog = std::thread([st = state_] { st->watch(); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.stop = true;
+  }
+  s.cv.notify_all();
+  if (s.watchdog.joinable()) s.watchdog.join();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.comm) return;
+  // Pending work drains first (bounded); a communicator that cannot finish is aborted.
+  bool drained = true;
+  for (auto& f : s.in_flight)
+    if (!wait_event(f.done->get(), s.timeout)) drained = false;
+  if (drained) {
+    ncclResult_t r = ncclCommFinalize(s.comm);
+    const auto deadline = std::chrono::steady_clock::now() + s.timeout;
+    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      ncclCommGetAsyncError(s.comm, &r);
+    }
+    if (r == ncclSuccess) {
+      ncclCommDestroy(s.comm);
+      return;
+    }
+  }
+  ncclCommAbort(s.comm);
+}
+
+int NcclCommunicator::rank() const { return state_->rank; }
+int NcclCommunicator::size() const { return state_->size; }
+
+NcclCommunicator::Pending NcclCommunicator::all_reduce(void* buf, size_t count, DataType type, ReduceOp op,
+                                                       StreamHandle producer) {
+  return state_->issue("nccl all_reduce", producer, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllReduce(buf, buf, count, nccl_type(type), nccl_op(op), c, s);
+  });
+}
+
+NcclCommunicator::Pending NcclCommunicator::broadcast(void* buf, size_t count, DataType type, int root,
+                                                      StreamHandle producer) {
+  return state_->issue("nccl broadcast", producer, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclBroadcast(buf, buf, count, nccl_type(type), root, c, s);
+  });
+}
+
+NcclCommunicator::Pending NcclCommunicator::all_gather(const void* in, void* out, size_t count, DataType type,
+                                                       StreamHandle producer) {
+  return state_->issue("nccl all_gather", producer, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclAllGather(in, out, count, nccl_type(type), c, s);
+  });
+}
+
+NcclCommunicator::Pending NcclCommunicator::reduce_scatter(const void* in, void* out, size_t count, DataType type,
+                                                           ReduceOp op, StreamHandle producer) {
+  return state_->issue("nccl reduce_scatter", producer, [&](ncclComm_t c, cudaStream_t s) {
+    return ncclReduceScatter(in, out, count, nccl_type(type), nccl_op(op), c, s);
+  });
+}
+
+void NcclCommunicator::finish(const Pending& p, StreamHandle consumer, bool host_wait) {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.throw_if_failed();
+    p.done->block(consumer);
+  }
+  if (!host_wait) return;
+  const bool done = wait_event(p.done->get(), s.timeout, [&s] {
+    std::lock_guard<std::mutex> lock(s.mu);
+    return s.error;
+  });
+  if (!done) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.fail(p.what + " failed: not finished after " + std::to_string(s.timeout.count()) + " ms; communicator aborted");
+    s.throw_if_failed();
+  }
+}
+
+}  // namespace dtk::cuda

@@ -1,0 +1,23 @@
+// cuda_glue.hpp — the few places where dtk_core talks to CUDA (internal). In a build with
+// core/cuda (DTK_HAVE_CUDA) they use the CUDA runtime directly; only LibTorch's own CUDA state
+// (the stream its kernels are launched on) needs LibTorch's CUDA headers, and that part is
+// compiled against a CUDA LibTorch alone (DTK_TORCH_CUDA, cuda_glue.cpp); elsewhere LibTorch's
+// stream is CUDA's legacy default stream, which is where LibTorch launches unless told otherwise.
+#pragma once
+
+#include <string>
+
+#if DTK_HAVE_CUDA
+#include "dtk/cuda/runtime.hpp"
+#endif
+
+namespace dtk::core::cuda_glue {
+
+#if DTK_HAVE_CUDA
+// LibTorch's current stream on `device` (CUDA's legacy default stream without a CUDA LibTorch).
+dtk::cuda::StreamHandle torch_current_stream(int device);
+// Makes `stream` LibTorch's current stream on `device` (needs a CUDA LibTorch; throws otherwise).
+void torch_set_current_stream(dtk::cuda::StreamHandle stream, int device);
+#endif
+
+}  // namespace dtk::core::cuda_glue

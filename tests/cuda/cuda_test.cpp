@@ -1,0 +1,200 @@
+// core/cuda: the CUDA runtime wrappers, the fused multi-tensor AdamW kernel against a plain CPU
+// loop, and the NCCL communicator (one rank per visible GPU, threads of this process).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dtk/cuda/adamw.hpp"
+#include "dtk/cuda/nccl.hpp"
+#include "dtk/cuda/runtime.hpp"
+
+namespace {
+
+using namespace dtk::cuda;
+
+#define REQUIRE_GPU()                                                          \
+  do {                                                                         \
+    std::string why;                                                           \
+    if (device_count(&why) == 0) GTEST_SKIP() << "needs a CUDA device: " << why; \
+  } while (0)
+
+// A device buffer of n floats (freed at scope end).
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t b) : bytes(b) { check(cudaMalloc(&p, std::max<size_t>(b, 1)), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(p); }
+  template <class T>
+  void upload(const std::vector<T>& v) {
+    check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  template <class T>
+  std::vector<T> download(size_t n) const {
+    std::vector<T> v(n);
+    check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return v;
+  }
+};
+
+}  // namespace
+
+// Runs everywhere: no device is a reason in one line, never a crash.
+TEST(CudaRuntime, DeviceCountSaysWhyWhenThereIsNone) {
+  std::string why;
+  const int n = device_count(&why);
+  EXPECT_GE(n, 0);
+  if (n == 0) {
+    EXPECT_EQ(why.rfind("no CUDA device", 0), 0u) << why;
+    EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  }
+  EXPECT_GE(runtime_version(), 12000);
+  EXPECT_NE(nccl_version(), "unknown");
+}
+
+TEST(CudaRuntime, StreamsEventsPinnedCopies) {
+  REQUIRE_GPU();
+  set_device(0);
+  EXPECT_FALSE(device_description(0).empty());
+  Stream s(-1);
+  const size_t n = 1 << 20;
+  float* host = static_cast<float*>(alloc_pinned(n * sizeof(float)));
+  float* back = static_cast<float*>(alloc_pinned(n * sizeof(float)));
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i), back[i] = -1;
+  DeviceBuffer d(n * sizeof(float));
+  // Host -> device on one stream; device -> host on another ordered after it by an event.
+  copy_async(d.p, host, n * sizeof(float), s.get());
+  Event uploaded;
+  uploaded.record(s.get());
+  Stream t(0);
+  uploaded.block(t.get());
+  copy_async(back, d.p, n * sizeof(float), t.get());
+  Event done;
+  done.record(t.get());
+  ASSERT_TRUE(wait_event(done.get(), std::chrono::seconds(10)));
+  EXPECT_TRUE(done.query());
+  for (size_t i = 0; i < n; i += 4099) ASSERT_EQ(back[i], static_cast<float>(i));
+  EXPECT_EQ(back[n - 1], static_cast<float>(n - 1));
+  free_pinned(host);
+  free_pinned(back);
+}
+
+TEST(CudaAdamW, FusedKernelEqualsCpuLoop) {
+  REQUIRE_GPU();
+  set_device(0);
+  // 40 tensors (two launches of at most 32), sizes around the 16384-element chunk.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const AdamWScalars k{0.9f, 0.95f, 0.1f, 0.05f, 1.0f - 1e-3f * 0.1f, 1e-3f / (1 - 0.9f * 0.9f),
+                       1.0f / std::sqrt(1 - 0.95f * 0.95f), 1e-8f, 0.5f};
+  for (const bool bf16 : {false, true}) {
+    std::vector<std::vector<float>> p, g, m, v;
+    std::vector<std::unique_ptr<DeviceBuffer>> dp, dg, dm, dv;
+    std::vector<AdamWTensor> tensors;
+    for (int t = 0; t < 40; ++t) {
+      const size_t n = t == 0 ? 1 : t == 1 ? 16384 : t == 2 ? 16385 : 1000 + 977 * static_cast<size_t>(t);
+      std::vector<float> pi(n), gi(n), mi(n), vi(n);
+      for (size_t i = 0; i < n; ++i) {
+        pi[i] = normal(rng), gi[i] = normal(rng), mi[i] = 0.1f * normal(rng), vi[i] = std::abs(normal(rng));
+        if (bf16) {  // round the gradient to bf16 so both sides read the same value
+          uint32_t bits;
+          std::memcpy(&bits, &gi[i], 4);
+          bits &= 0xffff0000u;
+          std::memcpy(&gi[i], &bits, 4);
+        }
+      }
+      dp.push_back(std::make_unique<DeviceBuffer>(n * 4));
+      dg.push_back(std::make_unique<DeviceBuffer>(n * (bf16 ? 2 : 4)));
+      dm.push_back(std::make_unique<DeviceBuffer>(n * 4));
+      dv.push_back(std::make_unique<DeviceBuffer>(n * 4));
+      dp.back()->upload(pi), dm.back()->upload(mi), dv.back()->upload(vi);
+      if (bf16) {
+        std::vector<uint16_t> gb(n);
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &gi[i], 4);
+          gb[i] = static_cast<uint16_t>(bits >> 16);
+        }
+        dg.back()->upload(gb);
+      } else {
+        dg.back()->upload(gi);
+      }
+      tensors.push_back({static_cast<float*>(dp.back()->p), dg.back()->p, static_cast<float*>(dm.back()->p),
+                         static_cast<float*>(dv.back()->p), static_cast<int64_t>(n)});
+      p.push_back(pi), g.push_back(gi), m.push_back(mi), v.push_back(vi);
+    }
+    fused_adamw(tensors, bf16, k, default_stream());
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const size_t n = p[t].size();
+      const auto gp = dp[t]->download<float>(n), gm = dm[t]->download<float>(n), gv = dv[t]->download<float>(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float grad = g[t][i] * k.inv_grad_scale;
+        const float mi = k.beta1 * m[t][i] + k.one_minus_beta1 * grad;
+        const float vi = k.beta2 * v[t][i] + k.one_minus_beta2 * grad * grad;
+        const float pi = p[t][i] * k.decay - k.step_size * mi / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
+        ASSERT_NEAR(gm[i], mi, 1e-6f * (1 + std::abs(mi))) << "tensor " << t << " element " << i;
+        ASSERT_NEAR(gv[i], vi, 1e-6f * (1 + std::abs(vi))) << "tensor " << t << " element " << i;
+        ASSERT_NEAR(gp[i], pi, 1e-6f * (1 + std::abs(pi))) << "tensor " << t << " element " << i << " bf16 " << bf16;
+      }
+    }
+  }
+}
+
+// One rank per visible GPU, each in a thread; the unique id travels through a map (a store).
+TEST(Nccl, CollectivesAcrossTheVisibleGpus) {
+  REQUIRE_GPU();
+  const int n = device_count();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::string> store;
+  Rendezvous rv{[&](const std::string& key, const std::string& value) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  store[key] = value;
+                  cv.notify_all();
+                },
+                [&](const std::string& key) {
+                  std::unique_lock<std::mutex> lock(mu);
+                  cv.wait_for(lock, std::chrono::seconds(30), [&] { return store.count(key) > 0; });
+                  return store.count(key) ? store[key] : std::string();
+                }};
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        NcclCommunicator comm(rv, "test", r, n, r, std::chrono::seconds(60));
+        set_device(r);
+        const size_t count = 1000;
+        std::vector<float> x(count);
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(r + 1) * static_cast<float>(i);
+        DeviceBuffer d(count * 4), gathered(count * 4 * n);
+        d.upload(x);
+        auto sum = comm.all_reduce(d.p, count, DataType::kFloat32, ReduceOp::kSum, default_stream());
+        comm.finish(sum, default_stream(), /*host_wait=*/true);
+        const auto y = d.download<float>(count);
+        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+        for (size_t i = 0; i < count; ++i)
+          if (y[i] != ranks_sum * static_cast<float>(i)) throw std::runtime_error("all_reduce sum wrong at " + std::to_string(i));
+        d.upload(x);
+        auto all = comm.all_gather(d.p, gathered.p, count, DataType::kFloat32, default_stream());
+        comm.finish(all, default_stream(), true);
+        const auto z = gathered.download<float>(count * n);
+        for (int q = 0; q < n; ++q)
+          if (z[q * count + 7] != static_cast<float>(q + 1) * 7) throw std::runtime_error("all_gather wrong");
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}

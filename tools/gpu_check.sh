@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE (PyTorch 2.x with CUDA, nvcc, CMake, ninja; no network), with the
+# folder tools/gpu_bundle.sh filled here carried along: unpacks the Debian packages into a
+# prefix, configures dtk against the Python package's CUDA LibTorch (DTK_WITH_CUDA=ON), builds,
+# runs the GPU-labelled tests and prints one summary. Under 10 minutes on 16 cores.
+#   tools/gpu_check.sh [--configure-only] [--torch-prefix DIR]
+# --torch-prefix: a LibTorch CMake prefix other than python3's torch.utils.cmake_prefix_path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIGURE_ONLY=0
+TORCH_PREFIX=""
+while (($#)); do
+  case "$1" in
+    --configure-only) CONFIGURE_ONLY=1; shift ;;
+    --torch-prefix) TORCH_PREFIX=$2; shift 2 ;;
+    *) echo "usage: tools/gpu_check.sh [--configure-only] [--torch-prefix DIR]" >&2; exit 2 ;;
+  esac
+done
+[[ -d .gpu-bundle ]] && ls .gpu-bundle/*.deb >/dev/null 2>&1 ||
+  { echo "gpu_check.sh: no .gpu-bundle/*.deb: run tools/gpu_bundle.sh on the build machine and carry .gpu-bundle" >&2; exit 2; }
+START=$(date +%s)
+PREFIX=${DTK_GPU_PREFIX:-/tmp/dtk-deps}
+rm -rf "$PREFIX"
+mkdir -p "$PREFIX"
+for f in .gpu-bundle/*.deb; do dpkg-deb -x "$f" "$PREFIX"; done
+MULTIARCH=x86_64-linux-gnu
+export LD_LIBRARY_PATH="$PREFIX/usr/lib/$MULTIARCH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$PREFIX/usr/bin:$PATH"
+if [[ -z $TORCH_PREFIX ]]; then
+  TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+fi
+TORCH_LIB=$(dirname "$TORCH_PREFIX")/../lib
+[[ -d $TORCH_LIB ]] && export LD_LIBRARY_PATH="$(cd "$TORCH_LIB" && pwd):$LD_LIBRARY_PATH"
+# The pip wheels' NCCL and CUDA runtime (nvidia-* packages), where the toolkit has no NCCL.
+NCCL_HOME=${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)}
+[[ -n $NCCL_HOME ]] && export NCCL_HOME && export LD_LIBRARY_PATH="$NCCL_HOME/lib:$LD_LIBRARY_PATH"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+echo "gpu_check.sh: GPU '${GPU:-none}', LibTorch at $TORCH_PREFIX, deps in $PREFIX, NCCL_HOME '${NCCL_HOME:-}'"
+ARCH=native
+[[ -z $GPU ]] && ARCH="80;90"
+mkdir -p build-gpu
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTK_WITH_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIX/usr" \
+  -DCMAKE_LIBRARY_ARCHITECTURE=$MULTIARCH -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" \
+  -DDTK_BUILD_BENCHMARKS=OFF 2>&1 | tee build-gpu/configure.log | grep "DTK:"
+status=configured
+if ((!CONFIGURE_ONLY)); then
+  cmake --build build-gpu -j "$(nproc)" 2>&1 | tail -5
+  build-gpu/bin/dtk --version
+  (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300) 2>&1 | tail -20 && status="gpu tests passed" ||
+    status="gpu tests FAILED"
+fi
+echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"
+[[ $status != *FAILED* ]]

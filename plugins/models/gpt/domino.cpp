@@ -132,34 +132,58 @@ struct State : torch::CustomClassHolder {
     if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr) ModuleHooks::fire(t, fn, module, what);
   }
 
-  // The output layer on chunk c's finished hidden states: its per-token loss [rows, s].
-  at::Tensor head_forward(size_t c, const at::Tensor& in, bool graph, bool save_inputs) {
+  // The output layer's logits on chunk c's finished hidden states, with its cross entropy begun
+  // (the row maxima's all-reduce in flight).
+  VocabParallelCrossEntropy head_begin(size_t c, const at::Tensor& in, bool graph, bool save_inputs) {
     TraceSpan span("compute", [&] { return "output layer, chunk " + std::to_string(c); });
     if (save_inputs) head_inputs[c] = in;
     const DominoHead& head = *stack.head;
     const at::Tensor labels_c = labels.narrow(0, start[c], rows[c]);
+    at::Tensor logits;
     if (!graph) {
       at::NoGradGuard no_grad;
-      return head.cross_entropy(at::linear(head.norm(in), head.weight()), labels_c);
+      logits = at::linear(head.norm(in), head.weight());
+    } else {
+      at::AutoGradMode enable(true);
+      Piece& p = head_pieces[c];
+      const at::Tensor ln_leaf = p.begin(in, head.norm);
+      logits = ColumnAsyncGrad<false>::apply(ln_leaf, head.weight(), p.slot.get());
     }
-    at::AutoGradMode enable(true);
-    Piece& p = head_pieces[c];
-    const at::Tensor ln_leaf = p.begin(in, head.norm);
-    p.out = head.cross_entropy(ColumnAsyncGrad<false>::apply(ln_leaf, head.weight(), p.slot.get()), labels_c);
-    return p.out.detach();
+    VocabParallelCrossEntropy ce(logits, labels_c, head.tp);
+    ce.reduce_max();
+    return ce;
   }
 
   // The output layer on every chunk, between its forward hooks; `input(c)` gives chunk c's hidden
-  // states just before its turn (after the last layer: finishing that chunk, so chunk c's loss is
-  // computed while the later chunks' last all-reduces are in flight).
+  // states just before its turn (after the last layer: finishing that chunk, so chunk c's logits
+  // are computed while the later chunks' last all-reduces are in flight). The cross entropy runs
+  // in phases across the chunks: every chunk's maxima all-reduce is issued before the first is
+  // waited for, then every chunk's sums all-reduce, so each overlaps the other chunks' work.
   template <class Input>
   std::vector<at::Tensor> run_head(Input&& input, bool graph, bool save_inputs) {
-    std::vector<at::Tensor> out(static_cast<size_t>(chunks));
+    const size_t n = static_cast<size_t>(chunks);
+    std::vector<at::Tensor> out(n);
     {
       at::AutoGradMode mode(graph);
       fire_module(&dtk_module_hooks::pre_forward, stack.head->module, "pre_forward");
     }
-    for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) out[c] = head_forward(c, input(c), graph, save_inputs);
+    std::vector<std::optional<VocabParallelCrossEntropy>> ce(n);
+    for (size_t c = 0; c < n; ++c) ce[c].emplace(head_begin(c, input(c), graph, save_inputs));
+    for (size_t c = 0; c < n; ++c) {
+      TraceSpan span("compute", [&] { return "cross entropy, chunk " + std::to_string(c); });
+      ce[c]->reduce_sums();
+    }
+    for (size_t c = 0; c < n; ++c) {
+      TraceSpan span("compute", [&] { return "loss, chunk " + std::to_string(c); });
+      at::AutoGradMode mode(graph);
+      if (!graph) {
+        out[c] = ce[c]->loss();
+        continue;
+      }
+      Piece& p = head_pieces[c];
+      p.out = ce[c]->loss();
+      out[c] = p.out.detach();
+    }
     at::AutoGradMode mode(graph);
     fire_module(&dtk_module_hooks::post_forward, stack.head->module, "post_forward");
     return out;

@@ -43,13 +43,14 @@
 namespace dtk::gpt {
 
 // The output layer (final LayerNorm, vocab-parallel logits, cross entropy) run per chunk inside
-// the schedule, like a third stage: chunk c's loss is computed while the next chunk's last
-// all-reduce is in flight, and in backward its input-gradient all-reduce overlaps the next
-// chunk's output-layer backward and the last layer's.
+// the schedule, like a third stage: chunk c's logits are computed while the next chunk's last
+// all-reduce is in flight; the cross entropy's two all-reduces of every chunk are issued before
+// any is waited for; in backward chunk c's input-gradient all-reduce overlaps the next chunk's
+// output-layer backward and the last layer's.
 struct DominoHead {
   std::function<at::Tensor(const at::Tensor&)> norm;                             // final LayerNorm
   std::function<const at::Tensor&()> weight;                                     // [vocab / tp, hidden]
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> cross_entropy;  // (logits, labels)
+  TPGroup tp;                                                                    // vocab-parallel cross entropy
   int32_t module = -1;                                                           // hooks
 };
 

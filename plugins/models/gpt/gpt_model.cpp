@@ -186,9 +186,7 @@ class GPTModel : public Model {
     if (post_) {
       head_.norm = [this](const at::Tensor& x) { return layer_norm(x, final_ln_w_, final_ln_b_, c_.eps); };
       head_.weight = [this]() -> const at::Tensor& { return c_.untie ? output_ : word_.weight; };
-      head_.cross_entropy = [this](const at::Tensor& logits, const at::Tensor& labels) {
-        return vocab_parallel_cross_entropy(logits, labels, tp_);
-      };
+      head_.tp = tp_;
       head_.module = output_module();
       domino_.head = &head_;
     }

@@ -64,37 +64,19 @@ struct LinearAsyncGradAllReduce : public torch::autograd::Function<LinearAsyncGr
   }
 };
 
-// Megatron's _VocabParallelCrossEntropy.
-struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& target, TPGroup tp) {
-    // Like Megatron, an fp32 contiguous input is overwritten in place (it becomes the softmax kept
-    // for backward); callers pass logits they do not read again. Other inputs are converted.
-    at::Tensor logits = logits_in.to(at::kFloat).contiguous();
-    const int64_t part = logits.size(-1);
-    // Subtract the global row maximum (numerical stability).
-    at::Tensor logits_max = std::get<0>(logits.max(-1)).contiguous();
-    tp_all_reduce(logits_max, tp, DTK_REDUCE_MAX);
-    logits.sub_(logits_max.unsqueeze(-1));
-    // This rank's vocabulary range; targets outside it contribute 0 to the target logit.
-    const int64_t start = static_cast<int64_t>(tp.rank) * part, end = start + part;
-    at::Tensor target_mask = (target < start).logical_or_(target >= end);
-    at::Tensor masked_target = (target - start).masked_fill_(target_mask, 0).reshape({-1});
-    at::Tensor logits_2d = logits.view({-1, part});
-    at::Tensor arange = at::arange(logits_2d.size(0), target.options());
-    at::Tensor predicted = logits_2d.index({arange, masked_target}).view(target.sizes()).contiguous();
-    predicted.masked_fill_(target_mask, 0.0);
-    tp_all_reduce(predicted, tp);
-    // Sum of exponentials over the whole vocabulary.
-    at::Tensor exp_logits = logits;  // reuse the buffer
-    exp_logits.exp_();
-    at::Tensor sum_exp = exp_logits.sum(-1).contiguous();
-    tp_all_reduce(sum_exp, tp);
-    at::Tensor loss = at::log(sum_exp) - predicted;
-    // Keep the softmax for backward.
-    exp_logits.div_(sum_exp.unsqueeze(-1));
-    ctx->save_for_backward({exp_logits, target_mask, masked_target});
-    ctx->saved_data["in_dtype"] = static_cast<int64_t>(logits_in.scalar_type());
-    return loss;
+// The autograd end of the cross entropy (VocabParallelCrossEntropy below computed the values):
+// forward returns the loss log(sum of exp) - target logit from the all-reduced `sums` [2, N]
+// (target logits, sums of exponentials), backward Megatron's (softmax - one_hot(target)) * grad.
+at::Tensor loss_from_sums(const at::Tensor& sums, at::IntArrayRef shape) {
+  return (at::log(sums[1]) - sums[0]).view(shape);
+}
+
+struct CrossEntropyFromSoftmax : public torch::autograd::Function<CrossEntropyFromSoftmax> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& softmax,
+                            const at::Tensor& target_mask, const at::Tensor& masked_target, const at::Tensor& sums) {
+    ctx->save_for_backward({softmax, target_mask, masked_target});
+    ctx->saved_data["in_dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return loss_from_sums(sums, target_mask.sizes());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto saved = ctx->get_saved_variables();
@@ -109,7 +91,7 @@ struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
     g2d.index_put_({arange, masked_target}, g2d.index({arange, masked_target}) - update);
     grad_input.mul_(grad[0].unsqueeze(-1));
     auto in_dtype = static_cast<at::ScalarType>(ctx->saved_data["in_dtype"].toInt());
-    return {grad_input.to(in_dtype), at::Tensor(), at::Tensor()};
+    return {grad_input.to(in_dtype), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -209,11 +191,74 @@ at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, con
   return dtk::linear(copy_to_tp_region(x, tp), weight);
 }
 
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp) {
+// Megatron's _VocabParallelCrossEntropy, in its order, with the target logits and the sums of
+// exponentials all-reduced together (one collective instead of two: the same sums).
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target,
+                                                     const TPGroup& tp)
+    : logits_(logits), tp_(tp) {
   if (logits.dim() != target.dim() + 1 || logits.sizes().slice(0, target.dim()) != target.sizes())
     throw Error("vocab_parallel_cross_entropy: logits " + shape_str(logits) + " do not match labels " +
                 shape_str(target));
-  return VocabParallelCE::apply(logits, target.to(at::kLong), tp);
+  target_ = target.to(at::kLong);
+}
+
+void VocabParallelCrossEntropy::all_reduce(const at::Tensor& t, int32_t op) {
+  if (tp_.size > 1) pending_.emplace(Comm::all_reduce_async(t, DTK_GROUP_TENSOR_PARALLEL, op));
+}
+
+void VocabParallelCrossEntropy::wait() {
+  if (pending_) pending_->wait();
+  pending_.reset();
+}
+
+void VocabParallelCrossEntropy::reduce_max() {
+  at::NoGradGuard no_grad;
+  // Like Megatron, fp32 contiguous logits are overwritten in place (they become the softmax kept
+  // for backward): nothing saved them, and callers do not read them again.
+  work_ = logits_.detach().to(at::kFloat).contiguous();
+  max_ = std::get<0>(work_.max(-1)).contiguous();  // the global row maximum: numerical stability
+  all_reduce(max_, DTK_REDUCE_MAX);
+}
+
+void VocabParallelCrossEntropy::reduce_sums() {
+  at::NoGradGuard no_grad;
+  wait();
+  work_.sub_(max_.unsqueeze(-1));
+  // This rank's vocabulary range; targets outside it contribute 0 to the target logit.
+  const int64_t part = work_.size(-1);
+  const int64_t start = static_cast<int64_t>(tp_.rank) * part, end = start + part;
+  target_mask_ = (target_ < start).logical_or_(target_ >= end);
+  masked_target_ = (target_ - start).masked_fill_(target_mask_, 0).reshape({-1});
+  const at::Tensor logits_2d = work_.view({-1, part});
+  const at::Tensor arange = at::arange(logits_2d.size(0), target_.options());
+  sums_ = at::empty({2, logits_2d.size(0)}, work_.options());
+  at::Tensor predicted = sums_[0], sum_exp = sums_[1];
+  predicted.copy_(logits_2d.index({arange, masked_target_}));
+  predicted.masked_fill_(target_mask_.reshape({-1}), 0.0);
+  work_.exp_();  // exp_logits, in the same buffer
+  at::sum_out(sum_exp, logits_2d, {1});
+  all_reduce(sums_, DTK_REDUCE_SUM);
+}
+
+at::Tensor VocabParallelCrossEntropy::loss() {
+  wait();
+  if (!at::GradMode::is_enabled() || !logits_.requires_grad()) {
+    at::NoGradGuard no_grad;
+    return loss_from_sums(sums_, target_.sizes());
+  }
+  at::Tensor softmax = work_;  // exp_logits / sum, kept for backward
+  {
+    at::NoGradGuard no_grad;
+    softmax.view({-1, softmax.size(-1)}).div_(sums_[1].unsqueeze(-1));
+  }
+  return CrossEntropyFromSoftmax::apply(logits_, softmax, target_mask_.view(target_.sizes()), masked_target_, sums_);
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp) {
+  VocabParallelCrossEntropy ce(logits, target, tp);
+  ce.reduce_max();
+  ce.reduce_sums();
+  return ce.loss();
 }
 
 }  // namespace dtk::gpt

@@ -21,6 +21,8 @@
 // TP=N model is exactly the TP=1 model cut in pieces.
 #pragma once
 
+#include <optional>
+
 #include <dtk/model.hpp>
 
 #include <cstdint>
@@ -110,5 +112,25 @@ at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, con
 // As in Megatron, fp32 contiguous logits are overwritten in place (they hold the softmax
 // afterwards): pass logits that are not read again.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp);
+
+// The same in three phases, so that its two all-reduces (the row maxima; then the target logits
+// and sums of exponentials, packed in one) can be in flight while other work runs: Domino starts
+// a phase on every chunk before waiting for any. Called back to back: the function above.
+class VocabParallelCrossEntropy {
+ public:
+  VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& target, const TPGroup& tp);
+  void reduce_max();   // this rank's row maxima; their all-reduce (MAX) issued
+  void reduce_sums();  // waits for it; target logits and sums of exponentials; their all-reduce issued
+  at::Tensor loss();   // waits for it; the per-token loss (differentiable w.r.t. the logits)
+
+ private:
+  void all_reduce(const at::Tensor& t, int32_t op);
+  void wait();
+  at::Tensor logits_, target_;
+  at::Tensor work_;  // fp32 logits - max, then exp, then the softmax
+  at::Tensor max_, sums_, target_mask_, masked_target_;
+  TPGroup tp_;
+  std::optional<Comm::Work> pending_;
+};
 
 }  // namespace dtk::gpt

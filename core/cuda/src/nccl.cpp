@@ -54,11 +54,16 @@ std::string nccl_version() {
 }
 
 // Shared with the watchdog thread, which outlives nothing: the destructor stops and joins it.
+// Every NCCL call on the communicator is made under `mu`, except ncclCommAbort: an abort can
+// block (it synchronizes NCCL's stream), so fail() only records the reason and hands the
+// communicator over, and whoever failed aborts it after releasing the lock (abort_outside()).
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
+  ncclComm_t to_abort = nullptr;  // failed, not yet aborted
   int rank = 0, size = 1, device = 0;
   std::chrono::milliseconds timeout{0};
   std::unique_ptr<Stream> stream;  // the communication stream
+  std::unique_ptr<Event> ready;    // reused: the producer's position at each issue
 
   std::mutex mu;
   std::condition_variable cv;
@@ -75,15 +80,36 @@ struct NcclCommunicator::State {
   void fail(const std::string& why) {  // under mu
     if (!error.empty()) return;
     error = why;
-    ncclCommAbort(comm);  // ends NCCL's kernels on this rank: streams waiting on them drain
+    to_abort = comm;
     comm = nullptr;
   }
   void throw_if_failed() {  // under mu
     if (!error.empty()) throw CudaError(error);
   }
+  // Aborts a communicator fail() handed over: ends NCCL's kernels on this rank, so streams
+  // waiting on them drain. Called without `mu`.
+  void abort_outside() {
+    ncclComm_t c = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::swap(c, to_abort);
+    }
+    if (c) ncclCommAbort(c);
+  }
+  // Runs f under `mu`; on failure aborts outside the lock, then rethrows.
+  template <class F>
+  auto locked(F&& f) -> decltype(f()) {
+    try {
+      std::lock_guard<std::mutex> lock(mu);
+      return f();
+    } catch (...) {
+      abort_outside();
+      throw;
+    }
+  }
 
   // NCCL calls on a non-blocking communicator may return ncclInProgress: poll until the call
-  // took effect, bounded by the timeout.
+  // took effect, bounded by the timeout. Any other result but success fails the communicator.
   void settle(ncclResult_t r, const std::string& what) {  // under mu
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (r == ncclInProgress) {
@@ -92,7 +118,8 @@ struct NcclCommunicator::State {
         throw_if_failed();
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      ncclCommGetAsyncError(comm, &r);
+      const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+      if (q != ncclSuccess) r = q;
     }
     if (r != ncclSuccess) {
       fail(what + " failed: " + nccl_error(r, comm));
@@ -101,35 +128,46 @@ struct NcclCommunicator::State {
   }
 
   void watch() {
+    // This thread's CUDA calls must not create a context on another device.
+    if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
     std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
       cv.wait_for(lock, std::chrono::milliseconds(50));
       if (stop || !error.empty()) continue;
-      while (!in_flight.empty() && in_flight.front().done->query()) in_flight.pop_front();
-      ncclResult_t async = ncclSuccess;
-      if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
-        fail("nccl: communicator failed: " + nccl_error(async, comm));
-        continue;
+      try {
+        while (!in_flight.empty() && in_flight.front().done->query()) in_flight.pop_front();
+        ncclResult_t async = ncclSuccess;
+        if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+          fail("nccl: communicator failed: " + nccl_error(async, comm));
+        else if (!in_flight.empty() && std::chrono::steady_clock::now() - in_flight.front().issued > timeout)
+          fail(in_flight.front().what + " failed: not finished after " + std::to_string(timeout.count()) +
+               " ms (a peer is gone or stuck); communicator aborted");
+      } catch (const std::exception& e) {  // a sticky CUDA error: the device is unusable
+        fail(std::string("nccl: ") + e.what());
       }
-      if (!in_flight.empty() && std::chrono::steady_clock::now() - in_flight.front().issued > timeout)
-        fail(in_flight.front().what + " failed: not finished after " + std::to_string(timeout.count()) +
-             " ms (a peer is gone or stuck); communicator aborted");
+      if (to_abort) {
+        lock.unlock();
+        abort_outside();
+        lock.lock();
+      }
     }
   }
 
   // Issues `launch` (one NCCL call) on the communication stream after `producer`'s work so far.
-  Pending issue(const std::string& what, StreamHandle producer, const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& launch) {
-    std::lock_guard<std::mutex> lock(mu);
-    throw_if_failed();
-    check(cudaSetDevice(device), "cudaSetDevice");
-    Event ready;
-    ready.record(producer);
-    ready.block(stream->get());
-    settle(launch(comm, stream->get()), what);
-    auto done = std::make_shared<Event>();
-    done->record(stream->get());
-    in_flight.push_back({done, what, std::chrono::steady_clock::now()});
-    return Pending{done, what};
+  Pending issue(const std::string& what, StreamHandle producer,
+                const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& launch) {
+    return locked([&] {
+      throw_if_failed();
+      DeviceGuard on(device);
+      ready->record(producer);
+      ready->block(stream->get());
+      settle(launch(comm, stream->get()), what);
+      auto done = std::make_shared<Event>();
+      done->record(stream->get());
+      in_flight.push_back({done, what, std::chrono::steady_clock::now()});
+      return Pending{done, what};
+    });
   }
 };
 
@@ -150,19 +188,25 @@ NcclCommunicator::NcclCommunicator(const Rendezvous& rendezvous, const std::stri
                       std::to_string(sizeof id.internal));
     std::copy(v.begin(), v.end(), id.internal);
   }
-  set_device(device);
+  DeviceGuard on(device);
   s.stream = std::make_unique<Stream>(/*priority=*/-1000);  // clamped: the device's highest
+  s.ready = std::make_unique<Event>();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // initialisation polled below, bounded by the timeout
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
+  const std::string what =
+      "nccl: creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  s.locked([&] {
     ncclResult_t r = ncclCommInitRankConfig(&s.comm, size, id, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress)
-      throw CudaError("nccl: creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                      ") failed: " + nccl_error(r, s.comm));
-    if (r == ncclInProgress) ncclCommGetAsyncError(s.comm, &r);
-    s.settle(r, "nccl: creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
-  }
+    if (r == ncclInProgress && s.comm) {
+      const ncclResult_t q = ncclCommGetAsyncError(s.comm, &r);
+      if (q != ncclSuccess) r = q;
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+      s.fail(what + " failed: " + nccl_error(r, s.comm));  // hands a half-made communicator to abort
+      s.throw_if_failed();
+    }
+    s.settle(r, what);
+  });
   s.watchdog = std::thread([st = state_] { st->watch(); });
 }
 
@@ -174,23 +218,34 @@ NcclCommunicator::~NcclCommunicator() {
   }
   s.cv.notify_all();
   if (s.watchdog.joinable()) s.watchdog.join();
+  s.abort_outside();
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.comm) return;
-  // Pending work drains first (bounded); a communicator that cannot finish is aborted.
+  // Pending work drains first, all of it within one timeout; a communicator that cannot finish
+  // (or a device in error) is aborted. Nothing here throws.
   bool drained = true;
-  for (auto& f : s.in_flight)
-    if (!wait_event(f.done->get(), s.timeout)) drained = false;
-  if (drained) {
-    ncclResult_t r = ncclCommFinalize(s.comm);
+  try {
+    DeviceGuard on(s.device);
     const auto deadline = std::chrono::steady_clock::now() + s.timeout;
-    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-      ncclCommGetAsyncError(s.comm, &r);
+    for (auto& f : s.in_flight) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !wait_event(f.done->get(), left)) {
+        drained = false;
+        break;
+      }
     }
-    if (r == ncclSuccess) {
-      ncclCommDestroy(s.comm);
-      return;
+    if (drained) {
+      ncclResult_t r = ncclCommFinalize(s.comm);
+      while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        if (ncclCommGetAsyncError(s.comm, &r) != ncclSuccess) break;
+      }
+      if (r == ncclSuccess) {
+        ncclCommDestroy(s.comm);
+        return;
+      }
     }
+  } catch (const std::exception&) {
   }
   ncclCommAbort(s.comm);
 }
@@ -228,21 +283,26 @@ NcclCommunicator::Pending NcclCommunicator::reduce_scatter(const void* in, void*
 
 void NcclCommunicator::finish(const Pending& p, StreamHandle consumer, bool host_wait) {
   State& s = *state_;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
+  s.locked([&] {
     s.throw_if_failed();
+    DeviceGuard on(s.device);
     p.done->block(consumer);
-  }
-  if (!host_wait) return;
-  const bool done = wait_event(p.done->get(), s.timeout, [&s] {
-    std::lock_guard<std::mutex> lock(s.mu);
-    return s.error;
   });
-  if (!done) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.fail(p.what + " failed: not finished after " + std::to_string(s.timeout.count()) + " ms; communicator aborted");
-    s.throw_if_failed();
+  if (!host_wait) return;
+  bool done = false;
+  {
+    DeviceGuard on(s.device);
+    done = wait_event(p.done->get(), s.timeout, [&s] {
+      std::lock_guard<std::mutex> lock(s.mu);
+      return s.error;
+    });
   }
+  // An abort completes the events of collectives that never ran: the error decides, not the event.
+  s.locked([&] {
+    if (!done) s.fail(p.what + " failed: not finished after " + std::to_string(s.timeout.count()) +
+                      " ms; communicator aborted");
+    s.throw_if_failed();
+  });
 }
 
 }  // namespace dtk::cuda

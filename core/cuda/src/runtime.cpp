@@ -50,6 +50,16 @@ int current_device() {
   return d;
 }
 
+DeviceGuard::DeviceGuard(int device) {
+  previous_ = current_device();
+  if (previous_ != device) set_device(device);
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
 StreamHandle default_stream() { return cudaStreamLegacy; }
 
 Stream::Stream(int priority) {
@@ -78,10 +88,7 @@ void Event::block(StreamHandle stream) const { check(cudaStreamWaitEvent(stream,
 
 bool Event::query() const {
   const cudaError_t e = cudaEventQuery(event_);
-  if (e == cudaErrorNotReady) {
-    cudaGetLastError();
-    return false;
-  }
+  if (e == cudaErrorNotReady) return false;  // not an error: nothing to clear
   check(e, "cudaEventQuery");
   return true;
 }
@@ -90,14 +97,15 @@ bool wait_event(EventHandle event, std::chrono::milliseconds timeout, const std:
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::microseconds(2);
   for (;;) {
-    const cudaError_t e = cudaEventQuery(event);
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) check(e, "cudaEventQuery");
-    cudaGetLastError();
+    // The failure check first: an aborted NCCL communicator ends its kernels, so the event of a
+    // collective that never happened completes too.
     if (failed) {
       const std::string message = failed();
       if (!message.empty()) throw CudaError(message);
     }
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) check(e, "cudaEventQuery");
     if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));

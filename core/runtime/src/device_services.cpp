@@ -11,7 +11,9 @@
 // both.
 #include <dtk/tensor.hpp>
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "cuda_glue.hpp"
 #include "dtk/core/comm.hpp"
@@ -29,7 +31,9 @@ struct dtk_stream {
 struct dtk_event {
   int recorded = 0;
 #if DTK_HAVE_CUDA
-  std::unique_ptr<dtk::cuda::Event> cuda;  // created when first recorded on a CUDA stream
+  std::mutex mu;                           // the table's functions are thread-safe
+  std::unique_ptr<dtk::cuda::Event> cuda;  // created when recorded on a CUDA stream
+  int cuda_device = -1;                    // the device it was created on
 #endif
 };
 
@@ -81,20 +85,20 @@ thread_local dtk_stream* t_current = nullptr;  // null: g_cpu_stream
 #if DTK_HAVE_CUDA
 int device_index(dtk_device d) { return d.index >= 0 ? d.index : dtk::cuda::current_device(); }
 
-// LibTorch's current stream on a device, as a borrowed handle (one per thread and device).
-dtk_stream* torch_stream(int device) {
-  thread_local std::vector<std::unique_ptr<dtk_stream>> streams;
-  for (auto& s : streams)
-    if (s->device.index == device) {
-      s->handle = cuda_glue::torch_current_stream(device);
-      return s.get();
-    }
-  auto s = std::make_unique<dtk_stream>();
-  s->device = {DTK_DEVICE_CUDA, device};
-  s->handle = cuda_glue::torch_current_stream(device);
-  streams.push_back(std::move(s));
-  return streams.back().get();
+// A borrowed CUDA stream (LibTorch's current one, or the default): one object per (device,
+// handle), kept for the process lifetime as the ABI promises, never changed once handed out.
+dtk_stream* borrowed_stream(int device, dtk::cuda::StreamHandle handle) {
+  static std::mutex mu;
+  static auto* streams = new std::map<std::pair<int, dtk::cuda::StreamHandle>, dtk_stream*>();
+  std::lock_guard<std::mutex> lock(mu);
+  dtk_stream*& s = (*streams)[{device, handle}];
+  if (!s) {
+    s = new_stream({DTK_DEVICE_CUDA, device});
+    s->handle = handle;
+  }
+  return s;
 }
+dtk_stream* torch_stream(int device) { return borrowed_stream(device, cuda_glue::torch_current_stream(device)); }
 #endif
 
 dtk_status* stream_create(void*, dtk_device device, int32_t priority, dtk_stream** out) {
@@ -107,9 +111,8 @@ dtk_status* stream_create(void*, dtk_device device, int32_t priority, dtk_stream
   }
 #if DTK_HAVE_CUDA
   return cuda_call("stream_create", [&] {
-    auto s = std::make_unique<dtk_stream>();
-    s->device = {DTK_DEVICE_CUDA, device_index(device)};
-    dtk::cuda::set_device(s->device.index);
+    auto s = std::unique_ptr<dtk_stream>(new_stream({DTK_DEVICE_CUDA, device_index(device)}));
+    dtk::cuda::DeviceGuard on(s->device.index);
     s->owned = std::make_unique<dtk::cuda::Stream>(priority);
     s->handle = s->owned->get();
     *out = s.release();
@@ -121,7 +124,7 @@ dtk_status* stream_create(void*, dtk_device device, int32_t priority, dtk_stream
 void stream_destroy(void*, dtk_stream* stream) {
   if (stream == &g_cpu_stream) return;
 #if DTK_HAVE_CUDA
-  if (is_cuda(stream) && !stream->owned) return;  // borrowed (LibTorch's)
+  if (is_cuda(stream) && !stream->owned) return;  // borrowed: kept for the process lifetime
 #endif
   delete stream;
 }
@@ -156,6 +159,7 @@ dtk_status* stream_synchronize(void*, dtk_stream* stream) {
   if (is_cuda(stream)) {
     // Bounded like every wait: an event at the end of the queue, waited for with the timeout.
     return cuda_call("stream_synchronize", [&] {
+      dtk::cuda::DeviceGuard on(stream->device.index);
       dtk::cuda::Event end;
       end.record(stream->handle);
       if (!dtk::cuda::wait_event(end.get(), collective_timeout()))
@@ -175,9 +179,15 @@ dtk_status* event_record(void*, dtk_event* event, dtk_stream* stream) {
   if (!event || !stream) return error(DTK_ERR_INVALID_ARGUMENT, "event_record: null event or stream");
   event->recorded = 1;
 #if DTK_HAVE_CUDA
+  std::lock_guard<std::mutex> lock(event->mu);
   if (is_cuda(stream))
     return cuda_call("event_record", [&] {
-      if (!event->cuda) event->cuda = std::make_unique<dtk::cuda::Event>();
+      dtk::cuda::DeviceGuard on(stream->device.index);
+      // An event belongs to the device it was created on: another device needs a new one.
+      if (!event->cuda || event->cuda_device != stream->device.index) {
+        event->cuda = std::make_unique<dtk::cuda::Event>();
+        event->cuda_device = stream->device.index;
+      }
       event->cuda->record(stream->handle);
     });
   event->cuda.reset();  // recorded on the CPU queue: complete at once
@@ -187,9 +197,11 @@ dtk_status* event_record(void*, dtk_event* event, dtk_stream* stream) {
 dtk_status* event_synchronize(void*, dtk_event* event, int64_t timeout_ms) {
   if (!event) return error(DTK_ERR_INVALID_ARGUMENT, "event_synchronize: null event");
 #if DTK_HAVE_CUDA
+  std::unique_lock<std::mutex> lock(event->mu);
   if (event->cuda) {
     const auto timeout = timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms) : collective_timeout();
     return cuda_call("event_synchronize", [&] {
+      dtk::cuda::DeviceGuard on(event->cuda_device);
       if (!dtk::cuda::wait_event(event->cuda->get(), timeout))
         throw std::runtime_error("timed out after " + std::to_string(timeout.count()) + " ms");
     }, DTK_ERR_COMM);
@@ -201,11 +213,17 @@ dtk_status* event_synchronize(void*, dtk_event* event, int64_t timeout_ms) {
 dtk_status* stream_wait_event(void* ctx, dtk_stream* stream, dtk_event* event) {
   if (!stream || !event) return error(DTK_ERR_INVALID_ARGUMENT, "stream_wait_event: null stream or event");
 #if DTK_HAVE_CUDA
-  if (event->cuda) {
-    // A CUDA stream waits on the device; the CPU queue (synchronous) waits on the host, bounded.
-    if (is_cuda(stream)) return cuda_call("stream_wait_event", [&] { event->cuda->block(stream->handle); });
-    return event_synchronize(ctx, event, 0);
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    // A CUDA stream waits on the device (cross-device waits are allowed by CUDA).
+    if (event->cuda && is_cuda(stream))
+      return cuda_call("stream_wait_event", [&] {
+        dtk::cuda::DeviceGuard on(stream->device.index);
+        event->cuda->block(stream->handle);
+      });
   }
+  // The CPU queue (synchronous) waits on the host, bounded.
+  if (event->cuda) return event_synchronize(ctx, event, 0);
 #endif
   (void)ctx;
   return nullptr;
@@ -221,10 +239,11 @@ dtk_status* alloc_pinned(void*, const int64_t* shape, int32_t ndim, int32_t dtyp
 #if DTK_HAVE_CUDA
     // Page-locked when a device can use it: CUDA's copies from it are asynchronous.
     if (dtk::cuda::device_count() > 0) {
-      int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
-      for (int64_t d : sizes) bytes *= d;
-      void* p = dtk::cuda::alloc_pinned(static_cast<size_t>(bytes));
-      *out = dtk::wrap(at::from_blob(p, sizes, [](void* q) { dtk::cuda::free_pinned(q); }, at::TensorOptions(type)));
+      const int64_t bytes = at::detail::computeStorageNbytesContiguous(sizes, c10::elementSize(type));
+      std::unique_ptr<void, void (*)(void*)> p(dtk::cuda::alloc_pinned(static_cast<size_t>(bytes)),
+                                               [](void* q) { dtk::cuda::free_pinned(q); });
+      *out = dtk::wrap(at::from_blob(p.get(), sizes, [](void* q) { dtk::cuda::free_pinned(q); }, at::TensorOptions(type)));
+      p.release();  // the tensor owns it now
       return;
     }
 #endif

@@ -152,7 +152,7 @@ class AdamW : public dtk::Optimizer {
         const dtk::cuda::AdamWScalars ck{k.beta1, k.beta2, k.one_minus_beta1, k.one_minus_beta2, k.decay,
                                          k.step_size, k.inv_sqrt_bc2, k.eps, k.inv_grad_scale};
         const at::Tensor& any = cuda_batch_of[b].second;
-        dtk::cuda::set_device(any.device().index());
+        const dtk::cuda::DeviceGuard on(any.device().index());
         dtk::cuda::fused_adamw(cuda_batches[b], cuda_batch_of[b].first, ck, torch_stream(any));
       }
 #endif

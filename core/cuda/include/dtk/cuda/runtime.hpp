@@ -37,6 +37,19 @@ std::string device_description(int device);
 void set_device(int device);
 int current_device();
 
+// Makes `device` current for a scope and restores the previous one (CUDA calls on events and
+// streams must run on their device; a library must not leave the caller's device changed).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 // The stream LibTorch launches on unless told otherwise (CUDA's legacy default stream).
 StreamHandle default_stream();
 

@@ -47,6 +47,10 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
               static_cast<long long>(report.iteration), args[1].c_str(), report.old_tp, report.new_tp, args[2].c_str(),
               report.new_tp, report.megabytes, static_cast<long long>(report.model_tensors),
               static_cast<long long>(report.state_tensors), args[2].c_str(), report.new_tp);
+  if (report.consolidated_shards > 0)
+    std::printf("the ZeRO optimizer state (%lld data-parallel shards per rank) is consolidated into whole "
+                "parameters' state: ddp resumes it as is, zero shards it again at any data-parallel size\n",
+                static_cast<long long>(report.consolidated_shards));
   return 0;
 }
 

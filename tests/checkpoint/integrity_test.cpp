@@ -297,10 +297,39 @@ TEST(CheckpointConvert, TensorParallelTwoToOneAndBackContinueWithTheSameLosses) 
   dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/to2 --tensor_model_parallel_size 2"),
                                   d + "/to2 exists and is not an empty directory");
   dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/x"), "--tensor_model_parallel_size N");
-  const Result z = run("launch --nproc_per_node 2 " + train + "--set train.global_batch_size=16 --strategy zero "
-                       "--set checkpoint.save=" + d + "/zero --set train.train_iters=2 --set checkpoint.save_interval=2");
-  ASSERT_EQ(z.code, 0) << z.out;
-  dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/zero " + d + "/y --tensor_model_parallel_size 2"),
-                                  "holds ZeRO-sharded optimizer state; resume it with --strategy ddp");
-  EXPECT_FALSE(fs::exists(d + "/y/iter_0000002"));
+}
+
+// ZeRO's data-parallel shards are consolidated by convert (issue 15 item 2, the DP/ZeRO half): a
+// ZeRO stage-2 run at DP=2 converted to TP=2 resumes under zero at TP=2 (sharding it again), and
+// converted at TP=1 (consolidation alone) resumes under ddp in one process, both with the
+// uninterrupted run's losses to the printed digit.
+TEST(CheckpointConvert, ZeroShardsAreConsolidatedAndResumeUnderZeroAndDdp) {
+  const std::string d = fresh_dir("convert-zero");
+  const std::string train = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.hidden_dropout=0 "
+                            "--set model.attention_dropout=0 --set train.train_iters=6 --set lr.lr_warmup_iters=1 "
+                            "--set logging.log_interval=1 --threads 1 --set model.make_vocab_size_divisible_by=64 "
+                            "--set train.global_batch_size=16 ";
+  const std::string zero = "launch --nproc_per_node 2 " + train + "--strategy zero --set strategy.stage=2 ";
+  const Result a = run(zero + "--set checkpoint.save=" + d + "/z --set checkpoint.save_interval=4");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_TRUE(fs::is_regular_file(d + "/z/iter_0000004/mp_rank_00/" + "optim_dp_rank_001.pt")) << "a sharded save";
+  const Result to2 = run("checkpoint convert " + d + "/z/iter_0000004 " + d + "/to2 --tensor_model_parallel_size 2");
+  ASSERT_EQ(to2.code, 0) << to2.out;
+  EXPECT_NE(to2.out.find("the ZeRO optimizer state (2 data-parallel shards per rank) is consolidated"), std::string::npos)
+      << to2.out;
+  EXPECT_FALSE(fs::exists(d + "/to2/iter_0000004/mp_rank_00/optim_dp_rank_000.pt")) << "whole state, no shard files";
+  const Result b = run(zero + "--set distributed.tensor_model_parallel_size=2 --set checkpoint.load=" + d + "/to2");
+  ASSERT_EQ(b.code, 0) << b.out;
+  const Result to1 = run("checkpoint convert " + d + "/z/iter_0000004 " + d + "/to1 --tensor_model_parallel_size 1");
+  ASSERT_EQ(to1.code, 0) << to1.out;
+  const Result c = run(train + "--set checkpoint.load=" + d + "/to1");
+  ASSERT_EQ(c.code, 0) << c.out;
+  const auto la = losses(a.out), lb = losses(b.out), lc = losses(c.out);
+  ASSERT_EQ(lb.size(), 2u) << b.out;
+  ASSERT_EQ(lc.size(), 2u) << c.out;
+  for (int it : {5, 6}) {
+    EXPECT_EQ(la.at(it), lb.at(it)) << "ZeRO DP2 -> TP2 zero, iteration " << it;
+    EXPECT_EQ(la.at(it), lc.at(it)) << "ZeRO DP2 -> TP1 ddp, iteration " << it;
+  }
 }

@@ -37,6 +37,8 @@ namespace dtk::core {
 namespace fs = std::filesystem;
 using host::HostError;
 using ckpt::first_line;
+using ckpt::from_dict;
+using ckpt::slices_to_dict;
 using ckpt::fsync_path;
 using ckpt::mp_rank_dir;
 using ckpt::read_pickled_dict;
@@ -54,39 +56,6 @@ c10::Dict<std::string, at::Tensor> to_dict(const TensorList& list) {
   // Own storage per tensor: a view into a larger buffer would otherwise save the whole buffer.
   for (const auto& kv : list) d.insert(kv.first, kv.second.detach().to(at::kCPU).contiguous().clone());
   return d;
-}
-
-TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key) {
-  if (!v.isGenericDict()) throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
-  TensorList out;
-  for (const auto& kv : v.toGenericDict()) {
-    if (!kv.key().isString() || !kv.value().isTensor())
-      throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
-    out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
-  }
-  return out;
-}
-
-
-// What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
-c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices) {
-  c10::Dict<std::string, at::Tensor> d;
-  for (const auto& [name, s] : slices)
-    d.insert(name, at::tensor(std::vector<int64_t>{s.offset, s.numel, s.full_numel}, at::kLong));
-  return d;
-}
-
-SliceMap slices_from_dict(const TensorList& list, const std::string& file) {
-  SliceMap out;
-  for (const auto& [name, t] : list) {
-    if (t.scalar_type() != at::kLong || t.numel() != 3)
-      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is not [offset, numel, full_numel]");
-    const int64_t* v = t.contiguous().data_ptr<int64_t>();
-    if (v[0] < 0 || v[1] < 0 || v[0] + v[1] > v[2])
-      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is outside its parameter");
-    out[name] = ParamSlice{v[0], v[1], v[2]};
-  }
-  return out;
 }
 
 }  // namespace
@@ -373,16 +342,9 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
       const SliceMap mine = slices_of(optimizer.params());
       for (size_t i = 0; i < order.size(); ++i) {
         where = (rank_dir / shard_file_name(static_cast<int>(order[i]))).string();
-        const std::string name = shard_file_name(static_cast<int>(order[i]));
-        const c10::impl::GenericDict d =
-            read_pickled_dict(where, " (the checkpoint has " + std::to_string(shards) + " data-parallel shard files)",
-                              &sums, rank_dir.filename().string() + "/" + name);
-        for (const char* key : {"optimizer", "strategy", "param_slices"})
-          if (!d.contains(key)) throw HostError("checkpoint " + where + " has no '" + key + "' entry");
-        const SliceMap saved = slices_from_dict(from_dict(d.at("param_slices"), where, "param_slices"), where);
-        assembler.add(from_dict(d.at("optimizer"), where, "optimizer"), from_dict(d.at("strategy"), where, "strategy"),
-                      saved);
-        if (i == 0 && saved == mine) break;  // saved with this rank's layout: exact resume from one file
+        const ckpt::Shard shard = ckpt::read_shard(rank_dir.string(), static_cast<int>(order[i]), shards, sums);
+        assembler.add(shard.optimizer, shard.strategy, shard.slices);
+        if (i == 0 && shard.slices == mine) break;  // saved with this rank's layout: exact resume from one file
       }
     }
     where = rank_dir.string();

@@ -83,16 +83,40 @@ ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::st
       if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
         throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
       old_tp = tp->value().toInt();
-      if (d.contains("optimizer_shards"))
-        throw HostError("checkpoint convert: " + iter_dir +
-                        " holds ZeRO-sharded optimizer state; resume it with --strategy ddp at tensor-parallel size " +
-                        std::to_string(old_tp) + " (loading re-partitions it), save, and convert that checkpoint");
       auto it = d.find(c10::IValue(std::string("iteration")));
       report.iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
     }
     model.push_back(tensors_of(d, "model", file));
-    optimizer.push_back(tensors_of(d, "optimizer", file));
-    strategy.push_back(tensors_of(d, "strategy", file));
+    auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
+    if (shards == d.end()) {
+      optimizer.push_back(tensors_of(d, "optimizer", file));
+      strategy.push_back(tensors_of(d, "strategy", file));
+      continue;
+    }
+    // ZeRO: the data-parallel shards consolidated into whole parameters' state (the layout ddp
+    // saves; a ZeRO run loading it shards it again, dtk/core/checkpoint_shards.hpp).
+    if (!shards->value().isInt() || shards->value().toInt() < 1)
+      throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
+    std::unique_ptr<ModelInstance> m = build(static_cast<int>(r), static_cast<int>(old_tp));
+    const std::vector<Param> params = m->parameters();
+    std::vector<std::string> names;
+    for (const Param& p : params) names.push_back(p.name);
+    StateAssembler whole(params, names);
+    const std::string rank_dir = (fs::path(iter_dir) / ckpt::mp_rank_dir(static_cast<int>(r))).string();
+    for (int64_t k = 0; k < shards->value().toInt(); ++k) {
+      const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards->value().toInt(), sums);
+      whole.add(shard.optimizer, shard.strategy, shard.slices);
+    }
+    TensorMap o, st;
+    try {
+      for (auto& [key, value] : whole.optimizer()) o[key] = value;
+      for (auto& [key, value] : whole.strategy()) st[key] = value;
+    } catch (const std::exception& e) {
+      throw HostError("checkpoint convert: " + rank_dir + ": " + ckpt::first_line(e.what()));
+    }
+    optimizer.push_back(std::move(o));
+    strategy.push_back(std::move(st));
+    report.consolidated_shards = shards->value().toInt();
   }
   report.old_tp = static_cast<int>(old_tp);
 
@@ -158,6 +182,7 @@ ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::st
     };
     const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
     c10::impl::GenericDict d = old[0].copy();
+    (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
     d.insert_or_assign("model", to_dict(new_model));
     d.insert_or_assign("optimizer", to_dict(new_optimizer));
     d.insert_or_assign("strategy", to_dict(new_strategy));

@@ -218,4 +218,51 @@ int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
   return bytes;
 }
 
+TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key) {
+  if (!v.isGenericDict()) throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
+  TensorList out;
+  for (const auto& kv : v.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor())
+      throw HostError("checkpoint " + file + ": '" + key + "' is not a dict of tensors");
+    out.emplace_back(kv.key().toStringRef(), kv.value().toTensor());
+  }
+  return out;
+}
+
+
+c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices) {
+  c10::Dict<std::string, at::Tensor> d;
+  for (const auto& [name, s] : slices)
+    d.insert(name, at::tensor(std::vector<int64_t>{s.offset, s.numel, s.full_numel}, at::kLong));
+  return d;
+}
+
+SliceMap slices_from_dict(const TensorList& list, const std::string& file) {
+  SliceMap out;
+  for (const auto& [name, t] : list) {
+    if (t.scalar_type() != at::kLong || t.numel() != 3)
+      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is not [offset, numel, full_numel]");
+    const int64_t* v = t.contiguous().data_ptr<int64_t>();
+    if (v[0] < 0 || v[1] < 0 || v[0] + v[1] > v[2])
+      throw HostError("checkpoint " + file + ": param_slices['" + name + "'] is outside its parameter");
+    out[name] = ParamSlice{v[0], v[1], v[2]};
+  }
+  return out;
+}
+
+Shard read_shard(const std::string& rank_dir, int dp_rank, int64_t shards, const Checksums& sums) {
+  const std::string name = shard_file_name(dp_rank);
+  const std::string where = (fs::path(rank_dir) / name).string();
+  const c10::impl::GenericDict d =
+      read_pickled_dict(where, " (the checkpoint has " + std::to_string(shards) + " data-parallel shard files)", &sums,
+                        fs::path(rank_dir).filename().string() + "/" + name);
+  for (const char* key : {"optimizer", "strategy", "param_slices"})
+    if (!d.contains(key)) throw host::HostError("checkpoint " + where + " has no '" + key + "' entry");
+  Shard s;
+  s.optimizer = from_dict(d.at("optimizer"), where, "optimizer");
+  s.strategy = from_dict(d.at("strategy"), where, "strategy");
+  s.slices = slices_from_dict(from_dict(d.at("param_slices"), where, "param_slices"), where);
+  return s;
+}
+
 }  // namespace dtk::core::ckpt

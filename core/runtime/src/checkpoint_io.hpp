@@ -5,11 +5,14 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <dtk/tensor.hpp>
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "dtk/core/checkpoint_shards.hpp"
 
 namespace dtk::core::ckpt {
 
@@ -61,5 +64,19 @@ int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
 // manifest, the bytes are checked against the digest recorded for `relative` first.
 c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint = "",
                                          const Checksums* sums = nullptr, const std::string& relative = "");
+
+// A pickled dict of tensors (`key` of `file`, for the error) as a list, in its order.
+TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key);
+// What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
+c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices);
+SliceMap slices_from_dict(const TensorList& list, const std::string& file);
+
+// One data-parallel shard file of a ZeRO save (`shard_file_name(dp_rank)` in the tensor-parallel
+// rank's directory `rank_dir`; the save had `shards` of them), verified against `sums`.
+struct Shard {
+  TensorList optimizer, strategy;
+  SliceMap slices;  // what its per-parameter entries cover
+};
+Shard read_shard(const std::string& rank_dir, int dp_rank, int64_t shards, const Checksums& sums);
 
 }  // namespace dtk::core::ckpt

@@ -14,8 +14,11 @@
 // Progress, schedule, loss scaler and host RNG are kept; the new checkpoint has its own
 // SHA256SUMS and tracker.
 //
-// ZeRO-sharded optimizer state (optim_dp_rank_NNN.pt) is refused: resume such a checkpoint under
-// ddp at its own tensor-parallel size (loading re-partitions it), save, and convert that.
+// ZeRO-sharded optimizer state (optim_dp_rank_NNN.pt) is consolidated first: each old rank's
+// data-parallel shards assembled into whole parameters' state (dtk/core/checkpoint_shards.hpp),
+// so the new checkpoint has ddp's layout; ddp resumes it as is, and zero (any data-parallel size,
+// any stage) shards it again on load. Converting to the same tensor-parallel size is thus how a
+// ZeRO checkpoint is consolidated.
 #pragma once
 
 #include <functional>
@@ -34,6 +37,7 @@ struct ConvertReport {
   int64_t iteration = 0;
   int old_tp = 1, new_tp = 1;
   int64_t model_tensors = 0, state_tensors = 0;
+  int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
   double megabytes = 0;
 };
 

@@ -18,6 +18,7 @@
 
 #include "cmd_checkpoint.hpp"
 #include "cmd_export.hpp"
+#include "cmd_generate.hpp"
 #include "cmd_preprocess.hpp"
 #include "dtk/core/allocator.hpp"
 #include "dtk/core/cuda_support.hpp"
@@ -61,6 +62,9 @@ Usage:
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
                                         a Hugging Face GPT2LMHeadModel folder (safetensors)
   dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel folder as a checkpoint to fine-tune from
+  dtk generate --load DIR --prompt TEXT | --prompts_file FILE --vocab_file encoder.json
+               --merge_file vocab.bpe [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
+               [--seed S] [--batch_size B]    text from a checkpoint (key/value cache; TP: under launch)
   dtk --version
 
 Examples:
@@ -94,6 +98,7 @@ void print_help(int argc, char** argv) {
   const std::string file = sub == "preprocess" || sub == "export" ? "cmd_preprocess.cpp"
                            : sub == "checkpoint"                  ? "cmd_checkpoint.cpp"
                            : sub == "import"                      ? "cmd_export.cpp"  // none
+                           : sub == "generate"                    ? "cmd_generate.cpp"
                                                                   : "main.cpp";
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
@@ -373,8 +378,12 @@ int main(int argc, char** argv) {
       return run_checkpoint(args, [&]() -> dtk::host::PluginHost& { return load_plugins(argv[0]); });
     if (cmd == "export") return run_export(args, load_plugins(argv[0]));
     if (cmd == "import") return run_import(args, load_plugins(argv[0]));
+    if (cmd == "generate") {
+      if (!args.empty()) throw dtk::host::HostError("generate: unexpected argument '" + args[0] + "'");
+      return run_generate(load_plugins(argv[0]));
+    }
     throw dtk::host::HostError("unknown command '" + cmd +
-                               "' (commands: train, plugins, config, preprocess, checkpoint, export, import, version; see --help)");
+                               "' (commands: train, plugins, config, preprocess, checkpoint, export, import, generate, version; see --help)");
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
     // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:

@@ -98,7 +98,7 @@ TEST(Cli, BadInputsAreOneLineErrors) {
       "dataset plugin 'exploding': num_samples: num_samples exploded");
   expect_error_line(
       run("frobnicate"),
-      "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, checkpoint, export, import, version; see --help)");
+      "unknown command 'frobnicate' (commands: train, plugins, config, preprocess, checkpoint, export, import, generate, version; see --help)");
 }
 
 // Issue 4's promise end to end: text -> `dtk preprocess` -> Megatron .bin/.idx -> `dtk train` on a

@@ -222,6 +222,7 @@ class GPTModel : public Model {
   }
 
   TensorList forward(const TensorList& inputs) override {
+    if (find(inputs, "kv_cache_length")) return forward_cached(inputs);
     at::Tensor h;
     DominoInputs domino_in;  // Domino runs the embedding itself (domino.hpp DominoEmbedding)
     const bool domino = c_.domino_chunks > 1;
@@ -285,6 +286,55 @@ class GPTModel : public Model {
       return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
     });
     return {{labels ? "loss" : "logits", out}};
+  }
+
+  // Generation with a key/value cache (docs/models.md "Generation"): inputs "tokens" [b, n] at
+  // cache positions [L, L + n), "position_ids" [b, n], "attention_mask" [b, 1, n, L + n] (bool,
+  // true = masked), "kv_cache_length" L (int64 scalar), and either the caches "kv_cache.<layer>"
+  // [2, b, heads / tp, capacity, head_dim] a previous call returned, or (L = 0) "kv_cache_capacity"
+  // to allocate them. Outputs "logits" [b, 1, vocab / tp] of the last position (this rank's
+  // vocabulary slice, as forward's) and the caches, filled up to L + n.
+  TensorList forward_cached(const TensorList& inputs) {
+    if (!pre_ || !post_) throw Error("gpt: generation needs the whole model on this rank (no pipeline stages)");
+    at::NoGradGuard no_grad;
+    const at::Tensor& tokens = get(inputs, "tokens");
+    const at::Tensor& pos = get(inputs, "position_ids");
+    const at::Tensor& mask = get(inputs, "attention_mask");
+    const int64_t length = get(inputs, "kv_cache_length").item<int64_t>();
+    if (tokens.dim() != 2 || pos.sizes() != tokens.sizes())
+      throw Error("gpt: generation needs 'tokens' and 'position_ids' of one shape [batch, n], got " +
+                  shape_str(tokens) + " and " + shape_str(pos));
+    const int64_t b = tokens.size(0), n = tokens.size(1);
+    if (mask.scalar_type() != at::kBool || mask.dim() != 4 || mask.size(0) != b || mask.size(2) != n ||
+        mask.size(3) != length + n)
+      throw Error("gpt: generation's 'attention_mask' must be bool [batch, 1, n, kv_cache_length + n], got " +
+                  shape_str(mask));
+    check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
+    check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
+    std::vector<at::Tensor> caches;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const at::Tensor* given = find(inputs, "kv_cache." + std::to_string(i));
+      if (given) {
+        caches.push_back(*given);
+        continue;
+      }
+      const at::Tensor* capacity = find(inputs, "kv_cache_capacity");
+      if (!capacity || length != 0)
+        throw Error("gpt: generation needs 'kv_cache." + std::to_string(i) +
+                    "' (from the previous call) or, on the first call, 'kv_cache_capacity'");
+      const Layer& l = *layers_[i];
+      caches.push_back(at::zeros({2, b, l.heads_local(), capacity->item<int64_t>(), l.head_dim()},
+                                 word_.weight.options()));
+    }
+    if (length + n > caches[0].size(3))
+      throw Error("gpt: generation ran past the key/value cache's capacity of " + std::to_string(caches[0].size(3)) +
+                  " positions");
+    at::Tensor h = word_.forward(tokens) + at::embedding(position_, pos);
+    for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(h, caches[i], length, mask);
+    const at::Tensor last = layer_norm(h.narrow(1, n - 1, 1), final_ln_w_, final_ln_b_, c_.eps);
+    TensorList out{{"logits", at::linear(last, c_.untie ? output_ : word_.weight)}};
+    for (size_t i = 0; i < caches.size(); ++i) out.emplace_back("kv_cache." + std::to_string(i), caches[i]);
+    return out;
   }
 
   // Plain tensor parallelism: layer after layer on the whole micro-batch.

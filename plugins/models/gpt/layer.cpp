@@ -40,6 +40,21 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRn
   return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
 }
 
+at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& cache, int64_t length,
+                                 const at::Tensor& mask) const {
+  const int64_t b = x.size(0), n = x.size(1), total = length + n;
+  at::Tensor mixed = qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)).view({b, n, heads_local_, 3 * head_dim_}).transpose(1, 2);
+  cache[0].narrow(2, length, n).copy_(mixed.narrow(-1, head_dim_, head_dim_));
+  cache[1].narrow(2, length, n).copy_(mixed.narrow(-1, 2 * head_dim_, head_dim_));
+  const at::Tensor q = mixed.narrow(-1, 0, head_dim_);
+  const at::Tensor k = cache[0].narrow(2, 0, total), v = cache[1].narrow(2, 0, total);
+  at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
+  at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
+  at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
+  at::Tensor h = x + dense.forward(context);
+  return h + fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
+}
+
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
   return stage == 0 ? layer_norm(in, ln1_w, ln1_b, c_.eps) : layer_norm(in, ln2_w, ln2_b, c_.eps);
 }

@@ -71,6 +71,15 @@ class Layer {
   // After the all-reduce: in + dropout(reduced + bias), with the stage's keep-mask (or none).
   at::Tensor stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const DropoutMask& keep) const;
 
+  // Inference with a key/value cache (generation): x [b, n, h] are the tokens at cache positions
+  // [length, length + n); `cache` [2, b, heads / tp, capacity, head_dim] receives their keys and
+  // values there, and the attention runs over positions [0, length + n) with `mask` [b, 1, n,
+  // length + n] (true = masked). No dropout. The same arithmetic as forward() on the whole
+  // sequence (Megatron's CoreAttention, scale before the product).
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cache, int64_t length, const at::Tensor& mask) const;
+  int64_t heads_local() const { return heads_local_; }
+  int64_t head_dim() const { return head_dim_; }
+
   // The masks of a whole micro-batch of `batch` sequences of `seq` tokens.
   LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const;
 

@@ -1,0 +1,165 @@
+#include "cmd_generate.hpp"
+
+#include <ATen/ATen.h>
+#include <gflags/gflags.h>
+#include <google/protobuf/text_format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../../core/runtime/src/checkpoint_io.hpp"
+#include "cmd_export.hpp"
+#include "dtk/core/checkpoint_catalog.hpp"
+#include "dtk/core/comm.hpp"
+#include "dtk/core/distributed.hpp"
+#include "dtk/core/generate.hpp"
+#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/host/plugin_host.hpp"
+
+DEFINE_string(load, "", "generate: the checkpoint (a save directory: its tracker's iteration; or one iter_NNNNNNN).");
+DEFINE_string(prompt, "", "generate: the text to continue.");
+DEFINE_string(prompts_file, "", "generate: one prompt per line, continued in batches of --batch_size.");
+DEFINE_int32(max_new_tokens, 64, "generate: tokens to add to each prompt (fewer when <|endoftext|> comes first).");
+DEFINE_double(temperature, 1.0, "generate: softmax temperature; 0 = greedy (argmax).");
+DEFINE_int32(top_k, 0, "generate: sample among the k most likely tokens (0 = all).");
+DEFINE_double(top_p, 1.0, "generate: sample among the most likely tokens holding this much probability (1 = all).");
+DEFINE_uint64(seed, 1234, "generate: the sampling seed (same seed, same text).");
+DEFINE_int32(batch_size, 8, "generate: prompts per batch with --prompts_file.");
+DECLARE_string(vocab_file);
+DECLARE_string(merge_file);
+
+namespace {
+
+using dtk::host::HostError;
+
+constexpr int64_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
+
+std::vector<std::string> read_prompts() {
+  if (!FLAGS_prompt.empty() && !FLAGS_prompts_file.empty())
+    throw HostError("generate: give --prompt or --prompts_file, not both");
+  if (!FLAGS_prompt.empty()) return {FLAGS_prompt};
+  if (FLAGS_prompts_file.empty()) throw HostError("generate: nothing to continue: give --prompt TEXT or --prompts_file FILE");
+  std::ifstream in(FLAGS_prompts_file);
+  if (!in) throw HostError("generate: cannot read --prompts_file " + FLAGS_prompts_file);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  if (out.empty()) throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " holds no prompt");
+  return out;
+}
+
+}  // namespace
+
+int run_generate(dtk::host::PluginHost& plugins) {
+  if (FLAGS_load.empty()) throw HostError("generate: --load DIR (a checkpoint) is required");
+  if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
+    throw HostError("generate: --vocab_file encoder.json and --merge_file vocab.bpe (the GPT-2 BPE) are required");
+  if (FLAGS_max_new_tokens < 1) throw HostError("generate: --max_new_tokens must be >= 1");
+  if (!(FLAGS_temperature >= 0)) throw HostError("generate: --temperature must be >= 0");
+  if (FLAGS_top_k < 0) throw HostError("generate: --top_k must be >= 0");
+  if (!(FLAGS_top_p > 0 && FLAGS_top_p <= 1)) throw HostError("generate: --top_p must be in (0, 1]");
+  if (FLAGS_batch_size < 1) throw HostError("generate: --batch_size must be >= 1");
+  const std::vector<std::string> prompts = read_prompts();
+  const dtk::data::Gpt2Tokenizer tokenizer(FLAGS_vocab_file, FLAGS_merge_file);
+
+  int64_t iteration = 0;
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
+  dtk::config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+    throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
+  // The ranks of this process group are the checkpoint's tensor-parallel ranks.
+  const int tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
+  const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();
+  if (env.world_size != tp)
+    throw HostError("generate: " + iter_dir + " was saved at tensor-parallel size " + std::to_string(tp) +
+                    ": run `dtk launch --nproc_per_node " + std::to_string(tp) +
+                    " generate ...` (or convert it: dtk checkpoint convert --tensor_model_parallel_size " +
+                    std::to_string(env.world_size) + ")");
+  cfg.mutable_distributed()->set_pipeline_model_parallel_size(1);
+  cfg.mutable_train()->set_params_dtype("fp32");
+  dtk::core::init_distributed(cfg);
+  const dtk::core::Topology& topo = dtk::core::topology();
+
+  // This rank's model, its weights from the checkpoint (verified against SHA256SUMS).
+  BuiltModel built = build_model(plugins, cfg, topo.tp_rank, tp);
+  const std::string relative = dtk::core::ckpt::mp_rank_dir(topo.tp_rank) + "/" + dtk::core::ckpt::kModelFile;
+  const std::string file = (std::filesystem::path(iter_dir) / relative).string();
+  const dtk::core::ckpt::Checksums sums = dtk::core::ckpt::read_checksums(iter_dir);
+  const c10::impl::GenericDict d = dtk::core::ckpt::read_pickled_dict(file, "", &sums, relative);
+  if (!d.contains("model")) throw HostError("generate: " + file + " has no 'model' entry");
+  built.model->state_load(dtk::core::ckpt::from_dict(d.at("model"), file, "model"), /*strict=*/true);
+  built.model->set_training(false);
+
+  dtk::core::SamplingOptions o;
+  o.temperature = FLAGS_temperature;
+  o.top_k = FLAGS_top_k;
+  o.top_p = FLAGS_top_p;
+  o.seed = FLAGS_seed;
+  o.max_new_tokens = FLAGS_max_new_tokens;
+  o.eos = kEndOfText;
+  // Never a vocabulary padding row, nor an id the tokenizer cannot spell.
+  auto vocab = cfg.model().options().find("vocab_size");
+  o.vocab_size = vocab != cfg.model().options().end() ? std::stoll(vocab->second) : 50257;
+  int64_t max_positions = cfg.train().seq_length();
+  auto positions = cfg.model().options().find("max_position_embeddings");
+  if (positions != cfg.model().options().end() && std::stoll(positions->second) > 0)
+    max_positions = std::stoll(positions->second);
+  const bool printer = topo.world_rank == 0;
+  const bool stream = prompts.size() == 1;
+  if (printer) {
+    char how[160];
+    if (FLAGS_temperature == 0)
+      std::snprintf(how, sizeof how, "greedy");
+    else
+      std::snprintf(how, sizeof how, "temperature %g, top_k %d, top_p %g, seed %llu", FLAGS_temperature, FLAGS_top_k,
+                    FLAGS_top_p, static_cast<unsigned long long>(FLAGS_seed));
+    std::fprintf(stderr, "generate: iteration %lld of %s, tensor-parallel size %d, %s\n",
+                 static_cast<long long>(iteration), FLAGS_load.c_str(), tp, how);
+  }
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(FLAGS_batch_size)) {
+    const size_t n = std::min(prompts.size() - first, static_cast<size_t>(FLAGS_batch_size));
+    std::vector<std::vector<int64_t>> ids(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (int32_t t : tokenizer.encode(prompts[first + i])) ids[i].push_back(t);
+      if (ids[i].empty()) ids[i].push_back(kEndOfText);  // an empty line: continue from a document start
+    }
+    // One prompt streams: its text, then each token's text as it is chosen. A batch prints each
+    // prompt with its continuation when the batch is done.
+    std::vector<int64_t> so_far;
+    std::string printed;
+    if (stream && printer) {
+      std::fputs(prompts[first].c_str(), stdout);
+      std::fflush(stdout);
+    }
+    auto on_token = [&](size_t, int64_t id) {
+      if (!stream || !printer || id == kEndOfText) return;
+      so_far.push_back(id);
+      const std::string text = tokenizer.decode(so_far.data(), so_far.size());
+      // A multi-byte character may span tokens: print what is complete (U+FFFD marks the rest).
+      if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+        std::fputs(text.c_str() + printed.size(), stdout);
+        std::fflush(stdout);
+        printed = text;
+      }
+    };
+    const auto out = dtk::core::generate(built.model->ref(), ids, o, max_positions, on_token);
+    if (!printer) continue;
+    if (stream) {
+      std::fputs("\n", stdout);
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int64_t> text_ids;
+      for (int64_t id : out[i])
+        if (id != kEndOfText) text_ids.push_back(id);
+      std::printf("=== prompt %zu\n%s%s\n", first + i + 1, prompts[first + i].c_str(),
+                  tokenizer.decode(text_ids.data(), text_ids.size()).c_str());
+    }
+    std::fflush(stdout);
+  }
+  dtk::core::shutdown_distributed();
+  return 0;
+}

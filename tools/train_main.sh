@@ -42,5 +42,8 @@ if [[ ! -s ${PREFIX}_text_document.idx ]]; then
   $DTK preprocess --input "$CORPUS" --output_prefix "$PREFIX" --vocab_file data/gpt2/encoder.json \
     --merge_file data/gpt2/vocab.bpe --append_eod --skip_bad_lines
 fi
+# The trained model is saved to runs/main/checkpoints (`dtk generate --load runs/main/checkpoints`
+# continues text with it; README).
 $DTK train --config "${CONFIG:-configs/gpt-tiny.pbtxt}" --dataset gpt_indexed \
-  --data_path "${PREFIX}_text_document" --set dataset.vocab_size=50257 "$@"
+  --data_path "${PREFIX}_text_document" --set dataset.vocab_size=50257 \
+  --set checkpoint.save=runs/main/checkpoints "$@"

@@ -13,6 +13,7 @@
 #include "dtk/core/components.hpp"
 
 #include "dtk/core/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint_convert.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/hf_gpt2.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -43,7 +44,11 @@ int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plug
       gpt, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end()));
   const std::map<std::string, std::string> options(resolved.begin(), resolved.end());
   const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
-  const auto report = dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file);
+  // The plugin says how each parameter is split over tensor-parallel ranks (as for convert).
+  const int tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
+  const auto dims = dtk::core::partition_dims(build_model(plugins, cfg, 0, tp).model->parameters());
+  const auto report =
+      dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file, dims);
   std::printf("exported iteration %lld of %s to %s: GPT2LMHeadModel, %lld layers, hidden %lld, %lld heads, vocab %lld, "
               "%lld positions, activation gelu, %s; model.safetensors %lld tensors, %.1f MB; config.json and the "
               "GPT-2 tokenizer files\n",

@@ -59,6 +59,25 @@ at::Tensor piece(const at::Tensor& whole, int dim, int rank, const at::Tensor& t
 
 }  // namespace
 
+std::map<std::string, int> partition_dims(const std::vector<Param>& params) {
+  std::map<std::string, int> out;
+  for (const Param& p : params) out[p.name] = p.info.tensor_parallel ? p.info.partition_dim : -1;
+  return out;
+}
+
+at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>& ranks, const std::string& name,
+                            int dim, const std::string& who) {
+  std::vector<at::Tensor> parts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto it = ranks[r].find(name);
+    if (it == ranks[r].end())
+      throw HostError(who + ": the checkpoint has no tensor '" + name + "'" +
+                      (ranks.size() > 1 ? " on tensor-parallel rank " + std::to_string(r) : std::string()));
+    parts.push_back(it->second);
+  }
+  return dim < 0 || parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+}
+
 ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::string& save_dir, int new_tp,
                                       const std::string& config_text, const ModelAtLayout& build) {
   if (new_tp < 1) throw HostError("checkpoint convert: the tensor-parallel size must be >= 1");
@@ -121,25 +140,11 @@ ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::st
   report.old_tp = static_cast<int>(old_tp);
 
   // Partition dims from the model at the new layout (the same names at every layout).
-  std::map<std::string, int> dim;
+  std::map<std::string, int> dim = partition_dims(build(0, new_tp)->parameters());
   SliceMap names;
-  {
-    std::unique_ptr<ModelInstance> m = build(0, new_tp);
-    for (const Param& p : m->parameters()) {
-      dim[p.name] = p.info.tensor_parallel ? p.info.partition_dim : -1;
-      names[p.name] = ParamSlice{};
-    }
-  }
-  // A tensor whole, from the old ranks' pieces.
+  for (const auto& [name, d] : dim) names[name] = ParamSlice{};
   auto whole = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
-    std::vector<at::Tensor> parts;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      auto it = ranks[r].find(name);
-      if (it == ranks[r].end())
-        throw HostError("checkpoint convert: tensor-parallel rank " + std::to_string(r) + " has no '" + name + "'");
-      parts.push_back(it->second);
-    }
-    return d < 0 || parts.size() == 1 ? parts[0] : at::cat(parts, d);
+    return merge_partitions(ranks, name, d, "checkpoint convert");
   };
   TensorMap model_whole;
   for (const auto& [name, d] : dim) model_whole[name] = whole(model, name, d);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_io.hpp"
+#include "dtk/core/checkpoint_convert.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 namespace dtk::core {
@@ -34,20 +35,6 @@ double option_float(const std::map<std::string, std::string>& o, const char* nam
   auto it = o.find(name);
   if (it == o.end()) throw HostError(std::string("export hf: the gpt model has no option '") + name + "'");
   return std::stod(it->second);
-}
-
-// How a gpt parameter is split over tensor-parallel ranks, by its name: the dimension, or -1 when
-// every rank holds all of it (Megatron's ColumnParallel / RowParallel / VocabParallel layers).
-int partition_dim(const std::string& name) {
-  auto ends = [&](const char* suffix) {
-    const size_t n = std::strlen(suffix);
-    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
-  };
-  if (ends("query_key_value.weight") || ends("query_key_value.bias") || ends("dense_h_to_4h.weight") ||
-      ends("dense_h_to_4h.bias") || ends("word_embeddings.weight") || ends("output_layer.weight"))
-    return 0;
-  if (ends("self_attention.dense.weight") || ends("dense_4h_to_h.weight")) return 1;
-  return -1;
 }
 
 const char* safetensors_dtype(at::ScalarType t) {
@@ -148,7 +135,8 @@ Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_se
 }
 
 HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
-                              const std::string& vocab_file, const std::string& merge_file) {
+                              const std::string& vocab_file, const std::string& merge_file,
+                              const std::map<std::string, int>& dims) {
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
     throw HostError("export hf: " + out_dir + " exists and is not an empty directory");
@@ -175,16 +163,8 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
     ranks.push_back(std::move(m));
   }
   auto whole = [&](const std::string& name) {
-    std::vector<at::Tensor> parts;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      auto it = ranks[r].find(name);
-      if (it == ranks[r].end())
-        throw HostError("export hf: the checkpoint's model has no tensor '" + name + "'" +
-                        (ranks.size() > 1 ? " on tensor-parallel rank " + std::to_string(r) : std::string()));
-      parts.push_back(it->second);
-    }
-    const int dim = partition_dim(name);
-    return dim < 0 || parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+    auto d = dims.find(name);
+    return merge_partitions(ranks, name, d == dims.end() ? -1 : d->second, "export hf");
   };
   auto expect_shape = [&](const std::string& name, const at::Tensor& t, std::vector<int64_t> want) {
     if (t.sizes().vec() != want) {

@@ -22,8 +22,10 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtk/core/components.hpp"
 
@@ -40,6 +42,16 @@ struct ConvertReport {
   int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
   double megabytes = 0;
 };
+
+// Each parameter's tensor-parallel partition dimension, as the model plugin reports it
+// (dtk_param_info.partition_dim; -1 = every rank holds all of it).
+std::map<std::string, int> partition_dims(const std::vector<Param>& params);
+
+// A tensor whole from every tensor-parallel rank's piece: concatenated along `dim` (Megatron's
+// column-, row- and vocab-parallel split), or rank 0's when `dim` < 0. `who` starts the error that
+// names a rank without it ("checkpoint convert", "export hf").
+at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>& ranks, const std::string& name,
+                            int dim, const std::string& who);
 
 // `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `config_text`: the
 // configuration to record (the caller sets its tensor_model_parallel_size); `save_dir`: must not

@@ -76,6 +76,26 @@ TEST(Launch, TensorParallel2MatchesOneProcess) {
       << two.out;
 }
 
+// (d) bf16 under tensor and data parallelism on Gloo (which reduces bf16 in fp32, rounded back
+// once): TP 2 and TP 2 x DP 2 follow one process within bf16's resolution, and the start says how
+// fast bf16 is on this CPU (issue 20 items 2 and 4).
+TEST(Launch, Bf16TensorParallel2MatchesOneProcess) {
+  const std::string train =
+      kTrain + " --set model.vocab_size=512 --set dataset.vocab_size=512 --set train.params_dtype=bf16";
+  const std::string tp2 = " --set distributed.tensor_model_parallel_size=2";
+  const Result one = dtk_test::run(kDtk + " " + train, 240);
+  const Result two = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + tp2, 240);
+  const Result four = dtk_test::run(kDtk + " launch --nproc_per_node 4 " + train + tp2, 240);
+  for (const Result* r : {&one, &two, &four}) {
+    ASSERT_EQ(r->code, 0) << r->out;
+    const auto a = iteration_losses(one.out), b = iteration_losses(r->out);
+    ASSERT_EQ(b.size(), 4u) << r->out;
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 2e-3 * std::abs(a[i])) << "iteration " << i + 1;
+    EXPECT_TRUE(std::regex_search(r->out, std::regex(R"( > (warning: )?bf16 matrix products run [0-9.]+x (slower than|the speed of) fp32 on this CPU)")))
+        << r->out;
+  }
+}
+
 TEST(Launch, WorldSizeNotDivisibleByTensorParallel) {
   const Result r = dtk_test::run(
       kDtk + " launch --nproc_per_node 3 " + kTrain + " --set distributed.tensor_model_parallel_size=2", 60);

@@ -132,6 +132,22 @@ double measure_matmul_tflops(int64_t n, int repeats) {
   return best;
 }
 
+double bf16_matmul_slowdown(int64_t n, int repeats) {
+  auto best_seconds = [&](at::ScalarType type) {
+    const at::Tensor a = at::randn({n, n}).to(type), b = at::randn({n, n}).to(type);
+    at::Tensor c = at::mm(a, b);  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      at::mm_out(c, a, b);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const double fp32 = best_seconds(at::kFloat), bf16 = best_seconds(at::kBFloat16);
+  return fp32 > 0 ? bf16 / fp32 : 1.0;
+}
+
 int64_t peak_rss_bytes() {
   rusage u{};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0;

@@ -231,6 +231,22 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
                 static_cast<long long>(model_->info().hidden_size), static_cast<long long>(plan_.seq_length()),
                 topo_.world_size);
   log_->print(line);
+  // bf16 on a CPU: fast with native bf16 arithmetic (AVX512-BF16, AMX), many times slower than
+  // fp32 where LibTorch emulates it. Measured here (a few 256x256 products), said in one line.
+  if (cfg.train().params_dtype() == "bf16" && cfg.train().device() == "cpu") {
+    const double slowdown = bf16_matmul_slowdown();
+    memory::reset_peak();
+    if (slowdown > 1.5)
+      std::snprintf(line, sizeof line,
+                    " > warning: bf16 matrix products run %.1fx slower than fp32 on this CPU (no native bf16 "
+                    "arithmetic; measured at start, 256x256): train.params_dtype=fp32 trains faster here",
+                    slowdown);
+    else
+      std::snprintf(line, sizeof line,
+                    " > bf16 matrix products run %.1fx the speed of fp32 on this CPU (measured at start, 256x256)",
+                    1.0 / slowdown);
+    log_->print(line);
+  }
   // glibc malloc re-faults large activations every iteration (dtk/core/allocator.hpp).
   if (malloc_name() == "tcmalloc")
     log_->print(" > memory allocator: tcmalloc (DTK_ALLOCATOR=system selects glibc malloc)");

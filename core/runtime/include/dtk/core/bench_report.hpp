@@ -63,6 +63,10 @@ class BenchReport {
 // intra-op threads (what "peak" means for MFU on a CPU).
 double measure_matmul_tflops(int64_t n = 2048, int repeats = 4);
 
+// How many times longer an n x n bf16 matmul takes than an fp32 one on the run's intra-op threads
+// (best of a few each): > 1 where the CPU has no native bf16 arithmetic and LibTorch emulates it.
+double bf16_matmul_slowdown(int64_t n = 256, int repeats = 3);
+
 // This process's peak resident set size (getrusage), in bytes.
 int64_t peak_rss_bytes();
 

@@ -46,3 +46,18 @@ if(NOT DTK_WITH_CUDA STREQUAL "OFF")
     message(STATUS "DTK: LibTorch ${Torch_VERSION} is CPU-only: the CUDA sources build, train.device=cuda is refused at run time")
   endif()
 endif()
+
+# dtk_use_cuda(target PUBLIC|PRIVATE): links core/cuda where it is built and defines DTK_HAVE_CUDA
+# and DTK_TORCH_CUDA as 0 or 1, so code tests them with #if everywhere.
+function(dtk_use_cuda target scope)
+  if(DTK_CUDA_FOUND)
+    target_link_libraries(${target} ${scope} dtk_cuda)  # dtk_cuda defines DTK_HAVE_CUDA=1
+  else()
+    target_compile_definitions(${target} ${scope} DTK_HAVE_CUDA=0)
+  endif()
+  if(DTK_TORCH_CUDA)
+    target_compile_definitions(${target} ${scope} DTK_TORCH_CUDA=1)
+  else()
+    target_compile_definitions(${target} ${scope} DTK_TORCH_CUDA=0)
+  endif()
+endfunction()

@@ -45,8 +45,10 @@ std::vector<std::string> read_prompts() {
   std::ifstream in(FLAGS_prompts_file);
   if (!in) throw HostError("generate: cannot read --prompts_file " + FLAGS_prompts_file);
   std::vector<std::string> out;
-  for (std::string line; std::getline(in, line);)
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
     if (!line.empty()) out.push_back(line);
+  }
   if (out.empty()) throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " holds no prompt");
   return out;
 }
@@ -99,10 +101,11 @@ int run_generate(dtk::host::PluginHost& plugins) {
   o.top_p = FLAGS_top_p;
   o.seed = FLAGS_seed;
   o.max_new_tokens = FLAGS_max_new_tokens;
-  o.eos = kEndOfText;
   // Never a vocabulary padding row, nor an id the tokenizer cannot spell.
+  const int64_t spelled = static_cast<int64_t>(tokenizer.vocab_size());
   auto vocab = cfg.model().options().find("vocab_size");
-  o.vocab_size = vocab != cfg.model().options().end() ? std::stoll(vocab->second) : 50257;
+  o.vocab_size = std::min<int64_t>(vocab != cfg.model().options().end() ? std::stoll(vocab->second) : spelled, spelled);
+  o.eos = kEndOfText < o.vocab_size ? kEndOfText : -1;
   int64_t max_positions = cfg.train().seq_length();
   auto positions = cfg.model().options().find("max_position_embeddings");
   if (positions != cfg.model().options().end() && std::stoll(positions->second) > 0)
@@ -124,26 +127,24 @@ int run_generate(dtk::host::PluginHost& plugins) {
     std::vector<std::vector<int64_t>> ids(n);
     for (size_t i = 0; i < n; ++i) {
       for (int32_t t : tokenizer.encode(prompts[first + i])) ids[i].push_back(t);
-      if (ids[i].empty()) ids[i].push_back(kEndOfText);  // an empty line: continue from a document start
+      if (ids[i].empty()) ids[i].push_back(kEndOfText);  // no token (whitespace only): a document start
     }
     // One prompt streams: its text, then each token's text as it is chosen. A batch prints each
     // prompt with its continuation when the batch is done.
-    std::vector<int64_t> so_far;
-    std::string printed;
+    size_t longest = 0;
+    for (const auto& p : ids) longest = std::max(longest, p.size());
+    dtk::core::check_generation_fits(static_cast<int64_t>(longest), o.max_new_tokens, max_positions);
     if (stream && printer) {
       std::fputs(prompts[first].c_str(), stdout);
       std::fflush(stdout);
     }
+    // GPT-2's BPE is byte-level: each token's bytes stand alone (a multi-byte character may span
+    // tokens; its bytes come out as they arrive and the terminal joins them).
     auto on_token = [&](size_t, int64_t id) {
       if (!stream || !printer || id == kEndOfText) return;
-      so_far.push_back(id);
-      const std::string text = tokenizer.decode(so_far.data(), so_far.size());
-      // A multi-byte character may span tokens: print what is complete (U+FFFD marks the rest).
-      if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-        std::fputs(text.c_str() + printed.size(), stdout);
-        std::fflush(stdout);
-        printed = text;
-      }
+      const std::string bytes = tokenizer.decode(&id, 1);
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+      std::fflush(stdout);
     };
     const auto out = dtk::core::generate(built.model->ref(), ids, o, max_positions, on_token);
     if (!printer) continue;

@@ -99,6 +99,10 @@ TEST(Generate, GreedyPicksTheArgmaxOfTheFullForwardAtEveryStep) {
       seq.push_back(id);
     }
   }
+  // The last new token is never fed back: 30 + 3 tokens need 32 positions, which fit.
+  dtk::core::SamplingOptions three = o;
+  three.max_new_tokens = 3;
+  EXPECT_EQ(dtk::core::generate(m.ref(), {std::vector<int64_t>(30, 1)}, three, 32).at(0).size(), 3u);
   // A prompt too long for the positions is one line naming both numbers.
   try {
     dtk::core::generate(m.ref(), {std::vector<int64_t>(30, 1)}, o, 32);
@@ -136,7 +140,7 @@ TEST(GenerateCli, OneProcessAndTensorParallelPrintTheSameText) {
   const std::string train = std::string("train --config ") + DTK_SOURCE_DIR +
                             "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set train.train_iters=3 "
                             "--set lr.lr_warmup_iters=1 --set eval.eval_iters=0 --set eval.eval_interval=0 "
-                            "--set model.make_vocab_size_divisible_by=64 --set checkpoint.save=" + dir + "/tp1";
+                            "--set checkpoint.save=" + dir + "/tp1";  // padded to 50304 at TP1, 50432 at TP2
   ASSERT_EQ(dtk_test::run_dtk(train).code, 0);
   ASSERT_EQ(dtk_test::run_dtk("checkpoint convert " + dir + "/tp1 " + dir + "/tp2 --tensor_model_parallel_size 2").code, 0);
   const std::string bpe = " --vocab_file " + std::string(DTK_VOCAB_DIR) + "/encoder.json --merge_file " +

@@ -12,9 +12,11 @@
 namespace dtk::core {
 
 at::Tensor sample_next(const at::Tensor& logits_in, const SamplingOptions& o, void* generator) {
-  at::Tensor logits = logits_in.to(at::kFloat).clone();
-  if (o.vocab_size > 0 && o.vocab_size < logits.size(1))
-    logits.narrow(1, o.vocab_size, logits.size(1) - o.vocab_size).fill_(-INFINITY);
+  // Only the real vocabulary: the padding rows differ between tensor-parallel layouts, and the
+  // sampler's random draws must not depend on them (same seed, same text at any TP size).
+  at::Tensor logits = logits_in.to(at::kFloat);
+  if (o.vocab_size > 0 && o.vocab_size < logits.size(1)) logits = logits.narrow(1, 0, o.vocab_size);
+  logits = logits.contiguous().clone();
   if (o.temperature <= 0) return logits.argmax(1);
   logits.div_(o.temperature);
   if (o.top_k > 0 && o.top_k < logits.size(1)) {
@@ -34,6 +36,13 @@ at::Tensor sample_next(const at::Tensor& logits_in, const SamplingOptions& o, vo
   return at::multinomial(probs, 1, false, *static_cast<at::Generator*>(generator)).squeeze(1);
 }
 
+void check_generation_fits(int64_t longest_prompt, int64_t max_new_tokens, int64_t max_positions) {
+  if (longest_prompt + max_new_tokens - 1 > max_positions)
+    throw host::HostError("generate: the longest prompt (" + std::to_string(longest_prompt) + " tokens) plus " +
+                          std::to_string(max_new_tokens) + " new tokens exceeds the model's " +
+                          std::to_string(max_positions) + " positions");
+}
+
 std::vector<std::vector<int64_t>> generate(const dtk_model_ref* model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& o, int64_t max_positions,
                                            const std::function<void(size_t, int64_t)>& on_token) {
@@ -46,11 +55,8 @@ std::vector<std::vector<int64_t>> generate(const dtk_model_ref* model, const std
     longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
   }
   if (b == 0) return {};
-  const int64_t capacity = longest + o.max_new_tokens;
-  if (capacity > max_positions)
-    throw host::HostError("generate: the longest prompt (" + std::to_string(longest) + " tokens) plus " +
-                          std::to_string(o.max_new_tokens) + " new tokens exceeds the model's " +
-                          std::to_string(max_positions) + " positions");
+  check_generation_fits(longest, o.max_new_tokens, max_positions);
+  const int64_t capacity = longest + o.max_new_tokens - 1;  // the last new token is never fed back
   // Left padding: row i's first real token sits at column pad[i].
   at::Tensor tokens = at::zeros({b, longest}, at::kLong), pad = at::empty({b}, at::kLong);
   for (int64_t i = 0; i < b; ++i) {

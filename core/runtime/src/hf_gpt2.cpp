@@ -164,6 +164,9 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
   }
   auto whole = [&](const std::string& name) {
     auto d = dims.find(name);
+    if (d == dims.end() && ranks.size() > 1)
+      throw HostError("export hf: the model plugin does not list '" + name +
+                      "' as a parameter, so how its tensor-parallel pieces join is unknown");
     return merge_partitions(ranks, name, d == dims.end() ? -1 : d->second, "export hf");
   };
   auto expect_shape = [&](const std::string& name, const at::Tensor& t, std::vector<int64_t> want) {

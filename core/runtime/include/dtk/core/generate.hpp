@@ -27,12 +27,16 @@ struct SamplingOptions {
   uint64_t seed = 1234;
   int64_t max_new_tokens = 32;
   int64_t eos = -1;          // a sequence ends after this token (-1: never)
-  int64_t vocab_size = 0;    // ids >= this are vocabulary padding, never chosen (0: none)
+  int64_t vocab_size = 0;    // sample among ids below this (the rest is padding); 0: all
 };
 
 // The next token of each row of `logits` [b, V] (fp32), by the options; `generator` a CPU
 // generator seeded once per run.
 at::Tensor sample_next(const at::Tensor& logits, const SamplingOptions& o, void* generator);
+
+// Throws (one line) when a prompt of `longest_prompt` tokens and `max_new_tokens` new ones do not
+// fit the model's `max_positions` (the last new token is never fed back: prompt + new - 1).
+void check_generation_fits(int64_t longest_prompt, int64_t max_new_tokens, int64_t max_positions);
 
 // Continuations of `prompts` (token ids, each non-empty), generated in one batch. `on_token(i,
 // id)` is called on every rank as sequence i gets a token (streaming). `max_positions`: the

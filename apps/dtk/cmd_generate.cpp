@@ -5,12 +5,10 @@
 #include <google/protobuf/text_format.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "../../core/runtime/src/checkpoint_io.hpp"
 #include "cmd_export.hpp"
 #include "dtk/core/checkpoint_catalog.hpp"
 #include "dtk/core/comm.hpp"
@@ -87,12 +85,7 @@ int run_generate(dtk::host::PluginHost& plugins) {
 
   // This rank's model, its weights from the checkpoint (verified against SHA256SUMS).
   BuiltModel built = build_model(plugins, cfg, topo.tp_rank, tp);
-  const std::string relative = dtk::core::ckpt::mp_rank_dir(topo.tp_rank) + "/" + dtk::core::ckpt::kModelFile;
-  const std::string file = (std::filesystem::path(iter_dir) / relative).string();
-  const dtk::core::ckpt::Checksums sums = dtk::core::ckpt::read_checksums(iter_dir);
-  const c10::impl::GenericDict d = dtk::core::ckpt::read_pickled_dict(file, "", &sums, relative);
-  if (!d.contains("model")) throw HostError("generate: " + file + " has no 'model' entry");
-  built.model->state_load(dtk::core::ckpt::from_dict(d.at("model"), file, "model"), /*strict=*/true);
+  built.model->state_load(dtk::core::read_model_state(iter_dir, topo.tp_rank), /*strict=*/true);
   built.model->set_training(false);
 
   dtk::core::SamplingOptions o;

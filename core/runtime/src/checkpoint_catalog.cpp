@@ -502,4 +502,13 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
   return problem;
 }
 
+TensorList read_model_state(const std::string& iter_dir, int tp_rank) {
+  const std::string relative = ckpt::mp_rank_dir(tp_rank) + "/" + ckpt::kModelFile;
+  const std::string file = (fs::path(iter_dir) / relative).string();
+  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  const c10::impl::GenericDict d = ckpt::read_pickled_dict(file, "", &sums, relative);
+  if (!d.contains("model")) throw HostError("checkpoint " + file + " has no 'model' entry");
+  return ckpt::from_dict(d.at("model"), file, "model");
+}
+
 }  // namespace dtk::core

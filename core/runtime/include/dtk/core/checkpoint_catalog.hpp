@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <dtk/tensor.hpp>
+
 namespace dtk::core {
 
 // The iteration latest_checkpointed_iteration.txt names; one line naming the file otherwise.
@@ -46,6 +48,10 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = 
 // The run configuration (text format) recorded in an iteration's mp_rank_00 file, verified
 // against SHA256SUMS; throws when the file is damaged or has none.
 std::string checkpoint_config_text(const std::string& iter_dir);
+
+// Tensor-parallel rank `tp_rank`'s model tensors of iteration directory `iter_dir` (the "model"
+// dict of its mp_rank file), verified against SHA256SUMS: what `dtk generate` loads.
+TensorList read_model_state(const std::string& iter_dir, int tp_rank);
 
 struct InspectOptions {
   bool verify = true;        // hash every file against SHA256SUMS

@@ -1,6 +1,9 @@
-// `dtk launch --nproc_per_node N [--master_port P] <dtk args...>`
+// `dtk launch --nproc_per_node N [--nnodes M --node_rank K --master_addr A] [--master_port P]
+//  <dtk args...>`
 //
-// Spawns N children running /proc/self/exe <dtk args...> with the torchrun variables set. The
+// Spawns N children running /proc/self/exe <dtk args...> with the torchrun variables set: on node
+// K of M, ranks K*N .. K*N+N-1 of a world of M*N, rank 0 on node 0 (at --master_addr) serving the
+// store. One launcher runs on each node, as torchrun's static rendezvous does. The
 // children inherit stdout/stderr (their lines reach the user as they are written). The launcher
 // waits for all of them; when one fails (non-zero exit or a signal), the others get SIGTERM
 // and, after a grace period, SIGKILL, and the launcher exits with the failed child's code
@@ -85,8 +88,15 @@ int exit_code(int status) {
 
 struct LaunchArgs {
   int nproc = 0, port = 0;
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
   int command = 0;  // index of the dtk command the children run
 };
+
+constexpr const char* kUsage =
+    "usage: dtk launch --nproc_per_node N [--nnodes M --node_rank K --master_addr HOST] [--master_port P] <dtk "
+    "command and flags>";
 
 LaunchArgs parse_args(int argc, char** argv) {
   LaunchArgs args;
@@ -102,14 +112,29 @@ LaunchArgs parse_args(int argc, char** argv) {
       args.nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
     else if (a == "--master_port" || a.rfind("--master_port=", 0) == 0)
       args.port = parse_int("--master_port", value("--master_port"), 1, 65535);
+    else if (a == "--nnodes" || a.rfind("--nnodes=", 0) == 0)
+      args.nnodes = parse_int("--nnodes", value("--nnodes"), 1, 65536);
+    else if (a == "--node_rank" || a.rfind("--node_rank=", 0) == 0)
+      args.node_rank = parse_int("--node_rank", value("--node_rank"), 0, 65535);
+    else if (a == "--master_addr" || a.rfind("--master_addr=", 0) == 0) {
+      args.master_addr = value("--master_addr"), args.master_addr_given = true;
+      if (args.master_addr.empty()) throw HostError("launch: --master_addr needs a host name or address");
+    }
     else if (a == "--")
       ++i;
     else
       break;
     if (a == "--") break;
   }
-  if (args.nproc <= 0)
-    throw HostError("usage: dtk launch --nproc_per_node N [--master_port P] <dtk command and flags>");
+  if (args.nproc <= 0) throw HostError(kUsage);
+  if (args.node_rank >= args.nnodes)
+    throw HostError("launch: --node_rank " + std::to_string(args.node_rank) + " is not below --nnodes " +
+                    std::to_string(args.nnodes));
+  if (args.nnodes > 1 && !args.master_addr_given)
+    throw HostError("launch: --nnodes " + std::to_string(args.nnodes) +
+                    " needs --master_addr (the host of node 0, reachable from every node)");
+  if (static_cast<long>(args.nnodes) * args.nproc > (1L << 24))
+    throw HostError("launch: --nnodes x --nproc_per_node is too large");
   if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
   if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
   args.command = i;
@@ -120,9 +145,10 @@ LaunchArgs parse_args(int argc, char** argv) {
 // stopped (SIGTERM, then SIGKILL after a grace period) as soon as one fails.
 class Ranks {
  public:
-  explicit Ranks(int nproc) : pids_(nproc, -1), running_(nproc, false) {}
+  // The ranks first_rank .. first_rank + nproc - 1 (this node's).
+  Ranks(int nproc, int first_rank) : pids_(nproc, -1), running_(nproc, false), first_rank_(first_rank) {}
 
-  void spawn(const std::string& exe, std::vector<char*>& child_argv, int port);
+  void spawn(const std::string& exe, std::vector<char*>& child_argv, const LaunchArgs& args);
   int supervise();  // returns the launcher's exit code
 
  private:
@@ -135,17 +161,18 @@ class Ranks {
     kill_all(SIGTERM);
     kill_at_ = std::chrono::steady_clock::now() + kGrace;
   }
-  void exited(int rank, int status);
+  void exited(int local_rank, int status);
 
   std::vector<pid_t> pids_;
   std::vector<bool> running_;
+  int first_rank_ = 0;
   int alive_ = 0, result_ = 0;
   bool stopping_ = false;
   bool forwarded_ = false;  // a signal to the launcher was passed on
   std::chrono::steady_clock::time_point kill_at_{};
 };
 
-void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, int port) {
+void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const LaunchArgs& args) {
   // Signals stay blocked across fork(): one arriving between fork and the child's reset would
   // otherwise run the launcher's handler in the child and be lost.
   sigset_t forwarded, previous;
@@ -171,13 +198,13 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, int po
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
       sigprocmask(SIG_SETMASK, &previous, nullptr);
-      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("RANK", std::to_string(args.node_rank * nproc + r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(args.nnodes * nproc).c_str(), 1);
       setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("GROUP_RANK", "0", 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(args.node_rank).c_str(), 1);
+      setenv("MASTER_ADDR", args.master_addr.c_str(), 1);
+      setenv("MASTER_PORT", std::to_string(args.port).c_str(), 1);
       ::execv(exe.c_str(), child_argv.data());
       std::fprintf(stderr, "dtk: error: launch: exec %s failed: %s\n", exe.c_str(), std::strerror(errno));
       std::_Exit(127);
@@ -187,8 +214,9 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, int po
   sigprocmask(SIG_SETMASK, &previous, nullptr);  // a signal that came meanwhile is delivered now
 }
 
-void Ranks::exited(int rank, int status) {
-  running_[rank] = false, --alive_;
+void Ranks::exited(int local_rank, int status) {
+  running_[local_rank] = false, --alive_;
+  const int rank = first_rank_ + local_rank;
   const int code = exit_code(status);
   if (code != 0 && result_ == 0) {
     result_ = code;
@@ -238,7 +266,8 @@ int Ranks::supervise() {
 
 int run_launch(int argc, char** argv) {
   LaunchArgs args = parse_args(argc, argv);
-  if (args.port == 0) args.port = free_port();
+  // One node: any free port. Several: every launcher must name the same one (torchrun's default).
+  if (args.port == 0) args.port = args.nnodes > 1 ? 29500 : free_port();
   const std::string exe = self_exe();
   std::vector<char*> child_argv;
   child_argv.push_back(const_cast<char*>(exe.c_str()));
@@ -249,9 +278,14 @@ int run_launch(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-  // One namespace for this run's rendezvous keys (two launches on one port cannot mix).
-  setenv("DTK_RUN_ID", ("launch-" + std::to_string(::getpid()) + "-" + std::to_string(args.port)).c_str(), 1);
-  Ranks ranks(args.nproc);
-  ranks.spawn(exe, child_argv, args.port);
+  // One namespace for this run's rendezvous keys (two launches on one port cannot mix). The
+  // launchers of several nodes must agree on it without talking: master address and port (or
+  // the user's DTK_RUN_ID, as torchrun's --rdzv_id).
+  if (args.nnodes == 1)
+    setenv("DTK_RUN_ID", ("launch-" + std::to_string(::getpid()) + "-" + std::to_string(args.port)).c_str(), 1);
+  else
+    setenv("DTK_RUN_ID", ("launch-" + args.master_addr + "-" + std::to_string(args.port)).c_str(), 0);
+  Ranks ranks(args.nproc, args.node_rank * args.nproc);
+  ranks.spawn(exe, child_argv, args);
   return ranks.supervise();
 }

@@ -53,6 +53,8 @@ Usage:
             [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
             [--bench_out FILE.json]
   dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
+  dtk launch --nproc_per_node N --nnodes M --node_rank K --master_addr HOST [--master_port P] train ...
+                                                      node K of M (run one launcher per node)
   dtk plugins list
   dtk plugins describe NAME [--kind KIND]
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration

@@ -137,7 +137,7 @@ TEST(Launch, RendezvousWithoutPeersTimesOut) {
   EXPECT_GE(r.seconds, 2.5) << r.out;
   EXPECT_LT(r.seconds, 10.0) << r.out;
   EXPECT_NE(r.out.find("dtk: error: [rank 0] distributed: rendezvous at 127.0.0.1:" + std::to_string(port) +
-                       " failed: 1 of 2 ranks arrived within distributed.timeout_seconds = 3 s\n"),
+                       " failed: 1 of 2 ranks arrived within distributed.timeout_seconds = 3 s; missing: rank 1\n"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(count(r.out, "dtk: error:"), 1) << r.out;
@@ -160,8 +160,26 @@ TEST(Launch, Usage) {
   const Result r = dtk_test::run(kDtk + " launch train", 30);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("dtk: error: usage: dtk launch --nproc_per_node N"), std::string::npos) << r.out;
+  const Result nodes = dtk_test::run(kDtk + " launch --nproc_per_node 2 --nnodes 2 " + kTrain, 30);
+  EXPECT_EQ(nodes.code, 1) << nodes.out;
+  EXPECT_NE(nodes.out.find("dtk: error: launch: --nnodes 2 needs --master_addr"), std::string::npos) << nodes.out;
+  const Result node_rank =
+      dtk_test::run(kDtk + " launch --nproc_per_node 1 --nnodes 2 --node_rank 2 --master_addr 10.0.0.1 " + kTrain, 30);
+  EXPECT_NE(node_rank.out.find("dtk: error: launch: --node_rank 2 is not below --nnodes 2\n"), std::string::npos)
+      << node_rank.out;
   const Result h = dtk_test::run(kDtk + " --help", 30);
   EXPECT_NE(h.out.find("dtk launch --nproc_per_node N"), std::string::npos) << h.out;
+}
+
+// GLOO_SOCKET_IFNAME naming an interface this host lacks: one line naming it, before any wait.
+TEST(Launch, UnknownGlooInterfaceIsNamed) {
+  const Result r = dtk_test::run("env GLOO_SOCKET_IFNAME=nosuch0 " + kDtk + " launch --nproc_per_node 2 " + kTrain, 60);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("distributed: GLOO_SOCKET_IFNAME names interface 'nosuch0', which this host does not have "
+                       "(it has: lo"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
 }
 
 // SIGTERM to the launcher reaches the children: the run stops promptly with 128 + SIGTERM.

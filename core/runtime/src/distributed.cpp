@@ -11,10 +11,14 @@
 #include <dtk/plugin.hpp>
 
 #include <cerrno>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 
+#include "comm/local_address.hpp"
+#include "comm/startup_watchdog.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 
@@ -62,7 +66,6 @@ std::string run_id() {
   return "default";
 }
 
-bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 std::string short_error(const std::exception& e) {
   if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return dtk::one_line(ce->what_without_backtrace());
@@ -151,31 +154,81 @@ std::string rendezvous_failed(const LaunchEnv& le, std::chrono::milliseconds tim
          std::to_string(timeout.count() / 1000) + " s): " + short_error(e);
 }
 
-// The c10d TCPStore of the run (rank 0 serves it unless torchrun's agent does), under a per-run
-// key namespace.
+// The c10d TCPStore of the run (rank 0 serves it unless torchrun's agent does, or `serve` is
+// false: a second client), under a per-run key namespace.
+c10::intrusive_ptr<c10d::Store> open_store(const LaunchEnv& le, std::chrono::milliseconds timeout, bool serve) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(le.master_port);
+  // Under torchrun's agent (its default static rendezvous) the agent already serves the store
+  // on MASTER_PORT: every rank is a client, under the attempt's prefix, as PyTorch does.
+  const bool agent_store =
+      env("TORCHELASTIC_USE_AGENT_STORE") && std::string(env("TORCHELASTIC_USE_AGENT_STORE")) == "True";
+  so.isServer = serve && le.rank == 0 && !agent_store;
+  so.numWorkers = static_cast<std::size_t>(le.world_size);
+  so.waitWorkers = false;  // check_in waits, bounded, with a clearer message
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
+  if (agent_store) {
+    const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
+    tcp = c10::make_intrusive<c10d::PrefixStore>(std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
+  }
+  // Keys live under a per-run namespace, so two jobs that meet on one port cannot join (or
+  // corrupt) each other's rendezvous: they time out on their own keys instead.
+  return c10::make_intrusive<c10d::PrefixStore>("dtk/" + run_id(), tcp);
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& le, std::chrono::milliseconds timeout) {
   try {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<std::uint16_t>(le.master_port);
-    // Under torchrun's agent (its default static rendezvous) the agent already serves the store
-    // on MASTER_PORT: every rank is a client, under the attempt's prefix, as PyTorch does.
-    const bool agent_store =
-        env("TORCHELASTIC_USE_AGENT_STORE") && std::string(env("TORCHELASTIC_USE_AGENT_STORE")) == "True";
-    so.isServer = le.rank == 0 && !agent_store;
-    so.numWorkers = static_cast<std::size_t>(le.world_size);
-    so.waitWorkers = false;  // check_in waits, bounded, with a clearer message
-    so.timeout = timeout;
-    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(le.master_addr, so);
-    if (agent_store) {
-      const char* attempt = env("TORCHELASTIC_RESTART_COUNT");
-      tcp = c10::make_intrusive<c10d::PrefixStore>(std::string("/worker/attempt_") + (attempt ? attempt : "0"), tcp);
-    }
-    // Keys live under a per-run namespace, so two jobs that meet on one port cannot join (or
-    // corrupt) each other's rendezvous: they time out on their own keys instead.
-    return c10::make_intrusive<c10d::PrefixStore>("dtk/" + run_id(), tcp);
+    return open_store(le, timeout, true);
   } catch (const std::exception& e) {
     throw HostError(rendezvous_failed(le, timeout, e));
   }
+}
+
+// Start-up progress in the store: each rank marks each step it finished, and the address its
+// Gloo device advertises, so a rank that waits too long can say whom it waits for.
+std::string step_key(const std::string& step, int rank) { return "dtk/startup/" + step + "/" + std::to_string(rank); }
+constexpr const char* kFailedKey = "dtk/startup/failed";  // the first failing rank's error
+
+// "rank 1", "ranks 1, 3 and 12 more": at most 8 named.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > 8) out += " and " + std::to_string(ranks.size() - 8) + " more";
+  return out;
+}
+
+// The ranks (other than this one) that did not finish `step`, read through `store`.
+std::vector<int> ranks_missing(c10d::Store& store, const LaunchEnv& le, const std::string& step) {
+  std::vector<int> missing;
+  for (int r = 0; r < le.world_size; ++r)
+    if (r != le.rank && !store.check({step_key(step, r)})) missing.push_back(r);
+  return missing;
+}
+
+// For the watchdog (its own thread, its own short-lived store connection): whom `step` waits for.
+std::string diagnose_startup(const LaunchEnv& le, const std::string& step_id) {
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = open_store(le, std::chrono::seconds(3), false);
+  } catch (const std::exception&) {
+    return "the store at " + le.master_addr + ":" + std::to_string(le.master_port) +
+           " does not answer (rank 0 stopped?)";
+  }
+  const std::vector<int> missing = ranks_missing(*store, le, step_id);
+  if (missing.empty()) return "";
+  std::string out = "waiting for " + rank_list(missing);
+  // The usual cause across hosts: a peer advertised an address the others cannot reach.
+  std::string addresses;
+  for (size_t i = 0; i < missing.size() && i < 8; ++i) {
+    const std::string key = "dtk/address/" + std::to_string(missing[i]);
+    if (!store->check({key})) continue;
+    const std::vector<uint8_t> a = store->get(key);
+    addresses += std::string(addresses.empty() ? "" : ", ") + "rank " + std::to_string(missing[i]) + " at " +
+                 std::string(a.begin(), a.end());
+  }
+  if (!addresses.empty()) out += " (" + addresses + ")";
+  return out;
 }
 
 // Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
@@ -183,6 +236,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& le, std::chrono::
 void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds timeout) {
   try {
     const std::string key = "dtk/rendezvous/arrived";
+    store.set(step_key("rendezvous", le.rank), std::vector<uint8_t>{1});
     store.add(key, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int64_t arrived = store.add(key, 0); arrived < le.world_size; arrived = store.add(key, 0)) {
@@ -190,7 +244,8 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
         throw HostError(
             "distributed: rendezvous at " + le.master_addr + ":" + std::to_string(le.master_port) +
             " failed: " + std::to_string(arrived) + " of " + std::to_string(le.world_size) +
-            " ranks arrived within distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) + " s");
+            " ranks arrived within distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) +
+            " s; missing: " + rank_list(ranks_missing(store, le, "rendezvous")));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   } catch (const HostError&) {
@@ -237,14 +292,43 @@ void require_same_run(c10d::Store& store, const LaunchEnv& le, const std::vector
                     " ranks were started with another configuration than rank 0 (their errors name the setting)");
 }
 
+// The Gloo device(s) of this rank and the address they advertise (local_address.hpp):
+// GLOO_SOCKET_IFNAME (a comma-separated list, as PyTorch reads it) when set, else the local end
+// of the route to MASTER_ADDR.
+struct GlooEndpoint {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
+  std::string address;      // what peers connect to, e.g. "192.168.77.2 (v2)"
+  std::string description;  // for the log line
+};
+
+GlooEndpoint gloo_endpoint(const LaunchEnv& le) {
+  GlooEndpoint ep;
+  if (const char* names = env("GLOO_SOCKET_IFNAME")) {
+    std::string list = names;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string name = list.substr(at, comma - at);
+      at = comma + 1;
+      if (name.empty()) continue;
+      const std::string address = interface_address(name, "GLOO_SOCKET_IFNAME");
+      ep.devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      ep.address += (ep.address.empty() ? "" : ", ") + address + " (" + name + ")";
+    }
+    if (ep.devices.empty()) throw HostError("distributed: GLOO_SOCKET_IFNAME='" + list + "' names no interface");
+    ep.description = ep.address + ", from GLOO_SOCKET_IFNAME";
+    return ep;
+  }
+  const LocalAddress local = local_address_towards(le.master_addr, "MASTER_ADDR");
+  ep.devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local.address));
+  ep.address = local.address + (local.interface.empty() ? "" : " (" + local.interface + ")");
+  ep.description = ep.address + ", the route to MASTER_ADDR " + le.master_addr;
+  return ep;
+}
+
 // The Gloo groups of this rank in Megatron's layout; every rank creates its groups in the same
 // order: world, TP, DP, PP, MP.
 ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::intrusive_ptr<c10d::Store>& store,
-                            std::chrono::milliseconds timeout) {
-  auto device = is_loopback(le.master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                : env("GLOO_SOCKET_IFNAME")
-                    ? c10d::ProcessGroupGloo::createDeviceForInterface(env("GLOO_SOCKET_IFNAME"))
-                    : c10d::ProcessGroupGloo::createDefaultDevice();
+                            const GlooEndpoint& endpoint, std::chrono::milliseconds timeout) {
   ProcessGroups groups;  // indexed by dtk_group
   // Members of a group, in group-rank order.
   auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
@@ -253,14 +337,20 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
     for (size_t i = 0; i < members.size(); ++i)
       if (members[i] == le.rank) my = static_cast<int>(i);
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    opts->devices.push_back(device);
+    opts->devices = endpoint.devices;
     opts->threads = 2;
     auto prefix = c10::make_intrusive<c10d::PrefixStore>("dtk/" + name, store);
     try {
       groups[static_cast<size_t>(group)] =
           c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, my, static_cast<int>(members.size()), opts);
     } catch (const std::exception& e) {
-      throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e));
+      std::string waiting;
+      try {
+        waiting = diagnose_startup(le, "groups");
+      } catch (const std::exception&) {
+      }
+      throw HostError("distributed: creating the " + name + " process group failed: " + short_error(e) +
+                      (waiting.empty() ? "" : "; " + waiting));
     }
   };
   const int tp = t.tp_size, pp = t.pp_size;
@@ -278,6 +368,70 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
   make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
   make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
   return groups;
+}
+
+// Every start-up step, each bounded by its own timeout and, as a backstop, by the watchdog:
+// store, rendezvous, configuration check, process groups, a first world barrier. Each rank
+// marks the steps it finished in the store (step_key) so a waiting rank can name whom it waits for.
+ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vector<std::string>& description,
+                          std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store>& store) {
+  const GlooEndpoint endpoint = gloo_endpoint(le);
+  const std::string where = le.master_addr + ":" + std::to_string(le.master_port);
+  // Once every rank checked in, the watchdog's own store client watches for a peer's failure
+  // (published under kFailedKey) or rank 0's store going away, so the others stop at once.
+  std::atomic<bool> checked_in{false};
+  c10::intrusive_ptr<c10d::Store> watch_store;  // used on the watchdog's thread only
+  auto lost = [&]() -> std::string {
+    if (!checked_in) return "";
+    try {
+      if (!watch_store) watch_store = open_store(le, std::chrono::seconds(3), false);
+      if (!watch_store->check({kFailedKey})) return "";
+      const std::vector<uint8_t> why = watch_store->get(kFailedKey);
+      return std::string(why.begin(), why.end());
+    } catch (const std::exception&) {
+      return le.rank == 0 ? "" : "rank 0 stopped (its store at " + where + " is gone)";
+    }
+  };
+  StartupWatchdog watchdog(
+      timeout, [&le](const std::string& key) { return key.empty() ? std::string() : diagnose_startup(le, key); },
+      lost);
+  auto begin = [&](const std::string& key, const std::string& step) { watchdog.step(step, key); };
+  auto done = [&](const std::string& id) { store->set(step_key(id, le.rank), std::vector<uint8_t>{1}); };
+  begin("", "connecting to the store at " + where);
+  store = connect_store(le, timeout);
+  begin("rendezvous", "the rendezvous at " + where);
+  check_in(*store, le, timeout);
+  checked_in = true;
+  try {
+    // Every rank says where its Gloo device listens (one line each: on several hosts a wrong
+    // address is the first thing to look for).
+    std::printf("%s> distributed: Gloo listens on %s\n", rank_prefix().c_str(), endpoint.description.c_str());
+    std::fflush(stdout);
+    store->set("dtk/address/" + std::to_string(le.rank),
+               std::vector<uint8_t>(endpoint.address.begin(), endpoint.address.end()));
+    begin("config", "comparing the ranks' configurations");
+    require_same_run(*store, le, description, timeout);
+    done("config");
+    begin("groups", "creating the process groups");
+    ProcessGroups groups = create_groups(le, t, store, endpoint, timeout);
+    done("groups");
+    begin("barrier", "the first collective (a world barrier)");
+    try {
+      groups[DTK_GROUP_WORLD]->barrier()->wait(timeout);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: the first collective (a world barrier) failed: " + short_error(e));
+    }
+    done("barrier");
+    return groups;
+  } catch (const HostError& e) {
+    // Tell the others (best effort: the store may be what failed) before this rank exits.
+    try {
+      const std::string why = "rank " + std::to_string(le.rank) + " failed: " + dtk::one_line(e.what());
+      store->set(kFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
+    } catch (const std::exception&) {
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -300,10 +454,7 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
   if (le.distributed) {
     if (!dc.backend().empty() && dc.backend() != "gloo")
       throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
-    d.store = connect_store(le, d.timeout);
-    check_in(*d.store, le, d.timeout);
-    require_same_run(*d.store, le, description, d.timeout);
-    groups = create_groups(le, t, d.store, d.timeout);
+    groups = start_world(le, t, description, d.timeout, d.store);
   }
   install_process_groups(t, std::move(groups), d.timeout);
   set_simulated_link(parse_simulated_link(dc.simulated_link()));

@@ -217,7 +217,7 @@ TEST_F(TwoHosts, PeerLostDuringStartUpEndsTheOthers) {
 }
 
 // A peer killed (SIGKILL) in the middle of training: the other rank ends within the bound with
-// one line; its launcher-less process exits non-zero instead of waiting for the dead peer.
+// one line naming the peer, instead of waiting for the dead peer.
 TEST_F(TwoHosts, PeerKilledMidRunEndsTheOther) {
   const std::string train = kTrain + " --set train.train_iters=100000 --set train.exit_signal_handler=false";
   const std::string log = ::testing::TempDir() + "dtk-midrun-" + std::to_string(::getpid()) + ".log";
@@ -239,6 +239,7 @@ TEST_F(TwoHosts, PeerKilledMidRunEndsTheOther) {
   std::printf("[ timing ] rank 0 ended %.1f s after its peer was killed\n", std::stod(m[1]));
   EXPECT_LT(std::stod(m[1]), kTimeout + kSlack) << r.out;
   EXPECT_EQ(count(r.out, "dtk: error: [rank 0]"), 1) << r.out;
+  EXPECT_NE(r.out.find("(the peer: rank 1 at 192.168.77.2)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 

@@ -422,6 +422,14 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
       throw HostError("distributed: the first collective (a world barrier) failed: " + short_error(e));
     }
     done("barrier");
+    // Every rank's address, for naming the peer in a later collective's error (comm.hpp).
+    std::vector<std::string> addresses;
+    for (int r = 0; r < le.world_size; ++r) {
+      const std::vector<uint8_t> a = store->get("dtk/address/" + std::to_string(r));
+      const std::string text(a.begin(), a.end());
+      addresses.push_back(text.substr(0, text.find(' ')));
+    }
+    set_rank_addresses(std::move(addresses));
     return groups;
   } catch (const HostError& e) {
     // Tell the others (best effort: the store may be what failed) before this rank exits.

@@ -51,6 +51,7 @@ struct CommState {
   Topology topo;
   ProcessGroups groups;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::vector<std::string> rank_addresses;  // set_rank_addresses
 };
 
 CommState& state() {
@@ -107,9 +108,33 @@ c10::intrusive_ptr<c10d::ProcessGroup> pg_of(int32_t group) {
   return pg;
 }
 
+// "rank 1 at 192.168.77.2" (or "one of ranks 2, 3 at ...") for the first peer address in a
+// backend's error, e.g. Gloo's "Connection closed by peer [192.168.77.2]:36484"; "" if none.
+std::string peer_of(const std::string& message) {
+  std::vector<std::string> addresses;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    addresses = state().rank_addresses;
+  }
+  for (size_t open = message.find('['); open != std::string::npos; open = message.find('[', open + 1)) {
+    const size_t close = message.find(']', open);
+    if (close == std::string::npos) break;
+    const std::string address = message.substr(open + 1, close - open - 1);
+    std::string ranks;
+    int n = 0;
+    for (size_t r = 0; r < addresses.size(); ++r)
+      if (addresses[r] == address) ranks += (n++ ? ", " : "") + std::to_string(r);
+    if (n == 1) return "rank " + ranks + " at " + address;
+    if (n > 1) return "one of ranks " + ranks + " at " + address;
+  }
+  return "";
+}
+
 std::string comm_error(const std::exception& e) {
-  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return dtk::one_line(ce->what_without_backtrace());
-  return dtk::one_line(e.what());
+  const auto* ce = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = dtk::one_line(ce ? ce->what_without_backtrace() : e.what());
+  const std::string peer = peer_of(message);
+  return peer.empty() ? message : message + " (the peer: " + peer + ")";
 }
 
 c10d::ReduceOp reduce_op(int32_t op) {
@@ -237,6 +262,11 @@ void install_process_groups(const Topology& topology, ProcessGroups groups, std:
   state().timeout = timeout;
 }
 
+void set_rank_addresses(std::vector<std::string> addresses) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().rank_addresses = std::move(addresses);
+}
+
 void release_process_groups() {
   std::lock_guard<std::mutex> lock(state().mu);
   for (auto& g : state().groups) g.reset();
@@ -274,7 +304,10 @@ void Work::discard(dtk_comm_work* work) { delete work; }
 
 void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();
-  const std::string limit = " (timeout " + std::to_string(timeout.count()) + " ms)";
+  static const char* const kGroupNames[] = {"world", "data parallel", "tensor parallel", "pipeline parallel",
+                                            "model parallel"};
+  const std::string limit = " (" + std::string(w.group >= 0 && w.group < 5 ? kGroupNames[w.group] : "?") +
+                            " group, timeout " + std::to_string(timeout.count()) + " ms)";
   const bool timed = w.work || w.task.valid();
   const int64_t wait_start = w.synchronous ? w.issued_ns : trace::now_ns();
   if (w.work) {

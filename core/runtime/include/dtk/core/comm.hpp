@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -53,6 +54,9 @@ std::chrono::milliseconds collective_timeout();
 using ProcessGroups = std::array<c10::intrusive_ptr<c10d::ProcessGroup>, 5>;
 void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout);
 void release_process_groups();
+// The address each rank's backend listens on (indexed by world rank; numeric), so that a
+// failed collective can name the peer behind an address in the backend's error.
+void set_rank_addresses(std::vector<std::string> addresses);
 // Sets the layout alone (tests of group arithmetic; no backends).
 void set_topology(const Topology& t);
 

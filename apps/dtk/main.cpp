@@ -24,11 +24,13 @@
 #include "dtk/core/cuda_support.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
+#include "dtk/core/megatron_args.hpp"
 #include "dtk/core/pipeline.hpp"
 #include "dtk/core/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
+#include "run_config.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
 DEFINE_string(model, "", "Model plugin (overrides model.name).");
@@ -40,6 +42,10 @@ DEFINE_string(plugin_path, "", "Extra plugin files or directories, ':'-separated
 DEFINE_int32(threads, 0, "Intra-op CPU threads for LibTorch (0 = all cores).");
 DEFINE_string(data_path, "", "Shortcut for --set dataset.data_path=... (Megatron's --data_path).");
 DEFINE_string(bench_out, "", "Write the performance summary as JSON to this file (--set logging.bench_out=...).");
+DEFINE_string(megatron_args, "",
+              "A Megatron-LM / DeepSpeed-Domino pretraining flag list (or @FILE) mapped onto the config; --set "
+              "still wins. `dtk config --megatron_table` lists every flag.");
+DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
 DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
@@ -216,7 +222,20 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
+  if (!FLAGS_megatron_args.empty()) {
+    const auto ignored = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
+    // Said once (rank 0): what the command line asked for that has no effect here.
+    // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
+    const std::string rank = dtk::core::rank_prefix();
+    if (!ignored.empty() && (rank.empty() || rank == "[rank 0] ")) {
+      std::string list;
+      for (const auto& i : ignored) list += (list.empty() ? "" : "; ") + i;
+      std::fprintf(stderr, "dtk: note: --megatron_args: %zu flag(s) accepted with no effect here: %s\n",
+                   ignored.size(), list.c_str());
+    }
+  }
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
+  apply_tokenizer_files(cfg);
   return cfg;
 }
 
@@ -346,6 +365,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "plugins") return cmd_plugins(args, argv[0]);
+    if (cmd == "config" && FLAGS_megatron_table) {
+      std::fputs(dtk::core::megatron_flag_table().c_str(), stdout);
+      return 0;
+    }
     if (cmd == "config") {
       // Checked as `dtk train` checks it before any work: the fields, and each slot's plugin and
       // options (a typo in an option is found here, not at the start of a long run).

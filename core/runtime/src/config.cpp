@@ -488,8 +488,8 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: checkpoint.keep_last needs checkpoint.save (the directory to rotate)");
   if (cfg.checkpoint().fallback() && cfg.checkpoint().load().empty())
     throw HostError("config: checkpoint.fallback needs checkpoint.load (the directory to load from)");
-  if (cfg.checkpoint().save_interval() > 0 && cfg.checkpoint().save().empty())
-    throw HostError("config: checkpoint.save_interval needs checkpoint.save (the directory to save into)");
+  // checkpoint.save_interval without checkpoint.save: accepted with no effect, as Megatron accepts
+  // --save-interval without --save (the Trainer says so at start).
 
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
     if (slot->name().empty())

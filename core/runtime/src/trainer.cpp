@@ -717,6 +717,10 @@ void Trainer::train() {
   strategy_->zero_grad();
   const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
   const bool saving = !cfg_.checkpoint().save().empty();
+  if (!saving && save_interval > 0 && topo_.world_rank == 0)
+    std::printf(" > checkpoint.save_interval %lld has no effect without checkpoint.save (as Megatron's --save-interval "
+                "without --save)\n",
+                static_cast<long long>(save_interval));
   for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
     trace::begin_iteration(it);
     const auto step_start = std::chrono::steady_clock::now();

@@ -1,0 +1,19 @@
+// What `dtk train` and `dtk config` do to the resolved configuration beyond the config file and
+// --set: a Megatron command line (--megatron_args) and the tokenizer files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dtk_config.pb.h"
+
+// Maps `megatron_args` (flags, or @FILE) onto `cfg`; `with_megatron_defaults`: Megatron's values
+// for what the flags leave out (no --config file given). Throws HostError listing every flag
+// DTK cannot run. Returns the "flag (why)" list of flags accepted with no effect here.
+std::vector<std::string> apply_megatron_args(dtk::config::RunConfig& cfg, const std::string& megatron_args,
+                                             bool with_megatron_defaults);
+
+// With tokenizer.vocab_file: reads the tokenizer, fills tokenizer.vocab_size and derives
+// model.vocab_size from it (an explicit, different model.vocab_size or a dataset vocab_size above
+// it is refused). Throws HostError with one line.
+void apply_tokenizer_files(dtk::config::RunConfig& cfg);

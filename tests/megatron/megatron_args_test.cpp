@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -311,5 +312,72 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
   EXPECT_NE(vocab.out.find("config: model.vocab_size 1000 differs from the tokenizer's 50257 tokens"),
             std::string::npos)
       << vocab.out;
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A byte-level BPE vocabulary of 257 tokens (the 256 byte tokens of GPT-2's bytes_to_unicode and
+// <|endoftext|>) without merges: a valid tokenizer far smaller than GPT-2's.
+void write_tiny_tokenizer(const std::string& vocab, const std::string& merges) {
+  std::vector<int> bs;
+  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+  std::vector<int> cs = bs;
+  for (int b = 0, n = 0; b < 256; ++b)
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b), cs.push_back(256 + n++);
+  auto utf8 = [](int c) {
+    std::string s;
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') s += '\\';
+      s += static_cast<char>(c);
+    } else {
+      s += static_cast<char>(0xC0 | (c >> 6));
+      s += static_cast<char>(0x80 | (c & 0x3F));
+    }
+    return s;
+  };
+  std::ofstream v(vocab);
+  v << "{";
+  for (size_t i = 0; i < cs.size(); ++i) v << "\"" << utf8(cs[i]) << "\": " << i << ", ";
+  v << "\"<|endoftext|>\": 256}";
+  std::ofstream(merges) << "#version: 0.2\n";
+}
+
+}  // namespace
+
+// The tokenizer files at training time: the model's vocabulary comes from them, and data whose
+// token ids the tokenizer cannot have produced is refused at start: by the dataset's declared
+// vocabulary, or else by the ids of the first batches.
+TEST(TokenizerFiles, VocabularyDerivedAndDataCheckedAtStart) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/tokenizer-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string data = make_dataset(dir);  // GPT-2 ids
+  write_tiny_tokenizer(dir + "/tiny.json", dir + "/tiny.bpe");
+  const std::string train = std::string(DTK_BIN) + " train --threads 1 --dataset gpt_indexed --set dataset.data_path=" +
+                            data + " --set train.train_iters=2 --set train.seq_length=32 --set model.num_layers=1 " +
+                            "--set model.hidden_size=32 --set model.num_attention_heads=2 --set eval.eval_iters=1 ";
+  const CmdResult gpt2 = run(train + "--set tokenizer.vocab_file=" + DTK_VOCAB_DIR + "/encoder.json " +
+                             "--set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe");
+  EXPECT_EQ(gpt2.code, 0) << gpt2.out;
+  EXPECT_NE(gpt2.out.find("padded vocab 50304"), std::string::npos) << gpt2.out;
+  const std::string tiny = "--set tokenizer.vocab_file=" + dir + "/tiny.json --set tokenizer.merge_file=" + dir + "/tiny.bpe";
+  const CmdResult declared = run(train + tiny + " --set dataset.vocab_size=50257");
+  EXPECT_EQ(declared.code, 1) << declared.out;
+  EXPECT_NE(declared.out.find("dtk: error: config: dataset.vocab_size 50257 is larger than the tokenizer's 257 tokens"),
+            std::string::npos)
+      << declared.out;
+  const CmdResult ids = run(train + tiny);
+  EXPECT_EQ(ids.code, 1) << ids.out;
+  EXPECT_TRUE(std::regex_search(ids.out, std::regex("dtk: error: dataset plugin 'gpt_indexed': token id [0-9]+ in 'text' "
+                                                    "of a training batch of iteration 1 is not below the tokenizer's "
+                                                    "vocabulary \\(.*tiny.json\\) of 257 tokens\n")))
+      << ids.out;
+  const CmdResult half = run(train + "--set tokenizer.vocab_file=" + dir + "/tiny.json");
+  EXPECT_EQ(half.code, 1) << half.out;
+  EXPECT_NE(half.out.find("config: tokenizer.vocab_file is set but tokenizer.merge_file is not"), std::string::npos)
+      << half.out;
   std::filesystem::remove_all(dir);
 }

@@ -553,6 +553,31 @@ void Trainer::build_data_iterators() {
       [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
 }
 
+// The token ids of the first batches (cheap: a max over a few micro-batches) are below the
+// vocabulary: the tokenizer's when the run names its files, else the dataset's declared one, else
+// the model's. A larger id would otherwise surface as an index error deep in the model.
+void Trainer::check_token_ids(const TensorList& batch, int64_t iteration) const {
+  int64_t limit = cfg_.tokenizer().vocab_size();
+  std::string what = "the tokenizer's vocabulary (" + cfg_.tokenizer().vocab_file() + ")";
+  if (limit <= 0 && data_->vocab_size() > 0)
+    limit = data_->vocab_size(), what = "the vocabulary the dataset declares";
+  if (limit <= 0) limit = model_->info().vocab_size, what = "the model's vocabulary";
+  for (const auto& [name, t] : batch) {
+    // The buffers that hold token ids (the shipped steps read "text"; others may pass tokens and
+    // labels themselves).
+    if ((name != "text" && name != "tokens" && name != "labels") || !t.defined() || t.numel() == 0 ||
+        at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool)
+      continue;
+    const int64_t hi = t.max().item<int64_t>(), lo = t.min().item<int64_t>();
+    const std::string where = "dataset plugin '" + data_slot_.plugin.name() + "': token id ";
+    const std::string batch_of = " in '" + name + "' of a training batch of iteration " + std::to_string(iteration);
+    if (lo < 0) throw HostError(where + std::to_string(lo) + batch_of + " is negative");
+    if (hi >= limit)
+      throw HostError(where + std::to_string(hi) + batch_of + " is not below " + what + " of " +
+                      std::to_string(limit) + " tokens");
+  }
+}
+
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
 // strategy's gradient reduction, clipping and the optimizer step. A step whose gradients are not
 // finite is skipped (DTK skips in every precision; Megatron only under fp16 loss scaling).
@@ -573,6 +598,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
       auto t = timers_.scope(Phase::kBatchGenerator);
       batch = train_loader_->next();
     }
+    if (iteration <= resumed_iteration_ + kCheckedIterations) check_token_ids(batch, iteration);
     at::Tensor loss;
     {
       auto t = timers_.scope(Phase::kForwardCompute);

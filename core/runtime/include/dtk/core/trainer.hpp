@@ -79,6 +79,9 @@ class Trainer {
   LearningRateSchedule schedule_;
   GradScaler scaler_;  // loss scaling (none: scale 1)
   Timers timers_;      // logging.timing_log_level
+  // check_token_ids runs on the micro-batches of the first kCheckedIterations after a (re)start.
+  static constexpr int64_t kCheckedIterations = 2;
+  void check_token_ids(const TensorList& batch, int64_t iteration) const;
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
 
   std::unique_ptr<ModelInstance> model_;

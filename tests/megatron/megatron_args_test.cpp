@@ -15,8 +15,10 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "dtk/core/batch_plan.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/megatron_args.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -140,8 +142,9 @@ TEST(MegatronArgs, DominoLlama7BNamesWhatItCannotRun) {
 TEST(MegatronArgs, MegatronGpt3_175B) {
   const MegatronMapping m = map_file("megatron_gpt3_175b.args");
   ASSERT_EQ(m.refused.size(), 2u);
-  EXPECT_EQ(m.refused[0], "--rampup-batch-size 16 16 5859375: batch-size ramp-up is not in this release");
-  EXPECT_EQ(m.refused[1], "--pipeline-model-parallel-size 16: pipeline parallelism is not in this release");
+  EXPECT_EQ(m.refused[0], "--pipeline-model-parallel-size 16: pipeline parallelism is not in this release");
+  EXPECT_EQ(m.refused[1], "--rampup-batch-size 16 16 5859375: needs sample-based training, --train-samples instead of "
+                          "--train-iters (Megatron asserts 'expected no batch-size rampup for iteration-based training')");
   ASSERT_EQ(m.ignored.size(), 1u);
   EXPECT_EQ(m.ignored[0].rfind("--attention-backend (DTK picks its attention kernel", 0), 0u) << m.ignored[0];
   const auto cfg = config_of(m);
@@ -152,6 +155,7 @@ TEST(MegatronArgs, MegatronGpt3_175B) {
                       {"model.max_position_embeddings", "2048"},
                       {"train.micro_batch_size", "1"},
                       {"train.global_batch_size", "1536"},
+                      {"train.rampup_batch_size", "16 16 5859375"},
                       {"train.train_iters", "500000"},
                       {"lr.weight_decay", "0.1"},
                       {"optimizer.beta1", "0.9"},
@@ -379,5 +383,108 @@ TEST(TokenizerFiles, VocabularyDerivedAndDataCheckedAtStart) {
   EXPECT_EQ(half.code, 1) << half.out;
   EXPECT_NE(half.out.find("config: tokenizer.vocab_file is set but tokenizer.merge_file is not"), std::string::npos)
       << half.out;
+  std::filesystem::remove_all(dir);
+}
+
+// Megatron's RampupBatchsizeNumMicroBatches and update_train_iters, transcribed on their own:
+// the global batch of each iteration of a sample-based run.
+std::vector<int64_t> megatron_rampup_batches(int64_t start, int64_t incr, int64_t ramp, int64_t gbs, int64_t samples) {
+  const double per_increment = static_cast<double>(ramp) / static_cast<double>((gbs - start) / incr);
+  auto current = [&](int64_t consumed) {
+    return consumed > ramp ? gbs : start + static_cast<int64_t>(static_cast<double>(consumed) / per_increment) * incr;
+  };
+  std::vector<int64_t> out;
+  int64_t consumed = 0;
+  while (consumed <= ramp) out.push_back(current(consumed)), consumed += out.back();
+  for (int64_t k = (samples - consumed) / gbs; k > 0; --k) out.push_back(gbs);
+  return out;
+}
+
+TEST(RampupBatchSize, BatchPlanFollowsMegatronsCalculator) {
+  dtk::core::Topology topo;
+  topo.dp_size = 2, topo.dp_rank = 1, topo.world_size = 2, topo.world_rank = 1;
+  for (const auto& [start, incr, ramp, gbs, samples] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+           {8, 8, 100, 64, 1000}, {16, 16, 5000, 256, 20000}, {8, 24, 30, 56, 300}}) {
+    dtk::config::RunConfig cfg = dtk::core::default_config();
+    cfg.mutable_train()->set_micro_batch_size(4);
+    cfg.mutable_train()->set_global_batch_size(gbs);
+    cfg.mutable_train()->set_train_iters(0);
+    cfg.mutable_train()->set_train_samples(samples);
+    cfg.mutable_train()->set_rampup_batch_size(std::to_string(start) + " " + std::to_string(incr) + " " +
+                                               std::to_string(ramp));
+    dtk::core::validate_config(cfg);
+    const dtk::core::BatchPlan plan(cfg, topo);
+    const auto want = megatron_rampup_batches(start, incr, ramp, gbs, samples);
+    ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size()));
+    int64_t consumed = 0, micro = 0;
+    for (int64_t i = 1; i <= plan.train_iters(); ++i) {
+      ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << "iteration " << i;
+      ASSERT_EQ(plan.consumed_before(i), consumed);
+      ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
+      // DP rank 1 takes rows m*8 + 4 + j of each iteration's samples, from any resume point.
+      for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
+        for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
+          ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 2),
+                    consumed + m * 8 + 4 + 2);
+      consumed += want[i - 1], micro += plan.micro_batches_of(i);
+    }
+    EXPECT_EQ(plan.train_samples(), consumed);
+  }
+}
+
+// End to end: the log shows each iteration's batch and the samples consumed; the first iterations
+// equal a run with the start batch; the learning-rate warm-up counts samples; data parallel 2
+// equals one process; a resume in the middle of the ramp-up equals the uninterrupted run.
+TEST(RampupBatchSize, TrainsAsMegatronAndResumesExactly) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/rampup-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string base = std::string(" train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.hidden_dropout=0 "
+                           "--set model.attention_dropout=0 --set logging.log_interval=1 --set eval.eval_iters=1 "
+                           "--set train.micro_batch_size=4 --set lr.lr_decay_style=constant --set lr.lr_warmup_iters=0";
+  const std::string ramp = base + " --set train.train_iters=0 --set train.train_samples=88 "
+                                  "--set train.global_batch_size=16 '--set=train.rampup_batch_size=8 8 16'";
+  const CmdResult one = run(std::string(DTK_BIN) + ramp);
+  ASSERT_EQ(one.code, 0) << one.out;
+  // One increment of 8 over 16 samples: consumed 0 and 8 give 8, consumed 16 gives 16; then 16s.
+  std::vector<std::string> batches, consumed;
+  std::regex re("consumed samples: +([0-9]+) \\|.* global batch size: +([0-9]+) \\|");
+  for (std::sregex_iterator it(one.out.begin(), one.out.end(), re), e; it != e; ++it)
+    consumed.push_back((*it)[1]), batches.push_back((*it)[2]);
+  // Three ramp-up iterations (32 samples), then (88 - 32) / 16 = 3 more: 6 in all.
+  EXPECT_EQ(batches, (std::vector<std::string>{"8", "8", "16", "16", "16", "16"})) << one.out;
+  EXPECT_EQ(consumed, (std::vector<std::string>{"8", "16", "32", "48", "64", "80"})) << one.out;
+  EXPECT_NE(one.out.find("ramping up from 8 (8 8 16)"), std::string::npos) << one.out;
+
+  const CmdResult start = run(std::string(DTK_BIN) + base + " --set train.train_iters=2 --set train.global_batch_size=8");
+  ASSERT_EQ(start.code, 0) << start.out;
+  const auto a = losses(one.out), b = losses(start.out);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(b[i])) << "iteration " << i + 1;
+
+  // Warm-up over lr_warmup_iters x global batch = 32 samples: after iteration 1 (8 samples) the
+  // rate is lr x 8/32.
+  const CmdResult warm = run(std::string(DTK_BIN) + ramp + " --set lr.lr_warmup_iters=2 --set lr.lr=1e-3");
+  ASSERT_EQ(warm.code, 0) << warm.out;
+  EXPECT_NE(warm.out.find("consumed samples:            8 |"), std::string::npos) << warm.out;
+  EXPECT_NE(warm.out.find("learning rate: 2.500000E-04 |"), std::string::npos) << warm.out;
+
+  const CmdResult dp2 = run(std::string(DTK_BIN) + " launch --nproc_per_node 2" + ramp);
+  ASSERT_EQ(dp2.code, 0) << dp2.out;
+  const auto c = losses(dp2.out);
+  ASSERT_EQ(c.size(), 6u) << dp2.out;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(c[i], a[i], 1e-5 * std::abs(a[i])) << "DP2 iteration " << i + 1;
+
+  const CmdResult first = run(std::string(DTK_BIN) + ramp + " --set checkpoint.save=" + dir +
+                              " --set checkpoint.save_interval=2 --set train.exit_interval=2");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const CmdResult rest = run(std::string(DTK_BIN) + ramp + " --set checkpoint.load=" + dir);
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  const auto d = losses(rest.out);
+  ASSERT_EQ(d.size(), 4u) << rest.out;
+  for (size_t i = 0; i < d.size(); ++i)
+    EXPECT_EQ(d[i], a[i + 2]) << "resumed iteration " << i + 3;
   std::filesystem::remove_all(dir);
 }

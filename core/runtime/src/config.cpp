@@ -95,6 +95,17 @@ std::string escape(const std::string& s) {
 
 }  // namespace
 
+RampUp parse_rampup(const std::string& text) {
+  std::istringstream in(text);
+  RampUp r;
+  std::string rest;
+  if (!(in >> r.start >> r.increment >> r.samples) || (in >> rest) || r.start <= 0 || r.increment <= 0 ||
+      r.samples <= 0)
+    throw HostError("config: train.rampup_batch_size '" + text +
+                    "' is not 'START INCREMENT SAMPLES' (three positive whole numbers; e.g. '16 16 5859375')");
+  return r;
+}
+
 config::RunConfig default_config() {
   config::RunConfig cfg;
   merge_text(kDefaults, &cfg, "built-in defaults");
@@ -346,6 +357,23 @@ void validate_config(const config::RunConfig& cfg) {
   };
   positive(t.micro_batch_size(), "train.micro_batch_size");
   if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
+  if (!t.rampup_batch_size().empty()) {
+    const RampUp r = parse_rampup(t.rampup_batch_size());
+    if (t.train_samples() <= 0)
+      throw HostError("config: train.rampup_batch_size needs sample-based training (train.train_samples with "
+                      "train.train_iters=0), as Megatron asserts ('expected no batch-size rampup for iteration-based "
+                      "training')");
+    if (t.global_batch_size() <= 0)
+      throw HostError("config: train.rampup_batch_size needs train.global_batch_size (the size it ramps up to)");
+    if (r.start >= t.global_batch_size() || (t.global_batch_size() - r.start) % r.increment != 0)
+      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START " +
+                      std::to_string(r.start) + " must be below train.global_batch_size " +
+                      std::to_string(t.global_batch_size()) + " and their difference a multiple of INCREMENT " +
+                      std::to_string(r.increment));
+    if (t.gradient_accumulation_steps() > 0)
+      throw HostError("config: train.rampup_batch_size and train.gradient_accumulation_steps contradict each other "
+                      "(the number of micro-batches changes during the ramp-up)");
+  }
   if (t.train_samples() > 0 && t.train_iters() > 0)
     throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
                     "set train.train_iters=0 with train.train_samples");

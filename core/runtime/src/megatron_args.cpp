@@ -86,7 +86,8 @@ const Rule kRules[] = {
     // Training
     {"--micro-batch-size", 1, Kind::kSet, "train.micro_batch_size", ""},
     {"--global-batch-size", 1, Kind::kSet, "train.global_batch_size", ""},
-    {"--rampup-batch-size", 3, Kind::kRefuse, "", "batch-size ramp-up is not in this release"},
+    {"--rampup-batch-size", 3, Kind::kCustom, "train.rampup_batch_size",
+     "START INCREMENT SAMPLES, Megatron's ramp-up; needs --train-samples, as Megatron asserts"},
     {"--train-iters", 1, Kind::kSet, "train.train_iters", ""},
     {"--train-samples", 1, Kind::kCustom, "train.train_samples", "with train.train_iters=0"},
     {"--seed", 1, Kind::kSet, "train.seed", ""},
@@ -215,6 +216,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "uniform") refuse("DTK recomputes each layer on its own (uniform with --recompute-num-layers 1)");
   } else if (f == "--recompute-num-layers") {
     if (v[0] != "1") refuse("DTK checkpoints one layer at a time (--recompute-num-layers 1)");
+  } else if (f == "--rampup-batch-size") {
+    m.sets.push_back("train.rampup_batch_size=" + joined(v));
   } else if (f == "--train-samples") {
     m.sets.push_back("train.train_samples=" + v[0]);
     m.sets.push_back("train.train_iters=0");
@@ -299,6 +302,8 @@ std::vector<std::string> split_megatron_args(const std::string& text_or_file) {
 
 MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   MegatronMapping m;
+  std::string rampup;  // the --rampup-batch-size flag as given
+  bool iteration_based = false;
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
     std::vector<std::string> values;
@@ -343,7 +348,13 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
         custom(*r, flag, values, m);
         break;
     }
+    if (normalized(r->flag) == "--rampup-batch-size") rampup = shown;
+    if (normalized(r->flag) == "--train-iters") iteration_based = true;
   }
+  // Megatron asserts it in validate_args; said here with the other flags, not later.
+  if (!rampup.empty() && iteration_based)
+    m.refused.push_back(rampup + ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
+                                 "asserts 'expected no batch-size rampup for iteration-based training')");
   return m;
 }
 

@@ -168,14 +168,33 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     memory::reset_peak();
     peak_source_ = "measured: best 2048x2048 fp32 matmul on " + std::to_string(at::get_num_threads()) + " threads";
   }
+  if (plan_.ramps_up()) {
+    // Megatron's scheduler counts samples: with a ramp-up the iterations differ in size, so every
+    // length is in samples, an iteration count times the (final) global batch; the decay defaults
+    // to train_samples (Megatron's lr_decay_samples) and the weight-decay schedule spans it.
+    LrParams p = schedule_.params();
+    const int64_t gbs = plan_.global_batch_size(), samples = cfg.train().train_samples();
+    const auto& lr = cfg.lr();
+    p.decay_iters = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() * gbs : samples;
+    p.warmup_iters = lr.lr_warmup_fraction() > 0 ? lr.lr_warmup_fraction() * static_cast<double>(p.decay_iters)
+                                                 : static_cast<double>(lr.lr_warmup_iters() * gbs);
+    p.wsd_decay_iters = lr.lr_wsd_decay_iters() * gbs;
+    p.wd_incr_iters = static_cast<double>(samples);
+    schedule_.set_params(p);
+  }
   if (cfg.train().train_samples() > 0) {
     // The checks validate_config could not make before the global batch was known.
     const LrParams& l = schedule_.params();
-    const std::string decay = std::to_string(l.decay_iters) + " iterations (train.train_samples / global batch " +
-                              std::to_string(plan_.global_batch_size()) + ", or lr.lr_decay_iters)";
+    const std::string unit = plan_.ramps_up() ? " samples" : " iterations";  // a ramp-up's schedule counts samples
+    const std::string decay =
+        std::to_string(l.decay_iters) + unit +
+        (plan_.ramps_up() ? " (train.train_samples, or lr.lr_decay_iters x global batch " +
+                                std::to_string(plan_.global_batch_size()) + ")"
+                          : " (train.train_samples / global batch " + std::to_string(plan_.global_batch_size()) +
+                                ", or lr.lr_decay_iters)");
     if (l.style != "constant" && l.warmup_iters >= static_cast<double>(l.decay_iters))
       throw HostError("config: the warm-up (" + std::to_string(static_cast<int64_t>(std::ceil(l.warmup_iters))) +
-                      " iterations) is not shorter than the decay, " + decay);
+                      unit + ") is not shorter than the decay, " + decay);
     if (l.style == "WSD" && l.wsd_decay_iters > l.decay_iters)
       throw HostError("config: lr.lr_wsd_decay_iters (" + std::to_string(l.wsd_decay_iters) +
                       ") is longer than the decay, " + decay);
@@ -453,10 +472,12 @@ void Trainer::load_checkpoint() {
   }
   if (progress_.schedule) check_schedule(*progress_.schedule, dir);
   const int64_t gbs = plan_.global_batch_size();
-  if (progress_.consumed_train_samples != progress_.iteration * gbs || progress_.consumed_valid_samples % gbs != 0)
+  if (progress_.consumed_train_samples != plan_.consumed_before(progress_.iteration + 1) ||
+      progress_.consumed_valid_samples % gbs != 0)
     throw HostError("checkpoint in " + dir + " consumed " + std::to_string(progress_.consumed_train_samples) +
                     " train samples in " + std::to_string(progress_.iteration) +
-                    " iterations: resuming needs the same global batch size (" + std::to_string(gbs) + ")");
+                    " iterations: resuming needs the same global batch size (" + std::to_string(gbs) +
+                    ") and ramp-up (train.rampup_batch_size)");
   if (progress_.iteration > plan_.train_iters())
     throw HostError("checkpoint in " + dir + " is at iteration " + std::to_string(progress_.iteration) +
                     ", beyond train.train_iters " + std::to_string(plan_.train_iters()));
@@ -546,11 +567,12 @@ void Trainer::build_data_iterators() {
   if (data_->vocab_size() > model_vocab)
     throw HostError("dataset vocabulary (" + std::to_string(data_->vocab_size()) + ") is larger than the model's (" +
                     std::to_string(model_vocab) + ")");
-  const int64_t first_batch = progress_.consumed_train_samples / plan_.global_batch_size();
-  const int64_t remaining = (plan_.train_iters() - progress_.iteration) * plan_.micro_batches_per_step();
+  const int64_t first_iteration = progress_.iteration + 1;
+  const int64_t remaining =
+      plan_.micro_batches_before(plan_.train_iters() + 1) - plan_.micro_batches_before(first_iteration);
   train_loader_ = std::make_unique<BatchLoader>(
       *data_, DTK_SPLIT_TRAIN, plan_.micro_batch_size(), remaining,
-      [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
+      [this, first_iteration](int64_t k, int64_t j) { return plan_.train_sample_index(first_iteration, k, j); });
 }
 
 // The token ids of the first batches (cheap: a max over a few micro-batches) are below the
@@ -587,7 +609,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   IterationResult r;
   r.iteration = iteration;
   const double learning_rate = schedule_.rate(progress_.scheduler_step);  // what this update uses
-  const int64_t num_micro = plan_.micro_batches_per_step();
+  const int64_t num_micro = plan_.micro_batches_of(iteration);  // changes during a batch-size ramp-up
   const double scale = scaler_.scale();  // this iteration's loss scale
   std::optional<Timers::Scope> forward_backward(std::in_place, timers_, Phase::kForwardBackward);
   for (int64_t m = 0; m < num_micro; ++m) {
@@ -653,11 +675,14 @@ IterationResult Trainer::train_step(int64_t iteration) {
       if (strategy_->info().optimizer_on_host) host.emplace();
       strategy_->optimizer_step(*optimizer_, args);
     }
-    ++progress_.scheduler_step;  // the scheduler advances only after a successful update
+    // The scheduler advances only after a successful update; during a ramp-up it counts samples.
+    progress_.scheduler_step += plan_.ramps_up() ? plan_.global_batch_of(iteration) : 1;
   }
   optimizer.reset();
   // Megatron logs the optimizer's rate after the scheduler step: the next update's.
   r.learning_rate = schedule_.rate(progress_.scheduler_step);
+  r.global_batch_size = plan_.global_batch_of(iteration);
+  r.consumed_samples = plan_.consumed_before(iteration + 1);
   if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
   if (!memory_reported_ && log_->logs(iteration)) {
     r.memory = memory_sample();
@@ -737,7 +762,11 @@ void Trainer::train() {
   log_->print("[" + timestamp() + "] training: " + std::to_string(plan_.train_iters()) + " iterations, global batch " +
               std::to_string(plan_.global_batch_size()) + " (" + std::to_string(plan_.micro_batches_per_step()) +
               " micro-batches of " + std::to_string(plan_.micro_batch_size()) + "), seq " +
-              std::to_string(plan_.seq_length()));
+              std::to_string(plan_.seq_length()) +
+              (plan_.ramps_up() ? ", ramping up from " + std::to_string(plan_.global_batch_of(1)) + " (" +
+                                      cfg_.train().rampup_batch_size() + ") over the first " +
+                                      std::to_string(plan_.ramp_iterations()) + " iterations"
+                                : std::string()));
   ExitConditions exit(cfg_.train(), topo_);
   model_->set_training(true);
   strategy_->zero_grad();
@@ -758,7 +787,7 @@ void Trainer::train() {
     log_->record(result);
     trace::end_iteration(it);
     progress_.iteration = it;
-    progress_.consumed_train_samples = it * plan_.global_batch_size();
+    progress_.consumed_train_samples = plan_.consumed_before(it + 1);
     if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
       evaluate(DTK_SPLIT_VALID, "validation", "iteration " + std::to_string(it), it);
       progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();

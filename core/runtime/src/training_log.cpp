@@ -84,6 +84,8 @@ void TrainingLog::print(const std::string& line) const {
 
 void TrainingLog::record(const IterationResult& r) {
   ++iterations_;
+  window_samples_ += batch_of(r);
+  last_iteration_ = r.iteration, last_consumed_ = consumed_of(r);
   // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
   // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite.
   if (r.skipped)
@@ -114,21 +116,21 @@ void TrainingLog::record(const IterationResult& r) {
 // the iteration and against the samples consumed; a skipped iteration has no loss and no norm.
 void TrainingLog::write_iteration_scalars(const IterationResult& r) {
   const int64_t it = r.iteration;
-  add_scalar("learning-rate", r.learning_rate, it);
-  add_scalar("batch-size", static_cast<double>(setup_.global_batch_size), it);
+  add_scalar("learning-rate", r.learning_rate, it, consumed_of(r));
+  add_scalar("batch-size", static_cast<double>(batch_of(r)), it, consumed_of(r));
   if (!r.skipped)
-    for (const auto& name : r.metrics.names()) add_scalar(name, r.metrics.mean(name), it);
-  add_scalar("loss-scale", r.loss_scale, it);
-  add_scalar("world-size", static_cast<double>(setup_.world_size), it);
-  if (!r.skipped) add_scalar("grad-norm", r.grad_norm, it);
-  if (std::isfinite(r.num_zeros)) add_scalar("num-zeros", r.num_zeros, it);
-  if (std::isfinite(r.params_norm)) add_scalar("params-norm", r.params_norm, it);
+    for (const auto& name : r.metrics.names()) add_scalar(name, r.metrics.mean(name), it, consumed_of(r));
+  add_scalar("loss-scale", r.loss_scale, it, consumed_of(r));
+  add_scalar("world-size", static_cast<double>(setup_.world_size), it, consumed_of(r));
+  if (!r.skipped) add_scalar("grad-norm", r.grad_norm, it, consumed_of(r));
+  if (std::isfinite(r.num_zeros)) add_scalar("num-zeros", r.num_zeros, it, consumed_of(r));
+  if (std::isfinite(r.params_norm)) add_scalar("params-norm", r.params_norm, it, consumed_of(r));
   tensorboard_->flush();
 }
 
-void TrainingLog::add_scalar(const std::string& tag, double value, int64_t iteration) {
+void TrainingLog::add_scalar(const std::string& tag, double value, int64_t iteration, int64_t consumed) {
   tensorboard_->add_scalar(tag, value, iteration);
-  tensorboard_->add_scalar(tag + " vs samples", value, iteration * setup_.global_batch_size);
+  tensorboard_->add_scalar(tag + " vs samples", value, consumed);
 }
 
 // Megatron's report_memory line (after the first logged iteration), with DTK's breakdown: the
@@ -168,7 +170,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   const double secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
   const double n_it = static_cast<double>(iterations_);
   const double ms_per_it = 1000.0 * secs / n_it;
-  const double tokens_per_s = static_cast<double>(setup_.global_batch_size * setup_.seq_length) * n_it / secs;
+  const double tokens_per_s = static_cast<double>(window_samples_ * setup_.seq_length) / secs;
   const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
   const double mfu = setup_.peak_tflops > 0 ? tflops / setup_.peak_tflops : NAN;
   // Megatron prints the last iteration's norm (none when it was skipped: DTK prints nan, so every
@@ -184,14 +186,14 @@ void TrainingLog::print_window(const IterationResult& last) {
                 " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
                 "throughput per device (TFLOP/s): %.3f |",
                 timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup_.train_iters),
-                static_cast<long long>(last.iteration * setup_.global_batch_size), ms_per_it, tflops);
+                static_cast<long long>(consumed_of(last)), ms_per_it, tflops);
   std::string line = buf;
   if (std::isfinite(mfu)) {
     std::snprintf(buf, sizeof buf, " MFU: %.1f%% |", 100.0 * mfu);
     line += buf;
   }
   std::snprintf(buf, sizeof buf, " tokens per second: %.0f | learning rate: %.6E | global batch size: %5lld |",
-                tokens_per_s, last.learning_rate, static_cast<long long>(setup_.global_batch_size));
+                tokens_per_s, last.learning_rate, static_cast<long long>(batch_of(last)));
   line += buf;
   for (const auto& name : window_.names()) {
     std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
@@ -236,13 +238,13 @@ void TrainingLog::print_window(const IterationResult& last) {
     o.add("kind", "train")
         .add("iteration", last.iteration)
         .add("train_iters", setup_.train_iters)
-        .add("consumed_samples", last.iteration * setup_.global_batch_size)
+        .add("consumed_samples", consumed_of(last))
         .add("iteration_time_ms", ms_per_it)
         .add("tflops_per_device", tflops)
         .add("mfu", mfu)
         .add("tokens_per_second", tokens_per_s)
         .add("learning_rate", last.learning_rate)
-        .add("global_batch_size", setup_.global_batch_size);
+        .add("global_batch_size", batch_of(last));
     for (const auto& name : window_.names()) o.add(name, window_.mean(name));
     o.add("loss_scale", last.loss_scale).add("grad_norm", norm);
     if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
@@ -278,7 +280,7 @@ void TrainingLog::print_window(const IterationResult& last) {
 
 void TrainingLog::clear_window() {
   window_.clear();
-  iterations_ = skipped_ = nan_iterations_ = 0;
+  iterations_ = skipped_ = nan_iterations_ = window_samples_ = 0;
   tp_comm_sum_ = dp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
@@ -306,10 +308,11 @@ void TrainingLog::report_evaluation(const std::string& what, const std::string& 
     metrics_->write(o);
   }
   if (!tensorboard_) return;
+  const int64_t consumed = iteration == last_iteration_ ? last_consumed_ : iteration * setup_.global_batch_size;
   for (const auto& name : metrics.names()) {
     const double v = metrics.mean(name);
-    add_scalar(name + " " + what, v, iteration);
-    add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration);
+    add_scalar(name + " " + what, v, iteration, consumed);
+    add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration, consumed);
   }
   tensorboard_->flush();
 }

@@ -1,6 +1,7 @@
 // dtk/core/config.hpp — the run configuration: defaults, pbtxt files, --set overrides.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "dtk_config.pb.h"
@@ -8,6 +9,12 @@
 namespace dtk::core {
 
 // The built-in defaults (what an empty config means).
+// train.rampup_batch_size, parsed ("START INCREMENT SAMPLES"); throws HostError naming the field.
+struct RampUp {
+  int64_t start = 0, increment = 0, samples = 0;
+};
+RampUp parse_rampup(const std::string& text);
+
 config::RunConfig default_config();
 
 // Defaults, then the protobuf-text file at `path` merged on top. Throws HostError naming the

@@ -60,6 +60,9 @@ struct IterationResult {
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
+  // The iteration's global batch and the samples consumed after it (they differ from the setup's
+  // fixed size during a batch-size ramp-up); 0: from the setup.
+  int64_t global_batch_size = 0, consumed_samples = 0;
 };
 
 // Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
@@ -111,7 +114,8 @@ class TrainingLog {
   void print_window(const IterationResult& last);
   // Megatron's per-iteration TensorBoard scalars (tensorboard_log_interval), each also "vs samples".
   void write_iteration_scalars(const IterationResult& r);
-  void add_scalar(const std::string& tag, double value, int64_t iteration);
+  // `tag` against the iteration and, as "<tag> vs samples", against the samples consumed.
+  void add_scalar(const std::string& tag, double value, int64_t iteration, int64_t consumed);
   void print_memory(int64_t iteration, const MemorySample& m) const;
   void clear_window();
 
@@ -120,6 +124,12 @@ class TrainingLog {
   std::unique_ptr<JsonlWriter> metrics_;
   MetricAverager window_;
   int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0;
+  int64_t window_samples_ = 0;  // samples trained in the window (tokens per second)
+  int64_t last_iteration_ = -1, last_consumed_ = 0;  // the last recorded iteration (evaluations after it)
+  int64_t batch_of(const IterationResult& r) const { return r.global_batch_size > 0 ? r.global_batch_size : setup_.global_batch_size; }
+  int64_t consumed_of(const IterationResult& r) const {
+    return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;
+  }
   CommTiming tp_comm_sum_, dp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};

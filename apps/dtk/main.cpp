@@ -207,6 +207,19 @@ std::vector<std::string> extract_sets(int* argc, char** argv) {
 dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
+  // A Megatron command line first: the plugin flags, --data_path and --set below override it.
+  if (!FLAGS_megatron_args.empty()) {
+    const auto ignored = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
+    // Said once (rank 0): what the command line asked for that has no effect here.
+    // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
+    const std::string rank = dtk::core::rank_prefix();
+    if (!ignored.empty() && (rank.empty() || rank == "[rank 0] ")) {
+      std::string list;
+      for (const auto& i : ignored) list += (list.empty() ? "" : "; ") + i;
+      std::fprintf(stderr, "dtk: note: --megatron_args: %zu flag(s) accepted with no effect here: %s\n",
+                   ignored.size(), list.c_str());
+    }
+  }
   // Switching a slot to another plugin drops the options the config gave the previous one
   // (they belong to that plugin); --set slot.key=value after it configures the new one.
   auto choose = [](dtk::config::PluginChoice* slot, const std::string& name) {
@@ -222,18 +235,6 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
-  if (!FLAGS_megatron_args.empty()) {
-    const auto ignored = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
-    // Said once (rank 0): what the command line asked for that has no effect here.
-    // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
-    const std::string rank = dtk::core::rank_prefix();
-    if (!ignored.empty() && (rank.empty() || rank == "[rank 0] ")) {
-      std::string list;
-      for (const auto& i : ignored) list += (list.empty() ? "" : "; ") + i;
-      std::fprintf(stderr, "dtk: note: --megatron_args: %zu flag(s) accepted with no effect here: %s\n",
-                   ignored.size(), list.c_str());
-    }
-  }
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   apply_tokenizer_files(cfg);
   return cfg;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -117,7 +118,18 @@ class TwoHosts : public ::testing::Test {
       if (!ns.empty()) {
         sh("ip netns pids " + ns + " | xargs -r kill -9");
         sh("ip netns del " + ns);
+        sh("rm -rf /etc/netns/" + ns);
       }
+  }
+
+  // Gives the hosts their own /etc/hosts (ip netns exec mounts /etc/netns/<ns>/hosts over it):
+  // on host 1 `name` is the host itself at 127.0.1.1, as Debian writes it; on host 2 it is
+  // 192.168.77.1.
+  void name_master(const std::string& name) const {
+    for (const auto& [ns, address] : {std::pair{h1_, "127.0.1.1"}, std::pair{h2_, "192.168.77.1"}}) {
+      sh("mkdir -p /etc/netns/" + ns);
+      std::ofstream("/etc/netns/" + ns + "/hosts") << "127.0.0.1 localhost\n" << address << " " << name << "\n";
+    }
   }
 
   // `cmd` run on host 1 or 2 with a clean environment for the network (no GLOO_SOCKET_IFNAME)
@@ -145,6 +157,23 @@ TEST_F(TwoHosts, DataParallelAcrossHostsMatchesOneProcess) {
   EXPECT_EQ(r[1].code, 0) << r[1].out;
   EXPECT_NE(r[0].out.find("[rank 0] > distributed: Gloo listens on 192.168.77.1 (dv"), std::string::npos) << r[0].out;
   EXPECT_NE(r[0].out.find("the route to MASTER_ADDR 192.168.77.1\n"), std::string::npos) << r[0].out;
+  EXPECT_NE(r[1].out.find("[rank 1] > distributed: Gloo listens on 192.168.77.2 (dv"), std::string::npos) << r[1].out;
+}
+
+// MASTER_ADDR as the master's name, which its own /etc/hosts maps to 127.0.1.1 (Debian): the
+// master binds to its outward interface, not to the loopback the route leads to.
+TEST_F(TwoHosts, MasterNamedByAHostnameThatIsLoopbackOnTheMaster) {
+  const std::string name = "dtkmaster" + std::to_string(::getpid());
+  name_master(name);
+  const Result one = run_all({kDtk + " " + kTrain}, 120)[0];
+  const auto r =
+      run_all({on(1, rank(0, 2, name), kDtk + " " + kTrain), on(2, rank(1, 2, name), kDtk + " " + kTrain)}, 120);
+  expect_same_losses(one, r[0]);
+  EXPECT_EQ(r[1].code, 0) << r[1].out;
+  EXPECT_NE(r[0].out.find("[rank 0] > distributed: Gloo listens on 192.168.77.1 (dv"), std::string::npos) << r[0].out;
+  EXPECT_NE(r[0].out.find("this host's outward interface (MASTER_ADDR " + name + " resolves to the loopback here)"),
+            std::string::npos)
+      << r[0].out;
   EXPECT_NE(r[1].out.find("[rank 1] > distributed: Gloo listens on 192.168.77.2 (dv"), std::string::npos) << r[1].out;
 }
 

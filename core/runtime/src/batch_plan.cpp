@@ -37,6 +37,15 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START and INCREMENT must be " +
                       "multiples of micro_batch_size x data-parallel size = " + std::to_string(unit) +
                       " (every global batch of the ramp-up is whole micro-batches on every rank)");
+    // The ramp-up must end inside the run (Megatron would overshoot train_samples instead); this
+    // also bounds the table below.
+    if (r.samples >= t.train_samples())
+      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "' ramps up over " +
+                      std::to_string(r.samples) + " samples, not fewer than train.train_samples " +
+                      std::to_string(t.train_samples()));
+    if (r.samples / r.start > 100'000'000)
+      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() +
+                      "' means more than 100 million ramp-up iterations");
     // Megatron's calculator and update_train_iters: the ramp-up's iterations run while the samples
     // consumed before them are <= SAMPLES; the rest of train_samples in whole global batches.
     const double per_increment = static_cast<double>(r.samples) / static_cast<double>((gbs_ - r.start) / r.increment);

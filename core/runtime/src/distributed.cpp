@@ -113,6 +113,7 @@ LaunchEnv launch_env_from_environment() {
     return le;  // one process: no store
   }
   le.distributed = true;
+  le.single_node = all_local;
   if (env("MASTER_ADDR"))
     le.master_addr = env("MASTER_ADDR");
   else if (all_local)
@@ -198,11 +199,14 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-// The ranks (other than this one) that did not finish `step`, read through `store`.
+// The ranks (other than this one) that did not reach `step` (its "began" mark), or, when all
+// did, those that did not finish it, read through `store`: the ranks the step waits for.
 std::vector<int> ranks_missing(c10d::Store& store, const LaunchEnv& le, const std::string& step) {
   std::vector<int> missing;
-  for (int r = 0; r < le.world_size; ++r)
-    if (r != le.rank && !store.check({step_key(step, r)})) missing.push_back(r);
+  for (const std::string& mark : {step + "/began", step})
+    if (missing.empty())
+      for (int r = 0; r < le.world_size; ++r)
+        if (r != le.rank && !store.check({step_key(mark, r)})) missing.push_back(r);
   return missing;
 }
 
@@ -236,6 +240,7 @@ std::string diagnose_startup(const LaunchEnv& le, const std::string& step_id) {
 void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds timeout) {
   try {
     const std::string key = "dtk/rendezvous/arrived";
+    store.set(step_key("rendezvous/began", le.rank), std::vector<uint8_t>{1});
     store.set(step_key("rendezvous", le.rank), std::vector<uint8_t>{1});
     store.add(key, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -318,10 +323,19 @@ GlooEndpoint gloo_endpoint(const LaunchEnv& le) {
     ep.description = ep.address + ", from GLOO_SOCKET_IFNAME";
     return ep;
   }
-  const LocalAddress local = local_address_towards(le.master_addr, "MASTER_ADDR");
+  LocalAddress local = local_address_towards(le.master_addr, "MASTER_ADDR");
+  ep.description = "the route to MASTER_ADDR " + le.master_addr;
+  // MASTER_ADDR given as a name that resolves to the loopback here, in a world over several
+  // nodes: this is the master node of a host whose /etc/hosts maps its own name to 127.0.x.x.
+  // The loopback would be unreachable from the other nodes: take the outward interface.
+  const bool literal_loopback = le.master_addr == "localhost" || is_loopback_address(le.master_addr);
+  if (is_loopback_address(local.address) && !literal_loopback && !le.single_node) {
+    local = outward_address();
+    ep.description = "this host's outward interface (MASTER_ADDR " + le.master_addr + " resolves to the loopback here)";
+  }
   ep.devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local.address));
   ep.address = local.address + (local.interface.empty() ? "" : " (" + local.interface + ")");
-  ep.description = ep.address + ", the route to MASTER_ADDR " + le.master_addr;
+  ep.description = ep.address + ", " + ep.description;
   return ep;
 }
 
@@ -381,21 +395,32 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
   // (published under kFailedKey) or rank 0's store going away, so the others stop at once.
   std::atomic<bool> checked_in{false};
   c10::intrusive_ptr<c10d::Store> watch_store;  // used on the watchdog's thread only
+  int store_failures = 0;  // in a row: one slow answer from a busy store is not a lost run
+  const std::string mine = "rank " + std::to_string(le.rank) + " failed: ";
   auto lost = [&]() -> std::string {
     if (!checked_in) return "";
     try {
       if (!watch_store) watch_store = open_store(le, std::chrono::seconds(3), false);
+      store_failures = 0;
       if (!watch_store->check({kFailedKey})) return "";
-      const std::vector<uint8_t> why = watch_store->get(kFailedKey);
-      return std::string(why.begin(), why.end());
+      const std::vector<uint8_t> got = watch_store->get(kFailedKey);
+      const std::string why(got.begin(), got.end());
+      return why.rfind(mine, 0) == 0 ? "" : why;  // this rank's own failure is reported by itself
     } catch (const std::exception&) {
-      return le.rank == 0 ? "" : "rank 0 stopped (its store at " + where + " is gone)";
+      watch_store.reset();
+      if (le.rank == 0 || ++store_failures < 3) return "";
+      return "rank 0 stopped (its store at " + where + " no longer answers)";
     }
   };
   StartupWatchdog watchdog(
       timeout, [&le](const std::string& key) { return key.empty() ? std::string() : diagnose_startup(le, key); },
       lost);
-  auto begin = [&](const std::string& key, const std::string& step) { watchdog.step(step, key); };
+  std::string current = "connecting to the store at " + where;  // the step under way, for errors
+  auto begin = [&](const std::string& key, const std::string& step) {
+    watchdog.step(step, key);
+    current = step;
+    if (!key.empty() && store) store->set(step_key(key + "/began", le.rank), std::vector<uint8_t>{1});
+  };
   auto done = [&](const std::string& id) { store->set(step_key(id, le.rank), std::vector<uint8_t>{1}); };
   begin("", "connecting to the store at " + where);
   store = connect_store(le, timeout);
@@ -404,9 +429,10 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
   checked_in = true;
   try {
     // Every rank says where its Gloo device listens (one line each: on several hosts a wrong
-    // address is the first thing to look for).
-    std::printf("%s> distributed: Gloo listens on %s\n", rank_prefix().c_str(), endpoint.description.c_str());
-    std::fflush(stdout);
+    // address is the first thing to look for). On stderr: stdout may be a command's product
+    // (`dtk generate` prints its text there).
+    std::fprintf(stderr, "%s> distributed: Gloo listens on %s\n", rank_prefix().c_str(), endpoint.description.c_str());
+    std::fflush(stderr);
     store->set("dtk/address/" + std::to_string(le.rank),
                std::vector<uint8_t>(endpoint.address.begin(), endpoint.address.end()));
     begin("config", "comparing the ranks' configurations");
@@ -431,14 +457,19 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
     }
     set_rank_addresses(std::move(addresses));
     return groups;
-  } catch (const HostError& e) {
-    // Tell the others (best effort: the store may be what failed) before this rank exits.
+  } catch (const std::exception& e) {
+    // A store error (c10::Error) gets the step's context; then the others hear of it (best
+    // effort: the store may be what failed; the first failure stays, later ones do not replace
+    // it) before this rank exits.
+    const std::string message = dynamic_cast<const HostError*>(&e)
+                                    ? dtk::one_line(e.what())
+                                    : "distributed: " + current + " failed: " + short_error(e);
     try {
-      const std::string why = "rank " + std::to_string(le.rank) + " failed: " + dtk::one_line(e.what());
-      store->set(kFailedKey, std::vector<uint8_t>(why.begin(), why.end()));
+      const std::string why = mine + message;
+      store->compareSet(kFailedKey, {}, std::vector<uint8_t>(why.begin(), why.end()));
     } catch (const std::exception&) {
     }
-    throw;
+    throw HostError(message);
   }
 }
 

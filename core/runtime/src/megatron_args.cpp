@@ -113,9 +113,11 @@ const Rule kRules[] = {
     {"--lr-warmup-init", 1, Kind::kSet, "lr.lr_warmup_init", ""},
     {"--lr-wsd-decay-style", 1, Kind::kSet, "lr.lr_wsd_decay_style", ""},
     {"--lr-wsd-decay-iters", 1, Kind::kSet, "lr.lr_wsd_decay_iters", ""},
-    {"--lr-decay-samples", 1, Kind::kRefuse, "", "sample-counted schedules are not available: give --lr-decay-iters"},
+    {"--lr-decay-samples", 1, Kind::kRefuse, "",
+     "not available: drop it (the decay then spans --train-samples, Megatron's default) or give the length in "
+     "iterations of the final global batch with --set lr.lr_decay_iters=N"},
     {"--lr-warmup-samples", 1, Kind::kRefuse, "",
-     "sample-counted schedules are not available: give --lr-warmup-iters or --lr-warmup-fraction"},
+     "not available: give --lr-warmup-fraction, or --set lr.lr_warmup_iters=N (iterations of the final global batch)"},
     {"--override-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.override_opt_param_scheduler=true", ""},
     {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true", ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
@@ -303,7 +305,8 @@ std::vector<std::string> split_megatron_args(const std::string& text_or_file) {
 MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   MegatronMapping m;
   std::string rampup;  // the --rampup-batch-size flag as given
-  bool iteration_based = false;
+  bool iteration_based = false, sample_based = false;
+  std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
     std::vector<std::string> values;
@@ -348,10 +351,20 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
         custom(*r, flag, values, m);
         break;
     }
-    if (normalized(r->flag) == "--rampup-batch-size") rampup = shown;
-    if (normalized(r->flag) == "--train-iters") iteration_based = true;
+    const std::string f = normalized(r->flag);
+    if (f == "--rampup-batch-size") rampup = shown;
+    if (f == "--train-iters") iteration_based = true;
+    if (f == "--train-samples") sample_based = true;
+    if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") iteration_schedule.push_back(shown);
   }
-  // Megatron asserts it in validate_args; said here with the other flags, not later.
+  // Megatron's validate_args, said here with the other flags rather than later.
+  if (iteration_based && sample_based)
+    m.refused.push_back("--train-iters with --train-samples: give one (Megatron asserts 'expected iteration-based "
+                        "training' / 'expected sample-based training')");
+  if (sample_based)
+    for (const auto& flag : iteration_schedule)
+      m.refused.push_back(flag + ": with --train-samples the schedule is sample-based (Megatron asserts it); drop it, "
+                                 "or use --lr-warmup-fraction");
   if (!rampup.empty() && iteration_based)
     m.refused.push_back(rampup + ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
                                  "asserts 'expected no batch-size rampup for iteration-based training')");

@@ -471,6 +471,9 @@ void Trainer::load_checkpoint() {
     log_->print(" checkpoint.no_load_optim: optimizer state, loss scaler and learning-rate schedule start fresh");
   }
   if (progress_.schedule) check_schedule(*progress_.schedule, dir);
+  if (progress_.iteration < 0 || progress_.iteration > plan_.train_iters())
+    throw HostError("checkpoint in " + dir + " is at iteration " + std::to_string(progress_.iteration) +
+                    (progress_.iteration < 0 ? "" : ", beyond train.train_iters " + std::to_string(plan_.train_iters())));
   const int64_t gbs = plan_.global_batch_size();
   if (progress_.consumed_train_samples != plan_.consumed_before(progress_.iteration + 1) ||
       progress_.consumed_valid_samples % gbs != 0)
@@ -478,9 +481,6 @@ void Trainer::load_checkpoint() {
                     " train samples in " + std::to_string(progress_.iteration) +
                     " iterations: resuming needs the same global batch size (" + std::to_string(gbs) +
                     ") and ramp-up (train.rampup_batch_size)");
-  if (progress_.iteration > plan_.train_iters())
-    throw HostError("checkpoint in " + dir + " is at iteration " + std::to_string(progress_.iteration) +
-                    ", beyond train.train_iters " + std::to_string(plan_.train_iters()));
   resumed_iteration_ = progress_.iteration;
   log_->print(" loaded checkpoint from " + dir + " at iteration " + std::to_string(progress_.iteration));
   if (scaler_.dynamic()) {
@@ -584,6 +584,7 @@ void Trainer::check_token_ids(const TensorList& batch, int64_t iteration) const 
   if (limit <= 0 && data_->vocab_size() > 0)
     limit = data_->vocab_size(), what = "the vocabulary the dataset declares";
   if (limit <= 0) limit = model_->info().vocab_size, what = "the model's vocabulary";
+  std::string error;
   for (const auto& [name, t] : batch) {
     // The buffers that hold token ids (the shipped steps read "text"; others may pass tokens and
     // labels themselves).
@@ -593,11 +594,15 @@ void Trainer::check_token_ids(const TensorList& batch, int64_t iteration) const 
     const int64_t hi = t.max().item<int64_t>(), lo = t.min().item<int64_t>();
     const std::string where = "dataset plugin '" + data_slot_.plugin.name() + "': token id ";
     const std::string batch_of = " in '" + name + "' of a training batch of iteration " + std::to_string(iteration);
-    if (lo < 0) throw HostError(where + std::to_string(lo) + batch_of + " is negative");
+    if (lo < 0) error = where + std::to_string(lo) + batch_of + " is negative";
     if (hi >= limit)
-      throw HostError(where + std::to_string(hi) + batch_of + " is not below " + what + " of " +
-                      std::to_string(limit) + " tokens");
+      error = where + std::to_string(hi) + batch_of + " is not below " + what + " of " + std::to_string(limit) +
+              " tokens";
+    if (!error.empty()) break;
   }
+  // Data-parallel ranks read other samples: all decide together, before any collective of the
+  // step, so a rank with good data does not wait for one that left.
+  agree(error, topo_, "checking the token ids of the first batches");
 }
 
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the

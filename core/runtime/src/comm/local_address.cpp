@@ -102,4 +102,23 @@ std::string interface_address(const std::string& name, const std::string& what) 
   return v6;
 }
 
+LocalAddress outward_address() {
+  try {
+    // A documentation address (TEST-NET-1): only the default route leads there; nothing is sent.
+    const LocalAddress via_default = local_address_towards("192.0.2.1", "the default route");
+    if (!is_loopback_address(via_default.address)) return via_default;
+  } catch (const HostError&) {
+  }
+  IfAddrs ifs;
+  for (int family : {AF_INET, AF_INET6})
+    for (ifaddrs* i = ifs.list; i; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != family || !(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK))
+        continue;
+      const std::string a = numeric(i->ifa_addr);
+      if (family == AF_INET6 && a.rfind("fe80", 0) == 0) continue;  // link-local needs a scope
+      return LocalAddress{i->ifa_name, a};
+    }
+  throw HostError("distributed: this host has no network interface other than the loopback");
+}
+
 }  // namespace dtk::core

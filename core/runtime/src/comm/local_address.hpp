@@ -27,4 +27,9 @@ std::string interface_address(const std::string& name, const std::string& what);
 
 bool is_loopback_address(const std::string& numeric_address);
 
+// This host's address towards other hosts when MASTER_ADDR cannot tell (the master node, whose
+// own name resolves to the loopback): the local end of the default route, else the first
+// non-loopback interface that is up. Throws HostError when the host has none.
+LocalAddress outward_address();
+
 }  // namespace dtk::core

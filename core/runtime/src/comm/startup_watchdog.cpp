@@ -45,12 +45,16 @@ void StartupWatchdog::watch() {
     if (done_) break;
     const std::string step = step_, key = key_;
     if (Clock::now() >= deadline_) {
+      const auto deadline = deadline_;
       lock.unlock();
       std::string why;
       try {
         if (diagnose_) why = diagnose_(key);
       } catch (...) {
       }
+      lock.lock();
+      // The step may have finished (or the watch ended) while the diagnosis asked the store.
+      if (done_ || deadline_ != deadline) continue;
       fail(step, why, true);
     }
     if (lost_ && Clock::now() >= next_poll) {

@@ -32,6 +32,7 @@ struct LaunchEnv {
   std::string master_addr;
   int master_port = 0;
   std::string source;  // "torchrun", "slurm", "openmpi" or "" (single process)
+  bool single_node = false;  // the launcher says every rank runs on this machine
 };
 
 // Reads RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT (torchrun, dtk launch), else

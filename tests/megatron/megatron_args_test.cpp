@@ -218,6 +218,23 @@ TEST(MegatronArgs, ParsingAndMistakes) {
   }
 }
 
+// Megatron's iteration- vs sample-based assertions, said by the mapper with the other flags.
+TEST(MegatronArgs, IterationAndSampleBasedTrainingDoNotMix) {
+  const MegatronMapping both = dtk::core::map_megatron_args({"--train-samples", "100", "--train-iters", "5"});
+  ASSERT_EQ(both.refused.size(), 1u);
+  EXPECT_EQ(both.refused[0].rfind("--train-iters with --train-samples: give one", 0), 0u) << both.refused[0];
+  const MegatronMapping schedule = dtk::core::map_megatron_args(
+      {"--train-samples", "100", "--lr-decay-iters", "20", "--rampup-batch-size", "8", "8", "40"});
+  ASSERT_EQ(schedule.refused.size(), 1u);
+  EXPECT_EQ(schedule.refused[0].rfind("--lr-decay-iters 20: with --train-samples the schedule is sample-based", 0), 0u)
+      << schedule.refused[0];
+  const MegatronMapping ramp = dtk::core::map_megatron_args(
+      {"--train-samples", "100", "--global-batch-size", "16", "--rampup-batch-size", "8", "8", "40"});
+  EXPECT_TRUE(ramp.refused.empty());
+  expect_fields(config_of(ramp), {{"train.train_samples", "100"}, {"train.train_iters", "0"},
+                                  {"train.rampup_batch_size", "8 8 40"}});
+}
+
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).
 TEST(MegatronArgs, DocsTableIsTheMappersTable) {
   std::ifstream in(std::string(DTK_SOURCE_DIR) + "/docs/user-guide.md");

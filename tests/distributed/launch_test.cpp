@@ -12,6 +12,9 @@
 
 namespace {
 
+using dtk_test::count;
+using dtk_test::expect_same_losses;
+using dtk_test::iteration_losses;
 using dtk_test::Result;
 
 const std::string kDtk = DTK_BIN;
@@ -21,29 +24,6 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
                            " --set model.hidden_dropout=0 --set model.attention_dropout=0"
                            " --set train.train_iters=4 --set logging.log_interval=1 --set lr.lr_warmup_iters=1"
                            " --set eval.eval_iters=1 --set train.micro_batch_size=4 --set train.global_batch_size=8";
-
-std::vector<double> iteration_losses(const std::string& log) {
-  std::vector<double> out;
-  std::regex re("iteration +[0-9]+/ +[0-9]+ \\|.* lm loss: ([0-9.E+-]+) \\|");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out.push_back(std::stod((*it)[1]));
-  return out;
-}
-
-void expect_same_losses(const Result& one, const Result& many) {
-  ASSERT_EQ(one.code, 0) << one.out;
-  ASSERT_EQ(many.code, 0) << many.out;
-  const auto a = iteration_losses(one.out), b = iteration_losses(many.out);
-  ASSERT_EQ(a.size(), 4u) << one.out;
-  ASSERT_EQ(b.size(), 4u) << many.out;  // only rank 0 prints the iteration lines
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "iteration " << i + 1 << "\n" << many.out;
-}
-
-int count(const std::string& s, const std::string& what) {
-  int n = 0;
-  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
-  return n;
-}
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include "dtk/core/config.hpp"
 #include "dtk/core/megatron_args.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "../common/run_dtk.hpp"
 
 namespace {
 
@@ -252,22 +253,6 @@ TEST(MegatronArgs, DocsTableIsTheMappersTable) {
 
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string out;
-};
-
-CmdResult run(const std::string& cmd) {
-  FILE* p = popen(("timeout -k 10 240 " + cmd + " 2>&1").c_str(), "r");
-  CmdResult r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 // A small indexed dataset made with `dtk preprocess` from the committed Shakespeare excerpt, one
 // document per line, the excerpt four times over (so the recipe's 0.1% test split holds more than
 // one sample).
@@ -283,7 +268,7 @@ std::string make_dataset(const std::string& dir) {
     }
   }
   out.close();
-  const CmdResult r = run(std::string(DTK_BIN) + " preprocess --input " + dir + "/excerpt.jsonl --output_prefix " + dir +
+  const dtk_test::Result r = dtk_test::run_dtk("preprocess --input " + dir + "/excerpt.jsonl --output_prefix " + dir +
                     "/excerpt --vocab_file " + DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR +
                     "/vocab.bpe --append_eod");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -307,12 +292,12 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string data = make_dataset(dir);
-  const std::string recipe = std::string(DTK_BIN) + " launch --nproc_per_node 2 train --threads 1 --megatron_args @" +
+  const std::string recipe = std::string("launch --nproc_per_node 2 train --threads 1 --megatron_args @") +
                              kFixtures + "/domino_gpt3_2.7b_shrunk.args --set dataset.data_path=" + data +
                              " --set tokenizer.vocab_file=" + DTK_VOCAB_DIR +
                              "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe";
   for (const std::string dtype : {"fp32", "bf16"}) {
-    const CmdResult r = run(recipe + " --set train.params_dtype=" + dtype + " --set lr.lr=0.003");
+    const dtk_test::Result r = dtk_test::run_dtk(recipe + " --set train.params_dtype=" + dtype + " --set lr.lr=0.003");
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("dtk: note: --megatron_args: 1 flag(s) accepted with no effect here: "
                          "--no-gradient-accumulation-fusion ("),
@@ -324,11 +309,11 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
     EXPECT_LT(l.back(), l.front()) << dtype << "\n" << r.out;
     EXPECT_NE(r.out.find("validation loss at iteration 10 on test set"), std::string::npos) << r.out;
   }
-  const CmdResult fp16 = run(recipe);
+  const dtk_test::Result fp16 = dtk_test::run_dtk(recipe);
   EXPECT_EQ(fp16.code, 1) << fp16.out;
   EXPECT_NE(fp16.out.find("config: train.params_dtype=fp16 needs train.device=cuda"), std::string::npos) << fp16.out;
   // A model vocabulary that contradicts the tokenizer is refused at start.
-  const CmdResult vocab = run(recipe + " --set train.params_dtype=fp32 --set model.vocab_size=1000");
+  const dtk_test::Result vocab = dtk_test::run_dtk(recipe + " --set train.params_dtype=fp32 --set model.vocab_size=1000");
   EXPECT_EQ(vocab.code, 1) << vocab.out;
   EXPECT_NE(vocab.out.find("config: model.vocab_size 1000 differs from the tokenizer's 50257 tokens"),
             std::string::npos)
@@ -377,26 +362,26 @@ TEST(TokenizerFiles, VocabularyDerivedAndDataCheckedAtStart) {
   std::filesystem::create_directories(dir);
   const std::string data = make_dataset(dir);  // GPT-2 ids
   write_tiny_tokenizer(dir + "/tiny.json", dir + "/tiny.bpe");
-  const std::string train = std::string(DTK_BIN) + " train --threads 1 --dataset gpt_indexed --set dataset.data_path=" +
+  const std::string train = std::string("train --threads 1 --dataset gpt_indexed --set dataset.data_path=") +
                             data + " --set train.train_iters=2 --set train.seq_length=32 --set model.num_layers=1 " +
                             "--set model.hidden_size=32 --set model.num_attention_heads=2 --set eval.eval_iters=1 ";
-  const CmdResult gpt2 = run(train + "--set tokenizer.vocab_file=" + DTK_VOCAB_DIR + "/encoder.json " +
+  const dtk_test::Result gpt2 = dtk_test::run_dtk(train + "--set tokenizer.vocab_file=" + DTK_VOCAB_DIR + "/encoder.json " +
                              "--set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe");
   EXPECT_EQ(gpt2.code, 0) << gpt2.out;
   EXPECT_NE(gpt2.out.find("padded vocab 50304"), std::string::npos) << gpt2.out;
   const std::string tiny = "--set tokenizer.vocab_file=" + dir + "/tiny.json --set tokenizer.merge_file=" + dir + "/tiny.bpe";
-  const CmdResult declared = run(train + tiny + " --set dataset.vocab_size=50257");
+  const dtk_test::Result declared = dtk_test::run_dtk(train + tiny + " --set dataset.vocab_size=50257");
   EXPECT_EQ(declared.code, 1) << declared.out;
   EXPECT_NE(declared.out.find("dtk: error: config: dataset.vocab_size 50257 is larger than the tokenizer's 257 tokens"),
             std::string::npos)
       << declared.out;
-  const CmdResult ids = run(train + tiny);
+  const dtk_test::Result ids = dtk_test::run_dtk(train + tiny);
   EXPECT_EQ(ids.code, 1) << ids.out;
   EXPECT_TRUE(std::regex_search(ids.out, std::regex("dtk: error: dataset plugin 'gpt_indexed': token id [0-9]+ in 'text' "
                                                     "of a training batch of iteration 1 is not below the tokenizer's "
                                                     "vocabulary \\(.*tiny.json\\) of 257 tokens\n")))
       << ids.out;
-  const CmdResult half = run(train + "--set tokenizer.vocab_file=" + dir + "/tiny.json");
+  const dtk_test::Result half = dtk_test::run_dtk(train + "--set tokenizer.vocab_file=" + dir + "/tiny.json");
   EXPECT_EQ(half.code, 1) << half.out;
   EXPECT_NE(half.out.find("config: tokenizer.vocab_file is set but tokenizer.merge_file is not"), std::string::npos)
       << half.out;
@@ -462,7 +447,7 @@ TEST(RampupBatchSize, TrainsAsMegatronAndResumesExactly) {
                            "--set train.micro_batch_size=4 --set lr.lr_decay_style=constant --set lr.lr_warmup_iters=0";
   const std::string ramp = base + " --set train.train_iters=0 --set train.train_samples=88 "
                                   "--set train.global_batch_size=16 '--set=train.rampup_batch_size=8 8 16'";
-  const CmdResult one = run(std::string(DTK_BIN) + ramp);
+  const dtk_test::Result one = dtk_test::run_dtk(ramp);
   ASSERT_EQ(one.code, 0) << one.out;
   // One increment of 8 over 16 samples: consumed 0 and 8 give 8, consumed 16 gives 16; then 16s.
   std::vector<std::string> batches, consumed;
@@ -474,7 +459,7 @@ TEST(RampupBatchSize, TrainsAsMegatronAndResumesExactly) {
   EXPECT_EQ(consumed, (std::vector<std::string>{"8", "16", "32", "48", "64", "80"})) << one.out;
   EXPECT_NE(one.out.find("ramping up from 8 (8 8 16)"), std::string::npos) << one.out;
 
-  const CmdResult start = run(std::string(DTK_BIN) + base + " --set train.train_iters=2 --set train.global_batch_size=8");
+  const dtk_test::Result start = dtk_test::run_dtk(base + " --set train.train_iters=2 --set train.global_batch_size=8");
   ASSERT_EQ(start.code, 0) << start.out;
   const auto a = losses(one.out), b = losses(start.out);
   ASSERT_EQ(a.size(), 6u);
@@ -483,21 +468,21 @@ TEST(RampupBatchSize, TrainsAsMegatronAndResumesExactly) {
 
   // Warm-up over lr_warmup_iters x global batch = 32 samples: after iteration 1 (8 samples) the
   // rate is lr x 8/32.
-  const CmdResult warm = run(std::string(DTK_BIN) + ramp + " --set lr.lr_warmup_iters=2 --set lr.lr=1e-3");
+  const dtk_test::Result warm = dtk_test::run_dtk(ramp + " --set lr.lr_warmup_iters=2 --set lr.lr=1e-3");
   ASSERT_EQ(warm.code, 0) << warm.out;
   EXPECT_NE(warm.out.find("consumed samples:            8 |"), std::string::npos) << warm.out;
   EXPECT_NE(warm.out.find("learning rate: 2.500000E-04 |"), std::string::npos) << warm.out;
 
-  const CmdResult dp2 = run(std::string(DTK_BIN) + " launch --nproc_per_node 2" + ramp);
+  const dtk_test::Result dp2 = dtk_test::run_dtk(" launch --nproc_per_node 2" + ramp);
   ASSERT_EQ(dp2.code, 0) << dp2.out;
   const auto c = losses(dp2.out);
   ASSERT_EQ(c.size(), 6u) << dp2.out;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(c[i], a[i], 1e-5 * std::abs(a[i])) << "DP2 iteration " << i + 1;
 
-  const CmdResult first = run(std::string(DTK_BIN) + ramp + " --set checkpoint.save=" + dir +
+  const dtk_test::Result first = dtk_test::run_dtk(ramp + " --set checkpoint.save=" + dir +
                               " --set checkpoint.save_interval=2 --set train.exit_interval=2");
   ASSERT_EQ(first.code, 0) << first.out;
-  const CmdResult rest = run(std::string(DTK_BIN) + ramp + " --set checkpoint.load=" + dir);
+  const dtk_test::Result rest = dtk_test::run_dtk(ramp + " --set checkpoint.load=" + dir);
   ASSERT_EQ(rest.code, 0) << rest.out;
   const auto d = losses(rest.out);
   ASSERT_EQ(d.size(), 4u) << rest.out;

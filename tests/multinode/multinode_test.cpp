@@ -16,33 +16,19 @@
 #include <string>
 #include <vector>
 
+#include "../distributed/spawn.hpp"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-  double seconds;
-};
+using dtk_test::count;
+using dtk_test::expect_same_losses;
+using dtk_test::Result;
 
-// Runs each shell command concurrently (each under `timeout`), waits for all.
+// Each command runs as `sh -c '...'` under its own timeout (compound commands stay bounded).
 std::vector<Result> run_all(const std::vector<std::string>& cmds, int timeout_s) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<FILE*> pipes;
-  for (const auto& c : cmds)
-    pipes.push_back(popen(("timeout -k 5 " + std::to_string(timeout_s) + " sh -c '" + c + "' 2>&1").c_str(), "r"));
-  std::vector<Result> out;
-  for (FILE* p : pipes) {
-    Result r{-1, "", 0};
-    if (p) {
-      char buf[4096];
-      while (fgets(buf, sizeof buf, p)) r.out += buf;
-      const int status = pclose(p);
-      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    out.push_back(r);
-  }
-  return out;
+  std::vector<std::string> wrapped;
+  for (const auto& c : cmds) wrapped.push_back("sh -c '" + c + "'");
+  return dtk_test::run_all(wrapped, timeout_s);
 }
 
 int sh(const std::string& cmd) {
@@ -62,29 +48,6 @@ constexpr int kTimeout = 20;  // distributed.timeout_seconds above
 // What a rank may take beyond the timeout to notice and report (the start-up watchdog's margin,
 // process start and exit).
 constexpr double kSlack = 12.0;
-
-std::vector<double> iteration_losses(const std::string& log) {
-  std::vector<double> out;
-  std::regex re("iteration +[0-9]+/ +[0-9]+ \\|.* lm loss: ([0-9.E+-]+) \\|");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out.push_back(std::stod((*it)[1]));
-  return out;
-}
-
-void expect_same_losses(const Result& one, const Result& many) {
-  ASSERT_EQ(one.code, 0) << one.out;
-  ASSERT_EQ(many.code, 0) << many.out;
-  const auto a = iteration_losses(one.out), b = iteration_losses(many.out);
-  ASSERT_EQ(a.size(), 4u) << one.out;
-  ASSERT_EQ(b.size(), 4u) << many.out;
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "iteration " << i + 1 << "\n" << many.out;
-}
-
-int count(const std::string& s, const std::string& what) {
-  int n = 0;
-  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
-  return n;
-}
 
 class TwoHosts : public ::testing::Test {
  protected:

@@ -1,4 +1,4 @@
-// The gpt plugin's dropout (plugins/models/gpt/dropout.cpp, compiled into this test): masks that
+// The SDK's dropout (sdk/layers/dropout.cpp, dtk::layers), used by the gpt and llama plugins: masks that
 // are a function of (seed, element), drawn one seed per mask from the model's generator.
 //   * the keep fraction is 1 - p within 5 standard deviations, elements and masks uncorrelated;
 //   * a slice of rows is the same mask (Domino's chunks), backward regenerates the forward mask;
@@ -7,11 +7,11 @@
 
 #include <cmath>
 
-#include "dropout.hpp"
+#include <dtk/layers/dropout.hpp>
 
 namespace {
 
-using dtk::gpt::DropoutMask;
+using dtk::layers::DropoutMask;
 
 at::Generator generator(uint64_t seed) {
   at::Generator g = at::detail::getDefaultCPUGenerator().clone();
@@ -23,8 +23,8 @@ TEST(Dropout, KeepsOneMinusPAndDrawsIndependentBits) {
   for (double p : {0.1, 0.5, 0.9}) {
     at::Generator g = generator(7);
     const int64_t n = 1 << 22;
-    const DropoutMask a = dtk::gpt::draw_keep_mask({n}, p, g), b = dtk::gpt::draw_keep_mask({n}, p, g);
-    const at::Tensor ka = dtk::gpt::keep_bits(a, n).to(at::kDouble), kb = dtk::gpt::keep_bits(b, n).to(at::kDouble);
+    const DropoutMask a = dtk::layers::draw_keep_mask({n}, p, g), b = dtk::layers::draw_keep_mask({n}, p, g);
+    const at::Tensor ka = dtk::layers::keep_bits(a, n).to(at::kDouble), kb = dtk::layers::keep_bits(b, n).to(at::kDouble);
     const double sd = std::sqrt(p * (1 - p) / n);
     EXPECT_NEAR(ka.mean().item<double>(), 1 - p, 5 * sd) << "p " << p;
     // Neighbours (the two halves of one hash) and two consecutive masks are independent:
@@ -38,29 +38,29 @@ TEST(Dropout, KeepsOneMinusPAndDrawsIndependentBits) {
 TEST(Dropout, RowsAreSlicesAndBackwardUsesTheForwardMask) {
   at::Generator g = generator(3);
   at::Tensor x = at::randn({6, 5, 7}).requires_grad_(true);
-  const DropoutMask m = dtk::gpt::draw_keep_mask(x.sizes(), 0.3, g);
-  at::Tensor y = dtk::gpt::apply_dropout(x, m);
-  const at::Tensor keep = dtk::gpt::keep_bits(m, x.numel()).view(x.sizes());
+  const DropoutMask m = dtk::layers::draw_keep_mask(x.sizes(), 0.3, g);
+  at::Tensor y = dtk::layers::apply_dropout(x, m);
+  const at::Tensor keep = dtk::layers::keep_bits(m, x.numel()).view(x.sizes());
   EXPECT_TRUE(at::allclose(y, x * keep / 0.7, 1e-6, 1e-6));
   // Rows 2..4 of the mask applied to rows 2..4 of x: the same values (Domino's chunks).
-  EXPECT_TRUE(at::equal(dtk::gpt::apply_dropout(x.detach().narrow(0, 2, 3), m.rows(2, 3)), y.detach().narrow(0, 2, 3)));
+  EXPECT_TRUE(at::equal(dtk::layers::apply_dropout(x.detach().narrow(0, 2, 3), m.rows(2, 3)), y.detach().narrow(0, 2, 3)));
   const at::Tensor grad = at::randn(x.sizes());
   y.backward(grad);
   EXPECT_TRUE(at::allclose(x.grad(), grad * keep / 0.7, 1e-6, 1e-6));
   // bf16: the same mask, the value rounded once.
   const at::Tensor xb = x.detach().to(at::kBFloat16);
-  EXPECT_TRUE(at::equal(dtk::gpt::apply_dropout(xb, m), (xb.to(at::kFloat) * keep * static_cast<float>(1 / 0.7)).to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(dtk::layers::apply_dropout(xb, m), (xb.to(at::kFloat) * keep * static_cast<float>(1 / 0.7)).to(at::kBFloat16)));
 }
 
 TEST(Dropout, AClonedGeneratorDrawsTheSameMask) {
   at::Generator g = generator(11);
   at::Generator copy = g.clone();
-  const DropoutMask a = dtk::gpt::draw_keep_mask({1000}, 0.2, g);
-  const DropoutMask b = dtk::gpt::draw_keep_mask({1000}, 0.2, copy);
-  EXPECT_TRUE(at::equal(dtk::gpt::keep_bits(a, 1000), dtk::gpt::keep_bits(b, 1000)));
-  const DropoutMask c = dtk::gpt::draw_keep_mask({1000}, 0.2, g);
-  EXPECT_FALSE(at::equal(dtk::gpt::keep_bits(a, 1000), dtk::gpt::keep_bits(c, 1000)));
-  EXPECT_FALSE(dtk::gpt::draw_keep_mask({1000}, 0.0, g).defined());
+  const DropoutMask a = dtk::layers::draw_keep_mask({1000}, 0.2, g);
+  const DropoutMask b = dtk::layers::draw_keep_mask({1000}, 0.2, copy);
+  EXPECT_TRUE(at::equal(dtk::layers::keep_bits(a, 1000), dtk::layers::keep_bits(b, 1000)));
+  const DropoutMask c = dtk::layers::draw_keep_mask({1000}, 0.2, g);
+  EXPECT_FALSE(at::equal(dtk::layers::keep_bits(a, 1000), dtk::layers::keep_bits(c, 1000)));
+  EXPECT_FALSE(dtk::layers::draw_keep_mask({1000}, 0.0, g).defined());
 }
 
 }  // namespace

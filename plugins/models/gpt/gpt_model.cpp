@@ -24,6 +24,7 @@
 //
 // domino_chunks >= 2 runs the layers with DeepSpeed-Domino's schedule instead (domino.hpp): the
 // micro-batch split into chunks whose tensor-parallel all-reduces overlap each other's compute.
+#include <dtk/layers/lm_head.hpp>
 #include <dtk/module_hooks.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
@@ -35,30 +36,12 @@
 
 #include "domino.hpp"
 #include "layer.hpp"
-#include "lm_head.hpp"
-#include "tensor_parallel.hpp"
 
 namespace dtk::gpt {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-at::Tensor generator_state(at::Generator& g) {
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
-
-at::Generator make_generator(at::Device device, uint64_t seed) {
-  at::Generator base = at::globalContext().defaultGenerator(device);
-  at::Generator g;
-  {
-    std::lock_guard<std::mutex> lock(base.mutex());
-    g = base.clone();
-  }
-  g.set_current_seed(seed);
-  return g;
-}
 
 // Full activation recomputation of one layer (Megatron's CheckpointFunction with one layer per
 // chunk): forward keeps only the input and the generator states; backward reruns the layer with
@@ -155,7 +138,7 @@ class GPTModel : public Model {
     f.dtype = ctx.params_dtype;
     f.device = ctx.device;
     auto seeded = [&](uint64_t salt) {
-      f.gen = make_generator(at::kCPU, ctx.seed * 1000003ULL + salt);
+      f.gen = seeded_generator(ctx.seed * 1000003ULL + salt);
       return &f;
     };
     const bool need_word = pre_ || (post_ && !c_.untie);
@@ -191,7 +174,7 @@ class GPTModel : public Model {
       domino_.head = &head_;
     }
     // CPU generators on every device: they only seed the masks (dropout.hpp).
-    rng_ = {make_generator(at::kCPU, rng_seed(DTK_RNG_DEFAULT)), make_generator(at::kCPU, rng_seed(DTK_RNG_TENSOR_PARALLEL))};
+    rng_ = DropoutRng::from_host();
   }
 
   // Checkpoint state: the parameters (Model's default: each once, tied embedding once) plus the
@@ -201,8 +184,7 @@ class GPTModel : public Model {
   // fails naming the missing entry.
   TensorList state_save() override {
     TensorList out = Model::state_save();
-    out.emplace_back("rng.hidden", generator_state(rng_.hidden));
-    out.emplace_back("rng.attention", generator_state(rng_.attention));
+    rng_.save(out);
     return out;
   }
 
@@ -210,15 +192,7 @@ class GPTModel : public Model {
     // Checks names and shapes of everything, the generator states included, and copies the
     // parameters (the copies into the freshly taken generator states are discarded).
     Model::state_load(state, strict);
-    for (auto [name, gen] : {std::pair<const char*, at::Generator*>{"rng.hidden", &rng_.hidden},
-                             std::pair<const char*, at::Generator*>{"rng.attention", &rng_.attention}}) {
-      const at::Tensor* src = find(state, name);
-      if (!src) continue;  // non-strict load without it: keep the current stream
-      if (src->scalar_type() != at::kByte)
-        throw Error(std::string("tensor '") + name + "': a generator state must be uint8");
-      std::lock_guard<std::mutex> lock(gen->mutex());
-      gen->set_state(src->contiguous());
-    }
+    rng_.load(state);  // a non-strict load without them keeps the current streams
   }
 
   TensorList forward(const TensorList& inputs) override {
@@ -243,8 +217,8 @@ class GPTModel : public Model {
                     std::to_string(c_.max_pos));
       const at::Tensor* pos_p = find(inputs, "position_ids");
       at::Tensor pos = pos_p ? *pos_p : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
-      check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
-      check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
+      check_id_range("gpt", "tokens", tokens, c_.padded_vocab, "the padded vocabulary");
+      check_id_range("gpt", "position_ids", pos, c_.max_pos, "max_position_embeddings");
       if (domino) {
         domino_in.tokens = tokens;
         domino_in.positions = pos;
@@ -263,7 +237,7 @@ class GPTModel : public Model {
 
     const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
     // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
-    if (labels) check_range("labels", *labels, c_.padded_vocab, "the padded vocabulary");
+    if (labels) check_id_range("gpt", "labels", *labels, c_.padded_vocab, "the padded vocabulary");
     if (domino) {
       // With labels the output layer joins the chunked schedule (domino.hpp DominoHead).
       domino_in.hidden = h;
@@ -309,8 +283,8 @@ class GPTModel : public Model {
         mask.size(3) != length + n)
       throw Error("gpt: generation's 'attention_mask' must be bool [batch, 1, n, kv_cache_length + n], got " +
                   shape_str(mask));
-    check_range("tokens", tokens, c_.padded_vocab, "the padded vocabulary");
-    check_range("position_ids", pos, c_.max_pos, "max_position_embeddings");
+    check_id_range("gpt", "tokens", tokens, c_.padded_vocab, "the padded vocabulary");
+    check_id_range("gpt", "position_ids", pos, c_.max_pos, "max_position_embeddings");
     std::vector<at::Tensor> caches;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const at::Tensor* given = find(inputs, "kv_cache." + std::to_string(i));
@@ -433,16 +407,6 @@ class GPTModel : public Model {
   }
 
  private:
-  // Ids outside an embedding table would index out of bounds: refuse them with a clear message.
-  static void check_range(const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name) {
-    if (ids.numel() == 0) return;
-    auto mm = at::aminmax(ids);
-    const int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
-    if (lo < 0 || hi >= limit)
-      throw Error(std::string("gpt: '") + what + "' holds ids in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                  "], outside [0, " + std::to_string(limit) + ") (" + limit_name + ")");
-  }
-
   void validate(const BuildContext& ctx) const {
     auto positive = [](const char* name, int64_t v) {
       if (v <= 0)

@@ -15,16 +15,19 @@
 // uses the very same masks.
 #pragma once
 
+#include <dtk/layers/dropout.hpp>
+#include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
 
 #include <cstdint>
 #include <map>
 #include <mutex>
 
-#include "dropout.hpp"
-#include "tensor_parallel.hpp"
 
 namespace dtk::gpt {
+
+// The SDK's tensor-parallel layers, cross entropy and dropout (dtk/layers), shared with llama.
+using namespace dtk::layers;
 
 struct Config {
   int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0, max_pos = 0;

@@ -1,5 +1,5 @@
 // dropout.cpp — see dropout.hpp.
-#include "dropout.hpp"
+#include <dtk/layers/dropout.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <type_traits>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -103,6 +103,45 @@ DropoutRng DropoutRng::clone() {
   return {hidden.clone(), attention.clone()};
 }
 
+DropoutRng DropoutRng::from_host() {
+  return {seeded_generator(rng_seed(DTK_RNG_DEFAULT)), seeded_generator(rng_seed(DTK_RNG_TENSOR_PARALLEL))};
+}
+
+namespace {
+at::Tensor generator_state(at::Generator& g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+}  // namespace
+
+void DropoutRng::save(TensorList& state) {
+  state.emplace_back("rng.hidden", generator_state(hidden));
+  state.emplace_back("rng.attention", generator_state(attention));
+}
+
+void DropoutRng::load(const TensorList& state) {
+  for (auto [name, gen] : {std::pair<const char*, at::Generator*>{"rng.hidden", &hidden},
+                           std::pair<const char*, at::Generator*>{"rng.attention", &attention}}) {
+    const at::Tensor* src = find(state, name);
+    if (!src) continue;
+    if (src->scalar_type() != at::kByte)
+      throw Error(std::string("tensor '") + name + "': a generator state must be uint8");
+    std::lock_guard<std::mutex> lock(gen->mutex());
+    gen->set_state(src->contiguous());
+  }
+}
+
+at::Generator seeded_generator(uint64_t seed) {
+  at::Generator base = at::globalContext().defaultGenerator(at::kCPU);
+  at::Generator g;
+  {
+    std::lock_guard<std::mutex> lock(base.mutex());
+    g = base.clone();
+  }
+  g.set_current_seed(seed);
+  return g;
+}
+
 DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
   DropoutMask m = *this;
   m.offset += start * row_numel;
@@ -147,4 +186,4 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
   return out;
 }
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -1,4 +1,4 @@
-// lm_head.hpp — the output layer and its cross entropy in one pass over chunks of tokens, so the
+// dtk/layers/lm_head.hpp — the output layer and its cross entropy in one pass over chunks of tokens, so the
 // [tokens, vocabulary] logits and their gradient never exist whole (Liger-Kernel's
 // FusedLinearCrossEntropy, with Megatron's vocab-parallel cross entropy inside).
 //
@@ -20,9 +20,9 @@
 // g - c. So any incoming gradient is exact, and the common one costs nothing extra.
 #pragma once
 
-#include "tensor_parallel.hpp"
+#include <dtk/layers/tensor_parallel.hpp>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 
 // Per-token loss [...] (fp32) of logits = x weight^T against `labels` [...] (global ids), weight
 // this rank's [V / tp, h] vocabulary rows. `x` must already be in the TP region
@@ -31,4 +31,4 @@ namespace dtk::gpt {
 at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& labels,
                               const TPGroup& tp, int64_t chunk_tokens);
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -1,4 +1,4 @@
-// dropout.hpp — dropout whose keep-mask is a function of (seed, element index), drawn once per
+// dtk/layers/dropout.hpp — dropout whose keep-mask is a function of (seed, element index), drawn once per
 // mask from the model's generators.
 //
 // torch's dropout draws a Bernoulli per element from a sequential generator and keeps the mask
@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 
 // The dropout generators: hidden and embedding dropout from Megatron's DEFAULT stream, attention
 // dropout from the TENSOR_PARALLEL stream (differs per TP rank). CPU generators on every device.
@@ -27,7 +27,18 @@ struct DropoutRng {
   at::Generator hidden;     // DTK_RNG_DEFAULT
   at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
   DropoutRng clone();
+  // Both generators seeded from the host's RNG streams (dtk::rng_seed).
+  static DropoutRng from_host();
+  // Checkpoint entries "rng.hidden" and "rng.attention" (uint8 generator states), so a resumed
+  // run draws the masks an uninterrupted one would.
+  void save(TensorList& state);
+  // Restores them; an entry that is absent (a non-strict load) keeps the current stream.
+  void load(const TensorList& state);
 };
+
+// A CPU generator seeded with `seed`: a model's own stream for parameter initialisation (draw
+// the master weight on the CPU, then move it: the same weights on every device) and for dropout.
+at::Generator seeded_generator(uint64_t seed);
 
 // A keep-mask over a tensor of some shape, element by element in row-major order. Undefined
 // (p == 0) means keep everything.
@@ -52,4 +63,4 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 // The mask's bits as a bool tensor [numel] (tests).
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel);
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

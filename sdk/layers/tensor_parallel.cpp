@@ -1,12 +1,12 @@
 // tensor_parallel.cpp — see tensor_parallel.hpp. Megatron: core/tensor_parallel/{mappings,
 // layers,cross_entropy}.py. Collectives go through the host (dtk::Comm) on the TP group and are
 // skipped entirely at TP size 1.
-#include "tensor_parallel.hpp"
+#include <dtk/layers/tensor_parallel.hpp>
 
 #include <dtk/module_hooks.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -164,6 +164,15 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
   return bias.defined() ? y + bias : y;
 }
 
+void check_id_range(const char* model, const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name) {
+  if (ids.numel() == 0) return;
+  auto mm = at::aminmax(ids);
+  const int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
+  if (lo < 0 || hi >= limit)
+    throw Error(std::string(model) + ": '" + what + "' holds ids in [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "], outside [0, " + std::to_string(limit) + ") (" + limit_name + ")");
+}
+
 VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp_,
                                                ParamFactory& f)
     : tp(tp_) {
@@ -261,4 +270,4 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tens
   return ce.loss();
 }
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -1,4 +1,4 @@
-// tensor_parallel.hpp — Megatron-LM's tensor-parallel building blocks for the GPT plugin.
+// dtk/layers/tensor_parallel.hpp — Megatron-LM's tensor-parallel building blocks, for model plugins (gpt, llama, yours).
 //
 // Every block holds the shard this tensor-parallel (TP) rank owns and performs exactly the
 // communication Megatron's layer performs (megatron/core/tensor_parallel/{layers,mappings,
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 
 // Where this rank sits in its tensor-parallel group.
 struct TPGroup {
@@ -85,6 +85,12 @@ class RowParallelLinear {
   TPGroup tp;
 };
 
+// Ids outside [0, limit) would index an embedding table out of bounds (or be dropped by every
+// rank's vocabulary slice and scored silently): refused with one line naming the model, the input
+// and the limit, e.g. "gpt: 'tokens' holds ids in [0, 60000], outside [0, 50304) (the padded
+// vocabulary)".
+void check_id_range(const char* model, const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name);
+
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding() = default;
@@ -133,4 +139,4 @@ class VocabParallelCrossEntropy {
   std::optional<Comm::Work> pending_;
 };
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -1,12 +1,12 @@
 // lm_head.cpp — see lm_head.hpp. The cross-entropy arithmetic is vocab_parallel_cross_entropy's
 // (tensor_parallel.cpp, Megatron's _VocabParallelCrossEntropy) in the same order, per chunk.
-#include "lm_head.hpp"
+#include <dtk/layers/lm_head.hpp>
 
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -134,7 +134,7 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     if (!ctx->saved_data["gw"].isTensor())
-      throw Error("gpt: the fused output layer's backward ran twice (retain_graph is not supported by it)");
+      throw Error("the fused output layer's backward ran twice (retain_graph is not supported by it)");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
@@ -175,7 +175,7 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
 at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& labels,
                               const TPGroup& tp, int64_t chunk_tokens) {
   if (x.dim() != labels.dim() + 1 || x.sizes().slice(0, labels.dim()) != labels.sizes())
-    throw Error("gpt: output layer input " + shape_str(x) + " does not match labels " + shape_str(labels));
+    throw Error("fused output layer: input " + shape_str(x) + " does not match labels " + shape_str(labels));
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
     return FusedLmHead::apply(x, weight, labels, tp, chunk_tokens);
   // Evaluation: the loss only, chunk by chunk.
@@ -184,4 +184,4 @@ at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, con
       .loss.view(labels.sizes());
 }
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -41,12 +41,20 @@ run_sdk_template() {
   build-install/bin/dtk plugins describe template_scaled_sgd --plugin_path build-template || return
   build-install/bin/dtk train --config configs/gpt-tiny.pbtxt --optimizer template_scaled_sgd \
     --set optimizer.scale=0.5 --dataset synthetic --set train.train_iters=4 --set lr.lr_warmup_iters=1 \
-    --set logging.log_interval=2 --set eval.eval_iters=1 --plugin_path build-template
+    --set logging.log_interval=2 --set eval.eval_iters=1 --plugin_path build-template || return
+  # The llama model plugin is built like a third party's: its folder alone, against the install
+  # (find_package(DTK), dtk::layers). The installed copy steps aside so the names do not clash.
+  rm -rf build-llama
+  cmake -S plugins/models/llama -B build-llama -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null || return
+  cmake --build build-llama || return
+  rm -f build-install/lib/dtk/plugins/dtk_plugin_llama.so
+  build-install/bin/dtk train --config configs/llama-tiny.pbtxt --dataset synthetic --set train.train_iters=4 \
+    --set lr.lr_warmup_iters=1 --set logging.log_interval=2 --set eval.eval_iters=1 --plugin_path build-llama
 }
 
 stage "ctest" run_ctest
 stage "ASan/UBSan: loader, ABI and data (fuzz) tests" run_sanitizers
-stage "SDK: install, build sdk/template out of tree, load it with the installed dtk" run_sdk_template
+stage "SDK: install, build sdk/template and the llama plugin out of tree, train with them on the installed dtk" run_sdk_template
 
 if ((${#failed[@]})); then
   printf 'test.sh: FAILED stage: %s\n' "${failed[@]}"

@@ -250,3 +250,28 @@ TEST(Checkpoint, TensorParallelSizeMustMatch) {
   expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.load=" + d),
                         d + kFile4 + " was saved with tensor-parallel size 2, this run has 1");
 }
+
+// The llama plugin resumes exactly too (dropout on: its generator states are in the checkpoint),
+// with grouped-query attention and its untied output layer.
+TEST(Checkpoint, LlamaResumeReproducesUninterruptedRun) {
+  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/llama-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
+                            "--set model.vocab_size=64 --set model.hidden_dropout=0.1 "
+                            "--set model.attention_dropout=0.1 --set train.train_iters=8 "
+                            "--set train.global_batch_size=16 --set logging.log_interval=1 "
+                            "--set lr.lr_warmup_iters=2 --set eval.eval_interval=4 --set eval.eval_iters=1 --threads 2 ";
+  const std::string full_dir = fresh_dir("llama-full");
+  const Result full = run(llama + "--set checkpoint.save=" + full_dir + " --set checkpoint.save_interval=4");
+  ASSERT_EQ(full.code, 0) << full.out;
+  fs::remove_all(fs::path(full_dir) / "iter_0000008");
+  write(full_dir + "/latest_checkpointed_iteration.txt", "4\n");
+  const Result resumed = run(llama + "--set checkpoint.load=" + full_dir);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(full.out), b = train_lines(resumed.out);
+  ASSERT_EQ(a.size(), 8u) << full.out;
+  ASSERT_EQ(b.size(), 4u) << resumed.out;
+  for (int it = 5; it <= 8; ++it) {
+    ASSERT_TRUE(b.count(it)) << it << "\n" << resumed.out;
+    EXPECT_EQ(a.at(it), b.at(it)) << "iteration " << it;
+  }
+}

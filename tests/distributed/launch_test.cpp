@@ -56,6 +56,28 @@ TEST(Launch, TensorParallel2MatchesOneProcess) {
       << two.out;
 }
 
+// (c') the llama plugin (grouped-query attention: 4 heads, 2 key/value groups, one group per
+// TP rank): TP 2 and TP 2 x DP 2 == 1 process; ZeRO stage 3 over 2 data-parallel ranks (its
+// per-module hooks gather and release the layers' weights) == 1 process with ddp.
+TEST(Launch, LlamaTensorParallelAndZero3MatchOneProcess) {
+  const std::string train = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 1"
+                            " --set model.vocab_size=512 --set dataset.vocab_size=512"
+                            " --set train.train_iters=4 --set logging.log_interval=1 --set lr.lr_warmup_iters=1"
+                            " --set eval.eval_iters=1 --set train.micro_batch_size=4 --set train.global_batch_size=8";
+  const std::string tp2 = " --set distributed.tensor_model_parallel_size=2";
+  const std::string zero3 = " --strategy zero --set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100";
+  const Result one = dtk_test::run(kDtk + " " + train, 240);
+  const Result two = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + tp2, 240);
+  const Result four = dtk_test::run(kDtk + " launch --nproc_per_node 4 " + train + tp2, 240);
+  const Result zero = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + zero3, 240);
+  std::printf("[ timing ] llama TP1 %.1f s, TP2 %.1f s, TP2xDP2 %.1f s, ZeRO-3 DP2 %.1f s\n", one.seconds,
+              two.seconds, four.seconds, zero.seconds);
+  expect_same_losses(one, two);
+  expect_same_losses(one, four);
+  expect_same_losses(one, zero);
+}
+
 // (d) bf16 under tensor and data parallelism on Gloo (which reduces bf16 in fp32, rounded back
 // once): TP 2 and TP 2 x DP 2 follow one process within bf16's resolution, and the start says how
 // fast bf16 is on this CPU (issue 20 items 2 and 4).

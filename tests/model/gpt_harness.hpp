@@ -21,8 +21,10 @@ struct Plugins {
   dtk::host::PluginHost host{dtk::core::host_torch_version(), dtk::core::host_services()};
   const dtk::host::Plugin* gpt = nullptr;
   const dtk::host::Plugin* step = nullptr;
+  const dtk::host::Plugin* llama = nullptr;
   Plugins() {
     gpt = &host.load_file(std::string(DTK_TEST_PLUGIN_DIR) + "/dtk_plugin_gpt.so");
+    llama = &host.load_file(std::string(DTK_TEST_PLUGIN_DIR) + "/dtk_plugin_llama.so");
     step = &host.load_file(std::string(DTK_TEST_PLUGIN_DIR) + "/dtk_plugin_causal_lm.so");
   }
 };
@@ -64,10 +66,12 @@ inline void check(dtk_status* s) {
   throw std::runtime_error(m);
 }
 
+// A model plugin's model (the gpt plugin's unless `plugin` names another).
 class GPT {
  public:
-  explicit GPT(const Opts& user, const Ctx& c = {})
-      : opts_(dtk::host::resolve_options(*plugins().gpt, user)), api_(plugins().gpt->api_as<dtk_model_api>()) {
+  explicit GPT(const Opts& user, const Ctx& c = {}, const dtk::host::Plugin* plugin = nullptr)
+      : opts_(dtk::host::resolve_options(plugin ? *plugin : *plugins().gpt, user)),
+        api_((plugin ? plugin : plugins().gpt)->api_as<dtk_model_api>()) {
     dtk_build_context b = make_ctx(opts_.get(), c);
     check(api_->create(&b, &model_));
     ref_ = {sizeof(dtk_model_ref), api_, model_};

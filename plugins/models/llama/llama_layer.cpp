@@ -1,0 +1,163 @@
+// llama_layer.cpp — see llama_layer.hpp. Megatron-LM: megatron/model/transformer.py
+// (ParallelAttention with num_query_groups, ParallelMLP with swiglu), megatron/model/rms_norm.py,
+// megatron/core/models/common/embeddings/rotary_pos_embedding.py.
+#include "llama_layer.hpp"
+
+#include <dtk/module_hooks.hpp>
+
+#include <cmath>
+
+namespace dtk::llama {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
+}
+
+std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!cos_.defined() || cos_.size(0) < positions) {
+    // Megatron's arithmetic in fp32: inv_freq = 1 / base^(2j / dim); angle = position * inv_freq;
+    // the table repeats the dim / 2 angles twice (the halves that pair up). A row depends only on
+    // its position, so growing the table leaves the earlier rows as they were.
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    const at::Tensor inv_freq = 1.0 / at::pow(base_, at::arange(0, dim_, 2, f32) / static_cast<double>(dim_));
+    const at::Tensor angles = at::outer(at::arange(positions, f32), inv_freq);
+    const at::Tensor emb = at::cat({angles, angles}, -1);
+    cos_ = emb.cos();
+    sin_ = emb.sin();
+  }
+  return {cos_, sin_};
+}
+
+at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) const {
+  if (dim_ == 0) return x;
+  const int64_t max_position = positions.numel() ? positions.max().item<int64_t>() : 0;
+  const auto [cos_table, sin_table] = table(max_position + 1);
+  const at::Tensor cos = at::embedding(cos_table.to(x.device()), positions).unsqueeze(2);  // [b, s, 1, dim]
+  const at::Tensor sin = at::embedding(sin_table.to(x.device()), positions).unsqueeze(2);
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor rot = xf.narrow(-1, 0, dim_);
+  const int64_t half = dim_ / 2;
+  const at::Tensor rotated_half = at::cat({rot.narrow(-1, half, half).neg(), rot.narrow(-1, 0, half)}, -1);
+  at::Tensor out = rot * cos + rotated_half * sin;
+  if (dim_ < x.size(-1)) out = at::cat({out, xf.narrow(-1, dim_, x.size(-1) - dim_)}, -1);
+  return out.to(x.scalar_type());
+}
+
+Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary) : c_(c), rotary_(rotary) {
+  // Megatron's scaled init for the projections into the residual stream.
+  const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  const int64_t hd = c.head_dim();
+  input_norm = f.ones({c.hidden});
+  qkv = ColumnParallelLinear(c.hidden, (c.heads + 2 * c.groups) * hd, c.bias, c.init_std, tp, f);
+  dense = RowParallelLinear(c.heads * hd, c.hidden, c.bias, scaled_std, tp, f);
+  post_attention_norm = f.ones({c.hidden});
+  gate = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
+  up = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
+  down = RowParallelLinear(c.ffn, c.hidden, c.bias, scaled_std, tp, f);
+  heads_local_ = c.heads / tp.size;
+  groups_local_ = c.groups / tp.size;
+}
+
+Layer::QKV Layer::project(const at::Tensor& x, const at::Tensor& positions) const {
+  const int64_t b = x.size(0), s = x.size(1), hd = c_.head_dim(), per_group = heads_local_ / groups_local_;
+  // [b, s, groups, (per_group + 2) * hd]: per group its queries, then its key and its value.
+  const at::Tensor mixed = qkv.forward(x).view({b, s, groups_local_, (per_group + 2) * hd});
+  QKV out;
+  out.q = rotary_.apply(mixed.narrow(-1, 0, per_group * hd).reshape({b, s, heads_local_, hd}), positions);
+  out.k = rotary_.apply(mixed.narrow(-1, per_group * hd, hd), positions);
+  out.v = mixed.narrow(-1, (per_group + 1) * hd, hd);
+  return out;
+}
+
+at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double p, const std::function<at::Tensor(const at::Tensor&)>& probs_dropout) const {
+  const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
+  const int64_t per_group = heads_local_ / groups_local_;
+  const at::Tensor qh = q.transpose(1, 2);  // [b, np, s, hd]
+  at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [b, ng, t, hd]
+  if (per_group > 1) {  // query head g * per_group + j reads key/value group g
+    kh = kh.repeat_interleave(per_group, 1);
+    vh = vh.repeat_interleave(per_group, 1);
+  }
+  at::Tensor context;
+#if TORCH_VERSION_MAJOR >= 2
+  // The fused kernel for the plain causal case (as the gpt plugin: not with attention dropout,
+  // whose masks come from the model's own generator).
+  if (!mask.defined() && p == 0.0 && s == t)
+    context = at::scaled_dot_product_attention(qh.contiguous(), kh.contiguous(), vh.contiguous(), {}, 0.0, true);
+#endif
+  if (!context.defined()) {
+    // Megatron's CoreAttention: q scaled before the product, softmax in fp32 with masked
+    // positions at -10000.
+    const at::Tensor scores = at::matmul(qh * (1.0 / std::sqrt(static_cast<double>(hd))), kh.transpose(-1, -2));
+    const at::Tensor masked =
+        mask.defined() ? mask
+                       : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
+    const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(q.scalar_type());
+    context = at::matmul(probs_dropout(probs), vh);
+  }
+  return context.transpose(1, 2).reshape({b, s, heads_local_ * hd});
+}
+
+at::Tensor Layer::mlp(const at::Tensor& h) const {
+  // One copy into the tensor-parallel region for both projections: a single all-reduce of the
+  // input gradient in backward, not one per projection.
+  const at::Tensor x = copy_to_tp_region(h, gate.tp);
+  return down.forward(at::silu(dtk::linear(x, gate.weight, gate.bias)) * dtk::linear(x, up.weight, up.bias));
+}
+
+at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
+                          bool training) const {
+  const double p = training ? c_.attention_dropout : 0.0;
+  const QKV a = project(rms_norm(x, input_norm, c_.eps), positions);
+  const at::Tensor context = attend(a.q, a.k, a.v, mask, p, [&](const at::Tensor& probs) {
+    return dropout(probs, p, training, rng.attention);
+  });
+  const at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
+  return h + dropout(mlp(rms_norm(h, post_attention_norm, c_.eps)), c_.hidden_dropout, training, rng.hidden);
+}
+
+at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
+                                 int64_t length, const at::Tensor& mask) const {
+  const int64_t n = x.size(1);
+  const QKV a = project(rms_norm(x, input_norm, c_.eps), positions);
+  // cache [2, b, ng, capacity, hd]; the new keys (already rotated) and values at [length, length + n).
+  cache[0].narrow(2, length, n).copy_(a.k.transpose(1, 2));
+  cache[1].narrow(2, length, n).copy_(a.v.transpose(1, 2));
+  const at::Tensor k = cache[0].narrow(2, 0, length + n).transpose(1, 2);  // [b, t, ng, hd]
+  const at::Tensor v = cache[1].narrow(2, 0, length + n).transpose(1, 2);
+  const at::Tensor context = attend(a.q, k, v, mask, 0.0, [](const at::Tensor& probs) { return probs; });
+  const at::Tensor h = x + dense.forward(context);
+  return h + mlp(rms_norm(h, post_attention_norm, c_.eps));
+}
+
+void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {
+  auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
+    Param p;
+    p.name = prefix + name;
+    p.tensor = t;
+    p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
+    p.info.partition_dim = partition_dim;
+    p.info.no_weight_decay = no_wd ? 1 : 0;
+    out.push_back(std::move(p));
+  };
+  auto add_bias = [&](const std::string& name, const at::Tensor& t, int partition_dim) {
+    if (t.defined()) add(name, t, partition_dim, true);
+  };
+  add("input_norm.weight", input_norm, -1, true);
+  add("self_attention.query_key_value.weight", qkv.weight, 0, false);
+  add_bias("self_attention.query_key_value.bias", qkv.bias, 0);
+  add("self_attention.dense.weight", dense.weight, 1, false);
+  add_bias("self_attention.dense.bias", dense.bias, -1);
+  add("post_attention_norm.weight", post_attention_norm, -1, true);
+  add("mlp.gate.weight", gate.weight, 0, false);
+  add_bias("mlp.gate.bias", gate.bias, 0);
+  add("mlp.up.weight", up.weight, 0, false);
+  add_bias("mlp.up.bias", up.bias, 0);
+  add("mlp.dense_4h_to_h.weight", down.weight, 1, false);
+  add_bias("mlp.dense_4h_to_h.bias", down.bias, -1);
+}
+
+}  // namespace dtk::llama

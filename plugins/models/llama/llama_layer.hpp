@@ -1,0 +1,101 @@
+// llama_layer.hpp — one Llama transformer layer as Megatron-LM builds it for Llama 2
+// (--normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
+// --group-query-attention), tensor-parallel with the SDK's building blocks (dtk/layers).
+//
+//   x + dropout(dense(attention(rope(q), rope(k), v)))    q, k, v from one fused projection of RMSNorm(x)
+//   h + dropout(down(silu(gate(RMSNorm(h))) * up(RMSNorm(h))))
+//
+// With add_bias_linear the projections have biases as Megatron's default GPT layers do (the
+// row-parallel ones added once, after the all-reduce).
+// Grouped-query attention: `groups` key/value heads, each shared by heads / groups query heads.
+// The fused query_key_value weight is laid out group by group, as Megatron's
+// ([q of the group's heads | k | v] per group), so a contiguous split of its rows over the
+// tensor-parallel ranks hands each rank whole groups (groups % tp == 0).
+// The MLP's gate and up projections are two column-parallel weights rather than Megatron's one
+// [2 x ffn] weight: each then splits along its rows like any other column-parallel weight, so a
+// checkpoint converts between tensor-parallel sizes with the generic rule.
+#pragma once
+
+#include <dtk/layers/dropout.hpp>
+#include <dtk/layers/tensor_parallel.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dtk::llama {
+
+using namespace dtk::layers;
+
+struct Config {
+  int64_t num_layers = 0, hidden = 0, heads = 0, groups = 0, ffn = 0, seq = 0;
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
+  double rotary_base = 10000.0, rotary_percent = 1.0;
+  double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
+  bool untie = true, fused_lm_head = true;
+  bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
+  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
+  int64_t head_dim() const { return hidden / heads; }
+  // Channels of each head that rotate (Megatron's rotary_percent), even.
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent); }
+};
+
+// RMSNorm in fp32 (Megatron's RMSNorm: x / sqrt(mean(x^2) + eps), cast back, times the weight).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// Rotary position embeddings (Megatron's RotaryEmbedding, non-interleaved: the first and second
+// halves of the rotated channels pair up). The cos/sin table covers the positions seen so far
+// and grows on demand, so evaluation past the training length is correct.
+class Rotary {
+ public:
+  Rotary(int64_t rotary_dim, double base) : dim_(rotary_dim), base_(base) {}
+  // x [b, s, n, head_dim], positions [b, s] int64: the first rotary_dim channels rotated by
+  // position, the rest unchanged. Computed in fp32, returned in x's dtype.
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
+
+ private:
+  std::pair<at::Tensor, at::Tensor> table(int64_t positions) const;  // cos, sin [positions, dim]
+  int64_t dim_;
+  double base_;
+  mutable std::mutex mu_;
+  mutable at::Tensor cos_, sin_;
+};
+
+class Layer {
+ public:
+  Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary);
+  // x [b, s, h]; positions [b, s]; mask [b or 1, 1, s, s] bool (true = masked) or undefined
+  // (causal).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
+                     bool training) const;
+  // Generation: x [b, n, h] at cache positions [length, length + n); `cache` [2, b, groups / tp,
+  // capacity, head_dim] holds the rotated keys and the values; mask [b, 1, n, length + n].
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache, int64_t length,
+                            const at::Tensor& mask) const;
+  void add_params(std::vector<Param>& out, const std::string& prefix) const;
+
+  int64_t groups_local() const { return groups_local_; }
+
+  at::Tensor input_norm, post_attention_norm;
+  ColumnParallelLinear qkv, gate, up;
+  RowParallelLinear dense, down;
+
+ private:
+  struct QKV {
+    at::Tensor q, k, v;  // [b, s, heads / tp, hd], [b, s, groups / tp, hd] x 2
+  };
+  QKV project(const at::Tensor& x, const at::Tensor& positions) const;
+  // Attention of q [b, s, np, hd] over k, v [b, t, ng, hd] with `mask` [.., s, t] (true = masked);
+  // returns the context [b, s, np * hd].
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                    double p, const std::function<at::Tensor(const at::Tensor&)>& probs_dropout) const;
+  at::Tensor mlp(const at::Tensor& h) const;
+
+  const Config& c_;
+  const Rotary& rotary_;
+  int64_t heads_local_ = 0, groups_local_ = 0;
+};
+
+}  // namespace dtk::llama

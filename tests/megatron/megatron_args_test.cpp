@@ -111,32 +111,71 @@ TEST(MegatronArgs, DominoGpt3_6_7B) {
                       {"train.seed", "1234"}});  // not given: Megatron's (and DTK's) default
 }
 
-// Llama needs the model of the Llama issue: the three flags that ask for it are refused, named in
-// one line; everything else maps.
-TEST(MegatronArgs, DominoLlama7BNamesWhatItCannotRun) {
+// The Llama flags select the llama model; Megatron's defaults apply where the llama plugin's
+// (Llama's own) differ: this script keeps biases (no --disable-bias-linear), tied embeddings and
+// dropout 0.1. --max-position-embeddings has nothing to set (rotary positions) and is named.
+TEST(MegatronArgs, DominoLlama7B) {
   const MegatronMapping m = map_file("domino_llama_7b.args");
-  ASSERT_EQ(m.refused.size(), 3u);
-  EXPECT_EQ(m.refused[0].rfind("--position-embedding-type rope: rotary position embeddings needs a Llama-style", 0), 0u);
-  EXPECT_EQ(m.refused[1].rfind("--swiglu: needs a Llama-style model plugin", 0), 0u);
-  EXPECT_EQ(m.refused[2].rfind("--normalization RMSNorm: RMSNorm needs a Llama-style model plugin", 0), 0u);
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  ASSERT_EQ(m.ignored.size(), 1u);
+  EXPECT_EQ(m.ignored[0].rfind("--max-position-embeddings 1024 (rotary positions have no table", 0), 0u) << m.ignored[0];
   const auto cfg = config_of(m);
   expect_fields(cfg, kDominoCommon);
-  expect_fields(cfg, {{"model.num_layers", "32"},
+  expect_fields(cfg, {{"model.name", "llama"},
+                      {"model.num_layers", "32"},
+                      {"model.hidden_size", "4096"},
+                      {"model.num_attention_heads", "32"},
                       {"model.ffn_hidden_size", "11008"},
                       {"model.layernorm_epsilon", "1e-6"},
+                      {"model.add_bias_linear", "true"},
+                      {"model.untie_embeddings_and_output_weights", "false"},
+                      {"model.hidden_dropout", "0.1"},
+                      {"model.attention_dropout", "0.1"},
                       {"train.seq_length", "1024"},
                       {"train.micro_batch_size", "16"},
                       {"checkpoint.save_interval", "10000"},
                       {"eval.eval_interval", "1000"},
                       {"eval.eval_iters", "1"}});
+  EXPECT_EQ(cfg.model().options().count("max_position_embeddings"), 0u);
+}
+
+// Llama 2 as Megatron-LM's examples write it: no biases, untied, grouped-query attention, no
+// dropout, the flags' values over the defaults.
+TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
+  const MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --position-embedding-type rope --normalization RMSNorm "
+      "--swiglu --disable-bias-linear --untie-embeddings-and-output-weights --group-query-attention "
+      "--num-query-groups 2 --rotary-base 500000 --hidden-dropout 0 --attention-dropout 0"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.name", "llama"},
+                               {"model.add_bias_linear", "false"},
+                               {"model.untie_embeddings_and_output_weights", "true"},
+                               {"model.num_query_groups", "2"},
+                               {"model.rotary_base", "500000"},
+                               {"model.hidden_dropout", "0"},
+                               {"model.attention_dropout", "0"}});
+}
+
+// Half a Llama is neither model; Llama-only flags on a GPT are named.
+TEST(MegatronArgs, MixedArchitectureFlagsAreRefused) {
+  MegatronMapping m = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--num-layers 2 --position-embedding-type rope --swiglu"));
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_NE(m.refused[0].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[0];
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--num-layers 2 --num-query-groups 2"));
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--num-query-groups 2: needs the llama model", 0), 0u) << m.refused[0];
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--position-embedding-type rope --normalization RMSNorm --swiglu --openai-gelu"));
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0], "--openai-gelu: the llama model's MLP is SwiGLU, not GeLU");
   dtk::config::RunConfig c = dtk::core::default_config();
   try {
     dtk::core::apply_megatron_mapping(c, m);
     FAIL() << "refused flags must throw";
   } catch (const dtk::host::HostError& e) {
     const std::string what = e.what();
-    EXPECT_EQ(what.rfind("--megatron_args: 3 flag(s) DTK cannot run: --position-embedding-type rope: ", 0), 0u) << what;
-    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_EQ(what, "--megatron_args: 1 flag(s) DTK cannot run: --openai-gelu: the llama model's MLP is SwiGLU, not GeLU");
   }
 }
 

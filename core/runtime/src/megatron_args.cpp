@@ -30,7 +30,7 @@ struct Rule {
 };
 
 constexpr const char* kCudaFusion = "a CUDA kernel-fusion switch: no effect on the CPU path";
-constexpr const char* kLlama = "needs a Llama-style model plugin (RMSNorm, SwiGLU, rotary embeddings), not in this release";
+constexpr const char* kLlama = "the llama model (with --position-embedding-type rope --normalization RMSNorm --swiglu)";
 
 // The order is the docs table's.
 const Rule kRules[] = {
@@ -50,12 +50,16 @@ const Rule kRules[] = {
     {"--openai-gelu", 0, Kind::kSwitch, "model.openai_gelu=true", ""},
     {"--untie-embeddings-and-output-weights", 0, Kind::kSwitch, "model.untie_embeddings_and_output_weights=true", ""},
     {"--position-embedding-type", 1, Kind::kCustom, "",
-     "learned_absolute: the gpt model's learned positions; rope: refused (needs a Llama-style model plugin)"},
-    {"--normalization", 1, Kind::kCustom, "", "LayerNorm: the gpt model's; RMSNorm: refused (needs a Llama-style model plugin)"},
-    {"--swiglu", 0, Kind::kRefuse, "", kLlama},
-    {"--disable-bias-linear", 0, Kind::kRefuse, "", kLlama},
-    {"--group-query-attention", 0, Kind::kRefuse, "", kLlama},
-    {"--num-query-groups", 1, Kind::kRefuse, "", kLlama},
+     "learned_absolute: the gpt model's learned positions; rope: the llama model, which needs --normalization RMSNorm "
+     "and --swiglu with it (Megatron's own defaults where llama's differ: dropout 0.1, tied embeddings, biases; "
+     "--max-position-embeddings ignored, rotary positions have no table)"},
+    {"--normalization", 1, Kind::kCustom, "", "LayerNorm: the gpt model's; RMSNorm: the llama model (see rope)"},
+    {"--swiglu", 0, Kind::kCustom, "", "the llama model (see rope)"},
+    {"--disable-bias-linear", 0, Kind::kCustom, "model.add_bias_linear=false", kLlama},
+    {"--group-query-attention", 0, Kind::kCustom, "", kLlama},
+    {"--num-query-groups", 1, Kind::kSet, "model.num_query_groups", kLlama},
+    {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
+    {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
     {"--attention-backend", 1, Kind::kIgnore, "", "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--use-flash-attn", 0, Kind::kIgnore, "", "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations=full",
@@ -206,11 +210,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   const std::string shown = flag + (v.empty() ? "" : " " + joined(v));
   auto refuse = [&](const std::string& why) { m.refused.push_back(shown + ": " + why); };
   if (f == "--position-embedding-type") {
-    if (v[0] == "rope") return refuse(std::string("rotary position embeddings ") + kLlama);
-    if (v[0] != "learned_absolute") return refuse("not one of learned_absolute, rope");
+    if (v[0] != "learned_absolute" && v[0] != "rope") return refuse("not one of learned_absolute, rope");
   } else if (f == "--normalization") {
-    if (v[0] == "RMSNorm") return refuse(std::string("RMSNorm ") + kLlama);
-    if (v[0] != "LayerNorm") return refuse("not one of LayerNorm, RMSNorm");
+    if (v[0] != "LayerNorm" && v[0] != "RMSNorm") return refuse("not one of LayerNorm, RMSNorm");
+  } else if (f == "--disable-bias-linear") {
+    m.sets.push_back("model.add_bias_linear=false");
   } else if (f == "--recompute-granularity") {
     if (v[0] == "full") return m.sets.push_back("model.recompute_activations=full");
     refuse(v[0] == "selective" ? "selective recomputation (core attention only) is not available" : "not one of full, selective");
@@ -249,6 +253,40 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "GPT2BPETokenizer") refuse("DTK's tokenizer is GPT-2 BPE (GPT2BPETokenizer)");
   } else if (f == "--dataloader-type") {
     if (v[0] != "single") refuse("DTK's sampler is Megatron's pretraining sampler (single)");
+  }
+}
+
+// The model the architecture flags describe: Megatron's GPT (learned positions, LayerNorm, GeLU)
+// is the gpt plugin; rotary positions + RMSNorm + SwiGLU is the llama plugin. A mix of the two is
+// refused, since neither plugin builds it.
+void choose_model(MegatronMapping& m, bool rope, bool rms_norm, bool swiglu, const std::vector<std::string>& llama_only,
+                  const std::vector<std::string>& gpt_only) {
+  if (!rope && !rms_norm && !swiglu) {
+    for (const auto& flag : llama_only) m.refused.push_back(flag + ": needs " + kLlama);
+    return;
+  }
+  if (!(rope && rms_norm && swiglu)) {
+    std::vector<std::string> missing;
+    if (!rope) missing.push_back("--position-embedding-type rope");
+    if (!rms_norm) missing.push_back("--normalization RMSNorm");
+    if (!swiglu) missing.push_back("--swiglu");
+    m.refused.push_back("the architecture flags describe neither DTK's gpt model (learned positions, LayerNorm, GeLU) "
+                        "nor its llama model (rotary positions, RMSNorm, SwiGLU): missing " + joined(missing, ", "));
+    return;
+  }
+  m.model = "llama";
+  // Megatron's defaults where the llama plugin's (Llama's) differ; the flags' own values follow.
+  m.model_defaults = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                      "model.untie_embeddings_and_output_weights=false", "model.add_bias_linear=true"};
+  for (const auto& flag : gpt_only) {
+    if (flag.rfind("--max-position-embeddings", 0) == 0) {
+      m.ignored.push_back(flag + " (rotary positions have no table: the llama model evaluates any position)");
+      m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(),
+                                  [](const std::string& a) { return a.rfind("model.max_position_embeddings=", 0) == 0; }),
+                   m.sets.end());
+    } else {
+      m.refused.push_back(flag + ": the llama model's MLP is SwiGLU, not GeLU");
+    }
   }
 }
 
@@ -307,6 +345,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   std::string rampup;  // the --rampup-batch-size flag as given
   bool iteration_based = false, sample_based = false;
   std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
+  std::vector<std::string> llama_only;            // flags only the llama model takes, as given
+  std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
+  bool rope = false, rms_norm = false, swiglu = false;
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
     std::vector<std::string> values;
@@ -356,7 +397,15 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     if (f == "--train-iters") iteration_based = true;
     if (f == "--train-samples") sample_based = true;
     if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") iteration_schedule.push_back(shown);
+    if (f == "--position-embedding-type" && values[0] == "rope") rope = true;
+    if (f == "--normalization" && values[0] == "RMSNorm") rms_norm = true;
+    if (f == "--swiglu") swiglu = true;
+    if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--num-query-groups" ||
+        f == "--rotary-percent" || f == "--rotary-base")
+      llama_only.push_back(shown);
+    if (f == "--openai-gelu" || f == "--max-position-embeddings") gpt_only.push_back(shown);
   }
+  choose_model(m, rope, rms_norm, swiglu, llama_only, gpt_only);
   // Megatron's validate_args, said here with the other flags rather than later.
   if (iteration_based && sample_based)
     m.refused.push_back("--train-iters with --train-samples: give one (Megatron asserts 'expected iteration-based "
@@ -383,12 +432,15 @@ void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m) {
   if (!m.refused.empty())
     throw HostError("--megatron_args: " + std::to_string(m.refused.size()) + " flag(s) DTK cannot run: " +
                     joined(m.refused, "; "));
+  // True when the slot switched plugins (its old options dropped).
   auto choose = [](config::PluginChoice* slot, const std::string& name) {
-    if (name.empty() || name == slot->name()) return;
+    if (name.empty() || name == slot->name()) return false;
     slot->set_name(name);
     slot->clear_options();
+    return true;
   };
-  choose(cfg.mutable_model(), m.model);
+  if (choose(cfg.mutable_model(), m.model))
+    for (const auto& s : m.model_defaults) apply_override(cfg, s);
   choose(cfg.mutable_dataset(), m.dataset);
   choose(cfg.mutable_optimizer(), m.optimizer);
   choose(cfg.mutable_strategy(), m.strategy);

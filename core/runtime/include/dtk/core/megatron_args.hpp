@@ -18,6 +18,9 @@ struct MegatronMapping {
   // Plugin choices ("" keeps the configured one), then `path=value` overrides in order.
   std::string model, dataset, optimizer, strategy;
   std::vector<std::string> sets;
+  // Megatron's values for the chosen model's options where the plugin's defaults differ: applied
+  // before `sets` when the mapping switches the model (a configured model keeps its options).
+  std::vector<std::string> model_defaults;
   std::vector<std::string> ignored;  // "--flag: why it has no effect here"
   std::vector<std::string> refused;  // "--flag value: why DTK cannot run it"
 };

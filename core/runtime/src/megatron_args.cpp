@@ -119,9 +119,9 @@ const Rule kRules[] = {
     {"--lr-wsd-decay-iters", 1, Kind::kSet, "lr.lr_wsd_decay_iters", ""},
     {"--lr-decay-samples", 1, Kind::kRefuse, "",
      "not available: drop it (the decay then spans --train-samples, Megatron's default) or give the length in "
-     "iterations of the final global batch with --set lr.lr_decay_iters=N"},
+     "iterations of the final global batch with --set lr.lr_decay_iters=<N>"},
     {"--lr-warmup-samples", 1, Kind::kRefuse, "",
-     "not available: give --lr-warmup-fraction, or --set lr.lr_warmup_iters=N (iterations of the final global batch)"},
+     "not available: give --lr-warmup-fraction, or --set lr.lr_warmup_iters=<N> (iterations of the final global batch)"},
     {"--override-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.override_opt_param_scheduler=true", ""},
     {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true", ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",

@@ -20,9 +20,10 @@ class ScaledSgd : public dtk::Optimizer {
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
+    // Under loss scaling the gradients arrive multiplied by args.grad_scale (1 otherwise).
     for (auto& g : groups_)
       for (auto& p : g.params)
-        if (p.grad().defined()) p.add_(p.grad(), -args.lr * g.lr_scale * scale_);
+        if (p.grad().defined()) p.add_(p.grad(), -args.lr * g.lr_scale * scale_ / args.grad_scale);
     if (verbose_) DTK_LOG(INFO) << "step " << args.iteration << " lr " << args.lr * scale_;
   }
 

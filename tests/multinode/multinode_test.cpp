@@ -246,3 +246,28 @@ TEST_F(TwoHosts, MasterAddressWithoutStoreIsABoundedError) {
     EXPECT_EQ(count(r.out, "dtk: error:"), 1) << r.out;
   }
 }
+
+// A slow link (tc on the veth: a token-bucket rate limit, plus netem delay where the kernel has
+// it) makes training slower, never wrong or hung: the same losses as one process, both ranks
+// done. The times are printed for the reader, not asserted (machines differ).
+TEST_F(TwoHosts, SlowLinkTrainsSlowerNeverWrong) {
+  const Result one = run_all({kDtk + " " + kTrain}, 120)[0];
+  const auto fast = run_all({on(1, rank(0, 2), kDtk + " " + kTrain), on(2, rank(1, 2), kDtk + " " + kTrain)}, 120);
+  const std::string id = std::to_string(::getpid());
+  const std::string devs[2] = {"dv" + id + "a", "dv" + id + "b"};
+  // netem (delay and rate) is a kernel module some systems lack: then a token-bucket rate alone.
+  auto shape = [&](const std::string& qdisc) {
+    for (int h = 0; h < 2; ++h)
+      if (sh("ip netns exec " + (h == 0 ? h1_ : h2_) + " tc qdisc replace dev " + devs[h] + " root " + qdisc) != 0)
+        return false;
+    return true;
+  };
+  const bool delay = shape("netem delay 5ms rate 8mbit");
+  if (!delay && !shape("tbf rate 8mbit burst 32kbit latency 2s")) GTEST_SKIP() << "tc cannot shape the veth here; skipped";
+  const auto slow = run_all({on(1, rank(0, 2), kDtk + " " + kTrain), on(2, rank(1, 2), kDtk + " " + kTrain)}, 300);
+  expect_same_losses(one, fast[0]);
+  expect_same_losses(one, slow[0]);
+  EXPECT_EQ(slow[1].code, 0) << slow[1].out;
+  std::printf("[ timing ] 2 hosts x 1 rank, 4 iterations: %.1f s on the bare veth, %.1f s at 8 Mbit/s%s\n",
+              fast[0].seconds, slow[0].seconds, delay ? " + 5 ms delay" : " (no netem here: no added delay)");
+}

@@ -16,12 +16,91 @@ void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The table behind ModelInstance::ref(): each entry calls the plugin's own and, on failure,
+// returns a status whose message names the model plugin and the call. `model` is the Blaming
+// context. A plain table of functions (no state of its own), so it is one static for all models.
+namespace {
+using Blaming = ModelInstance::Blaming;
+Blaming* blaming(dtk_model* m) { return reinterpret_cast<Blaming*>(m); }
+
+dtk_status* blame(dtk_status* s, const Blaming* b, const char* call) {
+  if (!s) return nullptr;
+  const std::string message = "model plugin '" + b->name + "': " + call + ": " + dtk_status_get_message(s);
+  const int32_t code = dtk_status_get_code(s);
+  dtk_status_release(s);
+  return make_status(code, message);
+}
+
+// Forwards a forward's outputs to the caller's sink, noting whether any floating-point output
+// is attached to the autograd graph.
+struct OutputWatch {
+  const dtk_tensor_sink* inner;
+  bool any_float = false, attached = false;
+};
+dtk_status* watch_put(void* ctx, const char* name, dtk_tensor* t) {
+  auto* w = static_cast<OutputWatch*>(ctx);
+  if (t && t->value.defined() && t->value.is_floating_point()) {
+    w->any_float = true;
+    w->attached = w->attached || t->value.requires_grad();
+  }
+  return w->inner->put(w->inner->ctx, name, t);
+}
+
+const dtk_model_api kBlamingApi = {
+    dtk_model_api_STRUCT_SIZE,
+    [](const dtk_build_context*, dtk_model**) -> dtk_status* {
+      return make_status(DTK_ERR_UNSUPPORTED, "create through a model reference");
+    },
+    [](dtk_model*) {},  // the ModelInstance owns the model
+    [](dtk_model* m, const dtk_model_forward_args* args) -> dtk_status* {
+      Blaming* b = blaming(m);
+      if (!args || args->struct_size < dtk_model_forward_args_STRUCT_SIZE_2_0 || !args->outputs)
+        return b->api->forward(b->model, args);  // the plugin refuses it in its own words
+      OutputWatch w{args->outputs};
+      const dtk_tensor_sink sink{dtk_tensor_sink_STRUCT_SIZE, &w, &watch_put};
+      dtk_model_forward_args a{dtk_model_forward_args_STRUCT_SIZE, args->inputs, &sink};
+      dtk_status* s = b->api->forward(b->model, &a);
+      b->outputs_attached = !w.any_float || w.attached;
+      return blame(s, b, "forward");
+    },
+    [](dtk_model* m, const dtk_param_visitor* v) {
+      return blame(blaming(m)->api->visit_parameters(blaming(m)->model, v), blaming(m), "visit_parameters");
+    },
+    [](dtk_model* m, const dtk_param_visitor* v) {
+      return blame(blaming(m)->api->visit_buffers(blaming(m)->model, v), blaming(m), "visit_buffers");
+    },
+    [](dtk_model* m, int32_t training) {
+      return blame(blaming(m)->api->set_training(blaming(m)->model, training), blaming(m), "set_training");
+    },
+    [](dtk_model* m, const dtk_model_to_args* args) {
+      return blame(blaming(m)->api->to(blaming(m)->model, args), blaming(m), "to");
+    },
+    [](dtk_model* m, const dtk_tensor_sink* out) {
+      return blame(blaming(m)->api->state_save(blaming(m)->model, out), blaming(m), "state_save");
+    },
+    [](dtk_model* m, const dtk_tensor_map* state, int32_t strict) {
+      return blame(blaming(m)->api->state_load(blaming(m)->model, state, strict), blaming(m), "state_load");
+    },
+    [](dtk_model* m, dtk_model_info* info) {
+      return blame(blaming(m)->api->get_info(blaming(m)->model, info), blaming(m), "get_info");
+    },
+    [](dtk_model* m, const dtk_module_visitor* v) {
+      return blame(blaming(m)->api->visit_modules(blaming(m)->model, v), blaming(m), "visit_modules");
+    },
+    [](dtk_model* m, const dtk_module_hooks* hooks) {
+      return blame(blaming(m)->api->set_module_hooks(blaming(m)->model, hooks), blaming(m), "set_module_hooks");
+    },
+};
+}  // namespace
+
 ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
     : plugin_(plugin), api_(plugin.api_as<dtk_model_api>()) {
   dtk_model* m = nullptr;
   check_plugin(api_->create(&ctx, &m), plugin_, "create");
   if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
   ref_ = {dtk_model_ref_STRUCT_SIZE, api_, m};
+  blaming_ = {api_, m, plugin_.name(), true};
+  blaming_ref_ = {dtk_model_ref_STRUCT_SIZE, &kBlamingApi, reinterpret_cast<dtk_model*>(&blaming_)};
   // A model that did not honour the context's device or dtype is moved (abi.h: `to`).
   const at::Device device = to_device(ctx.device);
   const at::ScalarType dtype = to_scalar_type(ctx.params_dtype);

@@ -24,6 +24,7 @@
 #include "dtk/core/cuda_support.hpp"
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/exit_conditions.hpp"
+#include "dtk/core/graph_check.hpp"
 #include "dtk/core/memory.hpp"
 #include "dtk/core/run_agreement.hpp"
 #include "dtk/core/trace.hpp"
@@ -575,17 +576,24 @@ void Trainer::build_data_iterators() {
       [this, first_iteration](int64_t k, int64_t j) { return plan_.train_sample_index(first_iteration, k, j); });
 }
 
-// The token ids of the first batches (cheap: a max over a few micro-batches) are below the
-// vocabulary: the tokenizer's when the run names its files, else the dataset's declared one, else
-// the model's. A larger id would otherwise surface as an index error deep in the model.
-void Trainer::check_token_ids(const TensorList& batch, int64_t iteration) const {
+// The dataset contract on the first batches (cheap: a max over a few micro-batches). Token ids
+// are below the vocabulary: the tokenizer's when the run names its files, else the dataset's
+// declared one, else the model's. A larger id would otherwise surface as an index error deep in
+// the model. "text" (what the shipped steps read) holds seq_length + 1 tokens per sample: with
+// one fewer, the step would train on shorter sequences without a word.
+void Trainer::check_batch(const TensorList& batch, int64_t iteration) const {
   int64_t limit = cfg_.tokenizer().vocab_size();
   std::string what = "the tokenizer's vocabulary (" + cfg_.tokenizer().vocab_file() + ")";
   if (limit <= 0 && data_->vocab_size() > 0)
     limit = data_->vocab_size(), what = "the vocabulary the dataset declares";
   if (limit <= 0) limit = model_->info().vocab_size, what = "the model's vocabulary";
   std::string error;
+  if (const at::Tensor* text = find(batch, "text"); text && text->dim() == 2 && text->size(1) != plan_.seq_length() + 1)
+    error = "dataset plugin '" + data_slot_.plugin.name() + "': samples of 'text' hold " +
+            std::to_string(text->size(1)) + " tokens, the run needs seq_length + 1 = " +
+            std::to_string(plan_.seq_length() + 1) + " (the step shifts them into seq_length tokens and their labels)";
   for (const auto& [name, t] : batch) {
+    if (!error.empty()) break;
     // The buffers that hold token ids (the shipped steps read "text"; others may pass tokens and
     // labels themselves).
     if ((name != "text" && name != "tokens" && name != "labels") || !t.defined() || t.numel() == 0 ||
@@ -603,6 +611,23 @@ void Trainer::check_token_ids(const TensorList& batch, int64_t iteration) const 
   // Data-parallel ranks read other samples: all decide together, before any collective of the
   // step, so a rank with good data does not wait for one that left.
   agree(error, topo_, "checking the token ids of the first batches");
+}
+
+void Trainer::check_loss(const at::Tensor& loss) {
+  const std::string step = "step plugin '" + step_slot_.plugin.name() + "'";
+  const std::string model = "model plugin '" + model_slot_.plugin.name() + "'";
+  if (!loss.requires_grad()) {
+    if (!model_->last_outputs_attached())
+      throw HostError(model + ": forward returned outputs that do not require grad (detached from the parameters, "
+                      "or computed under no_grad), so the loss of " + step + " cannot train anything");
+    throw HostError(step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
+                    model + "): nothing would train");
+  }
+  if (graph_checked_) return;
+  graph_checked_ = true;
+  std::string error = unlisted_trained_tensors(loss, model_->parameters());
+  if (!error.empty()) error = model + ": " + error;
+  agree(error, topo_, "checking that the loss trains only listed parameters");
 }
 
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
@@ -625,7 +650,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
       auto t = timers_.scope(Phase::kBatchGenerator);
       batch = train_loader_->next();
     }
-    if (iteration <= resumed_iteration_ + kCheckedIterations) check_token_ids(batch, iteration);
+    if (cfg_.train().check_every_batch() || iteration <= resumed_iteration_ + kCheckedIterations)
+      check_batch(batch, iteration);
     at::Tensor loss;
     {
       auto t = timers_.scope(Phase::kForwardCompute);
@@ -636,6 +662,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     if (loss.dim() != 0 && loss.numel() != 1)
       throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
                       Model::shape_str(loss) + ", expected a scalar");
+    check_loss(loss);
     strategy_->before_backward(m, num_micro);
     // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
     at::Tensor scaled = loss.reshape({}) / static_cast<double>(num_micro);
@@ -643,7 +670,15 @@ IterationResult Trainer::train_step(int64_t iteration) {
     if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
     {
       auto t = timers_.scope(Phase::kBackwardCompute);
-      scaled.backward();
+      try {
+        scaled.backward();
+      } catch (const HostError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Autograd runs the model's (and the step's) backward functions: name both.
+        throw HostError("backward of the loss of step plugin '" + step_slot_.plugin.name() + "' through model plugin '" +
+                        model_slot_.plugin.name() + "' failed: " + one_line(e.what()));
+      }
     }
     if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
     r.metrics.add(metrics);

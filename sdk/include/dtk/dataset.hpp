@@ -82,13 +82,24 @@ struct DatasetContext {
 };
 
 // Base class of a C++ dataset plugin. Constructor: Class(const dtk::DatasetContext&).
+// Contracts (docs/plugin-guide.md, "Contracts"; the host checks the first batches and names this
+// plugin when they are broken):
+//   * The host asks for samples 0, 1, 2, ... of a split in order (each data-parallel rank its share
+//     of every global batch, a resumed run from where it stopped): shuffling is the dataset's job.
+//   * Sample i is a pure function of (split, i, options, seed): any rank, thread or rerun gets the
+//     same one.
+//   * The shipped causal_lm step reads "text": seq_length + 1 token ids per sample (it shifts them
+//     into tokens and labels), each in [0, vocab_size()) when vocab_size() is declared.
 class Dataset {
  public:
   virtual ~Dataset() = default;
+  // Samples of the split (0 train, 1 validation, 2 test); at least DatasetContext::num_samples
+  // when the run asks for them.
   virtual int64_t num_samples(int32_t split) = 0;
   // [loader-thread] Puts the sample's named buffers into `out` (GPT: "text", seq_length + 1
   // tokens). Every buffer reaches the step by name, collated to [micro_batch_size, ...].
   virtual void get_sample(int32_t split, int64_t index, const dtk_buffer_sink* out) = 0;
+  // The token ids this dataset can produce (0: not declared).
   virtual int64_t vocab_size() { return 0; }
 };
 

@@ -31,7 +31,24 @@ struct Module {
   std::vector<std::string> params;
 };
 
-// Base class of a C++ model plugin. Every method is [main-thread].
+// Base class of a C++ model plugin. Every method is [main-thread]. Contracts the host relies on
+// (docs/plugin-guide.md, "Contracts"; the host checks them and names this plugin when broken):
+//   forward     The step decides the inputs; the shipped causal_lm step passes "tokens" and
+//               "position_ids" [b, s] int64, "labels" [b, s] int64, and "attention_mask"
+//               [b, 1, s, s] bool (true = masked) only when it resets the mask. With "labels" it
+//               expects "loss" [b, s]: the per-token loss, still attached to the parameters (it
+//               masks and averages it, then the host runs backward); without, "logits" [b, s, V]
+//               (this rank's vocabulary slice under TP). Exceptions thrown here reach the user
+//               as "model plugin '<name>': forward: <what()>".
+//   parameters  EVERY trainable tensor, each once (a tensor the loss reaches that is missing here
+//               is never updated: the host refuses it on the first step). Fill dtk_param_info:
+//               tensor_parallel/partition_dim for TP shards, no_weight_decay for biases and norms,
+//               shared=1 on a tied tensor's owning stage, module_index for ZeRO-3's hooks.
+//   info        num_layers, hidden_size, num_attention_heads, seq_length (FLOPs, memory
+//               estimate, the start-up line), vocab_size (padded: generation, and the token-id
+//               check when neither tokenizer nor dataset declares one), recompute (FLOPs).
+//   Seeded initialisation: draw weights from dtk::layers::seeded_generator(ctx.seed) on the CPU
+//   (dtk::layers::ParamFactory does it), then move them to ctx.device and ctx.params_dtype.
 class Model {
  public:
   virtual ~Model() = default;

@@ -25,7 +25,22 @@ class ModelInstance {
   // device or a floating-point one not of its params_dtype.
   ModelInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
   ~ModelInstance();
-  const dtk_model_ref* ref() const { return &ref_; }
+  ModelInstance(const ModelInstance&) = delete;
+  ModelInstance& operator=(const ModelInstance&) = delete;
+  // The reference other plugins (steps, strategies) call the model through. It forwards every
+  // call to the plugin and prefixes an error with "model plugin '<name>': <call>: ", so a failure
+  // inside the model is blamed on the model and not only on the step that called it.
+  const dtk_model_ref* ref() const { return &blaming_ref_; }
+  // Whether the floating-point outputs of the last forward through ref() required grad (false:
+  // all were detached from the parameters; true also when there were none).
+  bool last_outputs_attached() const { return blaming_.outputs_attached; }
+  // The context behind ref(): what its forwarding table needs to reach the real model.
+  struct Blaming {
+    const dtk_model_api* api = nullptr;
+    dtk_model* model = nullptr;
+    std::string name;
+    bool outputs_attached = true;
+  };
   std::vector<Param> parameters() const;
   void set_training(bool training);
   dtk_model_info info() const;
@@ -42,7 +57,9 @@ class ModelInstance {
  private:
   const host::Plugin& plugin_;
   const dtk_model_api* api_;
-  dtk_model_ref ref_{};
+  dtk_model_ref ref_{};  // the plugin's own table and model (the host's calls)
+  Blaming blaming_;
+  dtk_model_ref blaming_ref_{};
 };
 
 class StepInstance {

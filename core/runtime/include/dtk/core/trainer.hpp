@@ -79,9 +79,15 @@ class Trainer {
   LearningRateSchedule schedule_;
   GradScaler scaler_;  // loss scaling (none: scale 1)
   Timers timers_;      // logging.timing_log_level
-  // check_token_ids runs on the micro-batches of the first kCheckedIterations after a (re)start.
+  // The dataset contract (token ids below the vocabulary, seq_length + 1 tokens of "text"),
+  // checked on the micro-batches of the first kCheckedIterations after a (re)start, or on every
+  // one with train.check_every_batch.
   static constexpr int64_t kCheckedIterations = 2;
-  void check_token_ids(const TensorList& batch, int64_t iteration) const;
+  void check_batch(const TensorList& batch, int64_t iteration) const;
+  // The loss of a micro-batch before its backward: attached to the graph (naming the plugin that
+  // detached it) and, on this process's first step, training no tensor the model does not list.
+  void check_loss(const at::Tensor& loss);
+  bool graph_checked_ = false;
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
 
   std::unique_ptr<ModelInstance> model_;

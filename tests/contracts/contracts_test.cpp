@@ -1,0 +1,73 @@
+// The plugin contracts (docs/plugin-guide.md, "Contracts", issue 19 items 3 and 4): a plugin that
+// breaks one is stopped with one `dtk: error:` line that names it (and the step that called a
+// failing model), before its mistake can train silently or surface as a bare LibTorch message.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "../common/run_dtk.hpp"
+
+namespace {
+
+using dtk_test::expect_one_line_error;
+using dtk_test::run_dtk;
+
+// contract_model + contract_data (vocab 64) with the shipped causal_lm step.
+std::string train(const std::string& extra) {
+  return std::string("train --config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --model contract_model " +
+         "--dataset contract_data --plugin_path " + DTK_CONTRACT_PLUGIN_DIR + " --threads 1 " +
+         "--set train.seq_length=16 --set train.micro_batch_size=4 --set train.global_batch_size=4 " +
+         "--set train.train_iters=6 --set lr.lr_warmup_iters=1 --set eval.eval_iters=0 --set logging.log_interval=1 " +
+         extra;
+}
+
+TEST(Contracts, AModelKeepingEveryRuleTrains) {
+  const auto r = run_dtk(train(""));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("iteration        6/       6"), std::string::npos) << r.out;
+}
+
+TEST(Contracts, ADetachedModelOutputIsBlamedOnTheModel) {
+  expect_one_line_error(run_dtk(train("--set model.fault=detached")),
+                        "model plugin 'contract_model': forward returned outputs that do not require grad");
+}
+
+TEST(Contracts, ADetachedLossIsBlamedOnTheStep) {
+  expect_one_line_error(run_dtk(train("--step detaching_step")),
+                        "step plugin 'detaching_step': forward_step returned a loss that does not require grad");
+}
+
+TEST(Contracts, ATrainedTensorMissingFromTheParametersIsRefused) {
+  expect_one_line_error(run_dtk(train("--set model.fault=unlisted")),
+                        "model plugin 'contract_model': 1 tensor the loss trains is not listed by visit_parameters "
+                        "(the first: Float [16])");
+}
+
+TEST(Contracts, AnErrorInTheModelsForwardNamesTheModelAndTheStep) {
+  expect_one_line_error(run_dtk(train("--set model.fault=throw_forward")),
+                        "step plugin 'causal_lm': forward_step: model plugin 'contract_model': forward: boom in forward");
+}
+
+TEST(Contracts, AnErrorInTheModelsBackwardNamesTheModelAndTheStep) {
+  expect_one_line_error(
+      run_dtk(train("--set model.fault=throw_backward")),
+      "backward of the loss of step plugin 'causal_lm' through model plugin 'contract_model' failed: boom in backward");
+}
+
+TEST(Contracts, SamplesOneTokenShortAreBlamedOnTheDataset) {
+  expect_one_line_error(run_dtk(train("--set dataset.short_samples=true")),
+                        "dataset plugin 'contract_data': samples of 'text' hold 16 tokens, the run needs "
+                        "seq_length + 1 = 17");
+}
+
+// Sample 16 is the first of iteration 5, past the checked first batches: by default the model
+// meets the bad id (and is named); with train.check_every_batch the dataset is named.
+TEST(Contracts, ALateOutOfRangeTokenIsFoundWhereItIsChecked) {
+  expect_one_line_error(run_dtk(train("--set dataset.bad_id_from=16")),
+                        "step plugin 'causal_lm': forward_step: model plugin 'contract_model': forward: ");
+  expect_one_line_error(run_dtk(train("--set dataset.bad_id_from=16 --set train.check_every_batch=true")),
+                        "dataset plugin 'contract_data': token id 64 in 'text' of a training batch of iteration 5 "
+                        "is not below the vocabulary the dataset declares of 64 tokens");
+}
+
+}  // namespace

@@ -1,0 +1,79 @@
+// contract_model — a tiny causal LM (embedding, linear head, per-token loss) whose option `fault`
+// breaks one rule of the model contract, for tests/contracts.
+#include <dtk/model.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace {
+
+const dtk_option_spec kOptions[] = {
+    dtk::opt_int("vocab_size", "64", "Vocabulary."),
+    dtk::opt_enum("fault", "none", "none|detached|unlisted|throw_forward|throw_backward", "The rule to break."),
+};
+
+// Identity forward; its backward throws (a model's custom autograd function failing).
+struct ThrowingBackward : public torch::autograd::Function<ThrowingBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw std::runtime_error("boom in backward");
+  }
+};
+
+class ContractModel : public dtk::Model {
+ public:
+  explicit ContractModel(const dtk::BuildContext& ctx)
+      : vocab_(ctx.options.get_int("vocab_size")), fault_(ctx.options.get_string("fault")), seq_(ctx.seq_length) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed);
+    auto opts = at::TensorOptions().dtype(ctx.params_dtype).device(ctx.device);
+    embedding_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
+    head_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
+    hidden_bias_ = at::zeros({16}, opts).set_requires_grad(true);  // listed unless fault == unlisted
+  }
+  dtk::TensorList forward(const dtk::TensorList& inputs) override {
+    if (fault_ == "throw_forward") throw dtk::Error("boom in forward");
+    at::Tensor h = at::embedding(embedding_, dtk::get(inputs, "tokens")) + hidden_bias_;
+    if (fault_ == "throw_backward") h = ThrowingBackward::apply(h);
+    at::Tensor logits = at::linear(h, head_);
+    const at::Tensor& labels = dtk::get(inputs, "labels");
+    at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, vocab_}), labels.reshape({-1}), {}, at::Reduction::None)
+                          .view(labels.sizes());
+    if (fault_ == "detached") loss = loss.detach();
+    return {{"loss", loss}};
+  }
+  std::vector<dtk::Param> parameters() override {
+    std::vector<dtk::Param> out(2);
+    out[0].name = "embedding";
+    out[0].tensor = embedding_;
+    out[1].name = "head";
+    out[1].tensor = head_;
+    if (fault_ != "unlisted") {
+      out.emplace_back();
+      out.back().name = "hidden_bias";
+      out.back().tensor = hidden_bias_;
+    }
+    return out;
+  }
+  void set_training(bool) override {}
+  dtk_model_info info() override {
+    dtk_model_info i{};
+    i.num_layers = 1;
+    i.hidden_size = 16;
+    i.num_attention_heads = 1;
+    i.seq_length = seq_;
+    i.vocab_size = vocab_;
+    return i;
+  }
+
+ private:
+  int64_t vocab_;
+  std::string fault_;
+  int64_t seq_;
+  at::Tensor embedding_, head_, hidden_bias_;
+};
+
+}  // namespace
+
+DTK_PLUGIN("contract_model", DTK_KIND_MODEL, "1.0.0", "Test model that breaks a contract on request", DTK_TORCH_VERSION,
+           dtk::model_api<ContractModel>(), kOptions)

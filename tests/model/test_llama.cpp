@@ -8,6 +8,9 @@
 #include "gpt_harness.hpp"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <set>
 
 #include <cmath>
 #include <map>
@@ -227,6 +230,54 @@ TEST(LlamaModel, StateRoundTripAndSeededDropout) {
   at::NoGradGuard ng;
   EXPECT_TRUE(at::equal(dtk::get(a.forward({{"tokens", tokens}}), "logits"),
                         dtk::get(a.forward({{"tokens", tokens}}), "logits")));
+}
+
+// How many nodes of t's autograd graph have `name` in their name.
+int64_t graph_has(const at::Tensor& t, const std::string& name) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  int64_t n = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) ++n;
+    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
+  }
+  return n;
+}
+
+// Full activation recomputation (dtk::layers::recompute): the same loss and gradients as keeping
+// the activations, with dropout on (the rerun draws the forward's masks) and twice in a row (the
+// generators stay in step).
+TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
+  const Shape S = kShapes[1];
+  for (const char* p : {"0", "0.2"}) {
+    Opts base = llama_opts(S);
+    base["hidden_dropout"] = p;
+    base["attention_dropout"] = p;
+    Opts rec = base;
+    rec["recompute_activations"] = "full";
+    GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
+    EXPECT_EQ(b.info().recompute, 1);
+    a.train(true);
+    b.train(true);
+    at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
+    TensorList in{{"tokens", tokens}, {"labels", labels}};
+    for (int it = 0; it < 2; ++it) {
+      a.zero_grad();
+      b.zero_grad();
+      at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+      EXPECT_EQ(graph_has(la, "Recomputed"), 0);
+      EXPECT_EQ(graph_has(lb, "Recomputed"), S.layers);  // one recomputed block per layer
+      la.backward();
+      lb.backward();
+      expect_close(lb.detach(), la.detach(), 1e-6, std::string("loss, dropout ") + p);
+      auto pa = a.param_map(), pb = b.param_map();
+      for (auto& kv : pa)
+        expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, std::string("grad ") + kv.first + " dropout " + p);
+    }
+  }
 }
 
 TEST(LlamaModel, GenerationCacheEqualsTheFullForward) {

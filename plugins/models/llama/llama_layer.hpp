@@ -35,6 +35,7 @@ struct Config {
   double rotary_base = 10000.0, rotary_percent = 1.0;
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
   bool untie = true, fused_lm_head = true;
+  bool recompute = false;  // full activation recomputation, one layer per checkpoint (dtk/layers/recompute.hpp)
   bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512
   int64_t head_dim() const { return hidden / heads; }

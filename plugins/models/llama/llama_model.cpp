@@ -17,6 +17,7 @@
 // checkpoint state follow the gpt plugin's rules (docs/models.md), so TP=N is the TP=1 model cut
 // in pieces and a resumed run draws the same dropout masks.
 #include <dtk/layers/lm_head.hpp>
+#include <dtk/layers/recompute.hpp>
 #include <dtk/module_hooks.hpp>
 
 #include <limits>
@@ -52,6 +53,7 @@ class LlamaModel : public Model {
     c_.eps = o.get_float("layernorm_epsilon");
     c_.untie = o.get_bool("untie_embeddings_and_output_weights");
     c_.fused_lm_head = o.get_bool("fused_lm_head");
+    c_.recompute = o.get_string("recompute_activations") == "full";
     c_.bias = o.get_bool("add_bias_linear");
     c_.lm_head_chunk_tokens = o.get_int("lm_head_chunk_tokens");
     validate(ctx);
@@ -118,10 +120,18 @@ class LlamaModel : public Model {
     const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
     if (labels) check_id_range("llama", "labels", *labels, c_.padded_vocab, "the padded vocabulary");
 
-    for (size_t i = 0; i < layers_.size(); ++i)
-      h = hooks_.run(layer_module(i), h, [&](const at::Tensor& x) {
-        return layers_[i]->forward(x, positions, mask, rng_, training_);
-      });
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      // The hooks run inside the recomputed block, so a ZeRO-3 strategy gathers the layer's
+      // parameters again for the rerun in backward.
+      const Layer* layer = layers_[i].get();
+      const ModuleHooks* hooks = &hooks_;
+      const int32_t module = layer_module(i);
+      const bool training = training_;
+      RecomputedBlock block = [layer, hooks, module, positions, mask, training](const at::Tensor& x, DropoutRng& rng) {
+        return hooks->run(module, x, [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); });
+      };
+      h = c_.recompute ? recompute(h, rng_, std::move(block)) : block(h, rng_);
+    }
     if (!post_) return {{"hidden_states", h}};
 
     at::Tensor out = hooks_.run(output_module(), h, [&](const at::Tensor& x) {
@@ -251,6 +261,7 @@ class LlamaModel : public Model {
     i.seq_length = c_.seq;
     i.vocab_size = c_.padded_vocab;
     i.tied_embeddings = c_.untie ? 0 : 1;
+    i.recompute = c_.recompute ? 1 : 0;
     return i;
   }
 
@@ -345,6 +356,9 @@ const dtk_option_spec kOptions[] = {
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: the logits, then vocab-parallel cross entropy)."),
     opt_int("lm_head_chunk_tokens", "0", "Tokens per chunk of the fused output layer; 0 = 512."),
+    opt_enum("recompute_activations", "none", "none|full",
+             "full = recompute every layer's activations in backward (one layer per checkpoint; Megatron's "
+             "--recompute-granularity full)."),
 };
 
 }  // namespace

@@ -156,15 +156,39 @@ TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
                                {"model.attention_dropout", "0"}});
 }
 
+// Megatron's grouped-query attention: --group-query-attention turns it on with
+// --num-query-groups groups (default 1, multi-query); the group count alone is ignored (and said
+// so), on any model. --fp16 with --bf16 is refused, as Megatron asserts.
+TEST(MegatronArgs, GroupedQueryAttentionAndPrecisionFollowMegatron) {
+  const std::string llama = "--num-layers 2 --position-embedding-type rope --normalization RMSNorm --swiglu ";
+  MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(llama + "--group-query-attention"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.num_query_groups", "1"}});
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(llama + "--num-query-groups 4"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  for (const auto& set : m.sets) EXPECT_EQ(set.find("num_query_groups"), std::string::npos) << set;  // multi-head
+  ASSERT_EQ(m.ignored.size(), 1u);
+  EXPECT_EQ(m.ignored[0].rfind("--num-query-groups 4 (Megatron reads it only with --group-query-attention", 0), 0u)
+      << m.ignored[0];
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--num-layers 2 --num-query-groups 4"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_EQ(m.ignored.size(), 1u);
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--num-layers 2 --fp16 --bf16"));
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0], "--fp16 with --bf16: give one (Megatron asserts it)");
+}
+
 // Half a Llama is neither model; Llama-only flags on a GPT are named.
 TEST(MegatronArgs, MixedArchitectureFlagsAreRefused) {
   MegatronMapping m = dtk::core::map_megatron_args(
       dtk::core::split_megatron_args("--num-layers 2 --position-embedding-type rope --swiglu"));
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_NE(m.refused[0].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[0];
-  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--num-layers 2 --num-query-groups 2"));
-  ASSERT_EQ(m.refused.size(), 1u);
-  EXPECT_EQ(m.refused[0].rfind("--num-query-groups 2: needs the llama model", 0), 0u) << m.refused[0];
+  m = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--num-layers 2 --group-query-attention --num-query-groups 2"));
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(m.refused[0].rfind("--group-query-attention: needs the llama model", 0), 0u) << m.refused[0];
+  EXPECT_EQ(m.refused[1].rfind("--num-query-groups 2: needs the llama model", 0), 0u) << m.refused[1];
   m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
       "--position-embedding-type rope --normalization RMSNorm --swiglu --openai-gelu"));
   ASSERT_EQ(m.refused.size(), 1u);

@@ -56,8 +56,10 @@ const Rule kRules[] = {
     {"--normalization", 1, Kind::kCustom, "", "LayerNorm: the gpt model's; RMSNorm: the llama model (see rope)"},
     {"--swiglu", 0, Kind::kCustom, "", "the llama model (see rope)"},
     {"--disable-bias-linear", 0, Kind::kCustom, "model.add_bias_linear=false", kLlama},
-    {"--group-query-attention", 0, Kind::kCustom, "", kLlama},
-    {"--num-query-groups", 1, Kind::kSet, "model.num_query_groups", kLlama},
+    {"--group-query-attention", 0, Kind::kCustom, "model.num_query_groups",
+     "grouped-query attention (llama): --num-query-groups groups, Megatron's default 1 (multi-query)"},
+    {"--num-query-groups", 1, Kind::kCustom, "model.num_query_groups",
+     "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head attention"},
     {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
     {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
     {"--attention-backend", 1, Kind::kIgnore, "", "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
@@ -348,6 +350,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   std::vector<std::string> llama_only;            // flags only the llama model takes, as given
   std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
   bool rope = false, rms_norm = false, swiglu = false;
+  bool group_query_attention = false, fp16 = false, bf16 = false;
+  std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
     std::vector<std::string> values;
@@ -400,11 +404,24 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     if (f == "--position-embedding-type" && values[0] == "rope") rope = true;
     if (f == "--normalization" && values[0] == "RMSNorm") rms_norm = true;
     if (f == "--swiglu") swiglu = true;
-    if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--num-query-groups" ||
+    if (f == "--group-query-attention") group_query_attention = true;
+    if (f == "--num-query-groups") query_groups = values[0], query_groups_shown = shown;
+    if (f == "--fp16") fp16 = true;
+    if (f == "--bf16") bf16 = true;
+    if (f == "--disable-bias-linear" || f == "--group-query-attention" ||
         f == "--rotary-percent" || f == "--rotary-base")
       llama_only.push_back(shown);
     if (f == "--openai-gelu" || f == "--max-position-embeddings") gpt_only.push_back(shown);
   }
+  // Megatron builds grouped-query attention only with --group-query-attention, with
+  // --num-query-groups groups (default 1: multi-query); the group count alone changes nothing.
+  if (group_query_attention && !query_groups.empty()) llama_only.push_back(query_groups_shown);
+  if (group_query_attention)
+    m.sets.push_back("model.num_query_groups=" + (query_groups.empty() ? std::string("1") : query_groups));
+  else if (!query_groups.empty())
+    m.ignored.push_back(query_groups_shown + " (Megatron reads it only with --group-query-attention: multi-head "
+                                             "attention as written)");
+  if (fp16 && bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   choose_model(m, rope, rms_norm, swiglu, llama_only, gpt_only);
   // Megatron's validate_args, said here with the other flags rather than later.
   if (iteration_based && sample_based)

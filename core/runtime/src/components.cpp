@@ -2,7 +2,9 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 namespace dtk::core {
@@ -58,9 +60,15 @@ const dtk_model_api kBlamingApi = {
         return b->api->forward(b->model, args);  // the plugin refuses it in its own words
       OutputWatch w{args->outputs};
       const dtk_tensor_sink sink{dtk_tensor_sink_STRUCT_SIZE, &w, &watch_put};
-      dtk_model_forward_args a{dtk_model_forward_args_STRUCT_SIZE, args->inputs, &sink};
+      // The caller's arguments as it wrote them (its struct_size, fields a newer caller appends
+      // included), only the output sink replaced.
+      dtk_model_forward_args a{};
+      std::memcpy(&a, args, std::min(args->struct_size, sizeof a));
+      a.struct_size = std::min(args->struct_size, sizeof a);
+      a.outputs = &sink;
       dtk_status* s = b->api->forward(b->model, &a);
-      b->outputs_attached = !w.any_float || w.attached;
+      ++b->forwards;
+      b->outputs_attached = b->outputs_attached || !w.any_float || w.attached;
       return blame(s, b, "forward");
     },
     [](dtk_model* m, const dtk_param_visitor* v) {
@@ -99,8 +107,12 @@ ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
   check_plugin(api_->create(&ctx, &m), plugin_, "create");
   if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
   ref_ = {dtk_model_ref_STRUCT_SIZE, api_, m};
-  blaming_ = {api_, m, plugin_.name(), true};
-  blaming_ref_ = {dtk_model_ref_STRUCT_SIZE, &kBlamingApi, reinterpret_cast<dtk_model*>(&blaming_)};
+  blaming_ = {api_, m, plugin_.name(), true, 0};
+  // The forwarding table claims no more than the plugin's own table holds (abi.h rule 2): a
+  // caller that checks for a newer entry sees what the plugin has.
+  blaming_api_ = kBlamingApi;
+  blaming_api_.struct_size = std::min(api_->struct_size, kBlamingApi.struct_size);
+  blaming_ref_ = {dtk_model_ref_STRUCT_SIZE, &blaming_api_, reinterpret_cast<dtk_model*>(&blaming_)};
   // A model that did not honour the context's device or dtype is moved (abi.h: `to`).
   const at::Device device = to_device(ctx.device);
   const at::ScalarType dtype = to_scalar_type(ctx.params_dtype);

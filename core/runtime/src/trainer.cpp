@@ -616,18 +616,27 @@ void Trainer::check_batch(const TensorList& batch, int64_t iteration) const {
 void Trainer::check_loss(const at::Tensor& loss) {
   const std::string step = "step plugin '" + step_slot_.plugin.name() + "'";
   const std::string model = "model plugin '" + model_slot_.plugin.name() + "'";
+  std::string error;
   if (!loss.requires_grad()) {
-    if (!model_->last_outputs_attached())
-      throw HostError(model + ": forward returned outputs that do not require grad (detached from the parameters, "
-                      "or computed under no_grad), so the loss of " + step + " cannot train anything");
-    throw HostError(step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
-                    model + "): nothing would train");
+    if (!model_->outputs_attached())
+      error = model + ": forward returned outputs that do not require grad (detached from the parameters, or "
+                      "computed under no_grad), so the loss of " + step + " cannot train anything";
+    else
+      error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
+              model + "): nothing would train";
+  } else if (!graph_checked_) {
+    error = unlisted_trained_tensors(loss, model_->parameters());
+    if (!error.empty()) error = model + ": " + error;
   }
-  if (graph_checked_) return;
+  // The first micro-batch decides on every rank together (a rank that left would make the others
+  // wait at their next collective); later ones throw at once (the others' next collective then
+  // fails within the collective timeout).
+  if (graph_checked_) {
+    if (!error.empty()) throw HostError(error);
+    return;
+  }
   graph_checked_ = true;
-  std::string error = unlisted_trained_tensors(loss, model_->parameters());
-  if (!error.empty()) error = model + ": " + error;
-  agree(error, topo_, "checking that the loss trains only listed parameters");
+  agree(error, topo_, "checking the loss of the first micro-batch");
 }
 
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
@@ -655,6 +664,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     at::Tensor loss;
     {
       auto t = timers_.scope(Phase::kForwardCompute);
+      model_->reset_forward_watch();
       loss = step_->forward_step(*model_, batch, &metrics);
     }
     const int64_t backward_start = trace::now_ns();
@@ -675,9 +685,14 @@ IterationResult Trainer::train_step(int64_t iteration) {
       } catch (const HostError&) {
         throw;
       } catch (const std::exception& e) {
-        // Autograd runs the model's (and the step's) backward functions: name both.
+        // Autograd runs the model's and the step's backward functions, and the strategy's module
+        // hooks where it installed them (ZeRO-3): name them all.
+        VLOG(1) << "backward failed: " << e.what();
+        const std::string hooks = strategy_->hooks_model() ? " and the module hooks of strategy plugin '" +
+                                                                  strategy_slot_.plugin.name() + "'"
+                                                            : "";
         throw HostError("backward of the loss of step plugin '" + step_slot_.plugin.name() + "' through model plugin '" +
-                        model_slot_.plugin.name() + "' failed: " + one_line(e.what()));
+                        model_slot_.plugin.name() + "'" + hooks + " failed: " + one_line(e.what()));
       }
     }
     if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());

@@ -28,7 +28,7 @@ class Step {
  public:
   virtual ~Step() = default;
   // `batch`: every buffer the dataset put, by name, collated to [micro_batch_size, ...] (under
-  // tensor parallelism only TP rank 0's batch may be filled: broadcast it, as causal_lm does).
+  // tensor parallelism the TP group must use one batch: broadcast TP rank 0's, as causal_lm does).
   // Returns the scalar loss to differentiate, attached to the model's outputs (the host runs
   // backward on it: a detached loss is refused naming the plugin at fault); reports metrics
   // (DP-averaged) into `metrics`. Errors from model.forward arrive already naming the model.

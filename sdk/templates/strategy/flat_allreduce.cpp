@@ -68,11 +68,14 @@ class FlatAllReduce : public dtk::Strategy {
   // replicated one on TP rank 0 only; the squares are summed over the model-parallel group.
   double clip_and_norm(double max_norm) override {
     at::NoGradGuard no_grad;
-    at::Tensor total = at::zeros({}, at::kDouble);
+    // Summed on the gradients' device (one host sync, at .item()), in fp64.
+    at::Tensor total;
     for (const auto& p : params_) {
       if (!p.tensor.grad().defined() || (!p.info.tensor_parallel && tp_rank_ != 0)) continue;
-      total += dtk::sum_of_squares(p.tensor.grad()).to(at::kCPU);
+      at::Tensor sq = dtk::sum_of_squares(p.tensor.grad());
+      total = total.defined() ? total + sq : sq;
     }
+    if (!total.defined()) total = at::zeros({}, params_.front().tensor.options().dtype(at::kDouble));
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm) && norm > max_norm)

@@ -31,15 +31,18 @@ class ModelInstance {
   // call to the plugin and prefixes an error with "model plugin '<name>': <call>: ", so a failure
   // inside the model is blamed on the model and not only on the step that called it.
   const dtk_model_ref* ref() const { return &blaming_ref_; }
-  // Whether the floating-point outputs of the last forward through ref() required grad (false:
-  // all were detached from the parameters; true also when there were none).
-  bool last_outputs_attached() const { return blaming_.outputs_attached; }
+  // Whether a forward through ref() since reset_forward_watch() returned a floating-point output
+  // that requires grad, or had none (false: every such output was detached from the parameters).
+  // True when no forward ran.
+  void reset_forward_watch() { blaming_.outputs_attached = false, blaming_.forwards = 0; }
+  bool outputs_attached() const { return blaming_.forwards == 0 || blaming_.outputs_attached; }
   // The context behind ref(): what its forwarding table needs to reach the real model.
   struct Blaming {
     const dtk_model_api* api = nullptr;
     dtk_model* model = nullptr;
     std::string name;
     bool outputs_attached = true;
+    int64_t forwards = 0;
   };
   std::vector<Param> parameters() const;
   void set_training(bool training);
@@ -59,6 +62,7 @@ class ModelInstance {
   const dtk_model_api* api_;
   dtk_model_ref ref_{};  // the plugin's own table and model (the host's calls)
   Blaming blaming_;
+  dtk_model_api blaming_api_{};
   dtk_model_ref blaming_ref_{};
 };
 
@@ -117,6 +121,8 @@ class StrategyInstance {
   void state_load(const TensorList& state);
   // abi.h dtk_strategy_info (all zeros for a 2.0 strategy), read once after setup.
   const dtk_strategy_info& info() const { return info_; }
+  // Whether it installed module hooks on the model (they run inside the model's forward and backward).
+  bool hooks_model() const { return hooked_ != nullptr; }
   // Around reads and writes of the model's parameters outside a step (ZeRO-3); a no-op unless
   // info().partitions_parameters.
   void gather_parameters(bool whole);

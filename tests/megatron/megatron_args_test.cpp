@@ -553,3 +553,45 @@ TEST(RampupBatchSize, TrainsAsMegatronAndResumesExactly) {
     EXPECT_EQ(d[i], a[i + 2]) << "resumed iteration " << i + 3;
   std::filesystem::remove_all(dir);
 }
+
+// Megatron's --lr-decay-samples / --lr-warmup-samples: with a ramp-up the schedule takes them as
+// samples (the warm-up over 32 samples equals lr_warmup_iters 2 x global batch 16); without one
+// they are whole global batches (equal to the iteration lengths; a partial batch refused); with
+// iteration-based training refused, by the mapper and by the config.
+TEST(RampupBatchSize, ScheduleLengthsInSamples) {
+  const std::string base = std::string(" train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.hidden_dropout=0 "
+                           "--set model.attention_dropout=0 --set logging.log_interval=1 --set eval.eval_iters=0 "
+                           "--set train.micro_batch_size=4 --set lr.lr=1e-3 --set lr.lr_warmup_iters=0 "
+                           "--set train.train_iters=0 --set train.global_batch_size=16";
+  const std::string ramp = base + " --set train.train_samples=88 '--set=train.rampup_batch_size=8 8 16'";
+  const dtk_test::Result warm = dtk_test::run_dtk(ramp + " --set lr.lr_warmup_samples=32");
+  ASSERT_EQ(warm.code, 0) << warm.out;
+  EXPECT_NE(warm.out.find("learning rate: 2.500000E-04 |"), std::string::npos) << warm.out;
+
+  auto rates = [](const std::string& log) {
+    std::vector<std::string> out;
+    std::regex re("learning rate: ([0-9.E+-]+) \\|");
+    for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
+    return out;
+  };
+  const std::string plain = base + " --set train.train_samples=96 --set lr.lr_decay_style=cosine";
+  const dtk_test::Result samples = dtk_test::run_dtk(plain + " --set lr.lr_warmup_samples=32 --set lr.lr_decay_samples=80");
+  const dtk_test::Result iters = dtk_test::run_dtk(plain + " --set lr.lr_warmup_iters=2 --set lr.lr_decay_iters=5");
+  ASSERT_EQ(samples.code, 0) << samples.out;
+  ASSERT_EQ(iters.code, 0) << iters.out;
+  EXPECT_EQ(rates(samples.out).size(), 6u) << samples.out;
+  EXPECT_EQ(rates(samples.out), rates(iters.out));
+
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(plain + " --set lr.lr_warmup_samples=24"),
+                                  "config: lr.lr_warmup_samples (24) is not a whole number of global batches of 16");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(std::string(" train --config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --dataset synthetic "
+                        "--set lr.lr_decay_samples=100"),
+      "config: lr.lr_decay_samples and lr.lr_warmup_samples are for sample-based training");
+  const MegatronMapping m = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--train-iters 10 --lr-decay-samples 100 --lr-warmup-samples 0"));
+  ASSERT_EQ(m.refused.size(), 1u);  // --lr-warmup-samples 0 is Megatron's default, fine with iterations
+  EXPECT_EQ(m.refused[0].rfind("--lr-decay-samples 100: with --train-iters the schedule is iteration-based", 0), 0u)
+      << m.refused[0];
+}

@@ -403,6 +403,16 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: lr.lr_warmup_fraction must be in [0, 1)");
   if (lr.lr_warmup_fraction() > 0 && lr.lr_warmup_iters() > 0)
     throw HostError("config: lr.lr_warmup_fraction and lr.lr_warmup_iters cannot both be set (Megatron refuses it too)");
+  if (lr.lr_decay_samples() < 0 || lr.lr_warmup_samples() < 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_warmup_samples must be >= 0");
+  if ((lr.lr_decay_samples() > 0 || lr.lr_warmup_samples() > 0) && t.train_samples() <= 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_warmup_samples are for sample-based training "
+                    "(train.train_samples); with train.train_iters give lr.lr_decay_iters and lr.lr_warmup_iters "
+                    "(Megatron asserts it too)");
+  if (lr.lr_decay_samples() > 0 && lr.lr_decay_iters() > 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_decay_iters cannot both be set");
+  if (lr.lr_warmup_samples() > 0 && (lr.lr_warmup_iters() > 0 || lr.lr_warmup_fraction() > 0))
+    throw HostError("config: lr.lr_warmup_samples cannot be combined with lr.lr_warmup_iters or lr.lr_warmup_fraction");
   if (lr.lr_warmup_init() < 0 || lr.lr_warmup_init() > lr.lr())
     throw HostError("config: lr.lr_warmup_init must be in [0, lr.lr]");
   const std::string& wsd = lr.lr_wsd_decay_style();

@@ -119,11 +119,8 @@ const Rule kRules[] = {
     {"--lr-warmup-init", 1, Kind::kSet, "lr.lr_warmup_init", ""},
     {"--lr-wsd-decay-style", 1, Kind::kSet, "lr.lr_wsd_decay_style", ""},
     {"--lr-wsd-decay-iters", 1, Kind::kSet, "lr.lr_wsd_decay_iters", ""},
-    {"--lr-decay-samples", 1, Kind::kRefuse, "",
-     "not available: drop it (the decay then spans --train-samples, Megatron's default) or give the length in "
-     "iterations of the final global batch with --set lr.lr_decay_iters=<N>"},
-    {"--lr-warmup-samples", 1, Kind::kRefuse, "",
-     "not available: give --lr-warmup-fraction, or --set lr.lr_warmup_iters=<N> (iterations of the final global batch)"},
+    {"--lr-decay-samples", 1, Kind::kSet, "lr.lr_decay_samples", ""},
+    {"--lr-warmup-samples", 1, Kind::kSet, "lr.lr_warmup_samples", ""},
     {"--override-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.override_opt_param_scheduler=true", ""},
     {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true", ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
@@ -347,6 +344,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   std::string rampup;  // the --rampup-batch-size flag as given
   bool iteration_based = false, sample_based = false;
   std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
+  std::vector<std::string> sample_schedule;     // --lr-decay-samples / --lr-warmup-samples as given
   std::vector<std::string> llama_only;            // flags only the llama model takes, as given
   std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
   bool rope = false, rms_norm = false, swiglu = false;
@@ -401,6 +399,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     if (f == "--train-iters") iteration_based = true;
     if (f == "--train-samples") sample_based = true;
     if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") iteration_schedule.push_back(shown);
+    // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
+    if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") sample_schedule.push_back(shown);
     if (f == "--position-embedding-type" && values[0] == "rope") rope = true;
     if (f == "--normalization" && values[0] == "RMSNorm") rms_norm = true;
     if (f == "--swiglu") swiglu = true;
@@ -431,6 +431,10 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     for (const auto& flag : iteration_schedule)
       m.refused.push_back(flag + ": with --train-samples the schedule is sample-based (Megatron asserts it); drop it, "
                                  "or use --lr-warmup-fraction");
+  if (iteration_based)
+    for (const auto& flag : sample_schedule)
+      m.refused.push_back(flag + ": with --train-iters the schedule is iteration-based (Megatron asserts it); use "
+                                 "--lr-decay-iters / --lr-warmup-iters");
   if (!rampup.empty() && iteration_based)
     m.refused.push_back(rampup + ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
                                  "asserts 'expected no batch-size rampup for iteration-based training')");

@@ -176,11 +176,30 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
     LrParams p = schedule_.params();
     const int64_t gbs = plan_.global_batch_size(), samples = cfg.train().train_samples();
     const auto& lr = cfg.lr();
-    p.decay_iters = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() * gbs : samples;
+    p.decay_iters = lr.lr_decay_samples() > 0 ? lr.lr_decay_samples()
+                    : lr.lr_decay_iters() > 0  ? lr.lr_decay_iters() * gbs
+                                               : samples;
     p.warmup_iters = lr.lr_warmup_fraction() > 0 ? lr.lr_warmup_fraction() * static_cast<double>(p.decay_iters)
-                                                 : static_cast<double>(lr.lr_warmup_iters() * gbs);
+                     : lr.lr_warmup_samples() > 0 ? static_cast<double>(lr.lr_warmup_samples())
+                                                  : static_cast<double>(lr.lr_warmup_iters() * gbs);
     p.wsd_decay_iters = lr.lr_wsd_decay_iters() * gbs;
     p.wd_incr_iters = static_cast<double>(samples);
+    schedule_.set_params(p);
+  } else if (cfg.lr().lr_decay_samples() > 0 || cfg.lr().lr_warmup_samples() > 0) {
+    // Without a ramp-up every iteration is one global batch and the schedule counts iterations:
+    // Megatron's sample lengths are whole numbers of them.
+    LrParams p = schedule_.params();
+    const int64_t gbs = plan_.global_batch_size();
+    auto in_iterations = [gbs](int64_t samples, const char* name) {
+      if (samples % gbs != 0)
+        throw HostError(std::string("config: lr.") + name + " (" + std::to_string(samples) +
+                        ") is not a whole number of global batches of " + std::to_string(gbs) +
+                        " samples (without a batch-size ramp-up the schedule counts iterations)");
+      return samples / gbs;
+    };
+    if (cfg.lr().lr_decay_samples() > 0) p.decay_iters = in_iterations(cfg.lr().lr_decay_samples(), "lr_decay_samples");
+    if (cfg.lr().lr_warmup_samples() > 0)
+      p.warmup_iters = static_cast<double>(in_iterations(cfg.lr().lr_warmup_samples(), "lr_warmup_samples"));
     schedule_.set_params(p);
   }
   if (cfg.train().train_samples() > 0) {

@@ -206,6 +206,37 @@ TEST_F(TwoHosts, PeerLostDuringStartUpEndsTheOthers) {
     EXPECT_NE(r[1].out.find("dtk: error: [rank 1] distributed: creating the process groups "), std::string::npos)
         << r[1].out;
   }
+  // Rank 1 killed (SIGKILL) once it has passed a start-up step: the rendezvous (its network line)
+  // and the model build (its parameter count; TP 2 across the hosts so that rank 1 prints it).
+  // Rank 0, in whatever step it is then, ends within the bound with one line.
+  for (const std::string mark : {"Gloo listens on", "number of parameters"}) {
+    const std::string train = kTrain + " --set train.train_iters=1000 --set train.exit_signal_handler=false"
+                                       " --set distributed.tensor_model_parallel_size=2";
+    const std::string log0 = ::testing::TempDir() + "dtk-lost0-" + std::to_string(::getpid()) + ".log";
+    const std::string log1 = ::testing::TempDir() + "dtk-lost1-" + std::to_string(::getpid()) + ".log";
+    const std::string script =
+        "(" + on(1, rank(0, 2), kDtk + " " + train) + " > " + log0 + " 2>&1; echo rank0 rc=$? >> " + log0 + ") & " +
+        on(2, rank(1, 2), kDtk + " " + train) + " > " + log1 + " 2>&1 & "
+        "for i in $(seq 600); do grep -q \"" + mark + "\" " + log1 + " && break; sleep 0.05; done; "
+        "ip netns pids " + h2_ + " | xargs -r kill -9; s=$(date +%s.%N); "
+        "for i in $(seq 900); do grep -q \"rank0 rc=\" " + log0 + " && break; sleep 0.1; done; "
+        "e=$(date +%s.%N); echo after_kill=$(awk -v a=$s -v b=$e \"BEGIN{print b-a}\"); cat " + log0;
+    const Result r = run_all({script}, 150)[0];
+    std::remove(log0.c_str());
+    std::remove(log1.c_str());
+    EXPECT_NE(r.out.find("rank0 rc=1\n"), std::string::npos) << mark << "\n" << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("after_kill=([0-9.]+)"))) << r.out;
+    EXPECT_LT(std::stod(m[1]), kTimeout + kSlack) << r.out;
+    EXPECT_EQ(count(r.out, "dtk: error: [rank 0]"), 1) << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+    // The line names the peer: by its rank, or by its rank behind the address the backend saw.
+    EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+    const size_t at = r.out.find("dtk: error:");
+    if (at != std::string::npos)
+      std::printf("[ info ] rank 1 killed after '%s'; rank 0 ended %.1f s later: %s\n", mark.c_str(),
+                  std::stod(m[1]), r.out.substr(at, r.out.find('\n', at) - at).c_str());
+  }
 }
 
 // A peer killed (SIGKILL) in the middle of training: the other rank ends within the bound with

@@ -278,9 +278,16 @@ void require_same_run(c10d::Store& store, const LaunchEnv& le, const std::vector
     store.add(key, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (store.add(key, 0) < le.world_size) {
-      if (std::chrono::steady_clock::now() >= deadline)
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::vector<int> missing;  // the ranks that never published their configuration
+        for (int r = 0; r < le.world_size; ++r)
+          if (!store.check({"dtk/run/" + std::to_string(r)})) missing.push_back(r);
         throw HostError("distributed: comparing the ranks' configurations: not every rank took part within "
-                        "distributed.timeout_seconds");
+                        "distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) + " s" +
+                        (missing.empty() ? std::string("; every rank published its configuration, some stopped before "
+                                                       "comparing it")
+                                         : "; missing: " + rank_list(missing)));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     differing = store.add("dtk/run/differing", 0);

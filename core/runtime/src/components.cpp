@@ -20,7 +20,8 @@ void check_plugin(dtk_status* s, const Plugin& plugin, const char* call) {
 // ---------------------------------------------------------------------------------------------
 // The table behind ModelInstance::ref(): each entry calls the plugin's own and, on failure,
 // returns a status whose message names the model plugin and the call. `model` is the Blaming
-// context. A plain table of functions (no state of its own), so it is one static for all models.
+// context. Functions only (the state is the context): each ModelInstance copies it, claiming no
+// more struct_size than the plugin's own table.
 namespace {
 using Blaming = ModelInstance::Blaming;
 Blaming* blaming(dtk_model* m) { return reinterpret_cast<Blaming*>(m); }

@@ -275,18 +275,17 @@ void require_same_run(c10d::Store& store, const LaunchEnv& le, const std::vector
     difference = first_difference(description, split_lines(std::string(r0.begin(), r0.end())));
     store.add("dtk/run/differing", difference.empty() ? 0 : 1);
     const std::string key = "dtk/run/compared";
+    store.set(key + "/" + std::to_string(le.rank), std::vector<uint8_t>{1});  // who compared, for the error below
     store.add(key, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (store.add(key, 0) < le.world_size) {
       if (std::chrono::steady_clock::now() >= deadline) {
-        std::vector<int> missing;  // the ranks that never published their configuration
+        std::vector<int> missing;  // the ranks that did not compare their configuration
         for (int r = 0; r < le.world_size; ++r)
-          if (!store.check({"dtk/run/" + std::to_string(r)})) missing.push_back(r);
+          if (!store.check({key + "/" + std::to_string(r)})) missing.push_back(r);
         throw HostError("distributed: comparing the ranks' configurations: not every rank took part within "
-                        "distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) + " s" +
-                        (missing.empty() ? std::string("; every rank published its configuration, some stopped before "
-                                                       "comparing it")
-                                         : "; missing: " + rank_list(missing)));
+                        "distributed.timeout_seconds = " + std::to_string(timeout.count() / 1000) + " s; missing: " +
+                        rank_list(missing));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

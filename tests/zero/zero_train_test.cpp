@@ -189,9 +189,12 @@ TEST(ZeroCheckpoint, ResumeAtTheSameDataParallelSizeIsExact) {
     ASSERT_EQ(b.size(), 4u) << resumed.out;
     for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << name << " iteration " << it;
     // The loaded state sits where the trained state sat (offload: the optimizer's in host memory).
+    // 0.1 MB: below the smallest state that could be misplaced (the 0.13 MB of parameters), above
+    // the transient buffers the first step may still hold when the report is taken (0.06 MB seen
+    // once in CI under stage-3 bf16).
     const Memory before = memory_of(full.out), after = memory_of(resumed.out);
-    EXPECT_NEAR(after.allocated, before.allocated, 0.05) << name << "\n" << resumed.out;
-    EXPECT_NEAR(after.host, before.host, 0.05) << name << "\n" << resumed.out;
+    EXPECT_NEAR(after.allocated, before.allocated, 0.1) << name << "\n" << resumed.out;
+    EXPECT_NEAR(after.host, before.host, 0.1) << name << "\n" << resumed.out;
   }
 }
 

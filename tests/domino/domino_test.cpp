@@ -1,9 +1,10 @@
-// Domino (plugins/models/gpt/domino.hpp) end to end through `dtk launch`, real processes over
+// Domino (sdk/include/dtk/layers/domino.hpp) end to end through `dtk launch`, real processes over
 // loopback (Gloo):
 //   * TP=2 with 2, 3 and 4 chunks gives plain TP=2's and one process's lm loss and grad norm,
 //     iteration by iteration for 20 iterations (fp32, within 1e-5): dropout off, dropout on (the
 //     same masks: drawn for the whole micro-batch and sliced), with full recompute; bf16 within
 //     the rounding of bf16 products; TP=2 x DP=2 with ddp and with ZeRO stage 3;
+//   * the llama plugin likewise (TP=2 with 2 and 4 chunks, dropout with recompute, ZeRO-3);
 //   * checkpoints move between Domino and plain TP;
 //   * the simulated link delays every tensor-parallel collective (a lower bound, not a timing);
 //   * bad inputs are one-line errors.
@@ -86,6 +87,40 @@ TEST(Domino, WithDataParallelAndZero) {
 }
 
 // A Domino checkpoint resumes as plain TP (and back): same parameters, same generator states.
+// The llama plugin on the SDK's schedule (grouped-query attention, one key/value group per TP
+// rank, SwiGLU's two column projections, rotary positions per chunk): Domino TP=2 == plain TP=2
+// == one process, with dropout and full recompute as well, and with ZeRO-3 at TP=2 x DP=2.
+TEST(Domino, LlamaEqualsPlainTensorParallelAndOneProcess) {
+  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 1 "
+                            "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                            "--set train.micro_batch_size=4 --set train.global_batch_size=8 "
+                            "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+  auto run = [&](int nproc, const std::string& args, const std::string& name) {
+    const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+    return dtk_test::run_curve(launch + llama + args, DTK_TEST_TMP, "llama-" + name);
+  };
+  const Curve one = run(1, "", "tp1");
+  const Curve plain = run(2, kTP2, "tp2");
+  expect_same_curve(one, plain, 20, "llama plain TP2 vs TP1");
+  for (int n : {2, 4}) {
+    const Curve domino = run(2, kTP2 + chunks(n), "domino" + std::to_string(n));
+    expect_same_curve(plain, domino, 20, "llama Domino " + std::to_string(n) + " chunks vs plain TP2");
+    expect_same_curve(one, domino, 20, "llama Domino " + std::to_string(n) + " chunks vs TP1");
+  }
+  const std::string dropout = "--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 ";
+  expect_same_curve(run(2, kTP2 + dropout, "tp2-dropout"),
+                    run(2, kTP2 + dropout + chunks(3) + "--set model.recompute_activations=full ", "domino3-dropout"),
+                    20, "llama Domino 3, dropout, full recompute vs plain TP2");
+  // TP=2 x DP=2 with ZeRO stage 3: its per-module hooks fire around the interleaved chunks.
+  expect_same_curve(run(4, kTP2 + "--strategy ddp ", "tp2dp2"),
+                    run(4, kTP2 + chunks(2) +
+                               "--strategy zero --set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 ",
+                        "tp2dp2-domino2-zero3"),
+                    20, "llama TP2 x DP2, Domino 2, ZeRO-3 vs plain TP2 x DP2 ddp");
+}
+
 TEST(Domino, CheckpointsMoveBetweenDominoAndPlainTensorParallel) {
   const std::string base = kTP2 + "--set train.train_iters=8 ";
   const Curve whole = curve_of(2, base + chunks(2), "whole");

@@ -745,7 +745,7 @@ TEST(GptModuleHooks, HostInstallsTheStrategysHooksAndRemovesThemWithIt) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Domino (domino.hpp): the chunked schedule is plain tensor parallelism's arithmetic. At TP 1 the
+// Domino (dtk/layers/domino.hpp): the chunked schedule is plain tensor parallelism's arithmetic. At TP 1 the
 // all-reduces are the identity and the schedule, chunking, mask slicing and the hand-ordered
 // backward are what is tested; tests/domino runs it over real processes at TP 2.
 // ---------------------------------------------------------------------------------------------

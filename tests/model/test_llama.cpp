@@ -343,3 +343,146 @@ TEST(LlamaModel, BadOptionsAreRefusedNamingThem) {
         << e.what();
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Domino (dtk/layers/domino.hpp, domino_chunks >= 2): the SDK's chunked schedule on llama's layers
+// is plain tensor parallelism's arithmetic. At TP 1 the all-reduces are the identity and what is
+// tested is the llama side of the schedule: the fused q/k/v and the two-projection SwiGLU stage,
+// rotary positions sliced per chunk, the dropout masks sliced, recompute; tests/domino runs it
+// over real processes at TP 2.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+void expect_same_step(GPT& a, GPT& b, const TensorList& in, double tol, const std::string& what) {
+  a.zero_grad();
+  b.zero_grad();
+  at::Tensor la = dtk::get(a.forward(in), "loss"), lb = dtk::get(b.forward(in), "loss");
+  expect_close(lb.detach(), la.detach(), tol, "per-token loss, " + what);
+  la.mean().backward();
+  lb.mean().backward();
+  auto pa = a.param_map(), pb = b.param_map();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (auto& kv : pa) {
+    ASSERT_TRUE(pb[kv.first].grad().defined()) << "no gradient for " << kv.first << ", " << what;
+    expect_close(pb[kv.first].grad(), kv.second.grad(), tol, "grad " + kv.first + ", " + what);
+  }
+}
+
+}  // namespace
+
+TEST(LlamaDomino, ChunkedScheduleMatchesPlainForEveryChunkCountDropoutAndRecompute) {
+  Ctx four;
+  four.micro_batch = 4;
+  for (const Shape& S : {kShapes[1], kShapes[3]}) {  // grouped-query attention; with biases
+    at::Tensor tokens = random_ids(4, S.seq, S.vocab, 21), labels = random_ids(4, S.seq, S.vocab, 22);
+    const TensorList in{{"tokens", tokens}, {"labels", labels}};
+    for (const char* p : {"0", "0.2"}) {
+      for (const char* recompute : {"none", "full"}) {
+        for (const char* chunks : {"2", "3", "4"}) {
+          const std::string what = std::string("bias ") + (S.bias ? "on" : "off") + ", dropout " + p + ", recompute " +
+                                   recompute + ", chunks " + chunks;
+          Opts base = llama_opts(S);
+          base["hidden_dropout"] = p;
+          base["attention_dropout"] = p;
+          Opts domino = base;
+          domino["recompute_activations"] = recompute;
+          domino["domino_chunks"] = chunks;
+          GPT a(base, four, plugins().llama), b(domino, four, plugins().llama);
+          a.train(true);
+          b.train(true);
+          for (int it = 0; it < 2; ++it) expect_same_step(a, b, in, 1e-5, what + ", step " + std::to_string(it));
+          // The forward schedule alone (evaluation): the loss, and the logits without labels.
+          at::NoGradGuard no_grad;
+          a.train(false);
+          b.train(false);
+          expect_close(dtk::get(b.forward(in), "loss"), dtk::get(a.forward(in), "loss"), 1e-5, "eval loss, " + what);
+          expect_close(dtk::get(b.forward({{"tokens", tokens}}), "logits"),
+                       dtk::get(a.forward({{"tokens", tokens}}), "logits"), 1e-5, "eval logits, " + what);
+        }
+      }
+    }
+  }
+}
+
+// Rotary positions are per sequence here (Megatron's --reset-position-ids gives each sequence its
+// own), so each chunk must rotate by its own rows of position_ids; unequal chunks (2, 2, 1) and a
+// per-sequence mask as in gpt's test.
+TEST(LlamaDomino, UnequalChunksPerSequencePositionsAndMask) {
+  const Shape S = kShapes[1];
+  at::Tensor tokens = random_ids(5, S.seq, S.vocab, 23), labels = random_ids(5, S.seq, S.vocab, 24);
+  at::Tensor pos = at::arange(S.seq, at::kLong).unsqueeze(0).repeat({5, 1});
+  for (int64_t i = 0; i < 5; ++i) pos[i].add_(3 * i).remainder_(S.seq + 2 * i);  // restarts, like reset positions
+  at::Tensor mask = at::ones({S.seq, S.seq}, at::kBool).triu(1).view({1, 1, S.seq, S.seq}).repeat({5, 1, 1, 1});
+  for (int64_t i = 0; i < 5; ++i) mask[i].narrow(-1, 0, i).fill_(true);
+  for (int64_t i = 0; i < 5; ++i) mask[i][0].diagonal().fill_(false);  // every row keeps one position
+  const TensorList in{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}, {"position_ids", pos}};
+  Ctx five;
+  five.micro_batch = 5;
+  Opts domino = llama_opts(S);
+  domino["domino_chunks"] = "3";
+  GPT a(llama_opts(S), five, plugins().llama), b(domino, five, plugins().llama);
+  expect_same_step(a, b, in, 1e-5, "chunks of 2, 2, 1");
+  // The positions matter: other distances between them change the loss (a common shift would
+  // not: rotary attention sees only differences).
+  at::NoGradGuard no_grad;
+  const TensorList spread{{"tokens", tokens}, {"labels", labels}, {"attention_mask", mask}, {"position_ids", pos * 2}};
+  const double moved = (dtk::get(b.forward(spread), "loss") - dtk::get(b.forward(in), "loss")).abs().max().item<double>();
+  EXPECT_GT(moved, 1e-4) << "doubling every position left the loss unchanged: positions unused";
+}
+
+// Pipeline stages with Domino inside each: the first stage (embedding + layers, hidden states
+// out) and the last (hidden states in, layers + output layer) give the whole plain model's loss
+// and gradients.
+TEST(LlamaDomino, PipelineStagesWithDominoComposeToThePlainModel) {
+  const Shape S{4, 32, 4, 2, 48, 8, 64, 1.0};
+  Ctx whole, c0, c1;
+  whole.micro_batch = c0.micro_batch = c1.micro_batch = 2;
+  c0.pp_size = c1.pp_size = 2;
+  c1.pp_rank = 1;
+  Opts domino = llama_opts(S);
+  domino["domino_chunks"] = "2";
+  GPT full(llama_opts(S), whole, plugins().llama), first(domino, c0, plugins().llama), last(domino, c1, plugins().llama);
+  at::Tensor tokens = random_ids(2, S.seq, S.vocab, 25), labels = random_ids(2, S.seq, S.vocab, 26);
+  at::Tensor lf = dtk::get(full.forward({{"tokens", tokens}, {"labels", labels}}), "loss").mean();
+  at::Tensor mid = dtk::get(first.forward({{"tokens", tokens}}), "hidden_states");
+  at::Tensor mid_leaf = mid.detach().requires_grad_(true);
+  at::Tensor ll = dtk::get(last.forward({{"hidden_states", mid_leaf}, {"labels", labels}}), "loss").mean();
+  expect_close(ll.detach(), lf.detach(), 1e-5, "loss");
+  lf.backward();
+  ll.backward();
+  mid.backward(mid_leaf.grad());  // the pipeline's send of the input gradient to the first stage
+  auto pf = full.param_map(), p0 = first.param_map(), p1 = last.param_map();
+  for (auto& kv : p0) expect_close(kv.second.grad(), pf[kv.first].grad(), 1e-5, "first stage grad " + kv.first);
+  // The last stage's layers are numbered from 0 in its own names; layer i there is layer i + 2.
+  for (auto& kv : p1) {
+    std::string name = kv.first;
+    const std::string prefix = "language_model.encoder.layers.";
+    if (name.rfind(prefix, 0) == 0) {
+      const size_t dot = name.find('.', prefix.size());
+      name = prefix + std::to_string(std::stoi(name.substr(prefix.size(), dot - prefix.size())) + 2) + name.substr(dot);
+    }
+    ASSERT_TRUE(pf.count(name)) << name;
+    expect_close(kv.second.grad(), pf[name].grad(), 1e-5, "last stage grad " + kv.first);
+  }
+}
+
+TEST(LlamaDomino, BadChunkCountsAreRefusedNamingTheOption) {
+  const Shape S = kShapes[1];
+  Opts o = llama_opts(S);
+  o["domino_chunks"] = "0";
+  try {
+    GPT m(o, Ctx{}, plugins().llama);
+    ADD_FAILURE() << "domino_chunks 0 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("llama: option 'domino_chunks' must be >= 1"), std::string::npos) << e.what();
+  }
+  o["domino_chunks"] = "3";  // micro-batches of 2
+  try {
+    GPT m(o, Ctx{}, plugins().llama);
+    ADD_FAILURE() << "3 chunks of a micro-batch of 2 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("llama: domino_chunks (3) exceeds the micro-batch size (2)"), std::string::npos)
+        << e.what();
+  }
+}

@@ -22,7 +22,7 @@
 // transformer layer, and the output layer (final LN + logits + loss, last stage), indexed in
 // forward order. Hooks fire through dtk::ModuleHooks, inside the recomputed code as well.
 //
-// domino_chunks >= 2 runs the layers with DeepSpeed-Domino's schedule instead (domino.hpp): the
+// domino_chunks >= 2 runs the layers with DeepSpeed-Domino's schedule instead (dtk/layers/domino.hpp): the
 // micro-batch split into chunks whose tensor-parallel all-reduces overlap each other's compute.
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/module_hooks.hpp>
@@ -34,7 +34,6 @@
 #include <memory>
 #include <mutex>
 
-#include "domino.hpp"
 #include "layer.hpp"
 
 namespace dtk::gpt {
@@ -154,8 +153,11 @@ class GPTModel : public Model {
         output_ = out.weight;
       }
     }
-    domino_.config = &c_;
-    domino_.layers = &layers_;
+    domino_.model = "gpt";
+    domino_.chunks = c_.domino_chunks;
+    domino_.hidden = c_.hidden;
+    domino_.recompute = c_.recompute;
+    for (const auto& l : layers_) domino_.layers.push_back(l.get());
     domino_.hooks = &hooks_;
     domino_.module_of = [this](size_t i) { return layer_module(i); };
     if (pre_) {
@@ -198,7 +200,7 @@ class GPTModel : public Model {
   TensorList forward(const TensorList& inputs) override {
     if (find(inputs, "kv_cache_length")) return forward_cached(inputs);
     at::Tensor h;
-    DominoInputs domino_in;  // Domino runs the embedding itself (domino.hpp DominoEmbedding)
+    DominoInputs domino_in;  // Domino runs the embedding itself (dtk/layers/domino.hpp DominoEmbedding)
     const bool domino = c_.domino_chunks > 1;
     const at::Tensor* mask_p = find(inputs, "attention_mask");
     // Megatron's convention: bool, true = masked. A float "1 = may attend" mask would silently
@@ -239,7 +241,7 @@ class GPTModel : public Model {
     // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
     if (labels) check_id_range("gpt", "labels", *labels, c_.padded_vocab, "the padded vocabulary");
     if (domino) {
-      // With labels the output layer joins the chunked schedule (domino.hpp DominoHead).
+      // With labels the output layer joins the chunked schedule (dtk/layers/domino.hpp DominoHead).
       domino_in.hidden = h;
       domino_in.mask = mask;
       if (labels) domino_in.labels = labels->to(at::kLong);

@@ -11,10 +11,6 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
 }
 
-LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
-  return {attention_probs.rows(start, length), attention_out.rows(start, length), mlp_out.rows(start, length)};
-}
-
 Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   ln1_w = f.ones({c.hidden});
@@ -59,34 +55,18 @@ at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
   return stage == 0 ? layer_norm(in, ln1_w, ln1_b, c_.eps) : layer_norm(in, ln2_w, ln2_b, c_.eps);
 }
 
-at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
-                                const DropoutMask& probs_keep) const {
+at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const {
   if (stage == 1) return dtk::linear(gelu(projected, c_), fc2.weight);
+  const DropoutMask& probs_keep = chunk.attention_probs;
   const double p = probs_keep.defined() ? c_.attention_dropout : 0.0;
-  at::Tensor context = core_attention(projected, mask, p, [&](const at::Tensor& probs) {
+  at::Tensor context = core_attention(projected, chunk.mask, p, [&](const at::Tensor& probs) {
     return apply_dropout(probs, probs_keep);
   });
   return dtk::linear(context, dense.weight);
 }
 
-at::Tensor Layer::stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const DropoutMask& keep) const {
-  const at::Tensor& bias = stage == 0 ? dense.bias : fc2.bias;
-  at::Tensor y = bias.defined() ? reduced + bias : reduced;
-  return in + apply_dropout(y, keep);
-}
-
 LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
-  LayerMasks m;
-  if (!training) return m;
-  // The plain layer's draws, per generator in the same order: attention probabilities from the
-  // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
-  if (c_.attention_dropout > 0.0)
-    m.attention_probs = draw_keep_mask({batch, heads_local_, seq, seq}, c_.attention_dropout, rng.attention);
-  if (c_.hidden_dropout > 0.0) {
-    m.attention_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, rng.hidden);
-    m.mlp_out = draw_keep_mask({batch, seq, c_.hidden}, c_.hidden_dropout, rng.hidden);
-  }
-  return m;
+  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
 }
 
 template <class DropoutFn>

@@ -5,16 +5,18 @@
 //   stage 0 (attention)  LN1 -> QKV (column) -> core attention -> dense (row)
 //   stage 1 (MLP)        LN2 -> fc1 (column) -> GeLU -> fc2 (row)
 // Plain tensor parallelism runs a stage on the whole micro-batch and waits for the row-parallel
-// all-reduce inside it (Layer::forward). Domino (domino.hpp) runs the same stage pieces on
-// batch chunks: stage_partial() stops before the all-reduce, stage_finish() continues after it.
+// all-reduce inside it (Layer::forward). Domino (dtk/layers/domino.hpp) runs the same stage
+// pieces on batch chunks through the DominoLayer interface: stage_partial() stops before the
+// all-reduce, the schedule adds the bias, dropout and residual after it.
 //
 // Dropout draws from the model's two generators exactly as Megatron's RNG tracker does: hidden
 // and embedding dropout from the DEFAULT stream, attention dropout from the TENSOR_PARALLEL
-// stream (dropout.hpp: one seed per mask). LayerMasks draws a layer's three masks for the whole
+// stream (dropout.hpp: one seed per mask). draw_masks() draws a layer's three masks for the whole
 // micro-batch in the order the plain layer draws them, so a chunked schedule that slices them
 // uses the very same masks.
 #pragma once
 
+#include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
@@ -47,16 +49,7 @@ at::Tensor gelu(const at::Tensor& x, const Config& c);
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);
 
-// One layer's dropout masks for a micro-batch of `batch` sequences (undefined where that dropout
-// is off): drawn in the plain layer's order, then sliced per chunk.
-struct LayerMasks {
-  DropoutMask attention_probs;  // [batch, heads / tp, seq, seq]
-  DropoutMask attention_out;    // [batch, seq, hidden]
-  DropoutMask mlp_out;          // [batch, seq, hidden]
-  LayerMasks rows(int64_t start, int64_t length) const;
-};
-
-class Layer {
+class Layer : public DominoLayer {
  public:
   Layer(const Config& c, const TPGroup& tp, ParamFactory& f);
 
@@ -64,15 +57,13 @@ class Layer {
   // undefined (causal).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const;
 
-  // Domino's pieces of stage 0 (attention) or 1 (MLP), see the file comment.
-  at::Tensor stage_norm(int stage, const at::Tensor& in) const;
-  // The column-parallel projection of a stage (its input gradient is all-reduced by the caller).
-  const ColumnParallelLinear& stage_column(int stage) const { return stage == 0 ? qkv : fc1; }
-  // From the column projection's output to this rank's row-parallel partial sum (not reduced).
-  at::Tensor stage_partial(int stage, const at::Tensor& projected, const at::Tensor& mask,
-                           const DropoutMask& probs_keep) const;
-  // After the all-reduce: in + dropout(reduced + bias), with the stage's keep-mask (or none).
-  at::Tensor stage_finish(int stage, const at::Tensor& in, const at::Tensor& reduced, const DropoutMask& keep) const;
+  // Domino's pieces of stage 0 (attention) or 1 (MLP) (DominoLayer).
+  at::Tensor stage_norm(int stage, const at::Tensor& in) const override;
+  std::vector<const ColumnParallelLinear*> stage_columns(int stage) const override {
+    return {stage == 0 ? &qkv : &fc1};
+  }
+  const RowParallelLinear& stage_row(int stage) const override { return stage == 0 ? dense : fc2; }
+  at::Tensor stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const override;
 
   // Inference with a key/value cache (generation): x [b, n, h] are the tokens at cache positions
   // [length, length + n); `cache` [2, b, heads / tp, capacity, head_dim] receives their keys and
@@ -84,7 +75,7 @@ class Layer {
   int64_t head_dim() const { return head_dim_; }
 
   // The masks of a whole micro-batch of `batch` sequences of `seq` tokens.
-  LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const;
+  LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
 
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
 

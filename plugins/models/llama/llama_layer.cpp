@@ -61,9 +61,13 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& 
 }
 
 Layer::QKV Layer::project(const at::Tensor& x, const at::Tensor& positions) const {
-  const int64_t b = x.size(0), s = x.size(1), hd = c_.head_dim(), per_group = heads_local_ / groups_local_;
+  return split_qkv(qkv.forward(x), positions);
+}
+
+Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& positions) const {
+  const int64_t b = projected.size(0), s = projected.size(1), hd = c_.head_dim(), per_group = heads_local_ / groups_local_;
   // [b, s, groups, (per_group + 2) * hd]: per group its queries, then its key and its value.
-  const at::Tensor mixed = qkv.forward(x).view({b, s, groups_local_, (per_group + 2) * hd});
+  const at::Tensor mixed = projected.view({b, s, groups_local_, (per_group + 2) * hd});
   QKV out;
   out.q = rotary_.apply(mixed.narrow(-1, 0, per_group * hd).reshape({b, s, heads_local_, hd}), positions);
   out.k = rotary_.apply(mixed.narrow(-1, per_group * hd, hd), positions);
@@ -131,6 +135,31 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& position
   const at::Tensor context = attend(a.q, k, v, mask, 0.0, [](const at::Tensor& probs) { return probs; });
   const at::Tensor h = x + dense.forward(context);
   return h + mlp(rms_norm(h, post_attention_norm, c_.eps));
+}
+
+at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
+  return rms_norm(in, stage == 0 ? input_norm : post_attention_norm, c_.eps);
+}
+
+std::vector<const ColumnParallelLinear*> Layer::stage_columns(int stage) const {
+  if (stage == 0) return {&qkv};
+  return {&gate, &up};
+}
+
+at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const {
+  if (stage == 1) {  // projected = [gate | up] of this rank's ffn / tp columns each
+    const int64_t f = gate.weight.size(0);
+    return dtk::linear(at::silu(projected.narrow(-1, 0, f)) * projected.narrow(-1, f, f), down.weight);
+  }
+  const QKV a = split_qkv(projected, chunk.positions);
+  const DropoutMask& keep = chunk.attention_probs;
+  const at::Tensor context = attend(a.q, a.k, a.v, chunk.mask, keep.defined() ? c_.attention_dropout : 0.0,
+                                    [&](const at::Tensor& probs) { return apply_dropout(probs, keep); });
+  return dtk::linear(context, dense.weight);
+}
+
+LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
+  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
 }
 
 void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {

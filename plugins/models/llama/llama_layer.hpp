@@ -14,8 +14,13 @@
 // The MLP's gate and up projections are two column-parallel weights rather than Megatron's one
 // [2 x ffn] weight: each then splits along its rows like any other column-parallel weight, so a
 // checkpoint converts between tensor-parallel sizes with the generic rule.
+//
+// Domino (dtk/layers/domino.hpp) schedules the layer through DominoLayer: stage 0 projects q, k, v
+// (one column projection), rotates them by the chunk's positions and attends; stage 1 takes gate
+// and up as two column projections of one input (one input-gradient all-reduce).
 #pragma once
 
+#include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 
@@ -36,6 +41,7 @@ struct Config {
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
   bool untie = true, fused_lm_head = true;
   bool recompute = false;  // full activation recomputation, one layer per checkpoint (dtk/layers/recompute.hpp)
+  int64_t domino_chunks = 1;  // >= 2: DeepSpeed-Domino's chunked schedule (dtk/layers/domino.hpp)
   bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512
   int64_t head_dim() const { return hidden / heads; }
@@ -64,7 +70,7 @@ class Rotary {
   mutable at::Tensor cos_, sin_;
 };
 
-class Layer {
+class Layer : public DominoLayer {
  public:
   Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary);
   // x [b, s, h]; positions [b, s]; mask [b or 1, 1, s, s] bool (true = masked) or undefined
@@ -77,6 +83,13 @@ class Layer {
                             const at::Tensor& mask) const;
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
 
+  // Domino's pieces of stage 0 (attention) and 1 (MLP) (DominoLayer).
+  at::Tensor stage_norm(int stage, const at::Tensor& in) const override;
+  std::vector<const ColumnParallelLinear*> stage_columns(int stage) const override;
+  const RowParallelLinear& stage_row(int stage) const override { return stage == 0 ? dense : down; }
+  at::Tensor stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const override;
+  LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
+
   int64_t groups_local() const { return groups_local_; }
 
   at::Tensor input_norm, post_attention_norm;
@@ -88,6 +101,8 @@ class Layer {
     at::Tensor q, k, v;  // [b, s, heads / tp, hd], [b, s, groups / tp, hd] x 2
   };
   QKV project(const at::Tensor& x, const at::Tensor& positions) const;
+  // q, k (rotated by `positions`) and v of the fused projection `mixed` [b, s, qkv.weight rows].
+  QKV split_qkv(const at::Tensor& mixed, const at::Tensor& positions) const;
   // Attention of q [b, s, np, hd] over k, v [b, t, ng, hd] with `mask` [.., s, t] (true = masked);
   // returns the context [b, s, np * hd].
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

@@ -16,6 +16,11 @@
 // stage), each layer, the output layer (last stage). Initialisation, dropout streams and the
 // checkpoint state follow the gpt plugin's rules (docs/models.md), so TP=N is the TP=1 model cut
 // in pieces and a resumed run draws the same dropout masks.
+//
+// domino_chunks >= 2 runs the embedding, the layers and the output layer with the SDK's Domino
+// schedule (dtk/layers/domino.hpp), as the gpt plugin does: the same arithmetic as plain tensor
+// parallelism on row slices of the micro-batch, with the all-reduces overlapping other chunks.
+#include <dtk/layers/domino.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/recompute.hpp>
 #include <dtk/module_hooks.hpp>
@@ -56,6 +61,7 @@ class LlamaModel : public Model {
     c_.recompute = o.get_string("recompute_activations") == "full";
     c_.bias = o.get_bool("add_bias_linear");
     c_.lm_head_chunk_tokens = o.get_int("lm_head_chunk_tokens");
+    c_.domino_chunks = o.get_int("domino_chunks");
     validate(ctx);
     c_.padded_vocab = padded_vocab_size(c_.vocab, c_.divisible_by, tp_.size);
     rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base);
@@ -79,6 +85,7 @@ class LlamaModel : public Model {
       if (c_.untie) output_ = ColumnParallelLinear(c_.hidden, c_.padded_vocab, false, c_.init_std, tp_, seeded(3)).weight;
     }
     rng_ = DropoutRng::from_host();
+    init_domino();
   }
 
   TensorList state_save() override {
@@ -99,27 +106,47 @@ class LlamaModel : public Model {
       throw Error("llama: 'attention_mask' must be a bool tensor (true = masked, Megatron's convention), got " +
                   std::string(c10::toString(mask_p->scalar_type())));
     const at::Tensor mask = mask_p ? *mask_p : at::Tensor();
-    at::Tensor h;
+    const bool domino = c_.domino_chunks > 1;
+    at::Tensor h, tokens;  // Domino runs the embedding itself (DominoEmbedding)
     if (pre_) {
-      const at::Tensor& tokens = get(inputs, "tokens");
+      tokens = get(inputs, "tokens");
       if (tokens.dim() != 2) throw Error("llama: 'tokens' must be [batch, seq], got " + shape_str(tokens));
       if (tokens.scalar_type() != at::kLong && tokens.scalar_type() != at::kInt)
         throw Error("llama: 'tokens' must hold integer ids (int64 or int32)");
       check_id_range("llama", "tokens", tokens, c_.padded_vocab, "the padded vocabulary");
-      h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
-        return dropout(word_.forward(ids), c_.hidden_dropout, training_, rng_.hidden);
-      });
+      if (!domino)
+        h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
+          return dropout(word_.forward(ids), c_.hidden_dropout, training_, rng_.hidden);
+        });
     } else {
       h = get(inputs, "hidden_states");
+      if (h.dim() != 3) throw Error("llama: 'hidden_states' must be [batch, seq, hidden], got " + shape_str(h));
     }
-    if (h.dim() != 3) throw Error("llama: 'hidden_states' must be [batch, seq, hidden], got " + shape_str(h));
-    const at::Tensor positions = position_ids(inputs, h.size(0), h.size(1));
-    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != h.size(1) ||
-                           mask.size(3) != h.size(1) || (mask.size(0) != 1 && mask.size(0) != h.size(0))))
+    const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : h.size(1);
+    const at::Tensor positions = position_ids(inputs, b, s);
+    if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
+                           (mask.size(0) != 1 && mask.size(0) != b)))
       throw Error("llama: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
     const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
     if (labels) check_id_range("llama", "labels", *labels, c_.padded_vocab, "the padded vocabulary");
 
+    if (domino) {
+      // With labels the output layer joins the chunked schedule (DominoHead) and the result is
+      // the per-token loss.
+      DominoInputs in;
+      in.hidden = h;
+      in.tokens = pre_ ? tokens : at::Tensor();
+      in.positions = positions;
+      in.mask = mask;
+      if (labels) in.labels = labels->to(at::kLong);
+      h = domino_forward(domino_, in, rng_, training_);
+      if (labels) return {{"loss", h}};
+      if (!post_) return {{"hidden_states", h}};
+      return {{"logits", hooks_.run(output_module(), h, [&](const at::Tensor& x) {
+                 return parallel_lm_logits(rms_norm(x, final_norm_, c_.eps), c_.untie ? output_ : word_.weight, tp_,
+                                           /*async_grad=*/true);
+               })}};
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
       // The hooks run inside the recomputed block, so a ZeRO-3 strategy gathers the layer's
       // parameters again for the rerun in backward.
@@ -266,6 +293,31 @@ class LlamaModel : public Model {
   }
 
  private:
+  // The Domino schedule's view of this model (dtk/layers/domino.hpp).
+  void init_domino() {
+    domino_.model = "llama";
+    domino_.chunks = c_.domino_chunks;
+    domino_.hidden = c_.hidden;
+    domino_.recompute = c_.recompute;
+    for (const auto& l : layers_) domino_.layers.push_back(l.get());
+    domino_.hooks = &hooks_;
+    domino_.module_of = [this](size_t i) { return layer_module(i); };
+    if (pre_) {
+      embedding_.word_partial = [this](const at::Tensor& ids) { return word_.partial(ids); };
+      embedding_.anchor = [this]() -> const at::Tensor& { return word_.weight; };
+      embedding_.dropout = c_.hidden_dropout;
+      embedding_.module = embedding_module();
+      domino_.embedding = &embedding_;
+    }
+    if (post_) {
+      head_.norm = [this](const at::Tensor& x) { return rms_norm(x, final_norm_, c_.eps); };
+      head_.weight = [this]() -> const at::Tensor& { return c_.untie ? output_ : word_.weight; };
+      head_.tp = tp_;
+      head_.module = output_module();
+      domino_.head = &head_;
+    }
+  }
+
   // The step's position_ids, or 0..s-1 for every sequence.
   static at::Tensor position_ids(const TensorList& inputs, int64_t b, int64_t s) {
     if (const at::Tensor* p = find(inputs, "position_ids")) {
@@ -313,6 +365,12 @@ class LlamaModel : public Model {
     if (c_.lm_head_chunk_tokens < 0)
       throw Error("llama: option 'lm_head_chunk_tokens' must be >= 0 (0 = 512), got " +
                   std::to_string(c_.lm_head_chunk_tokens));
+    if (c_.domino_chunks < 1)
+      throw Error("llama: option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " +
+                  std::to_string(c_.domino_chunks));
+    if (ctx.micro_batch_size > 0 && c_.domino_chunks > ctx.micro_batch_size)
+      throw Error("llama: domino_chunks (" + std::to_string(c_.domino_chunks) + ") exceeds the micro-batch size (" +
+                  std::to_string(ctx.micro_batch_size) + "): each chunk needs at least one sequence");
     if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
       throw Error("llama: parameters must be fp32, bf16 or fp16");
   }
@@ -327,6 +385,9 @@ class LlamaModel : public Model {
   at::Tensor final_norm_, output_;
   DropoutRng rng_;
   ModuleHooks hooks_;
+  DominoStack domino_;
+  DominoHead head_;
+  DominoEmbedding embedding_;
 };
 
 const dtk_option_spec kOptions[] = {
@@ -359,6 +420,9 @@ const dtk_option_spec kOptions[] = {
     opt_enum("recompute_activations", "none", "none|full",
              "full = recompute every layer's activations in backward (one layer per checkpoint; Megatron's "
              "--recompute-granularity full)."),
+    opt_int("domino_chunks", "1",
+            "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces overlap the "
+            "other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),
 };
 
 }  // namespace

@@ -1,14 +1,15 @@
-// domino.cpp — see domino.hpp.
-#include "domino.hpp"
+// domino.cpp — see dtk/layers/domino.hpp.
+#include <dtk/layers/domino.hpp>
 
 #include <dtk/trace.hpp>
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
 #include <optional>
 
-namespace dtk::gpt {
+namespace dtk::layers {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -20,36 +21,78 @@ struct GradSlot {
   std::optional<Comm::Work> work;
 };
 
-// Column-parallel linear (input replicated on the TP ranks, so forward needs no communication)
-// whose backward computes the input gradient, issues its all-reduce into `slot`, and then
-// computes the weight and bias gradients while it is in flight. The input gradient reaches the
-// caller through the slot, not through autograd: the caller waits for it when it needs it.
-// The weight itself is saved (not a view), as dtk::linear does, so ZeRO-3 may release it.
-// With and without bias (an undefined tensor cannot be an input of a custom autograd function).
-template <bool kBias>
-struct ColumnAsyncGrad : public torch::autograd::Function<ColumnAsyncGrad<kBias>> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+// Column-parallel linear projections of one input (replicated on the TP ranks, so forward needs
+// no communication), outputs concatenated along the last dimension, whose backward computes the
+// common input gradient, issues its all-reduce into `slot`, and then computes the weight and bias
+// gradients while it is in flight. The input gradient reaches the caller through the slot, not
+// through autograd: the caller waits for it when it needs it.
+// `params`: the n_weights weights, then their biases (all or none: an undefined tensor cannot be
+// an input of a custom autograd function). The weights themselves are saved (not views), as
+// dtk::linear does, so ZeRO-3 may release them.
+struct ColumnsAsyncGrad : public torch::autograd::Function<ColumnsAsyncGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList params, int64_t n_weights,
                             GradSlot* slot) {
-    ctx->save_for_backward({x, weight});
+    const auto n = static_cast<size_t>(n_weights);
+    const bool bias = params.size() == 2 * n;
+    std::vector<at::Tensor> saved{x};
+    std::vector<at::Tensor> out;
+    for (size_t i = 0; i < n; ++i) {
+      saved.push_back(params[i]);
+      out.push_back(at::linear(x, params[i], bias ? params[n + i] : at::Tensor()));
+    }
+    ctx->save_for_backward(saved);
     ctx->saved_data["slot"] = reinterpret_cast<int64_t>(slot);
-    return at::linear(x, weight, kBias ? bias : at::Tensor());
-  }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, GradSlot* slot) {
-    return forward(ctx, x, weight, at::Tensor(), slot);
+    ctx->saved_data["bias"] = bias;
+    return n == 1 ? out[0] : at::cat(out, -1);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
-    const at::Tensor& weight = saved[1];
+    const size_t n = saved.size() - 1;
+    const bool bias = ctx->saved_data["bias"].toBool();
     auto* slot = reinterpret_cast<GradSlot*>(ctx->saved_data["slot"].toInt());
     const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
-    slot->buffer = g.mm(weight).view(x.sizes());
+    std::vector<at::Tensor> gs;  // each projection's output gradient
+    for (size_t i = 0, at_col = 0; i < n; ++i) {
+      const int64_t cols = saved[1 + i].size(0);
+      gs.push_back(n == 1 ? g : g.narrow(1, static_cast<int64_t>(at_col), cols));
+      at_col += static_cast<size_t>(cols);
+    }
+    at::Tensor gx = gs[0].mm(saved[1]);
+    for (size_t i = 1; i < n; ++i) gx.addmm_(gs[i], saved[1 + i]);
+    slot->buffer = gx.view(x.sizes());
     slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
-    at::Tensor gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
-    if (!kBias) return {at::Tensor(), gw, at::Tensor()};
-    return {at::Tensor(), gw, g.sum(0), at::Tensor()};
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    variable_list out{at::Tensor()};
+    for (size_t i = 0; i < n; ++i) out.push_back(x2.t().mm(gs[i]).t());
+    if (bias)
+      for (size_t i = 0; i < n; ++i) out.push_back(gs[i].sum(0));
+    out.push_back(at::Tensor());  // n_weights
+    out.push_back(at::Tensor());  // slot
+    return out;
   }
 };
+
+// The projections of `columns` on x through ColumnsAsyncGrad.
+at::Tensor project_async(const at::Tensor& x, const std::vector<const ColumnParallelLinear*>& columns, GradSlot* slot) {
+  std::vector<at::Tensor> params;
+  for (const ColumnParallelLinear* c : columns) params.push_back(c->weight);
+  const bool bias = columns.front()->bias.defined();
+  for (const ColumnParallelLinear* c : columns) {
+    if (c->bias.defined() != bias)
+      throw Error("Domino: a stage's column-parallel projections must all have biases or none");
+    if (bias) params.push_back(c->bias);
+  }
+  return ColumnsAsyncGrad::apply(x, at::TensorList(params), static_cast<int64_t>(columns.size()), slot);
+}
+
+// The same projections without a graph (evaluation, recompute's first pass).
+at::Tensor project(const at::Tensor& x, const std::vector<const ColumnParallelLinear*>& columns) {
+  if (columns.size() == 1) return at::linear(x, columns[0]->weight, columns[0]->bias);
+  std::vector<at::Tensor> out;
+  for (const ColumnParallelLinear* c : columns) out.push_back(at::linear(x, c->weight, c->bias));
+  return at::cat(out, -1);
+}
 
 // The row-parallel partial sum's all-reduce, issued in forward and waited by the caller before
 // the result is read (identity in backward: Megatron's reduce_from_tensor_model_parallel_region).
@@ -120,12 +163,13 @@ struct State : torch::CustomClassHolder {
   std::vector<at::Tensor> head_inputs;                    // recompute: [chunk]
 
   bool with_head() const { return stack.head && labels.defined(); }
-  at::Tensor tokens, positions;   // with the embedding in the schedule
+  at::Tensor tokens;              // with the embedding in the schedule
+  at::Tensor positions;           // [b or 1, s] or undefined
   DropoutMask embedding_keep;     // its dropout mask, whole micro-batch
   std::vector<Piece> embedding_pieces;  // [chunk]: only `out` (no input gradient)
   bool with_embedding() const { return stack.embedding && tokens.defined(); }
 
-  const Layer& layer(size_t l) const { return *(*stack.layers)[l]; }
+  const DominoLayer& layer(size_t l) const { return *stack.layers[l]; }
 
   void fire(ModuleHooks::HookFn fn, size_t l, const char* what) const { fire_module(fn, stack.module_of(l), what); }
   void fire_module(ModuleHooks::HookFn fn, int32_t module, const char* what) const {
@@ -147,7 +191,7 @@ struct State : torch::CustomClassHolder {
       at::AutoGradMode enable(true);
       Piece& p = head_pieces[c];
       const at::Tensor ln_leaf = p.begin(in, head.norm);
-      logits = ColumnAsyncGrad<false>::apply(ln_leaf, head.weight(), p.slot.get());
+      logits = ColumnsAsyncGrad::apply(ln_leaf, at::TensorList(head.weight()), int64_t{1}, p.slot.get());
     }
     VocabParallelCrossEntropy ce(logits, labels_c, head.tp);
     ce.reduce_max();
@@ -189,6 +233,12 @@ struct State : torch::CustomClassHolder {
     return out;
   }
 
+  // Chunk c's position ids (one row [1, s] serves every sequence, as plain TP's broadcast).
+  at::Tensor chunk_positions(size_t c) const {
+    if (!positions.defined() || positions.size(0) == 1) return positions;
+    return positions.narrow(0, start[c], rows[c]);
+  }
+
   at::Tensor chunk_mask(size_t c) const {
     if (!mask.defined() || mask.size(0) == 1) return mask;
     return mask.narrow(0, start[c], rows[c]);
@@ -204,7 +254,9 @@ struct State : torch::CustomClassHolder {
     at::Tensor out;
     {
       at::AutoGradMode mode(graph);
-      out = layer(f.layer).stage_finish(f.stage, f.in, f.reduced, f.stage == 0 ? m.attention_out : m.mlp_out);
+      // in + dropout(reduced + bias): the rest of the row-parallel projection, then the residual.
+      const at::Tensor& bias = layer(f.layer).stage_row(f.stage).bias;
+      out = f.in + apply_dropout(bias.defined() ? f.reduced + bias : f.reduced, f.stage == 0 ? m.attention_out : m.mlp_out);
     }
     if (graph) pieces[f.layer][static_cast<size_t>(f.stage)][c].out = out;
     f.in = f.reduced = at::Tensor();
@@ -224,8 +276,7 @@ struct State : torch::CustomClassHolder {
     {
       at::AutoGradMode mode(embedding_graph);
       // Position ids of one row ([1, s]) serve every sequence, as in plain TP's broadcast add.
-      const at::Tensor pos = positions.size(0) == 1 ? positions : positions.narrow(0, start[c], rows[c]);
-      out = f.reduced + e.position(pos);
+      out = e.position ? f.reduced + e.position(chunk_positions(c)) : f.reduced;
       out = apply_dropout(out, embedding_keep.rows(start[c], rows[c]));
     }
     f.reduced = at::Tensor();
@@ -244,7 +295,7 @@ struct State : torch::CustomClassHolder {
     at::AutoGradMode mode(embedding_graph);
     fire_module(&dtk_module_hooks::pre_forward, e.module, "pre_forward");
     // Plain TP draws the embedding's mask before the first layer's: so does this.
-    if (training && e.dropout > 0.0) embedding_keep = draw_keep_mask({batch, seq, stack.config->hidden}, e.dropout, rng.hidden);
+    if (training && e.dropout > 0.0) embedding_keep = draw_keep_mask({batch, seq, stack.hidden}, e.dropout, rng.hidden);
     for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
       TraceSpan span("compute", [&] { return "embedding, chunk " + std::to_string(c); });
       InFlight& f = flight[c];
@@ -280,9 +331,12 @@ struct State : torch::CustomClassHolder {
           TraceSpan span("compute", [&] { return piece_name(l, s, c) + (graph || !save_inputs ? "" : " (keeps input)"); });
           at::Tensor in = flight[c].active ? finish(flight[c], c, graph) : h[c];
           if (s == 0 && save_inputs) layer_inputs[l][c] = in;
-          const Layer& ly = layer(l);
-          const ColumnParallelLinear& column = ly.stage_column(s);
-          const DropoutMask probs_keep = s == 0 ? masks[l].rows(start[c], rows[c]).attention_probs : DropoutMask();
+          const DominoLayer& ly = layer(l);
+          const std::vector<const ColumnParallelLinear*> columns = ly.stage_columns(s);
+          DominoChunk chunk;
+          chunk.mask = chunk_mask(c);
+          chunk.positions = chunk_positions(c);
+          if (s == 0) chunk.attention_probs = masks[l].rows(start[c], rows[c]).attention_probs;
           InFlight& f = flight[c];
           f.layer = l;
           f.stage = s;
@@ -291,15 +345,13 @@ struct State : torch::CustomClassHolder {
             at::AutoGradMode enable(true);
             Piece& p = pieces[l][static_cast<size_t>(s)][c];
             const at::Tensor ln_leaf = p.begin(in, [&](const at::Tensor& x) { return ly.stage_norm(s, x); });
-            at::Tensor projected = ColumnAsyncGrad<true>::apply(ln_leaf, column.weight, column.bias, p.slot.get());
-            at::Tensor partial = ly.stage_partial(s, projected, chunk_mask(c), probs_keep);
+            at::Tensor partial = ly.stage_partial(s, project_async(ln_leaf, columns, p.slot.get()), chunk);
             f.in = p.in;
             f.issue(partial, graph);
           } else {
             at::NoGradGuard no_grad;
-            at::Tensor projected = at::linear(ly.stage_norm(s, in), column.weight, column.bias);
             f.in = in;
-            f.issue(ly.stage_partial(s, projected, chunk_mask(c), probs_keep), /*graph=*/false);
+            f.issue(ly.stage_partial(s, project(ly.stage_norm(s, in), columns), chunk), /*graph=*/false);
           }
         }
       }
@@ -385,7 +437,7 @@ struct State : torch::CustomClassHolder {
     return g;
   }
 
-  size_t layer_count() const { return stack.layers->size(); }
+  size_t layer_count() const { return stack.layers.size(); }
 
   // "layer 3 attention, chunk 1" (timeline spans).
   static std::string piece_name(size_t l, int s, size_t c) {
@@ -401,17 +453,17 @@ struct State : torch::CustomClassHolder {
     embedding_graph = graph;
     const at::Tensor& x = with_embedding() ? tokens : in.hidden;
     if (labels.defined() && (labels.dim() != 2 || labels.size(0) != x.size(0) || labels.size(1) != x.size(1)))
-      throw Error("gpt: 'labels' must be [batch, seq] like the tokens, got " + Model::shape_str(labels));
-    head_pieces.resize(static_cast<size_t>(s.config->domino_chunks));
-    embedding_pieces.resize(static_cast<size_t>(s.config->domino_chunks));
+      throw Error(stack.model + ": 'labels' must be [batch, seq] like the tokens, got " + Model::shape_str(labels));
+    head_pieces.resize(static_cast<size_t>(s.chunks));
+    embedding_pieces.resize(static_cast<size_t>(s.chunks));
     training = train;
     batch = x.size(0);
     seq = x.size(1);
     device = x.device();
     dtype = with_embedding() ? stack.embedding->anchor().scalar_type() : x.scalar_type();
-    chunks = s.config->domino_chunks;
+    chunks = s.chunks;
     if (chunks > batch)
-      throw Error("gpt: domino_chunks (" + std::to_string(chunks) + ") exceeds the micro-batch size (" +
+      throw Error(stack.model + ": domino_chunks (" + std::to_string(chunks) + ") exceeds the micro-batch size (" +
                   std::to_string(batch) + "): each chunk needs at least one sequence");
     // Chunks as equal as possible; the first batch % chunks get one row more.
     for (int64_t c = 0, at_row = 0; c < chunks; ++c) {
@@ -441,7 +493,7 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
     st->init(*stack, *in, training, /*graph=*/true);
     const bool embed = st->with_embedding();
     std::vector<at::Tensor> first = embed ? std::vector<at::Tensor>(static_cast<size_t>(st->chunks)) : st->split(anchor);
-    st->recompute = stack->config->recompute;
+    st->recompute = stack->recompute;
     const size_t n = st->layer_count();
     std::vector<at::Tensor> out;
     if (st->recompute) {
@@ -454,19 +506,21 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
       out = st->run_forward(0, n, first, *rng, /*graph=*/true, /*save_inputs=*/false, st->with_head(), embed);
     }
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    ctx->saved_data["model"] = stack->model;
     at::NoGradGuard no_grad;
     return at::cat(out, 0);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto it = ctx->saved_data.find("state");
     if (it == ctx->saved_data.end())
-      throw Error("gpt: the Domino schedule (domino_chunks > 1) runs backward once per forward (no retain_graph)");
+      throw Error(ctx->saved_data["model"].toStringRef() +
+                  ": the Domino schedule (domino_chunks > 1) runs backward once per forward (no retain_graph)");
     auto st = c10::static_intrusive_pointer_cast<State>(it->second.toCapsule());
     ctx->saved_data.erase(it);
     at::Tensor g = grad[0];
     if (!g.defined())
       g = st->with_head() ? at::zeros({st->batch, st->seq}, at::TensorOptions().device(st->device))
-                          : at::zeros({st->batch, st->seq, st->stack.config->hidden},
+                          : at::zeros({st->batch, st->seq, st->stack.hidden},
                                       at::TensorOptions().device(st->device).dtype(st->dtype));
     std::vector<at::Tensor> gx = st->run_backward(st->split(g));
     at::Tensor g_anchor = st->with_embedding() ? at::Tensor() : at::cat(gx, 0);
@@ -476,9 +530,28 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
 
 }  // namespace
 
+LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
+  return {attention_probs.rows(start, length), attention_out.rows(start, length), mlp_out.rows(start, length)};
+}
+
+LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int64_t hidden, double attention_dropout,
+                            double hidden_dropout, DropoutRng& rng, bool training) {
+  LayerMasks m;
+  if (!training) return m;
+  // The plain layer's draws, per generator in the same order: attention probabilities from the
+  // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
+  if (attention_dropout > 0.0)
+    m.attention_probs = draw_keep_mask({batch, heads_local, seq, seq}, attention_dropout, rng.attention);
+  if (hidden_dropout > 0.0) {
+    m.attention_out = draw_keep_mask({batch, seq, hidden}, hidden_dropout, rng.hidden);
+    m.mlp_out = draw_keep_mask({batch, seq, hidden}, hidden_dropout, rng.hidden);
+  }
+  return m;
+}
+
 at::Tensor domino_forward(const DominoStack& stack, const DominoInputs& in, DropoutRng& rng, bool training) {
   const bool embed = stack.embedding && in.tokens.defined();
-  if (at::GradMode::is_enabled() && !stack.layers->empty()) {
+  if (at::GradMode::is_enabled() && !stack.layers.empty()) {
     // An input must need a gradient for the function to be recorded: the hidden input (made a
     // leaf if it is not), or a parameter of the embedding.
     at::Tensor anchor = embed ? stack.embedding->anchor()
@@ -493,4 +566,4 @@ at::Tensor domino_forward(const DominoStack& stack, const DominoInputs& in, Drop
                  0);
 }
 
-}  // namespace dtk::gpt
+}  // namespace dtk::layers

@@ -1,4 +1,5 @@
-// `dtk checkpoint convert SRC DST --tensor_model_parallel_size N` (checkpoint_convert.hpp) and
+// `dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]`
+// (checkpoint_convert.hpp) and
 // `dtk checkpoint inspect DIR [--noverify] [--all_tensors]` — a checkpoint's iteration, progress,
 // parallel layout, writers, tensors, files with their SHA-256 against SHA256SUMS, and whether it is
 // complete (exit 0) or not (one error line, exit 1). DIR is a save directory (the tracker's
@@ -19,34 +20,56 @@
 
 DEFINE_bool(verify, true, "checkpoint inspect: hash every file against the checkpoint's SHA256SUMS.");
 DEFINE_bool(all_tensors, false, "checkpoint inspect: list the optimizer's and strategy's tensors too.");
-DEFINE_int32(tensor_model_parallel_size, 0, "checkpoint convert: the tensor-parallel size to convert to.");
+DEFINE_int32(tensor_model_parallel_size, 0,
+             "checkpoint convert: the tensor-parallel size to convert to (0: the checkpoint's).");
+DEFINE_int32(pipeline_model_parallel_size, 0,
+             "checkpoint convert: the pipeline-parallel size to convert to (0: the checkpoint's).");
 
 namespace {
 
 int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
-  if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 1)
-    throw HostError("usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N (N >= 1)");
+  if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 0 || FLAGS_pipeline_model_parallel_size < 0 ||
+      FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size == 0)
+    throw HostError(
+        "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N and/or --pipeline_model_parallel_size P "
+        "(N, P >= 1)");
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
   if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
-  const int new_tp = FLAGS_tensor_model_parallel_size;
-  cfg.mutable_distributed()->set_tensor_model_parallel_size(new_tp);
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
-  const auto report = dtk::core::convert_tensor_parallel(
-      iter_dir, args[2], new_tp, dtk::core::to_text(cfg), [&](int tp_rank, int tp_size) {
-        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size);
+  const auto report = dtk::core::convert_checkpoint(
+      iter_dir, args[2], FLAGS_tensor_model_parallel_size, FLAGS_pipeline_model_parallel_size,
+      [&](int tp, int pp) {  // the configuration the new checkpoint records: its layout's
+        dtk::config::RunConfig target = cfg;
+        target.mutable_distributed()->set_tensor_model_parallel_size(tp);
+        target.mutable_distributed()->set_pipeline_model_parallel_size(pp);
+        return dtk::core::to_text(target);
+      },
+      [&](int tp_rank, int tp_size, int pp_rank, int pp_size) {
+        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, pp_rank, pp_size);
         options.push_back(std::move(b.options));
         return std::move(b.model);
       });
-  std::printf("converted iteration %lld of %s from tensor-parallel size %d to %d into %s: %d file(s), %.1f MB; "
-              "%lld model and %lld optimizer/strategy tensors per rank; resume with --set checkpoint.load=%s "
-              "--set distributed.tensor_model_parallel_size=%d\n",
-              static_cast<long long>(report.iteration), args[1].c_str(), report.old_tp, report.new_tp, args[2].c_str(),
-              report.new_tp, report.megabytes, static_cast<long long>(report.model_tensors),
-              static_cast<long long>(report.state_tensors), args[2].c_str(), report.new_tp);
+  const bool staged = report.old_pp > 1 || report.new_pp > 1;
+  char layout[160];
+  if (staged)
+    std::snprintf(layout, sizeof layout, "tensor-parallel size %d, pipeline-parallel size %d to %d, %d", report.old_tp,
+                  report.old_pp, report.new_tp, report.new_pp);
+  else
+    std::snprintf(layout, sizeof layout, "tensor-parallel size %d to %d", report.old_tp, report.new_tp);
+  const std::string resume = "--set checkpoint.load=" + args[2] + " --set distributed.tensor_model_parallel_size=" +
+                             std::to_string(report.new_tp) +
+                             (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp)
+                                     : std::string());
+  std::printf("converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
+              "optimizer/strategy tensors %s; resume with %s\n",
+              static_cast<long long>(report.iteration), args[1].c_str(), layout, args[2].c_str(),
+              report.new_tp * report.new_pp, report.megabytes, static_cast<long long>(report.model_tensors),
+              static_cast<long long>(report.state_tensors), staged ? "in the last stage's files" : "per rank",
+              resume.c_str());
   if (report.consolidated_shards > 0)
     std::printf("the ZeRO optimizer state (%lld data-parallel shards per rank) is consolidated into whole "
                 "parameters' state: ddp resumes it as is, zero shards it again at any data-parallel size\n",
@@ -61,7 +84,7 @@ int run_checkpoint(const std::vector<std::string>& args, const std::function<dtk
   if (args.empty() || args[0] != "inspect")
     throw dtk::host::HostError(
         "usage: dtk checkpoint inspect DIR [--noverify] [--all_tensors] | dtk checkpoint convert SRC DST "
-        "--tensor_model_parallel_size N");
+        "--tensor_model_parallel_size N and/or --pipeline_model_parallel_size P");
   if (args.size() != 2)
     throw dtk::host::HostError("usage: dtk checkpoint inspect DIR (one directory: a save directory or an iter_NNNNNNN one)");
   dtk::core::InspectOptions options;

@@ -21,7 +21,8 @@ struct BuiltModel {
   std::unique_ptr<dtk::host::OptionValues> options;
   std::unique_ptr<dtk::core::ModelInstance> model;
 };
-BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size);
+BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size,
+                       int pp_rank = 0, int pp_size = 1);
 
 // `args`: the words after "export". `plugins` resolves the model plugin's options (defaults
 // included) for the checkpoint's recorded configuration.

@@ -66,7 +66,8 @@ Usage:
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
   dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
-  dtk checkpoint convert SRC DST --tensor_model_parallel_size N     another tensor-parallel size
+  dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
+                                                      another tensor- and/or pipeline-parallel size
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
                                         a Hugging Face GPT2LMHeadModel folder (safetensors)
   dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel folder as a checkpoint to fine-tune from

@@ -205,9 +205,8 @@ TEST(MegatronArgs, MixedArchitectureFlagsAreRefused) {
 
 TEST(MegatronArgs, MegatronGpt3_175B) {
   const MegatronMapping m = map_file("megatron_gpt3_175b.args");
-  ASSERT_EQ(m.refused.size(), 2u);
-  EXPECT_EQ(m.refused[0], "--pipeline-model-parallel-size 16: pipeline parallelism is not in this release");
-  EXPECT_EQ(m.refused[1], "--rampup-batch-size 16 16 5859375: needs sample-based training, --train-samples instead of "
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0], "--rampup-batch-size 16 16 5859375: needs sample-based training, --train-samples instead of "
                           "--train-iters (Megatron asserts 'expected no batch-size rampup for iteration-based training')");
   ASSERT_EQ(m.ignored.size(), 1u);
   EXPECT_EQ(m.ignored[0].rfind("--attention-backend (DTK picks its attention kernel", 0), 0u) << m.ignored[0];
@@ -233,6 +232,7 @@ TEST(MegatronArgs, MegatronGpt3_175B) {
                       {"lr.lr_warmup_fraction", "0.001"},
                       {"lr.lr_decay_iters", "430000"},
                       {"distributed.tensor_model_parallel_size", "8"},
+                      {"distributed.pipeline_model_parallel_size", "16"},
                       {"dataset.data_path", "data/gpt3_text_document"},
                       {"tokenizer.vocab_file", "data/gpt2-vocab.json"},
                       {"tokenizer.merge_file", "data/gpt2-merges.txt"},

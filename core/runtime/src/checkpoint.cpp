@@ -177,7 +177,8 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     strategy.gather_parameters(false);
     const TensorList optim_state = optimizer.state_save();
     const TensorList strat_state = strategy.state_save();
-    const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(topo.tp_rank)).string();
+    const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+    const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
     if (writer || sharded) {
       std::error_code ec;
       fs::create_directories(rank_dir, ec);
@@ -218,12 +219,13 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
         d.insert("grad_scaler", g);
       }
       d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
+      d.insert("pipeline_model_parallel_size", static_cast<int64_t>(topo.pp_size));
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
       if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
       insert_provenance(d, config_text, writers);
       const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
       bytes += w.bytes;
-      sums += w.sha256 + "  " + mp_rank_dir(topo.tp_rank) + "/" + ckpt::kModelFile + "\n";
+      sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
     }
     if (sharded) {
       c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
@@ -234,7 +236,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
       const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
       bytes += w.bytes;
-      sums += w.sha256 + "  " + mp_rank_dir(topo.tp_rank) + "/" + shard_file_name(topo.dp_rank) + "\n";
+      sums += w.sha256 + "  " + rank_name + "/" + shard_file_name(topo.dp_rank) + "\n";
     }
     if (writer || sharded) fsync_path(rank_dir, true);
     // This rank's lines of the manifest; world rank 0 merges them before publishing.
@@ -365,11 +367,23 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
     throw HostError("checkpoint: " + iter_dir + " does not exist (named by " + checkpoint_tracker_file(load_dir) + ")");
   // The manifest, when the checkpoint has one and verification is wanted.
   const ckpt::Checksums sums = what.verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
-  const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / mp_rank_dir(topo.tp_rank);
+  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+  const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / rank_name;
   const std::string file = (rank_dir / ckpt::kModelFile).string();
+  // A checkpoint of another pipeline layout names its directories differently: say so first.
+  if (!fs::is_directory(rank_dir, ec)) {
+    const std::string first = ckpt::first_rank_dir(iter_dir);
+    const bool staged = first != mp_rank_dir(0);
+    if (staged != (topo.pp_size > 1) && fs::is_directory(fs::path(iter_dir) / first, ec))
+      throw HostError("checkpoint " + iter_dir + " was saved " +
+                      (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
+                      ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
+                      " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                      " makes one for it)");
+  }
   const c10::impl::GenericDict d = read_pickled_dict(
-      file, topo.tp_rank > 0 ? " (was the checkpoint saved with a smaller tensor-parallel size?)" : "", &sums,
-      mp_rank_dir(topo.tp_rank) + "/" + ckpt::kModelFile);
+      file, topo.tp_rank > 0 || topo.pp_rank > 0 ? " (was the checkpoint saved with a smaller tensor- or pipeline-parallel size?)" : "", &sums,
+      rank_name + "/" + ckpt::kModelFile);
   auto get = [&](const char* key) -> c10::IValue {
     auto it = d.find(c10::IValue(std::string(key)));
     if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
@@ -384,6 +398,12 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   if (saved_tp != topo.tp_size)
     throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
                     ", this run has " + std::to_string(topo.tp_size));
+  const int64_t saved_pp = d.contains("pipeline_model_parallel_size") ? get_int("pipeline_model_parallel_size") : 1;
+  if (saved_pp != topo.pp_size)
+    throw HostError("checkpoint " + file + " was saved with pipeline-parallel size " + std::to_string(saved_pp) +
+                    ", this run has " + std::to_string(topo.pp_size) +
+                    " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                    " makes one for it)");
   TrainProgress p;
   p.iteration = get_int("iteration");
   p.consumed_train_samples = get_int("consumed_train_samples");

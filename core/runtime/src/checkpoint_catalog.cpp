@@ -190,7 +190,7 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   }
   s.checksummed = sums.present;
   if (!sums.present) {
-    const fs::path main = fs::path(iter_dir) / ckpt::mp_rank_dir(0) / ckpt::kModelFile;
+    const fs::path main = fs::path(iter_dir) / ckpt::first_rank_dir(iter_dir) / ckpt::kModelFile;
     if (!fs::is_regular_file(main, ec)) {
       s.problem = main.string() + " is missing";
       return s;
@@ -286,7 +286,7 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration) {
 
 std::string checkpoint_config_text(const std::string& iter_dir) {
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
-  const std::string relative = ckpt::mp_rank_dir(0) + "/" + ckpt::kModelFile;
+  const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
   const auto d = ckpt::read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
   auto it = d.find(c10::IValue(std::string("config")));
   if (it == d.end() || !it->value().isString())
@@ -381,8 +381,14 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
   // The main file of each tensor-parallel rank: progress, layout, writers, tensors.
   std::string config_text;
   int64_t tp_size = 1, shards = 0;
+  // Pipeline stages (Megatron's mp_rank_TT_PPP directories): every stage's files are checked,
+  // the first stage's are shown.
+  int64_t pp_size = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
+  auto rank_dir = [&](int64_t tp, int64_t pp) {
+    return ckpt::mp_rank_dir(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(pp_size));
+  };
   for (int64_t tp = 0; tp < tp_size; ++tp) {
-    const std::string relative = ckpt::mp_rank_dir(static_cast<int>(tp)) + "/" + ckpt::kModelFile;
+    const std::string relative = rank_dir(tp, 0) + "/" + ckpt::kModelFile;
     const std::string file = (fs::path(iter_dir) / relative).string();
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
     try {
@@ -398,11 +404,15 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
     };
     if (tp == 0) {
       if (get("tensor_model_parallel_size").isInt()) tp_size = std::max<int64_t>(1, get("tensor_model_parallel_size").toInt());
+      if (get("pipeline_model_parallel_size").isInt())
+        pp_size = std::max<int64_t>(1, get("pipeline_model_parallel_size").toInt());
       if (get("optimizer_shards").isInt()) shards = get("optimizer_shards").toInt();
       out << "  iteration " << int_entry(d, "iteration") << ", consumed samples: train "
           << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
           << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
-      out << "  layout: tensor-parallel " << tp_size << ", data-parallel " << int_entry(d, "data_parallel_size");
+      out << "  layout: tensor-parallel " << tp_size;
+      if (pp_size > 1) out << ", pipeline-parallel " << pp_size << " (stage 0 shown)";
+      out << ", data-parallel " << int_entry(d, "data_parallel_size");
       if (shards > 0) out << ", optimizer state sharded over " << shards << " data-parallel files";
       out << "\n";
       const c10::IValue sched = get("opt_param_scheduler");
@@ -449,16 +459,16 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
     }
   }
   // Sharded optimizer state: one file per data-parallel rank and tensor-parallel rank.
+  for (int64_t pp = 0; pp < pp_size; ++pp)
   for (int64_t tp = 0; tp < tp_size && shards > 0; ++tp)
     for (int64_t dp = 0; dp < shards; ++dp) {
-      const std::string relative =
-          ckpt::mp_rank_dir(static_cast<int>(tp)) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
+      const std::string relative = rank_dir(tp, pp) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
       const std::string file = (fs::path(iter_dir) / relative).string();
       if (!fs::is_regular_file(file, ec)) {
         if (problem.empty()) problem = file + " is missing (the checkpoint has " + std::to_string(shards) + " shards)";
         continue;
       }
-      if (!options.all_tensors) continue;
+      if (!options.all_tensors || pp > 0) continue;
       try {
         const auto d = ckpt::read_pickled_dict(file);
         out << "  " << relative << ":\n    optimizer:\n";
@@ -467,10 +477,11 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
         if (problem.empty()) problem = ckpt::first_line(e.what());
       }
     }
-  for (int64_t tp = 1; tp < tp_size; ++tp) {
-    const fs::path f = fs::path(iter_dir) / ckpt::mp_rank_dir(static_cast<int>(tp)) / ckpt::kModelFile;
-    if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + " is missing";
-  }
+  for (int64_t pp = 0; pp < pp_size; ++pp)
+    for (int64_t tp = pp == 0 ? 1 : 0; tp < tp_size; ++tp) {
+      const fs::path f = fs::path(iter_dir) / rank_dir(tp, pp) / ckpt::kModelFile;
+      if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + " is missing";
+    }
   if (!config_text.empty()) {
     // One line per section (the text format in single-line mode); as saved if it does not parse.
     out << "  config:\n";
@@ -503,6 +514,10 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
 }
 
 TensorList read_model_state(const std::string& iter_dir, int tp_rank) {
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+    throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
+                    "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "
+                    "--pipeline_model_parallel_size 1 makes one)");
   const std::string relative = ckpt::mp_rank_dir(tp_rank) + "/" + ckpt::kModelFile;
   const std::string file = (fs::path(iter_dir) / relative).string();
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);

@@ -5,8 +5,11 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 
+#include <cctype>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint_io.hpp"
@@ -78,126 +81,226 @@ at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>
   return dim < 0 || parts.size() == 1 ? parts[0] : at::cat(parts, dim);
 }
 
-ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::string& save_dir, int new_tp,
-                                      const std::string& config_text, const ModelAtLayout& build) {
-  if (new_tp < 1) throw HostError("checkpoint convert: the tensor-parallel size must be >= 1");
+namespace {
+
+// A parameter's name in the whole model from its name on pipeline stage `stage` (Megatron's
+// convention, which the shipped models follow: each stage numbers its layers from 0, so
+// "...layers.<i>..." on stage s is layer s x layers_per_stage + i; the last stage's copy of a tied
+// weight is the first stage's). Names without a layer index are the same everywhere.
+struct StageNames {
+  int64_t layers_per_stage = 0;
+  std::string tied_first, tied_copy;  // the tied weight on the first stage, its copy on the last
+
+  std::string global(const std::string& local, int stage) const {
+    if (!tied_copy.empty() && local == tied_copy) return tied_first;
+    static const std::string kLayers = "layers.";
+    const size_t at = local.find(kLayers);
+    if (stage == 0 || at == std::string::npos) return local;
+    const size_t digits = at + kLayers.size();
+    size_t end = digits;
+    while (end < local.size() && std::isdigit(static_cast<unsigned char>(local[end]))) ++end;
+    if (end == digits || end >= local.size() || local[end] != '.') return local;
+    const int64_t i = std::stoll(local.substr(digits, end - digits)) + stage * layers_per_stage;
+    return local.substr(0, digits) + std::to_string(i) + local.substr(end);
+  }
+};
+
+// The tied weight of the first stage and its copy on the last stage (dtk_param_info.shared), by
+// the models of those stages.
+void find_tied(StageNames& n, const std::vector<Param>& first, const std::vector<Param>& last, int stages) {
+  if (stages <= 1) return;
+  std::vector<std::string> a, b;
+  for (const Param& p : first)
+    if (p.info.shared) a.push_back(p.name);
+  for (const Param& p : last)
+    if (p.info.shared) b.push_back(p.name);
+  if (a.size() > 1 || b.size() > 1 || a.size() != b.size())
+    throw HostError("checkpoint convert: the model's tied weights (dtk_param_info.shared) are not one on the first "
+                    "and one on the last pipeline stage (" + std::to_string(a.size()) + " and " +
+                    std::to_string(b.size()) + "): cannot tell which copy is which");
+  if (!a.empty()) n.tied_first = a[0], n.tied_copy = b[0];
+}
+
+}  // namespace
+
+ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
+                                 const std::function<std::string(int tp, int pp)>& config_text,
+                                 const ModelAtLayout& build) {
+  if (new_tp < 0 || new_pp < 0) throw HostError("checkpoint convert: parallel sizes must be >= 1");
   std::error_code ec;
   if (fs::exists(save_dir, ec) && !(fs::is_directory(save_dir, ec) && fs::is_empty(save_dir, ec)))
     throw HostError("checkpoint convert: " + save_dir + " exists and is not an empty directory");
   ConvertReport report;
-  report.new_tp = new_tp;
 
-  // The old ranks' files, verified.
+  // The layout the checkpoint was saved with (its first file says).
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
-  std::vector<c10::impl::GenericDict> old;
-  std::vector<TensorMap> model, optimizer, strategy;
-  int64_t old_tp = 1;
-  for (int64_t r = 0; r < old_tp; ++r) {
-    const std::string relative = ckpt::mp_rank_dir(static_cast<int>(r)) + "/" + ckpt::kModelFile;
+  int64_t old_tp = 1, old_pp = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
+  {
+    const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
     const std::string file = (fs::path(iter_dir) / relative).string();
-    old.push_back(ckpt::read_pickled_dict(file, "", &sums, relative));
-    const auto& d = old.back();
-    if (r == 0) {
-      auto tp = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
-      if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
-        throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
-      old_tp = tp->value().toInt();
-      auto it = d.find(c10::IValue(std::string("iteration")));
-      report.iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
-    }
-    model.push_back(tensors_of(d, "model", file));
-    auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
-    if (shards == d.end()) {
-      optimizer.push_back(tensors_of(d, "optimizer", file));
-      strategy.push_back(tensors_of(d, "strategy", file));
-      continue;
-    }
-    // ZeRO: the data-parallel shards consolidated into whole parameters' state (the layout ddp
-    // saves; a ZeRO run loading it shards it again, dtk/core/checkpoint_shards.hpp).
-    if (!shards->value().isInt() || shards->value().toInt() < 1)
-      throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
-    std::unique_ptr<ModelInstance> m = build(static_cast<int>(r), static_cast<int>(old_tp));
-    const std::vector<Param> params = m->parameters();
-    std::vector<std::string> names;
-    for (const Param& p : params) names.push_back(p.name);
-    StateAssembler whole(params, names);
-    const std::string rank_dir = (fs::path(iter_dir) / ckpt::mp_rank_dir(static_cast<int>(r))).string();
-    for (int64_t k = 0; k < shards->value().toInt(); ++k) {
-      const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards->value().toInt(), sums);
-      whole.add(shard.optimizer, shard.strategy, shard.slices);
-    }
-    TensorMap o, st;
-    try {
-      for (auto& [key, value] : whole.optimizer()) o[key] = value;
-      for (auto& [key, value] : whole.strategy()) st[key] = value;
-    } catch (const std::exception& e) {
-      throw HostError("checkpoint convert: " + rank_dir + ": " + ckpt::first_line(e.what()));
-    }
-    optimizer.push_back(std::move(o));
-    strategy.push_back(std::move(st));
-    report.consolidated_shards = shards->value().toInt();
+    const auto d = ckpt::read_pickled_dict(file, "", &sums, relative);
+    auto tp = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
+    if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
+      throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
+    old_tp = tp->value().toInt();
+    auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
+    if (pp != d.end() && pp->value().isInt()) old_pp = std::max<int64_t>(1, pp->value().toInt());
+    auto it = d.find(c10::IValue(std::string("iteration")));
+    report.iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
   }
-  report.old_tp = static_cast<int>(old_tp);
+  if (new_tp == 0) new_tp = static_cast<int>(old_tp);
+  if (new_pp == 0) new_pp = static_cast<int>(old_pp);
+  report.old_tp = static_cast<int>(old_tp), report.old_pp = static_cast<int>(old_pp);
+  report.new_tp = new_tp, report.new_pp = new_pp;
 
-  // Partition dims from the model at the new layout (the same names at every layout).
-  std::map<std::string, int> dim = partition_dims(build(0, new_tp)->parameters());
-  SliceMap names;
-  for (const auto& [name, d] : dim) names[name] = ParamSlice{};
-  auto whole = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
-    return merge_partitions(ranks, name, d, "checkpoint convert");
-  };
+  // Names on each stage <-> names in the whole model.
+  const int64_t layers = build(0, 1, 0, 1)->info().num_layers;
+  for (int64_t stages : {old_pp, static_cast<int64_t>(new_pp)})
+    if (layers % stages != 0)
+      throw HostError("checkpoint convert: the model's " + std::to_string(layers) + " layers do not split into " +
+                      std::to_string(stages) + " pipeline stages");
+  StageNames old_names, new_names;
+  old_names.layers_per_stage = layers / old_pp;
+  new_names.layers_per_stage = layers / new_pp;
+  find_tied(old_names, build(0, 1, 0, static_cast<int>(old_pp))->parameters(),
+            build(0, 1, static_cast<int>(old_pp) - 1, static_cast<int>(old_pp))->parameters(), static_cast<int>(old_pp));
+  find_tied(new_names, build(0, 1, 0, new_pp)->parameters(), build(0, 1, new_pp - 1, new_pp)->parameters(), new_pp);
+
+  // Every old stage: its tensor-parallel ranks' files (verified), each parameter and its state made
+  // whole, under the whole model's names. A tied weight's copy repeats the first stage's values.
   TensorMap model_whole;
-  for (const auto& [name, d] : dim) model_whole[name] = whole(model, name, d);
-  // Optimizer/strategy entries: a parameter's follow it; the rest are copied from rank 0.
-  auto state_whole = [&](const std::vector<TensorMap>& ranks) {
-    std::vector<std::tuple<std::string, std::string, at::Tensor>> out;  // key, parameter, whole value
-    for (const auto& [key, value] : ranks[0]) {
-      const std::string param = param_of_key(key, names);
-      const int d = param.empty() ? -1 : dim[param];
-      out.emplace_back(key, param, param.empty() ? value : whole(ranks, key, d));
+  std::map<std::string, int> dim;                       // whole-model name -> partition dim
+  std::vector<std::tuple<std::string, std::string, at::Tensor>> optimizer_whole, strategy_whole;  // key, param, value
+  std::set<std::string> seen_keys;
+  std::vector<c10::impl::GenericDict> first_files;  // stage 0's, kept for the progress entries
+  for (int64_t stage = 0; stage < old_pp; ++stage) {
+    std::vector<TensorMap> model, optimizer, strategy;
+    for (int64_t r = 0; r < old_tp; ++r) {
+      const std::string rank_dir_name = ckpt::mp_rank_dir(static_cast<int>(r), static_cast<int>(stage), static_cast<int>(old_pp));
+      const std::string relative = rank_dir_name + "/" + ckpt::kModelFile;
+      const std::string file = (fs::path(iter_dir) / relative).string();
+      const auto d = ckpt::read_pickled_dict(file, "", &sums, relative);
+      if (stage == 0) first_files.push_back(d);
+      model.push_back(tensors_of(d, "model", file));
+      auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
+      if (shards == d.end()) {
+        optimizer.push_back(tensors_of(d, "optimizer", file));
+        strategy.push_back(tensors_of(d, "strategy", file));
+        continue;
+      }
+      // ZeRO: the data-parallel shards consolidated into whole parameters' state (the layout ddp
+      // saves; a ZeRO run loading it shards it again, dtk/core/checkpoint_shards.hpp).
+      if (!shards->value().isInt() || shards->value().toInt() < 1)
+        throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
+      std::unique_ptr<ModelInstance> m =
+          build(static_cast<int>(r), static_cast<int>(old_tp), static_cast<int>(stage), static_cast<int>(old_pp));
+      const std::vector<Param> params = m->parameters();
+      std::vector<std::string> names;
+      for (const Param& p : params) names.push_back(p.name);
+      StateAssembler whole(params, names);
+      const std::string rank_dir = (fs::path(iter_dir) / rank_dir_name).string();
+      for (int64_t k = 0; k < shards->value().toInt(); ++k) {
+        const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards->value().toInt(), sums);
+        whole.add(shard.optimizer, shard.strategy, shard.slices);
+      }
+      TensorMap o, st;
+      try {
+        for (auto& [key, value] : whole.optimizer()) o[key] = value;
+        for (auto& [key, value] : whole.strategy()) st[key] = value;
+      } catch (const std::exception& e) {
+        throw HostError("checkpoint convert: " + rank_dir + ": " + ckpt::first_line(e.what()));
+      }
+      optimizer.push_back(std::move(o));
+      strategy.push_back(std::move(st));
+      report.consolidated_shards = shards->value().toInt();
     }
-    return out;
-  };
-  const auto optimizer_whole = state_whole(optimizer), strategy_whole = state_whole(strategy);
-
-  // The new ranks' files, then published as a training save is (SHA256SUMS, rename, tracker).
-  std::vector<c10::impl::GenericDict> files;
-  for (int r = 0; r < new_tp; ++r) {
-    std::unique_ptr<ModelInstance> m = build(r, new_tp);
-    TensorMap target_params;
-    for (const Param& p : m->parameters()) target_params[p.name] = p.tensor;
-    std::vector<std::pair<std::string, at::Tensor>> new_model;
-    for (const auto& [name, target] : m->state_save()) {
-      auto it = model_whole.find(name);
-      // Not a parameter (the dropout generators): the new model's own.
-      new_model.emplace_back(name, it == model_whole.end() ? target : piece(it->second, dim[name], r, target, name));
+    const std::map<std::string, int> stage_dims =
+        partition_dims(build(0, static_cast<int>(old_tp), static_cast<int>(stage), static_cast<int>(old_pp))->parameters());
+    SliceMap names;
+    for (const auto& [name, d] : stage_dims) names[name] = ParamSlice{};
+    auto whole = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
+      return merge_partitions(ranks, name, d, "checkpoint convert");
+    };
+    for (const auto& [name, d] : stage_dims) {
+      const std::string g = old_names.global(name, static_cast<int>(stage));
+      dim[g] = d;
+      if (!model_whole.count(g)) model_whole[g] = whole(model, name, d);
     }
-    auto cut = [&](const std::vector<std::tuple<std::string, std::string, at::Tensor>>& entries) {
-      std::vector<std::pair<std::string, at::Tensor>> out;
-      for (const auto& [key, param, value] : entries) {
+    // Optimizer/strategy entries: a parameter's follow it (renamed); the others come from the
+    // first stage's tensor-parallel rank 0.
+    auto add_state = [&](const std::vector<TensorMap>& ranks, auto& out, const char* which) {
+      for (const auto& [key, value] : ranks[0]) {
+        const std::string param = param_of_key(key, names);
         if (param.empty()) {
-          out.emplace_back(key, value);
+          if (stage == 0) out.emplace_back(key, "", value);
           continue;
         }
-        const at::Tensor& target = target_params.at(param);
-        // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
-        out.emplace_back(key, piece(value, dim[param], r, target.to(value.scalar_type()), key));
+        const std::string g = old_names.global(param, static_cast<int>(stage));
+        const size_t at = key.find(param);
+        const std::string global_key = key.substr(0, at) + g + key.substr(at + param.size());
+        if (!seen_keys.insert(std::string(which) + global_key).second) continue;  // a tied copy's
+        out.emplace_back(global_key, g, whole(ranks, key, stage_dims.at(param)));
       }
-      return out;
     };
-    const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
-    c10::impl::GenericDict d = old[0].copy();
-    (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
-    d.insert_or_assign("model", to_dict(new_model));
-    d.insert_or_assign("optimizer", to_dict(new_optimizer));
-    d.insert_or_assign("strategy", to_dict(new_strategy));
-    d.insert_or_assign("tensor_model_parallel_size", static_cast<int64_t>(new_tp));
-    d.insert_or_assign("config", config_text);
-    files.push_back(d);
-    report.model_tensors = static_cast<int64_t>(new_model.size());
-    report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
+    add_state(optimizer, optimizer_whole, "o:");
+    add_state(strategy, strategy_whole, "s:");
   }
-  report.megabytes = static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files)) / 1e6;
+
+  // The new ranks' files (stage by stage, tensor-parallel rank by rank), then published as a
+  // training save is (SHA256SUMS, rename, tracker).
+  std::vector<c10::impl::GenericDict> files;
+  for (int stage = 0; stage < new_pp; ++stage) {
+    for (int r = 0; r < new_tp; ++r) {
+      std::unique_ptr<ModelInstance> m = build(r, new_tp, stage, new_pp);
+      TensorMap target_params;  // whole-model name -> this rank's parameter
+      std::map<std::string, std::string> local_of;  // whole-model name -> name on this stage
+      for (const Param& p : m->parameters()) {
+        const std::string g = new_names.global(p.name, stage);
+        target_params[g] = p.tensor;
+        local_of[g] = p.name;
+      }
+      std::vector<std::pair<std::string, at::Tensor>> new_model;
+      for (const auto& [name, target] : m->state_save()) {
+        const std::string g = new_names.global(name, stage);
+        auto it = model_whole.find(g);
+        if (it == model_whole.end() && target_params.count(g))
+          throw HostError("checkpoint convert: the checkpoint has no tensor '" + g + "'");
+        // Not a parameter (the dropout generators): the new model's own.
+        new_model.emplace_back(name, it == model_whole.end() ? target : piece(it->second, dim.at(g), r, target, name));
+      }
+      auto cut = [&](const std::vector<std::tuple<std::string, std::string, at::Tensor>>& entries) {
+        std::vector<std::pair<std::string, at::Tensor>> out;
+        for (const auto& [key, param, value] : entries) {
+          if (param.empty()) {
+            out.emplace_back(key, value);
+            continue;
+          }
+          auto local = local_of.find(param);
+          if (local == local_of.end()) continue;  // a parameter of another stage
+          const size_t at = key.find(param);
+          const std::string local_key = key.substr(0, at) + local->second + key.substr(at + param.size());
+          const at::Tensor& target = target_params.at(param);
+          // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
+          out.emplace_back(local_key, piece(value, dim.at(param), r, target.to(value.scalar_type()), local_key));
+        }
+        return out;
+      };
+      const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
+      c10::impl::GenericDict d = first_files[0].copy();
+      (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
+      d.insert_or_assign("model", to_dict(new_model));
+      d.insert_or_assign("optimizer", to_dict(new_optimizer));
+      d.insert_or_assign("strategy", to_dict(new_strategy));
+      d.insert_or_assign("tensor_model_parallel_size", static_cast<int64_t>(new_tp));
+      d.insert_or_assign("pipeline_model_parallel_size", static_cast<int64_t>(new_pp));
+      d.insert_or_assign("config", config_text(new_tp, new_pp));
+      files.push_back(d);
+      report.model_tensors = static_cast<int64_t>(new_model.size());
+      report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
+    }
+  }
+  report.megabytes =
+      static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files, new_tp, new_pp)) / 1e6;
   return report;
 }
 

@@ -28,10 +28,21 @@ using host::HostError;
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-std::string mp_rank_dir(int tp_rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
+std::string mp_rank_dir(int tp_rank, int pp_rank, int pp_size) {
+  char buf[48];
+  if (pp_size > 1)
+    std::snprintf(buf, sizeof buf, "mp_rank_%02d_%03d", tp_rank, pp_rank);
+  else
+    std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
   return buf;
+}
+
+std::string first_rank_dir(const std::string& iter_dir) {
+  std::error_code ec;
+  const std::string staged = mp_rank_dir(0, 0, 2);
+  if (!fs::is_directory(fs::path(iter_dir) / mp_rank_dir(0), ec) && fs::is_directory(fs::path(iter_dir) / staged, ec))
+    return staged;
+  return mp_rank_dir(0);
 }
 
 // "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).
@@ -187,7 +198,8 @@ void write_tracker(const std::string& save_dir, int64_t iteration) {
 }
 
 int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
-                                 const std::vector<c10::impl::GenericDict>& rank_files) {
+                                 const std::vector<c10::impl::GenericDict>& rank_files, int tp_size, int pp_size) {
+  if (tp_size <= 0) tp_size = static_cast<int>(rank_files.size());
   std::error_code ec;
   fs::create_directories(save_dir, ec);
   if (ec) throw HostError("checkpoint: cannot create " + save_dir + ": " + ec.message());
@@ -197,12 +209,13 @@ int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
   try {
     std::string sums;
     for (size_t r = 0; r < rank_files.size(); ++r) {
-      const std::string rank_dir = (fs::path(tmp_dir) / mp_rank_dir(static_cast<int>(r))).string();
+      const std::string name = mp_rank_dir(static_cast<int>(r) % tp_size, static_cast<int>(r) / tp_size, pp_size);
+      const std::string rank_dir = (fs::path(tmp_dir) / name).string();
       fs::create_directories(rank_dir, ec);
       if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
       const Written w = write_pickle((fs::path(rank_dir) / kModelFile).string(), c10::IValue(rank_files[r]));
       fsync_path(rank_dir, true);
-      sums += w.sha256 + "  " + mp_rank_dir(static_cast<int>(r)) + "/" + kModelFile + "\n";
+      sums += w.sha256 + "  " + name + "/" + kModelFile + "\n";
       bytes += w.bytes;
     }
     write_file_synced((fs::path(tmp_dir) / kChecksumsFile).string(), sums.data(), sums.size());

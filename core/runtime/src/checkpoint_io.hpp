@@ -21,8 +21,12 @@ constexpr const char* kModelFile = "model_optim_rng.pt";
 constexpr const char* kChecksumsFile = "SHA256SUMS";
 
 std::string first_line(const std::string& s);
-// "mp_rank_03", "optim_dp_rank_001.pt".
-std::string mp_rank_dir(int tp_rank);
+// "mp_rank_03" (one pipeline stage) or Megatron's "mp_rank_03_001" (tensor-parallel rank 3 of
+// pipeline stage 1, with pp_size > 1); "optim_dp_rank_001.pt".
+std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1);
+// The directory of tensor-parallel rank 0 of the first stage in `iter_dir`: "mp_rank_00", or
+// "mp_rank_00_000" when the checkpoint has pipeline stages.
+std::string first_rank_dir(const std::string& iter_dir);
 std::string shard_file_name(int dp_rank);
 // "<host>-<pid>": the suffix of a process's temporary names (`iter_N.tmp-HOST-PID`).
 std::string temp_owner(int64_t pid);
@@ -54,11 +58,13 @@ struct Checksums {
 Checksums read_checksums(const std::string& iter_dir);
 
 // Publishes iteration `iteration` of `save_dir` written by one process (`dtk import`, `dtk
-// checkpoint convert`): rank_files[r] goes to mp_rank_RR/model_optim_rng.pt in a temporary
-// directory, with SHA256SUMS, then the directory is moved into place and the tracker rewritten, as
-// a training save does. Returns the bytes written.
+// checkpoint convert`): rank_files[pp * tp_size + tp] goes to mp_rank_TT[_PPP]/model_optim_rng.pt
+// (the stage suffix with pp_size > 1) in a temporary directory, with SHA256SUMS, then the
+// directory is moved into place and the tracker rewritten, as a training save does. Returns the
+// bytes written.
 int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
-                                 const std::vector<c10::impl::GenericDict>& rank_files);
+                                 const std::vector<c10::impl::GenericDict>& rank_files, int tp_size = 0,
+                                 int pp_size = 1);
 
 // Reads a pickled dict, one line naming the file for anything wrong with it. With `sums` holding a
 // manifest, the bytes are checked against the digest recorded for `relative` first.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 namespace dtk::core {
@@ -67,6 +68,20 @@ const dtk_model_api kBlamingApi = {
       std::memcpy(&a, args, std::min(args->struct_size, sizeof a));
       a.struct_size = std::min(args->struct_size, sizeof a);
       a.outputs = &sink;
+      // A pipeline stage after the first: the previous stage's output is the "hidden_states".
+      std::optional<TensorList> staged;
+      std::optional<MapView> staged_view;
+      if (b->pipeline_input.defined() && args->inputs) {
+        staged.emplace();
+        for (size_t i = 0; i < args->inputs->count; ++i) {
+          const dtk_named_tensor& item = args->inputs->items[i];
+          if (item.name && std::string(item.name) != "hidden_states" && item.tensor)
+            staged->emplace_back(item.name, unwrap(item.tensor));
+        }
+        staged->emplace_back("hidden_states", b->pipeline_input);
+        staged_view.emplace(*staged);
+        a.inputs = staged_view->get();
+      }
       dtk_status* s = b->api->forward(b->model, &a);
       ++b->forwards;
       b->outputs_attached = b->outputs_attached || !w.any_float || w.attached;

@@ -509,12 +509,9 @@ void validate_config(const config::RunConfig& cfg) {
   } catch (const std::exception& e) {
     throw HostError(std::string("config: ") + e.what());
   }
-  // Tensor parallelism runs over the Gloo process groups (core/runtime/src/distributed.cpp); the world
-  // size must be a multiple of it, which init_distributed checks once the world is known.
-  if (d.pipeline_model_parallel_size() > 1)
-    throw HostError(
-        "config: pipeline model parallelism (distributed.pipeline_model_parallel_size > 1) is not "
-        "available in this release (tensor parallelism is: distributed.tensor_model_parallel_size)");
+  // Tensor and pipeline parallelism run over the Gloo process groups (core/runtime/src/distributed.cpp);
+  // the world size must be a multiple of their product, which init_distributed checks once the
+  // world is known.
   if (cfg.checkpoint().override_opt_param_scheduler() && cfg.checkpoint().use_checkpoint_opt_param_scheduler())
     throw HostError(
         "config: checkpoint.override_opt_param_scheduler and checkpoint.use_checkpoint_opt_param_scheduler "

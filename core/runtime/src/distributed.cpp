@@ -493,7 +493,6 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
   if (le.world_size % (tp * pp) != 0)
     throw HostError("distributed: world size " + std::to_string(le.world_size) +
                     " is not divisible by tensor x pipeline model parallel size " + std::to_string(tp * pp));
-  if (pp != 1) throw HostError("distributed: pipeline model parallelism is not available in this release");
   const Topology t = topology_of(le, tp, pp);
   ProcessGroups groups;
   if (le.distributed) {

@@ -130,8 +130,10 @@ const Rule kRules[] = {
     {"--overlap-param-gather", 0, Kind::kIgnore, "", "the zero strategy gathers after the optimizer step"},
     // Parallelism
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
-    {"--pipeline-model-parallel-size", 1, Kind::kCustom, "distributed.pipeline_model_parallel_size",
-     "1: accepted; more: refused (pipeline parallelism is not in this release)"},
+    {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
+     "1F1B schedule (docs/user-guide.md, pipeline parallelism)"},
+    {"--num-layers-per-virtual-pipeline-stage", 1, Kind::kRefuse, "",
+     "the interleaved schedule (virtual pipeline stages) is not in this release; 1F1B is"},
     {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: refused (this build has no NCCL backend for training; docs/cuda.md)"},
@@ -232,8 +234,6 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--use-distributed-optimizer") {
     m.strategy = "zero";
     m.sets.push_back("strategy.stage=1");
-  } else if (f == "--pipeline-model-parallel-size") {
-    if (v[0] != "1") refuse("pipeline parallelism is not in this release");
   } else if (f == "--distributed-backend") {
     if (v[0] == "nccl") return refuse("this build has no NCCL backend for training (docs/cuda.md); use gloo");
     if (v[0] != "gloo") return refuse("not one of gloo, nccl");

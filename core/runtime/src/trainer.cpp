@@ -227,6 +227,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.world_size = topo_.world_size;
   log.tp_size = topo_.tp_size;
   log.dp_size = topo_.dp_size;
+  log.pp_size = topo_.pp_size;
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg.logging().tensorboard_dir();
   log.metrics_jsonl = cfg.logging().metrics_jsonl();
@@ -344,7 +345,7 @@ void Trainer::setup_model_and_optimizer() {
   model_ = std::make_unique<ModelInstance>(model_slot_.plugin, build_context(model_slot_));
   // Counted before the strategy wraps the model (ZeRO-3 partitions its parameters).
   const dtk_model_info info = model_->info();
-  stats_ = model_stats(model_->parameters(), info, topo_.tp_size);
+  stats_ = model_stats(model_->parameters(), info, topo_.tp_size, topo_.pp_rank, topo_.pp_size);
   strategy_ = std::make_unique<StrategyInstance>(strategy_slot_.plugin, build_context(strategy_slot_));
   strategy_->setup(*model_);
   const ParamGroups groups(cfg_.lr(), schedule_.reference_weight_decay());
@@ -353,6 +354,7 @@ void Trainer::setup_model_and_optimizer() {
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
                                                    strategy_->optimizer_params(), groups);
   step_ = std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_));
+  setup_tied_gradients();  // pipeline parallelism with tied embeddings
   LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
             << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
             << ", padded vocab " << info.vocab_size;
@@ -632,7 +634,7 @@ void Trainer::check_batch(const TensorList& batch, int64_t iteration) const {
   agree(error, topo_, "checking the token ids of the first batches");
 }
 
-void Trainer::check_loss(const at::Tensor& loss) {
+void Trainer::check_loss(const at::Tensor& loss, const at::Tensor& stage_input) {
   const std::string step = "step plugin '" + step_slot_.plugin.name() + "'";
   const std::string model = "model plugin '" + model_slot_.plugin.name() + "'";
   std::string error;
@@ -644,7 +646,14 @@ void Trainer::check_loss(const at::Tensor& loss) {
       error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
               model + "): nothing would train";
   } else if (!graph_checked_) {
-    error = unlisted_trained_tensors(loss, model_->parameters());
+    std::vector<Param> listed = model_->parameters();
+    if (stage_input.defined()) {  // a pipeline stage's input: its gradient goes to the previous stage
+      Param in;
+      in.name = "(the previous pipeline stage's output)";
+      in.tensor = stage_input;
+      listed.push_back(std::move(in));
+    }
+    error = unlisted_trained_tensors(loss, listed);
     if (!error.empty()) error = model + ": " + error;
   }
   // The first micro-batch decides on every rank together (a rank that left would make the others
@@ -656,6 +665,76 @@ void Trainer::check_loss(const at::Tensor& loss) {
   }
   graph_checked_ = true;
   agree(error, topo_, "checking the loss of the first micro-batch");
+}
+
+at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
+                                       std::vector<std::pair<std::string, double>>* metrics,
+                                       const std::function<void()>& before_forward) {
+  int64_t forward_start = trace::now_ns();
+  TensorList batch;
+  {
+    auto t = timers_.scope(Phase::kBatchGenerator);
+    batch = train_loader_->next();
+  }
+  if (cfg_.train().check_every_batch() || iteration <= resumed_iteration_ + kCheckedIterations)
+    check_batch(batch, iteration);
+  if (before_forward) {
+    before_forward();
+    forward_start = trace::now_ns();  // the timeline shows the wait in it on its own
+  }
+  at::Tensor out;
+  {
+    auto t = timers_.scope(Phase::kForwardCompute);
+    model_->reset_forward_watch();
+    out = step_->forward_step(*model_, batch, metrics);
+  }
+  if (trace::active()) trace::span(("forward " + std::to_string(m)).c_str(), "step", forward_start, trace::now_ns());
+  return out;
+}
+
+void Trainer::check_forward_output(const at::Tensor& out, const at::Tensor& stage_input) {
+  if (topo_.pp_rank == topo_.pp_size - 1) {
+    if (out.dim() != 0 && out.numel() != 1)
+      throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
+                      Model::shape_str(out) + ", expected a scalar");
+  } else if (out.sizes() != at::IntArrayRef(stage_activation_shape())) {
+    throw HostError("step plugin '" + step_slot_.plugin.name() + "' with model plugin '" + model_slot_.plugin.name() +
+                    "': pipeline stage " + std::to_string(topo_.pp_rank) + " produced " + Model::shape_str(out) +
+                    ", the stages agreed on " + Model::shape_str(at::empty(stage_activation_shape())) +
+                    " [micro_batch_size, seq_length, hidden_size] hidden states (is the step pipeline-aware? "
+                    "docs/plugin-guide.md)");
+  }
+  check_loss(out, stage_input);
+}
+
+void Trainer::backward_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
+                                   const at::Tensor& out_grad) {
+  strategy_->before_backward(m, num_micro);
+  const int64_t backward_start = trace::now_ns();
+  auto t = timers_.scope(Phase::kBackwardCompute);
+  try {
+    if (out_grad.defined()) {
+      out.backward(out_grad);  // a stage before the last: the gradient the next stage sent
+    } else {
+      // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
+      at::Tensor scaled = out.reshape({}) / static_cast<double>(num_micro);
+      if (scale != 1.0) scaled = scaled * scale;  // loss scaling
+      if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
+      scaled.backward();
+    }
+  } catch (const HostError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Autograd runs the model's and the step's backward functions, and the strategy's module
+    // hooks where it installed them (ZeRO-3): name them all.
+    VLOG(1) << "backward failed: " << e.what();
+    const std::string hooks = strategy_->hooks_model() ? " and the module hooks of strategy plugin '" +
+                                                              strategy_slot_.plugin.name() + "'"
+                                                        : "";
+    throw HostError("backward of the loss of step plugin '" + step_slot_.plugin.name() + "' through model plugin '" +
+                    model_slot_.plugin.name() + "'" + hooks + " failed: " + one_line(e.what()));
+  }
+  if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
 }
 
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
@@ -670,58 +749,23 @@ IterationResult Trainer::train_step(int64_t iteration) {
   const int64_t num_micro = plan_.micro_batches_of(iteration);  // changes during a batch-size ramp-up
   const double scale = scaler_.scale();  // this iteration's loss scale
   std::optional<Timers::Scope> forward_backward(std::in_place, timers_, Phase::kForwardBackward);
-  for (int64_t m = 0; m < num_micro; ++m) {
-    std::vector<std::pair<std::string, double>> metrics;
-    const int64_t forward_start = trace::now_ns();
-    TensorList batch;
-    {
-      auto t = timers_.scope(Phase::kBatchGenerator);
-      batch = train_loader_->next();
+  if (topo_.pp_size > 1) {
+    pipeline_forward_backward(iteration, num_micro, scale, r);
+  } else {
+    for (int64_t m = 0; m < num_micro; ++m) {
+      std::vector<std::pair<std::string, double>> metrics;
+      const at::Tensor loss = forward_micro_batch(iteration, m, &metrics);
+      check_forward_output(loss);
+      backward_micro_batch(iteration, m, num_micro, scale, loss, at::Tensor());
+      r.metrics.add(metrics);
     }
-    if (cfg_.train().check_every_batch() || iteration <= resumed_iteration_ + kCheckedIterations)
-      check_batch(batch, iteration);
-    at::Tensor loss;
-    {
-      auto t = timers_.scope(Phase::kForwardCompute);
-      model_->reset_forward_watch();
-      loss = step_->forward_step(*model_, batch, &metrics);
-    }
-    const int64_t backward_start = trace::now_ns();
-    if (trace::active()) trace::span(("forward " + std::to_string(m)).c_str(), "step", forward_start, backward_start);
-    if (loss.dim() != 0 && loss.numel() != 1)
-      throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
-                      Model::shape_str(loss) + ", expected a scalar");
-    check_loss(loss);
-    strategy_->before_backward(m, num_micro);
-    // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
-    at::Tensor scaled = loss.reshape({}) / static_cast<double>(num_micro);
-    if (scale != 1.0) scaled = scaled * scale;  // loss scaling
-    if (m == 0 && nonfinite_iterations_.count(iteration)) scaled = scaled * INFINITY;  // test hook
-    {
-      auto t = timers_.scope(Phase::kBackwardCompute);
-      try {
-        scaled.backward();
-      } catch (const HostError&) {
-        throw;
-      } catch (const std::exception& e) {
-        // Autograd runs the model's and the step's backward functions, and the strategy's module
-        // hooks where it installed them (ZeRO-3): name them all.
-        VLOG(1) << "backward failed: " << e.what();
-        const std::string hooks = strategy_->hooks_model() ? " and the module hooks of strategy plugin '" +
-                                                                  strategy_slot_.plugin.name() + "'"
-                                                            : "";
-        throw HostError("backward of the loss of step plugin '" + step_slot_.plugin.name() + "' through model plugin '" +
-                        model_slot_.plugin.name() + "'" + hooks + " failed: " + one_line(e.what()));
-      }
-    }
-    if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
-    r.metrics.add(metrics);
   }
   forward_backward.reset();
   const int64_t reduce_start = trace::now_ns();
   {
     auto t = timers_.scope(Phase::kGradsReduce);
     strategy_->reduce_gradients();
+    if (tied_numel_ > 0) sync_tied_gradients();  // Megatron's embedding-group all-reduce
   }
   std::optional<Timers::Scope> optimizer(std::in_place, timers_, Phase::kOptimizer);
   std::optional<Timers::Scope> clip(std::in_place, timers_, Phase::kOptimizerClip);
@@ -766,6 +810,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
   strategy_->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
   r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
+  r.pipeline_parallel_comm = comm_timing(DTK_GROUP_PIPELINE_PARALLEL);
+  r.micro_batches = num_micro;
   return r;
 }
 
@@ -782,6 +828,7 @@ double Trainer::params_norm() {
     for (const Param& p : model_->parameters()) {
       if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
       if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
+      if (p.info.shared && topo_.pp_rank != 0) continue;  // a tied weight, counted on the first stage
       total += sum_of_squares(p.tensor);
     }
   }
@@ -803,6 +850,7 @@ double Trainer::num_zeros_in_grad() {
       const at::Tensor& g = p.tensor.grad();
       if (!g.defined() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
       if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
+      if (p.info.shared && topo_.pp_rank != 0) continue;  // a tied weight, counted on the first stage
       total += (g == 0).sum().to(at::kDouble);
     }
   }
@@ -915,10 +963,14 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
   MetricAverager metrics;
   {
     at::NoGradGuard no_grad;
-    for (int64_t k = 0; k < num_batches; ++k) {
-      std::vector<std::pair<std::string, double>> m;
-      step_->forward_step(*model_, loader.next(), &m);
-      metrics.add(m);
+    if (topo_.pp_size > 1) {
+      pipeline_evaluate(loader, num_batches, metrics);
+    } else {
+      for (int64_t k = 0; k < num_batches; ++k) {
+        std::vector<std::pair<std::string, double>> m;
+        step_->forward_step(*model_, loader.next(), &m);
+        metrics.add(m);
+      }
     }
   }
   model_->set_training(true);

@@ -1,8 +1,12 @@
 #include "dtk/core/training_log.hpp"
 
+#include <ATen/ATen.h>
+
 #include "dtk/core/bench_report.hpp"  // peak_rss_bytes
 
 #include <algorithm>
+#include <cstring>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -32,6 +36,38 @@ void MetricAverager::merge(const MetricAverager& other) {
     else
       it->second += sum;
     counts_[name] += other.counts_.at(name);
+  }
+}
+
+void MetricAverager::broadcast(int32_t group, int32_t root) {
+  if (group_size(group) <= 1) return;
+  // Names, sums and counts as text (sums printed exactly: %a), its length first.
+  std::string text;
+  if (group_rank(group) == root) {
+    char buf[64];
+    for (const auto& [name, sum] : sums_) {
+      std::snprintf(buf, sizeof buf, "%a\t%lld\n", sum, static_cast<long long>(counts_.at(name)));
+      text += name + "\t" + buf;
+    }
+  }
+  at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  dtk::core::broadcast(length, group, root).wait();
+  at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
+  if (group_rank(group) == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  dtk::core::broadcast(bytes, group, root).wait();
+  if (group_rank(group) == root) return;
+  clear();
+  const std::string received(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  size_t at_line = 0;
+  while (at_line < received.size()) {
+    const size_t end = received.find('\n', at_line);
+    const std::string line = received.substr(at_line, end - at_line);
+    at_line = end == std::string::npos ? received.size() : end + 1;
+    const size_t tab1 = line.find('\t'), tab2 = line.rfind('\t');
+    if (tab1 == std::string::npos || tab2 == tab1) continue;
+    const std::string name = line.substr(0, tab1);
+    sums_.emplace_back(name, std::strtod(line.substr(tab1 + 1, tab2 - tab1 - 1).c_str(), nullptr));
+    counts_[name] = std::strtoll(line.substr(tab2 + 1).c_str(), nullptr, 10);
   }
 }
 
@@ -98,7 +134,8 @@ void TrainingLog::record(const IterationResult& r) {
       break;
     }
   for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
-                        std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm}}) {
+                        std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&pp_comm_sum_, &r.pipeline_parallel_comm}}) {
     sum->in_flight_ms += t->in_flight_ms;
     sum->exposed_ms += t->exposed_ms;
     sum->collectives += t->collectives;
@@ -222,6 +259,14 @@ void TrainingLog::print_window(const IterationResult& last) {
                   sum.in_flight_ms / n_it, sum.exposed_ms / n_it);
     line += buf;
   }
+  // Pipeline stages: how long this rank's stage waited for activations and gradients (its share
+  // of the bubble, and the transfers), next to 1F1B's bubble in theory, (p - 1) / (m + p - 1).
+  if (setup_.pp_size > 1) {
+    const double p = setup_.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
+    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |", pp_comm_sum_.exposed_ms / n_it,
+                  100.0 * (p - 1) / (m + p - 1));
+    line += buf;
+  }
   std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,
                 clock_text(elapsed).c_str(), clock_text(eta).c_str());
   line += buf;
@@ -260,6 +305,7 @@ void TrainingLog::print_window(const IterationResult& last) {
     if (setup_.dp_size > 1)
       o.add("data_parallel_comm_in_flight_ms", dp_comm_sum_.in_flight_ms / n_it)
           .add("data_parallel_comm_exposed_ms", dp_comm_sum_.exposed_ms / n_it);
+    if (setup_.pp_size > 1) o.add("pipeline_wait_ms", pp_comm_sum_.exposed_ms / n_it);
     for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
     metrics_->write(o);
   }
@@ -281,7 +327,7 @@ void TrainingLog::print_window(const IterationResult& last) {
 void TrainingLog::clear_window() {
   window_.clear();
   iterations_ = skipped_ = nan_iterations_ = window_samples_ = 0;
-  tp_comm_sum_ = dp_comm_sum_ = CommTiming();
+  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
 }

@@ -371,7 +371,8 @@ class GPTModel : public Model {
     const bool tied = !c_.untie;
     if (pre_) {
       module = embedding_module();
-      add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied && post_);
+      // Tied: read by the output layer too, here or (pipeline) on the last stage, whose copy follows.
+      add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied);
       add("language_model.embedding.position_embeddings.weight", position_, -1, false, false);
     } else if (post_ && tied) {
       // Megatron's copy of the embedding on the last stage (kept in sync by the embedding group).

@@ -258,7 +258,8 @@ class LlamaModel : public Model {
     const bool tied = !c_.untie;
     if (pre_) {
       module = embedding_module();
-      add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied && post_);
+      // Tied: read by the output layer too, here or (pipeline) on the last stage, whose copy follows.
+      add("language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied);
     } else if (post_ && tied) {
       module = output_module();  // Megatron's copy of the embedding on the last stage
       add("word_embeddings_for_head.weight", word_.weight, 0, false, true);

@@ -9,6 +9,9 @@
 //                "attention_mask" is passed, so the model may use its fused causal path.
 //   loss_func:   loss = sum(per_token_loss * loss_mask) / sum(loss_mask); metric "lm loss" is
 //                its value averaged over the data-parallel group.
+//   pipeline:    on a stage that is not the last (post_process false) the model returns its
+//                hidden states, which are the step's result (the host sends them on; Megatron's
+//                forward_step returns the output tensor and applies loss_func on the last stage).
 #include <dtk/step.hpp>
 
 #include <vector>
@@ -22,7 +25,8 @@ class CausalLM : public Step {
       : tp_rank_(ctx.tp_rank),
         tp_size_(std::max(1, ctx.tp_size)),
         dp_size_(std::max(1, ctx.dp_size)),
-        device_(ctx.device) {
+        device_(ctx.device),
+        post_process_(ctx.post_process) {
     const Options& o = ctx.options;
     reset_position_ids_ = o.get_bool("reset_position_ids");
     reset_attention_mask_ = o.get_bool("reset_attention_mask");
@@ -75,6 +79,7 @@ class CausalLM : public Step {
     TensorList inputs{{"tokens", tokens}, {"position_ids", position_ids}, {"labels", labels}};
     if (attention_mask.defined()) inputs.emplace_back("attention_mask", attention_mask);
     TensorList out = model.forward(inputs);
+    if (!post_process_) return get(out, "hidden_states");  // a pipeline stage before the last
     const at::Tensor& losses = get(out, "loss");
     if (losses.sizes() != labels.sizes())
       throw Error("causal_lm: model returned 'loss' " + shape_str(losses) + ", expected per-token " +
@@ -124,6 +129,7 @@ class CausalLM : public Step {
 
   int32_t tp_rank_, tp_size_, dp_size_;
   at::Device device_;
+  bool post_process_ = true;
   bool reset_position_ids_ = false, reset_attention_mask_ = false, eod_mask_loss_ = false;
   int64_t eod_ = 50256;
 };

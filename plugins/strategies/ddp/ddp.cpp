@@ -28,7 +28,8 @@ class Ddp : public dtk::Strategy {
   explicit Ddp(const dtk::BuildContext& ctx)
       : average_(ctx.options.get_bool("average_gradients")),
         masters_enabled_(ctx.options.get_bool("fp32_master_weights")),
-        tp_rank_(ctx.tp_rank) {}
+        tp_rank_(ctx.tp_rank),
+        pp_rank_(ctx.pp_rank) {}
 
   void setup(const dtk::ModelHandle& model) override {
     params_ = model.parameters();
@@ -83,6 +84,9 @@ class Ddp : public dtk::Strategy {
       if (!g.defined()) continue;
       // Replicated parameters are counted on TP rank 0 only, so the sum is not duplicated.
       if (!params_[i].info.tensor_parallel && tp_rank_ != 0) continue;
+      // A tied weight (pipeline parallelism: the first stage's embedding and the last stage's
+      // output weight, their gradients summed by the host) is counted on the first stage.
+      if (params_[i].info.shared && pp_rank_ != 0) continue;
       at::Tensor sq = dtk::sum_of_squares(g);
       total = total.defined() ? total + sq : sq;
     }
@@ -154,7 +158,7 @@ class Ddp : public dtk::Strategy {
   static int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
   bool average_, masters_enabled_;
-  int32_t tp_rank_;
+  int32_t tp_rank_, pp_rank_;
   std::vector<dtk::Param> params_;
   std::vector<at::Tensor> masters_;  // masters_[i] is params_[i] itself, or its fp32 copy
 };

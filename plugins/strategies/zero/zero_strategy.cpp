@@ -53,7 +53,15 @@ ZeroStrategy::ZeroStrategy(const BuildContext& ctx)
       dp_rank_(std::max(0, Comm::rank(DTK_GROUP_DATA_PARALLEL))),
       dp_size_(std::max(1, Comm::size(DTK_GROUP_DATA_PARALLEL))),
       tp_rank_(ctx.tp_rank),
-      tp_size_(std::max(1, ctx.tp_size)) {
+      tp_size_(std::max(1, ctx.tp_size)),
+      pp_rank_(ctx.pp_rank) {
+  // Stages 2 and 3 reduce and gather inside the model's backward, module by module; a pipeline
+  // stage runs several micro-batches' backwards interleaved with forwards (DeepSpeed refuses
+  // ZeRO 2/3 with pipeline parallelism as well).
+  if (ctx.pp_size > 1 && opt_.stage >= 2)
+    throw Error("zero: stage " + std::to_string(opt_.stage) +
+                " cannot run with pipeline parallelism (distributed.pipeline_model_parallel_size " +
+                std::to_string(ctx.pp_size) + "); use stage 1 or --strategy ddp");
   hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, &pre_forward, &post_forward, &pre_backward, &post_backward};
 }
 
@@ -389,11 +397,18 @@ double ZeroStrategy::clip_and_norm(double max_norm) {
   at::NoGradGuard no_grad;
   at::Tensor total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
   auto add_squares = [&](const at::Tensor& t) { total += dtk::sum_of_squares(t); };
-  if (tp_size_ == 1 || tp_rank_ == 0) {
+  // Counted once in the model: a TP-replicated parameter on TP rank 0, a tied one (pipeline
+  // parallelism) on the first stage.
+  auto counted = [&](const Param& p) {
+    return (p.info.tensor_parallel || tp_rank_ == 0) && !(p.info.shared && pp_rank_ != 0);
+  };
+  bool all = true;
+  for (const Shard& s : shards_) all = all && counted(params_[s.param]);
+  if (all) {
     add_squares(part_grads_);  // padding is zero
   } else {
     for (const Shard& s : shards_)
-      if (params_[s.param].info.tensor_parallel) add_squares(part_grads_.narrow(0, s.partition_offset, s.numel));
+      if (counted(params_[s.param])) add_squares(part_grads_.narrow(0, s.partition_offset, s.numel));
   }
   total = total.to(at::kCPU).reshape({1});
   Comm::all_reduce(total, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);

@@ -102,7 +102,7 @@ class ZeroStrategy : public Strategy {
 
   const Options opt_;
   const at::Device device_;
-  const int dp_rank_, dp_size_, tp_rank_, tp_size_;
+  const int dp_rank_, dp_size_, tp_rank_, tp_size_, pp_rank_;
   at::ScalarType dtype_ = at::kFloat;
   dtk_module_hooks hooks_{};
 

@@ -365,7 +365,7 @@ typedef struct dtk_param_info {
   int32_t tensor_parallel; /* 1 if this rank holds a shard of a TP-partitioned weight */
   int32_t partition_dim;   /* dimension split across TP ranks, -1 if replicated */
   int32_t no_weight_decay; /* biases and norm weights: 1 */
-  int32_t shared;          /* 1 if the same tensor appears under another name (tied) */
+  int32_t shared;          /* 1 if tied: read by another use too, here or on another pipeline stage */
   int32_t module_index;    /* the module owning it (dtk_module_info.index), -1 if none */
   /* ABI 2.1. A strategy that hands the optimizer a shard of a parameter (ZeRO) describes it here:
    * the shard is the 1-D run of its numel() elements that starts at element `shard_offset` of the

@@ -32,6 +32,11 @@ class Step {
   // Returns the scalar loss to differentiate, attached to the model's outputs (the host runs
   // backward on it: a detached loss is refused naming the plugin at fault); reports metrics
   // (DP-averaged) into `metrics`. Errors from model.forward arrive already naming the model.
+  // Pipeline parallelism (ctx.pp_size > 1): forward_step runs on every stage with the same batch.
+  // The host passes the previous stage's output to the model as its "hidden_states" input (the
+  // step need not), and on a stage that is not the last (ctx.post_process false) the model
+  // returns "hidden_states" instead of a loss: forward_step then returns that tensor as it is,
+  // and the host sends it on to the next stage (metrics come from the last stage only).
   virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) = 0;
 };
 

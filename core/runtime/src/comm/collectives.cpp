@@ -413,6 +413,47 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
   return Work(std::move(w));
 }
 
+Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
+  at::NoGradGuard ng;
+  const int64_t size = checked_size(group);
+  if (!x.defined() || peer < 0 || peer >= size || peer == group_rank(group))
+    throw dtk::Error("send: bad tensor or peer rank " + std::to_string(peer) + " (group of " + std::to_string(size) + ")",
+                     DTK_ERR_INVALID_ARGUMENT);
+  auto w = pending(("send to rank " + std::to_string(peer)).c_str(), group);
+  if (auto pg = pg_of(group)) {
+    const at::Tensor buf = bits(x.contiguous());
+    std::vector<at::Tensor> v{buf};
+    w->work = pg->send(v, peer, tag);
+    watch(*w);
+    w->then = [buf] {};  // the message's memory lives until the send completed
+  }
+  return Work(std::move(w));
+}
+
+Work recv(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
+  at::NoGradGuard ng;
+  const int64_t size = checked_size(group);
+  if (!x.defined() || peer < 0 || peer >= size || peer == group_rank(group))
+    throw dtk::Error("recv: bad tensor or peer rank " + std::to_string(peer) + " (group of " + std::to_string(size) + ")",
+                     DTK_ERR_INVALID_ARGUMENT);
+  auto w = pending(("recv from rank " + std::to_string(peer)).c_str(), group);
+  if (auto pg = pg_of(group)) {
+    std::function<void()> copy_back;
+    at::Tensor buf = x;
+    if (!x.is_contiguous()) {
+      buf = at::empty_like(x, at::MemoryFormat::Contiguous);
+      copy_back = [x, buf] { x.copy_(buf); };
+    }
+    std::vector<at::Tensor> v{bits(buf)};
+    w->work = pg->recv(v, peer, tag);
+    watch(*w);
+    w->then = [buf, copy_back] {
+      if (copy_back) copy_back();
+    };
+  }
+  return Work(std::move(w));
+}
+
 Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
   at::NoGradGuard ng;
   const int64_t n = checked_size(group);

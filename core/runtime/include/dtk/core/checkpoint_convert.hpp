@@ -1,5 +1,6 @@
-// dtk/core/checkpoint_convert.hpp — `dtk checkpoint convert SRC DST --tensor_model_parallel_size N`:
-// a checkpoint re-partitioned for another tensor-parallel size, as Megatron's checkpoint tools do.
+// dtk/core/checkpoint_convert.hpp — `dtk checkpoint convert SRC DST --tensor_model_parallel_size N
+// --pipeline_model_parallel_size P`: a checkpoint re-partitioned for another tensor- and/or
+// pipeline-parallel size, as Megatron's checkpoint tools do.
 //
 // The model plugin says how: the converter builds the model once per new tensor-parallel rank
 // (nothing is trained or communicated; only shapes, the parameters' partition_dim and freshly
@@ -31,13 +32,14 @@
 
 namespace dtk::core {
 
-// Builds the checkpoint's model for one rank of a tensor-parallel layout (fp32 parameters on the
-// CPU; the caller resolves the plugin and its options from the checkpoint's configuration).
-using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size)>;
+// Builds the checkpoint's model for one rank of a tensor- and pipeline-parallel layout (fp32
+// parameters on the CPU; the caller resolves the plugin and its options from the checkpoint's
+// configuration).
+using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size, int pp_rank, int pp_size)>;
 
 struct ConvertReport {
   int64_t iteration = 0;
-  int old_tp = 1, new_tp = 1;
+  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1;
   int64_t model_tensors = 0, state_tensors = 0;
   int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
   double megabytes = 0;
@@ -53,10 +55,17 @@ std::map<std::string, int> partition_dims(const std::vector<Param>& params);
 at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>& ranks, const std::string& name,
                             int dim, const std::string& who);
 
-// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `config_text`: the
-// configuration to record (the caller sets its tensor_model_parallel_size); `save_dir`: must not
-// hold a checkpoint yet.
-ConvertReport convert_tensor_parallel(const std::string& iter_dir, const std::string& save_dir, int new_tp,
-                                      const std::string& config_text, const ModelAtLayout& build);
+// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `new_tp`,
+// `new_pp`: the layout to convert to (0 keeps the checkpoint's); `config_text(tp, pp)`: the
+// configuration to record for the new layout; `save_dir`: must not hold a checkpoint yet.
+//
+// Pipeline stages (Megatron's mp_rank_TT_PPP): each stage's parameters are renamed to the whole
+// model's (each stage numbers its layers from 0: "...layers.<i>..." of stage s is layer
+// s x layers / stages + i) and cut again for the new stages; the last stage's copy of a tied
+// weight (dtk_param_info.shared on the first and the last stage) is the first stage's weight,
+// with its optimizer state. The layers must split evenly into the old and the new stages.
+ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
+                                 const std::function<std::string(int tp, int pp)>& config_text,
+                                 const ModelAtLayout& build);
 
 }  // namespace dtk::core

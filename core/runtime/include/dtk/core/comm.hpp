@@ -95,6 +95,11 @@ Work all_gather(const at::Tensor& out, const at::Tensor& in, int32_t group);
 Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op = DTK_REDUCE_SUM);
 // Synchronous, bounded by the collective timeout.
 void barrier(int32_t group);
+// Point to point inside `group` (pipeline stages: activations forward, their gradients back):
+// `peer` is a rank of the group. Messages between two ranks with one tag arrive in the order
+// they were sent. recv fills `out` (its shape and dtype agreed beforehand) once waited.
+Work send(const at::Tensor& in, int32_t group, int32_t peer, int32_t tag = 0);
+Work recv(const at::Tensor& out, int32_t group, int32_t peer, int32_t tag = 0);
 
 // Bytes this rank sent on a group since the last reset_traffic(), per kind of collective, as the
 // algorithms move them (N = group size, b = the tensor's bytes): ring all-reduce 2 (N-1)/N b;

@@ -36,6 +36,10 @@ class ModelInstance {
   // True when no forward ran.
   void reset_forward_watch() { blaming_.outputs_attached = false, blaming_.forwards = 0; }
   bool outputs_attached() const { return blaming_.forwards == 0 || blaming_.outputs_attached; }
+  // Pipeline parallelism (Megatron's set_input_tensor): a forward through ref() receives `t` as its
+  // "hidden_states" input, the previous stage's output, whatever the step passed; undefined
+  // (the default) passes the step's inputs unchanged.
+  void set_pipeline_input(const at::Tensor& t) { blaming_.pipeline_input = t; }
   // The context behind ref(): what its forwarding table needs to reach the real model.
   struct Blaming {
     const dtk_model_api* api = nullptr;
@@ -43,6 +47,7 @@ class ModelInstance {
     std::string name;
     bool outputs_attached = true;
     int64_t forwards = 0;
+    at::Tensor pipeline_input;
   };
   std::vector<Param> parameters() const;
   void set_training(bool training);

@@ -19,6 +19,9 @@ struct ModelStats {
   int passes = 3;                // c
   double flops_per_token = 0;
 };
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size);
+// With pipeline stages (pp_size > 1) N sums every stage's parameters (a collective over the
+// pipeline group: every stage calls it), a tied weight counted on the first stage only.
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size, int pp_rank = 0,
+                       int pp_size = 1);
 
 }  // namespace dtk::core

@@ -14,6 +14,7 @@
 // Every plugin call goes through core/components, so errors name the plugin and the call.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -63,6 +64,30 @@ class Trainer {
   void check_schedule(const LrParams& saved, const std::string& dir);
   void build_data_iterators();
   IterationResult train_step(int64_t iteration);
+  // One micro-batch's forward step: its batch (checked in the first iterations), then the step
+  // plugin's forward. Returns the loss, or (a pipeline stage before the last) the stage's output.
+  // `before_forward` runs between the two (a pipeline stage receives its input there: after the
+  // batch check, which waits for every rank).
+  at::Tensor forward_micro_batch(int64_t iteration, int64_t m, std::vector<std::pair<std::string, double>>* metrics,
+                                 const std::function<void()>& before_forward = {});
+  // Checks forward_micro_batch's result (the loss on the last stage: a scalar; before it: the
+  // agreed activation shape) and, on the first micro-batch, its graph (check_loss).
+  // `stage_input`: the input this pipeline stage received (a leaf the graph trains, not a parameter).
+  void check_forward_output(const at::Tensor& out, const at::Tensor& stage_input = at::Tensor());
+  // Its backward: the loss scaled by 1 / num_micro and the loss scale, or (before the last stage)
+  // the stage's output with the gradient the next stage sent.
+  void backward_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
+                            const at::Tensor& out_grad);
+  // Pipeline parallelism (trainer_pipeline.cpp): Megatron's 1F1B schedule of one iteration's
+  // micro-batches on this stage; the forward-only schedule of evaluation; the last stage's
+  // metrics shared with the other stages; tied embedding gradients summed over the first and
+  // last stage.
+  void pipeline_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r);
+  void pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics);
+  std::vector<int64_t> stage_activation_shape() const;
+  void setup_tied_gradients();
+  void sync_tied_gradients();
+  int64_t tied_numel_ = 0;  // elements of the tied weights each stage sums (0: none)
   MemorySample memory_sample() const;
   double params_norm();
   double num_zeros_in_grad();
@@ -86,7 +111,7 @@ class Trainer {
   void check_batch(const TensorList& batch, int64_t iteration) const;
   // The loss of a micro-batch before its backward: attached to the graph (naming the plugin that
   // detached it) and, on this process's first step, training no tensor the model does not list.
-  void check_loss(const at::Tensor& loss);
+  void check_loss(const at::Tensor& loss, const at::Tensor& stage_input);
   bool graph_checked_ = false;
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
 

@@ -30,6 +30,8 @@ class MetricAverager {
   double mean(const std::string& name) const;  // NaN when never added
   std::vector<std::string> names() const;
   void clear();
+  // Every rank of `group` takes `root`'s metrics (pipeline parallelism: the last stage's loss).
+  void broadcast(int32_t group, int32_t root);
 
  private:
   std::vector<std::pair<std::string, double>> sums_;
@@ -60,6 +62,10 @@ struct IterationResult {
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
+  // Pipeline stages: the activations and gradients sent and received, and the time this stage
+  // waited for them (its bubble and the transfers), over `micro_batches` micro-batches.
+  CommTiming pipeline_parallel_comm;
+  int64_t micro_batches = 0;
   // The iteration's global batch and the samples consumed after it (they differ from the setup's
   // fixed size during a batch-size ramp-up); 0: from the setup.
   int64_t global_batch_size = 0, consumed_samples = 0;
@@ -73,7 +79,7 @@ class TrainingLog {
     int64_t train_iters = 0, log_interval = 1, global_batch_size = 1, seq_length = 0;
     double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
     int world_size = 1;
-    int tp_size = 1, dp_size = 1;  // communication timing is printed for groups larger than one
+    int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
     std::string metrics_jsonl;    // empty: no metrics file
@@ -130,7 +136,7 @@ class TrainingLog {
   int64_t consumed_of(const IterationResult& r) const {
     return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;
   }
-  CommTiming tp_comm_sum_, dp_comm_sum_;  // over the window's iterations
+  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};
   // For the progress fields: wall time since the start, and training time and iterations of

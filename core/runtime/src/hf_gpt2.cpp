@@ -143,6 +143,11 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
   const std::string vocab = read_whole(vocab_file, "the GPT-2 vocabulary (--vocab_file)");
   const std::string merges = read_whole(merge_file, "the GPT-2 merges (--merge_file)");
 
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+    throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
+                    ckpt::first_rank_dir(iter_dir) +
+                    "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
+                    "--pipeline_model_parallel_size 1 makes one)");
   // Every tensor-parallel rank's model tensors, verified against SHA256SUMS.
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
   std::vector<std::map<std::string, at::Tensor>> ranks;

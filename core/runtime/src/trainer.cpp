@@ -429,9 +429,14 @@ void Trainer::check_memory_estimate() {
   const double h = static_cast<double>(info.hidden_size), a = static_cast<double>(std::max<int64_t>(1, info.num_attention_heads));
   const double layers = static_cast<double>(info.num_layers) / topo_.pp_size;
   const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / topo_.tp_size * (dtype_bytes / 2.0);
-  const double activations = info.recompute ? layers * s * b * h * dtype_bytes + per_layer : layers * per_layer;
+  // 1F1B: stage s holds the activations of up to pp_size - s micro-batches at once.
+  const double in_flight = static_cast<double>(
+      std::max<int64_t>(1, std::min<int64_t>(topo_.pp_size - topo_.pp_rank, plan_.micro_batches_per_step())));
+  const double activations =
+      in_flight * (info.recompute ? layers * s * b * h * dtype_bytes + per_layer : layers * per_layer);
   const double vocab = static_cast<double>(info.vocab_size) / topo_.tp_size;
-  const double logits = std::min(s * b, 512.0) * vocab * 4.0 * 2.0;
+  const bool last_stage = topo_.pp_rank == topo_.pp_size - 1;  // the output layer's logits live there
+  const double logits = last_stage ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;
   const double batches = 5.0 * b * (s + 1) * 8.0;  // the loader's queue and the batch in use
   // What lives in host memory (offload) is outside a device budget (not outside the machine's).
   const bool device_budget = t.memory_limit_mb() > 0;
@@ -697,12 +702,13 @@ void Trainer::check_forward_output(const at::Tensor& out, const at::Tensor& stag
     if (out.dim() != 0 && out.numel() != 1)
       throw HostError("step plugin '" + step_slot_.plugin.name() + "': forward_step returned a loss of shape " +
                       Model::shape_str(out) + ", expected a scalar");
-  } else if (out.sizes() != at::IntArrayRef(stage_activation_shape())) {
+  } else if (out.sizes() != at::IntArrayRef(stage_activation_shape()) || out.scalar_type() != stage_dtype()) {
     throw HostError("step plugin '" + step_slot_.plugin.name() + "' with model plugin '" + model_slot_.plugin.name() +
-                    "': pipeline stage " + std::to_string(topo_.pp_rank) + " produced " + Model::shape_str(out) +
-                    ", the stages agreed on " + Model::shape_str(at::empty(stage_activation_shape())) +
-                    " [micro_batch_size, seq_length, hidden_size] hidden states (is the step pipeline-aware? "
-                    "docs/plugin-guide.md)");
+                    "': pipeline stage " + std::to_string(topo_.pp_rank) + " produced " + Model::shape_str(out) + " " +
+                    std::string(c10::toString(out.scalar_type())) + ", the stages agreed on " +
+                    Model::shape_str(at::empty(stage_activation_shape())) + " " + c10::toString(stage_dtype()) +
+                    " [micro_batch_size, seq_length, hidden_size] hidden states in the parameters' dtype (is the "
+                    "step pipeline-aware? docs/plugin-guide.md)");
   }
   check_loss(out, stage_input);
 }
@@ -810,8 +816,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   strategy_->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
   r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
-  r.pipeline_parallel_comm = comm_timing(DTK_GROUP_PIPELINE_PARALLEL);
-  r.micro_batches = num_micro;
+  r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)
   return r;
 }
 

@@ -19,6 +19,8 @@
 // the strategy reduced them (Megatron's embedding-group all-reduce; stages in between add zeros),
 // and norms count them on the first stage only.
 #include <deque>
+#include <exception>
+#include <limits>
 
 #include "dtk/core/comm.hpp"
 #include "dtk/core/trace.hpp"
@@ -32,15 +34,40 @@ std::vector<int64_t> Trainer::stage_activation_shape() const {
   return {plan_.micro_batch_size(), plan_.seq_length(), model_->info().hidden_size};
 }
 
+at::ScalarType Trainer::stage_dtype() const { return to_scalar_type(build_context(model_slot_).params_dtype); }
+
+namespace {
+
+// Sends in flight, each waited once it is known to be done. On an error the ones left are handed
+// over unwaited (the process is ending): a send whose receiver will never come would otherwise
+// hold the error back for a whole collective timeout each.
+class PendingSends {
+ public:
+  ~PendingSends() {
+    if (!std::uncaught_exceptions()) return;
+    for (auto& [index, work] : sends_) (void)work.release();
+  }
+  void add(int64_t index, Work w) { sends_.emplace_back(index, std::move(w)); }
+  // Waits every send of a micro-batch index <= `index` (done: their receiver has moved on).
+  void wait_through(int64_t index) {
+    while (!sends_.empty() && sends_.front().first <= index) {
+      sends_.front().second.wait();
+      sends_.pop_front();
+    }
+  }
+  void wait_all() { wait_through(std::numeric_limits<int64_t>::max()); }
+
+ private:
+  std::deque<std::pair<int64_t, Work>> sends_;
+};
+
+}  // namespace
+
 void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r) {
   const int stage = topo_.pp_rank, stages = topo_.pp_size;
   const bool first = stage == 0, last = stage == stages - 1;
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(to_scalar_type(build_context(model_slot_).params_dtype));
-  // Sends are waited when they are known to be done, or at the end: a send never blocks the
-  // schedule. An activation's send is done once its gradient came back.
-  std::deque<Work> activation_sends;
-  std::vector<Work> gradient_sends;
+  const auto options = at::TensorOptions().dtype(stage_dtype());
   auto receive = [&](int32_t peer, const char* what) {
     at::Tensor t = at::empty(shape, options);
     const int64_t start = trace::now_ns();
@@ -48,6 +75,12 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
     return t;
   };
+  // A send never blocks the schedule: it is waited once known to be done. The activations of
+  // micro-batch k were received once their gradient came back; the gradients of micro-batch j
+  // were received once the previous stage sends the activations of j + (its warm-up) + 1 (its
+  // backward of j comes before that forward in 1F1B).
+  PendingSends activation_sends, gradient_sends;
+  const int64_t previous_warmup = std::min<int64_t>(stages - stage, num_micro);
 
   struct Pending {
     at::Tensor input, output;  // this stage's input (a leaf) and output of one micro-batch
@@ -61,7 +94,9 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     try {
       // Received after the batch check (it waits for every rank, the previous stage included).
       output = forward_micro_batch(iteration, forwards, &metrics, [&] {
-        if (!first) input = receive(stage - 1, "receive activations").requires_grad_(true);
+        if (first) return;
+        input = receive(stage - 1, "receive activations").requires_grad_(true);
+        gradient_sends.wait_through(forwards - previous_warmup - 1);
         model_->set_pipeline_input(input);
       });
     } catch (...) {
@@ -70,8 +105,8 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     }
     model_->set_pipeline_input(at::Tensor());
     // Sent before any check that waits for the other ranks (check_loss agrees world-wide).
-    if (!last && output.sizes() == at::IntArrayRef(shape))
-      activation_sends.push_back(send(output.detach(), DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
+    if (!last && output.sizes() == at::IntArrayRef(shape) && output.scalar_type() == stage_dtype())
+      activation_sends.add(forwards, send(output.detach(), DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
     check_forward_output(output, input);
     r.metrics.add(metrics);
     pending.push_back({input, output});
@@ -81,8 +116,7 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     at::Tensor grad;
     if (!last) {
       grad = receive(stage + 1, "receive gradients");
-      activation_sends.front().wait();  // its activations were received: a no-op wait
-      activation_sends.pop_front();
+      activation_sends.wait_through(backwards);
     }
     Pending p = std::move(pending.front());
     pending.pop_front();
@@ -90,7 +124,7 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     if (!first) {
       at::Tensor g = p.input.grad();
       if (!g.defined()) g = at::zeros(shape, options);  // the stage's output did not depend on it
-      gradient_sends.push_back(send(g, DTK_GROUP_PIPELINE_PARALLEL, stage - 1));
+      gradient_sends.add(backwards, send(g, DTK_GROUP_PIPELINE_PARALLEL, stage - 1));
     }
     ++backwards;
   };
@@ -102,7 +136,10 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     backward();
   }
   while (backwards < num_micro) backward();
-  for (Work& w : gradient_sends) w.wait();
+  activation_sends.wait_all();
+  gradient_sends.wait_all();
+  // The schedule's own waits, before the collectives below use the pipeline group too.
+  r.pipeline_parallel_comm = comm_timing(DTK_GROUP_PIPELINE_PARALLEL);
   // The loss and the step's metrics exist on the last stage: every stage logs the same.
   r.metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
 }
@@ -110,8 +147,8 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
 void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics) {
   const int stage = topo_.pp_rank, stages = topo_.pp_size;
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(to_scalar_type(build_context(model_slot_).params_dtype));
-  std::vector<Work> sends;
+  const auto options = at::TensorOptions().dtype(stage_dtype());
+  PendingSends sends;  // at most one: the next stage takes them in order and waits for nothing else
   for (int64_t k = 0; k < num_batches; ++k) {
     at::Tensor input;
     if (stage > 0) {
@@ -129,15 +166,17 @@ void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, Metric
     }
     model_->set_pipeline_input(at::Tensor());
     if (stage < stages - 1) {
-      if (out.sizes() != at::IntArrayRef(shape))
+      if (out.sizes() != at::IntArrayRef(shape) || out.scalar_type() != stage_dtype())
         throw HostError("step plugin '" + step_slot_.plugin.name() + "': pipeline stage " + std::to_string(stage) +
-                        " produced " + Model::shape_str(out) + " in evaluation, the stages agreed on " +
-                        Model::shape_str(at::empty(shape)));
-      sends.push_back(send(out, DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
+                        " produced " + Model::shape_str(out) + " " + c10::toString(out.scalar_type()) +
+                        " in evaluation, the stages agreed on " + Model::shape_str(at::empty(shape)) + " " +
+                        c10::toString(stage_dtype()));
+      sends.wait_all();
+      sends.add(k, send(out, DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
     }
     metrics.add(m);
   }
-  for (Work& w : sends) w.wait();
+  sends.wait_all();
   metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
 }
 
@@ -150,8 +189,19 @@ void Trainer::setup_tied_gradients() {
   if (topo_.pp_size <= 1) return;
   int64_t mine = 0, whole = 0;  // elements of the model's tied weights; of those the optimizer holds whole
   std::string name;
+  int tied = 0;
   for (const Param& p : model_->parameters())
-    if (p.info.shared) mine += p.tensor.numel(), name = p.name;
+    if (p.info.shared) mine += p.tensor.numel(), name = p.name, ++tied;
+  // The first stage's tied weight and the last stage's copy are summed element by element: one
+  // on each, none in between (what the shipped models list; convert assumes it too).
+  const bool ends = topo_.pp_rank == 0 || topo_.pp_rank == topo_.pp_size - 1;
+  std::string layout;
+  if (tied > 1 || (tied > 0 && !ends))
+    layout = "model plugin '" + model_slot_.plugin.name() + "': pipeline stage " + std::to_string(topo_.pp_rank) +
+             " lists " + std::to_string(tied) +
+             " tied weights (dtk_param_info.shared); with pipeline stages the first and the last stage list one each "
+             "(the word embedding and its copy), the stages between none";
+  agree(layout, topo_, "pipeline: checking the tied weights");
   for (const Param& p : optimizer_->params())
     if (p.info.shared && (p.info.full_numel == 0 || p.info.full_numel == p.tensor.numel())) whole += p.tensor.numel();
   // Decided by every rank together: a data-parallel rank may hold all of a shard list or none.
@@ -161,7 +211,6 @@ void Trainer::setup_tied_gradients() {
                     " over data-parallel ranks, and the first and last stage must sum whole gradients; use "
                     "--strategy ddp, data-parallel size 1, or model.untie_embeddings_and_output_weights=true");
   // Every stage learns the size; the first and the last must agree on it.
-  const bool ends = topo_.pp_rank == 0 || topo_.pp_rank == topo_.pp_size - 1;
   at::Tensor sizes = at::tensor({static_cast<double>(mine), ends ? -static_cast<double>(mine) : -1e300},
                                 at::TensorOptions().dtype(at::kDouble));
   all_reduce(sizes, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();

@@ -52,6 +52,10 @@ void MetricAverager::broadcast(int32_t group, int32_t root) {
   }
   at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
   dtk::core::broadcast(length, group, root).wait();
+  if (length.item<int64_t>() == 0) {  // the root has no metrics
+    clear();
+    return;
+  }
   at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
   if (group_rank(group) == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
   dtk::core::broadcast(bytes, group, root).wait();

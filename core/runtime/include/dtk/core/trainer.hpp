@@ -85,6 +85,7 @@ class Trainer {
   void pipeline_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r);
   void pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics);
   std::vector<int64_t> stage_activation_shape() const;
+  at::ScalarType stage_dtype() const;  // the parameters' dtype: what the stages send
   void setup_tied_gradients();
   void sync_tied_gradients();
   int64_t tied_numel_ = 0;  // elements of the tied weights each stage sums (0: none)

@@ -15,7 +15,8 @@ struct PhaseInfo {
 // loader is visible without the per-micro-batch timers.
 constexpr PhaseInfo kPhases[] = {
     {"forward-backward", 1},         {"batch-generator", 1},  {"forward-compute", 2},
-    {"backward-compute", 2},         {"all-grads-sync", 1},   {"optimizer-clip-main-grad", 1},
+    {"backward-compute", 2},         {"forward-recv", 2},     {"backward-recv", 2},
+    {"all-grads-sync", 1},   {"optimizer-clip-main-grad", 1},
     {"optimizer-inner-step", 1},     {"optimizer", 1},        {"evaluate", 1},
     {"save-checkpoint", 1},
 };

@@ -69,6 +69,9 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
   const std::vector<int64_t> shape = stage_activation_shape();
   const auto options = at::TensorOptions().dtype(stage_dtype());
   auto receive = [&](int32_t peer, const char* what) {
+    // Megatron's pipeline timers (logging.timing_log_level=2): min and max over the ranks show
+    // the most and the least waiting stage.
+    auto timer = timers_.scope(peer < stage ? Phase::kForwardRecv : Phase::kBackwardRecv);
     at::Tensor t = at::empty(shape, options);
     const int64_t start = trace::now_ns();
     recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer).wait();

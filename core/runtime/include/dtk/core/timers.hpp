@@ -26,6 +26,8 @@ enum class Phase : int {
   kBatchGenerator,   // 1: waiting for the next micro-batch (the loader's prefetch did not keep up)
   kForwardCompute,   // 2: the step plugin's forward and loss
   kBackwardCompute,  // 2: backward (strategy hooks, overlapped reductions included)
+  kForwardRecv,      // 2: pipeline stages: waiting for the previous stage's activations
+  kBackwardRecv,     // 2: pipeline stages: waiting for the next stage's gradients
   kGradsReduce,      // 1: the strategy's gradient reduction after the last backward
   kOptimizerClip,    // 1: global norm and clipping
   kOptimizerStep,    // 1: the optimizer step through the strategy (with ZeRO's all-gather)

@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -172,6 +174,29 @@ TEST(Pipeline, ResumeIsExact) {
   EXPECT_EQ(inspect.code, 0) << inspect.out;
   EXPECT_NE(inspect.out.find("layout: tensor-parallel 2, pipeline-parallel 2 (stage 0 shown)"), std::string::npos)
       << inspect.out;
+}
+
+// What a user looks at: the wait of rank 0's stage next to the theoretical bubble in each log
+// line (m = 4 micro-batches, 2 stages: 1 / 5), Megatron's receive timers, and the timeline.
+TEST(Pipeline, LogShowsTheWaitTheBubbleAndTheReceiveTimers) {
+  const std::string trace = dtk_test::fresh_dir(DTK_TEST_TMP, "pp-trace") + "/trace.json";
+  const dtk_test::Result r = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) +
+          "--set train.train_iters=4 --set logging.timing_log_level=2 --set logging.trace_file=" + trace +
+          " --set logging.trace_iterations=3-3",
+      120);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(pipeline wait \(ms\): [0-9.]+ \(bubble in theory 20%\))")))
+      << r.out;
+  for (const char* timer : {"    forward-recv ....", "    backward-recv ...."})
+    EXPECT_NE(r.out.find(timer), std::string::npos) << timer << "\n" << r.out;
+  // One timeline per rank, each with the schedule's spans and its receive waits.
+  for (const std::string rank : {"0", "1"}) {
+    std::ifstream in(trace.substr(0, trace.size() - 5) + ".rank" + rank + ".json");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const char* span : {"\"forward 3\"", "\"backward 3\"", rank == "0" ? "receive gradients" : "receive activations"})
+      EXPECT_NE(text.find(span), std::string::npos) << "rank " << rank << ": " << span;
+  }
 }
 
 // Refused before any work, in one line naming what is wrong.

@@ -413,12 +413,20 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
   return Work(std::move(w));
 }
 
-Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
-  at::NoGradGuard ng;
+namespace {
+// A point-to-point message needs a tensor and another rank of the group.
+void check_peer(const char* what, const at::Tensor& x, int32_t group, int32_t peer) {
   const int64_t size = checked_size(group);
   if (!x.defined() || peer < 0 || peer >= size || peer == group_rank(group))
-    throw dtk::Error("send: bad tensor or peer rank " + std::to_string(peer) + " (group of " + std::to_string(size) + ")",
+    throw dtk::Error(std::string(what) + ": bad tensor or peer rank " + std::to_string(peer) + " (group of " +
+                         std::to_string(size) + ")",
                      DTK_ERR_INVALID_ARGUMENT);
+}
+}  // namespace
+
+Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
+  at::NoGradGuard ng;
+  check_peer("send", x, group, peer);
   auto w = pending(("send to rank " + std::to_string(peer)).c_str(), group);
   if (auto pg = pg_of(group)) {
     const at::Tensor buf = bits(x.contiguous());
@@ -432,10 +440,7 @@ Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
 
 Work recv(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
   at::NoGradGuard ng;
-  const int64_t size = checked_size(group);
-  if (!x.defined() || peer < 0 || peer >= size || peer == group_rank(group))
-    throw dtk::Error("recv: bad tensor or peer rank " + std::to_string(peer) + " (group of " + std::to_string(size) + ")",
-                     DTK_ERR_INVALID_ARGUMENT);
+  check_peer("recv", x, group, peer);
   auto w = pending(("recv from rank " + std::to_string(peer)).c_str(), group);
   if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;

@@ -11,8 +11,8 @@
 //                                   steady   m - warm-up times: forward, then backward of the oldest
 //                                   cool-down the remaining backwards
 // so stage s holds at most p - s activations at once, and the bubble is (p - 1) / (m + p - 1) of
-// an iteration. Sends are asynchronous (waited at the end of the iteration), receives block, so
-// no two stages wait on each other.
+// an iteration. Sends are asynchronous (each waited once the schedule knows it arrived),
+// receives block, so no two stages wait on each other.
 //
 // Tied embeddings (the first stage's word embedding and the last stage's output weight, both
 // listed with dtk_param_info.shared): their gradients are summed over the pipeline group after
@@ -36,7 +36,32 @@ std::vector<int64_t> Trainer::stage_activation_shape() const {
 
 at::ScalarType Trainer::stage_dtype() const { return to_scalar_type(build_context(model_slot_).params_dtype); }
 
+void Trainer::check_stage_output(const at::Tensor& out) const {
+  const std::vector<int64_t> shape = stage_activation_shape();
+  if (out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == stage_dtype()) return;
+  throw HostError("step plugin '" + step_slot_.plugin.name() + "' with model plugin '" + model_slot_.plugin.name() +
+                  "': pipeline stage " + std::to_string(topo_.pp_rank) + " produced " + Model::shape_str(out) + " " +
+                  std::string(c10::toString(out.scalar_type())) + ", the stages agreed on " +
+                  Model::shape_str(at::empty(shape)) + " " + c10::toString(stage_dtype()) +
+                  " [micro_batch_size, seq_length, hidden_size] hidden states in the parameters' dtype (is the step "
+                  "pipeline-aware? docs/plugin-guide.md)");
+}
+
 namespace {
+
+// The previous stage's output as the model's "hidden_states" for one forward, taken back after
+// it however it ends.
+class StageInput {
+ public:
+  explicit StageInput(ModelInstance& model) : model_(model) {}
+  ~StageInput() { model_.set_pipeline_input(at::Tensor()); }
+  void set(const at::Tensor& input) { model_.set_pipeline_input(input); }
+  StageInput(const StageInput&) = delete;
+  StageInput& operator=(const StageInput&) = delete;
+
+ private:
+  ModelInstance& model_;
+};
 
 // Sends in flight, each waited once it is known to be done. On an error the ones left are handed
 // over unwaited (the process is ending): a send whose receiver will never come would otherwise
@@ -94,23 +119,24 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
     at::Tensor input;
     std::vector<std::pair<std::string, double>> metrics;
     at::Tensor output;
-    try {
+    {
+      StageInput staged(*model_);
       // Received after the batch check (it waits for every rank, the previous stage included).
       output = forward_micro_batch(iteration, forwards, &metrics, [&] {
         if (first) return;
         input = receive(stage - 1, "receive activations").requires_grad_(true);
         gradient_sends.wait_through(forwards - previous_warmup - 1);
-        model_->set_pipeline_input(input);
+        staged.set(input);
       });
-    } catch (...) {
-      model_->set_pipeline_input(at::Tensor());
-      throw;
     }
-    model_->set_pipeline_input(at::Tensor());
-    // Sent before any check that waits for the other ranks (check_loss agrees world-wide).
-    if (!last && output.sizes() == at::IntArrayRef(shape) && output.scalar_type() == stage_dtype())
+    if (last) {
+      check_forward_output(output, input);
+    } else {
+      // Sent before the graph check, which waits for every rank.
+      check_stage_output(output);
       activation_sends.add(forwards, send(output.detach(), DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
-    check_forward_output(output, input);
+      check_loss(output, input);
+    }
     r.metrics.add(metrics);
     pending.push_back({input, output});
     ++forwards;
@@ -158,22 +184,15 @@ void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, Metric
       input = at::empty(shape, options);
       recv(input, DTK_GROUP_PIPELINE_PARALLEL, stage - 1).wait();
     }
-    model_->set_pipeline_input(input);
     std::vector<std::pair<std::string, double>> m;
     at::Tensor out;
-    try {
+    {
+      StageInput staged(*model_);
+      staged.set(input);
       out = step_->forward_step(*model_, loader.next(), &m);
-    } catch (...) {
-      model_->set_pipeline_input(at::Tensor());
-      throw;
     }
-    model_->set_pipeline_input(at::Tensor());
     if (stage < stages - 1) {
-      if (out.sizes() != at::IntArrayRef(shape) || out.scalar_type() != stage_dtype())
-        throw HostError("step plugin '" + step_slot_.plugin.name() + "': pipeline stage " + std::to_string(stage) +
-                        " produced " + Model::shape_str(out) + " " + c10::toString(out.scalar_type()) +
-                        " in evaluation, the stages agreed on " + Model::shape_str(at::empty(shape)) + " " +
-                        c10::toString(stage_dtype()));
+      check_stage_output(out);
       sends.wait_all();
       sends.add(k, send(out, DTK_GROUP_PIPELINE_PARALLEL, stage + 1));
     }

@@ -70,9 +70,9 @@ class Trainer {
   // batch check, which waits for every rank).
   at::Tensor forward_micro_batch(int64_t iteration, int64_t m, std::vector<std::pair<std::string, double>>* metrics,
                                  const std::function<void()>& before_forward = {});
-  // Checks forward_micro_batch's result (the loss on the last stage: a scalar; before it: the
-  // agreed activation shape) and, on the first micro-batch, its graph (check_loss).
-  // `stage_input`: the input this pipeline stage received (a leaf the graph trains, not a parameter).
+  // Checks forward_micro_batch's loss (a scalar) and, on the first micro-batch, its graph
+  // (check_loss). `stage_input`: the input a pipeline stage received (a leaf the graph trains,
+  // not a parameter).
   void check_forward_output(const at::Tensor& out, const at::Tensor& stage_input = at::Tensor());
   // Its backward: the loss scaled by 1 / num_micro and the loss scale, or (before the last stage)
   // the stage's output with the gradient the next stage sent.
@@ -86,6 +86,9 @@ class Trainer {
   void pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics);
   std::vector<int64_t> stage_activation_shape() const;
   at::ScalarType stage_dtype() const;  // the parameters' dtype: what the stages send
+  // What a stage before the last hands on must have the agreed shape and dtype (training and
+  // evaluation alike); throws naming the step and the model.
+  void check_stage_output(const at::Tensor& out) const;
   void setup_tied_gradients();
   void sync_tied_gradients();
   int64_t tied_numel_ = 0;  // elements of the tied weights each stage sums (0: none)

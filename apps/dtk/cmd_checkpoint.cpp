@@ -1,4 +1,5 @@
-// `dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]`
+// `dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
+// [--virtual_pipeline_model_parallel_size V]`
 // (checkpoint_convert.hpp) and
 // `dtk checkpoint inspect DIR [--noverify] [--all_tensors]` — a checkpoint's iteration, progress,
 // parallel layout, writers, tensors, files with their SHA-256 against SHA256SUMS, and whether it is
@@ -24,16 +25,20 @@ DEFINE_int32(tensor_model_parallel_size, 0,
              "checkpoint convert: the tensor-parallel size to convert to (0: the checkpoint's).");
 DEFINE_int32(pipeline_model_parallel_size, 0,
              "checkpoint convert: the pipeline-parallel size to convert to (0: the checkpoint's).");
+DEFINE_int32(virtual_pipeline_model_parallel_size, 0,
+             "checkpoint convert: model chunks per pipeline rank to convert to, the interleaved schedule's (0: the "
+             "checkpoint's when the pipeline size stays, else 1).");
 
 namespace {
 
 int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
   if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 0 || FLAGS_pipeline_model_parallel_size < 0 ||
-      FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size == 0)
+      FLAGS_virtual_pipeline_model_parallel_size < 0 ||
+      FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size + FLAGS_virtual_pipeline_model_parallel_size == 0)
     throw HostError(
-        "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N and/or --pipeline_model_parallel_size P "
-        "(N, P >= 1)");
+        "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
+        "--virtual_pipeline_model_parallel_size V (N, P, V >= 1)");
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
@@ -42,10 +47,12 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(
       iter_dir, args[2], FLAGS_tensor_model_parallel_size, FLAGS_pipeline_model_parallel_size,
-      [&](int tp, int pp) {  // the configuration the new checkpoint records: its layout's
+      FLAGS_virtual_pipeline_model_parallel_size,
+      [&](int tp, int pp, int v) {  // the configuration the new checkpoint records: its layout's
         dtk::config::RunConfig target = cfg;
         target.mutable_distributed()->set_tensor_model_parallel_size(tp);
         target.mutable_distributed()->set_pipeline_model_parallel_size(pp);
+        target.mutable_distributed()->set_virtual_pipeline_model_parallel_size(v);
         return dtk::core::to_text(target);
       },
       [&](int tp_rank, int tp_size, int pp_rank, int pp_size) {
@@ -54,8 +61,13 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
         return std::move(b.model);
       });
   const bool staged = report.old_pp > 1 || report.new_pp > 1;
-  char layout[160];
-  if (staged)
+  const bool interleaved = report.old_v > 1 || report.new_v > 1;
+  char layout[200];
+  if (interleaved)
+    std::snprintf(layout, sizeof layout,
+                  "tensor-parallel size %d, pipeline-parallel size %d, model chunks per rank %d to %d, %d, %d",
+                  report.old_tp, report.old_pp, report.old_v, report.new_tp, report.new_pp, report.new_v);
+  else if (staged)
     std::snprintf(layout, sizeof layout, "tensor-parallel size %d, pipeline-parallel size %d to %d, %d", report.old_tp,
                   report.old_pp, report.new_tp, report.new_pp);
   else
@@ -63,7 +75,10 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   const std::string resume = "--set checkpoint.load=" + args[2] + " --set distributed.tensor_model_parallel_size=" +
                              std::to_string(report.new_tp) +
                              (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp)
-                                     : std::string());
+                                     : std::string()) +
+                             (interleaved ? " --set distributed.virtual_pipeline_model_parallel_size=" +
+                                                std::to_string(report.new_v)
+                                          : std::string());
   std::printf("converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
               "optimizer/strategy tensors %s; resume with %s\n",
               static_cast<long long>(report.iteration), args[1].c_str(), layout, args[2].c_str(),

@@ -208,7 +208,7 @@ TEST(Pipeline, BadLayoutsAreRefused) {
   const std::vector<Case> cases = {
       {3, train("gpt-tiny.pbtxt", 2) + pp(2),
        "world size 3 is not divisible by tensor x pipeline model parallel size 2"},
-      {3, train("gpt-tiny.pbtxt", 2) + pp(3), "num_layers 4 is not divisible by the pipeline size 3"},
+      {3, train("gpt-tiny.pbtxt", 2) + pp(3), "num_layers 4 is not divisible by the pipeline stages 3"},
       {2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=2 ",
        "zero: stage 2 cannot run with pipeline parallelism"},
       {4, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ",
@@ -217,6 +217,174 @@ TEST(Pipeline, BadLayoutsAreRefused) {
   for (const Case& c : cases) {
     const dtk_test::Result r =
         dtk_test::run_dtk("launch --nproc_per_node " + std::to_string(c.nproc) + " " + c.args, 120);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << "expected: " << c.needle << "\n" << r.out;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The interleaved schedule (distributed.virtual_pipeline_model_parallel_size v): each rank holds
+// v model chunks, chunk k of rank r being stage k x p + r of p x v.
+
+namespace {
+std::string vpp(int v) { return "--set distributed.virtual_pipeline_model_parallel_size=" + std::to_string(v) + " "; }
+const char* kEightLayers = "--set model.num_layers=8 ";
+}  // namespace
+
+// 2 micro-batches (= p: every forward before the first backward, as Megatron runs it), 4 and 8
+// (warm-up, steady 1F1B, cool-down), and 4 chunks of 2 layers per rank.
+TEST(PipelineInterleaved, TwoStagesEqualOneForTwoFourAndEightMicroBatches) {
+  for (int micro : {4, 2, 1}) {
+    const std::string what = std::to_string(8 / micro) + " micro-batches";
+    const Curve one = curve_of(1, train("gpt-tiny.pbtxt", micro), "vpp-pp1-m" + std::to_string(micro));
+    const Curve two = curve_of(2, train("gpt-tiny.pbtxt", micro) + pp(2) + vpp(2), "vpp-pp2-m" + std::to_string(micro));
+    expect_same_curve(one, two, 20, "gpt PP2 x 2 chunks vs PP1, " + what);
+    expect_same_validation(one, two, "gpt PP2 x 2 chunks vs PP1, " + what);
+  }
+  const Curve one = curve_of(1, train("gpt-tiny.pbtxt", 2) + kEightLayers, "vpp-8l-pp1");
+  const Curve four = curve_of(2, train("gpt-tiny.pbtxt", 2) + kEightLayers + pp(2) + vpp(4), "vpp-8l-pp2v4");
+  expect_same_curve(one, four, 20, "gpt 8 layers, PP2 x 4 chunks vs PP1");
+  expect_same_validation(one, four, "gpt 8 layers, PP2 x 4 chunks vs PP1");
+}
+
+// Four ranks of two one-layer chunks: activations go round the ranks twice. llama too.
+TEST(PipelineInterleaved, FourStagesEqualOneForGptAndLlama) {
+  for (const auto& [config, micro] : {std::pair<const char*, int>{"gpt-tiny.pbtxt", 1}, {"llama-tiny.pbtxt", 2}}) {
+    const std::string name = std::string(config).substr(0, std::string(config).find('-'));
+    const Curve one = curve_of(1, train(config, micro) + kEightLayers, name + "-vpp-pp1");
+    const Curve four = curve_of(4, train(config, micro) + kEightLayers + pp(4) + vpp(2), name + "-vpp-pp4");
+    expect_same_curve(one, four, 20, name + " PP4 x 2 chunks vs PP1, " + std::to_string(8 / micro) + " micro-batches");
+    expect_same_validation(one, four, name + " PP4 x 2 chunks vs PP1");
+  }
+}
+
+TEST(PipelineInterleaved, WithTensorAndDataParallelismDominoAndZero) {
+  const Curve one = curve_of(1, train("gpt-tiny.pbtxt", 2), "vpp-grid-one");
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  expect_same_curve(one,
+                    curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + tp2 + "--set model.domino_chunks=2 ",
+                             "vpp-tp2pp2-domino"),
+                    20, "TP2 x PP2 x 2 chunks, Domino 2 chunks in each");
+  expect_same_curve(one, curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy ddp ", "vpp-pp2dp2"), 20,
+                    "PP2 x 2 chunks x DP2, ddp");
+  const Curve llama = curve_of(1, train("llama-tiny.pbtxt", 2), "vpp-grid-llama");
+  expect_same_curve(llama,
+                    curve_of(4, train("llama-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy zero --set strategy.stage=1 ",
+                             "vpp-llama-pp2dp2-zero1"),
+                    20, "llama PP2 x 2 chunks x DP2, ZeRO stage 1");
+}
+
+// Saved with two chunks per rank ("model0." and "model1." names in each mp_rank_00_PPP), resumed
+// exactly; refused at another chunk count with the convert command named; converted to one stage
+// and to 1F1B's layout, each resuming as the uninterrupted run continues. A ZeRO-sharded one is
+// consolidated on the way.
+TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-ckpt");
+  const std::string interleaved = train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2);
+  const Curve whole = curve_of(2, interleaved, "vpp-resume-whole");
+  const Curve first = curve_of(
+      2, interleaved + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir, "vpp-first");
+  ASSERT_EQ(first.run.code, 0) << first.run.out;
+  const Curve second = curve_of(2, interleaved + "--set checkpoint.load=" + dir, "vpp-second");
+  auto expect_continues = [&](const Curve& c, const std::string& what, double tolerance) {
+    ASSERT_EQ(c.loss.size(), 10u) << what << "\n" << c.run.out;
+    for (int64_t it = 11; it <= 20; ++it) {
+      EXPECT_NEAR(c.loss.at(it), whole.loss.at(it), tolerance * whole.loss.at(it)) << what << ", iteration " << it;
+      EXPECT_NEAR(c.norm.at(it), whole.norm.at(it), tolerance * whole.norm.at(it)) << what << ", iteration " << it;
+    }
+  };
+  expect_continues(second, "resumed", 1e-6);
+  const dtk_test::Result plain = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir, 120);
+  EXPECT_NE(plain.code, 0);
+  EXPECT_NE(plain.out.find("model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has 1 "
+                           "(dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size 1 makes one for it)"),
+            std::string::npos)
+      << plain.out;
+  const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir, 120);
+  EXPECT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_NE(inspect.out.find("pipeline-parallel 2 with 2 model chunks per rank (interleaved)"), std::string::npos)
+      << inspect.out;
+  EXPECT_NE(inspect.out.find("model1."), std::string::npos) << inspect.out;
+  // To one stage, and to two stages of the 1F1B schedule.
+  const dtk_test::Result to_one =
+      dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
+  ASSERT_EQ(to_one.code, 0) << to_one.out;
+  EXPECT_NE(to_one.out.find("model chunks per rank 2 to 1, 1, 1"), std::string::npos) << to_one.out;
+  expect_continues(curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-to-pp1"),
+                   "converted to one stage", 1e-5);
+  const dtk_test::Result to_plain =
+      dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-1f1b --virtual_pipeline_model_parallel_size 1", 120);
+  ASSERT_EQ(to_plain.code, 0) << to_plain.out;
+  expect_continues(curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir + "-1f1b", "vpp-to-1f1b"),
+                   "converted to 1F1B", 1e-5);
+  // And back: one stage to four chunks on two ranks (8 layers would be needed for 4 x 2; 4 layers
+  // split into 2 ranks x 2 chunks).
+  const dtk_test::Result back = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
+                                                      "-back --pipeline_model_parallel_size 2 "
+                                                      "--virtual_pipeline_model_parallel_size 2",
+                                                  120);
+  ASSERT_EQ(back.code, 0) << back.out;
+  expect_continues(curve_of(2, interleaved + "--set checkpoint.load=" + dir + "-back", "vpp-back"), "converted back", 1e-5);
+}
+
+TEST(PipelineInterleaved, ZeroShardsConsolidateOnConvert) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-zero-ckpt");
+  const std::string zero = train("llama-tiny.pbtxt", 2) + "--strategy zero --set strategy.stage=1 ";
+  const Curve whole = curve_of(1, train("llama-tiny.pbtxt", 2), "vpp-zero-whole");
+  const Curve first = curve_of(4,
+                               zero + pp(2) + vpp(2) +
+                                   "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir,
+                               "vpp-zero-first");
+  ASSERT_EQ(first.run.code, 0) << first.run.out;
+  const dtk_test::Result to_one =
+      dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
+  ASSERT_EQ(to_one.code, 0) << to_one.out;
+  EXPECT_NE(to_one.out.find("consolidated"), std::string::npos) << to_one.out;
+  const Curve on_one = curve_of(1, train("llama-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-zero-one");
+  ASSERT_EQ(on_one.loss.size(), 10u) << on_one.run.out;
+  for (int64_t it = 11; it <= 20; ++it) {
+    EXPECT_NEAR(on_one.loss.at(it), whole.loss.at(it), 1e-5 * whole.loss.at(it)) << "iteration " << it;
+    EXPECT_NEAR(on_one.norm.at(it), whole.norm.at(it), 1e-5 * whole.norm.at(it)) << "iteration " << it;
+  }
+}
+
+// The log's bubble in theory is v times smaller in ideal time: (p - 1) / v / (m + (p - 1) / v),
+// 0.5 / 4.5 = 11% for p = 2, v = 2, m = 4; the timeline names each span's chunk.
+TEST(PipelineInterleaved, LogShowsTheSmallerBubbleAndTheTimelineTheChunks) {
+  const std::string trace = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-trace") + "/trace.json";
+  const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) +
+                                                   vpp(2) + "--set train.train_iters=4 --set logging.trace_file=" +
+                                                   trace + " --set logging.trace_iterations=3-3",
+                                               120);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(pipeline wait \(ms\): [0-9.]+ \(bubble in theory 11%\))")))
+      << r.out;
+  std::ifstream in(trace.substr(0, trace.size() - 5) + ".rank0.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* span : {"\"forward 3 chunk 1\"", "\"backward 0 chunk 0\"", "receive activations", "receive gradients"})
+    EXPECT_NE(text.find(span), std::string::npos) << span;
+}
+
+TEST(PipelineInterleaved, BadLayoutsAreRefused) {
+  struct Case {
+    int nproc;
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {1, train("gpt-tiny.pbtxt", 2) + vpp(2),
+       "distributed.virtual_pipeline_model_parallel_size 2 (the interleaved schedule) needs "
+       "distributed.pipeline_model_parallel_size >= 2"},
+      {2, train("gpt-tiny.pbtxt", 8) + pp(2) + vpp(2),
+       "needs the micro-batches per step (1: train.global_batch_size / (train.micro_batch_size x data-parallel size)) "
+       "to be a multiple of distributed.pipeline_model_parallel_size 2"},
+      {2, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(4), "num_layers 4 is not divisible by the pipeline stages 8"},
+      {2, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy zero --set strategy.stage=3 ",
+       "zero: stage 3 cannot run with pipeline parallelism"},
+  };
+  for (const Case& c : cases) {
+    const std::string launch = c.nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(c.nproc) + " ";
+    const dtk_test::Result r = dtk_test::run_dtk(launch + c.args, 120);
     EXPECT_NE(r.code, 0) << c.args;
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << "expected: " << c.needle << "\n" << r.out;
   }

@@ -220,6 +220,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
       }
       d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
       d.insert("pipeline_model_parallel_size", static_cast<int64_t>(topo.pp_size));
+      d.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(model.num_chunks()));
       d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
       if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
       insert_provenance(d, config_text, writers);
@@ -404,6 +405,14 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
                     ", this run has " + std::to_string(topo.pp_size) +
                     " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
                     " makes one for it)");
+  const int64_t saved_virtual =
+      d.contains("virtual_pipeline_model_parallel_size") ? get_int("virtual_pipeline_model_parallel_size") : 1;
+  if (saved_virtual != model.num_chunks())
+    throw HostError("checkpoint " + file + " was saved with " + std::to_string(saved_virtual) +
+                    " model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has " +
+                    std::to_string(model.num_chunks()) +
+                    " (dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size " +
+                    std::to_string(model.num_chunks()) + " makes one for it)");
   TrainProgress p;
   p.iteration = get_int("iteration");
   p.consumed_train_samples = get_int("consumed_train_samples");

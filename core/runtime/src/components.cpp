@@ -117,44 +117,267 @@ const dtk_model_api kBlamingApi = {
 };
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// The table behind ModelInstance::ref() when it holds several chunks (the interleaved pipeline
+// schedule): names gain the chunk's "model<k>." prefix, forwards go to the selected chunk, and
+// every call goes through the chunk's blaming entry, so errors still name the model plugin.
+namespace {
+ModelInstance* composite(dtk_model* m) { return reinterpret_cast<ModelInstance*>(m); }
+
+struct PrefixedParams {
+  const dtk_param_visitor* inner;
+  std::string prefix;
+  int32_t module_offset;
+};
+dtk_status* prefixed_param(void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
+  auto* p = static_cast<PrefixedParams*>(ctx);
+  const std::string full = p->prefix + (name ? name : "");
+  if (!info || info->module_index < 0 || p->module_offset == 0) return p->inner->visit(p->inner->ctx, full.c_str(), t, info);
+  dtk_param_info shifted{};
+  std::memcpy(&shifted, info, std::min(info->struct_size, sizeof shifted));
+  shifted.module_index += p->module_offset;
+  return p->inner->visit(p->inner->ctx, full.c_str(), t, &shifted);
+}
+struct PrefixedModules {
+  const dtk_module_visitor* inner;
+  std::string prefix;
+  int32_t module_offset;
+};
+dtk_status* prefixed_module(void* ctx, const dtk_module_info* m) {
+  auto* p = static_cast<PrefixedModules*>(ctx);
+  if (!m) return p->inner->visit(p->inner->ctx, m);
+  dtk_module_info shifted{};
+  std::memcpy(&shifted, m, std::min(m->struct_size, sizeof shifted));
+  const std::string name = p->prefix + (m->name ? m->name : "");
+  std::vector<std::string> params;
+  std::vector<const char*> pointers;
+  for (size_t i = 0; i < m->num_params; ++i) params.push_back(p->prefix + (m->param_names[i] ? m->param_names[i] : ""));
+  for (const std::string& n : params) pointers.push_back(n.c_str());
+  shifted.index += p->module_offset;
+  shifted.name = name.c_str();
+  shifted.param_names = pointers.data();
+  return p->inner->visit(p->inner->ctx, &shifted);
+}
+// A chunk's hooks: the caller's, with the chunk's module indices shifted to the composite's.
+ModelInstance::Chunk* hooked_chunk(void* ctx) { return static_cast<ModelInstance::Chunk*>(ctx); }
+dtk_module_hooks shifted_hooks(ModelInstance::Chunk& c) {
+  return {dtk_module_hooks_STRUCT_SIZE, &c,
+          [](void* ctx, int32_t i) {
+            const ModelInstance::Chunk* c = hooked_chunk(ctx);
+            return c->outer_hooks->pre_forward(c->outer_hooks->ctx, i + c->module_offset);
+          },
+          [](void* ctx, int32_t i) {
+            const ModelInstance::Chunk* c = hooked_chunk(ctx);
+            return c->outer_hooks->post_forward(c->outer_hooks->ctx, i + c->module_offset);
+          },
+          [](void* ctx, int32_t i) {
+            const ModelInstance::Chunk* c = hooked_chunk(ctx);
+            return c->outer_hooks->pre_backward(c->outer_hooks->ctx, i + c->module_offset);
+          },
+          [](void* ctx, int32_t i) {
+            const ModelInstance::Chunk* c = hooked_chunk(ctx);
+            return c->outer_hooks->post_backward(c->outer_hooks->ctx, i + c->module_offset);
+          }};
+}
+struct PrefixedSink {
+  const dtk_tensor_sink* inner;
+  std::string prefix;
+};
+dtk_status* prefixed_put(void* ctx, const char* name, dtk_tensor* t) {
+  auto* p = static_cast<PrefixedSink*>(ctx);
+  const std::string full = p->prefix + (name ? name : "");
+  return p->inner->put(p->inner->ctx, full.c_str(), t);
+}
+
+// Splits "model<k>.<name>" entries by chunk (names without a chunk's prefix: none of them).
+std::vector<TensorList> split_by_chunk(const ModelInstance& m, const TensorList& state, std::vector<std::string>* stray) {
+  std::vector<TensorList> out(static_cast<size_t>(m.num_chunks()));
+  for (const auto& [name, t] : state) {
+    bool placed = false;
+    for (int k = 0; k < m.num_chunks() && !placed; ++k) {
+      const std::string prefix = m.chunk_prefix(k);
+      if (name.compare(0, prefix.size(), prefix) == 0) out[static_cast<size_t>(k)].emplace_back(name.substr(prefix.size()), t), placed = true;
+    }
+    if (!placed && stray) stray->push_back(name);
+  }
+  return out;
+}
+
+const dtk_model_api kCompositeApi = {
+    dtk_model_api_STRUCT_SIZE,
+    [](const dtk_build_context*, dtk_model**) -> dtk_status* {
+      return make_status(DTK_ERR_UNSUPPORTED, "create through a model reference");
+    },
+    [](dtk_model*) {},  // the ModelInstance owns the chunks
+    [](dtk_model* m, const dtk_model_forward_args* args) -> dtk_status* {
+      const dtk_model_ref* chunk = composite(m)->chunk_ref();
+      return chunk->api->forward(chunk->model, args);
+    },
+    [](dtk_model* m, const dtk_param_visitor* v) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        PrefixedParams p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
+        const dtk_param_visitor wrapped{dtk_param_visitor_STRUCT_SIZE, &p, &prefixed_param};
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->visit_parameters(chunk->model, &wrapped)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, const dtk_param_visitor* v) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        PrefixedParams p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
+        const dtk_param_visitor wrapped{dtk_param_visitor_STRUCT_SIZE, &p, &prefixed_param};
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->visit_buffers(chunk->model, &wrapped)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, int32_t training) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->set_training(chunk->model, training)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, const dtk_model_to_args* args) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->to(chunk->model, args)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, const dtk_tensor_sink* out) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        PrefixedSink p{out, composite(m)->chunk_prefix(k)};
+        const dtk_tensor_sink wrapped{dtk_tensor_sink_STRUCT_SIZE, &p, &prefixed_put};
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->state_save(chunk->model, &wrapped)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, const dtk_tensor_map* state, int32_t strict) -> dtk_status* {
+      return guard([&] {
+        TensorList all;
+        for (size_t i = 0; state && i < state->count; ++i)
+          if (state->items[i].name && state->items[i].tensor)
+            all.emplace_back(state->items[i].name, unwrap(state->items[i].tensor));
+        composite(m)->state_load(all, strict != 0);
+      });
+    },
+    [](dtk_model* m, dtk_model_info* info) -> dtk_status* {
+      const dtk_model_ref* chunk = composite(m)->chunk_ref(0);
+      return chunk->api->get_info(chunk->model, info);
+    },
+    [](dtk_model* m, const dtk_module_visitor* v) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        PrefixedModules p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
+        const dtk_module_visitor wrapped{dtk_module_visitor_STRUCT_SIZE, &p, &prefixed_module};
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->visit_modules(chunk->model, &wrapped)) return s;
+      }
+      return nullptr;
+    },
+    [](dtk_model* m, const dtk_module_hooks* hooks) -> dtk_status* {
+      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+        ModelInstance::Chunk& c = composite(m)->chunk(k);
+        c.outer_hooks = hooks;
+        c.shifted_hooks = shifted_hooks(c);
+        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
+        if (dtk_status* s = chunk->api->set_module_hooks(chunk->model, hooks ? &c.shifted_hooks : nullptr)) return s;
+      }
+      return nullptr;
+    },
+};
+}  // namespace
+
 ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
+    : ModelInstance(plugin, std::vector<dtk_build_context>{ctx}) {}
+
+ModelInstance::ModelInstance(const Plugin& plugin, const std::vector<dtk_build_context>& chunks)
     : plugin_(plugin), api_(plugin.api_as<dtk_model_api>()) {
-  dtk_model* m = nullptr;
-  check_plugin(api_->create(&ctx, &m), plugin_, "create");
-  if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
-  ref_ = {dtk_model_ref_STRUCT_SIZE, api_, m};
-  blaming_ = {api_, m, plugin_.name(), true, 0};
+  if (chunks.empty()) throw HostError("model plugin '" + plugin_.name() + "': no model chunk to create");
   // The forwarding table claims no more than the plugin's own table holds (abi.h rule 2): a
   // caller that checks for a newer entry sees what the plugin has.
   blaming_api_ = kBlamingApi;
   blaming_api_.struct_size = std::min(api_->struct_size, kBlamingApi.struct_size);
-  blaming_ref_ = {dtk_model_ref_STRUCT_SIZE, &blaming_api_, reinterpret_cast<dtk_model*>(&blaming_)};
+  composite_api_ = kCompositeApi;
+  composite_api_.struct_size = blaming_api_.struct_size;
+  composite_ref_ = {dtk_model_ref_STRUCT_SIZE, &composite_api_, reinterpret_cast<dtk_model*>(this)};
+  for (const dtk_build_context& ctx : chunks) create_chunk(ctx);
+  // Module indices run on over the chunks (a model that lists no modules: offsets stay 0, and
+  // visiting its modules reports its own error).
+  int32_t offset = 0;
+  for (auto& c : chunks_) {
+    c->module_offset = offset;
+    int32_t count = 0;
+    const dtk_module_visitor counter{dtk_module_visitor_STRUCT_SIZE, &count, [](void* ctx, const dtk_module_info*) {
+                                       ++*static_cast<int32_t*>(ctx);
+                                       return static_cast<dtk_status*>(nullptr);
+                                     }};
+    if (chunks_.size() == 1) break;
+    if (dtk_status* s = api_->visit_modules(c->model, &counter)) {
+      dtk_status_release(s);
+      for (auto& d : chunks_) d->module_offset = 0;
+      break;
+    }
+    offset += count;
+  }
+}
+
+void ModelInstance::create_chunk(const dtk_build_context& ctx) {
+  dtk_model* m = nullptr;
+  check_plugin(api_->create(&ctx, &m), plugin_, "create");
+  if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
+  auto chunk = std::make_unique<Chunk>(api_, m);
+  chunk->blaming = {api_, m, plugin_.name(), true, 0, at::Tensor()};
+  chunk->blaming_ref = {dtk_model_ref_STRUCT_SIZE, &blaming_api_, reinterpret_cast<dtk_model*>(&chunk->blaming)};
+  chunks_.push_back(std::move(chunk));
   // A model that did not honour the context's device or dtype is moved (abi.h: `to`).
   const at::Device device = to_device(ctx.device);
   const at::ScalarType dtype = to_scalar_type(ctx.params_dtype);
-  for (const Param& p : parameters()) {
+  std::vector<Param> params;
+  dtk_param_visitor v = collecting_visitor(&params);
+  check_plugin(api_->visit_parameters(m, &v), plugin_, "visit_parameters");
+  for (const Param& p : params) {
     if (p.tensor.device() != device || (p.tensor.is_floating_point() && p.tensor.scalar_type() != dtype)) {
-      to(device, dtype);
+      const dtk_model_to_args args{dtk_model_to_args_STRUCT_SIZE, from_device(device), from_scalar_type(dtype)};
+      check_plugin(api_->to(m, &args), plugin_, "to");
       break;
     }
   }
 }
-ModelInstance::~ModelInstance() {
-  if (ref_.model) api_->destroy(ref_.model);
+ModelInstance::~ModelInstance() = default;
+
+void ModelInstance::select_chunk(int k) {
+  if (k < 0 || k >= num_chunks()) throw HostError("model chunk " + std::to_string(k) + " does not exist");
+  selected_ = k;
 }
+std::string ModelInstance::chunk_prefix(int k) const {
+  return chunks_.size() > 1 ? "model" + std::to_string(k) + "." : std::string();
+}
+const dtk_model_ref* ModelInstance::chunk_ref(int k) const {
+  return &chunks_[static_cast<size_t>(k < 0 ? selected_ : k)]->blaming_ref;
+}
+
 std::vector<Param> ModelInstance::parameters() const {
   std::vector<Param> out;
-  dtk_param_visitor v = collecting_visitor(&out);
-  check_plugin(api_->visit_parameters(ref_.model, &v), plugin_, "visit_parameters");
+  for (int k = 0; k < num_chunks(); ++k) {
+    const size_t first = out.size();
+    dtk_param_visitor v = collecting_visitor(&out);
+    check_plugin(api_->visit_parameters(chunks_[k]->model, &v), plugin_, "visit_parameters");
+    for (size_t i = first; i < out.size(); ++i) {
+      out[i].name = chunk_prefix(k) + out[i].name;
+      if (out[i].info.module_index >= 0) out[i].info.module_index += chunks_[k]->module_offset;
+    }
+  }
   return out;
 }
 void ModelInstance::set_training(bool training) {
-  check_plugin(api_->set_training(ref_.model, training ? 1 : 0), plugin_, "set_training");
+  for (const auto& c : chunks_) check_plugin(api_->set_training(c->model, training ? 1 : 0), plugin_, "set_training");
 }
 dtk_model_info ModelInstance::info() const {
   dtk_model_info info{};
   info.struct_size = dtk_model_info_STRUCT_SIZE;
-  check_plugin(api_->get_info(ref_.model, &info), plugin_, "get_info");
+  check_plugin(api_->get_info(chunks_[0]->model, &info), plugin_, "get_info");
   if (!DTK_STRUCT_COVERS(dtk_model_info, &info, 2_0))
     throw HostError("model plugin '" + plugin_.name() + "': get_info filled " + std::to_string(info.struct_size) +
                     " bytes, fewer than ABI 2.0's " + std::to_string(dtk_model_info_STRUCT_SIZE_2_0));
@@ -163,25 +386,55 @@ dtk_model_info ModelInstance::info() const {
 void ModelInstance::to(at::Device device, std::optional<at::ScalarType> dtype) {
   const dtk_model_to_args args{dtk_model_to_args_STRUCT_SIZE, from_device(device),
                                dtype ? from_scalar_type(*dtype) : DTK_DTYPE_INVALID};
-  check_plugin(api_->to(ref_.model, &args), plugin_, "to");
+  for (const auto& c : chunks_) check_plugin(api_->to(c->model, &args), plugin_, "to");
 }
 std::vector<Module> ModelInstance::modules() const {
   std::vector<Module> out;
-  const dtk_module_visitor v = collecting_module_visitor(&out);
-  check_plugin(api_->visit_modules(ref_.model, &v), plugin_, "visit_modules");
+  for (int k = 0; k < num_chunks(); ++k) {
+    const size_t first = out.size();
+    const dtk_module_visitor v = collecting_module_visitor(&out);
+    check_plugin(api_->visit_modules(chunks_[k]->model, &v), plugin_, "visit_modules");
+    for (size_t i = first; i < out.size(); ++i) {
+      out[i].index += chunks_[k]->module_offset;
+      out[i].name = chunk_prefix(k) + out[i].name;
+      for (std::string& p : out[i].params) p = chunk_prefix(k) + p;
+    }
+  }
   return out;
 }
 void ModelInstance::set_module_hooks(const dtk_module_hooks* hooks) {
-  check_plugin(api_->set_module_hooks(ref_.model, hooks), plugin_, "set_module_hooks");
+  for (const auto& c : chunks_) {
+    c->outer_hooks = hooks;
+    c->shifted_hooks = shifted_hooks(*c);
+    const dtk_module_hooks* installed = hooks && chunks_.size() > 1 ? &c->shifted_hooks : hooks;
+    check_plugin(api_->set_module_hooks(c->model, installed), plugin_, "set_module_hooks");
+  }
 }
 TensorList ModelInstance::state_save() const {
-  SinkCollector out;
-  check_plugin(api_->state_save(ref_.model, out.sink()), plugin_, "state_save");
-  return std::move(out.items());
+  TensorList all;
+  for (int k = 0; k < num_chunks(); ++k) {
+    SinkCollector out;
+    check_plugin(api_->state_save(chunks_[k]->model, out.sink()), plugin_, "state_save");
+    for (auto& [name, t] : out.items()) all.emplace_back(chunk_prefix(k) + name, std::move(t));
+  }
+  return all;
 }
 void ModelInstance::state_load(const TensorList& state, bool strict) {
-  MapView view(state);
-  check_plugin(api_->state_load(ref_.model, view.get(), strict ? 1 : 0), plugin_, "state_load");
+  if (num_chunks() == 1) {
+    MapView view(state);
+    check_plugin(api_->state_load(chunks_[0]->model, view.get(), strict ? 1 : 0), plugin_, "state_load");
+    return;
+  }
+  std::vector<std::string> stray;
+  const std::vector<TensorList> parts = split_by_chunk(*this, state, &stray);
+  if (strict && !stray.empty())
+    throw HostError("model plugin '" + plugin_.name() + "': state_load: '" + stray[0] +
+                    "' belongs to none of the " + std::to_string(num_chunks()) +
+                    " model chunks (model<k>.<name>): was it saved without the interleaved pipeline schedule?");
+  for (int k = 0; k < num_chunks(); ++k) {
+    MapView view(parts[static_cast<size_t>(k)]);
+    check_plugin(api_->state_load(chunks_[k]->model, view.get(), strict ? 1 : 0), plugin_, "state_load");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

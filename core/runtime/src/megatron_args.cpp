@@ -132,8 +132,10 @@ const Rule kRules[] = {
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
     {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
      "1F1B schedule (docs/user-guide.md, pipeline parallelism)"},
-    {"--num-layers-per-virtual-pipeline-stage", 1, Kind::kRefuse, "",
-     "the interleaved schedule (virtual pipeline stages) is not in this release; 1F1B is"},
+    {"--num-layers-per-virtual-pipeline-stage", 1, Kind::kCustom, "distributed.virtual_pipeline_model_parallel_size",
+     "the interleaved schedule: num_layers / pipeline size / this chunks per rank"},
+    {"--virtual-pipeline-model-parallel-size", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
+     "the interleaved schedule"},
     {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: refused (this build has no NCCL backend for training; docs/cuda.md)"},
@@ -349,6 +351,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
   bool rope = false, rms_norm = false, swiglu = false;
   bool group_query_attention = false, fp16 = false, bf16 = false;
+  std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
@@ -406,6 +409,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     if (f == "--swiglu") swiglu = true;
     if (f == "--group-query-attention") group_query_attention = true;
     if (f == "--num-query-groups") query_groups = values[0], query_groups_shown = shown;
+    if (f == "--num-layers") num_layers = values[0];
+    if (f == "--pipeline-model-parallel-size") pipeline_size = values[0];
+    if (f == "--num-layers-per-virtual-pipeline-stage") per_virtual_stage = values[0], per_virtual_shown = shown;
     if (f == "--fp16") fp16 = true;
     if (f == "--bf16") bf16 = true;
     if (f == "--disable-bias-linear" || f == "--group-query-attention" ||
@@ -421,6 +427,26 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   else if (!query_groups.empty())
     m.ignored.push_back(query_groups_shown + " (Megatron reads it only with --group-query-attention: multi-head "
                                              "attention as written)");
+  // Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
+  if (!per_virtual_shown.empty()) {
+    auto positive = [](const std::string& v) {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      return v.empty() || *end || n <= 0 ? 0L : n;
+    };
+    const long layers = positive(num_layers), stages = positive(pipeline_size), per = positive(per_virtual_stage);
+    if (per == 0)
+      m.refused.push_back(per_virtual_shown + ": not a positive number of layers");
+    else if (layers == 0)
+      m.refused.push_back(per_virtual_shown + ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
+    else if (stages < 2)
+      m.refused.push_back(per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
+    else if (layers % stages != 0 || (layers / stages) % per != 0)
+      m.refused.push_back(per_virtual_shown + ": --num-layers " + num_layers + " does not split into " + pipeline_size +
+                          " pipeline stages of chunks of " + per_virtual_stage + " layers");
+    else if (layers / stages / per > 1)
+      m.sets.push_back("distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per));
+  }
   if (fp16 && bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   choose_model(m, rope, rms_norm, swiglu, llama_only, gpt_only);
   // Megatron's validate_args, said here with the other flags rather than later.

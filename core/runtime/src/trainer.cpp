@@ -228,6 +228,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   log.tp_size = topo_.tp_size;
   log.dp_size = topo_.dp_size;
   log.pp_size = topo_.pp_size;
+  log.virtual_stages = virtual_stages();
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg.logging().tensorboard_dir();
   log.metrics_jsonl = cfg.logging().metrics_jsonl();
@@ -322,7 +323,9 @@ Trainer::Slot Trainer::resolve(host::PluginHost& plugins, int32_t kind, const co
   return Slot{plugin, host::OptionValues(host::resolve_options(plugin, user))};
 }
 
-dtk_build_context Trainer::build_context(const Slot& slot) const {
+int Trainer::virtual_stages() const { return std::max(1, cfg_.distributed().virtual_pipeline_model_parallel_size()); }
+
+dtk_build_context Trainer::build_context(const Slot& slot, int chunk) const {
   dtk_build_context c{};
   c.struct_size = sizeof(c);
   c.options = slot.options.get();
@@ -330,9 +333,12 @@ dtk_build_context Trainer::build_context(const Slot& slot) const {
   c.params_dtype = dtype_code(cfg_.train().params_dtype());
   c.tp_rank = topo_.tp_rank, c.tp_size = topo_.tp_size;
   c.pp_rank = topo_.pp_rank, c.pp_size = topo_.pp_size;
+  // A chunk of the interleaved schedule is a stage of the virtual pipeline: its layers, whether it
+  // holds the embedding or the output layer, follow from its place there (Megatron's virtual rank).
+  if (chunk >= 0) c.pp_rank = chunk * topo_.pp_size + topo_.pp_rank, c.pp_size = virtual_stages() * topo_.pp_size;
   c.dp_rank = topo_.dp_rank, c.dp_size = topo_.dp_size;
-  c.pre_process = topo_.pp_rank == 0;
-  c.post_process = topo_.pp_rank == topo_.pp_size - 1;
+  c.pre_process = c.pp_rank == 0;
+  c.post_process = c.pp_rank == c.pp_size - 1;
   c.seq_length = plan_.seq_length();
   c.micro_batch_size = plan_.micro_batch_size();
   c.seed = cfg_.train().seed();
@@ -342,7 +348,14 @@ dtk_build_context Trainer::build_context(const Slot& slot) const {
 // Megatron's setup_model_and_optimizer: the model for this rank, the strategy wrapping it, the
 // optimizer over the strategy's parameters, and the forward step.
 void Trainer::setup_model_and_optimizer() {
-  model_ = std::make_unique<ModelInstance>(model_slot_.plugin, build_context(model_slot_));
+  if (const std::string refusal = interleaving_refusal(plan_.micro_batches_per_step()); !refusal.empty())
+    throw HostError(refusal);
+  for (int64_t i = 1; plan_.ramps_up() && i <= plan_.ramp_iterations() + 1; ++i)
+    if (const std::string refusal = interleaving_refusal(plan_.micro_batches_of(i)); !refusal.empty())
+      throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
+  std::vector<dtk_build_context> chunks;
+  for (int k = 0; k < virtual_stages(); ++k) chunks.push_back(build_context(model_slot_, virtual_stages() > 1 ? k : -1));
+  model_ = std::make_unique<ModelInstance>(model_slot_.plugin, chunks);
   // Counted before the strategy wraps the model (ZeRO-3 partitions its parameters).
   const dtk_model_info info = model_->info();
   stats_ = model_stats(model_->parameters(), info, topo_.tp_size, topo_.pp_rank, topo_.pp_size);
@@ -353,7 +366,8 @@ void Trainer::setup_model_and_optimizer() {
   if (schedule_.weight_decay_varies()) require_weight_decay_scale();
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
                                                    strategy_->optimizer_params(), groups);
-  step_ = std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_));
+  for (int k = 0; k < virtual_stages(); ++k)
+    steps_.push_back(std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_, virtual_stages() > 1 ? k : -1)));
   setup_tied_gradients();  // pipeline parallelism with tied embeddings
   LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
             << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
@@ -429,9 +443,15 @@ void Trainer::check_memory_estimate() {
   const double h = static_cast<double>(info.hidden_size), a = static_cast<double>(std::max<int64_t>(1, info.num_attention_heads));
   const double layers = static_cast<double>(info.num_layers) / topo_.pp_size;
   const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / topo_.tp_size * (dtype_bytes / 2.0);
-  // 1F1B: stage s holds the activations of up to pp_size - s micro-batches at once.
-  const double in_flight = static_cast<double>(
-      std::max<int64_t>(1, std::min<int64_t>(topo_.pp_size - topo_.pp_rank, plan_.micro_batches_per_step())));
+  // 1F1B: stage s holds the activations of up to pp_size - s micro-batches at once. Interleaved:
+  // its warm-up forwards plus one, each through one of its virtual_stages() chunks.
+  const int64_t num_micro = plan_.micro_batches_per_step(), v = virtual_stages();
+  int64_t chunk_forwards = std::min<int64_t>(topo_.pp_size - topo_.pp_rank, num_micro) * v;
+  if (v > 1)
+    chunk_forwards = num_micro == topo_.pp_size
+                         ? num_micro * v
+                         : std::min<int64_t>(num_micro * v, 2 * (topo_.pp_size - topo_.pp_rank - 1) + (v - 1) * topo_.pp_size + 1);
+  const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
   const double activations =
       in_flight * (info.recompute ? layers * s * b * h * dtype_bytes + per_layer : layers * per_layer);
   const double vocab = static_cast<double>(info.vocab_size) / topo_.tp_size;
@@ -672,10 +692,7 @@ void Trainer::check_loss(const at::Tensor& loss, const at::Tensor& stage_input) 
   agree(error, topo_, "checking the loss of the first micro-batch");
 }
 
-at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
-                                       std::vector<std::pair<std::string, double>>* metrics,
-                                       const std::function<void()>& before_forward) {
-  int64_t forward_start = trace::now_ns();
+TensorList Trainer::next_batch(int64_t iteration) {
   TensorList batch;
   {
     auto t = timers_.scope(Phase::kBatchGenerator);
@@ -683,6 +700,16 @@ at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
   }
   if (cfg_.train().check_every_batch() || iteration <= resumed_iteration_ + kCheckedIterations)
     check_batch(batch, iteration);
+  return batch;
+}
+
+at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
+                                       std::vector<std::pair<std::string, double>>* metrics,
+                                       const std::function<void()>& before_forward, const TensorList* fetched) {
+  int64_t forward_start = trace::now_ns();
+  TensorList own;
+  if (!fetched) own = next_batch(iteration);
+  const TensorList& batch = fetched ? *fetched : own;
   if (before_forward) {
     before_forward();
     forward_start = trace::now_ns();  // the timeline shows the wait in it on its own
@@ -691,9 +718,12 @@ at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
   {
     auto t = timers_.scope(Phase::kForwardCompute);
     model_->reset_forward_watch();
-    out = step_->forward_step(*model_, batch, metrics);
+    out = step().forward_step(*model_, batch, metrics);
   }
-  if (trace::active()) trace::span(("forward " + std::to_string(m)).c_str(), "step", forward_start, trace::now_ns());
+  if (trace::active()) {
+    const std::string chunk = model_->num_chunks() > 1 ? " chunk " + std::to_string(model_->selected_chunk()) : "";
+    trace::span(("forward " + std::to_string(m) + chunk).c_str(), "step", forward_start, trace::now_ns());
+  }
   return out;
 }
 
@@ -705,8 +735,8 @@ void Trainer::check_forward_output(const at::Tensor& out, const at::Tensor& stag
 }
 
 void Trainer::backward_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
-                                   const at::Tensor& out_grad) {
-  strategy_->before_backward(m, num_micro);
+                                   const at::Tensor& out_grad, int64_t pass, int64_t passes) {
+  strategy_->before_backward(pass < 0 ? m : pass, passes < 0 ? num_micro : passes);
   const int64_t backward_start = trace::now_ns();
   auto t = timers_.scope(Phase::kBackwardCompute);
   try {
@@ -731,7 +761,10 @@ void Trainer::backward_micro_batch(int64_t iteration, int64_t m, int64_t num_mic
     throw HostError("backward of the loss of step plugin '" + step_slot_.plugin.name() + "' through model plugin '" +
                     model_slot_.plugin.name() + "'" + hooks + " failed: " + one_line(e.what()));
   }
-  if (trace::active()) trace::span(("backward " + std::to_string(m)).c_str(), "step", backward_start, trace::now_ns());
+  if (trace::active()) {
+    const std::string chunk = model_->num_chunks() > 1 ? " chunk " + std::to_string(model_->selected_chunk()) : "";
+    trace::span(("backward " + std::to_string(m) + chunk).c_str(), "step", backward_start, trace::now_ns());
+  }
 }
 
 // One iteration, Megatron's train_step: every micro-batch's forward step and backward, then the
@@ -746,7 +779,9 @@ IterationResult Trainer::train_step(int64_t iteration) {
   const int64_t num_micro = plan_.micro_batches_of(iteration);  // changes during a batch-size ramp-up
   const double scale = scaler_.scale();  // this iteration's loss scale
   std::optional<Timers::Scope> forward_backward(std::in_place, timers_, Phase::kForwardBackward);
-  if (topo_.pp_size > 1) {
+  if (virtual_stages() > 1) {
+    interleaved_forward_backward(iteration, num_micro, scale, r);
+  } else if (topo_.pp_size > 1) {
     pipeline_forward_backward(iteration, num_micro, scale, r);
   } else {
     for (int64_t m = 0; m < num_micro; ++m) {
@@ -959,12 +994,14 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
   MetricAverager metrics;
   {
     at::NoGradGuard no_grad;
-    if (topo_.pp_size > 1) {
+    if (virtual_stages() > 1) {
+      interleaved_evaluate(loader, num_batches, metrics);
+    } else if (topo_.pp_size > 1) {
       pipeline_evaluate(loader, num_batches, metrics);
     } else {
       for (int64_t k = 0; k < num_batches; ++k) {
         std::vector<std::pair<std::string, double>> m;
-        step_->forward_step(*model_, loader.next(), &m);
+        step().forward_step(*model_, loader.next(), &m);
         metrics.add(m);
       }
     }

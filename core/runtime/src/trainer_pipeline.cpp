@@ -21,6 +21,8 @@
 #include <deque>
 #include <exception>
 #include <limits>
+#include <list>
+#include <map>
 
 #include "dtk/core/comm.hpp"
 #include "dtk/core/trace.hpp"
@@ -73,17 +75,27 @@ class PendingSends {
     for (auto& [index, work] : sends_) (void)work.release();
   }
   void add(int64_t index, Work w) { sends_.emplace_back(index, std::move(w)); }
-  // Waits every send of a micro-batch index <= `index` (done: their receiver has moved on).
+  // Waits every send of an index <= `index`, in the order added (done: their receiver has moved on).
   void wait_through(int64_t index) {
     while (!sends_.empty() && sends_.front().first <= index) {
       sends_.front().second.wait();
       sends_.pop_front();
     }
   }
+  // Waits the send of index `index`, wherever it is (the interleaved schedule learns them done out
+  // of order).
+  void wait_for(int64_t index) {
+    for (auto it = sends_.begin(); it != sends_.end(); ++it)
+      if (it->first == index) {
+        it->second.wait();
+        sends_.erase(it);
+        return;
+      }
+  }
   void wait_all() { wait_through(std::numeric_limits<int64_t>::max()); }
 
  private:
-  std::deque<std::pair<int64_t, Work>> sends_;
+  std::list<std::pair<int64_t, Work>> sends_;
 };
 
 }  // namespace
@@ -189,7 +201,7 @@ void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, Metric
     {
       StageInput staged(*model_);
       staged.set(input);
-      out = step_->forward_step(*model_, loader.next(), &m);
+      out = step().forward_step(*model_, loader.next(), &m);
     }
     if (stage < stages - 1) {
       check_stage_output(out);
@@ -199,6 +211,182 @@ void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, Metric
     metrics.add(m);
   }
   sends.wait_all();
+  metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The interleaved schedule (Megatron's forward_backward_pipelining_with_interleaving; Narayanan
+// et al. 2021). Each rank holds v model chunks: chunk c of rank r is virtual stage c x p + r of a
+// v x p stage pipeline, so activations go round the ranks v times (the last rank's chunk c feeds
+// the first rank's chunk c + 1). The m x v chunk-forwards run in the order
+//   position k: chunk (k mod p v) / p, micro-batch (k / p v) x p + k mod p
+// (p micro-batches through chunk 0, the same p through chunk 1, ... then the next p), backwards
+// in the same order with the chunks reversed. Warm-up: 2 (p - r - 1) + (v - 1) p forwards (all
+// of them when m == p), then steady one forward and one backward, then the cool-down backwards.
+// The bubble shrinks v times: (p - 1) / v / (m + (p - 1) / v) of an iteration.
+//
+// Communication: with p == 2 the next and the previous rank are the same one, so activations and
+// gradients travel with their own tags; every rank sends and receives each kind in the schedule's
+// order. The micro-batches of the iteration are fetched and checked first: the checks wait for
+// every rank, and inside the schedule the ranks are at different micro-batches.
+namespace {
+constexpr int32_t kActivationTag = 0, kGradientTag = 1;
+
+// Where a position of the schedule is (Megatron's get_model_chunk_id and its micro-batch).
+struct InterleavedOrder {
+  int64_t p, v;
+  int chunk(int64_t k, bool forward) const {
+    const auto c = static_cast<int>((k % (p * v)) / p);
+    return forward ? c : static_cast<int>(v) - 1 - c;
+  }
+  int64_t micro_batch(int64_t k) const { return (k / (p * v)) * p + k % p; }
+  // Forwards before the first backward on pipeline rank `rank` (Megatron's num_warmup_microbatches).
+  int64_t warmup(int64_t rank, int64_t num_micro) const {
+    if (num_micro == p) return num_micro * v;
+    return std::min(num_micro * v, 2 * (p - rank - 1) + (v - 1) * p);
+  }
+};
+}  // namespace
+
+std::string Trainer::interleaving_refusal(int64_t num_micro) const {
+  if (virtual_stages() <= 1 || num_micro % topo_.pp_size == 0) return "";
+  return "config: the interleaved pipeline schedule (distributed.virtual_pipeline_model_parallel_size " +
+         std::to_string(virtual_stages()) + ") needs the micro-batches per step (" + std::to_string(num_micro) +
+         ": train.global_batch_size / (train.micro_batch_size x data-parallel size)) to be a multiple of "
+         "distributed.pipeline_model_parallel_size " + std::to_string(topo_.pp_size);
+}
+
+void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r) {
+  if (const std::string refusal = interleaving_refusal(num_micro); !refusal.empty()) throw HostError(refusal);
+  const int rank = topo_.pp_rank, stages = topo_.pp_size, chunks = model_->num_chunks();
+  const InterleavedOrder order{stages, chunks};
+  const int prev = (rank + stages - 1) % stages, next = (rank + 1) % stages;
+  auto first_stage = [&](int c) { return rank == 0 && c == 0; };                   // the embedding's chunk
+  auto last_stage = [&](int c) { return rank == stages - 1 && c == chunks - 1; };  // the loss's
+  const std::vector<int64_t> shape = stage_activation_shape();
+  const auto options = at::TensorOptions().dtype(stage_dtype());
+  auto receive = [&](int32_t peer, int32_t tag, Phase phase, const char* what) {
+    auto timer = timers_.scope(phase);
+    at::Tensor t = at::empty(shape, options);
+    const int64_t start = trace::now_ns();
+    recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer, tag).wait();
+    if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
+    return t;
+  };
+
+  std::vector<TensorList> batches;
+  for (int64_t j = 0; j < num_micro; ++j) batches.push_back(next_batch(iteration));
+
+  // An activation send is done once its gradient came back (waited by key c x m + j). A gradient
+  // send of backward position b reached the previous rank once that rank sent the activations of
+  // a forward it runs after its backward b (plus one round of p when either end wraps around).
+  PendingSends activation_sends, gradient_sends;
+  const int64_t total = num_micro * chunks, warmup = order.warmup(rank, num_micro);
+  const int64_t previous_warmup = order.warmup(prev, num_micro);
+  struct Pending {
+    at::Tensor input, output;
+  };
+  std::vector<std::deque<Pending>> pending(static_cast<size_t>(chunks));
+
+  auto forward = [&](int64_t k) {
+    const int c = order.chunk(k, true);
+    const int64_t j = order.micro_batch(k);
+    model_->select_chunk(c);
+    at::Tensor input, output;
+    std::vector<std::pair<std::string, double>> metrics;
+    {
+      StageInput staged(*model_);
+      output = forward_micro_batch(
+          iteration, j, &metrics,
+          [&] {
+            if (first_stage(c)) return;
+            input = receive(prev, kActivationTag, Phase::kForwardRecv, "receive activations").requires_grad_(true);
+            gradient_sends.wait_through(k - previous_warmup - 1 - 2 * stages);
+            staged.set(input);
+          },
+          &batches[static_cast<size_t>(j)]);
+    }
+    if (last_stage(c)) {
+      check_forward_output(output, input);
+      r.metrics.add(metrics);
+    } else {
+      check_stage_output(output);  // sent before the graph check, which waits for every rank
+      activation_sends.add(c * num_micro + j, send(output.detach(), DTK_GROUP_PIPELINE_PARALLEL, next, kActivationTag));
+      check_loss(output, input);
+    }
+    pending[static_cast<size_t>(c)].push_back({input, output});
+  };
+  auto backward = [&](int64_t k) {
+    const int c = order.chunk(k, false);
+    const int64_t j = order.micro_batch(k);
+    model_->select_chunk(c);
+    at::Tensor grad;
+    if (!last_stage(c)) {
+      grad = receive(next, kGradientTag, Phase::kBackwardRecv, "receive gradients");
+      activation_sends.wait_for(c * num_micro + j);
+    }
+    Pending p = std::move(pending[static_cast<size_t>(c)].front());
+    pending[static_cast<size_t>(c)].pop_front();
+    backward_micro_batch(iteration, j, num_micro, scale, p.output, grad, k, total);
+    if (!first_stage(c)) {
+      at::Tensor g = p.input.grad();
+      if (!g.defined()) g = at::zeros(shape, options);  // the chunk's output did not depend on it
+      gradient_sends.add(k, send(g, DTK_GROUP_PIPELINE_PARALLEL, prev, kGradientTag));
+    }
+  };
+
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    forward(k + warmup);
+    backward(k);
+  }
+  for (int64_t k = total - warmup; k < total; ++k) backward(k);
+  activation_sends.wait_all();
+  gradient_sends.wait_all();
+  model_->select_chunk(0);
+  r.pipeline_parallel_comm = comm_timing(DTK_GROUP_PIPELINE_PARALLEL);
+  r.metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
+}
+
+// Forward only, in the schedule's order over all the evaluation's micro-batches (their count is a
+// multiple of p: eval_iters steps of the training's micro-batches). A send is waited before the
+// next one: in a forward-only order its receiver depends on nothing this rank does later.
+void Trainer::interleaved_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics) {
+  const int rank = topo_.pp_rank, stages = topo_.pp_size, chunks = model_->num_chunks();
+  const InterleavedOrder order{stages, chunks};
+  const int prev = (rank + stages - 1) % stages, next = (rank + 1) % stages;
+  const std::vector<int64_t> shape = stage_activation_shape();
+  const auto options = at::TensorOptions().dtype(stage_dtype());
+  std::map<int64_t, TensorList> batches;  // the micro-batches of the current round of p
+  PendingSends sends;
+  for (int64_t k = 0; k < num_batches * chunks; ++k) {
+    const int c = order.chunk(k, true);
+    const int64_t j = order.micro_batch(k);
+    if (c == 0) batches[j] = loader.next();
+    model_->select_chunk(c);
+    at::Tensor input;
+    if (rank > 0 || c > 0) {
+      input = at::empty(shape, options);
+      recv(input, DTK_GROUP_PIPELINE_PARALLEL, prev, kActivationTag).wait();
+    }
+    std::vector<std::pair<std::string, double>> m;
+    at::Tensor out;
+    {
+      StageInput staged(*model_);
+      staged.set(input);
+      out = step().forward_step(*model_, batches.at(j), &m);
+    }
+    if (rank == stages - 1 && c == chunks - 1) {
+      metrics.add(m);
+    } else {
+      check_stage_output(out);
+      sends.wait_all();
+      sends.add(k, send(out, DTK_GROUP_PIPELINE_PARALLEL, next, kActivationTag));
+    }
+    if (c == chunks - 1) batches.erase(j);
+  }
+  sends.wait_all();
+  model_->select_chunk(0);
   metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
 }
 

@@ -264,11 +264,13 @@ void TrainingLog::print_window(const IterationResult& last) {
     line += buf;
   }
   // Pipeline stages: how long this rank's stage waited for activations and gradients (its share
-  // of the bubble, and the transfers), next to 1F1B's bubble in theory, (p - 1) / (m + p - 1).
+  // of the bubble, and the transfers), next to the bubble in theory: (p - 1) / (m + p - 1) for 1F1B,
+  // v times smaller in ideal time with v chunks per rank, (p - 1) / v / (m + (p - 1) / v).
   if (setup_.pp_size > 1) {
     const double p = setup_.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
+    const double idle = (p - 1) / std::max(1, setup_.virtual_stages);
     std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |", pp_comm_sum_.exposed_ms / n_it,
-                  100.0 * (p - 1) / (m + p - 1));
+                  100.0 * idle / (m + idle));
     line += buf;
   }
   std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,

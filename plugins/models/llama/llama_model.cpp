@@ -352,7 +352,9 @@ class LlamaModel : public Model {
     divisible("num_attention_heads", c_.heads, "num_query_groups", c_.groups);
     divisible("num_query_groups", c_.groups, "the tensor-parallel size", tp_.size);
     divisible("ffn_hidden_size", c_.ffn, "the tensor-parallel size", tp_.size);
-    divisible("num_layers", c_.num_layers, "the pipeline size", std::max(1, ctx.pp_size));
+    // Pipeline stages: pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size
+    // with the interleaved schedule.
+    divisible("num_layers", c_.num_layers, "the pipeline stages", std::max(1, ctx.pp_size));
     if (!(c_.rotary_percent > 0.0 && c_.rotary_percent <= 1.0))
       throw Error("llama: option 'rotary_percent' must be in (0, 1], got " + std::to_string(c_.rotary_percent));
     if (c_.rotary_dim() % 2 != 0)

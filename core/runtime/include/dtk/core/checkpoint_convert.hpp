@@ -39,7 +39,7 @@ using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, 
 
 struct ConvertReport {
   int64_t iteration = 0;
-  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1;
+  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1, old_v = 1, new_v = 1;
   int64_t model_tensors = 0, state_tensors = 0;
   int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
   double megabytes = 0;
@@ -64,8 +64,13 @@ at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>
 // s x layers / stages + i) and cut again for the new stages; the last stage's copy of a tied
 // weight (dtk_param_info.shared on the first and the last stage) is the first stage's weight,
 // with its optimizer state. The layers must split evenly into the old and the new stages.
+//
+// The interleaved schedule's checkpoints (virtual_pipeline_model_parallel_size v > 1) hold v
+// chunks per pipeline rank under "model<k>." names; chunk k of rank r is stage k x pp + r of a
+// pp x v stage pipeline, and is converted as that stage. `new_v` 0 keeps the checkpoint's v when
+// the pipeline size stays, else 1.
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
-                                 const std::function<std::string(int tp, int pp)>& config_text,
+                                 int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
                                  const ModelAtLayout& build);
 
 }  // namespace dtk::core

@@ -24,22 +24,36 @@ class ModelInstance {
   // Creates the model, then moves it (the model's `to`) if a parameter is not on the context's
   // device or a floating-point one not of its params_dtype.
   ModelInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
+  // Several model chunks of one plugin, each created from its context (the interleaved pipeline
+  // schedule: chunk k of pipeline rank r is virtual stage k x pp_size + r, built as that stage of
+  // a virtual_size x pp_size stage pipeline). With more than one, every name the host and the
+  // strategy see (parameters, buffers, state) reads "model<k>.<the chunk's own name>", after
+  // Megatron's model0, model1 ... checkpoint keys; forwards go to the selected chunk.
+  ModelInstance(const host::Plugin& plugin, const std::vector<dtk_build_context>& chunks);
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  // The chunk ref()'s forward, the forward watch and set_pipeline_input act on (0 at start).
+  void select_chunk(int k);
+  int selected_chunk() const { return selected_; }
+  // "model<k>." with several chunks, "" with one.
+  std::string chunk_prefix(int k) const;
+  // Chunk k's own reference (blaming; k < 0: the selected chunk).
+  const dtk_model_ref* chunk_ref(int k = -1) const;
   ~ModelInstance();
   ModelInstance(const ModelInstance&) = delete;
   ModelInstance& operator=(const ModelInstance&) = delete;
   // The reference other plugins (steps, strategies) call the model through. It forwards every
   // call to the plugin and prefixes an error with "model plugin '<name>': <call>: ", so a failure
   // inside the model is blamed on the model and not only on the step that called it.
-  const dtk_model_ref* ref() const { return &blaming_ref_; }
+  const dtk_model_ref* ref() const { return chunks_.size() > 1 ? &composite_ref_ : &chunks_[0]->blaming_ref; }
   // Whether a forward through ref() since reset_forward_watch() returned a floating-point output
   // that requires grad, or had none (false: every such output was detached from the parameters).
   // True when no forward ran.
-  void reset_forward_watch() { blaming_.outputs_attached = false, blaming_.forwards = 0; }
-  bool outputs_attached() const { return blaming_.forwards == 0 || blaming_.outputs_attached; }
+  void reset_forward_watch() { selected().outputs_attached = false, selected().forwards = 0; }
+  bool outputs_attached() const { return selected().forwards == 0 || selected().outputs_attached; }
   // Pipeline parallelism (Megatron's set_input_tensor): a forward through ref() receives `t` as its
   // "hidden_states" input, the previous stage's output, whatever the step passed; undefined
   // (the default) passes the step's inputs unchanged.
-  void set_pipeline_input(const at::Tensor& t) { blaming_.pipeline_input = t; }
+  void set_pipeline_input(const at::Tensor& t) { selected().pipeline_input = t; }
   // The context behind ref(): what its forwarding table needs to reach the real model.
   struct Blaming {
     const dtk_model_api* api = nullptr;
@@ -62,13 +76,38 @@ class ModelInstance {
   void set_module_hooks(const dtk_module_hooks* hooks);
   const host::Plugin& plugin() const { return plugin_; }
 
+  // One plugin model: the host calls it through the plugin's own table, other plugins through
+  // the blaming one.
+  struct Chunk {
+    Chunk(const dtk_model_api* api, dtk_model* m) : model(m), api(api) {}
+    ~Chunk() { api->destroy(model); }
+    Chunk(const Chunk&) = delete;
+    Chunk& operator=(const Chunk&) = delete;
+    dtk_model* model;
+    const dtk_model_api* api;
+    Blaming blaming;
+    dtk_model_ref blaming_ref{};
+    // With several chunks, module indices run on over the chunks: this chunk's first module's,
+    // and the hooks installed on it (the caller's, shifted by the offset).
+    int32_t module_offset = 0;
+    const dtk_module_hooks* outer_hooks = nullptr;
+    dtk_module_hooks shifted_hooks{};
+  };
+  // For the composite table (components.cpp): chunk k's module index offset and hook storage.
+  Chunk& chunk(int k) const { return *chunks_[static_cast<size_t>(k)]; }
+
  private:
+  void create_chunk(const dtk_build_context& ctx);
+  Blaming& selected() { return chunks_[selected_]->blaming; }
+  const Blaming& selected() const { return chunks_[selected_]->blaming; }
   const host::Plugin& plugin_;
   const dtk_model_api* api_;
-  dtk_model_ref ref_{};  // the plugin's own table and model (the host's calls)
-  Blaming blaming_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;  // stable addresses: the refs point into them
+  int selected_ = 0;
   dtk_model_api blaming_api_{};
-  dtk_model_ref blaming_ref_{};
+  // Several chunks: one table over all of them (composite_api), what strategies and steps get.
+  dtk_model_api composite_api_{};
+  dtk_model_ref composite_ref_{};
 };
 
 class StepInstance {

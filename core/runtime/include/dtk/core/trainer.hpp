@@ -57,7 +57,11 @@ class Trainer {
     host::OptionValues options;
   };
   Slot resolve(host::PluginHost& plugins, int32_t kind, const config::PluginChoice& choice) const;
-  dtk_build_context build_context(const Slot& slot) const;
+  // The context a plugin is created with. `chunk` >= 0: model chunk `chunk` of the interleaved
+  // schedule, built as virtual stage chunk x pp_size + pp_rank of virtual_stages() x pp_size.
+  dtk_build_context build_context(const Slot& slot, int chunk = -1) const;
+  // Model chunks per pipeline rank (distributed.virtual_pipeline_model_parallel_size; 1 = 1F1B).
+  int virtual_stages() const;
 
   void setup_model_and_optimizer();
   void load_checkpoint();
@@ -68,22 +72,33 @@ class Trainer {
   // plugin's forward. Returns the loss, or (a pipeline stage before the last) the stage's output.
   // `before_forward` runs between the two (a pipeline stage receives its input there: after the
   // batch check, which waits for every rank).
+  // `batch`: the micro-batch, when the caller fetched it (next_batch) beforehand.
   at::Tensor forward_micro_batch(int64_t iteration, int64_t m, std::vector<std::pair<std::string, double>>* metrics,
-                                 const std::function<void()>& before_forward = {});
+                                 const std::function<void()>& before_forward = {}, const TensorList* batch = nullptr);
+  // The next training micro-batch, checked in the first iterations (check_batch: every rank decides together).
+  TensorList next_batch(int64_t iteration);
   // Checks forward_micro_batch's loss (a scalar) and, on the first micro-batch, its graph
   // (check_loss). `stage_input`: the input a pipeline stage received (a leaf the graph trains,
   // not a parameter).
   void check_forward_output(const at::Tensor& out, const at::Tensor& stage_input = at::Tensor());
   // Its backward: the loss scaled by 1 / num_micro and the loss scale, or (before the last stage)
   // the stage's output with the gradient the next stage sent.
+  // `pass` of `passes`: what the strategy's before_backward is told (the micro-batch and their
+  // count; with the interleaved schedule the backward passes, one per micro-batch and model chunk).
   void backward_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
-                            const at::Tensor& out_grad);
+                            const at::Tensor& out_grad, int64_t pass = -1, int64_t passes = -1);
   // Pipeline parallelism (trainer_pipeline.cpp): Megatron's 1F1B schedule of one iteration's
   // micro-batches on this stage; the forward-only schedule of evaluation; the last stage's
   // metrics shared with the other stages; tied embedding gradients summed over the first and
   // last stage.
   void pipeline_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r);
   void pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics);
+  // The interleaved schedule (virtual_stages() > 1): Megatron's
+  // forward_backward_pipelining_with_interleaving, and its forward-only order for evaluation.
+  void interleaved_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r);
+  void interleaved_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics);
+  // Micro-batches per step that the interleaved schedule cannot run ("" if it can, or if it is off).
+  std::string interleaving_refusal(int64_t num_micro) const;
   std::vector<int64_t> stage_activation_shape() const;
   at::ScalarType stage_dtype() const;  // the parameters' dtype: what the stages send
   // What a stage before the last hands on must have the agreed shape and dtype (training and
@@ -122,7 +137,9 @@ class Trainer {
   std::unique_ptr<ModelInstance> model_;
   std::unique_ptr<StrategyInstance> strategy_;
   std::unique_ptr<OptimizerInstance> optimizer_;
-  std::unique_ptr<StepInstance> step_;
+  // One step per model chunk (a step knows from its context whether its chunk ends the model).
+  std::vector<std::unique_ptr<StepInstance>> steps_;
+  StepInstance& step() { return *steps_[static_cast<size_t>(model_->selected_chunk())]; }
   ModelStats stats_;
   std::unique_ptr<DatasetInstance> data_;
   std::unique_ptr<BatchLoader> train_loader_;

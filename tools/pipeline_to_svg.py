@@ -5,7 +5,9 @@ run (logging.trace_file writes trace.rank<R>.json per rank; ranks of one machine
     python3 tools/pipeline_to_svg.py picture.svg trace.rank0.json trace.rank1.json [...] [--iteration N]
 
 One row per stage (the files in stage order): forward k (blue) and backward k (green) spans of the
-training step, the waits for activations or gradients (red). Python 3 standard library only.
+training step, the waits for activations or gradients (red). With the interleaved schedule the
+spans name their model chunk ("forward 3 chunk 1"): chunk 0 is drawn dark, later chunks lighter,
+and labelled F3.1. Python 3 standard library only.
 """
 import argparse, html, json
 
@@ -43,11 +45,14 @@ for i, (steps, waits) in enumerate(rows):
         out.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{row_h - 6}" fill="#e66"/>')
     for s in steps:
         x, w = left + (s[0] - t0) * scale, max(1, (s[1] - s[0]) * scale)
-        colour = "#69c" if s[2].startswith("forward") else "#6b6"
+        words = s[2].split()  # "forward 3" or "forward 3 chunk 1"
+        chunk = int(words[3]) if len(words) >= 4 and words[2] == "chunk" else None
+        dark = chunk is None or chunk % 2 == 0
+        colour = ("#69c" if dark else "#9bd") if words[0] == "forward" else ("#6b6" if dark else "#9d9")
         out.append(f'<rect x="{x:.1f}" y="{y + 2}" width="{w:.1f}" height="{row_h - 6}" fill="{colour}" stroke="white"/>')
-        if w > 14:
-            out.append(f'<text x="{x + w / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="white">'
-                       f'{"F" if s[2].startswith("forward") else "B"}{s[2].split()[-1]}</text>')
+        label = ("F" if words[0] == "forward" else "B") + words[1] + ("" if chunk is None else f".{chunk}")
+        if w > 6 * len(label):
+            out.append(f'<text x="{x + w / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="white">{label}</text>')
 ms = (t1 - t0) / 1000
 out.append(f'<text x="{left}" y="{H - 10}">0 ms</text><text x="{W - 10}" y="{H - 10}" text-anchor="end">{ms:.0f} ms</text>')
 out.append(f'<text x="{left + 80}" y="{H - 10}"><tspan fill="#69c">F forward</tspan>  <tspan fill="#6b6">B backward</tspan>'

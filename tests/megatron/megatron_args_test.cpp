@@ -178,6 +178,34 @@ TEST(MegatronArgs, GroupedQueryAttentionAndPrecisionFollowMegatron) {
   EXPECT_EQ(m.refused[0], "--fp16 with --bf16: give one (Megatron asserts it)");
 }
 
+// Megatron's interleaved schedule: --num-layers-per-virtual-pipeline-stage X gives
+// num_layers / pipeline size / X model chunks per rank (its virtual_pipeline_model_parallel_size);
+// a split that does not work out is refused naming the flags.
+TEST(MegatronArgs, VirtualPipelineStagesBecomeModelChunks) {
+  MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--num-layers 8 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"distributed.pipeline_model_parallel_size", "2"},
+                               {"distributed.virtual_pipeline_model_parallel_size", "2"}});
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--num-layers 8 --pipeline-model-parallel-size 4 --virtual-pipeline-model-parallel-size 2"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"distributed.virtual_pipeline_model_parallel_size", "2"}});
+  for (const auto& [args, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--num-layers 8 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+            "--num-layers-per-virtual-pipeline-stage 3: --num-layers 8 does not split into 2 pipeline stages of "
+            "chunks of 3 layers"},
+           {"--num-layers 8 --num-layers-per-virtual-pipeline-stage 2",
+            "--num-layers-per-virtual-pipeline-stage 2: needs --pipeline-model-parallel-size 2 or more"},
+           {"--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2",
+            "--num-layers-per-virtual-pipeline-stage 2: needs --num-layers (the chunks per rank are num_layers / "
+            "pipeline size / this)"}}) {
+    m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    ASSERT_EQ(m.refused.size(), 1u) << args;
+    EXPECT_EQ(m.refused[0], why);
+  }
+}
+
 // Half a Llama is neither model; Llama-only flags on a GPT are named.
 TEST(MegatronArgs, MixedArchitectureFlagsAreRefused) {
   MegatronMapping m = dtk::core::map_megatron_args(

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Pipeline-parallel benchmark (docs/benchmarks.md, issue 17): the 1F1B schedule's bubble, measured
-# against the theory (p - 1) / (m + p - 1), for p = 2 (and 4 with --pp4) stages and m = 4, 8, 16
+# Pipeline-parallel benchmark (docs/benchmarks.md, issue 17): the bubble of the 1F1B schedule and
+# of the interleaved one with v = 2 model chunks per rank, measured against the theory
+# (p - 1) / v / (m + (p - 1) / v), for p = 2 (and 4 with --pp4) stages and m = 4, 8, 16
 # micro-batches per iteration, next to the same model on one process (the peer: no bubble).
 #
 # Measured: the time stage 0 (rank 0) waited for activations and gradients per iteration (the
 # log's "pipeline wait (ms)"), as a fraction of the iteration. 1F1B's stage 0 idles exactly the
 # bubble when every stage computes equally fast and transfers are free; loopback transfers add
-# a little, and sharing this machine's cores between stages adds more.
+# a little (the interleaved schedule sends v times as many messages), and sharing this machine's
+# cores between stages adds more.
 #
 #   tools/bench/pipeline.sh [--quick] [--pp4]
 # Needs a build (tools/build.sh). One thread per rank. --pp4 runs 4 stages too: with fewer cores
@@ -39,15 +41,20 @@ pct() { awk "BEGIN { printf \"%.1f%%\", 100 * ($1) }"; }
 # The median over the log windows after the first (start-up).
 field() { echo "$1" | grep -o "$2 [0-9.]*" | grep -o "[0-9.]*$" | tail -n +2 | median; }
 
-printf "%-8s %-4s %-22s %-14s %-18s %-16s %s\n" "stages" "m" "iteration (ms)" "one process" "stage 0 waits (ms)" "measured bubble" "theory"
+printf "%-8s %-8s %-4s %-16s %-14s %-18s %-16s %s\n" "stages" "chunks" "m" "iteration (ms)" "one process" \
+  "stage 0 waits (ms)" "measured bubble" "theory"
 for p in "${STAGES[@]}"; do
   for m in 4 8 16; do
     one=$($DTK $(model $m) 2>&1) || { echo "one process, m=$m: failed"; echo "$one" | tail -3; exit 1; }
-    out=$($DTK launch --nproc_per_node $p $(model $m) --set distributed.pipeline_model_parallel_size=$p 2>&1) ||
-      { echo "PP=$p, m=$m: failed"; echo "$out" | tail -3; exit 1; }
-    ms=$(field "$out" "elapsed time per iteration (ms):")
-    wait_ms=$(field "$out" "pipeline wait (ms):")
-    printf "%-8s %-4s %-22s %-14s %-18s %-16s %s\n" "$p" "$m" "$ms" "$(field "$one" "elapsed time per iteration (ms):")" \
-      "$wait_ms" "$(pct "$wait_ms / $ms")" "$(pct "($p - 1) / ($m + $p - 1)")"
+    for v in 1 2; do
+      out=$($DTK launch --nproc_per_node $p $(model $m) --set distributed.pipeline_model_parallel_size=$p \
+        --set distributed.virtual_pipeline_model_parallel_size=$v 2>&1) ||
+        { echo "PP=$p, v=$v, m=$m: failed"; echo "$out" | tail -3; exit 1; }
+      ms=$(field "$out" "elapsed time per iteration (ms):")
+      wait_ms=$(field "$out" "pipeline wait (ms):")
+      printf "%-8s %-8s %-4s %-16s %-14s %-18s %-16s %s\n" "$p" "$v" "$m" "$ms" \
+        "$(field "$one" "elapsed time per iteration (ms):")" "$wait_ms" "$(pct "$wait_ms / $ms")" \
+        "$(pct "($p - 1) / $v / ($m + ($p - 1) / $v)")"
+    done
   done
 done

@@ -36,7 +36,8 @@ class Step {
   // The host passes the previous stage's output to the model as its "hidden_states" input (the
   // step need not), and on a stage that is not the last (ctx.post_process false) the model
   // returns "hidden_states" instead of a loss: forward_step then returns that tensor as it is,
-  // and the host sends it on to the next stage (metrics come from the last stage only).
+  // and the host sends it on to the next stage (metrics come from the last stage only). With the
+  // interleaved schedule each model chunk has its own step, built with the chunk's context.
   virtual at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) = 0;
 };
 

@@ -375,6 +375,9 @@ TEST(PipelineInterleaved, BadLayoutsAreRefused) {
       {1, train("gpt-tiny.pbtxt", 2) + vpp(2),
        "distributed.virtual_pipeline_model_parallel_size 2 (the interleaved schedule) needs "
        "distributed.pipeline_model_parallel_size >= 2"},
+      {1, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(100000),
+       "distributed.virtual_pipeline_model_parallel_size must be between 1 and 4096 (0 or 1: no interleaving), got "
+       "100000"},
       {2, train("gpt-tiny.pbtxt", 8) + pp(2) + vpp(2),
        "needs the micro-batches per step (1: train.global_batch_size / (train.micro_batch_size x data-parallel size)) "
        "to be a multiple of distributed.pipeline_model_parallel_size 2"},

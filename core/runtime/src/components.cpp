@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -135,6 +136,7 @@ dtk_status* prefixed_param(void* ctx, const char* name, dtk_tensor* t, const dtk
   if (!info || info->module_index < 0 || p->module_offset == 0) return p->inner->visit(p->inner->ctx, full.c_str(), t, info);
   dtk_param_info shifted{};
   std::memcpy(&shifted, info, std::min(info->struct_size, sizeof shifted));
+  shifted.struct_size = std::min(info->struct_size, sizeof shifted);
   shifted.module_index += p->module_offset;
   return p->inner->visit(p->inner->ctx, full.c_str(), t, &shifted);
 }
@@ -148,6 +150,7 @@ dtk_status* prefixed_module(void* ctx, const dtk_module_info* m) {
   if (!m) return p->inner->visit(p->inner->ctx, m);
   dtk_module_info shifted{};
   std::memcpy(&shifted, m, std::min(m->struct_size, sizeof shifted));
+  shifted.struct_size = std::min(m->struct_size, sizeof shifted);
   const std::string name = p->prefix + (m->name ? m->name : "");
   std::vector<std::string> params;
   std::vector<const char*> pointers;
@@ -158,26 +161,24 @@ dtk_status* prefixed_module(void* ctx, const dtk_module_info* m) {
   shifted.param_names = pointers.data();
   return p->inner->visit(p->inner->ctx, &shifted);
 }
-// A chunk's hooks: the caller's, with the chunk's module indices shifted to the composite's.
-ModelInstance::Chunk* hooked_chunk(void* ctx) { return static_cast<ModelInstance::Chunk*>(ctx); }
-dtk_module_hooks shifted_hooks(ModelInstance::Chunk& c) {
-  return {dtk_module_hooks_STRUCT_SIZE, &c,
-          [](void* ctx, int32_t i) {
-            const ModelInstance::Chunk* c = hooked_chunk(ctx);
-            return c->outer_hooks->pre_forward(c->outer_hooks->ctx, i + c->module_offset);
-          },
-          [](void* ctx, int32_t i) {
-            const ModelInstance::Chunk* c = hooked_chunk(ctx);
-            return c->outer_hooks->post_forward(c->outer_hooks->ctx, i + c->module_offset);
-          },
-          [](void* ctx, int32_t i) {
-            const ModelInstance::Chunk* c = hooked_chunk(ctx);
-            return c->outer_hooks->pre_backward(c->outer_hooks->ctx, i + c->module_offset);
-          },
-          [](void* ctx, int32_t i) {
-            const ModelInstance::Chunk* c = hooked_chunk(ctx);
-            return c->outer_hooks->post_backward(c->outer_hooks->ctx, i + c->module_offset);
-          }};
+// A chunk's hooks: the caller's (copied), with the chunk's module indices shifted to the
+// composite's; an entry the caller left NULL is skipped, as the model would skip it.
+template <dtk_status* (*dtk_module_hooks::*Entry)(void*, int32_t)>
+dtk_status* shifted_hook(void* ctx, int32_t i) {
+  const auto* c = static_cast<const ModelInstance::Chunk*>(ctx);
+  const auto entry = c->outer_hooks.*Entry;
+  return entry ? entry(c->outer_hooks.ctx, i + c->module_offset) : nullptr;
+}
+// Installs `hooks` (null: none) on chunk `c` through `install`, shifted unless `shift` is false.
+dtk_status* install_hooks(ModelInstance::Chunk& c, const dtk_module_hooks* hooks, bool shift,
+                          const std::function<dtk_status*(const dtk_module_hooks*)>& install) {
+  if (!hooks || !shift) return install(hooks);
+  c.outer_hooks = dtk_module_hooks{};
+  std::memcpy(&c.outer_hooks, hooks, std::min(hooks->struct_size, sizeof c.outer_hooks));
+  c.shifted_hooks = {dtk_module_hooks_STRUCT_SIZE, &c, &shifted_hook<&dtk_module_hooks::pre_forward>,
+                     &shifted_hook<&dtk_module_hooks::post_forward>, &shifted_hook<&dtk_module_hooks::pre_backward>,
+                     &shifted_hook<&dtk_module_hooks::post_backward>};
+  return install(&c.shifted_hooks);
 }
 struct PrefixedSink {
   const dtk_tensor_sink* inner;
@@ -203,6 +204,23 @@ std::vector<TensorList> split_by_chunk(const ModelInstance& m, const TensorList&
   return out;
 }
 
+// Calls `call(k, chunk k's reference)` for every chunk in order, stopping at the first error.
+template <class F>
+dtk_status* each_chunk(dtk_model* m, F&& call) {
+  for (int k = 0; k < composite(m)->num_chunks(); ++k)
+    if (dtk_status* s = call(k, composite(m)->chunk_ref(k))) return s;
+  return nullptr;
+}
+// visit_parameters or visit_buffers of every chunk, names prefixed and module indices shifted.
+dtk_status* visit_prefixed(dtk_model* m, const dtk_param_visitor* v,
+                           dtk_status* (*const dtk_model_api::*visit)(dtk_model*, const dtk_param_visitor*)) {
+  return each_chunk(m, [&](int k, const dtk_model_ref* chunk) {
+    PrefixedParams p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
+    const dtk_param_visitor wrapped{dtk_param_visitor_STRUCT_SIZE, &p, &prefixed_param};
+    return (chunk->api->*visit)(chunk->model, &wrapped);
+  });
+}
+
 const dtk_model_api kCompositeApi = {
     dtk_model_api_STRUCT_SIZE,
     [](const dtk_build_context*, dtk_model**) -> dtk_status* {
@@ -213,46 +231,20 @@ const dtk_model_api kCompositeApi = {
       const dtk_model_ref* chunk = composite(m)->chunk_ref();
       return chunk->api->forward(chunk->model, args);
     },
-    [](dtk_model* m, const dtk_param_visitor* v) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
-        PrefixedParams p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
-        const dtk_param_visitor wrapped{dtk_param_visitor_STRUCT_SIZE, &p, &prefixed_param};
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->visit_parameters(chunk->model, &wrapped)) return s;
-      }
-      return nullptr;
+    [](dtk_model* m, const dtk_param_visitor* v) { return visit_prefixed(m, v, &dtk_model_api::visit_parameters); },
+    [](dtk_model* m, const dtk_param_visitor* v) { return visit_prefixed(m, v, &dtk_model_api::visit_buffers); },
+    [](dtk_model* m, int32_t training) {
+      return each_chunk(m, [&](int, const dtk_model_ref* c) { return c->api->set_training(c->model, training); });
     },
-    [](dtk_model* m, const dtk_param_visitor* v) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
-        PrefixedParams p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
-        const dtk_param_visitor wrapped{dtk_param_visitor_STRUCT_SIZE, &p, &prefixed_param};
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->visit_buffers(chunk->model, &wrapped)) return s;
-      }
-      return nullptr;
+    [](dtk_model* m, const dtk_model_to_args* args) {
+      return each_chunk(m, [&](int, const dtk_model_ref* c) { return c->api->to(c->model, args); });
     },
-    [](dtk_model* m, int32_t training) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->set_training(chunk->model, training)) return s;
-      }
-      return nullptr;
-    },
-    [](dtk_model* m, const dtk_model_to_args* args) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->to(chunk->model, args)) return s;
-      }
-      return nullptr;
-    },
-    [](dtk_model* m, const dtk_tensor_sink* out) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+    [](dtk_model* m, const dtk_tensor_sink* out) {
+      return each_chunk(m, [&](int k, const dtk_model_ref* c) {
         PrefixedSink p{out, composite(m)->chunk_prefix(k)};
         const dtk_tensor_sink wrapped{dtk_tensor_sink_STRUCT_SIZE, &p, &prefixed_put};
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->state_save(chunk->model, &wrapped)) return s;
-      }
-      return nullptr;
+        return c->api->state_save(c->model, &wrapped);
+      });
     },
     [](dtk_model* m, const dtk_tensor_map* state, int32_t strict) -> dtk_status* {
       return guard([&] {
@@ -267,24 +259,18 @@ const dtk_model_api kCompositeApi = {
       const dtk_model_ref* chunk = composite(m)->chunk_ref(0);
       return chunk->api->get_info(chunk->model, info);
     },
-    [](dtk_model* m, const dtk_module_visitor* v) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
+    [](dtk_model* m, const dtk_module_visitor* v) {
+      return each_chunk(m, [&](int k, const dtk_model_ref* c) {
         PrefixedModules p{v, composite(m)->chunk_prefix(k), composite(m)->chunk(k).module_offset};
         const dtk_module_visitor wrapped{dtk_module_visitor_STRUCT_SIZE, &p, &prefixed_module};
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->visit_modules(chunk->model, &wrapped)) return s;
-      }
-      return nullptr;
+        return c->api->visit_modules(c->model, &wrapped);
+      });
     },
-    [](dtk_model* m, const dtk_module_hooks* hooks) -> dtk_status* {
-      for (int k = 0; k < composite(m)->num_chunks(); ++k) {
-        ModelInstance::Chunk& c = composite(m)->chunk(k);
-        c.outer_hooks = hooks;
-        c.shifted_hooks = shifted_hooks(c);
-        const dtk_model_ref* chunk = composite(m)->chunk_ref(k);
-        if (dtk_status* s = chunk->api->set_module_hooks(chunk->model, hooks ? &c.shifted_hooks : nullptr)) return s;
-      }
-      return nullptr;
+    [](dtk_model* m, const dtk_module_hooks* hooks) {
+      return each_chunk(m, [&](int k, const dtk_model_ref* c) {
+        return install_hooks(composite(m)->chunk(k), hooks, true,
+                             [&](const dtk_module_hooks* h) { return c->api->set_module_hooks(c->model, h); });
+      });
     },
 };
 }  // namespace
@@ -403,12 +389,10 @@ std::vector<Module> ModelInstance::modules() const {
   return out;
 }
 void ModelInstance::set_module_hooks(const dtk_module_hooks* hooks) {
-  for (const auto& c : chunks_) {
-    c->outer_hooks = hooks;
-    c->shifted_hooks = shifted_hooks(*c);
-    const dtk_module_hooks* installed = hooks && chunks_.size() > 1 ? &c->shifted_hooks : hooks;
-    check_plugin(api_->set_module_hooks(c->model, installed), plugin_, "set_module_hooks");
-  }
+  for (const auto& c : chunks_)
+    check_plugin(install_hooks(*c, hooks, chunks_.size() > 1,
+                               [&](const dtk_module_hooks* h) { return api_->set_module_hooks(c->model, h); }),
+                 plugin_, "set_module_hooks");
 }
 TensorList ModelInstance::state_save() const {
   TensorList all;

@@ -457,18 +457,23 @@ void Trainer::check_memory_estimate() {
   const double vocab = static_cast<double>(info.vocab_size) / topo_.tp_size;
   const bool last_stage = topo_.pp_rank == topo_.pp_size - 1;  // the output layer's logits live there
   const double logits = last_stage ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;
-  const double batches = 5.0 * b * (s + 1) * 8.0;  // the loader's queue and the batch in use
+  // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
+  // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
+  const double batches = (v > 1 ? 4.0 + static_cast<double>(num_micro) : 5.0) * b * (s + 1) * 8.0;
+  const double gradients_in_flight =
+      v > 1 ? static_cast<double>(chunk_forwards + 2 * topo_.pp_size + 1) * s * b * h * dtype_bytes : 0.0;
   // What lives in host memory (offload) is outside a device budget (not outside the machine's).
   const bool device_budget = t.memory_limit_mb() > 0;
   const double optimizer =
       device_budget && strategy_->info().optimizer_on_host ? 0.0 : 8.0 * static_cast<double>(optimized);
   const double params = static_cast<double>(held.parameter_bytes + held.gradient_bytes + held.master_bytes -
                                             (device_budget ? held.host_bytes : 0));
-  const double total = params + optimizer + activations + logits + batches;
+  const double total = params + optimizer + activations + logits + batches + gradients_in_flight;
   if (total <= static_cast<double>(budget)) return;
   auto mb = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MB"; };
   throw HostError("config: this run needs about " + mb(total) + " per rank (parameters, gradients and masters " +
-                  mb(params) + ", optimizer state " + mb(optimizer) + ", activations " + mb(activations + logits) +
+                  mb(params) + ", optimizer state " + mb(optimizer) + ", activations " +
+                  mb(activations + logits + gradients_in_flight) +
                   ", batches " + mb(batches) + "), more than the " + mb(static_cast<double>(budget)) +
                   (t.memory_limit_mb() > 0 ? " of train.memory_limit_mb"
                                            : " this machine has for each of its " + std::to_string(local_ranks) +
@@ -670,7 +675,7 @@ void Trainer::check_loss(const at::Tensor& loss, const at::Tensor& stage_input) 
     else
       error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
               model + "): nothing would train";
-  } else if (!graph_checked_) {
+  } else if (!graph_checked_.count(model_->selected_chunk())) {
     std::vector<Param> listed = model_->parameters();
     if (stage_input.defined()) {  // a pipeline stage's input: its gradient goes to the previous stage
       Param in;
@@ -684,11 +689,11 @@ void Trainer::check_loss(const at::Tensor& loss, const at::Tensor& stage_input) 
   // The first micro-batch decides on every rank together (a rank that left would make the others
   // wait at their next collective); later ones throw at once (the others' next collective then
   // fails within the collective timeout).
-  if (graph_checked_) {
+  if (graph_checked_.count(model_->selected_chunk())) {
     if (!error.empty()) throw HostError(error);
     return;
   }
-  graph_checked_ = true;
+  graph_checked_.insert(model_->selected_chunk());
   agree(error, topo_, "checking the loss of the first micro-batch");
 }
 

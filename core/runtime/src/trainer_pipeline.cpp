@@ -232,6 +232,18 @@ void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, Metric
 namespace {
 constexpr int32_t kActivationTag = 0, kGradientTag = 1;
 
+// Chunk 0 selected again when a schedule ends, however it ends (what the rest of the Trainer uses).
+class FirstChunkAfter {
+ public:
+  explicit FirstChunkAfter(ModelInstance& model) : model_(model) {}
+  ~FirstChunkAfter() { model_.select_chunk(0); }
+  FirstChunkAfter(const FirstChunkAfter&) = delete;
+  FirstChunkAfter& operator=(const FirstChunkAfter&) = delete;
+
+ private:
+  ModelInstance& model_;
+};
+
 // Where a position of the schedule is (Megatron's get_model_chunk_id and its micro-batch).
 struct InterleavedOrder {
   int64_t p, v;
@@ -261,6 +273,7 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
   const int rank = topo_.pp_rank, stages = topo_.pp_size, chunks = model_->num_chunks();
   const InterleavedOrder order{stages, chunks};
   const int prev = (rank + stages - 1) % stages, next = (rank + 1) % stages;
+  const FirstChunkAfter reset(*model_);
   auto first_stage = [&](int c) { return rank == 0 && c == 0; };                   // the embedding's chunk
   auto last_stage = [&](int c) { return rank == stages - 1 && c == chunks - 1; };  // the loss's
   const std::vector<int64_t> shape = stage_activation_shape();
@@ -343,7 +356,6 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
   for (int64_t k = total - warmup; k < total; ++k) backward(k);
   activation_sends.wait_all();
   gradient_sends.wait_all();
-  model_->select_chunk(0);
   r.pipeline_parallel_comm = comm_timing(DTK_GROUP_PIPELINE_PARALLEL);
   r.metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
 }
@@ -355,6 +367,7 @@ void Trainer::interleaved_evaluate(BatchLoader& loader, int64_t num_batches, Met
   const int rank = topo_.pp_rank, stages = topo_.pp_size, chunks = model_->num_chunks();
   const InterleavedOrder order{stages, chunks};
   const int prev = (rank + stages - 1) % stages, next = (rank + 1) % stages;
+  const FirstChunkAfter reset(*model_);
   const std::vector<int64_t> shape = stage_activation_shape();
   const auto options = at::TensorOptions().dtype(stage_dtype());
   std::map<int64_t, TensorList> batches;  // the micro-batches of the current round of p
@@ -386,7 +399,6 @@ void Trainer::interleaved_evaluate(BatchLoader& loader, int64_t num_batches, Met
     if (c == chunks - 1) batches.erase(j);
   }
   sends.wait_all();
-  model_->select_chunk(0);
   metrics.broadcast(DTK_GROUP_PIPELINE_PARALLEL, stages - 1);
 }
 

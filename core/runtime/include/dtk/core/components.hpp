@@ -88,9 +88,10 @@ class ModelInstance {
     Blaming blaming;
     dtk_model_ref blaming_ref{};
     // With several chunks, module indices run on over the chunks: this chunk's first module's,
-    // and the hooks installed on it (the caller's, shifted by the offset).
+    // and the hooks installed on it (a copy of the caller's table, which abi.h lets the caller
+    // free after the call, and the table that shifts indices into it).
     int32_t module_offset = 0;
-    const dtk_module_hooks* outer_hooks = nullptr;
+    dtk_module_hooks outer_hooks{};
     dtk_module_hooks shifted_hooks{};
   };
   // For the composite table (components.cpp): chunk k's module index offset and hook storage.

@@ -131,7 +131,10 @@ class Trainer {
   // The loss of a micro-batch before its backward: attached to the graph (naming the plugin that
   // detached it) and, on this process's first step, training no tensor the model does not list.
   void check_loss(const at::Tensor& loss, const at::Tensor& stage_input);
-  bool graph_checked_ = false;
+  // The model chunks whose graph was checked (one chunk without the interleaved schedule): each
+  // chunk's first micro-batch. Every rank runs a chunk's first forward before any backward, in the
+  // same order, so their agreements line up.
+  std::set<int> graph_checked_;
   Slot model_slot_, data_slot_, step_slot_, optimizer_slot_, strategy_slot_;
 
   std::unique_ptr<ModelInstance> model_;

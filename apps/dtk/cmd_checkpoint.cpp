@@ -33,9 +33,10 @@ namespace {
 
 int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
+  const int asked = FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size +
+                    FLAGS_virtual_pipeline_model_parallel_size;
   if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 0 || FLAGS_pipeline_model_parallel_size < 0 ||
-      FLAGS_virtual_pipeline_model_parallel_size < 0 ||
-      FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size + FLAGS_virtual_pipeline_model_parallel_size == 0)
+      FLAGS_virtual_pipeline_model_parallel_size < 0 || asked == 0)
     throw HostError(
         "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
         "--virtual_pipeline_model_parallel_size V (N, P, V >= 1)");
@@ -72,13 +73,12 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
                   report.old_pp, report.new_tp, report.new_pp);
   else
     std::snprintf(layout, sizeof layout, "tensor-parallel size %d to %d", report.old_tp, report.new_tp);
-  const std::string resume = "--set checkpoint.load=" + args[2] + " --set distributed.tensor_model_parallel_size=" +
-                             std::to_string(report.new_tp) +
-                             (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp)
-                                     : std::string()) +
-                             (interleaved ? " --set distributed.virtual_pipeline_model_parallel_size=" +
-                                                std::to_string(report.new_v)
-                                          : std::string());
+  const std::string resume =
+      "--set checkpoint.load=" + args[2] +
+      " --set distributed.tensor_model_parallel_size=" + std::to_string(report.new_tp) +
+      (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp) : std::string()) +
+      (interleaved ? " --set distributed.virtual_pipeline_model_parallel_size=" + std::to_string(report.new_v)
+                   : std::string());
   std::printf("converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
               "optimizer/strategy tensors %s; resume with %s\n",
               static_cast<long long>(report.iteration), args[1].c_str(), layout, args[2].c_str(),

@@ -211,8 +211,7 @@ TEST(Pipeline, BadLayoutsAreRefused) {
       {3, train("gpt-tiny.pbtxt", 2) + pp(3), "num_layers 4 is not divisible by the pipeline stages 3"},
       {2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=2 ",
        "zero: stage 2 cannot run with pipeline parallelism"},
-      {4, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ",
-       "shards the tied weight"},
+      {4, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ", "shards the tied weight"},
   };
   for (const Case& c : cases) {
     const dtk_test::Result r =
@@ -268,10 +267,11 @@ TEST(PipelineInterleaved, WithTensorAndDataParallelismDominoAndZero) {
   expect_same_curve(one, curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy ddp ", "vpp-pp2dp2"), 20,
                     "PP2 x 2 chunks x DP2, ddp");
   const Curve llama = curve_of(1, train("llama-tiny.pbtxt", 2), "vpp-grid-llama");
-  expect_same_curve(llama,
-                    curve_of(4, train("llama-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy zero --set strategy.stage=1 ",
-                             "vpp-llama-pp2dp2-zero1"),
-                    20, "llama PP2 x 2 chunks x DP2, ZeRO stage 1");
+  expect_same_curve(
+      llama,
+      curve_of(4, train("llama-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy zero --set strategy.stage=1 ",
+               "vpp-llama-pp2dp2-zero1"),
+      20, "llama PP2 x 2 chunks x DP2, ZeRO stage 1");
 }
 
 // Saved with two chunks per rank ("model0." and "model1." names in each mp_rank_00_PPP), resumed
@@ -282,8 +282,9 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-ckpt");
   const std::string interleaved = train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2);
   const Curve whole = curve_of(2, interleaved, "vpp-resume-whole");
-  const Curve first = curve_of(
-      2, interleaved + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir, "vpp-first");
+  const Curve first =
+      curve_of(2, interleaved + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir,
+               "vpp-first");
   ASSERT_EQ(first.run.code, 0) << first.run.out;
   const Curve second = curve_of(2, interleaved + "--set checkpoint.load=" + dir, "vpp-second");
   auto expect_continues = [&](const Curve& c, const std::string& what, double tolerance) {
@@ -297,9 +298,10 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
   const dtk_test::Result plain = dtk_test::run_dtk(
       "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir, 120);
   EXPECT_NE(plain.code, 0);
-  EXPECT_NE(plain.out.find("model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has 1 "
-                           "(dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size 1 makes one for it)"),
-            std::string::npos)
+  EXPECT_NE(
+      plain.out.find("model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has 1 "
+                     "(dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size 1 makes one for it)"),
+      std::string::npos)
       << plain.out;
   const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir, 120);
   EXPECT_EQ(inspect.code, 0) << inspect.out;
@@ -313,11 +315,12 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
   EXPECT_NE(to_one.out.find("model chunks per rank 2 to 1, 1, 1"), std::string::npos) << to_one.out;
   expect_continues(curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-to-pp1"),
                    "converted to one stage", 1e-5);
-  const dtk_test::Result to_plain =
-      dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-1f1b --virtual_pipeline_model_parallel_size 1", 120);
+  const dtk_test::Result to_plain = dtk_test::run_dtk(
+      "checkpoint convert " + dir + " " + dir + "-1f1b --virtual_pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_plain.code, 0) << to_plain.out;
-  expect_continues(curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir + "-1f1b", "vpp-to-1f1b"),
-                   "converted to 1F1B", 1e-5);
+  expect_continues(
+      curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir + "-1f1b", "vpp-to-1f1b"),
+      "converted to 1F1B", 1e-5);
   // And back: one stage to four chunks on two ranks (8 layers would be needed for 4 x 2; 4 layers
   // split into 2 ranks x 2 chunks).
   const dtk_test::Result back = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
@@ -325,23 +328,24 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
                                                       "--virtual_pipeline_model_parallel_size 2",
                                                   120);
   ASSERT_EQ(back.code, 0) << back.out;
-  expect_continues(curve_of(2, interleaved + "--set checkpoint.load=" + dir + "-back", "vpp-back"), "converted back", 1e-5);
+  expect_continues(curve_of(2, interleaved + "--set checkpoint.load=" + dir + "-back", "vpp-back"), "converted back",
+                   1e-5);
 }
 
 TEST(PipelineInterleaved, ZeroShardsConsolidateOnConvert) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-zero-ckpt");
   const std::string zero = train("llama-tiny.pbtxt", 2) + "--strategy zero --set strategy.stage=1 ";
   const Curve whole = curve_of(1, train("llama-tiny.pbtxt", 2), "vpp-zero-whole");
-  const Curve first = curve_of(4,
-                               zero + pp(2) + vpp(2) +
-                                   "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir,
-                               "vpp-zero-first");
+  const Curve first = curve_of(
+      4, zero + pp(2) + vpp(2) + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir,
+      "vpp-zero-first");
   ASSERT_EQ(first.run.code, 0) << first.run.out;
   const dtk_test::Result to_one =
       dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_one.code, 0) << to_one.out;
   EXPECT_NE(to_one.out.find("consolidated"), std::string::npos) << to_one.out;
-  const Curve on_one = curve_of(1, train("llama-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-zero-one");
+  const Curve on_one =
+      curve_of(1, train("llama-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-zero-one");
   ASSERT_EQ(on_one.loss.size(), 10u) << on_one.run.out;
   for (int64_t it = 11; it <= 20; ++it) {
     EXPECT_NEAR(on_one.loss.at(it), whole.loss.at(it), 1e-5 * whole.loss.at(it)) << "iteration " << it;
@@ -353,16 +357,17 @@ TEST(PipelineInterleaved, ZeroShardsConsolidateOnConvert) {
 // 0.5 / 4.5 = 11% for p = 2, v = 2, m = 4; the timeline names each span's chunk.
 TEST(PipelineInterleaved, LogShowsTheSmallerBubbleAndTheTimelineTheChunks) {
   const std::string trace = dtk_test::fresh_dir(DTK_TEST_TMP, "vpp-trace") + "/trace.json";
-  const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) +
-                                                   vpp(2) + "--set train.train_iters=4 --set logging.trace_file=" +
-                                                   trace + " --set logging.trace_iterations=3-3",
-                                               120);
+  const dtk_test::Result r = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) +
+          "--set train.train_iters=4 --set logging.trace_file=" + trace + " --set logging.trace_iterations=3-3",
+      120);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(pipeline wait \(ms\): [0-9.]+ \(bubble in theory 11%\))")))
       << r.out;
   std::ifstream in(trace.substr(0, trace.size() - 5) + ".rank0.json");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const char* span : {"\"forward 3 chunk 1\"", "\"backward 0 chunk 0\"", "receive activations", "receive gradients"})
+  for (const char* span :
+       {"\"forward 3 chunk 1\"", "\"backward 0 chunk 0\"", "receive activations", "receive gradients"})
     EXPECT_NE(text.find(span), std::string::npos) << span;
 }
 

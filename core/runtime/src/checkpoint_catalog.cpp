@@ -411,9 +411,8 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
           << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
           << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
       out << "  layout: tensor-parallel " << tp_size;
-      const int64_t chunks = get("virtual_pipeline_model_parallel_size").isInt()
-                                 ? get("virtual_pipeline_model_parallel_size").toInt()
-                                 : 1;
+      const int64_t chunks =
+          get("virtual_pipeline_model_parallel_size").isInt() ? get("virtual_pipeline_model_parallel_size").toInt() : 1;
       if (pp_size > 1) out << ", pipeline-parallel " << pp_size;
       if (chunks > 1) out << " with " << chunks << " model chunks per rank (interleaved)";
       if (pp_size > 1) out << " (stage 0 shown)";

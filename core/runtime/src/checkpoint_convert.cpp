@@ -172,7 +172,9 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   if (new_v > 1 && new_pp < 2)
     throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(new_v) +
                     " (the interleaved schedule) needs --pipeline_model_parallel_size 2 or more");
-  report.old_tp = static_cast<int>(old_tp), report.old_pp = static_cast<int>(old_pp), report.old_v = static_cast<int>(old_v);
+  report.old_tp = static_cast<int>(old_tp);
+  report.old_pp = static_cast<int>(old_pp);
+  report.old_v = static_cast<int>(old_v);
   report.new_tp = new_tp, report.new_pp = new_pp, report.new_v = new_v;
   // Stages of the (virtual) pipeline: chunk k of pipeline rank r is stage k x pp + r of pp x v.
   const int64_t old_stages = old_pp * old_v, new_stages = int64_t{new_pp} * new_v;

@@ -133,7 +133,8 @@ struct PrefixedParams {
 dtk_status* prefixed_param(void* ctx, const char* name, dtk_tensor* t, const dtk_param_info* info) {
   auto* p = static_cast<PrefixedParams*>(ctx);
   const std::string full = p->prefix + (name ? name : "");
-  if (!info || info->module_index < 0 || p->module_offset == 0) return p->inner->visit(p->inner->ctx, full.c_str(), t, info);
+  if (!info || info->module_index < 0 || p->module_offset == 0)
+    return p->inner->visit(p->inner->ctx, full.c_str(), t, info);
   dtk_param_info shifted{};
   std::memcpy(&shifted, info, std::min(info->struct_size, sizeof shifted));
   shifted.struct_size = std::min(info->struct_size, sizeof shifted);
@@ -175,8 +176,11 @@ dtk_status* install_hooks(ModelInstance::Chunk& c, const dtk_module_hooks* hooks
   if (!hooks || !shift) return install(hooks);
   c.outer_hooks = dtk_module_hooks{};
   std::memcpy(&c.outer_hooks, hooks, std::min(hooks->struct_size, sizeof c.outer_hooks));
-  c.shifted_hooks = {dtk_module_hooks_STRUCT_SIZE, &c, &shifted_hook<&dtk_module_hooks::pre_forward>,
-                     &shifted_hook<&dtk_module_hooks::post_forward>, &shifted_hook<&dtk_module_hooks::pre_backward>,
+  c.shifted_hooks = {dtk_module_hooks_STRUCT_SIZE,
+                     &c,
+                     &shifted_hook<&dtk_module_hooks::pre_forward>,
+                     &shifted_hook<&dtk_module_hooks::post_forward>,
+                     &shifted_hook<&dtk_module_hooks::pre_backward>,
                      &shifted_hook<&dtk_module_hooks::post_backward>};
   return install(&c.shifted_hooks);
 }
@@ -191,13 +195,15 @@ dtk_status* prefixed_put(void* ctx, const char* name, dtk_tensor* t) {
 }
 
 // Splits "model<k>.<name>" entries by chunk (names without a chunk's prefix: none of them).
-std::vector<TensorList> split_by_chunk(const ModelInstance& m, const TensorList& state, std::vector<std::string>* stray) {
+std::vector<TensorList> split_by_chunk(const ModelInstance& m, const TensorList& state,
+                                       std::vector<std::string>* stray) {
   std::vector<TensorList> out(static_cast<size_t>(m.num_chunks()));
   for (const auto& [name, t] : state) {
     bool placed = false;
     for (int k = 0; k < m.num_chunks() && !placed; ++k) {
       const std::string prefix = m.chunk_prefix(k);
-      if (name.compare(0, prefix.size(), prefix) == 0) out[static_cast<size_t>(k)].emplace_back(name.substr(prefix.size()), t), placed = true;
+      if (name.compare(0, prefix.size(), prefix) == 0)
+        out[static_cast<size_t>(k)].emplace_back(name.substr(prefix.size()), t), placed = true;
     }
     if (!placed && stray) stray->push_back(name);
   }
@@ -412,8 +418,8 @@ void ModelInstance::state_load(const TensorList& state, bool strict) {
   std::vector<std::string> stray;
   const std::vector<TensorList> parts = split_by_chunk(*this, state, &stray);
   if (strict && !stray.empty())
-    throw HostError("model plugin '" + plugin_.name() + "': state_load: '" + stray[0] +
-                    "' belongs to none of the " + std::to_string(num_chunks()) +
+    throw HostError("model plugin '" + plugin_.name() + "': state_load: '" + stray[0] + "' belongs to none of the " +
+                    std::to_string(num_chunks()) +
                     " model chunks (model<k>.<name>): was it saved without the interleaved pipeline schedule?");
   for (int k = 0; k < num_chunks(); ++k) {
     MapView view(parts[static_cast<size_t>(k)]);

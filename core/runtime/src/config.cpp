@@ -482,8 +482,10 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: distributed.*_model_parallel_size must be at least 1");
   if (d.timeout_seconds() < 0) throw HostError("config: distributed.timeout_seconds must not be negative");
   if (d.virtual_pipeline_model_parallel_size() < 0 || d.virtual_pipeline_model_parallel_size() > 4096)
-    throw HostError("config: distributed.virtual_pipeline_model_parallel_size must be between 1 and 4096 (0 or 1: no "
-                    "interleaving), got " + std::to_string(d.virtual_pipeline_model_parallel_size()));
+    throw HostError(
+        "config: distributed.virtual_pipeline_model_parallel_size must be between 1 and 4096 (0 or 1: no "
+        "interleaving), got " +
+        std::to_string(d.virtual_pipeline_model_parallel_size()));
   if (d.virtual_pipeline_model_parallel_size() > 1 && d.pipeline_model_parallel_size() < 2)
     throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
                     std::to_string(d.virtual_pipeline_model_parallel_size()) +

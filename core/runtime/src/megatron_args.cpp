@@ -59,15 +59,19 @@ const Rule kRules[] = {
     {"--group-query-attention", 0, Kind::kCustom, "model.num_query_groups",
      "grouped-query attention (llama): --num-query-groups groups, Megatron's default 1 (multi-query)"},
     {"--num-query-groups", 1, Kind::kCustom, "model.num_query_groups",
-     "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head attention"},
+     "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head "
+     "attention"},
     {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
     {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
-    {"--attention-backend", 1, Kind::kIgnore, "", "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
-    {"--use-flash-attn", 0, Kind::kIgnore, "", "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
+    {"--attention-backend", 1, Kind::kIgnore, "",
+     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
+    {"--use-flash-attn", 0, Kind::kIgnore, "",
+     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations=full",
      "full: every layer recomputed in backward; selective: refused (not available)"},
     {"--recompute-method", 1, Kind::kCustom, "", "uniform: accepted (DTK checkpoints each layer); block: refused"},
-    {"--recompute-num-layers", 1, Kind::kCustom, "", "1: accepted; other counts refused (DTK checkpoints one layer at a time)"},
+    {"--recompute-num-layers", 1, Kind::kCustom, "",
+     "1: accepted; other counts refused (DTK checkpoints one layer at a time)"},
     {"--recompute-activations", 0, Kind::kRefuse, "",
      "selective recomputation (core attention only) is not available; --recompute-granularity full is"},
     // Precision
@@ -102,7 +106,8 @@ const Rule kRules[] = {
     {"--exit-duration-in-mins", 1, Kind::kSet, "train.exit_duration_in_mins", ""},
     {"--exit-signal-handler", 0, Kind::kSwitch, "train.exit_signal_handler=true", "DTK's default"},
     // Optimizer and learning rate
-    {"--optimizer", 1, Kind::kCustom, "", "adam: the adamw plugin (Megatron's Adam decouples weight decay); sgd: refused"},
+    {"--optimizer", 1, Kind::kCustom, "",
+     "adam: the adamw plugin (Megatron's Adam decouples weight decay); sgd: refused"},
     {"--adam-beta1", 1, Kind::kSet, "optimizer.beta1", ""},
     {"--adam-beta2", 1, Kind::kSet, "optimizer.beta2", ""},
     {"--adam-eps", 1, Kind::kSet, "optimizer.eps", ""},
@@ -122,7 +127,8 @@ const Rule kRules[] = {
     {"--lr-decay-samples", 1, Kind::kSet, "lr.lr_decay_samples", ""},
     {"--lr-warmup-samples", 1, Kind::kSet, "lr.lr_warmup_samples", ""},
     {"--override-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.override_opt_param_scheduler=true", ""},
-    {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true", ""},
+    {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true",
+     ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
      "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
     {"--overlap-grad-reduce", 0, Kind::kIgnore, "",
@@ -438,7 +444,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     if (per == 0)
       m.refused.push_back(per_virtual_shown + ": not a positive number of layers");
     else if (layers == 0)
-      m.refused.push_back(per_virtual_shown + ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
+      m.refused.push_back(per_virtual_shown +
+                          ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
     else if (stages < 2)
       m.refused.push_back(per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
     else if (layers % stages != 0 || (layers / stages) % per != 0)

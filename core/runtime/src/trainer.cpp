@@ -354,7 +354,8 @@ void Trainer::setup_model_and_optimizer() {
     if (const std::string refusal = interleaving_refusal(plan_.micro_batches_of(i)); !refusal.empty())
       throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
   std::vector<dtk_build_context> chunks;
-  for (int k = 0; k < virtual_stages(); ++k) chunks.push_back(build_context(model_slot_, virtual_stages() > 1 ? k : -1));
+  for (int k = 0; k < virtual_stages(); ++k)
+    chunks.push_back(build_context(model_slot_, virtual_stages() > 1 ? k : -1));
   model_ = std::make_unique<ModelInstance>(model_slot_.plugin, chunks);
   // Counted before the strategy wraps the model (ZeRO-3 partitions its parameters).
   const dtk_model_info info = model_->info();
@@ -367,7 +368,8 @@ void Trainer::setup_model_and_optimizer() {
   optimizer_ = std::make_unique<OptimizerInstance>(optimizer_slot_.plugin, build_context(optimizer_slot_),
                                                    strategy_->optimizer_params(), groups);
   for (int k = 0; k < virtual_stages(); ++k)
-    steps_.push_back(std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_, virtual_stages() > 1 ? k : -1)));
+    steps_.push_back(
+        std::make_unique<StepInstance>(step_slot_.plugin, build_context(step_slot_, virtual_stages() > 1 ? k : -1)));
   setup_tied_gradients();  // pipeline parallelism with tied embeddings
   LOG(INFO) << "model '" << model_slot_.plugin.name() << "': " << info.num_layers << " layers, hidden "
             << info.hidden_size << ", heads " << info.num_attention_heads << ", seq " << info.seq_length
@@ -448,9 +450,10 @@ void Trainer::check_memory_estimate() {
   const int64_t num_micro = plan_.micro_batches_per_step(), v = virtual_stages();
   int64_t chunk_forwards = std::min<int64_t>(topo_.pp_size - topo_.pp_rank, num_micro) * v;
   if (v > 1)
-    chunk_forwards = num_micro == topo_.pp_size
-                         ? num_micro * v
-                         : std::min<int64_t>(num_micro * v, 2 * (topo_.pp_size - topo_.pp_rank - 1) + (v - 1) * topo_.pp_size + 1);
+    chunk_forwards =
+        num_micro == topo_.pp_size
+            ? num_micro * v
+            : std::min<int64_t>(num_micro * v, 2 * (topo_.pp_size - topo_.pp_rank - 1) + (v - 1) * topo_.pp_size + 1);
   const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
   const double activations =
       in_flight * (info.recompute ? layers * s * b * h * dtype_bytes + per_layer : layers * per_layer);
@@ -471,14 +474,13 @@ void Trainer::check_memory_estimate() {
   const double total = params + optimizer + activations + logits + batches + gradients_in_flight;
   if (total <= static_cast<double>(budget)) return;
   auto mb = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MB"; };
-  throw HostError("config: this run needs about " + mb(total) + " per rank (parameters, gradients and masters " +
-                  mb(params) + ", optimizer state " + mb(optimizer) + ", activations " +
-                  mb(activations + logits + gradients_in_flight) +
-                  ", batches " + mb(batches) + "), more than the " + mb(static_cast<double>(budget)) +
-                  (t.memory_limit_mb() > 0 ? " of train.memory_limit_mb"
-                                           : " this machine has for each of its " + std::to_string(local_ranks) +
-                                                 " rank(s)") +
-                  "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true");
+  throw HostError(
+      "config: this run needs about " + mb(total) + " per rank (parameters, gradients and masters " + mb(params) +
+      ", optimizer state " + mb(optimizer) + ", activations " + mb(activations + logits + gradients_in_flight) +
+      ", batches " + mb(batches) + "), more than the " + mb(static_cast<double>(budget)) +
+      (t.memory_limit_mb() > 0 ? " of train.memory_limit_mb"
+                               : " this machine has for each of its " + std::to_string(local_ranks) + " rank(s)") +
+      "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true");
 }
 
 // A weight-decay schedule reaches the optimizer through dtk_optimizer_step_args.weight_decay_scale
@@ -709,8 +711,8 @@ TensorList Trainer::next_batch(int64_t iteration) {
 }
 
 at::Tensor Trainer::forward_micro_batch(int64_t iteration, int64_t m,
-                                       std::vector<std::pair<std::string, double>>* metrics,
-                                       const std::function<void()>& before_forward, const TensorList* fetched) {
+                                        std::vector<std::pair<std::string, double>>* metrics,
+                                        const std::function<void()>& before_forward, const TensorList* fetched) {
   int64_t forward_start = trace::now_ns();
   TensorList own;
   if (!fetched) own = next_batch(iteration);

@@ -1,5 +1,6 @@
 // trainer_pipeline.cpp — pipeline parallelism in the Trainer (distributed.pipeline_model_parallel_size
-// > 1): Megatron's forward_backward_pipelining_without_interleaving (PipeDream-flush, "1F1B").
+// > 1): Megatron's forward_backward_pipelining_without_interleaving (PipeDream-flush, "1F1B"),
+// and with several model chunks per rank its _with_interleaving (below, "The interleaved schedule").
 //
 // Each stage's model holds its layers (the model plugin builds them from pre_process /
 // post_process and pp_rank); the step plugin runs on every stage with the same batch. Between
@@ -265,7 +266,8 @@ std::string Trainer::interleaving_refusal(int64_t num_micro) const {
   return "config: the interleaved pipeline schedule (distributed.virtual_pipeline_model_parallel_size " +
          std::to_string(virtual_stages()) + ") needs the micro-batches per step (" + std::to_string(num_micro) +
          ": train.global_batch_size / (train.micro_batch_size x data-parallel size)) to be a multiple of "
-         "distributed.pipeline_model_parallel_size " + std::to_string(topo_.pp_size);
+         "distributed.pipeline_model_parallel_size " +
+         std::to_string(topo_.pp_size);
 }
 
 void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro, double scale, IterationResult& r) {

@@ -269,8 +269,8 @@ void TrainingLog::print_window(const IterationResult& last) {
   if (setup_.pp_size > 1) {
     const double p = setup_.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
     const double idle = (p - 1) / std::max(1, setup_.virtual_stages);
-    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |", pp_comm_sum_.exposed_ms / n_it,
-                  100.0 * idle / (m + idle));
+    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |",
+                  pp_comm_sum_.exposed_ms / n_it, 100.0 * idle / (m + idle));
     line += buf;
   }
   std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,

@@ -433,7 +433,8 @@ class GPTModel : public Model {
     const int64_t pp = std::max(1, ctx.pp_size);
     if (c_.num_layers % pp != 0)
       throw Error("gpt: num_layers " + std::to_string(c_.num_layers) + " is not divisible by the pipeline stages " +
-                  std::to_string(pp) + " (pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size "
+                  std::to_string(pp) +
+                  " (pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size "
                   "with the interleaved schedule)");
     for (double p : {c_.hidden_dropout, c_.attention_dropout})
       if (p < 0.0 || p >= 1.0) throw Error("gpt: dropout probabilities must be in [0, 1)");

@@ -80,7 +80,7 @@ class TrainingLog {
     double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
     int world_size = 1;
     int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
-    int virtual_stages = 1;  // model chunks per pipeline rank (the interleaved schedule's bubble)
+    int virtual_stages = 1;                     // model chunks per pipeline rank (the interleaved schedule's bubble)
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
     std::string metrics_jsonl;    // empty: no metrics file

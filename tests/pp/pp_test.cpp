@@ -188,6 +188,11 @@ TEST(Pipeline, LogShowsTheWaitTheBubbleAndTheReceiveTimers) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(pipeline wait \(ms\): [0-9.]+ \(bubble in theory 20%\))")))
       << r.out;
+  // Rank 0's stage sent 4 activations of [2, 32, 64] fp32 (0.06 MB) and took part in the tied
+  // embedding's sum ([512, 64] fp32: 0.12 MB sent by a ring of 2).
+  EXPECT_NE(r.out.find("pipeline-parallel traffic sent per iteration (MB) | point-to-point: 0.06 | collectives: 0.1"),
+            std::string::npos)
+      << r.out;
   for (const char* timer : {"    forward-recv ....", "    backward-recv ...."})
     EXPECT_NE(r.out.find(timer), std::string::npos) << timer << "\n" << r.out;
   // One timeline per rank, each with the schedule's spans and its receive waits.
@@ -197,6 +202,15 @@ TEST(Pipeline, LogShowsTheWaitTheBubbleAndTheReceiveTimers) {
     for (const char* span : {"\"forward 3\"", "\"backward 3\"", rank == "0" ? "receive gradients" : "receive activations"})
       EXPECT_NE(text.find(span), std::string::npos) << "rank " << rank << ": " << span;
   }
+}
+
+// A slow simulated link delays the stages' messages (a study tool) and changes no number.
+TEST(Pipeline, SimulatedLinkDelaysTheMessagesNotTheLosses) {
+  const Curve plain = curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set train.train_iters=6 ", "link-plain");
+  const Curve slow = curve_of(
+      2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set train.train_iters=6 --set distributed.simulated_link=2ms,1GBps ",
+      "link-slow");
+  expect_same_curve(plain, slow, 6, "PP2 over a simulated 2 ms link");
 }
 
 // Refused before any work, in one line naming what is wrong.

@@ -908,8 +908,10 @@ MemorySample Trainer::memory_sample() const {
   m.optimizer_on_host = strategy_->info().optimizer_on_host != 0;
   m.data_parallel = traffic(DTK_GROUP_DATA_PARALLEL);
   m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
+  m.pipeline_parallel = traffic(DTK_GROUP_PIPELINE_PARALLEL);
   m.dp_size = topo_.dp_size;
   m.tp_size = topo_.tp_size;
+  m.pp_size = topo_.pp_size;
   std::set<const void*> seen;  // count each storage once (views, shared buffers)
   for (const auto& [name, t] : optimizer_->state_save()) {
     if (!t.defined() || !seen.insert(t.storage().data()).second) continue;

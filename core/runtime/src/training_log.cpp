@@ -201,6 +201,17 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
                   mb(t.broadcast), mb(t.total()));
     print(buf);
   }
+  // Pipeline stages: the activations and gradients rank 0's stage sent, and what the schedule and
+  // the tied embeddings' sum moved besides.
+  if (m.pp_size > 1) {
+    const Traffic& t = m.pipeline_parallel;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) pipeline-parallel traffic sent per iteration (MB) | "
+                  "point-to-point: %.2f | collectives: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), mb(t.point_to_point), mb(t.total() - t.point_to_point),
+                  mb(t.total()));
+    print(buf);
+  }
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
   tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);

@@ -39,6 +39,9 @@ struct dtk_comm_work {
   std::string what;
   int32_t group = -1;
   int64_t issued_ns = 0, link_done_ns = 0;
+  // A receive under the simulated link: the message's bytes, booked on the link when the data
+  // arrived (the sender's clock is not this process's to read).
+  int64_t link_bytes_on_arrival = 0;
   bool synchronous = false;  // waited right after the issue: exposed from the issue on
   std::shared_ptr<std::atomic<int64_t>> done_ns = std::make_shared<std::atomic<int64_t>>(0);
 };
@@ -60,8 +63,8 @@ CommState& state() {
 }
 
 // Traffic counters per group (dtk/core/comm.hpp).
-enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3 };
-std::atomic<int64_t> g_traffic[5][4];
+enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3, kPointToPoint = 4 };
+std::atomic<int64_t> g_traffic[5][5];
 
 // Counts what this rank sends and books the simulated link for `link_share` of the tensor's bytes
 // (a broadcast's receivers wait for the message too).
@@ -334,6 +337,8 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timed) {
     int64_t done = w.done_ns->load();
     if (done == 0) done = trace::now_ns();
+    if (w.link_bytes_on_arrival > 0)
+      w.link_done_ns = comm_timing_detail::reserve_link(w.group, w.link_bytes_on_arrival, done);
     if (w.link_done_ns > done) {
       // The simulated link's delay is a wait like any other: bounded by the timeout.
       const int64_t left = w.link_done_ns - trace::now_ns();
@@ -433,6 +438,7 @@ Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
     std::vector<at::Tensor> v{buf};
     w->work = pg->send(v, peer, tag);
     watch(*w);
+    count(*w, kPointToPoint, buf, 1.0);
     w->then = [buf] {};  // the message's memory lives until the send completed
   }
   return Work(std::move(w));
@@ -452,6 +458,7 @@ Work recv(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
     std::vector<at::Tensor> v{bits(buf)};
     w->work = pg->recv(v, peer, tag);
     watch(*w);
+    w->link_bytes_on_arrival = static_cast<int64_t>(buf.numel() * buf.element_size());
     w->then = [buf, copy_back] {
       if (copy_back) copy_back();
     };
@@ -552,6 +559,7 @@ Traffic traffic(int32_t group) {
   t.reduce_scatter = g_traffic[group][kReduceScatter];
   t.all_gather = g_traffic[group][kAllGather];
   t.broadcast = g_traffic[group][kBroadcast];
+  t.point_to_point = g_traffic[group][kPointToPoint];
   return t;
 }
 

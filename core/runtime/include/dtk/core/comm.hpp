@@ -104,10 +104,11 @@ Work recv(const at::Tensor& out, int32_t group, int32_t peer, int32_t tag = 0);
 // Bytes this rank sent on a group since the last reset_traffic(), per kind of collective, as the
 // algorithms move them (N = group size, b = the tensor's bytes): ring all-reduce 2 (N-1)/N b;
 // reduce-scatter (N-1)/N of the input; all-gather (N-1)/N of the output; broadcast b from the root
-// (pipelined). Counted when a collective is issued; groups of one send nothing.
+// (pipelined); send b. Counted when a collective is issued; groups of one send nothing.
 struct Traffic {
   int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
-  int64_t total() const { return all_reduce + reduce_scatter + all_gather + broadcast; }
+  int64_t point_to_point = 0;  // send: the tensor's bytes (pipeline stages' activations and gradients)
+  int64_t total() const { return all_reduce + reduce_scatter + all_gather + broadcast + point_to_point; }
 };
 Traffic traffic(int32_t group);
 void reset_traffic();
@@ -128,8 +129,11 @@ void reset_comm_timing();
 // a group larger than one completes no earlier than latency + bytes / bandwidth after the link
 // became free, bytes being what this rank sends (the traffic counters' figure), one message at a
 // time per group, as on one link. The real transfer runs as usual, so a collective takes the
-// longer of the two. Parsed from "<latency>,<bandwidth>", e.g. "25us,50GBps": latency in
-// ns|us|ms|s, bandwidth in Bps|KBps|MBps|GBps (bytes, decimal) or bps|Kbps|Mbps|Gbps (bits).
+// longer of the two. A point-to-point message: the send books the link from its issue, and the
+// receive sees the message latency + bytes / bandwidth after it really arrived (one clock per
+// process: the sender's issue time is not the receiver's to read). Parsed from
+// "<latency>,<bandwidth>", e.g. "25us,50GBps": latency in ns|us|ms|s, bandwidth in
+// Bps|KBps|MBps|GBps (bytes, decimal) or bps|Kbps|Mbps|Gbps (bits).
 struct SimulatedLink {
   double latency_s = 0, bytes_per_s = 0;  // bytes_per_s == 0: no link
   bool enabled() const { return bytes_per_s > 0; }

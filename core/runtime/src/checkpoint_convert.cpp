@@ -125,8 +125,6 @@ void find_tied(StageNames& n, const std::vector<Param>& first, const std::vector
 
 namespace {
 
-// "model<k>." for chunk k of `chunks` (the interleaved schedule's names), "" for one chunk.
-std::string chunk_prefix(int64_t k, int64_t chunks) { return chunks > 1 ? "model" + std::to_string(k) + "." : ""; }
 
 // The entries of `m` under `prefix`, the prefix taken off.
 TensorMap under_prefix(const TensorMap& m, const std::string& prefix) {
@@ -211,7 +209,7 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
         for (Param& p : build(static_cast<int>(r), static_cast<int>(old_tp), static_cast<int>(k * old_pp + rank_pp),
                               static_cast<int>(old_stages))
                             ->parameters()) {
-          p.name = chunk_prefix(k, old_v) + p.name;
+          p.name = ModelInstance::chunk_prefix(k, old_v) + p.name;
           params.push_back(std::move(p));
         }
       return params;
@@ -260,7 +258,7 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
     for (const Param& p : rank_params(0)) rank_names[p.name] = ParamSlice{};
     for (int64_t chunk = 0; chunk < old_v; ++chunk) {
       const int64_t stage = chunk * old_pp + rank_pp;
-      const std::string prefix = chunk_prefix(chunk, old_v);
+      const std::string prefix = ModelInstance::chunk_prefix(chunk, old_v);
       const std::map<std::string, int> stage_dims = partition_dims(
           build(0, static_cast<int>(old_tp), static_cast<int>(stage), static_cast<int>(old_stages))->parameters());
       std::vector<TensorMap> chunk_model;
@@ -306,7 +304,7 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
       std::vector<std::pair<std::string, at::Tensor>> new_model;
       for (int chunk = 0; chunk < new_v; ++chunk) {
         const int stage = chunk * new_pp + rank_pp;
-        const std::string prefix = chunk_prefix(chunk, new_v);
+        const std::string prefix = ModelInstance::chunk_prefix(chunk, new_v);
         std::unique_ptr<ModelInstance> m = build(r, new_tp, stage, static_cast<int>(new_stages));
         for (const Param& p : m->parameters()) {
           const std::string g = new_names.global(p.name, stage);

@@ -343,8 +343,8 @@ void ModelInstance::select_chunk(int k) {
   if (k < 0 || k >= num_chunks()) throw HostError("model chunk " + std::to_string(k) + " does not exist");
   selected_ = k;
 }
-std::string ModelInstance::chunk_prefix(int k) const {
-  return chunks_.size() > 1 ? "model" + std::to_string(k) + "." : std::string();
+std::string ModelInstance::chunk_prefix(int64_t k, int64_t chunks) {
+  return chunks > 1 ? "model" + std::to_string(k) + "." : std::string();
 }
 const dtk_model_ref* ModelInstance::chunk_ref(int k) const {
   return &chunks_[static_cast<size_t>(k < 0 ? selected_ : k)]->blaming_ref;

@@ -37,6 +37,17 @@ std::vector<int64_t> Trainer::stage_activation_shape() const {
   return {plan_.micro_batch_size(), plan_.seq_length(), model_->info().hidden_size};
 }
 
+at::Tensor Trainer::receive_stage_tensor(int32_t peer, int32_t tag, Phase phase, const char* what) {
+  // Megatron's pipeline timers (logging.timing_log_level=2): min and max over the ranks show the
+  // most and the least waiting stage.
+  auto timer = timers_.scope(phase);
+  at::Tensor t = at::empty(stage_activation_shape(), at::TensorOptions().dtype(stage_dtype()));
+  const int64_t start = trace::now_ns();
+  recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer, tag).wait();
+  if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
+  return t;
+}
+
 at::ScalarType Trainer::stage_dtype() const { return to_scalar_type(build_context(model_slot_).params_dtype); }
 
 void Trainer::check_stage_output(const at::Tensor& out) const {
@@ -107,14 +118,7 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
   const std::vector<int64_t> shape = stage_activation_shape();
   const auto options = at::TensorOptions().dtype(stage_dtype());
   auto receive = [&](int32_t peer, const char* what) {
-    // Megatron's pipeline timers (logging.timing_log_level=2): min and max over the ranks show
-    // the most and the least waiting stage.
-    auto timer = timers_.scope(peer < stage ? Phase::kForwardRecv : Phase::kBackwardRecv);
-    at::Tensor t = at::empty(shape, options);
-    const int64_t start = trace::now_ns();
-    recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer).wait();
-    if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
-    return t;
+    return receive_stage_tensor(peer, 0, peer < stage ? Phase::kForwardRecv : Phase::kBackwardRecv, what);
   };
   // A send never blocks the schedule: it is waited once known to be done. The activations of
   // micro-batch k were received once their gradient came back; the gradients of micro-batch j
@@ -280,15 +284,6 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
   auto last_stage = [&](int c) { return rank == stages - 1 && c == chunks - 1; };  // the loss's
   const std::vector<int64_t> shape = stage_activation_shape();
   const auto options = at::TensorOptions().dtype(stage_dtype());
-  auto receive = [&](int32_t peer, int32_t tag, Phase phase, const char* what) {
-    auto timer = timers_.scope(phase);
-    at::Tensor t = at::empty(shape, options);
-    const int64_t start = trace::now_ns();
-    recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer, tag).wait();
-    if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
-    return t;
-  };
-
   std::vector<TensorList> batches;
   for (int64_t j = 0; j < num_micro; ++j) batches.push_back(next_batch(iteration));
 
@@ -315,7 +310,7 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
           iteration, j, &metrics,
           [&] {
             if (first_stage(c)) return;
-            input = receive(prev, kActivationTag, Phase::kForwardRecv, "receive activations").requires_grad_(true);
+            input = receive_stage_tensor(prev, kActivationTag, Phase::kForwardRecv, "receive activations").requires_grad_(true);
             gradient_sends.wait_through(k - previous_warmup - 1 - 2 * stages);
             staged.set(input);
           },
@@ -337,7 +332,7 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
     model_->select_chunk(c);
     at::Tensor grad;
     if (!last_stage(c)) {
-      grad = receive(next, kGradientTag, Phase::kBackwardRecv, "receive gradients");
+      grad = receive_stage_tensor(next, kGradientTag, Phase::kBackwardRecv, "receive gradients");
       activation_sends.wait_for(c * num_micro + j);
     }
     Pending p = std::move(pending[static_cast<size_t>(c)].front());

@@ -34,8 +34,9 @@ class ModelInstance {
   // The chunk ref()'s forward, the forward watch and set_pipeline_input act on (0 at start).
   void select_chunk(int k);
   int selected_chunk() const { return selected_; }
-  // "model<k>." with several chunks, "" with one.
-  std::string chunk_prefix(int k) const;
+  // "model<k>." with several chunks, "" with one: chunk k's names in checkpoints and to strategies.
+  static std::string chunk_prefix(int64_t k, int64_t chunks);
+  std::string chunk_prefix(int k) const { return chunk_prefix(k, num_chunks()); }
   // Chunk k's own reference (blaming; k < 0: the selected chunk).
   const dtk_model_ref* chunk_ref(int k = -1) const;
   ~ModelInstance();

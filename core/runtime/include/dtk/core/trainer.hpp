@@ -100,6 +100,9 @@ class Trainer {
   // Micro-batches per step that the interleaved schedule cannot run ("" if it can, or if it is off).
   std::string interleaving_refusal(int64_t num_micro) const;
   std::vector<int64_t> stage_activation_shape() const;
+  // Receives the agreed stage tensor from pipeline rank `peer` (blocking, bounded), timed under
+  // `phase` (Megatron's forward-recv / backward-recv) and shown as the span `what` in the trace.
+  at::Tensor receive_stage_tensor(int32_t peer, int32_t tag, Phase phase, const char* what);
   at::ScalarType stage_dtype() const;  // the parameters' dtype: what the stages send
   // What a stage before the last hands on must have the agreed shape and dtype (training and
   // evaluation alike); throws naming the step and the model.

@@ -267,6 +267,9 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       // This machine class has no GPU (and CI's LibTorch is CPU-only): the reason, whatever the build.
       {kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
       {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
+      {kTrain + "--set train.device=cuda:1", "config: train.device=cuda:1: "},
+      {kTrain + "--set train.device=gpu", "config: train.device must be cpu, cuda or cuda:N, got 'gpu'"},
+      {kTrain + "--set train.device=cuda:x", "config: train.device must be cpu, cuda or cuda:N, got 'cuda:x'"},
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
       {kTrain + "--set step.eod_token=-1", "option 'eod_token' must be a token id"},
       {kTrain + "--plugin_path " + dir + "/dup-plugins --optimizer sgd", "two optimizer plugins named 'sgd'"},

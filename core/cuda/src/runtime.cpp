@@ -42,6 +42,12 @@ std::string device_description(int device) {
   return buf;
 }
 
+size_t device_memory_bytes(int device) {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  return p.totalGlobalMem;
+}
+
 void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 
 int current_device() {
@@ -76,7 +82,9 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
-Event::Event() { check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags"); }
+Event::Event(bool timing) {
+  check(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags");
+}
 
 Event::~Event() {
   if (event_) cudaEventDestroy(event_);
@@ -110,6 +118,13 @@ bool wait_event(EventHandle event, std::chrono::milliseconds timeout, const std:
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
+}
+
+double elapsed_ms(const Event& start, const Event& end, std::chrono::milliseconds timeout) {
+  if (!wait_event(end.get(), timeout)) throw CudaError("timing a phase: its end event did not complete in time");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start.get(), end.get()), "cudaEventElapsedTime");
+  return ms;
 }
 
 void* alloc_pinned(size_t bytes) {

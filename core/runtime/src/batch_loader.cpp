@@ -1,4 +1,5 @@
 #include "dtk/core/batch_loader.hpp"
+#include "dtk/core/cuda_support.hpp"
 
 #include <cstring>
 #include <string>
@@ -94,7 +95,8 @@ BatchLoader::BatchLoader(const DatasetInstance& data, int32_t split, int64_t mic
       mbs_(micro_batch_size),
       num_batches_(num_batches),
       index_of_(std::move(index_of)),
-      depth_(static_cast<size_t>(depth)) {
+      depth_(static_cast<size_t>(depth)),
+      device_(training_device()) {
   worker_ = std::thread([this] { run(); });
 }
 
@@ -126,7 +128,7 @@ TensorList BatchLoader::collate(int64_t k) const {
         throw HostError(who + "samples of one batch differ in length or dtype of buffer '" + name + "'");
       column.push_back(*t);
     }
-    batch.emplace_back(name, at::stack(column));
+    batch.emplace_back(name, device_.is_cuda() ? at::stack(column).pin_memory() : at::stack(column));
   }
   for (const auto& row : rows)
     if (row.size() != batch.size()) throw HostError(who + "samples of one batch differ in their buffers");
@@ -161,6 +163,9 @@ TensorList BatchLoader::next() {
   queue_.pop_front();
   ++consumed_;
   cv_.notify_all();
+  lock.unlock();
+  if (device_.is_cuda())
+    for (auto& kv : b) kv.second = kv.second.to(device_, /*non_blocking=*/true);
   return b;
 }
 

@@ -2,6 +2,7 @@
 // protocol. Every rank calls save/load; collectives are bounded (distributed.timeout_seconds)
 // and carry a failure flag, so one rank's error stops all ranks instead of stranding them.
 #include "dtk/core/checkpoint.hpp"
+#include "dtk/core/cuda_support.hpp"
 
 #include <ATen/core/Dict.h>
 #include <fcntl.h>
@@ -91,6 +92,9 @@ namespace {
 // What wrote a checkpoint: the host RNG, the resolved config, DTK's version, the plugins.
 void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text, const std::vector<std::string>& writers) {
   d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
+  // A GPU run's dropout draws from the device's generator: resumed runs continue its stream.
+  if (const c10::Device device = training_device(); device.is_cuda())
+    d.insert("cuda_rng", at::globalContext().defaultGenerator(device).get_state());
   d.insert("config", config_text);
   d.insert("dtk_version", std::string(DTK_VERSION));
   std::string plugins;
@@ -500,9 +504,19 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   }
   host.reset();
   if (!what.rng) return p;
-  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(rng.toTensor());
+  {
+    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.toTensor());
+  }
+  // A checkpoint written on a CPU has no device stream: the GPU's stays at the run's seed.
+  if (const c10::Device device = training_device(); device.is_cuda() && d.contains("cuda_rng")) {
+    const c10::IValue cuda_rng = get("cuda_rng");
+    if (!cuda_rng.isTensor()) throw HostError("checkpoint " + file + ": 'cuda_rng' is not a tensor");
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(cuda_rng.toTensor());
+  }
   return p;
 }
 

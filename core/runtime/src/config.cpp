@@ -382,8 +382,8 @@ void validate_config(const config::RunConfig& cfg) {
   if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
   if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")
     throw HostError("config: train.params_dtype must be fp32, bf16 or fp16, got '" + t.params_dtype() + "'");
-  if (t.device() != "cpu" && t.device() != "cuda")
-    throw HostError("config: train.device must be cpu or cuda, got '" + t.device() + "'");
+  if (!valid_device_spec(t.device()))
+    throw HostError("config: train.device must be cpu, cuda or cuda:N, got '" + t.device() + "'");
   if (t.threads() < 0) throw HostError("config: train.threads must be >= 0");
   if (t.memory_limit_mb() < 0) throw HostError("config: train.memory_limit_mb must be >= 0 (0 = no budget)");
   if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
@@ -509,7 +509,7 @@ void validate_config(const config::RunConfig& cfg) {
     // NCCL carries CUDA tensors: it comes with train.device=cuda (and a build that can train there).
     std::string why;
     if (!cuda_training_available(&why)) throw HostError("config: distributed.backend=nccl: " + why);
-    if (t.device() != "cuda")
+    if (t.device() == "cpu")
       throw HostError("config: distributed.backend=nccl needs train.device=cuda (NCCL moves CUDA tensors; "
                       "CPU runs use gloo)");
   }

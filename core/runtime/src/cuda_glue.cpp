@@ -4,12 +4,20 @@
 #include <ATen/Context.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <stdexcept>
+#include <vector>
+
+#include "dtk/core/comm.hpp"  // collective_timeout
+#include "dtk/host/plugin_host.hpp"  // HostError
 
 #if DTK_HAVE_CUDA
 #include "dtk/cuda/nccl.hpp"
 #endif
 #if DTK_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -28,6 +36,68 @@ bool cuda_training_available(std::string* why) {
 #endif
   if (why) *why = reason;
   return false;
+}
+
+namespace {
+std::mutex device_mu;
+c10::Device selected_device(c10::DeviceType::CPU);
+
+// "cuda:N" -> N; "cuda" -> -1; anything else -> -2.
+int cuda_index_of(const std::string& spec) {
+  if (spec == "cuda") return -1;
+  if (spec.rfind("cuda:", 0) != 0 || spec.size() == 5 || spec.size() > 9) return -2;
+  for (size_t i = 5; i < spec.size(); ++i)
+    if (spec[i] < '0' || spec[i] > '9') return -2;
+  return std::atoi(spec.c_str() + 5);
+}
+
+// The local rank as the launchers set it: dtk launch and torchrun (LOCAL_RANK), srun (SLURM_LOCALID).
+int local_rank() {
+  for (const char* name : {"LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v && *v) return std::max(0, std::atoi(v));
+  return 0;
+}
+}  // namespace
+
+bool valid_device_spec(const std::string& spec) { return spec == "cpu" || cuda_index_of(spec) >= -1; }
+
+c10::Device training_device() {
+  std::lock_guard<std::mutex> lock(device_mu);
+  return selected_device;
+}
+
+c10::Device select_training_device(const std::string& spec) {
+  using host::HostError;
+  if (spec.empty() || spec == "cpu") {
+    std::lock_guard<std::mutex> lock(device_mu);
+    return selected_device = c10::Device(c10::DeviceType::CPU);
+  }
+  const int asked = cuda_index_of(spec);
+  if (asked < -1) throw HostError("config: train.device must be cpu, cuda or cuda:N, got '" + spec + "'");
+  std::string why;
+  if (!cuda_training_available(&why)) throw HostError("config: train.device=" + spec + ": " + why);
+#if DTK_HAVE_CUDA
+  const int index = asked >= 0 ? asked : local_rank();
+  const int visible = dtk::cuda::device_count(&why);
+  if (index >= visible)
+    throw HostError("config: train.device=" + spec + ": " +
+                    (asked >= 0 ? "device " + std::to_string(index) : "the local rank's device " + std::to_string(index)) +
+                    " does not exist (this process sees " + std::to_string(visible) + " CUDA device" +
+                    (visible == 1 ? "" : "s") + (asked >= 0 ? ")" : "; more ranks on this machine than GPUs?)"));
+  cuda_glue::set_current_device(index);
+  std::lock_guard<std::mutex> lock(device_mu);
+  return selected_device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+#else
+  throw HostError("config: train.device=" + spec + ": " + why);
+#endif
+}
+
+int64_t cuda_device_memory_bytes(const c10::Device& device) {
+#if DTK_HAVE_CUDA
+  if (device.is_cuda()) return static_cast<int64_t>(dtk::cuda::device_memory_bytes(device.index()));
+#endif
+  (void)device;
+  return 0;
 }
 
 std::string cuda_build_summary() {
@@ -60,6 +130,40 @@ dtk::cuda::StreamHandle torch_current_stream(int device) {
   return dtk::cuda::default_stream();
 #endif
 }
+
+void set_current_device(int device) {
+  dtk::cuda::set_device(device);
+#if DTK_TORCH_CUDA
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+#endif
+}
+
+namespace {
+class EventClock final : public DeviceClock {
+ public:
+  explicit EventClock(int device) : device_(device) {}
+  int mark() override {
+    dtk::cuda::DeviceGuard on(device_);
+    if (used_ == events_.size()) events_.push_back(std::make_unique<dtk::cuda::Event>(/*timing=*/true));
+    events_[used_]->record(torch_current_stream(device_));
+    return static_cast<int>(used_++);
+  }
+  double seconds(int from, int to) override {
+    dtk::cuda::DeviceGuard on(device_);
+    return dtk::cuda::elapsed_ms(*events_.at(static_cast<size_t>(from)), *events_.at(static_cast<size_t>(to)),
+                                 collective_timeout()) /
+           1e3;
+  }
+  void reset() override { used_ = 0; }
+
+ private:
+  int device_;
+  std::vector<std::unique_ptr<dtk::cuda::Event>> events_;  // reused from one log window to the next
+  size_t used_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<DeviceClock> make_event_clock(int device) { return std::make_unique<EventClock>(device); }
 
 void torch_set_current_stream(dtk::cuda::StreamHandle stream, int device) {
 #if DTK_TORCH_CUDA

@@ -5,7 +5,10 @@
 // stream is CUDA's legacy default stream, which is where LibTorch launches unless told otherwise.
 #pragma once
 
+#include <memory>
 #include <string>
+
+#include "dtk/core/timers.hpp"
 
 #if DTK_HAVE_CUDA
 #include "dtk/cuda/runtime.hpp"
@@ -16,6 +19,11 @@ namespace dtk::core::cuda_glue {
 #if DTK_HAVE_CUDA
 // LibTorch's current stream on `device` (CUDA's legacy default stream without a CUDA LibTorch).
 dtk::cuda::StreamHandle torch_current_stream(int device);
+// Makes `device` current for the CUDA runtime and for LibTorch (its own current device, where
+// new CUDA tensors and LibTorch's streams go).
+void set_current_device(int device);
+// The Megatron timers' clock on `device`: timed CUDA events on LibTorch's current stream.
+std::unique_ptr<DeviceClock> make_event_clock(int device);
 // Makes `stream` LibTorch's current stream on `device` (needs a CUDA LibTorch; throws otherwise).
 void torch_set_current_stream(dtk::cuda::StreamHandle stream, int device);
 #endif

@@ -2,6 +2,8 @@
 // See dtk/core/distributed.hpp for the group layout.
 #include "dtk/core/distributed.hpp"
 #include "dtk/core/run_agreement.hpp"
+#include "dtk/core/cuda_support.hpp"
+#include "comm/nccl_backend.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -348,10 +350,12 @@ GlooEndpoint gloo_endpoint(const LaunchEnv& le) {
 // The Gloo groups of this rank in Megatron's layout; every rank creates its groups in the same
 // order: world, TP, DP, PP, MP.
 ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::intrusive_ptr<c10d::Store>& store,
-                            const GlooEndpoint& endpoint, std::chrono::milliseconds timeout) {
+                            const GlooEndpoint& endpoint, std::chrono::milliseconds timeout,
+                            nccl_backend::GroupMembers* members_out) {
   ProcessGroups groups;  // indexed by dtk_group
   // Members of a group, in group-rank order.
   auto make = [&](int32_t group, const std::string& name, const std::vector<int>& members) {
+    (*members_out)[static_cast<size_t>(group)] = members;
     if (members.size() <= 1) return;
     int my = -1;
     for (size_t i = 0; i < members.size(); ++i)
@@ -394,7 +398,7 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
 // store, rendezvous, configuration check, process groups, a first world barrier. Each rank
 // marks the steps it finished in the store (step_key) so a waiting rank can name whom it waits for.
 ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vector<std::string>& description,
-                          std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store>& store) {
+                          std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store>& store, bool nccl) {
   const GlooEndpoint endpoint = gloo_endpoint(le);
   const std::string where = le.master_addr + ":" + std::to_string(le.master_port);
   // Once every rank checked in, the watchdog's own store client watches for a peer's failure
@@ -445,7 +449,15 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
     require_same_run(*store, le, description, timeout);
     done("config");
     begin("groups", "creating the process groups");
-    ProcessGroups groups = create_groups(le, t, store, endpoint, timeout);
+    nccl_backend::GroupMembers members;
+    ProcessGroups groups = create_groups(le, t, store, endpoint, timeout, &members);
+    if (nccl) {
+      // CUDA tensors' collectives: one NCCL communicator per group, on this rank's GPU (the Gloo
+      // groups keep the host tensors).
+      current = "creating the NCCL communicators";
+      nccl_backend::create(members, le.rank, c10::make_intrusive<c10d::PrefixStore>("dtk/nccl", store),
+                           training_device().index(), timeout);
+    }
     done("groups");
     begin("barrier", "the first collective (a world barrier)");
     try {
@@ -496,9 +508,12 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
   const Topology t = topology_of(le, tp, pp);
   ProcessGroups groups;
   if (le.distributed) {
-    if (!dc.backend().empty() && dc.backend() != "gloo")
-      throw HostError("distributed: backend '" + dc.backend() + "' is not available in this CPU build (use gloo)");
-    groups = start_world(le, t, description, d.timeout, d.store);
+    const bool nccl = dc.backend() == "nccl";
+    if (!dc.backend().empty() && dc.backend() != "gloo" && !nccl)
+      throw HostError("distributed: unknown backend '" + dc.backend() + "' (gloo or nccl)");
+    if (nccl && !training_device().is_cuda())
+      throw HostError("distributed: backend nccl needs train.device=cuda (NCCL moves CUDA tensors; CPU runs use gloo)");
+    groups = start_world(le, t, description, d.timeout, d.store, nccl);
   }
   install_process_groups(t, std::move(groups), d.timeout);
   set_simulated_link(parse_simulated_link(dc.simulated_link()));
@@ -526,6 +541,7 @@ void shutdown_distributed() {
       throw HostError("distributed: final barrier failed: " + short_error(e));
     }
   }
+  nccl_backend::release();
   release_process_groups();
   std::lock_guard<std::mutex> lock(d.mu);
   d.store.reset();

@@ -26,9 +26,22 @@ static_assert(sizeof(kPhases) / sizeof(kPhases[0]) == static_cast<int>(Phase::kC
 const char* phase_name(Phase p) { return kPhases[static_cast<int>(p)].name; }
 int phase_level(Phase p) { return kPhases[static_cast<int>(p)].level; }
 
+void Timers::read_device_clock() {
+  if (!clock_) return;
+  for (const auto& [phase, from, to] : marks_) seconds_[static_cast<int>(phase)] += clock_->seconds(from, to);
+  marks_.clear();
+  clock_->reset();
+}
+
+void Timers::reset() {
+  if (clock_) marks_.clear(), clock_->reset();
+  seconds_.fill(0);
+}
+
 std::vector<Timers::Row> Timers::window(int64_t iterations, const Topology& topo) {
   std::vector<Row> rows;
   if (level_ <= 0) return rows;
+  read_device_clock();
   constexpr int n = static_cast<int>(Phase::kCount);
   // One tensor: [max of t..., max of -t...] -> max and min in a single collective.
   at::Tensor t = at::empty({2 * n}, at::kDouble);

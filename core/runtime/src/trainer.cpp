@@ -28,6 +28,7 @@
 #include "dtk/core/memory.hpp"
 #include "dtk/core/run_agreement.hpp"
 #include "dtk/core/trace.hpp"
+#include "cuda_glue.hpp"
 
 namespace dtk::core {
 
@@ -61,6 +62,8 @@ std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::
 const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost& plugins) {
   validate_config(cfg);
   set_run_config(cfg);
+  // The device first: NCCL's communicators are created on it.
+  select_training_device(cfg.train().device());
   // Rendezvous and process groups (a no-op for a single process); the ranks first compare what
   // they will run (run_agreement.hpp).
   init_distributed(cfg, describe_run(cfg, plugin_lines(cfg, plugins)));
@@ -81,18 +84,12 @@ const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost&
   memory::install();
   // The device budget: train.memory_limit_mb, else (CPU) this machine's memory shared by the ranks
   // on it, so an absurd size fails with one line instead of growing until the kernel kills it.
-  if (train.memory_limit_mb() > 0)
+  // Only host tensors are counted: on a GPU the budget is the memory estimate's (and CUDA's own
+  // out-of-memory error), and host memory keeps the machine's limit.
+  if (train.memory_limit_mb() > 0 && !training_device().is_cuda())
     memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
   else
     memory::set_device_limit(memory::machine_memory_bytes() / local_ranks, /*machine=*/true);
-  if (train.device() == "cuda") {
-    std::string why;
-    if (!cuda_training_available(&why)) throw HostError("config: train.device=cuda: " + why);
-    // A CUDA LibTorch with a device: the pieces exist (core/cuda: streams, NCCL, fused AdamW) but
-    // the trainer does not yet place the model, batches and strategy on the GPU (issue 14).
-    throw HostError("config: train.device=cuda: the GPU training path is not finished in this release "
-                    "(the CUDA runtime, NCCL and kernel pieces are; see docs/cuda.md)");
-  }
   return topo;
 }
 
@@ -159,11 +156,19 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
       strategy_slot_(resolve(plugins, DTK_KIND_STRATEGY, cfg.strategy())),
       nonfinite_iterations_(nonfinite_iterations_from_environment(topo_.world_rank)),
       writers_(plugin_lines(cfg, plugins)) {
+#if DTK_HAVE_CUDA
+  if (const c10::Device device = training_device(); device.is_cuda())
+    timers_.set_device_clock(cuda_glue::make_event_clock(device.index()));
+#endif
   // MFU needs the device's peak: given, or (bench mode on a CPU) measured here, before the
   // model takes memory and threads.
   const bool bench_mode = cfg.train().bench_steps() > 0;
   if (cfg.logging().peak_tflops() > 0) {
     peak_tflops_ = cfg.logging().peak_tflops(), peak_source_ = "logging.peak_tflops";
+  } else if (bench_mode && training_device().is_cuda()) {
+    // A GPU's dense peak is its datasheet's (H100 SXM: 989 bf16), not a matmul measured here.
+    LOG(WARNING) << "bench mode on " << training_device().str()
+                 << ": MFU needs the GPU's peak TFLOP/s: set logging.peak_tflops (e.g. 989 for bf16 on an H100 SXM)";
   } else if (bench_mode) {
     peak_tflops_ = measure_matmul_tflops();
     memory::reset_peak();
@@ -329,7 +334,8 @@ dtk_build_context Trainer::build_context(const Slot& slot, int chunk) const {
   dtk_build_context c{};
   c.struct_size = sizeof(c);
   c.options = slot.options.get();
-  c.device = {DTK_DEVICE_CPU, -1};
+  const c10::Device device = training_device();
+  c.device = device.is_cuda() ? dtk_device{DTK_DEVICE_CUDA, device.index()} : dtk_device{DTK_DEVICE_CPU, -1};
   c.params_dtype = dtype_code(cfg_.train().params_dtype());
   c.tp_rank = topo_.tp_rank, c.tp_size = topo_.tp_size;
   c.pp_rank = topo_.pp_rank, c.pp_size = topo_.pp_size;
@@ -433,8 +439,10 @@ void Trainer::check_memory_estimate() {
   if (t.skip_memory_check()) return;
   const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t local_ranks = local_world ? std::max(1, std::atoi(local_world)) : 1;
+  const c10::Device device = training_device();
   const int64_t budget = t.memory_limit_mb() > 0 ? t.memory_limit_mb() * (int64_t{1} << 20)
-                                                 : memory::machine_memory_bytes() / local_ranks;
+                         : device.is_cuda()       ? cuda_device_memory_bytes(device)
+                                                  : memory::machine_memory_bytes() / local_ranks;
   if (budget <= 0) return;
   const dtk_model_info info = model_->info();
   const dtk_memory_usage held = strategy_->memory_usage();
@@ -466,7 +474,7 @@ void Trainer::check_memory_estimate() {
   const double gradients_in_flight =
       v > 1 ? static_cast<double>(chunk_forwards + 2 * topo_.pp_size + 1) * s * b * h * dtype_bytes : 0.0;
   // What lives in host memory (offload) is outside a device budget (not outside the machine's).
-  const bool device_budget = t.memory_limit_mb() > 0;
+  const bool device_budget = t.memory_limit_mb() > 0 || device.is_cuda();
   const double optimizer =
       device_budget && strategy_->info().optimizer_on_host ? 0.0 : 8.0 * static_cast<double>(optimized);
   const double params = static_cast<double>(held.parameter_bytes + held.gradient_bytes + held.master_bytes -
@@ -479,6 +487,7 @@ void Trainer::check_memory_estimate() {
       ", optimizer state " + mb(optimizer) + ", activations " + mb(activations + logits + gradients_in_flight) +
       ", batches " + mb(batches) + "), more than the " + mb(static_cast<double>(budget)) +
       (t.memory_limit_mb() > 0 ? " of train.memory_limit_mb"
+       : device.is_cuda()      ? " of " + device.str()
                                : " this machine has for each of its " + std::to_string(local_ranks) + " rank(s)") +
       "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true");
 }

@@ -9,6 +9,11 @@
 //   reduce_scatter  a ring over point-to-point send/recv (comm/ring.cpp): c10d's Gloo emulates it
 //                with an all-reduce, twice the traffic at best; the ring sends (N-1)/N of the input,
 //                the bandwidth-optimal volume. Other backends (NCCL) use their native one.
+//
+// CUDA tensors (train.device=cuda): with distributed.backend=nccl the collectives go to the
+// group's NCCL communicator (comm/nccl_backend.cpp), finished on the device; otherwise (Gloo, and
+// point-to-point messages, which NCCL's stream order cannot tag) they run on host copies, copied
+// back when the collective completed.
 #include <glog/logging.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -23,6 +28,7 @@
 #include "dtk/core/comm.hpp"
 #include "dtk/core/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "nccl_backend.hpp"
 #include "ring.hpp"
 #include "timing.hpp"
 
@@ -36,6 +42,10 @@ struct dtk_comm_work {
   std::shared_future<void> task;
   int64_t group_size = 1;
   std::function<void()> then;
+  // An NCCL collective (nccl_backend.hpp): makes LibTorch's stream wait for it on the device. The
+  // host does not block, so its time is not in CommTiming (nor in the trace): that is the GPU's
+  // timeline (Nsight Systems), not the host's.
+  std::function<void()> device_finish;
   std::string what;
   int32_t group = -1;
   int64_t issued_ns = 0, link_done_ns = 0;
@@ -334,6 +344,15 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
     }
     w.task = {};
   }
+  if (w.device_finish) {
+    auto finish = std::move(w.device_finish);
+    w.device_finish = nullptr;
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      throw dtk::Error(w.what + " failed: " + dtk::one_line(e.what()) + limit, DTK_ERR_COMM);
+    }
+  }
   if (timed) {
     int64_t done = w.done_ns->load();
     if (done == 0) done = trace::now_ns();
@@ -367,11 +386,38 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
 // Collectives
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// A CUDA tensor on a group larger than one without an NCCL communicator: the collective runs on
+// host copies (Gloo moves host memory), and the result is copied back once it completed.
+bool on_host(const at::Tensor& t, int32_t group) {
+  return t.defined() && t.is_cuda() && group_size(group) > 1 && !nccl_backend::handles(t, group);
+}
+Work then_copy_back(Work w, const at::Tensor& device, const at::Tensor& host) {
+  dtk_comm_work* raw = w.release();
+  auto first = std::move(raw->then);
+  raw->then = [first, device, host] {
+    at::NoGradGuard ng;
+    if (first) first();
+    device.copy_(host);
+  };
+  return Work(std::unique_ptr<dtk_comm_work>(raw));
+}
+at::Tensor host_copy(const at::Tensor& t) { return t.to(at::kCPU); }
+}  // namespace
+
 Work all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
   at::NoGradGuard ng;
   const c10d::ReduceOp rop = reduce_op(op);
+  if (on_host(x, group)) {
+    const at::Tensor h = host_copy(x);
+    return then_copy_back(all_reduce(h, group, op), x, h);
+  }
   auto w = pending("all_reduce", group);
-  if (auto pg = pg_of(group)) {
+  if (nccl_backend::handles(x, group)) {
+    checked_size(group);
+    w->device_finish = nccl_backend::all_reduce(x, group, op);
+    count(*w, kAllReduce, x, 2 * ring_share(group_size(group)));
+  } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
     at::Tensor buf = contiguous_buffer(x, &copy_back);
     std::vector<at::Tensor> v{buf};
@@ -398,8 +444,15 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
   at::NoGradGuard ng;
   if (root < 0 || root >= checked_size(group))
     throw dtk::Error("broadcast: bad tensor or source rank", DTK_ERR_INVALID_ARGUMENT);
+  if (on_host(x, group)) {
+    const at::Tensor h = host_copy(x);
+    return then_copy_back(broadcast(h, group, root), x, h);
+  }
   auto w = pending("broadcast", group);
-  if (auto pg = pg_of(group)) {
+  if (nccl_backend::handles(x, group)) {
+    w->device_finish = nccl_backend::broadcast(x, group, root);
+    count(*w, kBroadcast, x, group_rank(group) == root ? 1.0 : 0.0, 1.0);
+  } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
     at::Tensor buf = x;
     if (!x.is_contiguous()) {
@@ -432,6 +485,7 @@ void check_peer(const char* what, const at::Tensor& x, int32_t group, int32_t pe
 Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
   at::NoGradGuard ng;
   check_peer("send", x, group, peer);
+  if (x.is_cuda()) return send(host_copy(x), group, peer, tag);  // the host copy lives until the send completed
   auto w = pending(("send to rank " + std::to_string(peer)).c_str(), group);
   if (auto pg = pg_of(group)) {
     const at::Tensor buf = bits(x.contiguous());
@@ -447,6 +501,10 @@ Work send(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
 Work recv(const at::Tensor& x, int32_t group, int32_t peer, int32_t tag) {
   at::NoGradGuard ng;
   check_peer("recv", x, group, peer);
+  if (x.is_cuda()) {
+    const at::Tensor h = at::empty(x.sizes(), x.options().device(at::kCPU));
+    return then_copy_back(recv(h, group, peer, tag), x, h);
+  }
   auto w = pending(("recv from rank " + std::to_string(peer)).c_str(), group);
   if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
@@ -470,8 +528,15 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
   at::NoGradGuard ng;
   const int64_t n = checked_size(group);
   check_gather_shapes("all_gather", o, i, n);
+  if (on_host(o, group)) {
+    const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
+    return then_copy_back(all_gather(h, host_copy(i), group), o, h);
+  }
   auto w = pending("all_gather", group);
-  if (auto pg = pg_of(group)) {
+  if (nccl_backend::handles(o, group) && i.is_cuda()) {
+    w->device_finish = nccl_backend::all_gather(o, i, group);
+    count(*w, kAllGather, o, ring_share(n));
+  } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
     at::Tensor buf = o;
     if (!o.is_contiguous()) {
@@ -499,7 +564,16 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
   check_gather_shapes("reduce_scatter", i, o, n);
   const c10d::ReduceOp rop = reduce_op(op);
   check_avg(op, i);
+  if (on_host(o, group)) {
+    const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
+    return then_copy_back(reduce_scatter(h, host_copy(i), group, op), o, h);
+  }
   auto w = pending("reduce_scatter", group);
+  if (nccl_backend::handles(o, group) && i.is_cuda()) {
+    count(*w, kReduceScatter, i, ring_share(n));
+    w->device_finish = nccl_backend::reduce_scatter(o, i, group, op);
+    return Work(std::move(w));
+  }
   auto pg = pg_of(group);
   if (!pg) {
     o.copy_(i);

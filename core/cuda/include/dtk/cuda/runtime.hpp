@@ -34,6 +34,8 @@ int runtime_version();
 int device_count(std::string* why = nullptr);
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"; throws for a bad index.
 std::string device_description(int device);
+// The device's memory in bytes (what the run's memory estimate is checked against).
+size_t device_memory_bytes(int device);
 void set_device(int device);
 int current_device();
 
@@ -70,10 +72,11 @@ class Stream {
   int device_ = 0;
 };
 
-// An owned event (timing disabled: cheaper to record and query).
+// An owned event. Timing is off unless asked for (cheaper to record and query); timed events
+// measure device time between two of them (elapsed_ms): the Megatron timers on a GPU.
 class Event {
  public:
-  Event();
+  explicit Event(bool timing = false);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -86,6 +89,10 @@ class Event {
  private:
   EventHandle event_ = nullptr;
 };
+
+// Device time in milliseconds from `start` to `end` (both timed events, recorded): blocks the
+// host until `end` completed, bounded by `timeout` (throws CudaError past it).
+double elapsed_ms(const Event& start, const Event& end, std::chrono::milliseconds timeout);
 
 // Blocks the host until `event` completed, polling with a growing sleep (the host thread stays
 // free for signals and the watchdog); `failed` (optional) is polled too and ends the wait with

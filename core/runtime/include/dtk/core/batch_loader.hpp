@@ -6,8 +6,13 @@
 // dimension into [micro_batch_size, ...]. Integer buffers become int64 (token ids; LibTorch 1.13
 // has no uint16), floating and bool buffers keep their dtype. Every sample of a split must put
 // the same names with the same shapes.
+//
+// On a GPU run (training_device() is CUDA) the worker puts each batch in page-locked host memory
+// and next() starts its copy to the device without blocking (on LibTorch's current stream, so
+// the step's kernels run after it).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <dtk/tensor.hpp>
 
 #include <atomic>
@@ -49,6 +54,7 @@ class BatchLoader {
   std::exception_ptr error_;
   int64_t consumed_ = 0;
   bool stop_ = false;  // guarded by mu_
+  c10::Device device_;  // where next() delivers (the run's training device)
   std::thread worker_;
 };
 

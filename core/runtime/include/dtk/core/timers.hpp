@@ -7,12 +7,18 @@
 //
 // per iteration of the window, with the min and max over every rank (a slow rank or a slow data
 // loader shows), and written to TensorBoard as "<name>-time" (seconds, the max, as Megatron).
+//
+// On a GPU the host only queues kernels, so its wall time says little: a DeviceClock (CUDA events
+// recorded on LibTorch's stream, cuda_glue.cpp) times each scope on the device instead, read back
+// once per log window, without the device synchronisations Megatron's timers make.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dtk/core/comm.hpp"
@@ -39,19 +45,33 @@ enum class Phase : int {
 const char* phase_name(Phase p);  // Megatron's names where Megatron has the phase
 int phase_level(Phase p);
 
+// Marks on a device's timeline: mark() records one and returns its handle, seconds() the device
+// time between two marks (waiting for the later one), reset() recycles every mark.
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  virtual int mark() = 0;
+  virtual double seconds(int from, int to) = 0;
+  virtual void reset() = 0;
+};
+
 class Timers {
  public:
   explicit Timers(int log_level) : level_(log_level) {}
   int level() const { return level_; }
+  // Time scopes on this clock from now on (null: the host's wall clock).
+  void set_device_clock(std::unique_ptr<DeviceClock> clock) { clock_ = std::move(clock); }
 
   // Times a scope when its phase's level is enabled.
   class Scope {
    public:
     Scope(Timers& t, Phase p) : t_(t.level_ >= phase_level(p) ? &t : nullptr), p_(p) {
-      if (t_) start_ = std::chrono::steady_clock::now();
+      if (t_ && t_->clock_) mark_ = t_->clock_->mark();
+      else if (t_) start_ = std::chrono::steady_clock::now();
     }
     ~Scope() {
-      if (t_) t_->add(p_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+      if (t_ && t_->clock_) t_->marks_.emplace_back(p_, mark_, t_->clock_->mark());
+      else if (t_) t_->add(p_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -60,6 +80,7 @@ class Timers {
     Timers* t_;
     Phase p_;
     std::chrono::steady_clock::time_point start_;
+    int mark_ = -1;
   };
   Scope scope(Phase p) { return Scope(*this, p); }
   void add(Phase p, double seconds) { seconds_[static_cast<int>(p)] += seconds; }
@@ -71,14 +92,18 @@ class Timers {
     double min_ms, max_ms;
   };
   std::vector<Row> window(int64_t iterations, const Topology& topo);
-  void reset() { seconds_.fill(0); }
+  void reset();
 
   // Megatron's text block for `rows`.
   static std::string format(const std::vector<Row>& rows);
 
  private:
+  // Adds the device clock's scopes into seconds_ and recycles their marks.
+  void read_device_clock();
   int level_;
   std::array<double, static_cast<int>(Phase::kCount)> seconds_{};
+  std::unique_ptr<DeviceClock> clock_;
+  std::vector<std::tuple<Phase, int, int>> marks_;  // device-timed scopes not read yet
 };
 
 }  // namespace dtk::core

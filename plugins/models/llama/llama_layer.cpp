@@ -14,9 +14,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
 }
 
-std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions) const {
+std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions, const at::Device& device) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!cos_.defined() || cos_.size(0) < positions) {
+  if (!cos_.defined() || cos_.size(0) < positions || cos_.device() != device) {
     // Megatron's arithmetic in fp32: inv_freq = 1 / base^(2j / dim); angle = position * inv_freq;
     // the table repeats the dim / 2 angles twice (the halves that pair up). A row depends only on
     // its position, so growing the table leaves the earlier rows as they were.
@@ -24,8 +24,8 @@ std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions) const {
     const at::Tensor inv_freq = 1.0 / at::pow(base_, at::arange(0, dim_, 2, f32) / static_cast<double>(dim_));
     const at::Tensor angles = at::outer(at::arange(positions, f32), inv_freq);
     const at::Tensor emb = at::cat({angles, angles}, -1);
-    cos_ = emb.cos();
-    sin_ = emb.sin();
+    cos_ = emb.cos().to(device);
+    sin_ = emb.sin().to(device);
   }
   return {cos_, sin_};
 }
@@ -33,9 +33,10 @@ std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions) const {
 at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) const {
   if (dim_ == 0) return x;
   const int64_t max_position = positions.numel() ? positions.max().item<int64_t>() : 0;
-  const auto [cos_table, sin_table] = table(max_position + 1);
-  const at::Tensor cos = at::embedding(cos_table.to(x.device()), positions).unsqueeze(2);  // [b, s, 1, dim]
-  const at::Tensor sin = at::embedding(sin_table.to(x.device()), positions).unsqueeze(2);
+  const auto [cos_table, sin_table] = table(max_position + 1, x.device());
+  const at::Tensor at_x = positions.to(x.device());
+  const at::Tensor cos = at::embedding(cos_table, at_x).unsqueeze(2);  // [b, s, 1, dim]
+  const at::Tensor sin = at::embedding(sin_table, at_x).unsqueeze(2);
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor rot = xf.narrow(-1, 0, dim_);
   const int64_t half = dim_ / 2;

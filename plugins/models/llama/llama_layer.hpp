@@ -63,7 +63,8 @@ class Rotary {
   at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
 
  private:
-  std::pair<at::Tensor, at::Tensor> table(int64_t positions) const;  // cos, sin [positions, dim]
+  // cos, sin [positions, dim] on `device` (computed on the host in fp32, moved once per growth).
+  std::pair<at::Tensor, at::Tensor> table(int64_t positions, const at::Device& device) const;
   int64_t dim_;
   double base_;
   mutable std::mutex mu_;

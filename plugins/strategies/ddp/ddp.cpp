@@ -90,7 +90,11 @@ class Ddp : public dtk::Strategy {
       at::Tensor sq = dtk::sum_of_squares(g);
       total = total.defined() ? total + sq : sq;
     }
-    if (!total.defined()) total = at::zeros({}, at::kDouble);
+    // On the parameters' device even without gradients: every rank of the group must pick the same
+    // backend (NCCL for CUDA tensors, Gloo for host ones).
+    if (!total.defined())
+      total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(
+                                masters_.empty() ? at::Device(at::kCPU) : masters_.front().device()));
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm)) {

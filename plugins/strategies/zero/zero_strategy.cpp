@@ -234,6 +234,7 @@ void ZeroStrategy::allocate_masters_and_gradients() {
     for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(param_values_of(s));
   }
   part_grads_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
+  if (opt_.offload_optimizer && device_.is_cuda()) offload_ = std::make_unique<OffloadCopier>(device_);
   if (opt_.stage == 1) grad_flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
   optimizer_params_.clear();
   for (const Shard& s : shards_) {
@@ -357,11 +358,19 @@ void ZeroStrategy::finish_reductions(size_t keep) {
     InFlight& f = in_flight_.front();
     if (f.work) f.work->wait();
     const Bucket& bucket = layout_->buckets()[f.bucket];
-    // Device -> host when the partition is offloaded (a no-op move on CPU runs).
-    part_grads_.narrow(0, bucket.partition_offset, bucket.chunk).add_(f.output.to(part_grads_.device()));
+    at::Tensor target = part_grads_.narrow(0, bucket.partition_offset, bucket.chunk);
+    if (offload_) {
+      // A GPU with the partition on the host: the copy engine moves the chunk while backward goes
+      // on, and the host adds it once it landed.
+      offload_->to_host(f.output, [target](const at::Tensor& host) { target.add_(host); });
+    } else {
+      target.add_(f.output.to(part_grads_.device()));  // a no-op move unless offloaded
+    }
     if (f.staging.defined()) return_staging(std::move(f.staging));
     in_flight_.pop_front();
   }
+  // Complete: every chunk in the partition. Otherwise a few copies stay in flight.
+  if (offload_) offload_->drain(keep == 0 ? 0 : kOffloadCopiesInFlight);
 }
 
 void ZeroStrategy::flush_buckets() {
@@ -429,14 +438,17 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
   dtk::optimizer_step(optimizer, args);
   at::NoGradGuard no_grad;
   const Layout& l = *layout_;
+  // Offloaded masters go back to the GPU without blocking the host (pinned memory: the copy engine
+  // runs them in order before the gathers queued next); masters_ is not written again before the
+  // next step, whose backward the host has waited for.
   if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
-    if (!masters_alias_) part_params_.copy_(masters_);
+    if (!masters_alias_) part_params_.copy_(masters_, /*non_blocking=*/true);
   } else if (!masters_alias_) {
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
       full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
-          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk));
+          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), /*non_blocking=*/true);
     }
   }
   gather_after_step();

@@ -27,10 +27,12 @@
 #include <dtk/strategy.hpp>
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "layout.hpp"
+#include "offload.hpp"
 
 namespace dtk::zero {
 
@@ -137,6 +139,9 @@ class ZeroStrategy : public Strategy {
     at::Tensor staging;  // stage 2/3: the pool buffer behind input
   };
   std::deque<InFlight> in_flight_;
+  // GPU runs with offload_optimizer=cpu: the reduced chunks' copies to the host partition.
+  std::unique_ptr<OffloadCopier> offload_;
+  static constexpr size_t kOffloadCopiesInFlight = 4;
 
   // stage 3 gathering state
   std::vector<int> refs_;                 // per bucket: modules holding it

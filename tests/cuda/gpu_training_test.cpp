@@ -1,0 +1,131 @@
+// train.device=cuda end to end through the `dtk` binary (label `gpu`): the GPU against the CPU,
+// a run whose loss falls, an exact resume, ZeRO-Offload against ddp, and two processes on the
+// GPUs (over NCCL where there are two; on one GPU over Gloo, since NCCL refuses two ranks on one
+// device). Where this dtk cannot train on a GPU (CI: a CPU-only LibTorch, no device) every test
+// skips, saying why.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "../common/curves.hpp"
+#include "dtk/core/cuda_support.hpp"
+#include "dtk/cuda/runtime.hpp"
+
+namespace {
+
+using dtk_test::Curve;
+using dtk_test::expect_same_curve;
+using dtk_test::run_curve;
+
+// A small GPT on synthetic tokens, no dropout, clipping active: the same run as the CPU tests'.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 2 "
+                           "--set model.hidden_dropout=0 --set model.attention_dropout=0 "
+                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                           "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
+                           "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 "
+                           "--set distributed.timeout_seconds=120 ";
+
+#define SKIP_WITHOUT_GPU_TRAINING()                                       \
+  do {                                                                    \
+    std::string why;                                                      \
+    if (!dtk::core::cuda_training_available(&why)) GTEST_SKIP() << why;   \
+  } while (0)
+
+Curve curve(const std::string& args, const std::string& name) { return run_curve(args, DTK_TEST_TMP, name); }
+
+std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_TEST_TMP, name); }
+
+// The first iteration's loss is a function of the untrained model's logits alone: equal within
+// 1e-5 means the GPU computes the CPU's logits (fp32; TF32 is off in LibTorch's matmuls by
+// default). Later iterations compound rounding differences through Adam: 1e-4.
+TEST(GpuTraining, TinyGptOnTheGpuEqualsTheCpuInFp32) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const Curve cpu = curve(kTrain, "cpu");
+  const Curve gpu = curve(kTrain + "--set train.device=cuda", "gpu");
+  ASSERT_EQ(gpu.run.code, 0) << gpu.run.out;
+  ASSERT_FALSE(cpu.loss.empty());
+  EXPECT_NEAR(gpu.loss.at(1), cpu.loss.at(1), 1e-5 * std::abs(cpu.loss.at(1)));
+  expect_same_curve(cpu, gpu, 20, "cuda against the cpu", 1e-4);
+}
+
+// bf16 parameters with fp32 masters (ddp) on the GPU: the first loss within bf16's rounding of the
+// fp32 one, and the run trains.
+TEST(GpuTraining, Bf16OnTheGpuStaysNearFp32AndTheLossFalls) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string args = kTrain + "--set train.device=cuda --set train.train_iters=60 --set lr.lr=3e-3 ";
+  const Curve fp32 = curve(args, "fp32");
+  const Curve bf16 = curve(args + "--set train.params_dtype=bf16", "bf16");
+  ASSERT_EQ(bf16.run.code, 0) << bf16.run.out;
+  ASSERT_EQ(bf16.loss.size(), 60u) << bf16.run.out;
+  EXPECT_NEAR(bf16.loss.at(1), fp32.loss.at(1), 2e-2 * std::abs(fp32.loss.at(1)));
+  // Uniform tokens from 512 (the model learns the unigram distribution: ln 512 = 6.24 at best).
+  EXPECT_LT(bf16.loss.at(60), bf16.loss.at(1) - 0.2) << bf16.run.out;
+  EXPECT_LT(fp32.loss.at(60), fp32.loss.at(1) - 0.2) << fp32.run.out;
+}
+
+// Save at 10 on the GPU, resume: iterations 11-20 equal the uninterrupted run's exactly (dropout
+// on: the checkpoint carries the host's and the device's generators, and the model's streams).
+TEST(GpuTraining, ResumeOnTheGpuIsBitExact) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string args = kTrain + "--set train.device=cuda --set model.hidden_dropout=0.1 ";
+  const Curve full = curve(args, "full");
+  const std::string ck = fresh_dir("ck");
+  const Curve first = curve(args + "--set train.train_iters=10 --set checkpoint.save=" + ck, "first");
+  ASSERT_EQ(first.run.code, 0) << first.run.out;
+  const Curve resumed = curve(args + "--set checkpoint.load=" + ck, "resumed");
+  ASSERT_EQ(resumed.run.code, 0) << resumed.run.out;
+  ASSERT_EQ(resumed.loss.size(), 10u) << resumed.run.out;
+  for (const auto& [it, loss] : resumed.loss) {
+    EXPECT_EQ(loss, full.loss.at(it)) << "lm loss at iteration " << it;
+    EXPECT_EQ(resumed.norm.at(it), full.norm.at(it)) << "grad norm at iteration " << it;
+  }
+}
+
+// ZeRO stage 2 with the optimizer on the host (pinned partition, copies on their own stream)
+// against ddp with the optimizer on the GPU: the same updates.
+TEST(GpuTraining, ZeroOffloadEqualsDdp) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string args = kTrain + "--set train.device=cuda ";
+  const Curve ddp = curve(args, "ddp");
+  const Curve offload = curve(args +
+                                  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu "
+                                  "--set strategy.overlap_comm=true",
+                              "offload");
+  expect_same_curve(ddp, offload, 20, "zero-2 offload against ddp", 1e-5);
+}
+
+// Data parallel across processes: over NCCL with one GPU per rank where there are two; on a single
+// GPU two ranks share it over Gloo (the CUDA tensors go through host copies) and the test says so.
+TEST(GpuTraining, TwoProcessesEqualOne) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const int gpus = dtk::cuda::device_count();
+  const Curve one = curve(kTrain + "--set train.device=cuda", "dp1");
+  std::string two_args = "launch --nproc_per_node 2 " + kTrain;
+  if (gpus >= 2) {
+    two_args += "--set train.device=cuda --set distributed.backend=nccl";
+  } else {
+    std::printf("one GPU: two ranks share cuda:0 over Gloo (NCCL refuses two ranks on one device)\n");
+    two_args += "--set train.device=cuda:0 --set distributed.backend=gloo";
+  }
+  const Curve two = curve(two_args, "dp2");
+  ASSERT_EQ(two.run.code, 0) << two.run.out;
+  expect_same_curve(one, two, 20, gpus >= 2 ? "DP2 over NCCL against DP1" : "DP2 on one GPU over Gloo against DP1");
+}
+
+// Tensor parallel across two GPUs over NCCL against one GPU (needs two).
+TEST(GpuTraining, TensorParallelOverNcclEqualsOneGpu) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  if (dtk::cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  const Curve one = curve(kTrain + "--set train.device=cuda", "tp1");
+  const Curve two = curve("launch --nproc_per_node 2 " + kTrain +
+                              "--set train.device=cuda --set distributed.backend=nccl "
+                              "--set distributed.tensor_model_parallel_size=2 --set model.domino_chunks=2",
+                          "tp2");
+  ASSERT_EQ(two.run.code, 0) << two.run.out;
+  expect_same_curve(one, two, 20, "TP2 with Domino over NCCL against one GPU", 1e-5);
+}
+
+}  // namespace

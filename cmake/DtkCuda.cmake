@@ -43,7 +43,7 @@ if(NOT DTK_WITH_CUDA STREQUAL "OFF")
     set(DTK_TORCH_CUDA TRUE)
     message(STATUS "DTK: LibTorch has CUDA: building the GPU training path")
   elseif(DTK_CUDA_FOUND)
-    message(STATUS "DTK: LibTorch ${Torch_VERSION} is CPU-only: the CUDA sources build, train.device=cuda is refused at run time")
+    message(STATUS "DTK: LibTorch ${Torch_VERSION} is CPU-only: the CUDA sources build, train.device=cuda needs a CUDA LibTorch")
   endif()
 endif()
 

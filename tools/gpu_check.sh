@@ -2,18 +2,21 @@
 # Run ON THE GPU MACHINE (PyTorch 2.x with CUDA, nvcc, CMake, ninja; no network), with the
 # folder tools/gpu_bundle.sh filled here carried along: unpacks the Debian packages into a
 # prefix, configures dtk against the Python package's CUDA LibTorch (DTK_WITH_CUDA=ON), builds,
-# runs the GPU-labelled tests and prints one summary. Under 10 minutes on 16 cores.
-#   tools/gpu_check.sh [--configure-only] [--torch-prefix DIR]
+# runs the GPU-labelled tests and the GPT-2 124M benchmark against its PyTorch peer
+# (tools/bench/gpu_gpt2.sh) and prints one summary. Under 10 minutes on 16 cores.
+#   tools/gpu_check.sh [--configure-only] [--no-bench] [--torch-prefix DIR]
 # --torch-prefix: a LibTorch CMake prefix other than python3's torch.utils.cmake_prefix_path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIGURE_ONLY=0
+BENCH=1
 TORCH_PREFIX=""
 while (($#)); do
   case "$1" in
     --configure-only) CONFIGURE_ONLY=1; shift ;;
+    --no-bench) BENCH=0; shift ;;
     --torch-prefix) TORCH_PREFIX=$2; shift 2 ;;
-    *) echo "usage: tools/gpu_check.sh [--configure-only] [--torch-prefix DIR]" >&2; exit 2 ;;
+    *) echo "usage: tools/gpu_check.sh [--configure-only] [--no-bench] [--torch-prefix DIR]" >&2; exit 2 ;;
   esac
 done
 [[ -d .gpu-bundle ]] && ls .gpu-bundle/*.deb >/dev/null 2>&1 ||
@@ -49,6 +52,9 @@ if ((!CONFIGURE_ONLY)); then
   build-gpu/bin/dtk --version
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300) 2>&1 | tail -20 && status="gpu tests passed" ||
     status="gpu tests FAILED"
+  if ((BENCH)) && [[ -n $GPU ]]; then
+    tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 || status="$status; benchmark FAILED"
+  fi
 fi
 echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"
 [[ $status != *FAILED* ]]

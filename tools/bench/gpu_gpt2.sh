@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# ON THE GPU MACHINE (issue 14's benchmark, docs/benchmarks.md "GPU"): GPT-2 small (124M,
+# configs/gpt2-small.pbtxt), seq 1024, bf16, no dropout, one GPU: `dtk train` in bench mode at the
+# largest micro-batch that fits (tried from --batches, largest first), next to its peer in the same
+# call, a nanoGPT-style PyTorch model of the same shape (tools/bench/gpu_peer.py), eager and with
+# torch.compile, at the same micro-batch. Prints tokens/s, TFLOP/s and MFU against --peak_tflops
+# (989: H100 SXM dense bf16), FLOPs counted the same way for both.
+#
+#   tools/bench/gpu_gpt2.sh [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30] [--peak_tflops 989]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DTK=build-gpu/bin/dtk
+BATCHES="32 24 16 8"
+STEPS=30
+PEAK=989
+while (($#)); do
+  case "$1" in
+    --dtk) DTK=$2; shift 2 ;;
+    --batches) BATCHES=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --peak_tflops) PEAK=$2; shift 2 ;;
+    *) echo "usage: tools/bench/gpu_gpt2.sh [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T]" >&2; exit 2 ;;
+  esac
+done
+[[ -x $DTK ]] || { echo "gpu_gpt2.sh: no dtk at $DTK (build it: tools/gpu_check.sh)" >&2; exit 2; }
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)
+echo "gpu_gpt2.sh: $GPU; GPT-2 124M, seq 1024, bf16, no dropout; $STEPS timed steps after 10"
+BATCH=""
+for b in $BATCHES; do
+  if "$DTK" train --config configs/gpt2-small.pbtxt --set train.device=cuda --set train.params_dtype=bf16 \
+      --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+      --set train.micro_batch_size="$b" --set train.global_batch_size="$b" \
+      --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
+      --set train.skip_memory_check=true --bench_out "$OUT/dtk.json" >"$OUT/dtk-$b.log" 2>&1; then
+    BATCH=$b
+    break
+  fi
+  echo "  micro-batch $b: $(grep -m1 -iE 'error|out of memory' "$OUT/dtk-$b.log" | cut -c1-160)"
+done
+[[ -n $BATCH ]] || { echo "gpu_gpt2.sh: dtk ran at no micro-batch of '$BATCHES'" >&2; tail -5 "$OUT"/dtk-*.log >&2; exit 1; }
+python3 - "$OUT/dtk.json" "$BATCH" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"  dtk            micro-batch {sys.argv[2]:>3}: {r['tokens_per_second']:>9.0f} tokens/s "
+      f"{r['tflops_per_device']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%")
+PY
+for mode in "" --compile; do
+  if python3 tools/bench/gpu_peer.py --batch "$BATCH" --steps "$STEPS" --warmup 10 --peak_tflops "$PEAK" $mode \
+      >"$OUT/peer.json" 2>"$OUT/peer.log"; then
+    python3 - "$OUT/peer.json" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f"  {r['peer']:<28}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%")
+PY
+  else
+    echo "  peer ${mode:-eager}: failed: $(tail -1 "$OUT/peer.log" | cut -c1-160)"
+  fi
+done

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtk/core/comm.hpp"  // collective_timeout
+#include "dtk/core/distributed.hpp"  // launch_env_from_environment
 #include "dtk/host/plugin_host.hpp"  // HostError
 
 #if DTK_HAVE_CUDA
@@ -51,12 +52,6 @@ int cuda_index_of(const std::string& spec) {
   return std::atoi(spec.c_str() + 5);
 }
 
-// The local rank as the launchers set it: dtk launch and torchrun (LOCAL_RANK), srun (SLURM_LOCALID).
-int local_rank() {
-  for (const char* name : {"LOCAL_RANK", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(name); v && *v) return std::max(0, std::atoi(v));
-  return 0;
-}
 }  // namespace
 
 bool valid_device_spec(const std::string& spec) { return spec == "cpu" || cuda_index_of(spec) >= -1; }
@@ -77,7 +72,9 @@ c10::Device select_training_device(const std::string& spec) {
   std::string why;
   if (!cuda_training_available(&why)) throw HostError("config: train.device=" + spec + ": " + why);
 #if DTK_HAVE_CUDA
-  const int index = asked >= 0 ? asked : local_rank();
+  // The local rank as the launcher set it: dtk launch and torchrun (LOCAL_RANK), srun
+  // (SLURM_LOCALID), mpirun (OMPI_COMM_WORLD_LOCAL_RANK); 0 for one process.
+  const int index = asked >= 0 ? asked : launch_env_from_environment().local_rank;
   const int visible = dtk::cuda::device_count(&why);
   if (index >= visible)
     throw HostError("config: train.device=" + spec + ": " +

@@ -1,5 +1,6 @@
 // Megatron-LM / DeepSpeed-Domino flags -> DTK config (dtk/core/megatron_args.hpp).
 #include "dtk/core/megatron_args.hpp"
+#include "dtk/core/cuda_support.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -144,7 +145,8 @@ const Rule kRules[] = {
      "the interleaved schedule"},
     {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
-     "gloo: accepted; nccl: refused (this build has no NCCL backend for training; docs/cuda.md)"},
+     "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
+     "GPU (docs/cuda.md)"},
     {"--distributed-timeout-minutes", 1, Kind::kCustom, "distributed.timeout_seconds", "minutes x 60"},
     {"--DDP-impl", 1, Kind::kIgnore, "", "DTK's ddp strategy is its one implementation"},
     {"--local-rank", 1, Kind::kIgnore, "", "each rank reads LOCAL_RANK from its launcher's environment"},
@@ -243,7 +245,13 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.strategy = "zero";
     m.sets.push_back("strategy.stage=1");
   } else if (f == "--distributed-backend") {
-    if (v[0] == "nccl") return refuse("this build has no NCCL backend for training (docs/cuda.md); use gloo");
+    if (v[0] == "nccl") {
+      std::string why;
+      if (!cuda_training_available(&why)) return refuse(why + " (docs/cuda.md); use gloo");
+      m.sets.push_back("distributed.backend=nccl");
+      m.sets.push_back("train.device=cuda");
+      return;
+    }
     if (v[0] != "gloo") return refuse("not one of gloo, nccl");
     m.sets.push_back("distributed.backend=gloo");
   } else if (f == "--distributed-timeout-minutes") {

@@ -21,7 +21,8 @@ bool valid_device_spec(const std::string& spec);
 // "cuda" the local rank's (LOCAL_RANK under dtk launch or torchrun, SLURM_LOCALID under srun,
 // else 0), as PyTorch's launchers place ranks. A GPU is made the current device of CUDA and
 // LibTorch. Throws HostError (one line naming train.device) where this build or machine cannot
-// train there. training_device() is the one selected (the CPU until then).
+// train there (mpirun: OMPI_COMM_WORLD_LOCAL_RANK). training_device() is the one selected (the
+// CPU until then).
 c10::Device select_training_device(const std::string& spec);
 c10::Device training_device();
 // The memory of the GPU `device` in bytes (0 for the CPU or without CUDA).

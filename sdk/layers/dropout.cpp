@@ -70,11 +70,24 @@ at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
   return out;
 }
 
-at::Tensor apply_on_cpu(const at::Tensor& x, const DropoutMask& m) {
+at::Tensor apply_mask(const at::Tensor& x, const DropoutMask& m) {
   if (x.device().is_cpu()) return masked_scale(x, m);
-  // Other devices: the same bits, made on the CPU (dropout.hpp).
-  const at::Tensor keep = keep_bits(m, x.numel()).view(x.sizes()).to(x.device());
+  // Other devices: the same bits, made there with tensor operations (dropout.hpp).
+  const at::Tensor keep = keep_bits_on(m, x.numel(), x.device()).view(x.sizes());
   return (x * keep).mul(1.0 / (1.0 - m.p));
+}
+
+// splitmix64 in int64 tensor arithmetic: multiplication wraps as uint64's does (two's
+// complement), and a logical right shift is the arithmetic one with the sign bits masked off.
+at::Tensor mix_words(uint64_t seed, const at::Tensor& pair) {
+  auto u = [](uint64_t v) { return static_cast<int64_t>(v); };
+  auto shr = [](const at::Tensor& z, int k) {
+    return at::bitwise_and(at::bitwise_right_shift(z, k), static_cast<int64_t>((uint64_t{1} << (64 - k)) - 1));
+  };
+  at::Tensor z = (pair + 1).mul_(u(0x9E3779B97F4A7C15ULL)).add_(u(seed));
+  z = at::bitwise_xor(z, shr(z, 30)).mul_(u(0xBF58476D1CE4E5B9ULL));
+  z = at::bitwise_xor(z, shr(z, 27)).mul_(u(0x94D049BB133111EBULL));
+  return at::bitwise_xor(z, shr(z, 31));
 }
 
 struct Dropout : public torch::autograd::Function<Dropout> {
@@ -83,7 +96,7 @@ struct Dropout : public torch::autograd::Function<Dropout> {
     ctx->saved_data["p"] = m.p;
     ctx->saved_data["offset"] = m.offset;
     ctx->saved_data["row_numel"] = m.row_numel;
-    return apply_on_cpu(x, m);
+    return apply_mask(x, m);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     DropoutMask m;
@@ -91,7 +104,7 @@ struct Dropout : public torch::autograd::Function<Dropout> {
     m.p = ctx->saved_data["p"].toDouble();
     m.offset = ctx->saved_data["offset"].toInt();
     m.row_numel = ctx->saved_data["row_numel"].toInt();
-    return {apply_on_cpu(grad[0], m), at::Tensor()};
+    return {apply_mask(grad[0], m), at::Tensor()};
   }
 };
 
@@ -165,7 +178,7 @@ DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) 
 at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep) {
   if (!keep.defined()) return x;
   if (at::GradMode::is_enabled() && x.requires_grad()) return Dropout::apply(x, keep);
-  return apply_on_cpu(x, keep);
+  return apply_mask(x, keep);
 }
 
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
@@ -182,6 +195,25 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
     const int64_t len = std::min(kBlock, numel - i0);
     uniforms(keep.seed, keep.offset + i0, len, u);
     for (int64_t i = 0; i < len; ++i) dst[i0 + i] = u[i] >= thr;
+  }
+  return out;
+}
+
+at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device) {
+  at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kBool).device(device));
+  const int64_t thr = threshold(keep.p);
+  // In pieces of at most 2^23 words (64 MiB per int64 temporary), so a large attention mask does
+  // not need gigabytes of temporaries.
+  constexpr int64_t kWords = int64_t{1} << 23;
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  for (int64_t i0 = 0; i0 < numel; i0 += 2 * kWords) {
+    const int64_t len = std::min(2 * kWords, numel - i0), first = keep.offset + i0;
+    const int64_t w0 = first >> 1, odd = first & 1, n = (odd + len + 1) >> 1;
+    const at::Tensor words = mix_words(keep.seed, at::arange(w0, w0 + n, longs));
+    // Element k of the pair list is the low (even) or high (odd) half of its word: the words'
+    // int32 view, little-endian, as uniforms() copies them; compared as unsigned.
+    const at::Tensor halves = words.view(at::kInt).narrow(0, odd, len).to(at::kLong).bitwise_and_(static_cast<int64_t>(0xFFFFFFFF));
+    out.narrow(0, i0, len).copy_(halves.ge(thr));
   }
   return out;
 }

@@ -2,10 +2,12 @@
 // are a function of (seed, element), drawn one seed per mask from the model's generator.
 //   * the keep fraction is 1 - p within 5 standard deviations, elements and masks uncorrelated;
 //   * a slice of rows is the same mask (Domino's chunks), backward regenerates the forward mask;
-//   * a cloned generator draws the same mask (recomputation), the next draw another one.
+//   * a cloned generator draws the same mask (recomputation), the next draw another one;
+//   * the tensor-operation version a GPU uses (keep_bits_on) makes the host's bits exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include <dtk/layers/dropout.hpp>
 
@@ -61,6 +63,29 @@ TEST(Dropout, AClonedGeneratorDrawsTheSameMask) {
   const DropoutMask c = dtk::layers::draw_keep_mask({1000}, 0.2, g);
   EXPECT_FALSE(at::equal(dtk::layers::keep_bits(a, 1000), dtk::layers::keep_bits(c, 1000)));
   EXPECT_FALSE(dtk::layers::draw_keep_mask({1000}, 0.0, g).defined());
+}
+
+// What a GPU run applies is made with tensor operations (int64 arithmetic standing in for
+// uint64's): run here on the CPU, it must give the host loop's bits exactly, for any seed
+// (including ones whose sums and products overflow), odd and even offsets (a mask starting in the
+// high half of a hash), sizes around the hash pairs, and past the 2^24-element pieces it works in.
+TEST(Dropout, TensorOperationBitsEqualTheHostLoop) {
+  at::Generator g = generator(5);
+  std::vector<uint64_t> seeds = {0, 1, 0x9E3779B97F4A7C15ULL, ~uint64_t{0}};
+  for (int i = 0; i < 3; ++i) seeds.push_back(dtk::layers::draw_keep_mask({8}, 0.5, g).seed);
+  for (uint64_t seed : seeds)
+    for (double p : {0.1, 0.5, 0.9})
+      for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{12345}, (int64_t{1} << 40) + 3})
+        for (int64_t n : {1, 2, 3, 1023, 1024, 4099}) {
+          DropoutMask m;
+          m.seed = seed, m.p = p, m.offset = offset, m.row_numel = n;
+          ASSERT_TRUE(at::equal(dtk::layers::keep_bits_on(m, n, at::kCPU), dtk::layers::keep_bits(m, n)))
+              << "seed " << seed << " p " << p << " offset " << offset << " numel " << n;
+        }
+  DropoutMask big;
+  big.seed = seeds.back(), big.p = 0.1, big.offset = 7;
+  const int64_t n = (int64_t{1} << 24) + 5;
+  EXPECT_TRUE(at::equal(dtk::layers::keep_bits_on(big, n, at::kCPU), dtk::layers::keep_bits(big, n)));
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 // storing them, and a slice of rows is the same mask with an offset: Domino's chunks use exactly
 // the plain layer's masks.
 //
-// The bits are made on the CPU for any device (and copied), so a CPU and a GPU run draw the same
-// masks.
+// On other devices (a GPU) the same bits are made there with tensor operations (keep_bits_on), so
+// a CPU and a GPU run draw the same masks without hashing on the host or copying masks over.
 #pragma once
 
 #include <dtk/model.hpp>
@@ -62,5 +62,8 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 
 // The mask's bits as a bool tensor [numel] (tests).
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel);
+// The same bits made with tensor operations on `device`: what a GPU run applies. Equal to
+// keep_bits bit for bit (tests/model check it on the CPU).
+at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device);
 
 }  // namespace dtk::layers

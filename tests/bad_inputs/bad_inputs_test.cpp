@@ -264,10 +264,6 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {kTrain + "--set logging.trace_file=" + dir + "/t.json --set logging.trace_iterations=100-200",
        "starts after the last iteration"},
       {kTrain + "--set distributed.backend=mpi", "config: distributed.backend must be gloo or nccl, got 'mpi'"},
-      // This machine class has no GPU (and CI's LibTorch is CPU-only): the reason, whatever the build.
-      {kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
-      {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
-      {kTrain + "--set train.device=cuda:1", "config: train.device=cuda:1: "},
       {kTrain + "--set train.device=gpu", "config: train.device must be cpu, cuda or cuda:N, got 'gpu'"},
       {kTrain + "--set train.device=cuda:x", "config: train.device must be cpu, cuda or cuda:N, got 'cuda:x'"},
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
@@ -286,6 +282,18 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
     SCOPED_TRACE(c.args);
     expect_clean_error(run_dtk(c.args, 60), c.needle);
   }
+  // Where dtk cannot train on a GPU (CI: a CPU-only LibTorch, no device), asking for one is refused
+  // with the reason, whatever the build (`dtk --version` says which this is).
+  const std::string version = run_dtk("--version", 60).out;
+  const bool gpu = version.find("LibTorch with CUDA") != std::string::npos &&
+                   version.find("no CUDA device") == std::string::npos;
+  if (!gpu)
+    for (const Case& c : std::vector<Case>{{kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
+                                           {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
+                                           {kTrain + "--set train.device=cuda:1", "config: train.device=cuda:1: "}}) {
+      SCOPED_TRACE(c.args);
+      expect_clean_error(run_dtk(c.args, 60), c.needle);
+    }
   ::setenv("RANK", "1", 1);
   expect_clean_error(run_dtk(kTrain, 60), "RANK is set but WORLD_SIZE is not");
   ::unsetenv("RANK");

@@ -46,6 +46,7 @@ r = json.load(open(sys.argv[1]))
 print(f"  dtk            micro-batch {sys.argv[2]:>3}: {r['tokens_per_second']:>9.0f} tokens/s "
       f"{r['tflops_per_device']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%")
 PY
+PEERS_OK=1
 for mode in "" --compile; do
   if python3 tools/bench/gpu_peer.py --batch "$BATCH" --steps "$STEPS" --warmup 10 --peak_tflops "$PEAK" $mode \
       >"$OUT/peer.json" 2>"$OUT/peer.log"; then
@@ -56,5 +57,7 @@ print(f"  {r['peer']:<28}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops']:
 PY
   else
     echo "  peer ${mode:-eager}: failed: $(tail -1 "$OUT/peer.log" | cut -c1-160)"
+    PEERS_OK=0
   fi
 done
+((PEERS_OK)) || { echo "gpu_gpt2.sh: a peer failed (above): no comparison" >&2; exit 1; }

@@ -51,7 +51,7 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def main():

@@ -74,8 +74,10 @@ c10::Device select_training_device(const std::string& spec) {
 #if DTK_HAVE_CUDA
   // The local rank as the launcher set it: dtk launch and torchrun (LOCAL_RANK), srun
   // (SLURM_LOCALID), mpirun (OMPI_COMM_WORLD_LOCAL_RANK); 0 for one process.
-  const int index = asked >= 0 ? asked : launch_env_from_environment().local_rank;
+  // A process that sees one GPU uses it whatever its local rank (srun --gpus-per-task=1 and
+  // CUDA_VISIBLE_DEVICES per rank give each rank its own single device 0).
   const int visible = dtk::cuda::device_count(&why);
+  const int index = asked >= 0 ? asked : visible == 1 ? 0 : launch_env_from_environment().local_rank;
   if (index >= visible)
     throw HostError("config: train.device=" + spec + ": " +
                     (asked >= 0 ? "device " + std::to_string(index) : "the local rank's device " + std::to_string(index)) +
@@ -139,13 +141,20 @@ namespace {
 class EventClock final : public DeviceClock {
  public:
   explicit EventClock(int device) : device_(device) {}
-  int mark() override {
-    dtk::cuda::DeviceGuard on(device_);
-    if (used_ == events_.size()) events_.push_back(std::make_unique<dtk::cuda::Event>(/*timing=*/true));
-    events_[used_]->record(torch_current_stream(device_));
-    return static_cast<int>(used_++);
+  // No throw: a scope's destructor marks its end, possibly while an exception unwinds (a device in
+  // an error state); that sample is dropped, and the error surfaces where it was raised.
+  int mark() noexcept override {
+    try {
+      dtk::cuda::DeviceGuard on(device_);
+      if (used_ == events_.size()) events_.push_back(std::make_unique<dtk::cuda::Event>(/*timing=*/true));
+      events_[used_]->record(torch_current_stream(device_));
+      return static_cast<int>(used_++);
+    } catch (const std::exception&) {
+      return -1;
+    }
   }
   double seconds(int from, int to) override {
+    if (from < 0 || to < 0) return 0;
     dtk::cuda::DeviceGuard on(device_);
     return dtk::cuda::elapsed_ms(*events_.at(static_cast<size_t>(from)), *events_.at(static_cast<size_t>(to)),
                                  collective_timeout()) /

@@ -868,7 +868,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
 double Trainer::params_norm() {
   const bool partitioned = strategy_->info().partitions_parameters != 0;
   if (partitioned) strategy_->gather_parameters(true);
-  at::Tensor total = at::zeros({}, at::kDouble);
+  // Summed on the training device (one host sync at the end; every rank the same backend).
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device()));
   {
     at::NoGradGuard no_grad;
     std::set<const void*> seen;
@@ -876,7 +877,7 @@ double Trainer::params_norm() {
       if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
       if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
       if (p.info.shared && topo_.pp_rank != 0) continue;  // a tied weight, counted on the first stage
-      total += sum_of_squares(p.tensor);
+      total += sum_of_squares(p.tensor).to(total.device());  // offloaded parameters live on the host
     }
   }
   if (partitioned) strategy_->gather_parameters(false);
@@ -889,7 +890,7 @@ double Trainer::params_norm() {
 // under a sharded strategy (ZeRO) each data-parallel rank counts its own shard, else one DP rank's
 // (replicated) gradients stand for all. Tied tensors count once.
 double Trainer::num_zeros_in_grad() {
-  at::Tensor total = at::zeros({}, at::kDouble);
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device()));
   {
     at::NoGradGuard no_grad;
     std::set<const void*> seen;
@@ -898,7 +899,7 @@ double Trainer::num_zeros_in_grad() {
       if (!g.defined() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
       if (!p.info.tensor_parallel && topo_.tp_rank != 0) continue;
       if (p.info.shared && topo_.pp_rank != 0) continue;  // a tied weight, counted on the first stage
-      total += (g == 0).sum().to(at::kDouble);
+      total += (g == 0).sum().to(total.device(), at::kDouble);
     }
   }
   const bool sharded = strategy_->info().sharded_state != 0;

@@ -28,6 +28,7 @@
 #include "dtk/core/comm.hpp"
 #include "dtk/core/trace.hpp"
 #include "dtk/core/trainer.hpp"
+#include "dtk/core/cuda_support.hpp"
 
 namespace dtk::core {
 
@@ -41,7 +42,8 @@ at::Tensor Trainer::receive_stage_tensor(int32_t peer, int32_t tag, Phase phase,
   // Megatron's pipeline timers (logging.timing_log_level=2): min and max over the ranks show the
   // most and the least waiting stage.
   auto timer = timers_.scope(phase);
-  at::Tensor t = at::empty(stage_activation_shape(), at::TensorOptions().dtype(stage_dtype()));
+  at::Tensor t =
+      at::empty(stage_activation_shape(), at::TensorOptions().dtype(stage_dtype()).device(training_device()));
   const int64_t start = trace::now_ns();
   recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer, tag).wait();
   if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
@@ -116,7 +118,7 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
   const int stage = topo_.pp_rank, stages = topo_.pp_size;
   const bool first = stage == 0, last = stage == stages - 1;
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(stage_dtype());
+  const auto options = at::TensorOptions().dtype(stage_dtype()).device(training_device());
   auto receive = [&](int32_t peer, const char* what) {
     return receive_stage_tensor(peer, 0, peer < stage ? Phase::kForwardRecv : Phase::kBackwardRecv, what);
   };
@@ -193,7 +195,7 @@ void Trainer::pipeline_forward_backward(int64_t iteration, int64_t num_micro, do
 void Trainer::pipeline_evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics) {
   const int stage = topo_.pp_rank, stages = topo_.pp_size;
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(stage_dtype());
+  const auto options = at::TensorOptions().dtype(stage_dtype()).device(training_device());
   PendingSends sends;  // at most one: the next stage takes them in order and waits for nothing else
   for (int64_t k = 0; k < num_batches; ++k) {
     at::Tensor input;
@@ -283,7 +285,7 @@ void Trainer::interleaved_forward_backward(int64_t iteration, int64_t num_micro,
   auto first_stage = [&](int c) { return rank == 0 && c == 0; };                   // the embedding's chunk
   auto last_stage = [&](int c) { return rank == stages - 1 && c == chunks - 1; };  // the loss's
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(stage_dtype());
+  const auto options = at::TensorOptions().dtype(stage_dtype()).device(training_device());
   std::vector<TensorList> batches;
   for (int64_t j = 0; j < num_micro; ++j) batches.push_back(next_batch(iteration));
 
@@ -366,7 +368,7 @@ void Trainer::interleaved_evaluate(BatchLoader& loader, int64_t num_batches, Met
   const int prev = (rank + stages - 1) % stages, next = (rank + 1) % stages;
   const FirstChunkAfter reset(*model_);
   const std::vector<int64_t> shape = stage_activation_shape();
-  const auto options = at::TensorOptions().dtype(stage_dtype());
+  const auto options = at::TensorOptions().dtype(stage_dtype()).device(training_device());
   std::map<int64_t, TensorList> batches;  // the micro-batches of the current round of p
   PendingSends sends;
   for (int64_t k = 0; k < num_batches * chunks; ++k) {
@@ -452,7 +454,10 @@ void Trainer::sync_tied_gradients() {
     }
   std::vector<at::Tensor> parts;  // fp32 for the sum (Gloo has no bf16)
   for (const at::Tensor& g : grads) parts.push_back(g.reshape({-1}).to(at::kFloat));
-  at::Tensor flat = parts.empty() ? at::zeros({tied_numel_}, at::kFloat) : at::cat(parts);
+  // On the training device even without a tied tensor here: every stage must pick the same backend.
+  at::Tensor flat = parts.empty()
+                        ? at::zeros({tied_numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
+                        : at::cat(parts);
   all_reduce(flat, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
   int64_t offset = 0;
   for (at::Tensor& g : grads) {

@@ -54,7 +54,10 @@ void OffloadCopier::to_host(const at::Tensor& device_values, std::function<void(
   // The copy stream starts where the compute stream is now (the reduction that produced the values).
   check(dev_->event_record(dev_->ctx, ready_, Device::current_stream(device_)));
   check(dev_->stream_wait_event(dev_->ctx, stream_, ready_));
-  Copy c{take_event(), device_values, Device::pinned_empty(device_values.sizes(), device_values.scalar_type()),
+  // LibTorch's caching pinned allocator: a chunk's buffer is reused for later chunks instead of a
+  // cudaHostAlloc / cudaFreeHost per chunk (the latter can synchronise the device).
+  Copy c{take_event(), device_values,
+         at::empty(device_values.sizes(), device_values.options().device(at::kCPU).pinned_memory(true)),
          std::move(landed)};
   {
     OnStream on(dev_, stream_);

@@ -3,8 +3,9 @@
 // engine moves it while the compute stream runs the rest of backward, and the host adds it into
 // the fp32 partition once the copy landed (DeepSpeed's async D2H of the averaged gradients).
 //
-// Everything goes through the host's device services (dtk_device_services): streams, events and
-// pinned memory; no CUDA header is needed here. On a CPU run nothing of this is used.
+// Streams and events go through the host's device services (dtk_device_services), the host buffers
+// come from LibTorch's caching pinned allocator; no CUDA header is needed here. On a CPU run nothing
+// of this is used.
 #pragma once
 
 #include <dtk/tensor.hpp>

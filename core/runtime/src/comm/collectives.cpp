@@ -313,7 +313,18 @@ void Work::wait_synchronous() {
 
 dtk_comm_work* Work::release() { return work_.release(); }
 
-void Work::discard(dtk_comm_work* work) { delete work; }
+void Work::discard(dtk_comm_work* work) {
+  // An abandoned NCCL collective still gets LibTorch's stream to wait for it (no host wait): the
+  // buffers it holds go back to the caching allocator only after the device is done with them.
+  if (work && work->device_finish) {
+    try {
+      work->device_finish();
+    } catch (const std::exception& e) {
+      LOG(ERROR) << work->what << ": " << e.what();
+    }
+  }
+  delete work;
+}
 
 void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();

@@ -45,12 +45,13 @@ enum class Phase : int {
 const char* phase_name(Phase p);  // Megatron's names where Megatron has the phase
 int phase_level(Phase p);
 
-// Marks on a device's timeline: mark() records one and returns its handle, seconds() the device
-// time between two marks (waiting for the later one), reset() recycles every mark.
+// Marks on a device's timeline: mark() records one and returns its handle (-1 when it could not:
+// never throws, scopes end during unwinding), seconds() the device time between two marks
+// (waiting for the later one; 0 for a -1), reset() recycles every mark.
 class DeviceClock {
  public:
   virtual ~DeviceClock() = default;
-  virtual int mark() = 0;
+  virtual int mark() noexcept = 0;
   virtual double seconds(int from, int to) = 0;
   virtual void reset() = 0;
 };

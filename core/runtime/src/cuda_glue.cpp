@@ -12,12 +12,14 @@
 
 #include "dtk/core/comm.hpp"  // collective_timeout
 #include "dtk/core/distributed.hpp"  // launch_env_from_environment
+#include "dtk/core/memory.hpp"
 #include "dtk/host/plugin_host.hpp"  // HostError
 
 #if DTK_HAVE_CUDA
 #include "dtk/cuda/nccl.hpp"
 #endif
 #if DTK_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -168,6 +170,21 @@ class EventClock final : public DeviceClock {
   size_t used_ = 0;
 };
 }  // namespace
+
+void use_gpu_memory_pool(int device) {
+#if DTK_TORCH_CUDA
+  // Index 0 of the stat arrays is the aggregate over pool kinds (StatType::AGGREGATE, in every
+  // LibTorch version since the stats exist).
+  memory::set_device_pool(
+      [device] {
+        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+        return memory::Pool{stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};
+      },
+      [device] { c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
+#else
+  (void)device;
+#endif
+}
 
 std::unique_ptr<DeviceClock> make_event_clock(int device) { return std::make_unique<EventClock>(device); }
 

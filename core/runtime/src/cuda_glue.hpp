@@ -22,6 +22,9 @@ dtk::cuda::StreamHandle torch_current_stream(int device);
 // Makes `device` current for the CUDA runtime and for LibTorch (its own current device, where
 // new CUDA tensors and LibTorch's streams go).
 void set_current_device(int device);
+// Installs the GPU's memory as the memory report's device pool (dtk/core/memory.hpp): LibTorch's
+// CUDA caching allocator's allocated bytes on `device` (needs a CUDA LibTorch; a no-op otherwise).
+void use_gpu_memory_pool(int device);
 // The Megatron timers' clock on `device`: timed CUDA events on LibTorch's current stream.
 std::unique_ptr<DeviceClock> make_event_clock(int device);
 // Makes `stream` LibTorch's current stream on `device` (needs a CUDA LibTorch; throws otherwise).

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdio>
 #include <string>
 
@@ -37,6 +38,9 @@ Counter g_device, g_host;
 std::atomic<int64_t> g_limit{0};
 std::atomic<bool> g_limit_is_machine{false};  // the default budget: this machine's memory
 std::atomic<bool> g_installed{false};
+std::atomic<bool> g_all_host{false};  // a GPU run: the CPU holds host memory only
+std::function<Pool()> g_gpu_read;     // set once, before training (set_device_pool)
+std::function<void()> g_gpu_reset;
 thread_local int t_host_depth = 0;
 
 std::string mb(int64_t bytes) {
@@ -50,7 +54,7 @@ class CountingAllocator final : public c10::Allocator {
   explicit CountingAllocator(c10::Allocator* base) : base_(base), base_free_(base->raw_deleter()) {}
 
   c10::DataPtr allocate(size_t n) const override {
-    const bool host = t_host_depth > 0;
+    const bool host = t_host_depth > 0 || g_all_host.load(std::memory_order_relaxed);
     const int64_t size = static_cast<int64_t>(n);
     const int64_t limit = g_limit.load();
     if (!host && limit > 0 && g_device.bytes.load() + size > limit)
@@ -104,7 +108,7 @@ bool installed() { return g_installed.load(); }
 
 Stats stats() {
   Stats s;
-  s.device = {g_device.bytes.load(), g_device.peak.load()};
+  s.device = g_gpu_read ? g_gpu_read() : Pool{g_device.bytes.load(), g_device.peak.load()};
   s.host = {g_host.bytes.load(), g_host.peak.load()};
   return s;
 }
@@ -112,6 +116,13 @@ Stats stats() {
 void reset_peak() {
   g_device.peak = g_device.bytes.load();
   g_host.peak = g_host.bytes.load();
+  if (g_gpu_reset) g_gpu_reset();
+}
+
+void set_device_pool(std::function<Pool()> read, std::function<void()> reset) {
+  g_gpu_read = std::move(read);
+  g_gpu_reset = std::move(reset);
+  g_all_host = true;
 }
 
 void set_device_limit(int64_t bytes, bool machine) {

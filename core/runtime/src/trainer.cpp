@@ -82,10 +82,13 @@ const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost&
   at::manual_seed(train.seed());
   // Count tensor bytes from here on (the memory report; the device budget).
   memory::install();
+#if DTK_HAVE_CUDA
+  if (const c10::Device device = training_device(); device.is_cuda()) cuda_glue::use_gpu_memory_pool(device.index());
+#endif
   // The device budget: train.memory_limit_mb, else (CPU) this machine's memory shared by the ranks
   // on it, so an absurd size fails with one line instead of growing until the kernel kills it.
-  // Only host tensors are counted: on a GPU the budget is the memory estimate's (and CUDA's own
-  // out-of-memory error), and host memory keeps the machine's limit.
+  // On a GPU the budget is the memory estimate's against the GPU (and CUDA's own out-of-memory
+  // error); host memory is counted, not budgeted.
   if (train.memory_limit_mb() > 0 && !training_device().is_cuda())
     memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
   else

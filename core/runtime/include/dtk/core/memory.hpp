@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace dtk::core::memory {
 
@@ -29,6 +30,11 @@ bool installed();
 Stats stats();
 // Starts a new peak at the current value (both pools).
 void reset_peak();
+
+// A GPU run: the device pool is the GPU's (`read`: LibTorch's CUDA caching allocator, allocated
+// bytes and their peak; `reset`: starts its new peak), and every CPU allocation from now on
+// counts as host memory (no budget: the GPU's memory is what the run's estimate is checked against).
+void set_device_pool(std::function<Pool()> read, std::function<void()> reset);
 
 // A budget for the device pool: an allocation that would take it past `bytes` fails with
 // "device memory budget of N MB exceeded ..." (bytes <= 0: no budget). `machine`: the budget is

@@ -527,7 +527,7 @@ bool distributed_initialized() {
 
 void shutdown_distributed() {
   DistState& d = dist();
-  c10::intrusive_ptr<c10d::ProcessGroup> world;
+  c10::intrusive_ptr<GroupBackend> world;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (!d.initialized) return;

@@ -6,12 +6,14 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <unistd.h>
 
 #include <atomic>
 #include <functional>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace dtk::core::memory {
@@ -53,7 +55,12 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base), base_free_(base->raw_deleter()) {}
 
+  // LibTorch 2.3 made allocate() non-const and copy_data() a required override.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     const bool host = t_host_depth > 0 || g_all_host.load(std::memory_order_relaxed);
     const int64_t size = static_cast<int64_t>(n);
     const int64_t limit = g_limit.load();
@@ -72,6 +79,9 @@ class CountingAllocator final : public c10::Allocator {
     return {data, data, &CountingAllocator::free, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::free; }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+#endif
 
   static void free(void* data) {
     if (!data) return;

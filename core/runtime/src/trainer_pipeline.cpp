@@ -457,7 +457,7 @@ void Trainer::sync_tied_gradients() {
   // On the training device even without a tied tensor here: every stage must pick the same backend.
   at::Tensor flat = parts.empty()
                         ? at::zeros({tied_numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
-                        : at::cat(parts);
+                        : at::cat(parts).to(training_device());  // ZeRO-Offload's host partitions too
   all_reduce(flat, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
   int64_t offset = 0;
   for (at::Tensor& g : grads) {

@@ -58,8 +58,13 @@ class Sgd : public dtk::Optimizer {
     for (size_t gi = 0; gi < groups_.size(); ++gi)
       for (size_t i = 0; i < groups_[gi].params.size(); ++i)
         if (const at::Tensor* t =
-                dtk::find(state, "g" + std::to_string(gi) + "." + groups_[gi].names[i] + ".momentum_buffer"))
-          buf_[gi][i] = t->clone();
+                dtk::find(state, "g" + std::to_string(gi) + "." + groups_[gi].names[i] + ".momentum_buffer")) {
+          const at::Tensor& p = groups_[gi].params[i];
+          if (t->sizes() != p.sizes())
+            throw dtk::Error("sgd: momentum buffer of '" + groups_[gi].names[i] + "' has shape " + dtk::shape_str(*t) +
+                             ", the parameter " + dtk::shape_str(p));
+          buf_[gi][i] = t->to(p.options()).clone();  // a checkpoint's host tensor onto the parameter's device
+        }
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <dtk/plugin.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (ATen/ATen.h no longer brings it in LibTorch 2.x)
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <optional>

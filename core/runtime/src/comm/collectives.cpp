@@ -15,7 +15,12 @@
 // point-to-point messages, which NCCL's stream order cannot tag) they run on host copies, copied
 // back when the collective completed.
 #include <glog/logging.h>
+#include <torch/csrc/api/include/torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 
 #include <dtk/plugin.hpp>
 
@@ -112,7 +117,7 @@ int64_t checked_size(int32_t group) {
 
 // The process group behind `group`, or null for a size-one group. Throws when a larger group
 // has none (the distributed backend was not initialized).
-c10::intrusive_ptr<c10d::ProcessGroup> pg_of(int32_t group) {
+c10::intrusive_ptr<GroupBackend> pg_of(int32_t group) {
   if (checked_size(group) == 1) return {};
   auto pg = process_group(group);
   if (!pg)
@@ -257,7 +262,7 @@ int32_t group_size(int32_t group) {
   }
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group) {
+c10::intrusive_ptr<GroupBackend> process_group(int32_t group) {
   if (group < 0 || group > 4) return {};
   std::lock_guard<std::mutex> lock(state().mu);
   return state().groups[static_cast<size_t>(group)];
@@ -426,6 +431,7 @@ Work all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
   auto w = pending("all_reduce", group);
   if (nccl_backend::handles(x, group)) {
     checked_size(group);
+    check_avg(op, x);  // as on Gloo: AVG of integers is refused
     w->device_finish = nccl_backend::all_reduce(x, group, op);
     count(*w, kAllReduce, x, 2 * ring_share(group_size(group)));
   } else if (auto pg = pg_of(group)) {
@@ -539,7 +545,8 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
   at::NoGradGuard ng;
   const int64_t n = checked_size(group);
   check_gather_shapes("all_gather", o, i, n);
-  if (on_host(o, group)) {
+  // Host copies unless both sides go to NCCL (a CUDA output with a host input, or the reverse).
+  if ((on_host(o, group) || on_host(i, group)) || (group_size(group) > 1 && o.is_cuda() != i.is_cuda())) {
     const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
     return then_copy_back(all_gather(h, host_copy(i), group), o, h);
   }
@@ -575,7 +582,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
   check_gather_shapes("reduce_scatter", i, o, n);
   const c10d::ReduceOp rop = reduce_op(op);
   check_avg(op, i);
-  if (on_host(o, group)) {
+  if ((on_host(o, group) || on_host(i, group)) || (group_size(group) > 1 && o.is_cuda() != i.is_cuda())) {
     const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
     return then_copy_back(reduce_scatter(h, host_copy(i), group, op), o, h);
   }

@@ -71,7 +71,7 @@ class Worker {
 
 }  // namespace
 
-void reduce_scatter(c10d::ProcessGroup& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
+void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
                     uint32_t tag, std::chrono::milliseconds timeout) {
   at::NoGradGuard no_grad;
   const int n = pg.getSize(), rank = pg.getRank();

@@ -3,12 +3,19 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/api/include/torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <future>
+
+#include "dtk/core/comm.hpp"  // GroupBackend
 
 namespace dtk::core::ring {
 
@@ -19,7 +26,7 @@ namespace dtk::core::ring {
 // Every rank sends (N - 1) / N of the input: the bandwidth-optimal volume (an all-reduce moves
 // twice that). `in` is not modified. Messages use tags [tag, tag + N - 1); every wait is bounded by
 // `timeout`.
-void reduce_scatter(c10d::ProcessGroup& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
+void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
                     uint32_t tag, std::chrono::milliseconds timeout);
 
 // A tag block for the next ring collective on `group`: identical on every rank because ranks

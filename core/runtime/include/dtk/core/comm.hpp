@@ -11,6 +11,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 #include <dtk/abi.h>
+#include <torch/csrc/api/include/torch/version.h>
 
 #include <array>
 #include <chrono>
@@ -23,6 +24,7 @@ namespace at {
 class Tensor;
 }
 namespace c10d {
+class Backend;
 class ProcessGroup;
 }
 
@@ -44,14 +46,23 @@ const Topology& topology();
 int32_t group_rank(int32_t group);
 int32_t group_size(int32_t group);
 
+// What carries a group's collectives: LibTorch 1.13's c10d::ProcessGroup; in LibTorch 2.x the Gloo
+// group is a c10d::Backend (ProcessGroup became a front end that dispatches to backends), with the
+// same collective methods, which is all dtk calls.
+#if TORCH_VERSION_MAJOR >= 2
+using GroupBackend = c10d::Backend;
+#else
+using GroupBackend = c10d::ProcessGroup;
+#endif
+
 // The process group of `group`, or null when the group has size 1 (or distributed is off).
-c10::intrusive_ptr<c10d::ProcessGroup> process_group(int32_t group);
+c10::intrusive_ptr<GroupBackend> process_group(int32_t group);
 // The run's collective timeout (distributed.timeout_seconds; 300 s when unset).
 std::chrono::milliseconds collective_timeout();
 
 // Installed by init_distributed once the groups exist (indexed by dtk_group), released by
 // shutdown_distributed. Without them every group larger than one has no backend.
-using ProcessGroups = std::array<c10::intrusive_ptr<c10d::ProcessGroup>, 5>;
+using ProcessGroups = std::array<c10::intrusive_ptr<GroupBackend>, 5>;
 void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout);
 void release_process_groups();
 // The address each rank's backend listens on (indexed by world rank; numeric), so that a

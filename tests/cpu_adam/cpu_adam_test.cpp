@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstring>
@@ -111,7 +112,12 @@ TEST_P(VsTorch, TwentyStepsMatch) {
                   bf16.data(), fp16.data(), run);
   }
   at::Tensor ref_m, ref_v;
+  // torch::optim keys its state by the TensorImpl: its address as a string in 1.13, the pointer in 2.x.
+#if TORCH_VERSION_MAJOR >= 2
+  const auto& state = opt->state().at(ref.unsafeGetTensorImpl());
+#else
   const auto& state = opt->state().at(c10::guts::to_string(ref.unsafeGetTensorImpl()));
+#endif
   if (adamw) {
     ref_m = static_cast<torch::optim::AdamWParamState&>(*state).exp_avg();
     ref_v = static_cast<torch::optim::AdamWParamState&>(*state).exp_avg_sq();

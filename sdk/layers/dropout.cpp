@@ -212,7 +212,8 @@ at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device
     const at::Tensor words = mix_words(keep.seed, at::arange(w0, w0 + n, longs));
     // Element k of the pair list is the low (even) or high (odd) half of its word: the words'
     // int32 view, little-endian, as uniforms() copies them; compared as unsigned.
-    const at::Tensor halves = words.view(at::kInt).narrow(0, odd, len).to(at::kLong).bitwise_and_(static_cast<int64_t>(0xFFFFFFFF));
+    const at::Tensor halves =
+        words.view(at::kInt).narrow(0, odd, len).to(at::kLong).bitwise_and_(static_cast<int64_t>(0xFFFFFFFF));
     out.narrow(0, i0, len).copy_(halves.ge(thr));
   }
   return out;

@@ -269,12 +269,14 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
       {kTrain + "--set step.eod_token=-1", "option 'eod_token' must be a token id"},
       {kTrain + "--plugin_path " + dir + "/dup-plugins --optimizer sgd", "two optimizer plugins named 'sgd'"},
-      {kTrain + "--set checkpoint.load=" + dir + "/garbage-ck", "does not hold an iteration number: '\\x1b[31m\\x0d12x'"},
+      {kTrain + "--set checkpoint.load=" + dir + "/garbage-ck",
+       "does not hold an iteration number: '\\x1b[31m\\x0d12x'"},
       {"preprocess --input " + dir + "/none.jsonl --output_prefix " + dir + "/o --vocab_file x --merge_file y",
        "preprocess: "},
       {"config --set lr.lr=nan", "config: lr.lr must be a finite number, got nan"},
       {"config --set model.num_layerz=3", "model plugin 'gpt' has no option 'num_layerz'; did you mean 'num_layers'?"},
-      {kTrain + "--set checkpoint.save=" + dir + "/tracker-dir", "latest_checkpointed_iteration.txt exists and is not a file"},
+      {kTrain + "--set checkpoint.save=" + dir + "/tracker-dir",
+       "latest_checkpointed_iteration.txt exists and is not a file"},
       {kTrain + "--set 'lr.param_rules=match: \"nothing_matches\" lr_mult: 0.5'", "matches no parameter of the model"},
       {"train --config " + dir + "/dup.pbtxt", "Non-repeated field \"train_iters\" is specified multiple times"},
   };
@@ -285,12 +287,13 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   // Where dtk cannot train on a GPU (CI: a CPU-only LibTorch, no device), asking for one is refused
   // with the reason, whatever the build (`dtk --version` says which this is).
   const std::string version = run_dtk("--version", 60).out;
-  const bool gpu = version.find("LibTorch with CUDA") != std::string::npos &&
-                   version.find("no CUDA device") == std::string::npos;
+  const bool gpu =
+      version.find("LibTorch with CUDA") != std::string::npos && version.find("no CUDA device") == std::string::npos;
   if (!gpu)
-    for (const Case& c : std::vector<Case>{{kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
-                                           {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
-                                           {kTrain + "--set train.device=cuda:1", "config: train.device=cuda:1: "}}) {
+    for (const Case& c :
+         std::vector<Case>{{kTrain + "--set train.device=cuda", "config: train.device=cuda: "},
+                           {kTrain + "--set distributed.backend=nccl", "config: distributed.backend=nccl: "},
+                           {kTrain + "--set train.device=cuda:1", "config: train.device=cuda:1: "}}) {
       SCOPED_TRACE(c.args);
       expect_clean_error(run_dtk(c.args, 60), c.needle);
     }

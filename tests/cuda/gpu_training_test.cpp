@@ -28,10 +28,10 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 "
                            "--set distributed.timeout_seconds=120 ";
 
-#define SKIP_WITHOUT_GPU_TRAINING()                                       \
-  do {                                                                    \
-    std::string why;                                                      \
-    if (!dtk::core::cuda_training_available(&why)) GTEST_SKIP() << why;   \
+#define SKIP_WITHOUT_GPU_TRAINING()                                     \
+  do {                                                                  \
+    std::string why;                                                    \
+    if (!dtk::core::cuda_training_available(&why)) GTEST_SKIP() << why; \
   } while (0)
 
 Curve curve(const std::string& args, const std::string& name) { return run_curve(args, DTK_TEST_TMP, name); }
@@ -139,10 +139,11 @@ TEST(GpuTraining, PipelineStagesOnTheGpuEqualOneStage) {
   SKIP_WITHOUT_GPU_TRAINING();
   const bool two = dtk::cuda::device_count() >= 2;
   const Curve one = curve(kTrain + "--set train.device=cuda", "pp1");
-  const Curve stages = curve("launch --nproc_per_node 2 " + kTrain + "--set distributed.pipeline_model_parallel_size=2 " +
-                                 (two ? "--set train.device=cuda --set distributed.backend=nccl"
-                                      : "--set train.device=cuda:0 --set distributed.backend=gloo"),
-                             "pp2");
+  const Curve stages =
+      curve("launch --nproc_per_node 2 " + kTrain + "--set distributed.pipeline_model_parallel_size=2 " +
+                (two ? "--set train.device=cuda --set distributed.backend=nccl"
+                     : "--set train.device=cuda:0 --set distributed.backend=gloo"),
+            "pp2");
   ASSERT_EQ(stages.run.code, 0) << stages.run.out;
   expect_same_curve(one, stages, 20, two ? "PP2 over NCCL against one stage" : "PP2 on one GPU against one stage",
                     1e-5);

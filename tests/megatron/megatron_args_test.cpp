@@ -18,12 +18,12 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/run_dtk.hpp"
 #include "dtk/core/batch_plan.hpp"
 #include "dtk/core/config.hpp"
-#include "dtk/core/megatron_args.hpp"
 #include "dtk/core/cuda_support.hpp"
+#include "dtk/core/megatron_args.hpp"
 #include "dtk/host/plugin_host.hpp"
-#include "../common/run_dtk.hpp"
 
 namespace {
 

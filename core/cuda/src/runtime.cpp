@@ -83,7 +83,8 @@ Stream::~Stream() {
 void Stream::synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
 Event::Event(bool timing) {
-  check(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming),
+        "cudaEventCreateWithFlags");
 }
 
 Event::~Event() {

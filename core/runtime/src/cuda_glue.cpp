@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dtk/core/comm.hpp"  // collective_timeout
+#include "dtk/core/comm.hpp"         // collective_timeout
 #include "dtk/core/distributed.hpp"  // launch_env_from_environment
 #include "dtk/core/memory.hpp"
 #include "dtk/host/plugin_host.hpp"  // HostError
@@ -81,10 +81,11 @@ c10::Device select_training_device(const std::string& spec) {
   const int visible = dtk::cuda::device_count(&why);
   const int index = asked >= 0 ? asked : visible == 1 ? 0 : launch_env_from_environment().local_rank;
   if (index >= visible)
-    throw HostError("config: train.device=" + spec + ": " +
-                    (asked >= 0 ? "device " + std::to_string(index) : "the local rank's device " + std::to_string(index)) +
-                    " does not exist (this process sees " + std::to_string(visible) + " CUDA device" +
-                    (visible == 1 ? "" : "s") + (asked >= 0 ? ")" : "; more ranks on this machine than GPUs?)"));
+    throw HostError(
+        "config: train.device=" + spec + ": " +
+        (asked >= 0 ? "device " + std::to_string(index) : "the local rank's device " + std::to_string(index)) +
+        " does not exist (this process sees " + std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
+        (asked >= 0 ? ")" : "; more ranks on this machine than GPUs?)"));
   cuda_glue::set_current_device(index);
   std::lock_guard<std::mutex> lock(device_mu);
   return selected_device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));

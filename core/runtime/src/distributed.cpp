@@ -1,9 +1,9 @@
 // Multi-process runs: launch environment, TCPStore rendezvous, Gloo process groups.
 // See dtk/core/distributed.hpp for the group layout.
 #include "dtk/core/distributed.hpp"
-#include "dtk/core/run_agreement.hpp"
-#include "dtk/core/cuda_support.hpp"
 #include "comm/nccl_backend.hpp"
+#include "dtk/core/cuda_support.hpp"
+#include "dtk/core/run_agreement.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace dtk::core::memory {

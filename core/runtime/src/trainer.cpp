@@ -19,6 +19,7 @@
 #include <vector>
 #include <chrono>
 
+#include "cuda_glue.hpp"
 #include "dtk/core/allocator.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/cuda_support.hpp"
@@ -28,7 +29,6 @@
 #include "dtk/core/memory.hpp"
 #include "dtk/core/run_agreement.hpp"
 #include "dtk/core/trace.hpp"
-#include "cuda_glue.hpp"
 
 namespace dtk::core {
 
@@ -444,8 +444,8 @@ void Trainer::check_memory_estimate() {
   const int64_t local_ranks = local_world ? std::max(1, std::atoi(local_world)) : 1;
   const c10::Device device = training_device();
   const int64_t budget = t.memory_limit_mb() > 0 ? t.memory_limit_mb() * (int64_t{1} << 20)
-                         : device.is_cuda()       ? cuda_device_memory_bytes(device)
-                                                  : memory::machine_memory_bytes() / local_ranks;
+                         : device.is_cuda()      ? cuda_device_memory_bytes(device)
+                                                 : memory::machine_memory_bytes() / local_ranks;
   if (budget <= 0) return;
   const dtk_model_info info = model_->info();
   const dtk_memory_usage held = strategy_->memory_usage();

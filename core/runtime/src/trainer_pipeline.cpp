@@ -26,9 +26,9 @@
 #include <map>
 
 #include "dtk/core/comm.hpp"
+#include "dtk/core/cuda_support.hpp"
 #include "dtk/core/trace.hpp"
 #include "dtk/core/trainer.hpp"
-#include "dtk/core/cuda_support.hpp"
 
 namespace dtk::core {
 

@@ -123,7 +123,8 @@ class LlamaModel : public Model {
       if (h.dim() != 3) throw Error("llama: 'hidden_states' must be [batch, seq, hidden], got " + shape_str(h));
     }
     const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : h.size(1);
-    const at::Tensor positions = position_ids(inputs, b, s).to(pre_ ? tokens.device() : h.device());  // once, not per layer
+    const at::Tensor positions =
+        position_ids(inputs, b, s).to(pre_ ? tokens.device() : h.device());  // once, not per layer
     if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                            (mask.size(0) != 1 && mask.size(0) != b)))
       throw Error("llama: 'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));

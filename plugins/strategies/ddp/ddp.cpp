@@ -93,8 +93,9 @@ class Ddp : public dtk::Strategy {
     // On the parameters' device even without gradients: every rank of the group must pick the same
     // backend (NCCL for CUDA tensors, Gloo for host ones).
     if (!total.defined())
-      total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(
-                                masters_.empty() ? at::Device(at::kCPU) : masters_.front().device()));
+      total = at::zeros({}, at::TensorOptions()
+                                .dtype(at::kDouble)
+                                .device(masters_.empty() ? at::Device(at::kCPU) : masters_.front().device()));
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm)) {

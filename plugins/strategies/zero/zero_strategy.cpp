@@ -447,7 +447,8 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
   } else if (!masters_alias_) {
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
-      full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
+      full_[b]
+          .narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
           .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), /*non_blocking=*/true);
     }
   }

@@ -33,27 +33,41 @@ std::shared_ptr<dtk::cuda::NcclCommunicator> communicator(int32_t group) {
 
 dtk::cuda::DataType data_type(const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return dtk::cuda::DataType::kFloat32;
-    case at::kHalf: return dtk::cuda::DataType::kFloat16;
-    case at::kBFloat16: return dtk::cuda::DataType::kBFloat16;
-    case at::kDouble: return dtk::cuda::DataType::kFloat64;
-    case at::kInt: return dtk::cuda::DataType::kInt32;
-    case at::kLong: return dtk::cuda::DataType::kInt64;
+    case at::kFloat:
+      return dtk::cuda::DataType::kFloat32;
+    case at::kHalf:
+      return dtk::cuda::DataType::kFloat16;
+    case at::kBFloat16:
+      return dtk::cuda::DataType::kBFloat16;
+    case at::kDouble:
+      return dtk::cuda::DataType::kFloat64;
+    case at::kInt:
+      return dtk::cuda::DataType::kInt32;
+    case at::kLong:
+      return dtk::cuda::DataType::kInt64;
     case at::kByte:
-    case at::kBool: return dtk::cuda::DataType::kUInt8;
-    case at::kChar: return dtk::cuda::DataType::kInt8;
+    case at::kBool:
+      return dtk::cuda::DataType::kUInt8;
+    case at::kChar:
+      return dtk::cuda::DataType::kInt8;
     default:
-      throw dtk::Error(std::string("nccl: no NCCL type for ") + c10::toString(t.scalar_type()), DTK_ERR_INVALID_ARGUMENT);
+      throw dtk::Error(std::string("nccl: no NCCL type for ") + c10::toString(t.scalar_type()),
+                       DTK_ERR_INVALID_ARGUMENT);
   }
 }
 
 dtk::cuda::ReduceOp reduce_op(int32_t op) {
   switch (op) {
-    case DTK_REDUCE_SUM: return dtk::cuda::ReduceOp::kSum;
-    case DTK_REDUCE_AVG: return dtk::cuda::ReduceOp::kAvg;
-    case DTK_REDUCE_MAX: return dtk::cuda::ReduceOp::kMax;
-    case DTK_REDUCE_MIN: return dtk::cuda::ReduceOp::kMin;
-    default: throw dtk::Error("nccl: unknown reduce op " + std::to_string(op), DTK_ERR_INVALID_ARGUMENT);
+    case DTK_REDUCE_SUM:
+      return dtk::cuda::ReduceOp::kSum;
+    case DTK_REDUCE_AVG:
+      return dtk::cuda::ReduceOp::kAvg;
+    case DTK_REDUCE_MAX:
+      return dtk::cuda::ReduceOp::kMax;
+    case DTK_REDUCE_MIN:
+      return dtk::cuda::ReduceOp::kMin;
+    default:
+      throw dtk::Error("nccl: unknown reduce op " + std::to_string(op), DTK_ERR_INVALID_ARGUMENT);
   }
 }
 
@@ -68,7 +82,9 @@ at::Tensor contiguous(const at::Tensor& t, std::function<void()>* copy_back) {
   return buf;
 }
 
-dtk::cuda::StreamHandle torch_stream(const at::Tensor& t) { return cuda_glue::torch_current_stream(t.device().index()); }
+dtk::cuda::StreamHandle torch_stream(const at::Tensor& t) {
+  return cuda_glue::torch_current_stream(t.device().index());
+}
 
 // The finish of a pending collective: the torch stream waits for it; then the copy back (queued
 // on that stream after the wait). `keep` holds the buffers until then.
@@ -88,14 +104,13 @@ void create(const GroupMembers& members, int world_rank, const c10::intrusive_pt
   static const char* const kNames[] = {"world", "data-parallel", "tensor-parallel", "pipeline-parallel",
                                        "model-parallel"};
   std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, 5> made;
-  const dtk::cuda::Rendezvous rendezvous{
-      [store](const std::string& key, const std::string& value) {
-        store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-      },
-      [store](const std::string& key) {
-        const std::vector<uint8_t> v = store->get(key);
-        return std::string(v.begin(), v.end());
-      }};
+  const dtk::cuda::Rendezvous rendezvous{[store](const std::string& key, const std::string& value) {
+                                           store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+                                         },
+                                         [store](const std::string& key) {
+                                           const std::vector<uint8_t> v = store->get(key);
+                                           return std::string(v.begin(), v.end());
+                                         }};
   // Every rank creates its groups in the same order (world, DP, TP, PP, MP by dtk_group); a key
   // names the group by its first member, so the ranks of one group meet under one key.
   for (size_t g = 0; g < members.size(); ++g) {
@@ -126,7 +141,9 @@ void release() {
   }
 }
 
-bool handles(const at::Tensor& t, int32_t group) { return t.defined() && t.is_cuda() && communicator(group) != nullptr; }
+bool handles(const at::Tensor& t, int32_t group) {
+  return t.defined() && t.is_cuda() && communicator(group) != nullptr;
+}
 
 Finish all_reduce(const at::Tensor& x, int32_t group, int32_t op) {
   auto comm = communicator(group);

@@ -71,8 +71,8 @@ class Worker {
 
 }  // namespace
 
-void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
-                    uint32_t tag, std::chrono::milliseconds timeout) {
+void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op, uint32_t tag,
+                    std::chrono::milliseconds timeout) {
   at::NoGradGuard no_grad;
   const int n = pg.getSize(), rank = pg.getRank();
   if (n > 1025) throw std::invalid_argument("ring reduce_scatter supports groups of up to 1025 ranks (tag block)");

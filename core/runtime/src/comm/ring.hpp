@@ -26,8 +26,8 @@ namespace dtk::core::ring {
 // Every rank sends (N - 1) / N of the input: the bandwidth-optimal volume (an all-reduce moves
 // twice that). `in` is not modified. Messages use tags [tag, tag + N - 1); every wait is bounded by
 // `timeout`.
-void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op,
-                    uint32_t tag, std::chrono::milliseconds timeout);
+void reduce_scatter(GroupBackend& pg, const at::Tensor& out, const at::Tensor& in, c10d::ReduceOp op, uint32_t tag,
+                    std::chrono::milliseconds timeout);
 
 // A tag block for the next ring collective on `group`: identical on every rank because ranks
 // issue collectives in the same order (c10d's rule).

@@ -67,12 +67,16 @@ class Timers {
   class Scope {
    public:
     Scope(Timers& t, Phase p) : t_(t.level_ >= phase_level(p) ? &t : nullptr), p_(p) {
-      if (t_ && t_->clock_) mark_ = t_->clock_->mark();
-      else if (t_) start_ = std::chrono::steady_clock::now();
+      if (t_ && t_->clock_)
+        mark_ = t_->clock_->mark();
+      else if (t_)
+        start_ = std::chrono::steady_clock::now();
     }
     ~Scope() {
-      if (t_ && t_->clock_) t_->marks_.emplace_back(p_, mark_, t_->clock_->mark());
-      else if (t_) t_->add(p_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+      if (t_ && t_->clock_)
+        t_->marks_.emplace_back(p_, mark_, t_->clock_->mark());
+      else if (t_)
+        t_->add(p_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;

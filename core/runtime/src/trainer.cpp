@@ -337,8 +337,7 @@ dtk_build_context Trainer::build_context(const Slot& slot, int chunk) const {
   dtk_build_context c{};
   c.struct_size = sizeof(c);
   c.options = slot.options.get();
-  const c10::Device device = training_device();
-  c.device = device.is_cuda() ? dtk_device{DTK_DEVICE_CUDA, device.index()} : dtk_device{DTK_DEVICE_CPU, -1};
+  c.device = dtk::from_device(training_device());
   c.params_dtype = dtype_code(cfg_.train().params_dtype());
   c.tp_rank = topo_.tp_rank, c.tp_size = topo_.tp_size;
   c.pp_rank = topo_.pp_rank, c.pp_size = topo_.pp_size;

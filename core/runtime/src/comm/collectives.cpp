@@ -408,6 +408,11 @@ namespace {
 bool on_host(const at::Tensor& t, int32_t group) {
   return t.defined() && t.is_cuda() && group_size(group) > 1 && !nccl_backend::handles(t, group);
 }
+// The same for an output/input pair: host copies unless both go to NCCL (a CUDA output with a host
+// input, or the reverse, is staged too).
+bool on_host(const at::Tensor& out, const at::Tensor& in, int32_t group) {
+  return on_host(out, group) || on_host(in, group) || (group_size(group) > 1 && out.is_cuda() != in.is_cuda());
+}
 Work then_copy_back(Work w, const at::Tensor& device, const at::Tensor& host) {
   dtk_comm_work* raw = w.release();
   auto first = std::move(raw->then);
@@ -545,8 +550,7 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
   at::NoGradGuard ng;
   const int64_t n = checked_size(group);
   check_gather_shapes("all_gather", o, i, n);
-  // Host copies unless both sides go to NCCL (a CUDA output with a host input, or the reverse).
-  if ((on_host(o, group) || on_host(i, group)) || (group_size(group) > 1 && o.is_cuda() != i.is_cuda())) {
+  if (on_host(o, i, group)) {
     const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
     return then_copy_back(all_gather(h, host_copy(i), group), o, h);
   }
@@ -582,7 +586,7 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
   check_gather_shapes("reduce_scatter", i, o, n);
   const c10d::ReduceOp rop = reduce_op(op);
   check_avg(op, i);
-  if ((on_host(o, group) || on_host(i, group)) || (group_size(group) > 1 && o.is_cuda() != i.is_cuda())) {
+  if (on_host(o, i, group)) {
     const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
     return then_copy_back(reduce_scatter(h, host_copy(i), group, op), o, h);
   }

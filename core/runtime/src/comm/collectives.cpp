@@ -24,6 +24,7 @@
 
 #include <dtk/plugin.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -385,7 +386,11 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
       done = w.link_done_ns;
     }
     const int64_t wait_end = trace::now_ns();
-    comm_timing_detail::record(w.group, w.issued_ns, done, wait_end - wait_start);
+    // Exposed is the time blocked while the collective was in flight: the thread's wake-up after
+    // the completion (a sleep's overshoot, a busy machine's scheduling delay) is not communication,
+    // and counting it let a loaded machine report more exposed than in-flight time.
+    const int64_t blocked = std::max<int64_t>(0, std::min(wait_end, std::max(done, wait_start)) - wait_start);
+    comm_timing_detail::record(w.group, w.issued_ns, done, blocked);
     if (trace::active()) {
       trace::collective(w.what, w.group, w.issued_ns, done);
       trace::span(("wait " + w.what).c_str(), "wait", wait_start, wait_end);

@@ -127,7 +127,8 @@ void reset_traffic();
 // How long collectives took and how much of it the issuing thread waited, per group, since the
 // last reset_comm_timing(): `in_flight_ms` is the union of the intervals from each collective's
 // issue to its completion (overlapping collectives count once), `exposed_ms` the time spent
-// blocked in wait() — communication not hidden behind computation. Synchronous collectives are
+// blocked in wait() until the collective completed — communication not hidden behind computation
+// (the thread's wake-up after the completion is not counted). Synchronous collectives are
 // exposed for their whole duration.
 struct CommTiming {
   double in_flight_ms = 0, exposed_ms = 0;

@@ -67,10 +67,14 @@ TEST(Domino, EqualsPlainTensorParallelWithDropoutAndWithRecompute) {
 
 // bf16: chunked products round differently from whole-batch ones (bf16 keeps 8 bits), so the
 // curves agree to bf16's resolution rather than to 1e-5.
+// bf16 keeps 8 significant bits (2^-8 = 0.4%): the two schedules round at different points, and
+// on a CPU without native bf16 (LibTorch's fallback kernels, a Zen 3 VM) the gradient norms
+// differed by 0.3-0.6% after 10 iterations, on the previous release as on this one. Within 1%; a
+// missing or doubled chunk moves them by far more.
 TEST(Domino, Bf16FollowsPlainTensorParallel) {
   const std::string bf16 = kNoDropout + kTP2 + "--set train.params_dtype=bf16 ";
   expect_same_curve(curve_of(2, bf16, "tp2-bf16"), curve_of(2, bf16 + chunks(2), "domino2-bf16"), 20,
-                    "Domino 2 vs plain TP2, bf16", 2e-3);
+                    "Domino 2 vs plain TP2, bf16", 1e-2);
 }
 
 TEST(Domino, WithDataParallelAndZero) {

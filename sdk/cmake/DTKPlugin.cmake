@@ -2,7 +2,8 @@
 #
 # Builds a DTK plugin: a MODULE library that exports exactly one symbol (dtk_plugin_get_entry),
 # compiled with hidden visibility and linked with a version script. Compute plugins (models,
-# steps, optimizers, strategies) link LibTorch; data-tier plugins pass NO_TORCH.
+# steps, optimizers, strategies) link LibTorch, and OpenMP so that at::parallel_for in their own
+# code uses LibTorch's threads; data-tier plugins pass NO_TORCH.
 # The output lands in DTK_PLUGIN_OUTPUT_DIR when set (the host's plugin directory in a DTK
 # build tree), else in the current binary directory. INSTALL installs it into
 # <prefix>/lib/dtk/plugins, where an installed `dtk` discovers it (next to <prefix>/bin/dtk).
@@ -17,6 +18,14 @@ function(dtk_add_plugin target)
       find_package(Torch REQUIRED)
     endif()
     target_link_libraries(${target} PRIVATE torch)
+    # at::parallel_for (LibTorch's intra-op threads) is a header template: without OpenMP in the
+    # plugin's own compilation it runs on one thread.
+    if(NOT TARGET OpenMP::OpenMP_CXX)
+      find_package(OpenMP)
+    endif()
+    if(TARGET OpenMP::OpenMP_CXX)
+      target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+    endif()
   endif()
   set_target_properties(${target} PROPERTIES
     PREFIX ""

@@ -21,6 +21,7 @@
 #include "cmd_generate.hpp"
 #include "cmd_preprocess.hpp"
 #include "dtk/core/allocator.hpp"
+#include "dtk/gemm.hpp"
 #include "dtk/core/cuda_support.hpp"
 #include "dtk/core/config.hpp"
 #include "dtk/core/distributed.hpp"
@@ -327,6 +328,12 @@ void report_error(const std::string& message) {
 
 int main(int argc, char** argv) {
   dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
+  try {
+    dtk::cpu_gemm_engine();  // a bad DTK_CPU_GEMM is refused before anything runs (dtk/gemm.hpp)
+  } catch (const std::exception& e) {
+    report_error(e.what());
+    return 2;
+  }
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   gflags::SetVersionString(std::string(DTK_VERSION) + " (ABI " + std::to_string(DTK_ABI_MAJOR) + "." +

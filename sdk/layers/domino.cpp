@@ -38,7 +38,7 @@ struct ColumnsAsyncGrad : public torch::autograd::Function<ColumnsAsyncGrad> {
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < n; ++i) {
       saved.push_back(params[i]);
-      out.push_back(at::linear(x, params[i], bias ? params[n + i] : at::Tensor()));
+      out.push_back(dtk::linear_product(x, params[i], bias ? params[n + i] : at::Tensor()));
     }
     ctx->save_for_backward(saved);
     ctx->saved_data["slot"] = reinterpret_cast<int64_t>(slot);
@@ -58,13 +58,13 @@ struct ColumnsAsyncGrad : public torch::autograd::Function<ColumnsAsyncGrad> {
       gs.push_back(n == 1 ? g : g.narrow(1, static_cast<int64_t>(at_col), cols));
       at_col += static_cast<size_t>(cols);
     }
-    at::Tensor gx = gs[0].mm(saved[1]);
-    for (size_t i = 1; i < n; ++i) gx.addmm_(gs[i], saved[1 + i]);
+    at::Tensor gx = dtk::mm(gs[0], saved[1]);
+    for (size_t i = 1; i < n; ++i) dtk::addmm_(gx, gs[i], saved[1 + i]);
     slot->buffer = gx.view(x.sizes());
     slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     variable_list out{at::Tensor()};
-    for (size_t i = 0; i < n; ++i) out.push_back(x2.t().mm(gs[i]).t());
+    for (size_t i = 0; i < n; ++i) out.push_back(dtk::mm(gs[i].t(), x2));
     if (bias)
       for (size_t i = 0; i < n; ++i) out.push_back(gs[i].sum(0));
     out.push_back(at::Tensor());  // n_weights
@@ -88,9 +88,9 @@ at::Tensor project_async(const at::Tensor& x, const std::vector<const ColumnPara
 
 // The same projections without a graph (evaluation, recompute's first pass).
 at::Tensor project(const at::Tensor& x, const std::vector<const ColumnParallelLinear*>& columns) {
-  if (columns.size() == 1) return at::linear(x, columns[0]->weight, columns[0]->bias);
+  if (columns.size() == 1) return dtk::linear_product(x, columns[0]->weight, columns[0]->bias);
   std::vector<at::Tensor> out;
-  for (const ColumnParallelLinear* c : columns) out.push_back(at::linear(x, c->weight, c->bias));
+  for (const ColumnParallelLinear* c : columns) out.push_back(dtk::linear_product(x, c->weight, c->bias));
   return at::cat(out, -1);
 }
 
@@ -186,7 +186,7 @@ struct State : torch::CustomClassHolder {
     at::Tensor logits;
     if (!graph) {
       at::NoGradGuard no_grad;
-      logits = at::linear(head.norm(in), head.weight());
+      logits = dtk::linear_product(head.norm(in), head.weight());
     } else {
       at::AutoGradMode enable(true);
       Piece& p = head_pieces[c];

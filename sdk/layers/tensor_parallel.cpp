@@ -49,16 +49,16 @@ struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
 struct LinearAsyncGradAllReduce : public torch::autograd::Function<LinearAsyncGradAllReduce> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
     ctx->save_for_backward({x, weight});
-    return at::linear(x, weight);
+    return dtk::linear_product(x, weight);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
-    at::Tensor gx = g.mm(weight).view(x.sizes());
+    at::Tensor gx = dtk::mm(g, weight).view(x.sizes());
     Comm::Work reduce = Comm::all_reduce_async(gx, DTK_GROUP_TENSOR_PARALLEL);
-    at::Tensor gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
+    at::Tensor gw = dtk::mm(g.t(), x.reshape({-1, x.size(-1)}));
     reduce.wait();
     return {gx, gw};
   }

@@ -162,6 +162,45 @@ TEST(Cli, ErrorLineComesAfterEarlierOutput) {
   EXPECT_LT(params, error) << r.out;
 }
 
+// fp32 products on the CPU go to oneDNN's sgemm when LibTorch loaded it (dtk/gemm.hpp), and the run
+// says which engine it uses; DTK_CPU_GEMM=aten keeps LibTorch's BLAS. Both train the same model:
+// the losses agree to fp32 rounding. A bad value is one line and exit 2, before any work.
+TEST(Cli, SaysWhichCpuGemmEngineItUsesAndBothTrainTheSame) {
+  const std::string args = kTiny + "--set train.train_iters=6 --set lr.lr_warmup_iters=0 --set eval.eval_iters=0 "
+                                   "--set logging.log_interval=1 ";
+  const Result def = run(args);
+  ::setenv("DTK_CPU_GEMM", "aten", 1);
+  const Result aten = run(args);
+  ::setenv("DTK_CPU_GEMM", "onednn", 1);
+  const Result onednn = run(args);
+  ::setenv("DTK_CPU_GEMM", "fast", 1);
+  const Result bad = run(args);
+  ::unsetenv("DTK_CPU_GEMM");
+  ASSERT_EQ(def.code, 0) << def.out;
+  ASSERT_EQ(aten.code, 0) << aten.out;
+  EXPECT_NE(def.out.find(" > CPU matrix products: "), std::string::npos) << def.out;
+  EXPECT_NE(aten.out.find(" > CPU matrix products: LibTorch's BLAS (at::mm)"), std::string::npos) << aten.out;
+  if (onednn.code == 0) {
+    EXPECT_NE(onednn.out.find(" > CPU matrix products: oneDNN "), std::string::npos) << onednn.out;
+    EXPECT_NE(def.out.find(" > CPU matrix products: oneDNN "), std::string::npos) << "auto picks oneDNN when it can";
+  } else {  // a LibTorch without a shared oneDNN: refused naming why
+    EXPECT_EQ(onednn.code, 2) << onednn.out;
+    EXPECT_EQ(onednn.out.rfind("dtk: error: DTK_CPU_GEMM=onednn: ", 0), 0u) << onednn.out;
+  }
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(bad.out, "dtk: error: DTK_CPU_GEMM='fast' is not one of auto, onednn, aten\n");
+  const std::regex loss_re(R"(iteration +(\d+)/ +6 \|.*?lm loss: (\S+) \|)");
+  auto losses = [&](const std::string& out) {
+    std::vector<double> l;
+    for (std::sregex_iterator it(out.begin(), out.end(), loss_re), end; it != end; ++it) l.push_back(std::stod((*it)[2]));
+    return l;
+  };
+  const std::vector<double> a = losses(def.out), b = losses(aten.out);
+  ASSERT_EQ(a.size(), 6u) << def.out;
+  ASSERT_EQ(b.size(), 6u) << aten.out;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << "iteration " << i + 1;
+}
+
 // dtk runs on tcmalloc by default (apps/dtk/allocator.hpp: it re-executes itself with it
 // preloaded) and says which allocator it runs on; DTK_ALLOCATOR=system keeps glibc malloc, and the
 // process really has no tcmalloc mapped then.

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <unistd.h>
+#include <dtk/gemm.hpp>
 #include <dtk/strategy.hpp>  // sum_of_squares
 #include <glog/logging.h>
 
@@ -175,7 +176,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   } else if (bench_mode) {
     peak_tflops_ = measure_matmul_tflops();
     memory::reset_peak();
-    peak_source_ = "measured: best 2048x2048 fp32 matmul on " + std::to_string(at::get_num_threads()) + " threads";
+    peak_source_ = "measured: best 2048x2048 fp32 matmul of LibTorch's BLAS and " + dtk::cpu_gemm_engine() + " on " +
+                   std::to_string(at::get_num_threads()) + " threads";
   }
   if (plan_.ramps_up()) {
     // Megatron's scheduler counts samples: with a ramp-up the iterations differ in size, so every
@@ -296,6 +298,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
                     1.0 / slowdown);
     log_->print(line);
   }
+  if (!training_device().is_cuda())
+    log_->print(" > CPU matrix products: " + dtk::cpu_gemm_engine() +
+                " (DTK_CPU_GEMM=aten selects LibTorch's BLAS; dtk/gemm.hpp)");
   // glibc malloc re-faults large activations every iteration (dtk/core/allocator.hpp).
   if (malloc_name() == "tcmalloc")
     log_->print(" > memory allocator: tcmalloc (DTK_ALLOCATOR=system selects glibc malloc)");

@@ -31,6 +31,7 @@
 // weights passed directly) save nothing or the parameter itself and need nothing special.
 #pragma once
 
+#include <dtk/gemm.hpp>
 #include <dtk/model.hpp>
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -136,7 +137,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction<kBias>> 
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
     ctx->save_for_backward({x, weight});
-    return at::linear(x, weight, kBias ? bias : at::Tensor());
+    return linear_product(x, weight, kBias ? bias : at::Tensor());
   }
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
     return forward(ctx, x, weight, at::Tensor());
@@ -146,11 +147,12 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction<kBias>> 
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
-    // The products autograd forms for at::linear's mm(x, weight.t()), in the same order.
+    // The products autograd forms for at::linear's mm(x, weight.t()) (dtk/gemm.hpp); the weight's
+    // gradient is formed as g^T x, already in the weight's [out, in] layout.
     const at::Tensor g = grad[0].reshape({-1, grad[0].size(-1)});
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(0)) gx = g.mm(weight).view(x.sizes());
-    if (ctx->needs_input_grad(1)) gw = x.reshape({-1, x.size(-1)}).t().mm(g).t();
+    if (ctx->needs_input_grad(0)) gx = dtk::mm(g, weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) gw = dtk::mm(g.t(), x.reshape({-1, x.size(-1)}));
     if (!kBias) return {gx, gw};
     if (ctx->needs_input_grad(2)) gb = g.sum(0);
     return {gx, gw, gb};
@@ -158,11 +160,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction<kBias>> 
 };
 }  // namespace detail
 
-// y = x W^T + b, as at::linear (same forward kernel, gradients bit-identical), saving the weight
-// parameter itself for backward so a strategy may release it in between (see the file comment).
+// y = x W^T + b, as at::linear (its products through dtk/gemm.hpp), saving the weight parameter
+// itself for backward so a strategy may release it in between (see the file comment).
 // x [..., in], weight [out, in], bias [out] or undefined.
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = at::Tensor()) {
-  if (!at::GradMode::is_enabled()) return at::linear(x, weight, bias);
+  if (!at::GradMode::is_enabled()) return linear_product(x, weight, bias);
   if (bias.defined()) return detail::LinearFunction<true>::apply(x, weight, bias);
   return detail::LinearFunction<false>::apply(x, weight);
 }

@@ -1,6 +1,8 @@
 // dropout.cpp — see dropout.hpp.
 #include <dtk/layers/dropout.hpp>
 
+#include "dropout_rows.hpp"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -184,6 +186,28 @@ at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep) {
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen) {
   if (!training || p <= 0.0) return x;
   return apply_dropout(x, draw_keep_mask(x.sizes(), p, gen));
+}
+
+void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const float* in, float* out) {
+  const uint32_t thr = threshold(keep.p);
+  const float scale = static_cast<float>(1.0 / (1.0 - keep.p));  // as masked_scale
+  uint32_t u[kBlock];
+  for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, count - i0);
+    uniforms(keep.seed, keep.offset + first + i0, len, u);
+    for (int64_t i = 0; i < len; ++i) out[i0 + i] = u[i] >= thr ? in[i0 + i] * scale : 0.0f;
+  }
+}
+
+void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, float* out) {
+  const uint32_t thr = threshold(keep.p);
+  const float scale = static_cast<float>(1.0 / (1.0 - keep.p));
+  uint32_t u[kBlock];
+  for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, count - i0);
+    uniforms(keep.seed, keep.offset + first + i0, len, u);
+    for (int64_t i = 0; i < len; ++i) out[i0 + i] = u[i] >= thr ? scale : 0.0f;
+  }
 }
 
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {

@@ -2,9 +2,13 @@
 // (tensor_parallel.cpp, Megatron's _VocabParallelCrossEntropy) in the same order, per chunk.
 #include <dtk/layers/lm_head.hpp>
 
+#include <ATen/Parallel.h>
+#include <dtk/gemm.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+
+#include "softmax_rows.hpp"
 
 namespace dtk::layers {
 namespace {
@@ -29,25 +33,23 @@ void tp_all_reduce(const at::Tensor& t, const TPGroup& tp, int32_t op) {
 // out[n, V] (fp32) = x[n, h] w[V, h]^T; a low-precision product is computed in its dtype.
 void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
   if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat)
-    at::mm_out(out, x, w.t());
+    dtk::mm_out(out, x, w.t());
   else
     out.copy_(at::mm(x, w.t()));
 }
 
-// This rank's column of each row's target, and whether the target is one of its rows of the
-// vocabulary (Megatron's target_mask, inverted).
-struct LocalTargets {
-  at::Tensor column, here;
-  LocalTargets(const at::Tensor& target, int64_t start, int64_t vocab) {
-    at::Tensor local = target - start;
-    here = (local >= 0).logical_and_(local < vocab);
-    column = local.masked_fill(here.logical_not(), 0);
-  }
-  // logits[i, column_i] -= 1 where the target is here: softmax -> softmax - onehot.
-  void subtract_onehot(at::Tensor& logits) const {
-    logits.scatter_add_(1, column.unsqueeze(1), here.to(at::kFloat).neg_().unsqueeze(1));
-  }
-};
+// Each row's target as a column of this rank's vocabulary rows, or -1 where another rank holds
+// it (Megatron's target_mask): int64 [n], contiguous.
+at::Tensor local_columns(const at::Tensor& target, int64_t start, int64_t vocab) {
+  const at::Tensor local = target - start;
+  return local.masked_fill((local < 0).logical_or_(local >= vocab), -1).contiguous();
+}
+
+// Runs fn(first_row, rows) over the rows of a block, split over the intra-op threads.
+template <class Fn>
+void for_rows(int64_t n, Fn&& fn) {
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
+}
 
 // What the forward pass computes for all tokens.
 struct HeadPass {
@@ -56,6 +58,43 @@ struct HeadPass {
   at::Tensor gx;        // [N, h] (x's dtype): D W per token, before the incoming gradient
   at::Tensor gw;        // [V, h] fp32: sum over tokens of D^T x, before the incoming gradient
 };
+
+// The cross entropy of one chunk of logits [n, V] (fp32, contiguous), Megatron's order: the
+// global row maximum, the target logit and the sum of exp(logit - max), all-reduced over the TP
+// group; with `with_grads` the logits become D = softmax - onehot. In one process each row goes
+// through all its passes while it is in the core's cache (softmax_rows.hpp); under TP the
+// all-reduces come between the passes.
+void cross_entropy_rows(at::Tensor& logits, const at::Tensor& col, at::Tensor max, at::Tensor sum, at::Tensor loss,
+                        const TPGroup& tp, bool with_grads) {
+  namespace rows = softmax_rows;
+  const int64_t n = logits.size(0), vocab = logits.size(1), ld = logits.stride(0);
+  float* l = logits.data_ptr<float>();
+  const int64_t* c = col.data_ptr<int64_t>();
+  float* mx = max.data_ptr<float>();
+  at::Tensor reduced = at::empty({2, n}, logits.options());  // sum of exp, target logit: one all-reduce
+  float* s = reduced.data_ptr<float>();
+  float* target_logit = s + n;
+  if (tp.size == 1) {
+    for_rows(n, [&](int64_t first, int64_t k) {
+      for (int64_t i = first; i < first + k; ++i) {  // row by row: each stays in cache for its passes
+        rows::row_max(l + i * ld, 1, vocab, ld, mx + i);
+        rows::exp_sum(l + i * ld, 1, vocab, ld, mx + i, c + i, s + i, target_logit + i, with_grads);
+        if (with_grads) rows::normalize_minus_onehot(l + i * ld, 1, vocab, ld, s + i, c + i);
+      }
+    });
+  } else {
+    for_rows(n, [&](int64_t i, int64_t k) { rows::row_max(l + i * ld, k, vocab, ld, mx + i); });
+    tp_all_reduce(max, tp, DTK_REDUCE_MAX);
+    for_rows(n, [&](int64_t i, int64_t k) {
+      rows::exp_sum(l + i * ld, k, vocab, ld, mx + i, c + i, s + i, target_logit + i, with_grads);
+    });
+    tp_all_reduce(reduced, tp, DTK_REDUCE_SUM);
+    if (with_grads)
+      for_rows(n, [&](int64_t i, int64_t k) { rows::normalize_minus_onehot(l + i * ld, k, vocab, ld, s + i, c + i); });
+  }
+  sum.copy_(reduced[0]);
+  at::sub_out(loss, at::log(reduced[0]), reduced[1]);
+}
 
 HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target, const TPGroup& tp,
                     int64_t requested_chunk, bool with_grads) {
@@ -76,28 +115,14 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
     const at::Tensor xc = x.narrow(0, c0, n);
     at::Tensor logits = buffer.narrow(0, 0, n);
     logits_into(logits, xc, w);
-    // Megatron's order: subtract the global row maximum, take the target logit, exponentiate.
-    at::Tensor max = p.max.narrow(0, c0, n);
-    at::amax_out(max, logits, {1});
-    tp_all_reduce(max, tp, DTK_REDUCE_MAX);
-    logits.sub_(max.unsqueeze(1));
-    const LocalTargets t(target.narrow(0, c0, n), start, vocab);
-    at::Tensor reduced = at::empty({2, n}, f32);  // sum of exp, target logit: one all-reduce
-    at::Tensor sum = reduced[0], target_logit = reduced[1];
-    target_logit.copy_(logits.gather(1, t.column.unsqueeze(1)).squeeze(1).masked_fill_(t.here.logical_not(), 0.0));
-    logits.exp_();
-    at::sum_out(sum, logits, {1});
-    tp_all_reduce(reduced, tp, DTK_REDUCE_SUM);
-    p.sum.narrow(0, c0, n).copy_(sum);
-    at::Tensor loss = p.loss.narrow(0, c0, n);
-    at::sub_out(loss, at::log(sum), target_logit);
+    cross_entropy_rows(logits, local_columns(target.narrow(0, c0, n), start, vocab), p.max.narrow(0, c0, n),
+                       p.sum.narrow(0, c0, n), p.loss.narrow(0, c0, n), tp, with_grads);
     if (!with_grads) continue;
-    logits.div_(sum.unsqueeze(1));  // softmax
-    t.subtract_onehot(logits);             // D = softmax - onehot
+    // logits now hold D = softmax - onehot.
     at::Tensor gx = p.gx.narrow(0, c0, n);
     if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) {
-      at::mm_out(gx, logits, w);
-      p.gw.addmm_(logits.t(), xc);
+      dtk::mm_out(gx, logits, w);
+      dtk::addmm_(p.gw, logits.t(), xc);
     } else {
       const at::Tensor d = logits.to(x.scalar_type());
       gx.copy_(d.mm(w));
@@ -160,10 +185,21 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
         const at::Tensor xr = x2.index_select(0, idx);
         at::Tensor d = at::empty({idx.numel(), vocab}, g.options());
         logits_into(d, xr, weight);
-        d.sub_(max.index_select(0, idx).unsqueeze(1)).exp_().div_(sum.index_select(0, idx).unsqueeze(1));
-        LocalTargets(target.index_select(0, idx), start, vocab).subtract_onehot(d);
+        // D from the saved global max and sum, with the forward's kernels.
+        const at::Tensor m = max.index_select(0, idx), s = sum.index_select(0, idx);
+        const at::Tensor col = local_columns(target.index_select(0, idx), start, vocab);
+        at::Tensor local_sum = at::empty_like(s);
+        float* dp = d.data_ptr<float>();
+        for_rows(d.size(0), [&](int64_t first, int64_t k) {
+          for (int64_t i = first; i < first + k; ++i) {
+            softmax_rows::exp_sum(dp + i * vocab, 1, vocab, vocab, m.data_ptr<float>() + i, nullptr,
+                                  local_sum.data_ptr<float>() + i, nullptr, /*write=*/true);
+            softmax_rows::normalize_minus_onehot(dp + i * vocab, 1, vocab, vocab, s.data_ptr<float>() + i,
+                                                 col.data_ptr<int64_t>() + i);
+          }
+        });
         d.mul_((g.index_select(0, idx) - c).unsqueeze(1));
-        gw.add_(d.t().mm(xr.to(at::kFloat)));
+        dtk::addmm_(gw, d.t(), xr.to(at::kFloat));
       }
     }
     return {gx.view(x.sizes()), gw.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};

@@ -377,26 +377,28 @@ TEST(GptModel, BadLabelsAndMasksAreRefused) {
             std::string::npos);
 }
 
-TEST(GptModel, FullRecomputeMatchesNoRecompute) {
+TEST(GptModel, FullAndSelectiveRecomputeMatchNoRecompute) {
   const Shape S{3, 32, 4, 128, 16, 64, false};
-  for (const char* p : {"0", "0.2"}) {
-    Opts base = model_opts(S, S.vocab, {{"hidden_dropout", p}, {"attention_dropout", p}});
-    Opts rec = base;
-    rec["recompute_activations"] = "full";
-    GPT a(base), b(rec);
-    EXPECT_EQ(b.info().recompute, 1);
-    at::Tensor tokens = random_text(2, S.seq, S.vocab, 9), labels = random_text(2, S.seq, S.vocab, 10);
-    TensorList in{{"tokens", tokens}, {"labels", labels}};
-    for (int it = 0; it < 2; ++it) {  // twice: generator states must stay in step
-      a.zero_grad();
-      b.zero_grad();
-      at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
-      la.backward();
-      lb.backward();
-      expect_close(la.detach(), lb.detach(), 1e-6, std::string("loss, dropout ") + p);
-      auto pa = a.param_map(), pb = b.param_map();
-      for (auto& kv : pa)
-        expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-6, std::string("grad ") + kv.first + " dropout " + p);
+  for (const std::string granularity : {"full", "selective"}) {
+    for (const char* p : {"0", "0.2"}) {
+      Opts base = model_opts(S, S.vocab, {{"hidden_dropout", p}, {"attention_dropout", p}});
+      Opts rec = base;
+      rec["recompute_activations"] = granularity;
+      GPT a(base), b(rec);
+      EXPECT_EQ(b.info().recompute, granularity == "full" ? 1 : 0);
+      at::Tensor tokens = random_text(2, S.seq, S.vocab, 9), labels = random_text(2, S.seq, S.vocab, 10);
+      TensorList in{{"tokens", tokens}, {"labels", labels}};
+      const std::string what = granularity + " recompute, dropout " + p;
+      for (int it = 0; it < 2; ++it) {  // twice: generator states must stay in step
+        a.zero_grad();
+        b.zero_grad();
+        at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+        la.backward();
+        lb.backward();
+        expect_close(la.detach(), lb.detach(), 1e-6, "loss, " + what);
+        auto pa = a.param_map(), pb = b.param_map();
+        for (auto& kv : pa) expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-6, "grad " + kv.first + ", " + what);
+      }
     }
   }
 }

@@ -68,13 +68,12 @@ const Rule kRules[] = {
      "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--use-flash-attn", 0, Kind::kIgnore, "",
      "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
-    {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations=full",
-     "full: every layer recomputed in backward; selective: refused (not available)"},
+    {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations=X",
+     "full: every layer recomputed in backward; selective: the attention probabilities recomputed"},
     {"--recompute-method", 1, Kind::kCustom, "", "uniform: accepted (DTK checkpoints each layer); block: refused"},
     {"--recompute-num-layers", 1, Kind::kCustom, "",
      "1: accepted; other counts refused (DTK checkpoints one layer at a time)"},
-    {"--recompute-activations", 0, Kind::kRefuse, "",
-     "selective recomputation (core attention only) is not available; --recompute-granularity full is"},
+    {"--recompute-activations", 0, Kind::kSwitch, "model.recompute_activations=selective", ""},
     // Precision
     {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},
     {"--bf16", 0, Kind::kSwitch, "train.params_dtype=bf16", ""},
@@ -227,8 +226,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
   } else if (f == "--recompute-granularity") {
-    if (v[0] == "full") return m.sets.push_back("model.recompute_activations=full");
-    refuse(v[0] == "selective" ? "selective recomputation (core attention only) is not available" : "not one of full, selective");
+    if (v[0] == "full" || v[0] == "selective") return m.sets.push_back("model.recompute_activations=" + v[0]);
+    refuse("not one of full, selective");
   } else if (f == "--recompute-method") {
     if (v[0] != "uniform") refuse("DTK recomputes each layer on its own (uniform with --recompute-num-layers 1)");
   } else if (f == "--recompute-num-layers") {

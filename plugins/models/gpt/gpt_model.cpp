@@ -120,6 +120,7 @@ class GPTModel : public Model {
     c_.untie = o.get_bool("untie_embeddings_and_output_weights");
     c_.openai_gelu = o.get_bool("openai_gelu");
     c_.recompute = o.get_string("recompute_activations") == "full";
+    c_.selective_recompute = o.get_string("recompute_activations") == "selective";
     c_.domino_chunks = o.get_int("domino_chunks");
     c_.fused_lm_head = o.get_bool("fused_lm_head");
     c_.lm_head_chunk_tokens = o.get_int("lm_head_chunk_tokens");
@@ -488,8 +489,10 @@ const dtk_option_spec kOptions[] = {
              "exact erf GELU."),
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),
-    opt_enum("recompute_activations", "none", "none|full",
-             "full = recompute every layer's activations in backward (one layer per checkpoint)."),
+    opt_enum("recompute_activations", "none", "none|selective|full",
+             "full = recompute every layer's activations in backward (one layer per checkpoint); selective = keep no "
+             "attention probabilities and form them again in backward (Megatron's recompute_granularity=selective; "
+             "the CPU fp32 causal attention, dtk/layers/attention.hpp)."),
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: Megatron's logits, then vocab-parallel cross entropy)."),

@@ -29,8 +29,10 @@ at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? a
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
-  at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, p,
-                                      [&](const at::Tensor& probs) { return dropout(probs, p, training, rng.attention); });
+  // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
+  at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, [&](at::IntArrayRef shape) {
+    return training ? draw_keep_mask(shape, p, rng.attention) : DropoutMask{};
+  });
   at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
   at::Tensor mlp = fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
   return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
@@ -57,11 +59,7 @@ at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
 
 at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const {
   if (stage == 1) return dtk::linear(gelu(projected, c_), fc2.weight);
-  const DropoutMask& probs_keep = chunk.attention_probs;
-  const double p = probs_keep.defined() ? c_.attention_dropout : 0.0;
-  at::Tensor context = core_attention(projected, chunk.mask, p, [&](const at::Tensor& probs) {
-    return apply_dropout(probs, probs_keep);
-  });
+  at::Tensor context = core_attention(projected, chunk.mask, [&](at::IntArrayRef) { return chunk.attention_probs; });
   return dtk::linear(context, dense.weight);
 }
 
@@ -69,21 +67,27 @@ LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool t
   return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
 }
 
-template <class DropoutFn>
-at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& mask, double p,
-                                 DropoutFn&& probs_dropout) const {
+template <class KeepFn>
+at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& mask, KeepFn&& probs_keep) const {
   const int64_t b = projected.size(0), s = projected.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  // The plain causal case on the CPU in fp32: the kernel that skips the masked half
+  // (dtk/layers/attention.hpp), same probabilities and dropout bits.
+  if (!mask.defined() && causal_attention_supported(projected))
+    return causal_attention_qkv(projected, heads_local_, scale, probs_keep(at::IntArrayRef{b, heads_local_, s, s}),
+                                c_.selective_recompute);
   // [b, s, np * 3 * hn] -> [b, np, s, 3 * hn] -> q, k, v [b, np, s, hn]
   at::Tensor mixed = projected.view({b, s, heads_local_, 3 * head_dim_}).transpose(1, 2);
   at::Tensor q = mixed.narrow(-1, 0, head_dim_);
   at::Tensor k = mixed.narrow(-1, head_dim_, head_dim_);
   at::Tensor v = mixed.narrow(-1, 2 * head_dim_, head_dim_);
   at::Tensor context;
+  const DropoutMask keep = probs_keep(at::IntArrayRef{b, heads_local_, s, s});
 #if TORCH_VERSION_MAJOR >= 2
-  // Fused kernel for the plain causal case. With attention dropout in training the plain path
-  // is used instead, because the fused kernel draws its mask from the global generator and
+  // Fused kernel for the plain causal case (a GPU). With attention dropout in training the plain
+  // path is used instead, because the fused kernel draws its mask from the global generator and
   // recomputation needs the masks reproducible from the model's own generator.
-  if (!mask.defined() && p == 0.0)
+  if (!mask.defined() && !keep.defined())
     context = at::scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), {}, 0.0, true);
 #endif
   if (!context.defined()) {
@@ -91,10 +95,10 @@ at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& 
     // in fp32 with masked positions filled with -10000; dropout; probs @ v.
     // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the
     // unscaled q k^T can overflow fp16.
-    at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
+    at::Tensor scores = at::matmul(q * scale, k.transpose(-1, -2));
     at::Tensor m = mask.defined() ? mask : causal_mask(s, projected.device());
     at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(projected.scalar_type());
-    context = at::matmul(probs_dropout(probs), v);
+    context = at::matmul(apply_dropout(probs, keep), v);
   }
   // [b, np, s, hn] -> [b, s, np * hn]
   return context.transpose(1, 2).reshape({b, s, heads_local_ * head_dim_});

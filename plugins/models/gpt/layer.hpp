@@ -16,6 +16,7 @@
 // uses the very same masks.
 #pragma once
 
+#include <dtk/layers/attention.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
@@ -36,6 +37,7 @@ struct Config {
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
   double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
   bool untie = false, recompute = false;
+  bool selective_recompute = false;  // the attention's probabilities recomputed in backward (attention.hpp)
   bool openai_gelu = false;  // GELU's tanh approximation (GPT-2's gelu_new) instead of the exact erf form
   int64_t domino_chunks = 1;
   bool fused_lm_head = true;  // lm_head.hpp (training and evaluation with labels)
@@ -85,9 +87,10 @@ class Layer : public DominoLayer {
 
  private:
   // Core attention on the fused QKV projection [b, s, np * 3 * hn] -> context [b, s, np * hn];
-  // `probs_dropout` applies the attention dropout to the probabilities.
-  template <class DropoutFn>
-  at::Tensor core_attention(const at::Tensor& mixed, const at::Tensor& mask, double p, DropoutFn&& probs_dropout) const;
+  // probs_keep(shape) gives the attention dropout's mask for the probabilities [b, np, s, s]
+  // (undefined: no dropout), called once.
+  template <class KeepFn>
+  at::Tensor core_attention(const at::Tensor& mixed, const at::Tensor& mask, KeepFn&& probs_keep) const;
   at::Tensor causal_mask(int64_t s, at::Device device) const;
 
   const Config& c_;

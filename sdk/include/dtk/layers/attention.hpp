@@ -1,0 +1,36 @@
+// dtk/layers/attention.hpp — causal self-attention on the CPU that skips the masked half.
+//
+// Megatron's CoreAttention forms all [s, s] scores of each head, fills the upper triangle with
+// -10000, takes the softmax in fp32 (where exp(-10000 - max) is exactly 0), applies dropout and
+// multiplies by V, every step a pass over a [b, heads, s, s] tensor, with copies to make the
+// heads contiguous for the batched products. Here each (sequence, head) works in blocks of 64
+// query rows: the scores of a block exist only for the keys at or before its last row, the
+// softmax covers each row's unmasked prefix, and the products read Q, K, V straight from the
+// fused QKV projection and write the context in its [b, s, heads * head_dim] layout, through
+// dtk/gemm.hpp. With 4 blocks (s = 256) that is 10 of 16 score blocks; the result is the masked
+// softmax's, the same up to the order of the sums.
+//
+// Dropout on the probabilities uses the mask `keep` of a [b, heads, s, s] tensor (dropout.hpp):
+// the same bits as apply_dropout on the full probabilities, so a chunked schedule (Domino)
+// passing a mask of rows gets the same masks. Saved for backward: the QKV input and the
+// probabilities [b, heads, s, s] (the masked part never written), or, with recompute_probs
+// (Megatron's recompute_granularity=selective), only the QKV input: backward forms the
+// probabilities again block by block, the same values, for one more Q K^T product per block.
+#pragma once
+
+#include <dtk/layers/dropout.hpp>
+
+namespace dtk::layers {
+
+// Whether causal_attention_qkv takes this input: a CPU fp32 tensor [b, s, heads * 3 * head_dim],
+// contiguous.
+bool causal_attention_supported(const at::Tensor& qkv);
+
+// The context [b, s, heads * head_dim] of causal self-attention over `qkv` [b, s, heads * 3 *
+// head_dim], Megatron's layout (per head: query, key, value, each head_dim wide): softmax(q k^T
+// * scale) with the future masked, dropout `keep` (undefined: none) on the probabilities, times
+// v. Differentiable in qkv.
+at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double scale, const DropoutMask& keep,
+                                bool recompute_probs = false);
+
+}  // namespace dtk::layers

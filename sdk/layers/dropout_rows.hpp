@@ -1,0 +1,20 @@
+// dropout_rows.hpp — a dropout mask applied to a run of elements, for kernels that work row by row
+// (attention.cpp). Internal to dtk::layers, not installed. Same bits and arithmetic as
+// apply_dropout (dropout.hpp).
+#pragma once
+
+#include <dtk/layers/dropout.hpp>
+
+#include <cstdint>
+
+namespace dtk::layers {
+
+// out[i] = in[i] * (1 / (1 - p)) (the scale in fp32) where element keep.offset + first + i of the
+// mask is kept, else 0, for i < count. `in` and `out` may be the same array.
+void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const float* in, float* out);
+
+// out[i] = 1 / (1 - p) (fp32) where element keep.offset + first + i is kept, else 0: the
+// multipliers scale_kept applies, for a row used twice.
+void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, float* out);
+
+}  // namespace dtk::layers

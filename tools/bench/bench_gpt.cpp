@@ -1,25 +1,35 @@
 // dtk_bench_gpt — forward+backward throughput of the shipped "gpt" model + "causal_lm" step
 // plugins on the CPU, next to the rate of one large fp32 matmul measured in the same run (the
-// machine's practical ceiling for a GEMM-bound training step).
+// machine's practical ceiling for a GEMM-bound training step), after the two kernels the step
+// stands on, each next to what it replaces, alternated call by call:
+//   * the fp32 products on the models' shapes through dtk/gemm.hpp (oneDNN's sgemm where
+//     LibTorch loaded it) against LibTorch's at::mm (OpenBLAS on Debian);
+//   * one 6L/384h layer's causal attention, forward and backward with dropout 0.1, through
+//     dtk::layers::causal_attention_qkv against Megatron's CoreAttention in ATen operations.
 //
 //   build/bin/dtk_bench_gpt [iterations]        (default 10 timed iterations per model)
 //
-// Times are the median over iterations (and over 10 matmuls for the ceiling).
+// Times are the median over iterations (the best of 10 matmuls for the ceiling).
 //
 // The plugins are loaded from the build tree through the host's loader and driven through the
 // C ABI, exactly as `dtk train` drives them. All cores are used (at::set_num_threads).
 // FLOPs per iteration count every matmul of forward and backward (backward = 2 x forward):
 //   3 x [ 2 B s (L (4h^2 + 2 h f) + h V) + 4 B s^2 h L ]      (attention counted as full s x s)
 #include <dtk/core/allocator.hpp>
+#include <dtk/gemm.hpp>
+#include <dtk/layers/attention.hpp>
+#include <dtk/layers/dropout.hpp>
 #include <dtk/core/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/tensor.hpp>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -40,18 +50,112 @@ void check(dtk_status* s) {
   throw std::runtime_error(m);
 }
 
-// Median rate of `reps` n x n x n fp32 matmuls.
+// The best rate of `reps` n x n x n fp32 matmuls, at::mm and dtk::mm alternately (the machine's
+// ceiling, whichever engine reaches it).
 double matmul_gflops(int64_t n, int reps) {
   at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
   at::Tensor c = at::matmul(a, b);  // warm-up
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
-    at::mm_out(c, a, b);
+    if (i % 2)
+      dtk::mm_out(c, a, b);
+    else
+      at::mm_out(c, a, b);
     times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
-  return 2.0 * n * n * n / times[times.size() / 2] / 1e9;
+  return 2.0 * n * n * n / times.front() / 1e9;
+}
+
+// Median seconds of `a` and of `b`, called alternately `reps` times after one warm-up call each.
+template <class A, class B>
+std::pair<double, double> alternate(int reps, A&& a, B&& b) {
+  a();
+  b();
+  std::vector<double> ta, tb;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    a();
+    ta.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    b();
+    tb.push_back(seconds_since(t0));
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
+}
+
+// The products of the gpt-tiny and 6L models' steps (per 512-token chunk for the output layer):
+// C [m, n] = op(A) op(B) with K the inner size.
+void bench_products(int reps) {
+  struct Product {
+    const char* name;
+    int64_t m, k, n;
+    bool a_t, b_t;
+  };
+  const Product products[] = {
+      {"tiny output layer x W^T", 512, 64, 50304, false, true},
+      {"tiny output layer D W", 512, 50304, 64, false, false},
+      {"tiny output layer D^T x", 50304, 512, 64, true, false},
+      {"6L output layer x W^T", 512, 384, 50304, false, true},
+      {"6L output layer D W", 512, 50304, 384, false, false},
+      {"6L output layer D^T x", 50304, 512, 384, true, false},
+      {"6L QKV x W^T", 2048, 384, 1152, false, true},
+      {"6L QKV g W", 2048, 1152, 384, false, false},
+      {"6L QKV g^T x", 1152, 2048, 384, true, false},
+      {"6L fc1 x W^T", 2048, 384, 1536, false, true},
+      {"6L fc2 x W^T", 2048, 1536, 384, false, true},
+      {"6L fc2 g W", 2048, 384, 1536, false, false},
+      {"6L fc1 g^T x", 1536, 2048, 384, true, false},
+  };
+  std::printf("fp32 products, GFLOP/s: LibTorch's at::mm | dtk::mm (%s), alternated, median of %d\n",
+              dtk::cpu_gemm_engine().c_str(), reps);
+  double total_aten = 0, total_dtk = 0;
+  for (const Product& p : products) {
+    const at::Tensor a = p.a_t ? at::randn({p.k, p.m}).t() : at::randn({p.m, p.k});
+    const at::Tensor b = p.b_t ? at::randn({p.n, p.k}).t() : at::randn({p.k, p.n});
+    at::Tensor c1 = at::empty({p.m, p.n}), c2 = at::empty({p.m, p.n});
+    const auto [t_aten, t_dtk] = alternate(reps, [&] { at::mm_out(c1, a, b); }, [&] { dtk::mm_out(c2, a, b); });
+    const double gflop = 2.0 * static_cast<double>(p.m * p.n * p.k) / 1e9;
+    total_aten += t_aten;
+    total_dtk += t_dtk;
+    std::printf("  %-26s [%5lld x %5lld] x [%5lld x %5lld] %7.1f | %7.1f  (%.2fx)\n", p.name,
+                static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.k),
+                static_cast<long long>(p.n), gflop / t_aten, gflop / t_dtk, t_aten / t_dtk);
+  }
+  std::printf("  %-26s %.1f ms | %.1f ms  (%.2fx)\n", "all of them, one each", 1e3 * total_aten, 1e3 * total_dtk,
+              total_aten / total_dtk);
+}
+
+// Megatron's CoreAttention in ATen operations on the fused projection [b, s, heads * 3 * hd].
+at::Tensor core_attention_aten(const at::Tensor& qkv, int64_t heads, const dtk::layers::DropoutMask& keep) {
+  const int64_t b = qkv.size(0), s = qkv.size(1), hd = qkv.size(2) / (3 * heads);
+  const at::Tensor mixed = qkv.view({b, s, heads, 3 * hd}).transpose(1, 2);
+  const at::Tensor q = mixed.narrow(-1, 0, hd), k = mixed.narrow(-1, hd, hd), v = mixed.narrow(-1, 2 * hd, hd);
+  const at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(hd))), k.transpose(-1, -2));
+  const at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  const at::Tensor probs = dtk::layers::apply_dropout(at::softmax(scores.masked_fill(future, -10000.0), -1), keep);
+  return at::matmul(probs, v).transpose(1, 2).reshape({b, s, heads * hd});
+}
+
+void bench_attention(int reps) {
+  const int64_t b = 8, s = 256, heads = 6, hd = 64;
+  at::Generator gen = at::detail::getDefaultCPUGenerator().clone();
+  const dtk::layers::DropoutMask keep = dtk::layers::draw_keep_mask({b, heads, s, s}, 0.1, gen);
+  const at::Tensor qkv = at::randn({b, s, heads * 3 * hd}).requires_grad_(true);
+  const at::Tensor grad = at::randn({b, s, heads * hd});
+  auto step = [&](auto&& attention) {
+    attention(qkv).backward(grad);
+    const_cast<at::Tensor&>(qkv).mutable_grad().reset();
+  };
+  const auto [t_dtk, t_aten] = alternate(
+      reps, [&] { step([&](const at::Tensor& x) { return dtk::layers::causal_attention_qkv(x, heads, 0.125, keep); }); },
+      [&] { step([&](const at::Tensor& x) { return core_attention_aten(x, heads, keep); }); });
+  std::printf("causal attention, one 6L layer (b 8, s 256, 6 heads of 64, dropout 0.1), forward + backward: "
+              "dtk::layers %.1f ms | ATen CoreAttention %.1f ms  (%.2fx)\n",
+              1e3 * t_dtk, 1e3 * t_aten, t_aten / t_dtk);
 }
 
 struct Shape {
@@ -144,8 +248,11 @@ int main(int argc, char** argv) {
     host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_causal_lm.so");
     std::printf("LibTorch %s, %d threads, %s, fp32, training mode (dropout 0.1), %d timed iterations (median)\n",
                 dtk::core::host_torch_version(), at::get_num_threads(), dtk::core::malloc_name().c_str(), iters);
+    bench_products(9);
+    bench_attention(9);
     const double peak = matmul_gflops(2048, 10);
-    std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32 at::mm)\n", "ceiling: one large matmul", peak);
+    std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32, the best of at::mm and dtk::mm)\n",
+                "ceiling: one large matmul", peak);
     bench(host, {"gpt-tiny", 2, 64, 4, 64, 8, 50257}, iters, peak);
     bench(host, {"6L/384h/6 heads/seq 256", 6, 384, 6, 256, 8, 50257}, iters, peak);
     std::printf("%-28s %.1f GFLOP/s (measured again after the models)\n", "ceiling: one large matmul",

@@ -23,12 +23,7 @@
 namespace {
 
 using dtk::layers::DropoutMask;
-
-at::Generator generator(uint64_t seed) {
-  at::Generator g = at::detail::getDefaultCPUGenerator().clone();
-  g.set_current_seed(seed);
-  return g;
-}
+using dtk::layers::seeded_generator;
 
 // Megatron's CoreAttention with plain ops: qkv [b, s, heads * 3 * hd] -> [b, s, heads * hd].
 at::Tensor reference_attention(const at::Tensor& qkv, int64_t heads, const DropoutMask& keep) {
@@ -60,7 +55,7 @@ TEST(CausalAttention, EqualsCoreAttentionForwardAndBackward) {
       at::manual_seed(static_cast<uint64_t>(s));
       const at::Tensor qkv = at::randn({b, s, heads * 3 * hd});
       const at::Tensor d_out = at::randn({b, s, heads * hd});
-      at::Generator g = generator(5);
+      at::Generator g = seeded_generator(5);
       const DropoutMask keep = dtk::layers::draw_keep_mask({b, heads, s, s}, p, g);
       const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
       const Grads mine = run(qkv, d_out, [&](const at::Tensor& x) {
@@ -86,7 +81,7 @@ TEST(CausalAttention, TheFutureDoesNotLeakAndMaskRowsAreSlicesOfTheWhole) {
   const int64_t b = 4, s = 70, heads = 3, hd = 8;
   at::manual_seed(1);
   const at::Tensor qkv = at::randn({b, s, heads * 3 * hd});
-  at::Generator g = generator(9);
+  at::Generator g = seeded_generator(9);
   const DropoutMask keep = dtk::layers::draw_keep_mask({b, heads, s, s}, 0.2, g);
   const at::Tensor whole = dtk::layers::causal_attention_qkv(qkv, heads, 0.3, keep);
   // Sequences 1..2 with the mask's rows 1..2 (a Domino chunk): the same context.

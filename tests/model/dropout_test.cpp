@@ -14,16 +14,11 @@
 namespace {
 
 using dtk::layers::DropoutMask;
-
-at::Generator generator(uint64_t seed) {
-  at::Generator g = at::detail::getDefaultCPUGenerator().clone();
-  g.set_current_seed(seed);
-  return g;
-}
+using dtk::layers::seeded_generator;
 
 TEST(Dropout, KeepsOneMinusPAndDrawsIndependentBits) {
   for (double p : {0.1, 0.5, 0.9}) {
-    at::Generator g = generator(7);
+    at::Generator g = seeded_generator(7);
     const int64_t n = 1 << 22;
     const DropoutMask a = dtk::layers::draw_keep_mask({n}, p, g), b = dtk::layers::draw_keep_mask({n}, p, g);
     const at::Tensor ka = dtk::layers::keep_bits(a, n).to(at::kDouble), kb = dtk::layers::keep_bits(b, n).to(at::kDouble);
@@ -38,7 +33,7 @@ TEST(Dropout, KeepsOneMinusPAndDrawsIndependentBits) {
 }
 
 TEST(Dropout, RowsAreSlicesAndBackwardUsesTheForwardMask) {
-  at::Generator g = generator(3);
+  at::Generator g = seeded_generator(3);
   at::Tensor x = at::randn({6, 5, 7}).requires_grad_(true);
   const DropoutMask m = dtk::layers::draw_keep_mask(x.sizes(), 0.3, g);
   at::Tensor y = dtk::layers::apply_dropout(x, m);
@@ -55,7 +50,7 @@ TEST(Dropout, RowsAreSlicesAndBackwardUsesTheForwardMask) {
 }
 
 TEST(Dropout, AClonedGeneratorDrawsTheSameMask) {
-  at::Generator g = generator(11);
+  at::Generator g = seeded_generator(11);
   at::Generator copy = g.clone();
   const DropoutMask a = dtk::layers::draw_keep_mask({1000}, 0.2, g);
   const DropoutMask b = dtk::layers::draw_keep_mask({1000}, 0.2, copy);
@@ -70,7 +65,7 @@ TEST(Dropout, AClonedGeneratorDrawsTheSameMask) {
 // (including ones whose sums and products overflow), odd and even offsets (a mask starting in the
 // high half of a hash), sizes around the hash pairs, and past the 2^24-element pieces it works in.
 TEST(Dropout, TensorOperationBitsEqualTheHostLoop) {
-  at::Generator g = generator(5);
+  at::Generator g = seeded_generator(5);
   std::vector<uint64_t> seeds = {0, 1, 0x9E3779B97F4A7C15ULL, ~uint64_t{0}};
   for (int i = 0; i < 3; ++i) seeds.push_back(dtk::layers::draw_keep_mask({8}, 0.5, g).seed);
   for (uint64_t seed : seeds)

@@ -302,6 +302,35 @@ TEST(BenchMode, PrintsTheSummaryAndWritesJson) {
   EXPECT_NEAR(std::stod(m[2]), std::stod(m[1]) / 0.5, 1e-6 * std::stod(m[2]));
 }
 
+// Without logging.peak_tflops a CPU bench run measures the matmul ceiling at the start (the log
+// lines' MFU) and again after the steps; the summary keeps the higher, so its peak is at least
+// the one the log lines used (a slow minute at the start must not put MFU above 100%).
+TEST(BenchMode, MeasuresTheCeilingBeforeAndAfterAndKeepsTheHigher) {
+  const std::string out = fresh_dir("bench_peak") + "/r.json";
+  const Result r = dtk_test::run_dtk(kTrain + " --set train.bench_steps=2 --set train.perf_warmup_steps=1 "
+                                              "--set logging.log_interval=1 --bench_out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sgemm on 1 threads, before and after the steps)"), std::string::npos) << r.out;
+  std::smatch m;
+  // The log lines' TFLOP/s and MFU against the start's ceiling, rounded as printed: the fastest
+  // line, where the rounding weighs least.
+  double tflops = 0, mfu = 0;
+  const std::regex line(R"(throughput per device \(TFLOP/s\): ([0-9.]+) \| MFU: ([0-9.]+)%)");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it)
+    if (std::stod((*it)[1]) > tflops) tflops = std::stod((*it)[1]), mfu = std::stod((*it)[2]);
+  ASSERT_GT(mfu, 0.0) << r.out;
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string json = ss.str();
+  ASSERT_TRUE(std::regex_search(json, m, std::regex(R"("peak_tflops_per_device": ([0-9.e-]+), "mfu": ([0-9.e-]+))")))
+      << json;
+  const double start_peak = tflops / (mfu / 100.0), summary_peak = std::stod(m[1]);
+  // 0.0005 TFLOP/s of print rounding on a ~0.01-0.05 TFLOP/s tiny model: up to ~5%.
+  EXPECT_GE(summary_peak, 0.9 * start_peak) << "start ceiling ~" << start_peak << "\n" << r.out << json;
+  EXPECT_LE(std::stod(m[2]), 1.0) << json;
+}
+
 TEST(Metrics, JsonlCarriesTheLogFigures) {
   const std::string dir = fresh_dir("jsonl"), path = dir + "/metrics.jsonl";
   Result r;

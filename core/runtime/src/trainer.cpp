@@ -176,8 +176,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins)
   } else if (bench_mode) {
     peak_tflops_ = measure_matmul_tflops();
     memory::reset_peak();
+    peak_measured_ = true;
     peak_source_ = "measured: best 2048x2048 fp32 matmul of LibTorch's BLAS and " + dtk::cpu_gemm_engine() + " on " +
-                   std::to_string(at::get_num_threads()) + " threads";
+                   std::to_string(at::get_num_threads()) + " threads, before and after the steps";
   }
   if (plan_.ramps_up()) {
     // Megatron's scheduler counts samples: with a ramp-up the iterations differ in size, so every
@@ -989,7 +990,11 @@ void Trainer::train() {
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
   if (!stopped_early_ && saving && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
     save(plan_.train_iters());
-  if (bench_) print_bench_summary();
+  if (bench_) {
+    // Every rank again, as at the start (ranks sharing a host's cores measure it together).
+    if (peak_measured_) bench_->raise_peak(measure_matmul_tflops());
+    print_bench_summary();
+  }
 }
 
 void Trainer::print_bench_summary() {

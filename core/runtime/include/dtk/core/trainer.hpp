@@ -158,6 +158,7 @@ class Trainer {
   bool stopped_early_ = false;
   double peak_tflops_ = 0;           // per device, for MFU (0 = unknown)
   std::string peak_source_;
+  bool peak_measured_ = false;       // peak_tflops_ is a matmul measured here (measured again at the end)
   std::unique_ptr<BenchReport> bench_;  // bench mode or --bench_out
   const std::set<int64_t> nonfinite_iterations_;  // test hook (DTK_TEST_NONFINITE_ITERS)
   const std::vector<std::string> writers_;         // the plugins, as checkpoints record them

@@ -12,9 +12,12 @@
 #
 #   tools/bench/step_vs_pytorch.sh [--reps 3] [--threads N] [--quick]
 #
-# Each row is the median over REPS runs, interleaved (dtk, peer, dtk on glibc, next shape, ...),
-# each run the median step time after its warm-up steps; tokens/s = batch x seq / that time. This
-# VM's speed wanders by 20% between runs: compare within one table. The peer needs Debian's
+# Each row is the median over REPS runs, interleaved (dtk and the peer back to back, in turn first
+# and second so a drifting machine favours neither, then dtk on glibc, next shape, ...), each run
+# the median step time after its warm-up steps; tokens/s = batch x seq / that time. The dtk/peer
+# column is the median of the REPS back-to-back pairs' ratios, each pair printed below the table:
+# a shared VM's speed wanders by 10-30% between minutes, and a ratio taken within one pair is
+# what that drift leaves alone. The peer needs Debian's
 # python3-torch (`apt-get install python3-torch`; /usr/bin/python3 is used); without it its
 # columns say "n/a".
 set -euo pipefail
@@ -63,20 +66,26 @@ print(r["tokens_per_iteration"] / (r["step_time_ms_median"] / 1e3), 100 * r["mfu
 EOF
 }
 
-declare -A DTK_RATE DTK_MFU DTK_RSS PEER_RATE PEER_RSS GLIBC_RATE
+declare -A DTK_RATE DTK_MFU DTK_RSS PEER_RATE PEER_RSS GLIBC_RATE PAIR
 for ((rep = 0; rep < REPS; rep++)); do
   for i in "${!SHAPES[@]}"; do
     IFS='|' read -r name dims steps <<<"${SHAPES[$i]}"
     read -r L H NH S B <<<"$dims"
     read -r STEPS WARM <<<"$steps"
-    read -r rate mfu rss <<<"$(dtk_step "s$i-r$rep" tcmalloc $L $H $NH $S $B $STEPS $WARM)"
-    DTK_RATE[$i]="${DTK_RATE[$i]:-} $rate" DTK_MFU[$i]="${DTK_MFU[$i]:-} $mfu" DTK_RSS[$i]="${DTK_RSS[$i]:-} $rss"
-    if [[ $PEER == 1 ]]; then
+    run_dtk() {
+      read -r rate mfu rss <<<"$(dtk_step "s$i-r$rep" tcmalloc $L $H $NH $S $B $STEPS $WARM)"
+      DTK_RATE[$i]="${DTK_RATE[$i]:-} $rate" DTK_MFU[$i]="${DTK_MFU[$i]:-} $mfu" DTK_RSS[$i]="${DTK_RSS[$i]:-} $rss"
+    }
+    run_peer() {
+      [[ $PEER == 1 ]] || return 0
       out=$(LD_PRELOAD=$PEER_PRELOAD $PY tools/bench/gpt_peer.py --layers $L --hidden $H --heads $NH --seq $S --batch $B --steps $STEPS \
         --warmup $WARM --threads "$THREADS")
-      PEER_RATE[$i]="${PEER_RATE[$i]:-} $(echo "$out" | grep -o '"tokens_per_second": [0-9.]*' | grep -o '[0-9.]*$')"
+      peer_rate=$(echo "$out" | grep -o '"tokens_per_second": [0-9.]*' | grep -o '[0-9.]*$')
+      PEER_RATE[$i]="${PEER_RATE[$i]:-} $peer_rate"
       PEER_RSS[$i]="${PEER_RSS[$i]:-} $(echo "$out" | grep -o '"peak_rss_mb": [0-9.]*' | grep -o '[0-9.]*$')"
-    fi
+    }
+    if ((rep % 2 == 0)); then run_dtk; run_peer; else run_peer; run_dtk; fi
+    if [[ $PEER == 1 && $rate != n/a && -n $peer_rate ]]; then PAIR[$i]="${PAIR[$i]:-} $(calc "$rate / $peer_rate")"; fi
     read -r rate _ _ <<<"$(dtk_step "g$i-r$rep" system $L $H $NH $S $B $STEPS $WARM)"
     GLIBC_RATE[$i]="${GLIBC_RATE[$i]:-} $rate"
   done
@@ -85,14 +94,15 @@ done
 med() { echo "$1" | tr ' ' '\n' | grep -v '^$' | median; }
 echo
 echo "== full training step (forward, backward, clip, AdamW), fp32, dropout 0.1, $THREADS threads;"
-echo "   median of $REPS interleaved runs"
+echo "   median of $REPS interleaved runs; dtk/peer: the median of the back-to-back pairs' ratios"
 printf '%-44s %10s %10s %7s %7s %9s %9s %12s\n' "model" "dtk tok/s" "peer tok/s" "dtk/peer" "dtk MFU" "dtk RSS" "peer RSS" "dtk on glibc"
 for i in "${!SHAPES[@]}"; do
   IFS='|' read -r name _ _ <<<"${SHAPES[$i]}"
   d=$(med "${DTK_RATE[$i]}") m=$(med "${DTK_MFU[$i]}") r=$(med "${DTK_RSS[$i]}") g=$(med "${GLIBC_RATE[$i]}")
   if [[ $PEER == 1 ]]; then
     p=$(med "${PEER_RATE[$i]}") pr=$(med "${PEER_RSS[$i]}")
-    ratio=$(calc "$d / $p")
+    ratio=$(med "${PAIR[$i]:-}")
+    [[ -n $ratio ]] || ratio=n/a
   else
     p=n/a pr=n/a ratio=n/a
   fi
@@ -105,4 +115,5 @@ for i in "${!SHAPES[@]}"; do
   printf 'runs, %s (tokens/s): dtk%s | peer%s | dtk on glibc%s\n' "${name%% (*}" \
     "$(printf ' %.0f' ${DTK_RATE[$i]})" "$([[ $PEER == 1 ]] && printf ' %.0f' ${PEER_RATE[$i]} || echo ' n/a')" \
     "$(printf ' %.0f' ${GLIBC_RATE[$i]})"
+  if [[ -n ${PAIR[$i]:-} ]]; then printf '  dtk/peer of each back-to-back pair:%s\n' "$(printf ' %.2fx' ${PAIR[$i]})"; fi
 done

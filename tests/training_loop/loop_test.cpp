@@ -51,6 +51,13 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
 
 std::string iters(int n) { return " --set train.train_iters=" + std::to_string(n) + " "; }
 
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 // Runs with DTK_TEST_NONFINITE_ITERS=`nonfinite` (see core/trainer.cpp) in the environment.
 Curve curve_with_overflows(const std::string& args, const std::string& nonfinite, const std::string& name) {
   ::setenv("DTK_TEST_NONFINITE_ITERS", nonfinite.c_str(), 1);
@@ -168,12 +175,7 @@ struct Background {
   ~Background() {
     if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
   }
-  std::string output() const {
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string output() const { return file_text(log); }
   // Waits (bounded) until the output holds `needle`; false if the process ended or time ran out.
   bool wait_for(const std::string& needle, int timeout_s) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
@@ -287,10 +289,7 @@ TEST(BenchMode, PrintsTheSummaryAndWritesJson) {
   EXPECT_NE(r.out.find("performance summary: 6 measured iterations after 2 warm-up"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("of 0.5000 TFLOP/s per device (logging.peak_tflops)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("validation loss"), std::string::npos) << "bench mode evaluates nothing";
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string json = ss.str();
+  const std::string json = file_text(out);
   EXPECT_NE(json.find("\"measured_iterations\": 6,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"warmup_iterations\": 2,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"tokens_per_iteration\": 128,"), std::string::npos) << json;
@@ -319,10 +318,7 @@ TEST(BenchMode, MeasuresTheCeilingBeforeAndAfterAndKeepsTheHigher) {
   for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), line); it != std::sregex_iterator(); ++it)
     if (std::stod((*it)[1]) > tflops) tflops = std::stod((*it)[1]), mfu = std::stod((*it)[2]);
   ASSERT_GT(mfu, 0.0) << r.out;
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string json = ss.str();
+  const std::string json = file_text(out);
   ASSERT_TRUE(std::regex_search(json, m, std::regex(R"("peak_tflops_per_device": ([0-9.e-]+), "mfu": ([0-9.e-]+))")))
       << json;
   const double start_peak = tflops / (mfu / 100.0), summary_peak = std::stod(m[1]);

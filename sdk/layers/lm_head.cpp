@@ -3,6 +3,7 @@
 #include <dtk/layers/lm_head.hpp>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/matmul.h>
 #include <dtk/gemm.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -212,6 +213,11 @@ at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, con
                               const TPGroup& tp, int64_t chunk_tokens) {
   if (x.dim() != labels.dim() + 1 || x.sizes().slice(0, labels.dim()) != labels.sizes())
     throw Error("fused output layer: input " + shape_str(x) + " does not match labels " + shape_str(labels));
+  // The chunks' cross entropy walks the logits on the host (softmax_rows.hpp): on a GPU the output
+  // layer and Megatron's vocab-parallel cross entropy run as LibTorch ops, the logits whole, as
+  // the unfused model computes them.
+  if (!x.device().is_cpu() || !weight.device().is_cpu())
+    return vocab_parallel_cross_entropy(at::matmul(x, weight.t()), labels.to(at::kLong), tp);
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
     return FusedLmHead::apply(x, weight, labels, tp, chunk_tokens);
   // Evaluation: the loss only, chunk by chunk.

@@ -18,6 +18,9 @@
 // the value c most tokens share (the causal-LM step's mean gives every token 1/N); tokens whose
 // g differs (a loss mask) get their D recomputed from the saved m and s and added with weight
 // g - c. So any incoming gradient is exact, and the common one costs nothing extra.
+//
+// On the CPU only: tensors on a GPU take the unfused path (x W^T, then
+// vocab_parallel_cross_entropy), the same arithmetic in LibTorch's kernels.
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>

@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-dev libgoogle-glog-dev libgoogle-glog0v6
-  libgflags-dev libgflags2.2 libunwind8 libunwind-dev libboost1.74-dev libgtest-dev nlohmann-json3-dev zlib1g-dev)
+  libgflags-dev libgflags2.2 libunwind8 libunwind-dev libboost1.74-dev libgtest-dev nlohmann-json3-dev zlib1g-dev
+  libsimdjson-dev libsimdjson14 libtcmalloc-minimal4 libgloo-dev)
 mkdir -p .gpu-bundle
 cd .gpu-bundle
 rm -f ./*.deb

@@ -9,13 +9,14 @@
 //
 //   build/bin/dtk_bench_gpt [iterations]        (default 10 timed iterations per model)
 //
-// Times are the median over iterations (the best of 10 matmuls for the ceiling).
+// Times are the median over iterations (the best of 10 matmuls for the ceiling, as bench mode's).
 //
 // The plugins are loaded from the build tree through the host's loader and driven through the
 // C ABI, exactly as `dtk train` drives them. All cores are used (at::set_num_threads).
 // FLOPs per iteration count every matmul of forward and backward (backward = 2 x forward):
 //   3 x [ 2 B s (L (4h^2 + 2 h f) + h V) + 4 B s^2 h L ]      (attention counted as full s x s)
 #include <dtk/core/allocator.hpp>
+#include <dtk/core/bench_report.hpp>
 #include <dtk/gemm.hpp>
 #include <dtk/layers/attention.hpp>
 #include <dtk/layers/dropout.hpp>
@@ -50,23 +51,15 @@ void check(dtk_status* s) {
   throw std::runtime_error(m);
 }
 
-// The best rate of `reps` n x n x n fp32 matmuls, at::mm and dtk::mm alternately (the machine's
-// ceiling, whichever engine reaches it).
-double matmul_gflops(int64_t n, int reps) {
-  at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
-  at::Tensor c = at::matmul(a, b);  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    if (i % 2)
-      dtk::mm_out(c, a, b);
-    else
-      at::mm_out(c, a, b);
-    times.push_back(seconds_since(t0));
-  }
+// The median of per-call times: robust to other processes on a shared machine.
+double median(std::vector<double> times) {
   std::sort(times.begin(), times.end());
-  return 2.0 * n * n * n / times.front() / 1e9;
+  return times[times.size() / 2];
 }
+
+// The machine's ceiling in GFLOP/s: the best 2048^3 fp32 matmul of at::mm and dtk::mm, as bench
+// mode measures it for MFU (dtk/core/bench_report.hpp), 5 of each.
+double matmul_ceiling_gflops() { return 1e3 * dtk::core::measure_matmul_tflops(2048, 5); }
 
 // Median seconds of `a` and of `b`, called alternately `reps` times after one warm-up call each.
 template <class A, class B>
@@ -82,9 +75,7 @@ std::pair<double, double> alternate(int reps, A&& a, B&& b) {
     b();
     tb.push_back(seconds_since(t0));
   }
-  std::sort(ta.begin(), ta.end());
-  std::sort(tb.begin(), tb.end());
-  return {ta[ta.size() / 2], tb[tb.size() / 2]};
+  return {median(ta), median(tb)};
 }
 
 // The products of the gpt-tiny and 6L models' steps (per 512-token chunk for the output layer):
@@ -142,7 +133,7 @@ at::Tensor core_attention_aten(const at::Tensor& qkv, int64_t heads, const dtk::
 
 void bench_attention(int reps) {
   const int64_t b = 8, s = 256, heads = 6, hd = 64;
-  at::Generator gen = at::detail::getDefaultCPUGenerator().clone();
+  at::Generator gen = dtk::layers::seeded_generator(1);
   const dtk::layers::DropoutMask keep = dtk::layers::draw_keep_mask({b, heads, s, s}, 0.1, gen);
   const at::Tensor qkv = at::randn({b, s, heads * 3 * hd}).requires_grad_(true);
   const at::Tensor grad = at::randn({b, s, heads * hd});
@@ -212,15 +203,13 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
     torch::autograd::profiler::RecordProfile profile(std::string(trace) + "." + name + ".json");
     one();
   }
-  // Median of per-iteration times: robust to other processes on a shared machine.
   std::vector<double> times;
   for (int i = 0; i < iters; ++i) {
     auto t0 = Clock::now();
     one();
     times.push_back(seconds_since(t0));
   }
-  std::sort(times.begin(), times.end());
-  const double secs = times[times.size() / 2];
+  const double secs = median(times);
 
   const double B = S.batch, s = S.seq, L = S.layers, h = S.hidden, f = info.ffn_hidden_size, V = info.vocab_size;
   const double flops = 3.0 * (2.0 * B * s * (L * (4 * h * h + 2 * h * f) + h * V) + 4.0 * B * s * s * h * L);
@@ -250,13 +239,13 @@ int main(int argc, char** argv) {
                 dtk::core::host_torch_version(), at::get_num_threads(), dtk::core::malloc_name().c_str(), iters);
     bench_products(9);
     bench_attention(9);
-    const double peak = matmul_gflops(2048, 10);
+    const double peak = matmul_ceiling_gflops();
     std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32, the best of at::mm and dtk::mm)\n",
                 "ceiling: one large matmul", peak);
     bench(host, {"gpt-tiny", 2, 64, 4, 64, 8, 50257}, iters, peak);
     bench(host, {"6L/384h/6 heads/seq 256", 6, 384, 6, 256, 8, 50257}, iters, peak);
     std::printf("%-28s %.1f GFLOP/s (measured again after the models)\n", "ceiling: one large matmul",
-                matmul_gflops(2048, 10));
+                matmul_ceiling_gflops());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtk_bench_gpt: error: %s\n", e.what());

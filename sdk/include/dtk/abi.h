@@ -54,7 +54,9 @@
  *    Strings are NUL-terminated UTF-8. Strings in the entry struct, option specs and any struct
  *    returned by a plugin are borrowed for the plugin's lifetime (plugins are never unloaded).
  *
- * 6. Threads (CLAP style: every function pointer carries one tag)
+ * 6. Threads (CLAP style: every function pointer carries one tag of its own, in the comment on
+ *    its line or directly above it; a group comment does not count. tests/abi/thread_tags_test.cpp
+ *    checks it.)
  *      [main-thread]    called only from the training thread, the thread that runs the
  *                       pipeline (and, inside backward(), LibTorch's autograd thread for the
  *                       device, which the training thread waits on).
@@ -64,7 +66,8 @@
  *      [any-thread]     may be called from any thread, one call at a time per object.
  *      [thread-safe]    may be called from any thread, concurrently.
  *    Host services are tagged the same way: a plugin may call a [thread-safe] service from a
- *    thread of its own.
+ *    thread of its own. A sink's or visitor's function is called on the thread of the call that
+ *    was given it, and is tagged with that call's tag.
  *
  * 7. Calls that grow take an args struct
  *    A call whose inputs may grow (forward, forward_step, collectives, optimizer create/step,
@@ -309,6 +312,8 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_buffer, deleter);
 typedef struct dtk_buffer_sink {
   size_t struct_size;
   void* ctx;
+  /* [loader-thread] Called by the dataset inside get_sample (the only call given a buffer sink),
+   * which the host runs on its data-loader thread. */
   dtk_status* (*put)(void* ctx, const char* name /*[borrowed]*/, dtk_buffer* buffer /*[new]*/);
 } dtk_buffer_sink;
 DTK_DEFINE_STRUCT_SIZE(dtk_buffer_sink, 2_0, put);
@@ -342,6 +347,7 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_tensor_map, items);
 typedef struct dtk_tensor_sink {
   size_t struct_size;
   void* ctx;
+  /* [main-thread] Called inside the call given the sink (model forward, state_save). */
   dtk_status* (*put)(void* ctx, const char* name /*[borrowed]*/, dtk_tensor* tensor /*[new]*/);
 } dtk_tensor_sink;
 DTK_DEFINE_STRUCT_SIZE(dtk_tensor_sink, 2_0, put);
@@ -351,6 +357,7 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_tensor_sink, put);
 typedef struct dtk_metric_sink {
   size_t struct_size;
   void* ctx;
+  /* [main-thread] Called inside the call given the sink (forward_step). */
   void (*put)(void* ctx, const char* name /*[borrowed]*/, double value);
 } dtk_metric_sink;
 DTK_DEFINE_STRUCT_SIZE(dtk_metric_sink, 2_0, put);
@@ -385,6 +392,7 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, full_numel);
 typedef struct dtk_param_visitor {
   size_t struct_size;
   void* ctx;
+  /* [main-thread] Called inside visit_parameters, visit_buffers or optimizer_params. */
   dtk_status* (*visit)(void* ctx, const char* name, dtk_tensor* tensor, const dtk_param_info* info);
 } dtk_param_visitor;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_visitor, 2_0, visit);
@@ -498,17 +506,18 @@ typedef struct dtk_comm_services {
   int32_t (*size)(void* ctx, int32_t group); /* [thread-safe] -1 for an unknown group */
   /* Collectives, [main-thread] (one thread issues collectives, in the same order on every rank
    * of the group; c10d requires it). */
-  /* in-place reduction of args->tensor with args->op. */
+  /* [main-thread] In-place reduction of args->tensor with args->op. */
   dtk_status* (*all_reduce)(void* ctx, const dtk_collective_args* args);
-  /* args->tensor of group rank args->root copied into args->tensor everywhere. */
+  /* [main-thread] args->tensor of group rank args->root copied into args->tensor everywhere. */
   dtk_status* (*broadcast)(void* ctx, const dtk_collective_args* args);
-  /* args->output has size(group) x args->tensor's first dimension, concatenated along dim 0 in
-   * rank order. */
+  /* [main-thread] args->output has size(group) x args->tensor's first dimension, concatenated
+   * along dim 0 in rank order. */
   dtk_status* (*all_gather)(void* ctx, const dtk_collective_args* args);
-  /* args->tensor has size(group) x args->output's first dimension; rank r receives reduced
-   * chunk r into args->output. */
+  /* [main-thread] args->tensor has size(group) x args->output's first dimension; rank r
+   * receives reduced chunk r into args->output. */
   dtk_status* (*reduce_scatter)(void* ctx, const dtk_collective_args* args);
-  /* Reads args->group only; always synchronous and bounded by the collective timeout. */
+  /* [main-thread] Reads args->group only; always synchronous and bounded by the collective
+   * timeout. */
   dtk_status* (*barrier)(void* ctx, const dtk_collective_args* args);
   /* [main-thread] Waits for an async collective; timeout_ms <= 0 uses the run's collective
    * timeout. After an error the work is finished: release it. */
@@ -568,11 +577,13 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_host_services, get_extension);
 #define DTK_EXT_TRACE_V1 "dtk.ext.trace.v1"
 typedef struct dtk_trace_ext {
   size_t struct_size;
-  /* Non-zero while a traced iteration runs: a caller may skip naming its spans otherwise. */
+  /* [thread-safe] Non-zero while a traced iteration runs: a caller may skip naming its spans
+   * otherwise. */
   int32_t (*active)(void);
-  /* The trace's clock (steady, nanoseconds). */
+  /* [thread-safe] The trace's clock (steady, nanoseconds). */
   int64_t (*now_ns)(void);
-  /* A span [start_ns, end_ns] of the calling thread's work; `name` and `category` are copied. */
+  /* [thread-safe] A span [start_ns, end_ns] of the calling thread's work; `name` and `category`
+   * are copied. */
   void (*span)(const char* name, const char* category, int64_t start_ns, int64_t end_ns);
 } dtk_trace_ext;
 DTK_DEFINE_STRUCT_SIZE(dtk_trace_ext, 2_1, span);
@@ -662,6 +673,7 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_module_info, num_params);
 typedef struct dtk_module_visitor {
   size_t struct_size;
   void* ctx;
+  /* [main-thread] Called inside visit_modules. */
   dtk_status* (*visit)(void* ctx, const dtk_module_info* module /*[borrowed]*/);
 } dtk_module_visitor;
 DTK_DEFINE_STRUCT_SIZE(dtk_module_visitor, 2_0, visit);
@@ -682,9 +694,12 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_module_visitor, visit);
 typedef struct dtk_module_hooks {
   size_t struct_size;
   void* ctx;
-  dtk_status* (*pre_forward)(void* ctx, int32_t module_index);
-  dtk_status* (*post_forward)(void* ctx, int32_t module_index);
+  dtk_status* (*pre_forward)(void* ctx, int32_t module_index);  /* [main-thread] */
+  dtk_status* (*post_forward)(void* ctx, int32_t module_index); /* [main-thread] */
+  /* [main-thread] Inside backward(): on LibTorch's autograd thread while the training thread
+   * waits (rule 6). */
   dtk_status* (*pre_backward)(void* ctx, int32_t module_index);
+  /* [main-thread] Inside backward(), as pre_backward. */
   dtk_status* (*post_backward)(void* ctx, int32_t module_index);
 } dtk_module_hooks;
 DTK_DEFINE_STRUCT_SIZE(dtk_module_hooks, 2_0, post_backward);
@@ -693,34 +708,36 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_module_hooks, post_backward);
 /* Every function is [main-thread] unless tagged otherwise. */
 typedef struct dtk_model_api {
   size_t struct_size;
-  /* Builds the part of the model this rank owns (ctx->tp_rank, pre/post_process). */
+  /* [main-thread] Builds the part of the model this rank owns (ctx->tp_rank, pre/post_process). */
   dtk_status* (*create)(const dtk_build_context* ctx, dtk_model** out /*[new] destroy()*/);
-  void (*destroy)(dtk_model* model);
-  /* Forward: named inputs to named outputs (losses computed with the vocab-parallel cross
-   * entropy where the model is tensor-parallel). */
+  void (*destroy)(dtk_model* model); /* [main-thread] */
+  /* [main-thread] Forward: named inputs to named outputs (losses computed with the vocab-parallel
+   * cross entropy where the model is tensor-parallel). */
   dtk_status* (*forward)(dtk_model* model, const dtk_model_forward_args* args);
-  /* Every trainable parameter, in a stable order; tied parameters appear once with shared=1
-   * on the owning stage. */
+  /* [main-thread] Every trainable parameter, in a stable order; tied parameters appear once
+   * with shared=1 on the owning stage. */
   dtk_status* (*visit_parameters)(dtk_model* model, const dtk_param_visitor* visitor);
-  dtk_status* (*visit_buffers)(dtk_model* model, const dtk_param_visitor* visitor);
-  dtk_status* (*set_training)(dtk_model* model, int32_t training);
-  /* Moves/casts parameters and buffers in place, keeping tensor identity. The host calls it
-   * after create when a parameter is not on the build context's device or not of its
+  dtk_status* (*visit_buffers)(dtk_model* model, const dtk_param_visitor* visitor); /* [main-thread] */
+  dtk_status* (*set_training)(dtk_model* model, int32_t training);                  /* [main-thread] */
+  /* [main-thread] Moves/casts parameters and buffers in place, keeping tensor identity. The host
+   * calls it after create when a parameter is not on the build context's device or not of its
    * params_dtype (a model that honours the context is never moved). */
   dtk_status* (*to)(dtk_model* model, const dtk_model_to_args* args);
-  /* Checkpoint state: the tensors this rank owns (e.g. the embedding only where it lives). */
+  /* [main-thread] Checkpoint state: the tensors this rank owns (e.g. the embedding only where
+   * it lives). */
   dtk_status* (*state_save)(dtk_model* model, const dtk_tensor_sink* out);
-  /* Loads state by name; copies values in place. strict != 0: a missing or unexpected name or
-   * a shape mismatch is an error naming the tensor. */
+  /* [main-thread] Loads state by name; copies values in place. strict != 0: a missing or
+   * unexpected name or a shape mismatch is an error naming the tensor. */
   dtk_status* (*state_load)(dtk_model* model, const dtk_tensor_map* state, int32_t strict);
-  /* [out] `info`: the caller sets info->struct_size; the model fills what both know and sets
-   * struct_size to what it filled. */
+  /* [main-thread] [out] `info`: the caller sets info->struct_size; the model fills what both know
+   * and sets struct_size to what it filled. */
   dtk_status* (*get_info)(dtk_model* model, dtk_model_info* info);
-  /* The model's modules, in index order. A model without modules visits nothing. */
+  /* [main-thread] The model's modules, in index order. A model without modules visits
+   * nothing. */
   dtk_status* (*visit_modules)(dtk_model* model, const dtk_module_visitor* visitor);
-  /* Installs per-module hooks ([borrowed] until replaced, removed with NULL, or the model is
-   * destroyed); the table is copied, its ctx must stay valid. DTK_ERR_UNSUPPORTED when the
-   * model cannot fire them. */
+  /* [main-thread] Installs per-module hooks ([borrowed] until replaced, removed with NULL, or the
+   * model is destroyed); the table is copied, its ctx must stay valid. DTK_ERR_UNSUPPORTED when
+   * the model cannot fire them. */
   dtk_status* (*set_module_hooks)(dtk_model* model, const dtk_module_hooks* hooks);
 } dtk_model_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_0, set_module_hooks);
@@ -811,10 +828,10 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_step_forward_args, loss);
 /* Every function is [main-thread]. */
 typedef struct dtk_step_api {
   size_t struct_size;
-  dtk_status* (*create)(const dtk_build_context* ctx, dtk_step** out /*[new] destroy()*/);
-  void (*destroy)(dtk_step* step);
-  /* One micro-batch: turns the raw batch into model inputs, runs the model, computes the
-   * loss into args->loss. */
+  dtk_status* (*create)(const dtk_build_context* ctx, dtk_step** out /*[new] destroy()*/); /* [main-thread] */
+  void (*destroy)(dtk_step* step);                                                         /* [main-thread] */
+  /* [main-thread] One micro-batch: turns the raw batch into model inputs, runs the model,
+   * computes the loss into args->loss. */
   dtk_status* (*forward_step)(dtk_step* step, dtk_step_forward_args* args);
 } dtk_step_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_step_api, 2_0, forward_step);
@@ -873,12 +890,13 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, weight_decay_scale);
 /* Every function is [main-thread]. */
 typedef struct dtk_optimizer_api {
   size_t struct_size;
+  /* [main-thread] */
   dtk_status* (*create)(const dtk_optimizer_create_args* args, dtk_optimizer** out /*[new] destroy()*/);
-  void (*destroy)(dtk_optimizer* optimizer);
-  dtk_status* (*step)(dtk_optimizer* optimizer, const dtk_optimizer_step_args* args);
-  /* Optimizer state for checkpoints (e.g. "g0.p3.exp_avg", "step"). */
+  void (*destroy)(dtk_optimizer* optimizer);                                          /* [main-thread] */
+  dtk_status* (*step)(dtk_optimizer* optimizer, const dtk_optimizer_step_args* args); /* [main-thread] */
+  /* [main-thread] Optimizer state for checkpoints (e.g. "g0.p3.exp_avg", "step"). */
   dtk_status* (*state_save)(dtk_optimizer* optimizer, const dtk_tensor_sink* out);
-  dtk_status* (*state_load)(dtk_optimizer* optimizer, const dtk_tensor_map* state);
+  dtk_status* (*state_load)(dtk_optimizer* optimizer, const dtk_tensor_map* state); /* [main-thread] */
 } dtk_optimizer_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_api, 2_0, state_load);
 DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_api, state_load);
@@ -968,33 +986,34 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_memory_usage, host_bytes);
  * a strategy whose state is sharded over data-parallel ranks says so in get_info (2.1). */
 typedef struct dtk_strategy_api {
   size_t struct_size;
-  dtk_status* (*create)(const dtk_build_context* ctx, dtk_strategy** out /*[new] destroy()*/);
-  void (*destroy)(dtk_strategy* strategy);
-  dtk_status* (*setup)(dtk_strategy* strategy, const dtk_model_ref* model);
-  /* Fills `visitor` with the tensors the optimizer should own, one call per tensor; the
-   * info's no_weight_decay splits them into groups. */
+  dtk_status* (*create)(const dtk_build_context* ctx, dtk_strategy** out /*[new] destroy()*/); /* [main-thread] */
+  void (*destroy)(dtk_strategy* strategy);                                                     /* [main-thread] */
+  dtk_status* (*setup)(dtk_strategy* strategy, const dtk_model_ref* model);                    /* [main-thread] */
+  /* [main-thread] Fills `visitor` with the tensors the optimizer should own, one call per
+   * tensor; the info's no_weight_decay splits them into groups. */
   dtk_status* (*optimizer_params)(dtk_strategy* strategy, const dtk_param_visitor* visitor);
-  /* Called before each micro-batch's backward. */
+  /* [main-thread] Called before each micro-batch's backward. */
   dtk_status* (*before_backward)(dtk_strategy* strategy, const dtk_backward_args* args);
-  dtk_status* (*reduce_gradients)(dtk_strategy* strategy);
-  dtk_status* (*clip_and_norm)(dtk_strategy* strategy, dtk_clip_args* args);
-  dtk_status* (*optimizer_step)(dtk_strategy* strategy, const dtk_strategy_step_args* args);
-  dtk_status* (*zero_grad)(dtk_strategy* strategy);
-  dtk_status* (*state_save)(dtk_strategy* strategy, const dtk_tensor_sink* out);
-  dtk_status* (*state_load)(dtk_strategy* strategy, const dtk_tensor_map* state);
-  /* The per-module hooks this strategy needs (ZeRO-3), or *out = NULL for none. The table is
-   * [borrowed] for the strategy's lifetime. The host installs it with the model's
-   * set_module_hooks after setup (refusing a model that cannot fire hooks) and removes it
-   * before destroying the strategy. */
+  dtk_status* (*reduce_gradients)(dtk_strategy* strategy);                                   /* [main-thread] */
+  dtk_status* (*clip_and_norm)(dtk_strategy* strategy, dtk_clip_args* args);                 /* [main-thread] */
+  dtk_status* (*optimizer_step)(dtk_strategy* strategy, const dtk_strategy_step_args* args); /* [main-thread] */
+  dtk_status* (*zero_grad)(dtk_strategy* strategy);                                          /* [main-thread] */
+  dtk_status* (*state_save)(dtk_strategy* strategy, const dtk_tensor_sink* out);             /* [main-thread] */
+  dtk_status* (*state_load)(dtk_strategy* strategy, const dtk_tensor_map* state);            /* [main-thread] */
+  /* [main-thread] The per-module hooks this strategy needs (ZeRO-3), or *out = NULL for none. The
+   * table is [borrowed] for the strategy's lifetime. The host installs it with the model's
+   * set_module_hooks after setup (refusing a model that cannot fire hooks) and removes it before
+   * destroying the strategy. */
   dtk_status* (*module_hooks)(dtk_strategy* strategy, const dtk_module_hooks** out);
-  /* ABI 2.1. [out] `info`: the caller sets info->struct_size; the strategy fills what both know
-   * and sets struct_size to what it filled. Called once, after setup. */
+  /* [main-thread] ABI 2.1. [out] `info`: the caller sets info->struct_size; the strategy fills
+   * what both know and sets struct_size to what it filled. Called once, after setup. */
   dtk_status* (*get_info)(dtk_strategy* strategy, dtk_strategy_info* info);
-  /* ABI 2.1. whole = 1: make every model parameter whole (the host is about to read or write
-   * them); whole = 0: the host is done; take this rank's shard of the (possibly just loaded)
-   * values and release the rest. Only called when get_info reports partitions_parameters. */
+  /* [main-thread] ABI 2.1. whole = 1: make every model parameter whole (the host is about to read
+   * or write them); whole = 0: the host is done; take this rank's shard of the (possibly just
+   * loaded) values and release the rest. Only called when get_info reports partitions_parameters. */
   dtk_status* (*gather_parameters)(dtk_strategy* strategy, int32_t whole);
-  /* ABI 2.1. [out] the bytes held now (caller sets usage->struct_size, as get_info). */
+  /* [main-thread] ABI 2.1. [out] the bytes held now (caller sets usage->struct_size, as
+   * get_info). */
   dtk_status* (*memory_usage)(dtk_strategy* strategy, dtk_memory_usage* usage);
 } dtk_strategy_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_0, module_hooks);

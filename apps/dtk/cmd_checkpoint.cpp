@@ -4,7 +4,7 @@
 // `dtk checkpoint inspect DIR [--noverify] [--all_tensors]` — a checkpoint's iteration, progress,
 // parallel layout, writers, tensors, files with their SHA-256 against SHA256SUMS, and whether it is
 // complete (exit 0) or not (one error line, exit 1). DIR is a save directory (the tracker's
-// iteration) or an iter_NNNNNNN directory. The catalog code is dtk/core/checkpoint_catalog.hpp.
+// iteration) or an iter_NNNNNNN directory. The catalog code is dtk/core/checkpoint/checkpoint_catalog.hpp.
 #include "cmd_checkpoint.hpp"
 
 #include <gflags/gflags.h>
@@ -14,9 +14,9 @@
 #include <iostream>
 
 #include "cmd_export.hpp"
-#include "dtk/core/checkpoint_catalog.hpp"
-#include "dtk/core/checkpoint_convert.hpp"
-#include "dtk/core/config.hpp"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/checkpoint_convert.hpp"
+#include "dtk/core/config/config.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 DEFINE_bool(verify, true, "checkpoint inspect: hash every file against the checkpoint's SHA256SUMS.");

@@ -9,13 +9,13 @@
 #include <filesystem>
 #include <map>
 
-#include "dtk/core/checkpoint.hpp"
-#include "dtk/core/components.hpp"
+#include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/components/components.hpp"
 
-#include "dtk/core/checkpoint_catalog.hpp"
-#include "dtk/core/checkpoint_convert.hpp"
-#include "dtk/core/config.hpp"
-#include "dtk/core/hf_gpt2.hpp"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/checkpoint_convert.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/export/hf_gpt2.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 
@@ -66,7 +66,7 @@ BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunCon
   b.options = std::make_unique<dtk::host::OptionValues>(dtk::host::resolve_options(
       plugin, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end())));
   dtk_build_context c{};
-  c.struct_size = sizeof(c);
+  c.struct_size = dtk_build_context_STRUCT_SIZE;  // ABI rule 2: the size up to the last field
   c.options = b.options->get();
   c.device = {DTK_DEVICE_CPU, -1};
   const std::string& dtype = cfg.train().params_dtype();

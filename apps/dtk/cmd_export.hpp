@@ -1,14 +1,14 @@
 // `dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe`: a gpt-model
 // checkpoint as a Hugging Face GPT2LMHeadModel folder; `dtk import hf HF_DIR SAVE_DIR`: the
-// reverse, a checkpoint to fine-tune from (dtk/core/hf_gpt2.hpp).
+// reverse, a checkpoint to fine-tune from (dtk/core/export/hf_gpt2.hpp).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dtk/core/components.hpp"
-#include "dtk/core/config.hpp"
+#include "dtk/core/components/components.hpp"
+#include "dtk/core/config/config.hpp"
 
 namespace dtk::host {
 class PluginHost;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "cmd_export.hpp"
-#include "dtk/core/checkpoint_catalog.hpp"
-#include "dtk/core/comm.hpp"
-#include "dtk/core/distributed.hpp"
-#include "dtk/core/generate.hpp"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/export/generate.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/host/plugin_host.hpp"
 

@@ -1,5 +1,5 @@
 // `dtk generate --load DIR --prompt TEXT | --prompts_file FILE ...`: text from a checkpoint with
-// the model's key/value cache (dtk/core/generate.hpp), decoded with the GPT-2 BPE; under `dtk
+// the model's key/value cache (dtk/core/export/generate.hpp), decoded with the GPT-2 BPE; under `dtk
 // launch --nproc_per_node N` for a checkpoint saved at tensor-parallel size N.
 #pragma once
 

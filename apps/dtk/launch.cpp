@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "dtk/host/plugin_host.hpp"
+#include "dtk/host/error.hpp"
 
 namespace {
 

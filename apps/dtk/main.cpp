@@ -20,17 +20,18 @@
 #include "cmd_export.hpp"
 #include "cmd_generate.hpp"
 #include "cmd_preprocess.hpp"
-#include "dtk/core/allocator.hpp"
+#include "dtk/core/memory/allocator.hpp"
 #include "dtk/gemm.hpp"
-#include "dtk/core/cuda_support.hpp"
-#include "dtk/core/config.hpp"
-#include "dtk/core/distributed.hpp"
-#include "dtk/core/megatron_args.hpp"
-#include "dtk/core/pipeline.hpp"
-#include "dtk/core/services.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/config/megatron_args.hpp"
+#include "dtk/core/train/pretrain.hpp"
+#include "dtk/core/components/services.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
+#include "test_hooks.hpp"
 #include "run_config.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
@@ -401,7 +402,7 @@ int main(int argc, char** argv) {
       auto& plugins = load_plugins(argv[0]);
       g_loaded = &plugins;
       warn_broken_plugins(plugins);
-      int rc = dtk::core::pretrain(cfg, plugins);
+      int rc = dtk::core::pretrain(cfg, plugins, dtk::app::trainer_hooks_from_environment());
       plugins.shutdown();
       return rc;
     }

@@ -4,11 +4,11 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "dtk/core/config.hpp"
-#include "dtk/core/megatron_args.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/config/megatron_args.hpp"
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt2_tokenizer.hpp"
-#include "dtk/host/plugin_host.hpp"
+#include "dtk/host/error.hpp"
 
 using dtk::host::HostError;
 

@@ -11,8 +11,8 @@
 #include <string>
 
 #include "../common/run_dtk.hpp"
-#include "dtk/core/checkpoint_catalog.hpp"
-#include "dtk/core/sha256.hpp"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/sha256.hpp"
 
 namespace fs = std::filesystem;
 

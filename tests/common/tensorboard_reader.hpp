@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtk/core/tensorboard.hpp"
+#include "dtk/core/logging/tensorboard.hpp"
 #include "tensorboard.pb.h"
 
 namespace dtk_test {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "../common/curves.hpp"
-#include "dtk/core/cuda_support.hpp"
+#include "dtk/core/device/cuda_support.hpp"
 #include "dtk/cuda/runtime.hpp"
 
 namespace {

@@ -14,9 +14,9 @@
 #include "dtk/cuda/runtime.hpp"
 #endif
 
-#include "dtk/core/config.hpp"
-#include "dtk/core/distributed.hpp"
-#include "dtk/core/services.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/components/services.hpp"
 #include "spawn.hpp"
 
 namespace {

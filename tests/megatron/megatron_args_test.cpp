@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "../common/run_dtk.hpp"
-#include "dtk/core/batch_plan.hpp"
-#include "dtk/core/config.hpp"
-#include "dtk/core/cuda_support.hpp"
-#include "dtk/core/megatron_args.hpp"
-#include "dtk/host/plugin_host.hpp"
+#include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/config/megatron_args.hpp"
+#include "dtk/host/error.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Generation with the gpt plugin's key/value cache (dtk/core/generate.hpp, docs/models.md
+// Generation with the gpt plugin's key/value cache (dtk/core/export/generate.hpp, docs/models.md
 // "Generation"): the cached forward's logits equal the full forward's at the same position, with
 // a left-padded batch; greedy generation picks the argmax of the full forward over the whole
 // sequence at every step; sampling honours top-k, top-p and the seed.
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "../common/run_dtk.hpp"
-#include "dtk/core/generate.hpp"
+#include "dtk/core/export/generate.hpp"
 #include "gpt_harness.hpp"
 
 namespace {

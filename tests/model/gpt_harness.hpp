@@ -2,8 +2,8 @@
 // through the C ABI: shared by the model tests (test_gpt.cpp) and the Hugging Face export test.
 #pragma once
 
-#include <dtk/core/components.hpp>
-#include <dtk/core/services.hpp>
+#include <dtk/core/components/components.hpp>
+#include <dtk/core/components/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/model.hpp>
 

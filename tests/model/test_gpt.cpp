@@ -1,8 +1,8 @@
 // Tests of the "gpt" model and "causal_lm" step plugins as shipped: the .so files are loaded by
 // the host's PluginHost and called only through the C ABI (dtk_model_api / dtk_step_api).
 // The reference is an independent GPT written below with plain ATen ops on the plugin's weights.
-#include <dtk/core/components.hpp>
-#include <dtk/core/services.hpp>
+#include <dtk/core/components/components.hpp>
+#include <dtk/core/components/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/model.hpp>
 

@@ -1,7 +1,7 @@
 // Drives optimizer and strategy plugins through the C ABI (shared by the test and the benchmark).
 #pragma once
 
-#include <dtk/core/services.hpp>
+#include <dtk/core/components/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/model.hpp>
 #include <dtk/optimizer.hpp>

@@ -11,7 +11,7 @@
 
 #include <map>
 
-#include "dtk/core/components.hpp"
+#include "dtk/core/components/components.hpp"
 #include "optim_support.hpp"
 
 using namespace dtk_optim_support;

@@ -58,7 +58,7 @@ std::string file_text(const std::string& path) {
   return ss.str();
 }
 
-// Runs with DTK_TEST_NONFINITE_ITERS=`nonfinite` (see core/trainer.cpp) in the environment.
+// Runs with DTK_TEST_NONFINITE_ITERS=`nonfinite` (apps/dtk/test_hooks.cpp) in the environment.
 Curve curve_with_overflows(const std::string& args, const std::string& nonfinite, const std::string& name) {
   ::setenv("DTK_TEST_NONFINITE_ITERS", nonfinite.c_str(), 1);
   Curve c = dtk_test::run_curve(args, DTK_TEST_TMP, name);

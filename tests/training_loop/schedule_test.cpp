@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "dtk/core/flops.hpp"
-#include "dtk/core/grad_scaler.hpp"
-#include "dtk/core/lr_schedule.hpp"
-#include "dtk/core/param_groups.hpp"
+#include "dtk/core/perf/flops.hpp"
+#include "dtk/core/optim/grad_scaler.hpp"
+#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/optim/param_groups.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <map>
 #include <numeric>
 
-#include "dtk/core/checkpoint_shards.hpp"
+#include "dtk/core/checkpoint/checkpoint_shards.hpp"
 #include "layout.hpp"
 
 using dtk::zero::Layout;

@@ -15,12 +15,12 @@
 // C ABI, exactly as `dtk train` drives them. All cores are used (at::set_num_threads).
 // FLOPs per iteration count every matmul of forward and backward (backward = 2 x forward):
 //   3 x [ 2 B s (L (4h^2 + 2 h f) + h V) + 4 B s^2 h L ]      (attention counted as full s x s)
-#include <dtk/core/allocator.hpp>
-#include <dtk/core/bench_report.hpp>
+#include <dtk/core/memory/allocator.hpp>
+#include <dtk/core/perf/bench_report.hpp>
 #include <dtk/gemm.hpp>
 #include <dtk/layers/attention.hpp>
 #include <dtk/layers/dropout.hpp>
-#include <dtk/core/services.hpp>
+#include <dtk/core/components/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/tensor.hpp>
 
@@ -58,7 +58,7 @@ double median(std::vector<double> times) {
 }
 
 // The machine's ceiling in GFLOP/s: the best 2048^3 fp32 matmul of at::mm and dtk::mm, as bench
-// mode measures it for MFU (dtk/core/bench_report.hpp), 5 of each.
+// mode measures it for MFU (dtk/core/perf/bench_report.hpp), 5 of each.
 double matmul_ceiling_gflops() { return 1e3 * dtk::core::measure_matmul_tflops(2048, 5); }
 
 // Median seconds of `a` and of `b`, called alternately `reps` times after one warm-up call each.

@@ -3,7 +3,7 @@
 // bandwidth (a large tensor copy) in the same run. AdamW must read p, g, m, v and write p, m, v:
 // 28 bytes per fp32 parameter at the very least, so bandwidth bounds the step.
 //   build/bin/dtk_bench_optim [millions of parameters, default 16] [steps, default 5]
-#include <dtk/core/allocator.hpp>
+#include <dtk/core/memory/allocator.hpp>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <vector>
 
-#include "dtk/host/plugin_host.hpp"
+#include "dtk/host/error.hpp"
 
 namespace dtk::host {
 namespace {

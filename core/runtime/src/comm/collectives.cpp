@@ -1,4 +1,4 @@
-// Collectives over this process's group layout (dtk/core/comm.hpp): groups of size one are the
+// Collectives over this process's group layout (dtk/core/comm/comm.hpp): groups of size one are the
 // identity (no store, no process group); larger groups run on the Gloo process groups that
 // init_distributed (distributed.cpp) created and installed here.
 //
@@ -31,9 +31,9 @@
 #include <mutex>
 #include <thread>
 
-#include "dtk/core/comm.hpp"
-#include "dtk/core/trace.hpp"
-#include "dtk/host/plugin_host.hpp"
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/timeline/trace.hpp"
+#include "dtk/host/error.hpp"
 #include "nccl_backend.hpp"
 #include "ring.hpp"
 #include "timing.hpp"
@@ -78,7 +78,7 @@ CommState& state() {
   return *s;
 }
 
-// Traffic counters per group (dtk/core/comm.hpp).
+// Traffic counters per group (dtk/core/comm/comm.hpp).
 enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3, kPointToPoint = 4 };
 std::atomic<int64_t> g_traffic[5][5];
 

@@ -10,10 +10,10 @@
 #include <mutex>
 #include <string>
 
-#include "dtk/host/plugin_host.hpp"  // HostError
+#include "dtk/host/error.hpp"  // HostError
 
 #if DTK_HAVE_CUDA
-#include "../cuda_glue.hpp"
+#include "../device/cuda_glue.hpp"
 #include "dtk/cuda/nccl.hpp"
 #endif
 

@@ -15,7 +15,7 @@
 #include <functional>
 #include <future>
 
-#include "dtk/core/comm.hpp"  // GroupBackend
+#include "dtk/core/comm/comm.hpp"  // GroupBackend
 
 namespace dtk::core::ring {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtk/core/comm.hpp"
+#include "dtk/core/comm/comm.hpp"
 
 namespace dtk::core {
 namespace comm_timing_detail {

@@ -1,6 +1,6 @@
 // timing.hpp — what collectives.cpp records about each collective (comm.hpp: CommTiming,
 // SimulatedLink): the simulated link's schedule and the per-group in-flight intervals and blocked
-// waits. Times are trace::now_ns() (dtk/core/trace.hpp), so collectives land on the timeline as
+// waits. Times are trace::now_ns() (dtk/core/timeline/trace.hpp), so collectives land on the timeline as
 // measured.
 #pragma once
 

@@ -4,6 +4,8 @@
 
 #include <dtk/abi.h>
 
+#include "dtk/host/error.hpp"
+
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -11,13 +13,6 @@
 #include <vector>
 
 namespace dtk::host {
-
-// Every host-side failure the user must see: one line, no stack trace. main() prints
-// "dtk: error: <what()>" and exits non-zero.
-class HostError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 const char* kind_name(int32_t kind);           // "model", "dataset", ...; "unknown" otherwise
 int32_t kind_from_name(const std::string& s);  // 0 when unknown

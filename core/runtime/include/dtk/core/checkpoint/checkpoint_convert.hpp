@@ -1,0 +1,76 @@
+// dtk/core/checkpoint/checkpoint_convert.hpp — `dtk checkpoint convert SRC DST --tensor_model_parallel_size N
+// --pipeline_model_parallel_size P`: a checkpoint re-partitioned for another tensor- and/or
+// pipeline-parallel size, as Megatron's checkpoint tools do.
+//
+// The model plugin says how: the converter builds the model once per new tensor-parallel rank
+// (nothing is trained or communicated; only shapes, the parameters' partition_dim and freshly
+// seeded generator states are used). Every parameter is assembled whole from the old ranks
+// (concatenated along its partition_dim, Megatron's column-, row- and vocab-parallel split) and cut
+// for the new ranks; a partitioned dimension whose whole size differs between the layouts (the
+// vocabulary padded to a multiple of make_vocab_size_divisible_by x TP) keeps the rows both have
+// and zero-fills the rest: only padding rows differ. Optimizer and strategy entries of a parameter
+// ("g0.<name>.exp_avg", "master.<name>") follow their parameter; the others ("step") are copied.
+// The model's non-parameter state (the gpt model's dropout generators) comes from the new model:
+// with dropout on, a converted run draws other masks than the unconverted one would have.
+// Progress, schedule, loss scaler and host RNG are kept; the new checkpoint has its own
+// SHA256SUMS and tracker.
+//
+// ZeRO-sharded optimizer state (optim_dp_rank_NNN.pt) is consolidated first: each old rank's
+// data-parallel shards assembled into whole parameters' state (dtk/core/checkpoint/checkpoint_shards.hpp),
+// so the new checkpoint has ddp's layout; ddp resumes it as is, and zero (any data-parallel size,
+// any stage) shards it again on load. Converting to the same tensor-parallel size is thus how a
+// ZeRO checkpoint is consolidated.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtk/core/components/components.hpp"
+
+namespace dtk::core {
+
+// Builds the checkpoint's model for one rank of a tensor- and pipeline-parallel layout (fp32
+// parameters on the CPU; the caller resolves the plugin and its options from the checkpoint's
+// configuration).
+using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size, int pp_rank, int pp_size)>;
+
+struct ConvertReport {
+  int64_t iteration = 0;
+  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1, old_v = 1, new_v = 1;
+  int64_t model_tensors = 0, state_tensors = 0;
+  int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
+  double megabytes = 0;
+};
+
+// Each parameter's tensor-parallel partition dimension, as the model plugin reports it
+// (dtk_param_info.partition_dim; -1 = every rank holds all of it).
+std::map<std::string, int> partition_dims(const std::vector<Param>& params);
+
+// A tensor whole from every tensor-parallel rank's piece: concatenated along `dim` (Megatron's
+// column-, row- and vocab-parallel split), or rank 0's when `dim` < 0. `who` starts the error that
+// names a rank without it ("checkpoint convert", "export hf").
+at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>& ranks, const std::string& name,
+                            int dim, const std::string& who);
+
+// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `new_tp`,
+// `new_pp`: the layout to convert to (0 keeps the checkpoint's); `config_text(tp, pp)`: the
+// configuration to record for the new layout; `save_dir`: must not hold a checkpoint yet.
+//
+// Pipeline stages (Megatron's mp_rank_TT_PPP): each stage's parameters are renamed to the whole
+// model's (each stage numbers its layers from 0: "...layers.<i>..." of stage s is layer
+// s x layers / stages + i) and cut again for the new stages; the last stage's copy of a tied
+// weight (dtk_param_info.shared on the first and the last stage) is the first stage's weight,
+// with its optimizer state. The layers must split evenly into the old and the new stages.
+//
+// The interleaved schedule's checkpoints (virtual_pipeline_model_parallel_size v > 1) hold v
+// chunks per pipeline rank under "model<k>." names; chunk k of rank r is stage k x pp + r of a
+// pp x v stage pipeline, and is converted as that stage. `new_v` 0 keeps the checkpoint's v when
+// the pipeline size stays, else 1.
+ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
+                                 int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
+                                 const ModelAtLayout& build);
+
+}  // namespace dtk::core

@@ -1,0 +1,38 @@
+// dtk/core/config/config.hpp — the run configuration: defaults, pbtxt files, --set overrides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtk_config.pb.h"
+
+namespace dtk::core {
+
+// The built-in defaults (what an empty config means).
+// train.rampup_batch_size, parsed ("START INCREMENT SAMPLES"); throws HostError naming the field.
+struct RampUp {
+  int64_t start = 0, increment = 0, samples = 0;
+};
+RampUp parse_rampup(const std::string& text);
+
+config::RunConfig default_config();
+
+// Defaults, then the protobuf-text file at `path` merged on top. Throws HostError naming the
+// file, line and column on a parse error.
+config::RunConfig load_config(const std::string& path);
+
+// Applies "dotted.path=value": a config field (lr.lr=3e-4, model.name=gpt) or, below a
+// plugin slot, a plugin option (model.num_layers=4). Throws HostError for unknown fields
+// (with a suggestion) and ill-typed values.
+void apply_override(config::RunConfig& cfg, const std::string& assignment);
+
+// The textual value of a field by dotted path (scalars as text, messages in text format,
+// plugin options by "slot.key"). Throws HostError if there is no such field.
+std::string config_value(const config::RunConfig& cfg, const std::string& path);
+
+// Checks values that no single field can (positive sizes, known enums, divisibility).
+void validate_config(const config::RunConfig& cfg);
+
+std::string to_text(const config::RunConfig& cfg);
+
+}  // namespace dtk::core

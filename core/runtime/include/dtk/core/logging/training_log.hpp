@@ -1,0 +1,153 @@
+// dtk/core/logging/training_log.hpp — what the user sees of a run: Megatron's training_log (one line per
+// log interval, TensorBoard scalars with Megatron's tags) and evaluate_and_print_results.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <dtk/abi.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/memory/memory.hpp"
+#include "dtk/core/logging/metrics_jsonl.hpp"
+#include "dtk/core/logging/tensorboard.hpp"
+#include "dtk/core/logging/timers.hpp"
+
+namespace dtk::core {
+
+// Means of named metrics ("lm loss") over micro-batches and iterations, in first-seen order.
+class MetricAverager {
+ public:
+  void add(const std::vector<std::pair<std::string, double>>& metrics);
+  void merge(const MetricAverager& other);
+  double mean(const std::string& name) const;  // NaN when never added
+  std::vector<std::string> names() const;
+  void clear();
+  // Every rank of `group` takes `root`'s metrics (pipeline parallelism: the last stage's loss).
+  void broadcast(int32_t group, int32_t root);
+
+ private:
+  std::vector<std::pair<std::string, double>> sums_;
+  std::map<std::string, int64_t> counts_;
+};
+
+// What a rank holds at the end of a step (after the optimizer step, before gradients are
+// cleared): the allocator's pools (dtk/core/memory/memory.hpp) and who holds what.
+struct MemorySample {
+  memory::Stats allocator;                 // device and host pools: now and peak since the start
+  dtk_memory_usage strategy{};             // parameters, gradients, masters (strategy's count)
+  int64_t optimizer_state_bytes = 0;       // the optimizer's state tensors
+  bool optimizer_on_host = false;          // ...which then live in host memory (offload)
+  // What this rank sent during the iteration on the data-, tensor- and pipeline-parallel groups.
+  Traffic data_parallel, tensor_parallel, pipeline_parallel;
+  int dp_size = 1, tp_size = 1, pp_size = 1;
+};
+
+// One finished iteration, as the trainer hands it to the log.
+struct IterationResult {
+  int64_t iteration = 0;
+  double learning_rate = 0;  // after the scheduler step (the next update's), as Megatron logs it
+  double grad_norm = 0;      // before clipping; NaN/Inf when gradients overflowed
+  bool skipped = false;      // the update was skipped (non-finite gradients)
+  double loss_scale = 1;     // after this iteration's update of the scaler (Megatron logs that)
+  double params_norm = NAN;  // logging.log_params_norm, on logged iterations
+  double num_zeros = NAN;    // logging.log_num_zeros_in_grad
+  MetricAverager metrics;    // means over the iteration's micro-batches
+  std::optional<MemorySample> memory;  // taken on the first logged iteration
+  CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
+  // Pipeline stages: the activations and gradients sent and received, and the time this stage
+  // waited for them (its bubble and the transfers), over `micro_batches` micro-batches.
+  CommTiming pipeline_parallel_comm;
+  int64_t micro_batches = 0;
+  // The iteration's global batch and the samples consumed after it (they differ from the setup's
+  // fixed size during a batch-size ramp-up); 0: from the setup.
+  int64_t global_batch_size = 0, consumed_samples = 0;
+};
+
+// Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
+// Only the printing rank (world rank 0) prints and writes events; every rank keeps the window.
+class TrainingLog {
+ public:
+  struct Setup {
+    int64_t train_iters = 0, log_interval = 1, global_batch_size = 1, seq_length = 0;
+    double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
+    int world_size = 1;
+    int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
+    int virtual_stages = 1;                     // model chunks per pipeline rank (the interleaved schedule's bubble)
+    bool printer = true;
+    std::string tensorboard_dir;  // empty: no event file
+    std::string metrics_jsonl;    // empty: no metrics file
+    double peak_tflops = 0;       // per device; > 0 adds MFU to the line
+    int64_t tensorboard_log_interval = 1;  // iterations between TensorBoard points
+    Timers* timers = nullptr;     // reported (collectively) at each log line when its level > 0
+    const Topology* topo = nullptr;
+  };
+  explicit TrainingLog(Setup setup);
+
+  // Adds an iteration to the window and prints the window on log-interval boundaries and at
+  // the last iteration, followed by the memory report when the result carries one.
+  void record(const IterationResult& result);
+  // Whether `iteration` ends a window (its result is printed).
+  bool logs(int64_t iteration) const {
+    return iteration % setup_.log_interval == 0 || iteration == setup_.train_iters;
+  }
+  // Validation/test results: Megatron's dashed block (" validation loss at iteration N[ on test
+  // set] | ...": `label` follows "at") and TensorBoard "<metric> <what>" tags.
+  void report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
+                         const MetricAverager& metrics);
+  // Prints a line from the printing rank only, flushed (so it precedes any later error line).
+  void print(const std::string& line) const;
+
+  // Time spent inside an Excluded scope (evaluation, checkpoint saves) does not count towards
+  // the window's iteration time.
+  class Excluded {
+   public:
+    explicit Excluded(TrainingLog& log) : log_(log), start_(std::chrono::steady_clock::now()) {}
+    ~Excluded() { log_.excluded_ += std::chrono::steady_clock::now() - start_; }
+
+   private:
+    TrainingLog& log_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
+ private:
+  void print_window(const IterationResult& last);
+  // Megatron's per-iteration TensorBoard scalars (tensorboard_log_interval), each also "vs samples".
+  void write_iteration_scalars(const IterationResult& r);
+  // `tag` against the iteration and, as "<tag> vs samples", against the samples consumed.
+  void add_scalar(const std::string& tag, double value, int64_t iteration, int64_t consumed);
+  void print_memory(int64_t iteration, const MemorySample& m) const;
+  void clear_window();
+
+  Setup setup_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<JsonlWriter> metrics_;
+  MetricAverager window_;
+  int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0;
+  int64_t window_samples_ = 0;  // samples trained in the window (tokens per second)
+  int64_t last_iteration_ = -1, last_consumed_ = 0;  // the last recorded iteration (evaluations after it)
+  int64_t batch_of(const IterationResult& r) const { return r.global_batch_size > 0 ? r.global_batch_size : setup_.global_batch_size; }
+  int64_t consumed_of(const IterationResult& r) const {
+    return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;
+  }
+  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_;  // over the window's iterations
+  std::chrono::steady_clock::time_point window_start_;
+  std::chrono::steady_clock::duration excluded_{};
+  // For the progress fields: wall time since the start, and training time and iterations of
+  // this process (the ETA's rate).
+  const std::chrono::steady_clock::time_point start_;
+  double trained_seconds_ = 0;
+  int64_t trained_iterations_ = 0;
+};
+
+// "YYYY-MM-DD HH:MM:SS", local time, as Megatron's log lines begin.
+std::string timestamp();
+
+}  // namespace dtk::core

@@ -1,0 +1,47 @@
+// dtk/core/memory/memory_estimate.hpp — before the first step: what a rank will hold, against what
+// it may use (train.memory_limit_mb, a GPU's memory, or this machine's memory shared by its ranks),
+// so an absurd size fails with one line instead of growing until the kernel or CUDA kills it.
+//
+// Parameters and the strategy's gradient and master buffers are counted as allocated; the
+// optimizer state (allocated at the first step) as two fp32 values per optimized element (Adam);
+// activations by Megatron's formula (Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer in
+// 16-bit, twice in fp32, divided over TP ranks, one layer's worth plus the layer inputs with full
+// recomputation) times the micro-batches the schedule keeps alive at once, plus the output
+// layer's logits and the prefetched batches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtk::core {
+
+struct MemoryEstimateInputs {
+  // The model (dtk_model_info) and the run.
+  int64_t seq_length = 0, micro_batch_size = 0, hidden_size = 0, num_attention_heads = 1, num_layers = 0;
+  int64_t vocab_size = 0;
+  bool recompute = false;
+  double dtype_bytes = 4;  // of the parameters: 4 (fp32) or 2
+  int tp_size = 1, pp_size = 1, pp_rank = 0, virtual_stages = 1;
+  int64_t micro_batches_per_step = 1;
+  // What the strategy holds (dtk_memory_usage) and the optimizer steps.
+  int64_t parameter_bytes = 0, gradient_bytes = 0, master_bytes = 0, host_bytes = 0;
+  int64_t optimized_elements = 0;
+  bool optimizer_on_host = false;
+  // A device budget (train.memory_limit_mb or a GPU) leaves out what lives in host memory.
+  bool device_budget = false;
+};
+
+// Bytes by kind, per rank.
+struct MemoryEstimate {
+  double params = 0;  // parameters, gradients and masters on the budgeted memory
+  double optimizer = 0, activations = 0, logits = 0, batches = 0, gradients_in_flight = 0;
+  double total() const { return params + optimizer + activations + logits + batches + gradients_in_flight; }
+};
+
+MemoryEstimate estimate_memory(const MemoryEstimateInputs& in);
+
+// The one-line refusal when `e` exceeds `budget` bytes ("" when it fits). `budget_name` says whose
+// budget it is ("of train.memory_limit_mb", "of cuda:0", ...).
+std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name);
+
+}  // namespace dtk::core

@@ -1,0 +1,27 @@
+// dtk/core/perf/flops.hpp — parameter counts and the FLOPs model behind TFLOP/s and MFU.
+#pragma once
+
+#include <dtk/model.hpp>  // dtk::Param
+
+#include <cstdint>
+#include <vector>
+
+namespace dtk::core {
+
+// Training FLOPs per token = 2cN + 4cLhs (the matmuls with the N parameters, and attention's
+// QK^T and AV over s positions in each of L layers of width h), c = 3 passes (forward, and a
+// backward that costs two) or c = 4 with full recomputation. N counts the WHOLE model: a rank
+// holding a tensor-parallel shard counts it tp_size times (Megatron shards evenly), tied
+// weights once. TFLOP/s per device divides the run's total by its world size.
+struct ModelStats {
+  int64_t num_parameters = 0;    // on this rank (what Megatron's "number of parameters" line says)
+  int64_t model_parameters = 0;  // the whole model, N
+  int passes = 3;                // c
+  double flops_per_token = 0;
+};
+// With pipeline stages (pp_size > 1) N sums every stage's parameters (a collective over the
+// pipeline group: every stage calls it), a tied weight counted on the first stage only.
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size, int pp_rank = 0,
+                       int pp_size = 1);
+
+}  // namespace dtk::core

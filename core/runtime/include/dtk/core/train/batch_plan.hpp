@@ -1,0 +1,68 @@
+// dtk/core/train/batch_plan.hpp — how samples become micro-batches: Megatron's batch sizes and sampler.
+//
+//   global batch (gbs) = micro_batch_size (mbs) x data-parallel size (dp) x micro-batches per step
+//   iteration i takes the samples [consumed_before(i), consumed_before(i + 1)); its micro-batch m
+//   of DP rank r takes the rows consumed_before(i) + m*mbs*dp + r*mbs + j (j < mbs), as Megatron's
+//   MegatronPretrainingSampler hands them out.
+//
+// With train.rampup_batch_size (Megatron's RampupBatchsizeNumMicroBatches) the global batch of
+// an iteration depends on the samples consumed before it: START + INCREMENT x floor(consumed /
+// (SAMPLES / increments)) while consumed <= SAMPLES, then gbs. The ramp-up's iterations are
+// tabulated; after it every iteration has gbs samples.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dtk/core/components/services.hpp"
+#include "dtk_config.pb.h"
+
+namespace dtk::core {
+
+class BatchPlan {
+ public:
+  // Every batch-size check of a run in one place; throws HostError naming the field.
+  BatchPlan(const config::RunConfig& cfg, const Topology& topo);
+
+  int64_t micro_batch_size() const { return mbs_; }
+  int64_t global_batch_size() const { return gbs_; }  // after any ramp-up
+  int64_t micro_batches_per_step() const { return num_micro_; }
+  bool ramps_up() const { return ramp_consumed_.size() > 1; }
+  int64_t ramp_iterations() const { return static_cast<int64_t>(ramp_consumed_.size()) - 1; }
+
+  // Iterations count from 1. Samples and micro-batches (of one DP rank) before iteration i, and
+  // the global batch of iteration i.
+  int64_t consumed_before(int64_t i) const;
+  int64_t micro_batches_before(int64_t i) const;
+  int64_t global_batch_of(int64_t i) const { return consumed_before(i + 1) - consumed_before(i); }
+  int64_t micro_batches_of(int64_t i) const { return micro_batches_before(i + 1) - micro_batches_before(i); }
+  int64_t train_iters() const { return train_iters_; }
+  int64_t eval_iters() const { return eval_iters_; }
+  int64_t seq_length() const { return seq_length_; }
+  int64_t tokens_per_step() const { return gbs_ * seq_length_; }
+
+  // Samples each split must provide for the whole run (Megatron's train_val_test_num_samples):
+  // validation runs every eval_interval iterations plus once at the end; test once.
+  int64_t train_samples() const { return consumed_before(train_iters_ + 1); }
+  int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
+  int64_t test_samples() const { return eval_iters_ * gbs_; }
+
+  // Sample index of row j of the k-th micro-batch this rank consumes, counting from global
+  // batch `first_global_batch` of gbs samples (evaluation: always whole global batches).
+  int64_t sample_index(int64_t first_global_batch, int64_t k, int64_t j) const {
+    const int64_t gb = first_global_batch + k / num_micro_, m = k % num_micro_;
+    return gb * gbs_ + m * mbs_ * dp_size_ + dp_rank_ * mbs_ + j;
+  }
+  // Training: row j of the k-th micro-batch this rank consumes from iteration `first_iteration` on.
+  int64_t train_sample_index(int64_t first_iteration, int64_t k, int64_t j) const;
+
+ private:
+  // The ramp-up's iterations q = 0..R (0-based): samples and micro-batches before each; one entry
+  // ({0}) without a ramp-up.
+  std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
+  int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
+  int64_t train_iters_ = 0, eval_iters_ = 0, num_evals_ = 1, seq_length_ = 0;
+  int64_t dp_rank_ = 0, dp_size_ = 1;
+};
+
+}  // namespace dtk::core

@@ -1,0 +1,93 @@
+// dtk/core/train/trainer.hpp — `dtk train`, in the shape of Megatron's pretrain(). The Trainer
+// only trains: its constructor puts together what train/run_setup.hpp builds (initialize, the
+// plugins, setup_model_and_optimizer, the data iterator), train/resume.hpp resumes and
+// train/schedule.hpp orders; what it keeps is the state the loop shares.
+//
+//   train()                 the loop: train_step, training_log, periodic evaluate and save,
+//                           exit conditions (signal, duration, interval), the bench summary
+//   train_step(it)          the schedule's forwards and backwards, gradient reduction,
+//                           clipping, optimizer step
+//   evaluate(split)         evaluate_and_print_results (the same schedule, forward only)
+//   save(it)                save_checkpoint_and_time
+//   final_evaluation()      validation and test at the end
+//
+// Every plugin call goes through core/components, so errors name the plugin and the call.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtk/core/perf/bench_report.hpp"
+#include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/train/exit_conditions.hpp"
+#include "dtk/core/optim/grad_scaler.hpp"
+#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/perf/peak_throughput.hpp"
+#include "dtk/core/logging/timers.hpp"
+#include "dtk/core/train/micro_batch.hpp"
+#include "dtk/core/train/run_setup.hpp"
+#include "dtk/core/train/schedule.hpp"
+#include "dtk/core/train/tied_gradients.hpp"
+#include "dtk/core/logging/training_log.hpp"
+
+namespace dtk::core {
+
+class Trainer {
+ public:
+  // Initializes the run and builds every component; throws HostError for bad input. `hooks`:
+  // train/micro_batch.hpp (empty in a normal run).
+  Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void train();
+  void final_evaluation();
+
+  int64_t iteration() const { return progress_.iteration; }
+  // An exit condition ended train() before train_iters (no final evaluation then).
+  bool stopped_early() const { return stopped_early_; }
+
+ private:
+  std::unique_ptr<TrainingLog> make_log();
+  void print_startup_report();
+  void start_micro_batches(TrainerHooks hooks);
+  IterationResult train_step(int64_t iteration);
+  // The strategy's reduction, clipping and (unless the gradients are not finite) the update.
+  void reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r);
+  // One iteration of train(): the step, its log line and timings; evaluation and save when due.
+  void run_iteration(int64_t it);
+  bool should_stop(int64_t it, ExitConditions& exit);
+  void print_bench_summary();
+  void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration);
+  void save(int64_t iteration);
+  bool saving() const { return !cfg_.checkpoint().save().empty(); }
+
+  const config::RunConfig& cfg_;
+  const Topology& topo_;
+  const BatchPlan plan_;
+  LearningRateSchedule schedule_;
+  GradScaler scaler_;  // loss scaling (none: scale 1)
+  Timers timers_;      // logging.timing_log_level
+  const RunPlugins plugins_;
+  const std::vector<std::string> writers_;  // the plugins, as checkpoints record them
+  const PeakThroughput peak_;               // per device, for MFU
+
+  TrainingParts parts_;  // model chunks, strategy, optimizer, steps
+  std::unique_ptr<TiedGradients> tied_;
+  std::unique_ptr<DatasetInstance> data_;
+  std::unique_ptr<BatchLoader> train_loader_;
+  std::unique_ptr<MicroBatchRunner> runner_;
+  std::unique_ptr<ForwardBackwardSchedule> forward_backward_;
+  std::unique_ptr<TrainingLog> log_;
+  std::unique_ptr<BenchReport> bench_;  // bench mode or --bench_out
+
+  TrainProgress progress_;         // iteration, consumed samples, scheduler step
+  int64_t resumed_iteration_ = 0;  // where this process started
+  int64_t last_saved_ = -1;
+  bool memory_reported_ = false;  // the memory report follows the first logged iteration
+  bool stopped_early_ = false;
+};
+
+}  // namespace dtk::core

@@ -1,0 +1,571 @@
+// Megatron-layout checkpoints: see dtk/core/checkpoint/checkpoint.hpp for the layout and the atomicity
+// protocol. Every rank calls save/load; collectives are bounded (distributed.timeout_seconds)
+// and carry a failure flag, so one rank's error stops all ranks instead of stranding them.
+#include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+
+#include <ATen/core/Dict.h>
+#include <fcntl.h>
+#include <google/protobuf/text_format.h>
+#include <set>
+#include <cctype>
+#include <glog/logging.h>
+#include <signal.h>
+#include <regex>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "checkpoint_io.hpp"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/checkpoint_shards.hpp"
+#include "dtk/core/memory/memory.hpp"
+
+
+namespace dtk::core {
+
+namespace fs = std::filesystem;
+using host::HostError;
+using ckpt::first_line;
+using ckpt::from_dict;
+using ckpt::slices_to_dict;
+using ckpt::fsync_path;
+using ckpt::mp_rank_dir;
+using ckpt::read_pickled_dict;
+using ckpt::shard_file_name;
+using ckpt::temp_owner;
+using ckpt::write_file_synced;
+using ckpt::move_into_place;
+using ckpt::write_pickle;
+using ckpt::write_tracker;
+
+namespace {
+
+c10::Dict<std::string, at::Tensor> to_dict(const TensorList& list) {
+  c10::Dict<std::string, at::Tensor> d;
+  // Own storage per tensor: a view into a larger buffer would otherwise save the whole buffer.
+  for (const auto& kv : list) d.insert(kv.first, kv.second.detach().to(at::kCPU).contiguous().clone());
+  return d;
+}
+
+}  // namespace
+
+int remove_stale_temporaries(const std::string& dir) {
+  // iter_NNNNNNN.tmp-[HOST-]PID (a save's directory) and latest_checkpointed_iteration.txt.tmp-...
+  static const std::regex name(R"(^(iter_\d+|latest_checkpointed_iteration\.txt)\.tmp-(?:(.+)-)?(\d+)$)");
+  const std::string me = temp_owner(0);
+  const std::string my_host = me.substr(0, me.size() - 2);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (!std::regex_match(file, m, name)) continue;
+    if (m[2].matched && m[2].str() != my_host) continue;  // another machine's: not ours to judge
+    const long pid = std::stol(m[3].str());
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // alive (or not ours)
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm) {
+      ++removed;
+      LOG(WARNING) << "checkpoint: removed " << e.path().string() << ", left by a save whose process (pid " << pid
+                   << ") is gone";
+    }
+  }
+  return removed;
+}
+
+namespace {
+
+// What wrote a checkpoint: the host RNG, the resolved config, DTK's version, the plugins.
+void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text, const std::vector<std::string>& writers) {
+  d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
+  // A GPU run's dropout draws from the device's generator: resumed runs continue its stream.
+  if (const c10::Device device = training_device(); device.is_cuda())
+    d.insert("cuda_rng", at::globalContext().defaultGenerator(device).get_state());
+  d.insert("config", config_text);
+  d.insert("dtk_version", std::string(DTK_VERSION));
+  std::string plugins;
+  for (const auto& w : writers) plugins += w + "\n";
+  d.insert("plugins", plugins);
+}
+
+
+// SHA256SUMS from the ranks' parts (SHA256SUMS.part-R), in path order; the parts go.
+void merge_checksum_parts(const std::string& tmp_dir) {
+  const std::string prefix = std::string(ckpt::kChecksumsFile) + ".part-";
+  std::vector<std::string> lines;
+  std::vector<fs::path> parts;
+  for (const auto& e : fs::directory_iterator(tmp_dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
+    parts.push_back(e.path());
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) lines.push_back(line);
+  }
+  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return a.substr(66) < b.substr(66);
+  });
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  write_file_synced((fs::path(tmp_dir) / ckpt::kChecksumsFile).string(), text.data(), text.size());
+  for (const auto& p : parts) fs::remove(p);
+}
+
+}  // namespace
+
+void write_weights_checkpoint(const std::string& save_dir, const TensorList& model_state,
+                              const std::string& config_text, const std::vector<std::string>& writers) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("model", to_dict(model_state));
+  d.insert("optimizer", to_dict({}));
+  d.insert("strategy", to_dict({}));
+  for (const char* key : {"iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step"})
+    d.insert(key, int64_t{0});
+  d.insert("tensor_model_parallel_size", int64_t{1});
+  d.insert("data_parallel_size", int64_t{1});
+  insert_provenance(d, config_text, writers);
+  ckpt::write_offline_checkpoint(save_dir, 0, {d});
+}
+
+SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+                           const OptimizerInstance& optimizer, StrategyInstance& strategy,
+                           const std::string& config_text, const std::vector<std::string>& writers,
+                           const Topology& topo, int64_t keep_last) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
+  // One temporary directory for all TP ranks: named after world rank 0's pid.
+  const int64_t pid = world_max(topo.world_rank == 0 ? static_cast<int64_t>(::getpid()) : 0, topo,
+                                "checkpoint: agreeing on the temporary directory");
+  const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(pid);
+  // What saves that died left behind (a crash, a kill, a full disk) goes before this one adds.
+  if (topo.world_rank == 0) remove_stale_temporaries(save_dir);
+  // Data-parallel rank 0 writes the model, the progress and the RNG; every DP rank writes its
+  // own optimizer and strategy state when the strategy shards it (ZeRO), else DP rank 0 does.
+  const bool writer = topo.dp_rank == 0;
+  const bool sharded = strategy.info().sharded_state != 0;
+  SaveReport report;
+  report.dir = final_dir;
+
+  std::string error;
+  int64_t bytes = 0;
+  std::string sums;  // "<sha256>  <relative path>" of the files this rank wrote
+  try {
+    // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
+    c10::Dict<std::string, at::Tensor> model_dict;
+    strategy.gather_parameters(true);
+    if (writer) model_dict = to_dict(model.state_save());
+    strategy.gather_parameters(false);
+    const TensorList optim_state = optimizer.state_save();
+    const TensorList strat_state = strategy.state_save();
+    const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+    const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
+    if (writer || sharded) {
+      std::error_code ec;
+      fs::create_directories(rank_dir, ec);
+      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+    }
+    if (writer) {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+      d.insert("model", model_dict);
+      d.insert("optimizer", to_dict(sharded ? TensorList{} : optim_state));
+      d.insert("strategy", to_dict(sharded ? TensorList{} : strat_state));
+      d.insert("iteration", progress.iteration);
+      d.insert("consumed_train_samples", progress.consumed_train_samples);
+      d.insert("consumed_valid_samples", progress.consumed_valid_samples);
+      d.insert("scheduler_step", progress.scheduler_step);
+      if (progress.schedule) {
+        const LrParams& l = *progress.schedule;
+        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+        g.insert("max_lr", l.max_lr);
+        g.insert("min_lr", l.min_lr);
+        g.insert("lr_warmup_init", l.init_lr);
+        g.insert("lr_warmup_iters", l.warmup_iters);
+        g.insert("lr_decay_iters", l.decay_iters);
+        g.insert("lr_decay_style", l.style);
+        g.insert("lr_wsd_decay_style", l.wsd_style);
+        g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
+        g.insert("start_wd", l.start_wd);
+        g.insert("end_wd", l.end_wd);
+        g.insert("wd_incr_style", l.wd_style);
+        g.insert("wd_incr_iters", l.wd_incr_iters);
+        g.insert("num_steps", progress.scheduler_step);
+        d.insert("opt_param_scheduler", g);
+      }
+      if (progress.grad_scaler) {
+        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+        g.insert("scale", progress.grad_scaler->scale);
+        g.insert("growth_tracker", progress.grad_scaler->growth_tracker);
+        g.insert("hysteresis_tracker", progress.grad_scaler->hysteresis_tracker);
+        d.insert("grad_scaler", g);
+      }
+      d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
+      d.insert("pipeline_model_parallel_size", static_cast<int64_t>(topo.pp_size));
+      d.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(model.num_chunks()));
+      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
+      if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
+      insert_provenance(d, config_text, writers);
+      const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
+      bytes += w.bytes;
+      sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
+    }
+    if (sharded) {
+      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+      d.insert("optimizer", to_dict(optim_state));
+      d.insert("strategy", to_dict(strat_state));
+      d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
+      d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
+      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
+      const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
+      bytes += w.bytes;
+      sums += w.sha256 + "  " + rank_name + "/" + shard_file_name(topo.dp_rank) + "\n";
+    }
+    if (writer || sharded) fsync_path(rank_dir, true);
+    // This rank's lines of the manifest; world rank 0 merges them before publishing.
+    if (!sums.empty())
+      write_file_synced((fs::path(tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" +
+                                              std::to_string(topo.world_rank))).string(),
+                        sums.data(), sums.size());
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+  try {
+    agree(error, topo, "checkpoint: waiting for every rank to write its file");
+  } catch (...) {
+    // A failed save (a full disk, say) leaves nothing behind: the tracker still names the last
+    // complete checkpoint.
+    if (topo.world_rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
+    throw;
+  }
+
+  // World rank 0 publishes: directory into place, then the tracker file.
+  if (topo.world_rank == 0) {
+    try {
+      merge_checksum_parts(tmp_dir);
+      fsync_path(tmp_dir, true);
+      move_into_place(tmp_dir, final_dir);
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
+      fsync_path(save_dir, true);
+      write_tracker(save_dir, progress.iteration);
+    } catch (const std::exception& e) {
+      error = first_line(e.what());
+    }
+    // checkpoint.keep_last: older iterations go once the new one is published (never the one the
+    // tracker names). A failure to remove is a warning: training goes on.
+    if (error.empty() && keep_last > 0) report.removed = rotate_checkpoints(save_dir, keep_last);
+  }
+  agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
+  // Total size over every rank's files, for the log line.
+  if (topo.world_size > 1) {
+    at::Tensor t = at::full({1}, bytes, at::kLong);
+    try {
+      all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+    } catch (const std::exception& e) {
+      throw host::HostError(std::string("checkpoint: summing file sizes: ") + e.what());
+    }
+    bytes = t.item<int64_t>();
+  }
+  report.megabytes = static_cast<double>(bytes) / 1e6;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+namespace {
+
+// Loads optimizer state and checks that the optimizer took all of it: an optimizer keeps the
+// entries it knows and ignores the rest, so adamw's moments loaded into sgd (or the reverse) would
+// silently start fresh. The optimizer's state after loading must hold every entry given
+// (adamw <-> cpu_adam share their names and pass).
+void load_optimizer_state(OptimizerInstance& optimizer, const TensorList& state, const std::string& saved_with) {
+  optimizer.state_load(state);
+  const TensorList after = optimizer.state_save();
+  std::set<std::string> held;
+  for (const auto& [name, t] : after) held.insert(name);
+  std::vector<std::string> lost;
+  for (const auto& [name, t] : state)
+    if (!held.count(name)) lost.push_back(name);
+  if (lost.empty()) return;
+  throw HostError("optimizer plugin '" + optimizer.plugin().name() + "' did not take " + std::to_string(lost.size()) +
+                  " of the " + std::to_string(state.size()) + " optimizer state entries (the first: '" + lost.front() +
+                  "'); the checkpoint was written with optimizer '" + saved_with +
+                  "': resume with it, or set checkpoint.no_load_optim=true to start the optimizer state fresh");
+}
+
+// The optimizer plugin a checkpoint was written with, from its config entry ("" if unknown).
+std::string saved_optimizer(const c10::impl::GenericDict& d) {
+  auto it = d.find(c10::IValue(std::string("config")));
+  if (it == d.end() || !it->value().isString()) return "";
+  config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(it->value().toStringRef(), &cfg)) return "";
+  return cfg.optimizer().name();
+}
+
+// Optimizer and strategy state across layouts (dtk/core/checkpoint/checkpoint_shards.hpp): from the main
+// file of a replicated save, or from the shard files of a sharded one (this rank's own first: when
+// it was saved with the same layout it is the only one read).
+void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::GenericDict& main,
+                    const ckpt::Checksums& sums, const ModelInstance& model, OptimizerInstance& optimizer,
+                    StrategyInstance& strategy, const Topology& topo, const LoadOptions& what) {
+  std::vector<std::string> names;
+  for (const Param& p : model.parameters()) names.push_back(p.name);
+  StateAssembler assembler(optimizer.params(), names);
+  std::string where = (rank_dir / ckpt::kModelFile).string();
+  try {
+    if (shards == 0) {
+      assembler.add(from_dict(main.at("optimizer"), where, "optimizer"), from_dict(main.at("strategy"), where, "strategy"),
+                    {});
+    } else {
+      std::vector<int64_t> order;
+      if (topo.dp_rank < shards) order.push_back(topo.dp_rank);
+      for (int64_t k = 0; k < shards; ++k)
+        if (k != topo.dp_rank) order.push_back(k);
+      const SliceMap mine = slices_of(optimizer.params());
+      for (size_t i = 0; i < order.size(); ++i) {
+        where = (rank_dir / shard_file_name(static_cast<int>(order[i]))).string();
+        const ckpt::Shard shard = ckpt::read_shard(rank_dir.string(), static_cast<int>(order[i]), shards, sums);
+        assembler.add(shard.optimizer, shard.strategy, shard.slices);
+        if (i == 0 && shard.slices == mine) break;  // saved with this rank's layout: exact resume from one file
+      }
+    }
+    where = rank_dir.string();
+    if (what.optimizer) load_optimizer_state(optimizer, assembler.optimizer(), saved_optimizer(main));
+    strategy.state_load(assembler.strategy());
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + where + ": " + first_line(e.what()));
+  }
+}
+
+// Loads iteration `iteration` of `load_dir` into this rank's model, optimizer, strategy and RNG.
+TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelInstance& model,
+                        OptimizerInstance& optimizer, StrategyInstance& strategy, const Topology& topo,
+                        const LoadOptions& what) {
+  const std::string iter_dir = checkpoint_iter_dir(load_dir, iteration);
+  std::error_code ec;
+  if (!fs::is_directory(iter_dir, ec))
+    throw HostError("checkpoint: " + iter_dir + " does not exist (named by " + checkpoint_tracker_file(load_dir) + ")");
+  // The manifest, when the checkpoint has one and verification is wanted.
+  const ckpt::Checksums sums = what.verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
+  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+  const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / rank_name;
+  const std::string file = (rank_dir / ckpt::kModelFile).string();
+  // A checkpoint of another pipeline layout names its directories differently: say so first.
+  if (!fs::is_directory(rank_dir, ec)) {
+    const std::string first = ckpt::first_rank_dir(iter_dir);
+    const bool staged = first != mp_rank_dir(0);
+    if (staged != (topo.pp_size > 1) && fs::is_directory(fs::path(iter_dir) / first, ec))
+      throw HostError("checkpoint " + iter_dir + " was saved " +
+                      (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
+                      ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
+                      " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                      " makes one for it)");
+  }
+  const c10::impl::GenericDict d = read_pickled_dict(
+      file, topo.tp_rank > 0 || topo.pp_rank > 0 ? " (was the checkpoint saved with a smaller tensor- or pipeline-parallel size?)" : "", &sums,
+      rank_name + "/" + ckpt::kModelFile);
+  auto get = [&](const char* key) -> c10::IValue {
+    auto it = d.find(c10::IValue(std::string(key)));
+    if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
+    return it->value();
+  };
+  auto get_int = [&](const char* key) {
+    c10::IValue v = get(key);
+    if (!v.isInt()) throw HostError("checkpoint " + file + ": '" + key + "' is not an integer");
+    return v.toInt();
+  };
+  const int64_t saved_tp = get_int("tensor_model_parallel_size");
+  if (saved_tp != topo.tp_size)
+    throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
+                    ", this run has " + std::to_string(topo.tp_size));
+  const int64_t saved_pp = d.contains("pipeline_model_parallel_size") ? get_int("pipeline_model_parallel_size") : 1;
+  if (saved_pp != topo.pp_size)
+    throw HostError("checkpoint " + file + " was saved with pipeline-parallel size " + std::to_string(saved_pp) +
+                    ", this run has " + std::to_string(topo.pp_size) +
+                    " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                    " makes one for it)");
+  const int64_t saved_virtual =
+      d.contains("virtual_pipeline_model_parallel_size") ? get_int("virtual_pipeline_model_parallel_size") : 1;
+  if (saved_virtual != model.num_chunks())
+    throw HostError("checkpoint " + file + " was saved with " + std::to_string(saved_virtual) +
+                    " model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has " +
+                    std::to_string(model.num_chunks()) +
+                    " (dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size " +
+                    std::to_string(model.num_chunks()) + " makes one for it)");
+  TrainProgress p;
+  p.iteration = get_int("iteration");
+  p.consumed_train_samples = get_int("consumed_train_samples");
+  p.consumed_valid_samples = get_int("consumed_valid_samples");
+  p.scheduler_step = get_int("scheduler_step");
+  if (d.contains("opt_param_scheduler")) {
+    const c10::IValue g = get("opt_param_scheduler");
+    auto bad = [&](const char* key) {
+      return HostError("checkpoint " + file + ": 'opt_param_scheduler' has no valid '" + key + "'");
+    };
+    if (!g.isGenericDict()) throw bad("(a dict)");
+    const auto gd = g.toGenericDict();
+    auto entry = [&](const char* key) {
+      auto it = gd.find(c10::IValue(std::string(key)));
+      if (it == gd.end()) throw bad(key);
+      return it->value();
+    };
+    auto real = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isDouble()) throw bad(key);
+      return v.toDouble();
+    };
+    auto integer = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isInt()) throw bad(key);
+      return v.toInt();
+    };
+    auto text = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isString()) throw bad(key);
+      return v.toStringRef();
+    };
+    LrParams l;
+    l.max_lr = real("max_lr"), l.min_lr = real("min_lr"), l.init_lr = real("lr_warmup_init");
+    l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
+    l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
+    l.wsd_decay_iters = integer("lr_wsd_decay_iters");
+    // The weight-decay schedule, saved since ABI 2.2's DTK; an older checkpoint has none.
+    l.has_wd = gd.contains(c10::IValue(std::string("wd_incr_style")));
+    if (l.has_wd) {
+      l.start_wd = real("start_wd"), l.end_wd = real("end_wd"), l.wd_style = text("wd_incr_style");
+      l.wd_incr_iters = real("wd_incr_iters");
+    }
+    p.schedule = l;
+  }
+  if (what.optimizer && d.contains("grad_scaler")) {
+    const c10::IValue g = get("grad_scaler");
+    auto bad = [&]() { return HostError("checkpoint " + file + ": 'grad_scaler' is not {scale, growth_tracker, hysteresis_tracker}"); };
+    if (!g.isGenericDict()) throw bad();
+    const auto gd = g.toGenericDict();
+    auto entry = [&](const char* key) {
+      auto it = gd.find(c10::IValue(std::string(key)));
+      if (it == gd.end()) throw bad();
+      return it->value();
+    };
+    const c10::IValue scale = entry("scale"), growth = entry("growth_tracker"), hyst = entry("hysteresis_tracker");
+    if (!scale.isDouble() || !growth.isInt() || !hyst.isInt() || !(scale.toDouble() > 0)) throw bad();
+    p.grad_scaler = GradScaler::State{scale.toDouble(), growth.toInt(), hyst.toInt()};
+  }
+  if (p.iteration != iteration)
+    throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", not " +
+                    std::to_string(iteration) + " as its directory's name says");
+  const TensorList model_state = from_dict(get("model"), file, "model");
+  const int64_t shards = d.contains("optimizer_shards") ? get_int("optimizer_shards") : 0;
+  c10::IValue rng = get("rng");
+  if (!rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
+  try {
+    model.state_load(model_state, /*strict=*/true);
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint " + file + ": " + first_line(e.what()));
+  }
+  // An offloaded optimizer's state is host memory, here as in the step (dtk/core/memory/memory.hpp).
+  std::optional<memory::HostScope> host;
+  if (strategy.info().optimizer_on_host) host.emplace();
+  if (shards == 0 && !strategy.info().sharded_state) {
+    // Replicated state saved and wanted (ddp to ddp): as saved.
+    try {
+      if (what.optimizer) load_optimizer_state(optimizer, from_dict(get("optimizer"), file, "optimizer"), saved_optimizer(d));
+      strategy.state_load(from_dict(get("strategy"), file, "strategy"));
+    } catch (const std::exception& e) {
+      throw HostError("checkpoint " + file + ": " + first_line(e.what()));
+    }
+  } else {
+    load_resharded(rank_dir, shards, d, sums, model, optimizer, strategy, topo, what);
+  }
+  host.reset();
+  if (!what.rng) return p;
+  {
+    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.toTensor());
+  }
+  // A checkpoint written on a CPU has no device stream: the GPU's stays at the run's seed.
+  if (const c10::Device device = training_device(); device.is_cuda() && d.contains("cuda_rng")) {
+    const c10::IValue cuda_rng = get("cuda_rng");
+    if (!cuda_rng.isTensor()) throw HostError("checkpoint " + file + ": 'cuda_rng' is not a tensor");
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(cuda_rng.toTensor());
+  }
+  return p;
+}
+
+}  // namespace
+
+TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
+                              StrategyInstance& strategy, const Topology& topo, const LoadOptions& what,
+                              std::vector<std::string>* skipped) {
+  TrainProgress p;
+  std::string error;
+  if (topo.world_rank == 0) remove_stale_temporaries(load_dir);
+  int64_t iteration = -1;
+  try {
+    std::error_code ec;
+    if (!fs::is_directory(load_dir, ec)) throw HostError("checkpoint: load directory " + load_dir + " does not exist");
+    iteration = read_checkpoint_tracker(load_dir);
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+  // Whole parameters to load into (ZeRO-3: a collective, before anything a rank can fail on);
+  // afterwards the strategy takes its shards of the loaded values.
+  strategy.gather_parameters(true);
+  // The tracker's iteration, then (checkpoint.fallback) older ones, newest first, as long as one
+  // fails on any rank. World rank 0 picks each next candidate, so every rank tries the same.
+  for (;;) {
+    if (error.empty()) {
+      try {
+        p = load_rank(load_dir, iteration, model, optimizer, strategy, topo, what);
+      } catch (const std::exception& e) {
+        error = first_line(e.what());
+      }
+    }
+    const bool failed = world_max(error.empty() ? 0 : 1, topo, "checkpoint: waiting for every rank to load") != 0;
+    if (!failed) break;
+    int64_t next = -1;
+    if (topo.world_rank == 0) next = older_complete_iteration(load_dir, iteration);
+    next = world_max(next, topo, "checkpoint: agreeing on the iteration to fall back to");
+    const std::string what_failed = error.empty() ? "another rank could not load it" : error;
+    if (!what.fallback || next < 0) {
+      if (!error.empty() && !what.fallback && next >= 0)
+        error += "; checkpoint.fallback=true loads iteration " + std::to_string(next) +
+                 ", the newest complete checkpoint before it";
+      else if (!error.empty() && what.fallback)
+        error += "; no older complete checkpoint in " + load_dir + " to fall back to";
+      agree(error, topo, "checkpoint: waiting for every rank to load");
+      throw HostError(what_failed);  // not reached: agree throws when any rank failed
+    }
+    if (skipped)
+      skipped->push_back((iteration >= 0 ? "iteration " + std::to_string(iteration) : std::string("the tracker")) +
+                         ": " + what_failed + "; falling back to iteration " + std::to_string(next));
+    iteration = next;
+    error.clear();
+  }
+  strategy.gather_parameters(false);
+  // Every rank must resume at the same iteration.
+  const int64_t hi = world_max(p.iteration, topo, "checkpoint: comparing iterations");
+  const int64_t lo = -world_max(-p.iteration, topo, "checkpoint: comparing iterations");
+  if (hi != lo) throw HostError("checkpoint: ranks of " + load_dir + " hold different iterations");
+  return p;
+}
+
+}  // namespace dtk::core

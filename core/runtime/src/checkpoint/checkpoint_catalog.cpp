@@ -1,0 +1,533 @@
+// What a save directory holds: see dtk/core/checkpoint/checkpoint_catalog.hpp.
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+
+#include <glog/logging.h>
+#include <google/protobuf/text_format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "checkpoint_io.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/checkpoint/layout.hpp"
+#include "dtk/core/checkpoint/sha256.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+namespace fs = std::filesystem;
+using host::HostError;
+
+int64_t read_checkpoint_tracker(const std::string& dir) {
+  const std::string tracker = checkpoint_tracker_file(dir);
+  std::ifstream in(tracker);
+  if (!in) throw HostError("checkpoint: cannot read " + tracker + " (no checkpoint in " + dir + "?)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  int64_t iteration = -1;
+  try {
+    size_t pos = 0;
+    iteration = std::stoll(text, &pos);
+    if (pos != text.size()) iteration = -1;
+  } catch (const std::exception&) {
+  }
+  if (iteration >= 0) return iteration;
+  // Show what it holds, escaped and cut short: it may be any bytes.
+  std::string shown;
+  for (unsigned char c : text.substr(0, 40)) {
+    if (c >= 0x20 && c < 0x7f) {
+      shown += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      shown += buf;
+    }
+  }
+  throw HostError("checkpoint: " + tracker + " does not hold an iteration number: '" + shown +
+                  (text.size() > 40 ? "...'" : "'") + " (" + std::to_string(text.size()) + " bytes)");
+}
+
+namespace {
+
+// iter_NNNNNNN -> N; -1 for any other name (temporaries included).
+int64_t iteration_of(const std::string& name) {
+  static const std::regex re(R"(^iter_(\d{7,})$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return -1;
+  try {
+    return std::stoll(m[1].str());
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string megabytes(double bytes) {
+  char buf[32];
+  if (bytes < 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f kB", bytes / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// Every regular file below an iteration directory, relative to it, in path order.
+std::vector<std::string> files_below(const std::string& iter_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(iter_dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), iter_dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct TensorStats {
+  int64_t count = 0, elements = 0, bytes = 0;
+};
+
+TensorStats stats_of(const c10::IValue& v) {
+  TensorStats s;
+  if (!v.isGenericDict()) return s;
+  for (const auto& kv : v.toGenericDict()) {
+    if (!kv.value().isTensor()) continue;
+    const at::Tensor& t = kv.value().toTensor();
+    ++s.count, s.elements += t.numel(), s.bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  return s;
+}
+
+void list_tensors(const c10::IValue& v, std::ostream& out) {
+  if (!v.isGenericDict()) return;
+  std::vector<std::tuple<std::string, std::string, std::string, int64_t>> rows;
+  size_t wn = 4, ws = 5;
+  for (const auto& kv : v.toGenericDict()) {
+    if (!kv.key().isString() || !kv.value().isTensor()) continue;
+    const at::Tensor& t = kv.value().toTensor();
+    rows.emplace_back(kv.key().toStringRef(), shape_of(t), dtype_name(t.scalar_type()),
+                      t.numel() * static_cast<int64_t>(t.element_size()));
+    wn = std::max(wn, std::get<0>(rows.back()).size());
+    ws = std::max(ws, std::get<1>(rows.back()).size());
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "      %-*s  %-*s  %-8s  %s\n", static_cast<int>(wn), "name", static_cast<int>(ws),
+                "shape", "dtype", "bytes");
+  out << buf;
+  for (const auto& [name, shape, dtype, bytes] : rows) {
+    std::snprintf(buf, sizeof buf, "      %-*s  %-*s  %-8s  %lld\n", static_cast<int>(wn), name.c_str(),
+                  static_cast<int>(ws), shape.c_str(), dtype.c_str(), static_cast<long long>(bytes));
+    out << buf;
+  }
+}
+
+std::string int_entry(const c10::impl::GenericDict& d, const char* key) {
+  auto it = d.find(c10::IValue(std::string(key)));
+  if (it == d.end()) return "?";
+  if (it->value().isInt()) return std::to_string(it->value().toInt());
+  if (it->value().isDouble()) {
+    std::ostringstream s;
+    s << it->value().toDouble();
+    return s.str();
+  }
+  if (it->value().isString()) return it->value().toStringRef();
+  return "?";
+}
+
+}  // namespace
+
+std::vector<int64_t> list_checkpoint_iterations(const std::string& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t it = iteration_of(e.path().filename().string());
+    if (it >= 0 && e.is_directory()) out.push_back(it);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+IterationState check_checkpoint_iteration(const std::string& dir, int64_t iteration, bool hash_files) {
+  IterationState s;
+  const std::string iter_dir = checkpoint_iter_dir(dir, iteration);
+  std::error_code ec;
+  if (!fs::is_directory(iter_dir, ec)) {
+    s.problem = iter_dir + " does not exist";
+    return s;
+  }
+  ckpt::Checksums sums;
+  try {
+    sums = ckpt::read_checksums(iter_dir);
+  } catch (const std::exception& e) {
+    s.problem = ckpt::first_line(e.what());
+    return s;
+  }
+  s.checksummed = sums.present;
+  if (!sums.present) {
+    const fs::path main = fs::path(iter_dir) / ckpt::first_rank_dir(iter_dir) / ckpt::kModelFile;
+    if (!fs::is_regular_file(main, ec)) {
+      s.problem = main.string() + " is missing";
+      return s;
+    }
+    s.complete = true;
+    return s;
+  }
+  if (sums.sha256.empty()) {
+    s.problem = std::string(ckpt::kChecksumsFile) + " lists no file";
+    return s;
+  }
+  for (const auto& [relative, hex] : sums.sha256) {
+    const std::string file = (fs::path(iter_dir) / relative).string();
+    if (!fs::is_regular_file(file, ec)) {
+      s.problem = file + " is missing (listed in " + ckpt::kChecksumsFile + ")";
+      return s;
+    }
+    if (!hash_files) continue;
+    try {
+      const std::string actual = sha256_file_hex(file);
+      if (actual != hex) {
+        s.problem = file + " is damaged: its SHA-256 is " + actual.substr(0, 16) + "..., " + ckpt::kChecksumsFile +
+                    " recorded " + hex.substr(0, 16) + "...";
+        return s;
+      }
+    } catch (const std::exception& e) {
+      s.problem = ckpt::first_line(e.what());
+      return s;
+    }
+  }
+  s.complete = true;
+  return s;
+}
+
+int64_t older_complete_iteration(const std::string& dir, int64_t before) {
+  std::vector<int64_t> all = list_checkpoint_iterations(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if ((before < 0 || *it < before) && check_checkpoint_iteration(dir, *it, false).complete) return *it;
+  return -1;
+}
+
+std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_last) {
+  std::vector<int64_t> removed;
+  if (keep_last <= 0) return removed;
+  std::vector<int64_t> all = list_checkpoint_iterations(dir);
+  std::set<int64_t> keep;
+  for (size_t i = all.size() > static_cast<size_t>(keep_last) ? all.size() - keep_last : 0; i < all.size(); ++i)
+    keep.insert(all[i]);
+  try {
+    keep.insert(read_checkpoint_tracker(dir));
+  } catch (const std::exception& e) {
+    // No readable tracker: remove nothing rather than guess which one a resume would want.
+    LOG(WARNING) << "checkpoint.keep_last: removing nothing: " << ckpt::first_line(e.what());
+    return removed;
+  }
+  for (int64_t it : all) {
+    if (keep.count(it)) continue;
+    const std::string from = checkpoint_iter_dir(dir, it);
+    // Renamed first: out of the catalog at once, and a removal cut short is a dead process's
+    // temporary that the next save or load removes.
+    const std::string doomed = from + ".tmp-" + ckpt::temp_owner(::getpid());
+    std::error_code ec;
+    fs::rename(from, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
+    if (ec) {
+      LOG(WARNING) << "checkpoint.keep_last: could not remove " << from << ": " << ec.message();
+      continue;
+    }
+    removed.push_back(it);
+  }
+  return removed;
+}
+
+std::string resolve_iteration_dir(const std::string& path, int64_t* iteration) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw HostError("checkpoint " + path + " is not a directory");
+  fs::path normal = fs::path(path).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();  // a trailing '/'
+  int64_t it = iteration_of(normal.filename().string());
+  if (it < 0) {
+    const std::vector<int64_t> all = list_checkpoint_iterations(normal.string());
+    if (all.empty()) throw HostError("checkpoint " + path + " holds no iter_NNNNNNN directory");
+    try {
+      it = read_checkpoint_tracker(normal.string());
+    } catch (const std::exception&) {
+      it = all.back();
+    }
+    normal = checkpoint_iter_dir(normal.string(), it);
+  }
+  if (iteration) *iteration = it;
+  return normal.string();
+}
+
+std::string checkpoint_config_text(const std::string& iter_dir) {
+  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
+  const auto d = ckpt::read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
+  auto it = d.find(c10::IValue(std::string("config")));
+  if (it == d.end() || !it->value().isString())
+    throw HostError("checkpoint " + (fs::path(iter_dir) / relative).string() +
+                    " records no run configuration (written by another program?)");
+  return it->value().toStringRef();
+}
+
+std::string inspect_checkpoint(const std::string& path, const InspectOptions& options, std::ostream& out) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw HostError("checkpoint inspect: " + path + " is not a directory");
+  fs::path normal = fs::path(path).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();  // a trailing '/'
+  // An iteration directory, or a save directory (its tracker's iteration, else its newest).
+  int64_t iteration = iteration_of(normal.filename().string());
+  std::string save_dir = iteration >= 0 ? normal.parent_path().string() : normal.string();
+  if (save_dir.empty()) save_dir = ".";
+
+  out << "checkpoint directory: " << save_dir << "\n";
+  int64_t tracked = -1;
+  try {
+    tracked = read_checkpoint_tracker(save_dir);
+    out << "  tracker: latest_checkpointed_iteration.txt names iteration " << tracked << "\n";
+  } catch (const std::exception& e) {
+    out << "  tracker: " << ckpt::first_line(e.what()) << "\n";
+  }
+  const std::vector<int64_t> all = list_checkpoint_iterations(save_dir);
+  if (all.empty()) throw HostError("checkpoint inspect: " + save_dir + " holds no iter_NNNNNNN directory");
+  if (iteration < 0) iteration = tracked >= 0 ? tracked : all.back();
+  out << "  iterations:";
+  for (int64_t it : all) {
+    const IterationState st = check_checkpoint_iteration(save_dir, it, false);
+    out << " " << it << (st.complete ? "" : " (incomplete)") << (it == tracked ? " (tracker)" : "")
+        << (it == all.back() ? "\n" : ",");
+  }
+
+  const std::string iter_dir = checkpoint_iter_dir(save_dir, iteration);
+  out << "\niteration " << iteration << ": " << iter_dir << "\n";
+  if (!fs::is_directory(iter_dir, ec)) return iter_dir + " does not exist";
+  std::string problem;
+  ckpt::Checksums sums;
+  try {
+    sums = ckpt::read_checksums(iter_dir);
+  } catch (const std::exception& e) {
+    problem = ckpt::first_line(e.what());
+  }
+
+  // Files: size, digest, and what the manifest says of each.
+  const std::vector<std::string> files = files_below(iter_dir);
+  std::set<std::string> listed;
+  for (const auto& [relative, hex] : sums.sha256) listed.insert(relative);
+  out << "  files (" << (sums.present ? std::string(ckpt::kChecksumsFile) + (options.verify ? ", verified" : ", not verified: --noverify")
+                                      : std::string("no ") + ckpt::kChecksumsFile + ": written before checksums, unverified")
+      << "):\n";
+  size_t wn = 0;
+  for (const auto& f : files) wn = std::max(wn, f.size());
+  for (const auto& f : files) {
+    if (f == ckpt::kChecksumsFile) continue;
+    const std::string full = (fs::path(iter_dir) / f).string();
+    const auto bytes = static_cast<double>(fs::file_size(full, ec));
+    std::string status;
+    if (sums.present) {
+      auto it = sums.sha256.find(f);
+      if (it == sums.sha256.end()) {
+        status = "not in " + std::string(ckpt::kChecksumsFile);
+      } else if (options.verify) {
+        std::string actual;
+        try {
+          actual = sha256_file_hex(full);
+        } catch (const std::exception& e) {
+          actual = "unreadable";
+        }
+        status = actual == it->second ? "sha256 " + it->second.substr(0, 16) + "... ok"
+                                      : "DAMAGED: sha256 " + actual.substr(0, 16) + "..., recorded " +
+                                            it->second.substr(0, 16) + "...";
+        if (actual != it->second && problem.empty()) problem = full + " is damaged (its SHA-256 differs from " + ckpt::kChecksumsFile + ")";
+      } else {
+        status = "sha256 " + it->second.substr(0, 16) + "... (recorded)";
+      }
+    }
+    char buf[640];
+    std::snprintf(buf, sizeof buf, "    %-*s  %10s  %s\n", static_cast<int>(wn), f.c_str(), megabytes(bytes).c_str(),
+                  status.c_str());
+    out << buf;
+  }
+  for (const auto& f : listed)
+    if (!std::binary_search(files.begin(), files.end(), f)) {
+      out << "    " << f << "  MISSING (listed in " << ckpt::kChecksumsFile << ")\n";
+      if (problem.empty()) problem = (fs::path(iter_dir) / f).string() + " is missing";
+    }
+
+  // The main file of each tensor-parallel rank: progress, layout, writers, tensors.
+  std::string config_text;
+  int64_t tp_size = 1, shards = 0;
+  // Pipeline stages (Megatron's mp_rank_TT_PPP directories): every stage's files are checked,
+  // the first stage's are shown.
+  int64_t pp_size = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
+  auto rank_dir = [&](int64_t tp, int64_t pp) {
+    return ckpt::mp_rank_dir(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(pp_size));
+  };
+  for (int64_t tp = 0; tp < tp_size; ++tp) {
+    const std::string relative = rank_dir(tp, 0) + "/" + ckpt::kModelFile;
+    const std::string file = (fs::path(iter_dir) / relative).string();
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    try {
+      d = ckpt::read_pickled_dict(file);
+    } catch (const std::exception& e) {
+      if (problem.empty()) problem = ckpt::first_line(e.what());
+      out << "  " << relative << ": " << ckpt::first_line(e.what()) << "\n";
+      break;
+    }
+    auto get = [&](const char* key) -> c10::IValue {
+      auto it = d.find(c10::IValue(std::string(key)));
+      return it == d.end() ? c10::IValue() : it->value();
+    };
+    if (tp == 0) {
+      if (get("tensor_model_parallel_size").isInt()) tp_size = std::max<int64_t>(1, get("tensor_model_parallel_size").toInt());
+      if (get("pipeline_model_parallel_size").isInt())
+        pp_size = std::max<int64_t>(1, get("pipeline_model_parallel_size").toInt());
+      if (get("optimizer_shards").isInt()) shards = get("optimizer_shards").toInt();
+      out << "  iteration " << int_entry(d, "iteration") << ", consumed samples: train "
+          << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
+          << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
+      out << "  layout: tensor-parallel " << tp_size;
+      const int64_t chunks =
+          get("virtual_pipeline_model_parallel_size").isInt() ? get("virtual_pipeline_model_parallel_size").toInt() : 1;
+      if (pp_size > 1) out << ", pipeline-parallel " << pp_size;
+      if (chunks > 1) out << " with " << chunks << " model chunks per rank (interleaved)";
+      if (pp_size > 1) out << " (stage 0 shown)";
+      out << ", data-parallel " << int_entry(d, "data_parallel_size");
+      if (shards > 0) out << ", optimizer state sharded over " << shards << " data-parallel files";
+      out << "\n";
+      const c10::IValue sched = get("opt_param_scheduler");
+      if (sched.isGenericDict()) {
+        const auto g = sched.toGenericDict();
+        out << "  learning-rate schedule: " << int_entry(g, "lr_decay_style") << ", max lr " << int_entry(g, "max_lr")
+            << ", min lr " << int_entry(g, "min_lr") << ", warm-up " << int_entry(g, "lr_warmup_iters")
+            << " iterations, decay over " << int_entry(g, "lr_decay_iters") << "\n";
+      }
+      const c10::IValue scaler = get("grad_scaler");
+      if (scaler.isGenericDict()) {
+        const auto g = scaler.toGenericDict();
+        out << "  loss scaler: scale " << int_entry(g, "scale") << ", growth tracker " << int_entry(g, "growth_tracker")
+            << ", hysteresis " << int_entry(g, "hysteresis_tracker") << "\n";
+      }
+      out << "  written by: dtk " << int_entry(d, "dtk_version") << "\n";
+      if (get("plugins").isString()) {
+        std::istringstream lines(get("plugins").toStringRef());
+        std::string line;
+        while (std::getline(lines, line))
+          if (!line.empty()) out << "    " << line << "\n";
+      }
+      if (get("config").isString()) config_text = get("config").toStringRef();
+    }
+    const TensorStats m = stats_of(get("model")), o = stats_of(get("optimizer")), s = stats_of(get("strategy"));
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %s: model %lld tensors, %lld elements, %s", relative.c_str(),
+                  static_cast<long long>(m.count), static_cast<long long>(m.elements),
+                  megabytes(static_cast<double>(m.bytes)).c_str());
+    out << buf;
+    if (o.count) out << "; optimizer " << o.count << " tensors, " << megabytes(static_cast<double>(o.bytes));
+    if (s.count) out << "; strategy " << s.count << " tensors, " << megabytes(static_cast<double>(s.bytes));
+    out << "\n";
+    list_tensors(get("model"), out);
+    if (options.all_tensors) {
+      if (o.count) {
+        out << "    optimizer:\n";
+        list_tensors(get("optimizer"), out);
+      }
+      if (s.count) {
+        out << "    strategy:\n";
+        list_tensors(get("strategy"), out);
+      }
+    }
+  }
+  // Sharded optimizer state: one file per data-parallel rank and tensor-parallel rank.
+  for (int64_t pp = 0; pp < pp_size; ++pp)
+  for (int64_t tp = 0; tp < tp_size && shards > 0; ++tp)
+    for (int64_t dp = 0; dp < shards; ++dp) {
+      const std::string relative = rank_dir(tp, pp) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
+      const std::string file = (fs::path(iter_dir) / relative).string();
+      if (!fs::is_regular_file(file, ec)) {
+        if (problem.empty()) problem = file + " is missing (the checkpoint has " + std::to_string(shards) + " shards)";
+        continue;
+      }
+      if (!options.all_tensors || pp > 0) continue;
+      try {
+        const auto d = ckpt::read_pickled_dict(file);
+        out << "  " << relative << ":\n    optimizer:\n";
+        list_tensors(d.at("optimizer"), out);
+      } catch (const std::exception& e) {
+        if (problem.empty()) problem = ckpt::first_line(e.what());
+      }
+    }
+  for (int64_t pp = 0; pp < pp_size; ++pp)
+    for (int64_t tp = pp == 0 ? 1 : 0; tp < tp_size; ++tp) {
+      const fs::path f = fs::path(iter_dir) / rank_dir(tp, pp) / ckpt::kModelFile;
+      if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + " is missing";
+    }
+  if (!config_text.empty()) {
+    // One line per section (the text format in single-line mode); as saved if it does not parse.
+    out << "  config:\n";
+    config::RunConfig cfg;
+    if (google::protobuf::TextFormat::ParseFromString(config_text, &cfg)) {
+      google::protobuf::TextFormat::Printer printer;
+      printer.SetSingleLineMode(true);
+      const auto* reflection = cfg.GetReflection();
+      std::vector<const google::protobuf::FieldDescriptor*> fields;
+      reflection->ListFields(cfg, &fields);
+      for (const auto* field : fields) {
+        std::string text;
+        printer.PrintFieldValueToString(cfg, field, -1, &text);
+        out << "    " << field->name() << " { " << text << "}\n";
+      }
+    } else {
+      std::istringstream lines(config_text);
+      std::string line;
+      while (std::getline(lines, line)) out << "    " << line << "\n";
+    }
+  }
+  if (problem.empty() && !sums.present)
+    out << "complete: yes (unverified: no " << ckpt::kChecksumsFile << ")\n";
+  else if (problem.empty())
+    out << "complete: yes (" << sums.sha256.size() << (sums.sha256.size() == 1 ? " file" : " files") << (options.verify ? ", every checksum matches" : "")
+        << ")\n";
+  else
+    out << "complete: NO: " << problem << "\n";
+  return problem;
+}
+
+TensorList read_model_state(const std::string& iter_dir, int tp_rank) {
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+    throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
+                    "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "
+                    "--pipeline_model_parallel_size 1 makes one)");
+  const std::string relative = ckpt::mp_rank_dir(tp_rank) + "/" + ckpt::kModelFile;
+  const std::string file = (fs::path(iter_dir) / relative).string();
+  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  const c10::impl::GenericDict d = ckpt::read_pickled_dict(file, "", &sums, relative);
+  if (!d.contains("model")) throw HostError("checkpoint " + file + " has no 'model' entry");
+  return ckpt::from_dict(d.at("model"), file, "model");
+}
+
+}  // namespace dtk::core

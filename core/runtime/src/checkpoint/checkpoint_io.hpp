@@ -1,0 +1,88 @@
+// Checkpoint files (internal to dtk_core): names, synced writes, pickles read with one-line errors,
+// and the SHA256SUMS manifest. Shared by the save/load protocol (checkpoint.cpp) and the catalog
+// (checkpoint_catalog.cpp: listing, completeness, rotation, inspect).
+#pragma once
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+#include <dtk/tensor.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dtk/core/checkpoint/checkpoint_shards.hpp"
+
+namespace dtk::core::ckpt {
+
+constexpr const char* kModelFile = "model_optim_rng.pt";
+// sha256sum's format: "<64 hex digits>  <path relative to the iteration directory>" per line.
+constexpr const char* kChecksumsFile = "SHA256SUMS";
+
+std::string first_line(const std::string& s);
+// "mp_rank_03" (one pipeline stage) or Megatron's "mp_rank_03_001" (tensor-parallel rank 3 of
+// pipeline stage 1, with pp_size > 1); "optim_dp_rank_001.pt".
+std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1);
+// The directory of tensor-parallel rank 0 of the first stage in `iter_dir`: "mp_rank_00", or
+// "mp_rank_00_000" when the checkpoint has pipeline stages.
+std::string first_rank_dir(const std::string& iter_dir);
+std::string shard_file_name(int dp_rank);
+// "<host>-<pid>": the suffix of a process's temporary names (`iter_N.tmp-HOST-PID`).
+std::string temp_owner(int64_t pid);
+
+void fsync_path(const std::string& path, bool directory);
+// Writes and fsyncs; a full disk says how much the file needed and how much was free.
+void write_file_synced(const std::string& path, const char* data, size_t size);
+
+// Atomically puts directory `from` at `to`: a rename, or an exchange when `to` exists (then `from`
+// holds the old one, for the caller to remove).
+void move_into_place(const std::string& from, const std::string& to);
+// latest_checkpointed_iteration.txt of `save_dir` := iteration, through a temporary file, fsync, rename.
+void write_tracker(const std::string& save_dir, int64_t iteration);
+
+struct Written {
+  int64_t bytes = 0;
+  std::string sha256;
+};
+// Pickles `value` (torch.save's zip format) into `path`, synced.
+Written write_pickle(const std::string& path, const c10::IValue& value);
+
+// The manifest of one iteration directory. `present` is false for checkpoints written before DTK
+// recorded checksums (and Megatron's own): those load unverified.
+struct Checksums {
+  bool present = false;
+  std::map<std::string, std::string> sha256;  // relative path -> hex digest
+};
+// Throws naming the file when it exists but is not a sha256sum manifest.
+Checksums read_checksums(const std::string& iter_dir);
+
+// Publishes iteration `iteration` of `save_dir` written by one process (`dtk import`, `dtk
+// checkpoint convert`): rank_files[pp * tp_size + tp] goes to mp_rank_TT[_PPP]/model_optim_rng.pt
+// (the stage suffix with pp_size > 1) in a temporary directory, with SHA256SUMS, then the
+// directory is moved into place and the tracker rewritten, as a training save does. Returns the
+// bytes written.
+int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
+                                 const std::vector<c10::impl::GenericDict>& rank_files, int tp_size = 0,
+                                 int pp_size = 1);
+
+// Reads a pickled dict, one line naming the file for anything wrong with it. With `sums` holding a
+// manifest, the bytes are checked against the digest recorded for `relative` first.
+c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint = "",
+                                         const Checksums* sums = nullptr, const std::string& relative = "");
+
+// A pickled dict of tensors (`key` of `file`, for the error) as a list, in its order.
+TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key);
+// What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
+c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices);
+SliceMap slices_from_dict(const TensorList& list, const std::string& file);
+
+// One data-parallel shard file of a ZeRO save (`shard_file_name(dp_rank)` in the tensor-parallel
+// rank's directory `rank_dir`; the save had `shards` of them), verified against `sums`.
+struct Shard {
+  TensorList optimizer, strategy;
+  SliceMap slices;  // what its per-parameter entries cover
+};
+Shard read_shard(const std::string& rank_dir, int dp_rank, int64_t shards, const Checksums& sums);
+
+}  // namespace dtk::core::ckpt

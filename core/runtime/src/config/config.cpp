@@ -1,0 +1,549 @@
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <vector>
+
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/timeline/trace.hpp"
+#include "dtk/host/plugin_host.hpp"  // HostError, did_you_mean
+
+namespace dtk::core {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using google::protobuf::TextFormat;
+using host::HostError;
+
+namespace {
+
+constexpr const char* kDefaults = R"pb(
+  model { name: "gpt" }
+  dataset { name: "synthetic" }
+  step { name: "causal_lm" }
+  optimizer { name: "adamw" }
+  strategy { name: "ddp" }
+  train {
+    micro_batch_size: 4
+    global_batch_size: 0
+    train_iters: 100
+    seq_length: 128
+    seed: 1234
+    clip_grad: 1.0
+    params_dtype: "fp32"
+    threads: 0
+    device: "cpu"
+  }
+  lr { lr: 3e-4 min_lr: 3e-5 lr_decay_style: "cosine" lr_warmup_iters: 0 lr_decay_iters: 0 weight_decay: 0.01 }
+  eval { eval_interval: 0 eval_iters: 10 }
+  logging { log_interval: 10 }
+  distributed { tensor_model_parallel_size: 1 pipeline_model_parallel_size: 1 backend: "gloo" timeout_seconds: 300 }
+)pb";
+
+// Collects the first parse error as "line L column C: message".
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (text.empty())
+      text = "line " + std::to_string(line + 1) + " column " + std::to_string(column + 1) + ": " + message;
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  std::string text;
+};
+
+void merge_text(const std::string& text, config::RunConfig* cfg, const std::string& origin) {
+  TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.MergeFromString(text, cfg))
+    throw HostError(origin + ": " + (errors.text.empty() ? "parse error" : errors.text));
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  std::string p;
+  while (std::getline(ss, p, '.')) parts.push_back(p);
+  return parts;
+}
+
+std::vector<std::string> field_names(const Descriptor* d, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (int i = 0; i < d->field_count(); ++i) out.push_back(prefix + d->field(i)->name());
+  return out;
+}
+
+std::string escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+RampUp parse_rampup(const std::string& text) {
+  std::istringstream in(text);
+  RampUp r;
+  std::string rest;
+  if (!(in >> r.start >> r.increment >> r.samples) || (in >> rest) || r.start <= 0 || r.increment <= 0 ||
+      r.samples <= 0)
+    throw HostError("config: train.rampup_batch_size '" + text +
+                    "' is not 'START INCREMENT SAMPLES' (three positive whole numbers; e.g. '16 16 5859375')");
+  return r;
+}
+
+config::RunConfig default_config() {
+  config::RunConfig cfg;
+  merge_text(kDefaults, &cfg, "built-in defaults");
+  return cfg;
+}
+
+config::RunConfig load_config(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw HostError("config '" + path + "': no such file");
+  if (!std::filesystem::is_regular_file(path, ec)) throw HostError("config '" + path + "': not a regular file");
+  std::ifstream in(path);
+  if (!in) throw HostError("config '" + path + "': cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  // The file alone first: a field set twice in it is a mistake (merging would keep the last).
+  {
+    config::RunConfig alone;
+    TextFormat::Parser parser;
+    FirstError errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(ss.str(), &alone))
+      throw HostError("config '" + path + "': " + (errors.text.empty() ? "parse error" : errors.text));
+  }
+  config::RunConfig cfg = default_config();
+  merge_text(ss.str(), &cfg, "config '" + path + "'");
+  return cfg;
+}
+
+void apply_override(config::RunConfig& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw HostError("--set '" + assignment + "': expected key=value (e.g. lr.lr=3e-4)");
+  const std::string path = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  const auto parts = split_path(path);
+
+  Message* msg = &cfg;
+  std::string walked;
+  std::string text_open, text_close;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Descriptor* d = msg->GetDescriptor();
+    const FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (!f && d->full_name() == "dtk.config.PluginChoice" && i + 1 == parts.size()) {
+      // Below a plugin slot, an unknown name is a plugin option; the host validates it against
+      // the plugin's declarations once the plugin is known.
+      auto* choice = static_cast<config::PluginChoice*>(msg);
+      (*choice->mutable_options())[parts[i]] = value;
+      return;
+    }
+    if (f && f->is_repeated() && !f->is_map() && f->type() == FieldDescriptor::TYPE_MESSAGE && i + 1 == parts.size()) {
+      // A list of sections (lr.param_rules): each --set appends one entry, written in text
+      // format with or without braces ('match: "bias$" wd_mult: 0').
+      std::string body = value;
+      const size_t first = body.find_first_not_of(" \t");
+      const size_t last = body.find_last_not_of(" \t");
+      if (first != std::string::npos && body[first] == '{' && body[last] == '}')
+        body = body.substr(first + 1, last - first - 1);
+      std::unique_ptr<Message> entry(msg->GetReflection()->GetMessageFactory()->GetPrototype(f->message_type())->New());
+      TextFormat::Parser parser;
+      FirstError errors;
+      parser.RecordErrorsTo(&errors);
+      if (!parser.ParseFromString(body, entry.get()))
+        throw HostError("--set '" + assignment + "': not a valid " + f->message_type()->name() + " entry (" +
+                        (errors.text.empty() ? "parse error" : errors.text) + ")" +
+                        (f->message_type()->name() == "ParamRule"
+                             ? "; e.g. --set '" + path + "=match: \"bias$\" wd_mult: 0'"
+                             : std::string()));
+      msg->GetReflection()->AddMessage(msg, f)->CopyFrom(*entry);
+      return;
+    }
+    if (!f || f->is_map() || f->is_repeated()) {
+      std::string msg_text = "--set '" + assignment + "': no config field '" + walked + parts[i] + "'";
+      std::string guess = host::did_you_mean(parts[i], field_names(d, ""));
+      if (!guess.empty()) msg_text += "; did you mean '" + walked + guess + "'?";
+      throw HostError(msg_text);
+    }
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+      if (i + 1 == parts.size())
+        throw HostError("--set '" + assignment + "': '" + path + "' is a section, name one of its fields");
+      msg = msg->GetReflection()->MutableMessage(msg, f);
+      walked += parts[i] + ".";
+      continue;
+    }
+    if (i + 1 != parts.size())
+      throw HostError("--set '" + assignment + "': '" + walked + parts[i] + "' is not a section");
+    // Leaf: let the text-format parser do the type checking and conversion.
+    const std::string literal = f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
+    TextFormat::Parser parser;
+    FirstError errors;
+    parser.RecordErrorsTo(&errors);
+    std::unique_ptr<Message> tmp(msg->New());
+    if (value.empty() && f->type() != FieldDescriptor::TYPE_STRING)
+      throw HostError("--set '" + assignment + "': empty value for '" + path + "'");
+    if (!parser.ParseFieldValueFromString(literal, f, tmp.get()))
+      throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " + f->type_name() + " for '" + path +
+                      "'");
+    msg->GetReflection()->ClearField(msg, f);
+    msg->MergeFrom(*tmp);
+    // MergeFrom skips proto3 zero values; copy explicitly so "--set train.clip_grad=0" works.
+    const Reflection* r = msg->GetReflection();
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(msg, f, tmp->GetReflection()->GetInt32(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(msg, f, tmp->GetReflection()->GetInt64(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(msg, f, tmp->GetReflection()->GetUInt32(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(msg, f, tmp->GetReflection()->GetUInt64(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        r->SetDouble(msg, f, tmp->GetReflection()->GetDouble(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        r->SetFloat(msg, f, tmp->GetReflection()->GetFloat(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(msg, f, tmp->GetReflection()->GetBool(*tmp, f));
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(msg, f, tmp->GetReflection()->GetString(*tmp, f));
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+}
+
+std::string config_value(const config::RunConfig& cfg, const std::string& path) {
+  const auto parts = split_path(path);
+  const Message* msg = &cfg;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Descriptor* d = msg->GetDescriptor();
+    const FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (!f && d->full_name() == "dtk.config.PluginChoice" && i + 1 == parts.size()) {
+      const auto& opts = static_cast<const config::PluginChoice*>(msg)->options();
+      auto it = opts.find(parts[i]);
+      if (it != opts.end()) return it->second;
+    }
+    if (!f) throw HostError("no config field '" + path + "'");
+    if (f->is_repeated())
+      throw HostError("config field '" + path + "' is a map; ask for one entry (e.g. model.num_layers)");
+    const Reflection* r = msg->GetReflection();
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_repeated()) {
+      msg = &r->GetMessage(*msg, f);
+      if (i + 1 == parts.size()) {
+        std::string out;
+        TextFormat::PrintToString(*msg, &out);
+        return out;
+      }
+      continue;
+    }
+    if (i + 1 != parts.size()) throw HostError("no config field '" + path + "'");
+    std::string out;
+    TextFormat::PrintFieldValueToString(*msg, f, -1, &out);
+    if (f->type() == FieldDescriptor::TYPE_STRING) {
+      out = r->GetString(*msg, f);  // unquoted
+    }
+    return out;
+  }
+  throw HostError("no config field '" + path + "'");
+}
+
+namespace {
+
+// Megatron's rules for --weight-decay-incr-style: constant uses weight_decay and takes no ends;
+// linear and cosine need both ends, 0 <= start <= end.
+void validate_weight_decay(const config::LrSchedule& lr) {
+  const std::string& style = lr.weight_decay_incr_style();
+  if (!style.empty() && style != "constant" && style != "linear" && style != "cosine")
+    throw HostError("config: lr.weight_decay_incr_style must be constant, linear or cosine, got '" + style + "'");
+  if (!std::isfinite(lr.weight_decay()) || lr.weight_decay() < 0)
+    throw HostError("config: lr.weight_decay must be a finite number >= 0");
+  if (style.empty() || style == "constant") {
+    if (lr.has_start_weight_decay() || lr.has_end_weight_decay())
+      throw HostError(
+          "config: lr.start_weight_decay and lr.end_weight_decay need lr.weight_decay_incr_style linear or cosine "
+          "(a constant schedule uses lr.weight_decay)");
+  } else {
+    if (!lr.has_start_weight_decay() || !lr.has_end_weight_decay())
+      throw HostError("config: lr.weight_decay_incr_style=" + style +
+                      " needs lr.start_weight_decay and lr.end_weight_decay");
+    if (!std::isfinite(lr.start_weight_decay()) || !std::isfinite(lr.end_weight_decay()) ||
+        lr.start_weight_decay() < 0 || lr.end_weight_decay() < lr.start_weight_decay())
+      throw HostError("config: lr.start_weight_decay and lr.end_weight_decay must be finite with 0 <= start <= end, got " +
+                      std::to_string(lr.start_weight_decay()) + " and " + std::to_string(lr.end_weight_decay()));
+  }
+  for (int i = 0; i < lr.param_rules_size(); ++i) {
+    const auto& r = lr.param_rules(i);
+    const std::string which = "config: lr.param_rules[" + std::to_string(i) + "]";
+    if (r.match().empty()) throw HostError(which + ": 'match' (a regular expression) is empty");
+    try {
+      std::regex re(r.match());
+    } catch (const std::regex_error& e) {
+      throw HostError(which + ": 'match' \"" + r.match() + "\" is not a valid regular expression (" + e.what() + ")");
+    }
+    if (r.has_lr_mult() && (!std::isfinite(r.lr_mult()) || r.lr_mult() < 0))
+      throw HostError(which + ": lr_mult must be a finite number >= 0");
+    if (r.has_wd_mult() && (!std::isfinite(r.wd_mult()) || r.wd_mult() < 0))
+      throw HostError(which + ": wd_mult must be a finite number >= 0");
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Every floating-point field of the config, anywhere: a NaN or an infinity is never a valid
+// rate, decay, clip, scale, duration or peak (`--set lr.lr=nan` trained and skipped every step).
+void require_finite_numbers(const Message& msg, const std::string& prefix) {
+  const Descriptor* d = msg.GetDescriptor();
+  const Reflection* r = msg.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    const std::string path = prefix + f->name();
+    if (f->type() == FieldDescriptor::TYPE_MESSAGE && !f->is_map()) {
+      if (f->is_repeated()) {
+        for (int k = 0; k < r->FieldSize(msg, f); ++k)
+          require_finite_numbers(r->GetRepeatedMessage(msg, f, k), path + "[" + std::to_string(k) + "].");
+      } else if (r->HasField(msg, f)) {
+        require_finite_numbers(r->GetMessage(msg, f), path + ".");
+      }
+      continue;
+    }
+    if (f->is_repeated()) continue;
+    double v = 0;
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE)
+      v = r->GetDouble(msg, f);
+    else if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT)
+      v = r->GetFloat(msg, f);
+    else
+      continue;
+    if (!std::isfinite(v))
+      throw HostError("config: " + path + " must be a finite number, got " + (std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"));
+  }
+}
+
+}  // namespace
+
+void validate_config(const config::RunConfig& cfg) {
+  require_finite_numbers(cfg, "");
+  const auto& t = cfg.train();
+  auto positive = [](int64_t v, const char* name) {
+    if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
+  };
+  positive(t.micro_batch_size(), "train.micro_batch_size");
+  if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
+  if (!t.rampup_batch_size().empty()) {
+    const RampUp r = parse_rampup(t.rampup_batch_size());
+    if (t.train_samples() <= 0)
+      throw HostError("config: train.rampup_batch_size needs sample-based training (train.train_samples with "
+                      "train.train_iters=0), as Megatron asserts ('expected no batch-size rampup for iteration-based "
+                      "training')");
+    if (t.global_batch_size() <= 0)
+      throw HostError("config: train.rampup_batch_size needs train.global_batch_size (the size it ramps up to)");
+    if (r.start >= t.global_batch_size() || (t.global_batch_size() - r.start) % r.increment != 0)
+      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START " +
+                      std::to_string(r.start) + " must be below train.global_batch_size " +
+                      std::to_string(t.global_batch_size()) + " and their difference a multiple of INCREMENT " +
+                      std::to_string(r.increment));
+    if (t.gradient_accumulation_steps() > 0)
+      throw HostError("config: train.rampup_batch_size and train.gradient_accumulation_steps contradict each other "
+                      "(the number of micro-batches changes during the ramp-up)");
+  }
+  if (t.train_samples() > 0 && t.train_iters() > 0)
+    throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
+                    "set train.train_iters=0 with train.train_samples");
+  if (t.train_samples() == 0) positive(t.train_iters(), "train.train_iters");
+  positive(t.seq_length(), "train.seq_length");
+  if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
+  if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")
+    throw HostError("config: train.params_dtype must be fp32, bf16 or fp16, got '" + t.params_dtype() + "'");
+  if (!valid_device_spec(t.device()))
+    throw HostError("config: train.device must be cpu, cuda or cuda:N, got '" + t.device() + "'");
+  if (t.threads() < 0) throw HostError("config: train.threads must be >= 0");
+  if (t.memory_limit_mb() < 0) throw HostError("config: train.memory_limit_mb must be >= 0 (0 = no budget)");
+  if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
+  const auto& lr = cfg.lr();
+  if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
+  const std::string& style = lr.lr_decay_style();
+  if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root" &&
+      style != "WSD")
+    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root or WSD, got '" +
+                    style + "'");
+  if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
+  if (lr.lr_decay_iters() < 0) throw HostError("config: lr.lr_decay_iters must be >= 0 (0 = train.train_iters)");
+  if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
+      !std::isfinite(lr.weight_decay()))
+    throw HostError("config: lr.lr, lr.min_lr, lr.lr_warmup_init and lr.weight_decay must be finite numbers");
+  if (!(lr.lr_warmup_fraction() >= 0 && lr.lr_warmup_fraction() < 1))
+    throw HostError("config: lr.lr_warmup_fraction must be in [0, 1)");
+  if (lr.lr_warmup_fraction() > 0 && lr.lr_warmup_iters() > 0)
+    throw HostError("config: lr.lr_warmup_fraction and lr.lr_warmup_iters cannot both be set (Megatron refuses it too)");
+  if (lr.lr_decay_samples() < 0 || lr.lr_warmup_samples() < 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_warmup_samples must be >= 0");
+  if ((lr.lr_decay_samples() > 0 || lr.lr_warmup_samples() > 0) && t.train_samples() <= 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_warmup_samples are for sample-based training "
+                    "(train.train_samples); with train.train_iters give lr.lr_decay_iters and lr.lr_warmup_iters "
+                    "(Megatron asserts it too)");
+  if (lr.lr_decay_samples() > 0 && lr.lr_decay_iters() > 0)
+    throw HostError("config: lr.lr_decay_samples and lr.lr_decay_iters cannot both be set");
+  if (lr.lr_warmup_samples() > 0 && (lr.lr_warmup_iters() > 0 || lr.lr_warmup_fraction() > 0))
+    throw HostError("config: lr.lr_warmup_samples cannot be combined with lr.lr_warmup_iters or lr.lr_warmup_fraction");
+  if (lr.lr_warmup_init() < 0 || lr.lr_warmup_init() > lr.lr())
+    throw HostError("config: lr.lr_warmup_init must be in [0, lr.lr]");
+  const std::string& wsd = lr.lr_wsd_decay_style();
+  if (!wsd.empty() && wsd != "exponential" && wsd != "linear" && wsd != "cosine" && wsd != "minus_sqrt")
+    throw HostError("config: lr.lr_wsd_decay_style must be exponential, linear, cosine or minus_sqrt, got '" + wsd + "'");
+  if (lr.lr_wsd_decay_iters() < 0) throw HostError("config: lr.lr_wsd_decay_iters must be >= 0");
+  if (style == "WSD") {
+    const int64_t decay_len = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
+    // decay_len 0: train_samples decides it (the Trainer checks once the global batch is known).
+    if (lr.lr_wsd_decay_iters() <= 0 || (decay_len > 0 && lr.lr_wsd_decay_iters() > decay_len))
+      throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
+                      "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
+  }
+  validate_weight_decay(lr);
+  if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
+    throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
+  if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
+  if (cfg.logging().tensorboard_log_interval() < 0)
+    throw HostError("config: logging.tensorboard_log_interval must be >= 0 (0 = every iteration)");
+  if (lr.min_lr() > lr.lr())
+    throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
+                    std::to_string(lr.lr()) + ")");
+  const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
+  if (decay > 0 && lr.lr_warmup_iters() >= decay && style != "constant")
+    throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
+                    ") must be smaller than the decay length (" + std::to_string(decay) +
+                    " = lr.lr_decay_iters, or train.train_iters when that is 0)");
+  if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
+  // Loss scaling, bench mode, exit conditions.
+  auto finite_at_least = [](double v, double lo, const char* name) {
+    if (!std::isfinite(v) || v < lo)
+      throw HostError(std::string("config: ") + name + " must be a finite number >= " + std::to_string(lo) +
+                      ", got " + std::to_string(v));
+  };
+  finite_at_least(t.loss_scale(), 0, "train.loss_scale");
+  finite_at_least(t.initial_loss_scale(), 0, "train.initial_loss_scale");
+  // A scale beyond 2^64 overflows any loss's gradients in fp32 and bf16: every step would be skipped.
+  for (const auto& [v, name] : {std::pair<double, const char*>{t.loss_scale(), "train.loss_scale"},
+                                {t.initial_loss_scale(), "train.initial_loss_scale"},
+                                {t.min_loss_scale(), "train.min_loss_scale"}})
+    if (v > 18446744073709551616.0) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", v);
+      throw HostError(std::string("config: ") + name + " must be at most 2^64 (Megatron's default is 2^32), got " + got);
+    }
+  finite_at_least(t.min_loss_scale(), 0, "train.min_loss_scale");
+  if (t.loss_scale_window() < 0 || t.hysteresis() < 0)
+    throw HostError("config: train.loss_scale_window and train.hysteresis must be >= 0 (0 = Megatron's default)");
+  if (t.min_loss_scale() > 0 && t.initial_loss_scale() > 0 && t.min_loss_scale() > t.initial_loss_scale())
+    throw HostError("config: train.min_loss_scale is larger than train.initial_loss_scale");
+  if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
+    throw HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (t.exit_interval() < 0) throw HostError("config: train.exit_interval must be >= 0 (0 = off)");
+  finite_at_least(t.exit_duration_in_mins(), 0, "train.exit_duration_in_mins");
+  finite_at_least(cfg.logging().peak_tflops(), 0, "logging.peak_tflops");
+  if (cfg.logging().timing_log_level() < 0 || cfg.logging().timing_log_level() > 2)
+    throw HostError("config: logging.timing_log_level must be 0, 1 or 2, got " +
+                    std::to_string(cfg.logging().timing_log_level()));
+  if (t.threads() > 4096) throw HostError("config: train.threads must be at most 4096");
+  if (t.params_dtype() == "fp16" && t.device() == "cpu")
+    throw HostError(
+        "config: train.params_dtype=fp16 needs train.device=cuda (LibTorch has no fp16 matmul on CPU); "
+        "use bf16 on CPU");
+  // Sections whose features arrive with later releases: refuse rather than silently ignore.
+  const auto& d = cfg.distributed();
+  if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
+    throw HostError("config: distributed.*_model_parallel_size must be at least 1");
+  if (d.timeout_seconds() < 0) throw HostError("config: distributed.timeout_seconds must not be negative");
+  if (d.virtual_pipeline_model_parallel_size() < 0 || d.virtual_pipeline_model_parallel_size() > 4096)
+    throw HostError(
+        "config: distributed.virtual_pipeline_model_parallel_size must be between 1 and 4096 (0 or 1: no "
+        "interleaving), got " +
+        std::to_string(d.virtual_pipeline_model_parallel_size()));
+  if (d.virtual_pipeline_model_parallel_size() > 1 && d.pipeline_model_parallel_size() < 2)
+    throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
+                    std::to_string(d.virtual_pipeline_model_parallel_size()) +
+                    " (the interleaved schedule) needs distributed.pipeline_model_parallel_size >= 2");
+  if (!cfg.logging().trace_iterations().empty()) {
+    int64_t first = 0, last = 0;
+    try {
+      trace::parse_iterations(cfg.logging().trace_iterations(), &first, &last);
+    } catch (const std::exception& e) {
+      throw HostError(std::string("config: ") + e.what());
+    }
+    // train_iters 0: train_samples decides the length (known once the global batch is).
+    if (!cfg.logging().trace_file().empty() && t.train_iters() > 0 && first > t.train_iters())
+      throw HostError("config: logging.trace_iterations '" + cfg.logging().trace_iterations() +
+                      "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
+                      "): the trace would stay empty");
+  }
+  if (!d.backend().empty() && d.backend() != "gloo") {
+    if (d.backend() != "nccl")
+      throw HostError("config: distributed.backend must be gloo or nccl, got '" + d.backend() + "'");
+    // NCCL carries CUDA tensors: it comes with train.device=cuda (and a build that can train there).
+    std::string why;
+    if (!cuda_training_available(&why)) throw HostError("config: distributed.backend=nccl: " + why);
+    if (t.device() == "cpu")
+      throw HostError("config: distributed.backend=nccl needs train.device=cuda (NCCL moves CUDA tensors; "
+                      "CPU runs use gloo)");
+  }
+  try {
+    parse_simulated_link(d.simulated_link());
+  } catch (const std::exception& e) {
+    throw HostError(std::string("config: ") + e.what());
+  }
+  // Tensor and pipeline parallelism run over the Gloo process groups (core/runtime/src/distributed.cpp);
+  // the world size must be a multiple of their product, which init_distributed checks once the
+  // world is known.
+  if (cfg.checkpoint().override_opt_param_scheduler() && cfg.checkpoint().use_checkpoint_opt_param_scheduler())
+    throw HostError(
+        "config: checkpoint.override_opt_param_scheduler and checkpoint.use_checkpoint_opt_param_scheduler "
+        "contradict each other; set one");
+  if (cfg.checkpoint().save_interval() < 0) throw HostError("config: checkpoint.save_interval must not be negative");
+  if (cfg.checkpoint().keep_last() < 0)
+    throw HostError("config: checkpoint.keep_last must be >= 0 (0 keeps every checkpoint)");
+  if (cfg.checkpoint().keep_last() > 0 && cfg.checkpoint().save().empty())
+    throw HostError("config: checkpoint.keep_last needs checkpoint.save (the directory to rotate)");
+  if (cfg.checkpoint().fallback() && cfg.checkpoint().load().empty())
+    throw HostError("config: checkpoint.fallback needs checkpoint.load (the directory to load from)");
+  // checkpoint.save_interval without checkpoint.save: accepted with no effect, as Megatron accepts
+  // --save-interval without --save (the Trainer says so at start).
+
+  for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
+    if (slot->name().empty())
+      throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");
+}
+
+std::string to_text(const config::RunConfig& cfg) {
+  std::string out;
+  TextFormat::PrintToString(cfg, &out);
+  return out;
+}
+
+}  // namespace dtk::core

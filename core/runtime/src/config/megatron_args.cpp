@@ -1,0 +1,546 @@
+// Megatron-LM / DeepSpeed-Domino flags -> DTK config (dtk/core/config/megatron_args.hpp).
+#include "dtk/core/config/megatron_args.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "dtk/core/config/config.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+// kSet: the flag's value goes to `target`. kSwitch: a flag without value; `target` holds the
+// `path=value` assignments (';'-separated) it makes. kIgnore: accepted (its value consumed), no
+// effect here, `note` says why. kRefuse: DTK cannot run it, `note` says why. kCustom: decided in
+// custom() by value; `target` and `note` describe it for the docs.
+enum class Kind { kSet, kSwitch, kIgnore, kRefuse, kCustom };
+
+struct Rule {
+  const char* flag;
+  int nargs;  // values after the flag; -1: one or more (up to the next --flag)
+  Kind kind;
+  const char* target;
+  const char* note;
+};
+
+constexpr const char* kCudaFusion = "a CUDA kernel-fusion switch: no effect on the CPU path";
+constexpr const char* kLlama = "the llama model (with --position-embedding-type rope --normalization RMSNorm --swiglu)";
+
+// The order is the docs table's.
+const Rule kRules[] = {
+    // Model
+    {"--num-layers", 1, Kind::kSet, "model.num_layers", ""},
+    {"--hidden-size", 1, Kind::kSet, "model.hidden_size", ""},
+    {"--num-attention-heads", 1, Kind::kSet, "model.num_attention_heads", ""},
+    {"--ffn-hidden-size", 1, Kind::kSet, "model.ffn_hidden_size", ""},
+    {"--seq-length", 1, Kind::kSet, "train.seq_length", ""},
+    {"--max-position-embeddings", 1, Kind::kSet, "model.max_position_embeddings", ""},
+    {"--make-vocab-size-divisible-by", 1, Kind::kSet, "model.make_vocab_size_divisible_by", ""},
+    {"--init-method-std", 1, Kind::kSet, "model.init_method_std", ""},
+    {"--hidden-dropout", 1, Kind::kSet, "model.hidden_dropout", ""},
+    {"--attention-dropout", 1, Kind::kSet, "model.attention_dropout", ""},
+    {"--layernorm-epsilon", 1, Kind::kSet, "model.layernorm_epsilon", ""},
+    {"--norm-epsilon", 1, Kind::kSet, "model.layernorm_epsilon", "Megatron's newer name"},
+    {"--openai-gelu", 0, Kind::kSwitch, "model.openai_gelu=true", ""},
+    {"--untie-embeddings-and-output-weights", 0, Kind::kSwitch, "model.untie_embeddings_and_output_weights=true", ""},
+    {"--position-embedding-type", 1, Kind::kCustom, "",
+     "learned_absolute: the gpt model's learned positions; rope: the llama model, which needs --normalization RMSNorm "
+     "and --swiglu with it (Megatron's own defaults where llama's differ: dropout 0.1, tied embeddings, biases; "
+     "--max-position-embeddings ignored, rotary positions have no table)"},
+    {"--normalization", 1, Kind::kCustom, "", "LayerNorm: the gpt model's; RMSNorm: the llama model (see rope)"},
+    {"--swiglu", 0, Kind::kCustom, "", "the llama model (see rope)"},
+    {"--disable-bias-linear", 0, Kind::kCustom, "model.add_bias_linear=false", kLlama},
+    {"--group-query-attention", 0, Kind::kCustom, "model.num_query_groups",
+     "grouped-query attention (llama): --num-query-groups groups, Megatron's default 1 (multi-query)"},
+    {"--num-query-groups", 1, Kind::kCustom, "model.num_query_groups",
+     "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head "
+     "attention"},
+    {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
+    {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
+    {"--attention-backend", 1, Kind::kIgnore, "",
+     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
+    {"--use-flash-attn", 0, Kind::kIgnore, "",
+     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
+    {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
+     "full: every layer recomputed in backward; selective: the attention probabilities recomputed (gpt)"},
+    {"--recompute-method", 1, Kind::kCustom, "", "uniform: accepted (DTK checkpoints each layer); block: refused"},
+    {"--recompute-num-layers", 1, Kind::kCustom, "",
+     "1: accepted; other counts refused (DTK checkpoints one layer at a time)"},
+    {"--recompute-activations", 0, Kind::kSwitch, "model.recompute_activations=selective", ""},
+    // Precision
+    {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},
+    {"--bf16", 0, Kind::kSwitch, "train.params_dtype=bf16", ""},
+    {"--loss-scale", 1, Kind::kSet, "train.loss_scale", ""},
+    {"--initial-loss-scale", 1, Kind::kSet, "train.initial_loss_scale", ""},
+    {"--min-loss-scale", 1, Kind::kSet, "train.min_loss_scale", ""},
+    {"--loss-scale-window", 1, Kind::kSet, "train.loss_scale_window", ""},
+    {"--hysteresis", 1, Kind::kSet, "train.hysteresis", ""},
+    {"--accumulate-allreduce-grads-in-fp32", 0, Kind::kIgnore, "", "always on under bf16/fp16 (ddp, zero)"},
+    {"--no-gradient-accumulation-fusion", 0, Kind::kIgnore, "",
+     "the fused weight-gradient accumulation is a CUDA (APEX) kernel; DTK accumulates gradients in place either way"},
+    {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-bias-gelu-fusion", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-bias-dropout-fusion", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-persist-layer-norm", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
+    {"--use-cpu-initialization", 0, Kind::kIgnore, "",
+     "DTK always initialises on the CPU, the same weights at any tensor-parallel size"},
+    // Training
+    {"--micro-batch-size", 1, Kind::kSet, "train.micro_batch_size", ""},
+    {"--global-batch-size", 1, Kind::kSet, "train.global_batch_size", ""},
+    {"--rampup-batch-size", 3, Kind::kCustom, "train.rampup_batch_size",
+     "START INCREMENT SAMPLES, Megatron's ramp-up; needs --train-samples, as Megatron asserts"},
+    {"--train-iters", 1, Kind::kSet, "train.train_iters", ""},
+    {"--train-samples", 1, Kind::kCustom, "train.train_samples", "with train.train_iters=0"},
+    {"--seed", 1, Kind::kSet, "train.seed", ""},
+    {"--clip-grad", 1, Kind::kSet, "train.clip_grad", ""},
+    {"--exit-interval", 1, Kind::kSet, "train.exit_interval", ""},
+    {"--exit-duration-in-mins", 1, Kind::kSet, "train.exit_duration_in_mins", ""},
+    {"--exit-signal-handler", 0, Kind::kSwitch, "train.exit_signal_handler=true", "DTK's default"},
+    // Optimizer and learning rate
+    {"--optimizer", 1, Kind::kCustom, "",
+     "adam: the adamw plugin (Megatron's Adam decouples weight decay); sgd: refused"},
+    {"--adam-beta1", 1, Kind::kSet, "optimizer.beta1", ""},
+    {"--adam-beta2", 1, Kind::kSet, "optimizer.beta2", ""},
+    {"--adam-eps", 1, Kind::kSet, "optimizer.eps", ""},
+    {"--weight-decay", 1, Kind::kSet, "lr.weight_decay", ""},
+    {"--start-weight-decay", 1, Kind::kSet, "lr.start_weight_decay", ""},
+    {"--end-weight-decay", 1, Kind::kSet, "lr.end_weight_decay", ""},
+    {"--weight-decay-incr-style", 1, Kind::kSet, "lr.weight_decay_incr_style", ""},
+    {"--lr", 1, Kind::kSet, "lr.lr", ""},
+    {"--min-lr", 1, Kind::kSet, "lr.min_lr", ""},
+    {"--lr-decay-style", 1, Kind::kSet, "lr.lr_decay_style", ""},
+    {"--lr-decay-iters", 1, Kind::kSet, "lr.lr_decay_iters", ""},
+    {"--lr-warmup-iters", 1, Kind::kSet, "lr.lr_warmup_iters", ""},
+    {"--lr-warmup-fraction", 1, Kind::kSet, "lr.lr_warmup_fraction", ""},
+    {"--lr-warmup-init", 1, Kind::kSet, "lr.lr_warmup_init", ""},
+    {"--lr-wsd-decay-style", 1, Kind::kSet, "lr.lr_wsd_decay_style", ""},
+    {"--lr-wsd-decay-iters", 1, Kind::kSet, "lr.lr_wsd_decay_iters", ""},
+    {"--lr-decay-samples", 1, Kind::kSet, "lr.lr_decay_samples", ""},
+    {"--lr-warmup-samples", 1, Kind::kSet, "lr.lr_warmup_samples", ""},
+    {"--override-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.override_opt_param_scheduler=true", ""},
+    {"--use-checkpoint-opt_param-scheduler", 0, Kind::kSwitch, "checkpoint.use_checkpoint_opt_param_scheduler=true",
+     ""},
+    {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
+     "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
+    {"--overlap-grad-reduce", 0, Kind::kIgnore, "",
+     "ddp reduces after the last backward; the zero strategy overlaps with its option overlap_comm"},
+    {"--overlap-param-gather", 0, Kind::kIgnore, "", "the zero strategy gathers after the optimizer step"},
+    // Parallelism
+    {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
+    {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
+     "1F1B schedule (docs/user-guide.md, pipeline parallelism)"},
+    {"--num-layers-per-virtual-pipeline-stage", 1, Kind::kCustom, "distributed.virtual_pipeline_model_parallel_size",
+     "the interleaved schedule: num_layers / pipeline size / this chunks per rank"},
+    {"--virtual-pipeline-model-parallel-size", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
+     "the interleaved schedule"},
+    {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
+    {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
+     "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
+     "GPU (docs/cuda.md)"},
+    {"--distributed-timeout-minutes", 1, Kind::kCustom, "distributed.timeout_seconds", "minutes x 60"},
+    {"--DDP-impl", 1, Kind::kIgnore, "", "DTK's ddp strategy is its one implementation"},
+    {"--local-rank", 1, Kind::kIgnore, "", "each rank reads LOCAL_RANK from its launcher's environment"},
+    // Data
+    {"--data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.data_path",
+     "one prefix, or a blend 'W1 PREFIX1 W2 PREFIX2 ...'"},
+    {"--mock-data", 0, Kind::kCustom, "dataset synthetic", "random tokens"},
+    {"--split", 1, Kind::kSet, "dataset.split", ""},
+    {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
+    {"--vocab-file", 1, Kind::kSet, "tokenizer.vocab_file", "the vocabulary size is derived from it (and checked)"},
+    {"--merge-file", 1, Kind::kSet, "tokenizer.merge_file", ""},
+    {"--tokenizer-type", 1, Kind::kCustom, "", "GPT2BPETokenizer: accepted; others refused"},
+    {"--data-impl", 1, Kind::kIgnore, "", "Megatron's mmap .bin/.idx format is the one DTK reads"},
+    {"--num-workers", 1, Kind::kIgnore, "", "DTK prefetches batches on its own loader thread"},
+    {"--dataloader-type", 1, Kind::kCustom, "", "single: accepted (Megatron's pretraining sampler); cyclic: refused"},
+    {"--eod-mask-loss", 0, Kind::kSwitch, "step.eod_mask_loss=true", ""},
+    {"--reset-position-ids", 0, Kind::kSwitch, "step.reset_position_ids=true", ""},
+    {"--reset-attention-mask", 0, Kind::kSwitch, "step.reset_attention_mask=true", ""},
+    // Evaluation, logging, checkpoints
+    {"--eval-interval", 1, Kind::kSet, "eval.eval_interval", ""},
+    {"--eval-iters", 1, Kind::kSet, "eval.eval_iters", ""},
+    {"--log-interval", 1, Kind::kSet, "logging.log_interval", ""},
+    {"--tensorboard-dir", 1, Kind::kSet, "logging.tensorboard_dir", ""},
+    {"--tensorboard-log-interval", 1, Kind::kSet, "logging.tensorboard_log_interval", ""},
+    {"--log-params-norm", 0, Kind::kSwitch, "logging.log_params_norm=true", ""},
+    {"--log-num-zeros-in-grad", 0, Kind::kSwitch, "logging.log_num_zeros_in_grad=true", ""},
+    {"--timing-log-level", 1, Kind::kSet, "logging.timing_log_level", ""},
+    {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
+     "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
+    {"--save", 1, Kind::kSet, "checkpoint.save", ""},
+    {"--load", 1, Kind::kSet, "checkpoint.load", ""},
+    {"--save-interval", 1, Kind::kSet, "checkpoint.save_interval", "without --save: accepted, no effect (as Megatron)"},
+    {"--no-load-optim", 0, Kind::kSwitch, "checkpoint.no_load_optim=true", ""},
+    {"--no-load-rng", 0, Kind::kSwitch, "checkpoint.no_load_rng=true", ""},
+    {"--finetune", 0, Kind::kSwitch, "checkpoint.finetune=true", ""},
+    {"--no-save-optim", 0, Kind::kRefuse, "", "DTK's checkpoints always hold the optimizer state"},
+};
+
+// Flags compare with '_' read as '-' (scripts mix both; Megatron's own names mix them too).
+std::string normalized(std::string flag) {
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+const Rule* find_rule(const std::string& flag) {
+  const std::string want = normalized(flag);
+  for (const Rule& r : kRules)
+    if (normalized(r.flag) == want) return &r;
+  return nullptr;
+}
+
+bool is_flag(const std::string& a) {
+  return a.size() > 2 && a[0] == '-' && a[1] == '-' && !std::isdigit(static_cast<unsigned char>(a[2]));
+}
+
+std::string joined(const std::vector<std::string>& v, const std::string& sep = " ") {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+void add_assignments(MegatronMapping& m, const std::string& list) {
+  std::stringstream ss(list);
+  std::string one;
+  while (std::getline(ss, one, ';'))
+    if (!one.empty()) m.sets.push_back(one);
+}
+
+// The flags whose effect depends on their value.
+void custom(const Rule& r, const std::string& flag, const std::vector<std::string>& v, MegatronMapping& m) {
+  const std::string f = normalized(r.flag);
+  const std::string shown = flag + (v.empty() ? "" : " " + joined(v));
+  auto refuse = [&](const std::string& why) { m.refused.push_back(shown + ": " + why); };
+  if (f == "--position-embedding-type") {
+    if (v[0] != "learned_absolute" && v[0] != "rope") return refuse("not one of learned_absolute, rope");
+  } else if (f == "--normalization") {
+    if (v[0] != "LayerNorm" && v[0] != "RMSNorm") return refuse("not one of LayerNorm, RMSNorm");
+  } else if (f == "--disable-bias-linear") {
+    m.sets.push_back("model.add_bias_linear=false");
+  } else if (f == "--recompute-granularity") {
+    if (v[0] == "full" || v[0] == "selective") return m.sets.push_back("model.recompute_activations=" + v[0]);
+    refuse("not one of full, selective");
+  } else if (f == "--recompute-method") {
+    if (v[0] != "uniform") refuse("DTK recomputes each layer on its own (uniform with --recompute-num-layers 1)");
+  } else if (f == "--recompute-num-layers") {
+    if (v[0] != "1") refuse("DTK checkpoints one layer at a time (--recompute-num-layers 1)");
+  } else if (f == "--rampup-batch-size") {
+    m.sets.push_back("train.rampup_batch_size=" + joined(v));
+  } else if (f == "--train-samples") {
+    m.sets.push_back("train.train_samples=" + v[0]);
+    m.sets.push_back("train.train_iters=0");
+  } else if (f == "--optimizer") {
+    if (v[0] == "adam") return void(m.optimizer = "adamw");
+    refuse(v[0] == "sgd" ? "no SGD optimizer plugin in this release" : "not one of adam, sgd");
+  } else if (f == "--use-distributed-optimizer") {
+    m.strategy = "zero";
+    m.sets.push_back("strategy.stage=1");
+  } else if (f == "--distributed-backend") {
+    if (v[0] == "nccl") {
+      std::string why;
+      if (!cuda_training_available(&why)) return refuse(why + " (docs/cuda.md); use gloo");
+      m.sets.push_back("distributed.backend=nccl");
+      m.sets.push_back("train.device=cuda");
+      return;
+    }
+    if (v[0] != "gloo") return refuse("not one of gloo, nccl");
+    m.sets.push_back("distributed.backend=gloo");
+  } else if (f == "--distributed-timeout-minutes") {
+    char* end = nullptr;
+    const long minutes = std::strtol(v[0].c_str(), &end, 10);
+    if (v[0].empty() || *end || minutes <= 0) return refuse("not a positive number of minutes");
+    m.sets.push_back("distributed.timeout_seconds=" + std::to_string(minutes * 60));
+  } else if (f == "--data-path") {
+    m.dataset = "gpt_indexed";
+    m.sets.push_back("dataset.data_path=" + joined(v));
+  } else if (f == "--mock-data") {
+    m.dataset = "synthetic";
+  } else if (f == "--tokenizer-type") {
+    if (v[0] != "GPT2BPETokenizer") refuse("DTK's tokenizer is GPT-2 BPE (GPT2BPETokenizer)");
+  } else if (f == "--dataloader-type") {
+    if (v[0] != "single") refuse("DTK's sampler is Megatron's pretraining sampler (single)");
+  }
+}
+
+// The model the architecture flags describe: Megatron's GPT (learned positions, LayerNorm, GeLU)
+// is the gpt plugin; rotary positions + RMSNorm + SwiGLU is the llama plugin. A mix of the two is
+// refused, since neither plugin builds it.
+void choose_model(MegatronMapping& m, bool rope, bool rms_norm, bool swiglu, const std::vector<std::string>& llama_only,
+                  const std::vector<std::string>& gpt_only) {
+  if (!rope && !rms_norm && !swiglu) {
+    for (const auto& flag : llama_only) m.refused.push_back(flag + ": needs " + kLlama);
+    return;
+  }
+  if (!(rope && rms_norm && swiglu)) {
+    std::vector<std::string> missing;
+    if (!rope) missing.push_back("--position-embedding-type rope");
+    if (!rms_norm) missing.push_back("--normalization RMSNorm");
+    if (!swiglu) missing.push_back("--swiglu");
+    m.refused.push_back("the architecture flags describe neither DTK's gpt model (learned positions, LayerNorm, GeLU) "
+                        "nor its llama model (rotary positions, RMSNorm, SwiGLU): missing " + joined(missing, ", "));
+    return;
+  }
+  m.model = "llama";
+  // Megatron's defaults where the llama plugin's (Llama's) differ; the flags' own values follow.
+  m.model_defaults = {"model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+                      "model.untie_embeddings_and_output_weights=false", "model.add_bias_linear=true"};
+  for (const auto& flag : gpt_only) {
+    if (flag.rfind("--max-position-embeddings", 0) == 0) {
+      m.ignored.push_back(flag + " (rotary positions have no table: the llama model evaluates any position)");
+      m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(),
+                                  [](const std::string& a) { return a.rfind("model.max_position_embeddings=", 0) == 0; }),
+                   m.sets.end());
+    } else {
+      m.refused.push_back(flag + ": the llama model's MLP is SwiGLU, not GeLU");
+    }
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw HostError("--megatron_args @" + path + ": cannot read the file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<std::string> split_megatron_args(const std::string& text_or_file) {
+  const std::string text = !text_or_file.empty() && text_or_file[0] == '@' ? read_file(text_or_file.substr(1))
+                                                                           : text_or_file;
+  std::vector<std::string> out;
+  std::string cur;
+  bool have = false;
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quote) {
+      if (c == quote)
+        quote = 0;
+      else
+        cur += c;
+      continue;
+    }
+    if (c == '\\' && i + 1 < text.size() && (text[i + 1] == '\n' || text[i + 1] == '\r')) {
+      while (i + 1 < text.size() && (text[i + 1] == '\n' || text[i + 1] == '\r')) ++i;
+      if (have) out.push_back(cur), cur.clear(), have = false;
+      continue;
+    }
+    if (c == '#' && !have) {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == '\'' || c == '"') {
+      quote = c, have = true;
+      continue;
+    }
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      if (have) out.push_back(cur), cur.clear(), have = false;
+      continue;
+    }
+    cur += c, have = true;
+  }
+  if (quote) throw HostError(std::string("--megatron_args: unclosed ") + quote + " quote");
+  if (have) out.push_back(cur);
+  return out;
+}
+
+MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
+  MegatronMapping m;
+  std::string rampup;  // the --rampup-batch-size flag as given
+  bool iteration_based = false, sample_based = false;
+  std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
+  std::vector<std::string> sample_schedule;     // --lr-decay-samples / --lr-warmup-samples as given
+  std::vector<std::string> llama_only;            // flags only the llama model takes, as given
+  std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
+  bool rope = false, rms_norm = false, swiglu = false;
+  bool group_query_attention = false, fp16 = false, bf16 = false;
+  std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
+  std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
+  for (size_t i = 0; i < args.size();) {
+    std::string flag = args[i++];
+    std::vector<std::string> values;
+    if (const size_t eq = flag.find('='); is_flag(flag) && eq != std::string::npos) {
+      values.push_back(flag.substr(eq + 1));
+      flag = flag.substr(0, eq);
+    }
+    if (!is_flag(flag)) {
+      m.refused.push_back(flag + ": a value without a flag");
+      continue;
+    }
+    const Rule* r = find_rule(flag);
+    // Values: what the rule takes (an unknown flag takes what follows it up to the next flag).
+    const int nargs = r ? r->nargs : -2;
+    while (i < args.size() && !is_flag(args[i]) &&
+           (nargs < 0 || static_cast<int>(values.size()) < nargs))
+      values.push_back(args[i++]);
+    const std::string shown = flag + (values.empty() ? "" : " " + joined(values));
+    if (!r) {
+      m.refused.push_back(shown + ": not a Megatron pretraining flag DTK knows");
+      continue;
+    }
+    if ((r->nargs >= 0 && static_cast<int>(values.size()) != r->nargs) || (r->nargs < 0 && values.empty())) {
+      m.refused.push_back(shown + ": takes " +
+                          (r->nargs < 0 ? std::string("one or more values") : std::to_string(r->nargs) + " value(s)"));
+      continue;
+    }
+    switch (r->kind) {
+      case Kind::kSet:
+        m.sets.push_back(std::string(r->target) + "=" + values[0]);
+        break;
+      case Kind::kSwitch:
+        add_assignments(m, r->target);
+        break;
+      case Kind::kIgnore:
+        m.ignored.push_back(flag + " (" + r->note + ")");
+        break;
+      case Kind::kRefuse:
+        m.refused.push_back(shown + ": " + r->note);
+        break;
+      case Kind::kCustom:
+        custom(*r, flag, values, m);
+        break;
+    }
+    const std::string f = normalized(r->flag);
+    if (f == "--rampup-batch-size") rampup = shown;
+    if (f == "--train-iters") iteration_based = true;
+    if (f == "--train-samples") sample_based = true;
+    if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") iteration_schedule.push_back(shown);
+    // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
+    if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") sample_schedule.push_back(shown);
+    if (f == "--position-embedding-type" && values[0] == "rope") rope = true;
+    if (f == "--normalization" && values[0] == "RMSNorm") rms_norm = true;
+    if (f == "--swiglu") swiglu = true;
+    if (f == "--group-query-attention") group_query_attention = true;
+    if (f == "--num-query-groups") query_groups = values[0], query_groups_shown = shown;
+    if (f == "--num-layers") num_layers = values[0];
+    if (f == "--pipeline-model-parallel-size") pipeline_size = values[0];
+    if (f == "--num-layers-per-virtual-pipeline-stage") per_virtual_stage = values[0], per_virtual_shown = shown;
+    if (f == "--fp16") fp16 = true;
+    if (f == "--bf16") bf16 = true;
+    if (f == "--disable-bias-linear" || f == "--group-query-attention" ||
+        f == "--rotary-percent" || f == "--rotary-base")
+      llama_only.push_back(shown);
+    if (f == "--openai-gelu" || f == "--max-position-embeddings") gpt_only.push_back(shown);
+  }
+  // Megatron builds grouped-query attention only with --group-query-attention, with
+  // --num-query-groups groups (default 1: multi-query); the group count alone changes nothing.
+  if (group_query_attention && !query_groups.empty()) llama_only.push_back(query_groups_shown);
+  if (group_query_attention)
+    m.sets.push_back("model.num_query_groups=" + (query_groups.empty() ? std::string("1") : query_groups));
+  else if (!query_groups.empty())
+    m.ignored.push_back(query_groups_shown + " (Megatron reads it only with --group-query-attention: multi-head "
+                                             "attention as written)");
+  // Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
+  if (!per_virtual_shown.empty()) {
+    auto positive = [](const std::string& v) {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      return v.empty() || *end || n <= 0 ? 0L : n;
+    };
+    const long layers = positive(num_layers), stages = positive(pipeline_size), per = positive(per_virtual_stage);
+    if (per == 0)
+      m.refused.push_back(per_virtual_shown + ": not a positive number of layers");
+    else if (layers == 0)
+      m.refused.push_back(per_virtual_shown +
+                          ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
+    else if (stages < 2)
+      m.refused.push_back(per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
+    else if (layers % stages != 0 || (layers / stages) % per != 0)
+      m.refused.push_back(per_virtual_shown + ": --num-layers " + num_layers + " does not split into " + pipeline_size +
+                          " pipeline stages of chunks of " + per_virtual_stage + " layers");
+    else if (layers / stages / per > 1)
+      m.sets.push_back("distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per));
+  }
+  if (fp16 && bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
+  choose_model(m, rope, rms_norm, swiglu, llama_only, gpt_only);
+  // Megatron's validate_args, said here with the other flags rather than later.
+  if (iteration_based && sample_based)
+    m.refused.push_back("--train-iters with --train-samples: give one (Megatron asserts 'expected iteration-based "
+                        "training' / 'expected sample-based training')");
+  if (sample_based)
+    for (const auto& flag : iteration_schedule)
+      m.refused.push_back(flag + ": with --train-samples the schedule is sample-based (Megatron asserts it); drop it, "
+                                 "or use --lr-warmup-fraction");
+  if (iteration_based)
+    for (const auto& flag : sample_schedule)
+      m.refused.push_back(flag + ": with --train-iters the schedule is iteration-based (Megatron asserts it); use "
+                                 "--lr-decay-iters / --lr-warmup-iters");
+  if (!rampup.empty() && iteration_based)
+    m.refused.push_back(rampup + ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
+                                 "asserts 'expected no batch-size rampup for iteration-based training')");
+  return m;
+}
+
+const std::vector<std::string>& megatron_defaults() {
+  // Megatron's arguments.py defaults where DTK's differ (the rest agree: dropout 0.1, init std
+  // 0.02, Adam 0.9/0.999/1e-8, weight decay 0.01, clip 1.0, seed 1234, split 969,30,1).
+  static const std::vector<std::string> d = {"lr.lr_decay_style=linear", "lr.min_lr=0", "logging.log_interval=100",
+                                             "eval.eval_interval=1000", "eval.eval_iters=100"};
+  return d;
+}
+
+void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m) {
+  if (!m.refused.empty())
+    throw HostError("--megatron_args: " + std::to_string(m.refused.size()) + " flag(s) DTK cannot run: " +
+                    joined(m.refused, "; "));
+  // True when the slot switched plugins (its old options dropped).
+  auto choose = [](config::PluginChoice* slot, const std::string& name) {
+    if (name.empty() || name == slot->name()) return false;
+    slot->set_name(name);
+    slot->clear_options();
+    return true;
+  };
+  if (choose(cfg.mutable_model(), m.model))
+    for (const auto& s : m.model_defaults) apply_override(cfg, s);
+  choose(cfg.mutable_dataset(), m.dataset);
+  choose(cfg.mutable_optimizer(), m.optimizer);
+  choose(cfg.mutable_strategy(), m.strategy);
+  for (const auto& s : m.sets) {
+    try {
+      apply_override(cfg, s);
+    } catch (const HostError& e) {
+      throw HostError("--megatron_args: " + std::string(e.what()));
+    }
+  }
+}
+
+std::string megatron_flag_table() {
+  std::string out = "| Megatron / Domino flag | DTK |\n|---|---|\n";
+  for (const Rule& r : kRules) {
+    std::string dtk;
+    switch (r.kind) {
+      case Kind::kSet:
+        dtk = std::string("`") + r.target + "`";
+        break;
+      case Kind::kSwitch:
+        dtk = std::string("`") + r.target + "`";
+        break;
+      case Kind::kIgnore:
+        dtk = "ignored: ";
+        break;
+      case Kind::kRefuse:
+        dtk = "refused: ";
+        break;
+      case Kind::kCustom:
+        dtk = *r.target ? std::string("`") + r.target + "`; " : "";
+        break;
+    }
+    const std::string note = r.note;
+    if (!note.empty()) dtk += (r.kind == Kind::kSet || r.kind == Kind::kSwitch ? " (" + note + ")" : note);
+    const std::string args = r.nargs == 0 ? "" : r.nargs < 0 ? " X..." : r.nargs == 3 ? " A B C" : " X";
+    out += std::string("| `") + r.flag + args + "` | " + dtk + " |\n";
+  }
+  return out;
+}
+
+}  // namespace dtk::core

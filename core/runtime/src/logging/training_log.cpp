@@ -1,0 +1,383 @@
+#include "dtk/core/logging/training_log.hpp"
+
+#include <ATen/ATen.h>
+
+#include "dtk/core/memory/memory.hpp"  // peak_rss_bytes
+
+#include <algorithm>
+#include <cstring>
+#include <cstdlib>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <tuple>
+
+namespace dtk::core {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- MetricAverager -------------------------------------------------------------------------
+void MetricAverager::add(const std::vector<std::pair<std::string, double>>& metrics) {
+  for (const auto& [name, value] : metrics) {
+    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+    if (it == sums_.end())
+      sums_.emplace_back(name, value);
+    else
+      it->second += value;
+    counts_[name]++;
+  }
+}
+
+void MetricAverager::merge(const MetricAverager& other) {
+  for (const auto& [name, sum] : other.sums_) {
+    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+    if (it == sums_.end())
+      sums_.emplace_back(name, sum);
+    else
+      it->second += sum;
+    counts_[name] += other.counts_.at(name);
+  }
+}
+
+void MetricAverager::broadcast(int32_t group, int32_t root) {
+  if (group_size(group) <= 1) return;
+  // Names, sums and counts as text (sums printed exactly: %a), its length first.
+  std::string text;
+  if (group_rank(group) == root) {
+    char buf[64];
+    for (const auto& [name, sum] : sums_) {
+      std::snprintf(buf, sizeof buf, "%a\t%lld\n", sum, static_cast<long long>(counts_.at(name)));
+      text += name + "\t" + buf;
+    }
+  }
+  at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  dtk::core::broadcast(length, group, root).wait();
+  if (length.item<int64_t>() == 0) {  // the root has no metrics
+    clear();
+    return;
+  }
+  at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
+  if (group_rank(group) == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  dtk::core::broadcast(bytes, group, root).wait();
+  if (group_rank(group) == root) return;
+  clear();
+  const std::string received(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  size_t at_line = 0;
+  while (at_line < received.size()) {
+    const size_t end = received.find('\n', at_line);
+    const std::string line = received.substr(at_line, end - at_line);
+    at_line = end == std::string::npos ? received.size() : end + 1;
+    const size_t tab1 = line.find('\t'), tab2 = line.rfind('\t');
+    if (tab1 == std::string::npos || tab2 == tab1) continue;
+    const std::string name = line.substr(0, tab1);
+    sums_.emplace_back(name, std::strtod(line.substr(tab1 + 1, tab2 - tab1 - 1).c_str(), nullptr));
+    counts_[name] = std::strtoll(line.substr(tab2 + 1).c_str(), nullptr, 10);
+  }
+}
+
+double MetricAverager::mean(const std::string& name) const {
+  for (const auto& [n, sum] : sums_)
+    if (n == name) return sum / static_cast<double>(counts_.at(n));
+  return NAN;
+}
+
+std::vector<std::string> MetricAverager::names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : sums_) out.push_back(kv.first);
+  return out;
+}
+
+void MetricAverager::clear() { sums_.clear(), counts_.clear(); }
+
+// ---- TrainingLog ----------------------------------------------------------------------------
+std::string timestamp() {
+  char buf[32];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+TrainingLog::TrainingLog(Setup setup) : setup_(std::move(setup)), window_start_(Clock::now()), start_(Clock::now()) {
+  // TensorBoard scalars from rank 0, whose metrics are already averaged over data parallel.
+  if (setup_.printer && !setup_.tensorboard_dir.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.tensorboard_dir);
+  if (setup_.printer && !setup_.metrics_jsonl.empty()) metrics_ = std::make_unique<JsonlWriter>(setup_.metrics_jsonl);
+}
+
+namespace {
+
+// "H:MM:SS" (hours unbounded).
+std::string clock_text(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const long long s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  return buf;
+}
+
+}  // namespace
+
+void TrainingLog::print(const std::string& line) const {
+  if (setup_.printer) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void TrainingLog::record(const IterationResult& r) {
+  ++iterations_;
+  window_samples_ += batch_of(r);
+  last_iteration_ = r.iteration, last_consumed_ = consumed_of(r);
+  // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
+  // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite.
+  if (r.skipped)
+    ++skipped_;
+  else
+    window_.merge(r.metrics);
+  for (const auto& name : r.metrics.names())
+    if (!std::isfinite(r.metrics.mean(name))) {
+      ++nan_iterations_;
+      break;
+    }
+  for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&pp_comm_sum_, &r.pipeline_parallel_comm}}) {
+    sum->in_flight_ms += t->in_flight_ms;
+    sum->exposed_ms += t->exposed_ms;
+    sum->collectives += t->collectives;
+  }
+  if (tensorboard_ && r.iteration % std::max<int64_t>(1, setup_.tensorboard_log_interval) == 0)
+    write_iteration_scalars(r);
+  if (logs(r.iteration)) {
+    print_window(r);
+    if (r.memory) print_memory(r.iteration, *r.memory);
+    clear_window();
+  }
+}
+
+// Megatron's training_log writes the iteration's own values (not the window's means), each against
+// the iteration and against the samples consumed; a skipped iteration has no loss and no norm.
+void TrainingLog::write_iteration_scalars(const IterationResult& r) {
+  const int64_t it = r.iteration;
+  add_scalar("learning-rate", r.learning_rate, it, consumed_of(r));
+  add_scalar("batch-size", static_cast<double>(batch_of(r)), it, consumed_of(r));
+  if (!r.skipped)
+    for (const auto& name : r.metrics.names()) add_scalar(name, r.metrics.mean(name), it, consumed_of(r));
+  add_scalar("loss-scale", r.loss_scale, it, consumed_of(r));
+  add_scalar("world-size", static_cast<double>(setup_.world_size), it, consumed_of(r));
+  if (!r.skipped) add_scalar("grad-norm", r.grad_norm, it, consumed_of(r));
+  if (std::isfinite(r.num_zeros)) add_scalar("num-zeros", r.num_zeros, it, consumed_of(r));
+  if (std::isfinite(r.params_norm)) add_scalar("params-norm", r.params_norm, it, consumed_of(r));
+  tensorboard_->flush();
+}
+
+void TrainingLog::add_scalar(const std::string& tag, double value, int64_t iteration, int64_t consumed) {
+  tensorboard_->add_scalar(tag, value, iteration);
+  tensorboard_->add_scalar(tag + " vs samples", value, consumed);
+}
+
+// Megatron's report_memory line (after the first logged iteration), with DTK's breakdown: the
+// allocator's device pool (what a GPU would hold; on a CPU run every tensor outside pinned host
+// memory and an offloaded optimizer) and what the strategy and the optimizer hold of it.
+void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
+  auto mb = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " [Rank 0] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: %.2f | "
+                "parameters: %.2f | gradients: %.2f | fp32 masters: %.2f | optimizer state: %.2f%s | "
+                "host allocated: %.2f | host max allocated: %.2f",
+                static_cast<long long>(iteration), mb(m.allocator.device.bytes), mb(m.allocator.device.peak),
+                mb(m.strategy.parameter_bytes), mb(m.strategy.gradient_bytes), mb(m.strategy.master_bytes),
+                mb(m.optimizer_state_bytes), m.optimizer_on_host ? " (host)" : "", mb(m.allocator.host.bytes),
+                mb(m.allocator.host.peak));
+  print(buf);
+  // The communication volume of the iteration: under ZeRO reduce-scatter + all-gather move what
+  // ddp's all-reduce moves.
+  for (const auto& [name, t, n] : {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
+                                   std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
+    if (n <= 1) continue;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) %s-parallel traffic sent per iteration (MB) | all-reduce: %.2f | "
+                  "reduce-scatter: %.2f | all-gather: %.2f | broadcast: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), name, mb(t.all_reduce), mb(t.reduce_scatter), mb(t.all_gather),
+                  mb(t.broadcast), mb(t.total()));
+    print(buf);
+  }
+  // Pipeline stages: the activations and gradients rank 0's stage sent, and what the schedule and
+  // the tied embeddings' sum moved besides.
+  if (m.pp_size > 1) {
+    const Traffic& t = m.pipeline_parallel;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) pipeline-parallel traffic sent per iteration (MB) | "
+                  "point-to-point: %.2f | collectives: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), mb(t.point_to_point), mb(t.total() - t.point_to_point),
+                  mb(t.total()));
+    print(buf);
+  }
+  if (!tensorboard_) return;
+  tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
+  tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);
+  tensorboard_->flush();
+}
+
+void TrainingLog::print_window(const IterationResult& last) {
+  const double secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
+  const double n_it = static_cast<double>(iterations_);
+  const double ms_per_it = 1000.0 * secs / n_it;
+  const double tokens_per_s = static_cast<double>(window_samples_ * setup_.seq_length) / secs;
+  const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
+  const double mfu = setup_.peak_tflops > 0 ? tflops / setup_.peak_tflops : NAN;
+  // Megatron prints the last iteration's norm (none when it was skipped: DTK prints nan, so every
+  // line has the same fields).
+  const double norm = last.skipped ? NAN : last.grad_norm;
+  trained_seconds_ += secs, trained_iterations_ += iterations_;
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  const double eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
+                     static_cast<double>(std::max<int64_t>(trained_iterations_, 1));
+  const double rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                "throughput per device (TFLOP/s): %.3f |",
+                timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup_.train_iters),
+                static_cast<long long>(consumed_of(last)), ms_per_it, tflops);
+  std::string line = buf;
+  if (std::isfinite(mfu)) {
+    std::snprintf(buf, sizeof buf, " MFU: %.1f%% |", 100.0 * mfu);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " tokens per second: %.0f | learning rate: %.6E | global batch size: %5lld |",
+                tokens_per_s, last.learning_rate, static_cast<long long>(batch_of(last)));
+  line += buf;
+  for (const auto& name : window_.names()) {
+    std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, norm);
+  line += buf;
+  if (std::isfinite(last.num_zeros)) {
+    std::snprintf(buf, sizeof buf, " num zeros: %.1f |", last.num_zeros);
+    line += buf;
+  }
+  if (std::isfinite(last.params_norm)) {
+    std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
+                static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
+  line += buf;
+  // Communication per iteration: time in flight, and how much of it the training thread waited
+  // (not hidden behind computation; Domino's figure of merit for tensor parallelism).
+  for (const auto& [name, sum, n] :
+       {std::tuple<const char*, const CommTiming&, int>{"tensor", tp_comm_sum_, setup_.tp_size},
+        std::tuple<const char*, const CommTiming&, int>{"data", dp_comm_sum_, setup_.dp_size}}) {
+    if (n <= 1) continue;
+    std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
+                  sum.in_flight_ms / n_it, sum.exposed_ms / n_it);
+    line += buf;
+  }
+  // Pipeline stages: how long this rank's stage waited for activations and gradients (its share
+  // of the bubble, and the transfers), next to the bubble in theory: (p - 1) / (m + p - 1) for 1F1B,
+  // v times smaller in ideal time with v chunks per rank, (p - 1) / v / (m + (p - 1) / v).
+  if (setup_.pp_size > 1) {
+    const double p = setup_.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
+    const double idle = (p - 1) / std::max(1, setup_.virtual_stages);
+    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |",
+                  pp_comm_sum_.exposed_ms / n_it, 100.0 * idle / (m + idle));
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,
+                clock_text(elapsed).c_str(), clock_text(eta).c_str());
+  line += buf;
+  print(line);
+  // Megatron's timers block: every rank takes part in the min/max.
+  std::vector<Timers::Row> timer_rows;
+  if (setup_.timers && setup_.topo) {
+    timer_rows = setup_.timers->window(iterations_, *setup_.topo);
+    setup_.timers->reset();
+    if (!timer_rows.empty()) print(Timers::format(timer_rows));
+  }
+  if (metrics_) {
+    JsonObject o;
+    o.add("kind", "train")
+        .add("iteration", last.iteration)
+        .add("train_iters", setup_.train_iters)
+        .add("consumed_samples", consumed_of(last))
+        .add("iteration_time_ms", ms_per_it)
+        .add("tflops_per_device", tflops)
+        .add("mfu", mfu)
+        .add("tokens_per_second", tokens_per_s)
+        .add("learning_rate", last.learning_rate)
+        .add("global_batch_size", batch_of(last));
+    for (const auto& name : window_.names()) o.add(name, window_.mean(name));
+    o.add("loss_scale", last.loss_scale).add("grad_norm", norm);
+    if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
+    if (std::isfinite(last.num_zeros)) o.add("num_zeros", last.num_zeros);
+    o.add("skipped_iterations", skipped_)
+        .add("nan_iterations", nan_iterations_)
+        .add("peak_rss_mb", rss_mb)
+        .add("elapsed_s", elapsed)
+        .add("eta_s", eta);
+    if (setup_.tp_size > 1)
+      o.add("tensor_parallel_comm_in_flight_ms", tp_comm_sum_.in_flight_ms / n_it)
+          .add("tensor_parallel_comm_exposed_ms", tp_comm_sum_.exposed_ms / n_it);
+    if (setup_.dp_size > 1)
+      o.add("data_parallel_comm_in_flight_ms", dp_comm_sum_.in_flight_ms / n_it)
+          .add("data_parallel_comm_exposed_ms", dp_comm_sum_.exposed_ms / n_it);
+    if (setup_.pp_size > 1) o.add("pipeline_wait_ms", pp_comm_sum_.exposed_ms / n_it);
+    for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
+    metrics_->write(o);
+  }
+  if (!tensorboard_) return;
+  const int64_t it = last.iteration;  // Megatron's training_log tags
+  for (const auto& row : timer_rows) tensorboard_->add_scalar(row.name + "-time", row.max_ms / 1e3, it);
+  if (std::isfinite(mfu)) tensorboard_->add_scalar("mfu", mfu, it);
+  tensorboard_->add_scalar("iteration-time", secs / n_it, it);
+  tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
+  tensorboard_->add_scalar("throughput-tflops", tflops, it);
+  tensorboard_->add_scalar("skipped-iterations", static_cast<double>(skipped_), it);
+  if (setup_.tp_size > 1) {
+    tensorboard_->add_scalar("tensor-parallel-comm-in-flight-ms", tp_comm_sum_.in_flight_ms / n_it, it);
+    tensorboard_->add_scalar("tensor-parallel-comm-exposed-ms", tp_comm_sum_.exposed_ms / n_it, it);
+  }
+  tensorboard_->flush();
+}
+
+void TrainingLog::clear_window() {
+  window_.clear();
+  iterations_ = skipped_ = nan_iterations_ = window_samples_ = 0;
+  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = CommTiming();
+  window_start_ = Clock::now();
+  excluded_ = {};
+}
+
+void TrainingLog::report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
+                                    const MetricAverager& metrics) {
+  std::string line = " validation loss at " + label + " | ";
+  char buf[256];
+  for (const auto& name : metrics.names()) {
+    const double v = metrics.mean(name);
+    std::snprintf(buf, sizeof buf, "%s value: %.6E | %s PPL: %.6E | ", name.c_str(), v, name.c_str(),
+                  std::exp(std::min(v, 20.0)));
+    line += buf;
+  }
+  const std::string rule(line.size(), '-');
+  print(rule + "\n" + line + "\n" + rule);
+  if (metrics_) {
+    JsonObject o;
+    o.add("kind", what).add("iteration", iteration);
+    for (const auto& name : metrics.names()) {
+      const double v = metrics.mean(name);
+      o.add(name, v).add(name + " ppl", std::exp(std::min(v, 20.0)));
+    }
+    metrics_->write(o);
+  }
+  if (!tensorboard_) return;
+  const int64_t consumed = iteration == last_iteration_ ? last_consumed_ : iteration * setup_.global_batch_size;
+  for (const auto& name : metrics.names()) {
+    const double v = metrics.mean(name);
+    add_scalar(name + " " + what, v, iteration, consumed);
+    add_scalar(name + " " + what + " ppl", std::exp(std::min(v, 20.0)), iteration, consumed);
+  }
+  tensorboard_->flush();
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,70 @@
+#include "dtk/core/memory/allocator.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace dtk::core {
+namespace {
+
+bool tcmalloc_loaded() { return dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr; }
+
+std::string tcmalloc_path() {
+  if (const char* p = std::getenv("DTK_TCMALLOC_PATH"); p && *p) return p;
+#ifdef DTK_TCMALLOC_PATH
+  return DTK_TCMALLOC_PATH;
+#else
+  return "";
+#endif
+}
+
+// Returns when no re-exec is wanted or possible; `children_only` sets the environment for child
+// processes without re-executing this one.
+void preload_tcmalloc(char** argv, bool children_only) {
+#if defined(__SANITIZE_ADDRESS__)
+  return;  // the sanitizers bring their own allocator
+#endif
+  const char* choice = std::getenv("DTK_ALLOCATOR");
+  if (choice && *choice && std::strcmp(choice, "tcmalloc") != 0) {
+    if (!std::strcmp(choice, "system")) return;
+    std::fprintf(stderr, "dtk: error: DTK_ALLOCATOR='%s': expected 'tcmalloc' (the default) or 'system'\n", choice);
+    std::exit(2);
+  }
+  if (tcmalloc_loaded()) return;
+  // Once only: if the preload did not take (a broken file), carry on with malloc.
+  if (std::getenv("DTK_ALLOCATOR_REEXEC")) return;
+  const std::string path = tcmalloc_path();
+  if (path.empty() || access(path.c_str(), R_OK) != 0) return;
+  const char* old = std::getenv("LD_PRELOAD");
+  const std::string saved = old ? old : "";
+  const std::string preload = old && *old ? path + ":" + old : path;
+  setenv("LD_PRELOAD", preload.c_str(), 1);
+  setenv("DTK_ALLOCATOR_REEXEC", "1", 1);
+  if (children_only) return;
+  execv("/proc/self/exe", argv);
+  // execv failed: continue in this process, as it was.
+  if (old)
+    setenv("LD_PRELOAD", saved.c_str(), 1);
+  else
+    unsetenv("LD_PRELOAD");
+}
+
+}  // namespace
+
+void use_caching_allocator(int argc, char** argv) {
+  // Only training allocates tensors in earnest: other commands start once (loading LibTorch
+  // twice costs about half a second). `dtk launch` passes the preload on to its ranks.
+  const bool train = argc >= 2 && !std::strcmp(argv[1], "train");
+  const bool launch = argc >= 2 && !std::strcmp(argv[1], "launch");
+  if (train || launch) preload_tcmalloc(argv, /*children_only=*/launch);
+}
+
+void reexec_with_caching_allocator(char** argv) { preload_tcmalloc(argv, /*children_only=*/false); }
+
+std::string malloc_name() { return tcmalloc_loaded() ? "tcmalloc" : "glibc malloc"; }
+
+}  // namespace dtk::core

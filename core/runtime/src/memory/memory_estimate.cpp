@@ -1,0 +1,52 @@
+#include "dtk/core/memory/memory_estimate.hpp"
+
+#include <algorithm>
+
+namespace dtk::core {
+
+namespace {
+
+// Chunk-forwards a stage holds at once. 1F1B: stage s holds the activations of up to p - s
+// micro-batches. Interleaved: its warm-up forwards plus one, each through one of its v chunks.
+int64_t chunk_forwards_alive(const MemoryEstimateInputs& in) {
+  const int64_t num_micro = in.micro_batches_per_step, v = in.virtual_stages, p = in.pp_size, r = in.pp_rank;
+  if (v <= 1) return std::min<int64_t>(p - r, num_micro) * v;
+  return num_micro == p ? num_micro * v : std::min<int64_t>(num_micro * v, 2 * (p - r - 1) + (v - 1) * p + 1);
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
+  const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
+  const double h = static_cast<double>(in.hidden_size), a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
+  const double layers = static_cast<double>(in.num_layers) / in.pp_size;
+  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / in.tp_size * (in.dtype_bytes / 2.0);
+  const int64_t chunk_forwards = chunk_forwards_alive(in), v = in.virtual_stages;
+  const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
+  MemoryEstimate e;
+  e.activations = in_flight * (in.recompute ? layers * s * b * h * in.dtype_bytes + per_layer : layers * per_layer);
+  // The output layer's logits live on the last stage.
+  const double vocab = static_cast<double>(in.vocab_size) / in.tp_size;
+  e.logits = in.pp_rank == in.pp_size - 1 ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;
+  // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
+  // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
+  e.batches = (v > 1 ? 4.0 + static_cast<double>(in.micro_batches_per_step) : 5.0) * b * (s + 1) * 8.0;
+  e.gradients_in_flight = v > 1 ? static_cast<double>(chunk_forwards + 2 * in.pp_size + 1) * s * b * h * in.dtype_bytes : 0.0;
+  // What lives in host memory (offload) is outside a device budget (not outside the machine's).
+  e.optimizer = in.device_budget && in.optimizer_on_host ? 0.0 : 8.0 * static_cast<double>(in.optimized_elements);
+  e.params = static_cast<double>(in.parameter_bytes + in.gradient_bytes + in.master_bytes -
+                                 (in.device_budget ? in.host_bytes : 0));
+  return e;
+}
+
+std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name) {
+  if (budget <= 0 || e.total() <= static_cast<double>(budget)) return "";
+  auto mb = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MB"; };
+  return "config: this run needs about " + mb(e.total()) + " per rank (parameters, gradients and masters " +
+         mb(e.params) + ", optimizer state " + mb(e.optimizer) + ", activations " +
+         mb(e.activations + e.logits + e.gradients_in_flight) + ", batches " + mb(e.batches) + "), more than the " +
+         mb(static_cast<double>(budget)) + " " + budget_name +
+         "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true";
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,96 @@
+#include "dtk/core/optim/lr_schedule.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+double learning_rate(int64_t it, const LrParams& p) {
+  const double step = static_cast<double>(it);
+  if (p.warmup_iters > 0 && step <= p.warmup_iters)
+    return p.init_lr + (p.max_lr - p.init_lr) * step / p.warmup_iters;
+  if (p.style == "constant") return p.max_lr;
+  if (it > p.decay_iters) return p.min_lr;  // Megatron checks this before every decay style
+  if (p.style == "inverse-square-root") {
+    const double w = std::max(p.warmup_iters, 1.0);
+    return std::max(p.min_lr, p.max_lr * std::sqrt(w) / std::sqrt(std::max(step, 1.0)));
+  }
+  const double decay = static_cast<double>(p.decay_iters);
+  const double ratio = decay > p.warmup_iters ? (step - p.warmup_iters) / (decay - p.warmup_iters) : 1.0;
+  double coeff = 0;
+  if (p.style == "linear") {
+    coeff = 1.0 - ratio;
+  } else if (p.style == "WSD") {
+    // Megatron's WSD measures its anneal from the decay's end, not from the warm-up.
+    const double anneal_start = decay - static_cast<double>(p.wsd_decay_iters);
+    if (step <= anneal_start) {
+      coeff = 1.0;
+    } else {
+      const double r = (step - anneal_start) / static_cast<double>(p.wsd_decay_iters);
+      if (p.wsd_style == "linear")
+        coeff = 1.0 - r;
+      else if (p.wsd_style == "cosine")
+        coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+      else if (p.wsd_style == "minus_sqrt")
+        coeff = 1.0 - std::sqrt(r);
+      else  // exponential
+        coeff = 2.0 * std::pow(0.5, r) - 1.0;
+    }
+  } else {
+    coeff = 0.5 * (std::cos(M_PI * ratio) + 1.0);  // cosine
+  }
+  return p.min_lr + coeff * (p.max_lr - p.min_lr);
+}
+
+double weight_decay(int64_t it, const LrParams& p) {
+  const double step = static_cast<double>(it);
+  if (step > p.wd_incr_iters || p.wd_style == "constant") return p.end_wd;
+  const double ratio = p.wd_incr_iters > 0 ? step / p.wd_incr_iters : 1.0;
+  const double coeff = p.wd_style == "linear" ? ratio : 0.5 * (std::cos(M_PI * (1.0 - ratio)) + 1.0);  // cosine
+  return p.start_wd + coeff * (p.end_wd - p.start_wd);
+}
+
+double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
+                     const std::string& style) {
+  LrParams p;
+  p.max_lr = max_lr, p.min_lr = min_lr, p.warmup_iters = static_cast<double>(warmup_iters);
+  p.decay_iters = decay_iters, p.style = style;
+  return learning_rate(step, p);
+}
+
+LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters) {
+  params_.max_lr = lr.lr();
+  params_.min_lr = lr.min_lr();
+  params_.init_lr = lr.lr_warmup_init();
+  params_.decay_iters = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : train_iters;
+  params_.warmup_iters = lr.lr_warmup_fraction() > 0
+                             ? lr.lr_warmup_fraction() * static_cast<double>(params_.decay_iters)
+                             : static_cast<double>(lr.lr_warmup_iters());
+  params_.style = lr.lr_decay_style();
+  if (!lr.lr_wsd_decay_style().empty()) params_.wsd_style = lr.lr_wsd_decay_style();
+  params_.wsd_decay_iters = lr.lr_wsd_decay_iters();
+  // Megatron: a constant style decays by weight_decay throughout; the others need both ends.
+  params_.wd_style = lr.weight_decay_incr_style().empty() ? "constant" : lr.weight_decay_incr_style();
+  const bool constant = params_.wd_style == "constant";
+  params_.start_wd = constant ? lr.weight_decay() : lr.start_weight_decay();
+  params_.end_wd = constant ? lr.weight_decay() : lr.end_weight_decay();
+  params_.wd_incr_iters = static_cast<double>(train_iters);
+  reference_wd_ = params_.end_wd;
+}
+
+void LearningRateSchedule::set_params(const LrParams& p) {
+  const LrParams mine = params_;
+  params_ = p;
+  if (!p.has_wd) {
+    params_.start_wd = mine.start_wd, params_.end_wd = mine.end_wd;
+    params_.wd_style = mine.wd_style, params_.wd_incr_iters = mine.wd_incr_iters, params_.has_wd = true;
+  }
+  if (reference_wd_ == 0 && (params_.start_wd > 0 || params_.end_wd > 0))
+    throw host::HostError(
+        "checkpoint.use_checkpoint_opt_param_scheduler: the checkpoint's schedule decays weights but this run's "
+        "lr.weight_decay is 0, so its optimizer groups have none; set lr.weight_decay (or the schedule's ends)");
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,196 @@
+#include "dtk/core/train/micro_batch.hpp"
+
+#include <glog/logging.h>
+
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/train/graph_check.hpp"
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/timeline/trace.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+TensorList MicroBatchRunner::next_batch(int64_t iteration) {
+  TensorList batch;
+  {
+    auto t = p_.timers->scope(Phase::kBatchGenerator);
+    batch = p_.train_loader->next();
+  }
+  if (p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
+    check_batch(batch, iteration);
+  return batch;
+}
+
+// The dataset contract on the first batches (cheap: a max over a few micro-batches). Token ids
+// are below the vocabulary: the tokenizer's when the run names its files, else the dataset's
+// declared one, else the model's. A larger id would otherwise surface as an index error deep in
+// the model. "text" (what the shipped steps read) holds seq_length + 1 tokens per sample: with
+// one fewer, the step would train on shorter sequences without a word.
+void MicroBatchRunner::check_batch(const TensorList& batch, int64_t iteration) const {
+  const auto& tokenizer = p_.cfg->tokenizer();
+  int64_t limit = tokenizer.vocab_size();
+  std::string what = "the tokenizer's vocabulary (" + tokenizer.vocab_file() + ")";
+  if (limit <= 0 && p_.data->vocab_size() > 0) limit = p_.data->vocab_size(), what = "the vocabulary the dataset declares";
+  if (limit <= 0) limit = p_.model->info().vocab_size, what = "the model's vocabulary";
+  const std::string plugin = "dataset plugin '" + p_.dataset_name + "': ";
+  const int64_t seq = p_.plan->seq_length();
+  std::string error;
+  if (const at::Tensor* text = find(batch, "text"); text && text->dim() == 2 && text->size(1) != seq + 1)
+    error = plugin + "samples of 'text' hold " + std::to_string(text->size(1)) +
+            " tokens, the run needs seq_length + 1 = " + std::to_string(seq + 1) +
+            " (the step shifts them into seq_length tokens and their labels)";
+  for (const auto& [name, t] : batch) {
+    if (!error.empty()) break;
+    // The buffers that hold token ids (the shipped steps read "text"; others may pass tokens and
+    // labels themselves).
+    if ((name != "text" && name != "tokens" && name != "labels") || !t.defined() || t.numel() == 0 ||
+        at::isFloatingType(t.scalar_type()) || t.scalar_type() == at::kBool)
+      continue;
+    const int64_t hi = t.max().item<int64_t>(), lo = t.min().item<int64_t>();
+    const std::string batch_of = " in '" + name + "' of a training batch of iteration " + std::to_string(iteration);
+    if (lo < 0) error = plugin + "token id " + std::to_string(lo) + batch_of + " is negative";
+    if (hi >= limit)
+      error = plugin + "token id " + std::to_string(hi) + batch_of + " is not below " + what + " of " +
+              std::to_string(limit) + " tokens";
+  }
+  // Data-parallel ranks read other samples: all decide together, before any collective of the
+  // step, so a rank with good data does not wait for one that left.
+  agree(error, *p_.topo, "checking the token ids of the first batches");
+}
+
+at::Tensor MicroBatchRunner::forward(int64_t iteration, int64_t m, Metrics* metrics,
+                                     const std::function<void()>& before_forward, const TensorList* fetched) {
+  int64_t forward_start = trace::now_ns();
+  TensorList own;
+  if (!fetched) own = next_batch(iteration);
+  const TensorList& batch = fetched ? *fetched : own;
+  if (before_forward) {
+    before_forward();
+    forward_start = trace::now_ns();  // the timeline shows the wait in it on its own
+  }
+  at::Tensor out;
+  {
+    auto t = p_.timers->scope(Phase::kForwardCompute);
+    p_.model->reset_forward_watch();
+    out = step().forward_step(*p_.model, batch, metrics);
+  }
+  trace_span("forward ", m, forward_start);
+  return out;
+}
+
+at::Tensor MicroBatchRunner::forward_only(const TensorList& batch, Metrics* metrics) {
+  return step().forward_step(*p_.model, batch, metrics);
+}
+
+void MicroBatchRunner::check_loss_output(const at::Tensor& out, const at::Tensor& stage_input) {
+  if (out.dim() != 0 && out.numel() != 1)
+    throw HostError("step plugin '" + p_.step_name + "': forward_step returned a loss of shape " +
+                    Model::shape_str(out) + ", expected a scalar");
+  check_graph(out, stage_input);
+}
+
+void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& stage_input) {
+  const std::string step = "step plugin '" + p_.step_name + "'";
+  const std::string model = "model plugin '" + p_.model_name + "'";
+  const int chunk = p_.model->selected_chunk();
+  const bool first = !graph_checked_.count(chunk);
+  std::string error;
+  if (!loss.requires_grad()) {
+    if (!p_.model->outputs_attached())
+      error = model + ": forward returned outputs that do not require grad (detached from the parameters, or "
+                      "computed under no_grad), so the loss of " + step + " cannot train anything";
+    else
+      error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
+              model + "): nothing would train";
+  } else if (first) {
+    std::vector<Param> listed = p_.model->parameters();
+    if (stage_input.defined()) {  // a pipeline stage's input: its gradient goes to the previous stage
+      Param in;
+      in.name = "(the previous pipeline stage's output)";
+      in.tensor = stage_input;
+      listed.push_back(std::move(in));
+    }
+    error = unlisted_trained_tensors(loss, listed);
+    if (!error.empty()) error = model + ": " + error;
+  }
+  // The first micro-batch decides on every rank together (a rank that left would make the others
+  // wait at their next collective); later ones throw at once (the others' next collective then
+  // fails within the collective timeout).
+  if (!first) {
+    if (!error.empty()) throw HostError(error);
+    return;
+  }
+  graph_checked_.insert(chunk);
+  agree(error, *p_.topo, "checking the loss of the first micro-batch");
+}
+
+void MicroBatchRunner::backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
+                                const at::Tensor& out_grad, int64_t pass, int64_t passes) {
+  p_.strategy->before_backward(pass < 0 ? m : pass, passes < 0 ? num_micro : passes);
+  const int64_t backward_start = trace::now_ns();
+  auto t = p_.timers->scope(Phase::kBackwardCompute);
+  try {
+    if (out_grad.defined()) {
+      out.backward(out_grad);  // a stage before the last: the gradient the next stage sent
+    } else {
+      // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
+      at::Tensor scaled = out.reshape({}) / static_cast<double>(num_micro);
+      if (scale != 1.0) scaled = scaled * scale;  // loss scaling
+      if (p_.hooks.scaled_loss) scaled = p_.hooks.scaled_loss(iteration, m, scaled);
+      scaled.backward();
+    }
+  } catch (const HostError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Autograd runs the model's and the step's backward functions, and the strategy's module
+    // hooks where it installed them (ZeRO-3): name them all.
+    VLOG(1) << "backward failed: " << e.what();
+    const std::string hooks =
+        p_.strategy->hooks_model() ? " and the module hooks of strategy plugin '" + p_.strategy_name + "'" : "";
+    throw HostError("backward of the loss of step plugin '" + p_.step_name + "' through model plugin '" +
+                    p_.model_name + "'" + hooks + " failed: " + one_line(e.what()));
+  }
+  trace_span("backward ", m, backward_start);
+}
+
+void MicroBatchRunner::trace_span(const char* what, int64_t m, int64_t start) const {
+  if (!trace::active()) return;
+  const std::string chunk =
+      p_.model->num_chunks() > 1 ? " chunk " + std::to_string(p_.model->selected_chunk()) : std::string();
+  trace::span((what + std::to_string(m) + chunk).c_str(), "step", start, trace::now_ns());
+}
+
+std::vector<int64_t> MicroBatchRunner::stage_shape() const {
+  return {p_.plan->micro_batch_size(), p_.plan->seq_length(), p_.model->info().hidden_size};
+}
+
+at::TensorOptions MicroBatchRunner::stage_options() const {
+  return at::TensorOptions().dtype(p_.stage_dtype).device(training_device());
+}
+
+at::Tensor MicroBatchRunner::receive_stage_tensor(int32_t peer, int32_t tag, Phase phase, const char* what) {
+  // Megatron's pipeline timers (logging.timing_log_level=2): min and max over the ranks show the
+  // most and the least waiting stage.
+  auto timer = p_.timers->scope(phase);
+  at::Tensor t = at::empty(stage_shape(), stage_options());
+  const int64_t start = trace::now_ns();
+  recv(t, DTK_GROUP_PIPELINE_PARALLEL, peer, tag).wait();
+  if (trace::active()) trace::span(what, "wait", start, trace::now_ns());
+  return t;
+}
+
+void MicroBatchRunner::check_stage_output(const at::Tensor& out) const {
+  const std::vector<int64_t> shape = stage_shape();
+  if (out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == p_.stage_dtype) return;
+  throw HostError("step plugin '" + p_.step_name + "' with model plugin '" + p_.model_name + "': pipeline stage " +
+                  std::to_string(p_.topo->pp_rank) + " produced " + Model::shape_str(out) + " " +
+                  std::string(c10::toString(out.scalar_type())) + ", the stages agreed on " +
+                  Model::shape_str(at::empty(shape)) + " " + c10::toString(p_.stage_dtype) +
+                  " [micro_batch_size, seq_length, hidden_size] hidden states in the parameters' dtype (is the step "
+                  "pipeline-aware? docs/plugin-guide.md)");
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,53 @@
+// The pretrain pipeline, top to bottom, as Megatron's pretrain():
+//   initialize -> setup model, strategy, optimizer -> build data iterators   (Trainer's constructor)
+//   -> train loop (micro-batches: forward step + backward; reduce grads; clip; optimizer step;
+//      log; periodic evaluation and checkpoint)                               (Trainer::train)
+//   -> final evaluation on valid and test                                    (Trainer::final_evaluation)
+// The pieces: core/trainer (the loop), core/batch_plan (batch sizes, sampler), core/batch_loader
+// (prefetched micro-batches), core/lr_schedule, core/flops, core/training_log (log line,
+// TensorBoard), core/checkpoint, core/components (one wrapper per plugin kind).
+#include "dtk/core/train/pretrain.hpp"
+
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/train/trainer.hpp"
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core {
+
+namespace {
+
+// Bench mode (train.bench_steps) runs the first perf_warmup_steps + bench_steps iterations of
+// the configured run: the same learning-rate schedule (its decay length stays that of the full
+// run), no evaluation, no checkpoint.
+config::RunConfig bench_config(const config::RunConfig& cfg) {
+  config::RunConfig run = cfg;
+  const auto& t = cfg.train();
+  if (t.bench_steps() <= 0) return run;
+  if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
+    throw host::HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (t.train_samples() > 0)
+    throw host::HostError("config: train.bench_steps runs the first iterations of a run given by train.train_iters; "
+                          "drop train.train_samples");
+  if (!cfg.checkpoint().load().empty())
+    throw host::HostError("config: train.bench_steps measures a fresh run; drop checkpoint.load");
+  if (cfg.lr().lr_decay_iters() == 0) run.mutable_lr()->set_lr_decay_iters(t.train_iters());
+  run.mutable_train()->set_train_iters(t.perf_warmup_steps() + t.bench_steps());
+  run.mutable_eval()->set_eval_interval(0);
+  run.mutable_eval()->set_eval_iters(0);
+  run.mutable_checkpoint()->clear_save();
+  run.mutable_checkpoint()->set_save_interval(0);
+  return run;
+}
+
+}  // namespace
+
+int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks) {
+  const config::RunConfig run = bench_config(cfg);
+  Trainer trainer(run, plugins, std::move(hooks));
+  trainer.train();
+  if (!trainer.stopped_early()) trainer.final_evaluation();
+  shutdown_distributed();
+  return 0;
+}
+
+}  // namespace dtk::core

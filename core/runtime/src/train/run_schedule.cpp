@@ -1,0 +1,128 @@
+#include "dtk/core/train/run_schedule.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+// Every length in samples, an iteration count times the (final) global batch; the decay defaults
+// to train_samples (Megatron's lr_decay_samples) and the weight-decay schedule spans it.
+void count_samples(const config::RunConfig& cfg, const BatchPlan& plan, LearningRateSchedule& schedule) {
+  LrParams p = schedule.params();
+  const int64_t gbs = plan.global_batch_size(), samples = cfg.train().train_samples();
+  const auto& lr = cfg.lr();
+  p.decay_iters = lr.lr_decay_samples() > 0 ? lr.lr_decay_samples()
+                  : lr.lr_decay_iters() > 0  ? lr.lr_decay_iters() * gbs
+                                             : samples;
+  p.warmup_iters = lr.lr_warmup_fraction() > 0 ? lr.lr_warmup_fraction() * static_cast<double>(p.decay_iters)
+                   : lr.lr_warmup_samples() > 0 ? static_cast<double>(lr.lr_warmup_samples())
+                                                : static_cast<double>(lr.lr_warmup_iters() * gbs);
+  p.wsd_decay_iters = lr.lr_wsd_decay_iters() * gbs;
+  p.wd_incr_iters = static_cast<double>(samples);
+  schedule.set_params(p);
+}
+
+// Megatron's sample lengths as whole numbers of iterations.
+void samples_to_iterations(const config::RunConfig& cfg, const BatchPlan& plan, LearningRateSchedule& schedule) {
+  LrParams p = schedule.params();
+  const int64_t gbs = plan.global_batch_size();
+  auto in_iterations = [gbs](int64_t samples, const char* name) {
+    if (samples % gbs != 0)
+      throw HostError(std::string("config: lr.") + name + " (" + std::to_string(samples) +
+                      ") is not a whole number of global batches of " + std::to_string(gbs) +
+                      " samples (without a batch-size ramp-up the schedule counts iterations)");
+    return samples / gbs;
+  };
+  const auto& lr = cfg.lr();
+  if (lr.lr_decay_samples() > 0) p.decay_iters = in_iterations(lr.lr_decay_samples(), "lr_decay_samples");
+  if (lr.lr_warmup_samples() > 0)
+    p.warmup_iters = static_cast<double>(in_iterations(lr.lr_warmup_samples(), "lr_warmup_samples"));
+  schedule.set_params(p);
+}
+
+// The checks validate_config could not make before the global batch was known.
+void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
+  const std::string unit = plan.ramps_up() ? " samples" : " iterations";  // a ramp-up's schedule counts samples
+  const std::string gbs = std::to_string(plan.global_batch_size());
+  const std::string decay = std::to_string(l.decay_iters) + unit +
+                            (plan.ramps_up() ? " (train.train_samples, or lr.lr_decay_iters x global batch " + gbs + ")"
+                                             : " (train.train_samples / global batch " + gbs + ", or lr.lr_decay_iters)");
+  if (l.style != "constant" && l.warmup_iters >= static_cast<double>(l.decay_iters))
+    throw HostError("config: the warm-up (" + std::to_string(static_cast<int64_t>(std::ceil(l.warmup_iters))) + unit +
+                    ") is not shorter than the decay, " + decay);
+  if (l.style == "WSD" && l.wsd_decay_iters > l.decay_iters)
+    throw HostError("config: lr.lr_wsd_decay_iters (" + std::to_string(l.wsd_decay_iters) +
+                    ") is longer than the decay, " + decay);
+}
+
+// What differs between the checkpoint's schedule and this run's, one entry each.
+std::vector<std::string> schedule_differences(const LrParams& saved, const LrParams& now) {
+  std::vector<std::string> differ;
+  auto num = [&](const char* name, double a, double b) {
+    if (a == b) return;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s %.9g (checkpoint) vs %.9g (this run)", name, a, b);
+    differ.emplace_back(buf);
+  };
+  auto str = [&](const char* name, const std::string& a, const std::string& b) {
+    if (a != b) differ.push_back(std::string(name) + " " + a + " (checkpoint) vs " + b + " (this run)");
+  };
+  num("lr.lr", saved.max_lr, now.max_lr);
+  num("lr.min_lr", saved.min_lr, now.min_lr);
+  num("lr.lr_warmup_init", saved.init_lr, now.init_lr);
+  num("warm-up iterations", saved.warmup_iters, now.warmup_iters);
+  num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
+      static_cast<double>(now.decay_iters));
+  str("lr.lr_decay_style", saved.style, now.style);
+  if (saved.has_wd) {  // Megatron's _check_and_set covers the weight-decay schedule as well
+    str("lr.weight_decay_incr_style", saved.wd_style, now.wd_style);
+    num("start weight decay (lr.start_weight_decay, or lr.weight_decay when constant)", saved.start_wd, now.start_wd);
+    num("end weight decay (lr.end_weight_decay, or lr.weight_decay when constant)", saved.end_wd, now.end_wd);
+    if (saved.wd_style != "constant" || now.wd_style != "constant")
+      num("weight-decay iterations (train.train_iters)", saved.wd_incr_iters, now.wd_incr_iters);
+  }
+  if (saved.style == "WSD" && now.style == "WSD") {
+    str("lr.lr_wsd_decay_style", saved.wsd_style, now.wsd_style);
+    num("lr.lr_wsd_decay_iters", static_cast<double>(saved.wsd_decay_iters), static_cast<double>(now.wsd_decay_iters));
+  }
+  return differ;
+}
+
+}  // namespace
+
+LearningRateSchedule make_run_schedule(const config::RunConfig& cfg, const BatchPlan& plan) {
+  LearningRateSchedule schedule(cfg.lr(), plan.train_iters());
+  if (plan.ramps_up())
+    count_samples(cfg, plan, schedule);
+  else if (cfg.lr().lr_decay_samples() > 0 || cfg.lr().lr_warmup_samples() > 0)
+    samples_to_iterations(cfg, plan, schedule);
+  if (cfg.train().train_samples() > 0) check_sample_lengths(plan, schedule.params());
+  return schedule;
+}
+
+void reconcile_resumed_schedule(const LrParams& saved, const config::CheckpointConfig& ck, const std::string& dir,
+                                LearningRateSchedule& schedule, const std::function<void(const std::string&)>& print) {
+  const std::vector<std::string> differ = schedule_differences(saved, schedule.params());
+  if (differ.empty()) return;
+  std::string list;
+  for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
+  if (ck.override_opt_param_scheduler()) {
+    print(" learning-rate schedule from this run's config (checkpoint.override_opt_param_scheduler): " + list);
+  } else if (ck.use_checkpoint_opt_param_scheduler()) {
+    schedule.set_params(saved);
+    print(" learning-rate schedule from the checkpoint (checkpoint.use_checkpoint_opt_param_scheduler): " + list);
+  } else {
+    throw HostError("checkpoint in " + dir + " was trained with another learning-rate schedule: " + list +
+                    "; set checkpoint.override_opt_param_scheduler=true to use this run's or "
+                    "checkpoint.use_checkpoint_opt_param_scheduler=true to keep the checkpoint's");
+  }
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,319 @@
+#include "dtk/core/train/run_setup.hpp"
+
+#include <ATen/Parallel.h>
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "../device/cuda_glue.hpp"
+#include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/memory/memory.hpp"
+#include "dtk/core/memory/memory_estimate.hpp"
+#include "dtk/core/optim/param_groups.hpp"
+#include "dtk/core/launch/run_agreement.hpp"
+#include "dtk/core/train/schedule.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+int32_t dtype_code(const std::string& s) {
+  if (s == "bf16") return DTK_DTYPE_BFLOAT16;
+  if (s == "fp16") return DTK_DTYPE_FLOAT16;
+  return DTK_DTYPE_FLOAT32;
+}
+
+// Ranks of this machine (torchrun's LOCAL_WORLD_SIZE; 1 without it).
+int local_ranks() {
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  return local_world ? std::max(1, std::atoi(local_world)) : 1;
+}
+
+// Intra-op threads, seed, the memory accounting and the device budget: train.memory_limit_mb,
+// else (CPU) this machine's memory shared by the ranks on it, so an absurd size fails with one
+// line instead of growing until the kernel kills it. On a GPU the budget is the memory estimate's
+// against the GPU (and CUDA's own out-of-memory error); host memory is counted, not budgeted.
+void initialize_runtime(const config::TrainingConfig& train) {
+  // Default: the cores shared among the ranks of this machine (N ranks x all cores would
+  // oversubscribe the CPU N-fold).
+  const int threads = train.threads() > 0
+                          ? train.threads()
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks());
+  at::set_num_threads(std::max(1, threads));
+  at::manual_seed(train.seed());
+  memory::install();  // count tensor bytes from here on
+#if DTK_HAVE_CUDA
+  if (const c10::Device device = training_device(); device.is_cuda()) cuda_glue::use_gpu_memory_pool(device.index());
+#endif
+  if (train.memory_limit_mb() > 0 && !training_device().is_cuda())
+    memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));
+  else
+    memory::set_device_limit(memory::machine_memory_bytes() / local_ranks(), /*machine=*/true);
+}
+
+// A weight-decay schedule reaches the optimizer through dtk_optimizer_step_args.weight_decay_scale
+// (ABI 2.2), passed on by the strategy: a plugin built for an earlier minor would silently decay
+// by the schedule's end value throughout.
+void require_weight_decay_scale(const config::RunConfig& cfg, const RunPlugins& plugins) {
+  for (const PluginSlot* slot : {&plugins.optimizer, &plugins.strategy}) {
+    const dtk_plugin_entry* e = slot->plugin.entry;
+    if (e->abi_major == DTK_ABI_MAJOR && e->abi_minor < 2)
+      throw HostError("config: lr.weight_decay_incr_style=" + cfg.lr().weight_decay_incr_style() + " needs " +
+                      host::kind_name(e->kind) + " plugin '" + slot->name() + "' built for DTK ABI 2.2 or later (it is " +
+                      std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
+                      "; rebuild it against this SDK)");
+  }
+}
+
+// Every schedule size of the run (each iteration size of a ramp-up) must suit the schedule.
+void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan) {
+  const int v = virtual_stages(cfg);
+  if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_per_step()); !refusal.empty())
+    throw HostError(refusal);
+  for (int64_t i = 1; plan.ramps_up() && i <= plan.ramp_iterations() + 1; ++i)
+    if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_of(i)); !refusal.empty())
+      throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
+}
+
+// As Megatron: every first data-parallel rank reports its shard (the line names the rank); the
+// optimizer groups by the model's own parameters (a ZeRO shard list would show this rank's part).
+void print_model(const Topology& topo, const TrainingParts& parts, const ParamGroups& groups) {
+  if (topo.dp_rank == 0) {
+    const std::string who = topo.world_size > 1 ? "[rank " + std::to_string(topo.world_rank) + "]" : "";
+    std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", who.c_str(),
+                topo.tp_rank, topo.pp_rank, static_cast<long long>(parts.stats.num_parameters));
+    std::fflush(stdout);
+  }
+  if (topo.world_rank == 0)
+    for (const auto& line : groups.describe(parts.model->parameters())) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// Rank 0 builds the dataset first; then a bounded world collective tells every other rank
+// whether it succeeded, so they neither race rank 0 on the caches nor wait for files that a
+// failed rank 0 will never write.
+std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& plugin, const dtk_dataset_context& ctx,
+                                                           const Topology& topo) {
+  if (topo.world_size == 1) return std::make_unique<DatasetInstance>(plugin, ctx);
+  std::unique_ptr<DatasetInstance> data;
+  std::string error;
+  if (topo.world_rank == 0) {
+    try {
+      data = std::make_unique<DatasetInstance>(plugin, ctx);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, topo, "waiting for rank 0 to build the dataset",
+        "dataset plugin '" + plugin.name() + "': rank 0 failed to build the dataset (its error is above)");
+  if (!data) data = std::make_unique<DatasetInstance>(plugin, ctx);
+  return data;
+}
+
+}  // namespace
+
+const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost& plugins) {
+  validate_config(cfg);
+  set_run_config(cfg);
+  // The device first: NCCL's communicators are created on it.
+  select_training_device(cfg.train().device(), launch_env_from_environment().local_rank);
+  // Rendezvous and process groups (a no-op for a single process); the ranks first compare what
+  // they will run (run_agreement.hpp).
+  init_distributed(cfg, describe_run(cfg, plugin_lines(cfg, plugins)));
+  const Topology& topo = topology();
+  // Megatron prints from one rank: the others log nothing but errors.
+  if (topo.world_rank != 0) FLAGS_minloglevel = google::GLOG_ERROR;
+  initialize_runtime(cfg.train());
+  return topo;
+}
+
+PluginSlot resolve_plugin(host::PluginHost& plugins, int32_t kind, const config::PluginChoice& choice) {
+  const host::Plugin& plugin = plugins.get(kind, choice.name());
+  const std::map<std::string, std::string> user(choice.options().begin(), choice.options().end());
+  return PluginSlot{plugin, host::OptionValues(host::resolve_options(plugin, user))};
+}
+
+RunPlugins resolve_plugins(host::PluginHost& plugins, const config::RunConfig& cfg) {
+  return RunPlugins{resolve_plugin(plugins, DTK_KIND_MODEL, cfg.model()),
+                    resolve_plugin(plugins, DTK_KIND_DATASET, cfg.dataset()),
+                    resolve_plugin(plugins, DTK_KIND_STEP, cfg.step()),
+                    resolve_plugin(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer()),
+                    resolve_plugin(plugins, DTK_KIND_STRATEGY, cfg.strategy())};
+}
+
+std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::PluginHost& plugins) {
+  std::vector<std::string> lines;
+  const std::pair<int32_t, const config::PluginChoice*> slots[] = {
+      {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
+      {DTK_KIND_OPTIMIZER, &cfg.optimizer()}, {DTK_KIND_STRATEGY, &cfg.strategy()}};
+  for (const auto& [kind, choice] : slots) {
+    const dtk_plugin_entry* e = plugins.get(kind, choice->name()).entry;
+    lines.push_back(std::string("plugin.") + host::kind_name(kind) + "=" + e->name + " " + e->version + " (ABI " +
+                    std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) + ")");
+  }
+  return lines;
+}
+
+int virtual_stages(const config::RunConfig& cfg) {
+  return std::max(1, cfg.distributed().virtual_pipeline_model_parallel_size());
+}
+
+dtk_build_context build_context(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                const PluginSlot& slot, int chunk) {
+  dtk_build_context c{};
+  c.struct_size = dtk_build_context_STRUCT_SIZE;
+  c.options = slot.options.get();
+  c.device = dtk::from_device(training_device());
+  c.params_dtype = dtype_code(cfg.train().params_dtype());
+  c.tp_rank = topo.tp_rank, c.tp_size = topo.tp_size;
+  c.pp_rank = topo.pp_rank, c.pp_size = topo.pp_size;
+  // A chunk of the interleaved schedule is a stage of the virtual pipeline: its layers, whether it
+  // holds the embedding or the output layer, follow from its place there (Megatron's virtual rank).
+  if (chunk >= 0) c.pp_rank = chunk * topo.pp_size + topo.pp_rank, c.pp_size = virtual_stages(cfg) * topo.pp_size;
+  c.dp_rank = topo.dp_rank, c.dp_size = topo.dp_size;
+  c.pre_process = c.pp_rank == 0;
+  c.post_process = c.pp_rank == c.pp_size - 1;
+  c.seq_length = plan.seq_length();
+  c.micro_batch_size = plan.micro_batch_size();
+  c.seed = cfg.train().seed();
+  return c;
+}
+
+TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                        const RunPlugins& plugins, const LearningRateSchedule& schedule) {
+  check_schedule_fits(cfg, topo, plan);
+  const int v = virtual_stages(cfg);
+  TrainingParts parts;
+  std::vector<dtk_build_context> chunks;
+  for (int k = 0; k < v; ++k) chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
+  parts.model = std::make_unique<ModelInstance>(plugins.model.plugin, chunks);
+  const dtk_model_info info = parts.model->info();
+  parts.stats = model_stats(parts.model->parameters(), info, topo.tp_size, topo.pp_rank, topo.pp_size);
+  parts.strategy = std::make_unique<StrategyInstance>(plugins.strategy.plugin,
+                                                      build_context(cfg, topo, plan, plugins.strategy));
+  parts.strategy->setup(*parts.model);
+  const ParamGroups groups(cfg.lr(), schedule.reference_weight_decay());
+  if (topo.pp_size == 1) groups.require_every_rule_matches(parts.model->parameters());
+  if (schedule.weight_decay_varies()) require_weight_decay_scale(cfg, plugins);
+  parts.optimizer = std::make_unique<OptimizerInstance>(
+      plugins.optimizer.plugin, build_context(cfg, topo, plan, plugins.optimizer), parts.strategy->optimizer_params(),
+      groups);
+  for (int k = 0; k < v; ++k)
+    parts.steps.push_back(
+        std::make_unique<StepInstance>(plugins.step.plugin, build_context(cfg, topo, plan, plugins.step, v > 1 ? k : -1)));
+  LOG(INFO) << "model '" << plugins.model.name() << "': " << info.num_layers << " layers, hidden " << info.hidden_size
+            << ", heads " << info.num_attention_heads << ", seq " << info.seq_length << ", padded vocab "
+            << info.vocab_size;
+  print_model(topo, parts, groups);
+  return parts;
+}
+
+void check_output_paths(const config::RunConfig& cfg) {
+  namespace fs = std::filesystem;
+  auto writable_dir = [](const std::string& dir, const std::string& what) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir, ec))
+      throw HostError(what + " '" + dir + "': cannot create the directory" + (ec ? " (" + ec.message() + ")" : ""));
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw HostError(what + " '" + dir + "': cannot write there (" + std::strerror(errno) + ")");
+  };
+  auto writable_file = [&](const std::string& file, const std::string& what) {
+    if (file.empty()) return;
+    const fs::path parent = fs::path(file).parent_path();
+    writable_dir(parent.empty() ? "." : parent.string(), what + " '" + file + "': its directory");
+    if (fs::is_directory(file)) throw HostError(what + " '" + file + "' is a directory, not a file");
+  };
+  const auto& ck = cfg.checkpoint();
+  if (!ck.save().empty()) {
+    writable_dir(ck.save(), "checkpoint.save");
+    const std::string tracker = checkpoint_tracker_file(ck.save());
+    if (fs::exists(tracker) && !fs::is_regular_file(tracker))
+      throw HostError("checkpoint.save '" + ck.save() + "': " + tracker + " exists and is not a file");
+  }
+  if (!ck.load().empty() && !fs::is_directory(ck.load()))
+    throw HostError("checkpoint.load '" + ck.load() + "': no such directory");
+  const auto& lg = cfg.logging();
+  if (!lg.tensorboard_dir().empty()) writable_dir(lg.tensorboard_dir(), "logging.tensorboard_dir");
+  writable_file(lg.trace_file(), "logging.trace_file");
+  writable_file(lg.metrics_jsonl(), "logging.metrics_jsonl");
+  writable_file(lg.bench_out(), "logging.bench_out (--bench_out)");
+}
+
+void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                      const TrainingParts& parts) {
+  const auto& t = cfg.train();
+  if (t.skip_memory_check()) return;
+  const c10::Device device = training_device();
+  const int64_t budget = t.memory_limit_mb() > 0 ? t.memory_limit_mb() * (int64_t{1} << 20)
+                         : device.is_cuda()      ? cuda_device_memory_bytes(device)
+                                                 : memory::machine_memory_bytes() / local_ranks();
+  const dtk_model_info info = parts.model->info();
+  const dtk_memory_usage held = parts.strategy->memory_usage();
+  MemoryEstimateInputs in;
+  in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
+  in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
+  in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
+  in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
+  in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
+  in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
+  in.parameter_bytes = held.parameter_bytes, in.gradient_bytes = held.gradient_bytes;
+  in.master_bytes = held.master_bytes, in.host_bytes = held.host_bytes;
+  for (const Param& p : parts.optimizer->params()) in.optimized_elements += p.tensor.numel();
+  in.optimizer_on_host = parts.strategy->info().optimizer_on_host != 0;
+  in.device_budget = t.memory_limit_mb() > 0 || device.is_cuda();
+  const std::string whose = t.memory_limit_mb() > 0 ? "of train.memory_limit_mb"
+                            : device.is_cuda()      ? "of " + device.str()
+                                                    : "this machine has for each of its " +
+                                                          std::to_string(local_ranks()) + " rank(s)";
+  if (const std::string refusal = memory_refusal(estimate_memory(in), budget, whose); !refusal.empty())
+    throw HostError(refusal);
+}
+
+std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, const Topology& topo,
+                                               const BatchPlan& plan, const PluginSlot& data,
+                                               const ModelInstance& model) {
+  dtk_dataset_context ctx{};
+  ctx.struct_size = dtk_dataset_context_STRUCT_SIZE;
+  ctx.options = data.options.get();
+  ctx.seq_length = plan.seq_length();
+  ctx.num_samples[DTK_SPLIT_TRAIN] = plan.train_samples();
+  ctx.num_samples[DTK_SPLIT_VALID] = plan.valid_samples();
+  ctx.num_samples[DTK_SPLIT_TEST] = plan.test_samples();
+  ctx.seed = cfg.train().seed();
+  ctx.rank = topo.world_rank;
+  ctx.world_size = topo.world_size;
+  std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(data.plugin, ctx, topo);
+  if (dataset->num_samples(DTK_SPLIT_TRAIN) < plan.train_samples())
+    throw HostError("dataset plugin '" + data.name() + "': train split has " +
+                    std::to_string(dataset->num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
+                    std::to_string(plan.train_samples()));
+  const int64_t model_vocab = model.info().vocab_size;
+  if (dataset->vocab_size() > model_vocab)
+    throw HostError("dataset vocabulary (" + std::to_string(dataset->vocab_size()) + ") is larger than the model's (" +
+                    std::to_string(model_vocab) + ")");
+  return dataset;
+}
+
+std::unique_ptr<BatchLoader> make_train_loader(const DatasetInstance& data, const BatchPlan& plan,
+                                               int64_t first_iteration) {
+  const int64_t remaining =
+      plan.micro_batches_before(plan.train_iters() + 1) - plan.micro_batches_before(first_iteration);
+  return std::make_unique<BatchLoader>(
+      data, DTK_SPLIT_TRAIN, plan.micro_batch_size(), remaining,
+      [&plan, first_iteration](int64_t k, int64_t j) { return plan.train_sample_index(first_iteration, k, j); });
+}
+
+}  // namespace dtk::core

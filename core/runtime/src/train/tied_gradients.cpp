@@ -1,0 +1,84 @@
+#include "dtk/core/train/tied_gradients.hpp"
+
+#include <ATen/ATen.h>
+
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+namespace {
+
+// Every stage learns the tied size; the first and the last must agree on it.
+int64_t agreed_tied_size(int64_t mine, bool ends, const std::string& model_name) {
+  at::Tensor sizes = at::tensor({static_cast<double>(mine), ends ? -static_cast<double>(mine) : -1e300},
+                                at::TensorOptions().dtype(at::kDouble));
+  all_reduce(sizes, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();
+  const auto most = static_cast<int64_t>(sizes[0].item<double>());
+  const auto least = static_cast<int64_t>(-sizes[1].item<double>());
+  if (most != least)
+    throw HostError("model plugin '" + model_name +
+                    "': the tied weights (dtk_param_info.shared) of the first and the last pipeline stage differ in "
+                    "size (" + std::to_string(least) + " and " + std::to_string(most) + " elements)");
+  return most;
+}
+
+}  // namespace
+
+TiedGradients::TiedGradients(const ModelInstance& model, const OptimizerInstance& optimizer, const Topology& topo,
+                             const std::string& model_name, const std::string& strategy_name) {
+  if (topo.pp_size <= 1) return;
+  int64_t mine = 0, whole = 0;  // elements of the model's tied weights; of those the optimizer holds whole
+  std::string name;
+  int tied = 0;
+  for (const Param& p : model.parameters())
+    if (p.info.shared) mine += p.tensor.numel(), name = p.name, ++tied;
+  // The first stage's tied weight and the last stage's copy are summed element by element: one
+  // on each, none in between (what the shipped models list; convert assumes it too).
+  const bool ends = topo.pp_rank == 0 || topo.pp_rank == topo.pp_size - 1;
+  std::string layout;
+  if (tied > 1 || (tied > 0 && !ends))
+    layout = "model plugin '" + model_name + "': pipeline stage " + std::to_string(topo.pp_rank) + " lists " +
+             std::to_string(tied) +
+             " tied weights (dtk_param_info.shared); with pipeline stages the first and the last stage list one each "
+             "(the word embedding and its copy), the stages between none";
+  agree(layout, topo, "pipeline: checking the tied weights");
+  for (const Param& p : optimizer.params())
+    if (p.info.shared && (p.info.full_numel == 0 || p.info.full_numel == p.tensor.numel())) whole += p.tensor.numel();
+  // Decided by every rank together: a data-parallel rank may hold all of a shard list or none.
+  if (world_max(mine != whole ? 1 : 0, topo, "pipeline: checking the tied weights") != 0)
+    throw HostError("pipeline parallelism with tied embeddings: strategy plugin '" + strategy_name +
+                    "' shards the tied weight" + (name.empty() ? "" : " '" + name + "'") +
+                    " over data-parallel ranks, and the first and last stage must sum whole gradients; use "
+                    "--strategy ddp, data-parallel size 1, or model.untie_embeddings_and_output_weights=true");
+  numel_ = agreed_tied_size(mine, ends, model_name);
+}
+
+void TiedGradients::sync(const OptimizerInstance& optimizer) const {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const Param& p : optimizer.params())
+    if (p.info.shared) {
+      at::Tensor& g = p.tensor.mutable_grad();
+      if (!g.defined()) g = at::zeros_like(p.tensor);
+      grads.push_back(g);
+    }
+  std::vector<at::Tensor> parts;  // fp32 for the sum (Gloo has no bf16)
+  for (const at::Tensor& g : grads) parts.push_back(g.reshape({-1}).to(at::kFloat));
+  // On the training device even without a tied tensor here: every stage must pick the same backend.
+  at::Tensor flat = parts.empty()
+                        ? at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
+                        : at::cat(parts).to(training_device());  // ZeRO-Offload's host partitions too
+  all_reduce(flat, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,349 @@
+#include "dtk/core/train/trainer.hpp"
+
+#include <ATen/ATen.h>
+#include <dtk/gemm.hpp>
+#include <glog/logging.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "../device/cuda_glue.hpp"
+#include "dtk/core/memory/allocator.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/perf/startup_report.hpp"
+#include "dtk/core/memory/memory.hpp"
+#include "dtk/core/timeline/trace.hpp"
+#include "dtk/core/train/resume.hpp"
+#include "dtk/core/train/run_schedule.hpp"
+#include "dtk/core/train/step_metrics.hpp"
+
+namespace dtk::core {
+
+namespace {
+
+// Checks every rank makes before any work; all fail together (a rank that left would make the
+// others wait at their next collective).
+template <class Check>
+void on_every_rank(const Topology& topo, const char* what, Check&& check) {
+  std::string error;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, topo, what);
+}
+
+void configure_trace(const config::LoggingConfig& logging, const Topology& topo) {
+  if (logging.trace_file().empty()) return;
+  trace::Settings ts;
+  ts.path = logging.trace_file();
+  trace::parse_iterations(logging.trace_iterations().empty() ? "2-3" : logging.trace_iterations(), &ts.first,
+                          &ts.last);
+  ts.rank = topo.world_rank;
+  ts.world_size = topo.world_size;
+  trace::configure(ts);
+}
+
+std::string training_banner(const BatchPlan& plan, const config::TrainingConfig& train) {
+  std::string ramp;
+  if (plan.ramps_up())
+    ramp = ", ramping up from " + std::to_string(plan.global_batch_of(1)) + " (" + train.rampup_batch_size() +
+           ") over the first " + std::to_string(plan.ramp_iterations()) + " iterations";
+  return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, global batch " +
+         std::to_string(plan.global_batch_size()) + " (" + std::to_string(plan.micro_batches_per_step()) +
+         " micro-batches of " + std::to_string(plan.micro_batch_size()) + "), seq " +
+         std::to_string(plan.seq_length()) + ramp;
+}
+
+}  // namespace
+
+Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks)
+    : cfg_(cfg),
+      topo_(initialize(cfg, plugins)),
+      plan_(cfg, topo_),
+      schedule_(make_run_schedule(cfg, plan_)),
+      scaler_(cfg.train()),
+      timers_(cfg.logging().timing_log_level()),
+      plugins_(resolve_plugins(plugins, cfg)),
+      writers_(plugin_lines(cfg, plugins)),
+      peak_(find_peak_throughput(cfg, training_device())) {  // before the model takes memory and threads
+#if DTK_HAVE_CUDA
+  if (const c10::Device device = training_device(); device.is_cuda())
+    timers_.set_device_clock(cuda_glue::make_event_clock(device.index(), collective_timeout()));
+#endif
+  on_every_rank(topo_, "checking the output paths", [&] { check_output_paths(cfg_); });
+  parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
+  tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
+                                          plugins_.strategy.name());
+  on_every_rank(topo_, "estimating the memory of the run", [&] { check_run_memory(cfg_, topo_, plan_, parts_); });
+  log_ = make_log();
+  configure_trace(cfg_.logging(), topo_);
+  progress_ = resume_from_checkpoint(cfg_, plan_, topo_, parts_, schedule_, scaler_,
+                                     [this](const std::string& line) { log_->print(line); });
+  resumed_iteration_ = progress_.iteration;
+  print_startup_report();
+  data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
+  train_loader_ = make_train_loader(*data_, plan_, progress_.iteration + 1);
+  start_micro_batches(std::move(hooks));
+}
+
+Trainer::~Trainer() = default;
+
+std::unique_ptr<TrainingLog> Trainer::make_log() {
+  TrainingLog::Setup log;
+  log.train_iters = plan_.train_iters();
+  log.log_interval = cfg_.logging().log_interval();
+  log.global_batch_size = plan_.global_batch_size();
+  log.seq_length = plan_.seq_length();
+  log.world_size = topo_.world_size;
+  log.tp_size = topo_.tp_size, log.dp_size = topo_.dp_size, log.pp_size = topo_.pp_size;
+  log.virtual_stages = virtual_stages(cfg_);
+  log.printer = topo_.world_rank == 0;
+  log.tensorboard_dir = cfg_.logging().tensorboard_dir();
+  log.metrics_jsonl = cfg_.logging().metrics_jsonl();
+  log.peak_tflops = peak_.tflops;
+  log.tensorboard_log_interval = cfg_.logging().tensorboard_log_interval();
+  log.timers = &timers_;
+  log.topo = &topo_;
+  log.flops_per_token = parts_.stats.flops_per_token;
+  return std::make_unique<TrainingLog>(log);
+}
+
+// The start-up lines (perf/startup_report.hpp), and the bench summary's setup.
+void Trainer::print_startup_report() {
+  StartupFacts f;
+  f.stats = parts_.stats;
+  const dtk_model_info info = parts_.model->info();
+  f.num_layers = info.num_layers, f.hidden_size = info.hidden_size, f.seq_length = plan_.seq_length();
+  f.world_size = topo_.world_size;
+  f.bf16_line = bf16_speed_line(cfg_);
+  if (!training_device().is_cuda()) f.cpu_gemm_engine = dtk::cpu_gemm_engine();
+  f.malloc_name = malloc_name();
+  f.loss_scaling = scaler_.kind() != GradScaler::Kind::kNone;
+  f.dynamic_scale = scaler_.dynamic(), f.loss_scale = scaler_.scale();
+  for (const std::string& line : startup_report(f)) log_->print(line);
+  if (cfg_.train().bench_steps() <= 0 && cfg_.logging().bench_out().empty()) return;
+  BenchSetup b;
+  b.warmup_steps = cfg_.train().perf_warmup_steps();
+  b.tokens_per_iteration = plan_.global_batch_size() * plan_.seq_length();
+  b.flops_per_token = parts_.stats.flops_per_token;
+  b.world_size = topo_.world_size;
+  b.peak_tflops = peak_.tflops, b.peak_source = peak_.source;
+  b.tp_size = topo_.tp_size, b.dp_size = topo_.dp_size;
+  bench_ = std::make_unique<BenchReport>(b);
+}
+
+// The micro-batch runner and the schedule it runs under, chosen once (Megatron's
+// get_forward_backward_func).
+void Trainer::start_micro_batches(TrainerHooks hooks) {
+  MicroBatchParts p;
+  p.cfg = &cfg_, p.topo = &topo_, p.plan = &plan_, p.timers = &timers_;
+  p.model = parts_.model.get(), p.strategy = parts_.strategy.get(), p.steps = &parts_.steps;
+  p.data = data_.get(), p.train_loader = train_loader_.get();
+  p.stage_dtype = to_scalar_type(build_context(cfg_, topo_, plan_, plugins_.model).params_dtype);
+  p.model_name = plugins_.model.name(), p.step_name = plugins_.step.name();
+  p.strategy_name = plugins_.strategy.name(), p.dataset_name = plugins_.data.name();
+  p.resumed_iteration = resumed_iteration_;
+  p.hooks = std::move(hooks);
+  runner_ = std::make_unique<MicroBatchRunner>(std::move(p));
+  forward_backward_ = make_schedule(*runner_, virtual_stages(cfg_));
+}
+
+// One iteration, Megatron's train_step: the schedule's forward steps and backwards, then the
+// strategy's gradient reduction, clipping and the optimizer step.
+IterationResult Trainer::train_step(int64_t iteration) {
+  reset_traffic();  // the iteration's communication volume, for the first report
+  reset_comm_timing();
+  IterationResult r;
+  r.iteration = iteration;
+  const int64_t num_micro = plan_.micro_batches_of(iteration);  // changes during a batch-size ramp-up
+  const double scale = scaler_.scale();                         // this iteration's loss scale
+  {
+    auto t = timers_.scope(Phase::kForwardBackward);
+    forward_backward_->train(iteration, num_micro, scale, r);
+  }
+  reduce_clip_and_update(iteration, scale, r);
+  // Megatron logs the optimizer's rate after the scheduler step: the next update's.
+  r.learning_rate = schedule_.rate(progress_.scheduler_step);
+  r.global_batch_size = plan_.global_batch_of(iteration);
+  r.consumed_samples = plan_.consumed_before(iteration + 1);
+  if (!memory_reported_ && log_->logs(iteration)) {
+    r.memory = memory_sample(*parts_.optimizer, *parts_.strategy, topo_);
+    memory_reported_ = true;
+  }
+  if (cfg_.logging().log_params_norm() && log_->logs(iteration))
+    r.params_norm = params_norm(*parts_.model, *parts_.strategy, topo_);
+  parts_.strategy->zero_grad();
+  r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
+  r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
+  r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)
+  return r;
+}
+
+// A step whose gradients are not finite is skipped (DTK skips in every precision; Megatron only
+// under fp16 loss scaling).
+void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r) {
+  const double learning_rate = schedule_.rate(progress_.scheduler_step);  // what this update uses
+  const int64_t reduce_start = trace::now_ns();
+  {
+    auto t = timers_.scope(Phase::kGradsReduce);
+    parts_.strategy->reduce_gradients();
+    if (tied_->active()) tied_->sync(*parts_.optimizer);  // Megatron's embedding-group all-reduce
+  }
+  auto optimizer = timers_.scope(Phase::kOptimizer);
+  {
+    // The strategy sees the scaled gradients: the clip threshold is scaled with them (clipping the
+    // scaled gradients to clip x scale is clipping the true ones to clip) and the norm unscaled.
+    // The norm is global over data and tensor parallel ranks, so every rank finds the same
+    // overflow and skips the same iterations (Megatron all-reduces found_inf).
+    auto clip = timers_.scope(Phase::kOptimizerClip);
+    const double scaled_norm = parts_.strategy->clip_and_norm(cfg_.train().clip_grad() * scale);
+    r.grad_norm = scaled_norm / scale;
+    r.skipped = !std::isfinite(scaled_norm);
+  }
+  if (cfg_.logging().log_num_zeros_in_grad()) r.num_zeros = num_zeros_in_grad(*parts_.optimizer, *parts_.strategy, topo_);
+  if (trace::active()) trace::span("reduce gradients, norm", "step", reduce_start, trace::now_ns());
+  const int64_t update_start = trace::now_ns();
+  scaler_.update(/*found_inf=*/r.skipped);
+  r.loss_scale = scaler_.scale();
+  if (!r.skipped) {
+    // The optimizer divides the gradients by the scale they carry.
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale,
+                                       schedule_.weight_decay_scale(progress_.scheduler_step)};
+    {
+      auto t = timers_.scope(Phase::kOptimizerStep);
+      // An offloaded optimizer's state is host memory, wherever the process allocates it.
+      std::optional<memory::HostScope> host;
+      if (parts_.strategy->info().optimizer_on_host) host.emplace();
+      parts_.strategy->optimizer_step(*parts_.optimizer, args);
+    }
+    // The scheduler advances only after a successful update; during a ramp-up it counts samples.
+    progress_.scheduler_step += plan_.ramps_up() ? plan_.global_batch_of(iteration) : 1;
+  }
+  if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
+}
+
+void Trainer::train() {
+  log_->print(training_banner(plan_, cfg_.train()));
+  ExitConditions exit(cfg_.train(), topo_);
+  parts_.model->set_training(true);
+  parts_.strategy->zero_grad();
+  const int64_t save_interval = cfg_.checkpoint().save_interval();
+  if (!saving() && save_interval > 0 && topo_.world_rank == 0)
+    std::printf(" > checkpoint.save_interval %lld has no effect without checkpoint.save (as Megatron's --save-interval "
+                "without --save)\n",
+                static_cast<long long>(save_interval));
+  for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
+    run_iteration(it);
+    if (it == plan_.train_iters() || should_stop(it, exit)) break;
+  }
+  trace::flush();  // a run shorter than the traced range writes what it traced
+  // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
+  if (!stopped_early_ && saving() && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
+    save(plan_.train_iters());
+  if (bench_) {
+    // Every rank again, as at the start (ranks sharing a host's cores measure it together).
+    if (peak_.measured) bench_->raise_peak(remeasure_peak(peak_));
+    print_bench_summary();
+  }
+}
+
+void Trainer::run_iteration(int64_t it) {
+  trace::begin_iteration(it);
+  const auto step_start = std::chrono::steady_clock::now();
+  IterationResult result = train_step(it);
+  if (bench_ && it - resumed_iteration_ > cfg_.train().perf_warmup_steps())
+    bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count(),
+                     StepComm{result.tensor_parallel_comm.in_flight_ms, result.tensor_parallel_comm.exposed_ms,
+                              result.data_parallel_comm.in_flight_ms, result.data_parallel_comm.exposed_ms});
+  log_->record(result);
+  trace::end_iteration(it);
+  progress_.iteration = it;
+  progress_.consumed_train_samples = plan_.consumed_before(it + 1);
+  const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
+  if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
+    evaluate(DTK_SPLIT_VALID, "validation", "iteration " + std::to_string(it), it);
+    progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
+  }
+  if (saving() && save_interval > 0 && it % save_interval == 0) save(it);
+}
+
+// Megatron's checkpoint_and_decide_exit: every rank agrees, saves, and leaves the loop.
+bool Trainer::should_stop(int64_t it, ExitConditions& exit) {
+  const std::string why = exit.check(it);
+  if (why.empty()) return false;
+  if (saving() && last_saved_ != it) save(it);
+  log_->print(" exiting program " + why + ": stopped after iteration " + std::to_string(it) + " of " +
+              std::to_string(plan_.train_iters()) +
+              (saving() ? "; resume with --set checkpoint.load=" + cfg_.checkpoint().save()
+                        : " (no checkpoint: checkpoint.save is not set)"));
+  stopped_early_ = true;
+  return true;
+}
+
+void Trainer::print_bench_summary() {
+  if (topo_.world_rank != 0) return;
+  for (const auto& line : bench_->lines()) log_->print(line);
+  const std::string& path = cfg_.logging().bench_out();
+  if (path.empty()) return;
+  write_file_atomically(path, bench_->json().str() + "\n");
+  log_->print(" wrote the performance summary to " + path);
+}
+
+// Megatron's evaluate_and_print_results: eval_iters global batches of `split`, no gradients, in
+// the training's schedule. Validation continues through its split across evaluations (and across
+// a resume: the loop advances consumed_valid_samples after each periodic one); test starts at
+// its beginning.
+void Trainer::evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration) {
+  TrainingLog::Excluded not_training_time(*log_);
+  auto timer = timers_.scope(Phase::kEvaluate);
+  const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
+  const int64_t first_batch = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples / gbs : 0;
+  if (eval_iters <= 0 || data_->num_samples(split) < (first_batch + eval_iters) * gbs) {
+    if (eval_iters > 0) LOG(WARNING) << "skipping " << what << " evaluation: the split has too few samples";
+    return;
+  }
+  const int64_t num_batches = eval_iters * plan_.micro_batches_per_step();
+  BatchLoader loader(*data_, split, plan_.micro_batch_size(), num_batches,
+                     [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
+  parts_.model->set_training(false);
+  MetricAverager metrics;
+  {
+    at::NoGradGuard no_grad;
+    forward_backward_->evaluate(loader, num_batches, metrics);
+  }
+  parts_.model->set_training(true);
+  log_->report_evaluation(what, label, iteration, metrics);
+}
+
+void Trainer::save(int64_t iteration) {
+  TrainingLog::Excluded not_training_time(*log_);
+  auto timer = timers_.scope(Phase::kSaveCheckpoint);
+  progress_.grad_scaler.reset();
+  if (scaler_.dynamic()) progress_.grad_scaler = scaler_.state();
+  progress_.schedule = schedule_.params();
+  const std::string& dir = cfg_.checkpoint().save();
+  const SaveReport r = save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
+                                       to_text(cfg_), writers_, topo_, cfg_.checkpoint().keep_last());
+  last_saved_ = iteration;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);
+  std::string removed;
+  for (int64_t it : r.removed) removed += (removed.empty() ? "; removed iteration " : ", ") + std::to_string(it);
+  if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";
+  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + dir + buf + removed);
+}
+
+void Trainer::final_evaluation() {
+  // Megatron's labels for the evaluation after training.
+  const std::string at = "iteration " + std::to_string(plan_.train_iters());
+  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", plan_.train_iters());
+  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", plan_.train_iters());
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,110 @@
+// The Trainer's parts on their own: batch plan (Megatron's batch sizes and sampler), metric
+// averaging, and the learning-rate schedule object over the config.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/logging/training_log.hpp"
+#include "dtk/host/error.hpp"
+
+using dtk::core::BatchPlan;
+using dtk::core::Topology;
+
+namespace {
+
+dtk::config::RunConfig config(int64_t mbs, int64_t gbs, int64_t iters) {
+  dtk::config::RunConfig cfg = dtk::core::default_config();
+  cfg.mutable_train()->set_micro_batch_size(mbs);
+  cfg.mutable_train()->set_global_batch_size(gbs);
+  cfg.mutable_train()->set_train_iters(iters);
+  return cfg;
+}
+
+Topology data_parallel(int rank, int size) {
+  Topology t;
+  t.world_rank = t.dp_rank = rank;
+  t.world_size = t.dp_size = size;
+  return t;
+}
+
+}  // namespace
+
+// Megatron's MegatronPretrainingSampler: global batch k is samples [k*gbs, (k+1)*gbs); within it,
+// micro-batch m of DP rank r is the rows m*mbs*dp + r*mbs + j.
+TEST(BatchPlan, SamplerMatchesMegatron) {
+  const auto cfg = config(/*mbs=*/2, /*gbs=*/8, /*iters=*/10);
+  const BatchPlan rank1(cfg, data_parallel(1, 2));
+  EXPECT_EQ(rank1.micro_batches_per_step(), 2);
+  EXPECT_EQ(rank1.sample_index(0, 0, 0), 2);
+  EXPECT_EQ(rank1.sample_index(0, 0, 1), 3);
+  EXPECT_EQ(rank1.sample_index(0, 1, 0), 6);
+  EXPECT_EQ(rank1.sample_index(0, 2, 1), 11);  // next global batch
+  EXPECT_EQ(rank1.sample_index(5, 0, 0), 42);  // resumed after 5 global batches
+  // Over one step the two ranks together take every sample of the global batch exactly once.
+  const BatchPlan rank0(cfg, data_parallel(0, 2));
+  std::set<int64_t> seen;
+  for (const BatchPlan* p : {&rank0, &rank1})
+    for (int64_t k = 0; k < p->micro_batches_per_step(); ++k)
+      for (int64_t j = 0; j < p->micro_batch_size(); ++j) EXPECT_TRUE(seen.insert(p->sample_index(3, k, j)).second);
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_EQ(*seen.begin(), 24);
+  EXPECT_EQ(*seen.rbegin(), 31);
+}
+
+TEST(BatchPlan, SampleCountsPerSplit) {
+  auto cfg = config(2, 8, 10);
+  cfg.mutable_eval()->set_eval_interval(4);
+  cfg.mutable_eval()->set_eval_iters(3);
+  const BatchPlan plan(cfg, data_parallel(0, 1));
+  EXPECT_EQ(plan.train_samples(), 80);
+  EXPECT_EQ(plan.valid_samples(), (10 / 4 + 1) * 3 * 8);  // every eval_interval, and at the end
+  EXPECT_EQ(plan.test_samples(), 3 * 8);
+  // No global batch given: one micro-batch per data-parallel rank.
+  const BatchPlan implicit(config(4, 0, 1), data_parallel(0, 2));
+  EXPECT_EQ(implicit.global_batch_size(), 8);
+  EXPECT_EQ(implicit.micro_batches_per_step(), 1);
+}
+
+TEST(BatchPlan, InconsistentSizesAreOneLineErrors) {
+  try {
+    BatchPlan(config(3, 8, 1), data_parallel(0, 2));
+    FAIL() << "expected a HostError";
+  } catch (const dtk::host::HostError& e) {
+    EXPECT_STREQ(e.what(), "config: global_batch_size 8 is not divisible by micro_batch_size x data-parallel size = 6");
+  }
+  EXPECT_THROW(BatchPlan(config(1, int64_t{1} << 35, int64_t{1} << 20), data_parallel(0, 1)), dtk::host::HostError);
+}
+
+TEST(MetricAverager, MeansAndMergeKeepFirstSeenOrder) {
+  dtk::core::MetricAverager a, b;
+  a.add({{"lm loss", 2.0}, {"aux", 1.0}});
+  a.add({{"lm loss", 4.0}});
+  b.add({{"aux", 3.0}, {"z", 5.0}});
+  a.merge(b);
+  EXPECT_DOUBLE_EQ(a.mean("lm loss"), 3.0);
+  EXPECT_DOUBLE_EQ(a.mean("aux"), 2.0);
+  EXPECT_DOUBLE_EQ(a.mean("z"), 5.0);
+  EXPECT_TRUE(std::isnan(a.mean("missing")));
+  EXPECT_EQ(a.names(), (std::vector<std::string>{"lm loss", "aux", "z"}));
+  a.clear();
+  EXPECT_TRUE(a.names().empty());
+}
+
+TEST(LearningRateSchedule, DecaysOverTrainItersUnlessToldOtherwise) {
+  auto cfg = dtk::core::default_config();
+  cfg.mutable_lr()->set_lr(1.0);
+  cfg.mutable_lr()->set_min_lr(0.0);
+  cfg.mutable_lr()->set_lr_warmup_iters(0);
+  cfg.mutable_lr()->set_lr_decay_style("linear");
+  cfg.mutable_lr()->set_lr_decay_iters(0);
+  const dtk::core::LearningRateSchedule by_iters(cfg.lr(), 100);
+  EXPECT_DOUBLE_EQ(by_iters.rate(25), 0.75);
+  cfg.mutable_lr()->set_lr_decay_iters(50);
+  const dtk::core::LearningRateSchedule by_decay(cfg.lr(), 100);
+  EXPECT_DOUBLE_EQ(by_decay.rate(25), 0.5);
+  EXPECT_DOUBLE_EQ(by_decay.rate(60), 0.0);
+}

@@ -54,6 +54,10 @@ run_sdk_template() {
   # (any text works); the step and the strategy templates with the shipped model, the strategy
   # across two processes. Then all four templates together.
   $dtk train --config sdk/templates/model/train.pbtxt "${short[@]}" --plugin_path $T/model || return
+  # The decoder-LM template (the SDK's decoder_lm.hpp base), alone and in two pipeline stages.
+  $dtk train --config sdk/templates/model/tiny_decoder.pbtxt "${short[@]}" --plugin_path $T/model || return
+  $dtk launch --nproc_per_node 2 train --config sdk/templates/model/tiny_decoder.pbtxt \
+    --set distributed.pipeline_model_parallel_size=2 "${short[@]}" --plugin_path $T/model || return
   $dtk train --config sdk/templates/dataset/train.pbtxt --set dataset.data_path=/usr/share/common-licenses/GPL-3 \
     "${short[@]}" --plugin_path $T/dataset || return
   $dtk train --config configs/gpt-tiny.pbtxt --dataset synthetic --step template_lm_step \

@@ -27,7 +27,8 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(t
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
 
-at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const {
+at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor&, const at::Tensor& mask, DropoutRng& rng,
+                          bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, [&](at::IntArrayRef shape) {
@@ -38,7 +39,7 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& mask, DropoutRn
   return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
 }
 
-at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& cache, int64_t length,
+at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const at::Tensor& cache, int64_t length,
                                  const at::Tensor& mask) const {
   const int64_t b = x.size(0), n = x.size(1), total = length + n;
   at::Tensor mixed = qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)).view({b, n, heads_local_, 3 * head_dim_}).transpose(1, 2);
@@ -114,13 +115,7 @@ at::Tensor Layer::causal_mask(int64_t s, at::Device device) const {
 
 void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {
   auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
-    Param p;
-    p.name = prefix + name;
-    p.tensor = t;
-    p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
-    p.info.partition_dim = partition_dim;
-    p.info.no_weight_decay = no_wd ? 1 : 0;
-    out.push_back(std::move(p));
+    add_param(out, prefix + name, t, partition_dim, no_wd);
   };
   add("input_layernorm.weight", ln1_w, -1, true);
   add("input_layernorm.bias", ln1_b, -1, true);

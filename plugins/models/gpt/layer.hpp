@@ -17,6 +17,7 @@
 #pragma once
 
 #include <dtk/layers/attention.hpp>
+#include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
@@ -32,16 +33,11 @@ namespace dtk::gpt {
 // The SDK's tensor-parallel layers, cross entropy and dropout (dtk/layers), shared with llama.
 using namespace dtk::layers;
 
-struct Config {
-  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0, max_pos = 0;
-  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
-  double hidden_dropout = 0.1, attention_dropout = 0.1, init_std = 0.02, eps = 1e-5;
-  bool untie = false, recompute = false;
+// The shared decoder options (dtk/layers/decoder_lm.hpp; max_pos: the learned position table)
+// and GPT's own.
+struct Config : DecoderConfig {
   bool selective_recompute = false;  // the attention's probabilities recomputed in backward (attention.hpp)
   bool openai_gelu = false;  // GELU's tanh approximation (GPT-2's gelu_new) instead of the exact erf form
-  int64_t domino_chunks = 1;
-  bool fused_lm_head = true;  // lm_head.hpp (training and evaluation with labels)
-  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
 };
 
 // The MLP's activation: exact GELU, or its tanh approximation with openai_gelu (Megatron's
@@ -51,13 +47,15 @@ at::Tensor gelu(const at::Tensor& x, const Config& c);
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);
 
-class Layer : public DominoLayer {
+class Layer : public DominoLayer, public DecoderLayer {
  public:
   Layer(const Config& c, const TPGroup& tp, ParamFactory& f);
 
   // Plain tensor parallelism: x [b, s, h]; mask [b or 1, 1, s, s] bool (true = masked) or
-  // undefined (causal).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask, DropoutRng& rng, bool training) const;
+  // undefined (causal). Positions enter through the embedding only (unused here).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
+                     bool training) const override;
+  const DominoLayer* domino() const override { return this; }
 
   // Domino's pieces of stage 0 (attention) or 1 (MLP) (DominoLayer).
   at::Tensor stage_norm(int stage, const at::Tensor& in) const override;
@@ -72,14 +70,16 @@ class Layer : public DominoLayer {
   // values there, and the attention runs over positions [0, length + n) with `mask` [b, 1, n,
   // length + n] (true = masked). No dropout. The same arithmetic as forward() on the whole
   // sequence (Megatron's CoreAttention, scale before the product).
-  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cache, int64_t length, const at::Tensor& mask) const;
-  int64_t heads_local() const { return heads_local_; }
-  int64_t head_dim() const { return head_dim_; }
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache, int64_t length,
+                            const at::Tensor& mask) const override;
+  at::Tensor empty_kv_cache(int64_t batch, int64_t capacity, const at::TensorOptions& options) const override {
+    return at::zeros({2, batch, heads_local_, capacity, head_dim_}, options);
+  }
 
   // The masks of a whole micro-batch of `batch` sequences of `seq` tokens.
   LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
 
-  void add_params(std::vector<Param>& out, const std::string& prefix) const;
+  void add_params(std::vector<Param>& out, const std::string& prefix) const override;
 
   at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
   ColumnParallelLinear qkv, fc1;

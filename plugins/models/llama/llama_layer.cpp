@@ -165,13 +165,7 @@ LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool t
 
 void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {
   auto add = [&](const std::string& name, const at::Tensor& t, int partition_dim, bool no_wd) {
-    Param p;
-    p.name = prefix + name;
-    p.tensor = t;
-    p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
-    p.info.partition_dim = partition_dim;
-    p.info.no_weight_decay = no_wd ? 1 : 0;
-    out.push_back(std::move(p));
+    add_param(out, prefix + name, t, partition_dim, no_wd);
   };
   auto add_bias = [&](const std::string& name, const at::Tensor& t, int partition_dim) {
     if (t.defined()) add(name, t, partition_dim, true);

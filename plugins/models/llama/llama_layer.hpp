@@ -20,6 +20,7 @@
 // and up as two column projections of one input (one input-gradient all-reduce).
 #pragma once
 
+#include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
@@ -34,16 +35,11 @@ namespace dtk::llama {
 
 using namespace dtk::layers;
 
-struct Config {
-  int64_t num_layers = 0, hidden = 0, heads = 0, groups = 0, ffn = 0, seq = 0;
-  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
+// The shared decoder options (dtk/layers/decoder_lm.hpp) and Llama's own.
+struct Config : DecoderConfig {
+  int64_t groups = 0;
   double rotary_base = 10000.0, rotary_percent = 1.0;
-  double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
-  bool untie = true, fused_lm_head = true;
-  bool recompute = false;  // full activation recomputation, one layer per checkpoint (dtk/layers/recompute.hpp)
-  int64_t domino_chunks = 1;  // >= 2: DeepSpeed-Domino's chunked schedule (dtk/layers/domino.hpp)
   bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
-  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
   int64_t head_dim() const { return hidden / heads; }
   // Channels of each head that rotate (Megatron's rotary_percent), even.
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent); }
@@ -71,18 +67,22 @@ class Rotary {
   mutable at::Tensor cos_, sin_;
 };
 
-class Layer : public DominoLayer {
+class Layer : public DominoLayer, public DecoderLayer {
  public:
   Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary);
   // x [b, s, h]; positions [b, s]; mask [b or 1, 1, s, s] bool (true = masked) or undefined
   // (causal).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
-                     bool training) const;
+                     bool training) const override;
   // Generation: x [b, n, h] at cache positions [length, length + n); `cache` [2, b, groups / tp,
   // capacity, head_dim] holds the rotated keys and the values; mask [b, 1, n, length + n].
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache, int64_t length,
-                            const at::Tensor& mask) const;
-  void add_params(std::vector<Param>& out, const std::string& prefix) const;
+                            const at::Tensor& mask) const override;
+  at::Tensor empty_kv_cache(int64_t batch, int64_t capacity, const at::TensorOptions& options) const override {
+    return at::zeros({2, batch, groups_local_, capacity, c_.head_dim()}, options);
+  }
+  void add_params(std::vector<Param>& out, const std::string& prefix) const override;
+  const DominoLayer* domino() const override { return this; }
 
   // Domino's pieces of stage 0 (attention) and 1 (MLP) (DominoLayer).
   at::Tensor stage_norm(int stage, const at::Tensor& in) const override;
@@ -90,8 +90,6 @@ class Layer : public DominoLayer {
   const RowParallelLinear& stage_row(int stage) const override { return stage == 0 ? dense : down; }
   at::Tensor stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const override;
   LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
-
-  int64_t groups_local() const { return groups_local_; }
 
   at::Tensor input_norm, post_attention_norm;
   ColumnParallelLinear qkv, gate, up;

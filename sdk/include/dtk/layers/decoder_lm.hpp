@@ -1,0 +1,159 @@
+// dtk/layers/decoder_lm.hpp — the skeleton of a Megatron-style decoder-only language model, written
+// once for every model plugin (gpt, llama, a third party's): a model supplies its layer and its
+// final norm, the base does the rest.
+//
+//   tokens [, position_ids] -> word embedding [+ learned position embedding] -> dropout   (first stage)
+//     -> this pipeline stage's layers (DecoderLayer; full recompute; or Domino's schedule)
+//     -> final norm -> logits = h W^T, W the word embedding (tied) or its own output weight
+//     -> with labels: per-token vocab-parallel cross entropy, fused with the output layer       (last stage)
+//
+// What the base owns:
+//   * the shared options (DecoderConfig, read_options: Megatron's names) and their checks;
+//   * the stage split: pre_process (embedding) and post_process (final norm, output layer) from
+//     the build context; this stage's num_layers / pp_size layers, built with weights seeded by
+//     their global index (pp_size and pp_rank count interleaved virtual stages: the host passes
+//     the virtual stage's index), named language_model.encoder.layers.<local index>;
+//   * tied vs untied output weight: the word embedding is `shared` on the first stage and copied
+//     as word_embeddings_for_head.weight on the last stage of a pipeline (Megatron's names);
+//   * initialisation: each weight from seeded_generator(seed * 1000003 + salt), salt 1 the word
+//     embedding, 2 the position embedding, 3 the untied output weight, 100 + global index a layer;
+//   * modules for per-module hooks (ZeRO-3): [embedding,] layers..., [output layer];
+//   * the dropout generators (checkpointed as rng.hidden / rng.attention), recompute, Domino;
+//   * generation with a key/value cache (docs/models.md "Generation").
+//
+// A model derives from DecoderLM, parses its options into a config derived from DecoderConfig
+// (a member, so its layers may keep a reference), then calls build(). See the gpt and llama
+// plugins, and sdk/templates/model/tiny_decoder.cpp for a small one.
+#pragma once
+
+#include <dtk/layers/domino.hpp>
+#include <dtk/layers/dropout.hpp>
+#include <dtk/layers/tensor_parallel.hpp>
+#include <dtk/module_hooks.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtk::layers {
+
+// Appends a parameter: partition_dim >= 0 marks a tensor-parallel shard split along that dim.
+void add_param(std::vector<Param>& out, const std::string& name, const at::Tensor& t, int partition_dim,
+               bool no_weight_decay, bool shared = false, int32_t module = -1);
+
+// The options every decoder LM shares (option names in read_options).
+struct DecoderConfig {
+  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0;
+  int64_t max_pos = 0;  // rows of a learned position embedding; 0: none (positions reach the layers only)
+  int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
+  double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
+  bool untie = false, fused_lm_head = true;
+  bool recompute = false;  // recompute_activations=full: one layer per checkpoint (recompute.hpp)
+  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
+  int64_t domino_chunks = 1;         // >= 2: Domino's chunked schedule (domino.hpp)
+};
+
+// One transformer layer of a decoder LM: [b, s, h] -> [b, s, h].
+class DecoderLayer {
+ public:
+  virtual ~DecoderLayer() = default;
+  // positions [b, s] int64 when the model gives its layers positions (DecoderParts), else
+  // undefined; mask [b or 1, 1, s, s] bool (true = masked) or undefined (causal). Dropout from
+  // rng.hidden (residual branches) and rng.attention (probabilities).
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
+                             bool training) const = 0;
+  // The parameters under `prefix` ("language_model.encoder.layers.<i>."), in a fixed order.
+  virtual void add_params(std::vector<Param>& out, const std::string& prefix) const = 0;
+  // Domino's view of the layer (nullptr: domino_chunks > 1 is refused).
+  virtual const DominoLayer* domino() const { return nullptr; }
+  // Generation: x [b, n, h] at cache positions [length, length + n); positions [b, n] as given;
+  // `cache` as empty_kv_cache made it; mask [b, 1, n, length + n]. The default refuses.
+  virtual at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
+                                    int64_t length, const at::Tensor& mask) const;
+  virtual at::Tensor empty_kv_cache(int64_t batch, int64_t capacity, const at::TensorOptions& options) const;
+};
+
+// What a model tells build() besides its config.
+struct DecoderParts {
+  // The final norm's tensors: names under "language_model.encoder." and their initial value
+  // (1: a weight, 0: a bias), e.g. {{"final_layernorm.weight", 1}, {"final_layernorm.bias", 0}}.
+  std::vector<std::pair<std::string, double>> final_norm;
+  // The layers read position ids (rotary embeddings): "position_ids" [b, s] are checked, taken
+  // as int64 and passed to every stage's layers; else only a learned table (max_pos) reads them.
+  bool layer_positions = false;
+};
+
+class DecoderLM : public Model {
+ public:
+  TensorList forward(const TensorList& inputs) override;
+  std::vector<Param> parameters() override;
+  std::vector<Module> modules() override;
+  void set_module_hooks(const dtk_module_hooks* hooks) override { hooks_.set(hooks); }
+  void set_training(bool training) override { training_ = training; }
+  dtk_model_info info() override;
+  // The parameters (Model's default) plus the two dropout generators' states.
+  TensorList state_save() override;
+  void state_load(const TensorList& state, bool strict) override;
+
+ protected:
+  // `name` prefixes every error ("gpt: ...").
+  DecoderLM(const BuildContext& ctx, std::string name);
+
+  // The shared options: num_layers, hidden_size, num_attention_heads, vocab_size (required), and
+  // where the plugin declares them (else DecoderConfig's defaults): seq_length (0: the run's),
+  // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
+  // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
+  // recompute_activations (full), domino_chunks. The model reads ffn_hidden_size (and
+  // max_position_embeddings) itself, e.g. with option_or.
+  void read_options(const BuildContext& ctx, DecoderConfig& c) const;
+  // The option's value; 0 selects `fallback`; negative is refused.
+  int64_t option_or(const Options& o, const char* name, int64_t fallback) const;
+  // Checks the shared options (and ffn, max_pos); throws "<name>: ..." naming the first wrong one.
+  void validate(const BuildContext& ctx, const DecoderConfig& c) const;
+  // Builds the embedding, this stage's layers and the output layer. `config` must outlive the
+  // model (a member of it); its padded_vocab is set here. Call from the model's constructor.
+  void build(const BuildContext& ctx, DecoderConfig& config, DecoderParts parts);
+  void fail(const std::string& what) const;  // throws Error(name + ": " + what)
+  // Refuses n % d != 0: "<name>: <what> <n> is not divisible by <by> <d>".
+  void divisible(const char* what, int64_t n, const char* by, int64_t d) const;
+
+  // The model's parts: layer `index` (global, over all stages) drawing its weights from f; the
+  // final norm of x reading final_norm_ (the tensors of DecoderParts::final_norm, in order).
+  virtual std::unique_ptr<DecoderLayer> make_layer(int64_t index, ParamFactory& f) = 0;
+  virtual at::Tensor final_norm(const at::Tensor& x) const = 0;
+
+  std::string name_;
+  TPGroup tp_;
+  bool pre_, post_;
+  std::vector<at::Tensor> final_norm_;
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+
+ private:
+  TensorList forward_cached(const TensorList& inputs);
+  at::Tensor attention_mask(const TensorList& inputs) const;
+  at::Tensor check_tokens(const TensorList& inputs) const;
+  at::Tensor positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h) const;
+  at::Tensor embed(const at::Tensor& tokens, const at::Tensor& positions) const;
+  at::Tensor plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask);
+  at::Tensor output_layer(const at::Tensor& h, const at::Tensor* labels);
+  const at::Tensor& output_weight() const { return config_->untie ? output_ : word_.weight; }
+  void init_domino();
+  int32_t embedding_module() const { return 0; }
+  int32_t layer_module(size_t i) const { return static_cast<int32_t>(i) + (pre_ ? 1 : 0); }
+  int32_t output_module() const { return layer_module(layers_.size()); }
+
+  const DecoderConfig* config_ = nullptr;
+  DecoderParts parts_;
+  bool training_ = true;
+  VocabParallelEmbedding word_;
+  at::Tensor position_, output_;
+  DropoutRng rng_;
+  ModuleHooks hooks_;
+  DominoStack domino_;
+  DominoHead head_;
+  DominoEmbedding embedding_;
+};
+
+}  // namespace dtk::layers

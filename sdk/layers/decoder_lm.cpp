@@ -1,0 +1,414 @@
+// decoder_lm.cpp — see dtk/layers/decoder_lm.hpp. Megatron-LM: megatron/model/gpt_model.py,
+// language_model.py (Embedding, the tied word_embeddings_for_head), transformer.py (the stack).
+#include <dtk/layers/decoder_lm.hpp>
+#include <dtk/layers/lm_head.hpp>
+#include <dtk/layers/recompute.hpp>
+
+#include <algorithm>
+#include <limits>
+
+namespace dtk::layers {
+
+void add_param(std::vector<Param>& out, const std::string& name, const at::Tensor& t, int partition_dim,
+               bool no_weight_decay, bool shared, int32_t module) {
+  Param p;
+  p.name = name;
+  p.tensor = t;
+  p.info.tensor_parallel = partition_dim >= 0 ? 1 : 0;
+  p.info.partition_dim = partition_dim;
+  p.info.no_weight_decay = no_weight_decay ? 1 : 0;
+  p.info.shared = shared ? 1 : 0;
+  p.info.module_index = module;
+  out.push_back(std::move(p));
+}
+
+at::Tensor DecoderLayer::forward_cached(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                        const at::Tensor&) const {
+  throw Error("this model's layers do not implement generation with a key/value cache", DTK_ERR_UNSUPPORTED);
+}
+
+at::Tensor DecoderLayer::empty_kv_cache(int64_t, int64_t, const at::TensorOptions&) const {
+  throw Error("this model's layers do not implement generation with a key/value cache", DTK_ERR_UNSUPPORTED);
+}
+
+DecoderLM::DecoderLM(const BuildContext& ctx, std::string name)
+    : name_(std::move(name)), tp_{ctx.tp_rank, std::max(1, ctx.tp_size)}, pre_(ctx.pre_process),
+      post_(ctx.post_process) {}
+
+void DecoderLM::fail(const std::string& what) const { throw Error(name_ + ": " + what); }
+
+void DecoderLM::divisible(const char* what, int64_t n, const char* by, int64_t d) const {
+  if (n % d != 0) fail(std::string(what) + " " + std::to_string(n) + " is not divisible by " + by + " " + std::to_string(d));
+}
+
+int64_t DecoderLM::option_or(const Options& o, const char* name, int64_t fallback) const {
+  const int64_t v = o.get_int(name);
+  if (v < 0) fail(std::string("option '") + name + "' must be >= 0 (0 = default), got " + std::to_string(v));
+  return v > 0 ? v : fallback;
+}
+
+void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
+  const Options& o = ctx.options;
+  c.num_layers = o.get_int("num_layers");
+  c.hidden = o.get_int("hidden_size");
+  c.heads = o.get_int("num_attention_heads");
+  c.vocab = o.get_int("vocab_size");
+  c.seq = o.has("seq_length") ? option_or(o, "seq_length", ctx.seq_length) : ctx.seq_length;
+  // The rest only where the plugin declares the option; otherwise DecoderConfig's default.
+  auto int_opt = [&](const char* name, int64_t& v) {
+    if (o.has(name)) v = o.get_int(name);
+  };
+  auto float_opt = [&](const char* name, double& v) {
+    if (o.has(name)) v = o.get_float(name);
+  };
+  auto bool_opt = [&](const char* name, bool& v) {
+    if (o.has(name)) v = o.get_bool(name);
+  };
+  int_opt("make_vocab_size_divisible_by", c.divisible_by);
+  float_opt("hidden_dropout", c.hidden_dropout);
+  float_opt("attention_dropout", c.attention_dropout);
+  float_opt("init_method_std", c.init_std);
+  float_opt("layernorm_epsilon", c.eps);
+  bool_opt("untie_embeddings_and_output_weights", c.untie);
+  bool_opt("fused_lm_head", c.fused_lm_head);
+  int_opt("lm_head_chunk_tokens", c.lm_head_chunk_tokens);
+  if (o.has("recompute_activations")) c.recompute = o.get_string("recompute_activations") == "full";
+  int_opt("domino_chunks", c.domino_chunks);
+}
+
+void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const {
+  auto positive = [&](const char* option, int64_t v) {
+    if (v <= 0) fail(std::string("option '") + option + "' must be positive, got " + std::to_string(v));
+  };
+  positive("num_layers", c.num_layers);
+  positive("hidden_size", c.hidden);
+  positive("num_attention_heads", c.heads);
+  positive("ffn_hidden_size", c.ffn);
+  positive("seq_length (option or train.seq_length)", c.seq);
+  positive("vocab_size", c.vocab);
+  positive("make_vocab_size_divisible_by", c.divisible_by);
+  divisible("hidden_size", c.hidden, "num_attention_heads", c.heads);
+  divisible("num_attention_heads", c.heads, "the tensor-parallel size", tp_.size);
+  divisible("ffn_hidden_size", c.ffn, "the tensor-parallel size", tp_.size);
+  // Pipeline stages: pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size
+  // with the interleaved schedule.
+  divisible("num_layers", c.num_layers, "the pipeline stages", std::max(1, ctx.pp_size));
+  if (c.max_pos > 0 && c.max_pos < c.seq)
+    fail("max_position_embeddings " + std::to_string(c.max_pos) + " < seq_length " + std::to_string(c.seq));
+  for (double p : {c.hidden_dropout, c.attention_dropout})
+    if (p < 0.0 || p >= 1.0) fail("dropout probabilities must be in [0, 1)");
+  if (!(c.init_std > 0.0)) fail("option 'init_method_std' must be positive");
+  if (!(c.eps > 0.0)) fail("option 'layernorm_epsilon' must be positive, got " + std::to_string(c.eps));
+  if (c.lm_head_chunk_tokens < 0)
+    fail("option 'lm_head_chunk_tokens' must be >= 0 (0 = 512), got " + std::to_string(c.lm_head_chunk_tokens));
+  if (c.domino_chunks < 1)
+    fail("option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " + std::to_string(c.domino_chunks));
+  if (ctx.micro_batch_size > 0 && c.domino_chunks > ctx.micro_batch_size)
+    fail("domino_chunks (" + std::to_string(c.domino_chunks) + ") exceeds the micro-batch size (" +
+         std::to_string(ctx.micro_batch_size) + "): each chunk needs at least one sequence");
+  if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
+    fail("parameters must be fp32, bf16 or fp16");
+}
+
+void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts parts) {
+  config_ = &c;
+  parts_ = std::move(parts);
+  c.padded_vocab = padded_vocab_size(c.vocab, c.divisible_by, tp_.size);
+  // Layers of this pipeline stage: num_layers / pp_size consecutive layers.
+  const int64_t local_layers = c.num_layers / std::max(1, ctx.pp_size);
+  const int64_t offset = static_cast<int64_t>(ctx.pp_rank) * local_layers;
+  // Every master weight comes from a CPU generator seeded by the run seed and the weight's place
+  // in the whole model, so all TP ranks (and any pipeline split) agree.
+  ParamFactory f;
+  f.dtype = ctx.params_dtype;
+  f.device = ctx.device;
+  auto seeded = [&](uint64_t salt) -> ParamFactory& {
+    f.gen = seeded_generator(ctx.seed * 1000003ULL + salt);
+    return f;
+  };
+  if (pre_ || (post_ && !c.untie)) word_ = VocabParallelEmbedding(c.padded_vocab, c.hidden, c.init_std, tp_, seeded(1));
+  if (pre_ && c.max_pos > 0) position_ = f.param(seeded(2).normal({c.max_pos, c.hidden}, c.init_std));
+  for (int64_t i = 0; i < local_layers; ++i) layers_.push_back(make_layer(offset + i, seeded(100 + offset + i)));
+  if (post_) {
+    for (const auto& norm : parts_.final_norm) {
+      if (norm.second != 0.0 && norm.second != 1.0) fail("a final norm's tensor starts at 1 or 0");
+      final_norm_.push_back(norm.second == 0.0 ? f.zeros({c.hidden}) : f.ones({c.hidden}));
+    }
+    if (c.untie) output_ = ColumnParallelLinear(c.hidden, c.padded_vocab, false, c.init_std, tp_, seeded(3)).weight;
+  }
+  init_domino();
+  rng_ = DropoutRng::from_host();  // CPU generators on every device: they only seed the masks (dropout.hpp)
+}
+
+// The Domino schedule's view of this model (domino.hpp).
+void DecoderLM::init_domino() {
+  const DecoderConfig& c = *config_;
+  domino_.model = name_;
+  domino_.chunks = c.domino_chunks;
+  domino_.hidden = c.hidden;
+  domino_.recompute = c.recompute;
+  for (const auto& l : layers_) {
+    if (c.domino_chunks > 1 && !l->domino()) fail("domino_chunks > 1 needs layers that implement DominoLayer");
+    domino_.layers.push_back(l->domino());
+  }
+  domino_.hooks = &hooks_;
+  domino_.module_of = [this](size_t i) { return layer_module(i); };
+  if (pre_) {
+    embedding_.word_partial = [this](const at::Tensor& ids) { return word_.partial(ids); };
+    if (position_.defined()) embedding_.position = [this](const at::Tensor& pos) { return at::embedding(position_, pos); };
+    embedding_.anchor = [this]() -> const at::Tensor& { return position_.defined() ? position_ : word_.weight; };
+    embedding_.dropout = c.hidden_dropout;
+    embedding_.module = embedding_module();
+    domino_.embedding = &embedding_;
+  }
+  if (post_) {
+    head_.norm = [this](const at::Tensor& x) { return final_norm(x); };
+    head_.weight = [this]() -> const at::Tensor& { return output_weight(); };
+    head_.tp = tp_;
+    head_.module = output_module();
+    domino_.head = &head_;
+  }
+}
+
+TensorList DecoderLM::state_save() {
+  TensorList out = Model::state_save();
+  rng_.save(out);
+  return out;
+}
+
+void DecoderLM::state_load(const TensorList& state, bool strict) {
+  Model::state_load(state, strict);  // names and shapes of everything, the generator states too
+  rng_.load(state);                  // a non-strict load without them keeps the current streams
+}
+
+// Megatron's convention: bool, true = masked. A float "1 = may attend" mask would silently flip
+// meaning if converted, so anything but bool is refused.
+at::Tensor DecoderLM::attention_mask(const TensorList& inputs) const {
+  const at::Tensor* mask = find(inputs, "attention_mask");
+  if (mask && mask->scalar_type() != at::kBool)
+    fail("'attention_mask' must be a bool tensor (true = masked, Megatron's convention), got " +
+         std::string(c10::toString(mask->scalar_type())));
+  return mask ? *mask : at::Tensor();
+}
+
+at::Tensor DecoderLM::check_tokens(const TensorList& inputs) const {
+  const at::Tensor& tokens = get(inputs, "tokens");
+  if (tokens.dim() != 2) fail("'tokens' must be [batch, seq], got " + shape_str(tokens));
+  if (tokens.scalar_type() != at::kLong && tokens.scalar_type() != at::kInt)
+    fail("'tokens' must hold integer ids (int64 or int32)");
+  if (position_.defined() && tokens.size(1) > config_->max_pos)
+    fail("sequence of " + std::to_string(tokens.size(1)) + " tokens exceeds max_position_embeddings " +
+         std::to_string(config_->max_pos));
+  check_id_range(name_.c_str(), "tokens", tokens, config_->padded_vocab, "the padded vocabulary");
+  return tokens;
+}
+
+// The step's position_ids (or 0..s-1 for every sequence) where the layers or a learned table read
+// them; undefined where nothing does.
+at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h) const {
+  const at::Tensor* given = find(inputs, "position_ids");
+  if (parts_.layer_positions) {
+    const at::Tensor& shape = pre_ ? tokens : h;
+    const int64_t b = shape.size(0), s = shape.size(1);
+    at::Tensor pos;
+    if (given) {
+      if (given->dim() != 2 || given->size(0) != b || given->size(1) != s)
+        fail("'position_ids' must be [batch, seq] = [" + std::to_string(b) + ", " + std::to_string(s) + "], got " +
+             shape_str(*given));
+      check_id_range(name_.c_str(), "position_ids", *given, std::numeric_limits<int64_t>::max(),
+                     "non-negative positions");
+      pos = given->to(at::kLong);
+    } else {
+      pos = at::arange(s, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).expand({b, s});
+    }
+    pos = pos.to(shape.device());  // once, not per layer
+    if (position_.defined()) check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+    return pos;
+  }
+  if (!position_.defined()) return {};
+  at::Tensor pos = given ? *given : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
+  check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+  return pos;
+}
+
+at::Tensor DecoderLM::embed(const at::Tensor& tokens, const at::Tensor& positions) const {
+  at::Tensor x = word_.forward(tokens);
+  if (position_.defined()) x = x + at::embedding(position_, positions);
+  return x;
+}
+
+TensorList DecoderLM::forward(const TensorList& inputs) {
+  if (find(inputs, "kv_cache_length")) return forward_cached(inputs);
+  const DecoderConfig& c = *config_;
+  const at::Tensor mask = attention_mask(inputs);
+  const bool domino = c.domino_chunks > 1;
+  at::Tensor h, tokens;  // Domino runs the embedding itself (DominoEmbedding)
+  if (pre_) {
+    tokens = check_tokens(inputs);
+  } else {
+    h = get(inputs, "hidden_states");
+    if (h.dim() != 3) fail("'hidden_states' must be [batch, seq, hidden], got " + shape_str(h));
+  }
+  const at::Tensor pos = positions(inputs, tokens, h);
+  if (pre_ && !domino)
+    h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
+      return dropout(embed(ids, pos), c.hidden_dropout, training_, rng_.hidden);
+    });
+  const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : h.size(1);
+  if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
+                         (mask.size(0) != 1 && mask.size(0) != b)))
+    fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
+  const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
+  // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
+  if (labels) check_id_range(name_.c_str(), "labels", *labels, c.padded_vocab, "the padded vocabulary");
+  if (domino) {
+    // With labels the output layer joins the chunked schedule (DominoHead): the result is the loss.
+    DominoInputs in;
+    in.hidden = h;
+    in.tokens = tokens;
+    in.positions = pos;
+    in.mask = mask;
+    if (labels) in.labels = labels->to(at::kLong);
+    h = domino_forward(domino_, in, rng_, training_);
+    if (labels) return {{"loss", h}};
+  } else {
+    h = plain_layers(h, pos, mask);
+  }
+  if (!post_) return {{"hidden_states", h}};
+  return {{labels ? "loss" : "logits", output_layer(h, labels)}};
+}
+
+// Plain tensor parallelism: layer after layer on the whole micro-batch. The hooks run inside the
+// recomputed block, so a ZeRO-3 strategy gathers the layer's parameters again for the rerun.
+at::Tensor DecoderLM::plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const DecoderLayer* layer = layers_[i].get();
+    const ModuleHooks* hooks = &hooks_;
+    const int32_t module = layer_module(i);
+    const bool training = training_;
+    RecomputedBlock block = [layer, hooks, module, positions, mask, training](const at::Tensor& x, DropoutRng& rng) {
+      return hooks->run(module, x, [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); });
+    };
+    h = config_->recompute ? recompute(h, rng_, std::move(block)) : block(h, rng_);
+  }
+  return h;
+}
+
+// Final norm, logits; with labels the per-token loss (the fused output layer never makes the
+// logits whole, lm_head.hpp).
+at::Tensor DecoderLM::output_layer(const at::Tensor& h, const at::Tensor* labels) {
+  const DecoderConfig& c = *config_;
+  return hooks_.run(output_module(), h, [&](const at::Tensor& x) {
+    const at::Tensor normed = final_norm(x);
+    if (labels && c.fused_lm_head)
+      return fused_lm_head_loss(copy_to_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens);
+    at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/c.domino_chunks > 1);
+    return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
+  });
+}
+
+// Generation with a key/value cache (docs/models.md "Generation"): "tokens"/"position_ids" [b, n]
+// at cache positions [L, L + n), "attention_mask" [b, 1, n, L + n] (bool, true = masked),
+// "kv_cache_length" L, and the caches "kv_cache.<layer>" a previous call returned or, on the
+// first call (L = 0), "kv_cache_capacity". Outputs "logits" [b, 1, vocab / tp] of the last
+// position and the caches, filled up to L + n.
+TensorList DecoderLM::forward_cached(const TensorList& inputs) {
+  if (!pre_ || !post_) fail("generation needs the whole model on this rank (no pipeline stages)");
+  at::NoGradGuard no_grad;
+  const at::Tensor& tokens = get(inputs, "tokens");
+  const at::Tensor& pos = get(inputs, "position_ids");
+  const at::Tensor& mask = get(inputs, "attention_mask");
+  const int64_t length = get(inputs, "kv_cache_length").item<int64_t>();
+  if (tokens.dim() != 2 || pos.sizes() != tokens.sizes())
+    fail("generation needs 'tokens' and 'position_ids' of one shape [batch, n], got " + shape_str(tokens) + " and " +
+         shape_str(pos));
+  const int64_t b = tokens.size(0), n = tokens.size(1);
+  if (mask.scalar_type() != at::kBool || mask.dim() != 4 || mask.size(0) != b || mask.size(2) != n ||
+      mask.size(3) != length + n)
+    fail("generation's 'attention_mask' must be bool [batch, 1, n, kv_cache_length + n], got " + shape_str(mask));
+  check_id_range(name_.c_str(), "tokens", tokens, config_->padded_vocab, "the padded vocabulary");
+  if (position_.defined())
+    check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+  else
+    check_id_range(name_.c_str(), "position_ids", pos, std::numeric_limits<int64_t>::max(), "non-negative positions");
+  std::vector<at::Tensor> caches;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (const at::Tensor* given = find(inputs, "kv_cache." + std::to_string(i))) {
+      caches.push_back(*given);
+      continue;
+    }
+    const at::Tensor* capacity = find(inputs, "kv_cache_capacity");
+    if (!capacity || length != 0)
+      fail("generation needs 'kv_cache." + std::to_string(i) +
+           "' (from the previous call) or, on the first call, 'kv_cache_capacity'");
+    caches.push_back(layers_[i]->empty_kv_cache(b, capacity->item<int64_t>(), word_.weight.options()));
+  }
+  if (length + n > caches[0].size(3))
+    fail("generation ran past the key/value cache's capacity of " + std::to_string(caches[0].size(3)) + " positions");
+  at::Tensor h = embed(tokens, pos);
+  for (size_t i = 0; i < layers_.size(); ++i) h = layers_[i]->forward_cached(h, pos, caches[i], length, mask);
+  TensorList out{{"logits", at::linear(final_norm(h.narrow(1, n - 1, 1)), output_weight())}};
+  for (size_t i = 0; i < caches.size(); ++i) out.emplace_back("kv_cache." + std::to_string(i), caches[i]);
+  return out;
+}
+
+std::vector<Param> DecoderLM::parameters() {
+  std::vector<Param> out;
+  const bool tied = !config_->untie;
+  if (pre_) {
+    // Tied: read by the output layer too, here or (pipeline) on the last stage, whose copy follows.
+    add_param(out, "language_model.embedding.word_embeddings.weight", word_.weight, 0, false, tied, embedding_module());
+    if (position_.defined())
+      add_param(out, "language_model.embedding.position_embeddings.weight", position_, -1, false, false,
+                embedding_module());
+  } else if (post_ && tied) {
+    // Megatron's copy of the embedding on the last stage (kept in sync by the embedding group).
+    add_param(out, "word_embeddings_for_head.weight", word_.weight, 0, false, true, output_module());
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const size_t first = out.size();
+    layers_[i]->add_params(out, "language_model.encoder.layers." + std::to_string(i) + ".");
+    for (size_t k = first; k < out.size(); ++k) out[k].info.module_index = layer_module(i);
+  }
+  if (post_) {
+    for (size_t i = 0; i < final_norm_.size(); ++i)
+      add_param(out, "language_model.encoder." + parts_.final_norm[i].first, final_norm_[i], -1, true, false,
+                output_module());
+    if (config_->untie) add_param(out, "language_model.output_layer.weight", output_, 0, false, false, output_module());
+  }
+  return out;
+}
+
+std::vector<Module> DecoderLM::modules() {
+  std::vector<Module> out;
+  auto add = [&](int32_t index, const std::string& name) {
+    Module m;
+    m.index = index;
+    m.name = name;
+    out.push_back(std::move(m));
+  };
+  if (pre_) add(embedding_module(), "language_model.embedding");
+  for (size_t i = 0; i < layers_.size(); ++i) add(layer_module(i), "language_model.encoder.layers." + std::to_string(i));
+  if (post_) add(output_module(), "language_model.output_layer");
+  for (const Param& p : parameters()) out[static_cast<size_t>(p.info.module_index)].params.push_back(p.name);
+  // A tied output layer reads the word embedding owned by the embedding module.
+  if (pre_ && post_ && !config_->untie) out.back().params.push_back("language_model.embedding.word_embeddings.weight");
+  return out;
+}
+
+dtk_model_info DecoderLM::info() {
+  const DecoderConfig& c = *config_;
+  dtk_model_info i{};
+  i.struct_size = dtk_model_info_STRUCT_SIZE;
+  i.num_layers = c.num_layers;
+  i.hidden_size = c.hidden;
+  i.num_attention_heads = c.heads;
+  i.ffn_hidden_size = c.ffn;
+  i.seq_length = c.seq;
+  i.vocab_size = c.padded_vocab;
+  i.recompute = c.recompute ? 1 : 0;
+  i.tied_embeddings = c.untie ? 0 : 1;
+  return i;
+}
+
+}  // namespace dtk::layers

@@ -51,9 +51,8 @@ std::vector<std::string> read_prompts() {
   return out;
 }
 
-}  // namespace
-
-int run_generate(dtk::host::PluginHost& plugins) {
+// The sampling flags, checked before anything is read.
+void check_generate_flags() {
   if (FLAGS_load.empty()) throw HostError("generate: --load DIR (a checkpoint) is required");
   if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
     throw HostError("generate: --vocab_file encoder.json and --merge_file vocab.bpe (the GPT-2 BPE) are required");
@@ -62,24 +61,123 @@ int run_generate(dtk::host::PluginHost& plugins) {
   if (FLAGS_top_k < 0) throw HostError("generate: --top_k must be >= 0");
   if (!(FLAGS_top_p > 0 && FLAGS_top_p <= 1)) throw HostError("generate: --top_p must be in (0, 1]");
   if (FLAGS_batch_size < 1) throw HostError("generate: --batch_size must be >= 1");
+}
+
+// The configuration the checkpoint records, made to run here: one pipeline stage, fp32. The
+// ranks of this process group are the checkpoint's tensor-parallel ranks (`*tp` of them).
+dtk::config::RunConfig generation_config(const std::string& iter_dir, int* tp) {
+  dtk::config::RunConfig cfg;
+  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+    throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
+  *tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
+  const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();
+  if (env.world_size != *tp)
+    throw HostError("generate: " + iter_dir + " was saved at tensor-parallel size " + std::to_string(*tp) +
+                    ": run `dtk launch --nproc_per_node " + std::to_string(*tp) +
+                    " generate ...` (or convert it: dtk checkpoint convert --tensor_model_parallel_size " +
+                    std::to_string(env.world_size) + ")");
+  cfg.mutable_distributed()->set_pipeline_model_parallel_size(1);
+  cfg.mutable_train()->set_params_dtype("fp32");
+  return cfg;
+}
+
+// The flags' sampling, never choosing a vocabulary padding row nor an id the tokenizer cannot spell.
+dtk::core::SamplingOptions sampling_options(const dtk::config::RunConfig& cfg,
+                                            const dtk::data::Gpt2Tokenizer& tokenizer) {
+  dtk::core::SamplingOptions o;
+  o.temperature = FLAGS_temperature;
+  o.top_k = FLAGS_top_k;
+  o.top_p = FLAGS_top_p;
+  o.seed = FLAGS_seed;
+  o.max_new_tokens = FLAGS_max_new_tokens;
+  const int64_t spelled = static_cast<int64_t>(tokenizer.vocab_size());
+  auto vocab = cfg.model().options().find("vocab_size");
+  o.vocab_size = std::min<int64_t>(vocab != cfg.model().options().end() ? std::stoll(vocab->second) : spelled, spelled);
+  o.eos = kEndOfText < o.vocab_size ? kEndOfText : -1;
+  return o;
+}
+
+// The model's max_position_embeddings, else the sequence length it trained at.
+int64_t max_positions_of(const dtk::config::RunConfig& cfg) {
+  int64_t max_positions = cfg.train().seq_length();
+  auto positions = cfg.model().options().find("max_position_embeddings");
+  if (positions != cfg.model().options().end() && std::stoll(positions->second) > 0)
+    max_positions = std::stoll(positions->second);
+  return max_positions;
+}
+
+// What is generated from, on stderr (stdout holds only the text).
+void print_generate_header(int64_t iteration, int tp) {
+  char how[160];
+  if (FLAGS_temperature == 0)
+    std::snprintf(how, sizeof how, "greedy");
+  else
+    std::snprintf(how, sizeof how, "temperature %g, top_k %d, top_p %g, seed %llu", FLAGS_temperature, FLAGS_top_k,
+                  FLAGS_top_p, static_cast<unsigned long long>(FLAGS_seed));
+  std::fprintf(stderr, "generate: iteration %lld of %s, tensor-parallel size %d, %s\n",
+               static_cast<long long>(iteration), FLAGS_load.c_str(), tp, how);
+}
+
+// How one batch of prompts is continued and shown.
+struct GenerateRun {
+  const dtk_model_ref* model;
+  const dtk::data::Gpt2Tokenizer& tokenizer;
+  const std::vector<std::string>& prompts;
+  const dtk::core::SamplingOptions& options;
+  int64_t max_positions;
+  bool printer, stream;
+};
+
+// Prompts [first, first + n) in one batch. One prompt streams: its text, then each token's text
+// as it is chosen. A batch prints each prompt with its continuation when the batch is done.
+void generate_batch(const GenerateRun& run, size_t first, size_t n) {
+  std::vector<std::vector<int64_t>> ids(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t t : run.tokenizer.encode(run.prompts[first + i])) ids[i].push_back(t);
+    if (ids[i].empty()) ids[i].push_back(kEndOfText);  // no token (whitespace only): a document start
+  }
+  size_t longest = 0;
+  for (const auto& p : ids) longest = std::max(longest, p.size());
+  dtk::core::check_generation_fits(static_cast<int64_t>(longest), run.options.max_new_tokens, run.max_positions);
+  if (run.stream && run.printer) {
+    std::fputs(run.prompts[first].c_str(), stdout);
+    std::fflush(stdout);
+  }
+  // GPT-2's BPE is byte-level: each token's bytes stand alone (a multi-byte character may span
+  // tokens; its bytes come out as they arrive and the terminal joins them).
+  auto on_token = [&](size_t, int64_t id) {
+    if (!run.stream || !run.printer || id == kEndOfText) return;
+    const std::string bytes = run.tokenizer.decode(&id, 1);
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    std::fflush(stdout);
+  };
+  const auto out = dtk::core::generate(run.model, ids, run.options, run.max_positions, on_token);
+  if (!run.printer) return;
+  if (run.stream) {
+    std::fputs("\n", stdout);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int64_t> text_ids;
+    for (int64_t id : out[i])
+      if (id != kEndOfText) text_ids.push_back(id);
+    std::printf("=== prompt %zu\n%s%s\n", first + i + 1, run.prompts[first + i].c_str(),
+                run.tokenizer.decode(text_ids.data(), text_ids.size()).c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_generate(dtk::host::PluginHost& plugins) {
+  check_generate_flags();
   const std::vector<std::string> prompts = read_prompts();
   const dtk::data::Gpt2Tokenizer tokenizer(FLAGS_vocab_file, FLAGS_merge_file);
 
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
-  dtk::config::RunConfig cfg;
-  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
-    throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
-  // The ranks of this process group are the checkpoint's tensor-parallel ranks.
-  const int tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
-  const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();
-  if (env.world_size != tp)
-    throw HostError("generate: " + iter_dir + " was saved at tensor-parallel size " + std::to_string(tp) +
-                    ": run `dtk launch --nproc_per_node " + std::to_string(tp) +
-                    " generate ...` (or convert it: dtk checkpoint convert --tensor_model_parallel_size " +
-                    std::to_string(env.world_size) + ")");
-  cfg.mutable_distributed()->set_pipeline_model_parallel_size(1);
-  cfg.mutable_train()->set_params_dtype("fp32");
+  int tp = 1;
+  const dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 
@@ -88,72 +186,12 @@ int run_generate(dtk::host::PluginHost& plugins) {
   built.model->state_load(dtk::core::read_model_state(iter_dir, topo.tp_rank), /*strict=*/true);
   built.model->set_training(false);
 
-  dtk::core::SamplingOptions o;
-  o.temperature = FLAGS_temperature;
-  o.top_k = FLAGS_top_k;
-  o.top_p = FLAGS_top_p;
-  o.seed = FLAGS_seed;
-  o.max_new_tokens = FLAGS_max_new_tokens;
-  // Never a vocabulary padding row, nor an id the tokenizer cannot spell.
-  const int64_t spelled = static_cast<int64_t>(tokenizer.vocab_size());
-  auto vocab = cfg.model().options().find("vocab_size");
-  o.vocab_size = std::min<int64_t>(vocab != cfg.model().options().end() ? std::stoll(vocab->second) : spelled, spelled);
-  o.eos = kEndOfText < o.vocab_size ? kEndOfText : -1;
-  int64_t max_positions = cfg.train().seq_length();
-  auto positions = cfg.model().options().find("max_position_embeddings");
-  if (positions != cfg.model().options().end() && std::stoll(positions->second) > 0)
-    max_positions = std::stoll(positions->second);
-  const bool printer = topo.world_rank == 0;
-  const bool stream = prompts.size() == 1;
-  if (printer) {
-    char how[160];
-    if (FLAGS_temperature == 0)
-      std::snprintf(how, sizeof how, "greedy");
-    else
-      std::snprintf(how, sizeof how, "temperature %g, top_k %d, top_p %g, seed %llu", FLAGS_temperature, FLAGS_top_k,
-                    FLAGS_top_p, static_cast<unsigned long long>(FLAGS_seed));
-    std::fprintf(stderr, "generate: iteration %lld of %s, tensor-parallel size %d, %s\n",
-                 static_cast<long long>(iteration), FLAGS_load.c_str(), tp, how);
-  }
-  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(FLAGS_batch_size)) {
-    const size_t n = std::min(prompts.size() - first, static_cast<size_t>(FLAGS_batch_size));
-    std::vector<std::vector<int64_t>> ids(n);
-    for (size_t i = 0; i < n; ++i) {
-      for (int32_t t : tokenizer.encode(prompts[first + i])) ids[i].push_back(t);
-      if (ids[i].empty()) ids[i].push_back(kEndOfText);  // no token (whitespace only): a document start
-    }
-    // One prompt streams: its text, then each token's text as it is chosen. A batch prints each
-    // prompt with its continuation when the batch is done.
-    size_t longest = 0;
-    for (const auto& p : ids) longest = std::max(longest, p.size());
-    dtk::core::check_generation_fits(static_cast<int64_t>(longest), o.max_new_tokens, max_positions);
-    if (stream && printer) {
-      std::fputs(prompts[first].c_str(), stdout);
-      std::fflush(stdout);
-    }
-    // GPT-2's BPE is byte-level: each token's bytes stand alone (a multi-byte character may span
-    // tokens; its bytes come out as they arrive and the terminal joins them).
-    auto on_token = [&](size_t, int64_t id) {
-      if (!stream || !printer || id == kEndOfText) return;
-      const std::string bytes = tokenizer.decode(&id, 1);
-      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-      std::fflush(stdout);
-    };
-    const auto out = dtk::core::generate(built.model->ref(), ids, o, max_positions, on_token);
-    if (!printer) continue;
-    if (stream) {
-      std::fputs("\n", stdout);
-      continue;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<int64_t> text_ids;
-      for (int64_t id : out[i])
-        if (id != kEndOfText) text_ids.push_back(id);
-      std::printf("=== prompt %zu\n%s%s\n", first + i + 1, prompts[first + i].c_str(),
-                  tokenizer.decode(text_ids.data(), text_ids.size()).c_str());
-    }
-    std::fflush(stdout);
-  }
+  const dtk::core::SamplingOptions o = sampling_options(cfg, tokenizer);
+  const GenerateRun run{built.model->ref(),   tokenizer,          prompts, o, max_positions_of(cfg),
+                        topo.world_rank == 0, prompts.size() == 1};
+  if (run.printer) print_generate_header(iteration, tp);
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(FLAGS_batch_size))
+    generate_batch(run, first, std::min(prompts.size() - first, static_cast<size_t>(FLAGS_batch_size)));
   dtk::core::shutdown_distributed();
   return 0;
 }

@@ -325,6 +325,85 @@ void report_error(const std::string& message) {
   std::fflush(stderr);
 }
 
+// `dtk config`: checked as `dtk train` checks it before any work: the fields, and each slot's
+// plugin and options (a typo in an option is found here, not at the start of a long run).
+int cmd_config(const std::vector<std::string>& sets, const char* argv0) {
+  const dtk::config::RunConfig cfg = resolve_config(sets);
+  dtk::core::validate_config(cfg);
+  auto& plugins = load_plugins(argv0);
+  const std::pair<int32_t, const dtk::config::PluginChoice*> slots[] = {{DTK_KIND_MODEL, &cfg.model()},
+                                                                        {DTK_KIND_DATASET, &cfg.dataset()},
+                                                                        {DTK_KIND_STEP, &cfg.step()},
+                                                                        {DTK_KIND_OPTIMIZER, &cfg.optimizer()},
+                                                                        {DTK_KIND_STRATEGY, &cfg.strategy()}};
+  for (const auto& [kind, choice] : slots)
+    dtk::host::resolve_options(plugins.get(kind, choice->name()),
+                               std::map<std::string, std::string>(choice->options().begin(), choice->options().end()));
+  std::fputs(dtk::core::to_text(cfg).c_str(), stdout);
+  return 0;
+}
+
+// `dtk train`: the run configuration is set before any plugin's init() can ask for it.
+int cmd_train(const std::vector<std::string>& args, const std::vector<std::string>& sets, const char* argv0) {
+  if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
+  dtk::config::RunConfig cfg = resolve_config(sets);
+  dtk::core::set_run_config(cfg);
+  auto& plugins = load_plugins(argv0);
+  g_loaded = &plugins;
+  warn_broken_plugins(plugins);
+  int rc = dtk::core::pretrain(cfg, plugins, dtk::app::trainer_hooks_from_environment());
+  plugins.shutdown();
+  return rc;
+}
+
+// The command named by argv[1] (flags already parsed out of argc/argv).
+int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  const char* argv0 = argv[0];
+  if (cmd == "version") {
+    std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
+    return 0;
+  }
+  if (cmd == "plugins") return cmd_plugins(args, argv0);
+  if (cmd == "config" && FLAGS_megatron_table) {
+    std::fputs(dtk::core::megatron_flag_table().c_str(), stdout);
+    return 0;
+  }
+  if (cmd == "config") return cmd_config(sets, argv0);
+  if (cmd == "train") return cmd_train(args, sets, argv0);
+  if (cmd == "preprocess") {
+    return run_preprocess(argc - 1, argv + 1);
+  }
+  if (cmd == "checkpoint")
+    return run_checkpoint(args, [argv0]() -> dtk::host::PluginHost& { return load_plugins(argv0); });
+  if (cmd == "export") return run_export(args, load_plugins(argv0));
+  if (cmd == "import") return run_import(args, load_plugins(argv0));
+  if (cmd == "generate") {
+    if (!args.empty()) throw dtk::host::HostError("generate: unexpected argument '" + args[0] + "'");
+    return run_generate(load_plugins(argv0));
+  }
+  throw dtk::host::HostError(
+      "unknown command '" + cmd +
+      "' (commands: train, plugins, config, preprocess, checkpoint, export, import, generate, version; see --help)");
+}
+
+// --version and --help anywhere on the command line answer before anything is parsed. Returns
+// whether one did.
+bool answered_version_or_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
+      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
+      return true;
+    }
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {
+      print_help(argc, argv);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -349,16 +428,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
-      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
-      return 0;
-    }
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {
-      print_help(argc, argv);
-      return 0;
-    }
-  }
+  if (answered_version_or_help(argc, argv)) return 0;
   try {
     std::vector<std::string> sets = extract_sets(&argc, argv);
     check_flags(argc, argv);  // unknown flags: our one-line error with a suggestion
@@ -368,57 +438,7 @@ int main(int argc, char** argv) {
       report_error("no command given (train, launch, plugins, config, preprocess, checkpoint, export, import; see dtk --help)");
       return 2;
     }
-    const std::string cmd = argv[1];
-    std::vector<std::string> args(argv + 2, argv + argc);
-    if (cmd == "version") {
-      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
-      return 0;
-    }
-    if (cmd == "plugins") return cmd_plugins(args, argv[0]);
-    if (cmd == "config" && FLAGS_megatron_table) {
-      std::fputs(dtk::core::megatron_flag_table().c_str(), stdout);
-      return 0;
-    }
-    if (cmd == "config") {
-      // Checked as `dtk train` checks it before any work: the fields, and each slot's plugin and
-      // options (a typo in an option is found here, not at the start of a long run).
-      const dtk::config::RunConfig cfg = resolve_config(sets);
-      dtk::core::validate_config(cfg);
-      auto& plugins = load_plugins(argv[0]);
-      const std::pair<int32_t, const dtk::config::PluginChoice*> slots[] = {
-          {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
-          {DTK_KIND_OPTIMIZER, &cfg.optimizer()}, {DTK_KIND_STRATEGY, &cfg.strategy()}};
-      for (const auto& [kind, choice] : slots)
-        dtk::host::resolve_options(plugins.get(kind, choice->name()),
-                                   std::map<std::string, std::string>(choice->options().begin(),
-                                                                      choice->options().end()));
-      std::fputs(dtk::core::to_text(cfg).c_str(), stdout);
-      return 0;
-    }
-    if (cmd == "train") {
-      if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
-      dtk::config::RunConfig cfg = resolve_config(sets);
-      dtk::core::set_run_config(cfg);  // before any plugin's init() can ask for it
-      auto& plugins = load_plugins(argv[0]);
-      g_loaded = &plugins;
-      warn_broken_plugins(plugins);
-      int rc = dtk::core::pretrain(cfg, plugins, dtk::app::trainer_hooks_from_environment());
-      plugins.shutdown();
-      return rc;
-    }
-    if (cmd == "preprocess") {
-      return run_preprocess(argc - 1, argv + 1);
-    }
-    if (cmd == "checkpoint")
-      return run_checkpoint(args, [&]() -> dtk::host::PluginHost& { return load_plugins(argv[0]); });
-    if (cmd == "export") return run_export(args, load_plugins(argv[0]));
-    if (cmd == "import") return run_import(args, load_plugins(argv[0]));
-    if (cmd == "generate") {
-      if (!args.empty()) throw dtk::host::HostError("generate: unexpected argument '" + args[0] + "'");
-      return run_generate(load_plugins(argv[0]));
-    }
-    throw dtk::host::HostError("unknown command '" + cmd +
-                               "' (commands: train, plugins, config, preprocess, checkpoint, export, import, generate, version; see --help)");
+    return run_command(argc, argv, sets);
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
     // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:

@@ -141,6 +141,148 @@ void write_weights_checkpoint(const std::string& save_dir, const TensorList& mod
   ckpt::write_offline_checkpoint(save_dir, 0, {d});
 }
 
+namespace {
+
+// Megatron's opt_param_scheduler entry: the schedule the run trained with and its step.
+c10::impl::GenericDict schedule_dict(const LrParams& l, int64_t scheduler_step) {
+  c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+  g.insert("max_lr", l.max_lr);
+  g.insert("min_lr", l.min_lr);
+  g.insert("lr_warmup_init", l.init_lr);
+  g.insert("lr_warmup_iters", l.warmup_iters);
+  g.insert("lr_decay_iters", l.decay_iters);
+  g.insert("lr_decay_style", l.style);
+  g.insert("lr_wsd_decay_style", l.wsd_style);
+  g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
+  g.insert("start_wd", l.start_wd);
+  g.insert("end_wd", l.end_wd);
+  g.insert("wd_incr_style", l.wd_style);
+  g.insert("wd_incr_iters", l.wd_incr_iters);
+  g.insert("num_steps", scheduler_step);
+  return g;
+}
+
+// What one save writes besides the tensors (every rank the same).
+struct SaveContext {
+  const TrainProgress& progress;
+  const std::string& config_text;
+  const std::vector<std::string>& writers;
+  const Topology& topo;
+};
+
+// The main file of a tensor-/pipeline-parallel rank: the model, the optimizer and strategy state
+// unless they are sharded (then in shard files), the progress, the layout and the provenance.
+c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& model_dict,
+                                      const TensorList& optim_state, const TensorList& strat_state, bool sharded,
+                                      int64_t num_chunks, const SaveContext& c) {
+  const TrainProgress& progress = c.progress;
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("model", model_dict);
+  d.insert("optimizer", to_dict(sharded ? TensorList{} : optim_state));
+  d.insert("strategy", to_dict(sharded ? TensorList{} : strat_state));
+  d.insert("iteration", progress.iteration);
+  d.insert("consumed_train_samples", progress.consumed_train_samples);
+  d.insert("consumed_valid_samples", progress.consumed_valid_samples);
+  d.insert("scheduler_step", progress.scheduler_step);
+  if (progress.schedule) d.insert("opt_param_scheduler", schedule_dict(*progress.schedule, progress.scheduler_step));
+  if (progress.grad_scaler) {
+    c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
+    g.insert("scale", progress.grad_scaler->scale);
+    g.insert("growth_tracker", progress.grad_scaler->growth_tracker);
+    g.insert("hysteresis_tracker", progress.grad_scaler->hysteresis_tracker);
+    d.insert("grad_scaler", g);
+  }
+  d.insert("tensor_model_parallel_size", static_cast<int64_t>(c.topo.tp_size));
+  d.insert("pipeline_model_parallel_size", static_cast<int64_t>(c.topo.pp_size));
+  d.insert("virtual_pipeline_model_parallel_size", num_chunks);
+  d.insert("data_parallel_size", static_cast<int64_t>(c.topo.dp_size));
+  if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(c.topo.dp_size));
+  insert_provenance(d, c.config_text, c.writers);
+  return d;
+}
+
+// This rank's files in the temporary directory, and its lines of the manifest ("<sha256>
+// <relative path>"; world rank 0 merges them before publishing). Data-parallel rank 0 writes the
+// model, the progress and the RNG; every DP rank writes its own optimizer and strategy state when
+// the strategy shards it (ZeRO), else DP rank 0 does. Returns the bytes written.
+int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model, const OptimizerInstance& optimizer,
+                         StrategyInstance& strategy, const SaveContext& c) {
+  const Topology& topo = c.topo;
+  const bool writer = topo.dp_rank == 0;
+  const bool sharded = strategy.info().sharded_state != 0;
+  int64_t bytes = 0;
+  std::string sums;
+  // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
+  c10::Dict<std::string, at::Tensor> model_dict;
+  strategy.gather_parameters(true);
+  if (writer) model_dict = to_dict(model.state_save());
+  strategy.gather_parameters(false);
+  const TensorList optim_state = optimizer.state_save();
+  const TensorList strat_state = strategy.state_save();
+  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+  const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
+  if (writer || sharded) {
+    std::error_code ec;
+    fs::create_directories(rank_dir, ec);
+    if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+  }
+  if (writer) {
+    const c10::impl::GenericDict d =
+        main_file_dict(model_dict, optim_state, strat_state, sharded, static_cast<int64_t>(model.num_chunks()), c);
+    const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
+    bytes += w.bytes;
+    sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
+  }
+  if (sharded) {
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("optimizer", to_dict(optim_state));
+    d.insert("strategy", to_dict(strat_state));
+    d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
+    d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
+    d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
+    const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
+    bytes += w.bytes;
+    sums += w.sha256 + "  " + rank_name + "/" + shard_file_name(topo.dp_rank) + "\n";
+  }
+  if (writer || sharded) fsync_path(rank_dir, true);
+  if (!sums.empty())
+    write_file_synced(
+        (fs::path(tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" + std::to_string(topo.world_rank))).string(),
+        sums.data(), sums.size());
+  return bytes;
+}
+
+// World rank 0 publishes: directory into place, then the tracker file. A failure becomes
+// `error` (agreed on by every rank next).
+void publish_checkpoint(const std::string& save_dir, const std::string& tmp_dir, const std::string& final_dir,
+                        int64_t iteration, std::string& error) {
+  try {
+    merge_checksum_parts(tmp_dir);
+    fsync_path(tmp_dir, true);
+    move_into_place(tmp_dir, final_dir);
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
+    fsync_path(save_dir, true);
+    write_tracker(save_dir, iteration);
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+}
+
+// Total size over every rank's files, for the log line.
+int64_t bytes_over_ranks(int64_t bytes, const Topology& topo) {
+  if (topo.world_size <= 1) return bytes;
+  at::Tensor t = at::full({1}, bytes, at::kLong);
+  try {
+    all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+  } catch (const std::exception& e) {
+    throw host::HostError(std::string("checkpoint: summing file sizes: ") + e.what());
+  }
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
@@ -153,92 +295,13 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(pid);
   // What saves that died left behind (a crash, a kill, a full disk) goes before this one adds.
   if (topo.world_rank == 0) remove_stale_temporaries(save_dir);
-  // Data-parallel rank 0 writes the model, the progress and the RNG; every DP rank writes its
-  // own optimizer and strategy state when the strategy shards it (ZeRO), else DP rank 0 does.
-  const bool writer = topo.dp_rank == 0;
-  const bool sharded = strategy.info().sharded_state != 0;
   SaveReport report;
   report.dir = final_dir;
 
   std::string error;
   int64_t bytes = 0;
-  std::string sums;  // "<sha256>  <relative path>" of the files this rank wrote
   try {
-    // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
-    c10::Dict<std::string, at::Tensor> model_dict;
-    strategy.gather_parameters(true);
-    if (writer) model_dict = to_dict(model.state_save());
-    strategy.gather_parameters(false);
-    const TensorList optim_state = optimizer.state_save();
-    const TensorList strat_state = strategy.state_save();
-    const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
-    const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
-    if (writer || sharded) {
-      std::error_code ec;
-      fs::create_directories(rank_dir, ec);
-      if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
-    }
-    if (writer) {
-      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-      d.insert("model", model_dict);
-      d.insert("optimizer", to_dict(sharded ? TensorList{} : optim_state));
-      d.insert("strategy", to_dict(sharded ? TensorList{} : strat_state));
-      d.insert("iteration", progress.iteration);
-      d.insert("consumed_train_samples", progress.consumed_train_samples);
-      d.insert("consumed_valid_samples", progress.consumed_valid_samples);
-      d.insert("scheduler_step", progress.scheduler_step);
-      if (progress.schedule) {
-        const LrParams& l = *progress.schedule;
-        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
-        g.insert("max_lr", l.max_lr);
-        g.insert("min_lr", l.min_lr);
-        g.insert("lr_warmup_init", l.init_lr);
-        g.insert("lr_warmup_iters", l.warmup_iters);
-        g.insert("lr_decay_iters", l.decay_iters);
-        g.insert("lr_decay_style", l.style);
-        g.insert("lr_wsd_decay_style", l.wsd_style);
-        g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
-        g.insert("start_wd", l.start_wd);
-        g.insert("end_wd", l.end_wd);
-        g.insert("wd_incr_style", l.wd_style);
-        g.insert("wd_incr_iters", l.wd_incr_iters);
-        g.insert("num_steps", progress.scheduler_step);
-        d.insert("opt_param_scheduler", g);
-      }
-      if (progress.grad_scaler) {
-        c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
-        g.insert("scale", progress.grad_scaler->scale);
-        g.insert("growth_tracker", progress.grad_scaler->growth_tracker);
-        g.insert("hysteresis_tracker", progress.grad_scaler->hysteresis_tracker);
-        d.insert("grad_scaler", g);
-      }
-      d.insert("tensor_model_parallel_size", static_cast<int64_t>(topo.tp_size));
-      d.insert("pipeline_model_parallel_size", static_cast<int64_t>(topo.pp_size));
-      d.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(model.num_chunks()));
-      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
-      if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(topo.dp_size));
-      insert_provenance(d, config_text, writers);
-      const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
-      bytes += w.bytes;
-      sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
-    }
-    if (sharded) {
-      c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-      d.insert("optimizer", to_dict(optim_state));
-      d.insert("strategy", to_dict(strat_state));
-      d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
-      d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
-      d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
-      const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
-      bytes += w.bytes;
-      sums += w.sha256 + "  " + rank_name + "/" + shard_file_name(topo.dp_rank) + "\n";
-    }
-    if (writer || sharded) fsync_path(rank_dir, true);
-    // This rank's lines of the manifest; world rank 0 merges them before publishing.
-    if (!sums.empty())
-      write_file_synced((fs::path(tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" +
-                                              std::to_string(topo.world_rank))).string(),
-                        sums.data(), sums.size());
+    bytes = write_rank_files(tmp_dir, model, optimizer, strategy, SaveContext{progress, config_text, writers, topo});
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
@@ -253,35 +316,14 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     }
     throw;
   }
-
-  // World rank 0 publishes: directory into place, then the tracker file.
   if (topo.world_rank == 0) {
-    try {
-      merge_checksum_parts(tmp_dir);
-      fsync_path(tmp_dir, true);
-      move_into_place(tmp_dir, final_dir);
-      std::error_code ec;
-      fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any
-      fsync_path(save_dir, true);
-      write_tracker(save_dir, progress.iteration);
-    } catch (const std::exception& e) {
-      error = first_line(e.what());
-    }
+    publish_checkpoint(save_dir, tmp_dir, final_dir, progress.iteration, error);
     // checkpoint.keep_last: older iterations go once the new one is published (never the one the
     // tracker names). A failure to remove is a warning: training goes on.
     if (error.empty() && keep_last > 0) report.removed = rotate_checkpoints(save_dir, keep_last);
   }
   agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
-  // Total size over every rank's files, for the log line.
-  if (topo.world_size > 1) {
-    at::Tensor t = at::full({1}, bytes, at::kLong);
-    try {
-      all_reduce(t, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
-    } catch (const std::exception& e) {
-      throw host::HostError(std::string("checkpoint: summing file sizes: ") + e.what());
-    }
-    bytes = t.item<int64_t>();
-  }
+  bytes = bytes_over_ranks(bytes, topo);
   report.megabytes = static_cast<double>(bytes) / 1e6;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
@@ -352,6 +394,151 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
   }
 }
 
+// A rank's main file as read: its entries, each missing or ill-typed one an error naming the file.
+struct SavedFile {
+  const c10::impl::GenericDict& d;
+  const std::string& file;
+  c10::IValue get(const char* key) const {
+    auto it = d.find(c10::IValue(std::string(key)));
+    if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
+    return it->value();
+  }
+  int64_t get_int(const char* key) const {
+    c10::IValue v = get(key);
+    if (!v.isInt()) throw HostError("checkpoint " + file + ": '" + key + "' is not an integer");
+    return v.toInt();
+  }
+};
+
+// A checkpoint of another pipeline layout names its directories differently: say so before the
+// missing file is reported.
+void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir, const Topology& topo) {
+  std::error_code ec;
+  if (fs::is_directory(rank_dir, ec)) return;
+  const std::string first = ckpt::first_rank_dir(iter_dir);
+  const bool staged = first != mp_rank_dir(0);
+  if (staged != (topo.pp_size > 1) && fs::is_directory(fs::path(iter_dir) / first, ec))
+    throw HostError(
+        "checkpoint " + iter_dir + " was saved " +
+        (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
+        ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
+        " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+        " makes one for it)");
+}
+
+// The layout the file was saved with must be this run's: tensor- and pipeline-parallel sizes and
+// model chunks per rank (dtk checkpoint convert changes them).
+void check_saved_layout(const SavedFile& f, const Topology& topo, const ModelInstance& model) {
+  const std::string& file = f.file;
+  const int64_t saved_tp = f.get_int("tensor_model_parallel_size");
+  if (saved_tp != topo.tp_size)
+    throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
+                    ", this run has " + std::to_string(topo.tp_size));
+  const int64_t saved_pp = f.d.contains("pipeline_model_parallel_size") ? f.get_int("pipeline_model_parallel_size") : 1;
+  if (saved_pp != topo.pp_size)
+    throw HostError("checkpoint " + file + " was saved with pipeline-parallel size " + std::to_string(saved_pp) +
+                    ", this run has " + std::to_string(topo.pp_size) +
+                    " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                    " makes one for it)");
+  const int64_t saved_virtual =
+      f.d.contains("virtual_pipeline_model_parallel_size") ? f.get_int("virtual_pipeline_model_parallel_size") : 1;
+  if (saved_virtual != model.num_chunks())
+    throw HostError("checkpoint " + file + " was saved with " + std::to_string(saved_virtual) +
+                    " model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has " +
+                    std::to_string(model.num_chunks()) +
+                    " (dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size " +
+                    std::to_string(model.num_chunks()) + " makes one for it)");
+}
+
+// Megatron's opt_param_scheduler entry: the schedule the checkpoint's run trained with.
+LrParams read_schedule(const SavedFile& f) {
+  const c10::IValue g = f.get("opt_param_scheduler");
+  auto bad = [&](const char* key) {
+    return HostError("checkpoint " + f.file + ": 'opt_param_scheduler' has no valid '" + key + "'");
+  };
+  if (!g.isGenericDict()) throw bad("(a dict)");
+  const auto gd = g.toGenericDict();
+  auto entry = [&](const char* key) {
+    auto it = gd.find(c10::IValue(std::string(key)));
+    if (it == gd.end()) throw bad(key);
+    return it->value();
+  };
+  auto real = [&](const char* key) {
+    const c10::IValue v = entry(key);
+    if (!v.isDouble()) throw bad(key);
+    return v.toDouble();
+  };
+  auto integer = [&](const char* key) {
+    const c10::IValue v = entry(key);
+    if (!v.isInt()) throw bad(key);
+    return v.toInt();
+  };
+  auto text = [&](const char* key) {
+    const c10::IValue v = entry(key);
+    if (!v.isString()) throw bad(key);
+    return v.toStringRef();
+  };
+  LrParams l;
+  l.max_lr = real("max_lr"), l.min_lr = real("min_lr"), l.init_lr = real("lr_warmup_init");
+  l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
+  l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
+  l.wsd_decay_iters = integer("lr_wsd_decay_iters");
+  // The weight-decay schedule, saved since ABI 2.2's DTK; an older checkpoint has none.
+  l.has_wd = gd.contains(c10::IValue(std::string("wd_incr_style")));
+  if (l.has_wd) {
+    l.start_wd = real("start_wd"), l.end_wd = real("end_wd"), l.wd_style = text("wd_incr_style");
+    l.wd_incr_iters = real("wd_incr_iters");
+  }
+  return l;
+}
+
+// Megatron's optimizer 'grad_scaler' entry: a dynamic loss scaler's state.
+GradScaler::State read_grad_scaler(const SavedFile& f) {
+  const c10::IValue g = f.get("grad_scaler");
+  auto bad = [&]() {
+    return HostError("checkpoint " + f.file + ": 'grad_scaler' is not {scale, growth_tracker, hysteresis_tracker}");
+  };
+  if (!g.isGenericDict()) throw bad();
+  const auto gd = g.toGenericDict();
+  auto entry = [&](const char* key) {
+    auto it = gd.find(c10::IValue(std::string(key)));
+    if (it == gd.end()) throw bad();
+    return it->value();
+  };
+  const c10::IValue scale = entry("scale"), growth = entry("growth_tracker"), hyst = entry("hysteresis_tracker");
+  if (!scale.isDouble() || !growth.isInt() || !hyst.isInt() || !(scale.toDouble() > 0)) throw bad();
+  return GradScaler::State{scale.toDouble(), growth.toInt(), hyst.toInt()};
+}
+
+// The progress entries, the schedule and (with the optimizer) the loss scaler.
+TrainProgress read_progress(const SavedFile& f, const LoadOptions& what) {
+  TrainProgress p;
+  p.iteration = f.get_int("iteration");
+  p.consumed_train_samples = f.get_int("consumed_train_samples");
+  p.consumed_valid_samples = f.get_int("consumed_valid_samples");
+  p.scheduler_step = f.get_int("scheduler_step");
+  if (f.d.contains("opt_param_scheduler")) p.schedule = read_schedule(f);
+  if (what.optimizer && f.d.contains("grad_scaler")) p.grad_scaler = read_grad_scaler(f);
+  return p;
+}
+
+// The saved RNG streams: the CPU's, and a GPU's when this run trains on one and the checkpoint
+// has it (a checkpoint written on a CPU has no device stream: the GPU's stays at the run's seed).
+void restore_rng(const SavedFile& f, const c10::IValue& rng) {
+  {
+    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.toTensor());
+  }
+  if (const c10::Device device = training_device(); device.is_cuda() && f.d.contains("cuda_rng")) {
+    const c10::IValue cuda_rng = f.get("cuda_rng");
+    if (!cuda_rng.isTensor()) throw HostError("checkpoint " + f.file + ": 'cuda_rng' is not a tensor");
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(cuda_rng.toTensor());
+  }
+}
+
 // Loads iteration `iteration` of `load_dir` into this rank's model, optimizer, strategy and RNG.
 TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelInstance& model,
                         OptimizerInstance& optimizer, StrategyInstance& strategy, const Topology& topo,
@@ -365,113 +552,22 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
   const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / rank_name;
   const std::string file = (rank_dir / ckpt::kModelFile).string();
-  // A checkpoint of another pipeline layout names its directories differently: say so first.
-  if (!fs::is_directory(rank_dir, ec)) {
-    const std::string first = ckpt::first_rank_dir(iter_dir);
-    const bool staged = first != mp_rank_dir(0);
-    if (staged != (topo.pp_size > 1) && fs::is_directory(fs::path(iter_dir) / first, ec))
-      throw HostError("checkpoint " + iter_dir + " was saved " +
-                      (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
-                      ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
-                      " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
-                      " makes one for it)");
-  }
-  const c10::impl::GenericDict d = read_pickled_dict(
-      file, topo.tp_rank > 0 || topo.pp_rank > 0 ? " (was the checkpoint saved with a smaller tensor- or pipeline-parallel size?)" : "", &sums,
-      rank_name + "/" + ckpt::kModelFile);
-  auto get = [&](const char* key) -> c10::IValue {
-    auto it = d.find(c10::IValue(std::string(key)));
-    if (it == d.end()) throw HostError("checkpoint " + file + " has no '" + key + "' entry");
-    return it->value();
-  };
-  auto get_int = [&](const char* key) {
-    c10::IValue v = get(key);
-    if (!v.isInt()) throw HostError("checkpoint " + file + ": '" + key + "' is not an integer");
-    return v.toInt();
-  };
-  const int64_t saved_tp = get_int("tensor_model_parallel_size");
-  if (saved_tp != topo.tp_size)
-    throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
-                    ", this run has " + std::to_string(topo.tp_size));
-  const int64_t saved_pp = d.contains("pipeline_model_parallel_size") ? get_int("pipeline_model_parallel_size") : 1;
-  if (saved_pp != topo.pp_size)
-    throw HostError("checkpoint " + file + " was saved with pipeline-parallel size " + std::to_string(saved_pp) +
-                    ", this run has " + std::to_string(topo.pp_size) +
-                    " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
-                    " makes one for it)");
-  const int64_t saved_virtual =
-      d.contains("virtual_pipeline_model_parallel_size") ? get_int("virtual_pipeline_model_parallel_size") : 1;
-  if (saved_virtual != model.num_chunks())
-    throw HostError("checkpoint " + file + " was saved with " + std::to_string(saved_virtual) +
-                    " model chunk(s) per pipeline rank (virtual_pipeline_model_parallel_size), this run has " +
-                    std::to_string(model.num_chunks()) +
-                    " (dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size " +
-                    std::to_string(model.num_chunks()) + " makes one for it)");
-  TrainProgress p;
-  p.iteration = get_int("iteration");
-  p.consumed_train_samples = get_int("consumed_train_samples");
-  p.consumed_valid_samples = get_int("consumed_valid_samples");
-  p.scheduler_step = get_int("scheduler_step");
-  if (d.contains("opt_param_scheduler")) {
-    const c10::IValue g = get("opt_param_scheduler");
-    auto bad = [&](const char* key) {
-      return HostError("checkpoint " + file + ": 'opt_param_scheduler' has no valid '" + key + "'");
-    };
-    if (!g.isGenericDict()) throw bad("(a dict)");
-    const auto gd = g.toGenericDict();
-    auto entry = [&](const char* key) {
-      auto it = gd.find(c10::IValue(std::string(key)));
-      if (it == gd.end()) throw bad(key);
-      return it->value();
-    };
-    auto real = [&](const char* key) {
-      const c10::IValue v = entry(key);
-      if (!v.isDouble()) throw bad(key);
-      return v.toDouble();
-    };
-    auto integer = [&](const char* key) {
-      const c10::IValue v = entry(key);
-      if (!v.isInt()) throw bad(key);
-      return v.toInt();
-    };
-    auto text = [&](const char* key) {
-      const c10::IValue v = entry(key);
-      if (!v.isString()) throw bad(key);
-      return v.toStringRef();
-    };
-    LrParams l;
-    l.max_lr = real("max_lr"), l.min_lr = real("min_lr"), l.init_lr = real("lr_warmup_init");
-    l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
-    l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
-    l.wsd_decay_iters = integer("lr_wsd_decay_iters");
-    // The weight-decay schedule, saved since ABI 2.2's DTK; an older checkpoint has none.
-    l.has_wd = gd.contains(c10::IValue(std::string("wd_incr_style")));
-    if (l.has_wd) {
-      l.start_wd = real("start_wd"), l.end_wd = real("end_wd"), l.wd_style = text("wd_incr_style");
-      l.wd_incr_iters = real("wd_incr_iters");
-    }
-    p.schedule = l;
-  }
-  if (what.optimizer && d.contains("grad_scaler")) {
-    const c10::IValue g = get("grad_scaler");
-    auto bad = [&]() { return HostError("checkpoint " + file + ": 'grad_scaler' is not {scale, growth_tracker, hysteresis_tracker}"); };
-    if (!g.isGenericDict()) throw bad();
-    const auto gd = g.toGenericDict();
-    auto entry = [&](const char* key) {
-      auto it = gd.find(c10::IValue(std::string(key)));
-      if (it == gd.end()) throw bad();
-      return it->value();
-    };
-    const c10::IValue scale = entry("scale"), growth = entry("growth_tracker"), hyst = entry("hysteresis_tracker");
-    if (!scale.isDouble() || !growth.isInt() || !hyst.isInt() || !(scale.toDouble() > 0)) throw bad();
-    p.grad_scaler = GradScaler::State{scale.toDouble(), growth.toInt(), hyst.toInt()};
-  }
+  check_pipeline_naming(iter_dir, rank_dir, topo);
+  const c10::impl::GenericDict d =
+      read_pickled_dict(file,
+                        topo.tp_rank > 0 || topo.pp_rank > 0
+                            ? " (was the checkpoint saved with a smaller tensor- or pipeline-parallel size?)"
+                            : "",
+                        &sums, rank_name + "/" + ckpt::kModelFile);
+  const SavedFile f{d, file};
+  check_saved_layout(f, topo, model);
+  TrainProgress p = read_progress(f, what);
   if (p.iteration != iteration)
     throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", not " +
                     std::to_string(iteration) + " as its directory's name says");
-  const TensorList model_state = from_dict(get("model"), file, "model");
-  const int64_t shards = d.contains("optimizer_shards") ? get_int("optimizer_shards") : 0;
-  c10::IValue rng = get("rng");
+  const TensorList model_state = from_dict(f.get("model"), file, "model");
+  const int64_t shards = d.contains("optimizer_shards") ? f.get_int("optimizer_shards") : 0;
+  c10::IValue rng = f.get("rng");
   if (!rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
   try {
     model.state_load(model_state, /*strict=*/true);
@@ -484,8 +580,9 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   if (shards == 0 && !strategy.info().sharded_state) {
     // Replicated state saved and wanted (ddp to ddp): as saved.
     try {
-      if (what.optimizer) load_optimizer_state(optimizer, from_dict(get("optimizer"), file, "optimizer"), saved_optimizer(d));
-      strategy.state_load(from_dict(get("strategy"), file, "strategy"));
+      if (what.optimizer)
+        load_optimizer_state(optimizer, from_dict(f.get("optimizer"), file, "optimizer"), saved_optimizer(d));
+      strategy.state_load(from_dict(f.get("strategy"), file, "strategy"));
     } catch (const std::exception& e) {
       throw HostError("checkpoint " + file + ": " + first_line(e.what()));
     }
@@ -493,20 +590,7 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
     load_resharded(rank_dir, shards, d, sums, model, optimizer, strategy, topo, what);
   }
   host.reset();
-  if (!what.rng) return p;
-  {
-    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng.toTensor());
-  }
-  // A checkpoint written on a CPU has no device stream: the GPU's stays at the run's seed.
-  if (const c10::Device device = training_device(); device.is_cuda() && d.contains("cuda_rng")) {
-    const c10::IValue cuda_rng = get("cuda_rng");
-    if (!cuda_rng.isTensor()) throw HostError("checkpoint " + file + ": 'cuda_rng' is not a tensor");
-    at::Generator gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(cuda_rng.toTensor());
-  }
+  if (what.rng) restore_rng(f, rng);
   return p;
 }
 

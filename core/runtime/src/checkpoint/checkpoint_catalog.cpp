@@ -295,46 +295,72 @@ std::string checkpoint_config_text(const std::string& iter_dir) {
   return it->value().toStringRef();
 }
 
-std::string inspect_checkpoint(const std::string& path, const InspectOptions& options, std::ostream& out) {
+namespace {
+
+// What inspect shows: the save directory and one of its iterations.
+struct InspectTarget {
+  std::string save_dir;
+  int64_t iteration = -1;
+};
+
+// The report's head: the save directory, its tracker and its iterations. `path` is an iteration
+// directory (that iteration is shown) or a save directory (its tracker's iteration, else its newest).
+InspectTarget print_save_dir(const std::string& path, std::ostream& out) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw HostError("checkpoint inspect: " + path + " is not a directory");
   fs::path normal = fs::path(path).lexically_normal();
   if (normal.filename().empty()) normal = normal.parent_path();  // a trailing '/'
-  // An iteration directory, or a save directory (its tracker's iteration, else its newest).
-  int64_t iteration = iteration_of(normal.filename().string());
-  std::string save_dir = iteration >= 0 ? normal.parent_path().string() : normal.string();
-  if (save_dir.empty()) save_dir = ".";
+  InspectTarget target;
+  target.iteration = iteration_of(normal.filename().string());
+  target.save_dir = target.iteration >= 0 ? normal.parent_path().string() : normal.string();
+  if (target.save_dir.empty()) target.save_dir = ".";
 
-  out << "checkpoint directory: " << save_dir << "\n";
+  out << "checkpoint directory: " << target.save_dir << "\n";
   int64_t tracked = -1;
   try {
-    tracked = read_checkpoint_tracker(save_dir);
+    tracked = read_checkpoint_tracker(target.save_dir);
     out << "  tracker: latest_checkpointed_iteration.txt names iteration " << tracked << "\n";
   } catch (const std::exception& e) {
     out << "  tracker: " << ckpt::first_line(e.what()) << "\n";
   }
-  const std::vector<int64_t> all = list_checkpoint_iterations(save_dir);
-  if (all.empty()) throw HostError("checkpoint inspect: " + save_dir + " holds no iter_NNNNNNN directory");
-  if (iteration < 0) iteration = tracked >= 0 ? tracked : all.back();
+  const std::vector<int64_t> all = list_checkpoint_iterations(target.save_dir);
+  if (all.empty()) throw HostError("checkpoint inspect: " + target.save_dir + " holds no iter_NNNNNNN directory");
+  if (target.iteration < 0) target.iteration = tracked >= 0 ? tracked : all.back();
   out << "  iterations:";
   for (int64_t it : all) {
-    const IterationState st = check_checkpoint_iteration(save_dir, it, false);
+    const IterationState st = check_checkpoint_iteration(target.save_dir, it, false);
     out << " " << it << (st.complete ? "" : " (incomplete)") << (it == tracked ? " (tracker)" : "")
         << (it == all.back() ? "\n" : ",");
   }
+  return target;
+}
 
-  const std::string iter_dir = checkpoint_iter_dir(save_dir, iteration);
-  out << "\niteration " << iteration << ": " << iter_dir << "\n";
-  if (!fs::is_directory(iter_dir, ec)) return iter_dir + " does not exist";
-  std::string problem;
-  ckpt::Checksums sums;
+// What the checksum manifest says of one file (`relative` below the iteration directory): its
+// recorded digest, or with --verify whether the file still has it. The first damage becomes `problem`.
+std::string file_status(const std::string& full, const std::string& relative, const ckpt::Checksums& sums, bool verify,
+                        std::string& problem) {
+  if (!sums.present) return "";
+  auto it = sums.sha256.find(relative);
+  if (it == sums.sha256.end()) return "not in " + std::string(ckpt::kChecksumsFile);
+  if (!verify) return "sha256 " + it->second.substr(0, 16) + "... (recorded)";
+  std::string actual;
   try {
-    sums = ckpt::read_checksums(iter_dir);
+    actual = sha256_file_hex(full);
   } catch (const std::exception& e) {
-    problem = ckpt::first_line(e.what());
+    actual = "unreadable";
   }
+  if (actual != it->second && problem.empty())
+    problem = full + " is damaged (its SHA-256 differs from " + ckpt::kChecksumsFile + ")";
+  return actual == it->second
+             ? "sha256 " + it->second.substr(0, 16) + "... ok"
+             : "DAMAGED: sha256 " + actual.substr(0, 16) + "..., recorded " + it->second.substr(0, 16) + "...";
+}
 
-  // Files: size, digest, and what the manifest says of each.
+// Files: size, digest, and what the manifest says of each; then the manifest's files that are
+// gone. The first damaged or missing file becomes `problem` (unless there is one already).
+void print_files(const std::string& iter_dir, const ckpt::Checksums& sums, const InspectOptions& options,
+                 std::string& problem, std::ostream& out) {
+  std::error_code ec;
   const std::vector<std::string> files = files_below(iter_dir);
   std::set<std::string> listed;
   for (const auto& [relative, hex] : sums.sha256) listed.insert(relative);
@@ -347,26 +373,7 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
     if (f == ckpt::kChecksumsFile) continue;
     const std::string full = (fs::path(iter_dir) / f).string();
     const auto bytes = static_cast<double>(fs::file_size(full, ec));
-    std::string status;
-    if (sums.present) {
-      auto it = sums.sha256.find(f);
-      if (it == sums.sha256.end()) {
-        status = "not in " + std::string(ckpt::kChecksumsFile);
-      } else if (options.verify) {
-        std::string actual;
-        try {
-          actual = sha256_file_hex(full);
-        } catch (const std::exception& e) {
-          actual = "unreadable";
-        }
-        status = actual == it->second ? "sha256 " + it->second.substr(0, 16) + "... ok"
-                                      : "DAMAGED: sha256 " + actual.substr(0, 16) + "..., recorded " +
-                                            it->second.substr(0, 16) + "...";
-        if (actual != it->second && problem.empty()) problem = full + " is damaged (its SHA-256 differs from " + ckpt::kChecksumsFile + ")";
-      } else {
-        status = "sha256 " + it->second.substr(0, 16) + "... (recorded)";
-      }
-    }
+    const std::string status = file_status(full, f, sums, options.verify, problem);
     char buf[640];
     std::snprintf(buf, sizeof buf, "    %-*s  %10s  %s\n", static_cast<int>(wn), f.c_str(), megabytes(bytes).c_str(),
                   status.c_str());
@@ -377,18 +384,107 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
       out << "    " << f << "  MISSING (listed in " << ckpt::kChecksumsFile << ")\n";
       if (problem.empty()) problem = (fs::path(iter_dir) / f).string() + " is missing";
     }
+}
 
-  // The main file of each tensor-parallel rank: progress, layout, writers, tensors.
-  std::string config_text;
-  int64_t tp_size = 1, shards = 0;
-  // Pipeline stages (Megatron's mp_rank_TT_PPP directories): every stage's files are checked,
-  // the first stage's are shown.
-  int64_t pp_size = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
-  auto rank_dir = [&](int64_t tp, int64_t pp) {
+// The parallel layout, as the first rank's main file records it. Pipeline stages (Megatron's
+// mp_rank_TT_PPP directories) are told apart from a single stage by the first rank directory's name.
+struct RankLayout {
+  int64_t tp_size = 1, pp_size = 1, shards = 0;
+  std::string rank_dir(int64_t tp, int64_t pp) const {
     return ckpt::mp_rank_dir(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(pp_size));
-  };
-  for (int64_t tp = 0; tp < tp_size; ++tp) {
-    const std::string relative = rank_dir(tp, 0) + "/" + ckpt::kModelFile;
+  }
+};
+
+c10::IValue dict_entry(const c10::impl::GenericDict& d, const char* key) {
+  auto it = d.find(c10::IValue(std::string(key)));
+  return it == d.end() ? c10::IValue() : it->value();
+}
+
+// The learning-rate schedule, the loss scaler and the writers (dtk and its plugins), as saved.
+void print_schedule_and_writers(const c10::impl::GenericDict& d, std::ostream& out) {
+  const c10::IValue sched = dict_entry(d, "opt_param_scheduler");
+  if (sched.isGenericDict()) {
+    const auto g = sched.toGenericDict();
+    out << "  learning-rate schedule: " << int_entry(g, "lr_decay_style") << ", max lr " << int_entry(g, "max_lr")
+        << ", min lr " << int_entry(g, "min_lr") << ", warm-up " << int_entry(g, "lr_warmup_iters")
+        << " iterations, decay over " << int_entry(g, "lr_decay_iters") << "\n";
+  }
+  const c10::IValue scaler = dict_entry(d, "grad_scaler");
+  if (scaler.isGenericDict()) {
+    const auto g = scaler.toGenericDict();
+    out << "  loss scaler: scale " << int_entry(g, "scale") << ", growth tracker " << int_entry(g, "growth_tracker")
+        << ", hysteresis " << int_entry(g, "hysteresis_tracker") << "\n";
+  }
+  out << "  written by: dtk " << int_entry(d, "dtk_version") << "\n";
+  if (dict_entry(d, "plugins").isString()) {
+    std::istringstream lines(dict_entry(d, "plugins").toStringRef());
+    std::string line;
+    while (std::getline(lines, line))
+      if (!line.empty()) out << "    " << line << "\n";
+  }
+}
+
+// From the first rank's main file: progress, layout (read into `layout`), schedule, writers; the
+// saved config into `config_text`.
+void print_run_header(const c10::impl::GenericDict& d, RankLayout& layout, std::string& config_text,
+                      std::ostream& out) {
+  auto get = [&](const char* key) { return dict_entry(d, key); };
+  if (get("tensor_model_parallel_size").isInt())
+    layout.tp_size = std::max<int64_t>(1, get("tensor_model_parallel_size").toInt());
+  if (get("pipeline_model_parallel_size").isInt())
+    layout.pp_size = std::max<int64_t>(1, get("pipeline_model_parallel_size").toInt());
+  if (get("optimizer_shards").isInt()) layout.shards = get("optimizer_shards").toInt();
+  out << "  iteration " << int_entry(d, "iteration") << ", consumed samples: train "
+      << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
+      << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
+  out << "  layout: tensor-parallel " << layout.tp_size;
+  const int64_t chunks =
+      get("virtual_pipeline_model_parallel_size").isInt() ? get("virtual_pipeline_model_parallel_size").toInt() : 1;
+  if (layout.pp_size > 1) out << ", pipeline-parallel " << layout.pp_size;
+  if (chunks > 1) out << " with " << chunks << " model chunks per rank (interleaved)";
+  if (layout.pp_size > 1) out << " (stage 0 shown)";
+  out << ", data-parallel " << int_entry(d, "data_parallel_size");
+  if (layout.shards > 0) out << ", optimizer state sharded over " << layout.shards << " data-parallel files";
+  out << "\n";
+  print_schedule_and_writers(d, out);
+  if (get("config").isString()) config_text = get("config").toStringRef();
+}
+
+// One rank's main file: its tensor counts and sizes, its model tensors, and with --all_tensors
+// its optimizer and strategy tensors.
+void print_rank_tensors(const std::string& relative, const c10::impl::GenericDict& d, const InspectOptions& options,
+                        std::ostream& out) {
+  auto get = [&](const char* key) { return dict_entry(d, key); };
+  const TensorStats m = stats_of(get("model")), o = stats_of(get("optimizer")), s = stats_of(get("strategy"));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %s: model %lld tensors, %lld elements, %s", relative.c_str(),
+                static_cast<long long>(m.count), static_cast<long long>(m.elements),
+                megabytes(static_cast<double>(m.bytes)).c_str());
+  out << buf;
+  if (o.count) out << "; optimizer " << o.count << " tensors, " << megabytes(static_cast<double>(o.bytes));
+  if (s.count) out << "; strategy " << s.count << " tensors, " << megabytes(static_cast<double>(s.bytes));
+  out << "\n";
+  list_tensors(get("model"), out);
+  if (options.all_tensors) {
+    if (o.count) {
+      out << "    optimizer:\n";
+      list_tensors(get("optimizer"), out);
+    }
+    if (s.count) {
+      out << "    strategy:\n";
+      list_tensors(get("strategy"), out);
+    }
+  }
+}
+
+// The main file of each tensor-parallel rank of the first stage: progress, layout, writers,
+// tensors. Returns the layout the first rank records; stops at the first file it cannot read.
+RankLayout print_rank_files(const std::string& iter_dir, const InspectOptions& options, std::string& config_text,
+                            std::string& problem, std::ostream& out) {
+  RankLayout layout;
+  layout.pp_size = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
+  for (int64_t tp = 0; tp < layout.tp_size; ++tp) {
+    const std::string relative = layout.rank_dir(tp, 0) + "/" + ckpt::kModelFile;
     const std::string file = (fs::path(iter_dir) / relative).string();
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
     try {
@@ -398,115 +494,88 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
       out << "  " << relative << ": " << ckpt::first_line(e.what()) << "\n";
       break;
     }
-    auto get = [&](const char* key) -> c10::IValue {
-      auto it = d.find(c10::IValue(std::string(key)));
-      return it == d.end() ? c10::IValue() : it->value();
-    };
-    if (tp == 0) {
-      if (get("tensor_model_parallel_size").isInt()) tp_size = std::max<int64_t>(1, get("tensor_model_parallel_size").toInt());
-      if (get("pipeline_model_parallel_size").isInt())
-        pp_size = std::max<int64_t>(1, get("pipeline_model_parallel_size").toInt());
-      if (get("optimizer_shards").isInt()) shards = get("optimizer_shards").toInt();
-      out << "  iteration " << int_entry(d, "iteration") << ", consumed samples: train "
-          << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
-          << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
-      out << "  layout: tensor-parallel " << tp_size;
-      const int64_t chunks =
-          get("virtual_pipeline_model_parallel_size").isInt() ? get("virtual_pipeline_model_parallel_size").toInt() : 1;
-      if (pp_size > 1) out << ", pipeline-parallel " << pp_size;
-      if (chunks > 1) out << " with " << chunks << " model chunks per rank (interleaved)";
-      if (pp_size > 1) out << " (stage 0 shown)";
-      out << ", data-parallel " << int_entry(d, "data_parallel_size");
-      if (shards > 0) out << ", optimizer state sharded over " << shards << " data-parallel files";
-      out << "\n";
-      const c10::IValue sched = get("opt_param_scheduler");
-      if (sched.isGenericDict()) {
-        const auto g = sched.toGenericDict();
-        out << "  learning-rate schedule: " << int_entry(g, "lr_decay_style") << ", max lr " << int_entry(g, "max_lr")
-            << ", min lr " << int_entry(g, "min_lr") << ", warm-up " << int_entry(g, "lr_warmup_iters")
-            << " iterations, decay over " << int_entry(g, "lr_decay_iters") << "\n";
-      }
-      const c10::IValue scaler = get("grad_scaler");
-      if (scaler.isGenericDict()) {
-        const auto g = scaler.toGenericDict();
-        out << "  loss scaler: scale " << int_entry(g, "scale") << ", growth tracker " << int_entry(g, "growth_tracker")
-            << ", hysteresis " << int_entry(g, "hysteresis_tracker") << "\n";
-      }
-      out << "  written by: dtk " << int_entry(d, "dtk_version") << "\n";
-      if (get("plugins").isString()) {
-        std::istringstream lines(get("plugins").toStringRef());
-        std::string line;
-        while (std::getline(lines, line))
-          if (!line.empty()) out << "    " << line << "\n";
-      }
-      if (get("config").isString()) config_text = get("config").toStringRef();
-    }
-    const TensorStats m = stats_of(get("model")), o = stats_of(get("optimizer")), s = stats_of(get("strategy"));
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %s: model %lld tensors, %lld elements, %s", relative.c_str(),
-                  static_cast<long long>(m.count), static_cast<long long>(m.elements),
-                  megabytes(static_cast<double>(m.bytes)).c_str());
-    out << buf;
-    if (o.count) out << "; optimizer " << o.count << " tensors, " << megabytes(static_cast<double>(o.bytes));
-    if (s.count) out << "; strategy " << s.count << " tensors, " << megabytes(static_cast<double>(s.bytes));
-    out << "\n";
-    list_tensors(get("model"), out);
-    if (options.all_tensors) {
-      if (o.count) {
-        out << "    optimizer:\n";
-        list_tensors(get("optimizer"), out);
-      }
-      if (s.count) {
-        out << "    strategy:\n";
-        list_tensors(get("strategy"), out);
-      }
-    }
+    if (tp == 0) print_run_header(d, layout, config_text, out);
+    print_rank_tensors(relative, d, options, out);
   }
-  // Sharded optimizer state: one file per data-parallel rank and tensor-parallel rank.
-  for (int64_t pp = 0; pp < pp_size; ++pp)
-  for (int64_t tp = 0; tp < tp_size && shards > 0; ++tp)
-    for (int64_t dp = 0; dp < shards; ++dp) {
-      const std::string relative = rank_dir(tp, pp) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
-      const std::string file = (fs::path(iter_dir) / relative).string();
-      if (!fs::is_regular_file(file, ec)) {
-        if (problem.empty()) problem = file + " is missing (the checkpoint has " + std::to_string(shards) + " shards)";
-        continue;
+  return layout;
+}
+
+// Every stage's files are checked, the first stage's shown: the sharded optimizer state (one file
+// per data-parallel and tensor-parallel rank; its tensors with --all_tensors), then the main file
+// of every rank not shown above.
+void check_other_files(const std::string& iter_dir, const RankLayout& layout, const InspectOptions& options,
+                       std::string& problem, std::ostream& out) {
+  std::error_code ec;
+  for (int64_t pp = 0; pp < layout.pp_size; ++pp)
+    for (int64_t tp = 0; tp < layout.tp_size && layout.shards > 0; ++tp)
+      for (int64_t dp = 0; dp < layout.shards; ++dp) {
+        const std::string relative = layout.rank_dir(tp, pp) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
+        const std::string file = (fs::path(iter_dir) / relative).string();
+        if (!fs::is_regular_file(file, ec)) {
+          if (problem.empty())
+            problem = file + " is missing (the checkpoint has " + std::to_string(layout.shards) + " shards)";
+          continue;
+        }
+        if (!options.all_tensors || pp > 0) continue;
+        try {
+          const auto d = ckpt::read_pickled_dict(file);
+          out << "  " << relative << ":\n    optimizer:\n";
+          list_tensors(d.at("optimizer"), out);
+        } catch (const std::exception& e) {
+          if (problem.empty()) problem = ckpt::first_line(e.what());
+        }
       }
-      if (!options.all_tensors || pp > 0) continue;
-      try {
-        const auto d = ckpt::read_pickled_dict(file);
-        out << "  " << relative << ":\n    optimizer:\n";
-        list_tensors(d.at("optimizer"), out);
-      } catch (const std::exception& e) {
-        if (problem.empty()) problem = ckpt::first_line(e.what());
-      }
-    }
-  for (int64_t pp = 0; pp < pp_size; ++pp)
-    for (int64_t tp = pp == 0 ? 1 : 0; tp < tp_size; ++tp) {
-      const fs::path f = fs::path(iter_dir) / rank_dir(tp, pp) / ckpt::kModelFile;
+  for (int64_t pp = 0; pp < layout.pp_size; ++pp)
+    for (int64_t tp = pp == 0 ? 1 : 0; tp < layout.tp_size; ++tp) {
+      const fs::path f = fs::path(iter_dir) / layout.rank_dir(tp, pp) / ckpt::kModelFile;
       if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + " is missing";
     }
-  if (!config_text.empty()) {
-    // One line per section (the text format in single-line mode); as saved if it does not parse.
-    out << "  config:\n";
-    config::RunConfig cfg;
-    if (google::protobuf::TextFormat::ParseFromString(config_text, &cfg)) {
-      google::protobuf::TextFormat::Printer printer;
-      printer.SetSingleLineMode(true);
-      const auto* reflection = cfg.GetReflection();
-      std::vector<const google::protobuf::FieldDescriptor*> fields;
-      reflection->ListFields(cfg, &fields);
-      for (const auto* field : fields) {
-        std::string text;
-        printer.PrintFieldValueToString(cfg, field, -1, &text);
-        out << "    " << field->name() << " { " << text << "}\n";
-      }
-    } else {
-      std::istringstream lines(config_text);
-      std::string line;
-      while (std::getline(lines, line)) out << "    " << line << "\n";
+}
+
+// The saved config, one line per section (the text format in single-line mode); as saved if it
+// does not parse.
+void print_saved_config(const std::string& config_text, std::ostream& out) {
+  out << "  config:\n";
+  config::RunConfig cfg;
+  if (google::protobuf::TextFormat::ParseFromString(config_text, &cfg)) {
+    google::protobuf::TextFormat::Printer printer;
+    printer.SetSingleLineMode(true);
+    const auto* reflection = cfg.GetReflection();
+    std::vector<const google::protobuf::FieldDescriptor*> fields;
+    reflection->ListFields(cfg, &fields);
+    for (const auto* field : fields) {
+      std::string text;
+      printer.PrintFieldValueToString(cfg, field, -1, &text);
+      out << "    " << field->name() << " { " << text << "}\n";
     }
+  } else {
+    std::istringstream lines(config_text);
+    std::string line;
+    while (std::getline(lines, line)) out << "    " << line << "\n";
   }
+}
+
+}  // namespace
+
+std::string inspect_checkpoint(const std::string& path, const InspectOptions& options, std::ostream& out) {
+  const InspectTarget target = print_save_dir(path, out);
+  std::error_code ec;
+  const std::string iter_dir = checkpoint_iter_dir(target.save_dir, target.iteration);
+  out << "\niteration " << target.iteration << ": " << iter_dir << "\n";
+  if (!fs::is_directory(iter_dir, ec)) return iter_dir + " does not exist";
+  // The first thing found wrong, in the order the report finds it; empty when complete.
+  std::string problem;
+  ckpt::Checksums sums;
+  try {
+    sums = ckpt::read_checksums(iter_dir);
+  } catch (const std::exception& e) {
+    problem = ckpt::first_line(e.what());
+  }
+  print_files(iter_dir, sums, options, problem, out);
+  std::string config_text;
+  const RankLayout layout = print_rank_files(iter_dir, options, config_text, problem, out);
+  check_other_files(iter_dir, layout, options, problem, out);
+  if (!config_text.empty()) print_saved_config(config_text, out);
   if (problem.empty() && !sums.present)
     out << "complete: yes (unverified: no " << ckpt::kChecksumsFile << ")\n";
   else if (problem.empty())

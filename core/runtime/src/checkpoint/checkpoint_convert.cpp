@@ -136,6 +136,267 @@ TensorMap under_prefix(const TensorMap& m, const std::string& prefix) {
 
 }  // namespace
 
+namespace {
+
+// A parallel layout: tensor-parallel size, pipeline size, model chunks per pipeline rank. Stages
+// of the (virtual) pipeline: chunk k of pipeline rank r is stage k x pp + r of pp x v.
+struct Layout {
+  int64_t tp = 1, pp = 1, v = 1;
+  int64_t stages() const { return pp * v; }
+};
+
+using StateEntries = std::vector<std::tuple<std::string, std::string, at::Tensor>>;  // key, param, value
+
+// The layout the checkpoint was saved with (its first file says), and its iteration.
+Layout read_saved_layout(const std::string& iter_dir, const ckpt::Checksums& sums, int64_t* iteration) {
+  Layout old;
+  old.pp = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
+  const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
+  const std::string file = (fs::path(iter_dir) / relative).string();
+  const auto d = ckpt::read_pickled_dict(file, "", &sums, relative);
+  auto tp = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
+  if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
+    throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
+  old.tp = tp->value().toInt();
+  auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
+  if (pp != d.end() && pp->value().isInt()) old.pp = std::max<int64_t>(1, pp->value().toInt());
+  auto v = d.find(c10::IValue(std::string("virtual_pipeline_model_parallel_size")));
+  if (v != d.end() && v->value().isInt()) old.v = std::max<int64_t>(1, v->value().toInt());
+  auto it = d.find(c10::IValue(std::string("iteration")));
+  *iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
+  return old;
+}
+
+// The layout asked for: 0 keeps the checkpoint's size; model chunks per rank are kept with the
+// pipeline size, else one unless asked.
+Layout resolve_new_layout(const Layout& old, int new_tp, int new_pp, int new_v) {
+  if (new_tp == 0) new_tp = static_cast<int>(old.tp);
+  if (new_pp == 0) new_pp = static_cast<int>(old.pp);
+  if (new_v == 0) new_v = new_pp == old.pp ? static_cast<int>(old.v) : 1;
+  if (new_v > 1 && new_pp < 2)
+    throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(new_v) +
+                    " (the interleaved schedule) needs --pipeline_model_parallel_size 2 or more");
+  return Layout{new_tp, new_pp, new_v};
+}
+
+// Names on each stage <-> names in the whole model, for a layout's stages.
+StageNames stage_names(const ModelAtLayout& build, int64_t layers, int64_t stages) {
+  StageNames names;
+  names.layers_per_stage = layers / stages;
+  find_tied(names, build(0, 1, 0, static_cast<int>(stages))->parameters(),
+            build(0, 1, static_cast<int>(stages) - 1, static_cast<int>(stages))->parameters(),
+            static_cast<int>(stages));
+  return names;
+}
+
+// The checkpoint being converted.
+struct Source {
+  const std::string& iter_dir;
+  const ckpt::Checksums& sums;
+  const ModelAtLayout& build;
+  Layout old;
+  StageNames names;
+};
+
+// The whole model gathered from the old layout, under the whole model's names.
+struct WholeModel {
+  TensorMap model;
+  std::map<std::string, int> dim;  // whole-model name -> partition dim
+  StateEntries optimizer, strategy;
+  std::set<std::string> seen_keys;
+  std::vector<c10::impl::GenericDict> first_files;  // stage 0's, kept for the progress entries
+};
+
+// One old pipeline rank's tensor-parallel ranks: model, optimizer and strategy state.
+struct RankStates {
+  std::vector<TensorMap> model, optimizer, strategy;
+};
+
+// The parameters of old pipeline rank `rank_pp`'s chunks (prefixed as the file names them), on
+// tensor-parallel rank r.
+std::vector<Param> old_rank_params(const Source& src, int64_t rank_pp, int64_t r) {
+  std::vector<Param> params;
+  for (int64_t k = 0; k < src.old.v; ++k)
+    for (Param& p : src.build(static_cast<int>(r), static_cast<int>(src.old.tp),
+                              static_cast<int>(k * src.old.pp + rank_pp), static_cast<int>(src.old.stages()))
+                        ->parameters()) {
+      p.name = ModelInstance::chunk_prefix(k, src.old.v) + p.name;
+      params.push_back(std::move(p));
+    }
+  return params;
+}
+
+// ZeRO: the data-parallel shards of tensor-parallel rank r consolidated into whole parameters'
+// state (the layout ddp saves; a ZeRO run loading it shards it again,
+// dtk/core/checkpoint/checkpoint_shards.hpp).
+void consolidate_shards(const Source& src, int64_t rank_pp, int64_t r, const std::string& rank_dir_name, int64_t shards,
+                        RankStates& st) {
+  const std::vector<Param> params = old_rank_params(src, rank_pp, r);
+  std::vector<std::string> names;
+  for (const Param& p : params) names.push_back(p.name);
+  StateAssembler whole(params, names);
+  const std::string rank_dir = (fs::path(src.iter_dir) / rank_dir_name).string();
+  for (int64_t k = 0; k < shards; ++k) {
+    const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards, src.sums);
+    whole.add(shard.optimizer, shard.strategy, shard.slices);
+  }
+  TensorMap o, s;
+  try {
+    for (auto& [key, value] : whole.optimizer()) o[key] = value;
+    for (auto& [key, value] : whole.strategy()) s[key] = value;
+  } catch (const std::exception& e) {
+    throw HostError("checkpoint convert: " + rank_dir + ": " + ckpt::first_line(e.what()));
+  }
+  st.optimizer.push_back(std::move(o));
+  st.strategy.push_back(std::move(s));
+}
+
+// Old pipeline rank `rank_pp`: its tensor-parallel ranks' files (verified), sharded state
+// consolidated.
+RankStates read_old_rank(const Source& src, int64_t rank_pp, WholeModel& whole, ConvertReport& report) {
+  RankStates st;
+  for (int64_t r = 0; r < src.old.tp; ++r) {
+    const std::string rank_dir_name =
+        ckpt::mp_rank_dir(static_cast<int>(r), static_cast<int>(rank_pp), static_cast<int>(src.old.pp));
+    const std::string relative = rank_dir_name + "/" + ckpt::kModelFile;
+    const std::string file = (fs::path(src.iter_dir) / relative).string();
+    const auto d = ckpt::read_pickled_dict(file, "", &src.sums, relative);
+    if (rank_pp == 0) whole.first_files.push_back(d);
+    st.model.push_back(tensors_of(d, "model", file));
+    auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
+    if (shards == d.end()) {
+      st.optimizer.push_back(tensors_of(d, "optimizer", file));
+      st.strategy.push_back(tensors_of(d, "strategy", file));
+      continue;
+    }
+    if (!shards->value().isInt() || shards->value().toInt() < 1)
+      throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
+    consolidate_shards(src, rank_pp, r, rank_dir_name, shards->value().toInt(), st);
+    report.consolidated_shards = shards->value().toInt();
+  }
+  return st;
+}
+
+// Chunk `chunk` of old pipeline rank `rank_pp`: its parameters and their state made whole, under
+// the whole model's names. Optimizer/strategy entries: a parameter's follow it (renamed); the
+// others come from the first stage's tensor-parallel rank 0. A tied weight's copy repeats the
+// first stage's values. `rank_names`: every parameter name of the rank (all its chunks).
+void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const RankStates& st,
+                     const SliceMap& rank_names, WholeModel& whole) {
+  const int64_t stage = chunk * src.old.pp + rank_pp;
+  const std::string prefix = ModelInstance::chunk_prefix(chunk, src.old.v);
+  const std::map<std::string, int> stage_dims = partition_dims(
+      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), static_cast<int>(src.old.stages()))
+          ->parameters());
+  std::vector<TensorMap> chunk_model;
+  for (const TensorMap& m : st.model) chunk_model.push_back(under_prefix(m, prefix));
+  auto join = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
+    return merge_partitions(ranks, name, d, "checkpoint convert");
+  };
+  for (const auto& [name, d] : stage_dims) {
+    const std::string g = src.names.global(name, static_cast<int>(stage));
+    whole.dim[g] = d;
+    if (!whole.model.count(g)) whole.model[g] = join(chunk_model, name, d);
+  }
+  auto add_state = [&](const std::vector<TensorMap>& ranks, StateEntries& out, const char* which) {
+    for (const auto& [key, value] : ranks[0]) {
+      const std::string param = param_of_key(key, rank_names);
+      if (param.empty()) {
+        if (stage == 0) out.emplace_back(key, "", value);
+        continue;
+      }
+      if (param.compare(0, prefix.size(), prefix) != 0) continue;  // another chunk's
+      const std::string local = param.substr(prefix.size());
+      const std::string g = src.names.global(local, static_cast<int>(stage));
+      const size_t at = key.find(param);
+      const std::string global_key = key.substr(0, at) + g + key.substr(at + param.size());
+      if (!whole.seen_keys.insert(std::string(which) + global_key).second) continue;  // a tied copy's
+      out.emplace_back(global_key, g, join(ranks, key, stage_dims.at(local)));
+    }
+  };
+  add_state(st.optimizer, whole.optimizer, "o:");
+  add_state(st.strategy, whole.strategy, "s:");
+}
+
+// One rank of the new layout: its parameters (by whole-model name), their names in its files,
+// and its model tensors cut from the whole model.
+struct NewRank {
+  TensorMap target_params;                      // whole-model name -> this rank's parameter
+  std::map<std::string, std::string> local_of;  // whole-model name -> name in this rank's files
+  std::vector<std::pair<std::string, at::Tensor>> model;
+};
+
+NewRank cut_model(const ModelAtLayout& build, const Layout& nl, const StageNames& new_names, const WholeModel& whole,
+                  int rank_pp, int r) {
+  NewRank nr;
+  for (int chunk = 0; chunk < nl.v; ++chunk) {
+    const int stage = chunk * static_cast<int>(nl.pp) + rank_pp;
+    const std::string prefix = ModelInstance::chunk_prefix(chunk, static_cast<int>(nl.v));
+    std::unique_ptr<ModelInstance> m = build(r, static_cast<int>(nl.tp), stage, static_cast<int>(nl.stages()));
+    for (const Param& p : m->parameters()) {
+      const std::string g = new_names.global(p.name, stage);
+      nr.target_params[g] = p.tensor;
+      nr.local_of[g] = prefix + p.name;
+    }
+    for (const auto& [name, target] : m->state_save()) {
+      const std::string g = new_names.global(name, stage);
+      auto it = whole.model.find(g);
+      if (it == whole.model.end() && nr.target_params.count(g))
+        throw HostError("checkpoint convert: the checkpoint has no tensor '" + g + "'");
+      // Not a parameter (the dropout generators): the new model's own.
+      nr.model.emplace_back(prefix + name,
+                            it == whole.model.end() ? target : piece(it->second, whole.dim.at(g), r, target, name));
+    }
+  }
+  return nr;
+}
+
+// The state entries of new rank `nr` (tensor-parallel rank r): the ones of no parameter as they
+// are, a parameter's cut like it (those of another stage's parameters left out).
+std::vector<std::pair<std::string, at::Tensor>> cut_state(const StateEntries& entries, const NewRank& nr,
+                                                          const WholeModel& whole, int r) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [key, param, value] : entries) {
+    if (param.empty()) {
+      out.emplace_back(key, value);
+      continue;
+    }
+    auto local = nr.local_of.find(param);
+    if (local == nr.local_of.end()) continue;  // a parameter of another stage
+    const size_t at = key.find(param);
+    const std::string local_key = key.substr(0, at) + local->second + key.substr(at + param.size());
+    const at::Tensor& target = nr.target_params.at(param);
+    // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
+    out.emplace_back(local_key, piece(value, whole.dim.at(param), r, target.to(value.scalar_type()), local_key));
+  }
+  return out;
+}
+
+// The main file of new rank (rank_pp, r): stage 0's progress entries, the new layout and config,
+// the cut model and (consolidated: whole parameters') state.
+c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& nl, const StageNames& new_names,
+                                     const WholeModel& whole, int rank_pp, int r,
+                                     const std::function<std::string(int tp, int pp, int v)>& config_text,
+                                     ConvertReport& report) {
+  const NewRank nr = cut_model(build, nl, new_names, whole, rank_pp, r);
+  const auto new_optimizer = cut_state(whole.optimizer, nr, whole, r),
+             new_strategy = cut_state(whole.strategy, nr, whole, r);
+  c10::impl::GenericDict d = whole.first_files[0].copy();
+  (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
+  d.insert_or_assign("model", to_dict(nr.model));
+  d.insert_or_assign("optimizer", to_dict(new_optimizer));
+  d.insert_or_assign("strategy", to_dict(new_strategy));
+  d.insert_or_assign("tensor_model_parallel_size", nl.tp);
+  d.insert_or_assign("pipeline_model_parallel_size", nl.pp);
+  d.insert_or_assign("virtual_pipeline_model_parallel_size", nl.v);
+  d.insert_or_assign("config", config_text(report.new_tp, report.new_pp, report.new_v));
+  report.model_tensors = static_cast<int64_t>(nr.model.size());
+  report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
+  return d;
+}
+
+}  // namespace
+
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
                                  const ModelAtLayout& build) {
@@ -144,217 +405,40 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   if (fs::exists(save_dir, ec) && !(fs::is_directory(save_dir, ec) && fs::is_empty(save_dir, ec)))
     throw HostError("checkpoint convert: " + save_dir + " exists and is not an empty directory");
   ConvertReport report;
-
-  // The layout the checkpoint was saved with (its first file says).
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
-  int64_t old_tp = 1, old_pp = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1, old_v = 1;
-  {
-    const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
-    const std::string file = (fs::path(iter_dir) / relative).string();
-    const auto d = ckpt::read_pickled_dict(file, "", &sums, relative);
-    auto tp = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
-    if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
-      throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
-    old_tp = tp->value().toInt();
-    auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
-    if (pp != d.end() && pp->value().isInt()) old_pp = std::max<int64_t>(1, pp->value().toInt());
-    auto v = d.find(c10::IValue(std::string("virtual_pipeline_model_parallel_size")));
-    if (v != d.end() && v->value().isInt()) old_v = std::max<int64_t>(1, v->value().toInt());
-    auto it = d.find(c10::IValue(std::string("iteration")));
-    report.iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
-  }
-  if (new_tp == 0) new_tp = static_cast<int>(old_tp);
-  if (new_pp == 0) new_pp = static_cast<int>(old_pp);
-  // Model chunks per rank: kept with the pipeline size, else one unless asked.
-  if (new_v == 0) new_v = new_pp == old_pp ? static_cast<int>(old_v) : 1;
-  if (new_v > 1 && new_pp < 2)
-    throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(new_v) +
-                    " (the interleaved schedule) needs --pipeline_model_parallel_size 2 or more");
-  report.old_tp = static_cast<int>(old_tp);
-  report.old_pp = static_cast<int>(old_pp);
-  report.old_v = static_cast<int>(old_v);
-  report.new_tp = new_tp, report.new_pp = new_pp, report.new_v = new_v;
-  // Stages of the (virtual) pipeline: chunk k of pipeline rank r is stage k x pp + r of pp x v.
-  const int64_t old_stages = old_pp * old_v, new_stages = int64_t{new_pp} * new_v;
+  const Layout old = read_saved_layout(iter_dir, sums, &report.iteration);
+  const Layout nl = resolve_new_layout(old, new_tp, new_pp, new_v);
+  report.old_tp = static_cast<int>(old.tp), report.old_pp = static_cast<int>(old.pp);
+  report.old_v = static_cast<int>(old.v);
+  report.new_tp = static_cast<int>(nl.tp), report.new_pp = static_cast<int>(nl.pp),
+  report.new_v = static_cast<int>(nl.v);
 
-  // Names on each stage <-> names in the whole model.
   const int64_t layers = build(0, 1, 0, 1)->info().num_layers;
-  for (int64_t stages : {old_stages, new_stages})
+  for (int64_t stages : {old.stages(), nl.stages()})
     if (layers % stages != 0)
       throw HostError("checkpoint convert: the model's " + std::to_string(layers) + " layers do not split into " +
                       std::to_string(stages) + " pipeline stages (pipeline size x model chunks per rank)");
-  StageNames old_names, new_names;
-  old_names.layers_per_stage = layers / old_stages;
-  new_names.layers_per_stage = layers / new_stages;
-  find_tied(old_names, build(0, 1, 0, static_cast<int>(old_stages))->parameters(),
-            build(0, 1, static_cast<int>(old_stages) - 1, static_cast<int>(old_stages))->parameters(),
-            static_cast<int>(old_stages));
-  find_tied(new_names, build(0, 1, 0, static_cast<int>(new_stages))->parameters(),
-            build(0, 1, static_cast<int>(new_stages) - 1, static_cast<int>(new_stages))->parameters(),
-            static_cast<int>(new_stages));
+  const Source src{iter_dir, sums, build, old, stage_names(build, layers, old.stages())};
+  const StageNames new_names = stage_names(build, layers, nl.stages());
 
-  // Every old pipeline rank: its tensor-parallel ranks' files (verified); then each of its chunks'
-  // parameters and their state made whole, under the whole model's names. A tied weight's copy
-  // repeats the first stage's values.
-  TensorMap model_whole;
-  std::map<std::string, int> dim;                       // whole-model name -> partition dim
-  std::vector<std::tuple<std::string, std::string, at::Tensor>> optimizer_whole, strategy_whole;  // key, param, value
-  std::set<std::string> seen_keys;
-  std::vector<c10::impl::GenericDict> first_files;  // stage 0's, kept for the progress entries
-  for (int64_t rank_pp = 0; rank_pp < old_pp; ++rank_pp) {
-    // The parameters of the rank's chunks (prefixed as the file names them), on tensor-parallel rank r.
-    auto rank_params = [&](int64_t r) {
-      std::vector<Param> params;
-      for (int64_t k = 0; k < old_v; ++k)
-        for (Param& p : build(static_cast<int>(r), static_cast<int>(old_tp), static_cast<int>(k * old_pp + rank_pp),
-                              static_cast<int>(old_stages))
-                            ->parameters()) {
-          p.name = ModelInstance::chunk_prefix(k, old_v) + p.name;
-          params.push_back(std::move(p));
-        }
-      return params;
-    };
-    std::vector<TensorMap> model, optimizer, strategy;
-    for (int64_t r = 0; r < old_tp; ++r) {
-      const std::string rank_dir_name =
-          ckpt::mp_rank_dir(static_cast<int>(r), static_cast<int>(rank_pp), static_cast<int>(old_pp));
-      const std::string relative = rank_dir_name + "/" + ckpt::kModelFile;
-      const std::string file = (fs::path(iter_dir) / relative).string();
-      const auto d = ckpt::read_pickled_dict(file, "", &sums, relative);
-      if (rank_pp == 0) first_files.push_back(d);
-      model.push_back(tensors_of(d, "model", file));
-      auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
-      if (shards == d.end()) {
-        optimizer.push_back(tensors_of(d, "optimizer", file));
-        strategy.push_back(tensors_of(d, "strategy", file));
-        continue;
-      }
-      // ZeRO: the data-parallel shards consolidated into whole parameters' state (the layout ddp
-      // saves; a ZeRO run loading it shards it again, dtk/core/checkpoint/checkpoint_shards.hpp).
-      if (!shards->value().isInt() || shards->value().toInt() < 1)
-        throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
-      const std::vector<Param> params = rank_params(r);
-      std::vector<std::string> names;
-      for (const Param& p : params) names.push_back(p.name);
-      StateAssembler whole(params, names);
-      const std::string rank_dir = (fs::path(iter_dir) / rank_dir_name).string();
-      for (int64_t k = 0; k < shards->value().toInt(); ++k) {
-        const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards->value().toInt(), sums);
-        whole.add(shard.optimizer, shard.strategy, shard.slices);
-      }
-      TensorMap o, st;
-      try {
-        for (auto& [key, value] : whole.optimizer()) o[key] = value;
-        for (auto& [key, value] : whole.strategy()) st[key] = value;
-      } catch (const std::exception& e) {
-        throw HostError("checkpoint convert: " + rank_dir + ": " + ckpt::first_line(e.what()));
-      }
-      optimizer.push_back(std::move(o));
-      strategy.push_back(std::move(st));
-      report.consolidated_shards = shards->value().toInt();
-    }
-    // Every parameter name of the rank (all its chunks): which entries are a parameter's.
+  // Every old pipeline rank: its files, then each of its chunks made whole.
+  WholeModel whole;
+  for (int64_t rank_pp = 0; rank_pp < old.pp; ++rank_pp) {
+    const RankStates st = read_old_rank(src, rank_pp, whole, report);
     SliceMap rank_names;
-    for (const Param& p : rank_params(0)) rank_names[p.name] = ParamSlice{};
-    for (int64_t chunk = 0; chunk < old_v; ++chunk) {
-      const int64_t stage = chunk * old_pp + rank_pp;
-      const std::string prefix = ModelInstance::chunk_prefix(chunk, old_v);
-      const std::map<std::string, int> stage_dims = partition_dims(
-          build(0, static_cast<int>(old_tp), static_cast<int>(stage), static_cast<int>(old_stages))->parameters());
-      std::vector<TensorMap> chunk_model;
-      for (const TensorMap& m : model) chunk_model.push_back(under_prefix(m, prefix));
-      auto whole = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
-        return merge_partitions(ranks, name, d, "checkpoint convert");
-      };
-      for (const auto& [name, d] : stage_dims) {
-        const std::string g = old_names.global(name, static_cast<int>(stage));
-        dim[g] = d;
-        if (!model_whole.count(g)) model_whole[g] = whole(chunk_model, name, d);
-      }
-      // Optimizer/strategy entries: a parameter's follow it (renamed); the others come from the
-      // first stage's tensor-parallel rank 0.
-      auto add_state = [&](const std::vector<TensorMap>& ranks, auto& out, const char* which) {
-        for (const auto& [key, value] : ranks[0]) {
-          const std::string param = param_of_key(key, rank_names);
-          if (param.empty()) {
-            if (stage == 0) out.emplace_back(key, "", value);
-            continue;
-          }
-          if (param.compare(0, prefix.size(), prefix) != 0) continue;  // another chunk's
-          const std::string local = param.substr(prefix.size());
-          const std::string g = old_names.global(local, static_cast<int>(stage));
-          const size_t at = key.find(param);
-          const std::string global_key = key.substr(0, at) + g + key.substr(at + param.size());
-          if (!seen_keys.insert(std::string(which) + global_key).second) continue;  // a tied copy's
-          out.emplace_back(global_key, g, whole(ranks, key, stage_dims.at(local)));
-        }
-      };
-      add_state(optimizer, optimizer_whole, "o:");
-      add_state(strategy, strategy_whole, "s:");
-    }
+    for (const Param& p : old_rank_params(src, rank_pp, 0)) rank_names[p.name] = ParamSlice{};
+    for (int64_t chunk = 0; chunk < old.v; ++chunk) merge_old_chunk(src, rank_pp, chunk, st, rank_names, whole);
   }
 
   // The new ranks' files (pipeline rank by pipeline rank, tensor-parallel rank by rank; each with
   // its chunks), then published as a training save is (SHA256SUMS, rename, tracker).
   std::vector<c10::impl::GenericDict> files;
-  for (int rank_pp = 0; rank_pp < new_pp; ++rank_pp) {
-    for (int r = 0; r < new_tp; ++r) {
-      TensorMap target_params;                      // whole-model name -> this rank's parameter
-      std::map<std::string, std::string> local_of;  // whole-model name -> name in this rank's files
-      std::vector<std::pair<std::string, at::Tensor>> new_model;
-      for (int chunk = 0; chunk < new_v; ++chunk) {
-        const int stage = chunk * new_pp + rank_pp;
-        const std::string prefix = ModelInstance::chunk_prefix(chunk, new_v);
-        std::unique_ptr<ModelInstance> m = build(r, new_tp, stage, static_cast<int>(new_stages));
-        for (const Param& p : m->parameters()) {
-          const std::string g = new_names.global(p.name, stage);
-          target_params[g] = p.tensor;
-          local_of[g] = prefix + p.name;
-        }
-        for (const auto& [name, target] : m->state_save()) {
-          const std::string g = new_names.global(name, stage);
-          auto it = model_whole.find(g);
-          if (it == model_whole.end() && target_params.count(g))
-            throw HostError("checkpoint convert: the checkpoint has no tensor '" + g + "'");
-          // Not a parameter (the dropout generators): the new model's own.
-          new_model.emplace_back(prefix + name,
-                                 it == model_whole.end() ? target : piece(it->second, dim.at(g), r, target, name));
-        }
-      }
-      auto cut = [&](const std::vector<std::tuple<std::string, std::string, at::Tensor>>& entries) {
-        std::vector<std::pair<std::string, at::Tensor>> out;
-        for (const auto& [key, param, value] : entries) {
-          if (param.empty()) {
-            out.emplace_back(key, value);
-            continue;
-          }
-          auto local = local_of.find(param);
-          if (local == local_of.end()) continue;  // a parameter of another stage
-          const size_t at = key.find(param);
-          const std::string local_key = key.substr(0, at) + local->second + key.substr(at + param.size());
-          const at::Tensor& target = target_params.at(param);
-          // State kept in another dtype than the parameter (fp32 masters of bf16 weights) stays so.
-          out.emplace_back(local_key, piece(value, dim.at(param), r, target.to(value.scalar_type()), local_key));
-        }
-        return out;
-      };
-      const auto new_optimizer = cut(optimizer_whole), new_strategy = cut(strategy_whole);
-      c10::impl::GenericDict d = first_files[0].copy();
-      (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
-      d.insert_or_assign("model", to_dict(new_model));
-      d.insert_or_assign("optimizer", to_dict(new_optimizer));
-      d.insert_or_assign("strategy", to_dict(new_strategy));
-      d.insert_or_assign("tensor_model_parallel_size", static_cast<int64_t>(new_tp));
-      d.insert_or_assign("pipeline_model_parallel_size", static_cast<int64_t>(new_pp));
-      d.insert_or_assign("virtual_pipeline_model_parallel_size", static_cast<int64_t>(new_v));
-      d.insert_or_assign("config", config_text(new_tp, new_pp, new_v));
-      files.push_back(d);
-      report.model_tensors = static_cast<int64_t>(new_model.size());
-      report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
-    }
-  }
-  report.megabytes =
-      static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files, new_tp, new_pp)) / 1e6;
+  for (int rank_pp = 0; rank_pp < nl.pp; ++rank_pp)
+    for (int r = 0; r < nl.tp; ++r)
+      files.push_back(new_rank_file(build, nl, new_names, whole, rank_pp, r, config_text, report));
+  report.megabytes = static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files,
+                                                                        report.new_tp, report.new_pp)) /
+                     1e6;
   return report;
 }
 

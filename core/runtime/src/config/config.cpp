@@ -134,6 +134,94 @@ config::RunConfig load_config(const std::string& path) {
   return cfg;
 }
 
+namespace {
+
+// A list of sections (lr.param_rules): each --set appends one entry, written in text format with
+// or without braces ('match: "bias$" wd_mult: 0').
+void append_section_entry(Message* msg, const FieldDescriptor* f, const std::string& assignment,
+                          const std::string& path, const std::string& value) {
+  std::string body = value;
+  const size_t first = body.find_first_not_of(" \t");
+  const size_t last = body.find_last_not_of(" \t");
+  if (first != std::string::npos && body[first] == '{' && body[last] == '}')
+    body = body.substr(first + 1, last - first - 1);
+  std::unique_ptr<Message> entry(msg->GetReflection()->GetMessageFactory()->GetPrototype(f->message_type())->New());
+  TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(body, entry.get()))
+    throw HostError("--set '" + assignment + "': not a valid " + f->message_type()->name() + " entry (" +
+                    (errors.text.empty() ? "parse error" : errors.text) + ")" +
+                    (f->message_type()->name() == "ParamRule"
+                         ? "; e.g. --set '" + path + "=match: \"bias$\" wd_mult: 0'"
+                         : std::string()));
+  msg->GetReflection()->AddMessage(msg, f)->CopyFrom(*entry);
+}
+
+// MergeFrom skips proto3 zero values; copy explicitly so "--set train.clip_grad=0" works.
+void copy_scalar(Message* msg, const FieldDescriptor* f, const Message& from) {
+  const Reflection* r = msg->GetReflection();
+  const Reflection* fr = from.GetReflection();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      r->SetInt32(msg, f, fr->GetInt32(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(msg, f, fr->GetInt64(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      r->SetUInt32(msg, f, fr->GetUInt32(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      r->SetUInt64(msg, f, fr->GetUInt64(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(msg, f, fr->GetDouble(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      r->SetFloat(msg, f, fr->GetFloat(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      r->SetBool(msg, f, fr->GetBool(from, f));
+      break;
+    case FieldDescriptor::CPPTYPE_STRING:
+      r->SetString(msg, f, fr->GetString(from, f));
+      break;
+    default:
+      break;
+  }
+}
+
+// A scalar field: the text-format parser does the type checking and conversion.
+void set_scalar(Message* msg, const FieldDescriptor* f, const std::string& assignment, const std::string& path,
+                const std::string& value) {
+  const std::string literal = f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
+  TextFormat::Parser parser;
+  FirstError errors;
+  parser.RecordErrorsTo(&errors);
+  std::unique_ptr<Message> tmp(msg->New());
+  if (value.empty() && f->type() != FieldDescriptor::TYPE_STRING)
+    throw HostError("--set '" + assignment + "': empty value for '" + path + "'");
+  if (!parser.ParseFieldValueFromString(literal, f, tmp.get()))
+    throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " + f->type_name() + " for '" + path +
+                    "'");
+  msg->GetReflection()->ClearField(msg, f);
+  msg->MergeFrom(*tmp);
+  copy_scalar(msg, f, *tmp);
+}
+
+[[noreturn]] void throw_no_field(const Descriptor* d, const std::string& assignment, const std::string& walked,
+                                 const std::string& name) {
+  std::string msg_text = "--set '" + assignment + "': no config field '" + walked + name + "'";
+  std::string guess = host::did_you_mean(name, field_names(d, ""));
+  if (!guess.empty()) msg_text += "; did you mean '" + walked + guess + "'?";
+  throw HostError(msg_text);
+}
+
+}  // namespace
+
+// Walks the dotted path section by section; the last part is a plugin option, a list entry or a
+// scalar field.
 void apply_override(config::RunConfig& cfg, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -144,97 +232,28 @@ void apply_override(config::RunConfig& cfg, const std::string& assignment) {
 
   Message* msg = &cfg;
   std::string walked;
-  std::string text_open, text_close;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Descriptor* d = msg->GetDescriptor();
     const FieldDescriptor* f = d->FindFieldByName(parts[i]);
-    if (!f && d->full_name() == "dtk.config.PluginChoice" && i + 1 == parts.size()) {
+    const bool last = i + 1 == parts.size();
+    if (!f && d->full_name() == "dtk.config.PluginChoice" && last) {
       // Below a plugin slot, an unknown name is a plugin option; the host validates it against
       // the plugin's declarations once the plugin is known.
       auto* choice = static_cast<config::PluginChoice*>(msg);
       (*choice->mutable_options())[parts[i]] = value;
       return;
     }
-    if (f && f->is_repeated() && !f->is_map() && f->type() == FieldDescriptor::TYPE_MESSAGE && i + 1 == parts.size()) {
-      // A list of sections (lr.param_rules): each --set appends one entry, written in text
-      // format with or without braces ('match: "bias$" wd_mult: 0').
-      std::string body = value;
-      const size_t first = body.find_first_not_of(" \t");
-      const size_t last = body.find_last_not_of(" \t");
-      if (first != std::string::npos && body[first] == '{' && body[last] == '}')
-        body = body.substr(first + 1, last - first - 1);
-      std::unique_ptr<Message> entry(msg->GetReflection()->GetMessageFactory()->GetPrototype(f->message_type())->New());
-      TextFormat::Parser parser;
-      FirstError errors;
-      parser.RecordErrorsTo(&errors);
-      if (!parser.ParseFromString(body, entry.get()))
-        throw HostError("--set '" + assignment + "': not a valid " + f->message_type()->name() + " entry (" +
-                        (errors.text.empty() ? "parse error" : errors.text) + ")" +
-                        (f->message_type()->name() == "ParamRule"
-                             ? "; e.g. --set '" + path + "=match: \"bias$\" wd_mult: 0'"
-                             : std::string()));
-      msg->GetReflection()->AddMessage(msg, f)->CopyFrom(*entry);
-      return;
-    }
-    if (!f || f->is_map() || f->is_repeated()) {
-      std::string msg_text = "--set '" + assignment + "': no config field '" + walked + parts[i] + "'";
-      std::string guess = host::did_you_mean(parts[i], field_names(d, ""));
-      if (!guess.empty()) msg_text += "; did you mean '" + walked + guess + "'?";
-      throw HostError(msg_text);
-    }
+    if (f && f->is_repeated() && !f->is_map() && f->type() == FieldDescriptor::TYPE_MESSAGE && last)
+      return append_section_entry(msg, f, assignment, path, value);
+    if (!f || f->is_map() || f->is_repeated()) throw_no_field(d, assignment, walked, parts[i]);
     if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
-      if (i + 1 == parts.size())
-        throw HostError("--set '" + assignment + "': '" + path + "' is a section, name one of its fields");
+      if (last) throw HostError("--set '" + assignment + "': '" + path + "' is a section, name one of its fields");
       msg = msg->GetReflection()->MutableMessage(msg, f);
       walked += parts[i] + ".";
       continue;
     }
-    if (i + 1 != parts.size())
-      throw HostError("--set '" + assignment + "': '" + walked + parts[i] + "' is not a section");
-    // Leaf: let the text-format parser do the type checking and conversion.
-    const std::string literal = f->type() == FieldDescriptor::TYPE_STRING ? "\"" + escape(value) + "\"" : value;
-    TextFormat::Parser parser;
-    FirstError errors;
-    parser.RecordErrorsTo(&errors);
-    std::unique_ptr<Message> tmp(msg->New());
-    if (value.empty() && f->type() != FieldDescriptor::TYPE_STRING)
-      throw HostError("--set '" + assignment + "': empty value for '" + path + "'");
-    if (!parser.ParseFieldValueFromString(literal, f, tmp.get()))
-      throw HostError("--set '" + assignment + "': '" + value + "' is not a valid " + f->type_name() + " for '" + path +
-                      "'");
-    msg->GetReflection()->ClearField(msg, f);
-    msg->MergeFrom(*tmp);
-    // MergeFrom skips proto3 zero values; copy explicitly so "--set train.clip_grad=0" works.
-    const Reflection* r = msg->GetReflection();
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_INT32:
-        r->SetInt32(msg, f, tmp->GetReflection()->GetInt32(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_INT64:
-        r->SetInt64(msg, f, tmp->GetReflection()->GetInt64(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_UINT32:
-        r->SetUInt32(msg, f, tmp->GetReflection()->GetUInt32(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_UINT64:
-        r->SetUInt64(msg, f, tmp->GetReflection()->GetUInt64(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_DOUBLE:
-        r->SetDouble(msg, f, tmp->GetReflection()->GetDouble(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_FLOAT:
-        r->SetFloat(msg, f, tmp->GetReflection()->GetFloat(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_BOOL:
-        r->SetBool(msg, f, tmp->GetReflection()->GetBool(*tmp, f));
-        break;
-      case FieldDescriptor::CPPTYPE_STRING:
-        r->SetString(msg, f, tmp->GetReflection()->GetString(*tmp, f));
-        break;
-      default:
-        break;
-    }
-    return;
+    if (!last) throw HostError("--set '" + assignment + "': '" + walked + parts[i] + "' is not a section");
+    return set_scalar(msg, f, assignment, path, value);
   }
 }
 
@@ -349,36 +368,51 @@ void require_finite_numbers(const Message& msg, const std::string& prefix) {
 
 }  // namespace
 
-void validate_config(const config::RunConfig& cfg) {
-  require_finite_numbers(cfg, "");
-  const auto& t = cfg.train();
-  auto positive = [](int64_t v, const char* name) {
-    if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
-  };
-  positive(t.micro_batch_size(), "train.micro_batch_size");
+namespace {
+
+void require_positive(int64_t v, const char* name) {
+  if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
+}
+
+void require_finite_at_least(double v, double lo, const char* name) {
+  if (!std::isfinite(v) || v < lo)
+    throw HostError(std::string("config: ") + name + " must be a finite number >= " + std::to_string(lo) + ", got " +
+                    std::to_string(v));
+}
+
+// train.rampup_batch_size against the other batch fields, on its own (the ranks' layout is
+// checked where it is known, by BatchPlan).
+void validate_rampup(const config::TrainingConfig& t) {
+  const RampUp r = parse_rampup(t.rampup_batch_size());
+  if (t.train_samples() <= 0)
+    throw HostError(
+        "config: train.rampup_batch_size needs sample-based training (train.train_samples with "
+        "train.train_iters=0), as Megatron asserts ('expected no batch-size rampup for iteration-based "
+        "training')");
+  if (t.global_batch_size() <= 0)
+    throw HostError("config: train.rampup_batch_size needs train.global_batch_size (the size it ramps up to)");
+  if (r.start >= t.global_batch_size() || (t.global_batch_size() - r.start) % r.increment != 0)
+    throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START " +
+                    std::to_string(r.start) + " must be below train.global_batch_size " +
+                    std::to_string(t.global_batch_size()) + " and their difference a multiple of INCREMENT " +
+                    std::to_string(r.increment));
+  if (t.gradient_accumulation_steps() > 0)
+    throw HostError(
+        "config: train.rampup_batch_size and train.gradient_accumulation_steps contradict each other "
+        "(the number of micro-batches changes during the ramp-up)");
+}
+
+// The run's length, batch, dtype and device; in the order validate_config always checked them
+// (the first error a user sees depends on it).
+void validate_training(const config::TrainingConfig& t) {
+  require_positive(t.micro_batch_size(), "train.micro_batch_size");
   if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
-  if (!t.rampup_batch_size().empty()) {
-    const RampUp r = parse_rampup(t.rampup_batch_size());
-    if (t.train_samples() <= 0)
-      throw HostError("config: train.rampup_batch_size needs sample-based training (train.train_samples with "
-                      "train.train_iters=0), as Megatron asserts ('expected no batch-size rampup for iteration-based "
-                      "training')");
-    if (t.global_batch_size() <= 0)
-      throw HostError("config: train.rampup_batch_size needs train.global_batch_size (the size it ramps up to)");
-    if (r.start >= t.global_batch_size() || (t.global_batch_size() - r.start) % r.increment != 0)
-      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START " +
-                      std::to_string(r.start) + " must be below train.global_batch_size " +
-                      std::to_string(t.global_batch_size()) + " and their difference a multiple of INCREMENT " +
-                      std::to_string(r.increment));
-    if (t.gradient_accumulation_steps() > 0)
-      throw HostError("config: train.rampup_batch_size and train.gradient_accumulation_steps contradict each other "
-                      "(the number of micro-batches changes during the ramp-up)");
-  }
+  if (!t.rampup_batch_size().empty()) validate_rampup(t);
   if (t.train_samples() > 0 && t.train_iters() > 0)
     throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
                     "set train.train_iters=0 with train.train_samples");
-  if (t.train_samples() == 0) positive(t.train_iters(), "train.train_iters");
-  positive(t.seq_length(), "train.seq_length");
+  if (t.train_samples() == 0) require_positive(t.train_iters(), "train.train_iters");
+  require_positive(t.seq_length(), "train.seq_length");
   if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
   if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")
     throw HostError("config: train.params_dtype must be fp32, bf16 or fp16, got '" + t.params_dtype() + "'");
@@ -387,9 +421,12 @@ void validate_config(const config::RunConfig& cfg) {
   if (t.threads() < 0) throw HostError("config: train.threads must be >= 0");
   if (t.memory_limit_mb() < 0) throw HostError("config: train.memory_limit_mb must be >= 0 (0 = no budget)");
   if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
-  const auto& lr = cfg.lr();
-  if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
+}
+
+// The learning-rate schedule: decay style, warm-up and decay by iterations or samples, WSD.
+void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingConfig& t) {
   const std::string& style = lr.lr_decay_style();
+  if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
   if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root" &&
       style != "WSD")
     throw HostError("config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root or WSD, got '" +
@@ -426,29 +463,25 @@ void validate_config(const config::RunConfig& cfg) {
       throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
                       "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
   }
-  validate_weight_decay(lr);
-  if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
-    throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
-  if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
-  if (cfg.logging().tensorboard_log_interval() < 0)
-    throw HostError("config: logging.tensorboard_log_interval must be >= 0 (0 = every iteration)");
+}
+
+// The schedule's bounds: min_lr below lr, the warm-up shorter than the decay.
+void validate_lr_bounds(const config::LrSchedule& lr, const config::TrainingConfig& t) {
   if (lr.min_lr() > lr.lr())
     throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
                     std::to_string(lr.lr()) + ")");
   const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
-  if (decay > 0 && lr.lr_warmup_iters() >= decay && style != "constant")
+  if (decay > 0 && lr.lr_warmup_iters() >= decay && lr.lr_decay_style() != "constant")
     throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
                     ") must be smaller than the decay length (" + std::to_string(decay) +
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");
-  if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
-  // Loss scaling, bench mode, exit conditions.
-  auto finite_at_least = [](double v, double lo, const char* name) {
-    if (!std::isfinite(v) || v < lo)
-      throw HostError(std::string("config: ") + name + " must be a finite number >= " + std::to_string(lo) +
-                      ", got " + std::to_string(v));
-  };
-  finite_at_least(t.loss_scale(), 0, "train.loss_scale");
-  finite_at_least(t.initial_loss_scale(), 0, "train.initial_loss_scale");
+}
+
+// Loss scaling, bench mode, exit conditions, timing and a few device limits.
+void validate_scaling_and_exits(const config::RunConfig& cfg) {
+  const auto& t = cfg.train();
+  require_finite_at_least(t.loss_scale(), 0, "train.loss_scale");
+  require_finite_at_least(t.initial_loss_scale(), 0, "train.initial_loss_scale");
   // A scale beyond 2^64 overflows any loss's gradients in fp32 and bf16: every step would be skipped.
   for (const auto& [v, name] : {std::pair<double, const char*>{t.loss_scale(), "train.loss_scale"},
                                 {t.initial_loss_scale(), "train.initial_loss_scale"},
@@ -458,7 +491,7 @@ void validate_config(const config::RunConfig& cfg) {
       std::snprintf(got, sizeof got, "%g", v);
       throw HostError(std::string("config: ") + name + " must be at most 2^64 (Megatron's default is 2^32), got " + got);
     }
-  finite_at_least(t.min_loss_scale(), 0, "train.min_loss_scale");
+  require_finite_at_least(t.min_loss_scale(), 0, "train.min_loss_scale");
   if (t.loss_scale_window() < 0 || t.hysteresis() < 0)
     throw HostError("config: train.loss_scale_window and train.hysteresis must be >= 0 (0 = Megatron's default)");
   if (t.min_loss_scale() > 0 && t.initial_loss_scale() > 0 && t.min_loss_scale() > t.initial_loss_scale())
@@ -466,8 +499,8 @@ void validate_config(const config::RunConfig& cfg) {
   if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
     throw HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
   if (t.exit_interval() < 0) throw HostError("config: train.exit_interval must be >= 0 (0 = off)");
-  finite_at_least(t.exit_duration_in_mins(), 0, "train.exit_duration_in_mins");
-  finite_at_least(cfg.logging().peak_tflops(), 0, "logging.peak_tflops");
+  require_finite_at_least(t.exit_duration_in_mins(), 0, "train.exit_duration_in_mins");
+  require_finite_at_least(cfg.logging().peak_tflops(), 0, "logging.peak_tflops");
   if (cfg.logging().timing_log_level() < 0 || cfg.logging().timing_log_level() > 2)
     throw HostError("config: logging.timing_log_level must be 0, 1 or 2, got " +
                     std::to_string(cfg.logging().timing_log_level()));
@@ -476,6 +509,29 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError(
         "config: train.params_dtype=fp16 needs train.device=cuda (LibTorch has no fp16 matmul on CPU); "
         "use bf16 on CPU");
+}
+
+// Trace iterations: a valid range that starts inside the run.
+void validate_trace(const config::RunConfig& cfg) {
+  const auto& t = cfg.train();
+  if (!cfg.logging().trace_iterations().empty()) {
+    int64_t first = 0, last = 0;
+    try {
+      trace::parse_iterations(cfg.logging().trace_iterations(), &first, &last);
+    } catch (const std::exception& e) {
+      throw HostError(std::string("config: ") + e.what());
+    }
+    // train_iters 0: train_samples decides the length (known once the global batch is).
+    if (!cfg.logging().trace_file().empty() && t.train_iters() > 0 && first > t.train_iters())
+      throw HostError("config: logging.trace_iterations '" + cfg.logging().trace_iterations() +
+                      "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
+                      "): the trace would stay empty");
+  }
+}
+
+// Parallel sizes, the trace, the backend and the simulated link.
+void validate_distributed(const config::RunConfig& cfg) {
+  const auto& t = cfg.train();
   // Sections whose features arrive with later releases: refuse rather than silently ignore.
   const auto& d = cfg.distributed();
   if (d.tensor_model_parallel_size() < 1 || d.pipeline_model_parallel_size() < 1)
@@ -490,19 +546,7 @@ void validate_config(const config::RunConfig& cfg) {
     throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
                     std::to_string(d.virtual_pipeline_model_parallel_size()) +
                     " (the interleaved schedule) needs distributed.pipeline_model_parallel_size >= 2");
-  if (!cfg.logging().trace_iterations().empty()) {
-    int64_t first = 0, last = 0;
-    try {
-      trace::parse_iterations(cfg.logging().trace_iterations(), &first, &last);
-    } catch (const std::exception& e) {
-      throw HostError(std::string("config: ") + e.what());
-    }
-    // train_iters 0: train_samples decides the length (known once the global batch is).
-    if (!cfg.logging().trace_file().empty() && t.train_iters() > 0 && first > t.train_iters())
-      throw HostError("config: logging.trace_iterations '" + cfg.logging().trace_iterations() +
-                      "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
-                      "): the trace would stay empty");
-  }
+  validate_trace(cfg);
   if (!d.backend().empty() && d.backend() != "gloo") {
     if (d.backend() != "nccl")
       throw HostError("config: distributed.backend must be gloo or nccl, got '" + d.backend() + "'");
@@ -518,6 +562,10 @@ void validate_config(const config::RunConfig& cfg) {
   } catch (const std::exception& e) {
     throw HostError(std::string("config: ") + e.what());
   }
+}
+
+// Checkpoint saving and loading, then the plugin slots.
+void validate_checkpoint_and_slots(const config::RunConfig& cfg) {
   // Tensor and pipeline parallelism run over the Gloo process groups (core/runtime/src/distributed.cpp);
   // the world size must be a multiple of their product, which init_distributed checks once the
   // world is known.
@@ -538,6 +586,28 @@ void validate_config(const config::RunConfig& cfg) {
   for (const auto* slot : {&cfg.model(), &cfg.dataset(), &cfg.step(), &cfg.optimizer(), &cfg.strategy()})
     if (slot->name().empty())
       throw HostError("config: every plugin slot needs a name (model, dataset, step, optimizer, strategy)");
+}
+
+}  // namespace
+
+// The checks run in a fixed order: the first failing one is the error a user sees.
+void validate_config(const config::RunConfig& cfg) {
+  require_finite_numbers(cfg, "");
+  const auto& t = cfg.train();
+  validate_training(t);
+  const auto& lr = cfg.lr();
+  validate_lr_schedule(lr, t);
+  validate_weight_decay(lr);
+  if (cfg.eval().eval_interval() < 0 || cfg.eval().eval_iters() < 0)
+    throw HostError("config: eval.eval_interval and eval.eval_iters must be >= 0");
+  if (cfg.logging().log_interval() <= 0) throw HostError("config: logging.log_interval must be positive");
+  if (cfg.logging().tensorboard_log_interval() < 0)
+    throw HostError("config: logging.tensorboard_log_interval must be >= 0 (0 = every iteration)");
+  validate_lr_bounds(lr, t);
+  if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
+  validate_scaling_and_exits(cfg);
+  validate_distributed(cfg);
+  validate_checkpoint_and_slots(cfg);
 }
 
 std::string to_text(const config::RunConfig& cfg) {

@@ -354,18 +354,131 @@ std::vector<std::string> split_megatron_args(const std::string& text_or_file) {
   return out;
 }
 
-MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
-  MegatronMapping m;
+namespace {
+
+// What the flags seen so far say beyond their own assignments: the checks across flags (training
+// by iterations or samples, the model family, grouped-query attention, virtual stages) need them.
+struct SeenFlags {
   std::string rampup;  // the --rampup-batch-size flag as given
   bool iteration_based = false, sample_based = false;
   std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
   std::vector<std::string> sample_schedule;     // --lr-decay-samples / --lr-warmup-samples as given
-  std::vector<std::string> llama_only;            // flags only the llama model takes, as given
-  std::vector<std::string> gpt_only;              // flags only the gpt model takes, as given
+  std::vector<std::string> llama_only;          // flags only the llama model takes, as given
+  std::vector<std::string> gpt_only;            // flags only the gpt model takes, as given
   bool rope = false, rms_norm = false, swiglu = false;
   bool group_query_attention = false, fp16 = false, bf16 = false;
   std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
+};
+
+// Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
+// across flags.
+void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
+  if (f == "--rampup-batch-size") s.rampup = shown;
+  if (f == "--train-iters") s.iteration_based = true;
+  if (f == "--train-samples") s.sample_based = true;
+  if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") s.iteration_schedule.push_back(shown);
+  // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
+  if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") s.sample_schedule.push_back(shown);
+  if (f == "--position-embedding-type" && values[0] == "rope") s.rope = true;
+  if (f == "--normalization" && values[0] == "RMSNorm") s.rms_norm = true;
+  if (f == "--swiglu") s.swiglu = true;
+  if (f == "--group-query-attention") s.group_query_attention = true;
+  if (f == "--num-query-groups") s.query_groups = values[0], s.query_groups_shown = shown;
+  if (f == "--num-layers") s.num_layers = values[0];
+  if (f == "--pipeline-model-parallel-size") s.pipeline_size = values[0];
+  if (f == "--num-layers-per-virtual-pipeline-stage") s.per_virtual_stage = values[0], s.per_virtual_shown = shown;
+  if (f == "--fp16") s.fp16 = true;
+  if (f == "--bf16") s.bf16 = true;
+  if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" || f == "--rotary-base")
+    s.llama_only.push_back(shown);
+  if (f == "--openai-gelu" || f == "--max-position-embeddings") s.gpt_only.push_back(shown);
+}
+
+// One known flag with the right number of values, by its rule's kind.
+void apply_rule(const Rule& r, const std::string& flag, const std::string& shown,
+                const std::vector<std::string>& values, MegatronMapping& m) {
+  switch (r.kind) {
+    case Kind::kSet:
+      m.sets.push_back(std::string(r.target) + "=" + values[0]);
+      break;
+    case Kind::kSwitch:
+      add_assignments(m, r.target);
+      break;
+    case Kind::kIgnore:
+      m.ignored.push_back(flag + " (" + r.note + ")");
+      break;
+    case Kind::kRefuse:
+      m.refused.push_back(shown + ": " + r.note);
+      break;
+    case Kind::kCustom:
+      custom(r, flag, values, m);
+      break;
+  }
+}
+
+// Megatron builds grouped-query attention only with --group-query-attention, with
+// --num-query-groups groups (default 1: multi-query); the group count alone changes nothing.
+void map_query_groups(SeenFlags& s, MegatronMapping& m) {
+  if (s.group_query_attention && !s.query_groups.empty()) s.llama_only.push_back(s.query_groups_shown);
+  if (s.group_query_attention)
+    m.sets.push_back("model.num_query_groups=" + (s.query_groups.empty() ? std::string("1") : s.query_groups));
+  else if (!s.query_groups.empty())
+    m.ignored.push_back(s.query_groups_shown +
+                        " (Megatron reads it only with --group-query-attention: multi-head "
+                        "attention as written)");
+}
+
+// Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
+void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
+  if (s.per_virtual_shown.empty()) return;
+  auto positive = [](const std::string& v) {
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    return v.empty() || *end || n <= 0 ? 0L : n;
+  };
+  const long layers = positive(s.num_layers), stages = positive(s.pipeline_size), per = positive(s.per_virtual_stage);
+  if (per == 0)
+    m.refused.push_back(s.per_virtual_shown + ": not a positive number of layers");
+  else if (layers == 0)
+    m.refused.push_back(s.per_virtual_shown +
+                        ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
+  else if (stages < 2)
+    m.refused.push_back(s.per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
+  else if (layers % stages != 0 || (layers / stages) % per != 0)
+    m.refused.push_back(s.per_virtual_shown + ": --num-layers " + s.num_layers + " does not split into " +
+                        s.pipeline_size + " pipeline stages of chunks of " + s.per_virtual_stage + " layers");
+  else if (layers / stages / per > 1)
+    m.sets.push_back("distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per));
+}
+
+// Megatron's validate_args, said here with the other flags rather than later.
+void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
+  if (s.iteration_based && s.sample_based)
+    m.refused.push_back(
+        "--train-iters with --train-samples: give one (Megatron asserts 'expected iteration-based "
+        "training' / 'expected sample-based training')");
+  if (s.sample_based)
+    for (const auto& flag : s.iteration_schedule)
+      m.refused.push_back(flag +
+                          ": with --train-samples the schedule is sample-based (Megatron asserts it); drop it, "
+                          "or use --lr-warmup-fraction");
+  if (s.iteration_based)
+    for (const auto& flag : s.sample_schedule)
+      m.refused.push_back(flag +
+                          ": with --train-iters the schedule is iteration-based (Megatron asserts it); use "
+                          "--lr-decay-iters / --lr-warmup-iters");
+  if (!s.rampup.empty() && s.iteration_based)
+    m.refused.push_back(s.rampup +
+                        ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
+                        "asserts 'expected no batch-size rampup for iteration-based training')");
+}
+
+}  // namespace
+
+MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
+  MegatronMapping m;
+  SeenFlags s;
   for (size_t i = 0; i < args.size();) {
     std::string flag = args[i++];
     std::vector<std::string> values;
@@ -393,91 +506,14 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
                           (r->nargs < 0 ? std::string("one or more values") : std::to_string(r->nargs) + " value(s)"));
       continue;
     }
-    switch (r->kind) {
-      case Kind::kSet:
-        m.sets.push_back(std::string(r->target) + "=" + values[0]);
-        break;
-      case Kind::kSwitch:
-        add_assignments(m, r->target);
-        break;
-      case Kind::kIgnore:
-        m.ignored.push_back(flag + " (" + r->note + ")");
-        break;
-      case Kind::kRefuse:
-        m.refused.push_back(shown + ": " + r->note);
-        break;
-      case Kind::kCustom:
-        custom(*r, flag, values, m);
-        break;
-    }
-    const std::string f = normalized(r->flag);
-    if (f == "--rampup-batch-size") rampup = shown;
-    if (f == "--train-iters") iteration_based = true;
-    if (f == "--train-samples") sample_based = true;
-    if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") iteration_schedule.push_back(shown);
-    // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
-    if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") sample_schedule.push_back(shown);
-    if (f == "--position-embedding-type" && values[0] == "rope") rope = true;
-    if (f == "--normalization" && values[0] == "RMSNorm") rms_norm = true;
-    if (f == "--swiglu") swiglu = true;
-    if (f == "--group-query-attention") group_query_attention = true;
-    if (f == "--num-query-groups") query_groups = values[0], query_groups_shown = shown;
-    if (f == "--num-layers") num_layers = values[0];
-    if (f == "--pipeline-model-parallel-size") pipeline_size = values[0];
-    if (f == "--num-layers-per-virtual-pipeline-stage") per_virtual_stage = values[0], per_virtual_shown = shown;
-    if (f == "--fp16") fp16 = true;
-    if (f == "--bf16") bf16 = true;
-    if (f == "--disable-bias-linear" || f == "--group-query-attention" ||
-        f == "--rotary-percent" || f == "--rotary-base")
-      llama_only.push_back(shown);
-    if (f == "--openai-gelu" || f == "--max-position-embeddings") gpt_only.push_back(shown);
+    apply_rule(*r, flag, shown, values, m);
+    note_flag(s, normalized(r->flag), shown, values);
   }
-  // Megatron builds grouped-query attention only with --group-query-attention, with
-  // --num-query-groups groups (default 1: multi-query); the group count alone changes nothing.
-  if (group_query_attention && !query_groups.empty()) llama_only.push_back(query_groups_shown);
-  if (group_query_attention)
-    m.sets.push_back("model.num_query_groups=" + (query_groups.empty() ? std::string("1") : query_groups));
-  else if (!query_groups.empty())
-    m.ignored.push_back(query_groups_shown + " (Megatron reads it only with --group-query-attention: multi-head "
-                                             "attention as written)");
-  // Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
-  if (!per_virtual_shown.empty()) {
-    auto positive = [](const std::string& v) {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      return v.empty() || *end || n <= 0 ? 0L : n;
-    };
-    const long layers = positive(num_layers), stages = positive(pipeline_size), per = positive(per_virtual_stage);
-    if (per == 0)
-      m.refused.push_back(per_virtual_shown + ": not a positive number of layers");
-    else if (layers == 0)
-      m.refused.push_back(per_virtual_shown +
-                          ": needs --num-layers (the chunks per rank are num_layers / pipeline size / this)");
-    else if (stages < 2)
-      m.refused.push_back(per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
-    else if (layers % stages != 0 || (layers / stages) % per != 0)
-      m.refused.push_back(per_virtual_shown + ": --num-layers " + num_layers + " does not split into " + pipeline_size +
-                          " pipeline stages of chunks of " + per_virtual_stage + " layers");
-    else if (layers / stages / per > 1)
-      m.sets.push_back("distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per));
-  }
-  if (fp16 && bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
-  choose_model(m, rope, rms_norm, swiglu, llama_only, gpt_only);
-  // Megatron's validate_args, said here with the other flags rather than later.
-  if (iteration_based && sample_based)
-    m.refused.push_back("--train-iters with --train-samples: give one (Megatron asserts 'expected iteration-based "
-                        "training' / 'expected sample-based training')");
-  if (sample_based)
-    for (const auto& flag : iteration_schedule)
-      m.refused.push_back(flag + ": with --train-samples the schedule is sample-based (Megatron asserts it); drop it, "
-                                 "or use --lr-warmup-fraction");
-  if (iteration_based)
-    for (const auto& flag : sample_schedule)
-      m.refused.push_back(flag + ": with --train-iters the schedule is iteration-based (Megatron asserts it); use "
-                                 "--lr-decay-iters / --lr-warmup-iters");
-  if (!rampup.empty() && iteration_based)
-    m.refused.push_back(rampup + ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
-                                 "asserts 'expected no batch-size rampup for iteration-based training')");
+  map_query_groups(s, m);
+  map_virtual_stages(s, m);
+  if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
+  choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only);
+  check_training_kind(s, m);
   return m;
 }
 

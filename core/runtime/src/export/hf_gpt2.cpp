@@ -134,23 +134,15 @@ Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_se
   return s;
 }
 
-HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
-                              const std::string& vocab_file, const std::string& merge_file,
-                              const std::map<std::string, int>& dims) {
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    throw HostError("export hf: " + out_dir + " exists and is not an empty directory");
-  const std::string vocab = read_whole(vocab_file, "the GPT-2 vocabulary (--vocab_file)");
-  const std::string merges = read_whole(merge_file, "the GPT-2 merges (--merge_file)");
+namespace {
 
-  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
-    throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
-                    ckpt::first_rank_dir(iter_dir) +
-                    "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
-                    "--pipeline_model_parallel_size 1 makes one)");
-  // Every tensor-parallel rank's model tensors, verified against SHA256SUMS.
+using RankTensors = std::vector<std::map<std::string, at::Tensor>>;
+
+// Every tensor-parallel rank's model tensors, verified against SHA256SUMS (rank 0's file says how
+// many ranks there are).
+RankTensors read_rank_models(const std::string& iter_dir) {
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
-  std::vector<std::map<std::string, at::Tensor>> ranks;
+  RankTensors ranks;
   int64_t tp_size = 1;
   for (int64_t tp = 0; tp < tp_size; ++tp) {
     const std::string relative = ckpt::mp_rank_dir(static_cast<int>(tp)) + "/" + ckpt::kModelFile;
@@ -167,23 +159,33 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
       if (kv.key().isString() && kv.value().isTensor()) m[kv.key().toStringRef()] = kv.value().toTensor();
     ranks.push_back(std::move(m));
   }
-  auto whole = [&](const std::string& name) {
-    auto d = dims.find(name);
-    if (d == dims.end() && ranks.size() > 1)
-      throw HostError("export hf: the model plugin does not list '" + name +
-                      "' as a parameter, so how its tensor-parallel pieces join is unknown");
-    return merge_partitions(ranks, name, d == dims.end() ? -1 : d->second, "export hf");
-  };
-  auto expect_shape = [&](const std::string& name, const at::Tensor& t, std::vector<int64_t> want) {
-    if (t.sizes().vec() != want) {
-      std::string w = "[", g = "[";
-      for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
-      for (int64_t i = 0; i < t.dim(); ++i) g += (i ? ", " : "") + std::to_string(t.size(i));
-      throw HostError("export hf: tensor '" + name + "' is " + g + "], the model's options say " + w +
-                      "] (was the checkpoint written by another configuration?)");
-    }
-  };
+  return ranks;
+}
 
+// The whole tensor `name`, joined from the tensor-parallel ranks along the dimension the model
+// plugin lists for it.
+at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name) {
+  auto d = dims.find(name);
+  if (d == dims.end() && ranks.size() > 1)
+    throw HostError("export hf: the model plugin does not list '" + name +
+                    "' as a parameter, so how its tensor-parallel pieces join is unknown");
+  return merge_partitions(ranks, name, d == dims.end() ? -1 : d->second, "export hf");
+}
+
+void expect_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& want) {
+  if (t.sizes().vec() != want) {
+    std::string w = "[", g = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
+    for (int64_t i = 0; i < t.dim(); ++i) g += (i ? ", " : "") + std::to_string(t.size(i));
+    throw HostError("export hf: tensor '" + name + "' is " + g + "], the model's options say " + w +
+                    "] (was the checkpoint written by another configuration?)");
+  }
+}
+
+// The model's tensors under Hugging Face's GPT2LMHeadModel names and layouts (contiguous).
+std::vector<std::pair<std::string, at::Tensor>> hf_tensors(const RankTensors& ranks, const Gpt2Shape& shape,
+                                                           const std::map<std::string, int>& dims) {
+  auto whole = [&](const std::string& name) { return whole_tensor(ranks, dims, name); };
   const int64_t h = shape.hidden, np = shape.heads, hn = shape.hidden / shape.heads;
   std::vector<std::pair<std::string, at::Tensor>> out;
   const std::string lm = "language_model.", enc = "language_model.encoder.";
@@ -221,10 +223,11 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
   out.emplace_back("transformer.ln_f.bias", whole(enc + "final_layernorm.bias"));
   if (shape.untie) out.emplace_back("lm_head.weight", whole(lm + "output_layer.weight").narrow(0, 0, shape.vocab));
   for (auto& [name, t] : out) t = t.contiguous();
+  return out;
+}
 
-  HfExportReport report;
-  report.dtype = torch_dtype(wte.scalar_type());
-  report.tensors = static_cast<int64_t>(out.size());
+// config.json of a GPT2LMHeadModel with this shape (GPT-2's token ids only with its vocabulary).
+std::string hf_config_json(const Gpt2Shape& shape, const std::string& dtype) {
   const bool gpt2_vocab = shape.vocab == 50257;
   std::ostringstream config;
   config << "{\n"
@@ -233,9 +236,9 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
          << "  \"vocab_size\": " << shape.vocab << ",\n"
          << "  \"n_positions\": " << shape.positions << ",\n"
          << "  \"n_ctx\": " << shape.positions << ",\n"
-         << "  \"n_embd\": " << h << ",\n"
+         << "  \"n_embd\": " << shape.hidden << ",\n"
          << "  \"n_layer\": " << shape.layers << ",\n"
-         << "  \"n_head\": " << np << ",\n"
+         << "  \"n_head\": " << shape.heads << ",\n"
          << "  \"n_inner\": " << shape.ffn << ",\n"
          << "  \"activation_function\": \"" << (shape.openai_gelu ? "gelu_new" : "gelu") << "\",\n"
          << "  \"layer_norm_epsilon\": " << number(shape.eps) << ",\n"
@@ -245,10 +248,19 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
          << "  \"initializer_range\": " << number(shape.init_std) << ",\n"
          << "  \"scale_attn_weights\": true,\n"
          << "  \"tie_word_embeddings\": " << (shape.untie ? "false" : "true") << ",\n"
-         << (gpt2_vocab ? "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n" : "")
-         << "  \"torch_dtype\": \"" << report.dtype << "\",\n"
+         << (gpt2_vocab ? "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n" : "") << "  \"torch_dtype\": \""
+         << dtype << "\",\n"
          << "  \"use_cache\": true\n"
          << "}\n";
+  return config.str();
+}
+
+// The folder's files: everything into a temporary sibling, then one rename, so the folder appears
+// whole or not at all.
+void write_hf_folder(const std::string& out_dir, const std::vector<std::pair<std::string, at::Tensor>>& out,
+                     const std::string& config, const std::string& vocab, const std::string& merges,
+                     const Gpt2Shape& shape) {
+  const bool gpt2_vocab = shape.vocab == 50257;
   const std::string special = "\"<|endoftext|>\"";
   const std::string tokenizer_config = "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": " +
                                        std::to_string(shape.positions) + ",\n  \"add_prefix_space\": false,\n" +
@@ -256,8 +268,7 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
                                        ",\n  \"unk_token\": " + special + "\n}\n";
   const std::string special_map =
       "{\n  \"bos_token\": " + special + ",\n  \"eos_token\": " + special + ",\n  \"unk_token\": " + special + "\n}\n";
-
-  // Everything into a temporary sibling, then one rename: the folder appears whole or not at all.
+  std::error_code ec;
   fs::path target = fs::path(out_dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   const std::string tmp = target.string() + ".tmp-" + ckpt::temp_owner(::getpid());
@@ -266,7 +277,7 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
   if (ec) throw HostError("export hf: cannot create " + tmp + ": " + ec.message());
   try {
     write_safetensors((fs::path(tmp) / "model.safetensors").string(), out);
-    write_text((fs::path(tmp) / "config.json").string(), config.str());
+    write_text((fs::path(tmp) / "config.json").string(), config);
     if (gpt2_vocab)
       write_text((fs::path(tmp) / "generation_config.json").string(),
                  "{\n  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256\n}\n");
@@ -275,7 +286,7 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
     write_text((fs::path(tmp) / "tokenizer_config.json").string(), tokenizer_config);
     write_text((fs::path(tmp) / "special_tokens_map.json").string(), special_map);
     ckpt::fsync_path(tmp, true);
-    if (fs::exists(target, ec)) fs::remove(target, ec);  // empty (checked above)
+    if (fs::exists(target, ec)) fs::remove(target, ec);  // empty (checked by the caller)
     fs::rename(tmp, target, ec);
     if (ec) throw HostError("export hf: rename " + tmp + " -> " + target.string() + " failed: " + ec.message());
   } catch (...) {
@@ -283,6 +294,30 @@ HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shap
     fs::remove_all(tmp, rm);
     throw;
   }
+}
+
+}  // namespace
+
+HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
+                              const std::string& vocab_file, const std::string& merge_file,
+                              const std::map<std::string, int>& dims) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw HostError("export hf: " + out_dir + " exists and is not an empty directory");
+  const std::string vocab = read_whole(vocab_file, "the GPT-2 vocabulary (--vocab_file)");
+  const std::string merges = read_whole(merge_file, "the GPT-2 merges (--merge_file)");
+
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+    throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
+                    ckpt::first_rank_dir(iter_dir) +
+                    "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
+                    "--pipeline_model_parallel_size 1 makes one)");
+  const std::vector<std::pair<std::string, at::Tensor>> out = hf_tensors(read_rank_models(iter_dir), shape, dims);
+
+  HfExportReport report;
+  report.dtype = torch_dtype(out.front().second.scalar_type());  // the word embeddings'
+  report.tensors = static_cast<int64_t>(out.size());
+  write_hf_folder(out_dir, out, hf_config_json(shape, report.dtype), vocab, merges, shape);
   for (const auto& [name, t] : out) report.megabytes += static_cast<double>(t.numel() * t.element_size()) / 1e6;
   return report;
 }
@@ -335,21 +370,23 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   return out;
 }
 
-}  // namespace
-
-HfImport import_hf_gpt2(const std::string& hf_dir) {
-  const std::string config_file = (fs::path(hf_dir) / "config.json").string();
-  const std::string weights = (fs::path(hf_dir) / "model.safetensors").string();
+// config.json of a Hugging Face GPT-2 folder, parsed.
+nlohmann::json read_hf_config(const std::string& config_file) {
   std::ifstream in(config_file);
-  if (!in) throw HostError("import hf: cannot read " + config_file + " (a Hugging Face GPT-2 folder has config.json and model.safetensors)");
-  nlohmann::json c;
+  if (!in)
+    throw HostError("import hf: cannot read " + config_file +
+                    " (a Hugging Face GPT-2 folder has config.json and model.safetensors)");
   try {
-    c = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const std::exception& e) {
     throw HostError("import hf: " + config_file + " is not JSON: " + ckpt::first_line(e.what()));
   }
-  HfImport r;
-  Gpt2Shape& s = r.shape;
+}
+
+// The model's shape from config.json; what the gpt model cannot be (another model type,
+// activation or attention scaling) is refused.
+Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_file) {
+  Gpt2Shape s;
   auto integer = [&](const char* key, bool required = true) -> int64_t {
     if (!c.contains(key) || c[key].is_null()) {
       if (required) throw HostError(std::string("import hf: ") + config_file + " has no '" + key + "'");
@@ -383,8 +420,12 @@ HfImport import_hf_gpt2(const std::string& hf_dir) {
   if (c.value("scale_attn_by_inverse_layer_idx", false) || c.value("reorder_and_upcast_attn", false) ||
       !c.value("scale_attn_weights", true))
     throw HostError("import hf: " + config_file + ": another attention scaling than 1/sqrt(head size) is not in the gpt model");
+  return s;
+}
 
-  std::map<std::string, at::Tensor> hf = read_safetensors(weights);
+// The Hugging Face tensors under the gpt model's (Megatron's) names and layouts, contiguous.
+std::vector<std::pair<std::string, at::Tensor>> megatron_tensors(const std::map<std::string, at::Tensor>& hf,
+                                                                 const Gpt2Shape& s, const std::string& weights) {
   // Saved from GPT2LMHeadModel ("transformer.h.0...") or from GPT2Model ("h.0..."): both read.
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     auto it = hf.find("transformer." + name);
@@ -400,7 +441,7 @@ HfImport import_hf_gpt2(const std::string& hf_dir) {
   };
   const int64_t h = s.hidden, np = s.heads, hn = h / np;
   const std::string lm = "language_model.", enc = "language_model.encoder.";
-  auto& t = r.tensors;
+  std::vector<std::pair<std::string, at::Tensor>> t;
   t.emplace_back(lm + "embedding.word_embeddings.weight", get("wte.weight", {s.vocab, h}));
   t.emplace_back(lm + "embedding.position_embeddings.weight", get("wpe.weight", {s.positions, h}));
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -429,7 +470,18 @@ HfImport import_hf_gpt2(const std::string& hf_dir) {
     t.emplace_back(lm + "output_layer.weight", it->second);
   }
   for (auto& [name, x] : t) x = x.contiguous();
+  return t;
+}
 
+}  // namespace
+
+HfImport import_hf_gpt2(const std::string& hf_dir) {
+  const std::string config_file = (fs::path(hf_dir) / "config.json").string();
+  const std::string weights = (fs::path(hf_dir) / "model.safetensors").string();
+  HfImport r;
+  r.shape = shape_from_config(read_hf_config(config_file), config_file);
+  const Gpt2Shape& s = r.shape;
+  r.tensors = megatron_tensors(read_safetensors(weights), s, weights);
   auto text = [](double v) { return number(v); };
   r.model_options = {{"num_layers", std::to_string(s.layers)},
                      {"hidden_size", std::to_string(s.hidden)},

@@ -115,6 +115,129 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
+// One log window's figures: what the progress line, the metrics file and TensorBoard report.
+struct WindowFigures {
+  double secs = 0, n_it = 1, ms_per_it = 0, tokens_per_s = 0, tflops = 0, mfu = NAN, norm = NAN;
+  double elapsed = 0, eta = 0, rss_mb = 0;
+  int64_t consumed = 0, batch = 0, skipped = 0, nan_iterations = 0;
+  CommTiming tp, dp, pp;  // sums over the window's iterations
+};
+
+// Communication per iteration: time in flight, and how much of it the training thread waited
+// (not hidden behind computation; Domino's figure of merit for tensor parallelism). Pipeline
+// stages: how long this rank's stage waited for activations and gradients (its share of the
+// bubble, and the transfers), next to the bubble in theory: (p - 1) / (m + p - 1) for 1F1B, v
+// times smaller in ideal time with v chunks per rank, (p - 1) / v / (m + (p - 1) / v).
+void append_comm_fields(std::string& line, const WindowFigures& w, const IterationResult& last,
+                        const TrainingLog::Setup& setup) {
+  char buf[512];
+  for (const auto& [name, sum, n] : {std::tuple<const char*, const CommTiming&, int>{"tensor", w.tp, setup.tp_size},
+                                     std::tuple<const char*, const CommTiming&, int>{"data", w.dp, setup.dp_size}}) {
+    if (n <= 1) continue;
+    std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
+                  sum.in_flight_ms / w.n_it, sum.exposed_ms / w.n_it);
+    line += buf;
+  }
+  if (setup.pp_size > 1) {
+    const double p = setup.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
+    const double idle = (p - 1) / std::max(1, setup.virtual_stages);
+    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |", w.pp.exposed_ms / w.n_it,
+                  100.0 * idle / (m + idle));
+    line += buf;
+  }
+}
+
+// Megatron's progress line, with DTK's fields (MFU, communication, memory, ETA) where they apply.
+std::string progress_line(const WindowFigures& w, const IterationResult& last, const TrainingLog::Setup& setup,
+                          const MetricAverager& window) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                "throughput per device (TFLOP/s): %.3f |",
+                timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup.train_iters),
+                static_cast<long long>(w.consumed), w.ms_per_it, w.tflops);
+  std::string line = buf;
+  if (std::isfinite(w.mfu)) {
+    std::snprintf(buf, sizeof buf, " MFU: %.1f%% |", 100.0 * w.mfu);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " tokens per second: %.0f | learning rate: %.6E | global batch size: %5lld |",
+                w.tokens_per_s, last.learning_rate, static_cast<long long>(w.batch));
+  line += buf;
+  for (const auto& name : window.names()) {
+    std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window.mean(name));
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, w.norm);
+  line += buf;
+  if (std::isfinite(last.num_zeros)) {
+    std::snprintf(buf, sizeof buf, " num zeros: %.1f |", last.num_zeros);
+    line += buf;
+  }
+  if (std::isfinite(last.params_norm)) {
+    std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
+    line += buf;
+  }
+  std::snprintf(buf, sizeof buf, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
+                static_cast<long long>(w.skipped), static_cast<long long>(w.nan_iterations));
+  line += buf;
+  append_comm_fields(line, w, last, setup);
+  std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", w.rss_mb,
+                clock_text(w.elapsed).c_str(), clock_text(w.eta).c_str());
+  line += buf;
+  return line;
+}
+
+// The metrics file's record of the window: the progress line's fields and the timers.
+JsonObject window_record(const WindowFigures& w, const IterationResult& last, const TrainingLog::Setup& setup,
+                         const MetricAverager& window, const std::vector<Timers::Row>& timer_rows) {
+  JsonObject o;
+  o.add("kind", "train")
+      .add("iteration", last.iteration)
+      .add("train_iters", setup.train_iters)
+      .add("consumed_samples", w.consumed)
+      .add("iteration_time_ms", w.ms_per_it)
+      .add("tflops_per_device", w.tflops)
+      .add("mfu", w.mfu)
+      .add("tokens_per_second", w.tokens_per_s)
+      .add("learning_rate", last.learning_rate)
+      .add("global_batch_size", w.batch);
+  for (const auto& name : window.names()) o.add(name, window.mean(name));
+  o.add("loss_scale", last.loss_scale).add("grad_norm", w.norm);
+  if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
+  if (std::isfinite(last.num_zeros)) o.add("num_zeros", last.num_zeros);
+  o.add("skipped_iterations", w.skipped)
+      .add("nan_iterations", w.nan_iterations)
+      .add("peak_rss_mb", w.rss_mb)
+      .add("elapsed_s", w.elapsed)
+      .add("eta_s", w.eta);
+  if (setup.tp_size > 1)
+    o.add("tensor_parallel_comm_in_flight_ms", w.tp.in_flight_ms / w.n_it)
+        .add("tensor_parallel_comm_exposed_ms", w.tp.exposed_ms / w.n_it);
+  if (setup.dp_size > 1)
+    o.add("data_parallel_comm_in_flight_ms", w.dp.in_flight_ms / w.n_it)
+        .add("data_parallel_comm_exposed_ms", w.dp.exposed_ms / w.n_it);
+  if (setup.pp_size > 1) o.add("pipeline_wait_ms", w.pp.exposed_ms / w.n_it);
+  for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
+  return o;
+}
+
+// The window's TensorBoard scalars, under Megatron's training_log tags.
+void write_window_scalars(TensorBoardWriter& tb, const WindowFigures& w, int64_t it, const TrainingLog::Setup& setup,
+                          const std::vector<Timers::Row>& timer_rows) {
+  for (const auto& row : timer_rows) tb.add_scalar(row.name + "-time", row.max_ms / 1e3, it);
+  if (std::isfinite(w.mfu)) tb.add_scalar("mfu", w.mfu, it);
+  tb.add_scalar("iteration-time", w.secs / w.n_it, it);
+  tb.add_scalar("tokens-per-second", w.tokens_per_s, it);
+  tb.add_scalar("throughput-tflops", w.tflops, it);
+  tb.add_scalar("skipped-iterations", static_cast<double>(w.skipped), it);
+  if (setup.tp_size > 1) {
+    tb.add_scalar("tensor-parallel-comm-in-flight-ms", w.tp.in_flight_ms / w.n_it, it);
+    tb.add_scalar("tensor-parallel-comm-exposed-ms", w.tp.exposed_ms / w.n_it, it);
+  }
+  tb.flush();
+}
+
 }  // namespace
 
 void TrainingLog::print(const std::string& line) const {
@@ -219,75 +342,25 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
 }
 
 void TrainingLog::print_window(const IterationResult& last) {
-  const double secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
-  const double n_it = static_cast<double>(iterations_);
-  const double ms_per_it = 1000.0 * secs / n_it;
-  const double tokens_per_s = static_cast<double>(window_samples_ * setup_.seq_length) / secs;
-  const double tflops = setup_.flops_per_token * tokens_per_s / 1e12 / setup_.world_size;
-  const double mfu = setup_.peak_tflops > 0 ? tflops / setup_.peak_tflops : NAN;
+  WindowFigures w;
+  w.secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
+  w.n_it = static_cast<double>(iterations_);
+  w.ms_per_it = 1000.0 * w.secs / w.n_it;
+  w.tokens_per_s = static_cast<double>(window_samples_ * setup_.seq_length) / w.secs;
+  w.tflops = setup_.flops_per_token * w.tokens_per_s / 1e12 / setup_.world_size;
+  w.mfu = setup_.peak_tflops > 0 ? w.tflops / setup_.peak_tflops : NAN;
   // Megatron prints the last iteration's norm (none when it was skipped: DTK prints nan, so every
   // line has the same fields).
-  const double norm = last.skipped ? NAN : last.grad_norm;
-  trained_seconds_ += secs, trained_iterations_ += iterations_;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
-  const double eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
-                     static_cast<double>(std::max<int64_t>(trained_iterations_, 1));
-  const double rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                " [%s] iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
-                "throughput per device (TFLOP/s): %.3f |",
-                timestamp().c_str(), static_cast<long long>(last.iteration), static_cast<long long>(setup_.train_iters),
-                static_cast<long long>(consumed_of(last)), ms_per_it, tflops);
-  std::string line = buf;
-  if (std::isfinite(mfu)) {
-    std::snprintf(buf, sizeof buf, " MFU: %.1f%% |", 100.0 * mfu);
-    line += buf;
-  }
-  std::snprintf(buf, sizeof buf, " tokens per second: %.0f | learning rate: %.6E | global batch size: %5lld |",
-                tokens_per_s, last.learning_rate, static_cast<long long>(batch_of(last)));
-  line += buf;
-  for (const auto& name : window_.names()) {
-    std::snprintf(buf, sizeof buf, " %s: %.6E |", name.c_str(), window_.mean(name));
-    line += buf;
-  }
-  std::snprintf(buf, sizeof buf, " loss scale: %.1f | grad norm: %.3f |", last.loss_scale, norm);
-  line += buf;
-  if (std::isfinite(last.num_zeros)) {
-    std::snprintf(buf, sizeof buf, " num zeros: %.1f |", last.num_zeros);
-    line += buf;
-  }
-  if (std::isfinite(last.params_norm)) {
-    std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
-    line += buf;
-  }
-  std::snprintf(buf, sizeof buf, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
-                static_cast<long long>(skipped_), static_cast<long long>(nan_iterations_));
-  line += buf;
-  // Communication per iteration: time in flight, and how much of it the training thread waited
-  // (not hidden behind computation; Domino's figure of merit for tensor parallelism).
-  for (const auto& [name, sum, n] :
-       {std::tuple<const char*, const CommTiming&, int>{"tensor", tp_comm_sum_, setup_.tp_size},
-        std::tuple<const char*, const CommTiming&, int>{"data", dp_comm_sum_, setup_.dp_size}}) {
-    if (n <= 1) continue;
-    std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
-                  sum.in_flight_ms / n_it, sum.exposed_ms / n_it);
-    line += buf;
-  }
-  // Pipeline stages: how long this rank's stage waited for activations and gradients (its share
-  // of the bubble, and the transfers), next to the bubble in theory: (p - 1) / (m + p - 1) for 1F1B,
-  // v times smaller in ideal time with v chunks per rank, (p - 1) / v / (m + (p - 1) / v).
-  if (setup_.pp_size > 1) {
-    const double p = setup_.pp_size, m = static_cast<double>(std::max<int64_t>(1, last.micro_batches));
-    const double idle = (p - 1) / std::max(1, setup_.virtual_stages);
-    std::snprintf(buf, sizeof buf, " pipeline wait (ms): %.1f (bubble in theory %.0f%%) |",
-                  pp_comm_sum_.exposed_ms / n_it, 100.0 * idle / (m + idle));
-    line += buf;
-  }
-  std::snprintf(buf, sizeof buf, " peak memory (MB): %.0f | elapsed: %s | ETA: %s |", rss_mb,
-                clock_text(elapsed).c_str(), clock_text(eta).c_str());
-  line += buf;
-  print(line);
+  w.norm = last.skipped ? NAN : last.grad_norm;
+  trained_seconds_ += w.secs, trained_iterations_ += iterations_;
+  w.elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+  w.eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
+          static_cast<double>(std::max<int64_t>(trained_iterations_, 1));
+  w.rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
+  w.consumed = consumed_of(last), w.batch = batch_of(last);
+  w.skipped = skipped_, w.nan_iterations = nan_iterations_;
+  w.tp = tp_comm_sum_, w.dp = dp_comm_sum_, w.pp = pp_comm_sum_;
+  print(progress_line(w, last, setup_, window_));
   // Megatron's timers block: every rank takes part in the min/max.
   std::vector<Timers::Row> timer_rows;
   if (setup_.timers && setup_.topo) {
@@ -295,50 +368,9 @@ void TrainingLog::print_window(const IterationResult& last) {
     setup_.timers->reset();
     if (!timer_rows.empty()) print(Timers::format(timer_rows));
   }
-  if (metrics_) {
-    JsonObject o;
-    o.add("kind", "train")
-        .add("iteration", last.iteration)
-        .add("train_iters", setup_.train_iters)
-        .add("consumed_samples", consumed_of(last))
-        .add("iteration_time_ms", ms_per_it)
-        .add("tflops_per_device", tflops)
-        .add("mfu", mfu)
-        .add("tokens_per_second", tokens_per_s)
-        .add("learning_rate", last.learning_rate)
-        .add("global_batch_size", batch_of(last));
-    for (const auto& name : window_.names()) o.add(name, window_.mean(name));
-    o.add("loss_scale", last.loss_scale).add("grad_norm", norm);
-    if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
-    if (std::isfinite(last.num_zeros)) o.add("num_zeros", last.num_zeros);
-    o.add("skipped_iterations", skipped_)
-        .add("nan_iterations", nan_iterations_)
-        .add("peak_rss_mb", rss_mb)
-        .add("elapsed_s", elapsed)
-        .add("eta_s", eta);
-    if (setup_.tp_size > 1)
-      o.add("tensor_parallel_comm_in_flight_ms", tp_comm_sum_.in_flight_ms / n_it)
-          .add("tensor_parallel_comm_exposed_ms", tp_comm_sum_.exposed_ms / n_it);
-    if (setup_.dp_size > 1)
-      o.add("data_parallel_comm_in_flight_ms", dp_comm_sum_.in_flight_ms / n_it)
-          .add("data_parallel_comm_exposed_ms", dp_comm_sum_.exposed_ms / n_it);
-    if (setup_.pp_size > 1) o.add("pipeline_wait_ms", pp_comm_sum_.exposed_ms / n_it);
-    for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
-    metrics_->write(o);
-  }
+  if (metrics_) metrics_->write(window_record(w, last, setup_, window_, timer_rows));
   if (!tensorboard_) return;
-  const int64_t it = last.iteration;  // Megatron's training_log tags
-  for (const auto& row : timer_rows) tensorboard_->add_scalar(row.name + "-time", row.max_ms / 1e3, it);
-  if (std::isfinite(mfu)) tensorboard_->add_scalar("mfu", mfu, it);
-  tensorboard_->add_scalar("iteration-time", secs / n_it, it);
-  tensorboard_->add_scalar("tokens-per-second", tokens_per_s, it);
-  tensorboard_->add_scalar("throughput-tflops", tflops, it);
-  tensorboard_->add_scalar("skipped-iterations", static_cast<double>(skipped_), it);
-  if (setup_.tp_size > 1) {
-    tensorboard_->add_scalar("tensor-parallel-comm-in-flight-ms", tp_comm_sum_.in_flight_ms / n_it, it);
-    tensorboard_->add_scalar("tensor-parallel-comm-exposed-ms", tp_comm_sum_.exposed_ms / n_it, it);
-  }
-  tensorboard_->flush();
+  write_window_scalars(*tensorboard_, w, last.iteration, setup_, timer_rows);
 }
 
 void TrainingLog::clear_window() {

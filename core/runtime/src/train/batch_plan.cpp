@@ -10,6 +10,76 @@ namespace dtk::core {
 
 using host::HostError;
 
+namespace {
+
+// The global batch: train.global_batch_size, or (when 0) micro_batch_size x data-parallel size x
+// train.gradient_accumulation_steps (DeepSpeed's way of giving it). Checked here, before anything
+// divides by it, in the order a user fixes them: accumulation, divisibility, agreement.
+int64_t checked_global_batch(const config::TrainingConfig& t, int64_t mbs, int64_t dp_size) {
+  const int64_t accumulation = t.gradient_accumulation_steps();
+  if (accumulation < 0)
+    throw HostError("config: train.gradient_accumulation_steps must be >= 0 (0 = from the batch sizes)");
+  const int64_t gbs =
+      t.global_batch_size() > 0 ? t.global_batch_size() : mbs * dp_size * std::max<int64_t>(accumulation, 1);
+  if (gbs % (mbs * dp_size) != 0)
+    throw HostError("config: global_batch_size " + std::to_string(gbs) + " is not divisible by micro_batch_size x " +
+                    "data-parallel size = " + std::to_string(mbs * dp_size));
+  const int64_t num_micro = gbs / (mbs * dp_size);
+  if (accumulation > 0 && num_micro != accumulation)
+    throw HostError("config: train.global_batch_size " + std::to_string(gbs) + " = micro_batch_size " +
+                    std::to_string(mbs) + " x data-parallel size " + std::to_string(dp_size) + " x " +
+                    std::to_string(num_micro) + " micro-batches, but train.gradient_accumulation_steps is " +
+                    std::to_string(accumulation) + " (DeepSpeed's train_batch_size check)");
+  return gbs;
+}
+
+// train.rampup_batch_size against the run: whole micro-batches on every rank, a ramp-up that ends
+// inside train_samples, and a table of bounded size.
+void check_rampup(const config::TrainingConfig& t, const RampUp& r, int64_t unit) {
+  if (r.start % unit != 0 || r.increment % unit != 0)
+    throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START and INCREMENT must be " +
+                    "multiples of micro_batch_size x data-parallel size = " + std::to_string(unit) +
+                    " (every global batch of the ramp-up is whole micro-batches on every rank)");
+  // The ramp-up must end inside the run (Megatron would overshoot train_samples instead); this
+  // also bounds the table built from it.
+  if (r.samples >= t.train_samples())
+    throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "' ramps up over " +
+                    std::to_string(r.samples) + " samples, not fewer than train.train_samples " +
+                    std::to_string(t.train_samples()));
+  if (r.samples / r.start > 100'000'000)
+    throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() +
+                    "' means more than 100 million ramp-up iterations");
+}
+
+// Megatron's calculator and update_train_iters: the ramp-up's iterations run while the samples
+// consumed before them are <= SAMPLES. Appends, per iteration, the samples and (one rank's)
+// micro-batches consumed after it to the tables, which start as {0}.
+void tabulate_rampup(const RampUp& r, int64_t gbs, int64_t unit, std::vector<int64_t>& consumed_after,
+                     std::vector<int64_t>& micro_after) {
+  const double per_increment = static_cast<double>(r.samples) / static_cast<double>((gbs - r.start) / r.increment);
+  auto batch_at = [&](int64_t consumed) {
+    if (consumed > r.samples) return gbs;
+    return r.start + static_cast<int64_t>(static_cast<double>(consumed) / per_increment) * r.increment;
+  };
+  for (int64_t consumed = 0; consumed <= r.samples;) {
+    const int64_t batch = batch_at(consumed);
+    consumed += batch;
+    consumed_after.push_back(consumed);
+    micro_after.push_back(micro_after.back() + batch / unit);
+  }
+}
+
+// Megatron without a ramp-up: iterations = train_samples // global_batch_size.
+int64_t iterations_from_samples(int64_t train_samples, int64_t gbs) {
+  const int64_t iters = train_samples / gbs;
+  if (iters <= 0)
+    throw HostError("config: train.train_samples " + std::to_string(train_samples) +
+                    " is less than one global batch (" + std::to_string(gbs) + ")");
+  return iters;
+}
+
+}  // namespace
+
 BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     : mbs_(cfg.train().micro_batch_size()),
       train_iters_(cfg.train().train_iters()),  // or from train_samples, below
@@ -18,47 +88,14 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       dp_rank_(topo.dp_rank),
       dp_size_(topo.dp_size) {
   const auto& t = cfg.train();
-  const int64_t accumulation = t.gradient_accumulation_steps();
-  if (accumulation < 0) throw HostError("config: train.gradient_accumulation_steps must be >= 0 (0 = from the batch sizes)");
-  gbs_ = t.global_batch_size() > 0 ? t.global_batch_size() : mbs_ * dp_size_ * std::max<int64_t>(accumulation, 1);
-  if (gbs_ % (mbs_ * dp_size_) != 0)
-    throw HostError("config: global_batch_size " + std::to_string(gbs_) + " is not divisible by micro_batch_size x " +
-                    "data-parallel size = " + std::to_string(mbs_ * dp_size_));
+  gbs_ = checked_global_batch(t, mbs_, dp_size_);
   num_micro_ = gbs_ / (mbs_ * dp_size_);
-  if (accumulation > 0 && num_micro_ != accumulation)
-    throw HostError("config: train.global_batch_size " + std::to_string(gbs_) + " = micro_batch_size " +
-                    std::to_string(mbs_) + " x data-parallel size " + std::to_string(dp_size_) + " x " +
-                    std::to_string(num_micro_) + " micro-batches, but train.gradient_accumulation_steps is " +
-                    std::to_string(accumulation) + " (DeepSpeed's train_batch_size check)");
   if (!t.rampup_batch_size().empty()) {
     const RampUp r = parse_rampup(t.rampup_batch_size());
     const int64_t unit = mbs_ * dp_size_;
-    if (r.start % unit != 0 || r.increment % unit != 0)
-      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "': START and INCREMENT must be " +
-                      "multiples of micro_batch_size x data-parallel size = " + std::to_string(unit) +
-                      " (every global batch of the ramp-up is whole micro-batches on every rank)");
-    // The ramp-up must end inside the run (Megatron would overshoot train_samples instead); this
-    // also bounds the table below.
-    if (r.samples >= t.train_samples())
-      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() + "' ramps up over " +
-                      std::to_string(r.samples) + " samples, not fewer than train.train_samples " +
-                      std::to_string(t.train_samples()));
-    if (r.samples / r.start > 100'000'000)
-      throw HostError("config: train.rampup_batch_size '" + t.rampup_batch_size() +
-                      "' means more than 100 million ramp-up iterations");
-    // Megatron's calculator and update_train_iters: the ramp-up's iterations run while the samples
-    // consumed before them are <= SAMPLES; the rest of train_samples in whole global batches.
-    const double per_increment = static_cast<double>(r.samples) / static_cast<double>((gbs_ - r.start) / r.increment);
-    auto batch_at = [&](int64_t consumed) {
-      if (consumed > r.samples) return gbs_;
-      return r.start + static_cast<int64_t>(static_cast<double>(consumed) / per_increment) * r.increment;
-    };
-    for (int64_t consumed = 0; consumed <= r.samples;) {
-      const int64_t batch = batch_at(consumed);
-      consumed += batch;
-      ramp_consumed_.push_back(consumed);
-      ramp_micro_.push_back(ramp_micro_.back() + batch / unit);
-    }
+    check_rampup(t, r, unit);
+    tabulate_rampup(r, gbs_, unit, ramp_consumed_, ramp_micro_);
+    // After the ramp-up, the rest of train_samples in whole global batches.
     const int64_t ramp_iters = static_cast<int64_t>(ramp_consumed_.size()) - 1;
     if (t.train_samples() < ramp_consumed_.back())
       throw HostError("config: train.train_samples " + std::to_string(t.train_samples()) + " ends inside the ramp-up (" +
@@ -66,11 +103,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
                       " iterations, train.rampup_batch_size '" + t.rampup_batch_size() + "')");
     train_iters_ = ramp_iters + (t.train_samples() - ramp_consumed_.back()) / gbs_;
   } else if (t.train_samples() > 0) {
-    // Megatron: iterations = train_samples // global_batch_size.
-    train_iters_ = t.train_samples() / gbs_;
-    if (train_iters_ <= 0)
-      throw HostError("config: train.train_samples " + std::to_string(t.train_samples()) +
-                      " is less than one global batch (" + std::to_string(gbs_) + ")");
+    train_iters_ = iterations_from_samples(t.train_samples(), gbs_);
   }
   const int64_t eval_interval = cfg.eval().eval_interval();
   num_evals_ = (eval_interval > 0 ? train_iters_ / eval_interval : 0) + 1;

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/config/config.hpp"
-#include "dtk/core/perf/startup_report.hpp"
 #include "dtk/core/memory/memory_estimate.hpp"
 #include "dtk/core/perf/peak_throughput.hpp"
+#include "dtk/core/perf/startup_report.hpp"
+#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/train/run_schedule.hpp"
 #include "dtk/core/train/schedule.hpp"
 #include "dtk/host/error.hpp"
@@ -37,11 +37,11 @@ constexpr double kLayer16 = 128.0 * 4 * 256 * (34 + 5.0 * 8 * 128 / 256);
 
 TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   const auto one = dtk::core::estimate_memory(small_run());
-  EXPECT_DOUBLE_EQ(one.activations, 4 * kLayer16 * 2);            // fp32: twice the 16-bit bytes
-  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2);             // at most 512 rows of fp32 logits, and their grad
-  EXPECT_DOUBLE_EQ(one.batches, 5.0 * 4 * 129 * 8);               // queue of 4 + the batch in use
-  EXPECT_DOUBLE_EQ(one.params, 1000 + 2000 + 300);                // host bytes count on the machine's budget
-  EXPECT_DOUBLE_EQ(one.optimizer, 8.0 * 250);                     // Adam's two fp32 moments
+  EXPECT_DOUBLE_EQ(one.activations, 4 * kLayer16 * 2);  // fp32: twice the 16-bit bytes
+  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2);   // at most 512 rows of fp32 logits, and their grad
+  EXPECT_DOUBLE_EQ(one.batches, 5.0 * 4 * 129 * 8);     // queue of 4 + the batch in use
+  EXPECT_DOUBLE_EQ(one.params, 1000 + 2000 + 300);      // host bytes count on the machine's budget
+  EXPECT_DOUBLE_EQ(one.optimizer, 8.0 * 250);           // Adam's two fp32 moments
   EXPECT_DOUBLE_EQ(one.gradients_in_flight, 0);
   EXPECT_DOUBLE_EQ(one.total(), one.params + one.optimizer + one.activations + one.logits + one.batches);
 

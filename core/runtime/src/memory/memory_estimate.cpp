@@ -18,7 +18,8 @@ int64_t chunk_forwards_alive(const MemoryEstimateInputs& in) {
 
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
-  const double h = static_cast<double>(in.hidden_size), a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
+  const double h = static_cast<double>(in.hidden_size),
+               a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
   const double layers = static_cast<double>(in.num_layers) / in.pp_size;
   const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / in.tp_size * (in.dtype_bytes / 2.0);
   const int64_t chunk_forwards = chunk_forwards_alive(in), v = in.virtual_stages;
@@ -31,7 +32,8 @@ MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
   // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
   e.batches = (v > 1 ? 4.0 + static_cast<double>(in.micro_batches_per_step) : 5.0) * b * (s + 1) * 8.0;
-  e.gradients_in_flight = v > 1 ? static_cast<double>(chunk_forwards + 2 * in.pp_size + 1) * s * b * h * in.dtype_bytes : 0.0;
+  e.gradients_in_flight =
+      v > 1 ? static_cast<double>(chunk_forwards + 2 * in.pp_size + 1) * s * b * h * in.dtype_bytes : 0.0;
   // What lives in host memory (offload) is outside a device budget (not outside the machine's).
   e.optimizer = in.device_budget && in.optimizer_on_host ? 0.0 : 8.0 * static_cast<double>(in.optimized_elements);
   e.params = static_cast<double>(in.parameter_bytes + in.gradient_bytes + in.master_bytes -

@@ -1,13 +1,13 @@
 #include "dtk/core/perf/peak_throughput.hpp"
 
 #include <ATen/Parallel.h>
-#include <dtk/gemm.hpp>
 #include <glog/logging.h>
+#include <dtk/gemm.hpp>
 
 #include <cstdio>
 
-#include "dtk/core/perf/bench_report.hpp"
 #include "dtk/core/memory/memory.hpp"
+#include "dtk/core/perf/bench_report.hpp"
 
 namespace dtk::core {
 

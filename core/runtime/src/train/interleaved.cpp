@@ -80,7 +80,7 @@ class Interleaved final : public ForwardBackwardSchedule {
     PendingSends activation_sends, gradient_sends;
     std::vector<std::deque<StageActivations>> pending;
   };
-  bool first_stage(int c) const { return rank_ == 0 && c == 0; }                   // the embedding's chunk
+  bool first_stage(int c) const { return rank_ == 0 && c == 0; }                     // the embedding's chunk
   bool last_stage(int c) const { return rank_ == stages_ - 1 && c == chunks_ - 1; }  // the loss's
   void forward(Iteration& it, int64_t k);
   void backward(Iteration& it, int64_t k);

@@ -4,9 +4,8 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
-#include "dtk/core/train/graph_check.hpp"
-#include "dtk/core/comm/comm.hpp"
 #include "dtk/core/timeline/trace.hpp"
+#include "dtk/core/train/graph_check.hpp"
 #include "dtk/host/error.hpp"
 
 namespace dtk::core {
@@ -33,7 +32,8 @@ void MicroBatchRunner::check_batch(const TensorList& batch, int64_t iteration) c
   const auto& tokenizer = p_.cfg->tokenizer();
   int64_t limit = tokenizer.vocab_size();
   std::string what = "the tokenizer's vocabulary (" + tokenizer.vocab_file() + ")";
-  if (limit <= 0 && p_.data->vocab_size() > 0) limit = p_.data->vocab_size(), what = "the vocabulary the dataset declares";
+  if (limit <= 0 && p_.data->vocab_size() > 0)
+    limit = p_.data->vocab_size(), what = "the vocabulary the dataset declares";
   if (limit <= 0) limit = p_.model->info().vocab_size, what = "the model's vocabulary";
   const std::string plugin = "dataset plugin '" + p_.dataset_name + "': ";
   const int64_t seq = p_.plan->seq_length();
@@ -100,8 +100,10 @@ void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& sta
   std::string error;
   if (!loss.requires_grad()) {
     if (!p_.model->outputs_attached())
-      error = model + ": forward returned outputs that do not require grad (detached from the parameters, or "
-                      "computed under no_grad), so the loss of " + step + " cannot train anything";
+      error = model +
+              ": forward returned outputs that do not require grad (detached from the parameters, or "
+              "computed under no_grad), so the loss of " +
+              step + " cannot train anything";
     else
       error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
               model + "): nothing would train";

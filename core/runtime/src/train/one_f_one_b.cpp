@@ -95,8 +95,8 @@ class OneFOneB final : public ForwardBackwardSchedule {
       // Received after the batch check (it waits for every rank, the previous stage included).
       output = run_.forward(it.iteration, it.forwards, &metrics, [&] {
         if (first()) return;
-        input = run_.receive_stage_tensor(stage_ - 1, 0, Phase::kForwardRecv, "receive activations")
-                    .requires_grad_(true);
+        input =
+            run_.receive_stage_tensor(stage_ - 1, 0, Phase::kForwardRecv, "receive activations").requires_grad_(true);
         it.gradient_sends.wait_through(it.forwards - previous_warmup - 1);
         staged.set(input);
       });

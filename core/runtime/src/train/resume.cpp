@@ -52,8 +52,7 @@ TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPl
   what.verify = !ck.no_verify_checksums();
   what.fallback = ck.fallback();
   std::vector<std::string> skipped;
-  TrainProgress progress =
-      load_checkpoint(dir, *parts.model, *parts.optimizer, *parts.strategy, topo, what, &skipped);
+  TrainProgress progress = load_checkpoint(dir, *parts.model, *parts.optimizer, *parts.strategy, topo, what, &skipped);
   for (const auto& s : skipped) print(" checkpoint.fallback: " + s);
   if (ck.finetune()) {
     // Megatron's --finetune: the weights, and a run of its own from iteration 0.

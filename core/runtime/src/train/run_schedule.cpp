@@ -19,9 +19,9 @@ void count_samples(const config::RunConfig& cfg, const BatchPlan& plan, Learning
   const int64_t gbs = plan.global_batch_size(), samples = cfg.train().train_samples();
   const auto& lr = cfg.lr();
   p.decay_iters = lr.lr_decay_samples() > 0 ? lr.lr_decay_samples()
-                  : lr.lr_decay_iters() > 0  ? lr.lr_decay_iters() * gbs
-                                             : samples;
-  p.warmup_iters = lr.lr_warmup_fraction() > 0 ? lr.lr_warmup_fraction() * static_cast<double>(p.decay_iters)
+                  : lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() * gbs
+                                            : samples;
+  p.warmup_iters = lr.lr_warmup_fraction() > 0  ? lr.lr_warmup_fraction() * static_cast<double>(p.decay_iters)
                    : lr.lr_warmup_samples() > 0 ? static_cast<double>(lr.lr_warmup_samples())
                                                 : static_cast<double>(lr.lr_warmup_iters() * gbs);
   p.wsd_decay_iters = lr.lr_wsd_decay_iters() * gbs;
@@ -51,9 +51,10 @@ void samples_to_iterations(const config::RunConfig& cfg, const BatchPlan& plan, 
 void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
   const std::string unit = plan.ramps_up() ? " samples" : " iterations";  // a ramp-up's schedule counts samples
   const std::string gbs = std::to_string(plan.global_batch_size());
-  const std::string decay = std::to_string(l.decay_iters) + unit +
-                            (plan.ramps_up() ? " (train.train_samples, or lr.lr_decay_iters x global batch " + gbs + ")"
-                                             : " (train.train_samples / global batch " + gbs + ", or lr.lr_decay_iters)");
+  const std::string decay =
+      std::to_string(l.decay_iters) + unit +
+      (plan.ramps_up() ? " (train.train_samples, or lr.lr_decay_iters x global batch " + gbs + ")"
+                       : " (train.train_samples / global batch " + gbs + ", or lr.lr_decay_iters)");
   if (l.style != "constant" && l.warmup_iters >= static_cast<double>(l.decay_iters))
     throw HostError("config: the warm-up (" + std::to_string(static_cast<int64_t>(std::ceil(l.warmup_iters))) + unit +
                     ") is not shorter than the decay, " + decay);

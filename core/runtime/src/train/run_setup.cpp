@@ -17,10 +17,10 @@
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/launch/run_agreement.hpp"
 #include "dtk/core/memory/memory.hpp"
 #include "dtk/core/memory/memory_estimate.hpp"
 #include "dtk/core/optim/param_groups.hpp"
-#include "dtk/core/launch/run_agreement.hpp"
 #include "dtk/core/train/schedule.hpp"
 
 namespace dtk::core {
@@ -71,9 +71,9 @@ void require_weight_decay_scale(const config::RunConfig& cfg, const RunPlugins& 
     const dtk_plugin_entry* e = slot->plugin.entry;
     if (e->abi_major == DTK_ABI_MAJOR && e->abi_minor < 2)
       throw HostError("config: lr.weight_decay_incr_style=" + cfg.lr().weight_decay_incr_style() + " needs " +
-                      host::kind_name(e->kind) + " plugin '" + slot->name() + "' built for DTK ABI 2.2 or later (it is " +
-                      std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
-                      "; rebuild it against this SDK)");
+                      host::kind_name(e->kind) + " plugin '" + slot->name() +
+                      "' built for DTK ABI 2.2 or later (it is " + std::to_string(e->abi_major) + "." +
+                      std::to_string(e->abi_minor) + "; rebuild it against this SDK)");
   }
 }
 
@@ -146,18 +146,19 @@ PluginSlot resolve_plugin(host::PluginHost& plugins, int32_t kind, const config:
 }
 
 RunPlugins resolve_plugins(host::PluginHost& plugins, const config::RunConfig& cfg) {
-  return RunPlugins{resolve_plugin(plugins, DTK_KIND_MODEL, cfg.model()),
-                    resolve_plugin(plugins, DTK_KIND_DATASET, cfg.dataset()),
-                    resolve_plugin(plugins, DTK_KIND_STEP, cfg.step()),
-                    resolve_plugin(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer()),
-                    resolve_plugin(plugins, DTK_KIND_STRATEGY, cfg.strategy())};
+  return RunPlugins{
+      resolve_plugin(plugins, DTK_KIND_MODEL, cfg.model()), resolve_plugin(plugins, DTK_KIND_DATASET, cfg.dataset()),
+      resolve_plugin(plugins, DTK_KIND_STEP, cfg.step()), resolve_plugin(plugins, DTK_KIND_OPTIMIZER, cfg.optimizer()),
+      resolve_plugin(plugins, DTK_KIND_STRATEGY, cfg.strategy())};
 }
 
 std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::PluginHost& plugins) {
   std::vector<std::string> lines;
-  const std::pair<int32_t, const config::PluginChoice*> slots[] = {
-      {DTK_KIND_MODEL, &cfg.model()},         {DTK_KIND_DATASET, &cfg.dataset()},   {DTK_KIND_STEP, &cfg.step()},
-      {DTK_KIND_OPTIMIZER, &cfg.optimizer()}, {DTK_KIND_STRATEGY, &cfg.strategy()}};
+  const std::pair<int32_t, const config::PluginChoice*> slots[] = {{DTK_KIND_MODEL, &cfg.model()},
+                                                                   {DTK_KIND_DATASET, &cfg.dataset()},
+                                                                   {DTK_KIND_STEP, &cfg.step()},
+                                                                   {DTK_KIND_OPTIMIZER, &cfg.optimizer()},
+                                                                   {DTK_KIND_STRATEGY, &cfg.strategy()}};
   for (const auto& [kind, choice] : slots) {
     const dtk_plugin_entry* e = plugins.get(kind, choice->name()).entry;
     lines.push_back(std::string("plugin.") + host::kind_name(kind) + "=" + e->name + " " + e->version + " (ABI " +
@@ -201,18 +202,18 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
   parts.model = std::make_unique<ModelInstance>(plugins.model.plugin, chunks);
   const dtk_model_info info = parts.model->info();
   parts.stats = model_stats(parts.model->parameters(), info, topo.tp_size, topo.pp_rank, topo.pp_size);
-  parts.strategy = std::make_unique<StrategyInstance>(plugins.strategy.plugin,
-                                                      build_context(cfg, topo, plan, plugins.strategy));
+  parts.strategy =
+      std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
   parts.strategy->setup(*parts.model);
   const ParamGroups groups(cfg.lr(), schedule.reference_weight_decay());
   if (topo.pp_size == 1) groups.require_every_rule_matches(parts.model->parameters());
   if (schedule.weight_decay_varies()) require_weight_decay_scale(cfg, plugins);
-  parts.optimizer = std::make_unique<OptimizerInstance>(
-      plugins.optimizer.plugin, build_context(cfg, topo, plan, plugins.optimizer), parts.strategy->optimizer_params(),
-      groups);
+  parts.optimizer =
+      std::make_unique<OptimizerInstance>(plugins.optimizer.plugin, build_context(cfg, topo, plan, plugins.optimizer),
+                                          parts.strategy->optimizer_params(), groups);
   for (int k = 0; k < v; ++k)
-    parts.steps.push_back(
-        std::make_unique<StepInstance>(plugins.step.plugin, build_context(cfg, topo, plan, plugins.step, v > 1 ? k : -1)));
+    parts.steps.push_back(std::make_unique<StepInstance>(plugins.step.plugin,
+                                                         build_context(cfg, topo, plan, plugins.step, v > 1 ? k : -1)));
   LOG(INFO) << "model '" << plugins.model.name() << "': " << info.num_layers << " layers, hidden " << info.hidden_size
             << ", heads " << info.num_attention_heads << ", seq " << info.seq_length << ", padded vocab "
             << info.vocab_size;
@@ -275,9 +276,9 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   in.optimizer_on_host = parts.strategy->info().optimizer_on_host != 0;
   in.device_budget = t.memory_limit_mb() > 0 || device.is_cuda();
   const std::string whose = t.memory_limit_mb() > 0 ? "of train.memory_limit_mb"
-                            : device.is_cuda()      ? "of " + device.str()
-                                                    : "this machine has for each of its " +
-                                                          std::to_string(local_ranks()) + " rank(s)";
+                            : device.is_cuda()
+                                ? "of " + device.str()
+                                : "this machine has for each of its " + std::to_string(local_ranks()) + " rank(s)";
   if (const std::string refusal = memory_refusal(estimate_memory(in), budget, whose); !refusal.empty())
     throw HostError(refusal);
 }

@@ -23,9 +23,7 @@ bool counted_here(const Param& p, const Topology& topo, std::set<const void*>& s
 }
 
 // Summed on the training device (one host sync at the end; every rank the same backend).
-at::Tensor device_total() {
-  return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device()));
-}
+at::Tensor device_total() { return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device())); }
 
 }  // namespace
 

@@ -4,7 +4,6 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
-#include "dtk/core/comm/comm.hpp"
 #include "dtk/host/error.hpp"
 
 namespace dtk::core {
@@ -23,7 +22,8 @@ int64_t agreed_tied_size(int64_t mine, bool ends, const std::string& model_name)
   if (most != least)
     throw HostError("model plugin '" + model_name +
                     "': the tied weights (dtk_param_info.shared) of the first and the last pipeline stage differ in "
-                    "size (" + std::to_string(least) + " and " + std::to_string(most) + " elements)");
+                    "size (" +
+                    std::to_string(least) + " and " + std::to_string(most) + " elements)");
   return most;
 }
 
@@ -70,9 +70,8 @@ void TiedGradients::sync(const OptimizerInstance& optimizer) const {
   std::vector<at::Tensor> parts;  // fp32 for the sum (Gloo has no bf16)
   for (const at::Tensor& g : grads) parts.push_back(g.reshape({-1}).to(at::kFloat));
   // On the training device even without a tied tensor here: every stage must pick the same backend.
-  at::Tensor flat = parts.empty()
-                        ? at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
-                        : at::cat(parts).to(training_device());  // ZeRO-Offload's host partitions too
+  at::Tensor flat = parts.empty() ? at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
+                                  : at::cat(parts).to(training_device());  // ZeRO-Offload's host partitions too
   all_reduce(flat, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
   int64_t offset = 0;
   for (at::Tensor& g : grads) {

@@ -1,8 +1,8 @@
 #include "dtk/core/train/trainer.hpp"
 
 #include <ATen/ATen.h>
-#include <dtk/gemm.hpp>
 #include <glog/logging.h>
+#include <dtk/gemm.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -10,12 +10,12 @@
 #include <optional>
 
 #include "../device/cuda_glue.hpp"
-#include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/distributed.hpp"
-#include "dtk/core/perf/startup_report.hpp"
+#include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/memory/memory.hpp"
+#include "dtk/core/perf/startup_report.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/resume.hpp"
 #include "dtk/core/train/run_schedule.hpp"
@@ -42,8 +42,7 @@ void configure_trace(const config::LoggingConfig& logging, const Topology& topo)
   if (logging.trace_file().empty()) return;
   trace::Settings ts;
   ts.path = logging.trace_file();
-  trace::parse_iterations(logging.trace_iterations().empty() ? "2-3" : logging.trace_iterations(), &ts.first,
-                          &ts.last);
+  trace::parse_iterations(logging.trace_iterations().empty() ? "2-3" : logging.trace_iterations(), &ts.first, &ts.last);
   ts.rank = topo.world_rank;
   ts.world_size = topo.world_size;
   trace::configure(ts);
@@ -206,7 +205,8 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
     r.grad_norm = scaled_norm / scale;
     r.skipped = !std::isfinite(scaled_norm);
   }
-  if (cfg_.logging().log_num_zeros_in_grad()) r.num_zeros = num_zeros_in_grad(*parts_.optimizer, *parts_.strategy, topo_);
+  if (cfg_.logging().log_num_zeros_in_grad())
+    r.num_zeros = num_zeros_in_grad(*parts_.optimizer, *parts_.strategy, topo_);
   if (trace::active()) trace::span("reduce gradients, norm", "step", reduce_start, trace::now_ns());
   const int64_t update_start = trace::now_ns();
   scaler_.update(/*found_inf=*/r.skipped);
@@ -235,9 +235,10 @@ void Trainer::train() {
   parts_.strategy->zero_grad();
   const int64_t save_interval = cfg_.checkpoint().save_interval();
   if (!saving() && save_interval > 0 && topo_.world_rank == 0)
-    std::printf(" > checkpoint.save_interval %lld has no effect without checkpoint.save (as Megatron's --save-interval "
-                "without --save)\n",
-                static_cast<long long>(save_interval));
+    std::printf(
+        " > checkpoint.save_interval %lld has no effect without checkpoint.save (as Megatron's --save-interval "
+        "without --save)\n",
+        static_cast<long long>(save_interval));
   for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
     run_iteration(it);
     if (it == plan_.train_iters() || should_stop(it, exit)) break;

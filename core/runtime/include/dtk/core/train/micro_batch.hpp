@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
-#include "dtk/core/train/batch_loader.hpp"
-#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/components/components.hpp"
 #include "dtk/core/logging/timers.hpp"
+#include "dtk/core/train/batch_loader.hpp"
+#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/train/hooks.hpp"
 #include "dtk_config.pb.h"
 
@@ -42,7 +42,7 @@ struct MicroBatchParts {
   const DatasetInstance* data = nullptr;
   BatchLoader* train_loader = nullptr;
   std::vector<std::unique_ptr<StepInstance>>* steps = nullptr;  // one per model chunk
-  at::ScalarType stage_dtype = at::kFloat;                        // what pipeline stages send
+  at::ScalarType stage_dtype = at::kFloat;                      // what pipeline stages send
   // The plugins' names, for errors.
   std::string model_name, step_name, strategy_name, dataset_name;
   int64_t resumed_iteration = 0;  // where this process started (the batch checks' window)

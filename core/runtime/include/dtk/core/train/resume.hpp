@@ -8,10 +8,10 @@
 #include <functional>
 #include <string>
 
-#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/checkpoint/checkpoint.hpp"
 #include "dtk/core/optim/grad_scaler.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/train/run_setup.hpp"
 
 namespace dtk::core {

@@ -9,8 +9,8 @@
 #include <functional>
 #include <string>
 
-#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/train/batch_plan.hpp"
 #include "dtk_config.pb.h"
 
 namespace dtk::core {

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "dtk/core/components/components.hpp"
+#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/perf/flops.hpp"
 #include "dtk/core/train/batch_loader.hpp"
 #include "dtk/core/train/batch_plan.hpp"
-#include "dtk/core/components/components.hpp"
-#include "dtk/core/perf/flops.hpp"
-#include "dtk/core/optim/lr_schedule.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk_config.pb.h"
 

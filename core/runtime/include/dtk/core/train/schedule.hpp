@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "dtk/core/train/batch_loader.hpp"
 #include "dtk/core/logging/training_log.hpp"
+#include "dtk/core/train/batch_loader.hpp"
 #include "dtk/core/train/micro_batch.hpp"
 
 namespace dtk::core {

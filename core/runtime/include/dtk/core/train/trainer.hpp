@@ -18,18 +18,18 @@
 #include <string>
 #include <vector>
 
-#include "dtk/core/perf/bench_report.hpp"
 #include "dtk/core/checkpoint/checkpoint.hpp"
-#include "dtk/core/train/exit_conditions.hpp"
+#include "dtk/core/logging/timers.hpp"
+#include "dtk/core/logging/training_log.hpp"
 #include "dtk/core/optim/grad_scaler.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/perf/bench_report.hpp"
 #include "dtk/core/perf/peak_throughput.hpp"
-#include "dtk/core/logging/timers.hpp"
+#include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/micro_batch.hpp"
 #include "dtk/core/train/run_setup.hpp"
 #include "dtk/core/train/schedule.hpp"
 #include "dtk/core/train/tied_gradients.hpp"
-#include "dtk/core/logging/training_log.hpp"
 
 namespace dtk::core {
 

@@ -86,6 +86,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
                                      [this](const std::string& line) { log_->print(line); });
   resumed_iteration_ = progress_.iteration;
   print_startup_report();
+  bench_ = make_bench_report();
   data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
   train_loader_ = make_train_loader(*data_, plan_, progress_.iteration + 1);
   start_micro_batches(std::move(hooks));
@@ -113,7 +114,7 @@ std::unique_ptr<TrainingLog> Trainer::make_log() {
   return std::make_unique<TrainingLog>(log);
 }
 
-// The start-up lines (perf/startup_report.hpp), and the bench summary's setup.
+// The start-up lines (perf/startup_report.hpp).
 void Trainer::print_startup_report() {
   StartupFacts f;
   f.stats = parts_.stats;
@@ -126,7 +127,11 @@ void Trainer::print_startup_report() {
   f.loss_scaling = scaler_.kind() != GradScaler::Kind::kNone;
   f.dynamic_scale = scaler_.dynamic(), f.loss_scale = scaler_.scale();
   for (const std::string& line : startup_report(f)) log_->print(line);
-  if (cfg_.train().bench_steps() <= 0 && cfg_.logging().bench_out().empty()) return;
+}
+
+// Bench mode or --bench_out: the summary printed (and written) at the end.
+std::unique_ptr<BenchReport> Trainer::make_bench_report() const {
+  if (cfg_.train().bench_steps() <= 0 && cfg_.logging().bench_out().empty()) return nullptr;
   BenchSetup b;
   b.warmup_steps = cfg_.train().perf_warmup_steps();
   b.tokens_per_iteration = plan_.global_batch_size() * plan_.seq_length();
@@ -134,7 +139,7 @@ void Trainer::print_startup_report() {
   b.world_size = topo_.world_size;
   b.peak_tflops = peak_.tflops, b.peak_source = peak_.source;
   b.tp_size = topo_.tp_size, b.dp_size = topo_.dp_size;
-  bench_ = std::make_unique<BenchReport>(b);
+  return std::make_unique<BenchReport>(b);
 }
 
 // The micro-batch runner and the schedule it runs under, chosen once (Megatron's

@@ -52,6 +52,7 @@ class Trainer {
  private:
   std::unique_ptr<TrainingLog> make_log();
   void print_startup_report();
+  std::unique_ptr<BenchReport> make_bench_report() const;
   void start_micro_batches(TrainerHooks hooks);
   IterationResult train_step(int64_t iteration);
   // The strategy's reduction, clipping and (unless the gradients are not finite) the update.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing (packages and the GPT-2 vocab, which the data
 # and CLI tests read from data/gpt2), builds, runs ctest; then the sanitizer build of the
-# torch-free loader/ABI/data tests, and the out-of-tree SDK template against an install.
+# torch-free loader/ABI/data tests, and the SDK templates and every first-party plugin built out
+# of tree against an install.
 # Every stage runs even when an earlier one failed (a red ctest must not hide a red sanitizer
 # run); the script exits non-zero when any stage failed and names them at the end.
 set -euo pipefail
@@ -68,18 +69,47 @@ run_sdk_template() {
     --set dataset.data_path=/usr/share/common-licenses/GPL-3 --set model.vocab_size=256 --step template_lm_step \
     --strategy template_flat_allreduce --optimizer template_scaled_sgd --set train.micro_batch_size=4 "${short[@]}" \
     --plugin_path $T/model:$T/dataset:$T/step:$T/strategy:$T/optimizer || return
-  # The llama model plugin is built like a third party's: its folder alone, against the install
-  # (find_package(DTK), dtk::layers). The installed copy steps aside so the names do not clash.
-  rm -rf build-llama
-  cmake -S plugins/models/llama -B build-llama -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null || return
-  cmake --build build-llama || return
-  rm -f build-install/lib/dtk/plugins/dtk_plugin_llama.so
-  $dtk train --config configs/llama-tiny.pbtxt --dataset synthetic "${short[@]}" --plugin_path build-llama
+  run_plugins_out_of_tree
+}
+
+# Every first-party plugin (plugins/CMakeLists.txt's list) is built as a third party builds it: its
+# folder alone, against the install (find_package(DTK): dtk::sdk, dtk::layers, dtk::kernels,
+# dtk::data, dtk::cuda). The installed copies then step aside, and runs that load every one of them
+# train: gpt on real text (gpt_indexed, adamw, ddp, causal_lm), llama on ZeRO-2 with cpu_adam
+# offloaded across two processes, gpt with sgd.
+run_plugins_out_of_tree() {
+  local dtk=build-install/bin/dtk B=build-plugins dir path=()
+  rm -rf $B
+  for dir in $(sed -n '/set(DTK_FIRST_PARTY_PLUGINS/,/)/s/^ *\([a-z_]*\/[a-z_]*\):.*/\1/p' plugins/CMakeLists.txt); do
+    echo "-- plugins/$dir"
+    cmake -S "plugins/$dir" -B "$B/$dir" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null || return
+    cmake --build "$B/$dir" || return
+    path+=("$B/$dir")
+  done
+  local folders
+  folders=$(ls plugins/*/*/CMakeLists.txt | wc -l)
+  ((${#path[@]} == folders)) || { echo "plugins/CMakeLists.txt lists ${#path[@]} plugins, plugins/ has $folders"; return 1; }
+  rm -rf build-install/lib/dtk/plugins
+  local plugin_path
+  plugin_path=$(IFS=:; echo "${path[*]}")
+  $dtk plugins list --plugin_path "$plugin_path" || return
+  # A corpus every Debian has: the GPL's paragraphs, one jsonl document each.
+  /usr/bin/python3 -c 'import json; [print(json.dumps({"text": p})) for p in open("/usr/share/common-licenses/GPL-3").read().split("\n\n") if p.strip()]' \
+    >$B/gpl.jsonl || return
+  $dtk preprocess --input $B/gpl.jsonl --output_prefix $B/gpl --vocab_file data/gpt2/encoder.json \
+    --merge_file data/gpt2/vocab.bpe --append_eod || return
+  local short=(--set train.train_iters=4 --set lr.lr_warmup_iters=1 --set logging.log_interval=2 --set eval.eval_iters=1)
+  $dtk train --config configs/gpt-tiny.pbtxt --data_path $B/gpl_text_document --set dataset.split=90,10,0 \
+    "${short[@]}" --plugin_path "$plugin_path" || return
+  $dtk launch --nproc_per_node 2 train --config configs/llama-tiny.pbtxt --dataset synthetic --strategy zero \
+    --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam --set train.micro_batch_size=4 \
+    "${short[@]}" --plugin_path "$plugin_path" || return
+  $dtk train --config configs/gpt-tiny.pbtxt --dataset synthetic --optimizer sgd "${short[@]}" --plugin_path "$plugin_path"
 }
 
 stage "ctest" run_ctest
 stage "ASan/UBSan: loader, ABI and data (fuzz) tests" run_sanitizers
-stage "SDK: install, build every sdk/templates project and the llama plugin out of tree, train with them on the installed dtk" run_sdk_template
+stage "SDK: install, build every sdk/templates project and every first-party plugin out of tree, train with them on the installed dtk" run_sdk_template
 
 if ((${#failed[@]})); then
   printf 'test.sh: FAILED stage: %s\n' "${failed[@]}"

@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu_adam_kernel.hpp"
+#include <dtk/kernels/cpu_adam.hpp>
 
 namespace ca = dtk::cpu_adam;
 

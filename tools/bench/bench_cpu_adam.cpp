@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu_adam_kernel.hpp"
+#include <dtk/kernels/cpu_adam.hpp>
 
 namespace ca = dtk::cpu_adam;
 using Clock = std::chrono::steady_clock;

@@ -1,9 +1,14 @@
-// dtk_bench_optim — one optimizer step of the `adamw` plugin (through the C ABI) next to
+// dtk_bench_optim — one optimizer step of the `adamw` plugin (through the C ABI, loaded and
+// created by the host's own OptimizerInstance, as `dtk train` does) next to
 // LibTorch's torch::optim::AdamW on the same parameters, and next to the machine's memory
 // bandwidth (a large tensor copy) in the same run. AdamW must read p, g, m, v and write p, m, v:
 // 28 bytes per fp32 parameter at the very least, so bandwidth bounds the step.
 //   build/bin/dtk_bench_optim [millions of parameters, default 16] [steps, default 5]
+#include <dtk/core/components/components.hpp>
+#include <dtk/core/components/services.hpp>
 #include <dtk/core/memory/allocator.hpp>
+#include <dtk/core/optim/param_groups.hpp>
+#include <dtk/host/plugin_host.hpp>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
 
@@ -11,11 +16,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
-#include "../../tests/optim/optim_support.hpp"
-
-using namespace dtk_optim_support;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -29,6 +33,37 @@ double median_seconds(int reps, F&& f) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The adamw plugin over `params` (weight decay 0.01, one group), created through the host's
+// OptimizerInstance; returns the median seconds of `steps` steps after one untimed step.
+double time_plugin_adamw(const std::vector<at::Tensor>& params, int steps) {
+  dtk::host::PluginHost host(dtk::core::host_torch_version(), dtk::core::host_services());
+  const dtk::host::Plugin& adamw = host.load_file(std::string(DTK_BENCH_PLUGIN_DIR) + "/dtk_plugin_adamw.so");
+  const dtk::host::OptionValues options(dtk::host::resolve_options(adamw, {}));
+  dtk_build_context ctx{};
+  ctx.struct_size = dtk_build_context_STRUCT_SIZE;
+  ctx.options = options.get();
+  ctx.device = {DTK_DEVICE_CPU, -1};
+  ctx.params_dtype = DTK_DTYPE_FLOAT32;
+  ctx.tp_size = ctx.pp_size = ctx.dp_size = 1;
+  ctx.pre_process = ctx.post_process = 1;
+  std::vector<dtk::Param> named;
+  for (size_t i = 0; i < params.size(); ++i) named.push_back({"layers." + std::to_string(i) + ".weight", params[i]});
+  dtk::config::LrSchedule lr;
+  lr.set_weight_decay(0.01);
+  const dtk::core::ParamGroups groups(lr, 0.01);
+  dtk::core::OptimizerInstance opt(adamw, ctx, named, groups);
+  auto step = [&](int64_t iteration) {
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, 1e-3, iteration, 1.0, 1.0};
+    if (dtk_status* s = opt.ref()->api->step(opt.ref()->optimizer, &args)) {
+      const std::string message = dtk_status_get_message(s);
+      dtk_status_release(s);
+      throw std::runtime_error("adamw step: " + message);
+    }
+  };
+  step(1);  // allocates the state outside the timing
+  return median_seconds(steps, [&](int i) { step(i + 2); });
 }
 }  // namespace
 
@@ -59,10 +94,7 @@ int main(int argc, char** argv) {
   };
   double dtk_s = 0, torch_s = 0;
   {
-    auto ps = make();
-    PluginOptimizer opt(plugin(DTK_BENCH_PLUGIN_DIR, "dtk_plugin_adamw.so"), {}, {{ps, 0.01}});
-    opt.step(1e-3, 1);  // allocate state outside the timing
-    dtk_s = median_seconds(steps, [&](int i) { opt.step(1e-3, i + 2); });
+    dtk_s = time_plugin_adamw(make(), steps);
   }
   {
     auto ps = make();

@@ -1,5 +1,5 @@
 // cpu_adam — Adam/AdamW on the host with the SIMD kernel (AVX-512 / AVX2 / scalar, chosen at run
-// time; cpu_adam_kernel.hpp). The same update as the `adamw` plugin and torch.optim.AdamW, bit for
+// time; dtk/kernels/cpu_adam.hpp). The same update as the `adamw` plugin and torch.optim.AdamW, bit for
 // bit on this LibTorch, several times faster on large parameter counts (docs/benchmarks.md).
 // DeepSpeed's DeepSpeedCPUAdam is the model: ZeRO-Offload runs this step on fp32 master weights
 // in host memory. Its checkpoint state has the adamw plugin's names ("g0.<param>.exp_avg"), so a
@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "cpu_adam_kernel.hpp"
+#include <dtk/kernels/cpu_adam.hpp>
 
 namespace {
 

@@ -10,7 +10,7 @@
 
 namespace dtk::cpu_adam::detail {
 
-// The step's scalars, rounded to float once from double (see cpu_adam_kernel.hpp).
+// The step's scalars, rounded to float once from double (see dtk/kernels/cpu_adam.hpp).
 struct Consts {
   float decay;  // 1 - lr*wd (adamw)
   float wd;     // L2 coefficient (classic Adam)

@@ -1,7 +1,7 @@
 // cpu_adam kernel: ISA choice, the step's scalars, and the split of the arrays over threads.
 // The per-ISA bodies are in cpu_adam_avx2.cpp / cpu_adam_avx512.cpp (built with their own -m
 // flags); this file is built for the baseline x86-64 so it runs on any CPU and is the scalar path.
-#include "cpu_adam_kernel.hpp"
+#include "dtk/kernels/cpu_adam.hpp"
 
 #include <omp.h>
 

@@ -72,6 +72,12 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   bool_opt("untie_embeddings_and_output_weights", c.untie);
   bool_opt("fused_lm_head", c.fused_lm_head);
   int_opt("lm_head_chunk_tokens", c.lm_head_chunk_tokens);
+  if (o.has("cross_entropy_impl")) {
+    const std::string impl = o.get_string("cross_entropy_impl");
+    c.cross_entropy_impl = impl == "host"  ? CrossEntropyRows::kHost
+                           : impl == "ops" ? CrossEntropyRows::kOps
+                                           : CrossEntropyRows::kAuto;
+  }
   if (o.has("recompute_activations")) c.recompute = o.get_string("recompute_activations") == "full";
   int_opt("domino_chunks", c.domino_chunks);
 }
@@ -100,7 +106,9 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   if (!(c.init_std > 0.0)) fail("option 'init_method_std' must be positive");
   if (!(c.eps > 0.0)) fail("option 'layernorm_epsilon' must be positive, got " + std::to_string(c.eps));
   if (c.lm_head_chunk_tokens < 0)
-    fail("option 'lm_head_chunk_tokens' must be >= 0 (0 = 512), got " + std::to_string(c.lm_head_chunk_tokens));
+    fail("option 'lm_head_chunk_tokens' must be >= 0 (0 = automatic), got " + std::to_string(c.lm_head_chunk_tokens));
+  if (c.cross_entropy_impl == CrossEntropyRows::kHost && !ctx.device.is_cpu())
+    fail("option cross_entropy_impl=host runs on the CPU only; use auto or ops on a GPU");
   if (c.domino_chunks < 1)
     fail("option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " + std::to_string(c.domino_chunks));
   if (ctx.micro_batch_size > 0 && c.domino_chunks > ctx.micro_batch_size)
@@ -301,7 +309,8 @@ at::Tensor DecoderLM::output_layer(const at::Tensor& h, const at::Tensor* labels
   return hooks_.run(output_module(), h, [&](const at::Tensor& x) {
     const at::Tensor normed = final_norm(x);
     if (labels && c.fused_lm_head)
-      return fused_lm_head_loss(copy_to_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens);
+      return fused_lm_head_loss(copy_to_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens,
+                                c.cross_entropy_impl);
     at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/c.domino_chunks > 1);
     return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
   });

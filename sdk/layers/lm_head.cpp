@@ -3,9 +3,13 @@
 #include <dtk/layers/lm_head.hpp>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/gather.h>
 #include <ATen/ops/matmul.h>
-#include <dtk/gemm.hpp>
+#include <ATen/ops/scatter_add.h>
+#include <ATen/ops/where.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <dtk/gemm.hpp>
 
 #include <algorithm>
 
@@ -17,14 +21,30 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Tokens per chunk. Smaller chunks keep the [chunk, V] block in cache but make the three GEMMs
-// re-read W (V x h) once per chunk and run less efficiently: on a 2-core EPYC, 128 tokens made a
-// 6-layer/384-hidden step 15% slower than 512, and 512 beat the unfused logits at both h = 64
-// and h = 384 (docs/benchmarks.md). 512 x 50304 fp32 logits are 103 MB.
+// Tokens per chunk on the CPU. Smaller chunks keep the [chunk, V] block in cache but make the
+// three GEMMs re-read W (V x h) once per chunk and run less efficiently: on a 2-core EPYC, 128
+// tokens made a 6-layer/384-hidden step 15% slower than 512, and 512 beat the unfused logits at
+// both h = 64 and h = 384 (docs/benchmarks.md). 512 x 50304 fp32 logits are 103 MB.
 constexpr int64_t kChunkTokens = 512;
+// On a GPU the chunk is sized by bytes instead: fp32 logits of about 1 GiB (5,248 tokens of a
+// 50,304 vocabulary, in multiples of 128), so each of the three GEMMs is large enough to run at
+// the tensor cores' rate while the [tokens, V] logits (6.6 GB at 32K tokens) never exist.
+constexpr int64_t kGpuChunkBytes = int64_t{1} << 30;
 
-int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t requested) {
-  return std::max<int64_t>(1, std::min(rows, requested > 0 ? requested : kChunkTokens));
+int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t requested, bool on_cpu) {
+  int64_t chunk = requested;
+  if (chunk <= 0)
+    chunk =
+        on_cpu ? kChunkTokens : std::max<int64_t>(128, kGpuChunkBytes / (4 * std::max<int64_t>(vocab, 1)) / 128 * 128);
+  return std::max<int64_t>(1, std::min(rows, chunk));
+}
+
+bool host_rows(CrossEntropyRows rows, const at::Tensor& logits) {
+  if (rows == CrossEntropyRows::kAuto) return logits.device().is_cpu();
+  if (rows == CrossEntropyRows::kHost && !logits.device().is_cpu())
+    throw Error("fused output layer: the host row passes (cross_entropy_impl host) need the logits on the CPU, not " +
+                logits.device().str());
+  return rows == CrossEntropyRows::kHost;
 }
 
 void tp_all_reduce(const at::Tensor& t, const TPGroup& tp, int32_t op) {
@@ -97,8 +117,54 @@ void cross_entropy_rows(at::Tensor& logits, const at::Tensor& col, at::Tensor ma
   at::sub_out(loss, at::log(reduced[0]), reduced[1]);
 }
 
+// The same passes as LibTorch ops, on any device (a GPU's path; cross entropy 'aten' on the CPU):
+// the row maximum, the target logit, exp in place, the sum, and D = e / s - onehot, each op one
+// pass over the chunk (7 in all, where the host rows make each row's passes in cache).
+void cross_entropy_ops(at::Tensor& logits, const at::Tensor& col, at::Tensor max, at::Tensor sum, at::Tensor loss,
+                       const TPGroup& tp, bool with_grads) {
+  at::amax_out(max, logits, {1});
+  tp_all_reduce(max, tp, DTK_REDUCE_MAX);
+  const at::Tensor held = col.ge(0);  // this rank holds the target's column
+  const at::Tensor column = col.clamp_min(0).unsqueeze(1);
+  at::Tensor reduced = at::empty({2, logits.size(0)}, logits.options());  // sum of exp, target logit
+  at::Tensor exp_sum = reduced[0], target_logit = reduced[1];
+  const at::Tensor target = logits.gather(1, column).squeeze(1).sub_(max);
+  target_logit.copy_(at::where(held, target, at::zeros({}, target.options())));
+  logits.sub_(max.unsqueeze(1)).exp_();
+  at::sum_out(exp_sum, logits, {1});
+  tp_all_reduce(reduced, tp, DTK_REDUCE_SUM);
+  if (with_grads) {
+    logits.div_(exp_sum.unsqueeze(1));
+    logits.scatter_add_(1, column, held.to(logits.scalar_type()).neg_().unsqueeze(1));  // - onehot
+  }
+  sum.copy_(exp_sum);
+  at::sub_out(loss, at::log(exp_sum), target_logit);
+}
+
+// In place: d [n, V] (fp32 logits) becomes softmax - onehot from the saved global row maximum and
+// sum (the backward's correction for tokens whose incoming gradient differs).
+void softmax_minus_onehot(at::Tensor& d, const at::Tensor& max, const at::Tensor& sum, const at::Tensor& col,
+                          bool host) {
+  if (!host) {
+    d.sub_(max.unsqueeze(1)).exp_().div_(sum.unsqueeze(1));
+    d.scatter_add_(1, col.clamp_min(0).unsqueeze(1), col.ge(0).to(d.scalar_type()).neg_().unsqueeze(1));
+    return;
+  }
+  const int64_t vocab = d.size(1);
+  at::Tensor local_sum = at::empty_like(sum);
+  float* dp = d.data_ptr<float>();
+  for_rows(d.size(0), [&](int64_t first, int64_t k) {
+    for (int64_t i = first; i < first + k; ++i) {
+      softmax_rows::exp_sum(dp + i * vocab, 1, vocab, vocab, max.data_ptr<float>() + i, nullptr,
+                            local_sum.data_ptr<float>() + i, nullptr, /*write=*/true);
+      softmax_rows::normalize_minus_onehot(dp + i * vocab, 1, vocab, vocab, sum.data_ptr<float>() + i,
+                                           col.data_ptr<int64_t>() + i);
+    }
+  });
+}
+
 HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& target, const TPGroup& tp,
-                    int64_t requested_chunk, bool with_grads) {
+                    int64_t requested_chunk, CrossEntropyRows rows, bool with_grads) {
   const int64_t n_all = x.size(0), vocab = w.size(0), start = static_cast<int64_t>(tp.rank) * vocab;
   const auto f32 = x.options().dtype(at::kFloat);
   HeadPass p;
@@ -109,15 +175,17 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
     p.gx = at::empty(x.sizes(), x.options());
     p.gw = at::zeros(w.sizes(), f32);
   }
-  const int64_t chunk = chunk_rows(n_all, vocab, requested_chunk);
+  const int64_t chunk = chunk_rows(n_all, vocab, requested_chunk, x.device().is_cpu());
   at::Tensor buffer = at::empty({chunk, vocab}, f32);
+  const bool host = host_rows(rows, buffer);
   for (int64_t c0 = 0; c0 < n_all; c0 += chunk) {
     const int64_t n = std::min(chunk, n_all - c0);
     const at::Tensor xc = x.narrow(0, c0, n);
     at::Tensor logits = buffer.narrow(0, 0, n);
     logits_into(logits, xc, w);
-    cross_entropy_rows(logits, local_columns(target.narrow(0, c0, n), start, vocab), p.max.narrow(0, c0, n),
-                       p.sum.narrow(0, c0, n), p.loss.narrow(0, c0, n), tp, with_grads);
+    (host ? cross_entropy_rows : cross_entropy_ops)(logits, local_columns(target.narrow(0, c0, n), start, vocab),
+                                                    p.max.narrow(0, c0, n), p.sum.narrow(0, c0, n),
+                                                    p.loss.narrow(0, c0, n), tp, with_grads);
     if (!with_grads) continue;
     // logits now hold D = softmax - onehot.
     at::Tensor gx = p.gx.narrow(0, c0, n);
@@ -143,10 +211,10 @@ double most_common(const at::Tensor& g) {
 
 struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& labels, TPGroup tp, int64_t chunk) {
+                            const at::Tensor& labels, TPGroup tp, int64_t chunk, int64_t rows) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
     const at::Tensor target = labels.reshape({-1}).to(at::kLong);
-    HeadPass p = run_chunks(x2, weight, target, tp, chunk, /*with_grads=*/true);
+    HeadPass p = run_chunks(x2, weight, target, tp, chunk, static_cast<CrossEntropyRows>(rows), /*with_grads=*/true);
     ctx->save_for_backward({x, weight});  // the parameter itself, as dtk::linear (ZeRO-3)
     ctx->saved_data["target"] = target;
     ctx->saved_data["max"] = p.max;
@@ -155,6 +223,7 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
     ctx->saved_data["gw"] = p.gw;
     ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["rows"] = rows;
     return p.loss.view(labels.sizes());
   }
 
@@ -180,49 +249,35 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
       const at::Tensor target = ctx->saved_data["target"].toTensor();
       const at::Tensor max = ctx->saved_data["max"].toTensor(), sum = ctx->saved_data["sum"].toTensor();
       const int64_t vocab = weight.size(0), start = ctx->saved_data["tp_rank"].toInt() * vocab;
-      const int64_t chunk = chunk_rows(rows.numel(), vocab, ctx->saved_data["chunk"].toInt());
+      const int64_t chunk = chunk_rows(rows.numel(), vocab, ctx->saved_data["chunk"].toInt(), weight.device().is_cpu());
       for (int64_t r0 = 0; r0 < rows.numel(); r0 += chunk) {
         const at::Tensor idx = rows.narrow(0, r0, std::min(chunk, rows.numel() - r0));
         const at::Tensor xr = x2.index_select(0, idx);
         at::Tensor d = at::empty({idx.numel(), vocab}, g.options());
         logits_into(d, xr, weight);
         // D from the saved global max and sum, with the forward's kernels.
-        const at::Tensor m = max.index_select(0, idx), s = sum.index_select(0, idx);
         const at::Tensor col = local_columns(target.index_select(0, idx), start, vocab);
-        at::Tensor local_sum = at::empty_like(s);
-        float* dp = d.data_ptr<float>();
-        for_rows(d.size(0), [&](int64_t first, int64_t k) {
-          for (int64_t i = first; i < first + k; ++i) {
-            softmax_rows::exp_sum(dp + i * vocab, 1, vocab, vocab, m.data_ptr<float>() + i, nullptr,
-                                  local_sum.data_ptr<float>() + i, nullptr, /*write=*/true);
-            softmax_rows::normalize_minus_onehot(dp + i * vocab, 1, vocab, vocab, s.data_ptr<float>() + i,
-                                                 col.data_ptr<int64_t>() + i);
-          }
-        });
+        softmax_minus_onehot(d, max.index_select(0, idx), sum.index_select(0, idx), col,
+                             host_rows(static_cast<CrossEntropyRows>(ctx->saved_data["rows"].toInt()), d));
         d.mul_((g.index_select(0, idx) - c).unsqueeze(1));
         dtk::addmm_(gw, d.t(), xr.to(at::kFloat));
       }
     }
-    return {gx.view(x.sizes()), gw.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gx.view(x.sizes()), gw.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& labels,
-                              const TPGroup& tp, int64_t chunk_tokens) {
+                              const TPGroup& tp, int64_t chunk_tokens, CrossEntropyRows rows) {
   if (x.dim() != labels.dim() + 1 || x.sizes().slice(0, labels.dim()) != labels.sizes())
     throw Error("fused output layer: input " + shape_str(x) + " does not match labels " + shape_str(labels));
-  // The chunks' cross entropy walks the logits on the host (softmax_rows.hpp): on a GPU the output
-  // layer and Megatron's vocab-parallel cross entropy run as LibTorch ops, the logits whole, as
-  // the unfused model computes them.
-  if (!x.device().is_cpu() || !weight.device().is_cpu())
-    return vocab_parallel_cross_entropy(at::matmul(x, weight.t()), labels.to(at::kLong), tp);
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
-    return FusedLmHead::apply(x, weight, labels, tp, chunk_tokens);
+    return FusedLmHead::apply(x, weight, labels, tp, chunk_tokens, static_cast<int64_t>(rows));
   // Evaluation: the loss only, chunk by chunk.
   const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
-  return run_chunks(x2, weight, labels.reshape({-1}).to(at::kLong), tp, chunk_tokens, /*with_grads=*/false)
+  return run_chunks(x2, weight, labels.reshape({-1}).to(at::kLong), tp, chunk_tokens, rows, /*with_grads=*/false)
       .loss.view(labels.sizes());
 }
 

@@ -1,5 +1,6 @@
-// core/cuda: the CUDA runtime wrappers, the fused multi-tensor AdamW kernel against a plain CPU
-// loop, and the NCCL communicator (one rank per visible GPU, threads of this process).
+// core/cuda: the CUDA runtime wrappers, the fused multi-tensor AdamW kernel and the multi-tensor
+// sum of squares against plain CPU loops, and the NCCL communicator (one rank per visible GPU, threads of this
+// process).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -17,6 +18,7 @@
 #include "dtk/cuda/adamw.hpp"
 #include "dtk/cuda/nccl.hpp"
 #include "dtk/cuda/runtime.hpp"
+#include "dtk/cuda/squares.hpp"
 
 namespace {
 
@@ -151,6 +153,64 @@ TEST(CudaAdamW, FusedKernelEqualsCpuLoop) {
 }
 
 // One rank per visible GPU, each in a thread; the unique id travels through a map (a store).
+// The gradient norm's sum of squares: 45 tensors of three element types (launches split by type
+// and at 32 tensors, sizes around the 64K slice) against an fp64 loop on the host, and the same
+// bits on a second run (deterministic); no tensors at all gives 0.
+TEST(CudaSquares, MultiTensorSumEqualsFp64LoopAndRepeats) {
+  REQUIRE_GPU();
+  set_device(0);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  std::vector<SquaresTensor> tensors;
+  double expected = 0;
+  for (int t = 0; t < 45; ++t) {
+    const ElementType type = t < 20 ? ElementType::kFloat32 : t < 35 ? ElementType::kBFloat16 : ElementType::kFloat16;
+    const size_t n = t % 7 == 0 ? 65536 : t % 7 == 1 ? 65537 : t == 3 ? 0 : 1 + 5003 * static_cast<size_t>(t);
+    std::vector<float> x(n);
+    std::vector<uint16_t> half(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = normal(rng) * (1 + t);
+      uint32_t bits;
+      std::memcpy(&bits, &x[i], 4);
+      if (type == ElementType::kBFloat16) {  // truncate to bf16: both sides square the same value
+        bits &= 0xffff0000u;
+        std::memcpy(&x[i], &bits, 4);
+        half[i] = static_cast<uint16_t>(bits >> 16);
+      } else if (type == ElementType::kFloat16) {  // small integers: exact in fp16
+        x[i] = std::round(x[i]);
+        const int v = static_cast<int>(std::abs(x[i]));
+        uint16_t h = 0;
+        if (v != 0) {
+          int e = 0;
+          while ((v >> (e + 1)) != 0) ++e;
+          h = static_cast<uint16_t>(((e + 15) << 10) | ((static_cast<uint32_t>(v) << (10 - e)) & 0x3ffu));
+        }
+        half[i] = static_cast<uint16_t>(h | (x[i] < 0 ? 0x8000u : 0u));
+      }
+      expected += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    }
+    const bool f32 = type == ElementType::kFloat32;
+    buffers.push_back(std::make_unique<DeviceBuffer>(n * (f32 ? 4 : 2)));
+    if (n > 0) f32 ? buffers.back()->upload(x) : buffers.back()->upload(half);
+    tensors.push_back({buffers.back()->p, static_cast<int64_t>(n), type});
+  }
+  DeviceBuffer work((sum_of_squares_workspace(tensors) + 1) * sizeof(double));
+  double* base = static_cast<double*>(work.p);
+  const int64_t out = sum_of_squares_workspace(tensors);
+  sum_of_squares(tensors, base, base + out, default_stream());
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const double first = work.download<double>(static_cast<size_t>(out) + 1)[static_cast<size_t>(out)];
+  EXPECT_NEAR(first, expected, 1e-12 * expected);
+  sum_of_squares(tensors, base, base + out, default_stream());
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const double second = work.download<double>(static_cast<size_t>(out) + 1)[static_cast<size_t>(out)];
+  EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0) << first << " vs " << second;
+  sum_of_squares({}, base, base + 1, default_stream());
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  EXPECT_EQ(work.download<double>(2)[1], 0.0);
+}
+
 TEST(Nccl, CollectivesAcrossTheVisibleGpus) {
   REQUIRE_GPU();
   const int n = device_count();

@@ -47,9 +47,13 @@ TEST(Launch, TensorParallel2MatchesOneProcess) {
   const Result one = dtk_test::run(kDtk + " " + train, 240);
   const Result two = dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + tp2, 240);
   const Result four = dtk_test::run(kDtk + " launch --nproc_per_node 4 " + train + tp2, 240);
+  // The output layer's cross entropy as LibTorch ops (a GPU's path), its all-reduces between them.
+  const Result ops =
+      dtk_test::run(kDtk + " launch --nproc_per_node 2 " + train + tp2 + " --set model.cross_entropy_impl=ops", 240);
   std::printf("[ timing ] TP1 %.1f s, TP2 %.1f s, TP2xDP2 %.1f s\n", one.seconds, two.seconds, four.seconds);
   expect_same_losses(one, two);
   expect_same_losses(one, four);
+  expect_same_losses(one, ops);
   // Every first data-parallel rank reports its shard, naming the rank.
   EXPECT_NE(two.out.find("[rank 1] > number of parameters on (tensor, pipeline) model parallel rank (1, 0)"),
             std::string::npos)

@@ -253,11 +253,12 @@ TEST(GptModel, StepLossAndGradientsMatchReferenceForEveryMaskOption) {
 // The fused output layer (lm_head.hpp: gradients computed in forward, chunk by chunk) equals
 // Megatron's logits + vocab-parallel cross entropy for any incoming per-token gradient: uniform
 // (the mean), with masked tokens (its correction path), and arbitrary; at any chunk size; in
-// evaluation; tied and untied.
+// evaluation; tied and untied; with the host row passes and with the LibTorch ops a GPU runs.
 TEST(GptModel, FusedOutputLayerEqualsTheLogitsPathForAnyLossGradient) {
   for (const Shape& S : {kShapes[0], kShapes[1]}) {
-    for (const char* chunk : {"1", "5", "0"}) {
-      GPT fused(model_opts(S, S.vocab, {{"lm_head_chunk_tokens", chunk}}));
+    for (const auto& [chunk, impl] :
+         {std::pair{"1", "host"}, {"5", "host"}, {"0", "auto"}, {"1", "ops"}, {"5", "ops"}, {"0", "ops"}}) {
+      GPT fused(model_opts(S, S.vocab, {{"lm_head_chunk_tokens", chunk}, {"cross_entropy_impl", impl}}));
       GPT plain(model_opts(S, S.vocab, {{"fused_lm_head", "false"}}));
       at::Tensor text = random_text(3, S.seq + 1, S.vocab, 21);
       const TensorList in{{"tokens", text.narrow(1, 0, S.seq)}, {"labels", text.narrow(1, 1, S.seq)}};
@@ -268,7 +269,7 @@ TEST(GptModel, FusedOutputLayerEqualsTheLogitsPathForAnyLossGradient) {
       const std::pair<const char*, at::Tensor> grads[] = {
           {"uniform", at::full({3, S.seq}, 0.25)}, {"masked", masked}, {"random", at::randn({3, S.seq}, g)}};
       for (const auto& [what, grad] : grads) {
-        const std::string where = std::string(what) + " chunk " + chunk + (S.tied ? " tied" : " untied");
+        const std::string where = std::string(what) + " chunk " + chunk + " " + impl + (S.tied ? " tied" : " untied");
         fused.zero_grad(), plain.zero_grad();
         at::Tensor a = dtk::get(fused.forward(in), "loss"), b = dtk::get(plain.forward(in), "loss");
         expect_close(a, b, 1e-5, "loss " + where);

@@ -78,7 +78,8 @@ const dtk_option_spec kOptions[] = {
     opt_int("num_query_groups", "0",
             "Key/value heads for grouped-query attention (Megatron's --num-query-groups); 0 = num_attention_heads "
             "(plain multi-head attention)."),
-    opt_int("ffn_hidden_size", "0", "SwiGLU inner size; 0 = Megatron's default, 2/3 x 4 x hidden_size rounded down to 64."),
+    opt_int("ffn_hidden_size", "0",
+            "SwiGLU inner size; 0 = Megatron's default, 2/3 x 4 x hidden_size rounded down to 64."),
     opt_int("seq_length", "0", "Training sequence length; 0 = the run's train.seq_length."),
     opt_int("vocab_size", "32000", "Vocabulary size before padding (Llama's tokenizer: 32000; GPT-2 BPE: 50257)."),
     opt_int("make_vocab_size_divisible_by", "128",
@@ -97,7 +98,12 @@ const dtk_option_spec kOptions[] = {
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: the logits, then vocab-parallel cross entropy)."),
-    opt_int("lm_head_chunk_tokens", "0", "Tokens per chunk of the fused output layer; 0 = 512."),
+    opt_int("lm_head_chunk_tokens", "0",
+            "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU."),
+    opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
+             "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = LibTorch "
+             "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
+             "--cross-entropy-fusion-impl)."),
     opt_enum("recompute_activations", "none", "none|full",
              "full = recompute every layer's activations in backward (one layer per checkpoint; Megatron's "
              "--recompute-granularity full)."),

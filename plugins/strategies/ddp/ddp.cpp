@@ -77,8 +77,9 @@ class Ddp : public dtk::Strategy {
 
   double clip_and_norm(double max_norm) override {
     at::NoGradGuard no_grad;
-    // Accumulate on the gradients' device (one host sync at the end, not one per parameter).
-    at::Tensor total;
+    // Accumulate on the gradients' device (one host sync at the end, not one per parameter): one
+    // multi-tensor pass on a GPU (dtk/grad_norm.hpp).
+    std::vector<at::Tensor> counted;
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& g = masters_[i].grad();
       if (!g.defined()) continue;
@@ -87,22 +88,22 @@ class Ddp : public dtk::Strategy {
       // A tied weight (pipeline parallelism: the first stage's embedding and the last stage's
       // output weight, their gradients summed by the host) is counted on the first stage.
       if (params_[i].info.shared && pp_rank_ != 0) continue;
-      at::Tensor sq = dtk::sum_of_squares(g);
-      total = total.defined() ? total + sq : sq;
+      counted.push_back(g);
     }
     // On the parameters' device even without gradients: every rank of the group must pick the same
     // backend (NCCL for CUDA tensors, Gloo for host ones).
-    if (!total.defined())
-      total = at::zeros({}, at::TensorOptions()
-                                .dtype(at::kDouble)
-                                .device(masters_.empty() ? at::Device(at::kCPU) : masters_.front().device()));
+    at::Tensor total =
+        dtk::sum_of_squares(counted, masters_.empty() ? at::Device(at::kCPU) : masters_.front().device());
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm)) {
       const double coeff = max_norm / (norm + 1e-6);
-      if (coeff < 1.0)
+      if (coeff < 1.0) {
+        std::vector<at::Tensor> grads;
         for (auto& m : masters_)
-          if (m.grad().defined()) m.grad().mul_(coeff);
+          if (m.grad().defined()) grads.push_back(m.grad());
+        dtk::scale_all(grads, coeff);
+      }
     }
     return norm;
   }

@@ -404,8 +404,7 @@ void ZeroStrategy::reduce_gradients() {
 // the model-parallel group.
 double ZeroStrategy::clip_and_norm(double max_norm) {
   at::NoGradGuard no_grad;
-  at::Tensor total = at::zeros({}, part_grads_.options().dtype(at::kDouble));
-  auto add_squares = [&](const at::Tensor& t) { total += dtk::sum_of_squares(t); };
+  std::vector<at::Tensor> squared;  // summed in one multi-tensor pass on a GPU (dtk/grad_norm.hpp)
   // Counted once in the model: a TP-replicated parameter on TP rank 0, a tied one (pipeline
   // parallelism) on the first stage.
   auto counted = [&](const Param& p) {
@@ -414,12 +413,12 @@ double ZeroStrategy::clip_and_norm(double max_norm) {
   bool all = true;
   for (const Shard& s : shards_) all = all && counted(params_[s.param]);
   if (all) {
-    add_squares(part_grads_);  // padding is zero
+    squared.push_back(part_grads_);  // padding is zero
   } else {
     for (const Shard& s : shards_)
-      if (counted(params_[s.param])) add_squares(part_grads_.narrow(0, s.partition_offset, s.numel));
+      if (counted(params_[s.param])) squared.push_back(part_grads_.narrow(0, s.partition_offset, s.numel));
   }
-  total = total.to(at::kCPU).reshape({1});
+  at::Tensor total = dtk::sum_of_squares(squared, part_grads_.device()).to(at::kCPU).reshape({1});
   Comm::all_reduce(total, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);
   Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
   const double norm = std::sqrt(total.item<double>());

@@ -5,51 +5,13 @@
 //              dtk::strategy_api<MyStrategy>(), kOptions)
 #pragma once
 
+#include <dtk/grad_norm.hpp>
 #include <dtk/model.hpp>
 #include <dtk/optimizer.hpp>
 
-#include <ATen/Parallel.h>
-
-#include <algorithm>
 #include <vector>
 
 namespace dtk {
-
-// The sum of the squares of t's elements, accumulated in fp64, as a 0-d fp64 tensor on t's device
-// (add them up and call .item() once: one host sync). For Megatron's global gradient norm. Each
-// fp32 square is exact in fp64, so the result hardly depends on how the elements are split (ZeRO's
-// partitions vs ddp's parameters: norms equal to ~1e-15, which bf16 training needs, since a
-// clip coefficient differing in its last fp32 bit changes which way parameters round). On the
-// CPU a contiguous fp32 tensor is read once in fixed 64K-element blocks on the intra-op
-// threads (t.to(kDouble).pow(2).sum() made two fp64 copies: 170 ms for a 30M-parameter model's
-// clipping, 10x this); elsewhere fp64 copies of 1M-element slices. NaN and Inf propagate.
-inline at::Tensor sum_of_squares(const at::Tensor& t) {
-  const at::Tensor flat = t.reshape({-1});
-  const int64_t n = flat.numel();
-  if (flat.device().is_cpu() && flat.scalar_type() == at::kFloat && flat.is_contiguous()) {
-    constexpr int64_t kBlock = 1 << 16;
-    const float* x = flat.data_ptr<float>();
-    std::vector<double> partial(static_cast<size_t>((n + kBlock - 1) / kBlock), 0.0);
-    at::parallel_for(0, static_cast<int64_t>(partial.size()), 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        double acc = 0;
-        for (int64_t i = b * kBlock, end = std::min(n, i + kBlock); i < end; ++i)
-          acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-        partial[static_cast<size_t>(b)] = acc;
-      }
-    });
-    double total = 0;
-    for (double p : partial) total += p;
-    return at::scalar_tensor(total, at::kDouble);
-  }
-  at::Tensor total = at::zeros({}, flat.options().dtype(at::kDouble));
-  constexpr int64_t kSlice = 1 << 20;
-  for (int64_t i = 0; i < n; i += kSlice) {
-    const at::Tensor d = flat.narrow(0, i, std::min(kSlice, n - i)).to(at::kDouble);
-    total += d.dot(d);
-  }
-  return total;
-}
 
 // Base class of a C++ strategy plugin. Every method is [main-thread]; the hooks a strategy
 // returns from module_hooks() are called as abi.h's dtk_module_hooks documents.

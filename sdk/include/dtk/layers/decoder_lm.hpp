@@ -28,6 +28,7 @@
 
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -51,7 +52,8 @@ struct DecoderConfig {
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
   bool untie = false, fused_lm_head = true;
   bool recompute = false;  // recompute_activations=full: one layer per checkpoint (recompute.hpp)
-  int64_t lm_head_chunk_tokens = 0;  // 0 = 512
+  int64_t lm_head_chunk_tokens = 0;  // 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU
+  CrossEntropyRows cross_entropy_impl = CrossEntropyRows::kAuto;  // lm_head.hpp
   int64_t domino_chunks = 1;         // >= 2: Domino's chunked schedule (domino.hpp)
 };
 
@@ -105,6 +107,7 @@ class DecoderLM : public Model {
   // where the plugin declares them (else DecoderConfig's defaults): seq_length (0: the run's),
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
   // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
+  // cross_entropy_impl,
   // recompute_activations (full), domino_chunks. The model reads ffn_hidden_size (and
   // max_position_embeddings) itself, e.g. with option_or.
   void read_options(const BuildContext& ctx, DecoderConfig& c) const;

@@ -19,19 +19,27 @@
 // g differs (a loss mask) get their D recomputed from the saved m and s and added with weight
 // g - c. So any incoming gradient is exact, and the common one costs nothing extra.
 //
-// On the CPU only: tensors on a GPU take the unfused path (x W^T, then
-// vocab_parallel_cross_entropy), the same arithmetic in LibTorch's kernels.
+// Any device. The cross entropy's passes over a chunk run either as host row passes (CPU only:
+// each row's max, exp-sum and normalisation while it is in cache, softmax_rows.cpp) or as LibTorch
+// ops (amax, gather, exp_, sum, div_, scatter_add_: a GPU's path, and on the CPU the proof that
+// the GPU's arithmetic equals the unfused logits). On a GPU with bf16 weights the three GEMMs run
+// in bf16 and the log-softmax in fp32, chunk by chunk (llm.c's fused classifier, Liger's fused
+// linear cross entropy); a chunk is about 1 GiB of fp32 logits there, 512 tokens on the CPU.
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
 
 namespace dtk::layers {
 
+// How a chunk's cross entropy runs: kAuto is kHost on the CPU and kOps elsewhere; kHost on a GPU
+// tensor is an error.
+enum class CrossEntropyRows : int64_t { kAuto = 0, kHost = 1, kOps = 2 };
+
 // Per-token loss [...] (fp32) of logits = x weight^T against `labels` [...] (global ids), weight
 // this rank's [V / tp, h] vocabulary rows. `x` must already be in the TP region
-// (copy_to_tp_region): its gradient here is this rank's partial sum. chunk_tokens <= 0: 512.
-// Backward runs once (no retain_graph).
+// (copy_to_tp_region): its gradient here is this rank's partial sum. chunk_tokens <= 0: 512 on
+// the CPU, about 1 GiB of fp32 logits elsewhere. Backward runs once (no retain_graph).
 at::Tensor fused_lm_head_loss(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& labels,
-                              const TPGroup& tp, int64_t chunk_tokens);
+                              const TPGroup& tp, int64_t chunk_tokens, CrossEntropyRows rows = CrossEntropyRows::kAuto);
 
 }  // namespace dtk::layers

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "dtk/data/gpt_dataset.hpp"
@@ -69,21 +71,110 @@ TEST(GptIndices, HandComputedSampleIdx) {
   EXPECT_EQ(s, (std::vector<int64_t>{0, 0, 0, 3, 1, 2, 2, 2}));
 }
 
-TEST(GptIndices, ShuffleIsSeededAndPortable) {
-  ShuffleRng a(7), b(7), c(8);
-  std::vector<int> x(100), y(100), z(100);
-  for (int i = 0; i < 100; ++i) x[i] = y[i] = z[i] = i;
-  a.shuffle(x.data(), x.size());
-  b.shuffle(y.data(), y.size());
-  c.shuffle(z.data(), z.size());
-  EXPECT_EQ(x, y);
-  EXPECT_NE(x, z);
-  // Pin the first values so a change of algorithm (or of std::mt19937_64) is noticed.
-  ShuffleRng r(1234);
-  std::vector<uint64_t> first;
-  for (int i = 0; i < 4; ++i) first.push_back(r.below(1000));
-  std::mt19937_64 ref(1234);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i], ref() % 1000);  // no rejection at these draws
+// The reference lines of fixtures/megatron_order.txt (made by tools/fixtures/megatron_order.py
+// with numpy; see there): "KEY: v v v ..." after a header line.
+std::vector<int64_t> numbers(const std::string& line) {
+  std::vector<int64_t> v;
+  std::istringstream in(line.substr(line.find(':') + 1));
+  for (int64_t x; in >> x;) v.push_back(x);
+  return v;
+}
+
+std::vector<std::string> fixture_lines() {
+  std::ifstream in(std::string(DTK_DATA_FIXTURES_DIR) + "/megatron_order.txt");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  EXPECT_GT(lines.size(), 5u) << "fixtures/megatron_order.txt is missing or empty";
+  return lines;
+}
+
+// key=value of a fixture header line.
+int64_t field(const std::string& header, const std::string& key) {
+  const size_t at = header.find(" " + key + "=");
+  EXPECT_NE(at, std::string::npos) << key << " in " << header;
+  return std::stoll(header.substr(at + key.size() + 2));
+}
+
+// numpy.random.RandomState(seed).shuffle(numpy.arange(n)), as numpy computed it.
+TEST(GptIndices, ShuffleEqualsNumpyRandomState) {
+  int checked = 0;
+  for (const std::string& line : fixture_lines()) {
+    if (line.rfind("shuffle ", 0) != 0) continue;
+    std::istringstream head(line.substr(8));
+    uint64_t seed = 0;
+    size_t n = 0;
+    head >> seed >> n;
+    std::vector<int64_t> a(n);
+    for (size_t i = 0; i < n; ++i) a[i] = static_cast<int64_t>(i);
+    NumpyRandomState(seed).shuffle(a.data(), a.size());
+    EXPECT_EQ(a, numbers(line)) << line.substr(0, line.find(':'));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+}
+
+// random_interval's masks: 64-bit draws (high word first) above 2^32 - 1, 32-bit ones below; numpy
+// seeds MT19937 as std::mt19937 does, and refuses seeds outside [0, 2^32).
+TEST(GptIndices, NumpyIntervalAndSeedRange) {
+  NumpyRandomState a(5), b(5);
+  std::mt19937 ref(5);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(a.next32(), ref());
+  const uint64_t big = (uint64_t{1} << 40) + 12345;  // mask 2^41 - 1
+  for (int i = 0; i < 50; ++i) {
+    uint64_t want;
+    do {
+      const uint64_t high = b.next32();
+      want = ((high << 32) | b.next32()) & ((uint64_t{1} << 41) - 1);
+    } while (want > big);
+    EXPECT_EQ(a.interval(big), want);
+  }
+  EXPECT_EQ(a.interval(0), 0u);
+  NumpyRandomState top(4294967295u);
+  try {
+    NumpyRandomState bad(uint64_t{1} << 32);
+    ADD_FAILURE() << "seed 2^32 accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("seed 4294967296 is outside [0, 4294967295]"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Megatron-core's document, sample and shuffle indices for one epoch, a separate last epoch, a
+// last epoch shuffled with the others, and 25 epochs, as the numpy reference computed them.
+TEST(GptIndices, EqualMegatronsForTheSameDocumentsSplitAndSeed) {
+  TempDir dir;
+  int checked = 0;
+  const std::vector<std::string> lines = fixture_lines();
+  for (size_t l = 0; l + 3 < lines.size(); ++l) {
+    const std::string& h = lines[l];
+    if (h.rfind("indices ", 0) != 0) continue;
+    const int64_t docs = field(h, "docs");
+    IndexedDatasetBuilder b(bin_path(dir / ("m" + std::to_string(l))), DType::kInt32);
+    for (int64_t d = 0; d < docs; ++d) {  // the fixture's sizes: (d * 37) % 23 + 1
+      std::vector<int64_t> doc;
+      for (int64_t t = 0; t < (d * 37) % 23 + 1; ++t) doc.push_back(d * 1000 + t);
+      b.add_document(doc);
+    }
+    b.finalize(idx_path(dir / ("m" + std::to_string(l))));
+    auto data = std::make_shared<const IndexedDataset>(dir / ("m" + std::to_string(l)));
+    GptDatasetOptions o;
+    o.seq_length = field(h, "seq_length");
+    o.num_samples = field(h, "num_samples");
+    o.seed = static_cast<uint64_t>(field(h, "seed"));
+    o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+    GPTDataset ds(data, static_cast<size_t>(field(h, "first")), static_cast<size_t>(field(h, "end")), o);
+    EXPECT_EQ(ds.num_epochs(), field(h, "epochs")) << h;
+    auto all = [](const NpyArray& a) {
+      std::vector<int64_t> v(a.size());
+      for (size_t i = 0; i < a.size(); ++i) v[i] = a[i];
+      return v;
+    };
+    EXPECT_EQ(all(ds.doc_idx()), numbers(lines[l + 1])) << h;
+    EXPECT_EQ(all(ds.sample_idx()), numbers(lines[l + 2])) << h;
+    EXPECT_EQ(all(ds.shuffle_idx()), numbers(lines[l + 3])) << h;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 // An independent, deliberately naive reimplementation of Megatron's algorithm: concatenate
@@ -109,17 +200,19 @@ TEST(GptIndices, MatchesNaiveReimplementation) {
         const int64_t total = (epochs * tokens - 1) / seq_len;
         ASSERT_EQ(static_cast<int64_t>(ds.size()), total);
         ASSERT_GE(total, num_samples);
-        // Document index: own Fisher-Yates over mt19937_64 with rejection sampling.
-        std::mt19937_64 gen(o.seed);
-        auto below = [&](uint64_t n) {
-          const uint64_t lim = UINT64_MAX - (UINT64_MAX % n + 1) % n;
-          uint64_t x;
-          do x = gen();
-          while (x > lim);
-          return x % n;
+        // Document index: numpy's legacy shuffle, written again here: MT19937, j in [0, i] by
+        // masked rejection over 32-bit draws.
+        std::mt19937 gen(static_cast<uint32_t>(o.seed));
+        auto upto = [&](uint32_t max) {
+          uint32_t mask = max;
+          for (int s = 1; s < 32; s *= 2) mask |= mask >> s;
+          uint32_t x;
+          do x = gen() & mask;
+          while (x > max);
+          return x;
         };
         auto shuffle = [&](auto* a, size_t n) {
-          for (size_t i = n; i > 1; --i) std::swap(a[i - 1], a[below(i)]);
+          for (size_t i = n; i > 1; --i) std::swap(a[i - 1], a[upto(static_cast<uint32_t>(i - 1))]);
         };
         const int64_t per_epoch = (tokens - 1) / seq_len;
         const int64_t before_last = ((epochs - 1) * tokens - 1) / seq_len;
@@ -165,7 +258,7 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   o.seed = 3;
   GPTDataset a(data, 0, 45, o);
   EXPECT_FALSE(a.loaded_from_cache());
-  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_dtk1_d0-45_doc_idx.npy");
+  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_dtk2_d0-45_doc_idx.npy");
   for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::file_exists(a.cache_file(w)));
   GPTDataset b(data, 0, 45, o);
   EXPECT_TRUE(b.loaded_from_cache());
@@ -181,11 +274,32 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   GPTDataset d(data, 45, 50, o);
   // In a shared cache dir the name also carries a hash of the full prefix (one basename, two corpora).
   const std::string f = d.cache_file("shuffle_idx");
-  EXPECT_EQ(f.rfind(dir / "c_valid_indexmap_100ns_16sl_3s_dtk1_d45-50_", 0), 0u) << f;
+  EXPECT_EQ(f.rfind(dir / "c_valid_indexmap_100ns_16sl_3s_dtk2_d45-50_", 0), 0u) << f;
   EXPECT_EQ(f.size(),
-            (dir / "c_valid_indexmap_100ns_16sl_3s_dtk1_d45-50_").size() + 8 + std::string("_shuffle_idx.npy").size())
+            (dir / "c_valid_indexmap_100ns_16sl_3s_dtk2_d45-50_").size() + 8 + std::string("_shuffle_idx.npy").size())
       << f;
   EXPECT_THROW(d.get(d.size()), DataError);
+}
+
+// A cache_dir that does not exist yet is created (nested too), as Megatron creates its
+// --data-cache-path; one that cannot be created is one clear error.
+TEST(GptDataset, CacheDirIsCreated) {
+  TempDir dir;
+  auto data = make_data(dir / "c", 20, 5, 30, 4);
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.num_samples = 30;
+  o.cache_dir = dir / "new/cache";
+  GPTDataset a(data, 0, 20, o);
+  EXPECT_TRUE(std::ifstream(a.cache_file("shuffle_idx")).good()) << a.cache_file("shuffle_idx");
+  std::ofstream(dir / "file") << "x";
+  o.cache_dir = dir / "file/cache";
+  try {
+    GPTDataset b(data, 0, 20, o);
+    ADD_FAILURE() << "a cache_dir under a file was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create the index cache directory"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GptDataset, WaitOnlyWaitsForTheBuilder) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -61,14 +62,25 @@ std::array<size_t, 4> split_boundaries(const std::string& split, size_t size) {
 
 // ------------------------------------------------------------------ index construction
 
-uint64_t ShuffleRng::below(uint64_t n) {
-  const uint64_t max = std::numeric_limits<uint64_t>::max();
-  const uint64_t limit = max - (max % n + 1) % n;  // largest multiple of n, minus 1
-  uint64_t x;
-  do {
-    x = gen_();
-  } while (x > limit);
-  return x % n;
+NumpyRandomState::NumpyRandomState(uint64_t seed) : gen_(static_cast<uint32_t>(seed)) {
+  if (seed > std::numeric_limits<uint32_t>::max())
+    throw DataError("seed " + std::to_string(seed) +
+                    " is outside [0, 4294967295], the range of numpy's RandomState that Megatron's sample order uses");
+}
+
+uint64_t NumpyRandomState::interval(uint64_t max) {
+  if (max == 0) return 0;
+  uint64_t mask = max;
+  for (int shift = 1; shift <= 32; shift *= 2) mask |= mask >> shift;  // smallest 2^k - 1 >= max
+  uint64_t value;
+  if (max <= std::numeric_limits<uint32_t>::max()) {
+    do value = next32() & mask;
+    while (value > max);
+  } else {
+    do value = next64() & mask;
+    while (value > max);
+  }
+  return value;
 }
 
 int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples) {
@@ -88,7 +100,7 @@ bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t n
   return from_last < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
 }
 
-std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, NumpyRandomState* rng,
                                    bool separate_last_epoch) {
   if (!separate_last_epoch || num_epochs == 1) {
     std::vector<int32_t> idx;
@@ -136,7 +148,7 @@ std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const s
   return out;
 }
 
-std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, ShuffleRng* rng) {
+std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, NumpyRandomState* rng) {
   std::vector<int64_t> idx(static_cast<size_t>(total_size));
   for (int64_t i = 0; i < total_size; ++i) idx[static_cast<size_t>(i)] = i;
   rng->shuffle(idx.data(), static_cast<size_t>(num_samples));
@@ -201,6 +213,12 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
   if (try_load(&why)) return;
   if (options_.cache_mode == Mode::kBuild) {
     build();
+    if (!options_.cache_dir.empty()) {  // as Megatron's os.makedirs(path_to_cache, exist_ok=True)
+      std::error_code ec;
+      std::filesystem::create_directories(options_.cache_dir, ec);
+      if (ec)
+        throw DataError("cannot create the index cache directory '" + options_.cache_dir + "': " + ec.message());
+    }
     doc_idx_.save(cache_file("doc_idx"));
     sample_idx_.save(cache_file("sample_idx"));
     shuffle_idx_.save(cache_file("shuffle_idx"));
@@ -223,12 +241,12 @@ std::string GPTDataset::cache_file(const std::string& which) const {
   const std::string& prefix = data_->prefix();
   std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + basename(prefix);
   std::ostringstream os;
-  // Megatron's name, plus what Megatron's leaves out: a "dtk1" tag (DTK shuffles with its own
-  // portable RNG, so neither tool may adopt the other's files), the document range (two split
-  // strings give two ranges), and, in a shared cache_dir, a hash of the full prefix (two corpora
-  // with one basename).
+  // Megatron's legacy name, plus what it leaves out: a "dtk2" tag (the layout is DTK's; 2: the
+  // order is numpy's RandomState, Megatron's, where dtk1 files hold DTK's earlier order and are
+  // never read), the document range (two split strings give two ranges), and, in a shared
+  // cache_dir, a hash of the full prefix (two corpora with one basename).
   os << base << "_" << options_.name << "_indexmap_" << options_.num_samples << "ns_" << options_.seq_length << "sl_"
-     << options_.seed << "s_dtk1_d" << doc_begin_ << "-" << doc_end_;
+     << options_.seed << "s_dtk2_d" << doc_begin_ << "-" << doc_end_;
   if (!options_.cache_dir.empty()) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the prefix as given
     for (unsigned char c : prefix) h = (h ^ c) * 1099511628211ull;
@@ -245,7 +263,7 @@ void GPTDataset::build() {
   documents.reserve(doc_end_ - doc_begin_);
   for (size_t d = doc_begin_; d < doc_end_; ++d) documents.push_back(static_cast<int32_t>(d));
   const bool separate = separate_last_epoch(tokens_per_epoch_, options_.seq_length, options_.num_samples, num_epochs_);
-  ShuffleRng rng(options_.seed);
+  NumpyRandomState rng(options_.seed);
   std::vector<int32_t> doc_idx = build_doc_idx(documents, num_epochs_, &rng, separate);
   const std::vector<int32_t> sizes = data_->sequence_lengths();
   std::vector<int64_t> sample_idx =

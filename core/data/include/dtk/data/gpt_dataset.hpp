@@ -2,13 +2,13 @@
 // document / sample / shuffle indices (megatron/data/gpt_dataset.py + helpers.cpp), their
 // on-disk cache, and the weighted BlendedDataset with Megatron's greedy blending.
 //
-// What is Megatron's and what is not:
-//  * Split parsing, number of epochs, separate last epoch (< 80% of an epoch), the sample
-//    index (seq_length+1 tokens per sample, consecutive samples share one token), the
-//    blending algorithm and the ceil(w * N * 1.005) per-dataset sample counts are Megatron's.
-//  * The shuffles are NOT numpy.random.RandomState's: they are Fisher-Yates driven by
-//    std::mt19937_64(seed) with unbiased rejection sampling (see ShuffleRng), which is
-//    portable across standard libraries. Same seed => same order, on every machine.
+// All of it is Megatron's, element for element (megatron/core/datasets/gpt_dataset.py, and the
+// legacy megatron/data/gpt_dataset.py DeepSpeed-Domino ships, whose orders are the same): split
+// parsing, number of epochs, separate last epoch (< 80% of an epoch), the sample index
+// (seq_length+1 tokens per sample, consecutive samples share one token), the blending algorithm
+// and the ceil(w * N * 1.005) per-dataset sample counts, and the shuffles, which are numpy's
+// legacy numpy.random.RandomState(seed).shuffle (NumpyRandomState below), drawn in Megatron's
+// order: the document index (its epochs, then a separate last epoch), then the shuffle index.
 #pragma once
 
 #include <array>
@@ -27,23 +27,33 @@ namespace dtk::data {
 // document boundaries [0, b1, b2, size]. Throws DataError for unparsable/negative/zero weights.
 std::array<size_t, 4> split_boundaries(const std::string& split, size_t num_documents);
 
-// Deterministic, portable shuffling.
-class ShuffleRng {
+// numpy's legacy numpy.random.RandomState(seed), the part Megatron's indices use: MT19937 seeded
+// from an integer as numpy seeds it (mt19937_seed: Matsumoto and Nishimura's init_genrand, which
+// is std::mt19937's seeding too), and RandomState.shuffle of a 1-D array: for i = n-1 down to 1,
+// swap a[i] with a[j], j = random_interval(i) (a uniform integer in [0, i] by masked rejection:
+// the smallest all-ones mask >= i over 32-bit draws, or over 64-bit draws, high word first, when
+// i >= 2^32). The same seed gives the same permutation as numpy, on every machine.
+class NumpyRandomState {
  public:
-  explicit ShuffleRng(uint64_t seed) : gen_(seed) {}
-  // Uniform integer in [0, n), n >= 1, by rejection (no modulo bias).
-  uint64_t below(uint64_t n);
-  // Fisher-Yates: for i = n-1 .. 1, swap(a[i], a[below(i+1)]).
+  // seed in [0, 2^32 - 1], numpy's range; anything else throws DataError.
+  explicit NumpyRandomState(uint64_t seed);
+  uint32_t next32() { return static_cast<uint32_t>(gen_()); }
+  uint64_t next64() {
+    const uint64_t high = next32();
+    return (high << 32) | next32();
+  }
+  // numpy's random_interval(max): uniform in [0, max].
+  uint64_t interval(uint64_t max);
   template <typename T>
   void shuffle(T* a, size_t n) {
     for (size_t i = n; i > 1; --i) {
-      const size_t j = static_cast<size_t>(below(i));
+      const size_t j = static_cast<size_t>(interval(i - 1));
       std::swap(a[i - 1], a[j]);
     }
   }
 
  private:
-  std::mt19937_64 gen_;
+  std::mt19937 gen_;
 };
 
 // Megatron's _num_epochs: smallest E with (E * tokens_per_epoch - 1) / seq_length >= samples.
@@ -52,14 +62,14 @@ int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_sam
 bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs);
 // _build_doc_idx: documents repeated num_epochs times and shuffled (all epochs together, or
 // the first E-1 together and the last one separately).
-std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, ShuffleRng* rng,
+std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, NumpyRandomState* rng,
                                    bool separate_last_epoch);
 // helpers.cpp build_sample_idx: rows of (position in doc_idx, token offset), flattened,
 // (num_samples + 1) rows where num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length.
 std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
                                       int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch);
 // _build_shuffle_idx: [0, num_samples) shuffled, then [num_samples, total_size) shuffled.
-std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, ShuffleRng* rng);
+std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, NumpyRandomState* rng);
 
 // A source of fixed-length token samples (what a dataset plugin hands out).
 class TokenDataset {

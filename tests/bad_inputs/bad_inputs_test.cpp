@@ -207,6 +207,41 @@ TEST(BadInputs, AFailedPreprocessLeavesNoPartialDataset) {
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
 }
 
+// Data whose bytes are not what its index describes never trains (issue 39): a .bin a byte or a
+// token longer than its .idx, another corpus's .idx over this .bin. (An index of float values is
+// refused by the GPT dataset: tests/data, GptDataset.FloatDataIsNotTokens.)
+TEST(BadInputs, DataWhoseBytesDoNotMatchItsIndexIsRefused) {
+  const std::string dir = tmp_dir("data-mismatch");
+  std::ofstream(dir + "/a.jsonl") << "{\"text\": \"one two three four five six seven eight nine ten\"}\n"
+                                  << "{\"text\": \"the quick brown fox jumps over the lazy dog again\"}\n";
+  std::ofstream(dir + "/b.jsonl") << "{\"text\": \"a b\"}\n{\"text\": \"c d e f g h\"}\n";
+  for (const char* name : {"a", "b"})
+    ASSERT_EQ(run_dtk(std::string("preprocess --input ") + dir + "/" + name + ".jsonl --output_prefix " + dir + "/" +
+                          name + " --vocab_file " + DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR +
+                          "/vocab.bpe --append_eod --workers 1",
+                      60)
+                  .code,
+              0);
+  const std::string a = dir + "/a_text_document", b = dir + "/b_text_document";
+  auto train_on = [&](const std::string& prefix) {
+    return run_dtk(std::string("train --config ") + DTK_SOURCE_DIR +
+                       "/configs/gpt-tiny.pbtxt --threads 1 --set train.seq_length=8 --set train.train_iters=2 --set lr.lr_warmup_iters=1 "
+                       "--set eval.eval_iters=0 --set dataset.split=1,0,0 --data_path " + prefix,
+                   60);
+  };
+  const std::string bin = [&] {
+    std::ifstream in(a + ".bin", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  std::ofstream(a + ".bin", std::ios::binary | std::ios::app) << "x";  // one byte more
+  expect_clean_error(train_on(a), "data file '" + a + ".bin' is " + std::to_string(bin.size() + 1) + " bytes but its index");
+  std::ofstream(a + ".bin", std::ios::binary | std::ios::app) << "y";  // one uint16 token more
+  expect_clean_error(train_on(a), "bytes but its index '" + a + ".idx' describes " + std::to_string(bin.size()));
+  std::ofstream(a + ".bin", std::ios::binary | std::ios::trunc) << bin;
+  fs::copy_file(b + ".idx", a + ".idx", fs::copy_options::overwrite_existing);  // b's index over a's tokens
+  expect_clean_error(train_on(a), "data file '" + a + ".bin'");
+}
+
 }  // namespace
 
 namespace {

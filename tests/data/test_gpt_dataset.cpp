@@ -283,6 +283,30 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
 
 // A cache_dir that does not exist yet is created (nested too), as Megatron creates its
 // --data-cache-path; one that cannot be created is one clear error.
+// Token ids are integers: an index whose dtype is float32 or float64 is refused, naming the file.
+TEST(GptDataset, FloatDataIsNotTokens) {
+  TempDir dir;
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    const std::string prefix = dir / dtype_name(dt);
+    IndexedDatasetBuilder b(bin_path(prefix), dt);
+    b.add_document({1, 2, 3, 4, 5, 6, 7, 8, 9});
+    b.finalize(idx_path(prefix));
+    auto data = std::make_shared<const IndexedDataset>(prefix);
+    GptDatasetOptions o;
+    o.seq_length = 4;
+    o.num_samples = 1;
+    o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+    try {
+      GPTDataset ds(data, 0, 1, o);
+      ADD_FAILURE() << dtype_name(dt) << " data accepted as tokens";
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(idx_path(prefix) + "' holds " + dtype_name(dt) + " values"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(GptDataset, CacheDirIsCreated) {
   TempDir dir;
   auto data = make_data(dir / "c", 20, 5, 30, 4);

@@ -166,6 +166,15 @@ TEST(IndexedDataset, CorruptFilesGiveOneLineErrorsNamingTheFile) {
   bad[25] = static_cast<char>(0x7f);
   expect_error("huge", bad, bin, "sizes do not add up");
   expect_error("binshort", idx, bin.substr(0, bin.size() - 2), "truncated or corrupt");
+  // A .bin longer than its .idx describes (a byte, a token), or sequences that do not lie back to
+  // back: another corpus's index, or a cut or extended file.
+  expect_error("binbyte", idx, bin + "x", "is 11 bytes but its index");
+  expect_error("bintoken", idx, bin + "xy", "is 12 bytes but its index");
+  EXPECT_NE(error_of(dir / "bintoken").find("describes 10 (2 sequences of uint16)"), std::string::npos)
+      << error_of(dir / "bintoken");
+  bad = idx;
+  bad[34 + 2 * 4 + 8] = 4;  // sequence 1's pointer: byte 4, inside sequence 0 (which ends at 6)
+  expect_error("overlap", bad, bin, "sequence 1 starts at byte 4, not at byte 6");
   bad = idx;
   bad[34 + 2 * 12] = 1;  // document index [0] := 1
   expect_error("docidx", bad, bin, "document index entry 0");

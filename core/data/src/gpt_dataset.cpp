@@ -178,6 +178,13 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
                        const GptDatasetOptions& options)
     : data_(std::move(data)), doc_begin_(doc_begin), doc_end_(doc_end), options_(options) {
   const std::string& prefix = data_->prefix();
+  // Token ids are integers: a float dataset's bit patterns are not ids (Megatron's GPT dataset
+  // would also read them as garbage).
+  if (data_->dtype() == DType::kFloat32 || data_->dtype() == DType::kFloat64) {
+    throw DataError("'" + idx_path(prefix) + "' holds " + dtype_name(data_->dtype()) + " values (dtype code " +
+                    std::to_string(static_cast<int>(data_->dtype())) +
+                    "), which cannot be token ids: a GPT dataset needs an integer dtype (1-5 or 8)");
+  }
   if (options_.seq_length < 1 || options_.seq_length > (1 << 30)) {
     throw DataError("'" + prefix + "': invalid seq_length " + std::to_string(options_.seq_length));
   }

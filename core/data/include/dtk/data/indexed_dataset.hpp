@@ -81,6 +81,7 @@ class IndexedDataset {
   std::vector<int64_t> get(size_t i) const;
 
  private:
+  void check_bin_matches_index(const std::string& bin_file, const std::string& idx_file) const;
   std::string prefix_;
   MappedFile idx_;
   MappedFile bin_;

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "dtk/data/error.hpp"
@@ -121,6 +122,23 @@ TEST(Preprocess, BadLinesAreErrorsOrCountedSkips) {
   o.inputs = {dir / "bad.txt"};
   o.vocab_file = "";
   EXPECT_NE(error_of(o).find("--vocab_file"), std::string::npos);
+}
+
+// An empty corpus (no lines, or only documents without text) is one error and writes nothing:
+// its dataset could not train.
+TEST(Preprocess, AnEmptyCorpusIsAnErrorAndWritesNothing) {
+  test::TempDir dir;
+  test::write_file(dir / "empty.jsonl", "");
+  test::write_file(dir / "blank.jsonl", "{\"text\": \"\"}\n{\"text\": \"\"}\n");
+  for (const char* name : {"empty.jsonl", "blank.jsonl"}) {
+    PreprocessOptions o = options(dir);
+    o.inputs = {dir / name};
+    o.output_prefix = dir / "out";
+    const std::string err = error_of(o);
+    EXPECT_NE(err.find("the input holds no tokens"), std::string::npos) << name << ": " << err;
+    EXPECT_FALSE(std::ifstream(dir / "out_text_document.bin").good()) << name;
+    EXPECT_FALSE(std::ifstream(dir / "out_text_document.idx").good()) << name;
+  }
 }
 
 }  // namespace

@@ -254,6 +254,14 @@ class Writer {
 
   // Writes the .idx files and moves every output into place; the run's totals.
   PreprocessStats finish() {
+    // An empty corpus would make a dataset that fails only when training starts ("too small for
+    // one sample"), far from its cause: refuse it here, writing nothing.
+    if (stats_.tokens == 0) {
+      std::string skipped;
+      if (stats_.bad_lines > 0) skipped = ", " + std::to_string(stats_.bad_lines) + " bad lines skipped";
+      throw DataError("the input holds no tokens (" + std::to_string(stats_.documents) + " documents with text" +
+                      skipped + "): nothing to write, an empty dataset cannot train");
+    }
     for (size_t key = 0; key < builders_.size(); ++key) {
       temporaries_.push_back(idx_path(stats_.output_prefixes[key]) + suffix_);
       builders_[key]->finalize(temporaries_.back());

@@ -130,6 +130,10 @@ void print_help(int argc, char** argv) {
 // gflags exits on an unknown flag with its own message; check first so the user gets the
 // usual one-line error and a suggestion.
 void check_flags(int argc, char** argv) {
+  // A second --config or --megatron_args would replace the first without a word: the run would
+  // not be the one asked for.
+  std::map<std::string, std::string> once = {{"config", ""}, {"megatron_args", ""}};
+  std::map<std::string, bool> seen;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::vector<std::string> names;
@@ -153,6 +157,10 @@ void check_flags(int argc, char** argv) {
       } else {
         throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
       }
+      if (once.count(name) && seen[name])
+        throw dtk::host::HostError("--" + name + " given twice ('" + once[name] + "' and '" + value +
+                                   "'): a run reads one; merge them, or change single values with --set");
+      if (once.count(name)) once[name] = value, seen[name] = true;
       if (info.type == "string") continue;
       char* end = nullptr;
       errno = 0;

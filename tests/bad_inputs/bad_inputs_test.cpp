@@ -293,6 +293,7 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   const std::vector<Case> cases = {
       {"train --config " + dir + "/adir", "config '" + dir + "/adir': not a regular file"},
       {kTrain + "--config", "--config needs a value (string)"},
+      {kTrain + "--config " + dir + "/dup.pbtxt", "--config given twice ('"},
       {kTrain + "--threads -1", "config: train.threads must be >= 0"},
       {kTrain + "--set train.loss_scale=1e300", "train.loss_scale must be at most 2^64"},
       {kTrain + "--set lr.lr_decay_iters=-2", "lr.lr_decay_iters must be >= 0"},

@@ -170,6 +170,10 @@ void check_flags(int argc, char** argv) {
           throw dtk::host::HostError("--" + name + " expects a finite number, got '" + value + "'");
         continue;
       }
+      // gflags reads "-1" as an unsigned flag's value with its own "illegal value" line.
+      if ((info.type == "uint32" || info.type == "uint64") && value.find('-') != std::string::npos)
+        throw dtk::host::HostError("--" + name + " expects a non-negative integer (" + info.type + "), got '" +
+                                   value + "'");
       const long long v = std::strtoll(value.c_str(), &end, 10);
       const bool fits = info.type == "int32" ? v >= INT32_MIN && v <= INT32_MAX : true;
       if (value.empty() || *end != '\0' || errno == ERANGE || !fits)

@@ -294,6 +294,7 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"train --config " + dir + "/adir", "config '" + dir + "/adir': not a regular file"},
       {kTrain + "--config", "--config needs a value (string)"},
       {kTrain + "--config " + dir + "/dup.pbtxt", "--config given twice ('"},
+      {"generate --seed -1", "--seed expects a non-negative integer (uint64), got '-1'"},
       {kTrain + "--threads -1", "config: train.threads must be >= 0"},
       {kTrain + "--set train.loss_scale=1e300", "train.loss_scale must be at most 2^64"},
       {kTrain + "--set lr.lr_decay_iters=-2", "lr.lr_decay_iters must be >= 0"},

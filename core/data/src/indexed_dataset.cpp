@@ -154,9 +154,18 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     throw corrupt("last document index entry is " + std::to_string(prev) + " but there are " + std::to_string(s) +
                   " sequences");
   }
-  // Every sequence must lie inside the .bin file, aligned to the item size.
+  check_bin_matches_index(bin_file, idx_file);
+}
+
+// Every sequence must lie inside the .bin, and (as Megatron writes them: its index writer's
+// pointers are the running sum of the sizes) back to back from byte 0, so the .bin holds exactly
+// what the .idx describes. A .bin with bytes to spare, or sequences that overlap or leave gaps,
+// is another corpus's index over this data (or one of them was cut or extended): its tokens would
+// be read from the wrong places without a word. One pass over the index.
+void IndexedDataset::check_bin_matches_index(const std::string& bin_file, const std::string& idx_file) const {
   const uint64_t item = dtype_size(dtype_);
   const uint64_t bin_size = bin_.size();
+  uint64_t expected = 0;  // where the next sequence starts
   for (size_t i = 0; i < num_sequences_; ++i) {
     const int64_t len = sequence_length(i);
     const int64_t ptr = sequence_pointer(i);
@@ -168,30 +177,18 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
          << "), truncated or corrupt";
       throw DataError(os.str());
     }
-  }
-  check_bin_matches_index(bin_file, idx_file);
-}
-
-// Megatron writes the sequences back to back from byte 0 (its index writer's pointers are the
-// running sum of the sizes), so the .bin holds exactly what the .idx describes. A .bin with bytes
-// to spare, or sequences that overlap or leave gaps, is another corpus's index over this data (or
-// one of them was cut or extended): its tokens would be read from the wrong places without a word.
-void IndexedDataset::check_bin_matches_index(const std::string& bin_file, const std::string& idx_file) const {
-  const uint64_t item = dtype_size(dtype_);
-  uint64_t expected = 0;
-  for (size_t i = 0; i < num_sequences_; ++i) {
-    if (static_cast<uint64_t>(sequence_pointer(i)) != expected) {
+    if (static_cast<uint64_t>(ptr) != expected) {
       std::ostringstream os;
       os << "data file '" << bin_file << "' does not match index '" << idx_file << "': sequence " << i
-         << " starts at byte " << sequence_pointer(i) << ", not at byte " << expected
+         << " starts at byte " << ptr << ", not at byte " << expected
          << " where the sequences before it end (Megatron writes them back to back)";
       throw DataError(os.str());
     }
-    expected += static_cast<uint64_t>(sequence_length(i)) * item;
+    expected += static_cast<uint64_t>(len) * item;
   }
-  if (bin_.size() != expected) {
+  if (bin_size != expected) {
     std::ostringstream os;
-    os << "data file '" << bin_file << "' is " << bin_.size() << " bytes but its index '" << idx_file << "' describes "
+    os << "data file '" << bin_file << "' is " << bin_size << " bytes but its index '" << idx_file << "' describes "
        << expected << " (" << num_sequences_ << " sequences of " << dtype_name(dtype_)
        << "): the two files are not one dataset, or one was cut or extended";
     throw DataError(os.str());

@@ -98,12 +98,8 @@ const dtk_option_spec kOptions[] = {
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: the logits, then vocab-parallel cross entropy)."),
-    opt_int("lm_head_chunk_tokens", "0",
-            "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU."),
-    opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
-             "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = LibTorch "
-             "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
-             "--cross-entropy-fusion-impl)."),
+    dtk::layers::kLmHeadChunkTokensOption,
+    dtk::layers::kCrossEntropyImplOption,
     opt_enum("recompute_activations", "none", "none|full",
              "full = recompute every layer's activations in backward (one layer per checkpoint; Megatron's "
              "--recompute-granularity full)."),

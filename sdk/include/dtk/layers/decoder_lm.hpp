@@ -57,6 +57,17 @@ struct DecoderConfig {
   int64_t domino_chunks = 1;         // >= 2: Domino's chunked schedule (domino.hpp)
 };
 
+// The fused output layer's options, declared alike by every decoder LM (put them in the plugin's
+// option table; read_options reads them by these names).
+inline constexpr dtk_option_spec kLmHeadChunkTokensOption = opt_int(
+    "lm_head_chunk_tokens", "0",
+    "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU.");
+inline constexpr dtk_option_spec kCrossEntropyImplOption =
+    opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
+             "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = LibTorch "
+             "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
+             "--cross-entropy-fusion-impl).");
+
 // One transformer layer of a decoder LM: [b, s, h] -> [b, s, h].
 class DecoderLayer {
  public:

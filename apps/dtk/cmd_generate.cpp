@@ -14,8 +14,9 @@
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/export/generate.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/tokenizer.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "tokenizer_flags.hpp"
 
 DEFINE_string(load, "", "generate: the checkpoint (a save directory: its tracker's iteration; or one iter_NNNNNNN).");
 DEFINE_string(prompt, "", "generate: the text to continue.");
@@ -26,14 +27,11 @@ DEFINE_int32(top_k, 0, "generate: sample among the k most likely tokens (0 = all
 DEFINE_double(top_p, 1.0, "generate: sample among the most likely tokens holding this much probability (1 = all).");
 DEFINE_uint64(seed, 1234, "generate: the sampling seed (same seed, same text).");
 DEFINE_int32(batch_size, 8, "generate: prompts per batch with --prompts_file.");
-DECLARE_string(vocab_file);
-DECLARE_string(merge_file);
 
 namespace {
 
 using dtk::host::HostError;
 
-constexpr int64_t kEndOfText = 50256;  // GPT-2's <|endoftext|>
 
 std::vector<std::string> read_prompts() {
   if (!FLAGS_prompt.empty() && !FLAGS_prompts_file.empty())
@@ -54,8 +52,6 @@ std::vector<std::string> read_prompts() {
 // The sampling flags, checked before anything is read.
 void check_generate_flags() {
   if (FLAGS_load.empty()) throw HostError("generate: --load DIR (a checkpoint) is required");
-  if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
-    throw HostError("generate: --vocab_file encoder.json and --merge_file vocab.bpe (the GPT-2 BPE) are required");
   if (FLAGS_max_new_tokens < 1) throw HostError("generate: --max_new_tokens must be >= 1");
   if (!(FLAGS_temperature >= 0)) throw HostError("generate: --temperature must be >= 0");
   if (FLAGS_top_k < 0) throw HostError("generate: --top_k must be >= 0");
@@ -83,7 +79,7 @@ dtk::config::RunConfig generation_config(const std::string& iter_dir, int* tp) {
 
 // The flags' sampling, never choosing a vocabulary padding row nor an id the tokenizer cannot spell.
 dtk::core::SamplingOptions sampling_options(const dtk::config::RunConfig& cfg,
-                                            const dtk::data::Gpt2Tokenizer& tokenizer) {
+                                            const dtk::text::Tokenizer& tokenizer) {
   dtk::core::SamplingOptions o;
   o.temperature = FLAGS_temperature;
   o.top_k = FLAGS_top_k;
@@ -93,7 +89,7 @@ dtk::core::SamplingOptions sampling_options(const dtk::config::RunConfig& cfg,
   const int64_t spelled = static_cast<int64_t>(tokenizer.vocab_size());
   auto vocab = cfg.model().options().find("vocab_size");
   o.vocab_size = std::min<int64_t>(vocab != cfg.model().options().end() ? std::stoll(vocab->second) : spelled, spelled);
-  o.eos = kEndOfText < o.vocab_size ? kEndOfText : -1;
+  o.eos = tokenizer.eod() < o.vocab_size ? tokenizer.eod() : -1;
   return o;
 }
 
@@ -121,7 +117,7 @@ void print_generate_header(int64_t iteration, int tp) {
 // How one batch of prompts is continued and shown.
 struct GenerateRun {
   const dtk_model_ref* model;
-  const dtk::data::Gpt2Tokenizer& tokenizer;
+  const dtk::text::Tokenizer& tokenizer;
   const std::vector<std::string>& prompts;
   const dtk::core::SamplingOptions& options;
   int64_t max_positions;
@@ -131,10 +127,12 @@ struct GenerateRun {
 // Prompts [first, first + n) in one batch. One prompt streams: its text, then each token's text
 // as it is chosen. A batch prints each prompt with its continuation when the batch is done.
 void generate_batch(const GenerateRun& run, size_t first, size_t n) {
+  const int32_t eod = run.tokenizer.eod();
   std::vector<std::vector<int64_t>> ids(n);
   for (size_t i = 0; i < n; ++i) {
-    for (int32_t t : run.tokenizer.encode(run.prompts[first + i])) ids[i].push_back(t);
-    if (ids[i].empty()) ids[i].push_back(kEndOfText);  // no token (whitespace only): a document start
+    for (int32_t t : run.tokenizer.tokenize(run.prompts[first + i])) ids[i].push_back(t);
+    if (ids[i].empty() && eod >= 0) ids[i].push_back(eod);  // no token (whitespace only): a document start
+    if (ids[i].empty()) throw HostError("generate: prompt " + std::to_string(first + i + 1) + " has no token");
   }
   size_t longest = 0;
   for (const auto& p : ids) longest = std::max(longest, p.size());
@@ -143,13 +141,19 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     std::fputs(run.prompts[first].c_str(), stdout);
     std::fflush(stdout);
   }
-  // GPT-2's BPE is byte-level: each token's bytes stand alone (a multi-byte character may span
-  // tokens; its bytes come out as they arrive and the terminal joins them).
+  // Streaming prints what decoding all the new tokens adds to what was printed: a token's text
+  // can depend on its neighbours (SentencePiece spells a word's leading space), and a multi-byte
+  // character may span tokens (its bytes come out as they arrive and the terminal joins them).
+  std::vector<int32_t> streamed;
+  size_t printed = 0;
   auto on_token = [&](size_t, int64_t id) {
-    if (!run.stream || !run.printer || id == kEndOfText) return;
-    const std::string bytes = run.tokenizer.decode(&id, 1);
-    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    if (!run.stream || !run.printer || id == eod) return;
+    streamed.push_back(static_cast<int32_t>(id));
+    const std::string text = run.tokenizer.decode(streamed);
+    if (text.size() <= printed) return;
+    std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
     std::fflush(stdout);
+    printed = text.size();
   };
   const auto out = dtk::core::generate(run.model, ids, run.options, run.max_positions, on_token);
   if (!run.printer) return;
@@ -158,13 +162,23 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; ++i) {
-    std::vector<int64_t> text_ids;
+    std::vector<int32_t> text_ids;
     for (int64_t id : out[i])
-      if (id != kEndOfText) text_ids.push_back(id);
+      if (id != eod) text_ids.push_back(static_cast<int32_t>(id));
     std::printf("=== prompt %zu\n%s%s\n", first + i + 1, run.prompts[first + i].c_str(),
-                run.tokenizer.decode(text_ids.data(), text_ids.size()).c_str());
+                run.tokenizer.decode(text_ids).c_str());
   }
   std::fflush(stdout);
+}
+
+// The flags' tokenizer, else the one the checkpoint was trained with.
+std::unique_ptr<dtk::text::Tokenizer> generation_tokenizer(const dtk::config::RunConfig& cfg, const std::string& iter_dir) {
+  if (tokenizer_flags_given()) return load_tokenizer(tokenizer_spec_from_flags());
+  if (!names_tokenizer(cfg.tokenizer()))
+    throw HostError("generate: " + iter_dir +
+                    " records no tokenizer: give --vocab_file and --merge_file, or --tokenizer_type and "
+                    "--tokenizer_model");
+  return load_tokenizer(tokenizer_spec_of(cfg.tokenizer()));
 }
 
 }  // namespace
@@ -172,12 +186,13 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
 int run_generate(dtk::host::PluginHost& plugins) {
   check_generate_flags();
   const std::vector<std::string> prompts = read_prompts();
-  const dtk::data::Gpt2Tokenizer tokenizer(FLAGS_vocab_file, FLAGS_merge_file);
 
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
   int tp = 1;
   const dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  const auto tokenizer_ptr = generation_tokenizer(cfg, iter_dir);
+  const dtk::text::Tokenizer& tokenizer = *tokenizer_ptr;
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 

@@ -1,9 +1,9 @@
 // `dtk preprocess` — Megatron-LM's tools/preprocess_data.py in C++ (see docs/data.md).
 //
 //   dtk preprocess --input corpus.jsonl[,more.jsonl|book.txt] --output_prefix data/my
-//       --vocab_file encoder.json --merge_file vocab.bpe [--json_keys text] [--append_eod]
-//       [--workers N] [--skip_bad_lines]
-//   dtk preprocess --decode --input data/my_text_document --vocab_file ... --merge_file ... [A:B]
+//       (--vocab_file encoder.json --merge_file vocab.bpe | --tokenizer_type T --tokenizer_model F)
+//       [--json_keys text] [--append_eod] [--workers N] [--skip_bad_lines]
+//   dtk preprocess --decode --input data/my_text_document <the same tokenizer flags> [A:B]
 #include "cmd_preprocess.hpp"
 
 #include <dtk/plugin.hpp>  // one_line
@@ -16,16 +16,15 @@
 #include <vector>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/preprocess.hpp"
+#include "dtk/text/preprocess.hpp"
+#include "tokenizer_flags.hpp"
 
 DEFINE_string(input, "",
               "preprocess: input files, comma-separated; *.jsonl/*.json = one JSON document per line, "
               "anything else = plain text, one document per file. With --decode: the dataset prefix.");
 DEFINE_string(output_prefix, "", "preprocess: output prefix; writes PREFIX_{key}_document.{bin,idx}.");
 DEFINE_string(json_keys, "text", "preprocess: comma-separated JSON keys to extract (one output per key).");
-DEFINE_string(vocab_file, "", "preprocess, export hf: GPT-2 vocabulary (encoder.json / vocab.json).");
-DEFINE_string(merge_file, "", "preprocess, export hf: GPT-2 BPE merges (vocab.bpe / merges.txt).");
-DEFINE_bool(append_eod, false, "preprocess: append <|endoftext|> to every non-empty document.");
+DEFINE_bool(append_eod, false, "preprocess: append the tokenizer's end-of-document token to every non-empty document.");
 DEFINE_int32(workers, 0, "preprocess: encoder threads (0 = all cores).");
 DEFINE_bool(decode, false, "preprocess: print the text of a preprocessed dataset (--input PREFIX [A:B]).");
 DEFINE_bool(skip_bad_lines, false,
@@ -66,10 +65,11 @@ int64_t parse_index(const std::string& s, const std::string& whole) {
 int run_preprocess(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
-    if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
+    if (!tokenizer_flags_given())
       throw dtk::data::DataError(
-          "--vocab_file and --merge_file are required (GPT-2's encoder.json and vocab.bpe; tools/setup.sh --vocab "
-          "puts them in data/gpt2)");
+          "no tokenizer: give --vocab_file and --merge_file (GPT-2's encoder.json and vocab.bpe; tools/setup.sh "
+          "--vocab puts them in data/gpt2) or --tokenizer_type and --tokenizer_model");
+    const auto tokenizer = dtk::text::make_tokenizer(tokenizer_spec_from_flags());
     if (FLAGS_decode) {
       if (FLAGS_input.empty()) throw dtk::data::DataError("--decode needs --input PREFIX");
       if (args.size() > 1) throw dtk::data::DataError("unexpected argument '" + args[1] + "'");
@@ -89,22 +89,21 @@ int run_preprocess(int argc, char** argv) {
       for (const char* ext : {".idx", ".bin"}) {
         if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, ext) == 0) prefix.resize(prefix.size() - 4);
       }
-      dtk::data::decode_documents(prefix, FLAGS_vocab_file, FLAGS_merge_file, begin, end, std::cout);
+      dtk::text::decode_documents(prefix, *tokenizer, begin, end, std::cout);
       return 0;
     }
     if (!args.empty()) throw dtk::data::DataError("unexpected argument '" + args[0] + "'");
-    dtk::data::PreprocessOptions o;
+    dtk::text::PreprocessOptions o;
     o.inputs = split_comma(FLAGS_input);
     o.output_prefix = FLAGS_output_prefix;
     o.json_keys = split_comma(FLAGS_json_keys);
-    o.vocab_file = FLAGS_vocab_file;
-    o.merge_file = FLAGS_merge_file;
+    o.tokenizer = tokenizer.get();
     o.append_eod = FLAGS_append_eod;
     o.workers = FLAGS_workers;
     o.skip_bad_lines = FLAGS_skip_bad_lines;
     o.log_interval_mb = FLAGS_log_interval_mb;
     o.log = &std::cerr;
-    dtk::data::preprocess(o);
+    dtk::text::preprocess(o);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtk: error: preprocess: %s\n", dtk::one_line(e.what()).c_str());

@@ -7,8 +7,8 @@
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/config/megatron_args.hpp"
 #include "dtk/data/error.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/host/error.hpp"
+#include "tokenizer_flags.hpp"
 
 using dtk::host::HostError;
 
@@ -35,41 +35,47 @@ long long int_option(const dtk::config::PluginChoice& slot, const std::string& n
   return v;
 }
 
+// The step masks and resets at Megatron's tokenizer.eod: causal_lm's eod_token is the
+// tokenizer's (its default 50256 is GPT-2's). A different explicit value is refused.
+void apply_end_of_document(dtk::config::RunConfig& cfg, int32_t eod, const std::string& which) {
+  if (eod < 0 || cfg.step().name() != "causal_lm") return;
+  auto& options = *cfg.mutable_step()->mutable_options();
+  auto it = options.find("eod_token");
+  if (it != options.end() && it->second != std::to_string(eod))
+    throw HostError("config: step.eod_token " + it->second + " is not the end-of-document token " +
+                    std::to_string(eod) + " of " + which + ": drop step.eod_token");
+  options["eod_token"] = std::to_string(eod);
+}
+
 }  // namespace
 
 void apply_tokenizer_files(dtk::config::RunConfig& cfg) {
   auto& tk = *cfg.mutable_tokenizer();
-  if (tk.vocab_file().empty() && tk.merge_file().empty()) {
+  if (!names_tokenizer(tk)) {
     if (tk.vocab_size() != 0)
-      throw HostError("config: tokenizer.vocab_size is derived from tokenizer.vocab_file, which is not set");
+      throw HostError("config: tokenizer.vocab_size is derived from the tokenizer, which is not set");
     return;
   }
-  if (tk.vocab_file().empty() || tk.merge_file().empty())
-    throw HostError(std::string("config: tokenizer.") + (tk.vocab_file().empty() ? "merge_file" : "vocab_file") +
-                    " is set but tokenizer." + (tk.vocab_file().empty() ? "vocab_file" : "merge_file") +
-                    " is not (GPT-2 BPE needs both: --vocab-file and --merge-file)");
-  long long n = 0;
-  try {
-    n = static_cast<long long>(dtk::data::Gpt2Tokenizer(tk.vocab_file(), tk.merge_file()).vocab_size());
-  } catch (const dtk::data::DataError& e) {
-    throw HostError("tokenizer: " + std::string(e.what()));
-  }
-  // A config written by `dtk config` carries the derived size: it must still be the file's.
+  const auto tokenizer = load_tokenizer(tokenizer_spec_of(tk));
+  const long long n = tokenizer->vocab_size();
+  const std::string which = tokenizer->type() + (tokenizer->files().empty() ? "" : " " + tokenizer->files()[0]);
+  // A config written by `dtk config` carries the derived size: it must still be the tokenizer's.
   if (tk.vocab_size() != 0 && tk.vocab_size() != n)
     throw HostError("config: tokenizer.vocab_size " + std::to_string(tk.vocab_size()) + " is not the " +
-                    std::to_string(n) + " tokens of " + tk.vocab_file() + " (it is derived from the file)");
+                    std::to_string(n) + " tokens of " + which + " (it is derived from the tokenizer)");
   tk.set_vocab_size(n);
   // Megatron builds the embedding from the tokenizer's size (padded); a different explicit size
   // would train a model the tokenizer cannot use.
   const long long model_vocab = int_option(cfg.model(), "vocab_size", "model.vocab_size");
   if (model_vocab >= 0 && model_vocab != n)
     throw HostError("config: model.vocab_size " + std::to_string(model_vocab) + " differs from the tokenizer's " +
-                    std::to_string(n) + " tokens (" + tk.vocab_file() +
+                    std::to_string(n) + " tokens (" + which +
                     "); Megatron derives the size from the tokenizer: drop model.vocab_size");
   (*cfg.mutable_model()->mutable_options())["vocab_size"] = std::to_string(n);
   const long long data_vocab = int_option(cfg.dataset(), "vocab_size", "dataset.vocab_size");
   if (data_vocab > n)
     throw HostError("config: dataset.vocab_size " + std::to_string(data_vocab) + " is larger than the tokenizer's " +
-                    std::to_string(n) + " tokens (" + tk.vocab_file() +
+                    std::to_string(n) + " tokens (" + which +
                     "): the data holds ids this tokenizer cannot produce (another tokenizer's data?)");
+  apply_end_of_document(cfg, tokenizer->eod(), which);
 }

@@ -13,7 +13,8 @@
 std::vector<std::string> apply_megatron_args(dtk::config::RunConfig& cfg, const std::string& megatron_args,
                                              bool with_megatron_defaults);
 
-// With tokenizer.vocab_file: reads the tokenizer, fills tokenizer.vocab_size and derives
-// model.vocab_size from it (an explicit, different model.vocab_size or a dataset vocab_size above
-// it is refused). Throws HostError with one line.
+// With a tokenizer named (tokenizer.type / model_file / vocab_file): loads it, fills
+// tokenizer.vocab_size and derives model.vocab_size from it (an explicit, different
+// model.vocab_size or a dataset vocab_size above it is refused) and causal_lm's eod_token.
+// Throws HostError with one line.
 void apply_tokenizer_files(dtk::config::RunConfig& cfg);

@@ -7,15 +7,16 @@
 #include <random>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/jsonl.hpp"
+#include "dtk/text/jsonl.hpp"
 #include "dtk/data/npy.hpp"
 #include "dtk/data/utf8.hpp"
 #include "test_util.hpp"
 
 namespace dtk::data {
 namespace {
+using namespace ::dtk::text;  // the text tier: tokenizers, jsonl, preprocess
 
 std::string mutate(std::string s, std::mt19937_64& g) {
   const int kind = static_cast<int>(g() % 6);

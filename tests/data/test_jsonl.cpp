@@ -1,4 +1,4 @@
-// The JSON of jsonl lines (dtk::data::JsonlLineParser, simdjson): what `dtk preprocess` accepts,
+// The JSON of jsonl lines (dtk::text::JsonlLineParser, simdjson): what `dtk preprocess` accepts,
 // what it extracts, and the one-line error of every kind of bad line.
 #include <gtest/gtest.h>
 
@@ -6,10 +6,11 @@
 #include <vector>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/jsonl.hpp"
+#include "dtk/text/jsonl.hpp"
 
 namespace dtk::data {
 namespace {
+using namespace ::dtk::text;  // the text tier: tokenizers, jsonl, preprocess
 
 using Values = std::vector<std::vector<std::string_view>>;
 

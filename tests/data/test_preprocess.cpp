@@ -4,18 +4,23 @@
 #include <sstream>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/preprocess.hpp"
+#include "dtk/text/preprocess.hpp"
 #include "test_util.hpp"
 
 namespace dtk::data {
 namespace {
+using namespace ::dtk::text;  // the text tier: tokenizers, jsonl, preprocess
+
+const Tokenizer& gpt2() {
+  static const auto tokenizer = make_tokenizer({"GPT2BPETokenizer", "", test::encoder_json(), test::vocab_bpe(), 0});
+  return *tokenizer;
+}
 
 PreprocessOptions options(const test::TempDir& dir) {
   PreprocessOptions o;
-  o.vocab_file = test::encoder_json();
-  o.merge_file = test::vocab_bpe();
+  o.tokenizer = &gpt2();
   o.output_prefix = dir / "out";
   return o;
 }
@@ -50,7 +55,7 @@ TEST(Preprocess, TextFileMatchesReferenceIdsWithChunkedParallelEncoding) {
   EXPECT_EQ(ids.back(), 50256);
   for (size_t i = 0; i + 1 < ids.size(); ++i) ASSERT_EQ(ids[i], want[i]) << "token " << i;
   std::ostringstream text;
-  decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 0, -1, text);
+  decode_documents(dir / "out_text_document", gpt2(), 0, -1, text);
   EXPECT_EQ(text.str(), test::read_file(o.inputs[0]) + "<|endoftext|>");
 }
 
@@ -81,9 +86,9 @@ TEST(Preprocess, JsonlLikeMegatron) {
   EXPECT_EQ(title.num_documents(), 3u);
   EXPECT_EQ(title.num_sequences(), 3u);
   std::ostringstream decoded;
-  decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 3, decoded);
+  decode_documents(dir / "out_text_document", gpt2(), 2, 3, decoded);
   EXPECT_EQ(decoded.str(), "One.Two.<|endoftext|>");
-  EXPECT_THROW(decode_documents(dir / "out_text_document", o.vocab_file, o.merge_file, 2, 9, decoded), DataError);
+  EXPECT_THROW(decode_documents(dir / "out_text_document", gpt2(), 2, 9, decoded), DataError);
 }
 
 TEST(Preprocess, BadLinesAreErrorsOrCountedSkips) {
@@ -120,8 +125,8 @@ TEST(Preprocess, BadLinesAreErrorsOrCountedSkips) {
   EXPECT_NE(error_of(o).find("needs 'text'"), std::string::npos);
   o = options(dir);
   o.inputs = {dir / "bad.txt"};
-  o.vocab_file = "";
-  EXPECT_NE(error_of(o).find("--vocab_file"), std::string::npos);
+  o.tokenizer = nullptr;
+  EXPECT_NE(error_of(o).find("no tokenizer"), std::string::npos);
 }
 
 // An empty corpus (no lines, or only documents without text) is one error and writes nothing:

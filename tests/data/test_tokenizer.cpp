@@ -3,12 +3,13 @@
 #include <sstream>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/gpt2_tokenizer.hpp"
 #include "dtk/data/utf8.hpp"
 #include "test_util.hpp"
 
 namespace dtk::data {
 namespace {
+using namespace ::dtk::text;  // the text tier: tokenizers, jsonl, preprocess
 
 const Gpt2Tokenizer& tok() {
   static Gpt2Tokenizer* tok = new Gpt2Tokenizer(test::encoder_json(), test::vocab_bpe());

@@ -140,7 +140,7 @@ TEST(Cli, PreprocessBlendTrainDecode) {
   EXPECT_NE(d.out.find("Document 0 of corpus a: the quick brown fox"), std::string::npos) << d.out;
   Result nv = run("preprocess --decode --input " + dir + "/a_text_document");
   EXPECT_EQ(nv.code, 1);
-  EXPECT_NE(nv.out.find("dtk: error: preprocess: --vocab_file and --merge_file are required"), std::string::npos)
+  EXPECT_NE(nv.out.find("dtk: error: preprocess: no tokenizer: give --vocab_file and --merge_file"), std::string::npos)
       << nv.out;
   // A prefix that does not exist is one line naming it.
   Result bad = run(kTiny + "--dataset gpt_indexed --data_path " + dir +

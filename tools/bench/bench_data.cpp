@@ -26,11 +26,12 @@
 #include <thread>
 #include <vector>
 
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/gpt2_tokenizer.hpp"
 #include "dtk/data/gpt_dataset.hpp"
 #include "dtk/data/indexed_dataset.hpp"
 
 using namespace dtk::data;
+using namespace dtk::text;
 using Clock = std::chrono::steady_clock;
 
 static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }

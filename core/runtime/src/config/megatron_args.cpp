@@ -157,7 +157,11 @@ const Rule kRules[] = {
     {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
     {"--vocab-file", 1, Kind::kSet, "tokenizer.vocab_file", "the vocabulary size is derived from it (and checked)"},
     {"--merge-file", 1, Kind::kSet, "tokenizer.merge_file", ""},
-    {"--tokenizer-type", 1, Kind::kCustom, "", "GPT2BPETokenizer: accepted; others refused"},
+    {"--tokenizer-type", 1, Kind::kSet, "tokenizer.type",
+     "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
+     "NullTokenizer"},
+    {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file", "a SentencePiece .model or a tokenizer.json"},
+    {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size", "NullTokenizer's size (its EOD is one more)"},
     {"--data-impl", 1, Kind::kIgnore, "", "Megatron's mmap .bin/.idx format is the one DTK reads"},
     {"--num-workers", 1, Kind::kIgnore, "", "DTK prefetches batches on its own loader thread"},
     {"--dataloader-type", 1, Kind::kCustom, "", "single: accepted (Megatron's pretraining sampler); cyclic: refused"},
@@ -263,8 +267,6 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.sets.push_back("dataset.data_path=" + joined(v));
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";
-  } else if (f == "--tokenizer-type") {
-    if (v[0] != "GPT2BPETokenizer") refuse("DTK's tokenizer is GPT-2 BPE (GPT2BPETokenizer)");
   } else if (f == "--dataloader-type") {
     if (v[0] != "single") refuse("DTK's sampler is Megatron's pretraining sampler (single)");
   }

@@ -1,4 +1,4 @@
-#include "dtk/data/jsonl.hpp"
+#include "dtk/text/jsonl.hpp"
 
 #include <simdjson.h>
 
@@ -8,7 +8,10 @@
 #include "dtk/data/error.hpp"
 #include "dtk/data/utf8.hpp"
 
-namespace dtk::data {
+namespace dtk::text {
+
+using data::DataError;
+using data::find_invalid_utf8;
 
 struct JsonlLineParser::Impl {
   std::vector<std::string> keys;
@@ -64,4 +67,4 @@ void JsonlLineParser::parse(std::string_view line, const std::string& where,
   }
 }
 
-}  // namespace dtk::data
+}  // namespace dtk::text

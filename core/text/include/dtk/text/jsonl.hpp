@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dtk::data {
+namespace dtk::text {
 
 // Extracts the strings of some keys from jsonl lines. One parser per thread: it reuses its
 // buffers from line to line. Strict RFC 8259 JSON in UTF-8 (numbers must fit a double or a
@@ -31,4 +31,4 @@ class JsonlLineParser {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dtk::data
+}  // namespace dtk::text

@@ -1,4 +1,4 @@
-#include "dtk/data/gpt2_tokenizer.hpp"
+#include "dtk/text/gpt2_tokenizer.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -9,69 +9,14 @@
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/utf8.hpp"
+#include "dtk/text/pre_tokenize.hpp"
 
-namespace dtk::data {
+namespace dtk::text {
+
+using data::DataError;
+using data::append_utf8;
+using data::decode_utf8;
 namespace {
-
-struct CodeRange {
-  uint32_t lo, hi;
-};
-#include "unicode_tables.inc"
-
-template <size_t N>
-bool in_ranges(const CodeRange (&table)[N], uint32_t cp) {
-  size_t lo = 0, hi = N;
-  while (lo < hi) {
-    const size_t mid = (lo + hi) / 2;
-    if (cp < table[mid].lo)
-      hi = mid;
-    else if (cp > table[mid].hi)
-      lo = mid + 1;
-    else
-      return true;
-  }
-  return false;
-}
-
-enum CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };  // kSpace = any \s
-
-CharClass classify(uint32_t cp) {
-  if (cp < 128) {
-    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return kLetter;
-    if (cp >= '0' && cp <= '9') return kNumber;
-    if (cp == ' ' || (cp >= 9 && cp <= 13)) return kSpace;
-    return kOther;
-  }
-  if (in_ranges(kLetterRanges, cp)) return kLetter;
-  if (in_ranges(kNumberRanges, cp)) return kNumber;
-  if (in_ranges(kSpaceRanges, cp)) return kSpace;
-  return kOther;
-}
-
-// Code point at byte i: its class and byte length. Throws on invalid UTF-8.
-struct Cp {
-  CharClass cls;
-  uint32_t cp;
-  size_t len;
-};
-Cp at(std::string_view s, size_t i) {
-  const uint8_t b = static_cast<uint8_t>(s[i]);
-  if (b < 0x80) return {classify(b), b, 1};
-  uint32_t cp = 0;
-  const size_t len = decode_utf8(s, i, &cp);
-  if (len == 0) throw DataError("invalid UTF-8 at byte " + std::to_string(i));
-  return {classify(cp), cp, len};
-}
-
-// End of the run of code points of class `cls` starting at byte i.
-size_t run_end(std::string_view s, size_t i, CharClass cls) {
-  while (i < s.size()) {
-    const Cp c = at(s, i);
-    if (c.cls != cls) break;
-    i += c.len;
-  }
-  return i;
-}
 
 std::string read_whole_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -82,71 +27,7 @@ std::string read_whole_file(const std::string& path) {
   return ss.str();
 }
 
-// GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to U+0100 + n.
-void bytes_to_unicode(uint32_t (&table)[256]) {
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    table[b] = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
-  }
-}
-
 }  // namespace
-
-void gpt2_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces) {
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const Cp c = at(s, i);
-    size_t end;
-    if (c.cp == '\'' && i + 1 < n) {
-      // 's|'t|'re|'ve|'m|'ll|'d (ASCII, case-sensitive)
-      const char a = s[i + 1];
-      const char b = i + 2 < n ? s[i + 2] : '\0';
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
-        pieces->push_back(s.substr(i, 2));
-        i += 2;
-        continue;
-      }
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
-        pieces->push_back(s.substr(i, 3));
-        i += 3;
-        continue;
-      }
-    }
-    if (c.cls == kSpace) {
-      if (c.cp == ' ' && i + 1 < n) {
-        // " ?\p{L}+", " ?\p{N}+", " ?[^\s\p{L}\p{N}]+" with the optional space
-        const Cp next = at(s, i + 1);
-        if (next.cls != kSpace) {
-          end = run_end(s, i + 1, next.cls);
-          pieces->push_back(s.substr(i, end - i));
-          i = end;
-          continue;
-        }
-      }
-      // \s+(?!\S) | \s+ : a whitespace run; if a non-space follows a run of >= 2 code points,
-      // the last one is left to start the next piece.
-      size_t last = i;
-      end = i;
-      size_t count = 0;
-      while (end < n) {
-        const Cp w = at(s, end);
-        if (w.cls != kSpace) break;
-        last = end;
-        end += w.len;
-        ++count;
-      }
-      if (end < n && count >= 2) end = last;
-      pieces->push_back(s.substr(i, end - i));
-      i = end;
-      continue;
-    }
-    end = run_end(s, i + c.len, c.cls);
-    pieces->push_back(s.substr(i, end - i));
-    i = end;
-  }
-}
 
 struct Gpt2Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> encoder;  // token string (UTF-8) -> id
@@ -187,8 +68,7 @@ void Gpt2Tokenizer::load_vocabulary(const std::string& vocab_file, Impl* impl) {
     m.encoder[it.key()] = static_cast<int32_t>(v);
     max_id = std::max<int64_t>(max_id, static_cast<int64_t>(v));
   }
-  uint32_t byte_char[256];
-  bytes_to_unicode(byte_char);
+  const uint32_t* byte_char = byte_level_alphabet();
   std::unordered_map<uint32_t, uint8_t> char_byte;
   for (int b = 0; b < 256; ++b) char_byte[byte_char[b]] = static_cast<uint8_t>(b);
   m.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
@@ -366,4 +246,4 @@ std::string Gpt2Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return decode(wide.data(), wide.size());
 }
 
-}  // namespace dtk::data
+}  // namespace dtk::text

@@ -1,4 +1,4 @@
-#include "dtk/data/preprocess.hpp"
+#include "dtk/text/preprocess.hpp"
 
 #include <filesystem>
 #include <unistd.h>
@@ -16,13 +16,22 @@
 #include <thread>
 
 #include "dtk/data/error.hpp"
-#include "dtk/data/gpt2_tokenizer.hpp"
 #include "dtk/data/indexed_dataset.hpp"
-#include "dtk/data/jsonl.hpp"
+#include "dtk/text/jsonl.hpp"
 #include "dtk/data/mapped_file.hpp"
 #include "dtk/data/utf8.hpp"
 
-namespace dtk::data {
+namespace dtk::text {
+
+using data::bin_path;
+using data::DataError;
+using data::DType;
+using data::find_invalid_utf8;
+using data::idx_path;
+using data::IndexedDataset;
+using data::IndexedDatasetBuilder;
+using data::MappedFile;
+using data::optimal_dtype;
 namespace {
 
 constexpr size_t kBatchLines = 4096;
@@ -39,6 +48,7 @@ struct Batch {
   size_t seq = 0;
   size_t file = 0;
   bool text = false;
+  bool start_of_file = false;
   bool end_of_file = false;
   std::vector<std::string_view> lines;  // jsonl lines
   std::vector<int64_t> line_numbers;    // 1-based
@@ -61,7 +71,7 @@ struct BatchResult {
 // A pool of encoders with ordered delivery of results to the calling thread.
 class Pipeline {
  public:
-  Pipeline(const Gpt2Tokenizer& tok, const PreprocessOptions& o, int workers) : tok_(tok), o_(o) {
+  Pipeline(const Tokenizer& tok, const PreprocessOptions& o, int workers) : tok_(tok), o_(o) {
     max_inflight_ = static_cast<size_t>(workers) * 4;
     for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
   }
@@ -123,7 +133,6 @@ class Pipeline {
   }
 
   void work() {
-    Gpt2Tokenizer::Cache cache;
     JsonlLineParser json(o_.json_keys);
     while (true) {
       Batch b;
@@ -136,7 +145,7 @@ class Pipeline {
       }
       BatchResult r;
       try {
-        process(b, &r, &cache, &json);
+        process(b, &r, &json);
       } catch (const std::exception& e) {
         r.fatal = e.what();
       }
@@ -149,10 +158,12 @@ class Pipeline {
     }
   }
 
-  void process(const Batch& b, BatchResult* r, Gpt2Tokenizer::Cache* cache, JsonlLineParser* json) {
+  void process(const Batch& b, BatchResult* r, JsonlLineParser* json) {
     const std::string& file = o_.inputs[b.file];
     if (b.text) {
-      tok_.encode(b.chunk, &r->text_ids, cache);
+      if (b.start_of_file) r->text_ids = tok_.text_prefix();
+      tok_.encode(b.chunk, &r->text_ids);
+      if (b.end_of_file) r->text_ids.insert(r->text_ids.end(), tok_.text_suffix().begin(), tok_.text_suffix().end());
       return;
     }
     r->lines.resize(b.lines.size());
@@ -168,7 +179,7 @@ class Pipeline {
           for (const std::string_view s : values[key]) {
             std::vector<int32_t> ids;
             try {
-              tok_.encode(s, &ids, cache);
+              ids = tok_.tokenize(s);
             } catch (const DataError& e) {
               throw DataError(where + ": " + e.what());
             }
@@ -183,7 +194,7 @@ class Pipeline {
     }
   }
 
-  const Gpt2Tokenizer& tok_;
+  const Tokenizer& tok_;
   const PreprocessOptions& o_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
@@ -216,7 +227,7 @@ class Writer {
  public:
   // The outputs are written under temporary names and renamed into place only when every file
   // is complete: a failed or interrupted run leaves no .bin without its .idx (or a short one).
-  Writer(const PreprocessOptions& o, const Gpt2Tokenizer& tok, DType dtype)
+  Writer(const PreprocessOptions& o, const Tokenizer& tok, DType dtype)
       : o_(o), tok_(tok), suffix_(".tmp-" + std::to_string(::getpid())) {
     for (const std::string& key : o.json_keys) {
       const std::string prefix = o.output_prefix + "_" + key + "_document";
@@ -332,7 +343,7 @@ class Writer {
   }
 
   const PreprocessOptions& o_;
-  const Gpt2Tokenizer& tok_;
+  const Tokenizer& tok_;
   const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
   std::string suffix_;                   // of the temporary names: ".tmp-PID"
@@ -344,29 +355,19 @@ class Writer {
   double next_log_ = -1;
 };
 
-// Plain text: chunks of about batch_bytes, cut before a '\n' followed by printable ASCII (a
-// boundary the GPT-2 pre-tokenizer never joins across).
-void submit_text_file(Pipeline& pipe, Writer& writer, size_t file, std::string_view data, size_t batch_bytes) {
+// Plain text: chunks of about batch_bytes, cut where the tokenizer says encoding splits.
+void submit_text_file(Pipeline& pipe, Writer& writer, const Tokenizer& tok, size_t file, std::string_view data,
+                      size_t batch_bytes) {
   size_t pos = 0;
   do {
     size_t cut = data.size();
-    if (data.size() - pos > batch_bytes) {
-      for (size_t k = pos + batch_bytes; k + 1 < data.size(); ++k) {
-        const char* nl = static_cast<const char*>(std::memchr(data.data() + k, '\n', data.size() - k - 1));
-        if (nl == nullptr) break;
-        k = static_cast<size_t>(nl - data.data());
-        const unsigned char next = static_cast<unsigned char>(data[k + 1]);
-        if (next >= 0x21 && next <= 0x7e) {
-          cut = k;
-          break;
-        }
-      }
-    }
+    if (data.size() - pos > batch_bytes) cut = std::min(cut, tok.next_cut(data, pos + batch_bytes));
     Batch b;
     b.file = file;
     b.text = true;
     b.chunk = data.substr(pos, cut - pos);
     b.bytes = cut - pos;
+    b.start_of_file = pos == 0;
     b.end_of_file = cut == data.size();
     pos = cut;
     pipe.submit(std::move(b), writer);
@@ -403,8 +404,7 @@ void submit_jsonl_file(Pipeline& pipe, Writer& writer, size_t file, std::string_
 void check_options(const PreprocessOptions& o) {
   if (o.inputs.empty()) throw DataError("no --input given");
   if (o.output_prefix.empty()) throw DataError("no --output_prefix given");
-  if (o.vocab_file.empty() || o.merge_file.empty())
-    throw DataError("--vocab_file (encoder.json) and --merge_file (vocab.bpe) are required");
+  if (o.tokenizer == nullptr) throw DataError("no tokenizer given");
   if (o.json_keys.empty()) throw DataError("--json_keys is empty");
 }
 
@@ -412,9 +412,8 @@ void check_options(const PreprocessOptions& o) {
 
 PreprocessStats preprocess(const PreprocessOptions& o) {
   check_options(o);
-  const Gpt2Tokenizer tok(o.vocab_file, o.merge_file);
-  if (o.append_eod && tok.eod() < 0)
-    throw DataError("vocab file '" + o.vocab_file + "' has no <|endoftext|> token for --append_eod");
+  const Tokenizer& tok = *o.tokenizer;
+  if (o.append_eod && tok.eod() < 0) throw DataError(tok.type() + " has no end-of-document token for --append_eod");
   Writer writer(o, tok, optimal_dtype(static_cast<int64_t>(tok.vocab_size())));
   const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<MappedFile> files(o.inputs.size());  // mapped until every batch is encoded
@@ -438,17 +437,16 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
         if (o.log) *o.log << "dtk preprocess: skipping " << msg << std::endl;
         continue;
       }
-      submit_text_file(pipe, writer, f, data, o.batch_bytes);
+      submit_text_file(pipe, writer, tok, f, data, o.batch_bytes);
     }
     pipe.finish(writer);
   }
   return writer.finish();
 }
 
-void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                      int64_t begin, int64_t end, std::ostream& out) {
+void decode_documents(const std::string& prefix, const Tokenizer& tok, int64_t begin, int64_t end,
+                      std::ostream& out) {
   const IndexedDataset ds(prefix);
-  const Gpt2Tokenizer tok(vocab_file, merge_file);
   const int64_t ndocs = static_cast<int64_t>(ds.num_documents());
   if (end < 0) end = ndocs;
   if (begin < 0 || begin > end || end > ndocs) {
@@ -456,16 +454,18 @@ void decode_documents(const std::string& prefix, const std::string& vocab_file, 
                     " is outside [0, " + std::to_string(ndocs) + "]");
   }
   std::vector<int64_t> ids;
+  std::vector<int32_t> narrow;
   for (int64_t d = begin; d < end; ++d) {
     const int64_t s0 = ds.document_index(static_cast<size_t>(d));
     const int64_t s1 = ds.document_index(static_cast<size_t>(d) + 1);
     for (int64_t s = s0; s < s1; ++s) {
       ids.clear();
       ds.get(static_cast<size_t>(s), 0, static_cast<size_t>(ds.sequence_length(static_cast<size_t>(s))), &ids);
-      out << tok.decode(ids.data(), ids.size());
+      narrow.assign(ids.begin(), ids.end());
+      out << tok.decode(narrow);
     }
   }
   out.flush();
 }
 
-}  // namespace dtk::data
+}  // namespace dtk::text

@@ -18,7 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace dtk::data {
+namespace dtk::text {
 
 // Splits `text` into pre-tokens (views into `text`) like the GPT-2 regex. Throws DataError
 // "invalid UTF-8 at byte N" on malformed input.
@@ -65,4 +65,4 @@ class Gpt2Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dtk::data
+}  // namespace dtk::text

@@ -3,13 +3,14 @@
 // Like Megatron-LM's tools/preprocess_data.py:
 //  * jsonl: one JSON object per line = one document per key (--json_keys, default "text");
 //    a value may be a string or a list of strings (one sequence each). Empty lines are skipped.
-//  * Documents whose text encodes to no token get no sequence but still an entry in the
-//    document index (as Megatron); --append_eod appends <|endoftext|> to non-empty documents.
+//  * Each text is the tokenizer's tokenize(text) (Llama2Tokenizer's starts with <s>). Documents
+//    that tokenize to no token get no sequence but still an entry in the document index (as
+//    Megatron); --append_eod appends the tokenizer's EOD to non-empty documents.
 // DTK additions:
 //  * Plain-text inputs (any other extension): the WHOLE FILE is one document of key "text".
-//    It is encoded in parallel chunks cut only where the GPT-2 pre-tokenizer always splits
-//    (before a '\n' that is followed by a printable ASCII character), so the ids are exactly
-//    those of encoding the file in one piece.
+//    It is encoded in parallel chunks cut only where the tokenizer says encoding splits
+//    (Tokenizer::next_cut), so the ids are exactly those of encoding the file in one piece;
+//    a tokenizer with no such cut (SentencePiece) encodes each file on one thread.
 //  * Parallel encoding over `workers` threads with ordered output; progress on the log stream.
 //  * A bad line (invalid JSON, invalid UTF-8, missing key) is an error naming file:line, or
 //    is skipped and counted with skip_bad_lines.
@@ -20,14 +21,15 @@
 #include <string>
 #include <vector>
 
-namespace dtk::data {
+#include "dtk/text/tokenizer.hpp"
+
+namespace dtk::text {
 
 struct PreprocessOptions {
   std::vector<std::string> inputs;
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
-  std::string vocab_file;
-  std::string merge_file;
+  const Tokenizer* tokenizer = nullptr;  // required
   bool append_eod = false;
   int workers = 1;  // <= 0: all hardware threads
   bool skip_bad_lines = false;
@@ -51,7 +53,7 @@ PreprocessStats preprocess(const PreprocessOptions& options);
 
 // Writes the text of documents [begin, end) of the dataset at `prefix` to `out`
 // (end = -1: to the last). Throws DataError.
-void decode_documents(const std::string& prefix, const std::string& vocab_file, const std::string& merge_file,
-                      int64_t begin, int64_t end, std::ostream& out);
+void decode_documents(const std::string& prefix, const Tokenizer& tokenizer, int64_t begin, int64_t end,
+                      std::ostream& out);
 
-}  // namespace dtk::data
+}  // namespace dtk::text

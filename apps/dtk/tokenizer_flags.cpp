@@ -1,0 +1,66 @@
+#include "tokenizer_flags.hpp"
+
+#include "dtk/host/error.hpp"
+
+#include <gflags/gflags.h>
+
+#include "dtk/data/error.hpp"
+
+DEFINE_string(tokenizer_type, "",
+              "preprocess, generate, export hf, train: Megatron's --tokenizer-type (GPT2BPETokenizer, "
+              "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
+              "NullTokenizer); default GPT2BPETokenizer.");
+DEFINE_string(tokenizer_model, "",
+              "preprocess, generate, export hf, train: a SentencePiece tokenizer.model, or a Hugging Face "
+              "tokenizer.json (or its folder).");
+DEFINE_string(vocab_file, "", "preprocess, generate, export hf, train: GPT-2 vocabulary (encoder.json / vocab.json).");
+DEFINE_string(merge_file, "", "preprocess, generate, export hf, train: GPT-2 BPE merges (vocab.bpe / merges.txt).");
+DEFINE_int64(vocab_size, 0, "preprocess, generate: NullTokenizer's number of ids (its EOD is this id).");
+
+using dtk::host::HostError;
+
+bool tokenizer_flags_given() {
+  return !FLAGS_tokenizer_type.empty() || !FLAGS_tokenizer_model.empty() || !FLAGS_vocab_file.empty() ||
+         !FLAGS_merge_file.empty() || FLAGS_vocab_size != 0;
+}
+
+dtk::text::TokenizerSpec tokenizer_spec_from_flags() {
+  dtk::text::TokenizerSpec s;
+  s.type = FLAGS_tokenizer_type;
+  s.model_file = FLAGS_tokenizer_model;
+  s.vocab_file = FLAGS_vocab_file;
+  s.merge_file = FLAGS_merge_file;
+  s.null_vocab_size = FLAGS_vocab_size;
+  return s;
+}
+
+dtk::text::TokenizerSpec tokenizer_spec_of(const dtk::config::TokenizerConfig& c) {
+  dtk::text::TokenizerSpec s;
+  s.type = c.type();
+  s.model_file = c.model_file();
+  s.vocab_file = c.vocab_file();
+  s.merge_file = c.merge_file();
+  s.null_vocab_size = c.null_vocab_size();
+  return s;
+}
+
+bool names_tokenizer(const dtk::config::TokenizerConfig& c) {
+  return !c.type().empty() || !c.model_file().empty() || !c.vocab_file().empty() || !c.merge_file().empty() ||
+         c.null_vocab_size() != 0;
+}
+
+void set_tokenizer_config(const dtk::text::TokenizerSpec& s, dtk::config::TokenizerConfig* c) {
+  c->set_type(s.type);
+  c->set_model_file(s.model_file);
+  c->set_vocab_file(s.vocab_file);
+  c->set_merge_file(s.merge_file);
+  c->set_null_vocab_size(s.null_vocab_size);
+}
+
+std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec) {
+  try {
+    return dtk::text::make_tokenizer(spec);
+  } catch (const dtk::data::DataError& e) {
+    throw HostError("tokenizer: " + std::string(e.what()));
+  }
+}

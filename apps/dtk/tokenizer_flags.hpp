@@ -1,0 +1,22 @@
+// The tokenizer a command works with, from its flags (Megatron's --tokenizer-type,
+// --tokenizer-model, --vocab-file, --merge-file, --vocab-size spelled with underscores) or from a
+// run configuration's `tokenizer` block. Used by preprocess, generate, export and train.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dtk/text/tokenizer.hpp"
+#include "dtk_config.pb.h"
+
+// Whether any tokenizer flag is on the command line.
+bool tokenizer_flags_given();
+dtk::text::TokenizerSpec tokenizer_spec_from_flags();
+dtk::text::TokenizerSpec tokenizer_spec_of(const dtk::config::TokenizerConfig& config);
+// Whether the configuration names a tokenizer at all.
+bool names_tokenizer(const dtk::config::TokenizerConfig& config);
+// Writes the spec into a run configuration's tokenizer block (vocab_size left as it is).
+void set_tokenizer_config(const dtk::text::TokenizerSpec& spec, dtk::config::TokenizerConfig* config);
+
+// make_tokenizer() with its DataError turned into one HostError line ("tokenizer: ...").
+std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec);

@@ -1,0 +1,29 @@
+// dtk::text — the pre-tokenizers of byte-level BPE tokenizers: the regexes that cut text into
+// pieces before BPE merges within each piece, written by hand over UTF-8 (no regex library).
+// \p{L}, \p{N} and \s come from tables generated from node's regex engine
+// (tools/gen_unicode_tables.js), so they mean what they mean to the JavaScript reference
+// encoders the tests compare against. Malformed UTF-8 throws DataError "invalid UTF-8 at byte N".
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace dtk::text {
+
+// GPT-2's:  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+void gpt2_pre_tokenize(std::string_view text, std::vector<std::string_view>* pieces);
+
+// Llama 3's (tiktoken cl100k's):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+void llama3_pre_tokenize(std::string_view text, std::vector<std::string_view>* pieces);
+
+// The regex source of each pre-tokenizer above, as tokenizer.json spells it.
+extern const char* const kGpt2PreTokenizePattern;
+extern const char* const kLlama3PreTokenizePattern;
+
+// GPT-2's bytes_to_unicode(): byte b is spelled as the code point table[b] in byte-level vocabularies.
+const uint32_t* byte_level_alphabet();
+
+}  // namespace dtk::text

@@ -1,5 +1,5 @@
-// `dtk export hf CHECKPOINT OUT_DIR --vocab_file F --merge_file F`: see cmd_export.hpp. The
-// tokenizer flags are preprocess's (defined in cmd_preprocess.cpp).
+// `dtk export hf CHECKPOINT OUT_DIR [--vocab_file F --merge_file F]` and `dtk import hf`: see
+// cmd_export.hpp. The tokenizer flags are preprocess's (defined in cmd_preprocess.cpp).
 #include "cmd_export.hpp"
 
 #include <gflags/gflags.h>
@@ -16,37 +16,78 @@
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/export/hf_gpt2.hpp"
+#include "dtk/core/export/hf_llama.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 
 DECLARE_string(vocab_file);
 DECLARE_string(merge_file);
 
+namespace {
+
+// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder (dtk/core/export/hf_llama.hpp).
+int export_llama(const std::vector<std::string>& args, const dtk::config::RunConfig& cfg, int64_t iteration,
+                 const std::string& iter_dir, const std::map<std::string, std::string>& options,
+                 const std::map<std::string, int>& dims) {
+  const dtk::core::LlamaShape shape = dtk::core::llama_shape(options, cfg.train().seq_length());
+  // The run's tokenizer as its config recorded it; --vocab_file / --merge_file name GPT-2 files
+  // for a run that did not record them.
+  dtk::core::TokenizerFiles tok{cfg.tokenizer().type(), cfg.tokenizer().model_file(), cfg.tokenizer().vocab_file(),
+                                cfg.tokenizer().merge_file()};
+  if (!FLAGS_vocab_file.empty()) tok.vocab_file = FLAGS_vocab_file;
+  if (!FLAGS_merge_file.empty()) tok.merge_file = FLAGS_merge_file;
+  const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims);
+  std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
+              "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
+              "tensors, %.1f MB; config.json%s%s\n",
+              static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(), static_cast<long long>(shape.layers),
+              static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads),
+              static_cast<long long>(shape.groups), static_cast<long long>(shape.ffn),
+              static_cast<long long>(shape.vocab), static_cast<long long>(shape.positions), shape.rope_theta,
+              shape.llama3 ? ", llama3 rope scaling" : "", report.dtype.c_str(), static_cast<long long>(report.tensors),
+              report.megabytes, report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
+  if (report.padding_rows > 0)
+    std::printf("dropped %lld vocabulary padding rows: token ids %lld and above are not in the export (vocab_size %lld)\n",
+                static_cast<long long>(report.padding_rows), static_cast<long long>(shape.vocab),
+                static_cast<long long>(shape.vocab));
+  if (report.tokenizer.empty())
+    std::printf("no tokenizer files written: the checkpoint's config names no tokenizer.model_file (nor vocab_file and "
+                "merge_file); --vocab_file and --merge_file add GPT-2's\n");
+  return 0;
+}
+
+}  // namespace
+
 int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
-  const char* usage = "usage: dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe";
+  const char* usage =
+      "usage: dtk export hf CHECKPOINT OUT_DIR [--vocab_file encoder.json --merge_file vocab.bpe] (GPT-2's files: "
+      "required for a gpt model)";
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
-  if (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty())
-    throw HostError(
-        "export hf: --vocab_file and --merge_file name the GPT-2 tokenizer files shipped with the model "
-        "(data/gpt2/encoder.json and data/gpt2/vocab.bpe after tools/setup.sh --vocab)");
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
   if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
-  if (cfg.model().name() != "gpt")
-    throw HostError("export hf: " + iter_dir + " holds a '" + cfg.model().name() +
-                    "' model; GPT2LMHeadModel export is for the gpt model plugin");
-  const dtk::host::Plugin& gpt = plugins.get(DTK_KIND_MODEL, "gpt");
+  const std::string& name = cfg.model().name();
+  if (name != "gpt" && name != "llama")
+    throw HostError("export hf: " + iter_dir + " holds a '" + name +
+                    "' model; export hf is for the gpt (GPT2LMHeadModel) and llama (LlamaForCausalLM) model plugins");
+  if (name == "gpt" && (FLAGS_vocab_file.empty() || FLAGS_merge_file.empty()))
+    throw HostError(
+        "export hf: --vocab_file and --merge_file name the GPT-2 tokenizer files shipped with the model "
+        "(data/gpt2/encoder.json and data/gpt2/vocab.bpe after tools/setup.sh --vocab)");
+  const dtk::host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, name);
   const auto resolved = dtk::host::resolve_options(
-      gpt, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end()));
+      plugin, std::map<std::string, std::string>(cfg.model().options().begin(), cfg.model().options().end()));
   const std::map<std::string, std::string> options(resolved.begin(), resolved.end());
-  const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
+  if (name == "llama") dtk::core::llama_shape(options, cfg.train().seq_length());  // refusals before any build
   // The plugin says how each parameter is split over tensor-parallel ranks (as for convert).
   const int tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
   const auto dims = dtk::core::partition_dims(build_model(plugins, cfg, 0, tp).model->parameters());
+  if (name == "llama") return export_llama(args, cfg, iteration, iter_dir, options, dims);
+  const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
   const auto report =
       dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file, dims);
   std::printf("exported iteration %lld of %s to %s: GPT2LMHeadModel, %lld layers, hidden %lld, %lld heads, vocab %lld, "
@@ -80,37 +121,31 @@ BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunCon
   return b;
 }
 
-int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
-  using dtk::host::HostError;
-  const char* usage = "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel folder -> a checkpoint)";
-  if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
-  if (args.size() != 3) throw HostError(usage);
-  const std::string& save = args[2];
-  std::error_code ec;
-  if (std::filesystem::exists(save, ec) &&
-      !(std::filesystem::is_directory(save, ec) && std::filesystem::is_empty(save, ec)))
-    throw HostError("import hf: " + save + " exists and is not an empty directory");
-  const dtk::core::HfImport imported = dtk::core::import_hf_gpt2(args[1]);
-  const dtk::core::Gpt2Shape& shape = imported.shape;
+namespace {
 
-  // The gpt model of that shape, built by its plugin: its own state (the dropout generators
-  // included) with the imported weights in it, loaded strictly, is what the checkpoint holds.
+// The model plugin `plugin` of `model_options`, built, given the imported weights (the vocabulary
+// padded as Megatron pads it) and loaded strictly; its state is the checkpoint written to `save`.
+void write_imported(dtk::host::PluginHost& plugins, const std::string& plugin_name,
+                    const std::map<std::string, std::string>& model_options, int64_t seq_length,
+                    const std::vector<std::pair<std::string, at::Tensor>>& tensors, const std::string& hf_dir,
+                    const std::string& save) {
+  using dtk::host::HostError;
   dtk::config::RunConfig cfg = dtk::core::default_config();
-  cfg.mutable_model()->set_name("gpt");
+  cfg.mutable_model()->set_name(plugin_name);
   cfg.mutable_model()->clear_options();
-  for (const auto& [key, value] : imported.model_options) (*cfg.mutable_model()->mutable_options())[key] = value;
-  cfg.mutable_train()->set_seq_length(shape.positions);
+  for (const auto& [key, value] : model_options) (*cfg.mutable_model()->mutable_options())[key] = value;
+  cfg.mutable_train()->set_seq_length(seq_length);
   cfg.mutable_train()->set_params_dtype("fp32");
-  const dtk::host::Plugin& gpt = plugins.get(DTK_KIND_MODEL, "gpt");
+  const dtk::host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, plugin_name);
   BuiltModel built = build_model(plugins, cfg, 0, 1);
   dtk::core::ModelInstance& model = *built.model;
-  std::map<std::string, at::Tensor> weights(imported.tensors.begin(), imported.tensors.end());
+  std::map<std::string, at::Tensor> weights(tensors.begin(), tensors.end());
   dtk::TensorList state;
   for (const auto& [name, current] : model.state_save()) {
     auto it = weights.find(name);
     if (it == weights.end()) {
       if (name.rfind("rng.", 0) != 0)
-        throw HostError("import hf: the gpt model has a tensor '" + name + "' the Hugging Face model lacks");
+        throw HostError("import hf: the " + plugin_name + " model has a tensor '" + name + "' the Hugging Face model lacks");
       state.emplace_back(name, current);
       continue;
     }
@@ -122,20 +157,57 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
     weights.erase(it);
   }
   if (!weights.empty())
-    throw HostError("import hf: the gpt model has no tensor '" + weights.begin()->first + "' (from " + args[1] + ")");
+    throw HostError("import hf: the " + plugin_name + " model has no tensor '" + weights.begin()->first + "' (from " +
+                    hf_dir + ")");
   model.state_load(state, /*strict=*/true);
-  const dtk_plugin_entry* e = gpt.entry;
+  const dtk_plugin_entry* e = plugin.entry;
   const std::string writer = std::string("plugin.model=") + e->name + " " + e->version + " (ABI " +
                              std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) + ")";
   dtk::core::write_weights_checkpoint(save, model.state_save(), dtk::core::to_text(cfg), {writer});
+}
+
+std::string set_flags(const std::map<std::string, std::string>& model_options) {
   std::string sets;
-  for (const auto& [key, value] : imported.model_options) sets += " --set model." + key + "=" + value;
+  for (const auto& [key, value] : model_options) sets += " --set model." + key + "=" + value;
+  return sets;
+}
+
+}  // namespace
+
+int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
+  using dtk::host::HostError;
+  const char* usage = "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel or LlamaForCausalLM folder -> a checkpoint)";
+  if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
+  if (args.size() != 3) throw HostError(usage);
+  const std::string& save = args[2];
+  std::error_code ec;
+  if (std::filesystem::exists(save, ec) &&
+      !(std::filesystem::is_directory(save, ec) && std::filesystem::is_empty(save, ec)))
+    throw HostError("import hf: " + save + " exists and is not an empty directory");
+  if (dtk::core::hf_model_type(args[1]) == "llama") {
+    const dtk::core::HfLlamaImport imported = dtk::core::import_hf_llama(args[1]);
+    const dtk::core::LlamaShape& s = imported.shape;
+    write_imported(plugins, "llama", imported.model_options, s.positions, imported.tensors, args[1], save);
+    std::printf("imported %s into %s (iteration 0): llama model, %lld layers, hidden %lld, %lld heads, %lld key/value "
+                "heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s\nfine-tune from it with:\n  dtk train "
+                "--model llama --set checkpoint.load=%s --set checkpoint.finetune=true%s ...\n",
+                args[1].c_str(), save.c_str(), static_cast<long long>(s.layers), static_cast<long long>(s.hidden),
+                static_cast<long long>(s.heads), static_cast<long long>(s.groups), static_cast<long long>(s.ffn),
+                static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
+                s.llama3 ? ", llama3 rope scaling" : "", save.c_str(), set_flags(imported.model_options).c_str());
+    return 0;
+  }
+  const dtk::core::HfImport imported = dtk::core::import_hf_gpt2(args[1]);
+  const dtk::core::Gpt2Shape& shape = imported.shape;
+  // The gpt model of that shape, built by its plugin: its own state (the dropout generators
+  // included) with the imported weights in it, loaded strictly, is what the checkpoint holds.
+  write_imported(plugins, "gpt", imported.model_options, shape.positions, imported.tensors, args[1], save);
   std::printf("imported %s into %s (iteration 0): gpt model, %lld layers, hidden %lld, %lld heads, vocab %lld, "
               "%lld positions, activation %s\nfine-tune from it with:\n  dtk train --set checkpoint.load=%s "
               "--set checkpoint.finetune=true%s ...\n",
               args[1].c_str(), save.c_str(), static_cast<long long>(shape.layers), static_cast<long long>(shape.hidden),
               static_cast<long long>(shape.heads), static_cast<long long>(shape.vocab),
               static_cast<long long>(shape.positions), shape.openai_gelu ? "gelu_new (model.openai_gelu=true)" : "gelu",
-              save.c_str(), sets.c_str());
+              save.c_str(), set_flags(imported.model_options).c_str());
   return 0;
 }

@@ -1,6 +1,7 @@
 // `dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe`: a gpt-model
-// checkpoint as a Hugging Face GPT2LMHeadModel folder; `dtk import hf HF_DIR SAVE_DIR`: the
-// reverse, a checkpoint to fine-tune from (dtk/core/export/hf_gpt2.hpp).
+// checkpoint as a Hugging Face GPT2LMHeadModel folder, a llama-model one as a LlamaForCausalLM
+// folder; `dtk import hf HF_DIR SAVE_DIR`: the reverse, a checkpoint to fine-tune from
+// (dtk/core/export/hf_gpt2.hpp, hf_llama.hpp).
 #pragma once
 
 #include <memory>

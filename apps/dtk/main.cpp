@@ -71,8 +71,10 @@ Usage:
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
                                                       another tensor- and/or pipeline-parallel size
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
-                                        a Hugging Face GPT2LMHeadModel folder (safetensors)
-  dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel folder as a checkpoint to fine-tune from
+                                        a Hugging Face GPT2LMHeadModel folder (safetensors); a llama
+                                        checkpoint: LlamaForCausalLM (tokenizer flags optional)
+  dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel or LlamaForCausalLM folder as a checkpoint
+                                        to fine-tune from
   dtk generate --load DIR --prompt TEXT | --prompts_file FILE --vocab_file encoder.json
                --merge_file vocab.bpe [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
                [--seed S] [--batch_size B]    text from a checkpoint (key/value cache; TP: under launch)

@@ -6,6 +6,7 @@
 #include <dtk/model.hpp>
 
 #include "gpt_harness.hpp"
+#include "rope_scaling.hpp"  // plugins/models/llama: plain C++, compiled into this test too
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
@@ -28,6 +29,7 @@ struct Shape {
   int64_t layers, hidden, heads, groups, ffn, seq, vocab;  // vocab = the padded size
   double rotary_percent;
   bool bias = false;  // add_bias_linear
+  std::vector<double> inv_freq = {};  // the rotary frequencies when not 1 / base^(2j/d) (rope scaling)
 };
 
 Opts llama_opts(const Shape& S) {
@@ -65,11 +67,13 @@ at::Tensor ref_rms(const at::Tensor& x, const at::Tensor& w) {
 }
 
 // x [b, s, n, d]: channel j < rot/2 pairs with j + rot/2; channels >= rot are untouched.
-at::Tensor ref_rotate(const at::Tensor& x, const at::Tensor& pos, int64_t rot) {
+at::Tensor ref_rotate(const at::Tensor& x, const at::Tensor& pos, int64_t rot, const std::vector<double>& inv_freq = {}) {
   const int64_t half = rot / 2;
   at::Tensor out = x.clone();
   for (int64_t j = 0; j < half; ++j) {
-    const double inv = 1.0 / std::pow(10000.0, 2.0 * static_cast<double>(j) / static_cast<double>(rot));
+    const double inv = inv_freq.empty()
+                           ? 1.0 / std::pow(10000.0, 2.0 * static_cast<double>(j) / static_cast<double>(rot))
+                           : inv_freq.at(static_cast<size_t>(j));
     at::Tensor angle = (pos.to(at::kDouble) * inv).unsqueeze(-1);  // [b, s, 1]
     at::Tensor c = angle.cos().to(at::kFloat), s = angle.sin().to(at::kFloat);
     at::Tensor a = x.select(-1, j), b = x.select(-1, j + half);
@@ -96,8 +100,8 @@ at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, cons
     const std::string L = "language_model.encoder.layers." + std::to_string(l) + ".";
     at::Tensor mixed =
         lin(ref_rms(h, P[L + "input_norm.weight"]), L + "self_attention.query_key_value").view({b, s, S.groups, per + 2, hd});
-    at::Tensor q = ref_rotate(mixed.narrow(3, 0, per).reshape({b, s, S.heads, hd}), pos, rot);
-    at::Tensor k = ref_rotate(mixed.select(3, per), pos, rot).index_select(2, group_of_head);
+    at::Tensor q = ref_rotate(mixed.narrow(3, 0, per).reshape({b, s, S.heads, hd}), pos, rot, S.inv_freq);
+    at::Tensor k = ref_rotate(mixed.select(3, per), pos, rot, S.inv_freq).index_select(2, group_of_head);
     at::Tensor v = mixed.select(3, per + 1).index_select(2, group_of_head);
     q = q.permute({0, 2, 1, 3}), k = k.permute({0, 2, 1, 3}), v = v.permute({0, 2, 1, 3});
     at::Tensor scores = at::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
@@ -484,5 +488,107 @@ TEST(LlamaDomino, BadChunkCountsAreRefusedNamingTheOption) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("llama: domino_chunks (3) exceeds the micro-batch size (2)"), std::string::npos)
         << e.what();
+  }
+}
+
+// Llama 3.1's rope scaling from the published formula (Meta's llama3, Hugging Face's
+// _compute_llama3_parameters), computed here in double with plain loops. Returns the scaled
+// frequencies of a head of `dim` rotary channels and counts which branch each one took.
+static std::vector<double> llama3_formula(int64_t dim, double base, double factor, double low, double high, double original,
+                                   int branches[3]) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double f = 1.0 / std::pow(base, 2.0 * static_cast<double>(i) / static_cast<double>(dim));
+    const double wavelen = 2.0 * M_PI / f, low_wl = original / low, high_wl = original / high;
+    if (wavelen < high_wl) {
+      out.push_back(f), ++branches[0];
+    } else if (wavelen > low_wl) {
+      out.push_back(f / factor), ++branches[2];
+    } else {
+      const double smooth = (original / wavelen - low) / (high - low);
+      out.push_back((1 - smooth) * f / factor + smooth * f), ++branches[1];
+    }
+  }
+  return out;
+}
+
+TEST(LlamaRopeScaling, FrequenciesFollowTheLlama3Formula) {
+  // Llama 3.1 8B's settings (head dim 128, base 500000) and a tiny head whose four frequencies
+  // fall one kept, one kept, one blended and one divided.
+  struct Case {
+    int64_t dim;
+    double base, factor, low, high;
+    int64_t original;
+  };
+  for (const Case& c : {Case{128, 500000.0, 8, 1, 4, 8192}, Case{8, 10000.0, 8, 1, 4, 1000}, Case{8, 10000.0, 2.5, 2, 3, 1500}}) {
+    int branches[3] = {0, 0, 0};
+    const std::vector<double> want =
+        llama3_formula(c.dim, c.base, c.factor, c.low, c.high, static_cast<double>(c.original), branches);
+    EXPECT_GT(branches[0], 0) << c.dim;
+    EXPECT_GT(branches[1], 0) << c.dim;
+    EXPECT_GT(branches[2], 0) << c.dim;
+    std::vector<float> unscaled;
+    for (int64_t i = 0; i < c.dim / 2; ++i)
+      unscaled.push_back(static_cast<float>(1.0 / std::pow(c.base, 2.0 * static_cast<double>(i) / static_cast<double>(c.dim))));
+    dtk::llama::RopeScaling s;
+    s.llama3 = true, s.factor = c.factor, s.low_freq_factor = c.low, s.high_freq_factor = c.high;
+    s.original_max_positions = c.original;
+    EXPECT_EQ(dtk::llama::rope_scaling_problem(s), "");
+    const std::vector<float> got = dtk::llama::llama3_inv_freq(unscaled, s);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)  // fp32 frequencies: within a float's rounding
+      EXPECT_NEAR(got[i], want[i], 2e-7 * want[i]) << "frequency " << i << " of head dim " << c.dim;
+  }
+}
+
+TEST(LlamaRopeScaling, ModelRotatesWithTheScaledFrequencies) {
+  Shape S = kShapes[1];  // head dim 8: frequencies 1, 0.1, 0.01, 0.001
+  Opts opts = llama_opts(S);
+  opts["rope_scaling"] = "llama3";
+  opts["rope_original_max_positions"] = "1000";  // wavelengths 6.3, 63 kept; 628 blended; 6283 divided
+  int branches[3] = {0, 0, 0};
+  S.inv_freq = llama3_formula(8, 10000.0, 8, 1, 4, 1000, branches);
+  ASSERT_EQ(branches[1], 1);
+  GPT scaled(opts, {}, plugins().llama);
+  auto P = scaled.param_map();
+  at::NoGradGuard ng;
+  const at::Tensor tokens = random_ids(2, S.seq, S.vocab, 5);
+  for (int64_t start : {0, 3000}) {
+    const at::Tensor pos = at::arange(start, start + S.seq, at::kLong).repeat({2, 1});
+    expect_close(dtk::get(scaled.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits"),
+                 ref_logits(P, S, tokens, pos), 1e-5, "llama3 rope scaling, positions from " + std::to_string(start));
+  }
+  // rope_scaling=none is the model as it was: the same logits bit for bit as without the option,
+  // and those of the unscaled reference; the scaled model's differ.
+  opts["rope_scaling"] = "none";
+  GPT plain(opts, {}, plugins().llama);
+  GPT before(llama_opts(S), {}, plugins().llama);
+  const at::Tensor pos = at::arange(3000, 3000 + S.seq, at::kLong).repeat({2, 1});
+  const at::Tensor a = dtk::get(plain.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+  EXPECT_TRUE(at::equal(a, dtk::get(before.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits")));
+  S.inv_freq.clear();
+  expect_close(a, ref_logits(P, S, tokens, pos), 1e-5, "rope_scaling=none");
+  EXPECT_GT((a - dtk::get(scaled.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits")).abs().max().item<double>(),
+            1e-3);
+}
+
+TEST(LlamaRopeScaling, BadOptionsAreOneClearError) {
+  const std::pair<std::pair<const char*, const char*>, const char*> cases[] = {
+      {{"rope_scaling_factor", "0"}, "option 'rope_scaling_factor' must be positive"},
+      {{"rope_low_freq_factor", "4"}, "option 'rope_high_freq_factor' (4) must be greater than 'rope_low_freq_factor'"},
+      {{"rope_original_max_positions", "0"}, "option 'rope_original_max_positions' must be positive"},
+  };
+  for (const auto& [kv, message] : cases) {
+    Opts opts = llama_opts(kShapes[1]);
+    opts["rope_scaling"] = "llama3";
+    opts[kv.first] = kv.second;
+    try {
+      GPT model(opts, {}, plugins().llama);
+      ADD_FAILURE() << kv.first << "=" << kv.second << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    opts["rope_scaling"] = "none";  // the scaling options are not read without scaling
+    EXPECT_NO_THROW(GPT(opts, {}, plugins().llama));
   }
 }

@@ -21,7 +21,12 @@ std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions, const at::Dev
     // the table repeats the dim / 2 angles twice (the halves that pair up). A row depends only on
     // its position, so growing the table leaves the earlier rows as they were.
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    const at::Tensor inv_freq = 1.0 / at::pow(base_, at::arange(0, dim_, 2, f32) / static_cast<double>(dim_));
+    at::Tensor inv_freq = 1.0 / at::pow(base_, at::arange(0, dim_, 2, f32) / static_cast<double>(dim_));
+    if (scaling_.llama3) {  // the same fp32 frequencies, rescaled (rope_scaling=none leaves them as they were)
+      const float* f = inv_freq.data_ptr<float>();
+      const std::vector<float> scaled = llama3_inv_freq(std::vector<float>(f, f + inv_freq.numel()), scaling_);
+      inv_freq = at::from_blob(const_cast<float*>(scaled.data()), {inv_freq.numel()}, f32).clone();
+    }
     const at::Tensor angles = at::outer(at::arange(positions, f32), inv_freq);
     const at::Tensor emb = at::cat({angles, angles}, -1);
     cos_ = emb.cos().to(device);

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "rope_scaling.hpp"
+
 namespace dtk::llama {
 
 using namespace dtk::layers;
@@ -39,6 +41,7 @@ using namespace dtk::layers;
 struct Config : DecoderConfig {
   int64_t groups = 0;
   double rotary_base = 10000.0, rotary_percent = 1.0;
+  RopeScaling rope_scaling;  // Llama 3.1's frequency scaling (rope_scaling.hpp), off by default
   bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
   int64_t head_dim() const { return hidden / heads; }
   // Channels of each head that rotate (Megatron's rotary_percent), even.
@@ -50,10 +53,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // Rotary position embeddings (Megatron's RotaryEmbedding, non-interleaved: the first and second
 // halves of the rotated channels pair up). The cos/sin table covers the positions seen so far
-// and grows on demand, so evaluation past the training length is correct.
+// and grows on demand, so evaluation past the training length is correct. With llama3 scaling the
+// inverse frequencies are rescaled once (rope_scaling.hpp) before the angles are formed.
 class Rotary {
  public:
-  Rotary(int64_t rotary_dim, double base) : dim_(rotary_dim), base_(base) {}
+  Rotary(int64_t rotary_dim, double base, const RopeScaling& scaling = {})
+      : dim_(rotary_dim), base_(base), scaling_(scaling) {}
   // x [b, s, n, head_dim], positions [b, s] int64: the first rotary_dim channels rotated by
   // position, the rest unchanged. Computed in fp32, returned in x's dtype.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
@@ -63,6 +68,7 @@ class Rotary {
   std::pair<at::Tensor, at::Tensor> table(int64_t positions, const at::Device& device) const;
   int64_t dim_;
   double base_;
+  RopeScaling scaling_;
   mutable std::mutex mu_;
   mutable at::Tensor cos_, sin_;
 };

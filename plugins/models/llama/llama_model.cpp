@@ -43,9 +43,14 @@ class LlamaModel : public DecoderLM {
     c_.rotary_base = o.get_float("rotary_base");
     c_.rotary_percent = o.get_float("rotary_percent");
     c_.bias = o.get_bool("add_bias_linear");
+    c_.rope_scaling.llama3 = o.get_string("rope_scaling") == "llama3";
+    c_.rope_scaling.factor = o.get_float("rope_scaling_factor");
+    c_.rope_scaling.low_freq_factor = o.get_float("rope_low_freq_factor");
+    c_.rope_scaling.high_freq_factor = o.get_float("rope_high_freq_factor");
+    c_.rope_scaling.original_max_positions = o.get_int("rope_original_max_positions");
     validate(ctx, c_);
     validate_llama();
-    rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base);
+    rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base, c_.rope_scaling);
     build(ctx, c_, {{{"final_norm.weight", 1.0}}, /*layer_positions=*/true});
   }
 
@@ -65,6 +70,8 @@ class LlamaModel : public DecoderLM {
       fail("rotary_percent x head dim (" + std::to_string(c_.head_dim()) + ") = " + std::to_string(c_.rotary_dim()) +
            " channels must be even (they rotate in pairs)");
     if (!(c_.rotary_base > 0.0)) fail("option 'rotary_base' must be positive");
+    const std::string rope = rope_scaling_problem(c_.rope_scaling);
+    if (!rope.empty()) fail(rope + " (rope_scaling=llama3)");
   }
 
   Config c_;
@@ -86,6 +93,16 @@ const dtk_option_spec kOptions[] = {
             "Pad the vocabulary to a multiple of this x tensor-parallel size (Megatron)."),
     opt_float("rotary_base", "10000", "Base of the rotary embedding's frequencies (Megatron's --rotary-base)."),
     opt_float("rotary_percent", "1.0", "Fraction of each head's channels that rotate (Megatron's --rotary-percent)."),
+    opt_enum("rope_scaling", "none", "none|llama3",
+             "Llama 3.1's rotary frequency scaling: llama3 divides the low frequencies by rope_scaling_factor and "
+             "blends the middle ones (Hugging Face's rope_scaling {rope_type: llama3}); none = plain rotary."),
+    opt_float("rope_scaling_factor", "8", "llama3 rope scaling: the factor low frequencies are divided by."),
+    opt_float("rope_low_freq_factor", "1",
+              "llama3 rope scaling: wavelengths above rope_original_max_positions / this are scaled fully."),
+    opt_float("rope_high_freq_factor", "4",
+              "llama3 rope scaling: wavelengths below rope_original_max_positions / this are kept."),
+    opt_int("rope_original_max_positions", "8192",
+            "llama3 rope scaling: the context length the model was first trained at (original_max_position_embeddings)."),
     opt_float("hidden_dropout", "0.0", "Dropout on the embedding and on each residual branch."),
     opt_float("attention_dropout", "0.0", "Dropout on the attention probabilities."),
     opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),

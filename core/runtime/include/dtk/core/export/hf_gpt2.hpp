@@ -40,6 +40,8 @@ struct HfExportReport {
   int64_t tensors = 0;
   double megabytes = 0;
   std::string dtype;  // "float32", "bfloat16", ...
+  int64_t padding_rows = 0;  // vocabulary padding rows dropped (llama)
+  std::string tokenizer;     // the tokenizer files written, in words ("" = none; llama)
 };
 
 // Exports iteration directory `iter_dir` (every file checked against its SHA256SUMS) to `out_dir`,

@@ -1,0 +1,64 @@
+// dtk/core/export/hf_llama.hpp — a llama-model checkpoint as a Hugging Face LlamaForCausalLM
+// folder, and back.
+//
+// `dtk export hf CHECKPOINT OUT` of a llama checkpoint writes config.json (LlamaConfig; the
+// unpadded vocabulary; rope_scaling {rope_type: llama3, ...} or null), model.safetensors under
+// Hugging Face's names and, when the run names its tokenizer, its files. Re-layouts:
+// tensor-parallel partitions are concatenated first; the fused query_key_value rows, laid out per
+// key/value group as [q of the group's heads | k | v] (the llama plugin's, Megatron's), become
+// q_proj, k_proj and v_proj; gate and up are separate weights already; the padded vocabulary rows
+// are dropped. No q/k permutation: the plugin's rotary is the non-interleaved rotate_half
+// convention, which is Hugging Face's (tests/model/hf_llama_test.cpp runs HF's forward on the
+// export to show it).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "dtk/core/export/hf_gpt2.hpp"  // HfExportReport, the safetensors folder conventions
+
+namespace dtk::core {
+
+struct LlamaShape {
+  int64_t layers = 0, hidden = 0, heads = 0, groups = 0, ffn = 0, vocab = 0, positions = 0;
+  double eps = 1e-5, rope_theta = 10000, attention_dropout = 0, init_std = 0.02;
+  bool untie = true, bias = false;  // bias: add_bias_linear = HF's attention_bias and mlp_bias
+  // rope_scaling=llama3 and its parameters (the llama plugin's rope_* options).
+  bool llama3 = false;
+  double rope_factor = 8, rope_low = 1, rope_high = 4;
+  int64_t rope_original = 8192;
+};
+
+// From the llama model plugin's resolved options and the run's seq_length (HF's
+// max_position_embeddings). What LlamaForCausalLM cannot represent is refused naming the option
+// (rotary_percent != 1).
+LlamaShape llama_shape(const std::map<std::string, std::string>& options, int64_t run_seq_length);
+
+// The run's tokenizer, from the checkpoint's recorded config or the command's flags:
+// model_file (a SentencePiece model -> tokenizer.model; a .json or a folder with one ->
+// tokenizer.json), else vocab_file + merge_file (GPT-2 BPE -> vocab.json, merges.txt).
+struct TokenizerFiles {
+  std::string type, model_file, vocab_file, merge_file;
+};
+
+// As export_hf_gpt2 (hf_gpt2.hpp): checksums verified, OUT refused unless absent or empty, the
+// folder published whole or not at all. report.tokenizer says which tokenizer files were written
+// ("" = none); report.padding_rows how many vocabulary rows were dropped.
+HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
+                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims);
+
+// config.json's model_type ("" when it has none).
+std::string hf_model_type(const std::string& hf_dir);
+
+// `dtk import hf` of a LlamaForCausalLM folder (config.json and model.safetensors, or
+// model.safetensors.index.json and its shards): the tensors under the llama model's names
+// (unpadded vocabulary) and the model options that build that shape.
+struct HfLlamaImport {
+  LlamaShape shape;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::map<std::string, std::string> model_options;
+};
+HfLlamaImport import_hf_llama(const std::string& hf_dir);
+
+}  // namespace dtk::core

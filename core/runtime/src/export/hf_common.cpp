@@ -1,0 +1,279 @@
+// What the Hugging Face exports and imports share: see hf_common.hpp.
+#include "hf_common.hpp"
+
+#include <ATen/ops/empty.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "../checkpoint/checkpoint_io.hpp"
+#include "dtk/core/checkpoint/checkpoint_convert.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core::hf {
+
+namespace fs = std::filesystem;
+using host::HostError;
+
+std::string number(double v) {
+  char buf[32];
+  if (v == static_cast<double>(static_cast<int64_t>(v)) && std::abs(v) < 1e15) {  // 500000, not 5e+05
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+    return buf;
+  }
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+const char* torch_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+namespace {
+
+const char* safetensors_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    default: throw HostError(std::string("export hf: tensors of type ") + c10::toString(t) + " are not exported");
+  }
+}
+
+at::ScalarType from_safetensors_dtype(const std::string& d, const std::string& file, const std::string& name) {
+  if (d == "F32") return at::kFloat;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F16") return at::kHalf;
+  if (d == "F64") return at::kDouble;
+  throw HostError("import hf: " + file + ": tensor '" + name + "' has dtype " + d + " (F32, BF16, F16, F64 are read)");
+}
+
+nlohmann::json parse_json_file(const std::string& file, const std::string& missing_hint) {
+  std::ifstream in(file);
+  if (!in) throw HostError("import hf: cannot read " + file + missing_hint);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw HostError("import hf: " + file + " is not JSON: " + ckpt::first_line(e.what()));
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    header += "," + json_string(name) + ":{\"dtype\":\"" + safetensors_dtype(t.scalar_type()) + "\",\"shape\":[";
+    for (int64_t d = 0; d < t.dim(); ++d) header += (d ? "," : "") + std::to_string(t.size(d));
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
+    offset += bytes;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string data;
+  data.reserve(8 + header.size() + static_cast<size_t>(offset));
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) data += static_cast<char>((n >> (8 * i)) & 0xff);  // little-endian
+  data += header;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.contiguous();
+    data.append(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
+  }
+  ckpt::write_file_synced(path, data.data(), data.size());
+}
+
+std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw HostError("import hf: cannot read " + file);
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.size() < 8) throw HostError("import hf: " + file + " is too short for a safetensors file");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(data[static_cast<size_t>(i)]);
+  if (n > data.size() - 8) throw HostError("import hf: " + file + ": header length " + std::to_string(n) + " exceeds the file");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(data.substr(8, n));
+  } catch (const std::exception& e) {
+    throw HostError("import hf: " + file + ": the header is not JSON: " + ckpt::first_line(e.what()));
+  }
+  const size_t base = 8 + n;
+  std::map<std::string, at::Tensor> out;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto& e = it.value();
+    try {
+      const at::ScalarType type = from_safetensors_dtype(e.at("dtype").get<std::string>(), file, it.key());
+      const auto shape = e.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
+      at::Tensor t = at::empty(shape, type);
+      const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != bytes ||
+          base + offsets[1] > data.size())
+        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has data_offsets that do not fit its shape or the file");
+      std::memcpy(t.data_ptr(), data.data() + base + offsets[0], bytes);
+      out[it.key()] = t;
+    } catch (const nlohmann::json::exception& x) {
+      throw HostError("import hf: " + file + ": tensor '" + it.key() + "': " + ckpt::first_line(x.what()));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir) {
+  const std::string single = (fs::path(hf_dir) / "model.safetensors").string();
+  const std::string index = (fs::path(hf_dir) / "model.safetensors.index.json").string();
+  std::error_code ec;
+  if (fs::exists(single, ec) || !fs::exists(index, ec)) return read_safetensors(single);
+  const nlohmann::json j = parse_json_file(index, "");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw HostError("import hf: " + index + " has no 'weight_map' object");
+  std::map<std::string, std::set<std::string>> by_file;  // shard -> the tensors the index puts there
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw HostError("import hf: " + index + ": weight_map['" + it.key() + "'] is not a file name");
+    const std::string shard = it.value().get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+      throw HostError("import hf: " + index + ": weight_map['" + it.key() + "'] names '" + shard + "', not a file of the folder");
+    by_file[shard].insert(it.key());
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [shard, names] : by_file) {
+    const std::string file = (fs::path(hf_dir) / shard).string();
+    std::map<std::string, at::Tensor> part = read_safetensors(file);
+    for (const std::string& name : names) {
+      auto t = part.find(name);
+      if (t == part.end()) throw HostError("import hf: " + index + " puts '" + name + "' in " + shard + ", which lacks it");
+      out[name] = t->second;
+    }
+  }
+  return out;
+}
+
+nlohmann::json read_hf_config(const std::string& hf_dir) {
+  return parse_json_file((fs::path(hf_dir) / "config.json").string(),
+                         " (a Hugging Face folder has config.json and model.safetensors)");
+}
+
+std::string read_whole(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw HostError("export hf: cannot read " + what + " " + path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.empty()) throw HostError("export hf: " + what + " " + path + " is empty");
+  return text;
+}
+
+void check_empty_target(const std::string& out_dir, const char* command) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw HostError(std::string(command) + ": " + out_dir + " exists and is not an empty directory");
+}
+
+RankTensors read_rank_models(const std::string& iter_dir) {
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+    throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
+                    ckpt::first_rank_dir(iter_dir) +
+                    "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
+                    "--pipeline_model_parallel_size 1 makes one)");
+  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  RankTensors ranks;
+  int64_t tp_size = 1;  // rank 0's file says how many ranks there are
+  for (int64_t tp = 0; tp < tp_size; ++tp) {
+    const std::string relative = ckpt::mp_rank_dir(static_cast<int>(tp)) + "/" + ckpt::kModelFile;
+    const std::string file = (fs::path(iter_dir) / relative).string();
+    const auto d = ckpt::read_pickled_dict(file, tp > 0 ? " (the checkpoint is tensor-parallel)" : "", &sums, relative);
+    if (tp == 0) {
+      auto it = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
+      if (it != d.end() && it->value().isInt()) tp_size = std::max<int64_t>(1, it->value().toInt());
+    }
+    auto model = d.find(c10::IValue(std::string("model")));
+    if (model == d.end() || !model->value().isGenericDict()) throw HostError("checkpoint " + file + " has no 'model' dict");
+    std::map<std::string, at::Tensor> m;
+    for (const auto& kv : model->value().toGenericDict())
+      if (kv.key().isString() && kv.value().isTensor()) m[kv.key().toStringRef()] = kv.value().toTensor();
+    ranks.push_back(std::move(m));
+  }
+  return ranks;
+}
+
+at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name) {
+  auto d = dims.find(name);
+  if (d == dims.end() && ranks.size() > 1)
+    throw HostError("export hf: the model plugin does not list '" + name +
+                    "' as a parameter, so how its tensor-parallel pieces join is unknown");
+  return merge_partitions(ranks, name, d == dims.end() ? -1 : d->second, "export hf");
+}
+
+void expect_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& want) {
+  if (t.sizes().vec() != want) {
+    std::string w = "[", g = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
+    for (int64_t i = 0; i < t.dim(); ++i) g += (i ? ", " : "") + std::to_string(t.size(i));
+    throw HostError("export hf: tensor '" + name + "' is " + g + "], the model's options say " + w +
+                    "] (was the checkpoint written by another configuration?)");
+  }
+}
+
+void publish_folder(const std::string& out_dir, const NamedTensors& tensors,
+                    const std::vector<std::pair<std::string, std::string>>& files) {
+  std::error_code ec;
+  fs::path target = fs::path(out_dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  const std::string tmp = target.string() + ".tmp-" + ckpt::temp_owner(::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw HostError("export hf: cannot create " + tmp + ": " + ec.message());
+  try {
+    write_safetensors((fs::path(tmp) / "model.safetensors").string(), tensors);
+    for (const auto& [name, text] : files) ckpt::write_file_synced((fs::path(tmp) / name).string(), text.data(), text.size());
+    ckpt::fsync_path(tmp, true);
+    if (fs::exists(target, ec)) fs::remove(target, ec);  // empty (checked by the caller)
+    fs::rename(tmp, target, ec);
+    if (ec) throw HostError("export hf: rename " + tmp + " -> " + target.string() + " failed: " + ec.message());
+  } catch (...) {
+    std::error_code rm;
+    fs::remove_all(tmp, rm);
+    throw;
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> gpt2_tokenizer_files(const std::string& vocab,
+                                                                      const std::string& merges,
+                                                                      int64_t max_length) {
+  const std::string special = "\"<|endoftext|>\"";
+  const std::string tokenizer_config = "{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n  \"model_max_length\": " +
+                                       std::to_string(max_length) + ",\n  \"add_prefix_space\": false,\n" +
+                                       "  \"bos_token\": " + special + ",\n  \"eos_token\": " + special +
+                                       ",\n  \"unk_token\": " + special + "\n}\n";
+  const std::string special_map =
+      "{\n  \"bos_token\": " + special + ",\n  \"eos_token\": " + special + ",\n  \"unk_token\": " + special + "\n}\n";
+  return {{"vocab.json", vocab},
+          {"merges.txt", merges},
+          {"tokenizer_config.json", tokenizer_config},
+          {"special_tokens_map.json", special_map}};
+}
+
+}  // namespace dtk::core::hf

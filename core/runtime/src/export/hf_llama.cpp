@@ -1,0 +1,373 @@
+// A llama-model checkpoint as a Hugging Face LlamaForCausalLM folder, and back: see
+// dtk/core/export/hf_llama.hpp.
+#include "dtk/core/export/hf_llama.hpp"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include "dtk/host/error.hpp"
+#include "hf_common.hpp"
+
+namespace dtk::core {
+
+namespace fs = std::filesystem;
+using host::HostError;
+
+namespace {
+
+const std::string& option(const std::map<std::string, std::string>& o, const char* name) {
+  auto it = o.find(name);
+  if (it == o.end()) throw HostError(std::string("export hf: the llama model has no option '") + name + "'");
+  return it->second;
+}
+int64_t option_int(const std::map<std::string, std::string>& o, const char* name) { return std::stoll(option(o, name)); }
+double option_float(const std::map<std::string, std::string>& o, const char* name) { return std::stod(option(o, name)); }
+
+}  // namespace
+
+LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_seq_length) {
+  LlamaShape s;
+  s.layers = option_int(o, "num_layers");
+  s.hidden = option_int(o, "hidden_size");
+  s.heads = option_int(o, "num_attention_heads");
+  s.groups = option_int(o, "num_query_groups");
+  if (s.groups == 0) s.groups = s.heads;
+  s.ffn = option_int(o, "ffn_hidden_size");
+  if (s.ffn == 0) s.ffn = (4 * s.hidden * 2 / 3) / 64 * 64;  // the plugin's default (Megatron's with --swiglu)
+  s.vocab = option_int(o, "vocab_size");
+  s.positions = option_int(o, "seq_length");
+  if (s.positions == 0) s.positions = run_seq_length;
+  s.eps = option_float(o, "layernorm_epsilon");
+  s.rope_theta = option_float(o, "rotary_base");
+  s.attention_dropout = option_float(o, "attention_dropout");
+  s.init_std = option_float(o, "init_method_std");
+  s.untie = option(o, "untie_embeddings_and_output_weights") == "true";
+  s.bias = option(o, "add_bias_linear") == "true";
+  s.llama3 = option(o, "rope_scaling") == "llama3";
+  s.rope_factor = option_float(o, "rope_scaling_factor");
+  s.rope_low = option_float(o, "rope_low_freq_factor");
+  s.rope_high = option_float(o, "rope_high_freq_factor");
+  s.rope_original = option_int(o, "rope_original_max_positions");
+  if (option_float(o, "rotary_percent") != 1.0)
+    throw HostError("export hf: option 'rotary_percent' is " + option(o, "rotary_percent") +
+                    "; Hugging Face's LlamaForCausalLM rotates every channel of a head (rotary_percent 1)");
+  return s;
+}
+
+namespace {
+
+const std::string kLm = "language_model.", kEnc = "language_model.encoder.";
+std::string layer_prefix(int64_t l) { return kEnc + "layers." + std::to_string(l) + "."; }
+std::string hf_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+// The model's tensors under LlamaForCausalLM's names (contiguous), the padding rows dropped.
+hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, const std::map<std::string, int>& dims,
+                            int64_t* padding_rows) {
+  auto whole = [&](const std::string& name) { return hf::whole_tensor(ranks, dims, name); };
+  const int64_t h = s.hidden, hd = s.hidden / s.heads, per = s.heads / s.groups;
+  hf::NamedTensors out;
+  const at::Tensor embed = whole(kLm + "embedding.word_embeddings.weight");
+  if (embed.dim() != 2 || embed.size(0) < s.vocab || embed.size(1) != h)
+    throw HostError("export hf: word embeddings are [" + std::to_string(embed.size(0)) + ", " +
+                    std::to_string(embed.dim() > 1 ? embed.size(1) : 0) + "], expected at least [" +
+                    std::to_string(s.vocab) + ", " + std::to_string(h) + "]");
+  *padding_rows = embed.size(0) - s.vocab;
+  out.emplace_back("model.embed_tokens.weight", embed.narrow(0, 0, s.vocab));
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string m = layer_prefix(l), hf = hf_layer(l);
+    out.emplace_back(hf + "input_layernorm.weight", whole(m + "input_norm.weight"));
+    // The llama plugin's rows, group by group: [q of the group's `per` heads | k | v], hd each.
+    const std::string qkv = m + "self_attention.query_key_value.";
+    const at::Tensor w = whole(qkv + "weight");
+    hf::expect_shape(qkv + "weight", w, {(s.heads + 2 * s.groups) * hd, h});
+    const at::Tensor wg = w.view({s.groups, per + 2, hd, h});
+    out.emplace_back(hf + "self_attn.q_proj.weight", wg.narrow(1, 0, per).reshape({s.heads * hd, h}));
+    out.emplace_back(hf + "self_attn.k_proj.weight", wg.select(1, per).reshape({s.groups * hd, h}));
+    out.emplace_back(hf + "self_attn.v_proj.weight", wg.select(1, per + 1).reshape({s.groups * hd, h}));
+    if (s.bias) {
+      const at::Tensor bg = whole(qkv + "bias").view({s.groups, per + 2, hd});
+      out.emplace_back(hf + "self_attn.q_proj.bias", bg.narrow(1, 0, per).reshape({s.heads * hd}));
+      out.emplace_back(hf + "self_attn.k_proj.bias", bg.select(1, per).reshape({s.groups * hd}));
+      out.emplace_back(hf + "self_attn.v_proj.bias", bg.select(1, per + 1).reshape({s.groups * hd}));
+    }
+    out.emplace_back(hf + "self_attn.o_proj.weight", whole(m + "self_attention.dense.weight"));
+    if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
+    out.emplace_back(hf + "post_attention_layernorm.weight", whole(m + "post_attention_norm.weight"));
+    const at::Tensor gate = whole(m + "mlp.gate.weight");
+    hf::expect_shape(m + "mlp.gate.weight", gate, {s.ffn, h});
+    out.emplace_back(hf + "mlp.gate_proj.weight", gate);
+    out.emplace_back(hf + "mlp.up_proj.weight", whole(m + "mlp.up.weight"));
+    out.emplace_back(hf + "mlp.down_proj.weight", whole(m + "mlp.dense_4h_to_h.weight"));
+    if (s.bias) {
+      out.emplace_back(hf + "mlp.gate_proj.bias", whole(m + "mlp.gate.bias"));
+      out.emplace_back(hf + "mlp.up_proj.bias", whole(m + "mlp.up.bias"));
+      out.emplace_back(hf + "mlp.down_proj.bias", whole(m + "mlp.dense_4h_to_h.bias"));
+    }
+  }
+  out.emplace_back("model.norm.weight", whole(kEnc + "final_norm.weight"));
+  if (s.untie) out.emplace_back("lm_head.weight", whole(kLm + "output_layer.weight").narrow(0, 0, s.vocab));
+  for (auto& [name, t] : out) t = t.contiguous();
+  return out;
+}
+
+std::string rope_scaling_json(const LlamaShape& s) {
+  if (!s.llama3) return "null";
+  return "{\"rope_type\": \"llama3\", \"factor\": " + hf::number(s.rope_factor) +
+         ", \"low_freq_factor\": " + hf::number(s.rope_low) + ", \"high_freq_factor\": " + hf::number(s.rope_high) +
+         ", \"original_max_position_embeddings\": " + std::to_string(s.rope_original) + "}";
+}
+
+// bos/eos ids where the tokenizer says them: GPT-2's <|endoftext|>, Llama's SentencePiece <s> </s>.
+std::pair<int64_t, int64_t> special_ids(const LlamaShape& s, const TokenizerFiles& t) {
+  if (t.type == "Llama2Tokenizer") return {1, 2};
+  if ((t.type.empty() || t.type == "GPT2BPETokenizer") && s.vocab == 50257) return {50256, 50256};
+  return {-1, -1};
+}
+
+std::string config_json(const LlamaShape& s, const std::string& dtype, const TokenizerFiles& t) {
+  const auto [bos, eos] = special_ids(s, t);
+  const char* bias = s.bias ? "true" : "false";
+  std::ostringstream c;
+  c << "{\n"
+    << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+    << "  \"model_type\": \"llama\",\n"
+    << "  \"vocab_size\": " << s.vocab << ",\n"
+    << "  \"hidden_size\": " << s.hidden << ",\n"
+    << "  \"intermediate_size\": " << s.ffn << ",\n"
+    << "  \"num_hidden_layers\": " << s.layers << ",\n"
+    << "  \"num_attention_heads\": " << s.heads << ",\n"
+    << "  \"num_key_value_heads\": " << s.groups << ",\n"
+    << "  \"head_dim\": " << s.hidden / s.heads << ",\n"
+    << "  \"hidden_act\": \"silu\",\n"
+    << "  \"max_position_embeddings\": " << s.positions << ",\n"
+    << "  \"rms_norm_eps\": " << hf::number(s.eps) << ",\n"
+    << "  \"rope_theta\": " << hf::number(s.rope_theta) << ",\n"
+    << "  \"rope_scaling\": " << rope_scaling_json(s) << ",\n"
+    << "  \"attention_bias\": " << bias << ",\n"
+    << "  \"mlp_bias\": " << bias << ",\n"
+    << "  \"attention_dropout\": " << hf::number(s.attention_dropout) << ",\n"
+    << "  \"initializer_range\": " << hf::number(s.init_std) << ",\n"
+    << "  \"tie_word_embeddings\": " << (s.untie ? "false" : "true") << ",\n";
+  if (bos >= 0) c << "  \"bos_token_id\": " << bos << ",\n  \"eos_token_id\": " << eos << ",\n";
+  c << "  \"torch_dtype\": \"" << dtype << "\",\n"
+    << "  \"use_cache\": true\n"
+    << "}\n";
+  return c.str();
+}
+
+// The tokenizer's files for the folder; `*written` says which, in words ("" = none).
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShape& s, const TokenizerFiles& t,
+                                                                 std::string* written) {
+  const std::string max_length = std::to_string(s.positions);
+  if (!t.model_file.empty()) {
+    std::error_code ec;
+    std::string file = t.model_file;
+    if (fs::is_directory(file, ec)) file = (fs::path(file) / "tokenizer.json").string();
+    const std::string bytes = hf::read_whole(file, "the tokenizer (tokenizer.model_file)");
+    if (fs::path(file).extension() == ".json") {
+      *written = "tokenizer.json";
+      return {{"tokenizer.json", bytes},
+              {"tokenizer_config.json", "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": " +
+                                            max_length + "\n}\n"}};
+    }
+    *written = "tokenizer.model (SentencePiece)";
+    return {{"tokenizer.model", bytes},
+            {"tokenizer_config.json",
+             "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"model_max_length\": " + max_length +
+                 ",\n  \"bos_token\": \"<s>\",\n  \"eos_token\": \"</s>\",\n  \"unk_token\": \"<unk>\",\n"
+                 "  \"add_bos_token\": true,\n  \"add_eos_token\": false\n}\n"}};
+  }
+  if (!t.vocab_file.empty() && !t.merge_file.empty()) {
+    *written = "the GPT-2 tokenizer files";
+    return hf::gpt2_tokenizer_files(hf::read_whole(t.vocab_file, "the GPT-2 vocabulary (tokenizer.vocab_file)"),
+                                    hf::read_whole(t.merge_file, "the GPT-2 merges (tokenizer.merge_file)"), s.positions);
+  }
+  written->clear();
+  return {};
+}
+
+}  // namespace
+
+HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
+                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims) {
+  hf::check_empty_target(out_dir, "export hf");
+  HfExportReport report;
+  std::vector<std::pair<std::string, std::string>> files = tokenizer_files(shape, tokenizer, &report.tokenizer);
+  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir), shape, dims, &report.padding_rows);
+  report.dtype = hf::torch_dtype(out.front().second.scalar_type());  // the word embeddings'
+  report.tensors = static_cast<int64_t>(out.size());
+  files.emplace_back("config.json", config_json(shape, report.dtype, tokenizer));
+  const auto [bos, eos] = special_ids(shape, tokenizer);
+  if (bos >= 0)
+    files.emplace_back("generation_config.json", "{\n  \"bos_token_id\": " + std::to_string(bos) +
+                                                     ",\n  \"eos_token_id\": " + std::to_string(eos) + "\n}\n");
+  hf::publish_folder(out_dir, out, files);
+  for (const auto& [name, t] : out) report.megabytes += static_cast<double>(t.numel() * t.element_size()) / 1e6;
+  return report;
+}
+
+std::string hf_model_type(const std::string& hf_dir) {
+  const nlohmann::json c = hf::read_hf_config(hf_dir);
+  return c.is_object() && c.contains("model_type") && c["model_type"].is_string() ? c["model_type"].get<std::string>()
+                                                                                  : "";
+}
+
+namespace {
+
+// The shape from config.json; what the llama model cannot be is refused naming the key.
+LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_file) {
+  LlamaShape s;
+  auto present = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
+  auto integer = [&](const char* key, int64_t fallback, bool required) -> int64_t {
+    if (!present(key)) {
+      if (required) throw HostError(std::string("import hf: ") + config_file + " has no '" + key + "'");
+      return fallback;
+    }
+    if (!c[key].is_number_integer()) throw HostError(std::string("import hf: ") + config_file + ": '" + key + "' is not an integer");
+    return c[key].get<int64_t>();
+  };
+  auto real = [&](const char* key, double fallback) {
+    if (!present(key)) return fallback;
+    if (!c[key].is_number()) throw HostError(std::string("import hf: ") + config_file + ": '" + key + "' is not a number");
+    return c[key].get<double>();
+  };
+  auto boolean = [&](const char* key, bool fallback) {
+    if (!present(key)) return fallback;
+    if (!c[key].is_boolean()) throw HostError(std::string("import hf: ") + config_file + ": '" + key + "' is not true or false");
+    return c[key].get<bool>();
+  };
+  auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
+  s.layers = integer("num_hidden_layers", 0, true), s.hidden = integer("hidden_size", 0, true);
+  s.heads = integer("num_attention_heads", 0, true), s.ffn = integer("intermediate_size", 0, true);
+  s.vocab = integer("vocab_size", 0, true);
+  s.groups = integer("num_key_value_heads", s.heads, false);
+  s.positions = integer("max_position_embeddings", 2048, false);
+  if (s.layers <= 0 || s.hidden <= 0 || s.heads <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.groups <= 0 || s.positions <= 0)
+    refuse("num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size "
+           "and max_position_embeddings must be positive");
+  if (s.hidden % s.heads != 0 || s.heads % s.groups != 0)
+    refuse("num_attention_heads must divide hidden_size and num_key_value_heads num_attention_heads");
+  if (present("head_dim") && integer("head_dim", 0, false) != s.hidden / s.heads)
+    refuse("head_dim " + std::to_string(integer("head_dim", 0, false)) + " is not hidden_size / num_attention_heads (" +
+           std::to_string(s.hidden / s.heads) + "), which the llama model's heads are");
+  const std::string act = c.value("hidden_act", "silu");
+  if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
+  s.eps = real("rms_norm_eps", 1e-6);
+  s.rope_theta = real("rope_theta", 10000.0);
+  s.attention_dropout = real("attention_dropout", 0.0);
+  s.init_std = real("initializer_range", 0.02);
+  s.untie = !boolean("tie_word_embeddings", false);
+  const bool attention_bias = boolean("attention_bias", false), mlp_bias = boolean("mlp_bias", false);
+  if (attention_bias != mlp_bias)
+    refuse(std::string("attention_bias ") + (attention_bias ? "true" : "false") + " and mlp_bias " +
+           (mlp_bias ? "true" : "false") + " differ; the llama model has one option for both (add_bias_linear)");
+  s.bias = attention_bias;
+  if (present("rope_scaling")) {
+    const nlohmann::json& r = c["rope_scaling"];
+    if (!r.is_object()) refuse("'rope_scaling' is not an object");
+    const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+    if (type == "llama3") {
+      s.llama3 = true;
+      auto num = [&](const char* key) {
+        if (!r.contains(key) || !r[key].is_number()) refuse(std::string("rope_scaling has no number '") + key + "'");
+        return r[key].get<double>();
+      };
+      s.rope_factor = num("factor"), s.rope_low = num("low_freq_factor"), s.rope_high = num("high_freq_factor");
+      s.rope_original = static_cast<int64_t>(num("original_max_position_embeddings"));
+    } else if (type != "default") {
+      refuse("rope_scaling type '" + type + "'; the llama model has llama3 rope scaling (and none)");
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+HfLlamaImport import_hf_llama(const std::string& hf_dir) {
+  const std::string config_file = (fs::path(hf_dir) / "config.json").string();
+  const nlohmann::json config = hf::read_hf_config(hf_dir);
+  const std::string type = config.value("model_type", "");
+  if (type != "llama") throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama");
+  HfLlamaImport r;
+  r.shape = shape_from_config(config, config_file);
+  const LlamaShape& s = r.shape;
+  const std::map<std::string, at::Tensor> hf = hf::read_hf_weights(hf_dir);
+  auto get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = hf.find(name);
+    if (it == hf.end()) throw HostError("import hf: " + hf_dir + " has no tensor '" + name + "'");
+    if (it->second.sizes().vec() != shape) {
+      std::string want, got;
+      for (auto d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+      for (auto d : it->second.sizes()) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      throw HostError("import hf: " + hf_dir + ": tensor '" + name + "' is [" + got + "], config.json says [" + want + "]");
+    }
+    return it->second;
+  };
+  const int64_t h = s.hidden, hd = h / s.heads, f = s.ffn;
+  auto& t = r.tensors;
+  t.emplace_back(kLm + "embedding.word_embeddings.weight", get("model.embed_tokens.weight", {s.vocab, h}));
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string m = layer_prefix(l), g = hf_layer(l);
+    t.emplace_back(m + "input_norm.weight", get(g + "input_layernorm.weight", {h}));
+    // q_proj, k_proj, v_proj -> the fused rows, group by group [q of the group's heads | k | v].
+    auto fused = [&](const char* part, std::vector<int64_t> tail) {
+      auto dims = [&](int64_t rows) {
+        std::vector<int64_t> d{rows};
+        d.insert(d.end(), tail.begin(), tail.end());
+        return d;
+      };
+      std::vector<int64_t> grouped{s.groups, -1, hd};
+      grouped.insert(grouped.end(), tail.begin(), tail.end());
+      const std::string a = g + "self_attn.";
+      const at::Tensor q = get(a + "q_proj." + part, dims(s.heads * hd)).reshape(grouped);
+      const at::Tensor k = get(a + "k_proj." + part, dims(s.groups * hd)).reshape(grouped);
+      const at::Tensor v = get(a + "v_proj." + part, dims(s.groups * hd)).reshape(grouped);
+      return at::cat({q, k, v}, 1).reshape(dims((s.heads + 2 * s.groups) * hd));
+    };
+    t.emplace_back(m + "self_attention.query_key_value.weight", fused("weight", {h}));
+    if (s.bias) t.emplace_back(m + "self_attention.query_key_value.bias", fused("bias", {}));
+    t.emplace_back(m + "self_attention.dense.weight", get(g + "self_attn.o_proj.weight", {h, s.heads * hd}));
+    if (s.bias) t.emplace_back(m + "self_attention.dense.bias", get(g + "self_attn.o_proj.bias", {h}));
+    t.emplace_back(m + "post_attention_norm.weight", get(g + "post_attention_layernorm.weight", {h}));
+    t.emplace_back(m + "mlp.gate.weight", get(g + "mlp.gate_proj.weight", {f, h}));
+    t.emplace_back(m + "mlp.up.weight", get(g + "mlp.up_proj.weight", {f, h}));
+    t.emplace_back(m + "mlp.dense_4h_to_h.weight", get(g + "mlp.down_proj.weight", {h, f}));
+    if (s.bias) {
+      t.emplace_back(m + "mlp.gate.bias", get(g + "mlp.gate_proj.bias", {f}));
+      t.emplace_back(m + "mlp.up.bias", get(g + "mlp.up_proj.bias", {f}));
+      t.emplace_back(m + "mlp.dense_4h_to_h.bias", get(g + "mlp.down_proj.bias", {h}));
+    }
+  }
+  t.emplace_back(kEnc + "final_norm.weight", get("model.norm.weight", {h}));
+  if (s.untie) t.emplace_back(kLm + "output_layer.weight", get("lm_head.weight", {s.vocab, h}));
+  for (auto& [name, x] : t) x = x.contiguous();
+
+  auto text = [](double v) { return hf::number(v); };
+  r.model_options = {{"num_layers", std::to_string(s.layers)},
+                     {"hidden_size", std::to_string(s.hidden)},
+                     {"num_attention_heads", std::to_string(s.heads)},
+                     {"num_query_groups", std::to_string(s.groups)},
+                     {"ffn_hidden_size", std::to_string(s.ffn)},
+                     {"vocab_size", std::to_string(s.vocab)},
+                     {"layernorm_epsilon", text(s.eps)},
+                     {"rotary_base", text(s.rope_theta)},
+                     {"attention_dropout", text(s.attention_dropout)},
+                     {"hidden_dropout", "0"},
+                     {"init_method_std", text(s.init_std)},
+                     {"add_bias_linear", s.bias ? "true" : "false"},
+                     {"untie_embeddings_and_output_weights", s.untie ? "true" : "false"},
+                     {"rope_scaling", s.llama3 ? "llama3" : "none"}};
+  if (s.llama3) {
+    r.model_options["rope_scaling_factor"] = text(s.rope_factor);
+    r.model_options["rope_low_freq_factor"] = text(s.rope_low);
+    r.model_options["rope_high_freq_factor"] = text(s.rope_high);
+    r.model_options["rope_original_max_positions"] = std::to_string(s.rope_original);
+  }
+  return r;
+}
+
+}  // namespace dtk::core

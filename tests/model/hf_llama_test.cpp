@@ -1,0 +1,383 @@
+// `dtk export hf` / `dtk import hf` of the llama model as Hugging Face's LlamaForCausalLM. The
+// folder is read back with the test's own safetensors reader (hf_reader.hpp) and run through
+// LlamaForCausalLM's forward written here from Hugging Face's names and math (LlamaRMSNorm,
+// rotate_half rotary with HF's inv_freq and its llama3 scaling in fp32 tensor ops, repeat_kv for
+// grouped-query attention, SwiGLU down(silu(gate) * up)): its logits and loss must equal the llama
+// plugin's own on the checkpoint. Export -> import gives back every parameter bit for bit (tied
+// and untied, from TP1 and TP2); the import reads Hugging Face's sharded index; bad folders are
+// one error line each.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "../common/run_dtk.hpp"
+#include "gpt_harness.hpp"
+#include "hf_reader.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using dtk_test_gpt::GPT;
+using namespace dtk_test_hf;
+using Tensors = std::map<std::string, at::Tensor>;
+
+// LlamaForCausalLM's forward (eval) from config.json and the folder's tensors.
+at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at::Tensor& tokens) {
+  auto integer = [&](const char* key) { return std::stoll(json_value(config, key)); };
+  const int64_t layers = integer("num_hidden_layers"), heads = integer("num_attention_heads");
+  const int64_t kv_heads = integer("num_key_value_heads"), hidden = integer("hidden_size"), hd = hidden / heads;
+  const double eps = std::stod(json_value(config, "rms_norm_eps")), theta = std::stod(json_value(config, "rope_theta"));
+  const bool bias = json_value(config, "attention_bias") == "true";
+  const int64_t b = tokens.size(0), s = tokens.size(1);
+  // LlamaRotaryEmbedding: inv_freq in fp32, then _compute_llama3_parameters' tensor ops.
+  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, hd, 2, at::kLong).to(at::kFloat) / static_cast<double>(hd));
+  if (json_value(config, "rope_type") == "llama3") {
+    const double factor = std::stod(json_value(config, "factor")), low = std::stod(json_value(config, "low_freq_factor"));
+    const double high = std::stod(json_value(config, "high_freq_factor"));
+    const double old_len = std::stod(json_value(config, "original_max_position_embeddings"));
+    const double low_wl = old_len / low, high_wl = old_len / high;
+    const at::Tensor wavelen = 2 * M_PI / inv_freq;
+    const at::Tensor llama = at::where(wavelen > low_wl, inv_freq / factor, inv_freq);
+    const at::Tensor smooth = (old_len / wavelen - low) / (high - low);
+    const at::Tensor smoothed = (1 - smooth) * llama / factor + smooth * llama;
+    const at::Tensor medium = (wavelen < high_wl).logical_not().logical_and((wavelen > low_wl).logical_not());
+    inv_freq = at::where(medium, smoothed, llama);
+  }
+  const at::Tensor freqs = at::outer(at::arange(s, at::kLong).to(at::kFloat), inv_freq);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos(), sin = emb.sin();  // [s, hd], broadcast over [b, heads, s, hd]
+  auto rotate_half = [](const at::Tensor& x) {
+    const int64_t half = x.size(-1) / 2;
+    return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+  };
+  auto rms = [&](const at::Tensor& x, const std::string& name) {
+    return P.at(name) * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));
+  };
+  auto linear = [&](const at::Tensor& x, const std::string& name) {
+    return at::linear(x, P.at(name + ".weight"), bias ? P.at(name + ".bias") : at::Tensor());
+  };
+  auto repeat_kv = [&](const at::Tensor& x) {  // [b, kv, s, hd] -> [b, heads, s, hd]
+    return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, s, hd}).reshape({b, heads, s, hd});
+  };
+  at::Tensor x = at::embedding(P.at("model.embed_tokens.weight"), tokens);
+  const at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string L = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor h = rms(x, L + "input_layernorm.weight");
+    at::Tensor q = linear(h, L + "self_attn.q_proj").view({b, s, heads, hd}).transpose(1, 2);
+    at::Tensor k = linear(h, L + "self_attn.k_proj").view({b, s, kv_heads, hd}).transpose(1, 2);
+    const at::Tensor v = linear(h, L + "self_attn.v_proj").view({b, s, kv_heads, hd}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    at::Tensor scores = at::matmul(q, repeat_kv(k).transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    const at::Tensor ctx = at::matmul(at::softmax(scores, -1), repeat_kv(v)).transpose(1, 2).reshape({b, s, heads * hd});
+    x = x + linear(ctx, L + "self_attn.o_proj");
+    const at::Tensor m = rms(x, L + "post_attention_layernorm.weight");
+    x = x + linear(at::silu(linear(m, L + "mlp.gate_proj")) * linear(m, L + "mlp.up_proj"), L + "mlp.down_proj");
+  }
+  x = rms(x, "model.norm.weight");
+  const bool tied = json_value(config, "tie_word_embeddings") == "true";
+  return at::linear(x, tied ? P.at("model.embed_tokens.weight") : P.at("lm_head.weight"));
+}
+
+// The test's own safetensors writer (F32 unless `dtype` says otherwise for one tensor).
+void write_safetensors(const std::string& path, const Tensors& tensors, const std::string& odd_name = "",
+                       const std::string& odd_dtype = "") {
+  std::string header = "{", data;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor c = t.contiguous();
+    std::string shape;
+    for (int64_t d : c.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    const size_t begin = data.size();
+    data.append(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * 4));
+    header += (header.size() > 1 ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"" +
+              (name == odd_name ? odd_dtype : "F32") + "\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(begin) + "," + std::to_string(data.size()) + "]}";
+  }
+  header += "}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(path, std::ios::binary) << bytes << header << data;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+const std::string kVocab = std::string(DTK_VOCAB_DIR) + "/encoder.json", kMerges = std::string(DTK_VOCAB_DIR) + "/vocab.bpe";
+// llama-tiny (2 layers, hidden 64, 4 heads in 2 key/value groups, ffn 192, GPT-2's vocabulary),
+// dropout off, on random tokens.
+const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/llama-tiny.pbtxt --dataset synthetic --set train.train_iters=3 "
+                           "--set lr.lr_warmup_iters=1 --set checkpoint.save_interval=3 "
+                           "--threads 1 ";
+const int64_t kVocabSize = 50257;
+
+dtk_test_gpt::Opts tiny_opts(const std::map<std::string, std::string>& extra) {
+  dtk_test_gpt::Opts o = {{"num_layers", "2"}, {"hidden_size", "64"}, {"num_attention_heads", "4"},
+                          {"num_query_groups", "2"}, {"ffn_hidden_size", "192"}, {"vocab_size", "50257"}};
+  for (const auto& [k, v] : extra) o[k] = v;
+  return o;
+}
+
+Tensors checkpoint_at(const std::string& save_dir, const char* iter) {
+  return checkpoint_model(save_dir + "/" + iter + "/mp_rank_00/model_optim_rng.pt");
+}
+
+// Every parameter of `b` equals `a`'s bit for bit (the vocabulary rows that exist: the padding
+// rows are the model's own in `a`, zeros after an import); rng states aside.
+void expect_same_parameters(const Tensors& a, const Tensors& b, const std::string& what) {
+  int compared = 0;
+  for (const auto& [name, t] : a) {
+    if (name.rfind("rng.", 0) == 0) continue;
+    ASSERT_TRUE(b.count(name)) << what << ": " << name;
+    at::Tensor x = t, y = b.at(name);
+    if (name.find("word_embeddings") != std::string::npos || name.find("output_layer") != std::string::npos) {
+      ASSERT_EQ(x.sizes(), y.sizes()) << name;
+      EXPECT_TRUE(at::equal(y.narrow(0, kVocabSize, y.size(0) - kVocabSize), at::zeros_like(y.narrow(0, kVocabSize, y.size(0) - kVocabSize))));
+      x = x.narrow(0, 0, kVocabSize), y = y.narrow(0, 0, kVocabSize);
+    }
+    EXPECT_TRUE(at::equal(x, y)) << what << ": " << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10) << what;
+}
+
+// The llama plugin's logits and per-token loss on a checkpoint's weights, and HF's on the export.
+void expect_hf_forward_matches(const Tensors& saved, const dtk_test_gpt::Opts& opts, const std::string& hf_dir,
+                               const std::string& what) {
+  dtk_test_gpt::Ctx ctx;
+  ctx.seq_length = 64;
+  GPT model(tiny_opts(opts), ctx, dtk_test_gpt::plugins().llama);
+  model.state_load(dtk::TensorList(saved.begin(), saved.end()));
+  model.train(false);
+  const at::Tensor tokens = at::randint(0, kVocabSize, {2, 64}, at::kLong);
+  const at::Tensor labels = at::randint(0, kVocabSize, {2, 64}, at::kLong);
+  const at::Tensor pos = at::arange(64, at::kLong).repeat({2, 1});
+  at::NoGradGuard no_grad;
+  const at::Tensor ours = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits").narrow(-1, 0, kVocabSize);
+  const at::Tensor our_loss = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}}), "loss");
+  const std::string config = read(hf_dir + "/config.json");
+  const Tensors hf = read_safetensors(hf_dir + "/model.safetensors");
+  const at::Tensor theirs = hf_llama_logits(hf, config, tokens);
+  ASSERT_EQ(ours.sizes(), theirs.sizes()) << what;
+  const double diff = (ours - theirs).abs().max().item<double>(), scale = theirs.abs().max().item<double>();
+  std::printf("%s: max |logit difference| %.3g (largest logit %.3g) over %lld logits\n", what.c_str(), diff, scale,
+              static_cast<long long>(ours.numel()));
+  EXPECT_LT(diff, 1e-5 * std::max(1.0, scale)) << what;
+  // The loss: Hugging Face's cross entropy over its logits, with the softmax also over the
+  // checkpoint's vocabulary padding columns, which the llama plugin's (Megatron's) loss includes
+  // and the export drops (their weights are the model's own: a small but real part of the mass).
+  const at::Tensor full = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+  const at::Tensor padding = full.narrow(-1, kVocabSize, full.size(-1) - kVocabSize);
+  const at::Tensor their_loss =
+      at::logsumexp(at::cat({theirs, padding}, -1), -1) - theirs.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+  EXPECT_LT(((our_loss - their_loss).abs() / their_loss.abs()).max().item<double>(), 1e-5) << what;
+  const at::Tensor hf_only =
+      at::cross_entropy_loss(theirs.reshape({-1, kVocabSize}), labels.reshape({-1}), {}, at::Reduction::None).view({2, 64});
+  std::printf("%s: loss relative difference %.3g (Hugging Face's own loss, without the %lld padding columns: %.3g)\n",
+              what.c_str(), ((our_loss - their_loss).abs() / their_loss.abs()).max().item<double>(),
+              static_cast<long long>(padding.size(-1)), ((our_loss - hf_only).abs() / hf_only.abs()).max().item<double>());
+
+  // A wrong layout would not pass: k and v swapped, or q/k permuted to the interleaved rotary
+  // convention (pairs (2j, 2j+1), as Meta's original checkpoints) change the logits.
+  Tensors swapped = hf, interleaved = hf;
+  const int64_t hd = 16;
+  for (int64_t l = 0; l < 2; ++l) {
+    const std::string L = "model.layers." + std::to_string(l) + ".self_attn.";
+    std::swap(swapped[L + "k_proj.weight"], swapped[L + "v_proj.weight"]);
+    for (const char* p : {"q_proj.weight", "k_proj.weight"}) {
+      at::Tensor& w = interleaved[L + p];
+      w = w.view({-1, 2, hd / 2, 64}).transpose(1, 2).reshape({-1, 64});
+    }
+  }
+  EXPECT_GT((hf_llama_logits(swapped, config, tokens) - theirs).abs().max().item<double>(), 1e-3) << what;
+  EXPECT_GT((hf_llama_logits(interleaved, config, tokens) - theirs).abs().max().item<double>(), 1e-3) << what;
+}
+
+}  // namespace
+
+TEST(HfLlama, ExportMatchesHuggingFacesForwardAndImportsBitForBit) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_llama");
+  const dtk_test::Result trained = dtk_test::run_dtk(kTrain + "--set checkpoint.save=" + dir + "/ck");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("exported iteration 3 of " + dir + "/ck to " + dir +
+                              "/hf: LlamaForCausalLM, 2 layers, hidden 64, 4 heads, 2 key/value heads, ffn 192, vocab "
+                              "50257, 64 positions"),
+            std::string::npos)
+      << exported.out;
+  EXPECT_NE(exported.out.find("dropped 47 vocabulary padding rows: token ids 50257 and above are not in the export"),
+            std::string::npos)
+      << exported.out;
+  EXPECT_NE(exported.out.find("no tokenizer files written"), std::string::npos) << exported.out;
+  const std::string config = read(dir + "/hf/config.json");
+  EXPECT_EQ(json_value(config, "model_type"), "llama");
+  EXPECT_EQ(json_value(config, "vocab_size"), "50257");  // unpadded
+  EXPECT_EQ(json_value(config, "num_key_value_heads"), "2");
+  EXPECT_EQ(json_value(config, "intermediate_size"), "192");
+  EXPECT_EQ(json_value(config, "tie_word_embeddings"), "false");
+  EXPECT_EQ(json_value(config, "rope_scaling"), "null");
+  EXPECT_EQ(json_value(config, "hidden_act"), "silu");
+  EXPECT_EQ(json_value(config, "eos_token_id"), "50256");
+  const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+  EXPECT_EQ(hf.size(), 1u + 2 * 9 + 2);  // embed_tokens, 9 per layer, norm, lm_head
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.q_proj.weight").sizes(), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.k_proj.weight").sizes(), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(hf.at("lm_head.weight").sizes(), (std::vector<int64_t>{kVocabSize, 64}));
+
+  const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+  expect_hf_forward_matches(saved, {}, dir + "/hf", "untied");
+
+  // Back: every parameter as it was, and the run fine-tunes from it.
+  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads"), std::string::npos)
+      << imported.out;
+  EXPECT_NE(imported.out.find("--set model.num_query_groups=2"), std::string::npos) << imported.out;
+  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "untied round trip");
+  const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir +
+                                                   "/imp --set checkpoint.finetune=true --set train.train_iters=1 --set lr.lr_warmup_iters=0 "
+                                                   "--set checkpoint.save=" + dir + "/tuned");
+  EXPECT_EQ(tuned.code, 0) << tuned.out;
+
+  // With GPT-2's tokenizer files named by the flags.
+  const dtk_test::Result with_tok = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf_tok --vocab_file " +
+                                                      kVocab + " --merge_file " + kMerges);
+  ASSERT_EQ(with_tok.code, 0) << with_tok.out;
+  EXPECT_NE(with_tok.out.find("config.json and the GPT-2 tokenizer files"), std::string::npos) << with_tok.out;
+  EXPECT_EQ(read(dir + "/hf_tok/vocab.json"), read(kVocab));
+  EXPECT_TRUE(fs::is_regular_file(dir + "/hf_tok/tokenizer_config.json"));
+}
+
+// Tied embeddings and Llama 3.1's rope scaling (wavelengths around rope_original_max_positions
+// 1000: head dim 16 has frequencies in all three of its branches).
+TEST(HfLlama, TiedAndLlama3RopeScalingRoundTrip) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_llama_tied");
+  const std::map<std::string, std::string> opts = {{"untie_embeddings_and_output_weights", "false"},
+                                                   {"rope_scaling", "llama3"},
+                                                   {"rope_original_max_positions", "1000"},
+                                                   {"rope_scaling_factor", "16"}};
+  std::string sets;
+  for (const auto& [k, v] : opts) sets += "--set model." + k + "=" + v + " ";
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck").code, 0);
+  const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("rope theta 10000, llama3 rope scaling"), std::string::npos) << exported.out;
+  const std::string config = read(dir + "/hf/config.json");
+  EXPECT_EQ(json_value(config, "tie_word_embeddings"), "true");
+  EXPECT_EQ(json_value(config, "rope_type"), "llama3");
+  EXPECT_EQ(json_value(config, "factor"), "16");
+  EXPECT_EQ(json_value(config, "original_max_position_embeddings"), "1000");
+  EXPECT_EQ(read_safetensors(dir + "/hf/model.safetensors").count("lm_head.weight"), 0u);
+  const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+  expect_hf_forward_matches(saved, opts, dir + "/hf", "tied, llama3 rope scaling");
+  // The scaling matters: HF's forward without it differs.
+  {
+    std::string plain = config;
+    plain.replace(plain.find("\"rope_type\": \"llama3\""), 21, "\"rope_type\": \"default\"");
+    const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+    const at::Tensor tokens = at::randint(0, kVocabSize, {1, 64}, at::kLong);
+    EXPECT_GT((hf_llama_logits(hf, plain, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(), 1e-4);
+  }
+  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  EXPECT_NE(imported.out.find("--set model.rope_original_max_positions=1000"), std::string::npos) << imported.out;
+  EXPECT_NE(imported.out.find("--set model.untie_embeddings_and_output_weights=false"), std::string::npos) << imported.out;
+  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "tied round trip");
+}
+
+// A TP2 checkpoint (lr 0: Megatron's initialisation makes it the TP1 one cut in pieces) exports
+// the TP1 checkpoint's tensors, and its import is the TP1 checkpoint bit for bit.
+TEST(HfLlama, TensorParallelCheckpointRoundTrips) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_llama_tp");
+  const std::string frozen = kTrain + "--set lr.lr=0 --set lr.min_lr=0 ";
+  ASSERT_EQ(dtk_test::run_dtk(frozen + "--set checkpoint.save=" + dir + "/tp1").code, 0);
+  const dtk_test::Result tp2 = dtk_test::run_dtk("launch --nproc_per_node 2 " + frozen +
+                                                 "--set distributed.tensor_model_parallel_size=2 --set checkpoint.save=" +
+                                                 dir + "/tp2");
+  ASSERT_EQ(tp2.code, 0) << tp2.out;
+  ASSERT_TRUE(fs::exists(dir + "/tp2/iter_0000003/mp_rank_01"));
+  for (const char* tp : {"tp1", "tp2"}) {
+    const dtk_test::Result r = dtk_test::run_dtk("export hf " + dir + "/" + tp + " " + dir + "/hf_" + tp);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  const Tensors a = read_safetensors(dir + "/hf_tp1/model.safetensors");
+  const Tensors b = read_safetensors(dir + "/hf_tp2/model.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(at::equal(t, b.at(name))) << name;
+  }
+  ASSERT_EQ(dtk_test::run_dtk("import hf " + dir + "/hf_tp2 " + dir + "/imp").code, 0);
+  expect_same_parameters(checkpoint_at(dir + "/tp1", "iter_0000003"), checkpoint_at(dir + "/imp", "iter_0000000"),
+                         "TP2 round trip");
+}
+
+// Hugging Face's sharded layout (model.safetensors.index.json and its shards) imports as the
+// single file does; bad folders are one error line naming what is wrong.
+TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_llama_shards");
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 "
+                                       "--set checkpoint.save=" + dir + "/ck").code, 0);
+  ASSERT_EQ(dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf").code, 0);
+  const std::string config = read(dir + "/hf/config.json");
+  const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+  // Two shards: layer 0 and the embedding in one, the rest in the other.
+  auto shard_folder = [&](const std::string& name, const std::string& cfg, const Tensors& tensors,
+                          const std::string& odd_name = "", const std::string& odd_dtype = "") {
+    const std::string d = dir + "/" + name;
+    fs::create_directories(d);
+    write_text(d + "/config.json", cfg);
+    Tensors first, second;
+    std::string map;
+    for (const auto& [n, t] : tensors) {
+      const bool one = n.find("layers.0.") != std::string::npos || n == "model.embed_tokens.weight";
+      (one ? first : second)[n] = t;
+      map += (map.empty() ? "" : ",\n    ") + std::string("\"") + n + "\": \"model-0000" + (one ? "1" : "2") +
+             "-of-00002.safetensors\"";
+    }
+    write_safetensors(d + "/model-00001-of-00002.safetensors", first, odd_name, odd_dtype);
+    write_safetensors(d + "/model-00002-of-00002.safetensors", second, odd_name, odd_dtype);
+    write_text(d + "/model.safetensors.index.json", "{\n  \"metadata\": {},\n  \"weight_map\": {\n    " + map + "\n  }\n}\n");
+    return d;
+  };
+  const std::string sharded = shard_folder("sharded", config, hf);
+  const dtk_test::Result r = dtk_test::run_dtk("import hf " + sharded + " " + dir + "/imp_sharded");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_parameters(checkpoint_at(dir + "/ck", "iter_0000001"), checkpoint_at(dir + "/imp_sharded", "iter_0000000"),
+                         "sharded import");
+
+  Tensors missing = hf;
+  missing.erase("model.norm.weight");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("missing", config, missing) + " " + dir + "/x"),
+                                  "has no tensor 'model.norm.weight'");
+  Tensors wrong = hf;
+  wrong["model.layers.1.mlp.up_proj.weight"] = at::zeros({191, 64});
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("wrong", config, wrong) + " " + dir + "/x"),
+                                  "tensor 'model.layers.1.mlp.up_proj.weight' is [191, 64], config.json says [192, 64]");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("import hf " + shard_folder("dtype", config, hf, "model.norm.weight", "I8") + " " + dir + "/x"),
+      "tensor 'model.norm.weight' has dtype I8");
+  std::string mistral = config;
+  mistral.replace(mistral.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"qwen2\"");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("qwen", mistral, hf) + " " + dir + "/x"),
+                                  "model_type 'qwen2'");
+  std::string partial = config;
+  partial.replace(partial.find("\"rope_scaling\": null"), 20, "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("yarn", partial, hf) + " " + dir + "/x"),
+                                  "rope_scaling type 'yarn'");
+  EXPECT_FALSE(fs::exists(dir + "/x"));
+
+  // What LlamaForCausalLM cannot hold is refused at export, naming the option.
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 "
+                                       "--set model.rotary_percent=0.5 --set checkpoint.save=" + dir + "/half").code, 0);
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("export hf " + dir + "/half " + dir + "/x"),
+                                  "option 'rotary_percent' is 0.5");
+}

@@ -169,7 +169,7 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
 
 }  // namespace
 
-int run_generate(dtk::host::PluginHost& plugins) {
+int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& plugins) {
   check_generate_flags();
   const std::vector<std::string> prompts = read_prompts();
   const dtk::data::Gpt2Tokenizer tokenizer(FLAGS_vocab_file, FLAGS_merge_file);
@@ -177,7 +177,8 @@ int run_generate(dtk::host::PluginHost& plugins) {
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
   int tp = 1;
-  const dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 

@@ -333,6 +333,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
        "latest_checkpointed_iteration.txt exists and is not a file"},
       {kTrain + "--set 'lr.param_rules=match: \"nothing_matches\" lr_mult: 0.5'", "matches no parameter of the model"},
       {"train --config " + dir + "/dup.pbtxt", "Non-repeated field \"train_iters\" is specified multiple times"},
+      {kTrain + "--use_checkpoint_args --set checkpoint.load=" + dir + "/adir",
+       "checkpoint.use_checkpoint_args: cannot read the model recorded in " + dir + "/adir: "},
+      {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
+       "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

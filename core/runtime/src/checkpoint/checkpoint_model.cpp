@@ -71,6 +71,12 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
     if (rec == recorded.options().end() || exempt(name)) continue;  // not recorded: not compared
     const std::string& mine = run_values[name];
     if (same_value(spec->type, rec->second, mine)) continue;
+    // 0 = derived from the other options (ffn_hidden_size, max_position_embeddings,
+    // num_query_groups): the value it stands for is the plugin's to derive, and these are shapes,
+    // which the strict load of the weights checks (an import records 256 where a run says 0).
+    if (spec->type == DTK_OPT_INT && spec->default_value && std::string(spec->default_value) == "0" &&
+        (same_value(DTK_OPT_INT, rec->second, "0") || same_value(DTK_OPT_INT, mine, "0")))
+      continue;
     return head + "model." + name + "=" + rec->second + " but this run has " + mine + "; pass --set model." + name +
            "=" + rec->second + " or --use_checkpoint_args";
   }

@@ -9,7 +9,9 @@
 //  * the model plugin's name, then each option the checkpoint records that this run's plugin
 //    declares, by value (numbers as numbers: 5e5 == 500000), both sides with the plugin's defaults
 //    filled in. An option the record does not name (a checkpoint written before the option
-//    existed, or by a DTK that recorded only the options given) is not compared.
+//    existed, or by a DTK that recorded only the options given) is not compared, nor an integer
+//    option whose default 0 means "derived" (ffn_hidden_size, max_position_embeddings,
+//    num_query_groups) when either side says 0: those are shapes, which loading the weights checks.
 //  * except the options that do not change the function the model computes: how it is computed
 //    (fused output layer, its chunking, the cross-entropy implementation, recomputation, Domino's
 //    chunks), the dropout rates (training noise; evaluation and the loaded weights are the same

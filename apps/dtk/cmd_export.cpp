@@ -14,6 +14,7 @@
 
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/export/hf_gpt2.hpp"
 #include "dtk/core/export/hf_llama.hpp"
@@ -22,6 +23,10 @@
 
 DECLARE_string(vocab_file);
 DECLARE_string(merge_file);
+DECLARE_string(model);
+DECLARE_string(config);
+DECLARE_string(megatron_args);
+DECLARE_bool(use_checkpoint_args);
 
 namespace {
 
@@ -58,7 +63,37 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
 
 }  // namespace
 
-int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
+void apply_command_line_model(dtk::config::RunConfig& cfg, const std::vector<std::string>& sets,
+                              dtk::host::PluginHost& plugins, const std::string& where, const std::string& command) {
+  using dtk::host::HostError;
+  const std::string reads = command + " runs the model the checkpoint records";
+  if (!FLAGS_config.empty()) throw HostError(reads + ": --config is not read (check a model option with --set model.K=V)");
+  if (!FLAGS_megatron_args.empty())
+    throw HostError(reads + ": --megatron_args is not read (check a model option with --set model.K=V)");
+  // The model this command line describes: the checkpoint's, with --model and --set model.K=V.
+  dtk::config::RunConfig run;
+  *run.mutable_model() = cfg.model();
+  if (!FLAGS_model.empty() && FLAGS_model != run.model().name()) {
+    run.mutable_model()->set_name(FLAGS_model);
+    run.mutable_model()->clear_options();
+  }
+  for (const auto& s : sets) {
+    if (s.rfind("model.", 0) != 0)
+      throw HostError(reads + ": --set " + s + " is not read (only model options: --set model.K=V)");
+    dtk::core::apply_override(run, s);
+  }
+  if (FLAGS_use_checkpoint_args) {
+    const std::string line = dtk::core::adopt_checkpoint_model(cfg.model(), run.mutable_model(), where);
+    std::fprintf(stderr, "%s:%s\n", command.c_str(), line.c_str());
+  } else {
+    const std::string difference = dtk::core::model_difference(cfg.model(), run.model(), plugins, where);
+    if (!difference.empty()) throw HostError(difference);
+  }
+  *cfg.mutable_model() = run.model();
+}
+
+int run_export(const std::vector<std::string>& args, const std::vector<std::string>& sets,
+               dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
   const char* usage =
       "usage: dtk export hf CHECKPOINT OUT_DIR [--vocab_file encoder.json --merge_file vocab.bpe] (GPT-2's files: "
@@ -70,6 +105,7 @@ int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plug
   dtk::config::RunConfig cfg;
   if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
+  apply_command_line_model(cfg, sets, plugins, args[1], "export hf");
   const std::string& name = cfg.model().name();
   if (name != "gpt" && name != "llama")
     throw HostError("export hf: " + iter_dir + " holds a '" + name +

@@ -27,5 +27,15 @@ BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunCon
 
 // `args`: the words after "export". `plugins` resolves the model plugin's options (defaults
 // included) for the checkpoint's recorded configuration.
-int run_export(const std::vector<std::string>& args, dtk::host::PluginHost& plugins);
+// `dtk generate` and `dtk export hf` run the model `cfg` (the configuration recorded in checkpoint
+// `where`) records. What the command line says of the model (--model, --set model.K=V) is checked
+// against it: a difference that changes the model's function is refused in one line, unless
+// --use_checkpoint_args (then the checkpoint's stands, said on stderr); the options that do not
+// (fused_lm_head, ...) apply. Any other --set, --config or --megatron_args is refused: `command`
+// reads nothing else of a run configuration.
+void apply_command_line_model(dtk::config::RunConfig& cfg, const std::vector<std::string>& sets,
+                              dtk::host::PluginHost& plugins, const std::string& where, const std::string& command);
+
+int run_export(const std::vector<std::string>& args, const std::vector<std::string>& sets,
+               dtk::host::PluginHost& plugins);
 int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins);

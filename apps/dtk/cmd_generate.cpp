@@ -183,14 +183,15 @@ std::unique_ptr<dtk::text::Tokenizer> generation_tokenizer(const dtk::config::Ru
 
 }  // namespace
 
-int run_generate(dtk::host::PluginHost& plugins) {
+int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& plugins) {
   check_generate_flags();
   const std::vector<std::string> prompts = read_prompts();
 
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
   int tp = 1;
-  const dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");
   const auto tokenizer_ptr = generation_tokenizer(cfg, iter_dir);
   const dtk::text::Tokenizer& tokenizer = *tokenizer_ptr;
   dtk::core::init_distributed(cfg);

@@ -7,4 +7,8 @@ namespace dtk::host {
 class PluginHost;
 }
 
-int run_generate(dtk::host::PluginHost& plugins);
+#include <string>
+#include <vector>
+
+// `sets`: the command line's --set assignments (model options only; apply_command_line_model).
+int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& plugins);

@@ -47,6 +47,10 @@ DEFINE_string(bench_out, "", "Write the performance summary as JSON to this file
 DEFINE_string(megatron_args, "",
               "A Megatron-LM / DeepSpeed-Domino pretraining flag list (or @FILE) mapped onto the config; --set "
               "still wins. `dtk config --megatron_table` lists every flag.");
+DEFINE_bool(use_checkpoint_args, false,
+            "The model plugin and options of the checkpoint loaded (train's checkpoint.load, generate's --load, "
+            "export's CHECKPOINT) replace this run's (--set checkpoint.use_checkpoint_args=true; Megatron's "
+            "--use-checkpoint-args). Without it a difference that changes the model's function is refused.");
 DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
@@ -252,6 +256,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
+  if (FLAGS_use_checkpoint_args) cfg.mutable_checkpoint()->set_use_checkpoint_args(true);
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   apply_tokenizer_files(cfg);
   return cfg;
@@ -391,11 +396,11 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   }
   if (cmd == "checkpoint")
     return run_checkpoint(args, [argv0]() -> dtk::host::PluginHost& { return load_plugins(argv0); });
-  if (cmd == "export") return run_export(args, load_plugins(argv0));
+  if (cmd == "export") return run_export(args, sets, load_plugins(argv0));
   if (cmd == "import") return run_import(args, load_plugins(argv0));
   if (cmd == "generate") {
     if (!args.empty()) throw dtk::host::HostError("generate: unexpected argument '" + args[0] + "'");
-    return run_generate(load_plugins(argv0));
+    return run_generate(sets, load_plugins(argv0));
   }
   throw dtk::host::HostError(
       "unknown command '" + cmd +

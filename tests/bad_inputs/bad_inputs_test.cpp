@@ -178,6 +178,23 @@ TEST(BadInputs, ACheckpointsOptimizerStateMustLoadWhole) {
   EXPECT_EQ(run_dtk(kTrain + "--optimizer cpu_adam --set checkpoint.load=" + ckpt, 120).code, 0);
 }
 
+// Issue 39's "config vs checkpoint": a checkpoint whose model computes another function than the
+// run's (here the norms' epsilon) is refused in one line naming the option and both values, in
+// `dtk train` and `dtk generate`; generate reads no other part of a run configuration.
+TEST(BadInputs, ACheckpointsModelMustBeTheRuns) {
+  const std::string ckpt = tmp_dir("model-mismatch");
+  ASSERT_EQ(run_dtk(kTrain + "--set train.exit_interval=2 --set checkpoint.save=" + ckpt, 120).code, 0);
+  expect_clean_error(run_dtk(kTrain + "--set model.layernorm_epsilon=1e-6 --set checkpoint.load=" + ckpt, 60),
+                     "checkpoint " + ckpt + " was trained with model.layernorm_epsilon=1e-5 but this run has 1e-6; "
+                     "pass --set model.layernorm_epsilon=1e-5 or --use_checkpoint_args");
+  const std::string gen = "generate --load " + ckpt + " --prompt x --vocab_file " + std::string(DTK_VOCAB_DIR) +
+                          "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe ";
+  expect_clean_error(run_dtk(gen + "--set model.num_layers=3", 60),
+                     "was trained with model.num_layers=2 but this run has 3");
+  expect_clean_error(run_dtk(gen + "--config " + std::string(DTK_SOURCE_DIR) + "/configs/gpt-tiny.pbtxt", 60),
+                     "generate runs the model the checkpoint records: --config is not read");
+}
+
 TEST(BadInputs, OutputPathsAreCheckedBeforeTraining) {
   const auto start = std::chrono::steady_clock::now();
   const std::string file = tmp_dir("not-a-dir") + "/file";
@@ -316,6 +333,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
        "latest_checkpointed_iteration.txt exists and is not a file"},
       {kTrain + "--set 'lr.param_rules=match: \"nothing_matches\" lr_mult: 0.5'", "matches no parameter of the model"},
       {"train --config " + dir + "/dup.pbtxt", "Non-repeated field \"train_iters\" is specified multiple times"},
+      {kTrain + "--use_checkpoint_args --set checkpoint.load=" + dir + "/adir",
+       "checkpoint.use_checkpoint_args: cannot read the model recorded in " + dir + "/adir: "},
+      {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
+       "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

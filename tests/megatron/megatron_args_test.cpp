@@ -157,6 +157,123 @@ TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
                                {"model.attention_dropout", "0"}});
 }
 
+// Megatron-LM's and DeepSpeed-Domino's Llama command lines, shrunk (sizes tiny; the tokenizer
+// flags, which another part maps, left out): docs/llama_mistral.md's launch lines for a converted
+// Llama-2 and Llama-3.1 checkpoint (--use-checkpoint-args, partial architecture flags, the older
+// rotary flags, Llama 3.1's rope scaling), Domino's pretrain_llama_13b.sh (--llama-model,
+// --causal-lm) and the model flags of examples/llama/train_llama3_8b_h100_fp8.sh. Nothing DTK can
+// run is refused; what it cannot build is, with the reason.
+TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
+  auto map = [](const std::string& flags) {
+    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
+  };
+  // Llama-2, inference or fine-tuning from a converted checkpoint (llama_mistral.md).
+  MegatronMapping m = map(
+      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --seq-length 64 --max-position-embeddings 64 "
+      "--load ckpt/llama2 --exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
+      "--untie-embeddings-and-output-weights --use-rotary-position-embeddings --normalization RMSNorm "
+      "--no-position-embedding --no-masked-softmax-fusion --attention-softmax-in-fp32");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  auto cfg = config_of(m);
+  expect_fields(cfg, {{"model.name", "llama"},
+                      {"checkpoint.use_checkpoint_args", "true"},
+                      {"checkpoint.load", "ckpt/llama2"},
+                      {"checkpoint.no_load_optim", "true"},
+                      {"checkpoint.no_load_rng", "true"},
+                      {"model.untie_embeddings_and_output_weights", "true"},
+                      {"train.seq_length", "64"}});
+  auto ignored = [&](const std::string& flag) {
+    return std::any_of(m.ignored.begin(), m.ignored.end(), [&](const std::string& i) { return i.rfind(flag, 0) == 0; });
+  };
+  for (const char* flag : {"--exit-on-missing-checkpoint", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+                           "--max-position-embeddings 64"})
+    EXPECT_TRUE(ignored(flag)) << flag;
+
+  // Llama-3.1 (llama_mistral.md; its "--group-query-attention 8" written as Megatron parses it).
+  m = map("--tensor-model-parallel-size 1 --seq-length 64 --max-position-embeddings 256 --load ckpt/llama31 "
+          "--exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
+          "--untie-embeddings-and-output-weights --normalization RMSNorm --position-embedding-type rope "
+          "--no-masked-softmax-fusion --attention-softmax-in-fp32 --disable-bias-linear "
+          "--transformer-impl transformer_engine --group-query-attention --num-query-groups 2 --attention-dropout 0.0 "
+          "--hidden-dropout 0.0 --rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling --ffn-hidden-size 192 "
+          "--num-attention-heads 4 --swiglu --bf16 --no-rope-fusion");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  cfg = config_of(m);
+  expect_fields(cfg, {{"model.name", "llama"},
+                      {"model.rotary_base", "500000"},
+                      {"model.rope_scaling", "llama3"},
+                      {"model.rope_scaling_factor", "8"},  // Megatron's default
+                      {"model.num_query_groups", "2"},
+                      {"model.add_bias_linear", "false"},
+                      {"train.params_dtype", "bf16"},
+                      {"checkpoint.use_checkpoint_args", "true"}});
+  EXPECT_TRUE(ignored("--transformer-impl")) << "--transformer-impl";
+  EXPECT_TRUE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
+  // The factor given; alone, it is ignored as Megatron ignores it.
+  expect_fields(config_of(map("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
+                              "--rope-scaling-factor 32")),
+                {{"model.rope_scaling", "llama3"}, {"model.rope_scaling_factor", "32"}});
+  m = map("--position-embedding-type rope --normalization RMSNorm --swiglu --rope-scaling-factor 32");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_EQ(config_of(m).model().options().count("rope_scaling_factor"), 0u);
+
+  // DeepSpeed-Domino's pretrain_llama_13b.sh.
+  m = map("--llama-model --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+          "--max-position-embeddings 64 --position-embedding-type rope --swiglu --ffn-hidden-size 192 "
+          "--disable-bias-linear --normalization RMSNorm --layernorm-epsilon 1e-6 --micro-batch-size 8 "
+          "--global-batch-size 8 --lr 0.00015 --train-iters 100 --lr-decay-iters 320000 --lr-decay-style cosine "
+          "--min-lr 1.0e-5 --weight-decay 1e-2 --lr-warmup-fraction .01 --clip-grad 1.0 "
+          "--no-gradient-accumulation-fusion --fp16 --tensor-model-parallel-size 2 --seed 3407 --causal-lm");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.name", "llama"}, {"model.add_bias_linear", "false"}, {"train.seed", "3407"}});
+  EXPECT_TRUE(ignored("--causal-lm")) << "--causal-lm";
+
+  // examples/llama/train_llama3_8b_h100_fp8.sh's model flags: all run but two, which describe a
+  // model DTK does not build (zero-centred LayerNorm weights, and LayerNorm with SwiGLU: the script
+  // gives no --normalization RMSNorm).
+  m = map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
+          "--group-query-attention --num-query-groups 2 --kv-channels 16 --seq-length 64 --max-position-embeddings 64 "
+          "--position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 --attention-dropout 0.0 "
+          "--hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
+          "--untie-embeddings-and-output-weights --disable-bias-linear --context-parallel-size 1 "
+          "--cross-entropy-loss-fusion --manual-gc --use-distributed-optimizer");
+  ASSERT_EQ(m.refused.size(), 2u) << (m.refused.empty() ? "" : m.refused.front());
+  EXPECT_EQ(m.refused[0].rfind("--apply-layernorm-1p: ", 0), 0u) << m.refused[0];
+  EXPECT_NE(m.refused[1].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[1];
+  // With RMSNorm and without the 1p weights, the rest is the llama model.
+  m = map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
+          "--group-query-attention --num-query-groups 2 --kv-channels 16 --position-embedding-type rope "
+          "--normalization RMSNorm --rotary-base 1000000 --swiglu --context-parallel-size 1");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.name", "llama"}, {"model.rotary_base", "1000000"}});
+  // What DTK cannot build, named.
+  m = map("--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
+  ASSERT_EQ(m.refused.size(), 3u);
+  EXPECT_EQ(m.refused[0].rfind("--context-parallel-size 2: DTK has no context parallelism", 0), 0u) << m.refused[0];
+  EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads", 0),
+            0u)
+      << m.refused[1];
+  EXPECT_EQ(m.refused[2].rfind("--no-position-embedding: needs rotary positions", 0), 0u) << m.refused[2];
+}
+
+// A tiny llama trained through --megatron_args with Megatron's Llama flags (the older rotary
+// flag, no position table, the fusion switches), on synthetic tokens of the GPT-2 vocabulary.
+TEST(MegatronRecipe, LlamaFlagsTrain) {
+  const dtk_test::Result r = dtk_test::run_dtk(
+      std::string("train --threads 2 --dataset synthetic --megatron_args '--num-layers 2 --hidden-size 64 "
+                  "--num-attention-heads 4 --ffn-hidden-size 192 --seq-length 32 --use-rotary-position-embeddings "
+                  "--no-position-embedding --normalization RMSNorm --swiglu --disable-bias-linear "
+                  "--untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 "
+                  "--rotary-base 500000 --no-rope-fusion --no-masked-softmax-fusion --attention-softmax-in-fp32 "
+                  "--transformer-impl local --use-mcore-models --kv-channels 16 --hidden-dropout 0 "
+                  "--attention-dropout 0 --micro-batch-size 4 --global-batch-size 4 --train-iters 3 --lr 0.001 "
+                  "--log-interval 1 --eval-iters 1 --eval-interval 3' --set tokenizer.vocab_file=") +
+      DTK_VOCAB_DIR + "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model 'llama'"), std::string::npos) << r.out;
+  EXPECT_EQ(dtk_test::printed_losses(r.out).size(), 3u) << r.out;
+}
+
 // Megatron's grouped-query attention: --group-query-attention turns it on with
 // --num-query-groups groups (default 1, multi-query); the group count alone is ignored (and said
 // so), on any model. --fp16 with --bf16 is refused, as Megatron asserts.

@@ -62,8 +62,36 @@ const Rule kRules[] = {
     {"--num-query-groups", 1, Kind::kCustom, "model.num_query_groups",
      "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head "
      "attention"},
+    {"--use-rotary-position-embeddings", 0, Kind::kCustom, "",
+     "older Megatron's (and Megatron-DeepSpeed's) --position-embedding-type rope: the llama model (see rope)"},
+    {"--no-position-embedding", 0, Kind::kCustom, "",
+     "no learned position table: with rotary positions (rope), the llama model's own; without them refused (DTK "
+     "has no model without positions)"},
+    {"--llama-model", 0, Kind::kCustom, "",
+     "DeepSpeed-Domino's switch for its Llama model: the llama model, with the rope, RMSNorm and SwiGLU flags its "
+     "scripts give"},
     {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
     {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
+    {"--use-rope-scaling", 0, Kind::kCustom, "model.rope_scaling=llama3",
+     "Llama 3.1's rotary frequency scaling (llama), by --rope-scaling-factor (Megatron's default 8)"},
+    {"--rope-scaling-factor", 1, Kind::kCustom, "model.rope_scaling_factor",
+     "with --use-rope-scaling (Megatron reads it only then); without it: ignored"},
+    {"--no-rope-fusion", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--kv-channels", 1, Kind::kCustom, "",
+     "the head dimension: accepted when it is --hidden-size / --num-attention-heads (DTK's models derive it); "
+     "another value refused"},
+    {"--apply-layernorm-1p", 0, Kind::kRefuse, "",
+     "zero-centred norm weights (the norm multiplies by 1 + w) are not in DTK's models"},
+    {"--use-mcore-models", 0, Kind::kIgnore, "", "Megatron's choice between its two GPT implementations; DTK's models are its own"},
+    {"--transformer-impl", 1, Kind::kIgnore, "",
+     "Megatron's layer implementation (local or Transformer Engine); DTK's models are its own"},
+    {"--attention-softmax-in-fp32", 0, Kind::kIgnore, "",
+     "the precision of Megatron's unfused attention softmax under fp16/bf16; DTK's attention kernel decides its "
+     "own"},
+    {"--no-query-key-layer-scaling", 0, Kind::kIgnore, "",
+     "DTK never scales the attention scores by the layer number (Megatron's fp16 overflow guard, the same "
+     "function)"},
+    {"--causal-lm", 0, Kind::kIgnore, "", "DTK's language-model step (causal_lm) is causal"},
     {"--attention-backend", 1, Kind::kIgnore, "",
      "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--use-flash-attn", 0, Kind::kIgnore, "",
@@ -91,6 +119,9 @@ const Rule kRules[] = {
     {"--no-persist-layer-norm", 0, Kind::kIgnore, "", kCudaFusion},
     {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "", kCudaFusion},
     {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
+    {"--cross-entropy-loss-fusion", 0, Kind::kIgnore, "",
+     "a CUDA kernel-fusion switch; DTK's own fused output layer and cross entropy is model.fused_lm_head (on)"},
+    {"--manual-gc", 0, Kind::kIgnore, "", "Python's garbage collector: DTK has none"},
     {"--use-cpu-initialization", 0, Kind::kIgnore, "",
      "DTK always initialises on the CPU, the same weights at any tensor-parallel size"},
     // Training
@@ -143,6 +174,7 @@ const Rule kRules[] = {
     {"--virtual-pipeline-model-parallel-size", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
      "the interleaved schedule"},
     {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
+    {"--context-parallel-size", 1, Kind::kCustom, "", "1: accepted; more refused (no context parallelism in DTK)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
      "GPU (docs/cuda.md)"},
@@ -185,6 +217,10 @@ const Rule kRules[] = {
     {"--no-load-optim", 0, Kind::kSwitch, "checkpoint.no_load_optim=true", ""},
     {"--no-load-rng", 0, Kind::kSwitch, "checkpoint.no_load_rng=true", ""},
     {"--finetune", 0, Kind::kSwitch, "checkpoint.finetune=true", ""},
+    {"--use-checkpoint-args", 0, Kind::kSwitch, "checkpoint.use_checkpoint_args=true",
+     "the model plugin and options come from the checkpoint in --load; the architecture flags may then be partial"},
+    {"--exit-on-missing-checkpoint", 0, Kind::kIgnore, "",
+     "DTK always stops with an error when checkpoint.load holds no checkpoint"},
     {"--no-save-optim", 0, Kind::kRefuse, "", "DTK's checkpoints always hold the optimizer state"},
 };
 
@@ -229,6 +265,10 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "LayerNorm" && v[0] != "RMSNorm") return refuse("not one of LayerNorm, RMSNorm");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
+  } else if (f == "--context-parallel-size") {
+    if (v[0] != "1") refuse("DTK has no context parallelism (the sequence is not split over ranks)");
+  } else if (f == "--use-rope-scaling") {
+    m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {
     if (v[0] == "full" || v[0] == "selective") return m.sets.push_back("model.recompute_activations=" + v[0]);
     refuse("not one of full, selective");
@@ -275,12 +315,18 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
 // The model the architecture flags describe: Megatron's GPT (learned positions, LayerNorm, GeLU)
 // is the gpt plugin; rotary positions + RMSNorm + SwiGLU is the llama plugin. A mix of the two is
 // refused, since neither plugin builds it.
+// With --use-checkpoint-args the checkpoint's model replaces the one the flags describe (Megatron's
+// Llama launch lines for a converted checkpoint give only part of the architecture): any llama
+// flag then stands for the llama model, and nothing is refused for being partial.
 void choose_model(MegatronMapping& m, bool rope, bool rms_norm, bool swiglu, const std::vector<std::string>& llama_only,
-                  const std::vector<std::string>& gpt_only) {
+                  const std::vector<std::string>& gpt_only, bool use_checkpoint_args) {
   if (!rope && !rms_norm && !swiglu) {
-    for (const auto& flag : llama_only) m.refused.push_back(flag + ": needs " + kLlama);
+    if (use_checkpoint_args && !llama_only.empty()) return choose_model(m, true, true, true, {}, gpt_only, false);
+    if (!use_checkpoint_args)
+      for (const auto& flag : llama_only) m.refused.push_back(flag + ": needs " + kLlama);
     return;
   }
+  if (!(rope && rms_norm && swiglu) && use_checkpoint_args) return choose_model(m, true, true, true, {}, gpt_only, false);
   if (!(rope && rms_norm && swiglu)) {
     std::vector<std::string> missing;
     if (!rope) missing.push_back("--position-embedding-type rope");
@@ -371,6 +417,11 @@ struct SeenFlags {
   bool group_query_attention = false, fp16 = false, bf16 = false;
   std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
+  bool use_checkpoint_args = false, rope_scaling = false;
+  std::string rope_factor, rope_factor_shown;   // --rope-scaling-factor: its value, and as given
+  std::string kv_channels, kv_channels_shown;   // --kv-channels: its value, and as given
+  std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
+  std::string no_position_shown;                // --no-position-embedding as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -382,7 +433,15 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") s.iteration_schedule.push_back(shown);
   // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
   if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") s.sample_schedule.push_back(shown);
-  if (f == "--position-embedding-type" && values[0] == "rope") s.rope = true;
+  if ((f == "--position-embedding-type" && values[0] == "rope") || f == "--use-rotary-position-embeddings")
+    s.rope = true;
+  if (f == "--no-position-embedding") s.no_position_shown = shown;
+  if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
+  if (f == "--use-rope-scaling") s.rope_scaling = true;
+  if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
+  if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
+  if (f == "--hidden-size") s.hidden_size = values[0];
+  if (f == "--num-attention-heads") s.attention_heads = values[0];
   if (f == "--normalization" && values[0] == "RMSNorm") s.rms_norm = true;
   if (f == "--swiglu") s.swiglu = true;
   if (f == "--group-query-attention") s.group_query_attention = true;
@@ -392,7 +451,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--num-layers-per-virtual-pipeline-stage") s.per_virtual_stage = values[0], s.per_virtual_shown = shown;
   if (f == "--fp16") s.fp16 = true;
   if (f == "--bf16") s.bf16 = true;
-  if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" || f == "--rotary-base")
+  if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" ||
+      f == "--rotary-base" || f == "--use-rope-scaling" || f == "--llama-model")
     s.llama_only.push_back(shown);
   if (f == "--openai-gelu" || f == "--max-position-embeddings") s.gpt_only.push_back(shown);
 }
@@ -429,6 +489,48 @@ void map_query_groups(SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.query_groups_shown +
                         " (Megatron reads it only with --group-query-attention: multi-head "
                         "attention as written)");
+}
+
+// Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
+// --rope-scaling-factor (default 8.0); the factor alone changes nothing.
+void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
+  if (s.rope_scaling)
+    m.sets.push_back("model.rope_scaling_factor=" + (s.rope_factor.empty() ? std::string("8") : s.rope_factor));
+  else if (!s.rope_factor_shown.empty())
+    m.ignored.push_back(s.rope_factor_shown + " (Megatron reads it only with --use-rope-scaling: no scaling as written)");
+}
+
+// A whole positive number, or 0.
+long positive_number(const std::string& v) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  return v.empty() || *end || n <= 0 ? 0L : n;
+}
+
+// --kv-channels: DTK's models derive the head dimension, hidden / heads; Megatron's other values
+// (a projection to another width) are not built. --no-position-embedding: a model without a
+// learned table must have rotary positions.
+void check_heads_and_positions(const SeenFlags& s, MegatronMapping& m) {
+  if (!s.kv_channels_shown.empty()) {
+    const long kv = positive_number(s.kv_channels), hidden = positive_number(s.hidden_size),
+               heads = positive_number(s.attention_heads);
+    if (kv == 0)
+      m.refused.push_back(s.kv_channels_shown + ": not a positive number");
+    else if (hidden == 0 || heads == 0) {
+      if (s.use_checkpoint_args)
+        m.ignored.push_back(s.kv_channels_shown + " (the checkpoint's model decides: --use-checkpoint-args)");
+      else
+        m.refused.push_back(s.kv_channels_shown +
+                            ": needs --hidden-size and --num-attention-heads (DTK's head dimension is their quotient)");
+    } else if (hidden % heads != 0 || hidden / heads != kv) {
+      m.refused.push_back(s.kv_channels_shown + ": DTK's head dimension is --hidden-size / --num-attention-heads (" +
+                          s.hidden_size + " / " + s.attention_heads + "); another width is not built");
+    }
+  }
+  if (!s.no_position_shown.empty() && !s.rope && !s.use_checkpoint_args)
+    m.refused.push_back(s.no_position_shown +
+                        ": needs rotary positions (--position-embedding-type rope or "
+                        "--use-rotary-position-embeddings): DTK has no model without positions");
 }
 
 // Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
@@ -514,7 +616,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   map_query_groups(s, m);
   map_virtual_stages(s, m);
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
-  choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only);
+  map_rope_scaling(s, m);
+  check_heads_and_positions(s, m);
+  choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
   return m;
 }

@@ -8,6 +8,9 @@
 // TensorBoard), core/checkpoint, core/components (one wrapper per plugin kind).
 #include "dtk/core/train/pretrain.hpp"
 
+#include <cstdio>
+
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/train/trainer.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -42,7 +45,13 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
 }  // namespace
 
 int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks) {
-  const config::RunConfig run = bench_config(cfg);
+  config::RunConfig run = bench_config(cfg);
+  // The checkpoint's model against this run's, before anything is built (checkpoint_model.hpp).
+  const std::string adopted = reconcile_checkpoint_model(run, plugins);
+  if (!adopted.empty() && launch_env_from_environment().rank == 0) {
+    std::printf("%s\n", adopted.c_str());
+    std::fflush(stdout);
+  }
   Trainer trainer(run, plugins, std::move(hooks));
   trainer.train();
   if (!trainer.stopped_early()) trainer.final_evaluation();

@@ -334,8 +334,13 @@ void Trainer::save(int64_t iteration) {
   if (scaler_.dynamic()) progress_.grad_scaler = scaler_.state();
   progress_.schedule = schedule_.params();
   const std::string& dir = cfg_.checkpoint().save();
+  // The model's options recorded with every default filled in: a later load compares them all
+  // (checkpoint_model.hpp), whatever the plugin's defaults are by then.
+  config::RunConfig recorded = cfg_;
+  recorded.mutable_model()->clear_options();
+  for (const auto& [key, value] : plugins_.model.options.items()) (*recorded.mutable_model()->mutable_options())[key] = value;
   const SaveReport r = save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
-                                       to_text(cfg_), writers_, topo_, cfg_.checkpoint().keep_last());
+                                       to_text(recorded), writers_, topo_, cfg_.checkpoint().keep_last());
   last_saved_ = iteration;
   char buf[64];
   std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);

@@ -1,0 +1,60 @@
+// dtk/core/checkpoint/checkpoint_model.hpp — a checkpoint carries its model: the model plugin and
+// options recorded with it (the "config" entry, checkpoint.hpp) against the run's.
+//
+// Loading a checkpoint into a model that computes another function (another rotary base, norm
+// epsilon, vocabulary, tied or untied output, ...) gives wrong losses and wrong text without a
+// word, or a shape error far from its cause. So every path that loads a checkpoint (train's
+// checkpoint.load, with or without finetune; `dtk generate`; `dtk export hf`) compares:
+//
+//  * the model plugin's name, then each option the checkpoint records that this run's plugin
+//    declares, by value (numbers as numbers: 5e5 == 500000), both sides with the plugin's defaults
+//    filled in. An option the record does not name (a checkpoint written before the option
+//    existed, or by a DTK that recorded only the options given) is not compared, nor an integer
+//    option whose default 0 means "derived" (ffn_hidden_size, max_position_embeddings,
+//    num_query_groups) when either side says 0: those are shapes, which loading the weights checks.
+//  * except the options that do not change the function the model computes: how it is computed
+//    (fused output layer, its chunking, the cross-entropy implementation, recomputation, Domino's
+//    chunks), the dropout rates (training noise; evaluation and the loaded weights are the same
+//    either way, and fine-tuning with other dropout is a normal choice), the initialisation
+//    (overwritten by the loaded weights) and the sequence length (the run's input size: a
+//    learned position table's shape is checked when the weights load). The list is
+//    exempt_model_options(), in one place; a third-party plugin using these names gets the same.
+//
+// A difference is one HostError line naming the option and both values. With
+// checkpoint.use_checkpoint_args (Megatron's --use-checkpoint-args) the checkpoint's model plugin
+// and options replace the run's instead (only the exempt options the run gave explicitly stay the
+// run's), which also lets a run name no model at all.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dtk_config.pb.h"
+#include "dtk/host/plugin_host.hpp"
+
+namespace dtk::core {
+
+// The model options that do not change the function the model computes (see above).
+const std::vector<std::string>& exempt_model_options();
+
+// The checkpoint's recorded model against the run's. `recorded` as the checkpoint holds it, `run`
+// as this run gives it; `plugins` resolves both against the plugins' option specs. Returns "" when
+// they agree, else the one-line refusal naming `where` (the checkpoint as the user named it), the
+// option and both values.
+std::string model_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
+                             host::PluginHost& plugins, const std::string& where);
+
+// Replaces the run's model with the recorded one (checkpoint.use_checkpoint_args): the recorded
+// plugin and options, and the exempt options `run` sets explicitly when the plugin is the same.
+// Returns the log line that says so.
+std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
+                                   const std::string& where);
+
+// For `dtk train` before anything is built: when checkpoint.load names a checkpoint, reads the model
+// it records (the tracker's iteration, else the newest) and either refuses a difference
+// (model_difference) or, with checkpoint.use_checkpoint_args, adopts it. Returns the line to log
+// ("" when there is nothing to say). A checkpoint that records no configuration (written by
+// another program) is not compared.
+std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost& plugins);
+
+}  // namespace dtk::core

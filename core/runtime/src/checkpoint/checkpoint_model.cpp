@@ -1,0 +1,151 @@
+// A checkpoint's recorded model against the run's (dtk/core/checkpoint/checkpoint_model.hpp).
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
+
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/layout.hpp"
+#include "dtk/host/error.hpp"
+
+namespace dtk::core {
+
+using host::HostError;
+
+const std::vector<std::string>& exempt_model_options() {
+  // How the function is computed, not which: the fused output layer and its chunks, the
+  // cross-entropy implementation, recomputation, Domino's chunked schedule. Training noise and the
+  // initialisation: dropout (evaluation is the same either way; fine-tuning with another rate is
+  // a normal choice) and the init std (the loaded weights replace it). The input length: the run's
+  // (a learned position table's shape is checked when its weights load).
+  static const std::vector<std::string> exempt = {
+      "fused_lm_head",  "lm_head_chunk_tokens", "cross_entropy_impl", "recompute_activations", "domino_chunks",
+      "hidden_dropout", "attention_dropout",    "init_method_std",    "seq_length"};
+  return exempt;
+}
+
+namespace {
+
+bool exempt(const std::string& name) {
+  const auto& e = exempt_model_options();
+  return std::find(e.begin(), e.end(), name) != e.end();
+}
+
+// Two values of an option of type `type` (dtk_option_type) that mean the same: numbers by value,
+// booleans by truth, the rest as written.
+bool same_value(int32_t type, const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  if (type == DTK_OPT_INT || type == DTK_OPT_FLOAT) {
+    char *ea = nullptr, *eb = nullptr;
+    const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+    return !a.empty() && !b.empty() && !*ea && !*eb && x == y;
+  }
+  if (type == DTK_OPT_BOOL) {
+    auto truth = [](const std::string& v) { return v == "true" || v == "1"; };
+    return truth(a) == truth(b);
+  }
+  return false;
+}
+
+std::map<std::string, std::string> options_of(const config::PluginChoice& c) {
+  return std::map<std::string, std::string>(c.options().begin(), c.options().end());
+}
+
+}  // namespace
+
+std::string model_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
+                             host::PluginHost& plugins, const std::string& where) {
+  const std::string head = "checkpoint " + where + " was trained with ";
+  if (recorded.name() != run.name())
+    return head + "model plugin '" + recorded.name() + "' but this run has '" + run.name() + "'; pass --model " +
+           recorded.name() + " (and its options) or --use_checkpoint_args";
+  const host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, run.name());
+  std::map<std::string, std::string> run_values;
+  for (auto& [k, v] : host::resolve_options(plugin, options_of(run))) run_values[k] = v;
+  for (const dtk_option_spec* spec : plugin.options()) {
+    const std::string name = spec->name;
+    auto rec = recorded.options().find(name);
+    if (rec == recorded.options().end() || exempt(name)) continue;  // not recorded: not compared
+    const std::string& mine = run_values[name];
+    if (same_value(spec->type, rec->second, mine)) continue;
+    // 0 = derived from the other options (ffn_hidden_size, max_position_embeddings,
+    // num_query_groups): the value it stands for is the plugin's to derive, and these are shapes,
+    // which the strict load of the weights checks (an import records 256 where a run says 0).
+    if (spec->type == DTK_OPT_INT && spec->default_value && std::string(spec->default_value) == "0" &&
+        (same_value(DTK_OPT_INT, rec->second, "0") || same_value(DTK_OPT_INT, mine, "0")))
+      continue;
+    return head + "model." + name + "=" + rec->second + " but this run has " + mine + "; pass --set model." + name +
+           "=" + rec->second + " or --use_checkpoint_args";
+  }
+  return "";
+}
+
+std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
+                                   const std::string& where) {
+  config::PluginChoice adopted = recorded;
+  std::string kept;
+  if (recorded.name() == run->name())
+    for (const auto& [k, v] : run->options())
+      if (exempt(k)) {
+        (*adopted.mutable_options())[k] = v;
+        kept += (kept.empty() ? "" : ", ") + k + "=" + v;
+      }
+  *run = adopted;
+  return " checkpoint.use_checkpoint_args: the model is the one " + where + " records: '" + recorded.name() + "', " +
+         std::to_string(recorded.options_size()) + " option(s)" + (kept.empty() ? "" : "; this run's " + kept);
+}
+
+namespace {
+
+// The model recorded in the checkpoint a run loads: the tracker's iteration (else the newest),
+// and with fallback the older complete ones in turn. False when none records one that reads.
+bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* out, std::string* why) {
+  int64_t iteration = -1;
+  std::string iter_dir;
+  try {
+    iter_dir = resolve_iteration_dir(ck.load(), &iteration);
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return false;
+  }
+  while (true) {
+    try {
+      config::RunConfig saved;
+      if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved))
+        throw HostError("the configuration recorded in " + iter_dir + " does not parse");
+      *out = saved.model();
+      return true;
+    } catch (const std::exception& e) {
+      *why = e.what();
+    }
+    if (!ck.fallback()) return false;
+    iteration = older_complete_iteration(ck.load(), iteration);
+    if (iteration < 0) return false;
+    iter_dir = checkpoint_iter_dir(ck.load(), iteration);
+  }
+}
+
+}  // namespace
+
+std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost& plugins) {
+  const auto& ck = cfg.checkpoint();
+  if (ck.load().empty()) return "";
+  config::PluginChoice recorded;
+  std::string why;
+  if (!recorded_model(ck, &recorded, &why)) {
+    // The load itself reports what is wrong with the checkpoint; a run that asked for its model
+    // cannot be built without it.
+    if (ck.use_checkpoint_args())
+      throw HostError("checkpoint.use_checkpoint_args: cannot read the model recorded in " + ck.load() + ": " + why);
+    return "";
+  }
+  if (ck.use_checkpoint_args()) return adopt_checkpoint_model(recorded, cfg.mutable_model(), ck.load());
+  const std::string difference = model_difference(recorded, cfg.model(), plugins, ck.load());
+  if (!difference.empty()) throw HostError(difference);
+  return "";
+}
+
+}  // namespace dtk::core

@@ -1,0 +1,108 @@
+// A checkpoint carries its model (dtk/core/checkpoint/checkpoint_model.hpp), through real dtk runs
+// of a tiny llama: a run whose model computes another function than the checkpoint's is refused in
+// one line naming the option and both values; --use_checkpoint_args evaluates with the
+// checkpoint's options (the loss of the run that gives them by hand), whatever model the command
+// line names; an option that does not change the function (fused_lm_head, dropout) may differ;
+// `dtk generate` needs no model flag and checks the ones it is given (the prompt "A" is GPT-2 id 32,
+// inside the tiny vocabulary).
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "../common/run_dtk.hpp"
+
+namespace {
+
+using dtk_test::expect_one_line_error;
+using dtk_test::Result;
+using dtk_test::run_dtk;
+
+// A 2-layer llama on 64 random token ids: 2 iterations, then the final evaluation.
+const std::string kRun = std::string("--dataset synthetic --threads 2 --set dataset.vocab_size=64 ") +
+                         "--set train.seq_length=32 --set train.train_iters=2 --set train.micro_batch_size=4 " +
+                         "--set train.global_batch_size=4 --set lr.lr_warmup_iters=1 --set eval.eval_interval=0 " +
+                         "--set eval.eval_iters=2 --set logging.log_interval=1 ";
+const std::string kLlama = std::string("train --config ") + DTK_SOURCE_DIR + "/configs/llama-tiny.pbtxt " + kRun +
+                           "--set model.vocab_size=64 ";
+
+// The final evaluation's line ("validation loss at iteration 2 ... | lm loss value: ..."), as printed.
+std::string validation(const std::string& log) {
+  std::smatch m;
+  static const std::regex re(R"(validation loss at iteration 2 on validation set \| [^\n]*)");
+  return std::regex_search(log, m, re) ? m[0].str() : "";
+}
+
+// Trained once with rotary_base 500000 (the default is 10000), saved at iteration 2.
+const std::string& checkpoint() {
+  static const std::string dir = [] {
+    const std::string d = dtk_test::fresh_dir(DTK_TEST_TMP, "rotary-500000");
+    const Result r = run_dtk(kLlama + "--set model.rotary_base=500000 --set checkpoint.save=" + d +
+                             " --set checkpoint.save_interval=2");
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return dir;
+}
+
+}  // namespace
+
+TEST(CheckpointModel, AnotherRotaryBaseIsRefusedInOneLine) {
+  const std::string& ck = checkpoint();
+  expect_one_line_error(run_dtk(kLlama + "--set checkpoint.load=" + ck),
+                        "checkpoint " + ck + " was trained with model.rotary_base=500000 but this run has 10000; "
+                        "pass --set model.rotary_base=500000 or --use_checkpoint_args");
+  // Fine-tuning loads the same weights into the same function: the same check.
+  expect_one_line_error(run_dtk(kLlama + "--set checkpoint.finetune=true --set checkpoint.load=" + ck),
+                        "was trained with model.rotary_base=500000 but this run has 10000");
+  // Another model plugin altogether.
+  expect_one_line_error(run_dtk(kLlama + "--model gpt --set checkpoint.load=" + ck),
+                        "checkpoint " + ck + " was trained with model plugin 'llama' but this run has 'gpt'");
+}
+
+TEST(CheckpointModel, UseCheckpointArgsEvaluatesWithTheCheckpointsOptions) {
+  const std::string& ck = checkpoint();
+  const Result matching = run_dtk(kLlama + "--set model.rotary_base=500000 --set checkpoint.load=" + ck);
+  ASSERT_EQ(matching.code, 0) << matching.out;
+  const std::string want = validation(matching.out);
+  ASSERT_FALSE(want.empty()) << matching.out;
+  const Result adopted = run_dtk(kLlama + "--use_checkpoint_args --set checkpoint.load=" + ck);
+  ASSERT_EQ(adopted.code, 0) << adopted.out;
+  EXPECT_NE(adopted.out.find("checkpoint.use_checkpoint_args: the model is the one " + ck + " records: 'llama'"),
+            std::string::npos)
+      << adopted.out;
+  EXPECT_EQ(validation(adopted.out), want) << adopted.out;
+  // No model flags at all (DTK's default config names gpt): the checkpoint's model, the same loss
+  // (the default config's learning-rate schedule is not the checkpoint's: the checkpoint's wins).
+  const Result bare = run_dtk("train " + kRun + "--set checkpoint.use_checkpoint_args=true --set checkpoint.load=" + ck +
+                              " --set checkpoint.use_checkpoint_opt_param_scheduler=true");
+  ASSERT_EQ(bare.code, 0) << bare.out;
+  EXPECT_EQ(validation(bare.out), want) << bare.out;
+}
+
+TEST(CheckpointModel, OptionsThatKeepTheFunctionMayDiffer) {
+  const std::string& ck = checkpoint();
+  const Result r = run_dtk(kLlama + "--set model.rotary_base=5e5 --set model.fused_lm_head=false "
+                                    "--set model.hidden_dropout=0.1 --set model.recompute_activations=full "
+                                    "--set checkpoint.load=" + ck);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("loaded checkpoint from " + ck + " at iteration 2"), std::string::npos) << r.out;
+}
+
+TEST(CheckpointModel, GenerateNeedsNoModelFlagsAndChecksTheOnesGiven) {
+  const std::string& ck = checkpoint();
+  const std::string gen = "generate --load " + ck + " --vocab_file " + DTK_VOCAB_DIR + "/encoder.json --merge_file " +
+                          DTK_VOCAB_DIR + "/vocab.bpe --prompt 'A' --max_new_tokens 3 --temperature 0 ";
+  const Result plain = run_dtk(gen);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("generate: iteration 2 of " + ck), std::string::npos) << plain.out;
+  expect_one_line_error(run_dtk(gen + "--set model.rotary_base=10000"),
+                        "checkpoint " + ck + " was trained with model.rotary_base=500000 but this run has 10000");
+  EXPECT_EQ(run_dtk(gen + "--set model.rotary_base=500000 --set model.fused_lm_head=false").code, 0);
+  const Result adopted = run_dtk(gen + "--set model.rotary_base=10000 --use_checkpoint_args");
+  EXPECT_EQ(adopted.code, 0) << adopted.out;
+  EXPECT_NE(adopted.out.find("generate: checkpoint.use_checkpoint_args: the model is the one"), std::string::npos)
+      << adopted.out;
+  expect_one_line_error(run_dtk(gen + "--set train.seq_length=16"),
+                        "generate runs the model the checkpoint records: --set train.seq_length=16 is not read");
+}

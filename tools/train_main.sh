@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The main job: a real GPT training run on a real text corpus with the default plugins.
-#   1. installs what is missing (Debian packages, the GPT-2 vocab) and builds dtk
+#   1. installs what is missing (Debian packages, the GPT-2 vocab, the Llama tokenizer files) and
+#      builds dtk
 #   2. makes a corpus: every fortune cookie of Debian's `fortunes` package, one document each
 #      (jsonl), or CORPUS=path/to/file.txt|.jsonl for your own text
 #   3. `dtk preprocess` -> Megatron .bin/.idx with GPT-2 BPE
 #   4. `dtk train` of configs/gpt-tiny.pbtxt on it (override with CONFIG=..., extra flags pass through)
+# MODEL=llama: the same corpus through a 32000-piece SentencePiece-style BPE tokenizer.json
+# (HuggingFaceTokenizer) into a Llama (configs/llama-main.pbtxt), saved to runs/llama/checkpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh --vocab
@@ -37,6 +40,15 @@ if [[ -z "$CORPUS" ]]; then
   fi
 fi
 name=$(basename "${CORPUS%.*}")
+if [[ "${MODEL:-gpt}" == llama ]]; then
+  PREFIX=data/${name}_llama
+  if [[ ! -s ${PREFIX}_text_document.idx ]]; then
+    $DTK preprocess --input "$CORPUS" --output_prefix "$PREFIX" --tokenizer_type HuggingFaceTokenizer \
+      --tokenizer_model data/tokenizers/sp-bpe --append_eod --skip_bad_lines
+  fi
+  # The run records its tokenizer: `dtk generate --load runs/llama/checkpoints` needs no flags.
+  exec $DTK train --config "${CONFIG:-configs/llama-main.pbtxt}" --data_path "${PREFIX}_text_document" "$@"
+fi
 PREFIX=data/${name}
 if [[ ! -s ${PREFIX}_text_document.idx ]]; then
   $DTK preprocess --input "$CORPUS" --output_prefix "$PREFIX" --vocab_file data/gpt2/encoder.json \

@@ -19,6 +19,7 @@
 #include "dtk/core/export/hf_gpt2.hpp"
 #include "dtk/core/export/hf_llama.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "tokenizer_flags.hpp"
 #include "dtk/plugin.hpp"
 
 DECLARE_string(vocab_file);
@@ -29,6 +30,21 @@ DECLARE_string(megatron_args);
 DECLARE_bool(use_checkpoint_args);
 
 namespace {
+
+// The BOS/EOS of the run's tokenizer, read through dtk::text, for config.json and the tokenizer
+// files (a tokenizer named but unreadable is an error: the export would ship a broken folder).
+void describe_tokenizer(dtk::core::TokenizerFiles* t) {
+  dtk::config::TokenizerConfig c;
+  c.set_type(t->type), c.set_model_file(t->model_file), c.set_vocab_file(t->vocab_file), c.set_merge_file(t->merge_file);
+  if (!names_tokenizer(c)) return;
+  const auto tokenizer = load_tokenizer(tokenizer_spec_of(c));
+  t->bos = tokenizer->bos() >= 0 ? tokenizer->bos() : (tokenizer->text_prefix().empty() ? -1 : tokenizer->text_prefix()[0]);
+  t->eos = tokenizer->eod();
+  if (tokenizer->type() != "HuggingFaceTokenizer") return;
+  if (t->bos >= 0) t->bos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t->bos)});
+  if (t->eos >= 0) t->eos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t->eos)});
+  if (tokenizer->files().size() > 1) t->config_file = tokenizer->files()[1];
+}
 
 // `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder (dtk/core/export/hf_llama.hpp).
 int export_llama(const std::vector<std::string>& args, const dtk::config::RunConfig& cfg, int64_t iteration,
@@ -41,6 +57,7 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
                                 cfg.tokenizer().merge_file()};
   if (!FLAGS_vocab_file.empty()) tok.vocab_file = FLAGS_vocab_file;
   if (!FLAGS_merge_file.empty()) tok.merge_file = FLAGS_merge_file;
+  describe_tokenizer(&tok);
   const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims);
   std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
               "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "

@@ -141,15 +141,25 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     std::fputs(run.prompts[first].c_str(), stdout);
     std::fflush(stdout);
   }
-  // Streaming prints what decoding all the new tokens adds to what was printed: a token's text
-  // can depend on its neighbours (SentencePiece spells a word's leading space), and a multi-byte
-  // character may span tokens (its bytes come out as they arrive and the terminal joins them).
+  // The continuation is what decoding prompt + new tokens adds to decoding the prompt: a token's
+  // text can depend on its neighbours (SentencePiece drops the space of a text's first word), and
+  // a multi-byte character may span tokens (streaming prints its bytes when they are all there,
+  // or as they arrive when the text so far is not whole UTF-8; the terminal joins them).
+  const auto continuation = [&](const std::vector<int64_t>& prompt, const std::vector<int32_t>& added) {
+    std::vector<int32_t> all;
+    for (int64_t id : prompt)
+      if (id != eod) all.push_back(static_cast<int32_t>(id));
+    const size_t before = run.tokenizer.decode(all).size();
+    all.insert(all.end(), added.begin(), added.end());
+    const std::string text = run.tokenizer.decode(all);
+    return text.size() > before ? text.substr(before) : std::string();
+  };
   std::vector<int32_t> streamed;
   size_t printed = 0;
   auto on_token = [&](size_t, int64_t id) {
     if (!run.stream || !run.printer || id == eod) return;
     streamed.push_back(static_cast<int32_t>(id));
-    const std::string text = run.tokenizer.decode(streamed);
+    const std::string text = continuation(ids[0], streamed);
     if (text.size() <= printed) return;
     std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
     std::fflush(stdout);
@@ -166,7 +176,7 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     for (int64_t id : out[i])
       if (id != eod) text_ids.push_back(static_cast<int32_t>(id));
     std::printf("=== prompt %zu\n%s%s\n", first + i + 1, run.prompts[first + i].c_str(),
-                run.tokenizer.decode(text_ids).c_str());
+                continuation(ids[i], text_ids).c_str());
   }
   std::fflush(stdout);
 }

@@ -33,6 +33,7 @@
 #include "launch.hpp"
 #include "test_hooks.hpp"
 #include "run_config.hpp"
+#include "tokenizer_flags.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
 DEFINE_string(model, "", "Model plugin (overrides model.name).");
@@ -70,7 +71,11 @@ Usage:
   dtk plugins list
   dtk plugins describe NAME [--kind KIND]
   dtk config [--config FILE] [--set key=value]...     print the resolved configuration
-  dtk preprocess --input FILE --output_prefix PREFIX --vocab_file encoder.json --merge_file vocab.bpe
+  dtk preprocess --input FILE --output_prefix PREFIX TOKENIZER     TOKENIZER (as Megatron's flags):
+                 --vocab_file encoder.json --merge_file vocab.bpe (GPT2BPETokenizer, the default) |
+                 --tokenizer_type T --tokenizer_model FILE (SentencePieceTokenizer, GPTSentencePiece-
+                 Tokenizer, Llama2Tokenizer: a .model; HuggingFaceTokenizer: a tokenizer.json) |
+                 --tokenizer_type NullTokenizer --vocab_size N.  `dtk train` takes them too.
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
                                                       another tensor- and/or pipeline-parallel size
@@ -79,8 +84,8 @@ Usage:
                                         checkpoint: LlamaForCausalLM (tokenizer flags optional)
   dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel or LlamaForCausalLM folder as a checkpoint
                                         to fine-tune from
-  dtk generate --load DIR --prompt TEXT | --prompts_file FILE --vocab_file encoder.json
-               --merge_file vocab.bpe [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
+  dtk generate --load DIR --prompt TEXT | --prompts_file FILE [TOKENIZER: default the checkpoint's]
+               [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
                [--seed S] [--batch_size B]    text from a checkpoint (key/value cache; TP: under launch)
   dtk --version
 
@@ -257,6 +262,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
   if (FLAGS_use_checkpoint_args) cfg.mutable_checkpoint()->set_use_checkpoint_args(true);
+  apply_tokenizer_flags(cfg.mutable_tokenizer());
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   apply_tokenizer_files(cfg);
   return cfg;

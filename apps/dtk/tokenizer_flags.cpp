@@ -49,18 +49,18 @@ bool names_tokenizer(const dtk::config::TokenizerConfig& c) {
          c.null_vocab_size() != 0;
 }
 
-void set_tokenizer_config(const dtk::text::TokenizerSpec& s, dtk::config::TokenizerConfig* c) {
-  c->set_type(s.type);
-  c->set_model_file(s.model_file);
-  c->set_vocab_file(s.vocab_file);
-  c->set_merge_file(s.merge_file);
-  c->set_null_vocab_size(s.null_vocab_size);
-}
-
 std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec) {
   try {
     return dtk::text::make_tokenizer(spec);
   } catch (const dtk::data::DataError& e) {
     throw HostError("tokenizer: " + std::string(e.what()));
   }
+}
+
+void apply_tokenizer_flags(dtk::config::TokenizerConfig* c) {
+  if (!FLAGS_tokenizer_type.empty()) c->set_type(FLAGS_tokenizer_type);
+  if (!FLAGS_tokenizer_model.empty()) c->set_model_file(FLAGS_tokenizer_model);
+  if (!FLAGS_vocab_file.empty()) c->set_vocab_file(FLAGS_vocab_file);
+  if (!FLAGS_merge_file.empty()) c->set_merge_file(FLAGS_merge_file);
+  if (FLAGS_vocab_size != 0) c->set_null_vocab_size(FLAGS_vocab_size);
 }

@@ -15,8 +15,9 @@ dtk::text::TokenizerSpec tokenizer_spec_from_flags();
 dtk::text::TokenizerSpec tokenizer_spec_of(const dtk::config::TokenizerConfig& config);
 // Whether the configuration names a tokenizer at all.
 bool names_tokenizer(const dtk::config::TokenizerConfig& config);
-// Writes the spec into a run configuration's tokenizer block (vocab_size left as it is).
-void set_tokenizer_config(const dtk::text::TokenizerSpec& spec, dtk::config::TokenizerConfig* config);
+// The tokenizer flags given on the command line, written over a run configuration's tokenizer
+// block (`dtk train --tokenizer_type ... --tokenizer_model ...` as `--set tokenizer.type=...`).
+void apply_tokenizer_flags(dtk::config::TokenizerConfig* config);
 
 // make_tokenizer() with its DataError turned into one HostError line ("tokenizer: ...").
 std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec);

@@ -2,6 +2,8 @@
 // dtk/core/export/hf_llama.hpp.
 #include "dtk/core/export/hf_llama.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
@@ -123,6 +125,7 @@ std::string rope_scaling_json(const LlamaShape& s) {
 
 // bos/eos ids where the tokenizer says them: GPT-2's <|endoftext|>, Llama's SentencePiece <s> </s>.
 std::pair<int64_t, int64_t> special_ids(const LlamaShape& s, const TokenizerFiles& t) {
+  if (t.eos >= 0) return {t.bos >= 0 ? t.bos : t.eos, t.eos};
   if (t.type == "Llama2Tokenizer") return {1, 2};
   if ((t.type.empty() || t.type == "GPT2BPETokenizer") && s.vocab == 50257) return {50256, 50256};
   return {-1, -1};
@@ -170,9 +173,15 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShap
     const std::string bytes = hf::read_whole(file, "the tokenizer (tokenizer.model_file)");
     if (fs::path(file).extension() == ".json") {
       *written = "tokenizer.json";
+      if (!t.config_file.empty())
+        return {{"tokenizer.json", bytes},
+                {"tokenizer_config.json", hf::read_whole(t.config_file, "the tokenizer's tokenizer_config.json")}};
+      std::string special;
+      if (!t.bos_text.empty()) special += ",\n  \"bos_token\": " + nlohmann::json(t.bos_text).dump();
+      if (!t.eos_text.empty()) special += ",\n  \"eos_token\": " + nlohmann::json(t.eos_text).dump();
       return {{"tokenizer.json", bytes},
               {"tokenizer_config.json", "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": " +
-                                            max_length + "\n}\n"}};
+                                            max_length + special + "\n}\n"}};
     }
     *written = "tokenizer.model (SentencePiece)";
     return {{"tokenizer.model", bytes},

@@ -40,6 +40,10 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& options, int64_
 // tokenizer.json), else vocab_file + merge_file (GPT-2 BPE -> vocab.json, merges.txt).
 struct TokenizerFiles {
   std::string type, model_file, vocab_file, merge_file;
+  // From the loaded tokenizer (dtk::text): its BOS / EOS ids and spellings (-1 / "" unknown),
+  // and a tokenizer_config.json that came with a tokenizer.json (copied as is).
+  int64_t bos = -1, eos = -1;
+  std::string bos_text, eos_text, config_file;
 };
 
 // As export_hf_gpt2 (hf_gpt2.hpp): checksums verified, OUT refused unless absent or empty, the

@@ -224,3 +224,59 @@ TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_EQ(bad.out, "dtk: error: DTK_ALLOCATOR='jemalloc': expected 'tcmalloc' (the default) or 'system'\n");
 }
+
+// A Llama user's path with a real tokenizer.json: preprocess (BOS from the file's template, EOD
+// </s>), decode back, train a llama that records the tokenizer, generate and export with no
+// tokenizer flags (the checkpoint's), and Megatron's tokenizer flags selecting the same.
+TEST(Cli, LlamaTokenizerFromTextToExport) {
+  const std::string tok = DTK_SOURCE_DIR "/data/tokenizers/sp-bpe";
+  ASSERT_TRUE(std::filesystem::exists(tok + "/tokenizer.json")) << "run tools/setup.sh --vocab";
+  const std::string dir = ::testing::TempDir() + "dtk_cli_llama_tok";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir + "/c.jsonl");
+    for (int i = 0; i < 200; ++i)
+      out << "{\"text\": \"Fortune " << i << ": a journey of a thousand miles begins with a single step.\"}\n";
+  }
+  const std::string flags = "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + tok;
+  Result p = run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir + "/c " + flags + " --append_eod");
+  ASSERT_EQ(p.code, 0) << p.out;
+  Result d = run("preprocess --decode --input " + dir + "/c_text_document 3:4 " + flags);
+  ASSERT_EQ(d.code, 0) << d.out;
+  // The template's <s> first, the text, the appended </s> (spelled by the decoder as they are).
+  EXPECT_NE(d.out.find("<s> Fortune 3: a journey of a thousand miles begins with a single step.</s>"),
+            std::string::npos)
+      << d.out;
+  const std::string train = "train --config " DTK_SOURCE_DIR "/configs/llama-main.pbtxt --data_path " + dir +
+                            "/c_text_document --set tokenizer.model_file=" + tok +
+                            " --set train.train_iters=3 --set logging.log_interval=1 --set eval.eval_iters=1 "
+                            "--set model.num_layers=1 --set model.hidden_size=32 --set model.ffn_hidden_size=64 "
+                            "--set lr.lr_warmup_iters=1 --set checkpoint.save=" + dir + "/ckpt --threads 2";
+  Result c = run("config " + train.substr(6));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("key: \"eod_token\"\n    value: \"2\""), std::string::npos) << c.out;  // the tokenizer's </s>
+  EXPECT_NE(c.out.find("vocab_size: 32000"), std::string::npos) << c.out;
+  Result t = run(train);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(losses(t.out).size(), 3u) << t.out;
+  Result g = run("generate --load " + dir + "/ckpt --prompt 'A journey of' --max_new_tokens 5");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_NE(g.out.find("A journey of"), std::string::npos) << g.out;
+  Result e = run("export hf " + dir + "/ckpt " + dir + "/hf");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/hf/tokenizer.json"));
+  std::ifstream config(dir + "/hf/tokenizer_config.json");
+  const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"eos_token\": \"</s>\""), std::string::npos) << text;
+  // Megatron's spelling selects the same tokenizer.
+  Result m = run("config --config " DTK_SOURCE_DIR "/configs/llama-main.pbtxt --megatron_args '--tokenizer-type "
+                 "HuggingFaceTokenizer --tokenizer-model " + tok + "'");
+  ASSERT_EQ(m.code, 0) << m.out;
+  EXPECT_NE(m.out.find("type: \"HuggingFaceTokenizer\""), std::string::npos) << m.out;
+  expect_error_line(run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir +
+                        "/x --tokenizer_type Llama3Tokenizer --tokenizer_model " + tok),
+                    "preprocess: unknown --tokenizer-type 'Llama3Tokenizer' (DTK has GPT2BPETokenizer, "
+                    "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
+                    "NullTokenizer)");
+}

@@ -172,10 +172,13 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
       "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --seq-length 64 --max-position-embeddings 64 "
       "--load ckpt/llama2 --exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
       "--untie-embeddings-and-output-weights --use-rotary-position-embeddings --normalization RMSNorm "
-      "--no-position-embedding --no-masked-softmax-fusion --attention-softmax-in-fp32");
+      "--no-position-embedding --no-masked-softmax-fusion --attention-softmax-in-fp32 "
+      "--tokenizer-type Llama2Tokenizer --tokenizer-model llama2/tokenizer.model");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   auto cfg = config_of(m);
   expect_fields(cfg, {{"model.name", "llama"},
+                      {"tokenizer.type", "Llama2Tokenizer"},
+                      {"tokenizer.model_file", "llama2/tokenizer.model"},
                       {"checkpoint.use_checkpoint_args", "true"},
                       {"checkpoint.load", "ckpt/llama2"},
                       {"checkpoint.no_load_optim", "true"},
@@ -196,10 +199,13 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
           "--no-masked-softmax-fusion --attention-softmax-in-fp32 --disable-bias-linear "
           "--transformer-impl transformer_engine --group-query-attention --num-query-groups 2 --attention-dropout 0.0 "
           "--hidden-dropout 0.0 --rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling --ffn-hidden-size 192 "
-          "--num-attention-heads 4 --swiglu --bf16 --no-rope-fusion");
+          "--num-attention-heads 4 --swiglu --bf16 --no-rope-fusion "
+          "--tokenizer-type HuggingFaceTokenizer --tokenizer-model llama31");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   cfg = config_of(m);
   expect_fields(cfg, {{"model.name", "llama"},
+                      {"tokenizer.type", "HuggingFaceTokenizer"},
+                      {"tokenizer.model_file", "llama31"},
                       {"model.rotary_base", "500000"},
                       {"model.rope_scaling", "llama3"},
                       {"model.rope_scaling_factor", "8"},  // Megatron's default

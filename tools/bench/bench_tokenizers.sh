@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Tokenizer throughput next to the reference encoders, same text, same run (prints; asserts nothing).
+#   tools/bench/bench_tokenizers.sh [MB]     (default 8)
+# The text: the GPL-3 of Debian's base-files, one jsonl document per paragraph, repeated to MB.
+# DTK: `dtk preprocess` (encode + write .bin/.idx) with --workers 1 and 2, per tokenizer.
+# Peers, 1 thread: @lenml/tokenizers (JavaScript port of Hugging Face's tokenizers, the ids'
+# reference; data/tokenizers/reference) on the tokenizer.json files, SentencePiece's Python
+# binding on the committed SentencePiece model. Needs tools/setup.sh --vocab, node and
+# python3-sentencepiece for the peers.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MB=${1:-8}
+DTK=${DTK:-build/bin/dtk}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+/usr/bin/python3 - "$MB" "$tmp/corpus.jsonl" <<'PY'
+import json, sys
+paras = [p for p in open('/usr/share/common-licenses/GPL-3', encoding='utf-8').read().split('\n\n') if p.strip()]
+out, size, target = open(sys.argv[2], 'w'), 0, float(sys.argv[1]) * 1e6
+while size < target:
+    for p in paras:
+        line = json.dumps({'text': p}) + '\n'
+        out.write(line); size += len(line.encode())
+PY
+echo "corpus: $(du -m "$tmp/corpus.jsonl" | cut -f1) MB of GPL-3 paragraphs as jsonl, $(nproc) hardware threads"
+dtk_mbs() {  # label, tokenizer flags...
+  local label=$1; shift
+  for w in 1 2; do
+    rm -f "$tmp"/out_*
+    local line
+    line=$("$DTK" preprocess --input "$tmp/corpus.jsonl" --output_prefix "$tmp/out" "$@" --workers $w 2>&1 | grep "done:")
+    echo "  dtk preprocess, $label, workers $w: ${line#*done: }"
+  done
+}
+dtk_mbs "GPT2BPETokenizer" --vocab_file data/gpt2/encoder.json --merge_file data/gpt2/vocab.bpe
+dtk_mbs "HuggingFaceTokenizer llama3" --tokenizer_type HuggingFaceTokenizer --tokenizer_model data/tokenizers/llama3
+dtk_mbs "HuggingFaceTokenizer sp-bpe" --tokenizer_type HuggingFaceTokenizer --tokenizer_model data/tokenizers/sp-bpe
+dtk_mbs "Llama2Tokenizer (SentencePiece)" --tokenizer_type Llama2Tokenizer \
+  --tokenizer_model tests/data/fixtures/tokenizers/gpl3_bpe.model
+if command -v node >/dev/null; then
+  for t in llama3 sp-bpe; do
+    node - "$(pwd)/data/tokenizers/reference/dist/main.js" "data/tokenizers/$t" "$tmp/corpus.jsonl" <<'JS'
+const fs = require('fs');
+const [lib, dir, corpus] = process.argv.slice(2);
+const { TokenizerLoader } = require(lib);
+const config = fs.existsSync(dir + '/tokenizer_config.json') ? JSON.parse(fs.readFileSync(dir + '/tokenizer_config.json')) : {};
+const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: JSON.parse(fs.readFileSync(dir + '/tokenizer.json')), tokenizerConfig: config });
+const lines = fs.readFileSync(corpus, 'utf8').split('\n').filter(l => l).map(l => JSON.parse(l).text);
+const t0 = process.hrtime.bigint();
+let tokens = 0, bytes = 0;
+for (const text of lines) { tokens += tok.encode(text).length; bytes += Buffer.byteLength(text); }
+const s = Number(process.hrtime.bigint() - t0) / 1e9;
+console.log(`  @lenml/tokenizers (node), ${dir.split('/').pop()}, 1 thread: ${tokens} tokens, ${(bytes / 1e6 / s).toFixed(1)} MB/s of text`);
+JS
+  done
+fi
+/usr/bin/python3 - "$tmp/corpus.jsonl" <<'PY' || echo "  (python3-sentencepiece missing: SentencePiece peer not timed)"
+import json, sys, time
+import sentencepiece as spm
+sp = spm.SentencePieceProcessor(model_file='tests/data/fixtures/tokenizers/gpl3_bpe.model')
+texts = [json.loads(l)['text'] for l in open(sys.argv[1], encoding='utf-8')]
+t0 = time.perf_counter(); n = sum(len(sp.encode(t)) + 1 for t in texts); s = time.perf_counter() - t0
+mb = sum(len(t.encode()) for t in texts) / 1e6
+print(f"  sentencepiece (python binding), Llama2Tokenizer's encode, 1 thread: {n} tokens, {mb / s:.1f} MB/s of text")
+PY

@@ -225,6 +225,17 @@ std::string set_flags(const std::map<std::string, std::string>& model_options) {
   return sets;
 }
 
+// The tokenizer a Hugging Face folder ships, as the flags that select it for fine-tuning.
+std::string folder_tokenizer_flags(const std::string& hf_dir) {
+  const std::filesystem::path dir(hf_dir);
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir / "tokenizer.json", ec))
+    return " --tokenizer_type HuggingFaceTokenizer --tokenizer_model " + hf_dir;
+  if (std::filesystem::is_regular_file(dir / "tokenizer.model", ec))
+    return " --tokenizer_type Llama2Tokenizer --tokenizer_model " + (dir / "tokenizer.model").string();
+  return "";
+}
+
 }  // namespace
 
 int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
@@ -247,7 +258,8 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
                 args[1].c_str(), save.c_str(), static_cast<long long>(s.layers), static_cast<long long>(s.hidden),
                 static_cast<long long>(s.heads), static_cast<long long>(s.groups), static_cast<long long>(s.ffn),
                 static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
-                s.llama3 ? ", llama3 rope scaling" : "", save.c_str(), set_flags(imported.model_options).c_str());
+                s.llama3 ? ", llama3 rope scaling" : "", save.c_str(),
+                (set_flags(imported.model_options) + folder_tokenizer_flags(args[1])).c_str());
     return 0;
   }
   const dtk::core::HfImport imported = dtk::core::import_hf_gpt2(args[1]);

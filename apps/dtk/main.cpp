@@ -231,6 +231,10 @@ std::vector<std::string> extract_sets(int* argc, char** argv) {
 }
 
 dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
+  // `--megatron_args ''` (an unset shell variable, usually) would silently train Megatron's defaults.
+  if (FLAGS_megatron_args.find_first_not_of(" \t\n") == std::string::npos &&
+      !gflags::GetCommandLineFlagInfoOrDie("megatron_args").is_default)
+    throw dtk::host::HostError("--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it");
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
   // A Megatron command line first: the plugin flags, --data_path and --set below override it.

@@ -304,6 +304,16 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   std::ofstream(dir + "/garbage-ck/latest_checkpointed_iteration.txt") << "\x1b[31m\r12x";
   fs::create_directories(dir + "/tracker-dir/latest_checkpointed_iteration.txt");
   std::ofstream(dir + "/dup.pbtxt") << "train { train_iters: 3 train_iters: 5 }\n";
+  std::ofstream(dir + "/empty.pbtxt") << "# nothing but a comment\n";
+  {
+    const std::string gpt2 = DTK_SOURCE_DIR "/data/gpt2";
+    std::ifstream merges(gpt2 + "/vocab.bpe");
+    std::ofstream bad(dir + "/other-merges.bpe");
+    std::string line;
+    for (int i = 0; i < 3 && std::getline(merges, line); ++i) bad << line << "\n";
+    bad << "\xc3\xa9\xc3\xa9 zz\n";  // "éé" is not a GPT-2 token
+  }
+  std::ofstream(dir + "/one.txt") << "Hello world\n";
   struct Case {
     std::string args, needle;
   };
@@ -335,6 +345,13 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"train --config " + dir + "/dup.pbtxt", "Non-repeated field \"train_iters\" is specified multiple times"},
       {kTrain + "--use_checkpoint_args --set checkpoint.load=" + dir + "/adir",
        "checkpoint.use_checkpoint_args: cannot read the model recorded in " + dir + "/adir: "},
+      {"config --config " + dir + "/empty.pbtxt",
+       "config '" + dir + "/empty.pbtxt': sets nothing (empty or only comments); drop --config for the defaults"},
+      {"config --megatron_args ''", "--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it"},
+      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/m --vocab_file " DTK_SOURCE_DIR
+       "/data/gpt2/encoder.json --merge_file " + dir + "/other-merges.bpe",
+       "other-merges.bpe' line 4: '\xc3\xa9\xc3\xa9' is not in the vocabulary file (are the two files of one "
+       "tokenizer?)"},
       {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
        "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
   };

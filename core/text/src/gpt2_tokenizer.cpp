@@ -133,7 +133,15 @@ void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
       throw DataError("merges file '" + merges_file + "' line " + std::to_string(ln + 1) +
                       ": expected two tokens separated by a space");
     }
-    key_rank[std::string(parts[0]) + "," + std::string(parts[1])] = static_cast<int32_t>(ln - 1);
+    // Every merge of GPT-2's files joins two vocabulary tokens into a third; one that does not
+    // is another tokenizer's merges (or a damaged file) and would silently never apply.
+    const std::string a(parts[0]), b(parts[1]);
+    for (const std::string& token : {a, b, a + b}) {
+      if (m.encoder.count(token) == 0)
+        throw DataError("merges file '" + merges_file + "' line " + std::to_string(ln + 1) + ": '" + token +
+                        "' is not in the vocabulary file (are the two files of one tokenizer?)");
+    }
+    key_rank[a + "," + b] = static_cast<int32_t>(ln - 1);
   }
   // Every way of splitting a key at a comma into two vocabulary tokens is a pair the JS
   // encoder would merge at that rank.

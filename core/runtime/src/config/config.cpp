@@ -128,6 +128,10 @@ config::RunConfig load_config(const std::string& path) {
     parser.RecordErrorsTo(&errors);
     if (!parser.ParseFromString(ss.str(), &alone))
       throw HostError("config '" + path + "': " + (errors.text.empty() ? "parse error" : errors.text));
+    // An empty file (or only comments) is almost always the wrong file or a failed write: running
+    // the defaults under its name would hide that.
+    if (alone.ByteSizeLong() == 0)
+      throw HostError("config '" + path + "': sets nothing (empty or only comments); drop --config for the defaults");
   }
   config::RunConfig cfg = default_config();
   merge_text(ss.str(), &cfg, "config '" + path + "'");

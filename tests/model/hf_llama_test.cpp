@@ -365,6 +365,11 @@ TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
   dtk_test::expect_one_line_error(
       dtk_test::run_dtk("import hf " + shard_folder("dtype", config, hf, "model.norm.weight", "I8") + " " + dir + "/x"),
       "tensor 'model.norm.weight' has dtype I8");
+  Tensors nan = hf;
+  nan["model.layers.0.input_layernorm.weight"] = hf.at("model.layers.0.input_layernorm.weight").clone();
+  nan["model.layers.0.input_layernorm.weight"][3] = std::nan("");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("nan", config, nan) + " " + dir + "/x"),
+                                  "tensor 'model.layers.0.input_layernorm.weight' holds 1 NaN or infinite value(s)");
   std::string mistral = config;
   mistral.replace(mistral.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"qwen2\"");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("qwen", mistral, hf) + " " + dir + "/x"),

@@ -136,6 +136,12 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
           base + offsets[1] > data.size())
         throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has data_offsets that do not fit its shape or the file");
       std::memcpy(t.data_ptr(), data.data() + base + offsets[0], bytes);
+      // A NaN or infinity in a weight trains nothing but NaNs: refused here, named, not at step 1.
+      if (at::isFloatingType(type) && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) {
+        const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' holds " + std::to_string(bad) +
+                        " NaN or infinite value(s)");
+      }
       out[it.key()] = t;
     } catch (const nlohmann::json::exception& x) {
       throw HostError("import hf: " + file + ": tensor '" + it.key() + "': " + ckpt::first_line(x.what()));

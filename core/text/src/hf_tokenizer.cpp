@@ -1,6 +1,6 @@
 // HuggingFaceTokenizer: a tokenizer.json whose model is BPE, read and run without the Hugging Face
 // library. Two families are implemented, and anything else in the file is refused by name:
-//  * byte-level BPE (Llama 3, GPT-NeoX, GPT-2 style): pre_tokenizer ByteLevel (GPT-2's regex) or
+//  * byte-level BPE (Llama 3, GPT-2 style): pre_tokenizer ByteLevel (GPT-2's regex) or
 //    Sequence[Split(Llama 3's regex or GPT-2's, Isolated), ByteLevel(use_regex false)];
 //  * SentencePiece-style BPE (Llama 2, Mistral): normalizer Prepend("▁") + Replace(" ", "▁") or
 //    pre_tokenizer Metaspace; byte_fallback for characters outside the vocabulary.

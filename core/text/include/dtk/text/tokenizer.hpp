@@ -8,7 +8,7 @@
 //   GPTSentencePieceTokenizer  a SentencePiece .model as is; EOD = its </s>
 //   Llama2Tokenizer            a SentencePiece .model; every text starts with <s>; EOD = </s>
 //   HuggingFaceTokenizer       a tokenizer.json (or its folder): BPE, byte-level (Llama 3,
-//                              GPT-NeoX style) or SentencePiece-style (Llama 2, Mistral)
+//                              GPT-2 style) or SentencePiece-style (Llama 2, Mistral)
 //   NullTokenizer              text is space-separated ids; EOD = vocab_size (the size is +1)
 #pragma once
 

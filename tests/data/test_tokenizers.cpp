@@ -178,6 +178,8 @@ TEST(Tokenizers, BadSelectionsAreOneLineErrors) {
             std::string::npos);
   EXPECT_NE(error_of({"Llama2Tokenizer", "", "", "", 0}).find("needs --tokenizer-model"), std::string::npos);
   EXPECT_NE(error_of({"NullTokenizer", "", "", "", 0}).find("needs --vocab-size"), std::string::npos);
+  EXPECT_NE(error_of({"Llama2Tokenizer", fixture("gpl3_bpe.model"), "", "", 1000}).find("takes no --vocab-size"),
+            std::string::npos);
   EXPECT_NE(error_of({"", "", "", "", 0}).find("needs --vocab-file"), std::string::npos);
   EXPECT_NE(error_of({"Llama2Tokenizer", kGpl3, "", "", 0}).find("not a SentencePiece model"), std::string::npos);
   EXPECT_NE(error_of({"HuggingFaceTokenizer", "/nonexistent", "", "", 0}).find("no tokenizer.json"),

@@ -103,6 +103,8 @@ const std::vector<std::string>& tokenizer_types() {
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
   const std::string type = s.type.empty() ? "GPT2BPETokenizer" : s.type;
   const std::string with = "--tokenizer-type " + type;
+  require(s.null_vocab_size == 0 || type == "NullTokenizer",
+          with + " takes no --vocab-size (that is NullTokenizer's; the size comes from the tokenizer's files)");
   if (type == "GPT2BPETokenizer") {
     require(!s.vocab_file.empty() && !s.merge_file.empty(),
             with + " needs --vocab-file (encoder.json) and --merge-file (vocab.bpe)");

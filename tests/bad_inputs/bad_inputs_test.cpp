@@ -313,6 +313,12 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
     for (int i = 0; i < 3 && std::getline(merges, line); ++i) bad << line << "\n";
     bad << "\xc3\xa9\xc3\xa9 zz\n";  // "éé" is not a GPT-2 token
   }
+  {
+    std::ifstream merges(DTK_SOURCE_DIR "/data/gpt2/vocab.bpe", std::ios::binary);
+    std::string head(3000, '\0');
+    merges.read(&head[0], 3000);
+    std::ofstream(dir + "/cut.bpe", std::ios::binary) << head;  // a download cut short
+  }
   std::ofstream(dir + "/one.txt") << "Hello world\n";
   struct Case {
     std::string args, needle;
@@ -352,6 +358,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
        "/data/gpt2/encoder.json --merge_file " + dir + "/other-merges.bpe",
        "other-merges.bpe' line 4: '\xc3\xa9\xc3\xa9' is not in the vocabulary file (are the two files of one "
        "tokenizer?)"},
+      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/m --vocab_file " DTK_SOURCE_DIR
+       "/data/gpt2/encoder.json --merge_file " + dir + "/cut.bpe",
+       "cut.bpe' (534 merges) does not make 49466 token(s) of the vocabulary file, e.g. '!!' (cut short, or another "
+       "tokenizer's merges?)"},
       {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
        "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
   };

@@ -143,6 +143,31 @@ void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
     }
     key_rank[a + "," + b] = static_cast<int32_t>(ln - 1);
   }
+  // And every multi-character token of the vocabulary comes from a merge: a merges file cut short
+  // (or another tokenizer's) leaves some unreachable, and the ids would silently differ.
+  // Special tokens (<|...|>) are whole strings, never merged.
+  {
+    std::unordered_map<std::string, bool> made;
+    for (const auto& kr : key_rank) {
+      const std::string& key = kr.first;
+      for (size_t c = key.find(','); c != std::string::npos; c = key.find(',', c + 1))
+        if (c > 0 && c + 1 < key.size()) made[key.substr(0, c) + key.substr(c + 1)] = true;
+    }
+    int64_t unreachable = 0;
+    std::string example;
+    for (const auto& kv : m.encoder) {
+      const std::string& t = kv.first;
+      uint32_t cp = 0;
+      const bool one_char = decode_utf8(t, 0, &cp) == t.size();
+      const bool special = t.size() > 4 && t.compare(0, 2, "<|") == 0 && t.compare(t.size() - 2, 2, "|>") == 0;
+      if (one_char || special || made.count(t)) continue;
+      if (unreachable++ == 0 || t < example) example = t;
+    }
+    if (unreachable > 0)
+      throw DataError("merges file '" + merges_file + "' (" + std::to_string(key_rank.size()) + " merges) does not make " +
+                      std::to_string(unreachable) + " token(s) of the vocabulary file, e.g. '" + example +
+                      "' (cut short, or another tokenizer's merges?)");
+  }
   // Every way of splitting a key at a comma into two vocabulary tokens is a pair the JS
   // encoder would merge at that rank.
   for (const auto& kr : key_rank) {

@@ -33,11 +33,21 @@ namespace {
 
 // The BOS/EOS of the run's tokenizer, read through dtk::text, for config.json and the tokenizer
 // files (a tokenizer named but unreadable is an error: the export would ship a broken folder).
-void describe_tokenizer(dtk::core::TokenizerFiles* t) {
+// Tokenizer files that spell ids the model has no row for would ship a folder that breaks on the
+// first such token: refused, with both sizes.
+void check_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_vocab) {
+  if (tokenizer.vocab_size() <= model_vocab) return;
+  throw dtk::host::HostError("export hf: the tokenizer (" + tokenizer.type() + ") has " +
+                             std::to_string(tokenizer.vocab_size()) + " tokens but the model only " +
+                             std::to_string(model_vocab) + ": not the tokenizer it was trained with");
+}
+
+void describe_tokenizer(dtk::core::TokenizerFiles* t, int64_t model_vocab) {
   dtk::config::TokenizerConfig c;
   c.set_type(t->type), c.set_model_file(t->model_file), c.set_vocab_file(t->vocab_file), c.set_merge_file(t->merge_file);
   if (!names_tokenizer(c)) return;
   const auto tokenizer = load_tokenizer(tokenizer_spec_of(c));
+  check_tokenizer_fits(*tokenizer, model_vocab);
   t->bos = tokenizer->bos() >= 0 ? tokenizer->bos() : (tokenizer->text_prefix().empty() ? -1 : tokenizer->text_prefix()[0]);
   t->eos = tokenizer->eod();
   if (tokenizer->type() != "HuggingFaceTokenizer") return;
@@ -57,7 +67,7 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
                                 cfg.tokenizer().merge_file()};
   if (!FLAGS_vocab_file.empty()) tok.vocab_file = FLAGS_vocab_file;
   if (!FLAGS_merge_file.empty()) tok.merge_file = FLAGS_merge_file;
-  describe_tokenizer(&tok);
+  describe_tokenizer(&tok, shape.vocab);
   const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims);
   std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
               "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
@@ -141,6 +151,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   const auto dims = dtk::core::partition_dims(build_model(plugins, cfg, 0, tp).model->parameters());
   if (name == "llama") return export_llama(args, cfg, iteration, iter_dir, options, dims);
   const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
+  check_tokenizer_fits(*load_tokenizer({"GPT2BPETokenizer", "", FLAGS_vocab_file, FLAGS_merge_file, 0}), shape.vocab);
   const auto report =
       dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file, dims);
   std::printf("exported iteration %lld of %s to %s: GPT2LMHeadModel, %lld layers, hidden %lld, %lld heads, vocab %lld, "

@@ -195,6 +195,21 @@ TEST(BadInputs, ACheckpointsModelMustBeTheRuns) {
                      "generate runs the model the checkpoint records: --config is not read");
 }
 
+// `dtk export hf` with tokenizer files that spell ids the model has no row for (GPT-2's 50257
+// beside a 1000-token model) is refused, not written beside it.
+TEST(BadInputs, ExportRefusesATokenizerLargerThanTheModel) {
+  const std::string ckpt = tmp_dir("small-vocab");
+  ASSERT_EQ(run_dtk(kTrain + "--set model.vocab_size=1000 --set train.exit_interval=2 --set checkpoint.save=" + ckpt, 120)
+                .code,
+            0);
+  expect_clean_error(run_dtk("export hf " + ckpt + " " + ckpt + "-hf --vocab_file " + std::string(DTK_VOCAB_DIR) +
+                                 "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe",
+                             60),
+                     "export hf: the tokenizer (GPT2BPETokenizer) has 50257 tokens but the model only 1000: not the "
+                     "tokenizer it was trained with");
+  EXPECT_FALSE(fs::exists(ckpt + "-hf"));
+}
+
 TEST(BadInputs, OutputPathsAreCheckedBeforeTraining) {
   const auto start = std::chrono::steady_clock::now();
   const std::string file = tmp_dir("not-a-dir") + "/file";

@@ -611,7 +611,9 @@ TEST(TokenizerFiles, VocabularyDerivedAndDataCheckedAtStart) {
       << ids.out;
   const dtk_test::Result half = dtk_test::run_dtk(train + "--set tokenizer.vocab_file=" + dir + "/tiny.json");
   EXPECT_EQ(half.code, 1) << half.out;
-  EXPECT_NE(half.out.find("config: tokenizer.vocab_file is set but tokenizer.merge_file is not"), std::string::npos)
+  EXPECT_NE(half.out.find("dtk: error: tokenizer: --tokenizer-type GPT2BPETokenizer needs --vocab-file (encoder.json) "
+                          "and --merge-file (vocab.bpe)"),
+            std::string::npos)
       << half.out;
   std::filesystem::remove_all(dir);
 }

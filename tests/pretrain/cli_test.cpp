@@ -274,6 +274,15 @@ TEST(Cli, LlamaTokenizerFromTextToExport) {
                  "HuggingFaceTokenizer --tokenizer-model " + tok + "'");
   ASSERT_EQ(m.code, 0) << m.out;
   EXPECT_NE(m.out.find("type: \"HuggingFaceTokenizer\""), std::string::npos) << m.out;
+  // SentencePiece inside dtk, which also links protobuf for its configs (the two must not meet).
+  const std::string sp = "--tokenizer_type Llama2Tokenizer --tokenizer_model " DTK_SOURCE_DIR
+                         "/tests/data/fixtures/tokenizers/gpl3_bpe.model";
+  Result s = run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir + "/s " + sp + " --append_eod");
+  ASSERT_EQ(s.code, 0) << s.out;
+  Result sd = run("preprocess --decode --input " + dir + "/s_text_document 3:4 " + sp);
+  ASSERT_EQ(sd.code, 0) << sd.out;
+  EXPECT_NE(sd.out.find("Fortune 3: a journey of a thousand miles begins with a single step."), std::string::npos)
+      << sd.out;
   expect_error_line(run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir +
                         "/x --tokenizer_type Llama3Tokenizer --tokenizer_model " + tok),
                     "preprocess: unknown --tokenizer-type 'Llama3Tokenizer' (DTK has GPT2BPETokenizer, "

@@ -1,11 +1,15 @@
 // Megatron's three SentencePiece tokenizers over the SentencePiece library (Debian's
 // libsentencepiece): the library is the reference encoder, so the ids are its ids; what this file
 // adds is Megatron's wrapping of it (which tokens are added, what EOD and BOS are, how special
-// tokens in the text are split out and spelled back).
-#include <sentencepiece_processor.h>
+// tokens in the text are split out and spelled back). The library is reached through the
+// dtk_sentencepiece shim, loaded apart from dtk's own protobuf (sentencepiece_shim.h says why).
+#include <dlfcn.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <map>
 
+#include "../sentencepiece_shim/sentencepiece_shim.h"
 #include "dtk/data/error.hpp"
 #include "tokenizers.hpp"
 
@@ -14,12 +18,120 @@ namespace {
 
 using data::DataError;
 
+// The shim's functions, resolved once per process.
+struct SpApi {
+  decltype(&dtk_sp_load) load;
+  decltype(&dtk_sp_free) free;
+  decltype(&dtk_sp_info) info;
+  decltype(&dtk_sp_piece_to_id) piece_to_id;
+  decltype(&dtk_sp_id_to_piece) id_to_piece;
+  decltype(&dtk_sp_encode) encode;
+  decltype(&dtk_sp_decode) decode;
+  decltype(&dtk_sp_free_buffer) free_buffer;
+};
+
+// Where the shim is: $DTK_SENTENCEPIECE_SHIM, else lib/dtk/ beside the executable's bin/ (the
+// build tree and an install alike), else where this build put it.
+std::string shim_path() {
+  if (const char* env = std::getenv("DTK_SENTENCEPIECE_SHIM"); env && *env) return env;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto beside = exe.parent_path().parent_path() / "lib" / "dtk" / "libdtk_sentencepiece.so";
+    if (std::filesystem::exists(beside, ec)) return beside.string();
+  }
+  return DTK_SENTENCEPIECE_SHIM_BUILD_PATH;
+}
+
+const SpApi& sp_api() {
+  static const SpApi api = [] {
+    // RTLD_DEEPBIND keeps SentencePiece's protobuf apart from dtk's; sanitizer runtimes refuse
+    // the flag, and a sanitized test binary links no protobuf of its own anyway.
+#if defined(__SANITIZE_ADDRESS__)
+    const int flags = RTLD_NOW | RTLD_LOCAL;
+#else
+    const int flags = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;
+#endif
+    const std::string path = shim_path();
+    void* lib = dlopen(path.c_str(), flags);
+    if (lib == nullptr) throw DataError("cannot load the SentencePiece shim " + path + ": " + dlerror());
+    const auto sym = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (f == nullptr) throw DataError("the SentencePiece shim " + path + " lacks " + name);
+      return f;
+    };
+    SpApi a;
+    a.load = reinterpret_cast<decltype(a.load)>(sym("dtk_sp_load"));
+    a.free = reinterpret_cast<decltype(a.free)>(sym("dtk_sp_free"));
+    a.info = reinterpret_cast<decltype(a.info)>(sym("dtk_sp_info"));
+    a.piece_to_id = reinterpret_cast<decltype(a.piece_to_id)>(sym("dtk_sp_piece_to_id"));
+    a.id_to_piece = reinterpret_cast<decltype(a.id_to_piece)>(sym("dtk_sp_id_to_piece"));
+    a.encode = reinterpret_cast<decltype(a.encode)>(sym("dtk_sp_encode"));
+    a.decode = reinterpret_cast<decltype(a.decode)>(sym("dtk_sp_decode"));
+    a.free_buffer = reinterpret_cast<decltype(a.free_buffer)>(sym("dtk_sp_free_buffer"));
+    return a;
+  }();
+  return api;
+}
+
+// One loaded model: the C++ face the tokenizer below uses.
+class SpModel {
+ public:
+  explicit SpModel(const std::string& file) : api_(sp_api()) {
+    char err[512] = "";
+    if (api_.load(file.c_str(), &sp_, err, sizeof err) != 0)
+      throw DataError("tokenizer model '" + file + "': not a SentencePiece model (" + err + ")");
+    api_.info(sp_, &pieces_, &bos_, &eos_, &pad_, &unk_);
+  }
+  ~SpModel() { api_.free(sp_); }
+  SpModel(const SpModel&) = delete;
+  SpModel& operator=(const SpModel&) = delete;
+
+  int GetPieceSize() const { return pieces_; }
+  int bos_id() const { return bos_; }
+  int eos_id() const { return eos_; }
+  int pad_id() const { return pad_; }
+  int unk_id() const { return unk_; }
+  int PieceToId(const std::string& piece) const { return api_.piece_to_id(sp_, piece.data(), piece.size()); }
+  std::string IdToPiece(int id) const {
+    char buf[256];
+    const size_t n = api_.id_to_piece(sp_, id, buf, sizeof buf);
+    if (n < sizeof buf) return std::string(buf, n);
+    std::string big(n + 1, '\0');
+    api_.id_to_piece(sp_, id, &big[0], big.size());
+    big.resize(n);
+    return big;
+  }
+  void Encode(std::string_view text, std::vector<int32_t>* out) const {
+    int* ids = nullptr;
+    size_t count = 0;
+    char err[512] = "";
+    if (api_.encode(sp_, text.data(), text.size(), &ids, &count, err, sizeof err) != 0)
+      throw DataError(std::string("SentencePiece cannot encode the text: ") + err);
+    out->insert(out->end(), ids, ids + count);
+    api_.free_buffer(ids);
+  }
+  std::string Decode(const int32_t* ids, size_t n) const {
+    char* text = nullptr;
+    size_t len = 0;
+    char err[512] = "";
+    if (api_.decode(sp_, reinterpret_cast<const int*>(ids), n, &text, &len, err, sizeof err) != 0)
+      throw DataError(std::string("SentencePiece cannot decode: ") + err);
+    std::string s(text, len);
+    api_.free_buffer(text);
+    return s;
+  }
+
+ private:
+  const SpApi& api_;
+  dtk_sp* sp_ = nullptr;
+  int pieces_ = 0, bos_ = -1, eos_ = -1, pad_ = -1, unk_ = 0;
+};
+
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(std::string type, const std::string& model_file) : type_(std::move(type)), file_(model_file) {
-    const auto status = sp_.Load(model_file);
-    if (!status.ok())
-      throw DataError("tokenizer model '" + model_file + "': not a SentencePiece model (" + status.ToString() + ")");
+  SentencePieceTokenizer(std::string type, const std::string& model_file)
+      : type_(std::move(type)), file_(model_file), sp_(model_file) {
     pieces_ = sp_.GetPieceSize();
     if (type_ == "SentencePieceTokenizer") {
       add_megatron_special_tokens();
@@ -84,19 +196,9 @@ class SentencePieceTokenizer final : public Tokenizer {
   };
 
   void encode_plain(std::string_view text, std::vector<int32_t>* out) const {
-    if (text.empty()) return;
-    std::vector<int> ids;
-    const auto status = sp_.Encode(text, &ids);
-    if (!status.ok()) throw DataError("SentencePiece cannot encode the text: " + status.ToString());
-    out->insert(out->end(), ids.begin(), ids.end());
+    if (!text.empty()) sp_.Encode(text, out);
   }
-  std::string decode_plain(const int32_t* ids, size_t n) const {
-    if (n == 0) return std::string();
-    std::string text;
-    const auto status = sp_.Decode(std::vector<int>(ids, ids + n), &text);
-    if (!status.ok()) throw DataError("SentencePiece cannot decode: " + status.ToString());
-    return text;
-  }
+  std::string decode_plain(const int32_t* ids, size_t n) const { return n == 0 ? std::string() : sp_.Decode(ids, n); }
 
   // Megatron's _SentencePieceTokenizer._initalize: <CLS> <SEP> <EOD> <MASK>, then the model's
   // pad, bos and eos pieces (or <PAD>/<BOS>/<EOS> when it has none), each given the next id
@@ -124,7 +226,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   std::string type_, file_;
-  sentencepiece::SentencePieceProcessor sp_;
+  SpModel sp_;
   int32_t pieces_ = 0;
   int32_t eod_ = -1, bos_ = -1;
   std::vector<int32_t> prefix_;

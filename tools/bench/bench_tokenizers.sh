@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tokenizer throughput next to the reference encoders, same text, same run (prints; asserts nothing).
 #   tools/bench/bench_tokenizers.sh [MB]     (default 8)
-# The text: the GPL-3 of Debian's base-files, one jsonl document per paragraph, repeated to MB.
+# The text: CORPUS (jsonl with "text"), by default the main job's data/fortunes.jsonl when it is
+# there (varied text: the encoders' piece caches do not flatter them), else the GPL-3 of Debian's
+# base-files, one jsonl document per paragraph, repeated to MB.
 # DTK: `dtk preprocess` (encode + write .bin/.idx) with --workers 1 and 2, per tokenizer.
 # Peers, 1 thread: @lenml/tokenizers (JavaScript port of Hugging Face's tokenizers, the ids'
 # reference; data/tokenizers/reference) on the tokenizer.json files, SentencePiece's Python
@@ -12,7 +14,10 @@ cd "$(dirname "$0")/../.."
 MB=${1:-8}
 DTK=${DTK:-build/bin/dtk}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-/usr/bin/python3 - "$MB" "$tmp/corpus.jsonl" <<'PY'
+CORPUS=${CORPUS:-data/fortunes.jsonl}
+if [[ -s "$CORPUS" ]]; then
+  cp "$CORPUS" "$tmp/corpus.jsonl"
+else /usr/bin/python3 - "$MB" "$tmp/corpus.jsonl" <<'PY'
 import json, sys
 paras = [p for p in open('/usr/share/common-licenses/GPL-3', encoding='utf-8').read().split('\n\n') if p.strip()]
 out, size, target = open(sys.argv[2], 'w'), 0, float(sys.argv[1]) * 1e6
@@ -21,13 +26,14 @@ while size < target:
         line = json.dumps({'text': p}) + '\n'
         out.write(line); size += len(line.encode())
 PY
-echo "corpus: $(du -m "$tmp/corpus.jsonl" | cut -f1) MB of GPL-3 paragraphs as jsonl, $(nproc) hardware threads"
+fi
+echo "corpus: $(wc -c <"$tmp/corpus.jsonl") bytes of jsonl ($CORPUS or GPL-3 paragraphs), $(nproc) hardware threads"
 dtk_mbs() {  # label, tokenizer flags...
   local label=$1; shift
   for w in 1 2; do
     rm -f "$tmp"/out_*
     local line
-    line=$("$DTK" preprocess --input "$tmp/corpus.jsonl" --output_prefix "$tmp/out" "$@" --workers $w 2>&1 | grep "done:")
+    line=$("$DTK" preprocess --input "$tmp/corpus.jsonl" --output_prefix "$tmp/out" "$@" --workers $w --skip_bad_lines 2>&1 | grep "done:")
     echo "  dtk preprocess, $label, workers $w: ${line#*done: }"
   done
 }
@@ -44,7 +50,7 @@ const [lib, dir, corpus] = process.argv.slice(2);
 const { TokenizerLoader } = require(lib);
 const config = fs.existsSync(dir + '/tokenizer_config.json') ? JSON.parse(fs.readFileSync(dir + '/tokenizer_config.json')) : {};
 const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: JSON.parse(fs.readFileSync(dir + '/tokenizer.json')), tokenizerConfig: config });
-const lines = fs.readFileSync(corpus, 'utf8').split('\n').filter(l => l).map(l => JSON.parse(l).text);
+const lines = fs.readFileSync(corpus, 'utf8').split('\n').filter(l => l).flatMap(l => { try { return [JSON.parse(l).text]; } catch (e) { return []; } });
 const t0 = process.hrtime.bigint();
 let tokens = 0, bytes = 0;
 for (const text of lines) { tokens += tok.encode(text).length; bytes += Buffer.byteLength(text); }
@@ -57,7 +63,12 @@ fi
 import json, sys, time
 import sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file='tests/data/fixtures/tokenizers/gpl3_bpe.model')
-texts = [json.loads(l)['text'] for l in open(sys.argv[1], encoding='utf-8')]
+texts = []
+for l in open(sys.argv[1], encoding='utf-8', errors='replace'):
+    try:
+        texts.append(json.loads(l)['text'])
+    except ValueError:
+        pass  # the lines dtk skips with --skip_bad_lines
 t0 = time.perf_counter(); n = sum(len(sp.encode(t)) + 1 for t in texts); s = time.perf_counter() - t0
 mb = sum(len(t.encode()) for t in texts) / 1e6
 print(f"  sentencepiece (python binding), Llama2Tokenizer's encode, 1 thread: {n} tokens, {mb / s:.1f} MB/s of text")

@@ -31,8 +31,6 @@ DECLARE_bool(use_checkpoint_args);
 
 namespace {
 
-// The BOS/EOS of the run's tokenizer, read through dtk::text, for config.json and the tokenizer
-// files (a tokenizer named but unreadable is an error: the export would ship a broken folder).
 // Tokenizer files that spell ids the model has no row for would ship a folder that breaks on the
 // first such token: refused, with both sizes.
 void check_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_vocab) {
@@ -42,18 +40,20 @@ void check_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_v
                              std::to_string(model_vocab) + ": not the tokenizer it was trained with");
 }
 
-void describe_tokenizer(dtk::core::TokenizerFiles* t, int64_t model_vocab) {
-  dtk::config::TokenizerConfig c;
-  c.set_type(t->type), c.set_model_file(t->model_file), c.set_vocab_file(t->vocab_file), c.set_merge_file(t->merge_file);
-  if (!names_tokenizer(c)) return;
+// The files of tokenizer `c` and its BOS/EOS, read through dtk::text, for config.json and the
+// folder (a tokenizer named but unreadable is an error: the export would ship a broken folder).
+dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig& c, int64_t model_vocab) {
+  dtk::core::TokenizerFiles t{c.type(), c.model_file(), c.vocab_file(), c.merge_file()};
+  if (!names_tokenizer(c)) return t;
   const auto tokenizer = load_tokenizer(tokenizer_spec_of(c));
   check_tokenizer_fits(*tokenizer, model_vocab);
-  t->bos = tokenizer->bos() >= 0 ? tokenizer->bos() : (tokenizer->text_prefix().empty() ? -1 : tokenizer->text_prefix()[0]);
-  t->eos = tokenizer->eod();
-  if (tokenizer->type() != "HuggingFaceTokenizer") return;
-  if (t->bos >= 0) t->bos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t->bos)});
-  if (t->eos >= 0) t->eos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t->eos)});
-  if (tokenizer->files().size() > 1) t->config_file = tokenizer->files()[1];
+  t.bos = tokenizer->bos() >= 0 ? tokenizer->bos() : (tokenizer->text_prefix().empty() ? -1 : tokenizer->text_prefix()[0]);
+  t.eos = tokenizer->eod();
+  if (tokenizer->type() != "HuggingFaceTokenizer") return t;
+  if (t.bos >= 0) t.bos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t.bos)});
+  if (t.eos >= 0) t.eos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t.eos)});
+  if (tokenizer->files().size() > 1) t.config_file = tokenizer->files()[1];
+  return t;
 }
 
 // `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder (dtk/core/export/hf_llama.hpp).
@@ -61,13 +61,10 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
                  const std::string& iter_dir, const std::map<std::string, std::string>& options,
                  const std::map<std::string, int>& dims) {
   const dtk::core::LlamaShape shape = dtk::core::llama_shape(options, cfg.train().seq_length());
-  // The run's tokenizer as its config recorded it; --vocab_file / --merge_file name GPT-2 files
-  // for a run that did not record them.
-  dtk::core::TokenizerFiles tok{cfg.tokenizer().type(), cfg.tokenizer().model_file(), cfg.tokenizer().vocab_file(),
-                                cfg.tokenizer().merge_file()};
-  if (!FLAGS_vocab_file.empty()) tok.vocab_file = FLAGS_vocab_file;
-  if (!FLAGS_merge_file.empty()) tok.merge_file = FLAGS_merge_file;
-  describe_tokenizer(&tok, shape.vocab);
+  // The run's tokenizer as its config recorded it, the tokenizer flags over it (as for train).
+  dtk::config::TokenizerConfig recorded = cfg.tokenizer();
+  apply_tokenizer_flags(&recorded);
+  const dtk::core::TokenizerFiles tok = describe_tokenizer(recorded, shape.vocab);
   const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims);
   std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
               "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "

@@ -32,13 +32,16 @@ at::Tensor DecoderLayer::empty_kv_cache(int64_t, int64_t, const at::TensorOption
 }
 
 DecoderLM::DecoderLM(const BuildContext& ctx, std::string name)
-    : name_(std::move(name)), tp_{ctx.tp_rank, std::max(1, ctx.tp_size)}, pre_(ctx.pre_process),
+    : name_(std::move(name)),
+      tp_{ctx.tp_rank, std::max(1, ctx.tp_size), ctx.sequence_parallel},
+      pre_(ctx.pre_process),
       post_(ctx.post_process) {}
 
 void DecoderLM::fail(const std::string& what) const { throw Error(name_ + ": " + what); }
 
 void DecoderLM::divisible(const char* what, int64_t n, const char* by, int64_t d) const {
-  if (n % d != 0) fail(std::string(what) + " " + std::to_string(n) + " is not divisible by " + by + " " + std::to_string(d));
+  if (n % d != 0)
+    fail(std::string(what) + " " + std::to_string(n) + " is not divisible by " + by + " " + std::to_string(d));
 }
 
 int64_t DecoderLM::option_or(const Options& o, const char* name, int64_t fallback) const {
@@ -78,7 +81,12 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
                            : impl == "ops" ? CrossEntropyRows::kOps
                                            : CrossEntropyRows::kAuto;
   }
-  if (o.has("recompute_activations")) c.recompute = o.get_string("recompute_activations") == "full";
+  if (o.has("recompute_activations")) {
+    c.recompute = o.get_string("recompute_activations") == "full";
+    c.selective_recompute = o.get_string("recompute_activations") == "selective";
+  }
+  if (o.has("recompute_method")) c.recompute_block = o.get_string("recompute_method") == "block";
+  int_opt("recompute_num_layers", c.recompute_num_layers);
   int_opt("domino_chunks", c.domino_chunks);
 }
 
@@ -109,6 +117,19 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
     fail("option 'lm_head_chunk_tokens' must be >= 0 (0 = automatic), got " + std::to_string(c.lm_head_chunk_tokens));
   if (c.cross_entropy_impl == CrossEntropyRows::kHost && !ctx.device.is_cpu())
     fail("option cross_entropy_impl=host runs on the CPU only; use auto or ops on a GPU");
+  if (c.recompute_num_layers < 1)
+    fail("option 'recompute_num_layers' must be >= 1, got " + std::to_string(c.recompute_num_layers));
+  const int64_t stage_layers = c.num_layers / std::max(1, ctx.pp_size);
+  if (c.recompute && c.recompute_num_layers > stage_layers)
+    fail("recompute_num_layers (" + std::to_string(c.recompute_num_layers) + ") exceeds the " +
+         std::to_string(stage_layers) + " layers of a pipeline stage");
+  if (c.domino_chunks > 1 && c.recompute && (c.recompute_block || c.recompute_num_layers != 1))
+    fail(
+        "domino_chunks > 1 recomputes one layer at a time: recompute_method=block or recompute_num_layers > 1 "
+        "needs domino_chunks=1");
+  if (tp_.splits_sequence() && c.seq % tp_.size != 0)
+    fail("sequence parallelism splits the sequence over the tensor-parallel ranks: seq_length " +
+         std::to_string(c.seq) + " is not divisible by the tensor-parallel size " + std::to_string(tp_.size));
   if (c.domino_chunks < 1)
     fail("option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " + std::to_string(c.domino_chunks));
   if (ctx.micro_batch_size > 0 && c.domino_chunks > ctx.micro_batch_size)
@@ -155,6 +176,7 @@ void DecoderLM::init_domino() {
   domino_.chunks = c.domino_chunks;
   domino_.hidden = c.hidden;
   domino_.recompute = c.recompute;
+  domino_.tp = tp_;
   for (const auto& l : layers_) {
     if (c.domino_chunks > 1 && !l->domino()) fail("domino_chunks > 1 needs layers that implement DominoLayer");
     domino_.layers.push_back(l->domino());
@@ -163,7 +185,8 @@ void DecoderLM::init_domino() {
   domino_.module_of = [this](size_t i) { return layer_module(i); };
   if (pre_) {
     embedding_.word_partial = [this](const at::Tensor& ids) { return word_.partial(ids); };
-    if (position_.defined()) embedding_.position = [this](const at::Tensor& pos) { return at::embedding(position_, pos); };
+    if (position_.defined())
+      embedding_.position = [this](const at::Tensor& pos) { return at::embedding(position_, pos); };
     embedding_.anchor = [this]() -> const at::Tensor& { return position_.defined() ? position_ : word_.weight; };
     embedding_.dropout = c.hidden_dropout;
     embedding_.module = embedding_module();
@@ -217,7 +240,7 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
   const at::Tensor* given = find(inputs, "position_ids");
   if (parts_.layer_positions) {
     const at::Tensor& shape = pre_ ? tokens : h;
-    const int64_t b = shape.size(0), s = shape.size(1);
+    const int64_t b = shape.size(0), s = pre_ ? tokens.size(1) : whole_sequence(h);
     at::Tensor pos;
     if (given) {
       if (given->dim() != 2 || given->size(0) != b || given->size(1) != s)
@@ -230,7 +253,8 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
       pos = at::arange(s, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).expand({b, s});
     }
     pos = pos.to(shape.device());  // once, not per layer
-    if (position_.defined()) check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+    if (position_.defined())
+      check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
     return pos;
   }
   if (!position_.defined()) return {};
@@ -239,10 +263,30 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
   return pos;
 }
 
+// Under sequence parallelism the word embedding's partial sums are reduce-scattered and this
+// rank adds the position embedding of its own rows (the table's gradient is then a partial sum:
+// dtk_param_info.sequence_parallel).
 at::Tensor DecoderLM::embed(const at::Tensor& tokens, const at::Tensor& positions) const {
   at::Tensor x = word_.forward(tokens);
-  if (position_.defined()) x = x + at::embedding(position_, positions);
+  if (position_.defined()) x = x + at::embedding(position_, sequence_shard(positions, tp_));
   return x;
+}
+
+int64_t DecoderLM::whole_sequence(const at::Tensor& h) const {
+  return h.size(1) * (tp_.splits_sequence() ? tp_.size : 1);
+}
+
+std::vector<std::pair<size_t, size_t>> DecoderLM::recompute_groups() const {
+  const DecoderConfig& c = *config_;
+  std::vector<std::pair<size_t, size_t>> groups;
+  if (!c.recompute) return groups;
+  const size_t n = layers_.size(), k = static_cast<size_t>(c.recompute_num_layers);
+  if (c.recompute_block) {
+    for (size_t i = 0; i < std::min(k, n); ++i) groups.emplace_back(i, i + 1);
+  } else {
+    for (size_t i = 0; i < n; i += k) groups.emplace_back(i, std::min(n, i + k));
+  }
+  return groups;
 }
 
 TensorList DecoderLM::forward(const TensorList& inputs) {
@@ -260,9 +304,9 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   const at::Tensor pos = positions(inputs, tokens, h);
   if (pre_ && !domino)
     h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
-      return dropout(embed(ids, pos), c.hidden_dropout, training_, rng_.hidden);
+      return dropout(embed(ids, pos), c.hidden_dropout, training_, rng_.hidden, tp_);
     });
-  const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : h.size(1);
+  const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : whole_sequence(h);
   if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                          (mask.size(0) != 1 && mask.size(0) != b)))
     fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
@@ -288,17 +332,29 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
 
 // Plain tensor parallelism: layer after layer on the whole micro-batch. The hooks run inside the
 // recomputed block, so a ZeRO-3 strategy gathers the layer's parameters again for the rerun.
+// Full recomputation checkpoints the groups recompute_groups() names: one group, one
+// checkpoint holding only its input; the layers between groups run plainly.
 at::Tensor DecoderLM::plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const DecoderLayer* layer = layers_[i].get();
+  auto layers = [this, positions, mask](size_t first, size_t last) -> RecomputedBlock {
+    std::vector<std::pair<const DecoderLayer*, int32_t>> run;  // held by value: the backward reruns it
+    for (size_t i = first; i < last; ++i) run.emplace_back(layers_[i].get(), layer_module(i));
     const ModuleHooks* hooks = &hooks_;
-    const int32_t module = layer_module(i);
     const bool training = training_;
-    RecomputedBlock block = [layer, hooks, module, positions, mask, training](const at::Tensor& x, DropoutRng& rng) {
-      return hooks->run(module, x, [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); });
+    return [run, hooks, positions, mask, training](const at::Tensor& x, DropoutRng& rng) {
+      at::Tensor y = x;
+      for (const auto& [layer, module] : run)
+        y = hooks->run(module, y,
+                       [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); });
+      return y;
     };
-    h = config_->recompute ? recompute(h, rng_, std::move(block)) : block(h, rng_);
+  };
+  size_t next = 0;
+  for (const auto& [first, last] : recompute_groups()) {
+    if (next < first) h = layers(next, first)(h, rng_);
+    h = recompute(h, rng_, layers(first, last));
+    next = last;
   }
+  if (next < layers_.size()) h = layers(next, layers_.size())(h, rng_);
   return h;
 }
 
@@ -309,7 +365,7 @@ at::Tensor DecoderLM::output_layer(const at::Tensor& h, const at::Tensor* labels
   return hooks_.run(output_module(), h, [&](const at::Tensor& x) {
     const at::Tensor normed = final_norm(x);
     if (labels && c.fused_lm_head)
-      return fused_lm_head_loss(copy_to_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens,
+      return fused_lm_head_loss(enter_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens,
                                 c.cross_entropy_impl);
     at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/c.domino_chunks > 1);
     return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
@@ -323,6 +379,7 @@ at::Tensor DecoderLM::output_layer(const at::Tensor& h, const at::Tensor* labels
 // position and the caches, filled up to L + n.
 TensorList DecoderLM::forward_cached(const TensorList& inputs) {
   if (!pre_ || !post_) fail("generation needs the whole model on this rank (no pipeline stages)");
+  if (tp_.splits_sequence()) fail("generation runs without sequence parallelism");
   at::NoGradGuard no_grad;
   const at::Tensor& tokens = get(inputs, "tokens");
   const at::Tensor& pos = get(inputs, "position_ids");
@@ -385,6 +442,10 @@ std::vector<Param> DecoderLM::parameters() {
                 output_module());
     if (config_->untie) add_param(out, "language_model.output_layer.weight", output_, 0, false, false, output_module());
   }
+  // Under sequence parallelism every replicated parameter (norms, row-parallel biases, the
+  // position embedding) is read on this rank's rows of the sequence only.
+  if (tp_.splits_sequence())
+    for (Param& p : out) p.info.sequence_parallel = p.info.partition_dim < 0 ? 1 : 0;
   return out;
 }
 
@@ -397,7 +458,8 @@ std::vector<Module> DecoderLM::modules() {
     out.push_back(std::move(m));
   };
   if (pre_) add(embedding_module(), "language_model.embedding");
-  for (size_t i = 0; i < layers_.size(); ++i) add(layer_module(i), "language_model.encoder.layers." + std::to_string(i));
+  for (size_t i = 0; i < layers_.size(); ++i)
+    add(layer_module(i), "language_model.encoder.layers." + std::to_string(i));
   if (post_) add(output_module(), "language_model.output_layer");
   for (const Param& p : parameters()) out[static_cast<size_t>(p.info.module_index)].params.push_back(p.name);
   // A tied output layer reads the word embedding owned by the embedding module.
@@ -417,6 +479,10 @@ dtk_model_info DecoderLM::info() {
   i.vocab_size = c.padded_vocab;
   i.recompute = c.recompute ? 1 : 0;
   i.tied_embeddings = c.untie ? 0 : 1;
+  i.sequence_parallel = tp_.splits_sequence() ? 1 : 0;
+  i.recompute_granularity = c.recompute ? 1 : c.selective_recompute ? 2 : 0;
+  i.recompute_method = c.recompute_block ? 1 : 0;
+  i.recompute_num_layers = static_cast<int32_t>(c.recompute_num_layers);
   return i;
 }
 

@@ -16,9 +16,12 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // An input gradient whose all-reduce is in flight: the column projection's backward fills it.
+// Under sequence parallelism (tp.splits_sequence()) the gradient is reduce-scattered into this
+// rank's rows of the sequence instead (`send`: the reordered input, alive until the wait).
 struct GradSlot {
-  at::Tensor buffer;
+  at::Tensor buffer, send;
   std::optional<Comm::Work> work;
+  TPGroup tp;
 };
 
 // Column-parallel linear projections of one input (replicated on the TP ranks, so forward needs
@@ -60,8 +63,16 @@ struct ColumnsAsyncGrad : public torch::autograd::Function<ColumnsAsyncGrad> {
     }
     at::Tensor gx = dtk::mm(gs[0], saved[1]);
     for (size_t i = 1; i < n; ++i) dtk::addmm_(gx, gs[i], saved[1 + i]);
-    slot->buffer = gx.view(x.sizes());
-    slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
+    if (slot->tp.splits_sequence()) {
+      PendingShard shard = sequence_reduce_scatter_async(gx.view(x.sizes()), slot->tp);
+      slot->buffer = std::move(shard.shard);
+      slot->send = std::move(shard.send);
+      slot->work.reset();
+      slot->work.emplace(std::move(*shard.work));
+    } else {
+      slot->buffer = gx.view(x.sizes());
+      slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
+    }
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     variable_list out{at::Tensor()};
     for (size_t i = 0; i < n; ++i) out.push_back(dtk::mm(gs[i].t(), x2));
@@ -105,6 +116,26 @@ struct ReduceAsync : public torch::autograd::Function<ReduceAsync> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
+// Sequence parallelism's counterpart: the row-parallel partial sum reduce-scattered along the
+// sequence in forward (waited by the caller), its gradient all-gathered in backward.
+struct ReduceScatterAsync : public torch::autograd::Function<ReduceScatterAsync> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& partial, std::optional<Comm::Work>* work,
+                            at::Tensor* send, TPGroup tp) {
+    ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
+    ctx->saved_data["tp_size"] = static_cast<int64_t>(tp.size);
+    PendingShard p = sequence_reduce_scatter_async(partial, tp);
+    work->reset();
+    work->emplace(std::move(*p.work));
+    *send = std::move(p.send);
+    return p.shard;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    TPGroup tp{static_cast<int>(ctx->saved_data["tp_rank"].toInt()),
+               static_cast<int>(ctx->saved_data["tp_size"].toInt()), true};
+    return {sequence_all_gather(grad[0], tp), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // One (layer, stage, chunk) of a training forward: the stage input (a leaf), its LayerNorm output
 // (graph from the input), the stage output (graph from the input and the LayerNorm output, cut at
 // the column projection's input), and the slot of the input-gradient all-reduce.
@@ -114,11 +145,16 @@ struct Piece {
 
   // Starts the piece's graph (grad mode on) at `input`: the leaf `in`, its LayerNorm output, and
   // the cut after it, which is returned: the column projection's input.
+  // Under sequence parallelism the cut is this rank's rows of the LayerNorm output, without a
+  // graph: the column projections read its all-gather and send its gradient back through the
+  // slot, reduce-scattered.
   template <class Norm>
-  at::Tensor begin(const at::Tensor& input, Norm&& norm) {
+  at::Tensor begin(const at::Tensor& input, Norm&& norm, const TPGroup& tp) {
     slot = std::make_unique<GradSlot>();
+    slot->tp = tp;
     in = input.detach().requires_grad_(true);
     ln_out = norm(in);
+    if (tp.splits_sequence()) return ln_out.detach();
     return ln_out.detach().requires_grad_(true);
   }
 };
@@ -127,13 +163,25 @@ struct Piece {
 struct InFlight {
   size_t layer = 0;
   int stage = 0;
-  at::Tensor in, reduced;
+  at::Tensor in, reduced, send;
   std::optional<Comm::Work> work;
   bool active = false;
 
-  // Issues the all-reduce of this rank's partial sum; `reduced` holds the result after the wait.
-  // With `graph` through ReduceAsync (identity in backward), else on the partial sum itself.
-  void issue(const at::Tensor& partial, bool graph) {
+  // Issues the all-reduce of this rank's partial sum (the reduce-scatter of its rows of the
+  // sequence under sequence parallelism); `reduced` holds the result after the wait. With `graph`
+  // through ReduceAsync or ReduceScatterAsync, else on the partial sum itself.
+  void issue(const at::Tensor& partial, bool graph, const TPGroup& tp) {
+    if (tp.splits_sequence()) {
+      if (graph) {
+        reduced = ReduceScatterAsync::apply(partial, &work, &send, tp);
+        return;
+      }
+      PendingShard p = sequence_reduce_scatter_async(partial, tp);
+      reduced = std::move(p.shard), send = std::move(p.send);
+      work.reset();
+      work.emplace(std::move(*p.work));
+      return;
+    }
     if (graph) {
       reduced = ReduceAsync::apply(partial, &work);
       return;
@@ -149,11 +197,13 @@ struct State : torch::CustomClassHolder {
   DominoStack stack;
   at::Tensor mask;  // the micro-batch's attention mask or undefined
   bool training = true, recompute = false;
-  int64_t batch = 0, seq = 0, chunks = 1;
+  // seq: the whole sequence; local_seq: this rank's rows of it (seq / tp under sequence
+  // parallelism), the length of the hidden states between the layers' blocks.
+  int64_t batch = 0, seq = 0, local_seq = 0, chunks = 1;
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> start, rows;         // chunk c = rows [start[c], start[c] + rows[c])
-  std::vector<LayerMasks> masks;            // per layer, whole micro-batch
+  std::vector<int64_t> start, rows;                       // chunk c = rows [start[c], start[c] + rows[c])
+  std::vector<LayerMasks> masks;                          // per layer, whole micro-batch
   std::vector<std::array<std::vector<Piece>, 2>> pieces;  // [layer][stage][chunk]
   std::vector<std::vector<at::Tensor>> layer_inputs;      // recompute: [layer][chunk]
   std::vector<DropoutRng> layer_rng;                      // recompute: generators before the layer
@@ -163,9 +213,9 @@ struct State : torch::CustomClassHolder {
   std::vector<at::Tensor> head_inputs;                    // recompute: [chunk]
 
   bool with_head() const { return stack.head && labels.defined(); }
-  at::Tensor tokens;              // with the embedding in the schedule
-  at::Tensor positions;           // [b or 1, s] or undefined
-  DropoutMask embedding_keep;     // its dropout mask, whole micro-batch
+  at::Tensor tokens;                    // with the embedding in the schedule
+  at::Tensor positions;                 // [b or 1, s] or undefined
+  DropoutMask embedding_keep;           // its dropout mask, whole micro-batch
   std::vector<Piece> embedding_pieces;  // [chunk]: only `out` (no input gradient)
   bool with_embedding() const { return stack.embedding && tokens.defined(); }
 
@@ -173,7 +223,8 @@ struct State : torch::CustomClassHolder {
 
   void fire(ModuleHooks::HookFn fn, size_t l, const char* what) const { fire_module(fn, stack.module_of(l), what); }
   void fire_module(ModuleHooks::HookFn fn, int32_t module, const char* what) const {
-    if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr) ModuleHooks::fire(t, fn, module, what);
+    if (const dtk_module_hooks* t = stack.hooks ? stack.hooks->table() : nullptr)
+      ModuleHooks::fire(t, fn, module, what);
   }
 
   // The output layer's logits on chunk c's finished hidden states, with its cross entropy begun
@@ -186,11 +237,11 @@ struct State : torch::CustomClassHolder {
     at::Tensor logits;
     if (!graph) {
       at::NoGradGuard no_grad;
-      logits = dtk::linear_product(head.norm(in), head.weight());
+      logits = dtk::linear_product(sequence_all_gather(head.norm(in), stack.tp), head.weight());
     } else {
       at::AutoGradMode enable(true);
       Piece& p = head_pieces[c];
-      const at::Tensor ln_leaf = p.begin(in, head.norm);
+      const at::Tensor ln_leaf = sequence_all_gather(p.begin(in, head.norm, stack.tp), stack.tp);
       logits = ColumnsAsyncGrad::apply(ln_leaf, at::TensorList(head.weight()), int64_t{1}, p.slot.get());
     }
     VocabParallelCrossEntropy ce(logits, labels_c, head.tp);
@@ -244,19 +295,28 @@ struct State : torch::CustomClassHolder {
     return mask.narrow(0, start[c], rows[c]);
   }
 
+  // A mask of the whole micro-batch's [batch, seq, hidden], for chunk c's rows (and this rank's
+  // rows of the sequence under sequence parallelism).
+  DropoutMask hidden_mask(const DropoutMask& m, size_t c) const {
+    const DropoutMask rows_c = m.rows(start[c], rows[c]);
+    return stack.tp.splits_sequence() ? rows_c.sequence_rows(seq, stack.tp.rank * local_seq, local_seq) : rows_c;
+  }
+
   // Finishes chunk c's in-flight stage: waits for its all-reduce, adds bias, dropout, residual.
   at::Tensor finish(InFlight& f, size_t c, bool graph) {
     f.work->wait();
     f.work.reset();
+    f.send = at::Tensor();
     f.active = false;
     if (f.stage < 0) return finish_embedding(f, c);
-    const LayerMasks m = masks[f.layer].rows(start[c], rows[c]);
+    const LayerMasks& m = masks[f.layer];
     at::Tensor out;
     {
       at::AutoGradMode mode(graph);
       // in + dropout(reduced + bias): the rest of the row-parallel projection, then the residual.
       const at::Tensor& bias = layer(f.layer).stage_row(f.stage).bias;
-      out = f.in + apply_dropout(bias.defined() ? f.reduced + bias : f.reduced, f.stage == 0 ? m.attention_out : m.mlp_out);
+      out = f.in + apply_dropout(bias.defined() ? f.reduced + bias : f.reduced,
+                                 hidden_mask(f.stage == 0 ? m.attention_out : m.mlp_out, c));
     }
     if (graph) pieces[f.layer][static_cast<size_t>(f.stage)][c].out = out;
     f.in = f.reduced = at::Tensor();
@@ -276,8 +336,8 @@ struct State : torch::CustomClassHolder {
     {
       at::AutoGradMode mode(embedding_graph);
       // Position ids of one row ([1, s]) serve every sequence, as in plain TP's broadcast add.
-      out = e.position ? f.reduced + e.position(chunk_positions(c)) : f.reduced;
-      out = apply_dropout(out, embedding_keep.rows(start[c], rows[c]));
+      out = e.position ? f.reduced + e.position(sequence_shard(chunk_positions(c), stack.tp)) : f.reduced;
+      out = apply_dropout(out, hidden_mask(embedding_keep, c));
     }
     f.reduced = at::Tensor();
     if (embedding_graph) embedding_pieces[c].out = out;
@@ -302,7 +362,7 @@ struct State : torch::CustomClassHolder {
       f.stage = -1;
       f.layer = 0;
       f.active = true;
-      f.issue(e.word_partial(tokens.narrow(0, start[c], rows[c])), embedding_graph);
+      f.issue(e.word_partial(tokens.narrow(0, start[c], rows[c])), embedding_graph, stack.tp);
     }
   }
 
@@ -327,12 +387,37 @@ struct State : torch::CustomClassHolder {
         }
       }
       for (int s = 0; s < 2; ++s) {
-        for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
-          TraceSpan span("compute", [&] { return piece_name(l, s, c) + (graph || !save_inputs ? "" : " (keeps input)"); });
+        const DominoLayer& ly = layer(l);
+        const std::vector<const ColumnParallelLinear*> columns = ly.stage_columns(s);
+        // Chunk c up to the column projections' input: its previous stage finished, normalised.
+        // Under sequence parallelism that input's all-gather is then issued, and every chunk is
+        // prepared before the first is projected, so chunk c's gather is in flight while the other
+        // chunks are normalised and projected; otherwise each chunk is projected at once.
+        std::vector<std::optional<PendingGather>> gathers(static_cast<size_t>(chunks));
+        auto prepare = [&](size_t c) -> at::Tensor {
+          TraceSpan span("compute", [&] { return piece_name(l, s, c) + ", norm"; });
           at::Tensor in = flight[c].active ? finish(flight[c], c, graph) : h[c];
           if (s == 0 && save_inputs) layer_inputs[l][c] = in;
-          const DominoLayer& ly = layer(l);
-          const std::vector<const ColumnParallelLinear*> columns = ly.stage_columns(s);
+          auto norm = [&](const at::Tensor& x) { return ly.stage_norm(s, x); };
+          at::Tensor cut;
+          if (graph) {
+            at::AutoGradMode enable(true);
+            Piece& p = pieces[l][static_cast<size_t>(s)][c];
+            cut = p.begin(in, norm, stack.tp);
+            flight[c].in = p.in;
+          } else {
+            at::NoGradGuard no_grad;
+            cut = norm(in);
+            flight[c].in = in;
+          }
+          if (stack.tp.splits_sequence()) gathers[c].emplace(sequence_all_gather_async(cut, stack.tp));
+          return cut;
+        };
+        // Chunk c from the projections' input to its partial sum, whose reduction it issues.
+        auto project_chunk = [&](size_t c, at::Tensor cut) {
+          TraceSpan span("compute",
+                         [&] { return piece_name(l, s, c) + (graph || !save_inputs ? "" : " (keeps input)"); });
+          if (stack.tp.splits_sequence()) cut = gathers[c]->wait();
           DominoChunk chunk;
           chunk.mask = chunk_mask(c);
           chunk.positions = chunk_positions(c);
@@ -344,15 +429,18 @@ struct State : torch::CustomClassHolder {
           if (graph) {
             at::AutoGradMode enable(true);
             Piece& p = pieces[l][static_cast<size_t>(s)][c];
-            const at::Tensor ln_leaf = p.begin(in, [&](const at::Tensor& x) { return ly.stage_norm(s, x); });
-            at::Tensor partial = ly.stage_partial(s, project_async(ln_leaf, columns, p.slot.get()), chunk);
-            f.in = p.in;
-            f.issue(partial, graph);
+            f.issue(ly.stage_partial(s, project_async(cut, columns, p.slot.get()), chunk), graph, stack.tp);
           } else {
             at::NoGradGuard no_grad;
-            f.in = in;
-            f.issue(ly.stage_partial(s, project(ly.stage_norm(s, in), columns), chunk), /*graph=*/false);
+            f.issue(ly.stage_partial(s, project(cut, columns), chunk), /*graph=*/false, stack.tp);
           }
+        };
+        if (stack.tp.splits_sequence()) {
+          std::vector<at::Tensor> cuts;
+          for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) cuts.push_back(prepare(c));
+          for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) project_chunk(c, cuts[c]);
+        } else {
+          for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) project_chunk(c, prepare(c));
         }
       }
     }
@@ -371,6 +459,7 @@ struct State : torch::CustomClassHolder {
   at::Tensor finish_backward(Piece& p, size_t c, int32_t module_done) {
     p.slot->work->wait();
     p.slot->work.reset();
+    p.slot->send = at::Tensor();
     torch::autograd::backward({p.ln_out}, {p.slot->buffer});
     at::Tensor g = p.in.grad();
     p = Piece();
@@ -452,13 +541,18 @@ struct State : torch::CustomClassHolder {
     positions = in.positions;
     embedding_graph = graph;
     const at::Tensor& x = with_embedding() ? tokens : in.hidden;
-    if (labels.defined() && (labels.dim() != 2 || labels.size(0) != x.size(0) || labels.size(1) != x.size(1)))
+    if (labels.defined() &&
+        (labels.dim() != 2 || labels.size(0) != x.size(0) ||
+         labels.size(1) != x.size(1) * (with_embedding() || !stack.tp.splits_sequence() ? 1 : stack.tp.size)))
       throw Error(stack.model + ": 'labels' must be [batch, seq] like the tokens, got " + Model::shape_str(labels));
     head_pieces.resize(static_cast<size_t>(s.chunks));
     embedding_pieces.resize(static_cast<size_t>(s.chunks));
     training = train;
     batch = x.size(0);
-    seq = x.size(1);
+    const int sp = stack.tp.splits_sequence() ? stack.tp.size : 1;
+    // Token ids hold the whole sequence; hidden states this rank's rows of it.
+    seq = with_embedding() ? x.size(1) : x.size(1) * sp;
+    local_seq = seq / sp;
     device = x.device();
     dtype = with_embedding() ? stack.embedding->anchor().scalar_type() : x.scalar_type();
     chunks = s.chunks;
@@ -478,7 +572,8 @@ struct State : torch::CustomClassHolder {
 
   std::vector<at::Tensor> split(const at::Tensor& t) const {
     std::vector<at::Tensor> out;
-    for (int64_t c = 0; c < chunks; ++c) out.push_back(t.narrow(0, start[static_cast<size_t>(c)], rows[static_cast<size_t>(c)]));
+    for (int64_t c = 0; c < chunks; ++c)
+      out.push_back(t.narrow(0, start[static_cast<size_t>(c)], rows[static_cast<size_t>(c)]));
     return out;
   }
 };
@@ -492,7 +587,8 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
     auto st = c10::make_intrusive<State>();
     st->init(*stack, *in, training, /*graph=*/true);
     const bool embed = st->with_embedding();
-    std::vector<at::Tensor> first = embed ? std::vector<at::Tensor>(static_cast<size_t>(st->chunks)) : st->split(anchor);
+    std::vector<at::Tensor> first =
+        embed ? std::vector<at::Tensor>(static_cast<size_t>(st->chunks)) : st->split(anchor);
     st->recompute = stack->recompute;
     const size_t n = st->layer_count();
     std::vector<at::Tensor> out;
@@ -520,7 +616,7 @@ struct DominoFunction : public torch::autograd::Function<DominoFunction> {
     at::Tensor g = grad[0];
     if (!g.defined())
       g = st->with_head() ? at::zeros({st->batch, st->seq}, at::TensorOptions().device(st->device))
-                          : at::zeros({st->batch, st->seq, st->stack.hidden},
+                          : at::zeros({st->batch, st->local_seq, st->stack.hidden},
                                       at::TensorOptions().device(st->device).dtype(st->dtype));
     std::vector<at::Tensor> gx = st->run_backward(st->split(g));
     at::Tensor g_anchor = st->with_embedding() ? at::Tensor() : at::cat(gx, 0);
@@ -561,9 +657,9 @@ at::Tensor domino_forward(const DominoStack& stack, const DominoInputs& in, Drop
   State st;
   st.init(stack, in, training, /*graph=*/false);
   std::vector<at::Tensor> first = embed ? std::vector<at::Tensor>(static_cast<size_t>(st.chunks)) : st.split(in.hidden);
-  return at::cat(st.run_forward(0, st.layer_count(), first, rng, /*graph=*/false, /*save_inputs=*/false,
-                                st.with_head(), embed),
-                 0);
+  return at::cat(
+      st.run_forward(0, st.layer_count(), first, rng, /*graph=*/false, /*save_inputs=*/false, st.with_head(), embed),
+      0);
 }
 
 }  // namespace dtk::layers

@@ -42,6 +42,16 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void uniforms(uint64
   std::memcpy(out, reinterpret_cast<const uint32_t*>(words) + odd, sizeof(uint32_t) * static_cast<size_t>(count));
 }
 
+// out[i] = the uniform of element i0 + i of a tensor under mask m (its runs when strided).
+void mask_uniforms(const DropoutMask& m, int64_t i0, int64_t count, uint32_t* out) {
+  if (m.run_numel <= 0) return uniforms(m.seed, m.offset + i0, count, out);
+  while (count > 0) {
+    const int64_t within = i0 % m.run_numel, n = std::min(count, m.run_numel - within);
+    uniforms(m.seed, m.index(i0), n, out);
+    out += n, i0 += n, count -= n;
+  }
+}
+
 uint32_t threshold(double p) { return static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0))); }
 
 // out = x * keep * scale over contiguous data, in blocks of kBlock elements on the intra-op
@@ -61,7 +71,7 @@ at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
       uint32_t u[kBlock];
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
-        uniforms(m.seed, m.offset + i0, len, u);
+        mask_uniforms(m, i0, len, u);
         const scalar_t* s = src + i0;
         scalar_t* d = dst + i0;
         for (int64_t i = 0; i < len; ++i)
@@ -98,6 +108,7 @@ struct Dropout : public torch::autograd::Function<Dropout> {
     ctx->saved_data["p"] = m.p;
     ctx->saved_data["offset"] = m.offset;
     ctx->saved_data["row_numel"] = m.row_numel;
+    ctx->saved_data["run_numel"] = m.run_numel;
     return apply_mask(x, m);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -106,6 +117,7 @@ struct Dropout : public torch::autograd::Function<Dropout> {
     m.p = ctx->saved_data["p"].toDouble();
     m.offset = ctx->saved_data["offset"].toInt();
     m.row_numel = ctx->saved_data["row_numel"].toInt();
+    m.run_numel = ctx->saved_data["run_numel"].toInt();
     return {apply_mask(grad[0], m), at::Tensor()};
   }
 };
@@ -163,6 +175,17 @@ DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
   return m;
 }
 
+DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t length) const {
+  if (!defined()) return *this;
+  if (run_numel > 0 || seq <= 0 || row_numel % seq != 0)
+    throw Error("dropout: sequence_rows needs an unsliced mask whose rows hold the sequence");
+  DropoutMask m = *this;
+  const int64_t inner = row_numel / seq;
+  m.offset += start * inner;
+  m.run_numel = length * inner;
+  return m;
+}
+
 DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
   DropoutMask m;
   if (p <= 0.0) return m;
@@ -194,7 +217,7 @@ void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const flo
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
     const int64_t len = std::min(kBlock, count - i0);
-    uniforms(keep.seed, keep.offset + first + i0, len, u);
+    mask_uniforms(keep, first + i0, len, u);
     for (int64_t i = 0; i < len; ++i) out[i0 + i] = u[i] >= thr ? in[i0 + i] * scale : 0.0f;
   }
 }
@@ -205,7 +228,7 @@ void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, flo
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
     const int64_t len = std::min(kBlock, count - i0);
-    uniforms(keep.seed, keep.offset + first + i0, len, u);
+    mask_uniforms(keep, first + i0, len, u);
     for (int64_t i = 0; i < len; ++i) out[i0 + i] = u[i] >= thr ? scale : 0.0f;
   }
 }
@@ -217,7 +240,7 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < numel; i0 += kBlock) {
     const int64_t len = std::min(kBlock, numel - i0);
-    uniforms(keep.seed, keep.offset + i0, len, u);
+    mask_uniforms(keep, i0, len, u);
     for (int64_t i = 0; i < len; ++i) dst[i0 + i] = u[i] >= thr;
   }
   return out;
@@ -226,6 +249,23 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
 at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device) {
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kBool).device(device));
   const int64_t thr = threshold(keep.p);
+  if (keep.run_numel > 0) {
+    // A strided view: each element's index in the drawn mask, its pair's word, and the word's
+    // low (even index) or high (odd) half.
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+    constexpr int64_t kPiece = int64_t{1} << 23;
+    for (int64_t i0 = 0; i0 < numel; i0 += kPiece) {
+      const int64_t len = std::min(kPiece, numel - i0);
+      const at::Tensor i = at::arange(i0, i0 + len, longs);
+      const at::Tensor index =
+          at::div(i, keep.run_numel, "floor").mul_(keep.row_numel).add_(i.remainder(keep.run_numel)).add_(keep.offset);
+      const at::Tensor words = mix_words(keep.seed, at::div(index, 2, "floor"));
+      const at::Tensor high = at::bitwise_and(at::bitwise_right_shift(words, 32), static_cast<int64_t>(0xFFFFFFFF));
+      const at::Tensor low = at::bitwise_and(words, static_cast<int64_t>(0xFFFFFFFF));
+      out.narrow(0, i0, len).copy_(at::where(index.remainder(2).eq(1), high, low).ge(thr));
+    }
+    return out;
+  }
   // In pieces of at most 2^23 words (64 MiB per int64 temporary), so a large attention mask does
   // not need gigabytes of temporaries.
   constexpr int64_t kWords = int64_t{1} << 23;

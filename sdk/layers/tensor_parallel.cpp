@@ -3,8 +3,9 @@
 // skipped entirely at TP size 1.
 #include <dtk/layers/tensor_parallel.hpp>
 
-#include <dtk/module_hooks.hpp>
 #include <torch/csrc/autograd/custom_function.h>
+#include <dtk/layers/dropout.hpp>
+#include <dtk/module_hooks.hpp>
 
 namespace dtk::layers {
 
@@ -41,6 +42,128 @@ struct ReduceFromTP : public torch::autograd::Function<ReduceFromTP> {
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) { return {grad[0], at::Tensor()}; }
+};
+
+// Sequence parallelism's collectives along dim 1 of [b, s, ...]. The host's all-gather and
+// reduce-scatter concatenate along dim 0, so the shards travel as [tp, b, s / tp, ...].
+at::Tensor gathered_buffer(const at::Tensor& shard, int size) {
+  std::vector<int64_t> gathered = shard.sizes().vec();
+  gathered[0] *= size;
+  return at::empty(gathered, shard.options());
+}
+
+// [tp * b, s / tp, ...] as gathered -> [b, s, ...]
+at::Tensor sequence_order(const at::Tensor& gathered, int size) {
+  std::vector<int64_t> split = gathered.sizes().vec();
+  split[0] /= size;
+  split.insert(split.begin(), size);
+  std::vector<int64_t> whole = gathered.sizes().vec();
+  whole[0] /= size;
+  whole[1] *= size;
+  return gathered.view(split).transpose(0, 1).reshape(whole);
+}
+
+at::Tensor seq_all_gather(const at::Tensor& shard, int size) {
+  at::Tensor out = gathered_buffer(shard, size);
+  Comm::all_gather(out, shard.contiguous(), DTK_GROUP_TENSOR_PARALLEL);
+  return sequence_order(out, size);
+}
+
+// x [b, s, ...] reordered as the reduce-scatter sends it, [tp * b, s / tp, ...], and the shard
+// it fills.
+std::pair<at::Tensor, at::Tensor> seq_reduce_scatter_buffers(const at::Tensor& x, int size) {
+  if (x.size(1) % size != 0)
+    throw Error("sequence parallelism: a sequence of " + std::to_string(x.size(1)) +
+                " tokens does not split over the tensor-parallel size " + std::to_string(size));
+  std::vector<int64_t> split = x.sizes().vec();
+  split[1] /= size;
+  split.insert(split.begin() + 1, size);  // [b, tp, s / tp, ...]
+  std::vector<int64_t> shard = x.sizes().vec();
+  shard[1] /= size;
+  std::vector<int64_t> flat = shard;
+  flat[0] *= size;
+  return {x.reshape(split).transpose(0, 1).contiguous().view(flat), at::empty(shard, x.options())};
+}
+
+at::Tensor seq_reduce_scatter(const at::Tensor& x, int size) {
+  auto [send, out] = seq_reduce_scatter_buffers(x, size);
+  Comm::reduce_scatter(out, send, DTK_GROUP_TENSOR_PARALLEL);
+  return out;
+}
+
+struct GatherFromSequence : public torch::autograd::Function<GatherFromSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t size) {
+    ctx->saved_data["size"] = size;
+    return seq_all_gather(x, static_cast<int>(size));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {seq_reduce_scatter(grad[0], static_cast<int>(ctx->saved_data["size"].toInt())), at::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequence : public torch::autograd::Function<ReduceScatterToSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t size) {
+    ctx->saved_data["size"] = size;
+    return seq_reduce_scatter(x, static_cast<int>(size));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {seq_all_gather(grad[0], static_cast<int>(ctx->saved_data["size"].toInt())), at::Tensor()};
+  }
+};
+
+// Column-parallel products of a sequence shard (Megatron's linear with sequence_parallel): the
+// input all-gathered for the products, only the shard saved, gathered again in backward; the input
+// gradient reduce-scattered. `params`: n weights, then their n biases (all or none).
+struct SequenceColumns : public torch::autograd::Function<SequenceColumns> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& shard, at::TensorList params, int64_t n_weights,
+                               TPGroup tp) {
+    const auto n = static_cast<size_t>(n_weights);
+    const bool bias = params.size() == 2 * n;
+    const at::Tensor total = seq_all_gather(shard, tp.size);
+    variable_list out;
+    std::vector<at::Tensor> saved{shard};
+    for (size_t i = 0; i < n; ++i) {
+      out.push_back(dtk::linear_product(total, params[i], bias ? params[n + i] : at::Tensor()));
+      saved.push_back(params[i]);
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["bias"] = bias;
+    ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
+    ctx->saved_data["tp_size"] = static_cast<int64_t>(tp.size);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const size_t n = saved.size() - 1;
+    const bool bias = ctx->saved_data["bias"].toBool();
+    const int size = static_cast<int>(ctx->saved_data["tp_size"].toInt());
+    const at::Tensor total = seq_all_gather(saved[0], size);
+    const at::Tensor total2 = total.reshape({-1, total.size(-1)});
+    at::Tensor gx;
+    variable_list weights, biases;
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& w = saved[1 + i];
+      if (!grad[i].defined()) {
+        weights.push_back(at::zeros_like(w));
+        if (bias) biases.push_back(at::zeros({w.size(0)}, w.options()));
+        continue;
+      }
+      const at::Tensor g = grad[i].reshape({-1, grad[i].size(-1)});
+      if (gx.defined())
+        dtk::addmm_(gx, g, w);
+      else
+        gx = dtk::mm(g, w);
+      weights.push_back(dtk::mm(g.t(), total2));
+      if (bias) biases.push_back(g.sum(0));
+    }
+    if (!gx.defined()) gx = at::zeros(total2.sizes(), total.options());
+    variable_list out{seq_reduce_scatter(gx.view(total.sizes()), size)};
+    for (auto& w : weights) out.push_back(w);
+    for (auto& b : biases) out.push_back(b);
+    out.push_back(at::Tensor());  // n_weights
+    out.push_back(at::Tensor());  // tp
+    return out;
+  }
 };
 
 // Megatron's LinearWithGradAccumulationAndAsyncCommunication (no bias, input replicated on the TP
@@ -123,6 +246,90 @@ at::Tensor reduce_from_tp_region(const at::Tensor& x, const TPGroup& tp) {
   return ReduceFromTP::apply(x, tp);
 }
 
+at::Tensor gather_from_sequence_parallel_region(const at::Tensor& x, const TPGroup& tp) {
+  if (!tp.splits_sequence()) return x;
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return seq_all_gather(x, tp.size);
+  return GatherFromSequence::apply(x, static_cast<int64_t>(tp.size));
+}
+
+at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& x, const TPGroup& tp) {
+  if (!tp.splits_sequence()) return x;
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return seq_reduce_scatter(x, tp.size);
+  return ReduceScatterToSequence::apply(x, static_cast<int64_t>(tp.size));
+}
+
+at::Tensor sequence_all_gather(const at::Tensor& shard, const TPGroup& tp) {
+  return tp.splits_sequence() ? seq_all_gather(shard, tp.size) : shard;
+}
+
+PendingShard sequence_reduce_scatter_async(const at::Tensor& x, const TPGroup& tp) {
+  auto [send, out] = seq_reduce_scatter_buffers(x, tp.size);
+  PendingShard p;
+  p.work.emplace(Comm::reduce_scatter_async(out, send, DTK_GROUP_TENSOR_PARALLEL));
+  p.send = std::move(send);
+  p.shard = std::move(out);
+  return p;
+}
+
+std::vector<at::Tensor> sequence_parallel_columns(const at::Tensor& shard,
+                                                  const std::vector<const ColumnParallelLinear*>& columns) {
+  const TPGroup& tp = columns.front()->tp;
+  const bool bias = columns.front()->bias.defined();
+  std::vector<at::Tensor> params;
+  for (const ColumnParallelLinear* c : columns) params.push_back(c->weight);
+  for (const ColumnParallelLinear* c : columns) {
+    if (c->bias.defined() != bias)
+      throw Error("sequence_parallel_columns: the projections must all have biases or none");
+    if (bias) params.push_back(c->bias);
+  }
+  if (!at::GradMode::is_enabled()) {
+    const at::Tensor total = sequence_all_gather(shard, tp);
+    std::vector<at::Tensor> out;
+    for (const ColumnParallelLinear* c : columns) out.push_back(dtk::linear_product(total, c->weight, c->bias));
+    return out;
+  }
+  return SequenceColumns::apply(shard, at::TensorList(params), static_cast<int64_t>(columns.size()), tp);
+}
+
+PendingGather sequence_all_gather_async(const at::Tensor& shard, const TPGroup& tp) {
+  PendingGather p;
+  p.size = tp.size;
+  p.send = shard.contiguous();
+  p.buffer = gathered_buffer(shard, tp.size);
+  p.work.emplace(Comm::all_gather_async(p.buffer, p.send, DTK_GROUP_TENSOR_PARALLEL));
+  return p;
+}
+
+at::Tensor PendingGather::wait() {
+  if (work) work->wait();
+  work.reset();
+  send = at::Tensor();
+  return sequence_order(buffer, size);
+}
+
+at::Tensor enter_tp_region(const at::Tensor& x, const TPGroup& tp) {
+  return tp.splits_sequence() ? gather_from_sequence_parallel_region(x, tp) : copy_to_tp_region(x, tp);
+}
+
+at::Tensor exit_tp_region(const at::Tensor& x, const TPGroup& tp) {
+  return tp.splits_sequence() ? reduce_scatter_to_sequence_parallel_region(x, tp) : reduce_from_tp_region(x, tp);
+}
+
+at::Tensor sequence_shard(const at::Tensor& x, const TPGroup& tp) {
+  if (!tp.splits_sequence() || !x.defined()) return x;
+  const int64_t local = x.size(1) / tp.size;
+  return x.narrow(1, tp.rank * local, local);
+}
+
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp) {
+  if (!tp.splits_sequence()) return dropout(x, p, training, gen);
+  if (!training || p <= 0.0) return x;
+  std::vector<int64_t> whole = x.sizes().vec();
+  const int64_t local = whole[1];
+  whole[1] *= tp.size;
+  return apply_dropout(x, draw_keep_mask(whole, p, gen).sequence_rows(whole[1], tp.rank * local, local));
+}
+
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size) {
   if (vocab_size <= 0) throw Error("vocab_size must be positive");
   const int64_t multiple = std::max<int64_t>(1, divisible_by) * std::max<int64_t>(1, tp_size);
@@ -147,6 +354,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bi
 }
 
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const {
+  if (tp.splits_sequence()) return sequence_parallel_columns(x, {this})[0];
   return dtk::linear(copy_to_tp_region(x, tp), weight, bias);
 }
 
@@ -160,7 +368,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, do
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor y = reduce_from_tp_region(dtk::linear(x, weight), tp);
+  at::Tensor y = exit_tp_region(dtk::linear(x, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 
@@ -192,10 +400,11 @@ at::Tensor VocabParallelEmbedding::partial(const at::Tensor& ids) const {
 
 at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
   if (tp.size <= 1) return at::embedding(weight, ids);
-  return reduce_from_tp_region(partial(ids), tp);
+  return exit_tp_region(partial(ids), tp);
 }
 
 at::Tensor parallel_lm_logits(const at::Tensor& x, const at::Tensor& weight, const TPGroup& tp, bool async_grad) {
+  if (tp.splits_sequence()) return dtk::linear(gather_from_sequence_parallel_region(x, tp), weight);
   if (async_grad && tp.size > 1 && at::GradMode::is_enabled()) return LinearAsyncGradAllReduce::apply(x, weight);
   return dtk::linear(copy_to_tp_region(x, tp), weight);
 }

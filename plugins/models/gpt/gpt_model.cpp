@@ -45,7 +45,6 @@ class GPTModel : public DecoderLM {
     c_.ffn = option_or(o, "ffn_hidden_size", 4 * c_.hidden);
     c_.max_pos = option_or(o, "max_position_embeddings", c_.seq);
     c_.openai_gelu = o.get_bool("openai_gelu");
-    c_.selective_recompute = o.get_string("recompute_activations") == "selective";
     validate(ctx, c_);
     build(ctx, c_, {{{"final_layernorm.weight", 1.0}, {"final_layernorm.bias", 0.0}}, /*layer_positions=*/false});
   }
@@ -81,9 +80,11 @@ const dtk_option_spec kOptions[] = {
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),
     opt_enum("recompute_activations", "none", "none|selective|full",
-             "full = recompute every layer's activations in backward (one layer per checkpoint); selective = keep no "
-             "attention probabilities and form them again in backward (Megatron's recompute_granularity=selective; "
-             "the CPU fp32 causal attention, dtk/layers/attention.hpp)."),
+             "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
+             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
+             "attention probabilities (Megatron's --recompute-granularity)."),
+    dtk::layers::kRecomputeMethodOption,
+    dtk::layers::kRecomputeNumLayersOption,
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: Megatron's logits, then vocab-parallel cross entropy)."),

@@ -2,6 +2,8 @@
 // ParallelAttention, CoreAttention, ParallelMLP).
 #include "layer.hpp"
 
+#include <dtk/layers/recompute.hpp>
+
 #include <cmath>
 
 namespace dtk::gpt {
@@ -30,19 +32,28 @@ at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? a
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor&, const at::Tensor& mask, DropoutRng& rng,
                           bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
+  const at::Tensor projected = qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps));
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
-  at::Tensor context = core_attention(qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)), mask, [&](at::IntArrayRef shape) {
-    return training ? draw_keep_mask(shape, p, rng.attention) : DropoutMask{};
-  });
-  at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
+  RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
+    return core_attention(in, mask, [&](at::IntArrayRef shape) {
+      return training ? draw_keep_mask(shape, p, r.attention) : DropoutMask{};
+    });
+  };
+  // Selective recomputation: the CPU causal kernel keeps no probabilities by itself; elsewhere
+  // core attention is one checkpoint (Megatron's checkpointed core attention).
+  const bool own_kernel = !mask.defined() && causal_attention_supported(projected);
+  const at::Tensor context =
+      c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
+  at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_);
   at::Tensor mlp = fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
-  return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden);
+  return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden, tp_);
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const at::Tensor& cache, int64_t length,
                                  const at::Tensor& mask) const {
   const int64_t b = x.size(0), n = x.size(1), total = length + n;
-  at::Tensor mixed = qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)).view({b, n, heads_local_, 3 * head_dim_}).transpose(1, 2);
+  at::Tensor mixed =
+      qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)).view({b, n, heads_local_, 3 * head_dim_}).transpose(1, 2);
   cache[0].narrow(2, length, n).copy_(mixed.narrow(-1, head_dim_, head_dim_));
   cache[1].narrow(2, length, n).copy_(mixed.narrow(-1, 2 * head_dim_, head_dim_));
   const at::Tensor q = mixed.narrow(-1, 0, head_dim_);

@@ -27,7 +27,6 @@
 #include <map>
 #include <mutex>
 
-
 namespace dtk::gpt {
 
 // The SDK's tensor-parallel layers, cross entropy and dropout (dtk/layers), shared with llama.
@@ -36,7 +35,6 @@ using namespace dtk::layers;
 // The shared decoder options (dtk/layers/decoder_lm.hpp; max_pos: the learned position table)
 // and GPT's own.
 struct Config : DecoderConfig {
-  bool selective_recompute = false;  // the attention's probabilities recomputed in backward (attention.hpp)
   bool openai_gelu = false;  // GELU's tanh approximation (GPT-2's gelu_new) instead of the exact erf form
 };
 

@@ -3,6 +3,7 @@
 // megatron/core/models/common/embeddings/rotary_pos_embedding.py.
 #include "llama_layer.hpp"
 
+#include <dtk/layers/recompute.hpp>
 #include <dtk/module_hooks.hpp>
 
 #include <cmath>
@@ -71,7 +72,8 @@ Layer::QKV Layer::project(const at::Tensor& x, const at::Tensor& positions) cons
 }
 
 Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& positions) const {
-  const int64_t b = projected.size(0), s = projected.size(1), hd = c_.head_dim(), per_group = heads_local_ / groups_local_;
+  const int64_t b = projected.size(0), s = projected.size(1), hd = c_.head_dim(),
+                per_group = heads_local_ / groups_local_;
   // [b, s, groups, (per_group + 2) * hd]: per group its queries, then its key and its value.
   const at::Tensor mixed = projected.view({b, s, groups_local_, (per_group + 2) * hd});
   QKV out;
@@ -85,9 +87,9 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          double p, const std::function<at::Tensor(const at::Tensor&)>& probs_dropout) const {
   const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
   const int64_t per_group = heads_local_ / groups_local_;
-  const at::Tensor qh = q.transpose(1, 2);  // [b, np, s, hd]
+  const at::Tensor qh = q.transpose(1, 2);                    // [b, np, s, hd]
   at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [b, ng, t, hd]
-  if (per_group > 1) {  // query head g * per_group + j reads key/value group g
+  if (per_group > 1) {                                        // query head g * per_group + j reads key/value group g
     kh = kh.repeat_interleave(per_group, 1);
     vh = vh.repeat_interleave(per_group, 1);
   }
@@ -103,8 +105,9 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
     // positions at -10000.
     const at::Tensor scores = at::matmul(qh * (1.0 / std::sqrt(static_cast<double>(hd))), kh.transpose(-1, -2));
     const at::Tensor masked =
-        mask.defined() ? mask
-                       : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
+        mask.defined()
+            ? mask
+            : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
     const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(q.scalar_type());
     context = at::matmul(probs_dropout(probs), vh);
   }
@@ -114,6 +117,10 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor Layer::mlp(const at::Tensor& h) const {
   // One copy into the tensor-parallel region for both projections: a single all-reduce of the
   // input gradient in backward, not one per projection.
+  if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
+    const std::vector<at::Tensor> gate_up = sequence_parallel_columns(h, {&gate, &up});
+    return down.forward(at::silu(gate_up[0]) * gate_up[1]);
+  }
   const at::Tensor x = copy_to_tp_region(h, gate.tp);
   return down.forward(at::silu(dtk::linear(x, gate.weight, gate.bias)) * dtk::linear(x, up.weight, up.bias));
 }
@@ -121,12 +128,18 @@ at::Tensor Layer::mlp(const at::Tensor& h) const {
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                           bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
-  const QKV a = project(rms_norm(x, input_norm, c_.eps), positions);
-  const at::Tensor context = attend(a.q, a.k, a.v, mask, p, [&](const at::Tensor& probs) {
-    return dropout(probs, p, training, rng.attention);
-  });
-  const at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden);
-  return h + dropout(mlp(rms_norm(h, post_attention_norm, c_.eps)), c_.hidden_dropout, training, rng.hidden);
+  // Core attention from the projection: the query/key/value split, rotary, softmax, dropout.
+  RecomputedBlock attention = [this, positions, mask, p, training](const at::Tensor& projected, DropoutRng& r) {
+    const QKV a = split_qkv(projected, positions);
+    return attend(a.q, a.k, a.v, mask, p,
+                  [&](const at::Tensor& probs) { return dropout(probs, p, training, r.attention); });
+  };
+  const at::Tensor projected = qkv.forward(rms_norm(x, input_norm, c_.eps));
+  // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
+  // the projection.
+  const at::Tensor context = c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng);
+  const at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp);
+  return h + dropout(mlp(rms_norm(h, post_attention_norm, c_.eps)), c_.hidden_dropout, training, rng.hidden, qkv.tp);
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,

@@ -101,8 +101,9 @@ const dtk_option_spec kOptions[] = {
               "llama3 rope scaling: wavelengths above rope_original_max_positions / this are scaled fully."),
     opt_float("rope_high_freq_factor", "4",
               "llama3 rope scaling: wavelengths below rope_original_max_positions / this are kept."),
-    opt_int("rope_original_max_positions", "8192",
-            "llama3 rope scaling: the context length the model was first trained at (original_max_position_embeddings)."),
+    opt_int(
+        "rope_original_max_positions", "8192",
+        "llama3 rope scaling: the context length the model was first trained at (original_max_position_embeddings)."),
     opt_float("hidden_dropout", "0.0", "Dropout on the embedding and on each residual branch."),
     opt_float("attention_dropout", "0.0", "Dropout on the attention probabilities."),
     opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
@@ -117,9 +118,12 @@ const dtk_option_spec kOptions[] = {
              "logits (false: the logits, then vocab-parallel cross entropy)."),
     dtk::layers::kLmHeadChunkTokensOption,
     dtk::layers::kCrossEntropyImplOption,
-    opt_enum("recompute_activations", "none", "none|full",
-             "full = recompute every layer's activations in backward (one layer per checkpoint; Megatron's "
-             "--recompute-granularity full)."),
+    opt_enum("recompute_activations", "none", "none|selective|full",
+             "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
+             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
+             "attention probabilities (Megatron's --recompute-granularity)."),
+    dtk::layers::kRecomputeMethodOption,
+    dtk::layers::kRecomputeNumLayersOption,
     opt_int("domino_chunks", "1",
             "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces overlap the "
             "other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),

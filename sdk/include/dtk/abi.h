@@ -119,7 +119,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 2
+#define DTK_ABI_MINOR 3
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -381,10 +381,16 @@ typedef struct dtk_param_info {
    * optimizer state between strategies and data-parallel sizes. */
   int64_t shard_offset;
   int64_t full_numel;
+  /* ABI 2.3. 1: a replicated parameter read only on this rank's sequence shard (sequence
+   * parallelism: norms, row-parallel biases, position embeddings), so its gradient here is a
+   * partial sum; the host sums it over the tensor-parallel group after the strategy's reduction
+   * (Megatron's `sequence_parallel` attribute). */
+  int32_t sequence_parallel;
 } dtk_param_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_0, module_index);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_1, full_numel);
-DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, full_numel);
+DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_3, sequence_parallel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, sequence_parallel);
 
 /* Visitor over named parameters. `tensor` is [borrowed] for the call: a C++ visitor that
  * keeps the tensor copies the at::Tensor (dtk::unwrap(tensor)), which takes its own reference.
@@ -611,9 +617,16 @@ typedef struct dtk_build_context {
    * run (Domino splits each micro-batch into chunks and needs it divisible). */
   int64_t micro_batch_size;
   uint64_t seed;
+  /* ABI 2.3. Megatron's sequence parallelism (set only with tp_size > 1): outside its
+   * tensor-parallel blocks the model keeps its activations split along the sequence, each TP rank
+   * rows [tp_rank * s / tp_size, (tp_rank + 1) * s / tp_size); pipeline stages exchange
+   * [micro_batch_size, seq_length / tp_size, hidden] hidden states. A model that honours it says so
+   * in dtk_model_info.sequence_parallel; the host refuses the run otherwise. */
+  int32_t sequence_parallel;
 } dtk_build_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, seed);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, sequence_parallel);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -632,9 +645,15 @@ typedef struct dtk_model_info {
   int64_t vocab_size;      /* padded, full (all TP ranks) */
   int32_t recompute;       /* 0 none, 1 full activation recomputation */
   int32_t tied_embeddings; /* 1 if the output layer reuses the word embedding */
+  /* ABI 2.3 (a 2.2 model reports 0 for all four; its `recompute` still says full or none). */
+  int32_t sequence_parallel;     /* 1: it runs dtk_build_context.sequence_parallel's layout */
+  int32_t recompute_granularity; /* 0 none, 1 full, 2 selective (core attention; Megatron's names) */
+  int32_t recompute_method;      /* with full: 0 uniform (groups of recompute_num_layers), 1 block */
+  int32_t recompute_num_layers;  /* with full: layers per group (uniform) or per stage (block) */
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, tied_embeddings);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, recompute_num_layers);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

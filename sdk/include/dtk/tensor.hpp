@@ -198,7 +198,8 @@ struct BuildContext {
         post_process(c.post_process != 0),
         seq_length(c.seq_length),
         micro_batch_size(c.micro_batch_size),
-        seed(c.seed) {}
+        seed(c.seed),
+        sequence_parallel(c.sequence_parallel != 0 && c.tp_size > 1) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -206,6 +207,7 @@ struct BuildContext {
   bool pre_process, post_process;
   int64_t seq_length, micro_batch_size;
   uint64_t seed;
+  bool sequence_parallel;  // ABI 2.3 (false from a 2.2 host): dtk_build_context.sequence_parallel
 };
 
 // ------------------------------------------------------------------------------------------

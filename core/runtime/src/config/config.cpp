@@ -550,6 +550,11 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
                     std::to_string(d.virtual_pipeline_model_parallel_size()) +
                     " (the interleaved schedule) needs distributed.pipeline_model_parallel_size >= 2");
+  if (d.sequence_parallel() && d.tensor_model_parallel_size() > 1 && t.seq_length() > 0 &&
+      t.seq_length() % d.tensor_model_parallel_size() != 0)
+    throw HostError("config: distributed.sequence_parallel splits train.seq_length " + std::to_string(t.seq_length()) +
+                    " over the tensor-parallel size " + std::to_string(d.tensor_model_parallel_size()) +
+                    ", which does not divide it");
   validate_trace(cfg);
   if (!d.backend().empty() && d.backend() != "gloo") {
     if (d.backend() != "nccl")

@@ -97,10 +97,11 @@ const Rule kRules[] = {
     {"--use-flash-attn", 0, Kind::kIgnore, "",
      "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
-     "full: every layer recomputed in backward; selective: the attention probabilities recomputed (gpt)"},
-    {"--recompute-method", 1, Kind::kCustom, "", "uniform: accepted (DTK checkpoints each layer); block: refused"},
-    {"--recompute-num-layers", 1, Kind::kCustom, "",
-     "1: accepted; other counts refused (DTK checkpoints one layer at a time)"},
+     "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed"},
+    {"--recompute-method", 1, Kind::kCustom, "model.recompute_method",
+     "uniform: groups of --recompute-num-layers layers, one checkpoint each; block: the first "
+     "--recompute-num-layers layers of each stage"},
+    {"--recompute-num-layers", 1, Kind::kSet, "model.recompute_num_layers", ""},
     {"--recompute-activations", 0, Kind::kSwitch, "model.recompute_activations=selective", ""},
     // Precision
     {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},
@@ -173,7 +174,7 @@ const Rule kRules[] = {
      "the interleaved schedule: num_layers / pipeline size / this chunks per rank"},
     {"--virtual-pipeline-model-parallel-size", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
      "the interleaved schedule"},
-    {"--sequence-parallel", 0, Kind::kRefuse, "", "sequence parallelism is not in this release"},
+    {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kCustom, "", "1: accepted; more refused (no context parallelism in DTK)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
@@ -273,9 +274,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] == "full" || v[0] == "selective") return m.sets.push_back("model.recompute_activations=" + v[0]);
     refuse("not one of full, selective");
   } else if (f == "--recompute-method") {
-    if (v[0] != "uniform") refuse("DTK recomputes each layer on its own (uniform with --recompute-num-layers 1)");
-  } else if (f == "--recompute-num-layers") {
-    if (v[0] != "1") refuse("DTK checkpoints one layer at a time (--recompute-num-layers 1)");
+    if (v[0] == "uniform" || v[0] == "block") return m.sets.push_back("model.recompute_method=" + v[0]);
+    refuse("not one of uniform, block");
   } else if (f == "--rampup-batch-size") {
     m.sets.push_back("train.rampup_batch_size=" + joined(v));
   } else if (f == "--train-samples") {

@@ -5,10 +5,10 @@
 #include "dtk/core/memory/memory.hpp"  // peak_rss_bytes
 
 #include <algorithm>
-#include <cstring>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <tuple>
 
@@ -306,16 +306,17 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
   std::snprintf(buf, sizeof buf,
                 " [Rank 0] (after %lld iterations) memory (MB) | allocated: %.2f | max allocated: %.2f | "
                 "parameters: %.2f | gradients: %.2f | fp32 masters: %.2f | optimizer state: %.2f%s | "
-                "host allocated: %.2f | host max allocated: %.2f",
+                "host allocated: %.2f | host max allocated: %.2f | activations per micro-batch: %.2f",
                 static_cast<long long>(iteration), mb(m.allocator.device.bytes), mb(m.allocator.device.peak),
                 mb(m.strategy.parameter_bytes), mb(m.strategy.gradient_bytes), mb(m.strategy.master_bytes),
                 mb(m.optimizer_state_bytes), m.optimizer_on_host ? " (host)" : "", mb(m.allocator.host.bytes),
-                mb(m.allocator.host.peak));
+                mb(m.allocator.host.peak), mb(m.activation_bytes));
   print(buf);
   // The communication volume of the iteration: under ZeRO reduce-scatter + all-gather move what
   // ddp's all-reduce moves.
-  for (const auto& [name, t, n] : {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
-                                   std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
+  for (const auto& [name, t, n] :
+       {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
+        std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
     if (n <= 1) continue;
     std::snprintf(buf, sizeof buf,
                   " [Rank 0] (after %lld iterations) %s-parallel traffic sent per iteration (MB) | all-reduce: %.2f | "

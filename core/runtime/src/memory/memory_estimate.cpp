@@ -16,16 +16,39 @@ int64_t chunk_forwards_alive(const MemoryEstimateInputs& in) {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
+double layer_activation_bytes(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
   const double h = static_cast<double>(in.hidden_size),
                a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
-  const double layers = static_cast<double>(in.num_layers) / in.pp_size;
-  const double per_layer = s * b * h * (34.0 + 5.0 * a * s / h) / in.tp_size * (in.dtype_bytes / 2.0);
+  const double t = std::max(1, in.tp_size);
+  // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks.
+  const double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
+  // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
+  // only under sequence parallelism).
+  const double rest = in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t;
+  return s * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
+}
+
+MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
+  const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
+  const double h = static_cast<double>(in.hidden_size);
+  const int64_t stage_layers = std::max<int64_t>(1, in.num_layers / in.pp_size);
+  const double per_layer = layer_activation_bytes(in);
+  double stage = static_cast<double>(stage_layers) * per_layer;
+  if (in.recompute) {
+    // Each checkpointed group keeps its input (2 s b h in 16-bit); the layers outside groups keep
+    // everything; the group being recomputed holds its layers' activations during its backward.
+    const int64_t k = std::min<int64_t>(std::max<int64_t>(1, in.recompute_num_layers), stage_layers);
+    const int64_t groups = in.recompute_block ? k : (stage_layers + k - 1) / k;
+    const int64_t plain = in.recompute_block ? stage_layers - k : 0;
+    const double input = s * b * h * in.dtype_bytes / (in.sequence_parallel ? std::max(1, in.tp_size) : 1);
+    stage = static_cast<double>(groups) * input + static_cast<double>(plain) * per_layer +
+            static_cast<double>(in.recompute_block ? 1 : k) * per_layer;
+  }
   const int64_t chunk_forwards = chunk_forwards_alive(in), v = in.virtual_stages;
   const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
   MemoryEstimate e;
-  e.activations = in_flight * (in.recompute ? layers * s * b * h * in.dtype_bytes + per_layer : layers * per_layer);
+  e.activations = in_flight * stage;
   // The output layer's logits live on the last stage.
   const double vocab = static_cast<double>(in.vocab_size) / in.tp_size;
   e.logits = in.pp_rank == in.pp_size - 1 ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;

@@ -2,8 +2,11 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/memory/memory.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/graph_check.hpp"
 #include "dtk/host/error.hpp"
@@ -75,7 +78,11 @@ at::Tensor MicroBatchRunner::forward(int64_t iteration, int64_t m, Metrics* metr
   {
     auto t = p_.timers->scope(Phase::kForwardCompute);
     p_.model->reset_forward_watch();
+    const int64_t before = memory::stats().device.bytes;
     out = step().forward_step(*p_.model, batch, metrics);
+    // What the forward left allocated: the activations autograd keeps for this micro-batch's
+    // backward (and its output), the memory report's measured activations.
+    activation_bytes_ = std::max(activation_bytes_, memory::stats().device.bytes - before);
   }
   trace_span("forward ", m, forward_start);
   return out;
@@ -166,7 +173,10 @@ void MicroBatchRunner::trace_span(const char* what, int64_t m, int64_t start) co
 }
 
 std::vector<int64_t> MicroBatchRunner::stage_shape() const {
-  return {p_.plan->micro_batch_size(), p_.plan->seq_length(), p_.model->info().hidden_size};
+  // Under sequence parallelism a stage sends its rows of the sequence (Megatron's p2p shape).
+  const dtk_model_info info = p_.model->info();
+  const int64_t seq = p_.plan->seq_length() / (info.sequence_parallel ? std::max(1, p_.topo->tp_size) : 1);
+  return {p_.plan->micro_batch_size(), seq, info.hidden_size};
 }
 
 at::TensorOptions MicroBatchRunner::stage_options() const {
@@ -191,7 +201,8 @@ void MicroBatchRunner::check_stage_output(const at::Tensor& out) const {
                   std::to_string(p_.topo->pp_rank) + " produced " + Model::shape_str(out) + " " +
                   std::string(c10::toString(out.scalar_type())) + ", the stages agreed on " +
                   Model::shape_str(at::empty(shape)) + " " + c10::toString(p_.stage_dtype) +
-                  " [micro_batch_size, seq_length, hidden_size] hidden states in the parameters' dtype (is the step "
+                  " [micro_batch_size, seq_length (/ tensor-parallel size under sequence parallelism), hidden_size] "
+                  "hidden states in the parameters' dtype (is the step "
                   "pipeline-aware? docs/plugin-guide.md)");
 }
 

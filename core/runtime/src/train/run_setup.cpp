@@ -171,6 +171,11 @@ int virtual_stages(const config::RunConfig& cfg) {
   return std::max(1, cfg.distributed().virtual_pipeline_model_parallel_size());
 }
 
+// Sequence parallelism splits the sequence over the tensor-parallel ranks: nothing to split at 1.
+bool sequence_parallel(const config::RunConfig& cfg, const Topology& topo) {
+  return cfg.distributed().sequence_parallel() && topo.tp_size > 1;
+}
+
 dtk_build_context build_context(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
                                 const PluginSlot& slot, int chunk) {
   dtk_build_context c{};
@@ -189,6 +194,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.seq_length = plan.seq_length();
   c.micro_batch_size = plan.micro_batch_size();
   c.seed = cfg.train().seed();
+  c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   return c;
 }
 
@@ -201,6 +207,11 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
   for (int k = 0; k < v; ++k) chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
   parts.model = std::make_unique<ModelInstance>(plugins.model.plugin, chunks);
   const dtk_model_info info = parts.model->info();
+  if (sequence_parallel(cfg, topo) && info.sequence_parallel == 0)
+    throw HostError("model plugin '" + plugins.model.name() +
+                    "' does not run sequence parallelism (its dtk_model_info.sequence_parallel is 0): build its layers "
+                    "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
+                    "distributed.sequence_parallel=false");
   parts.stats = model_stats(parts.model->parameters(), info, topo.tp_size, topo.pp_rank, topo.pp_size);
   parts.strategy =
       std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
@@ -267,6 +278,8 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
   in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
   in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
+  in.selective_recompute = info.recompute_granularity == 2, in.recompute_block = info.recompute_method == 1;
+  in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();

@@ -1,5 +1,7 @@
 #include "dtk/core/train/tied_gradients.hpp"
 
+#include "dtk/core/train/sequence_parallel_gradients.hpp"
+
 #include <ATen/ATen.h>
 
 #include "dtk/core/comm/comm.hpp"
@@ -59,7 +61,6 @@ TiedGradients::TiedGradients(const ModelInstance& model, const OptimizerInstance
 }
 
 void TiedGradients::sync(const OptimizerInstance& optimizer) const {
-  at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const Param& p : optimizer.params())
     if (p.info.shared) {
@@ -67,17 +68,7 @@ void TiedGradients::sync(const OptimizerInstance& optimizer) const {
       if (!g.defined()) g = at::zeros_like(p.tensor);
       grads.push_back(g);
     }
-  std::vector<at::Tensor> parts;  // fp32 for the sum (Gloo has no bf16)
-  for (const at::Tensor& g : grads) parts.push_back(g.reshape({-1}).to(at::kFloat));
-  // On the training device even without a tied tensor here: every stage must pick the same backend.
-  at::Tensor flat = parts.empty() ? at::zeros({numel_}, at::TensorOptions().dtype(at::kFloat).device(training_device()))
-                                  : at::cat(parts).to(training_device());  // ZeRO-Offload's host partitions too
-  all_reduce(flat, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
-    offset += g.numel();
-  }
+  sum_gradients_over_group(grads, DTK_GROUP_PIPELINE_PARALLEL, numel_);
 }
 
 }  // namespace dtk::core

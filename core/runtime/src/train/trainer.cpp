@@ -79,6 +79,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
   tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
                                           plugins_.strategy.name());
+  sequence_parallel_ = std::make_unique<SequenceParallelGradients>(*parts_.optimizer, topo_);
   on_every_rank(topo_, "estimating the memory of the run", [&] { check_run_memory(cfg_, topo_, plan_, parts_); });
   log_ = make_log();
   configure_trace(cfg_.logging(), topo_);
@@ -171,6 +172,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     auto t = timers_.scope(Phase::kForwardBackward);
     forward_backward_->train(iteration, num_micro, scale, r);
   }
+  const int64_t activation_bytes = runner_->take_activation_bytes();
   reduce_clip_and_update(iteration, scale, r);
   // Megatron logs the optimizer's rate after the scheduler step: the next update's.
   r.learning_rate = schedule_.rate(progress_.scheduler_step);
@@ -178,6 +180,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.consumed_samples = plan_.consumed_before(iteration + 1);
   if (!memory_reported_ && log_->logs(iteration)) {
     r.memory = memory_sample(*parts_.optimizer, *parts_.strategy, topo_);
+    r.memory->activation_bytes = activation_bytes;
     memory_reported_ = true;
   }
   if (cfg_.logging().log_params_norm() && log_->logs(iteration))
@@ -198,6 +201,7 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
     auto t = timers_.scope(Phase::kGradsReduce);
     parts_.strategy->reduce_gradients();
     if (tied_->active()) tied_->sync(*parts_.optimizer);  // Megatron's embedding-group all-reduce
+    if (sequence_parallel_->active()) sequence_parallel_->sync(*parts_.optimizer);
   }
   auto optimizer = timers_.scope(Phase::kOptimizer);
   {
@@ -338,7 +342,8 @@ void Trainer::save(int64_t iteration) {
   // (checkpoint_model.hpp), whatever the plugin's defaults are by then.
   config::RunConfig recorded = cfg_;
   recorded.mutable_model()->clear_options();
-  for (const auto& [key, value] : plugins_.model.options.items()) (*recorded.mutable_model()->mutable_options())[key] = value;
+  for (const auto& [key, value] : plugins_.model.options.items())
+    (*recorded.mutable_model()->mutable_options())[key] = value;
   const SaveReport r = save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
                                        to_text(recorded), writers_, topo_, cfg_.checkpoint().keep_last());
   last_saved_ = iteration;

@@ -51,17 +51,35 @@ struct DecoderConfig {
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
   bool untie = false, fused_lm_head = true;
-  bool recompute = false;  // recompute_activations=full: one layer per checkpoint (recompute.hpp)
+  // Megatron's activation recomputation (recompute.hpp): recompute_activations none|selective|full
+  // (--recompute-granularity); with full, recompute_method uniform (every group of
+  // recompute_num_layers consecutive layers of a stage is one checkpoint) or block (the first
+  // recompute_num_layers layers of a stage are checkpointed one by one, the rest are not).
+  // Selective recomputes core attention (the layer's own business: selective_recompute).
+  bool recompute = false;  // full
+  bool selective_recompute = false;
+  bool recompute_block = false;
+  int64_t recompute_num_layers = 1;
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU
   CrossEntropyRows cross_entropy_impl = CrossEntropyRows::kAuto;  // lm_head.hpp
-  int64_t domino_chunks = 1;         // >= 2: Domino's chunked schedule (domino.hpp)
+  int64_t domino_chunks = 1;                                      // >= 2: Domino's chunked schedule (domino.hpp)
 };
 
 // The fused output layer's options, declared alike by every decoder LM (put them in the plugin's
 // option table; read_options reads them by these names).
-inline constexpr dtk_option_spec kLmHeadChunkTokensOption = opt_int(
-    "lm_head_chunk_tokens", "0",
-    "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU.");
+inline constexpr dtk_option_spec kLmHeadChunkTokensOption =
+    opt_int("lm_head_chunk_tokens", "0",
+            "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU.");
+// Megatron's --recompute-method and --recompute-num-layers (with recompute_activations=full).
+inline constexpr dtk_option_spec kRecomputeMethodOption =
+    opt_enum("recompute_method", "uniform", "uniform|block",
+             "With recompute_activations=full: uniform = every group of recompute_num_layers consecutive layers is one "
+             "checkpoint; block = only the first recompute_num_layers layers of each pipeline stage are recomputed "
+             "(Megatron's --recompute-method).");
+inline constexpr dtk_option_spec kRecomputeNumLayersOption =
+    opt_int("recompute_num_layers", "1",
+            "With recompute_activations=full: layers per checkpoint (uniform) or recomputed layers per pipeline stage "
+            "(block) (Megatron's --recompute-num-layers).");
 inline constexpr dtk_option_spec kCrossEntropyImplOption =
     opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
              "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = LibTorch "
@@ -119,7 +137,7 @@ class DecoderLM : public Model {
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
   // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
   // cross_entropy_impl,
-  // recompute_activations (full), domino_chunks. The model reads ffn_hidden_size (and
+  // recompute_activations, recompute_method, recompute_num_layers, domino_chunks. The model reads ffn_hidden_size (and
   // max_position_embeddings) itself, e.g. with option_or.
   void read_options(const BuildContext& ctx, DecoderConfig& c) const;
   // The option's value; 0 selects `fallback`; negative is refused.
@@ -132,6 +150,10 @@ class DecoderLM : public Model {
   void fail(const std::string& what) const;  // throws Error(name + ": " + what)
   // Refuses n % d != 0: "<name>: <what> <n> is not divisible by <by> <d>".
   void divisible(const char* what, int64_t n, const char* by, int64_t d) const;
+
+  // Recomputed layers of this stage, as the recompute options group them: each group is one
+  // checkpoint; layers in no group keep their activations.
+  std::vector<std::pair<size_t, size_t>> recompute_groups() const;
 
   // The model's parts: layer `index` (global, over all stages) drawing its weights from f; the
   // final norm of x reading final_norm_ (the tensors of DecoderParts::final_norm, in order).
@@ -150,6 +172,7 @@ class DecoderLM : public Model {
   at::Tensor check_tokens(const TensorList& inputs) const;
   at::Tensor positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h) const;
   at::Tensor embed(const at::Tensor& tokens, const at::Tensor& positions) const;
+  int64_t whole_sequence(const at::Tensor& h) const;  // a stage input's sequence length, all TP ranks
   at::Tensor plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask);
   at::Tensor output_layer(const at::Tensor& h, const at::Tensor* labels);
   const at::Tensor& output_weight() const { return config_->untie ? output_ : word_.weight; }

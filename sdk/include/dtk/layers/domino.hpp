@@ -96,10 +96,10 @@ class DominoLayer {
 // any is waited for; in backward chunk c's input-gradient all-reduce overlaps the next chunk's
 // output-layer backward and the last layer's.
 struct DominoHead {
-  std::function<at::Tensor(const at::Tensor&)> norm;                             // final norm
-  std::function<const at::Tensor&()> weight;                                     // [vocab / tp, hidden]
-  TPGroup tp;                                                                    // vocab-parallel cross entropy
-  int32_t module = -1;                                                           // hooks
+  std::function<at::Tensor(const at::Tensor&)> norm;  // final norm
+  std::function<const at::Tensor&()> weight;          // [vocab / tp, hidden]
+  TPGroup tp;                                         // vocab-parallel cross entropy
+  int32_t module = -1;                                // hooks
 };
 
 // The embedding (word [+ position], dropout) run per chunk inside the schedule, as a first stage:
@@ -114,15 +114,20 @@ struct DominoEmbedding {
 };
 
 struct DominoStack {
-  std::string model;         // names the plugin in errors
-  int64_t chunks = 2;        // N
-  int64_t hidden = 0;        // hidden size
-  bool recompute = false;    // full activation recomputation, one layer at a time
+  std::string model;       // names the plugin in errors
+  int64_t chunks = 2;      // N
+  int64_t hidden = 0;      // hidden size
+  bool recompute = false;  // full activation recomputation, one layer at a time
   std::vector<const DominoLayer*> layers;
   const ModuleHooks* hooks = nullptr;
-  std::function<int32_t(size_t)> module_of;  // layer index -> module index (hooks)
-  const DominoHead* head = nullptr;          // with labels: the output layer joins the schedule
+  std::function<int32_t(size_t)> module_of;    // layer index -> module index (hooks)
+  const DominoHead* head = nullptr;            // with labels: the output layer joins the schedule
   const DominoEmbedding* embedding = nullptr;  // with tokens: the embedding joins the schedule
+  // The tensor-parallel group; under sequence parallelism the hidden states between the blocks
+  // are this rank's rows of the sequence: each stage all-gathers its normalised input (blocking)
+  // and reduce-scatters its partial sum (in flight like the all-reduce it replaces); backward
+  // all-gathers the output gradient (blocking) and reduce-scatters the input gradient (in flight).
+  TPGroup tp;
 };
 
 // What the stack runs on: the hidden states [b, s, h], or (with stack.embedding) token ids

@@ -44,12 +44,22 @@ at::Generator seeded_generator(uint64_t seed);
 // (p == 0) means keep everything.
 struct DropoutMask {
   uint64_t seed = 0;
-  double p = 0;            // drop probability
-  int64_t offset = 0;      // index of this mask's first element in the drawn mask
-  int64_t row_numel = 0;   // elements per index of the first dimension
+  double p = 0;           // drop probability
+  int64_t offset = 0;     // index of this mask's first element in the drawn mask
+  int64_t row_numel = 0;  // elements per index of the first dimension of the drawn mask
+  // A strided view (sequence parallelism's shard): when run_numel > 0, element i of the tensor
+  // is element offset + (i / run_numel) * row_numel + i % run_numel of the drawn mask.
+  int64_t run_numel = 0;
   bool defined() const { return p > 0; }
   // Rows [start, start + length) of the first dimension (a Domino chunk of the micro-batch).
   DropoutMask rows(int64_t start, int64_t length) const;
+  // Indices [start, start + length) of the second dimension, of `seq` (a sequence shard of a
+  // mask drawn for [b, seq, ...]); rows() of the result are rows of the shard.
+  DropoutMask sequence_rows(int64_t seq, int64_t start, int64_t length) const;
+  // The index in the drawn mask of element i of the tensor the mask is applied to.
+  int64_t index(int64_t i) const {
+    return run_numel > 0 ? offset + i / run_numel * row_numel + i % run_numel : offset + i;
+  }
 };
 
 // Draws one mask for tensors of `shape` (advances `gen` by one 64-bit draw); undefined for p 0.

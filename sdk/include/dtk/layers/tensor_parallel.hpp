@@ -1,4 +1,5 @@
-// dtk/layers/tensor_parallel.hpp — Megatron-LM's tensor-parallel building blocks, for model plugins (gpt, llama, yours).
+// dtk/layers/tensor_parallel.hpp — Megatron-LM's tensor-parallel building blocks, for model plugins (gpt, llama,
+// yours).
 //
 // Every block holds the shard this tensor-parallel (TP) rank owns and performs exactly the
 // communication Megatron's layer performs (megatron/core/tensor_parallel/{layers,mappings,
@@ -12,6 +13,11 @@
 //                           (all-reduce forward, identity backward); bias added after the reduce.
 //   VocabParallelEmbedding  rows [start, end) of the vocabulary on each rank; ids outside the
 //                           range are masked to zero and the result is all-reduced.
+//   With sequence parallelism (TPGroup::sequence_parallel; Korthikanti et al. 2022, Megatron's
+//   --sequence-parallel) the activations between the blocks are split along the sequence (dim 1
+//   of [b, s, h]): the column-parallel input is all-gathered along the sequence (its gradient
+//   reduce-scattered) and the row-parallel output reduce-scattered (its gradient all-gathered),
+//   the same bytes as the all-reduces they replace; the embedding reduce-scatters too.
 //   vocab_parallel_cross_entropy
 //                           loss over logits split along the vocabulary: all-reduce MAX of the
 //                           row maxima, all-reduce SUM of the target logit and of sum(exp).
@@ -35,6 +41,10 @@ namespace dtk::layers {
 struct TPGroup {
   int rank = 0;
   int size = 1;
+  // Activations outside the tensor-parallel blocks hold this rank's rows of the sequence (only
+  // with size > 1): [b, s / size, h], rows [rank * s / size, (rank + 1) * s / size).
+  bool sequence_parallel = false;
+  bool splits_sequence() const { return sequence_parallel && size > 1; }
 };
 
 // How new parameters are made: dtype/device of the parameters, init generator (CPU).
@@ -57,11 +67,52 @@ at::Tensor copy_to_tp_region(const at::Tensor& x, const TPGroup& tp);
 // Forward all-reduce (SUM) over the TP group; backward identity.
 at::Tensor reduce_from_tp_region(const at::Tensor& x, const TPGroup& tp);
 
+// Sequence parallelism's mappings along dim 1 of [b, s, ...] (Megatron's
+// gather_from_sequence_parallel_region and reduce_scatter_to_sequence_parallel_region), identity
+// where the group does not split the sequence.
+// Forward all-gather of the sequence shards [b, s / tp, ..] -> [b, s, ..]; backward reduce-scatter.
+at::Tensor gather_from_sequence_parallel_region(const at::Tensor& x, const TPGroup& tp);
+// Forward reduce-scatter (SUM) [b, s, ..] -> this rank's [b, s / tp, ..]; backward all-gather.
+at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& x, const TPGroup& tp);
+// The way into and out of a tensor-parallel block, whichever layout the group uses:
+// enter_tp_region is copy_to_tp_region, or with sequence parallelism the sequence all-gather;
+// exit_tp_region is reduce_from_tp_region, or the sequence reduce-scatter.
+at::Tensor enter_tp_region(const at::Tensor& x, const TPGroup& tp);
+at::Tensor exit_tp_region(const at::Tensor& x, const TPGroup& tp);
+// The same collectives outside autograd, for schedules that wait later (Domino): the blocking
+// all-gather of the shards, and a reduce-scatter in flight (`shard` holds the result once `work`
+// is waited; `send` the reordered input, kept alive until then).
+at::Tensor sequence_all_gather(const at::Tensor& shard, const TPGroup& tp);
+struct PendingShard {
+  at::Tensor shard, send;
+  std::optional<Comm::Work> work;
+};
+PendingShard sequence_reduce_scatter_async(const at::Tensor& x, const TPGroup& tp);
+// An all-gather of the sequence shards in flight; wait() returns [b, s, ..].
+struct PendingGather {
+  at::Tensor buffer, send;
+  std::optional<Comm::Work> work;
+  int size = 1;
+  at::Tensor wait();
+};
+PendingGather sequence_all_gather_async(const at::Tensor& shard, const TPGroup& tp);
+// This rank's rows of dim 1 (no communication; forward of Megatron's
+// scatter_to_sequence_parallel_region, without its backward: for tensors that need no gradient,
+// such as position ids). Identity where the group does not split the sequence.
+at::Tensor sequence_shard(const at::Tensor& x, const TPGroup& tp);
+// Dropout of activations outside the tensor-parallel blocks ([b, s or s / tp, ...]): under
+// sequence parallelism the mask is drawn for the whole sequence and this rank applies its rows,
+// so every element is dropped exactly as without sequence parallelism (the same losses, not just
+// the same statistics; Megatron draws per-shard masks from its tensor-parallel stream instead).
+at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp);
+
 // Megatron's _vocab_size_with_padding: the smallest multiple of divisible_by x tp_size that is
 // >= vocab_size.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size);
 
-// Y = X A^T + b with A [out, in] split along out. gather_output is false (Megatron's GPT).
+// Y = X A^T + b with A [out, in] split along out. gather_output is false (Megatron's GPT). Its
+// input enters the TP region (enter_tp_region: all-gathered along the sequence under sequence
+// parallelism).
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear() = default;
@@ -74,6 +125,8 @@ class ColumnParallelLinear {
 };
 
 // Y = X A^T + b with A [out, in] split along in; X arrives already split (input_is_parallel).
+// The output leaves the TP region (exit_tp_region: reduce-scattered along the sequence under
+// sequence parallelism, then the bias is added to this rank's rows).
 class RowParallelLinear {
  public:
   RowParallelLinear() = default;
@@ -85,6 +138,13 @@ class RowParallelLinear {
   TPGroup tp;
 };
 
+// Column-parallel projections of one sequence shard [b, s / tp, in] (sequence parallelism; Megatron's
+// linear with sequence_parallel): the shards all-gathered once for every projection, only the
+// shard kept for backward, which gathers it again (the paper's 34 s b h / t counts the shard) and
+// reduce-scatters the input gradient. Outputs [b, s, out / tp] each, in order.
+std::vector<at::Tensor> sequence_parallel_columns(const at::Tensor& shard,
+                                                  const std::vector<const ColumnParallelLinear*>& columns);
+
 // Ids outside [0, limit) would index an embedding table out of bounds (or be dropped by every
 // rank's vocabulary slice and scored silently): refused with one line naming the model, the input
 // and the limit, e.g. "gpt: 'tokens' holds ids in [0, 60000], outside [0, 50304) (the padded
@@ -95,7 +155,9 @@ class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding() = default;
   VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp, ParamFactory& f);
-  at::Tensor forward(const at::Tensor& ids) const;  // [..] int64 -> [.., hidden]
+  // [..] int64 -> [.., hidden]; under sequence parallelism [b, s] -> this rank's [b, s / tp, hidden]
+  // (the partial sums reduce-scattered instead of all-reduced).
+  at::Tensor forward(const at::Tensor& ids) const;
   // This rank's share before the all-reduce (rows of ids outside its slice are zero); summed over
   // the TP group it is forward(ids). At TP 1 it is forward(ids).
   at::Tensor partial(const at::Tensor& ids) const;

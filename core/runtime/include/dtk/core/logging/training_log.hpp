@@ -45,6 +45,8 @@ struct MemorySample {
   dtk_memory_usage strategy{};             // parameters, gradients, masters (strategy's count)
   int64_t optimizer_state_bytes = 0;       // the optimizer's state tensors
   bool optimizer_on_host = false;          // ...which then live in host memory (offload)
+  // The most one micro-batch's forward left allocated in the iteration: its stored activations.
+  int64_t activation_bytes = 0;
   // What this rank sent during the iteration on the data-, tensor- and pipeline-parallel groups.
   Traffic data_parallel, tensor_parallel, pipeline_parallel;
   int dp_size = 1, tp_size = 1, pp_size = 1;

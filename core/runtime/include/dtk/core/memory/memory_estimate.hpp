@@ -4,10 +4,12 @@
 //
 // Parameters and the strategy's gradient and master buffers are counted as allocated; the
 // optimizer state (allocated at the first step) as two fp32 values per optimized element (Adam);
-// activations by Megatron's formula (Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer in
-// 16-bit, twice in fp32, divided over TP ranks, one layer's worth plus the layer inputs with full
-// recomputation) times the micro-batches the schedule keeps alive at once, plus the output
-// layer's logits and the prefetched batches.
+// activations by the paper's formulas (Korthikanti et al. 2022, bytes per layer in 16-bit, twice
+// in fp32): s b h (10 + 24 / t + 5 a s / (h t)) under tensor parallelism, s b h / t (34 + 5 a s / h)
+// with sequence parallelism, their attention-score terms dropped with selective recomputation,
+// and with full recomputation 2 s b h (/ t with sequence parallelism) per checkpointed group plus
+// one group's activations during its backward; times the micro-batches the schedule keeps alive
+// at once, plus the output layer's logits and the prefetched batches.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,11 @@ struct MemoryEstimateInputs {
   // The model (dtk_model_info) and the run.
   int64_t seq_length = 0, micro_batch_size = 0, hidden_size = 0, num_attention_heads = 1, num_layers = 0;
   int64_t vocab_size = 0;
-  bool recompute = false;
+  bool recompute = false;            // full
+  bool selective_recompute = false;  // core attention
+  bool recompute_block = false;      // full: the first recompute_num_layers layers of a stage
+  int64_t recompute_num_layers = 1;  // full: layers per group (uniform) or per stage (block)
+  bool sequence_parallel = false;
   double dtype_bytes = 4;  // of the parameters: 4 (fp32) or 2
   int tp_size = 1, pp_size = 1, pp_rank = 0, virtual_stages = 1;
   int64_t micro_batches_per_step = 1;
@@ -39,6 +45,9 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in);
+// The paper's activation bytes of one layer for one micro-batch kept for backward (no full
+// recomputation), in the parameters' dtype.
+double layer_activation_bytes(const MemoryEstimateInputs& in);
 
 // The one-line refusal when `e` exceeds `budget` bytes ("" when it fits). `budget_name` says whose
 // budget it is ("of train.memory_limit_mb", "of cuda:0", ...).

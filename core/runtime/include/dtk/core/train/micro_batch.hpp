@@ -80,8 +80,12 @@ class MicroBatchRunner {
   void backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                 const at::Tensor& out_grad, int64_t pass = -1, int64_t passes = -1);
 
-  // Pipeline stages exchange [micro_batch, seq, hidden] tensors in the parameters' dtype.
+  // Pipeline stages exchange [micro_batch, seq, hidden] tensors in the parameters' dtype (seq / tp
+  // under sequence parallelism).
   std::vector<int64_t> stage_shape() const;
+  // The most device memory one micro-batch's forward left allocated since the last call (its
+  // stored activations), then starts again.
+  int64_t take_activation_bytes() { return std::exchange(activation_bytes_, 0); }
   at::TensorOptions stage_options() const;
   // Receives the agreed stage tensor from pipeline rank `peer` (blocking, bounded), timed under
   // `phase` and shown as the span `what` in the trace.
@@ -96,6 +100,7 @@ class MicroBatchRunner {
   // The model chunks whose graph was checked: each chunk's first micro-batch. Every rank runs a
   // chunk's first forward before any backward, in the same order, so their agreements line up.
   std::set<int> graph_checked_;
+  int64_t activation_bytes_ = 0;
 };
 
 }  // namespace dtk::core

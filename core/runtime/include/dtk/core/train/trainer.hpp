@@ -29,6 +29,7 @@
 #include "dtk/core/train/micro_batch.hpp"
 #include "dtk/core/train/run_setup.hpp"
 #include "dtk/core/train/schedule.hpp"
+#include "dtk/core/train/sequence_parallel_gradients.hpp"
 #include "dtk/core/train/tied_gradients.hpp"
 
 namespace dtk::core {
@@ -77,6 +78,7 @@ class Trainer {
 
   TrainingParts parts_;  // model chunks, strategy, optimizer, steps
   std::unique_ptr<TiedGradients> tied_;
+  std::unique_ptr<SequenceParallelGradients> sequence_parallel_;
   std::unique_ptr<DatasetInstance> data_;
   std::unique_ptr<BatchLoader> train_loader_;
   std::unique_ptr<MicroBatchRunner> runner_;

@@ -398,6 +398,27 @@ TEST(MegatronArgs, MegatronGpt3_175B) {
                       {"logging.tensorboard_dir", "tensorboard/gpt3-175b"}});
 }
 
+// Sequence parallelism and Megatron's three recompute settings map without refusal.
+TEST(MegatronArgs, SequenceParallelAndEveryRecomputeChoiceMap) {
+  auto mapped = [](const std::string& args) {
+    const MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+    return config_of(m);
+  };
+  expect_fields(mapped("--tensor-model-parallel-size 2 --sequence-parallel --recompute-granularity full "
+                       "--recompute-method block --recompute-num-layers 3"),
+                {{"distributed.sequence_parallel", "true"},
+                 {"model.recompute_activations", "full"},
+                 {"model.recompute_method", "block"},
+                 {"model.recompute_num_layers", "3"}});
+  expect_fields(mapped("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"),
+                {{"model.recompute_method", "uniform"}, {"model.recompute_num_layers", "2"}});
+  expect_fields(mapped("--recompute-granularity selective"), {{"model.recompute_activations", "selective"}});
+  const MegatronMapping bad = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--recompute-method layer"));
+  ASSERT_EQ(bad.refused.size(), 1u);
+  EXPECT_EQ(bad.refused[0], "--recompute-method layer: not one of uniform, block");
+}
+
 // The parser: continuations, comments, quotes, --flag=value, '_' for '-', and every kind of
 // mistake listed rather than dropped.
 TEST(MegatronArgs, ParsingAndMistakes) {

@@ -29,8 +29,7 @@ std::set<std::string> set_examples(std::string text) {
     text.erase(bad, next == std::string::npos ? std::string::npos : next - bad);
   }
   static const std::regex quoted("'(" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*=[^'\n]*)')");
-  static const std::regex re(
-      R"(\b()" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");
+  static const std::regex re(R"(\b()" DTK_SECTIONS R"(\.[a-z_][a-z0-9_.]*)=([^\s`'",)|\]]*(?:,[^\s`'",)|\]]+)*))");
   std::set<std::string> out;
   for (std::sregex_iterator it(text.begin(), text.end(), quoted), end; it != end; ++it)
     out.insert("'" + std::string((*it)[1]) + "'");
@@ -72,30 +71,46 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
     std::string name, kind;
     if (fields >> name >> kind && name != "NAME") plugins[kind].push_back(name);
   }
-  size_t checked = 0;
-  for (const auto& [where, text] : sources) {
-    for (const auto& example : set_examples(text)) {
-      dtk_test::Result r = dtk_test::run_dtk("config --set " + example, 60);
-      const std::string bare = example[0] == '\'' ? example.substr(1) : example;
-      const std::string slot = bare.substr(0, bare.find('.'));
-      for (const std::string& name : plugins[slot]) {
-        if (r.code == 0) break;
-        r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + example, 60);
-      }
-      // A name that does not exist or a value of the wrong type is a documentation bug; a value
-      // the full validation refuses alone (save_interval without save, fp16 on a CPU) is an
-      // example that needs its context. The SDK template's option is checked by tools/test.sh.
-      const bool wrong_name = r.out.find("no config field") != std::string::npos ||
-                              r.out.find("has no option") != std::string::npos ||
-                              r.out.find("is not a valid") != std::string::npos ||
-                              r.out.find(" expects ") != std::string::npos;
-      const bool template_option = example == "optimizer.scale=0.5";
-      EXPECT_TRUE(r.code == 0 || (!wrong_name && r.out.find("dtk: error: config: ") != std::string::npos) ||
-                  template_option)
-          << where << ": `--set " << example << "` is refused:\n" << r.out;
-      ++checked;
+  // Each example once (where it first appears), checked in batches of one `dtk config` call:
+  // a batch that passes has no unknown name or wrong type in it; a batch that fails is checked
+  // example by example, so the failure names its example (one process per example took minutes).
+  std::map<std::string, std::string> examples;  // example -> where
+  for (const auto& [where, text] : sources)
+    for (const auto& example : set_examples(text)) examples.emplace(example, where);
+  auto check_one = [&](const std::string& example, const std::string& where) {
+    dtk_test::Result r = dtk_test::run_dtk("config --set " + example, 60);
+    const std::string bare = example[0] == '\'' ? example.substr(1) : example;
+    const std::string slot = bare.substr(0, bare.find('.'));
+    for (const std::string& name : plugins[slot]) {
+      if (r.code == 0) break;
+      r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + example, 60);
     }
+    // A name that does not exist or a value of the wrong type is a documentation bug; a value
+    // the full validation refuses alone (save_interval without save, fp16 on a CPU) is an
+    // example that needs its context. The SDK template's option is checked by tools/test.sh.
+    const bool wrong_name =
+        r.out.find("no config field") != std::string::npos || r.out.find("has no option") != std::string::npos ||
+        r.out.find("is not a valid") != std::string::npos || r.out.find(" expects ") != std::string::npos;
+    const bool template_option = example == "optimizer.scale=0.5";
+    EXPECT_TRUE(r.code == 0 || (!wrong_name && r.out.find("dtk: error: config: ") != std::string::npos) ||
+                template_option)
+        << where << ": `--set " << example << "` is refused:\n"
+        << r.out;
+  };
+  std::vector<std::pair<std::string, std::string>> batch;
+  auto flush = [&] {
+    std::string args = "config";
+    for (const auto& [example, where] : batch) args += " --set " + example;
+    if (!batch.empty() && dtk_test::run_dtk(args, 60).code != 0)
+      for (const auto& [example, where] : batch) check_one(example, where);
+    batch.clear();
+  };
+  for (const auto& [example, where] : examples) {
+    batch.emplace_back(example, where);
+    if (batch.size() == 16) flush();
   }
+  flush();
+  const size_t checked = examples.size();
   // The README and the user guide show several; finding none means the extraction broke.
   EXPECT_GE(checked, 8u);
 }

@@ -46,9 +46,17 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   EXPECT_DOUBLE_EQ(one.total(), one.params + one.optimizer + one.activations + one.logits + one.batches);
 
   auto in = small_run();
-  in.tp_size = 2;  // activations and logits split over TP ranks
-  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kLayer16);
+  // TP 2: the paper's s b h (10 + 24 / t + 5 a s / (h t)): what lies outside the TP blocks stays whole.
+  in.tp_size = 2;
+  constexpr double kSbh = 128.0 * 4 * 256, kScores = 5.0 * 8 * 128 / 256;  // 5 a s / h = 20
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (10 + 12 + kScores / 2) * 2);
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits, one.logits / 2);
+  in.sequence_parallel = true;  // s b h / t (34 + 5 a s / h): all of it split
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kLayer16);
+  in.selective_recompute = true;  // 34 s b h / t: no attention scores kept
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * 34 / 2 * 2);
+  in.sequence_parallel = false;  // s b h (10 + 24 / t)
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * 22 * 2);
 
   in = small_run();
   in.pp_size = 2, in.micro_batches_per_step = 4;  // 1F1B: stage 0 holds 2 micro-batches of its 2 layers
@@ -68,6 +76,12 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   in = small_run();
   in.recompute = true;  // the layer inputs of every layer plus one layer's worth
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * 128.0 * 4 * 256 * 4 + kLayer16 * 2);
+  in.recompute_num_layers = 2;  // uniform: 2 groups of 2 layers, one group's worth in backward
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 2 * 128.0 * 4 * 256 * 4 + 2 * kLayer16 * 2);
+  in.recompute_block = true, in.recompute_num_layers = 1;  // block: layer 0 checkpointed, 3 kept whole
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 128.0 * 4 * 256 * 4 + 3 * kLayer16 * 2 + kLayer16 * 2);
+  in.tp_size = 2, in.sequence_parallel = true, in.recompute_block = false;  // inputs split too
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * 128.0 * 4 * 256 * 4 / 2 + kLayer16);
 
   in = small_run();
   in.device_budget = true, in.optimizer_on_host = true;  // offload: outside a device budget

@@ -15,8 +15,16 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_string("data_path", "", "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
-    dtk::opt_string("split", "969,30,1", "Train,valid,test proportions of the documents."),
-    dtk::opt_string("cache_dir", "", "Directory for the index caches (*_doc_idx.npy ...); empty = next to the data."),
+    dtk::opt_string("split", "969, 30, 1", "Train,valid,test proportions of the documents (Megatron's --split)."),
+    dtk::opt_string("cache_dir", "",
+                    "Megatron's --data-cache-path: where the index caches are read and written; empty = Megatron's "
+                    "default place (PREFIX/cache/GPTDataset_indices, or DIR/index-cache for megatron_legacy)."),
+    dtk::opt_string("order", "megatron_core",
+                    "Whose sample order, split rounding, blend sizes and cache files: megatron_core (today's "
+                    "Megatron-LM) or megatron_legacy (megatron/data/gpt_dataset.py, as DeepSpeed-Domino ships it)."),
+    dtk::opt_string("megatron_tokenizer", "null",
+                    "megatron_core: the tokenizer's unique_identifiers as JSON, part of the cache description whose "
+                    "md5 names the files (null: none). Megatron's caches are read whatever theirs holds."),
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };
@@ -33,6 +41,8 @@ class GptIndexed : public dtk::Dataset {
     dtk::data::GptDatasetOptions o;
     o.seq_length = ctx.seq_length;
     o.seed = ctx.seed;
+    o.split = ctx.options.get_string("split");
+    o.tokenizer_json = ctx.options.get_string("megatron_tokenizer");
     o.cache_dir = ctx.options.get_string("cache_dir");
     if (o.cache_dir.empty()) o.cache_dir = ctx.cache_dir;
     o.cache_mode = ctx.rank == 0 ? dtk::data::GptDatasetOptions::CacheMode::kBuild
@@ -43,7 +53,8 @@ class GptIndexed : public dtk::Dataset {
                        DTK_ERR_INVALID_ARGUMENT);
     const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
     try {
-      auto tvt = dtk::data::build_train_valid_test_datasets(data_path, ctx.options.get_string("split"), n, o);
+      o.order = dtk::data::parse_order(ctx.options.get_string("order"));
+      auto tvt = dtk::data::build_train_valid_test_datasets(data_path, n, o);
       splits_ = {tvt.train, tvt.valid, tvt.test};
     } catch (const dtk::data::DataError& e) {
       throw dtk::Error(e.what(), DTK_ERR_INVALID_ARGUMENT);

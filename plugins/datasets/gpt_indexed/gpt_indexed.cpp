@@ -7,6 +7,8 @@
 
 #include <array>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt_dataset.hpp"
@@ -28,6 +30,25 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };
+
+// Where a split's indices came from: Megatron's cache files read, or built (and written).
+std::string cache_note(const dtk::data::TokenDataset& d) {
+  std::vector<const dtk::data::GPTDataset*> parts;
+  if (const auto* g = dynamic_cast<const dtk::data::GPTDataset*>(&d)) parts.push_back(g);
+  std::string blend;
+  if (const auto* b = dynamic_cast<const dtk::data::BlendedDataset*>(&d)) {
+    blend = b->cache_file("description").empty() ? "blend built, not cached; "
+            : b->loaded_from_cache()            ? "blend read from " + b->cache_file("description") + "; "
+                                                : "blend built, written to " + b->cache_file("description") + "; ";
+    for (size_t k = 0; k < b->num_parts(); ++k)
+      if (const auto* g = dynamic_cast<const dtk::data::GPTDataset*>(b->part(k).get())) parts.push_back(g);
+  }
+  size_t read = 0;
+  for (const auto* g : parts) read += g->loaded_from_cache();
+  std::string out = blend + std::to_string(read) + " of " + std::to_string(parts.size()) + " index cache(s) read";
+  if (read == 1 && parts.size() == 1) out += " from " + parts[0]->loaded_from();
+  return out;
+}
 
 class GptIndexed : public dtk::Dataset {
  public:
@@ -62,7 +83,8 @@ class GptIndexed : public dtk::Dataset {
     for (int s = 0; s < 3; ++s) {
       if (splits_[s]) {
         DTK_LOG(INFO) << "gpt_indexed: split " << s << ": " << splits_[s]->size() << " samples of "
-                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested)";
+                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested; "
+                      << dtk::data::order_name(o.order) << " order; " << cache_note(*splits_[s]) << ")";
       } else if (n[s] > 0) {
         DTK_LOG(WARNING) << "gpt_indexed: split " << s << " has no documents under split '"
                          << ctx.options.get_string("split") << "'";

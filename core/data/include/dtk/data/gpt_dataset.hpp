@@ -219,6 +219,7 @@ class BlendedDataset : public TokenDataset {
   int16_t dataset_of(size_t i) const { return dataset_index_.at(i); }
   int64_t sample_of(size_t i) const { return dataset_sample_index_.at(i); }
   const std::shared_ptr<const TokenDataset>& part(size_t k) const { return datasets_.at(k); }
+  size_t num_parts() const { return datasets_.size(); }
   // The cache files ("description", "dataset_index", "dataset_sample_index"), "" without a
   // cache_dir or when the datasets are not GPTDatasets. Core: DIR/<md5>-BlendedDataset-<name>-
   // {description.txt,dataset_index.npy,dataset_sample_index.npy}; legacy: DIR/<md5>{.dsc,

@@ -792,6 +792,18 @@ TEST(MegatronArgs, DataOrderFromTheFlags) {
   for (const auto& s : legacy.sets) EXPECT_EQ(s.find("dataset.megatron_tokenizer"), std::string::npos) << s;
   auto mock = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--mock-data --data-impl mmap"));
   for (const auto& s : mock.sets) EXPECT_EQ(s.find("dataset.order"), std::string::npos) << s;
+  auto llama = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--data-path x --tokenizer-type Llama2Tokenizer --tokenizer-model llama2/tokenizer.model"));
+  EXPECT_TRUE(has(llama,
+                  "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer."
+                  "MegatronTokenizerText\", \"tokenizer_path\": \"llama2/tokenizer.model\", \"chat_template\": "
+                  "\"None\", \"ignore_extra_whitespaces\": \"True\", \"legacy\": \"False\", \"special_tokens\": "
+                  "\"None\"}"));
+  auto null = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--data-path x --tokenizer-type NullTokenizer --vocab-size 1000"));
+  EXPECT_TRUE(has(null,
+                  "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer."
+                  "MegatronTokenizerText\", \"tokenizer_path\": null, \"vocab_size\": \"1000\", \"pad_id\": \"-1\"}"));
   auto lazy = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-path x --data-impl lazy"));
   ASSERT_EQ(lazy.refused.size(), 1u);
   EXPECT_EQ(lazy.refused[0], "--data-impl lazy: DTK reads Megatron's mmap .bin/.idx files only");

@@ -184,8 +184,8 @@ const Rule kRules[] = {
     // Data
     {"--data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.data_path",
      "one prefix, or a blend 'W1 PREFIX1 W2 PREFIX2 ...'; without --split also dataset.split='969, 30, 1' "
-     "(Megatron's default, part of its cache names); with --tokenizer-type GPT2BPETokenizer also "
-     "dataset.megatron_tokenizer (Megatron-core's description of it, in its cache names)"},
+     "(Megatron's default, part of its cache names); with --tokenizer-type also dataset.megatron_tokenizer "
+     "(today's Megatron-core's description of the tokenizer, in its cache names)"},
     {"--mock-data", 0, Kind::kCustom, "dataset synthetic", "random tokens"},
     {"--split", 1, Kind::kSet, "dataset.split", ""},
     {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
@@ -429,7 +429,7 @@ struct SeenFlags {
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
-  std::string tokenizer_type, vocab_file, merge_file;
+  std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -440,6 +440,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--tokenizer-type") s.tokenizer_type = values[0];
   if (f == "--vocab-file") s.vocab_file = values[0];
   if (f == "--merge-file") s.merge_file = values[0];
+  if (f == "--tokenizer-model") s.tokenizer_model = values[0];
+  if (f == "--vocab-size") s.vocab_size = values[0];
   if (f == "--rampup-batch-size") s.rampup = shown;
   if (f == "--train-iters") s.iteration_based = true;
   if (f == "--train-samples") s.sample_based = true;
@@ -595,29 +597,55 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 
 // The dataset's Megatron: legacy megatron/data when a flag only it takes is given, else
 // Megatron-core (the option's default). Megatron's default split and, for Megatron-core, its
-// GPT2BPETokenizer description (today's Megatron-LM: megatron/core/tokenizers, the keyword
-// arguments build_tokenizer passes, each str()'d) go with --data-path: both are part of the
-// descriptions Megatron names its index caches by.
+// tokenizer's description (today's Megatron-LM, megatron/core/tokenizers: GPT2BPETokenizer, the
+// SentencePiece three, HuggingFaceTokenizer, NullTokenizer) go with --data-path: both are part of
+// the descriptions Megatron names its index caches by.
 static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
   if (m.dataset != "gpt_indexed") return;
   if (s.legacy_data) m.sets.push_back("dataset.order=megatron_legacy");
   if (!s.split_given) m.sets.push_back("dataset.split=969, 30, 1");
-  if (!s.legacy_data && s.tokenizer_type == "GPT2BPETokenizer" && !s.vocab_file.empty() && !s.merge_file.empty()) {
-    auto q = [](const std::string& v) {
-      std::string out = "\"";
-      for (char c : v) {
-        if (c == '"' || c == '\\') out += '\\';
-        out += c;
-      }
-      return out + "\"";
-    };
-    m.sets.push_back(
-        "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
-        "\"tokenizer_path\": \"GPT2BPETokenizer\", \"additional_special_tokens\": \"[]\", \"vocab_file\": " +
-        q(s.vocab_file) + ", \"merges_file\": " + q(s.merge_file) +
-        ", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", \"include_special_tokens\": \"True\", "
-        "\"use_gigatoken\": \"False\"}");
+  if (s.legacy_data) return;  // legacy descriptions hold no tokenizer
+  auto q = [](const std::string& v) {
+    std::string out = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  };
+  // MegatronTokenizerText.unique_identifiers: class, tokenizer_path, then build_tokenizer's
+  // keyword arguments in its order, str()'d (Megatron's defaults for the flags DTK does not take).
+  std::string args;
+  std::string path;
+  const std::string& t = s.tokenizer_type;
+  if (t == "GPT2BPETokenizer" && !s.vocab_file.empty() && !s.merge_file.empty()) {
+    path = q(t);
+    args = ", \"additional_special_tokens\": \"[]\", \"vocab_file\": " + q(s.vocab_file) + ", \"merges_file\": " +
+           q(s.merge_file) +
+           ", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", \"include_special_tokens\": \"True\", "
+           "\"use_gigatoken\": \"False\"";
+  } else if ((t == "SentencePieceTokenizer" || t == "GPTSentencePieceTokenizer" || t == "Llama2Tokenizer") &&
+             !s.tokenizer_model.empty()) {
+    path = q(s.tokenizer_model);
+    args = ", \"chat_template\": \"None\", \"ignore_extra_whitespaces\": \"True\", \"legacy\": \"False\", "
+           "\"special_tokens\": \"None\"";
+  } else if (t == "HuggingFaceTokenizer" && !s.tokenizer_model.empty()) {
+    path = q(s.tokenizer_model);
+    args = ", \"chat_template\": \"None\", \"vocab_file\": " + (s.vocab_file.empty() ? "\"None\"" : q(s.vocab_file)) +
+           ", \"merges_file\": " + (s.merge_file.empty() ? "\"None\"" : q(s.merge_file)) +
+           ", \"additional_special_tokens\": \"[]\", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", "
+           "\"include_special_tokens\": \"True\", \"use_gigatoken\": \"False\"";
+  } else if (t == "NullTokenizer") {
+    path = "null";
+    if (!s.vocab_size.empty()) args = ", \"vocab_size\": " + q(s.vocab_size);
+    args += ", \"pad_id\": \"-1\"";
+  } else {
+    return;
   }
+  m.sets.push_back(
+      "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
+      "\"tokenizer_path\": " +
+      path + args + "}");
 }
 
 MegatronMapping map_megatron_args(const std::vector<std::string>& args) {

@@ -36,7 +36,8 @@ std::vector<std::string> fixture_lines(const std::string& kind) {
 
 double from_hex(const std::string& h) {
   uint8_t b[8];
-  for (int k = 0; k < 8; ++k) b[k] = static_cast<uint8_t>(std::stoi(h.substr(2 * static_cast<size_t>(k), 2), nullptr, 16));
+  for (int k = 0; k < 8; ++k)
+    b[k] = static_cast<uint8_t>(std::stoi(h.substr(2 * static_cast<size_t>(k), 2), nullptr, 16));
   double x;
   std::memcpy(&x, b, 8);
   return x;
@@ -82,8 +83,9 @@ TEST(MegatronCaches, Md5ReprSumAndNumpyStrAsPython) {
   }
   EXPECT_GE(formatted, 9);
   // json.dumps(indent=4) round trip of a Megatron-like description.
-  const std::string d = "{\n    \"a\": [\n        0,\n        0.969\n    ],\n    \"b\": null,\n    \"c\": \"\\u00e9\\\"\",\n"
-                        "    \"d\": [],\n    \"e\": {}\n}";
+  const std::string d =
+      "{\n    \"a\": [\n        0,\n        0.969\n    ],\n    \"b\": null,\n    \"c\": \"\\u00e9\\\"\",\n"
+      "    \"d\": [],\n    \"e\": {}\n}";
   EXPECT_EQ(dumps_indent4(parse_json(d, "test")), d);
   EXPECT_THROW(parse_json("{\"a\": }", "x"), DataError);
 }
@@ -250,8 +252,9 @@ TEST(MegatronCaches, CoreFolderIsFoundByDescription) {
   EXPECT_TRUE(a.loaded_from_cache());
   EXPECT_EQ(fs::path(a.loaded_from()).filename().string(),
             fixture_value("gpt_hash", "megatron_core a_text_document train") + "-GPTDataset-train-description.txt");
-  EXPECT_EQ(fs::path(a.cache_file("description")).filename().string(),
-            fixture_value("gpt_hash_null", "megatron_core a_text_document train") + "-GPTDataset-train-description.txt");
+  EXPECT_EQ(
+      fs::path(a.cache_file("description")).filename().string(),
+      fixture_value("gpt_hash_null", "megatron_core a_text_document train") + "-GPTDataset-train-description.txt");
   EXPECT_FALSE(test::file_exists(a.cache_file("description"))) << "a dataset found in the folder was written again";
 }
 

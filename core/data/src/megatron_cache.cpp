@@ -25,9 +25,9 @@ void md5_block(uint32_t h[4], const uint8_t* p) {
       0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665,
       0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
       0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391};
-  static const int R[64] = {7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9,  14, 20, 5, 9,
-                            14, 20, 5, 9,  14, 20, 5, 9,  14, 20, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
-                            4, 11, 16, 23, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
+  static const int R[64] = {7,  12, 17, 22, 7,  12, 17, 22, 7,  12, 17, 22, 7,  12, 17, 22, 5,  9,  14, 20, 5,  9,
+                            14, 20, 5,  9,  14, 20, 5,  9,  14, 20, 4,  11, 16, 23, 4,  11, 16, 23, 4,  11, 16, 23,
+                            4,  11, 16, 23, 6,  10, 15, 21, 6,  10, 15, 21, 6,  10, 15, 21, 6,  10, 15, 21};
   uint32_t m[16];
   for (int k = 0; k < 16; ++k) {
     m[k] = static_cast<uint32_t>(p[4 * k]) | (static_cast<uint32_t>(p[4 * k + 1]) << 8) |
@@ -320,10 +320,14 @@ struct Parser {
     for (int k = 0; k < 4; ++k) {
       const char c = t[p++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else fail("bad \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        fail("bad \\u escape");
     }
     return v;
   }
@@ -342,14 +346,30 @@ struct Parser {
       if (p >= t.size()) fail("unterminated string");
       const char e = t[p++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xd800 && cp < 0xdc00 && t.compare(p, 2, "\\u") == 0) {
@@ -360,7 +380,8 @@ struct Parser {
           put_utf8(&out, cp);
           break;
         }
-        default: fail("bad escape");
+        default:
+          fail("bad escape");
       }
     }
   }
@@ -429,8 +450,8 @@ struct Parser {
     const size_t start = p;
     bool is_float = false;
     if (p < t.size() && t[p] == '-') ++p;
-    while (p < t.size() && ((t[p] >= '0' && t[p] <= '9') || t[p] == '.' || t[p] == 'e' || t[p] == 'E' ||
-                            t[p] == '+' || t[p] == '-')) {
+    while (p < t.size() &&
+           ((t[p] >= '0' && t[p] <= '9') || t[p] == '.' || t[p] == 'e' || t[p] == 'E' || t[p] == '+' || t[p] == '-')) {
       if (t[p] == '.' || t[p] == 'e' || t[p] == 'E') is_float = true;
       ++p;
     }
@@ -474,14 +495,29 @@ void dump_string(const std::string& s, std::string* out) {
     k += len;
     char buf[16];
     switch (cp) {
-      case '"': *out += "\\\""; continue;
-      case '\\': *out += "\\\\"; continue;
-      case '\n': *out += "\\n"; continue;
-      case '\r': *out += "\\r"; continue;
-      case '\t': *out += "\\t"; continue;
-      case '\b': *out += "\\b"; continue;
-      case '\f': *out += "\\f"; continue;
-      default: break;
+      case '"':
+        *out += "\\\"";
+        continue;
+      case '\\':
+        *out += "\\\\";
+        continue;
+      case '\n':
+        *out += "\\n";
+        continue;
+      case '\r':
+        *out += "\\r";
+        continue;
+      case '\t':
+        *out += "\\t";
+        continue;
+      case '\b':
+        *out += "\\b";
+        continue;
+      case '\f':
+        *out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (cp >= 0x20 && cp <= 0x7e) {
       *out += static_cast<char>(cp);
@@ -501,11 +537,21 @@ void dump(const PyJson& v, int level, std::string* out) {
   const std::string pad((static_cast<size_t>(level) + 1) * 4, ' ');
   const std::string close(static_cast<size_t>(level) * 4, ' ');
   switch (v.kind) {
-    case PyJson::Kind::kNull: *out += "null"; return;
-    case PyJson::Kind::kBool: *out += v.b ? "true" : "false"; return;
-    case PyJson::Kind::kInt: *out += std::to_string(v.i); return;
-    case PyJson::Kind::kFloat: *out += python_float_repr(v.f); return;
-    case PyJson::Kind::kString: dump_string(v.s, out); return;
+    case PyJson::Kind::kNull:
+      *out += "null";
+      return;
+    case PyJson::Kind::kBool:
+      *out += v.b ? "true" : "false";
+      return;
+    case PyJson::Kind::kInt:
+      *out += std::to_string(v.i);
+      return;
+    case PyJson::Kind::kFloat:
+      *out += python_float_repr(v.f);
+      return;
+    case PyJson::Kind::kString:
+      dump_string(v.s, out);
+      return;
     case PyJson::Kind::kArray:
       if (v.items.empty()) {
         *out += "[]";

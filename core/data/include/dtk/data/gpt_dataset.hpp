@@ -118,7 +118,7 @@ struct GptDatasetOptions {
   // unique_identifiers), as JSON; "null" when unknown. It names the files DTK writes (Megatron
   // finds them when it is the same); DTK reads Megatron's caches whatever theirs holds.
   std::string tokenizer_json = "null";
-  int64_t num_samples = 0;     // requested samples (the dataset may hold more: whole epochs)
+  int64_t num_samples = 0;  // requested samples (the dataset may hold more: whole epochs)
   int64_t seq_length = 1024;
   uint64_t seed = 1234;
   // Megatron's --data-cache-path. Empty: Megatron's default place, PREFIX/cache/GPTDataset_indices

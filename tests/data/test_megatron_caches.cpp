@@ -238,16 +238,20 @@ TEST(MegatronCaches, CoreFolderIsReusedWithoutRebuilding) {
 }
 
 // Without the tokenizer's description DTK cannot recompute Megatron's md5s: it finds the
-// datasets' files by their descriptions, and names its own (the blend's here) without a tokenizer.
+// datasets' and the blend's files by their descriptions, and writes nothing.
 TEST(MegatronCaches, CoreFolderIsFoundByDescription) {
   TempDir dir;
   make_corpora(dir.path());
   fs::copy(test::fixtures_dir() + "/megatron_cache_core", dir / "cache", fs::copy_options::recursive);
   InDir in(dir.path());
+  const auto before = listing("cache");
   const auto tvt = build_train_valid_test_datasets(kBlend, {700, 40, 0}, run_options(MegatronOrder::kCore));
   const auto& blend = dynamic_cast<const BlendedDataset&>(*tvt.train);
-  EXPECT_FALSE(blend.loaded_from_cache());
-  EXPECT_TRUE(test::file_exists(blend.cache_file("description")));
+  EXPECT_TRUE(blend.loaded_from_cache());
+  EXPECT_EQ(fs::path(blend.loaded_from()).filename().string(),
+            fixture_value("blend_hash", "megatron_core train") + "-BlendedDataset-train-description.txt");
+  EXPECT_FALSE(test::file_exists(blend.cache_file("description")));
+  EXPECT_EQ(listing("cache"), before) << "DTK wrote into the Megatron cache folder";
   const auto& a = dynamic_cast<const GPTDataset&>(*blend.part(0));
   EXPECT_TRUE(a.loaded_from_cache());
   EXPECT_EQ(fs::path(a.loaded_from()).filename().string(),
@@ -315,6 +319,24 @@ TEST(MegatronCaches, LegacyFoldersAreReusedWithoutRebuilding) {
   for (const auto& kv : before) b.insert(fs::path(kv.first).filename().string());
   EXPECT_EQ(a, b);
   EXPECT_FALSE(fs::exists("index-cache"));
+}
+
+// Megatron-LM before mid-2023 named the legacy caches after the prefix, next to the data.
+TEST(MegatronCaches, OlderIndexmapNamesAreRead) {
+  TempDir dir;
+  make_corpora(dir.path());
+  InDir in(dir.path());
+  const std::string h = fixture_value("gpt_hash", "megatron_legacy a_text_document train");
+  const std::string from = test::fixtures_dir() + "/megatron_cache_legacy/index-cache/" + h;
+  const std::string old = "a_text_document_train_indexmap_212ns_16sl_1234s_";
+  for (const char* w : {"doc", "sample", "shuffle"})
+    fs::copy_file(from + "_" + w + "_idx.npy", old + w + "_idx.npy");
+  GptDatasetOptions o = run_options(MegatronOrder::kLegacy);
+  o.num_samples = 212;
+  GPTDataset g(std::make_shared<const IndexedDataset>("a_text_document"), 0, 58, o);
+  EXPECT_TRUE(g.loaded_from_cache());
+  EXPECT_EQ(g.loaded_from(), old + "doc_idx.npy");
+  EXPECT_EQ(fs::path(g.cache_file("doc_idx")).filename().string(), h + "_doc_idx.npy");
 }
 
 }  // namespace

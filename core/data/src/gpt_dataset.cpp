@@ -757,19 +757,59 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
   // pass); write when absent or different.
   const std::string fdsc = cache_file("description"), fi = cache_file("dataset_index"),
                     fs = cache_file("dataset_sample_index");
-  try {
-    if (is_file(fi) && is_file(fs)) {
-      const NpyArray a = NpyArray::load(fi), b = NpyArray::load(fs);
+  auto same_as_built = [&](const std::string& index, const std::string& sample) {
+    try {
+      if (!is_file(index) || !is_file(sample)) return false;
+      const NpyArray a = NpyArray::load(index), b = NpyArray::load(sample);
       bool same = a.size() == dataset_index_.size() && b.size() == dataset_sample_index_.size();
       for (size_t i = 0; same && i < a.size(); ++i)
         same = a[i] == dataset_index_[i] && b[i] == dataset_sample_index_[i];
-      if (same) {
+      return same;
+    } catch (const DataError&) {
+      return false;  // unreadable: rewritten below
+    }
+  };
+  if (same_as_built(fi, fs)) {
+    loaded_from_cache_ = true;
+    loaded_from_ = fdsc;
+    return;
+  }
+  if (cache_.order == MegatronOrder::kCore) {
+    // Megatron's own name holds the tokenizer's identifiers DTK may not know: a description in
+    // the folder that names these datasets (as the descriptions they were read from say), these
+    // weights, this split and size is this blend's.
+    PyJson want = parse_json(description_, "the blend's description");
+    PyJson& parts = want.members[1].second;
+    for (size_t k = 0; k < gpt.size(); ++k) {
+      if (gpt[k]->loaded_from().empty()) continue;
+      try {
+        parts.items[k] = parse_json(read_file(gpt[k]->loaded_from()), gpt[k]->loaded_from());
+      } catch (const DataError&) {
+      }
+    }
+    const std::string want_text = dumps_indent4(want);
+    const std::string tail = "-BlendedDataset-" + cache_.name + "-description.txt";
+    std::error_code ec;
+    std::vector<std::string> found;
+    for (std::filesystem::directory_iterator it(cache_.cache_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() == 32 + tail.size() && name.compare(32, std::string::npos, tail) == 0) found.push_back(name);
+    }
+    std::sort(found.begin(), found.end());
+    for (const std::string& name : found) {
+      const std::string path = python_join(cache_.cache_dir, name);
+      try {
+        if (dumps_indent4(parse_json(read_file(path), path)) != want_text) continue;
+      } catch (const DataError&) {
+        continue;
+      }
+      const std::string base = path.substr(0, path.size() - std::string("description.txt").size());
+      if (same_as_built(base + "dataset_index.npy", base + "dataset_sample_index.npy")) {
         loaded_from_cache_ = true;
+        loaded_from_ = path;
         return;
       }
     }
-  } catch (const DataError&) {
-    // unreadable: rewritten below
   }
   if (!cache_.write) return;
   std::error_code ec;

@@ -226,6 +226,8 @@ class BlendedDataset : public TokenDataset {
   // _index.npy,_sample_index.npy}.
   std::string cache_file(const std::string& which) const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
+  // The description file of the cache that held these indices ("" when built and written).
+  const std::string& loaded_from() const { return loaded_from_; }
   const std::string& description() const { return description_; }
 
  private:
@@ -233,7 +235,7 @@ class BlendedDataset : public TokenDataset {
   std::vector<int16_t> dataset_index_;
   std::vector<int64_t> dataset_sample_index_;
   BlendCacheOptions cache_;
-  std::string description_, hash_;
+  std::string description_, hash_, loaded_from_;
   bool loaded_from_cache_ = false;
 };
 

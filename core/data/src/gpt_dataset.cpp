@@ -355,7 +355,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
     identifiers_.set("sequence_length", PyJson::integer(options_.seq_length));
     identifiers_.set("split", PyJson::string(options_.split));
     identifiers_.set("split_matrix", core_split_matrix(options_.split));
-    identifiers_.set("tokenizer", parse_json(options_.tokenizer_json, "tokenizer description"));
+    identifiers_.set("tokenizer", parse_json(options_.tokenizer_json, "megatron_tokenizer (the tokenizer's description)"));
     description_ = dumps_indent4(identifiers_);
     hash_ = md5_hex(description_);
     cache_dirs_ = {options_.cache_dir.empty() ? prefix + "/cache/GPTDataset_indices" : options_.cache_dir};

@@ -38,7 +38,7 @@ std::string cache_note(const dtk::data::TokenDataset& d) {
   std::string blend;
   if (const auto* b = dynamic_cast<const dtk::data::BlendedDataset*>(&d)) {
     blend = b->cache_file("description").empty() ? "blend built, not cached; "
-            : b->loaded_from_cache()             ? "blend read from " + b->cache_file("description") + "; "
+            : b->loaded_from_cache()             ? "blend read from " + b->loaded_from() + "; "
                                                  : "blend built, written to " + b->cache_file("description") + "; ";
     for (size_t k = 0; k < b->num_parts(); ++k)
       if (const auto* g = dynamic_cast<const dtk::data::GPTDataset*>(b->part(k).get())) parts.push_back(g);

@@ -258,8 +258,13 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   o.seed = 3;
   GPTDataset a(data, 0, 45, o);
   EXPECT_FALSE(a.loaded_from_cache());
-  EXPECT_EQ(a.cache_file("doc_idx"), dir / "c_train_indexmap_100ns_16sl_3s_dtk2_d0-45_doc_idx.npy");
-  for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx"}) EXPECT_TRUE(test::file_exists(a.cache_file(w)));
+  // Megatron-core's default place and names: PREFIX/cache/GPTDataset_indices/<md5>-GPTDataset-train-*.
+  const std::string f = a.cache_file("doc_idx");
+  EXPECT_EQ(f.rfind(dir / "c/cache/GPTDataset_indices/", 0), 0u) << f;
+  EXPECT_EQ(f.substr(f.size() - 25), "-train-document_index.npy") << f;
+  EXPECT_EQ(test::read_file(a.cache_file("description")), a.description());
+  for (const char* w : {"doc_idx", "sample_idx", "shuffle_idx", "description"})
+    EXPECT_TRUE(test::file_exists(a.cache_file(w)));
   GPTDataset b(data, 0, 45, o);
   EXPECT_TRUE(b.loaded_from_cache());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a.get(i), b.get(i));
@@ -268,16 +273,21 @@ TEST(GptDataset, CacheIsWrittenReusedAndValidated) {
   GPTDataset c(data, 0, 45, o);
   EXPECT_FALSE(c.loaded_from_cache());
   EXPECT_EQ(c.get(7), a.get(7));
-  // A separate cache dir.
-  o.cache_dir = dir.path();
+  // Another seed, another description, another file.
+  o.seed = 4;
+  EXPECT_NE(GPTDataset(data, 0, 45, o).cache_file("doc_idx"), f);
+  // Legacy: DIR/index-cache/<md5>_doc_idx.npy, or --data-cache-path.
+  o.order = MegatronOrder::kLegacy;
   o.name = "valid";
   GPTDataset d(data, 45, 50, o);
-  // In a shared cache dir the name also carries a hash of the full prefix (one basename, two corpora).
-  const std::string f = d.cache_file("shuffle_idx");
-  EXPECT_EQ(f.rfind(dir / "c_valid_indexmap_100ns_16sl_3s_dtk2_d45-50_", 0), 0u) << f;
-  EXPECT_EQ(f.size(),
-            (dir / "c_valid_indexmap_100ns_16sl_3s_dtk2_d45-50_").size() + 8 + std::string("_shuffle_idx.npy").size())
-      << f;
+  EXPECT_EQ(d.cache_file("doc_idx").rfind(dir / "index-cache/", 0), 0u) << d.cache_file("doc_idx");
+  EXPECT_EQ(test::read_file(d.cache_file("description")), d.description());
+  EXPECT_EQ(d.description(), "GPT Dataset\n\nData prefix " + (dir / "c") +
+                                 "\nDataset name valid\nNumber of samples 100\nSequence length 16\nRandom seed 4\n"
+                                 "Split 969, 30, 1\n");
+  o.cache_dir = dir / "elsewhere";
+  GPTDataset e(data, 45, 50, o);
+  EXPECT_TRUE(e.loaded_from_cache()) << "the index-cache next to the data is looked in first";
   EXPECT_THROW(d.get(d.size()), DataError);
 }
 
@@ -358,7 +368,7 @@ TEST(GptDataset, TooSmallIsAClearError) {
   auto data = make_data(dir / "s", 3, 2, 2, 1);  // 6 tokens
   GptDatasetOptions o;
   o.seq_length = 8;
-  o.num_samples = 1;
+  o.num_samples = 0;
   o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
   try {
     GPTDataset ds(data, 0, 3, o);
@@ -366,6 +376,11 @@ TEST(GptDataset, TooSmallIsAClearError) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("too small for one sample"), std::string::npos) << e.what();
   }
+  // As Megatron: samples asked for from a split shorter than one come from its epochs repeated.
+  o.num_samples = 3;
+  GPTDataset ds(data, 0, 3, o);
+  EXPECT_EQ(ds.num_epochs(), 5);
+  EXPECT_EQ(ds.size(), 3u);
   EXPECT_THROW(GPTDataset(data, 2, 2, o), DataError);
   EXPECT_THROW(GPTDataset(data, 0, 4, o), DataError);
 }
@@ -398,13 +413,15 @@ TEST(Blending, DataPathAndEndToEnd) {
   EXPECT_THROW(parse_data_path("0.3 a 0.7"), DataError);
   EXPECT_THROW(parse_data_path(""), DataError);
   const DataBlend b = parse_data_path("3 " + (dir / "a") + " 7 " + (dir / "b"));
-  EXPECT_NEAR(b.weights[0], 0.3, 1e-12);
+  EXPECT_TRUE(b.weighted);
+  EXPECT_EQ(b.weights, (std::vector<double>{3, 7}));
   GptDatasetOptions o;
   o.seq_length = 32;
   o.seed = 5;
   o.cache_dir = dir.path();
+  o.split = "90,10,0";
   const auto tvt =
-      build_train_valid_test_datasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), "90,10,0", {10000, 100, 0}, o);
+      build_train_valid_test_datasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), {10000, 100, 0}, o);
   ASSERT_TRUE(tvt.train && tvt.valid);
   EXPECT_FALSE(tvt.test);
   EXPECT_EQ(tvt.train->size(), 10000u);
@@ -417,10 +434,12 @@ TEST(Blending, DataPathAndEndToEnd) {
     from_a += static_cast<const BlendedDataset&>(*tvt.train).dataset_of(i) == 0;
   }
   EXPECT_NEAR(from_a / 10000.0, 0.3, 0.01);
-  const auto single = build_train_valid_test_datasets(dir / "a", "969,30,1", {50, 5, 5}, o);
+  o.split = "969,30,1";
+  const auto single = build_train_valid_test_datasets(dir / "a", {50, 5, 5}, o);
   ASSERT_TRUE(single.train);
   EXPECT_GE(single.train->size(), 50u);
-  EXPECT_THROW(build_train_valid_test_datasets(dir / "missing", "1", {1, 0, 0}, o), DataError);
+  o.split = "1";
+  EXPECT_THROW(build_train_valid_test_datasets(dir / "missing", {1, 0, 0}, o), DataError);
 }
 
 }  // namespace

@@ -47,11 +47,15 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
     b.finalize(idx_path(dir / "d"));
   }
   const std::string data_path = dir / "d";
-  std::vector<dtk_key_value> kv = {{"data_path", data_path.c_str()},
-                                   {"split", "90,10,0"},
-                                   {"cache_dir", ""},
-                                   {"vocab_size", "100"},
-                                   {"wait_timeout_s", "5"}};
+  std::vector<dtk_key_value> kv = {
+      {"data_path", data_path.c_str()},
+      {"split", "90,10,0"},
+      {"cache_dir", ""},
+      {"order", "megatron_core"},
+      {"megatron_tokenizer", "null"},
+      {"vocab_size", "100"},
+      {"wait_timeout_s", "5"},
+  };
   dtk_option_values values{sizeof(dtk_option_values), kv.size(), kv.data()};
   dtk_dataset_context ctx{};
   ctx.struct_size = sizeof(ctx);
@@ -91,6 +95,23 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
   st = api->create(&ctx, &ds);
   ASSERT_NE(st, nullptr);
   EXPECT_NE(std::string(dtk_status_get_message(st)).find("/nonexistent/prefix.idx"), std::string::npos)
+      << dtk_status_get_message(st);
+  dtk_status_release(st);
+  // An unknown order is one line naming it.
+  kv[0].value = data_path.c_str();
+  kv[3].value = "megatron";
+  st = api->create(&ctx, &ds);
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(std::string(dtk_status_get_message(st)),
+            "unknown dataset order 'megatron': expected megatron_core or megatron_legacy");
+  dtk_status_release(st);
+  kv[3].value = "megatron_core";
+  kv[4].value = "{\"class\": }";
+  st = api->create(&ctx, &ds);
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(std::string(dtk_status_get_message(st))
+                .rfind("'megatron_tokenizer (the tokenizer's description)' is not the JSON", 0),
+            0u)
       << dtk_status_get_message(st);
   dtk_status_release(st);
 }

@@ -544,7 +544,10 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
                              // Megatron's default of 100 evaluation iterations per set took 20 s of
                              // the fp32 run's 28 and over 4 minutes in bf16 on a CPU without native
                              // bf16 (a Zen 3 VM): 4 still evaluate both sets.
-                             " --set eval.eval_iters=4";
+                             " --set eval.eval_iters=4"
+                             // DeepSpeed-Domino ships legacy Megatron's megatron/data: its order
+                             // (none of the script's flags names it).
+                             " --set dataset.order=megatron_legacy";
   for (const std::string dtype : {"fp32", "bf16"}) {
     const dtk_test::Result r = dtk_test::run_dtk(recipe + " --set train.params_dtype=" + dtype + " --set lr.lr=0.003");
     ASSERT_EQ(r.code, 0) << r.out;
@@ -782,4 +785,47 @@ TEST(RampupBatchSize, ScheduleLengthsInSamples) {
   ASSERT_EQ(m.refused.size(), 1u);  // --lr-warmup-samples 0 is Megatron's default, fine with iterations
   EXPECT_EQ(m.refused[0].rfind("--lr-decay-samples 100: with --train-iters the schedule is iteration-based", 0), 0u)
       << m.refused[0];
+}
+
+// The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given
+// (--data-impl, Domino's --llama-model), Megatron-core otherwise; Megatron's default split and
+// Megatron-core's GPT2BPETokenizer description go with --data-path (both name its caches).
+TEST(MegatronArgs, DataOrderFromTheFlags) {
+  auto has = [](const dtk::core::MegatronMapping& m, const std::string& set) {
+    return std::find(m.sets.begin(), m.sets.end(), set) != m.sets.end();
+  };
+  const std::string tok = "--tokenizer-type GPT2BPETokenizer --vocab-file v/gpt2-vocab.json --merge-file m.txt";
+  auto core = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-path d/x_text_document " + tok));
+  EXPECT_TRUE(core.refused.empty());
+  EXPECT_TRUE(has(core, "dataset.split=969, 30, 1"));
+  EXPECT_FALSE(has(core, "dataset.order=megatron_legacy"));
+  EXPECT_TRUE(has(core,
+                  "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer."
+                  "MegatronTokenizerText\", \"tokenizer_path\": \"GPT2BPETokenizer\", \"additional_special_tokens\": "
+                  "\"[]\", \"vocab_file\": \"v/gpt2-vocab.json\", \"merges_file\": \"m.txt\", \"use_fast\": \"True\", "
+                  "\"trust_remote_code\": \"False\", \"include_special_tokens\": \"True\", \"use_gigatoken\": \"False\"}"));
+  auto legacy = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--data-path d/x_text_document --split 949,50,1 --data-impl mmap " + tok));
+  EXPECT_TRUE(legacy.refused.empty());
+  EXPECT_TRUE(has(legacy, "dataset.order=megatron_legacy"));
+  EXPECT_TRUE(has(legacy, "dataset.split=949,50,1"));
+  EXPECT_FALSE(has(legacy, "dataset.split=969, 30, 1"));
+  for (const auto& s : legacy.sets) EXPECT_EQ(s.find("dataset.megatron_tokenizer"), std::string::npos) << s;
+  auto mock = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--mock-data --data-impl mmap"));
+  for (const auto& s : mock.sets) EXPECT_EQ(s.find("dataset.order"), std::string::npos) << s;
+  auto llama = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--data-path x --tokenizer-type Llama2Tokenizer --tokenizer-model llama2/tokenizer.model"));
+  EXPECT_TRUE(has(llama,
+                  "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer."
+                  "MegatronTokenizerText\", \"tokenizer_path\": \"llama2/tokenizer.model\", \"chat_template\": "
+                  "\"None\", \"ignore_extra_whitespaces\": \"True\", \"legacy\": \"False\", \"special_tokens\": "
+                  "\"None\"}"));
+  auto null = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--data-path x --tokenizer-type NullTokenizer --vocab-size 1000"));
+  EXPECT_TRUE(has(null,
+                  "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer."
+                  "MegatronTokenizerText\", \"tokenizer_path\": null, \"vocab_size\": \"1000\", \"pad_id\": \"-1\"}"));
+  auto lazy = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-path x --data-impl lazy"));
+  ASSERT_EQ(lazy.refused.size(), 1u);
+  EXPECT_EQ(lazy.refused[0], "--data-impl lazy: DTK reads Megatron's mmap .bin/.idx files only");
 }

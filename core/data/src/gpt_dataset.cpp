@@ -3,7 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +17,7 @@
 #include <thread>
 
 #include "dtk/data/error.hpp"
+#include "dtk/data/megatron_cache.hpp"
 
 namespace dtk::data {
 
@@ -58,6 +64,110 @@ std::array<size_t, 4> split_boundaries(const std::string& split, size_t size) {
   }
   out[1] = std::min(out[1], out[2]);
   return out;
+}
+
+MegatronOrder parse_order(const std::string& name) {
+  if (name == "megatron_core") return MegatronOrder::kCore;
+  if (name == "megatron_legacy") return MegatronOrder::kLegacy;
+  throw DataError("unknown dataset order '" + name + "': expected megatron_core or megatron_legacy");
+}
+
+const char* order_name(MegatronOrder order) {
+  return order == MegatronOrder::kCore ? "megatron_core" : "megatron_legacy";
+}
+
+namespace {
+
+// blended_megatron_dataset_config.py: parse_and_normalize_split, then the running sums
+// (book-ends) of convert_split_vector_to_split_matrix; the first book-end is Python's int 0.
+std::array<double, 4> core_bookends(const std::string& split) {
+  std::vector<double> v;
+  size_t i = 0;
+  while (i < split.size()) {
+    if (!(std::isdigit(static_cast<unsigned char>(split[i])) || split[i] == '.')) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < split.size() && (std::isdigit(static_cast<unsigned char>(split[j])) || split[j] == '.')) ++j;
+    const std::string item = split.substr(i, j - i);
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || !std::isfinite(x)) {
+      throw DataError("invalid split '" + split + "': '" + item + "' is not a number (expected e.g. \"969, 30, 1\")");
+    }
+    v.push_back(x);
+    i = j;
+  }
+  if (v.size() > 3 || v.empty()) {
+    throw DataError("invalid split '" + split + "': expected 1 to 3 numbers (train, valid, test), e.g. \"969, 30, 1\"");
+  }
+  while (v.size() < 3) v.push_back(0.0);
+  const double sum = numpy_sum(v);
+  if (!(sum > 0)) throw DataError("invalid split '" + split + "': the weights sum to 0");
+  const std::vector<double> w = numpy_normalize(v);
+  return {0.0, w[0], w[0] + w[1], (w[0] + w[1]) + w[2]};
+}
+
+}  // namespace
+
+PyJson core_split_matrix(const std::string& split) {
+  const auto b = core_bookends(split);
+  PyJson m = PyJson::array();
+  for (size_t k = 0; k < 3; ++k) {
+    if (b[k + 1] <= b[k]) {
+      m.items.push_back(PyJson::null());
+      continue;
+    }
+    m.items.push_back(PyJson::array({k == 0 ? PyJson::integer(0) : PyJson::real(b[k]), PyJson::real(b[k + 1])}));
+  }
+  return m;
+}
+
+std::array<size_t, 4> split_boundaries(const std::string& split, size_t size, MegatronOrder order) {
+  if (order == MegatronOrder::kLegacy) return split_boundaries(split, size);
+  const auto b = core_bookends(split);
+  std::array<size_t, 4> out{0, 0, 0, 0};
+  size_t prev_end = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    // None (an empty split) or [round(b_k * n), round(b_k+1 * n)); the out array keeps them
+    // contiguous: an empty split is [end of the previous, same).
+    if (b[k + 1] <= b[k]) {
+      out[k + 1] = std::max(out[k], prev_end);
+      continue;
+    }
+    const auto beg = static_cast<size_t>(std::nearbyint(b[k] * static_cast<double>(size)));
+    const auto end = static_cast<size_t>(std::nearbyint(b[k + 1] * static_cast<double>(size)));
+    out[k] = std::min(beg, size);
+    out[k + 1] = std::min(end, size);
+    prev_end = out[k + 1];
+  }
+  return out;
+}
+
+std::string python_dirname(const std::string& p) {
+  const size_t i = p.rfind('/') == std::string::npos ? 0 : p.rfind('/') + 1;
+  std::string head = p.substr(0, i);
+  if (!head.empty() && head.find_first_not_of('/') != std::string::npos) {
+    while (!head.empty() && head.back() == '/') head.pop_back();
+  }
+  return head;
+}
+
+std::string python_basename(const std::string& p) {
+  const size_t i = p.rfind('/');
+  return i == std::string::npos ? p : p.substr(i + 1);
+}
+
+std::string python_join(const std::string& a, const std::string& b) {
+  if (!b.empty() && b[0] == '/') return b;
+  if (a.empty() || a.back() == '/') return a + b;
+  return a + "/" + b;
 }
 
 // ------------------------------------------------------------------ index construction
@@ -167,9 +277,30 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-std::string basename(const std::string& p) {
-  const size_t s = p.rfind('/');
-  return s == std::string::npos ? p : p.substr(s + 1);
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot read '" + path + "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  std::random_device rd;
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw DataError("cannot write '" + path + "'");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw DataError("cannot write '" + path + "': " + std::strerror(errno));
+  }
 }
 
 }  // namespace
@@ -197,7 +328,9 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
                     std::to_string(data_->num_sequences()) + " documents");
   }
   for (size_t d = doc_begin_; d < doc_end_; ++d) tokens_per_epoch_ += data_->sequence_length(d);
-  if (tokens_per_epoch_ < options_.seq_length + 1) {
+  // Megatron repeats a split shorter than a sample over as many epochs as its samples need
+  // (helpers.cpp asserts only tokens_per_epoch > 1); without samples asked for there are none.
+  if (tokens_per_epoch_ < 2 || (options_.num_samples == 0 && tokens_per_epoch_ < options_.seq_length + 1)) {
     throw DataError("'" + prefix + "' " + options_.name + " split: " + std::to_string(tokens_per_epoch_) +
                     " tokens in documents [" + std::to_string(doc_begin_) + ", " + std::to_string(doc_end_) +
                     "), too small for one sample of seq_length+1 = " + std::to_string(options_.seq_length + 1) +
@@ -211,6 +344,32 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
   }
   total_samples_ = (num_epochs_ * tokens_per_epoch_ - 1) / options_.seq_length;
 
+  if (options_.order == MegatronOrder::kCore) {
+    // megatron_dataset.py: unique_identifiers, json.dumps(indent=4), md5.
+    identifiers_ = PyJson::object();
+    identifiers_.set("class", PyJson::string("GPTDataset"));
+    identifiers_.set("dataset_path", PyJson::string(prefix));
+    identifiers_.set("num_samples", PyJson::integer(options_.num_samples));
+    identifiers_.set("index_split", PyJson::string(options_.name));
+    identifiers_.set("random_seed", PyJson::integer(static_cast<int64_t>(options_.seed)));
+    identifiers_.set("sequence_length", PyJson::integer(options_.seq_length));
+    identifiers_.set("split", PyJson::string(options_.split));
+    identifiers_.set("split_matrix", core_split_matrix(options_.split));
+    identifiers_.set("tokenizer", parse_json(options_.tokenizer_json, "megatron_tokenizer (the tokenizer's description)"));
+    description_ = dumps_indent4(identifiers_);
+    hash_ = md5_hex(description_);
+    cache_dirs_ = {options_.cache_dir.empty() ? prefix + "/cache/GPTDataset_indices" : options_.cache_dir};
+  } else {
+    // gpt_dataset.py _build_index_mappings: the description text, md5; looked for in
+    // DIR_OF_PREFIX/index-cache, then in --data-cache-path, written to the last.
+    description_ = "GPT Dataset\n\nData prefix " + prefix + "\nDataset name " + options_.name + "\nNumber of samples " +
+                   std::to_string(options_.num_samples) + "\nSequence length " + std::to_string(options_.seq_length) +
+                   "\nRandom seed " + std::to_string(options_.seed) + "\nSplit " + options_.split + "\n";
+    hash_ = md5_hex(description_);
+    cache_dirs_ = {python_join(python_dirname(prefix), "index-cache")};
+    if (!options_.cache_dir.empty()) cache_dirs_.push_back(options_.cache_dir);
+  }
+
   using Mode = GptDatasetOptions::CacheMode;
   if (options_.cache_mode == Mode::kNoCache) {
     build();
@@ -220,15 +379,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
   if (try_load(&why)) return;
   if (options_.cache_mode == Mode::kBuild) {
     build();
-    if (!options_.cache_dir.empty()) {  // as Megatron's os.makedirs(path_to_cache, exist_ok=True)
-      std::error_code ec;
-      std::filesystem::create_directories(options_.cache_dir, ec);
-      if (ec)
-        throw DataError("cannot create the index cache directory '" + options_.cache_dir + "': " + ec.message());
-    }
-    doc_idx_.save(cache_file("doc_idx"));
-    sample_idx_.save(cache_file("sample_idx"));
-    shuffle_idx_.save(cache_file("shuffle_idx"));
+    write_cache();
     return;
   }
   // kWaitOnly: another process (rank 0) builds them.
@@ -245,24 +396,33 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
 }
 
 std::string GPTDataset::cache_file(const std::string& which) const {
-  const std::string& prefix = data_->prefix();
-  std::string base = options_.cache_dir.empty() ? prefix : options_.cache_dir + "/" + basename(prefix);
-  std::ostringstream os;
-  // Megatron's legacy name, plus what it leaves out: a "dtk2" tag (the layout is DTK's; 2: the
-  // order is numpy's RandomState, Megatron's, where dtk1 files hold DTK's earlier order and are
-  // never read), the document range (two split strings give two ranges), and, in a shared
-  // cache_dir, a hash of the full prefix (two corpora with one basename).
-  os << base << "_" << options_.name << "_indexmap_" << options_.num_samples << "ns_" << options_.seq_length << "sl_"
-     << options_.seed << "s_dtk2_d" << doc_begin_ << "-" << doc_end_;
-  if (!options_.cache_dir.empty()) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a of the prefix as given
-    for (unsigned char c : prefix) h = (h ^ c) * 1099511628211ull;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    os << "_" << std::string(hex, 8);
+  return cache_file_in(cache_dirs_.back(), which);
+}
+
+std::string GPTDataset::cache_file_in(const std::string& dir, const std::string& which) const {
+  if (options_.order == MegatronOrder::kCore) {
+    const std::string base = python_join(dir, hash_ + "-GPTDataset-" + options_.name + "-");
+    if (which == "description") return base + "description.txt";
+    if (which == "doc_idx") return base + "document_index.npy";
+    if (which == "sample_idx") return base + "sample_index.npy";
+    if (which == "shuffle_idx") return base + "shuffle_index.npy";
+  } else {
+    const std::string base = python_join(dir, hash_);
+    if (which == "description") return base + ".dsc";
+    if (which == "doc_idx" || which == "sample_idx" || which == "shuffle_idx") return base + "_" + which + ".npy";
   }
-  os << "_" << which << ".npy";
-  return os.str();
+  throw DataError("unknown index cache file '" + which + "'");
+}
+
+void GPTDataset::write_cache() {
+  const std::string& dir = cache_dirs_.back();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // as Megatron's os.makedirs(path, exist_ok=True)
+  if (ec) throw DataError("cannot create the index cache directory '" + dir + "': " + ec.message());
+  doc_idx_.save(cache_file("doc_idx"));
+  sample_idx_.save(cache_file("sample_idx"));
+  shuffle_idx_.save(cache_file("shuffle_idx"));
+  write_file_atomically(cache_file("description"), description_);  // last: the set is complete
 }
 
 void GPTDataset::build() {
@@ -279,50 +439,154 @@ void GPTDataset::build() {
       separate ? ((num_epochs_ - 1) * tokens_per_epoch_ - 1) / options_.seq_length : total_samples_;
   std::vector<int64_t> shuffle_idx = build_shuffle_idx(first_part, total_samples_, &rng);
 
-  int64_t max_sample = 0;
-  for (int64_t v : sample_idx) max_sample = std::max(max_sample, v);
+  // Megatron's dtypes: the document index int32; the sample index int32 (legacy always; core
+  // while the document index's length and the longest document fit), else int64; the shuffle
+  // index uint32 below 2^32 - 2 samples, else int64.
+  int64_t max_size = 0;
+  for (int32_t v : sizes) max_size = std::max<int64_t>(max_size, v);
+  const bool sample_i4 = options_.order == MegatronOrder::kLegacy ||
+                         std::max<int64_t>(static_cast<int64_t>(doc_idx.size()), max_size) <=
+                             std::numeric_limits<int32_t>::max();
   const size_t ndoc = doc_idx.size();
   doc_idx_ = NpyArray::from_int32(std::move(doc_idx), {ndoc});
-  sample_idx_ = NpyArray::from_int64(sample_idx, {static_cast<size_t>(total_samples_ + 1), 2},
-                                     max_sample <= std::numeric_limits<int32_t>::max() ? "<i4" : "<i8");
+  sample_idx_ = NpyArray::from_int64(sample_idx, {static_cast<size_t>(total_samples_ + 1), 2}, sample_i4 ? "<i4" : "<i8");
   shuffle_idx_ = NpyArray::from_int64(
       shuffle_idx, {static_cast<size_t>(total_samples_)},
       total_samples_ < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1 ? "<u4" : "<i8");
   loaded_from_cache_ = false;
+  loaded_from_.clear();
 }
 
 bool GPTDataset::try_load(std::string* why) {
-  const std::string fd = cache_file("doc_idx"), fs = cache_file("sample_idx"), fh = cache_file("shuffle_idx");
-  if (!is_file(fd) || !is_file(fs) || !is_file(fh)) {
-    *why = "not all three index files exist yet";
+  *why = "no index cache '" + cache_file("description") + "' yet";
+  for (const std::string& dir : cache_dirs_) {
+    const std::string fdsc = cache_file_in(dir, "description"), fd = cache_file_in(dir, "doc_idx"),
+                      fs = cache_file_in(dir, "sample_idx"), fh = cache_file_in(dir, "shuffle_idx");
+    if (!is_file(fdsc) || !is_file(fd) || !is_file(fs) || !is_file(fh)) continue;
+    if (read_file(fdsc) != description_) {  // an md5 collision, or a file written over
+      *why = "'" + fdsc + "' does not hold this dataset's description";
+      continue;
+    }
+    if (load_files(fd, fs, fh, why)) {
+      loaded_from_ = fdsc;
+      return true;
+    }
+  }
+  if (options_.order == MegatronOrder::kLegacy) {
+    // Megatron-LM before mid-2023 named them after the prefix, next to the data.
+    const std::string old = data_->prefix() + "_" + options_.name + "_indexmap_" +
+                            std::to_string(options_.num_samples) + "ns_" + std::to_string(options_.seq_length) + "sl_" +
+                            std::to_string(options_.seed) + "s_";
+    if (is_file(old + "doc_idx.npy") && is_file(old + "sample_idx.npy") && is_file(old + "shuffle_idx.npy")) {
+      std::string w;
+      if (load_files(old + "doc_idx.npy", old + "sample_idx.npy", old + "shuffle_idx.npy", &w)) {
+        loaded_from_ = old + "doc_idx.npy";
+        return true;
+      }
+    }
     return false;
   }
+  return scan_core_descriptions(why);
+}
+
+// A Megatron-core cache folder holds descriptions whose md5 DTK cannot always recompute (the
+// tokenizer's identifiers are Megatron's objects): read each <md5>-GPTDataset-<name>-
+// description.txt and take the one that describes this dataset in everything the indices
+// depend on (path or file name, split, its documents, samples, seq_length, seed).
+bool GPTDataset::scan_core_descriptions(std::string* why) {
+  const std::string& dir = cache_dirs_.back();
+  const std::string tail = "-GPTDataset-" + options_.name + "-description.txt";
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  if (ec) return false;
+  std::vector<std::string> found;
+  for (; it != end; it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    if (name.size() == 32 + tail.size() && name.compare(32, std::string::npos, tail) == 0) found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  for (const std::string& name : found) {
+    const std::string path = python_join(dir, name);
+    try {
+      const PyJson d = parse_json(read_file(path), path);
+      auto str = [&](const char* k) {
+        const PyJson* v = d.find(k);
+        return v && v->kind == PyJson::Kind::kString ? v->s : std::string("\x01");
+      };
+      auto num = [&](const char* k) {
+        const PyJson* v = d.find(k);
+        return v && v->kind == PyJson::Kind::kInt ? v->i : std::numeric_limits<int64_t>::min();
+      };
+      if (str("class") != "GPTDataset" || str("index_split") != options_.name ||
+          num("num_samples") != options_.num_samples || num("sequence_length") != options_.seq_length ||
+          num("random_seed") != static_cast<int64_t>(options_.seed)) {
+        continue;
+      }
+      // Older Megatron-core called the path "path_prefix".
+      const std::string their = str("dataset_path") != "\x01" ? str("dataset_path") : str("path_prefix");
+      if (their != data_->prefix() && python_basename(their) != python_basename(data_->prefix())) continue;
+      const PyJson* split = d.find("split");
+      if (!split || split->kind != PyJson::Kind::kString) continue;
+      const auto bounds = split_boundaries(split->s, data_->num_sequences(), MegatronOrder::kCore);
+      const int k = options_.name == "train" ? 0 : options_.name == "valid" ? 1 : 2;
+      if (bounds[static_cast<size_t>(k)] != doc_begin_ || bounds[static_cast<size_t>(k) + 1] != doc_end_) continue;
+      const std::string base = path.substr(0, path.size() - std::string("description.txt").size());
+      if (!is_file(base + "document_index.npy") || !is_file(base + "sample_index.npy") ||
+          !is_file(base + "shuffle_index.npy")) {
+        continue;
+      }
+      if (load_files(base + "document_index.npy", base + "sample_index.npy", base + "shuffle_index.npy", why)) {
+        loaded_from_ = path;
+        return true;
+      }
+    } catch (const DataError& e) {
+      *why = e.what();
+    }
+  }
+  return false;
+}
+
+// Loads the three indices and checks them against the data: the document index holds this
+// split's documents, each num_epochs times; the sample index is the one build_sample_idx makes
+// from that document index and these documents' lengths; the shuffle index is a permutation.
+// Anything else is not this dataset's cache and is not used.
+bool GPTDataset::load_files(const std::string& fd, const std::string& fs, const std::string& fh, std::string* why) {
   try {
     NpyArray d = NpyArray::load(fd), s = NpyArray::load(fs), h = NpyArray::load(fh);
-    const size_t ndoc = static_cast<size_t>(num_epochs_) * (doc_end_ - doc_begin_);
+    const size_t ndocs = doc_end_ - doc_begin_;
+    const size_t ndoc = static_cast<size_t>(num_epochs_) * ndocs;
     if (d.shape().size() != 1 || d.size() != ndoc) throw DataError("'" + fd + "' has the wrong shape");
-    for (size_t k = 0; k < d.size(); ++k) {
+    std::vector<int32_t> doc_idx(ndoc);
+    std::vector<int64_t> seen(ndocs, 0);
+    for (size_t k = 0; k < ndoc; ++k) {
       const int64_t v = d[k];
       if (v < static_cast<int64_t>(doc_begin_) || v >= static_cast<int64_t>(doc_end_)) {
         throw DataError("'" + fd + "' holds document " + std::to_string(v) + " outside this split");
       }
+      if (++seen[static_cast<size_t>(v) - doc_begin_] > num_epochs_) {
+        throw DataError("'" + fd + "' holds document " + std::to_string(v) + " more than once per epoch");
+      }
+      doc_idx[k] = static_cast<int32_t>(v);
     }
     const size_t rows = static_cast<size_t>(total_samples_) + 1;
     if (s.shape().size() != 2 || s.shape()[0] != rows || s.shape()[1] != 2) {
       throw DataError("'" + fs + "' has the wrong shape");
     }
-    for (size_t r = 0; r < rows; ++r) {
-      const int64_t pos = s[2 * r], off = s[2 * r + 1];
-      if (pos < 0 || static_cast<size_t>(pos) >= ndoc || off < 0 ||
-          off > data_->sequence_length(static_cast<size_t>(d[static_cast<size_t>(pos)]))) {
-        throw DataError("'" + fs + "' row " + std::to_string(r) + " is out of range");
-      }
+    const std::vector<int64_t> want =
+        build_sample_idx(data_->sequence_lengths(), doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_);
+    for (size_t r = 0; r < 2 * rows; ++r) {
+      if (s[r] != want[r]) throw DataError("'" + fs + "' row " + std::to_string(r / 2) + " does not fit the data");
     }
     if (h.shape().size() != 1 || h.size() != static_cast<size_t>(total_samples_)) {
       throw DataError("'" + fh + "' has the wrong shape");
     }
+    std::vector<bool> hit(h.size(), false);
     for (size_t k = 0; k < h.size(); ++k) {
-      if (h[k] < 0 || h[k] >= total_samples_) throw DataError("'" + fh + "' holds an out-of-range sample");
+      const int64_t v = h[k];
+      if (v < 0 || v >= total_samples_ || hit[static_cast<size_t>(v)])
+        throw DataError("'" + fh + "' is not a permutation of the samples");
+      hit[static_cast<size_t>(v)] = true;
     }
     doc_idx_ = std::move(d);
     sample_idx_ = std::move(s);
@@ -374,24 +638,44 @@ void GPTDataset::get(size_t i, int64_t* out) const {
 
 // ------------------------------------------------------------------ blending
 
-std::vector<double> normalize_weights(const std::vector<double>& weights) {
+std::vector<double> normalize_weights(const std::vector<double>& weights, MegatronOrder order) {
   if (weights.empty()) throw DataError("blend weights: no datasets given");
   double sum = 0;
   for (double w : weights) {
     if (!std::isfinite(w) || w < 0)
       throw DataError("blend weights: weight " + std::to_string(w) + " is not a non-negative number");
-    sum += w;
+    sum += w;  // legacy dataset_utils: weight_sum = 0.0; weight_sum += weight
   }
   if (!(sum > 0)) throw DataError("blend weights: the weights sum to 0");
+  if (order == MegatronOrder::kCore) return numpy_normalize(weights);
   std::vector<double> out;
   for (double w : weights) out.push_back(w / sum);
   return out;
 }
 
-std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& w, int64_t n) {
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& w, int64_t n, MegatronOrder order) {
   std::vector<int64_t> out;
-  for (double x : w) out.push_back(static_cast<int64_t>(std::ceil(static_cast<double>(n) * x * 1.005)));
+  for (double x : w) {
+    if (order == MegatronOrder::kCore) {
+      // _get_size_per_split_per_dataset: int(math.ceil(math.ceil(N * w) * (1 + surplus)))
+      const double target = std::ceil(static_cast<double>(n) * x);
+      out.push_back(static_cast<int64_t>(std::ceil(target * (1 + 0.005))));
+    } else {
+      // get_datasets_weights_and_num_samples: int(math.ceil(N * w * 1.005))
+      out.push_back(static_cast<int64_t>(std::ceil(static_cast<double>(n) * x * 1.005)));
+    }
+  }
   return out;
+}
+
+int64_t blend_size(const std::vector<double>& w, int64_t n, MegatronOrder order) {
+  int64_t size = 0;
+  if (order == MegatronOrder::kLegacy) {
+    for (int64_t v : blend_samples_per_dataset(w, n, order)) size += v;  // the sum of what each provides
+  } else {
+    for (double x : w) size += static_cast<int64_t>(std::ceil(static_cast<double>(n) * x));  // sum of targets
+  }
+  return size;
 }
 
 void build_blending_indices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
@@ -417,8 +701,8 @@ void build_blending_indices(const std::vector<double>& w, int64_t size, std::vec
 }
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets,
-                               const std::vector<double>& weights, int64_t size)
-    : datasets_(std::move(datasets)) {
+                               const std::vector<double>& weights, int64_t size, const BlendCacheOptions& cache)
+    : datasets_(std::move(datasets)), cache_(cache) {
   if (datasets_.empty() || datasets_.size() != weights.size()) {
     throw DataError("blend: " + std::to_string(datasets_.size()) + " datasets but " + std::to_string(weights.size()) +
                     " weights");
@@ -427,7 +711,11 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
     if (!d) throw DataError("blend: a blended dataset is empty");
     if (d->sample_length() != datasets_[0]->sample_length()) throw DataError("blend: datasets differ in sample length");
   }
-  build_blending_indices(normalize_weights(weights), size, &dataset_index_, &dataset_sample_index_);
+  if (cache_.order == MegatronOrder::kLegacy && datasets_.size() >= 255)
+    throw DataError("blend: legacy Megatron blends fewer than 255 datasets");
+  // Both Megatrons normalize the (already normalized) weights again, with numpy.
+  const std::vector<double> w = numpy_normalize(normalize_weights(weights, cache_.order));
+  build_blending_indices(w, size, &dataset_index_, &dataset_sample_index_);
   for (size_t i = 0; i < dataset_index_.size(); ++i) {
     const auto& d = datasets_[static_cast<size_t>(dataset_index_[i])];
     if (static_cast<size_t>(dataset_sample_index_[i]) >= d->size()) {
@@ -435,6 +723,118 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
                       " samples, fewer than the blend draws from it");
     }
   }
+
+  // The description Megatron names the cache by (when every part is a GPTDataset).
+  std::vector<const GPTDataset*> gpt;
+  for (const auto& d : datasets_) {
+    const auto* g = dynamic_cast<const GPTDataset*>(d.get());
+    if (!g) return;
+    gpt.push_back(g);
+  }
+  if (cache_.order == MegatronOrder::kCore) {
+    PyJson o = PyJson::object();
+    o.set("class", PyJson::string("BlendedDataset"));
+    PyJson ds = PyJson::array();
+    for (const auto* g : gpt) ds.items.push_back(g->unique_identifiers());
+    o.set("datasets", ds);
+    o.set("split", PyJson::string(cache_.name));
+    PyJson wj = PyJson::array();
+    for (double x : w) wj.items.push_back(PyJson::real(x));
+    o.set("weights", wj);
+    o.set("size", PyJson::integer(size));
+    description_ = dumps_indent4(o);
+  } else {
+    const std::string ws = numpy_float_array_str(w);
+    if (ws.empty()) return;  // weights numpy prints in a form DTK does not reproduce: no cache
+    description_ = "Blendable dataset\n\nDatasets:\n";
+    for (const auto* g : gpt) description_ += g->description() + "\n\n";
+    description_ += "Weights: " + ws + "\nSize: " + std::to_string(size) + "\n";
+  }
+  hash_ = md5_hex(description_);
+  if (cache_.cache_dir.empty()) return;
+
+  // Read when present and equal to what was just built (cheap: the blend is built in a single
+  // pass); write when absent or different.
+  const std::string fdsc = cache_file("description"), fi = cache_file("dataset_index"),
+                    fs = cache_file("dataset_sample_index");
+  auto same_as_built = [&](const std::string& index, const std::string& sample) {
+    try {
+      if (!is_file(index) || !is_file(sample)) return false;
+      const NpyArray a = NpyArray::load(index), b = NpyArray::load(sample);
+      bool same = a.size() == dataset_index_.size() && b.size() == dataset_sample_index_.size();
+      for (size_t i = 0; same && i < a.size(); ++i)
+        same = a[i] == dataset_index_[i] && b[i] == dataset_sample_index_[i];
+      return same;
+    } catch (const DataError&) {
+      return false;  // unreadable: rewritten below
+    }
+  };
+  if (same_as_built(fi, fs)) {
+    loaded_from_cache_ = true;
+    loaded_from_ = fdsc;
+    return;
+  }
+  if (cache_.order == MegatronOrder::kCore) {
+    // Megatron's own name holds the tokenizer's identifiers DTK may not know: a description in
+    // the folder that names these datasets (as the descriptions they were read from say), these
+    // weights, this split and size is this blend's.
+    PyJson want = parse_json(description_, "the blend's description");
+    PyJson& parts = want.members[1].second;
+    for (size_t k = 0; k < gpt.size(); ++k) {
+      if (gpt[k]->loaded_from().empty()) continue;
+      try {
+        parts.items[k] = parse_json(read_file(gpt[k]->loaded_from()), gpt[k]->loaded_from());
+      } catch (const DataError&) {
+      }
+    }
+    const std::string want_text = dumps_indent4(want);
+    const std::string tail = "-BlendedDataset-" + cache_.name + "-description.txt";
+    std::error_code ec;
+    std::vector<std::string> found;
+    for (std::filesystem::directory_iterator it(cache_.cache_dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() == 32 + tail.size() && name.compare(32, std::string::npos, tail) == 0) found.push_back(name);
+    }
+    std::sort(found.begin(), found.end());
+    for (const std::string& name : found) {
+      const std::string path = python_join(cache_.cache_dir, name);
+      try {
+        if (dumps_indent4(parse_json(read_file(path), path)) != want_text) continue;
+      } catch (const DataError&) {
+        continue;
+      }
+      const std::string base = path.substr(0, path.size() - std::string("description.txt").size());
+      if (same_as_built(base + "dataset_index.npy", base + "dataset_sample_index.npy")) {
+        loaded_from_cache_ = true;
+        loaded_from_ = path;
+        return;
+      }
+    }
+  }
+  if (!cache_.write) return;
+  std::error_code ec;
+  std::filesystem::create_directories(cache_.cache_dir, ec);
+  if (ec) throw DataError("cannot create the index cache directory '" + cache_.cache_dir + "': " + ec.message());
+  std::vector<int64_t> di(dataset_index_.begin(), dataset_index_.end());
+  NpyArray::from_int64(di, {di.size()}, cache_.order == MegatronOrder::kCore ? "<i2" : "|u1").save(fi);
+  NpyArray::from_int64(dataset_sample_index_, {dataset_sample_index_.size()}, "<i8").save(fs);
+  write_file_atomically(fdsc, description_);
+}
+
+std::string BlendedDataset::cache_file(const std::string& which) const {
+  if (cache_.cache_dir.empty() || hash_.empty()) return "";
+  if (cache_.order == MegatronOrder::kCore) {
+    const std::string base = python_join(cache_.cache_dir, hash_ + "-BlendedDataset-" + cache_.name + "-");
+    if (which == "description") return base + "description.txt";
+    if (which == "dataset_index") return base + "dataset_index.npy";
+    if (which == "dataset_sample_index") return base + "dataset_sample_index.npy";
+  } else {
+    const std::string base = python_join(cache_.cache_dir, hash_);
+    if (which == "description") return base + ".dsc";
+    if (which == "dataset_index") return base + "_index.npy";
+    if (which == "dataset_sample_index") return base + "_sample_index.npy";
+  }
+  throw DataError("unknown blend cache file '" + which + "'");
 }
 
 void BlendedDataset::get(size_t i, int64_t* out) const {
@@ -458,7 +858,6 @@ DataBlend parse_data_path(const std::string& data_path) {
   if (tokens.size() % 2 != 0) {
     throw DataError("data_path '" + data_path + "': expected one prefix or pairs of 'weight prefix'");
   }
-  std::vector<double> w;
   for (size_t k = 0; k < tokens.size(); k += 2) {
     size_t used = 0;
     double v = 0;
@@ -470,29 +869,30 @@ DataBlend parse_data_path(const std::string& data_path) {
     if (used != tokens[k].size()) {
       throw DataError("data_path '" + data_path + "': weight '" + tokens[k] + "' is not a number");
     }
-    w.push_back(v);
+    b.weights.push_back(v);
     b.prefixes.push_back(tokens[k + 1]);
   }
-  b.weights = normalize_weights(w);
+  normalize_weights(b.weights);  // checks them
+  b.weighted = true;
   return b;
 }
 
-TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::string& split,
-                                               const std::array<int64_t, 3>& num_samples,
+TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::array<int64_t, 3>& num_samples,
                                                const GptDatasetOptions& base) {
   static const char* kNames[3] = {"train", "valid", "test"};
   const DataBlend blend = parse_data_path(data_path);
+  const std::vector<double> weights = normalize_weights(blend.weights, base.order);
   std::array<std::vector<std::shared_ptr<const TokenDataset>>, 3> parts;
   for (size_t p = 0; p < blend.prefixes.size(); ++p) {
     auto data = std::make_shared<const IndexedDataset>(blend.prefixes[p]);
-    const auto bounds = split_boundaries(split, data->num_sequences());
+    const auto bounds = split_boundaries(base.split, data->num_sequences(), base.order);
     for (int s = 0; s < 3; ++s) {
       std::shared_ptr<const TokenDataset> ds;
       if (bounds[s + 1] > bounds[s] && num_samples[s] > 0) {
         GptDatasetOptions o = base;
         o.name = kNames[s];
-        o.num_samples =
-            blend.prefixes.size() == 1 ? num_samples[s] : blend_samples_per_dataset(blend.weights, num_samples[s])[p];
+        o.num_samples = blend.weighted ? blend_samples_per_dataset(weights, num_samples[s], base.order)[p]
+                                       : num_samples[s];
         ds = std::make_shared<const GPTDataset>(data, bounds[s], bounds[s + 1], o);
       }
       parts[s].push_back(ds);
@@ -502,7 +902,7 @@ TrainValidTest build_train_valid_test_datasets(const std::string& data_path, con
   std::array<std::shared_ptr<const TokenDataset>*, 3> dst{&out.train, &out.valid, &out.test};
   for (int s = 0; s < 3; ++s) {
     if (num_samples[s] <= 0) continue;
-    if (blend.prefixes.size() == 1) {
+    if (!blend.weighted) {
       *dst[s] = parts[s][0];
       continue;
     }
@@ -515,7 +915,14 @@ TrainValidTest build_train_valid_test_datasets(const std::string& data_path, con
                         "' is empty while other datasets of the blend have one");
       }
     }
-    *dst[s] = std::make_shared<const BlendedDataset>(parts[s], blend.weights, num_samples[s]);
+    BlendCacheOptions c;
+    c.order = base.order;
+    c.name = kNames[s];
+    c.cache_dir = base.cache_dir;
+    c.write = base.cache_mode == GptDatasetOptions::CacheMode::kBuild;
+    if (base.cache_mode == GptDatasetOptions::CacheMode::kNoCache) c.cache_dir.clear();
+    *dst[s] = std::make_shared<const BlendedDataset>(parts[s], weights, blend_size(weights, num_samples[s], base.order),
+                                                     c);
   }
   return out;
 }

@@ -14,6 +14,16 @@ namespace dtk::data {
 namespace {
 
 bool descr_info(const std::string& d, size_t* itemsize, bool* is_unsigned) {
+  if (d == "|u1" || d == "|i1") {
+    *itemsize = 1;
+    *is_unsigned = d[1] == 'u';
+    return true;
+  }
+  if (d == "<i2" || d == "<u2") {
+    *itemsize = 2;
+    *is_unsigned = d[1] == 'u';
+    return true;
+  }
   if (d == "<i4") {
     *itemsize = 4;
     *is_unsigned = false;
@@ -73,7 +83,12 @@ NpyArray NpyArray::from_int64(const std::vector<int64_t>& v, std::vector<size_t>
   a.count_ = v.size();
   a.owned_.resize(v.size() * a.itemsize_);
   for (size_t i = 0; i < v.size(); ++i) {
-    if (a.itemsize_ == 4) {
+    if (a.itemsize_ == 1) {
+      a.owned_[i] = static_cast<uint8_t>(v[i]);
+    } else if (a.itemsize_ == 2) {
+      const uint16_t x = static_cast<uint16_t>(v[i]);
+      std::memcpy(a.owned_.data() + 2 * i, &x, 2);
+    } else if (a.itemsize_ == 4) {
       const uint32_t x = static_cast<uint32_t>(v[i]);
       std::memcpy(a.owned_.data() + 4 * i, &x, 4);
     } else {
@@ -85,6 +100,12 @@ NpyArray NpyArray::from_int64(const std::vector<int64_t>& v, std::vector<size_t>
 }
 
 int64_t NpyArray::operator[](size_t i) const {
+  if (itemsize_ == 1) return is_unsigned_ ? static_cast<int64_t>(data_[i]) : static_cast<int8_t>(data_[i]);
+  if (itemsize_ == 2) {
+    uint16_t x;
+    std::memcpy(&x, data_ + 2 * i, 2);
+    return is_unsigned_ ? static_cast<int64_t>(x) : static_cast<int16_t>(x);
+  }
   if (itemsize_ == 4) {
     if (is_unsigned_) {
       uint32_t x;
@@ -134,7 +155,7 @@ NpyArray NpyArray::load(const std::string& path) {
   if (d.size() < 5 || d[0] != '\'' || d[4] != '\'') throw bad("malformed descr");
   a.descr_ = d.substr(1, 3);
   if (!descr_info(a.descr_, &a.itemsize_, &a.is_unsigned_)) {
-    throw bad("dtype " + a.descr_ + " is not one of <i4 <u4 <i8 <u8");
+    throw bad("dtype " + a.descr_ + " is not one of |u1 |i1 <i2 <u2 <i4 <u4 <i8 <u8");
   }
   if (value_after("fortran_order").compare(0, 5, "False") != 0) throw bad("fortran_order arrays are not supported");
   std::string s = value_after("shape");

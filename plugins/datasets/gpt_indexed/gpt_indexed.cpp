@@ -7,6 +7,8 @@
 
 #include <array>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/gpt_dataset.hpp"
@@ -15,11 +17,38 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_string("data_path", "", "Dataset prefix (PREFIX.bin/.idx), or a blend 'w1 prefix1 w2 prefix2 ...'."),
-    dtk::opt_string("split", "969,30,1", "Train,valid,test proportions of the documents."),
-    dtk::opt_string("cache_dir", "", "Directory for the index caches (*_doc_idx.npy ...); empty = next to the data."),
+    dtk::opt_string("split", "969, 30, 1", "Train,valid,test proportions of the documents (Megatron's --split)."),
+    dtk::opt_string("cache_dir", "",
+                    "Megatron's --data-cache-path: where the index caches are read and written; empty = Megatron's "
+                    "default place (PREFIX/cache/GPTDataset_indices, or DIR/index-cache for megatron_legacy)."),
+    dtk::opt_string("order", "megatron_core",
+                    "Whose sample order, split rounding, blend sizes and cache files: megatron_core (today's "
+                    "Megatron-LM) or megatron_legacy (megatron/data/gpt_dataset.py, as DeepSpeed-Domino ships it)."),
+    dtk::opt_string("megatron_tokenizer", "null",
+                    "megatron_core: the tokenizer's unique_identifiers as JSON, part of the cache description whose "
+                    "md5 names the files (null: none). Megatron's caches are read whatever theirs holds."),
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };
+
+// Where a split's indices came from: Megatron's cache files read, or built (and written).
+std::string cache_note(const dtk::data::TokenDataset& d) {
+  std::vector<const dtk::data::GPTDataset*> parts;
+  if (const auto* g = dynamic_cast<const dtk::data::GPTDataset*>(&d)) parts.push_back(g);
+  std::string blend;
+  if (const auto* b = dynamic_cast<const dtk::data::BlendedDataset*>(&d)) {
+    blend = b->cache_file("description").empty() ? "blend built, not cached; "
+            : b->loaded_from_cache()             ? "blend read from " + b->loaded_from() + "; "
+                                                 : "blend built, written to " + b->cache_file("description") + "; ";
+    for (size_t k = 0; k < b->num_parts(); ++k)
+      if (const auto* g = dynamic_cast<const dtk::data::GPTDataset*>(b->part(k).get())) parts.push_back(g);
+  }
+  size_t read = 0;
+  for (const auto* g : parts) read += g->loaded_from_cache();
+  std::string out = blend + std::to_string(read) + " of " + std::to_string(parts.size()) + " index cache(s) read";
+  if (read == 1 && parts.size() == 1) out += " from " + parts[0]->loaded_from();
+  return out;
+}
 
 class GptIndexed : public dtk::Dataset {
  public:
@@ -33,6 +62,8 @@ class GptIndexed : public dtk::Dataset {
     dtk::data::GptDatasetOptions o;
     o.seq_length = ctx.seq_length;
     o.seed = ctx.seed;
+    o.split = ctx.options.get_string("split");
+    o.tokenizer_json = ctx.options.get_string("megatron_tokenizer");
     o.cache_dir = ctx.options.get_string("cache_dir");
     if (o.cache_dir.empty()) o.cache_dir = ctx.cache_dir;
     o.cache_mode = ctx.rank == 0 ? dtk::data::GptDatasetOptions::CacheMode::kBuild
@@ -43,7 +74,8 @@ class GptIndexed : public dtk::Dataset {
                        DTK_ERR_INVALID_ARGUMENT);
     const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
     try {
-      auto tvt = dtk::data::build_train_valid_test_datasets(data_path, ctx.options.get_string("split"), n, o);
+      o.order = dtk::data::parse_order(ctx.options.get_string("order"));
+      auto tvt = dtk::data::build_train_valid_test_datasets(data_path, n, o);
       splits_ = {tvt.train, tvt.valid, tvt.test};
     } catch (const dtk::data::DataError& e) {
       throw dtk::Error(e.what(), DTK_ERR_INVALID_ARGUMENT);
@@ -51,7 +83,8 @@ class GptIndexed : public dtk::Dataset {
     for (int s = 0; s < 3; ++s) {
       if (splits_[s]) {
         DTK_LOG(INFO) << "gpt_indexed: split " << s << ": " << splits_[s]->size() << " samples of "
-                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested)";
+                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested; "
+                      << dtk::data::order_name(o.order) << " order; " << cache_note(*splits_[s]) << ")";
       } else if (n[s] > 0) {
         DTK_LOG(WARNING) << "gpt_indexed: split " << s << " has no documents under split '"
                          << ctx.options.get_string("split") << "'";

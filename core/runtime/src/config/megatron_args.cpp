@@ -69,7 +69,7 @@ const Rule kRules[] = {
      "has no model without positions)"},
     {"--llama-model", 0, Kind::kCustom, "",
      "DeepSpeed-Domino's switch for its Llama model: the llama model, with the rope, RMSNorm and SwiGLU flags its "
-     "scripts give"},
+     "scripts give; with --data-path also dataset.order=megatron_legacy (Domino's megatron/data order and caches)"},
     {"--rotary-percent", 1, Kind::kSet, "model.rotary_percent", kLlama},
     {"--rotary-base", 1, Kind::kSet, "model.rotary_base", kLlama},
     {"--use-rope-scaling", 0, Kind::kCustom, "model.rope_scaling=llama3",
@@ -184,7 +184,9 @@ const Rule kRules[] = {
     {"--local-rank", 1, Kind::kIgnore, "", "each rank reads LOCAL_RANK from its launcher's environment"},
     // Data
     {"--data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.data_path",
-     "one prefix, or a blend 'W1 PREFIX1 W2 PREFIX2 ...'"},
+     "one prefix, or a blend 'W1 PREFIX1 W2 PREFIX2 ...'; without --split also dataset.split='969, 30, 1' "
+     "(Megatron's default, part of its cache names); with --tokenizer-type also dataset.megatron_tokenizer "
+     "(today's Megatron-core's description of the tokenizer, in its cache names)"},
     {"--mock-data", 0, Kind::kCustom, "dataset synthetic", "random tokens"},
     {"--split", 1, Kind::kSet, "dataset.split", ""},
     {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
@@ -195,7 +197,9 @@ const Rule kRules[] = {
      "NullTokenizer"},
     {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file", "a SentencePiece .model or a tokenizer.json"},
     {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size", "NullTokenizer's size (its EOD is one more)"},
-    {"--data-impl", 1, Kind::kIgnore, "", "Megatron's mmap .bin/.idx format is the one DTK reads"},
+    {"--data-impl", 1, Kind::kCustom, "dataset.order=megatron_legacy",
+     "legacy Megatron's flag (megatron/data, as DeepSpeed-Domino ships it): with --data-path its sample order, "
+     "split rounding, blend sizes and cache files; mmap: the .bin/.idx format DTK reads, others refused"},
     {"--num-workers", 1, Kind::kIgnore, "", "DTK prefetches batches on its own loader thread"},
     {"--dataloader-type", 1, Kind::kCustom, "", "single: accepted (Megatron's pretraining sampler); cyclic: refused"},
     {"--eod-mask-loss", 0, Kind::kSwitch, "step.eod_mask_loss=true", ""},
@@ -307,6 +311,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.sets.push_back("dataset.data_path=" + joined(v));
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";
+  } else if (f == "--data-impl") {
+    if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
   } else if (f == "--dataloader-type") {
     if (v[0] != "single") refuse("DTK's sampler is Megatron's pretraining sampler (single)");
   }
@@ -422,11 +428,20 @@ struct SeenFlags {
   std::string kv_channels, kv_channels_shown;   // --kv-channels: its value, and as given
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
+  bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
+  std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
 // across flags.
 void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
+  if (f == "--data-impl" || f == "--llama-model") s.legacy_data = true;
+  if (f == "--split") s.split_given = true;
+  if (f == "--tokenizer-type") s.tokenizer_type = values[0];
+  if (f == "--vocab-file") s.vocab_file = values[0];
+  if (f == "--merge-file") s.merge_file = values[0];
+  if (f == "--tokenizer-model") s.tokenizer_model = values[0];
+  if (f == "--vocab-size") s.vocab_size = values[0];
   if (f == "--rampup-batch-size") s.rampup = shown;
   if (f == "--train-iters") s.iteration_based = true;
   if (f == "--train-samples") s.sample_based = true;
@@ -580,6 +595,59 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 
 }  // namespace
 
+// The dataset's Megatron: legacy megatron/data when a flag only it takes is given, else
+// Megatron-core (the option's default). Megatron's default split and, for Megatron-core, its
+// tokenizer's description (today's Megatron-LM, megatron/core/tokenizers: GPT2BPETokenizer, the
+// SentencePiece three, HuggingFaceTokenizer, NullTokenizer) go with --data-path: both are part of
+// the descriptions Megatron names its index caches by.
+static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
+  if (m.dataset != "gpt_indexed") return;
+  if (s.legacy_data) m.sets.push_back("dataset.order=megatron_legacy");
+  if (!s.split_given) m.sets.push_back("dataset.split=969, 30, 1");
+  if (s.legacy_data) return;  // legacy descriptions hold no tokenizer
+  auto q = [](const std::string& v) {
+    std::string out = "\"";
+    for (char c : v) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  };
+  // MegatronTokenizerText.unique_identifiers: class, tokenizer_path, then build_tokenizer's
+  // keyword arguments in its order, str()'d (Megatron's defaults for the flags DTK does not take).
+  std::string args;
+  std::string path;
+  const std::string& t = s.tokenizer_type;
+  if (t == "GPT2BPETokenizer" && !s.vocab_file.empty() && !s.merge_file.empty()) {
+    path = q(t);
+    args = ", \"additional_special_tokens\": \"[]\", \"vocab_file\": " + q(s.vocab_file) + ", \"merges_file\": " +
+           q(s.merge_file) +
+           ", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", \"include_special_tokens\": \"True\", "
+           "\"use_gigatoken\": \"False\"";
+  } else if ((t == "SentencePieceTokenizer" || t == "GPTSentencePieceTokenizer" || t == "Llama2Tokenizer") &&
+             !s.tokenizer_model.empty()) {
+    path = q(s.tokenizer_model);
+    args = ", \"chat_template\": \"None\", \"ignore_extra_whitespaces\": \"True\", \"legacy\": \"False\", "
+           "\"special_tokens\": \"None\"";
+  } else if (t == "HuggingFaceTokenizer" && !s.tokenizer_model.empty()) {
+    path = q(s.tokenizer_model);
+    args = ", \"chat_template\": \"None\", \"vocab_file\": " + (s.vocab_file.empty() ? "\"None\"" : q(s.vocab_file)) +
+           ", \"merges_file\": " + (s.merge_file.empty() ? "\"None\"" : q(s.merge_file)) +
+           ", \"additional_special_tokens\": \"[]\", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", "
+           "\"include_special_tokens\": \"True\", \"use_gigatoken\": \"False\"";
+  } else if (t == "NullTokenizer") {
+    path = "null";
+    if (!s.vocab_size.empty()) args = ", \"vocab_size\": " + q(s.vocab_size);
+    args += ", \"pad_id\": \"-1\"";
+  } else {
+    return;
+  }
+  m.sets.push_back(
+      "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
+      "\"tokenizer_path\": " +
+      path + args + "}");
+}
+
 MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   MegatronMapping m;
   SeenFlags s;
@@ -620,6 +688,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   check_heads_and_positions(s, m);
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
+  map_data_order(s, m);
   return m;
 }
 

@@ -1,14 +1,16 @@
 // dtk::data — Megatron-LM's GPT dataset: train/valid/test split of the documents, the
-// document / sample / shuffle indices (megatron/data/gpt_dataset.py + helpers.cpp), their
-// on-disk cache, and the weighted BlendedDataset with Megatron's greedy blending.
+// document / sample / shuffle indices (megatron/core/datasets/gpt_dataset.py + helpers.cpp),
+// their on-disk caches in Megatron's names and formats, and the weighted BlendedDataset with
+// Megatron's greedy blending and its cache.
 //
-// All of it is Megatron's, element for element (megatron/core/datasets/gpt_dataset.py, and the
-// legacy megatron/data/gpt_dataset.py DeepSpeed-Domino ships, whose orders are the same): split
-// parsing, number of epochs, separate last epoch (< 80% of an epoch), the sample index
-// (seq_length+1 tokens per sample, consecutive samples share one token), the blending algorithm
-// and the ceil(w * N * 1.005) per-dataset sample counts, and the shuffles, which are numpy's
-// legacy numpy.random.RandomState(seed).shuffle (NumpyRandomState below), drawn in Megatron's
-// order: the document index (its epochs, then a separate last epoch), then the shuffle index.
+// Two Megatrons, chosen by MegatronOrder: Megatron-core's GPTDataset/BlendedDataset (today's
+// Megatron-LM, megatron/core/datasets, add_extra_token_to_sequence on) and the legacy
+// megatron/data/gpt_dataset.py + blendable_dataset.py DeepSpeed-Domino ships. Their document,
+// sample and shuffle indices are the same for the same documents, seq_length, num_samples and
+// seed (numpy's legacy RandomState(seed).shuffle, NumpyRandomState below, drawn in Megatron's
+// order: the document index, its epochs then a separate last epoch, then the shuffle index);
+// they differ in the split's rounding, the blend's sizes, the blend index's dtype and the cache
+// files' names, descriptions and places, each of which follows the order chosen.
 #pragma once
 
 #include <array>
@@ -19,13 +21,32 @@
 #include <vector>
 
 #include "dtk/data/indexed_dataset.hpp"
+#include "dtk/data/megatron_cache.hpp"
 #include "dtk/data/npy.hpp"
 
 namespace dtk::data {
 
-// Megatron's get_train_valid_test_split_: "969,30,1" (or "a/b/c", or "1") normalized to the
+enum class MegatronOrder {
+  kCore,    // Megatron-core (megatron/core/datasets), today's Megatron-LM: "megatron_core"
+  kLegacy,  // megatron/data/gpt_dataset.py (DeepSpeed-Domino, Megatron-LM before core): "megatron_legacy"
+};
+// "megatron_core" | "megatron_legacy"; anything else throws DataError naming it.
+MegatronOrder parse_order(const std::string& name);
+const char* order_name(MegatronOrder order);
+
+// Legacy Megatron's get_train_valid_test_split_: "969,30,1" (or "a/b/c", or "1") normalized to the
 // document boundaries [0, b1, b2, size]. Throws DataError for unparsable/negative/zero weights.
 std::array<size_t, 4> split_boundaries(const std::string& split, size_t num_documents);
+// Megatron-core's: the split's numbers (re.findall("[.0-9]+")) normalized with numpy, their
+// running sums the book-ends b_k, and split k the documents [round(b_k * n), round(b_k+1 * n)).
+// Contiguous boundaries: a split Megatron-core leaves out (weight 0) is empty.
+std::array<size_t, 4> split_boundaries(const std::string& split, size_t num_documents, MegatronOrder order);
+// Megatron-core's split_matrix as its description holds it ([[0, 0.969], [0.969, 0.999], ...]).
+PyJson core_split_matrix(const std::string& split);
+// os.path.dirname / basename / join, as Megatron composes its cache paths.
+std::string python_dirname(const std::string& path);
+std::string python_basename(const std::string& path);
+std::string python_join(const std::string& a, const std::string& b);
 
 // numpy's legacy numpy.random.RandomState(seed), the part Megatron's indices use: MT19937 seeded
 // from an integer as numpy seeds it (mt19937_seed: Matsumoto and Nishimura's init_genrand, which
@@ -88,11 +109,21 @@ class TokenDataset {
 };
 
 struct GptDatasetOptions {
+  MegatronOrder order = MegatronOrder::kCore;
   std::string name = "train";  // split name, part of the cache file names
-  int64_t num_samples = 0;     // requested samples (the dataset may hold more: whole epochs)
+  // The split string as the user gave it (Megatron's --split, default "969, 30, 1"): part of the
+  // cache descriptions Megatron names its files by, so it is kept verbatim.
+  std::string split = "969, 30, 1";
+  // Megatron-core only: the "tokenizer" entry of the description (the tokenizer's
+  // unique_identifiers), as JSON; "null" when unknown. It names the files DTK writes (Megatron
+  // finds them when it is the same); DTK reads Megatron's caches whatever theirs holds.
+  std::string tokenizer_json = "null";
+  int64_t num_samples = 0;  // requested samples (the dataset may hold more: whole epochs)
   int64_t seq_length = 1024;
   uint64_t seed = 1234;
-  std::string cache_dir;  // empty: next to the data files
+  // Megatron's --data-cache-path. Empty: Megatron's default place, PREFIX/cache/GPTDataset_indices
+  // (core) or DIR_OF_PREFIX/index-cache (legacy).
+  std::string cache_dir;
   enum class CacheMode {
     kBuild,     // load the cached indices when valid, otherwise build and save them
     kWaitOnly,  // only wait (up to wait_timeout_s) for another process to write them
@@ -115,9 +146,18 @@ class GPTDataset : public TokenDataset {
   void get(size_t i, int64_t* out) const override;
   using TokenDataset::get;
 
-  // The cache files: PREFIX_{name}_indexmap_{N}ns_{L}sl_{S}s_{doc,sample,shuffle}_idx.npy.
+  // The cache files DTK reads first and writes: which = "description", "doc_idx", "sample_idx"
+  // or "shuffle_idx". Core: DIR/<md5>-GPTDataset-<name>-{description.txt,document_index.npy,
+  // sample_index.npy,shuffle_index.npy}; legacy: DIR/<md5>{.dsc,_doc_idx.npy,_sample_idx.npy,
+  // _shuffle_idx.npy}, the md5 of the description text Megatron builds.
   std::string cache_file(const std::string& which) const;
   bool loaded_from_cache() const { return loaded_from_cache_; }
+  // The description file the indices were read from ("" when built).
+  const std::string& loaded_from() const { return loaded_from_; }
+  // Megatron's description of this dataset (its md5 names the files) and, for Megatron-core,
+  // its unique_identifiers (what a BlendedDataset's description embeds).
+  const std::string& description() const { return description_; }
+  const PyJson& unique_identifiers() const { return identifiers_; }
   int64_t num_epochs() const { return num_epochs_; }
   const NpyArray& doc_idx() const { return doc_idx_; }
   const NpyArray& sample_idx() const { return sample_idx_; }
@@ -126,6 +166,10 @@ class GPTDataset : public TokenDataset {
  private:
   void build();
   bool try_load(std::string* why);
+  bool load_files(const std::string& doc, const std::string& sample, const std::string& shuffle, std::string* why);
+  bool scan_core_descriptions(std::string* why);
+  void write_cache();
+  std::string cache_file_in(const std::string& dir, const std::string& which) const;
   std::shared_ptr<const IndexedDataset> data_;
   size_t doc_begin_, doc_end_;
   GptDatasetOptions options_;
@@ -133,50 +177,84 @@ class GPTDataset : public TokenDataset {
   int64_t num_epochs_ = 0;
   int64_t total_samples_ = 0;  // rows of sample_idx - 1
   bool loaded_from_cache_ = false;
+  std::string loaded_from_;
+  std::string description_, hash_;
+  PyJson identifiers_;
+  std::vector<std::string> cache_dirs_;  // where to look, in order; the last one is written
   NpyArray doc_idx_, sample_idx_, shuffle_idx_;
 };
 
 // Weights normalized to sum 1; throws DataError for empty, negative, NaN or all-zero weights.
-std::vector<double> normalize_weights(const std::vector<double>& weights);
-// Megatron: samples to draw from each dataset of a blend, ceil(w * num_samples * 1.005).
-std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& normalized_weights, int64_t num_samples);
+// (Megatron-core's normalize: numpy's sum; legacy's: Python's sum from the left.)
+std::vector<double> normalize_weights(const std::vector<double>& weights, MegatronOrder order = MegatronOrder::kCore);
+// The samples a blend of num_samples draws from each dataset (what each GPT dataset is built
+// for), and the blend's own size. Core: ceil(ceil(w * N) * 1.005) per dataset, the blend
+// sum(ceil(w * N)); legacy: ceil(w * N * 1.005) per dataset, the blend their sum.
+std::vector<int64_t> blend_samples_per_dataset(const std::vector<double>& normalized_weights, int64_t num_samples,
+                                               MegatronOrder order = MegatronOrder::kCore);
+int64_t blend_size(const std::vector<double>& normalized_weights, int64_t num_samples, MegatronOrder order);
 // helpers.cpp build_blending_indices: at sample i pick the dataset with the largest
 // w * max(i, 1) - count (first on ties). Returns (dataset index, sample within it) per sample.
 void build_blending_indices(const std::vector<double>& normalized_weights, int64_t size,
                             std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index);
 
+// Where and how a BlendedDataset caches its indices (Megatron caches them only under a
+// --data-cache-path: cache_dir empty = no cache).
+struct BlendCacheOptions {
+  MegatronOrder order = MegatronOrder::kCore;
+  std::string name = "train";
+  std::string cache_dir;
+  bool write = true;  // false: only compare with / read what is there (ranks other than 0)
+};
+
 class BlendedDataset : public TokenDataset {
  public:
+  // `weights` are normalized here again, as Megatron's BlendedDataset/BlendableDataset do.
   BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets, const std::vector<double>& weights,
-                 int64_t size);
+                 int64_t size, const BlendCacheOptions& cache = BlendCacheOptions());
   size_t size() const override { return dataset_index_.size(); }
   size_t sample_length() const override { return datasets_[0]->sample_length(); }
   void get(size_t i, int64_t* out) const override;
   using TokenDataset::get;
   int16_t dataset_of(size_t i) const { return dataset_index_.at(i); }
+  int64_t sample_of(size_t i) const { return dataset_sample_index_.at(i); }
+  const std::shared_ptr<const TokenDataset>& part(size_t k) const { return datasets_.at(k); }
+  size_t num_parts() const { return datasets_.size(); }
+  // The cache files ("description", "dataset_index", "dataset_sample_index"), "" without a
+  // cache_dir or when the datasets are not GPTDatasets. Core: DIR/<md5>-BlendedDataset-<name>-
+  // {description.txt,dataset_index.npy,dataset_sample_index.npy}; legacy: DIR/<md5>{.dsc,
+  // _index.npy,_sample_index.npy}.
+  std::string cache_file(const std::string& which) const;
+  bool loaded_from_cache() const { return loaded_from_cache_; }
+  // The description file of the cache that held these indices ("" when built and written).
+  const std::string& loaded_from() const { return loaded_from_; }
+  const std::string& description() const { return description_; }
 
  private:
   std::vector<std::shared_ptr<const TokenDataset>> datasets_;
   std::vector<int16_t> dataset_index_;
   std::vector<int64_t> dataset_sample_index_;
+  BlendCacheOptions cache_;
+  std::string description_, hash_, loaded_from_;
+  bool loaded_from_cache_ = false;
 };
 
 // "--data_path": either one prefix, or "w1 p1 w2 p2 ..." (whitespace separated).
 struct DataBlend {
   std::vector<std::string> prefixes;
-  std::vector<double> weights;  // normalized; {1} for a single prefix
+  std::vector<double> weights;  // as given; {1} for a single prefix
+  bool weighted = false;        // given as weight/prefix pairs (a blend, even of one prefix, as in Megatron)
 };
 DataBlend parse_data_path(const std::string& data_path);
 
 // Megatron's build_train_valid_test_datasets: per prefix, split the documents, build the
-// three GPT datasets (each blended dataset draws ceil(w*N*1.005) samples per prefix), blend.
+// three GPT datasets (a blend's datasets for blend_samples_per_dataset samples each), blend.
 // num_samples = {train, valid, test}; a split with no documents or 0 requested samples
-// yields nullptr.
+// yields nullptr. base_options.order chooses the Megatron; base_options.split is the split.
 struct TrainValidTest {
   std::shared_ptr<const TokenDataset> train, valid, test;
 };
-TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::string& split,
-                                               const std::array<int64_t, 3>& num_samples,
+TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::array<int64_t, 3>& num_samples,
                                                const GptDatasetOptions& base_options);
 
 }  // namespace dtk::data

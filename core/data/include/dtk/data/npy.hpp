@@ -14,10 +14,10 @@ namespace dtk::data {
 class NpyArray {
  public:
   NpyArray() = default;
-  // '<i4', '<u4', '<i8' or '<u8' elements. Owns a copy of the data.
+  // '|u1', '|i1', '<i2', '<u2', '<i4', '<u4', '<i8' or '<u8' elements. Owns a copy of the data.
   static NpyArray from_int32(std::vector<int32_t> v, std::vector<size_t> shape);
   static NpyArray from_int64(const std::vector<int64_t>& v, std::vector<size_t> shape,
-                             const std::string& descr);  // descr: '<i4', '<u4' or '<i8'
+                             const std::string& descr);  // descr: any of the above
   // Memory-maps `path`; throws DataError naming the file when it is not a valid integer .npy.
   static NpyArray load(const std::string& path);
   // Writes atomically: a temporary file in the same directory, then rename().

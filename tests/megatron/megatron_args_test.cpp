@@ -444,6 +444,21 @@ TEST(MegatronArgs, ParsingAndMistakes) {
 }
 
 // Megatron's iteration- vs sample-based assertions, said by the mapper with the other flags.
+// --overlap-grad-reduce: ddp's bucketed all-reduce during the backward (its default, set
+// explicitly), or with the distributed optimizer ZeRO's overlapped reduce-scatter, in either order.
+TEST(MegatronArgs, OverlapGradReduceIsTheStrategysOverlap) {
+  const MegatronMapping ddp = dtk::core::map_megatron_args({"--overlap-grad-reduce"});
+  EXPECT_TRUE(ddp.refused.empty());
+  EXPECT_TRUE(ddp.ignored.empty());
+  expect_fields(config_of(ddp), {{"strategy.name", "ddp"}, {"strategy.overlap_grad_reduce", "true"}});
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--overlap-grad-reduce", "--use-distributed-optimizer"},
+                                                std::vector<std::string>{"--use-distributed-optimizer", "--overlap-grad-reduce"}}) {
+    const MegatronMapping zero = dtk::core::map_megatron_args(flags);
+    EXPECT_TRUE(zero.refused.empty());
+    expect_fields(config_of(zero), {{"strategy.name", "zero"}, {"strategy.stage", "1"}, {"strategy.overlap_comm", "true"}});
+  }
+}
+
 TEST(MegatronArgs, IterationAndSampleBasedTrainingDoNotMix) {
   const MegatronMapping both = dtk::core::map_megatron_args({"--train-samples", "100", "--train-iters", "5"});
   ASSERT_EQ(both.refused.size(), 1u);

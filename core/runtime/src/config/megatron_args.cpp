@@ -162,8 +162,9 @@ const Rule kRules[] = {
      ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
      "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
-    {"--overlap-grad-reduce", 0, Kind::kIgnore, "",
-     "ddp reduces after the last backward; the zero strategy overlaps with its option overlap_comm"},
+    {"--overlap-grad-reduce", 0, Kind::kCustom, "strategy.overlap_grad_reduce=true",
+     "ddp all-reduces its gradient buckets during the last backward (its default); with "
+     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true"},
     {"--overlap-param-gather", 0, Kind::kIgnore, "", "the zero strategy gathers after the optimizer step"},
     // Parallelism
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
@@ -422,6 +423,7 @@ struct SeenFlags {
   std::string kv_channels, kv_channels_shown;   // --kv-channels: its value, and as given
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
+  bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -437,6 +439,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
     s.rope = true;
   if (f == "--no-position-embedding") s.no_position_shown = shown;
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
+  if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
@@ -615,6 +618,10 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   }
   map_query_groups(s, m);
   map_virtual_stages(s, m);
+  // The overlap is each strategy's option: ddp's buckets, or ZeRO's reduce-scatter (whichever flag
+  // came first).
+  if (s.overlap_grad_reduce)
+    m.sets.push_back(m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true");
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_rope_scaling(s, m);
   check_heads_and_positions(s, m);

@@ -26,7 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -46,8 +46,11 @@ const dtk_option_spec kOptions[] = {
 
 double positive_mb(const dtk::Options& o) {
   const double mb = o.get_float("bucket_size_mb");
-  if (!(mb > 0) || !std::isfinite(mb))
-    throw dtk::Error("ddp: option 'bucket_size_mb' must be a positive number of MB, got " + std::to_string(mb));
+  if (!(mb > 0) || !std::isfinite(mb)) {
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", mb);
+    throw dtk::Error(std::string("ddp: option 'bucket_size_mb' must be a positive number of MB, got ") + shown);
+  }
   return mb;
 }
 

@@ -6,6 +6,10 @@
 //     DP 4, TP 2 x DP 2 with Domino and bf16, PP 2 x DP 2;
 //   * the timeline shows the buckets' all-reduces issued inside the last backward, and a resumed
 //     overlapped run continues exactly;
+//   * the zero strategy's stages 1 and 2 with overlap_param_gather (the updated parameters'
+//     all-gathers in flight from the step to the module that first reads them in the next forward)
+//     give exactly the losses, gradient norms and parameter norms of the gather after the step, and
+//     the timeline shows the gathers issued before the forward and waited in it;
 //   * bad options are one-line errors.
 // Small buckets (bucket_size_mb=0.05: 7 buckets of gpt-tiny) so that several are in flight.
 #include <gtest/gtest.h>
@@ -25,15 +29,15 @@ using dtk_test::expect_same_curve;
 
 // gpt-tiny on synthetic tokens, no dropout, 2 micro-batches of 4 per data-parallel rank and
 // iteration (accumulation), clipping active, 4 iterations.
-std::string train(int dp) {
+std::string train(int dp, const std::string& strategy = "--set strategy.bucket_size_mb=0.05 ") {
   return std::string("train --config ") + DTK_SOURCE_DIR +
          "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.vocab_size=512 "
          "--set dataset.vocab_size=512 --set train.seq_length=32 --set model.hidden_dropout=0 "
          "--set model.attention_dropout=0 --set train.micro_batch_size=4 --set train.global_batch_size=" +
          std::to_string(8 * dp) +
          " --set train.train_iters=4 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=1 "
-         "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=0 "
-         "--set strategy.bucket_size_mb=0.05 ";
+         "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=0 " +
+         strategy;
 }
 const std::string kOff = "--set strategy.overlap_grad_reduce=false ";
 
@@ -41,19 +45,25 @@ Curve curve_of(int nproc, const std::string& args, const std::string& name) {
   return dtk_test::run_curve("launch --nproc_per_node " + std::to_string(nproc) + " " + args, DTK_TEST_TMP, name);
 }
 
-// The start times (us) of the data-parallel all-reduces in a rank's trace, and the last
-// "backward N" span's [start, end].
+// The start times (us) of the data-parallel `collective`s in a rank's trace, the last "backward N"
+// span's [start, end] and the first "forward N" span's start.
 struct Timeline {
   std::vector<double> issued;
-  double backward_start = -1, backward_end = -1;
+  double backward_start = -1, backward_end = -1, forward_start = -1;
 };
-Timeline read_timeline(const std::string& path) {
+Timeline read_timeline(const std::string& path, const std::string& collective = "all_reduce") {
   std::ifstream in(path);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Timeline t;
-  static const std::regex issue(R"re("name": "all_reduce on group 1", "cat": "comm", [^}]*"ph": "b", [^}]*"ts": ([0-9.]+))re");
+  const std::regex issue("\"name\": \"" + collective +
+                         R"re( on group 1", "cat": "comm", [^}]*"ph": "b", [^}]*"ts": (-?[0-9.]+))re");
   for (std::sregex_iterator it(text.begin(), text.end(), issue), end; it != end; ++it)
     t.issued.push_back(std::stod((*it)[1]));
+  static const std::regex forward(R"re("name": "forward \d+", [^}]*"ts": (-?[0-9.]+))re");
+  for (std::sregex_iterator it(text.begin(), text.end(), forward), end; it != end; ++it) {
+    const double start = std::stod((*it)[1]);
+    if (t.forward_start < 0 || start < t.forward_start) t.forward_start = start;
+  }
   static const std::regex backward(R"re("name": "backward \d+", [^}]*"ts": ([0-9.]+), "dur": ([0-9.]+))re");
   for (std::sregex_iterator it(text.begin(), text.end(), backward), end; it != end; ++it) {
     const double start = std::stod((*it)[1]);
@@ -114,6 +124,49 @@ TEST(DdpOverlap, BucketsInFlightDuringTheBackwardAndAnExactResume) {
   for (int64_t it = 3; it <= 4; ++it) {
     EXPECT_EQ(resumed.loss.at(it), whole.loss.at(it)) << "iteration " << it;
     EXPECT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+}
+
+// ZeRO stages 1 and 2, DP 2: overlap_param_gather equals the gather after the step (losses and
+// gradient norms). Stage 1 logs the parameter norm, which the host reads between the step and the
+// next forward (it waits for the gathers: gather_parameters), so it must see the gathered values;
+// stage 2 shows on the timeline the gathers of iteration 2's step in flight when iteration 3 begins.
+TEST(ZeroOverlapParamGather, Stages1And2EqualTheGatherAfterTheStep) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "zero-gather");
+  static const std::regex norm_re(R"(params norm: [0-9.]+)");
+  for (int stage : {1, 2}) {
+    const std::string name = "stage " + std::to_string(stage), base = dir + "/s" + std::to_string(stage);
+    auto args = [&](const std::string& run) {
+      return train(2, "--strategy zero --set strategy.stage=" + std::to_string(stage) + " ") +
+             "--set strategy.reduce_bucket_size=20000 " +
+             (stage == 1 ? std::string("--set logging.log_params_norm=true ")
+                         : "--set logging.trace_iterations=3 --set logging.trace_file=" + base + "-" + run + ".json ");
+    };
+    const Curve on = curve_of(2, args("on") + "--set strategy.overlap_param_gather=true ", name + " overlap");
+    const Curve off = curve_of(2, args("off"), name + " after the step");
+    expect_same_curve(off, on, 4, name + ": gathers overlapped vs after the step", 0.0);
+    EXPECT_NE(on.run.out.find("updated parameters gathered during the next forward"), std::string::npos) << on.run.out;
+    if (stage == 1) {
+      std::vector<std::string> norms[2];
+      for (int k = 0; k < 2; ++k) {
+        const std::string& out = (k ? off : on).run.out;
+        for (std::sregex_iterator it(out.begin(), out.end(), norm_re), end; it != end; ++it)
+          norms[k].push_back(it->str());
+      }
+      EXPECT_EQ(norms[0].size(), 4u) << on.run.out;
+      EXPECT_EQ(norms[0], norms[1]) << name;
+      continue;
+    }
+    const Timeline gathered = read_timeline(base + "-on.rank0.json", "all_gather"),
+                   after = read_timeline(base + "-off.rank0.json", "all_gather");
+    ASSERT_GT(gathered.forward_start, 0) << base;
+    auto before_forward = [](const Timeline& t) {
+      int n = 0;
+      for (double ts : t.issued) n += ts < t.forward_start;
+      return n;
+    };
+    EXPECT_GE(before_forward(gathered), 3) << name;  // the buckets, issued by iteration 2's step
+    EXPECT_EQ(before_forward(after), 0) << name;
   }
 }
 

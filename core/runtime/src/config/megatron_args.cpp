@@ -165,7 +165,9 @@ const Rule kRules[] = {
     {"--overlap-grad-reduce", 0, Kind::kCustom, "strategy.overlap_grad_reduce=true",
      "ddp all-reduces its gradient buckets during the last backward (its default); with "
      "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true"},
-    {"--overlap-param-gather", 0, Kind::kIgnore, "", "the zero strategy gathers after the optimizer step"},
+    {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
+     "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
+     "--use-distributed-optimizer (Megatron asserts it)"},
     // Parallelism
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
     {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
@@ -424,6 +426,7 @@ struct SeenFlags {
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
+  std::string overlap_param_gather_shown;       // --overlap-param-gather as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -440,6 +443,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--no-position-embedding") s.no_position_shown = shown;
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
   if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
+  if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
@@ -622,6 +626,14 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   // came first).
   if (s.overlap_grad_reduce)
     m.sets.push_back(m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true");
+  if (!s.overlap_param_gather_shown.empty()) {
+    if (m.strategy == "zero")
+      m.sets.push_back("strategy.overlap_param_gather=true");
+    else
+      m.refused.push_back(s.overlap_param_gather_shown +
+                          ": needs --use-distributed-optimizer (Megatron asserts it; ddp's all-reduce leaves no "
+                          "gather to overlap)");
+  }
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_rope_scaling(s, m);
   check_heads_and_positions(s, m);

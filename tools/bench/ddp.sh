@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Data-parallel overlap benchmark (docs/benchmarks.md): the ddp strategy's gradient buckets
 # all-reduced after the backward (strategy.overlap_grad_reduce=false, the peer: what ddp did before
-# the overlap) vs during the last backward (the default), at DP=2 on this machine, in one run,
-# printed side by side: iteration time, tokens/s, and per iteration the data-parallel communication
-# in flight and the part of it the training thread waited for (exposed). Losses are compared too.
+# the overlap) vs during the last backward (the default); and ZeRO stage 2 without overlap vs with
+# its reduce-scatters during the backward (overlap_comm) and its parameter all-gathers during the
+# next forward (overlap_param_gather), its speed-up against its own non-overlapped row; at DP=2 on
+# this machine, in one run, printed side by side: iteration time, tokens/s, and per iteration the
+# data-parallel communication in flight and the part of it the training thread waited for
+# (exposed). Each overlapped row's losses are compared with its non-overlapped row's.
 #
 #  1. over loopback Gloo as it is;
 #  2. with distributed.simulated_link: latency 10us and a bandwidth chosen from run 1 so that the
@@ -31,8 +34,8 @@ bench_start ddp.sh
 
 # Windows of 4 iterations; the first (start-up) is left out, the median of the rest is reported;
 # each configuration runs REPS times interleaved with the other and the median run is shown.
-# Buckets of 1 MB: the model's 13 MB of fp32 gradients in 13 buckets (PyTorch's 25 MB default
-# would make it one bucket, complete only at the end of the backward).
+# Buckets of 1 MB (ZeRO: 262144 elements): the model's 13 MB of fp32 gradients in 13 buckets
+# (PyTorch's 25 MB default would make it one bucket, complete only at the end of the backward).
 ITERS=$((QUICK ? 12 : 20))
 REPS=$((QUICK ? 1 : 3))
 TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=4
@@ -40,9 +43,13 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   --set dataset.vocab_size=512 --set train.seq_length=128 --set train.micro_batch_size=8
   --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=4
   --set eval.eval_iters=0 --set eval.eval_interval=0 --set lr.lr_warmup_iters=1
-  --strategy ddp --set strategy.bucket_size_mb=1 $EXTRA"
-NAMES=("after the backward (peer)" "overlapped buckets")
-ARGS=("--set strategy.overlap_grad_reduce=false" "--set strategy.overlap_grad_reduce=true")
+  $EXTRA"
+DDP="--strategy ddp --set strategy.bucket_size_mb=1"
+ZERO="--strategy zero --set strategy.stage=2 --set strategy.reduce_bucket_size=262144"
+NAMES=("ddp, after the backward (peer)" "ddp, overlapped buckets" "ZeRO-2, not overlapped" "ZeRO-2, overlapped")
+ARGS=("$DDP --set strategy.overlap_grad_reduce=false" "$DDP --set strategy.overlap_grad_reduce=true"
+  "$ZERO --set strategy.overlap_comm=false --set strategy.overlap_param_gather=false"
+  "$ZERO --set strategy.overlap_comm=true --set strategy.overlap_param_gather=true")
 field() { echo "$1" | grep -o "$2 [0-9.]*" | grep -o "[0-9.]*$" | tail -n +2 | median; }
 
 # Runs every configuration REPS times with extra args $1; fills MS, TOK, FLIGHT, EXPOSED (medians)
@@ -71,13 +78,16 @@ run_all() {
 }
 
 table() {
-  printf "%-26s %12s %10s %9s %16s %13s %9s\n" "" "ms/iteration" "tokens/s" "speed-up" "DP comm in flight" "exposed (ms)" "exposed"
+  printf "%-32s %12s %10s %9s %16s %13s %9s\n" "" "ms/iteration" "tokens/s" "speed-up" "DP comm in flight" "exposed (ms)" "exposed"
   for i in "${!NAMES[@]}"; do
-    printf "%-26s %12.1f %10.0f %8.2fx %14.1f ms %13.1f %8.0f%%\n" "${NAMES[$i]}" "${MS[$i]}" "${TOK[$i]}" \
-      "$(calc "${MS[0]} / ${MS[$i]}")" "${FLIGHT[$i]}" "${EXPOSED[$i]}" "$(calc "100 * ${EXPOSED[$i]} / ${FLIGHT[$i]}")"
+    local peer=$((i / 2 * 2))  # each overlapped row against the non-overlapped row above it
+    printf "%-32s %12.1f %10.0f %8.2fx %14.1f ms %13.1f %8.0f%%\n" "${NAMES[$i]}" "${MS[$i]}" "${TOK[$i]}" \
+      "$(calc "${MS[$peer]} / ${MS[$i]}")" "${FLIGHT[$i]}" "${EXPOSED[$i]}" "$(calc "100 * ${EXPOSED[$i]} / ${FLIGHT[$i]}")"
   done
-  if [[ "${LOSSES[0]}" == "${LOSSES[1]}" ]]; then echo "losses: identical (${ITERS} iterations)"
-  else echo "losses DIFFER: ${LOSSES[0]} vs ${LOSSES[1]}"; fi
+  for peer in 0 2; do
+    if [[ "${LOSSES[$peer]}" == "${LOSSES[$((peer + 1))]}" ]]; then echo "${NAMES[$((peer + 1))]}: losses identical to ${NAMES[$peer]} (${ITERS} iterations)"
+    else echo "${NAMES[$((peer + 1))]}: losses DIFFER: ${LOSSES[$peer]} vs ${LOSSES[$((peer + 1))]}"; fi
+  done
 }
 
 MODEL="4 layers, hidden 256, 8 heads, seq 128, micro-batch 8, DP=2, 1 thread per rank${EXTRA:+, recompute full}"

@@ -465,6 +465,32 @@ TEST(MegatronArgs, ParsingAndMistakes) {
 }
 
 // Megatron's iteration- vs sample-based assertions, said by the mapper with the other flags.
+// --overlap-grad-reduce: ddp's bucketed all-reduce during the backward (its default, set
+// explicitly), or with the distributed optimizer ZeRO's overlapped reduce-scatter, in either order;
+// --overlap-param-gather: ZeRO's gathers during the next forward (refused without the distributed
+// optimizer, as Megatron asserts).
+TEST(MegatronArgs, OverlapFlagsAreTheStrategysOverlap) {
+  const MegatronMapping ddp = dtk::core::map_megatron_args({"--overlap-grad-reduce"});
+  EXPECT_TRUE(ddp.refused.empty());
+  EXPECT_TRUE(ddp.ignored.empty());
+  expect_fields(config_of(ddp), {{"strategy.name", "ddp"}, {"strategy.overlap_grad_reduce", "true"}});
+  for (const std::vector<std::string>& flags : {std::vector<std::string>{"--overlap-grad-reduce", "--use-distributed-optimizer"},
+                                                std::vector<std::string>{"--use-distributed-optimizer", "--overlap-grad-reduce"}}) {
+    const MegatronMapping zero = dtk::core::map_megatron_args(flags);
+    EXPECT_TRUE(zero.refused.empty());
+    expect_fields(config_of(zero), {{"strategy.name", "zero"}, {"strategy.stage", "1"}, {"strategy.overlap_comm", "true"}});
+  }
+  // --overlap-param-gather: the distributed optimizer's all-gather during the next forward.
+  const MegatronMapping gather =
+      dtk::core::map_megatron_args({"--overlap-param-gather", "--use-distributed-optimizer"});
+  EXPECT_TRUE(gather.refused.empty());
+  expect_fields(config_of(gather), {{"strategy.name", "zero"}, {"strategy.overlap_param_gather", "true"}});
+  const MegatronMapping alone = dtk::core::map_megatron_args({"--overlap-param-gather"});
+  ASSERT_EQ(alone.refused.size(), 1u);
+  EXPECT_EQ(alone.refused[0].rfind("--overlap-param-gather: needs --use-distributed-optimizer", 0), 0u)
+      << alone.refused[0];
+}
+
 TEST(MegatronArgs, IterationAndSampleBasedTrainingDoNotMix) {
   const MegatronMapping both = dtk::core::map_megatron_args({"--train-samples", "100", "--train-iters", "5"});
   ASSERT_EQ(both.refused.size(), 1u);

@@ -1,6 +1,15 @@
-// ddp — plain data parallelism, Megatron's DistributedDataParallel without buckets:
-// gradients are averaged over the data-parallel group after the last micro-batch's backward;
-// the global gradient norm follows Megatron's clip_grad_norm_fp32 (TP-sharded parameters on
+// ddp — data parallelism as PyTorch's DistributedDataParallel and Megatron's
+// --overlap-grad-reduce: gradients are averaged over the data-parallel group in buckets of about
+// bucket_size_mb (fp32 bytes), the parameters grouped in the order their gradients become ready in
+// backward (the model's modules in reverse, from its per-module hooks). On the last micro-batch of
+// a global batch (no communication while gradients accumulate, as DDP's no_sync) each bucket's
+// all-reduce is issued asynchronously as soon as its last gradient is complete (the post_backward
+// hook of the lowest module that reads it), on the communication stream on a GPU (NCCL) or Gloo's
+// threads on a CPU, while the backward goes on; reduce_gradients issues what the hooks did not and
+// waits bucket by bucket. overlap_grad_reduce=false reduces the same buckets after the backward
+// (the same collectives, so identical results, without the overlap). A model without modules (no
+// hooks) reduces its buckets after the backward too.
+// The global gradient norm follows Megatron's clip_grad_norm_fp32 (TP-sharded parameters on
 // every TP rank, replicated ones once, summed over the model-parallel group).
 // With one process every collective is the identity, so this is also the single-device path.
 //
@@ -13,7 +22,14 @@
 // reduction, the parameter's gradient is added into the master's fp32 gradient and cleared.
 #include <dtk/strategy.hpp>
 
+#include <dtk/trace.hpp>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
 
 namespace {
 
@@ -21,15 +37,45 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_bool("average_gradients", "true", "Average (not sum) gradients over data-parallel ranks."),
     dtk::opt_bool("fp32_master_weights", "true",
                   "For bf16/fp16 parameters, let the optimizer update fp32 master copies (Megatron)."),
+    dtk::opt_bool("overlap_grad_reduce", "true",
+                  "All-reduce each gradient bucket during the last micro-batch's backward, as soon as its "
+                  "gradients are complete (Megatron's --overlap-grad-reduce, PyTorch DDP); false: after the backward."),
+    dtk::opt_float("bucket_size_mb", "25",
+                   "Gradient bucket size in MB (fp32 bytes, 2^20), in backward order (PyTorch DDP's bucket_cap_mb)."),
 };
+
+double positive_mb(const dtk::Options& o) {
+  const double mb = o.get_float("bucket_size_mb");
+  if (!(mb > 0) || !std::isfinite(mb)) {
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", mb);
+    throw dtk::Error(std::string("ddp: option 'bucket_size_mb' must be a positive number of MB, got ") + shown);
+  }
+  return mb;
+}
 
 class Ddp : public dtk::Strategy {
  public:
   explicit Ddp(const dtk::BuildContext& ctx)
       : average_(ctx.options.get_bool("average_gradients")),
         masters_enabled_(ctx.options.get_bool("fp32_master_weights")),
+        overlap_(ctx.options.get_bool("overlap_grad_reduce")),
+        bucket_bytes_(static_cast<int64_t>(std::max(1.0, positive_mb(ctx.options) * 1048576.0))),
         tp_rank_(ctx.tp_rank),
-        pp_rank_(ctx.pp_rank) {}
+        pp_rank_(ctx.pp_rank),
+        dp_size_(std::max(1, dtk::Comm::size(DTK_GROUP_DATA_PARALLEL))) {
+    hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, nullptr, nullptr, nullptr, &post_backward};
+  }
+
+  ~Ddp() override {
+    // Finish what is in flight before the buckets go (each wait is bounded).
+    try {
+      for (auto& b : buckets_)
+        if (b.work) b.work->wait();
+    } catch (const std::exception& e) {
+      DTK_LOG(ERROR) << e.what();
+    }
+  }
 
   void setup(const dtk::ModelHandle& model) override {
     params_ = model.parameters();
@@ -40,7 +86,11 @@ class Ddp : public dtk::Strategy {
       // The master is the parameter itself for fp32 (no copy), a fp32 clone otherwise.
       masters_.push_back(masters_enabled_ && low ? p.tensor.detach().to(at::kFloat).clone() : p.tensor);
     }
+    if (dp_size_ > 1) build_buckets(model);
   }
+
+  // Installed only where they can overlap: several data-parallel ranks, a model with modules.
+  const dtk_module_hooks* module_hooks() override { return hooked_ ? &hooks_ : nullptr; }
 
   // The optimizer sees the masters: fp32 copies for low-precision parameters, else the params.
   std::vector<dtk::Param> optimizer_params() override {
@@ -51,15 +101,30 @@ class Ddp : public dtk::Strategy {
 
   void before_backward(const dtk_backward_args& args) override {
     if (args.micro_batch > 0) accumulate_into_masters();
+    if (buckets_.empty()) return;
+    // Only the last micro-batch's backward completes gradients (DDP's no_sync before it).
+    syncing_ = hooked_ && args.is_last != 0;
+    if (!syncing_) return;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (auto& b : buckets_) b.pending = static_cast<int64_t>(b.slots.size());
+    next_launch_ = 0;
   }
 
   void reduce_gradients() override {
     at::NoGradGuard no_grad;
     accumulate_into_masters();
-    if (dtk::Comm::size(DTK_GROUP_DATA_PARALLEL) <= 1) return;
-    for (auto& m : masters_)
-      if (m.grad().defined())
-        dtk::Comm::all_reduce(m.grad(), DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM);
+    if (buckets_.empty()) return;
+    if (!syncing_) {  // nothing was issued in backward: every bucket now
+      std::fill(ready_.begin(), ready_.end(), 0);
+      for (auto& b : buckets_) b.pending = static_cast<int64_t>(b.slots.size());
+      next_launch_ = 0;
+    }
+    syncing_ = false;
+    // Whatever the hooks did not complete (parameters no module reads, a last backward that did
+    // not reach a module), in bucket order; then each bucket as it completes.
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (const Slot& s : buckets_[b].slots) mark_ready(s.param);
+    for (size_t b = 0; b < buckets_.size(); ++b) finish(b);
   }
 
   dtk_memory_usage memory_usage() override {
@@ -72,6 +137,11 @@ class Ddp : public dtk::Strategy {
       u.master_bytes += bytes(masters_[i]);
       u.gradient_bytes += bytes(masters_[i].grad());
     }
+    // The buckets (the reduced gradients are views of them until zero_grad).
+    for (const auto& b : buckets_) u.gradient_bytes += bytes(b.flat);
+    for (size_t i = 0; i < params_.size(); ++i)
+      for (const at::Tensor* g : {&params_[i].tensor.grad(), &masters_[i].grad()})
+        if (g->defined() && in_bucket(*g)) u.gradient_bytes -= bytes(*g);
     return u;
   }
 
@@ -149,27 +219,174 @@ class Ddp : public dtk::Strategy {
   // Moves the low-precision parameters' gradients (one micro-batch's) into the fp32 masters'.
   void accumulate_into_masters() {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      at::Tensor& g = params_[i].tensor.mutable_grad();
-      if (is_self(i) || !g.defined()) continue;
-      at::Tensor& main = masters_[i].mutable_grad();
-      if (main.defined())
-        main.add_(g);
-      else
-        main = g.to(at::kFloat);
-      g = at::Tensor();
+    for (size_t i = 0; i < params_.size(); ++i) accumulate_one(i);
+  }
+  void accumulate_one(size_t i) {
+    at::Tensor& g = params_[i].tensor.mutable_grad();
+    if (is_self(i) || !g.defined()) return;
+    at::Tensor& main = masters_[i].mutable_grad();
+    if (main.defined())
+      main.add_(g);
+    else
+      main = g.to(at::kFloat);
+    g = at::Tensor();
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Buckets
+  // ------------------------------------------------------------------------------------------
+
+  struct Slot {
+    size_t param;
+    int64_t offset, numel;
+  };
+  struct Bucket {
+    std::vector<Slot> slots;
+    int64_t numel = 0;
+    at::ScalarType dtype = at::kFloat;
+    at::Device device = at::kCPU;
+    at::Tensor flat;                  // the bucket's gradients, contiguous (allocated on first use)
+    std::optional<dtk::Comm::Work> work;  // its all-reduce while in flight
+    std::vector<char> had_grad;       // per slot: the gradient was defined when it was issued
+    int64_t pending = 0;              // gradients still to complete this backward
+  };
+
+  // Parameters in the order their gradients complete in backward: a parameter is complete after
+  // the backward of the lowest-index module that reads it (a tied embedding: the embedding, the
+  // last to run), so descending by that module, and within a module in reverse order (PyTorch
+  // DDP's reversed registration order); parameters no module reads last (reduce_gradients).
+  void build_buckets(const dtk::ModelHandle& model) {
+    const std::vector<dtk::Module> modules = model.modules();
+    std::map<std::string, size_t> by_name;
+    for (size_t i = 0; i < params_.size(); ++i) by_name[params_[i].name] = i;
+    std::vector<int32_t> ready_module(params_.size(), -1);
+    int32_t max_index = -1;
+    for (const dtk::Module& m : modules) {
+      max_index = std::max(max_index, m.index);
+      for (const std::string& n : m.params) {
+        auto it = by_name.find(n);
+        if (it == by_name.end()) continue;  // not trainable here
+        int32_t& r = ready_module[it->second];
+        if (r < 0 || m.index < r) r = m.index;
+      }
     }
+    hooked_ = overlap_ && !modules.empty();
+    ready_at_.assign(static_cast<size_t>(max_index + 1), {});
+    std::vector<size_t> order;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (masters_[i].is_floating_point() && masters_[i].numel() > 0) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const int64_t ka = ready_module[a] < 0 ? -1 : ready_module[a], kb = ready_module[b] < 0 ? -1 : ready_module[b];
+      if (ka != kb) return ka > kb;
+      return a > b;
+    });
+    bucket_of_.assign(params_.size(), -1);
+    for (size_t i : order) {
+      const at::Tensor& m = masters_[i];
+      const int64_t elem = static_cast<int64_t>(m.element_size());
+      if (buckets_.empty() || buckets_.back().dtype != m.scalar_type() || buckets_.back().device != m.device() ||
+          buckets_.back().numel * elem >= bucket_bytes_) {
+        buckets_.emplace_back();
+        buckets_.back().dtype = m.scalar_type();
+        buckets_.back().device = m.device();
+      }
+      Bucket& b = buckets_.back();
+      b.slots.push_back({i, b.numel, m.numel()});
+      b.numel += m.numel();
+      bucket_of_[i] = static_cast<int64_t>(buckets_.size() - 1);
+      if (ready_module[i] >= 0) ready_at_[static_cast<size_t>(ready_module[i])].push_back(i);
+    }
+    for (auto& b : buckets_) b.had_grad.assign(b.slots.size(), 0);
+    ready_.assign(params_.size(), 0);
+    int64_t total = 0;
+    for (const auto& b : buckets_) total += b.numel;
+    DTK_LOG(INFO) << "gradients in " << buckets_.size() << " bucket(s) of up to " << bucket_bytes_ / 1048576.0
+                  << " MB (" << total << " elements), reduced "
+                  << (hooked_ ? "during the last micro-batch's backward"
+                              : overlap_ ? "after the backward (the model reports no modules to hook)"
+                                         : "after the backward (overlap_grad_reduce=false)");
+  }
+
+  // Module `module`'s backward finished (autograd's thread, the training thread waiting in
+  // backward()): the gradients it completes are ready.
+  static dtk_status* post_backward(void* ctx, int32_t module) {
+    return dtk::guard([&] {
+      auto* self = static_cast<Ddp*>(ctx);
+      if (!self->syncing_ || module < 0 || static_cast<size_t>(module) >= self->ready_at_.size()) return;
+      at::NoGradGuard no_grad;
+      for (size_t p : self->ready_at_[static_cast<size_t>(module)]) self->mark_ready(p);
+    });
+  }
+
+  void mark_ready(size_t p) {
+    if (bucket_of_[p] < 0 || ready_[p]) return;
+    ready_[p] = 1;
+    accumulate_one(p);  // a low-precision gradient into its fp32 master's
+    --buckets_[static_cast<size_t>(bucket_of_[p])].pending;
+    // Buckets are issued in their order on every rank (c10d matches collectives by order).
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  // The bucket's gradients into its flat buffer, and its all-reduce issued.
+  void launch(size_t index) {
+    Bucket& b = buckets_[index];
+    dtk::TraceSpan span("compute", [&] { return "ddp: issue bucket " + std::to_string(index); });
+    if (!b.flat.defined()) b.flat = at::empty({b.numel}, at::TensorOptions().dtype(b.dtype).device(b.device));
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      const Slot& s = b.slots[k];
+      const at::Tensor& g = masters_[s.param].grad();
+      at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
+      b.had_grad[k] = g.defined() ? 1 : 0;
+      if (g.defined())
+        dst.copy_(g.reshape({-1}));
+      else
+        dst.zero_();  // every rank sends the same layout
+    }
+    b.work.emplace(
+        dtk::Comm::all_reduce_async(b.flat, DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM));
+  }
+
+  // Waits for the bucket's all-reduce; the reduced gradients become views of its buffer.
+  void finish(size_t index) {
+    Bucket& b = buckets_[index];
+    if (!b.work) return;
+    b.work->wait();
+    b.work.reset();
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      if (!b.had_grad[k]) continue;
+      const Slot& s = b.slots[k];
+      masters_[s.param].mutable_grad() = b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
+    }
+  }
+
+  bool in_bucket(const at::Tensor& g) const {
+    for (const auto& b : buckets_)
+      if (b.flat.defined() && g.data_ptr() >= b.flat.data_ptr() &&
+          static_cast<const char*>(g.data_ptr()) < static_cast<const char*>(b.flat.data_ptr()) + b.flat.nbytes())
+        return true;
+    return false;
   }
 
   static int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
-  bool average_, masters_enabled_;
-  int32_t tp_rank_, pp_rank_;
+  bool average_, masters_enabled_, overlap_;
+  int64_t bucket_bytes_;
+  int32_t tp_rank_, pp_rank_, dp_size_;
   std::vector<dtk::Param> params_;
   std::vector<at::Tensor> masters_;  // masters_[i] is params_[i] itself, or its fp32 copy
+  dtk_module_hooks hooks_{};
+  bool hooked_ = false;    // the hooks are installed (overlap on, DP > 1, a model with modules)
+  bool syncing_ = false;   // in the last micro-batch's backward: the hooks issue buckets
+  std::vector<Bucket> buckets_;
+  std::vector<int64_t> bucket_of_;           // per parameter: its bucket or -1
+  std::vector<std::vector<size_t>> ready_at_;  // per module: the gradients complete after it
+  std::vector<char> ready_;                  // per parameter: complete in this backward
+  size_t next_launch_ = 0;                   // the next bucket to issue
 };
 
 }  // namespace
 
-DTK_PLUGIN("ddp", DTK_KIND_STRATEGY, "1.0.0", "Data parallel gradient averaging with Megatron's global-norm clipping",
+DTK_PLUGIN("ddp", DTK_KIND_STRATEGY, "1.1.0",
+           "Data parallel gradient averaging in buckets overlapped with the backward, with Megatron's global-norm "
+           "clipping",
            DTK_TORCH_VERSION, dtk::strategy_api<Ddp>(), kOptions)

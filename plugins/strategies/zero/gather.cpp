@@ -25,7 +25,12 @@ ZeroStrategy* self(void* ctx) { return static_cast<ZeroStrategy*>(ctx); }
 dtk_status* ZeroStrategy::pre_forward(void* ctx, int32_t module) {
   return guard([&] {
     ZeroStrategy* z = self(ctx);
-    if (z->opt_.stage != 3) return;
+    if (z->opt_.stage != 3) {
+      // Stages 1/2 with overlap_param_gather: this module's updated parameters arrive.
+      if (z->gather_overlapped_ && module >= 0 && static_cast<size_t>(module) < z->module_buckets_.size())
+        for (size_t b : z->module_buckets_[static_cast<size_t>(module)]) z->finish_gather(b);
+      return;
+    }
     z->acquire_module(module);
     z->prefetch(module, z->backward_phase_ ? -1 : +1);
   });
@@ -55,6 +60,7 @@ dtk_status* ZeroStrategy::pre_backward(void* ctx, int32_t module) {
 dtk_status* ZeroStrategy::post_backward(void* ctx, int32_t module) {
   return guard([&] {
     ZeroStrategy* z = self(ctx);
+    if (z->opt_.stage == 1) return;  // installed for overlap_param_gather only: gradients reduce after
     at::NoGradGuard no_grad;
     if (module < 0 || static_cast<size_t>(module) >= z->ready_at_.size())
       throw Error("zero: post_backward for module " + std::to_string(module) + ", which the model did not report");
@@ -169,7 +175,12 @@ void ZeroStrategy::write_back_partition(size_t b) {
 // Around the host's reads and writes of whole parameters (checkpoints): gather every on-demand
 // bucket; afterwards take this rank's chunks of the (possibly loaded) values and release.
 void ZeroStrategy::gather_parameters(bool whole) {
-  if (opt_.stage != 3) return;
+  if (opt_.stage != 3) {
+    // Stages 1/2 (overlap_param_gather): the gathers in flight complete; the values stay whole.
+    if (whole)
+      for (size_t b = 0; b < gathering_.size(); ++b) finish_gather(b);
+    return;
+  }
   at::NoGradGuard no_grad;
   const Layout& l = *layout_;
   for (size_t b = 0; b < l.buckets().size(); ++b) {

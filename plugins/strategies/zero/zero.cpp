@@ -17,6 +17,9 @@ const dtk_option_spec kOptions[] = {
                  "Elements of parameter all-gathers in flight at once after the optimizer step."),
     dtk::opt_bool("overlap_comm", "false",
                   "Leave reduce-scatters in flight (two at most) while backward goes on, instead of waiting on each."),
+    dtk::opt_bool("overlap_param_gather", "false",
+                  "Stages 1/2: leave the updated parameters' all-gathers in flight after the optimizer step; the next "
+                  "forward waits for each module's buckets just before the module (Megatron's --overlap-param-gather)."),
     dtk::opt_bool("contiguous_gradients", "true",
                   "Copy gradients into contiguous buckets as they are produced (always on; false is refused)."),
     dtk::opt_bool("average_gradients", "true", "Average (not sum) gradients over data-parallel ranks."),

@@ -31,6 +31,11 @@ Options Options::from(const dtk::Options& o) {
   r.reduce_bucket_size = positive(o, "reduce_bucket_size");
   r.allgather_bucket_size = positive(o, "allgather_bucket_size");
   r.overlap_comm = o.get_bool("overlap_comm");
+  r.overlap_param_gather = o.get_bool("overlap_param_gather");
+  if (r.overlap_param_gather && r.stage == 3)
+    throw Error(
+        "zero: overlap_param_gather is for stages 1 and 2 (stage 3 gathers each module's parameters before it runs, "
+        "with prefetch)");
   if (!o.get_bool("contiguous_gradients"))
     throw Error(
         "zero: contiguous_gradients=false is not supported: gradients are always copied into contiguous "
@@ -93,6 +98,7 @@ void ZeroStrategy::setup(const ModelHandle& model) {
                 << " parameters in " << l.buckets().size() << " buckets, this rank's partition "
                 << l.partition_numel() << " elements (" << shards_.size() << " shards)"
                 << (opt_.offload_optimizer ? ", optimizer offloaded to the host" : "")
+                << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
                 << (opt_.offload_param ? ", parameters offloaded to the host" : "");
 }
 
@@ -117,6 +123,9 @@ void ZeroStrategy::read_parameters(const ModelHandle& model) {
     by_name[params_[i].name] = i;
   }
   const std::vector<Module> modules = model.modules();
+  gather_overlapped_ = opt_.overlap_param_gather && dp_size_ > 1 && !modules.empty();
+  if (opt_.overlap_param_gather && modules.empty())
+    DTK_LOG(WARNING) << "overlap_param_gather: the model reports no modules; parameters are gathered after the step";
   if (opt_.stage >= 2 && modules.empty())
     throw Error("zero: stage " + std::to_string(opt_.stage) +
                 " needs a model that reports its modules and fires module hooks (use stage 1)");
@@ -157,6 +166,14 @@ void ZeroStrategy::build_layout() {
   shard_of_.assign(params_.size(), -1);
   for (size_t s = 0; s < shards_.size(); ++s) shard_of_[shards_[s].param] = static_cast<int64_t>(s);
   const size_t nb = layout_->buckets().size();
+  module_buckets_.assign(module_reads_.size(), {});
+  for (size_t m = 0; m < module_reads_.size(); ++m)
+    for (size_t p : module_reads_[m]) {
+      if (params_[p].tensor.numel() == 0) continue;  // in no bucket
+      const size_t b = layout_->bucket_of(p);
+      auto& list = module_buckets_[m];
+      if (std::find(list.begin(), list.end(), b) == list.end()) list.push_back(b);
+    }
   full_.assign(nb, at::Tensor());
   staging_.assign(nb, at::Tensor());
   pending_.assign(nb, 0);
@@ -434,8 +451,10 @@ double ZeroStrategy::clip_and_norm(double max_norm) {
 // ---------------------------------------------------------------------------------------------
 
 void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
-  dtk::optimizer_step(optimizer, args);
   at::NoGradGuard no_grad;
+  if (gather_overlapped_)  // a bucket no module reads may still be in flight; the step writes them all
+    for (size_t b = 0; b < gathering_.size(); ++b) finish_gather(b);
+  dtk::optimizer_step(optimizer, args);
   const Layout& l = *layout_;
   // Offloaded masters go back to the GPU without blocking the host (pinned memory: the copy engine
   // runs them in order before the gathers queued next); masters_ is not written again before the
@@ -451,7 +470,30 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
           .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), /*non_blocking=*/true);
     }
   }
-  gather_after_step();
+  if (gather_overlapped_)
+    issue_gathers_after_step();
+  else
+    gather_after_step();
+}
+
+// Stages 1/2 with overlap_param_gather: every bucket's all-gather issued now, in the order the
+// forward needs them (the layout is in backward order: the last bucket holds the first modules'
+// parameters), and left in flight; the next forward's pre_forward waits for a module's buckets
+// just before the module runs, and the host's reads of the parameters outside a step
+// (checkpoints, the parameter norm) wait for all of them (gather_parameters, partitions_parameters).
+void ZeroStrategy::issue_gathers_after_step() {
+  const Layout& l = *layout_;
+  for (size_t k = l.buckets().size(); k-- > 0;) {
+    const Bucket& bucket = l.buckets()[k];
+    at::Tensor mine = full_[k].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
+    gathering_[k].emplace(Comm::all_gather_async(full_[k], mine, DTK_GROUP_DATA_PARALLEL));
+  }
+}
+
+void ZeroStrategy::finish_gather(size_t b) {
+  if (!gathering_[b]) return;
+  gathering_[b]->wait();
+  gathering_[b].reset();
 }
 
 // Every always-whole bucket (all of them in stages 1/2) gets the other ranks' updated chunks, in
@@ -530,7 +572,10 @@ dtk_strategy_info ZeroStrategy::info() {
   dtk_strategy_info i{};
   i.struct_size = dtk_strategy_info_STRUCT_SIZE;
   i.sharded_state = 1;
-  i.partitions_parameters = opt_.stage == 3 ? 1 : 0;
+  // Stages 1/2 with overlap_param_gather: parameters are not whole between the step and the
+  // module hooks of the next forward (their gathers are in flight), so the host gathers around
+  // its reads as for stage 3.
+  i.partitions_parameters = opt_.stage == 3 || gather_overlapped_ ? 1 : 0;
   i.optimizer_on_host = opt_.offload_optimizer ? 1 : 0;
   return i;
 }

@@ -39,7 +39,7 @@ namespace dtk::zero {
 struct Options {
   int stage = 1;
   int64_t reduce_bucket_size = 0, allgather_bucket_size = 0;
-  bool overlap_comm = false, average_gradients = true;
+  bool overlap_comm = false, average_gradients = true, overlap_param_gather = false;
   int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
   bool offload_optimizer = false, offload_param = false;
   // Reads and checks the plugin's options (one-line errors naming the option).
@@ -60,7 +60,9 @@ class ZeroStrategy : public Strategy {
   void zero_grad() override;
   TensorList state_save() override;
   void state_load(const TensorList& state) override;
-  const dtk_module_hooks* module_hooks() override { return opt_.stage >= 2 ? &hooks_ : nullptr; }
+  const dtk_module_hooks* module_hooks() override {
+    return opt_.stage >= 2 || gather_overlapped_ ? &hooks_ : nullptr;
+  }
   dtk_strategy_info info() override;
   void gather_parameters(bool whole) override;
   dtk_memory_usage memory_usage() override;
@@ -88,6 +90,8 @@ class ZeroStrategy : public Strategy {
 
   // parameters
   void gather_after_step();               // all-gathers the always-whole buckets
+  void issue_gathers_after_step();        // stages 1/2, overlap_param_gather: the same, left in flight
+  void finish_gather(size_t bucket);      // stages 1/2: a gather left in flight completes
   void acquire_module(int32_t module);    // stage 3: gather a module's buckets (or take a prefetch)
   void release_module(int32_t module);
   void gather_bucket(size_t bucket, bool async);
@@ -111,6 +115,8 @@ class ZeroStrategy : public Strategy {
   std::vector<Param> params_;                    // the model's (tensors shared with the model)
   std::vector<std::vector<size_t>> module_reads_;  // per module: the parameters it reads
   std::vector<std::vector<size_t>> ready_at_;      // per module: gradients complete after it
+  std::vector<std::vector<size_t>> module_buckets_;  // per module: the buckets of what it reads
+  bool gather_overlapped_ = false;  // stages 1/2 with overlap_param_gather and a model with modules
   int32_t first_module_ = 0;                     // lowest module index: the end of backward
   std::optional<Layout> layout_;
   std::vector<Shard> shards_;                    // this rank's, in partition order

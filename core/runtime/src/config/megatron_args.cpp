@@ -163,9 +163,12 @@ const Rule kRules[] = {
      ""},
     {"--use-distributed-optimizer", 0, Kind::kCustom, "strategy zero, strategy.stage=1",
      "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
-    {"--overlap-grad-reduce", 0, Kind::kIgnore, "",
-     "ddp reduces after the last backward; the zero strategy overlaps with its option overlap_comm"},
-    {"--overlap-param-gather", 0, Kind::kIgnore, "", "the zero strategy gathers after the optimizer step"},
+    {"--overlap-grad-reduce", 0, Kind::kCustom, "strategy.overlap_grad_reduce=true",
+     "ddp all-reduces its gradient buckets during the last backward (its default); with "
+     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true"},
+    {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
+     "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
+     "--use-distributed-optimizer (Megatron asserts it)"},
     // Parallelism
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
     {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
@@ -430,6 +433,8 @@ struct SeenFlags {
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
+  bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
+  std::string overlap_param_gather_shown;       // --overlap-param-gather as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -452,6 +457,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
     s.rope = true;
   if (f == "--no-position-embedding") s.no_position_shown = shown;
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
+  if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
+  if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
@@ -683,6 +690,18 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   }
   map_query_groups(s, m);
   map_virtual_stages(s, m);
+  // The overlap is each strategy's option: ddp's buckets, or ZeRO's reduce-scatter (whichever flag
+  // came first).
+  if (s.overlap_grad_reduce)
+    m.sets.push_back(m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true");
+  if (!s.overlap_param_gather_shown.empty()) {
+    if (m.strategy == "zero")
+      m.sets.push_back("strategy.overlap_param_gather=true");
+    else
+      m.refused.push_back(s.overlap_param_gather_shown +
+                          ": needs --use-distributed-optimizer (Megatron asserts it; ddp's all-reduce leaves no "
+                          "gather to overlap)");
+  }
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_rope_scaling(s, m);
   check_heads_and_positions(s, m);

@@ -1,0 +1,176 @@
+// The ddp strategy's gradient buckets (plugins/strategies/ddp/ddp.cpp) end to end through
+// `dtk launch`, real processes over loopback Gloo:
+//   * overlapped (the default: each bucket all-reduced during the last micro-batch's backward) gives
+//     exactly the losses and gradient norms of the same buckets reduced after the backward
+//     (strategy.overlap_grad_reduce=false), iteration by iteration, with gradient accumulation, at
+//     DP 4, TP 2 x DP 2 with Domino and bf16, PP 2 x DP 2;
+//   * the timeline shows the buckets' all-reduces issued inside the last backward, and a resumed
+//     overlapped run continues exactly;
+//   * the zero strategy's stages 1 and 2 with overlap_param_gather (the updated parameters'
+//     all-gathers in flight from the step to the module that first reads them in the next forward)
+//     give exactly the losses, gradient norms and parameter norms of the gather after the step, and
+//     the timeline shows the gathers issued before the forward and waited in it;
+//   * bad options are one-line errors.
+// Small buckets (bucket_size_mb=0.05: 7 buckets of gpt-tiny) so that several are in flight.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <string>
+
+#include "../common/curves.hpp"
+#include "../common/run_dtk.hpp"
+
+namespace {
+
+using dtk_test::Curve;
+using dtk_test::expect_same_curve;
+
+// gpt-tiny on synthetic tokens, no dropout, 2 micro-batches of 4 per data-parallel rank and
+// iteration (accumulation), clipping active, 4 iterations.
+std::string train(int dp, const std::string& strategy = "--set strategy.bucket_size_mb=0.05 ") {
+  return std::string("train --config ") + DTK_SOURCE_DIR +
+         "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.vocab_size=512 "
+         "--set dataset.vocab_size=512 --set train.seq_length=32 --set model.hidden_dropout=0 "
+         "--set model.attention_dropout=0 --set train.micro_batch_size=4 --set train.global_batch_size=" +
+         std::to_string(8 * dp) +
+         " --set train.train_iters=4 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=1 "
+         "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=0 " +
+         strategy;
+}
+const std::string kOff = "--set strategy.overlap_grad_reduce=false ";
+
+Curve curve_of(int nproc, const std::string& args, const std::string& name) {
+  return dtk_test::run_curve("launch --nproc_per_node " + std::to_string(nproc) + " " + args, DTK_TEST_TMP, name);
+}
+
+// The start times (us) of the data-parallel `collective`s in a rank's trace, the last "backward N"
+// span's [start, end] and the first "forward N" span's start.
+struct Timeline {
+  std::vector<double> issued;
+  double backward_start = -1, backward_end = -1, forward_start = -1;
+};
+Timeline read_timeline(const std::string& path, const std::string& collective = "all_reduce") {
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Timeline t;
+  const std::regex issue("\"name\": \"" + collective +
+                         R"re( on group 1", "cat": "comm", [^}]*"ph": "b", [^}]*"ts": (-?[0-9.]+))re");
+  for (std::sregex_iterator it(text.begin(), text.end(), issue), end; it != end; ++it)
+    t.issued.push_back(std::stod((*it)[1]));
+  static const std::regex forward(R"re("name": "forward \d+", [^}]*"ts": (-?[0-9.]+))re");
+  for (std::sregex_iterator it(text.begin(), text.end(), forward), end; it != end; ++it) {
+    const double start = std::stod((*it)[1]);
+    if (t.forward_start < 0 || start < t.forward_start) t.forward_start = start;
+  }
+  static const std::regex backward(R"re("name": "backward \d+", [^}]*"ts": ([0-9.]+), "dur": ([0-9.]+))re");
+  for (std::sregex_iterator it(text.begin(), text.end(), backward), end; it != end; ++it) {
+    const double start = std::stod((*it)[1]);
+    if (start > t.backward_start) t.backward_start = start, t.backward_end = start + std::stod((*it)[2]);
+  }
+  return t;
+}
+int issued_inside_backward(const Timeline& t) {
+  int n = 0;
+  for (double ts : t.issued) n += ts > t.backward_start && ts < t.backward_end;
+  return n;
+}
+
+}  // namespace
+
+// fp32 and bf16, with accumulation, in the grid: overlapped == reduced after the backward, exactly.
+TEST(DdpOverlap, EqualsTheReductionAfterTheBackwardInTheGrid) {
+  struct Case {
+    int nproc;
+    std::string args, name;
+  };
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  const std::vector<Case> cases = {
+      {4, train(4), "dp4"},
+      {4, train(2) + tp2 + "--set model.domino_chunks=2 --set train.params_dtype=bf16 ", "tp2dp2-domino-bf16"},
+      {4, train(2) + "--set distributed.pipeline_model_parallel_size=2 ", "pp2dp2"},
+  };
+  for (const Case& c : cases) {
+    const Curve on = curve_of(c.nproc, c.args, c.name + "-overlap");
+    const Curve off = curve_of(c.nproc, c.args + kOff, c.name + "-after");
+    expect_same_curve(off, on, 4, c.name + ": overlapped vs after the backward", 0.0);
+    EXPECT_NE(on.run.out.find("reduced during the last micro-batch's backward"), std::string::npos) << on.run.out;
+    EXPECT_NE(off.run.out.find("reduced after the backward (overlap_grad_reduce=false)"), std::string::npos)
+        << off.run.out;
+  }
+}
+
+// DP 2: the buckets' all-reduces start inside the last backward (the timeline, iteration 3); and a
+// run resumed from the overlapped run's checkpoint of iteration 2 continues with its exact losses.
+TEST(DdpOverlap, BucketsInFlightDuringTheBackwardAndAnExactResume) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ddp-overlap");
+  const Curve whole = curve_of(2,
+                               train(2) + "--set logging.trace_iterations=3 --set logging.trace_file=" + dir +
+                                   "/on.json --set checkpoint.save=" + dir + "/ck --set checkpoint.save_interval=2 ",
+                               "whole");
+  ASSERT_EQ(whole.run.code, 0) << whole.run.out;
+  const Timeline line = read_timeline(dir + "/on.rank0.json");
+  ASSERT_GT(line.backward_end, 0) << "no backward span in " << dir << "/on.rank0.json";
+  // 7 buckets, all issued: all but those holding the first layer and the embedding (complete at
+  // the very end) inside the backward.
+  EXPECT_GE(line.issued.size(), 7u) << whole.run.out;
+  EXPECT_GE(issued_inside_backward(line), 3) << whole.run.out;
+
+  // Resume from iteration 2 (the run saved 2 and 4; the tracker names the one to load).
+  std::ofstream(dir + "/ck/latest_checkpointed_iteration.txt") << "2";
+  const Curve resumed = curve_of(2, train(2) + "--set checkpoint.load=" + dir + "/ck ", "resumed");
+  ASSERT_EQ(resumed.loss.size(), 2u) << resumed.run.out;
+  for (int64_t it = 3; it <= 4; ++it) {
+    EXPECT_EQ(resumed.loss.at(it), whole.loss.at(it)) << "iteration " << it;
+    EXPECT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+}
+
+// ZeRO stages 1 and 2, DP 2: overlap_param_gather equals the gather after the step (losses and
+// gradient norms). Stage 1 logs the parameter norm, which the host reads between the step and the
+// next forward (it waits for the gathers: gather_parameters), so it must see the gathered values;
+// stage 2 shows on the timeline the gathers of iteration 2's step in flight when iteration 3 begins.
+TEST(ZeroOverlapParamGather, Stages1And2EqualTheGatherAfterTheStep) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "zero-gather");
+  static const std::regex norm_re(R"(params norm: [0-9.]+)");
+  for (int stage : {1, 2}) {
+    const std::string name = "stage " + std::to_string(stage), base = dir + "/s" + std::to_string(stage);
+    auto args = [&](const std::string& run) {
+      return train(2, "--strategy zero --set strategy.stage=" + std::to_string(stage) + " ") +
+             "--set strategy.reduce_bucket_size=20000 " +
+             (stage == 1 ? std::string("--set logging.log_params_norm=true ")
+                         : "--set logging.trace_iterations=3 --set logging.trace_file=" + base + "-" + run + ".json ");
+    };
+    const Curve on = curve_of(2, args("on") + "--set strategy.overlap_param_gather=true ", name + " overlap");
+    const Curve off = curve_of(2, args("off"), name + " after the step");
+    expect_same_curve(off, on, 4, name + ": gathers overlapped vs after the step", 0.0);
+    EXPECT_NE(on.run.out.find("updated parameters gathered during the next forward"), std::string::npos) << on.run.out;
+    if (stage == 1) {
+      std::vector<std::string> norms[2];
+      for (int k = 0; k < 2; ++k) {
+        const std::string& out = (k ? off : on).run.out;
+        for (std::sregex_iterator it(out.begin(), out.end(), norm_re), end; it != end; ++it)
+          norms[k].push_back(it->str());
+      }
+      EXPECT_EQ(norms[0].size(), 4u) << on.run.out;
+      EXPECT_EQ(norms[0], norms[1]) << name;
+      continue;
+    }
+    const Timeline gathered = read_timeline(base + "-on.rank0.json", "all_gather"),
+                   after = read_timeline(base + "-off.rank0.json", "all_gather");
+    ASSERT_GT(gathered.forward_start, 0) << base;
+    auto before_forward = [](const Timeline& t) {
+      int n = 0;
+      for (double ts : t.issued) n += ts < t.forward_start;
+      return n;
+    };
+    EXPECT_GE(before_forward(gathered), 3) << name;  // the buckets, issued by iteration 2's step
+    EXPECT_EQ(before_forward(after), 0) << name;
+  }
+}
+
+TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(train(1) + "--set strategy.bucket_size_mb=-0.5", 60),
+                                  "ddp: option 'bucket_size_mb' must be a positive number of MB, got -0.5");
+}

@@ -36,7 +36,7 @@ measure() {  # tp sp recompute layers -> MB
   $DTK $launch train --config configs/$MODEL-tiny.pbtxt --dataset synthetic --threads 1 \
     --set model.num_layers=$4 --set model.hidden_size=$H --set model.num_attention_heads=$A \
     --set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=$S \
-    --set train.micro_batch_size=$B --set train.global_batch_size=$B --set train.train_iters=1 \
+    --set train.micro_batch_size=$B --set train.global_batch_size=$B --set train.train_iters=1 --set lr.lr_warmup_iters=0 \
     --set model.hidden_dropout=0 --set model.attention_dropout=0 --set logging.log_interval=1 \
     --set eval.eval_interval=0 --set model.recompute_activations=$3 \
     --set distributed.tensor_model_parallel_size=$1 --set distributed.sequence_parallel=$2 \

@@ -79,10 +79,7 @@ const dtk_option_spec kOptions[] = {
              "exact erf GELU."),
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),
-    opt_enum("recompute_activations", "none", "none|selective|full",
-             "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
-             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
-             "attention probabilities (Megatron's --recompute-granularity)."),
+    dtk::layers::kRecomputeActivationsOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,
     opt_bool("fused_lm_head", "true",

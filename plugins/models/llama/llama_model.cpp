@@ -118,10 +118,7 @@ const dtk_option_spec kOptions[] = {
              "logits (false: the logits, then vocab-parallel cross entropy)."),
     dtk::layers::kLmHeadChunkTokensOption,
     dtk::layers::kCrossEntropyImplOption,
-    opt_enum("recompute_activations", "none", "none|selective|full",
-             "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
-             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
-             "attention probabilities (Megatron's --recompute-granularity)."),
+    dtk::layers::kRecomputeActivationsOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,
     opt_int("domino_chunks", "1",

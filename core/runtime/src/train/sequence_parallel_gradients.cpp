@@ -22,6 +22,17 @@ void sum_gradients_over_group(const std::vector<at::Tensor>& grads, int32_t grou
   }
 }
 
+std::vector<at::Tensor> flagged_gradients(const OptimizerInstance& optimizer, int32_t dtk_param_info::*flagged) {
+  std::vector<at::Tensor> grads;
+  for (const Param& p : optimizer.params())
+    if (p.info.*flagged) {
+      at::Tensor& g = p.tensor.mutable_grad();
+      if (!g.defined()) g = at::zeros_like(p.tensor);
+      grads.push_back(g);
+    }
+  return grads;
+}
+
 SequenceParallelGradients::SequenceParallelGradients(const OptimizerInstance& optimizer, const Topology& topo) {
   if (topo.tp_size <= 1) return;
   for (const Param& p : optimizer.params())
@@ -29,14 +40,8 @@ SequenceParallelGradients::SequenceParallelGradients(const OptimizerInstance& op
 }
 
 void SequenceParallelGradients::sync(const OptimizerInstance& optimizer) const {
-  std::vector<at::Tensor> grads;
-  for (const Param& p : optimizer.params())
-    if (p.info.sequence_parallel) {
-      at::Tensor& g = p.tensor.mutable_grad();
-      if (!g.defined()) g = at::zeros_like(p.tensor);
-      grads.push_back(g);
-    }
-  sum_gradients_over_group(grads, DTK_GROUP_TENSOR_PARALLEL, numel_);
+  sum_gradients_over_group(flagged_gradients(optimizer, &dtk_param_info::sequence_parallel), DTK_GROUP_TENSOR_PARALLEL,
+                           numel_);
 }
 
 }  // namespace dtk::core

@@ -61,14 +61,7 @@ TiedGradients::TiedGradients(const ModelInstance& model, const OptimizerInstance
 }
 
 void TiedGradients::sync(const OptimizerInstance& optimizer) const {
-  std::vector<at::Tensor> grads;
-  for (const Param& p : optimizer.params())
-    if (p.info.shared) {
-      at::Tensor& g = p.tensor.mutable_grad();
-      if (!g.defined()) g = at::zeros_like(p.tensor);
-      grads.push_back(g);
-    }
-  sum_gradients_over_group(grads, DTK_GROUP_PIPELINE_PARALLEL, numel_);
+  sum_gradients_over_group(flagged_gradients(optimizer, &dtk_param_info::shared), DTK_GROUP_PIPELINE_PARALLEL, numel_);
 }
 
 }  // namespace dtk::core

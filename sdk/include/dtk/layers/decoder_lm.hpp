@@ -70,7 +70,12 @@ struct DecoderConfig {
 inline constexpr dtk_option_spec kLmHeadChunkTokensOption =
     opt_int("lm_head_chunk_tokens", "0",
             "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU.");
-// Megatron's --recompute-method and --recompute-num-layers (with recompute_activations=full).
+// Megatron's --recompute-granularity, --recompute-method and --recompute-num-layers.
+inline constexpr dtk_option_spec kRecomputeActivationsOption =
+    opt_enum("recompute_activations", "none", "none|selective|full",
+             "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
+             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
+             "attention probabilities (Megatron's --recompute-granularity).");
 inline constexpr dtk_option_spec kRecomputeMethodOption =
     opt_enum("recompute_method", "uniform", "uniform|block",
              "With recompute_activations=full: uniform = every group of recompute_num_layers consecutive layers is one "

@@ -17,6 +17,9 @@ namespace dtk::core {
 // Sums `grads` over `group` in place, in one fp32 all-reduce (Gloo has no bf16) of `numel`
 // elements on the training device (zeros when this rank has none: every member must take part).
 void sum_gradients_over_group(const std::vector<at::Tensor>& grads, int32_t group, int64_t numel);
+// The gradients of the optimizer's tensors whose info `flagged` selects (zeros where a tensor has
+// none yet), in the optimizer's order.
+std::vector<at::Tensor> flagged_gradients(const OptimizerInstance& optimizer, int32_t dtk_param_info::*flagged);
 
 class SequenceParallelGradients {
  public:

@@ -124,9 +124,10 @@ struct DominoStack {
   const DominoHead* head = nullptr;            // with labels: the output layer joins the schedule
   const DominoEmbedding* embedding = nullptr;  // with tokens: the embedding joins the schedule
   // The tensor-parallel group; under sequence parallelism the hidden states between the blocks
-  // are this rank's rows of the sequence: each stage all-gathers its normalised input (blocking)
-  // and reduce-scatters its partial sum (in flight like the all-reduce it replaces); backward
-  // all-gathers the output gradient (blocking) and reduce-scatters the input gradient (in flight).
+  // are this rank's rows of the sequence: each stage all-gathers its normalised input (issued for
+  // every chunk before the first is projected) and reduce-scatters its partial sum (in flight
+  // like the all-reduce it replaces); backward all-gathers the output gradient (blocking) and
+  // reduce-scatters the input gradient (in flight).
   TPGroup tp;
 };
 

@@ -71,3 +71,15 @@ TEST(Contracts, ALateOutOfRangeTokenIsFoundWhereItIsChecked) {
 }
 
 }  // namespace
+
+// A model that does not report dtk_model_info.sequence_parallel would train plain TP under the
+// flag (or send whole sequences between pipeline stages): refused at start, naming it.
+TEST(Contracts, AModelWithoutSequenceParallelismIsRefusedUnderIt) {
+  const auto r = run_dtk("launch --nproc_per_node 2 " +
+                         train("--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model plugin 'contract_model' does not run sequence parallelism (its dtk_model_info"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}

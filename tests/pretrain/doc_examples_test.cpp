@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -72,8 +73,9 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
     if (fields >> name >> kind && name != "NAME") plugins[kind].push_back(name);
   }
   // Each example once (where it first appears), checked in batches of one `dtk config` call:
-  // a batch that passes has no unknown name or wrong type in it; a batch that fails is checked
-  // example by example, so the failure names its example (one process per example took minutes).
+  // a batch that passes has no unknown name or wrong type in it; a batch that fails is halved
+  // down to single examples, so a failure names its example (one process per example took
+  // minutes).
   std::map<std::string, std::string> examples;  // example -> where
   for (const auto& [where, text] : sources)
     for (const auto& example : set_examples(text)) examples.emplace(example, where);
@@ -97,19 +99,23 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
         << where << ": `--set " << example << "` is refused:\n"
         << r.out;
   };
-  std::vector<std::pair<std::string, std::string>> batch;
-  auto flush = [&] {
+  // A batch that passes is done; one that fails is halved until the failures stand alone.
+  using Batch = std::vector<std::pair<std::string, std::string>>;
+  std::function<void(const Batch&)> check = [&](const Batch& batch) {
+    if (batch.size() == 1) return check_one(batch[0].first, batch[0].second);
     std::string args = "config";
     for (const auto& [example, where] : batch) args += " --set " + example;
-    if (!batch.empty() && dtk_test::run_dtk(args, 60).code != 0)
-      for (const auto& [example, where] : batch) check_one(example, where);
-    batch.clear();
+    if (dtk_test::run_dtk(args, 60).code == 0) return;
+    const auto half = batch.begin() + static_cast<std::ptrdiff_t>(batch.size() / 2);
+    check(Batch(batch.begin(), half));
+    check(Batch(half, batch.end()));
   };
-  for (const auto& [example, where] : examples) {
-    batch.emplace_back(example, where);
-    if (batch.size() == 16) flush();
+  Batch batch;
+  for (const auto& example : examples) {
+    batch.push_back(example);
+    if (batch.size() == 16) check(batch), batch.clear();
   }
-  flush();
+  if (!batch.empty()) check(batch);
   const size_t checked = examples.size();
   // The README and the user guide show several; finding none means the extraction broke.
   EXPECT_GE(checked, 8u);

@@ -15,6 +15,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Comm::Work moves but has no move assignment: completes what `into` held (Work's destructor
+// waits) and takes `from`'s collective.
+void replace_work(std::optional<Comm::Work>& into, std::optional<Comm::Work>& from) {
+  into.reset();
+  into.emplace(std::move(*from));
+}
+
 // An input gradient whose all-reduce is in flight: the column projection's backward fills it.
 // Under sequence parallelism (tp.splits_sequence()) the gradient is reduce-scattered into this
 // rank's rows of the sequence instead (`send`: the reordered input, alive until the wait).
@@ -67,8 +74,7 @@ struct ColumnsAsyncGrad : public torch::autograd::Function<ColumnsAsyncGrad> {
       PendingShard shard = sequence_reduce_scatter_async(gx.view(x.sizes()), slot->tp);
       slot->buffer = std::move(shard.shard);
       slot->send = std::move(shard.send);
-      slot->work.reset();
-      slot->work.emplace(std::move(*shard.work));
+      replace_work(slot->work, shard.work);
     } else {
       slot->buffer = gx.view(x.sizes());
       slot->work.emplace(Comm::all_reduce_async(slot->buffer, DTK_GROUP_TENSOR_PARALLEL));
@@ -124,8 +130,7 @@ struct ReduceScatterAsync : public torch::autograd::Function<ReduceScatterAsync>
     ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
     ctx->saved_data["tp_size"] = static_cast<int64_t>(tp.size);
     PendingShard p = sequence_reduce_scatter_async(partial, tp);
-    work->reset();
-    work->emplace(std::move(*p.work));
+    replace_work(*work, p.work);
     *send = std::move(p.send);
     return p.shard;
   }
@@ -178,8 +183,7 @@ struct InFlight {
       }
       PendingShard p = sequence_reduce_scatter_async(partial, tp);
       reduced = std::move(p.shard), send = std::move(p.send);
-      work.reset();
-      work.emplace(std::move(*p.work));
+      replace_work(work, p.work);
       return;
     }
     if (graph) {

@@ -128,7 +128,6 @@ struct SequenceColumns : public torch::autograd::Function<SequenceColumns> {
     }
     ctx->save_for_backward(saved);
     ctx->saved_data["bias"] = bias;
-    ctx->saved_data["tp_rank"] = static_cast<int64_t>(tp.rank);
     ctx->saved_data["tp_size"] = static_cast<int64_t>(tp.size);
     return out;
   }

@@ -14,8 +14,8 @@ int64_t chunk_forwards_alive(const MemoryEstimateInputs& in) {
   return num_micro == p ? num_micro * v : std::min<int64_t>(num_micro * v, 2 * (p - r - 1) + (v - 1) * p + 1);
 }
 
-}  // namespace
-
+// The paper's activation bytes of one layer for one micro-batch kept for backward (no full
+// recomputation), in the parameters' dtype.
 double layer_activation_bytes(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
   const double h = static_cast<double>(in.hidden_size),
@@ -28,6 +28,8 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   const double rest = in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t;
   return s * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
 }
+
+}  // namespace
 
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);

@@ -45,9 +45,6 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in);
-// The paper's activation bytes of one layer for one micro-batch kept for backward (no full
-// recomputation), in the parameters' dtype.
-double layer_activation_bytes(const MemoryEstimateInputs& in);
 
 // The one-line refusal when `e` exceeds `budget` bytes ("" when it fits). `budget_name` says whose
 // budget it is ("of train.memory_limit_mb", "of cuda:0", ...).

@@ -3,7 +3,8 @@
 //   * the keep fraction is 1 - p within 5 standard deviations, elements and masks uncorrelated;
 //   * a slice of rows is the same mask (Domino's chunks), backward regenerates the forward mask;
 //   * a cloned generator draws the same mask (recomputation), the next draw another one;
-//   * the tensor-operation version a GPU uses (keep_bits_on) makes the host's bits exactly.
+//   * the tensor-operation version a GPU uses (keep_bits_on) makes the host's bits exactly;
+//   * a sequence shard of a mask (sequence parallelism) is the whole mask's rows, both ways.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,6 +82,31 @@ TEST(Dropout, TensorOperationBitsEqualTheHostLoop) {
   big.seed = seeds.back(), big.p = 0.1, big.offset = 7;
   const int64_t n = (int64_t{1} << 24) + 5;
   EXPECT_TRUE(at::equal(dtk::layers::keep_bits_on(big, n, at::kCPU), dtk::layers::keep_bits(big, n)));
+}
+
+}  // namespace
+
+namespace {
+
+// Sequence parallelism's shard of a mask drawn for [b, s, h] (DropoutMask::sequence_rows): the
+// bits of rows [start, start + length) of dim 1, on the host and with tensor operations (a GPU's
+// path), and a Domino chunk of the shard; h odd, so runs start in either half of a hash.
+TEST(Dropout, ASequenceShardIsTheWholeMasksRows) {
+  at::Generator g = seeded_generator(13);
+  const int64_t b = 3, s = 8, h = 5;
+  const DropoutMask whole = dtk::layers::draw_keep_mask({b, s, h}, 0.3, g);
+  const at::Tensor bits = dtk::layers::keep_bits(whole, b * s * h).view({b, s, h});
+  for (const auto& [start, length] : {std::pair<int64_t, int64_t>{0, 4}, {4, 4}, {3, 2}}) {
+    const DropoutMask shard = whole.sequence_rows(s, start, length);
+    const at::Tensor want = bits.narrow(1, start, length).reshape({-1});
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits(shard, b * length * h), want)) << start << "+" << length;
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits_on(shard, b * length * h, at::kCPU), want)) << start << "+" << length;
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits(shard.rows(1, 2), 2 * length * h),
+                          bits.narrow(0, 1, 2).narrow(1, start, length).reshape({-1})));
+    const at::Tensor x = at::randn({b, s, h});
+    EXPECT_TRUE(at::equal(dtk::layers::apply_dropout(x.narrow(1, start, length), shard),
+                          dtk::layers::apply_dropout(x, whole).narrow(1, start, length)));
+  }
 }
 
 }  // namespace

@@ -95,7 +95,7 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
 TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "crash");
   const std::string save = dir + "/ck";
-  const int kills = 50;
+  const int kills = 24;
   std::mt19937 gen(20261124);
   std::map<int, std::string> seen;  // iteration -> loss, from every run
   int mid_save = 0, resumed = 0, max_iteration = 0;

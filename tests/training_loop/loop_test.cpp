@@ -461,6 +461,42 @@ TEST(Resume, NoLoadOptimRestartsTheScheduleAndFinetuneStartsAtZero) {
   EXPECT_LT(finetune["lm loss"].at(1), fresh["lm loss"].at(1) - 0.01);
 }
 
+// A run continued from its weights alone (as one converted from Megatron arrives: `dtk import hf`,
+// then checkpoint.finetune) with train.consumed_samples picks up the iteration count, the
+// learning rate, the training batches and the validation batches where the run stood. Plain SGD
+// keeps no optimizer state, so the continuation must give the uninterrupted run's numbers exactly.
+TEST(Resume, ConsumedSamplesContinuesARunFromItsWeightsAlone) {
+  const std::string ckpt = fresh_dir("ckpt-consumed");
+  const std::string base = kTrain + iters(6) +
+                           " --set optimizer.name=sgd --set optimizer.momentum=0 --set eval.eval_interval=2 ";
+  const Result first = dtk_test::run_dtk(base + " --set train.exit_interval=3 --set checkpoint.save=" + ckpt);
+  ASSERT_EQ(first.code, 0) << first.out;
+  Result full_run, continued_run;
+  auto full = run_scalars(base, "consumed-full", &full_run);
+  ASSERT_EQ(full_run.code, 0) << full_run.out;
+  const std::string weights = " --set checkpoint.finetune=true --set checkpoint.load=" + ckpt;
+  auto continued = run_scalars(base + weights + " --set train.consumed_samples=12", "consumed-continued",
+                               &continued_run);
+  ASSERT_EQ(continued_run.code, 0) << continued_run.out;
+  EXPECT_NE(continued_run.out.find("training starts after iteration 3"), std::string::npos) << continued_run.out;
+  ASSERT_EQ(continued["lm loss"].size(), 3u) << continued_run.out;
+  for (const std::string name : {"lm loss", "learning-rate", "grad-norm", "lm loss validation"})
+    for (const auto& [it, value] : continued[name]) {
+      ASSERT_TRUE(full[name].count(it)) << name << " at iteration " << it << " is not in the uninterrupted run";
+      EXPECT_EQ(value, full[name].at(it)) << name << " at iteration " << it;
+    }
+  EXPECT_EQ(continued["lm loss validation"].count(4), 1u) << "the periodic validation at iteration 4";
+  // Between two iterations, past the run, or over a DTK checkpoint's own count: one line each.
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base + weights + " --set train.consumed_samples=10"),
+      "train.consumed_samples 10 is not at an iteration boundary: iteration 2 ends at 8 samples, iteration 3 at 12");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + " --set train.consumed_samples=28"),
+                                  "train.consumed_samples 28 is beyond this run's 24 training samples");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base + " --set train.consumed_samples=12 --set checkpoint.load=" + ckpt),
+      "resumes on its own count of consumed samples");
+}
+
 }  // namespace
 
 namespace {

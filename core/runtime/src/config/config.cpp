@@ -411,6 +411,7 @@ void validate_rampup(const config::TrainingConfig& t) {
 void validate_training(const config::TrainingConfig& t) {
   require_positive(t.micro_batch_size(), "train.micro_batch_size");
   if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
+  if (t.consumed_samples() < 0) throw HostError("config: train.consumed_samples must be >= 0");
   if (!t.rampup_batch_size().empty()) validate_rampup(t);
   if (t.train_samples() > 0 && t.train_iters() > 0)
     throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "

@@ -38,11 +38,37 @@ void restore_scaler(const TrainProgress& progress, GradScaler& scaler,
   print(buf);
 }
 
-}  // namespace
+// train.consumed_samples: where a run that consumed that many samples stood after its last
+// iteration N, as this run's own loop would have left it (scheduler steps, validation samples).
+TrainProgress continuation_of(int64_t consumed, const config::RunConfig& cfg, const BatchPlan& plan) {
+  int64_t n = 0;
+  while (n < plan.train_iters() && plan.consumed_before(n + 1) < consumed) ++n;
+  if (plan.consumed_before(n + 1) != consumed) {
+    std::string why = "config: train.consumed_samples " + std::to_string(consumed) + " is ";
+    if (consumed > plan.train_samples())
+      why += "beyond this run's " + std::to_string(plan.train_samples()) + " training samples";
+    else
+      why += "not at an iteration boundary: iteration " + std::to_string(n - 1) + " ends at " +
+             std::to_string(plan.consumed_before(n)) + " samples, iteration " + std::to_string(n) + " at " +
+             std::to_string(plan.consumed_before(n + 1));
+    throw HostError(why);
+  }
+  TrainProgress p;
+  p.iteration = n;
+  p.consumed_train_samples = consumed;
+  p.scheduler_step = plan.ramps_up() ? consumed : n;
+  const int64_t eval_interval = cfg.eval().eval_interval();
+  if (eval_interval > 0) {
+    // The loop evaluates after every multiple of eval_interval except the last iteration.
+    const int64_t evaluations = n / eval_interval - (n == plan.train_iters() && n % eval_interval == 0 ? 1 : 0);
+    p.consumed_valid_samples = evaluations * plan.eval_iters() * plan.global_batch_size();
+  }
+  return p;
+}
 
-TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPlan& plan, const Topology& topo,
-                                     TrainingParts& parts, LearningRateSchedule& schedule, GradScaler& scaler,
-                                     const std::function<void(const std::string&)>& print) {
+TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan, const Topology& topo,
+                            TrainingParts& parts, LearningRateSchedule& schedule, GradScaler& scaler,
+                            const std::function<void(const std::string&)>& print) {
   const auto& ck = cfg.checkpoint();
   const std::string& dir = ck.load();
   if (dir.empty()) return TrainProgress{};
@@ -71,6 +97,25 @@ TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPl
   check_progress(progress, plan, dir);
   print(" loaded checkpoint from " + dir + " at iteration " + std::to_string(progress.iteration));
   restore_scaler(progress, scaler, print);
+  return progress;
+}
+
+}  // namespace
+
+TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPlan& plan, const Topology& topo,
+                                     TrainingParts& parts, LearningRateSchedule& schedule, GradScaler& scaler,
+                                     const std::function<void(const std::string&)>& print) {
+  const int64_t consumed = cfg.train().consumed_samples();
+  if (consumed > 0 && !cfg.checkpoint().load().empty() && !cfg.checkpoint().finetune())
+    throw HostError("config: train.consumed_samples continues a run from weights without DTK progress (a fresh "
+                    "model, or checkpoint.load with checkpoint.finetune=true); the checkpoint in " +
+                    cfg.checkpoint().load() + " resumes on its own count of consumed samples");
+  TrainProgress progress = load_progress(cfg, plan, topo, parts, schedule, scaler, print);
+  if (consumed == 0) return progress;
+  progress = continuation_of(consumed, cfg, plan);
+  print(" train.consumed_samples: continuing a run that consumed " + std::to_string(consumed) +
+        " train samples; training starts after iteration " + std::to_string(progress.iteration) +
+        " (learning-rate schedule and sample order from there)");
   return progress;
 }
 

@@ -5,6 +5,7 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <array>
 #include <optional>
@@ -24,11 +25,29 @@ void replace_work(std::optional<Comm::Work>& into, std::optional<Comm::Work>& fr
 
 // An input gradient whose all-reduce is in flight: the column projection's backward fills it.
 // Under sequence parallelism (tp.splits_sequence()) the gradient is reduce-scattered into this
-// rank's rows of the sequence instead (`send`: the reordered input, alive until the wait).
+// rank's rows of the sequence instead (`send`: the reordered input, alive until the wait), and
+// `output_grad` receives the gradient of the stage's reduce-scattered output (OutputGradPort).
 struct GradSlot {
-  at::Tensor buffer, send;
+  at::Tensor buffer, send, output_grad;
   std::optional<Comm::Work> work;
   TPGroup tp;
+};
+
+// Under sequence parallelism a stage's backward starts with the all-gather of its output
+// gradient, which the row-parallel backward needs whole. To put that gather in flight while other
+// chunks compute, each piece's graph is cut at the reduce-scattered output: this identity hands
+// the output gradient to the slot instead of passing it on, and the backward of the rest (from
+// the partial sum on) runs separately once the gather is back. `anchor` is any input that needs a
+// gradient (the piece's input), so that the function is recorded; it gets none from here.
+struct OutputGradPort : public torch::autograd::Function<OutputGradPort> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& /*anchor*/, GradSlot* slot) {
+    ctx->saved_data["slot"] = reinterpret_cast<int64_t>(slot);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    reinterpret_cast<GradSlot*>(ctx->saved_data["slot"].toInt())->output_grad = grad[0];
+    return {at::Tensor(), at::Tensor(), at::Tensor()};
+  }
 };
 
 // Column-parallel linear projections of one input (replicated on the TP ranks, so forward needs
@@ -122,8 +141,9 @@ struct ReduceAsync : public torch::autograd::Function<ReduceAsync> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
-// Sequence parallelism's counterpart: the row-parallel partial sum reduce-scattered along the
-// sequence in forward (waited by the caller), its gradient all-gathered in backward.
+// Sequence parallelism's counterpart (the embedding's; the layers' stages cut their graph there,
+// see OutputGradPort): the row-parallel partial sum reduce-scattered along the sequence in forward
+// (waited by the caller), its gradient all-gathered in backward.
 struct ReduceScatterAsync : public torch::autograd::Function<ReduceScatterAsync> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& partial, std::optional<Comm::Work>* work,
                             at::Tensor* send, TPGroup tp) {
@@ -144,8 +164,12 @@ struct ReduceScatterAsync : public torch::autograd::Function<ReduceScatterAsync>
 // One (layer, stage, chunk) of a training forward: the stage input (a leaf), its LayerNorm output
 // (graph from the input), the stage output (graph from the input and the LayerNorm output, cut at
 // the column projection's input), and the slot of the input-gradient all-reduce.
+// Under sequence parallelism the stage output's graph is cut again at the reduce-scattered output
+// (OutputGradPort): `partial` is where the rest of the graph starts, the row-parallel partial
+// sum's gradient edge (the edge, not the tensor: the whole-sequence sum is not kept).
 struct Piece {
   at::Tensor in, ln_out, out;
+  torch::autograd::Edge partial;
   std::unique_ptr<GradSlot> slot;
 
   // Starts the piece's graph (grad mode on) at `input`: the leaf `in`, its LayerNorm output, and
@@ -167,21 +191,24 @@ struct Piece {
 // A stage of one chunk whose forward all-reduce is in flight.
 struct InFlight {
   size_t layer = 0;
-  int stage = 0;
+  int stage = 0;  // -1: the embedding
   at::Tensor in, reduced, send;
+  torch::autograd::Edge partial;  // a layer stage's partial sum under sequence parallelism, with `graph`
   std::optional<Comm::Work> work;
   bool active = false;
 
   // Issues the all-reduce of this rank's partial sum (the reduce-scatter of its rows of the
   // sequence under sequence parallelism); `reduced` holds the result after the wait. With `graph`
-  // through ReduceAsync or ReduceScatterAsync, else on the partial sum itself.
+  // through ReduceAsync (the embedding's reduce-scatter through ReduceScatterAsync; a layer
+  // stage's keeps the partial sum's edge for the piece, see Piece), else on the partial sum itself.
   void issue(const at::Tensor& partial, bool graph, const TPGroup& tp) {
     if (tp.splits_sequence()) {
-      if (graph) {
+      if (graph && stage < 0) {
         reduced = ReduceScatterAsync::apply(partial, &work, &send, tp);
         return;
       }
-      PendingShard p = sequence_reduce_scatter_async(partial, tp);
+      if (graph) this->partial = torch::autograd::impl::gradient_edge(partial);
+      PendingShard p = sequence_reduce_scatter_async(partial.detach(), tp);
       reduced = std::move(p.shard), send = std::move(p.send);
       replace_work(work, p.work);
       return;
@@ -317,9 +344,15 @@ struct State : torch::CustomClassHolder {
     at::Tensor out;
     {
       at::AutoGradMode mode(graph);
+      at::Tensor reduced = f.reduced;
+      if (graph && stack.tp.splits_sequence()) {
+        Piece& p = pieces[f.layer][static_cast<size_t>(f.stage)][c];
+        p.partial = std::move(f.partial);
+        reduced = OutputGradPort::apply(reduced, f.in, p.slot.get());
+      }
       // in + dropout(reduced + bias): the rest of the row-parallel projection, then the residual.
       const at::Tensor& bias = layer(f.layer).stage_row(f.stage).bias;
-      out = f.in + apply_dropout(bias.defined() ? f.reduced + bias : f.reduced,
+      out = f.in + apply_dropout(bias.defined() ? reduced + bias : reduced,
                                  hidden_mask(f.stage == 0 ? m.attention_out : m.mlp_out, c));
     }
     if (graph) pieces[f.layer][static_cast<size_t>(f.stage)][c].out = out;
@@ -472,12 +505,51 @@ struct State : torch::CustomClassHolder {
     return g;
   }
 
+  struct Pending {
+    Piece* piece = nullptr;  // its input-gradient all-reduce is in flight
+    int32_t module_done = -1;
+  };
+
+  // Stage s of layer l backward under sequence parallelism, in two halves per chunk: the upper
+  // one (from the stage output to the reduce-scattered output: residual, dropout, bias) ends by
+  // issuing the all-gather of the output gradient; the lower one (from the partial sum: the
+  // row-parallel product, attention or MLP, the column products) waits for it. Chunk c + 1's upper
+  // half and gather are issued before chunk c's lower half, so each gather but the first is in
+  // flight while the previous chunk's lower half computes.
+  template <class Take>
+  void stage_backward_gathering(size_t l, int s, std::vector<at::Tensor>& g, std::vector<Pending>& pending,
+                                Take&& take) {
+    const size_t n = static_cast<size_t>(chunks);
+    std::vector<std::optional<PendingGather>> gathers(n);
+    auto upper = [&](size_t c) {
+      TraceSpan span("compute", [&] { return piece_name(l, s, c) + " backward, output"; });
+      if (pending[c].piece) g[c] = take(c);
+      Piece& p = pieces[l][static_cast<size_t>(s)][c];
+      torch::autograd::backward({p.out}, {g[c]});
+      p.out = at::Tensor();
+      gathers[c].emplace(sequence_all_gather_async(p.slot->output_grad, stack.tp));
+      p.slot->output_grad = at::Tensor();
+    };
+    auto lower = [&](size_t c) {
+      TraceSpan span("compute", [&] { return piece_name(l, s, c) + " backward"; });
+      Piece& p = pieces[l][static_cast<size_t>(s)][c];
+      const at::Tensor whole = gathers[c]->wait();
+      gathers[c].reset();
+      torch::autograd::Engine::get_default_engine().execute({p.partial}, {whole}, /*keep_graph=*/false,
+                                                            /*create_graph=*/false, /*accumulate_grad=*/true);
+      p.partial = torch::autograd::Edge();
+      pending[c] = {&p, s == 0 ? stack.module_of(l) : -1};
+    };
+    upper(0);
+    for (size_t c = 1; c < n; ++c) {
+      upper(c);
+      lower(c - 1);
+    }
+    lower(n - 1);
+  }
+
   std::vector<at::Tensor> run_backward(std::vector<at::Tensor> g) {
     const size_t n = layer_count();
-    struct Pending {
-      Piece* piece = nullptr;  // its input-gradient all-reduce is in flight
-      int32_t module_done = -1;
-    };
     std::vector<Pending> pending(static_cast<size_t>(chunks));
     auto take = [&](size_t c) {
       Pending p = pending[c];
@@ -506,6 +578,10 @@ struct State : torch::CustomClassHolder {
       }
       fire(&dtk_module_hooks::pre_backward, l, "pre_backward");
       for (int s = 1; s >= 0; --s) {
+        if (stack.tp.splits_sequence()) {
+          stage_backward_gathering(l, s, g, pending, take);
+          continue;
+        }
         for (size_t c = 0; c < static_cast<size_t>(chunks); ++c) {
           TraceSpan span("compute", [&] { return piece_name(l, s, c) + " backward"; });
           if (pending[c].piece) g[c] = take(c);

@@ -61,7 +61,9 @@ if ((!CONFIGURE_ONLY)); then
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300) 2>&1 | tee build-gpu/ctest.log | tail -40 && status="gpu tests passed" ||
     status="gpu tests FAILED"
   if ((BENCH)) && [[ -n $GPU ]]; then
-    tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 || status="$status; benchmark FAILED"
+    # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
+    tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile" ||
+      status="$status; benchmark FAILED"
   fi
 fi
 echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"

@@ -13,6 +13,7 @@
 // backward forms each block's again (one more Q K^T product and softmax per block).
 // Pairs run on the intra-op threads, each product on its pair's thread.
 #include <dtk/gemm.hpp>
+#include <ATen/record_function.h>
 #include <dtk/layers/attention.hpp>
 
 #include <ATen/Parallel.h>
@@ -153,6 +154,7 @@ DropoutMask mask_from(AutogradContext* ctx) {
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, double scale, DropoutMask keep,
                             bool recompute) {
+    RECORD_FUNCTION("dtk::causal_attention", std::vector<c10::IValue>());  // a row in logging.profile_steps' table
     const Shape g{qkv.size(0), qkv.size(1), heads, qkv.size(2) / (3 * heads)};
     at::Tensor probs = recompute ? at::Tensor() : at::empty({g.b, heads, g.s, g.s}, qkv.options());
     at::Tensor out = at::empty({g.b, g.s, heads * g.hd}, qkv.options());
@@ -178,6 +180,7 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    RECORD_FUNCTION("dtk::causal_attention_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& qkv = saved[0];
     const at::Tensor& probs = saved[1];  // undefined: recomputed block by block

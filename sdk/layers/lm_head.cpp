@@ -1,6 +1,7 @@
 // lm_head.cpp — see lm_head.hpp. The cross-entropy arithmetic is vocab_parallel_cross_entropy's
 // (tensor_parallel.cpp, Megatron's _VocabParallelCrossEntropy) in the same order, per chunk.
 #include <dtk/layers/lm_head.hpp>
+#include <ATen/record_function.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/amax.h>
@@ -212,6 +213,7 @@ double most_common(const at::Tensor& g) {
 struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& labels, TPGroup tp, int64_t chunk, int64_t rows) {
+    RECORD_FUNCTION("dtk::fused_lm_head_loss", std::vector<c10::IValue>());  // a row in logging.profile_steps' table
     const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
     const at::Tensor target = labels.reshape({-1}).to(at::kLong);
     HeadPass p = run_chunks(x2, weight, target, tp, chunk, static_cast<CrossEntropyRows>(rows), /*with_grads=*/true);
@@ -228,6 +230,7 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    RECORD_FUNCTION("dtk::fused_lm_head_loss_backward", std::vector<c10::IValue>());
     if (!ctx->saved_data["gw"].isTensor())
       throw Error("the fused output layer's backward ran twice (retain_graph is not supported by it)");
     const auto saved = ctx->get_saved_variables();

@@ -419,6 +419,27 @@ TEST(MegatronArgs, SequenceParallelAndEveryRecomputeChoiceMap) {
   EXPECT_EQ(bad.refused[0], "--recompute-method layer: not one of uniform, block");
 }
 
+// Megatron's --profile over [--profile-step-start, --profile-step-end) of its finished-iteration
+// count: DTK's 1-based iterations start + 1 to end.
+TEST(MegatronArgs, ProfileFlagsMapToProfileSteps) {
+  auto mapped = [](const std::string& args) {
+    const MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+    return config_of(m);
+  };
+  expect_fields(mapped("--profile"), {{"logging.profile_steps", "11-12"}});
+  expect_fields(mapped("--profile --profile-step-start 3 --profile-step-end 5 --use-pytorch-profiler --profile-ranks 0 1"),
+                {{"logging.profile_steps", "4-5"}});
+  EXPECT_EQ(config_of(dtk::core::map_megatron_args(dtk::core::split_megatron_args("--profile-step-start 3")))
+                .logging()
+                .profile_steps(),
+            "");
+  const MegatronMapping bad =
+      dtk::core::map_megatron_args(dtk::core::split_megatron_args("--profile --profile-step-start 5 --profile-step-end 5"));
+  ASSERT_EQ(bad.refused.size(), 1u);
+  EXPECT_EQ(bad.refused[0], "--profile-step-start 5 --profile-step-end 5: not a range of iterations (0 <= start < end)");
+}
+
 // The parser: continuations, comments, quotes, --flag=value, '_' for '-', and every kind of
 // mistake listed rather than dropped.
 TEST(MegatronArgs, ParsingAndMistakes) {

@@ -497,6 +497,25 @@ TEST(Resume, ConsumedSamplesContinuesARunFromItsWeightsAlone) {
       "resumes on its own count of consumed samples");
 }
 
+// logging.profile_steps: LibTorch's profiler over iterations 2-3, a Chrome trace per rank and a
+// table of the top ops (Debian's LibTorch has no Kineto: DTK writes the recorded ops itself).
+TEST(Profile, ProfileStepsWritesATraceAndPrintsTheTopOps) {
+  const std::string dir = fresh_dir("profile");
+  const Result run = dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=2-3 --set logging.profile_dir=" + dir);
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_NE(run.out.find("profile of iterations 2-3 (2 iterations, "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("op (CPU, by self time)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find(" aten::"), std::string::npos) << run.out;
+  const std::string trace = file_text(dir + "/rank0.json");
+  EXPECT_EQ(trace.rfind("{\"traceEvents\":[", 0), 0u) << trace.substr(0, 200);
+  EXPECT_GT(count(trace, "\"ph\":\"X\""), 100) << "ops of two iterations";
+  EXPECT_NE(trace.find("\"name\":\"aten::"), std::string::npos);
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=0-2"),
+                                  "logging.profile_steps: '0-2' is not an iteration 'A' or a range 'A-B'");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=9"),
+                                  "logging.profile_steps '9' starts after the last iteration");
+}
+
 }  // namespace
 
 namespace {

@@ -6,20 +6,26 @@
 # torch.compile, at the same micro-batch. Prints tokens/s, TFLOP/s and MFU against --peak_tflops
 # (989: H100 SXM dense bf16), FLOPs counted the same way for both.
 #
-#   tools/bench/gpu_gpt2.sh [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30] [--peak_tflops 989]
+# --profile DIR: afterwards, two more steps of each profiled: dtk's logging.profile_steps table
+# (top ops and kernels) and the compiled peer's torch.profiler table, side by side in the output,
+# the Chrome traces in DIR (dtk/rank0.json, peer.json).
+#
+#   tools/bench/gpu_gpt2.sh [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30] [--peak_tflops 989] [--profile DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DTK=build-gpu/bin/dtk
 BATCHES="32 24 16 8"
 STEPS=30
 PEAK=989
+PROFILE=""
 while (($#)); do
   case "$1" in
+    --profile) PROFILE=$2; shift 2 ;;
     --dtk) DTK=$2; shift 2 ;;
     --batches) BATCHES=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --peak_tflops) PEAK=$2; shift 2 ;;
-    *) echo "usage: tools/bench/gpu_gpt2.sh [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T]" >&2; exit 2 ;;
+    *) echo "usage: tools/bench/gpu_gpt2.sh [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T] [--profile DIR]" >&2; exit 2 ;;
   esac
 done
 [[ -x $DTK ]] || { echo "gpu_gpt2.sh: no dtk at $DTK (build it: tools/gpu_check.sh)" >&2; exit 2; }
@@ -61,3 +67,16 @@ PY
   fi
 done
 ((PEERS_OK)) || { echo "gpu_gpt2.sh: a peer failed (above): no comparison" >&2; exit 1; }
+if [[ -n $PROFILE ]]; then
+  mkdir -p "$PROFILE"
+  echo "== dtk, micro-batch $BATCH: logging.profile_steps (iterations 12-13)"
+  "$DTK" train --config configs/gpt2-small.pbtxt --set train.device=cuda --set train.params_dtype=bf16 \
+    --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+    --set train.micro_batch_size="$BATCH" --set train.global_batch_size="$BATCH" --set train.train_iters=13 \
+    --set eval.eval_interval=0 --set eval.eval_iters=0 --set train.skip_memory_check=true \
+    --set logging.profile_steps=12-13 --set logging.profile_dir="$PROFILE/dtk" 2>&1 |
+    sed -n '/ profile of iterations/,/^ \[/p' | grep -v '^ \[' || echo "  dtk profile failed"
+  echo "== the compiled peer, micro-batch $BATCH: torch.profiler"
+  python3 tools/bench/gpu_peer.py --batch "$BATCH" --steps 2 --warmup 10 --peak_tflops "$PEAK" --compile \
+    --profile "$PROFILE" 2>&1 >/dev/null | grep -v "^W[0-9]" | head -40 || echo "  peer profile failed"
+fi

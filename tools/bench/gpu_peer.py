@@ -6,7 +6,11 @@ nanoGPT trains it: bf16 autocast over fp32 weights, flash attention through
 scaled_dot_product_attention(is_causal=True), fused AdamW, gradient clipping to 1.0. One full step =
 forward, backward, clip, optimizer step, on synthetic tokens.
 
-    python3 tools/bench/gpu_peer.py --batch 16 --steps 30 --warmup 10 [--compile]
+    python3 tools/bench/gpu_peer.py --batch 16 --steps 30 --warmup 10 [--compile] [--profile DIR]
+
+--profile DIR: the first two timed steps also run under torch.profiler (CPU ops and CUDA
+kernels): DIR/peer.json is the Chrome trace and the top kernels by CUDA time go to stderr, to
+set next to dtk's logging.profile_steps table (tools/bench/gpu_gpt2.sh --profile).
 
 Prints one JSON line: median step time, tokens/s, TFLOP/s and MFU against --peak_tflops, counting
 FLOPs as DTK does (core/runtime/src/flops.cpp: 6 N + 12 L h s per token, N the parameters)."""
@@ -66,6 +70,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--peak_tflops", type=float, default=989.0)
+    ap.add_argument("--profile", default="")
     a = ap.parse_args()
     torch.manual_seed(1234)
     dev = torch.device("cuda")
@@ -78,7 +83,12 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = 6 * n_params + 12 * a.layers * a.hidden * a.seq
     times = []
+    profiler = None
     for step in range(a.warmup + a.steps):
+        if a.profile and step == a.warmup:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         tokens = torch.randint(0, 50257, (a.batch, a.seq + 1), device=dev)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -91,6 +101,14 @@ def main():
         torch.cuda.synchronize()
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
+        if profiler is not None and step == a.warmup + 1:
+            profiler.__exit__(None, None, None)
+            import os, sys
+            os.makedirs(a.profile, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(a.profile, "peer.json"))
+            print(f"peer profile of 2 steps ({1e3 * sum(times[-2:]):.1f} ms wall):", file=sys.stderr)
+            print(profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=15), file=sys.stderr)
+            profiler = None
     t = statistics.median(times)
     tokens_per_s = a.batch * a.seq / t
     tflops = flops_per_token * tokens_per_s / 1e12

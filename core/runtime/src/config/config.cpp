@@ -15,6 +15,7 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/timeline/trace.hpp"
+#include "dtk/core/timeline/op_profile.hpp"
 #include "dtk/host/plugin_host.hpp"  // HostError, did_you_mean
 
 namespace dtk::core {
@@ -534,6 +535,22 @@ void validate_trace(const config::RunConfig& cfg) {
   }
 }
 
+// Profiled iterations: a valid range that starts inside the run.
+void validate_profile(const config::RunConfig& cfg) {
+  const std::string& spec = cfg.logging().profile_steps();
+  if (spec.empty()) return;
+  int64_t first = 0, last = 0;
+  try {
+    trace::parse_profile_steps(spec, &first, &last);
+  } catch (const std::exception& e) {
+    throw HostError(std::string("config: ") + e.what());
+  }
+  const int64_t iters = cfg.train().train_iters();
+  if (iters > 0 && first > iters)
+    throw HostError("config: logging.profile_steps '" + spec + "' starts after the last iteration (train.train_iters " +
+                    std::to_string(iters) + "): nothing would be profiled");
+}
+
 // Parallel sizes, the trace, the backend and the simulated link.
 void validate_distributed(const config::RunConfig& cfg) {
   const auto& t = cfg.train();
@@ -557,6 +574,7 @@ void validate_distributed(const config::RunConfig& cfg) {
                     " over the tensor-parallel size " + std::to_string(d.tensor_model_parallel_size()) +
                     ", which does not divide it");
   validate_trace(cfg);
+  validate_profile(cfg);
   if (!d.backend().empty() && d.backend() != "gloo") {
     if (d.backend() != "nccl")
       throw HostError("config: distributed.backend must be gloo or nccl, got '" + d.backend() + "'");

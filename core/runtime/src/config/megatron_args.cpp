@@ -217,6 +217,12 @@ const Rule kRules[] = {
     {"--log-params-norm", 0, Kind::kSwitch, "logging.log_params_norm=true", ""},
     {"--log-num-zeros-in-grad", 0, Kind::kSwitch, "logging.log_num_zeros_in_grad=true", ""},
     {"--timing-log-level", 1, Kind::kSet, "logging.timing_log_level", ""},
+    {"--profile", 0, Kind::kCustom, "logging.profile_steps",
+     "iterations --profile-step-start + 1 to --profile-step-end (Megatron's defaults 10, 12: 11-12)"},
+    {"--profile-step-start", 1, Kind::kCustom, "logging.profile_steps", "with --profile"},
+    {"--profile-step-end", 1, Kind::kCustom, "logging.profile_steps", "with --profile"},
+    {"--use-pytorch-profiler", 0, Kind::kIgnore, "", "DTK's profile is LibTorch's profiler (logging.profile_steps)"},
+    {"--profile-ranks", -1, Kind::kIgnore, "", "every rank writes its trace; rank 0 prints the table"},
     {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
      "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
     {"--save", 1, Kind::kSet, "checkpoint.save", ""},
@@ -434,6 +440,8 @@ struct SeenFlags {
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
+  bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
+  std::string profile_start = "10", profile_end = "12";
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
 };
 
@@ -458,6 +466,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--no-position-embedding") s.no_position_shown = shown;
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
   if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
+  if (f == "--profile") s.profile = true;
+  if (f == "--profile-step-start") s.profile_start = values[0];
+  if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
@@ -511,6 +522,21 @@ void map_query_groups(SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.query_groups_shown +
                         " (Megatron reads it only with --group-query-attention: multi-head "
                         "attention as written)");
+}
+
+// Megatron profiles from the step taken when its count of finished iterations is
+// --profile-step-start to the one before it reaches --profile-step-end: DTK's iterations (1-based)
+// start + 1 to end. Without --profile the step flags change nothing.
+void map_profile(const SeenFlags& s, MegatronMapping& m) {
+  if (!s.profile) return;
+  char* end = nullptr;
+  const long first = std::strtol(s.profile_start.c_str(), &end, 10) + 1;
+  const bool bad_start = s.profile_start.empty() || *end;
+  const long last = std::strtol(s.profile_end.c_str(), &end, 10);
+  if (bad_start || s.profile_end.empty() || *end || first < 1 || last < first)
+    return m.refused.push_back("--profile-step-start " + s.profile_start + " --profile-step-end " + s.profile_end +
+                               ": not a range of iterations (0 <= start < end)");
+  m.sets.push_back("logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last));
 }
 
 // Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
@@ -704,6 +730,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   }
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_rope_scaling(s, m);
+  map_profile(s, m);
   check_heads_and_positions(s, m);
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);

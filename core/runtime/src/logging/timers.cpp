@@ -1,8 +1,10 @@
 #include "dtk/core/logging/timers.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <cstdio>
+#include <memory>
 
 namespace dtk::core {
 
@@ -25,6 +27,16 @@ static_assert(sizeof(kPhases) / sizeof(kPhases[0]) == static_cast<int>(Phase::kC
 
 const char* phase_name(Phase p) { return kPhases[static_cast<int>(p)].name; }
 int phase_level(Phase p) { return kPhases[static_cast<int>(p)].level; }
+
+void* Timers::Scope::begin_record(Phase p) {
+  if (!at::hasCallbacks()) return nullptr;  // no profiler (nor other observer): nothing to record
+  auto record = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (!record->isActive()) return nullptr;
+  record->before(phase_name(p));
+  return record.release();
+}
+
+void Timers::Scope::end_record(void* record) { delete static_cast<at::RecordFunction*>(record); }
 
 void Timers::read_device_clock() {
   if (!clock_) return;

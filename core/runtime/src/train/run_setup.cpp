@@ -262,6 +262,8 @@ void check_output_paths(const config::RunConfig& cfg) {
   writable_file(lg.trace_file(), "logging.trace_file");
   writable_file(lg.metrics_jsonl(), "logging.metrics_jsonl");
   writable_file(lg.bench_out(), "logging.bench_out (--bench_out)");
+  if (!lg.profile_steps().empty())
+    writable_dir(lg.profile_dir().empty() ? "profile" : lg.profile_dir(), "logging.profile_dir");
 }
 
 void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,

@@ -83,6 +83,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   on_every_rank(topo_, "estimating the memory of the run", [&] { check_run_memory(cfg_, topo_, plan_, parts_); });
   log_ = make_log();
   configure_trace(cfg_.logging(), topo_);
+  profile_ = make_op_profile();
   progress_ = resume_from_checkpoint(cfg_, plan_, topo_, parts_, schedule_, scaler_,
                                      [this](const std::string& line) { log_->print(line); });
   resumed_iteration_ = progress_.iteration;
@@ -94,6 +95,18 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
 }
 
 Trainer::~Trainer() = default;
+
+std::unique_ptr<trace::OpProfile> Trainer::make_op_profile() {
+  const config::LoggingConfig& logging = cfg_.logging();
+  if (logging.profile_steps().empty()) return nullptr;
+  trace::OpProfile::Settings s;
+  trace::parse_profile_steps(logging.profile_steps(), &s.first, &s.last);
+  s.dir = logging.profile_dir().empty() ? "profile" : logging.profile_dir();
+  s.rank = topo_.world_rank;
+  s.cuda = training_device().is_cuda();
+  if (topo_.world_rank == 0) s.print = [this](const std::string& table) { log_->print(table); };
+  return std::make_unique<trace::OpProfile>(std::move(s));
+}
 
 std::unique_ptr<TrainingLog> Trainer::make_log() {
   TrainingLog::Setup log;
@@ -253,6 +266,7 @@ void Trainer::train() {
     if (it == plan_.train_iters() || should_stop(it, exit)) break;
   }
   trace::flush();  // a run shorter than the traced range writes what it traced
+  if (profile_) profile_->finish();  // and the profiled one
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
   if (!stopped_early_ && saving() && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
     save(plan_.train_iters());
@@ -265,8 +279,11 @@ void Trainer::train() {
 
 void Trainer::run_iteration(int64_t it) {
   trace::begin_iteration(it);
+  if (profile_) profile_->before_iteration(it);
   const auto step_start = std::chrono::steady_clock::now();
   IterationResult result = train_step(it);
+  if (profile_)
+    profile_->after_iteration(it, std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
   if (bench_ && it - resumed_iteration_ > cfg_.train().perf_warmup_steps())
     bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count(),
                      StepComm{result.tensor_parallel_comm.in_flight_ms, result.tensor_parallel_comm.exposed_ms,

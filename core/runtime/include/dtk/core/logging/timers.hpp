@@ -54,10 +54,12 @@ class Timers {
   // Time scopes on this clock from now on (null: the host's wall clock).
   void set_device_clock(std::unique_ptr<DeviceClock> clock) { clock_ = std::move(clock); }
 
-  // Times a scope when its phase's level is enabled.
+  // Times a scope when its phase's level is enabled. While LibTorch's profiler records
+  // (logging.profile_steps) the scope is also a user scope named after the phase, at any level,
+  // so the profile accounts for time outside ATen's ops phase by phase.
   class Scope {
    public:
-    Scope(Timers& t, Phase p) : t_(t.level_ >= phase_level(p) ? &t : nullptr), p_(p) {
+    Scope(Timers& t, Phase p) : t_(t.level_ >= phase_level(p) ? &t : nullptr), p_(p), record_(begin_record(p)) {
       if (t_ && t_->clock_)
         mark_ = t_->clock_->mark();
       else if (t_)
@@ -68,13 +70,19 @@ class Timers {
         t_->marks_.emplace_back(p_, mark_, t_->clock_->mark());
       else if (t_)
         t_->add(p_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+      end_record(record_);
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
+    // An at::RecordFunction while a profiler records, else null (timers.cpp: keeps ATen's
+    // record_function.h out of this header).
+    static void* begin_record(Phase p);
+    static void end_record(void* record);
     Timers* t_;
     Phase p_;
+    void* record_;
     std::chrono::steady_clock::time_point start_;
     int mark_ = -1;
   };

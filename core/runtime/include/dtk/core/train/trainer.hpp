@@ -24,6 +24,7 @@
 #include "dtk/core/optim/grad_scaler.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
 #include "dtk/core/perf/bench_report.hpp"
+#include "dtk/core/timeline/op_profile.hpp"
 #include "dtk/core/perf/peak_throughput.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/micro_batch.hpp"
@@ -54,6 +55,7 @@ class Trainer {
   std::unique_ptr<TrainingLog> make_log();
   void print_startup_report();
   std::unique_ptr<BenchReport> make_bench_report() const;
+  std::unique_ptr<trace::OpProfile> make_op_profile();
   void start_micro_batches(TrainerHooks hooks);
   IterationResult train_step(int64_t iteration);
   // The strategy's reduction, clipping and (unless the gradients are not finite) the update.
@@ -85,6 +87,7 @@ class Trainer {
   std::unique_ptr<ForwardBackwardSchedule> forward_backward_;
   std::unique_ptr<TrainingLog> log_;
   std::unique_ptr<BenchReport> bench_;  // bench mode or --bench_out
+  std::unique_ptr<trace::OpProfile> profile_;  // logging.profile_steps
 
   TrainProgress progress_;         // iteration, consumed samples, scheduler step
   int64_t resumed_iteration_ = 0;  // where this process started

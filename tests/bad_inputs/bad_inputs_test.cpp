@@ -11,14 +11,19 @@
 //   * a failed `dtk preprocess` leaves no .bin without its .idx.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/free_port.hpp"
@@ -408,6 +413,152 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   fs::copy_file("/bin/true", dir + "/exe/dtk_plugin_true.so");
   const dtk_test::Result list = run_dtk("plugins list --plugin_path " + dir + "/exe", 60);
   EXPECT_NE(list.out.find("an executable program, not a shared library"), std::string::npos) << list.out;
+}
+
+}  // namespace
+
+namespace {
+
+// ---- issue 39, second round -------------------------------------------------------------------
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// One checkpoint for the tests below (kTrain's 512-token, 2-layer model, saved at iteration 2),
+// trained once per build of dtk and shared by every test process (ctest runs each test alone):
+// published by a rename, so parallel tests see it whole or not at all. Tests copy it to change it.
+std::string shared_checkpoint() {
+  const std::string stamp = std::to_string(fs::last_write_time(DTK_BIN).time_since_epoch().count() & 0xffffffffff);
+  const std::string dir = std::string(DTK_TEST_TMP) + "/shared-ckpt-" + stamp;
+  if (fs::exists(dir + "/latest_checkpointed_iteration.txt")) return dir;
+  const std::string tmp = tmp_dir("shared-ckpt-building");
+  const dtk_test::Result r = run_dtk(kTrain + "--set train.exit_interval=2 --set checkpoint.save=" + tmp, 120);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // another test may have published it first: then that one is used
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+std::string copy_of_shared_checkpoint(const std::string& name) {
+  const std::string dir = tmp_dir(name);
+  fs::remove_all(dir);
+  fs::copy(shared_checkpoint(), dir, fs::copy_options::recursive);
+  return dir;
+}
+
+int tracked_iteration(const std::string& dir) {
+  std::ifstream in(dir + "/latest_checkpointed_iteration.txt");
+  int it = -1;
+  in >> it;
+  return it;
+}
+
+// A checkpoint's files: a directory where the tracker or a .pt file should be is named; one
+// verdict on a checkpoint for inspect and load (a garbage tracker, a listed file that is gone).
+TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
+  // The tracker is a directory.
+  const std::string tracker_dir = copy_of_shared_checkpoint("messages-tracker");
+  fs::remove(tracker_dir + "/latest_checkpointed_iteration.txt");
+  fs::create_directories(tracker_dir + "/latest_checkpointed_iteration.txt");
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + tracker_dir, 60),
+                     tracker_dir + "/latest_checkpointed_iteration.txt is a directory, not a file");
+  // The model file is a directory.
+  const std::string pt_dir = copy_of_shared_checkpoint("messages-pt");
+  fs::remove(pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  fs::create_directories(pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + pt_dir, 60),
+                     pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt is a directory, not a file");
+  // One verdict: a tracker holding garbage is not "complete" to inspect, since a load stops there.
+  const std::string garbage = copy_of_shared_checkpoint("messages-garbage");
+  std::ofstream(garbage + "/latest_checkpointed_iteration.txt", std::ios::trunc) << "two";
+  const dtk_test::Result inspect_garbage = run_dtk("checkpoint inspect " + garbage, 60);
+  EXPECT_NE(inspect_garbage.out.find("complete: NO: checkpoint: " + garbage +
+                                     "/latest_checkpointed_iteration.txt does not hold an iteration number"),
+            std::string::npos)
+      << inspect_garbage.out;
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + garbage, 60), "does not hold an iteration number");
+  // ... and a manifest listing a file that is gone is incomplete to both.
+  const std::string listed = copy_of_shared_checkpoint("messages-listed");
+  std::ofstream(listed + "/iter_0000002/SHA256SUMS", std::ios::app) << std::string(64, 'a') << "  extra.pt\n";
+  const dtk_test::Result inspect_listed = run_dtk("checkpoint inspect " + listed, 60);
+  EXPECT_EQ(inspect_listed.code, 1) << inspect_listed.out;
+  EXPECT_NE(inspect_listed.out.find("complete: NO: " + listed + "/iter_0000002/extra.pt is missing"), std::string::npos)
+      << inspect_listed.out;
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + listed, 60),
+                     "checkpoint: iteration 2 of " + listed + " is incomplete: " + listed +
+                         "/iter_0000002/extra.pt is missing (listed in SHA256SUMS)");
+}
+
+// Messages name the file and stay readable: a safetensors header that is a JSON array, a binary
+// file given as flags, a 10 MB one-line config, a read-only save directory, a tokenizer larger
+// than the checkpoint's model.
+TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
+  const std::string dir = tmp_dir("messages");
+  // A safetensors header that is a JSON array; a config.json that is one.
+  const std::string hf = dir + "/hf";
+  fs::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, )"
+                                     << R"("vocab_size": 512, "n_positions": 64})";
+  {
+    const std::string header = "[1, 2]  ";
+    std::string bytes(8, '\0');
+    bytes[0] = static_cast<char>(header.size());
+    std::ofstream(hf + "/model.safetensors", std::ios::binary | std::ios::trunc) << bytes << header;
+  }
+  expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
+                     "import hf: " + hf + "/model.safetensors: the header is a JSON array, not an object of tensors");
+  std::ofstream(hf + "/config.json", std::ios::trunc) << "[]";
+  expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
+                     "import hf: " + hf + "/config.json holds a JSON array, not an object");
+  // A binary file as Megatron flags: named, no control byte printed.
+  std::ofstream(dir + "/flags.bin", std::ios::binary) << std::string(
+      "\x7f"
+      "ELF\x02\x01\x01\x00\x1b[31m",
+      12);
+  const dtk_test::Result binary = run_dtk("config --megatron_args @" + dir + "/flags.bin", 60);
+  expect_clean_error(binary, "--megatron_args @" + dir + "/flags.bin: '" + dir +
+                                 "/flags.bin' is not a text file of flags (byte 0x7f at offset 0)");
+  EXPECT_EQ(binary.out.find('\x1b'), std::string::npos) << binary.out;
+  // A 10 MB one-line config: the error line is cut, saying how much was left out.
+  std::ofstream(dir + "/huge.pbtxt") << "train { train_iters: 3 } " << std::string(10 << 20, 'x') << "\n";
+  const dtk_test::Result huge = run_dtk("config --config " + dir + "/huge.pbtxt", 60);
+  EXPECT_EQ(huge.code, 1) << huge.out.substr(0, 3000);
+  const size_t at = huge.out.find("dtk: error: ");
+  ASSERT_NE(at, std::string::npos) << huge.out.substr(0, 3000);
+  const std::string line = huge.out.substr(at, huge.out.find('\n', at) - at);
+  EXPECT_LT(line.size(), 2100u) << line.substr(0, 3000);
+  EXPECT_NE(line.find(" more characters)"), std::string::npos) << line.substr(0, 3000);
+  // A read-only save directory: permission denied, naming it (root writes anywhere: then the run is
+  // made as nobody, where setpriv can).
+  {
+    const std::string ro = dir + "/read-only";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+    std::string as_user;
+    if (::geteuid() == 0) as_user = "--reuid=65534 --regid=65534 --clear-groups ";
+    if (as_user.empty() || std::system("setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null") == 0) {
+      const std::string cmd =
+          (as_user.empty() ? "" : "setpriv " + as_user) + DTK_BIN + " " + kTrain + "--set checkpoint.save=" + ro;
+      FILE* p = popen(("timeout -k 10 60 " + cmd + " 2>&1").c_str(), "r");
+      dtk_test::Result r{-1, ""};
+      char buf[4096];
+      while (p && fgets(buf, sizeof buf, p)) r.out += buf;
+      const int status = p ? pclose(p) : -1;
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      expect_clean_error(r, "checkpoint.save '" + ro + "': cannot write there (Permission denied)");
+    }
+  }
+  // generate: a tokenizer larger than the model is refused before the first prompt.
+  expect_clean_error(
+      run_dtk("generate --load " + shared_checkpoint() + " --prompt Hello --vocab_file " + std::string(DTK_VOCAB_DIR) +
+                  "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe",
+              60),
+      "generate: the tokenizer (GPT2BPETokenizer) has 50257 tokens but the model only 512: not the "
+      "tokenizer it was trained with");
 }
 
 }  // namespace

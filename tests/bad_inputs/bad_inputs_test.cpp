@@ -456,6 +456,37 @@ int tracked_iteration(const std::string& dir) {
   return it;
 }
 
+// A save folder belongs to the run whose checkpoints it holds: another model's run is refused
+// before training, naming the folder, the option and both values; nothing in it changes. The same
+// model (a resume) writes there; checkpoint.overwrite_other_run=true writes there anyway.
+TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
+  const std::string ckpt = copy_of_shared_checkpoint("other-run");
+  const std::string before = file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  expect_clean_error(run_dtk(kTrain + "--set model.num_layers=3 --set checkpoint.save=" + ckpt, 60),
+                     "checkpoint.save '" + ckpt +
+                         "' holds another run's checkpoints (iter_0000002 was trained with "
+                         "model.num_layers=2 but this run has 3): save into another folder, or pass --set "
+                         "checkpoint.overwrite_other_run=true");
+  EXPECT_EQ(file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt"), before);
+  EXPECT_FALSE(fs::exists(ckpt + "/iter_0000004"));
+  // (Options that change only the computation count too: the comparison is a load's,
+  // BadInputs.ACheckpointsModelMustBeTheRuns and CheckpointModel.*.)
+  // The run that owns it resumes into it.
+  const dtk_test::Result resumed =
+      run_dtk(kTrain + "--set checkpoint.load=" + ckpt + " --set checkpoint.save=" + ckpt, 120);
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(tracked_iteration(ckpt), 4);
+  // Said explicitly: written.
+  const dtk_test::Result forced =
+      run_dtk(kTrain +
+                  "--set model.num_layers=3 --set train.train_iters=2 --set checkpoint.overwrite_other_run=true "
+                  "--set checkpoint.save=" +
+                  ckpt,
+              120);
+  EXPECT_EQ(forced.code, 0) << forced.out;
+  EXPECT_EQ(tracked_iteration(ckpt), 2);
+}
+
 // A checkpoint's files: a directory where the tracker or a .pt file should be is named; one
 // verdict on a checkpoint for inspect and load (a garbage tracker, a listed file that is gone).
 TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {

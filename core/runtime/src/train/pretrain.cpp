@@ -52,6 +52,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHoo
     std::printf("%s\n", adopted.c_str());
     std::fflush(stdout);
   }
+  // Nothing is written into a folder holding another run's checkpoints unless asked.
+  if (const std::string other = save_folder_owner_difference(run, plugins); !other.empty())
+    throw host::HostError(other);
   Trainer trainer(run, plugins, std::move(hooks));
   trainer.train();
   if (!trainer.stopped_early()) trainer.final_evaluation();

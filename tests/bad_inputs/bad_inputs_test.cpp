@@ -487,6 +487,102 @@ TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
   EXPECT_EQ(tracked_iteration(ckpt), 2);
 }
 
+// A `dtk` process in the background, its output in a file; killed at the end if still running.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+  Background(const std::string& args, const std::string& log_path) : log(log_path) {
+    pid = ::fork();
+    if (pid == 0) {
+      std::FILE* f = std::fopen(log_path.c_str(), "w");
+      ::dup2(::fileno(f), 1), ::dup2(::fileno(f), 2);
+      const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
+  }
+  std::string output() const { return file_text(log); }
+  bool wait_for(const std::string& needle, int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      if (output().find(needle) != std::string::npos) return true;
+      if (pid <= 0) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // The exit code (128 + the signal for one), waiting at most timeout_s (then -1).
+  int wait_exit(int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (pid > 0 && std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+};
+
+// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (SLURM's --signal) save and stop like SIGTERM;
+// train.save_on_signals chooses them; one arriving before training ends the run with a line saying
+// nothing was saved, and the signal's status.
+TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
+  const std::string long_run = kTrain + "--set train.train_iters=100000 ";
+  // SIGUSR1 by default; SIGHUP as a list names it ("hup": without SIG, any case).
+  for (const int sig : {SIGUSR1, SIGHUP}) {
+    const std::string name = sig == SIGHUP ? "SIGHUP" : "SIGUSR1";
+    SCOPED_TRACE(name);
+    const std::string ckpt = tmp_dir("signal-" + name);
+    Background run(
+        long_run + (sig == SIGHUP ? "--set train.save_on_signals=SIGTERM,hup " : "") + "--set checkpoint.save=" + ckpt,
+        tmp_dir("signal-log-" + name) + "/out.txt");
+    ASSERT_TRUE(run.wait_for("iteration        2/", 60)) << run.output();
+    ASSERT_EQ(::kill(run.pid, sig), 0);
+    ASSERT_EQ(run.wait_exit(60), 0) << run.output();
+    EXPECT_NE(run.output().find("dtk: received " + name + ": finishing this iteration, then saving and exiting"),
+              std::string::npos)
+        << run.output();
+    EXPECT_NE(run.output().find("exiting program after receiving " + name), std::string::npos) << run.output();
+    EXPECT_GE(tracked_iteration(ckpt), 2) << run.output();
+  }
+  {
+    // Before training (here: rank 0 of two waiting at the rendezvous for a rank that never comes,
+    // seen by its store's port accepting): one line, the signal's status, nothing written.
+    const std::string ckpt = tmp_dir("signal-startup");
+    const int port = dtk_test::free_port();
+    ::setenv("RANK", "0", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    Background run(long_run + "--set checkpoint.save=" + ckpt + " --set distributed.timeout_seconds=60",
+                   tmp_dir("signal-log-startup") + "/out.txt");
+    for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+    bool listening = false;
+    for (int i = 0; i < 3000 && !listening; ++i) {  // at most 60 s
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET, a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      listening = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(listening) << run.output();
+    ASSERT_EQ(::kill(run.pid, SIGTERM), 0);
+    EXPECT_EQ(run.wait_exit(60), 128 + SIGTERM) << run.output();
+    EXPECT_NE(run.output().find("dtk: received SIGTERM before training started: exiting, nothing was saved"),
+              std::string::npos)
+        << run.output();
+    EXPECT_EQ(tracked_iteration(ckpt), -1) << run.output();
+  }
+  expect_clean_error(run_dtk(kTrain + "--set train.save_on_signals=SIGTERM,SIGFOO", 60),
+                     "config: train.save_on_signals: 'SIGFOO' is not a signal DTK saves on (SIGTERM, SIGINT, SIGHUP");
+}
+
 // A checkpoint's files: a directory where the tracker or a .pt file should be is named; one
 // verdict on a checkpoint for inspect and load (a garbage tracker, a listed file that is gone).
 TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {

@@ -208,6 +208,9 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       setenv("WORLD_SIZE", std::to_string(args.nnodes * nproc).c_str(), 1);
       setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       setenv("GROUP_RANK", std::to_string(args.node_rank).c_str(), 1);
+      // What this launcher was told, for the ranks to compare before they wait for each other.
+      setenv("DTK_LAUNCH_WORLD",
+             ("--nnodes " + std::to_string(args.nnodes) + " --nproc_per_node " + std::to_string(nproc)).c_str(), 1);
       setenv("MASTER_ADDR", args.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(args.port).c_str(), 1);
       ::execv(exe.c_str(), child_argv.data());

@@ -583,6 +583,50 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
                      "config: train.save_on_signals: 'SIGFOO' is not a signal DTK saves on (SIGTERM, SIGINT, SIGHUP");
 }
 
+// Launchers started with different --nnodes name the difference at once instead of waiting for a
+// rank that will never come; a rank killed mid-run is named by its rank, not "one of ranks 0, 1".
+TEST(BadInputs, LaunchersOfDifferentWorldsNameTheDifference) {
+  const int port = dtk_test::free_port();
+  auto launcher = [&](int nnodes, int node_rank) {
+    return std::string(DTK_BIN) + " launch --nnodes " + std::to_string(nnodes) + " --node_rank " +
+           std::to_string(node_rank) + " --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
+           std::to_string(port) + " " + kTrain + "--set distributed.timeout_seconds=20";
+  };
+  const Ran ran = run_together({launcher(2, 0), launcher(3, 1)}, 60);
+  for (const auto& r : ran.results) EXPECT_NE(r.code, 0) << r.out;
+  const std::string difference =
+      "rank 1 was started for a world of 3 ranks (dtk launch --nnodes 3 --nproc_per_node 1) but rank 0 for a world of "
+      "2 ranks (dtk launch --nnodes 2 --nproc_per_node 1)";
+  EXPECT_NE(ran.results[1].out.find("dtk: error: [rank 1] distributed: " + difference), std::string::npos)
+      << ran.results[1].out;
+  EXPECT_NE(ran.results[0].out.find(difference), std::string::npos) << ran.results[0].out;
+  EXPECT_EQ(ran.results[1].out.find("arrived within"), std::string::npos) << ran.results[1].out;
+}
+
+TEST(BadInputs, AKilledPeerIsNamedByItsRank) {
+  const int port = dtk_test::free_port();
+  const std::string dir = tmp_dir("killed-peer");
+  auto rank = [&](int r) {
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1), ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", "2", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    auto b = std::make_unique<Background>(kTrain +
+                                              "--set train.train_iters=100000 --set train.micro_batch_size=4 "
+                                              "--set distributed.timeout_seconds=20",
+                                          dir + "/rank" + std::to_string(r) + ".txt");
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+      ::unsetenv(v);
+    return b;
+  };
+  auto r0 = rank(0), r1 = rank(1);
+  ASSERT_TRUE(r0->wait_for("iteration        2/", 60)) << r0->output() << r1->output();
+  ASSERT_EQ(::kill(r1->pid, SIGKILL), 0);
+  EXPECT_EQ(r0->wait_exit(60), 1) << r0->output();
+  EXPECT_NE(r0->output().find("(the peer: rank 1 at 127.0.0.1, whose process has ended)"), std::string::npos)
+      << r0->output();
+}
+
 // A checkpoint's files: a directory where the tracker or a .pt file should be is named; one
 // verdict on a checkpoint for inspect and load (a garbage tracker, a listed file that is gone).
 TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {

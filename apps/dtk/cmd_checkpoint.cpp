@@ -17,6 +17,7 @@
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/core/config/config.hpp"
+#include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
 
 DEFINE_bool(verify, true, "checkpoint inspect: hash every file against the checkpoint's SHA256SUMS.");
@@ -108,6 +109,6 @@ int run_checkpoint(const std::vector<std::string>& args, const std::function<dtk
   const std::string problem = dtk::core::inspect_checkpoint(args[1], options, std::cout);
   std::cout.flush();
   if (problem.empty()) return 0;
-  std::fprintf(stderr, "dtk: error: checkpoint inspect: %s\n", problem.c_str());
+  std::fprintf(stderr, "dtk: error: checkpoint inspect: %s\n", dtk::host::error_line(problem).c_str());
   return 1;
 }

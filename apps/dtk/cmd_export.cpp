@@ -32,12 +32,9 @@ DECLARE_bool(use_checkpoint_args);
 namespace {
 
 // Tokenizer files that spell ids the model has no row for would ship a folder that breaks on the
-// first such token: refused, with both sizes.
+// first such token: refused, with both sizes (require_tokenizer_fits).
 void check_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_vocab) {
-  if (tokenizer.vocab_size() <= model_vocab) return;
-  throw dtk::host::HostError("export hf: the tokenizer (" + tokenizer.type() + ") has " +
-                             std::to_string(tokenizer.vocab_size()) + " tokens but the model only " +
-                             std::to_string(model_vocab) + ": not the tokenizer it was trained with");
+  require_tokenizer_fits(tokenizer, model_vocab, "export hf");
 }
 
 // The files of tokenizer `c` and its BOS/EOS, read through dtk::text, for config.json and the

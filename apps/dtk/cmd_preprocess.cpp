@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtk/data/error.hpp"
+#include "dtk/host/error_line.hpp"
 #include "dtk/text/preprocess.hpp"
 #include "tokenizer_flags.hpp"
 
@@ -106,7 +107,7 @@ int run_preprocess(int argc, char** argv) {
     dtk::text::preprocess(o);
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtk: error: preprocess: %s\n", dtk::one_line(e.what()).c_str());
+    std::fprintf(stderr, "dtk: error: preprocess: %s\n", dtk::host::error_line(dtk::one_line(e.what())).c_str());
     return 1;
   }
 }

@@ -7,8 +7,9 @@
 // children inherit stdout/stderr (their lines reach the user as they are written). The launcher
 // waits for all of them; when one fails (non-zero exit or a signal), the others get SIGTERM
 // and, after a grace period, SIGKILL, and the launcher exits with the failed child's code
-// (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP sent to the launcher are forwarded: the
-// ranks finish their iteration, save and exit 0 together (core/exit_conditions.hpp), and the
+// (128 + signal for a signal). SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 sent to the launcher are
+// forwarded: the ranks finish their iteration, save and exit 0 together (those of
+// train.save_on_signals, core/exit_conditions.hpp), and the
 // launcher exits with their codes; they get kForwardedGrace to do it, and a second signal to the
 // launcher kills them at once.
 #include "launch.hpp"
@@ -36,6 +37,10 @@
 namespace {
 
 using dtk::host::HostError;
+
+// Forwarded to the ranks: what a user, a closed terminal (SIGHUP) or a scheduler's warning (SLURM's
+// --signal: SIGUSR1/SIGUSR2) sends.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
@@ -177,7 +182,7 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
   // otherwise run the launcher's handler in the child and be lost.
   sigset_t forwarded, previous;
   sigemptyset(&forwarded);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&forwarded, sig);
+  for (int sig : kForwardedSignals) sigaddset(&forwarded, sig);
   sigprocmask(SIG_BLOCK, &forwarded, &previous);
   const pid_t launcher = ::getpid();
   const int nproc = static_cast<int>(pids_.size());
@@ -193,7 +198,7 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       throw HostError("launch: fork failed: " + err);
     }
     if (pid == 0) {
-      signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+      for (int sig : kForwardedSignals) signal(sig, SIG_DFL);
       // A rank never outlives its launcher (kill -9, OOM killer, a harness's timeout -s KILL).
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
@@ -203,6 +208,9 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       setenv("WORLD_SIZE", std::to_string(args.nnodes * nproc).c_str(), 1);
       setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       setenv("GROUP_RANK", std::to_string(args.node_rank).c_str(), 1);
+      // What this launcher was told, for the ranks to compare before they wait for each other.
+      setenv("DTK_LAUNCH_WORLD",
+             ("--nnodes " + std::to_string(args.nnodes) + " --nproc_per_node " + std::to_string(nproc)).c_str(), 1);
       setenv("MASTER_ADDR", args.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(args.port).c_str(), 1);
       ::execv(exe.c_str(), child_argv.data());
@@ -277,7 +285,7 @@ int run_launch(int argc, char** argv) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int sig : kForwardedSignals) sigaction(sig, &sa, nullptr);
   // One namespace for this run's rendezvous keys (two launches on one port cannot mix). The
   // launchers of several nodes must agree on it without talking: master address and port (or
   // the user's DTK_RUN_ID, as torchrun's --rdzv_id).

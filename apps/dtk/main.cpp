@@ -28,6 +28,7 @@
 #include "dtk/core/config/megatron_args.hpp"
 #include "dtk/core/train/pretrain.hpp"
 #include "dtk/core/components/services.hpp"
+#include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
@@ -350,7 +351,8 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
 // stdout is block-buffered when piped, so without the flush the error would precede it.
 void report_error(const std::string& message) {
   std::fflush(stdout);
-  std::fprintf(stderr, "dtk: error: %s\n", message.c_str());
+  // Control bytes escaped, a very long message cut (dtk/host/error_line.hpp).
+  std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(message).c_str());
   std::fflush(stderr);
 }
 

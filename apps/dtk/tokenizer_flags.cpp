@@ -57,6 +57,13 @@ std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerS
   }
 }
 
+void require_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_vocab, const std::string& command) {
+  if (model_vocab <= 0 || static_cast<int64_t>(tokenizer.vocab_size()) <= model_vocab) return;
+  throw HostError(command + ": the tokenizer (" + tokenizer.type() + ") has " + std::to_string(tokenizer.vocab_size()) +
+                  " tokens but the model only " + std::to_string(model_vocab) +
+                  ": not the tokenizer it was trained with");
+}
+
 void apply_tokenizer_flags(dtk::config::TokenizerConfig* c) {
   if (!FLAGS_tokenizer_type.empty()) c->set_type(FLAGS_tokenizer_type);
   if (!FLAGS_tokenizer_model.empty()) c->set_model_file(FLAGS_tokenizer_model);

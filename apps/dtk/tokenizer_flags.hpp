@@ -21,3 +21,9 @@ void apply_tokenizer_flags(dtk::config::TokenizerConfig* config);
 
 // make_tokenizer() with its DataError turned into one HostError line ("tokenizer: ...").
 std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec);
+
+// A tokenizer that spells ids the model has no row for (GPT-2's 50257 beside a 1000-token model)
+// is not the one it was trained with: one HostError line, "<command>: the tokenizer (TYPE) has N
+// tokens but the model only M: ...". Used by `dtk export hf` (before writing tokenizer files) and
+// `dtk generate` (before the first prompt).
+void require_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_vocab, const std::string& command);

@@ -11,14 +11,19 @@
 //   * a failed `dtk preprocess` leaves no .bin without its .idx.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/free_port.hpp"
@@ -412,6 +417,323 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   fs::copy_file("/bin/true", dir + "/exe/dtk_plugin_true.so");
   const dtk_test::Result list = run_dtk("plugins list --plugin_path " + dir + "/exe", 60);
   EXPECT_NE(list.out.find("an executable program, not a shared library"), std::string::npos) << list.out;
+}
+
+}  // namespace
+
+namespace {
+
+// ---- issue 39, second round -------------------------------------------------------------------
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// One checkpoint for the tests below (kTrain's 512-token, 2-layer model, saved at iteration 2),
+// trained once per build of dtk and shared by every test process (ctest runs each test alone):
+// published by a rename, so parallel tests see it whole or not at all. Tests copy it to change it.
+std::string shared_checkpoint() {
+  const std::string stamp = std::to_string(fs::last_write_time(DTK_BIN).time_since_epoch().count() & 0xffffffffff);
+  const std::string dir = std::string(DTK_TEST_TMP) + "/shared-ckpt-" + stamp;
+  if (fs::exists(dir + "/latest_checkpointed_iteration.txt")) return dir;
+  const std::string tmp = tmp_dir("shared-ckpt-building");
+  const dtk_test::Result r = run_dtk(kTrain + "--set train.exit_interval=2 --set checkpoint.save=" + tmp, 120);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // another test may have published it first: then that one is used
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
+
+std::string copy_of_shared_checkpoint(const std::string& name) {
+  const std::string dir = tmp_dir(name);
+  fs::remove_all(dir);
+  fs::copy(shared_checkpoint(), dir, fs::copy_options::recursive);
+  return dir;
+}
+
+int tracked_iteration(const std::string& dir) {
+  std::ifstream in(dir + "/latest_checkpointed_iteration.txt");
+  int it = -1;
+  in >> it;
+  return it;
+}
+
+// A save folder belongs to the run whose checkpoints it holds: another model's run is refused
+// before training, naming the folder, the option and both values; nothing in it changes. The same
+// model (a resume) writes there; checkpoint.overwrite_other_run=true writes there anyway.
+TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
+  const std::string ckpt = copy_of_shared_checkpoint("other-run");
+  const std::string before = file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  expect_clean_error(run_dtk(kTrain + "--set model.num_layers=3 --set checkpoint.save=" + ckpt, 60),
+                     "checkpoint.save '" + ckpt +
+                         "' holds another run's checkpoints (iter_0000002 was trained with "
+                         "model.num_layers=2 but this run has 3): save into another folder, or pass --set "
+                         "checkpoint.overwrite_other_run=true");
+  EXPECT_EQ(file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt"), before);
+  EXPECT_FALSE(fs::exists(ckpt + "/iter_0000004"));
+  // (Options that change only the computation count too: the comparison is a load's,
+  // BadInputs.ACheckpointsModelMustBeTheRuns and CheckpointModel.*.)
+  // The run that owns it resumes into it.
+  const dtk_test::Result resumed =
+      run_dtk(kTrain + "--set checkpoint.load=" + ckpt + " --set checkpoint.save=" + ckpt, 120);
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(tracked_iteration(ckpt), 4);
+  // Said explicitly: written.
+  const dtk_test::Result forced =
+      run_dtk(kTrain +
+                  "--set model.num_layers=3 --set train.train_iters=2 --set checkpoint.overwrite_other_run=true "
+                  "--set checkpoint.save=" +
+                  ckpt,
+              120);
+  EXPECT_EQ(forced.code, 0) << forced.out;
+  EXPECT_EQ(tracked_iteration(ckpt), 2);
+}
+
+// A `dtk` process in the background, its output in a file; killed at the end if still running.
+struct Background {
+  pid_t pid = -1;
+  std::string log;
+  Background(const std::string& args, const std::string& log_path) : log(log_path) {
+    pid = ::fork();
+    if (pid == 0) {
+      std::FILE* f = std::fopen(log_path.c_str(), "w");
+      ::dup2(::fileno(f), 1), ::dup2(::fileno(f), 2);
+      const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
+  }
+  std::string output() const { return file_text(log); }
+  bool wait_for(const std::string& needle, int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < end) {
+      if (output().find(needle) != std::string::npos) return true;
+      if (pid <= 0) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+  // The exit code (128 + the signal for one), waiting at most timeout_s (then -1).
+  int wait_exit(int timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (pid > 0 && std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+};
+
+// SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (SLURM's --signal) save and stop like SIGTERM;
+// train.save_on_signals chooses them; one arriving before training ends the run with a line saying
+// nothing was saved, and the signal's status.
+TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
+  const std::string long_run = kTrain + "--set train.train_iters=100000 ";
+  // SIGUSR1 by default; SIGHUP as a list names it ("hup": without SIG, any case).
+  for (const int sig : {SIGUSR1, SIGHUP}) {
+    const std::string name = sig == SIGHUP ? "SIGHUP" : "SIGUSR1";
+    SCOPED_TRACE(name);
+    const std::string ckpt = tmp_dir("signal-" + name);
+    Background run(
+        long_run + (sig == SIGHUP ? "--set train.save_on_signals=SIGTERM,hup " : "") + "--set checkpoint.save=" + ckpt,
+        tmp_dir("signal-log-" + name) + "/out.txt");
+    ASSERT_TRUE(run.wait_for("iteration        2/", 60)) << run.output();
+    ASSERT_EQ(::kill(run.pid, sig), 0);
+    ASSERT_EQ(run.wait_exit(60), 0) << run.output();
+    EXPECT_NE(run.output().find("dtk: received " + name + ": finishing this iteration, then saving and exiting"),
+              std::string::npos)
+        << run.output();
+    EXPECT_NE(run.output().find("exiting program after receiving " + name), std::string::npos) << run.output();
+    EXPECT_GE(tracked_iteration(ckpt), 2) << run.output();
+  }
+  {
+    // Before training (here: rank 0 of two waiting at the rendezvous for a rank that never comes,
+    // seen by its store's port accepting): one line, the signal's status, nothing written.
+    const std::string ckpt = tmp_dir("signal-startup");
+    const int port = dtk_test::free_port();
+    ::setenv("RANK", "0", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    Background run(long_run + "--set checkpoint.save=" + ckpt + " --set distributed.timeout_seconds=60",
+                   tmp_dir("signal-log-startup") + "/out.txt");
+    for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+    bool listening = false;
+    for (int i = 0; i < 3000 && !listening; ++i) {  // at most 60 s
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET, a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      listening = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(listening) << run.output();
+    ASSERT_EQ(::kill(run.pid, SIGTERM), 0);
+    EXPECT_EQ(run.wait_exit(60), 128 + SIGTERM) << run.output();
+    EXPECT_NE(run.output().find("dtk: received SIGTERM before training started: exiting, nothing was saved"),
+              std::string::npos)
+        << run.output();
+    EXPECT_EQ(tracked_iteration(ckpt), -1) << run.output();
+  }
+  expect_clean_error(run_dtk(kTrain + "--set train.save_on_signals=SIGTERM,SIGFOO", 60),
+                     "config: train.save_on_signals: 'SIGFOO' is not a signal DTK saves on (SIGTERM, SIGINT, SIGHUP");
+}
+
+// Launchers started with different --nnodes name the difference at once instead of waiting for a
+// rank that will never come; a rank killed mid-run is named by its rank, not "one of ranks 0, 1".
+TEST(BadInputs, LaunchersOfDifferentWorldsNameTheDifference) {
+  const int port = dtk_test::free_port();
+  auto launcher = [&](int nnodes, int node_rank) {
+    return std::string(DTK_BIN) + " launch --nnodes " + std::to_string(nnodes) + " --node_rank " +
+           std::to_string(node_rank) + " --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
+           std::to_string(port) + " " + kTrain + "--set distributed.timeout_seconds=20";
+  };
+  const Ran ran = run_together({launcher(2, 0), launcher(3, 1)}, 60);
+  for (const auto& r : ran.results) EXPECT_NE(r.code, 0) << r.out;
+  const std::string difference =
+      "rank 1 was started for a world of 3 ranks (dtk launch --nnodes 3 --nproc_per_node 1) but rank 0 for a world of "
+      "2 ranks (dtk launch --nnodes 2 --nproc_per_node 1)";
+  EXPECT_NE(ran.results[1].out.find("dtk: error: [rank 1] distributed: " + difference), std::string::npos)
+      << ran.results[1].out;
+  EXPECT_NE(ran.results[0].out.find(difference), std::string::npos) << ran.results[0].out;
+  EXPECT_EQ(ran.results[1].out.find("arrived within"), std::string::npos) << ran.results[1].out;
+}
+
+TEST(BadInputs, AKilledPeerIsNamedByItsRank) {
+  const int port = dtk_test::free_port();
+  const std::string dir = tmp_dir("killed-peer");
+  auto rank = [&](int r) {
+    ::setenv("RANK", std::to_string(r).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1), ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    ::setenv("LOCAL_WORLD_SIZE", "2", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    auto b = std::make_unique<Background>(kTrain +
+                                              "--set train.train_iters=100000 --set train.micro_batch_size=4 "
+                                              "--set distributed.timeout_seconds=20",
+                                          dir + "/rank" + std::to_string(r) + ".txt");
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+      ::unsetenv(v);
+    return b;
+  };
+  auto r0 = rank(0), r1 = rank(1);
+  ASSERT_TRUE(r0->wait_for("iteration        2/", 60)) << r0->output() << r1->output();
+  ASSERT_EQ(::kill(r1->pid, SIGKILL), 0);
+  EXPECT_EQ(r0->wait_exit(60), 1) << r0->output();
+  EXPECT_NE(r0->output().find("(the peer: rank 1 at 127.0.0.1, whose process has ended)"), std::string::npos)
+      << r0->output();
+}
+
+// A checkpoint's files: a directory where the tracker or a .pt file should be is named; one
+// verdict on a checkpoint for inspect and load (a garbage tracker, a listed file that is gone).
+TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
+  // The tracker is a directory.
+  const std::string tracker_dir = copy_of_shared_checkpoint("messages-tracker");
+  fs::remove(tracker_dir + "/latest_checkpointed_iteration.txt");
+  fs::create_directories(tracker_dir + "/latest_checkpointed_iteration.txt");
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + tracker_dir, 60),
+                     tracker_dir + "/latest_checkpointed_iteration.txt is a directory, not a file");
+  // The model file is a directory.
+  const std::string pt_dir = copy_of_shared_checkpoint("messages-pt");
+  fs::remove(pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  fs::create_directories(pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + pt_dir, 60),
+                     pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt is a directory, not a file");
+  // One verdict: a tracker holding garbage is not "complete" to inspect, since a load stops there.
+  const std::string garbage = copy_of_shared_checkpoint("messages-garbage");
+  std::ofstream(garbage + "/latest_checkpointed_iteration.txt", std::ios::trunc) << "two";
+  const dtk_test::Result inspect_garbage = run_dtk("checkpoint inspect " + garbage, 60);
+  EXPECT_NE(inspect_garbage.out.find("complete: NO: checkpoint: " + garbage +
+                                     "/latest_checkpointed_iteration.txt does not hold an iteration number"),
+            std::string::npos)
+      << inspect_garbage.out;
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + garbage, 60), "does not hold an iteration number");
+  // ... and a manifest listing a file that is gone is incomplete to both.
+  const std::string listed = copy_of_shared_checkpoint("messages-listed");
+  std::ofstream(listed + "/iter_0000002/SHA256SUMS", std::ios::app) << std::string(64, 'a') << "  extra.pt\n";
+  const dtk_test::Result inspect_listed = run_dtk("checkpoint inspect " + listed, 60);
+  EXPECT_EQ(inspect_listed.code, 1) << inspect_listed.out;
+  EXPECT_NE(inspect_listed.out.find("complete: NO: " + listed + "/iter_0000002/extra.pt is missing"), std::string::npos)
+      << inspect_listed.out;
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + listed, 60),
+                     "checkpoint: iteration 2 of " + listed + " is incomplete: " + listed +
+                         "/iter_0000002/extra.pt is missing (listed in SHA256SUMS)");
+}
+
+// Messages name the file and stay readable: a safetensors header that is a JSON array, a binary
+// file given as flags, a 10 MB one-line config, a read-only save directory, a tokenizer larger
+// than the checkpoint's model.
+TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
+  const std::string dir = tmp_dir("messages");
+  // A safetensors header that is a JSON array; a config.json that is one.
+  const std::string hf = dir + "/hf";
+  fs::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, )"
+                                     << R"("vocab_size": 512, "n_positions": 64})";
+  {
+    const std::string header = "[1, 2]  ";
+    std::string bytes(8, '\0');
+    bytes[0] = static_cast<char>(header.size());
+    std::ofstream(hf + "/model.safetensors", std::ios::binary | std::ios::trunc) << bytes << header;
+  }
+  expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
+                     "import hf: " + hf + "/model.safetensors: the header is a JSON array, not an object of tensors");
+  std::ofstream(hf + "/config.json", std::ios::trunc) << "[]";
+  expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
+                     "import hf: " + hf + "/config.json holds a JSON array, not an object");
+  // A binary file as Megatron flags: named, no control byte printed.
+  std::ofstream(dir + "/flags.bin", std::ios::binary) << std::string(
+      "\x7f"
+      "ELF\x02\x01\x01\x00\x1b[31m",
+      12);
+  const dtk_test::Result binary = run_dtk("config --megatron_args @" + dir + "/flags.bin", 60);
+  expect_clean_error(binary, "--megatron_args @" + dir + "/flags.bin: '" + dir +
+                                 "/flags.bin' is not a text file of flags (byte 0x7f at offset 0)");
+  EXPECT_EQ(binary.out.find('\x1b'), std::string::npos) << binary.out;
+  // A 10 MB one-line config: the error line is cut, saying how much was left out.
+  std::ofstream(dir + "/huge.pbtxt") << "train { train_iters: 3 } " << std::string(10 << 20, 'x') << "\n";
+  const dtk_test::Result huge = run_dtk("config --config " + dir + "/huge.pbtxt", 60);
+  EXPECT_EQ(huge.code, 1) << huge.out.substr(0, 3000);
+  const size_t at = huge.out.find("dtk: error: ");
+  ASSERT_NE(at, std::string::npos) << huge.out.substr(0, 3000);
+  const std::string line = huge.out.substr(at, huge.out.find('\n', at) - at);
+  EXPECT_LT(line.size(), 2100u) << line.substr(0, 3000);
+  EXPECT_NE(line.find(" more characters)"), std::string::npos) << line.substr(0, 3000);
+  // A read-only save directory: permission denied, naming it (root writes anywhere: then the run is
+  // made as nobody, where setpriv can).
+  {
+    const std::string ro = dir + "/read-only";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+    std::string as_user;
+    if (::geteuid() == 0) as_user = "--reuid=65534 --regid=65534 --clear-groups ";
+    if (as_user.empty() || std::system("setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null") == 0) {
+      const std::string cmd =
+          (as_user.empty() ? "" : "setpriv " + as_user) + DTK_BIN + " " + kTrain + "--set checkpoint.save=" + ro;
+      FILE* p = popen(("timeout -k 10 60 " + cmd + " 2>&1").c_str(), "r");
+      dtk_test::Result r{-1, ""};
+      char buf[4096];
+      while (p && fgets(buf, sizeof buf, p)) r.out += buf;
+      const int status = p ? pclose(p) : -1;
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      expect_clean_error(r, "checkpoint.save '" + ro + "': cannot write there (Permission denied)");
+    }
+  }
+  // generate: a tokenizer larger than the model is refused before the first prompt.
+  expect_clean_error(
+      run_dtk("generate --load " + shared_checkpoint() + " --prompt Hello --vocab_file " + std::string(DTK_VOCAB_DIR) +
+                  "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe",
+              60),
+      "generate: the tokenizer (GPT2BPETokenizer) has 50257 tokens but the model only 512: not the "
+      "tokenizer it was trained with");
 }
 
 }  // namespace

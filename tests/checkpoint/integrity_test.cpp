@@ -184,7 +184,10 @@ TEST(CheckpointIntegrity, DamagedFileIsNamedAndFallbackLoadsTheOlderOne) {
   // A file missing from the tracker's iteration, and a tracker that holds garbage, fall back too.
   const std::string m = copy_at_4("missing");
   fs::remove(m + kFile4);
-  dtk_test::expect_one_line_error(run(kTrain + "--set checkpoint.load=" + m), kFile4 + " does not exist");
+  // The verdict inspect and fallback use: the manifest lists a file that is gone.
+  dtk_test::expect_one_line_error(run(kTrain + "--set checkpoint.load=" + m),
+                                  "checkpoint: iteration 4 of " + m + " is incomplete: " + m + kFile4 +
+                                      " is missing (listed in SHA256SUMS)");
   const Result missing = run(kTrain + "--set checkpoint.load=" + m + " --set checkpoint.fallback=true");
   EXPECT_EQ(missing.code, 0) << missing.out;
   EXPECT_NE(missing.out.find(" loaded checkpoint from " + m + " at iteration 2\n"), std::string::npos) << missing.out;

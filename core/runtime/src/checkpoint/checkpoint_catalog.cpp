@@ -28,9 +28,9 @@ using host::HostError;
 
 int64_t read_checkpoint_tracker(const std::string& dir) {
   const std::string tracker = checkpoint_tracker_file(dir);
-  std::ifstream in(tracker);
-  if (!in) throw HostError("checkpoint: cannot read " + tracker + " (no checkpoint in " + dir + "?)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  if (!ckpt::read_file_bytes(tracker, &text))
+    throw HostError("checkpoint: cannot read " + tracker + " (no checkpoint in " + dir + "?)");
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
   int64_t iteration = -1;
   try {
@@ -192,7 +192,7 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   if (!sums.present) {
     const fs::path main = fs::path(iter_dir) / ckpt::first_rank_dir(iter_dir) / ckpt::kModelFile;
     if (!fs::is_regular_file(main, ec)) {
-      s.problem = main.string() + " is missing";
+      s.problem = main.string() + (fs::is_directory(main, ec) ? " is a directory, not a file" : " is missing");
       return s;
     }
     s.complete = true;
@@ -205,7 +205,8 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   for (const auto& [relative, hex] : sums.sha256) {
     const std::string file = (fs::path(iter_dir) / relative).string();
     if (!fs::is_regular_file(file, ec)) {
-      s.problem = file + " is missing (listed in " + ckpt::kChecksumsFile + ")";
+      s.problem = file + (fs::is_directory(file, ec) ? " is a directory, not a file" : " is missing") + " (listed in " +
+                  ckpt::kChecksumsFile + ")";
       return s;
     }
     if (!hash_files) continue;
@@ -223,6 +224,11 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   }
   s.complete = true;
   return s;
+}
+
+std::string checkpoint_verdict(const std::string& dir, int64_t iteration, bool hash_files) {
+  const IterationState st = check_checkpoint_iteration(dir, iteration, hash_files);
+  return st.complete ? "" : st.problem;
 }
 
 int64_t older_complete_iteration(const std::string& dir, int64_t before) {
@@ -301,6 +307,7 @@ namespace {
 struct InspectTarget {
   std::string save_dir;
   int64_t iteration = -1;
+  std::string tracker_problem;  // a save directory's tracker exists but names no iteration
 };
 
 // The report's head: the save directory, its tracker and its iterations. `path` is an iteration
@@ -322,6 +329,10 @@ InspectTarget print_save_dir(const std::string& path, std::ostream& out) {
     out << "  tracker: latest_checkpointed_iteration.txt names iteration " << tracked << "\n";
   } catch (const std::exception& e) {
     out << "  tracker: " << ckpt::first_line(e.what()) << "\n";
+    // Loading the save directory reads the tracker first: one that exists but names no iteration
+    // stops a load (checkpoint_verdict).
+    if (target.iteration < 0 && fs::exists(checkpoint_tracker_file(target.save_dir), ec))
+      target.tracker_problem = ckpt::first_line(e.what());
   }
   const std::vector<int64_t> all = list_checkpoint_iterations(target.save_dir);
   if (all.empty()) throw HostError("checkpoint inspect: " + target.save_dir + " holds no iter_NNNNNNN directory");
@@ -576,6 +587,12 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
   const RankLayout layout = print_rank_files(iter_dir, options, config_text, problem, out);
   check_other_files(iter_dir, layout, options, problem, out);
   if (!config_text.empty()) print_saved_config(config_text, out);
+  // The verdict a load and checkpoint.fallback use, so that inspect never calls complete what
+  // training refuses (the report above already hashed the files when verifying).
+  if (problem.empty()) problem = checkpoint_verdict(target.save_dir, target.iteration, false);
+  if (problem.empty() && !target.tracker_problem.empty())
+    problem = target.tracker_problem + " (a load of " + target.save_dir +
+              " stops there; checkpoint.fallback=true loads the newest complete iteration)";
   if (problem.empty() && !sums.present)
     out << "complete: yes (unverified: no " << ckpt::kChecksumsFile << ")\n";
   else if (problem.empty())

@@ -28,6 +28,27 @@ using host::HostError;
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+bool read_file_bytes(const std::string& path, std::string* bytes) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return false;
+  if (st.type() == fs::file_type::directory) throw HostError("checkpoint: " + path + " is a directory, not a file");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    if (errno == ENOENT) return false;
+    throw HostError("checkpoint: cannot read " + path + ": " + std::strerror(errno));
+  }
+  bytes->clear();
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes->append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  const int err = errno;
+  std::fclose(f);
+  if (failed) throw HostError("checkpoint: reading " + path + " failed: " + std::strerror(err));
+  return true;
+}
+
 std::string mp_rank_dir(int tp_rank, int pp_rank, int pp_size) {
   char buf[48];
   if (pp_size > 1)
@@ -112,8 +133,9 @@ Written write_pickle(const std::string& path, const c10::IValue& value) {
 Checksums read_checksums(const std::string& iter_dir) {
   Checksums sums;
   const std::string file = (fs::path(iter_dir) / kChecksumsFile).string();
-  std::ifstream in(file);
-  if (!in) return sums;
+  std::string text;
+  if (!read_file_bytes(file, &text)) return sums;
+  std::istringstream in(text);
   sums.present = true;
   std::string line;
   int number = 0;
@@ -133,9 +155,10 @@ Checksums read_checksums(const std::string& iter_dir) {
 
 c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint, const Checksums* sums,
                                          const std::string& relative) {
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw HostError("checkpoint: " + file + " does not exist" + hint);
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  if (!read_file_bytes(file, &bytes)) throw HostError("checkpoint: " + file + " does not exist" + hint);
+  std::vector<char> data(bytes.begin(), bytes.end());
+  bytes = std::string();
   if (sums && sums->present) {
     auto it = sums->sha256.find(relative);
     if (it == sums->sha256.end())

@@ -21,6 +21,10 @@ constexpr const char* kModelFile = "model_optim_rng.pt";
 constexpr const char* kChecksumsFile = "SHA256SUMS";
 
 std::string first_line(const std::string& s);
+// The bytes of a checkpoint file; false when it does not exist. Anything else that keeps it from
+// being read (a directory in its place, no permission, an I/O error) is one HostError line naming
+// the file and the reason: the one path every checkpoint file is read through.
+bool read_file_bytes(const std::string& path, std::string* bytes);
 // "mp_rank_03" (one pipeline stage) or Megatron's "mp_rank_03_001" (tensor-parallel rank 3 of
 // pipeline stage 1, with pp_size > 1); "optim_dp_rank_001.pt".
 std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
@@ -57,12 +58,20 @@ std::map<std::string, std::string> options_of(const config::PluginChoice& c) {
 
 }  // namespace
 
-std::string model_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
-                             host::PluginHost& plugins, const std::string& where) {
-  const std::string head = "checkpoint " + where + " was trained with ";
+namespace {
+
+// The first difference between the recorded model and the run's that changes the function: what
+// the checkpoint has ("model.num_layers=2", "model plugin 'gpt'"), what the run has, and how to
+// make the run match. Empty `recorded_text` when they agree.
+struct Difference {
+  std::string recorded_text, run_text, remedy;
+};
+
+Difference first_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
+                            host::PluginHost& plugins) {
   if (recorded.name() != run.name())
-    return head + "model plugin '" + recorded.name() + "' but this run has '" + run.name() + "'; pass --model " +
-           recorded.name() + " (and its options) or --use_checkpoint_args";
+    return {"model plugin '" + recorded.name() + "'", "'" + run.name() + "'",
+            "--model " + recorded.name() + " (and its options)"};
   const host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, run.name());
   std::map<std::string, std::string> run_values;
   for (auto& [k, v] : host::resolve_options(plugin, options_of(run))) run_values[k] = v;
@@ -78,10 +87,19 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
     if (spec->type == DTK_OPT_INT && spec->default_value && std::string(spec->default_value) == "0" &&
         (same_value(DTK_OPT_INT, rec->second, "0") || same_value(DTK_OPT_INT, mine, "0")))
       continue;
-    return head + "model." + name + "=" + rec->second + " but this run has " + mine + "; pass --set model." + name +
-           "=" + rec->second + " or --use_checkpoint_args";
+    return {"model." + name + "=" + rec->second, mine, "--set model." + name + "=" + rec->second};
   }
-  return "";
+  return {};
+}
+
+}  // namespace
+
+std::string model_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
+                             host::PluginHost& plugins, const std::string& where) {
+  const Difference d = first_difference(recorded, run, plugins);
+  if (d.recorded_text.empty()) return "";
+  return "checkpoint " + where + " was trained with " + d.recorded_text + " but this run has " + d.run_text +
+         "; pass " + d.remedy + " or --use_checkpoint_args";
 }
 
 std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
@@ -146,6 +164,32 @@ std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost&
   if (ck.use_checkpoint_args()) return adopt_checkpoint_model(recorded, cfg.mutable_model(), ck.load());
   const std::string difference = model_difference(recorded, cfg.model(), plugins, ck.load());
   if (!difference.empty()) throw HostError(difference);
+  return "";
+}
+
+std::string save_folder_owner_difference(const config::RunConfig& cfg, host::PluginHost& plugins) {
+  const auto& ck = cfg.checkpoint();
+  if (ck.save().empty() || ck.overwrite_other_run()) return "";
+  // The owner: the model recorded in the newest iteration that records one. A folder without
+  // checkpoints, or whose checkpoints record no configuration that reads (another program's, or
+  // damaged ones: the load reports those), has none to compare.
+  const std::vector<int64_t> iterations = list_checkpoint_iterations(ck.save());
+  for (auto it = iterations.rbegin(); it != iterations.rend(); ++it) {
+    const std::string iter_dir = checkpoint_iter_dir(ck.save(), *it);
+    config::RunConfig saved;
+    try {
+      if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved)) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (!saved.has_model() || saved.model().name().empty()) continue;
+    const Difference d = first_difference(saved.model(), cfg.model(), plugins);
+    if (d.recorded_text.empty()) return "";
+    return "checkpoint.save '" + ck.save() + "' holds another run's checkpoints (" +
+           std::filesystem::path(iter_dir).filename().string() + " was trained with " + d.recorded_text +
+           " but this run has " + d.run_text + "): save into another folder, or pass --set " +
+           "checkpoint.overwrite_other_run=true to write into this one";
+  }
   return "";
 }
 

@@ -24,14 +24,18 @@
 
 #include <dtk/plugin.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
 
 #include "dtk/core/comm/comm.hpp"
+#include "dtk/core/comm/peer_processes.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/host/error.hpp"
 #include "nccl_backend.hpp"
@@ -71,6 +75,7 @@ struct CommState {
   ProcessGroups groups;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::vector<std::string> rank_addresses;  // set_rank_addresses
+  std::vector<std::string> rank_processes;  // set_rank_processes
 };
 
 CommState& state() {
@@ -140,11 +145,18 @@ std::string peer_of(const std::string& message) {
     if (close == std::string::npos) break;
     const std::string address = message.substr(open + 1, close - open - 1);
     std::string ranks;
+    std::vector<int> candidates;
     int n = 0;
     for (size_t r = 0; r < addresses.size(); ++r)
-      if (addresses[r] == address) ranks += (n++ ? ", " : "") + std::to_string(r);
+      if (addresses[r] == address)
+        ranks += (n++ ? ", " : "") + std::to_string(r), candidates.push_back(static_cast<int>(r));
     if (n == 1) return "rank " + ranks + " at " + address;
-    if (n > 1) return "one of ranks " + ranks + " at " + address;
+    if (n > 1) {
+      // Ranks of one machine share its address: the one whose process ended is the peer.
+      const std::vector<int> ended = ended_ranks(candidates);
+      if (ended.size() == 1) return "rank " + std::to_string(ended[0]) + " at " + address + ", whose process has ended";
+      return "one of ranks " + ranks + " at " + address;
+    }
   }
   return "";
 }
@@ -284,6 +296,43 @@ void install_process_groups(const Topology& topology, ProcessGroups groups, std:
 void set_rank_addresses(std::vector<std::string> addresses) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().rank_addresses = std::move(addresses);
+}
+
+namespace {
+std::string host_name() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+}  // namespace
+
+std::string this_process_identity() { return host_name() + " " + std::to_string(::getpid()); }
+
+void set_rank_processes(std::vector<std::string> identities) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().rank_processes = std::move(identities);
+}
+
+std::vector<int> ended_ranks(const std::vector<int>& ranks) {
+  std::vector<std::string> processes;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    processes = state().rank_processes;
+  }
+  const std::string here = host_name() + " ";
+  std::vector<int> ended;
+  for (int r : ranks) {
+    if (r < 0 || static_cast<size_t>(r) >= processes.size() || processes[r].rfind(here, 0) != 0) continue;
+    const std::string pid = processes[r].substr(here.size());
+    // /proc/PID/stat: "PID (comm) S ...": gone, or Z (zombie) / X (dead).
+    std::ifstream stat("/proc/" + pid + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');
+    const char state_char = close != std::string::npos && close + 2 < text.size() ? text[close + 2] : '?';
+    if (!stat || text.empty() || state_char == 'Z' || state_char == 'X') ended.push_back(r);
+  }
+  return ended;
 }
 
 void release_process_groups() {

@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -368,11 +372,26 @@ void choose_model(MegatronMapping& m, bool rope, bool rms_norm, bool swiglu, con
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw HostError("--megatron_args @" + path + ": cannot read the file");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw HostError("--megatron_args @" + path + ": '" + path + "' is a directory, not a file of flags");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw HostError("--megatron_args @" + path + ": cannot read the file (" + std::strerror(errno) + ")");
   std::stringstream ss;
   ss << in.rdbuf();
-  return ss.str();
+  std::string text = ss.str();
+  // Flags are text: a control byte (other than whitespace) means another kind of file, whose
+  // bytes would otherwise come back in an error about a "flag".
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && !std::isspace(c)) || c == 0x7f) {
+      char byte[8];
+      std::snprintf(byte, sizeof byte, "0x%02x", c);
+      throw HostError("--megatron_args @" + path + ": '" + path + "' is not a text file of flags (byte " + byte +
+                      " at offset " + std::to_string(i) + ")");
+    }
+  }
+  return text;
 }
 
 }  // namespace

@@ -74,11 +74,15 @@ at::ScalarType from_safetensors_dtype(const std::string& d, const std::string& f
 nlohmann::json parse_json_file(const std::string& file, const std::string& missing_hint) {
   std::ifstream in(file);
   if (!in) throw HostError("import hf: cannot read " + file + missing_hint);
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(in);
+    j = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
     throw HostError("import hf: " + file + " is not JSON: " + ckpt::first_line(e.what()));
   }
+  // Every JSON file of a Hugging Face folder is an object (its keys are what is read).
+  if (!j.is_object()) throw HostError("import hf: " + file + " holds a JSON " + j.type_name() + ", not an object");
+  return j;
 }
 
 }  // namespace
@@ -121,6 +125,9 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   } catch (const std::exception& e) {
     throw HostError("import hf: " + file + ": the header is not JSON: " + ckpt::first_line(e.what()));
   }
+  if (!header.is_object())
+    throw HostError("import hf: " + file + ": the header is a JSON " + std::string(header.type_name()) +
+                    ", not an object of tensors (not a safetensors file?)");
   const size_t base = 8 + n;
   std::map<std::string, at::Tensor> out;
   for (auto it = header.begin(); it != header.end(); ++it) {

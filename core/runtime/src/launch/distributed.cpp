@@ -2,6 +2,7 @@
 // See dtk/core/launch/distributed.hpp for the group layout.
 #include "dtk/core/launch/distributed.hpp"
 #include "../comm/nccl_backend.hpp"
+#include "dtk/core/comm/peer_processes.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/run_agreement.hpp"
 
@@ -238,14 +239,54 @@ std::string diagnose_startup(const LaunchEnv& le, const std::string& step_id) {
 
 // Every rank checks in; all wait (bounded) until the whole world did, so a missing peer is
 // reported here, by count, rather than later as a socket timeout inside Gloo.
+// The world this rank was told about, as it was told: "a world of 3 ranks (dtk launch --nnodes 3
+// --nproc_per_node 1)", or the launcher's variables.
+std::string world_told(const LaunchEnv& le) {
+  std::string how;
+  if (const char* launch = env("DTK_LAUNCH_WORLD"))
+    how = std::string("dtk launch ") + launch;
+  else if (env("LOCAL_WORLD_SIZE"))
+    how = le.source + ": WORLD_SIZE=" + std::to_string(le.world_size) + ", LOCAL_WORLD_SIZE=" + env("LOCAL_WORLD_SIZE");
+  else
+    how = le.source;
+  return "a world of " + std::to_string(le.world_size) + " ranks (" + how + ")";
+}
+
+// Before waiting for the world: the world every rank was told about is rank 0's, or the launches
+// differ (launchers started with other --nnodes or --nproc_per_node), which waiting cannot fix.
+// Rank 0 publishes its world; each other rank compares and, when it differs, publishes the
+// difference, which rank 0 (and every rank waiting) reports too. Returns "" while nothing differs.
+std::string world_difference(c10d::Store& store, const LaunchEnv& le) {
+  const std::string world_key = "dtk/rendezvous/world", size_key = "dtk/rendezvous/world_size";
+  const std::string mismatch_key = "dtk/rendezvous/world_mismatch";
+  if (store.check({mismatch_key})) {
+    const std::vector<uint8_t> m = store.get(mismatch_key);
+    return std::string(m.begin(), m.end());
+  }
+  if (le.rank == 0 || !store.check({world_key, size_key})) return "";
+  const std::vector<uint8_t> size = store.get(size_key), told = store.get(world_key);
+  if (std::string(size.begin(), size.end()) == std::to_string(le.world_size)) return "";
+  const std::string difference = "rank " + std::to_string(le.rank) + " was started for " + world_told(le) +
+                                 " but rank 0 for " + std::string(told.begin(), told.end()) +
+                                 ": start every launcher with the same --nnodes and --nproc_per_node";
+  store.set(mismatch_key, std::vector<uint8_t>(difference.begin(), difference.end()));
+  return difference;
+}
+
 void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds timeout) {
   try {
     const std::string key = "dtk/rendezvous/arrived";
+    if (le.rank == 0) {
+      const std::string told = world_told(le), size = std::to_string(le.world_size);
+      store.set("dtk/rendezvous/world", std::vector<uint8_t>(told.begin(), told.end()));
+      store.set("dtk/rendezvous/world_size", std::vector<uint8_t>(size.begin(), size.end()));
+    }
     store.set(step_key("rendezvous/began", le.rank), std::vector<uint8_t>{1});
     store.set(step_key("rendezvous", le.rank), std::vector<uint8_t>{1});
     store.add(key, 1);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (int64_t arrived = store.add(key, 0); arrived < le.world_size; arrived = store.add(key, 0)) {
+      if (const std::string d = world_difference(store, le); !d.empty()) throw HostError("distributed: " + d);
       if (std::chrono::steady_clock::now() >= deadline)
         throw HostError(
             "distributed: rendezvous at " + le.master_addr + ":" + std::to_string(le.master_port) +
@@ -254,6 +295,8 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
             " s; missing: " + rank_list(ranks_missing(store, le, "rendezvous")));
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    // Enough ranks arrived for this rank's world; rank 0's may still be another one.
+    if (const std::string d = world_difference(store, le); !d.empty()) throw HostError("distributed: " + d);
   } catch (const HostError&) {
     throw;
   } catch (const std::exception& e) {
@@ -444,6 +487,8 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
     std::fflush(stderr);
     store->set("dtk/address/" + std::to_string(le.rank),
                std::vector<uint8_t>(endpoint.address.begin(), endpoint.address.end()));
+    const std::string process = this_process_identity();
+    store->set("dtk/process/" + std::to_string(le.rank), std::vector<uint8_t>(process.begin(), process.end()));
     begin("config", "comparing the ranks' configurations");
     require_same_run(*store, le, description, timeout);
     done("config");
@@ -473,6 +518,12 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
       addresses.push_back(text.substr(0, text.find(' ')));
     }
     set_rank_addresses(std::move(addresses));
+    std::vector<std::string> processes;
+    for (int r = 0; r < le.world_size; ++r) {
+      const std::vector<uint8_t> p = store->get("dtk/process/" + std::to_string(r));
+      processes.emplace_back(p.begin(), p.end());
+    }
+    set_rank_processes(std::move(processes));
     return groups;
   } catch (const std::exception& e) {
     // A store error (c10::Error) gets the step's context; then the others hear of it (best

@@ -12,6 +12,7 @@
 
 #include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/trainer.hpp"
 #include "dtk/host/plugin_host.hpp"
 
@@ -45,6 +46,9 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
 }  // namespace
 
 int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks) {
+  // From here a signal of train.save_on_signals is handled: before the loop it ends the run with a
+  // line saying so, in the loop it saves and stops (exit_conditions.hpp).
+  const StartupSignals signals(cfg.train());
   config::RunConfig run = bench_config(cfg);
   // The checkpoint's model against this run's, before anything is built (checkpoint_model.hpp).
   const std::string adopted = reconcile_checkpoint_model(run, plugins);
@@ -52,6 +56,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHoo
     std::printf("%s\n", adopted.c_str());
     std::fflush(stdout);
   }
+  // Nothing is written into a folder holding another run's checkpoints unless asked.
+  if (const std::string other = save_folder_owner_difference(run, plugins); !other.empty())
+    throw host::HostError(other);
   Trainer trainer(run, plugins, std::move(hooks));
   trainer.train();
   if (!trainer.stopped_early()) trainer.final_evaluation();

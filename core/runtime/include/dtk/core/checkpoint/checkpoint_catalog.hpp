@@ -31,6 +31,11 @@ struct IterationState {
 };
 IterationState check_checkpoint_iteration(const std::string& dir, int64_t iteration, bool hash_files);
 
+// The one verdict on iteration `iteration` of save directory `dir`, shared by `dtk checkpoint
+// inspect`, every load and checkpoint.fallback's choice: "" when it is complete (above), else why
+// not, one line naming the file.
+std::string checkpoint_verdict(const std::string& dir, int64_t iteration, bool hash_files);
+
 // The newest iteration below `before` (any, when before < 0) that is complete without hashing (the
 // load that follows verifies the checksums); -1 if none.
 int64_t older_complete_iteration(const std::string& dir, int64_t before);

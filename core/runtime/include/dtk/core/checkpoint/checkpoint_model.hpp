@@ -57,4 +57,10 @@ std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config:
 // another program) is not compared.
 std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost& plugins);
 
+// A save folder's owner (checkpoint.save, checkpoint.overwrite_other_run): the model recorded in
+// its newest checkpoint that records one. Returns "" when the folder has none or it is this run's
+// model (compared as a load compares, model_difference), else the one-line refusal naming the
+// folder, the iteration, the option and both values. "" too with checkpoint.overwrite_other_run.
+std::string save_folder_owner_difference(const config::RunConfig& cfg, host::PluginHost& plugins);
+
 }  // namespace dtk::core

@@ -4,20 +4,45 @@
 // that reached one rank stops them all at the same iteration and none waits for the others.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk_config.pb.h"
 
 namespace dtk::core {
 
+// The signals that save and exit (train.save_on_signals; unset: SIGTERM, SIGINT, SIGHUP, SIGUSR1,
+// SIGUSR2; none when train.exit_signal_handler is false), as signal numbers. One HostError line
+// for a name that is not one of them.
+std::vector<int> save_on_signals(const config::TrainingConfig& train);
+
+// The handlers of save_on_signals, from the start of a run (pretrain()) to its end. Before the
+// training loop (ExitConditions) a signal ends the process at once with one line saying nothing
+// was saved and the signal's own status (128 + its number); in the loop it is recorded; after the
+// loop it ends the process.
+class StartupSignals {
+ public:
+  explicit StartupSignals(const config::TrainingConfig& train);
+  ~StartupSignals();
+  StartupSignals(const StartupSignals&) = delete;
+  StartupSignals& operator=(const StartupSignals&) = delete;
+
+ private:
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
+};
+
 class ExitConditions {
  public:
-  // Installs the SIGTERM/SIGINT handler unless train.exit_signal_handler is false. The handler
-  // only records the signal; a second one of the same kind ends the process at once (the
-  // default action), as a user pressing Ctrl-C twice expects.
+  // Handles the signals of train.save_on_signals (installing the handlers unless pretrain()'s
+  // StartupSignals did). The handler only records the signal; a second one of the same kind ends
+  // the process at once (the default action), as a user pressing Ctrl-C twice expects.
   ExitConditions(const config::TrainingConfig& train, const Topology& topo);
   ~ExitConditions();
   ExitConditions(const ExitConditions&) = delete;
@@ -32,8 +57,9 @@ class ExitConditions {
   const Topology& topo_;
   const int64_t interval_;
   const double duration_minutes_;
-  const bool handle_signals_;
+  bool handle_signals_ = false;
   const std::chrono::steady_clock::time_point start_;
+  std::optional<StartupSignals> own_;  // when no StartupSignals was installed before
 };
 
 // For tests: the signal the handler recorded (0 if none) and a reset.

@@ -6,7 +6,9 @@
 #     each run's memory report and data-parallel traffic per iteration.
 #  2. Capacity: the largest GPT (4 layers, growing hidden size) that trains under a device memory
 #     budget (train.memory_limit_mb) with ddp, with zero stage 2 + optimizer offload (cpu_adam), and
-#     with zero stage 3 + optimizer and parameter offload, one process.
+#     with zero stage 3 + optimizer and parameter offload, one process; the host memory each
+#     needs at its largest size (the memory report's host max allocated), and the step time of
+#     every row at one size all of them hold (hidden 512).
 #
 #   tools/bench/zero.sh [--budget_mb 256] [--quick]
 # Needs a build (tools/build.sh). Uses tcmalloc when Debian's libtcmalloc-minimal4 is installed
@@ -37,10 +39,11 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=5
   --set eval.eval_iters=0 --set eval.eval_interval=0 --set lr.lr_warmup_iters=2"
 NAMES=("ddp (all-reduce, the peer)" "zero stage 1" "zero stage 2" "zero stage 2, overlap_comm"
-  "zero stage 2, offload_optimizer=cpu, cpu_adam" "zero stage 3")
+  "zero stage 2, offload_optimizer=cpu, cpu_adam" "zero stage 2, offload, delayed_param_update" "zero stage 3")
 ARGS=("--strategy ddp" "--strategy zero --set strategy.stage=1" "--strategy zero --set strategy.stage=2"
   "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam"
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam --set strategy.delayed_param_update=true"
   "--strategy zero --set strategy.stage=3")
 declare -A RATES TRAFFIC MEM
 for ((rep = 0; rep < REPS; rep++)); do
@@ -74,26 +77,47 @@ CAP="train --config configs/gpt-tiny.pbtxt --dataset synthetic --set model.num_l
   --set train.global_batch_size=1 --set train.train_iters=2 --set logging.log_interval=1 --set eval.eval_iters=0
   --set eval.eval_interval=0 --set lr.lr_warmup_iters=0 --set train.memory_limit_mb=$BUDGET
   --set train.skip_memory_check=true"
-printf '%-52s %8s %14s %14s\n' "strategy" "hidden" "parameters" "max device MB"
+printf '%-52s %8s %14s %14s %12s\n' "strategy" "hidden" "parameters" "max device MB" "max host MB"
 capacity() {  # name, args
-  local best="" params="" peak="" out
+  local best="" params="" peak="" host="" out
   for h in "${HIDDEN[@]}"; do
     if out=$($DTK $CAP --set model.hidden_size="$h" $2 2>&1); then
       best=$h
       params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
       peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
+      host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
     else
       echo "$out" | grep -q "device memory budget" || { echo "$1: hidden $h failed: $(echo "$out" | tail -1)"; }
       break
     fi
   done
-  printf '%-52s %8s %14s %14s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}"
+  printf '%-52s %8s %14s %14s %12s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
 }
 capacity "ddp" "--strategy ddp"
 # Gradient buckets of 2M elements: DeepSpeed's default (5e8) would stage the whole model's fp32
 # gradient at once on a model this size.
 BUCKETS="--set strategy.reduce_bucket_size=2000000 --set strategy.allgather_bucket_size=2000000"
+capacity "zero stage 3 (no offload), cpu_adam" "--strategy zero --set strategy.stage=3 --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 2, offload_optimizer=cpu, cpu_adam" \
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, offload optimizer + param, cpu_adam" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+
+# Step time at one size every row holds: hidden 512, 8 iterations, the median of iterations 3-8.
+echo
+echo "== 2b. step time at hidden 512 (12.9 M parameters), same settings, median of iterations 3-8"
+printf '%-52s %10s\n' "strategy" "step ms"
+step_time() {  # name, args
+  local out ms
+  out=$($DTK ${CAP/train_iters=2/train_iters=8} --set model.hidden_size=512 $2 2>&1) || { echo "$1: failed: $(echo "$out" | tail -1)"; return; }
+  ms=$(echo "$out" | grep -o "elapsed time per iteration (ms): [0-9.]*" | grep -o "[0-9.]*$" | tail -n +3 | median)
+  printf '%-52s %10s\n' "$1" "$ms"
+}
+step_time "ddp" "--strategy ddp"
+step_time "zero stage 3 (no offload), cpu_adam" "--strategy zero --set strategy.stage=3 --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 2, offload_optimizer=cpu, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 2, offload, delayed_param_update" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS --set strategy.delayed_param_update=true"
+step_time "zero stage 3, offload optimizer + param, cpu_adam" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"

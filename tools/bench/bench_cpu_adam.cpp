@@ -30,6 +30,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// A 64-byte-per-instruction streaming copy (AVX-512 loads, non-temporal stores), compiled for
+// AVX-512 on its own and run only where the CPU has it: the widest copy this machine can do.
+__attribute__((target("avx512f"))) void copy_avx512_stream(char* o, const char* i, int64_t len) {
+  for (int64_t k = 0; k < len; k += 64)
+    _mm512_stream_ps(reinterpret_cast<float*>(o + k), _mm512_load_ps(reinterpret_cast<const float*>(i + k)));
+  _mm_sfence();
+}
+
 template <class F>
 double median_seconds(int reps, F&& f) {
   std::vector<double> t;
@@ -80,8 +88,8 @@ int main(int argc, char** argv) {
   std::printf("allocator: LibTorch's default CPU allocator (c10 posix_memalign, 64-byte aligned), for every buffer\n");
 
   // Ceiling: the best of several copies of kernel_bytes/2 bytes (so read + write = kernel_bytes),
-  // one contiguous slice per thread: glibc memcpy, LibTorch's Tensor::copy_, and SSE2 loops with
-  // ordinary and with non-temporal stores. The best one is the bandwidth this machine gives a
+  // one contiguous slice per thread: glibc memcpy, LibTorch's Tensor::copy_, SSE2 loops with
+  // ordinary and with non-temporal stores, and an AVX-512 streaming loop where the CPU has it. The best one is the bandwidth this machine gives a
   // streaming kernel in this run; a kernel beating a weak probe would prove nothing.
   // Every timed body runs once per round, rounds interleaved (copy probes, then the kernel with
   // ordinary and with streaming stores), so a change of the machine's load during the run moves
@@ -138,14 +146,17 @@ int main(int argc, char** argv) {
                       nullptr, run);
     };
   };
+  const auto avx512_probe = sliced(copy_avx512_stream);
+  const bool has_avx512 = ca::isa_supported(ca::Isa::kAvx512);
   const std::pair<const char*, std::function<void(int)>> bodies[] = {
       {"copy memcpy (glibc)", memcpy_probe},
       {"copy Tensor::copy_", [&](int) { dst.copy_(src); }},
       {"copy SSE2 load/store", sse_probe},
       {"copy SSE2 stream store", nt_probe},
+      {has_avx512 ? "copy AVX-512 stream st." : "copy SSE2 stream (again)", has_avx512 ? std::function<void(int)>(avx512_probe) : std::function<void(int)>(nt_probe)},
       {"cpu_adam ordinary st.", kernel_with(0)},
       {"cpu_adam streaming st.", kernel_with(1)}};
-  constexpr size_t kBodies = sizeof(bodies) / sizeof(bodies[0]), kProbes = 4;
+  constexpr size_t kBodies = sizeof(bodies) / sizeof(bodies[0]), kProbes = 5;
   std::vector<std::vector<double>> times(kBodies);
   for (const auto& b : bodies) b.second(0);  // warm-up: pages, OpenMP threads
   for (int r = 0; r < reps; ++r)

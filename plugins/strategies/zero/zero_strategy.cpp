@@ -512,16 +512,18 @@ void ZeroStrategy::apply_step() {
   const Layout& l = *layout_;
   // Offloaded masters go back to the GPU without blocking the host (pinned memory: the copy engine
   // runs them in order before the gathers queued next); masters_ is not written again before the
-  // next step, whose backward the host has waited for.
+  // next step, whose backward the host has waited for. Except under delayed_param_update: the
+  // next step starts on the host right after this, so the copies complete first.
+  const bool non_blocking = !opt_.delayed_param_update;
   if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
-    if (!masters_alias_) part_params_.copy_(masters_, /*non_blocking=*/true);
+    if (!masters_alias_) part_params_.copy_(masters_, non_blocking);
   } else if (!masters_alias_) {
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
       full_[b]
           .narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
-          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), /*non_blocking=*/true);
+          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), non_blocking);
     }
   }
   if (gather_overlapped_)

@@ -18,6 +18,9 @@
 //            host memory; the optimizer (cpu_adam) steps them there; updated parameters go back to
 //            the device in the parameter dtype. offload_param=cpu (stage 3): the parameter
 //            partition lives in host memory too.
+//   delayed_param_update (with offload_optimizer=cpu): ZeRO-Offload's one-step delayed update;
+//            from iteration 2 the step runs on a host thread during the next forward and backward
+//            (launch_delayed_step / finish_delayed_step below).
 //
 // The layout (layout.hpp) is bucket-major; the optimizer steps one 1-D shard per parameter that
 // intersects this rank's partition, named after the parameter, so its state is per parameter and

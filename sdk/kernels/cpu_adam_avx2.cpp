@@ -19,7 +19,26 @@ inline __m128i to_bf16(__m256 x) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-template <bool kBf16Grad>
+// Stores of the updated values. kStream: non-temporal (the run is larger than the caches, so the
+// lines go straight to memory instead of evicting the arrays still to be read; the caller checked
+// the alignment: run_job streams only 64-byte aligned arrays, and every vector here starts at a
+// multiple of the vector width from the tile's start).
+template <bool kStream>
+inline void store(float* dst, __m256 x) {
+  if constexpr (kStream)
+    _mm256_stream_ps(dst, x);
+  else
+    _mm256_storeu_ps(dst, x);
+}
+template <bool kStream>
+inline void store_half(uint16_t* dst, __m128i x) {
+  if constexpr (kStream)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), x);
+  else
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), x);
+}
+
+template <bool kBf16Grad, bool kStream>
 void body(const Job& j, int64_t begin, int64_t end) {
   const Consts& k = j.k;
   const __m256 decay = _mm256_set1_ps(k.decay), wd = _mm256_set1_ps(k.wd), b1 = _mm256_set1_ps(k.b1),
@@ -44,26 +63,27 @@ void body(const Job& j, int64_t begin, int64_t end) {
     }
     const __m256 m = _mm256_fmadd_ps(g, omb1, _mm256_mul_ps(_mm256_loadu_ps(j.exp_avg + i), b1));
     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(_mm256_loadu_ps(j.exp_avg_sq + i), b2));
-    _mm256_storeu_ps(j.exp_avg + i, m);
-    _mm256_storeu_ps(j.exp_avg_sq + i, v);
+    store<kStream>(j.exp_avg + i, m);
+    store<kStream>(j.exp_avg_sq + i, v);
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2_sqrt), eps);
     p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step, m), denom));
-    _mm256_storeu_ps(j.param + i, p);
-    if (j.bf16_out) _mm_storeu_si128(reinterpret_cast<__m128i*>(j.bf16_out + i), to_bf16(p));
+    store<kStream>(j.param + i, p);
+    if (j.bf16_out) store_half<kStream>(j.bf16_out + i, to_bf16(p));
     if (j.fp16_out)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(j.fp16_out + i),
+      store_half<kStream>(j.fp16_out + i,
                        _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  if constexpr (kStream) _mm_sfence();  // the streamed lines are visible before the tail and the join
   update_range_scalar(j, i, end);
 }
 
 }  // namespace
 
 void update_range_avx2(const Job& j, int64_t begin, int64_t end) {
-  if (j.grad16)
-    body<true>(j, begin, end);
+  if (j.stream)
+    j.grad16 ? body<true, true>(j, begin, end) : body<false, true>(j, begin, end);
   else
-    body<false>(j, begin, end);
+    j.grad16 ? body<true, false>(j, begin, end) : body<false, false>(j, begin, end);
 }
 
 }  // namespace dtk::cpu_adam::detail

@@ -17,7 +17,26 @@ inline __m256i to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-template <bool kBf16Grad>
+// Stores of the updated values. kStream: non-temporal (the run is larger than the caches, so the
+// lines go straight to memory instead of evicting the arrays still to be read; the caller checked
+// the alignment: run_job streams only 64-byte aligned arrays, and every vector here starts at a
+// multiple of the vector width from the tile's start).
+template <bool kStream>
+inline void store(float* dst, __m512 x) {
+  if constexpr (kStream)
+    _mm512_stream_ps(dst, x);
+  else
+    _mm512_storeu_ps(dst, x);
+}
+template <bool kStream>
+inline void store_half(uint16_t* dst, __m256i x) {
+  if constexpr (kStream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), x);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), x);
+}
+
+template <bool kBf16Grad, bool kStream>
 void body(const Job& j, int64_t begin, int64_t end) {
   const Consts& k = j.k;
   const __m512 decay = _mm512_set1_ps(k.decay), wd = _mm512_set1_ps(k.wd), b1 = _mm512_set1_ps(k.b1),
@@ -42,26 +61,27 @@ void body(const Job& j, int64_t begin, int64_t end) {
     }
     const __m512 m = _mm512_fmadd_ps(g, omb1, _mm512_mul_ps(_mm512_loadu_ps(j.exp_avg + i), b1));
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(_mm512_loadu_ps(j.exp_avg_sq + i), b2));
-    _mm512_storeu_ps(j.exp_avg + i, m);
-    _mm512_storeu_ps(j.exp_avg_sq + i, v);
+    store<kStream>(j.exp_avg + i, m);
+    store<kStream>(j.exp_avg_sq + i, v);
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2_sqrt), eps);
     p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(neg_step, m), denom));
-    _mm512_storeu_ps(j.param + i, p);
-    if (j.bf16_out) _mm256_storeu_si256(reinterpret_cast<__m256i*>(j.bf16_out + i), to_bf16(p));
+    store<kStream>(j.param + i, p);
+    if (j.bf16_out) store_half<kStream>(j.bf16_out + i, to_bf16(p));
     if (j.fp16_out)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(j.fp16_out + i),
+      store_half<kStream>(j.fp16_out + i,
                           _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  if constexpr (kStream) _mm_sfence();  // the streamed lines are visible before the tail and the join
   update_range_scalar(j, i, end);
 }
 
 }  // namespace
 
 void update_range_avx512(const Job& j, int64_t begin, int64_t end) {
-  if (j.grad16)
-    body<true>(j, begin, end);
+  if (j.stream)
+    j.grad16 ? body<true, true>(j, begin, end) : body<false, true>(j, begin, end);
   else
-    body<false>(j, begin, end);
+    j.grad16 ? body<true, false>(j, begin, end) : body<false, false>(j, begin, end);
 }
 
 }  // namespace dtk::cpu_adam::detail

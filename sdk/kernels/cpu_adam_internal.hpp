@@ -32,6 +32,7 @@ struct Job {
   uint16_t* bf16_out;
   uint16_t* fp16_out;
   Consts k;
+  bool stream = false;  // non-temporal stores (set by run_job for large, 64-byte aligned arrays)
 };
 
 // Internal linkage on purpose: each TU compiles these with its own -m flags, and one shared

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cpuid.h>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -72,12 +73,26 @@ detail::Consts make_consts(const AdamParams& p) {
   return k;
 }
 
-void run_job(const detail::Job& job, int64_t n, const RunOptions& run) {
+bool aligned64(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 63u) == 0; }
+
+// Whether the step streams its stores (RunOptions::stream); the scalar path never does.
+bool streams(const detail::Job& j, int64_t n, const RunOptions& run) {
+  if (run.stream == 0 || run.isa == Isa::kScalar) return false;
+  const bool aligned = aligned64(j.param) && aligned64(j.exp_avg) && aligned64(j.exp_avg_sq) &&
+                       (!j.bf16_out || aligned64(j.bf16_out)) && (!j.fp16_out || aligned64(j.fp16_out));
+  if (!aligned) return false;
+  // bytes touched: p, m, v read and written, the gradient read, the copies written
+  const int64_t per = 24 + (j.grad32 ? 4 : 2) + (j.bf16_out ? 2 : 0) + (j.fp16_out ? 2 : 0);
+  return run.stream > 0 || n * per >= kStreamMinBytes;
+}
+
+void run_job(detail::Job job, int64_t n, const RunOptions& run) {
   if (!isa_supported(run.isa))
     throw std::invalid_argument(std::string("cpu_adam: ISA not supported: ") + isa_name(run.isa));
   void (*range)(const detail::Job&, int64_t, int64_t) = detail::update_range_scalar;
   if (run.isa == Isa::kAvx512) range = detail::update_range_avx512;
   if (run.isa == Isa::kAvx2) range = detail::update_range_avx2;
+  job.stream = streams(job, n, run);
   const int64_t tiles = (n + kTile - 1) / kTile;
   const int threads = run.threads > 0 ? run.threads : omp_get_max_threads();
   if (tiles <= 1 || threads == 1) {

@@ -174,25 +174,29 @@ INSTANTIATE_TEST_SUITE_P(CpuAdam, VsTorch, ::testing::ValuesIn(all_cases()), cas
 struct Result {
   at::Tensor p, m, v, bf16, fp16;
 };
-Result run_kernel(ca::Isa isa, int threads, int64_t n, const ca::AdamParams& base, bool bf16_grads) {
+// stream: RunOptions::stream (the copy-outs are 64-byte aligned LibTorch buffers, so 1 streams on a
+// vector ISA).
+Result run_kernel(ca::Isa isa, int threads, int64_t n, const ca::AdamParams& base, bool bf16_grads,
+                  int stream = -1) {
   at::manual_seed(7);
   at::Tensor p = at::randn({n}), m = at::zeros({n}), v = at::zeros({n});
-  std::vector<uint16_t> bf16(n), fp16(n);
+  at::Tensor bf16_t = at::zeros({n}, at::kBFloat16), fp16_t = at::zeros({n}, at::kHalf);
+  auto* bf16 = reinterpret_cast<uint16_t*>(bf16_t.data_ptr());
+  auto* fp16 = reinterpret_cast<uint16_t*>(fp16_t.data_ptr());
   for (int step = 1; step <= 5; ++step) {
     ca::AdamParams hp = base;
     hp.step = step;
     const at::Tensor g = (at::randn({n}) * 3.f).to(at::kBFloat16);
     if (bf16_grads) {
       ca::adam_step_bf16_grad(p.data_ptr<float>(), reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>()),
-                              m.data_ptr<float>(), v.data_ptr<float>(), n, hp, bf16.data(), fp16.data(),
-                              {isa, threads});
+                              m.data_ptr<float>(), v.data_ptr<float>(), n, hp, bf16, fp16, {isa, threads, stream});
     } else {
       const at::Tensor g32 = g.to(at::kFloat);
-      ca::adam_step(p.data_ptr<float>(), g32.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, hp,
-                    bf16.data(), fp16.data(), {isa, threads});
+      ca::adam_step(p.data_ptr<float>(), g32.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, hp, bf16,
+                    fp16, {isa, threads, stream});
     }
   }
-  return {p, m, v, u16_as(bf16, at::kBFloat16), u16_as(fp16, at::kHalf)};
+  return {p, m, v, bf16_t, fp16_t};
 }
 
 void expect_identical(const Result& a, const Result& b) {
@@ -229,6 +233,21 @@ TEST(CpuAdamKernel, AllIsasAndThreadCountsBitIdentical) {
         expect_identical(run_kernel(isa, threads, 200003, hp, false), base);
       }
   }
+}
+
+// Non-temporal stores (RunOptions::stream, the default above kStreamMinBytes) write the same values
+// as ordinary ones, tail included, for both gradient types and several threads.
+TEST(CpuAdamKernel, StreamingStoresBitIdentical) {
+  ca::AdamParams hp;
+  hp.weight_decay = 0.1f;
+  for (ca::Isa isa : supported_isas())
+    for (bool bf16_grads : {false, true})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(ca::isa_name(isa)) + (bf16_grads ? " bf16" : " fp32") +
+                     " threads=" + std::to_string(threads));
+        expect_identical(run_kernel(isa, threads, 200003, hp, bf16_grads, 1),
+                         run_kernel(isa, threads, 200003, hp, bf16_grads, 0));
+      }
 }
 
 // The copy-out over the whole fp32 range: fp16 subnormals, overflow to infinity, exact ties of

@@ -340,6 +340,49 @@ TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Delayed parameter update (ZeRO-Offload's DPU)
+// ---------------------------------------------------------------------------------------------
+
+// strategy.delayed_param_update: iteration 1's step is immediate, from iteration 2 on the step of
+// iteration t is applied during iteration t+1, so iteration t+1 computes on the parameters of t-1.
+// Expected, exactly: iterations 1 and 2 equal the undelayed run; iteration 3 computes on the
+// parameters after step 1 only, which is what an undelayed run whose step 2 is skipped computes
+// there (the skipped-step hook). Checkpoints complete the step in flight, so a resumed run prints
+// the uninterrupted run's lines.
+TEST(ZeroDelayedUpdate, OneStepStaleAndResumesExactly) {
+  const std::string zero = "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu "
+                           "--set strategy.reduce_bucket_size=20000 --set train.train_iters=8 ";
+  const std::string delayed = zero + "--set strategy.delayed_param_update=true ";
+  const Curve plain = curve_of(2, zero, "dpu-plain");
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "2", 1);
+  const Curve skip2 = curve_of(2, zero, "dpu-skip2");
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  const std::string d = fresh_dir("dpu-ckpt");
+  const Curve dpu = curve_of(2, delayed + "--set checkpoint.save_interval=4 --set checkpoint.save=" + d, "dpu");
+  ASSERT_EQ(dpu.loss.size(), 8u) << dpu.run.out;
+  ASSERT_EQ(plain.loss.size(), 8u) << plain.run.out;
+  EXPECT_NE(dpu.run.out.find("delayed parameter update"), std::string::npos) << dpu.run.out;
+  for (int it : {1, 2}) {
+    EXPECT_EQ(dpu.loss.at(it), plain.loss.at(it)) << "iteration " << it;
+    EXPECT_EQ(dpu.norm.at(it), plain.norm.at(it)) << "iteration " << it;
+  }
+  EXPECT_NE(dpu.loss.at(3), plain.loss.at(3)) << "iteration 3 did not compute on stale parameters";
+  ASSERT_EQ(skip2.loss.count(3), 1u) << skip2.run.out;
+  EXPECT_EQ(dpu.loss.at(3), skip2.loss.at(3)) << "iteration 3: not the parameters after step 1";
+  EXPECT_EQ(dpu.norm.at(3), skip2.norm.at(3));
+  for (const auto& [it, loss] : dpu.loss) {
+    EXPECT_TRUE(std::isfinite(loss)) << it;
+    EXPECT_NEAR(loss, plain.loss.at(it), 0.05 * plain.loss.at(it)) << "iteration " << it;
+  }
+  resume_from_4(d);
+  const Result resumed = launch(2, kTrain + delayed + "--set checkpoint.load=" + d);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(dpu.run.out), b = train_lines(resumed.out);
+  ASSERT_EQ(b.size(), 4u) << resumed.out;
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Options
 // ---------------------------------------------------------------------------------------------
 
@@ -352,6 +395,7 @@ TEST(ZeroOptions, BadOptionsAreOneLineErrors) {
       {"--set strategy.contiguous_gradients=false", "zero: contiguous_gradients=false is not supported"},
       {"--set strategy.reduce_bucket_size=0", "zero: option 'reduce_bucket_size' must be positive, got 0"},
       {"--set strategy.offload_optimizer=nvme", "offload_optimizer"},
+      {"--set strategy.delayed_param_update=true", "zero: delayed_param_update needs offload_optimizer=cpu"},
   };
   for (const auto& [args, needle] : cases) expect_one_line_error(dtk_test::run_dtk(run + args, 60), needle);
 }

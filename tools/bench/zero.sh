@@ -6,9 +6,11 @@
 #     each run's memory report and data-parallel traffic per iteration.
 #  2. Capacity: the largest GPT (4 layers, growing hidden size) that trains under a device memory
 #     budget (train.memory_limit_mb) with ddp, with zero stage 2 + optimizer offload (cpu_adam), and
-#     with zero stage 3 + optimizer and parameter offload, one process.
+#     with zero stage 3 + optimizer and parameter offload, one process; the host memory each
+#     needs at its largest size (the memory report's host max allocated), and the step time of
+#     every row at one size all of them hold (hidden 512).
 #
-#   tools/bench/zero.sh [--budget_mb 256] [--quick]
+#   tools/bench/zero.sh [--budget_mb 256] [--quick] [--capacity]   (--capacity: part 2 only)
 # Needs a build (tools/build.sh). Uses tcmalloc when Debian's libtcmalloc-minimal4 is installed
 # (the same allocator for every row).
 set -euo pipefail
@@ -16,11 +18,13 @@ cd "$(dirname "$0")/../.."
 source tools/bench/common.sh
 BUDGET=256
 QUICK=0
+CAPACITY_ONLY=0
 while (($#)); do
   case "$1" in
     --budget_mb) BUDGET=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    *) echo "usage: tools/bench/zero.sh [--budget_mb N] [--quick]" >&2; exit 2 ;;
+    --capacity) CAPACITY_ONLY=1; shift ;;
+    *) echo "usage: tools/bench/zero.sh [--budget_mb N] [--quick] [--capacity]" >&2; exit 2 ;;
   esac
 done
 bench_start zero.sh
@@ -37,12 +41,14 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=5
   --set eval.eval_iters=0 --set eval.eval_interval=0 --set lr.lr_warmup_iters=2"
 NAMES=("ddp (all-reduce, the peer)" "zero stage 1" "zero stage 2" "zero stage 2, overlap_comm"
-  "zero stage 2, offload_optimizer=cpu, cpu_adam" "zero stage 3")
+  "zero stage 2, offload_optimizer=cpu, cpu_adam" "zero stage 2, offload, delayed_param_update" "zero stage 3")
 ARGS=("--strategy ddp" "--strategy zero --set strategy.stage=1" "--strategy zero --set strategy.stage=2"
   "--strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true"
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam"
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam --set strategy.delayed_param_update=true"
   "--strategy zero --set strategy.stage=3")
 declare -A RATES TRAFFIC MEM
+((CAPACITY_ONLY)) && REPS=0
 for ((rep = 0; rep < REPS; rep++)); do
   for i in "${!NAMES[@]}"; do
     out=$($DTK launch --nproc_per_node 2 $TRAIN ${ARGS[$i]} 2>&1) || { echo "${NAMES[$i]}: failed"; echo "$out" | tail -3; continue; }
@@ -52,6 +58,7 @@ for ((rep = 0; rep < REPS; rep++)); do
     MEM[$i]=$(echo "$out" | grep -o "memory (MB) | allocated: [0-9.]*" | grep -o "[0-9.]*$")
   done
 done
+if ((!CAPACITY_ONLY)); then
 echo
 echo "== 1. tokens/s at data-parallel size 2 (4 layers, hidden 256, vocab 8192, seq 128, micro-batch 4,"
 echo "      global batch 16 = 2 micro-batches per rank, fp32; median of $REPS runs, each the median of its windows)"
@@ -62,6 +69,7 @@ for i in "${!NAMES[@]}"; do
   printf '%-46s %10s %7.2fx %-22s %14s %12s\n' "${NAMES[$i]}" "$rate" "$(calc "$rate / $ddp_rate")" \
     "  (${RATES[$i]# })" "${TRAFFIC[$i]}" "${MEM[$i]}"
 done
+fi
 
 # ---- 2. capacity under a device memory budget -----------------------------------------------
 echo
@@ -74,26 +82,50 @@ CAP="train --config configs/gpt-tiny.pbtxt --dataset synthetic --set model.num_l
   --set train.global_batch_size=1 --set train.train_iters=2 --set logging.log_interval=1 --set eval.eval_iters=0
   --set eval.eval_interval=0 --set lr.lr_warmup_iters=0 --set train.memory_limit_mb=$BUDGET
   --set train.skip_memory_check=true"
-printf '%-52s %8s %14s %14s\n' "strategy" "hidden" "parameters" "max device MB"
+printf '%-52s %8s %14s %14s %12s\n' "strategy" "hidden" "parameters" "max device MB" "max host MB"
 capacity() {  # name, args
-  local best="" params="" peak="" out
+  local best="" params="" peak="" host="" out
   for h in "${HIDDEN[@]}"; do
     if out=$($DTK $CAP --set model.hidden_size="$h" $2 2>&1); then
       best=$h
       params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
       peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
+      host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
     else
       echo "$out" | grep -q "device memory budget" || { echo "$1: hidden $h failed: $(echo "$out" | tail -1)"; }
       break
     fi
   done
-  printf '%-52s %8s %14s %14s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}"
+  printf '%-52s %8s %14s %14s %12s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
 }
 capacity "ddp" "--strategy ddp"
 # Gradient buckets of 2M elements: DeepSpeed's default (5e8) would stage the whole model's fp32
 # gradient at once on a model this size.
 BUCKETS="--set strategy.reduce_bucket_size=2000000 --set strategy.allgather_bucket_size=2000000"
+capacity "zero stage 3 (no offload), cpu_adam" "--strategy zero --set strategy.stage=3 --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 2, offload_optimizer=cpu, cpu_adam" \
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, offload optimizer + param, cpu_adam" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+
+# Step time at one size: hidden 512, 8 iterations, the median of iterations 3-8, without the
+# budget (stage 3 at one process holds less than ddp: with one rank its partition is the whole
+# model, and a gathered module is a second copy).
+echo
+echo "== 2b. step time at hidden 512 (12.9 M parameters), same settings without the budget, median of iterations 3-8"
+printf '%-52s %10s\n' "strategy" "step ms"
+step_time() {  # name, args
+  local out ms
+  local args=${CAP/train_iters=2/train_iters=8}
+  out=$($DTK ${args/memory_limit_mb=$BUDGET/memory_limit_mb=0} --set model.hidden_size=512 $2 2>&1) || { echo "$1: failed: $(echo "$out" | tail -1)"; return; }
+  ms=$(echo "$out" | grep -o "elapsed time per iteration (ms): [0-9.]*" | grep -o "[0-9.]*$" | tail -n +3 | median)
+  printf '%-52s %10s\n' "$1" "$ms"
+}
+step_time "ddp, cpu_adam (the same optimizer as the other rows)" "--strategy ddp --optimizer cpu_adam"
+step_time "zero stage 3 (no offload), cpu_adam" "--strategy zero --set strategy.stage=3 --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 2, offload_optimizer=cpu, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 2, offload, delayed_param_update" \
+  "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS --set strategy.delayed_param_update=true"
+step_time "zero stage 3, offload optimizer + param, cpu_adam" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"

@@ -175,6 +175,9 @@ void ZeroStrategy::write_back_partition(size_t b) {
 // Around the host's reads and writes of whole parameters (checkpoints): gather every on-demand
 // bucket; afterwards take this rank's chunks of the (possibly loaded) values and release.
 void ZeroStrategy::gather_parameters(bool whole) {
+  // A delayed step completes before the host reads parameters or optimizer state (a checkpoint
+  // saves the state of every step taken; a resumed run continues from there exactly).
+  if (whole) finish_delayed_step();
   if (opt_.stage != 3) {
     // Stages 1/2 (overlap_param_gather): the gathers in flight complete; the values stay whole.
     if (whole)

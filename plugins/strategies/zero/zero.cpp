@@ -33,6 +33,10 @@ const dtk_option_spec kOptions[] = {
                   "cpu: fp32 masters, optimizer state and the gradient partition in pinned host memory; the optimizer "
                   "(use cpu_adam) steps there (ZeRO-Offload)."),
     dtk::opt_enum("offload_param", "none", "none|cpu", "Stage 3, cpu: this rank's parameter partition in host memory."),
+    dtk::opt_bool("delayed_param_update", "false",
+                  "With offload_optimizer=cpu: from iteration 2 on, each optimizer step runs on a host thread during the "
+                  "next iteration's forward and backward, which compute on parameters one step older (ZeRO-Offload's "
+                  "delayed parameter update; losses differ from the undelayed run from iteration 3 on)."),
 };
 
 }  // namespace

@@ -49,6 +49,9 @@ Options Options::from(const dtk::Options& o) {
   r.offload_param = o.get_string("offload_param") == "cpu";
   if (r.offload_param && r.stage != 3)
     throw Error("zero: offload_param=cpu needs stage 3 (stages 1 and 2 keep every parameter on the device)");
+  r.delayed_param_update = o.get_bool("delayed_param_update");
+  if (r.delayed_param_update && !r.offload_optimizer)
+    throw Error("zero: delayed_param_update needs offload_optimizer=cpu (the delayed step runs on the host)");
   return r;
 }
 
@@ -71,8 +74,10 @@ ZeroStrategy::ZeroStrategy(const BuildContext& ctx)
 }
 
 ZeroStrategy::~ZeroStrategy() {
-  // Finish what is in flight before the buffers go (each wait is bounded).
+  // Finish what is in flight before the buffers go (each wait is bounded; a delayed step is a
+  // finite host computation, and the optimizer it uses outlives the strategy: TrainingParts).
   try {
+    if (delayed_.valid()) delayed_.get();
     finish_reductions(0);
     for (auto& g : gathering_)
       if (g) g->wait();
@@ -99,7 +104,8 @@ void ZeroStrategy::setup(const ModelHandle& model) {
                 << l.partition_numel() << " elements (" << shards_.size() << " shards)"
                 << (opt_.offload_optimizer ? ", optimizer offloaded to the host" : "")
                 << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
-                << (opt_.offload_param ? ", parameters offloaded to the host" : "");
+                << (opt_.offload_param ? ", parameters offloaded to the host" : "")
+                << (opt_.delayed_param_update ? ", delayed parameter update (one step stale)" : "");
 }
 
 void ZeroStrategy::read_parameters(const ModelHandle& model) {
@@ -245,12 +251,15 @@ at::Tensor ZeroStrategy::master_of(const Shard& s) const {
 void ZeroStrategy::allocate_masters_and_gradients() {
   const Layout& l = *layout_;
   // fp32 parameters where the optimizer runs are their own masters (no copy).
-  masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param);
+  // A delayed step writes its masters while the next forward reads the parameters: never aliased.
+  masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param) &&
+                   !opt_.delayed_param_update;
   if (!masters_alias_) {
     masters_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
     for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(param_values_of(s));
   }
   part_grads_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
+  if (opt_.delayed_param_update) step_grads_ = host_or_device(l.partition_numel(), at::kFloat, true);
   if (opt_.offload_optimizer && device_.is_cuda()) offload_ = std::make_unique<OffloadCopier>(device_);
   if (opt_.stage == 1) grad_flat_ = at::zeros({l.flat_numel()}, at::TensorOptions().dtype(at::kFloat).device(device_));
   optimizer_params_.clear();
@@ -414,6 +423,10 @@ void ZeroStrategy::reduce_gradients() {
         wait_bucket(b);
         free_bucket(b);
       }
+  // The previous iteration's delayed step ran during this forward and backward; its values reach
+  // the parameters now, and the optimizer's gradients are this iteration's again (the host's
+  // gradient syncs after this call, the norm and clipping read them).
+  finish_delayed_step();
 }
 
 // Megatron's clip_grad_norm_fp32 over the partitions: this rank's shards (TP-replicated
@@ -454,20 +467,63 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
   at::NoGradGuard no_grad;
   if (gather_overlapped_)  // a bucket no module reads may still be in flight; the step writes them all
     for (size_t b = 0; b < gathering_.size(); ++b) finish_gather(b);
+  finish_delayed_step();  // (done in reduce_gradients already; a no-op here)
+  // Iteration 1's step runs at once: the optimizer allocates its state in it, on this thread
+  // (DeepSpeed's DPU also starts after warm-up steps). A resumed run has its state loaded.
+  if (opt_.delayed_param_update && args.iteration > 1) {
+    launch_delayed_step(optimizer, args);
+    return;
+  }
   dtk::optimizer_step(optimizer, args);
+  apply_step();
+}
+
+void ZeroStrategy::launch_delayed_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
+  step_grads_.copy_(part_grads_);
+  point_optimizer_grads(step_grads_);
+  const dtk_optimizer_step_args a = args;
+  delayed_ = std::async(std::launch::async, [optimizer, a] {
+    at::NoGradGuard no_grad;
+    dtk::optimizer_step(optimizer, a);
+  });
+}
+
+void ZeroStrategy::finish_delayed_step() {
+  if (!delayed_.valid()) return;
+  std::future<void> step = std::move(delayed_);
+  // A failed step rethrows here; the optimizer's gradients point back at part_grads_ either way.
+  struct Repoint {
+    ZeroStrategy* s;
+    ~Repoint() { s->point_optimizer_grads(s->part_grads_); }
+  } repoint{this};
+  step.get();
+  at::NoGradGuard no_grad;
+  apply_step();
+}
+
+void ZeroStrategy::point_optimizer_grads(const at::Tensor& grads) {
+  for (size_t i = 0; i < shards_.size(); ++i)
+    optimizer_params_[i].tensor.mutable_grad() = grads.narrow(0, shards_[i].partition_offset, shards_[i].numel);
+}
+
+// The updated masters reach the parameters: stage 3's partition, stages 1/2's own chunk of each
+// bucket, then the gathers of the other ranks' chunks.
+void ZeroStrategy::apply_step() {
   const Layout& l = *layout_;
   // Offloaded masters go back to the GPU without blocking the host (pinned memory: the copy engine
   // runs them in order before the gathers queued next); masters_ is not written again before the
-  // next step, whose backward the host has waited for.
+  // next step, whose backward the host has waited for. Except under delayed_param_update: the
+  // next step starts on the host right after this, so the copies complete first.
+  const bool non_blocking = !opt_.delayed_param_update;
   if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
-    if (!masters_alias_) part_params_.copy_(masters_, /*non_blocking=*/true);
+    if (!masters_alias_) part_params_.copy_(masters_, non_blocking);
   } else if (!masters_alias_) {
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
       full_[b]
           .narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
-          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), /*non_blocking=*/true);
+          .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), non_blocking);
     }
   }
   if (gather_overlapped_)
@@ -575,7 +631,9 @@ dtk_strategy_info ZeroStrategy::info() {
   // Stages 1/2 with overlap_param_gather: parameters are not whole between the step and the
   // module hooks of the next forward (their gathers are in flight), so the host gathers around
   // its reads as for stage 3.
-  i.partitions_parameters = opt_.stage == 3 || gather_overlapped_ ? 1 : 0;
+  // delayed_param_update: the host's reads of the parameters (checkpoints, the parameter norm)
+  // go through gather_parameters, which completes the delayed step first.
+  i.partitions_parameters = opt_.stage == 3 || gather_overlapped_ || opt_.delayed_param_update ? 1 : 0;
   i.optimizer_on_host = opt_.offload_optimizer ? 1 : 0;
   return i;
 }
@@ -596,7 +654,7 @@ dtk_memory_usage ZeroStrategy::memory_usage() {
   if (!(opt_.stage == 1 && !low_precision()))
     for (const auto& p : params_) u.gradient_bytes += bytes(p.tensor.grad());
   u.master_bytes = masters_alias_ ? 0 : bytes(masters_);
-  if (opt_.offload_optimizer) u.host_bytes += bytes(part_grads_) + u.master_bytes;
+  if (opt_.offload_optimizer) u.host_bytes += bytes(part_grads_) + bytes(step_grads_) + u.master_bytes;
   return u;
 }
 

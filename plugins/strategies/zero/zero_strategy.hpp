@@ -18,6 +18,9 @@
 //            host memory; the optimizer (cpu_adam) steps them there; updated parameters go back to
 //            the device in the parameter dtype. offload_param=cpu (stage 3): the parameter
 //            partition lives in host memory too.
+//   delayed_param_update (with offload_optimizer=cpu): ZeRO-Offload's one-step delayed update;
+//            from iteration 2 the step runs on a host thread during the next forward and backward
+//            (launch_delayed_step / finish_delayed_step below).
 //
 // The layout (layout.hpp) is bucket-major; the optimizer steps one 1-D shard per parameter that
 // intersects this rank's partition, named after the parameter, so its state is per parameter and
@@ -27,6 +30,7 @@
 #include <dtk/strategy.hpp>
 
 #include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -42,6 +46,7 @@ struct Options {
   bool overlap_comm = false, average_gradients = true, overlap_param_gather = false;
   int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
   bool offload_optimizer = false, offload_param = false;
+  bool delayed_param_update = false;
   // Reads and checks the plugin's options (one-line errors naming the option).
   static Options from(const dtk::Options& o);
 };
@@ -99,6 +104,14 @@ class ZeroStrategy : public Strategy {
   void free_bucket(size_t bucket);
   void prefetch(int32_t from_module, int direction);
   void write_back_partition(size_t bucket);  // stage 3: whole bucket values -> this rank's chunk
+  void apply_step();                      // updated masters -> the parameters (and gathers)
+
+  // delayed_param_update (ZeRO-Offload's DPU): the step of iteration t runs on a host thread
+  // during iteration t+1's forward and backward, on a copy of its gradients; its values reach the
+  // parameters when t+1's gradients are reduced, so t+1 computes on the parameters of t-1.
+  void launch_delayed_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args);
+  void finish_delayed_step();             // waits for the step in flight, applies it
+  void point_optimizer_grads(const at::Tensor& grads);
 
   // module hooks
   static dtk_status* pre_forward(void* ctx, int32_t module);
@@ -148,6 +161,8 @@ class ZeroStrategy : public Strategy {
   // GPU runs with offload_optimizer=cpu: the reduced chunks' copies to the host partition.
   std::unique_ptr<OffloadCopier> offload_;
   static constexpr size_t kOffloadCopiesInFlight = 4;
+  std::future<void> delayed_;   // the delayed step in flight
+  at::Tensor step_grads_;       // its gradients (a copy of part_grads_), host memory
 
   // stage 3 gathering state
   std::vector<int> refs_;                 // per bucket: modules holding it

@@ -48,10 +48,17 @@ Isa active_isa();
 // How a step runs. threads <= 0 means OpenMP's current default, omp_get_max_threads(): in a process
 // with LibTorch that is whatever at::set_num_threads() set (LibTorch 1.13 starts at the number of
 // physical cores, 1 on this 2-vCPU VM), so pass the count explicitly when it matters.
+// stream: the updated p, m, v and the half-precision copy are written with non-temporal stores
+// (they bypass the caches; no read-for-ownership of the copy-out). -1 (the default) streams when
+// the step is larger than kStreamMinBytes and every array is 64-byte aligned, where it saves
+// memory traffic; small steps keep ordinary stores, whose lines the next use finds in cache.
+// 0: never, 1: whenever aligned. The values written are the same either way.
 struct RunOptions {
   Isa isa;
   int threads = 0;
+  int stream = -1;
 };
+constexpr int64_t kStreamMinBytes = int64_t{32} << 20;
 RunOptions default_run_options();
 
 // One update of n parameters in place (param, exp_avg, exp_avg_sq). When bf16_copy_out /

@@ -51,10 +51,13 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
                                 const PluginSlot& slot, int chunk = -1);
 
 // What trains: the model chunks, the strategy, the optimizer, a step per chunk.
+// Destroyed in reverse: the strategy goes before the optimizer (an optimizer step the strategy
+// left running, ZeRO's delayed_param_update, still uses the optimizer until the strategy's
+// destructor waited for it), and before the model (whose hooks point into it).
 struct TrainingParts {
   std::unique_ptr<ModelInstance> model;
-  std::unique_ptr<StrategyInstance> strategy;
   std::unique_ptr<OptimizerInstance> optimizer;
+  std::unique_ptr<StrategyInstance> strategy;
   std::vector<std::unique_ptr<StepInstance>> steps;
   ModelStats stats;  // counted before the strategy wraps the model (ZeRO-3 partitions it)
 };

@@ -40,7 +40,8 @@ void check_tokenizer_fits(const dtk::text::Tokenizer& tokenizer, int64_t model_v
 // The files of tokenizer `c` and its BOS/EOS, read through dtk::text, for config.json and the
 // folder (a tokenizer named but unreadable is an error: the export would ship a broken folder).
 dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig& c, int64_t model_vocab) {
-  dtk::core::TokenizerFiles t{c.type(), c.model_file(), c.vocab_file(), c.merge_file()};
+  dtk::core::TokenizerFiles t;
+  t.type = c.type(), t.model_file = c.model_file(), t.vocab_file = c.vocab_file(), t.merge_file = c.merge_file();
   if (!names_tokenizer(c)) return t;
   const auto tokenizer = load_tokenizer(tokenizer_spec_of(c));
   check_tokenizer_fits(*tokenizer, model_vocab);

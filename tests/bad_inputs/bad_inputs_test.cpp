@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../common/free_port.hpp"
+#include "../common/background_dtk.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace fs = std::filesystem;
@@ -491,47 +492,7 @@ TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
   EXPECT_EQ(tracked_iteration(ckpt), 2);
 }
 
-// A `dtk` process in the background, its output in a file; killed at the end if still running.
-struct Background {
-  pid_t pid = -1;
-  std::string log;
-  Background(const std::string& args, const std::string& log_path) : log(log_path) {
-    pid = ::fork();
-    if (pid == 0) {
-      std::FILE* f = std::fopen(log_path.c_str(), "w");
-      ::dup2(::fileno(f), 1), ::dup2(::fileno(f), 2);
-      const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Background() {
-    if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
-  }
-  std::string output() const { return file_text(log); }
-  bool wait_for(const std::string& needle, int timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (std::chrono::steady_clock::now() < end) {
-      if (output().find(needle) != std::string::npos) return true;
-      if (pid <= 0) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
-  // The exit code (128 + the signal for one), waiting at most timeout_s (then -1).
-  int wait_exit(int timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (pid > 0 && std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-};
+using Background = dtk_test::BackgroundDtk;
 
 // SIGHUP (a closed terminal), SIGUSR1/SIGUSR2 (SLURM's --signal) save and stop like SIGTERM;
 // train.save_on_signals chooses them; one arriving before training ends the run with a line saying

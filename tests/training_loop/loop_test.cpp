@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "../common/curves.hpp"
+#include "../common/background_dtk.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace fs = std::filesystem;
@@ -157,53 +158,7 @@ TEST(LossScaling, ScalerStateSurvivesResume) {
 
 // ---- exit conditions ------------------------------------------------------------------------
 
-// A `dtk` process started in the background, its output in a file.
-struct Background {
-  pid_t pid = -1;
-  std::string log;
-
-  Background(const std::string& args, const std::string& log_path) : log(log_path) {
-    pid = ::fork();
-    if (pid == 0) {
-      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1), ::dup2(fd, 2);
-      const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~Background() {
-    if (pid > 0) ::kill(pid, SIGKILL), ::waitpid(pid, nullptr, 0);
-  }
-  std::string output() const { return file_text(log); }
-  // Waits (bounded) until the output holds `needle`; false if the process ended or time ran out.
-  bool wait_for(const std::string& needle, int timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (std::chrono::steady_clock::now() < end) {
-      if (output().find(needle) != std::string::npos) return true;
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return output().find(needle) != std::string::npos;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
-  // The exit code, waiting at most timeout_s (then -1, and the process is killed).
-  int wait_exit(int timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-    while (pid > 0 && std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-};
+using Background = dtk_test::BackgroundDtk;
 
 int saved_iteration(const std::string& ckpt) {
   std::ifstream in(ckpt + "/latest_checkpointed_iteration.txt");

@@ -254,7 +254,7 @@ TEST(ZeroCheckpoint, AMissingShardFileIsOneLineError) {
   ASSERT_TRUE(fs::remove(gone));
   expect_one_line_error(
       dtk_test::run_dtk(kTrain + "--strategy zero --set train.train_iters=8 --set checkpoint.load=" + d, 120),
-      "checkpoint: " + gone + " does not exist (the checkpoint has 2 data-parallel shard files)");
+      "checkpoint: iteration 4 of " + d + " is incomplete: " + gone + " is missing (listed in SHA256SUMS)");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/config/megatron_args.hpp"
+#include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/pretrain.hpp"
 #include "dtk/core/components/services.hpp"
 #include "dtk/host/error_line.hpp"
@@ -438,6 +439,9 @@ bool answered_version_or_help(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
+  // (exit_conditions.hpp); the mask survives the re-exec below.
+  if (argc > 1 && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();
   dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
   try {
     dtk::cpu_gemm_engine();  // a bad DTK_CPU_GEMM is refused before anything runs (dtk/gemm.hpp)

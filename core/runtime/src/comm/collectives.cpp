@@ -32,6 +32,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <chrono>
 #include <thread>
 
 #include "dtk/core/comm/comm.hpp"
@@ -153,7 +154,13 @@ std::string peer_of(const std::string& message) {
     if (n == 1) return "rank " + ranks + " at " + address;
     if (n > 1) {
       // Ranks of one machine share its address: the one whose process ended is the peer.
-      const std::vector<int> ended = ended_ranks(candidates);
+      std::vector<int> ended = ended_ranks(candidates);
+      // A killed peer's sockets close while its process is still exiting (not yet a zombie):
+      // give it a moment to be marked ended. An error path; at most a second.
+      for (int tries = 0; ended.empty() && tries < 50; ++tries) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ended = ended_ranks(candidates);
+      }
       if (ended.size() == 1) return "rank " + std::to_string(ended[0]) + " at " + address + ", whose process has ended";
       return "one of ranks " + ranks + " at " + address;
     }

@@ -109,6 +109,20 @@ std::vector<int> save_on_signals(const config::TrainingConfig& train) {
   return out;
 }
 
+namespace {
+sigset_t catchable_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (const NamedSignal& s : kCatchable) sigaddset(&set, s.number);
+  return set;
+}
+}  // namespace
+
+void hold_exit_signals_until_handled() {
+  const sigset_t set = catchable_set();
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+}
+
 StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(save_on_signals(train)) {
   g_phase = kStartup;
   g_received = 0;
@@ -118,6 +132,9 @@ StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(s
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a read or wait the signal interrupts carries on
   for (size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &sa, &previous_[i]);
+  // What hold_exit_signals_until_handled() held since the process started is delivered now.
+  const sigset_t set = catchable_set();
+  sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
 StartupSignals::~StartupSignals() {

@@ -362,6 +362,7 @@ void report_error(const std::string& message) {
 int cmd_config(const std::vector<std::string>& sets, const char* argv0) {
   const dtk::config::RunConfig cfg = resolve_config(sets);
   dtk::core::validate_config(cfg);
+  dtk::core::save_on_signals(cfg.train());  // the signal names, as `dtk train` checks them at start
   auto& plugins = load_plugins(argv0);
   const std::pair<int32_t, const dtk::config::PluginChoice*> slots[] = {{DTK_KIND_MODEL, &cfg.model()},
                                                                         {DTK_KIND_DATASET, &cfg.dataset()},

@@ -499,6 +499,9 @@ using Background = dtk_test::BackgroundDtk;
 // nothing was saved, and the signal's status.
 TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
   const std::string long_run = kTrain + "--set train.train_iters=100000 ";
+  // A name that is no signal: `dtk config` says so as `dtk train` does.
+  expect_clean_error(run_dtk("config --set train.save_on_signals=bogus", 60),
+                     "config: train.save_on_signals: 'bogus' is not a signal DTK saves on");
   // SIGUSR1 by default; SIGHUP as a list names it ("hup": without SIG, any case).
   for (const int sig : {SIGUSR1, SIGHUP}) {
     const std::string name = sig == SIGHUP ? "SIGHUP" : "SIGUSR1";

@@ -281,6 +281,12 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
       store.set("dtk/rendezvous/world", std::vector<uint8_t>(told.begin(), told.end()));
       store.set("dtk/rendezvous/world_size", std::vector<uint8_t>(size.begin(), size.end()));
     }
+    {
+      // This rank's world, before it counts as arrived: rank 0 compares every arrived rank's with
+      // its own once enough have arrived (a rank that arrives last may not have compared yet).
+      const std::string told = world_told(le), size = std::to_string(le.world_size) + " " + told;
+      store.set("dtk/rendezvous/world_of/" + std::to_string(le.rank), std::vector<uint8_t>(size.begin(), size.end()));
+    }
     store.set(step_key("rendezvous/began", le.rank), std::vector<uint8_t>{1});
     store.set(step_key("rendezvous", le.rank), std::vector<uint8_t>{1});
     store.add(key, 1);
@@ -297,6 +303,21 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
     }
     // Enough ranks arrived for this rank's world; rank 0's may still be another one.
     if (const std::string d = world_difference(store, le); !d.empty()) throw HostError("distributed: " + d);
+    if (le.rank == 0) {
+      for (int r = 1; r < le.world_size; ++r) {
+        const std::string k = "dtk/rendezvous/world_of/" + std::to_string(r);
+        if (!store.check({k})) continue;  // not this rank among the arrived (another world's)
+        const std::vector<uint8_t> v = store.get(k);
+        const std::string text(v.begin(), v.end());
+        const size_t space = text.find(' ');
+        if (text.substr(0, space) == std::to_string(le.world_size)) continue;
+        const std::string difference = "rank " + std::to_string(r) + " was started for " + text.substr(space + 1) +
+                                       " but rank 0 for " + world_told(le) +
+                                       ": start every launcher with the same --nnodes and --nproc_per_node";
+        store.set("dtk/rendezvous/world_mismatch", std::vector<uint8_t>(difference.begin(), difference.end()));
+        throw HostError("distributed: " + difference);
+      }
+    }
   } catch (const HostError&) {
     throw;
   } catch (const std::exception& e) {

@@ -256,6 +256,16 @@ std::string world_told(const LaunchEnv& le) {
 // differ (launchers started with other --nnodes or --nproc_per_node), which waiting cannot fix.
 // Rank 0 publishes its world; each other rank compares and, when it differs, publishes the
 // difference, which rank 0 (and every rank waiting) reports too. Returns "" while nothing differs.
+// Publishes (for every rank waiting) and returns the one line naming two worlds that differ.
+std::string publish_world_difference(c10d::Store& store, int rank, const std::string& its_world,
+                                     const std::string& rank0_world) {
+  const std::string difference = "rank " + std::to_string(rank) + " was started for " + its_world +
+                                 " but rank 0 for " + rank0_world +
+                                 ": start every launcher with the same --nnodes and --nproc_per_node";
+  store.set("dtk/rendezvous/world_mismatch", std::vector<uint8_t>(difference.begin(), difference.end()));
+  return difference;
+}
+
 std::string world_difference(c10d::Store& store, const LaunchEnv& le) {
   const std::string world_key = "dtk/rendezvous/world", size_key = "dtk/rendezvous/world_size";
   const std::string mismatch_key = "dtk/rendezvous/world_mismatch";
@@ -266,11 +276,7 @@ std::string world_difference(c10d::Store& store, const LaunchEnv& le) {
   if (le.rank == 0 || !store.check({world_key, size_key})) return "";
   const std::vector<uint8_t> size = store.get(size_key), told = store.get(world_key);
   if (std::string(size.begin(), size.end()) == std::to_string(le.world_size)) return "";
-  const std::string difference = "rank " + std::to_string(le.rank) + " was started for " + world_told(le) +
-                                 " but rank 0 for " + std::string(told.begin(), told.end()) +
-                                 ": start every launcher with the same --nnodes and --nproc_per_node";
-  store.set(mismatch_key, std::vector<uint8_t>(difference.begin(), difference.end()));
-  return difference;
+  return publish_world_difference(store, le.rank, world_told(le), std::string(told.begin(), told.end()));
 }
 
 void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds timeout) {
@@ -311,11 +317,7 @@ void check_in(c10d::Store& store, const LaunchEnv& le, std::chrono::milliseconds
         const std::string text(v.begin(), v.end());
         const size_t space = text.find(' ');
         if (text.substr(0, space) == std::to_string(le.world_size)) continue;
-        const std::string difference = "rank " + std::to_string(r) + " was started for " + text.substr(space + 1) +
-                                       " but rank 0 for " + world_told(le) +
-                                       ": start every launcher with the same --nnodes and --nproc_per_node";
-        store.set("dtk/rendezvous/world_mismatch", std::vector<uint8_t>(difference.begin(), difference.end()));
-        throw HostError("distributed: " + difference);
+        throw HostError("distributed: " + publish_world_difference(store, r, text.substr(space + 1), world_told(le)));
       }
     }
   } catch (const HostError&) {

@@ -168,12 +168,16 @@ std::string peer_of(const std::string& message) {
   return "";
 }
 
-std::string comm_error(const std::exception& e) {
+}  // namespace
+
+std::string describe_comm_error(const std::exception& e) {
   const auto* ce = dynamic_cast<const c10::Error*>(&e);
   const std::string message = dtk::one_line(ce ? ce->what_without_backtrace() : e.what());
   const std::string peer = peer_of(message);
   return peer.empty() ? message : message + " (the peer: " + peer + ")";
 }
+
+namespace {
 
 c10d::ReduceOp reduce_op(int32_t op) {
   switch (op) {
@@ -400,7 +404,7 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
     try {
       w.work->wait(timeout);
     } catch (const std::exception& e) {
-      throw dtk::Error(w.what + " failed: " + comm_error(e) + limit, DTK_ERR_COMM);
+      throw dtk::Error(w.what + " failed: " + describe_comm_error(e) + limit, DTK_ERR_COMM);
     }
     w.work.reset();
   }
@@ -413,7 +417,7 @@ void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
     try {
       w.task.get();
     } catch (const std::exception& e) {
-      throw dtk::Error(w.what + " failed: " + comm_error(e) + limit, DTK_ERR_COMM);
+      throw dtk::Error(w.what + " failed: " + describe_comm_error(e) + limit, DTK_ERR_COMM);
     }
     w.task = {};
   }

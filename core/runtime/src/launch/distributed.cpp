@@ -526,14 +526,8 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
                            training_device().index(), timeout);
     }
     done("groups");
-    begin("barrier", "the first collective (a world barrier)");
-    try {
-      groups[DTK_GROUP_WORLD]->barrier()->wait(timeout);
-    } catch (const std::exception& e) {
-      throw HostError("distributed: the first collective (a world barrier) failed: " + short_error(e));
-    }
-    done("barrier");
-    // Every rank's address, for naming the peer in a later collective's error (comm.hpp).
+    // Every rank's address, for naming the peer in a collective's error (comm.hpp), the first
+    // barrier's included: every rank stored its address before the groups could connect.
     std::vector<std::string> addresses;
     for (int r = 0; r < le.world_size; ++r) {
       const std::vector<uint8_t> a = store->get("dtk/address/" + std::to_string(r));
@@ -547,6 +541,13 @@ ProcessGroups start_world(const LaunchEnv& le, const Topology& t, const std::vec
       processes.emplace_back(p.begin(), p.end());
     }
     set_rank_processes(std::move(processes));
+    begin("barrier", "the first collective (a world barrier)");
+    try {
+      groups[DTK_GROUP_WORLD]->barrier()->wait(timeout);
+    } catch (const std::exception& e) {
+      throw HostError("distributed: the first collective (a world barrier) failed: " + describe_comm_error(e));
+    }
+    done("barrier");
     return groups;
   } catch (const std::exception& e) {
     // A store error (c10::Error) gets the step's context; then the others hear of it (best

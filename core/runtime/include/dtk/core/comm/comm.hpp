@@ -68,6 +68,9 @@ void release_process_groups();
 // The address each rank's backend listens on (indexed by world rank; numeric), so that a
 // failed collective can name the peer behind an address in the backend's error.
 void set_rank_addresses(std::vector<std::string> addresses);
+// A backend's error in one line, naming the peer behind an address in it when the ranks'
+// addresses are known ("... (the peer: rank 1 at 192.168.77.2)").
+std::string describe_comm_error(const std::exception& e);
 // Sets the layout alone (tests of group arithmetic; no backends).
 void set_topology(const Topology& t);
 

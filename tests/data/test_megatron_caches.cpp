@@ -237,6 +237,43 @@ TEST(MegatronCaches, CoreFolderIsReusedWithoutRebuilding) {
             fixture_value("gpt_hash", "megatron_core b_text_document train") + "-GPTDataset-train-document_index.npy");
 }
 
+// What DTK writes is what Megatron wrote, byte for byte: the same file names in the same folders,
+// numpy's .npy headers and dtypes, the same descriptions. So Megatron (numpy.load) reads DTK's
+// caches as its own, and a Megatron run given DTK's folder does not rebuild.
+std::map<std::string, std::string> relative_listing(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& [path, md5] : listing(dir)) out[fs::relative(path, dir).string()] = md5;
+  return out;
+}
+
+TEST(MegatronCaches, WrittenCachesAreTheReferencesBytes) {
+  {
+    TempDir dir;
+    make_corpora(dir.path());
+    InDir in(dir.path());
+    GptDatasetOptions o = run_options(MegatronOrder::kCore);
+    o.tokenizer_json = kTokenizer;
+    build_train_valid_test_datasets(kBlend, {700, 40, 0}, o);
+    const auto written = relative_listing("cache");
+    const auto reference = relative_listing(test::fixtures_dir() + "/megatron_cache_core");
+    EXPECT_EQ(written, reference);
+  }
+  {
+    TempDir dir;
+    make_corpora(dir.path());
+    InDir in(dir.path());
+    build_train_valid_test_datasets(kBlend, {700, 40, 0}, run_options(MegatronOrder::kLegacy));
+    // Legacy Megatron writes where it looked last: --data-cache-path ("cache") for the datasets
+    // too. The reference folder keeps them in index-cache (found there first, as a run without
+    // --data-cache-path left them): the same files.
+    const std::string ref = test::fixtures_dir() + "/megatron_cache_legacy";
+    auto reference = relative_listing(ref + "/cache");
+    reference.merge(relative_listing(ref + "/index-cache"));
+    EXPECT_EQ(relative_listing("cache"), reference);
+    EXPECT_FALSE(fs::exists("index-cache"));
+  }
+}
+
 // Without the tokenizer's description DTK cannot recompute Megatron's md5s: it finds the
 // datasets' and the blend's files by their descriptions, and writes nothing.
 TEST(MegatronCaches, CoreFolderIsFoundByDescription) {

@@ -222,7 +222,7 @@ at::Tensor DecoderLM::attention_mask(const TensorList& inputs) const {
   return mask ? *mask : at::Tensor();
 }
 
-at::Tensor DecoderLM::check_tokens(const TensorList& inputs) const {
+at::Tensor DecoderLM::check_tokens(const TensorList& inputs, IdRangeChecks& checks) const {
   const at::Tensor& tokens = get(inputs, "tokens");
   if (tokens.dim() != 2) fail("'tokens' must be [batch, seq], got " + shape_str(tokens));
   if (tokens.scalar_type() != at::kLong && tokens.scalar_type() != at::kInt)
@@ -230,13 +230,14 @@ at::Tensor DecoderLM::check_tokens(const TensorList& inputs) const {
   if (position_.defined() && tokens.size(1) > config_->max_pos)
     fail("sequence of " + std::to_string(tokens.size(1)) + " tokens exceeds max_position_embeddings " +
          std::to_string(config_->max_pos));
-  check_id_range(name_.c_str(), "tokens", tokens, config_->padded_vocab, "the padded vocabulary");
+  checks.add("tokens", tokens, config_->padded_vocab, "the padded vocabulary");
   return tokens;
 }
 
 // The step's position_ids (or 0..s-1 for every sequence) where the layers or a learned table read
 // them; undefined where nothing does.
-at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h) const {
+at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h,
+                                IdRangeChecks& checks) const {
   const at::Tensor* given = find(inputs, "position_ids");
   if (parts_.layer_positions) {
     const at::Tensor& shape = pre_ ? tokens : h;
@@ -246,21 +247,22 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
       if (given->dim() != 2 || given->size(0) != b || given->size(1) != s)
         fail("'position_ids' must be [batch, seq] = [" + std::to_string(b) + ", " + std::to_string(s) + "], got " +
              shape_str(*given));
-      check_id_range(name_.c_str(), "position_ids", *given, std::numeric_limits<int64_t>::max(),
-                     "non-negative positions");
+      checks.add("position_ids", *given, std::numeric_limits<int64_t>::max(), "non-negative positions");
       pos = given->to(at::kLong);
     } else {
       pos = at::arange(s, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).expand({b, s});
     }
     pos = pos.to(shape.device());  // once, not per layer
-    if (position_.defined())
-      check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+    // Positions made here are 0..s-1; on the first stage check_tokens compared s with max_pos.
+    if (position_.defined() && (given || !pre_))
+      checks.add("position_ids", pos, config_->max_pos, "max_position_embeddings");
     return pos;
   }
   if (!position_.defined()) return {};
-  at::Tensor pos = given ? *given : at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
-  check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
-  return pos;
+  // Positions made here are 0..s-1, below max_pos (check_tokens compared s with it): no check.
+  if (!given) return at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
+  checks.add("position_ids", *given, config_->max_pos, "max_position_embeddings");
+  return *given;
 }
 
 // Under sequence parallelism the word embedding's partial sums are reduce-scattered and this
@@ -295,13 +297,18 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   const at::Tensor mask = attention_mask(inputs);
   const bool domino = c.domino_chunks > 1;
   at::Tensor h, tokens;  // Domino runs the embedding itself (DominoEmbedding)
+  IdRangeChecks checks(name_);
   if (pre_) {
-    tokens = check_tokens(inputs);
+    tokens = check_tokens(inputs, checks);
   } else {
     h = get(inputs, "hidden_states");
     if (h.dim() != 3) fail("'hidden_states' must be [batch, seq, hidden], got " + shape_str(h));
   }
-  const at::Tensor pos = positions(inputs, tokens, h);
+  const at::Tensor pos = positions(inputs, tokens, h, checks);
+  // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
+  const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
+  if (labels) checks.add("labels", *labels, c.padded_vocab, "the padded vocabulary");
+  checks.verify();
   if (pre_ && !domino)
     h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
       return dropout(embed(ids, pos), c.hidden_dropout, training_, rng_.hidden, tp_);
@@ -310,9 +317,6 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                          (mask.size(0) != 1 && mask.size(0) != b)))
     fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
-  const at::Tensor* labels = post_ ? find(inputs, "labels") : nullptr;
-  // An id outside the vocabulary would be dropped by every rank's slice and scored silently.
-  if (labels) check_id_range(name_.c_str(), "labels", *labels, c.padded_vocab, "the padded vocabulary");
   if (domino) {
     // With labels the output layer joins the chunked schedule (DominoHead): the result is the loss.
     DominoInputs in;

@@ -202,12 +202,11 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   return p;
 }
 
-// The value most entries of g share (the gradient every token of a plain mean gets).
-double most_common(const at::Tensor& g) {
-  const auto u = at::_unique2(g, /*sorted=*/false, /*return_inverse=*/false, /*return_counts=*/true);
-  const at::Tensor& values = std::get<0>(u);
-  const at::Tensor& counts = std::get<2>(u);
-  return values[counts.argmax().item<int64_t>()].item<double>();
+// The gradient most tokens share, left on the device (a host read is a synchronisation on a
+// GPU): the entry of largest magnitude. A plain mean gives every token the same gradient, a loss
+// mask gives the masked ones 0; any choice is exact, the rows that differ are corrected below.
+at::Tensor common_gradient(const at::Tensor& g) {
+  return g.index_select(0, g.abs().argmax().reshape({1})).reshape({});
 }
 
 struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
@@ -244,10 +243,11 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
     // gx: each token's row times its own gradient (exact for any g).
     gx.mul_(g.unsqueeze(1).to(gx.scalar_type()));
     // gw: everything times the common gradient c, then the tokens whose gradient differs.
-    const double c = g.numel() > 0 ? most_common(g) : 0.0;
+    const at::Tensor c = g.numel() > 0 ? common_gradient(g) : at::zeros({}, g.options());
     gw.mul_(c);
-    const at::Tensor rows = g.ne(c).nonzero().squeeze(1);
-    if (rows.numel() > 0) {
+    // One host read in the common case (no token differs); the rows' indices only when some do.
+    if (g.ne(c).any().item<bool>()) {
+      const at::Tensor rows = g.ne(c).nonzero().squeeze(1);
       const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
       const at::Tensor target = ctx->saved_data["target"].toTensor();
       const at::Tensor max = ctx->saved_data["max"].toTensor(), sum = ctx->saved_data["sum"].toTensor();

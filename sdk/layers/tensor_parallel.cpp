@@ -371,13 +371,45 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
   return bias.defined() ? y + bias : y;
 }
 
+namespace {
+
+// Whether any id lies outside [0, limit), as a bool on the ids' device (no host read).
+at::Tensor out_of_range(const at::Tensor& ids, int64_t limit) {
+  auto [lo, hi] = at::aminmax(ids);
+  return lo.lt(0).logical_or_(hi.ge(limit));
+}
+
+[[noreturn]] void throw_out_of_range(const std::string& model, const char* what, const at::Tensor& ids, int64_t limit,
+                                     const char* limit_name) {
+  const at::Tensor mm = at::stack({ids.min(), ids.max()}).to(at::kCPU, at::kLong);
+  const int64_t lo = mm[0].item<int64_t>(), hi = mm[1].item<int64_t>();
+  throw Error(model + ": '" + what + "' holds ids in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+              "], outside [0, " + std::to_string(limit) + ") (" + limit_name + ")");
+}
+
+}  // namespace
+
 void check_id_range(const char* model, const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name) {
+  IdRangeChecks checks(model);
+  checks.add(what, ids, limit, limit_name);
+  checks.verify();
+}
+
+void IdRangeChecks::add(const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name) {
   if (ids.numel() == 0) return;
-  auto mm = at::aminmax(ids);
-  const int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
-  if (lo < 0 || hi >= limit)
-    throw Error(std::string(model) + ": '" + what + "' holds ids in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "], outside [0, " + std::to_string(limit) + ") (" + limit_name + ")");
+  checks_.push_back({what, ids, limit, limit_name});
+  out_of_range_.push_back(out_of_range(ids, limit).to(out_of_range_.empty() ? ids.device() : out_of_range_[0].device()));
+}
+
+void IdRangeChecks::verify() {
+  if (checks_.empty()) return;
+  const bool bad = at::stack(out_of_range_).any().item<bool>();  // the one host read
+  std::vector<Check> checks = std::move(checks_);
+  checks_.clear();
+  out_of_range_.clear();
+  if (!bad) return;
+  for (const Check& c : checks)
+    if (out_of_range(c.ids, c.limit).item<bool>()) throw_out_of_range(model_, c.what, c.ids, c.limit, c.limit_name);
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab, int64_t hidden, double init_std, const TPGroup& tp_,

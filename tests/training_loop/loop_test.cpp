@@ -456,15 +456,33 @@ TEST(Resume, ConsumedSamplesContinuesARunFromItsWeightsAlone) {
 // table of the top ops (Debian's LibTorch has no Kineto: DTK writes the recorded ops itself).
 TEST(Profile, ProfileStepsWritesATraceAndPrintsTheTopOps) {
   const std::string dir = fresh_dir("profile");
-  const Result run = dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=2-3 --set logging.profile_dir=" + dir);
+  const Result run = dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=3-4 --set logging.profile_dir=" + dir);
   ASSERT_EQ(run.code, 0) << run.out;
-  EXPECT_NE(run.out.find("profile of iterations 2-3 (2 iterations, "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("profile of iterations 3-4 (2 iterations, "), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("op (CPU, by self time)"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find(" aten::"), std::string::npos) << run.out;
   const std::string trace = file_text(dir + "/rank0.json");
   EXPECT_EQ(trace.rfind("{\"traceEvents\":[", 0), 0u) << trace.substr(0, 200);
   EXPECT_GT(count(trace, "\"ph\":\"X\""), 100) << "ops of two iterations";
   EXPECT_NE(trace.find("\"name\":\"aten::"), std::string::npos);
+  // The host reads of device values (each a synchronisation on a GPU), per iteration of two
+  // micro-batches: per micro-batch the forward's id checks (one read for tokens, positions and
+  // labels) and the loss, the output layer's backward (whether any token's gradient differs);
+  // once the clipping's norm. Iterations 3-4: the loop's batch checks (host data) are over.
+  EXPECT_NE(run.out.find(" host reads of device values (item()): 7 per iteration (backward-compute 2, "
+                         "forward-compute 4, optimizer-clip-main-grad 1)\n"),
+            std::string::npos)
+      << run.out;
+  // Llama: one more per micro-batch (the rotary table's size: the largest position), none per
+  // layer (its grouped-query attention repeats keys without a host read).
+  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR + "/configs/llama-tiny.pbtxt" +
+                            kTrain.substr(kTrain.find(" --dataset"));
+  const Result llama_run = dtk_test::run_dtk(llama + iters(4) + " --set logging.profile_steps=3-4 --set logging.profile_dir=" + dir);
+  ASSERT_EQ(llama_run.code, 0) << llama_run.out;
+  EXPECT_NE(llama_run.out.find(" host reads of device values (item()): 9 per iteration (backward-compute 2, "
+                               "forward-compute 6, optimizer-clip-main-grad 1)\n"),
+            std::string::npos)
+      << llama_run.out;
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=0-2"),
                                   "logging.profile_steps: '0-2' is not an iteration 'A' or a range 'A-B'");
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(4) + " --set logging.profile_steps=9"),

@@ -36,13 +36,25 @@ std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions, const at::Dev
   return {cos_, sin_};
 }
 
+std::pair<at::Tensor, at::Tensor> Rotary::angles(const at::Tensor& positions, const at::Device& device) const {
+  std::lock_guard<std::mutex> lock(gathered_mu_);
+  for (const Gathered& g : gathered_)
+    if (g.positions.is_same(positions) && g.version == positions._version() && g.cos.device() == device)
+      return {g.cos, g.sin};
+  const int64_t max_position = positions.numel() ? positions.max().item<int64_t>() : 0;
+  const auto [cos_table, sin_table] = table(max_position + 1, device);
+  const at::Tensor at_device = positions.to(device);
+  Gathered g{positions, positions._version(), at::embedding(cos_table, at_device).unsqueeze(2),  // [b, s, 1, dim]
+             at::embedding(sin_table, at_device).unsqueeze(2)};
+  constexpr size_t kKept = 4;
+  if (gathered_.size() == kKept) gathered_.pop_front();
+  gathered_.push_back(g);
+  return {g.cos, g.sin};
+}
+
 at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) const {
   if (dim_ == 0) return x;
-  const int64_t max_position = positions.numel() ? positions.max().item<int64_t>() : 0;
-  const auto [cos_table, sin_table] = table(max_position + 1, x.device());
-  const at::Tensor at_x = positions.to(x.device());
-  const at::Tensor cos = at::embedding(cos_table, at_x).unsqueeze(2);  // [b, s, 1, dim]
-  const at::Tensor sin = at::embedding(sin_table, at_x).unsqueeze(2);
+  const auto [cos, sin] = angles(positions, x.device());
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor rot = xf.narrow(-1, 0, dim_);
   const int64_t half = dim_ / 2;
@@ -89,9 +101,14 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t per_group = heads_local_ / groups_local_;
   const at::Tensor qh = q.transpose(1, 2);                    // [b, np, s, hd]
   at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [b, ng, t, hd]
-  if (per_group > 1) {                                        // query head g * per_group + j reads key/value group g
-    kh = kh.repeat_interleave(per_group, 1);
-    vh = vh.repeat_interleave(per_group, 1);
+  if (per_group > 1) {  // query head g * per_group + j reads key/value group g
+    // expand + reshape, not repeat_interleave: ATen's computes its output size on the host (a
+    // synchronisation per call on a GPU).
+    const auto repeat = [&](const at::Tensor& x) {
+      return x.unsqueeze(2).expand({b, groups_local_, per_group, t, hd}).reshape({b, heads_local_, t, hd});
+    };
+    kh = repeat(kh);
+    vh = repeat(vh);
   }
   at::Tensor context;
 #if TORCH_VERSION_MAJOR >= 2

@@ -26,6 +26,7 @@
 #include <dtk/layers/tensor_parallel.hpp>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -66,11 +67,22 @@ class Rotary {
  private:
   // cos, sin [positions, dim] on `device` (computed on the host in fp32, moved once per growth).
   std::pair<at::Tensor, at::Tensor> table(int64_t positions, const at::Device& device) const;
+  // cos, sin [b, s, 1, dim] of `positions` on `device`. Every layer's queries and keys rotate by
+  // the same positions tensor in a forward: gathered once for it, not twice per layer (the
+  // table's size needs the largest position, a host read: a synchronisation on a GPU).
+  std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& positions, const at::Device& device) const;
   int64_t dim_;
   double base_;
   RopeScaling scaling_;
   mutable std::mutex mu_;
   mutable at::Tensor cos_, sin_;
+  struct Gathered {
+    at::Tensor positions;  // held, so that its identity cannot pass to another tensor
+    int64_t version;
+    at::Tensor cos, sin;
+  };
+  mutable std::mutex gathered_mu_;
+  mutable std::deque<Gathered> gathered_;  // the latest few (Domino's chunks have a tensor each)
 };
 
 class Layer : public DominoLayer, public DecoderLayer {

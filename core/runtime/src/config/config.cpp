@@ -517,38 +517,22 @@ void validate_scaling_and_exits(const config::RunConfig& cfg) {
         "use bf16 on CPU");
 }
 
-// Trace iterations: a valid range that starts inside the run.
-void validate_trace(const config::RunConfig& cfg) {
-  const auto& t = cfg.train();
-  if (!cfg.logging().trace_iterations().empty()) {
-    int64_t first = 0, last = 0;
-    try {
-      trace::parse_iterations(cfg.logging().trace_iterations(), &first, &last);
-    } catch (const std::exception& e) {
-      throw HostError(std::string("config: ") + e.what());
-    }
-    // train_iters 0: train_samples decides the length (known once the global batch is).
-    if (!cfg.logging().trace_file().empty() && t.train_iters() > 0 && first > t.train_iters())
-      throw HostError("config: logging.trace_iterations '" + cfg.logging().trace_iterations() +
-                      "' starts after the last iteration (train.train_iters " + std::to_string(t.train_iters()) +
-                      "): the trace would stay empty");
-  }
-}
-
-// Profiled iterations: a valid range that starts inside the run.
-void validate_profile(const config::RunConfig& cfg) {
-  const std::string& spec = cfg.logging().profile_steps();
+// An iteration range option (logging.trace_iterations, logging.profile_steps): valid, and
+// starting inside the run when `used` (its output is on), else `empty` would happen.
+void validate_iterations(const char* field, const std::string& spec, bool used, const char* empty,
+                         const config::RunConfig& cfg) {
   if (spec.empty()) return;
   int64_t first = 0, last = 0;
   try {
-    trace::parse_profile_steps(spec, &first, &last);
+    trace::parse_iterations(field, spec, &first, &last);
   } catch (const std::exception& e) {
     throw HostError(std::string("config: ") + e.what());
   }
+  // train_iters 0: train_samples decides the length (known once the global batch is).
   const int64_t iters = cfg.train().train_iters();
-  if (iters > 0 && first > iters)
-    throw HostError("config: logging.profile_steps '" + spec + "' starts after the last iteration (train.train_iters " +
-                    std::to_string(iters) + "): nothing would be profiled");
+  if (used && iters > 0 && first > iters)
+    throw HostError(std::string("config: ") + field + " '" + spec + "' starts after the last iteration (train.train_iters " +
+                    std::to_string(iters) + "): " + empty);
 }
 
 // Parallel sizes, the trace, the backend and the simulated link.
@@ -573,8 +557,9 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError("config: distributed.sequence_parallel splits train.seq_length " + std::to_string(t.seq_length()) +
                     " over the tensor-parallel size " + std::to_string(d.tensor_model_parallel_size()) +
                     ", which does not divide it");
-  validate_trace(cfg);
-  validate_profile(cfg);
+  validate_iterations("logging.trace_iterations", cfg.logging().trace_iterations(), !cfg.logging().trace_file().empty(),
+                      "the trace would stay empty", cfg);
+  validate_iterations("logging.profile_steps", cfg.logging().profile_steps(), true, "nothing would be profiled", cfg);
   if (!d.backend().empty() && d.backend() != "gloo") {
     if (d.backend() != "nccl")
       throw HostError("config: distributed.backend must be gloo or nccl, got '" + d.backend() + "'");

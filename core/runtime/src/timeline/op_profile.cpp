@@ -26,6 +26,7 @@ namespace {
 struct Event {
   std::string name;
   bool device = false;  // a kernel (or memcpy/memset) on the GPU
+  bool user_scope = false;  // a RecordFunction user scope: DTK's timers' phases
   uint64_t thread = 0;
   double start_us = 0, duration_us = 0;
 };
@@ -35,6 +36,7 @@ Event event_of(const prof::KinetoEvent& e) {
   out.name = e.name();
   out.device = e.deviceType() != c10::DeviceType::CPU;
   out.thread = e.startThreadId();
+  out.user_scope = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE);
 #if TORCH_VERSION_MAJOR >= 2
   out.start_us = static_cast<double>(e.startNs()) / 1e3;
   out.duration_us = static_cast<double>(e.durationNs()) / 1e3;
@@ -133,16 +135,48 @@ void write_chrome_trace(const std::string& path, const std::vector<Event>& event
   if (!out) throw dtk::Error("logging.profile_dir: cannot write " + path, DTK_ERR_IO);
 }
 
-}  // namespace
-
-void parse_profile_steps(const std::string& spec, int64_t* first, int64_t* last) {
-  try {
-    parse_iterations(spec, first, last);
-  } catch (const std::exception&) {
-    throw dtk::Error("logging.profile_steps: '" + spec + "' is not an iteration 'A' or a range 'A-B' (1 <= A <= B)",
-                     DTK_ERR_INVALID_ARGUMENT);
-  }
+// A read of a device value by the host: `item()` (ATen's _local_scalar_dense). On a GPU each is a
+// synchronisation, and so are the CUDA runtime's blocking calls, counted apart (a read is one
+// cudaMemcpyAsync + cudaStreamSynchronize; a blocking copy to the host is a synchronisation with
+// no read).
+bool is_host_read(const Event& e) { return !e.device && e.name == "aten::_local_scalar_dense"; }
+bool is_cuda_sync(const Event& e) {
+  static const std::set<std::string> kBlocking = {"cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                  "cudaEventSynchronize", "cudaMemcpy"};
+  return !e.device && kBlocking.count(e.name) != 0;
 }
+
+// "N per iteration (phase n, phase m)": the events `counted` picks, per iteration, by the DTK
+// phase (timer scope) that encloses each, so that a user sees which part of the step waits.
+std::string per_iteration_by_phase(const std::vector<Event>& events, bool (*counted)(const Event&),
+                                   int64_t iterations) {
+  std::map<std::string, int64_t> by_phase;
+  int64_t total = 0;
+  for (const Event& e : events) {
+    if (!counted(e)) continue;
+    ++total;
+    const Event* phase = nullptr;  // the innermost enclosing scope on the same thread
+    for (const Event& s : events)
+      if (s.user_scope && s.thread == e.thread && s.start_us <= e.start_us &&
+          s.start_us + s.duration_us >= e.start_us + e.duration_us &&
+          (!phase || s.duration_us < phase->duration_us))
+        phase = &s;
+    ++by_phase[phase ? phase->name : "outside the timed phases"];
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, iterations));
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%g per iteration", static_cast<double>(total) / n);
+  std::string out = buf;
+  std::string sep = " (";
+  for (const auto& [phase, count] : by_phase) {
+    std::snprintf(buf, sizeof buf, "%s %g", phase.c_str(), static_cast<double>(count) / n);
+    out += sep + buf;
+    sep = ", ";
+  }
+  return total ? out + ")" : out;
+}
+
+}  // namespace
 
 OpProfile::OpProfile(Settings settings) : s_(std::move(settings)) {}
 
@@ -207,6 +241,11 @@ void OpProfile::stop_and_report() {
   out += tail;
   const auto kernels = summarise(events, /*device=*/true);
   if (!kernels.empty()) out += table(kernels, "kernel (GPU)", wall_ms, 15);
+  // Each read stalls the host until the device has run all it was given (issue 33: no hidden
+  // synchronisation); docs/cuda.md keeps the count.
+  out += " host reads of device values (item()): " + per_iteration_by_phase(events, is_host_read, iterations_) + "\n";
+  if (s_.cuda)
+    out += " blocking CUDA calls (synchronisations): " + per_iteration_by_phase(events, is_cuda_sync, iterations_) + "\n";
   if (!out.empty() && out.back() == '\n') out.pop_back();
   s_.print(out);
 }

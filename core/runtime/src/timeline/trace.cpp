@@ -121,9 +121,9 @@ void configure(const Settings& settings) {
   s.events.clear();
 }
 
-void parse_iterations(const std::string& spec, int64_t* first, int64_t* last) {
+void parse_iterations(const std::string& field, const std::string& spec, int64_t* first, int64_t* last) {
   auto bad = [&] {
-    return dtk::Error("logging.trace_iterations: '" + spec + "' is not an iteration 'A' or a range 'A-B' (1 <= A <= B)",
+    return dtk::Error(field + ": '" + spec + "' is not an iteration 'A' or a range 'A-B' (1 <= A <= B)",
                       DTK_ERR_INVALID_ARGUMENT);
   };
   const size_t dash = spec.find('-');

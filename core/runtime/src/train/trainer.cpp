@@ -42,7 +42,8 @@ void configure_trace(const config::LoggingConfig& logging, const Topology& topo)
   if (logging.trace_file().empty()) return;
   trace::Settings ts;
   ts.path = logging.trace_file();
-  trace::parse_iterations(logging.trace_iterations().empty() ? "2-3" : logging.trace_iterations(), &ts.first, &ts.last);
+  trace::parse_iterations("logging.trace_iterations",
+                          logging.trace_iterations().empty() ? "2-3" : logging.trace_iterations(), &ts.first, &ts.last);
   ts.rank = topo.world_rank;
   ts.world_size = topo.world_size;
   trace::configure(ts);
@@ -100,7 +101,7 @@ std::unique_ptr<trace::OpProfile> Trainer::make_op_profile() {
   const config::LoggingConfig& logging = cfg_.logging();
   if (logging.profile_steps().empty()) return nullptr;
   trace::OpProfile::Settings s;
-  trace::parse_profile_steps(logging.profile_steps(), &s.first, &s.last);
+  trace::parse_iterations("logging.profile_steps", logging.profile_steps(), &s.first, &s.last);
   s.dir = logging.profile_dir().empty() ? "profile" : logging.profile_dir();
   s.rank = topo_.world_rank;
   s.cuda = training_device().is_cuda();

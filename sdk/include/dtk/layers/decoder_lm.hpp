@@ -174,8 +174,9 @@ class DecoderLM : public Model {
  private:
   TensorList forward_cached(const TensorList& inputs);
   at::Tensor attention_mask(const TensorList& inputs) const;
-  at::Tensor check_tokens(const TensorList& inputs) const;
-  at::Tensor positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h) const;
+  at::Tensor check_tokens(const TensorList& inputs, IdRangeChecks& checks) const;
+  at::Tensor positions(const TensorList& inputs, const at::Tensor& tokens, const at::Tensor& h,
+                       IdRangeChecks& checks) const;
   at::Tensor embed(const at::Tensor& tokens, const at::Tensor& positions) const;
   int64_t whole_sequence(const at::Tensor& h) const;  // a stage input's sequence length, all TP ranks
   at::Tensor plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask);

@@ -151,6 +151,27 @@ std::vector<at::Tensor> sequence_parallel_columns(const at::Tensor& shard,
 // vocabulary)".
 void check_id_range(const char* model, const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name);
 
+// Several id tensors checked as check_id_range checks one, with a single host read for all of
+// them: on a GPU each read is a synchronisation, and a forward checks its tokens, positions and
+// labels. verify() throws check_id_range's line for the first tensor out of range.
+class IdRangeChecks {
+ public:
+  explicit IdRangeChecks(std::string model) : model_(std::move(model)) {}
+  void add(const char* what, const at::Tensor& ids, int64_t limit, const char* limit_name);
+  void verify();
+
+ private:
+  struct Check {
+    const char* what;
+    at::Tensor ids;
+    int64_t limit;
+    const char* limit_name;
+  };
+  std::string model_;
+  std::vector<Check> checks_;
+  std::vector<at::Tensor> out_of_range_;  // one bool per check, on the ids' device
+};
+
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding() = default;

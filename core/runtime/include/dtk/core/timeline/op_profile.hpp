@@ -16,8 +16,7 @@
 
 namespace dtk::core::trace {
 
-// Parses logging.profile_steps ("A-B" or "A", 1-based); throws a one-line error naming it.
-void parse_profile_steps(const std::string& spec, int64_t* first, int64_t* last);
+// logging.profile_steps is parsed by trace::parse_iterations (trace.hpp).
 
 class OpProfile {
  public:

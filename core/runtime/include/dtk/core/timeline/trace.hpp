@@ -18,8 +18,9 @@ struct Settings {
   int rank = 0, world_size = 1;
 };
 void configure(const Settings& settings);
-// Parses logging.trace_iterations ("A-B" or "A", 1-based); throws a one-line error naming it.
-void parse_iterations(const std::string& spec, int64_t* first, int64_t* last);
+// Parses an iteration range ("A-B" or "A", 1-based) given as option `field` (e.g.
+// "logging.trace_iterations"); throws a one-line error naming the field.
+void parse_iterations(const std::string& field, const std::string& spec, int64_t* first, int64_t* last);
 
 // Around each training iteration: spans are kept while a traced iteration runs; the file is
 // written after the last traced iteration (or by flush(), e.g. a run that ends earlier).

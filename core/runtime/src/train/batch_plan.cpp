@@ -105,8 +105,8 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   } else if (t.train_samples() > 0) {
     train_iters_ = iterations_from_samples(t.train_samples(), gbs_);
   }
-  const int64_t eval_interval = cfg.eval().eval_interval();
-  num_evals_ = (eval_interval > 0 ? train_iters_ / eval_interval : 0) + 1;
+  eval_interval_ = cfg.eval().eval_interval();
+  num_evals_ = (eval_interval_ > 0 ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.
   const int64_t limit = int64_t{1} << 40;
   if (gbs_ > limit / std::max<int64_t>(1, train_iters_) ||

@@ -57,12 +57,7 @@ TrainProgress continuation_of(int64_t consumed, const config::RunConfig& cfg, co
   p.iteration = n;
   p.consumed_train_samples = consumed;
   p.scheduler_step = plan.ramps_up() ? consumed : n;
-  const int64_t eval_interval = cfg.eval().eval_interval();
-  if (eval_interval > 0) {
-    // The loop evaluates after every multiple of eval_interval except the last iteration.
-    const int64_t evaluations = n / eval_interval - (n == plan.train_iters() && n % eval_interval == 0 ? 1 : 0);
-    p.consumed_valid_samples = evaluations * plan.eval_iters() * plan.global_batch_size();
-  }
+  p.consumed_valid_samples = plan.validations_through(n) * plan.eval_iters() * plan.global_batch_size();
   return p;
 }
 

@@ -293,8 +293,8 @@ void Trainer::run_iteration(int64_t it) {
   trace::end_iteration(it);
   progress_.iteration = it;
   progress_.consumed_train_samples = plan_.consumed_before(it + 1);
-  const int64_t eval_interval = cfg_.eval().eval_interval(), save_interval = cfg_.checkpoint().save_interval();
-  if (eval_interval > 0 && it % eval_interval == 0 && it != plan_.train_iters()) {
+  const int64_t save_interval = cfg_.checkpoint().save_interval();
+  if (plan_.validates_after(it)) {
     evaluate(DTK_SPLIT_VALID, "validation", "iteration " + std::to_string(it), it);
     progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
   }

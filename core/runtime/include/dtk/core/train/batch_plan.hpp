@@ -46,6 +46,14 @@ class BatchPlan {
   int64_t train_samples() const { return consumed_before(train_iters_ + 1); }
   int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return eval_iters_ * gbs_; }
+  // Whether the loop validates after iteration i: every eval_interval iterations, but not after
+  // the last (the run's final validation follows it). One rule for the loop and for
+  // train.consumed_samples' continuation (how many validation samples a run consumed).
+  bool validates_after(int64_t i) const { return eval_interval_ > 0 && i % eval_interval_ == 0 && i != train_iters_; }
+  int64_t validations_through(int64_t n) const {
+    if (eval_interval_ <= 0) return 0;
+    return n / eval_interval_ - (n == train_iters_ && n % eval_interval_ == 0 ? 1 : 0);
+  }
 
   // Sample index of row j of the k-th micro-batch this rank consumes, counting from global
   // batch `first_global_batch` of gbs samples (evaluation: always whole global batches).
@@ -61,7 +69,7 @@ class BatchPlan {
   // ({0}) without a ramp-up.
   std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
-  int64_t train_iters_ = 0, eval_iters_ = 0, num_evals_ = 1, seq_length_ = 0;
+  int64_t train_iters_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_rank_ = 0, dp_size_ = 1;
 };
 

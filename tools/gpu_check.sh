@@ -2,8 +2,8 @@
 # Run ON THE GPU MACHINE (PyTorch 2.x with CUDA, nvcc, CMake, ninja; no network), with the
 # folder tools/gpu_bundle.sh filled here carried along: unpacks the Debian packages into a
 # prefix, configures dtk against the Python package's CUDA LibTorch (DTK_WITH_CUDA=ON), builds,
-# runs the GPU-labelled tests and the GPT-2 124M benchmark against its PyTorch peer
-# (tools/bench/gpu_gpt2.sh) and prints one summary. Under 10 minutes on 16 cores.
+# runs the GPU-labelled tests and the GPT-2 124M and same-size Llama benchmarks against their
+# PyTorch peers (tools/bench/gpu_gpt2.sh) and prints one summary. Under 10 minutes on 16 cores.
 #   tools/gpu_check.sh [--configure-only] [--no-bench] [--torch-prefix DIR]
 # --torch-prefix: a LibTorch CMake prefix other than python3's torch.utils.cmake_prefix_path.
 set -euo pipefail
@@ -64,6 +64,8 @@ if ((!CONFIGURE_ONLY)); then
     # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
     tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile" ||
       status="$status; benchmark FAILED"
+    # Issue 33's second row: a Llama of the same size against its compiled peer.
+    tools/bench/gpu_gpt2.sh --model llama --dtk build-gpu/bin/dtk --steps 20 || status="$status; llama benchmark FAILED"
   fi
 fi
 echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"

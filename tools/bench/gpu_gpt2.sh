@@ -6,11 +6,17 @@
 # torch.compile, at the same micro-batch. Prints tokens/s, TFLOP/s and MFU against --peak_tflops
 # (989: H100 SXM dense bf16), FLOPs counted the same way for both.
 #
+# --model llama: the Llama row instead (issue 33): a Llama of about GPT-2 small's size, 12 layers,
+# hidden 768, 12 heads, 4 key/value groups, SwiGLU 2048, vocabulary 32000, rotary, RMSNorm,
+# untied output (configs/llama-tiny.pbtxt with the overrides below, synthetic tokens), next to
+# gpu_peer.py --arch llama, eager and compiled.
+#
 # --profile DIR: afterwards, two more steps of each profiled: dtk's logging.profile_steps table
 # (top ops and kernels) and the compiled peer's torch.profiler table, side by side in the output,
 # the Chrome traces in DIR (dtk/rank0.json, peer.json).
 #
-#   tools/bench/gpu_gpt2.sh [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30] [--peak_tflops 989] [--profile DIR]
+#   tools/bench/gpu_gpt2.sh [--model gpt|llama] [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30]
+#                           [--peak_tflops 989] [--profile DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DTK=build-gpu/bin/dtk
@@ -18,24 +24,40 @@ BATCHES="32 24 16 8"
 STEPS=30
 PEAK=989
 PROFILE=""
+MODEL=gpt
 while (($#)); do
   case "$1" in
+    --model) MODEL=$2; shift 2 ;;
     --profile) PROFILE=$2; shift 2 ;;
     --dtk) DTK=$2; shift 2 ;;
     --batches) BATCHES=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --peak_tflops) PEAK=$2; shift 2 ;;
-    *) echo "usage: tools/bench/gpu_gpt2.sh [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T] [--profile DIR]" >&2; exit 2 ;;
+    *) echo "usage: tools/bench/gpu_gpt2.sh [--model gpt|llama] [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T] [--profile DIR]" >&2; exit 2 ;;
   esac
 done
+case $MODEL in
+  gpt)
+    RUN=(--config configs/gpt2-small.pbtxt)
+    PEER_ARCH=(--arch gpt)
+    WHAT="GPT-2 124M" ;;
+  llama)
+    RUN=(--config configs/llama-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=32000
+      --set model.vocab_size=32000 --set model.num_layers=12 --set model.hidden_size=768
+      --set model.num_attention_heads=12 --set model.num_query_groups=4 --set model.ffn_hidden_size=2048
+      --set train.seq_length=1024 --set eval.eval_iters=0)
+    PEER_ARCH=(--arch llama)
+    WHAT="Llama 12x768 (GQA 12/4, SwiGLU 2048, vocab 32000)" ;;
+  *) echo "gpu_gpt2.sh: --model is gpt or llama, not '$MODEL'" >&2; exit 2 ;;
+esac
 [[ -x $DTK ]] || { echo "gpu_gpt2.sh: no dtk at $DTK (build it: tools/gpu_check.sh)" >&2; exit 2; }
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)
-echo "gpu_gpt2.sh: $GPU; GPT-2 124M, seq 1024, bf16, no dropout; $STEPS timed steps after 10"
+echo "gpu_gpt2.sh: $GPU; $WHAT, seq 1024, bf16, no dropout; $STEPS timed steps after 10"
 BATCH=""
 for b in $BATCHES; do
-  if "$DTK" train --config configs/gpt2-small.pbtxt --set train.device=cuda --set train.params_dtype=bf16 \
+  if "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
       --set model.hidden_dropout=0 --set model.attention_dropout=0 \
       --set train.micro_batch_size="$b" --set train.global_batch_size="$b" \
       --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
@@ -54,7 +76,7 @@ print(f"  dtk            micro-batch {sys.argv[2]:>3}: {r['tokens_per_second']:>
 PY
 PEERS_OK=1
 for mode in "" --compile; do
-  if python3 tools/bench/gpu_peer.py --batch "$BATCH" --steps "$STEPS" --warmup 10 --peak_tflops "$PEAK" $mode \
+  if python3 tools/bench/gpu_peer.py "${PEER_ARCH[@]}" --batch "$BATCH" --steps "$STEPS" --warmup 10 --peak_tflops "$PEAK" $mode \
       >"$OUT/peer.json" 2>"$OUT/peer.log"; then
     python3 - "$OUT/peer.json" <<'PY'
 import json, sys
@@ -70,13 +92,13 @@ done
 if [[ -n $PROFILE ]]; then
   mkdir -p "$PROFILE"
   echo "== dtk, micro-batch $BATCH: logging.profile_steps (iterations 12-13)"
-  "$DTK" train --config configs/gpt2-small.pbtxt --set train.device=cuda --set train.params_dtype=bf16 \
+  "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
     --set model.hidden_dropout=0 --set model.attention_dropout=0 \
     --set train.micro_batch_size="$BATCH" --set train.global_batch_size="$BATCH" --set train.train_iters=13 \
     --set eval.eval_interval=0 --set eval.eval_iters=0 --set train.skip_memory_check=true \
     --set logging.profile_steps=12-13 --set logging.profile_dir="$PROFILE/dtk" 2>&1 |
     sed -n '/ profile of iterations/,/^ \[/p' | grep -v '^ \[' || echo "  dtk profile failed"
   echo "== the compiled peer, micro-batch $BATCH: torch.profiler"
-  python3 tools/bench/gpu_peer.py --batch "$BATCH" --steps 2 --warmup 10 --peak_tflops "$PEAK" --compile \
+  python3 tools/bench/gpu_peer.py "${PEER_ARCH[@]}" --batch "$BATCH" --steps 2 --warmup 10 --peak_tflops "$PEAK" --compile \
     --profile "$PROFILE" 2>&1 >/dev/null | grep -v "^W[0-9]" | head -40 || echo "  peer profile failed"
 fi

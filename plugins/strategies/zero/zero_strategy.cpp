@@ -183,7 +183,7 @@ void ZeroStrategy::build_layout() {
     }
   full_.assign(nb, at::Tensor());
   staging_.assign(nb, at::Tensor());
-  if (opt_.overlap_comm) {
+  if (opt_.overlap_comm && dp_size_ > 1) {
     // Staging buffers to keep: the most buckets reduce_in_flight_size lets be in flight (the
     // smallest ones), one more issued before the oldest completes, and one filling.
     std::vector<int64_t> sizes;
@@ -395,7 +395,8 @@ void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input, at::Tensor s
     finish_reductions(0);
     return;
   }
-  while (in_flight_.size() > 2 && in_flight_numel_ > opt_.reduce_in_flight_size)
+  // (One rank sends nothing: two are kept only for an offloaded partition's copies to the host.)
+  while (in_flight_.size() > 2 && (dp_size_ == 1 || in_flight_numel_ > opt_.reduce_in_flight_size))
     finish_reductions(in_flight_.size() - 1);
 }
 

@@ -197,8 +197,8 @@ TEST(ZeroOverlapComm, ReduceScattersInFlightEqualTheWaitedOnes) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "zero-overlap-comm");
   const std::string zero = "--strategy zero --set strategy.stage=2 --set strategy.reduce_bucket_size=2000 ";
   auto traced = [&](const std::string& run) {
-    return "--set distributed.simulated_link=10us,0.01GBps --set logging.trace_iterations=3 "
-           "--set logging.trace_file=" + dir + "/" + run + ".json ";
+    return "--set distributed.simulated_link=10us,0.01GBps --set logging.trace_iterations=3 --set logging.trace_file=" +
+           dir + "/" + run + ".json ";
   };
   const Curve waited = curve_of(2, train(2, zero + "--set strategy.overlap_comm=false "), "waited");
   const Curve budget =
@@ -214,9 +214,8 @@ TEST(ZeroOverlapComm, ReduceScattersInFlightEqualTheWaitedOnes) {
   const int least = most_in_flight(dir + "/two.rank0.json", "reduce_scatter");
   EXPECT_GE(least, 2) << two.run.out;
   EXPECT_LE(least, 3) << two.run.out;
-  dtk_test::expect_one_line_error(
-      dtk_test::run_dtk(train(1, zero + "--set strategy.reduce_in_flight_size=0 "), 60),
-      "zero: option 'reduce_in_flight_size' must be positive, got 0");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(train(1, zero + "--set strategy.reduce_in_flight_size=0 "), 60),
+                                  "zero: option 'reduce_in_flight_size' must be positive, got 0");
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

@@ -10,10 +10,13 @@
 //     all-gathers in flight from the step to the module that first reads them in the next forward)
 //     give exactly the losses, gradient norms and parameter norms of the gather after the step, and
 //     the timeline shows the gathers issued before the forward and waited in it;
+//   * ZeRO stage 2's reduce-scatters left in flight during the backward (overlap_comm, up to
+//     reduce_in_flight_size elements) give exactly the losses of the waited ones;
 //   * bad options are one-line errors.
 // Small buckets (bucket_size_mb=0.05: 7 buckets of gpt-tiny) so that several are in flight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -70,6 +73,20 @@ Timeline read_timeline(const std::string& path, const std::string& collective = 
     if (start > t.backward_start) t.backward_start = start, t.backward_end = start + std::stod((*it)[2]);
   }
   return t;
+}
+// The most data-parallel `collective`s in flight at once in a rank's trace (issue to completion).
+int most_in_flight(const std::string& path, const std::string& collective) {
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::regex event("\"name\": \"" + collective +
+                         R"re( on group 1", "cat": "comm", [^}]*"ph": "([be])", [^}]*"ts": (-?[0-9.]+))re");
+  std::vector<std::pair<double, int>> edges;  // (time, +1 issue / -1 completion); completions first
+  for (std::sregex_iterator it(text.begin(), text.end(), event), end; it != end; ++it)
+    edges.emplace_back(std::stod((*it)[2]), (*it)[1] == "b" ? 1 : -1);
+  std::sort(edges.begin(), edges.end());
+  int now = 0, most = 0;
+  for (const auto& e : edges) most = std::max(most, now += e.second);
+  return most;
 }
 int issued_inside_backward(const Timeline& t) {
   int n = 0;
@@ -168,6 +185,37 @@ TEST(ZeroOverlapParamGather, Stages1And2EqualTheGatherAfterTheStep) {
     EXPECT_GE(before_forward(gathered), 3) << name;  // the buckets, issued by iteration 2's step
     EXPECT_EQ(before_forward(after), 0) << name;
   }
+}
+
+// ZeRO stage 2 with overlap_comm: the reduce-scatters left in flight during the backward (up to
+// reduce_in_flight_size elements, two buckets at least) give exactly the losses and gradient norms
+// of the reduce-scatters waited one by one, with accumulation (every micro-batch reduces) and the
+// parameter gathers overlapped too; over a slow simulated link the timeline shows a layer's
+// buckets in flight together under the default budget, and at most three (two left, one issued
+// before the oldest is waited) under the smallest.
+TEST(ZeroOverlapComm, ReduceScattersInFlightEqualTheWaitedOnes) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "zero-overlap-comm");
+  const std::string zero = "--strategy zero --set strategy.stage=2 --set strategy.reduce_bucket_size=2000 ";
+  auto traced = [&](const std::string& run) {
+    return "--set distributed.simulated_link=10us,0.01GBps --set logging.trace_iterations=3 --set logging.trace_file=" +
+           dir + "/" + run + ".json ";
+  };
+  const Curve waited = curve_of(2, train(2, zero + "--set strategy.overlap_comm=false "), "waited");
+  const Curve budget =
+      curve_of(2, train(2, zero + "--set strategy.overlap_comm=true ") + traced("budget"), "default budget");
+  const Curve two = curve_of(2,
+                             train(2, zero + "--set strategy.overlap_comm=true --set strategy.reduce_in_flight_size=1 "
+                                             "--set strategy.overlap_param_gather=true ") +
+                                 traced("two"),
+                             "two in flight");
+  expect_same_curve(waited, budget, 4, "reduce-scatters in flight (default budget) vs waited", 0.0);
+  expect_same_curve(waited, two, 4, "reduce-scatters in flight (two buckets) vs waited", 0.0);
+  EXPECT_GE(most_in_flight(dir + "/budget.rank0.json", "reduce_scatter"), 6) << budget.run.out;
+  const int least = most_in_flight(dir + "/two.rank0.json", "reduce_scatter");
+  EXPECT_GE(least, 2) << two.run.out;
+  EXPECT_LE(least, 3) << two.run.out;
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(train(1, zero + "--set strategy.reduce_in_flight_size=0 "), 60),
+                                  "zero: option 'reduce_in_flight_size' must be positive, got 0");
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

@@ -13,9 +13,10 @@
 #     link's transfers take as long as the peer's computation (communication ~50% of a
 #     non-overlapped iteration over the link), to study overlap when communication is slow.
 #
-#   tools/bench/ddp.sh [--quick] [--recompute]
+#   tools/bench/ddp.sh [--quick] [--recompute] [--layers N]
 # --recompute: model.recompute_activations=full in every row (the backward is then ~3/4 of the
-# computation: more of it to hide the all-reduces behind).
+# computation: more of it to hide the all-reduces behind). --layers N: N layers instead of 4 (the
+# first and last layers' share of the iteration, which no overlap can hide, shrinks as 1/N).
 # Needs a build (tools/build.sh). Uses tcmalloc when Debian's libtcmalloc-minimal4 is installed.
 # One thread per rank (2 ranks): communication competes with compute for this machine's cores.
 set -euo pipefail
@@ -23,11 +24,13 @@ cd "$(dirname "$0")/../.."
 source tools/bench/common.sh
 QUICK=0
 EXTRA=""
+LAYERS=4
 while (($#)); do
   case "$1" in
     --quick) QUICK=1; shift ;;
     --recompute) EXTRA="--set model.recompute_activations=full"; shift ;;
-    *) echo "usage: tools/bench/ddp.sh [--quick] [--recompute]" >&2; exit 2 ;;
+    --layers) LAYERS=$2; shift 2 ;;
+    *) echo "usage: tools/bench/ddp.sh [--quick] [--recompute] [--layers N]" >&2; exit 2 ;;
   esac
 done
 bench_start ddp.sh
@@ -38,7 +41,7 @@ bench_start ddp.sh
 # (PyTorch's 25 MB default would make it one bucket, complete only at the end of the backward).
 ITERS=$((QUICK ? 12 : 20))
 REPS=$((QUICK ? 1 : 3))
-TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=4
+TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=$LAYERS
   --set model.hidden_size=256 --set model.num_attention_heads=8 --set model.vocab_size=512
   --set dataset.vocab_size=512 --set train.seq_length=128 --set train.micro_batch_size=8
   --set train.global_batch_size=16 --set train.train_iters=$ITERS --set logging.log_interval=4
@@ -90,7 +93,7 @@ table() {
   done
 }
 
-MODEL="4 layers, hidden 256, 8 heads, seq 128, micro-batch 8, DP=2, 1 thread per rank${EXTRA:+, recompute full}"
+MODEL="$LAYERS layers, hidden 256, 8 heads, seq 128, micro-batch 8, DP=2, 1 thread per rank${EXTRA:+, recompute full}"
 run_all ""
 echo
 echo "== 1. loopback Gloo ($MODEL; DP traffic sent per rank per iteration: ${DP_MB} MB, 1 MB buckets)"

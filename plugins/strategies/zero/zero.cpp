@@ -16,7 +16,11 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_int("allgather_bucket_size", "500000000",
                  "Elements of parameter all-gathers in flight at once after the optimizer step."),
     dtk::opt_bool("overlap_comm", "false",
-                  "Leave reduce-scatters in flight (two at most) while backward goes on, instead of waiting on each."),
+                  "Leave reduce-scatters in flight while backward goes on (up to reduce_in_flight_size elements, "
+                  "two buckets at least), instead of waiting on each."),
+    dtk::opt_int("reduce_in_flight_size", "500000000",
+                 "With overlap_comm: elements of reduce-scatters in flight at once during backward (each holds its "
+                 "fp32 bucket until it completes; at least two buckets)."),
     dtk::opt_bool("overlap_param_gather", "false",
                   "Stages 1/2: leave the updated parameters' all-gathers in flight after the optimizer step; the next "
                   "forward waits for each module's buckets just before the module (Megatron's --overlap-param-gather)."),

@@ -31,6 +31,7 @@ Options Options::from(const dtk::Options& o) {
   r.reduce_bucket_size = positive(o, "reduce_bucket_size");
   r.allgather_bucket_size = positive(o, "allgather_bucket_size");
   r.overlap_comm = o.get_bool("overlap_comm");
+  r.reduce_in_flight_size = positive(o, "reduce_in_flight_size");
   r.overlap_param_gather = o.get_bool("overlap_param_gather");
   if (r.overlap_param_gather && r.stage == 3)
     throw Error(
@@ -182,6 +183,17 @@ void ZeroStrategy::build_layout() {
     }
   full_.assign(nb, at::Tensor());
   staging_.assign(nb, at::Tensor());
+  if (opt_.overlap_comm && dp_size_ > 1) {
+    // Staging buffers to keep: the most buckets reduce_in_flight_size lets be in flight (the
+    // smallest ones), one more issued before the oldest completes, and one filling.
+    std::vector<int64_t> sizes;
+    for (const Bucket& bucket : layout_->buckets()) sizes.push_back(bucket.numel);
+    std::sort(sizes.begin(), sizes.end());
+    size_t fit = 0;
+    for (int64_t sum = 0; fit < sizes.size() && sum + sizes[fit] <= opt_.reduce_in_flight_size; ++fit)
+      sum += sizes[fit];
+    max_spares_ = std::min(nb + 1, std::max<size_t>(3, fit + 2));
+  }
   pending_.assign(nb, 0);
   refs_.assign(nb, 0);
   gathering_.resize(nb);
@@ -337,8 +349,8 @@ void ZeroStrategy::collect(size_t p) {
 }
 
 // A staging buffer of at least `numel` fp32 elements, reused across buckets, micro-batches and
-// steps: at most three are kept (two reductions in flight and one filling), each of one bucket, so
-// backward allocates nothing large in the steady state.
+// steps: as many are kept as reductions can be in flight plus one filling (max_spares_), each of
+// one bucket, so backward allocates nothing large in the steady state.
 at::Tensor ZeroStrategy::take_staging(int64_t numel) {
   auto best = spare_.end();
   for (auto it = spare_.begin(); it != spare_.end(); ++it)
@@ -359,11 +371,14 @@ at::Tensor ZeroStrategy::take_staging(int64_t numel) {
 }
 
 void ZeroStrategy::return_staging(at::Tensor buffer) {
-  if (spare_.size() < 3) spare_.push_back(std::move(buffer));
+  if (spare_.size() < max_spares_) spare_.push_back(std::move(buffer));
 }
 
 // Reduce-scatters one bucket (fp32, whole) over the DP group and adds this rank's chunk into the
-// gradient partition; with overlap_comm the collective is left in flight (two at most).
+// gradient partition. With overlap_comm the collective is left in flight while backward goes on:
+// the oldest complete only when more than reduce_in_flight_size elements (and two buckets) are in
+// flight, so on a slow link every bucket of a layer is on its way while the next layers' backward
+// runs (the link, not the training thread, waits), and the memory held is that budget's staging.
 void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input, at::Tensor staging) {
   const Bucket& bucket = layout_->buckets()[b];
   InFlight f{b, input, at::empty({bucket.chunk}, input.options()), std::nullopt, std::move(staging)};
@@ -375,7 +390,14 @@ void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input, at::Tensor s
   else
     Comm::reduce_scatter(f.output, input, DTK_GROUP_DATA_PARALLEL, op);
   in_flight_.push_back(std::move(f));
-  finish_reductions(opt_.overlap_comm ? 2 : 0);
+  in_flight_numel_ += bucket.numel;
+  if (!opt_.overlap_comm) {
+    finish_reductions(0);
+    return;
+  }
+  // (One rank sends nothing: two are kept only for an offloaded partition's copies to the host.)
+  while (in_flight_.size() > 2 && (dp_size_ == 1 || in_flight_numel_ > opt_.reduce_in_flight_size))
+    finish_reductions(in_flight_.size() - 1);
 }
 
 void ZeroStrategy::finish_reductions(size_t keep) {
@@ -393,6 +415,7 @@ void ZeroStrategy::finish_reductions(size_t keep) {
       target.add_(f.output.to(part_grads_.device()));  // a no-op move unless offloaded
     }
     if (f.staging.defined()) return_staging(std::move(f.staging));
+    in_flight_numel_ -= bucket.numel;
     in_flight_.pop_front();
   }
   // Complete: every chunk in the partition. Otherwise a few copies stay in flight.

@@ -43,6 +43,8 @@ namespace dtk::zero {
 struct Options {
   int stage = 1;
   int64_t reduce_bucket_size = 0, allgather_bucket_size = 0;
+  // overlap_comm: elements of reduce-scatters left in flight at once (two buckets at least).
+  int64_t reduce_in_flight_size = 0;
   bool overlap_comm = false, average_gradients = true, overlap_param_gather = false;
   int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
   bool offload_optimizer = false, offload_param = false;
@@ -158,6 +160,8 @@ class ZeroStrategy : public Strategy {
     at::Tensor staging;  // stage 2/3: the pool buffer behind input
   };
   std::deque<InFlight> in_flight_;
+  int64_t in_flight_numel_ = 0;        // the buckets' elements in in_flight_
+  size_t max_spares_ = 3;              // staging buffers kept for reuse (reduce_in_flight_size)
   // GPU runs with offload_optimizer=cpu: the reduced chunks' copies to the host partition.
   std::unique_ptr<OffloadCopier> offload_;
   static constexpr size_t kOffloadCopiesInFlight = 4;

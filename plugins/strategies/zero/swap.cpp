@@ -104,10 +104,8 @@ void OptimizerSwap::plan_slices(const std::vector<int64_t>& numels, int64_t buff
   slot_numel_ = buffer_bytes / 2 / static_cast<int64_t>(sizeof(float)) / kAlignElems * kAlignElems;
   int64_t largest = 0;
   size_t at = 0;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    largest = std::max(largest, padded(numels[i]));
-    if (3 * padded(numels[i]) > slot_numel_) at = i;
-  }
+  for (size_t i = 0; i < numels.size(); ++i)
+    if (padded(numels[i]) > largest) largest = padded(numels[i]), at = i;
   if (3 * largest > slot_numel_) {
     const int64_t need_mb = (2 * 3 * largest * static_cast<int64_t>(sizeof(float)) + (1 << 20) - 1) >> 20;
     throw Error("zero: strategy.nvme_buffer_mb=" + std::to_string(buffer_bytes >> 20) + " is too small: this rank's " +

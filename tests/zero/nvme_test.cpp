@@ -3,12 +3,14 @@
 //     with the state streamed in several slices;
 //   * checkpoints hold the state in the usual format: a run saved with nvme resumes exactly with
 //     cpu offload and the reverse; the swap files are gone after a clean exit, and one left by a
-//     killed run (a process that is gone) is removed by the next run;
+//     killed run (a process that is gone) is removed by the next run, which resumes from the
+//     killed run's last checkpoint;
 //   * optimizer state larger than a host-memory budget trains with the state on disk: the host
 //     memory the optimizer holds (the allocator's count, less the gradient partition) stays under
 //     the buffer while a cpu-offload run of the same model holds all of it;
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -168,6 +170,37 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   }
 }
 
+// A run killed (SIGKILL, mid-training) leaves its last checkpoint loadable and its swap file
+// behind; the next run resumes from the checkpoint and removes the file (its process is gone).
+TEST(ZeroNvme, AKilledRunLeavesItsCheckpointLoadable) {
+  const std::string swap = fresh_dir("nvme-killed-swap"), save = fresh_dir("nvme-killed-save");
+  const std::string log = save + "/../nvme-killed.log";
+  const std::string args = kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " + nvme(swap) +
+                           "--set lr.lr_decay_iters=1000 --set train.train_iters=100000 --set checkpoint.save_interval=2 "
+                           "--set checkpoint.save=" + save;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + std::string(DTK_BIN) + " " + args + " > " + log + " 2>&1").c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(child, 0);
+  // Killed once a checkpoint is published (bounded: 120 s).
+  const std::string tracker = save + "/latest_checkpointed_iteration.txt";
+  for (int i = 0; i < 1200 && !fs::exists(tracker); ++i) ::usleep(100 * 1000);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(fs::exists(tracker)) << "no checkpoint within 120 s";
+  ASSERT_EQ(swap_files_in(swap), 1) << "the killed run's swap file";
+  const Result r = dtk_test::run_dtk(kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " +
+                                     nvme(swap) + "--set lr.lr_decay_iters=1000 --set checkpoint.load=" + save +
+                                     " --set train.train_iters=12");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("removed " + swap + "/dtk-zero-optimizer-"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iteration       12/"), std::string::npos) << r.out;
+  EXPECT_EQ(swap_files_in(swap), 0);
+}
+
 struct HostMemory {
   double gradients = -1, host = -1, host_max = -1;
 };
@@ -254,6 +287,11 @@ TEST(ZeroNvme, BadInputsAreOneLineErrors) {
        "zero: delayed_param_update needs offload_optimizer=cpu"},
   };
   for (const auto& [args, needle] : cases) dtk_test::expect_one_line_error(dtk_test::run_dtk(run + args, 60), needle);
+  // An optimizer without Adam's state cannot be stepped slice by slice: refused at its first step.
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + "--set train.train_iters=3 --strategy zero --optimizer sgd " + nvme(dir), 60),
+      "zero: offload_optimizer=nvme steps the optimizer one slice of parameters at a time and needs the Adam "
+      "plugins' state (cpu_adam): its state has no 'step'");
   // A disk that cannot hold the swap file (here: a file-size limit of 100 KiB against 1.7 MB).
   dtk_test::expect_one_line_error(run_with_file_limit(run + nvme(dir), 100),
                                   "zero: offload_optimizer=nvme: cannot reserve ");

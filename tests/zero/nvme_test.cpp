@@ -74,8 +74,9 @@ void expect_identical(const Curve& want, const Curve& got, const std::string& wh
 }
 
 TEST(ZeroNvme, LossesEqualCpuOffloadAndDdp) {
-  const std::string zero = "--strategy zero --optimizer cpu_adam --set strategy.reduce_bucket_size=20000 "
-                           "--set strategy.stage3_param_persistence_threshold=100 ";
+  const std::string zero =
+      "--strategy zero --optimizer cpu_adam --set strategy.reduce_bucket_size=20000 "
+      "--set strategy.stage3_param_persistence_threshold=100 ";
   const std::pair<int, std::string> cases[] = {
       {1, "--set strategy.stage=1 "},
       {2, "--set strategy.stage=2 --set strategy.overlap_comm=true "},
@@ -129,16 +130,17 @@ std::string host_name() {
 // DP 2: saved with one offload tier, resumed with the other, the printed lines are the
 // uninterrupted run's.
 TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
-  const std::string run = kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 "
-                                   "--set train.params_dtype=bf16 --set strategy.reduce_bucket_size=20000 "
-                                   "--set train.train_iters=8 ";
+  const std::string run = kTrain +
+                          "--strategy zero --optimizer cpu_adam --set strategy.stage=2 "
+                          "--set train.params_dtype=bf16 --set strategy.reduce_bucket_size=20000 "
+                          "--set train.train_iters=8 ";
   const std::string save = "--set checkpoint.save_interval=4 --set checkpoint.save=";
   const std::string swap = fresh_dir("nvme-resume-swap");
   // A swap file of a killed run on this host (its process is gone) and one of a live process.
-  const std::string stale = swap + "/dtk-zero-optimizer-" + host_name() + "-" + std::to_string(gone_pid()) +
-                            "-dp0-tp0-pp0.swap";
-  const std::string live = swap + "/dtk-zero-optimizer-" + host_name() + "-" + std::to_string(::getpid()) +
-                           "-dp0-tp0-pp0.swap";
+  const std::string stale =
+      swap + "/dtk-zero-optimizer-" + host_name() + "-" + std::to_string(gone_pid()) + "-dp0-tp0-pp0.swap";
+  const std::string live =
+      swap + "/dtk-zero-optimizer-" + host_name() + "-" + std::to_string(::getpid()) + "-dp0-tp0-pp0.swap";
   std::ofstream(stale) << "stale";
   std::ofstream(live) << "live";
   const std::string by_nvme = fresh_dir("nvme-saved"), by_cpu = fresh_dir("cpu-saved");
@@ -175,9 +177,11 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
 TEST(ZeroNvme, AKilledRunLeavesItsCheckpointLoadable) {
   const std::string swap = fresh_dir("nvme-killed-swap"), save = fresh_dir("nvme-killed-save");
   const std::string log = save + "/../nvme-killed.log";
-  const std::string args = kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " + nvme(swap) +
-                           "--set lr.lr_decay_iters=1000 --set train.train_iters=100000 --set checkpoint.save_interval=2 "
-                           "--set checkpoint.save=" + save;
+  const std::string args =
+      kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " + nvme(swap) +
+      "--set lr.lr_decay_iters=1000 --set train.train_iters=100000 --set checkpoint.save_interval=2 "
+      "--set checkpoint.save=" +
+      save;
   const pid_t child = ::fork();
   if (child == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + std::string(DTK_BIN) + " " + args + " > " + log + " 2>&1").c_str(),
@@ -192,9 +196,9 @@ TEST(ZeroNvme, AKilledRunLeavesItsCheckpointLoadable) {
   ::waitpid(child, nullptr, 0);
   ASSERT_TRUE(fs::exists(tracker)) << "no checkpoint within 120 s";
   ASSERT_EQ(swap_files_in(swap), 1) << "the killed run's swap file";
-  const Result r = dtk_test::run_dtk(kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " +
-                                     nvme(swap) + "--set lr.lr_decay_iters=1000 --set checkpoint.load=" + save +
-                                     " --set train.train_iters=12");
+  const Result r =
+      dtk_test::run_dtk(kTrain + "--strategy zero --optimizer cpu_adam --set strategy.stage=2 " + nvme(swap) +
+                        "--set lr.lr_decay_iters=1000 --set checkpoint.load=" + save + " --set train.train_iters=12");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("removed " + swap + "/dtk-zero-optimizer-"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("iteration       12/"), std::string::npos) << r.out;
@@ -209,7 +213,8 @@ struct HostMemory {
 HostMemory host_memory(const std::string& log) {
   std::smatch m;
   HostMemory out;
-  if (std::regex_search(log, m, std::regex(R"(gradients: (\S+) \|.*\| host allocated: (\S+) \| host max allocated: (\S+))"))) {
+  if (std::regex_search(log, m,
+                        std::regex(R"(gradients: (\S+) \|.*\| host allocated: (\S+) \| host max allocated: (\S+))"))) {
     out.gradients = std::stod(m[1]), out.host = std::stod(m[2]), out.host_max = std::stod(m[3]);
   }
   return out;
@@ -228,8 +233,9 @@ int64_t parameter_count(const std::string& log) {
 // is at most a third of a buffer half (master + exp_avg + exp_avg_sq), so 1/3 of the buffer.
 TEST(ZeroNvme, OptimizerStateLargerThanTheHostBudgetTrainsFromDisk) {
   const int budget_mb = 8;
-  const std::string model = "--strategy zero --optimizer cpu_adam --set strategy.stage=2 --set model.num_layers=4 "
-                            "--set model.hidden_size=256 --set train.train_iters=3 ";
+  const std::string model =
+      "--strategy zero --optimizer cpu_adam --set strategy.stage=2 --set model.num_layers=4 "
+      "--set model.hidden_size=256 --set train.train_iters=3 ";
   const std::string dir = fresh_dir("nvme-budget");
   const Result cpu = dtk_test::run_dtk(kTrain + model + kCpu);
   const Result disk = dtk_test::run_dtk(kTrain + model + nvme(dir, budget_mb));

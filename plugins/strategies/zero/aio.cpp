@@ -34,8 +34,8 @@ AsyncFile::AsyncFile(std::string path, int64_t bytes) : path_(std::move(path)) {
       if (::ftruncate(fd_, bytes) != 0) {
         const int err = errno;
         ::close(fd_), ::unlink(path_.c_str());
-        throw std::runtime_error("cannot size swap file " + path_ + " to " + std::to_string(bytes) + " bytes: " +
-                                 reason(err));
+        throw std::runtime_error("cannot size swap file " + path_ + " to " + std::to_string(bytes) +
+                                 " bytes: " + reason(err));
       }
     } else if (e != 0) {
       ::close(fd_), ::unlink(path_.c_str());

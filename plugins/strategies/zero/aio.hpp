@@ -59,8 +59,8 @@ class AsyncFile {
   bool ring_ready_ = false;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Request> in_flight_;
-  std::map<int, int64_t> pending_;      // per tag: requests in flight
-  std::map<int, std::string> failed_;   // per tag: the first failure, reported by wait(tag)
+  std::map<int, int64_t> pending_;     // per tag: requests in flight
+  std::map<int, std::string> failed_;  // per tag: the first failure, reported by wait(tag)
 };
 
 }  // namespace dtk::zero

@@ -35,8 +35,10 @@ std::string fixed(double v) {
 }
 
 [[noreturn]] void not_adam(const std::string& what) {
-  throw Error("zero: offload_optimizer=nvme steps the optimizer one slice of parameters at a time and needs the "
-              "Adam plugins' state (cpu_adam): " + what);
+  throw Error(
+      "zero: offload_optimizer=nvme steps the optimizer one slice of parameters at a time and needs the "
+      "Adam plugins' state (cpu_adam): " +
+      what);
 }
 
 }  // namespace
@@ -278,9 +280,9 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
 std::string OptimizerSwap::describe() const {
   if (!file_) return "optimizer state on disk: none on this rank";
   return "optimizer state (fp32 masters, exp_avg, exp_avg_sq) on disk: " + file_->path() + " (" +
-         fixed(mb(file_bytes_)) + " MB), streamed through 2 x " + fixed(mb(slot_numel_ * 4)) + " MB of host buffer in " +
-         std::to_string(slices_.size()) + " slice" + (slices_.size() == 1 ? "" : "s") + ", io_uring, " +
-         (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
+         fixed(mb(file_bytes_)) + " MB), streamed through 2 x " + fixed(mb(slot_numel_ * 4)) +
+         " MB of host buffer in " + std::to_string(slices_.size()) + " slice" + (slices_.size() == 1 ? "" : "s") +
+         ", io_uring, " + (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
 }
 
 }  // namespace dtk::zero

@@ -92,9 +92,9 @@ class OptimizerSwap {
   int64_t file_bytes_ = 0, slot_numel_ = 0;
   std::unique_ptr<AsyncFile> file_;
   std::shared_ptr<Mapping> mapping_;
-  at::Tensor buffer_;        // both halves (host memory of the DTK allocator)
-  float* aligned_ = nullptr; // the first half's start, on AsyncFile::kAlign
-  bool checked_ = false;     // the optimizer's live state was checked (first step)
+  at::Tensor buffer_;         // both halves (host memory of the DTK allocator)
+  float* aligned_ = nullptr;  // the first half's start, on AsyncFile::kAlign
+  bool checked_ = false;      // the optimizer's live state was checked (first step)
 };
 
 // Removes the swap files in `dir` left by processes of this host that are gone (a killed run);

@@ -23,7 +23,7 @@ std::string reason(int err) { return std::strerror(err); }
 AsyncFile::AsyncFile(std::string path, int64_t bytes) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   direct_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EINVAL)  // the filesystem has no direct I/O (tmpfs)
+  if (fd_ < 0 && errno == EINVAL)  // the filesystem has no direct I/O (tmpfs before Linux 6.6)
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd_ < 0) throw std::runtime_error("cannot create swap file " + path_ + ": " + reason(errno));
   // Reserve the blocks now: a disk too small fails here, naming the size. Filesystems without

@@ -24,8 +24,8 @@ class AsyncFile {
   static constexpr int64_t kAlign = 4096;
 
   // Creates `path` (truncating a leftover), opened with O_DIRECT where the filesystem allows it
-  // (tmpfs does not: then buffered), and reserves `bytes` for it, so a disk that cannot hold the
-  // state says so now rather than in a later step.
+  // (tmpfs before Linux 6.6 does not: then buffered), and reserves `bytes` for it, so a disk that
+  // cannot hold the state says so now rather than in a later step.
   AsyncFile(std::string path, int64_t bytes);
   ~AsyncFile();  // waits for what is in flight, closes and removes the file
   AsyncFile(const AsyncFile&) = delete;

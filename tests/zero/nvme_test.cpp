@@ -147,7 +147,7 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   const Result a = dtk_test::run_dtk("launch --nproc_per_node 2 " + run + nvme(swap) + save + by_nvme);
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_FALSE(fs::exists(stale)) << "the killed run's swap file is still there";
-  EXPECT_NE(a.out.find("removed " + stale), std::string::npos) << a.out;
+  // (Which rank removes it is a race, and only rank 0 logs: AKilledRun... checks the log line.)
   EXPECT_TRUE(fs::exists(live)) << "a live process's swap file was removed";
   fs::remove(live);
   EXPECT_EQ(swap_files_in(swap), 0);

@@ -14,6 +14,7 @@ PACKAGES=(
   libgoogle-glog-dev libgflags-dev               # logging, flags
   libboost-dev                                   # Boost.DLL (header-only)
   libgtest-dev                                   # tests
+  liburing-dev                                   # io_uring: the zero strategy's disk offload (offload_optimizer=nvme)
   libsimdjson-dev nlohmann-json3-dev             # JSON: jsonl preprocessing; encoder.json
   libsentencepiece-dev                           # SentencePiece tokenizers (Llama 2 and Megatron's)
 )

@@ -394,7 +394,7 @@ TEST(ZeroOptions, BadOptionsAreOneLineErrors) {
       {"--set strategy.stage=2 --set strategy.offload_param=cpu", "zero: offload_param=cpu needs stage 3"},
       {"--set strategy.contiguous_gradients=false", "zero: contiguous_gradients=false is not supported"},
       {"--set strategy.reduce_bucket_size=0", "zero: option 'reduce_bucket_size' must be positive, got 0"},
-      {"--set strategy.offload_optimizer=nvme", "offload_optimizer"},
+      {"--set strategy.offload_optimizer=nvme", "zero: offload_optimizer=nvme needs strategy.nvme_path"},
       {"--set strategy.delayed_param_update=true", "zero: delayed_param_update needs offload_optimizer=cpu"},
   };
   for (const auto& [args, needle] : cases) expect_one_line_error(dtk_test::run_dtk(run + args, 60), needle);

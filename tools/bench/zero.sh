@@ -6,11 +6,13 @@
 #     each run's memory report and data-parallel traffic per iteration.
 #  2. Capacity: the largest GPT (4 layers, growing hidden size) that trains under a device memory
 #     budget (train.memory_limit_mb) with ddp, with zero stage 2 + optimizer offload (cpu_adam), and
-#     with zero stage 3 + optimizer and parameter offload, one process; the host memory each
-#     needs at its largest size (the memory report's host max allocated), and the step time of
-#     every row at one size all of them hold (hidden 512).
+#     with zero stage 3 + optimizer and parameter offload, and with the optimizer offloaded to disk
+#     (offload_optimizer=nvme, swap files in NVME_DIR, default a fresh directory under $TMPDIR or
+#     /tmp), one process; the host memory each needs at its largest size (the memory report's host
+#     max allocated), and the step time of every row at one size all of them hold (hidden 512).
 #
 #   tools/bench/zero.sh [--budget_mb 256] [--quick] [--capacity]   (--capacity: part 2 only)
+#   NVME_DIR=/mnt/nvme/dtk tools/bench/zero.sh --capacity           (swap files on that disk)
 # Needs a build (tools/build.sh). Uses tcmalloc when Debian's libtcmalloc-minimal4 is installed
 # (the same allocator for every row).
 set -euo pipefail
@@ -107,19 +109,32 @@ capacity "zero stage 2, offload_optimizer=cpu, cpu_adam" \
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, offload optimizer + param, cpu_adam" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+# Disk offload: masters and Adam state in a swap file, streamed through a 96 MB host buffer (at
+# hidden 896 the largest shard, an MLP weight of 3.2 M elements, needs 77 MB of it).
+if [[ -z ${NVME_DIR:-} ]]; then
+  NVME_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dtk-nvme-bench.XXXXXX")
+  trap 'rm -rf "$NVME_DIR"' EXIT
+fi
+NVME="--set strategy.offload_optimizer=nvme --set strategy.nvme_path=$NVME_DIR --set strategy.nvme_buffer_mb=96"
+echo "(disk offload rows: swap files in $NVME_DIR, $(df -T "$NVME_DIR" | awk 'NR==2 {print $2 " on " $1}'))"
+capacity "zero stage 2, offload_optimizer=nvme, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 $NVME --optimizer cpu_adam $BUCKETS"
+capacity "zero stage 3, optimizer to nvme + param to cpu" \
+  "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
 
 # Step time at one size: hidden 512, 8 iterations, the median of iterations 3-8, without the
 # budget (stage 3 at one process holds less than ddp: with one rank its partition is the whole
 # model, and a gathered module is a second copy).
 echo
 echo "== 2b. step time at hidden 512 (12.9 M parameters), same settings without the budget, median of iterations 3-8"
-printf '%-52s %10s\n' "strategy" "step ms"
+printf '%-52s %10s %12s\n' "strategy" "step ms" "max host MB"
 step_time() {  # name, args
-  local out ms
+  local out ms host
   local args=${CAP/train_iters=2/train_iters=8}
   out=$($DTK ${args/memory_limit_mb=$BUDGET/memory_limit_mb=0} --set model.hidden_size=512 $2 2>&1) || { echo "$1: failed: $(echo "$out" | tail -1)"; return; }
   ms=$(echo "$out" | grep -o "elapsed time per iteration (ms): [0-9.]*" | grep -o "[0-9.]*$" | tail -n +3 | median)
-  printf '%-52s %10s\n' "$1" "$ms"
+  host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | tail -1 | grep -o "[0-9.]*$")
+  printf '%-52s %10s %12s\n' "$1" "$ms" "${host:--}"
 }
 step_time "ddp, cpu_adam (the same optimizer as the other rows)" "--strategy ddp --optimizer cpu_adam"
 step_time "zero stage 3 (no offload), cpu_adam" "--strategy zero --set strategy.stage=3 --optimizer cpu_adam $BUCKETS"
@@ -129,3 +144,22 @@ step_time "zero stage 2, offload, delayed_param_update" \
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS --set strategy.delayed_param_update=true"
 step_time "zero stage 3, offload optimizer + param, cpu_adam" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 2, offload_optimizer=nvme, cpu_adam" \
+  "--strategy zero --set strategy.stage=2 $NVME --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 3, optimizer to nvme + param to cpu" \
+  "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+# The disk's own time for the bytes a disk-offload step moves at hidden 512 (12 bytes per
+# parameter, read once and written once), sequentially with dd (O_DIRECT, 4 MiB blocks, one at a
+# time): the floor of the nvme rows' extra step time, unless reads and writes overlap.
+STATE_MB=$(( (12 * 12905472 + (1 << 20) - 1) >> 20 ))
+dd_ms() {  # dd arguments -> milliseconds
+  dd "$@" bs=4M 2>&1 | tail -1 | awk '{print $(NF-3) * 1000}'
+}
+if w=$(dd_ms if=/dev/zero of="$NVME_DIR/dd.bin" count=$(( (STATE_MB + 3) / 4 )) oflag=direct) &&
+  r=$(dd_ms if="$NVME_DIR/dd.bin" of=/dev/null iflag=direct); then
+  printf '%-52s %10s\n' "the disk alone: write + read ${STATE_MB} MiB (dd)" "$(calc "$w + $r")"
+  echo "  (write $w ms, read $r ms, O_DIRECT, 4 MiB blocks, in $NVME_DIR)"
+else
+  echo "the disk alone: dd with O_DIRECT failed in $NVME_DIR (a filesystem without direct I/O?)"
+fi
+rm -f "$NVME_DIR/dd.bin"

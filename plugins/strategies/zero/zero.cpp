@@ -33,9 +33,16 @@ const dtk_option_spec kOptions[] = {
                  "Stage 3: prefetching stops when this many parameter elements are gathered."),
     dtk::opt_int("stage3_param_persistence_threshold", "100000",
                  "Stage 3: parameters of at most this many elements stay whole on every rank."),
-    dtk::opt_enum("offload_optimizer", "none", "none|cpu",
+    dtk::opt_enum("offload_optimizer", "none", "none|cpu|nvme",
                   "cpu: fp32 masters, optimizer state and the gradient partition in pinned host memory; the optimizer "
-                  "(use cpu_adam) steps there (ZeRO-Offload)."),
+                  "(use cpu_adam) steps there (ZeRO-Offload). nvme: the gradient partition in host memory, fp32 "
+                  "masters and optimizer state in a swap file under nvme_path, streamed through a host buffer of "
+                  "nvme_buffer_mb at each step (ZeRO-Infinity)."),
+    dtk::opt_string("nvme_path", "",
+                    "offload_optimizer=nvme: the directory of the swap files (one per rank; removed at exit)."),
+    dtk::opt_int("nvme_buffer_mb", "64",
+                 "offload_optimizer=nvme: host buffer (MiB, two halves: one is updated while the other is read or "
+                 "written) through which the optimizer state streams."),
     dtk::opt_enum("offload_param", "none", "none|cpu", "Stage 3, cpu: this rank's parameter partition in host memory."),
     dtk::opt_bool("delayed_param_update", "false",
                   "With offload_optimizer=cpu: from iteration 2 on, each optimizer step runs on a host thread during the "
@@ -47,5 +54,5 @@ const dtk_option_spec kOptions[] = {
 
 DTK_PLUGIN("zero", DTK_KIND_STRATEGY, "1.0.0",
            "DeepSpeed ZeRO stages 1-3: optimizer state, gradients and parameters partitioned over data "
-           "parallel; CPU offload",
+           "parallel; CPU and NVMe offload",
            DTK_TORCH_VERSION, dtk::strategy_api<dtk::zero::ZeroStrategy>(), kOptions)

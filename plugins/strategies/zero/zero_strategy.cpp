@@ -46,13 +46,23 @@ Options Options::from(const dtk::Options& o) {
   r.max_live_parameters = positive(o, "stage3_max_live_parameters");
   r.persistence_threshold = o.get_int("stage3_param_persistence_threshold");
   if (r.persistence_threshold < 0) throw Error("zero: option 'stage3_param_persistence_threshold' must be >= 0");
-  r.offload_optimizer = o.get_string("offload_optimizer") == "cpu";
+  const std::string& optimizer_at = o.get_string("offload_optimizer");
+  r.offload_optimizer = optimizer_at != "none";
+  r.optimizer_on_disk = optimizer_at == "nvme";
+  r.nvme_path = o.get_string("nvme_path");
+  r.nvme_buffer_bytes = positive(o, "nvme_buffer_mb") << 20;
+  if (r.optimizer_on_disk && r.nvme_path.empty())
+    throw Error("zero: offload_optimizer=nvme needs strategy.nvme_path, the directory of the swap files");
+  if (!r.optimizer_on_disk && !r.nvme_path.empty())
+    throw Error("zero: strategy.nvme_path is set but offload_optimizer is '" + optimizer_at +
+                "'; nvme_path is for offload_optimizer=nvme");
   r.offload_param = o.get_string("offload_param") == "cpu";
   if (r.offload_param && r.stage != 3)
     throw Error("zero: offload_param=cpu needs stage 3 (stages 1 and 2 keep every parameter on the device)");
   r.delayed_param_update = o.get_bool("delayed_param_update");
-  if (r.delayed_param_update && !r.offload_optimizer)
-    throw Error("zero: delayed_param_update needs offload_optimizer=cpu (the delayed step runs on the host)");
+  if (r.delayed_param_update && (!r.offload_optimizer || r.optimizer_on_disk))
+    throw Error("zero: delayed_param_update needs offload_optimizer=cpu (the delayed step runs on the host" +
+                std::string(r.optimizer_on_disk ? ", on state held in memory; nvme streams it from disk)" : ")"));
   return r;
 }
 
@@ -103,10 +113,13 @@ void ZeroStrategy::setup(const ModelHandle& model) {
   DTK_LOG(INFO) << "stage " << opt_.stage << " over " << dp_size_ << " data-parallel ranks: " << total
                 << " parameters in " << l.buckets().size() << " buckets, this rank's partition "
                 << l.partition_numel() << " elements (" << shards_.size() << " shards)"
-                << (opt_.offload_optimizer ? ", optimizer offloaded to the host" : "")
+                << (opt_.optimizer_on_disk   ? ", optimizer offloaded to disk"
+                    : opt_.offload_optimizer ? ", optimizer offloaded to the host"
+                                             : "")
                 << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
                 << (opt_.offload_param ? ", parameters offloaded to the host" : "")
                 << (opt_.delayed_param_update ? ", delayed parameter update (one step stale)" : "");
+  if (swap_) DTK_LOG(INFO) << swap_->describe();
 }
 
 void ZeroStrategy::read_parameters(const ModelHandle& model) {
@@ -255,9 +268,23 @@ at::Tensor ZeroStrategy::param_values_of(const Shard& s) const {
   return full_[s.bucket].narrow(0, layout_->flat_offset(s.param) - b.flat_offset + s.param_offset, s.numel);
 }
 
-// The optimizer's view of a shard: fp32 values.
+// The optimizer's view of a shard: fp32 values (on disk: the swap file's, read and written through
+// the page cache).
 at::Tensor ZeroStrategy::master_of(const Shard& s) const {
-  return masters_alias_ ? param_values_of(s) : masters_.narrow(0, s.partition_offset, s.numel);
+  if (masters_alias_) return param_values_of(s);
+  return swap_ ? swap_->master(index_of(s)) : masters_.narrow(0, s.partition_offset, s.numel);
+}
+
+// offload_optimizer=nvme: one swap file per rank, after removing those of killed runs.
+void ZeroStrategy::create_swap() {
+  for (const std::string& f : remove_stale_swap_files(opt_.nvme_path))
+    DTK_LOG(INFO) << "removed " << f << ", the swap file of a run that is gone";
+  std::vector<int64_t> numels;
+  std::vector<std::string> names;
+  for (const Shard& s : shards_) numels.push_back(s.numel), names.push_back(params_[s.param].name);
+  const std::string rank = "dp" + std::to_string(dp_rank_) + "-tp" + std::to_string(tp_rank_) + "-pp" +
+                           std::to_string(pp_rank_);
+  swap_ = std::make_unique<OptimizerSwap>(opt_.nvme_path, rank, numels, names, opt_.nvme_buffer_bytes);
 }
 
 void ZeroStrategy::allocate_masters_and_gradients() {
@@ -265,8 +292,11 @@ void ZeroStrategy::allocate_masters_and_gradients() {
   // fp32 parameters where the optimizer runs are their own masters (no copy).
   // A delayed step writes its masters while the next forward reads the parameters: never aliased.
   masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param) &&
-                   !opt_.delayed_param_update;
-  if (!masters_alias_) {
+                   !opt_.delayed_param_update && !opt_.optimizer_on_disk;
+  if (opt_.optimizer_on_disk) {
+    create_swap();
+    for (const Shard& s : shards_) master_of(s).copy_(param_values_of(s));
+  } else if (!masters_alias_) {
     masters_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
     for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(param_values_of(s));
   }
@@ -278,7 +308,7 @@ void ZeroStrategy::allocate_masters_and_gradients() {
   for (const Shard& s : shards_) {
     Param p;
     p.name = params_[s.param].name;
-    p.tensor = master_of(s);
+    p.tensor = swap_ ? swap_->param(index_of(s)) : master_of(s);  // swap_: re-pointed during its step
     p.tensor.mutable_grad() = part_grads_.narrow(0, s.partition_offset, s.numel);
     p.info = params_[s.param].info;
     p.info.struct_size = dtk_param_info_STRUCT_SIZE;
@@ -497,7 +527,26 @@ void ZeroStrategy::optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_
     launch_delayed_step(optimizer, args);
     return;
   }
+  if (swap_) {
+    step_from_disk(optimizer, args);
+    return;
+  }
   dtk::optimizer_step(optimizer, args);
+  apply_step();
+}
+
+// The state streams from disk slice by slice (swap.hpp); each slice's updated masters reach the
+// parameters while the next slice is read, then the gathers run as after any step.
+void ZeroStrategy::step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
+  std::vector<at::Tensor> grads;
+  for (const Shard& s : shards_) grads.push_back(part_grads_.narrow(0, s.partition_offset, s.numel));
+  struct Repoint {  // the host reads the optimizer's gradients after the step too
+    ZeroStrategy* s;
+    ~Repoint() { s->point_optimizer_grads(s->part_grads_); }
+  } repoint{this};
+  // Blocking copies: the buffer half is read into again while a non-blocking copy could still run.
+  swap_->step(optimizer, args, grads,
+              [this](size_t i, const at::Tensor& master) { param_values_of(shards_[i]).copy_(master); });
   apply_step();
 }
 
@@ -540,8 +589,8 @@ void ZeroStrategy::apply_step() {
   const bool non_blocking = !opt_.delayed_param_update;
   if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
-    if (!masters_alias_) part_params_.copy_(masters_, non_blocking);
-  } else if (!masters_alias_) {
+    if (!masters_alias_ && !swap_) part_params_.copy_(masters_, non_blocking);
+  } else if (!masters_alias_ && !swap_) {  // (swap_: copied slice by slice in step_from_disk)
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
       full_[b]
@@ -678,6 +727,7 @@ dtk_memory_usage ZeroStrategy::memory_usage() {
     for (const auto& p : params_) u.gradient_bytes += bytes(p.tensor.grad());
   u.master_bytes = masters_alias_ ? 0 : bytes(masters_);
   if (opt_.offload_optimizer) u.host_bytes += bytes(part_grads_) + bytes(step_grads_) + u.master_bytes;
+  if (swap_) u.host_bytes += swap_->buffer_bytes();  // the state itself is on disk
   return u;
 }
 

@@ -18,6 +18,8 @@
 //            host memory; the optimizer (cpu_adam) steps them there; updated parameters go back to
 //            the device in the parameter dtype. offload_param=cpu (stage 3): the parameter
 //            partition lives in host memory too.
+//   offload_optimizer=nvme  as cpu, but the fp32 masters and the optimizer state live in a swap
+//            file on disk and stream through a bounded host buffer at each step (swap.hpp).
 //   delayed_param_update (with offload_optimizer=cpu): ZeRO-Offload's one-step delayed update;
 //            from iteration 2 the step runs on a host thread during the next forward and backward
 //            (launch_delayed_step / finish_delayed_step below).
@@ -37,6 +39,7 @@
 
 #include "layout.hpp"
 #include "offload.hpp"
+#include "swap.hpp"
 
 namespace dtk::zero {
 
@@ -48,6 +51,9 @@ struct Options {
   bool overlap_comm = false, average_gradients = true, overlap_param_gather = false;
   int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
   bool offload_optimizer = false, offload_param = false;
+  bool optimizer_on_disk = false;  // offload_optimizer=nvme (offload_optimizer is true as well)
+  std::string nvme_path;
+  int64_t nvme_buffer_bytes = 0;
   bool delayed_param_update = false;
   // Reads and checks the plugin's options (one-line errors naming the option).
   static Options from(const dtk::Options& o);
@@ -83,6 +89,9 @@ class ZeroStrategy : public Strategy {
   at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
   at::Tensor param_values_of(const Shard& s) const;  // the shard in the parameter dtype
   at::Tensor master_of(const Shard& s) const;        // the fp32 values the optimizer steps
+  size_t index_of(const Shard& s) const { return static_cast<size_t>(&s - shards_.data()); }  // s in shards_
+  void create_swap();                                // offload_optimizer=nvme
+  void step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args);
   bool low_precision() const { return dtype_ != at::kFloat; }
 
   // gradients
@@ -142,7 +151,8 @@ class ZeroStrategy : public Strategy {
   std::vector<at::Tensor> full_;  // per bucket: whole values in the parameter dtype (stages 1/2:
                                   // always; stage 3: persistent buckets, and others while gathered)
   at::Tensor part_params_;      // stage 3: this rank's chunks, parameter dtype
-  at::Tensor masters_;          // fp32 partition unless masters_alias_
+  at::Tensor masters_;          // fp32 partition unless masters_alias_ or on disk (swap_)
+  std::unique_ptr<OptimizerSwap> swap_;  // offload_optimizer=nvme: masters and optimizer state on disk
   at::Tensor part_grads_;       // fp32 partition of the reduced gradients
   at::Tensor grad_flat_;        // stage 1: the whole fp32 gradient
   at::Tensor nan_;              // stage 3: what a released parameter shows (NaN, any shape)

@@ -1,0 +1,146 @@
+#include "aio.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace dtk::zero {
+
+namespace {
+
+// Requests are cut into blocks of this size with up to kQueueDepth of them in flight: enough to
+// keep an NVMe device's queues busy (DeepSpeed's defaults are 1 MiB blocks, depth 8-32).
+constexpr int64_t kBlock = 4 << 20;
+constexpr unsigned kQueueDepth = 32;
+
+std::string reason(int err) { return std::strerror(err); }
+
+}  // namespace
+
+AsyncFile::AsyncFile(std::string path, int64_t bytes) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EINVAL)  // the filesystem has no direct I/O (tmpfs before Linux 6.6)
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd_ < 0) throw std::runtime_error("cannot create swap file " + path_ + ": " + reason(errno));
+  // Reserve the blocks now: a disk too small fails here, naming the size. Filesystems without
+  // fallocate get a sparse file of the size (a full disk then shows in a step's writes).
+  if (bytes > 0) {
+    const int e = ::posix_fallocate(fd_, 0, bytes);
+    if (e == EOPNOTSUPP || e == EINVAL) {
+      if (::ftruncate(fd_, bytes) != 0) {
+        const int err = errno;
+        ::close(fd_), ::unlink(path_.c_str());
+        throw std::runtime_error("cannot size swap file " + path_ + " to " + std::to_string(bytes) +
+                                 " bytes: " + reason(err));
+      }
+    } else if (e != 0) {
+      ::close(fd_), ::unlink(path_.c_str());
+      throw std::runtime_error("cannot reserve " + std::to_string(bytes) + " bytes for swap file " + path_ + ": " +
+                               reason(e));
+    }
+  }
+  const int e = io_uring_queue_init(kQueueDepth, &ring_, 0);
+  if (e < 0) {
+    ::close(fd_), ::unlink(path_.c_str());
+    throw std::runtime_error("io_uring_queue_init failed for swap file " + path_ + ": " + reason(-e) +
+                             " (is io_uring disabled in this kernel or container?)");
+  }
+  ring_ready_ = true;
+}
+
+AsyncFile::~AsyncFile() {
+  try {
+    wait_all();
+  } catch (...) {
+    // Failures were reported by the step that issued them; the file goes either way.
+  }
+  if (ring_ready_) io_uring_queue_exit(&ring_);
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void AsyncFile::read(int tag, void* buffer, int64_t offset, int64_t bytes) {
+  for (int64_t done = 0; done < bytes; done += kBlock)
+    submit({tag, false, static_cast<char*>(buffer) + done, offset + done, std::min(kBlock, bytes - done)});
+}
+
+void AsyncFile::write(int tag, const void* buffer, int64_t offset, int64_t bytes) {
+  char* b = const_cast<char*>(static_cast<const char*>(buffer));  // io_uring's write takes void*
+  for (int64_t done = 0; done < bytes; done += kBlock)
+    submit({tag, true, b + done, offset + done, std::min(kBlock, bytes - done)});
+}
+
+void AsyncFile::submit(Request r) {
+  while (in_flight_.size() >= kQueueDepth) reap_one();
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (!sqe) {  // not expected with in_flight_ below the ring's depth; reap and retry once
+    reap_one();
+    sqe = io_uring_get_sqe(&ring_);
+    if (!sqe) throw std::runtime_error("swap file " + path_ + ": io_uring submission queue full");
+  }
+  if (r.write)
+    io_uring_prep_write(sqe, fd_, r.buffer, static_cast<unsigned>(r.bytes), static_cast<uint64_t>(r.offset));
+  else
+    io_uring_prep_read(sqe, fd_, r.buffer, static_cast<unsigned>(r.bytes), static_cast<uint64_t>(r.offset));
+  const uint64_t id = next_id_++;
+  io_uring_sqe_set_data64(sqe, id);
+  const int e = io_uring_submit(&ring_);
+  if (e < 0) throw std::runtime_error("swap file " + path_ + ": io_uring_submit: " + reason(-e));
+  ++pending_[r.tag];
+  in_flight_.emplace(id, r);
+}
+
+void AsyncFile::reap_one() {
+  io_uring_cqe* cqe = nullptr;
+  int e;
+  do e = io_uring_wait_cqe(&ring_, &cqe);
+  while (e == -EINTR);
+  if (e < 0) throw std::runtime_error("swap file " + path_ + ": io_uring_wait_cqe: " + reason(-e));
+  const uint64_t id = io_uring_cqe_get_data64(cqe);
+  const int res = cqe->res;
+  io_uring_cqe_seen(&ring_, cqe);
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) return;
+  Request r = it->second;
+  in_flight_.erase(it);
+  --pending_[r.tag];
+  std::string error;
+  if (res < 0) {
+    error = reason(-res);
+  } else if (res == 0) {
+    error = r.write ? "nothing written" : "unexpected end of file";
+  } else if (res < r.bytes) {
+    // A short transfer: the rest goes again (a full disk then answers with ENOSPC).
+    r.buffer += res, r.offset += res, r.bytes -= res;
+    submit(r);
+    return;
+  }
+  if (!error.empty() && !failed_.count(r.tag))
+    failed_[r.tag] = "swap file " + path_ + ": " + (r.write ? "writing " : "reading ") + std::to_string(r.bytes) +
+                     " bytes at offset " + std::to_string(r.offset) + ": " + error;
+}
+
+void AsyncFile::wait(int tag) {
+  while (pending_[tag] > 0) reap_one();
+  auto f = failed_.find(tag);
+  if (f != failed_.end()) {
+    const std::string message = f->second;
+    failed_.erase(f);
+    throw std::runtime_error(message);
+  }
+}
+
+void AsyncFile::wait_all() {
+  while (!in_flight_.empty()) reap_one();
+  if (!failed_.empty()) {
+    const std::string message = failed_.begin()->second;
+    failed_.clear();
+    throw std::runtime_error(message);
+  }
+}
+
+}  // namespace dtk::zero

@@ -1,0 +1,104 @@
+// swap.hpp — the disk tier of ZeRO offload (offload_optimizer=nvme, ZeRO-Infinity): this rank's
+// fp32 masters and Adam moments (exp_avg, exp_avg_sq) live in one swap file under
+// strategy.nvme_path, and each optimizer step streams them through a bounded host buffer.
+//
+// The step works as DeepSpeed's pipelined optimizer swapper does: the optimizer's parameters
+// (one shard per model parameter) are cut into slices that fit one half of the buffer; while slice
+// k is updated in one half, slice k+1 is read into the other and slice k-1 written back behind it
+// (aio.hpp, io_uring). The optimizer plugin steps slice by slice: only that slice's parameters
+// carry gradients, and its tensors (masters, moments) are re-pointed at the buffer
+// (Tensor::set_data, as DeepSpeed assigns param.data and the state's tensors). This relies on the
+// Adam plugins' state layout (dtk::AdamMoments, dtk/optimizer.hpp): state_save hands out the live
+// moment tensors, state_load of "step" alone sets the step count (restored before each slice, so
+// every slice steps with the same count), and a parameter without a gradient is not stepped.
+// The first step checks each of these and names the one that fails.
+//
+// Between steps every one of those tensors is a view of the file through a shared mapping, so
+// whatever the host reads or writes there (a checkpoint's state, a resumed run's masters) is the
+// state on disk, without the state ever being whole in host memory; the page cache holds what was
+// touched. Written pages are flushed before a step reads the file directly (O_DIRECT).
+//
+// The swap file is not a checkpoint: it is named per host, process and rank, removed when the
+// strategy ends, and one left by a killed run on this host is removed by the next run that uses
+// the directory.
+#pragma once
+
+#include <dtk/optimizer.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aio.hpp"
+
+namespace dtk::zero {
+
+class OptimizerSwap {
+ public:
+  // `numels`, `names`: this rank's optimizer parameters (shards), in order. `buffer_bytes`: the
+  // host buffer, both halves together. `rank_tag` names this rank in the file name.
+  OptimizerSwap(const std::string& dir, const std::string& rank_tag, const std::vector<int64_t>& numels,
+                const std::vector<std::string>& names, int64_t buffer_bytes);
+  ~OptimizerSwap();
+  OptimizerSwap(const OptimizerSwap&) = delete;
+  OptimizerSwap& operator=(const OptimizerSwap&) = delete;
+
+  // The tensor handed to the host as optimizer parameter i (a view of the file between steps).
+  const at::Tensor& param(size_t i) const { return params_[i]; }
+  // Parameter i's fp32 master in the file (a new view each call; not re-pointed by step()).
+  at::Tensor master(size_t i) const { return file_view(i, kMaster); }
+
+  // One optimizer step over every slice. `grads[i]`: parameter i's gradient; `updated(i, master)`
+  // runs for each parameter right after its slice was stepped, with the new fp32 values.
+  void step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args,
+            const std::vector<at::Tensor>& grads, const std::function<void(size_t, const at::Tensor&)>& updated);
+
+  int64_t buffer_bytes() const { return buffer_.defined() ? static_cast<int64_t>(buffer_.nbytes()) : 0; }
+  int64_t file_bytes() const { return file_bytes_; }
+  std::string describe() const;  // where the state lives and how it moves (one log line)
+
+ private:
+  enum Kind { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+  struct Slice {
+    size_t first, end;  // parameters [first, end)
+    int64_t offset;     // bytes into the file
+    int64_t numel;      // padded elements of each kind; the slice is [master | exp_avg | exp_avg_sq]
+  };
+  struct Moments {  // the optimizer's live state, from its state_save
+    int64_t step = -1;
+    std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  };
+  struct Mapping;
+
+  void plan_slices(const std::vector<int64_t>& numels, int64_t buffer_bytes);
+  float* file_ptr(size_t i, Kind kind) const;
+  at::Tensor file_view(size_t i, Kind kind) const;
+  at::Tensor slot_view(size_t i, Kind kind, int slot) const;
+  float* slot_base(int slot) const;
+  Moments moments(const dtk_optimizer_ref* optimizer) const;
+  void set_step(const dtk_optimizer_ref* optimizer, int64_t step) const;
+  // The optimizer's moments of parameter i become `m`/`v`'s storage, its values copied there first
+  // when they are elsewhere (a loaded checkpoint's, or the ones a first step just created).
+  void take_moments(Moments& held, size_t i, const at::Tensor& m, const at::Tensor& v);
+  void bind_to_file(const dtk_optimizer_ref* optimizer);
+
+  std::vector<int64_t> numel_, local_;  // per parameter: elements, offset in its slice
+  std::vector<size_t> slice_of_;
+  std::vector<std::string> names_;
+  std::vector<Slice> slices_;
+  std::vector<at::Tensor> params_;
+  std::vector<char> has_moments_;  // per parameter: its moments are in the file
+  int64_t file_bytes_ = 0, slot_numel_ = 0;
+  std::unique_ptr<AsyncFile> file_;
+  std::shared_ptr<Mapping> mapping_;
+  at::Tensor buffer_;         // both halves (host memory of the DTK allocator)
+  float* aligned_ = nullptr;  // the first half's start, on AsyncFile::kAlign
+  bool checked_ = false;      // the optimizer's live state was checked (first step)
+};
+
+// Removes the swap files in `dir` left by processes of this host that are gone (a killed run);
+// returns what it removed. Another live run's files are left alone.
+std::vector<std::string> remove_stale_swap_files(const std::string& dir);
+
+}  // namespace dtk::zero

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -20,7 +21,7 @@ std::string reason(int err) { return std::strerror(err); }
 
 }  // namespace
 
-AsyncFile::AsyncFile(std::string path, int64_t bytes) : path_(std::move(path)) {
+AsyncFile::AsyncFile(std::string path, int64_t bytes, bool io_uring) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
   direct_ = fd_ >= 0;
   if (fd_ < 0 && errno == EINVAL)  // the filesystem has no direct I/O (tmpfs before Linux 6.6)
@@ -43,13 +44,13 @@ AsyncFile::AsyncFile(std::string path, int64_t bytes) : path_(std::move(path)) {
                                reason(e));
     }
   }
-  const int e = io_uring_queue_init(kQueueDepth, &ring_, 0);
-  if (e < 0) {
-    ::close(fd_), ::unlink(path_.c_str());
-    throw std::runtime_error("io_uring_queue_init failed for swap file " + path_ + ": " + reason(-e) +
-                             " (is io_uring disabled in this kernel or container?)");
+  const int e = io_uring ? io_uring_queue_init(kQueueDepth, &ring_, 0) : -ENOSYS;
+  if (e == 0) {
+    ring_ready_ = true;
+    return;
   }
-  ring_ready_ = true;
+  engine_ = "an I/O thread (io_uring: " + (io_uring ? reason(-e) : std::string("not asked for")) + ")";
+  io_thread_ = std::thread([this] { thread_main(); });
 }
 
 AsyncFile::~AsyncFile() {
@@ -59,6 +60,14 @@ AsyncFile::~AsyncFile() {
     // Failures were reported by the step that issued them; the file goes either way.
   }
   if (ring_ready_) io_uring_queue_exit(&ring_);
+  if (io_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    io_thread_.join();
+  }
   if (fd_ >= 0) ::close(fd_);
   ::unlink(path_.c_str());
 }
@@ -75,6 +84,15 @@ void AsyncFile::write(int tag, const void* buffer, int64_t offset, int64_t bytes
 }
 
 void AsyncFile::submit(Request r) {
+  if (!ring_ready_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++pending_[r.tag];
+      queue_.push_back(r);
+    }
+    changed_.notify_all();
+    return;
+  }
   while (in_flight_.size() >= kQueueDepth) reap_one();
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
   if (!sqe) {  // not expected with in_flight_ below the ring's depth; reap and retry once
@@ -119,12 +137,47 @@ void AsyncFile::reap_one() {
     submit(r);
     return;
   }
-  if (!error.empty() && !failed_.count(r.tag))
+  if (!error.empty()) record_failure(r, error);
+}
+
+void AsyncFile::record_failure(const Request& r, const std::string& error) {
+  if (!failed_.count(r.tag))
     failed_[r.tag] = "swap file " + path_ + ": " + (r.write ? "writing " : "reading ") + std::to_string(r.bytes) +
                      " bytes at offset " + std::to_string(r.offset) + ": " + error;
 }
 
+std::string AsyncFile::transfer(Request r) const {
+  while (r.bytes > 0) {
+    const ssize_t n = r.write ? ::pwrite(fd_, r.buffer, static_cast<size_t>(r.bytes), r.offset)
+                              : ::pread(fd_, r.buffer, static_cast<size_t>(r.bytes), r.offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return reason(errno);
+    if (n == 0) return r.write ? "nothing written" : "unexpected end of file";
+    r.buffer += n, r.offset += n, r.bytes -= n;
+  }
+  return "";
+}
+
+void AsyncFile::thread_main() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    const Request r = queue_.front();
+    queue_.pop_front();
+    lock.unlock();
+    const std::string error = transfer(r);
+    lock.lock();
+    if (!error.empty()) record_failure(r, error);
+    --pending_[r.tag];
+    changed_.notify_all();
+  }
+}
+
+// mu_ is contended only by the I/O thread (no ring); with a ring it is this thread's alone.
 void AsyncFile::wait(int tag) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ring_ready_) changed_.wait(lock, [&] { return pending_[tag] == 0; });
   while (pending_[tag] > 0) reap_one();
   auto f = failed_.find(tag);
   if (f != failed_.end()) {
@@ -135,6 +188,11 @@ void AsyncFile::wait(int tag) {
 }
 
 void AsyncFile::wait_all() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ring_ready_)
+    changed_.wait(lock, [&] {
+      return std::all_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second == 0; });
+    });
   while (!in_flight_.empty()) reap_one();
   if (!failed_.empty()) {
     const std::string message = failed_.begin()->second;

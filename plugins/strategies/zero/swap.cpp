@@ -282,7 +282,7 @@ std::string OptimizerSwap::describe() const {
   return "optimizer state (fp32 masters, exp_avg, exp_avg_sq) on disk: " + file_->path() + " (" +
          fixed(mb(file_bytes_)) + " MB), streamed through 2 x " + fixed(mb(slot_numel_ * 4)) +
          " MB of host buffer in " + std::to_string(slices_.size()) + " slice" + (slices_.size() == 1 ? "" : "s") +
-         ", io_uring, " + (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
+         ", " + file_->engine() + ", " + (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
 }
 
 }  // namespace dtk::zero

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "../common/curves.hpp"
+#include "../common/printed_lines.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace fs = std::filesystem;
@@ -98,15 +99,6 @@ TEST(ZeroNvme, LossesEqualCpuOffloadAndDdp) {
   }
 }
 
-// iteration -> "lm loss: X ... grad norm: Y" as printed.
-std::map<int, std::string> train_lines(const std::string& log) {
-  std::map<int, std::string> out;
-  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|.*(grad norm: \S+) \|)");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
-    out[std::stoi((*it)[1])] = (*it)[2].str() + " " + (*it)[3].str();
-  return out;
-}
-
 void resume_from_4(const std::string& dir) {
   fs::remove_all(dir + "/iter_0000008");
   std::ofstream(dir + "/latest_checkpointed_iteration.txt") << "4\n";
@@ -153,7 +145,7 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   EXPECT_EQ(swap_files_in(swap), 0);
   const Result b = dtk_test::run_dtk("launch --nproc_per_node 2 " + run + kCpu + save + by_cpu);
   ASSERT_EQ(b.code, 0) << b.out;
-  const auto la = train_lines(a.out), lb = train_lines(b.out);
+  const auto la = dtk_test::printed_loss_and_norm(a.out), lb = dtk_test::printed_loss_and_norm(b.out);
   ASSERT_EQ(la.size(), 8u) << a.out;
   EXPECT_EQ(la, lb) << "nvme and cpu offload differ";
   resume_from_4(by_nvme);
@@ -166,7 +158,7 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   for (const auto& [what, args] : resumes) {
     const Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + run + args);
     ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
-    const auto lr = train_lines(r.out);
+    const auto lr = dtk_test::printed_loss_and_norm(r.out);
     ASSERT_EQ(lr.size(), 4u) << what << "\n" << r.out;
     for (int it = 5; it <= 8; ++it) EXPECT_EQ(la.at(it), lr.count(it) ? lr.at(it) : "") << what << ", iteration " << it;
   }
@@ -255,7 +247,7 @@ TEST(ZeroNvme, OptimizerStateLargerThanTheHostBudgetTrainsFromDisk) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(disk.out, m, std::regex(R"(\.swap \((\S+) MB\))"))) << disk.out;
   EXPECT_GE(std::stod(m[1]) + 0.05, state) << "the swap file (MiB) holds the state";
-  EXPECT_EQ(train_lines(disk.out), train_lines(cpu.out));
+  EXPECT_EQ(dtk_test::printed_loss_and_norm(disk.out), dtk_test::printed_loss_and_norm(cpu.out));
 }
 
 // `dtk train` with the file-size limit `limit_kb` (SIGXFSZ ignored: a write past it fails instead

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "../common/curves.hpp"
+#include "../common/printed_lines.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace fs = std::filesystem;
@@ -148,15 +149,6 @@ TEST(ZeroSkippedSteps, NonFiniteGradientsAreSkippedAsUnderDdp) {
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
-// iteration -> the printed "lm loss: X ... grad norm: Y" (strings: exact comparison).
-std::map<int, std::string> train_lines(const std::string& log) {
-  std::map<int, std::string> out;
-  std::regex re(R"(iteration\s+(\d+)/\s*\d+ \|.*(lm loss: \S+) \|.*(grad norm: \S+) \|)");
-  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it)
-    out[std::stoi((*it)[1])] = (*it)[2].str() + " " + (*it)[3].str();
-  return out;
-}
-
 // Makes `dir`'s checkpoint at iteration 4 the one to resume from.
 void resume_from_4(const std::string& dir) {
   fs::remove_all(dir + "/iter_0000008");
@@ -185,7 +177,7 @@ TEST(ZeroCheckpoint, ResumeAtTheSameDataParallelSizeIsExact) {
     resume_from_4(d);
     const Result resumed = launch(2, run + "--set train.train_iters=8 --set checkpoint.load=" + d);
     ASSERT_EQ(resumed.code, 0) << resumed.out;
-    const auto a = train_lines(full.out), b = train_lines(resumed.out);
+    const auto a = dtk_test::printed_loss_and_norm(full.out), b = dtk_test::printed_loss_and_norm(resumed.out);
     ASSERT_EQ(b.size(), 4u) << resumed.out;
     for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << name << " iteration " << it;
     // The loaded state sits where the trained state sat (offload: the optimizer's in host memory).
@@ -377,7 +369,7 @@ TEST(ZeroDelayedUpdate, OneStepStaleAndResumesExactly) {
   resume_from_4(d);
   const Result resumed = launch(2, kTrain + delayed + "--set checkpoint.load=" + d);
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const auto a = train_lines(dpu.run.out), b = train_lines(resumed.out);
+  const auto a = dtk_test::printed_loss_and_norm(dpu.run.out), b = dtk_test::printed_loss_and_norm(resumed.out);
   ASSERT_EQ(b.size(), 4u) << resumed.out;
   for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
 }
@@ -424,6 +416,6 @@ TEST(ZeroAbi, AStrategyOfAbi20StillTrainsAndCheckpoints) {
   resume_from_4(d);
   const Result resumed = launch(2, kTrain + plugin + "--set train.train_iters=8 --set checkpoint.load=" + d);
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const auto a = train_lines(full.out), b = train_lines(resumed.out);
+  const auto a = dtk_test::printed_loss_and_norm(full.out), b = dtk_test::printed_loss_and_norm(resumed.out);
   for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
 }

@@ -396,11 +396,13 @@ TensorList DecoderLM::forward_cached(const TensorList& inputs) {
   if (mask.scalar_type() != at::kBool || mask.dim() != 4 || mask.size(0) != b || mask.size(2) != n ||
       mask.size(3) != length + n)
     fail("generation's 'attention_mask' must be bool [batch, 1, n, kv_cache_length + n], got " + shape_str(mask));
-  check_id_range(name_.c_str(), "tokens", tokens, config_->padded_vocab, "the padded vocabulary");
+  IdRangeChecks checks(name_);  // one host read per generated step for both
+  checks.add("tokens", tokens, config_->padded_vocab, "the padded vocabulary");
   if (position_.defined())
-    check_id_range(name_.c_str(), "position_ids", pos, config_->max_pos, "max_position_embeddings");
+    checks.add("position_ids", pos, config_->max_pos, "max_position_embeddings");
   else
-    check_id_range(name_.c_str(), "position_ids", pos, std::numeric_limits<int64_t>::max(), "non-negative positions");
+    checks.add("position_ids", pos, std::numeric_limits<int64_t>::max(), "non-negative positions");
+  checks.verify();
   std::vector<at::Tensor> caches;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (const at::Tensor* given = find(inputs, "kv_cache." + std::to_string(i))) {

@@ -246,8 +246,9 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
     const at::Tensor c = g.numel() > 0 ? common_gradient(g) : at::zeros({}, g.options());
     gw.mul_(c);
     // One host read in the common case (no token differs); the rows' indices only when some do.
-    if (g.ne(c).any().item<bool>()) {
-      const at::Tensor rows = g.ne(c).nonzero().squeeze(1);
+    const at::Tensor differs = g.ne(c);
+    if (differs.any().item<bool>()) {
+      const at::Tensor rows = differs.nonzero().squeeze(1);
       const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
       const at::Tensor target = ctx->saved_data["target"].toTensor();
       const at::Tensor max = ctx->saved_data["max"].toTensor(), sum = ctx->saved_data["sum"].toTensor();

@@ -252,10 +252,6 @@ std::string world_told(const LaunchEnv& le) {
   return "a world of " + std::to_string(le.world_size) + " ranks (" + how + ")";
 }
 
-// Before waiting for the world: the world every rank was told about is rank 0's, or the launches
-// differ (launchers started with other --nnodes or --nproc_per_node), which waiting cannot fix.
-// Rank 0 publishes its world; each other rank compares and, when it differs, publishes the
-// difference, which rank 0 (and every rank waiting) reports too. Returns "" while nothing differs.
 // Publishes (for every rank waiting) and returns the one line naming two worlds that differ.
 std::string publish_world_difference(c10d::Store& store, int rank, const std::string& its_world,
                                      const std::string& rank0_world) {
@@ -266,6 +262,10 @@ std::string publish_world_difference(c10d::Store& store, int rank, const std::st
   return difference;
 }
 
+// Before waiting for the world: the world every rank was told about is rank 0's, or the launches
+// differ (launchers started with other --nnodes or --nproc_per_node), which waiting cannot fix.
+// Rank 0 publishes its world; each other rank compares and, when it differs, publishes the
+// difference, which rank 0 (and every rank waiting) reports too. Returns "" while nothing differs.
 std::string world_difference(c10d::Store& store, const LaunchEnv& le) {
   const std::string world_key = "dtk/rendezvous/world", size_key = "dtk/rendezvous/world_size";
   const std::string mismatch_key = "dtk/rendezvous/world_mismatch";

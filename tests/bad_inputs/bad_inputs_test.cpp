@@ -691,12 +691,7 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
     } else if (can_drop) {
       const std::string cmd =
           (as_user.empty() ? "" : "setpriv " + as_user) + DTK_BIN + " " + kTrain + "--set checkpoint.save=" + ro;
-      FILE* p = popen(("timeout -k 10 60 " + cmd + " 2>&1").c_str(), "r");
-      dtk_test::Result r{-1, ""};
-      char buf[4096];
-      while (p && fgets(buf, sizeof buf, p)) r.out += buf;
-      const int status = p ? pclose(p) : -1;
-      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      const dtk_test::Result r = dtk_test::run_shell("timeout -k 10 60 " + cmd + " 2>&1");
       expect_clean_error(r, "checkpoint.save '" + ro + "': cannot write there (Permission denied)");
     }
   }

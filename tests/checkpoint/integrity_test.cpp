@@ -28,15 +28,7 @@ std::string read(const std::string& path) {
 }
 void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-Result shell(const std::string& cmd) {
-  FILE* p = popen(("timeout 60 " + cmd + " 2>&1").c_str(), "r");
-  Result r{-1, ""};
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result shell(const std::string& cmd) { return dtk_test::run_shell("timeout 60 " + cmd + " 2>&1"); }
 
 // A tiny model with dropout, saving every 2 iterations.
 const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +

@@ -19,9 +19,9 @@ struct Result {
   std::string out;  // stdout + stderr
 };
 
-inline Result run_dtk(const std::string& args, int timeout_s = 300) {
-  // SIGTERM asks dtk to finish its iteration and save; -k 10 kills one that cannot (a hang).
-  const std::string cmd = "timeout -k 10 " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1";
+// Runs a shell command line and collects what it printed to stdout (redirect stderr in `cmd`)
+// and its exit code (-1 when it did not exit: killed by a signal, or no shell).
+inline Result run_shell(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   Result r{-1, ""};
   if (!p) return r;
@@ -30,6 +30,11 @@ inline Result run_dtk(const std::string& args, int timeout_s = 300) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+inline Result run_dtk(const std::string& args, int timeout_s = 300) {
+  // SIGTERM asks dtk to finish its iteration and save; -k 10 kills one that cannot (a hang).
+  return run_shell("timeout -k 10 " + std::to_string(timeout_s) + " " + DTK_BIN + " " + args + " 2>&1");
 }
 
 // A fresh, empty directory `base`/`name`-<pid> (per process, so parallel ctest runs do not

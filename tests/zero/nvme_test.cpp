@@ -253,16 +253,8 @@ TEST(ZeroNvme, OptimizerStateLargerThanTheHostBudgetTrainsFromDisk) {
 // `dtk train` with the file-size limit `limit_kb` (SIGXFSZ ignored: a write past it fails instead
 // of killing the process), as a disk too small for the swap file.
 Result run_with_file_limit(const std::string& args, int limit_kb) {
-  const std::string cmd = "bash -c \"trap '' XFSZ; ulimit -f " + std::to_string(limit_kb) + "; exec timeout -k 10 60 " +
-                          DTK_BIN + " " + args + "\" 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return dtk_test::run_shell("bash -c \"trap '' XFSZ; ulimit -f " + std::to_string(limit_kb) +
+                             "; exec timeout -k 10 60 " + DTK_BIN + " " + args + "\" 2>&1");
 }
 
 TEST(ZeroNvme, BadInputsAreOneLineErrors) {

@@ -7,6 +7,7 @@
 #include <ATen/ops/amax.h>
 #include <ATen/ops/gather.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/scatter_add.h>
 #include <ATen/ops/where.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 
+#include "cuda_kernels.hpp"
 #include "softmax_rows.hpp"
 
 namespace dtk::layers {
@@ -27,17 +29,27 @@ using torch::autograd::variable_list;
 // tokens made a 6-layer/384-hidden step 15% slower than 512, and 512 beat the unfused logits at
 // both h = 64 and h = 384 (docs/benchmarks.md). 512 x 50304 fp32 logits are 103 MB.
 constexpr int64_t kChunkTokens = 512;
-// On a GPU the chunk is sized by bytes instead: fp32 logits of about 1 GiB (5,248 tokens of a
-// 50,304 vocabulary, in multiples of 128), so each of the three GEMMs is large enough to run at
-// the tensor cores' rate while the [tokens, V] logits (6.6 GB at 32K tokens) never exist.
+// On a GPU the chunk is sized by bytes instead: about 1 GiB of logits (10,624 tokens of a 50,304
+// vocabulary in bf16, 5,248 in fp32, in multiples of 128), so each of the three GEMMs is large
+// enough to run at the tensor cores' rate while the [tokens, V] logits (6.6 GB in fp32 at 32K
+// tokens) never exist.
 constexpr int64_t kGpuChunkBytes = int64_t{1} << 30;
 
-int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t requested, bool on_cpu) {
+int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t requested, bool on_cpu, int64_t element_bytes = 4) {
   int64_t chunk = requested;
   if (chunk <= 0)
-    chunk =
-        on_cpu ? kChunkTokens : std::max<int64_t>(128, kGpuChunkBytes / (4 * std::max<int64_t>(vocab, 1)) / 128 * 128);
+    chunk = on_cpu ? kChunkTokens
+                   : std::max<int64_t>(128, kGpuChunkBytes / (element_bytes * std::max<int64_t>(vocab, 1)) / 128 * 128);
   return std::max<int64_t>(1, std::min(rows, chunk));
+}
+
+// Whether a chunk's cross entropy runs as DTK's GPU kernel (dtk/cuda/cross_entropy.hpp: each row
+// read once for its max and exp-sum, once more to write D, on logits in the weights' type) instead
+// of ops: on a GPU where the build has it, with one tensor-parallel rank (under TP the all-reduces
+// of the max and the sums come between the passes) and x, W of one type.
+bool kernel_rows(CrossEntropyRows rows, const at::Tensor& x, const at::Tensor& w, const TPGroup& tp) {
+  return rows == CrossEntropyRows::kAuto && tp.size == 1 && x.scalar_type() == w.scalar_type() &&
+         gpu::cross_entropy_applies(x.device(), x.scalar_type());
 }
 
 bool host_rows(CrossEntropyRows rows, const at::Tensor& logits) {
@@ -176,17 +188,26 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
     p.gx = at::empty(x.sizes(), x.options());
     p.gw = at::zeros(w.sizes(), f32);
   }
-  const int64_t chunk = chunk_rows(n_all, vocab, requested_chunk, x.device().is_cpu());
-  at::Tensor buffer = at::empty({chunk, vocab}, f32);
-  const bool host = host_rows(rows, buffer);
+  const bool kernel = kernel_rows(rows, x, w, tp);
+  const at::ScalarType logit_type = kernel ? x.scalar_type() : at::kFloat;
+  const int64_t chunk =
+      chunk_rows(n_all, vocab, requested_chunk, x.device().is_cpu(), static_cast<int64_t>(c10::elementSize(logit_type)));
+  at::Tensor buffer = at::empty({chunk, vocab}, x.options().dtype(logit_type));
+  const bool host = !kernel && host_rows(rows, buffer);
   for (int64_t c0 = 0; c0 < n_all; c0 += chunk) {
     const int64_t n = std::min(chunk, n_all - c0);
     const at::Tensor xc = x.narrow(0, c0, n);
     at::Tensor logits = buffer.narrow(0, 0, n);
-    logits_into(logits, xc, w);
-    (host ? cross_entropy_rows : cross_entropy_ops)(logits, local_columns(target.narrow(0, c0, n), start, vocab),
-                                                    p.max.narrow(0, c0, n), p.sum.narrow(0, c0, n),
-                                                    p.loss.narrow(0, c0, n), tp, with_grads);
+    const at::Tensor col = local_columns(target.narrow(0, c0, n), start, vocab);
+    const at::Tensor max = p.max.narrow(0, c0, n), sum = p.sum.narrow(0, c0, n), loss = p.loss.narrow(0, c0, n);
+    if (kernel) {
+      at::mm_out(logits, xc, w.t());  // in x's type: the kernel reads bf16 logits as they come
+      if (!gpu::cross_entropy_rows(logits, col, max, sum, loss, with_grads))
+        throw Error("fused output layer: the GPU cross entropy kernel refused " + shape_str(logits));
+    } else {
+      logits_into(logits, xc, w);
+      (host ? cross_entropy_rows : cross_entropy_ops)(logits, col, max, sum, loss, tp, with_grads);
+    }
     if (!with_grads) continue;
     // logits now hold D = softmax - onehot.
     at::Tensor gx = p.gx.narrow(0, c0, n);
@@ -194,8 +215,8 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
       dtk::mm_out(gx, logits, w);
       dtk::addmm_(p.gw, logits.t(), xc);
     } else {
-      const at::Tensor d = logits.to(x.scalar_type());
-      gx.copy_(d.mm(w));
+      const at::Tensor d = logits.scalar_type() == x.scalar_type() ? logits : logits.to(x.scalar_type());
+      at::mm_out(gx, d, w);
       p.gw.add_(d.t().mm(xc));
     }
   }

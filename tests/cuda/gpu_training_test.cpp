@@ -51,6 +51,39 @@ TEST(GpuTraining, TinyGptOnTheGpuEqualsTheCpuInFp32) {
   expect_same_curve(cpu, gpu, 20, "cuda against the cpu", 1e-4);
 }
 
+// The same for Llama (RMSNorm, SwiGLU, rotary positions, grouped-query attention): the GPU's
+// rotary table, key/value expansion and fused output layer against the CPU's.
+TEST(GpuTraining, TinyLlamaOnTheGpuEqualsTheCpuInFp32) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 2 "
+                            "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                            "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
+                            "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+  const Curve cpu = curve(llama, "llama-cpu");
+  const Curve gpu = curve(llama + "--set train.device=cuda", "llama-gpu");
+  ASSERT_EQ(gpu.run.code, 0) << gpu.run.out;
+  ASSERT_FALSE(cpu.loss.empty()) << cpu.run.out;
+  EXPECT_NEAR(gpu.loss.at(1), cpu.loss.at(1), 1e-5 * std::abs(cpu.loss.at(1)));
+  expect_same_curve(cpu, gpu, 20, "llama: cuda against the cpu", 1e-4);
+}
+
+// The fast path against the plain one in bf16 (issue 33): the chunked output layer with its cross
+// entropy (chunks of 16 tokens: 4 per micro-batch) against whole logits made fp32, 50 iterations
+// of a model that learns. bf16 products round differently in chunks, so within bf16's tolerance.
+TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string args = kTrain +
+                           "--set train.device=cuda --set train.params_dtype=bf16 --set train.train_iters=50 "
+                           "--set lr.lr=3e-3 --set dataset.vocab_size=16 ";
+  const Curve whole = curve(args + "--set model.fused_lm_head=false", "whole");
+  const Curve chunked = curve(args + "--set model.fused_lm_head=true --set model.lm_head_chunk_tokens=16", "chunked");
+  ASSERT_EQ(chunked.run.code, 0) << chunked.run.out;
+  ASSERT_EQ(whole.loss.size(), 50u) << whole.run.out;
+  expect_same_curve(whole, chunked, 50, "chunked output layer against whole logits (bf16)", 3e-2);
+}
+
 // bf16 parameters with fp32 masters (ddp) on the GPU: the first loss within bf16's rounding of the
 // fp32 one, and the run trains.
 TEST(GpuTraining, Bf16OnTheGpuStaysNearFp32AndTheLossFalls) {

@@ -16,7 +16,10 @@
 # the Chrome traces in DIR (dtk/rank0.json, peer.json).
 #
 #   tools/bench/gpu_gpt2.sh [--model gpt|llama] [--dtk build-gpu/bin/dtk] [--batches "32 16 8"] [--steps 30]
-#                           [--peak_tflops 989] [--profile DIR]
+#                           [--peak_tflops 989] [--profile DIR] [--variant "LABEL|--set k=v ..."]...
+#
+# --variant: after the main row, dtk again at the same micro-batch with extra settings (e.g.
+# "ops cross entropy|--set model.cross_entropy_impl=ops"): one change's effect, in the same call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DTK=build-gpu/bin/dtk
@@ -25,15 +28,17 @@ STEPS=30
 PEAK=989
 PROFILE=""
 MODEL=gpt
+VARIANTS=()
 while (($#)); do
   case "$1" in
+    --variant) VARIANTS+=("$2"); shift 2 ;;
     --model) MODEL=$2; shift 2 ;;
     --profile) PROFILE=$2; shift 2 ;;
     --dtk) DTK=$2; shift 2 ;;
     --batches) BATCHES=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --peak_tflops) PEAK=$2; shift 2 ;;
-    *) echo "usage: tools/bench/gpu_gpt2.sh [--model gpt|llama] [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T] [--profile DIR]" >&2; exit 2 ;;
+    *) echo "usage: tools/bench/gpu_gpt2.sh [--model gpt|llama] [--dtk BIN] [--batches \"32 16 8\"] [--steps N] [--peak_tflops T] [--profile DIR] [--variant \"LABEL|ARGS\"]..." >&2; exit 2 ;;
   esac
 done
 case $MODEL in
@@ -72,8 +77,28 @@ python3 - "$OUT/dtk.json" "$BATCH" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"  dtk            micro-batch {sys.argv[2]:>3}: {r['tokens_per_second']:>9.0f} tokens/s "
-      f"{r['tflops_per_device']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%")
+      f"{r['tflops_per_device']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%  peak {r['tensor_max_allocated_bytes'] / 2**30:5.1f} GiB "
+      f"(step {r['step_time_ms_median']:.1f} ms)")
 PY
+# Each --variant: dtk again with extra settings at the same micro-batch (a change's effect, same call).
+for v in "${VARIANTS[@]}"; do
+  label=${v%%|*}
+  read -r -a extra <<<"${v#*|}"
+  if "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
+      --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+      --set train.micro_batch_size="$BATCH" --set train.global_batch_size="$BATCH" \
+      --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
+      --set train.skip_memory_check=true "${extra[@]}" --bench_out "$OUT/variant.json" >"$OUT/variant.log" 2>&1; then
+    python3 - "$OUT/variant.json" "$label" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"  dtk, {sys.argv[2]:<24}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops_per_device']:>6.1f} TFLOP/s  "
+      f"MFU {100 * r['mfu']:5.1f}%  peak {r['tensor_max_allocated_bytes'] / 2**30:5.1f} GiB (step {r['step_time_ms_median']:.1f} ms)")
+PY
+  else
+    echo "  dtk, $label: failed: $(grep -m1 -iE 'error' "$OUT/variant.log" | cut -c1-200)"
+  fi
+done
 PEERS_OK=1
 for mode in "" --compile; do
   if python3 tools/bench/gpu_peer.py "${PEER_ARCH[@]}" --batch "$BATCH" --steps "$STEPS" --warmup 10 --peak_tflops "$PEAK" $mode \
@@ -81,7 +106,9 @@ for mode in "" --compile; do
     python3 - "$OUT/peer.json" <<'PY'
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(f"  {r['peer']:<28}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%")
+peak = f"  peak {r['peak_memory_gib']:5.1f} GiB" if r.get('peak_memory_gib') is not None else ""
+print(f"  {r['peer']:<28}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%{peak} "
+      f"(step {r['step_ms']:.1f} ms)")
 PY
   else
     echo "  peer ${mode:-eager}: failed: $(tail -1 "$OUT/peer.log" | cut -c1-160)"
@@ -100,5 +127,5 @@ if [[ -n $PROFILE ]]; then
     sed -n '/ profile of iterations/,/^ \[/p' | grep -v '^ \[' || echo "  dtk profile failed"
   echo "== the compiled peer, micro-batch $BATCH: torch.profiler"
   python3 tools/bench/gpu_peer.py "${PEER_ARCH[@]}" --batch "$BATCH" --steps 2 --warmup 10 --peak_tflops "$PEAK" --compile \
-    --profile "$PROFILE" 2>&1 >/dev/null | grep -v "^W[0-9]" | head -40 || echo "  peer profile failed"
+    --profile "$PROFILE" 2>&1 >/dev/null | grep -v "^W[0-9]" | head -60 || echo "  peer profile failed"
 fi

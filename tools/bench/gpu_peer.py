@@ -205,8 +205,14 @@ def main():
             os.makedirs(a.profile, exist_ok=True)
             profiler.export_chrome_trace(os.path.join(a.profile, "peer.json"))
             print(f"peer profile of 2 steps ({1e3 * sum(times[-2:]):.1f} ms wall):", file=sys.stderr)
-            print(profiler.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
-                                                row_limit=15), file=sys.stderr)
+            averages = profiler.key_averages()
+            # PyTorch 2.x names the GPU's times "device" (1.13: "cuda").
+            for key in (["self_device_time_total", "self_cuda_time_total"] if cuda else ["self_cpu_time_total"]):
+                try:
+                    print(averages.table(sort_by=key, row_limit=30, max_name_column_width=120), file=sys.stderr)
+                    break
+                except AttributeError:
+                    continue
             profiler = None
     t = statistics.median(times)
     tokens_per_s = a.batch * a.seq / t

@@ -8,11 +8,6 @@
 
 namespace dtk::gpt {
 
-at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
-  if (x.scalar_type() == at::kFloat) return at::layer_norm(x, {x.size(-1)}, w, b, eps);
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
-}
-
 Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   ln1_w = f.ones({c.hidden});
@@ -88,19 +83,21 @@ at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& 
   if (!mask.defined() && causal_attention_supported(projected))
     return causal_attention_qkv(projected, heads_local_, scale, probs_keep(at::IntArrayRef{b, heads_local_, s, s}),
                                 c_.selective_recompute);
-  // [b, s, np * 3 * hn] -> [b, np, s, 3 * hn] -> q, k, v [b, np, s, hn]
-  at::Tensor mixed = projected.view({b, s, heads_local_, 3 * head_dim_}).transpose(1, 2);
-  at::Tensor q = mixed.narrow(-1, 0, head_dim_);
-  at::Tensor k = mixed.narrow(-1, head_dim_, head_dim_);
-  at::Tensor v = mixed.narrow(-1, 2 * head_dim_, head_dim_);
+  // [b, s, np * 3 * hn] -> [b, s, np, 3 * hn] -> q, k, v [b, np, s, hn]. Split before the
+  // transpose: the backward is then one cat into the projection's layout (three narrows' backward
+  // zero a whole [b, s, np, 3 * hn] each and add them; a transposed gradient needs a copy).
+  const std::vector<at::Tensor> parts = projected.view({b, s, heads_local_, 3 * head_dim_}).split(head_dim_, -1);
+  at::Tensor q = parts[0].transpose(1, 2);
+  at::Tensor k = parts[1].transpose(1, 2);
+  at::Tensor v = parts[2].transpose(1, 2);
   at::Tensor context;
   const DropoutMask keep = probs_keep(at::IntArrayRef{b, heads_local_, s, s});
 #if TORCH_VERSION_MAJOR >= 2
   // Fused kernel for the plain causal case (a GPU). With attention dropout in training the plain
   // path is used instead, because the fused kernel draws its mask from the global generator and
   // recomputation needs the masks reproducible from the model's own generator.
-  if (!mask.defined() && !keep.defined())
-    context = at::scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous(), {}, 0.0, true);
+  // Strided q, k, v (unit stride in the head dimension) go in as they are, as nanoGPT's do.
+  if (!mask.defined() && !keep.defined()) context = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
 #endif
   if (!context.defined()) {
     // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax

@@ -20,6 +20,7 @@
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/norms.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -42,8 +43,8 @@ struct Config : DecoderConfig {
 // --openai-gelu; Hugging Face's "gelu_new").
 at::Tensor gelu(const at::Tensor& x, const Config& c);
 
-// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype.
-at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps);
+// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype: the SDK's.
+using dtk::layers::layer_norm;
 
 class Layer : public DominoLayer, public DecoderLayer {
  public:

@@ -10,11 +10,6 @@
 
 namespace dtk::llama {
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor xf = x.to(at::kFloat);
-  return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
-}
-
 std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions, const at::Device& device) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!cos_.defined() || cos_.size(0) < positions || cos_.device() != device) {
@@ -55,13 +50,7 @@ std::pair<at::Tensor, at::Tensor> Rotary::angles(const at::Tensor& positions, co
 at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) const {
   if (dim_ == 0) return x;
   const auto [cos, sin] = angles(positions, x.device());
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor rot = xf.narrow(-1, 0, dim_);
-  const int64_t half = dim_ / 2;
-  const at::Tensor rotated_half = at::cat({rot.narrow(-1, half, half).neg(), rot.narrow(-1, 0, half)}, -1);
-  at::Tensor out = rot * cos + rotated_half * sin;
-  if (dim_ < x.size(-1)) out = at::cat({out, xf.narrow(-1, dim_, x.size(-1) - dim_)}, -1);
-  return out.to(x.scalar_type());
+  return dtk::layers::apply_rotary(x, cos, sin);
 }
 
 Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary) : c_(c), rotary_(rotary) {
@@ -87,11 +76,14 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
   const int64_t b = projected.size(0), s = projected.size(1), hd = c_.head_dim(),
                 per_group = heads_local_ / groups_local_;
   // [b, s, groups, (per_group + 2) * hd]: per group its queries, then its key and its value.
-  const at::Tensor mixed = projected.view({b, s, groups_local_, (per_group + 2) * hd});
+  // One split (its backward is one cat into the projection; three narrows' would zero and add a
+  // whole projection each).
+  const std::vector<at::Tensor> parts =
+      projected.view({b, s, groups_local_, (per_group + 2) * hd}).split_with_sizes({per_group * hd, hd, hd}, -1);
   QKV out;
-  out.q = rotary_.apply(mixed.narrow(-1, 0, per_group * hd).reshape({b, s, heads_local_, hd}), positions);
-  out.k = rotary_.apply(mixed.narrow(-1, per_group * hd, hd), positions);
-  out.v = mixed.narrow(-1, (per_group + 1) * hd, hd);
+  out.q = rotary_.apply(parts[0].reshape({b, s, heads_local_, hd}), positions);
+  out.k = rotary_.apply(parts[1], positions);
+  out.v = parts[2];
   return out;
 }
 
@@ -101,7 +93,16 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t per_group = heads_local_ / groups_local_;
   const at::Tensor qh = q.transpose(1, 2);                    // [b, np, s, hd]
   at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [b, ng, t, hd]
-  if (per_group > 1) {  // query head g * per_group + j reads key/value group g
+  at::Tensor context;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  // The fused kernel for the plain causal case reads each key/value group for its query heads
+  // itself (enable_gqa: query head i reads group i / per_group, as the expansion below), so the
+  // groups are never copied per head; strided inputs go in as they are. Not with attention
+  // dropout, whose masks come from the model's own generator.
+  if (!mask.defined() && p == 0.0 && s == t)
+    context = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true, std::nullopt, /*enable_gqa=*/per_group > 1);
+#endif
+  if (per_group > 1 && !context.defined()) {  // query head g * per_group + j reads key/value group g
     // expand + reshape, not repeat_interleave: ATen's computes its output size on the host (a
     // synchronisation per call on a GPU).
     const auto repeat = [&](const at::Tensor& x) {
@@ -110,12 +111,10 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
     kh = repeat(kh);
     vh = repeat(vh);
   }
-  at::Tensor context;
-#if TORCH_VERSION_MAJOR >= 2
-  // The fused kernel for the plain causal case (as the gpt plugin: not with attention dropout,
-  // whose masks come from the model's own generator).
-  if (!mask.defined() && p == 0.0 && s == t)
-    context = at::scaled_dot_product_attention(qh.contiguous(), kh.contiguous(), vh.contiguous(), {}, 0.0, true);
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
+  // LibTorch 2.0-2.4: no enable_gqa; the fused kernel on the expanded groups.
+  if (!context.defined() && !mask.defined() && p == 0.0 && s == t)
+    context = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true);
 #endif
   if (!context.defined()) {
     // Megatron's CoreAttention: q scaled before the product, softmax in fp32 with masked

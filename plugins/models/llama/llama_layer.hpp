@@ -23,6 +23,8 @@
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/norms.hpp>
+#include <dtk/layers/rotary.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 
 #include <cstdint>
@@ -49,8 +51,9 @@ struct Config : DecoderConfig {
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent); }
 };
 
-// RMSNorm in fp32 (Megatron's RMSNorm: x / sqrt(mean(x^2) + eps), cast back, times the weight).
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// RMSNorm in fp32 (Megatron's RMSNorm: x / sqrt(mean(x^2) + eps), cast back, times the weight):
+// the SDK's, one fused kernel each way on a GPU.
+using dtk::layers::rms_norm;
 
 // Rotary position embeddings (Megatron's RotaryEmbedding, non-interleaved: the first and second
 // halves of the rotated channels pair up). The cos/sin table covers the positions seen so far

@@ -90,17 +90,20 @@ std::map<std::string, Row> summarise(std::vector<Event> events, bool device, dou
   return rows;
 }
 
-std::string table(const std::map<std::string, Row>& rows, const char* what, double wall_ms, int top) {
+// `width`: the name column; kernels get a wide one (templated elementwise kernels differ only in
+// their functor, far into the name).
+std::string table(const std::map<std::string, Row>& rows, const char* what, double wall_ms, int top, int width = 48) {
   std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.second.self_us > b.second.self_us; });
   char buf[512];
-  std::snprintf(buf, sizeof buf, " %-48s %8s %11s %11s %8s\n", what, "calls", "self ms", "total ms", "of wall");
+  std::snprintf(buf, sizeof buf, " %-*s %8s %11s %11s %8s\n", width, what, "calls", "self ms", "total ms", "of wall");
   std::string out = buf;
   for (int i = 0; i < top && i < static_cast<int>(sorted.size()); ++i) {
     const auto& [name, r] = sorted[static_cast<size_t>(i)];
-    const std::string shown = name.size() > 48 ? name.substr(0, 45) + "..." : name;
-    std::snprintf(buf, sizeof buf, " %-48s %8lld %11.2f %11.2f %7.1f%%\n", shown.c_str(),
+    const size_t w = static_cast<size_t>(width);
+    const std::string shown = name.size() > w ? name.substr(0, w - 3) + "..." : name;
+    std::snprintf(buf, sizeof buf, " %-*s %8lld %11.2f %11.2f %7.1f%%\n", width, shown.c_str(),
                   static_cast<long long>(r.calls), r.self_us / 1e3, r.total_us / 1e3,
                   wall_ms > 0 ? 100.0 * r.self_us / 1e3 / wall_ms : 0.0);
     out += buf;
@@ -240,7 +243,7 @@ void OpProfile::stop_and_report() {
                 top_level_us / 1e3, wall_ms, wall_ms > 0 ? 100.0 * top_level_us / 1e3 / wall_ms : 0.0);
   out += tail;
   const auto kernels = summarise(events, /*device=*/true);
-  if (!kernels.empty()) out += table(kernels, "kernel (GPU)", wall_ms, 15);
+  if (!kernels.empty()) out += table(kernels, "kernel (GPU)", wall_ms, 30, 160);
   // Each read stalls the host until the device has run all it was given (issue 33: no hidden
   // synchronisation); docs/cuda.md keeps the count.
   out += " host reads of device values (item()): " + per_iteration_by_phase(events, is_host_read, iterations_) + "\n";

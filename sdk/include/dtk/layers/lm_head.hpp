@@ -24,15 +24,18 @@
 // ops (amax, gather, exp_, sum, div_, scatter_add_: a GPU's path, and on the CPU the proof that
 // the GPU's arithmetic equals the unfused logits). On a GPU with bf16 weights the three GEMMs run
 // in bf16 and the log-softmax in fp32, chunk by chunk (llm.c's fused classifier, Liger's fused
-// linear cross entropy); a chunk is about 1 GiB of fp32 logits there, 512 tokens on the CPU.
+// linear cross entropy): with one tensor-parallel rank one kernel per chunk reads the bf16 logits
+// twice and writes D over them in bf16 (the ops' path makes them fp32 and passes over them seven
+// times); a chunk is about 1 GiB of logits there, 512 tokens on the CPU.
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
 
 namespace dtk::layers {
 
-// How a chunk's cross entropy runs: kAuto is kHost on the CPU and kOps elsewhere; kHost on a GPU
-// tensor is an error.
+// How a chunk's cross entropy runs: kAuto is kHost on the CPU; on a GPU DTK's fused kernel
+// (dtk/cuda/cross_entropy.hpp, on logits in the weights' type) where the build has it and there is
+// one tensor-parallel rank, else kOps. kHost on a GPU tensor is an error.
 enum class CrossEntropyRows : int64_t { kAuto = 0, kHost = 1, kOps = 2 };
 
 // Per-token loss [...] (fp32) of logits = x weight^T against `labels` [...] (global ids), weight

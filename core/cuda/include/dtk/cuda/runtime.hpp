@@ -22,6 +22,9 @@ namespace dtk::cuda {
 using StreamHandle = CUstream_st*;  // cudaStream_t
 using EventHandle = CUevent_st*;    // cudaEvent_t
 
+// The element types DTK's kernels take (dtk/cuda/squares.hpp, cross_entropy.hpp, rms_norm.hpp).
+enum class ElementType { kFloat32, kBFloat16, kFloat16 };
+
 class CudaError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

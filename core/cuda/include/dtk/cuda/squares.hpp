@@ -14,8 +14,6 @@
 
 namespace dtk::cuda {
 
-enum class ElementType { kFloat32, kBFloat16, kFloat16 };
-
 // One tensor's elements: contiguous, on the device.
 struct SquaresTensor {
   const void* data;

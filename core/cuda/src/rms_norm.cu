@@ -1,0 +1,167 @@
+// RMSNorm forward and backward (dtk/cuda/rms_norm.hpp). Forward: one block per row, the sum of
+// squares reduced over the block, then the row written. Backward: a fixed grid of blocks, each
+// taking rows blockIdx.x, blockIdx.x + gridDim.x, ...; per row one block reduction (the dot of
+// the row's incoming gradient with it), then dx written and the weight gradient accumulated in
+// shared memory, one column per thread (no atomics); a second kernel adds the blocks' partial
+// weight gradients in block order, so the result is the same on every run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "dtk/cuda/rms_norm.hpp"
+
+namespace dtk::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBackwardBlocks = 1024;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+// x rounded to T and back: where the reference's ops round (their results are in T).
+template <class T>
+__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+
+// The sum of v over the block, in every thread (warp shuffles, then the warps' sums in order).
+__device__ float block_sum(float v) {
+  __shared__ float warps[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) total += warps[w];
+  __syncthreads();  // `warps` is reused by the next call
+  return total;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* w, int64_t hidden, float eps, T* y,
+                                                           float* rstd) {
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * hidden;
+  float squares = 0.0f;
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+    const float v = to_float(xr[j]);
+    squares += v * v;
+  }
+  const float r = rsqrtf(block_sum(squares) / static_cast<float>(hidden) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  T* yr = y + row * hidden;
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+    yr[j] = from_float<T>(round_to<T>(to_float(xr[j]) * r) * to_float(w[j]));
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) backward_kernel(const T* dy, const T* x, const T* w, int64_t rows,
+                                                            int64_t hidden, const float* rstd, T* dx,
+                                                            float* partial) {
+  extern __shared__ float dw[];  // this block's weight gradient, [hidden]
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) dw[j] = 0.0f;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * hidden;
+    const T* gr = dy + row * hidden;
+    const float r = rstd[row];
+    // The reference: dn = T(dy w) (the product's gradient in T), c = sum_j dn_j x_j.
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+      dot += round_to<T>(to_float(gr[j]) * to_float(w[j])) * to_float(xr[j]);
+    const float c = block_sum(dot) / static_cast<float>(hidden);
+    T* dxr = dx + row * hidden;
+    for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+      const float xv = to_float(xr[j]), g = to_float(gr[j]);
+      const float dn = round_to<T>(g * to_float(w[j]));
+      // d/dx of x r with r = (mean x^2 + eps)^-1/2: r dn - x r^3 c.
+      dxr[j] = from_float<T>(r * dn - xv * r * r * r * c);
+      dw[j] += g * round_to<T>(xv * r);
+    }
+  }
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) partial[blockIdx.x * hidden + j] = dw[j];
+}
+
+__global__ void sum_partials(const float* partial, int blocks, int64_t hidden, float* dweight) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= hidden) return;
+  float total = 0.0f;
+  for (int b = 0; b < blocks; ++b) total += partial[b * hidden + j];
+  dweight[j] = total;
+}
+
+void check(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+void check_shape(int64_t rows, int64_t hidden) {
+  if (hidden <= 0 || hidden > kRmsNormMaxHidden || rows > 0x7fffffffLL)
+    throw CudaError("rms_norm: hidden size " + std::to_string(hidden) + " or " + std::to_string(rows) +
+                    " rows outside what the kernels take");
+}
+
+template <class T>
+void forward(const void* x, const void* w, int64_t rows, int64_t hidden, double eps, void* y, float* rstd,
+             StreamHandle stream) {
+  forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), hidden, static_cast<float>(eps), static_cast<T*>(y), rstd);
+}
+
+template <class T>
+void backward(const void* dy, const void* x, const void* w, int64_t rows, int64_t hidden, const float* rstd,
+              void* dx, float* partial, float* dweight, StreamHandle stream) {
+  const int blocks = static_cast<int>(rms_norm_backward_blocks(rows));
+  const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
+  if (shared > 48 * 1024) cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(shared));
+  backward_kernel<T><<<blocks, kThreads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                           static_cast<const T*>(w), rows, hidden, rstd,
+                                                           static_cast<T*>(dx), partial);
+  sum_partials<<<static_cast<unsigned>((hidden + kThreads - 1) / kThreads), kThreads, 0, stream>>>(partial, blocks,
+                                                                                                   hidden, dweight);
+}
+
+}  // namespace
+
+int64_t rms_norm_backward_blocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kBackwardBlocks)); }
+
+void rms_norm_forward(const void* x, const void* weight, ElementType type, int64_t rows, int64_t hidden, double eps,
+                      void* y, float* rstd, StreamHandle stream) {
+  check_shape(rows, hidden);
+  if (rows == 0) return;
+  switch (type) {
+    case ElementType::kFloat32: forward<float>(x, weight, rows, hidden, eps, y, rstd, stream); break;
+    case ElementType::kBFloat16: forward<__nv_bfloat16>(x, weight, rows, hidden, eps, y, rstd, stream); break;
+    case ElementType::kFloat16: forward<__half>(x, weight, rows, hidden, eps, y, rstd, stream); break;
+  }
+  check("rms_norm_forward");
+}
+
+void rms_norm_backward(const void* dy, const void* x, const void* weight, ElementType type, int64_t rows,
+                       int64_t hidden, const float* rstd, void* dx, float* partial, float* dweight,
+                       StreamHandle stream) {
+  check_shape(rows, hidden);
+  if (rows == 0) {
+    cudaMemsetAsync(dweight, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
+    return;
+  }
+  switch (type) {
+    case ElementType::kFloat32: backward<float>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream); break;
+    case ElementType::kBFloat16:
+      backward<__nv_bfloat16>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
+      break;
+    case ElementType::kFloat16: backward<__half>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream); break;
+  }
+  check("rms_norm_backward");
+}
+
+}  // namespace dtk::cuda

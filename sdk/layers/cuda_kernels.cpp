@@ -1,0 +1,162 @@
+// cuda_kernels.cpp — see cuda_kernels.hpp. Compiled into dtk::layers everywhere; the kernel calls
+// exist where the build has CUDA and a CUDA LibTorch (the GPU machine), and CI compiles that half
+// against Debian's c10/cuda headers too (dtk_torch_cuda_compile_check).
+#include "cuda_kernels.hpp"
+
+#include <ATen/ATen.h>
+
+#include <dtk/plugin.hpp>
+
+#if DTK_HAVE_CUDA && DTK_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "dtk/cuda/cross_entropy.hpp"
+#include "dtk/cuda/rms_norm.hpp"
+#include "dtk/cuda/rotary.hpp"
+#endif
+
+namespace dtk::layers::gpu {
+
+#if DTK_HAVE_CUDA && DTK_TORCH_CUDA
+namespace {
+
+bool element_type(at::ScalarType t, dtk::cuda::ElementType* out) {
+  switch (t) {
+    case at::kFloat: *out = dtk::cuda::ElementType::kFloat32; return true;
+    case at::kBFloat16: *out = dtk::cuda::ElementType::kBFloat16; return true;
+    case at::kHalf: *out = dtk::cuda::ElementType::kFloat16; return true;
+    default: return false;
+  }
+}
+
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+}  // namespace
+
+bool cross_entropy_applies(const at::Device& device, at::ScalarType type) {
+  dtk::cuda::ElementType unused;
+  return device.is_cuda() && element_type(type, &unused);
+}
+
+bool cross_entropy_rows(const at::Tensor& logits, const at::Tensor& col, const at::Tensor& max, const at::Tensor& sum,
+                        const at::Tensor& loss, bool grads) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  if (!logits.is_cuda() || logits.dim() != 2 || logits.stride(1) != 1 || !element_type(logits.scalar_type(), &type))
+    return false;
+  const at::Tensor c = col.to(at::kLong).contiguous();
+  if (!max.is_contiguous() || !sum.is_contiguous() || !loss.is_contiguous() || max.scalar_type() != at::kFloat ||
+      sum.scalar_type() != at::kFloat || loss.scalar_type() != at::kFloat)
+    return false;
+  const c10::cuda::CUDAGuard guard(logits.device());
+  dtk::cuda::cross_entropy_rows(logits.data_ptr(), type, logits.size(0), logits.size(1), logits.stride(0),
+                                c.data_ptr<int64_t>(), max.data_ptr<float>(), sum.data_ptr<float>(),
+                                loss.data_ptr<float>(), grads, stream_of(logits));
+  return true;
+}
+
+bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  const int64_t hidden = x.dim() > 0 ? x.size(-1) : 0;
+  return x.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
+         element_type(x.scalar_type(), &type) && weight.dim() == 1 && weight.size(0) == hidden && hidden > 0 &&
+         hidden <= dtk::cuda::kRmsNormMaxHidden;
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
+  at::Tensor y = at::empty_like(xc);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::rms_norm_forward(xc.data_ptr(), wc.data_ptr(), type, rows, hidden, eps, y.data_ptr(),
+                              rstd.data_ptr<float>(), stream_of(x));
+  return {y, rstd};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                    const at::Tensor& weight, const at::Tensor& rstd) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), gc = dy.to(x.scalar_type()).contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
+  at::Tensor dx = at::empty_like(xc);
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor dweight = at::empty({hidden}, f32);
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::rms_norm_backward(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), type, rows, hidden,
+                               rstd.data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(),
+                               dweight.data_ptr<float>(), stream_of(x));
+  return {dx, dweight.to(weight.scalar_type())};
+}
+
+bool rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  if (!x.is_cuda() || x.dim() != 4 || x.stride(3) != 1 || !element_type(x.scalar_type(), &type)) return false;
+  const auto angles_fit = [&](const at::Tensor& t) {
+    return t.device() == x.device() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 &&
+           t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(2) == 1 && t.size(3) <= x.size(3) &&
+           t.size(3) % 2 == 0;
+  };
+  return angles_fit(cos) && angles_fit(sin) && cos.size(3) == sin.size(3);
+}
+
+namespace {
+dtk::cuda::RotaryShape rotary_shape(const at::Tensor& x, const at::Tensor& cos) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), cos.size(3), x.stride(0), x.stride(1), x.stride(2)};
+}
+}  // namespace
+
+at::Tensor rotary_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::rotary_forward(x.data_ptr(), type, rotary_shape(x, cos), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                            out.data_ptr(), stream_of(x));
+  return out;
+}
+
+at::Tensor rotary_backward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  const at::Tensor g = dy.contiguous();
+  element_type(g.scalar_type(), &type);
+  at::Tensor dx = at::empty(g.sizes(), g.options());
+  const c10::cuda::CUDAGuard guard(g.device());
+  dtk::cuda::rotary_backward(g.data_ptr(), type, rotary_shape(g, cos), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                             dx.data_ptr(), stream_of(g));
+  return dx;
+}
+
+#else  // no CUDA kernels in this build: every caller takes its reference
+
+bool cross_entropy_applies(const at::Device&, at::ScalarType) { return false; }
+bool cross_entropy_rows(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        bool) {
+  return false;
+}
+bool rms_norm_applies(const at::Tensor&, const at::Tensor&) { return false; }
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor&, const at::Tensor&, double) {
+  throw Error("rms_norm: this build has no CUDA kernels");
+}
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&) {
+  throw Error("rms_norm: this build has no CUDA kernels");
+}
+
+#endif
+
+#if !(DTK_HAVE_CUDA && DTK_TORCH_CUDA)
+bool rotary_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor rotary_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  throw Error("rotary: this build has no CUDA kernels");
+}
+at::Tensor rotary_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  throw Error("rotary: this build has no CUDA kernels");
+}
+#endif
+
+}  // namespace dtk::layers::gpu

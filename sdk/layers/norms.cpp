@@ -1,0 +1,54 @@
+// norms.cpp — see norms.hpp.
+#include <dtk/layers/norms.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "cuda_kernels.hpp"
+
+namespace dtk::layers {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// RMSNorm through DTK's GPU kernels: one pass forward (r saved per row), one backward.
+struct FusedRmsNorm : public torch::autograd::Function<FusedRmsNorm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    RECORD_FUNCTION("dtk::rms_norm", std::vector<c10::IValue>());
+    auto [y, rstd] = gpu::rms_norm_forward(x, weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    RECORD_FUNCTION("dtk::rms_norm_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dweight] = gpu::rms_norm_backward(grad[0], saved[0], saved[1], saved[2]);
+    return {dx, dweight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  // A GPU's kernel reads bf16/fp16 and computes in fp32 itself (as Megatron's fused LayerNorm):
+  // fp32 copies of x, w and b and the cast back cost four passes per norm (issue 33's profile).
+  // The CPU keeps the fp32 copies (its bf16 kernel differs across LibTorch versions).
+  if (x.scalar_type() == at::kFloat || (!x.is_cpu() && w.scalar_type() == x.scalar_type()))
+    return at::layer_norm(x, {x.size(-1)}, w, b, eps);
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps).to(x.scalar_type());
+}
+
+at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (gpu::rms_norm_applies(x, weight)) return FusedRmsNorm::apply(x, weight, eps);
+  return rms_norm_ops(x, weight, eps);
+}
+
+}  // namespace dtk::layers

@@ -57,9 +57,14 @@ struct Row {
 std::map<std::string, Row> summarise(std::vector<Event> events, bool device, double* top_level_us = nullptr) {
   std::map<std::string, Row> rows;
   if (top_level_us) *top_level_us = 0;
+  // Kineto mirrors each user scope (DTK's phases) onto the GPU's timeline as an annotation that
+  // spans the phase's kernels: not a kernel, so not counted as one.
+  std::set<std::string> phases;
+  for (const Event& e : events)
+    if (e.user_scope && !e.device) phases.insert(e.name);
   std::unordered_map<uint64_t, std::vector<const Event*>> by_thread;
   for (const Event& e : events)
-    if (e.device == device) by_thread[device ? 0 : e.thread].push_back(&e);
+    if (e.device == device && !(device && phases.count(e.name))) by_thread[device ? 0 : e.thread].push_back(&e);
   for (auto& [thread, list] : by_thread) {
     std::sort(list.begin(), list.end(), [](const Event* a, const Event* b) {
       return a->start_us != b->start_us ? a->start_us < b->start_us : a->duration_us > b->duration_us;

@@ -105,30 +105,28 @@ bool rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 }
 
 namespace {
-dtk::cuda::RotaryShape rotary_shape(const at::Tensor& x, const at::Tensor& cos) {
-  return {x.size(0), x.size(1), x.size(2), x.size(3), cos.size(3), x.stride(0), x.stride(1), x.stride(2)};
+// The forward or backward kernel (one signature) from `in` (any strides but a unit one in the
+// head dimension) into a new contiguous tensor of its shape and type.
+at::Tensor rotary_launch(decltype(&dtk::cuda::rotary_forward) kernel, const at::Tensor& in, const at::Tensor& cos,
+                         const at::Tensor& sin) {
+  const at::Tensor x = in.stride(3) == 1 ? in : in.contiguous();
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const dtk::cuda::RotaryShape shape{x.size(0),   x.size(1),   x.size(2),   x.size(3),
+                                     cos.size(3), x.stride(0), x.stride(1), x.stride(2)};
+  const c10::cuda::CUDAGuard guard(x.device());
+  kernel(x.data_ptr(), type, shape, cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(), stream_of(x));
+  return out;
 }
 }  // namespace
 
 at::Tensor rotary_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
-  element_type(x.scalar_type(), &type);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  const c10::cuda::CUDAGuard guard(x.device());
-  dtk::cuda::rotary_forward(x.data_ptr(), type, rotary_shape(x, cos), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                            out.data_ptr(), stream_of(x));
-  return out;
+  return rotary_launch(&dtk::cuda::rotary_forward, x, cos, sin);
 }
 
 at::Tensor rotary_backward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin) {
-  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
-  const at::Tensor g = dy.contiguous();
-  element_type(g.scalar_type(), &type);
-  at::Tensor dx = at::empty(g.sizes(), g.options());
-  const c10::cuda::CUDAGuard guard(g.device());
-  dtk::cuda::rotary_backward(g.data_ptr(), type, rotary_shape(g, cos), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                             dx.data_ptr(), stream_of(g));
-  return dx;
+  return rotary_launch(&dtk::cuda::rotary_backward, dy, cos, sin);
 }
 
 #else  // no CUDA kernels in this build: every caller takes its reference

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtk/cuda/rms_norm.hpp"
+#include "element.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -19,20 +20,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBackwardBlocks = 1024;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
-// x rounded to T and back: where the reference's ops round (their results are in T).
-template <class T>
-__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+using element::from_float;
+using element::to_float;
+using element::round_to;
 
 // The sum of v over the block, in every thread (warp shuffles, then the warps' sums in order).
 __device__ float block_sum(float v) {

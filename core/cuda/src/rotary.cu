@@ -10,23 +10,15 @@
 #include <string>
 
 #include "dtk/cuda/rotary.hpp"
+#include "element.cuh"
 
 namespace dtk::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+using element::from_float;
+using element::to_float;
 
 template <class T, bool kBackward>
 __global__ void __launch_bounds__(kThreads) rotary_kernel(const T* in, RotaryShape sh, const float* cos,

@@ -99,7 +99,7 @@ bool rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
   const auto angles_fit = [&](const at::Tensor& t) {
     return t.device() == x.device() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 4 &&
            t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(2) == 1 && t.size(3) <= x.size(3) &&
-           t.size(3) % 2 == 0;
+           t.size(3) > 0 && t.size(3) % 2 == 0;
   };
   return angles_fit(cos) && angles_fit(sin) && cos.size(3) == sin.size(3);
 }

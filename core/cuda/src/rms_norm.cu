@@ -1,5 +1,5 @@
-// RMSNorm forward and backward (dtk/cuda/rms_norm.hpp). Forward: one block per row, the sum of
-// squares reduced over the block, then the row written. Backward: a fixed grid of blocks, each
+// RMSNorm forward and backward (dtk/cuda/rms_norm.hpp). Forward: one warp per row, the sum of
+// squares reduced over the warp, then the row written. Backward: a fixed grid of blocks, each
 // taking rows blockIdx.x, blockIdx.x + gridDim.x, ...; per row one block reduction (the dot of
 // the row's incoming gradient with it), then dx written and the weight gradient accumulated in
 // shared memory, one column per thread (no atomics); a second kernel adds the blocks' partial
@@ -18,6 +18,7 @@ namespace dtk::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;  // the forward's warps, a row each
 constexpr int kBackwardBlocks = 1024;
 
 using element::from_float;
@@ -36,21 +37,24 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+// A warp per row: the sum of squares reduced by shuffles alone (no block barrier), 8 rows a block.
 template <class T>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* w, int64_t hidden, float eps, T* y,
-                                                           float* rstd) {
-  const int64_t row = blockIdx.x;
+__global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* w, int64_t rows, int64_t hidden,
+                                                           float eps, T* y, float* rstd) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp: its shuffles below stay full
+  const int lane = static_cast<int>(threadIdx.x % 32);
   const T* xr = x + row * hidden;
   float squares = 0.0f;
-  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+  for (int64_t j = lane; j < hidden; j += 32) {
     const float v = to_float(xr[j]);
     squares += v * v;
   }
-  const float r = rsqrtf(block_sum(squares) / static_cast<float>(hidden) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
+  for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  const float r = rsqrtf(squares / static_cast<float>(hidden) + eps);
+  if (lane == 0) rstd[row] = r;
   T* yr = y + row * hidden;
-  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
-    yr[j] = from_float<T>(round_to<T>(to_float(xr[j]) * r) * to_float(w[j]));
+  for (int64_t j = lane; j < hidden; j += 32) yr[j] = from_float<T>(round_to<T>(to_float(xr[j]) * r) * to_float(w[j]));
 }
 
 template <class T>
@@ -102,8 +106,9 @@ void check_shape(int64_t rows, int64_t hidden) {
 template <class T>
 void forward(const void* x, const void* w, int64_t rows, int64_t hidden, double eps, void* y, float* rstd,
              StreamHandle stream) {
-  forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), hidden, static_cast<float>(eps), static_cast<T*>(y), rstd);
+  forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), rows, hidden, static_cast<float>(eps), static_cast<T*>(y),
+      rstd);
 }
 
 template <class T>

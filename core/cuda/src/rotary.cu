@@ -1,5 +1,5 @@
-// Rotary embeddings forward and backward (dtk/cuda/rotary.hpp): one thread per output element,
-// reading its own and its partner channel. The fp32 products and sum use the round-to-nearest
+// Rotary embeddings forward and backward (dtk/cuda/rotary.hpp): one thread per pair of channels
+// that rotate together. The fp32 products and sum use the round-to-nearest
 // intrinsics so the compiler cannot contract them into a fused multiply-add: the reference ops
 // round each product, and so does this.
 #include <cuda_bf16.h>
@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "dtk/cuda/rotary.hpp"
@@ -20,46 +21,61 @@ constexpr int kThreads = 256;
 using element::from_float;
 using element::to_float;
 
-template <class T, bool kBackward>
+// One thread per pair of rotating channels (k, k + dim/2) of one (b, s, head) row, and one per
+// channel that passes through. Index is 32-bit where the elements fit (the divisions that place
+// a thread are the kernel's main cost; 64-bit ones ran it at a fifth of its bytes' time on an H200).
+template <class T, bool kBackward, class Index>
 __global__ void __launch_bounds__(kThreads) rotary_kernel(const T* in, RotaryShape sh, const float* cos,
                                                           const float* sin, T* out) {
-  const int64_t total = sh.batch * sh.seq * sh.heads * sh.head_dim;
-  const int64_t half = sh.dim / 2;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t i = e % sh.head_dim;
-    const int64_t row = e / sh.head_dim;  // (b, s, head)
-    const int64_t h = row % sh.heads, bs = row / sh.heads, s = bs % sh.seq, b = bs / sh.seq;
+  const Index half = static_cast<Index>(sh.dim / 2), dim = static_cast<Index>(sh.dim);
+  const Index per_row = half + static_cast<Index>(sh.head_dim - sh.dim), hd = static_cast<Index>(sh.head_dim);
+  const Index heads = static_cast<Index>(sh.heads), seq = static_cast<Index>(sh.seq);
+  const Index total = static_cast<Index>(sh.batch * sh.seq * sh.heads) * per_row;
+  for (Index e = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += static_cast<Index>(gridDim.x) * kThreads) {
+    const Index row = e / per_row, k = e - row * per_row;  // row: (b, s, head)
+    const Index bs = row / heads, h = row - bs * heads;    // bs: b * seq + s
+    const Index b = bs / seq, s = bs - b * seq;
     const T* x = in + b * sh.stride_b + s * sh.stride_s + h * sh.stride_h;
-    if (i >= sh.dim) {
-      out[e] = x[i];
+    T* y = out + static_cast<int64_t>(row) * hd;
+    if (k >= half) {  // a channel past the rotating ones
+      const Index c = dim + (k - half);
+      y[c] = x[c];
       continue;
     }
-    const float* c = cos + bs * sh.dim;
-    const float* sn = sin + bs * sh.dim;
-    float partner;
-    if (!kBackward)  // x cos + rotate_half(x) sin
-      partner = i < half ? -__fmul_rn(to_float(x[i + half]), sn[i]) : __fmul_rn(to_float(x[i - half]), sn[i]);
-    else  // rotate_half's transpose: the partner's sin
-      partner = i < half ? __fmul_rn(to_float(x[i + half]), sn[i + half]) : -__fmul_rn(to_float(x[i - half]), sn[i - half]);
-    out[e] = from_float<T>(__fadd_rn(__fmul_rn(to_float(x[i]), c[i]), partner));
+    const float* c = cos + static_cast<int64_t>(bs) * dim;
+    const float* sn = sin + static_cast<int64_t>(bs) * dim;
+    const float lo = to_float(x[k]), hi = to_float(x[k + half]);
+    if (!kBackward) {  // x cos + rotate_half(x) sin, rotate_half(x) = (-hi, lo)
+      y[k] = from_float<T>(__fadd_rn(__fmul_rn(lo, c[k]), -__fmul_rn(hi, sn[k])));
+      y[k + half] = from_float<T>(__fadd_rn(__fmul_rn(hi, c[k + half]), __fmul_rn(lo, sn[k + half])));
+    } else {  // rotate_half's transpose: each channel takes its partner's sin
+      y[k] = from_float<T>(__fadd_rn(__fmul_rn(lo, c[k]), __fmul_rn(hi, sn[k + half])));
+      y[k + half] = from_float<T>(__fadd_rn(__fmul_rn(hi, c[k + half]), -__fmul_rn(lo, sn[k])));
+    }
   }
 }
 
 template <class T, bool kBackward>
 void launch(const void* in, const RotaryShape& shape, const float* cos, const float* sin, void* out,
             StreamHandle stream) {
-  const int64_t total = shape.batch * shape.seq * shape.heads * shape.head_dim;
+  const int64_t per_row = shape.dim / 2 + (shape.head_dim - shape.dim);
+  const int64_t total = shape.batch * shape.seq * shape.heads * per_row;
   if (total == 0) return;
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, 65535LL * 16);
-  rotary_kernel<T, kBackward><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const T*>(in), shape,
-                                                                                      cos, sin, static_cast<T*>(out));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535LL * 16));
+  const T* x = static_cast<const T*>(in);
+  T* y = static_cast<T*>(out);
+  if (shape.batch * shape.seq * shape.heads * shape.head_dim < (int64_t{1} << 31))
+    rotary_kernel<T, kBackward, uint32_t><<<blocks, kThreads, 0, stream>>>(x, shape, cos, sin, y);
+  else
+    rotary_kernel<T, kBackward, int64_t><<<blocks, kThreads, 0, stream>>>(x, shape, cos, sin, y);
 }
 
 template <bool kBackward>
 void dispatch(const void* in, ElementType type, const RotaryShape& shape, const float* cos, const float* sin, void* out,
               StreamHandle stream, const char* what) {
-  if (shape.dim % 2 != 0 || shape.dim > shape.head_dim) throw CudaError(std::string(what) + ": bad rotary dim");
+  if (shape.dim <= 0 || shape.dim % 2 != 0 || shape.dim > shape.head_dim)
+    throw CudaError(std::string(what) + ": bad rotary dim " + std::to_string(shape.dim));
   switch (type) {
     case ElementType::kFloat32: launch<float, kBackward>(in, shape, cos, sin, out, stream); break;
     case ElementType::kBFloat16: launch<__nv_bfloat16, kBackward>(in, shape, cos, sin, out, stream); break;

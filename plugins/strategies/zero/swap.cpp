@@ -1,5 +1,7 @@
 #include "swap.hpp"
 
+#include <algorithm>
+
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -250,10 +252,19 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
       }
       if (k > 0) set_step(optimizer, step0);
       dtk::optimizer_step(optimizer, args);
-      held = moments(optimizer);
-      if (held.step != step0 + 1)
-        not_adam("its step count went from " + std::to_string(step0) + " to " + std::to_string(held.step) +
-                 " in one step of a slice ('step' not restored by state_load)");
+      // The optimizer's state is asked again (a state_save over every parameter) only where this
+      // step created moments (a parameter's first step) or nothing was checked yet: otherwise the
+      // tensors in `held` are the ones it stepped, re-pointed above (once per slice, not
+      // slices x parameters lookups per step).
+      const bool created = std::any_of(has_moments_.begin() + static_cast<std::ptrdiff_t>(slice.first),
+                                       has_moments_.begin() + static_cast<std::ptrdiff_t>(slice.end),
+                                       [](char has) { return !has; });
+      if (created || !checked_) {
+        held = moments(optimizer);
+        if (held.step != step0 + 1)
+          not_adam("its step count went from " + std::to_string(step0) + " to " + std::to_string(held.step) +
+                   " in one step of a slice ('step' not restored by state_load)");
+      }
       for (size_t i = slice.first; i < slice.end; ++i) {
         // A first step created the moments in memory of its own: they move into the buffer.
         take_moments(held, i, slot_view(i, kExpAvg, s), slot_view(i, kExpAvgSq, s));
@@ -264,8 +275,10 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
         const Moments again = moments(optimizer);
         for (size_t i = slice.first; i < slice.end; ++i)
           if (again.exp_avg[i].data_ptr() != slot_view(i, kExpAvg, s).data_ptr())
-            not_adam("its state_save returns copies of the moments, not the tensors it steps");
-        checked_ = true;
+            not_adam("its state_save returns copies of the moments, not the tensors it steps in place");
+        // Checked on a step that found the moments in place (the second): an optimizer that makes
+        // new moment tensors each step instead of updating them is caught there.
+        checked_ = !created;
       }
       file_->write(s, slot_base(s), slice.offset, bytes(slice));
     }

@@ -94,7 +94,7 @@ class OptimizerSwap {
   std::shared_ptr<Mapping> mapping_;
   at::Tensor buffer_;         // both halves (host memory of the DTK allocator)
   float* aligned_ = nullptr;  // the first half's start, on AsyncFile::kAlign
-  bool checked_ = false;      // the optimizer's live state was checked (first step)
+  bool checked_ = false;      // the optimizer steps its moments in place (checked on the second step)
 };
 
 // Removes the swap files in `dir` left by processes of this host that are gone (a killed run);

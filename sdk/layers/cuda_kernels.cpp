@@ -144,10 +144,6 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor&, const at:
                                                     const at::Tensor&) {
   throw Error("rms_norm: this build has no CUDA kernels");
 }
-
-#endif
-
-#if !(DTK_HAVE_CUDA && DTK_TORCH_CUDA)
 bool rotary_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor rotary_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   throw Error("rotary: this build has no CUDA kernels");

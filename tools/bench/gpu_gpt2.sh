@@ -60,41 +60,46 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo unknown)
 echo "gpu_gpt2.sh: $GPU; $WHAT, seq 1024, bf16, no dropout; $STEPS timed steps after 10"
+# dtk on the GPU in bf16 without dropout at micro-batch $1 (the global batch too), then $2.. .
+dtk_run() {
+  local b=$1
+  shift
+  "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
+    --set model.hidden_dropout=0 --set model.attention_dropout=0 \
+    --set train.micro_batch_size="$b" --set train.global_batch_size="$b" --set train.skip_memory_check=true "$@"
+}
+# Bench mode at micro-batch $1 into the JSON $2, with further settings $3.. .
+dtk_bench() {
+  local b=$1 json=$2
+  shift 2
+  dtk_run "$b" --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
+    "$@" --bench_out "$json"
+}
+# One row from a bench JSON ($1) under the label $2.
+dtk_row() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"  {sys.argv[2]}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops_per_device']:>6.1f} TFLOP/s  "
+      f"MFU {100 * r['mfu']:5.1f}%  peak {r['tensor_max_allocated_bytes'] / 2**30:5.1f} GiB (step {r['step_time_ms_median']:.1f} ms)")
+PY
+}
 BATCH=""
 for b in $BATCHES; do
-  if "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
-      --set model.hidden_dropout=0 --set model.attention_dropout=0 \
-      --set train.micro_batch_size="$b" --set train.global_batch_size="$b" \
-      --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
-      --set train.skip_memory_check=true --bench_out "$OUT/dtk.json" >"$OUT/dtk-$b.log" 2>&1; then
+  if dtk_bench "$b" "$OUT/dtk.json" >"$OUT/dtk-$b.log" 2>&1; then
     BATCH=$b
     break
   fi
   echo "  micro-batch $b: $(grep -m1 -iE 'error|out of memory' "$OUT/dtk-$b.log" | cut -c1-160)"
 done
 [[ -n $BATCH ]] || { echo "gpu_gpt2.sh: dtk ran at no micro-batch of '$BATCHES'" >&2; tail -5 "$OUT"/dtk-*.log >&2; exit 1; }
-python3 - "$OUT/dtk.json" "$BATCH" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"  dtk            micro-batch {sys.argv[2]:>3}: {r['tokens_per_second']:>9.0f} tokens/s "
-      f"{r['tflops_per_device']:>6.1f} TFLOP/s  MFU {100 * r['mfu']:5.1f}%  peak {r['tensor_max_allocated_bytes'] / 2**30:5.1f} GiB "
-      f"(step {r['step_time_ms_median']:.1f} ms)")
-PY
+dtk_row "$OUT/dtk.json" "$(printf 'dtk            micro-batch %3s' "$BATCH")"
 # Each --variant: dtk again with extra settings at the same micro-batch (a change's effect, same call).
 for v in "${VARIANTS[@]}"; do
   label=${v%%|*}
   read -r -a extra <<<"${v#*|}"
-  if "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
-      --set model.hidden_dropout=0 --set model.attention_dropout=0 \
-      --set train.micro_batch_size="$BATCH" --set train.global_batch_size="$BATCH" \
-      --set train.bench_steps="$STEPS" --set train.perf_warmup_steps=10 --set logging.peak_tflops="$PEAK" \
-      --set train.skip_memory_check=true "${extra[@]}" --bench_out "$OUT/variant.json" >"$OUT/variant.log" 2>&1; then
-    python3 - "$OUT/variant.json" "$label" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"  dtk, {sys.argv[2]:<24}: {r['tokens_per_second']:>9.0f} tokens/s {r['tflops_per_device']:>6.1f} TFLOP/s  "
-      f"MFU {100 * r['mfu']:5.1f}%  peak {r['tensor_max_allocated_bytes'] / 2**30:5.1f} GiB (step {r['step_time_ms_median']:.1f} ms)")
-PY
+  if dtk_bench "$BATCH" "$OUT/variant.json" "${extra[@]}" >"$OUT/variant.log" 2>&1; then
+    dtk_row "$OUT/variant.json" "$(printf 'dtk, %-24s' "$label")"
   else
     echo "  dtk, $label: failed: $(grep -m1 -iE 'error' "$OUT/variant.log" | cut -c1-200)"
   fi
@@ -119,10 +124,7 @@ done
 if [[ -n $PROFILE ]]; then
   mkdir -p "$PROFILE"
   echo "== dtk, micro-batch $BATCH: logging.profile_steps (iterations 12-13)"
-  "$DTK" train "${RUN[@]}" --set train.device=cuda --set train.params_dtype=bf16 \
-    --set model.hidden_dropout=0 --set model.attention_dropout=0 \
-    --set train.micro_batch_size="$BATCH" --set train.global_batch_size="$BATCH" --set train.train_iters=13 \
-    --set eval.eval_interval=0 --set eval.eval_iters=0 --set train.skip_memory_check=true \
+  dtk_run "$BATCH" --set train.train_iters=13 --set eval.eval_interval=0 --set eval.eval_iters=0 \
     --set logging.profile_steps=12-13 --set logging.profile_dir="$PROFILE/dtk" 2>&1 |
     sed -n '/ profile of iterations/,/^ \[/p' | grep -v '^ \[' || echo "  dtk profile failed"
   echo "== the compiled peer, micro-batch $BATCH: torch.profiler"

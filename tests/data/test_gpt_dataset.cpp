@@ -177,6 +177,92 @@ TEST(GptIndices, EqualMegatronsForTheSameDocumentsSplitAndSeed) {
   EXPECT_EQ(checked, 4);
 }
 
+// Megatron-core's GPTDatasetConfig options Megatron-LM's pretraining leaves on:
+// add_extra_token_to_sequence=False (samples of seq_length tokens, the last label padding) and
+// drop_last_partial_validation_sequence=False (the valid split keeps its last partial sample,
+// padded), and num_samples=None (one epoch): the indices, and GPTDataset.__getitem__'s tokens,
+// labels and loss masks of every sample, as the numpy reference computed them.
+TEST(GptIndices, MegatronCoreOptionsEqualTheReference) {
+  TempDir dir;
+  int checked = 0;
+  const std::vector<std::string> lines = fixture_lines();
+  for (size_t l = 0; l + 6 < lines.size(); ++l) {
+    const std::string& h = lines[l];
+    if (h.rfind("variant ", 0) != 0) continue;
+    const int64_t docs = field(h, "docs");
+    const std::string prefix = dir / ("v" + std::to_string(l));
+    IndexedDatasetBuilder b(bin_path(prefix), DType::kInt32);
+    for (int64_t d = 0; d < docs; ++d) {
+      std::vector<int64_t> doc;
+      for (int64_t t = 0; t < (d * 37) % 23 + 1; ++t) doc.push_back(d * 1000 + t);
+      b.add_document(doc);
+    }
+    b.finalize(idx_path(prefix));
+    auto data = std::make_shared<const IndexedDataset>(prefix);
+    GptDatasetOptions o;
+    o.seq_length = field(h, "seq_length");
+    o.whole_epoch = h.find(" num_samples=none ") != std::string::npos;
+    if (!o.whole_epoch) o.num_samples = field(h, "num_samples");
+    o.seed = static_cast<uint64_t>(field(h, "seed"));
+    o.add_extra_token = field(h, "extra") == 1;
+    o.drop_last_partial_validation = field(h, "drop_last") == 1;
+    o.name = "valid";  // the split drop_last_partial_validation applies to
+    o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+    GPTDataset ds(data, static_cast<size_t>(field(h, "first")), static_cast<size_t>(field(h, "end")), o);
+    EXPECT_EQ(ds.num_epochs(), field(h, "epochs")) << h;
+    ASSERT_EQ(static_cast<int64_t>(ds.size()), field(h, "samples")) << h;
+    EXPECT_EQ(ds.sample_length(), static_cast<size_t>(o.seq_length + (o.add_extra_token ? 1 : 0)));
+    auto all = [](const NpyArray& a) {
+      std::vector<int64_t> v(a.size());
+      for (size_t i = 0; i < a.size(); ++i) v[i] = a[i];
+      return v;
+    };
+    EXPECT_EQ(all(ds.doc_idx()), numbers(lines[l + 1])) << h;
+    EXPECT_EQ(all(ds.sample_idx()), numbers(lines[l + 2])) << h;
+    EXPECT_EQ(all(ds.shuffle_idx()), numbers(lines[l + 3])) << h;
+    std::vector<int64_t> tokens, labels, mask;
+    for (size_t i = 0; i < ds.size(); ++i) {
+      std::vector<int64_t> text;
+      std::vector<float> loss_mask;
+      const std::vector<int64_t> sample = ds.get(i);
+      megatron_step_inputs(sample.data(), sample.size(), o.seq_length, &text, &loss_mask);
+      ASSERT_EQ(text.size(), static_cast<size_t>(o.seq_length + 1));
+      tokens.insert(tokens.end(), text.begin(), text.end() - 1);
+      labels.insert(labels.end(), text.begin() + 1, text.end());
+      for (float m : loss_mask) mask.push_back(static_cast<int64_t>(m));
+    }
+    EXPECT_EQ(tokens, numbers(lines[l + 4])) << h;
+    EXPECT_EQ(labels, numbers(lines[l + 5])) << h;
+    EXPECT_EQ(mask, numbers(lines[l + 6])) << h;
+    // The same options through the cache: written, then read back as the same indices.
+    GptDatasetOptions c = o;
+    c.cache_mode = GptDatasetOptions::CacheMode::kBuild;
+    c.cache_dir = dir / ("cache" + std::to_string(l));
+    GPTDataset written(data, static_cast<size_t>(field(h, "first")), static_cast<size_t>(field(h, "end")), c);
+    GPTDataset read(data, static_cast<size_t>(field(h, "first")), static_cast<size_t>(field(h, "end")), c);
+    EXPECT_FALSE(written.loaded_from_cache());
+    EXPECT_TRUE(read.loaded_from_cache()) << h;
+    EXPECT_EQ(all(read.sample_idx()), numbers(lines[l + 2])) << h;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+  // Only Megatron-core has these options.
+  TempDir d2;
+  auto data = make_data(d2 / "x", 10, 3, 10, 1);
+  GptDatasetOptions legacy;
+  legacy.order = MegatronOrder::kLegacy;
+  legacy.num_samples = 3;
+  legacy.seq_length = 4;
+  legacy.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+  legacy.add_extra_token = false;
+  try {
+    GPTDataset g(data, 0, 10, legacy);
+    ADD_FAILURE() << "legacy order accepted add_extra_token=false";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("megatron_legacy has no add_extra_token=false"), std::string::npos) << e.what();
+  }
+}
+
 // An independent, deliberately naive reimplementation of Megatron's algorithm: concatenate
 // the documents in doc_idx order; sample j is tokens [j*L, j*L + L + 1) of that stream.
 TEST(GptIndices, MatchesNaiveReimplementation) {
@@ -409,7 +495,12 @@ TEST(Blending, DataPathAndEndToEnd) {
   TempDir dir;
   make_data(dir / "a", 200, 10, 50, 1);
   make_data(dir / "b", 100, 10, 50, 2);
-  EXPECT_THROW(parse_data_path("x " + (dir / "a")), DataError);
+  // Megatron's get_blend_from_list: pairs whose first words are not numbers are prefixes without
+  // weights; a mix of numbers and prefixes is an error.
+  const DataBlend u = parse_data_path("x " + (dir / "a"));
+  EXPECT_FALSE(u.weighted);
+  EXPECT_EQ(u.prefixes, (std::vector<std::string>{"x", dir / "a"}));
+  EXPECT_THROW(parse_data_path("0.3 a b c"), DataError);
   EXPECT_THROW(parse_data_path("0.3 a 0.7"), DataError);
   EXPECT_THROW(parse_data_path(""), DataError);
   const DataBlend b = parse_data_path("3 " + (dir / "a") + " 7 " + (dir / "b"));

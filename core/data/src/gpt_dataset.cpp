@@ -193,21 +193,31 @@ uint64_t NumpyRandomState::interval(uint64_t max) {
   return value;
 }
 
-int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples) {
-  int64_t epochs = 0, total = 0;
-  while (true) {
+int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t extra_token) {
+  const int64_t wanted = num_samples * seq_length + extra_token;
+  int64_t epochs = 1, total = tokens_per_epoch;
+  while (total < wanted) {
     ++epochs;
     total += tokens_per_epoch;
-    if ((total - 1) / seq_length >= num_samples) return epochs;
   }
+  return epochs;
 }
 
-bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs) {
+bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs,
+                         int64_t extra_token) {
   if (num_epochs <= 1) return false;
-  const int64_t before_last = ((num_epochs - 1) * tokens_per_epoch - 1) / seq_length;
+  const int64_t before_last = ((num_epochs - 1) * tokens_per_epoch - extra_token) / seq_length;
   const int64_t from_last = num_samples - before_last;
-  const int64_t per_epoch = (tokens_per_epoch - 1) / seq_length;
+  const int64_t per_epoch = (tokens_per_epoch - extra_token) / seq_length;
   return from_last < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
+}
+
+int64_t sample_index_samples(int64_t tokens, int64_t seq_length, int64_t extra_token, bool drop_last) {
+  if (drop_last) return (tokens - extra_token) / seq_length;
+  // helpers.cpp: ceil(float(num_epochs * tokens_per_epoch - add_extra_token_to_sequence) / seq_length),
+  // a 32-bit float divided by the int32 seq_length (converted to float).
+  const float q = static_cast<float>(tokens - extra_token) / static_cast<float>(seq_length);
+  return static_cast<int64_t>(std::ceil(q));
 }
 
 std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, NumpyRandomState* rng,
@@ -226,8 +236,9 @@ std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_
 }
 
 std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
-                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch) {
-  const int64_t num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length;
+                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch,
+                                      int64_t extra_token, bool drop_last) {
+  const int64_t num_samples = sample_index_samples(num_epochs * tokens_per_epoch, seq_length, extra_token, drop_last);
   std::vector<int64_t> out(2 * static_cast<size_t>(num_samples + 1));
   int64_t row = 0, pos = 0, offset = 0;
   out[0] = 0;
@@ -235,16 +246,16 @@ std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const s
   ++row;
   const int64_t last_pos = static_cast<int64_t>(doc_idx.size()) - 1;
   while (row <= num_samples) {
-    int64_t remaining = seq_length + 1;
+    int64_t remaining = seq_length + extra_token;
     while (remaining != 0) {
       const int64_t doc_len = sizes[static_cast<size_t>(doc_idx[static_cast<size_t>(pos)])] - offset;
       remaining -= doc_len;
       if (remaining <= 0) {
-        offset += remaining + doc_len - 1;
+        offset += remaining + doc_len - extra_token;
         remaining = 0;
       } else {
         if (pos == last_pos) {  // ran out of documents (only for the very last sample)
-          offset = sizes[static_cast<size_t>(doc_idx[static_cast<size_t>(pos)])] - 1;
+          offset = sizes[static_cast<size_t>(doc_idx[static_cast<size_t>(pos)])] - extra_token;
           break;
         }
         ++pos;
@@ -330,31 +341,50 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
   for (size_t d = doc_begin_; d < doc_end_; ++d) tokens_per_epoch_ += data_->sequence_length(d);
   // Megatron repeats a split shorter than a sample over as many epochs as its samples need
   // (helpers.cpp asserts only tokens_per_epoch > 1); without samples asked for there are none.
-  if (tokens_per_epoch_ < 2 || (options_.num_samples == 0 && tokens_per_epoch_ < options_.seq_length + 1)) {
+  if (options_.order == MegatronOrder::kLegacy) {
+    // Megatron-core's options: legacy megatron/data has none of them.
+    const char* what = !options_.add_extra_token                ? "add_extra_token=false"
+                       : !options_.drop_last_partial_validation ? "drop_last_partial_validation=false"
+                       : options_.whole_epoch                   ? "a blend without weights"
+                                                                : nullptr;
+    if (what) {
+      throw DataError(std::string("dataset order megatron_legacy has no ") + what +
+                      " (Megatron-core's GPTDataset option; legacy megatron/data always draws seq_length+1 tokens, "
+                      "drops a partial sample and needs blend weights): use order megatron_core");
+    }
+  }
+  extra_ = options_.add_extra_token ? 1 : 0;
+  drop_last_ = !(options_.name == "valid" && !options_.drop_last_partial_validation);
+  if (options_.whole_epoch) options_.num_samples = 0;
+  const int64_t one_epoch = tokens_per_epoch_ < 2 ? 0
+                                                   : sample_index_samples(tokens_per_epoch_, options_.seq_length,
+                                                                          extra_, drop_last_);
+  if (tokens_per_epoch_ < 2 || ((options_.num_samples == 0 || options_.whole_epoch) && one_epoch < 1)) {
     throw DataError("'" + prefix + "' " + options_.name + " split: " + std::to_string(tokens_per_epoch_) +
                     " tokens in documents [" + std::to_string(doc_begin_) + ", " + std::to_string(doc_end_) +
-                    "), too small for one sample of seq_length+1 = " + std::to_string(options_.seq_length + 1) +
-                    " tokens");
+                    "), too small for one sample of seq_length" + (extra_ ? "+1" : "") + " = " +
+                    std::to_string(options_.seq_length + extra_) + " tokens");
   }
-  num_epochs_ = data::num_epochs(tokens_per_epoch_, options_.seq_length, options_.num_samples);
+  num_epochs_ = data::num_epochs(tokens_per_epoch_, options_.seq_length, options_.num_samples, extra_);
   if (static_cast<double>(num_epochs_) * static_cast<double>(doc_end_ - doc_begin_) > 2e9) {
     throw DataError("'" + prefix + "' " + options_.name + " split: " + std::to_string(options_.num_samples) +
                     " samples would need " + std::to_string(num_epochs_) +
                     " epochs over the documents; the document index would exceed 2^31 entries");
   }
-  total_samples_ = (num_epochs_ * tokens_per_epoch_ - 1) / options_.seq_length;
+  total_samples_ = sample_index_samples(num_epochs_ * tokens_per_epoch_, options_.seq_length, extra_, drop_last_);
 
   if (options_.order == MegatronOrder::kCore) {
     // megatron_dataset.py: unique_identifiers, json.dumps(indent=4), md5.
     identifiers_ = PyJson::object();
     identifiers_.set("class", PyJson::string("GPTDataset"));
     identifiers_.set("dataset_path", PyJson::string(prefix));
-    identifiers_.set("num_samples", PyJson::integer(options_.num_samples));
+    identifiers_.set("num_samples", options_.whole_epoch ? PyJson::null() : PyJson::integer(options_.num_samples));
     identifiers_.set("index_split", PyJson::string(options_.name));
     identifiers_.set("random_seed", PyJson::integer(static_cast<int64_t>(options_.seed)));
     identifiers_.set("sequence_length", PyJson::integer(options_.seq_length));
-    identifiers_.set("split", PyJson::string(options_.split));
-    identifiers_.set("split_matrix", core_split_matrix(options_.split));
+    // Per-split data paths: Megatron-core's config has no split (None) and so no split_matrix.
+    identifiers_.set("split", options_.split.empty() ? PyJson::null() : PyJson::string(options_.split));
+    identifiers_.set("split_matrix", options_.split.empty() ? PyJson::null() : core_split_matrix(options_.split));
     identifiers_.set("tokenizer", parse_json(options_.tokenizer_json, "megatron_tokenizer (the tokenizer's description)"));
     description_ = dumps_indent4(identifiers_);
     hash_ = md5_hex(description_);
@@ -429,14 +459,15 @@ void GPTDataset::build() {
   std::vector<int32_t> documents;
   documents.reserve(doc_end_ - doc_begin_);
   for (size_t d = doc_begin_; d < doc_end_; ++d) documents.push_back(static_cast<int32_t>(d));
-  const bool separate = separate_last_epoch(tokens_per_epoch_, options_.seq_length, options_.num_samples, num_epochs_);
+  const bool separate =
+      separate_last_epoch(tokens_per_epoch_, options_.seq_length, options_.num_samples, num_epochs_, extra_);
   NumpyRandomState rng(options_.seed);
   std::vector<int32_t> doc_idx = build_doc_idx(documents, num_epochs_, &rng, separate);
   const std::vector<int32_t> sizes = data_->sequence_lengths();
   std::vector<int64_t> sample_idx =
-      build_sample_idx(sizes, doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_);
+      build_sample_idx(sizes, doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_, extra_, drop_last_);
   const int64_t first_part =
-      separate ? ((num_epochs_ - 1) * tokens_per_epoch_ - 1) / options_.seq_length : total_samples_;
+      separate ? ((num_epochs_ - 1) * tokens_per_epoch_ - extra_) / options_.seq_length : total_samples_;
   std::vector<int64_t> shuffle_idx = build_shuffle_idx(first_part, total_samples_, &rng);
 
   // Megatron's dtypes: the document index int32; the sample index int32 (legacy always; core
@@ -518,8 +549,11 @@ bool GPTDataset::scan_core_descriptions(std::string* why) {
         const PyJson* v = d.find(k);
         return v && v->kind == PyJson::Kind::kInt ? v->i : std::numeric_limits<int64_t>::min();
       };
-      if (str("class") != "GPTDataset" || str("index_split") != options_.name ||
-          num("num_samples") != options_.num_samples || num("sequence_length") != options_.seq_length ||
+      const PyJson* ns = d.find("num_samples");
+      const bool samples_match = options_.whole_epoch ? ns && ns->kind == PyJson::Kind::kNull
+                                                      : num("num_samples") == options_.num_samples;
+      if (str("class") != "GPTDataset" || str("index_split") != options_.name || !samples_match ||
+          num("sequence_length") != options_.seq_length ||
           num("random_seed") != static_cast<int64_t>(options_.seed)) {
         continue;
       }
@@ -527,10 +561,15 @@ bool GPTDataset::scan_core_descriptions(std::string* why) {
       const std::string their = str("dataset_path") != "\x01" ? str("dataset_path") : str("path_prefix");
       if (their != data_->prefix() && python_basename(their) != python_basename(data_->prefix())) continue;
       const PyJson* split = d.find("split");
-      if (!split || split->kind != PyJson::Kind::kString) continue;
-      const auto bounds = split_boundaries(split->s, data_->num_sequences(), MegatronOrder::kCore);
-      const int k = options_.name == "train" ? 0 : options_.name == "valid" ? 1 : 2;
-      if (bounds[static_cast<size_t>(k)] != doc_begin_ || bounds[static_cast<size_t>(k) + 1] != doc_end_) continue;
+      if (!split) continue;
+      if (split->kind == PyJson::Kind::kNull) {  // per-split data paths: all the documents
+        if (!options_.split.empty() || doc_begin_ != 0 || doc_end_ != data_->num_sequences()) continue;
+      } else {
+        if (split->kind != PyJson::Kind::kString || options_.split.empty()) continue;
+        const auto bounds = split_boundaries(split->s, data_->num_sequences(), MegatronOrder::kCore);
+        const int k = options_.name == "train" ? 0 : options_.name == "valid" ? 1 : 2;
+        if (bounds[static_cast<size_t>(k)] != doc_begin_ || bounds[static_cast<size_t>(k) + 1] != doc_end_) continue;
+      }
       const std::string base = path.substr(0, path.size() - std::string("description.txt").size());
       if (!is_file(base + "document_index.npy") || !is_file(base + "sample_index.npy") ||
           !is_file(base + "shuffle_index.npy")) {
@@ -573,8 +612,8 @@ bool GPTDataset::load_files(const std::string& fd, const std::string& fs, const 
     if (s.shape().size() != 2 || s.shape()[0] != rows || s.shape()[1] != 2) {
       throw DataError("'" + fs + "' has the wrong shape");
     }
-    const std::vector<int64_t> want =
-        build_sample_idx(data_->sequence_lengths(), doc_idx, options_.seq_length, num_epochs_, tokens_per_epoch_);
+    const std::vector<int64_t> want = build_sample_idx(data_->sequence_lengths(), doc_idx, options_.seq_length,
+                                                       num_epochs_, tokens_per_epoch_, extra_, drop_last_);
     for (size_t r = 0; r < 2 * rows; ++r) {
       if (s[r] != want[r]) throw DataError("'" + fs + "' row " + std::to_string(r / 2) + " does not fit the data");
     }
@@ -620,20 +659,40 @@ void GPTDataset::get(size_t i, int64_t* out) const {
     convert_tokens(v, out + n);
     n += v.count;
   };
+  const size_t extra = static_cast<size_t>(extra_);
   if (pos_f == pos_l) {
-    append(pos_f, off_f, off_l - off_f + 1);
+    append(pos_f, off_f, off_l >= off_f ? off_l - off_f + extra : want + 1);
   } else {
     const size_t first_len = static_cast<size_t>(data_->sequence_length(static_cast<size_t>(doc_idx_[pos_f])));
     append(pos_f, off_f, first_len >= off_f ? first_len - off_f : want + 1);
     for (size_t p = pos_f + 1; p < pos_l; ++p) {
       append(p, 0, static_cast<size_t>(data_->sequence_length(static_cast<size_t>(doc_idx_[p]))));
     }
-    append(pos_l, 0, off_l + 1);
+    append(pos_l, 0, off_l + extra);
+  }
+  // The last sample of an index that keeps its partial sample: padded, as Megatron pads it.
+  if (n < want && !drop_last_ && idx + 1 == static_cast<size_t>(total_samples_)) {
+    std::fill(out + n, out + want, kPadTokenId);
+    n = want;
   }
   if (n != want) {
     throw DataError("'" + data_->prefix() + "': corrupt sample index at sample " + std::to_string(i) + " (" +
                     std::to_string(n) + " tokens instead of " + std::to_string(want) + ")");
   }
+}
+
+void megatron_step_inputs(const int64_t* sample, size_t n, int64_t seq_length, std::vector<int64_t>* text,
+                          std::vector<float>* loss_mask) {
+  const size_t L = static_cast<size_t>(seq_length);
+  if (n != L && n != L + 1) {
+    throw DataError("a sample of " + std::to_string(n) + " tokens for seq_length " + std::to_string(seq_length) +
+                    " (expected seq_length or seq_length + 1)");
+  }
+  text->assign(L + 1, 0);
+  loss_mask->assign(L, 0.0f);
+  for (size_t k = 0; k < n; ++k) (*text)[k] = sample[k] == kPadTokenId ? 0 : sample[k];
+  // The label of token k is sample[k + 1]; without the extra token the last one is padding.
+  for (size_t k = 0; k < L; ++k) (*loss_mask)[k] = k + 1 < n && sample[k + 1] != kPadTokenId ? 1.0f : 0.0f;
 }
 
 // ------------------------------------------------------------------ blending
@@ -713,8 +772,13 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
   }
   if (cache_.order == MegatronOrder::kLegacy && datasets_.size() >= 255)
     throw DataError("blend: legacy Megatron blends fewer than 255 datasets");
-  // Both Megatrons normalize the (already normalized) weights again, with numpy.
-  const std::vector<double> w = numpy_normalize(normalize_weights(weights, cache_.order));
+  if (cache_.weights_from_sizes && cache_.order == MegatronOrder::kLegacy)
+    throw DataError("blend: legacy Megatron needs blend weights (it has no blend weighted by the datasets' sizes)");
+  // Both Megatrons normalize the (already normalized) weights again, with numpy; weights that are
+  // the datasets' sizes are normalized once (Megatron-core's BlendedDataset).
+  const std::vector<double> w = cache_.weights_from_sizes
+                                    ? (normalize_weights(weights, cache_.order), numpy_normalize(weights))
+                                    : numpy_normalize(normalize_weights(weights, cache_.order));
   build_blending_indices(w, size, &dataset_index_, &dataset_sample_index_);
   for (size_t i = 0; i < dataset_index_.size(); ++i) {
     const auto& d = datasets_[static_cast<size_t>(dataset_index_[i])];
@@ -843,6 +907,21 @@ void BlendedDataset::get(size_t i, int64_t* out) const {
   datasets_[static_cast<size_t>(dataset_index_[i])]->get(static_cast<size_t>(dataset_sample_index_[i]), out);
 }
 
+namespace {
+
+// Python's float(word) for the words Megatron's get_blend_from_list tries as weights.
+bool parse_weight(const std::string& word, double* v) {
+  size_t used = 0;
+  try {
+    *v = std::stod(word, &used);
+  } catch (...) {
+    return false;
+  }
+  return used == word.size();
+}
+
+}  // namespace
+
 DataBlend parse_data_path(const std::string& data_path) {
   std::istringstream in(data_path);
   std::vector<std::string> tokens;
@@ -850,79 +929,152 @@ DataBlend parse_data_path(const std::string& data_path) {
   while (in >> t) tokens.push_back(t);
   DataBlend b;
   if (tokens.empty()) throw DataError("data_path is empty");
-  if (tokens.size() == 1) {
+  // get_blend_from_list: an odd count is prefixes only; an even count is weight/prefix pairs
+  // when every first word of a pair is a number, prefixes only when none is.
+  size_t numbers = 0;
+  std::vector<double> weights;
+  if (tokens.size() % 2 == 0) {
+    for (size_t k = 0; k < tokens.size(); k += 2) {
+      double v = 0;
+      if (parse_weight(tokens[k], &v)) {
+        ++numbers;
+        weights.push_back(v);
+      }
+    }
+  }
+  if (numbers == 0) {
+    for (const std::string& p : tokens) {
+      double v = 0;
+      if (parse_weight(p, &v)) {
+        throw DataError("data_path '" + data_path + "': '" + p +
+                        "' is a number where a prefix was expected (expected one prefix, prefixes without weights, "
+                        "or pairs of 'weight prefix')");
+      }
+    }
     b.prefixes = tokens;
-    b.weights = {1.0};
+    b.weights.assign(tokens.size(), 1.0);
     return b;
   }
-  if (tokens.size() % 2 != 0) {
-    throw DataError("data_path '" + data_path + "': expected one prefix or pairs of 'weight prefix'");
-  }
-  for (size_t k = 0; k < tokens.size(); k += 2) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(tokens[k], &used);
-    } catch (...) {
-      used = 0;
+  if (numbers != tokens.size() / 2) {
+    for (size_t k = 0; k < tokens.size(); k += 2) {
+      double v = 0;
+      if (!parse_weight(tokens[k], &v)) {
+        throw DataError("data_path '" + data_path + "': weight '" + tokens[k] +
+                        "' is not a number (give a weight before every prefix, or none)");
+      }
     }
-    if (used != tokens[k].size()) {
-      throw DataError("data_path '" + data_path + "': weight '" + tokens[k] + "' is not a number");
-    }
-    b.weights.push_back(v);
-    b.prefixes.push_back(tokens[k + 1]);
   }
+  for (size_t k = 0; k < tokens.size(); k += 2) b.prefixes.push_back(tokens[k + 1]);
+  b.weights = weights;
   normalize_weights(b.weights);  // checks them
   b.weighted = true;
   return b;
 }
 
-TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::array<int64_t, 3>& num_samples,
-                                               const GptDatasetOptions& base) {
-  static const char* kNames[3] = {"train", "valid", "test"};
-  const DataBlend blend = parse_data_path(data_path);
-  const std::vector<double> weights = normalize_weights(blend.weights, base.order);
-  std::array<std::vector<std::shared_ptr<const TokenDataset>>, 3> parts;
-  for (size_t p = 0; p < blend.prefixes.size(); ++p) {
-    auto data = std::make_shared<const IndexedDataset>(blend.prefixes[p]);
-    const auto bounds = split_boundaries(base.split, data->num_sequences(), base.order);
-    for (int s = 0; s < 3; ++s) {
-      std::shared_ptr<const TokenDataset> ds;
-      if (bounds[s + 1] > bounds[s] && num_samples[s] > 0) {
-        GptDatasetOptions o = base;
-        o.name = kNames[s];
-        o.num_samples = blend.weighted ? blend_samples_per_dataset(weights, num_samples[s], base.order)[p]
-                                       : num_samples[s];
-        ds = std::make_shared<const GPTDataset>(data, bounds[s], bounds[s + 1], o);
-      }
-      parts[s].push_back(ds);
+namespace {
+
+const char* kSplitNames[3] = {"train", "valid", "test"};
+
+// One split (s) of a blend: the GPT dataset of each prefix over its documents ranges[p], and
+// the blend Megatron builds over them. `plain_single`: a single prefix is a plain dataset even
+// with a weight (Megatron-core's per-split paths).
+std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
+                                                const std::vector<std::shared_ptr<const IndexedDataset>>& data,
+                                                const std::vector<std::array<size_t, 2>>& ranges, int s, int64_t n,
+                                                const GptDatasetOptions& base, bool plain_single) {
+  if (n <= 0) return nullptr;
+  GptDatasetOptions o = base;
+  o.name = kSplitNames[s];
+  const size_t count = blend.prefixes.size();
+  if (count == 1 && (!blend.weighted || plain_single)) {
+    if (ranges[0][1] <= ranges[0][0]) return nullptr;
+    o.num_samples = n;
+    return std::make_shared<const GPTDataset>(data[0], ranges[0][0], ranges[0][1], o);
+  }
+  size_t empty = 0;
+  for (const auto& r : ranges) empty += r[1] <= r[0];
+  if (empty == count) return nullptr;
+  for (size_t p = 0; p < count; ++p) {
+    if (ranges[p][1] <= ranges[p][0]) {
+      throw DataError(std::string("data_path blend: the ") + kSplitNames[s] + " split of '" + blend.prefixes[p] +
+                      "' is empty while other datasets of the blend have one");
     }
   }
+  if (!blend.weighted && base.order == MegatronOrder::kLegacy) {
+    throw DataError("data_path '" + blend.prefixes[0] + " " + blend.prefixes[1] +
+                    (count > 2 ? " ..." : "") +
+                    "': legacy Megatron (order megatron_legacy) needs a weight before every prefix "
+                    "('W1 PREFIX1 W2 PREFIX2 ...'); blends weighted by the datasets' sizes are Megatron-core's");
+  }
+  BlendCacheOptions c;
+  c.order = base.order;
+  c.name = kSplitNames[s];
+  c.cache_dir = base.cache_dir;
+  c.write = base.cache_mode == GptDatasetOptions::CacheMode::kBuild;
+  if (base.cache_mode == GptDatasetOptions::CacheMode::kNoCache) c.cache_dir.clear();
+  std::vector<std::shared_ptr<const TokenDataset>> parts;
+  if (blend.weighted) {
+    const std::vector<double> weights = normalize_weights(blend.weights, base.order);
+    const std::vector<int64_t> per = blend_samples_per_dataset(weights, n, base.order);
+    for (size_t p = 0; p < count; ++p) {
+      o.num_samples = per[p];
+      parts.push_back(std::make_shared<const GPTDataset>(data[p], ranges[p][0], ranges[p][1], o));
+    }
+    return std::make_shared<const BlendedDataset>(parts, weights, blend_size(weights, n, base.order), c);
+  }
+  // Megatron-core, weights None: each dataset one epoch; weighted by their sizes; min(N, all).
+  o.whole_epoch = true;
+  std::vector<double> sizes;
+  int64_t total = 0;
+  for (size_t p = 0; p < count; ++p) {
+    parts.push_back(std::make_shared<const GPTDataset>(data[p], ranges[p][0], ranges[p][1], o));
+    sizes.push_back(static_cast<double>(parts.back()->size()));
+    total += static_cast<int64_t>(parts.back()->size());
+  }
+  c.weights_from_sizes = true;
+  return std::make_shared<const BlendedDataset>(parts, sizes, std::min(n, total), c);
+}
+
+std::vector<std::shared_ptr<const IndexedDataset>> open_all(const DataBlend& blend) {
+  std::vector<std::shared_ptr<const IndexedDataset>> data;
+  for (const std::string& p : blend.prefixes) data.push_back(std::make_shared<const IndexedDataset>(p));
+  return data;
+}
+
+}  // namespace
+
+TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::array<int64_t, 3>& num_samples,
+                                               const GptDatasetOptions& base) {
+  const DataBlend blend = parse_data_path(data_path);
+  const auto data = open_all(blend);
+  std::array<std::vector<std::array<size_t, 2>>, 3> ranges;
+  for (const auto& d : data) {
+    const auto bounds = split_boundaries(base.split, d->num_sequences(), base.order);
+    for (int s = 0; s < 3; ++s) ranges[s].push_back({bounds[s], bounds[s + 1]});
+  }
+  TrainValidTest out;
+  out.train = build_split(blend, data, ranges[0], 0, num_samples[0], base, false);
+  out.valid = build_split(blend, data, ranges[1], 1, num_samples[1], base, false);
+  out.test = build_split(blend, data, ranges[2], 2, num_samples[2], base, false);
+  return out;
+}
+
+TrainValidTest build_per_split_datasets(const std::array<std::string, 3>& data_paths,
+                                        const std::array<int64_t, 3>& num_samples, const GptDatasetOptions& base) {
+  GptDatasetOptions o = base;
+  // Megatron-core's config has no split with per-split paths; legacy Megatron keeps --split in
+  // its descriptions.
+  if (base.order == MegatronOrder::kCore) o.split.clear();
   TrainValidTest out;
   std::array<std::shared_ptr<const TokenDataset>*, 3> dst{&out.train, &out.valid, &out.test};
   for (int s = 0; s < 3; ++s) {
-    if (num_samples[s] <= 0) continue;
-    if (!blend.weighted) {
-      *dst[s] = parts[s][0];
-      continue;
-    }
-    bool any = false;
-    for (const auto& d : parts[s]) any = any || d;
-    if (!any) continue;
-    for (size_t p = 0; p < parts[s].size(); ++p) {
-      if (!parts[s][p]) {
-        throw DataError(std::string("data_path blend: the ") + kNames[s] + " split of '" + blend.prefixes[p] +
-                        "' is empty while other datasets of the blend have one");
-      }
-    }
-    BlendCacheOptions c;
-    c.order = base.order;
-    c.name = kNames[s];
-    c.cache_dir = base.cache_dir;
-    c.write = base.cache_mode == GptDatasetOptions::CacheMode::kBuild;
-    if (base.cache_mode == GptDatasetOptions::CacheMode::kNoCache) c.cache_dir.clear();
-    *dst[s] = std::make_shared<const BlendedDataset>(parts[s], weights, blend_size(weights, num_samples[s], base.order),
-                                                     c);
+    if (data_paths[static_cast<size_t>(s)].find_first_not_of(" \t\n") == std::string::npos) continue;
+    const DataBlend blend = parse_data_path(data_paths[static_cast<size_t>(s)]);
+    const auto data = open_all(blend);
+    std::vector<std::array<size_t, 2>> ranges;
+    for (const auto& d : data) ranges.push_back({0, d->num_sequences()});
+    *dst[static_cast<size_t>(s)] =
+        build_split(blend, data, ranges, s, num_samples[static_cast<size_t>(s)], o, base.order == MegatronOrder::kCore);
   }
   return out;
 }

@@ -77,27 +77,43 @@ class NumpyRandomState {
   std::mt19937 gen_;
 };
 
-// Megatron's _num_epochs: smallest E with (E * tokens_per_epoch - 1) / seq_length >= samples.
-int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples);
+// extra_token below is Megatron-core's add_extra_token_to_sequence: 1 (Megatron-LM's setting,
+// and legacy Megatron's only one) draws samples of seq_length + 1 tokens, consecutive samples
+// sharing one; 0 draws samples of exactly seq_length tokens.
+//
+// Megatron's _num_epochs: smallest E with E * tokens_per_epoch >= samples * seq_length + extra_token.
+int64_t num_epochs(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t extra_token = 1);
 // Whether the last epoch is shuffled separately (it supplies < 80% of an epoch's samples).
-bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs);
+bool separate_last_epoch(int64_t tokens_per_epoch, int64_t seq_length, int64_t num_samples, int64_t num_epochs,
+                         int64_t extra_token = 1);
+// The samples a sample index over `tokens` tokens holds (helpers.cpp): (tokens - extra_token) /
+// seq_length, or with drop_last false (Megatron-core's drop_last_partial_validation_sequence=False,
+// the valid split only) ceil(float(tokens - extra_token) / seq_length) in 32-bit float arithmetic,
+// as helpers.cpp computes it: the last sample may be partial (padded when read).
+int64_t sample_index_samples(int64_t tokens, int64_t seq_length, int64_t extra_token, bool drop_last);
 // _build_doc_idx: documents repeated num_epochs times and shuffled (all epochs together, or
 // the first E-1 together and the last one separately).
 std::vector<int32_t> build_doc_idx(const std::vector<int32_t>& documents, int64_t num_epochs, NumpyRandomState* rng,
                                    bool separate_last_epoch);
 // helpers.cpp build_sample_idx: rows of (position in doc_idx, token offset), flattened,
-// (num_samples + 1) rows where num_samples = (num_epochs * tokens_per_epoch - 1) / seq_length.
+// (num_samples + 1) rows, num_samples = sample_index_samples(num_epochs * tokens_per_epoch, ...).
 std::vector<int64_t> build_sample_idx(const std::vector<int32_t>& sizes, const std::vector<int32_t>& doc_idx,
-                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch);
+                                      int64_t seq_length, int64_t num_epochs, int64_t tokens_per_epoch,
+                                      int64_t extra_token = 1, bool drop_last = true);
 // _build_shuffle_idx: [0, num_samples) shuffled, then [num_samples, total_size) shuffled.
 std::vector<int64_t> build_shuffle_idx(int64_t num_samples, int64_t total_size, NumpyRandomState* rng);
+
+// Megatron's _PAD_TOKEN_ID: what a sample shorter than sample_length() is padded with (the last,
+// partial validation sample with drop_last_partial_validation off). Never a token id.
+constexpr int64_t kPadTokenId = -1;
 
 // A source of fixed-length token samples (what a dataset plugin hands out).
 class TokenDataset {
  public:
   virtual ~TokenDataset() = default;
   virtual size_t size() const = 0;
-  // Every sample has sample_length() = seq_length + 1 tokens.
+  // Every sample has sample_length() = seq_length + extra_token tokens (seq_length + 1 unless
+  // add_extra_token is off); padded with kPadTokenId where the data ends first.
   virtual size_t sample_length() const = 0;
   // Writes sample i (i < size()) to out[0 .. sample_length()). Throws DataError.
   virtual void get(size_t i, int64_t* out) const = 0;
@@ -108,17 +124,35 @@ class TokenDataset {
   }
 };
 
+// Megatron-core GPTDataset.__getitem__'s tokens and labels for a sample get() wrote (seq_length +
+// 1 or, without the extra token, seq_length ids), in the form the causal_lm step reads: `text`
+// of seq_length + 1 ids whose first seq_length are the tokens and last seq_length the labels
+// (with the extra token: the sample; without: the sample and a padding label), padding written
+// as 0 as Megatron writes it; `loss_mask` seq_length values, 0 where the label is padding.
+void megatron_step_inputs(const int64_t* sample, size_t sample_length, int64_t seq_length, std::vector<int64_t>* text,
+                          std::vector<float>* loss_mask);
+
 struct GptDatasetOptions {
   MegatronOrder order = MegatronOrder::kCore;
   std::string name = "train";  // split name, part of the cache file names
   // The split string as the user gave it (Megatron's --split, default "969, 30, 1"): part of the
-  // cache descriptions Megatron names its files by, so it is kept verbatim.
+  // cache descriptions Megatron names its files by, so it is kept verbatim. Megatron-core with
+  // per-split data paths has none: "" ("split": null, "split_matrix": null).
   std::string split = "969, 30, 1";
   // Megatron-core only: the "tokenizer" entry of the description (the tokenizer's
   // unique_identifiers), as JSON; "null" when unknown. It names the files DTK writes (Megatron
   // finds them when it is the same); DTK reads Megatron's caches whatever theirs holds.
   std::string tokenizer_json = "null";
   int64_t num_samples = 0;  // requested samples (the dataset may hold more: whole epochs)
+  // Megatron-core's num_samples=None (a blend whose weights come from the datasets' sizes): one
+  // epoch exactly, "num_samples": null in the description; num_samples is ignored.
+  bool whole_epoch = false;
+  // Megatron-core's add_extra_token_to_sequence (default on, as Megatron-LM runs it): samples of
+  // seq_length + 1 tokens; off: seq_length tokens (the step's last label is then padding).
+  bool add_extra_token = true;
+  // Megatron-core's drop_last_partial_validation_sequence (default on): off, the "valid" split
+  // keeps its last partial sample, padded with kPadTokenId. Other splits always drop it.
+  bool drop_last_partial_validation = true;
   int64_t seq_length = 1024;
   uint64_t seed = 1234;
   // Megatron's --data-cache-path. Empty: Megatron's default place, PREFIX/cache/GPTDataset_indices
@@ -142,7 +176,7 @@ class GPTDataset : public TokenDataset {
              const GptDatasetOptions& options);
 
   size_t size() const override { return shuffle_idx_.size(); }
-  size_t sample_length() const override { return static_cast<size_t>(options_.seq_length) + 1; }
+  size_t sample_length() const override { return static_cast<size_t>(options_.seq_length + extra_); }
   void get(size_t i, int64_t* out) const override;
   using TokenDataset::get;
 
@@ -174,6 +208,8 @@ class GPTDataset : public TokenDataset {
   size_t doc_begin_, doc_end_;
   GptDatasetOptions options_;
   int64_t tokens_per_epoch_ = 0;
+  int64_t extra_ = 1;      // add_extra_token
+  bool drop_last_ = true;  // false: the valid split keeps its partial last sample
   int64_t num_epochs_ = 0;
   int64_t total_samples_ = 0;  // rows of sample_idx - 1
   bool loaded_from_cache_ = false;
@@ -205,6 +241,9 @@ struct BlendCacheOptions {
   std::string name = "train";
   std::string cache_dir;
   bool write = true;  // false: only compare with / read what is there (ranks other than 0)
+  // Megatron-core's blend of unweighted prefixes: the weights given are the datasets' sizes,
+  // normalized once (a weighted blend's are normalized twice).
+  bool weights_from_sizes = false;
 };
 
 class BlendedDataset : public TokenDataset {
@@ -239,10 +278,12 @@ class BlendedDataset : public TokenDataset {
   bool loaded_from_cache_ = false;
 };
 
-// "--data_path": either one prefix, or "w1 p1 w2 p2 ..." (whitespace separated).
+// "--data_path" as Megatron's get_blend_from_list reads it: "w1 p1 w2 p2 ..." (an even count of
+// words whose odd ones are all numbers), or prefixes without weights "p1 p2 ..." (one prefix, an
+// odd count, or pairs whose first words are not numbers). Whitespace separated.
 struct DataBlend {
   std::vector<std::string> prefixes;
-  std::vector<double> weights;  // as given; {1} for a single prefix
+  std::vector<double> weights;  // as given; all 1 when not weighted
   bool weighted = false;        // given as weight/prefix pairs (a blend, even of one prefix, as in Megatron)
 };
 DataBlend parse_data_path(const std::string& data_path);
@@ -256,5 +297,15 @@ struct TrainValidTest {
 };
 TrainValidTest build_train_valid_test_datasets(const std::string& data_path, const std::array<int64_t, 3>& num_samples,
                                                const GptDatasetOptions& base_options);
+// Several prefixes without weights (Megatron-core only; legacy Megatron refuses them): each
+// prefix's split is one whole epoch (num_samples null), and the blend draws min(N, their samples
+// together) samples with the datasets' sizes as weights.
+//
+// Megatron's per-split data paths (--train-data-path, --valid-data-path, --test-data-path): split
+// k comes from data_paths[k] ("" = none), each prefix's documents all of it. Megatron-core: no
+// split in the descriptions ("split": null), a single prefix a plain dataset even with a weight;
+// legacy: the split string still in them. Otherwise as above.
+TrainValidTest build_per_split_datasets(const std::array<std::string, 3>& data_paths,
+                                        const std::array<int64_t, 3>& num_samples, const GptDatasetOptions& base_options);
 
 }  // namespace dtk::data

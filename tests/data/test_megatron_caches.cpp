@@ -358,6 +358,110 @@ TEST(MegatronCaches, LegacyFoldersAreReusedWithoutRebuilding) {
   EXPECT_FALSE(fs::exists("index-cache"));
 }
 
+// The samples of a split as the reference's "samples RUN SPLIT:" line hashes them: the first 8 hex
+// digits of the md5 of the tokens written "t0 t1 ...", for the first (up to) 60 samples.
+void expect_reference_samples(const std::string& run, const std::string& split, const TokenDataset& d) {
+  std::string got;
+  for (size_t i = 0; i < std::min<size_t>(60, d.size()); ++i) {
+    std::string text;
+    for (int64_t t : d.get(i)) text += (text.empty() ? "" : " ") + std::to_string(t);
+    got += (got.empty() ? "" : " ") + md5_hex(text).substr(0, 8);
+  }
+  bool found = false;
+  for (const std::string& l : fixture_lines("samples")) {
+    if (l.compare(0, run.size() + split.size() + 3, run + " " + split + ": ") != 0) continue;
+    EXPECT_EQ(got, l.substr(run.size() + split.size() + 3)) << run << " " << split;
+    found = true;
+  }
+  EXPECT_TRUE(found) << run << " " << split;
+}
+
+// Builds a run twice: into an empty folder (the reference's files, byte for byte), and over a
+// copy of the reference folder (read, nothing written, the same samples).
+template <typename Build>
+void check_run(const std::string& folder, MegatronOrder order, const std::string& run, Build build) {
+  const std::string ref = test::fixtures_dir() + "/" + folder;
+  {
+    TempDir dir;
+    make_corpora(dir.path());
+    InDir in(dir.path());
+    const TrainValidTest tvt = build();
+    if (order == MegatronOrder::kCore) {
+      EXPECT_EQ(relative_listing("cache"), relative_listing(ref)) << folder;
+    } else {
+      auto reference = relative_listing(ref + "/cache");
+      reference.merge(relative_listing(ref + "/index-cache"));
+      EXPECT_EQ(relative_listing("cache"), reference) << folder;
+    }
+    const char* names[3] = {"train", "valid", "test"};
+    const std::shared_ptr<const TokenDataset>* splits[3] = {&tvt.train, &tvt.valid, &tvt.test};
+    for (int s = 0; s < 3; ++s)
+      if (*splits[s]) expect_reference_samples(run, names[s], **splits[s]);
+  }
+  {
+    TempDir dir;
+    make_corpora(dir.path());
+    if (order == MegatronOrder::kCore)
+      fs::copy(ref, dir / "cache", fs::copy_options::recursive);
+    else
+      fs::copy(ref, dir.path(), fs::copy_options::recursive);
+    InDir in(dir.path());
+    const auto before = listing(".");
+    const TrainValidTest tvt = build();
+    EXPECT_EQ(listing("."), before) << "DTK wrote next to the reference " << folder;
+    for (const auto* split : {&tvt.train, &tvt.valid, &tvt.test}) {
+      if (!*split) continue;
+      if (const auto* b = dynamic_cast<const BlendedDataset*>(split->get())) {
+        EXPECT_TRUE(b->loaded_from_cache()) << folder;
+        for (size_t k = 0; k < b->num_parts(); ++k)
+          EXPECT_TRUE(dynamic_cast<const GPTDataset&>(*b->part(k)).loaded_from_cache()) << folder;
+      } else {
+        EXPECT_TRUE(dynamic_cast<const GPTDataset&>(**split).loaded_from_cache()) << folder;
+      }
+    }
+  }
+}
+
+// Megatron-core, --data-path with prefixes and no weights: each dataset one epoch ("num_samples":
+// null), the blend weighted by their sizes (normalized once), min(N, their samples) long.
+TEST(MegatronCaches, BlendWeightedBySizesAsMegatronCore) {
+  GptDatasetOptions o = run_options(MegatronOrder::kCore);
+  o.tokenizer_json = kTokenizer;
+  o.split = "80, 20, 0";
+  check_run("megatron_cache_core_sizes", MegatronOrder::kCore, "megatron_core_sizes", [&] {
+    const auto tvt = build_train_valid_test_datasets("a_text_document b_text_document", {50, 40, 0}, o);
+    EXPECT_EQ(tvt.train->size(), 50u);  // fewer than the datasets' samples: N
+    EXPECT_LT(tvt.valid->size(), 40u);  // more: all of theirs
+    return tvt;
+  });
+  // Legacy Megatron needs weights.
+  TempDir dir;
+  make_corpora(dir.path());
+  InDir in(dir.path());
+  try {
+    build_train_valid_test_datasets("a_text_document b_text_document", {50, 40, 0},
+                                    run_options(MegatronOrder::kLegacy));
+    ADD_FAILURE() << "legacy accepted a blend without weights";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a weight before every prefix"), std::string::npos) << e.what();
+  }
+}
+
+// Per-split data paths (--train-data-path, --valid-data-path, --test-data-path): Megatron-core
+// (no split in the descriptions, a single prefix a plain dataset, a blend without weights by
+// sizes) and legacy (the split string in them).
+TEST(MegatronCaches, PerSplitDataPathsAsMegatron) {
+  const std::string blend = "0.4 a_text_document 0.6 b_text_document";
+  GptDatasetOptions o = run_options(MegatronOrder::kCore);
+  o.tokenizer_json = kTokenizer;
+  check_run("megatron_cache_core_per_split", MegatronOrder::kCore, "megatron_core_per_split", [&] {
+    return build_per_split_datasets({blend, "b_text_document", "a_text_document b_text_document"}, {300, 40, 30}, o);
+  });
+  check_run("megatron_cache_legacy_per_split", MegatronOrder::kLegacy, "megatron_legacy_per_split", [&] {
+    return build_per_split_datasets({blend, "b_text_document", ""}, {300, 40, 0}, run_options(MegatronOrder::kLegacy));
+  });
+}
+
 // Megatron-LM before mid-2023 named the legacy caches after the prefix, next to the data.
 TEST(MegatronCaches, OlderIndexmapNamesAreRead) {
   TempDir dir;

@@ -16,14 +16,22 @@ namespace {
 
 struct Sink {
   std::vector<int64_t> tokens;
-  std::string name;
+  std::vector<float> loss_mask;
+  std::string name;  // the first buffer's
   static dtk_status* put(void* ctx, const char* name, dtk_buffer* b) {
     auto* self = static_cast<Sink*>(ctx);
-    self->name = name;
-    EXPECT_EQ(b->dtype, DTK_DTYPE_INT64);
     EXPECT_EQ(b->ndim, 1);
-    const auto* p = static_cast<const int64_t*>(b->data);
-    self->tokens.assign(p, p + b->shape[0]);
+    if (std::string(name) == "loss_mask") {
+      EXPECT_EQ(b->dtype, DTK_DTYPE_FLOAT32);
+      const auto* p = static_cast<const float*>(b->data);
+      self->loss_mask.assign(p, p + b->shape[0]);
+    } else {
+      self->name = name;
+      self->loss_mask.clear();
+      EXPECT_EQ(b->dtype, DTK_DTYPE_INT64);
+      const auto* p = static_cast<const int64_t*>(b->data);
+      self->tokens.assign(p, p + b->shape[0]);
+    }
     if (b->deleter) b->deleter(b);
     return nullptr;
   }
@@ -55,6 +63,11 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
       {"megatron_tokenizer", "null"},
       {"vocab_size", "100"},
       {"wait_timeout_s", "5"},
+      {"train_data_path", ""},
+      {"valid_data_path", ""},
+      {"test_data_path", ""},
+      {"add_extra_token", "true"},
+      {"drop_last_partial_validation", "true"},
   };
   dtk_option_values values{sizeof(dtk_option_values), kv.size(), kv.data()};
   dtk_dataset_context ctx{};
@@ -81,6 +94,7 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
   const dtk_sample_args valid0{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_VALID, 0, &bs};
   ASSERT_EQ(api->get_sample(ds, &valid0), nullptr);
   EXPECT_EQ(sink.name, "text");
+  EXPECT_TRUE(sink.loss_mask.empty()) << "a loss mask without padding";
   ASSERT_EQ(sink.tokens.size(), 17u);
   for (int64_t t : sink.tokens) EXPECT_GE(t, 90);  // valid split = documents 90..99
   const dtk_sample_args past_end{dtk_sample_args_STRUCT_SIZE, DTK_SPLIT_TRAIN, 1 << 30, &bs};
@@ -114,6 +128,42 @@ TEST(GptIndexedPlugin, ServesMegatronSamplesThroughTheAbi) {
             0u)
       << dtk_status_get_message(st);
   dtk_status_release(st);
+  kv[4].value = "null";
+
+  // add_extra_token=false: "text" is the 16 tokens and a padding label (0), "loss_mask" masks it.
+  kv[10].value = "false";
+  ASSERT_EQ(api->create(&ctx, &ds), nullptr);
+  ASSERT_EQ(api->get_sample(ds, &valid0), nullptr);
+  ASSERT_EQ(sink.tokens.size(), 17u);
+  EXPECT_EQ(sink.tokens[16], 0);
+  ASSERT_EQ(sink.loss_mask.size(), 16u);
+  for (size_t k = 0; k < 15; ++k) EXPECT_EQ(sink.loss_mask[k], 1.0f) << k;
+  EXPECT_EQ(sink.loss_mask[15], 0.0f);
+  api->destroy(ds);
+  kv[3].value = "megatron_legacy";  // legacy Megatron has no such option: one line naming it
+  st = api->create(&ctx, &ds);
+  ASSERT_NE(st, nullptr);
+  EXPECT_NE(std::string(dtk_status_get_message(st)).find("megatron_legacy has no add_extra_token=false"),
+            std::string::npos)
+      << dtk_status_get_message(st);
+  dtk_status_release(st);
+  kv[3].value = "megatron_core";
+  kv[10].value = "true";
+
+  // Per-split paths: the valid split from its own prefix (all 100 documents); exclusive with data_path.
+  kv[8].value = data_path.c_str();
+  st = api->create(&ctx, &ds);
+  ASSERT_NE(st, nullptr);
+  EXPECT_NE(std::string(dtk_status_get_message(st)).find("are exclusive"), std::string::npos)
+      << dtk_status_get_message(st);
+  dtk_status_release(st);
+  kv[0].value = "";
+  ASSERT_EQ(api->create(&ctx, &ds), nullptr);
+  ASSERT_EQ(api->num_samples(ds, DTK_SPLIT_TRAIN, &n), nullptr);
+  EXPECT_EQ(n, 0);
+  ASSERT_EQ(api->num_samples(ds, DTK_SPLIT_VALID, &n), nullptr);
+  EXPECT_GE(n, 5);
+  api->destroy(ds);
 }
 
 }  // namespace

@@ -834,6 +834,24 @@ TEST(RampupBatchSize, ScheduleLengthsInSamples) {
       << m.refused[0];
 }
 
+// Per-split data paths and --data-path prefixes without weights reach gpt_indexed as Megatron
+// reads them (Megatron-core: a blend weighted by the datasets' sizes; each split its own paths).
+TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {
+  auto has = [](const dtk::core::MegatronMapping& m, const std::string& set) {
+    return std::find(m.sets.begin(), m.sets.end(), set) != m.sets.end();
+  };
+  auto per = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--train-data-path 0.4 d/a 0.6 d/b --valid-data-path d/b --test-data-path d/a d/b"));
+  EXPECT_TRUE(per.refused.empty());
+  EXPECT_EQ(per.dataset, "gpt_indexed");
+  EXPECT_TRUE(has(per, "dataset.train_data_path=0.4 d/a 0.6 d/b"));
+  EXPECT_TRUE(has(per, "dataset.valid_data_path=d/b"));
+  EXPECT_TRUE(has(per, "dataset.test_data_path=d/a d/b"));
+  auto sizes = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-path d/a d/b"));
+  EXPECT_TRUE(sizes.refused.empty());
+  EXPECT_TRUE(has(sizes, "dataset.data_path=d/a d/b"));
+}
+
 // The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given
 // (--data-impl, Domino's --llama-model), Megatron-core otherwise; Megatron's default split and
 // Megatron-core's GPT2BPETokenizer description go with --data-path (both name its caches).

@@ -4,7 +4,8 @@
 //                tensor-parallel group TP rank 0 holds the batch and broadcasts it (sizes, then
 //                data), so other ranks may receive an empty batch map.
 //   get_ltor_masks_and_position_ids(reset_position_ids, reset_attention_mask, eod_mask_loss):
-//                loss mask, position ids, and (only when reset_attention_mask asks for one) a
+//                loss mask (times the batch's "loss_mask" [b, s] when the dataset gives one:
+//                gpt_indexed's padding labels), position ids, and (only when reset_attention_mask asks for one) a
 //                [b, 1, s, s] bool attention mask, true = masked. Without a custom mask no
 //                "attention_mask" is passed, so the model may use its fused causal path.
 //   loss_func:   loss = sum(per_token_loss * loss_mask) / sum(loss_mask); metric "lm loss" is
@@ -37,7 +38,8 @@ class CausalLM : public Step {
 
   at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) override {
     // ---- get_batch --------------------------------------------------------------------------
-    at::Tensor text = broadcast_text(batch);
+    at::Tensor data_mask;  // the dataset's loss mask ("loss_mask", [b, s]; padding labels 0), if it gives one
+    at::Tensor text = broadcast_text(batch, &data_mask);
     if (text.dim() != 2 || text.size(1) < 2)
       throw Error("causal_lm: 'text' must be [batch, seq_length + 1] with seq_length >= 1, got " + shape_str(text));
     text = text.to(device_, at::kLong);
@@ -48,6 +50,12 @@ class CausalLM : public Step {
     // ---- get_ltor_masks_and_position_ids ---------------------------------------------------
     at::Tensor loss_mask = at::ones(tokens.sizes(), tokens.options().dtype(at::kFloat));
     if (eod_mask_loss_) loss_mask.masked_fill_(tokens == eod_, 0.0);
+    if (data_mask.defined()) {
+      if (data_mask.sizes() != tokens.sizes())
+        throw Error("causal_lm: 'loss_mask' must be [batch, seq_length] " + shape_str(tokens) + ", got " +
+                    shape_str(data_mask));
+      loss_mask.mul_(data_mask.to(device_, at::kFloat));
+    }
     at::Tensor position_ids = at::arange(s, tokens.options()).unsqueeze(0).expand_as(tokens).contiguous();
     at::Tensor attention_mask;
     if (reset_position_ids_ || reset_attention_mask_) {
@@ -95,16 +103,19 @@ class CausalLM : public Step {
   }
 
  private:
-  // Megatron's broadcast_data: TP rank 0 sends the sizes, then the tokens.
-  at::Tensor broadcast_text(const TensorList& batch) const {
+  // Megatron's broadcast_data: TP rank 0 sends the sizes, then the tokens (and the dataset's loss
+  // mask when its batch has one).
+  at::Tensor broadcast_text(const TensorList& batch, at::Tensor* mask) const {
     const at::Tensor* text = find(batch, "text");
+    const at::Tensor* given_mask = find(batch, "loss_mask");
     if (tp_size_ <= 1) {
       if (!text) throw Error("causal_lm: the batch has no 'text' tensor", DTK_ERR_NOT_FOUND);
+      if (given_mask) *mask = *given_mask;
       return *text;
     }
     // A bad batch on TP rank 0 is announced with sizes {-1, -1}, so the other TP ranks fail at
     // once with it instead of waiting in the data broadcast until the collective timeout.
-    at::Tensor sizes = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device_));
+    at::Tensor sizes = at::zeros({3}, at::TensorOptions().dtype(at::kLong).device(device_));
     std::string problem;
     if (tp_rank_ == 0) {
       if (!text)
@@ -112,7 +123,7 @@ class CausalLM : public Step {
       else if (text->dim() != 2)
         problem = "'text' must be 2-D, got " + shape_str(*text);
       if (problem.empty())
-        sizes.copy_(at::tensor({text->size(0), text->size(1)}, at::kLong));
+        sizes.copy_(at::tensor({text->size(0), text->size(1), int64_t{given_mask != nullptr}}, at::kLong));
       else
         sizes.fill_(-1);
     }
@@ -124,6 +135,11 @@ class CausalLM : public Step {
     at::Tensor data = tp_rank_ == 0 ? text->to(device_, at::kLong).contiguous().clone()
                                     : at::empty({b, n}, at::TensorOptions().dtype(at::kLong).device(device_));
     Comm::broadcast(data, DTK_GROUP_TENSOR_PARALLEL, 0);
+    if (sizes_cpu[2].item<int64_t>() != 0) {
+      *mask = tp_rank_ == 0 ? given_mask->to(device_, at::kFloat).contiguous().clone()
+                            : at::empty({b, n - 1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+      Comm::broadcast(*mask, DTK_GROUP_TENSOR_PARALLEL, 0);
+    }
     return data;
   }
 

@@ -191,9 +191,15 @@ const Rule kRules[] = {
     {"--local-rank", 1, Kind::kIgnore, "", "each rank reads LOCAL_RANK from its launcher's environment"},
     // Data
     {"--data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.data_path",
-     "one prefix, or a blend 'W1 PREFIX1 W2 PREFIX2 ...'; without --split also dataset.split='969, 30, 1' "
+     "one prefix, a blend 'W1 PREFIX1 W2 PREFIX2 ...', or prefixes without weights (Megatron-core: a blend "
+     "weighted by the datasets' sizes); without --split also dataset.split='969, 30, 1' "
      "(Megatron's default, part of its cache names); with --tokenizer-type also dataset.megatron_tokenizer "
      "(today's Megatron-core's description of the tokenizer, in its cache names)"},
+    {"--train-data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.train_data_path",
+     "the train split's own prefix or blend, all its documents (Megatron's blend_per_split); as --data-path for "
+     "the split and the tokenizer"},
+    {"--valid-data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.valid_data_path", "as --train-data-path"},
+    {"--test-data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.test_data_path", "as --train-data-path"},
     {"--mock-data", 0, Kind::kCustom, "dataset synthetic", "random tokens"},
     {"--split", 1, Kind::kSet, "dataset.split", ""},
     {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
@@ -322,6 +328,9 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--data-path") {
     m.dataset = "gpt_indexed";
     m.sets.push_back("dataset.data_path=" + joined(v));
+  } else if (f == "--train-data-path" || f == "--valid-data-path" || f == "--test-data-path") {
+    m.dataset = "gpt_indexed";
+    m.sets.push_back("dataset." + f.substr(2, f.find('-', 2) - 2) + "_data_path=" + joined(v));
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";
   } else if (f == "--data-impl") {

@@ -1,11 +1,13 @@
 // decoder_lm.cpp — see dtk/layers/decoder_lm.hpp. Megatron-LM: megatron/model/gpt_model.py,
 // language_model.py (Embedding, the tied word_embeddings_for_head), transformer.py (the stack).
 #include <dtk/layers/decoder_lm.hpp>
+
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/recompute.hpp>
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 namespace dtk::layers {
 
@@ -151,6 +153,10 @@ void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts pa
   ParamFactory f;
   f.dtype = ctx.params_dtype;
   f.device = ctx.device;
+  if (ctx.deferred_parameters) {
+    deferred_ = std::make_unique<DeferredInit>();
+    f.deferred = deferred_.get();
+  }
   auto seeded = [&](uint64_t salt) -> ParamFactory& {
     f.gen = seeded_generator(ctx.seed * 1000003ULL + salt);
     return f;
@@ -199,6 +205,20 @@ void DecoderLM::init_domino() {
     head_.module = output_module();
     domino_.head = &head_;
   }
+}
+
+// The replayed values under the parameters' names; a recorded tensor the model does not list (none
+// today) gets its value in place, so nothing is left a placeholder.
+void DecoderLM::init_parameters(const ParamValueFn& take) {
+  if (!deferred_) return Model::init_parameters(take);
+  std::unordered_map<const void*, std::string> names;
+  for (const Param& p : parameters()) names.emplace(p.tensor.unsafeGetTensorImpl(), p.name);
+  at::NoGradGuard no_grad;
+  deferred_->replay([&](const at::Tensor& param, const at::Tensor& value) {
+    auto it = names.find(param.unsafeGetTensorImpl());
+    if (it != names.end()) return take(it->second, value);
+    param.set_data(value.to(param.device(), param.scalar_type()).contiguous());
+  });
 }
 
 TensorList DecoderLM::state_save() {

@@ -220,21 +220,6 @@ struct CrossEntropyFromSoftmax : public torch::autograd::Function<CrossEntropyFr
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-at::Tensor ParamFactory::normal(at::IntArrayRef shape, double std) {
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-  t.normal_(0.0, std, gen);
-  return t;
-}
-at::Tensor ParamFactory::param(const at::Tensor& value) const {
-  return value.to(device, dtype).contiguous().clone().set_requires_grad(true);
-}
-at::Tensor ParamFactory::zeros(at::IntArrayRef shape) const {
-  return at::zeros(shape, at::TensorOptions().dtype(dtype).device(device)).set_requires_grad(true);
-}
-at::Tensor ParamFactory::ones(at::IntArrayRef shape) const {
-  return at::ones(shape, at::TensorOptions().dtype(dtype).device(device)).set_requires_grad(true);
-}
-
 at::Tensor copy_to_tp_region(const at::Tensor& x, const TPGroup& tp) {
   if (tp.size <= 1) return x;
   return CopyToTP::apply(x, tp);

@@ -32,9 +32,12 @@ TEST(AbiLayout, EveryStructStartsWithStructSize) {
 TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_collective_args_STRUCT_SIZE_2_0, offsetof(dtk_collective_args, priority) + sizeof(int32_t));
   EXPECT_LT(static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0), sizeof(dtk_collective_args));
-  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_3);  // current == 2.3 since 2.3
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_4);  // current == 2.4 since 2.4
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_3, offsetof(dtk_build_context, sequence_parallel) + sizeof(int32_t));
-  EXPECT_EQ(DTK_STRUCT_SIZE(dtk_model_api, set_module_hooks), sizeof(dtk_model_api));
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_4, offsetof(dtk_build_context, deferred_parameters) + sizeof(int32_t));
+  EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_4, offsetof(dtk_model_info, deferred_parameters) + sizeof(int32_t));
+  EXPECT_LT(static_cast<size_t>(dtk_model_info_STRUCT_SIZE_2_4), sizeof(dtk_model_info));
+  EXPECT_EQ(DTK_STRUCT_SIZE(dtk_model_api, init_parameters), sizeof(dtk_model_api));
 }
 
 // DTK_STRUCT_COVERS: the reader's check that a writer has every field of a minor.

@@ -41,6 +41,7 @@ struct Ctx {
   uint64_t seed = 1234;
   int32_t pp_rank = 0, pp_size = 1;
   int64_t micro_batch = 2;
+  bool deferred = false;  // ABI 2.4: parameters without values (partitioned construction)
 };
 
 inline dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c) {
@@ -56,6 +57,7 @@ inline dtk_build_context make_ctx(const dtk_option_values* options, const Ctx& c
   b.seq_length = c.seq_length;
   b.micro_batch_size = c.micro_batch;
   b.seed = c.seed;
+  b.deferred_parameters = c.deferred ? 1 : 0;
   return b;
 }
 

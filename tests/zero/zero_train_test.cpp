@@ -332,6 +332,54 @@ TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Partitioned construction (DeepSpeed's zero.Init; strategy.zero_init, on by default for stage 3)
+// ---------------------------------------------------------------------------------------------
+
+// Built partitioned, each rank keeps only its shard of every initial value: the losses are the
+// whole build's, exactly (the same values reach the same partitions), for gpt (with and without
+// parameter offload) and llama.
+TEST(ZeroInit, PartitionedConstructionTrainsAsTheWholeBuild) {
+  const std::string stage3 = "--set train.params_dtype=bf16 --strategy zero --set strategy.stage=3 "
+                             "--set strategy.reduce_bucket_size=20000 --set strategy.stage3_param_persistence_threshold=100 ";
+  std::string llama_train = kTrain;
+  llama_train.replace(llama_train.find("gpt-tiny.pbtxt"), 14, "llama-tiny.pbtxt");
+  auto curve = [&](bool llama, const std::string& args, const std::string& name) {
+    return dtk_test::run_curve("launch --nproc_per_node 2 " + (llama ? llama_train : kTrain) + args, DTK_TEST_TMP, name);
+  };
+  for (const bool llama : {false, true})
+    for (const std::string offload : {"", "--set strategy.offload_param=cpu --set strategy.offload_optimizer=cpu "}) {
+      if (llama && !offload.empty()) continue;  // the same code path as gpt's
+      const std::string what = std::string(llama ? "llama" : "gpt") + (offload.empty() ? "" : " offload");
+      const Curve whole = curve(llama, stage3 + offload + "--set strategy.zero_init=false", what + "-whole");
+      const Curve parted = curve(llama, stage3 + offload + "--set strategy.zero_init=true", what + "-parted");
+      expect_same_curve(whole, parted, 20, what, 0.0);
+    }
+}
+
+// The point of it: a model whose fp32 parameters alone (38 MB) exceed the device budget (24 MB)
+// trains under stage 3 with parameter and optimizer offload, because the device only ever holds a
+// couple of gathered modules (max_live_parameters), their gradients, a staging bucket and the
+// recomputed layers' inputs (19.4 MB at most here). Built whole first, the same run is refused
+// at the model's creation, in one line naming the budget.
+TEST(ZeroInit, AModelLargerThanTheDeviceBudgetTrainsWhenBuiltPartitioned) {
+  const std::string run = kTrain +
+                          "--set model.num_layers=12 --set model.hidden_size=256 --set train.train_iters=3 "
+                          "--set train.memory_limit_mb=24 --optimizer cpu_adam --strategy zero --set strategy.stage=3 "
+                          "--set strategy.offload_param=cpu --set strategy.offload_optimizer=cpu "
+                          "--set strategy.reduce_bucket_size=1000000 --set model.recompute_activations=full "
+                          "--set strategy.stage3_max_live_parameters=2000000 --set strategy.stage3_prefetch_bucket_size=1000000 ";
+  const Result parted = dtk_test::run_dtk(run, 300);
+  ASSERT_EQ(parted.code, 0) << parted.out;
+  const int64_t params = parameter_count(parted.out);
+  EXPECT_GT(params * 4, int64_t{24} << 20) << "the model must not fit the budget whole\n" << parted.out;
+  EXPECT_NE(parted.out.find("built partitioned (zero_init)"), std::string::npos) << parted.out;
+  const Memory m = memory_of(parted.out);
+  EXPECT_LE(m.max_allocated, 24.0) << parted.out;
+  const Result whole = dtk_test::run_dtk(run + "--set strategy.zero_init=false", 300);
+  expect_one_line_error(whole, "train.memory_limit_mb");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Delayed parameter update (ZeRO-Offload's DPU)
 // ---------------------------------------------------------------------------------------------
 

@@ -109,6 +109,14 @@ capacity "zero stage 2, offload_optimizer=cpu, cpu_adam" \
   "--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, offload optimizer + param, cpu_adam" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+# Stage 3 is built partitioned (zero_init, the default): what bounds it is what one step holds on
+# the device: the modules gathered at once (stage3_max_live_parameters), their gradients and the
+# activations; full recomputation keeps only each layer's input.
+LIVE="--set strategy.stage3_max_live_parameters=4000000 --set strategy.stage3_prefetch_bucket_size=2000000 --set model.recompute_activations=full"
+capacity "zero stage 3, offload, recompute, max_live 4M" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE"
+capacity "  the same, built whole first (zero_init=false)" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE --set strategy.zero_init=false"
 # Disk offload: masters and Adam state in a swap file, streamed through a 96 MB host buffer (at
 # hidden 896 the largest shard, an MLP weight of 3.2 M elements, needs 77 MB of it).
 if [[ -z ${NVME_DIR:-} ]]; then
@@ -121,6 +129,32 @@ capacity "zero stage 2, offload_optimizer=nvme, cpu_adam" \
   "--strategy zero --set strategy.stage=2 $NVME --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, optimizer to nvme + param to cpu" \
   "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+
+# Depth instead of width: at hidden 512 every layer is 3.1 M parameters, and stage 3 with offload
+# keeps on the device only the layers in flight, so the layers it holds are bounded by host memory.
+echo
+echo "== 2a. the same budget, hidden 512, layers grow (ddp's largest at hidden 512 is 4 layers, above)"
+printf '%-52s %8s %14s %14s %12s\n' "strategy" "layers" "parameters" "max device MB" "max host MB"
+LAYERS=(4 8 16 32 48 64)
+((QUICK)) && LAYERS=(4 16 48)
+capacity_layers() {  # name, args
+  local best="" params="" peak="" host="" out
+  for l in "${LAYERS[@]}"; do
+    if out=$($DTK ${CAP/num_layers=4/num_layers=$l} --set model.hidden_size=512 $2 2>&1); then
+      best=$l
+      params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
+      peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
+      host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
+    else
+      echo "$out" | grep -q "device memory budget" || { echo "$1: $l layers failed: $(echo "$out" | tail -1)"; }
+      break
+    fi
+  done
+  printf '%-52s %8s %14s %14s %12s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
+}
+capacity_layers "ddp" "--strategy ddp"
+capacity_layers "zero stage 3, offload, recompute, max_live 4M" \
+  "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE"
 
 # Step time at one size: hidden 512, 8 iterations, the median of iterations 3-8, without the
 # budget (stage 3 at one process holds less than ddp: with one rank its partition is the whole

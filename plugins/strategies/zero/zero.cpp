@@ -44,6 +44,11 @@ const dtk_option_spec kOptions[] = {
                  "offload_optimizer=nvme: host buffer (MiB, two halves: one is updated while the other is read or "
                  "written) through which the optimizer state streams."),
     dtk::opt_enum("offload_param", "none", "none|cpu", "Stage 3, cpu: this rank's parameter partition in host memory."),
+    dtk::opt_bool("zero_init", "true",
+                  "Stage 3: build the model already partitioned (DeepSpeed's zero.Init): a model built with the SDK's "
+                  "ParamFactory creates placeholders and each rank keeps only its partition of every initial value, "
+                  "one parameter at a time (the same values as a whole build). false: the model is built whole on "
+                  "the device, then partitioned."),
     dtk::opt_bool("delayed_param_update", "false",
                   "With offload_optimizer=cpu: from iteration 2 on, each optimizer step runs on a host thread during the "
                   "next iteration's forward and backward, which compute on parameters one step older (ZeRO-Offload's "

@@ -59,6 +59,7 @@ Options Options::from(const dtk::Options& o) {
   r.offload_param = o.get_string("offload_param") == "cpu";
   if (r.offload_param && r.stage != 3)
     throw Error("zero: offload_param=cpu needs stage 3 (stages 1 and 2 keep every parameter on the device)");
+  r.zero_init = o.get_bool("zero_init");
   r.delayed_param_update = o.get_bool("delayed_param_update");
   if (r.delayed_param_update && (!r.offload_optimizer || r.optimizer_on_disk))
     throw Error("zero: delayed_param_update needs offload_optimizer=cpu (the delayed step runs on the host" +
@@ -105,7 +106,11 @@ void ZeroStrategy::setup(const ModelHandle& model) {
   at::NoGradGuard no_grad;
   read_parameters(model);
   build_layout();
-  allocate_parameters();
+  const bool deferred = model.defers_parameters();
+  if (deferred && opt_.stage < 3)
+    throw Error("zero: the model was built without parameter values, which only stage 3 (zero_init) asks for");
+  allocate_parameters(deferred);
+  if (deferred) init_deferred_parameters(model);
   allocate_masters_and_gradients();
   const Layout& l = *layout_;
   int64_t total = 0;
@@ -118,6 +123,7 @@ void ZeroStrategy::setup(const ModelHandle& model) {
                                              : "")
                 << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
                 << (opt_.offload_param ? ", parameters offloaded to the host" : "")
+                << (deferred ? ", built partitioned (zero_init)" : "")
                 << (opt_.delayed_param_update ? ", delayed parameter update (one step stale)" : "");
   if (swap_) DTK_LOG(INFO) << swap_->describe();
 }
@@ -224,7 +230,7 @@ at::Tensor ZeroStrategy::host_or_device(int64_t numel, at::ScalarType dtype, boo
 // Stages 1/2: every parameter becomes a view of one flat buffer in the layout's order, so a
 // bucket's all-gather writes the parameters in place. Stage 3: each rank keeps its chunks; whole
 // values exist only for the always-whole buckets and while a bucket is gathered.
-void ZeroStrategy::allocate_parameters() {
+void ZeroStrategy::allocate_parameters(bool deferred) {
   const Layout& l = *layout_;
   auto view_params = [&](size_t b, const at::Tensor& whole) {
     for (const Slot& s : l.buckets()[b].slots) {
@@ -244,9 +250,10 @@ void ZeroStrategy::allocate_parameters() {
     return;
   }
   part_params_ = host_or_device(l.partition_numel(), dtype_, opt_.offload_param);
-  for (const Shard& s : shards_)
-    part_params_.narrow(0, s.partition_offset, s.numel)
-        .copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+  if (!deferred)
+    for (const Shard& s : shards_)
+      part_params_.narrow(0, s.partition_offset, s.numel)
+          .copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
   nan_ = at::full({}, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions().dtype(dtype_).device(device_));
   for (size_t b = 0; b < l.buckets().size(); ++b) {
     const Bucket& bucket = l.buckets()[b];
@@ -259,6 +266,33 @@ void ZeroStrategy::allocate_parameters() {
       for (const Slot& s : bucket.slots) params_[s.param].tensor.set_data(nan_.expand(params_[s.param].tensor.sizes()));
     }
   }
+}
+
+// zero_init: the model hands out each parameter's initial value (a CPU tensor, one at a time);
+// this rank keeps its shard in the partition, and the whole value only where the parameter stays
+// whole (a persistent bucket). The model never exists whole on the device.
+void ZeroStrategy::init_deferred_parameters(const ModelHandle& model) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].name, i);
+  std::vector<char> given(params_.size(), 0);
+  model.init_parameters([&](const std::string& name, const at::Tensor& value) {
+    auto it = index.find(name);
+    if (it == index.end()) throw Error("zero: the model's init_parameters gave '" + name + "', not one of its parameters");
+    const size_t i = it->second;
+    at::Tensor& p = params_[i].tensor;
+    if (given[i]++) throw Error("zero: the model's init_parameters gave '" + name + "' twice");
+    if (value.sizes() != p.sizes())
+      throw Error("zero: the model's init_parameters gave '" + name + "' as " + shape_str(value) +
+                  ", the parameter is " + shape_str(p));
+    if (p.numel() == 0) return;
+    if (shard_of_[i] >= 0) {
+      const Shard& s = shards_[static_cast<size_t>(shard_of_[i])];
+      part_params_.narrow(0, s.partition_offset, s.numel).copy_(value.reshape({-1}).narrow(0, s.param_offset, s.numel));
+    }
+    if (!layout_->buckets()[layout_->bucket_of(i)].on_demand) p.copy_(value);
+  });
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!given[i]) throw Error("zero: the model's init_parameters gave no value for '" + params_[i].name + "'");
 }
 
 // A shard's values in the parameter dtype: in its whole bucket (stages 1/2) or the partition (3).

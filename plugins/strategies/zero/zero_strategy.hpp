@@ -55,6 +55,7 @@ struct Options {
   std::string nvme_path;
   int64_t nvme_buffer_bytes = 0;
   bool delayed_param_update = false;
+  bool zero_init = true;  // stage 3: the model is built deferred, each rank keeps its partition
   // Reads and checks the plugin's options (one-line errors naming the option).
   static Options from(const dtk::Options& o);
 };
@@ -79,12 +80,14 @@ class ZeroStrategy : public Strategy {
   dtk_strategy_info info() override;
   void gather_parameters(bool whole) override;
   dtk_memory_usage memory_usage() override;
+  bool defers_parameters() override { return opt_.stage == 3 && opt_.zero_init; }
 
  private:
   // setup
   void read_parameters(const ModelHandle& model);
   void build_layout();
-  void allocate_parameters();
+  void allocate_parameters(bool deferred);
+  void init_deferred_parameters(const ModelHandle& model);  // zero_init: the model's values, one at a time
   void allocate_masters_and_gradients();
   at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
   at::Tensor param_values_of(const Shard& s) const;  // the shard in the parameter dtype

@@ -119,7 +119,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 3
+#define DTK_ABI_MINOR 4
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -398,7 +398,8 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, sequence_parallel);
 typedef struct dtk_param_visitor {
   size_t struct_size;
   void* ctx;
-  /* [main-thread] Called inside visit_parameters, visit_buffers or optimizer_params. */
+  /* [main-thread] Called inside visit_parameters, visit_buffers, optimizer_params or (2.4)
+   * init_parameters, where `info` is NULL. */
   dtk_status* (*visit)(void* ctx, const char* name, dtk_tensor* tensor, const dtk_param_info* info);
 } dtk_param_visitor;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_visitor, 2_0, visit);
@@ -623,10 +624,18 @@ typedef struct dtk_build_context {
    * [micro_batch_size, seq_length / tp_size, hidden] hidden states. A model that honours it says so
    * in dtk_model_info.sequence_parallel; the host refuses the run otherwise. */
   int32_t sequence_parallel;
+  /* ABI 2.4. Partitioned construction (DeepSpeed's zero.Init): 1 when the strategy initialises the
+   * parameters itself (ZeRO-3 keeps only this rank's partition). The model then creates every
+   * parameter without its values: the right shape, dtype and device, requires_grad set, storage
+   * of at most one element; it reports dtk_model_info.deferred_parameters = 1 and hands the
+   * initial values out one parameter at a time through dtk_model_api.init_parameters. Set only
+   * for a model plugin whose table has init_parameters; a model may ignore it (and report 0). */
+  int32_t deferred_parameters;
 } dtk_build_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, sequence_parallel);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_4, deferred_parameters);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, deferred_parameters);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -650,10 +659,14 @@ typedef struct dtk_model_info {
   int32_t recompute_granularity; /* 0 none, 1 full, 2 selective (core attention; Megatron's names) */
   int32_t recompute_method;      /* with full: 0 uniform (groups of recompute_num_layers), 1 block */
   int32_t recompute_num_layers;  /* with full: layers per group (uniform) or per stage (block) */
+  /* ABI 2.4. 1: created under dtk_build_context.deferred_parameters, the parameters hold no values
+   * yet; init_parameters gives them. */
+  int32_t deferred_parameters;
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, recompute_num_layers);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, deferred_parameters);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;
@@ -758,9 +771,17 @@ typedef struct dtk_model_api {
    * model is destroyed); the table is copied, its ctx must stay valid. DTK_ERR_UNSUPPORTED when
    * the model cannot fire them. */
   dtk_status* (*set_module_hooks)(dtk_model* model, const dtk_module_hooks* hooks);
+  /* [main-thread] ABI 2.4. For a model that reports deferred_parameters: computes every
+   * parameter's initial value, exactly what an undeferred create would have given it, and calls
+   * visitor->visit(ctx, name, value, NULL) once per parameter (names as visit_parameters reports
+   * them), one at a time: `value` is [borrowed] for the call, a CPU tensor of the parameter's shape
+   * (fp32 or the parameter's dtype; the receiver casts), so at most one parameter's values exist at
+   * once. It does not change the parameters. DTK_ERR_UNSUPPORTED for a model that did not defer. */
+  dtk_status* (*init_parameters)(dtk_model* model, const dtk_param_visitor* visitor);
 } dtk_model_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_0, set_module_hooks);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_api, set_module_hooks);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_4, init_parameters);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_api, init_parameters);
 
 /* A model together with its vtable, so another plugin (a step, a strategy) can call it. */
 typedef struct dtk_model_ref {
@@ -993,6 +1014,7 @@ DTK_DEFINE_STRUCT_SIZE(dtk_memory_usage, 2_1, host_bytes);
 DTK_DEFINE_STRUCT_TRAITS(dtk_memory_usage, host_bytes);
 
 /* The pipeline's per-iteration contract with a strategy (every call [main-thread]):
+ *   defers_parameters(&d)          once, before the model is created (2.4)
  *   setup(model)                   once: wrap the model (DDP buckets, ZeRO partitions)
  *   module_hooks(&hooks)           once, after setup: hooks the host installs on the model
  *   optimizer_params(visitor)      once: the tensors the optimizer is created over
@@ -1034,10 +1056,17 @@ typedef struct dtk_strategy_api {
   /* [main-thread] ABI 2.1. [out] the bytes held now (caller sets usage->struct_size, as
    * get_info). */
   dtk_status* (*memory_usage)(dtk_strategy* strategy, dtk_memory_usage* usage);
+  /* [main-thread] ABI 2.4. Called after create, before the model exists. [out] *deferred = 1: the
+   * strategy initialises the parameters in setup through dtk_model_api.init_parameters when the
+   * model reports deferred_parameters (partitioned construction), so the host creates the model
+   * with dtk_build_context.deferred_parameters = 1; setup must still accept a model that reports
+   * 0 (it created its values). NULL: never. */
+  dtk_status* (*defers_parameters)(dtk_strategy* strategy, int32_t* deferred);
 } dtk_strategy_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_0, module_hooks);
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_1, memory_usage);
-DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_api, memory_usage);
+DTK_DEFINE_STRUCT_SIZE(dtk_strategy_api, 2_4, defers_parameters);
+DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_api, defers_parameters);
 
 /* ============================================================================================
  * The entry struct (rule 1)

@@ -10,6 +10,7 @@
 #include <dtk/tensor.hpp>
 
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -64,6 +65,17 @@ class Model {
   // them; see dtk/module_hooks.hpp for the helper that fires them.
   virtual void set_module_hooks(const dtk_module_hooks* hooks) {
     if (hooks) throw Error("this model does not support per-module hooks", DTK_ERR_UNSUPPORTED);
+  }
+
+  // Partitioned construction (ABI 2.4): true when this model was created under
+  // ctx.deferred_parameters and its parameters are placeholders; init_parameters then hands out
+  // every parameter's initial value, one at a time (dtk::layers::DeferredInit records and replays
+  // them; DecoderLM wires it). A model that ignores the flag keeps these defaults.
+  using ParamValueFn = std::function<void(const std::string& name, const at::Tensor& value)>;
+  virtual bool defers_parameters() { return false; }
+  virtual void init_parameters(const ParamValueFn& take) {
+    (void)take;
+    throw Error("this model did not defer its parameters", DTK_ERR_UNSUPPORTED);
   }
 
   // Moves/casts every parameter and buffer in place (keeping tensor identity for optimizers).
@@ -179,6 +191,7 @@ const dtk_model_api* model_api() {
         return guard([&] {
           dtk_model_info mine = reinterpret_cast<T*>(m)->info();
           mine.struct_size = dtk_model_info_STRUCT_SIZE;
+          mine.deferred_parameters = reinterpret_cast<T*>(m)->defers_parameters() ? 1 : 0;
           write_struct(info, mine);
         });
       },
@@ -187,6 +200,17 @@ const dtk_model_api* model_api() {
       },
       [](dtk_model* m, const dtk_module_hooks* hooks) {
         return guard([&] { reinterpret_cast<T*>(m)->set_module_hooks(hooks); });
+      },
+      [](dtk_model* m, const dtk_param_visitor* v) {
+        dtk_status* visited = nullptr;
+        dtk_status* s = guard([&] {
+          reinterpret_cast<T*>(m)->init_parameters([&](const std::string& name, const at::Tensor& value) {
+            if (visited) return;  // the visitor failed: its status is the answer
+            dtk_tensor h{value};
+            visited = v->visit(v->ctx, name.c_str(), &h, nullptr);
+          });
+        });
+        return s ? s : visited;
       },
   };
   return &api;
@@ -243,6 +267,23 @@ class ModelHandle {
     return out;
   }
   const dtk_model_ref* ref() const { return ref_; }
+  // Partitioned construction (ABI 2.4): whether the model's parameters are placeholders, and
+  // their initial values one at a time (abi.h dtk_model_api.init_parameters).
+  bool defers_parameters() const {
+    dtk_model_info info{};
+    info.struct_size = dtk_model_info_STRUCT_SIZE;
+    check(ref_->api->get_info(ref_->model, &info));
+    return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_4 && info.deferred_parameters != 0;
+  }
+  void init_parameters(const Model::ParamValueFn& take) const {
+    if (!DTK_STRUCT_COVERS(dtk_model_api, ref_->api, 2_4) || !ref_->api->init_parameters)
+      throw Error("the model has no init_parameters (a model plugin before ABI 2.4)", DTK_ERR_UNSUPPORTED);
+    const dtk_param_visitor v{dtk_param_visitor_STRUCT_SIZE, const_cast<Model::ParamValueFn*>(&take),
+                              [](void* ctx, const char* name, dtk_tensor* t, const dtk_param_info*) {
+                                return guard([&] { (*static_cast<Model::ParamValueFn*>(ctx))(name ? name : "", unwrap(t)); });
+                              }};
+    check(ref_->api->init_parameters(ref_->model, &v));
+  }
 
  private:
   using VisitFn = dtk_status* (*)(dtk_model*, const dtk_param_visitor*);

@@ -42,6 +42,9 @@ class Strategy {
   }
   // Only for strategies whose info() reports partitions_parameters (ZeRO-3).
   virtual void gather_parameters(bool whole) { (void)whole; }
+  // Partitioned construction (ABI 2.4): true when setup initialises the parameters itself through
+  // ModelHandle::init_parameters, so the host creates the model deferred. Asked before setup.
+  virtual bool defers_parameters() { return false; }
   // The bytes held now, by kind (abi.h dtk_memory_usage). Default: unknown (zeros).
   virtual dtk_memory_usage memory_usage() {
     dtk_memory_usage u{};
@@ -108,6 +111,9 @@ const dtk_strategy_api* strategy_api() {
           mine.struct_size = dtk_memory_usage_STRUCT_SIZE;
           write_struct(usage, mine);
         });
+      },
+      [](dtk_strategy* s, int32_t* deferred) {
+        return guard([&] { *deferred = reinterpret_cast<T*>(s)->defers_parameters() ? 1 : 0; });
       },
   };
   return &api;

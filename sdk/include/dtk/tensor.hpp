@@ -199,7 +199,8 @@ struct BuildContext {
         seq_length(c.seq_length),
         micro_batch_size(c.micro_batch_size),
         seed(c.seed),
-        sequence_parallel(c.sequence_parallel != 0 && c.tp_size > 1) {}
+        sequence_parallel(c.sequence_parallel != 0 && c.tp_size > 1),
+        deferred_parameters(c.deferred_parameters != 0) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -208,6 +209,9 @@ struct BuildContext {
   int64_t seq_length, micro_batch_size;
   uint64_t seed;
   bool sequence_parallel;  // ABI 2.3 (false from a 2.2 host): dtk_build_context.sequence_parallel
+  // ABI 2.4 (false from an earlier host): create parameters without values; dtk::layers::ParamFactory
+  // with a DeferredInit does it (dtk/layers/param_factory.hpp).
+  bool deferred_parameters;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -115,6 +115,9 @@ const dtk_model_api kBlamingApi = {
     [](dtk_model* m, const dtk_module_hooks* hooks) {
       return blame(blaming(m)->api->set_module_hooks(blaming(m)->model, hooks), blaming(m), "set_module_hooks");
     },
+    [](dtk_model* m, const dtk_param_visitor* v) {
+      return blame(blaming(m)->api->init_parameters(blaming(m)->model, v), blaming(m), "init_parameters");
+    },
 };
 }  // namespace
 
@@ -278,6 +281,9 @@ const dtk_model_api kCompositeApi = {
                              [&](const dtk_module_hooks* h) { return c->api->set_module_hooks(c->model, h); });
       });
     },
+    [](dtk_model* m, const dtk_param_visitor* v) {
+      return visit_prefixed(m, v, &dtk_model_api::init_parameters);
+    },
 };
 }  // namespace
 
@@ -315,7 +321,10 @@ ModelInstance::ModelInstance(const Plugin& plugin, const std::vector<dtk_build_c
   }
 }
 
-void ModelInstance::create_chunk(const dtk_build_context& ctx) {
+void ModelInstance::create_chunk(const dtk_build_context& asked) {
+  // Deferred parameters only for a model that can hand their values out afterwards (abi.h).
+  dtk_build_context ctx = asked;
+  if (!DTK_HAS_FIELD(dtk_model_api, api_, init_parameters) || !api_->init_parameters) ctx.deferred_parameters = 0;
   dtk_model* m = nullptr;
   check_plugin(api_->create(&ctx, &m), plugin_, "create");
   if (!m) throw HostError("model plugin '" + plugin_.name() + "': create returned no model");
@@ -507,6 +516,12 @@ StrategyInstance::~StrategyInstance() {
     }
   }
   if (strategy_) api_->destroy(strategy_);
+}
+bool StrategyInstance::defers_parameters() const {
+  if (!DTK_HAS_FIELD(dtk_strategy_api, api_, defers_parameters) || !api_->defers_parameters) return false;
+  int32_t deferred = 0;
+  check_plugin(api_->defers_parameters(strategy_, &deferred), plugin_, "defers_parameters");
+  return deferred != 0;
 }
 void StrategyInstance::setup(ModelInstance& model) {
   check_plugin(api_->setup(strategy_, model.ref()), plugin_, "setup");

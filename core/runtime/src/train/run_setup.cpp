@@ -203,8 +203,16 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
   check_schedule_fits(cfg, topo, plan);
   const int v = virtual_stages(cfg);
   TrainingParts parts;
+  // The strategy first: one that initialises the parameters itself (ZeRO-3's partitioned
+  // construction) has the model created without their values.
+  parts.strategy =
+      std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
+  const bool deferred = parts.strategy->defers_parameters();
   std::vector<dtk_build_context> chunks;
-  for (int k = 0; k < v; ++k) chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
+  for (int k = 0; k < v; ++k) {
+    chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
+    chunks.back().deferred_parameters = deferred ? 1 : 0;
+  }
   parts.model = std::make_unique<ModelInstance>(plugins.model.plugin, chunks);
   const dtk_model_info info = parts.model->info();
   if (sequence_parallel(cfg, topo) && info.sequence_parallel == 0)
@@ -213,8 +221,6 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
   parts.stats = model_stats(parts.model->parameters(), info, topo.tp_size, topo.pp_rank, topo.pp_size);
-  parts.strategy =
-      std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
   parts.strategy->setup(*parts.model);
   const ParamGroups groups(cfg.lr(), schedule.reference_weight_decay());
   if (topo.pp_size == 1) groups.require_every_rule_matches(parts.model->parameters());
@@ -235,10 +241,11 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
 void check_output_paths(const config::RunConfig& cfg) {
   namespace fs = std::filesystem;
   auto writable_dir = [](const std::string& dir, const std::string& what) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir, ec))
-      throw HostError(what + " '" + dir + "': cannot create the directory" + (ec ? " (" + ec.message() + ")" : ""));
+    std::error_code created, checked;  // the creation's error is the one to report (EACCES, not ENOENT)
+    fs::create_directories(dir, created);
+    if (!fs::is_directory(dir, checked))
+      throw HostError(what + " '" + dir + "': cannot create the directory" +
+                      (created ? " (" + created.message() + ")" : checked ? " (" + checked.message() + ")" : ""));
     if (::access(dir.c_str(), W_OK | X_OK) != 0)
       throw HostError(what + " '" + dir + "': cannot write there (" + std::strerror(errno) + ")");
   };

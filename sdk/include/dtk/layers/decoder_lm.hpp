@@ -132,6 +132,10 @@ class DecoderLM : public Model {
   // The parameters (Model's default) plus the two dropout generators' states.
   TensorList state_save() override;
   void state_load(const TensorList& state, bool strict) override;
+  // Partitioned construction (ABI 2.4): built under ctx.deferred_parameters, every parameter is a
+  // placeholder and init_parameters replays the draws (param_factory.hpp).
+  bool defers_parameters() override { return deferred_ != nullptr; }
+  void init_parameters(const ParamValueFn& take) override;
 
  protected:
   // `name` prefixes every error ("gpt: ...").
@@ -197,6 +201,7 @@ class DecoderLM : public Model {
   DominoStack domino_;
   DominoHead head_;
   DominoEmbedding embedding_;
+  std::unique_ptr<DeferredInit> deferred_;  // set while the parameters await their values
 };
 
 }  // namespace dtk::layers

@@ -24,11 +24,13 @@
 //
 // Weights are initialized as Megatron's CPU initialization does: the full ("master") weight is
 // drawn from a generator that is identical on all TP ranks and each rank keeps its slice, so a
-// TP=N model is exactly the TP=1 model cut in pieces.
+// TP=N model is exactly the TP=1 model cut in pieces (ParamFactory, dtk/layers/param_factory.hpp,
+// which also builds them deferred for ZeRO-3's partitioned construction).
 #pragma once
 
 #include <optional>
 
+#include <dtk/layers/param_factory.hpp>
 #include <dtk/model.hpp>
 
 #include <cstdint>
@@ -45,20 +47,6 @@ struct TPGroup {
   // with size > 1): [b, s / size, h], rows [rank * s / size, (rank + 1) * s / size).
   bool sequence_parallel = false;
   bool splits_sequence() const { return sequence_parallel && size > 1; }
-};
-
-// How new parameters are made: dtype/device of the parameters, init generator (CPU).
-struct ParamFactory {
-  at::ScalarType dtype = at::kFloat;
-  at::Device device = at::kCPU;
-  at::Generator gen;  // CPU generator used for every master weight, in construction order
-
-  // A normal(0, std) master weight of `shape`, drawn in fp32 on the CPU.
-  at::Tensor normal(at::IntArrayRef shape, double std);
-  // Turns a (slice of a) master tensor into a trainable parameter.
-  at::Tensor param(const at::Tensor& value) const;
-  at::Tensor zeros(at::IntArrayRef shape) const;
-  at::Tensor ones(at::IntArrayRef shape) const;
 };
 
 // Megatron's region mappings (autograd functions).

@@ -155,6 +155,9 @@ class StrategyInstance {
   ~StrategyInstance();
   // Sets the strategy up over the model, then installs the strategy's module hooks (if any) on
   // it; a model that cannot fire them is refused naming both plugins.
+  // Partitioned construction (ABI 2.4): the strategy initialises the parameters in setup, so the
+  // model is created with deferred_parameters. Asked before the model exists.
+  bool defers_parameters() const;
   void setup(ModelInstance& model);
   std::vector<Param> optimizer_params();
   // Before the backward of micro-batch `micro_batch` (0-based) of `num_micro_batches`.

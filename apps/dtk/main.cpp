@@ -439,10 +439,21 @@ bool answered_version_or_help(int argc, char** argv) {
 
 }  // namespace
 
+namespace {
+// `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
+// (exit_conditions.hpp). Held from the executable's .preinit_array, which runs before any shared
+// library's constructors: LibTorch's static initialisers take about a second before main, and a
+// SIGTERM then used to end the process without a word. The mask survives the allocator's re-exec.
+// glibc passes (argc, argv, envp) to preinit functions.
+void hold_exit_signals_before_the_libraries(int argc, char** argv, char**) {
+  if (argc > 1 && argv && argv[1] && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();
+}
+__attribute__((section(".preinit_array"), used)) void (*const kHoldExitSignals)(int, char**, char**) =
+    &hold_exit_signals_before_the_libraries;
+}  // namespace
+
 int main(int argc, char** argv) {
-  // `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
-  // (exit_conditions.hpp); the mask survives the re-exec below.
-  if (argc > 1 && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();
+  if (argc > 1 && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();  // no preinit: here
   dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
   try {
     dtk::cpu_gemm_engine();  // a bad DTK_CPU_GEMM is refused before anything runs (dtk/gemm.hpp)

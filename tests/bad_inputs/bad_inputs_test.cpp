@@ -474,6 +474,11 @@ TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
                          "checkpoint.overwrite_other_run=true");
   EXPECT_EQ(file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt"), before);
   EXPECT_FALSE(fs::exists(ckpt + "/iter_0000004"));
+  // The same model with another seed, not loading from the folder, is another run as well.
+  expect_clean_error(run_dtk(kTrain + "--set train.seed=99 --set checkpoint.save=" + ckpt, 60),
+                     "holds another run's checkpoints (iter_0000002 was trained with train.seed=1234 but this run "
+                     "has 99)");
+  EXPECT_EQ(file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt"), before);
   // (Options that change only the computation count too: the comparison is a load's,
   // BadInputs.ACheckpointsModelMustBeTheRuns and CheckpointModel.*.)
   // The run that owns it resumes into it.
@@ -490,6 +495,7 @@ TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
               120);
   EXPECT_EQ(forced.code, 0) << forced.out;
   EXPECT_EQ(tracked_iteration(ckpt), 2);
+  EXPECT_NE(forced.out.find("checkpoint: replacing " + ckpt + "/iter_0000002"), std::string::npos) << forced.out;
 }
 
 using Background = dtk_test::BackgroundDtk;
@@ -503,8 +509,8 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
   expect_clean_error(run_dtk("config --set train.save_on_signals=bogus", 60),
                      "config: train.save_on_signals: 'bogus' is not a signal DTK saves on");
   // SIGUSR1 by default; SIGHUP as a list names it ("hup": without SIG, any case).
-  for (const int sig : {SIGUSR1, SIGHUP}) {
-    const std::string name = sig == SIGHUP ? "SIGHUP" : "SIGUSR1";
+  for (const int sig : {SIGUSR1, SIGUSR2, SIGHUP}) {
+    const std::string name = sig == SIGHUP ? "SIGHUP" : sig == SIGUSR2 ? "SIGUSR2" : "SIGUSR1";
     SCOPED_TRACE(name);
     const std::string ckpt = tmp_dir("signal-" + name);
     Background run(
@@ -546,6 +552,30 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
               std::string::npos)
         << run.output();
     EXPECT_EQ(tracked_iteration(ckpt), -1) << run.output();
+  }
+  {
+    // In the first second, while LibTorch's static initialisers run before main: the signal is held
+    // from the executable's .preinit_array on, and reported once the handlers exist. Sent as soon
+    // as /proc shows it held (before that, the dynamic loader is still mapping the libraries).
+    Background run(long_run, tmp_dir("signal-log-first-second") + "/out.txt");
+    auto mask = [&](const std::string& field) -> uint64_t {
+      std::ifstream status("/proc/" + std::to_string(run.pid) + "/status");
+      for (std::string line; std::getline(status, line);)
+        if (line.rfind(field, 0) == 0) return std::stoull(line.substr(field.size()), nullptr, 16);
+      return 0;
+    };
+    const uint64_t term = uint64_t{1} << (SIGTERM - 1);
+    bool held = false;
+    for (int i = 0; i < 30000 && !held; ++i) {  // at most 30 s
+      held = (mask("SigBlk:") & term) != 0;
+      if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(held) << run.output();
+    ASSERT_EQ(::kill(run.pid, SIGTERM), 0);
+    EXPECT_EQ(run.wait_exit(60), 128 + SIGTERM) << run.output();
+    EXPECT_NE(run.output().find("dtk: received SIGTERM before training started: exiting, nothing was saved"),
+              std::string::npos)
+        << run.output();
   }
   expect_clean_error(run_dtk(kTrain + "--set train.save_on_signals=SIGTERM,SIGFOO", 60),
                      "config: train.save_on_signals: 'SIGFOO' is not a signal DTK saves on (SIGTERM, SIGINT, SIGHUP");
@@ -619,6 +649,14 @@ TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
             std::string::npos)
       << inspect_garbage.out;
   expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + garbage, 60), "does not hold an iteration number");
+  // Every reader of a checkpoint gives the same verdict: generate, export and convert too.
+  const std::string readers[] = {"generate --prompt 1 --load ", "export hf ", "checkpoint convert "};
+  for (const std::string& reader : readers) {
+    const std::string tail = reader.rfind("generate", 0) == 0 ? "" : reader.rfind("export", 0) == 0
+                                                                        ? " " + garbage + "-hf"
+                                                                        : " " + garbage + "-tp2 --tensor_model_parallel_size 2";
+    expect_clean_error(run_dtk(reader + garbage + tail, 60), "does not hold an iteration number");
+  }
   // ... and a manifest listing a file that is gone is incomplete to both.
   const std::string listed = copy_of_shared_checkpoint("messages-listed");
   std::ofstream(listed + "/iter_0000002/SHA256SUMS", std::ios::app) << std::string(64, 'a') << "  extra.pt\n";
@@ -629,6 +667,12 @@ TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
   expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + listed, 60),
                      "checkpoint: iteration 2 of " + listed + " is incomplete: " + listed +
                          "/iter_0000002/extra.pt is missing (listed in SHA256SUMS)");
+  for (const std::string& command : {"checkpoint convert " + listed + " " + listed + "-tp2 --tensor_model_parallel_size 2",
+                                     "export hf " + listed + "/iter_0000002 " + listed + "-hf"}) {
+    expect_clean_error(run_dtk(command, 60), "checkpoint: iteration 2 of " + listed + " is incomplete: " + listed +
+                                                 "/iter_0000002/extra.pt is missing (listed in SHA256SUMS)");
+    EXPECT_FALSE(fs::exists(listed + "-tp2")) << command;
+  }
 }
 
 // Messages name the file and stay readable: a safetensors header that is a JSON array, a binary
@@ -652,6 +696,14 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
   std::ofstream(hf + "/config.json", std::ios::trunc) << "[]";
   expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
                      "import hf: " + hf + "/config.json holds a JSON array, not an object");
+  // A field of another JSON type is named, not the JSON library's message.
+  std::ofstream(hf + "/config.json", std::ios::trunc) << R"({"model_type": ["gpt2"]})";
+  expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
+                     "import hf: " + hf + "/config.json: 'model_type' is a JSON array, not a string");
+  // An empty flag file would train Megatron's defaults, as an empty --megatron_args would.
+  std::ofstream(dir + "/no-flags.txt") << "# only a comment\n";
+  expect_clean_error(run_dtk("config --megatron_args @" + dir + "/no-flags.txt", 60),
+                     "--megatron_args @" + dir + "/no-flags.txt: the file holds no flags (empty or only comments)");
   // A binary file as Megatron flags: named, no control byte printed.
   std::ofstream(dir + "/flags.bin", std::ios::binary) << std::string(
       "\x7f"
@@ -693,6 +745,9 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
           (as_user.empty() ? "" : "setpriv " + as_user) + DTK_BIN + " " + kTrain + "--set checkpoint.save=" + ro;
       const dtk_test::Result r = dtk_test::run_shell("timeout -k 10 60 " + cmd + " 2>&1");
       expect_clean_error(r, "checkpoint.save '" + ro + "': cannot write there (Permission denied)");
+      // A folder to create inside it: the creation's own error, not "No such file or directory".
+      const dtk_test::Result sub = dtk_test::run_shell("timeout -k 10 60 " + cmd + "/sub 2>&1");
+      expect_clean_error(sub, "checkpoint.save '" + ro + "/sub': cannot create the directory (Permission denied)");
     }
   }
   // generate: a tokenizer larger than the model is refused before the first prompt.

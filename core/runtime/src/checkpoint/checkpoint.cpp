@@ -259,6 +259,9 @@ void publish_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
   try {
     merge_checksum_parts(tmp_dir);
     fsync_path(tmp_dir, true);
+    std::error_code exists;
+    if (fs::exists(final_dir, exists))
+      LOG(WARNING) << "checkpoint: replacing " << final_dir << " (saved there before this save)";
     move_into_place(tmp_dir, final_dir);
     std::error_code ec;
     fs::remove_all(tmp_dir, ec);  // the replaced old directory, if any

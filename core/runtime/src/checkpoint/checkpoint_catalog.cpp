@@ -276,16 +276,19 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration) {
   fs::path normal = fs::path(path).lexically_normal();
   if (normal.filename().empty()) normal = normal.parent_path();  // a trailing '/'
   int64_t it = iteration_of(normal.filename().string());
+  std::string save_dir = normal.parent_path().string();
   if (it < 0) {
     const std::vector<int64_t> all = list_checkpoint_iterations(normal.string());
     if (all.empty()) throw HostError("checkpoint " + path + " holds no iter_NNNNNNN directory");
-    try {
-      it = read_checkpoint_tracker(normal.string());
-    } catch (const std::exception&) {
-      it = all.back();
-    }
-    normal = checkpoint_iter_dir(normal.string(), it);
+    // The tracker's iteration, as training's load takes it (one that holds no number is an error,
+    // not a reason to read another iteration); a folder without one: its newest.
+    save_dir = normal.string();
+    it = fs::exists(checkpoint_tracker_file(save_dir), ec) ? read_checkpoint_tracker(save_dir) : all.back();
+    normal = checkpoint_iter_dir(save_dir, it);
   }
+  // The verdict inspect and training's load give: every file the manifest lists is there.
+  if (const std::string verdict = checkpoint_verdict(save_dir, it, false); !verdict.empty())
+    throw HostError("checkpoint: iteration " + std::to_string(it) + " of " + save_dir + " is incomplete: " + verdict);
   if (iteration) *iteration = it;
   return normal.string();
 }

@@ -167,6 +167,14 @@ std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost&
   return "";
 }
 
+namespace {
+bool loads_from_save_folder(const config::CheckpointConfig& ck) {
+  if (ck.load().empty()) return false;
+  std::error_code ec;
+  return std::filesystem::equivalent(ck.load(), ck.save(), ec);
+}
+}  // namespace
+
 std::string save_folder_owner_difference(const config::RunConfig& cfg, host::PluginHost& plugins) {
   const auto& ck = cfg.checkpoint();
   if (ck.save().empty() || ck.overwrite_other_run()) return "";
@@ -183,7 +191,11 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
       continue;
     }
     if (!saved.has_model() || saved.model().name().empty()) continue;
-    const Difference d = first_difference(saved.model(), cfg.model(), plugins);
+    Difference d = first_difference(saved.model(), cfg.model(), plugins);
+    // The same model with another seed is another run too, unless this run continues the folder's
+    // own checkpoints (it loads from it: a resumed run may change its seed, as in Megatron).
+    if (d.recorded_text.empty() && !loads_from_save_folder(ck) && saved.train().seed() != cfg.train().seed())
+      d = {"train.seed=" + std::to_string(saved.train().seed()), std::to_string(cfg.train().seed())};
     if (d.recorded_text.empty()) return "";
     return "checkpoint.save '" + ck.save() + "' holds another run's checkpoints (" +
            std::filesystem::path(iter_dir).filename().string() + " was trained with " + d.recorded_text +

@@ -442,6 +442,9 @@ std::vector<std::string> split_megatron_args(const std::string& text_or_file) {
   }
   if (quote) throw HostError(std::string("--megatron_args: unclosed ") + quote + " quote");
   if (have) out.push_back(cur);
+  // An empty flag file would silently train Megatron's defaults, as `--megatron_args ''` would.
+  if (out.empty() && !text_or_file.empty() && text_or_file[0] == '@')
+    throw HostError("--megatron_args " + text_or_file + ": the file holds no flags (empty or only comments)");
   return out;
 }
 

@@ -133,6 +133,22 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const auto& e = it.value();
+    // The entry's form, checked field by field so that a message names what is wrong.
+    auto integers = [&](const char* field, bool allow_negative) {
+      if (!e.contains(field) || !e[field].is_array())
+        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has no '" + field + "' array");
+      for (const auto& v : e[field])
+        if (!v.is_number_integer() || (!allow_negative && v.get<int64_t>() < 0))
+          throw HostError("import hf: " + file + ": tensor '" + it.key() + "': '" + field +
+                          "' holds something other than non-negative integers");
+    };
+    if (!e.is_object())
+      throw HostError("import hf: " + file + ": tensor '" + it.key() + "' is a JSON " + e.type_name() +
+                      ", not {dtype, shape, data_offsets}");
+    if (!e.contains("dtype") || !e["dtype"].is_string())
+      throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has no 'dtype' string");
+    integers("shape", false);
+    integers("data_offsets", false);
     try {
       const at::ScalarType type = from_safetensors_dtype(e.at("dtype").get<std::string>(), file, it.key());
       const auto shape = e.at("shape").get<std::vector<int64_t>>();
@@ -184,6 +200,20 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir) {
     }
   }
   return out;
+}
+
+std::string json_string_or(const nlohmann::json& j, const char* key, const std::string& fallback, const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_string())
+    throw HostError("import hf: " + file + ": '" + key + "' is a JSON " + j[key].type_name() + ", not a string");
+  return j[key].get<std::string>();
+}
+
+bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const std::string& file) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean())
+    throw HostError("import hf: " + file + ": '" + key + "' is a JSON " + j[key].type_name() + ", not true or false");
+  return j[key].get<bool>();
 }
 
 nlohmann::json read_hf_config(const std::string& hf_dir) {

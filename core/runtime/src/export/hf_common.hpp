@@ -35,6 +35,10 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file);
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir);
 // A folder's config.json, parsed (one-line errors).
 nlohmann::json read_hf_config(const std::string& hf_dir);
+// config.json's field `key` of the expected type, `fallback` when absent or null; one line naming
+// the file and the field when it holds another type (never the JSON library's own message).
+std::string json_string_or(const nlohmann::json& j, const char* key, const std::string& fallback, const std::string& file);
+bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const std::string& file);
 
 // A whole file's bytes; `what` names it in the error ("export hf: cannot read <what> <path>").
 std::string read_whole(const std::string& path, const std::string& what);

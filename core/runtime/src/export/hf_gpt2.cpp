@@ -168,7 +168,7 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
   auto real = [&](const char* key, double fallback) {
     return c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
   };
-  const std::string type = c.value("model_type", "");
+  const std::string type = hf::json_string_or(c, "model_type", "", config_file);
   if (type != "gpt2") throw HostError("import hf: " + config_file + ": model_type '" + type + "' (dtk imports gpt2 into the gpt model and llama into the llama model)");
   s.layers = integer("n_layer"), s.hidden = integer("n_embd"), s.heads = integer("n_head");
   s.vocab = integer("vocab_size"), s.positions = integer("n_positions");
@@ -181,14 +181,14 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
   s.attention_dropout = real("attn_pdrop", 0.1);
   s.init_std = real("initializer_range", 0.02);
   s.untie = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean() && !c["tie_word_embeddings"].get<bool>();
-  const std::string act = c.value("activation_function", "gelu_new");
+  const std::string act = hf::json_string_or(c, "activation_function", "gelu_new", config_file);
   if (act == "gelu_new" || act == "gelu_pytorch_tanh")
     s.openai_gelu = true;
   else if (act != "gelu")
     throw HostError("import hf: " + config_file + ": activation_function '" + act +
                     "'; the gpt model has gelu (erf) and gelu_new (tanh, model.openai_gelu)");
-  if (c.value("scale_attn_by_inverse_layer_idx", false) || c.value("reorder_and_upcast_attn", false) ||
-      !c.value("scale_attn_weights", true))
+  if (hf::json_bool_or(c, "scale_attn_by_inverse_layer_idx", false, config_file) ||
+      hf::json_bool_or(c, "reorder_and_upcast_attn", false, config_file) || !hf::json_bool_or(c, "scale_attn_weights", true, config_file))
     throw HostError("import hf: " + config_file + ": another attention scaling than 1/sqrt(head size) is not in the gpt model");
   return s;
 }

@@ -263,7 +263,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   if (present("head_dim") && integer("head_dim", 0, false) != s.hidden / s.heads)
     refuse("head_dim " + std::to_string(integer("head_dim", 0, false)) + " is not hidden_size / num_attention_heads (" +
            std::to_string(s.hidden / s.heads) + "), which the llama model's heads are");
-  const std::string act = c.value("hidden_act", "silu");
+  const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
   s.eps = real("rms_norm_eps", 1e-6);
   s.rope_theta = real("rope_theta", 10000.0);
@@ -278,7 +278,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   if (present("rope_scaling")) {
     const nlohmann::json& r = c["rope_scaling"];
     if (!r.is_object()) refuse("'rope_scaling' is not an object");
-    const std::string type = r.value("rope_type", r.value("type", std::string("default")));
+    const std::string type = hf::json_string_or(r, "rope_type", hf::json_string_or(r, "type", "default", config_file), config_file);
     if (type == "llama3") {
       s.llama3 = true;
       auto num = [&](const char* key) {
@@ -299,7 +299,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
 HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   const std::string config_file = (fs::path(hf_dir) / "config.json").string();
   const nlohmann::json config = hf::read_hf_config(hf_dir);
-  const std::string type = config.value("model_type", "");
+  const std::string type = hf::json_string_or(config, "model_type", "", config_file);
   if (type != "llama") throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama");
   HfLlamaImport r;
   r.shape = shape_from_config(config, config_file);

@@ -850,6 +850,24 @@ TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {
   auto sizes = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-path d/a d/b"));
   EXPECT_TRUE(sizes.refused.empty());
   EXPECT_TRUE(has(sizes, "dataset.data_path=d/a d/b"));
+  // The same lists from files, as Megatron reads --data-args-path and --per-split-data-args-path.
+  const std::string dir = std::string(DTK_TEST_TMP) + "/megatron-data-args";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/blend.txt") << "0.3 d/a\n  0.7 d/b\n";
+  std::ofstream(dir + "/splits.json") << R"({"train": ["0.4", "d/a", 0.6, "d/b"], "valid": "d/b", "test": null})";
+  auto file = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--data-args-path " + dir + "/blend.txt"));
+  EXPECT_TRUE(file.refused.empty());
+  EXPECT_TRUE(has(file, "dataset.data_path=0.3 d/a 0.7 d/b"));
+  auto json = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--per-split-data-args-path " + dir + "/splits.json"));
+  EXPECT_TRUE(json.refused.empty());
+  EXPECT_EQ(json.dataset, "gpt_indexed");
+  EXPECT_TRUE(has(json, "dataset.train_data_path=0.4 d/a 0.6 d/b"));
+  EXPECT_TRUE(has(json, "dataset.valid_data_path=d/b"));
+  std::ofstream(dir + "/bad.json") << R"({"train": "d/a"})";
+  auto bad = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--per-split-data-args-path " + dir + "/bad.json"));
+  ASSERT_EQ(bad.refused.size(), 1u);
+  EXPECT_NE(bad.refused[0].find("has no \"valid\""), std::string::npos) << bad.refused[0];
 }
 
 // The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given

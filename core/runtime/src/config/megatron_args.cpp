@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "dtk/core/config/config.hpp"
 #include "dtk/host/error.hpp"
 
@@ -200,6 +202,12 @@ const Rule kRules[] = {
      "the split and the tokenizer"},
     {"--valid-data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.valid_data_path", "as --train-data-path"},
     {"--test-data-path", -1, Kind::kCustom, "dataset gpt_indexed, dataset.test_data_path", "as --train-data-path"},
+    {"--data-args-path", 1, Kind::kCustom, "dataset gpt_indexed, dataset.data_path",
+     "the file's whitespace-separated words, as --data-path (Megatron reads the file so)"},
+    {"--per-split-data-args-path", 1, Kind::kCustom,
+     "dataset gpt_indexed, dataset.train_data_path, valid_data_path, test_data_path",
+     "a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...}, each a list of words or one string, as "
+     "--train-data-path and its siblings"},
     {"--mock-data", 0, Kind::kCustom, "dataset synthetic", "random tokens"},
     {"--split", 1, Kind::kSet, "dataset.split", ""},
     {"--data-cache-path", 1, Kind::kSet, "dataset.cache_dir", ""},
@@ -331,6 +339,36 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--train-data-path" || f == "--valid-data-path" || f == "--test-data-path") {
     m.dataset = "gpt_indexed";
     m.sets.push_back("dataset." + f.substr(2, f.find('-', 2) - 2) + "_data_path=" + joined(v));
+  } else if (f == "--data-args-path" || f == "--per-split-data-args-path") {
+    std::ifstream in(v[0]);
+    std::stringstream text;
+    if (!in || !(text << in.rdbuf())) return refuse("cannot read the file");
+    m.dataset = "gpt_indexed";
+    if (f == "--data-args-path") {
+      std::vector<std::string> words;
+      for (std::string w; text >> w;) words.push_back(w);
+      if (words.empty()) return refuse("the file holds no prefixes");
+      return m.sets.push_back("dataset.data_path=" + joined(words));
+    }
+    nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return refuse("not a JSON object {\"train\": ..., \"valid\": ..., \"test\": ...}");
+    for (const char* split : {"train", "valid", "test"}) {
+      if (!j.contains(split)) return refuse(std::string("has no \"") + split + "\" (Megatron reads all three)");
+      const nlohmann::json& e = j[split];
+      std::vector<std::string> words;
+      if (e.is_string()) {
+        std::stringstream ws(e.get<std::string>());
+        for (std::string w; ws >> w;) words.push_back(w);
+      } else if (e.is_array()) {
+        for (const auto& w : e) {
+          if (!w.is_string() && !w.is_number()) return refuse(std::string("\"") + split + "\" holds a JSON " + w.type_name());
+          words.push_back(w.is_string() ? w.get<std::string>() : w.dump());
+        }
+      } else if (!e.is_null()) {
+        return refuse(std::string("\"") + split + "\" is a JSON " + e.type_name() + ", not a list or a string");
+      }
+      if (!words.empty()) m.sets.push_back(std::string("dataset.") + split + "_data_path=" + joined(words));
+    }
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";
   } else if (f == "--data-impl") {

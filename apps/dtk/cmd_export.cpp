@@ -123,7 +123,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
   int64_t iteration = 0;
-  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, /*verify=*/false);
   dtk::config::RunConfig cfg;
   if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");

@@ -199,7 +199,7 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   const std::vector<std::string> prompts = read_prompts();
 
   int64_t iteration = 0;
-  const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration);
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration, /*verify=*/false);
   int tp = 1;
   dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
   apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");

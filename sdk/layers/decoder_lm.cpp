@@ -207,8 +207,9 @@ void DecoderLM::init_domino() {
   }
 }
 
-// The replayed values under the parameters' names; a recorded tensor the model does not list (none
-// today) gets its value in place, so nothing is left a placeholder.
+// The replayed values under the parameters' names, once: afterwards the model no longer reports
+// deferred parameters (the host checks that the strategy took them). A recorded tensor the model
+// does not list (none today) gets its value in place, so nothing is left a placeholder.
 void DecoderLM::init_parameters(const ParamValueFn& take) {
   if (!deferred_) return Model::init_parameters(take);
   std::unordered_map<const void*, std::string> names;
@@ -219,6 +220,7 @@ void DecoderLM::init_parameters(const ParamValueFn& take) {
     if (it != names.end()) return take(it->second, value);
     param.set_data(value.to(param.device(), param.scalar_type()).contiguous());
   });
+  deferred_.reset();  // handed out: the receiver holds the values now (and the records go)
 }
 
 TensorList DecoderLM::state_save() {

@@ -202,15 +202,18 @@ const dtk_model_api* model_api() {
         return guard([&] { reinterpret_cast<T*>(m)->set_module_hooks(hooks); });
       },
       [](dtk_model* m, const dtk_param_visitor* v) {
+        struct VisitorFailed {};  // stops the replay: drawing the rest would only delay the error
         dtk_status* visited = nullptr;
         dtk_status* s = guard([&] {
-          reinterpret_cast<T*>(m)->init_parameters([&](const std::string& name, const at::Tensor& value) {
-            if (visited) return;  // the visitor failed: its status is the answer
-            dtk_tensor h{value};
-            visited = v->visit(v->ctx, name.c_str(), &h, nullptr);
-          });
+          try {
+            reinterpret_cast<T*>(m)->init_parameters([&](const std::string& name, const at::Tensor& value) {
+              dtk_tensor h{value};
+              if ((visited = v->visit(v->ctx, name.c_str(), &h, nullptr))) throw VisitorFailed{};
+            });
+          } catch (const VisitorFailed&) {
+          }
         });
-        return s ? s : visited;
+        return visited ? visited : s;
       },
   };
   return &api;

@@ -119,19 +119,26 @@ std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config:
 
 namespace {
 
-// The model recorded in the checkpoint a run loads: the tracker's iteration (else the newest),
-// and with fallback the older complete ones in turn. False when none records one that reads.
+// The model recorded in the checkpoint a run loads: the iteration the load will take. That is the
+// tracker's (else the newest) when it passes the load's verdict, and with fallback the newest
+// complete one below it (any, when the tracker holds no number), in turn. False when none records
+// one that reads.
 bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* out, std::string* why) {
   int64_t iteration = -1;
   std::string iter_dir;
   try {
-    iter_dir = resolve_iteration_dir(ck.load(), &iteration);
+    iter_dir = resolve_iteration_dir(ck.load(), &iteration, /*verify=*/false);
   } catch (const std::exception& e) {
     *why = e.what();
-    return false;
+    if (!ck.fallback() || (iteration = older_complete_iteration(ck.load(), -1)) < 0) return false;
+    iter_dir = checkpoint_iter_dir(ck.load(), iteration);
   }
   while (true) {
     try {
+      if (!ck.no_verify_checksums())
+        if (const std::string verdict = checkpoint_verdict(ck.load(), iteration, false); !verdict.empty())
+          throw HostError("checkpoint: iteration " + std::to_string(iteration) + " of " + ck.load() +
+                          " is incomplete: " + verdict);
       config::RunConfig saved;
       if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved))
         throw HostError("the configuration recorded in " + iter_dir + " does not parse");

@@ -116,6 +116,7 @@ const dtk_model_api kBlamingApi = {
       return blame(blaming(m)->api->set_module_hooks(blaming(m)->model, hooks), blaming(m), "set_module_hooks");
     },
     [](dtk_model* m, const dtk_param_visitor* v) {
+      if (!blaming(m)->api->init_parameters) return make_status(DTK_ERR_UNSUPPORTED, "model has no init_parameters");
       return blame(blaming(m)->api->init_parameters(blaming(m)->model, v), blaming(m), "init_parameters");
     },
 };

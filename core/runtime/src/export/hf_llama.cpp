@@ -278,7 +278,9 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   if (present("rope_scaling")) {
     const nlohmann::json& r = c["rope_scaling"];
     if (!r.is_object()) refuse("'rope_scaling' is not an object");
-    const std::string type = hf::json_string_or(r, "rope_type", hf::json_string_or(r, "type", "default", config_file), config_file);
+    const std::string type = r.contains("rope_type") && !r["rope_type"].is_null()
+                                 ? hf::json_string_or(r, "rope_type", "", config_file)
+                                 : hf::json_string_or(r, "type", "default", config_file);
     if (type == "llama3") {
       s.llama3 = true;
       auto num = [&](const char* key) {

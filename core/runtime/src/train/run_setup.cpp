@@ -222,6 +222,10 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "distributed.sequence_parallel=false");
   parts.stats = model_stats(parts.model->parameters(), info, topo.tp_size, topo.pp_rank, topo.pp_size);
   parts.strategy->setup(*parts.model);
+  if (info.struct_size >= dtk_model_info_STRUCT_SIZE_2_4 && info.deferred_parameters && parts.model->info().deferred_parameters)
+    throw HostError("strategy plugin '" + plugins.strategy.name() +
+                    "' asked for the model without parameter values (defers_parameters) but its setup did not take "
+                    "them (dtk_model_api.init_parameters); the parameters would be placeholders");
   const ParamGroups groups(cfg.lr(), schedule.reference_weight_decay());
   if (topo.pp_size == 1) groups.require_every_rule_matches(parts.model->parameters());
   if (schedule.weight_decay_varies()) require_weight_decay_scale(cfg, plugins);

@@ -776,7 +776,8 @@ typedef struct dtk_model_api {
    * visitor->visit(ctx, name, value, NULL) once per parameter (names as visit_parameters reports
    * them), one at a time: `value` is [borrowed] for the call, a CPU tensor of the parameter's shape
    * (fp32 or the parameter's dtype; the receiver casts), so at most one parameter's values exist at
-   * once. It does not change the parameters. DTK_ERR_UNSUPPORTED for a model that did not defer. */
+   * once; the receiver puts them in place (the model does not). Called once: afterwards the model
+   * reports deferred_parameters 0. DTK_ERR_UNSUPPORTED for a model that did not defer. */
   dtk_status* (*init_parameters)(dtk_model* model, const dtk_param_visitor* visitor);
 } dtk_model_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_0, set_module_hooks);

@@ -45,10 +45,13 @@ int64_t older_complete_iteration(const std::string& dir, int64_t before);
 // temporary name of this process, so a removal cut short is cleaned up like a crashed save's.
 std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_last);
 
-// PATH as `dtk checkpoint inspect` and `dtk export` take it: an iter_NNNNNNN directory, or a save
-// directory (its tracker's iteration, else its newest). Returns the iteration directory; one line
-// naming PATH when there is none.
-std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = nullptr);
+// PATH as `dtk export`, `generate` and `checkpoint convert` take it: an iter_NNNNNNN directory, or a
+// save directory (its tracker's iteration, else its newest; a tracker that holds no iteration number
+// is an error, as for training's load). `verify`: the iteration must pass checkpoint_verdict, every
+// file its manifest lists there (for readers of the whole checkpoint; generate and export read the
+// model files only, which read_model_state verifies). Returns the iteration directory; one line
+// naming PATH otherwise.
+std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = nullptr, bool verify = true);
 
 // The run configuration (text format) recorded in an iteration's mp_rank_00 file, verified
 // against SHA256SUMS; throws when the file is damaged or has none.

@@ -85,21 +85,26 @@ CAP="train --config configs/gpt-tiny.pbtxt --dataset synthetic --set model.num_l
   --set eval.eval_interval=0 --set lr.lr_warmup_iters=0 --set train.memory_limit_mb=$BUDGET
   --set train.skip_memory_check=true"
 printf '%-52s %8s %14s %14s %12s\n' "strategy" "hidden" "parameters" "max device MB" "max host MB"
-capacity() {  # name, args
-  local best="" params="" peak="" host="" out
-  for h in "${HIDDEN[@]}"; do
-    if out=$($DTK $CAP --set model.hidden_size="$h" $2 2>&1); then
-      best=$h
+# largest NAME ARGS DIMENSION SIZES...: the largest size (hidden width, or layers at hidden 512)
+# that trains under the budget, with its parameters and the memory report's peaks.
+largest() {
+  local name=$1 args=$2 dim=$3 best="" params="" peak="" host="" out run
+  shift 3
+  for v in "$@"; do
+    if [[ $dim == hidden ]]; then run="$CAP --set model.hidden_size=$v"; else run="${CAP/num_layers=4/num_layers=$v} --set model.hidden_size=512"; fi
+    if out=$($DTK $run $args 2>&1); then
+      best=$v
       params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
       peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
       host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
     else
-      echo "$out" | grep -q "device memory budget" || { echo "$1: hidden $h failed: $(echo "$out" | tail -1)"; }
+      echo "$out" | grep -q "device memory budget" || { echo "$name: $dim $v failed: $(echo "$out" | tail -1)"; }
       break
     fi
   done
-  printf '%-52s %8s %14s %14s %12s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
+  printf '%-52s %8s %14s %14s %12s\n' "$name" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
 }
+capacity() { largest "$1" "$2" hidden "${HIDDEN[@]}"; }  # name, args
 capacity "ddp" "--strategy ddp"
 # Gradient buckets of 2M elements: DeepSpeed's default (5e8) would stage the whole model's fp32
 # gradient at once on a model this size.
@@ -137,21 +142,7 @@ echo "== 2a. the same budget, hidden 512, layers grow (ddp's largest at hidden 5
 printf '%-52s %8s %14s %14s %12s\n' "strategy" "layers" "parameters" "max device MB" "max host MB"
 LAYERS=(4 8 16 32 48 64)
 ((QUICK)) && LAYERS=(4 16 48)
-capacity_layers() {  # name, args
-  local best="" params="" peak="" host="" out
-  for l in "${LAYERS[@]}"; do
-    if out=$($DTK ${CAP/num_layers=4/num_layers=$l} --set model.hidden_size=512 $2 2>&1); then
-      best=$l
-      params=$(echo "$out" | grep -o "model parallel rank (0, 0): [0-9]*" | grep -o "[0-9]*$")
-      peak=$(echo "$out" | grep -o "| max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
-      host=$(echo "$out" | grep -o "| host max allocated: [0-9.]*" | head -1 | grep -o "[0-9.]*$")
-    else
-      echo "$out" | grep -q "device memory budget" || { echo "$1: $l layers failed: $(echo "$out" | tail -1)"; }
-      break
-    fi
-  done
-  printf '%-52s %8s %14s %14s %12s\n' "$1" "${best:-none}" "${params:--}" "${peak:--}" "${host:--}"
-}
+capacity_layers() { largest "$1" "$2" layers "${LAYERS[@]}"; }  # name, args
 capacity_layers "ddp" "--strategy ddp"
 capacity_layers "zero stage 3, offload, recompute, max_live 4M" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE"

@@ -620,6 +620,39 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron-core's add_extra_token_to_sequence=False and drop_last_partial_validation_sequence=False
+// under tensor parallelism: the samples' loss mask (padding) reaches every tensor-parallel rank
+// with the tokens, so TP 2 trains and evaluates exactly as TP 1 (with the vocabulary padded alike:
+// divisible by 256 at TP 1 is what 128 x 2 gives at TP 2).
+TEST(MegatronRecipe, SamplesWithPaddingTrainAlikeAtTensorParallel2) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/padding-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string data = make_dataset(dir);
+  const std::string run = std::string("train --config ") + DTK_SOURCE_DIR +
+                          "/configs/gpt-tiny.pbtxt --dataset gpt_indexed --threads 1 --data_path " + data +
+                          " --vocab_file " + DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR +
+                          "/vocab.bpe --set model.hidden_dropout=0 --set model.attention_dropout=0 "
+                          "--set train.train_iters=4 --set lr.lr_warmup_iters=1 --set logging.log_interval=1 "
+                          "--set eval.eval_interval=2 --set eval.eval_iters=2 --set dataset.add_extra_token=false "
+                          "--set dataset.drop_last_partial_validation=false --set dataset.cache_dir=" + dir + "/cache";
+  const dtk_test::Result tp1 =
+      dtk_test::run_dtk("launch --nproc_per_node 1 " + run + " --set model.make_vocab_size_divisible_by=256");
+  const dtk_test::Result tp2 =
+      dtk_test::run_dtk("launch --nproc_per_node 2 " + run + " --set distributed.tensor_model_parallel_size=2");
+  ASSERT_EQ(tp1.code, 0) << tp1.out;
+  ASSERT_EQ(tp2.code, 0) << tp2.out;
+  auto printed = [](const std::string& log) {  // every training and validation loss, as printed
+    std::vector<std::string> out;
+    std::regex re("lm loss( value)?: ([0-9.E+-]+)");
+    for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[2]);
+    return out;
+  };
+  EXPECT_EQ(printed(tp1.out).size(), 4u + 2u + 1u) << tp1.out;  // 4 iterations, 2 evaluations, the final test
+  EXPECT_EQ(printed(tp1.out), printed(tp2.out)) << tp1.out << "\n" << tp2.out;
+  std::filesystem::remove_all(dir);
+}
+
 namespace {
 
 // A byte-level BPE vocabulary of 257 tokens (the 256 byte tokens of GPT-2's bytes_to_unicode and

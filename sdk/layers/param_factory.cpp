@@ -1,6 +1,7 @@
 #include <dtk/layers/param_factory.hpp>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -43,11 +44,15 @@ at::Tensor DeferredInit::record_normal(at::IntArrayRef shape, double std, const 
   if (!gen.defined()) throw Error("deferred parameters: ParamFactory::normal needs a generator");
   size_t stream = 0;
   while (stream < streams_.size() && streams_[stream].first != gen) ++stream;
+  at::Generator g = gen;
+  std::lock_guard<std::mutex> lock(g.mutex());
   if (stream == streams_.size()) {
     // The generator's state now is where its draws start: nothing is drawn from it while deferred.
-    at::Generator g = gen;
-    std::lock_guard<std::mutex> lock(g.mutex());
     streams_.emplace_back(gen, g.clone());
+  } else if (!at::equal(g.get_state(), streams_[stream].second.get_state())) {
+    // Something drew from it other than normal(): the replay would draw other values.
+    throw Error("deferred parameters: the factory's generator was drawn from outside ParamFactory::normal; "
+                "a deferred model must draw its weights through the factory only");
   }
   at::Tensor meta = at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
   draws_.push_back(Draw{shape.vec(), std, stream, meta});
@@ -63,6 +68,9 @@ at::Tensor DeferredInit::record_param(const at::Tensor& value, at::ScalarType dt
     if (r.draw < 0)
       throw Error("deferred parameters: a parameter must be a master from ParamFactory::normal or a view of one "
                   "(narrow, view, transpose, chunk); this one was computed from masters");
+    if (draws_[static_cast<size_t>(r.draw)].meta._version() != 0)
+      throw Error("deferred parameters: a master was changed in place after its draw; the replay draws masters "
+                  "as drawn (scale the std instead)");
     r.sizes = value.sizes().vec();
     r.strides = value.strides().vec();
     r.storage_offset = value.storage_offset();

@@ -9,6 +9,9 @@
 #include <set>
 #include <string>
 
+#include <dtk/layers/param_factory.hpp>
+#include <dtk/layers/dropout.hpp>  // seeded_generator
+
 #include "gpt_harness.hpp"
 
 namespace {
@@ -67,6 +70,55 @@ TEST(DeferredParameters, InitParametersGiveTheValuesOfAWholeBuild) {
           for (const auto& [name, p] : deferred.param_map()) EXPECT_LE(p.storage().nbytes(), p.element_size()) << name;
           EXPECT_THROW(w.init_parameters([](const std::string&, const at::Tensor&) {}), std::exception) << what;
         }
+}
+
+}  // namespace
+
+namespace {
+
+// What a replay cannot reproduce is refused when the model is built, not trained on: a parameter
+// computed from masters, a master changed in place, a generator drawn from outside the factory.
+TEST(DeferredParameters, WhatTheReplayCannotReproduceIsRefused) {
+  auto factory = [](dtk::layers::DeferredInit& d) {
+    dtk::layers::ParamFactory f;
+    f.gen = dtk::layers::seeded_generator(7);
+    f.deferred = &d;
+    return f;
+  };
+  {
+    dtk::layers::DeferredInit d;
+    dtk::layers::ParamFactory f = factory(d);
+    EXPECT_THROW(f.param(f.normal({4, 4}, 0.02) * 2), std::exception);
+  }
+  {
+    dtk::layers::DeferredInit d;
+    dtk::layers::ParamFactory f = factory(d);
+    at::Tensor master = f.normal({4, 4}, 0.02);
+    master.mul_(2);
+    EXPECT_THROW(f.param(master), std::exception);
+  }
+  {
+    dtk::layers::DeferredInit d;
+    dtk::layers::ParamFactory f = factory(d);
+    f.param(f.normal({4, 4}, 0.02));
+    at::empty({3}).normal_(0.0, 1.0, f.gen);
+    EXPECT_THROW(f.normal({4, 4}, 0.02), std::exception);
+  }
+  {
+    // Views with offsets and strides replay to the whole build's values.
+    dtk::layers::DeferredInit d;
+    dtk::layers::ParamFactory deferred = factory(d), whole;
+    whole.gen = dtk::layers::seeded_generator(7);
+    const at::Tensor a = whole.param(whole.normal({6, 4}, 0.5).narrow(0, 2, 3));
+    const at::Tensor b = whole.param(whole.normal({6, 4}, 0.5).t().narrow(0, 1, 2));
+    const at::Tensor pa = deferred.param(deferred.normal({6, 4}, 0.5).narrow(0, 2, 3));
+    const at::Tensor pb = deferred.param(deferred.normal({6, 4}, 0.5).t().narrow(0, 1, 2));
+    std::map<const void*, at::Tensor> got;
+    d.replay([&](const at::Tensor& p, const at::Tensor& v) { got[p.unsafeGetTensorImpl()] = v.contiguous(); });
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(at::equal(got.at(pa.unsafeGetTensorImpl()), a));
+    EXPECT_TRUE(at::equal(got.at(pb.unsafeGetTensorImpl()), b));
+  }
 }
 
 }  // namespace

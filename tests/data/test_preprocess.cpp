@@ -140,7 +140,8 @@ TEST(Preprocess, AnEmptyCorpusIsAnErrorAndWritesNothing) {
     o.inputs = {dir / name};
     o.output_prefix = dir / "out";
     const std::string err = error_of(o);
-    EXPECT_NE(err.find("the input holds no tokens"), std::string::npos) << name << ": " << err;
+    EXPECT_NE(err.find("the input '" + (dir / name) + "' holds no tokens ("), std::string::npos)
+        << name << ": " << err;
     EXPECT_FALSE(std::ifstream(dir / "out_text_document.bin").good()) << name;
     EXPECT_FALSE(std::ifstream(dir / "out_text_document.idx").good()) << name;
   }

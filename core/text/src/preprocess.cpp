@@ -270,8 +270,11 @@ class Writer {
     if (stats_.tokens == 0) {
       std::string skipped;
       if (stats_.bad_lines > 0) skipped = ", " + std::to_string(stats_.bad_lines) + " bad lines skipped";
-      throw DataError("the input holds no tokens (" + std::to_string(stats_.documents) + " documents with text" +
-                      skipped + "): nothing to write, an empty dataset cannot train");
+      std::string named;  // the input files, cut to a readable length
+      for (size_t f = 0; f < o_.inputs.size() && f < 3; ++f) named += (f ? ", '" : "'") + o_.inputs[f] + "'";
+      if (o_.inputs.size() > 3) named += " and " + std::to_string(o_.inputs.size() - 3) + " more";
+      throw DataError("the input " + named + " holds no tokens (" + std::to_string(stats_.documents) +
+                      " document(s), all without text" + skipped + "): nothing to write, an empty dataset cannot train");
     }
     for (size_t key = 0; key < builders_.size(); ++key) {
       temporaries_.push_back(idx_path(stats_.output_prefixes[key]) + suffix_);

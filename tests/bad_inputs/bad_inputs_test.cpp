@@ -640,6 +640,10 @@ TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
   fs::create_directories(pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
   expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + pt_dir, 60),
                      pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt is a directory, not a file");
+  const dtk_test::Result inspect_pt = run_dtk("checkpoint inspect " + pt_dir, 60);  // says it as the load does
+  EXPECT_NE(inspect_pt.out.find("complete: NO: " + pt_dir + "/iter_0000002/mp_rank_00/model_optim_rng.pt is a directory"),
+            std::string::npos)
+      << inspect_pt.out;
   // One verdict: a tracker holding garbage is not "complete" to inspect, since a load stops there.
   const std::string garbage = copy_of_shared_checkpoint("messages-garbage");
   std::ofstream(garbage + "/latest_checkpointed_iteration.txt", std::ios::trunc) << "two";

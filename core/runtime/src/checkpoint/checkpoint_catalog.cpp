@@ -396,8 +396,11 @@ void print_files(const std::string& iter_dir, const ckpt::Checksums& sums, const
   }
   for (const auto& f : listed)
     if (!std::binary_search(files.begin(), files.end(), f)) {
-      out << "    " << f << "  MISSING (listed in " << ckpt::kChecksumsFile << ")\n";
-      if (problem.empty()) problem = (fs::path(iter_dir) / f).string() + " is missing";
+      const fs::path path = fs::path(iter_dir) / f;
+      std::error_code dir_ec;
+      const bool directory = fs::is_directory(path, dir_ec);  // as the load says it
+      out << "    " << f << (directory ? "  A DIRECTORY" : "  MISSING") << " (listed in " << ckpt::kChecksumsFile << ")\n";
+      if (problem.empty()) problem = path.string() + (directory ? " is a directory, not a file" : " is missing");
     }
 }
 
@@ -543,7 +546,8 @@ void check_other_files(const std::string& iter_dir, const RankLayout& layout, co
   for (int64_t pp = 0; pp < layout.pp_size; ++pp)
     for (int64_t tp = pp == 0 ? 1 : 0; tp < layout.tp_size; ++tp) {
       const fs::path f = fs::path(iter_dir) / layout.rank_dir(tp, pp) / ckpt::kModelFile;
-      if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + " is missing";
+      if (!fs::is_regular_file(f, ec) && problem.empty())
+        problem = f.string() + (fs::is_directory(f, ec) ? " is a directory, not a file" : " is missing");
     }
 }
 

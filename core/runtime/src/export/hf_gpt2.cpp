@@ -166,7 +166,9 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
     return c[key].get<int64_t>();
   };
   auto real = [&](const char* key, double fallback) {
-    return c.contains(key) && c[key].is_number() ? c[key].get<double>() : fallback;
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    if (!c[key].is_number()) throw HostError(std::string("import hf: ") + config_file + ": '" + key + "' is not a number");
+    return c[key].get<double>();
   };
   const std::string type = hf::json_string_or(c, "model_type", "", config_file);
   if (type != "gpt2") throw HostError("import hf: " + config_file + ": model_type '" + type + "' (dtk imports gpt2 into the gpt model and llama into the llama model)");
@@ -180,7 +182,7 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
   s.hidden_dropout = real("resid_pdrop", 0.1);
   s.attention_dropout = real("attn_pdrop", 0.1);
   s.init_std = real("initializer_range", 0.02);
-  s.untie = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean() && !c["tie_word_embeddings"].get<bool>();
+  s.untie = !hf::json_bool_or(c, "tie_word_embeddings", true, config_file);
   const std::string act = hf::json_string_or(c, "activation_function", "gelu_new", config_file);
   if (act == "gelu_new" || act == "gelu_pytorch_tanh")
     s.openai_gelu = true;

@@ -901,6 +901,16 @@ TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {
   auto bad = dtk::core::map_megatron_args(dtk::core::split_megatron_args("--per-split-data-args-path " + dir + "/bad.json"));
   ASSERT_EQ(bad.refused.size(), 1u);
   EXPECT_NE(bad.refused[0].find("has no \"valid\""), std::string::npos) << bad.refused[0];
+  // A path and its file form together: refused, as Megatron asserts.
+  auto both = dtk::core::map_megatron_args(
+      dtk::core::split_megatron_args("--data-path d/a --data-args-path " + dir + "/blend.txt"));
+  ASSERT_EQ(both.refused.size(), 1u);
+  EXPECT_NE(both.refused[0].find("--data-path and --data-args-path: give one of them"), std::string::npos)
+      << both.refused[0];
+  auto splits = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--per-split-data-args-path " + dir + "/splits.json --valid-data-path d/b"));
+  ASSERT_EQ(splits.refused.size(), 1u);
+  EXPECT_NE(splits.refused[0].find("give one form of the split paths"), std::string::npos) << splits.refused[0];
 }
 
 // The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -507,6 +508,7 @@ struct SeenFlags {
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
+  std::set<std::string> data_path_forms, split_path_forms;  // a path and its file form (Megatron: one)
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
   bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
@@ -519,6 +521,9 @@ struct SeenFlags {
 void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
   if (f == "--data-impl" || f == "--llama-model") s.legacy_data = true;
   if (f == "--split") s.split_given = true;
+  if (f == "--data-path" || f == "--data-args-path") s.data_path_forms.insert(f);
+  if (f == "--train-data-path" || f == "--valid-data-path" || f == "--test-data-path") s.split_path_forms.insert("--*-data-path");
+  if (f == "--per-split-data-args-path") s.split_path_forms.insert(f);
   if (f == "--tokenizer-type") s.tokenizer_type = values[0];
   if (f == "--vocab-file") s.vocab_file = values[0];
   if (f == "--merge-file") s.merge_file = values[0];
@@ -702,6 +707,13 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 // tokenizer's description (today's Megatron-LM, megatron/core/tokenizers: GPT2BPETokenizer, the
 // SentencePiece three, HuggingFaceTokenizer, NullTokenizer) go with --data-path: both are part of
 // the descriptions Megatron names its index caches by.
+// Megatron asserts that a data path and its file form are not both given.
+static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
+  if (s.data_path_forms.size() > 1) m.refused.push_back("--data-path and --data-args-path: give one of them");
+  if (s.split_path_forms.size() > 1)
+    m.refused.push_back("--per-split-data-args-path and --train/valid/test-data-path: give one form of the split paths");
+}
+
 static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
   if (m.dataset != "gpt_indexed") return;
   if (s.legacy_data) m.sets.push_back("dataset.order=megatron_legacy");
@@ -803,6 +815,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   check_heads_and_positions(s, m);
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
+  check_data_path_forms(s, m);
   map_data_order(s, m);
   return m;
 }

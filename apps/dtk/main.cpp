@@ -453,7 +453,6 @@ __attribute__((section(".preinit_array"), used)) void (*const kHoldExitSignals)(
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();  // no preinit: here
   dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
   try {
     dtk::cpu_gemm_engine();  // a bad DTK_CPU_GEMM is refused before anything runs (dtk/gemm.hpp)

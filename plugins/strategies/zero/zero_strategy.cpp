@@ -131,7 +131,7 @@ void ZeroStrategy::setup(const ModelHandle& model) {
 void ZeroStrategy::read_parameters(const ModelHandle& model) {
   params_ = model.parameters();
   if (params_.empty()) throw Error("zero: the model has no parameters");
-  std::map<std::string, size_t> by_name;
+  index_of_name_.clear();
   std::set<const void*> impls;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& t = params_[i].tensor;
@@ -146,7 +146,7 @@ void ZeroStrategy::read_parameters(const ModelHandle& model) {
                   device_.str());
     if (!impls.insert(t.unsafeGetTensorImpl()).second)
       throw Error("zero: parameter '" + params_[i].name + "' is listed twice (the same tensor under two names)");
-    by_name[params_[i].name] = i;
+    index_of_name_[params_[i].name] = i;
   }
   const std::vector<Module> modules = model.modules();
   gather_overlapped_ = opt_.overlap_param_gather && dp_size_ > 1 && !modules.empty();
@@ -162,8 +162,8 @@ void ZeroStrategy::read_parameters(const ModelHandle& model) {
   for (const Module& m : modules) {
     if (m.index < 0) throw Error("zero: module '" + m.name + "' has a negative index");
     for (const std::string& n : m.params) {
-      auto it = by_name.find(n);
-      if (it == by_name.end())
+      auto it = index_of_name_.find(n);
+      if (it == index_of_name_.end())
         throw Error("zero: module '" + m.name + "' reads '" + n + "', which is not among the model's parameters");
       module_reads_[static_cast<size_t>(m.index)].push_back(it->second);
     }
@@ -272,12 +272,10 @@ void ZeroStrategy::allocate_parameters(bool deferred) {
 // this rank keeps its shard in the partition, and the whole value only where the parameter stays
 // whole (a persistent bucket). The model never exists whole on the device.
 void ZeroStrategy::init_deferred_parameters(const ModelHandle& model) {
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].name, i);
   std::vector<char> given(params_.size(), 0);
   model.init_parameters([&](const std::string& name, const at::Tensor& value) {
-    auto it = index.find(name);
-    if (it == index.end()) throw Error("zero: the model's init_parameters gave '" + name + "', not one of its parameters");
+    auto it = index_of_name_.find(name);
+    if (it == index_of_name_.end()) throw Error("zero: the model's init_parameters gave '" + name + "', not one of its parameters");
     const size_t i = it->second;
     at::Tensor& p = params_[i].tensor;
     if (given[i]++) throw Error("zero: the model's init_parameters gave '" + name + "' twice");

@@ -33,6 +33,7 @@
 
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -139,7 +140,8 @@ class ZeroStrategy : public Strategy {
   at::ScalarType dtype_ = at::kFloat;
   dtk_module_hooks hooks_{};
 
-  std::vector<Param> params_;                    // the model's (tensors shared with the model)
+  std::vector<Param> params_;
+  std::map<std::string, size_t> index_of_name_;  // params_ by name                    // the model's (tensors shared with the model)
   std::vector<std::vector<size_t>> module_reads_;  // per module: the parameters it reads
   std::vector<std::vector<size_t>> ready_at_;      // per module: gradients complete after it
   std::vector<std::vector<size_t>> module_buckets_;  // per module: the buckets of what it reads

@@ -552,10 +552,7 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
     throw HostError("checkpoint: " + iter_dir + " does not exist (named by " + checkpoint_tracker_file(load_dir) + ")");
   // The verdict inspect and fallback use (every file the manifest lists is there), then the
   // manifest, when the checkpoint has one and verification is wanted.
-  if (what.verify)
-    if (const std::string verdict = checkpoint_verdict(load_dir, iteration, false); !verdict.empty())
-      throw HostError("checkpoint: iteration " + std::to_string(iteration) + " of " + load_dir +
-                      " is incomplete: " + verdict);
+  if (what.verify) require_complete_iteration(load_dir, iteration);
   const ckpt::Checksums sums = what.verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
   const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
   const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / rank_name;

@@ -173,6 +173,14 @@ std::vector<int64_t> list_checkpoint_iterations(const std::string& dir) {
   return out;
 }
 
+namespace {
+// " is a directory, not a file" or " is missing": what a load says of a file it cannot open.
+std::string not_a_file(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) ? " is a directory, not a file" : " is missing";
+}
+}  // namespace
+
 IterationState check_checkpoint_iteration(const std::string& dir, int64_t iteration, bool hash_files) {
   IterationState s;
   const std::string iter_dir = checkpoint_iter_dir(dir, iteration);
@@ -192,7 +200,7 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   if (!sums.present) {
     const fs::path main = fs::path(iter_dir) / ckpt::first_rank_dir(iter_dir) / ckpt::kModelFile;
     if (!fs::is_regular_file(main, ec)) {
-      s.problem = main.string() + (fs::is_directory(main, ec) ? " is a directory, not a file" : " is missing");
+      s.problem = main.string() + not_a_file(main);
       return s;
     }
     s.complete = true;
@@ -205,8 +213,7 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   for (const auto& [relative, hex] : sums.sha256) {
     const std::string file = (fs::path(iter_dir) / relative).string();
     if (!fs::is_regular_file(file, ec)) {
-      s.problem = file + (fs::is_directory(file, ec) ? " is a directory, not a file" : " is missing") + " (listed in " +
-                  ckpt::kChecksumsFile + ")";
+      s.problem = file + not_a_file(file) + " (listed in " + ckpt::kChecksumsFile + ")";
       return s;
     }
     if (!hash_files) continue;
@@ -229,6 +236,11 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
 std::string checkpoint_verdict(const std::string& dir, int64_t iteration, bool hash_files) {
   const IterationState st = check_checkpoint_iteration(dir, iteration, hash_files);
   return st.complete ? "" : st.problem;
+}
+
+void require_complete_iteration(const std::string& dir, int64_t iteration) {
+  if (const std::string verdict = checkpoint_verdict(dir, iteration, false); !verdict.empty())
+    throw HostError("checkpoint: iteration " + std::to_string(iteration) + " of " + dir + " is incomplete: " + verdict);
 }
 
 int64_t older_complete_iteration(const std::string& dir, int64_t before) {
@@ -288,9 +300,7 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration, b
   }
   if (iteration) *iteration = it;
   // The verdict inspect and training's load give: every file the manifest lists is there.
-  if (verify)
-    if (const std::string verdict = checkpoint_verdict(save_dir, it, false); !verdict.empty())
-      throw HostError("checkpoint: iteration " + std::to_string(it) + " of " + save_dir + " is incomplete: " + verdict);
+  if (verify) require_complete_iteration(save_dir, it);
   return normal.string();
 }
 
@@ -397,10 +407,10 @@ void print_files(const std::string& iter_dir, const ckpt::Checksums& sums, const
   for (const auto& f : listed)
     if (!std::binary_search(files.begin(), files.end(), f)) {
       const fs::path path = fs::path(iter_dir) / f;
-      std::error_code dir_ec;
-      const bool directory = fs::is_directory(path, dir_ec);  // as the load says it
-      out << "    " << f << (directory ? "  A DIRECTORY" : "  MISSING") << " (listed in " << ckpt::kChecksumsFile << ")\n";
-      if (problem.empty()) problem = path.string() + (directory ? " is a directory, not a file" : " is missing");
+      const std::string why = not_a_file(path);  // as the load says it
+      out << "    " << f << (why == " is missing" ? "  MISSING" : "  A DIRECTORY") << " (listed in "
+          << ckpt::kChecksumsFile << ")\n";
+      if (problem.empty()) problem = path.string() + why;
     }
 }
 
@@ -547,7 +557,7 @@ void check_other_files(const std::string& iter_dir, const RankLayout& layout, co
     for (int64_t tp = pp == 0 ? 1 : 0; tp < layout.tp_size; ++tp) {
       const fs::path f = fs::path(iter_dir) / layout.rank_dir(tp, pp) / ckpt::kModelFile;
       if (!fs::is_regular_file(f, ec) && problem.empty())
-        problem = f.string() + (fs::is_directory(f, ec) ? " is a directory, not a file" : " is missing");
+        problem = f.string() + not_a_file(f);
     }
 }
 

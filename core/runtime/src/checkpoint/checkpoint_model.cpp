@@ -135,10 +135,7 @@ bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* ou
   }
   while (true) {
     try {
-      if (!ck.no_verify_checksums())
-        if (const std::string verdict = checkpoint_verdict(ck.load(), iteration, false); !verdict.empty())
-          throw HostError("checkpoint: iteration " + std::to_string(iteration) + " of " + ck.load() +
-                          " is incomplete: " + verdict);
+      if (!ck.no_verify_checksums()) require_complete_iteration(ck.load(), iteration);
       config::RunConfig saved;
       if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved))
         throw HostError("the configuration recorded in " + iter_dir + " does not parse");
@@ -202,7 +199,7 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
     // The same model with another seed is another run too, unless this run continues the folder's
     // own checkpoints (it loads from it: a resumed run may change its seed, as in Megatron).
     if (d.recorded_text.empty() && !loads_from_save_folder(ck) && saved.train().seed() != cfg.train().seed())
-      d = {"train.seed=" + std::to_string(saved.train().seed()), std::to_string(cfg.train().seed())};
+      d = {"train.seed=" + std::to_string(saved.train().seed()), std::to_string(cfg.train().seed()), ""};
     if (d.recorded_text.empty()) return "";
     return "checkpoint.save '" + ck.save() + "' holds another run's checkpoints (" +
            std::filesystem::path(iter_dir).filename().string() + " was trained with " + d.recorded_text +

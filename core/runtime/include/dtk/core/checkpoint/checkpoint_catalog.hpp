@@ -35,6 +35,8 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
 // inspect`, every load and checkpoint.fallback's choice: "" when it is complete (above), else why
 // not, one line naming the file.
 std::string checkpoint_verdict(const std::string& dir, int64_t iteration, bool hash_files);
+// Throws that verdict (without hashing) as one line: "checkpoint: iteration N of DIR is incomplete: ...".
+void require_complete_iteration(const std::string& dir, int64_t iteration);
 
 // The newest iteration below `before` (any, when before < 0) that is complete without hashing (the
 // load that follows verifies the checksums); -1 if none.

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtk/core/train/exit_signals.hpp"
 #include "dtk/host/error.hpp"
 
 namespace {
@@ -202,7 +203,10 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       // A rank never outlives its launcher (kill -9, OOM killer, a harness's timeout -s KILL).
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
+      // A `train` rank keeps them held through exec: the host's StartupSignals handles what
+      // arrived while LibTorch loaded, as bin/dtk's front does for a run started by hand.
       sigprocmask(SIG_SETMASK, &previous, nullptr);
+      if (child_argv.size() > 1 && child_argv[1] && !std::strcmp(child_argv[1], "train")) dtk::core::block_exit_signals();
       setenv("RANK", std::to_string(args.node_rank * nproc + r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(args.nnodes * nproc).c_str(), 1);
@@ -286,6 +290,9 @@ int run_launch(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : kForwardedSignals) sigaction(sig, &sa, nullptr);
+  // Held since bin/dtk's first instruction (exit_signals.hpp): one that came while LibTorch loaded
+  // is forwarded to the ranks once they exist, like any later one.
+  dtk::core::unblock_exit_signals();
   // One namespace for this run's rendezvous keys (two launches on one port cannot mix). The
   // launchers of several nodes must agree on it without talking: master address and port (or
   // the user's DTK_RUN_ID, as torchrun's --rdzv_id).

@@ -27,6 +27,7 @@
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/config/megatron_args.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
+#include "dtk/core/train/exit_signals.hpp"
 #include "dtk/core/train/pretrain.hpp"
 #include "dtk/core/components/services.hpp"
 #include "dtk/host/error_line.hpp"
@@ -441,12 +442,14 @@ bool answered_version_or_help(int argc, char** argv) {
 
 namespace {
 // `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
-// (exit_conditions.hpp). Held from the executable's .preinit_array, which runs before any shared
-// library's constructors: LibTorch's static initialisers take about a second before main, and a
-// SIGTERM then used to end the process without a word. The mask survives the allocator's re-exec.
+// (exit_conditions.hpp). bin/dtk (front.cpp) holds them before it executes this host, and `dtk
+// launch` in its ranks; this .preinit_array hook, which runs before any shared library's
+// constructors (LibTorch's static initialisers take about a second before main), holds them when
+// libexec/dtk is run directly. The mask survives the allocator's re-exec. `dtk launch` holds them
+// too, until its forwarding handlers exist (launch.cpp).
 // glibc passes (argc, argv, envp) to preinit functions.
 void hold_exit_signals_before_the_libraries(int argc, char** argv, char**) {
-  if (argc > 1 && argv && argv[1] && !std::strcmp(argv[1], "train")) dtk::core::hold_exit_signals_until_handled();
+  if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
 }
 __attribute__((section(".preinit_array"), used)) void (*const kHoldExitSignals)(int, char**, char**) =
     &hold_exit_signals_before_the_libraries;

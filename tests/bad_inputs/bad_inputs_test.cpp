@@ -553,11 +553,13 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
         << run.output();
     EXPECT_EQ(tracked_iteration(ckpt), -1) << run.output();
   }
-  {
-    // In the first second, while LibTorch's static initialisers run before main: the signal is held
-    // from the executable's .preinit_array on, and reported once the handlers exist. Sent as soon
-    // as /proc shows it held (before that, the dynamic loader is still mapping the libraries).
-    Background run(long_run, tmp_dir("signal-log-first-second") + "/out.txt");
+  // In the first second, while the dynamic loader maps LibTorch and its static initialisers run
+  // before main: bin/dtk (apps/dtk/front.cpp, no LibTorch) holds the signal before it executes the
+  // host, and the host reports it once the handlers exist. Sent as soon as /proc shows it held:
+  // the front's first instructions, before any of LibTorch is mapped. `dtk launch` holds it the
+  // same way and forwards it to its ranks once they exist, which report it.
+  for (const std::string& command : {long_run, "launch --nproc_per_node 2 " + long_run}) {
+    Background run(command, tmp_dir("signal-log-first-second") + "/out.txt");
     auto mask = [&](const std::string& field) -> uint64_t {
       std::ifstream status("/proc/" + std::to_string(run.pid) + "/status");
       for (std::string line; std::getline(status, line);)
@@ -570,12 +572,12 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
       held = (mask("SigBlk:") & term) != 0;
       if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    ASSERT_TRUE(held) << run.output();
+    ASSERT_TRUE(held) << command << "\n" << run.output();
     ASSERT_EQ(::kill(run.pid, SIGTERM), 0);
-    EXPECT_EQ(run.wait_exit(60), 128 + SIGTERM) << run.output();
+    EXPECT_EQ(run.wait_exit(60), 128 + SIGTERM) << command << "\n" << run.output();
     EXPECT_NE(run.output().find("dtk: received SIGTERM before training started: exiting, nothing was saved"),
               std::string::npos)
-        << run.output();
+        << command << "\n" << run.output();
   }
   expect_clean_error(run_dtk(kTrain + "--set train.save_on_signals=SIGTERM,SIGFOO", 60),
                      "config: train.save_on_signals: 'SIGFOO' is not a signal DTK saves on (SIGTERM, SIGINT, SIGHUP");

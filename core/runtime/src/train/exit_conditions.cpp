@@ -8,21 +8,14 @@
 #include <cstdio>
 #include <cstring>
 
+#include "dtk/core/train/exit_signals.hpp"
 #include "dtk/host/error.hpp"
 
 namespace dtk::core {
 
 namespace {
 
-// The signals train.save_on_signals may name: those a scheduler, a terminal or a user sends to ask
-// a process to stop (not SIGKILL/SIGSTOP, which cannot be caught, nor the ones a fault raises).
-struct NamedSignal {
-  const char* name;
-  int number;
-};
-constexpr NamedSignal kCatchable[] = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
-                                      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGQUIT", SIGQUIT},
-                                      {"SIGXCPU", SIGXCPU}, {"SIGALRM", SIGALRM}};
+constexpr const auto& kCatchable = kCatchableExitSignals;  // exit_signals.hpp
 constexpr const char* kDefaultSignals = "SIGTERM,SIGINT,SIGHUP,SIGUSR1,SIGUSR2";
 
 // Where the process is: before the loop a signal ends it at once (there is nothing to save), in
@@ -109,20 +102,6 @@ std::vector<int> save_on_signals(const config::TrainingConfig& train) {
   return out;
 }
 
-namespace {
-sigset_t catchable_set() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (const NamedSignal& s : kCatchable) sigaddset(&set, s.number);
-  return set;
-}
-}  // namespace
-
-void hold_exit_signals_until_handled() {
-  const sigset_t set = catchable_set();
-  sigprocmask(SIG_BLOCK, &set, nullptr);
-}
-
 StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(save_on_signals(train)) {
   g_phase = kStartup;
   g_received = 0;
@@ -132,9 +111,8 @@ StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(s
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a read or wait the signal interrupts carries on
   for (size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &sa, &previous_[i]);
-  // What hold_exit_signals_until_handled() held since the process started is delivered now.
-  const sigset_t set = catchable_set();
-  sigprocmask(SIG_UNBLOCK, &set, nullptr);
+  // What was held since the process started (exit_signals.hpp) is delivered now.
+  unblock_exit_signals();
 }
 
 StartupSignals::~StartupSignals() {

@@ -22,12 +22,12 @@ namespace dtk::core {
 // for a name that is not one of them.
 std::vector<int> save_on_signals(const config::TrainingConfig& train);
 
-// `dtk train` calls this first thing in main(): it blocks every signal save_on_signals can name
-// until StartupSignals has installed the handlers and unblocks them, so that one arriving while
-// the process starts (the allocator's re-exec keeps the mask, config and plugins load) is held
-// and then handled as any start-up signal is, with its line, instead of ending the process
-// silently. Signals the run does not list get their default action at that point.
-void hold_exit_signals_until_handled();
+// `dtk train` holds every signal save_on_signals can name from its first instruction
+// (exit_signals.hpp: bin/dtk's front, dtk launch's ranks, the host's .preinit_array) until
+// StartupSignals has installed the handlers and unblocks them, so that one arriving while the
+// process starts (LibTorch loads, the allocator's re-exec keeps the mask, config and plugins load)
+// is handled as any start-up signal is, with its line, instead of ending the process silently.
+// Signals the run does not list get their default action at that point.
 
 // The handlers of save_on_signals, from the start of a run (pretrain()) to its end. Before the
 // training loop (ExitConditions) a signal ends the process at once with one line saying nothing

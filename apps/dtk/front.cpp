@@ -1,0 +1,38 @@
+// front.cpp — `bin/dtk`, the command users run: it holds the signals `dtk train` saves on (and
+// `dtk launch` forwards), then executes the host, `libexec/dtk` (main.cpp), with the same
+// arguments and environment.
+//
+// Why a second executable: the host links LibTorch, whose libraries the dynamic loader maps and
+// relocates for about 0.3 s before any code of dtk runs (not even the host's .preinit_array
+// hook), and a SIGTERM, or the SIGHUP of a closing terminal, in that window ended the process
+// with no line. This one links no LibTorch (the C and C++ runtimes only), so the signals are
+// held within a millisecond of exec; the mask survives execve, and the host's StartupSignals
+// delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its
+// ranks. Other commands neither save on signals nor forward them: they run with the mask they got.
+#include <limits.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "dtk/core/train/exit_signals.hpp"
+
+int main(int argc, char** argv) {
+  if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) {
+    std::fprintf(stderr, "dtk: error: cannot resolve /proc/self/exe to find the dtk host: %s\n", std::strerror(errno));
+    return 127;
+  }
+  self[n] = '\0';
+  std::string host(self);
+  host.erase(host.rfind('/'));  // bin/
+  host += "/../libexec/dtk";
+  ::execv(host.c_str(), argv);
+  std::fprintf(stderr, "dtk: error: cannot run the dtk host %s: %s (bin/dtk needs libexec/dtk beside its bin/)\n",
+               host.c_str(), std::strerror(errno));
+  return 127;
+}

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -147,5 +148,56 @@ TEST(Preprocess, AnEmptyCorpusIsAnErrorAndWritesNothing) {
   }
 }
 
+
+// dtk preprocess records the pair it wrote (PREFIX.fingerprint): another corpus's .idx over this
+// .bin, or its .bin under this .idx, is refused even where the sizes agree, so that the reader's
+// own check (a .bin holding exactly what its .idx describes) cannot tell them apart. Two corpora
+// of 7 tokens each, split into documents of 4 + 3 and 3 + 4 tokens.
+TEST(Preprocess, AFingerprintRefusesAPairThatWasNotWrittenTogether) {
+  test::TempDir dir;
+  test::write_file(dir / "a.jsonl", "{\"text\": \"one two three\"}\n{\"text\": \"four five\"}\n");
+  test::write_file(dir / "b.jsonl", "{\"text\": \"one two\"}\n{\"text\": \"three four five\"}\n");
+  auto run = [&](const std::string& input, const std::string& prefix) {
+    PreprocessOptions o = options(dir);
+    o.inputs = {dir / input};
+    o.output_prefix = dir / prefix;
+    o.append_eod = true;
+    preprocess(o);
+    return dir / (prefix + "_text_document");
+  };
+  const std::string a = run("a.jsonl", "a"), b = run("b.jsonl", "b");
+  auto open_error = [](const std::string& prefix) {
+    try {
+      IndexedDataset ds(prefix);
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ASSERT_TRUE(std::ifstream(a + ".fingerprint").good());
+  ASSERT_EQ(open_error(a), "");
+  ASSERT_EQ(IndexedDataset(a).sequence_length(0), 4);  // the two layouts differ...
+  ASSERT_EQ(IndexedDataset(b).sequence_length(0), 3);
+  const std::string a_idx = test::read_file(a + ".idx"), a_bin = test::read_file(a + ".bin");
+  ASSERT_EQ(a_bin.size(), test::read_file(b + ".bin").size());  // ...over .bin files of one size
+  const std::string refused = "' are not the pair dtk preprocess wrote together: '" + a + ".fingerprint' records ";
+  test::write_file(a + ".idx", test::read_file(b + ".idx"));
+  EXPECT_NE(open_error(a).find("'" + a + ".bin' and '" + a + ".idx" + refused), std::string::npos) << open_error(a);
+  test::write_file(a + ".idx", a_idx);
+  test::write_file(a + ".bin", test::read_file(b + ".bin"));
+  EXPECT_NE(open_error(a).find(refused), std::string::npos) << open_error(a);
+  EXPECT_NE(open_error(a).find("Run dtk preprocess again, or delete the fingerprint"), std::string::npos);
+  // Writing a new pair over the prefix writes its fingerprint; a pair without one (Megatron's
+  // tools write none) is read as before; a file that is not a fingerprint is named.
+  run("b.jsonl", "a");
+  EXPECT_EQ(open_error(a), "");
+  std::remove((a + ".fingerprint").c_str());
+  test::write_file(a + ".idx", test::read_file(b + ".idx"));
+  EXPECT_EQ(open_error(a), "");
+  test::write_file(a + ".fingerprint", "hello\n");
+  EXPECT_NE(open_error(a).find("'" + a + ".fingerprint' is not a dtk pair fingerprint (it reads 'hello')"),
+            std::string::npos)
+      << open_error(a);
+}
 }  // namespace
 }  // namespace dtk::data

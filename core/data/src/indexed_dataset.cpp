@@ -1,5 +1,7 @@
 #include "dtk/data/indexed_dataset.hpp"
 
+#include "dtk/data/pair_fingerprint.hpp"
+
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -155,6 +157,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
                   " sequences");
   }
   check_bin_matches_index(bin_file, idx_file);
+  check_pair_fingerprint(prefix, bin_, idx_);  // pair_fingerprint.hpp: what the sizes cannot show
 }
 
 // Every sequence must lie inside the .bin, and (as Megatron writes them: its index writer's

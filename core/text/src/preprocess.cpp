@@ -19,6 +19,7 @@
 #include "dtk/data/indexed_dataset.hpp"
 #include "dtk/text/jsonl.hpp"
 #include "dtk/data/mapped_file.hpp"
+#include "dtk/data/pair_fingerprint.hpp"
 #include "dtk/data/utf8.hpp"
 
 namespace dtk::text {
@@ -28,6 +29,8 @@ using data::DataError;
 using data::DType;
 using data::find_invalid_utf8;
 using data::idx_path;
+using data::remove_pair_fingerprint;
+using data::write_pair_fingerprint;
 using data::IndexedDataset;
 using data::IndexedDatasetBuilder;
 using data::MappedFile;
@@ -280,19 +283,22 @@ class Writer {
       temporaries_.push_back(idx_path(stats_.output_prefixes[key]) + suffix_);
       builders_[key]->finalize(temporaries_.back());
     }
-    for (const auto& p : stats_.output_prefixes)
+    for (const auto& p : stats_.output_prefixes) {
+      remove_pair_fingerprint(p);  // an earlier pair's: it must not outlive the files it describes
       for (const std::string& final_path : {bin_path(p), idx_path(p)}) {
         std::error_code ec;
         std::filesystem::rename(final_path + suffix_, final_path, ec);
         if (ec) throw DataError("cannot move " + final_path + suffix_ + " to " + final_path + ": " + ec.message());
       }
+    }
     committed_ = true;
+    for (const auto& p : stats_.output_prefixes) write_pair_fingerprint(p);
     stats_.seconds = elapsed();
     if (o_.log) {
       progress("done: ");
       if (stats_.bad_lines > 0) *o_.log << "dtk preprocess: skipped " << stats_.bad_lines << " bad lines" << std::endl;
       for (const auto& p : stats_.output_prefixes)
-        *o_.log << "dtk preprocess: wrote " << p << ".{bin,idx}" << std::endl;
+        *o_.log << "dtk preprocess: wrote " << p << ".{bin,idx,fingerprint}" << std::endl;
     }
     return stats_;
   }

@@ -124,9 +124,11 @@ void resume_from_4(const std::string& dir) {
 // tiers and with everything in host memory, iterations 5-8 print the uninterrupted run's lines.
 TEST(ZeroNvmeParams, ResumeIsExact) {
   const std::string swap = fresh_dir("nvme-params-resume-swap"), saved = fresh_dir("nvme-params-saved");
-  const std::string run = "launch --nproc_per_node 2 " + kTrain + kStage3 +
-                          "--set train.params_dtype=bf16 --set train.train_iters=8 --set model.recompute_activations=full ";
-  const std::string disk = params_on_disk(swap) + "--set strategy.offload_optimizer=nvme --set strategy.nvme_buffer_mb=1 ";
+  const std::string run =
+      "launch --nproc_per_node 2 " + kTrain + kStage3 +
+      "--set train.params_dtype=bf16 --set train.train_iters=8 --set model.recompute_activations=full ";
+  const std::string disk =
+      params_on_disk(swap) + "--set strategy.offload_optimizer=nvme --set strategy.nvme_buffer_mb=1 ";
   const Result a = dtk_test::run_dtk(run + disk + "--set checkpoint.save_interval=4 --set checkpoint.save=" + saved);
   ASSERT_EQ(a.code, 0) << a.out;
   const auto full = dtk_test::printed_loss_and_norm(a.out);
@@ -141,7 +143,8 @@ TEST(ZeroNvmeParams, ResumeIsExact) {
     ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
     const auto lr = dtk_test::printed_loss_and_norm(r.out);
     ASSERT_EQ(lr.size(), 4u) << what << "\n" << r.out;
-    for (int it = 5; it <= 8; ++it) EXPECT_EQ(full.at(it), lr.count(it) ? lr.at(it) : "") << what << ", iteration " << it;
+    for (int it = 5; it <= 8; ++it)
+      EXPECT_EQ(full.at(it), lr.count(it) ? lr.at(it) : "") << what << ", iteration " << it;
   }
   EXPECT_EQ(swap_files_in(swap), 0);
 }
@@ -153,7 +156,8 @@ TEST(ZeroNvmeParams, AKilledRunLeavesItsCheckpointLoadable) {
   const std::string log = save + "/../nvme-params-killed.log";
   const std::string run = kTrain + kStage3 + "--set strategy.offload_optimizer=cpu " + params_on_disk(swap) +
                           "--set lr.lr_decay_iters=1000 ";
-  const std::string args = run + "--set train.train_iters=100000 --set checkpoint.save_interval=2 --set checkpoint.save=" + save;
+  const std::string args =
+      run + "--set train.train_iters=100000 --set checkpoint.save_interval=2 --set checkpoint.save=" + save;
   const pid_t child = ::fork();
   if (child == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + std::string(DTK_BIN) + " " + args + " > " + log + " 2>&1").c_str(),
@@ -193,18 +197,20 @@ Memory memory_of(const std::string& log) {
 // the offload_param=cpu run's by the partition less the buffers, at the end of a step and at peak.
 TEST(ZeroNvmeParams, HostMemoryOfTheParametersIsTheBuffers) {
   const std::string dir = fresh_dir("nvme-params-memory");
-  const std::string run = kTrain +
-                          "--strategy zero --optimizer cpu_adam --set strategy.stage=3 --set model.num_layers=4 "
-                          "--set model.hidden_size=256 --set train.params_dtype=bf16 --set train.train_iters=3 "
-                          "--set strategy.reduce_bucket_size=200000 --set strategy.stage3_param_persistence_threshold=0 "
-                          "--set strategy.offload_optimizer=cpu --set strategy.param_buffer_count=3 ";
+  const std::string run =
+      kTrain +
+      "--strategy zero --optimizer cpu_adam --set strategy.stage=3 --set model.num_layers=4 "
+      "--set model.hidden_size=256 --set train.params_dtype=bf16 --set train.train_iters=3 "
+      "--set strategy.reduce_bucket_size=200000 --set strategy.stage3_param_persistence_threshold=0 "
+      "--set strategy.offload_optimizer=cpu --set strategy.param_buffer_count=3 ";
   const Result host = dtk_test::run_dtk(run + kParamsOnHost);
   const Result disk = dtk_test::run_dtk(run + params_on_disk(dir));
   ASSERT_EQ(host.code, 0) << host.out;
   ASSERT_EQ(disk.code, 0) << disk.out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(disk.out, m,
-                                std::regex(R"(parameters \(this rank's partition, (\S+) MB\) on disk: .* MB of host buffer \((\S+) MB\))")))
+  ASSERT_TRUE(std::regex_search(
+      disk.out, m,
+      std::regex(R"(parameters \(this rank's partition, (\S+) MB\) on disk: .* MB of host buffer \((\S+) MB\))")))
       << disk.out;
   const double partition = std::stod(m[1]), buffers = std::stod(m[2]);
   EXPECT_GT(partition, 6.0) << disk.out;
@@ -228,7 +234,8 @@ Result run_with_file_limit(const std::string& args, int limit_kb) {
 TEST(ZeroNvmeParams, BadInputsAreOneLineErrors) {
   const std::string run = kTrain + "--set train.train_iters=3 --strategy zero --optimizer cpu_adam ";
   const std::string stage3 =
-      "--set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.stage3_param_persistence_threshold=0 ";
+      "--set strategy.stage=3 --set strategy.offload_optimizer=cpu --set "
+      "strategy.stage3_param_persistence_threshold=0 ";
   const std::string dir = fresh_dir("nvme-params-bad");
   const std::string file = dir + "/a-file";
   std::ofstream(file) << "x";

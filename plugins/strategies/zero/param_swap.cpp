@@ -48,7 +48,8 @@ ParamSwap::ParamSwap(const std::string& dir, const std::string& rank_tag, const 
     throw Error(std::string("zero: offload_param=nvme: ") + e.what());
   }
   buffered_fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (buffered_fd_ < 0) throw Error("zero: offload_param=nvme: cannot open swap file " + path + ": " + std::strerror(errno));
+  if (buffered_fd_ < 0)
+    throw Error("zero: offload_param=nvme: cannot open swap file " + path + ": " + std::strerror(errno));
   slots_.resize(static_cast<size_t>(buffers));
   buffer_ = Device::pinned_empty({buffers * slot_bytes_ + AsyncFile::kAlign}, at::kByte);
   const auto addr = reinterpret_cast<uintptr_t>(buffer_.data_ptr());
@@ -242,8 +243,8 @@ void ParamSwap::wait_writes() {
 
 std::string ParamSwap::describe() const {
   if (!file_) return "parameters on disk: none on this rank (every bucket stays whole)";
-  return "parameters (this rank's partition, " + fixed(mb(partition_bytes_)) + " MB) on disk: " + file_->path() +
-         " (" + fixed(mb(file_bytes_)) + " MB), read and written through " + std::to_string(slots_.size()) + " x " +
+  return "parameters (this rank's partition, " + fixed(mb(partition_bytes_)) + " MB) on disk: " + file_->path() + " (" +
+         fixed(mb(file_bytes_)) + " MB), read and written through " + std::to_string(slots_.size()) + " x " +
          fixed(mb(slot_bytes_)) + " MB of host buffer (" + fixed(mb(buffer_bytes())) + " MB), " + file_->engine() +
          ", " + (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
 }

@@ -79,10 +79,10 @@ class ParamSwap {
     bool writing = false;  // a write is in flight
     bool fresh = false;    // read ahead and not acquired yet
     int pins = 0;
-    uint64_t used = 0;     // last acquire, for least-recently-used eviction
+    uint64_t used = 0;  // last acquire, for least-recently-used eviction
   };
-  int holder(size_t b) const;  // the slot holding b's chunk, or -1
-  void settle(int slot);       // waits for the slot's I/O
+  int holder(size_t b) const;   // the slot holding b's chunk, or -1
+  void settle(int slot);        // waits for the slot's I/O
   int take(bool for_prefetch);  // a slot to overwrite (-1: none for a prefetch)
   void read_into(int slot, size_t b);
   [[noreturn]] void io_failed(const std::exception& e) const;
@@ -92,8 +92,8 @@ class ParamSwap {
   int64_t elem_ = 0, slot_bytes_ = 0, file_bytes_ = 0, partition_bytes_ = 0;
   std::unique_ptr<AsyncFile> file_;
   int buffered_fd_ = -1;
-  at::Tensor buffer_;          // the slots (host memory of the DTK allocator, pinned on a GPU run)
-  char* aligned_ = nullptr;    // the first slot, on AsyncFile::kAlign
+  at::Tensor buffer_;        // the slots (host memory of the DTK allocator, pinned on a GPU run)
+  char* aligned_ = nullptr;  // the first slot, on AsyncFile::kAlign
   std::vector<Slot> slots_;
   uint64_t clock_ = 0;
   int64_t reads_ = 0, prefetched_ = 0, writes_ = 0, cache_hits_ = 0;

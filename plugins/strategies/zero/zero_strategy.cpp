@@ -655,7 +655,8 @@ void ZeroStrategy::step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_
     ~Repoint() { s->point_optimizer_grads(s->part_grads_); }
   } repoint{this};
   // Blocking copies: the buffer half is read into again while a non-blocking copy could still run.
-  swap_->step(optimizer, args, grads, [this](size_t i, const at::Tensor& master) { store_updated(shards_[i], master); });
+  swap_->step(optimizer, args, grads,
+              [this](size_t i, const at::Tensor& master) { store_updated(shards_[i], master); });
   finish_write_back();
   apply_step();
 }

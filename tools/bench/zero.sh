@@ -7,7 +7,7 @@
 #  2. Capacity: the largest GPT (4 layers, growing hidden size) that trains under a device memory
 #     budget (train.memory_limit_mb) with ddp, with zero stage 2 + optimizer offload (cpu_adam), and
 #     with zero stage 3 + optimizer and parameter offload, and with the optimizer offloaded to disk
-#     (offload_optimizer=nvme, swap files in NVME_DIR, default a fresh directory under $TMPDIR or
+#     (offload_optimizer=nvme, and offload_param=nvme at stage 3; swap files in NVME_DIR, default a fresh directory under $TMPDIR or
 #     /tmp), one process; the host memory each needs at its largest size (the memory report's host
 #     max allocated), and the step time of every row at one size all of them hold (hidden 512).
 #
@@ -134,6 +134,12 @@ capacity "zero stage 2, offload_optimizer=nvme, cpu_adam" \
   "--strategy zero --set strategy.stage=2 $NVME --optimizer cpu_adam $BUCKETS"
 capacity "zero stage 3, optimizer to nvme + param to cpu" \
   "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+# Parameters on disk too (ZeRO-Infinity): the host keeps the gradient partition, the optimizer's
+# buffer and param_buffer_count (5) chunks of 2M elements; recompute and max_live as above. The
+# optimizer's buffer is 160 MB here: at hidden 1280 an MLP weight (6.6 M elements) needs 150 MB.
+NVME_PARAM="--set strategy.offload_param=nvme"
+capacity "zero stage 3, optimizer + param to nvme, recompute" \
+  "--strategy zero --set strategy.stage=3 ${NVME/nvme_buffer_mb=96/nvme_buffer_mb=160} $NVME_PARAM --optimizer cpu_adam $BUCKETS $LIVE"
 
 # Depth instead of width: at hidden 512 every layer is 3.1 M parameters, and stage 3 with offload
 # keeps on the device only the layers in flight, so the layers it holds are bounded by host memory.
@@ -146,6 +152,8 @@ capacity_layers() { largest "$1" "$2" layers "${LAYERS[@]}"; }  # name, args
 capacity_layers "ddp" "--strategy ddp"
 capacity_layers "zero stage 3, offload, recompute, max_live 4M" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE"
+capacity_layers "zero stage 3, optimizer + param to nvme, recompute" \
+  "--strategy zero --set strategy.stage=3 $NVME $NVME_PARAM --optimizer cpu_adam $BUCKETS $LIVE"
 
 # Step time at one size: hidden 512, 8 iterations, the median of iterations 3-8, without the
 # budget (stage 3 at one process holds less than ddp: with one rank its partition is the whole
@@ -173,6 +181,8 @@ step_time "zero stage 2, offload_optimizer=nvme, cpu_adam" \
   "--strategy zero --set strategy.stage=2 $NVME --optimizer cpu_adam $BUCKETS"
 step_time "zero stage 3, optimizer to nvme + param to cpu" \
   "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
+step_time "zero stage 3, optimizer + param to nvme" \
+  "--strategy zero --set strategy.stage=3 $NVME $NVME_PARAM --optimizer cpu_adam $BUCKETS"
 # The disk's own time for the bytes a disk-offload step moves at hidden 512 (12 bytes per
 # parameter, read once and written once), sequentially with dd (O_DIRECT, 4 MiB blocks, one at a
 # time): the floor of the nvme rows' extra step time, unless reads and writes overlap.

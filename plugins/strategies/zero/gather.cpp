@@ -105,29 +105,50 @@ void ZeroStrategy::release_module(int32_t module) {
 }
 
 // All-gathers bucket b from every rank's chunk (host -> device first when the partition is
-// offloaded). Synchronous gathers point the parameters into it at once; an async one when waited.
+// offloaded; read from the swap file into a buffer first with offload_param=nvme). Synchronous
+// gathers point the parameters into it at once; an async one when waited.
 void ZeroStrategy::gather_bucket(size_t b, bool async) {
   const Bucket& bucket = layout_->buckets()[b];
   at::Tensor whole = at::empty({bucket.numel}, at::TensorOptions().dtype(dtype_).device(device_));
-  at::Tensor mine = part_params_.narrow(0, bucket.partition_offset, bucket.chunk);
-  if (mine.device() != device_) mine = mine.to(device_);
+  int slot = -1;
+  at::Tensor mine;
+  if (on_disk(b)) {
+    slot = param_swap_->acquire(b);
+    mine = param_swap_->chunk(slot);
+  } else {
+    mine = part_params_.narrow(0, bucket.partition_offset, bucket.chunk);
+  }
+  if (mine.device() != device_) {
+    mine = mine.to(device_);
+    if (slot >= 0) param_swap_->release(slot), slot = -1;  // the gather reads the device copy
+  }
   full_[b] = whole;
   if (dp_size_ == 1) {
     whole.copy_(mine);
   } else if (async) {
     gathering_[b].emplace(Comm::all_gather_async(whole, mine, DTK_GROUP_DATA_PARALLEL));
+    if (slot >= 0) gather_slot_[b] = slot;  // held until the gather completes
     return;
   } else {
     Comm::all_gather(whole, mine, DTK_GROUP_DATA_PARALLEL);
   }
+  if (slot >= 0) param_swap_->release(slot);
   gathering_[b].reset();
   wait_bucket(b);
+}
+
+// offload_param=nvme: the buffer an async gather read from is free again.
+static void release_gather_slot(ParamSwap* swap, std::vector<int>& gather_slot, size_t b) {
+  if (!swap || gather_slot[b] < 0) return;
+  swap->release(gather_slot[b]);
+  gather_slot[b] = -1;
 }
 
 void ZeroStrategy::wait_bucket(size_t b) {
   if (gathering_[b]) {
     gathering_[b]->wait();
     gathering_[b].reset();
+    release_gather_slot(param_swap_.get(), gather_slot_, b);
   }
   if (!full_[b].defined()) return;
   for (const Slot& s : layout_->buckets()[b].slots) {
@@ -140,6 +161,7 @@ void ZeroStrategy::free_bucket(size_t b) {
   if (gathering_[b]) {
     gathering_[b]->wait();
     gathering_[b].reset();
+    release_gather_slot(param_swap_.get(), gather_slot_, b);
   }
   for (const Slot& s : layout_->buckets()[b].slots) {
     at::Tensor& p = params_[s.param].tensor;
@@ -148,16 +170,36 @@ void ZeroStrategy::free_bucket(size_t b) {
   full_[b] = at::Tensor();
 }
 
+// offload_param=nvme: a bucket whose chunk no host buffer holds yet has its read issued instead
+// (into a buffer whose chunk was used already), and from there on only reads are issued; those
+// buckets are gathered by their module's acquire. So the disk reads the next modules' chunks while
+// this one computes, and a chunk read one module ahead is gathered ahead too. What is gathered
+// when depends only on the order of calls (ParamSwap::prefetch), so every rank issues the same
+// all-gathers in the same order. An async gather holds its buffer until it completes (on a CPU
+// run its input is the buffer): one buffer always stays unpinned for the synchronous path.
 void ZeroStrategy::prefetch(int32_t from_module, int direction) {
   int64_t live = 0;
   for (size_t b = 0; b < full_.size(); ++b)
     if (layout_->buckets()[b].on_demand && full_[b].defined()) live += layout_->buckets()[b].numel;
   int64_t budget = opt_.prefetch_bucket_size;
+  bool reads_only = false;
   for (int32_t m = from_module + direction; m >= 0 && static_cast<size_t>(m) < module_reads_.size(); m += direction) {
     for (size_t b : buckets_of(*layout_, module_reads_[static_cast<size_t>(m)])) {
       if (full_[b].defined()) continue;
       const int64_t n = layout_->buckets()[b].numel;
       if (n > budget || live + n > opt_.max_live_parameters) return;
+      if (on_disk(b)) {
+        if (!param_swap_->holds(b)) {
+          if (!param_swap_->prefetch(b)) return;  // no buffer to read into
+          reads_only = true;
+        } else if (device_.is_cpu() && param_swap_->pinned() + 2 > param_swap_->slots()) {
+          reads_only = true;
+        }
+        if (reads_only) {
+          budget -= n;
+          continue;
+        }
+      }
       gather_bucket(b, /*async=*/true);
       budget -= n;
       live += n;
@@ -168,8 +210,15 @@ void ZeroStrategy::prefetch(int32_t from_module, int direction) {
 void ZeroStrategy::write_back_partition(size_t b) {
   const Bucket& bucket = layout_->buckets()[b];
   if (!full_[b].defined()) return;
-  part_params_.narrow(0, bucket.partition_offset, bucket.chunk)
-      .copy_(full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk));
+  const at::Tensor values = full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
+  if (param_swap_) {  // (an always-whole bucket's values are its full_ already)
+    if (!bucket.on_demand) return;
+    const int slot = param_swap_->begin_write(b);
+    param_swap_->chunk(slot).copy_(values);
+    param_swap_->end_write(slot);
+    return;
+  }
+  part_params_.narrow(0, bucket.partition_offset, bucket.chunk).copy_(values);
 }
 
 // Around the host's reads and writes of whole parameters (checkpoints): gather every on-demand

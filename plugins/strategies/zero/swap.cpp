@@ -27,8 +27,9 @@ std::string host_name() {
   return h;
 }
 
-// "dtk-zero-optimizer-<host>-": the swap files of this host; the pid and the rank follow.
-std::string file_prefix() { return "dtk-zero-optimizer-" + host_name() + "-"; }
+// "dtk-zero-<kind>-<host>-": the swap files of this host (kind: optimizer, params); the pid and
+// the rank follow.
+std::string file_prefix(const std::string& kind) { return "dtk-zero-" + kind + "-" + host_name() + "-"; }
 
 std::string fixed(double v) {
   char b[32];
@@ -53,13 +54,19 @@ struct OptimizerSwap::Mapping {
   }
 };
 
+std::string swap_file_path(const std::string& dir, const std::string& kind, const std::string& rank_tag) {
+  return (fs::path(dir) / (file_prefix(kind) + std::to_string(::getpid()) + "-" + rank_tag + ".swap")).string();
+}
+
 std::vector<std::string> remove_stale_swap_files(const std::string& dir) {
   std::vector<std::string> removed;
-  const std::string prefix = file_prefix();
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0 || name.size() < 5 || name.substr(name.size() - 5) != ".swap") continue;
+    std::string prefix;
+    for (const char* kind : {"optimizer", "params"})
+      if (name.rfind(file_prefix(kind), 0) == 0) prefix = file_prefix(kind);
+    if (prefix.empty() || name.size() < 5 || name.substr(name.size() - 5) != ".swap") continue;
     const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
     // Only a process that is gone: another run sharing the directory keeps its files.
     if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
@@ -79,8 +86,7 @@ OptimizerSwap::OptimizerSwap(const std::string& dir, const std::string& rank_tag
   params_.resize(numel_.size());
   has_moments_.assign(numel_.size(), 0);
   if (file_bytes_ == 0) return;  // no parameter on this rank
-  const std::string path =
-      (fs::path(dir) / (file_prefix() + std::to_string(::getpid()) + "-" + rank_tag + ".swap")).string();
+  const std::string path = swap_file_path(dir, "optimizer", rank_tag);
   try {
     file_ = std::make_unique<AsyncFile>(path, file_bytes_);
   } catch (const std::exception& e) {

@@ -97,7 +97,10 @@ class OptimizerSwap {
   bool checked_ = false;      // the optimizer steps its moments in place (checked on the second step)
 };
 
-// Removes the swap files in `dir` left by processes of this host that are gone (a killed run);
+// `dir`/dtk-zero-<kind>-<host>-<pid>-<rank_tag>.swap (kind: optimizer or params).
+std::string swap_file_path(const std::string& dir, const std::string& kind, const std::string& rank_tag);
+
+// Removes the swap files (optimizer and params) in `dir` left by processes of this host that are gone (a killed run);
 // returns what it removed. Another live run's files are left alone.
 std::vector<std::string> remove_stale_swap_files(const std::string& dir);
 

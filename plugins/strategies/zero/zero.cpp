@@ -39,11 +39,20 @@ const dtk_option_spec kOptions[] = {
                   "masters and optimizer state in a swap file under nvme_path, streamed through a host buffer of "
                   "nvme_buffer_mb at each step (ZeRO-Infinity)."),
     dtk::opt_string("nvme_path", "",
-                    "offload_optimizer=nvme: the directory of the swap files (one per rank; removed at exit)."),
+                    "offload_optimizer=nvme or offload_param=nvme: the directory of the swap files (one per rank and "
+                    "kind; removed at exit)."),
     dtk::opt_int("nvme_buffer_mb", "64",
                  "offload_optimizer=nvme: host buffer (MiB, two halves: one is updated while the other is read or "
                  "written) through which the optimizer state streams."),
-    dtk::opt_enum("offload_param", "none", "none|cpu", "Stage 3, cpu: this rank's parameter partition in host memory."),
+    dtk::opt_enum("offload_param", "none", "none|cpu|nvme",
+                  "Stage 3, cpu: this rank's parameter partition in host memory. nvme: in a swap file under "
+                  "nvme_path, read into param_buffer_count host buffers before each module's all-gather (the next "
+                  "modules' reads issued while the current one computes) and written back after the optimizer step "
+                  "(ZeRO-Infinity; needs offload_optimizer=cpu or nvme)."),
+    dtk::opt_int("param_buffer_count", "5",
+                 "offload_param=nvme: host buffers of one bucket chunk each (reduce_bucket_size / data-parallel "
+                 "size elements) through which the parameter partition is read and written: the parameters' host "
+                 "memory (DeepSpeed's offload_param.buffer_count; at least 2)."),
     dtk::opt_bool("zero_init", "true",
                   "Stage 3: build the model already partitioned (DeepSpeed's zero.Init): a model built with the SDK's "
                   "ParamFactory creates placeholders and each rank keeps only its partition of every initial value, "

@@ -47,23 +47,40 @@ Options Options::from(const dtk::Options& o) {
   r.persistence_threshold = o.get_int("stage3_param_persistence_threshold");
   if (r.persistence_threshold < 0) throw Error("zero: option 'stage3_param_persistence_threshold' must be >= 0");
   const std::string& optimizer_at = o.get_string("offload_optimizer");
+  const std::string& param_at = o.get_string("offload_param");
   r.offload_optimizer = optimizer_at != "none";
   r.optimizer_on_disk = optimizer_at == "nvme";
+  r.offload_param = param_at != "none";
+  r.param_on_disk = param_at == "nvme";
   r.nvme_path = o.get_string("nvme_path");
   r.nvme_buffer_bytes = positive(o, "nvme_buffer_mb") << 20;
+  r.param_buffer_count = o.get_int("param_buffer_count");
+  if (r.param_buffer_count < 2)
+    throw Error("zero: option 'param_buffer_count' must be at least 2, got " + std::to_string(r.param_buffer_count));
   if (r.optimizer_on_disk && r.nvme_path.empty())
     throw Error("zero: offload_optimizer=nvme needs strategy.nvme_path, the directory of the swap files");
-  if (!r.optimizer_on_disk && !r.nvme_path.empty())
-    throw Error("zero: strategy.nvme_path is set but offload_optimizer is '" + optimizer_at +
-                "'; nvme_path is for offload_optimizer=nvme");
-  r.offload_param = o.get_string("offload_param") == "cpu";
+  if (r.param_on_disk && r.nvme_path.empty())
+    throw Error("zero: offload_param=nvme needs strategy.nvme_path, the directory of the swap files");
+  if (!r.optimizer_on_disk && !r.param_on_disk && !r.nvme_path.empty())
+    throw Error("zero: strategy.nvme_path is set but offload_optimizer is '" + optimizer_at + "' and offload_param '" +
+                param_at + "'; nvme_path is for offload_optimizer=nvme or offload_param=nvme");
   if (r.offload_param && r.stage != 3)
-    throw Error("zero: offload_param=cpu needs stage 3 (stages 1 and 2 keep every parameter on the device)");
+    throw Error("zero: offload_param=" + param_at +
+                " needs stage 3 (stages 1 and 2 keep every parameter on the device), got stage " +
+                std::to_string(r.stage));
+  if (r.param_on_disk && !r.offload_optimizer)
+    throw Error(
+        "zero: offload_param=nvme needs offload_optimizer=cpu or nvme (the fp32 masters would otherwise hold the "
+        "parameters on the device)");
   r.zero_init = o.get_bool("zero_init");
   r.delayed_param_update = o.get_bool("delayed_param_update");
   if (r.delayed_param_update && (!r.offload_optimizer || r.optimizer_on_disk))
     throw Error("zero: delayed_param_update needs offload_optimizer=cpu (the delayed step runs on the host" +
                 std::string(r.optimizer_on_disk ? ", on state held in memory; nvme streams it from disk)" : ")"));
+  if (r.delayed_param_update && r.param_on_disk)
+    throw Error(
+        "zero: delayed_param_update is not available with offload_param=nvme (the delayed step would write the "
+        "partition on disk while the next forward reads it)");
   return r;
 }
 
@@ -93,6 +110,10 @@ ZeroStrategy::~ZeroStrategy() {
     finish_reductions(0);
     for (auto& g : gathering_)
       if (g) g->wait();
+    if (param_swap_) {
+      param_swap_->wait_writes();
+      DTK_LOG(INFO) << param_swap_->stats();
+    }
   } catch (const std::exception& e) {
     DTK_LOG(ERROR) << e.what();
   }
@@ -109,6 +130,9 @@ void ZeroStrategy::setup(const ModelHandle& model) {
   const bool deferred = model.defers_parameters();
   if (deferred && opt_.stage < 3)
     throw Error("zero: the model was built without parameter values, which only stage 3 (zero_init) asks for");
+  if (opt_.optimizer_on_disk || opt_.param_on_disk)
+    for (const std::string& f : remove_stale_swap_files(opt_.nvme_path))
+      DTK_LOG(INFO) << "removed " << f << ", the swap file of a run that is gone";
   allocate_parameters(deferred);
   if (deferred) init_deferred_parameters(model);
   allocate_masters_and_gradients();
@@ -122,10 +146,13 @@ void ZeroStrategy::setup(const ModelHandle& model) {
                     : opt_.offload_optimizer ? ", optimizer offloaded to the host"
                                              : "")
                 << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
-                << (opt_.offload_param ? ", parameters offloaded to the host" : "")
+                << (opt_.param_on_disk   ? ", parameters offloaded to disk"
+                    : opt_.offload_param ? ", parameters offloaded to the host"
+                                         : "")
                 << (deferred ? ", built partitioned (zero_init)" : "")
                 << (opt_.delayed_param_update ? ", delayed parameter update (one step stale)" : "");
   if (swap_) DTK_LOG(INFO) << swap_->describe();
+  if (param_swap_) DTK_LOG(INFO) << param_swap_->describe();
 }
 
 void ZeroStrategy::read_parameters(const ModelHandle& model) {
@@ -249,11 +276,20 @@ void ZeroStrategy::allocate_parameters(bool deferred) {
     }
     return;
   }
-  part_params_ = host_or_device(l.partition_numel(), dtype_, opt_.offload_param);
-  if (!deferred)
-    for (const Shard& s : shards_)
-      part_params_.narrow(0, s.partition_offset, s.numel)
-          .copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+  if (opt_.param_on_disk) {
+    create_param_swap();
+    if (!deferred)  // the whole values the model created: each shard straight to the swap file
+      for (const Shard& s : shards_)
+        if (on_disk(s.bucket))
+          param_swap_->write_at(s.bucket, s.partition_offset - l.buckets()[s.bucket].partition_offset,
+                                params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+  } else {
+    part_params_ = host_or_device(l.partition_numel(), dtype_, opt_.offload_param);
+    if (!deferred)
+      for (const Shard& s : shards_)
+        part_params_.narrow(0, s.partition_offset, s.numel)
+            .copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+  }
   nan_ = at::full({}, std::numeric_limits<double>::quiet_NaN(), at::TensorOptions().dtype(dtype_).device(device_));
   for (size_t b = 0; b < l.buckets().size(); ++b) {
     const Bucket& bucket = l.buckets()[b];
@@ -285,7 +321,11 @@ void ZeroStrategy::init_deferred_parameters(const ModelHandle& model) {
     if (p.numel() == 0) return;
     if (shard_of_[i] >= 0) {
       const Shard& s = shards_[static_cast<size_t>(shard_of_[i])];
-      part_params_.narrow(0, s.partition_offset, s.numel).copy_(value.reshape({-1}).narrow(0, s.param_offset, s.numel));
+      const at::Tensor mine = value.reshape({-1}).narrow(0, s.param_offset, s.numel);
+      if (on_disk(s.bucket))  // straight to the swap file
+        param_swap_->write_at(s.bucket, s.partition_offset - layout_->buckets()[s.bucket].partition_offset, mine);
+      else if (part_params_.defined())
+        part_params_.narrow(0, s.partition_offset, s.numel).copy_(mine);
     }
     if (!layout_->buckets()[layout_->bucket_of(i)].on_demand) p.copy_(value);
   });
@@ -293,11 +333,50 @@ void ZeroStrategy::init_deferred_parameters(const ModelHandle& model) {
     if (!given[i]) throw Error("zero: the model's init_parameters gave no value for '" + params_[i].name + "'");
 }
 
-// A shard's values in the parameter dtype: in its whole bucket (stages 1/2) or the partition (3).
+// A shard's values in the parameter dtype: in its whole bucket (stages 1/2; stage 3 with the
+// partition on disk: the always-whole buckets) or the partition (3).
 at::Tensor ZeroStrategy::param_values_of(const Shard& s) const {
-  if (opt_.stage == 3) return part_params_.narrow(0, s.partition_offset, s.numel);
+  if (on_disk(s.bucket)) throw Error("zero: internal: shard of '" + params_[s.param].name + "' is on disk");
+  if (opt_.stage == 3 && !param_swap_) return part_params_.narrow(0, s.partition_offset, s.numel);
   const Bucket& b = layout_->buckets()[s.bucket];
   return full_[s.bucket].narrow(0, layout_->flat_offset(s.param) - b.flat_offset + s.param_offset, s.numel);
+}
+
+at::Tensor ZeroStrategy::shard_values(const Shard& s) {
+  if (!on_disk(s.bucket)) return param_values_of(s);
+  return param_swap_->read_at(s.bucket, s.partition_offset - layout_->buckets()[s.bucket].partition_offset, s.numel);
+}
+
+// The step's new values of a shard (fp32 masters) reach the parameters: an always-whole bucket's
+// own chunk, or (offload_param=nvme) the write-back slot of its bucket, written to the swap file
+// once the shards move on to the next bucket (they come in partition order).
+void ZeroStrategy::store_updated(const Shard& s, const at::Tensor& values) {
+  if (!on_disk(s.bucket)) {
+    param_values_of(s).copy_(values);
+    return;
+  }
+  if (write_slot_ >= 0 && write_bucket_ != s.bucket) finish_write_back();
+  if (write_slot_ < 0) write_slot_ = param_swap_->begin_write(s.bucket), write_bucket_ = s.bucket;
+  param_swap_->chunk(write_slot_)
+      .narrow(0, s.partition_offset - layout_->buckets()[s.bucket].partition_offset, s.numel)
+      .copy_(values);
+}
+
+void ZeroStrategy::finish_write_back() {
+  if (write_slot_ < 0) return;
+  const int slot = write_slot_;
+  write_slot_ = -1;
+  param_swap_->end_write(slot);
+}
+
+// offload_param=nvme: the partition's swap file, one chunk of every on-demand bucket.
+void ZeroStrategy::create_param_swap() {
+  std::vector<int64_t> chunks;
+  for (const Bucket& b : layout_->buckets()) chunks.push_back(b.on_demand ? b.chunk : 0);
+  const std::string rank = "dp" + std::to_string(dp_rank_) + "-tp" + std::to_string(tp_rank_) + "-pp" +
+                           std::to_string(pp_rank_);
+  param_swap_ = std::make_unique<ParamSwap>(opt_.nvme_path, rank, chunks, dtype_, opt_.param_buffer_count);
+  gather_slot_.assign(layout_->buckets().size(), -1);
 }
 
 // The optimizer's view of a shard: fp32 values (on disk: the swap file's, read and written through
@@ -309,8 +388,6 @@ at::Tensor ZeroStrategy::master_of(const Shard& s) const {
 
 // offload_optimizer=nvme: one swap file per rank, after removing those of killed runs.
 void ZeroStrategy::create_swap() {
-  for (const std::string& f : remove_stale_swap_files(opt_.nvme_path))
-    DTK_LOG(INFO) << "removed " << f << ", the swap file of a run that is gone";
   std::vector<int64_t> numels;
   std::vector<std::string> names;
   for (const Shard& s : shards_) numels.push_back(s.numel), names.push_back(params_[s.param].name);
@@ -324,14 +401,15 @@ void ZeroStrategy::allocate_masters_and_gradients() {
   // fp32 parameters where the optimizer runs are their own masters (no copy).
   // A delayed step writes its masters while the next forward reads the parameters: never aliased.
   masters_alias_ = !low_precision() && opt_.offload_optimizer == (opt_.stage == 3 && opt_.offload_param) &&
-                   !opt_.delayed_param_update && !opt_.optimizer_on_disk;
+                   !opt_.delayed_param_update && !opt_.optimizer_on_disk && !opt_.param_on_disk;
   if (opt_.optimizer_on_disk) {
     create_swap();
-    for (const Shard& s : shards_) master_of(s).copy_(param_values_of(s));
+    for (const Shard& s : shards_) master_of(s).copy_(shard_values(s));
   } else if (!masters_alias_) {
     masters_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
-    for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(param_values_of(s));
+    for (const Shard& s : shards_) masters_.narrow(0, s.partition_offset, s.numel).copy_(shard_values(s));
   }
+  if (param_swap_) param_swap_->finish_setup();
   part_grads_ = host_or_device(l.partition_numel(), at::kFloat, opt_.offload_optimizer);
   if (opt_.delayed_param_update) step_grads_ = host_or_device(l.partition_numel(), at::kFloat, true);
   if (opt_.offload_optimizer && device_.is_cuda()) offload_ = std::make_unique<OffloadCopier>(device_);
@@ -578,7 +656,8 @@ void ZeroStrategy::step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_
   } repoint{this};
   // Blocking copies: the buffer half is read into again while a non-blocking copy could still run.
   swap_->step(optimizer, args, grads,
-              [this](size_t i, const at::Tensor& master) { param_values_of(shards_[i]).copy_(master); });
+              [this](size_t i, const at::Tensor& master) { store_updated(shards_[i], master); });
+  finish_write_back();
   apply_step();
 }
 
@@ -619,7 +698,15 @@ void ZeroStrategy::apply_step() {
   // next step, whose backward the host has waited for. Except under delayed_param_update: the
   // next step starts on the host right after this, so the copies complete first.
   const bool non_blocking = !opt_.delayed_param_update;
-  if (opt_.stage == 3) {
+  if (param_swap_) {
+    // The partition on disk: each bucket's chunk written back through a slot (the buckets the
+    // next forward reads first, the last ones, last: they stay in the slots as cache), the
+    // always-whole buckets' chunks into place for the gathers below.
+    if (!swap_)  // (shards are in partition order, grouped by bucket)
+      for (size_t k = shards_.size(); k-- > 0;)
+        store_updated(shards_[k], masters_.narrow(0, shards_[k].partition_offset, shards_[k].numel));
+    finish_write_back();
+  } else if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.
     if (!masters_alias_ && !swap_) part_params_.copy_(masters_, non_blocking);
   } else if (!masters_alias_ && !swap_) {  // (swap_: copied slice by slice in step_from_disk)
@@ -667,7 +754,8 @@ void ZeroStrategy::gather_after_step() {
     const Bucket& bucket = l.buckets()[b];
     if (bucket.on_demand) continue;
     at::Tensor mine = full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
-    if (opt_.stage == 3) mine.copy_(part_params_.narrow(0, bucket.partition_offset, bucket.chunk));
+    // (offload_param=nvme: the step wrote the chunk in place, store_updated.)
+    if (opt_.stage == 3 && !param_swap_) mine.copy_(part_params_.narrow(0, bucket.partition_offset, bucket.chunk));
     if (dp_size_ == 1) continue;
     while (!flying.empty() && in_flight + bucket.numel > opt_.allgather_bucket_size) {
       flying.front().second.wait();
@@ -749,6 +837,10 @@ dtk_memory_usage ZeroStrategy::memory_usage() {
   u.parameter_bytes = bytes(part_params_);
   for (const auto& f : full_) u.parameter_bytes += bytes(f);
   if (opt_.offload_param) u.host_bytes += bytes(part_params_);
+  if (param_swap_) {  // the partition is on disk: host memory holds the buffers only
+    u.parameter_bytes += param_swap_->buffer_bytes();
+    u.host_bytes += param_swap_->buffer_bytes();
+  }
   // Gradients: the partition, stage 1's whole buffer, staging buckets, and any .grad held (stage
   // 1's fp32 .grad tensors are views of its buffer: not counted twice).
   u.gradient_bytes = bytes(part_grads_) + bytes(grad_flat_);

@@ -20,6 +20,10 @@
 //            partition lives in host memory too.
 //   offload_optimizer=nvme  as cpu, but the fp32 masters and the optimizer state live in a swap
 //            file on disk and stream through a bounded host buffer at each step (swap.hpp).
+//   offload_param=nvme  (stage 3) the parameter partition lives in a swap file; its chunks are
+//            read into param_buffer_count host buffers before their all-gathers (the next modules'
+//            reads issued ahead, gather.cpp's prefetch) and written back after the step
+//            (param_swap.hpp).
 //   delayed_param_update (with offload_optimizer=cpu): ZeRO-Offload's one-step delayed update;
 //            from iteration 2 the step runs on a host thread during the next forward and backward
 //            (launch_delayed_step / finish_delayed_step below).
@@ -40,6 +44,7 @@
 
 #include "layout.hpp"
 #include "offload.hpp"
+#include "param_swap.hpp"
 #include "swap.hpp"
 
 namespace dtk::zero {
@@ -53,8 +58,10 @@ struct Options {
   int64_t prefetch_bucket_size = 0, max_live_parameters = 0, persistence_threshold = 0;
   bool offload_optimizer = false, offload_param = false;
   bool optimizer_on_disk = false;  // offload_optimizer=nvme (offload_optimizer is true as well)
+  bool param_on_disk = false;      // offload_param=nvme (offload_param is true as well)
   std::string nvme_path;
   int64_t nvme_buffer_bytes = 0;
+  int64_t param_buffer_count = 0;  // offload_param=nvme: host buffers of one bucket chunk each
   bool delayed_param_update = false;
   bool zero_init = true;  // stage 3: the model is built deferred, each rank keeps its partition
   // Reads and checks the plugin's options (one-line errors naming the option).
@@ -92,9 +99,16 @@ class ZeroStrategy : public Strategy {
   void allocate_masters_and_gradients();
   at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
   at::Tensor param_values_of(const Shard& s) const;  // the shard in the parameter dtype
+  // offload_param=nvme: its values, a copy read from the swap file (setup), and the shard's new
+  // values written (the step: on-demand buckets through the write-back slot, others in full_).
+  at::Tensor shard_values(const Shard& s);
+  void store_updated(const Shard& s, const at::Tensor& values);
+  void finish_write_back();          // the last write-back slot's write is issued
+  bool on_disk(size_t bucket) const { return param_swap_ && layout_->buckets()[bucket].on_demand; }
   at::Tensor master_of(const Shard& s) const;        // the fp32 values the optimizer steps
   size_t index_of(const Shard& s) const { return static_cast<size_t>(&s - shards_.data()); }  // s in shards_
   void create_swap();                                // offload_optimizer=nvme
+  void create_param_swap();                          // offload_param=nvme
   void step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args);
   bool low_precision() const { return dtype_ != at::kFloat; }
 
@@ -158,6 +172,10 @@ class ZeroStrategy : public Strategy {
   at::Tensor part_params_;      // stage 3: this rank's chunks, parameter dtype
   at::Tensor masters_;          // fp32 partition unless masters_alias_ or on disk (swap_)
   std::unique_ptr<OptimizerSwap> swap_;  // offload_optimizer=nvme: masters and optimizer state on disk
+  std::unique_ptr<ParamSwap> param_swap_;  // offload_param=nvme: the partition on disk (part_params_ unused)
+  std::vector<int> gather_slot_;  // per bucket: the param_swap_ slot its all-gather reads, or -1
+  int write_slot_ = -1;           // the write-back slot being filled (its bucket: write_bucket_)
+  size_t write_bucket_ = 0;
   at::Tensor part_grads_;       // fp32 partition of the reduced gradients
   at::Tensor grad_flat_;        // stage 1: the whole fp32 gradient
   at::Tensor nan_;              // stage 3: what a released parameter shows (NaN, any shape)

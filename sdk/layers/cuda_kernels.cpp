@@ -11,9 +11,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "dtk/cuda/bias_gelu.hpp"
 #include "dtk/cuda/cross_entropy.hpp"
+#include "dtk/cuda/layer_norm.hpp"
 #include "dtk/cuda/rms_norm.hpp"
 #include "dtk/cuda/rotary.hpp"
+#include "dtk/cuda/swiglu.hpp"
 #endif
 
 namespace dtk::layers::gpu {
@@ -93,6 +96,161 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const 
   return {dx, dweight.to(weight.scalar_type())};
 }
 
+namespace {
+// x and residual: one shape, type and device (any strides: they are made contiguous).
+bool same_as(const at::Tensor& x, const at::Tensor& residual) {
+  return residual.device() == x.device() && residual.scalar_type() == x.scalar_type() &&
+         residual.sizes() == x.sizes();
+}
+}  // namespace
+
+bool add_rms_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight) {
+  return rms_norm_applies(x, weight) && same_as(x, residual);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& residual,
+                                                                    const at::Tensor& weight, double eps) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
+  at::Tensor sum = at::empty_like(xc), y = at::empty_like(xc);
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::add_rms_norm_forward(xc.data_ptr(), rc.data_ptr(), wc.data_ptr(), type, rows, hidden, eps,
+                                  sum.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), stream_of(x));
+  return {sum, y, rstd};
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
+                                                        const at::Tensor& sum, const at::Tensor& weight,
+                                                        const at::Tensor& rstd) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(sum.scalar_type(), &type);
+  const at::Tensor hc = sum.contiguous(), wc = weight.contiguous();
+  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous(), sc = dsum.to(sum.scalar_type()).contiguous();
+  const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
+  at::Tensor dx = at::empty_like(hc);
+  const auto f32 = sum.options().dtype(at::kFloat);
+  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor dweight = at::empty({hidden}, f32);
+  const c10::cuda::CUDAGuard guard(sum.device());
+  dtk::cuda::add_rms_norm_backward(gc.data_ptr(), sc.data_ptr(), hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
+                                   rstd.data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(),
+                                   dweight.data_ptr<float>(), stream_of(sum));
+  return {dx, dweight.to(weight.scalar_type())};
+}
+
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                            const at::Tensor& b) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  const int64_t hidden = x.dim() > 0 ? x.size(-1) : 0;
+  const auto param_fits = [&](const at::Tensor& p) {
+    return p.defined() && p.device() == x.device() && p.scalar_type() == x.scalar_type() && p.dim() == 1 &&
+           p.size(0) == hidden;
+  };
+  return x.is_cuda() && element_type(x.scalar_type(), &type) && same_as(x, residual) && param_fits(w) &&
+         param_fits(b) && hidden > 0 && hidden <= dtk::cuda::kLayerNormMaxHidden;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
+                                                                                  const at::Tensor& residual,
+                                                                                  const at::Tensor& w,
+                                                                                  const at::Tensor& b, double eps) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = w.contiguous(), bc = b.contiguous();
+  const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
+  at::Tensor sum = at::empty_like(xc), y = at::empty_like(xc);
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor mean = at::empty({rows}, f32), rstd = at::empty({rows}, f32);
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::add_layer_norm_forward(xc.data_ptr(), rc.data_ptr(), wc.data_ptr(), bc.data_ptr(), type, rows, hidden,
+                                    eps, sum.data_ptr(), y.data_ptr(), mean.data_ptr<float>(),
+                                    rstd.data_ptr<float>(), stream_of(x));
+  return {sum, y, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
+                                                                       const at::Tensor& sum, const at::Tensor& w,
+                                                                       const at::Tensor& mean,
+                                                                       const at::Tensor& rstd) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(sum.scalar_type(), &type);
+  const at::Tensor hc = sum.contiguous(), wc = w.contiguous();
+  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous(), sc = dsum.to(sum.scalar_type()).contiguous();
+  const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
+  at::Tensor dx = at::empty_like(hc);
+  const auto f32 = sum.options().dtype(at::kFloat);
+  at::Tensor partial = at::empty({2, dtk::cuda::layer_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor dw = at::empty({hidden}, f32), db = at::empty({hidden}, f32);
+  const c10::cuda::CUDAGuard guard(sum.device());
+  dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sc.data_ptr(), hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
+                                     mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                     partial.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
+                                     stream_of(sum));
+  return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type())};
+}
+
+bool bias_gelu_applies(const at::Device& device, at::ScalarType type, const at::Tensor& bias) {
+  dtk::cuda::ElementType unused = dtk::cuda::ElementType::kFloat32;
+  return device.is_cuda() && element_type(type, &unused) && bias.defined() && bias.device() == device &&
+         bias.scalar_type() == type && bias.dim() == 1 && bias.size(0) > 0 && bias.size(0) <= (int64_t{1} << 30);
+}
+
+at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous();
+  const int64_t cols = bias.size(0), rows = x.numel() / cols;
+  at::Tensor y = at::empty_like(xc);
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::bias_gelu_forward(xc.data_ptr(), bc.data_ptr(), type, rows, cols, tanh, y.data_ptr(), stream_of(x));
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                     const at::Tensor& bias, bool tanh) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous(), bc = bias.contiguous(), gc = dy.to(x.scalar_type()).contiguous();
+  const int64_t cols = bias.size(0), rows = x.numel() / cols;
+  at::Tensor dx = at::empty_like(xc);
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor partial = at::empty({dtk::cuda::bias_gelu_backward_groups(rows), cols}, f32);
+  at::Tensor dbias = at::empty({cols}, f32);
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::bias_gelu_backward(gc.data_ptr(), xc.data_ptr(), bc.data_ptr(), type, rows, cols, tanh, dx.data_ptr(),
+                                partial.data_ptr<float>(), dbias.data_ptr<float>(), stream_of(x));
+  return {dx, dbias.to(bias.scalar_type())};
+}
+
+bool swiglu_applies(const at::Tensor& gate, const at::Tensor& up) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  return gate.is_cuda() && element_type(gate.scalar_type(), &type) && same_as(gate, up);
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(gate.scalar_type(), &type);
+  const at::Tensor gc = gate.contiguous(), uc = up.contiguous();
+  at::Tensor y = at::empty_like(gc);
+  const c10::cuda::CUDAGuard guard(gate.device());
+  dtk::cuda::swiglu_forward(gc.data_ptr(), uc.data_ptr(), type, gc.numel(), y.data_ptr(), stream_of(gate));
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(gate.scalar_type(), &type);
+  const at::Tensor gc = gate.contiguous(), uc = up.contiguous(), dc = dy.to(gate.scalar_type()).contiguous();
+  at::Tensor dgate = at::empty_like(gc), dup = at::empty_like(gc);
+  const c10::cuda::CUDAGuard guard(gate.device());
+  dtk::cuda::swiglu_backward(dc.data_ptr(), gc.data_ptr(), uc.data_ptr(), type, gc.numel(), dgate.data_ptr(),
+                             dup.data_ptr(), stream_of(gate));
+  return {dgate, dup};
+}
+
 bool rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   if (!x.is_cuda() || x.dim() != 4 || x.stride(3) != 1 || !element_type(x.scalar_type(), &type)) return false;
@@ -143,6 +301,41 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor&, const at::
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                     const at::Tensor&) {
   throw Error("rms_norm: this build has no CUDA kernels");
+}
+bool add_rms_norm_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor&, const at::Tensor&,
+                                                                    const at::Tensor&, double) {
+  throw Error("add_rms_norm: this build has no CUDA kernels");
+}
+std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                        const at::Tensor&, const at::Tensor&) {
+  throw Error("add_rms_norm: this build has no CUDA kernels");
+}
+bool add_layer_norm_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  return false;
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&, double) {
+  throw Error("add_layer_norm: this build has no CUDA kernels");
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&) {
+  throw Error("add_layer_norm: this build has no CUDA kernels");
+}
+bool bias_gelu_applies(const at::Device&, at::ScalarType, const at::Tensor&) { return false; }
+at::Tensor bias_gelu_forward(const at::Tensor&, const at::Tensor&, bool) {
+  throw Error("bias_gelu: this build has no CUDA kernels");
+}
+std::pair<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) {
+  throw Error("bias_gelu: this build has no CUDA kernels");
+}
+bool swiglu_applies(const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { throw Error("swiglu: this build has no CUDA kernels"); }
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  throw Error("swiglu: this build has no CUDA kernels");
 }
 bool rotary_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor rotary_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {

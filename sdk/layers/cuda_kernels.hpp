@@ -1,5 +1,7 @@
 // cuda_kernels.hpp (private to dtk::layers) — the LibTorch side of DTK's own GPU kernels
-// (core/cuda: dtk/cuda/cross_entropy.hpp, rms_norm.hpp, rotary.hpp) for the layers. Each kernel has a
+// (core/cuda: dtk/cuda/cross_entropy.hpp, rms_norm.hpp, layer_norm.hpp, bias_gelu.hpp, swiglu.hpp, rotary.hpp)
+// for
+// the layers. Each kernel has a
 // LibTorch-op reference in the layer that calls it; a call here returns false (or `applies` is
 // false) where the kernel does not apply: a CPU tensor, a build without CUDA (DTK_HAVE_CUDA) or
 // without a CUDA LibTorch (DTK_TORCH_CUDA), a dtype or shape the kernel does not take. The
@@ -8,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
 #include <utility>
 
 namespace dtk::layers::gpu {
@@ -27,6 +30,48 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
 // dx (x's shape and type) and dweight (weight's type).
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                                     const at::Tensor& weight, const at::Tensor& rstd);
+
+// The residual add and RMSNorm: sum = T(x + residual), y = rms_norm(sum); x and residual of one
+// shape, type and device.
+bool add_rms_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight);
+// sum, y (x's shape and type) and r (fp32, one per row).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& residual,
+                                                                    const at::Tensor& weight, double eps);
+// The gradient of x and of residual (one tensor, x's shape and type) and dweight (weight's type),
+// from dy (the norm's output's gradient) and dsum (the sum's).
+std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
+                                                        const at::Tensor& sum, const at::Tensor& weight,
+                                                        const at::Tensor& rstd);
+
+// The residual add and LayerNorm: sum = T(x + residual), y = layer_norm(sum, w, b); x and
+// residual of one shape, type and device, w and b [hidden] of their type.
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                            const at::Tensor& b);
+// sum, y (x's shape and type), mean and rstd (fp32, one per row).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
+                                                                                  const at::Tensor& residual,
+                                                                                  const at::Tensor& w,
+                                                                                  const at::Tensor& b, double eps);
+// The gradient of x and of residual (one tensor), dw and db (w's type).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
+                                                                       const at::Tensor& sum, const at::Tensor& w,
+                                                                       const at::Tensor& mean,
+                                                                       const at::Tensor& rstd);
+
+// Bias + GELU: x [..., n] of `type` on `device`, bias [n] of that type and device (the caller
+// checks that x's last dimension is the bias's size).
+bool bias_gelu_applies(const at::Device& device, at::ScalarType type, const at::Tensor& bias);
+// gelu(x + bias) (x's shape and type).
+at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh);
+// dx (x's shape and type) and dbias (bias's type).
+std::pair<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                     const at::Tensor& bias, bool tanh);
+
+// SwiGLU's silu(gate) * up: gate and up of one shape, type and device.
+bool swiglu_applies(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
+// dgate and dup (gate's shape and type).
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up);
 
 // Rotary embeddings (dtk/layers/rotary.hpp): x [b, s, heads, hd] (unit stride in hd), cos/sin
 // fp32 [b, s, 1, dim] contiguous on x's device.

@@ -30,6 +30,43 @@ struct FusedRmsNorm : public torch::autograd::Function<FusedRmsNorm> {
   }
 };
 
+// The residual add and RMSNorm through DTK's kernels: outputs {sum, y}; the backward adds the
+// sum's own gradient (the residual stream's) to the norm's and gives it to both inputs.
+struct FusedAddRmsNorm : public torch::autograd::Function<FusedAddRmsNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
+                               const at::Tensor& weight, double eps) {
+    RECORD_FUNCTION("dtk::add_rms_norm", std::vector<c10::IValue>());
+    auto [sum, y, rstd] = gpu::add_rms_norm_forward(x, residual, weight, eps);
+    ctx->save_for_backward({sum, weight, rstd});
+    return {sum, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    RECORD_FUNCTION("dtk::add_rms_norm_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dweight] = gpu::add_rms_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2]);
+    return {dx, dx, dweight, at::Tensor()};
+  }
+};
+
+// The residual add and LayerNorm through DTK's kernels, the same way.
+struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
+                               const at::Tensor& w, const at::Tensor& b, double eps) {
+    RECORD_FUNCTION("dtk::add_layer_norm", std::vector<c10::IValue>());
+    auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, w, b, eps);
+    ctx->save_for_backward({sum, w, mean, rstd});
+    return {sum, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    RECORD_FUNCTION("dtk::add_layer_norm_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dw, db] = gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3]);
+    return {dx, dx, dw, db, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
@@ -49,6 +86,41 @@ at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double ep
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (gpu::rms_norm_applies(x, weight)) return FusedRmsNorm::apply(x, weight, eps);
   return rms_norm_ops(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_layer_norm_ops(const at::Tensor& x, const at::Tensor& residual,
+                                                     const at::Tensor& w, const at::Tensor& b, double eps) {
+  at::Tensor h = x + residual;
+  at::Tensor y = layer_norm(h, w, b, eps);
+  return {std::move(h), std::move(y)};
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at::Tensor& residual,
+                                                   const at::Tensor& weight, double eps) {
+  at::Tensor h = x + residual;
+  at::Tensor y = rms_norm_ops(h, weight, eps);
+  return {std::move(h), std::move(y)};
+}
+
+std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                                 const at::Tensor& b, double eps) {
+  if (gpu::add_layer_norm_applies(x, residual, w, b)) {
+    const auto out = FusedAddLayerNorm::apply(x, residual, w, b, eps);
+    return {out[0], out[1]};
+  }
+  return add_layer_norm_ops(x, residual, w, b, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                               const at::Tensor& weight, double eps) {
+  if (gpu::add_rms_norm_applies(x, residual, weight)) {
+    const auto out = FusedAddRmsNorm::apply(x, residual, weight, eps);
+    return {out[0], out[1]};
+  }
+  // The plain add, then rms_norm (DTK's RMSNorm kernel where it alone applies, else the ops).
+  at::Tensor h = x + residual;
+  at::Tensor y = rms_norm(h, weight, eps);
+  return {std::move(h), std::move(y)};
 }
 
 }  // namespace dtk::layers

@@ -2,14 +2,20 @@
 // reference on random inputs: the fused cross entropy of the output layer (dtk/cuda/
 // cross_entropy.hpp, through fused_lm_head_loss: the kernel's path against the ops' path and the
 // plain cross entropy of whole logits), RMSNorm forward and backward (dtk/cuda/rms_norm.hpp,
-// through dtk::layers::rms_norm against rms_norm_ops) and rotary embeddings (dtk/cuda/rotary.hpp,
-// apply_rotary against apply_rotary_ops). Without a CUDA LibTorch and a GPU every
-// test skips, saying why.
+// through dtk::layers::rms_norm against rms_norm_ops), the residual add fused with LayerNorm and
+// with RMSNorm (dtk/cuda/layer_norm.hpp, rms_norm.hpp, through add_layer_norm and add_rms_norm
+// against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
+// SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops) and rotary embeddings (dtk/cuda/rotary.hpp, apply_rotary against apply_rotary_ops). Without a CUDA
+// LibTorch and a GPU every test skips, saying why.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
+#include <string>
+
+#include <dtk/layers/activations.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/rotary.hpp>
@@ -106,6 +112,133 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
   SKIP_WITHOUT_CUDA();
   // One bf16 rounding step apart at most where the fp32 sums of squares differ in their last bit.
   for (const int64_t hidden : {64, 100, 768, 4096}) check_rms_norm(at::kBFloat16, hidden, 2e-2);
+}
+
+// The residual add and a norm, fused against the ops: both outputs (the sum going on in the
+// residual stream and the norm's output) with their own incoming gradients, so the backward adds
+// the stream's gradient to the norm's; x's and the residual's gradients, the weight's and (for
+// LayerNorm) the bias's. `rows` over the backward's 1024 blocks takes its loop over rows.
+void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol) {
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(13);
+  const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});
+  const at::Tensor r0 = at::randn({rows, 1, hidden}, on).to(type);
+  const at::Tensor w0 = (1 + 0.1 * at::randn({hidden}, on)).to(type);
+  const at::Tensor b0 = (0.1 * at::randn({hidden}, on)).to(type);
+  const at::Tensor dy = at::randn({rows, 1, hidden}, on).to(type), dsum = at::randn({rows, 1, hidden}, on).to(type);
+  auto run = [&](bool fused) {
+    at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+    at::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    const auto out =
+        layer ? (fused ? dtk::layers::add_layer_norm(x, r, w, b, 1e-5)
+                       : dtk::layers::add_layer_norm_ops(x, r, w, b, 1e-5))
+              : (fused ? dtk::layers::add_rms_norm(x, r, w, 1e-5) : dtk::layers::add_rms_norm_ops(x, r, w, 1e-5));
+    if (fused) {  // DTK's kernel ran, not the ops
+      EXPECT_NE(out.second.grad_fn()->name().find(layer ? "FusedAddLayerNorm" : "FusedAddRmsNorm"), std::string::npos)
+          << out.second.grad_fn()->name();
+    }
+    torch::autograd::backward({out.first, out.second}, {dsum, dy});
+    return std::vector<at::Tensor>{
+        out.first.detach(), out.second.detach(), x.grad(), r.grad(), w.grad(), layer ? b.grad() : at::zeros({1}, on)};
+  };
+  const auto fused = run(true), ops = run(false);
+  const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias"};
+  EXPECT_EQ(fused[1].scalar_type(), type);
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_LT(relative_error(fused[i], ops[i]), tol)
+        << (layer ? "add_layer_norm " : "add_rms_norm ") << names[i] << ", " << rows << " x " << hidden;
+}
+
+TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
+  check_add_norm(true, at::kFloat, 2100, 64, 1e-5);
+}
+
+TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
+  SKIP_WITHOUT_CUDA();
+  // The same bf16 roundings of fp32 values one ulp apart at most.
+  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(true, at::kBFloat16, 148, hidden, 2e-2);
+  check_add_norm(true, at::kBFloat16, 2100, 64, 2e-2);
+}
+
+TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(false, at::kFloat, 148, hidden, 1e-5);
+  check_add_norm(false, at::kFloat, 2100, 64, 1e-5);
+}
+
+TEST(GpuKernels, AddRmsNormKernelEqualsOpsBf16) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(false, at::kBFloat16, 148, hidden, 2e-2);
+  check_add_norm(false, at::kBFloat16, 2100, 64, 2e-2);
+}
+
+// Bias + GELU, exact and tanh, fused against the ops: y, x's gradient and the bias's (the
+// backward's column sums). 300 rows: more than the backward's 256 row groups.
+void check_bias_gelu(at::ScalarType type, int64_t cols, bool tanh, double tol) {
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(17);
+  const at::Tensor x0 = (at::randn({3, 100, cols}, on) * 2).to(type), b0 = at::randn({cols}, on).to(type);
+  const at::Tensor dy = at::randn({3, 100, cols}, on).to(type);
+  auto run = [&](bool fused) {
+    at::Tensor x = x0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    const at::Tensor y = fused ? dtk::layers::bias_gelu(x, b, tanh) : dtk::layers::bias_gelu_ops(x, b, tanh);
+    if (fused) {  // DTK's kernel ran, not the ops
+      EXPECT_NE(y.grad_fn()->name().find("FusedBiasGelu"), std::string::npos) << y.grad_fn()->name();
+    }
+    torch::autograd::backward({y}, {dy});
+    return std::vector<at::Tensor>{y.detach(), x.grad(), b.grad()};
+  };
+  const auto fused = run(true), ops = run(false);
+  const char* names[] = {"y", "dx", "dbias"};
+  EXPECT_EQ(fused[0].scalar_type(), type);
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_LT(relative_error(fused[i], ops[i]), tol)
+        << "bias_gelu " << names[i] << ", " << cols << " columns" << (tanh ? ", tanh" : ", erf");
+}
+
+TEST(GpuKernels, BiasGeluKernelEqualsOpsFp32) {
+  SKIP_WITHOUT_CUDA();
+  for (const bool tanh : {false, true})
+    for (const int64_t cols : {64, 100, 768, 3072}) check_bias_gelu(at::kFloat, cols, tanh, 1e-5);
+}
+
+TEST(GpuKernels, BiasGeluKernelEqualsOpsBf16) {
+  SKIP_WITHOUT_CUDA();
+  for (const bool tanh : {false, true})
+    for (const int64_t cols : {64, 100, 768, 3072}) check_bias_gelu(at::kBFloat16, cols, tanh, 2e-2);
+}
+
+// SwiGLU's silu(gate) * up, fused against the ops: y and both inputs' gradients, on element
+// counts that are no multiple of the block.
+void check_swiglu(at::ScalarType type, int64_t cols, double tol) {
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(19);
+  const at::Tensor g0 = (at::randn({3, 37, cols}, on) * 3).to(type), u0 = at::randn({3, 37, cols}, on).to(type);
+  const at::Tensor dy = at::randn({3, 37, cols}, on).to(type);
+  auto run = [&](bool fused) {
+    at::Tensor g = g0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+    const at::Tensor y = fused ? dtk::layers::swiglu(g, u) : dtk::layers::swiglu_ops(g, u);
+    if (fused) {  // DTK's kernel ran, not the ops
+      EXPECT_NE(y.grad_fn()->name().find("FusedSwiglu"), std::string::npos) << y.grad_fn()->name();
+    }
+    torch::autograd::backward({y}, {dy});
+    return std::vector<at::Tensor>{y.detach(), g.grad(), u.grad()};
+  };
+  const auto fused = run(true), ops = run(false);
+  const char* names[] = {"y", "dgate", "dup"};
+  EXPECT_EQ(fused[0].scalar_type(), type);
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_LT(relative_error(fused[i], ops[i]), tol) << "swiglu " << names[i] << ", " << cols << " columns";
+}
+
+TEST(GpuKernels, SwigluKernelEqualsOps) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t cols : {64, 100, 2048}) {
+    check_swiglu(at::kFloat, cols, 1e-5);
+    check_swiglu(at::kBFloat16, cols, 2e-2);
+  }
 }
 
 // Rotary embeddings on strided queries/keys (a split of a fused projection, as llama's), with all

@@ -1,5 +1,6 @@
-// RMSNorm forward and backward (dtk/cuda/rms_norm.hpp). Forward: one warp per row, the sum of
-// squares reduced over the warp, then the row written. Backward: a fixed grid of blocks, each
+// RMSNorm forward and backward, alone or after a residual add (dtk/cuda/rms_norm.hpp). Forward:
+// one warp per row (with a residual, the sum written first), the sum of squares reduced over the
+// warp, then the row written. Backward: a fixed grid of blocks, each
 // taking rows blockIdx.x, blockIdx.x + gridDim.x, ...; per row one block reduction (the dot of
 // the row's incoming gradient with it), then dx written and the weight gradient accumulated in
 // shared memory, one column per thread (no atomics); a second kernel adds the blocks' partial
@@ -38,17 +39,30 @@ __device__ float block_sum(float v) {
 }
 
 // A warp per row: the sum of squares reduced by shuffles alone (no block barrier), 8 rows a block.
+// With a residual (res, sum not null) the row normalised is sum = T(x + res), written first; each
+// lane re-reads only what it wrote itself.
 template <class T>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* w, int64_t rows, int64_t hidden,
-                                                           float eps, T* y, float* rstd) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* res, const T* w, int64_t rows,
+                                                           int64_t hidden, float eps, T* sum, T* y, float* rstd) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp: its shuffles below stay full
   const int lane = static_cast<int>(threadIdx.x % 32);
   const T* xr = x + row * hidden;
   float squares = 0.0f;
-  for (int64_t j = lane; j < hidden; j += 32) {
-    const float v = to_float(xr[j]);
-    squares += v * v;
+  if (res) {
+    const T* rr = res + row * hidden;
+    T* sr = sum + row * hidden;
+    for (int64_t j = lane; j < hidden; j += 32) {
+      const float v = round_to<T>(to_float(xr[j]) + to_float(rr[j]));
+      sr[j] = from_float<T>(v);
+      squares += v * v;
+    }
+    xr = sr;
+  } else {
+    for (int64_t j = lane; j < hidden; j += 32) {
+      const float v = to_float(xr[j]);
+      squares += v * v;
+    }
   }
   for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
   const float r = rsqrtf(squares / static_cast<float>(hidden) + eps);
@@ -57,9 +71,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* 
   for (int64_t j = lane; j < hidden; j += 32) yr[j] = from_float<T>(round_to<T>(to_float(xr[j]) * r) * to_float(w[j]));
 }
 
+// With dsum (the gradient of a residual add's sum, not null) dx is T(T(the norm's dx) + dsum), as
+// autograd adds the two gradients of the sum.
 template <class T>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const T* dy, const T* x, const T* w, int64_t rows,
-                                                            int64_t hidden, const float* rstd, T* dx,
+__global__ void __launch_bounds__(kThreads) backward_kernel(const T* dy, const T* dsum, const T* x, const T* w,
+                                                            int64_t rows, int64_t hidden, const float* rstd, T* dx,
                                                             float* partial) {
   extern __shared__ float dw[];  // this block's weight gradient, [hidden]
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) dw[j] = 0.0f;
@@ -77,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const T* dy, const T
       const float xv = to_float(xr[j]), g = to_float(gr[j]);
       const float dn = round_to<T>(g * to_float(w[j]));
       // d/dx of x r with r = (mean x^2 + eps)^-1/2: r dn - x r^3 c.
-      dxr[j] = from_float<T>(r * dn - xv * r * r * r * c);
+      const float d = r * dn - xv * r * r * r * c;
+      dxr[j] = dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[row * hidden + j])) : from_float<T>(d);
       dw[j] += g * round_to<T>(xv * r);
     }
   }
@@ -104,23 +121,23 @@ void check_shape(int64_t rows, int64_t hidden) {
 }
 
 template <class T>
-void forward(const void* x, const void* w, int64_t rows, int64_t hidden, double eps, void* y, float* rstd,
-             StreamHandle stream) {
+void forward(const void* x, const void* res, const void* w, int64_t rows, int64_t hidden, double eps, void* sum,
+             void* y, float* rstd, StreamHandle stream) {
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), rows, hidden, static_cast<float>(eps), static_cast<T*>(y),
-      rstd);
+      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
+      static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
 }
 
 template <class T>
-void backward(const void* dy, const void* x, const void* w, int64_t rows, int64_t hidden, const float* rstd,
-              void* dx, float* partial, float* dweight, StreamHandle stream) {
+void backward(const void* dy, const void* dsum, const void* x, const void* w, int64_t rows, int64_t hidden,
+              const float* rstd, void* dx, float* partial, float* dweight, StreamHandle stream) {
   const int blocks = static_cast<int>(rms_norm_backward_blocks(rows));
   const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
   if (shared > 48 * 1024) cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(shared));
-  backward_kernel<T><<<blocks, kThreads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                           static_cast<const T*>(w), rows, hidden, rstd,
-                                                           static_cast<T*>(dx), partial);
+  backward_kernel<T><<<blocks, kThreads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(dsum),
+                                                           static_cast<const T*>(x), static_cast<const T*>(w), rows,
+                                                           hidden, rstd, static_cast<T*>(dx), partial);
   sum_partials<<<static_cast<unsigned>((hidden + kThreads - 1) / kThreads), kThreads, 0, stream>>>(partial, blocks,
                                                                                                    hidden, dweight);
 }
@@ -129,34 +146,51 @@ void backward(const void* dy, const void* x, const void* w, int64_t rows, int64_
 
 int64_t rms_norm_backward_blocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kBackwardBlocks)); }
 
-void rms_norm_forward(const void* x, const void* weight, ElementType type, int64_t rows, int64_t hidden, double eps,
-                      void* y, float* rstd, StreamHandle stream) {
+void add_rms_norm_forward(const void* x, const void* residual, const void* weight, ElementType type, int64_t rows,
+                          int64_t hidden, double eps, void* sum, void* y, float* rstd, StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) return;
   switch (type) {
-    case ElementType::kFloat32: forward<float>(x, weight, rows, hidden, eps, y, rstd, stream); break;
-    case ElementType::kBFloat16: forward<__nv_bfloat16>(x, weight, rows, hidden, eps, y, rstd, stream); break;
-    case ElementType::kFloat16: forward<__half>(x, weight, rows, hidden, eps, y, rstd, stream); break;
+    case ElementType::kFloat32: forward<float>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream); break;
+    case ElementType::kBFloat16:
+      forward<__nv_bfloat16>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream);
+      break;
+    case ElementType::kFloat16: forward<__half>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream); break;
   }
   check("rms_norm_forward");
 }
 
-void rms_norm_backward(const void* dy, const void* x, const void* weight, ElementType type, int64_t rows,
-                       int64_t hidden, const float* rstd, void* dx, float* partial, float* dweight,
-                       StreamHandle stream) {
+void rms_norm_forward(const void* x, const void* weight, ElementType type, int64_t rows, int64_t hidden, double eps,
+                      void* y, float* rstd, StreamHandle stream) {
+  add_rms_norm_forward(x, nullptr, weight, type, rows, hidden, eps, nullptr, y, rstd, stream);
+}
+
+void add_rms_norm_backward(const void* dy, const void* dsum, const void* x, const void* weight, ElementType type,
+                           int64_t rows, int64_t hidden, const float* rstd, void* dx, float* partial, float* dweight,
+                           StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) {
     cudaMemsetAsync(dweight, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
     return;
   }
   switch (type) {
-    case ElementType::kFloat32: backward<float>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream); break;
-    case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
+    case ElementType::kFloat32:
+      backward<float>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
       break;
-    case ElementType::kFloat16: backward<__half>(dy, x, weight, rows, hidden, rstd, dx, partial, dweight, stream); break;
+    case ElementType::kBFloat16:
+      backward<__nv_bfloat16>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
+      break;
+    case ElementType::kFloat16:
+      backward<__half>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
+      break;
   }
   check("rms_norm_backward");
+}
+
+void rms_norm_backward(const void* dy, const void* x, const void* weight, ElementType type, int64_t rows,
+                       int64_t hidden, const float* rstd, void* dx, float* partial, float* dweight,
+                       StreamHandle stream) {
+  add_rms_norm_backward(dy, nullptr, x, weight, type, rows, hidden, rstd, dx, partial, dweight, stream);
 }
 
 }  // namespace dtk::cuda

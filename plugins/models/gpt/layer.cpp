@@ -39,8 +39,11 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor&, const at::Tens
   const bool own_kernel = !mask.defined() && causal_attention_supported(projected);
   const at::Tensor context =
       c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
-  at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_);
-  at::Tensor mlp = fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
+  // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
+  const auto [h, normed] = add_layer_norm(
+      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b, c_.eps);
+  // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
+  at::Tensor mlp = fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu));
   return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden, tp_);
 }
 
@@ -56,8 +59,8 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
-  at::Tensor h = x + dense.forward(context);
-  return h + fc2.forward(gelu(fc1.forward(layer_norm(h, ln2_w, ln2_b, c_.eps)), c_));
+  const auto [h, normed] = add_layer_norm(x, dense.forward(context), ln2_w, ln2_b, c_.eps);
+  return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu));
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {

@@ -16,6 +16,7 @@
 // uses the very same masks.
 #pragma once
 
+#include <dtk/layers/activations.hpp>
 #include <dtk/layers/attention.hpp>
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
@@ -40,10 +41,14 @@ struct Config : DecoderConfig {
 };
 
 // The MLP's activation: exact GELU, or its tanh approximation with openai_gelu (Megatron's
-// --openai-gelu; Hugging Face's "gelu_new").
+// --openai-gelu; Hugging Face's "gelu_new"). The plain layer's dense_h_to_4h and GELU are the
+// SDK's column_linear_gelu (the same ops on the CPU, bias + GELU in one kernel on a GPU).
 at::Tensor gelu(const at::Tensor& x, const Config& c);
+using dtk::layers::column_linear_gelu;
 
-// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype: the SDK's.
+// LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype: the SDK's;
+// after the attention's residual add, the SDK's add and norm in one (one kernel each way on a GPU).
+using dtk::layers::add_layer_norm;
 using dtk::layers::layer_norm;
 
 class Layer : public DominoLayer, public DecoderLayer {

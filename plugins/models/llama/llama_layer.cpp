@@ -135,10 +135,11 @@ at::Tensor Layer::mlp(const at::Tensor& h) const {
   // input gradient in backward, not one per projection.
   if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
     const std::vector<at::Tensor> gate_up = sequence_parallel_columns(h, {&gate, &up});
-    return down.forward(at::silu(gate_up[0]) * gate_up[1]);
+    return down.forward(swiglu(gate_up[0], gate_up[1]));
   }
   const at::Tensor x = copy_to_tp_region(h, gate.tp);
-  return down.forward(at::silu(dtk::linear(x, gate.weight, gate.bias)) * dtk::linear(x, up.weight, up.bias));
+  // silu(gate) * up: one kernel each way on a GPU (dtk/layers/activations.hpp).
+  return down.forward(swiglu(dtk::linear(x, gate.weight, gate.bias), dtk::linear(x, up.weight, up.bias)));
 }
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
@@ -154,8 +155,10 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, cons
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
   const at::Tensor context = c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng);
-  const at::Tensor h = x + dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp);
-  return h + dropout(mlp(rms_norm(h, post_attention_norm, c_.eps)), c_.hidden_dropout, training, rng.hidden, qkv.tp);
+  // h = x + dropout(attention's output) and its RMSNorm in one (the dropout stays on the branch).
+  const auto [h, normed] = add_rms_norm(
+      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp), post_attention_norm, c_.eps);
+  return h + dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp);
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
@@ -168,8 +171,8 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& position
   const at::Tensor k = cache[0].narrow(2, 0, length + n).transpose(1, 2);  // [b, t, ng, hd]
   const at::Tensor v = cache[1].narrow(2, 0, length + n).transpose(1, 2);
   const at::Tensor context = attend(a.q, k, v, mask, 0.0, [](const at::Tensor& probs) { return probs; });
-  const at::Tensor h = x + dense.forward(context);
-  return h + mlp(rms_norm(h, post_attention_norm, c_.eps));
+  const auto [h, normed] = add_rms_norm(x, dense.forward(context), post_attention_norm, c_.eps);
+  return h + mlp(normed);
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {

@@ -20,6 +20,7 @@
 // and up as two column projections of one input (one input-gradient all-reduce).
 #pragma once
 
+#include <dtk/layers/activations.hpp>
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
@@ -52,8 +53,13 @@ struct Config : DecoderConfig {
 };
 
 // RMSNorm in fp32 (Megatron's RMSNorm: x / sqrt(mean(x^2) + eps), cast back, times the weight):
-// the SDK's, one fused kernel each way on a GPU.
+// the SDK's, one fused kernel each way on a GPU; after the attention's residual add, the SDK's add
+// and norm in one.
+using dtk::layers::add_rms_norm;
 using dtk::layers::rms_norm;
+
+// SwiGLU's silu(gate) * up: the SDK's (the same ops on the CPU, one kernel each way on a GPU).
+using dtk::layers::swiglu;
 
 // Rotary position embeddings (Megatron's RotaryEmbedding, non-interleaved: the first and second
 // halves of the rotated channels pair up). The cos/sin table covers the positions seen so far

@@ -3,9 +3,15 @@
 // type. On a GPU each is a fused kernel: LayerNorm is ATen's (it reads bf16/fp16 and computes in
 // fp32 itself), RMSNorm DTK's own forward and backward kernels (dtk/cuda/rms_norm.hpp) where the
 // build has CUDA; on the CPU, and wherever a kernel does not apply, LibTorch ops.
+// add_layer_norm and add_rms_norm fuse the residual add before a norm (a pre-norm layer's
+// `h = x + branch; norm(h)`) into DTK's kernels (dtk/cuda/layer_norm.hpp, rms_norm.hpp): one pass
+// forward, one backward that also adds the residual stream's gradient; on the CPU, and wherever
+// the kernels do not apply, exactly the add and the norm above.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <utility>
 
 namespace dtk::layers {
 
@@ -18,5 +24,19 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // The same as LibTorch ops on any device: the reference the GPU kernel is tested against.
 at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The residual add and the norm after it: {h, norm(h)} with h = x + residual. x and residual
+// of one shape and type; the first result is the residual stream going on, the second the norm's
+// output (gradients flow into both).
+std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                                 const at::Tensor& b, double eps);
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                               const at::Tensor& weight, double eps);
+
+// Their LibTorch-op references on any device (what the GPU kernels are tested against).
+std::pair<at::Tensor, at::Tensor> add_layer_norm_ops(const at::Tensor& x, const at::Tensor& residual,
+                                                     const at::Tensor& w, const at::Tensor& b, double eps);
+std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at::Tensor& residual,
+                                                   const at::Tensor& weight, double eps);
 
 }  // namespace dtk::layers

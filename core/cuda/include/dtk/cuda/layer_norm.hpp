@@ -1,0 +1,44 @@
+// dtk/cuda/layer_norm.hpp — the residual add fused with the LayerNorm that follows it (GPT's
+// `h = x + branch; layer_norm(h, w, b)`), forward and backward in one kernel each
+// (src/layer_norm.cu), for dtk::layers::add_layer_norm (dtk/layers/norms.hpp) on a GPU. The
+// arithmetic is that of the LibTorch ops it replaces (an add in T, then ATen's LayerNorm kernel,
+// which computes in fp32 itself), T the input's type:
+//   h_j = T(x_j + r_j),  mean = sum_j h_j / n,  rstd = 1 / sqrt(sum_j (h_j - mean)^2 / n + eps),
+//   y_j = T((h_j - mean) rstd w_j + b_j)
+// backward, with g the incoming gradient of y and gh that of h (the residual stream's):
+//   xhat_j = (h_j - mean) rstd,  dx_j = T(gh_j + T(rstd (g_j w_j - sum_k g_k w_k / n
+//                                                          - xhat_j sum_k g_k w_k xhat_k / n)))
+//   dw_j = sum_rows g_j xhat_j,  db_j = sum_rows g_j   (fp32, summed in a fixed order)
+// where the ops read and write the row five times forward (the add's three, the norm's two) and
+// the backward adds the residual's gradient in a pass of its own.
+#pragma once
+
+#include <cstdint>
+
+#include "dtk/cuda/runtime.hpp"
+
+namespace dtk::cuda {
+
+// The largest hidden size the kernels take (the backward keeps a block's weight and bias
+// gradients in shared memory); larger rows take the reference ops.
+constexpr int64_t kLayerNormMaxHidden = 8192;
+
+// x, residual, sum, y: [rows, hidden] contiguous; weight, bias: [hidden]; all of `type` (fp32,
+// bf16 or fp16). Writes sum = T(x + residual), y = LayerNorm(sum), and mean and rstd (fp32
+// [rows], saved for the backward).
+void add_layer_norm_forward(const void* x, const void* residual, const void* weight, const void* bias, ElementType type,
+                            int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
+                            StreamHandle stream);
+
+// fp32 workspace the backward needs: [2, layer_norm_backward_blocks(rows), hidden].
+int64_t layer_norm_backward_blocks(int64_t rows);
+
+// dy (the gradient of y), dsum (that of the sum, or null: none), sum, dx: [rows, hidden] of
+// `type`; weight [hidden] of `type`; mean, rstd from the forward. Writes dx (the gradient of both
+// x and residual), dweight and dbias (fp32 [hidden], summed over the rows in a fixed order:
+// deterministic), through `partial` (fp32 [2, layer_norm_backward_blocks(rows), hidden]).
+void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, const void* weight, ElementType type,
+                             int64_t rows, int64_t hidden, const float* mean, const float* rstd, void* dx,
+                             float* partial, float* dweight, float* dbias, StreamHandle stream);
+
+}  // namespace dtk::cuda

@@ -1,0 +1,109 @@
+// SwiGLU forward and backward (dtk/cuda/swiglu.hpp): elementwise, a grid-stride loop over the
+// elements, one element per thread per step (consecutive threads, consecutive elements).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "dtk/cuda/swiglu.hpp"
+#include "element.cuh"
+
+namespace dtk::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+using element::from_float;
+using element::round_to;
+using element::to_float;
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const T* gate, const T* up, int64_t n, T* y) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    const float g = to_float(gate[i]);
+    const float s = round_to<T>(g / (1.0f + expf(-g)));
+    y[i] = from_float<T>(s * to_float(up[i]));
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    backward_kernel(const T* dy, const T* gate, const T* up, int64_t n, T* dgate, T* dup) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    const float g = to_float(gate[i]), d = to_float(dy[i]);
+    const float sig = sigmoid(g);
+    const float s = round_to<T>(g / (1.0f + expf(-g)));  // SiLU's output as the product saw it
+    const float ds = round_to<T>(d * to_float(up[i]));
+    dup[i] = from_float<T>(d * s);
+    dgate[i] = from_float<T>(ds * sig * (1.0f + g * (1.0f - sig)));
+  }
+}
+
+void check(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+template <class T>
+void forward(const void* gate, const void* up, int64_t n, void* y, StreamHandle stream) {
+  forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up), n,
+                                                            static_cast<T*>(y));
+}
+
+template <class T>
+void backward(const void* dy, const void* gate, const void* up, int64_t n, void* dgate, void* dup,
+              StreamHandle stream) {
+  backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(gate),
+                                                             static_cast<const T*>(up), n, static_cast<T*>(dgate),
+                                                             static_cast<T*>(dup));
+}
+
+}  // namespace
+
+void swiglu_forward(const void* gate, const void* up, ElementType type, int64_t n, void* y, StreamHandle stream) {
+  if (n < 0) throw CudaError("swiglu: " + std::to_string(n) + " elements");
+  if (n == 0) return;
+  switch (type) {
+    case ElementType::kFloat32:
+      forward<float>(gate, up, n, y, stream);
+      break;
+    case ElementType::kBFloat16:
+      forward<__nv_bfloat16>(gate, up, n, y, stream);
+      break;
+    case ElementType::kFloat16:
+      forward<__half>(gate, up, n, y, stream);
+      break;
+  }
+  check("swiglu_forward");
+}
+
+void swiglu_backward(const void* dy, const void* gate, const void* up, ElementType type, int64_t n, void* dgate,
+                     void* dup, StreamHandle stream) {
+  if (n < 0) throw CudaError("swiglu: " + std::to_string(n) + " elements");
+  if (n == 0) return;
+  switch (type) {
+    case ElementType::kFloat32:
+      backward<float>(dy, gate, up, n, dgate, dup, stream);
+      break;
+    case ElementType::kBFloat16:
+      backward<__nv_bfloat16>(dy, gate, up, n, dgate, dup, stream);
+      break;
+    case ElementType::kFloat16:
+      backward<__half>(dy, gate, up, n, dgate, dup, stream);
+      break;
+  }
+  check("swiglu_backward");
+}
+
+}  // namespace dtk::cuda

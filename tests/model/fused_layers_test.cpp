@@ -1,0 +1,157 @@
+// The SDK's fused functions, used by the gpt and llama layers, on the CPU (and wherever DTK's GPU
+// kernels do not apply) run exactly the ops the layers ran before, so every model's CPU losses stay
+// bit-identical:
+//   * residual add + norm (dtk/layers/norms.hpp: add_layer_norm, add_rms_norm): the sum, the
+//     norm's output and the gradients of x, the residual, the weight and the bias are bit-equal to
+//     `x + residual` followed by the plain norm (and to ATen's LayerNorm itself in fp32), in fp32
+//     and bf16, with gradients arriving through both outputs or through the norm's alone;
+//   * the activations (dtk/layers/activations.hpp): bias_gelu is gelu(x + b), column_linear_gelu
+//     gelu(fc.forward(x)) (exact and tanh), swiglu silu(gate) * up, values and gradients.
+// The GPU kernels' own tests are in tests/cuda/gpu_kernels_test.cpp.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <dtk/layers/activations.hpp>
+#include <dtk/layers/dropout.hpp>
+#include <dtk/layers/norms.hpp>
+#include <dtk/layers/param_factory.hpp>
+
+namespace {
+
+struct Run {
+  std::vector<at::Tensor> values;  // sum, y, dx, dresidual, dweight, dbias
+};
+
+// The fused function (or the separate ops) on clones of the inputs; `stream_grad`: the sum gets
+// an incoming gradient of its own (the residual stream's), else only the norm's output does.
+Run run(bool fused, bool layer, at::ScalarType type, bool stream_grad) {
+  at::manual_seed(3);
+  const int64_t hidden = 48;
+  const at::Tensor x0 = (at::randn({2, 5, hidden}) * 2 + 0.3).to(type);
+  const at::Tensor r0 = at::randn({2, 5, hidden}).to(type);
+  const at::Tensor w0 = (1 + 0.1 * at::randn({hidden})).to(type), b0 = (0.1 * at::randn({hidden})).to(type);
+  const at::Tensor dy = at::randn({2, 5, hidden}).to(type), dsum = at::randn({2, 5, hidden}).to(type);
+  at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+  at::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  at::Tensor sum, y;
+  if (fused) {
+    std::tie(sum, y) = layer ? dtk::layers::add_layer_norm(x, r, w, b, 1e-5) : dtk::layers::add_rms_norm(x, r, w, 1e-5);
+  } else {  // what the layers ran before
+    sum = x + r;
+    y = layer ? dtk::layers::layer_norm(sum, w, b, 1e-5) : dtk::layers::rms_norm(sum, w, 1e-5);
+  }
+  if (stream_grad)
+    torch::autograd::backward({sum, y}, {dsum, dy});
+  else
+    torch::autograd::backward({y}, {dy});
+  return {{sum.detach(), y.detach(), x.grad(), r.grad(), w.grad(), layer ? b.grad() : at::zeros({1})}};
+}
+
+void expect_bit_equal(const Run& a, const Run& b, const std::string& what) {
+  const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias"};
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    ASSERT_TRUE(a.values[i].defined() && b.values[i].defined()) << what << ": " << names[i];
+    EXPECT_EQ(a.values[i].scalar_type(), b.values[i].scalar_type()) << what << ": " << names[i];
+    EXPECT_TRUE(at::equal(a.values[i], b.values[i])) << what << ": " << names[i] << " differs";
+  }
+}
+
+TEST(FusedNorms, AddLayerNormOnTheCpuIsTheAddAndTheNormBitForBit) {
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16})
+    for (const bool stream_grad : {true, false})
+      expect_bit_equal(run(true, true, type, stream_grad), run(false, true, type, stream_grad),
+                       std::string("add_layer_norm ") + c10::toString(type) + (stream_grad ? ", both grads" : ""));
+}
+
+TEST(FusedNorms, AddRmsNormOnTheCpuIsTheAddAndTheNormBitForBit) {
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16})
+    for (const bool stream_grad : {true, false})
+      expect_bit_equal(run(true, false, type, stream_grad), run(false, false, type, stream_grad),
+                       std::string("add_rms_norm ") + c10::toString(type) + (stream_grad ? ", both grads" : ""));
+}
+
+TEST(FusedNorms, AddLayerNormMatchesAtenLayerNormAndTheOpsReferences) {
+  // In fp32 the SDK's LayerNorm is ATen's: the fused function's norm output is at::layer_norm's.
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({3, 7, 32}), r = at::randn({3, 7, 32});
+  const at::Tensor w = at::randn({32}), b = at::randn({32});
+  const auto [sum, y] = dtk::layers::add_layer_norm(x, r, w, b, 1e-5);
+  EXPECT_TRUE(at::equal(sum, x + r));
+  EXPECT_TRUE(at::equal(y, at::layer_norm(x + r, {32}, w, b, 1e-5)));
+  // And the _ops references (what the GPU kernels are tested against) are the same computation.
+  const auto [sum_ops, y_ops] = dtk::layers::add_layer_norm_ops(x, r, w, b, 1e-5);
+  EXPECT_TRUE(at::equal(sum, sum_ops) && at::equal(y, y_ops));
+  const auto [rsum, ry] = dtk::layers::add_rms_norm(x, r, w, 1e-5);
+  const auto [rsum_ops, ry_ops] = dtk::layers::add_rms_norm_ops(x, r, w, 1e-5);
+  EXPECT_TRUE(at::equal(rsum, rsum_ops) && at::equal(ry, ry_ops));
+  EXPECT_TRUE(at::equal(ry, dtk::layers::rms_norm_ops(x + r, w, 1e-5)));
+}
+
+// Values and gradients of f(inputs) for clones of `inputs` (each requiring a gradient) under `dy`.
+template <class F>
+std::vector<at::Tensor> values_and_grads(const std::vector<at::Tensor>& inputs, const at::Tensor& dy, F&& f) {
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& t : inputs) in.push_back(t.detach().clone().requires_grad_(true));
+  const at::Tensor y = f(in);
+  torch::autograd::backward({y}, {dy});
+  std::vector<at::Tensor> out{y.detach()};
+  for (const at::Tensor& t : in) out.push_back(t.grad());
+  return out;
+}
+
+void expect_all_bit_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].defined() && b[i].defined()) << what << ": value " << i;
+    EXPECT_TRUE(at::equal(a[i], b[i])) << what << ": value " << i << " (0: the output, then the inputs' gradients)";
+  }
+}
+
+TEST(FusedActivations, BiasGeluAndSwigluOnTheCpuAreTheOpsBitForBit) {
+  at::manual_seed(9);
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+    const std::string name = c10::toString(type);
+    const at::Tensor x = (at::randn({2, 5, 24}) * 2).to(type), b = at::randn({24}).to(type);
+    const at::Tensor dy = at::randn({2, 5, 24}).to(type);
+    for (const bool tanh : {false, true}) {
+      const auto fused =
+          values_and_grads({x, b}, dy, [&](const auto& in) { return dtk::layers::bias_gelu(in[0], in[1], tanh); });
+      const auto ops = values_and_grads(
+          {x, b}, dy, [&](const auto& in) { return tanh ? at::gelu(in[0] + in[1], "tanh") : at::gelu(in[0] + in[1]); });
+      expect_all_bit_equal(fused, ops, "bias_gelu " + name + (tanh ? " tanh" : " erf"));
+    }
+    const at::Tensor u = at::randn({2, 5, 24}).to(type);
+    const auto fused = values_and_grads({x, u}, dy, [](const auto& in) { return dtk::layers::swiglu(in[0], in[1]); });
+    const auto ops = values_and_grads({x, u}, dy, [](const auto& in) { return at::silu(in[0]) * in[1]; });
+    expect_all_bit_equal(fused, ops, "swiglu " + name);
+  }
+}
+
+TEST(FusedActivations, ColumnLinearGeluOnTheCpuIsTheProductAndTheGelu) {
+  dtk::layers::ParamFactory f;
+  f.gen = dtk::layers::seeded_generator(7);
+  dtk::layers::ColumnParallelLinear fc(16, 24, /*bias=*/true, 0.02, dtk::layers::TPGroup{}, f);
+  at::manual_seed(4);
+  const at::Tensor bias = at::randn({24}), x = at::randn({3, 5, 16}), dy = at::randn({3, 5, 24});
+  for (const bool tanh : {false, true}) {
+    // x, the weight and the bias as inputs (the layer's parameters replaced by the clones).
+    auto run = [&](bool fused) {
+      return values_and_grads({x, fc.weight, bias}, dy, [&](const auto& in) {
+        dtk::layers::ColumnParallelLinear layer = fc;
+        layer.weight = in[1];
+        layer.bias = in[2];
+        if (fused) return dtk::layers::column_linear_gelu(layer, in[0], tanh);
+        return tanh ? at::gelu(layer.forward(in[0]), "tanh") : at::gelu(layer.forward(in[0]));
+      });
+    };
+    expect_all_bit_equal(run(true), run(false), tanh ? "column_linear_gelu tanh" : "column_linear_gelu erf");
+  }
+}
+
+}  // namespace

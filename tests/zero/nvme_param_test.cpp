@@ -21,6 +21,7 @@
 #include "../common/curves.hpp"
 #include "../common/printed_lines.hpp"
 #include "../common/run_dtk.hpp"
+#include "nvme_common.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,15 +29,9 @@ namespace {
 
 using dtk_test::Curve;
 using dtk_test::Result;
+using namespace zero_nvme_test;
 
-// The small GPT of nvme_test.cpp, 12 iterations, clipping active.
-const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
-                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 "
-                           "--set model.hidden_dropout=0 --set model.attention_dropout=0 "
-                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
-                           "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
-                           "--set train.train_iters=12 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
-                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+const std::string kTrain = small_gpt(12);
 
 // Stage 3 in buckets of 20k elements (several per layer), three parameter buffers: chunks are
 // evicted and read again within every forward and backward.
@@ -56,26 +51,12 @@ std::string params_on_disk(const std::string& dir) {
 }
 const std::string kParamsOnHost = "--set strategy.offload_param=cpu ";
 
-int swap_files_in(const std::string& dir) {
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".swap";
-  return n;
-}
-
 // "parameter swap: R chunk reads (P of them ahead of use), ..." (rank 0, at exit).
 std::pair<int, int> reads_of(const std::string& log) {
   std::smatch m;
   if (!std::regex_search(log, m, std::regex(R"(parameter swap: (\d+) chunk reads \((\d+) of them ahead of use\))")))
     return {-1, -1};
   return {std::stoi(m[1]), std::stoi(m[2])};
-}
-
-void expect_identical(const Curve& want, const Curve& got, const std::string& what) {
-  ASSERT_EQ(got.loss.size(), want.loss.size()) << what << "\n" << got.run.out;
-  for (const auto& [it, loss] : want.loss) {
-    EXPECT_EQ(got.loss.at(it), loss) << what << ", lm loss at iteration " << it;
-    EXPECT_EQ(got.norm.at(it), want.norm.at(it)) << what << ", grad norm at iteration " << it;
-  }
 }
 
 TEST(ZeroNvmeParams, LossesEqualParametersInHostMemory) {
@@ -113,11 +94,6 @@ TEST(ZeroNvmeParams, LossesEqualParametersInHostMemory) {
     EXPECT_GT(ahead, 0) << what << ": no read was prefetched\n" << disk.run.out;
     EXPECT_EQ(swap_files_in(dir), 0) << what << ": swap files left after a clean exit";
   }
-}
-
-void resume_from_4(const std::string& dir) {
-  fs::remove_all(dir + "/iter_0000008");
-  std::ofstream(dir + "/latest_checkpointed_iteration.txt") << "4\n";
 }
 
 // bf16, DP 2, parameters and optimizer on disk: saved at 4 and 8; resumed from 4 with the same
@@ -223,12 +199,6 @@ TEST(ZeroNvmeParams, HostMemoryOfTheParametersIsTheBuffers) {
   EXPECT_NEAR(h.host - d.host, partition - buffers, 0.05) << host.out << "\n" << disk.out;
   EXPECT_GE(h.host_max - d.host_max, partition - buffers - 0.05) << host.out << "\n" << disk.out;
   EXPECT_EQ(dtk_test::printed_loss_and_norm(disk.out), dtk_test::printed_loss_and_norm(host.out));
-}
-
-// `dtk train` under a file-size limit (a disk too small for the swap file; SIGXFSZ ignored).
-Result run_with_file_limit(const std::string& args, int limit_kb) {
-  return dtk_test::run_shell("bash -c \"trap '' XFSZ; ulimit -f " + std::to_string(limit_kb) +
-                             "; exec timeout -k 10 60 " + DTK_BIN + " " + args + "\" 2>&1");
 }
 
 TEST(ZeroNvmeParams, BadInputsAreOneLineErrors) {

@@ -23,6 +23,7 @@
 #include "../common/curves.hpp"
 #include "../common/printed_lines.hpp"
 #include "../common/run_dtk.hpp"
+#include "nvme_common.hpp"
 
 namespace fs = std::filesystem;
 
@@ -30,15 +31,9 @@ namespace {
 
 using dtk_test::Curve;
 using dtk_test::Result;
+using namespace zero_nvme_test;
 
-// A small GPT (as zero_train_test.cpp's), 6 iterations, clipping active.
-const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
-                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 "
-                           "--set model.hidden_dropout=0 --set model.attention_dropout=0 "
-                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
-                           "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
-                           "--set train.train_iters=6 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
-                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+const std::string kTrain = small_gpt(6);
 
 std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_TEST_TMP, name); }
 
@@ -54,24 +49,9 @@ Curve curve_of(int nproc, const std::string& args, const std::string& name) {
                              name);
 }
 
-int swap_files_in(const std::string& dir) {
-  int n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().extension() == ".swap";
-  return n;
-}
-
 int slices_of(const std::string& log) {
   std::smatch m;
   return std::regex_search(log, m, std::regex(R"(host buffer in (\d+) slice)")) ? std::stoi(m[1]) : -1;
-}
-
-// Exactly equal (the same fp32 arithmetic in the same order), iteration by iteration.
-void expect_identical(const Curve& want, const Curve& got, const std::string& what) {
-  ASSERT_EQ(got.loss.size(), want.loss.size()) << what << "\n" << got.run.out;
-  for (const auto& [it, loss] : want.loss) {
-    EXPECT_EQ(got.loss.at(it), loss) << what << ", lm loss at iteration " << it;
-    EXPECT_EQ(got.norm.at(it), want.norm.at(it)) << what << ", grad norm at iteration " << it;
-  }
 }
 
 TEST(ZeroNvme, LossesEqualCpuOffloadAndDdp) {
@@ -97,11 +77,6 @@ TEST(ZeroNvme, LossesEqualCpuOffloadAndDdp) {
     dtk_test::expect_same_curve(ddp, disk, 6, what + ": nvme against ddp");
     EXPECT_EQ(swap_files_in(dir), 0) << what << ": swap files left after a clean exit";
   }
-}
-
-void resume_from_4(const std::string& dir) {
-  fs::remove_all(dir + "/iter_0000008");
-  std::ofstream(dir + "/latest_checkpointed_iteration.txt") << "4\n";
 }
 
 // A pid that no process has now: a child that has exited and been reaped.
@@ -248,13 +223,6 @@ TEST(ZeroNvme, OptimizerStateLargerThanTheHostBudgetTrainsFromDisk) {
   ASSERT_TRUE(std::regex_search(disk.out, m, std::regex(R"(\.swap \((\S+) MB\))"))) << disk.out;
   EXPECT_GE(std::stod(m[1]) + 0.05, state) << "the swap file (MiB) holds the state";
   EXPECT_EQ(dtk_test::printed_loss_and_norm(disk.out), dtk_test::printed_loss_and_norm(cpu.out));
-}
-
-// `dtk train` with the file-size limit `limit_kb` (SIGXFSZ ignored: a write past it fails instead
-// of killing the process), as a disk too small for the swap file.
-Result run_with_file_limit(const std::string& args, int limit_kb) {
-  return dtk_test::run_shell("bash -c \"trap '' XFSZ; ulimit -f " + std::to_string(limit_kb) +
-                             "; exec timeout -k 10 60 " + DTK_BIN + " " + args + "\" 2>&1");
 }
 
 TEST(ZeroNvme, BadInputsAreOneLineErrors) {

@@ -1,5 +1,6 @@
 // dropout.cpp — see dropout.hpp.
 #include <dtk/layers/dropout.hpp>
+#include <dtk/capture.hpp>
 
 #include "dropout_rows.hpp"
 
@@ -189,6 +190,11 @@ DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t lengt
 DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
   DropoutMask m;
   if (p <= 0.0) return m;
+  // Each mask's seed is drawn here, on the host: a CUDA graph would replay one mask forever.
+  if (capturing())
+    throw Error("dropout (p = " + std::to_string(p) +
+                ") draws each mask's seed on the host, so a recorded step would reuse one mask: CUDA graphs need "
+                "model.hidden_dropout=0 and model.attention_dropout=0");
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     m.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();

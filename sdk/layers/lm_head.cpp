@@ -11,6 +11,7 @@
 #include <ATen/ops/scatter_add.h>
 #include <ATen/ops/where.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <dtk/capture.hpp>
 #include <dtk/gemm.hpp>
 
 #include <algorithm>
@@ -267,8 +268,15 @@ struct FusedLmHead : public torch::autograd::Function<FusedLmHead> {
     const at::Tensor c = g.numel() > 0 ? common_gradient(g) : at::zeros({}, g.options());
     gw.mul_(c);
     // One host read in the common case (no token differs); the rows' indices only when some do.
+    // A recorded step (CUDA graph) cannot branch on it: there the gradient must be common (the
+    // shipped steps' mean loss without a loss mask), and the host checks it after the backward.
     const at::Tensor differs = g.ne(c);
-    if (differs.any().item<bool>()) {
+    if (capturing()) {
+      defer_check(differs.any(),
+                  "the fused output layer's loss gradient differs between tokens (a loss mask: eod_mask_loss, or "
+                  "the dataset's loss_mask), which a step recorded into a CUDA graph cannot follow: run with "
+                  "train.cuda_graphs=false");
+    } else if (differs.any().item<bool>()) {
       const at::Tensor rows = differs.nonzero().squeeze(1);
       const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
       const at::Tensor target = ctx->saved_data["target"].toTensor();

@@ -4,6 +4,7 @@
 #include <dtk/layers/tensor_parallel.hpp>
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <dtk/capture.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -388,10 +389,17 @@ void IdRangeChecks::add(const char* what, const at::Tensor& ids, int64_t limit, 
 
 void IdRangeChecks::verify() {
   if (checks_.empty()) return;
-  const bool bad = at::stack(out_of_range_).any().item<bool>();  // the one host read
+  const at::Tensor any_bad = at::stack(out_of_range_).any();
   std::vector<Check> checks = std::move(checks_);
   checks_.clear();
   out_of_range_.clear();
+  if (capturing()) {  // recorded: the host reads the flag after the backward (it checked the batch's ids itself)
+    std::string what;
+    for (const Check& c : checks) what += std::string(what.empty() ? "'" : ", '") + c.what + "'";
+    defer_check(any_bad, model_ + ": " + what + " held ids outside their ranges");
+    return;
+  }
+  const bool bad = any_bad.item<bool>();  // the one host read
   if (!bad) return;
   for (const Check& c : checks)
     if (out_of_range(c.ids, c.limit).item<bool>()) throw_out_of_range(model_, c.what, c.ids, c.limit, c.limit_name);

@@ -47,7 +47,8 @@ class Step {
     std::vector<std::pair<std::string, double>> metrics;
     dtk_metric_sink sink{sizeof(sink), &metrics, [](void* ctx, const char* name, double v) {
                            static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
-                         }};
+                         },
+                         nullptr};  // no put_tensor: the step reads its tensor metrics itself (an older host)
     dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, model.ref(), view.get(), &sink, nullptr};
     check(api_->forward_step(step_, &args));
     dtk_tensor* loss = args.loss;

@@ -2,9 +2,12 @@
 // averaging, and the learning-rate schedule object over the config.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <set>
 
+#include "dtk/core/device/step_capture.hpp"
 #include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
@@ -92,6 +95,52 @@ TEST(MetricAverager, MeansAndMergeKeepFirstSeenOrder) {
   EXPECT_EQ(a.names(), (std::vector<std::string>{"lm loss", "aux", "z"}));
   a.clear();
   EXPECT_TRUE(a.names().empty());
+}
+
+// ABI 2.5's metrics as tensors: summed where they are, read by the first mean, in order.
+TEST(MetricAverager, TensorValuesAreSummedWhereTheyAreAndReadWhenAsked) {
+  dtk::core::MetricAverager a, b;
+  dtk::core::StepMetrics m1, m2, m3;
+  m1.values = {{"aux", 1.0}};
+  m1.tensors = {{"lm loss", at::tensor(2.0f)}};
+  m2.tensors = {{"lm loss", at::tensor(4.5f)}};
+  m3.tensors = {{"lm loss", at::tensor(0.5f)}, {"z", at::tensor(7.0)}};
+  a.add(m1);
+  a.add(m2);
+  b.add(m3);
+  EXPECT_DOUBLE_EQ(a.mean("lm loss"), 3.25);
+  a.add(m2);  // after a read: summed on again
+  a.merge(b);
+  EXPECT_DOUBLE_EQ(a.mean("lm loss"), (2.0 + 4.5 + 4.5 + 0.5) / 4);
+  EXPECT_DOUBLE_EQ(a.mean("aux"), 1.0);
+  EXPECT_DOUBLE_EQ(a.mean("z"), 7.0);
+  EXPECT_EQ(a.names(), (std::vector<std::string>{"aux", "lm loss", "z"}));
+  a.clear();
+  EXPECT_TRUE(a.names().empty());
+}
+
+// train.cuda_graphs' CPU probe: a replay that reads a device value on the host fails, naming the
+// count; capturing() is on while a Recording lives (the schedule's body holds one) and off after.
+TEST(StepCaptureProbe, AReplayThatReadsOnTheHostFails) {
+  auto probe = dtk::core::make_probe_recorder();
+  bool seen = false;
+  probe->replay([&] {
+    dtk::core::capture::Recording recording;
+    seen = dtk::core::capture::extension()->capturing() != 0;
+    (void)(at::ones({4}) * 2).sum();  // device work without a read: fine
+  });
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(dtk::core::capture::extension()->capturing(), 0);
+  try {
+    probe->replay([] {
+      dtk::core::capture::Recording recording;
+      (void)at::ones({4}).sum().item<float>();
+      (void)at::ones({4}).max().item<float>();
+    });
+    FAIL() << "expected a HostError";
+  } catch (const dtk::host::HostError& e) {
+    EXPECT_NE(std::string(e.what()).find("read device values on the host 2 time(s)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LearningRateSchedule, DecaysOverTrainItersUnlessToldOtherwise) {

@@ -188,7 +188,9 @@ void bench(dtk::host::PluginHost& host, const Shape& S, int iters, double peak) 
   at::Tensor text = at::randint(S.vocab, {S.batch, S.seq + 1}, at::kLong);
   dtk::TensorList batch{{"text", text}};
   dtk::MapView view(batch);
-  dtk_metric_sink sink{sizeof(sink), nullptr, [](void*, const char*, double) {}};
+  dtk_metric_sink sink{sizeof(sink), nullptr, [](void*, const char*, double) {}, [](void*, const char*, dtk_tensor* t) {
+                         dtk::release(t);
+                       }};
   auto one = [&] {
     dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, &ref, view.get(), &sink, nullptr};
     check(sapi->forward_step(step, &args));

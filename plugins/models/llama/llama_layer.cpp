@@ -3,6 +3,7 @@
 // megatron/core/models/common/embeddings/rotary_pos_embedding.py.
 #include "llama_layer.hpp"
 
+#include <dtk/capture.hpp>
 #include <dtk/layers/recompute.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -25,10 +26,17 @@ std::pair<at::Tensor, at::Tensor> Rotary::table(int64_t positions, const at::Dev
     }
     const at::Tensor angles = at::outer(at::arange(positions, f32), inv_freq);
     const at::Tensor emb = at::cat({angles, angles}, -1);
+    // A recorded step (CUDA graph) reads the old table's memory: keep it while the model lives.
+    if (cos_.defined()) retired_.insert(retired_.end(), {cos_, sin_});
     cos_ = emb.cos().to(device);
     sin_ = emb.sin().to(device);
   }
   return {cos_, sin_};
+}
+
+int64_t Rotary::table_rows(const at::Device& device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cos_.defined() && cos_.device() == device ? cos_.size(0) : 0;
 }
 
 std::pair<at::Tensor, at::Tensor> Rotary::angles(const at::Tensor& positions, const at::Device& device) const {
@@ -36,8 +44,18 @@ std::pair<at::Tensor, at::Tensor> Rotary::angles(const at::Tensor& positions, co
   for (const Gathered& g : gathered_)
     if (g.positions.is_same(positions) && g.version == positions._version() && g.cos.device() == device)
       return {g.cos, g.sin};
-  const int64_t max_position = positions.numel() ? positions.max().item<int64_t>() : 0;
-  const auto [cos_table, sin_table] = table(max_position + 1, device);
+  // The table must cover the largest position: read it, or, in a recorded step (a CUDA graph:
+  // no host read), keep the table the uncaptured steps grew (at least one row per sequence
+  // position) and let the host check the positions after the backward.
+  int64_t rows = 0;
+  if (capturing()) {
+    rows = std::max(table_rows(device), positions.dim() > 0 ? positions.size(-1) : int64_t{1});
+    defer_check(positions.ge(rows).any(), "llama: position ids reached " + std::to_string(rows) +
+                                              ", beyond the rotary table of the recorded step");
+  } else {
+    rows = (positions.numel() ? positions.max().item<int64_t>() : 0) + 1;
+  }
+  const auto [cos_table, sin_table] = table(rows, device);
   const at::Tensor at_device = positions.to(device);
   Gathered g{positions, positions._version(), at::embedding(cos_table, at_device).unsqueeze(2),  // [b, s, 1, dim]
              at::embedding(sin_table, at_device).unsqueeze(2)};

@@ -76,6 +76,8 @@ class Rotary {
  private:
   // cos, sin [positions, dim] on `device` (computed on the host in fp32, moved once per growth).
   std::pair<at::Tensor, at::Tensor> table(int64_t positions, const at::Device& device) const;
+  // The rows the table has on `device` now (0: none there yet).
+  int64_t table_rows(const at::Device& device) const;
   // cos, sin [b, s, 1, dim] of `positions` on `device`. Every layer's queries and keys rotate by
   // the same positions tensor in a forward: gathered once for it, not twice per layer (the
   // table's size needs the largest position, a host read: a synchronisation on a GPU).
@@ -85,6 +87,7 @@ class Rotary {
   RopeScaling scaling_;
   mutable std::mutex mu_;
   mutable at::Tensor cos_, sin_;
+  mutable std::vector<at::Tensor> retired_;  // outgrown tables (a CUDA graph may still read them)
   struct Gathered {
     at::Tensor positions;  // held, so that its identity cannot pass to another tensor
     int64_t version;

@@ -98,7 +98,7 @@ class CausalLM : public Step {
     at::Tensor loss = (losses.to(at::kFloat).reshape({-1}) * lm).sum() / lm.sum();
     at::Tensor reported = loss.detach().clone().reshape({1});
     if (dp_size_ > 1) Comm::all_reduce(reported, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_AVG);
-    metrics.put("lm loss", reported.item<double>());
+    metrics.put("lm loss", reported);  // read by the host once per iteration
     return loss;
   }
 

@@ -119,7 +119,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 4
+#define DTK_ABI_MINOR 5
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -359,9 +359,15 @@ typedef struct dtk_metric_sink {
   void* ctx;
   /* [main-thread] Called inside the call given the sink (forward_step). */
   void (*put)(void* ctx, const char* name /*[borrowed]*/, double value);
+  /* ABI 2.5. [main-thread] The same, as a one-element tensor on the compute device [new]: the
+   * host reads it when it needs the number (once per iteration, for the log line), so the step
+   * does not wait for the device, and a step captured into a CUDA graph can report it. The
+   * tensor's value must not change afterwards (put a copy, not a buffer the step reuses). */
+  void (*put_tensor)(void* ctx, const char* name /*[borrowed]*/, dtk_tensor* value /*[new]*/);
 } dtk_metric_sink;
 DTK_DEFINE_STRUCT_SIZE(dtk_metric_sink, 2_0, put);
-DTK_DEFINE_STRUCT_TRAITS(dtk_metric_sink, put);
+DTK_DEFINE_STRUCT_SIZE(dtk_metric_sink, 2_5, put_tensor);
+DTK_DEFINE_STRUCT_TRAITS(dtk_metric_sink, put_tensor);
 
 /* How a parameter is laid out across tensor-parallel ranks, treated by optimizers and owned by
  * a module. Mirrors Megatron's parameter attributes (tensor_model_parallel, partition_dim).
@@ -595,6 +601,26 @@ typedef struct dtk_trace_ext {
 } dtk_trace_ext;
 DTK_DEFINE_STRUCT_SIZE(dtk_trace_ext, 2_1, span);
 DTK_DEFINE_STRUCT_TRAITS(dtk_trace_ext, span);
+
+/* Host extension "dtk.ext.capture.v1" (since 2.5): the host may record a micro-batch's forward
+ * and backward once into a CUDA graph and replay it (train.cuda_graphs). While it records, kernels
+ * are enqueued, not run: code in the step must not read device values on the host (.item(), a copy
+ * to the CPU, nonzero) nor branch on them. Layers ask capturing() and then take their sync-free
+ * paths, handing the host what they would have checked through defer_check. */
+#define DTK_EXT_CAPTURE_V1 "dtk.ext.capture.v1"
+typedef struct dtk_capture_ext {
+  size_t struct_size;
+  /* [thread-safe] Non-zero while the host records the step (its forward on the main thread and
+   * its backward, which may run on autograd's device threads). */
+  int32_t (*capturing)(void);
+  /* [thread-safe] A check whose outcome stays on the device: `failed` [new] is a bool tensor
+   * (any shape; true anywhere = failed). The host reads every deferred check of an iteration
+   * once, after its backward passes and before the optimizer step, and stops the run with
+   * `message` [borrowed, copied] when one failed, so no update is made from a failed check. */
+  void (*defer_check)(dtk_tensor* failed /*[new]*/, const char* message /*[borrowed]*/);
+} dtk_capture_ext;
+DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_5, defer_check);
+DTK_DEFINE_STRUCT_TRAITS(dtk_capture_ext, defer_check);
 /* 1.0's config_get was removed in 2.0: nothing read it, and a plugin that reads the host's
  * configuration by path couples itself to the host's config schema. A plugin gets what it
  * needs through its declared options and the build context. */

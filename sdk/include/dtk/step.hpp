@@ -18,6 +18,16 @@ class Metrics {
   void put(const std::string& name, double value) const {
     if (sink_ && sink_->put) sink_->put(sink_->ctx, name.c_str(), value);
   }
+  // A one-element tensor, read by the host when it needs the number (ABI 2.5: no wait for the
+  // device, and capturable into a CUDA graph); from an older host, read here.
+  void put(const std::string& name, const at::Tensor& value) const {
+    if (!sink_) return;
+    if (sink_->struct_size >= dtk_metric_sink_STRUCT_SIZE_2_5 && sink_->put_tensor) {
+      sink_->put_tensor(sink_->ctx, name.c_str(), wrap(value.detach().reshape({})));
+      return;
+    }
+    if (sink_->put) sink_->put(sink_->ctx, name.c_str(), value.item<double>());
+  }
 
  private:
   const dtk_metric_sink* sink_;

@@ -446,14 +446,22 @@ StepInstance::StepInstance(const Plugin& plugin, const dtk_build_context& ctx)
 StepInstance::~StepInstance() {
   if (step_) api_->destroy(step_);
 }
-at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch,
-                                      std::vector<std::pair<std::string, double>>* metrics) {
+at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics) {
   MapView view(batch);
   // Host callbacks run inside plugin frames: nothing may throw out of them.
-  dtk_metric_sink sink{dtk_metric_sink_STRUCT_SIZE, metrics, [](void* ctx, const char* name, double v) {
+  dtk_metric_sink sink{dtk_metric_sink_STRUCT_SIZE, metrics,
+                       [](void* ctx, const char* name, double v) {
                          if (!name) return;
                          try {
-                           static_cast<std::vector<std::pair<std::string, double>>*>(ctx)->emplace_back(name, v);
+                           static_cast<StepMetrics*>(ctx)->values.emplace_back(name, v);
+                         } catch (...) {
+                         }
+                       },
+                       [](void* ctx, const char* name, dtk_tensor* t) {
+                         TensorHandle owned(t);
+                         if (!name || !t) return;
+                         try {
+                           static_cast<StepMetrics*>(ctx)->tensors.emplace_back(name, unwrap(t));
                          } catch (...) {
                          }
                        }};

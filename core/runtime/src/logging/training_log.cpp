@@ -28,7 +28,36 @@ void MetricAverager::add(const std::vector<std::pair<std::string, double>>& metr
   }
 }
 
+void MetricAverager::add(const StepMetrics& metrics) {
+  add(metrics.values);
+  for (const auto& [name, value] : metrics.tensors) {
+    if (std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; }) == sums_.end())
+      sums_.emplace_back(name, 0.0);  // keeps the first-seen order
+    auto it = std::find_if(device_sums_.begin(), device_sums_.end(), [&](const auto& s) { return s.first == name; });
+    const at::Tensor v = value.reshape({}).to(at::kDouble);
+    if (it == device_sums_.end())
+      device_sums_.emplace_back(name, v.clone());
+    else
+      it->second.add_(v.to(it->second.device()));
+    counts_[name]++;
+  }
+}
+
+void MetricAverager::read_device_sums() const {
+  if (device_sums_.empty()) return;
+  std::vector<at::Tensor> sums;
+  for (const auto& kv : device_sums_) sums.push_back(kv.second.to(device_sums_[0].second.device()));
+  const at::Tensor read = at::stack(sums).to(at::kCPU);
+  const double* v = read.data_ptr<double>();
+  for (size_t i = 0; i < device_sums_.size(); ++i)
+    for (auto& s : sums_)
+      if (s.first == device_sums_[i].first) s.second += v[i];
+  device_sums_.clear();
+}
+
 void MetricAverager::merge(const MetricAverager& other) {
+  read_device_sums();
+  other.read_device_sums();
   for (const auto& [name, sum] : other.sums_) {
     auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
     if (it == sums_.end())
@@ -41,6 +70,7 @@ void MetricAverager::merge(const MetricAverager& other) {
 
 void MetricAverager::broadcast(int32_t group, int32_t root) {
   if (group_size(group) <= 1) return;
+  read_device_sums();
   // Names, sums and counts as text (sums printed exactly: %a), its length first.
   std::string text;
   if (group_rank(group) == root) {
@@ -76,18 +106,20 @@ void MetricAverager::broadcast(int32_t group, int32_t root) {
 }
 
 double MetricAverager::mean(const std::string& name) const {
+  read_device_sums();
   for (const auto& [n, sum] : sums_)
     if (n == name) return sum / static_cast<double>(counts_.at(n));
   return NAN;
 }
 
 std::vector<std::string> MetricAverager::names() const {
+  read_device_sums();
   std::vector<std::string> out;
   for (const auto& kv : sums_) out.push_back(kv.first);
   return out;
 }
 
-void MetricAverager::clear() { sums_.clear(), counts_.clear(); }
+void MetricAverager::clear() { sums_.clear(), device_sums_.clear(), counts_.clear(); }
 
 // ---- TrainingLog ----------------------------------------------------------------------------
 std::string timestamp() {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtk/core/logging/step_metrics.hpp"
 #include "dtk/core/optim/param_groups.hpp"
 #include "dtk/host/plugin_host.hpp"
 
@@ -117,8 +118,7 @@ class StepInstance {
   StepInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
   ~StepInstance();
   // Runs the step on one micro-batch; returns the loss and adds metrics into `metrics`.
-  at::Tensor forward_step(const ModelInstance& model, const TensorList& batch,
-                          std::vector<std::pair<std::string, double>>* metrics);
+  at::Tensor forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics);
 
  private:
   const host::Plugin& plugin_;

@@ -17,15 +17,19 @@
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/memory/memory.hpp"
 #include "dtk/core/logging/metrics_jsonl.hpp"
+#include "dtk/core/logging/step_metrics.hpp"
 #include "dtk/core/logging/tensorboard.hpp"
 #include "dtk/core/logging/timers.hpp"
 
 namespace dtk::core {
 
 // Means of named metrics ("lm loss") over micro-batches and iterations, in first-seen order.
+// Device values are summed on the device and read together, once, by the first mean (or names,
+// merge, broadcast) after they were added: one host read per iteration, not one per micro-batch.
 class MetricAverager {
  public:
   void add(const std::vector<std::pair<std::string, double>>& metrics);
+  void add(const StepMetrics& metrics);
   void merge(const MetricAverager& other);
   double mean(const std::string& name) const;  // NaN when never added
   std::vector<std::string> names() const;
@@ -34,7 +38,9 @@ class MetricAverager {
   void broadcast(int32_t group, int32_t root);
 
  private:
-  std::vector<std::pair<std::string, double>> sums_;
+  void read_device_sums() const;  // the one host read of what the device holds
+  mutable std::vector<std::pair<std::string, double>> sums_;
+  mutable std::vector<std::pair<std::string, at::Tensor>> device_sums_;  // names also in sums_
   std::map<std::string, int64_t> counts_;
 };
 

@@ -29,7 +29,7 @@
 
 namespace dtk::core {
 
-using Metrics = std::vector<std::pair<std::string, double>>;
+using Metrics = StepMetrics;  // one micro-batch's (dtk/core/logging/step_metrics.hpp)
 
 // What a micro-batch needs of the run, owned by the Trainer (alive as long as the runner).
 struct MicroBatchParts {
@@ -56,8 +56,9 @@ class MicroBatchRunner {
   ModelInstance& model() { return *p_.model; }
   const Topology& topo() const { return *p_.topo; }
 
-  // The next training micro-batch, checked in the first iterations (every rank decides together).
-  TensorList next_batch(int64_t iteration);
+  // The next training micro-batch, checked in the first iterations (every rank decides together)
+  // or, with `always_check`, every time (a recorded step cannot check ids on the device).
+  TensorList next_batch(int64_t iteration, bool always_check = false);
   // Micro-batch `m`'s forward step: its batch (`fetched`, or the next one), then the step plugin's
   // forward. Returns the loss, or (a stage before the last) the stage's output. `before_forward`
   // runs between the two: a pipeline stage receives its input there, after the batch check, which
@@ -79,6 +80,12 @@ class MicroBatchRunner {
   // interleaved schedule counts one pass per micro-batch and chunk).
   void backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                 const at::Tensor& out_grad, int64_t pass = -1, int64_t passes = -1);
+  // What the strategy hears before the backward of micro-batch `m` of `num_micro`.
+  void before_backward(int64_t m, int64_t num_micro);
+  // The step's forward and the loss's backward on `batch`, with nothing around them (no batch
+  // fetch, timers, trace spans or strategy call): what a CUDA graph records. Returns the loss.
+  at::Tensor bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro, double scale,
+                                   Metrics* metrics);
 
   // Pipeline stages exchange [micro_batch, seq, hidden] tensors in the parameters' dtype (seq / tp
   // under sequence parallelism).
@@ -94,6 +101,8 @@ class MicroBatchRunner {
  private:
   StepInstance& step() { return *(*p_.steps)[static_cast<size_t>(p_.model->selected_chunk())]; }
   void check_batch(const TensorList& batch, int64_t iteration) const;
+  void run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
+                    const at::Tensor& out_grad);
   void trace_span(const char* what, int64_t m, int64_t start) const;
   static constexpr int64_t kCheckedIterations = 2;  // batches checked after a (re)start
   MicroBatchParts p_;

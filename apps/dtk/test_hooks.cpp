@@ -41,6 +41,7 @@ std::set<std::pair<int64_t, int>> parse_nonfinite_iterations(const std::string& 
 
 core::TrainerHooks trainer_hooks_from_environment() {
   core::TrainerHooks hooks;
+  if (const char* probe = std::getenv("DTK_TEST_CUDA_GRAPH_PROBE")) hooks.cuda_graph_probe = std::string(probe) == "1";
   const char* v = std::getenv("DTK_TEST_NONFINITE_ITERS");
   if (!v) return hooks;
   hooks.scaled_loss = [items = parse_nonfinite_iterations(v)](int64_t iteration, int64_t m, const at::Tensor& loss) {

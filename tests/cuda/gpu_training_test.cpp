@@ -84,6 +84,32 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
   expect_same_curve(whole, chunked, 50, "chunked output layer against whole logits (bf16)", 3e-2);
 }
 
+// train.cuda_graphs (issue 33): from iteration 3 each micro-batch replays a recorded forward and
+// backward; the losses equal the uncaptured run's (the same kernels on the same inputs: only
+// launch order and streams differ). fp32 GPT with two micro-batches per step, bf16 Llama.
+TEST(GpuTraining, CapturedStepsEqualUncapturedOnes) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string gpt = kTrain + "--set train.device=cuda ";
+  const Curve plain = curve(gpt, "graphs-off");
+  const Curve captured = curve(gpt + "--set train.cuda_graphs=true", "graphs-on");
+  ASSERT_EQ(captured.run.code, 0) << captured.run.out;
+  EXPECT_NE(captured.run.out.find("micro-batches replay a recorded forward and backward"), std::string::npos)
+      << captured.run.out;
+  EXPECT_EQ(captured.run.out.find("could not be recorded"), std::string::npos) << captured.run.out;
+  expect_same_curve(plain, captured, 20, "captured against uncaptured (gpt fp32)", 1e-6);
+  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
+                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 2 --set train.device=cuda "
+                            "--set train.params_dtype=bf16 --set model.vocab_size=512 --set dataset.vocab_size=512 "
+                            "--set train.seq_length=32 --set train.micro_batch_size=2 --set train.global_batch_size=8 "
+                            "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+  const Curve llama_plain = curve(llama, "llama-graphs-off");
+  const Curve llama_captured = curve(llama + "--set train.cuda_graphs=true", "llama-graphs-on");
+  ASSERT_EQ(llama_captured.run.code, 0) << llama_captured.run.out;
+  EXPECT_EQ(llama_captured.run.out.find("could not be recorded"), std::string::npos) << llama_captured.run.out;
+  expect_same_curve(llama_plain, llama_captured, 20, "captured against uncaptured (llama bf16)", 1e-6);
+}
+
 // bf16 parameters with fp32 masters (ddp) on the GPU: the first loss within bf16's rounding of the
 // fp32 one, and the run trains.
 TEST(GpuTraining, Bf16OnTheGpuStaysNearFp32AndTheLossFalls) {

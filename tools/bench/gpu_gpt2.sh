@@ -100,6 +100,8 @@ for v in "${VARIANTS[@]}"; do
   read -r -a extra <<<"${v#*|}"
   if dtk_bench "$BATCH" "$OUT/variant.json" "${extra[@]}" >"$OUT/variant.log" 2>&1; then
     dtk_row "$OUT/variant.json" "$(printf 'dtk, %-24s' "$label")"
+    # A setting that fell back says so (e.g. train.cuda_graphs when the step could not be recorded).
+    grep -m1 "dtk: warning:" "$OUT/variant.log" | cut -c1-240 | sed 's/^/    /' || true
   else
     echo "  dtk, $label: failed: $(grep -m1 -iE 'error' "$OUT/variant.log" | cut -c1-200)"
   fi

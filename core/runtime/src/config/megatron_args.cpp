@@ -242,6 +242,8 @@ const Rule kRules[] = {
     {"--profile-step-end", 1, Kind::kCustom, "logging.profile_steps", "with --profile"},
     {"--use-pytorch-profiler", 0, Kind::kIgnore, "", "DTK's profile is LibTorch's profiler (logging.profile_steps)"},
     {"--profile-ranks", -1, Kind::kIgnore, "", "every rank writes its trace; rank 0 prints the table"},
+    {"--enable-cuda-graph", 0, Kind::kSwitch, "train.cuda_graphs=true",
+     "each micro-batch's whole forward and backward is one graph (Megatron-core records per layer)"},
     {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
      "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
     {"--save", 1, Kind::kSet, "checkpoint.save", ""},

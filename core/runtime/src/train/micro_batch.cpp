@@ -15,13 +15,13 @@ namespace dtk::core {
 
 using host::HostError;
 
-TensorList MicroBatchRunner::next_batch(int64_t iteration) {
+TensorList MicroBatchRunner::next_batch(int64_t iteration, bool always_check) {
   TensorList batch;
   {
     auto t = p_.timers->scope(Phase::kBatchGenerator);
     batch = p_.train_loader->next();
   }
-  if (p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
+  if (always_check || p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
     check_batch(batch, iteration);
   return batch;
 }
@@ -138,9 +138,27 @@ void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& sta
 
 void MicroBatchRunner::backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                                 const at::Tensor& out_grad, int64_t pass, int64_t passes) {
-  p_.strategy->before_backward(pass < 0 ? m : pass, passes < 0 ? num_micro : passes);
+  before_backward(pass < 0 ? m : pass, passes < 0 ? num_micro : passes);
   const int64_t backward_start = trace::now_ns();
-  auto t = p_.timers->scope(Phase::kBackwardCompute);
+  {
+    auto t = p_.timers->scope(Phase::kBackwardCompute);
+    run_backward(iteration, m, num_micro, scale, out, out_grad);
+  }
+  trace_span("backward ", m, backward_start);
+}
+
+void MicroBatchRunner::before_backward(int64_t m, int64_t num_micro) { p_.strategy->before_backward(m, num_micro); }
+
+at::Tensor MicroBatchRunner::bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro,
+                                                   double scale, Metrics* metrics) {
+  const at::Tensor loss = step().forward_step(*p_.model, batch, metrics);
+  check_loss_output(loss);
+  run_backward(iteration, 0, num_micro, scale, loss, at::Tensor());
+  return loss;
+}
+
+void MicroBatchRunner::run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale,
+                                    const at::Tensor& out, const at::Tensor& out_grad) {
   try {
     if (out_grad.defined()) {
       out.backward(out_grad);  // a stage before the last: the gradient the next stage sent
@@ -162,7 +180,6 @@ void MicroBatchRunner::backward(int64_t iteration, int64_t m, int64_t num_micro,
     throw HostError("backward of the loss of step plugin '" + p_.step_name + "' through model plugin '" +
                     p_.model_name + "'" + hooks + " failed: " + one_line(e.what()));
   }
-  trace_span("backward ", m, backward_start);
 }
 
 void MicroBatchRunner::trace_span(const char* what, int64_t m, int64_t start) const {

@@ -12,6 +12,7 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/train/schedule.hpp"
+#include "dtk/core/device/step_capture.hpp"
 
 namespace dtk::core {
 
@@ -19,6 +20,11 @@ std::unique_ptr<ForwardBackwardSchedule> make_no_pipelining_schedule(MicroBatchR
 std::unique_ptr<ForwardBackwardSchedule> make_one_f_one_b_schedule(MicroBatchRunner& runner);
 std::unique_ptr<ForwardBackwardSchedule> make_interleaved_schedule(MicroBatchRunner& runner);
 std::string interleaved_refusal(int virtual_stages, int pp_size, int64_t num_micro);
+// `eager` (the no-pipelining schedule) with each micro-batch recorded by `recorder` and replayed
+// after the first iterations (train.cuda_graphs, captured.cpp).
+std::unique_ptr<ForwardBackwardSchedule> make_captured_schedule(MicroBatchRunner& runner,
+                                                                std::unique_ptr<ForwardBackwardSchedule> eager,
+                                                                std::unique_ptr<StepRecorder> recorder);
 
 // The previous stage's output as the model's "hidden_states" for one forward, taken back after
 // it however it ends.

@@ -168,9 +168,29 @@ void Trainer::start_micro_batches(TrainerHooks hooks) {
   p.model_name = plugins_.model.name(), p.step_name = plugins_.step.name();
   p.strategy_name = plugins_.strategy.name(), p.dataset_name = plugins_.data.name();
   p.resumed_iteration = resumed_iteration_;
+  std::unique_ptr<StepRecorder> recorder = step_recorder(hooks);
   p.hooks = std::move(hooks);
   runner_ = std::make_unique<MicroBatchRunner>(std::move(p));
-  forward_backward_ = make_schedule(*runner_, virtual_stages(cfg_));
+  forward_backward_ = make_schedule(*runner_, virtual_stages(cfg_), std::move(recorder));
+}
+
+// train.cuda_graphs: what records the micro-batches, or nullptr and (when asked) one line why not.
+std::unique_ptr<StepRecorder> Trainer::step_recorder(const TrainerHooks& hooks) const {
+  CaptureSetup s;
+  s.asked = cfg_.train().cuda_graphs();
+  s.cuda_device = training_device().is_cuda();
+  s.torch_cuda = DTK_TORCH_CUDA != 0;
+  s.probe = hooks.cuda_graph_probe;
+  s.tp_size = topo_.tp_size, s.pp_size = topo_.pp_size, s.dp_size = topo_.dp_size;
+  s.virtual_stages = virtual_stages(cfg_);
+  s.strategy = plugins_.strategy.name();
+  s.loss_hook = static_cast<bool>(hooks.scaled_loss);
+  if (const std::string refusal = cuda_graphs_refusal(s); !refusal.empty()) {
+    if (s.asked && topo_.world_rank == 0) std::printf(" > train.cuda_graphs: off: %s\n", refusal.c_str());
+    return nullptr;
+  }
+  if (!s.cuda_device) return make_probe_recorder();
+  return make_cuda_graph_recorder(training_device().index());
 }
 
 // One iteration, Megatron's train_step: the schedule's forward steps and backwards, then the

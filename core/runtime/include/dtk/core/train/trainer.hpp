@@ -57,6 +57,7 @@ class Trainer {
   std::unique_ptr<BenchReport> make_bench_report() const;
   std::unique_ptr<trace::OpProfile> make_op_profile();
   void start_micro_batches(TrainerHooks hooks);
+  std::unique_ptr<StepRecorder> step_recorder(const TrainerHooks& hooks) const;
   IterationResult train_step(int64_t iteration);
   // The strategy's reduction, clipping and (unless the gradients are not finite) the update.
   void reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r);

@@ -1,0 +1,213 @@
+// captured.cpp — one pipeline stage (as no_pipelining.cpp), each micro-batch's forward and backward
+// recorded once into a CUDA graph and replayed (train.cuda_graphs; dtk/core/device/step_capture.hpp).
+//
+// A recording holds raw device addresses, so whatever it reads or writes outside itself must stay
+// where it was: the batch is copied into fixed input tensors before each replay, and the
+// parameters' gradients are fixed tensors the backward adds into, bound again before each replay
+// (a strategy that took a gradient away, as ddp moves bf16 gradients into its fp32 masters, gets
+// the same tensor back, zeroed; one that swapped it gets its values copied in). What the
+// recording returns (the loss, the step's metrics, the checks the layers deferred) are fixed
+// tensors too, read after each replay; the checks once per iteration, before the optimizer step.
+#include <glog/logging.h>
+
+#include <cstdio>
+
+#include "dtk/core/comm/comm.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/host/error.hpp"
+#include "schedules.hpp"
+
+namespace dtk::core {
+
+namespace {
+
+constexpr int64_t kEagerIterations = 2;  // first: lazy initialisation and the graph check
+constexpr int kMaxRecordings = 4;        // shapes that keep changing are not worth recording
+
+struct Recorded {
+  at::Tensor loss;
+  Metrics metrics;
+  std::vector<capture::DeferredCheck> checks;
+};
+
+// A parameter whose gradient the recording adds into.
+struct BoundGradient {
+  at::Tensor param, grad;
+};
+
+class Captured final : public ForwardBackwardSchedule {
+ public:
+  Captured(MicroBatchRunner& runner, std::unique_ptr<ForwardBackwardSchedule> eager,
+           std::unique_ptr<StepRecorder> recorder)
+      : run_(runner), eager_(std::move(eager)), recorder_(std::move(recorder)) {}
+
+  void train(int64_t iteration, int64_t num_micro, double scale, IterationResult& r) override {
+    if (!recorder_ || eager_iterations_ < kEagerIterations) {
+      eager_->train(iteration, num_micro, scale, r);
+      if (recorder_ && ++eager_iterations_ == kEagerIterations) note_trained_parameters();
+      return;
+    }
+    std::vector<std::pair<at::Tensor, std::string>> failed;  // each check, OR-ed over micro-batches
+    for (int64_t m = 0; m < num_micro; ++m) {
+      const TensorList batch = run_.next_batch(iteration, /*always_check=*/true);  // ids on the host
+      if (recorder_ && !matches(batch, num_micro, scale)) record(iteration, batch, num_micro, scale);
+      if (!recorder_) {  // the recording failed: this micro-batch and the rest run as they always did
+        eager_micro_batch(iteration, m, num_micro, scale, batch, r);
+        continue;
+      }
+      run_.before_backward(m, num_micro);
+      load(batch);
+      bind_gradients();
+      recorder_->replay([&] { body(iteration, num_micro, scale); });
+      r.metrics.add(recorded_.metrics);
+      for (size_t i = 0; i < recorded_.checks.size(); ++i) {
+        const at::Tensor any = recorded_.checks[i].failed.any();
+        if (i < failed.size())
+          failed[i].first.logical_or_(any);
+        else
+          failed.emplace_back(any.clone(), recorded_.checks[i].message);
+      }
+    }
+    verify(failed, iteration);
+  }
+
+  void evaluate(BatchLoader& loader, int64_t num_batches, MetricAverager& metrics) override {
+    eager_->evaluate(loader, num_batches, metrics);
+  }
+
+ private:
+  // What the recording holds: the step's forward and the loss's backward on the fixed inputs,
+  // with the layers told (capturing()) to take their paths without host reads.
+  void body(int64_t iteration, int64_t num_micro, double scale) {
+    capture::Recording recording;
+    Recorded out;
+    out.loss = run_.bare_forward_backward(iteration, inputs_, num_micro, scale, &out.metrics).detach();
+    out.checks = recording.take();
+    recorded_ = std::move(out);
+  }
+
+  void record(int64_t iteration, const TensorList& batch, int64_t num_micro, double scale) {
+    if (++recordings_ > kMaxRecordings) {
+      give_up("the batch's shapes, the micro-batches per step or the loss scale changed " +
+              std::to_string(recordings_ - 1) + " times");
+      return;
+    }
+    inputs_.clear();
+    for (const auto& [name, t] : batch)
+      inputs_.emplace_back(name, at::empty(t.sizes(), t.options().device(training_device()).pinned_memory(false)));
+    load(batch);
+    bind_gradients();
+    try {
+      recorder_->record([&] { body(iteration, num_micro, scale); });
+    } catch (const std::exception& e) {
+      give_up(one_line(e.what()));
+      return;
+    }
+    if (!recorder_->replays_body() && !recorded_.metrics.values.empty()) {
+      give_up("step plugin reports its metrics as numbers (a plugin built for ABI < 2.5), which a graph cannot update");
+      return;
+    }
+    key_ = key_of(batch, num_micro, scale);
+    if (run_.topo().world_rank == 0)
+      std::printf(" > train.cuda_graphs: iteration %lld's micro-batches replay a recorded forward and backward\n",
+                  static_cast<long long>(iteration));
+  }
+
+  void give_up(const std::string& why) {
+    recorder_.reset();
+    inputs_.clear();
+    std::fprintf(stderr, "dtk: warning: train.cuda_graphs: the step could not be recorded; it runs uncaptured: %s\n",
+                 why.c_str());
+  }
+
+  static std::string key_of(const TensorList& batch, int64_t num_micro, double scale) {
+    std::string key = std::to_string(num_micro) + "|" + std::to_string(scale);
+    for (const auto& [name, t] : batch) {
+      key += "|" + name + ":" + std::string(c10::toString(t.scalar_type()));
+      for (int64_t d : t.sizes()) key += "," + std::to_string(d);
+    }
+    return key;
+  }
+  bool matches(const TensorList& batch, int64_t num_micro, double scale) const {
+    return !key_.empty() && key_ == key_of(batch, num_micro, scale);
+  }
+
+  void load(const TensorList& batch) {
+    for (size_t i = 0; i < batch.size(); ++i) inputs_[i].second.copy_(batch[i].second, /*non_blocking=*/true);
+  }
+
+  // The parameters the eager iterations trained: the ones the recording's backward adds into.
+  void note_trained_parameters() {
+    for (const Param& p : run_.model().parameters())
+      if (p.tensor.grad().defined()) bound_.push_back({p.tensor, at::zeros_like(p.tensor)});
+  }
+
+  void bind_gradients() {
+    for (BoundGradient& b : bound_) {
+      at::Tensor& g = b.param.mutable_grad();
+      if (!g.defined()) {
+        b.grad.zero_();
+        g = b.grad;
+      } else if (!g.is_same(b.grad)) {
+        b.grad.copy_(g);
+        g = b.grad;
+      }
+    }
+  }
+
+  void eager_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const TensorList& batch,
+                         IterationResult& r) {
+    Metrics metrics;
+    const at::Tensor loss = run_.forward(iteration, m, &metrics, {}, &batch);
+    run_.check_loss_output(loss);
+    run_.backward(iteration, m, num_micro, scale, loss, at::Tensor());
+    r.metrics.add(metrics);
+  }
+
+  // The iteration's deferred checks in one host read, before the gradients are used.
+  static void verify(const std::vector<std::pair<at::Tensor, std::string>>& failed, int64_t iteration) {
+    if (failed.empty()) return;
+    std::vector<at::Tensor> flags;
+    for (const auto& f : failed) flags.push_back(f.first.reshape({1}));
+    const at::Tensor read = at::cat(flags).to(at::kCPU);
+    for (size_t i = 0; i < failed.size(); ++i)
+      if (read[static_cast<int64_t>(i)].item<bool>())
+        throw host::HostError(failed[i].second + " (iteration " + std::to_string(iteration) + ")");
+  }
+
+  MicroBatchRunner& run_;
+  std::unique_ptr<ForwardBackwardSchedule> eager_;
+  std::unique_ptr<StepRecorder> recorder_;
+  int64_t eager_iterations_ = 0;
+  int recordings_ = 0;
+  std::string key_;
+  TensorList inputs_;
+  std::vector<BoundGradient> bound_;
+  Recorded recorded_;
+};
+
+}  // namespace
+
+std::string cuda_graphs_refusal(const CaptureSetup& s) {
+  if (!s.asked) return "not asked for (train.cuda_graphs=false)";
+  if (!s.probe) {
+    if (!s.cuda_device) return "the run trains on the CPU";
+    if (!s.torch_cuda) return "this dtk was built against a CPU-only LibTorch";
+  }
+  if (s.pp_size > 1 || s.virtual_stages > 1) return "pipeline stages exchange activations inside the step";
+  if (s.tp_size > 1) return "tensor-parallel collectives run inside the step";
+  if (s.dp_size > 1)
+    return "data-parallel ranks average the loss inside the step and reduce gradients during the backward";
+  if (s.strategy != "ddp")
+    return "strategy '" + s.strategy + "' manages the gradients' memory itself; only ddp's steps are recorded";
+  if (s.loss_hook) return "a test hook changes the loss of some micro-batches";
+  return "";
+}
+
+std::unique_ptr<ForwardBackwardSchedule> make_captured_schedule(MicroBatchRunner& runner,
+                                                                std::unique_ptr<ForwardBackwardSchedule> eager,
+                                                                std::unique_ptr<StepRecorder> recorder) {
+  return std::make_unique<Captured>(runner, std::move(eager), std::move(recorder));
+}
+
+}  // namespace dtk::core

@@ -28,6 +28,14 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 "
                            "--set distributed.timeout_seconds=120 ";
 
+// The same for llama-tiny (RMSNorm, SwiGLU, rotary positions, grouped-query attention).
+const std::string kLlama = std::string("train --config ") + DTK_SOURCE_DIR +
+                           "/configs/llama-tiny.pbtxt --dataset synthetic --threads 2 "
+                           "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
+                           "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
+                           "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
+                           "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+
 #define SKIP_WITHOUT_GPU_TRAINING()                                     \
   do {                                                                  \
     std::string why;                                                    \
@@ -55,14 +63,8 @@ TEST(GpuTraining, TinyGptOnTheGpuEqualsTheCpuInFp32) {
 // rotary table, key/value expansion and fused output layer against the CPU's.
 TEST(GpuTraining, TinyLlamaOnTheGpuEqualsTheCpuInFp32) {
   SKIP_WITHOUT_GPU_TRAINING();
-  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
-                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 2 "
-                            "--set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=32 "
-                            "--set train.micro_batch_size=2 --set train.global_batch_size=8 "
-                            "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
-                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
-  const Curve cpu = curve(llama, "llama-cpu");
-  const Curve gpu = curve(llama + "--set train.device=cuda", "llama-gpu");
+  const Curve cpu = curve(kLlama, "llama-cpu");
+  const Curve gpu = curve(kLlama + "--set train.device=cuda", "llama-gpu");
   ASSERT_EQ(gpu.run.code, 0) << gpu.run.out;
   ASSERT_FALSE(cpu.loss.empty()) << cpu.run.out;
   EXPECT_NEAR(gpu.loss.at(1), cpu.loss.at(1), 1e-5 * std::abs(cpu.loss.at(1)));
@@ -97,12 +99,7 @@ TEST(GpuTraining, CapturedStepsEqualUncapturedOnes) {
       << captured.run.out;
   EXPECT_EQ(captured.run.out.find("could not be recorded"), std::string::npos) << captured.run.out;
   expect_same_curve(plain, captured, 20, "captured against uncaptured (gpt fp32)", 1e-6);
-  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
-                            "/configs/llama-tiny.pbtxt --dataset synthetic --threads 2 --set train.device=cuda "
-                            "--set train.params_dtype=bf16 --set model.vocab_size=512 --set dataset.vocab_size=512 "
-                            "--set train.seq_length=32 --set train.micro_batch_size=2 --set train.global_batch_size=8 "
-                            "--set train.train_iters=20 --set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 "
-                            "--set logging.log_interval=1 --set eval.eval_interval=0 --set eval.eval_iters=1 ";
+  const std::string llama = kLlama + "--set train.device=cuda --set train.params_dtype=bf16 ";
   const Curve llama_plain = curve(llama, "llama-graphs-off");
   const Curve llama_captured = curve(llama + "--set train.cuda_graphs=true", "llama-graphs-on");
   ASSERT_EQ(llama_captured.run.code, 0) << llama_captured.run.out;

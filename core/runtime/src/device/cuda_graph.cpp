@@ -6,10 +6,13 @@
 
 #if DTK_TORCH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/version.h>
+
+#include <exception>
 #endif
 
 namespace dtk::core {
@@ -32,21 +35,37 @@ class CudaGraphRecorder final : public StepRecorder {
     // Cached blocks of the eager steps are returned first: the graph's pool is private.
     c10::cuda::CUDACachingAllocator::emptyCache();
     graph_ = std::make_unique<at::cuda::CUDAGraph>();
+    std::exception_ptr failed;
     {
       const c10::cuda::CUDAStreamGuard on_side(side);
 #if TORCH_VERSION_MAJOR >= 2
-      // Thread-local: the batch loader's thread may pin host memory meanwhile.
-      graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      // A pool of our own: its id is known even when the capture fails (abandon_pool).
+      pool_ = at::cuda::graph_pool_handle();
+      // Thread-local: the batch loader's thread may pin host memory meanwhile. (So CUDA does not
+      // refuse an unsafe call made from autograd's thread during the backward; PyTorch's own
+      // calls there are the allocator's, which routes this stream to the graph's pool.)
+      graph_->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
 #else
       graph_->capture_begin();
 #endif
       try {
         body();
       } catch (...) {
-        end_failed_capture();
-        throw;
+        failed = std::current_exception();  // a host error (dropout's refusal) or a CUDA one
       }
-      graph_->capture_end();
+      try {
+        graph_->capture_end();
+      } catch (...) {
+        // The capture was invalidated (a synchronising call inside) or did not instantiate: the
+        // graph never ended, so LibTorch will not hand its pool back; do that here.
+        abandon_pool();
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) {
+      graph_.reset();
+      (void)cudaGetLastError();  // the invalidated capture's error is not the next kernel's
+      std::rethrow_exception(failed);
     }
     side.synchronize();
   }
@@ -58,17 +77,23 @@ class CudaGraphRecorder final : public StepRecorder {
   bool replays_body() const override { return false; }
 
  private:
-  // A capture that threw: the stream leaves capture mode (the graph, invalid, is dropped).
-  void end_failed_capture() {
+  // After a capture that did not end: allocations stop going to the graph's pool and its memory
+  // (the micro-batch's activations) goes back to the caching allocator.
+  void abandon_pool() {
+#if TORCH_VERSION_MAJOR >= 2
     try {
-      graph_->capture_end();
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, pool_);
+      c10::cuda::CUDACachingAllocator::releasePool(device_, pool_);
     } catch (...) {
     }
-    graph_.reset();
+#endif
   }
 
   c10::DeviceIndex device_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
+#if TORCH_VERSION_MAJOR >= 2
+  c10::cuda::MempoolId_t pool_{0, 0};
+#endif
 };
 
 }  // namespace

@@ -68,11 +68,18 @@ bool active() { return state().recording.load(); }
 
 namespace {
 
-// Host reads counted while the probe replays (ATen's item(): _local_scalar_dense).
+// Host reads counted while the probe replays: item() (ATen's _local_scalar_dense) and the ops
+// whose output size depends on the data, which wait for the device on a GPU. (A copy to the CPU
+// cannot be seen on the CPU: there it is no op at all.)
 std::atomic<int64_t> g_probe_reads{0};
 
 std::unique_ptr<at::ObserverContext> count_host_read(const at::RecordFunction& fn) {
-  if (std::string(fn.name()) == "aten::_local_scalar_dense") g_probe_reads.fetch_add(1);
+  static const char* const kReads[] = {"aten::_local_scalar_dense", "aten::nonzero",      "aten::masked_select",
+                                       "aten::_unique2",            "aten::unique_dim",   "aten::unique_consecutive",
+                                       "aten::repeat_interleave",   "aten::nonzero_numpy"};
+  const std::string name = fn.name();
+  for (const char* read : kReads)
+    if (name == read) g_probe_reads.fetch_add(1);
   return nullptr;
 }
 
@@ -93,7 +100,7 @@ class ProbeRecorder final : public StepRecorder {
     at::removeCallback(handle);
     if (const int64_t reads = g_probe_reads.load(); reads > 0)
       throw HostError("train.cuda_graphs probe: the recorded step read device values on the host " +
-                      std::to_string(reads) + " time(s) (item()): a CUDA graph could not record it");
+                      std::to_string(reads) + " time(s) (item(), nonzero, ...): a CUDA graph could not record it");
   }
   bool replays_body() const override { return true; }
 };

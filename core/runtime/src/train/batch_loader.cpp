@@ -152,7 +152,7 @@ void BatchLoader::run() {
   }
 }
 
-TensorList BatchLoader::next() {
+TensorList BatchLoader::next(bool on_host) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !queue_.empty() || error_ || consumed_ >= num_batches_; });
   if (queue_.empty()) {
@@ -164,7 +164,7 @@ TensorList BatchLoader::next() {
   ++consumed_;
   cv_.notify_all();
   lock.unlock();
-  if (device_.is_cuda())
+  if (device_.is_cuda() && !on_host)
     for (auto& kv : b) kv.second = kv.second.to(device_, /*non_blocking=*/true);
   return b;
 }

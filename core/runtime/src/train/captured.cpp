@@ -10,6 +10,7 @@
 // tensors too, read after each replay; the checks once per iteration, before the optimizer step.
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "dtk/core/comm/comm.hpp"
@@ -47,10 +48,21 @@ class Captured final : public ForwardBackwardSchedule {
       if (recorder_ && ++eager_iterations_ == kEagerIterations) note_trained_parameters();
       return;
     }
-    std::vector<std::pair<at::Tensor, std::string>> failed;  // each check, OR-ed over micro-batches
+    std::vector<std::pair<std::string, at::Tensor>> failed;  // each check by its line, OR-ed over micro-batches
     for (int64_t m = 0; m < num_micro; ++m) {
-      const TensorList batch = run_.next_batch(iteration, /*always_check=*/true);  // ids on the host
-      if (recorder_ && !matches(batch, num_micro, scale)) record(iteration, batch, num_micro, scale);
+      // In host memory, its ids checked there: the copy into the fixed inputs is the only transfer.
+      const TensorList batch = run_.next_batch(iteration, /*on_host=*/true);
+      if (recorder_ && !matches(batch, num_micro, scale)) {
+        // A new shape runs once as it always did first, so that the layers' caches (masks, rotary
+        // tables) exist before the recording reads them; the next micro-batch records.
+        const std::string key = key_of(batch, num_micro, scale);
+        if (warmed_key_ != key) {
+          warmed_key_ = key;
+          eager_micro_batch(iteration, m, num_micro, scale, batch, r);
+          continue;
+        }
+        record(iteration, batch, num_micro, scale);
+      }
       if (!recorder_) {  // the recording failed: this micro-batch and the rest run as they always did
         eager_micro_batch(iteration, m, num_micro, scale, batch, r);
         continue;
@@ -60,12 +72,13 @@ class Captured final : public ForwardBackwardSchedule {
       bind_gradients();
       recorder_->replay([&] { body(iteration, num_micro, scale); });
       r.metrics.add(recorded_.metrics);
-      for (size_t i = 0; i < recorded_.checks.size(); ++i) {
-        const at::Tensor any = recorded_.checks[i].failed.any();
-        if (i < failed.size())
-          failed[i].first.logical_or_(any);
+      for (const capture::DeferredCheck& c : recorded_.checks) {
+        const at::Tensor any = c.failed.any();
+        auto it = std::find_if(failed.begin(), failed.end(), [&](const auto& f) { return f.first == c.message; });
+        if (it == failed.end())
+          failed.emplace_back(c.message, any.clone());
         else
-          failed.emplace_back(any.clone(), recorded_.checks[i].message);
+          it->second.logical_or_(any);
       }
     }
     verify(failed, iteration);
@@ -107,6 +120,19 @@ class Captured final : public ForwardBackwardSchedule {
       give_up("step plugin reports its metrics as numbers (a plugin built for ABI < 2.5), which a graph cannot update");
       return;
     }
+    // A parameter the eager iterations did not train but the recording's backward reached got
+    // graph memory as its gradient, which nothing would read: drop it (nothing ran yet) and stay
+    // uncaptured.
+    for (const Param& p : run_.model().parameters()) {
+      const at::Tensor& g = p.tensor.grad();
+      if (!g.defined() || std::any_of(bound_.begin(), bound_.end(), [&](const BoundGradient& b) {
+            return b.grad.is_same(g);
+          }))
+        continue;
+      p.tensor.mutable_grad() = at::Tensor();
+      give_up("parameter '" + p.name + "' got a gradient only in the recorded step");
+      return;
+    }
     key_ = key_of(batch, num_micro, scale);
     if (run_.topo().world_rank == 0)
       std::printf(" > train.cuda_graphs: iteration %lld's micro-batches replay a recorded forward and backward\n",
@@ -116,12 +142,16 @@ class Captured final : public ForwardBackwardSchedule {
   void give_up(const std::string& why) {
     recorder_.reset();
     inputs_.clear();
+    bound_.clear();  // the parameters keep theirs until zero_grad drops them
+    recorded_ = Recorded();
     std::fprintf(stderr, "dtk: warning: train.cuda_graphs: the step could not be recorded; it runs uncaptured: %s\n",
                  why.c_str());
   }
 
   static std::string key_of(const TensorList& batch, int64_t num_micro, double scale) {
-    std::string key = std::to_string(num_micro) + "|" + std::to_string(scale);
+    char exact[40];
+    std::snprintf(exact, sizeof exact, "%a", scale);  // every bit of it: the graph holds it as a constant
+    std::string key = std::to_string(num_micro) + "|" + exact;
     for (const auto& [name, t] : batch) {
       key += "|" + name + ":" + std::string(c10::toString(t.scalar_type()));
       for (int64_t d : t.sizes()) key += "," + std::to_string(d);
@@ -165,14 +195,14 @@ class Captured final : public ForwardBackwardSchedule {
   }
 
   // The iteration's deferred checks in one host read, before the gradients are used.
-  static void verify(const std::vector<std::pair<at::Tensor, std::string>>& failed, int64_t iteration) {
+  static void verify(const std::vector<std::pair<std::string, at::Tensor>>& failed, int64_t iteration) {
     if (failed.empty()) return;
     std::vector<at::Tensor> flags;
-    for (const auto& f : failed) flags.push_back(f.first.reshape({1}));
+    for (const auto& f : failed) flags.push_back(f.second.reshape({1}));
     const at::Tensor read = at::cat(flags).to(at::kCPU);
     for (size_t i = 0; i < failed.size(); ++i)
       if (read[static_cast<int64_t>(i)].item<bool>())
-        throw host::HostError(failed[i].second + " (iteration " + std::to_string(iteration) + ")");
+        throw host::HostError(failed[i].first + " (iteration " + std::to_string(iteration) + ")");
   }
 
   MicroBatchRunner& run_;
@@ -180,7 +210,7 @@ class Captured final : public ForwardBackwardSchedule {
   std::unique_ptr<StepRecorder> recorder_;
   int64_t eager_iterations_ = 0;
   int recordings_ = 0;
-  std::string key_;
+  std::string key_, warmed_key_;
   TensorList inputs_;
   std::vector<BoundGradient> bound_;
   Recorded recorded_;

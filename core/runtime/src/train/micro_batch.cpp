@@ -15,13 +15,13 @@ namespace dtk::core {
 
 using host::HostError;
 
-TensorList MicroBatchRunner::next_batch(int64_t iteration, bool always_check) {
+TensorList MicroBatchRunner::next_batch(int64_t iteration, bool on_host) {
   TensorList batch;
   {
     auto t = p_.timers->scope(Phase::kBatchGenerator);
-    batch = p_.train_loader->next();
+    batch = p_.train_loader->next(on_host);
   }
-  if (always_check || p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
+  if (on_host || p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
     check_batch(batch, iteration);
   return batch;
 }

@@ -37,8 +37,9 @@ class BatchLoader {
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  // The next micro-batch by buffer name; rethrows the worker's error, if any.
-  TensorList next();
+  // The next micro-batch by buffer name; rethrows the worker's error, if any. `on_host`: as
+  // collated (page-locked on a GPU run), without the copy to the training device.
+  TensorList next(bool on_host = false);
 
  private:
   void run();

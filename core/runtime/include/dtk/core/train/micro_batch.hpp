@@ -56,9 +56,10 @@ class MicroBatchRunner {
   ModelInstance& model() { return *p_.model; }
   const Topology& topo() const { return *p_.topo; }
 
-  // The next training micro-batch, checked in the first iterations (every rank decides together)
-  // or, with `always_check`, every time (a recorded step cannot check ids on the device).
-  TensorList next_batch(int64_t iteration, bool always_check = false);
+  // The next training micro-batch, checked in the first iterations (every rank decides together).
+  // `on_host`: left in host memory and checked every time, there (a recorded step copies it into
+  // its fixed inputs itself, and cannot check ids on the device).
+  TensorList next_batch(int64_t iteration, bool on_host = false);
   // Micro-batch `m`'s forward step: its batch (`fetched`, or the next one), then the step plugin's
   // forward. Returns the loss, or (a stage before the last) the stage's output. `before_forward`
   // runs between the two: a pipeline stage receives its input there, after the batch check, which

@@ -53,12 +53,16 @@ class CudaGraphRecorder final : public StepRecorder {
       } catch (...) {
         failed = std::current_exception();  // a host error (dropout's refusal) or a CUDA one
       }
+      // Invalidated (a synchronising call inside): ending it fails at its first step, before
+      // LibTorch's own bookkeeping, so LibTorch will not hand the pool back; that is done here.
+      // (After any later failure LibTorch owns the pool: handing it back twice would abort.)
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      (void)cudaStreamIsCapturing(side.stream(), &status);
+      const bool invalidated = status == cudaStreamCaptureStatusInvalidated;
       try {
         graph_->capture_end();
       } catch (...) {
-        // The capture was invalidated (a synchronising call inside) or did not instantiate: the
-        // graph never ended, so LibTorch will not hand its pool back; do that here.
-        abandon_pool();
+        if (invalidated) abandon_pool();
         if (!failed) failed = std::current_exception();
       }
     }
@@ -77,8 +81,8 @@ class CudaGraphRecorder final : public StepRecorder {
   bool replays_body() const override { return false; }
 
  private:
-  // After a capture that did not end: allocations stop going to the graph's pool and its memory
-  // (the micro-batch's activations) goes back to the caching allocator.
+  // After an invalidated capture: allocations stop going to the graph's pool and its memory (the
+  // micro-batch's activations) goes back to the caching allocator.
   void abandon_pool() {
 #if TORCH_VERSION_MAJOR >= 2
     try {

@@ -62,8 +62,6 @@ std::vector<DeferredCheck> Recording::take() {
   return std::exchange(state().checks, {});
 }
 
-bool active() { return state().recording.load(); }
-
 }  // namespace capture
 
 namespace {

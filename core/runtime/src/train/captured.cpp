@@ -6,8 +6,9 @@
 // parameters' gradients are fixed tensors the backward adds into, bound again before each replay
 // (a strategy that took a gradient away, as ddp moves bf16 gradients into its fp32 masters, gets
 // the same tensor back, zeroed; one that swapped it gets its values copied in). What the
-// recording returns (the loss, the step's metrics, the checks the layers deferred) are fixed
+// recording returns (the step's metrics, the checks the layers deferred) are fixed
 // tensors too, read after each replay; the checks once per iteration, before the optimizer step.
+// (The loss itself is only the backward's start: the step reports its value as a metric.)
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -26,7 +27,6 @@ constexpr int64_t kEagerIterations = 2;  // first: lazy initialisation and the g
 constexpr int kMaxRecordings = 4;        // shapes that keep changing are not worth recording
 
 struct Recorded {
-  at::Tensor loss;
   Metrics metrics;
   std::vector<capture::DeferredCheck> checks;
 };
@@ -52,16 +52,16 @@ class Captured final : public ForwardBackwardSchedule {
     for (int64_t m = 0; m < num_micro; ++m) {
       // In host memory, its ids checked there: the copy into the fixed inputs is the only transfer.
       const TensorList batch = run_.next_batch(iteration, /*on_host=*/true);
-      if (recorder_ && !matches(batch, num_micro, scale)) {
+      const std::string key = key_of(batch, num_micro, scale);
+      if (recorder_ && key != key_) {
         // A new shape runs once as it always did first, so that the layers' caches (masks, rotary
         // tables) exist before the recording reads them; the next micro-batch records.
-        const std::string key = key_of(batch, num_micro, scale);
         if (warmed_key_ != key) {
           warmed_key_ = key;
           eager_micro_batch(iteration, m, num_micro, scale, batch, r);
           continue;
         }
-        record(iteration, batch, num_micro, scale);
+        record(iteration, batch, key, num_micro, scale);
       }
       if (!recorder_) {  // the recording failed: this micro-batch and the rest run as they always did
         eager_micro_batch(iteration, m, num_micro, scale, batch, r);
@@ -94,12 +94,12 @@ class Captured final : public ForwardBackwardSchedule {
   void body(int64_t iteration, int64_t num_micro, double scale) {
     capture::Recording recording;
     Recorded out;
-    out.loss = run_.bare_forward_backward(iteration, inputs_, num_micro, scale, &out.metrics).detach();
+    run_.bare_forward_backward(iteration, inputs_, num_micro, scale, &out.metrics);
     out.checks = recording.take();
     recorded_ = std::move(out);
   }
 
-  void record(int64_t iteration, const TensorList& batch, int64_t num_micro, double scale) {
+  void record(int64_t iteration, const TensorList& batch, const std::string& key, int64_t num_micro, double scale) {
     if (++recordings_ > kMaxRecordings) {
       give_up("the batch's shapes, the micro-batches per step or the loss scale changed " +
               std::to_string(recordings_ - 1) + " times");
@@ -133,7 +133,7 @@ class Captured final : public ForwardBackwardSchedule {
       give_up("parameter '" + p.name + "' got a gradient only in the recorded step");
       return;
     }
-    key_ = key_of(batch, num_micro, scale);
+    key_ = key;
     if (run_.topo().world_rank == 0)
       std::printf(" > train.cuda_graphs: iteration %lld's micro-batches replay a recorded forward and backward\n",
                   static_cast<long long>(iteration));
@@ -157,9 +157,6 @@ class Captured final : public ForwardBackwardSchedule {
       for (int64_t d : t.sizes()) key += "," + std::to_string(d);
     }
     return key;
-  }
-  bool matches(const TensorList& batch, int64_t num_micro, double scale) const {
-    return !key_.empty() && key_ == key_of(batch, num_micro, scale);
   }
 
   void load(const TensorList& batch) {
@@ -188,9 +185,7 @@ class Captured final : public ForwardBackwardSchedule {
   void eager_micro_batch(int64_t iteration, int64_t m, int64_t num_micro, double scale, const TensorList& batch,
                          IterationResult& r) {
     Metrics metrics;
-    const at::Tensor loss = run_.forward(iteration, m, &metrics, {}, &batch);
-    run_.check_loss_output(loss);
-    run_.backward(iteration, m, num_micro, scale, loss, at::Tensor());
+    run_.forward_backward(iteration, m, num_micro, scale, &metrics, &batch);
     r.metrics.add(metrics);
   }
 

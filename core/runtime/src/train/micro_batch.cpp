@@ -147,14 +147,20 @@ void MicroBatchRunner::backward(int64_t iteration, int64_t m, int64_t num_micro,
   trace_span("backward ", m, backward_start);
 }
 
+void MicroBatchRunner::forward_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale,
+                                        Metrics* metrics, const TensorList* fetched) {
+  const at::Tensor loss = forward(iteration, m, metrics, {}, fetched);
+  check_loss_output(loss);
+  backward(iteration, m, num_micro, scale, loss, at::Tensor());
+}
+
 void MicroBatchRunner::before_backward(int64_t m, int64_t num_micro) { p_.strategy->before_backward(m, num_micro); }
 
-at::Tensor MicroBatchRunner::bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro,
-                                                   double scale, Metrics* metrics) {
+void MicroBatchRunner::bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro,
+                                             double scale, Metrics* metrics) {
   const at::Tensor loss = step().forward_step(*p_.model, batch, metrics);
   check_loss_output(loss);
   run_backward(iteration, 0, num_micro, scale, loss, at::Tensor());
-  return loss;
 }
 
 void MicroBatchRunner::run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale,

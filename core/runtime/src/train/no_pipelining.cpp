@@ -13,9 +13,7 @@ class NoPipelining final : public ForwardBackwardSchedule {
   void train(int64_t iteration, int64_t num_micro, double scale, IterationResult& r) override {
     for (int64_t m = 0; m < num_micro; ++m) {
       Metrics metrics;
-      const at::Tensor loss = run_.forward(iteration, m, &metrics);
-      run_.check_loss_output(loss);
-      run_.backward(iteration, m, num_micro, scale, loss, at::Tensor());
+      run_.forward_backward(iteration, m, num_micro, scale, &metrics);
       r.metrics.add(metrics);
     }
   }

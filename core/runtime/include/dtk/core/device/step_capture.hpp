@@ -44,8 +44,6 @@ class Recording {
   std::vector<DeferredCheck> take();
 };
 
-bool active();
-
 }  // namespace capture
 
 // Records and replays the forward and backward of one micro-batch on fixed input tensors.

@@ -81,12 +81,16 @@ class MicroBatchRunner {
   // interleaved schedule counts one pass per micro-batch and chunk).
   void backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                 const at::Tensor& out_grad, int64_t pass = -1, int64_t passes = -1);
+  // One stage's micro-batch `m` of `num_micro` whole: forward (of `fetched`, or the next batch),
+  // the loss check, backward.
+  void forward_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, Metrics* metrics,
+                        const TensorList* fetched = nullptr);
   // What the strategy hears before the backward of micro-batch `m` of `num_micro`.
   void before_backward(int64_t m, int64_t num_micro);
   // The step's forward and the loss's backward on `batch`, with nothing around them (no batch
-  // fetch, timers, trace spans or strategy call): what a CUDA graph records. Returns the loss.
-  at::Tensor bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro, double scale,
-                                   Metrics* metrics);
+  // fetch, timers, trace spans or strategy call): what a CUDA graph records.
+  void bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro, double scale,
+                             Metrics* metrics);
 
   // Pipeline stages exchange [micro_batch, seq, hidden] tensors in the parameters' dtype (seq / tp
   // under sequence parallelism).

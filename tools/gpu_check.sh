@@ -62,13 +62,16 @@ if ((!CONFIGURE_ONLY)); then
     status="gpu tests FAILED"
   if ((BENCH)) && [[ -n $GPU ]]; then
     # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
-    # The variants measure, in the same call, the fused cross entropy kernel against its ops and
-    # the step replayed from CUDA graphs (train.cuda_graphs) against launched kernel by kernel.
+    # The variants measure, in the same call, the fused cross entropy kernel against its ops, the
+    # layers' fused kernels against their ops (model.unfused_kernels=all) and the step replayed
+    # from CUDA graphs (train.cuda_graphs) against launched kernel by kernel.
     tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile" \
       --variant "ops cross entropy|--set model.cross_entropy_impl=ops" \
+      --variant "unfused kernels|--set model.unfused_kernels=all" \
       --variant "cuda graphs|--set train.cuda_graphs=true" || status="$status; benchmark FAILED"
     # Issue 33's second row: a Llama of the same size against its compiled peer.
     tools/bench/gpu_gpt2.sh --model llama --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile-llama" \
+      --variant "unfused kernels|--set model.unfused_kernels=all" \
       --variant "cuda graphs|--set train.cuda_graphs=true" || status="$status; llama benchmark FAILED"
   fi
 fi

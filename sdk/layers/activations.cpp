@@ -54,8 +54,8 @@ at::Tensor gelu(const at::Tensor& x, bool tanh) { return tanh ? at::gelu(x, "tan
 
 at::Tensor bias_gelu_ops(const at::Tensor& x, const at::Tensor& bias, bool tanh) { return gelu(x + bias, tanh); }
 
-at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh) {
-  if (x.dim() > 0 && bias.dim() == 1 && x.size(-1) == bias.size(0) &&
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh, const FusedKernels& kernels) {
+  if (kernels.bias_gelu && x.dim() > 0 && bias.dim() == 1 && x.size(-1) == bias.size(0) &&
       gpu::bias_gelu_applies(x.device(), x.scalar_type(), bias))
     return FusedBiasGelu::apply(x, bias, tanh);
   return bias_gelu_ops(x, bias, tanh);
@@ -63,15 +63,16 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh) {
 
 at::Tensor swiglu_ops(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  if (gpu::swiglu_applies(gate, up)) return FusedSwiglu::apply(gate, up);
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, const FusedKernels& kernels) {
+  if (kernels.swiglu && gpu::swiglu_applies(gate, up)) return FusedSwiglu::apply(gate, up);
   return swiglu_ops(gate, up);
 }
 
-at::Tensor column_linear_gelu(const ColumnParallelLinear& fc, const at::Tensor& x, bool tanh) {
+at::Tensor column_linear_gelu(const ColumnParallelLinear& fc, const at::Tensor& x, bool tanh,
+                              const FusedKernels& kernels) {
   // The kernel's conditions, known before the product: x W^T has x's type and device and the
   // bias's size. Sequence parallelism gathers the input inside fc.forward: the plain path.
-  if (fc.bias.defined() && !fc.tp.splits_sequence() && x.scalar_type() == fc.weight.scalar_type() &&
+  if (kernels.bias_gelu && fc.bias.defined() && !fc.tp.splits_sequence() && x.scalar_type() == fc.weight.scalar_type() &&
       x.device() == fc.weight.device() && gpu::bias_gelu_applies(x.device(), x.scalar_type(), fc.bias))
     return FusedBiasGelu::apply(dtk::linear(copy_to_tp_region(x, fc.tp), fc.weight), fc.bias, tanh);
   return gelu(fc.forward(x), tanh);

@@ -6,7 +6,9 @@
 #include <dtk/layers/recompute.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace dtk::layers {
@@ -82,6 +84,13 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
     c.cross_entropy_impl = impl == "host"  ? CrossEntropyRows::kHost
                            : impl == "ops" ? CrossEntropyRows::kOps
                                            : CrossEntropyRows::kAuto;
+  }
+  if (o.has("unfused_kernels")) {
+    try {
+      c.kernels = unfused_kernels(o.get_string("unfused_kernels"));
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("option 'unfused_kernels': ") + e.what());
+    }
   }
   if (o.has("recompute_activations")) {
     c.recompute = o.get_string("recompute_activations") == "full";
@@ -349,53 +358,65 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
     if (labels) in.labels = labels->to(at::kLong);
     h = domino_forward(domino_, in, rng_, training_);
     if (labels) return {{"loss", h}};
-  } else {
-    h = plain_layers(h, pos, mask);
   }
-  if (!post_) return {{"hidden_states", h}};
-  return {{labels ? "loss" : "logits", output_layer(h, labels)}};
+  const ResidualStream out = domino ? ResidualStream{h, {}} : plain_layers(h, pos, mask);
+  if (!post_) return {{"hidden_states", out.sum()}};
+  return {{labels ? "loss" : "logits", output_layer(out, labels)}};
 }
 
 // Plain tensor parallelism: layer after layer on the whole micro-batch. The hooks run inside the
 // recomputed block, so a ZeRO-3 strategy gathers the layer's parameters again for the rerun.
 // Full recomputation checkpoints the groups recompute_groups() names: one group, one
 // checkpoint holding only its input; the layers between groups run plainly.
-at::Tensor DecoderLM::plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask) {
-  auto layers = [this, positions, mask](size_t first, size_t last) -> RecomputedBlock {
+// Without hooks, each layer hands its last residual branch to the next layer's first norm (and
+// the last layer's to the final norm) within a run of layers; a checkpoint's input and output,
+// a module's (hooks) and a stage's output are whole tensors.
+ResidualStream DecoderLM::plain_layers(const at::Tensor& h, const at::Tensor& positions, const at::Tensor& mask) {
+  using LayerRun = std::function<ResidualStream(ResidualStream, DropoutRng&)>;
+  auto layers = [this, positions, mask](size_t first, size_t last) -> LayerRun {
     std::vector<std::pair<const DecoderLayer*, int32_t>> run;  // held by value: the backward reruns it
     for (size_t i = first; i < last; ++i) run.emplace_back(layers_[i].get(), layer_module(i));
     const ModuleHooks* hooks = &hooks_;
     const bool training = training_;
-    return [run, hooks, positions, mask, training](const at::Tensor& x, DropoutRng& rng) {
-      at::Tensor y = x;
-      for (const auto& [layer, module] : run)
-        y = hooks->run(module, y,
-                       [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); });
+    return [run, hooks, positions, mask, training](ResidualStream y, DropoutRng& rng) {
+      for (const auto& [layer, module] : run) {
+        if (!hooks->active()) {
+          y = layer->forward_residual(y, positions, mask, rng, training);
+          continue;
+        }
+        y = {hooks->run(module, y.sum(),
+                        [&](const at::Tensor& in) { return layer->forward(in, positions, mask, rng, training); }),
+             {}};
+      }
       return y;
     };
   };
+  ResidualStream y{h, {}};
   size_t next = 0;
   for (const auto& [first, last] : recompute_groups()) {
-    if (next < first) h = layers(next, first)(h, rng_);
-    h = recompute(h, rng_, layers(first, last));
+    if (next < first) y = layers(next, first)(y, rng_);
+    const LayerRun group = layers(first, last);
+    y = {recompute(y.sum(), rng_, [group](const at::Tensor& x, DropoutRng& rng) { return group({x, {}}, rng).sum(); }),
+         {}};
     next = last;
   }
-  if (next < layers_.size()) h = layers(next, layers_.size())(h, rng_);
-  return h;
+  if (next < layers_.size()) y = layers(next, layers_.size())(y, rng_);
+  return y;
 }
 
 // Final norm, logits; with labels the per-token loss (the fused output layer never makes the
-// logits whole, lm_head.hpp).
-at::Tensor DecoderLM::output_layer(const at::Tensor& h, const at::Tensor* labels) {
+// logits whole, lm_head.hpp). A branch still to add (plain_layers) comes only without hooks.
+at::Tensor DecoderLM::output_layer(const ResidualStream& h, const at::Tensor* labels) {
   const DecoderConfig& c = *config_;
-  return hooks_.run(output_module(), h, [&](const at::Tensor& x) {
-    const at::Tensor normed = final_norm(x);
+  auto head = [&](const at::Tensor& normed) {
     if (labels && c.fused_lm_head)
       return fused_lm_head_loss(enter_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens,
                                 c.cross_entropy_impl);
     at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/c.domino_chunks > 1);
     return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
-  });
+  };
+  if (h.branch.defined()) return head(final_add_norm(h));
+  return hooks_.run(output_module(), h.stream, [&](const at::Tensor& x) { return head(final_norm(x)); });
 }
 
 // Generation with a key/value cache (docs/models.md "Generation"): "tokens"/"position_ids" [b, n]

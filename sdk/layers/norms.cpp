@@ -83,8 +83,8 @@ at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double ep
   return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (gpu::rms_norm_applies(x, weight)) return FusedRmsNorm::apply(x, weight, eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const FusedKernels& kernels) {
+  if (kernels.rms_norm && gpu::rms_norm_applies(x, weight)) return FusedRmsNorm::apply(x, weight, eps);
   return rms_norm_ops(x, weight, eps);
 }
 
@@ -103,8 +103,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at
 }
 
 std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                                                 const at::Tensor& b, double eps) {
-  if (gpu::add_layer_norm_applies(x, residual, w, b)) {
+                                                 const at::Tensor& b, double eps, const FusedKernels& kernels) {
+  if (kernels.add_norm && gpu::add_layer_norm_applies(x, residual, w, b)) {
     const auto out = FusedAddLayerNorm::apply(x, residual, w, b, eps);
     return {out[0], out[1]};
   }
@@ -112,14 +112,14 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::
 }
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
-                                               const at::Tensor& weight, double eps) {
-  if (gpu::add_rms_norm_applies(x, residual, weight)) {
+                                               const at::Tensor& weight, double eps, const FusedKernels& kernels) {
+  if (kernels.add_norm && gpu::add_rms_norm_applies(x, residual, weight)) {
     const auto out = FusedAddRmsNorm::apply(x, residual, weight, eps);
     return {out[0], out[1]};
   }
   // The plain add, then rms_norm (DTK's RMSNorm kernel where it alone applies, else the ops).
   at::Tensor h = x + residual;
-  at::Tensor y = rms_norm(h, weight, eps);
+  at::Tensor y = rms_norm(h, weight, eps, kernels);
   return {std::move(h), std::move(y)};
 }
 

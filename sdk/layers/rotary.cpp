@@ -39,9 +39,10 @@ at::Tensor apply_rotary_ops(const at::Tensor& x, const at::Tensor& cos, const at
   return out.to(x.scalar_type());
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const FusedKernels& kernels) {
   // The angles carry no gradient (a function of the positions).
-  if (gpu::rotary_applies(x, cos, sin)) return FusedRotary::apply(x, cos.detach(), sin.detach());
+  if (kernels.rotary && gpu::rotary_applies(x, cos, sin)) return FusedRotary::apply(x, cos.detach(), sin.detach());
   return apply_rotary_ops(x, cos, sin);
 }
 

@@ -5,8 +5,10 @@
 // through dtk::layers::rms_norm against rms_norm_ops), the residual add fused with LayerNorm and
 // with RMSNorm (dtk/cuda/layer_norm.hpp, rms_norm.hpp, through add_layer_norm and add_rms_norm
 // against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
-// SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops) and rotary embeddings (dtk/cuda/rotary.hpp, apply_rotary against apply_rotary_ops). Without a CUDA
-// LibTorch and a GPU every test skips, saying why.
+// SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops) and rotary embeddings (dtk/cuda/rotary.hpp,
+// apply_rotary against apply_rotary_ops); and each function with its kernel left out
+// (model.unfused_kernels) running its reference exactly. Without a CUDA LibTorch and a GPU every
+// test skips, saying why.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
@@ -271,6 +273,41 @@ TEST(GpuKernels, RotaryKernelEqualsOps) {
     check_rotary(at::kFloat, dim, 1e-6);
     check_rotary(at::kBFloat16, dim, 1e-2);
   }
+}
+
+// model.unfused_kernels: a function told to leave its kernel out runs exactly its ops reference
+// on the GPU (bit for bit: the same ops), and the kernel's autograd function is not in the graph.
+TEST(GpuKernels, KernelsLeftOutRunTheOpsReferences) {
+  SKIP_WITHOUT_CUDA();
+  const auto on = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  at::manual_seed(23);
+  const dtk::layers::FusedKernels none = dtk::layers::unfused_kernels("all");
+  const at::Tensor x = at::randn({4, 9, 64}, on).requires_grad_(true), r = at::randn({4, 9, 64}, on);
+  const at::Tensor w = at::randn({64}, on), b = at::randn({64}, on);
+  auto not_fused = [](const at::Tensor& y, const char* what) {
+    EXPECT_EQ(y.grad_fn()->name().find("Fused"), std::string::npos) << what << ": " << y.grad_fn()->name();
+  };
+  auto same = [](const at::Tensor& a, const at::Tensor& e, const char* what) { EXPECT_TRUE(at::equal(a, e)) << what; };
+  const auto [ls, ly] = dtk::layers::add_layer_norm(x, r, w, b, 1e-5, none);
+  not_fused(ly, "add_layer_norm");
+  same(ly, dtk::layers::add_layer_norm_ops(x, r, w, b, 1e-5).second, "add_layer_norm");
+  const auto [rs, ry] = dtk::layers::add_rms_norm(x, r, w, 1e-5, none);
+  not_fused(ry, "add_rms_norm");
+  same(ry, dtk::layers::add_rms_norm_ops(x, r, w, 1e-5).second, "add_rms_norm");
+  const at::Tensor n = dtk::layers::rms_norm(x, w, 1e-5, none);
+  not_fused(n, "rms_norm");
+  same(n, dtk::layers::rms_norm_ops(x, w, 1e-5), "rms_norm");
+  const at::Tensor g = dtk::layers::bias_gelu(x, b, /*tanh=*/true, none);
+  not_fused(g, "bias_gelu");
+  same(g, dtk::layers::bias_gelu_ops(x, b, true), "bias_gelu");
+  const at::Tensor sw = dtk::layers::swiglu(x, r, none);
+  not_fused(sw, "swiglu");
+  same(sw, dtk::layers::swiglu_ops(x, r), "swiglu");
+  const at::Tensor q = x.view({4, 9, 2, 32});
+  const at::Tensor angles = at::randn({4, 9, 1, 32}, at::TensorOptions().device(at::kCUDA)) * 3;
+  const at::Tensor ro = dtk::layers::apply_rotary(q, angles.cos(), angles.sin(), none);
+  not_fused(ro, "apply_rotary");
+  same(ro, dtk::layers::apply_rotary_ops(q, angles.cos(), angles.sin()), "apply_rotary");
 }
 
 }  // namespace

@@ -214,7 +214,12 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
                       {"train.params_dtype", "bf16"},
                       {"checkpoint.use_checkpoint_args", "true"}});
   EXPECT_TRUE(ignored("--transformer-impl")) << "--transformer-impl";
-  EXPECT_TRUE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
+  // DTK has a rotary kernel: --no-rope-fusion leaves it out, as Megatron's flag does its own.
+  EXPECT_FALSE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
+  expect_fields(cfg, {{"model.unfused_kernels", "rotary"}});
+  // The fusion switches add up into the one option.
+  expect_fields(config_of(map("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion")),
+                {{"model.unfused_kernels", "bias_gelu,rotary,swiglu"}});
   // The factor given; alone, it is ignored as Megatron ignores it.
   expect_fields(config_of(map("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
                               "--rope-scaling-factor 32")),

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -155,3 +156,23 @@ TEST(FusedActivations, ColumnLinearGeluOnTheCpuIsTheProductAndTheGelu) {
 }
 
 }  // namespace
+
+// The option that leaves kernels out (model.unfused_kernels): names, "all", spaces, and an
+// unknown name refused naming it and the names there are.
+TEST(FusedKernels, UnfusedKernelsParsesNamesAndRefusesUnknownOnes) {
+  using dtk::layers::unfused_kernels;
+  auto on = [](const dtk::layers::FusedKernels& k) {
+    return std::vector<bool>{k.add_norm, k.rms_norm, k.bias_gelu, k.swiglu, k.rotary};
+  };
+  EXPECT_EQ(on(unfused_kernels("")), std::vector<bool>(5, true));
+  EXPECT_EQ(on(unfused_kernels("all")), std::vector<bool>(5, false));
+  EXPECT_EQ(on(unfused_kernels("swiglu, rotary")), (std::vector<bool>{true, true, true, false, false}));
+  EXPECT_EQ(on(unfused_kernels("add_norm,rms_norm,")), (std::vector<bool>{false, false, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels("bias_gelu")), (std::vector<bool>{true, true, false, true, true}));
+  try {
+    unfused_kernels("rotary,gelu");
+    ADD_FAILURE() << "'gelu' accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown kernel 'gelu' (add_norm, rms_norm, bias_gelu, swiglu, rotary, all)");
+  }
+}

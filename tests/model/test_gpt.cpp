@@ -588,6 +588,15 @@ TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
   }
+  try {
+    GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
+               {"unfused_kernels", "add_norm,gelu"}});
+    ADD_FAILURE() << "an unknown kernel name accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt: option 'unfused_kernels': unknown kernel 'gelu' (add_norm, rms_norm"),
+              std::string::npos)
+        << e.what();
+  }
   GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"}});
   EXPECT_THROW(m.forward({{"tokens", at::zeros({1, 9}, at::kLong)}}), std::runtime_error);  // > max positions
 }

@@ -56,6 +56,10 @@ class GPTModel : public DecoderLM {
   at::Tensor final_norm(const at::Tensor& x) const override {
     return layer_norm(x, final_norm_[0], final_norm_[1], c_.eps);
   }
+  at::Tensor final_add_norm(const ResidualStream& x) const override {
+    return x.branch.defined() ? add_layer_norm(x.stream, x.branch, final_norm_[0], final_norm_[1], c_.eps, c_.kernels).second
+                              : final_norm(x.stream);
+  }
 
   Config c_;
 };
@@ -87,6 +91,7 @@ const dtk_option_spec kOptions[] = {
              "logits (false: Megatron's logits, then vocab-parallel cross entropy)."),
     dtk::layers::kLmHeadChunkTokensOption,
     dtk::layers::kCrossEntropyImplOption,
+    dtk::layers::kUnfusedKernelsOption,
     opt_int("domino_chunks", "1",
             "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces "
             "overlap the other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),

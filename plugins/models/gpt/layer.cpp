@@ -24,10 +24,18 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(t
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
 
-at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor&, const at::Tensor& mask, DropoutRng& rng,
+at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                           bool training) const {
+  return forward_residual({x, {}}, positions, mask, rng, training).sum();
+}
+
+ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tensor&, const at::Tensor& mask,
+                                       DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
-  const at::Tensor projected = qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps));
+  // x = the previous layer's stream + its MLP branch, added by the first LayerNorm's kernel.
+  const auto [x, normed_in] = in.branch.defined() ? add_layer_norm(in.stream, in.branch, ln1_w, ln1_b, c_.eps, c_.kernels)
+                                                  : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
+  const at::Tensor projected = qkv.forward(normed_in);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
     return core_attention(in, mask, [&](at::IntArrayRef shape) {
@@ -41,10 +49,10 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor&, const at::Tens
       c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
   const auto [h, normed] = add_layer_norm(
-      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b, c_.eps);
+      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b, c_.eps, c_.kernels);
   // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
-  at::Tensor mlp = fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu));
-  return h + dropout(mlp, c_.hidden_dropout, training, rng.hidden, tp_);
+  at::Tensor mlp = fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
+  return {h, dropout(mlp, c_.hidden_dropout, training, rng.hidden, tp_)};
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const at::Tensor& cache, int64_t length,
@@ -59,8 +67,8 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
-  const auto [h, normed] = add_layer_norm(x, dense.forward(context), ln2_w, ln2_b, c_.eps);
-  return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu));
+  const auto [h, normed] = add_layer_norm(x, dense.forward(context), ln2_w, ln2_b, c_.eps, c_.kernels);
+  return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {

@@ -59,6 +59,10 @@ class Layer : public DominoLayer, public DecoderLayer {
   // undefined (causal). Positions enter through the embedding only (unused here).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                      bool training) const override;
+  // The same, x's branch added in the first LayerNorm's kernel and the MLP's branch left to the
+  // next norm (DecoderLayer::forward_residual).
+  ResidualStream forward_residual(const ResidualStream& x, const at::Tensor& positions, const at::Tensor& mask,
+                                  DropoutRng& rng, bool training) const override;
   const DominoLayer* domino() const override { return this; }
 
   // Domino's pieces of stage 0 (attention) or 1 (MLP) (DominoLayer).

@@ -65,10 +65,10 @@ std::pair<at::Tensor, at::Tensor> Rotary::angles(const at::Tensor& positions, co
   return {g.cos, g.sin};
 }
 
-at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) const {
+at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions, const FusedKernels& kernels) const {
   if (dim_ == 0) return x;
   const auto [cos, sin] = angles(positions, x.device());
-  return dtk::layers::apply_rotary(x, cos, sin);
+  return dtk::layers::apply_rotary(x, cos, sin, kernels);
 }
 
 Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary) : c_(c), rotary_(rotary) {
@@ -99,8 +99,8 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
   const std::vector<at::Tensor> parts =
       projected.view({b, s, groups_local_, (per_group + 2) * hd}).split_with_sizes({per_group * hd, hd, hd}, -1);
   QKV out;
-  out.q = rotary_.apply(parts[0].reshape({b, s, heads_local_, hd}), positions);
-  out.k = rotary_.apply(parts[1], positions);
+  out.q = rotary_.apply(parts[0].reshape({b, s, heads_local_, hd}), positions, c_.kernels);
+  out.k = rotary_.apply(parts[1], positions, c_.kernels);
   out.v = parts[2];
   return out;
 }
@@ -153,15 +153,20 @@ at::Tensor Layer::mlp(const at::Tensor& h) const {
   // input gradient in backward, not one per projection.
   if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
     const std::vector<at::Tensor> gate_up = sequence_parallel_columns(h, {&gate, &up});
-    return down.forward(swiglu(gate_up[0], gate_up[1]));
+    return down.forward(swiglu(gate_up[0], gate_up[1], c_.kernels));
   }
   const at::Tensor x = copy_to_tp_region(h, gate.tp);
   // silu(gate) * up: one kernel each way on a GPU (dtk/layers/activations.hpp).
-  return down.forward(swiglu(dtk::linear(x, gate.weight, gate.bias), dtk::linear(x, up.weight, up.bias)));
+  return down.forward(swiglu(dtk::linear(x, gate.weight, gate.bias), dtk::linear(x, up.weight, up.bias), c_.kernels));
 }
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                           bool training) const {
+  return forward_residual({x, {}}, positions, mask, rng, training).sum();
+}
+
+ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tensor& positions, const at::Tensor& mask,
+                                       DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
   // Core attention from the projection: the query/key/value split, rotary, softmax, dropout.
   RecomputedBlock attention = [this, positions, mask, p, training](const at::Tensor& projected, DropoutRng& r) {
@@ -169,32 +174,35 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, cons
     return attend(a.q, a.k, a.v, mask, p,
                   [&](const at::Tensor& probs) { return dropout(probs, p, training, r.attention); });
   };
-  const at::Tensor projected = qkv.forward(rms_norm(x, input_norm, c_.eps));
+  // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
+  const auto [x, normed_in] = in.branch.defined() ? add_rms_norm(in.stream, in.branch, input_norm, c_.eps, c_.kernels)
+                                                  : std::pair{in.stream, rms_norm(in.stream, input_norm, c_.eps, c_.kernels)};
+  const at::Tensor projected = qkv.forward(normed_in);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
   const at::Tensor context = c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng);
   // h = x + dropout(attention's output) and its RMSNorm in one (the dropout stays on the branch).
   const auto [h, normed] = add_rms_norm(
-      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp), post_attention_norm, c_.eps);
-  return h + dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp);
+      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp), post_attention_norm, c_.eps, c_.kernels);
+  return {h, dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp)};
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
                                  int64_t length, const at::Tensor& mask) const {
   const int64_t n = x.size(1);
-  const QKV a = project(rms_norm(x, input_norm, c_.eps), positions);
+  const QKV a = project(rms_norm(x, input_norm, c_.eps, c_.kernels), positions);
   // cache [2, b, ng, capacity, hd]; the new keys (already rotated) and values at [length, length + n).
   cache[0].narrow(2, length, n).copy_(a.k.transpose(1, 2));
   cache[1].narrow(2, length, n).copy_(a.v.transpose(1, 2));
   const at::Tensor k = cache[0].narrow(2, 0, length + n).transpose(1, 2);  // [b, t, ng, hd]
   const at::Tensor v = cache[1].narrow(2, 0, length + n).transpose(1, 2);
   const at::Tensor context = attend(a.q, k, v, mask, 0.0, [](const at::Tensor& probs) { return probs; });
-  const auto [h, normed] = add_rms_norm(x, dense.forward(context), post_attention_norm, c_.eps);
+  const auto [h, normed] = add_rms_norm(x, dense.forward(context), post_attention_norm, c_.eps, c_.kernels);
   return h + mlp(normed);
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
-  return rms_norm(in, stage == 0 ? input_norm : post_attention_norm, c_.eps);
+  return rms_norm(in, stage == 0 ? input_norm : post_attention_norm, c_.eps, c_.kernels);
 }
 
 std::vector<const ColumnParallelLinear*> Layer::stage_columns(int stage) const {

@@ -70,8 +70,9 @@ class Rotary {
   Rotary(int64_t rotary_dim, double base, const RopeScaling& scaling = {})
       : dim_(rotary_dim), base_(base), scaling_(scaling) {}
   // x [b, s, n, head_dim], positions [b, s] int64: the first rotary_dim channels rotated by
-  // position, the rest unchanged. Computed in fp32, returned in x's dtype.
-  at::Tensor apply(const at::Tensor& x, const at::Tensor& positions) const;
+  // position, the rest unchanged. Computed in fp32, returned in x's dtype (DTK's kernel on a GPU
+  // unless `kernels` leaves it out).
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& positions, const FusedKernels& kernels) const;
 
  private:
   // cos, sin [positions, dim] on `device` (computed on the host in fp32, moved once per growth).
@@ -104,6 +105,10 @@ class Layer : public DominoLayer, public DecoderLayer {
   // (causal).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                      bool training) const override;
+  // The same, x's branch added in the input norm's kernel and the MLP's branch left to the next
+  // norm (DecoderLayer::forward_residual).
+  ResidualStream forward_residual(const ResidualStream& x, const at::Tensor& positions, const at::Tensor& mask,
+                                  DropoutRng& rng, bool training) const override;
   // Generation: x [b, n, h] at cache positions [length, length + n); `cache` [2, b, groups / tp,
   // capacity, head_dim] holds the rotated keys and the values; mask [b, 1, n, length + n].
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache, int64_t length,

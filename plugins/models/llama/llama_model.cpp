@@ -58,7 +58,10 @@ class LlamaModel : public DecoderLM {
   std::unique_ptr<DecoderLayer> make_layer(int64_t, ParamFactory& f) override {
     return std::make_unique<Layer>(c_, tp_, f, *rotary_);
   }
-  at::Tensor final_norm(const at::Tensor& x) const override { return rms_norm(x, final_norm_[0], c_.eps); }
+  at::Tensor final_norm(const at::Tensor& x) const override { return rms_norm(x, final_norm_[0], c_.eps, c_.kernels); }
+  at::Tensor final_add_norm(const ResidualStream& x) const override {
+    return x.branch.defined() ? add_rms_norm(x.stream, x.branch, final_norm_[0], c_.eps, c_.kernels).second : final_norm(x.stream);
+  }
 
   void validate_llama() const {
     if (c_.groups <= 0) fail("option 'num_query_groups' must be positive, got " + std::to_string(c_.groups));
@@ -118,6 +121,7 @@ const dtk_option_spec kOptions[] = {
              "logits (false: the logits, then vocab-parallel cross entropy)."),
     dtk::layers::kLmHeadChunkTokensOption,
     dtk::layers::kCrossEntropyImplOption,
+    dtk::layers::kUnfusedKernelsOption,
     dtk::layers::kRecomputeActivationsOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,

@@ -38,6 +38,8 @@ struct Rule {
 };
 
 constexpr const char* kCudaFusion = "a CUDA kernel-fusion switch: no effect on the CPU path";
+constexpr const char* kDtkFusion =
+    "the layers run LibTorch ops instead of DTK's kernel on a GPU (no effect on the CPU); several such flags add up";
 constexpr const char* kLlama = "the llama model (with --position-embedding-type rope --normalization RMSNorm --swiglu)";
 
 // The order is the docs table's.
@@ -83,7 +85,7 @@ const Rule kRules[] = {
      "Llama 3.1's rotary frequency scaling (llama), by --rope-scaling-factor (Megatron's default 8)"},
     {"--rope-scaling-factor", 1, Kind::kCustom, "model.rope_scaling_factor",
      "with --use-rope-scaling (Megatron reads it only then); without it: ignored"},
-    {"--no-rope-fusion", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-rope-fusion", 0, Kind::kCustom, "model.unfused_kernels=rotary", kDtkFusion},
     {"--kv-channels", 1, Kind::kCustom, "",
      "the head dimension: accepted when it is --hidden-size / --num-attention-heads (DTK's models derive it); "
      "another value refused"},
@@ -121,10 +123,14 @@ const Rule kRules[] = {
     {"--accumulate-allreduce-grads-in-fp32", 0, Kind::kIgnore, "", "always on under bf16/fp16 (ddp, zero)"},
     {"--no-gradient-accumulation-fusion", 0, Kind::kIgnore, "",
      "the fused weight-gradient accumulation is a CUDA (APEX) kernel; DTK accumulates gradients in place either way"},
-    {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "", kCudaFusion},
-    {"--no-bias-gelu-fusion", 0, Kind::kIgnore, "", kCudaFusion},
-    {"--no-bias-dropout-fusion", 0, Kind::kIgnore, "", kCudaFusion},
-    {"--no-persist-layer-norm", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "",
+     "Megatron's fused scale-mask-softmax kernel; DTK's attention is LibTorch's fused attention where it has one"},
+    {"--no-bias-gelu-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_gelu", kDtkFusion},
+    {"--no-bias-swiglu-fusion", 0, Kind::kCustom, "model.unfused_kernels=swiglu", kDtkFusion},
+    {"--no-bias-dropout-fusion", 0, Kind::kIgnore, "", "Megatron's bias-dropout-add kernel; DTK has no such kernel"},
+    {"--no-persist-layer-norm", 0, Kind::kIgnore, "",
+     "Apex's persistent LayerNorm kernel; DTK's LayerNorm is ATen's (its add + norm kernel: "
+     "model.unfused_kernels=add_norm)"},
     {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "", kCudaFusion},
     {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
     {"--cross-entropy-loss-fusion", 0, Kind::kIgnore, "",
@@ -516,6 +522,7 @@ struct SeenFlags {
   bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
   std::string profile_start = "10", profile_end = "12";
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
+  std::vector<std::string> unfused_kernels;     // DTK's kernels the --no-*-fusion flags leave out
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -546,6 +553,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
+  if (f == "--no-rope-fusion") s.unfused_kernels.push_back("rotary");
+  if (f == "--no-bias-gelu-fusion") s.unfused_kernels.push_back("bias_gelu");
+  if (f == "--no-bias-swiglu-fusion") s.unfused_kernels.push_back("swiglu");
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
@@ -814,6 +824,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_rope_scaling(s, m);
   map_profile(s, m);
+  // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
+  if (!s.unfused_kernels.empty()) m.sets.push_back("model.unfused_kernels=" + joined(s.unfused_kernels, ","));
   check_heads_and_positions(s, m);
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);

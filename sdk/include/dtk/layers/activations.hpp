@@ -8,12 +8,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <dtk/layers/fused_kernels.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 
 namespace dtk::layers {
 
 // gelu(x + bias) over x [..., n], bias [n]; `tanh`: the tanh approximation, else the exact erf.
-at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh);
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, bool tanh, const FusedKernels& kernels = {});
 
 // The same as LibTorch ops on any device: the reference the GPU kernel is tested against.
 at::Tensor bias_gelu_ops(const at::Tensor& x, const at::Tensor& bias, bool tanh);
@@ -22,10 +23,11 @@ at::Tensor bias_gelu_ops(const at::Tensor& x, const at::Tensor& bias, bool tanh)
 // the CPU, with sequence parallelism, without a bias, or wherever the kernel does not apply, exactly
 // that (the bias added inside the product); on a GPU the product without its bias, then
 // bias_gelu's kernel.
-at::Tensor column_linear_gelu(const ColumnParallelLinear& fc, const at::Tensor& x, bool tanh);
+at::Tensor column_linear_gelu(const ColumnParallelLinear& fc, const at::Tensor& x, bool tanh,
+                              const FusedKernels& kernels = {});
 
 // silu(gate) * up (SwiGLU's elementwise half), gate and up of one shape and type.
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, const FusedKernels& kernels = {});
 
 // The same as LibTorch ops on any device: the reference the GPU kernel is tested against.
 at::Tensor swiglu_ops(const at::Tensor& gate, const at::Tensor& up);

@@ -28,6 +28,7 @@
 
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/fused_kernels.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
@@ -63,6 +64,7 @@ struct DecoderConfig {
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU
   CrossEntropyRows cross_entropy_impl = CrossEntropyRows::kAuto;  // lm_head.hpp
   int64_t domino_chunks = 1;                                      // >= 2: Domino's chunked schedule (domino.hpp)
+  FusedKernels kernels;  // the GPU kernels the layers use (fused_kernels.hpp; option unfused_kernels)
 };
 
 // The fused output layer's options, declared alike by every decoder LM (put them in the plugin's
@@ -91,6 +93,23 @@ inline constexpr dtk_option_spec kCrossEntropyImplOption =
              "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
              "--cross-entropy-fusion-impl).");
 
+// The residual stream between two layers with the last branch not yet added: its value is
+// stream + branch (branch undefined: stream alone). A pre-norm layer ends `h + branch` and the
+// next one starts `norm(h + branch)`; handing the branch on lets that norm add it in its own kernel
+// (add_layer_norm, add_rms_norm: on a GPU one pass forward and one backward, instead of the add's
+// pass, the norm's and the gradient sum's).
+struct ResidualStream {
+  at::Tensor stream, branch;
+  at::Tensor sum() const { return branch.defined() ? stream + branch : stream; }
+};
+
+// DTK's fused GPU kernels a model's layers leave out (fused_kernels.hpp); Megatron's
+// --no-bias-gelu-fusion, --no-bias-swiglu-fusion and --no-rope-fusion map here.
+inline constexpr dtk_option_spec kUnfusedKernelsOption =
+    opt_string("unfused_kernels", "",
+               "DTK's GPU kernels to leave out, comma-separated (add_norm, rms_norm, bias_gelu, swiglu, rotary, or all): "
+               "the layers run LibTorch ops there instead. No effect on the CPU, which runs the ops always.");
+
 // One transformer layer of a decoder LM: [b, s, h] -> [b, s, h].
 class DecoderLayer {
  public:
@@ -100,6 +119,14 @@ class DecoderLayer {
   // rng.hidden (residual branches) and rng.attention (probabilities).
   virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                              bool training) const = 0;
+  // forward() on x.sum(), with the output's last branch left unadded: forward_residual(x).sum()
+  // equals forward(x.sum()). The default adds the input's branch first and returns no branch; a
+  // layer whose first norm can add it (gpt's, llama's) overrides this, and forward() calls it.
+  // The base calls it between layers that no per-module hook separates (plain_layers).
+  virtual ResidualStream forward_residual(const ResidualStream& x, const at::Tensor& positions, const at::Tensor& mask,
+                                          DropoutRng& rng, bool training) const {
+    return {forward(x.sum(), positions, mask, rng, training), {}};
+  }
   // The parameters under `prefix` ("language_model.encoder.layers.<i>."), in a fixed order.
   virtual void add_params(std::vector<Param>& out, const std::string& prefix) const = 0;
   // Domino's view of the layer (nullptr: domino_chunks > 1 is refused).
@@ -145,7 +172,7 @@ class DecoderLM : public Model {
   // where the plugin declares them (else DecoderConfig's defaults): seq_length (0: the run's),
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
   // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
-  // cross_entropy_impl,
+  // cross_entropy_impl, unfused_kernels,
   // recompute_activations, recompute_method, recompute_num_layers, domino_chunks. The model reads ffn_hidden_size (and
   // max_position_embeddings) itself, e.g. with option_or.
   void read_options(const BuildContext& ctx, DecoderConfig& c) const;
@@ -168,6 +195,9 @@ class DecoderLM : public Model {
   // final norm of x reading final_norm_ (the tensors of DecoderParts::final_norm, in order).
   virtual std::unique_ptr<DecoderLayer> make_layer(int64_t index, ParamFactory& f) = 0;
   virtual at::Tensor final_norm(const at::Tensor& x) const = 0;
+  // The final norm of x.sum() (x: the last layer's ResidualStream); a model whose norm has an
+  // add-and-norm kernel overrides it (gpt: add_layer_norm, llama: add_rms_norm).
+  virtual at::Tensor final_add_norm(const ResidualStream& x) const { return final_norm(x.sum()); }
 
   std::string name_;
   TPGroup tp_;
@@ -183,8 +213,8 @@ class DecoderLM : public Model {
                        IdRangeChecks& checks) const;
   at::Tensor embed(const at::Tensor& tokens, const at::Tensor& positions) const;
   int64_t whole_sequence(const at::Tensor& h) const;  // a stage input's sequence length, all TP ranks
-  at::Tensor plain_layers(at::Tensor h, const at::Tensor& positions, const at::Tensor& mask);
-  at::Tensor output_layer(const at::Tensor& h, const at::Tensor* labels);
+  ResidualStream plain_layers(const at::Tensor& h, const at::Tensor& positions, const at::Tensor& mask);
+  at::Tensor output_layer(const ResidualStream& h, const at::Tensor* labels);
   const at::Tensor& output_weight() const { return config_->untie ? output_ : word_.weight; }
   void init_domino();
   int32_t embedding_module() const { return 0; }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <dtk/layers/fused_kernels.hpp>
 
 #include <utility>
 
@@ -20,7 +21,7 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 
 // RMSNorm over the last dimension (Megatron's RMSNorm, torch.nn.RMSNorm):
 //   y = T(T(x / sqrt(mean(x^2) + eps)) * weight), the normalisation in fp32, T = x's type.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const FusedKernels& kernels = {});
 
 // The same as LibTorch ops on any device: the reference the GPU kernel is tested against.
 at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -29,9 +30,9 @@ at::Tensor rms_norm_ops(const at::Tensor& x, const at::Tensor& weight, double ep
 // of one shape and type; the first result is the residual stream going on, the second the norm's
 // output (gradients flow into both).
 std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                                                 const at::Tensor& b, double eps);
+                                                 const at::Tensor& b, double eps, const FusedKernels& kernels = {});
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
-                                               const at::Tensor& weight, double eps);
+                                               const at::Tensor& weight, double eps, const FusedKernels& kernels = {});
 
 // Their LibTorch-op references on any device (what the GPU kernels are tested against).
 std::pair<at::Tensor, at::Tensor> add_layer_norm_ops(const at::Tensor& x, const at::Tensor& residual,

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <dtk/layers/fused_kernels.hpp>
 
 namespace dtk::layers {
 
 // x: [b, s, heads, head_dim]; cos, sin: fp32 [b, s, 1, dim] (each token's angles, dim <= head_dim,
 // even). Channels [0, dim) rotate: x cos + rotate_half(x) sin; the rest pass through.
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        const FusedKernels& kernels = {});
 
 // The same as LibTorch ops on any device: the reference the GPU kernel is tested against.
 at::Tensor apply_rotary_ops(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "../common/curves.hpp"
 #include "dtk/core/device/cuda_support.hpp"
@@ -84,6 +85,31 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
   ASSERT_EQ(chunked.run.code, 0) << chunked.run.out;
   ASSERT_EQ(whole.loss.size(), 50u) << whole.run.out;
   expect_same_curve(whole, chunked, 50, "chunked output layer against whole logits (bf16)", 3e-2);
+}
+
+// The layers' fused kernels against their LibTorch-op references end to end (issue 33:
+// model.unfused_kernels=all): gpt (add + LayerNorm twice per layer, bias + GELU) and llama
+// (add + RMSNorm, RMSNorm, SwiGLU, rotary), each in fp32 over 20 iterations (the kernels compute
+// in fp32 as the ops do: rounding differences only, 1e-4 as the GPU against the CPU) and in bf16
+// over 50 iterations of a model that learns (within bf16's tolerance).
+TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string unfused = "--set model.unfused_kernels=all ";
+  const std::string bf16 = "--set train.params_dtype=bf16 --set train.train_iters=50 --set lr.lr=3e-3 "
+                           "--set dataset.vocab_size=16 ";
+  for (const auto& [name, base] : {std::pair<std::string, std::string>{"gpt", kTrain}, {"llama", kLlama}}) {
+    const std::string gpu = base + "--set train.device=cuda ";
+    const Curve fused = curve(gpu, name + "-fused");
+    const Curve ops = curve(gpu + unfused, name + "-unfused");
+    ASSERT_EQ(fused.run.code, 0) << fused.run.out;
+    ASSERT_EQ(ops.loss.size(), 20u) << ops.run.out;
+    expect_same_curve(ops, fused, 20, name + ": fused kernels against their references (fp32)", 1e-4);
+    const Curve fused16 = curve(gpu + bf16, name + "-fused-bf16");
+    const Curve ops16 = curve(gpu + bf16 + unfused, name + "-unfused-bf16");
+    ASSERT_EQ(fused16.run.code, 0) << fused16.run.out;
+    ASSERT_EQ(ops16.loss.size(), 50u) << ops16.run.out;
+    expect_same_curve(ops16, fused16, 50, name + ": fused kernels against their references (bf16)", 3e-2);
+  }
 }
 
 // train.cuda_graphs (issue 33): from iteration 3 each micro-batch replays a recorded forward and

@@ -24,6 +24,9 @@ namespace dtk::layers::gpu {
 #if DTK_HAVE_CUDA && DTK_TORCH_CUDA
 namespace {
 
+// The norms' kernels index rows in 32 bits (their check_shape refuses more).
+constexpr int64_t kMaxRows = 0x7fffffffLL;
+
 bool element_type(at::ScalarType t, dtk::cuda::ElementType* out) {
   switch (t) {
     case at::kFloat: *out = dtk::cuda::ElementType::kFloat32; return true;
@@ -61,9 +64,9 @@ bool cross_entropy_rows(const at::Tensor& logits, const at::Tensor& col, const a
 bool rms_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   const int64_t hidden = x.dim() > 0 ? x.size(-1) : 0;
-  return x.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
+  return x.is_cuda() && weight.defined() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
          element_type(x.scalar_type(), &type) && weight.dim() == 1 && weight.size(0) == hidden && hidden > 0 &&
-         hidden <= dtk::cuda::kRmsNormMaxHidden;
+         hidden <= dtk::cuda::kRmsNormMaxHidden && x.numel() / hidden <= kMaxRows;
 }
 
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -128,14 +131,17 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, co
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(sum.scalar_type(), &type);
   const at::Tensor hc = sum.contiguous(), wc = weight.contiguous();
-  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous(), sc = dsum.to(sum.scalar_type()).contiguous();
+  // dsum undefined: only the norm's output is used (a final norm), nothing to add.
+  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous();
+  const at::Tensor sc = dsum.defined() ? dsum.to(sum.scalar_type()).contiguous() : at::Tensor();
+  const void* sp = sc.defined() ? sc.data_ptr() : nullptr;
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
   const auto f32 = sum.options().dtype(at::kFloat);
   at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows), hidden}, f32);
   at::Tensor dweight = at::empty({hidden}, f32);
   const c10::cuda::CUDAGuard guard(sum.device());
-  dtk::cuda::add_rms_norm_backward(gc.data_ptr(), sc.data_ptr(), hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
+  dtk::cuda::add_rms_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
                                    rstd.data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(),
                                    dweight.data_ptr<float>(), stream_of(sum));
   return {dx, dweight.to(weight.scalar_type())};
@@ -150,7 +156,7 @@ bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, con
            p.size(0) == hidden;
   };
   return x.is_cuda() && element_type(x.scalar_type(), &type) && same_as(x, residual) && param_fits(w) &&
-         param_fits(b) && hidden > 0 && hidden <= dtk::cuda::kLayerNormMaxHidden;
+         param_fits(b) && hidden > 0 && hidden <= dtk::cuda::kLayerNormMaxHidden && x.numel() / hidden <= kMaxRows;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
@@ -178,14 +184,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at:
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(sum.scalar_type(), &type);
   const at::Tensor hc = sum.contiguous(), wc = w.contiguous();
-  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous(), sc = dsum.to(sum.scalar_type()).contiguous();
+  // dsum undefined: only the norm's output is used (a final norm), nothing to add.
+  const at::Tensor gc = dy.to(sum.scalar_type()).contiguous();
+  const at::Tensor sc = dsum.defined() ? dsum.to(sum.scalar_type()).contiguous() : at::Tensor();
+  const void* sp = sc.defined() ? sc.data_ptr() : nullptr;
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
   const auto f32 = sum.options().dtype(at::kFloat);
   at::Tensor partial = at::empty({2, dtk::cuda::layer_norm_backward_blocks(rows), hidden}, f32);
   at::Tensor dw = at::empty({hidden}, f32), db = at::empty({hidden}, f32);
   const c10::cuda::CUDAGuard guard(sum.device());
-  dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sc.data_ptr(), hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
+  dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
                                      mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(),
                                      partial.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
                                      stream_of(sum));

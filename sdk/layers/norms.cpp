@@ -38,12 +38,14 @@ struct FusedAddRmsNorm : public torch::autograd::Function<FusedAddRmsNorm> {
     RECORD_FUNCTION("dtk::add_rms_norm", std::vector<c10::IValue>());
     auto [sum, y, rstd] = gpu::add_rms_norm_forward(x, residual, weight, eps);
     ctx->save_for_backward({sum, weight, rstd});
+    ctx->set_materialize_grads(false);  // an unused sum (a final norm's) has no gradient to read
     return {sum, y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     RECORD_FUNCTION("dtk::add_rms_norm_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
+    if (!grad[1].defined()) return {grad[0], grad[0], at::Tensor(), at::Tensor()};  // only the sum was used
     auto [dx, dweight] = gpu::add_rms_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2]);
     return {dx, dx, dweight, at::Tensor()};
   }
@@ -56,12 +58,14 @@ struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
     RECORD_FUNCTION("dtk::add_layer_norm", std::vector<c10::IValue>());
     auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, w, b, eps);
     ctx->save_for_backward({sum, w, mean, rstd});
+    ctx->set_materialize_grads(false);  // an unused sum (a final norm's) has no gradient to read
     return {sum, y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     RECORD_FUNCTION("dtk::add_layer_norm_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
+    if (!grad[1].defined()) return {grad[0], grad[0], at::Tensor(), at::Tensor(), at::Tensor()};  // only the sum
     auto [dx, dw, db] = gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3]);
     return {dx, dx, dw, db, at::Tensor()};
   }

@@ -95,6 +95,9 @@ void check_rms_norm(at::ScalarType type, int64_t hidden, double tol) {
   auto run = [&](bool fused) {
     at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     const at::Tensor y = fused ? dtk::layers::rms_norm(x, w, 1e-5) : dtk::layers::rms_norm_ops(x, w, 1e-5);
+    if (fused) {  // DTK's kernel ran, not the ops
+      EXPECT_NE(y.grad_fn()->name().find("FusedRmsNorm"), std::string::npos) << y.grad_fn()->name();
+    }
     torch::autograd::backward({y}, {dy});
     return std::vector<at::Tensor>{y.detach(), x.grad(), w.grad()};
   };
@@ -119,8 +122,12 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
 // The residual add and a norm, fused against the ops: both outputs (the sum going on in the
 // residual stream and the norm's output) with their own incoming gradients, so the backward adds
 // the stream's gradient to the norm's; x's and the residual's gradients, the weight's and (for
-// LayerNorm) the bias's. `rows` over the backward's 1024 blocks takes its loop over rows.
-void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol) {
+// LayerNorm) the bias's. `rows` over the backward's 1024 blocks x 8 warps takes its loop over
+// rows; hidden <= 768 (LayerNorm) or 1024 (RMSNorm) the warp-per-row backward, wider the
+// block-per-row one (8192: LayerNorm's 64 KB of shared memory). `norm_only`: only the norm's
+// output is used (a final norm), so the sum gets no gradient of its own.
+void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol,
+                    bool norm_only = false) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(13);
   const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});
@@ -139,7 +146,10 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
       EXPECT_NE(out.second.grad_fn()->name().find(layer ? "FusedAddLayerNorm" : "FusedAddRmsNorm"), std::string::npos)
           << out.second.grad_fn()->name();
     }
-    torch::autograd::backward({out.first, out.second}, {dsum, dy});
+    if (norm_only)
+      torch::autograd::backward({out.second}, {dy});
+    else
+      torch::autograd::backward({out.first, out.second}, {dsum, dy});
     return std::vector<at::Tensor>{
         out.first.detach(), out.second.detach(), x.grad(), r.grad(), w.grad(), layer ? b.grad() : at::zeros({1}, on)};
   };
@@ -153,8 +163,11 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
+  for (const int64_t hidden : {64, 100, 768, 1000, 4096, 8192}) check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
   check_add_norm(true, at::kFloat, 2100, 64, 1e-5);
+  check_add_norm(true, at::kFloat, 9000, 768, 1e-5);
+  check_add_norm(true, at::kFloat, 9000, 1000, 1e-5);
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true);
 }
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
@@ -162,18 +175,24 @@ TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
   // The same bf16 roundings of fp32 values one ulp apart at most.
   for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(true, at::kBFloat16, 148, hidden, 2e-2);
   check_add_norm(true, at::kBFloat16, 2100, 64, 2e-2);
+  check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2);
+  check_add_norm(true, at::kHalf, 300, 768, 2e-2);
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(false, at::kFloat, 148, hidden, 1e-5);
+  for (const int64_t hidden : {64, 100, 768, 1024, 1100, 4096}) check_add_norm(false, at::kFloat, 148, hidden, 1e-5);
   check_add_norm(false, at::kFloat, 2100, 64, 1e-5);
+  check_add_norm(false, at::kFloat, 9000, 768, 1e-5);
+  check_add_norm(false, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true);
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsBf16) {
   SKIP_WITHOUT_CUDA();
   for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(false, at::kBFloat16, 148, hidden, 2e-2);
   check_add_norm(false, at::kBFloat16, 2100, 64, 2e-2);
+  check_add_norm(false, at::kBFloat16, 9000, 768, 2e-2);
+  check_add_norm(false, at::kHalf, 300, 768, 2e-2);
 }
 
 // Bias + GELU, exact and tanh, fused against the ops: y, x's gradient and the bias's (the
@@ -257,6 +276,9 @@ void check_rotary(at::ScalarType type, int64_t dim, double tol) {
     at::Tensor p = projected.clone().requires_grad_(true);
     const at::Tensor x = p.narrow(-1, hd, hd);  // strided: unit stride in the head dimension only
     const at::Tensor y = fused ? dtk::layers::apply_rotary(x, cos, sin) : dtk::layers::apply_rotary_ops(x, cos, sin);
+    if (fused) {  // DTK's kernel ran, not the ops
+      EXPECT_NE(y.grad_fn()->name().find("FusedRotary"), std::string::npos) << y.grad_fn()->name();
+    }
     torch::autograd::backward({y}, {dy});
     return std::vector<at::Tensor>{y.detach(), p.grad()};
   };

@@ -1,12 +1,14 @@
 // Residual add + LayerNorm forward and backward (dtk/cuda/layer_norm.hpp). Forward: one warp per
 // row, eight rows a block: the row's sum written while its total is taken, then the squared
 // deviations from the mean (two passes over the row, which the warp itself just wrote: cached),
-// then the normalised row. Backward: a fixed grid of blocks, each taking rows blockIdx.x,
-// blockIdx.x + gridDim.x, ...; per row one block reduction of two dots (the incoming gradient
-// times the weight, and that times the normalised row), then dx written and the weight's and the
-// bias's gradients accumulated in shared memory, one column per thread (no atomics); a second
-// kernel adds the blocks' partial gradients in block order, so the result is the same on every
-// run.
+// then the normalised row. Backward: a warp per row too, where a row fits in the lanes' registers
+// (hidden <= 768): the row's incoming gradient and normalised input read once into registers, two
+// dots (the incoming gradient times the weight, and that times the normalised row) reduced over
+// the warp, dx written, and each warp's weight and bias gradients added up in its own rows of
+// shared memory; the block's warps then add theirs in warp order into the block's partial rows. Wider rows: a block per row (one block reduction of the
+// two dots per row, the gradients in shared memory, one column per thread). Either way no
+// atomics: a second kernel adds the blocks' partial gradients in a fixed order, so the result is
+// the same on every run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,22 +18,19 @@
 
 #include "dtk/cuda/layer_norm.hpp"
 #include "element.cuh"
+#include "norm_backward.cuh"
 
 namespace dtk::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;  // the forward's warps, a row each
-constexpr int kBackwardBlocks = 1024;
+using norm_backward::kThreads;
+using norm_backward::kWarps;
+using norm_backward::warp_sum;
+constexpr int kRowsPerBlock = kWarps;  // the forward's warps, a row each
 
 using element::from_float;
 using element::round_to;
 using element::to_float;
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // The sums of a and b over the block, in every thread (warp shuffles, then the warps' sums in
 // order).
@@ -80,9 +79,77 @@ __global__ void __launch_bounds__(kThreads)
     y[base + j] = from_float<T>((to_float(sum[base + j]) - mean) * rstd * to_float(w[j]) + to_float(b[j]));
 }
 
+// One column's input gradient: the norm's, rounded to T as the norm's backward writes it, plus
+// the residual stream's gradient (autograd's add of the two, rounded again) where there is one.
+template <class T>
+__device__ __forceinline__ T input_gradient(float g, float xhat, float wv, float r, float a, float c, const T* dsum,
+                                            int64_t at) {
+  const float d = r * (g * wv - a - xhat * c);
+  return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
+}
+
+// A warp per row, the row in registers: kColumns columns per lane (lane + 32 i), rows
+// blockIdx.x * kWarps + warp, then gridDim.x * kWarps further on. Each warp adds its rows' weight
+// and bias gradients into its own rows of shared memory (a lane, its own columns: no barrier, and
+// registers left for the loads in flight); at the end the block adds its warps' rows in warp order
+// into partial ([2][gridDim.x][hidden]: the block's weight gradient row and its bias gradient row).
+template <class T, int kColumns>
+__global__ void __launch_bounds__(kThreads, 3)
+    backward_warp_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
+                         const float* mean, const float* rstd, T* dx, float* partial) {
+  __shared__ float warps_grad[2][kWarps][kColumns * 32];  // each warp's weight gradient, and its bias gradient
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const float inv_n = 1.0f / static_cast<float>(hidden);
+  float* dw = warps_grad[0][warp];
+  float* db = warps_grad[1][warp];
+#pragma unroll
+  for (int i = 0; i < kColumns; ++i) dw[lane + 32 * i] = db[lane + 32 * i] = 0.0f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t base = row * hidden;
+    const float m = mean[row], r = rstd[row];
+    float xhat[kColumns], g[kColumns];
+    float gw_sum = 0.0f, gwx_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int j = lane + 32 * i;
+      xhat[i] = g[i] = 0.0f;
+      if (j < hidden) {
+        g[i] = to_float(dy[base + j]);
+        xhat[i] = (to_float(h[base + j]) - m) * r;
+        const float gw = g[i] * to_float(w[j]);
+        gw_sum += gw;
+        gwx_sum += gw * xhat[i];
+      }
+    }
+    const float a = warp_sum(gw_sum) * inv_n, c = warp_sum(gwx_sum) * inv_n;
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int j = lane + 32 * i;
+      if (j < hidden) {
+        dx[base + j] = input_gradient<T>(g[i], xhat[i], to_float(w[j]), r, a, c, dsum, base + j);
+        dw[j] += g[i] * xhat[i];
+        db[j] += g[i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int which = 0; which < 2; ++which) {
+    float* out = partial + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * hidden;
+    for (int j = threadIdx.x; j < hidden; j += kThreads) {
+      float total = 0.0f;
+      for (int k = 0; k < kWarps; ++k) total += warps_grad[which][k][j];
+      out[j] = total;
+    }
+  }
+}
+
+// A block per row (rows too wide for the lanes' registers): rows blockIdx.x, blockIdx.x +
+// gridDim.x, ...; per row one block reduction of the two dots, then dx written and the gradients
+// accumulated in shared memory, one column per thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden, const float* mean,
+    backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden, const float* mean,
                     const float* rstd, T* dx, float* partial) {
   extern __shared__ float grads[];  // this block's weight gradient [hidden], then its bias gradient [hidden]
   float* dw = grads;
@@ -104,10 +171,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = threadIdx.x; j < hidden; j += kThreads) {
       const float g = to_float(dy[base + j]);
       const float xhat = (to_float(h[base + j]) - m) * r;
-      // The norm's input gradient, rounded to T as the norm's backward writes it, plus the
-      // residual stream's gradient (autograd's add of the two, rounded again).
-      const float d = r * (g * to_float(w[j]) - a - xhat * c);
-      dx[base + j] = dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[base + j])) : from_float<T>(d);
+      dx[base + j] = input_gradient<T>(g, xhat, to_float(w[j]), r, a, c, dsum, base + j);
       dw[j] += g * xhat;
       db[j] += g;
     }
@@ -118,19 +182,6 @@ __global__ void __launch_bounds__(kThreads)
     pw[j] = dw[j];
     pb[j] = db[j];
   }
-}
-
-// dweight_j = sum_b partial[0][b][j], dbias_j = sum_b partial[1][b][j], b in order.
-__global__ void sum_partials(const float* partial, int blocks, int hidden, float* dweight, float* dbias) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= hidden) return;
-  float tw = 0.0f, tb = 0.0f;
-  for (int b = 0; b < blocks; ++b) {
-    tw += partial[static_cast<int64_t>(b) * hidden + j];
-    tb += partial[static_cast<int64_t>(blocks + b) * hidden + j];
-  }
-  dweight[j] = tw;
-  dbias[j] = tb;
 }
 
 void check(const char* what) {
@@ -152,26 +203,40 @@ void forward(const void* x, const void* res, const void* w, const void* b, int64
       static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
 }
 
+template <class T, int kColumns>
+void backward_warps(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int64_t hidden, const float* mean,
+                    const float* rstd, T* dx, float* partial, int blocks, StreamHandle stream) {
+  backward_warp_kernel<T, kColumns>
+      <<<blocks, kThreads, 0, stream>>>(dy, dsum, h, w, rows, static_cast<int>(hidden), mean, rstd, dx, partial);
+}
+
 template <class T>
-void backward(const void* dy, const void* dsum, const void* h, const void* w, int64_t rows, int64_t hidden,
-              const float* mean, const float* rstd, void* dx, float* partial, float* dweight, float* dbias,
+void backward(const void* dy_, const void* dsum_, const void* h_, const void* w_, int64_t rows, int64_t hidden,
+              const float* mean, const float* rstd, void* dx_, float* partial, float* dweight, float* dbias,
               StreamHandle stream) {
   const int blocks = static_cast<int>(layer_norm_backward_blocks(rows));
-  const size_t shared = 2 * static_cast<size_t>(hidden) * sizeof(float);
-  if (shared > 48 * 1024)
-    cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-  backward_kernel<T><<<blocks, kThreads, shared, stream>>>(
-      static_cast<const T*>(dy), static_cast<const T*>(dsum), static_cast<const T*>(h), static_cast<const T*>(w), rows,
-      static_cast<int>(hidden), mean, rstd, static_cast<T*>(dx), partial);
-  sum_partials<<<static_cast<unsigned>((hidden + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      partial, blocks, static_cast<int>(hidden), dweight, dbias);
+  const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *h = static_cast<const T*>(h_),
+          *w = static_cast<const T*>(w_);
+  T* dx = static_cast<T*>(dx_);
+  switch (norm_backward::columns_per_lane(hidden)) {
+    case 8: backward_warps<T, 8>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
+    case 16: backward_warps<T, 16>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
+    case 24: backward_warps<T, 24>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
+    default: {  // 32 columns a lane would need 64 KB of shared memory: the block kernel
+      const size_t shared = 2 * static_cast<size_t>(hidden) * sizeof(float);
+      if (shared > 48 * 1024)
+        cudaFuncSetAttribute(backward_block_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared));
+      backward_block_kernel<T><<<blocks, kThreads, shared, stream>>>(dy, dsum, h, w, rows, static_cast<int>(hidden),
+                                                                     mean, rstd, dx, partial);
+    }
+  }
+  norm_backward::sum_partials(partial, blocks, hidden, 2, dweight, dbias, stream);
 }
 
 }  // namespace
 
-int64_t layer_norm_backward_blocks(int64_t rows) {
-  return std::max<int64_t>(1, std::min<int64_t>(rows, kBackwardBlocks));
-}
+int64_t layer_norm_backward_blocks(int64_t rows) { return norm_backward::blocks(rows); }
 
 void add_layer_norm_forward(const void* x, const void* residual, const void* weight, const void* bias, ElementType type,
                             int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,

@@ -1,10 +1,13 @@
 // RMSNorm forward and backward, alone or after a residual add (dtk/cuda/rms_norm.hpp). Forward:
 // one warp per row (with a residual, the sum written first), the sum of squares reduced over the
-// warp, then the row written. Backward: a fixed grid of blocks, each
-// taking rows blockIdx.x, blockIdx.x + gridDim.x, ...; per row one block reduction (the dot of
-// the row's incoming gradient with it), then dx written and the weight gradient accumulated in
-// shared memory, one column per thread (no atomics); a second kernel adds the blocks' partial
-// weight gradients in block order, so the result is the same on every run.
+// warp, then the row written. Backward: a warp per row too, where a row fits in the lanes'
+// registers (hidden <= 1024): the row's incoming gradient and input read once into registers, the
+// dot reduced over the warp, dx written, and each warp's weight gradient added up in its own row
+// of shared memory over its rows; the block's warps then add theirs in warp order into the
+// block's partial row. Wider rows: a block per row (one block reduction per row,
+// the weight gradient in shared memory, one column per thread). Either way no atomics: a second
+// kernel adds the blocks' partial weight gradients in a fixed order, so the result is the same on
+// every run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,13 +17,15 @@
 
 #include "dtk/cuda/rms_norm.hpp"
 #include "element.cuh"
+#include "norm_backward.cuh"
 
 namespace dtk::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;  // the forward's warps, a row each
-constexpr int kBackwardBlocks = 1024;
+using norm_backward::kThreads;
+using norm_backward::kWarps;
+using norm_backward::warp_sum;
+constexpr int kRowsPerBlock = kWarps;  // the forward's warps, a row each
 
 using element::from_float;
 using element::to_float;
@@ -29,7 +34,7 @@ using element::round_to;
 // The sum of v over the block, in every thread (warp shuffles, then the warps' sums in order).
 __device__ float block_sum(float v) {
   __shared__ float warps[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  v = warp_sum(v);
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
   __syncthreads();
   float total = 0.0f;
@@ -64,49 +69,96 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* 
       squares += v * v;
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  squares = warp_sum(squares);
   const float r = rsqrtf(squares / static_cast<float>(hidden) + eps);
   if (lane == 0) rstd[row] = r;
   T* yr = y + row * hidden;
   for (int64_t j = lane; j < hidden; j += 32) yr[j] = from_float<T>(round_to<T>(to_float(xr[j]) * r) * to_float(w[j]));
 }
 
-// With dsum (the gradient of a residual add's sum, not null) dx is T(T(the norm's dx) + dsum), as
-// autograd adds the two gradients of the sum.
+// One column's input gradient from the row's r and c = mean_j(dn_j x_j), dn = T(dy w) (the
+// reference's product gradient in T): d/dx of x r with r = (mean x^2 + eps)^-1/2 is r dn - x r^3 c.
+// With dsum (the gradient of a residual add's sum) dx is T(T(the norm's dx) + dsum), as autograd
+// adds the two gradients of the sum.
 template <class T>
-__global__ void __launch_bounds__(kThreads) backward_kernel(const T* dy, const T* dsum, const T* x, const T* w,
-                                                            int64_t rows, int64_t hidden, const float* rstd, T* dx,
-                                                            float* partial) {
+__device__ __forceinline__ T input_gradient(float g, float xv, float wv, float r, float c, const T* dsum,
+                                            int64_t at) {
+  const float d = r * round_to<T>(g * wv) - xv * r * r * r * c;
+  return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
+}
+
+// A warp per row, the row in registers: kColumns columns per lane (lane + 32 i), rows
+// blockIdx.x * kWarps + warp, then gridDim.x * kWarps further on. Each warp adds its rows' weight
+// gradient into its own row of shared memory (a lane, its own columns: no barrier, and registers
+// left for the loads in flight); at the end the block adds its warps' rows in warp order into
+// partial, the block's weight gradient row.
+template <class T, int kColumns>
+__global__ void __launch_bounds__(kThreads, 3) backward_warp_kernel(const T* dy, const T* dsum, const T* x, const T* w,
+                                                                 int64_t rows, int hidden, const float* rstd, T* dx,
+                                                                 float* partial) {
+  __shared__ float warps_dw[kWarps][kColumns * 32];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  float* dw = warps_dw[warp];
+#pragma unroll
+  for (int i = 0; i < kColumns; ++i) dw[lane + 32 * i] = 0.0f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t base = row * hidden;
+    float xv[kColumns], gv[kColumns];
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int j = lane + 32 * i;
+      xv[i] = gv[i] = 0.0f;
+      if (j < hidden) {
+        xv[i] = to_float(x[base + j]);
+        gv[i] = to_float(dy[base + j]);
+        dot += round_to<T>(gv[i] * to_float(w[j])) * xv[i];
+      }
+    }
+    const float c = warp_sum(dot) / static_cast<float>(hidden);
+    const float r = rstd[row];
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const int j = lane + 32 * i;
+      if (j < hidden) {
+        dx[base + j] = input_gradient<T>(gv[i], xv[i], to_float(w[j]), r, c, dsum, base + j);
+        dw[j] += gv[i] * round_to<T>(xv[i] * r);
+      }
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    float total = 0.0f;
+    for (int k = 0; k < kWarps; ++k) total += warps_dw[k][j];
+    partial[static_cast<int64_t>(blockIdx.x) * hidden + j] = total;
+  }
+}
+
+// A block per row (rows too wide for the lanes' registers): rows blockIdx.x, blockIdx.x +
+// gridDim.x, ...; per row one block reduction, then dx written and the weight gradient
+// accumulated in shared memory, one column per thread.
+template <class T>
+__global__ void __launch_bounds__(kThreads) backward_block_kernel(const T* dy, const T* dsum, const T* x, const T* w,
+                                                                  int64_t rows, int64_t hidden, const float* rstd,
+                                                                  T* dx, float* partial) {
   extern __shared__ float dw[];  // this block's weight gradient, [hidden]
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) dw[j] = 0.0f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * hidden;
     const T* gr = dy + row * hidden;
     const float r = rstd[row];
-    // The reference: dn = T(dy w) (the product's gradient in T), c = sum_j dn_j x_j.
     float dot = 0.0f;
     for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
       dot += round_to<T>(to_float(gr[j]) * to_float(w[j])) * to_float(xr[j]);
     const float c = block_sum(dot) / static_cast<float>(hidden);
-    T* dxr = dx + row * hidden;
     for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
       const float xv = to_float(xr[j]), g = to_float(gr[j]);
-      const float dn = round_to<T>(g * to_float(w[j]));
-      // d/dx of x r with r = (mean x^2 + eps)^-1/2: r dn - x r^3 c.
-      const float d = r * dn - xv * r * r * r * c;
-      dxr[j] = dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[row * hidden + j])) : from_float<T>(d);
+      dx[row * hidden + j] = input_gradient<T>(g, xv, to_float(w[j]), r, c, dsum, row * hidden + j);
       dw[j] += g * round_to<T>(xv * r);
     }
   }
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) partial[blockIdx.x * hidden + j] = dw[j];
-}
-
-__global__ void sum_partials(const float* partial, int blocks, int64_t hidden, float* dweight) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= hidden) return;
-  float total = 0.0f;
-  for (int b = 0; b < blocks; ++b) total += partial[b * hidden + j];
-  dweight[j] = total;
 }
 
 void check(const char* what) {
@@ -128,23 +180,39 @@ void forward(const void* x, const void* res, const void* w, int64_t rows, int64_
       static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
 }
 
+template <class T, int kColumns>
+void backward_warps(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden,
+                    const float* rstd, T* dx, float* partial, int blocks, StreamHandle stream) {
+  backward_warp_kernel<T, kColumns>
+      <<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
+}
+
 template <class T>
-void backward(const void* dy, const void* dsum, const void* x, const void* w, int64_t rows, int64_t hidden,
-              const float* rstd, void* dx, float* partial, float* dweight, StreamHandle stream) {
+void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_, int64_t rows, int64_t hidden,
+              const float* rstd, void* dx_, float* partial, float* dweight, StreamHandle stream) {
   const int blocks = static_cast<int>(rms_norm_backward_blocks(rows));
-  const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
-  if (shared > 48 * 1024) cudaFuncSetAttribute(backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(shared));
-  backward_kernel<T><<<blocks, kThreads, shared, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(dsum),
-                                                           static_cast<const T*>(x), static_cast<const T*>(w), rows,
-                                                           hidden, rstd, static_cast<T*>(dx), partial);
-  sum_partials<<<static_cast<unsigned>((hidden + kThreads - 1) / kThreads), kThreads, 0, stream>>>(partial, blocks,
-                                                                                                   hidden, dweight);
+  const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *x = static_cast<const T*>(x_),
+          *w = static_cast<const T*>(w_);
+  T* dx = static_cast<T*>(dx_);
+  switch (norm_backward::columns_per_lane(hidden)) {
+    case 8: backward_warps<T, 8>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
+    case 16: backward_warps<T, 16>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
+    case 24: backward_warps<T, 24>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
+    case 32: backward_warps<T, 32>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
+    default: {
+      const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
+      if (shared > 48 * 1024)
+        cudaFuncSetAttribute(backward_block_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared));
+      backward_block_kernel<T><<<blocks, kThreads, shared, stream>>>(dy, dsum, x, w, rows, hidden, rstd, dx, partial);
+    }
+  }
+  norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, stream);
 }
 
 }  // namespace
 
-int64_t rms_norm_backward_blocks(int64_t rows) { return std::max<int64_t>(1, std::min<int64_t>(rows, kBackwardBlocks)); }
+int64_t rms_norm_backward_blocks(int64_t rows) { return norm_backward::blocks(rows); }
 
 void add_rms_norm_forward(const void* x, const void* residual, const void* weight, ElementType type, int64_t rows,
                           int64_t hidden, double eps, void* sum, void* y, float* rstd, StreamHandle stream) {

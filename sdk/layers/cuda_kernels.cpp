@@ -90,7 +90,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const 
   const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
   at::Tensor dx = at::empty_like(xc);
   const auto f32 = x.options().dtype(at::kFloat);
-  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows, hidden), hidden}, f32);
   at::Tensor dweight = at::empty({hidden}, f32);
   const c10::cuda::CUDAGuard guard(x.device());
   dtk::cuda::rms_norm_backward(gc.data_ptr(), xc.data_ptr(), wc.data_ptr(), type, rows, hidden,
@@ -138,7 +138,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, co
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
   const auto f32 = sum.options().dtype(at::kFloat);
-  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor partial = at::empty({dtk::cuda::rms_norm_backward_blocks(rows, hidden), hidden}, f32);
   at::Tensor dweight = at::empty({hidden}, f32);
   const c10::cuda::CUDAGuard guard(sum.device());
   dtk::cuda::add_rms_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
@@ -191,7 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at:
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
   const auto f32 = sum.options().dtype(at::kFloat);
-  at::Tensor partial = at::empty({2, dtk::cuda::layer_norm_backward_blocks(rows), hidden}, f32);
+  at::Tensor partial = at::empty({2, dtk::cuda::layer_norm_backward_blocks(rows, hidden), hidden}, f32);
   at::Tensor dw = at::empty({hidden}, f32), db = at::empty({hidden}, f32);
   const c10::cuda::CUDAGuard guard(sum.device());
   dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,

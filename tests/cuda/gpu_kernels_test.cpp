@@ -110,7 +110,7 @@ void check_rms_norm(at::ScalarType type, int64_t hidden, double tol) {
 
 TEST(GpuKernels, RmsNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_rms_norm(at::kFloat, hidden, 1e-5);
+  for (const int64_t hidden : {64, 100, 300, 768, 1024, 1100, 4096, 8192}) check_rms_norm(at::kFloat, hidden, 1e-5);
 }
 
 TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
@@ -125,9 +125,10 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
 // LayerNorm) the bias's. `rows` over the backward's 1024 blocks x 8 warps takes its loop over
 // rows; hidden <= 768 (LayerNorm) or 1024 (RMSNorm) the warp-per-row backward, wider the
 // block-per-row one (8192: LayerNorm's 64 KB of shared memory). `norm_only`: only the norm's
-// output is used (a final norm), so the sum gets no gradient of its own.
+// output is used (a final norm), so the sum gets no gradient of its own; `sum_only`: only the sum
+// is used, so the norm's output gets none.
 void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol,
-                    bool norm_only = false) {
+                    bool norm_only = false, bool sum_only = false) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(13);
   const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});
@@ -148,10 +149,15 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
     }
     if (norm_only)
       torch::autograd::backward({out.second}, {dy});
+    else if (sum_only)
+      torch::autograd::backward({out.first}, {dsum});
     else
       torch::autograd::backward({out.first, out.second}, {dsum, dy});
     return std::vector<at::Tensor>{
-        out.first.detach(), out.second.detach(), x.grad(), r.grad(), w.grad(), layer ? b.grad() : at::zeros({1}, on)};
+        out.first.detach(), out.second.detach(), x.grad(), r.grad(),
+        // Nothing reaches the norm's parameters when only the sum is used (undefined or zero).
+        sum_only || !w.grad().defined() ? at::zeros({1}, on) : w.grad(),
+        !layer || sum_only || !b.grad().defined() ? at::zeros({1}, on) : b.grad()};
   };
   const auto fused = run(true), ops = run(false);
   const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias"};
@@ -163,11 +169,13 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 1000, 4096, 8192}) check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
+  for (const int64_t hidden : {64, 100, 300, 512, 768, 1000, 4096, 8192})
+    check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
   check_add_norm(true, at::kFloat, 2100, 64, 1e-5);
   check_add_norm(true, at::kFloat, 9000, 768, 1e-5);
   check_add_norm(true, at::kFloat, 9000, 1000, 1e-5);
   check_add_norm(true, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true);
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, /*norm_only=*/false, /*sum_only=*/true);
 }
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
@@ -177,14 +185,17 @@ TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
   check_add_norm(true, at::kBFloat16, 2100, 64, 2e-2);
   check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2);
   check_add_norm(true, at::kHalf, 300, 768, 2e-2);
+  check_add_norm(true, at::kHalf, 300, 4096, 2e-2);
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 1024, 1100, 4096}) check_add_norm(false, at::kFloat, 148, hidden, 1e-5);
+  for (const int64_t hidden : {64, 100, 300, 512, 768, 1024, 1100, 4096, 8192})
+    check_add_norm(false, at::kFloat, 148, hidden, 1e-5);
   check_add_norm(false, at::kFloat, 2100, 64, 1e-5);
   check_add_norm(false, at::kFloat, 9000, 768, 1e-5);
   check_add_norm(false, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true);
+  check_add_norm(false, at::kFloat, 300, 768, 1e-5, /*norm_only=*/false, /*sum_only=*/true);
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsBf16) {
@@ -193,6 +204,7 @@ TEST(GpuKernels, AddRmsNormKernelEqualsOpsBf16) {
   check_add_norm(false, at::kBFloat16, 2100, 64, 2e-2);
   check_add_norm(false, at::kBFloat16, 9000, 768, 2e-2);
   check_add_norm(false, at::kHalf, 300, 768, 2e-2);
+  check_add_norm(false, at::kHalf, 300, 4096, 2e-2);
 }
 
 // Bias + GELU, exact and tanh, fused against the ops: y, x's gradient and the bias's (the

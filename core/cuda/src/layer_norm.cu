@@ -94,7 +94,7 @@ __device__ __forceinline__ T input_gradient(float g, float xhat, float wv, float
 // registers left for the loads in flight); at the end the block adds its warps' rows in warp order
 // into partial ([2][gridDim.x][hidden]: the block's weight gradient row and its bias gradient row).
 template <class T, int kColumns>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 24>())
     backward_warp_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
                          const float* mean, const float* rstd, T* dx, float* partial) {
   __shared__ float warps_grad[2][kWarps][kColumns * 32];  // each warp's weight gradient, and its bias gradient
@@ -214,7 +214,7 @@ template <class T>
 void backward(const void* dy_, const void* dsum_, const void* h_, const void* w_, int64_t rows, int64_t hidden,
               const float* mean, const float* rstd, void* dx_, float* partial, float* dweight, float* dbias,
               StreamHandle stream) {
-  const int blocks = static_cast<int>(layer_norm_backward_blocks(rows));
+  const int blocks = static_cast<int>(layer_norm_backward_blocks(rows, hidden));
   const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *h = static_cast<const T*>(h_),
           *w = static_cast<const T*>(w_);
   T* dx = static_cast<T*>(dx_);
@@ -236,7 +236,11 @@ void backward(const void* dy_, const void* dsum_, const void* h_, const void* w_
 
 }  // namespace
 
-int64_t layer_norm_backward_blocks(int64_t rows) { return norm_backward::blocks(rows); }
+int64_t layer_norm_backward_blocks(int64_t rows, int64_t hidden) {
+  // The warp-per-row kernel up to 24 columns a lane (backward()'s dispatch).
+  const int columns = norm_backward::columns_per_lane(hidden);
+  return norm_backward::blocks(rows, columns != 0 && columns <= 24);
+}
 
 void add_layer_norm_forward(const void* x, const void* residual, const void* weight, const void* bias, ElementType type,
                             int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace dtk::cuda::norm_backward {
 // Private to each kernel file that includes it (an unnamed namespace: no symbol shared between them).
@@ -21,11 +22,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The blocks a backward launches for `rows` (and so the partial gradients' rows): a warp per row
-// until kMaxBlocks blocks, then each warp loops over rows.
-inline int64_t blocks(int64_t rows) {
-  const int64_t needed = (rows + kWarps - 1) / kWarps;
+// The blocks a backward launches for `rows` (and so the partial gradients' rows). The warp-per-row
+// kernels (warp_rows: hidden fits the lanes' registers): a warp per row until kMaxBlocks blocks,
+// then each warp loops over rows; the block-per-row kernels: a block per row until kMaxBlocks.
+inline int64_t blocks(int64_t rows, bool warp_rows) {
+  const int64_t needed = warp_rows ? (rows + kWarps - 1) / kWarps : rows;
   return needed < 1 ? 1 : needed > kMaxBlocks ? kMaxBlocks : needed;
+}
+
+// The warp-per-row kernels' blocks per SM (__launch_bounds__' second argument): three, so that
+// three blocks' loads are in flight, where the registers allow it without spilling; two from
+// kTwoFrom columns a lane (RMSNorm's 32, LayerNorm's 24: it keeps more per row).
+template <int kColumns, int kTwoFrom>
+constexpr int min_blocks_per_sm() {
+  return kColumns >= kTwoFrom ? 2 : 3;
 }
 
 // Columns per lane of the warp-per-row kernels, which keep a row in registers: the smallest of

@@ -93,7 +93,7 @@ __device__ __forceinline__ T input_gradient(float g, float xv, float wv, float r
 // left for the loads in flight); at the end the block adds its warps' rows in warp order into
 // partial, the block's weight gradient row.
 template <class T, int kColumns>
-__global__ void __launch_bounds__(kThreads, 3) backward_warp_kernel(const T* dy, const T* dsum, const T* x, const T* w,
+__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 32>()) backward_warp_kernel(const T* dy, const T* dsum, const T* x, const T* w,
                                                                  int64_t rows, int hidden, const float* rstd, T* dx,
                                                                  float* partial) {
   __shared__ float warps_dw[kWarps][kColumns * 32];
@@ -190,7 +190,7 @@ void backward_warps(const T* dy, const T* dsum, const T* x, const T* w, int64_t 
 template <class T>
 void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_, int64_t rows, int64_t hidden,
               const float* rstd, void* dx_, float* partial, float* dweight, StreamHandle stream) {
-  const int blocks = static_cast<int>(rms_norm_backward_blocks(rows));
+  const int blocks = static_cast<int>(rms_norm_backward_blocks(rows, hidden));
   const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *x = static_cast<const T*>(x_),
           *w = static_cast<const T*>(w_);
   T* dx = static_cast<T*>(dx_);
@@ -212,7 +212,9 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
 
 }  // namespace
 
-int64_t rms_norm_backward_blocks(int64_t rows) { return norm_backward::blocks(rows); }
+int64_t rms_norm_backward_blocks(int64_t rows, int64_t hidden) {
+  return norm_backward::blocks(rows, norm_backward::columns_per_lane(hidden) != 0);
+}
 
 void add_rms_norm_forward(const void* x, const void* residual, const void* weight, ElementType type, int64_t rows,
                           int64_t hidden, double eps, void* sum, void* y, float* rstd, StreamHandle stream) {

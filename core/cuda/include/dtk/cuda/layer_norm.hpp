@@ -30,13 +30,13 @@ void add_layer_norm_forward(const void* x, const void* residual, const void* wei
                             int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
                             StreamHandle stream);
 
-// fp32 workspace the backward needs: [2, layer_norm_backward_blocks(rows), hidden].
-int64_t layer_norm_backward_blocks(int64_t rows);
+// fp32 workspace the backward needs: [2, layer_norm_backward_blocks(rows, hidden), hidden].
+int64_t layer_norm_backward_blocks(int64_t rows, int64_t hidden);
 
 // dy (the gradient of y), dsum (that of the sum, or null: none), sum, dx: [rows, hidden] of
 // `type`; weight [hidden] of `type`; mean, rstd from the forward. Writes dx (the gradient of both
 // x and residual), dweight and dbias (fp32 [hidden], summed over the rows in a fixed order:
-// deterministic), through `partial` (fp32 [2, layer_norm_backward_blocks(rows), hidden]).
+// deterministic), through `partial` (fp32 [2, layer_norm_backward_blocks(rows, hidden), hidden]).
 void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, const void* weight, ElementType type,
                              int64_t rows, int64_t hidden, const float* mean, const float* rstd, void* dx,
                              float* partial, float* dweight, float* dbias, StreamHandle stream);

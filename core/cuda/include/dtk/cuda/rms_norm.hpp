@@ -24,12 +24,12 @@ constexpr int64_t kRmsNormMaxHidden = 8192;
 void rms_norm_forward(const void* x, const void* weight, ElementType type, int64_t rows, int64_t hidden, double eps,
                       void* y, float* rstd, StreamHandle stream);
 
-// fp32 workspace the backward needs: [rms_norm_backward_blocks(rows), hidden].
-int64_t rms_norm_backward_blocks(int64_t rows);
+// fp32 workspace the backward needs: [rms_norm_backward_blocks(rows, hidden), hidden].
+int64_t rms_norm_backward_blocks(int64_t rows, int64_t hidden);
 
 // dy, x, dx: [rows, hidden] of `type`; weight [hidden] of `type`; rstd from the forward. Writes
 // dx and dweight (fp32 [hidden], summed over the rows in a fixed order: deterministic), through
-// `partial` (fp32 [rms_norm_backward_blocks(rows), hidden]).
+// `partial` (fp32 [rms_norm_backward_blocks(rows, hidden), hidden]).
 void rms_norm_backward(const void* dy, const void* x, const void* weight, ElementType type, int64_t rows,
                        int64_t hidden, const float* rstd, void* dx, float* partial, float* dweight,
                        StreamHandle stream);

@@ -48,19 +48,22 @@ mkdir -p build-gpu
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTK_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIX/usr" \
   -DCMAKE_LIBRARY_ARCHITECTURE=$MULTIARCH -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" \
-  -DDTK_BUILD_BENCHMARKS=OFF 2>&1 | tee build-gpu/configure.log | grep "DTK:"
+  -DDTK_BUILD_BENCHMARKS=ON 2>&1 | tee build-gpu/configure.log | grep "DTK:"
 status=configured
 if ((!CONFIGURE_ONLY)); then
   # What the GPU tests and the benchmark run (dtk, its plugins, the two gpu-labelled test
   # binaries), not the CPU suites: minutes of a GPU machine's lease saved. The whole log stays
   # in build-gpu/build.log.
-  cmake --build build-gpu -j "$(nproc)" --target dtk dtk_plugins dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests 2>&1 |
+  cmake --build build-gpu -j "$(nproc)" --target dtk dtk_plugins dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests \
+    dtk_bench_kernels 2>&1 |
     tee build-gpu/build.log | grep -E "error|FAILED|^ninja: " | head -40 || true
   [[ -x build-gpu/bin/dtk_gpu_training_tests ]] || { echo "gpu_check.sh: the build failed (build-gpu/build.log)"; exit 1; }
   build-gpu/bin/dtk --version
   (cd build-gpu && ctest -L gpu -j 4 --output-on-failure --timeout 300) 2>&1 | tee build-gpu/ctest.log | tail -40 && status="gpu tests passed" ||
     status="gpu tests FAILED"
   if ((BENCH)) && [[ -n $GPU ]]; then
+    # Each fused layer kernel against its ops at GPT-2's and Llama's shapes, and a copy's rate.
+    build-gpu/bin/dtk_bench_kernels 2>&1 | tee "${OUT:-build-gpu}/kernels.txt" || status="$status; kernel benchmark FAILED"
     # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
     # The variants measure, in the same call, the fused cross entropy kernel against its ops, the
     # layers' fused kernels against their ops (model.unfused_kernels=all) and the step replayed

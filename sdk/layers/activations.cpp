@@ -72,8 +72,9 @@ at::Tensor column_linear_gelu(const ColumnParallelLinear& fc, const at::Tensor& 
                               const FusedKernels& kernels) {
   // The kernel's conditions, known before the product: x W^T has x's type and device and the
   // bias's size. Sequence parallelism gathers the input inside fc.forward: the plain path.
-  if (kernels.bias_gelu && fc.bias.defined() && !fc.tp.splits_sequence() && x.scalar_type() == fc.weight.scalar_type() &&
-      x.device() == fc.weight.device() && gpu::bias_gelu_applies(x.device(), x.scalar_type(), fc.bias))
+  if (kernels.bias_gelu && fc.bias.defined() && !fc.tp.splits_sequence() &&
+      x.scalar_type() == fc.weight.scalar_type() && x.device() == fc.weight.device() &&
+      gpu::bias_gelu_applies(x.device(), x.scalar_type(), fc.bias))
     return FusedBiasGelu::apply(dtk::linear(copy_to_tp_region(x, fc.tp), fc.weight), fc.bias, tanh);
   return gelu(fc.forward(x), tanh);
 }

@@ -396,7 +396,10 @@ ResidualStream DecoderLM::plain_layers(const at::Tensor& h, const at::Tensor& po
   for (const auto& [first, last] : recompute_groups()) {
     if (next < first) y = layers(next, first)(y, rng_);
     const LayerRun group = layers(first, last);
-    y = {recompute(y.sum(), rng_, [group](const at::Tensor& x, DropoutRng& rng) { return group({x, {}}, rng).sum(); }),
+    y = {recompute(y.sum(), rng_,
+                   [group](const at::Tensor& x, DropoutRng& rng) {
+                     return group({x, {}}, rng).sum();
+                   }),
          {}};
     next = last;
   }

@@ -3,26 +3,31 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 namespace dtk::layers {
 
 FusedKernels unfused_kernels(const std::string& list) {
+  static const std::pair<const char*, bool FusedKernels::*> kNames[] = {{"add_norm", &FusedKernels::add_norm},
+                                                                        {"rms_norm", &FusedKernels::rms_norm},
+                                                                        {"bias_gelu", &FusedKernels::bias_gelu},
+                                                                        {"swiglu", &FusedKernels::swiglu},
+                                                                        {"rotary", &FusedKernels::rotary}};
   FusedKernels k;
-  size_t start = 0;
-  while (start <= list.size()) {
+  for (size_t start = 0; start <= list.size();) {
     const size_t comma = std::min(list.find(',', start), list.size());
     std::string name = list.substr(start, comma - start);
+    start = comma + 1;
     name.erase(0, name.find_first_not_of(' '));
     name.erase(name.find_last_not_of(' ') + 1);
-    start = comma + 1;
     if (name.empty()) continue;
-    if (name == "all") k = {false, false, false, false, false};
-    else if (name == "add_norm") k.add_norm = false;
-    else if (name == "rms_norm") k.rms_norm = false;
-    else if (name == "bias_gelu") k.bias_gelu = false;
-    else if (name == "swiglu") k.swiglu = false;
-    else if (name == "rotary") k.rotary = false;
-    else throw std::invalid_argument("unknown kernel '" + name + "' (" + kFusedKernelNames + ", all)");
+    bool known = false;
+    for (const auto& [known_name, field] : kNames) {
+      if (name != known_name && name != "all") continue;
+      k.*field = false;
+      known = true;
+    }
+    if (!known) throw std::invalid_argument("unknown kernel '" + name + "' (" + kFusedKernelNames + ", all)");
   }
   return k;
 }

@@ -127,8 +127,8 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
 // block-per-row one (8192: LayerNorm's 64 KB of shared memory). `norm_only`: only the norm's
 // output is used (a final norm), so the sum gets no gradient of its own; `sum_only`: only the sum
 // is used, so the norm's output gets none.
-void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol,
-                    bool norm_only = false, bool sum_only = false) {
+void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol, bool norm_only = false,
+                    bool sum_only = false) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(13);
   const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});

@@ -95,8 +95,9 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
 TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   SKIP_WITHOUT_GPU_TRAINING();
   const std::string unfused = "--set model.unfused_kernels=all ";
-  const std::string bf16 = "--set train.params_dtype=bf16 --set train.train_iters=50 --set lr.lr=3e-3 "
-                           "--set dataset.vocab_size=16 ";
+  const std::string bf16 =
+      "--set train.params_dtype=bf16 --set train.train_iters=50 --set lr.lr=3e-3 "
+      "--set dataset.vocab_size=16 ";
   for (const auto& [name, base] : {std::pair<std::string, std::string>{"gpt", kTrain}, {"llama", kLlama}}) {
     const std::string gpu = base + "--set train.device=cuda ";
     const Curve fused = curve(gpu, name + "-fused");

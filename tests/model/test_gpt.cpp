@@ -589,7 +589,10 @@ TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
     EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
   }
   try {
-    GPT m(Opts{{"num_layers", "1"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"},
+    GPT m(Opts{{"num_layers", "1"},
+               {"hidden_size", "16"},
+               {"num_attention_heads", "4"},
+               {"seq_length", "8"},
                {"unfused_kernels", "add_norm,gelu"}});
     ADD_FAILURE() << "an unknown kernel name accepted";
   } catch (const std::exception& e) {

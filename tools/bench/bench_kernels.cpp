@@ -75,8 +75,7 @@ struct Case {
   Forward f;
 };
 
-at::Tensor input(const Setup& s, std::vector<int64_t> shape, double scale = 1.0, double shift = 0.0,
-                 bool grad = true) {
+at::Tensor input(const Setup& s, std::vector<int64_t> shape, double scale = 1.0, double shift = 0.0, bool grad = true) {
   at::Tensor t = (at::randn(shape, at::TensorOptions().device(s.device)) * scale + shift).to(s.type);
   return grad ? t.requires_grad_(true) : t;
 }
@@ -87,7 +86,10 @@ std::vector<Case> cases(const Setup& s) {
   std::vector<Case> out;
   const at::Tensor w = input(s, {h}, 0.1, 1.0), b = input(s, {h}, 0.1);
   // gpt: the residual add and LayerNorm (after the attention, and before each next layer).
-  out.push_back({"add_layer_norm", rows + std::to_string(h), 8, h,
+  out.push_back({"add_layer_norm",
+                 rows + std::to_string(h),
+                 8,
+                 h,
                  {input(s, {r, h}), input(s, {r, h}), w, b},
                  {input(s, {r, h}, 1, 0, false), input(s, {r, h}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
@@ -95,28 +97,40 @@ std::vector<Case> cases(const Setup& s) {
                    return std::vector<at::Tensor>{sum, y};
                  }});
   // llama: the same with RMSNorm, and RMSNorm alone (the first layer's input norm).
-  out.push_back({"add_rms_norm", rows + std::to_string(h), 8, h,
+  out.push_back({"add_rms_norm",
+                 rows + std::to_string(h),
+                 8,
+                 h,
                  {input(s, {r, h}), input(s, {r, h}), w},
                  {input(s, {r, h}, 1, 0, false), input(s, {r, h}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
                    auto [sum, y] = dtk::layers::add_rms_norm(in[0], in[1], in[2], 1e-5, k);
                    return std::vector<at::Tensor>{sum, y};
                  }});
-  out.push_back({"rms_norm", rows + std::to_string(h), 5, h,
+  out.push_back({"rms_norm",
+                 rows + std::to_string(h),
+                 5,
+                 h,
                  {input(s, {r, h}), w},
                  {input(s, {r, h}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
                    return std::vector<at::Tensor>{dtk::layers::rms_norm(in[0], in[1], 1e-5, k)};
                  }});
   // gpt: the MLP's bias + GELU (tanh, GPT-2's), its bias gradient in the same backward pass.
-  out.push_back({"bias_gelu", rows + std::to_string(gpt_ffn), 5, gpt_ffn,
+  out.push_back({"bias_gelu",
+                 rows + std::to_string(gpt_ffn),
+                 5,
+                 gpt_ffn,
                  {input(s, {r, gpt_ffn}), input(s, {gpt_ffn}, 0.1)},
                  {input(s, {r, gpt_ffn}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
                    return std::vector<at::Tensor>{dtk::layers::bias_gelu(in[0], in[1], true, k)};
                  }});
   // llama: SwiGLU's silu(gate) * up.
-  out.push_back({"swiglu", rows + std::to_string(llama_ffn), 8, llama_ffn,
+  out.push_back({"swiglu",
+                 rows + std::to_string(llama_ffn),
+                 8,
+                 llama_ffn,
                  {input(s, {r, llama_ffn}, 3), input(s, {r, llama_ffn})},
                  {input(s, {r, llama_ffn}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
@@ -127,7 +141,10 @@ std::vector<Case> cases(const Setup& s) {
   const int64_t b_seqs = std::max<int64_t>(1, r / 1024), seq = r / b_seqs;
   const at::Tensor angles = at::randn({b_seqs, seq, 1, hd}, at::TensorOptions().device(s.device)) * 3;
   const at::Tensor cos = angles.cos(), sin = angles.sin();
-  out.push_back({"apply_rotary", std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 16 x 64", 4, 16 * hd,
+  out.push_back({"apply_rotary",
+                 std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 16 x 64",
+                 4,
+                 16 * hd,
                  {input(s, {b_seqs, seq, 16 + 4, hd}), cos, sin},
                  {input(s, {b_seqs, seq, 12, hd}, 1, 0, false), input(s, {b_seqs, seq, 4, hd}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {

@@ -5,10 +5,10 @@
 // (hidden <= 768): the row's incoming gradient and normalised input read once into registers, two
 // dots (the incoming gradient times the weight, and that times the normalised row) reduced over
 // the warp, dx written, and each warp's weight and bias gradients added up in its own rows of
-// shared memory; the block's warps then add theirs in warp order into the block's partial rows. Wider rows: a block per row (one block reduction of the
-// two dots per row, the gradients in shared memory, one column per thread). Either way no
-// atomics: a second kernel adds the blocks' partial gradients in a fixed order, so the result is
-// the same on every run.
+// shared memory; the block's warps then add theirs in warp order into the block's partial rows.
+// Wider rows: a block per row (one block reduction of the two dots per row, the gradients in
+// shared memory, one column per thread). Either way no atomics: a second kernel adds the blocks'
+// partial gradients in a fixed order, so the result is the same on every run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
 // accumulated in shared memory, one column per thread.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden, const float* mean,
-                    const float* rstd, T* dx, float* partial) {
+    backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
+                          const float* mean, const float* rstd, T* dx, float* partial) {
   extern __shared__ float grads[];  // this block's weight gradient [hidden], then its bias gradient [hidden]
   float* dw = grads;
   float* db = grads + hidden;
@@ -219,9 +219,15 @@ void backward(const void* dy_, const void* dsum_, const void* h_, const void* w_
           *w = static_cast<const T*>(w_);
   T* dx = static_cast<T*>(dx_);
   switch (norm_backward::columns_per_lane(hidden)) {
-    case 8: backward_warps<T, 8>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
-    case 16: backward_warps<T, 16>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
-    case 24: backward_warps<T, 24>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream); break;
+    case 8:
+      backward_warps<T, 8>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
+      break;
+    case 16:
+      backward_warps<T, 16>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
+      break;
+    case 24:
+      backward_warps<T, 24>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
+      break;
     default: {  // 32 columns a lane would need 64 KB of shared memory: the block kernel
       const size_t shared = 2 * static_cast<size_t>(hidden) * sizeof(float);
       if (shared > 48 * 1024)

@@ -4,10 +4,9 @@
 // registers (hidden <= 1024): the row's incoming gradient and input read once into registers, the
 // dot reduced over the warp, dx written, and each warp's weight gradient added up in its own row
 // of shared memory over its rows; the block's warps then add theirs in warp order into the
-// block's partial row. Wider rows: a block per row (one block reduction per row,
-// the weight gradient in shared memory, one column per thread). Either way no atomics: a second
-// kernel adds the blocks' partial weight gradients in a fixed order, so the result is the same on
-// every run.
+// block's partial row. Wider rows: a block per row (one block reduction per row, the weight
+// gradient in shared memory, one column per thread). Either way no atomics: a second kernel adds
+// the blocks' partial weight gradients in a fixed order, so the result is the same on every run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -81,8 +80,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* x, const T* 
 // With dsum (the gradient of a residual add's sum) dx is T(T(the norm's dx) + dsum), as autograd
 // adds the two gradients of the sum.
 template <class T>
-__device__ __forceinline__ T input_gradient(float g, float xv, float wv, float r, float c, const T* dsum,
-                                            int64_t at) {
+__device__ __forceinline__ T input_gradient(float g, float xv, float wv, float r, float c, const T* dsum, int64_t at) {
   const float d = r * round_to<T>(g * wv) - xv * r * r * r * c;
   return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
 }
@@ -93,9 +91,9 @@ __device__ __forceinline__ T input_gradient(float g, float xv, float wv, float r
 // left for the loads in flight); at the end the block adds its warps' rows in warp order into
 // partial, the block's weight gradient row.
 template <class T, int kColumns>
-__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 32>()) backward_warp_kernel(const T* dy, const T* dsum, const T* x, const T* w,
-                                                                 int64_t rows, int hidden, const float* rstd, T* dx,
-                                                                 float* partial) {
+__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 32>())
+    backward_warp_kernel(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int hidden,
+                         const float* rstd, T* dx, float* partial) {
   __shared__ float warps_dw[kWarps][kColumns * 32];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* dw = warps_dw[warp];
@@ -139,9 +137,9 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
 // gridDim.x, ...; per row one block reduction, then dx written and the weight gradient
 // accumulated in shared memory, one column per thread.
 template <class T>
-__global__ void __launch_bounds__(kThreads) backward_block_kernel(const T* dy, const T* dsum, const T* x, const T* w,
-                                                                  int64_t rows, int64_t hidden, const float* rstd,
-                                                                  T* dx, float* partial) {
+__global__ void __launch_bounds__(kThreads)
+    backward_block_kernel(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden,
+                          const float* rstd, T* dx, float* partial) {
   extern __shared__ float dw[];  // this block's weight gradient, [hidden]
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) dw[j] = 0.0f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -181,8 +179,8 @@ void forward(const void* x, const void* res, const void* w, int64_t rows, int64_
 }
 
 template <class T, int kColumns>
-void backward_warps(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden,
-                    const float* rstd, T* dx, float* partial, int blocks, StreamHandle stream) {
+void backward_warps(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden, const float* rstd,
+                    T* dx, float* partial, int blocks, StreamHandle stream) {
   backward_warp_kernel<T, kColumns>
       <<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
 }
@@ -195,10 +193,18 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
           *w = static_cast<const T*>(w_);
   T* dx = static_cast<T*>(dx_);
   switch (norm_backward::columns_per_lane(hidden)) {
-    case 8: backward_warps<T, 8>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
-    case 16: backward_warps<T, 16>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
-    case 24: backward_warps<T, 24>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
-    case 32: backward_warps<T, 32>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream); break;
+    case 8:
+      backward_warps<T, 8>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream);
+      break;
+    case 16:
+      backward_warps<T, 16>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream);
+      break;
+    case 24:
+      backward_warps<T, 24>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream);
+      break;
+    case 32:
+      backward_warps<T, 32>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream);
+      break;
     default: {
       const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
       if (shared > 48 * 1024)

@@ -57,8 +57,9 @@ class GPTModel : public DecoderLM {
     return layer_norm(x, final_norm_[0], final_norm_[1], c_.eps);
   }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
-    return x.branch.defined() ? add_layer_norm(x.stream, x.branch, final_norm_[0], final_norm_[1], c_.eps, c_.kernels).second
-                              : final_norm(x.stream);
+    return x.branch.defined()
+               ? add_layer_norm(x.stream, x.branch, final_norm_[0], final_norm_[1], c_.eps, c_.kernels).second
+               : final_norm(x.stream);
   }
 
   Config c_;

@@ -33,8 +33,9 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
                                        DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
   // x = the previous layer's stream + its MLP branch, added by the first LayerNorm's kernel.
-  const auto [x, normed_in] = in.branch.defined() ? add_layer_norm(in.stream, in.branch, ln1_w, ln1_b, c_.eps, c_.kernels)
-                                                  : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
+  const auto [x, normed_in] = in.branch.defined()
+                                  ? add_layer_norm(in.stream, in.branch, ln1_w, ln1_b, c_.eps, c_.kernels)
+                                  : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
   const at::Tensor projected = qkv.forward(normed_in);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
@@ -48,8 +49,9 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   const at::Tensor context =
       c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
-  const auto [h, normed] = add_layer_norm(
-      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b, c_.eps, c_.kernels);
+  const auto [h, normed] =
+      add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b,
+                     c_.eps, c_.kernels);
   // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
   at::Tensor mlp = fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
   return {h, dropout(mlp, c_.hidden_dropout, training, rng.hidden, tp_)};

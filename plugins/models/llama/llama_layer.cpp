@@ -175,15 +175,17 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
                   [&](const at::Tensor& probs) { return dropout(probs, p, training, r.attention); });
   };
   // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
-  const auto [x, normed_in] = in.branch.defined() ? add_rms_norm(in.stream, in.branch, input_norm, c_.eps, c_.kernels)
-                                                  : std::pair{in.stream, rms_norm(in.stream, input_norm, c_.eps, c_.kernels)};
+  const auto [x, normed_in] = in.branch.defined()
+                                  ? add_rms_norm(in.stream, in.branch, input_norm, c_.eps, c_.kernels)
+                                  : std::pair{in.stream, rms_norm(in.stream, input_norm, c_.eps, c_.kernels)};
   const at::Tensor projected = qkv.forward(normed_in);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
   const at::Tensor context = c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng);
   // h = x + dropout(attention's output) and its RMSNorm in one (the dropout stays on the branch).
-  const auto [h, normed] = add_rms_norm(
-      x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp), post_attention_norm, c_.eps, c_.kernels);
+  const auto [h, normed] =
+      add_rms_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp),
+                   post_attention_norm, c_.eps, c_.kernels);
   return {h, dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp)};
 }
 

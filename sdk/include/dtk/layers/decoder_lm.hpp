@@ -105,10 +105,10 @@ struct ResidualStream {
 
 // DTK's fused GPU kernels a model's layers leave out (fused_kernels.hpp); Megatron's
 // --no-bias-gelu-fusion, --no-bias-swiglu-fusion and --no-rope-fusion map here.
-inline constexpr dtk_option_spec kUnfusedKernelsOption =
-    opt_string("unfused_kernels", "",
-               "DTK's GPU kernels to leave out, comma-separated (add_norm, rms_norm, bias_gelu, swiglu, rotary, or all): "
-               "the layers run LibTorch ops there instead. No effect on the CPU, which runs the ops always.");
+inline constexpr dtk_option_spec kUnfusedKernelsOption = opt_string(
+    "unfused_kernels", "",
+    "DTK's GPU kernels to leave out, comma-separated (add_norm, rms_norm, bias_gelu, swiglu, rotary, or all): "
+    "the layers run LibTorch ops there instead. No effect on the CPU, which runs the ops always.");
 
 // One transformer layer of a decoder LM: [b, s, h] -> [b, s, h].
 class DecoderLayer {

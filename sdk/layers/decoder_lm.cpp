@@ -379,7 +379,9 @@ ResidualStream DecoderLM::plain_layers(const at::Tensor& h, const at::Tensor& po
     const ModuleHooks* hooks = &hooks_;
     const bool training = training_;
     return [run, hooks, positions, mask, training](ResidualStream y, DropoutRng& rng) {
-      for (const auto& [layer, module] : run) {
+      for (const auto& entry : run) {
+        const DecoderLayer* layer = entry.first;  // not a structured binding: the lambda below captures it
+        const int32_t module = entry.second;
         if (!hooks->active()) {
           y = layer->forward_residual(y, positions, mask, rng, training);
           continue;

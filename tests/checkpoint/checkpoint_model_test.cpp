@@ -84,7 +84,7 @@ TEST(CheckpointModel, OptionsThatKeepTheFunctionMayDiffer) {
   const std::string& ck = checkpoint();
   const Result r = run_dtk(kLlama + "--set model.rotary_base=5e5 --set model.fused_lm_head=false "
                                     "--set model.hidden_dropout=0.1 --set model.recompute_activations=full "
-                                    "--set checkpoint.load=" + ck);
+                                    "--set model.unfused_kernels=all --set checkpoint.load=" + ck);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("loaded checkpoint from " + ck + " at iteration 2"), std::string::npos) << r.out;
 }

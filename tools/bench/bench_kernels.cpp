@@ -136,21 +136,19 @@ std::vector<Case> cases(const Setup& s) {
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
                    return std::vector<at::Tensor>{dtk::layers::swiglu(in[0], in[1], k)};
                  }});
-  // llama: rotary on the queries (12 heads) and keys (4), split from one projection as the layer
-  // splits them (strided), with the angles of 32 x 1024 positions.
+  // llama: rotary on the queries (12 heads) and keys (4), strided as the layer's split of one
+  // projection leaves them (a head's 64 channels apart by the projection's row), with the angles
+  // of 32 x 1024 positions. Each its own leaf: the timing holds the rotary passes alone.
   const int64_t b_seqs = std::max<int64_t>(1, r / 1024), seq = r / b_seqs;
   const at::Tensor angles = at::randn({b_seqs, seq, 1, hd}, at::TensorOptions().device(s.device)) * 3;
   const at::Tensor cos = angles.cos(), sin = angles.sin();
-  out.push_back({"apply_rotary",
-                 std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 16 x 64",
-                 4,
-                 16 * hd,
-                 {input(s, {b_seqs, seq, 16 + 4, hd}), cos, sin},
+  out.push_back({"apply_rotary", std::to_string(b_seqs) + " x " + std::to_string(seq) + " x (12+4) x 64", 4, 16 * hd,
+                 {input(s, {b_seqs, seq, 12, 2 * hd}), input(s, {b_seqs, seq, 4, 2 * hd}), cos, sin},
                  {input(s, {b_seqs, seq, 12, hd}, 1, 0, false), input(s, {b_seqs, seq, 4, hd}, 1, 0, false)},
                  [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
-                   const at::Tensor q = in[0].narrow(2, 0, 12), key = in[0].narrow(2, 12, 4);
-                   return std::vector<at::Tensor>{dtk::layers::apply_rotary(q, in[1], in[2], k),
-                                                  dtk::layers::apply_rotary(key, in[1], in[2], k)};
+                   const at::Tensor q = in[0].narrow(3, 0, 64), key = in[1].narrow(3, 0, 64);
+                   return std::vector<at::Tensor>{dtk::layers::apply_rotary(q, in[2], in[3], k),
+                                                  dtk::layers::apply_rotary(key, in[2], in[3], k)};
                  }});
   return out;
 }

@@ -554,9 +554,12 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
-  if (f == "--no-rope-fusion") s.unfused_kernels.push_back("rotary");
-  if (f == "--no-bias-gelu-fusion") s.unfused_kernels.push_back("bias_gelu");
-  if (f == "--no-bias-swiglu-fusion") s.unfused_kernels.push_back("swiglu");
+  const char* kernel = f == "--no-rope-fusion"          ? "rotary"
+                       : f == "--no-bias-gelu-fusion"   ? "bias_gelu"
+                       : f == "--no-bias-swiglu-fusion" ? "swiglu"
+                                                        : nullptr;
+  if (kernel && std::find(s.unfused_kernels.begin(), s.unfused_kernels.end(), kernel) == s.unfused_kernels.end())
+    s.unfused_kernels.push_back(kernel);
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;

@@ -37,7 +37,6 @@ struct Rule {
   const char* note;
 };
 
-constexpr const char* kCudaFusion = "a CUDA kernel-fusion switch: no effect on the CPU path";
 constexpr const char* kDtkFusion =
     "the layers run LibTorch ops instead of DTK's kernel on a GPU (no effect on the CPU); several such flags add up";
 constexpr const char* kLlama = "the llama model (with --position-embedding-type rope --normalization RMSNorm --swiglu)";
@@ -132,7 +131,8 @@ const Rule kRules[] = {
     {"--no-persist-layer-norm", 0, Kind::kIgnore, "",
      "Apex's persistent LayerNorm kernel; DTK's LayerNorm is ATen's (its add + norm kernel: "
      "model.unfused_kernels=add_norm)"},
-    {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "", kCudaFusion},
+    {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "",
+     "Megatron's switch for overlapping the column-parallel layers' input-gradient all-reduce with their weight-gradient product; DTK has no such switch"},
     {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
     {"--cross-entropy-loss-fusion", 0, Kind::kIgnore, "",
      "a CUDA kernel-fusion switch; DTK's own fused output layer and cross entropy is model.fused_lm_head (on)"},

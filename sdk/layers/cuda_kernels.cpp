@@ -13,6 +13,7 @@
 
 #include "dtk/cuda/bias_gelu.hpp"
 #include "dtk/cuda/cross_entropy.hpp"
+#include "dtk/cuda/dropout.hpp"
 #include "dtk/cuda/layer_norm.hpp"
 #include "dtk/cuda/rms_norm.hpp"
 #include "dtk/cuda/rotary.hpp"
@@ -147,8 +148,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, co
   return {dx, dweight.to(weight.scalar_type())};
 }
 
-bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                            const at::Tensor& b) {
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& residual_bias,
+                            const at::Tensor& w, const at::Tensor& b) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   const int64_t hidden = x.dim() > 0 ? x.size(-1) : 0;
   const auto param_fits = [&](const at::Tensor& p) {
@@ -156,31 +157,33 @@ bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, con
            p.size(0) == hidden;
   };
   return x.is_cuda() && element_type(x.scalar_type(), &type) && same_as(x, residual) && param_fits(w) &&
-         param_fits(b) && hidden > 0 && hidden <= dtk::cuda::kLayerNormMaxHidden && x.numel() / hidden <= kMaxRows;
+         param_fits(b) && (!residual_bias.defined() || param_fits(residual_bias)) && hidden > 0 &&
+         hidden <= dtk::cuda::kLayerNormMaxHidden && x.numel() / hidden <= kMaxRows;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
                                                                                   const at::Tensor& residual,
+                                                                                  const at::Tensor& residual_bias,
                                                                                   const at::Tensor& w,
                                                                                   const at::Tensor& b, double eps) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(x.scalar_type(), &type);
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = w.contiguous(), bc = b.contiguous();
+  const at::Tensor cc = residual_bias.defined() ? residual_bias.contiguous() : at::Tensor();
   const int64_t hidden = x.size(-1), rows = x.numel() / hidden;
   at::Tensor sum = at::empty_like(xc), y = at::empty_like(xc);
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor mean = at::empty({rows}, f32), rstd = at::empty({rows}, f32);
   const c10::cuda::CUDAGuard guard(x.device());
-  dtk::cuda::add_layer_norm_forward(xc.data_ptr(), rc.data_ptr(), wc.data_ptr(), bc.data_ptr(), type, rows, hidden,
-                                    eps, sum.data_ptr(), y.data_ptr(), mean.data_ptr<float>(),
-                                    rstd.data_ptr<float>(), stream_of(x));
+  dtk::cuda::add_layer_norm_forward(xc.data_ptr(), rc.data_ptr(), cc.defined() ? cc.data_ptr() : nullptr, wc.data_ptr(),
+                                    bc.data_ptr(), type, rows, hidden, eps, sum.data_ptr(), y.data_ptr(),
+                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), stream_of(x));
   return {sum, y, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
-                                                                       const at::Tensor& sum, const at::Tensor& w,
-                                                                       const at::Tensor& mean,
-                                                                       const at::Tensor& rstd) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
+    const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum, const at::Tensor& w, const at::Tensor& mean,
+    const at::Tensor& rstd, bool residual_bias) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(sum.scalar_type(), &type);
   const at::Tensor hc = sum.contiguous(), wc = w.contiguous();
@@ -191,14 +194,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at:
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
   const auto f32 = sum.options().dtype(at::kFloat);
-  at::Tensor partial = at::empty({2, dtk::cuda::layer_norm_backward_blocks(rows, hidden), hidden}, f32);
+  at::Tensor partial =
+      at::empty({residual_bias ? 3 : 2, dtk::cuda::layer_norm_backward_blocks(rows, hidden), hidden}, f32);
   at::Tensor dw = at::empty({hidden}, f32), db = at::empty({hidden}, f32);
+  at::Tensor dc = residual_bias ? at::empty({hidden}, f32) : at::Tensor();
   const c10::cuda::CUDAGuard guard(sum.device());
   dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
                                      mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(),
                                      partial.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
-                                     stream_of(sum));
-  return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type())};
+                                     dc.defined() ? dc.data_ptr<float>() : nullptr, stream_of(sum));
+  return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type()), dc.defined() ? dc.to(w.scalar_type()) : at::Tensor()};
+}
+
+bool dropout_applies(const at::Tensor& x) {
+  dtk::cuda::ElementType unused = dtk::cuda::ElementType::kFloat32;
+  return x.is_cuda() && element_type(x.scalar_type(), &unused);
+}
+
+at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask, uint32_t threshold, float scale) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  element_type(x.scalar_type(), &type);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  dtk::cuda::DropoutBits bits;
+  bits.seed = mask.seed;
+  bits.threshold = threshold;
+  bits.scale = scale;
+  bits.offset = mask.offset;
+  bits.row_numel = mask.row_numel;
+  bits.run_numel = mask.run_numel;
+  const c10::cuda::CUDAGuard guard(x.device());
+  dtk::cuda::dropout_apply(xc.data_ptr(), type, xc.numel(), bits, out.data_ptr(), stream_of(x));
+  return out;
 }
 
 bool bias_gelu_applies(const at::Device& device, at::ScalarType type, const at::Tensor& bias) {
@@ -320,19 +347,24 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor&, const
                                                         const at::Tensor&, const at::Tensor&) {
   throw Error("add_rms_norm: this build has no CUDA kernels");
 }
-bool add_layer_norm_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+bool add_layer_norm_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&) {
   return false;
 }
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor&,
-                                                                                  const at::Tensor&,
-                                                                                  const at::Tensor&,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor&, const at::Tensor&,
+                                                                                  const at::Tensor&, const at::Tensor&,
                                                                                   const at::Tensor&, double) {
   throw Error("add_layer_norm: this build has no CUDA kernels");
 }
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor&, const at::Tensor&,
-                                                                       const at::Tensor&, const at::Tensor&,
-                                                                       const at::Tensor&, const at::Tensor&) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor&, const at::Tensor&,
+                                                                                   const at::Tensor&, const at::Tensor&,
+                                                                                   const at::Tensor&, const at::Tensor&,
+                                                                                   bool) {
   throw Error("add_layer_norm: this build has no CUDA kernels");
+}
+bool dropout_applies(const at::Tensor&) { return false; }
+at::Tensor dropout_apply(const at::Tensor&, const DropoutMask&, uint32_t, float) {
+  throw Error("dropout: this build has no CUDA kernels");
 }
 bool bias_gelu_applies(const at::Device&, at::ScalarType, const at::Tensor&) { return false; }
 at::Tensor bias_gelu_forward(const at::Tensor&, const at::Tensor&, bool) {

@@ -1,5 +1,6 @@
 // cuda_kernels.hpp (private to dtk::layers) — the LibTorch side of DTK's own GPU kernels
-// (core/cuda: dtk/cuda/cross_entropy.hpp, rms_norm.hpp, layer_norm.hpp, bias_gelu.hpp, swiglu.hpp, rotary.hpp)
+// (core/cuda: dtk/cuda/cross_entropy.hpp, rms_norm.hpp, layer_norm.hpp, bias_gelu.hpp, swiglu.hpp, rotary.hpp,
+// dropout.hpp)
 // for
 // the layers. Each kernel has a
 // LibTorch-op reference in the layer that calls it; a call here returns false (or `applies` is
@@ -9,6 +10,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <dtk/layers/dropout.hpp>
+
+#include <cstdint>
 
 #include <tuple>
 #include <utility>
@@ -44,19 +49,21 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, co
                                                         const at::Tensor& rstd);
 
 // The residual add and LayerNorm: sum = T(x + residual), y = layer_norm(sum, w, b); x and
-// residual of one shape, type and device, w and b [hidden] of their type.
-bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
-                            const at::Tensor& b);
+// residual of one shape, type and device, w and b [hidden] of their type. With residual_bias c
+// (defined, [hidden] of their type): sum = T(x + T(residual + c)).
+bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& residual_bias,
+                            const at::Tensor& w, const at::Tensor& b);
 // sum, y (x's shape and type), mean and rstd (fp32, one per row).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
                                                                                   const at::Tensor& residual,
+                                                                                  const at::Tensor& residual_bias,
                                                                                   const at::Tensor& w,
                                                                                   const at::Tensor& b, double eps);
-// The gradient of x and of residual (one tensor), dw and db (w's type).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum,
-                                                                       const at::Tensor& sum, const at::Tensor& w,
-                                                                       const at::Tensor& mean,
-                                                                       const at::Tensor& rstd);
+// The gradient of x and of residual (one tensor), dw and db (w's type), and with
+// `residual_bias` the residual bias's (w's type; else undefined).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
+    const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum, const at::Tensor& w, const at::Tensor& mean,
+    const at::Tensor& rstd, bool residual_bias);
 
 // Bias + GELU: x [..., n] of `type` on `device`, bias [n] of that type and device (the caller
 // checks that x's last dimension is the bias's size).
@@ -72,6 +79,12 @@ bool swiglu_applies(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 // dgate and dup (gate's shape and type).
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up);
+
+// DTK's counter-based dropout (dtk/layers/dropout.hpp) in one pass: x * scale where the mask keeps
+// an element (its uniform >= threshold), x * 0 elsewhere, in x's type. x of fp32/bf16/fp16 on a
+// GPU (any layout: made contiguous).
+bool dropout_applies(const at::Tensor& x);
+at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask, uint32_t threshold, float scale);
 
 // Rotary embeddings (dtk/layers/rotary.hpp): x [b, s, heads, hd] (unit stride in hd), cos/sin
 // fp32 [b, s, 1, dim] contiguous on x's device.

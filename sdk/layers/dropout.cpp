@@ -2,6 +2,7 @@
 #include <dtk/layers/dropout.hpp>
 #include <dtk/capture.hpp>
 
+#include "cuda_kernels.hpp"
 #include "dropout_rows.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -85,9 +86,12 @@ at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
 
 at::Tensor apply_mask(const at::Tensor& x, const DropoutMask& m) {
   if (x.device().is_cpu()) return masked_scale(x, m);
+  // A GPU: DTK's kernel hashes each element's bits itself (dtk/cuda/dropout.hpp), the same
+  // arithmetic as the ops below in one pass.
+  if (gpu::dropout_applies(x))
+    return gpu::dropout_apply(x, m, threshold(m.p), static_cast<float>(1.0 / (1.0 - m.p))).view(x.sizes());
   // Other devices: the same bits, made there with tensor operations (dropout.hpp).
-  const at::Tensor keep = keep_bits_on(m, x.numel(), x.device()).view(x.sizes());
-  return (x * keep).mul(1.0 / (1.0 - m.p));
+  return apply_dropout_ops(x, m);
 }
 
 // splitmix64 in int64 tensor arithmetic: multiplication wraps as uint64's does (two's
@@ -102,6 +106,15 @@ at::Tensor mix_words(uint64_t seed, const at::Tensor& pair) {
   z = at::bitwise_xor(z, shr(z, 27)).mul_(u(0x94D049BB133111EBULL));
   return at::bitwise_xor(z, shr(z, 31));
 }
+
+}  // namespace
+
+at::Tensor apply_dropout_ops(const at::Tensor& x, const DropoutMask& m) {
+  const at::Tensor keep = keep_bits_on(m, x.numel(), x.device()).view(x.sizes());
+  return (x * keep).mul(1.0 / (1.0 - m.p));
+}
+
+namespace {
 
 struct Dropout : public torch::autograd::Function<Dropout> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, DropoutMask m) {

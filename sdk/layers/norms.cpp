@@ -51,13 +51,18 @@ struct FusedAddRmsNorm : public torch::autograd::Function<FusedAddRmsNorm> {
   }
 };
 
-// The residual add and LayerNorm through DTK's kernels, the same way.
+// The residual add and LayerNorm through DTK's kernels, the same way; with the residual branch's
+// bias (a row-parallel product's, left out of it) added to the branch in the same pass, and its
+// gradient (dx's column sums) made in the backward's.
 struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
-                               const at::Tensor& w, const at::Tensor& b, double eps) {
+                               const c10::optional<at::Tensor>& residual_bias, const at::Tensor& w, const at::Tensor& b,
+                               double eps) {
     RECORD_FUNCTION("dtk::add_layer_norm", std::vector<c10::IValue>());
-    auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, w, b, eps);
+    const at::Tensor c = residual_bias.has_value() ? *residual_bias : at::Tensor();
+    auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, c, w, b, eps);
     ctx->save_for_backward({sum, w, mean, rstd});
+    ctx->saved_data["residual_bias"] = c.defined();
     ctx->set_materialize_grads(false);  // an unused sum (a final norm's) has no gradient to read
     return {sum, y};
   }
@@ -65,9 +70,20 @@ struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     RECORD_FUNCTION("dtk::add_layer_norm_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
-    if (!grad[1].defined()) return {grad[0], grad[0], at::Tensor(), at::Tensor(), at::Tensor()};  // only the sum
-    auto [dx, dw, db] = gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3]);
-    return {dx, dx, dw, db, at::Tensor()};
+    const bool with_bias = ctx->saved_data["residual_bias"].toBool();
+    if (!grad[1].defined()) {  // only the sum was used
+      const at::Tensor& g = grad[0];
+      const at::Tensor dc = with_bias && g.defined() ? column_sums(g).to(saved[1].scalar_type()) : at::Tensor();
+      return {g, g, dc, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    auto [dx, dw, db, dc] =
+        gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3], with_bias);
+    return {dx, dx, dc, dw, db, at::Tensor()};
+  }
+
+  // The sums over every row of g's last dimension, in fp32.
+  static at::Tensor column_sums(const at::Tensor& g) {
+    return at::sum(g.reshape({-1, g.size(-1)}), {0}, /*keepdim=*/false, at::kFloat);
   }
 };
 
@@ -108,11 +124,34 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at
 
 std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                                  const at::Tensor& b, double eps, const FusedKernels& kernels) {
-  if (kernels.add_norm && gpu::add_layer_norm_applies(x, residual, w, b)) {
-    const auto out = FusedAddLayerNorm::apply(x, residual, w, b, eps);
+  return add_bias_layer_norm(x, residual, at::Tensor(), w, b, eps, kernels);
+}
+
+std::pair<at::Tensor, at::Tensor> add_bias_layer_norm_ops(const at::Tensor& x, const at::Tensor& branch,
+                                                          const at::Tensor& branch_bias, const at::Tensor& w,
+                                                          const at::Tensor& b, double eps) {
+  return add_layer_norm_ops(x, branch_bias.defined() ? branch + branch_bias : branch, w, b, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_bias_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                                      const at::Tensor& branch_bias, const at::Tensor& w,
+                                                      const at::Tensor& b, double eps, const FusedKernels& kernels) {
+  const bool kernel_takes_bias = !branch_bias.defined() || kernels.bias_add;
+  if (kernels.add_norm && kernel_takes_bias && gpu::add_layer_norm_applies(x, branch, branch_bias, w, b)) {
+    const c10::optional<at::Tensor> c =
+        branch_bias.defined() ? c10::optional<at::Tensor>(branch_bias) : c10::optional<at::Tensor>();
+    const auto out = FusedAddLayerNorm::apply(x, branch, c, w, b, eps);
     return {out[0], out[1]};
   }
-  return add_layer_norm_ops(x, residual, w, b, eps);
+  // The bias added on its own, then the add + norm (their kernel where it alone applies).
+  if (branch_bias.defined()) return add_bias_layer_norm(x, branch + branch_bias, at::Tensor(), w, b, eps, kernels);
+  return add_layer_norm_ops(x, branch, w, b, eps);
+}
+
+bool layer_norm_takes_branch_bias(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                  const FusedKernels& kernels) {
+  // A branch like x and a bias like w (a product's output and bias have the parameters' type).
+  return kernels.add_norm && kernels.bias_add && gpu::add_layer_norm_applies(x, x, w, w, b);
 }
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,

@@ -353,8 +353,12 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, do
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor y = exit_tp_region(dtk::linear(x, weight), tp);
+  at::Tensor y = forward_unbiased(x);
   return bias.defined() ? y + bias : y;
+}
+
+at::Tensor RowParallelLinear::forward_unbiased(const at::Tensor& x) const {
+  return exit_tp_region(dtk::linear(x, weight), tp);
 }
 
 namespace {

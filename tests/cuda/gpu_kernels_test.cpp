@@ -3,10 +3,11 @@
 // cross_entropy.hpp, through fused_lm_head_loss: the kernel's path against the ops' path and the
 // plain cross entropy of whole logits), RMSNorm forward and backward (dtk/cuda/rms_norm.hpp,
 // through dtk::layers::rms_norm against rms_norm_ops), the residual add fused with LayerNorm and
-// with RMSNorm (dtk/cuda/layer_norm.hpp, rms_norm.hpp, through add_layer_norm and add_rms_norm
-// against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
-// SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops) and rotary embeddings (dtk/cuda/rotary.hpp,
-// apply_rotary against apply_rotary_ops); and each function with its kernel left out
+// with RMSNorm (dtk/cuda/layer_norm.hpp, rms_norm.hpp, through add_layer_norm, add_bias_layer_norm
+// and add_rms_norm against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
+// SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops), rotary embeddings (dtk/cuda/rotary.hpp,
+// apply_rotary against apply_rotary_ops) and dropout (dtk/cuda/dropout.hpp, apply_dropout against
+// apply_dropout_ops and the CPU's); and each function with its kernel left out
 // (model.unfused_kernels) running its reference exactly. Without a CUDA LibTorch and a GPU every
 // test skips, saying why.
 #include <ATen/ATen.h>
@@ -16,8 +17,10 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <string>
+#include <utility>
 
 #include <dtk/layers/activations.hpp>
+#include <dtk/layers/dropout.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/rotary.hpp>
@@ -124,28 +127,36 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
 // the stream's gradient to the norm's; x's and the residual's gradients, the weight's and (for
 // LayerNorm) the bias's. `rows` over the backward's 1024 blocks x 8 warps takes its loop over
 // rows; hidden <= 768 (LayerNorm) or 1024 (RMSNorm) the warp-per-row backward, wider the
-// block-per-row one (8192: LayerNorm's 64 KB of shared memory). `norm_only`: only the norm's
+// block-per-row one (6144 and, with the bias, 4096: exactly 48 KB of dynamic shared memory, over
+// the default limit with the static; 8192: LayerNorm's 64 KB). `norm_only`: only the norm's
 // output is used (a final norm), so the sum gets no gradient of its own; `sum_only`: only the sum
-// is used, so the norm's output gets none.
+// is used, so the norm's output gets none. `branch_bias` (LayerNorm): the residual's bias added in
+// the kernel too (add_bias_layer_norm), its gradient the column sums of the residual's.
 void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol, bool norm_only = false,
-                    bool sum_only = false) {
+                    bool sum_only = false, bool branch_bias = false) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(13);
   const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});
   const at::Tensor r0 = at::randn({rows, 1, hidden}, on).to(type);
   const at::Tensor w0 = (1 + 0.1 * at::randn({hidden}, on)).to(type);
   const at::Tensor b0 = (0.1 * at::randn({hidden}, on)).to(type);
+  const at::Tensor c0 = (0.5 * at::randn({hidden}, on)).to(type);
   const at::Tensor dy = at::randn({rows, 1, hidden}, on).to(type), dsum = at::randn({rows, 1, hidden}, on).to(type);
   auto run = [&](bool fused) {
     at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
     at::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor c = branch_bias ? c0.clone().requires_grad_(true) : at::Tensor();
     const auto out =
-        layer ? (fused ? dtk::layers::add_layer_norm(x, r, w, b, 1e-5)
-                       : dtk::layers::add_layer_norm_ops(x, r, w, b, 1e-5))
+        layer ? (fused ? dtk::layers::add_bias_layer_norm(x, r, c, w, b, 1e-5)
+                       : dtk::layers::add_bias_layer_norm_ops(x, r, c, w, b, 1e-5))
               : (fused ? dtk::layers::add_rms_norm(x, r, w, 1e-5) : dtk::layers::add_rms_norm_ops(x, r, w, 1e-5));
     if (fused) {  // DTK's kernel ran, not the ops
       EXPECT_NE(out.second.grad_fn()->name().find(layer ? "FusedAddLayerNorm" : "FusedAddRmsNorm"), std::string::npos)
           << out.second.grad_fn()->name();
+      // With the bias: the kernel took it (x, the residual, its bias, w, b), not the ops' sum first.
+      if (branch_bias) {
+        EXPECT_EQ(out.second.grad_fn()->next_edges().size(), 5u);
+      }
     }
     if (norm_only)
       torch::autograd::backward({out.second}, {dy});
@@ -157,19 +168,21 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
         out.first.detach(), out.second.detach(), x.grad(), r.grad(),
         // Nothing reaches the norm's parameters when only the sum is used (undefined or zero).
         sum_only || !w.grad().defined() ? at::zeros({1}, on) : w.grad(),
-        !layer || sum_only || !b.grad().defined() ? at::zeros({1}, on) : b.grad()};
+        !layer || sum_only || !b.grad().defined() ? at::zeros({1}, on) : b.grad(),
+        branch_bias ? c.grad() : at::zeros({1}, on)};
   };
   const auto fused = run(true), ops = run(false);
-  const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias"};
+  const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias", "dresidual_bias"};
   EXPECT_EQ(fused[1].scalar_type(), type);
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LT(relative_error(fused[i], ops[i]), tol)
-        << (layer ? "add_layer_norm " : "add_rms_norm ") << names[i] << ", " << rows << " x " << hidden;
+        << (layer ? "add_layer_norm " : "add_rms_norm ") << names[i] << ", " << rows << " x " << hidden
+        << (branch_bias ? ", with the residual's bias" : "");
 }
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 300, 512, 768, 1000, 4096, 8192})
+  for (const int64_t hidden : {64, 100, 300, 512, 768, 1000, 4096, 6144, 8192})
     check_add_norm(true, at::kFloat, 148, hidden, 1e-5);
   check_add_norm(true, at::kFloat, 2100, 64, 1e-5);
   check_add_norm(true, at::kFloat, 9000, 768, 1e-5);
@@ -186,6 +199,22 @@ TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
   check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2);
   check_add_norm(true, at::kHalf, 300, 768, 2e-2);
   check_add_norm(true, at::kHalf, 300, 4096, 2e-2);
+}
+
+// The row-parallel product's bias in the add + LayerNorm kernel (model.unfused_kernels' bias_add):
+// the warp kernels (8, 16, 24 columns a lane), the block kernel (its third shared row), the loop
+// over rows, fp32/bf16/fp16, the norm-only (a final norm) and sum-only backwards.
+TEST(GpuKernels, AddBiasLayerNormKernelEqualsOps) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t hidden : {100, 512, 768, 1000, 8192})
+    check_add_norm(true, at::kFloat, 148, hidden, 1e-5, false, false, /*branch_bias=*/true);
+  check_add_norm(true, at::kFloat, 9000, 768, 1e-5, false, false, true);
+  check_add_norm(true, at::kFloat, 9000, 1000, 1e-5, false, false, true);
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true, false, true);
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, false, /*sum_only=*/true, true);
+  check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2, false, false, true);
+  check_add_norm(true, at::kBFloat16, 148, 4096, 2e-2, false, false, true);
+  check_add_norm(true, at::kHalf, 300, 768, 2e-2, false, false, true);
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
@@ -309,6 +338,48 @@ TEST(GpuKernels, RotaryKernelEqualsOps) {
   }
 }
 
+// Dropout (dtk/cuda/dropout.hpp through apply_dropout): the kernel's bits and arithmetic against
+// the CPU's hashing (every type) and the tensor-op reference on the GPU (fp32), value for value,
+// forward and backward;
+// whole masks, a slice of rows (an odd offset) and a sequence shard (a strided mask), p 0.1 and 0.5.
+TEST(GpuKernels, DropoutKernelEqualsOpsAndTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  // Value for value: the tensor-op reference writes x * 0 for a dropped element (-0 for a negative
+  // x), the kernel and the CPU 0.
+  auto same_values = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.eq(b).all().item<bool>();
+  };
+  at::Generator gen = dtk::layers::seeded_generator(29);
+  for (const double p : {0.1, 0.5}) {
+    const dtk::layers::DropoutMask whole = dtk::layers::draw_keep_mask({4, 37, 129}, p, gen);
+    struct Case {
+      const char* name;
+      dtk::layers::DropoutMask mask;
+      int64_t rows, seq;  // the shape [rows, seq, 129] it applies to
+    };
+    const Case cases[] = {{"whole", whole, 4, 37},
+                          {"rows 1-2", whole.rows(1, 2), 2, 37},
+                          {"sequence shard", whole.sequence_rows(37, 5, 11), 4, 11}};
+    for (const auto& [name, mask, rows, seq] : cases) {
+      for (const auto type : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        const at::Tensor x0 = at::randn({rows, seq, 129}).to(type);
+        at::Tensor x = x0.to(at::kCUDA).requires_grad_(true);
+        const at::Tensor y = dtk::layers::apply_dropout(x, mask);
+        const std::string what = std::string(name) + ", p " + std::to_string(p) + ", " + c10::toString(type);
+        // The tensor ops in fp32 only: how a multiplication by a scalar rounds the scale for
+        // bf16/fp16 is LibTorch's choice (the CPU's 1.13 rounds it to bf16); the host loop's is fixed.
+        if (type == at::kFloat) {
+          EXPECT_TRUE(same_values(y, dtk::layers::apply_dropout_ops(x.detach(), mask))) << what;
+        }
+        EXPECT_TRUE(same_values(y.cpu(), dtk::layers::apply_dropout(x0, mask))) << what << " (against the CPU)";
+        const at::Tensor dy = at::randn({rows, seq, 129}).to(type);
+        torch::autograd::backward({y}, {dy.to(at::kCUDA)});
+        EXPECT_TRUE(same_values(x.grad().cpu(), dtk::layers::apply_dropout(dy, mask))) << what << " (backward)";
+      }
+    }
+  }
+}
+
 // model.unfused_kernels: a function told to leave its kernel out runs exactly its ops reference
 // on the GPU (bit for bit: the same ops), and the kernel's autograd function is not in the graph.
 TEST(GpuKernels, KernelsLeftOutRunTheOpsReferences) {
@@ -325,6 +396,18 @@ TEST(GpuKernels, KernelsLeftOutRunTheOpsReferences) {
   const auto [ls, ly] = dtk::layers::add_layer_norm(x, r, w, b, 1e-5, none);
   not_fused(ly, "add_layer_norm");
   same(ly, dtk::layers::add_layer_norm_ops(x, r, w, b, 1e-5).second, "add_layer_norm");
+  const auto [bs, by] = dtk::layers::add_bias_layer_norm(x, r, b, w, b, 1e-5, none);
+  not_fused(by, "add_bias_layer_norm");
+  same(by, dtk::layers::add_bias_layer_norm_ops(x, r, b, w, b, 1e-5).second, "add_bias_layer_norm");
+  // bias_add alone left out: the bias added by the ops, then the add + norm kernel.
+  const auto [bs2, by2] =
+      dtk::layers::add_bias_layer_norm(x, r, b, w, b, 1e-5, dtk::layers::unfused_kernels("bias_add"));
+  same(by2, dtk::layers::add_layer_norm(x, r + b, w, b, 1e-5).second, "add_bias_layer_norm without bias_add");
+  // The kernel's inputs: x, the branch already biased, w, b (with bias_add on, five: the bias too).
+  EXPECT_EQ(by2.grad_fn()->next_edges().size(), 4u) << by2.grad_fn()->name();
+  EXPECT_EQ(dtk::layers::add_bias_layer_norm(x, r, b, w, b, 1e-5).second.grad_fn()->next_edges().size(), 5u);
+  EXPECT_FALSE(dtk::layers::layer_norm_takes_branch_bias(x, w, b, dtk::layers::unfused_kernels("bias_add")));
+  EXPECT_TRUE(dtk::layers::layer_norm_takes_branch_bias(x, w, b, {}));
   const auto [rs, ry] = dtk::layers::add_rms_norm(x, r, w, 1e-5, none);
   not_fused(ry, "add_rms_norm");
   same(ry, dtk::layers::add_rms_norm_ops(x, r, w, 1e-5).second, "add_rms_norm");

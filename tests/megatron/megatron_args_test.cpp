@@ -218,8 +218,9 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_FALSE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
   expect_fields(cfg, {{"model.unfused_kernels", "rotary"}});
   // The fusion switches add up into the one option.
-  expect_fields(config_of(map("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion --no-rope-fusion")),
-                {{"model.unfused_kernels", "bias_gelu,rotary,swiglu"}});
+  expect_fields(config_of(map("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion --no-rope-fusion "
+                              "--no-bias-dropout-fusion")),
+                {{"model.unfused_kernels", "bias_gelu,rotary,swiglu,bias_add"}});
   // The factor given; alone, it is ignored as Megatron ignores it.
   expect_fields(config_of(map("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
                               "--rope-scaling-factor 32")),

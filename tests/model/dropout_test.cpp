@@ -3,7 +3,8 @@
 //   * the keep fraction is 1 - p within 5 standard deviations, elements and masks uncorrelated;
 //   * a slice of rows is the same mask (Domino's chunks), backward regenerates the forward mask;
 //   * a cloned generator draws the same mask (recomputation), the next draw another one;
-//   * the tensor-operation version a GPU uses (keep_bits_on) makes the host's bits exactly;
+//   * the tensor-operation version (keep_bits_on, apply_dropout_ops: the reference of DTK's GPU
+//     kernel) makes the host's bits and values exactly;
 //   * a sequence shard of a mask (sequence parallelism) is the whole mask's rows, both ways.
 #include <gtest/gtest.h>
 
@@ -82,6 +83,14 @@ TEST(Dropout, TensorOperationBitsEqualTheHostLoop) {
   big.seed = seeds.back(), big.p = 0.1, big.offset = 7;
   const int64_t n = (int64_t{1} << 24) + 5;
   EXPECT_TRUE(at::equal(dtk::layers::keep_bits_on(big, n, at::kCPU), dtk::layers::keep_bits(big, n)));
+  // And applied (apply_dropout_ops, what DTK's GPU kernel is tested against on a GPU), the values
+  // are the host's, value for value (a dropped negative element is -0 there, 0 here). In fp32
+  // only: LibTorch 1.13's CPU multiplication by a scalar rounds the scale to bf16 for a bf16
+  // tensor (a GPU's computes in fp32, as the host loop does).
+  const at::Tensor x = at::randn({3, 1001});
+  const DropoutMask m = dtk::layers::draw_keep_mask({3, 1001}, 0.3, g).rows(1, 2);
+  const at::Tensor slice = x.narrow(0, 1, 2);
+  EXPECT_TRUE(dtk::layers::apply_dropout_ops(slice, m).eq(dtk::layers::apply_dropout(slice, m)).all().item<bool>());
 }
 
 }  // namespace

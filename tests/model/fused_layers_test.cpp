@@ -5,6 +5,7 @@
 //     norm's output and the gradients of x, the residual, the weight and the bias are bit-equal to
 //     `x + residual` followed by the plain norm (and to ATen's LayerNorm itself in fp32), in fp32
 //     and bf16, with gradients arriving through both outputs or through the norm's alone;
+//     add_bias_layer_norm is the branch's bias add, then add_layer_norm;
 //   * the activations (dtk/layers/activations.hpp): bias_gelu is gelu(x + b), column_linear_gelu
 //     gelu(fc.forward(x)) (exact and tanh), swiglu silu(gate) * up, values and gradients.
 // The GPU kernels' own tests are in tests/cuda/gpu_kernels_test.cpp.
@@ -94,6 +95,36 @@ TEST(FusedNorms, AddLayerNormMatchesAtenLayerNormAndTheOpsReferences) {
   EXPECT_TRUE(at::equal(ry, dtk::layers::rms_norm_ops(x + r, w, 1e-5)));
 }
 
+// The add + LayerNorm of a branch whose bias is still to add (add_bias_layer_norm, what a
+// row-parallel product made without its bias hands on): on the CPU exactly `branch + bias`, then
+// add_layer_norm, values and gradients (the bias's is the column sums of the branch's); the bias
+// undefined, add_layer_norm itself. And on the CPU no layer leaves a bias out: the kernel that
+// would take it does not apply, so the CPU's losses stay those of the product with its bias.
+TEST(FusedNorms, AddBiasLayerNormIsTheBiasAddThenAddLayerNorm) {
+  at::manual_seed(8);
+  const at::Tensor x0 = at::randn({3, 5, 40}), r0 = at::randn({3, 5, 40}), c0 = at::randn({40});
+  const at::Tensor w0 = 1 + 0.1 * at::randn({40}), b0 = 0.1 * at::randn({40});
+  const at::Tensor dy = at::randn({3, 5, 40}), dsum = at::randn({3, 5, 40});
+  auto run_both = [&](bool fused) {
+    at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+    at::Tensor c = c0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor b = b0.clone().requires_grad_(true);
+    const auto [sum, y] = fused ? dtk::layers::add_bias_layer_norm(x, r, c, w, b, 1e-5)
+                                : dtk::layers::add_layer_norm(x, r + c, w, b, 1e-5);
+    torch::autograd::backward({sum, y}, {dsum, dy});
+    return std::vector<at::Tensor>{sum.detach(), y.detach(), x.grad(), r.grad(), c.grad(), w.grad(), b.grad()};
+  };
+  const auto fused = run_both(true), plain = run_both(false);
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(at::equal(fused[i], plain[i])) << "value " << i;
+  EXPECT_TRUE(at::allclose(fused[4], fused[3].sum(at::IntArrayRef{0, 1}), 1e-5, 1e-5));
+  const auto [sum, y] = dtk::layers::add_bias_layer_norm(x0, r0, at::Tensor(), w0, b0, 1e-5);
+  const auto [sum2, y2] = dtk::layers::add_layer_norm(x0, r0, w0, b0, 1e-5);
+  EXPECT_TRUE(at::equal(sum, sum2) && at::equal(y, y2));
+  const auto [osum, oy] = dtk::layers::add_bias_layer_norm_ops(x0, r0, c0, w0, b0, 1e-5);
+  EXPECT_TRUE(at::equal(osum, fused[0]) && at::equal(oy, fused[1]));
+  EXPECT_FALSE(dtk::layers::layer_norm_takes_branch_bias(x0, w0, b0, {}));
+}
+
 // Values and gradients of f(inputs) for clones of `inputs` (each requiring a gradient) under `dy`.
 template <class F>
 std::vector<at::Tensor> values_and_grads(const std::vector<at::Tensor>& inputs, const at::Tensor& dy, F&& f) {
@@ -162,17 +193,18 @@ TEST(FusedActivations, ColumnLinearGeluOnTheCpuIsTheProductAndTheGelu) {
 TEST(FusedKernels, UnfusedKernelsParsesNamesAndRefusesUnknownOnes) {
   using dtk::layers::unfused_kernels;
   auto on = [](const dtk::layers::FusedKernels& k) {
-    return std::vector<bool>{k.add_norm, k.rms_norm, k.bias_gelu, k.swiglu, k.rotary};
+    return std::vector<bool>{k.add_norm, k.bias_add, k.rms_norm, k.bias_gelu, k.swiglu, k.rotary};
   };
-  EXPECT_EQ(on(unfused_kernels("")), std::vector<bool>(5, true));
-  EXPECT_EQ(on(unfused_kernels("all")), std::vector<bool>(5, false));
-  EXPECT_EQ(on(unfused_kernels("swiglu, rotary")), (std::vector<bool>{true, true, true, false, false}));
-  EXPECT_EQ(on(unfused_kernels("add_norm,rms_norm,")), (std::vector<bool>{false, false, true, true, true}));
-  EXPECT_EQ(on(unfused_kernels("bias_gelu")), (std::vector<bool>{true, true, false, true, true}));
+  EXPECT_EQ(on(unfused_kernels("")), std::vector<bool>(6, true));
+  EXPECT_EQ(on(unfused_kernels("all")), std::vector<bool>(6, false));
+  EXPECT_EQ(on(unfused_kernels("swiglu, rotary")), (std::vector<bool>{true, true, true, true, false, false}));
+  EXPECT_EQ(on(unfused_kernels("add_norm,rms_norm,")), (std::vector<bool>{false, true, false, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels("bias_gelu")), (std::vector<bool>{true, true, true, false, true, true}));
+  EXPECT_EQ(on(unfused_kernels(" bias_add ")), (std::vector<bool>{true, false, true, true, true, true}));
   try {
     unfused_kernels("rotary,gelu");
     ADD_FAILURE() << "'gelu' accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown kernel 'gelu' (add_norm, rms_norm, bias_gelu, swiglu, rotary, all)");
+    EXPECT_STREQ(e.what(), "unknown kernel 'gelu' (add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary, all)");
   }
 }

@@ -1,6 +1,7 @@
 // dtk_bench_kernels — DTK's fused layer kernels against their LibTorch-op references: each SDK
-// function that has a kernel (add_layer_norm, add_rms_norm, rms_norm, bias_gelu, swiglu,
-// apply_rotary; dtk/layers/fused_kernels.hpp) timed forward + backward through autograd, once
+// function that has a kernel (add_layer_norm, add_bias_layer_norm, add_rms_norm, rms_norm,
+// bias_gelu, swiglu, apply_rotary; dtk/layers/fused_kernels.hpp) and dropout timed forward +
+// backward through autograd, once
 // with its kernel and once with the kernel left out (the same function running the ops), at
 // GPT-2 124M's and the same-size Llama's shapes (32 sequences of 1024 tokens: 32768 rows, hidden
 // 768, GPT's MLP 3072, Llama's 2048, 12 query and 4 key/value heads of 64). Next to each, the
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <dtk/layers/activations.hpp>
+#include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/rotary.hpp>
@@ -96,6 +98,18 @@ std::vector<Case> cases(const Setup& s) {
                    auto [sum, y] = dtk::layers::add_layer_norm(in[0], in[1], in[2], in[3], 1e-5, k);
                    return std::vector<at::Tensor>{sum, y};
                  }});
+  // gpt: the same with the row-parallel product's bias (the attention's output projection's, the
+  // MLP's second product's) added in the kernel and its gradient summed in the backward's pass.
+  out.push_back({"add_bias_layer_norm",
+                 rows + std::to_string(h),
+                 8,
+                 h,
+                 {input(s, {r, h}), input(s, {r, h}), input(s, {h}, 0.1), w, b},
+                 {input(s, {r, h}, 1, 0, false), input(s, {r, h}, 1, 0, false)},
+                 [](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+                   auto [sum, y] = dtk::layers::add_bias_layer_norm(in[0], in[1], in[2], in[3], in[4], 1e-5, k);
+                   return std::vector<at::Tensor>{sum, y};
+                 }});
   // llama: the same with RMSNorm, and RMSNorm alone (the first layer's input norm).
   out.push_back({"add_rms_norm",
                  rows + std::to_string(h),
@@ -150,6 +164,23 @@ std::vector<Case> cases(const Setup& s) {
                    return std::vector<at::Tensor>{dtk::layers::apply_rotary(q, in[2], in[3], k),
                                                   dtk::layers::apply_rotary(key, in[2], in[3], k)};
                  }});
+  // Hidden dropout (p 0.1) on a [rows, 768] branch: DTK's kernel hashes each element's bits in
+  // its one pass; its ops reference makes them with tensor operations. Dropout has no switch in
+  // model.unfused_kernels (every layer's dropout goes through it): the "ops" run calls the
+  // reference directly.
+  at::Generator gen = dtk::layers::seeded_generator(7);
+  const dtk::layers::DropoutMask mask = dtk::layers::draw_keep_mask({r, h}, 0.1, gen);
+  out.push_back({"dropout",
+                 rows + std::to_string(h),
+                 4,
+                 h,
+                 {input(s, {r, h})},
+                 {input(s, {r, h}, 1, 0, false)},
+                 [mask](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+                   const bool kernels = k.add_norm;  // false only in the run with every kernel left out
+                   return std::vector<at::Tensor>{kernels ? dtk::layers::apply_dropout(in[0], mask)
+                                                          : dtk::layers::apply_dropout_ops(in[0], mask)};
+                 }});
   return out;
 }
 
@@ -200,14 +231,14 @@ int main(int argc, char** argv) {
   std::printf("dtk_bench_kernels: %s, %s, %lld rows, %d reps; a plain copy: %.0f GB/s\n",
               s.device.is_cuda() ? "cuda" : "cpu (kernels and ops run the same ops here)",
               s.type == at::kFloat ? "fp32" : "bf16", static_cast<long long>(s.rows), s.reps, rate);
-  std::printf("%-15s %-22s %10s %10s %9s %10s\n", "forward+backward", "shape", "kernel ms", "ops ms", "speed-up",
+  std::printf("%-20s %-22s %10s %10s %9s %10s\n", "forward+backward", "shape", "kernel ms", "ops ms", "speed-up",
               "floor ms");
   const FusedKernels fused, none = dtk::layers::unfused_kernels("all");
   for (const Case& c : cases(s)) {
     const double kernel_ms = time_ms(s, [&] { forward_backward(c.f, c.inputs, c.grads, fused); });
     const double ops_ms = time_ms(s, [&] { forward_backward(c.f, c.inputs, c.grads, none); });
     const double floor_ms = c.passes * static_cast<double>(s.rows * c.width) * element / (rate * 1e6);
-    std::printf("%-15s %-22s %10.3f %10.3f %8.2fx %10.3f\n", c.name, c.shape.c_str(), kernel_ms, ops_ms,
+    std::printf("%-20s %-22s %10.3f %10.3f %8.2fx %10.3f\n", c.name, c.shape.c_str(), kernel_ms, ops_ms,
                 ops_ms / kernel_ms, floor_ms);
   }
   return 0;

@@ -8,7 +8,11 @@
 // shared memory; the block's warps then add theirs in warp order into the block's partial rows.
 // Wider rows: a block per row (one block reduction of the two dots per row, the gradients in
 // shared memory, one column per thread). Either way no atomics: a second kernel adds the blocks'
-// partial gradients in a fixed order, so the result is the same on every run.
+// partial gradients in a fixed order, so the result is the same on every run. With the residual
+// branch's bias (a row-parallel product's, added here instead of in the product) the forward adds
+// it to the branch first, and the backward also sums each column of dx (the branch's gradient,
+// hence the bias's) as a third partial row: in registers in the warp kernel (the shared memory
+// holds two rows per warp at most), in shared memory in the block kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,16 +55,18 @@ __device__ float2 block_sum2(float a, float b) {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const T* x, const T* res, const T* w, const T* b, int64_t rows, int hidden, float eps, T* sum, T* y,
-                   float* mean_out, float* rstd_out) {
+    forward_kernel(const T* x, const T* res, const T* res_bias, const T* w, const T* b, int64_t rows, int hidden,
+                   float eps, T* sum, T* y, float* mean_out, float* rstd_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp: its shuffles below stay full
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t base = row * hidden;
-  // h = T(x + r), as the add rounds it; each lane re-reads below only what it wrote itself.
+  // h = T(x + r), as the add rounds it (r = T(branch + its bias) with a bias); each lane re-reads
+  // below only what it wrote itself.
   float total = 0.0f;
   for (int j = lane; j < hidden; j += 32) {
-    const float v = round_to<T>(to_float(x[base + j]) + to_float(res[base + j]));
+    const float r = res_bias ? round_to<T>(to_float(res[base + j]) + to_float(res_bias[j])) : to_float(res[base + j]);
+    const float v = round_to<T>(to_float(x[base + j]) + r);
     sum[base + j] = from_float<T>(v);
     total += v;
   }
@@ -88,12 +94,24 @@ __device__ __forceinline__ T input_gradient(float g, float xhat, float wv, float
   return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
 }
 
+// out[j] = the sum of the block's warps' rows at column j, in warp order.
+template <int kColumns>
+__device__ void add_warps_rows(const float (*warps)[kColumns * 32], int hidden, float* out) {
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    float total = 0.0f;
+    for (int k = 0; k < kWarps; ++k) total += warps[k][j];
+    out[j] = total;
+  }
+}
+
 // A warp per row, the row in registers: kColumns columns per lane (lane + 32 i), rows
 // blockIdx.x * kWarps + warp, then gridDim.x * kWarps further on. Each warp adds its rows' weight
 // and bias gradients into its own rows of shared memory (a lane, its own columns: no barrier, and
 // registers left for the loads in flight); at the end the block adds its warps' rows in warp order
-// into partial ([2][gridDim.x][hidden]: the block's weight gradient row and its bias gradient row).
-template <class T, int kColumns>
+// into partial ([2][gridDim.x][hidden]: the block's weight gradient row and its bias gradient row;
+// kBranchBias: [3][gridDim.x][hidden], the third row dx's column sums, which each lane keeps for its
+// own columns in registers until the end).
+template <class T, int kColumns, bool kBranchBias>
 __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 24>())
     backward_warp_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
                          const float* mean, const float* rstd, T* dx, float* partial) {
@@ -102,8 +120,12 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
   const float inv_n = 1.0f / static_cast<float>(hidden);
   float* dw = warps_grad[0][warp];
   float* db = warps_grad[1][warp];
+  float dbranch[kBranchBias ? kColumns : 1];  // this lane's columns of dx summed over the warp's rows
 #pragma unroll
-  for (int i = 0; i < kColumns; ++i) dw[lane + 32 * i] = db[lane + 32 * i] = 0.0f;
+  for (int i = 0; i < kColumns; ++i) {
+    dw[lane + 32 * i] = db[lane + 32 * i] = 0.0f;
+    if constexpr (kBranchBias) dbranch[i] = 0.0f;
+  }
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t base = row * hidden;
@@ -127,35 +149,44 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
     for (int i = 0; i < kColumns; ++i) {
       const int j = lane + 32 * i;
       if (j < hidden) {
-        dx[base + j] = input_gradient<T>(g[i], xhat[i], to_float(w[j]), r, a, c, dsum, base + j);
+        const T d = input_gradient<T>(g[i], xhat[i], to_float(w[j]), r, a, c, dsum, base + j);
+        dx[base + j] = d;
+        if constexpr (kBranchBias) dbranch[i] += to_float(d);
         dw[j] += g[i] * xhat[i];
         db[j] += g[i];
       }
     }
   }
   __syncthreads();
-  for (int which = 0; which < 2; ++which) {
-    float* out = partial + (static_cast<int64_t>(which) * gridDim.x + blockIdx.x) * hidden;
-    for (int j = threadIdx.x; j < hidden; j += kThreads) {
-      float total = 0.0f;
-      for (int k = 0; k < kWarps; ++k) total += warps_grad[which][k][j];
-      out[j] = total;
-    }
+  add_warps_rows<kColumns>(warps_grad[0], hidden, partial + static_cast<int64_t>(blockIdx.x) * hidden);
+  add_warps_rows<kColumns>(warps_grad[1], hidden, partial + static_cast<int64_t>(gridDim.x + blockIdx.x) * hidden);
+  if constexpr (kBranchBias) {
+    __syncthreads();  // every thread has read the weight gradients' rows: reuse them for dx's sums
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) dw[lane + 32 * i] = dbranch[i];
+    __syncthreads();
+    add_warps_rows<kColumns>(warps_grad[0], hidden,
+                             partial + static_cast<int64_t>(2 * gridDim.x + blockIdx.x) * hidden);
   }
 }
 
 // A block per row (rows too wide for the lanes' registers): rows blockIdx.x, blockIdx.x +
 // gridDim.x, ...; per row one block reduction of the two dots, then dx written and the gradients
 // accumulated in shared memory, one column per thread.
-template <class T>
+template <class T, bool kBranchBias>
 __global__ void __launch_bounds__(kThreads)
     backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
                           const float* mean, const float* rstd, T* dx, float* partial) {
-  extern __shared__ float grads[];  // this block's weight gradient [hidden], then its bias gradient [hidden]
+  // This block's weight gradient [hidden], its bias gradient [hidden] (and dx's column sums [hidden]).
+  extern __shared__ float grads[];
   float* dw = grads;
   float* db = grads + hidden;
+  float* dbranch = grads + 2 * hidden;
   // Each thread owns columns threadIdx.x, threadIdx.x + kThreads, ... here and below: no barrier.
-  for (int j = threadIdx.x; j < hidden; j += kThreads) dw[j] = db[j] = 0.0f;
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    dw[j] = db[j] = 0.0f;
+    if (kBranchBias) dbranch[j] = 0.0f;
+  }
   const float inv_n = 1.0f / static_cast<float>(hidden);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * hidden;
@@ -171,16 +202,20 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = threadIdx.x; j < hidden; j += kThreads) {
       const float g = to_float(dy[base + j]);
       const float xhat = (to_float(h[base + j]) - m) * r;
-      dx[base + j] = input_gradient<T>(g, xhat, to_float(w[j]), r, a, c, dsum, base + j);
+      const T d = input_gradient<T>(g, xhat, to_float(w[j]), r, a, c, dsum, base + j);
+      dx[base + j] = d;
+      if (kBranchBias) dbranch[j] += to_float(d);
       dw[j] += g * xhat;
       db[j] += g;
     }
   }
   float* pw = partial + static_cast<int64_t>(blockIdx.x) * hidden;
   float* pb = partial + static_cast<int64_t>(gridDim.x + blockIdx.x) * hidden;
+  float* pr = partial + static_cast<int64_t>(2 * gridDim.x + blockIdx.x) * hidden;
   for (int j = threadIdx.x; j < hidden; j += kThreads) {
     pw[j] = dw[j];
     pb[j] = db[j];
+    if (kBranchBias) pr[j] = dbranch[j];
   }
 }
 
@@ -196,48 +231,69 @@ void check_shape(int64_t rows, int64_t hidden) {
 }
 
 template <class T>
-void forward(const void* x, const void* res, const void* w, const void* b, int64_t rows, int64_t hidden, double eps,
-             void* sum, void* y, float* mean, float* rstd, StreamHandle stream) {
+void forward(const void* x, const void* res, const void* res_bias, const void* w, const void* b, int64_t rows,
+             int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd, StreamHandle stream) {
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), static_cast<const T*>(b), rows,
-      static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
+      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias), static_cast<const T*>(w),
+      static_cast<const T*>(b), rows, static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum),
+      static_cast<T*>(y), mean, rstd);
 }
 
-template <class T, int kColumns>
-void backward_warps(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int64_t hidden, const float* mean,
-                    const float* rstd, T* dx, float* partial, int blocks, StreamHandle stream) {
-  backward_warp_kernel<T, kColumns>
-      <<<blocks, kThreads, 0, stream>>>(dy, dsum, h, w, rows, static_cast<int>(hidden), mean, rstd, dx, partial);
+// The backward kernels' arguments, as every launch passes them.
+template <class T>
+struct BackwardArgs {
+  const T *dy, *dsum, *h, *w;
+  int64_t rows;
+  int hidden;
+  const float *mean, *rstd;
+  T* dx;
+  float* partial;
+};
+
+template <class T, bool kBranchBias>
+void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) {
+  const auto warps = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.dx, a.partial);
+  };
+  switch (norm_backward::columns_per_lane(a.hidden)) {
+    case 8:
+      warps(backward_warp_kernel<T, 8, kBranchBias>);
+      break;
+    case 16:
+      warps(backward_warp_kernel<T, 16, kBranchBias>);
+      break;
+    case 24:
+      warps(backward_warp_kernel<T, 24, kBranchBias>);
+      break;
+    default: {  // 32 columns a lane would need 64 KB of shared memory: the block kernel
+      const size_t shared = (kBranchBias ? 3 : 2) * static_cast<size_t>(a.hidden) * sizeof(float);
+      norm_backward::allow_dynamic_shared(backward_block_kernel<T, kBranchBias>, shared);
+      backward_block_kernel<T, kBranchBias><<<blocks, kThreads, shared, stream>>>(
+          a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.dx, a.partial);
+    }
+  }
 }
 
 template <class T>
-void backward(const void* dy_, const void* dsum_, const void* h_, const void* w_, int64_t rows, int64_t hidden,
-              const float* mean, const float* rstd, void* dx_, float* partial, float* dweight, float* dbias,
-              StreamHandle stream) {
+void backward(const void* dy, const void* dsum, const void* h, const void* w, int64_t rows, int64_t hidden,
+              const float* mean, const float* rstd, void* dx, float* partial, float* dweight, float* dbias,
+              float* dres_bias, StreamHandle stream) {
   const int blocks = static_cast<int>(layer_norm_backward_blocks(rows, hidden));
-  const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *h = static_cast<const T*>(h_),
-          *w = static_cast<const T*>(w_);
-  T* dx = static_cast<T*>(dx_);
-  switch (norm_backward::columns_per_lane(hidden)) {
-    case 8:
-      backward_warps<T, 8>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
-      break;
-    case 16:
-      backward_warps<T, 16>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
-      break;
-    case 24:
-      backward_warps<T, 24>(dy, dsum, h, w, rows, hidden, mean, rstd, dx, partial, blocks, stream);
-      break;
-    default: {  // 32 columns a lane would need 64 KB of shared memory: the block kernel
-      const size_t shared = 2 * static_cast<size_t>(hidden) * sizeof(float);
-      if (shared > 48 * 1024)
-        cudaFuncSetAttribute(backward_block_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared));
-      backward_block_kernel<T><<<blocks, kThreads, shared, stream>>>(dy, dsum, h, w, rows, static_cast<int>(hidden),
-                                                                     mean, rstd, dx, partial);
-    }
-  }
-  norm_backward::sum_partials(partial, blocks, hidden, 2, dweight, dbias, stream);
+  const BackwardArgs<T> args{static_cast<const T*>(dy),
+                             static_cast<const T*>(dsum),
+                             static_cast<const T*>(h),
+                             static_cast<const T*>(w),
+                             rows,
+                             static_cast<int>(hidden),
+                             mean,
+                             rstd,
+                             static_cast<T*>(dx),
+                             partial};
+  if (dres_bias)
+    launch_backward<T, true>(args, blocks, stream);
+  else
+    launch_backward<T, false>(args, blocks, stream);
+  norm_backward::sum_partials(partial, blocks, hidden, dres_bias ? 3 : 2, dweight, dbias, dres_bias, stream);
 }
 
 }  // namespace
@@ -248,20 +304,20 @@ int64_t layer_norm_backward_blocks(int64_t rows, int64_t hidden) {
   return norm_backward::blocks(rows, columns != 0 && columns <= 24);
 }
 
-void add_layer_norm_forward(const void* x, const void* residual, const void* weight, const void* bias, ElementType type,
-                            int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
-                            StreamHandle stream) {
+void add_layer_norm_forward(const void* x, const void* residual, const void* residual_bias, const void* weight,
+                            const void* bias, ElementType type, int64_t rows, int64_t hidden, double eps, void* sum,
+                            void* y, float* mean, float* rstd, StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) return;
   switch (type) {
     case ElementType::kFloat32:
-      forward<float>(x, residual, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      forward<float>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
       break;
     case ElementType::kBFloat16:
-      forward<__nv_bfloat16>(x, residual, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      forward<__nv_bfloat16>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
       break;
     case ElementType::kFloat16:
-      forward<__half>(x, residual, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      forward<__half>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
       break;
   }
   check("add_layer_norm_forward");
@@ -269,22 +325,25 @@ void add_layer_norm_forward(const void* x, const void* residual, const void* wei
 
 void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, const void* weight, ElementType type,
                              int64_t rows, int64_t hidden, const float* mean, const float* rstd, void* dx,
-                             float* partial, float* dweight, float* dbias, StreamHandle stream) {
+                             float* partial, float* dweight, float* dbias, float* dresidual_bias, StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) {
-    cudaMemsetAsync(dweight, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
-    cudaMemsetAsync(dbias, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
+    for (float* out : {dweight, dbias, dresidual_bias})
+      if (out) cudaMemsetAsync(out, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
     return;
   }
   switch (type) {
     case ElementType::kFloat32:
-      backward<float>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, stream);
+      backward<float>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, dresidual_bias,
+                      stream);
       break;
     case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, stream);
+      backward<__nv_bfloat16>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias,
+                              dresidual_bias, stream);
       break;
     case ElementType::kFloat16:
-      backward<__half>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, stream);
+      backward<__half>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, dresidual_bias,
+                       stream);
       break;
   }
   check("add_layer_norm_backward");

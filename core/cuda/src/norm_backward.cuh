@@ -47,14 +47,25 @@ inline int columns_per_lane(int64_t hidden) {
   return 0;
 }
 
+// Lets the block-per-row `kernel` launch with `dynamic` bytes of dynamic shared memory: beyond what
+// a kernel may take by default (48 KB, less its own static shared memory) it must opt in. An
+// attribute that cannot be read leaves the launch to report the error.
+template <class Kernel>
+inline void allow_dynamic_shared(Kernel* kernel, size_t dynamic) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return;
+  if (dynamic + attributes.sharedSizeBytes > 48 * 1024)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic));
+}
+
 constexpr int kSumColumns = 32, kSumSlices = 8;
 
-// out_g[j] = the sum over b of partial[g][b][j] (partial: [groups][blocks][cols] fp32; out_g: out0
-// for g = 0, out1 for g = 1): each of kSumSlices slices of b (b = s, s + kSumSlices, ...) summed in
-// order, then the slices in order. A fixed order, so the same result on every run; 32 columns x 8
-// slices a block, gridDim.y = groups.
+// out_g[j] = the sum over b of partial[g][b][j] (partial: [groups][blocks][cols] fp32; out_g: out0,
+// out1, out2 for g = 0, 1, 2): each of kSumSlices slices of b (b = s, s + kSumSlices, ...) summed
+// in order, then the slices in order. A fixed order, so the same result on every run; 32 columns
+// x 8 slices a block, gridDim.y = groups.
 __global__ void __launch_bounds__(kSumColumns * kSumSlices)
-    sum_block_partials(const float* partial, int blocks, int cols, float* out0, float* out1) {
+    sum_block_partials(const float* partial, int blocks, int cols, float* out0, float* out1, float* out2) {
   __shared__ float slices[kSumSlices][kSumColumns];
   const int column = static_cast<int>(threadIdx.x) % kSumColumns, slice = static_cast<int>(threadIdx.x) / kSumColumns;
   const int j = static_cast<int>(blockIdx.x) * kSumColumns + column;
@@ -67,14 +78,14 @@ __global__ void __launch_bounds__(kSumColumns * kSumSlices)
   if (slice != 0 || j >= cols) return;
   float sum = 0.0f;
   for (int s = 0; s < kSumSlices; ++s) sum += slices[s][column];
-  (blockIdx.y == 0 ? out0 : out1)[j] = sum;
+  (blockIdx.y == 0 ? out0 : blockIdx.y == 1 ? out1 : out2)[j] = sum;
 }
 
 inline void sum_partials(const float* partial, int blocks, int64_t cols, int groups, float* out0, float* out1,
-                         cudaStream_t stream) {
+                         float* out2, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns), static_cast<unsigned>(groups));
-  sum_block_partials<<<grid, kSumColumns * kSumSlices, 0, stream>>>(partial, blocks, static_cast<int>(cols), out0,
-                                                                     out1);
+  sum_block_partials<<<grid, kSumColumns * kSumSlices, 0, stream>>>(partial, blocks, static_cast<int>(cols), out0, out1,
+                                                                    out2);
 }
 
 }  // namespace

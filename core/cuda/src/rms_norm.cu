@@ -207,13 +207,11 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
       break;
     default: {
       const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
-      if (shared > 48 * 1024)
-        cudaFuncSetAttribute(backward_block_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared));
+      norm_backward::allow_dynamic_shared(backward_block_kernel<T>, shared);
       backward_block_kernel<T><<<blocks, kThreads, shared, stream>>>(dy, dsum, x, w, rows, hidden, rstd, dx, partial);
     }
   }
-  norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, stream);
+  norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, nullptr, stream);
 }
 
 }  // namespace

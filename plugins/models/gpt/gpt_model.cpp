@@ -57,9 +57,10 @@ class GPTModel : public DecoderLM {
     return layer_norm(x, final_norm_[0], final_norm_[1], c_.eps);
   }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
-    return x.branch.defined()
-               ? add_layer_norm(x.stream, x.branch, final_norm_[0], final_norm_[1], c_.eps, c_.kernels).second
-               : final_norm(x.stream);
+    if (!x.branch.defined()) return final_norm(x.stream);
+    const auto [h, normed] =
+        add_bias_layer_norm(x.stream, x.branch, x.branch_bias, final_norm_[0], final_norm_[1], c_.eps, c_.kernels);
+    return normed;
   }
 
   Config c_;

@@ -127,12 +127,13 @@ const Rule kRules[] = {
      "Megatron's fused scale-mask-softmax kernel; DTK's attention is LibTorch's fused attention where it has one"},
     {"--no-bias-gelu-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_gelu", kDtkFusion},
     {"--no-bias-swiglu-fusion", 0, Kind::kCustom, "model.unfused_kernels=swiglu", kDtkFusion},
-    {"--no-bias-dropout-fusion", 0, Kind::kIgnore, "", "Megatron's bias-dropout-add kernel; DTK has no such kernel"},
+    {"--no-bias-dropout-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_add", kDtkFusion},
     {"--no-persist-layer-norm", 0, Kind::kIgnore, "",
      "Apex's persistent LayerNorm kernel; DTK's LayerNorm is ATen's (its add + norm kernel: "
      "model.unfused_kernels=add_norm)"},
     {"--no-async-tensor-model-parallel-allreduce", 0, Kind::kIgnore, "",
-     "Megatron's switch for overlapping the column-parallel layers' input-gradient all-reduce with their weight-gradient product; DTK has no such switch"},
+     "Megatron's switch for overlapping the column-parallel layers' input-gradient all-reduce with their "
+     "weight-gradient product; DTK has no such switch"},
     {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
     {"--cross-entropy-loss-fusion", 0, Kind::kIgnore, "",
      "a CUDA kernel-fusion switch; DTK's own fused output layer and cross entropy is model.fused_lm_head (on)"},
@@ -554,10 +555,11 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
-  const char* kernel = f == "--no-rope-fusion"          ? "rotary"
-                       : f == "--no-bias-gelu-fusion"   ? "bias_gelu"
-                       : f == "--no-bias-swiglu-fusion" ? "swiglu"
-                                                        : nullptr;
+  const char* kernel = f == "--no-rope-fusion"           ? "rotary"
+                       : f == "--no-bias-gelu-fusion"    ? "bias_gelu"
+                       : f == "--no-bias-swiglu-fusion"  ? "swiglu"
+                       : f == "--no-bias-dropout-fusion" ? "bias_add"
+                                                         : nullptr;
   if (kernel && std::find(s.unfused_kernels.begin(), s.unfused_kernels.end(), kernel) == s.unfused_kernels.end())
     s.unfused_kernels.push_back(kernel);
   if (f == "--use-rope-scaling") s.rope_scaling = true;

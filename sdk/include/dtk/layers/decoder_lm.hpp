@@ -97,18 +97,25 @@ inline constexpr dtk_option_spec kCrossEntropyImplOption =
 // stream + branch (branch undefined: stream alone). A pre-norm layer ends `h + branch` and the
 // next one starts `norm(h + branch)`; handing the branch on lets that norm add it in its own kernel
 // (add_layer_norm, add_rms_norm: on a GPU one pass forward and one backward, instead of the add's
-// pass, the norm's and the gradient sum's).
+// pass, the norm's and the gradient sum's). branch_bias: the branch's bias still to add (a
+// row-parallel product made without it, where the next norm's kernel takes it:
+// add_bias_layer_norm), so the value is stream + (branch + branch_bias).
 struct ResidualStream {
   at::Tensor stream, branch;
-  at::Tensor sum() const { return branch.defined() ? stream + branch : stream; }
+  at::Tensor branch_bias = {};  // initialised: {stream, branch} leaves it out
+  at::Tensor sum() const {
+    if (!branch.defined()) return stream;
+    return stream + (branch_bias.defined() ? branch + branch_bias : branch);
+  }
 };
 
 // DTK's fused GPU kernels a model's layers leave out (fused_kernels.hpp); Megatron's
-// --no-bias-gelu-fusion, --no-bias-swiglu-fusion and --no-rope-fusion map here.
+// --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion and --no-rope-fusion
+// map here.
 inline constexpr dtk_option_spec kUnfusedKernelsOption = opt_string(
     "unfused_kernels", "",
-    "DTK's GPU kernels to leave out, comma-separated (add_norm, rms_norm, bias_gelu, swiglu, rotary, or all): "
-    "the layers run LibTorch ops there instead. No effect on the CPU, which runs the ops always.");
+    "DTK's GPU kernels to leave out, comma-separated (add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary, or "
+    "all): the layers run LibTorch ops there instead. No effect on the CPU, which runs the ops always.");
 
 // One transformer layer of a decoder LM: [b, s, h] -> [b, s, h].
 class DecoderLayer {

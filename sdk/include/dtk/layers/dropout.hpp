@@ -11,8 +11,10 @@
 // storing them, and a slice of rows is the same mask with an offset: Domino's chunks use exactly
 // the plain layer's masks.
 //
-// On other devices (a GPU) the same bits are made there with tensor operations (keep_bits_on), so
-// a CPU and a GPU run draw the same masks without hashing on the host or copying masks over.
+// On a GPU DTK's kernel (dtk/cuda/dropout.hpp) hashes each element's bits in the one pass that
+// applies them; on other devices the same bits are made there with tensor operations
+// (keep_bits_on). Either way a CPU and a GPU run draw the same masks without hashing on the host
+// or copying masks over.
 #pragma once
 
 #include <dtk/model.hpp>
@@ -67,6 +69,10 @@ DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen);
 // x * keep / (1 - p) (inverted dropout; the scale in fp32), differentiable in x; nothing is
 // saved for backward but the seed. x's first dimension must match the mask's rows.
 at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep);
+// apply_dropout's arithmetic, (x * keep) * (1 / (1 - p)), with the bits made by tensor operations
+// on x's device (keep_bits_on): the reference DTK's GPU dropout kernel (dtk/cuda/dropout.hpp),
+// which apply_dropout runs on a GPU, is tested against. The mask must be defined.
+at::Tensor apply_dropout_ops(const at::Tensor& x, const DropoutMask& keep);
 // Inverted dropout drawing its mask from `gen` (identity when not training or p == 0).
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
 

@@ -2,10 +2,10 @@
 // Each function of norms.hpp, activations.hpp and rotary.hpp that has a kernel takes a
 // FusedKernels, every kernel on by default; a decoder model passes its config's (the option
 // `unfused_kernels`, DecoderConfig::kernels; Megatron's --no-bias-gelu-fusion,
-// --no-bias-swiglu-fusion and --no-rope-fusion map to it). A kernel turned off, the function runs
-// its LibTorch-op reference instead: a way out for a kernel in doubt, and a way to measure what
-// each kernel is worth in one run (tools/gpu_check.sh's variants). The CPU runs the references
-// always, so on the CPU the choice changes nothing.
+// --no-bias-swiglu-fusion, --no-bias-dropout-fusion and --no-rope-fusion map to it). A kernel
+// turned off, the function runs its LibTorch-op reference instead: a way out for a kernel in
+// doubt, and a way to measure what each kernel is worth in one run (tools/gpu_check.sh's
+// variants). The CPU runs the references always, so on the CPU the choice changes nothing.
 #pragma once
 
 #include <string>
@@ -14,6 +14,7 @@ namespace dtk::layers {
 
 struct FusedKernels {
   bool add_norm = true;   // add_layer_norm, add_rms_norm: the residual add and the norm in one kernel
+  bool bias_add = true;   // add_bias_layer_norm: a branch's bias added in that kernel too (needs add_norm)
   bool rms_norm = true;   // rms_norm: DTK's RMSNorm kernel (LayerNorm alone is always ATen's kernel)
   bool bias_gelu = true;  // bias_gelu, column_linear_gelu: the bias add and GELU in one kernel
   bool swiglu = true;     // swiglu: silu(gate) * up in one kernel
@@ -21,7 +22,7 @@ struct FusedKernels {
 };
 
 // The names unfused_kernels() takes, as the option's help lists them.
-inline constexpr const char* kFusedKernelNames = "add_norm, rms_norm, bias_gelu, swiglu, rotary";
+inline constexpr const char* kFusedKernelNames = "add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary";
 
 // The kernels left on when those in `list` are turned off: names of FusedKernels' fields separated
 // by commas (spaces allowed), "all" for every one, "" for none. Throws std::invalid_argument

@@ -6,7 +6,9 @@
 // add_layer_norm and add_rms_norm fuse the residual add before a norm (a pre-norm layer's
 // `h = x + branch; norm(h)`) into DTK's kernels (dtk/cuda/layer_norm.hpp, rms_norm.hpp): one pass
 // forward, one backward that also adds the residual stream's gradient; on the CPU, and wherever
-// the kernels do not apply, exactly the add and the norm above.
+// the kernels do not apply, exactly the add and the norm above. add_bias_layer_norm also takes the
+// branch's bias into the LayerNorm's kernel (Megatron's bias-dropout-add, without dropout): a
+// row-parallel product made without its bias (RowParallelLinear::forward_unbiased) hands it on.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,9 +36,26 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                const at::Tensor& weight, double eps, const FusedKernels& kernels = {});
 
+// The residual add of a branch whose bias is still to add, and the LayerNorm after it:
+// {h, layer_norm(h)} with h = x + (branch + branch_bias); branch_bias undefined: add_layer_norm.
+// On a GPU one kernel (the bias's gradient, the column sums of the branch's, made in the
+// backward's pass); elsewhere the ops: the bias add, then add_layer_norm.
+std::pair<at::Tensor, at::Tensor> add_bias_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                                      const at::Tensor& branch_bias, const at::Tensor& w,
+                                                      const at::Tensor& b, double eps,
+                                                      const FusedKernels& kernels = {});
+// Whether add_bias_layer_norm adds a branch's bias in its kernel for a residual stream like x and
+// a norm (w, b): a layer leaves a product's bias out only then. Elsewhere the product adds it
+// (rounding once, as before: the CPU's losses do not move).
+bool layer_norm_takes_branch_bias(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                  const FusedKernels& kernels);
+
 // Their LibTorch-op references on any device (what the GPU kernels are tested against).
 std::pair<at::Tensor, at::Tensor> add_layer_norm_ops(const at::Tensor& x, const at::Tensor& residual,
                                                      const at::Tensor& w, const at::Tensor& b, double eps);
+std::pair<at::Tensor, at::Tensor> add_bias_layer_norm_ops(const at::Tensor& x, const at::Tensor& branch,
+                                                          const at::Tensor& branch_bias, const at::Tensor& w,
+                                                          const at::Tensor& b, double eps);
 std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at::Tensor& residual,
                                                    const at::Tensor& weight, double eps);
 

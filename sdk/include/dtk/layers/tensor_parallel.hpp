@@ -120,6 +120,9 @@ class RowParallelLinear {
   RowParallelLinear() = default;
   RowParallelLinear(int64_t in, int64_t out, bool bias, double init_std, const TPGroup& tp, ParamFactory& f);
   at::Tensor forward(const at::Tensor& x) const;
+  // forward() without the bias (Megatron's skip_bias_add): the caller adds `bias` later, where a
+  // kernel can take it (dtk::layers::add_bias_layer_norm).
+  at::Tensor forward_unbiased(const at::Tensor& x) const;
   int64_t in_per_partition = 0;
   at::Tensor weight;  // [out, in / tp]
   at::Tensor bias;    // [out], replicated, added after the all-reduce

@@ -1,0 +1,67 @@
+// Counter-based dropout (dtk/cuda/dropout.hpp): elementwise, a grid-stride loop, each thread
+// hashing its own element's pair index (splitmix64's output function, as dtk/layers/dropout.cpp's
+// mix()), so the mask costs no memory traffic at all.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "dtk/cuda/dropout.hpp"
+#include "element.cuh"
+
+namespace dtk::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;
+
+using element::from_float;
+using element::to_float;
+
+__device__ __forceinline__ uint64_t mix(uint64_t seed, uint64_t pair) {
+  uint64_t z = seed + (pair + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) dropout_kernel(const T* x, int64_t n, DropoutBits m, T* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    const int64_t index = m.run_numel > 0 ? m.offset + i / m.run_numel * m.row_numel + i % m.run_numel : m.offset + i;
+    const uint64_t word = mix(m.seed, static_cast<uint64_t>(index >> 1));
+    const uint32_t u = static_cast<uint32_t>((index & 1) ? word >> 32 : word);
+    out[i] = u >= m.threshold ? from_float<T>(to_float(x[i]) * m.scale) : from_float<T>(0.0f);
+  }
+}
+
+template <class T>
+void apply(const void* x, int64_t n, const DropoutBits& m, void* out, StreamHandle stream) {
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+  dropout_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), n, m, static_cast<T*>(out));
+}
+
+}  // namespace
+
+void dropout_apply(const void* x, ElementType type, int64_t n, const DropoutBits& mask, void* out,
+                   StreamHandle stream) {
+  if (n <= 0) return;
+  switch (type) {
+    case ElementType::kFloat32:
+      apply<float>(x, n, mask, out, stream);
+      break;
+    case ElementType::kBFloat16:
+      apply<__nv_bfloat16>(x, n, mask, out, stream);
+      break;
+    case ElementType::kFloat16:
+      apply<__half>(x, n, mask, out, stream);
+      break;
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CudaError(std::string("dropout_apply: ") + cudaGetErrorString(e));
+}
+
+}  // namespace dtk::cuda

@@ -81,7 +81,7 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up);
 
 // DTK's counter-based dropout (dtk/layers/dropout.hpp) in one pass: x * scale where the mask keeps
-// an element (its uniform >= threshold), x * 0 elsewhere, in x's type. x of fp32/bf16/fp16 on a
+// an element (its uniform >= threshold), 0 elsewhere, in x's type. x of fp32/bf16/fp16 on a
 // GPU (any layout: made contiguous).
 bool dropout_applies(const at::Tensor& x);
 at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask, uint32_t threshold, float scale);

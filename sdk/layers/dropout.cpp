@@ -86,8 +86,8 @@ at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
 
 at::Tensor apply_mask(const at::Tensor& x, const DropoutMask& m) {
   if (x.device().is_cpu()) return masked_scale(x, m);
-  // A GPU: DTK's kernel hashes each element's bits itself (dtk/cuda/dropout.hpp), the same
-  // arithmetic as the ops below in one pass.
+  // A GPU: DTK's kernel hashes each element's bits itself (dtk/cuda/dropout.hpp), the host loop's
+  // arithmetic in one pass.
   if (gpu::dropout_applies(x))
     return gpu::dropout_apply(x, m, threshold(m.p), static_cast<float>(1.0 / (1.0 - m.p))).view(x.sizes());
   // Other devices: the same bits, made there with tensor operations (dropout.hpp).

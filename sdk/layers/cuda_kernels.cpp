@@ -39,6 +39,18 @@ bool element_type(at::ScalarType t, dtk::cuda::ElementType* out) {
 
 cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
+// A defined mask as the kernels take it.
+dtk::cuda::DropoutBits bits_of(const DropoutMask& mask) {
+  dtk::cuda::DropoutBits bits;
+  bits.seed = mask.seed;
+  bits.threshold = mask.threshold();
+  bits.scale = mask.scale();
+  bits.offset = mask.offset;
+  bits.row_numel = mask.row_numel;
+  bits.run_numel = mask.run_numel;
+  return bits;
+}
+
 }  // namespace
 
 bool cross_entropy_applies(const at::Device& device, at::ScalarType type) {
@@ -161,11 +173,9 @@ bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, con
          hidden <= dtk::cuda::kLayerNormMaxHidden && x.numel() / hidden <= kMaxRows;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
-                                                                                  const at::Tensor& residual,
-                                                                                  const at::Tensor& residual_bias,
-                                                                                  const at::Tensor& w,
-                                                                                  const at::Tensor& b, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& residual_bias, const DropoutMask& residual_keep,
+    const at::Tensor& w, const at::Tensor& b, double eps) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(x.scalar_type(), &type);
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = w.contiguous(), bc = b.contiguous();
@@ -174,16 +184,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forwar
   at::Tensor sum = at::empty_like(xc), y = at::empty_like(xc);
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor mean = at::empty({rows}, f32), rstd = at::empty({rows}, f32);
+  const dtk::cuda::DropoutBits keep = residual_keep.defined() ? bits_of(residual_keep) : dtk::cuda::DropoutBits{};
   const c10::cuda::CUDAGuard guard(x.device());
-  dtk::cuda::add_layer_norm_forward(xc.data_ptr(), rc.data_ptr(), cc.defined() ? cc.data_ptr() : nullptr, wc.data_ptr(),
-                                    bc.data_ptr(), type, rows, hidden, eps, sum.data_ptr(), y.data_ptr(),
-                                    mean.data_ptr<float>(), rstd.data_ptr<float>(), stream_of(x));
+  dtk::cuda::add_layer_norm_forward(xc.data_ptr(), rc.data_ptr(), cc.defined() ? cc.data_ptr() : nullptr,
+                                    residual_keep.defined() ? &keep : nullptr, wc.data_ptr(), bc.data_ptr(), type, rows,
+                                    hidden, eps, sum.data_ptr(), y.data_ptr(), mean.data_ptr<float>(),
+                                    rstd.data_ptr<float>(), stream_of(x));
   return {sum, y, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
-    const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum, const at::Tensor& w, const at::Tensor& mean,
-    const at::Tensor& rstd, bool residual_bias) {
+AddLayerNormGrads add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum,
+                                          const at::Tensor& w, const at::Tensor& mean, const at::Tensor& rstd,
+                                          const DropoutMask& residual_keep, bool residual_bias) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(sum.scalar_type(), &type);
   const at::Tensor hc = sum.contiguous(), wc = w.contiguous();
@@ -193,17 +205,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backwa
   const void* sp = sc.defined() ? sc.data_ptr() : nullptr;
   const int64_t hidden = sum.size(-1), rows = sum.numel() / hidden;
   at::Tensor dx = at::empty_like(hc);
+  at::Tensor dres = residual_keep.defined() ? at::empty_like(hc) : dx;
   const auto f32 = sum.options().dtype(at::kFloat);
   at::Tensor partial =
       at::empty({residual_bias ? 3 : 2, dtk::cuda::layer_norm_backward_blocks(rows, hidden), hidden}, f32);
   at::Tensor dw = at::empty({hidden}, f32), db = at::empty({hidden}, f32);
   at::Tensor dc = residual_bias ? at::empty({hidden}, f32) : at::Tensor();
+  const dtk::cuda::DropoutBits keep = residual_keep.defined() ? bits_of(residual_keep) : dtk::cuda::DropoutBits{};
   const c10::cuda::CUDAGuard guard(sum.device());
   dtk::cuda::add_layer_norm_backward(gc.data_ptr(), sp, hc.data_ptr(), wc.data_ptr(), type, rows, hidden,
-                                     mean.data_ptr<float>(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                     mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                                     residual_keep.defined() ? &keep : nullptr, dx.data_ptr(), dres.data_ptr(),
                                      partial.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(),
                                      dc.defined() ? dc.data_ptr<float>() : nullptr, stream_of(sum));
-  return {dx, dw.to(w.scalar_type()), db.to(w.scalar_type()), dc.defined() ? dc.to(w.scalar_type()) : at::Tensor()};
+  return {dx, dres, dw.to(w.scalar_type()), db.to(w.scalar_type()),
+          dc.defined() ? dc.to(w.scalar_type()) : at::Tensor()};
 }
 
 bool dropout_applies(const at::Tensor& x) {
@@ -211,18 +227,12 @@ bool dropout_applies(const at::Tensor& x) {
   return x.is_cuda() && element_type(x.scalar_type(), &unused);
 }
 
-at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask, uint32_t threshold, float scale) {
+at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
   element_type(x.scalar_type(), &type);
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(xc);
-  dtk::cuda::DropoutBits bits;
-  bits.seed = mask.seed;
-  bits.threshold = threshold;
-  bits.scale = scale;
-  bits.offset = mask.offset;
-  bits.row_numel = mask.row_numel;
-  bits.run_numel = mask.run_numel;
+  const dtk::cuda::DropoutBits bits = bits_of(mask);
   const c10::cuda::CUDAGuard guard(x.device());
   dtk::cuda::dropout_apply(xc.data_ptr(), type, xc.numel(), bits, out.data_ptr(), stream_of(x));
   return out;
@@ -352,18 +362,17 @@ bool add_layer_norm_applies(const at::Tensor&, const at::Tensor&, const at::Tens
   return false;
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor&, const at::Tensor&,
+                                                                                  const at::Tensor&, const DropoutMask&,
                                                                                   const at::Tensor&, const at::Tensor&,
-                                                                                  const at::Tensor&, double) {
+                                                                                  double) {
   throw Error("add_layer_norm: this build has no CUDA kernels");
 }
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(const at::Tensor&, const at::Tensor&,
-                                                                                   const at::Tensor&, const at::Tensor&,
-                                                                                   const at::Tensor&, const at::Tensor&,
-                                                                                   bool) {
+AddLayerNormGrads add_layer_norm_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const at::Tensor&, const at::Tensor&, const DropoutMask&, bool) {
   throw Error("add_layer_norm: this build has no CUDA kernels");
 }
 bool dropout_applies(const at::Tensor&) { return false; }
-at::Tensor dropout_apply(const at::Tensor&, const DropoutMask&, uint32_t, float) {
+at::Tensor dropout_apply(const at::Tensor&, const DropoutMask&) {
   throw Error("dropout: this build has no CUDA kernels");
 }
 bool bias_gelu_applies(const at::Device&, at::ScalarType, const at::Tensor&) { return false; }

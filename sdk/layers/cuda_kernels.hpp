@@ -50,20 +50,23 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& dy, co
 
 // The residual add and LayerNorm: sum = T(x + residual), y = layer_norm(sum, w, b); x and
 // residual of one shape, type and device, w and b [hidden] of their type. With residual_bias c
-// (defined, [hidden] of their type): sum = T(x + T(residual + c)).
+// (defined, [hidden] of their type): sum = T(x + T(residual + c)); with residual_keep (defined:
+// a mask over the residual's elements in row-major order) the residual, biased or not, goes through
+// the mask (apply_dropout's arithmetic) before the add.
 bool add_layer_norm_applies(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& residual_bias,
                             const at::Tensor& w, const at::Tensor& b);
 // sum, y (x's shape and type), mean and rstd (fp32, one per row).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(const at::Tensor& x,
-                                                                                  const at::Tensor& residual,
-                                                                                  const at::Tensor& residual_bias,
-                                                                                  const at::Tensor& w,
-                                                                                  const at::Tensor& b, double eps);
-// The gradient of x and of residual (one tensor), dw and db (w's type), and with
-// `residual_bias` the residual bias's (w's type; else undefined).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward(
-    const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum, const at::Tensor& w, const at::Tensor& mean,
-    const at::Tensor& rstd, bool residual_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& residual_bias, const DropoutMask& residual_keep,
+    const at::Tensor& w, const at::Tensor& b, double eps);
+struct AddLayerNormGrads {
+  at::Tensor dx, dresidual;   // one tensor without the residual's dropout
+  at::Tensor dw, db;          // w's type
+  at::Tensor dresidual_bias;  // w's type, with `residual_bias`; else undefined
+};
+AddLayerNormGrads add_layer_norm_backward(const at::Tensor& dy, const at::Tensor& dsum, const at::Tensor& sum,
+                                          const at::Tensor& w, const at::Tensor& mean, const at::Tensor& rstd,
+                                          const DropoutMask& residual_keep, bool residual_bias);
 
 // Bias + GELU: x [..., n] of `type` on `device`, bias [n] of that type and device (the caller
 // checks that x's last dimension is the bias's size).
@@ -84,7 +87,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at
 // an element (its uniform >= threshold), 0 elsewhere, in x's type. x of fp32/bf16/fp16 on a
 // GPU (any layout: made contiguous).
 bool dropout_applies(const at::Tensor& x);
-at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask, uint32_t threshold, float scale);
+at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask);
 
 // Rotary embeddings (dtk/layers/rotary.hpp): x [b, s, heads, hd] (unit stride in hd), cos/sin
 // fp32 [b, s, 1, dim] contiguous on x's device.

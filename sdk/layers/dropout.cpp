@@ -88,8 +88,7 @@ at::Tensor apply_mask(const at::Tensor& x, const DropoutMask& m) {
   if (x.device().is_cpu()) return masked_scale(x, m);
   // A GPU: DTK's kernel hashes each element's bits itself (dtk/cuda/dropout.hpp), the host loop's
   // arithmetic in one pass.
-  if (gpu::dropout_applies(x))
-    return gpu::dropout_apply(x, m, threshold(m.p), static_cast<float>(1.0 / (1.0 - m.p))).view(x.sizes());
+  if (gpu::dropout_applies(x)) return gpu::dropout_apply(x, m).view(x.sizes());
   // Other devices: the same bits, made there with tensor operations (dropout.hpp).
   return apply_dropout_ops(x, m);
 }
@@ -118,25 +117,33 @@ namespace {
 
 struct Dropout : public torch::autograd::Function<Dropout> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, DropoutMask m) {
-    ctx->saved_data["seed"] = static_cast<int64_t>(m.seed);
-    ctx->saved_data["p"] = m.p;
-    ctx->saved_data["offset"] = m.offset;
-    ctx->saved_data["row_numel"] = m.row_numel;
-    ctx->saved_data["run_numel"] = m.run_numel;
+    save_mask(ctx, "keep", m);
     return apply_mask(x, m);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    DropoutMask m;
-    m.seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-    m.p = ctx->saved_data["p"].toDouble();
-    m.offset = ctx->saved_data["offset"].toInt();
-    m.row_numel = ctx->saved_data["row_numel"].toInt();
-    m.run_numel = ctx->saved_data["run_numel"].toInt();
-    return {apply_mask(grad[0], m), at::Tensor()};
+    return {apply_mask(grad[0], saved_mask(ctx, "keep")), at::Tensor()};
   }
 };
 
 }  // namespace
+
+void save_mask(AutogradContext* ctx, const std::string& key, const DropoutMask& m) {
+  ctx->saved_data[key + ".seed"] = static_cast<int64_t>(m.seed);
+  ctx->saved_data[key + ".p"] = m.p;
+  ctx->saved_data[key + ".offset"] = m.offset;
+  ctx->saved_data[key + ".row_numel"] = m.row_numel;
+  ctx->saved_data[key + ".run_numel"] = m.run_numel;
+}
+
+DropoutMask saved_mask(AutogradContext* ctx, const std::string& key) {
+  DropoutMask m;
+  m.seed = static_cast<uint64_t>(ctx->saved_data[key + ".seed"].toInt());
+  m.p = ctx->saved_data[key + ".p"].toDouble();
+  m.offset = ctx->saved_data[key + ".offset"].toInt();
+  m.row_numel = ctx->saved_data[key + ".row_numel"].toInt();
+  m.run_numel = ctx->saved_data[key + ".run_numel"].toInt();
+  return m;
+}
 
 DropoutRng DropoutRng::clone() {
   std::lock_guard<std::mutex> l1(hidden.mutex());
@@ -182,6 +189,10 @@ at::Generator seeded_generator(uint64_t seed) {
   g.set_current_seed(seed);
   return g;
 }
+
+uint32_t DropoutMask::threshold() const { return layers::threshold(p); }
+
+float DropoutMask::scale() const { return static_cast<float>(1.0 / (1.0 - p)); }
 
 DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
   DropoutMask m = *this;

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cuda_kernels.hpp"
+#include "dropout_rows.hpp"
 
 namespace dtk::layers {
 namespace {
@@ -53,16 +54,18 @@ struct FusedAddRmsNorm : public torch::autograd::Function<FusedAddRmsNorm> {
 
 // The residual add and LayerNorm through DTK's kernels, the same way; with the residual branch's
 // bias (a row-parallel product's, left out of it) added to the branch in the same pass, and its
-// gradient (dx's column sums) made in the backward's.
+// gradient (the column sums of the branch's) made in the backward's; with the branch's dropout
+// mask applied to the branch there too, forward and backward.
 struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
-                               const c10::optional<at::Tensor>& residual_bias, const at::Tensor& w, const at::Tensor& b,
-                               double eps) {
+                               const c10::optional<at::Tensor>& residual_bias, const DropoutMask& residual_keep,
+                               const at::Tensor& w, const at::Tensor& b, double eps) {
     RECORD_FUNCTION("dtk::add_layer_norm", std::vector<c10::IValue>());
     const at::Tensor c = residual_bias.has_value() ? *residual_bias : at::Tensor();
-    auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, c, w, b, eps);
+    auto [sum, y, mean, rstd] = gpu::add_layer_norm_forward(x, residual, c, residual_keep, w, b, eps);
     ctx->save_for_backward({sum, w, mean, rstd});
     ctx->saved_data["residual_bias"] = c.defined();
+    save_mask(ctx, "residual_keep", residual_keep);
     ctx->set_materialize_grads(false);  // an unused sum (a final norm's) has no gradient to read
     return {sum, y};
   }
@@ -71,14 +74,16 @@ struct FusedAddLayerNorm : public torch::autograd::Function<FusedAddLayerNorm> {
     RECORD_FUNCTION("dtk::add_layer_norm_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
     const bool with_bias = ctx->saved_data["residual_bias"].toBool();
+    const DropoutMask keep = saved_mask(ctx, "residual_keep");
     if (!grad[1].defined()) {  // only the sum was used
       const at::Tensor& g = grad[0];
-      const at::Tensor dc = with_bias && g.defined() ? column_sums(g).to(saved[1].scalar_type()) : at::Tensor();
-      return {g, g, dc, at::Tensor(), at::Tensor(), at::Tensor()};
+      const at::Tensor dr = g.defined() && keep.defined() ? apply_dropout(g, keep) : g;
+      const at::Tensor dc = with_bias && dr.defined() ? column_sums(dr).to(saved[1].scalar_type()) : at::Tensor();
+      return {g, dr, dc, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    auto [dx, dw, db, dc] =
-        gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3], with_bias);
-    return {dx, dx, dc, dw, db, at::Tensor()};
+    const gpu::AddLayerNormGrads d =
+        gpu::add_layer_norm_backward(grad[1], grad[0], saved[0], saved[1], saved[2], saved[3], keep, with_bias);
+    return {d.dx, d.dresidual, d.dresidual_bias, at::Tensor(), d.dw, d.db, at::Tensor()};
   }
 
   // The sums over every row of g's last dimension, in fp32.
@@ -133,18 +138,40 @@ std::pair<at::Tensor, at::Tensor> add_bias_layer_norm_ops(const at::Tensor& x, c
   return add_layer_norm_ops(x, branch_bias.defined() ? branch + branch_bias : branch, w, b, eps);
 }
 
+std::pair<at::Tensor, at::Tensor> add_bias_dropout_layer_norm_ops(const at::Tensor& x, const at::Tensor& branch,
+                                                                  const at::Tensor& branch_bias,
+                                                                  const DropoutMask& branch_keep, const at::Tensor& w,
+                                                                  const at::Tensor& b, double eps) {
+  const at::Tensor biased = branch_bias.defined() ? branch + branch_bias : branch;
+  return add_layer_norm_ops(x, branch_keep.defined() ? apply_dropout_ops(biased, branch_keep) : biased, w, b, eps);
+}
+
 std::pair<at::Tensor, at::Tensor> add_bias_layer_norm(const at::Tensor& x, const at::Tensor& branch,
                                                       const at::Tensor& branch_bias, const at::Tensor& w,
                                                       const at::Tensor& b, double eps, const FusedKernels& kernels) {
-  const bool kernel_takes_bias = !branch_bias.defined() || kernels.bias_add;
-  if (kernels.add_norm && kernel_takes_bias && gpu::add_layer_norm_applies(x, branch, branch_bias, w, b)) {
+  return add_bias_dropout_layer_norm(x, branch, branch_bias, DropoutMask{}, w, b, eps, kernels);
+}
+
+std::pair<at::Tensor, at::Tensor> add_bias_dropout_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                                              const at::Tensor& branch_bias,
+                                                              const DropoutMask& branch_keep, const at::Tensor& w,
+                                                              const at::Tensor& b, double eps,
+                                                              const FusedKernels& kernels) {
+  // The bias and the dropout join the kernel together (bias_add: Megatron's bias-dropout fusion).
+  const bool kernel_takes_branch = (!branch_bias.defined() && !branch_keep.defined()) || kernels.bias_add;
+  if (kernels.add_norm && kernel_takes_branch && gpu::add_layer_norm_applies(x, branch, branch_bias, w, b)) {
     const c10::optional<at::Tensor> c =
         branch_bias.defined() ? c10::optional<at::Tensor>(branch_bias) : c10::optional<at::Tensor>();
-    const auto out = FusedAddLayerNorm::apply(x, branch, c, w, b, eps);
+    const auto out = FusedAddLayerNorm::apply(x, branch, c, branch_keep, w, b, eps);
     return {out[0], out[1]};
   }
-  // The bias added on its own, then the add + norm (their kernel where it alone applies).
-  if (branch_bias.defined()) return add_bias_layer_norm(x, branch + branch_bias, at::Tensor(), w, b, eps, kernels);
+  // The bias added and the dropout applied on their own (dropout's kernel on a GPU), then the
+  // add + norm (their kernel where it alone applies).
+  if (branch_bias.defined() || branch_keep.defined()) {
+    const at::Tensor biased = branch_bias.defined() ? branch + branch_bias : branch;
+    return add_bias_dropout_layer_norm(x, apply_dropout(biased, branch_keep), at::Tensor(), DropoutMask{}, w, b, eps,
+                                       kernels);
+  }
   return add_layer_norm_ops(x, branch, w, b, eps);
 }
 

@@ -307,12 +307,17 @@ at::Tensor sequence_shard(const at::Tensor& x, const TPGroup& tp) {
 }
 
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp) {
-  if (!tp.splits_sequence()) return dropout(x, p, training, gen);
   if (!training || p <= 0.0) return x;
+  return apply_dropout(x, dropout_mask(x, p, training, gen, tp));
+}
+
+DropoutMask dropout_mask(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp) {
+  if (!training || p <= 0.0) return {};
+  if (!tp.splits_sequence()) return draw_keep_mask(x.sizes(), p, gen);
   std::vector<int64_t> whole = x.sizes().vec();
   const int64_t local = whole[1];
   whole[1] *= tp.size;
-  return apply_dropout(x, draw_keep_mask(whole, p, gen).sequence_rows(whole[1], tp.rank * local, local));
+  return draw_keep_mask(whole, p, gen).sequence_rows(whole[1], tp.rank * local, local);
 }
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size) {

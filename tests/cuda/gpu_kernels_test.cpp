@@ -131,9 +131,11 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
 // the default limit with the static; 8192: LayerNorm's 64 KB). `norm_only`: only the norm's
 // output is used (a final norm), so the sum gets no gradient of its own; `sum_only`: only the sum
 // is used, so the norm's output gets none. `branch_bias` (LayerNorm): the residual's bias added in
-// the kernel too (add_bias_layer_norm), its gradient the column sums of the residual's.
+// the kernel too (add_bias_layer_norm), its gradient the column sums of the residual's. `keep`
+// (LayerNorm, defined): the residual's dropout in the kernel too (add_bias_dropout_layer_norm),
+// against apply_dropout_ops' tensor-op bits; a mask over [rows, 1, hidden] elements.
 void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidden, double tol, bool norm_only = false,
-                    bool sum_only = false, bool branch_bias = false) {
+                    bool sum_only = false, bool branch_bias = false, const dtk::layers::DropoutMask& keep = {}) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(13);
   const at::Tensor x0 = (at::randn({rows, hidden}, on) * 2 + 0.5).to(type).view({-1, 1, hidden});
@@ -147,8 +149,8 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
     at::Tensor w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
     at::Tensor c = branch_bias ? c0.clone().requires_grad_(true) : at::Tensor();
     const auto out =
-        layer ? (fused ? dtk::layers::add_bias_layer_norm(x, r, c, w, b, 1e-5)
-                       : dtk::layers::add_bias_layer_norm_ops(x, r, c, w, b, 1e-5))
+        layer ? (fused ? dtk::layers::add_bias_dropout_layer_norm(x, r, c, keep, w, b, 1e-5)
+                       : dtk::layers::add_bias_dropout_layer_norm_ops(x, r, c, keep, w, b, 1e-5))
               : (fused ? dtk::layers::add_rms_norm(x, r, w, 1e-5) : dtk::layers::add_rms_norm_ops(x, r, w, 1e-5));
     if (fused) {  // DTK's kernel ran, not the ops
       EXPECT_NE(out.second.grad_fn()->name().find(layer ? "FusedAddLayerNorm" : "FusedAddRmsNorm"), std::string::npos)
@@ -177,7 +179,13 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LT(relative_error(fused[i], ops[i]), tol)
         << (layer ? "add_layer_norm " : "add_rms_norm ") << names[i] << ", " << rows << " x " << hidden
-        << (branch_bias ? ", with the residual's bias" : "");
+        << (branch_bias ? ", with the residual's bias" : "") << (keep.defined() ? ", with its dropout" : "");
+  // Where the mask drops an element its branch gets no gradient at all, while x's goes on.
+  if (keep.defined()) {
+    const at::Tensor dropped = dtk::layers::keep_bits(keep, rows * hidden).logical_not().view({rows, 1, hidden});
+    EXPECT_TRUE(fused[3].cpu().masked_select(dropped).eq(0).all().item<bool>()) << "dropped elements' gradient";
+    EXPECT_GT(fused[2].cpu().masked_select(dropped).abs().sum().item<double>(), 0.0);
+  }
 }
 
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
@@ -215,6 +223,38 @@ TEST(GpuKernels, AddBiasLayerNormKernelEqualsOps) {
   check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2, false, false, true);
   check_add_norm(true, at::kBFloat16, 148, 4096, 2e-2, false, false, true);
   check_add_norm(true, at::kHalf, 300, 768, 2e-2, false, false, true);
+}
+
+// Megatron's bias-dropout-add in the add + LayerNorm kernel (gpt with hidden dropout): each
+// element's mask bit hashed in the kernel, forward on the branch and backward on its gradient,
+// against the ops with the bits made by tensor operations: whole masks, a slice of rows (an odd
+// offset: hidden 1001 and 129), a sequence shard (strided); with and without the bias; the warp
+// kernels, the block kernel and the loop over rows; fp32/bf16/fp16; norm-only and sum-only.
+TEST(GpuKernels, AddBiasDropoutLayerNormKernelEqualsOps) {
+  SKIP_WITHOUT_CUDA();
+  at::Generator gen = dtk::layers::seeded_generator(31);
+  auto whole = [&](int64_t rows, int64_t hidden, double p) {
+    return dtk::layers::draw_keep_mask({rows, 1, hidden}, p, gen);
+  };
+  auto slice = [&](int64_t rows, int64_t hidden) {
+    return dtk::layers::draw_keep_mask({rows + 3, 1, hidden}, 0.1, gen).rows(1, rows);
+  };
+  auto shard = [&](int64_t rows, int64_t hidden) {
+    return dtk::layers::draw_keep_mask({rows, 4, hidden}, 0.1, gen).sequence_rows(4, 2, 1);
+  };
+  for (const int64_t hidden : {100, 768, 1000, 8192}) {
+    check_add_norm(true, at::kFloat, 148, hidden, 1e-5, false, false, /*branch_bias=*/true, whole(148, hidden, 0.1));
+    check_add_norm(true, at::kFloat, 148, hidden, 1e-5, false, false, /*branch_bias=*/false, whole(148, hidden, 0.5));
+  }
+  check_add_norm(true, at::kFloat, 148, 1001, 1e-5, false, false, true, slice(148, 1001));
+  check_add_norm(true, at::kFloat, 148, 129, 1e-5, false, false, true, slice(148, 129));
+  check_add_norm(true, at::kFloat, 148, 768, 1e-5, false, false, true, shard(148, 768));
+  check_add_norm(true, at::kFloat, 9000, 768, 1e-5, false, false, true, whole(9000, 768, 0.1));
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, /*norm_only=*/true, false, true, whole(300, 768, 0.1));
+  check_add_norm(true, at::kFloat, 300, 768, 1e-5, false, /*sum_only=*/true, true, whole(300, 768, 0.1));
+  check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2, false, false, true, whole(9000, 768, 0.1));
+  check_add_norm(true, at::kBFloat16, 148, 4096, 2e-2, false, false, true, shard(148, 4096));
+  check_add_norm(true, at::kHalf, 300, 768, 2e-2, false, false, true, whole(300, 768, 0.1));
 }
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
@@ -407,6 +447,21 @@ TEST(GpuKernels, KernelsLeftOutRunTheOpsReferences) {
   EXPECT_EQ(by2.grad_fn()->next_edges().size(), 4u) << by2.grad_fn()->name();
   EXPECT_EQ(dtk::layers::add_bias_layer_norm(x, r, b, w, b, 1e-5).second.grad_fn()->next_edges().size(), 5u);
   EXPECT_FALSE(dtk::layers::layer_norm_takes_branch_bias(x, w, b, dtk::layers::unfused_kernels("bias_add")));
+  // The branch's dropout too: without bias_add the bias's add and the dropout (its own kernel) come
+  // first, then the add + norm kernel; without any kernel, those ops and the plain add + norm.
+  at::Generator gen = dtk::layers::seeded_generator(37);
+  const dtk::layers::DropoutMask keep = dtk::layers::draw_keep_mask({4, 9, 64}, 0.2, gen);
+  const auto [ds, dy] = dtk::layers::add_bias_dropout_layer_norm(x, r, b, keep, w, b, 1e-5, none);
+  not_fused(dy, "add_bias_dropout_layer_norm");
+  same(dy, dtk::layers::add_layer_norm_ops(x, dtk::layers::apply_dropout(r + b, keep), w, b, 1e-5).second,
+       "add_bias_dropout_layer_norm");
+  const auto [ds2, dy2] =
+      dtk::layers::add_bias_dropout_layer_norm(x, r, b, keep, w, b, 1e-5, dtk::layers::unfused_kernels("bias_add"));
+  same(dy2, dtk::layers::add_layer_norm(x, dtk::layers::apply_dropout(r + b, keep), w, b, 1e-5).second,
+       "add_bias_dropout_layer_norm without bias_add");
+  EXPECT_EQ(dy2.grad_fn()->next_edges().size(), 4u) << dy2.grad_fn()->name();
+  EXPECT_EQ(dtk::layers::add_bias_dropout_layer_norm(x, r, b, keep, w, b, 1e-5).second.grad_fn()->next_edges().size(),
+            5u);
   EXPECT_TRUE(dtk::layers::layer_norm_takes_branch_bias(x, w, b, {}));
   const auto [rs, ry] = dtk::layers::add_rms_norm(x, r, w, 1e-5, none);
   not_fused(ry, "add_rms_norm");

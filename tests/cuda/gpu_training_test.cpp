@@ -88,7 +88,8 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
 }
 
 // The layers' fused kernels against their LibTorch-op references end to end (issue 33:
-// model.unfused_kernels=all): gpt (add + LayerNorm twice per layer, bias + GELU) and llama
+// model.unfused_kernels=all): gpt (add + LayerNorm twice per layer with the row-parallel biases,
+// and with hidden dropout their masks; bias + GELU) and llama
 // (add + RMSNorm, RMSNorm, SwiGLU, rotary), each in fp32 over 20 iterations (the kernels compute
 // in fp32 as the ops do: rounding differences only, 1e-4 as the GPU against the CPU) and in bf16
 // over 50 iterations of a model that learns (within bf16's tolerance).
@@ -111,6 +112,15 @@ TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
     ASSERT_EQ(ops16.loss.size(), 50u) << ops16.run.out;
     expect_same_curve(ops16, fused16, 50, name + ": fused kernels against their references (bf16)", 3e-2);
   }
+  // gpt with hidden dropout: the row-parallel biases and the branches' masks applied in the add +
+  // LayerNorm kernels (Megatron's bias-dropout-add) against the products' biases, dropout's own
+  // kernel and the ops; the masks are the same bits either way (fp32).
+  const std::string dropout = kTrain + "--set train.device=cuda --set model.hidden_dropout=0.1 ";
+  const Curve fused = curve(dropout, "gpt-dropout-fused");
+  const Curve ops = curve(dropout + unfused, "gpt-dropout-unfused");
+  ASSERT_EQ(fused.run.code, 0) << fused.run.out;
+  ASSERT_EQ(ops.loss.size(), 20u) << ops.run.out;
+  expect_same_curve(ops, fused, 20, "gpt with hidden dropout: bias-dropout-add in the norms' kernels (fp32)", 1e-4);
 }
 
 // train.cuda_graphs (issue 33): from iteration 3 each micro-batch replays a recorded forward and

@@ -20,9 +20,11 @@
 #include <vector>
 
 #include <dtk/layers/activations.hpp>
+#include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/param_factory.hpp>
+#include <dtk/layers/tensor_parallel.hpp>
 
 namespace {
 
@@ -123,6 +125,52 @@ TEST(FusedNorms, AddBiasLayerNormIsTheBiasAddThenAddLayerNorm) {
   const auto [osum, oy] = dtk::layers::add_bias_layer_norm_ops(x0, r0, c0, w0, b0, 1e-5);
   EXPECT_TRUE(at::equal(osum, fused[0]) && at::equal(oy, fused[1]));
   EXPECT_FALSE(dtk::layers::layer_norm_takes_branch_bias(x0, w0, b0, {}));
+}
+
+// Megatron's bias-dropout-add before the LayerNorm (add_bias_dropout_layer_norm): on the CPU
+// exactly apply_dropout(branch + bias), then add_layer_norm, in values and every gradient, for a
+// whole mask and a sequence shard's (strided) one; the tensor-op reference (what the GPU kernel is
+// tested against) and a ResidualStream carrying the bias and the mask give the same values; the
+// bias's gradient is the column sums of the branch's; dropout_mask draws dropout()'s mask.
+TEST(FusedNorms, AddBiasDropoutLayerNormIsDropoutThenAddLayerNorm) {
+  at::manual_seed(9);
+  const at::Tensor x0 = at::randn({3, 5, 40}), r0 = at::randn({3, 5, 40}), c0 = at::randn({40});
+  const at::Tensor w0 = 1 + 0.1 * at::randn({40}), b0 = 0.1 * at::randn({40});
+  const at::Tensor dy = at::randn({3, 5, 40}), dsum = at::randn({3, 5, 40});
+  at::Generator gen = dtk::layers::seeded_generator(41);
+  const dtk::layers::DropoutMask whole = dtk::layers::draw_keep_mask({3, 5, 40}, 0.3, gen);
+  const dtk::layers::DropoutMask shard = dtk::layers::draw_keep_mask({3, 15, 40}, 0.3, gen).sequence_rows(15, 5, 5);
+  for (const auto& [name, keep] :
+       {std::pair<const char*, dtk::layers::DropoutMask>{"whole", whole}, {"shard", shard}}) {
+    auto run = [&, keep = keep](int path) {
+      at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+      at::Tensor c = c0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      at::Tensor b = b0.clone().requires_grad_(true);
+      const auto [sum, y] = path == 0 ? dtk::layers::add_bias_dropout_layer_norm(x, r, c, keep, w, b, 1e-5)
+                            : path == 1
+                                ? dtk::layers::add_layer_norm(x, dtk::layers::apply_dropout(r + c, keep), w, b, 1e-5)
+                                : dtk::layers::add_bias_dropout_layer_norm_ops(x, r, c, keep, w, b, 1e-5);
+      torch::autograd::backward({sum, y}, {dsum, dy});
+      return std::vector<at::Tensor>{sum.detach(), y.detach(), x.grad(), r.grad(), c.grad(), w.grad(), b.grad()};
+    };
+    const auto fused = run(0), plain = run(1), ops = run(2);
+    for (size_t i = 0; i < fused.size(); ++i) {
+      EXPECT_TRUE(at::equal(fused[i], plain[i])) << name << ": value " << i;
+      EXPECT_TRUE(at::equal(fused[i], ops[i])) << name << ": against the ops, value " << i;
+    }
+    // Dropped elements get no gradient; the kept ones x's gradient scaled; the bias the column sums.
+    const at::Tensor kept = dtk::layers::keep_bits(keep, x0.numel()).view(x0.sizes());
+    EXPECT_TRUE(at::allclose(fused[3], at::where(kept, fused[2] / 0.7, at::zeros_like(fused[2])), 1e-6, 1e-6)) << name;
+    EXPECT_TRUE(at::allclose(fused[4], fused[3].sum(at::IntArrayRef{0, 1}), 1e-5, 1e-5)) << name;
+    const dtk::layers::ResidualStream stream{x0, r0, c0, keep};
+    EXPECT_TRUE(at::equal(stream.sum(), fused[0])) << name;
+  }
+  // The mask dropout() applies, drawn without applying it.
+  at::Generator g1 = dtk::layers::seeded_generator(43), g2 = dtk::layers::seeded_generator(43);
+  const at::Tensor applied = dtk::layers::dropout(x0, 0.3, true, g1, dtk::layers::TPGroup{});
+  const dtk::layers::DropoutMask drawn = dtk::layers::dropout_mask(x0, 0.3, true, g2, dtk::layers::TPGroup{});
+  EXPECT_TRUE(at::equal(applied, dtk::layers::apply_dropout(x0, drawn)));
+  EXPECT_FALSE(dtk::layers::dropout_mask(x0, 0.3, false, g2, dtk::layers::TPGroup{}).defined());
 }
 
 // Values and gradients of f(inputs) for clones of `inputs` (each requiring a gradient) under `dy`.

@@ -1,5 +1,6 @@
 // dtk_bench_kernels — DTK's fused layer kernels against their LibTorch-op references: each SDK
-// function that has a kernel (add_layer_norm, add_bias_layer_norm, add_rms_norm, rms_norm,
+// function that has a kernel (add_layer_norm, add_bias_layer_norm, add_bias_dropout_layer_norm,
+// add_rms_norm, rms_norm,
 // bias_gelu, swiglu, apply_rotary; dtk/layers/fused_kernels.hpp) and dropout timed forward +
 // backward through autograd, once
 // with its kernel and once with the kernel left out (the same function running the ops), at
@@ -110,6 +111,22 @@ std::vector<Case> cases(const Setup& s) {
                    auto [sum, y] = dtk::layers::add_bias_layer_norm(in[0], in[1], in[2], in[3], in[4], 1e-5, k);
                    return std::vector<at::Tensor>{sum, y};
                  }});
+  // gpt with hidden dropout (p 0.1): the branch's mask applied in the same kernel too (Megatron's
+  // bias-dropout-add), its bits hashed there forward and backward; the backward writes the
+  // branch's gradient next to x's (one pass more than without dropout).
+  at::Generator gen = dtk::layers::seeded_generator(7);
+  const dtk::layers::DropoutMask mask = dtk::layers::draw_keep_mask({r, h}, 0.1, gen);
+  out.push_back({"add_bias_dropout_layer_norm",
+                 rows + std::to_string(h),
+                 9,
+                 h,
+                 {input(s, {r, h}), input(s, {r, h}), input(s, {h}, 0.1), w, b},
+                 {input(s, {r, h}, 1, 0, false), input(s, {r, h}, 1, 0, false)},
+                 [mask](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+                   auto [sum, y] =
+                       dtk::layers::add_bias_dropout_layer_norm(in[0], in[1], in[2], mask, in[3], in[4], 1e-5, k);
+                   return std::vector<at::Tensor>{sum, y};
+                 }});
   // llama: the same with RMSNorm, and RMSNorm alone (the first layer's input norm).
   out.push_back({"add_rms_norm",
                  rows + std::to_string(h),
@@ -168,8 +185,6 @@ std::vector<Case> cases(const Setup& s) {
   // its one pass; its ops reference makes them with tensor operations. Dropout has no switch in
   // model.unfused_kernels (every layer's dropout goes through it): the "ops" run calls the
   // reference directly.
-  at::Generator gen = dtk::layers::seeded_generator(7);
-  const dtk::layers::DropoutMask mask = dtk::layers::draw_keep_mask({r, h}, 0.1, gen);
   out.push_back({"dropout",
                  rows + std::to_string(h),
                  4,
@@ -231,14 +246,14 @@ int main(int argc, char** argv) {
   std::printf("dtk_bench_kernels: %s, %s, %lld rows, %d reps; a plain copy: %.0f GB/s\n",
               s.device.is_cuda() ? "cuda" : "cpu (kernels and ops run the same ops here)",
               s.type == at::kFloat ? "fp32" : "bf16", static_cast<long long>(s.rows), s.reps, rate);
-  std::printf("%-20s %-22s %10s %10s %9s %10s\n", "forward+backward", "shape", "kernel ms", "ops ms", "speed-up",
+  std::printf("%-27s %-22s %10s %10s %9s %10s\n", "forward+backward", "shape", "kernel ms", "ops ms", "speed-up",
               "floor ms");
   const FusedKernels fused, none = dtk::layers::unfused_kernels("all");
   for (const Case& c : cases(s)) {
     const double kernel_ms = time_ms(s, [&] { forward_backward(c.f, c.inputs, c.grads, fused); });
     const double ops_ms = time_ms(s, [&] { forward_backward(c.f, c.inputs, c.grads, none); });
     const double floor_ms = c.passes * static_cast<double>(s.rows * c.width) * element / (rate * 1e6);
-    std::printf("%-20s %-22s %10.3f %10.3f %8.2fx %10.3f\n", c.name, c.shape.c_str(), kernel_ms, ops_ms,
+    std::printf("%-27s %-22s %10.3f %10.3f %8.2fx %10.3f\n", c.name, c.shape.c_str(), kernel_ms, ops_ms,
                 ops_ms / kernel_ms, floor_ms);
   }
   return 0;

@@ -1,6 +1,6 @@
 // Counter-based dropout (dtk/cuda/dropout.hpp): elementwise, a grid-stride loop, each thread
-// hashing its own element's pair index (splitmix64's output function, as dtk/layers/dropout.cpp's
-// mix()), so the mask costs no memory traffic at all.
+// hashing its own element's pair index (dropout_bits.cuh: splitmix64's output function, as
+// dtk/layers/dropout.cpp's mix()), so the mask costs no memory traffic at all.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dropout_bits.cuh"
 #include "dtk/cuda/dropout.hpp"
 #include "element.cuh"
 
@@ -20,21 +21,11 @@ constexpr int64_t kMaxBlocks = 65536;
 using element::from_float;
 using element::to_float;
 
-__device__ __forceinline__ uint64_t mix(uint64_t seed, uint64_t pair) {
-  uint64_t z = seed + (pair + 1) * 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 template <class T>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(const T* x, int64_t n, DropoutBits m, T* out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
-    const int64_t index = m.run_numel > 0 ? m.offset + i / m.run_numel * m.row_numel + i % m.run_numel : m.offset + i;
-    const uint64_t word = mix(m.seed, static_cast<uint64_t>(index >> 1));
-    const uint32_t u = static_cast<uint32_t>((index & 1) ? word >> 32 : word);
-    out[i] = u >= m.threshold ? from_float<T>(to_float(x[i]) * m.scale) : from_float<T>(0.0f);
+    out[i] = dropout_bits::kept(m, i) ? from_float<T>(to_float(x[i]) * m.scale) : from_float<T>(0.0f);
   }
 }
 

@@ -12,7 +12,10 @@
 // branch's bias (a row-parallel product's, added here instead of in the product) the forward adds
 // it to the branch first, and the backward also sums each column of dx (the branch's gradient,
 // hence the bias's) as a third partial row: in registers in the warp kernel (the shared memory
-// holds two rows per warp at most), in shared memory in the block kernel.
+// holds two rows per warp at most), in shared memory in the block kernel. With the branch's
+// dropout each element's mask bit is hashed where it is used (dropout_bits.cuh): forward on the
+// branch before the add, backward on dx, written as the branch's own gradient (and summed for its
+// bias).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,6 +23,7 @@
 #include <algorithm>
 #include <string>
 
+#include "dropout_bits.cuh"
 #include "dtk/cuda/layer_norm.hpp"
 #include "element.cuh"
 #include "norm_backward.cuh"
@@ -55,17 +59,18 @@ __device__ float2 block_sum2(float a, float b) {
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const T* x, const T* res, const T* res_bias, const T* w, const T* b, int64_t rows, int hidden,
-                   float eps, T* sum, T* y, float* mean_out, float* rstd_out) {
+    forward_kernel(const T* x, const T* res, const T* res_bias, DropoutBits drop, bool dropout, const T* w, const T* b,
+                   int64_t rows, int hidden, float eps, T* sum, T* y, float* mean_out, float* rstd_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;  // the whole warp: its shuffles below stay full
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t base = row * hidden;
-  // h = T(x + r), as the add rounds it (r = T(branch + its bias) with a bias); each lane re-reads
-  // below only what it wrote itself.
+  // h = T(x + r), as the add rounds it (r = T(branch + its bias) with a bias, then T(r scale) or 0
+  // with dropout); each lane re-reads below only what it wrote itself.
   float total = 0.0f;
   for (int j = lane; j < hidden; j += 32) {
-    const float r = res_bias ? round_to<T>(to_float(res[base + j]) + to_float(res_bias[j])) : to_float(res[base + j]);
+    float r = res_bias ? round_to<T>(to_float(res[base + j]) + to_float(res_bias[j])) : to_float(res[base + j]);
+    if (dropout) r = dropout_bits::kept(drop, base + j) ? round_to<T>(r * drop.scale) : 0.0f;
     const float v = round_to<T>(to_float(x[base + j]) + r);
     sum[base + j] = from_float<T>(v);
     total += v;
@@ -94,6 +99,17 @@ __device__ __forceinline__ T input_gradient(float g, float xhat, float wv, float
   return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
 }
 
+// The branch's gradient at `at` from dx's value d there: d itself, or with the branch's dropout d
+// through the mask, written to dres (the branch's own gradient). What the branch bias's column
+// sums add.
+template <class T>
+__device__ __forceinline__ float branch_gradient(T d, const DropoutBits& drop, bool dropout, T* dres, int64_t at) {
+  if (!dropout) return to_float(d);
+  const T g = dropout_bits::kept(drop, at) ? from_float<T>(to_float(d) * drop.scale) : from_float<T>(0.0f);
+  dres[at] = g;
+  return to_float(g);
+}
+
 // out[j] = the sum of the block's warps' rows at column j, in warp order.
 template <int kColumns>
 __device__ void add_warps_rows(const float (*warps)[kColumns * 32], int hidden, float* out) {
@@ -109,18 +125,19 @@ __device__ void add_warps_rows(const float (*warps)[kColumns * 32], int hidden, 
 // and bias gradients into its own rows of shared memory (a lane, its own columns: no barrier, and
 // registers left for the loads in flight); at the end the block adds its warps' rows in warp order
 // into partial ([2][gridDim.x][hidden]: the block's weight gradient row and its bias gradient row;
-// kBranchBias: [3][gridDim.x][hidden], the third row dx's column sums, which each lane keeps for its
-// own columns in registers until the end).
+// kBranchBias: [3][gridDim.x][hidden], the third row the branch gradient's column sums, which each
+// lane keeps for its own columns in registers until the end).
 template <class T, int kColumns, bool kBranchBias>
 __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kColumns, 24>())
     backward_warp_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
-                         const float* mean, const float* rstd, T* dx, float* partial) {
+                         const float* mean, const float* rstd, DropoutBits drop, bool dropout, T* dx, T* dres,
+                         float* partial) {
   __shared__ float warps_grad[2][kWarps][kColumns * 32];  // each warp's weight gradient, and its bias gradient
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const float inv_n = 1.0f / static_cast<float>(hidden);
   float* dw = warps_grad[0][warp];
   float* db = warps_grad[1][warp];
-  float dbranch[kBranchBias ? kColumns : 1];  // this lane's columns of dx summed over the warp's rows
+  float dbranch[kBranchBias ? kColumns : 1];  // this lane's columns of the branch's gradient, summed over rows
 #pragma unroll
   for (int i = 0; i < kColumns; ++i) {
     dw[lane + 32 * i] = db[lane + 32 * i] = 0.0f;
@@ -151,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
       if (j < hidden) {
         const T d = input_gradient<T>(g[i], xhat[i], to_float(w[j]), r, a, c, dsum, base + j);
         dx[base + j] = d;
-        if constexpr (kBranchBias) dbranch[i] += to_float(d);
+        const float gr = branch_gradient<T>(d, drop, dropout, dres, base + j);
+        if constexpr (kBranchBias) dbranch[i] += gr;
         dw[j] += g[i] * xhat[i];
         db[j] += g[i];
       }
@@ -161,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
   add_warps_rows<kColumns>(warps_grad[0], hidden, partial + static_cast<int64_t>(blockIdx.x) * hidden);
   add_warps_rows<kColumns>(warps_grad[1], hidden, partial + static_cast<int64_t>(gridDim.x + blockIdx.x) * hidden);
   if constexpr (kBranchBias) {
-    __syncthreads();  // every thread has read the weight gradients' rows: reuse them for dx's sums
+    __syncthreads();  // every thread has read the weight gradients' rows: reuse them for the branch's
 #pragma unroll
     for (int i = 0; i < kColumns; ++i) dw[lane + 32 * i] = dbranch[i];
     __syncthreads();
@@ -176,8 +194,10 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
 template <class T, bool kBranchBias>
 __global__ void __launch_bounds__(kThreads)
     backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
-                          const float* mean, const float* rstd, T* dx, float* partial) {
-  // This block's weight gradient [hidden], its bias gradient [hidden] (and dx's column sums [hidden]).
+                          const float* mean, const float* rstd, DropoutBits drop, bool dropout, T* dx, T* dres,
+                          float* partial) {
+  // This block's weight gradient [hidden], its bias gradient [hidden] (and the branch gradient's
+  // column sums [hidden]).
   extern __shared__ float grads[];
   float* dw = grads;
   float* db = grads + hidden;
@@ -204,7 +224,8 @@ __global__ void __launch_bounds__(kThreads)
       const float xhat = (to_float(h[base + j]) - m) * r;
       const T d = input_gradient<T>(g, xhat, to_float(w[j]), r, a, c, dsum, base + j);
       dx[base + j] = d;
-      if (kBranchBias) dbranch[j] += to_float(d);
+      const float gr = branch_gradient<T>(d, drop, dropout, dres, base + j);
+      if (kBranchBias) dbranch[j] += gr;
       dw[j] += g * xhat;
       db[j] += g;
     }
@@ -231,12 +252,13 @@ void check_shape(int64_t rows, int64_t hidden) {
 }
 
 template <class T>
-void forward(const void* x, const void* res, const void* res_bias, const void* w, const void* b, int64_t rows,
-             int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd, StreamHandle stream) {
+void forward(const void* x, const void* res, const void* res_bias, const DropoutBits* drop, const void* w,
+             const void* b, int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
+             StreamHandle stream) {
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias), static_cast<const T*>(w),
-      static_cast<const T*>(b), rows, static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum),
-      static_cast<T*>(y), mean, rstd);
+      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
+      drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
+      static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
 }
 
 // The backward kernels' arguments, as every launch passes them.
@@ -246,14 +268,17 @@ struct BackwardArgs {
   int64_t rows;
   int hidden;
   const float *mean, *rstd;
-  T* dx;
+  DropoutBits drop;
+  bool dropout;
+  T *dx, *dres;
   float* partial;
 };
 
 template <class T, bool kBranchBias>
 void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) {
   const auto warps = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, stream>>>(a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.dx, a.partial);
+    kernel<<<blocks, kThreads, 0, stream>>>(a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout,
+                                            a.dx, a.dres, a.partial);
   };
   switch (norm_backward::columns_per_lane(a.hidden)) {
     case 8:
@@ -269,15 +294,15 @@ void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) 
       const size_t shared = (kBranchBias ? 3 : 2) * static_cast<size_t>(a.hidden) * sizeof(float);
       norm_backward::allow_dynamic_shared(backward_block_kernel<T, kBranchBias>, shared);
       backward_block_kernel<T, kBranchBias><<<blocks, kThreads, shared, stream>>>(
-          a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.dx, a.partial);
+          a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout, a.dx, a.dres, a.partial);
     }
   }
 }
 
 template <class T>
 void backward(const void* dy, const void* dsum, const void* h, const void* w, int64_t rows, int64_t hidden,
-              const float* mean, const float* rstd, void* dx, float* partial, float* dweight, float* dbias,
-              float* dres_bias, StreamHandle stream) {
+              const float* mean, const float* rstd, const DropoutBits* drop, void* dx, void* dres, float* partial,
+              float* dweight, float* dbias, float* dres_bias, StreamHandle stream) {
   const int blocks = static_cast<int>(layer_norm_backward_blocks(rows, hidden));
   const BackwardArgs<T> args{static_cast<const T*>(dy),
                              static_cast<const T*>(dsum),
@@ -287,7 +312,10 @@ void backward(const void* dy, const void* dsum, const void* h, const void* w, in
                              static_cast<int>(hidden),
                              mean,
                              rstd,
+                             drop ? *drop : DropoutBits{},
+                             drop != nullptr,
                              static_cast<T*>(dx),
+                             static_cast<T*>(dres),
                              partial};
   if (dres_bias)
     launch_backward<T, true>(args, blocks, stream);
@@ -304,46 +332,56 @@ int64_t layer_norm_backward_blocks(int64_t rows, int64_t hidden) {
   return norm_backward::blocks(rows, columns != 0 && columns <= 24);
 }
 
-void add_layer_norm_forward(const void* x, const void* residual, const void* residual_bias, const void* weight,
-                            const void* bias, ElementType type, int64_t rows, int64_t hidden, double eps, void* sum,
-                            void* y, float* mean, float* rstd, StreamHandle stream) {
+void add_layer_norm_forward(const void* x, const void* residual, const void* residual_bias,
+                            const DropoutBits* residual_dropout, const void* weight, const void* bias, ElementType type,
+                            int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
+                            StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) return;
+  const auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    forward<T>(x, residual, residual_bias, residual_dropout, weight, bias, rows, hidden, eps, sum, y, mean, rstd,
+               stream);
+  };
   switch (type) {
     case ElementType::kFloat32:
-      forward<float>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      run(float{});
       break;
     case ElementType::kBFloat16:
-      forward<__nv_bfloat16>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      run(__nv_bfloat16{});
       break;
     case ElementType::kFloat16:
-      forward<__half>(x, residual, residual_bias, weight, bias, rows, hidden, eps, sum, y, mean, rstd, stream);
+      run(__half{});
       break;
   }
   check("add_layer_norm_forward");
 }
 
 void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, const void* weight, ElementType type,
-                             int64_t rows, int64_t hidden, const float* mean, const float* rstd, void* dx,
-                             float* partial, float* dweight, float* dbias, float* dresidual_bias, StreamHandle stream) {
+                             int64_t rows, int64_t hidden, const float* mean, const float* rstd,
+                             const DropoutBits* residual_dropout, void* dx, void* dresidual, float* partial,
+                             float* dweight, float* dbias, float* dresidual_bias, StreamHandle stream) {
   check_shape(rows, hidden);
+  if (residual_dropout && !dresidual) throw CudaError("add_layer_norm_backward: a residual dropout needs dresidual");
   if (rows == 0) {
     for (float* out : {dweight, dbias, dresidual_bias})
       if (out) cudaMemsetAsync(out, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
     return;
   }
+  const auto run = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    backward<T>(dy, dsum, sum, weight, rows, hidden, mean, rstd, residual_dropout, dx, dresidual, partial, dweight,
+                dbias, dresidual_bias, stream);
+  };
   switch (type) {
     case ElementType::kFloat32:
-      backward<float>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, dresidual_bias,
-                      stream);
+      run(float{});
       break;
     case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias,
-                              dresidual_bias, stream);
+      run(__nv_bfloat16{});
       break;
     case ElementType::kFloat16:
-      backward<__half>(dy, dsum, sum, weight, rows, hidden, mean, rstd, dx, partial, dweight, dbias, dresidual_bias,
-                       stream);
+      run(__half{});
       break;
   }
   check("add_layer_norm_backward");

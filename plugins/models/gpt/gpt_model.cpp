@@ -58,8 +58,8 @@ class GPTModel : public DecoderLM {
   }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
     if (!x.branch.defined()) return final_norm(x.stream);
-    const auto [h, normed] =
-        add_bias_layer_norm(x.stream, x.branch, x.branch_bias, final_norm_[0], final_norm_[1], c_.eps, c_.kernels);
+    const auto [h, normed] = add_bias_dropout_layer_norm(x.stream, x.branch, x.branch_bias, x.branch_keep,
+                                                         final_norm_[0], final_norm_[1], c_.eps, c_.kernels);
     return normed;
   }
 

@@ -32,11 +32,12 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, cons
 ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tensor&, const at::Tensor& mask,
                                        DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
-  // x = the previous layer's stream + its MLP branch (and that branch's bias), added by the first
-  // LayerNorm's kernel.
-  const auto [x, normed_in] =
-      in.branch.defined() ? add_bias_layer_norm(in.stream, in.branch, in.branch_bias, ln1_w, ln1_b, c_.eps, c_.kernels)
-                          : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
+  // x = the previous layer's stream + its MLP branch (through that branch's bias and dropout),
+  // added by the first LayerNorm's kernel.
+  const auto [x, normed_in] = in.branch.defined()
+                                  ? add_bias_dropout_layer_norm(in.stream, in.branch, in.branch_bias, in.branch_keep,
+                                                                ln1_w, ln1_b, c_.eps, c_.kernels)
+                                  : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
   const at::Tensor projected = qkv.forward(normed_in);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
@@ -49,19 +50,24 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   const bool own_kernel = !mask.defined() && causal_attention_supported(projected);
   const at::Tensor context =
       c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
-  // Without hidden dropout in this pass, where the add + LayerNorm kernel takes a branch's bias,
-  // the row-parallel products (dense, dense_4h_to_h) leave theirs to it (Megatron's skip_bias_add
-  // and bias-dropout-add): the bias's add and its gradient's column sums cost no pass of their own.
-  const bool defer_bias =
-      !(training && c_.hidden_dropout > 0) && layer_norm_takes_branch_bias(x, ln2_w, ln2_b, c_.kernels);
+  // Where the add + LayerNorm kernel takes a branch's bias and dropout, the row-parallel products
+  // (dense, dense_4h_to_h) leave both to it (Megatron's skip_bias_add and bias-dropout-add): the
+  // bias's add, the mask and their gradients cost no pass of their own. The masks are drawn as
+  // dropout() would draw them, in the same order: the same bits either way.
+  if (layer_norm_takes_branch_bias(x, ln2_w, ln2_b, c_.kernels)) {
+    const DropoutMask attention_keep = dropout_mask(x, c_.hidden_dropout, training, rng.hidden, tp_);
+    const auto [h, normed] = add_bias_dropout_layer_norm(x, dense.forward_unbiased(context), dense.bias, attention_keep,
+                                                         ln2_w, ln2_b, c_.eps, c_.kernels);
+    const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
+    return {h, fc2.forward_unbiased(activated), fc2.bias,
+            dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
+  }
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
-      defer_bias ? add_bias_layer_norm(x, dense.forward_unbiased(context), dense.bias, ln2_w, ln2_b, c_.eps, c_.kernels)
-                 : add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_),
-                                  ln2_w, ln2_b, c_.eps, c_.kernels);
+      add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b,
+                     c_.eps, c_.kernels);
   // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
   const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
-  if (defer_bias) return {h, fc2.forward_unbiased(activated), fc2.bias};
   return {h, dropout(fc2.forward(activated), c_.hidden_dropout, training, rng.hidden, tp_)};
 }
 

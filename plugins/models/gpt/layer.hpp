@@ -48,9 +48,10 @@ using dtk::layers::column_linear_gelu;
 
 // LayerNorm computed in fp32 (Megatron's fused LayerNorm), output in the input's dtype: the SDK's;
 // after the attention's residual add, the SDK's add and norm in one (one kernel each way on a GPU),
-// with the row-parallel product's bias where that kernel takes it.
-using dtk::layers::add_bias_layer_norm;
+// with the row-parallel product's bias and the branch's dropout where that kernel takes them.
+using dtk::layers::add_bias_dropout_layer_norm;
 using dtk::layers::add_layer_norm;
+using dtk::layers::dropout_mask;
 using dtk::layers::layer_norm;
 using dtk::layers::layer_norm_takes_branch_bias;
 

@@ -176,7 +176,7 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   };
   // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
   const auto [x, normed_in] = in.branch.defined()
-                                  ? add_rms_norm(in.stream, in.branch, input_norm, c_.eps, c_.kernels)
+                                  ? add_rms_norm(in.stream, in.branch_value(), input_norm, c_.eps, c_.kernels)
                                   : std::pair{in.stream, rms_norm(in.stream, input_norm, c_.eps, c_.kernels)};
   const at::Tensor projected = qkv.forward(normed_in);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only

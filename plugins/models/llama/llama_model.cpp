@@ -60,7 +60,7 @@ class LlamaModel : public DecoderLM {
   }
   at::Tensor final_norm(const at::Tensor& x) const override { return rms_norm(x, final_norm_[0], c_.eps, c_.kernels); }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
-    return x.branch.defined() ? add_rms_norm(x.stream, x.branch, final_norm_[0], c_.eps, c_.kernels).second
+    return x.branch.defined() ? add_rms_norm(x.stream, x.branch_value(), final_norm_[0], c_.eps, c_.kernels).second
                               : final_norm(x.stream);
   }
 

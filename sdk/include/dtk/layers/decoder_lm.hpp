@@ -97,16 +97,19 @@ inline constexpr dtk_option_spec kCrossEntropyImplOption =
 // stream + branch (branch undefined: stream alone). A pre-norm layer ends `h + branch` and the
 // next one starts `norm(h + branch)`; handing the branch on lets that norm add it in its own kernel
 // (add_layer_norm, add_rms_norm: on a GPU one pass forward and one backward, instead of the add's
-// pass, the norm's and the gradient sum's). branch_bias: the branch's bias still to add (a
-// row-parallel product made without it, where the next norm's kernel takes it:
-// add_bias_layer_norm), so the value is stream + (branch + branch_bias).
+// pass, the norm's and the gradient sum's). branch_bias and branch_keep: the branch's bias still
+// to add and its dropout still to apply (a row-parallel product made without its bias, where the
+// next norm's kernel takes both: add_bias_dropout_layer_norm), so the value is
+// stream + apply_dropout(branch + branch_bias, branch_keep).
 struct ResidualStream {
   at::Tensor stream, branch;
-  at::Tensor branch_bias = {};  // initialised: {stream, branch} leaves it out
-  at::Tensor sum() const {
-    if (!branch.defined()) return stream;
-    return stream + (branch_bias.defined() ? branch + branch_bias : branch);
+  at::Tensor branch_bias = {};   // initialised: {stream, branch} leaves it out
+  DropoutMask branch_keep = {};  // undefined: no dropout left to apply
+  // What the branch adds to the stream: branch through its bias and dropout.
+  at::Tensor branch_value() const {
+    return apply_dropout(branch_bias.defined() ? branch + branch_bias : branch, branch_keep);
   }
+  at::Tensor sum() const { return branch.defined() ? stream + branch_value() : stream; }
 };
 
 // DTK's fused GPU kernels a model's layers leave out (fused_kernels.hpp); Megatron's

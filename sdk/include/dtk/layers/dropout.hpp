@@ -53,6 +53,10 @@ struct DropoutMask {
   // is element offset + (i / run_numel) * row_numel + i % run_numel of the drawn mask.
   int64_t run_numel = 0;
   bool defined() const { return p > 0; }
+  // An element is kept when its 32-bit uniform is at least threshold() (round(p * 2^32)), and then
+  // multiplied by scale() (1 / (1 - p) in fp32): what every kernel applying the mask is given.
+  uint32_t threshold() const;
+  float scale() const;
   // Rows [start, start + length) of the first dimension (a Domino chunk of the micro-batch).
   DropoutMask rows(int64_t start, int64_t length) const;
   // Indices [start, start + length) of the second dimension, of `seq` (a sequence shard of a

@@ -6,12 +6,14 @@
 // add_layer_norm and add_rms_norm fuse the residual add before a norm (a pre-norm layer's
 // `h = x + branch; norm(h)`) into DTK's kernels (dtk/cuda/layer_norm.hpp, rms_norm.hpp): one pass
 // forward, one backward that also adds the residual stream's gradient; on the CPU, and wherever
-// the kernels do not apply, exactly the add and the norm above. add_bias_layer_norm also takes the
-// branch's bias into the LayerNorm's kernel (Megatron's bias-dropout-add, without dropout): a
-// row-parallel product made without its bias (RowParallelLinear::forward_unbiased) hands it on.
+// the kernels do not apply, exactly the add and the norm above. add_bias_dropout_layer_norm also
+// takes the branch's bias and its dropout into the LayerNorm's kernel (Megatron's
+// bias-dropout-add): a row-parallel product made without its bias
+// (RowParallelLinear::forward_unbiased) hands it on with the mask drawn for the branch.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
 
 #include <utility>
@@ -44,9 +46,18 @@ std::pair<at::Tensor, at::Tensor> add_bias_layer_norm(const at::Tensor& x, const
                                                       const at::Tensor& branch_bias, const at::Tensor& w,
                                                       const at::Tensor& b, double eps,
                                                       const FusedKernels& kernels = {});
-// Whether add_bias_layer_norm adds a branch's bias in its kernel for a residual stream like x and
-// a norm (w, b): a layer leaves a product's bias out only then. Elsewhere the product adds it
-// (rounding once, as before: the CPU's losses do not move).
+// The same with the branch's dropout: h = x + apply_dropout(branch + branch_bias, branch_keep)
+// (branch_keep undefined: add_bias_layer_norm). On a GPU one kernel, which hashes the mask's bits
+// itself forward and backward; elsewhere apply_dropout, then add_bias_layer_norm.
+std::pair<at::Tensor, at::Tensor> add_bias_dropout_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                                              const at::Tensor& branch_bias,
+                                                              const DropoutMask& branch_keep, const at::Tensor& w,
+                                                              const at::Tensor& b, double eps,
+                                                              const FusedKernels& kernels = {});
+// Whether add_bias_dropout_layer_norm adds a branch's bias and applies its dropout in its kernel
+// for a residual stream like x and a norm (w, b): a layer leaves a product's bias and dropout out
+// only then. Elsewhere the product adds its bias (rounding once, as before: the CPU's losses do not
+// move) and dropout runs on its own.
 bool layer_norm_takes_branch_bias(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                   const FusedKernels& kernels);
 
@@ -56,6 +67,11 @@ std::pair<at::Tensor, at::Tensor> add_layer_norm_ops(const at::Tensor& x, const 
 std::pair<at::Tensor, at::Tensor> add_bias_layer_norm_ops(const at::Tensor& x, const at::Tensor& branch,
                                                           const at::Tensor& branch_bias, const at::Tensor& w,
                                                           const at::Tensor& b, double eps);
+// The dropout through apply_dropout_ops (the mask's bits made by tensor operations).
+std::pair<at::Tensor, at::Tensor> add_bias_dropout_layer_norm_ops(const at::Tensor& x, const at::Tensor& branch,
+                                                                  const at::Tensor& branch_bias,
+                                                                  const DropoutMask& branch_keep, const at::Tensor& w,
+                                                                  const at::Tensor& b, double eps);
 std::pair<at::Tensor, at::Tensor> add_rms_norm_ops(const at::Tensor& x, const at::Tensor& residual,
                                                    const at::Tensor& weight, double eps);
 

@@ -30,6 +30,7 @@
 
 #include <optional>
 
+#include <dtk/layers/dropout.hpp>
 #include <dtk/layers/param_factory.hpp>
 #include <dtk/model.hpp>
 
@@ -93,6 +94,10 @@ at::Tensor sequence_shard(const at::Tensor& x, const TPGroup& tp);
 // so every element is dropped exactly as without sequence parallelism (the same losses, not just
 // the same statistics; Megatron draws per-shard masks from its tensor-parallel stream instead).
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp);
+// The mask that dropout(x, p, training, gen, tp) applies, drawn (gen advances as there) and not
+// applied: for a kernel that applies it in its own pass (add_bias_dropout_layer_norm). Undefined
+// when not training or p == 0.
+DropoutMask dropout_mask(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp);
 
 // Megatron's _vocab_size_with_padding: the smallest multiple of divisible_by x tp_size that is
 // >= vocab_size.

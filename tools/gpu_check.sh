@@ -67,11 +67,15 @@ if ((!CONFIGURE_ONLY)); then
     # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
     # The variants measure, in the same call, the fused cross entropy kernel against its ops, the
     # layers' fused kernels against their ops (model.unfused_kernels=all) and the step replayed
-    # from CUDA graphs (train.cuda_graphs) against launched kernel by kernel.
+    # from CUDA graphs (train.cuda_graphs) against launched kernel by kernel, and with hidden
+    # dropout 0.1 the masks applied in the add + LayerNorm kernels against dropout's own kernel.
     tools/bench/gpu_gpt2.sh --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile" \
       --variant "ops cross entropy|--set model.cross_entropy_impl=ops" \
       --variant "unfused kernels|--set model.unfused_kernels=all" \
-      --variant "cuda graphs|--set train.cuda_graphs=true" || status="$status; benchmark FAILED"
+      --variant "cuda graphs|--set train.cuda_graphs=true" \
+      --variant "hidden dropout 0.1|--set model.hidden_dropout=0.1" \
+      --variant "dropout, bias_add off|--set model.hidden_dropout=0.1 --set model.unfused_kernels=bias_add" ||
+      status="$status; benchmark FAILED"
     # Issue 33's second row: a Llama of the same size against its compiled peer.
     tools/bench/gpu_gpt2.sh --model llama --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile-llama" \
       --variant "unfused kernels|--set model.unfused_kernels=all" \

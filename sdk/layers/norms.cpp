@@ -158,8 +158,12 @@ std::pair<at::Tensor, at::Tensor> add_bias_dropout_layer_norm(const at::Tensor& 
                                                               const at::Tensor& b, double eps,
                                                               const FusedKernels& kernels) {
   // The bias and the dropout join the kernel together (bias_add: Megatron's bias-dropout fusion).
+  // The kernel finds a row's mask bits from its first one: a strided mask's runs must hold whole
+  // rows (a sequence shard's do).
   const bool kernel_takes_branch = (!branch_bias.defined() && !branch_keep.defined()) || kernels.bias_add;
-  if (kernels.add_norm && kernel_takes_branch && gpu::add_layer_norm_applies(x, branch, branch_bias, w, b)) {
+  const bool mask_by_rows = !branch_keep.defined() || (x.dim() > 0 && branch_keep.run_numel % x.size(-1) == 0);
+  if (kernels.add_norm && kernel_takes_branch && mask_by_rows &&
+      gpu::add_layer_norm_applies(x, branch, branch_bias, w, b)) {
     const c10::optional<at::Tensor> c =
         branch_bias.defined() ? c10::optional<at::Tensor>(branch_bias) : c10::optional<at::Tensor>();
     const auto out = FusedAddLayerNorm::apply(x, branch, c, branch_keep, w, b, eps);

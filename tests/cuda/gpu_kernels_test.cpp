@@ -176,6 +176,12 @@ void check_add_norm(bool layer, at::ScalarType type, int64_t rows, int64_t hidde
   const auto fused = run(true), ops = run(false);
   const char* names[] = {"sum", "y", "dx", "dresidual", "dweight", "dbias", "dresidual_bias"};
   EXPECT_EQ(fused[1].scalar_type(), type);
+  // The sum is elementwise (the bias's add, the mask, the add, each rounded to T where the ops
+  // round): bit for bit in every type; so is the residual's gradient when only the sum is used.
+  EXPECT_TRUE(at::equal(fused[0], ops[0])) << "sum, " << c10::toString(type) << ", " << rows << " x " << hidden;
+  if (sum_only) {
+    EXPECT_TRUE(at::equal(fused[3], ops[3])) << "dresidual (sum only), " << rows << " x " << hidden;
+  }
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LT(relative_error(fused[i], ops[i]), tol)
         << (layer ? "add_layer_norm " : "add_rms_norm ") << names[i] << ", " << rows << " x " << hidden
@@ -239,8 +245,10 @@ TEST(GpuKernels, AddBiasDropoutLayerNormKernelEqualsOps) {
   auto slice = [&](int64_t rows, int64_t hidden) {
     return dtk::layers::draw_keep_mask({rows + 3, 1, hidden}, 0.1, gen).rows(1, rows);
   };
+  // A sequence shard: the rows are [rows / 4 sequences, 4 of their 16 positions], each run of 4
+  // rows 16 rows apart in the drawn mask (a kernel indexing the mask by row alone fails here).
   auto shard = [&](int64_t rows, int64_t hidden) {
-    return dtk::layers::draw_keep_mask({rows, 4, hidden}, 0.1, gen).sequence_rows(4, 2, 1);
+    return dtk::layers::draw_keep_mask({rows / 4, 16, hidden}, 0.1, gen).sequence_rows(16, 4, 4);
   };
   for (const int64_t hidden : {100, 768, 1000, 8192}) {
     check_add_norm(true, at::kFloat, 148, hidden, 1e-5, false, false, /*branch_bias=*/true, whole(148, hidden, 0.1));

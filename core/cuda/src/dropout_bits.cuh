@@ -20,14 +20,23 @@ __device__ __forceinline__ uint64_t mix(uint64_t seed, uint64_t pair) {
   return z ^ (z >> 31);
 }
 
-// Element i of the tensor the mask applies to is element index(i) of the drawn mask; it is kept
-// when its 32-bit uniform (the low half of its pair's word for an even index, the high for an odd
-// one) is at least the threshold.
-__device__ __forceinline__ bool kept(const DropoutBits& m, int64_t i) {
-  const int64_t index = m.run_numel > 0 ? m.offset + i / m.run_numel * m.row_numel + i % m.run_numel : m.offset + i;
+// The index in the drawn mask of element i of the tensor the mask applies to
+// (dtk::layers::DropoutMask::index). A kernel working by rows whose mask runs hold whole rows
+// (run_numel a multiple of the row) takes it once per row: element j of the row is then at
+// mask_index(row's first) + j, with no division per element.
+__device__ __forceinline__ int64_t mask_index(const DropoutBits& m, int64_t i) {
+  return m.run_numel > 0 ? m.offset + i / m.run_numel * m.row_numel + i % m.run_numel : m.offset + i;
+}
+
+// Whether element `index` of the drawn mask is kept: its 32-bit uniform (the low half of its
+// pair's word for an even index, the high for an odd one) is at least the threshold.
+__device__ __forceinline__ bool kept_at(const DropoutBits& m, int64_t index) {
   const uint64_t word = mix(m.seed, static_cast<uint64_t>(index >> 1));
   const uint32_t u = static_cast<uint32_t>((index & 1) ? word >> 32 : word);
   return u >= m.threshold;
 }
+
+// Whether element i of the tensor the mask applies to is kept.
+__device__ __forceinline__ bool kept(const DropoutBits& m, int64_t i) { return kept_at(m, mask_index(m, i)); }
 
 }  // namespace dtk::cuda::dropout_bits

@@ -65,12 +65,13 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows) return;  // the whole warp: its shuffles below stay full
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t base = row * hidden;
+  const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;  // the row's first mask index
   // h = T(x + r), as the add rounds it (r = T(branch + its bias) with a bias, then T(r scale) or 0
   // with dropout); each lane re-reads below only what it wrote itself.
   float total = 0.0f;
   for (int j = lane; j < hidden; j += 32) {
     float r = res_bias ? round_to<T>(to_float(res[base + j]) + to_float(res_bias[j])) : to_float(res[base + j]);
-    if (dropout) r = dropout_bits::kept(drop, base + j) ? round_to<T>(r * drop.scale) : 0.0f;
+    if (dropout) r = dropout_bits::kept_at(drop, mask_row + j) ? round_to<T>(r * drop.scale) : 0.0f;
     const float v = round_to<T>(to_float(x[base + j]) + r);
     sum[base + j] = from_float<T>(v);
     total += v;
@@ -99,13 +100,14 @@ __device__ __forceinline__ T input_gradient(float g, float xhat, float wv, float
   return dsum ? from_float<T>(round_to<T>(d) + to_float(dsum[at])) : from_float<T>(d);
 }
 
-// The branch's gradient at `at` from dx's value d there: d itself, or with the branch's dropout d
-// through the mask, written to dres (the branch's own gradient). What the branch bias's column
-// sums add.
+// The branch's gradient at `at` (mask element `mask_at`) from dx's value d there: d itself, or with
+// the branch's dropout d through the mask, written to dres (the branch's own gradient). What the
+// branch bias's column sums add.
 template <class T>
-__device__ __forceinline__ float branch_gradient(T d, const DropoutBits& drop, bool dropout, T* dres, int64_t at) {
+__device__ __forceinline__ float branch_gradient(T d, const DropoutBits& drop, bool dropout, int64_t mask_at, T* dres,
+                                                 int64_t at) {
   if (!dropout) return to_float(d);
-  const T g = dropout_bits::kept(drop, at) ? from_float<T>(to_float(d) * drop.scale) : from_float<T>(0.0f);
+  const T g = dropout_bits::kept_at(drop, mask_at) ? from_float<T>(to_float(d) * drop.scale) : from_float<T>(0.0f);
   dres[at] = g;
   return to_float(g);
 }
@@ -146,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t base = row * hidden;
+    const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;
     const float m = mean[row], r = rstd[row];
     float xhat[kColumns], g[kColumns];
     float gw_sum = 0.0f, gwx_sum = 0.0f;
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
       if (j < hidden) {
         const T d = input_gradient<T>(g[i], xhat[i], to_float(w[j]), r, a, c, dsum, base + j);
         dx[base + j] = d;
-        const float gr = branch_gradient<T>(d, drop, dropout, dres, base + j);
+        const float gr = branch_gradient<T>(d, drop, dropout, mask_row + j, dres, base + j);
         if constexpr (kBranchBias) dbranch[i] += gr;
         dw[j] += g[i] * xhat[i];
         db[j] += g[i];
@@ -210,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_n = 1.0f / static_cast<float>(hidden);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * hidden;
+    const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;
     const float m = mean[row], r = rstd[row];
     float gw_sum = 0.0f, gwx_sum = 0.0f;
     for (int j = threadIdx.x; j < hidden; j += kThreads) {
@@ -224,7 +228,7 @@ __global__ void __launch_bounds__(kThreads)
       const float xhat = (to_float(h[base + j]) - m) * r;
       const T d = input_gradient<T>(g, xhat, to_float(w[j]), r, a, c, dsum, base + j);
       dx[base + j] = d;
-      const float gr = branch_gradient<T>(d, drop, dropout, dres, base + j);
+      const float gr = branch_gradient<T>(d, drop, dropout, mask_row + j, dres, base + j);
       if (kBranchBias) dbranch[j] += gr;
       dw[j] += g * xhat;
       db[j] += g;
@@ -245,10 +249,13 @@ void check(const char* what) {
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-void check_shape(int64_t rows, int64_t hidden) {
+void check_shape(int64_t rows, int64_t hidden, const DropoutBits* drop) {
   if (hidden <= 0 || hidden > kLayerNormMaxHidden || rows < 0 || rows > 0x7fffffffLL)
     throw CudaError("add_layer_norm: hidden size " + std::to_string(hidden) + " or " + std::to_string(rows) +
                     " rows outside what the kernels take");
+  if (drop && drop->run_numel % hidden != 0)
+    throw CudaError("add_layer_norm: a residual dropout's runs of " + std::to_string(drop->run_numel) +
+                    " elements do not hold whole rows of " + std::to_string(hidden));
 }
 
 template <class T>
@@ -336,7 +343,7 @@ void add_layer_norm_forward(const void* x, const void* residual, const void* res
                             const DropoutBits* residual_dropout, const void* weight, const void* bias, ElementType type,
                             int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
                             StreamHandle stream) {
-  check_shape(rows, hidden);
+  check_shape(rows, hidden, residual_dropout);
   if (rows == 0) return;
   const auto run = [&](auto type_tag) {
     using T = decltype(type_tag);
@@ -361,7 +368,7 @@ void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, 
                              int64_t rows, int64_t hidden, const float* mean, const float* rstd,
                              const DropoutBits* residual_dropout, void* dx, void* dresidual, float* partial,
                              float* dweight, float* dbias, float* dresidual_bias, StreamHandle stream) {
-  check_shape(rows, hidden);
+  check_shape(rows, hidden, residual_dropout);
   if (residual_dropout && !dresidual) throw CudaError("add_layer_norm_backward: a residual dropout needs dresidual");
   if (rows == 0) {
     for (float* out : {dweight, dbias, dresidual_bias})

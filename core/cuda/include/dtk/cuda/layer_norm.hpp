@@ -35,7 +35,8 @@ constexpr int64_t kLayerNormMaxHidden = 8192;
 // [hidden]; all of `type` (fp32, bf16 or fp16). Writes sum = T(x + residual) (with a residual_bias
 // c: T(x + T(residual + c)); with residual_dropout (or null: none) the branch through its mask
 // first, element row * hidden + j of the residual being element row * hidden + j of the mask's
-// tensor), y = LayerNorm(sum), and mean and rstd (fp32 [rows], saved for the backward).
+// tensor, whose runs (run_numel, when strided) must hold whole rows), y = LayerNorm(sum), and
+// mean and rstd (fp32 [rows], saved for the backward).
 void add_layer_norm_forward(const void* x, const void* residual, const void* residual_bias,
                             const DropoutBits* residual_dropout, const void* weight, const void* bias, ElementType type,
                             int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,

@@ -22,6 +22,8 @@ done
 [[ -d .gpu-bundle ]] && ls .gpu-bundle/*.deb >/dev/null 2>&1 ||
   { echo "gpu_check.sh: no .gpu-bundle/*.deb: run tools/gpu_bundle.sh on the build machine and carry .gpu-bundle" >&2; exit 2; }
 START=$(date +%s)
+# When each phase ended, for planning the next call's device time (a call may run 600 s at most).
+phase() { echo "gpu_check.sh: $1 at $(($(date +%s) - START)) s"; }
 PREFIX=${DTK_GPU_PREFIX:-/tmp/dtk-deps}
 rm -rf "$PREFIX"
 mkdir -p "$PREFIX"
@@ -59,11 +61,14 @@ if ((!CONFIGURE_ONLY)); then
     tee build-gpu/build.log | grep -E "error|FAILED|^ninja: " | head -40 || true
   [[ -x build-gpu/bin/dtk_gpu_training_tests ]] || { echo "gpu_check.sh: the build failed (build-gpu/build.log)"; exit 1; }
   build-gpu/bin/dtk --version
+  phase "built"
   (cd build-gpu && ctest -L gpu -j 4 --output-on-failure --timeout 300) 2>&1 | tee build-gpu/ctest.log | tail -40 && status="gpu tests passed" ||
     status="gpu tests FAILED"
+  phase "gpu tests done"
   if ((BENCH)) && [[ -n $GPU ]]; then
     # Each fused layer kernel against its ops at GPT-2's and Llama's shapes, and a copy's rate.
     build-gpu/bin/dtk_bench_kernels 2>&1 | tee "${OUT:-build-gpu}/kernels.txt" || status="$status; kernel benchmark FAILED"
+    phase "kernel table done"
     # The profiles land in $OUT (the device tool brings that folder back) or build-gpu/profile.
     # The variants measure, in the same call, the fused cross entropy kernel against its ops, the
     # layers' fused kernels against their ops (model.unfused_kernels=all) and the step replayed
@@ -76,6 +81,7 @@ if ((!CONFIGURE_ONLY)); then
       --variant "hidden dropout 0.1|--set model.hidden_dropout=0.1" \
       --variant "dropout, bias_add off|--set model.hidden_dropout=0.1 --set model.unfused_kernels=bias_add" ||
       status="$status; benchmark FAILED"
+    phase "GPT rows done"
     # Issue 33's second row: a Llama of the same size against its compiled peer.
     tools/bench/gpu_gpt2.sh --model llama --dtk build-gpu/bin/dtk --steps 20 --profile "${OUT:-build-gpu}/profile-llama" \
       --variant "unfused kernels|--set model.unfused_kernels=all" \

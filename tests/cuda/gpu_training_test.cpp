@@ -49,7 +49,8 @@ std::string fresh_dir(const std::string& name) { return dtk_test::fresh_dir(DTK_
 
 // The first iteration's loss is a function of the untrained model's logits alone: equal within
 // 1e-5 means the GPU computes the CPU's logits (fp32; TF32 is off in LibTorch's matmuls by
-// default). Later iterations compound rounding differences through Adam: 1e-4.
+// default). Later iterations compound rounding differences through Adam: 1e-4. Then the same with
+// hidden dropout.
 TEST(GpuTraining, TinyGptOnTheGpuEqualsTheCpuInFp32) {
   SKIP_WITHOUT_GPU_TRAINING();
   const Curve cpu = curve(kTrain, "cpu");
@@ -58,6 +59,15 @@ TEST(GpuTraining, TinyGptOnTheGpuEqualsTheCpuInFp32) {
   ASSERT_FALSE(cpu.loss.empty());
   EXPECT_NEAR(gpu.loss.at(1), cpu.loss.at(1), 1e-5 * std::abs(cpu.loss.at(1)));
   expect_same_curve(cpu, gpu, 20, "cuda against the cpu", 1e-4);
+  // With hidden dropout the GPU applies the branches' masks in its add + LayerNorm kernels (bits
+  // hashed there), the CPU in its host loop after products that keep their biases: the same masks,
+  // drawn in the same order, so the same losses.
+  const std::string dropout = "--set model.hidden_dropout=0.1 ";
+  const Curve cpu_dropout = curve(kTrain + dropout, "cpu-dropout");
+  const Curve gpu_dropout = curve(kTrain + dropout + "--set train.device=cuda", "gpu-dropout");
+  ASSERT_EQ(gpu_dropout.run.code, 0) << gpu_dropout.run.out;
+  ASSERT_FALSE(cpu_dropout.loss.empty()) << cpu_dropout.run.out;
+  expect_same_curve(cpu_dropout, gpu_dropout, 20, "cuda against the cpu, hidden dropout 0.1", 1e-4);
 }
 
 // The same for Llama (RMSNorm, SwiGLU, rotary positions, grouped-query attention): the GPU's

@@ -54,15 +54,13 @@ void mask_uniforms(const DropoutMask& m, int64_t i0, int64_t count, uint32_t* ou
   }
 }
 
-uint32_t threshold(double p) { return static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0))); }
-
 // out = x * keep * scale over contiguous data, in blocks of kBlock elements on the intra-op
 // threads (the result does not depend on how the blocks are split).
 at::Tensor masked_scale(const at::Tensor& x_in, const DropoutMask& m) {
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   const int64_t n = x.numel();
-  const uint32_t thr = threshold(m.p);
+  const uint32_t thr = m.threshold();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dtk_dropout", [&] {
     // As x.mul(scalar): the scale in fp32 (fp64 for double), low precision rounded once.
     using opmath = std::conditional_t<std::is_same<scalar_t, double>::value, double, float>;
@@ -190,7 +188,9 @@ at::Generator seeded_generator(uint64_t seed) {
   return g;
 }
 
-uint32_t DropoutMask::threshold() const { return layers::threshold(p); }
+uint32_t DropoutMask::threshold() const {
+  return static_cast<uint32_t>(std::min(4294967295.0, std::round(p * 4294967296.0)));
+}
 
 float DropoutMask::scale() const { return static_cast<float>(1.0 / (1.0 - p)); }
 
@@ -242,8 +242,8 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 }
 
 void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const float* in, float* out) {
-  const uint32_t thr = threshold(keep.p);
-  const float scale = static_cast<float>(1.0 / (1.0 - keep.p));  // as masked_scale
+  const uint32_t thr = keep.threshold();
+  const float scale = keep.scale();  // as masked_scale
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
     const int64_t len = std::min(kBlock, count - i0);
@@ -253,8 +253,8 @@ void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const flo
 }
 
 void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, float* out) {
-  const uint32_t thr = threshold(keep.p);
-  const float scale = static_cast<float>(1.0 / (1.0 - keep.p));
+  const uint32_t thr = keep.threshold();
+  const float scale = keep.scale();
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
     const int64_t len = std::min(kBlock, count - i0);
@@ -266,7 +266,7 @@ void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, flo
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
   at::Tensor out = at::empty({numel}, at::kBool);
   bool* dst = out.data_ptr<bool>();
-  const uint32_t thr = threshold(keep.p);
+  const uint32_t thr = keep.threshold();
   uint32_t u[kBlock];
   for (int64_t i0 = 0; i0 < numel; i0 += kBlock) {
     const int64_t len = std::min(kBlock, numel - i0);
@@ -278,7 +278,7 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
 
 at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device) {
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kBool).device(device));
-  const int64_t thr = threshold(keep.p);
+  const int64_t thr = keep.threshold();
   if (keep.run_numel > 0) {
     // A strided view: each element's index in the drawn mask, its pair's word, and the word's
     // low (even index) or high (odd) half.

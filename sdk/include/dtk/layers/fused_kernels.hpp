@@ -14,7 +14,7 @@ namespace dtk::layers {
 
 struct FusedKernels {
   bool add_norm = true;   // add_layer_norm, add_rms_norm: the residual add and the norm in one kernel
-  bool bias_add = true;   // add_bias_layer_norm: a branch's bias added in that kernel too (needs add_norm)
+  bool bias_add = true;   // add_bias_dropout_layer_norm: a branch's bias and dropout in it too (needs add_norm)
   bool rms_norm = true;   // rms_norm: DTK's RMSNorm kernel (LayerNorm alone is always ATen's kernel)
   bool bias_gelu = true;  // bias_gelu, column_linear_gelu: the bias add and GELU in one kernel
   bool swiglu = true;     // swiglu: silu(gate) * up in one kernel

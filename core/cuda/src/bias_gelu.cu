@@ -122,17 +122,7 @@ void bias_gelu_forward(const void* x, const void* bias, ElementType type, int64_
                        void* y, StreamHandle stream) {
   check_shape(rows, cols);
   if (rows == 0) return;
-  switch (type) {
-    case ElementType::kFloat32:
-      forward<float>(x, bias, rows, cols, tanh, y, stream);
-      break;
-    case ElementType::kBFloat16:
-      forward<__nv_bfloat16>(x, bias, rows, cols, tanh, y, stream);
-      break;
-    case ElementType::kFloat16:
-      forward<__half>(x, bias, rows, cols, tanh, y, stream);
-      break;
-  }
+  element::dispatch(type, [&](auto t) { forward<decltype(t)>(x, bias, rows, cols, tanh, y, stream); });
   check("bias_gelu_forward");
 }
 
@@ -143,17 +133,8 @@ void bias_gelu_backward(const void* dy, const void* x, const void* bias, Element
     cudaMemsetAsync(dbias, 0, static_cast<size_t>(cols) * sizeof(float), stream);
     return;
   }
-  switch (type) {
-    case ElementType::kFloat32:
-      backward<float>(dy, x, bias, rows, cols, tanh, dx, partial, dbias, stream);
-      break;
-    case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, x, bias, rows, cols, tanh, dx, partial, dbias, stream);
-      break;
-    case ElementType::kFloat16:
-      backward<__half>(dy, x, bias, rows, cols, tanh, dx, partial, dbias, stream);
-      break;
-  }
+  element::dispatch(type,
+                    [&](auto t) { backward<decltype(t)>(dy, x, bias, rows, cols, tanh, dx, partial, dbias, stream); });
   check("bias_gelu_backward");
 }
 

@@ -138,11 +138,8 @@ void cross_entropy_rows(void* logits, ElementType type, int64_t n, int64_t vocab
                         float* max, float* sum, float* loss, bool grads, StreamHandle stream) {
   if (n <= 0) return;
   if (n > 0x7fffffffLL) throw CudaError("cross_entropy_rows: more than 2^31 - 1 rows in one call");
-  switch (type) {
-    case ElementType::kFloat32: launch<float>(logits, n, vocab, ld, col, max, sum, loss, grads, stream); break;
-    case ElementType::kBFloat16: launch<__nv_bfloat16>(logits, n, vocab, ld, col, max, sum, loss, grads, stream); break;
-    case ElementType::kFloat16: launch<__half>(logits, n, vocab, ld, col, max, sum, loss, grads, stream); break;
-  }
+  element::dispatch(type,
+                    [&](auto t) { launch<decltype(t)>(logits, n, vocab, ld, col, max, sum, loss, grads, stream); });
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string("cross_entropy_rows: ") + cudaGetErrorString(e));
 }

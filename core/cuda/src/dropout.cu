@@ -40,17 +40,7 @@ void apply(const void* x, int64_t n, const DropoutBits& m, void* out, StreamHand
 void dropout_apply(const void* x, ElementType type, int64_t n, const DropoutBits& mask, void* out,
                    StreamHandle stream) {
   if (n <= 0) return;
-  switch (type) {
-    case ElementType::kFloat32:
-      apply<float>(x, n, mask, out, stream);
-      break;
-    case ElementType::kBFloat16:
-      apply<__nv_bfloat16>(x, n, mask, out, stream);
-      break;
-    case ElementType::kFloat16:
-      apply<__half>(x, n, mask, out, stream);
-      break;
-  }
+  element::dispatch(type, [&](auto t) { apply<decltype(t)>(x, n, mask, out, stream); });
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string("dropout_apply: ") + cudaGetErrorString(e));
 }

@@ -1,9 +1,11 @@
 // element.cuh (private to core/cuda) — loads and stores of the element types DTK's kernels take
-// (ElementType: fp32, bf16, fp16), in fp32 arithmetic.
+// (ElementType: fp32, bf16, fp16), in fp32 arithmetic, and the host's dispatch on the type.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "dtk/cuda/runtime.hpp"
 
 namespace dtk::cuda::element {
 
@@ -23,5 +25,22 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 // x rounded to T and back: where a reference computed in T rounds.
 template <class T>
 __device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+
+// f(T{}) for the C++ type T of `type` (float, __nv_bfloat16 or __half): each kernel file's launch
+// for the element type a call names, e.g. dispatch(type, [&](auto t) { launch<decltype(t)>(...); }).
+template <class F>
+inline void dispatch(ElementType type, F&& f) {
+  switch (type) {
+    case ElementType::kFloat32:
+      f(float{});
+      break;
+    case ElementType::kBFloat16:
+      f(__nv_bfloat16{});
+      break;
+    case ElementType::kFloat16:
+      f(__half{});
+      break;
+  }
+}
 
 }  // namespace dtk::cuda::element

@@ -345,22 +345,10 @@ void add_layer_norm_forward(const void* x, const void* residual, const void* res
                             StreamHandle stream) {
   check_shape(rows, hidden, residual_dropout);
   if (rows == 0) return;
-  const auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    forward<T>(x, residual, residual_bias, residual_dropout, weight, bias, rows, hidden, eps, sum, y, mean, rstd,
-               stream);
-  };
-  switch (type) {
-    case ElementType::kFloat32:
-      run(float{});
-      break;
-    case ElementType::kBFloat16:
-      run(__nv_bfloat16{});
-      break;
-    case ElementType::kFloat16:
-      run(__half{});
-      break;
-  }
+  element::dispatch(type, [&](auto t) {
+    forward<decltype(t)>(x, residual, residual_bias, residual_dropout, weight, bias, rows, hidden, eps, sum, y, mean,
+                         rstd, stream);
+  });
   check("add_layer_norm_forward");
 }
 
@@ -375,22 +363,10 @@ void add_layer_norm_backward(const void* dy, const void* dsum, const void* sum, 
       if (out) cudaMemsetAsync(out, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
     return;
   }
-  const auto run = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    backward<T>(dy, dsum, sum, weight, rows, hidden, mean, rstd, residual_dropout, dx, dresidual, partial, dweight,
-                dbias, dresidual_bias, stream);
-  };
-  switch (type) {
-    case ElementType::kFloat32:
-      run(float{});
-      break;
-    case ElementType::kBFloat16:
-      run(__nv_bfloat16{});
-      break;
-    case ElementType::kFloat16:
-      run(__half{});
-      break;
-  }
+  element::dispatch(type, [&](auto t) {
+    backward<decltype(t)>(dy, dsum, sum, weight, rows, hidden, mean, rstd, residual_dropout, dx, dresidual, partial,
+                          dweight, dbias, dresidual_bias, stream);
+  });
   check("add_layer_norm_backward");
 }
 

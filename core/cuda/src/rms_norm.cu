@@ -224,13 +224,8 @@ void add_rms_norm_forward(const void* x, const void* residual, const void* weigh
                           int64_t hidden, double eps, void* sum, void* y, float* rstd, StreamHandle stream) {
   check_shape(rows, hidden);
   if (rows == 0) return;
-  switch (type) {
-    case ElementType::kFloat32: forward<float>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream); break;
-    case ElementType::kBFloat16:
-      forward<__nv_bfloat16>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream);
-      break;
-    case ElementType::kFloat16: forward<__half>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream); break;
-  }
+  element::dispatch(
+      type, [&](auto t) { forward<decltype(t)>(x, residual, weight, rows, hidden, eps, sum, y, rstd, stream); });
   check("rms_norm_forward");
 }
 
@@ -247,17 +242,9 @@ void add_rms_norm_backward(const void* dy, const void* dsum, const void* x, cons
     cudaMemsetAsync(dweight, 0, static_cast<size_t>(hidden) * sizeof(float), stream);
     return;
   }
-  switch (type) {
-    case ElementType::kFloat32:
-      backward<float>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
-      break;
-    case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
-      break;
-    case ElementType::kFloat16:
-      backward<__half>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
-      break;
-  }
+  element::dispatch(type, [&](auto t) {
+    backward<decltype(t)>(dy, dsum, x, weight, rows, hidden, rstd, dx, partial, dweight, stream);
+  });
   check("rms_norm_backward");
 }
 

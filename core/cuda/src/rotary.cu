@@ -76,11 +76,7 @@ void dispatch(const void* in, ElementType type, const RotaryShape& shape, const 
               StreamHandle stream, const char* what) {
   if (shape.dim <= 0 || shape.dim % 2 != 0 || shape.dim > shape.head_dim)
     throw CudaError(std::string(what) + ": bad rotary dim " + std::to_string(shape.dim));
-  switch (type) {
-    case ElementType::kFloat32: launch<float, kBackward>(in, shape, cos, sin, out, stream); break;
-    case ElementType::kBFloat16: launch<__nv_bfloat16, kBackward>(in, shape, cos, sin, out, stream); break;
-    case ElementType::kFloat16: launch<__half, kBackward>(in, shape, cos, sin, out, stream); break;
-  }
+  element::dispatch(type, [&](auto t) { launch<decltype(t), kBackward>(in, shape, cos, sin, out, stream); });
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
 }

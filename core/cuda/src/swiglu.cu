@@ -74,17 +74,7 @@ void backward(const void* dy, const void* gate, const void* up, int64_t n, void*
 void swiglu_forward(const void* gate, const void* up, ElementType type, int64_t n, void* y, StreamHandle stream) {
   if (n < 0) throw CudaError("swiglu: " + std::to_string(n) + " elements");
   if (n == 0) return;
-  switch (type) {
-    case ElementType::kFloat32:
-      forward<float>(gate, up, n, y, stream);
-      break;
-    case ElementType::kBFloat16:
-      forward<__nv_bfloat16>(gate, up, n, y, stream);
-      break;
-    case ElementType::kFloat16:
-      forward<__half>(gate, up, n, y, stream);
-      break;
-  }
+  element::dispatch(type, [&](auto t) { forward<decltype(t)>(gate, up, n, y, stream); });
   check("swiglu_forward");
 }
 
@@ -92,17 +82,7 @@ void swiglu_backward(const void* dy, const void* gate, const void* up, ElementTy
                      void* dup, StreamHandle stream) {
   if (n < 0) throw CudaError("swiglu: " + std::to_string(n) + " elements");
   if (n == 0) return;
-  switch (type) {
-    case ElementType::kFloat32:
-      backward<float>(dy, gate, up, n, dgate, dup, stream);
-      break;
-    case ElementType::kBFloat16:
-      backward<__nv_bfloat16>(dy, gate, up, n, dgate, dup, stream);
-      break;
-    case ElementType::kFloat16:
-      backward<__half>(dy, gate, up, n, dgate, dup, stream);
-      break;
-  }
+  element::dispatch(type, [&](auto t) { backward<decltype(t)>(dy, gate, up, n, dgate, dup, stream); });
   check("swiglu_backward");
 }
 

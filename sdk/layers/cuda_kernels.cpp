@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "dtk/cuda/attention.hpp"
 #include "dtk/cuda/bias_gelu.hpp"
 #include "dtk/cuda/cross_entropy.hpp"
 #include "dtk/cuda/dropout.hpp"
@@ -333,6 +334,82 @@ at::Tensor rotary_backward(const at::Tensor& dy, const at::Tensor& cos, const at
   return rotary_launch(&dtk::cuda::rotary_backward, dy, cos, sin);
 }
 
+namespace {
+// Where a [b, s, heads, hd] tensor with unit stride in hd lives, for the attention kernels.
+dtk::cuda::AttentionLayout attention_layout(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
+
+bool attention_operand(const at::Tensor& x, const at::Tensor& q) {
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0 &&
+                       x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
+  return x.dim() == 4 && x.device() == q.device() && x.scalar_type() == q.scalar_type() && x.stride(3) == 1 &&
+         x.size(0) == q.size(0) && x.size(1) == q.size(1) && x.size(3) == q.size(3) && x.size(2) > 0 &&
+         q.size(2) % x.size(2) == 0 && aligned;
+}
+
+dtk::cuda::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                        const dtk::cuda::DropoutBits* bits) {
+  dtk::cuda::AttentionArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.q_layout = attention_layout(q);
+  a.k_layout = attention_layout(k);
+  a.v_layout = attention_layout(v);
+  element_type(q.scalar_type(), &a.type);
+  a.shape = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  a.scale = static_cast<float>(scale);
+  a.dropout = bits;
+  return a;
+}
+}  // namespace
+
+bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep) {
+  dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
+  if (!q.is_cuda() || q.dim() != 4 || !element_type(q.scalar_type(), &type) ||
+      !dtk::cuda::attention_supported(type, q.size(3)) || q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0)
+    return false;
+  if (!attention_operand(q, q) || !attention_operand(k, q) || !attention_operand(v, q) || k.size(2) != v.size(2))
+    return false;
+  // The mask's rows are whole [heads, s, s] blocks of a drawn [b, heads, s, s] mask.
+  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == q.size(2) * q.size(1) * q.size(1));
+}
+
+std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    double scale, const DropoutMask& keep) {
+  const dtk::cuda::DropoutBits bits = keep.defined() ? bits_of(keep) : dtk::cuda::DropoutBits{};
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  const c10::cuda::CUDAGuard guard(q.device());
+  dtk::cuda::attention_forward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr), out.data_ptr(),
+                               lse.data_ptr<float>(), stream_of(q));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& dout, const at::Tensor& out,
+                                                                  const at::Tensor& lse, const at::Tensor& q,
+                                                                  const at::Tensor& k, const at::Tensor& v,
+                                                                  double scale, const DropoutMask& keep) {
+  const dtk::cuda::DropoutBits bits = keep.defined() ? bits_of(keep) : dtk::cuda::DropoutBits{};
+  const at::Tensor d = dout.contiguous();
+  dtk::cuda::AttentionGrads g;
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+             dv = at::empty(v.sizes(), v.options());
+  const at::Tensor dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));
+  const at::Tensor delta = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  g.dq = dq.data_ptr();
+  g.dk = dk.data_ptr();
+  g.dv = dv.data_ptr();
+  g.dq_layout = attention_layout(dq);
+  g.dk_layout = attention_layout(dk);
+  g.dv_layout = attention_layout(dv);
+  g.dq_accum = dq_accum.data_ptr<float>();
+  g.delta = delta.data_ptr<float>();
+  const c10::cuda::CUDAGuard guard(q.device());
+  dtk::cuda::attention_backward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr), d.data_ptr(),
+                                out.data_ptr(), lse.data_ptr<float>(), g, stream_of(q));
+  return {dq, dk, dv};
+}
+
 #else  // no CUDA kernels in this build: every caller takes its reference
 
 bool cross_entropy_applies(const at::Device&, at::ScalarType) { return false; }
@@ -393,6 +470,17 @@ at::Tensor rotary_forward(const at::Tensor&, const at::Tensor&, const at::Tensor
 }
 at::Tensor rotary_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   throw Error("rotary: this build has no CUDA kernels");
+}
+bool attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const DropoutMask&) { return false; }
+std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                                    const DropoutMask&) {
+  throw Error("attention: this build has no CUDA kernels");
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, const at::Tensor&, double,
+                                                                  const DropoutMask&) {
+  throw Error("attention: this build has no CUDA kernels");
 }
 #endif
 

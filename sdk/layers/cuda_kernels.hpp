@@ -1,9 +1,7 @@
 // cuda_kernels.hpp (private to dtk::layers) — the LibTorch side of DTK's own GPU kernels
 // (core/cuda: dtk/cuda/cross_entropy.hpp, rms_norm.hpp, layer_norm.hpp, bias_gelu.hpp, swiglu.hpp, rotary.hpp,
-// dropout.hpp)
-// for
-// the layers. Each kernel has a
-// LibTorch-op reference in the layer that calls it; a call here returns false (or `applies` is
+// dropout.hpp, attention.hpp) for the layers. Each kernel has a LibTorch-op reference in the layer
+// that calls it; a call here returns false (or `applies` is
 // false) where the kernel does not apply: a CPU tensor, a build without CUDA (DTK_HAVE_CUDA) or
 // without a CUDA LibTorch (DTK_TORCH_CUDA), a dtype or shape the kernel does not take. The
 // caller then runs the reference.
@@ -95,5 +93,19 @@ bool rotary_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 at::Tensor rotary_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // dx from dy (x's shape and type).
 at::Tensor rotary_backward(const at::Tensor& dy, const at::Tensor& cos, const at::Tensor& sin);
+
+// Causal self-attention with DTK's dropout on the probabilities (dtk/cuda/attention.hpp): q [b, s,
+// heads, hd], k and v [b, s, groups, hd] (heads a multiple of groups) of one type (bf16, fp16) on
+// one GPU, hd 64 or 128 with unit stride, the other strides multiples of 8, 16-byte aligned; keep
+// undefined or a mask of [b, heads, s, s] (or rows of one: a Domino chunk's).
+bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep);
+// out [b, s, heads, hd] contiguous of q's type and lse fp32 [b, heads, s].
+std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                    double scale, const DropoutMask& keep);
+// dq, dk, dv (contiguous, of q's, k's and v's shapes) from dout (out's shape).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& dout, const at::Tensor& out,
+                                                                  const at::Tensor& lse, const at::Tensor& q,
+                                                                  const at::Tensor& k, const at::Tensor& v,
+                                                                  double scale, const DropoutMask& keep);
 
 }  // namespace dtk::layers::gpu

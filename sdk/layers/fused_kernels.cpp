@@ -9,9 +9,10 @@ namespace dtk::layers {
 
 FusedKernels unfused_kernels(const std::string& list) {
   static const std::pair<const char*, bool FusedKernels::*> kNames[] = {
-      {"add_norm", &FusedKernels::add_norm}, {"bias_add", &FusedKernels::bias_add},
-      {"rms_norm", &FusedKernels::rms_norm}, {"bias_gelu", &FusedKernels::bias_gelu},
-      {"swiglu", &FusedKernels::swiglu},     {"rotary", &FusedKernels::rotary}};
+      {"add_norm", &FusedKernels::add_norm},  {"bias_add", &FusedKernels::bias_add},
+      {"rms_norm", &FusedKernels::rms_norm},  {"bias_gelu", &FusedKernels::bias_gelu},
+      {"swiglu", &FusedKernels::swiglu},      {"rotary", &FusedKernels::rotary},
+      {"attention", &FusedKernels::attention}};
   FusedKernels k;
   for (size_t start = 0; start <= list.size();) {
     const size_t comma = std::min(list.find(',', start), list.size());

@@ -6,8 +6,9 @@
 // with RMSNorm (dtk/cuda/layer_norm.hpp, rms_norm.hpp, through add_layer_norm, add_bias_layer_norm
 // and add_rms_norm against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
 // SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops), rotary embeddings (dtk/cuda/rotary.hpp,
-// apply_rotary against apply_rotary_ops) and dropout (dtk/cuda/dropout.hpp, apply_dropout against
-// apply_dropout_ops and the CPU's); and each function with its kernel left out
+// apply_rotary against apply_rotary_ops), dropout (dtk/cuda/dropout.hpp, apply_dropout against
+// apply_dropout_ops and the CPU's) and causal attention with dropout (dtk/cuda/attention.hpp,
+// fused_attention against attention_ops); and each function with its kernel left out
 // (model.unfused_kernels) running its reference exactly. Without a CUDA LibTorch and a GPU every
 // test skips, saying why.
 #include <ATen/ATen.h>
@@ -16,10 +17,13 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <dtk/layers/activations.hpp>
+#include <dtk/layers/attention.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/norms.hpp>
@@ -424,6 +428,77 @@ TEST(GpuKernels, DropoutKernelEqualsOpsAndTheCpu) {
         torch::autograd::backward({y}, {dy.to(at::kCUDA)});
         EXPECT_TRUE(same_values(x.grad().cpu(), dtk::layers::apply_dropout(dy, mask))) << what << " (backward)";
       }
+    }
+  }
+}
+
+// Causal attention with dropout on the probabilities (dtk/cuda/attention.hpp, through
+// fused_attention) against attention_ops in fp32 on the same inputs with the same mask: q, k, v
+// strided in one projection as gpt's layer splits it, or grouped as llama's (6 heads reading 2
+// key/value groups), sequences that do and do not fill the 64-row tiles, head_dim 64 and 128,
+// bf16 and fp16, p 0 (the kernel's own softmax), 0.1 and 0.5 (a mask in the wrong place is off
+// by whole probabilities, far past the tolerance); and a Domino chunk (rows of the mask) equal
+// bit for bit to its rows of the whole batch's forward.
+TEST(GpuKernels, AttentionKernelEqualsOps) {
+  SKIP_WITHOUT_CUDA();
+  at::Generator gen = dtk::layers::seeded_generator(41);
+  struct Case {
+    const char* name;
+    int64_t b, s, heads, groups, hd;
+    double p;
+    at::ScalarType type;
+  };
+  const Case cases[] = {{"gpt-like, no dropout", 2, 200, 4, 4, 64, 0.0, at::kBFloat16},
+                        {"gpt-like, p 0.1", 2, 200, 4, 4, 64, 0.1, at::kBFloat16},
+                        {"p 0.5, fp16", 2, 130, 2, 2, 64, 0.5, at::kHalf},
+                        {"grouped 6/2, head_dim 128", 2, 97, 6, 2, 128, 0.1, at::kBFloat16},
+                        {"one tile", 3, 64, 2, 2, 64, 0.2, at::kBFloat16},
+                        {"one position", 2, 1, 2, 2, 64, 0.1, at::kHalf}};
+  for (const Case& c : cases) {
+    const int64_t per_group = c.heads / c.groups;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+    // A projection [b, s, groups, (per_group + 2) * hd]: per group its queries, its key, its value
+    // (gpt's [b, s, heads, 3 * hd] where per_group is 1).
+    const at::Tensor projected0 =
+        at::randn({c.b, c.s, c.groups, (per_group + 2) * c.hd}, at::TensorOptions().device(at::kCUDA));
+    const auto split = [&](const at::Tensor& projected) {
+      std::vector<at::Tensor> parts = projected.split_with_sizes({per_group * c.hd, c.hd, c.hd}, -1);
+      parts[0] = parts[0].reshape({c.b, c.s, c.heads, c.hd});  // a view where per_group is 1
+      return parts;
+    };
+    const dtk::layers::DropoutMask keep = dtk::layers::draw_keep_mask({c.b, c.heads, c.s, c.s}, c.p, gen);
+    const at::Tensor dout = at::randn({c.b, c.s, c.heads * c.hd}, at::TensorOptions().device(at::kCUDA));
+    const std::string what = std::string(c.name) + ", " + c10::toString(c.type);
+
+    at::Tensor projected = projected0.to(c.type).requires_grad_(true);
+    const std::vector<at::Tensor> qkv = split(projected);
+    ASSERT_TRUE(dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, {})) << what;
+    EXPECT_FALSE(
+        dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, dtk::layers::unfused_kernels("attention")));
+    const at::Tensor out = dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], scale, keep);
+    torch::autograd::backward({out}, {dout.to(c.type)});
+
+    at::Tensor reference = projected0.to(c.type).to(at::kFloat).requires_grad_(true);
+    const std::vector<at::Tensor> rqkv = split(reference);
+    const at::Tensor causal = at::ones({c.s, c.s}, at::TensorOptions().dtype(at::kBool).device(at::kCUDA)).triu(1);
+    const at::Tensor expected = dtk::layers::attention_ops(rqkv[0], rqkv[1], rqkv[2], scale, causal, keep);
+    torch::autograd::backward({expected}, {dout.to(c.type).to(at::kFloat)});
+
+    const double tol = c.type == at::kHalf ? 5e-3 : 2e-2;
+    EXPECT_LT(relative_error(out, expected), tol) << what;
+    EXPECT_LT(relative_error(projected.grad(), reference.grad()), 2 * tol) << what << " (gradient)";
+    // Every part of the gradient, not only the largest: the keys' and values' gradients sum over
+    // the group's heads and the key tiles.
+    for (int part = 0; part < 3; ++part)
+      EXPECT_LT(relative_error(split(projected.grad())[part], split(reference.grad())[part]), 2 * tol)
+          << what << " (gradient, part " << part << ")";
+
+    // A Domino chunk: the last sequence alone with its rows of the mask.
+    if (c.b > 1) {
+      const at::Tensor last = projected.detach().narrow(0, c.b - 1, 1);
+      const std::vector<at::Tensor> lqkv = split(last);
+      const at::Tensor chunk = dtk::layers::fused_attention(lqkv[0], lqkv[1], lqkv[2], scale, keep.rows(c.b - 1, 1));
+      EXPECT_TRUE(at::equal(chunk, out.detach().narrow(0, c.b - 1, 1))) << what << " (a chunk of the batch)";
     }
   }
 }

@@ -131,6 +131,20 @@ TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   ASSERT_EQ(fused.run.code, 0) << fused.run.out;
   ASSERT_EQ(ops.loss.size(), 20u) << ops.run.out;
   expect_same_curve(ops, fused, 20, "gpt with hidden dropout: bias-dropout-add in the norms' kernels (fp32)", 1e-4);
+  // Attention dropout: DTK's attention kernel (bf16, head_dim 64: gpt with 2 heads of 64, llama
+  // with 4 heads of 64 in 2 key/value groups) against the probabilities formed in memory with the
+  // same masks, 50 iterations within bf16's tolerance.
+  for (const auto& [name, base] :
+       {std::pair<std::string, std::string>{"gpt",
+                                            kTrain + "--set model.hidden_size=128 --set model.num_attention_heads=2 "},
+        {"llama", kLlama + "--set model.hidden_size=256 "}}) {
+    const std::string attention = base + "--set train.device=cuda --set model.attention_dropout=0.1 " + bf16;
+    const Curve kernel = curve(attention, name + "-attention-kernel");
+    const Curve plain = curve(attention + "--set model.unfused_kernels=attention ", name + "-attention-ops");
+    ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
+    ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
+    expect_same_curve(plain, kernel, 50, name + ": attention dropout in DTK's kernel against the ops (bf16)", 3e-2);
+  }
 }
 
 // train.cuda_graphs (issue 33): from iteration 3 each micro-batch replays a recorded forward and

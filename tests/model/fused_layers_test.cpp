@@ -241,18 +241,20 @@ TEST(FusedActivations, ColumnLinearGeluOnTheCpuIsTheProductAndTheGelu) {
 TEST(FusedKernels, UnfusedKernelsParsesNamesAndRefusesUnknownOnes) {
   using dtk::layers::unfused_kernels;
   auto on = [](const dtk::layers::FusedKernels& k) {
-    return std::vector<bool>{k.add_norm, k.bias_add, k.rms_norm, k.bias_gelu, k.swiglu, k.rotary};
+    return std::vector<bool>{k.add_norm, k.bias_add, k.rms_norm, k.bias_gelu, k.swiglu, k.rotary, k.attention};
   };
-  EXPECT_EQ(on(unfused_kernels("")), std::vector<bool>(6, true));
-  EXPECT_EQ(on(unfused_kernels("all")), std::vector<bool>(6, false));
-  EXPECT_EQ(on(unfused_kernels("swiglu, rotary")), (std::vector<bool>{true, true, true, true, false, false}));
-  EXPECT_EQ(on(unfused_kernels("add_norm,rms_norm,")), (std::vector<bool>{false, true, false, true, true, true}));
-  EXPECT_EQ(on(unfused_kernels("bias_gelu")), (std::vector<bool>{true, true, true, false, true, true}));
-  EXPECT_EQ(on(unfused_kernels(" bias_add ")), (std::vector<bool>{true, false, true, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels("")), std::vector<bool>(7, true));
+  EXPECT_EQ(on(unfused_kernels("all")), std::vector<bool>(7, false));
+  EXPECT_EQ(on(unfused_kernels("swiglu, rotary")), (std::vector<bool>{true, true, true, true, false, false, true}));
+  EXPECT_EQ(on(unfused_kernels("add_norm,rms_norm,")), (std::vector<bool>{false, true, false, true, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels("bias_gelu")), (std::vector<bool>{true, true, true, false, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels(" bias_add ")), (std::vector<bool>{true, false, true, true, true, true, true}));
+  EXPECT_EQ(on(unfused_kernels("attention")), (std::vector<bool>{true, true, true, true, true, true, false}));
   try {
     unfused_kernels("rotary,gelu");
     ADD_FAILURE() << "'gelu' accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown kernel 'gelu' (add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary, all)");
+    EXPECT_STREQ(e.what(),
+                 "unknown kernel 'gelu' (add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary, attention, all)");
   }
 }

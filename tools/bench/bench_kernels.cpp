@@ -1,9 +1,8 @@
 // dtk_bench_kernels — DTK's fused layer kernels against their LibTorch-op references: each SDK
 // function that has a kernel (add_layer_norm, add_bias_layer_norm, add_bias_dropout_layer_norm,
-// add_rms_norm, rms_norm,
-// bias_gelu, swiglu, apply_rotary; dtk/layers/fused_kernels.hpp) and dropout timed forward +
-// backward through autograd, once
-// with its kernel and once with the kernel left out (the same function running the ops), at
+// add_rms_norm, rms_norm, bias_gelu, swiglu, apply_rotary, fused_attention;
+// dtk/layers/fused_kernels.hpp) and dropout timed forward + backward through autograd, once with
+// its kernel and once with the kernel left out (the same function running the ops), at
 // GPT-2 124M's and the same-size Llama's shapes (32 sequences of 1024 tokens: 32768 rows, hidden
 // 768, GPT's MLP 3072, Llama's 2048, 12 query and 4 key/value heads of 64). Next to each, the
 // floor: the passes over memory the fused function cannot avoid at the rate of a plain copy
@@ -15,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdio>
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <dtk/layers/activations.hpp>
+#include <dtk/layers/attention.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
 #include <dtk/layers/norms.hpp>
@@ -196,6 +197,48 @@ std::vector<Case> cases(const Setup& s) {
                    return std::vector<at::Tensor>{kernels ? dtk::layers::apply_dropout(in[0], mask)
                                                           : dtk::layers::apply_dropout_ops(in[0], mask)};
                  }});
+  // gpt's core attention with attention dropout (p 0.1) on q, k, v strided in one projection [b,
+  // s, 12, 3 * 64]: DTK's kernel (the probabilities never in memory) against Megatron's
+  // CoreAttention in ops (attention_ops: the [b, 12, s, s] probabilities formed, with the same
+  // mask). Bound by its products, not by memory: the floor column counts only q, k, v, the
+  // context and their gradients.
+  const at::Tensor causal =
+      at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(s.device)).triu(1).view({1, 1, seq, seq});
+  const dtk::layers::DropoutMask probs_mask = dtk::layers::draw_keep_mask({b_seqs, 12, seq, seq}, 0.1, gen);
+  const auto qkv_of = [](const at::Tensor& projected) { return projected.split(64, 3); };
+  out.push_back(
+      {"attention (dropout 0.1)",
+       std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
+       12,
+       h,
+       {input(s, {b_seqs, seq, 12, 3 * hd})},
+       {input(s, {b_seqs, seq, 12 * hd}, 1, 0, false)},
+       [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+         const std::vector<at::Tensor> qkv = qkv_of(in[0]);
+         if (dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], probs_mask, k))
+           return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, probs_mask)};
+         return std::vector<at::Tensor>{dtk::layers::attention_ops(qkv[0], qkv[1], qkv[2], 0.125, causal, probs_mask)};
+       }});
+#if TORCH_VERSION_MAJOR >= 2
+  // Without dropout, where the layers use LibTorch's fused attention: DTK's kernel (the "kernel"
+  // column) against it (the "ops" column), how far DTK's kernel is from FlashAttention's.
+  out.push_back({"attention (no dropout)",
+                 std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
+                 12,
+                 h,
+                 {input(s, {b_seqs, seq, 12, 3 * hd})},
+                 {input(s, {b_seqs, seq, 12 * hd}, 1, 0, false)},
+                 [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+                   const std::vector<at::Tensor> qkv = qkv_of(in[0]);
+                   if (k.attention && dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], {}, k))
+                     return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, {})};
+                   return std::vector<at::Tensor>{
+                       at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
+                                                        qkv[2].transpose(1, 2), {}, 0.0, true)
+                           .transpose(1, 2)
+                           .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64})};
+                 }});
+#endif
   return out;
 }
 

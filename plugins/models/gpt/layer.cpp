@@ -45,9 +45,11 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
       return training ? draw_keep_mask(shape, p, r.attention) : DropoutMask{};
     });
   };
-  // Selective recomputation: the CPU causal kernel keeps no probabilities by itself; elsewhere
-  // core attention is one checkpoint (Megatron's checkpointed core attention).
-  const bool own_kernel = !mask.defined() && causal_attention_supported(projected);
+  // Selective recomputation: DTK's attention kernels (the CPU's causal one, the GPU's with dropout)
+  // keep no probabilities by themselves; elsewhere core attention is one checkpoint (Megatron's
+  // checkpointed core attention, which it too leaves out for its flash attention).
+  const bool own_kernel = !mask.defined() && (causal_attention_supported(projected) ||
+                                              (p > 0.0 && training && fused_attention_takes(projected)));
   const at::Tensor context =
       c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
   // Where the add + LayerNorm kernel takes a branch's bias and dropout, the row-parallel products
@@ -101,6 +103,18 @@ LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool t
   return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
 }
 
+// q, k, v [b, s, np, hn] of the projection [b, s, np * 3 * hn] (per head: query, key, value):
+// split, not three narrows, so that the backward is one cat into the projection's layout (three
+// narrows' backward zero a whole projection each and add them).
+std::vector<at::Tensor> Layer::split_qkv(const at::Tensor& projected) const {
+  return projected.view({projected.size(0), projected.size(1), heads_local_, 3 * head_dim_}).split(head_dim_, -1);
+}
+
+bool Layer::fused_attention_takes(const at::Tensor& projected) const {
+  const std::vector<at::Tensor> qkv = split_qkv(projected);
+  return fused_attention_applies(qkv[0], qkv[1], qkv[2], {}, c_.kernels);
+}
+
 template <class KeepFn>
 at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& mask, KeepFn&& probs_keep) const {
   const int64_t b = projected.size(0), s = projected.size(1);
@@ -110,34 +124,23 @@ at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& 
   if (!mask.defined() && causal_attention_supported(projected))
     return causal_attention_qkv(projected, heads_local_, scale, probs_keep(at::IntArrayRef{b, heads_local_, s, s}),
                                 c_.selective_recompute);
-  // [b, s, np * 3 * hn] -> [b, s, np, 3 * hn] -> q, k, v [b, np, s, hn]. Split before the
-  // transpose: the backward is then one cat into the projection's layout (three narrows' backward
-  // zero a whole [b, s, np, 3 * hn] each and add them; a transposed gradient needs a copy).
-  const std::vector<at::Tensor> parts = projected.view({b, s, heads_local_, 3 * head_dim_}).split(head_dim_, -1);
-  at::Tensor q = parts[0].transpose(1, 2);
-  at::Tensor k = parts[1].transpose(1, 2);
-  at::Tensor v = parts[2].transpose(1, 2);
-  at::Tensor context;
+  const std::vector<at::Tensor> qkv = split_qkv(projected);
   const DropoutMask keep = probs_keep(at::IntArrayRef{b, heads_local_, s, s});
+  // With attention dropout on a GPU: DTK's kernel, the probabilities never in memory, the masks'
+  // bits the model's generator decides (LibTorch's fused attention draws its own).
+  if (!mask.defined() && keep.defined() && fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, c_.kernels))
+    return fused_attention(qkv[0], qkv[1], qkv[2], scale, keep);
 #if TORCH_VERSION_MAJOR >= 2
-  // Fused kernel for the plain causal case (a GPU). With attention dropout in training the plain
-  // path is used instead, because the fused kernel draws its mask from the global generator and
-  // recomputation needs the masks reproducible from the model's own generator.
-  // Strided q, k, v (unit stride in the head dimension) go in as they are, as nanoGPT's do.
-  if (!mask.defined() && !keep.defined()) context = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  // Without dropout: LibTorch's fused kernel. Strided q, k, v (unit stride in the head dimension)
+  // go in as they are, as nanoGPT's do.
+  if (!mask.defined() && !keep.defined())
+    return at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2), {},
+                                            0.0, true)
+        .transpose(1, 2)
+        .reshape({b, s, heads_local_ * head_dim_});
 #endif
-  if (!context.defined()) {
-    // Megatron CoreAttention: scores = q k^T / sqrt(hn) in the params dtype; scale-mask-softmax
-    // in fp32 with masked positions filled with -10000; dropout; probs @ v.
-    // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the
-    // unscaled q k^T can overflow fp16.
-    at::Tensor scores = at::matmul(q * scale, k.transpose(-1, -2));
-    at::Tensor m = mask.defined() ? mask : causal_mask(s, projected.device());
-    at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(m, -10000.0), -1).to(projected.scalar_type());
-    context = at::matmul(apply_dropout(probs, keep), v);
-  }
-  // [b, np, s, hn] -> [b, s, np * hn]
-  return context.transpose(1, 2).reshape({b, s, heads_local_ * head_dim_});
+  // Megatron's CoreAttention, the probabilities [b, np, s, s] in memory.
+  return attention_ops(qkv[0], qkv[1], qkv[2], scale, mask.defined() ? mask : causal_mask(s, projected.device()), keep);
 }
 
 at::Tensor Layer::causal_mask(int64_t s, at::Device device) const {

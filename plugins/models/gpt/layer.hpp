@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace dtk::gpt {
 
@@ -103,6 +104,10 @@ class Layer : public DominoLayer, public DecoderLayer {
   // (undefined: no dropout), called once.
   template <class KeepFn>
   at::Tensor core_attention(const at::Tensor& mixed, const at::Tensor& mask, KeepFn&& probs_keep) const;
+  // q, k, v [b, s, np, hn]: views of the fused projection [b, s, np * 3 * hn].
+  std::vector<at::Tensor> split_qkv(const at::Tensor& projected) const;
+  // Whether core attention on `projected` (no mask) runs DTK's GPU kernel when dropout is on.
+  bool fused_attention_takes(const at::Tensor& projected) const;
   at::Tensor causal_mask(int64_t s, at::Device device) const;
 
   const Config& c_;

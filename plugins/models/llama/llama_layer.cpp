@@ -4,6 +4,7 @@
 #include "llama_layer.hpp"
 
 #include <dtk/capture.hpp>
+#include <dtk/layers/attention.hpp>
 #include <dtk/layers/recompute.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -106,46 +107,45 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
 }
 
 at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                         double p, const std::function<at::Tensor(const at::Tensor&)>& probs_dropout) const {
+                         const DropoutMask& keep) const {
   const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
-  const int64_t per_group = heads_local_ / groups_local_;
-  const at::Tensor qh = q.transpose(1, 2);                    // [b, np, s, hd]
-  at::Tensor kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // [b, ng, t, hd]
-  at::Tensor context;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // With attention dropout on a GPU: DTK's kernel (it reads each key/value group for its query
+  // heads itself), the masks' bits the model's generator decides.
+  if (!mask.defined() && keep.defined() && fused_attention_applies(q, k, v, keep, c_.kernels))
+    return fused_attention(q, k, v, scale, keep);
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-  // The fused kernel for the plain causal case reads each key/value group for its query heads
-  // itself (enable_gqa: query head i reads group i / per_group, as the expansion below), so the
-  // groups are never copied per head; strided inputs go in as they are. Not with attention
-  // dropout, whose masks come from the model's own generator.
-  if (!mask.defined() && p == 0.0 && s == t)
-    context = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true, std::nullopt, /*enable_gqa=*/per_group > 1);
-#endif
-  if (per_group > 1 && !context.defined()) {  // query head g * per_group + j reads key/value group g
-    // expand + reshape, not repeat_interleave: ATen's computes its output size on the host (a
-    // synchronisation per call on a GPU).
-    const auto repeat = [&](const at::Tensor& x) {
-      return x.unsqueeze(2).expand({b, groups_local_, per_group, t, hd}).reshape({b, heads_local_, t, hd});
+  // Without dropout, LibTorch's fused kernel for the plain causal case, which reads each key/value
+  // group for its query heads itself (enable_gqa: query head i reads group i / per_group), so the
+  // groups are never copied per head; strided inputs go in as they are.
+  if (!mask.defined() && !keep.defined() && s == t) {
+    const int64_t per_group = heads_local_ / groups_local_;
+    return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), {}, 0.0, true,
+                                            std::nullopt, /*enable_gqa=*/per_group > 1)
+        .transpose(1, 2)
+        .reshape({b, s, heads_local_ * hd});
+  }
+#elif TORCH_VERSION_MAJOR == 2
+  // LibTorch 2.0-2.4: no enable_gqa; the fused kernel on the groups expanded to the heads.
+  if (!mask.defined() && !keep.defined() && s == t) {
+    const int64_t per_group = heads_local_ / groups_local_;
+    const auto heads_of = [&](const at::Tensor& x) {
+      return x.transpose(1, 2)
+          .unsqueeze(2)
+          .expand({b, groups_local_, per_group, t, hd})
+          .reshape({b, heads_local_, t, hd});
     };
-    kh = repeat(kh);
-    vh = repeat(vh);
+    return at::scaled_dot_product_attention(q.transpose(1, 2), heads_of(k), heads_of(v), {}, 0.0, true)
+        .transpose(1, 2)
+        .reshape({b, s, heads_local_ * hd});
   }
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
-  // LibTorch 2.0-2.4: no enable_gqa; the fused kernel on the expanded groups.
-  if (!context.defined() && !mask.defined() && p == 0.0 && s == t)
-    context = at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, true);
 #endif
-  if (!context.defined()) {
-    // Megatron's CoreAttention: q scaled before the product, softmax in fp32 with masked
-    // positions at -10000.
-    const at::Tensor scores = at::matmul(qh * (1.0 / std::sqrt(static_cast<double>(hd))), kh.transpose(-1, -2));
-    const at::Tensor masked =
-        mask.defined()
-            ? mask
-            : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
-    const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(q.scalar_type());
-    context = at::matmul(probs_dropout(probs), vh);
-  }
-  return context.transpose(1, 2).reshape({b, s, heads_local_ * hd});
+  // Megatron's CoreAttention, the probabilities [b, np, s, t] in memory.
+  const at::Tensor masked =
+      mask.defined()
+          ? mask
+          : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
+  return attention_ops(q, k, v, scale, masked, keep);
 }
 
 at::Tensor Layer::mlp(const at::Tensor& h) const {
@@ -168,11 +168,14 @@ at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, cons
 ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tensor& positions, const at::Tensor& mask,
                                        DropoutRng& rng, bool training) const {
   const double p = training ? c_.attention_dropout : 0.0;
-  // Core attention from the projection: the query/key/value split, rotary, softmax, dropout.
+  // Core attention from the projection: the query/key/value split, rotary, softmax, dropout (its
+  // mask drawn as dropout(probs, p, training, r.attention) would draw it).
   RecomputedBlock attention = [this, positions, mask, p, training](const at::Tensor& projected, DropoutRng& r) {
     const QKV a = split_qkv(projected, positions);
-    return attend(a.q, a.k, a.v, mask, p,
-                  [&](const at::Tensor& probs) { return dropout(probs, p, training, r.attention); });
+    const DropoutMask keep = training
+                                 ? draw_keep_mask({a.q.size(0), heads_local_, a.q.size(1), a.k.size(1)}, p, r.attention)
+                                 : DropoutMask{};
+    return attend(a.q, a.k, a.v, mask, keep);
   };
   // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
   const auto [x, normed_in] = in.branch.defined()
@@ -198,7 +201,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& position
   cache[1].narrow(2, length, n).copy_(a.v.transpose(1, 2));
   const at::Tensor k = cache[0].narrow(2, 0, length + n).transpose(1, 2);  // [b, t, ng, hd]
   const at::Tensor v = cache[1].narrow(2, 0, length + n).transpose(1, 2);
-  const at::Tensor context = attend(a.q, k, v, mask, 0.0, [](const at::Tensor& probs) { return probs; });
+  const at::Tensor context = attend(a.q, k, v, mask, DropoutMask{});
   const auto [h, normed] = add_rms_norm(x, dense.forward(context), post_attention_norm, c_.eps, c_.kernels);
   return h + mlp(normed);
 }
@@ -218,9 +221,7 @@ at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const Do
     return dtk::linear(at::silu(projected.narrow(-1, 0, f)) * projected.narrow(-1, f, f), down.weight);
   }
   const QKV a = split_qkv(projected, chunk.positions);
-  const DropoutMask& keep = chunk.attention_probs;
-  const at::Tensor context = attend(a.q, a.k, a.v, chunk.mask, keep.defined() ? c_.attention_dropout : 0.0,
-                                    [&](const at::Tensor& probs) { return apply_dropout(probs, keep); });
+  const at::Tensor context = attend(a.q, a.k, a.v, chunk.mask, chunk.attention_probs);
   return dtk::linear(context, dense.weight);
 }
 

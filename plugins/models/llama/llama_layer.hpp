@@ -30,7 +30,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -137,10 +136,11 @@ class Layer : public DominoLayer, public DecoderLayer {
   QKV project(const at::Tensor& x, const at::Tensor& positions) const;
   // q, k (rotated by `positions`) and v of the fused projection `mixed` [b, s, qkv.weight rows].
   QKV split_qkv(const at::Tensor& mixed, const at::Tensor& positions) const;
-  // Attention of q [b, s, np, hd] over k, v [b, t, ng, hd] with `mask` [.., s, t] (true = masked);
+  // Attention of q [b, s, np, hd] over k, v [b, t, ng, hd] with `mask` [.., s, t] (true = masked;
+  // undefined: causal) and dropout `keep` on the probabilities [b, np, s, t] (undefined: none);
   // returns the context [b, s, np * hd].
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                    double p, const std::function<at::Tensor(const at::Tensor&)>& probs_dropout) const;
+                    const DropoutMask& keep) const;
   at::Tensor mlp(const at::Tensor& h) const;
 
   const Config& c_;

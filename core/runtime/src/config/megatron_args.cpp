@@ -123,8 +123,7 @@ const Rule kRules[] = {
     {"--accumulate-allreduce-grads-in-fp32", 0, Kind::kIgnore, "", "always on under bf16/fp16 (ddp, zero)"},
     {"--no-gradient-accumulation-fusion", 0, Kind::kIgnore, "",
      "the fused weight-gradient accumulation is a CUDA (APEX) kernel; DTK accumulates gradients in place either way"},
-    {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "",
-     "Megatron's fused scale-mask-softmax kernel; DTK's attention is LibTorch's fused attention where it has one"},
+    {"--no-masked-softmax-fusion", 0, Kind::kCustom, "model.unfused_kernels=attention", kDtkFusion},
     {"--no-bias-gelu-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_gelu", kDtkFusion},
     {"--no-bias-swiglu-fusion", 0, Kind::kCustom, "model.unfused_kernels=swiglu", kDtkFusion},
     {"--no-bias-dropout-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_add", kDtkFusion},
@@ -555,11 +554,12 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
-  const char* kernel = f == "--no-rope-fusion"           ? "rotary"
-                       : f == "--no-bias-gelu-fusion"    ? "bias_gelu"
-                       : f == "--no-bias-swiglu-fusion"  ? "swiglu"
-                       : f == "--no-bias-dropout-fusion" ? "bias_add"
-                                                         : nullptr;
+  const char* kernel = f == "--no-rope-fusion"             ? "rotary"
+                       : f == "--no-bias-gelu-fusion"      ? "bias_gelu"
+                       : f == "--no-bias-swiglu-fusion"    ? "swiglu"
+                       : f == "--no-bias-dropout-fusion"   ? "bias_add"
+                       : f == "--no-masked-softmax-fusion" ? "attention"
+                                                           : nullptr;
   if (kernel && std::find(s.unfused_kernels.begin(), s.unfused_kernels.end(), kernel) == s.unfused_kernels.end())
     s.unfused_kernels.push_back(kernel);
   if (f == "--use-rope-scaling") s.rope_scaling = true;

@@ -1,4 +1,7 @@
-// dtk/layers/attention.hpp — causal self-attention on the CPU that skips the masked half.
+// dtk/layers/attention.hpp — core attention for the decoder layers: Megatron's CoreAttention as
+// tensor ops (attention_ops, the reference), causal self-attention on the CPU that skips the
+// masked half (causal_attention_qkv), and on a GPU DTK's flash kernel for attention with dropout
+// (fused_attention). Without dropout a GPU layer uses LibTorch's fused attention.
 //
 // Megatron's CoreAttention forms all [s, s] scores of each head, fills the upper triangle with
 // -10000, takes the softmax in fp32 (where exp(-10000 - max) is exactly 0), applies dropout and
@@ -19,6 +22,7 @@
 #pragma once
 
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/fused_kernels.hpp>
 
 namespace dtk::layers {
 
@@ -32,5 +36,26 @@ bool causal_attention_supported(const at::Tensor& qkv);
 // v. Differentiable in qkv.
 at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double scale, const DropoutMask& keep,
                                 bool recompute_probs = false);
+
+// Megatron's CoreAttention over q [b, s, heads, hd] and k, v [b, t, groups, hd] (grouped-query
+// attention where groups < heads: query head h reads group h / (heads / groups)): scores = (q *
+// scale) k^T in the inputs' type, masked positions (`mask` true, broadcast to [b, heads, s, t])
+// at -10000 and softmax in fp32, probabilities back in the inputs' type, dropout `keep` (a mask of
+// [b, heads, s, t]) applied, times v. The context [b, s, heads * hd]; differentiable.
+at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const at::Tensor& mask, const DropoutMask& keep);
+
+// Whether fused_attention takes these operands: on a GPU in bf16 or fp16, head_dim 64 or 128 with
+// unit stride, s == t, the other strides multiples of 8; keep undefined or a mask drawn for [b,
+// heads, s, s] (or rows of one: a Domino chunk's); kernels.attention on.
+bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep,
+                             const FusedKernels& kernels);
+// Causal attention_ops (the future masked) by DTK's kernel (dtk/cuda/attention.hpp): the
+// probabilities never in memory, the dropout's bits those apply_dropout gives the whole
+// probabilities (so recomputation, Domino's chunks and a CPU run see the same masks); saved for
+// backward: q, k, v, the context and one fp32 log-sum-exp per query row. The context [b, s, heads
+// * hd]; differentiable in q, k and v.
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                           const DropoutMask& keep);
 
 }  // namespace dtk::layers

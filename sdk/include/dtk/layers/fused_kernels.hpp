@@ -1,8 +1,9 @@
 // dtk/layers/fused_kernels.hpp — which of DTK's fused GPU kernels a layer function may use.
-// Each function of norms.hpp, activations.hpp and rotary.hpp that has a kernel takes a
-// FusedKernels, every kernel on by default; a decoder model passes its config's (the option
+// Each function of norms.hpp, activations.hpp, rotary.hpp and attention.hpp that has a kernel takes
+// a FusedKernels, every kernel on by default; a decoder model passes its config's (the option
 // `unfused_kernels`, DecoderConfig::kernels; Megatron's --no-bias-gelu-fusion,
-// --no-bias-swiglu-fusion, --no-bias-dropout-fusion and --no-rope-fusion map to it). A kernel
+// --no-bias-swiglu-fusion, --no-bias-dropout-fusion, --no-rope-fusion and
+// --no-masked-softmax-fusion map to it). A kernel
 // turned off, the function runs its LibTorch-op reference instead: a way out for a kernel in
 // doubt, and a way to measure what each kernel is worth in one run (tools/gpu_check.sh's
 // variants). The CPU runs the references always, so on the CPU the choice changes nothing.
@@ -19,10 +20,11 @@ struct FusedKernels {
   bool bias_gelu = true;  // bias_gelu, column_linear_gelu: the bias add and GELU in one kernel
   bool swiglu = true;     // swiglu: silu(gate) * up in one kernel
   bool rotary = true;     // apply_rotary: DTK's rotary kernel
+  bool attention = true;  // fused_attention: DTK's attention kernel where attention dropout is on
 };
 
 // The names unfused_kernels() takes, as the option's help lists them.
-inline constexpr const char* kFusedKernelNames = "add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary";
+inline constexpr const char* kFusedKernelNames = "add_norm, bias_add, rms_norm, bias_gelu, swiglu, rotary, attention";
 
 // The kernels left on when those in `list` are turned off: names of FusedKernels' fields separated
 // by commas (spaces allowed), "all" for every one, "" for none. Throws std::invalid_argument

@@ -4,19 +4,23 @@
 # prefix, configures dtk against the Python package's CUDA LibTorch (DTK_WITH_CUDA=ON), builds,
 # runs the GPU-labelled tests and the GPT-2 124M and same-size Llama benchmarks against their
 # PyTorch peers (tools/bench/gpu_gpt2.sh) and prints one summary. Under 10 minutes on 16 cores.
-#   tools/gpu_check.sh [--configure-only] [--no-bench] [--torch-prefix DIR]
+#   tools/gpu_check.sh [--configure-only] [--no-bench] [--sanitize] [--torch-prefix DIR]
 # --torch-prefix: a LibTorch CMake prefix other than python3's torch.utils.cmake_prefix_path.
+# --sanitize: also run DTK's attention kernel test under compute-sanitizer's racecheck and
+# synccheck (shared-memory races and barrier misuse, which no result check sees; about a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIGURE_ONLY=0
 BENCH=1
+SANITIZE=0
 TORCH_PREFIX=""
 while (($#)); do
   case "$1" in
     --configure-only) CONFIGURE_ONLY=1; shift ;;
     --no-bench) BENCH=0; shift ;;
+    --sanitize) SANITIZE=1; shift ;;
     --torch-prefix) TORCH_PREFIX=$2; shift 2 ;;
-    *) echo "usage: tools/gpu_check.sh [--configure-only] [--no-bench] [--torch-prefix DIR]" >&2; exit 2 ;;
+    *) echo "usage: tools/gpu_check.sh [--configure-only] [--no-bench] [--sanitize] [--torch-prefix DIR]" >&2; exit 2 ;;
   esac
 done
 [[ -d .gpu-bundle ]] && ls .gpu-bundle/*.deb >/dev/null 2>&1 ||
@@ -65,6 +69,14 @@ if ((!CONFIGURE_ONLY)); then
   (cd build-gpu && ctest -L gpu -j 4 --output-on-failure --timeout 300) 2>&1 | tee build-gpu/ctest.log | tail -40 && status="gpu tests passed" ||
     status="gpu tests FAILED"
   phase "gpu tests done"
+  if ((SANITIZE)) && [[ -n $GPU ]]; then
+    SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    for tool in racecheck synccheck; do
+      "$SANITIZER" --tool "$tool" --error-exitcode 1 build-gpu/bin/dtk_gpu_kernel_tests \
+        --gtest_filter=GpuKernels.AttentionKernelEqualsOps 2>&1 | tail -4 || status="$status; $tool FAILED"
+    done
+    phase "sanitizers done"
+  fi
   if ((BENCH)) && [[ -n $GPU ]]; then
     # Each fused layer kernel against its ops at GPT-2's and Llama's shapes, and a copy's rate.
     build-gpu/bin/dtk_bench_kernels 2>&1 | tee "${OUT:-build-gpu}/kernels.txt" || status="$status; kernel benchmark FAILED"

@@ -365,8 +365,10 @@ dtk::cuda::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k
 
 bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep) {
   dtk::cuda::ElementType type = dtk::cuda::ElementType::kFloat32;
-  if (!q.is_cuda() || q.dim() != 4 || !element_type(q.scalar_type(), &type) ||
-      !dtk::cuda::attention_supported(type, q.size(3)) || q.size(0) == 0 || q.size(1) == 0 || q.size(2) == 0)
+  // The grid holds sequences and heads in its y and z (at most 65535 each).
+  if (!q.is_cuda() || q.dim() != 4 || !element_type(q.scalar_type(), &type) || q.size(0) == 0 || q.size(1) == 0 ||
+      q.size(2) == 0 || q.size(0) > 65535 || q.size(2) > 65535 ||
+      !dtk::cuda::attention_supported(type, q.size(3), q.device().index()))
     return false;
   if (!attention_operand(q, q) || !attention_operand(k, q) || !attention_operand(v, q) || k.size(2) != v.size(2))
     return false;
@@ -390,7 +392,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& k, const at::Tensor& v,
                                                                   double scale, const DropoutMask& keep) {
   const dtk::cuda::DropoutBits bits = keep.defined() ? bits_of(keep) : dtk::cuda::DropoutBits{};
-  const at::Tensor d = dout.contiguous();
+  // The kernels load 16 bytes at a time: a contiguous gradient at an odd offset is copied.
+  at::Tensor d = dout.contiguous();
+  if (reinterpret_cast<uintptr_t>(d.data_ptr()) % 16 != 0) d = d.clone();
   dtk::cuda::AttentionGrads g;
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options());

@@ -43,15 +43,15 @@ constexpr float kLn2 = 0.6931471805599453f;
 using element::from_float;
 using element::to_float;
 
-// Shared-memory tiles. Rows are padded (8 elements of T, 4 floats) so that the 16 rows a WMMA
+// Shared-memory tiles. Rows are padded (8 elements) so that the 16 rows a WMMA
 // load reads fall in different banks; every size is a multiple of 128 bytes, so each tile carved
 // after another stays 32-byte aligned, as WMMA's loads and stores need.
 template <class T, int D>
 struct Tiles {
   static constexpr int kLdT = D + 8;      // a [64, D] tile of T (Q, K, V, dO)
-  static constexpr int kLdS = kTile + 4;  // a [64, 64] tile of fp32 (S, dP)
+  static constexpr int kLdS = kTile + 8;  // a [64, 64] tile of fp32 (S, dP)
   static constexpr int kLdP = kTile + 8;  // a [64, 64] tile of T (P Z, dS)
-  static constexpr int kLdO = D + 4;      // a [64, D] tile of fp32 (O, dQ)
+  static constexpr int kLdO = D + 8;      // a [64, D] tile of fp32 (O, dQ)
   static constexpr size_t kT = size_t{kTile} * kLdT * sizeof(T);
   static constexpr size_t kS = size_t{kTile} * kLdS * sizeof(float);
   static constexpr size_t kP = size_t{kTile} * kLdP * sizeof(T);
@@ -178,11 +178,37 @@ __device__ void columns_transposed_times(const T* a, const T* b, Accumulator* ac
   }
 }
 
-// The dropout multiplier of element (b, h, i, j): scale where kept, 0 where dropped.
+// The dropout multipliers (scale where kept, 0 where dropped) of columns 2 lane and 2 lane + 1 of
+// a tile's row whose column 0 is element `first` of the mask (warp-uniform). One hash word holds
+// an even element and the odd one after it (dropout_bits::kept_at): where `first` is even a lane's
+// two columns share its word; where it is odd, the second's word is the next lane's (lane 31
+// hashes it itself). One hash per lane per row.
+__device__ __forceinline__ float2 pair_factors(const DropoutBits& m, int64_t first, int lane) {
+  const uint64_t pair = static_cast<uint64_t>((first + 2 * lane) >> 1);
+  const unsigned long long word = dropout_bits::mix(m.seed, pair);
+  uint32_t u0 = static_cast<uint32_t>(word), u1 = static_cast<uint32_t>(word >> 32);
+  if (first & 1) {
+    unsigned long long next = __shfl_down_sync(0xffffffffu, word, 1);
+    if (lane == 31) next = dropout_bits::mix(m.seed, pair + 1);
+    u0 = static_cast<uint32_t>(word >> 32);
+    u1 = static_cast<uint32_t>(next);
+  }
+  return make_float2(u0 >= m.threshold ? m.scale : 0.0f, u1 >= m.threshold ? m.scale : 0.0f);
+}
+
+// The mask's element (b, h, i, 0) (run_numel 0: the offset, then row-major [b, heads, seq, seq]).
 template <class T>
-__device__ __forceinline__ float dropout_factor(const Params<T>& p, int64_t b, int h, int64_t i, int64_t j) {
-  const int64_t index = ((b * p.heads + h) * p.seq + i) * p.seq + j;
-  return dropout_bits::kept(p.bits, index) ? p.bits.scale : 0.0f;
+__device__ __forceinline__ int64_t mask_row(const Params<T>& p, int64_t b, int h, int64_t i) {
+  return p.bits.offset + ((b * p.heads + h) * p.seq + i) * p.seq;
+}
+
+// dst[0..4) += src[0..4) (fp32, 16-byte aligned, dst in global memory): one vector atomic on sm_90.
+__device__ __forceinline__ void add4(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), *reinterpret_cast<const float4*>(src));
+#else
+  for (int k = 0; k < 4; ++k) atomicAdd(dst + k, src[k]);
+#endif
 }
 
 template <class T, int D>
@@ -222,27 +248,25 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, 
     __syncthreads();
     rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
     __syncwarp();
+    const int64_t j = int64_t{kt} * kTile + 2 * lane;  // this lane's columns: j and j + 1
     for (int r = 0; r < 16; ++r) {
       const int row = wrow + r;
       const int64_t i = row0 + row;
-      float s[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t j = int64_t{kt} * kTile + lane + 32 * half;
-        s[half] = j <= i && j < p.seq ? sS[row * L::kLdS + lane + 32 * half] * p.scale_log2 : -INFINITY;
-      }
+      const float2 raw = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
+      const float s0 = j <= i && j < p.seq ? raw.x * p.scale_log2 : -INFINITY;
+      const float s1 = j + 1 <= i && j + 1 < p.seq ? raw.y * p.scale_log2 : -INFINITY;
       const float m_old = sM[row];
-      const float m_new = fmaxf(m_old, warp_max(fmaxf(s[0], s[1])));
+      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
       const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing yet stays at 0
-      float sum = 0.0f;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float e = exp2f(s[half] - base);
-        sum += e;
-        if (p.dropout && e != 0.0f) e *= dropout_factor(p, b, h, i, int64_t{kt} * kTile + lane + 32 * half);
-        sP[row * L::kLdP + lane + 32 * half] = from_float<T>(e);
+      float e0 = exp2f(s0 - base), e1 = exp2f(s1 - base);
+      const float sum = warp_sum(e0 + e1);
+      if (p.dropout && i < p.seq) {  // row-uniform: the pair's hash shuffles across the warp
+        const float2 z = pair_factors(p.bits, mask_row(p, b, h, i) + int64_t{kt} * kTile, lane);
+        e0 *= z.x;
+        e1 *= z.y;
       }
-      sum = warp_sum(sum);
+      sP[row * L::kLdP + 2 * lane] = from_float<T>(e0);
+      sP[row * L::kLdP + 2 * lane + 1] = from_float<T>(e1);
       __syncwarp();  // every lane has read m_old
       if (lane == 0) {
         const float alpha = exp2f(m_old - base);
@@ -336,28 +360,36 @@ __global__ void __launch_bounds__(kThreads)
       rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
       rows_times_transposed<T, D>(sdO + wrow * L::kLdT, sV, sdP + wrow * L::kLdS);
       __syncwarp();
+      const int64_t j = key0 + 2 * lane;  // this lane's columns: j and j + 1
       for (int r = 0; r < 16; ++r) {
         const int row = wrow + r;
         const int64_t i = row0 + row;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = lane + 32 * half;
-          const int64_t j = key0 + col;
-          // j <= i < seq: a key the row attends to (j < seq follows)
-          const float prob = i < p.seq && j <= i ? exp2f(sS[row * L::kLdS + col] * p.scale_log2 - sLse[row]) : 0.0f;
-          const float z = p.dropout && prob != 0.0f ? dropout_factor(p, b, h, i, j) : 1.0f;
-          sPZ[row * L::kLdP + col] = from_float<T>(prob * z);
-          sdS[row * L::kLdP + col] = from_float<T>(prob * (sdP[row * L::kLdS + col] * z - sDelta[row]) * p.scale);
+        if (i >= p.seq) {  // past the sequence: nothing flows (row-uniform)
+          for (int c = lane; c < kTile; c += 32) {
+            sPZ[row * L::kLdP + c] = from_float<T>(0.0f);
+            sdS[row * L::kLdP + c] = from_float<T>(0.0f);
+          }
+          continue;
         }
+        const float2 z = p.dropout ? pair_factors(p.bits, mask_row(p, b, h, i) + key0, lane) : make_float2(1.0f, 1.0f);
+        const float2 score = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
+        const float2 dpz = *reinterpret_cast<const float2*>(sdP + row * L::kLdS + 2 * lane);
+        // j <= i: a key the row attends to (j < seq follows)
+        const float p0 = j <= i ? exp2f(score.x * p.scale_log2 - sLse[row]) : 0.0f;
+        const float p1 = j + 1 <= i ? exp2f(score.y * p.scale_log2 - sLse[row]) : 0.0f;
+        sPZ[row * L::kLdP + 2 * lane] = from_float<T>(p0 * z.x);
+        sPZ[row * L::kLdP + 2 * lane + 1] = from_float<T>(p1 * z.y);
+        sdS[row * L::kLdP + 2 * lane] = from_float<T>(p0 * (dpz.x * z.x - sDelta[row]) * p.scale);
+        sdS[row * L::kLdP + 2 * lane + 1] = from_float<T>(p1 * (dpz.y * z.y - sDelta[row]) * p.scale);
       }
       __syncwarp();
       rows_times<T, D>(sdS + wrow * L::kLdP, sK, sdQ + wrow * L::kLdO, false);
       __syncwarp();
-      for (int r = 0; r < 16; ++r) {
+      constexpr int kQuads = D / 4;  // 4 columns an atomic
+      for (int at = lane; at < 16 * kQuads; at += 32) {
+        const int r = at / kQuads, c = at % kQuads * 4;
         const int64_t i = row0 + wrow + r;
-        if (i >= p.seq) break;
-        float* dq = dq_accum + ((b * p.seq + i) * p.heads + h) * D;
-        for (int c = lane; c < D; c += 32) atomicAdd(dq + c, sdQ[(wrow + r) * L::kLdO + c]);
+        if (i < p.seq) add4(dq_accum + ((b * p.seq + i) * p.heads + h) * D + c, sdQ + (wrow + r) * L::kLdO + c);
       }
       __syncthreads();  // every warp's rows of P Z and dS are written
       columns_transposed_times<T, D>(sPZ + wrow, sdO, dV);
@@ -383,14 +415,16 @@ __global__ void __launch_bounds__(kThreads)
   write(dV, dv, dvl);
 }
 
-// dq at (b, i, h, d) in its layout = T(dq_accum [b, seq, heads, D]).
+// dq at (b, i, h, d) in its layout = T(dq_accum [b, seq, heads, D]): a warp per (b, i, h).
 template <class T, int D>
 __global__ void __launch_bounds__(256)
-    dq_kernel(const float* dq_accum, int64_t n, int64_t seq, int heads, T* dq, AttentionLayout layout) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < n; e += stride) {
-    const int64_t d = e % D, h = e / D % heads, position = e / D / heads;
-    dq[position / seq * layout.batch + position % seq * layout.seq + h * layout.head + d] = from_float<T>(dq_accum[e]);
+    dq_kernel(const float* dq_accum, int64_t rows, int64_t seq, int heads, T* dq, AttentionLayout layout) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
+    const int64_t h = row % heads, position = row / heads;  // position = b seq + i
+    T* d = dq + position / seq * layout.batch + position % seq * layout.seq + h * layout.head;
+    for (int c = lane; c < D; c += 32) d[c] = from_float<T>(dq_accum[row * D + c]);
   }
 }
 
@@ -399,11 +433,22 @@ void check(const char* what) {
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Lets `kernel` take `bytes` of dynamic shared memory (past the default 48 KB).
+template <class Kernel>
+void allow_shared_memory(Kernel* kernel, size_t bytes) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e != cudaSuccess)
+    throw CudaError("attention: " + std::to_string(bytes) + " bytes of shared memory: " + cudaGetErrorString(e));
+}
+
 void check_shape(const AttentionArgs& a) {
   const AttentionShape& s = a.shape;
+  int device = 0;
+  cudaGetDevice(&device);
   const bool fits = s.batch > 0 && s.seq > 0 && s.heads > 0 && s.groups > 0 && s.heads % s.groups == 0 &&
                     s.batch <= 65535 && s.heads <= 65535 && (s.seq + kTile - 1) / kTile <= 0x7fffffffLL &&
-                    attention_supported(a.type, s.head_dim) && (!a.dropout || a.dropout->run_numel == 0);
+                    attention_supported(a.type, s.head_dim, device) && (!a.dropout || a.dropout->run_numel == 0);
   if (!fits)
     throw CudaError("attention: shape [" + std::to_string(s.batch) + ", " + std::to_string(s.seq) + ", " +
                     std::to_string(s.heads) + "/" + std::to_string(s.groups) + ", " + std::to_string(s.head_dim) +
@@ -434,7 +479,7 @@ unsigned tiles_of(const AttentionShape& s) { return static_cast<unsigned>((s.seq
 template <class T, int D>
 void forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream) {
   constexpr size_t bytes = Tiles<T, D>::kForward;
-  cudaFuncSetAttribute(forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  allow_shared_memory(forward_kernel<T, D>, bytes);
   const dim3 grid(tiles_of(a.shape), static_cast<unsigned>(a.shape.heads), static_cast<unsigned>(a.shape.batch));
   forward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(params_of<T>(a), static_cast<T*>(out), lse);
   check("attention_forward");
@@ -454,14 +499,14 @@ void backward(const AttentionArgs& a, const void* dout, const void* out, const f
                                                                 rows, s.seq, static_cast<int>(s.heads), g.delta);
   check("attention_backward (delta)");
   constexpr size_t bytes = Tiles<T, D>::kBackward;
-  cudaFuncSetAttribute(backward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  allow_shared_memory(backward_kernel<T, D>, bytes);
   const dim3 grid(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
   backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(params_of<T>(a), static_cast<const T*>(dout), lse, g.delta,
                                                            g.dq_accum, static_cast<T*>(g.dk), g.dk_layout,
                                                            static_cast<T*>(g.dv), g.dv_layout);
   check("attention_backward");
-  dq_kernel<T, D><<<blocks_for(rows * D), 256, 0, stream>>>(g.dq_accum, rows * D, s.seq, static_cast<int>(s.heads),
-                                                            static_cast<T*>(g.dq), g.dq_layout);
+  dq_kernel<T, D><<<blocks_for(rows * 32), 256, 0, stream>>>(g.dq_accum, rows, s.seq, static_cast<int>(s.heads),
+                                                             static_cast<T*>(g.dq), g.dq_layout);
   check("attention_backward (dq)");
 }
 
@@ -483,8 +528,19 @@ void dispatch(const AttentionArgs& a, F&& f) {
 
 }  // namespace
 
-bool attention_supported(ElementType type, int64_t head_dim) {
-  return type != ElementType::kFloat32 && (head_dim == 64 || head_dim == 128);
+bool attention_supported(ElementType type, int64_t head_dim, int device) {
+  if (type == ElementType::kFloat32 || (head_dim != 64 && head_dim != 128)) return false;
+  // bf16 WMMA needs sm_80; the backward's tiles need their shared memory (sm_86/89 allow 99 KB a
+  // block, less than head_dim 128 takes).
+  int major = 0, shared = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // a bad device index: not this call's error to keep
+    return false;
+  }
+  const size_t need = head_dim == 128 ? std::max(Tiles<__half, 128>::kForward, Tiles<__half, 128>::kBackward)
+                                      : std::max(Tiles<__half, 64>::kForward, Tiles<__half, 64>::kBackward);
+  return major >= 8 && static_cast<size_t>(shared) >= need;
 }
 
 void attention_forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream) {

@@ -102,7 +102,8 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
 // and with hidden dropout their masks; bias + GELU) and llama
 // (add + RMSNorm, RMSNorm, SwiGLU, rotary), each in fp32 over 20 iterations (the kernels compute
 // in fp32 as the ops do: rounding differences only, 1e-4 as the GPU against the CPU) and in bf16
-// over 50 iterations of a model that learns (within bf16's tolerance).
+// over 50 iterations of a model that learns (within bf16's tolerance); and both with attention
+// dropout in DTK's attention kernel (bf16 only: the kernel takes no fp32).
 TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   SKIP_WITHOUT_GPU_TRAINING();
   const std::string unfused = "--set model.unfused_kernels=all ";

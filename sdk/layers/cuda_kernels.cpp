@@ -398,7 +398,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   dtk::cuda::AttentionGrads g;
   at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
              dv = at::empty(v.sizes(), v.options());
-  const at::Tensor dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));
   const at::Tensor delta = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   g.dq = dq.data_ptr();
   g.dk = dk.data_ptr();
@@ -406,7 +405,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   g.dq_layout = attention_layout(dq);
   g.dk_layout = attention_layout(dk);
   g.dv_layout = attention_layout(dv);
-  g.dq_accum = dq_accum.data_ptr<float>();
   g.delta = delta.data_ptr<float>();
   const c10::cuda::CUDAGuard guard(q.device());
   dtk::cuda::attention_backward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr), d.data_ptr(),

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -140,11 +142,25 @@ TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
                                             kTrain + "--set model.hidden_size=128 --set model.num_attention_heads=2 "},
         {"llama", kLlama + "--set model.hidden_size=256 "}}) {
     const std::string attention = base + "--set train.device=cuda --set model.attention_dropout=0.1 " + bf16;
-    const Curve kernel = curve(attention, name + "-attention-kernel");
+    const std::string profile = fresh_dir(name + "-attention-profile");
+    const Curve kernel = curve(attention + "--set logging.profile_steps=3 --set logging.profile_dir=" + profile + " ",
+                               name + "-attention-kernel");
     const Curve plain = curve(attention + "--set model.unfused_kernels=attention ", name + "-attention-ops");
     ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
     ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
+    // A smoke test: with tokens of no structure attention carries little, so the tolerance cannot
+    // tell a wrong kernel (GpuKernels.AttentionKernelEqualsOps does). It shows the kernel trains,
+    // and the profile shows it ran (its autograd function's ranges).
+    std::ifstream trace(profile + "/rank0.json");
+    std::stringstream text;
+    text << trace.rdbuf();
+    EXPECT_NE(text.str().find("dtk::attention_backward"), std::string::npos) << name << ": the kernel did not run";
     expect_same_curve(plain, kernel, 50, name + ": attention dropout in DTK's kernel against the ops (bf16)", 3e-2);
+    if (name == "gpt") {  // selective recomputation leaves the kernel out of its checkpoint: the same bits
+      const Curve selective =
+          curve(attention + "--set model.recompute_activations=selective ", "gpt-attention-selective");
+      expect_same_curve(kernel, selective, 50, "gpt: the attention kernel under selective recomputation", 1e-7);
+    }
   }
 }
 

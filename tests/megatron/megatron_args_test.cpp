@@ -188,12 +188,9 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   auto ignored = [&](const std::string& flag) {
     return std::any_of(m.ignored.begin(), m.ignored.end(), [&](const std::string& i) { return i.rfind(flag, 0) == 0; });
   };
-  for (const char* flag :
-       {"--exit-on-missing-checkpoint", "--attention-softmax-in-fp32", "--max-position-embeddings 64"})
+  for (const char* flag : {"--exit-on-missing-checkpoint", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
+                           "--max-position-embeddings 64"})
     EXPECT_TRUE(ignored(flag)) << flag;
-  // DTK has an attention kernel (with dropout): Megatron's switch for its softmax kernel leaves it out.
-  EXPECT_FALSE(ignored("--no-masked-softmax-fusion"));
-  expect_fields(cfg, {{"model.unfused_kernels", "attention"}});
 
   // Llama-3.1 (llama_mistral.md; its "--group-query-attention 8" written as Megatron parses it).
   m = map("--tensor-model-parallel-size 1 --seq-length 64 --max-position-embeddings 256 --load ckpt/llama31 "
@@ -219,11 +216,11 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_TRUE(ignored("--transformer-impl")) << "--transformer-impl";
   // DTK has a rotary kernel: --no-rope-fusion leaves it out, as Megatron's flag does its own.
   EXPECT_FALSE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
-  expect_fields(cfg, {{"model.unfused_kernels", "attention,rotary"}});
+  expect_fields(cfg, {{"model.unfused_kernels", "rotary"}});
   // The fusion switches add up into the one option.
   expect_fields(config_of(map("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion --no-rope-fusion "
-                              "--no-bias-dropout-fusion --no-masked-softmax-fusion")),
-                {{"model.unfused_kernels", "bias_gelu,rotary,swiglu,bias_add,attention"}});
+                              "--no-bias-dropout-fusion")),
+                {{"model.unfused_kernels", "bias_gelu,rotary,swiglu,bias_add"}});
   // The factor given; alone, it is ignored as Megatron ignores it.
   expect_fields(config_of(map("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
                               "--rope-scaling-factor 32")),

@@ -8,11 +8,12 @@
 // to its rows of O (fp32, rescaled by exp(m_old - m_new) first). Only the tile loads need the
 // whole block; everything else is a warp's own rows.
 //
-// Backward: a block per (64 keys, key/value group, sequence): it keeps its K and V tiles and its
-// rows' dK and dV in registers (WMMA accumulators) and walks every query tile at or after its own,
-// for each query head of the group: P from the scores and lse, P Z and dS in T, dQ = dS K added to
-// an fp32 accumulator with atomics (every key tile adds to a query tile's dQ), dV += (P Z)^T dO,
-// dK += dS^T Q. A last pass converts the dQ accumulator to T in dq's layout.
+// Backward, after a pass for delta = rowsum(dO O): a block per (64 keys, key/value group,
+// sequence) keeps its K and V tiles and its rows' dK and dV in registers (WMMA accumulators) and
+// walks every query tile at or after its own, for each query head of the group: P from the scores
+// and lse, P Z and dS in T, dV += (P Z)^T dO, dK += dS^T Q. Then a block per (64 query rows, head,
+// sequence) walks its key tiles for dQ += dS K, in order: no atomics, so every gradient is the
+// same bits on every run (FlashAttention-2's deterministic backward, at two products more).
 //
 // Mask: element (b, h, i, j) is kept when dropout_bits::kept of its index ((b heads + h) seq + i)
 // seq + j does; positions j > i and padding rows/columns past seq are P = 0.
@@ -58,7 +59,8 @@ struct Tiles {
   static constexpr size_t kO = size_t{kTile} * kLdO * sizeof(float);
   static constexpr size_t kRows = kTile * sizeof(float);
   static constexpr size_t kForward = 3 * kT + kS + kP + kO + 3 * kRows;           // Q K V S P O m l alpha
-  static constexpr size_t kBackward = 4 * kT + 2 * kS + 2 * kP + kO + 2 * kRows;  // K V Q dO S dP PZ dS dQ lse D
+  static constexpr size_t kBackward = 4 * kT + 2 * kS + 2 * kP + kO + 2 * kRows;  // K V Q dO S dP PZ dS out lse D
+  static constexpr size_t kDq = 4 * kT + 2 * kS + kP + kO + 2 * kRows;            // Q dO K V S dP dS dQ lse D
 };
 
 template <class T>
@@ -202,15 +204,6 @@ __device__ __forceinline__ int64_t mask_row(const Params<T>& p, int64_t b, int h
   return p.bits.offset + ((b * p.heads + h) * p.seq + i) * p.seq;
 }
 
-// dst[0..4) += src[0..4) (fp32, 16-byte aligned, dst in global memory): one vector atomic on sm_90.
-__device__ __forceinline__ void add4(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4*>(dst), *reinterpret_cast<const float4*>(src));
-#else
-  for (int k = 0; k < 4; ++k) atomicAdd(dst + k, src[k]);
-#endif
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, float* lse) {
   using L = Tiles<T, D>;
@@ -311,10 +304,59 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// A (query tile, key tile) pair's load for the backward passes: Q and dO of query rows [row0,
+// row0 + 64) of head h, and the rows' lse (base 2) and delta.
+template <class T, int D>
+__device__ void load_query_tile(const Params<T>& p, const T* dout, const float* lse, const float* delta, int64_t b,
+                                int h, int64_t row0, T* sQ, T* sdO, float* sLse, float* sDelta) {
+  load_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
+  load_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
+  if (threadIdx.x < kTile) {
+    const int64_t i = row0 + threadIdx.x;
+    const int64_t row = (b * p.heads + h) * p.seq + i;
+    sLse[threadIdx.x] = i < p.seq ? lse[row] * kLog2e : 0.0f;
+    sDelta[threadIdx.x] = i < p.seq ? delta[row] : 0.0f;
+  }
+}
+
+// A warp's 16 rows of P Z (into pz, unless null) and dS (into ds) of a tile pair, from S and
+// dO V^T (fp32, kLdS) and the rows' lse and delta: P = exp2(S scale log2(e) - lse) where the row
+// attends to the key (j <= i < seq), else 0; dS = P (Z dO V^T - delta) scale. Both passes of the
+// backward form them alike, so dQ's pass and dK's and dV's see the same dS.
+template <class T, int D>
+__device__ void row_gradients(const Params<T>& p, int64_t b, int h, int64_t row0, int64_t key0, int wrow, int lane,
+                              const float* sS, const float* sdP, const float* sLse, const float* sDelta, T* pz, T* ds) {
+  using L = Tiles<T, D>;
+  const int64_t j = key0 + 2 * lane;  // this lane's columns: j and j + 1
+  for (int r = 0; r < 16; ++r) {
+    const int row = wrow + r;
+    const int64_t i = row0 + row;
+    float pz0 = 0.0f, pz1 = 0.0f, ds0 = 0.0f, ds1 = 0.0f;
+    if (i < p.seq) {  // row-uniform: the pair's hash shuffles across the warp
+      const float2 z = p.dropout ? pair_factors(p.bits, mask_row(p, b, h, i) + key0, lane) : make_float2(1.0f, 1.0f);
+      const float2 score = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
+      const float2 dpz = *reinterpret_cast<const float2*>(sdP + row * L::kLdS + 2 * lane);
+      const float p0 = j <= i ? exp2f(score.x * p.scale_log2 - sLse[row]) : 0.0f;
+      const float p1 = j + 1 <= i ? exp2f(score.y * p.scale_log2 - sLse[row]) : 0.0f;
+      pz0 = p0 * z.x;
+      pz1 = p1 * z.y;
+      ds0 = p0 * (dpz.x * z.x - sDelta[row]) * p.scale;
+      ds1 = p1 * (dpz.y * z.y - sDelta[row]) * p.scale;
+    }
+    if (pz) {
+      pz[row * L::kLdP + 2 * lane] = from_float<T>(pz0);
+      pz[row * L::kLdP + 2 * lane + 1] = from_float<T>(pz1);
+    }
+    ds[row * L::kLdP + 2 * lane] = from_float<T>(ds0);
+    ds[row * L::kLdP + 2 * lane + 1] = from_float<T>(ds1);
+  }
+}
+
+// dK and dV of 64 keys of a key/value group.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, float* dq_accum, T* dk,
-                    AttentionLayout dkl, T* dv, AttentionLayout dvl) {
+    backward_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dk, AttentionLayout dkl, T* dv,
+                    AttentionLayout dvl) {
   using L = Tiles<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* at = smem;
@@ -326,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
   float* sdP = carve<float>(at, L::kS);
   T* sPZ = carve<T>(at, L::kP);
   T* sdS = carve<T>(at, L::kP);
-  float* sdQ = carve<float>(at, L::kO);
+  float* sOut = carve<float>(at, L::kO);  // the results on their way out
   float* sLse = carve<float>(at, L::kRows);
   float* sDelta = carve<float>(at, L::kRows);
 
@@ -348,83 +390,85 @@ __global__ void __launch_bounds__(kThreads)
     for (int qt = kt; qt < tiles; ++qt) {
       const int64_t row0 = int64_t{qt} * kTile;
       __syncthreads();  // no warp still reads the previous Q, dO, P Z, dS
-      load_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
-      load_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
-      if (threadIdx.x < kTile) {
-        const int64_t i = row0 + threadIdx.x;
-        const int64_t row = (b * p.heads + h) * p.seq + i;
-        sLse[threadIdx.x] = i < p.seq ? lse[row] * kLog2e : 0.0f;
-        sDelta[threadIdx.x] = i < p.seq ? delta[row] : 0.0f;
-      }
+      load_query_tile<T, D>(p, dout, lse, delta, b, h, row0, sQ, sdO, sLse, sDelta);
       __syncthreads();
       rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
       rows_times_transposed<T, D>(sdO + wrow * L::kLdT, sV, sdP + wrow * L::kLdS);
       __syncwarp();
-      const int64_t j = key0 + 2 * lane;  // this lane's columns: j and j + 1
-      for (int r = 0; r < 16; ++r) {
-        const int row = wrow + r;
-        const int64_t i = row0 + row;
-        if (i >= p.seq) {  // past the sequence: nothing flows (row-uniform)
-          for (int c = lane; c < kTile; c += 32) {
-            sPZ[row * L::kLdP + c] = from_float<T>(0.0f);
-            sdS[row * L::kLdP + c] = from_float<T>(0.0f);
-          }
-          continue;
-        }
-        const float2 z = p.dropout ? pair_factors(p.bits, mask_row(p, b, h, i) + key0, lane) : make_float2(1.0f, 1.0f);
-        const float2 score = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
-        const float2 dpz = *reinterpret_cast<const float2*>(sdP + row * L::kLdS + 2 * lane);
-        // j <= i: a key the row attends to (j < seq follows)
-        const float p0 = j <= i ? exp2f(score.x * p.scale_log2 - sLse[row]) : 0.0f;
-        const float p1 = j + 1 <= i ? exp2f(score.y * p.scale_log2 - sLse[row]) : 0.0f;
-        sPZ[row * L::kLdP + 2 * lane] = from_float<T>(p0 * z.x);
-        sPZ[row * L::kLdP + 2 * lane + 1] = from_float<T>(p1 * z.y);
-        sdS[row * L::kLdP + 2 * lane] = from_float<T>(p0 * (dpz.x * z.x - sDelta[row]) * p.scale);
-        sdS[row * L::kLdP + 2 * lane + 1] = from_float<T>(p1 * (dpz.y * z.y - sDelta[row]) * p.scale);
-      }
-      __syncwarp();
-      rows_times<T, D>(sdS + wrow * L::kLdP, sK, sdQ + wrow * L::kLdO, false);
-      __syncwarp();
-      constexpr int kQuads = D / 4;  // 4 columns an atomic
-      for (int at = lane; at < 16 * kQuads; at += 32) {
-        const int r = at / kQuads, c = at % kQuads * 4;
-        const int64_t i = row0 + wrow + r;
-        if (i < p.seq) add4(dq_accum + ((b * p.seq + i) * p.heads + h) * D + c, sdQ + (wrow + r) * L::kLdO + c);
-      }
+      row_gradients<T, D>(p, b, h, row0, key0, wrow, lane, sS, sdP, sLse, sDelta, sPZ, sdS);
       __syncthreads();  // every warp's rows of P Z and dS are written
       columns_transposed_times<T, D>(sPZ + wrow, sdO, dV);
       columns_transposed_times<T, D>(sdS + wrow, sQ, dK);
     }
   }
 
-  // This warp's keys of dK and dV, through its rows of the dQ tile, into their layouts.
+  // This warp's keys of dK and dV, through its rows of sOut, into their layouts.
   const auto write = [&](Accumulator* acc, T* dst, const AttentionLayout& layout) {
     __syncwarp();
 #pragma unroll
     for (int n = 0; n < D / 16; ++n)
-      wmma::store_matrix_sync(sdQ + wrow * L::kLdO + n * 16, acc[n], L::kLdO, wmma::mem_row_major);
+      wmma::store_matrix_sync(sOut + wrow * L::kLdO + n * 16, acc[n], L::kLdO, wmma::mem_row_major);
     __syncwarp();
     for (int r = 0; r < 16; ++r) {
       const int64_t j = key0 + wrow + r;
       if (j >= p.seq) break;
       T* d = dst + b * layout.batch + j * layout.seq + group * layout.head;
-      for (int c = lane; c < D; c += 32) d[c] = from_float<T>(sdQ[(wrow + r) * L::kLdO + c]);
+      for (int c = lane; c < D; c += 32) d[c] = from_float<T>(sOut[(wrow + r) * L::kLdO + c]);
     }
   };
   write(dK, dk, dkl);
   write(dV, dv, dvl);
 }
 
-// dq at (b, i, h, d) in its layout = T(dq_accum [b, seq, heads, D]): a warp per (b, i, h).
+// dQ of 64 query rows of a head: the block walks the key tiles up to its own, forming S, dO V^T
+// and dS again as backward_kernel does, and adds dS K to its rows in shared memory, in key order.
+// A pass of its own (two products more than adding into dQ from backward_kernel's blocks by
+// atomics) so that dQ is the same bits on every run: resumed == uninterrupted holds with
+// attention dropout too.
 template <class T, int D>
-__global__ void __launch_bounds__(256)
-    dq_kernel(const float* dq_accum, int64_t rows, int64_t seq, int heads, T* dq, AttentionLayout layout) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
-  for (int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
-    const int64_t h = row % heads, position = row / heads;  // position = b seq + i
-    T* d = dq + position / seq * layout.batch + position % seq * layout.seq + h * layout.head;
-    for (int c = lane; c < D; c += 32) d[c] = from_float<T>(dq_accum[row * D + c]);
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dq, AttentionLayout dql) {
+  using L = Tiles<T, D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* at = smem;
+  T* sQ = carve<T>(at, L::kT);
+  T* sdO = carve<T>(at, L::kT);
+  T* sK = carve<T>(at, L::kT);
+  T* sV = carve<T>(at, L::kT);
+  float* sS = carve<float>(at, L::kS);
+  float* sdP = carve<float>(at, L::kS);
+  T* sdS = carve<T>(at, L::kP);
+  float* sdQ = carve<float>(at, L::kO);
+  float* sLse = carve<float>(at, L::kRows);
+  float* sDelta = carve<float>(at, L::kRows);
+
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows (most key tiles) first
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int group = h / p.per_group;
+  const int64_t row0 = int64_t{qt} * kTile;
+  load_query_tile<T, D>(p, dout, lse, delta, b, h, row0, sQ, sdO, sLse, sDelta);
+  for (int e = threadIdx.x; e < kTile * L::kLdO; e += kThreads) sdQ[e] = 0.0f;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wrow = warp * 16;
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int64_t key0 = int64_t{kt} * kTile;
+    __syncthreads();  // no warp still reads the previous K and V
+    load_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
+    load_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
+    __syncthreads();
+    rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
+    rows_times_transposed<T, D>(sdO + wrow * L::kLdT, sV, sdP + wrow * L::kLdS);
+    __syncwarp();
+    row_gradients<T, D>(p, b, h, row0, key0, wrow, lane, sS, sdP, sLse, sDelta, nullptr, sdS);
+    __syncwarp();
+    rows_times<T, D>(sdS + wrow * L::kLdP, sK, sdQ + wrow * L::kLdO, true);
+    __syncwarp();
+  }
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = row0 + wrow + r;
+    if (i >= p.seq) break;
+    T* d = dq + b * dql.batch + i * dql.seq + h * dql.head;
+    for (int c = lane; c < D; c += 32) d[c] = from_float<T>(sdQ[(wrow + r) * L::kLdO + c]);
   }
 }
 
@@ -494,19 +538,20 @@ void backward(const AttentionArgs& a, const void* dout, const void* out, const f
               StreamHandle stream) {
   const AttentionShape& s = a.shape;
   const int64_t rows = s.batch * s.seq * s.heads;
-  cudaMemsetAsync(g.dq_accum, 0, static_cast<size_t>(rows * D) * sizeof(float), stream);
   delta_kernel<T, D><<<blocks_for(rows * 32), 256, 0, stream>>>(static_cast<const T*>(dout), static_cast<const T*>(out),
                                                                 rows, s.seq, static_cast<int>(s.heads), g.delta);
   check("attention_backward (delta)");
-  constexpr size_t bytes = Tiles<T, D>::kBackward;
-  allow_shared_memory(backward_kernel<T, D>, bytes);
-  const dim3 grid(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
-  backward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(params_of<T>(a), static_cast<const T*>(dout), lse, g.delta,
-                                                           g.dq_accum, static_cast<T*>(g.dk), g.dk_layout,
-                                                           static_cast<T*>(g.dv), g.dv_layout);
-  check("attention_backward");
-  dq_kernel<T, D><<<blocks_for(rows * 32), 256, 0, stream>>>(g.dq_accum, rows, s.seq, static_cast<int>(s.heads),
-                                                             static_cast<T*>(g.dq), g.dq_layout);
+  const Params<T> params = params_of<T>(a);
+  allow_shared_memory(backward_kernel<T, D>, Tiles<T, D>::kBackward);
+  const dim3 keys(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
+  backward_kernel<T, D><<<keys, kThreads, Tiles<T, D>::kBackward, stream>>>(params, static_cast<const T*>(dout), lse,
+                                                                            g.delta, static_cast<T*>(g.dk), g.dk_layout,
+                                                                            static_cast<T*>(g.dv), g.dv_layout);
+  check("attention_backward (dk, dv)");
+  allow_shared_memory(dq_kernel<T, D>, Tiles<T, D>::kDq);
+  const dim3 queries(tiles_of(s), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+  dq_kernel<T, D><<<queries, kThreads, Tiles<T, D>::kDq, stream>>>(params, static_cast<const T*>(dout), lse, g.delta,
+                                                                   static_cast<T*>(g.dq), g.dq_layout);
   check("attention_backward (dq)");
 }
 

@@ -48,10 +48,11 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // Selective recomputation: DTK's attention kernels (the CPU's causal one, the GPU's with dropout)
   // keep no probabilities by themselves; elsewhere core attention is one checkpoint (Megatron's
   // checkpointed core attention, which it too leaves out for its flash attention).
-  const bool own_kernel = !mask.defined() && (causal_attention_supported(projected) ||
-                                              (p > 0.0 && training && fused_attention_takes(projected)));
+  const auto own_kernel = [&] {
+    return !mask.defined() && (causal_attention_supported(projected) || (p > 0.0 && fused_attention_takes(projected)));
+  };
   const at::Tensor context =
-      c_.selective_recompute && !own_kernel ? recompute(projected, rng, attention) : attention(projected, rng);
+      c_.selective_recompute && !own_kernel() ? recompute(projected, rng, attention) : attention(projected, rng);
   // Where the add + LayerNorm kernel takes a branch's bias and dropout, the row-parallel products
   // (dense, dense_4h_to_h) leave both to it (Megatron's skip_bias_add and bias-dropout-add): the
   // bias's add, the mask and their gradients cost no pass of their own. The masks are drawn as

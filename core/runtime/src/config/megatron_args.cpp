@@ -39,6 +39,9 @@ struct Rule {
 
 constexpr const char* kDtkFusion =
     "the layers run LibTorch ops instead of DTK's kernel on a GPU (no effect on the CPU); several such flags add up";
+constexpr const char* kDtkAttention =
+    "DTK picks its attention kernel: LibTorch's fused attention without attention dropout, DTK's with it on a GPU "
+    "(model.unfused_kernels=attention leaves DTK's out)";
 constexpr const char* kLlama = "the llama model (with --position-embedding-type rope --normalization RMSNorm --swiglu)";
 
 // The order is the docs table's.
@@ -101,12 +104,11 @@ const Rule kRules[] = {
      "DTK never scales the attention scores by the layer number (Megatron's fp16 overflow guard, the same "
      "function)"},
     {"--causal-lm", 0, Kind::kIgnore, "", "DTK's language-model step (causal_lm) is causal"},
-    {"--attention-backend", 1, Kind::kIgnore, "",
-     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
-    {"--use-flash-attn", 0, Kind::kIgnore, "",
-     "DTK picks its attention kernel (LibTorch's fused attention where it has one)"},
+    {"--attention-backend", 1, Kind::kIgnore, "", kDtkAttention},
+    {"--use-flash-attn", 0, Kind::kIgnore, "", kDtkAttention},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
-     "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed"},
+     "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed "
+     "(gpt's not where its attention kernel keeps no probabilities)"},
     {"--recompute-method", 1, Kind::kCustom, "model.recompute_method",
      "uniform: groups of --recompute-num-layers layers, one checkpoint each; block: the first "
      "--recompute-num-layers layers of each stage"},
@@ -123,7 +125,9 @@ const Rule kRules[] = {
     {"--accumulate-allreduce-grads-in-fp32", 0, Kind::kIgnore, "", "always on under bf16/fp16 (ddp, zero)"},
     {"--no-gradient-accumulation-fusion", 0, Kind::kIgnore, "",
      "the fused weight-gradient accumulation is a CUDA (APEX) kernel; DTK accumulates gradients in place either way"},
-    {"--no-masked-softmax-fusion", 0, Kind::kCustom, "model.unfused_kernels=attention", kDtkFusion},
+    {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "",
+     "Megatron's fused scale-mask-softmax kernel; DTK's attention kernels stay on (model.unfused_kernels=attention "
+     "leaves DTK's out)"},
     {"--no-bias-gelu-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_gelu", kDtkFusion},
     {"--no-bias-swiglu-fusion", 0, Kind::kCustom, "model.unfused_kernels=swiglu", kDtkFusion},
     {"--no-bias-dropout-fusion", 0, Kind::kCustom, "model.unfused_kernels=bias_add", kDtkFusion},
@@ -554,12 +558,11 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
-  const char* kernel = f == "--no-rope-fusion"             ? "rotary"
-                       : f == "--no-bias-gelu-fusion"      ? "bias_gelu"
-                       : f == "--no-bias-swiglu-fusion"    ? "swiglu"
-                       : f == "--no-bias-dropout-fusion"   ? "bias_add"
-                       : f == "--no-masked-softmax-fusion" ? "attention"
-                                                           : nullptr;
+  const char* kernel = f == "--no-rope-fusion"           ? "rotary"
+                       : f == "--no-bias-gelu-fusion"    ? "bias_gelu"
+                       : f == "--no-bias-swiglu-fusion"  ? "swiglu"
+                       : f == "--no-bias-dropout-fusion" ? "bias_add"
+                                                         : nullptr;
   if (kernel && std::find(s.unfused_kernels.begin(), s.unfused_kernels.end(), kernel) == s.unfused_kernels.end())
     s.unfused_kernels.push_back(kernel);
   if (f == "--use-rope-scaling") s.rope_scaling = true;

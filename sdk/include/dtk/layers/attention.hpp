@@ -53,8 +53,9 @@ bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at:
 // Causal attention_ops (the future masked) by DTK's kernel (dtk/cuda/attention.hpp): the
 // probabilities never in memory, the dropout's bits those apply_dropout gives the whole
 // probabilities (so recomputation, Domino's chunks and a CPU run see the same masks); saved for
-// backward: q, k, v, the context and one fp32 log-sum-exp per query row. The context [b, s, heads
-// * hd]; differentiable in q, k and v.
+// backward: q, k, v, the context and one fp32 log-sum-exp per query row; the backward is
+// deterministic. The context [b, s, heads * hd]; differentiable in q, k and v. No fallback: call
+// it where fused_attention_applies says so (it throws elsewhere), attention_ops otherwise.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                            const DropoutMask& keep);
 

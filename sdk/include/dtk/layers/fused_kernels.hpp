@@ -1,9 +1,9 @@
 // dtk/layers/fused_kernels.hpp — which of DTK's fused GPU kernels a layer function may use.
-// Each function of norms.hpp, activations.hpp, rotary.hpp and attention.hpp that has a kernel takes
-// a FusedKernels, every kernel on by default; a decoder model passes its config's (the option
-// `unfused_kernels`, DecoderConfig::kernels; Megatron's --no-bias-gelu-fusion,
-// --no-bias-swiglu-fusion, --no-bias-dropout-fusion, --no-rope-fusion and
-// --no-masked-softmax-fusion map to it). A kernel
+// Each function of norms.hpp, activations.hpp and rotary.hpp that has a kernel takes a
+// FusedKernels, every kernel on by default, and so does attention.hpp's fused_attention_applies; a
+// decoder model passes its config's (the option `unfused_kernels`, DecoderConfig::kernels;
+// Megatron's --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion and
+// --no-rope-fusion map to it). A kernel
 // turned off, the function runs its LibTorch-op reference instead: a way out for a kernel in
 // doubt, and a way to measure what each kernel is worth in one run (tools/gpu_check.sh's
 // variants). The CPU runs the references always, so on the CPU the choice changes nothing.

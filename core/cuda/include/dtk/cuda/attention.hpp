@@ -63,14 +63,13 @@ struct AttentionArgs {
 void attention_forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream);
 
 // dq, dk, dv (written, not accumulated; dk and dv summed over a group's query heads) in their
-// layouts, from dout and out (contiguous like forward's out) and forward's lse. Workspace:
-// dq_accum fp32 [batch, seq, heads, head_dim] and delta fp32 [batch, heads, seq], any contents.
+// layouts, from dout and out (contiguous like forward's out) and forward's lse; deterministic (no
+// atomics). Workspace: delta fp32 [batch, heads, seq], any contents.
 struct AttentionGrads {
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
   AttentionLayout dq_layout, dk_layout, dv_layout;
-  float* dq_accum = nullptr;
   float* delta = nullptr;
 };
 void attention_backward(const AttentionArgs& a, const void* dout, const void* out, const float* lse,

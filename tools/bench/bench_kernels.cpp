@@ -205,39 +205,35 @@ std::vector<Case> cases(const Setup& s) {
   const at::Tensor causal =
       at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(s.device)).triu(1).view({1, 1, seq, seq});
   const dtk::layers::DropoutMask probs_mask = dtk::layers::draw_keep_mask({b_seqs, 12, seq, seq}, 0.1, gen);
-  const auto qkv_of = [](const at::Tensor& projected) { return projected.split(64, 3); };
-  out.push_back(
-      {"attention (dropout 0.1)",
-       std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
-       12,
-       h,
-       {input(s, {b_seqs, seq, 12, 3 * hd})},
-       {input(s, {b_seqs, seq, 12 * hd}, 1, 0, false)},
-       [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
-         const std::vector<at::Tensor> qkv = qkv_of(in[0]);
-         if (dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], probs_mask, k))
-           return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, probs_mask)};
-         return std::vector<at::Tensor>{dtk::layers::attention_ops(qkv[0], qkv[1], qkv[2], 0.125, causal, probs_mask)};
-       }});
+  // A case of core attention: DTK's kernel where it applies (and the run leaves it on), else
+  // `reference` on q, k, v.
+  using Reference = std::function<at::Tensor(const std::vector<at::Tensor>& qkv)>;
+  const auto attention_case = [&](const char* name, const dtk::layers::DropoutMask& mask, Reference reference) {
+    return Case{name,
+                std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
+                12,
+                h,
+                {input(s, {b_seqs, seq, 12, 3 * hd})},
+                {input(s, {b_seqs, seq, 12 * hd}, 1, 0, false)},
+                [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
+                  const std::vector<at::Tensor> qkv = in[0].split(64, 3);
+                  if (dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], mask, k))
+                    return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, mask)};
+                  return std::vector<at::Tensor>{reference(qkv)};
+                }};
+  };
+  out.push_back(attention_case("attention (dropout 0.1)", probs_mask, [=](const std::vector<at::Tensor>& qkv) {
+    return dtk::layers::attention_ops(qkv[0], qkv[1], qkv[2], 0.125, causal, probs_mask);
+  }));
 #if TORCH_VERSION_MAJOR >= 2
   // Without dropout, where the layers use LibTorch's fused attention: DTK's kernel (the "kernel"
   // column) against it (the "ops" column), how far DTK's kernel is from FlashAttention's.
-  out.push_back({"attention (no dropout)",
-                 std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
-                 12,
-                 h,
-                 {input(s, {b_seqs, seq, 12, 3 * hd})},
-                 {input(s, {b_seqs, seq, 12 * hd}, 1, 0, false)},
-                 [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
-                   const std::vector<at::Tensor> qkv = qkv_of(in[0]);
-                   if (k.attention && dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], {}, k))
-                     return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, {})};
-                   return std::vector<at::Tensor>{
-                       at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
-                                                        qkv[2].transpose(1, 2), {}, 0.0, true)
-                           .transpose(1, 2)
-                           .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64})};
-                 }});
+  out.push_back(attention_case("attention (no dropout)", {}, [](const std::vector<at::Tensor>& qkv) {
+    return at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2), {},
+                                            0.0, true)
+        .transpose(1, 2)
+        .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64});
+  }));
 #endif
   return out;
 }

@@ -204,6 +204,18 @@ __device__ __forceinline__ int64_t mask_row(const Params<T>& p, int64_t b, int h
   return p.bits.offset + ((b * p.heads + h) * p.seq + i) * p.seq;
 }
 
+// The query tile a block of the forward or the dQ pass owns, the longest rows (most key tiles)
+// first: tile qt of head h (of key/value group `group`) of sequence b, its rows from row0.
+struct QueryTile {
+  int qt, h, group;
+  int64_t b, row0;
+};
+template <class T>
+__device__ __forceinline__ QueryTile query_tile(const Params<T>& p) {
+  const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
+  return {qt, h, h / p.per_group, int64_t{blockIdx.z}, int64_t{qt} * kTile};
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, float* lse) {
   using L = Tiles<T, D>;
@@ -219,11 +231,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, 
   float* sL = carve<float>(at, L::kRows);
   float* sAlpha = carve<float>(at, L::kRows);
 
-  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows (most key tiles) first
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int group = h / p.per_group;
-  const int64_t row0 = int64_t{qt} * kTile;
+  const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
   load_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
@@ -442,11 +450,7 @@ __global__ void __launch_bounds__(kThreads)
   float* sLse = carve<float>(at, L::kRows);
   float* sDelta = carve<float>(at, L::kRows);
 
-  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows (most key tiles) first
-  const int h = blockIdx.y;
-  const int64_t b = blockIdx.z;
-  const int group = h / p.per_group;
-  const int64_t row0 = int64_t{qt} * kTile;
+  const auto [qt, h, group, b, row0] = query_tile(p);
   load_query_tile<T, D>(p, dout, lse, delta, b, h, row0, sQ, sdO, sLse, sDelta);
   for (int e = threadIdx.x; e < kTile * L::kLdO; e += kThreads) sdQ[e] = 0.0f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wrow = warp * 16;

@@ -142,15 +142,6 @@ void backward_pair(const Shape& g, const Pair& p, double scale, const DropoutMas
   }
 }
 
-DropoutMask mask_from(AutogradContext* ctx) {
-  DropoutMask m;
-  m.seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
-  m.p = ctx->saved_data["p"].toDouble();
-  m.offset = ctx->saved_data["offset"].toInt();
-  m.row_numel = ctx->saved_data["row_numel"].toInt();
-  return m;
-}
-
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, double scale, DropoutMask keep,
                             bool recompute) {
@@ -172,10 +163,7 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
     ctx->saved_data["recompute"] = recompute;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["seed"] = static_cast<int64_t>(keep.seed);
-    ctx->saved_data["p"] = keep.p;
-    ctx->saved_data["offset"] = keep.offset;
-    ctx->saved_data["row_numel"] = keep.row_numel;
+    save_mask(ctx, "keep", keep);
     return out;
   }
 
@@ -186,7 +174,7 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
     const at::Tensor& probs = saved[1];  // undefined: recomputed block by block
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const double scale = ctx->saved_data["scale"].toDouble();
-    const DropoutMask keep = mask_from(ctx);
+    const DropoutMask keep = saved_mask(ctx, "keep");
     const Shape g{qkv.size(0), qkv.size(1), heads, qkv.size(2) / (3 * heads)};
     const at::Tensor d_out = grad[0].contiguous();
     at::Tensor d_qkv = at::empty_like(qkv);

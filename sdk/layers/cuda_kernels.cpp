@@ -44,6 +44,8 @@ cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDASt
 dtk::cuda::DropoutBits bits_of(const DropoutMask& mask) {
   dtk::cuda::DropoutBits bits;
   bits.seed = mask.seed;
+  // A recorded step's seed: read on the device from the slot the host fills before each replay.
+  if (mask.seed_slot.defined()) bits.seed_at = reinterpret_cast<const uint64_t*>(mask.seed_slot.data_ptr<int64_t>());
   bits.threshold = mask.threshold();
   bits.scale = mask.scale();
   bits.offset = mask.offset;

@@ -4,6 +4,7 @@
 
 #include "cuda_kernels.hpp"
 #include "dropout_rows.hpp"
+#include "recorded_seeds.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -44,12 +45,20 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void uniforms(uint64
   std::memcpy(out, reinterpret_cast<const uint32_t*>(words) + odd, sizeof(uint32_t) * static_cast<size_t>(count));
 }
 
+// The seed a kernel on the CPU reads: the slot's value in a recorded step (the CPU probe).
+uint64_t cpu_seed(const DropoutMask& m) {
+  if (!m.seed_slot.defined()) return m.seed;
+  if (!m.seed_slot.device().is_cpu()) throw Error("dropout: a mask's seed slot is on another device than its tensor");
+  return static_cast<uint64_t>(*m.seed_slot.data_ptr<int64_t>());
+}
+
 // out[i] = the uniform of element i0 + i of a tensor under mask m (its runs when strided).
 void mask_uniforms(const DropoutMask& m, int64_t i0, int64_t count, uint32_t* out) {
-  if (m.run_numel <= 0) return uniforms(m.seed, m.offset + i0, count, out);
+  const uint64_t seed = cpu_seed(m);
+  if (m.run_numel <= 0) return uniforms(seed, m.offset + i0, count, out);
   while (count > 0) {
     const int64_t within = i0 % m.run_numel, n = std::min(count, m.run_numel - within);
-    uniforms(m.seed, m.index(i0), n, out);
+    uniforms(seed, m.index(i0), n, out);
     out += n, i0 += n, count -= n;
   }
 }
@@ -93,12 +102,17 @@ at::Tensor apply_mask(const at::Tensor& x, const DropoutMask& m) {
 
 // splitmix64 in int64 tensor arithmetic: multiplication wraps as uint64's does (two's
 // complement), and a logical right shift is the arithmetic one with the sign bits masked off.
-at::Tensor mix_words(uint64_t seed, const at::Tensor& pair) {
+// The seed is the mask's constant, or its slot's value (added on the device: no host read).
+at::Tensor mix_words(const DropoutMask& m, const at::Tensor& pair) {
   auto u = [](uint64_t v) { return static_cast<int64_t>(v); };
   auto shr = [](const at::Tensor& z, int k) {
     return at::bitwise_and(at::bitwise_right_shift(z, k), static_cast<int64_t>((uint64_t{1} << (64 - k)) - 1));
   };
-  at::Tensor z = (pair + 1).mul_(u(0x9E3779B97F4A7C15ULL)).add_(u(seed));
+  at::Tensor z = (pair + 1).mul_(u(0x9E3779B97F4A7C15ULL));
+  if (m.seed_slot.defined())
+    z.add_(m.seed_slot.to(z.device()));
+  else
+    z.add_(u(m.seed));
   z = at::bitwise_xor(z, shr(z, 30)).mul_(u(0xBF58476D1CE4E5B9ULL));
   z = at::bitwise_xor(z, shr(z, 27)).mul_(u(0x94D049BB133111EBULL));
   return at::bitwise_xor(z, shr(z, 31));
@@ -127,6 +141,7 @@ struct Dropout : public torch::autograd::Function<Dropout> {
 
 void save_mask(AutogradContext* ctx, const std::string& key, const DropoutMask& m) {
   ctx->saved_data[key + ".seed"] = static_cast<int64_t>(m.seed);
+  if (m.seed_slot.defined()) ctx->saved_data[key + ".seed_slot"] = m.seed_slot;
   ctx->saved_data[key + ".p"] = m.p;
   ctx->saved_data[key + ".offset"] = m.offset;
   ctx->saved_data[key + ".row_numel"] = m.row_numel;
@@ -136,6 +151,8 @@ void save_mask(AutogradContext* ctx, const std::string& key, const DropoutMask& 
 DropoutMask saved_mask(AutogradContext* ctx, const std::string& key) {
   DropoutMask m;
   m.seed = static_cast<uint64_t>(ctx->saved_data[key + ".seed"].toInt());
+  if (auto slot = ctx->saved_data.find(key + ".seed_slot"); slot != ctx->saved_data.end())
+    m.seed_slot = slot->second.toTensor();
   m.p = ctx->saved_data[key + ".p"].toDouble();
   m.offset = ctx->saved_data[key + ".offset"].toInt();
   m.row_numel = ctx->saved_data[key + ".row_numel"].toInt();
@@ -144,9 +161,17 @@ DropoutMask saved_mask(AutogradContext* ctx, const std::string& key) {
 }
 
 DropoutRng DropoutRng::clone() {
-  std::lock_guard<std::mutex> l1(hidden.mutex());
-  std::lock_guard<std::mutex> l2(attention.mutex());
-  return {hidden.clone(), attention.clone()};
+  DropoutRng copy;
+  {
+    std::lock_guard<std::mutex> l1(hidden.mutex());
+    std::lock_guard<std::mutex> l2(attention.mutex());
+    copy = {hidden.clone(), attention.clone()};
+  }
+  if (capturing() && recorded_seeds::available()) {
+    recorded_seeds::note_clone(hidden, copy.hidden);
+    recorded_seeds::note_clone(attention, copy.attention);
+  }
+  return copy;
 }
 
 DropoutRng DropoutRng::from_host() {
@@ -214,12 +239,11 @@ DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t lengt
 DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
   DropoutMask m;
   if (p <= 0.0) return m;
-  // Each mask's seed is drawn here, on the host: a CUDA graph would replay one mask forever.
-  if (capturing())
-    throw Error("dropout (p = " + std::to_string(p) +
-                ") draws each mask's seed on the host, so a recorded step would reuse one mask: CUDA graphs need "
-                "model.hidden_dropout=0 and model.attention_dropout=0");
-  {
+  if (capturing()) {
+    // Each mask's seed is drawn on the host, and a CUDA graph would replay one mask forever: the
+    // host draws it into a slot before each replay instead (recorded_seeds.hpp).
+    m.seed_slot = recorded_seeds::next(gen);
+  } else {
     std::lock_guard<std::mutex> lock(gen.mutex());
     m.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
   }
@@ -289,7 +313,7 @@ at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device
       const at::Tensor i = at::arange(i0, i0 + len, longs);
       const at::Tensor index =
           at::div(i, keep.run_numel, "floor").mul_(keep.row_numel).add_(i.remainder(keep.run_numel)).add_(keep.offset);
-      const at::Tensor words = mix_words(keep.seed, at::div(index, 2, "floor"));
+      const at::Tensor words = mix_words(keep, at::div(index, 2, "floor"));
       const at::Tensor high = at::bitwise_and(at::bitwise_right_shift(words, 32), static_cast<int64_t>(0xFFFFFFFF));
       const at::Tensor low = at::bitwise_and(words, static_cast<int64_t>(0xFFFFFFFF));
       out.narrow(0, i0, len).copy_(at::where(index.remainder(2).eq(1), high, low).ge(thr));
@@ -303,7 +327,7 @@ at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device
   for (int64_t i0 = 0; i0 < numel; i0 += 2 * kWords) {
     const int64_t len = std::min(2 * kWords, numel - i0), first = keep.offset + i0;
     const int64_t w0 = first >> 1, odd = first & 1, n = (odd + len + 1) >> 1;
-    const at::Tensor words = mix_words(keep.seed, at::arange(w0, w0 + n, longs));
+    const at::Tensor words = mix_words(keep, at::arange(w0, w0 + n, longs));
     // Element k of the pair list is the low (even) or high (odd) half of its word: the words'
     // int32 view, little-endian, as uniforms() copies them; compared as unsigned.
     const at::Tensor halves =

@@ -40,6 +40,8 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(DTK_STRUCT_SIZE(dtk_model_api, init_parameters), sizeof(dtk_model_api));
   EXPECT_EQ(dtk_metric_sink_STRUCT_SIZE, dtk_metric_sink_STRUCT_SIZE_2_5);  // current == 2.5 since 2.5
   EXPECT_EQ(dtk_metric_sink_STRUCT_SIZE_2_0, offsetof(dtk_metric_sink, put_tensor));
+  EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE, dtk_capture_ext_STRUCT_SIZE_2_6);  // current == 2.6 since 2.6
+  EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE_2_5, offsetof(dtk_capture_ext, recording_id));
 }
 
 // DTK_STRUCT_COVERS: the reader's check that a writer has every field of a minor.

@@ -18,6 +18,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -517,6 +518,66 @@ TEST(GpuKernels, AttentionKernelEqualsOps) {
             << what << " (a chunk's gradient, part " << part << ")";
     }
   }
+}
+
+// A step recorded into a CUDA graph reads each mask's seed on the device (DropoutMask::seed_slot,
+// which the host fills before every replay). Every path applying a mask gives, with the seed in a
+// slot, exactly the outputs and gradients of the same mask with the seed as a constant: dropout's
+// kernel, the ops fall-back, the add + LayerNorm kernel's residual dropout and the attention
+// kernel. The slotted mask's constant is made wrong, so a path that ignored the slot fails.
+TEST(GpuKernels, SeedSlotsReadOnTheDeviceGiveTheConstantSeedsMasks) {
+  SKIP_WITHOUT_CUDA();
+  at::Generator gen = dtk::layers::seeded_generator(43);
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  auto slotted = [&](dtk::layers::DropoutMask m) {
+    m.seed_slot = at::full({1}, static_cast<int64_t>(m.seed), on.dtype(at::kLong));
+    m.seed ^= 0x5DEECE66DULL;
+    return m;
+  };
+  // Each function's output and its input's gradient, for the constant seed and for the slot.
+  auto expect_same = [&](const std::string& what, const at::Tensor& x0,
+                         const std::function<at::Tensor(const at::Tensor&, const dtk::layers::DropoutMask&)>& f,
+                         const dtk::layers::DropoutMask& mask) {
+    std::vector<at::Tensor> got[2];
+    for (int use_slot = 0; use_slot < 2; ++use_slot) {
+      at::Tensor x = x0.clone().requires_grad_(true);
+      const at::Tensor y = f(x, use_slot ? slotted(mask) : mask);
+      torch::autograd::backward({y}, {at::ones_like(y)});
+      got[use_slot] = {y.detach(), x.grad()};
+    }
+    EXPECT_TRUE(at::equal(got[0][0], got[1][0])) << what << ": output";
+    EXPECT_TRUE(at::equal(got[0][1], got[1][1])) << what << ": gradient";
+  };
+  const dtk::layers::DropoutMask mask = dtk::layers::draw_keep_mask({4, 37, 129}, 0.3, gen);
+  for (const auto type : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor x = at::randn({4, 37, 129}, on).to(type);
+    expect_same(std::string("dropout kernel, ") + c10::toString(type), x, &dtk::layers::apply_dropout, mask);
+    expect_same("dropout kernel, a sequence shard", x.narrow(1, 5, 11), &dtk::layers::apply_dropout,
+                mask.sequence_rows(37, 5, 11));
+  }
+  expect_same("the ops", at::randn({4, 37, 129}, on), &dtk::layers::apply_dropout_ops, mask);
+
+  const at::Tensor residual = at::randn({300, 1, 768}, on).to(at::kBFloat16);
+  const at::Tensor w = (1 + 0.1 * at::randn({768}, on)).to(at::kBFloat16), b = at::zeros({768}, on).to(at::kBFloat16);
+  expect_same(
+      "add + LayerNorm with the residual's dropout", at::randn({300, 1, 768}, on).to(at::kBFloat16),
+      [&](const at::Tensor& x, const dtk::layers::DropoutMask& keep) {
+        const auto out = dtk::layers::add_bias_dropout_layer_norm(x, residual, at::Tensor(), keep, w, b, 1e-5);
+        return out.first + out.second;
+      },
+      dtk::layers::draw_keep_mask({300, 1, 768}, 0.1, gen));
+
+  const int64_t batch = 2, seq = 130, heads = 2, hd = 64;
+  const at::Tensor qkv = at::randn({batch, seq, heads, 3 * hd}, on).to(at::kBFloat16);
+  const dtk::layers::DropoutMask keep = dtk::layers::draw_keep_mask({batch, heads, seq, seq}, 0.1, gen);
+  expect_same(
+      "attention kernel", qkv,
+      [&](const at::Tensor& projected, const dtk::layers::DropoutMask& k) {
+        const std::vector<at::Tensor> parts = projected.split(hd, -1);
+        EXPECT_TRUE(dtk::layers::fused_attention_applies(parts[0], parts[1], parts[2], k, {}));
+        return dtk::layers::fused_attention(parts[0], parts[1], parts[2], 1.0 / 8.0, k);
+      },
+      keep);
 }
 
 // model.unfused_kernels: a function told to leave its kernel out runs exactly its ops reference

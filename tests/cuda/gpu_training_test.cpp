@@ -185,6 +185,29 @@ TEST(GpuTraining, CapturedStepsEqualUncapturedOnes) {
   expect_same_curve(llama_plain, llama_captured, 20, "captured against uncaptured (llama bf16)", 1e-6);
 }
 
+// With dropout a recorded step reads each mask's seed from a table the host draws into before
+// every replay (capture::RecordedSeeds), so the replays draw the uncaptured run's masks: gpt bf16
+// with both dropouts and heads of 64 (DTK's attention kernel, the dropout and add + LayerNorm
+// kernels all read the table), plain and with full recomputation (the recomputed layers repeat
+// the forward's slots). The same kernels on the same inputs: equal to rounding.
+TEST(GpuTraining, CapturedStepsWithDropoutDrawTheUncapturedMasks) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  const std::string base = kTrain +
+                           "--set train.device=cuda --set train.params_dtype=bf16 --set model.hidden_size=128 "
+                           "--set model.num_attention_heads=2 --set model.hidden_dropout=0.1 "
+                           "--set model.attention_dropout=0.1 ";
+  for (const std::string recompute : {"none", "full"}) {
+    const std::string args = base + "--set model.recompute_activations=" + recompute + " ";
+    const Curve plain = curve(args, "dropout-graphs-off-" + recompute);
+    const Curve captured = curve(args + "--set train.cuda_graphs=true", "dropout-graphs-on-" + recompute);
+    ASSERT_EQ(captured.run.code, 0) << captured.run.out;
+    EXPECT_NE(captured.run.out.find("micro-batches replay a recorded forward and backward"), std::string::npos)
+        << captured.run.out;
+    EXPECT_EQ(captured.run.out.find("could not be recorded"), std::string::npos) << captured.run.out;
+    expect_same_curve(plain, captured, 20, "captured against uncaptured with dropout, recompute " + recompute, 1e-6);
+  }
+}
+
 // bf16 parameters with fp32 masters (ddp) on the GPU: the first loss within bf16's rounding of the
 // fp32 one, and the run trains.
 TEST(GpuTraining, Bf16OnTheGpuStaysNearFp32AndTheLossFalls) {

@@ -4,7 +4,8 @@
 // capturing() on, on fixed input tensors and fixed gradients, and fails on any host read. So CI
 // proves what a graph needs of the step: no host read anywhere in it (the layers' sync-free
 // paths, the step's metric as a tensor, the deferred checks), the same losses as the
-// uncaptured run (fp32 and bf16, gradient accumulation, gpt and llama), a check that fails
+// uncaptured run (fp32 and bf16, gradient accumulation, gpt and llama, dropout with its seeds
+// drawn by the host before each replay, recomputation), a check that fails
 // stopping the run before its update, and the start-up line saying why a run stays uncaptured.
 #include <gtest/gtest.h>
 
@@ -67,9 +68,23 @@ TEST(CudaGraphs, ADeferredCheckThatFailsStopsTheRunBeforeTheUpdate) {
   EXPECT_EQ(r.out.find(" iteration        3/"), std::string::npos) << "no update from iteration 3\n" << r.out;
 }
 
-TEST(CudaGraphs, DropoutRefusesToBeRecorded) {
-  const Result r = run_probe(train_args("gpt-tiny.pbtxt") + " --set model.hidden_dropout=0.1");
-  dtk_test::expect_one_line_error(r, "draws each mask's seed on the host");
+// Dropout: a mask drawn while recording reads its seed from a slot the host draws into before each
+// replay (the probe's first replay draws each slot as it is handed out, the later ones all before
+// the replay), from the mask's generator in the uncaptured order: the same masks, so the same
+// losses. Full recomputation and Domino's recomputed layers draw from clones of the generators,
+// whose draws repeat the forward's slots; selective recomputation, llama, bf16 too.
+TEST(CudaGraphs, DropoutDrawsTheUncapturedMasksInTheReplays) {
+  const std::string dropout = " --set model.hidden_dropout=0.1 --set model.attention_dropout=0.1";
+  expect_equal_losses(train_args("gpt-tiny.pbtxt") + dropout, "gpt fp32 with dropout");
+  expect_equal_losses(train_args("gpt-tiny.pbtxt") + dropout + " --set model.recompute_activations=full",
+                      "gpt with dropout and full recomputation");
+  expect_equal_losses(train_args("gpt-tiny.pbtxt") + dropout + " --set model.recompute_activations=selective",
+                      "gpt with dropout and selective recomputation");
+  expect_equal_losses(
+      train_args("gpt-tiny.pbtxt") + dropout + " --set model.domino_chunks=2 --set model.recompute_activations=full",
+      "gpt with dropout, Domino's chunks and full recomputation");
+  expect_equal_losses(train_args("llama-tiny.pbtxt") + dropout + " --set train.params_dtype=bf16",
+                      "llama bf16 with dropout");
 }
 
 // Where the step cannot be recorded the run says why once at start and trains as always.

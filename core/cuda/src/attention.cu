@@ -218,6 +218,7 @@ __device__ __forceinline__ QueryTile query_tile(const Params<T>& p) {
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, float* lse) {
+  if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   using L = Tiles<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* at = smem;
@@ -365,6 +366,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dk, AttentionLayout dkl, T* dv,
                     AttentionLayout dvl) {
+  if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   using L = Tiles<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* at = smem;
@@ -436,6 +438,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dq, AttentionLayout dql) {
+  if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   using L = Tiles<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* at = smem;

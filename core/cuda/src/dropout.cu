@@ -23,6 +23,7 @@ using element::to_float;
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(const T* x, int64_t n, DropoutBits m, T* out) {
+  m = dropout_bits::resolved(m);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
     out[i] = dropout_bits::kept(m, i) ? from_float<T>(to_float(x[i]) * m.scale) : from_float<T>(0.0f);

@@ -20,6 +20,13 @@ __device__ __forceinline__ uint64_t mix(uint64_t seed, uint64_t pair) {
   return z ^ (z >> 31);
 }
 
+// The mask with its seed in place: its constant, or (a step recorded into a CUDA graph) the value
+// the host put at seed_at before this replay. Once, at a kernel's start.
+__device__ __forceinline__ DropoutBits resolved(DropoutBits m) {
+  if (m.seed_at) m.seed = *m.seed_at;
+  return m;
+}
+
 // The index in the drawn mask of element i of the tensor the mask applies to
 // (dtk::layers::DropoutMask::index). A kernel working by rows whose mask runs hold whole rows
 // (run_numel a multiple of the row) takes it once per row: element j of the row is then at

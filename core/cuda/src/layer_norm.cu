@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows) return;  // the whole warp: its shuffles below stay full
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t base = row * hidden;
+  if (dropout) drop = dropout_bits::resolved(drop);
   const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;  // the row's first mask index
   // h = T(x + r), as the add rounds it (r = T(branch + its bias) with a bias, then T(r scale) or 0
   // with dropout); each lane re-reads below only what it wrote itself.
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kCo
     backward_warp_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
                          const float* mean, const float* rstd, DropoutBits drop, bool dropout, T* dx, T* dres,
                          float* partial) {
+  if (dropout) drop = dropout_bits::resolved(drop);
   __shared__ float warps_grad[2][kWarps][kColumns * 32];  // each warp's weight gradient, and its bias gradient
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const float inv_n = 1.0f / static_cast<float>(hidden);
@@ -199,6 +201,7 @@ __global__ void __launch_bounds__(kThreads)
     backward_block_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
                           const float* mean, const float* rstd, DropoutBits drop, bool dropout, T* dx, T* dres,
                           float* partial) {
+  if (dropout) drop = dropout_bits::resolved(drop);
   // This block's weight gradient [hidden], its bias gradient [hidden] (and the branch gradient's
   // column sums [hidden]).
   extern __shared__ float grads[];

@@ -119,7 +119,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 5
+#define DTK_ABI_MINOR 6
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -618,9 +618,23 @@ typedef struct dtk_capture_ext {
    * once, after its backward passes and before the optimizer step, and stops the run with
    * `message` [borrowed, copied] when one failed, so no update is made from a failed check. */
   void (*defer_check)(dtk_tensor* failed /*[new]*/, const char* message /*[borrowed]*/);
+  /* ABI 2.6. [thread-safe] Which pass over the step's body is under way while capturing() is
+   * non-zero: a number that changes each time the host starts to record the body, or (where a
+   * replay runs the body again, as the CPU probe does) to replay it; 0 otherwise. A layer keying
+   * state by the pass (the SDK's recomputed dropout masks) forgets the last pass's. */
+  int64_t (*recording_id)(void);
+  /* ABI 2.6. [thread-safe] A value drawn on the host anew for every replay of the recorded step,
+   * as a one-element int64 tensor on the compute device [new] that the step's kernels read instead
+   * of a constant (a dropout mask's seed). Before each replay the host calls draw(ctx) on its
+   * training thread, once per slot in the order the slots were handed out, and puts the value in
+   * the slot; a slot handed out while the body runs for real (a replay that runs it again) is drawn
+   * at once. The host calls release(ctx) once when it no longer needs ctx, also when it returns
+   * NULL (it holds no more slots: the layer fails the recording). Neither callback may throw. */
+  dtk_tensor* (*seed_slot)(uint64_t (*draw)(void* ctx), void* ctx, void (*release)(void* ctx));
 } dtk_capture_ext;
 DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_5, defer_check);
-DTK_DEFINE_STRUCT_TRAITS(dtk_capture_ext, defer_check);
+DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_6, seed_slot);
+DTK_DEFINE_STRUCT_TRAITS(dtk_capture_ext, seed_slot);
 /* 1.0's config_get was removed in 2.0: nothing read it, and a plugin that reads the host's
  * configuration by path couples itself to the host's config schema. A plugin gets what it
  * needs through its declared options and the build context. */

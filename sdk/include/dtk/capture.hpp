@@ -6,6 +6,9 @@
 //   dtk::defer_check(ids.ge(limit).any(), "my_model: token ids outside the vocabulary");
 //   // recording: the host reads the flag after the backward; otherwise: read and thrown now
 //
+// Dropout masks drawn while recording take their seeds from slots the host fills before each
+// replay (seed_slot, ABI 2.6): dtk::layers::draw_keep_mask does that itself.
+//
 // Without the extension (an older host, or no host: a unit test) nothing is ever captured and
 // defer_check checks at once.
 #pragma once
@@ -31,6 +34,14 @@ inline const dtk_capture_ext* capture_extension() {
 inline bool capturing() {
   const dtk_capture_ext* e = capture_extension();
   return e && e->capturing() != 0;
+}
+
+// Which pass over the step's body is under way while capturing() (dtk_capture_ext.recording_id,
+// ABI 2.6): it changes with each recording, and with each replay that runs the body again (the CPU
+// probe). 0 otherwise, and with an older host.
+inline int64_t recording_id() {
+  const dtk_capture_ext* e = capture_extension();
+  return e && e->struct_size >= dtk_capture_ext_STRUCT_SIZE_2_6 ? e->recording_id() : 0;
 }
 
 // `failed` (a bool tensor; true anywhere = failed). While the host records the step it reads the

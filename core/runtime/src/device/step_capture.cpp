@@ -21,8 +21,11 @@ namespace {
 
 struct State {
   std::atomic<bool> recording{false};
+  std::atomic<int64_t> recording_id{0};  // counts Recordings; reported only while one lives
   std::mutex mu;
   std::vector<DeferredCheck> checks;
+  RecordedSeeds* seeds = nullptr;
+  bool kernels_run = true;
 };
 State& state() {
   static State s;
@@ -42,20 +45,96 @@ void defer_check(dtk_tensor* failed, const char* message) {
   }
 }
 
+int64_t recording_id() { return state().recording.load() ? state().recording_id.load() : 0; }
+
+// Called from plugin frames (the backward's threads too): nothing may throw out of it, and ctx is
+// released on every path.
+dtk_tensor* seed_slot(uint64_t (*draw)(void*), void* ctx, void (*release)(void*)) {
+  if (!draw || !release) return nullptr;
+  try {
+    std::lock_guard<std::mutex> lock(state().mu);
+    if (state().recording.load() && state().seeds)
+      return state().seeds->hand_out(draw, ctx, release, state().kernels_run);
+  } catch (...) {
+  }
+  release(ctx);
+  return nullptr;
+}
+
 }  // namespace
 
 const dtk_capture_ext* extension() {
-  static const dtk_capture_ext ext{dtk_capture_ext_STRUCT_SIZE, &capturing, &defer_check};
+  static const dtk_capture_ext ext{dtk_capture_ext_STRUCT_SIZE, &capturing, &defer_check, &recording_id, &seed_slot};
   return &ext;
 }
 
-Recording::Recording() {
+RecordedSeeds::RecordedSeeds(const at::Device& device)
+    : table_(at::zeros({kCapacity}, at::TensorOptions().dtype(at::kLong).device(device))) {}
+
+RecordedSeeds::~RecordedSeeds() { forget(); }
+
+void RecordedSeeds::forget() {
+  for (const Slot& s : slots_) s.release(s.ctx);
+  slots_.clear();
+  handed_ = 0;
+}
+
+void RecordedSeeds::put(size_t k, uint64_t value) {
+  if (table_.is_cpu())
+    table_.data_ptr<int64_t>()[k] = static_cast<int64_t>(value);
+  else
+    table_.narrow(0, static_cast<int64_t>(k), 1).fill_(static_cast<int64_t>(value));
+}
+
+void RecordedSeeds::draw() {
+  handed_ = 0;
+  if (slots_.empty()) return;
+  const auto n = static_cast<int64_t>(slots_.size());
+  if (table_.is_cpu()) {
+    for (size_t k = 0; k < slots_.size(); ++k) put(k, slots_[k].draw(slots_[k].ctx));
+    return;
+  }
+  // One copy from pinned memory, ordered on the stream before the replay that reads it (and after
+  // the previous replay, which read the last values); the caching host allocator keeps the
+  // buffer until the copy is done.
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  int64_t* v = host.data_ptr<int64_t>();
+  for (size_t k = 0; k < slots_.size(); ++k) v[k] = static_cast<int64_t>(slots_[k].draw(slots_[k].ctx));
+  table_.narrow(0, 0, n).copy_(host, /*non_blocking=*/true);
+}
+
+dtk_tensor* RecordedSeeds::hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run) {
+  const size_t k = handed_++;
+  if (k < slots_.size()) {
+    release(ctx);  // the recording's slot k, drawn for this replay already
+  } else {
+    if (k >= static_cast<size_t>(kCapacity)) {
+      release(ctx);
+      return nullptr;
+    }
+    slots_.push_back({draw, ctx, release});
+    if (kernels_run) put(k, draw(ctx));
+  }
+  return wrap(table_.narrow(0, static_cast<int64_t>(k), 1));
+}
+
+Recording::Recording(RecordedSeeds* seeds, bool kernels_run) {
   if (state().recording.exchange(true)) throw HostError("internal: two step recordings at once");
   std::lock_guard<std::mutex> lock(state().mu);
   state().checks.clear();
+  state().recording_id.fetch_add(1);
+  state().seeds = seeds;
+  state().kernels_run = kernels_run;
+  if (seeds) seeds->restart();
 }
 
-Recording::~Recording() { state().recording.store(false); }
+Recording::~Recording() {
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    state().seeds = nullptr;
+  }
+  state().recording.store(false);
+}
 
 std::vector<DeferredCheck> Recording::take() {
   std::lock_guard<std::mutex> lock(state().mu);

@@ -8,6 +8,8 @@
 // the same tensor back, zeroed; one that swapped it gets its values copied in). What the
 // recording returns (the step's metrics, the checks the layers deferred) are fixed
 // tensors too, read after each replay; the checks once per iteration, before the optimizer step.
+// The dropout masks' seeds are a fixed table the host draws into before each replay
+// (capture::RecordedSeeds), so the replays draw the masks an uncaptured run would.
 // (The loss itself is only the backward's start: the step reports its value as a metric.)
 #include <glog/logging.h>
 
@@ -70,6 +72,7 @@ class Captured final : public ForwardBackwardSchedule {
       run_.before_backward(m, num_micro);
       load(batch);
       bind_gradients();
+      seeds_->draw();
       recorder_->replay([&] { body(iteration, num_micro, scale); });
       r.metrics.add(recorded_.metrics);
       for (const capture::DeferredCheck& c : recorded_.checks) {
@@ -92,7 +95,7 @@ class Captured final : public ForwardBackwardSchedule {
   // What the recording holds: the step's forward and the loss's backward on the fixed inputs,
   // with the layers told (capturing()) to take their paths without host reads.
   void body(int64_t iteration, int64_t num_micro, double scale) {
-    capture::Recording recording;
+    capture::Recording recording(seeds_.get(), /*kernels_run=*/!recording_graph_);
     Recorded out;
     run_.bare_forward_backward(iteration, inputs_, num_micro, scale, &out.metrics);
     out.checks = recording.take();
@@ -110,12 +113,17 @@ class Captured final : public ForwardBackwardSchedule {
       inputs_.emplace_back(name, at::empty(t.sizes(), t.options().device(training_device()).pinned_memory(false)));
     load(batch);
     bind_gradients();
+    if (!seeds_) seeds_ = std::make_unique<capture::RecordedSeeds>(training_device());
+    seeds_->forget();
+    recording_graph_ = true;  // the body's kernels are enqueued, not run (the probe does not run it here)
     try {
       recorder_->record([&] { body(iteration, num_micro, scale); });
     } catch (const std::exception& e) {
+      recording_graph_ = false;
       give_up(one_line(e.what()));
       return;
     }
+    recording_graph_ = false;
     if (!recorder_->replays_body() && !recorded_.metrics.values.empty()) {
       give_up("step plugin reports its metrics as numbers (a plugin built for ABI < 2.5), which a graph cannot update");
       return;
@@ -144,6 +152,7 @@ class Captured final : public ForwardBackwardSchedule {
     inputs_.clear();
     bound_.clear();  // the parameters keep theirs until zero_grad drops them
     recorded_ = Recorded();
+    seeds_.reset();  // nothing drew from the recording's slots: the generators are where they were
     std::fprintf(stderr, "dtk: warning: train.cuda_graphs: the step could not be recorded; it runs uncaptured: %s\n",
                  why.c_str());
   }
@@ -209,6 +218,8 @@ class Captured final : public ForwardBackwardSchedule {
   TensorList inputs_;
   std::vector<BoundGradient> bound_;
   Recorded recorded_;
+  std::unique_ptr<capture::RecordedSeeds> seeds_;
+  bool recording_graph_ = false;
 };
 
 }  // namespace

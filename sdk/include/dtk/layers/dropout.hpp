@@ -28,6 +28,7 @@ namespace dtk::layers {
 struct DropoutRng {
   at::Generator hidden;     // DTK_RNG_DEFAULT
   at::Generator attention;  // DTK_RNG_TENSOR_PARALLEL
+  // Copies of both generators (a recomputed layer's: it draws the masks the forward drew).
   DropoutRng clone();
   // Both generators seeded from the host's RNG streams (dtk::rng_seed).
   static DropoutRng from_host();
@@ -46,6 +47,10 @@ at::Generator seeded_generator(uint64_t seed);
 // (p == 0) means keep everything.
 struct DropoutMask {
   uint64_t seed = 0;
+  // While the host records the step into a CUDA graph the seed is not a constant: it is the value
+  // in this one-element int64 tensor on the compute device, which the host draws anew from the
+  // mask's generator before each replay (dtk/capture.hpp). Undefined otherwise.
+  at::Tensor seed_slot;
   double p = 0;           // drop probability
   int64_t offset = 0;     // index of this mask's first element in the drawn mask
   int64_t row_numel = 0;  // elements per index of the first dimension of the drawn mask
@@ -69,6 +74,9 @@ struct DropoutMask {
 };
 
 // Draws one mask for tensors of `shape` (advances `gen` by one 64-bit draw); undefined for p 0.
+// While the host records the step, the mask holds a seed slot the host draws from `gen` before
+// each replay, and the draws of a generator cloned meanwhile (DropoutRng::clone) repeat those of
+// its source.
 DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen);
 // x * keep / (1 - p) (inverted dropout; the scale in fp32), differentiable in x; nothing is
 // saved for backward but the seed. x's first dimension must match the mask's rows.

@@ -18,6 +18,9 @@ namespace dtk::cuda {
 // One mask as dtk::layers::DropoutMask holds it, the threshold and scale made on the host.
 struct DropoutBits {
   uint64_t seed = 0;
+  // Where set, the seed is read from this device address at the kernel's start instead: a step
+  // recorded into a CUDA graph, whose host draws each replay's seeds into device memory.
+  const uint64_t* seed_at = nullptr;
   uint32_t threshold = 0;  // round(p * 2^32), at most 2^32 - 1
   float scale = 1.0f;      // 1 / (1 - p), rounded to fp32
   int64_t offset = 0, row_numel = 0, run_numel = 0;

@@ -4,6 +4,8 @@
 //
 //   capture::Recording   what the layers see while the step is recorded (dtk.ext.capture.v1:
 //                        capturing() and the checks they defer instead of reading the device)
+//   capture::RecordedSeeds  the dropout seeds the recorded step reads from the device, drawn
+//                        anew by the host before each replay (seed_slot, ABI 2.6)
 //   StepRecorder         records and replays one micro-batch: a CUDA graph (device/cuda_graph.cpp,
 //                        a CUDA LibTorch), or on the CPU the probe that runs the recorded body again
 //                        with capturing() on and fails on any host read (what CI proves)
@@ -33,11 +35,50 @@ struct DeferredCheck {
   std::string message;
 };
 
+// The seeds of one recording: each slot a layer asked for while the body was recorded is a
+// callback into the layer (drawing from its dropout generator) and an element of a fixed table on
+// the compute device, which the recorded kernels read. Before each replay draw() calls every
+// callback in the order the slots were handed out, so a replay's masks are those an uncaptured
+// micro-batch draws at that point; a slot first handed out while the body runs for real (a replay
+// that runs it again: the CPU probe) is drawn then.
+class RecordedSeeds {
+ public:
+  static constexpr int64_t kCapacity = 4096;  // slots per recording (a mask or two per layer)
+  explicit RecordedSeeds(const at::Device& device);
+  ~RecordedSeeds();
+  RecordedSeeds(const RecordedSeeds&) = delete;
+  RecordedSeeds& operator=(const RecordedSeeds&) = delete;
+  // A new recording: every slot released.
+  void forget();
+  // Before a replay: every slot drawn, in order, and the values put on the device in one copy.
+  void draw();
+  // dtk_capture_ext.seed_slot: the next slot of this pass over the body (the recording's own, or
+  // a new one, drawn at once when `kernels_run`); nullptr when the table is full. Takes ctx.
+  dtk_tensor* hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run);
+  // A new pass over the body hands out the slots from the first again.
+  void restart() { handed_ = 0; }
+  size_t size() const { return slots_.size(); }
+
+ private:
+  struct Slot {
+    uint64_t (*draw)(void*);
+    void* ctx;
+    void (*release)(void*);
+  };
+  void put(size_t k, uint64_t value);
+  at::Tensor table_;  // [kCapacity] int64 on the compute device: its address is in the recording
+  std::vector<Slot> slots_;
+  size_t handed_ = 0;
+};
+
 // While one lives, capturing() is true for every thread (the backward runs on autograd's
-// threads on a GPU) and defer_check collects here. One at a time.
+// threads on a GPU), defer_check collects here, and seed_slot hands out `seeds`' slots (none
+// without: a layer asking then fails the recording). `kernels_run`: the body's kernels run as it
+// is recorded (the CPU probe's replays), so a new seed is drawn at once; a CUDA graph's recording
+// only enqueues them. One at a time.
 class Recording {
  public:
-  Recording();
+  explicit Recording(RecordedSeeds* seeds = nullptr, bool kernels_run = true);
   ~Recording();
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;

@@ -45,7 +45,11 @@ dtk::cuda::DropoutBits bits_of(const DropoutMask& mask) {
   dtk::cuda::DropoutBits bits;
   bits.seed = mask.seed;
   // A recorded step's seed: read on the device from the slot the host fills before each replay.
-  if (mask.seed_slot.defined()) bits.seed_at = reinterpret_cast<const uint64_t*>(mask.seed_slot.data_ptr<int64_t>());
+  if (mask.seed_slot.defined()) {
+    if (!mask.seed_slot.is_cuda() || mask.seed_slot.scalar_type() != at::kLong)
+      throw Error("dropout: a recorded mask's seed slot must be an int64 tensor on the GPU its kernel runs on");
+    bits.seed_at = reinterpret_cast<const uint64_t*>(mask.seed_slot.data_ptr<int64_t>());
+  }
   bits.threshold = mask.threshold();
   bits.scale = mask.scale();
   bits.offset = mask.offset;

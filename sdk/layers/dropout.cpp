@@ -45,10 +45,10 @@ __attribute__((target_clones("arch=x86-64-v4", "default"))) void uniforms(uint64
   std::memcpy(out, reinterpret_cast<const uint32_t*>(words) + odd, sizeof(uint32_t) * static_cast<size_t>(count));
 }
 
-// The seed a kernel on the CPU reads: the slot's value in a recorded step (the CPU probe).
+// The seed a loop on the CPU reads: the slot's value in a recorded step (the CPU probe, whose
+// table is in host memory: the host's table is on the device of the tensors the masks apply to).
 uint64_t cpu_seed(const DropoutMask& m) {
   if (!m.seed_slot.defined()) return m.seed;
-  if (!m.seed_slot.device().is_cpu()) throw Error("dropout: a mask's seed slot is on another device than its tensor");
   return static_cast<uint64_t>(*m.seed_slot.data_ptr<int64_t>());
 }
 

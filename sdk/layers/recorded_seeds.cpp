@@ -49,13 +49,14 @@ Stream& stream_of(Book& b, at::Generator& gen) {
   return b.streams.emplace(impl, std::move(s)).first->second;
 }
 
-// The host's callbacks: ctx is a heap copy of the root generator's handle.
-uint64_t draw_seed(void* ctx) {
+// The host's callbacks (they must not throw): ctx is a heap copy of the root generator's handle,
+// a CPU generator (next() checked it).
+uint64_t draw_seed(void* ctx) noexcept {
   at::Generator& gen = *static_cast<at::Generator*>(ctx);
   std::lock_guard<std::mutex> lock(gen.mutex());
-  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+  return static_cast<at::CPUGeneratorImpl*>(gen.unsafeGetGeneratorImpl())->random64();
 }
-void release_generator(void* ctx) { delete static_cast<at::Generator*>(ctx); }
+void release_generator(void* ctx) noexcept { delete static_cast<at::Generator*>(ctx); }
 
 }  // namespace
 
@@ -68,7 +69,13 @@ at::Tensor next(at::Generator& gen) {
   follow_recording(b);
   Stream& s = stream_of(b, gen);
   Stream& root = b.streams.at(s.root);
-  const size_t position = s.next++;
+  const size_t position = s.next;
+  // A clone repeats draws its source made: one past them would draw the source on every replay
+  // where an uncaptured run would not, and leave its generator elsewhere.
+  if (s.root != gen.unsafeGetGeneratorImpl() && position >= root.slots.size())
+    throw Error("dropout: a recomputed layer drew a mask its forward did not, which a recorded step cannot repeat");
+  if (s.root == gen.unsafeGetGeneratorImpl()) at::check_generator<at::CPUGeneratorImpl>(gen);  // as an uncaptured draw
+  ++s.next;
   // A root's positions are handed out in order, so the host's draws, in the order of the slots,
   // are the root's draws in order: those of an uncaptured micro-batch.
   while (root.slots.size() <= position) {

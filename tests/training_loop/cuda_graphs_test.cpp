@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "../common/run_dtk.hpp"
 
@@ -37,18 +38,24 @@ Result run_probe(const std::string& args) {
   return r;
 }
 
-void expect_equal_losses(const std::string& args, const std::string& what) {
+// `recorded`: the iterations whose start-up line says they record (by default 3: iterations 1-2
+// run as always, 3 records (the probe records nothing) and replays from then on).
+void expect_equal_losses(const std::string& args, const std::string& what, size_t iterations = 6,
+                         const std::vector<int>& recorded = {3}) {
   const Result plain = dtk_test::run_dtk(args, 300);
   const Result probed = run_probe(args);
   ASSERT_EQ(plain.code, 0) << plain.out;
   ASSERT_EQ(probed.code, 0) << probed.out;
-  // Iterations 1-2 run as always; 3 records (the probe records nothing) and replays from then on.
-  EXPECT_NE(probed.out.find(" > train.cuda_graphs: iteration 3's micro-batches replay a recorded forward and backward"),
-            std::string::npos)
-      << probed.out;
+  for (int it : recorded)
+    EXPECT_NE(probed.out.find(" > train.cuda_graphs: iteration " + std::to_string(it) +
+                              "'s micro-batches replay a recorded forward and backward"),
+              std::string::npos)
+        << what << ": iteration " << it << " records\n"
+        << probed.out;
+  EXPECT_EQ(probed.out.find("could not be recorded"), std::string::npos) << probed.out;
   const std::map<int, std::string> want = dtk_test::printed_losses(plain.out);
   const std::map<int, std::string> got = dtk_test::printed_losses(probed.out);
-  ASSERT_EQ(want.size(), 6u) << plain.out;
+  ASSERT_EQ(want.size(), iterations) << plain.out;
   EXPECT_EQ(got, want) << what << ": the replayed steps' losses differ from the uncaptured run's\n" << probed.out;
 }
 
@@ -85,6 +92,12 @@ TEST(CudaGraphs, DropoutDrawsTheUncapturedMasksInTheReplays) {
       "gpt with dropout, Domino's chunks and full recomputation");
   expect_equal_losses(train_args("llama-tiny.pbtxt") + dropout + " --set train.params_dtype=bf16",
                       "llama bf16 with dropout");
+  // A batch-size ramp-up: one micro-batch per step records at 4, two re-record at 5 (the slots of
+  // the first recording forgotten, the table's address kept).
+  expect_equal_losses(train_args("gpt-tiny.pbtxt") + dropout +
+                          " --set model.recompute_activations=full --set train.train_iters=0 "
+                          "--set train.train_samples=28 --set train.rampup_batch_size='2 2 8'",
+                      "gpt with dropout, full recomputation, re-recorded as the batch ramps up", 9, {4, 5});
 }
 
 // Where the step cannot be recorded the run says why once at start and trains as always.

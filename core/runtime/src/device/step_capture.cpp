@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <utility>
 
 #include <dtk/tensor.hpp>  // unwrap, TensorHandle
@@ -48,11 +49,15 @@ void defer_check(dtk_tensor* failed, const char* message) {
 int64_t recording_id() { return state().recording.load() ? state().recording_id.load() : 0; }
 
 // Called from plugin frames (the backward's threads too): nothing may throw out of it, and ctx is
-// released on every path.
+// released once on every path that does not keep it (hand_out releases or keeps it itself).
 dtk_tensor* seed_slot(uint64_t (*draw)(void*), void* ctx, void (*release)(void*)) {
-  if (!draw || !release) return nullptr;
+  if (!release) return nullptr;  // nothing could give ctx back
+  if (!draw) {
+    release(ctx);
+    return nullptr;
+  }
   try {
-    std::lock_guard<std::mutex> lock(state().mu);
+    std::unique_lock<std::mutex> lock(state().mu);
     if (state().recording.load() && state().seeds)
       return state().seeds->hand_out(draw, ctx, release, state().kernels_run);
   } catch (...) {
@@ -69,7 +74,9 @@ const dtk_capture_ext* extension() {
 }
 
 RecordedSeeds::RecordedSeeds(const at::Device& device)
-    : table_(at::zeros({kCapacity}, at::TensorOptions().dtype(at::kLong).device(device))) {}
+    : table_(at::zeros({kCapacity}, at::TensorOptions().dtype(at::kLong).device(device))) {
+  slots_.reserve(kCapacity);  // so that keeping a slot cannot fail (hand_out)
+}
 
 RecordedSeeds::~RecordedSeeds() { forget(); }
 
@@ -103,19 +110,27 @@ void RecordedSeeds::draw() {
   table_.narrow(0, 0, n).copy_(host, /*non_blocking=*/true);
 }
 
-dtk_tensor* RecordedSeeds::hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run) {
-  const size_t k = handed_++;
-  if (k < slots_.size()) {
-    release(ctx);  // the recording's slot k, drawn for this replay already
-  } else {
-    if (k >= static_cast<size_t>(kCapacity)) {
-      release(ctx);
-      return nullptr;
-    }
-    slots_.push_back({draw, ctx, release});
-    if (kernels_run) put(k, draw(ctx));
+dtk_tensor* RecordedSeeds::hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*),
+                                    bool kernels_run) noexcept {
+  const size_t k = handed_;
+  const bool known = k < slots_.size();  // the recording's slot k, drawn for this replay already
+  dtk_tensor* out = nullptr;
+  try {
+    if (!known && k >= static_cast<size_t>(kCapacity)) throw std::length_error("seed table full");
+    // What can fail comes first, while nothing holds ctx: the handle, then a new slot's value.
+    out = wrap(table_.narrow(0, static_cast<int64_t>(k), 1));
+    if (!known && kernels_run) put(k, draw(ctx));
+  } catch (...) {
+    if (out) dtk::release(out);
+    release(ctx);
+    return nullptr;
   }
-  return wrap(table_.narrow(0, static_cast<int64_t>(k), 1));
+  if (known)
+    release(ctx);
+  else
+    slots_.push_back({draw, ctx, release});  // reserved: does not throw
+  ++handed_;
+  return out;
 }
 
 Recording::Recording(RecordedSeeds* seeds, bool kernels_run) {

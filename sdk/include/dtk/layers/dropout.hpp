@@ -49,7 +49,8 @@ struct DropoutMask {
   uint64_t seed = 0;
   // While the host records the step into a CUDA graph the seed is not a constant: it is the value
   // in this one-element int64 tensor on the compute device, which the host draws anew from the
-  // mask's generator before each replay (dtk/capture.hpp). Undefined otherwise.
+  // mask's generator before each replay (dtk/capture.hpp). Undefined otherwise. A kernel applying
+  // the mask reads it there when it is defined (`seed` is then not the seed).
   at::Tensor seed_slot;
   double p = 0;           // drop probability
   int64_t offset = 0;     // index of this mask's first element in the drawn mask

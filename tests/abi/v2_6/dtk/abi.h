@@ -625,11 +625,14 @@ typedef struct dtk_capture_ext {
   int64_t (*recording_id)(void);
   /* ABI 2.6. [thread-safe] A value drawn on the host anew for every replay of the recorded step,
    * as a one-element int64 tensor on the compute device [new] that the step's kernels read instead
-   * of a constant (a dropout mask's seed). Before each replay the host calls draw(ctx) on its
-   * training thread, once per slot in the order the slots were handed out, and puts the value in
-   * the slot; a slot handed out while the body runs for real (a replay that runs it again) is drawn
-   * at once. The host calls release(ctx) once when it no longer needs ctx, also when it returns
-   * NULL (it holds no more slots: the layer fails the recording). Neither callback may throw. */
+   * of a constant (a dropout mask's seed). `ctx` [owned by the host until release(ctx)]; `draw`
+   * and `release` [borrowed for the plugin's lifetime]. Before each replay the host calls
+   * draw(ctx) on its training thread, once per slot in the order the slots were handed out, and
+   * puts the value in the slot; a slot handed out while the body runs for real (a replay that runs
+   * it again) is drawn at once, on the calling thread. The host calls release(ctx) exactly once
+   * (on any thread) when it no longer needs ctx, also when it returns NULL (no more slots, or the
+   * slot could not be made: the layer fails the recording). Neither callback may throw nor call
+   * back into this extension. */
   dtk_tensor* (*seed_slot)(uint64_t (*draw)(void* ctx), void* ctx, void (*release)(void* ctx));
 } dtk_capture_ext;
 DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_5, defer_check);

@@ -53,8 +53,9 @@ class RecordedSeeds {
   // Before a replay: every slot drawn, in order, and the values put on the device in one copy.
   void draw();
   // dtk_capture_ext.seed_slot: the next slot of this pass over the body (the recording's own, or
-  // a new one, drawn at once when `kernels_run`); nullptr when the table is full. Takes ctx.
-  dtk_tensor* hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run);
+  // a new one, drawn at once when `kernels_run`); nullptr when the table is full or the slot
+  // could not be made. Takes ctx: keeps it with a new slot, releases it otherwise.
+  dtk_tensor* hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run) noexcept;
   // A new pass over the body hands out the slots from the first again.
   void restart() { handed_ = 0; }
   size_t size() const { return slots_.size(); }

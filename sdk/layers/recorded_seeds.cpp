@@ -70,21 +70,23 @@ at::Tensor next(at::Generator& gen) {
   Stream& s = stream_of(b, gen);
   Stream& root = b.streams.at(s.root);
   const size_t position = s.next;
-  // A clone repeats draws its source made: one past them would draw the source on every replay
-  // where an uncaptured run would not, and leave its generator elsewhere.
-  if (s.root != gen.unsafeGetGeneratorImpl() && position >= root.slots.size())
-    throw Error("dropout: a recomputed layer drew a mask its forward did not, which a recorded step cannot repeat");
-  if (s.root == gen.unsafeGetGeneratorImpl()) at::check_generator<at::CPUGeneratorImpl>(gen);  // as an uncaptured draw
-  ++s.next;
-  // A root's positions are handed out in order, so the host's draws, in the order of the slots,
-  // are the root's draws in order: those of an uncaptured micro-batch.
-  while (root.slots.size() <= position) {
-    dtk_tensor* slot = capture_extension()->seed_slot(&draw_seed, new at::Generator(root.keep), &release_generator);
-    if (!slot) throw Error("dropout: the recorded step holds more masks than the host keeps seeds for");
-    TensorHandle owned(slot);
-    root.slots.push_back(unwrap(slot));
+  if (s.root != gen.unsafeGetGeneratorImpl()) {
+    // A clone repeats draws its source made: one past them would draw the source on every replay
+    // where an uncaptured run would not, and leave its generator elsewhere.
+    if (position >= root.slots.size())
+      throw Error("dropout: a recomputed layer drew a mask its forward did not, which a recorded step cannot repeat");
+    ++s.next;
+    return root.slots[position];
   }
-  return root.slots[position];
+  // A root: only its own draws add slots, so this is its next position. The host draws the slots
+  // in the order they are handed out: the root's draws in order, those of an uncaptured micro-batch.
+  at::check_generator<at::CPUGeneratorImpl>(gen);  // as an uncaptured draw checks
+  dtk_tensor* slot = capture_extension()->seed_slot(&draw_seed, new at::Generator(root.keep), &release_generator);
+  if (!slot) throw Error("dropout: the recorded step holds more masks than the host keeps seeds for");
+  TensorHandle owned(slot);
+  root.slots.push_back(unwrap(slot));
+  ++s.next;
+  return root.slots.back();
 }
 
 void note_clone(at::Generator& source, at::Generator& copy) {

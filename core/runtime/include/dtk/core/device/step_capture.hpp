@@ -58,7 +58,6 @@ class RecordedSeeds {
   dtk_tensor* hand_out(uint64_t (*draw)(void*), void* ctx, void (*release)(void*), bool kernels_run) noexcept;
   // A new pass over the body hands out the slots from the first again.
   void restart() { handed_ = 0; }
-  size_t size() const { return slots_.size(); }
 
  private:
   struct Slot {

@@ -379,10 +379,17 @@ void require_positive(int64_t v, const char* name) {
   if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
 }
 
+// The numbers as the user wrote them (%g: "0" and "-3", not std::to_string's "0.000000").
+std::string shortest(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
 void require_finite_at_least(double v, double lo, const char* name) {
   if (!std::isfinite(v) || v < lo)
-    throw HostError(std::string("config: ") + name + " must be a finite number >= " + std::to_string(lo) + ", got " +
-                    std::to_string(v));
+    throw HostError(std::string("config: ") + name + " must be a finite number >= " + shortest(lo) + ", got " +
+                    shortest(v));
 }
 
 // train.rampup_batch_size against the other batch fields, on its own (the ranks' layout is

@@ -258,6 +258,22 @@ TEST(GpuTraining, ZeroOffloadEqualsDdp) {
   expect_same_curve(ddp, offload, 20, "zero-2 offload against ddp", 1e-5);
 }
 
+// train.memory_limit_mb on a GPU caps LibTorch's caching allocator (the capacity benchmark's
+// smaller GPU, tools/bench/gpu_capacity.sh): a model past it fails with CUDA's out-of-memory line,
+// the same run under a cap it fits trains, and a cap past the device's memory is a config error.
+TEST(GpuTraining, MemoryLimitCapsTheGpu) {
+  SKIP_WITHOUT_GPU_TRAINING();
+  // A 50304-token vocabulary at hidden 256: the embedding alone is 51 MB in fp32.
+  const std::string args = kTrain +
+                           "--set train.device=cuda --set model.vocab_size=50304 --set dataset.vocab_size=50304 "
+                           "--set model.hidden_size=256 --set train.train_iters=2 --set train.skip_memory_check=true ";
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(args + "--set train.memory_limit_mb=16"), "out of memory");
+  const dtk_test::Result fits = dtk_test::run_dtk(args + "--set train.memory_limit_mb=4096");
+  EXPECT_EQ(fits.code, 0) << fits.out;
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(args + "--set train.memory_limit_mb=100000000"),
+                                  "train.memory_limit_mb (100000000 MiB) is more than cuda:0 has");
+}
+
 // Data parallel across processes: over NCCL with one GPU per rank where there are two; on a single
 // GPU two ranks share it over Gloo (the CUDA tensors go through host copies) and the test says so.
 TEST(GpuTraining, TwoProcessesEqualOne) {

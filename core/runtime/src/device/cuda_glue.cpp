@@ -187,6 +187,21 @@ void use_gpu_memory_pool(int device) {
 #endif
 }
 
+void cap_gpu_memory(int device, int64_t bytes) {
+  const int64_t total = static_cast<int64_t>(dtk::cuda::device_memory_bytes(device));
+  const std::string name = "cuda:" + std::to_string(device);
+  if (total <= 0 || bytes > total)
+    throw host::HostError("config: train.memory_limit_mb (" + std::to_string(bytes >> 20) + " MiB) is more than " + name +
+                    " has (" + std::to_string(total >> 20) + " MiB)");
+#if DTK_TORCH_CUDA
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
+                                                     static_cast<c10::DeviceIndex>(device));
+#else
+  throw host::HostError("config: train.memory_limit_mb on " + name +
+                  " needs a dtk built against a CUDA LibTorch (tools/gpu_check.sh)");
+#endif
+}
+
 std::unique_ptr<DeviceClock> make_event_clock(int device, std::chrono::milliseconds timeout) {
   return std::make_unique<EventClock>(device, timeout);
 }

@@ -43,8 +43,10 @@ int local_ranks() {
 
 // Intra-op threads, seed, the memory accounting and the device budget: train.memory_limit_mb,
 // else (CPU) this machine's memory shared by the ranks on it, so an absurd size fails with one
-// line instead of growing until the kernel kills it. On a GPU the budget is the memory estimate's
-// against the GPU (and CUDA's own out-of-memory error); host memory is counted, not budgeted.
+// line instead of growing until the kernel kills it. On a GPU train.memory_limit_mb caps
+// LibTorch's caching allocator (a smaller GPU, for capacity measurements), else the budget is the
+// memory estimate's against the GPU (and CUDA's own out-of-memory error); host memory is counted,
+// not budgeted.
 void initialize_runtime(const config::TrainingConfig& train) {
   // Default: the cores shared among the ranks of this machine (N ranks x all cores would
   // oversubscribe the CPU N-fold).
@@ -55,7 +57,10 @@ void initialize_runtime(const config::TrainingConfig& train) {
   at::manual_seed(train.seed());
   memory::install();  // count tensor bytes from here on
 #if DTK_HAVE_CUDA
-  if (const c10::Device device = training_device(); device.is_cuda()) cuda_glue::use_gpu_memory_pool(device.index());
+  if (const c10::Device device = training_device(); device.is_cuda()) {
+    cuda_glue::use_gpu_memory_pool(device.index());
+    if (train.memory_limit_mb() > 0) cuda_glue::cap_gpu_memory(device.index(), train.memory_limit_mb() << 20);
+  }
 #endif
   if (train.memory_limit_mb() > 0 && !training_device().is_cuda())
     memory::set_device_limit(train.memory_limit_mb() * (int64_t{1} << 20));

@@ -14,8 +14,10 @@
 # host's available memory is not tried. Then, at ddp's largest size: stage 3 + CPU offload, and
 # the optimizer state on disk (offload_optimizer=nvme in --nvme_dir) with dd's rate of that disk.
 #
-#   tools/bench/gpu_capacity.sh [--dtk build-gpu/bin/dtk] [--budget_mb 4096] [--steps 4]
+#   tools/bench/gpu_capacity.sh [--dtk build-gpu/bin/dtk] [--budget_mb 4096] [--steps 4] [--max_seconds 330]
 #                               [--nvme_dir DIR] [--device cuda] [--sizes "L:H:A ..."] [--seq 1024] [--vocab 50304]
+# --max_seconds: no larger size is tried once this long has passed (a device call may run 600 s),
+# and the line says where it stopped.
 # --device cpu --budget_mb 256 --sizes "2:64:4 2:128:4 4:256:8" --seq 64 --vocab 512: the same
 # script on a CPU (the budget is then DTK's own device accounting), to check it in a minute.
 set -euo pipefail
@@ -27,6 +29,7 @@ DEVICE=cuda
 SEQ=1024
 VOCAB=50304
 NVME_DIR=""
+MAX_SECONDS=330
 # layers:hidden:heads, GPT-3's 125M, 350M, 760M, 1.3B, 2.7B, 6.7B and 13B.
 SIZES="12:768:12 24:1024:16 24:1536:16 24:2048:16 32:2560:32 32:4096:32 40:5120:40"
 while (($#)); do
@@ -39,7 +42,8 @@ while (($#)); do
     --seq) SEQ=$2; shift 2 ;;
     --vocab) VOCAB=$2; shift 2 ;;
     --nvme_dir) NVME_DIR=$2; shift 2 ;;
-    *) echo "usage: tools/bench/gpu_capacity.sh [--dtk BIN] [--budget_mb MB] [--steps N] [--nvme_dir DIR] [--device D] [--sizes \"L:H:A ...\"] [--seq S] [--vocab V]" >&2; exit 2 ;;
+    --max_seconds) MAX_SECONDS=$2; shift 2 ;;
+    *) echo "usage: tools/bench/gpu_capacity.sh [--dtk BIN] [--budget_mb MB] [--steps N] [--max_seconds S] [--nvme_dir DIR] [--device D] [--sizes \"L:H:A ...\"] [--seq S] [--vocab V]" >&2; exit 2 ;;
   esac
 done
 [[ -x $DTK ]] || { echo "gpu_capacity.sh: no dtk at $DTK (build it: tools/gpu_check.sh)" >&2; exit 2; }
@@ -77,7 +81,7 @@ train_at() {
   local l h a
   IFS=: read -r l h a <<<"$1"
   # shellcheck disable=SC2086
-  timeout -k 10 600 "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
+  timeout -k 10 300 "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
     --set model.num_attention_heads="$a" $2 >"$WORK/run.log" 2>&1
 }
 # The median over iterations 2.. of the log line's field $1 in the last run.
@@ -109,6 +113,11 @@ largest() {
       [[ $size == "$after" ]] && skipping=0
       continue
     fi
+    if ((SECONDS > MAX_SECONDS)); then
+      echo "  ($name: $size not tried: --max_seconds $MAX_SECONDS passed; the largest below is a lower bound)"
+      TIME_STOPPED=1
+      break
+    fi
     if [[ $args == *offload_param* ]]; then
       need_mb=$(($(parameters "$size") * 18 / 1048576))
       if ((need_mb > HOST_AVAILABLE_MB * 85 / 100)); then
@@ -139,7 +148,7 @@ largest "ddp" "$DDP --set train.memory_limit_mb=$BUDGET"
 DDP_LARGEST=$LARGEST
 largest "zero stage 3, offload optimizer + param" "$OFFLOAD --set train.memory_limit_mb=$BUDGET" "$DDP_LARGEST"
 if [[ -n $DDP_LARGEST && -n $LARGEST ]]; then
-  echo "  stage 3 + offload holds $(awk "BEGIN {printf \"%.1f\", $(parameters "$LARGEST") / $(parameters "$DDP_LARGEST")}")x ddp's parameters"
+  echo "  stage 3 + offload holds ${TIME_STOPPED:+at least }$(awk "BEGIN {printf \"%.1f\", $(parameters "$LARGEST") / $(parameters "$DDP_LARGEST")}")x ddp's parameters"
 fi
 if [[ -n $DDP_LARGEST ]]; then
   echo

@@ -64,17 +64,20 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTK_WITH_CUDA=ON \
   -DDTK_BUILD_BENCHMARKS=ON 2>&1 | tee build-gpu/configure.log | grep "DTK:"
 status=configured
 if ((!CONFIGURE_ONLY)); then
-  # What the GPU tests and the benchmark run (dtk, its plugins, the two gpu-labelled test
-  # binaries), not the CPU suites: minutes of a GPU machine's lease saved. The whole log stays
-  # in build-gpu/build.log.
-  # Ninja keeps going past a failed file (-k 0), so that one test binary that does not compile
-  # costs its own rows, not the whole call's: what built runs, and the summary names what did not.
-  cmake --build build-gpu -j "$(nproc)" --target dtk dtk_plugins dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests \
-    dtk_bench_kernels -- -k 0 2>&1 |
-    tee build-gpu/build.log | grep -E "error|FAILED|^ninja: " | head -40 || true
+  # What the GPU tests and the benchmarks run (dtk, its plugins, the gpu-labelled test binaries,
+  # the kernel table), not the CPU suites: minutes of a GPU machine's lease saved; dtk and its
+  # plugins alone for a call that runs neither. Ninja keeps going past a failed file (-k 0), so
+  # that one test binary that does not compile costs its own rows, not the whole call's: what
+  # built runs, and the summary names what did not. The log goes to a file first (a pipe that
+  # closes early, as `head` does, would kill ninja mid-build).
+  BINARIES=()
+  ((TESTS || SANITIZE)) && BINARIES+=(dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests)
+  ((BENCH)) && BINARIES+=(dtk_bench_kernels)
+  cmake --build build-gpu -j "$(nproc)" --target dtk dtk_plugins "${BINARIES[@]}" -- -k 0 >build-gpu/build.log 2>&1 || true
+  grep -E "error|FAILED|^ninja: " build-gpu/build.log | head -40 || true
   [[ -x build-gpu/bin/dtk ]] || { echo "gpu_check.sh: dtk did not build (build-gpu/build.log)"; exit 1; }
   built=""
-  for bin in dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests dtk_bench_kernels; do
+  for bin in "${BINARIES[@]}"; do
     [[ -x build-gpu/bin/$bin ]] || built="$built; $bin did not build: FAILED"
   done
   grep -q "^FAILED: " build-gpu/build.log && built="$built; some files FAILED to compile (build-gpu/build.log)"
@@ -86,7 +89,7 @@ if ((!CONFIGURE_ONLY)); then
       status="gpu tests FAILED$built"
     phase "gpu tests done"
   fi
-  if ((SANITIZE)) && [[ -n $GPU ]]; then
+  if ((SANITIZE)) && [[ -n $GPU && -x build-gpu/bin/dtk_gpu_kernel_tests ]]; then
     SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     for tool in racecheck synccheck; do
       "$SANITIZER" --tool "$tool" --error-exitcode 1 build-gpu/bin/dtk_gpu_kernel_tests \
@@ -124,9 +127,12 @@ if ((!CONFIGURE_ONLY)); then
     phase "Llama rows done"
   fi
   if ((CAPACITY)) && [[ -n $GPU ]]; then
-    tools/bench/gpu_capacity.sh --dtk build-gpu/bin/dtk 2>&1 | tee "${OUT:-build-gpu}/capacity.txt" ||
-      status="$status; capacity benchmark FAILED"
+    # What is left of the call's 600 s, less a minute for the rows after the ladders and the copy back.
+    tools/bench/gpu_capacity.sh --dtk build-gpu/bin/dtk --max_seconds $((540 - ($(date +%s) - START))) 2>&1 |
+      tee "${OUT:-build-gpu}/capacity.txt" || status="$status; capacity benchmark FAILED"
     phase "capacity rows done"
+  elif ((CAPACITY)); then
+    echo "gpu_check.sh: --capacity needs a GPU (nvidia-smi names none): the capacity rows did not run"
   fi
 fi
 echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"

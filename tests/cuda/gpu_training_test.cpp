@@ -266,7 +266,7 @@ TEST(GpuTraining, MemoryLimitCapsTheGpu) {
   // A 50304-token vocabulary at hidden 256: the embedding alone is 51 MB in fp32.
   const std::string args = kTrain +
                            "--set train.device=cuda --set model.vocab_size=50304 --set dataset.vocab_size=50304 "
-                           "--set model.hidden_size=256 --set train.train_iters=2 --set train.skip_memory_check=true ";
+                           "--set model.hidden_size=256 --set train.train_iters=3 --set train.skip_memory_check=true ";
   dtk_test::expect_one_line_error(dtk_test::run_dtk(args + "--set train.memory_limit_mb=16"), "out of memory");
   const dtk_test::Result fits = dtk_test::run_dtk(args + "--set train.memory_limit_mb=4096");
   EXPECT_EQ(fits.code, 0) << fits.out;

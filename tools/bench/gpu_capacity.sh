@@ -76,18 +76,32 @@ parameters() {  # L:H:A -> the GPT's parameters (12 L H^2 + 13 L H, embeddings, 
   IFS=: read -r l h _ <<<"$1"
   echo $((12 * l * h * h + 13 * l * h + (VOCAB + SEQ) * h + 2 * h))
 }
-# One training run at size $1 with the strategy's arguments $2 (one string); the log in $WORK/run.log.
+# One training run at size $1 with the strategy's arguments $2 (one string), bounded by what is
+# left of --max_seconds (at most 300 s); the log in $WORK/run.log. Fails with 124 when cut short.
 train_at() {
-  local l h a
+  local l h a left=$((MAX_SECONDS - SECONDS))
   IFS=: read -r l h a <<<"$1"
+  ((left > 300)) && left=300
+  ((left >= 10)) || return 124
   # shellcheck disable=SC2086
-  timeout -k 10 300 "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
+  timeout -k 10 "$left" "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
     --set model.num_attention_heads="$a" $2 >"$WORK/run.log" 2>&1
+}
+# Why the last run failed, in one line: timed out, or its first error line. Counts a failure that
+# is not the budget's refusal in FAILURES (the script's exit status).
+FAILURES=0
+failure() {
+  local code=$1
+  if ((code == 124 || code == 137)); then
+    echo "timed out (--max_seconds $MAX_SECONDS)"
+  else
+    echo "$(grep -m1 "dtk: error" "$WORK/run.log" | cut -c1-200 || true)"
+  fi
 }
 # The median over iterations 2.. of the log line's field $1 in the last run.
 field_median() {
   { grep -o "$1: [0-9.]*" "$WORK/run.log" || true; } | grep -o "[0-9.]*$" | tail -n +2 | sort -g |
-    awk '{a[NR]=$1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+    awk '{a[NR]=$1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}' || true
 }
 # The memory report's last figure $1 in the last run.
 report_figure() { { grep -o "| $1: [0-9.]*" "$WORK/run.log" || true; } | tail -1 | grep -o "[0-9.]*$" || true; }
@@ -104,33 +118,40 @@ row() {
 }
 header() { printf '%-44s %-11s %10s %10s %10s %12s %12s\n' "$1" "L:H:A" "params" "tokens/s" "step ms" "device MB" "host MB"; }
 # The largest size of SIZES (after $3, when given: a size known to fit) that trains with the
-# arguments $2; prints its row and sets LARGEST (empty when none trains).
+# arguments $2; prints its row and sets LARGEST (empty when none trains) and STOP: why no larger
+# size counts ("budget": the next one ran out of device memory, so LARGEST is the largest;
+# otherwise LARGEST is a lower bound: the host's memory, the time, the end of --sizes, a failure).
 largest() {
-  local name=$1 args=$2 after=${3:-} size best="" need_mb skipping=0
+  local name=$1 args=$2 after=${3:-} size best="" need_mb skipping=0 code
   [[ -n $after ]] && skipping=1
+  STOP="the end of --sizes"
   for size in $SIZES; do
     if ((skipping)); then
       [[ $size == "$after" ]] && skipping=0
       continue
     fi
-    if ((SECONDS > MAX_SECONDS)); then
-      echo "  ($name: $size not tried: --max_seconds $MAX_SECONDS passed; the largest below is a lower bound)"
-      TIME_STOPPED=1
+    if ((SECONDS + 30 > MAX_SECONDS)); then
+      STOP="the time (--max_seconds $MAX_SECONDS; $size not tried)"
       break
     fi
     if [[ $args == *offload_param* ]]; then
       need_mb=$(($(parameters "$size") * 18 / 1048576))
       if ((need_mb > HOST_AVAILABLE_MB * 85 / 100)); then
-        echo "  ($name: $size not tried: about $need_mb MiB of host memory, more than 85% of the $HOST_AVAILABLE_MB available)"
+        STOP="the host's memory ($size needs about $need_mb MiB, more than 85% of the $HOST_AVAILABLE_MB available)"
         break
       fi
     fi
-    if train_at "$size" "$args"; then
+    code=0
+    train_at "$size" "$args" || code=$?
+    if ((code == 0)); then
       best=$size
       cp "$WORK/run.log" "$WORK/best.log"
+    elif ((code != 124 && code != 137)) && grep -qiE "out of memory|device memory budget" "$WORK/run.log"; then
+      STOP="budget"
+      break
     else
-      grep -qiE "out of memory|device memory budget" "$WORK/run.log" ||
-        echo "  ($name: $size failed otherwise: $(grep -m1 "dtk: error" "$WORK/run.log" | cut -c1-200))"
+      STOP="a failure at $size: $(failure "$code")"
+      FAILURES=$((FAILURES + 1))
       break
     fi
   done
@@ -141,32 +162,47 @@ largest() {
   else
     printf '%-44s %s\n' "$name" "no size${after:+ after $after} trains"
   fi
+  [[ $STOP == budget ]] || echo "  ($name: stopped by $STOP: a lower bound)"
 }
 
 header "largest under the budget"
 largest "ddp" "$DDP --set train.memory_limit_mb=$BUDGET"
-DDP_LARGEST=$LARGEST
+DDP_LARGEST=$LARGEST DDP_STOP=$STOP
+[[ -n $DDP_LARGEST ]] || FAILURES=$((FAILURES + 1))
 largest "zero stage 3, offload optimizer + param" "$OFFLOAD --set train.memory_limit_mb=$BUDGET" "$DDP_LARGEST"
 if [[ -n $DDP_LARGEST && -n $LARGEST ]]; then
-  echo "  stage 3 + offload holds ${TIME_STOPPED:+at least }$(awk "BEGIN {printf \"%.1f\", $(parameters "$LARGEST") / $(parameters "$DDP_LARGEST")}")x ddp's parameters"
+  ratio=$(awk "BEGIN {printf \"%.1f\", $(parameters "$LARGEST") / $(parameters "$DDP_LARGEST")}")
+  if [[ $DDP_STOP != budget ]]; then
+    echo "  stage 3 + offload holds ${ratio}x the parameters of ddp's largest run (not ddp's largest: its ladder stopped by $DDP_STOP)"
+  elif [[ $STOP == budget ]]; then
+    echo "  stage 3 + offload holds ${ratio}x ddp's parameters"
+  else
+    echo "  stage 3 + offload holds at least ${ratio}x ddp's parameters (its ladder stopped by $STOP)"
+  fi
 fi
 if [[ -n $DDP_LARGEST ]]; then
   echo
   header "at ddp's largest size, the same budget"
   for r in "zero stage 3, offload optimizer + param|$OFFLOAD" "zero stage 3, optimizer on disk + param|$NVME"; do
-    if train_at "$DDP_LARGEST" "${r#*|} --set train.memory_limit_mb=$BUDGET"; then
+    code=0
+    train_at "$DDP_LARGEST" "${r#*|} --set train.memory_limit_mb=$BUDGET" || code=$?
+    if ((code == 0)); then
       row "${r%%|*}" "$DDP_LARGEST"
     else
-      echo "${r%%|*}: failed: $(grep -m1 "dtk: error" "$WORK/run.log" | cut -c1-200)"
+      echo "${r%%|*}: failed: $(failure "$code")"
+      FAILURES=$((FAILURES + 1))
     fi
   done
   # The disk's own rate for the optimizer state of that size (12 bytes a parameter written and read
   # once a step), sequentially with dd (O_DIRECT, 4 MiB blocks): the floor of the disk row's extra time.
   STATE_MB=$(($(parameters "$DDP_LARGEST") * 12 / 1048576))
-  if w=$(dd if=/dev/zero of="$NVME_DIR/dd.bin" bs=4M count=$(((STATE_MB + 3) / 4)) oflag=direct 2>&1 | tail -1) &&
+  if ((SECONDS + 20 > MAX_SECONDS)); then
+    echo "  the disk: not measured (--max_seconds $MAX_SECONDS)"
+  elif w=$(dd if=/dev/zero of="$NVME_DIR/dd.bin" bs=4M count=$(((STATE_MB + 3) / 4)) oflag=direct 2>&1 | tail -1) &&
     r=$(dd if="$NVME_DIR/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -1); then
     echo "  the disk ($(df -T "$NVME_DIR" | awk 'NR==2 {print $2 " on " $1}')): write $STATE_MB MiB: $w; read: $r"
   else
     echo "  the disk: dd with O_DIRECT failed in $NVME_DIR"
   fi
 fi
+((FAILURES == 0)) || { echo "gpu_capacity.sh: $FAILURES run(s) failed (above)" >&2; exit 1; }

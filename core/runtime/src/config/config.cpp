@@ -379,10 +379,10 @@ void require_positive(int64_t v, const char* name) {
   if (v <= 0) throw HostError(std::string("config: ") + name + " must be positive, got " + std::to_string(v));
 }
 
-// The numbers as the user wrote them (%g: "0" and "-3", not std::to_string's "0.000000").
+// The numbers as the user wrote them ("0" and "-3", not std::to_string's "0.000000").
 std::string shortest(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
+  char text[40];
+  std::snprintf(text, sizeof text, "%.15g", v);
   return text;
 }
 

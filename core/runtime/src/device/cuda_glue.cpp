@@ -187,18 +187,26 @@ void use_gpu_memory_pool(int device) {
 #endif
 }
 
-void cap_gpu_memory(int device, int64_t bytes) {
+void cap_gpu_memory(int device, int64_t mib) {
   const int64_t total = static_cast<int64_t>(dtk::cuda::device_memory_bytes(device));
   const std::string name = "cuda:" + std::to_string(device);
-  if (total <= 0 || bytes > total)
-    throw host::HostError("config: train.memory_limit_mb (" + std::to_string(bytes >> 20) + " MiB) is more than " + name +
-                    " has (" + std::to_string(total >> 20) + " MiB)");
+  // Compared in MiB: a huge setting shifted into bytes would overflow.
+  if (total <= 0 || mib > (total >> 20))
+    throw host::HostError("config: train.memory_limit_mb (" + std::to_string(mib) + " MiB) is more than " + name +
+                          " has (" + std::to_string(total >> 20) + " MiB)");
 #if DTK_TORCH_CUDA
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(bytes) / static_cast<double>(total),
+  // The allocator must exist before its fraction is set (LibTorch asserts it); CUDA's lazy
+  // initialisation creates it, whichever call comes first.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
+#endif
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(mib << 20) / static_cast<double>(total),
                                                      static_cast<c10::DeviceIndex>(device));
 #else
   throw host::HostError("config: train.memory_limit_mb on " + name +
-                  " needs a dtk built against a CUDA LibTorch (tools/gpu_check.sh)");
+                        " needs a dtk built against a CUDA LibTorch (tools/gpu_check.sh)");
 #endif
 }
 

@@ -28,11 +28,12 @@ void set_current_device(int device);
 // Installs the GPU's memory as the memory report's device pool (dtk/core/memory/memory.hpp): LibTorch's
 // CUDA caching allocator's allocated bytes on `device` (needs a CUDA LibTorch; a no-op otherwise).
 void use_gpu_memory_pool(int device);
-// train.memory_limit_mb on a GPU: LibTorch's caching allocator refuses to hold more than `bytes`
-// on `device` (its memory fraction), so a model that needs more fails with CUDA's out-of-memory
-// error as on a smaller GPU. NCCL's buffers and CUDA's context are outside it. Throws a config
-// error past the device's memory, or without a CUDA LibTorch.
-void cap_gpu_memory(int device, int64_t bytes);
+// train.memory_limit_mb on a GPU: LibTorch's caching allocator refuses to hold more than `mib`
+// MiB on `device` (its memory fraction), so a model that needs more fails with CUDA's
+// out-of-memory error about as on a smaller GPU (cuBLAS's workspace is inside the cap, NCCL's
+// buffers and CUDA's context outside). Throws a config error past the device's memory, or
+// without a CUDA LibTorch.
+void cap_gpu_memory(int device, int64_t mib);
 // The Megatron timers' clock on `device`: timed CUDA events on LibTorch's current stream; a read
 // waits for an event at most `timeout` (the run's collective timeout).
 std::unique_ptr<DeviceClock> make_event_clock(int device, std::chrono::milliseconds timeout);

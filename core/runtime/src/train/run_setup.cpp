@@ -59,7 +59,7 @@ void initialize_runtime(const config::TrainingConfig& train) {
 #if DTK_HAVE_CUDA
   if (const c10::Device device = training_device(); device.is_cuda()) {
     cuda_glue::use_gpu_memory_pool(device.index());
-    if (train.memory_limit_mb() > 0) cuda_glue::cap_gpu_memory(device.index(), train.memory_limit_mb() << 20);
+    if (train.memory_limit_mb() > 0) cuda_glue::cap_gpu_memory(device.index(), train.memory_limit_mb());
   }
 #endif
   if (train.memory_limit_mb() > 0 && !training_device().is_cuda())

@@ -54,6 +54,8 @@ TORCH_LIB=$(dirname "$TORCH_PREFIX")/../lib
 NCCL_HOME=${NCCL_HOME:-$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)}
 [[ -n $NCCL_HOME ]] && export NCCL_HOME && export LD_LIBRARY_PATH="$NCCL_HOME/lib:$LD_LIBRARY_PATH"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+# Without nvidia-smi, LibTorch's own view (the phases that need a GPU would otherwise not run).
+[[ -n $GPU ]] || GPU=$(python3 -c 'import torch; torch.cuda.is_available() and print(torch.cuda.get_device_name(0))' 2>/dev/null || true)
 echo "gpu_check.sh: GPU '${GPU:-none}', LibTorch at $TORCH_PREFIX, deps in $PREFIX, NCCL_HOME '${NCCL_HOME:-}'"
 ARCH=native
 [[ -z $GPU ]] && ARCH="80;90"
@@ -61,7 +63,10 @@ mkdir -p build-gpu
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTK_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$PREFIX/usr" \
   -DCMAKE_LIBRARY_ARCHITECTURE=$MULTIARCH -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/usr/bin/protoc" \
-  -DDTK_BUILD_BENCHMARKS=ON 2>&1 | tee build-gpu/configure.log | grep "DTK:"
+  -DDTK_BUILD_BENCHMARKS=ON >build-gpu/configure.log 2>&1 ||
+  { tail -40 build-gpu/configure.log; cp build-gpu/configure.log "${OUT:-build-gpu}/" 2>/dev/null || true
+    echo "gpu_check.sh: configure FAILED (build-gpu/configure.log)"; exit 1; }
+grep "DTK:" build-gpu/configure.log || true
 status=configured
 if ((!CONFIGURE_ONLY)); then
   # What the GPU tests and the benchmarks run (dtk, its plugins, the gpu-labelled test binaries,
@@ -71,7 +76,8 @@ if ((!CONFIGURE_ONLY)); then
   # built runs, and the summary names what did not. The log goes to a file first (a pipe that
   # closes early, as `head` does, would kill ninja mid-build).
   BINARIES=()
-  ((TESTS || SANITIZE)) && BINARIES+=(dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests)
+  ((TESTS)) && BINARIES+=(dtk_cuda_tests dtk_gpu_training_tests dtk_gpu_kernel_tests)
+  ((SANITIZE && !TESTS)) && BINARIES+=(dtk_gpu_kernel_tests)
   ((BENCH)) && BINARIES+=(dtk_bench_kernels)
   cmake --build build-gpu -j "$(nproc)" --target dtk dtk_plugins "${BINARIES[@]}" -- -k 0 >build-gpu/build.log 2>&1 || true
   grep -E "error|FAILED|^ninja: " build-gpu/build.log | head -40 || true
@@ -80,16 +86,24 @@ if ((!CONFIGURE_ONLY)); then
   for bin in "${BINARIES[@]}"; do
     [[ -x build-gpu/bin/$bin ]] || built="$built; $bin did not build: FAILED"
   done
-  grep -q "^FAILED: " build-gpu/build.log && built="$built; some files FAILED to compile (build-gpu/build.log)"
+  if grep -q "^FAILED: " build-gpu/build.log; then
+    built="$built; some files FAILED to compile (build.log)"
+    cp build-gpu/build.log "${OUT:-build-gpu}/" 2>/dev/null || true
+  fi
   build-gpu/bin/dtk --version
   phase "built"
   status="built$built"
   if ((TESTS)); then
-    (cd build-gpu && ctest -L gpu -j 4 --output-on-failure --timeout 300) 2>&1 | tee build-gpu/ctest.log | tail -40 && status="gpu tests passed$built" ||
+    # Bounded as a whole (the tests' own TIMEOUT properties are longer than a call), the log also
+    # written into $OUT as it goes, so a call cut short still brings back what ran.
+    (cd build-gpu && timeout -k 10 300 ctest -L gpu -j 4 --output-on-failure) 2>&1 |
+      tee build-gpu/ctest.log ${OUT:+"$OUT/ctest.log"} | tail -40 && status="gpu tests passed$built" ||
       status="gpu tests FAILED$built"
     phase "gpu tests done"
   fi
-  if ((SANITIZE)) && [[ -n $GPU && -x build-gpu/bin/dtk_gpu_kernel_tests ]]; then
+  if ((SANITIZE)) && [[ -z $GPU ]]; then
+    status="$status; --sanitize: no GPU, sanitizers not run: FAILED"
+  elif ((SANITIZE)) && [[ -x build-gpu/bin/dtk_gpu_kernel_tests ]]; then
     SANITIZER=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     for tool in racecheck synccheck; do
       "$SANITIZER" --tool "$tool" --error-exitcode 1 build-gpu/bin/dtk_gpu_kernel_tests \
@@ -97,6 +111,7 @@ if ((!CONFIGURE_ONLY)); then
     done
     phase "sanitizers done"
   fi
+  ((BENCH)) && [[ -z $GPU ]] && status="$status; no GPU, benchmarks not run: FAILED"
   if ((BENCH)) && [[ -n $GPU ]]; then
     # Each fused layer kernel against its ops at GPT-2's and Llama's shapes, and a copy's rate.
     if [[ -x build-gpu/bin/dtk_bench_kernels ]]; then
@@ -126,13 +141,16 @@ if ((!CONFIGURE_ONLY)); then
       --variant "cuda graphs|--set train.cuda_graphs=true" || status="$status; llama benchmark FAILED"
     phase "Llama rows done"
   fi
-  if ((CAPACITY)) && [[ -n $GPU ]]; then
-    # What is left of the call's 600 s, less a minute for the rows after the ladders and the copy back.
-    tools/bench/gpu_capacity.sh --dtk build-gpu/bin/dtk --max_seconds $((540 - ($(date +%s) - START))) 2>&1 |
+  # What is left of the call's 600 s, less a minute for a run's kill grace, dd and the copy back.
+  left=$((540 - ($(date +%s) - START)))
+  if ((CAPACITY)) && [[ -z $GPU ]]; then
+    status="$status; --capacity: no GPU, capacity rows not run: FAILED"
+  elif ((CAPACITY && left < 120)); then
+    status="$status; --capacity: $left s left of the call, capacity rows not run: FAILED"
+  elif ((CAPACITY)); then
+    tools/bench/gpu_capacity.sh --dtk build-gpu/bin/dtk --max_seconds "$left" --log_dir "${OUT:-build-gpu}" 2>&1 |
       tee "${OUT:-build-gpu}/capacity.txt" || status="$status; capacity benchmark FAILED"
     phase "capacity rows done"
-  elif ((CAPACITY)); then
-    echo "gpu_check.sh: --capacity needs a GPU (nvidia-smi names none): the capacity rows did not run"
   fi
 fi
 echo "gpu_check.sh: $status in $(($(date +%s) - START)) s"

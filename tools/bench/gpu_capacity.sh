@@ -15,14 +15,19 @@
 # the optimizer state on disk (offload_optimizer=nvme in --nvme_dir) with dd's rate of that disk.
 #
 #   tools/bench/gpu_capacity.sh [--dtk build-gpu/bin/dtk] [--budget_mb 4096] [--steps 4] [--max_seconds 330]
-#                               [--nvme_dir DIR] [--device cuda] [--sizes "L:H:A ..."] [--seq 1024] [--vocab 50304]
-# --max_seconds: no larger size is tried once this long has passed (a device call may run 600 s),
-# and the line says where it stopped.
+#                               [--log_dir DIR] [--nvme_dir DIR] [--device cuda] [--sizes "L:H:A ..."]
+#                               [--seq 1024] [--vocab 50304]
+# --max_seconds: every run ends by then (a device call may run 600 s); a ladder cut short says so
+# and its largest is then a lower bound, a row not run says so. Each ladder says why it stopped.
+# --log_dir: where the log of each run that failed is kept. Exit status 1 when a run failed (not
+# for the budget's refusal, which is what the ladders look for, nor for the time).
 # --device cpu --budget_mb 256 --sizes "2:64:4 2:128:4 4:256:8" --seq 64 --vocab 512: the same
 # script on a CPU (the budget is then DTK's own device accounting), to check it in a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+SECONDS=0
 DTK=build-gpu/bin/dtk
+LOG_DIR=""
 BUDGET=4096
 STEPS=4
 DEVICE=cuda
@@ -43,10 +48,12 @@ while (($#)); do
     --vocab) VOCAB=$2; shift 2 ;;
     --nvme_dir) NVME_DIR=$2; shift 2 ;;
     --max_seconds) MAX_SECONDS=$2; shift 2 ;;
-    *) echo "usage: tools/bench/gpu_capacity.sh [--dtk BIN] [--budget_mb MB] [--steps N] [--max_seconds S] [--nvme_dir DIR] [--device D] [--sizes \"L:H:A ...\"] [--seq S] [--vocab V]" >&2; exit 2 ;;
+    --log_dir) LOG_DIR=$2; shift 2 ;;
+    *) echo "usage: tools/bench/gpu_capacity.sh [--dtk BIN] [--budget_mb MB] [--steps N] [--max_seconds S] [--log_dir DIR] [--nvme_dir DIR] [--device D] [--sizes \"L:H:A ...\"] [--seq S] [--vocab V]" >&2; exit 2 ;;
   esac
 done
 [[ -x $DTK ]] || { echo "gpu_capacity.sh: no dtk at $DTK (build it: tools/gpu_check.sh)" >&2; exit 2; }
+[[ $MAX_SECONDS =~ ^-?[0-9]+$ ]] || { echo "gpu_capacity.sh: --max_seconds takes whole seconds, not '$MAX_SECONDS'" >&2; exit 2; }
 ((STEPS >= 2)) || { echo "gpu_capacity.sh: --steps must be at least 2 (the first is left out)" >&2; exit 2; }
 WORK=$(mktemp -d)
 [[ -n $NVME_DIR ]] || NVME_DIR=$WORK/nvme
@@ -77,25 +84,40 @@ parameters() {  # L:H:A -> the GPT's parameters (12 L H^2 + 13 L H, embeddings, 
   echo $((12 * l * h * h + 13 * l * h + (VOCAB + SEQ) * h + 2 * h))
 }
 # One training run at size $1 with the strategy's arguments $2 (one string), bounded by what is
-# left of --max_seconds (at most 300 s); the log in $WORK/run.log. Fails with 124 when cut short.
-train_at() {
-  local l h a left=$((MAX_SECONDS - SECONDS))
-  IFS=: read -r l h a <<<"$1"
-  ((left > 300)) && left=300
-  ((left >= 10)) || return 124
-  # shellcheck disable=SC2086
-  timeout -k 10 "$left" "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
-    --set model.num_attention_heads="$a" $2 >"$WORK/run.log" 2>&1
-}
-# Why the last run failed, in one line: timed out, or its first error line. Counts a failure that
-# is not the budget's refusal in FAILURES (the script's exit status).
+# left of --max_seconds and by 300 s; the log in $WORK/run.log. Then KIND says how it ended: ok,
+# budget (out of device memory), time (cut short by --max_seconds, or not started with under 10 s
+# left), killed (SIGKILL before its time: the kernel's OOM killer, i.e. the host's memory), error
+# (anything else, a hang at 300 s included; its log kept in --log_dir); WHY says it in words.
 FAILURES=0
-failure() {
-  local code=$1
-  if ((code == 124 || code == 137)); then
-    echo "timed out (--max_seconds $MAX_SECONDS)"
+train_at() {
+  local l h a code=0 limit=$((MAX_SECONDS - SECONDS)) began=$SECONDS
+  IFS=: read -r l h a <<<"$1"
+  ((limit > 300)) && limit=300
+  if ((limit < 10)); then
+    KIND=time WHY="not run: --max_seconds $MAX_SECONDS reached"
+    return
+  fi
+  # shellcheck disable=SC2086
+  timeout -k 10 "$limit" "$DTK" $RUN --set model.num_layers="$l" --set model.hidden_size="$h" \
+    --set model.num_attention_heads="$a" $2 >"$WORK/run.log" 2>&1 || code=$?
+  local took=$((SECONDS - began))
+  if ((code == 0)); then
+    KIND=ok WHY=""
+  elif ((code == 124 || (code == 137 && took >= limit))) && ((limit < 300)); then
+    KIND=time WHY="cut short after $took s: --max_seconds $MAX_SECONDS reached"
+  elif ((code == 137)); then
+    KIND=killed WHY="killed (SIGKILL) after $took s: the kernel's OOM killer? (the host's memory)"
+  elif ((code < 124)) && grep -qiE "out of memory|device memory budget" "$WORK/run.log"; then
+    KIND=budget WHY="out of device memory"
   else
-    echo "$(grep -m1 "dtk: error" "$WORK/run.log" | cut -c1-200 || true)"
+    KIND=error
+    WHY=$( (grep -m1 "dtk: error" "$WORK/run.log" || { echo "exit $code after $took s:"; tail -3 "$WORK/run.log"; }) |
+      tr '\n' ' ' | cut -c1-240)
+    ((code == 124)) && WHY="no end after 300 s (a hang?): $WHY"
+    FAILURES=$((FAILURES + 1))
+    if [[ -n $LOG_DIR ]]; then
+      cp "$WORK/run.log" "$LOG_DIR/capacity-${1//:/-}-$(echo "$2" | grep -o "strategy [a-z]*" | head -1 | tr ' ' '-').log" 2>/dev/null || true
+    fi
   fi
 }
 # The median over iterations 2.. of the log line's field $1 in the last run.
@@ -122,7 +144,7 @@ header() { printf '%-44s %-11s %10s %10s %10s %12s %12s\n' "$1" "L:H:A" "params"
 # size counts ("budget": the next one ran out of device memory, so LARGEST is the largest;
 # otherwise LARGEST is a lower bound: the host's memory, the time, the end of --sizes, a failure).
 largest() {
-  local name=$1 args=$2 after=${3:-} size best="" need_mb skipping=0 code
+  local name=$1 args=$2 after=${3:-} size best="" need_mb skipping=0 tried=0
   [[ -n $after ]] && skipping=1
   STOP="the end of --sizes"
   for size in $SIZES; do
@@ -141,26 +163,22 @@ largest() {
         break
       fi
     fi
-    code=0
-    train_at "$size" "$args" || code=$?
-    if ((code == 0)); then
-      best=$size
-      cp "$WORK/run.log" "$WORK/best.log"
-    elif ((code != 124 && code != 137)) && grep -qiE "out of memory|device memory budget" "$WORK/run.log"; then
-      STOP="budget"
-      break
-    else
-      STOP="a failure at $size: $(failure "$code")"
-      FAILURES=$((FAILURES + 1))
-      break
-    fi
+    train_at "$size" "$args"
+    tried=$((tried + 1))
+    case $KIND in
+      ok) best=$size && cp "$WORK/run.log" "$WORK/best.log" ;;
+      budget) STOP=budget && break ;;
+      *) STOP="$size: $WHY" && break ;;
+    esac
   done
   LARGEST=$best
   if [[ -n $best ]]; then
     cp "$WORK/best.log" "$WORK/run.log"
     row "$name" "$best"
-  else
+  elif ((tried)); then
     printf '%-44s %s\n' "$name" "no size${after:+ after $after} trains"
+  else
+    printf '%-44s %s\n' "$name" "no size${after:+ after $after} tried"
   fi
   [[ $STOP == budget ]] || echo "  ($name: stopped by $STOP: a lower bound)"
 }
@@ -168,7 +186,6 @@ largest() {
 header "largest under the budget"
 largest "ddp" "$DDP --set train.memory_limit_mb=$BUDGET"
 DDP_LARGEST=$LARGEST DDP_STOP=$STOP
-[[ -n $DDP_LARGEST ]] || FAILURES=$((FAILURES + 1))
 largest "zero stage 3, offload optimizer + param" "$OFFLOAD --set train.memory_limit_mb=$BUDGET" "$DDP_LARGEST"
 if [[ -n $DDP_LARGEST && -n $LARGEST ]]; then
   ratio=$(awk "BEGIN {printf \"%.1f\", $(parameters "$LARGEST") / $(parameters "$DDP_LARGEST")}")
@@ -184,23 +201,21 @@ if [[ -n $DDP_LARGEST ]]; then
   echo
   header "at ddp's largest size, the same budget"
   for r in "zero stage 3, offload optimizer + param|$OFFLOAD" "zero stage 3, optimizer on disk + param|$NVME"; do
-    code=0
-    train_at "$DDP_LARGEST" "${r#*|} --set train.memory_limit_mb=$BUDGET" || code=$?
-    if ((code == 0)); then
+    train_at "$DDP_LARGEST" "${r#*|} --set train.memory_limit_mb=$BUDGET"
+    if [[ $KIND == ok ]]; then
       row "${r%%|*}" "$DDP_LARGEST"
     else
-      echo "${r%%|*}: failed: $(failure "$code")"
-      FAILURES=$((FAILURES + 1))
+      printf '%-44s %s\n' "${r%%|*}" "$WHY"
     fi
   done
   # The disk's own rate for the optimizer state of that size (12 bytes a parameter written and read
   # once a step), sequentially with dd (O_DIRECT, 4 MiB blocks): the floor of the disk row's extra time.
-  STATE_MB=$(($(parameters "$DDP_LARGEST") * 12 / 1048576))
+  BLOCKS=$((($(parameters "$DDP_LARGEST") * 12 / 1048576 + 3) / 4))
   if ((SECONDS + 20 > MAX_SECONDS)); then
     echo "  the disk: not measured (--max_seconds $MAX_SECONDS)"
-  elif w=$(dd if=/dev/zero of="$NVME_DIR/dd.bin" bs=4M count=$(((STATE_MB + 3) / 4)) oflag=direct 2>&1 | tail -1) &&
-    r=$(dd if="$NVME_DIR/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -1); then
-    echo "  the disk ($(df -T "$NVME_DIR" | awk 'NR==2 {print $2 " on " $1}')): write $STATE_MB MiB: $w; read: $r"
+  elif w=$(timeout 60 dd if=/dev/zero of="$NVME_DIR/dd.bin" bs=4M count=$BLOCKS oflag=direct 2>&1 | tail -1) &&
+    r=$(timeout 60 dd if="$NVME_DIR/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -1); then
+    echo "  the disk ($(df -T "$NVME_DIR" | awk 'NR==2 {print $2 " on " $1}')), $((BLOCKS * 4)) MiB: write $w; read $r"
   else
     echo "  the disk: dd with O_DIRECT failed in $NVME_DIR"
   fi

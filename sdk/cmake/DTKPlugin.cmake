@@ -21,6 +21,10 @@ function(dtk_add_plugin target)
       find_package(Torch REQUIRED)
     endif()
     target_link_libraries(${target} PRIVATE torch)
+    # LibTorch 2.12+ headers refuse C++17, whatever standard the plugin's project set.
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.12)
+      set_property(TARGET ${target} PROPERTY CXX_STANDARD 20)
+    endif()
     # at::parallel_for (LibTorch's intra-op threads) is a header template: without OpenMP in the
     # plugin's own compilation it runs on one thread.
     if(NOT TARGET OpenMP::OpenMP_CXX)

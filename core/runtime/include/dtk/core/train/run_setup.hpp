@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtk/core/components/components.hpp"
@@ -28,6 +29,9 @@ const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost&
 struct PluginSlot {
   const host::Plugin& plugin;
   host::OptionValues options;
+  // A constructor, not aggregate initialisation: C++20 (LibTorch 2.12+ builds) has no aggregates
+  // with user-declared constructors, and the deleted copy is one.
+  PluginSlot(const host::Plugin& plugin, host::OptionValues options) : plugin(plugin), options(std::move(options)) {}
   PluginSlot(const PluginSlot&) = delete;
   PluginSlot& operator=(const PluginSlot&) = delete;
   std::string name() const { return plugin.name(); }

@@ -247,6 +247,19 @@ TEST(BadInputs, AFailedPreprocessLeavesNoPartialDataset) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename() != "in.jsonl") left.push_back(e.path().filename().string());
   EXPECT_TRUE(left.empty()) << "left behind: " << (left.empty() ? "" : left.front());
+  // Refused before anything is written: a key given twice (both would write out_text_document),
+  // and a worker count no machine has.
+  const std::string good = dir + "/good.jsonl";
+  std::ofstream(good) << "{\"text\": \"hello world\"}\n";
+  const std::string tok = std::string(" --vocab_file ") + DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe";
+  expect_clean_error(run_dtk("preprocess --input " + good + " --output_prefix " + dir + "/out --json_keys text,text" + tok, 60),
+                     "--json_keys names 'text' twice");
+  expect_clean_error(run_dtk("preprocess --input " + good + " --output_prefix " + dir + "/out --workers 100000" + tok, 60),
+                     "--workers must be 0 (all cores) to 1024, got 100000");
+  expect_clean_error(run_dtk("preprocess --input " + good + " --output_prefix " + dir + "/out --workers -1" + tok, 60),
+                     "--workers must be 0 (all cores) to 1024, got -1");
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().rfind("out", 0), std::string::npos) << "written: " << e.path();
 }
 
 // Data whose bytes are not what its index describes never trains (issue 39): a .bin a byte or a

@@ -130,6 +130,12 @@ TEST(Generate, SamplingHonoursTopKTopPTheSeedAndThePadding) {
   EXPECT_EQ(dtk::core::sample_next(logits, o, &g1).ne(3).sum().item<int64_t>(), 0);
   o.temperature = 0;
   EXPECT_EQ(dtk::core::sample_next(logits, o, &g1).ne(3).sum().item<int64_t>(), 0) << "greedy";
+  // A temperature or top_p that rounds to 0 in float is greedy, not a NaN the sampler refuses.
+  o.top_p = 1e-300;
+  o.temperature = 1e-300;
+  EXPECT_EQ(dtk::core::sample_next(logits, o, &g1).ne(3).sum().item<int64_t>(), 0) << "temperature 1e-300";
+  o.temperature = 1;
+  EXPECT_EQ(dtk::core::sample_next(logits, o, &g1).ne(3).sum().item<int64_t>(), 0) << "top_p 1e-300";
 }
 
 // `dtk generate` end to end: a checkpoint continued greedily in one process and, converted to

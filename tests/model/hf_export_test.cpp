@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -155,6 +156,20 @@ TEST(HfExport, LogitsOfTheExportedGpt2EqualTheModelsOwn) {
                                   dir + "/imp exists and is not an empty directory");
   EXPECT_FALSE(fs::exists(dir + "/x"));
   EXPECT_FALSE(fs::exists(dir + "/y"));
+  // A config.json that describes fewer layers than the weights hold: refused, not imported short.
+  fs::copy(dir + "/hf", dir + "/hf-short");
+  {
+    std::ifstream in(dir + "/hf/config.json");
+    std::string config((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = config.find("\"n_layer\": 2");
+    ASSERT_NE(at, std::string::npos) << config;
+    config.replace(at, 12, "\"n_layer\": 1");
+    std::ofstream(dir + "/hf-short/config.json", std::ios::trunc) << config;
+  }
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + dir + "/hf-short " + dir + "/short"),
+                                  "import hf: " + dir + "/hf-short/model.safetensors holds 12 tensors config.json does not "
+                                  "describe (first 'transformer.h.1.attn.c_attn.bias')");
+  EXPECT_FALSE(fs::exists(dir + "/short"));
 }
 
 // GPT-2's own activation: a model trained with model.openai_gelu exports "gelu_new", the tanh GELU,

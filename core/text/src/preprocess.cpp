@@ -410,11 +410,21 @@ void submit_jsonl_file(Pipeline& pipe, Writer& writer, size_t file, std::string_
   if (b.bytes > 0) pipe.submit(std::move(b), writer);
 }
 
+// Encoder threads: each holds its own tokenizer caches and batches in flight; beyond this, a typo.
+constexpr int kMaxWorkers = 1024;
+
 void check_options(const PreprocessOptions& o) {
   if (o.inputs.empty()) throw DataError("no --input given");
   if (o.output_prefix.empty()) throw DataError("no --output_prefix given");
   if (o.tokenizer == nullptr) throw DataError("no tokenizer given");
   if (o.json_keys.empty()) throw DataError("--json_keys is empty");
+  // Each key writes PREFIX_KEY_document.bin/.idx: a key given twice would write one pair twice.
+  for (size_t k = 0; k < o.json_keys.size(); ++k)
+    if (std::find(o.json_keys.begin(), o.json_keys.begin() + k, o.json_keys[k]) != o.json_keys.begin() + k)
+      throw DataError("--json_keys names '" + o.json_keys[k] + "' twice");
+  if (o.workers < 0 || o.workers > kMaxWorkers)
+    throw DataError("--workers must be 0 (all cores) to " + std::to_string(kMaxWorkers) + ", got " +
+                    std::to_string(o.workers));
 }
 
 }  // namespace

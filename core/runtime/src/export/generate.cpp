@@ -4,6 +4,7 @@
 #include <dtk/model.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "dtk/core/comm/comm.hpp"
@@ -18,7 +19,11 @@ at::Tensor sample_next(const at::Tensor& logits_in, const SamplingOptions& o, vo
   if (o.vocab_size > 0 && o.vocab_size < logits.size(1)) logits = logits.narrow(1, 0, o.vocab_size);
   logits = logits.contiguous().clone();
   if (o.temperature <= 0) return logits.argmax(1);
-  logits.div_(o.temperature);
+  // Each row's top logit to 0 first (softmax does not change), then times 1 / temperature, at most
+  // float's largest: a temperature so small that logits / t overflow, or that rounds to 0 in float,
+  // leaves the top token at 0 and the others at -inf (greedy), never NaN.
+  logits.sub_(std::get<0>(logits.max(1, /*keepdim=*/true)));
+  logits.mul_(std::min(1.0 / o.temperature, static_cast<double>(std::numeric_limits<float>::max())));
   if (o.top_k > 0 && o.top_k < logits.size(1)) {
     // Everything below the k-th largest logit is out.
     const at::Tensor kth = std::get<0>(logits.topk(o.top_k, 1)).narrow(1, o.top_k - 1, 1);
@@ -30,6 +35,7 @@ at::Tensor sample_next(const at::Tensor& logits_in, const SamplingOptions& o, vo
     auto [sorted, order] = logits.sort(1, /*descending=*/true);
     const at::Tensor cumulative = sorted.softmax(1).cumsum(1);
     const at::Tensor drop_sorted = (cumulative - sorted.softmax(1)) >= o.top_p;
+    drop_sorted.select(1, 0).fill_(false);  // even where top_p rounds to 0 in float
     logits.scatter_(1, order, sorted.masked_fill(drop_sorted, -INFINITY));
   }
   const at::Tensor probs = logits.softmax(1);

@@ -216,6 +216,17 @@ bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const
   return j[key].get<bool>();
 }
 
+void check_every_tensor_read(const std::map<std::string, at::Tensor>& hf, const std::set<std::string>& read,
+                             const std::string& where, bool (*saved_buffer)(const std::string& name)) {
+  std::vector<std::string> left;
+  for (const auto& [name, tensor] : hf)
+    if (read.count(name) == 0 && !saved_buffer(name)) left.push_back(name);
+  if (left.empty()) return;
+  throw HostError("import hf: " + where + " holds " + std::to_string(left.size()) + " tensor" +
+                  (left.size() == 1 ? "" : "s") + " config.json does not describe (first '" + left.front() +
+                  "'): do its layers, biases and tied embeddings match the weights?");
+}
+
 nlohmann::json read_hf_config(const std::string& hf_dir) {
   return parse_json_file((fs::path(hf_dir) / "config.json").string(),
                          " (a Hugging Face folder has config.json and model.safetensors)");

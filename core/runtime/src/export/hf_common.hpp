@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,12 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file);
 // A folder's weights: model.safetensors, or Hugging Face's sharded model.safetensors.index.json
 // (its weight_map's files, each read once; every listed tensor must be in its file).
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir);
+// Refuses a folder holding tensors the import did not read (`read`: the names it took): config.json
+// then describes less than the weights (n_layer too small, biases it does not mention) and the
+// rest would be dropped without a word. `saved_buffer` names what Hugging Face saves that is not a
+// weight (GPT-2's causal mask, rotary inverse frequencies, a tied lm_head).
+void check_every_tensor_read(const std::map<std::string, at::Tensor>& hf, const std::set<std::string>& read,
+                             const std::string& where, bool (*saved_buffer)(const std::string& name));
 // A folder's config.json, parsed (one-line errors).
 nlohmann::json read_hf_config(const std::string& hf_dir);
 // config.json's field `key` of the expected type, `fallback` when absent or null; one line naming

@@ -196,12 +196,23 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
 }
 
 // The Hugging Face tensors under the gpt model's (Megatron's) names and layouts, contiguous.
+// What transformers saves besides GPT-2's weights: each layer's causal mask (attn.bias,
+// attn.masked_bias in older saves) and, tied, the output layer (the word embeddings again).
+bool gpt2_saved_buffer(const std::string& name) {
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+}
+
 std::vector<std::pair<std::string, at::Tensor>> megatron_tensors(const std::map<std::string, at::Tensor>& hf,
                                                                  const Gpt2Shape& s, const std::string& weights) {
   // Saved from GPT2LMHeadModel ("transformer.h.0...") or from GPT2Model ("h.0..."): both read.
+  std::set<std::string> read;
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     auto it = hf.find("transformer." + name);
     if (it == hf.end()) it = hf.find(name);
+    if (it != hf.end()) read.insert(it->first);
     if (it == hf.end()) throw HostError("import hf: " + weights + " has no tensor '" + name + "'");
     if (it->second.sizes().vec() != shape) {
       std::string want, got;
@@ -240,7 +251,9 @@ std::vector<std::pair<std::string, at::Tensor>> megatron_tensors(const std::map<
     auto it = hf.find("lm_head.weight");
     if (it == hf.end()) throw HostError("import hf: " + weights + " has no 'lm_head.weight' (config.json: tie_word_embeddings false)");
     t.emplace_back(lm + "output_layer.weight", it->second);
+    read.insert(it->first);
   }
+  hf::check_every_tensor_read(hf, read, weights, gpt2_saved_buffer);
   for (auto& [name, x] : t) x = x.contiguous();
   return t;
 }

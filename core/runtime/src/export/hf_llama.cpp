@@ -298,6 +298,18 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
 
 }  // namespace
 
+namespace {
+
+// What transformers saves besides a Llama's weights: older saves' rotary inverse frequencies and,
+// tied, the output layer (the word embeddings again).
+bool llama_saved_buffer(const std::string& name) {
+  const std::string inv_freq = "rotary_emb.inv_freq";
+  return name == "lm_head.weight" ||
+         (name.size() >= inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0);
+}
+
+}  // namespace
+
 HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   const std::string config_file = (fs::path(hf_dir) / "config.json").string();
   const nlohmann::json config = hf::read_hf_config(hf_dir);
@@ -307,9 +319,11 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   r.shape = shape_from_config(config, config_file);
   const LlamaShape& s = r.shape;
   const std::map<std::string, at::Tensor> hf = hf::read_hf_weights(hf_dir);
+  std::set<std::string> read;
   auto get = [&](const std::string& name, const std::vector<int64_t>& shape) {
     auto it = hf.find(name);
     if (it == hf.end()) throw HostError("import hf: " + hf_dir + " has no tensor '" + name + "'");
+    read.insert(name);
     if (it->second.sizes().vec() != shape) {
       std::string want, got;
       for (auto d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
@@ -355,6 +369,7 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   }
   t.emplace_back(kEnc + "final_norm.weight", get("model.norm.weight", {h}));
   if (s.untie) t.emplace_back(kLm + "output_layer.weight", get("lm_head.weight", {s.vocab, h}));
+  hf::check_every_tensor_read(hf, read, hf_dir, llama_saved_buffer);
   for (auto& [name, x] : t) x = x.contiguous();
 
   auto text = [](double v) { return hf::number(v); };

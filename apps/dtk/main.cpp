@@ -255,16 +255,22 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   }
   // Switching a slot to another plugin drops the options the config gave the previous one
   // (they belong to that plugin); --set slot.key=value after it configures the new one.
-  auto choose = [](dtk::config::PluginChoice* slot, const std::string& name) {
+  auto choose = [](dtk::config::PluginChoice* slot, const std::string& name, const char* flag) {
     if (name.empty() || name == slot->name()) return;
+    // The options belong to the plugin the config named: another plugin starts from its defaults
+    // (a config's gpt sizes never reach --model llama), and the user should know.
+    if (slot->options_size() > 0)
+      LOG(WARNING) << "--" << flag << " " << name << " replaces the config's " << slot->name() << ": its "
+                   << slot->options_size() << " option(s) are dropped, " << name
+                   << "'s defaults apply (--set " << flag << ".NAME=VALUE sets them)";
     slot->set_name(name);
     slot->clear_options();
   };
-  choose(cfg.mutable_model(), FLAGS_model);
-  choose(cfg.mutable_dataset(), FLAGS_dataset);
-  choose(cfg.mutable_step(), FLAGS_step);
-  choose(cfg.mutable_optimizer(), FLAGS_optimizer);
-  choose(cfg.mutable_strategy(), FLAGS_strategy);
+  choose(cfg.mutable_model(), FLAGS_model, "model");
+  choose(cfg.mutable_dataset(), FLAGS_dataset, "dataset");
+  choose(cfg.mutable_step(), FLAGS_step, "step");
+  choose(cfg.mutable_optimizer(), FLAGS_optimizer, "optimizer");
+  choose(cfg.mutable_strategy(), FLAGS_strategy, "strategy");
   if (!FLAGS_data_path.empty()) (*cfg.mutable_dataset()->mutable_options())["data_path"] = FLAGS_data_path;
   if (FLAGS_threads != 0) cfg.mutable_train()->set_threads(FLAGS_threads);
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);

@@ -108,6 +108,9 @@ TEST(MegatronCaches, CoreSplitAsMegatron) {
   EXPECT_EQ(split_boundaries("1,1,1", 100, MegatronOrder::kCore), (std::array<size_t, 4>{0, 33, 67, 100}));
   EXPECT_EQ(split_boundaries("1,1,1", 100, MegatronOrder::kLegacy), (std::array<size_t, 4>{0, 34, 67, 100}));
   EXPECT_THROW(split_boundaries("1,2,3,4", 10, MegatronOrder::kCore), DataError);
+  // Megatron's regex would read these as "1,2,0" and "1,1": refused, not read past.
+  EXPECT_THROW(split_boundaries("-1,2,0", 10, MegatronOrder::kCore), DataError);
+  EXPECT_THROW(split_boundaries("nan,1,1", 10, MegatronOrder::kCore), DataError);
   EXPECT_THROW(parse_order("megatron"), DataError);
 }
 

@@ -99,6 +99,13 @@ TEST(MemoryEstimate, RefusesOverTheBudgetNamingIt) {
   EXPECT_NE(why.find("activations 57 MB, batches 0 MB"), std::string::npos) << why;
   EXPECT_NE(why.find("more than the 1 MB of train.memory_limit_mb"), std::string::npos) << why;
   EXPECT_NE(why.find("train.skip_memory_check=true"), std::string::npos) << why;
+  EXPECT_NE(why.find("lower train.micro_batch_size"), std::string::npos) << why;
+  // Parameters and optimizer state alone over the budget: a smaller batch would not help.
+  dtk::core::MemoryEstimateInputs big = small_run();
+  big.parameter_bytes = big.gradient_bytes = int64_t{1} << 30;
+  const std::string model = dtk::core::memory_refusal(dtk::core::estimate_memory(big), int64_t{1} << 30, "of train.memory_limit_mb");
+  EXPECT_NE(model.find("the model's state alone is more: a smaller model"), std::string::npos) << model;
+  EXPECT_EQ(model.find("lower train.micro_batch_size"), std::string::npos) << model;
 }
 
 dtk::config::RunConfig sample_run(int64_t decay_samples) {

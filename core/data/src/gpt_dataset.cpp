@@ -81,6 +81,12 @@ namespace {
 // blended_megatron_dataset_config.py: parse_and_normalize_split, then the running sums
 // (book-ends) of convert_split_vector_to_split_matrix; the first book-end is Python's int 0.
 std::array<double, 4> core_bookends(const std::string& split) {
+  // Megatron's regex ([.0-9]+) reads "-1,2,0" as 1, 2, 0 and "nan,1,1" as 1, 1: a sign or a letter
+  // is refused here instead of read past.
+  for (const char c : split)
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '-' || c == '+')
+      throw DataError("invalid split '" + split + "': '" + std::string(1, c) +
+                      "' in it (the weights are non-negative numbers, e.g. \"969, 30, 1\")");
   std::vector<double> v;
   size_t i = 0;
   while (i < split.size()) {

@@ -72,8 +72,13 @@ std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::s
   return "config: this run needs about " + mb(e.total()) + " per rank (parameters, gradients and masters " +
          mb(e.params) + ", optimizer state " + mb(e.optimizer) + ", activations " +
          mb(e.activations + e.logits + e.gradients_in_flight) + ", batches " + mb(e.batches) + "), more than the " +
-         mb(static_cast<double>(budget)) + " " + budget_name +
-         "; lower train.micro_batch_size or train.seq_length, or set train.skip_memory_check=true";
+         mb(static_cast<double>(budget)) + " " + budget_name + "; " +
+         // Where the model's own state is already too much, a smaller batch does not help.
+         (e.params + e.optimizer > static_cast<double>(budget)
+              ? "the model's state alone is more: a smaller model, more tensor or pipeline parallel ranks, or "
+                "--strategy zero (stage 3, offload)"
+              : "lower train.micro_batch_size or train.seq_length") +
+         ", or set train.skip_memory_check=true";
 }
 
 }  // namespace dtk::core

@@ -301,7 +301,10 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
-  in.parameter_bytes = held.parameter_bytes, in.gradient_bytes = held.gradient_bytes;
+  // ddp makes its gradients (buckets) at the first backward: a strategy holding none yet will hold
+  // one per parameter element (ZeRO's partitions exist from its setup and are counted as held).
+  in.parameter_bytes = held.parameter_bytes;
+  in.gradient_bytes = held.gradient_bytes > 0 ? held.gradient_bytes : held.parameter_bytes;
   in.master_bytes = held.master_bytes, in.host_bytes = held.host_bytes;
   for (const Param& p : parts.optimizer->params()) in.optimized_elements += p.tensor.numel();
   in.optimizer_on_host = parts.strategy->info().optimizer_on_host != 0;

@@ -216,6 +216,10 @@ bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const
   return j[key].get<bool>();
 }
 
+bool ends_with(const std::string& name, const std::string& tail) {
+  return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 void check_every_tensor_read(const std::map<std::string, at::Tensor>& hf, const std::set<std::string>& read,
                              const std::string& where, bool (*saved_buffer)(const std::string& name)) {
   std::vector<std::string> left;

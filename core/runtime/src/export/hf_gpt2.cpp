@@ -195,16 +195,13 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
   return s;
 }
 
-// The Hugging Face tensors under the gpt model's (Megatron's) names and layouts, contiguous.
 // What transformers saves besides GPT-2's weights: each layer's causal mask (attn.bias,
 // attn.masked_bias in older saves) and, tied, the output layer (the word embeddings again).
 bool gpt2_saved_buffer(const std::string& name) {
-  auto ends_with = [&](const std::string& tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+  return hf::ends_with(name, ".attn.bias") || hf::ends_with(name, ".attn.masked_bias") || name == "lm_head.weight";
 }
 
+// The Hugging Face tensors under the gpt model's (Megatron's) names and layouts, contiguous.
 std::vector<std::pair<std::string, at::Tensor>> megatron_tensors(const std::map<std::string, at::Tensor>& hf,
                                                                  const Gpt2Shape& s, const std::string& weights) {
   // Saved from GPT2LMHeadModel ("transformer.h.0...") or from GPT2Model ("h.0..."): both read.
@@ -212,8 +209,8 @@ std::vector<std::pair<std::string, at::Tensor>> megatron_tensors(const std::map<
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     auto it = hf.find("transformer." + name);
     if (it == hf.end()) it = hf.find(name);
-    if (it != hf.end()) read.insert(it->first);
     if (it == hf.end()) throw HostError("import hf: " + weights + " has no tensor '" + name + "'");
+    read.insert(it->first);
     if (it->second.sizes().vec() != shape) {
       std::string want, got;
       for (auto d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);

@@ -296,16 +296,10 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   return s;
 }
 
-}  // namespace
-
-namespace {
-
 // What transformers saves besides a Llama's weights: older saves' rotary inverse frequencies and,
 // tied, the output layer (the word embeddings again).
 bool llama_saved_buffer(const std::string& name) {
-  const std::string inv_freq = "rotary_emb.inv_freq";
-  return name == "lm_head.weight" ||
-         (name.size() >= inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0);
+  return name == "lm_head.weight" || hf::ends_with(name, "rotary_emb.inv_freq");
 }
 
 }  // namespace

@@ -47,7 +47,9 @@ if [[ "${MODEL:-gpt}" == llama ]]; then
       --tokenizer_model data/tokenizers/sp-bpe --append_eod --skip_bad_lines
   fi
   # The run records its tokenizer: `dtk generate --load runs/llama/checkpoints` needs no flags.
-  exec $DTK train --config "${CONFIG:-configs/llama-main.pbtxt}" --data_path "${PREFIX}_text_document" "$@"
+  # Each run replaces the previous one's checkpoints, as below.
+  exec $DTK train --config "${CONFIG:-configs/llama-main.pbtxt}" --data_path "${PREFIX}_text_document" \
+    --set checkpoint.overwrite_other_run=true "$@"
 fi
 PREFIX=data/${name}
 if [[ ! -s ${PREFIX}_text_document.idx ]]; then
@@ -55,7 +57,9 @@ if [[ ! -s ${PREFIX}_text_document.idx ]]; then
     --merge_file data/gpt2/vocab.bpe --append_eod --skip_bad_lines
 fi
 # The trained model is saved to runs/main/checkpoints (`dtk generate --load runs/main/checkpoints`
-# continues text with it; README).
+# continues text with it; README). Each run of this job starts afresh and replaces the previous
+# one's checkpoints there (a shorter rerun would otherwise be refused: its saves would take the
+# tracker back past the longer run's).
 $DTK train --config "${CONFIG:-configs/gpt-tiny.pbtxt}" --dataset gpt_indexed \
   --data_path "${PREFIX}_text_document" --set dataset.vocab_size=50257 \
-  --set checkpoint.save=runs/main/checkpoints "$@"
+  --set checkpoint.save=runs/main/checkpoints --set checkpoint.overwrite_other_run=true "$@"

@@ -106,8 +106,21 @@ TEST(BadInputs, SizesThatCannotFitAreRefusedWithTheEstimate) {
                                           60);
   expect_clean_error(budget, "more than the 20 MB of train.memory_limit_mb; lower train.micro_batch_size");
   EXPECT_NE(budget.out.find("activations "), std::string::npos) << budget.out;
-  // An absurd sequence length: the allocation is refused against this machine's memory.
-  expect_clean_error(run_dtk(kTrain + "--set train.seq_length=100000000", 60), "exceeded: allocating");
+  // A model whose parameters alone (150 GB) are more than this machine has: refused before it is
+  // built, instead of after minutes of drawing initial values (its size read from the model created
+  // without values).
+  const dtk_test::Result huge = run_dtk(
+      kTrain + "--set model.num_layers=48 --set model.hidden_size=8192 --set model.num_attention_heads=64", 60);
+  expect_clean_error(huge, "config: model plugin 'gpt' would hold ");
+  EXPECT_NE(huge.out.find(" MB of parameters on this rank before gradients, optimizer state or activations, more "
+                          "than the "),
+            std::string::npos)
+      << huge.out;
+  EXPECT_NE(huge.out.find("this machine has for each of its 1 rank(s): a smaller model"), std::string::npos)
+      << huge.out;
+  // An absurd sequence length: its position embedding alone (256 GB) is more than this machine has.
+  expect_clean_error(run_dtk(kTrain + "--set train.seq_length=1000000000", 60),
+                     "config: model plugin 'gpt' would hold 244141 MB of parameters on this rank");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
   // The check can be skipped: then the device budget (here a memory_limit_mb) still stops it.
   expect_clean_error(run_dtk(kTrain + "--set train.micro_batch_size=64 --set train.global_batch_size=64 "
@@ -392,6 +405,14 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"config --config " + dir + "/empty.pbtxt",
        "config '" + dir + "/empty.pbtxt': sets nothing (empty or only comments); drop --config for the defaults"},
       {"config --megatron_args ''", "--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it"},
+      // Any flag whose empty value would read as not given (an unset shell variable).
+      {"config --data_path ''", "--data_path is empty (an unset variable?): give a value, or drop it"},
+      {"train --config '' --set train.train_iters=1", "--config is empty (an unset variable?)"},
+      {"config --model=", "--model is empty (an unset variable?)"},
+      // Arguments a command does not take.
+      {"plugins list extra", "plugins list: unexpected argument 'extra'"},
+      {"plugins describe gpt extra", "plugins describe: unexpected argument 'extra'"},
+      {"version extra", "version: unexpected argument 'extra'"},
       {"preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/m --vocab_file " DTK_SOURCE_DIR
        "/data/gpt2/encoder.json --merge_file " + dir + "/other-merges.bpe",
        "other-merges.bpe' line 4: '\xc3\xa9\xc3\xa9' is not in the vocabulary file (are the two files of one "
@@ -476,7 +497,8 @@ int tracked_iteration(const std::string& dir) {
 
 // A save folder belongs to the run whose checkpoints it holds: another model's run is refused
 // before training, naming the folder, the option and both values; nothing in it changes. The same
-// model (a resume) writes there; checkpoint.overwrite_other_run=true writes there anyway.
+// model (a resume) writes there, a fresh run of it only when it does not end before the folder's
+// newest iteration; checkpoint.overwrite_other_run=true writes there anyway.
 TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
   const std::string ckpt = copy_of_shared_checkpoint("other-run");
   const std::string before = file_text(ckpt + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
@@ -499,6 +521,20 @@ TEST(BadInputs, ASaveFolderHoldingAnotherRunsCheckpointsIsNotOverwritten) {
       run_dtk(kTrain + "--set checkpoint.load=" + ckpt + " --set checkpoint.save=" + ckpt, 120);
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_EQ(tracked_iteration(ckpt), 4);
+  // The same model and seed started afresh is the same computation, but one that ends before the
+  // folder's newest iteration would take the tracker back (and keep_last would then keep the
+  // folder's old iterations over its own): refused, nothing changes.
+  const std::string at4 = file_text(ckpt + "/iter_0000004/mp_rank_00/model_optim_rng.pt");
+  expect_clean_error(run_dtk(kTrain + "--set train.train_iters=3 --set checkpoint.save=" + ckpt, 60),
+                     "checkpoint.save '" + ckpt +
+                         "' holds checkpoints up to iteration 4 and this run does not load from it and ends at "
+                         "iteration 3: its saves would take the tracker back to older iterations; continue that run (--set "
+                         "checkpoint.load=" +
+                         ckpt + " with train.train_iters past 4), save into another folder, or pass --set "
+                         "checkpoint.overwrite_other_run=true");
+  EXPECT_EQ(tracked_iteration(ckpt), 4);
+  EXPECT_FALSE(fs::exists(ckpt + "/iter_0000003"));
+  EXPECT_EQ(file_text(ckpt + "/iter_0000004/mp_rank_00/model_optim_rng.pt"), at4);
   // Said explicitly: written.
   const dtk_test::Result forced =
       run_dtk(kTrain +

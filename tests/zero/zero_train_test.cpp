@@ -360,7 +360,7 @@ TEST(ZeroInit, PartitionedConstructionTrainsAsTheWholeBuild) {
 // trains under stage 3 with parameter and optimizer offload, because the device only ever holds a
 // couple of gathered modules (max_live_parameters), their gradients, a staging bucket and the
 // recomputed layers' inputs (19.4 MB at most here). Built whole first, the same run is refused
-// at the model's creation, in one line naming the budget.
+// before the model's creation (its parameters alone are over the budget), in one line naming it.
 TEST(ZeroInit, AModelLargerThanTheDeviceBudgetTrainsWhenBuiltPartitioned) {
   const std::string run = kTrain +
                           "--set model.num_layers=12 --set model.hidden_size=256 --set train.train_iters=3 "
@@ -376,7 +376,8 @@ TEST(ZeroInit, AModelLargerThanTheDeviceBudgetTrainsWhenBuiltPartitioned) {
   const Memory m = memory_of(parted.out);
   EXPECT_LE(m.max_allocated, 24.0) << parted.out;
   const Result whole = dtk_test::run_dtk(run + "--set strategy.zero_init=false", 300);
-  expect_one_line_error(whole, "train.memory_limit_mb");
+  expect_one_line_error(whole, "of parameters on this rank before gradients, optimizer state or activations, more "
+                               "than the 24 MB of train.memory_limit_mb");
 }
 
 // ---------------------------------------------------------------------------------------------

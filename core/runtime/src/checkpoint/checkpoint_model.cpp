@@ -210,4 +210,26 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
   return "";
 }
 
+std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration) {
+  if (ck.save().empty() || ck.overwrite_other_run() || loads_from_save_folder(ck)) return "";
+  const std::vector<int64_t> iterations = list_checkpoint_iterations(ck.save());
+  if (iterations.empty()) return "";
+  // The folder's newest as a load finds it: the tracker's iteration, else the newest directory (a
+  // tracker that does not read is the load's to report).
+  int64_t newest = iterations.back();
+  std::error_code ec;
+  if (std::filesystem::exists(checkpoint_tracker_file(ck.save()), ec)) {
+    try {
+      newest = read_checkpoint_tracker(ck.save());
+    } catch (const std::exception&) {
+    }
+  }
+  if (newest <= last_iteration) return "";
+  return "checkpoint.save '" + ck.save() + "' holds checkpoints up to iteration " + std::to_string(newest) +
+         " and this run does not load from it and ends at iteration " + std::to_string(last_iteration) +
+         ": its saves would take the tracker back to older iterations; continue that run (--set checkpoint.load=" +
+         ck.save() + " with train.train_iters past " + std::to_string(newest) +
+         "), save into another folder, or pass --set checkpoint.overwrite_other_run=true";
+}
+
 }  // namespace dtk::core

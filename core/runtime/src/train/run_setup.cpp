@@ -1,6 +1,7 @@
 #include "dtk/core/train/run_setup.hpp"
 
 #include <ATen/Parallel.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <glog/logging.h>
 #include <unistd.h>
 
@@ -10,10 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "../device/cuda_glue.hpp"
 #include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/comm/comm.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/distributed.hpp"
@@ -203,6 +207,77 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   return c;
 }
 
+// This rank's memory budget and whose it is: train.memory_limit_mb, else the GPU's memory, else
+// this machine's shared by the ranks on it.
+struct MemoryBudget {
+  int64_t bytes = 0;
+  std::string whose;
+};
+MemoryBudget memory_budget(const config::TrainingConfig& t) {
+  const c10::Device device = training_device();
+  if (t.memory_limit_mb() > 0) return {t.memory_limit_mb() * (int64_t{1} << 20), "of train.memory_limit_mb"};
+  if (device.is_cuda()) return {cuda_device_memory_bytes(device), "of " + device.str()};
+  return {memory::machine_memory_bytes() / local_ranks(),
+          "this machine has for each of its " + std::to_string(local_ranks()) + " rank(s)"};
+}
+
+// The parameters a model will hold on this rank, tied ones once: their shapes and dtypes, which a
+// model created without values (placeholders) already has.
+int64_t parameter_bytes(const std::vector<Param>& params) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const Param& p : params)
+    if (seen.insert(p.tensor.unsafeGetTensorImpl()).second)
+      bytes += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
+  return bytes;
+}
+
+// Creates the model. Under a strategy that does not initialise the parameters itself the model
+// exists whole on this rank, and an absurd size used to spend minutes drawing initial values until
+// an allocation failed: a model that can defer its parameters (every SDK model) is first created
+// without values, in a moment, and its parameters alone are checked against the budget
+// (check_run_memory checks the whole run once the model exists). A model that ignores the flag
+// has been built whole by then and is the one kept; so is the global CPU generator's state, which
+// a model's construction might draw from.
+std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const Topology& topo, const PluginSlot& slot,
+                                            std::vector<dtk_build_context> chunks, bool strategy_defers) {
+  auto create = [&](bool deferred) {
+    for (dtk_build_context& c : chunks) c.deferred_parameters = deferred ? 1 : 0;
+    return std::make_unique<ModelInstance>(slot.plugin, chunks);
+  };
+  if (strategy_defers || cfg.train().skip_memory_check()) return create(strategy_defers);
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  const at::Tensor rng_state = [&] {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    return cpu.get_state();
+  }();
+  std::unique_ptr<ModelInstance> probe = create(true);
+  const dtk_model_info info = probe->info();
+  if (info.struct_size < dtk_model_info_STRUCT_SIZE_2_4 || !info.deferred_parameters) {
+    // Every rank reaches the agreement below once, even if a plugin defers on some stages only.
+    agree("", topo, "checking the model's size");
+    return probe;
+  }
+  const int64_t bytes = parameter_bytes(probe->parameters());
+  probe.reset();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(rng_state);
+  }
+  const MemoryBudget budget = memory_budget(cfg.train());
+  std::string error;
+  if (budget.bytes > 0 && bytes > budget.bytes) {
+    auto mb = [](int64_t b) { return std::to_string(b >> 20) + " MB"; };
+    error = "config: model plugin '" + slot.name() + "' would hold " + mb(bytes) +
+            " of parameters on this rank before gradients, optimizer state or activations, more than the " +
+            mb(budget.bytes) + " " + budget.whose +
+            ": a smaller model, more tensor or pipeline parallel ranks, or --strategy zero (stage 3, offload), or set "
+            "train.skip_memory_check=true";
+  }
+  agree(error, topo, "checking the model's size");  // pipeline stages differ: all fail together
+  return create(false);
+}
+
 TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
                                         const RunPlugins& plugins, const LearningRateSchedule& schedule) {
   check_schedule_fits(cfg, topo, plan);
@@ -212,13 +287,9 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
   // construction) has the model created without their values.
   parts.strategy =
       std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
-  const bool deferred = parts.strategy->defers_parameters();
   std::vector<dtk_build_context> chunks;
-  for (int k = 0; k < v; ++k) {
-    chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
-    chunks.back().deferred_parameters = deferred ? 1 : 0;
-  }
-  parts.model = std::make_unique<ModelInstance>(plugins.model.plugin, chunks);
+  for (int k = 0; k < v; ++k) chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
+  parts.model = create_model(cfg, topo, plugins.model, std::move(chunks), parts.strategy->defers_parameters());
   const dtk_model_info info = parts.model->info();
   if (sequence_parallel(cfg, topo) && info.sequence_parallel == 0)
     throw HostError("model plugin '" + plugins.model.name() +
@@ -287,9 +358,7 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   const auto& t = cfg.train();
   if (t.skip_memory_check()) return;
   const c10::Device device = training_device();
-  const int64_t budget = t.memory_limit_mb() > 0 ? t.memory_limit_mb() * (int64_t{1} << 20)
-                         : device.is_cuda()      ? cuda_device_memory_bytes(device)
-                                                 : memory::machine_memory_bytes() / local_ranks();
+  const MemoryBudget budget = memory_budget(t);
   const dtk_model_info info = parts.model->info();
   const dtk_memory_usage held = parts.strategy->memory_usage();
   MemoryEstimateInputs in;
@@ -309,11 +378,7 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   for (const Param& p : parts.optimizer->params()) in.optimized_elements += p.tensor.numel();
   in.optimizer_on_host = parts.strategy->info().optimizer_on_host != 0;
   in.device_budget = t.memory_limit_mb() > 0 || device.is_cuda();
-  const std::string whose = t.memory_limit_mb() > 0 ? "of train.memory_limit_mb"
-                            : device.is_cuda()
-                                ? "of " + device.str()
-                                : "this machine has for each of its " + std::to_string(local_ranks()) + " rank(s)";
-  if (const std::string refusal = memory_refusal(estimate_memory(in), budget, whose); !refusal.empty())
+  if (const std::string refusal = memory_refusal(estimate_memory(in), budget.bytes, budget.whose); !refusal.empty())
     throw HostError(refusal);
 }
 

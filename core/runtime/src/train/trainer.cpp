@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "../device/cuda_glue.hpp"
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/distributed.hpp"
@@ -76,7 +77,11 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   if (const c10::Device device = training_device(); device.is_cuda())
     timers_.set_device_clock(cuda_glue::make_event_clock(device.index(), collective_timeout()));
 #endif
-  on_every_rank(topo_, "checking the output paths", [&] { check_output_paths(cfg_); });
+  on_every_rank(topo_, "checking the output paths", [&] {
+    check_output_paths(cfg_);
+    if (const std::string ahead = save_folder_ahead_of_run(cfg_.checkpoint(), plan_.train_iters()); !ahead.empty())
+      throw host::HostError(ahead);
+  });
   parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
   tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
                                           plugins_.strategy.name());

@@ -63,4 +63,11 @@ std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost&
 // folder, the iteration, the option and both values. "" too with checkpoint.overwrite_other_run.
 std::string save_folder_owner_difference(const config::RunConfig& cfg, host::PluginHost& plugins);
 
+// A run that does not continue its save folder's checkpoints (it does not load from the folder)
+// and ends at `last_iteration`, before the folder's newest (its tracker's) iteration: its saves
+// would move the tracker back, and checkpoint.keep_last would keep the older run's higher
+// iterations over this run's. Returns the one-line refusal, "" when none applies or with
+// checkpoint.overwrite_other_run.
+std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration);
+
 }  // namespace dtk::core

@@ -15,6 +15,7 @@
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/export/generate.hpp"
+#include "dtk/data/utf8.hpp"
 #include "dtk/text/tokenizer.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "tokenizer_flags.hpp"
@@ -37,13 +38,24 @@ using dtk::host::HostError;
 std::vector<std::string> read_prompts() {
   if (!FLAGS_prompt.empty() && !FLAGS_prompts_file.empty())
     throw HostError("generate: give --prompt or --prompts_file, not both");
-  if (!FLAGS_prompt.empty()) return {FLAGS_prompt};
+  // The tokenizer reads UTF-8; its error would not say which prompt.
+  auto utf8 = [](const std::string& text, const std::string& where) {
+    if (const size_t bad = dtk::data::find_invalid_utf8(text); bad != std::string::npos)
+      throw HostError("generate: " + where + ": invalid UTF-8 at byte " + std::to_string(bad));
+  };
+  if (!FLAGS_prompt.empty()) {
+    utf8(FLAGS_prompt, "--prompt");
+    return {FLAGS_prompt};
+  }
   if (FLAGS_prompts_file.empty()) throw HostError("generate: nothing to continue: give --prompt TEXT or --prompts_file FILE");
   std::ifstream in(FLAGS_prompts_file);
   if (!in) throw HostError("generate: cannot read --prompts_file " + FLAGS_prompts_file);
   std::vector<std::string> out;
+  int64_t number = 0;
   for (std::string line; std::getline(in, line);) {
+    ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
+    utf8(line, "--prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number));
     if (!line.empty()) out.push_back(line);
   }
   if (out.empty()) throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " holds no prompt");

@@ -238,6 +238,13 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (FLAGS_megatron_args.find_first_not_of(" \t\n") == std::string::npos &&
       !gflags::GetCommandLineFlagInfoOrDie("megatron_args").is_default)
     throw dtk::host::HostError("--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it");
+  // So would any of these given an empty value: each reads as not given.
+  for (const char* flag : {"config", "model", "dataset", "step", "optimizer", "strategy", "data_path", "bench_out",
+                           "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"}) {
+    const gflags::CommandLineFlagInfo info = gflags::GetCommandLineFlagInfoOrDie(flag);
+    if (!info.is_default && info.current_value.empty())
+      throw dtk::host::HostError(std::string("--") + flag + " is empty (an unset variable?): give a value, or drop it");
+  }
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
   // A Megatron command line first: the plugin flags, --data_path and --set below override it.
@@ -298,6 +305,8 @@ void warn_broken_plugins(const dtk::host::PluginHost& plugins) {
 int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   if (args.empty() || (args[0] != "list" && args[0] != "describe"))
     throw dtk::host::HostError("usage: dtk plugins list | dtk plugins describe NAME");
+  const size_t takes = args[0] == "list" ? 1 : 2;  // describe NAME
+  if (args.size() > takes) throw dtk::host::HostError("plugins " + args[0] + ": unexpected argument '" + args[takes] + "'");
   auto& plugins = load_plugins(argv0);
   if (args[0] == "list") {
     std::printf("%-16s %-10s %-9s %-5s %s\n", "NAME", "KIND", "VERSION", "ABI", "FILE");
@@ -402,6 +411,7 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   std::vector<std::string> args(argv + 2, argv + argc);
   const char* argv0 = argv[0];
   if (cmd == "version") {
+    if (!args.empty()) throw dtk::host::HostError("version: unexpected argument '" + args[0] + "'");
     std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
     return 0;
   }

@@ -190,6 +190,17 @@ TEST(CheckpointIntegrity, DamagedFileIsNamedAndFallbackLoadsTheOlderOne) {
   EXPECT_NE(garbage.out.find("checkpoint.fallback: the tracker: "), std::string::npos) << garbage.out;
   EXPECT_NE(garbage.out.find(" loaded checkpoint from " + g + " at iteration 4\n"), std::string::npos) << garbage.out;
 
+  // A sound checkpoint the run cannot take (another optimizer) is not damage: no fallback is
+  // suggested, and checkpoint.fallback does not try the older one, which cannot match either.
+  const std::string o = copy_at_4("other_optimizer");
+  const Result other = run(kTrain + "--set checkpoint.load=" + o + " --set optimizer.name=sgd");
+  dtk_test::expect_one_line_error(other, "optimizer plugin 'sgd' did not take ");
+  EXPECT_EQ(other.out.find("checkpoint.fallback"), std::string::npos) << other.out;
+  const Result other_fallback = run(kTrain + "--set checkpoint.load=" + o + " --set optimizer.name=sgd --set checkpoint.fallback=true");
+  dtk_test::expect_one_line_error(other_fallback, "optimizer plugin 'sgd' did not take ");
+  EXPECT_EQ(other_fallback.out.find("falling back"), std::string::npos) << other_fallback.out;
+  EXPECT_EQ(other_fallback.out.find("no older complete checkpoint"), std::string::npos) << other_fallback.out;
+
   // Nothing older to fall back to: one line saying so.
   const std::string n = copy_at_4("nothing_older");
   fs::remove_all(n + "/iter_0000002");
@@ -199,6 +210,18 @@ TEST(CheckpointIntegrity, DamagedFileIsNamedAndFallbackLoadsTheOlderOne) {
   // checkpoint.no_verify_checksums skips the check (for files edited on purpose).
   const Result unverified = run(kTrain + "--set checkpoint.load=" + n + " --set checkpoint.no_verify_checksums=true");
   EXPECT_EQ(unverified.out.find("SHA-256"), std::string::npos) << unverified.out;
+  // Unverified, a damaged file shows as whatever the reader says: still damage, so the fallback
+  // (and its suggestion) applies.
+  const std::string t = copy_at_4("truncated_unverified");
+  write(t + kFile4, read(t + kFile4).substr(0, 1000));
+  const std::string no_verify = " --set checkpoint.no_verify_checksums=true";
+  const Result cut = run(kTrain + "--set checkpoint.load=" + t + no_verify);
+  EXPECT_NE(cut.code, 0) << cut.out;
+  EXPECT_NE(cut.out.find("checkpoint.fallback=true loads iteration 2"), std::string::npos) << cut.out;
+  const Result cut_fallback = run(kTrain + "--set checkpoint.load=" + t + no_verify + " --set checkpoint.fallback=true");
+  EXPECT_EQ(cut_fallback.code, 0) << cut_fallback.out;
+  EXPECT_NE(cut_fallback.out.find(" loaded checkpoint from " + t + " at iteration 2\n"), std::string::npos)
+      << cut_fallback.out;
 }
 
 TEST(CheckpointIntegrity, InspectShowsProgressLayoutTensorsAndConfig) {

@@ -191,6 +191,11 @@ TEST(GenerateCli, OneProcessAndTensorParallelPrintTheSameText) {
   dtk_test::expect_one_line_error(dtk_test::run_dtk("generate" + bpe + greedy), "generate: --load DIR (a checkpoint) is required");
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --prompts_file " + prompts, false),
                                   "give --prompt or --prompts_file, not both");
+  // Text the tokenizer cannot read: the prompt that holds it is named.
+  const std::string latin1 = dir + "/latin1.txt";
+  std::ofstream(latin1) << "Hello\nCaf\xe9 au lait\n";
+  dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompts_file " + latin1, false),
+                                  "generate: --prompts_file " + latin1 + " line 2: invalid UTF-8 at byte 3");
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --top_p 0", false), "--top_p must be in (0, 1]");
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --max_new_tokens 5000", false),
                                   "new tokens exceeds the model's");

@@ -599,6 +599,19 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   return p;
 }
 
+// Whether an older iteration might load where iteration `iteration` failed with `error`: the
+// failure is this iteration's damage (a file fails its checksum, one its manifest lists is gone,
+// the tracker holds no iteration), or cannot be told apart from it (a checkpoint without
+// SHA256SUMS, or a load told not to verify checksums: their files' damage shows as any error). A
+// complete iteration whose files were verified and that failed does not match the run.
+bool older_iteration_might_load(const std::string& dir, int64_t iteration, const std::string& error, bool verified) {
+  if (!verified || iteration < 0 || error.find(" is damaged") != std::string::npos ||
+      error.find(" is incomplete") != std::string::npos)
+    return true;
+  const IterationState state = check_checkpoint_iteration(dir, iteration, /*hash_files=*/false);
+  return !state.complete || !state.checksummed;
+}
+
 }  // namespace
 
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
@@ -630,15 +643,19 @@ TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model,
     }
     const bool failed = world_max(error.empty() ? 0 : 1, topo, "checkpoint: waiting for every rank to load") != 0;
     if (!failed) break;
+    // An older iteration helps only where this one is damaged; a run that cannot take a sound
+    // checkpoint (another optimizer, tensor-parallel size, ...) cannot take an older one either.
+    const bool damaged = world_max(!error.empty() && older_iteration_might_load(load_dir, iteration, error, what.verify) ? 1 : 0,
+                                   topo, "checkpoint: agreeing on the iteration to fall back to") != 0;
     int64_t next = -1;
-    if (topo.world_rank == 0) next = older_complete_iteration(load_dir, iteration);
+    if (topo.world_rank == 0 && damaged) next = older_complete_iteration(load_dir, iteration);
     next = world_max(next, topo, "checkpoint: agreeing on the iteration to fall back to");
     const std::string what_failed = error.empty() ? "another rank could not load it" : error;
     if (!what.fallback || next < 0) {
       if (!error.empty() && !what.fallback && next >= 0)
         error += "; checkpoint.fallback=true loads iteration " + std::to_string(next) +
                  ", the newest complete checkpoint before it";
-      else if (!error.empty() && what.fallback)
+      else if (!error.empty() && what.fallback && damaged)
         error += "; no older complete checkpoint in " + load_dir + " to fall back to";
       agree(error, topo, "checkpoint: waiting for every rank to load");
       throw HostError(what_failed);  // not reached: agree throws when any rank failed

@@ -282,6 +282,11 @@ std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_las
   return removed;
 }
 
+int64_t tracked_or_newest_iteration(const std::string& dir, int64_t newest) {
+  std::error_code ec;
+  return fs::exists(checkpoint_tracker_file(dir), ec) ? read_checkpoint_tracker(dir) : newest;
+}
+
 std::string resolve_iteration_dir(const std::string& path, int64_t* iteration, bool verify) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw HostError("checkpoint " + path + " is not a directory");
@@ -292,10 +297,10 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration, b
   if (it < 0) {
     const std::vector<int64_t> all = list_checkpoint_iterations(normal.string());
     if (all.empty()) throw HostError("checkpoint " + path + " holds no iter_NNNNNNN directory");
-    // The tracker's iteration, as training's load takes it (one that holds no number is an error,
-    // not a reason to read another iteration); a folder without one: its newest.
+    // As training's load takes it: a tracker that holds no number is an error, not a reason to read
+    // another iteration.
     save_dir = normal.string();
-    it = fs::exists(checkpoint_tracker_file(save_dir), ec) ? read_checkpoint_tracker(save_dir) : all.back();
+    it = tracked_or_newest_iteration(save_dir, all.back());
     normal = checkpoint_iter_dir(save_dir, it);
   }
   if (iteration) *iteration = it;

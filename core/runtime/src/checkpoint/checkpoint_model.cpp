@@ -214,15 +214,11 @@ std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t
   if (ck.save().empty() || ck.overwrite_other_run() || loads_from_save_folder(ck)) return "";
   const std::vector<int64_t> iterations = list_checkpoint_iterations(ck.save());
   if (iterations.empty()) return "";
-  // The folder's newest as a load finds it: the tracker's iteration, else the newest directory (a
-  // tracker that does not read is the load's to report).
+  // The folder's newest as a load finds it (a tracker that does not read is the load's to report).
   int64_t newest = iterations.back();
-  std::error_code ec;
-  if (std::filesystem::exists(checkpoint_tracker_file(ck.save()), ec)) {
-    try {
-      newest = read_checkpoint_tracker(ck.save());
-    } catch (const std::exception&) {
-    }
+  try {
+    newest = tracked_or_newest_iteration(ck.save(), newest);
+  } catch (const std::exception&) {
   }
   if (newest <= last_iteration) return "";
   return "checkpoint.save '" + ck.save() + "' holds checkpoints up to iteration " + std::to_string(newest) +

@@ -24,6 +24,10 @@ int64_t read_checkpoint_tracker(const std::string& dir);
 // Iterations with an iter_NNNNNNN directory in `dir` (complete or not), ascending.
 std::vector<int64_t> list_checkpoint_iterations(const std::string& dir);
 
+// The iteration a load of save directory `dir` starts from: its tracker's (one that holds no
+// iteration number throws, as for training's load), else `newest`, its newest iteration.
+int64_t tracked_or_newest_iteration(const std::string& dir, int64_t newest);
+
 struct IterationState {
   bool complete = false;
   bool checksummed = false;  // it has a SHA256SUMS manifest

@@ -33,12 +33,15 @@ std::string validation(const std::string& log) {
   return std::regex_search(log, m, re) ? m[0].str() : "";
 }
 
-// Trained once with rotary_base 500000 (the default is 10000), saved at iteration 2.
+// Trained once with rotary_base 500000 (the default is 10000) and full recomputation in one group
+// of both layers (which does not change the function), saved at iteration 2.
 const std::string& checkpoint() {
   static const std::string dir = [] {
     const std::string d = dtk_test::fresh_dir(DTK_TEST_TMP, "rotary-500000");
-    const Result r = run_dtk(kLlama + "--set model.rotary_base=500000 --set checkpoint.save=" + d +
-                             " --set checkpoint.save_interval=2");
+    const Result r = run_dtk(kLlama +
+                             "--set model.rotary_base=500000 --set model.recompute_activations=full "
+                             "--set model.recompute_num_layers=2 --set checkpoint.save=" +
+                             d + " --set checkpoint.save_interval=2");
     EXPECT_EQ(r.code, 0) << r.out;
     return d;
   }();
@@ -72,6 +75,14 @@ TEST(CheckpointModel, UseCheckpointArgsEvaluatesWithTheCheckpointsOptions) {
             std::string::npos)
       << adopted.out;
   EXPECT_EQ(validation(adopted.out), want) << adopted.out;
+  // The run's recompute setting replaces the recorded one with the options that go with it: the
+  // recorded recompute_num_layers=2 is not kept beside recompute_activations=none (it would do
+  // nothing, and be refused).
+  const Result no_recompute =
+      run_dtk(kLlama + "--use_checkpoint_args --set model.recompute_activations=none --set checkpoint.load=" + ck);
+  ASSERT_EQ(no_recompute.code, 0) << no_recompute.out;
+  EXPECT_NE(no_recompute.out.find("this run's recompute_activations=none"), std::string::npos) << no_recompute.out;
+  EXPECT_EQ(validation(no_recompute.out), want) << no_recompute.out;
   // No model flags at all (DTK's default config names gpt): the checkpoint's model, the same loss
   // (the default config's learning-rate schedule is not the checkpoint's: the checkpoint's wins).
   const Result bare = run_dtk("train " + kRun + "--set checkpoint.use_checkpoint_args=true --set checkpoint.load=" + ck +

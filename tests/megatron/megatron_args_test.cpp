@@ -425,6 +425,31 @@ TEST(MegatronArgs, SequenceParallelAndEveryRecomputeChoiceMap) {
   EXPECT_EQ(bad.refused[0], "--recompute-method layer: not one of uniform, block");
 }
 
+// As Megatron reads them: --recompute-activations is selective over any granularity; the method
+// and the layer count shape full recomputation only (a method with selective is Megatron's
+// assertion; either without a granularity is ignored and listed).
+TEST(MegatronArgs, RecomputeFlagsActAsMegatronReadsThem) {
+  auto map = [](const std::string& args) { return dtk::core::map_megatron_args(dtk::core::split_megatron_args(args)); };
+  MegatronMapping m = map("--recompute-granularity full --recompute-activations");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
+  m = map("--recompute-activations --recompute-method block");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_NE(m.refused[0].find("--recompute-method block: not with selective recomputation"), std::string::npos)
+      << m.refused[0];
+  m = map("--recompute-granularity selective --recompute-num-layers 2");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
+  EXPECT_EQ(config_of(m).model().options().count("recompute_num_layers"), 0u);
+  ASSERT_EQ(m.ignored.size(), 1u);
+  EXPECT_EQ(m.ignored[0], "--recompute-num-layers 2 (Megatron reads it only with --recompute-granularity full)");
+  m = map("--recompute-method uniform --recompute-num-layers 4");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_EQ(config_of(m).model().options().count("recompute_activations"), 0u);
+  EXPECT_EQ(config_of(m).model().options().count("recompute_method"), 0u);
+  EXPECT_EQ(m.ignored.size(), 2u);
+}
+
 // Megatron's --profile over [--profile-step-start, --profile-step-end) of its finished-iteration
 // count: DTK's 1-based iterations start + 1 to end.
 TEST(MegatronArgs, ProfileFlagsMapToProfileSteps) {

@@ -605,6 +605,44 @@ TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
   EXPECT_THROW(m.forward({{"tokens", at::zeros({1, 9}, at::kLong)}}), std::runtime_error);  // > max positions
 }
 
+// Options that act only with another setting, given a value other than their default where that
+// setting is off, are refused naming what they need (the run would ignore them); their defaults,
+// as a checkpoint records every option, are accepted.
+TEST(GptModel, OptionsThatWouldDoNothingAreRefused) {
+  const Opts base{{"num_layers", "2"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"}};
+  const std::vector<std::pair<Opts, std::string>> cases = {
+      {{{"fused_lm_head", "false"}, {"lm_head_chunk_tokens", "256"}},
+       "gpt: option lm_head_chunk_tokens=256 does nothing without fused_lm_head=true: drop it, or set "
+       "fused_lm_head=true"},
+      {{{"fused_lm_head", "false"}, {"cross_entropy_impl", "ops"}},
+       "option cross_entropy_impl=ops does nothing without fused_lm_head=true"},
+      {{{"recompute_method", "block"}},
+       "option recompute_method=block does nothing without recompute_activations=full"},
+      {{{"recompute_activations", "selective"}, {"recompute_num_layers", "2"}},
+       "option recompute_num_layers=2 does nothing without recompute_activations=full"},
+  };
+  for (const auto& [extra, message] : cases) {
+    Opts opts = base;
+    for (const auto& kv : extra) opts[kv.first] = kv.second;
+    try {
+      GPT m(opts);
+      ADD_FAILURE() << message << ": accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  Opts defaults = base;
+  defaults.insert({{"fused_lm_head", "false"},
+                   {"lm_head_chunk_tokens", "0"},
+                   {"cross_entropy_impl", "auto"},
+                   {"recompute_method", "uniform"},
+                   {"recompute_num_layers", "1"}});
+  EXPECT_NO_THROW(GPT{defaults});
+  Opts full = base;
+  full.insert({{"recompute_activations", "full"}, {"recompute_method", "block"}, {"recompute_num_layers", "2"}});
+  EXPECT_NO_THROW(GPT{full});
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-module hooks (ZeRO-3's gather/release points), fired by the plugin through the ABI
 // ---------------------------------------------------------------------------------------------

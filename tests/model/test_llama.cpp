@@ -561,6 +561,7 @@ TEST(LlamaRopeScaling, ModelRotatesWithTheScaledFrequencies) {
   // rope_scaling=none is the model as it was: the same logits bit for bit as without the option,
   // and those of the unscaled reference; the scaled model's differ.
   opts["rope_scaling"] = "none";
+  opts.erase("rope_original_max_positions");  // does nothing without scaling: refused (below)
   GPT plain(opts, {}, plugins().llama);
   GPT before(llama_opts(S), {}, plugins().llama);
   const at::Tensor pos = at::arange(3000, 3000 + S.seq, at::kLong).repeat({2, 1});
@@ -588,7 +589,30 @@ TEST(LlamaRopeScaling, BadOptionsAreOneClearError) {
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
-    opts["rope_scaling"] = "none";  // the scaling options are not read without scaling
-    EXPECT_NO_THROW(GPT(opts, {}, plugins().llama));
   }
+}
+
+// The scaling's parameters do nothing without rope_scaling=llama3: another value than the default
+// is refused, naming what it needs; the default itself (as a checkpoint records it) is accepted.
+TEST(LlamaRopeScaling, ParametersWithoutScalingAreRefused) {
+  for (const auto& [key, value] : {std::pair{"rope_scaling_factor", "32"},
+                                   {"rope_low_freq_factor", "2"},
+                                   {"rope_high_freq_factor", "8"},
+                                   {"rope_original_max_positions", "1000"}}) {
+    Opts opts = llama_opts(kShapes[1]);
+    opts[key] = value;
+    try {
+      GPT model(opts, {}, plugins().llama);
+      ADD_FAILURE() << key << "=" << value << " without rope_scaling was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("option ") + key + "=" + value +
+                                           " does nothing without rope_scaling=llama3: drop it, or set "
+                                           "rope_scaling=llama3"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  Opts defaults = llama_opts(kShapes[1]);
+  defaults["rope_scaling_factor"] = "8.0", defaults["rope_original_max_positions"] = "8192";
+  EXPECT_NO_THROW(GPT(defaults, {}, plugins().llama));
 }

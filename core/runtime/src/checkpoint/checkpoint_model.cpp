@@ -107,11 +107,20 @@ std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config:
                                    const std::string& where) {
   config::PluginChoice adopted = recorded;
   std::string kept;
+  // A setting the run gives brings the options that act only with it: the recorded ones belong to
+  // the recorded setting (recompute_num_layers=2 with the run's recompute_activations=none would
+  // be refused as doing nothing).
+  static const std::map<std::string, std::vector<std::string>> kDependents = {
+      {"fused_lm_head", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
+      {"recompute_activations", {"recompute_method", "recompute_num_layers"}}};
   if (recorded.name() == run->name())
     for (const auto& [k, v] : run->options())
       if (exempt(k)) {
         (*adopted.mutable_options())[k] = v;
         kept += (kept.empty() ? "" : ", ") + k + "=" + v;
+        if (auto d = kDependents.find(k); d != kDependents.end())
+          for (const std::string& dependent : d->second)
+            if (!run->options().count(dependent)) adopted.mutable_options()->erase(dependent);
       }
   *run = adopted;
   return " checkpoint.use_checkpoint_args: the model is the one " + where + " records: '" + recorded.name() + "', " +

@@ -112,8 +112,10 @@ const Rule kRules[] = {
     {"--recompute-method", 1, Kind::kCustom, "model.recompute_method",
      "uniform: groups of --recompute-num-layers layers, one checkpoint each; block: the first "
      "--recompute-num-layers layers of each stage"},
-    {"--recompute-num-layers", 1, Kind::kSet, "model.recompute_num_layers", ""},
-    {"--recompute-activations", 0, Kind::kSwitch, "model.recompute_activations=selective", ""},
+    {"--recompute-num-layers", 1, Kind::kCustom, "model.recompute_num_layers",
+     "with --recompute-granularity full (Megatron reads it only then; otherwise listed as ignored)"},
+    {"--recompute-activations", 0, Kind::kCustom, "model.recompute_activations",
+     "selective, whatever --recompute-granularity says (as Megatron sets it)"},
     // Precision
     {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},
     {"--bf16", 0, Kind::kSwitch, "train.params_dtype=bf16", ""},
@@ -315,12 +317,10 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "1") refuse("DTK has no context parallelism (the sequence is not split over ranks)");
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
-  } else if (f == "--recompute-granularity") {
-    if (v[0] == "full" || v[0] == "selective") return m.sets.push_back("model.recompute_activations=" + v[0]);
-    refuse("not one of full, selective");
+  } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)
+    if (v[0] != "full" && v[0] != "selective") refuse("not one of full, selective");
   } else if (f == "--recompute-method") {
-    if (v[0] == "uniform" || v[0] == "block") return m.sets.push_back("model.recompute_method=" + v[0]);
-    refuse("not one of uniform, block");
+    if (v[0] != "uniform" && v[0] != "block") refuse("not one of uniform, block");
   } else if (f == "--rampup-batch-size") {
     m.sets.push_back("train.rampup_batch_size=" + joined(v));
   } else if (f == "--train-samples") {
@@ -518,6 +518,10 @@ struct SeenFlags {
   bool use_checkpoint_args = false, rope_scaling = false;
   std::string rope_factor, rope_factor_shown;   // --rope-scaling-factor: its value, and as given
   std::string kv_channels, kv_channels_shown;   // --kv-channels: its value, and as given
+  std::string recompute_granularity;            // --recompute-granularity: full | selective
+  bool recompute_activations = false;           // --recompute-activations (selective, over the granularity)
+  std::string recompute_method, recompute_method_shown;  // --recompute-method: its value, and as given
+  std::string recompute_layers, recompute_layers_shown;  // --recompute-num-layers: its value, and as given
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
@@ -568,6 +572,11 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
+  if (f == "--recompute-granularity") s.recompute_granularity = values[0];
+  if (f == "--recompute-activations") s.recompute_activations = true;
+  if (f == "--recompute-method" && (values[0] == "uniform" || values[0] == "block"))
+    s.recompute_method = values[0], s.recompute_method_shown = shown;
+  if (f == "--recompute-num-layers") s.recompute_layers = values[0], s.recompute_layers_shown = shown;
   if (f == "--hidden-size") s.hidden_size = values[0];
   if (f == "--num-attention-heads") s.attention_heads = values[0];
   if (f == "--normalization" && values[0] == "RMSNorm") s.rms_norm = true;
@@ -636,6 +645,31 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
 
 // Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
 // --rope-scaling-factor (default 8.0); the factor alone changes nothing.
+// Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
+// whatever the granularity); --recompute-method and --recompute-num-layers shape full
+// recomputation only. It asserts no method with selective, and reads neither without a granularity.
+void map_recompute(const SeenFlags& s, MegatronMapping& m) {
+  const std::string granularity = s.recompute_activations ? "selective" : s.recompute_granularity;
+  const bool selective = granularity == "selective";
+  if (selective) m.sets.push_back("model.recompute_activations=selective");
+  if (granularity == "full") {
+    m.sets.push_back("model.recompute_activations=full");
+    if (!s.recompute_method.empty()) m.sets.push_back("model.recompute_method=" + s.recompute_method);
+    if (!s.recompute_layers.empty()) m.sets.push_back("model.recompute_num_layers=" + s.recompute_layers);
+    return;
+  }
+  if (!s.recompute_method_shown.empty()) {
+    if (selective)
+      m.refused.push_back(s.recompute_method_shown +
+                          ": not with selective recomputation (Megatron asserts: recompute method is not supported "
+                          "for selective recomputing granularity)");
+    else
+      m.ignored.push_back(s.recompute_method_shown + " (Megatron reads it only with --recompute-granularity full)");
+  }
+  if (!s.recompute_layers_shown.empty())
+    m.ignored.push_back(s.recompute_layers_shown + " (Megatron reads it only with --recompute-granularity full)");
+}
+
 void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
   if (s.rope_scaling)
     m.sets.push_back("model.rope_scaling_factor=" + (s.rope_factor.empty() ? std::string("8") : s.rope_factor));
@@ -831,6 +865,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
                           "gather to overlap)");
   }
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
+  map_recompute(s, m);
   map_rope_scaling(s, m);
   map_profile(s, m);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).

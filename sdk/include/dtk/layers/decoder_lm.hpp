@@ -196,6 +196,12 @@ class DecoderLM : public Model {
   void fail(const std::string& what) const;  // throws Error(name + ": " + what)
   // Refuses n % d != 0: "<name>: <what> <n> is not divisible by <by> <d>".
   void divisible(const char* what, int64_t n, const char* by, int64_t d) const;
+  // An option that acts only with another setting (`needs`, e.g. "fused_lm_head=true"): where that
+  // setting is off (`acts` false) and the option holds anything but `spec`'s default, the run
+  // would ignore what the user asked for, so it is refused: "<name>: option
+  // lm_head_chunk_tokens=256 does nothing without fused_lm_head=true: drop it, or set
+  // fused_lm_head=true". Values are compared as their type reads them ("8" == "8.0").
+  void refuse_idle(const Options& o, const dtk_option_spec& spec, bool acts, const char* needs) const;
 
   // Recomputed layers of this stage, as the recompute options group them: each group is one
   // checkpoint; layers in no group keep their activations.

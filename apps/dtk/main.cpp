@@ -104,7 +104,7 @@ a plugin option (model.num_layers=4, dataset.data_path=my_text_document).
 Distributed: `dtk launch --nproc_per_node 2 train --config ...` runs 2 data-parallel ranks over
 Gloo (add --set distributed.tensor_model_parallel_size=2 for tensor parallelism). `dtk train`
 also starts under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), SLURM srun
-(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) and Open MPI's mpirun (OMPI_COMM_WORLD_*).
+(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID inside a step) and Open MPI's mpirun (OMPI_COMM_WORLD_*).
 )";
 
 dtk::host::PluginHost* g_loaded = nullptr;

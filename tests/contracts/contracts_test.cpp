@@ -43,6 +43,19 @@ TEST(Contracts, ATrainedTensorMissingFromTheParametersIsRefused) {
                         "(the first: Float [16])");
 }
 
+// Each parameter once: a tensor listed twice would be stepped and counted twice; two under
+// one name would meet in a checkpoint. Refused when the model is created, whatever the strategy.
+TEST(Contracts, AParameterListedTwiceIsRefused) {
+  for (const char* strategy : {"ddp", "zero"}) {
+    const std::string with = std::string(" --strategy ") + strategy;
+    expect_one_line_error(run_dtk(train("--set model.fault=listed_twice" + with)),
+                          "model plugin 'contract_model': visit_parameters lists one tensor twice, as 'head' and "
+                          "'head_again': list each parameter once");
+    expect_one_line_error(run_dtk(train("--set model.fault=same_name" + with)),
+                          "model plugin 'contract_model': visit_parameters lists two parameters named 'embedding'");
+  }
+}
+
 TEST(Contracts, AnErrorInTheModelsForwardNamesTheModelAndTheStep) {
   expect_one_line_error(run_dtk(train("--set model.fault=throw_forward")),
                         "step plugin 'causal_lm': forward_step: model plugin 'contract_model': forward: boom in forward");

@@ -41,8 +41,9 @@ struct Module {
 //               masks and averages it, then the host runs backward); without, "logits" [b, s, V]
 //               (this rank's vocabulary slice under TP). Exceptions thrown here reach the user
 //               as "model plugin '<name>': forward: <what()>".
-//   parameters  EVERY trainable tensor, each once (a tensor the loss reaches that is missing here
-//               is never updated: the host refuses it on the first step). Fill dtk_param_info:
+//   parameters  EVERY trainable tensor, each once under its own name (a tensor the loss reaches
+//               that is missing here is never updated: the host refuses it on the first step; one
+//               listed twice, or two names alike, when the model is created). Fill dtk_param_info:
 //               tensor_parallel/partition_dim for TP shards, no_weight_decay for biases and norms,
 //               shared=1 on a tied tensor's owning stage, module_index for ZeRO-3's hooks.
 //   info        num_layers, hidden_size, num_attention_heads, seq_length (FLOPs, memory

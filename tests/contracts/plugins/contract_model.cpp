@@ -10,7 +10,8 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_int("vocab_size", "64", "Vocabulary."),
-    dtk::opt_enum("fault", "none", "none|detached|unlisted|throw_forward|throw_backward", "The rule to break."),
+    dtk::opt_enum("fault", "none", "none|detached|unlisted|listed_twice|same_name|throw_forward|throw_backward",
+                  "The rule to break."),
 };
 
 // Identity forward; its backward throws (a model's custom autograd function failing).
@@ -53,6 +54,8 @@ class ContractModel : public dtk::Model {
       out.back().name = "hidden_bias";
       out.back().tensor = hidden_bias_;
     }
+    if (fault_ == "listed_twice") out.push_back({"head_again", head_, out[1].info});
+    if (fault_ == "same_name") out[1].name = "embedding";
     return out;
   }
   void set_training(bool) override {}

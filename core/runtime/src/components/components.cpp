@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -319,6 +320,24 @@ ModelInstance::ModelInstance(const Plugin& plugin, const std::vector<dtk_build_c
       break;
     }
     offset += count;
+  }
+  check_each_parameter_once();
+}
+
+// The contract every consumer relies on (model.hpp, `parameters`): a tensor listed twice would be
+// stepped and counted twice, and two under one name would meet in a checkpoint.
+void ModelInstance::check_each_parameter_once() const {
+  std::map<const void*, std::string> name_of;
+  std::set<std::string> names;
+  for (const Param& p : parameters()) {
+    const auto [it, fresh] = name_of.emplace(p.tensor.unsafeGetTensorImpl(), p.name);
+    if (!fresh)
+      throw HostError("model plugin '" + plugin_.name() + "': visit_parameters lists one tensor twice, as '" +
+                      it->second + "' and '" + p.name + "': list each parameter once (a tied weight once, shared=1 " +
+                      "on the stage that owns it)");
+    if (!names.insert(p.name).second)
+      throw HostError("model plugin '" + plugin_.name() + "': visit_parameters lists two parameters named '" + p.name +
+                      "'");
   }
 }
 

@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <set>
-
 #include "dtk/core/comm/comm.hpp"
 
 namespace dtk::core {
@@ -11,11 +9,7 @@ namespace dtk::core {
 ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size, int pp_rank,
                        int pp_size) {
   ModelStats s;
-  std::set<const void*> seen;
-  for (const auto& p : params) {
-    // A tied tensor listed twice is counted once (Megatron counts unique parameters).
-    const void* key = p.tensor.unsafeGetTensorImpl();
-    if (!seen.insert(key).second) continue;
+  for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
     if (p.info.shared && pp_rank != 0) continue;  // the last stage's copy of a tied weight
     s.model_parameters += p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1);

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "../device/cuda_glue.hpp"
@@ -221,14 +220,11 @@ MemoryBudget memory_budget(const config::TrainingConfig& t) {
           "this machine has for each of its " + std::to_string(local_ranks()) + " rank(s)"};
 }
 
-// The parameters a model will hold on this rank, tied ones once: their shapes and dtypes, which a
-// model created without values (placeholders) already has.
+// The parameters a model will hold on this rank (each listed once: ModelInstance checks it): their
+// shapes and dtypes, which a model created without values (placeholders) already has.
 int64_t parameter_bytes(const std::vector<Param>& params) {
-  std::set<const void*> seen;
   int64_t bytes = 0;
-  for (const Param& p : params)
-    if (seen.insert(p.tensor.unsafeGetTensorImpl()).second)
-      bytes += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
+  for (const Param& p : params) bytes += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
   return bytes;
 }
 

@@ -15,9 +15,9 @@ namespace dtk::core {
 namespace {
 
 // Whether this rank counts `p`: a tensor-parallel shard on each TP rank, a replicated tensor on
-// TP rank 0 only, a tied weight on the first stage only, every tensor once.
-bool counted_here(const Param& p, const Topology& topo, std::set<const void*>& seen) {
-  if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) return false;
+// TP rank 0 only, a tied weight on the first stage only (each tensor is listed once: ModelInstance
+// checks it).
+bool counted_here(const Param& p, const Topology& topo) {
   if (!p.info.tensor_parallel && topo.tp_rank != 0) return false;
   return !(p.info.shared && topo.pp_rank != 0);
 }
@@ -33,9 +33,8 @@ double params_norm(const ModelInstance& model, StrategyInstance& strategy, const
   at::Tensor total = device_total();
   {
     at::NoGradGuard no_grad;
-    std::set<const void*> seen;
     for (const Param& p : model.parameters())
-      if (counted_here(p, topo, seen))
+      if (counted_here(p, topo))
         total += sum_of_squares(p.tensor).to(total.device());  // offloaded parameters live on the host
   }
   if (partitioned) strategy.gather_parameters(false);
@@ -47,10 +46,9 @@ double num_zeros_in_grad(const OptimizerInstance& optimizer, const StrategyInsta
   at::Tensor total = device_total();
   {
     at::NoGradGuard no_grad;
-    std::set<const void*> seen;
     for (const Param& p : optimizer.params()) {
       const at::Tensor& g = p.tensor.grad();
-      if (g.defined() && counted_here(p, topo, seen)) total += (g == 0).sum().to(total.device(), at::kDouble);
+      if (g.defined() && counted_here(p, topo)) total += (g == 0).sum().to(total.device(), at::kDouble);
     }
   }
   const bool sharded = strategy.info().sharded_state != 0;

@@ -65,6 +65,7 @@ class ModelInstance {
     int64_t forwards = 0;
     at::Tensor pipeline_input;
   };
+  // Every chunk's parameters, each tensor once under one name (checked when the model is created).
   std::vector<Param> parameters() const;
   void set_training(bool training);
   dtk_model_info info() const;
@@ -101,6 +102,7 @@ class ModelInstance {
 
  private:
   void create_chunk(const dtk_build_context& ctx);
+  void check_each_parameter_once() const;  // throws HostError naming the plugin
   Blaming& selected() { return chunks_[selected_]->blaming; }
   const Blaming& selected() const { return chunks_[selected_]->blaming; }
   const host::Plugin& plugin_;

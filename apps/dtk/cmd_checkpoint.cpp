@@ -8,7 +8,6 @@
 #include "cmd_checkpoint.hpp"
 
 #include <gflags/gflags.h>
-#include <google/protobuf/text_format.h>
 
 #include <cstdio>
 #include <iostream>
@@ -16,6 +15,7 @@
 #include "cmd_export.hpp"
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -44,7 +44,7 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
-  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(

@@ -3,7 +3,6 @@
 #include "cmd_export.hpp"
 
 #include <gflags/gflags.h>
-#include <google/protobuf/text_format.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -125,7 +124,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, /*verify=*/false);
   dtk::config::RunConfig cfg;
-  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
   apply_command_line_model(cfg, sets, plugins, args[1], "export hf");
   const std::string& name = cfg.model().name();

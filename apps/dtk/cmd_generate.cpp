@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <gflags/gflags.h>
-#include <google/protobuf/text_format.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,12 +11,13 @@
 
 #include "cmd_export.hpp"
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/comm/comm.hpp"
-#include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/export/generate.hpp"
+#include "dtk/core/launch/distributed.hpp"
 #include "dtk/data/utf8.hpp"
-#include "dtk/text/tokenizer.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "dtk/text/tokenizer.hpp"
 #include "tokenizer_flags.hpp"
 
 DEFINE_string(load, "", "generate: the checkpoint (a save directory: its tracker's iteration; or one iter_NNNNNNN).");
@@ -76,7 +76,7 @@ void check_generate_flags() {
 // ranks of this process group are the checkpoint's tensor-parallel ranks (`*tp` of them).
 dtk::config::RunConfig generation_config(const std::string& iter_dir, int* tp) {
   dtk::config::RunConfig cfg;
-  if (!google::protobuf::TextFormat::ParseFromString(dtk::core::checkpoint_config_text(iter_dir), &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
     throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
   *tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
   const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();

@@ -159,8 +159,7 @@ void check_flags(int argc, char** argv) {
     if (a.size() < 2 || a[0] != '-') continue;
     // "-1:3", "-5": a negative number where an argument goes (a flag's value was taken above).
     if (std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.')
-      throw dtk::host::HostError("'" + a + "' reads as a flag: no argument of dtk takes a negative number (" +
-                                 "a range of documents is A:B, from 0)");
+      throw dtk::host::HostError("'" + a + "' reads as a flag, not as an argument: arguments cannot start with '-'");
     std::string name = a.substr(a[1] == '-' ? 2 : 1);
     name = name.substr(0, name.find('='));
     gflags::CommandLineFlagInfo info;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../common/run_dtk.hpp"
+#include "dtk/core/checkpoint/checkpoint_model.hpp"
 
 namespace {
 
@@ -89,6 +90,26 @@ TEST(CheckpointModel, UseCheckpointArgsEvaluatesWithTheCheckpointsOptions) {
                               " --set checkpoint.use_checkpoint_opt_param_scheduler=true");
   ASSERT_EQ(bare.code, 0) << bare.out;
   EXPECT_EQ(validation(bare.out), want) << bare.out;
+}
+
+// A checkpoint recorded before idle values were refused may hold one (it did nothing then): it
+// reads as the plugin's default, dropped, unless the command line gives it (the model refuses
+// that); a setting that acts keeps its options.
+TEST(CheckpointModel, RecordedIdleOptionsReadAsTheDefault) {
+  dtk::config::PluginChoice m;
+  m.set_name("llama");
+  auto& o = *m.mutable_options();
+  o["fused_lm_head"] = "0", o["lm_head_chunk_tokens"] = "256", o["cross_entropy_impl"] = "ops";
+  o["recompute_activations"] = "selective", o["recompute_method"] = "block", o["recompute_num_layers"] = "2";
+  o["rope_scaling"] = "llama3", o["rope_scaling_factor"] = "16";
+  dtk::core::drop_idle_model_options(&m, {"recompute_num_layers"});
+  EXPECT_EQ(o.count("lm_head_chunk_tokens") + o.count("cross_entropy_impl") + o.count("recompute_method"), 0u);
+  EXPECT_EQ(o.at("recompute_num_layers"), "2");  // given: kept, for the model to refuse
+  EXPECT_EQ(o.at("rope_scaling_factor"), "16");  // rope_scaling=llama3 acts
+  EXPECT_EQ(o.size(), 5u);
+  o["fused_lm_head"] = "True", o["lm_head_chunk_tokens"] = "256";
+  dtk::core::drop_idle_model_options(&m);
+  EXPECT_EQ(o.at("lm_head_chunk_tokens"), "256");
 }
 
 TEST(CheckpointModel, OptionsThatKeepTheFunctionMayDiffer) {

@@ -426,8 +426,8 @@ TEST(MegatronArgs, SequenceParallelAndEveryRecomputeChoiceMap) {
 }
 
 // As Megatron reads them: --recompute-activations is selective over any granularity; the method
-// and the layer count shape full recomputation only (a method with selective is Megatron's
-// assertion; either without a granularity is ignored and listed).
+// and the layer count shape full recomputation only (with selective, Megatron refuses either;
+// without a granularity, either is ignored and listed).
 TEST(MegatronArgs, RecomputeFlagsActAsMegatronReadsThem) {
   auto map = [](const std::string& args) { return dtk::core::map_megatron_args(dtk::core::split_megatron_args(args)); };
   MegatronMapping m = map("--recompute-granularity full --recompute-activations");
@@ -438,11 +438,10 @@ TEST(MegatronArgs, RecomputeFlagsActAsMegatronReadsThem) {
   EXPECT_NE(m.refused[0].find("--recompute-method block: not with selective recomputation"), std::string::npos)
       << m.refused[0];
   m = map("--recompute-granularity selective --recompute-num-layers 2");
-  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
-  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
-  EXPECT_EQ(config_of(m).model().options().count("recompute_num_layers"), 0u);
-  ASSERT_EQ(m.ignored.size(), 1u);
-  EXPECT_EQ(m.ignored[0], "--recompute-num-layers 2 (Megatron reads it only with --recompute-granularity full)");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0],
+            "--recompute-num-layers 2: not with selective recomputation (Megatron-core: recompute_num_layers must be "
+            "None)");
   m = map("--recompute-method uniform --recompute-num-layers 4");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_EQ(config_of(m).model().options().count("recompute_activations"), 0u);

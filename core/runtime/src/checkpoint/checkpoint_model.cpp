@@ -47,7 +47,7 @@ bool same_value(int32_t type, const std::string& a, const std::string& b) {
     return !a.empty() && !b.empty() && !*ea && !*eb && x == y;
   }
   if (type == DTK_OPT_BOOL) {
-    auto truth = [](const std::string& v) { return v == "true" || v == "1"; };
+    auto truth = [](const std::string& v) { return v == "true" || v == "1" || v == "True"; };  // as Options::get_bool
     return truth(a) == truth(b);
   }
   return false;
@@ -103,25 +103,51 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
          "; pass " + d.remedy + " or --use_checkpoint_args";
 }
 
+bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out) {
+  if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), out)) return false;
+  if (out->has_model()) drop_idle_model_options(out->mutable_model());
+  return true;
+}
+
+void drop_idle_model_options(config::PluginChoice* model, const std::vector<std::string>& given) {
+  struct Rule {
+    const char* setting;  // the option that makes the others act ...
+    const char* acts;     // ... with this value
+    std::vector<const char*> options;
+  };
+  static const std::vector<Rule> kRules = {
+      {"fused_lm_head", "true", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
+      {"recompute_activations", "full", {"recompute_method", "recompute_num_layers"}},
+      {"rope_scaling",
+       "llama3",
+       {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"}}};
+  auto& options = *model->mutable_options();
+  for (const Rule& r : kRules) {
+    auto setting = options.find(r.setting);
+    if (setting == options.end()) continue;  // the plugin's default decides: not judged here
+    const bool acts = std::string(r.setting) == "fused_lm_head" ? same_value(DTK_OPT_BOOL, setting->second, r.acts)
+                                                                : setting->second == r.acts;
+    if (acts) continue;
+    for (const char* name : r.options)
+      if (std::find(given.begin(), given.end(), name) == given.end()) options.erase(name);
+  }
+}
+
 std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
                                    const std::string& where) {
   config::PluginChoice adopted = recorded;
   std::string kept;
-  // A setting the run gives brings the options that act only with it: the recorded ones belong to
-  // the recorded setting (recompute_num_layers=2 with the run's recompute_activations=none would
-  // be refused as doing nothing).
-  static const std::map<std::string, std::vector<std::string>> kDependents = {
-      {"fused_lm_head", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
-      {"recompute_activations", {"recompute_method", "recompute_num_layers"}}};
+  std::vector<std::string> given;
   if (recorded.name() == run->name())
     for (const auto& [k, v] : run->options())
       if (exempt(k)) {
         (*adopted.mutable_options())[k] = v;
         kept += (kept.empty() ? "" : ", ") + k + "=" + v;
-        if (auto d = kDependents.find(k); d != kDependents.end())
-          for (const std::string& dependent : d->second)
-            if (!run->options().count(dependent)) adopted.mutable_options()->erase(dependent);
+        given.push_back(k);
       }
+  // The run's setting may leave recorded options idle (recompute_activations=none beside a recorded
+  // recompute_num_layers=2): the plugin's defaults replace them.
+  drop_idle_model_options(&adopted, given);
   *run = adopted;
   return " checkpoint.use_checkpoint_args: the model is the one " + where + " records: '" + recorded.name() + "', " +
          std::to_string(recorded.options_size()) + " option(s)" + (kept.empty() ? "" : "; this run's " + kept);
@@ -147,7 +173,7 @@ bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* ou
     try {
       if (!ck.no_verify_checksums()) require_complete_iteration(ck.load(), iteration);
       config::RunConfig saved;
-      if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved))
+      if (!read_recorded_config(iter_dir, &saved))
         throw HostError("the configuration recorded in " + iter_dir + " does not parse");
       *out = saved.model();
       return true;
@@ -200,7 +226,7 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
     const std::string iter_dir = checkpoint_iter_dir(ck.save(), *it);
     config::RunConfig saved;
     try {
-      if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), &saved)) continue;
+      if (!read_recorded_config(iter_dir, &saved)) continue;
     } catch (const std::exception&) {
       continue;
     }

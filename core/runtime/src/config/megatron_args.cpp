@@ -113,7 +113,7 @@ const Rule kRules[] = {
      "uniform: groups of --recompute-num-layers layers, one checkpoint each; block: the first "
      "--recompute-num-layers layers of each stage"},
     {"--recompute-num-layers", 1, Kind::kCustom, "model.recompute_num_layers",
-     "with --recompute-granularity full (Megatron reads it only then; otherwise listed as ignored)"},
+     "with --recompute-granularity full (refused with selective, ignored without a granularity, as Megatron)"},
     {"--recompute-activations", 0, Kind::kCustom, "model.recompute_activations",
      "selective, whatever --recompute-granularity says (as Megatron sets it)"},
     // Precision
@@ -643,11 +643,10 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
   m.sets.push_back("logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last));
 }
 
-// Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
-// --rope-scaling-factor (default 8.0); the factor alone changes nothing.
 // Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
 // whatever the granularity); --recompute-method and --recompute-num-layers shape full
-// recomputation only. It asserts no method with selective, and reads neither without a granularity.
+// recomputation only. With selective it refuses either (an assertion on the method, Megatron-core's
+// ValueError on the layer count); without a granularity it reads neither.
 void map_recompute(const SeenFlags& s, MegatronMapping& m) {
   const std::string granularity = s.recompute_activations ? "selective" : s.recompute_granularity;
   const bool selective = granularity == "selective";
@@ -666,10 +665,17 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
     else
       m.ignored.push_back(s.recompute_method_shown + " (Megatron reads it only with --recompute-granularity full)");
   }
-  if (!s.recompute_layers_shown.empty())
-    m.ignored.push_back(s.recompute_layers_shown + " (Megatron reads it only with --recompute-granularity full)");
+  if (!s.recompute_layers_shown.empty()) {
+    if (selective)
+      m.refused.push_back(s.recompute_layers_shown +
+                          ": not with selective recomputation (Megatron-core: recompute_num_layers must be None)");
+    else
+      m.ignored.push_back(s.recompute_layers_shown + " (Megatron reads it only with --recompute-granularity full)");
+  }
 }
 
+// Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
+// --rope-scaling-factor (default 8.0); the factor alone changes nothing.
 void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
   if (s.rope_scaling)
     m.sets.push_back("model.rope_scaling_factor=" + (s.rope_factor.empty() ? std::string("8") : s.rope_factor));

@@ -71,7 +71,8 @@ struct DecoderConfig {
 // option table; read_options reads them by these names).
 inline constexpr dtk_option_spec kLmHeadChunkTokensOption =
     opt_int("lm_head_chunk_tokens", "0",
-            "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU.");
+            "With fused_lm_head=true: tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of "
+            "fp32 logits on a GPU.");
 // Megatron's --recompute-granularity, --recompute-method and --recompute-num-layers.
 inline constexpr dtk_option_spec kRecomputeActivationsOption =
     opt_enum("recompute_activations", "none", "none|selective|full",
@@ -89,7 +90,8 @@ inline constexpr dtk_option_spec kRecomputeNumLayersOption =
             "(block) (Megatron's --recompute-num-layers).");
 inline constexpr dtk_option_spec kCrossEntropyImplOption =
     opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
-             "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = LibTorch "
+             "With fused_lm_head=true, the fused output layer's cross entropy per chunk: host = row passes in cache "
+             "(CPU only), ops = LibTorch "
              "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
              "--cross-entropy-fusion-impl).");
 

@@ -37,6 +37,19 @@ namespace dtk::core {
 // The model options that do not change the function the model computes (see above).
 const std::vector<std::string>& exempt_model_options();
 
+// The configuration a checkpoint iteration records (checkpoint_config_text), parsed, its model's
+// idle options dropped (drop_idle_model_options). False when it does not parse; throws as
+// checkpoint_config_text does when there is none.
+bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out);
+
+// Options of the shipped decoder models that act only with another setting (the models refuse
+// another value than the default without it: lm_head_chunk_tokens and cross_entropy_impl without
+// fused_lm_head=true, recompute_method and recompute_num_layers without recompute_activations=full,
+// llama's rope_* without rope_scaling=llama3), removed from `model` where that setting is off, so
+// the plugin's default stands in: recorded by a run before such values were refused, they did
+// nothing then. Options in `given` (the command line's own) stay, for the model to refuse.
+void drop_idle_model_options(config::PluginChoice* model, const std::vector<std::string>& given = {});
+
 // The checkpoint's recorded model against the run's. `recorded` as the checkpoint holds it, `run`
 // as this run gives it; `plugins` resolves both against the plugins' option specs. Returns "" when
 // they agree, else the one-line refusal naming `where` (the checkpoint as the user named it), the

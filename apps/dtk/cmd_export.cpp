@@ -91,22 +91,31 @@ void apply_command_line_model(dtk::config::RunConfig& cfg, const std::vector<std
   if (!FLAGS_config.empty()) throw HostError(reads + ": --config is not read (check a model option with --set model.K=V)");
   if (!FLAGS_megatron_args.empty())
     throw HostError(reads + ": --megatron_args is not read (check a model option with --set model.K=V)");
-  // The model this command line describes: the checkpoint's, with --model and --set model.K=V.
-  dtk::config::RunConfig run;
-  *run.mutable_model() = cfg.model();
-  if (!FLAGS_model.empty() && FLAGS_model != run.model().name()) {
-    run.mutable_model()->set_name(FLAGS_model);
-    run.mutable_model()->clear_options();
-  }
+  // What the command line gives: --model and --set model.K=V.
+  dtk::config::RunConfig line;
+  line.mutable_model()->set_name(FLAGS_model.empty() ? cfg.model().name() : FLAGS_model);
   for (const auto& s : sets) {
     if (s.rfind("model.", 0) != 0)
       throw HostError(reads + ": --set " + s + " is not read (only model options: --set model.K=V)");
-    dtk::core::apply_override(run, s);
+    dtk::core::apply_override(line, s);
   }
+  std::vector<std::string> given;
+  for (const auto& kv : line.model().options()) given.push_back(kv.first);
+  // The model it describes: the checkpoint's with those changes (another plugin: its options only),
+  // or with --use_checkpoint_args the checkpoint's with the line's exempt options, as `dtk train`.
+  dtk::config::RunConfig run;
+  *run.mutable_model() = line.model();
   if (FLAGS_use_checkpoint_args) {
-    const std::string line = dtk::core::adopt_checkpoint_model(cfg.model(), run.mutable_model(), where);
-    std::fprintf(stderr, "%s:%s\n", command.c_str(), line.c_str());
+    const std::string said = dtk::core::adopt_checkpoint_model(cfg.model(), run.mutable_model(), where);
+    std::fprintf(stderr, "%s:%s\n", command.c_str(), said.c_str());
   } else {
+    if (line.model().name() == cfg.model().name()) {
+      *run.mutable_model() = cfg.model();
+      for (const auto& [k, v] : line.model().options()) (*run.mutable_model()->mutable_options())[k] = v;
+      // A setting the line changes may leave recorded options idle (recompute_activations=none
+      // beside a recorded recompute_method=block): the plugin's defaults replace them.
+      dtk::core::drop_idle_model_options(run.mutable_model(), given);
+    }
     const std::string difference = dtk::core::model_difference(cfg.model(), run.model(), plugins, where);
     if (!difference.empty()) throw HostError(difference);
   }

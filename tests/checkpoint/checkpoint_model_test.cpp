@@ -137,6 +137,19 @@ TEST(CheckpointModel, GenerateNeedsNoModelFlagsAndChecksTheOnesGiven) {
   EXPECT_EQ(adopted.code, 0) << adopted.out;
   EXPECT_NE(adopted.out.find("generate: checkpoint.use_checkpoint_args: the model is the one"), std::string::npos)
       << adopted.out;
+  // A setting the command line changes takes the recorded options that go with it (the recorded
+  // recompute_num_layers=2 does nothing beside recompute_activations=none); an idle one the line
+  // gives itself is refused, naming it.
+  const Result changed = run_dtk(gen + "--set model.recompute_activations=none");
+  EXPECT_EQ(changed.code, 0) << changed.out;
+  const Result adopted_changed = run_dtk(gen + "--use_checkpoint_args --set model.recompute_activations=none");
+  EXPECT_EQ(adopted_changed.code, 0) << adopted_changed.out;
+  EXPECT_NE(adopted_changed.out.find("this run's recompute_activations=none"), std::string::npos)
+      << adopted_changed.out;
+  EXPECT_EQ(adopted_changed.out.find("this run's recompute_activations=none, "), std::string::npos)
+      << "only the command line's options are the run's: " << adopted_changed.out;
+  expect_one_line_error(run_dtk(gen + "--set model.recompute_activations=none --set model.recompute_num_layers=2"),
+                        "option recompute_num_layers=2 does nothing without recompute_activations=full");
   expect_one_line_error(run_dtk(gen + "--set train.seq_length=16"),
                         "generate runs the model the checkpoint records: --set train.seq_length=16 is not read");
 }

@@ -121,6 +121,8 @@ void drop_idle_model_options(config::PluginChoice* model, const std::vector<std:
       {"rope_scaling",
        "llama3",
        {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"}}};
+  // The rules are the shipped models' (another plugin's options of these names may mean otherwise).
+  if (model->name() != "gpt" && model->name() != "llama") return;
   auto& options = *model->mutable_options();
   for (const Rule& r : kRules) {
     auto setting = options.find(r.setting);
@@ -150,7 +152,7 @@ std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config:
   drop_idle_model_options(&adopted, given);
   *run = adopted;
   return " checkpoint.use_checkpoint_args: the model is the one " + where + " records: '" + recorded.name() + "', " +
-         std::to_string(recorded.options_size()) + " option(s)" + (kept.empty() ? "" : "; this run's " + kept);
+         std::to_string(adopted.options_size()) + " option(s)" + (kept.empty() ? "" : "; this run's " + kept);
 }
 
 namespace {

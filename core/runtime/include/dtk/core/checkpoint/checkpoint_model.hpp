@@ -42,7 +42,8 @@ const std::vector<std::string>& exempt_model_options();
 // checkpoint_config_text does when there is none.
 bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out);
 
-// Options of the shipped decoder models that act only with another setting (the models refuse
+// Options of the shipped decoder models (gpt, llama; another plugin's model is left as it is)
+// that act only with another setting (the models refuse
 // another value than the default without it: lm_head_chunk_tokens and cross_entropy_impl without
 // fused_lm_head=true, recompute_method and recompute_num_layers without recompute_activations=full,
 // llama's rope_* without rope_scaling=llama3), removed from `model` where that setting is off, so

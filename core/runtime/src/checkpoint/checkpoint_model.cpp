@@ -112,13 +112,15 @@ bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out) {
 void drop_idle_model_options(config::PluginChoice* model, const std::vector<std::string>& given) {
   struct Rule {
     const char* setting;  // the option that makes the others act ...
+    int32_t type;         // (its dtk_option_type) ...
     const char* acts;     // ... with this value
     std::vector<const char*> options;
   };
   static const std::vector<Rule> kRules = {
-      {"fused_lm_head", "true", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
-      {"recompute_activations", "full", {"recompute_method", "recompute_num_layers"}},
+      {"fused_lm_head", DTK_OPT_BOOL, "true", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
+      {"recompute_activations", DTK_OPT_ENUM, "full", {"recompute_method", "recompute_num_layers"}},
       {"rope_scaling",
+       DTK_OPT_ENUM,
        "llama3",
        {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"}}};
   // The rules are the shipped models' (another plugin's options of these names may mean otherwise).
@@ -127,9 +129,7 @@ void drop_idle_model_options(config::PluginChoice* model, const std::vector<std:
   for (const Rule& r : kRules) {
     auto setting = options.find(r.setting);
     if (setting == options.end()) continue;  // the plugin's default decides: not judged here
-    const bool acts = std::string(r.setting) == "fused_lm_head" ? same_value(DTK_OPT_BOOL, setting->second, r.acts)
-                                                                : setting->second == r.acts;
-    if (acts) continue;
+    if (same_value(r.type, setting->second, r.acts)) continue;
     for (const char* name : r.options)
       if (std::find(given.begin(), given.end(), name) == given.end()) options.erase(name);
   }

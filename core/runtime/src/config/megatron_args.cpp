@@ -657,20 +657,16 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
     if (!s.recompute_layers.empty()) m.sets.push_back("model.recompute_num_layers=" + s.recompute_layers);
     return;
   }
-  if (!s.recompute_method_shown.empty()) {
+  const std::pair<const std::string*, const char*> shaping[] = {
+      {&s.recompute_method_shown,
+       "Megatron asserts: recompute method is not supported for selective recomputing granularity"},
+      {&s.recompute_layers_shown, "Megatron-core: recompute_num_layers must be None"}};
+  for (const auto& [shown, megatron_says] : shaping) {
+    if (shown->empty()) continue;
     if (selective)
-      m.refused.push_back(s.recompute_method_shown +
-                          ": not with selective recomputation (Megatron asserts: recompute method is not supported "
-                          "for selective recomputing granularity)");
+      m.refused.push_back(*shown + ": not with selective recomputation (" + megatron_says + ")");
     else
-      m.ignored.push_back(s.recompute_method_shown + " (Megatron reads it only with --recompute-granularity full)");
-  }
-  if (!s.recompute_layers_shown.empty()) {
-    if (selective)
-      m.refused.push_back(s.recompute_layers_shown +
-                          ": not with selective recomputation (Megatron-core: recompute_num_layers must be None)");
-    else
-      m.ignored.push_back(s.recompute_layers_shown + " (Megatron reads it only with --recompute-granularity full)");
+      m.ignored.push_back(*shown + " (Megatron reads it only with --recompute-granularity full)");
   }
 }
 

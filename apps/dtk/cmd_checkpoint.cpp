@@ -44,7 +44,7 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(

@@ -106,7 +106,7 @@ void apply_command_line_model(dtk::config::RunConfig& cfg, const std::vector<std
   dtk::config::RunConfig run;
   *run.mutable_model() = line.model();
   if (FLAGS_use_checkpoint_args) {
-    const std::string said = dtk::core::adopt_checkpoint_model(cfg.model(), run.mutable_model(), where);
+    const std::string said = dtk::core::adopt_checkpoint_model(cfg.model(), run.mutable_model(), where, plugins);
     std::fprintf(stderr, "%s:%s\n", command.c_str(), said.c_str());
   } else {
     if (line.model().name() == cfg.model().name()) {
@@ -114,7 +114,7 @@ void apply_command_line_model(dtk::config::RunConfig& cfg, const std::vector<std
       for (const auto& [k, v] : line.model().options()) (*run.mutable_model()->mutable_options())[k] = v;
       // A setting the line changes may leave recorded options idle (recompute_activations=none
       // beside a recorded recompute_method=block): the plugin's defaults replace them.
-      dtk::core::drop_idle_model_options(run.mutable_model(), given);
+      dtk::core::drop_idle_model_options(run.mutable_model(), plugins, given);
     }
     const std::string difference = dtk::core::model_difference(cfg.model(), run.model(), plugins, where);
     if (!difference.empty()) throw HostError(difference);
@@ -133,7 +133,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, /*verify=*/false);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
   apply_command_line_model(cfg, sets, plugins, args[1], "export hf");
   const std::string& name = cfg.model().name();

@@ -74,9 +74,9 @@ void check_generate_flags() {
 
 // The configuration the checkpoint records, made to run here: one pipeline stage, fp32. The
 // ranks of this process group are the checkpoint's tensor-parallel ranks (`*tp` of them).
-dtk::config::RunConfig generation_config(const std::string& iter_dir, int* tp) {
+dtk::config::RunConfig generation_config(const std::string& iter_dir, const dtk::host::PluginHost& plugins, int* tp) {
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
     throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
   *tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
   const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();
@@ -213,7 +213,7 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration, /*verify=*/false);
   int tp = 1;
-  dtk::config::RunConfig cfg = generation_config(iter_dir, &tp);
+  dtk::config::RunConfig cfg = generation_config(iter_dir, plugins, &tp);
   apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");
   const auto tokenizer_ptr = generation_tokenizer(cfg, iter_dir);
   const dtk::text::Tokenizer& tokenizer = *tokenizer_ptr;

@@ -362,9 +362,14 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
     wt = std::max(wt, static_cast<int>(type_of(o).size()));
     wd = std::max(wd, static_cast<int>(default_of(o).size()));
   }
+  // An option that acts only with other settings says which (ABI 2.7's acts_with).
+  auto help_of = [](const dtk_option_spec* o) {
+    const std::string needs = dtk::host::acts_with_text(*o);
+    return std::string(o->help ? o->help : "") + (needs.empty() ? "" : " Only with " + needs + ".");
+  };
   for (const auto* o : options)
     std::printf("  %-*s  %-*s  default: %-*s  %s\n", wn, o->name, wt, type_of(o).c_str(), wd, default_of(o).c_str(),
-                o->help ? o->help : "");
+                help_of(o).c_str());
   return 0;
 }
 

@@ -49,20 +49,6 @@ void DecoderLM::divisible(const char* what, int64_t n, const char* by, int64_t d
     fail(std::string(what) + " " + std::to_string(n) + " is not divisible by " + by + " " + std::to_string(d));
 }
 
-void DecoderLM::refuse_idle(const Options& o, const dtk_option_spec& spec, bool acts, const char* needs) const {
-  if (acts || !o.has(spec.name) || !spec.default_value) return;
-  const std::string value = o.get_string(spec.name), def = spec.default_value;
-  // The host checked both against the type: they parse.
-  const bool same =
-      spec.type == DTK_OPT_INT     ? std::strtoll(value.c_str(), nullptr, 10) == std::strtoll(def.c_str(), nullptr, 10)
-      : spec.type == DTK_OPT_FLOAT ? std::strtod(value.c_str(), nullptr) == std::strtod(def.c_str(), nullptr)
-      : spec.type == DTK_OPT_BOOL  ? o.get_bool(spec.name) == (def == "true" || def == "1" || def == "True")
-                                   : value == def;
-  if (!same)
-    fail("option " + std::string(spec.name) + "=" + value + " does nothing without " + needs + ": drop it, or set " +
-         needs);
-}
-
 int64_t DecoderLM::option_or(const Options& o, const char* name, int64_t fallback) const {
   const int64_t v = o.get_int(name);
   if (v < 0) fail(std::string("option '") + name + "' must be >= 0 (0 = default), got " + std::to_string(v));
@@ -163,10 +149,6 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
          std::to_string(ctx.micro_batch_size) + "): each chunk needs at least one sequence");
   if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
     fail("parameters must be fp32, bf16 or fp16");
-  refuse_idle(ctx.options, kLmHeadChunkTokensOption, c.fused_lm_head, "fused_lm_head=true");
-  refuse_idle(ctx.options, kCrossEntropyImplOption, c.fused_lm_head, "fused_lm_head=true");
-  refuse_idle(ctx.options, kRecomputeMethodOption, c.recompute, "recompute_activations=full");
-  refuse_idle(ctx.options, kRecomputeNumLayersOption, c.recompute, "recompute_activations=full");
 }
 
 void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts parts) {

@@ -42,6 +42,8 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_metric_sink_STRUCT_SIZE_2_0, offsetof(dtk_metric_sink, put_tensor));
   EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE, dtk_capture_ext_STRUCT_SIZE_2_6);  // current == 2.6 since 2.6
   EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE_2_5, offsetof(dtk_capture_ext, recording_id));
+  EXPECT_EQ(dtk_option_spec_STRUCT_SIZE, dtk_option_spec_STRUCT_SIZE_2_7);  // current == 2.7 since 2.7
+  EXPECT_EQ(dtk_option_spec_STRUCT_SIZE_2_0, offsetof(dtk_option_spec, acts_with));
 }
 
 // DTK_STRUCT_COVERS: the reader's check that a writer has every field of a minor.

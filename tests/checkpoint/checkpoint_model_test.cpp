@@ -12,6 +12,7 @@
 
 #include "../common/run_dtk.hpp"
 #include "dtk/core/checkpoint/checkpoint_model.hpp"
+#include "dtk/core/components/services.hpp"
 
 namespace {
 
@@ -93,22 +94,33 @@ TEST(CheckpointModel, UseCheckpointArgsEvaluatesWithTheCheckpointsOptions) {
 }
 
 // A checkpoint recorded before idle values were refused may hold one (it did nothing then): it
-// reads as the plugin's default, dropped, unless the command line gives it (the model refuses
-// that); a setting that acts keeps its options.
+// reads as the plugin's default, dropped, unless the command line gives it (the host refuses
+// that); a setting that acts keeps its options. What is idle is the plugin's declaration
+// (only_with), so the shipped llama's own table decides.
 TEST(CheckpointModel, RecordedIdleOptionsReadAsTheDefault) {
+  static dtk::host::PluginHost* plugins = [] {
+    auto* host = new dtk::host::PluginHost(dtk::core::host_torch_version(), dtk::core::host_services());
+    host->load_file(std::string(DTK_PLUGIN_DIR) + "/dtk_plugin_llama.so");
+    return host;  // plugins are never unloaded
+  }();
   dtk::config::PluginChoice m;
   m.set_name("llama");
   auto& o = *m.mutable_options();
   o["fused_lm_head"] = "0", o["lm_head_chunk_tokens"] = "256", o["cross_entropy_impl"] = "ops";
   o["recompute_activations"] = "selective", o["recompute_method"] = "block", o["recompute_num_layers"] = "2";
   o["rope_scaling"] = "llama3", o["rope_scaling_factor"] = "16";
-  dtk::core::drop_idle_model_options(&m, {"recompute_num_layers"});
+  dtk::core::drop_idle_model_options(&m, *plugins, {"recompute_num_layers"});
   EXPECT_EQ(o.count("lm_head_chunk_tokens") + o.count("cross_entropy_impl") + o.count("recompute_method"), 0u);
-  EXPECT_EQ(o.at("recompute_num_layers"), "2");  // given: kept, for the model to refuse
+  EXPECT_EQ(o.at("recompute_num_layers"), "2");  // given: kept, for the host to refuse
   EXPECT_EQ(o.at("rope_scaling_factor"), "16");  // rope_scaling=llama3 acts
   EXPECT_EQ(o.size(), 5u);
   o["fused_lm_head"] = "True", o["lm_head_chunk_tokens"] = "256";
-  dtk::core::drop_idle_model_options(&m);
+  dtk::core::drop_idle_model_options(&m, *plugins);
+  EXPECT_EQ(o.at("lm_head_chunk_tokens"), "256");
+  // A model plugin not installed here is left as recorded.
+  m.set_name("not_installed");
+  o["fused_lm_head"] = "false";
+  dtk::core::drop_idle_model_options(&m, *plugins);
   EXPECT_EQ(o.at("lm_head_chunk_tokens"), "256");
 }
 

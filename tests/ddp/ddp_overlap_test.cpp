@@ -214,8 +214,10 @@ TEST(ZeroOverlapComm, ReduceScattersInFlightEqualTheWaitedOnes) {
   const int least = most_in_flight(dir + "/two.rank0.json", "reduce_scatter");
   EXPECT_GE(least, 2) << two.run.out;
   EXPECT_LE(least, 3) << two.run.out;
-  dtk_test::expect_one_line_error(dtk_test::run_dtk(train(1, zero + "--set strategy.reduce_in_flight_size=0 "), 60),
-                                  "zero: option 'reduce_in_flight_size' must be positive, got 0");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(train(1, zero + "--set strategy.overlap_comm=true --set strategy.reduce_in_flight_size=0 "),
+                        60),
+      "zero: option 'reduce_in_flight_size' must be positive, got 0");
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

@@ -185,6 +185,19 @@ TEST(Loader, DuplicateKindAndName) {
 TEST(Loader, OptionSpecsAreValidatedAtLoad) {
   EXPECT_EQ(load_error(broken("tp_bad_default")),
             "plugin 'good_c' (" + broken("tp_bad_default") + "): option 'num': its default 'three' expects an integer");
+  // ABI 2.7: an acts_with names other declared options and values they take.
+  EXPECT_EQ(load_error(broken("tp_acts_unknown")),
+            "plugin 'good_c' (" + broken("tp_acts_unknown") +
+                "): option 'depth' acts with 'modes', which is not another of its options");
+  EXPECT_EQ(load_error(broken("tp_acts_bad_value")),
+            "plugin 'good_c' (" + broken("tp_acts_bad_value") +
+                "): option 'depth' acts with mode=c, but 'mode' expects one of a|b");
+  EXPECT_EQ(load_error(broken("tp_acts_malformed")),
+            "plugin 'good_c' (" + broken("tp_acts_malformed") +
+                "): option 'depth': acts_with 'mode' is not setting=value[|value...][,setting=value...]");
+  EXPECT_EQ(load_error(broken("tp_acts_required")),
+            "plugin 'good_c' (" + broken("tp_acts_required") +
+                "): required option 'path' cannot act only with other settings");
 }
 
 TEST(Loader, SameFileTwiceIsNotADuplicate) {
@@ -243,6 +256,10 @@ TEST(Loader, FrozenV2_0PluginLoadsInCurrentHost) {
   const auto& p = host.load_file(kDir + "/frozen/tp_frozen_v2_0.so");
   EXPECT_EQ(p.entry->abi_major, 2u);
   EXPECT_EQ(p.entry->abi_minor, 0u);
+  // Its option specs are 2.0's size: read without the 2.7 field, they always act.
+  ASSERT_EQ(p.options().size(), 2u);
+  EXPECT_EQ(dtk::host::acts_with_text(*p.options()[1]), "");
+  EXPECT_EQ(dtk::host::resolve_options(p, {{"level", "3"}})[0].second, "3");
   const auto* api = p.api_as<dtk_dataset_api>();
   dtk_dataset* d = nullptr;
   ASSERT_EQ(api->create(nullptr, &d), nullptr);
@@ -314,7 +331,7 @@ TEST(Options, DefaultsFilledAndValidated) {
   PluginHost host(kHostTorch, &kServices);
   const auto& p = host.load_file(kDir + "/good/tp_good.so");
   auto resolved = dtk::host::resolve_options(p, {{"path", "/data"}, {"num", "7"}, {"mode", "b"}});
-  ASSERT_EQ(resolved.size(), 5u);
+  ASSERT_EQ(resolved.size(), 7u);
   EXPECT_EQ(resolved[0], std::make_pair(std::string("num"), std::string("7")));
   EXPECT_EQ(resolved[1], std::make_pair(std::string("rate"), std::string("0.5")));
   EXPECT_EQ(resolved[3], std::make_pair(std::string("mode"), std::string("b")));
@@ -337,6 +354,48 @@ TEST(Options, DefaultsFilledAndValidated) {
             "dataset plugin 'good_c': option 'flag' expects a boolean (true/false), got 'yes'");
   EXPECT_EQ(err({{"path", "x"}, {"mode", "c"}}), "dataset plugin 'good_c': option 'mode' expects one of a|b, got 'c'");
   EXPECT_EQ(err({}), "dataset plugin 'good_c': required option 'path' is not set");
+}
+
+// ABI 2.7: an option that acts only with another setting is refused holding anything but its
+// default while that setting is off (compared as its type reads it), and accepted once it is on.
+TEST(Options, IdleValuesAreRefused) {
+  PluginHost host(kHostTorch, &kServices);
+  const auto& p = host.load_file(kDir + "/good/tp_good.so");
+  auto err = [&](std::map<std::string, std::string> user) {
+    user["path"] = "x";
+    try {
+      dtk::host::resolve_options(p, user);
+    } catch (const HostError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(err({{"depth", "5"}}),
+            "dataset plugin 'good_c': option depth=5 does nothing without mode=b: drop it, or set mode=b");
+  EXPECT_EQ(err({{"tag", "t"}, {"mode", "a"}}),
+            "dataset plugin 'good_c': option tag=t does nothing without flag=1 or mode=b: drop it, or set flag=1 or "
+            "mode=b");
+  EXPECT_EQ(err({{"depth", "2"}}), "");   // the default
+  EXPECT_EQ(err({{"depth", "+2"}}), "");  // the default, read as an integer
+  EXPECT_EQ(err({{"depth", "5"}, {"mode", "b"}}), "");
+  EXPECT_EQ(err({{"tag", "t"}, {"flag", "true"}}), "");  // true == 1 for a boolean
+  EXPECT_EQ(err({{"tag", "t"}, {"mode", "b"}}), "");
+  const dtk_option_spec* depth = p.options()[5];
+  EXPECT_EQ(dtk::host::acts_with_text(*depth), "mode=b");
+  EXPECT_EQ(dtk::host::acts_with_text(*p.options()[0]), "");
+}
+
+// Recorded values (a checkpoint's configuration) that their settings leave idle are dropped, so
+// the default stands in; those named in `keep` stay; those that act are kept.
+TEST(Options, IdleRecordedValuesAreDropped) {
+  PluginHost host(kHostTorch, &kServices);
+  const auto& p = host.load_file(kDir + "/good/tp_good.so");
+  std::map<std::string, std::string> recorded{{"path", "x"}, {"depth", "5"}, {"tag", "t"}, {"mode", "a"}};
+  dtk::host::drop_idle_options(p, &recorded, {"tag"});
+  EXPECT_EQ(recorded, (std::map<std::string, std::string>{{"path", "x"}, {"tag", "t"}, {"mode", "a"}}));
+  recorded = {{"depth", "5"}, {"mode", "b"}};
+  dtk::host::drop_idle_options(p, &recorded);
+  EXPECT_EQ(recorded.count("depth"), 1u);
 }
 
 // Rules every first-party plugin must follow: exactly one exported symbol.

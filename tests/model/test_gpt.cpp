@@ -605,14 +605,14 @@ TEST(GptModel, BadOptionsAreRefusedWithAMessage) {
   EXPECT_THROW(m.forward({{"tokens", at::zeros({1, 9}, at::kLong)}}), std::runtime_error);  // > max positions
 }
 
-// Options that act only with another setting, given a value other than their default where that
-// setting is off, are refused naming what they need (the run would ignore them); their defaults,
-// as a checkpoint records every option, are accepted.
+// Options that act only with another setting (declared with only_with), given a value other than
+// their default where that setting is off, are refused by the host naming what they need (the run
+// would ignore them); their defaults, as a checkpoint records every option, are accepted.
 TEST(GptModel, OptionsThatWouldDoNothingAreRefused) {
   const Opts base{{"num_layers", "2"}, {"hidden_size", "16"}, {"num_attention_heads", "4"}, {"seq_length", "8"}};
   const std::vector<std::pair<Opts, std::string>> cases = {
       {{{"fused_lm_head", "false"}, {"lm_head_chunk_tokens", "256"}},
-       "gpt: option lm_head_chunk_tokens=256 does nothing without fused_lm_head=true: drop it, or set "
+       "model plugin 'gpt': option lm_head_chunk_tokens=256 does nothing without fused_lm_head=true: drop it, or set "
        "fused_lm_head=true"},
       {{{"fused_lm_head", "false"}, {"cross_entropy_impl", "ops"}},
        "option cross_entropy_impl=ops does nothing without fused_lm_head=true"},

@@ -107,17 +107,17 @@ TEST_P(ZeroMatchesDdp, EveryStageWithAndWithoutOffload) {
   const Curve ddp = curve_of(p.nproc, base + "--strategy ddp", tag + "-ddp");
   // Small buckets (several per model) and a persistence threshold that leaves the biases and norm
   // weights whole under stage 3 while the weights come and go.
-  const std::string zero = base + "--strategy zero --set strategy.reduce_bucket_size=20000 "
-                                  "--set strategy.stage3_param_persistence_threshold=100 ";
+  const std::string zero = base + "--strategy zero --set strategy.reduce_bucket_size=20000 ";
+  const std::string stage3 = "--set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 ";
   const std::string offload = "--set strategy.offload_optimizer=cpu --set strategy.overlap_comm=true ";
   const std::pair<const char*, std::string> variants[] = {
       {"stage 1", "--set strategy.stage=1"},
       {"stage 1 + offload", "--set strategy.stage=1 " + offload},
       {"stage 2", "--set strategy.stage=2"},
       {"stage 2 + offload", "--set strategy.stage=2 " + offload},
-      {"stage 3", "--set strategy.stage=3"},
+      {"stage 3", stage3},
       {"stage 3 + offload of optimizer and parameters, recompute",
-       "--set strategy.stage=3 --set strategy.offload_param=cpu --set model.recompute_activations=full " + offload},
+       stage3 + "--set strategy.offload_param=cpu --set model.recompute_activations=full " + offload},
   };
   for (const auto& [name, args] : variants)
     expect_same_curve(ddp, curve_of(p.nproc, zero + args, tag + "-" + name), 20, tag + " " + name);
@@ -275,7 +275,7 @@ TEST(ZeroMemory, BytesPerRankFollowTheZeroFormulas) {
       const std::string strategy =
           stage == 0 ? "--strategy ddp"
                      : "--strategy zero --set strategy.stage=" + std::to_string(stage) +
-                           " --set strategy.stage3_param_persistence_threshold=0" + kBuckets;
+                           (stage == 3 ? " --set strategy.stage3_param_persistence_threshold=0" : "") + kBuckets;
       const Result r = launch(n, kTrain + model + strategy);
       ASSERT_EQ(r.code, 0) << r.out;
       const double psi = static_cast<double>(parameter_count(r.out)) / mib;  // Mi-parameters
@@ -313,9 +313,9 @@ TEST(ZeroMemory, OffloadMovesOptimizerStateAndGradientsToTheHost) {
     for (bool offload_param : {false, true}) {
       if (offload_param && stage != 3) continue;
       const Result r = launch(n, kTrain + model + "--strategy zero --set strategy.offload_optimizer=cpu " +
-                                     "--set strategy.stage3_param_persistence_threshold=0 --set strategy.stage=" +
-                                     std::to_string(stage) + (offload_param ? " --set strategy.offload_param=cpu" : "") +
-                                     kBuckets);
+                                     (stage == 3 ? "--set strategy.stage3_param_persistence_threshold=0 " : "") +
+                                     "--set strategy.stage=" + std::to_string(stage) +
+                                     (offload_param ? " --set strategy.offload_param=cpu" : "") + kBuckets);
       ASSERT_EQ(r.code, 0) << r.out;
       const double psi = static_cast<double>(parameter_count(r.out)) / mib;
       const Memory m = memory_of(r.out);
@@ -432,11 +432,29 @@ TEST(ZeroOptions, BadOptionsAreOneLineErrors) {
   const std::pair<std::string, std::string> cases[] = {
       {"--set strategy.stage=0", "zero: stage 0 partitions nothing; use the ddp strategy (--strategy ddp)"},
       {"--set strategy.stage=4", "zero: option 'stage' must be 1, 2 or 3, got 4"},
-      {"--set strategy.stage=2 --set strategy.offload_param=cpu", "zero: offload_param=cpu needs stage 3"},
+      {"--set strategy.stage=2 --set strategy.offload_param=cpu",
+       "strategy plugin 'zero': option offload_param=cpu does nothing without stage=3: drop it, or set stage=3"},
       {"--set strategy.contiguous_gradients=false", "zero: contiguous_gradients=false is not supported"},
       {"--set strategy.reduce_bucket_size=0", "zero: option 'reduce_bucket_size' must be positive, got 0"},
       {"--set strategy.offload_optimizer=nvme", "zero: offload_optimizer=nvme needs strategy.nvme_path"},
-      {"--set strategy.delayed_param_update=true", "zero: delayed_param_update needs offload_optimizer=cpu"},
+      {"--set strategy.delayed_param_update=true",
+       "option delayed_param_update=true does nothing without offload_optimizer=cpu"},
+      // Options that act only with another setting (DeepSpeed ignores them silently).
+      {"--set strategy.stage=2 --set strategy.stage3_max_live_parameters=100",
+       "option stage3_max_live_parameters=100 does nothing without stage=3"},
+      {"--set strategy.stage=3 --set strategy.overlap_param_gather=true",
+       "option overlap_param_gather=true does nothing without stage=1 or 2: drop it, or set stage=1 or 2"},
+      {"--set strategy.zero_init=false", "option zero_init=false does nothing without stage=3"},
+      {"--set strategy.reduce_in_flight_size=1000",
+       "option reduce_in_flight_size=1000 does nothing without "
+       "overlap_comm=true"},
+      {"--set strategy.offload_optimizer=cpu --set strategy.nvme_buffer_mb=8",
+       "option nvme_buffer_mb=8 does nothing without offload_optimizer=nvme"},
+      {"--set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu "
+       "--set strategy.param_buffer_count=3",
+       "option param_buffer_count=3 does nothing without offload_param=nvme"},
+      {"--set strategy.nvme_path=/tmp",
+       "option nvme_path=/tmp does nothing without offload_optimizer=nvme or offload_param=nvme"},
   };
   for (const auto& [args, needle] : cases) expect_one_line_error(dtk_test::run_dtk(run + args, 60), needle);
 }

@@ -40,14 +40,6 @@ size_t min_api_size(int32_t kind) {
   }
 }
 
-bool valid_name(const char* name) {
-  if (!name || !*name) return false;
-  for (const char* p = name; *p; ++p)
-    if (!(std::islower(static_cast<unsigned char>(*p)) || std::isdigit(static_cast<unsigned char>(*p)) || *p == '_'))
-      return false;
-  return true;
-}
-
 void destroy_host_status(dtk_status* s) {
   if (!s) return;
   std::free(const_cast<char*>(s->message));
@@ -55,36 +47,6 @@ void destroy_host_status(dtk_status* s) {
 }
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
-
-bool check_value(const dtk_option_spec& spec, const std::string& v, std::string* why);
-
-// The declared options must be usable before a user ever sets one: readable, named, typed, with
-// defaults of their own type. Returns "" or the problem.
-std::string check_option_specs(const dtk_plugin_entry* e) {
-  if (e->num_options == 0) return "";
-  const size_t stride = e->options[0].struct_size;
-  if (!DTK_STRUCT_COVERS(dtk_option_spec, &e->options[0], 2_0))
-    return "option spec struct_size " + std::to_string(stride) + " is smaller than ABI 2.0's " +
-           std::to_string(dtk_option_spec_STRUCT_SIZE_2_0) + " bytes";
-  std::vector<std::string> seen;
-  for (size_t i = 0; i < e->num_options; ++i) {
-    const auto& spec =
-        *reinterpret_cast<const dtk_option_spec*>(reinterpret_cast<const char*>(e->options) + i * stride);
-    const std::string at = "option #" + std::to_string(i);
-    if (spec.struct_size != stride) return at + " has a different struct_size than option #0";
-    if (!valid_name(spec.name)) return at + ": invalid name (want [a-z0-9_]+)";
-    const std::string name = spec.name;
-    if (std::find(seen.begin(), seen.end(), name) != seen.end()) return "option '" + name + "' is declared twice";
-    seen.push_back(name);
-    if (spec.type < DTK_OPT_BOOL || spec.type > DTK_OPT_ENUM) return "option '" + name + "' has an unknown type";
-    if (spec.type == DTK_OPT_ENUM && (!spec.choices || !*spec.choices))
-      return "enum option '" + name + "' declares no choices";
-    std::string why;
-    if (spec.default_value && !check_value(spec, spec.default_value, &why))
-      return "option '" + name + "': its default '" + std::string(spec.default_value) + "' " + why;
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -136,16 +98,7 @@ const void* Plugin::extension(const char* id) const {
   }
 }
 
-std::vector<const dtk_option_spec*> Plugin::options() const {
-  // Specs may grow in later minors: walk the array with the elements' own struct_size (validated
-  // at load to cover every field this host reads).
-  std::vector<const dtk_option_spec*> out;
-  if (entry->num_options == 0) return out;
-  const size_t stride = entry->options[0].struct_size;
-  for (size_t i = 0; i < entry->num_options; ++i)
-    out.push_back(reinterpret_cast<const dtk_option_spec*>(reinterpret_cast<const char*>(entry->options) + i * stride));
-  return out;
-}
+std::vector<const dtk_option_spec*> Plugin::options() const { return option_specs(entry); }
 
 namespace {
 
@@ -408,93 +361,6 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
   for (const auto& c : candidates)
     if (!word.empty() && (c.find(word) != std::string::npos || word.find(c) != std::string::npos)) return c;
   return "";
-}
-
-namespace {
-bool check_value(const dtk_option_spec& spec, const std::string& v, std::string* why) {
-  switch (spec.type) {
-    case DTK_OPT_BOOL:
-      if (v == "true" || v == "false" || v == "1" || v == "0" || v == "True" || v == "False") return true;
-      *why = "expects a boolean (true/false)";
-      return false;
-    case DTK_OPT_INT: {
-      char* end = nullptr;
-      errno = 0;
-      (void)std::strtoll(v.c_str(), &end, 10);
-      if (!v.empty() && *end == '\0' && errno != ERANGE) return true;
-      *why = "expects an integer";
-      return false;
-    }
-    case DTK_OPT_FLOAT: {
-      char* end = nullptr;
-      errno = 0;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0') {
-        *why = "expects a number";
-        return false;
-      }
-      // A NaN or an infinity is never a valid rate, probability, scale or epsilon.
-      if (!std::isfinite(x) || errno == ERANGE) {
-        *why = "expects a finite number";
-        return false;
-      }
-      return true;
-    }
-    case DTK_OPT_STRING:
-      return true;
-    case DTK_OPT_ENUM: {
-      std::stringstream ss(spec.choices ? spec.choices : "");
-      std::string c;
-      while (std::getline(ss, c, '|'))
-        if (c == v) return true;
-      *why = std::string("expects one of ") + (spec.choices ? spec.choices : "(none)");
-      return false;
-    }
-    default:
-      *why = "has an unknown option type";
-      return false;
-  }
-}
-}  // namespace
-
-std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& plugin,
-                                                                 const std::map<std::string, std::string>& user) {
-  const auto specs = plugin.options();
-  const std::string who = std::string(kind_name(plugin.kind())) + " plugin '" + plugin.name() + "'";
-  std::vector<std::string> names;
-  for (const auto* s : specs) names.push_back(s->name);
-  for (const auto& kv : user) {
-    if (std::find(names.begin(), names.end(), kv.first) != names.end()) continue;
-    std::string msg = who + " has no option '" + kv.first + "'";
-    std::string guess = did_you_mean(kv.first, names);
-    if (!guess.empty())
-      msg += "; did you mean '" + guess + "'?";
-    else
-      msg += " (see `dtk plugins describe " + plugin.name() + "`)";
-    throw HostError(msg);
-  }
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto* s : specs) {
-    auto it = user.find(s->name);
-    std::string value;
-    if (it != user.end()) {
-      value = it->second;
-    } else if (s->default_value) {
-      value = s->default_value;
-    } else {
-      throw HostError(who + ": required option '" + std::string(s->name) + "' is not set");
-    }
-    std::string why;
-    if (!check_value(*s, value, &why))
-      throw HostError(who + ": option '" + std::string(s->name) + "' " + why + ", got '" + value + "'");
-    out.emplace_back(s->name, value);
-  }
-  return out;
-}
-
-OptionValues::OptionValues(std::vector<std::pair<std::string, std::string>> kv) : kv_(std::move(kv)) {
-  for (const auto& p : kv_) items_.push_back({p.first.c_str(), p.second.c_str()});
-  values_ = {dtk_option_values_STRUCT_SIZE, items_.size(), items_.data()};
 }
 
 }  // namespace dtk::host

@@ -32,17 +32,20 @@
 namespace dtk::llama {
 namespace {
 
-// The llama3 scaling's parameters: read only with rope_scaling=llama3 (another value without it
-// is refused as doing nothing).
+// The llama3 scaling's parameters: read only with rope_scaling=llama3 (the host refuses another
+// value than the default without it).
 constexpr dtk_option_spec kRopeScalingOptions[] = {
-    opt_float("rope_scaling_factor", "8", "llama3 rope scaling: the factor low frequencies are divided by."),
-    opt_float("rope_low_freq_factor", "1",
-              "llama3 rope scaling: wavelengths above rope_original_max_positions / this are scaled fully."),
-    opt_float("rope_high_freq_factor", "4",
-              "llama3 rope scaling: wavelengths below rope_original_max_positions / this are kept."),
-    opt_int(
-        "rope_original_max_positions", "8192",
-        "llama3 rope scaling: the context length the model was first trained at (original_max_position_embeddings)."),
+    only_with("rope_scaling=llama3",
+              opt_float("rope_scaling_factor", "8", "llama3 rope scaling: the factor low frequencies are divided by.")),
+    only_with("rope_scaling=llama3",
+              opt_float("rope_low_freq_factor", "1",
+                        "llama3 rope scaling: wavelengths above rope_original_max_positions / this are scaled fully.")),
+    only_with("rope_scaling=llama3",
+              opt_float("rope_high_freq_factor", "4",
+                        "llama3 rope scaling: wavelengths below rope_original_max_positions / this are kept.")),
+    only_with("rope_scaling=llama3", opt_int("rope_original_max_positions", "8192",
+                                             "llama3 rope scaling: the context length the model was first trained at "
+                                             "(original_max_position_embeddings).")),
 };
 
 class LlamaModel : public DecoderLM {
@@ -62,7 +65,7 @@ class LlamaModel : public DecoderLM {
     c_.rope_scaling.high_freq_factor = o.get_float("rope_high_freq_factor");
     c_.rope_scaling.original_max_positions = o.get_int("rope_original_max_positions");
     validate(ctx, c_);
-    validate_llama(o);
+    validate_llama();
     rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base, c_.rope_scaling);
     build(ctx, c_, {{{"final_norm.weight", 1.0}}, /*layer_positions=*/true});
   }
@@ -77,7 +80,7 @@ class LlamaModel : public DecoderLM {
                               : final_norm(x.stream);
   }
 
-  void validate_llama(const Options& o) const {
+  void validate_llama() const {
     if (c_.groups <= 0) fail("option 'num_query_groups' must be positive, got " + std::to_string(c_.groups));
     divisible("num_attention_heads", c_.heads, "num_query_groups", c_.groups);
     divisible("num_query_groups", c_.groups, "the tensor-parallel size", tp_.size);
@@ -87,8 +90,6 @@ class LlamaModel : public DecoderLM {
       fail("rotary_percent x head dim (" + std::to_string(c_.head_dim()) + ") = " + std::to_string(c_.rotary_dim()) +
            " channels must be even (they rotate in pairs)");
     if (!(c_.rotary_base > 0.0)) fail("option 'rotary_base' must be positive");
-    for (const dtk_option_spec& spec : kRopeScalingOptions)
-      refuse_idle(o, spec, c_.rope_scaling.llama3, "rope_scaling=llama3");
     const std::string rope = rope_scaling_problem(c_.rope_scaling);
     if (!rope.empty()) fail(rope + " (rope_scaling=llama3)");
   }

@@ -99,9 +99,11 @@
  * 11. Models cross as a vtable (dtk_model_api), never as a C++ module object.
  *
  * 12. Options
- *    Plugins declare their options (name, type, default, help) in the entry struct. The host
- *    validates user-supplied values (unknown key or ill-typed value is refused naming plugin and
- *    key) and passes every declared option, defaults filled in, as strings (dtk_option_values).
+ *    Plugins declare their options (name, type, default, help, and since 2.7 the settings they
+ *    act with) in the entry struct. The host validates user-supplied values (unknown key,
+ *    ill-typed value, or a value for an option its settings leave idle is refused naming plugin
+ *    and key) and passes every declared option, defaults filled in, as strings
+ *    (dtk_option_values).
  *
  * 13. Lifetime
  *    Plugins are loaded RTLD_NOW|RTLD_LOCAL and never unloaded while the process lives.
@@ -119,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 6
+#define DTK_ABI_MINOR 7
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -267,9 +269,17 @@ typedef struct dtk_option_spec {
   const char* default_value; /* textual default; NULL = required */
   const char* help;          /* one sentence */
   const char* choices;       /* DTK_OPT_ENUM only: '|'-separated allowed values, else NULL */
+  /* ABI 2.7. NULL, or the settings without which the option does nothing:
+   * "setting=value[|value...][,setting=value...]", each setting another option of the same
+   * plugin; the option acts while any one of them holds one of its listed values (e.g.
+   * "stage=3", "offload_optimizer=nvme,offload_param=nvme"). The host refuses a value other than
+   * the option's default while none holds ("does nothing without stage=3"), shows the condition
+   * in `dtk plugins describe`, and reads such a value recorded in a checkpoint as the default. */
+  const char* acts_with;
 } dtk_option_spec;
 DTK_DEFINE_STRUCT_SIZE(dtk_option_spec, 2_0, choices);
-DTK_DEFINE_STRUCT_TRAITS(dtk_option_spec, choices);
+DTK_DEFINE_STRUCT_SIZE(dtk_option_spec, 2_7, acts_with);
+DTK_DEFINE_STRUCT_TRAITS(dtk_option_spec, acts_with);
 
 /* Frozen value type (rule 2): an element of dtk_option_values.items, never grows. */
 typedef struct dtk_key_value {

@@ -200,20 +200,30 @@ namespace dtk {
 // ------------------------------------------------------------------------------------------
 
 constexpr dtk_option_spec opt_bool(const char* name, const char* def, const char* help) {
-  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_BOOL, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_BOOL, def, help, nullptr, nullptr};
 }
 constexpr dtk_option_spec opt_int(const char* name, const char* def, const char* help) {
-  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_INT, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_INT, def, help, nullptr, nullptr};
 }
 constexpr dtk_option_spec opt_float(const char* name, const char* def, const char* help) {
-  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_FLOAT, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_FLOAT, def, help, nullptr, nullptr};
 }
 constexpr dtk_option_spec opt_string(const char* name, const char* def, const char* help) {
-  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_STRING, def, help, nullptr};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_STRING, def, help, nullptr, nullptr};
 }
 // choices: '|'-separated, e.g. "none|full".
 constexpr dtk_option_spec opt_enum(const char* name, const char* def, const char* choices, const char* help) {
-  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_ENUM, def, help, choices};
+  return {dtk_option_spec_STRUCT_SIZE, name, DTK_OPT_ENUM, def, help, choices, nullptr};
+}
+
+// An option that does something only with other settings of the plugin (ABI 2.7's acts_with):
+//   dtk::only_with("stage=3", dtk::opt_int("stage3_prefetch_bucket_size", "50000000", "..."))
+// `settings` is "setting=value[|value...][,setting=value...]": the option acts while any one of
+// the named options holds one of its values. The host refuses a value other than the default
+// while none does, and `dtk plugins describe` shows the condition.
+constexpr dtk_option_spec only_with(const char* settings, dtk_option_spec spec) {
+  spec.acts_with = settings;
+  return spec;
 }
 
 // Typed, validated view of the option values the host passed (every declared option is there).

@@ -39,6 +39,11 @@ static dtk_status* init(const dtk_host_services* host) {
   return NULL;
 }
 static const void* get_api(void) { return &kApi; }
+/* Specs of 2.0's size: the host must not read a 2.7 acts_with past their end. */
+static const dtk_option_spec kOptions[] = {
+    {dtk_option_spec_STRUCT_SIZE, "level", DTK_OPT_INT, "1", "A number.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "name", DTK_OPT_STRING, "x", "A string.", NULL},
+};
 static const dtk_plugin_entry kEntry = {dtk_plugin_entry_STRUCT_SIZE,
                                         DTK_ABI_MAJOR,
                                         DTK_ABI_MINOR,
@@ -50,7 +55,7 @@ static const dtk_plugin_entry kEntry = {dtk_plugin_entry_STRUCT_SIZE,
                                         init,
                                         NULL,
                                         get_api,
-                                        NULL,
-                                        0,
+                                        kOptions,
+                                        2,
                                         NULL};
 DTK_EXPORT const dtk_plugin_entry* dtk_plugin_get_entry(void) { return &kEntry; }

@@ -21,7 +21,22 @@ static const dtk_option_spec kOptions[] = {
     {dtk_option_spec_STRUCT_SIZE, "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL},
     {dtk_option_spec_STRUCT_SIZE, "flag", DTK_OPT_BOOL, "false", "A switch.", NULL},
     {dtk_option_spec_STRUCT_SIZE, "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b"},
-    {dtk_option_spec_STRUCT_SIZE, "path", DTK_OPT_STRING, NULL, "Required string.", NULL},
+#ifdef VARIANT_ACTS_REQUIRED
+    {dtk_option_spec_STRUCT_SIZE, "path", DTK_OPT_STRING, NULL, "Required string.", NULL, "flag=true"},
+#else
+    {dtk_option_spec_STRUCT_SIZE, "path", DTK_OPT_STRING, NULL, "Required string.", NULL, NULL},
+#endif
+/* ABI 2.7: options that act only with other settings; each broken variant misdeclares one. */
+#if defined(VARIANT_ACTS_UNKNOWN)
+    {dtk_option_spec_STRUCT_SIZE, "depth", DTK_OPT_INT, "2", "Acts with mode b.", NULL, "modes=b"},
+#elif defined(VARIANT_ACTS_BAD_VALUE)
+    {dtk_option_spec_STRUCT_SIZE, "depth", DTK_OPT_INT, "2", "Acts with mode b.", NULL, "mode=c"},
+#elif defined(VARIANT_ACTS_MALFORMED)
+    {dtk_option_spec_STRUCT_SIZE, "depth", DTK_OPT_INT, "2", "Acts with mode b.", NULL, "mode"},
+#else
+    {dtk_option_spec_STRUCT_SIZE, "depth", DTK_OPT_INT, "2", "Acts with mode b.", NULL, "mode=b"},
+#endif
+    {dtk_option_spec_STRUCT_SIZE, "tag", DTK_OPT_STRING, "", "Acts with the flag or mode b.", NULL, "flag=1,mode=b"},
 };
 
 typedef struct state {

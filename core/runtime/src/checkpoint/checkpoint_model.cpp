@@ -37,22 +37,6 @@ bool exempt(const std::string& name) {
   return std::find(e.begin(), e.end(), name) != e.end();
 }
 
-// Two values of an option of type `type` (dtk_option_type) that mean the same: numbers by value,
-// booleans by truth, the rest as written.
-bool same_value(int32_t type, const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  if (type == DTK_OPT_INT || type == DTK_OPT_FLOAT) {
-    char *ea = nullptr, *eb = nullptr;
-    const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
-    return !a.empty() && !b.empty() && !*ea && !*eb && x == y;
-  }
-  if (type == DTK_OPT_BOOL) {
-    auto truth = [](const std::string& v) { return v == "true" || v == "1" || v == "True"; };  // as Options::get_bool
-    return truth(a) == truth(b);
-  }
-  return false;
-}
-
 std::map<std::string, std::string> options_of(const config::PluginChoice& c) {
   return std::map<std::string, std::string>(c.options().begin(), c.options().end());
 }
@@ -81,12 +65,12 @@ Difference first_difference(const config::PluginChoice& recorded, const config::
     auto rec = recorded.options().find(name);
     if (rec == recorded.options().end() || exempt(name)) continue;  // not recorded: not compared
     const std::string& mine = run_values[name];
-    if (same_value(spec->type, rec->second, mine)) continue;
+    if (host::same_option_value(spec->type, rec->second, mine)) continue;
     // 0 = derived from the other options (ffn_hidden_size, max_position_embeddings,
     // num_query_groups): the value it stands for is the plugin's to derive, and these are shapes,
     // which the strict load of the weights checks (an import records 256 where a run says 0).
     if (spec->type == DTK_OPT_INT && spec->default_value && std::string(spec->default_value) == "0" &&
-        (same_value(DTK_OPT_INT, rec->second, "0") || same_value(DTK_OPT_INT, mine, "0")))
+        (host::same_option_value(DTK_OPT_INT, rec->second, "0") || host::same_option_value(DTK_OPT_INT, mine, "0")))
       continue;
     return {"model." + name + "=" + rec->second, mine, "--set model." + name + "=" + rec->second};
   }
@@ -103,40 +87,25 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
          "; pass " + d.remedy + " or --use_checkpoint_args";
 }
 
-bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out) {
+bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins) {
   if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir), out)) return false;
-  if (out->has_model()) drop_idle_model_options(out->mutable_model());
+  if (out->has_model()) drop_idle_model_options(out->mutable_model(), plugins);
   return true;
 }
 
-void drop_idle_model_options(config::PluginChoice* model, const std::vector<std::string>& given) {
-  struct Rule {
-    const char* setting;  // the option that makes the others act ...
-    int32_t type;         // (its dtk_option_type) ...
-    const char* acts;     // ... with this value
-    std::vector<const char*> options;
-  };
-  static const std::vector<Rule> kRules = {
-      {"fused_lm_head", DTK_OPT_BOOL, "true", {"lm_head_chunk_tokens", "cross_entropy_impl"}},
-      {"recompute_activations", DTK_OPT_ENUM, "full", {"recompute_method", "recompute_num_layers"}},
-      {"rope_scaling",
-       DTK_OPT_ENUM,
-       "llama3",
-       {"rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions"}}};
-  // The rules are the shipped models' (another plugin's options of these names may mean otherwise).
-  if (model->name() != "gpt" && model->name() != "llama") return;
-  auto& options = *model->mutable_options();
-  for (const Rule& r : kRules) {
-    auto setting = options.find(r.setting);
-    if (setting == options.end()) continue;  // the plugin's default decides: not judged here
-    if (same_value(r.type, setting->second, r.acts)) continue;
-    for (const char* name : r.options)
-      if (std::find(given.begin(), given.end(), name) == given.end()) options.erase(name);
-  }
+void drop_idle_model_options(config::PluginChoice* model, const host::PluginHost& plugins,
+                             const std::vector<std::string>& given) {
+  // A model plugin not installed here leaves the recording as it is: using it fails anyway.
+  const host::Plugin* plugin = plugins.find(DTK_KIND_MODEL, model->name());
+  if (!plugin) return;
+  std::map<std::string, std::string> options = options_of(*model);
+  host::drop_idle_options(*plugin, &options, given);
+  model->clear_options();
+  for (const auto& [k, v] : options) (*model->mutable_options())[k] = v;
 }
 
 std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
-                                   const std::string& where) {
+                                   const std::string& where, const host::PluginHost& plugins) {
   config::PluginChoice adopted = recorded;
   std::string kept;
   std::vector<std::string> given;
@@ -149,7 +118,7 @@ std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config:
       }
   // The run's setting may leave recorded options idle (recompute_activations=none beside a recorded
   // recompute_num_layers=2): the plugin's defaults replace them.
-  drop_idle_model_options(&adopted, given);
+  drop_idle_model_options(&adopted, plugins, given);
   *run = adopted;
   return " checkpoint.use_checkpoint_args: the model is the one " + where + " records: '" + recorded.name() + "', " +
          std::to_string(adopted.options_size()) + " option(s)" + (kept.empty() ? "" : "; this run's " + kept);
@@ -161,7 +130,8 @@ namespace {
 // tracker's (else the newest) when it passes the load's verdict, and with fallback the newest
 // complete one below it (any, when the tracker holds no number), in turn. False when none records
 // one that reads.
-bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* out, std::string* why) {
+bool recorded_model(const config::CheckpointConfig& ck, const host::PluginHost& plugins, config::PluginChoice* out,
+                    std::string* why) {
   int64_t iteration = -1;
   std::string iter_dir;
   try {
@@ -175,7 +145,7 @@ bool recorded_model(const config::CheckpointConfig& ck, config::PluginChoice* ou
     try {
       if (!ck.no_verify_checksums()) require_complete_iteration(ck.load(), iteration);
       config::RunConfig saved;
-      if (!read_recorded_config(iter_dir, &saved))
+      if (!read_recorded_config(iter_dir, &saved, plugins))
         throw HostError("the configuration recorded in " + iter_dir + " does not parse");
       *out = saved.model();
       return true;
@@ -196,14 +166,14 @@ std::string reconcile_checkpoint_model(config::RunConfig& cfg, host::PluginHost&
   if (ck.load().empty()) return "";
   config::PluginChoice recorded;
   std::string why;
-  if (!recorded_model(ck, &recorded, &why)) {
+  if (!recorded_model(ck, plugins, &recorded, &why)) {
     // The load itself reports what is wrong with the checkpoint; a run that asked for its model
     // cannot be built without it.
     if (ck.use_checkpoint_args())
       throw HostError("checkpoint.use_checkpoint_args: cannot read the model recorded in " + ck.load() + ": " + why);
     return "";
   }
-  if (ck.use_checkpoint_args()) return adopt_checkpoint_model(recorded, cfg.mutable_model(), ck.load());
+  if (ck.use_checkpoint_args()) return adopt_checkpoint_model(recorded, cfg.mutable_model(), ck.load(), plugins);
   const std::string difference = model_difference(recorded, cfg.model(), plugins, ck.load());
   if (!difference.empty()) throw HostError(difference);
   return "";
@@ -228,7 +198,7 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
     const std::string iter_dir = checkpoint_iter_dir(ck.save(), *it);
     config::RunConfig saved;
     try {
-      if (!read_recorded_config(iter_dir, &saved)) continue;
+      if (!read_recorded_config(iter_dir, &saved, plugins)) continue;
     } catch (const std::exception&) {
       continue;
     }

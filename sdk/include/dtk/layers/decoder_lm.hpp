@@ -68,32 +68,36 @@ struct DecoderConfig {
 };
 
 // The fused output layer's options, declared alike by every decoder LM (put them in the plugin's
-// option table; read_options reads them by these names).
+// option table; read_options reads them by these names). Those that act only with another setting
+// say so (only_with): the plugin declares that setting too, and the host refuses them idle.
 inline constexpr dtk_option_spec kLmHeadChunkTokensOption =
-    opt_int("lm_head_chunk_tokens", "0",
-            "With fused_lm_head=true: tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of "
-            "fp32 logits on a GPU.");
+    only_with("fused_lm_head=true",
+              opt_int("lm_head_chunk_tokens", "0",
+                      "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a "
+                      "GPU."));
 // Megatron's --recompute-granularity, --recompute-method and --recompute-num-layers.
 inline constexpr dtk_option_spec kRecomputeActivationsOption =
     opt_enum("recompute_activations", "none", "none|selective|full",
              "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
              "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
              "attention probabilities (Megatron's --recompute-granularity).");
-inline constexpr dtk_option_spec kRecomputeMethodOption =
+inline constexpr dtk_option_spec kRecomputeMethodOption = only_with(
+    "recompute_activations=full",
     opt_enum("recompute_method", "uniform", "uniform|block",
-             "With recompute_activations=full: uniform = every group of recompute_num_layers consecutive layers is one "
-             "checkpoint; block = only the first recompute_num_layers layers of each pipeline stage are recomputed "
-             "(Megatron's --recompute-method).");
+             "uniform = every group of recompute_num_layers consecutive layers is one checkpoint; block = only the "
+             "first recompute_num_layers layers of each pipeline stage are recomputed (Megatron's "
+             "--recompute-method)."));
 inline constexpr dtk_option_spec kRecomputeNumLayersOption =
-    opt_int("recompute_num_layers", "1",
-            "With recompute_activations=full: layers per checkpoint (uniform) or recomputed layers per pipeline stage "
-            "(block) (Megatron's --recompute-num-layers).");
+    only_with("recompute_activations=full",
+              opt_int("recompute_num_layers", "1",
+                      "Layers per checkpoint (uniform) or recomputed layers per pipeline stage (block) (Megatron's "
+                      "--recompute-num-layers)."));
 inline constexpr dtk_option_spec kCrossEntropyImplOption =
-    opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
-             "With fused_lm_head=true, the fused output layer's cross entropy per chunk: host = row passes in cache "
-             "(CPU only), ops = LibTorch "
-             "ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
-             "--cross-entropy-fusion-impl).");
+    only_with("fused_lm_head=true",
+              opt_enum("cross_entropy_impl", "auto", "auto|host|ops",
+                       "The fused output layer's cross entropy per chunk: host = row passes in cache (CPU only), ops = "
+                       "LibTorch ops (any device; a GPU's path), auto = host on the CPU, ops elsewhere (Megatron's "
+                       "--cross-entropy-fusion-impl)."));
 
 // The residual stream between two layers with the last branch not yet added: its value is
 // stream + branch (branch undefined: stream alone). A pre-norm layer ends `h + branch` and the
@@ -198,12 +202,6 @@ class DecoderLM : public Model {
   void fail(const std::string& what) const;  // throws Error(name + ": " + what)
   // Refuses n % d != 0: "<name>: <what> <n> is not divisible by <by> <d>".
   void divisible(const char* what, int64_t n, const char* by, int64_t d) const;
-  // An option that acts only with another setting (`needs`, e.g. "fused_lm_head=true"): where that
-  // setting is off (`acts` false) and the option holds anything but `spec`'s default, the run
-  // would ignore what the user asked for, so it is refused: "<name>: option
-  // lm_head_chunk_tokens=256 does nothing without fused_lm_head=true: drop it, or set
-  // fused_lm_head=true". Values are compared as their type reads them ("8" == "8.0").
-  void refuse_idle(const Options& o, const dtk_option_spec& spec, bool acts, const char* needs) const;
 
   // Recomputed layers of this stage, as the recompute options group them: each group is one
   // checkpoint; layers in no group keep their activations.

@@ -5,6 +5,7 @@
 #include <dtk/abi.h>
 
 #include "dtk/host/error.hpp"
+#include "dtk/host/options.hpp"
 
 #include <map>
 #include <stdexcept>
@@ -75,26 +76,8 @@ class PluginHost {
   bool shut_down_ = false;
 };
 
-// Checks user options against the plugin's declarations and returns every declared option with
-// defaults filled in, in declaration order. Throws HostError naming plugin and key.
-std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& plugin,
-                                                                 const std::map<std::string, std::string>& user);
-
 // Closest candidate by edit distance, or "" when none is reasonably close.
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
-
-// Owns strings for a dtk_option_values view.
-class OptionValues {
- public:
-  explicit OptionValues(std::vector<std::pair<std::string, std::string>> kv);
-  const dtk_option_values* get() const { return &values_; }
-  const std::vector<std::pair<std::string, std::string>>& items() const { return kv_; }
-
- private:
-  std::vector<std::pair<std::string, std::string>> kv_;
-  std::vector<dtk_key_value> items_;
-  dtk_option_values values_{};
-};
 
 // A host-created status (what dtk_host_services.make_status returns).
 dtk_status* make_status(int32_t code, const char* message);

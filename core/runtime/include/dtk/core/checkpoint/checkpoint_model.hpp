@@ -40,16 +40,16 @@ const std::vector<std::string>& exempt_model_options();
 // The configuration a checkpoint iteration records (checkpoint_config_text), parsed, its model's
 // idle options dropped (drop_idle_model_options). False when it does not parse; throws as
 // checkpoint_config_text does when there is none.
-bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out);
+bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins);
 
-// Options of the shipped decoder models (gpt, llama; another plugin's model is left as it is)
-// that act only with another setting (the models refuse
-// another value than the default without it: lm_head_chunk_tokens and cross_entropy_impl without
-// fused_lm_head=true, recompute_method and recompute_num_layers without recompute_activations=full,
-// llama's rope_* without rope_scaling=llama3), removed from `model` where that setting is off, so
-// the plugin's default stands in: recorded by a run before such values were refused, they did
-// nothing then. Options in `given` (the command line's own) stay, for the model to refuse.
-void drop_idle_model_options(config::PluginChoice* model, const std::vector<std::string>& given = {});
+// The model options that act only with another setting (their acts_with, ABI 2.7: gpt's
+// lm_head_chunk_tokens without fused_lm_head=true, llama's rope_* without rope_scaling=llama3)
+// and that the other settings leave idle, removed from `model` so the plugin's default stands in:
+// a run recorded them before such values were refused, and they did nothing then. Options in
+// `given` (the command line's own) stay, for the host to refuse. A model plugin not installed
+// here is left as recorded.
+void drop_idle_model_options(config::PluginChoice* model, const host::PluginHost& plugins,
+                             const std::vector<std::string>& given = {});
 
 // The checkpoint's recorded model against the run's. `recorded` as the checkpoint holds it, `run`
 // as this run gives it; `plugins` resolves both against the plugins' option specs. Returns "" when
@@ -62,7 +62,7 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
 // plugin and options, and the exempt options `run` sets explicitly when the plugin is the same.
 // Returns the log line that says so.
 std::string adopt_checkpoint_model(const config::PluginChoice& recorded, config::PluginChoice* run,
-                                   const std::string& where);
+                                   const std::string& where, const host::PluginHost& plugins);
 
 // For `dtk train` before anything is built: when checkpoint.load names a checkpoint, reads the model
 // it records (the tracker's iteration, else the newest) and either refuses a difference

@@ -416,16 +416,25 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"plugins list extra", "plugins list: unexpected argument 'extra'"},
       {"plugins describe gpt extra", "plugins describe: unexpected argument 'extra'"},
       {"version extra", "version: unexpected argument 'extra'"},
-      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/m --vocab_file " DTK_SOURCE_DIR
-       "/data/gpt2/encoder.json --merge_file " + dir + "/other-merges.bpe",
+      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir +
+           "/m --vocab_file " DTK_SOURCE_DIR "/data/gpt2/encoder.json --merge_file " + dir + "/other-merges.bpe",
        "other-merges.bpe' line 4: '\xc3\xa9\xc3\xa9' is not in the vocabulary file (are the two files of one "
        "tokenizer?)"},
-      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/m --vocab_file " DTK_SOURCE_DIR
-       "/data/gpt2/encoder.json --merge_file " + dir + "/cut.bpe",
+      {"preprocess --input " + dir + "/one.txt --output_prefix " + dir +
+           "/m --vocab_file " DTK_SOURCE_DIR "/data/gpt2/encoder.json --merge_file " + dir + "/cut.bpe",
        "cut.bpe' (534 merges) does not make 49466 token(s) of the vocabulary file, e.g. '!!' (cut short, or another "
        "tokenizer's merges?)"},
       {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
        "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
+      // An option its plugin's settings leave idle (ABI 2.7's acts_with), in any slot.
+      {"config --dataset gpt_indexed --set dataset.order=megatron_legacy --set dataset.add_extra_token=false",
+       "dataset plugin 'gpt_indexed': option add_extra_token=false does nothing without order=megatron_core: drop "
+       "it, or set order=megatron_core"},
+      {"config --dataset gpt_indexed --set dataset.order=megatron",
+       "option 'order' expects one of "
+       "megatron_core|megatron_legacy, got 'megatron'"},
+      {"config --strategy zero --set strategy.stage=2 --set strategy.stage3_prefetch_bucket_size=1",
+       "strategy plugin 'zero': option stage3_prefetch_bucket_size=1 does nothing without stage=3"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

@@ -375,6 +375,9 @@ TEST(Options, IdleValuesAreRefused) {
   EXPECT_EQ(err({{"tag", "t"}, {"mode", "a"}}),
             "dataset plugin 'good_c': option tag=t does nothing without flag=1 or mode=b: drop it, or set flag=1 or "
             "mode=b");
+  EXPECT_EQ(err({{"tag", "a b"}}),  // a value with a space is quoted
+            "dataset plugin 'good_c': option tag='a b' does nothing without flag=1 or mode=b: drop it, or set flag=1 "
+            "or mode=b");
   EXPECT_EQ(err({{"depth", "2"}}), "");   // the default
   EXPECT_EQ(err({{"depth", "+2"}}), "");  // the default, read as an integer
   EXPECT_EQ(err({{"depth", "5"}, {"mode", "b"}}), "");

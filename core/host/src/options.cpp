@@ -80,11 +80,14 @@ std::vector<Alternative> parse_acts_with(const std::string& text, std::string* w
   std::vector<Alternative> out;
   for (const std::string& piece : split(text, ',')) {
     const size_t eq = piece.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == piece.size()) {
+    const std::vector<std::string> values =
+        eq == std::string::npos ? std::vector<std::string>{} : split(piece.substr(eq + 1), '|');
+    const bool empty_value = std::find(values.begin(), values.end(), "") != values.end();
+    if (eq == std::string::npos || eq == 0 || values.empty() || empty_value) {
       *why = "acts_with '" + text + "' is not setting=value[|value...][,setting=value...]";
       return {};
     }
-    out.push_back({piece.substr(0, eq), split(piece.substr(eq + 1), '|')});
+    out.push_back({piece.substr(0, eq), values});
   }
   return out;
 }
@@ -191,7 +194,12 @@ std::string check_option_specs(const dtk_plugin_entry* e) {
 
 bool same_option_value(int32_t type, const std::string& a, const std::string& b) {
   if (a == b) return true;
-  if (type == DTK_OPT_INT || type == DTK_OPT_FLOAT) {
+  if (type == DTK_OPT_INT) {  // as integers: a double would merge values 2^53 apart
+    char *ea = nullptr, *eb = nullptr;
+    const long long x = std::strtoll(a.c_str(), &ea, 10), y = std::strtoll(b.c_str(), &eb, 10);
+    return !a.empty() && !b.empty() && !*ea && !*eb && x == y;
+  }
+  if (type == DTK_OPT_FLOAT) {
     char *ea = nullptr, *eb = nullptr;
     const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
     return !a.empty() && !b.empty() && !*ea && !*eb && x == y;
@@ -207,8 +215,12 @@ std::string acts_with_text(const dtk_option_spec& spec) {
   const char* text = acts_with_of(spec);
   if (!text) return "";
   std::string why, out;
-  for (const Alternative& a : parse_acts_with(text, &why)) {
-    out += (out.empty() ? "" : " or ") + a.setting + "=";
+  const std::vector<Alternative> alternatives = parse_acts_with(text, &why);
+  // "a=x or y, or b=z": the comma keeps a setting's values apart from the next setting.
+  bool several_values = false;
+  for (const Alternative& a : alternatives) several_values |= a.values.size() > 1;
+  for (const Alternative& a : alternatives) {
+    out += (out.empty() ? "" : several_values ? ", or " : " or ") + a.setting + "=";
     for (size_t i = 0; i < a.values.size(); ++i) out += (i ? " or " : "") + a.values[i];
   }
   return out;
@@ -254,8 +266,9 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& p
     const std::string& value = values[s->name];
     if (is_default(*s, value) || acts(*s, specs, values)) continue;
     const std::string needs = acts_with_text(*s);
-    throw HostError(who + ": option " + s->name + "=" + value + " does nothing without " + needs +
-                    ": drop it, or set " + needs);
+    const bool plain = !value.empty() && value.find_first_of(" \t'") == std::string::npos;
+    throw HostError(who + ": option " + s->name + "=" + (plain ? value : "'" + value + "'") + " does nothing without " +
+                    needs + ": drop it, or set " + needs);
   }
   return out;
 }

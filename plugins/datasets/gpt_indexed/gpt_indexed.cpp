@@ -23,23 +23,28 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_string("cache_dir", "",
                     "Megatron's --data-cache-path: where the index caches are read and written; empty = Megatron's "
                     "default place (PREFIX/cache/GPTDataset_indices, or DIR/index-cache for megatron_legacy)."),
-    dtk::opt_string("order", "megatron_core",
-                    "Whose sample order, split rounding, blend sizes and cache files: megatron_core (today's "
-                    "Megatron-LM) or megatron_legacy (megatron/data/gpt_dataset.py, as DeepSpeed-Domino ships it)."),
-    dtk::opt_string("megatron_tokenizer", "null",
-                    "megatron_core: the tokenizer's unique_identifiers as JSON, part of the cache description whose "
-                    "md5 names the files (null: none). Megatron's caches are read whatever theirs holds."),
+    dtk::opt_enum("order", "megatron_core", "megatron_core|megatron_legacy",
+                  "Whose sample order, split rounding, blend sizes and cache files: megatron_core (today's "
+                  "Megatron-LM) or megatron_legacy (megatron/data/gpt_dataset.py, as DeepSpeed-Domino ships it)."),
+    dtk::only_with("order=megatron_core",
+                   dtk::opt_string("megatron_tokenizer", "null",
+                                   "The tokenizer's unique_identifiers as JSON, part of the cache description whose "
+                                   "md5 names the files (null: none). Megatron's caches are read whatever theirs "
+                                   "holds.")),
     dtk::opt_string("train_data_path", "",
                     "Megatron's --train-data-path: the train split's own prefix or blend (all its documents); with "
                     "valid_data_path/test_data_path instead of data_path and split."),
     dtk::opt_string("valid_data_path", "", "Megatron's --valid-data-path (see train_data_path)."),
     dtk::opt_string("test_data_path", "", "Megatron's --test-data-path (see train_data_path)."),
-    dtk::opt_bool("add_extra_token", "true",
-                  "megatron_core: Megatron-core's add_extra_token_to_sequence. true: samples of seq_length+1 tokens "
-                  "(Megatron-LM's setting); false: seq_length tokens, the last label padding (loss-masked)."),
-    dtk::opt_bool("drop_last_partial_validation", "true",
-                  "megatron_core: Megatron-core's drop_last_partial_validation_sequence. false: the valid split keeps "
-                  "its last partial sample, padded and loss-masked."),
+    dtk::only_with("order=megatron_core",
+                   dtk::opt_bool("add_extra_token", "true",
+                                 "Megatron-core's add_extra_token_to_sequence. true: samples of seq_length+1 tokens "
+                                 "(Megatron-LM's setting); false: seq_length tokens, the last label padding "
+                                 "(loss-masked).")),
+    dtk::only_with("order=megatron_core",
+                   dtk::opt_bool("drop_last_partial_validation", "true",
+                                 "Megatron-core's drop_last_partial_validation_sequence. false: the valid split keeps "
+                                 "its last partial sample, padded and loss-masked.")),
     dtk::opt_int("vocab_size", "0", "Vocabulary size of the tokens (0 = unknown; 50257 for GPT-2)."),
     dtk::opt_float("wait_timeout_s", "1800", "How long ranks other than 0 wait for rank 0 to write the caches."),
 };

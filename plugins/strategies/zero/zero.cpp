@@ -77,7 +77,8 @@ const dtk_option_spec kOptions[] = {
             "delayed_param_update", "false",
             "From iteration 2 on, each optimizer step runs on a host thread during the "
             "next iteration's forward and backward, which compute on parameters one step older (ZeRO-Offload's "
-            "delayed parameter update; losses differ from the undelayed run from iteration 3 on).")),
+            "delayed parameter update; losses differ from the undelayed run from iteration 3 on). The delayed step "
+            "runs on state held in host memory, which nvme streams from disk.")),
 };
 
 }  // namespace

@@ -14,13 +14,13 @@ static const dtk_host_services* g_host;
 
 static const dtk_option_spec kOptions[] = {
 #ifdef VARIANT_BAD_DEFAULT
-    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "three", "An integer.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "three", "An integer.", NULL, NULL},
 #else
-    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "3", "An integer.", NULL},
+    {dtk_option_spec_STRUCT_SIZE, "num", DTK_OPT_INT, "3", "An integer.", NULL, NULL},
 #endif
-    {dtk_option_spec_STRUCT_SIZE, "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL},
-    {dtk_option_spec_STRUCT_SIZE, "flag", DTK_OPT_BOOL, "false", "A switch.", NULL},
-    {dtk_option_spec_STRUCT_SIZE, "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b"},
+    {dtk_option_spec_STRUCT_SIZE, "rate", DTK_OPT_FLOAT, "0.5", "A number.", NULL, NULL},
+    {dtk_option_spec_STRUCT_SIZE, "flag", DTK_OPT_BOOL, "false", "A switch.", NULL, NULL},
+    {dtk_option_spec_STRUCT_SIZE, "mode", DTK_OPT_ENUM, "a", "A choice.", "a|b", NULL},
 #ifdef VARIANT_ACTS_REQUIRED
     {dtk_option_spec_STRUCT_SIZE, "path", DTK_OPT_STRING, NULL, "Required string.", NULL, "flag=true"},
 #else

@@ -274,7 +274,8 @@ typedef struct dtk_option_spec {
    * plugin; the option acts while any one of them holds one of its listed values (e.g.
    * "stage=3", "offload_optimizer=nvme,offload_param=nvme"). The host refuses a value other than
    * the option's default while none holds ("does nothing without stage=3"), shows the condition
-   * in `dtk plugins describe`, and reads such a value recorded in a checkpoint as the default. */
+   * in `dtk plugins describe`, and reads such a value of a model plugin's, recorded in a
+   * checkpoint, as the default. */
   const char* acts_with;
 } dtk_option_spec;
 DTK_DEFINE_STRUCT_SIZE(dtk_option_spec, 2_0, choices);

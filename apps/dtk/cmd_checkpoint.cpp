@@ -100,7 +100,8 @@ int run_checkpoint(const std::vector<std::string>& args, const std::function<dtk
   if (args.empty() || args[0] != "inspect")
     throw dtk::host::HostError(
         "usage: dtk checkpoint inspect DIR [--noverify] [--all_tensors] | dtk checkpoint convert SRC DST "
-        "--tensor_model_parallel_size N and/or --pipeline_model_parallel_size P");
+        "--tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
+        "--virtual_pipeline_model_parallel_size V");
   if (args.size() != 2)
     throw dtk::host::HostError("usage: dtk checkpoint inspect DIR (one directory: a save directory or an iter_NNNNNNN one)");
   dtk::core::InspectOptions options;

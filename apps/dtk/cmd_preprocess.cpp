@@ -10,6 +10,7 @@
 
 #include <gflags/gflags.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -102,6 +103,9 @@ int run_preprocess(int argc, char** argv) {
     o.append_eod = FLAGS_append_eod;
     o.workers = FLAGS_workers;
     o.skip_bad_lines = FLAGS_skip_bad_lines;
+    if (!std::isfinite(FLAGS_log_interval_mb) || FLAGS_log_interval_mb < 0)
+      throw dtk::data::DataError("--log_interval_mb must be 0 (never) or a positive number of MB, got " +
+                                 std::to_string(FLAGS_log_interval_mb));
     o.log_interval_mb = FLAGS_log_interval_mb;
     o.log = &std::cerr;
     dtk::text::preprocess(o);

@@ -175,6 +175,8 @@ class Ranks {
   int alive_ = 0, result_ = 0;
   bool stopping_ = false;
   bool forwarded_ = false;  // a signal to the launcher was passed on
+  int started_ = 0;         // ranks spawned: fewer than asked when a signal came while spawning
+  int forwarded_signal_ = 0;
   std::chrono::steady_clock::time_point kill_at_{};
 };
 
@@ -187,6 +189,9 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
   sigprocmask(SIG_BLOCK, &forwarded, &previous);
   const pid_t launcher = ::getpid();
   const int nproc = static_cast<int>(pids_.size());
+  // Test hook: a pause after each fork, so that a test can signal the launcher mid-spawn.
+  const char* pause_env = std::getenv("DTK_TEST_LAUNCH_SPAWN_PAUSE_MS");
+  const int pause_ms = pause_env ? std::atoi(pause_env) : 0;
   std::fflush(stdout);
   std::fflush(stderr);
   for (int r = 0; r < nproc; ++r) {
@@ -221,9 +226,22 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       std::fprintf(stderr, "dtk: error: launch: exec %s failed: %s\n", exe.c_str(), std::strerror(errno));
       std::_Exit(127);
     }
-    pids_[r] = pid, running_[r] = true, ++alive_;
+    pids_[r] = pid, running_[r] = true, ++alive_, ++started_;
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    // Forking many ranks takes a while (each fork copies a LibTorch-sized address space): a Ctrl-C
+    // or a timeout's SIGTERM meanwhile stops the spawning instead of waiting for the last rank.
+    sigset_t pending;
+    sigpending(&pending);
+    bool interrupted = false;
+    for (int sig : kForwardedSignals) interrupted = interrupted || sigismember(&pending, sig) == 1;
+    if (interrupted) break;
   }
   sigprocmask(SIG_SETMASK, &previous, nullptr);  // a signal that came meanwhile is delivered now
+  if (started_ < nproc) {
+    std::fprintf(stderr, "dtk: launch: interrupted while starting the ranks (%d of %d started); stopping them\n",
+                 started_, nproc);
+    std::fflush(stderr);
+  }
 }
 
 void Ranks::exited(int local_rank, int status) {
@@ -251,8 +269,11 @@ int Ranks::supervise() {
         kill_all(SIGKILL);  // the second: now
       } else {
         forwarded_ = true;
+        forwarded_signal_ = sig;
         kill_all(sig);  // forward; ranks that do not finish in time are killed
-        const auto deadline = std::chrono::steady_clock::now() + kForwardedGrace;
+        // An incomplete world never reaches an iteration to finish: a short grace, as for a failure.
+        const bool complete = started_ == static_cast<int>(pids_.size());
+        const auto deadline = std::chrono::steady_clock::now() + (complete ? kForwardedGrace : kGrace);
         if (!stopping_ || deadline < kill_at_) kill_at_ = deadline;
         stopping_ = true;
       }
@@ -271,6 +292,9 @@ int Ranks::supervise() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Ranks of an incomplete world may exit 0 on the signal: the launch itself did not run.
+  if (result_ == 0 && started_ < static_cast<int>(pids_.size()))
+    return 128 + (forwarded_signal_ ? forwarded_signal_ : SIGTERM);
   return result_;
 }
 

@@ -82,7 +82,8 @@ Usage:
                  --tokenizer_type NullTokenizer --vocab_size N.  `dtk train` takes them too.
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
-                                                      another tensor- and/or pipeline-parallel size
+                 [--virtual_pipeline_model_parallel_size V]   another tensor- and/or pipeline-parallel
+                                                      size, or model chunks per pipeline rank
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
                                         a Hugging Face GPT2LMHeadModel folder (safetensors); a llama
                                         checkpoint: LlamaForCausalLM (tokenizer flags optional)

@@ -832,4 +832,91 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
       "tokenizer it was trained with");
 }
 
+// The third hunt (data and tokenizer files): each a one-line error naming the file and what is
+// wrong, where before one looped forever, read freed memory or wrote garbage into a dataset.
+TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
+  const std::string dir = tmp_dir("tokenizer-files");
+  const std::string gpt2 = DTK_SOURCE_DIR "/data/gpt2";
+  fs::create_directories(dir + "/adir");
+  std::ofstream(dir + "/one.txt") << "Hello world\n";
+  {  // encoder.json with two tokens on one id
+    std::ifstream in(gpt2 + "/encoder.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"!\": 0");
+    ASSERT_NE(at, std::string::npos);
+    std::ofstream(dir + "/dup-id.json") << text.substr(0, at) << "\"zzzz\": 5, " << text.substr(at);
+  }
+  {  // vocab.bpe without its final newline: Megatron's reader drops the last merge
+    std::ifstream in(gpt2 + "/vocab.bpe", std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(dir + "/no-newline.bpe", std::ios::binary) << text.substr(0, text.size() - 1);
+  }
+  // A byte-level tokenizer.json whose template names a token without ids, or an id past its vocabulary.
+  const std::string hf_head =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"},
+          "decoder": {"type": "ByteLevel"}, "post_processor": {"type": "TemplateProcessing",
+          "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}])";
+  fs::create_directories(dir + "/hf-noids");
+  std::ofstream(dir + "/hf-noids/tokenizer.json") << hf_head << "}}";
+  fs::create_directories(dir + "/hf-oov");
+  std::ofstream(dir + "/hf-oov/tokenizer.json")
+      << hf_head << R"(, "special_tokens": {"<s>": {"id": "<s>", "ids": [40000], "tokens": ["<s>"]}}}})";
+  fs::create_directories(dir + "/hf-type");
+  std::ofstream(dir + "/hf-type/tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "added_tokens": [{"id": "5", "content": "x"}]})";
+  {  // a float32 dataset (dtype code 7): two tokens, one document
+    std::ofstream idx(dir + "/float_text_document.idx", std::ios::binary);
+    const char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+    const uint64_t version = 1, sequences = 1, documents = 2;
+    const uint8_t dtype = 7;
+    const int32_t size = 2;
+    const int64_t pointer = 0, doc0 = 0, doc1 = 1;
+    idx.write(magic, 9);
+    idx.write(reinterpret_cast<const char*>(&version), 8);
+    idx.write(reinterpret_cast<const char*>(&dtype), 1);
+    idx.write(reinterpret_cast<const char*>(&sequences), 8);
+    idx.write(reinterpret_cast<const char*>(&documents), 8);
+    idx.write(reinterpret_cast<const char*>(&size), 4);
+    idx.write(reinterpret_cast<const char*>(&pointer), 8);
+    idx.write(reinterpret_cast<const char*>(&doc0), 8);
+    idx.write(reinterpret_cast<const char*>(&doc1), 8);
+    const float tokens[2] = {3.7f, 1.0f};
+    std::ofstream(dir + "/float_text_document.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens), sizeof tokens);
+  }
+  const std::string pre = "preprocess --input " + dir + "/one.txt --output_prefix " + dir + "/o ";
+  const std::string bpe = "--vocab_file " + gpt2 + "/encoder.json --merge_file " + gpt2 + "/vocab.bpe";
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {pre + bpe + " --log_interval_mb -1", "--log_interval_mb must be 0 (never) or a positive number of MB"},
+      {pre + "--vocab_file " + dir + "/adir --merge_file " + gpt2 + "/vocab.bpe",
+       "vocab file '" + dir + "/adir' is a directory"},
+      {pre + "--vocab_file " + dir + "/dup-id.json --merge_file " + gpt2 + "/vocab.bpe", "' share id 5"},
+      {pre + "--vocab_file " + gpt2 + "/encoder.json --merge_file " + dir + "/no-newline.bpe",
+       "the file does not end with a newline: its last line is dropped"},
+      {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-noids",
+       "post_processor special token '<s>' has no ids"},
+      {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-oov",
+       "post_processor special token '<s>' has id 40000, outside the vocabulary of 2"},
+      {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-type",
+       "has no id below 2 (the number of vocabulary and added tokens)"},
+      {pre + "--tokenizer_type gpt2bpetokenizer " + bpe, "unknown --tokenizer-type 'gpt2bpetokenizer'"},
+      {pre + "--tokenizer_type NullTokenizer --vocab_size -5", "--vocab-size must be positive, got -5"},
+      {"preprocess --decode --input " + dir + "/float_text_document " + bpe,
+       "holds float32 values (dtype code 7), which cannot be token ids"},
+      {"train --config " DTK_SOURCE_DIR "/configs/gpt-tiny.pbtxt --threads 1 --set 'dataset.data_path=1e308 " + dir +
+           "/float_text_document 1e308 " + dir + "/float_text_document'",
+       "the weights' sum overflows a double"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    expect_clean_error(run_dtk(c.args, 60), c.needle);
+  }
+  // A tiny progress interval prints often and ends (it used to loop forever below the rounding).
+  const dtk_test::Result tiny = run_dtk(pre + bpe + " --log_interval_mb 1e-20", 60);
+  EXPECT_EQ(tiny.code, 0) << tiny.out;
+}
+
 }  // namespace

@@ -200,3 +200,18 @@ TEST(Launch, SigtermIsForwarded) {
   EXPECT_NE(r.out.find("launcher rc=143"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 20.0) << r.out;
 }
+
+// A signal while many ranks are still being forked stops the spawning at once (it used to wait,
+// blocked, until every rank existed: minutes for 1000 ranks on a loaded machine).
+TEST(Launch, SigtermWhileSpawningStopsIt) {
+  const std::string launch = "DTK_TEST_LAUNCH_SPAWN_PAUSE_MS=500 " + kDtk + " launch --nproc_per_node 64 " + kTrain +
+                             " --set train.exit_signal_handler=false";
+  const Result r =
+      dtk_test::run("sh -c '" + launch + " & p=$!; sleep 2; kill -TERM $p; wait $p; echo launcher rc=$?'", 60);
+  std::printf("[ timing ] SIGTERM while spawning ended after %.1f s\n", r.seconds);
+  EXPECT_NE(r.out.find("launcher rc=143"), std::string::npos) << r.out;
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex("interrupted while starting the ranks \\(([1-9]|10) of 64 started\\)")))
+      << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
+}

@@ -287,5 +287,5 @@ TEST(Cli, LlamaTokenizerFromTextToExport) {
                         "/x --tokenizer_type Llama3Tokenizer --tokenizer_model " + tok),
                     "preprocess: unknown --tokenizer-type 'Llama3Tokenizer' (DTK has GPT2BPETokenizer, "
                     "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
-                    "NullTokenizer)");
+                    "NullTokenizer; the names are case-sensitive)");
 }

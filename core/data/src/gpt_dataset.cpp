@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <fstream>
-#include <random>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -51,6 +52,7 @@ std::array<size_t, 4> split_boundaries(const std::string& split, size_t size) {
   w.resize(3);
   const double sum = w[0] + w[1] + w[2];
   if (!(sum > 0)) throw DataError("invalid split '" + split + "': the weights sum to 0");
+  if (!std::isfinite(sum)) throw DataError("invalid split '" + split + "': the weights' sum overflows a double");
   // Megatron: index[i+1] = index[i] + int(round(w_i / sum * size)), then shift so the last is size.
   std::array<int64_t, 4> idx{0, 0, 0, 0};
   for (int k = 0; k < 3; ++k) {
@@ -116,6 +118,7 @@ std::array<double, 4> core_bookends(const std::string& split) {
   while (v.size() < 3) v.push_back(0.0);
   const double sum = numpy_sum(v);
   if (!(sum > 0)) throw DataError("invalid split '" + split + "': the weights sum to 0");
+  if (!std::isfinite(sum)) throw DataError("invalid split '" + split + "': the weights' sum overflows a double");
   const std::vector<double> w = numpy_normalize(v);
   return {0.0, w[0], w[0] + w[1], (w[0] + w[1]) + w[2]};
 }
@@ -326,13 +329,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
                        const GptDatasetOptions& options)
     : data_(std::move(data)), doc_begin_(doc_begin), doc_end_(doc_end), options_(options) {
   const std::string& prefix = data_->prefix();
-  // Token ids are integers: a float dataset's bit patterns are not ids (Megatron's GPT dataset
-  // would also read them as garbage).
-  if (data_->dtype() == DType::kFloat32 || data_->dtype() == DType::kFloat64) {
-    throw DataError("'" + idx_path(prefix) + "' holds " + dtype_name(data_->dtype()) + " values (dtype code " +
-                    std::to_string(static_cast<int>(data_->dtype())) +
-                    "), which cannot be token ids: a GPT dataset needs an integer dtype (1-5 or 8)");
-  }
+  require_token_dtype(*data_);  // Megatron's GPT dataset would read a float one as garbage
   if (options_.seq_length < 1 || options_.seq_length > (1 << 30)) {
     throw DataError("'" + prefix + "': invalid seq_length " + std::to_string(options_.seq_length));
   }
@@ -712,6 +709,7 @@ std::vector<double> normalize_weights(const std::vector<double>& weights, Megatr
     sum += w;  // legacy dataset_utils: weight_sum = 0.0; weight_sum += weight
   }
   if (!(sum > 0)) throw DataError("blend weights: the weights sum to 0");
+  if (!std::isfinite(sum)) throw DataError("blend weights: the weights' sum overflows a double: scale them down");
   if (order == MegatronOrder::kCore) return numpy_normalize(weights);
   std::vector<double> out;
   for (double w : weights) out.push_back(w / sum);
@@ -916,14 +914,13 @@ void BlendedDataset::get(size_t i, int64_t* out) const {
 namespace {
 
 // Python's float(word) for the words Megatron's get_blend_from_list tries as weights.
+// As Python's float() reads Megatron's --data-path weights: decimal only (no hexadecimal), and a
+// number below the normal range is the tiny number it is (std::stod would refuse it).
 bool parse_weight(const std::string& word, double* v) {
-  size_t used = 0;
-  try {
-    *v = std::stod(word, &used);
-  } catch (...) {
-    return false;
-  }
-  return used == word.size();
+  if (word.empty() || word.find_first_of("xX") != std::string::npos) return false;
+  char* end = nullptr;
+  *v = std::strtod(word.c_str(), &end);
+  return end == word.c_str() + word.size();
 }
 
 }  // namespace

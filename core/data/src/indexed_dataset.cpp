@@ -227,6 +227,13 @@ TokenView IndexedDataset::view(size_t i, size_t offset, size_t length) const {
   return v;
 }
 
+void require_token_dtype(const IndexedDataset& dataset) {
+  if (dataset.dtype() != DType::kFloat32 && dataset.dtype() != DType::kFloat64) return;
+  throw DataError("'" + idx_path(dataset.prefix()) + "' holds " + dtype_name(dataset.dtype()) + " values (dtype code " +
+                  std::to_string(static_cast<int>(dataset.dtype())) +
+                  "), which cannot be token ids: a GPT dataset needs an integer dtype (1-5 or 8)");
+}
+
 void convert_tokens(const TokenView& v, int64_t* out) {
   const size_t n = v.count;
   switch (v.dtype) {

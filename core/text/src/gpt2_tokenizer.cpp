@@ -1,6 +1,7 @@
 #include "dtk/text/gpt2_tokenizer.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -18,7 +19,8 @@ using data::append_utf8;
 using data::decode_utf8;
 namespace {
 
-std::string read_whole_file(const std::string& path) {
+std::string read_whole_file(const std::string& path, const char* what) {
+  if (std::filesystem::is_directory(path)) throw DataError(std::string(what) + " '" + path + "' is a directory");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw DataError("cannot open '" + path + "'");
   std::ostringstream ss;
@@ -51,7 +53,7 @@ void Gpt2Tokenizer::load_vocabulary(const std::string& vocab_file, Impl* impl) {
   Impl& m = *impl;
   nlohmann::json vocab;
   try {
-    vocab = nlohmann::json::parse(read_whole_file(vocab_file));  // strict RFC 8259 + UTF-8
+    vocab = nlohmann::json::parse(read_whole_file(vocab_file, "vocab file"));  // strict RFC 8259 + UTF-8
   } catch (const nlohmann::json::exception& e) {
     throw DataError("vocab file '" + vocab_file + "': invalid JSON: " + e.what());
   }
@@ -67,6 +69,21 @@ void Gpt2Tokenizer::load_vocabulary(const std::string& vocab_file, Impl* impl) {
     }
     m.encoder[it.key()] = static_cast<int32_t>(v);
     max_id = std::max<int64_t>(max_id, static_cast<int64_t>(v));
+  }
+  // The ids number the tokens 0..N-1, each once (Megatron's vocab_size is len(encoder)): two tokens
+  // with one id would encode one text as another's ids, and an id past N lies outside the vocabulary.
+  if (max_id >= static_cast<int64_t>(m.encoder.size()))
+    throw DataError("vocab file '" + vocab_file + "': id " + std::to_string(max_id) + " is beyond its " +
+                    std::to_string(m.encoder.size()) + " tokens (the ids must number the tokens 0..N-1)");
+  {
+    std::vector<const std::string*> owner(m.encoder.size(), nullptr);
+    for (const auto& kv : m.encoder) {
+      const std::string*& first = owner[static_cast<size_t>(kv.second)];
+      if (first)
+        throw DataError("vocab file '" + vocab_file + "': tokens '" + std::min(*first, kv.first) + "' and '" +
+                        std::max(*first, kv.first) + "' share id " + std::to_string(kv.second));
+      first = &kv.first;
+    }
   }
   const uint32_t* byte_char = byte_level_alphabet();
   std::unordered_map<uint32_t, uint8_t> char_byte;
@@ -105,7 +122,7 @@ void Gpt2Tokenizer::load_vocabulary(const std::string& vocab_file, Impl* impl) {
 // vocab.bpe: key "first,second" -> rank (later duplicates win, as in the JS dict).
 void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
   Impl& m = *impl;
-  const std::string text = read_whole_file(merges_file);
+  const std::string text = read_whole_file(merges_file, "merges file");
   std::vector<std::string_view> lines;
   for (size_t pos = 0;;) {
     const size_t nl = text.find('\n', pos);
@@ -164,9 +181,13 @@ void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
       if (unreachable++ == 0 || t < example) example = t;
     }
     if (unreachable > 0)
-      throw DataError("merges file '" + merges_file + "' (" + std::to_string(key_rank.size()) + " merges) does not make " +
-                      std::to_string(unreachable) + " token(s) of the vocabulary file, e.g. '" + example +
-                      "' (cut short, or another tokenizer's merges?)");
+      throw DataError("merges file '" + merges_file + "' (" + std::to_string(key_rank.size()) +
+                      " merges) does not make " + std::to_string(unreachable) +
+                      " token(s) of the vocabulary file, e.g. '" + example +
+                      (!text.empty() && text.back() != '\n'
+                           ? "' (the file does not end with a newline: its last line is dropped, as Megatron's "
+                             "reader drops it; add the newline)"
+                           : "' (cut short, or another tokenizer's merges?)"));
   }
   // Every way of splitting a key at a comma into two vocabulary tokens is a pair the JS
   // encoder would merge at that rank.

@@ -45,7 +45,19 @@ json read_json(const std::string& path) {
   }
 }
 
-std::string type_of(const json& j) { return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : ""; }
+// j[key], or null where j is not an object or has no such key. (The const operator[] of
+// nlohmann::json does not check: a missing key reads past the map.)
+const json& member(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+std::string type_of(const json& j) {
+  const json& t = member(j, "type");
+  return t.is_string() ? t.get<std::string>() : "";
+}
 
 // A tokenizer_config.json token entry: "text" or {"content": "text", ...}.
 std::string token_text(const json& j) {
@@ -71,12 +83,21 @@ class HfTokenizer final : public Tokenizer {
     if (!fs::is_regular_file(file_)) throw DataError("HuggingFaceTokenizer: no tokenizer.json at '" + path + "'");
     const json t = read_json(file_);
     where_ = "tokenizer.json '" + file_ + "'";
-    read_model(t.value("model", json()));
-    read_added_tokens(t.value("added_tokens", json::array()));
-    read_normalizer(t.value("normalizer", json()));
-    read_pre_tokenizer(t.value("pre_tokenizer", json()));
-    read_post_processor(t.value("post_processor", json()));
-    read_decoder(t.value("decoder", json()));
+    check(t.is_object(), "not a JSON object");
+    try {  // a field of the wrong JSON type anywhere: one line naming the file
+      const json& added = member(t, "added_tokens");
+      // No id can be past the number of entries: a larger one would size the tables by it.
+      id_limit_ =
+          static_cast<int64_t>(member(member(t, "model"), "vocab").size() + (added.is_array() ? added.size() : 0));
+      read_model(member(t, "model"));
+      read_added_tokens(added.is_null() ? json::array() : added);
+      read_normalizer(member(t, "normalizer"));
+      read_pre_tokenizer(member(t, "pre_tokenizer"));
+      read_post_processor(member(t, "post_processor"));
+      read_decoder(member(t, "decoder"));
+    } catch (const json::exception& e) {
+      throw DataError(where_ + ": a field has the wrong JSON type: " + e.what());
+    }
     read_config(fs::path(file_).parent_path() / "tokenizer_config.json");
   }
 
@@ -160,23 +181,24 @@ class HfTokenizer final : public Tokenizer {
     byte_fallback_ = m.value("byte_fallback", false);
     ignore_merges_ = m.value("ignore_merges", false);
     fuse_unk_ = m.value("fuse_unk", false);
-    const json& vocab = m.value("vocab", json());
+    const json& vocab = member(m, "vocab");
     check(vocab.is_object() && !vocab.empty(), "model.vocab is not a non-empty object");
     int64_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      check(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 && it.value().get<int64_t>() < (1 << 30),
-            "model.vocab['" + it.key() + "'] is not an id");
+      check(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 && it.value().get<int64_t>() < id_limit_,
+            "model.vocab['" + it.key() + "'] is not an id below " + std::to_string(id_limit_) +
+                " (the number of vocabulary and added tokens)");
       const int32_t id = it.value().get<int32_t>();
       vocab_[it.key()] = id;
       max_id = std::max<int64_t>(max_id, id);
     }
     token_text_.assign(static_cast<size_t>(max_id + 1), std::string());
     for (const auto& kv : vocab_) token_text_[static_cast<size_t>(kv.second)] = kv.first;
-    if (m.contains("unk_token") && m["unk_token"].is_string()) {
-      auto it = vocab_.find(m["unk_token"].get<std::string>());
+    if (member(m, "unk_token").is_string()) {
+      auto it = vocab_.find(member(m, "unk_token").get<std::string>());
       unk_ = it == vocab_.end() ? -1 : it->second;
     }
-    read_merges(m.value("merges", json::array()));
+    read_merges(member(m, "merges").is_null() ? json::array() : member(m, "merges"));
     if (byte_fallback_) {
       for (int b = 0; b < 256; ++b) {
         char name[8];
@@ -214,8 +236,14 @@ class HfTokenizer final : public Tokenizer {
     check(added.is_array(), "added_tokens is not a list");
     vocab_size_ = static_cast<int64_t>(token_text_.size());
     for (const json& a : added) {
-      AddedToken t{a.value("content", std::string()), a.value("id", -1), a.value("lstrip", false), a.value("rstrip", false)};
-      check(!t.content.empty() && t.id >= 0, "an added token without content or id");
+      check(a.is_object(), "an added token is not an object: " + a.dump().substr(0, 80));
+      const json& id = member(a, "id");
+      check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < id_limit_,
+            "added token " + a.dump().substr(0, 80) + " has no id below " + std::to_string(id_limit_) +
+                " (the number of vocabulary and added tokens)");
+      AddedToken t{a.value("content", std::string()), id.get<int32_t>(), a.value("lstrip", false),
+                   a.value("rstrip", false)};
+      check(!t.content.empty(), "an added token without content");
       if (a.value("single_word", false)) refuse("added token '" + t.content + "' with single_word");
       if (a.value("normalized", false) && !a.value("special", false))
         refuse("normalized added token '" + t.content + "'");
@@ -239,12 +267,12 @@ class HfTokenizer final : public Tokenizer {
   void read_normalizer(const json& n) {
     if (n.is_null()) return;
     // Llama 2's: Sequence[Prepend("▁"), Replace(" ", "▁")].
-    const json& parts = type_of(n) == "Sequence" ? n["normalizers"] : json::array({n});
+    const json parts = type_of(n) == "Sequence" ? member(n, "normalizers") : json::array({n});
     for (const json& p : parts) {
       const std::string ty = type_of(p);
       if (ty == "Prepend" && p.value("prepend", std::string()) == kMetaspace) {
         prepend_metaspace_ = true;
-      } else if (ty == "Replace" && p.contains("pattern") && p["pattern"].value("String", std::string()) == " " &&
+      } else if (ty == "Replace" && member(member(p, "pattern"), "String") == " " &&
                  p.value("content", std::string()) == kMetaspace) {
         metaspace_ = true;
       } else {
@@ -276,13 +304,14 @@ class HfTokenizer final : public Tokenizer {
       prepend_first_only_ = scheme == "first";
       return;
     }
-    const json& steps = ty == "Sequence" ? p["pretokenizers"] : json::array();
-    const bool split_then_bytes = steps.size() == 2 && type_of(steps[0]) == "Split" &&
+    const json steps = ty == "Sequence" ? member(p, "pretokenizers") : json::array();
+    const bool split_then_bytes = steps.is_array() && steps.size() == 2 && type_of(steps[0]) == "Split" &&
                                   type_of(steps[1]) == "ByteLevel" && !steps[1].value("use_regex", true) &&
                                   !steps[1].value("add_prefix_space", false);
     if (!split_then_bytes) refuse("pre_tokenizer '" + p.dump().substr(0, 120) + "'");
     const json& split = steps[0];
-    const std::string pattern = split.contains("pattern") ? split["pattern"].value("Regex", std::string()) : "";
+    const json& regex = member(member(split, "pattern"), "Regex");
+    const std::string pattern = regex.is_string() ? regex.get<std::string>() : "";
     if (split.value("behavior", std::string()) != "Isolated" || split.value("invert", false))
       refuse("a Split pre_tokenizer that is not Isolated");
     if (pattern == kLlama3PreTokenizePattern)
@@ -298,21 +327,31 @@ class HfTokenizer final : public Tokenizer {
     if (p.is_null()) return;
     const std::string ty = type_of(p);
     if (ty == "Sequence") {
-      for (const json& step : p["processors"]) read_post_processor(step);
+      for (const json& step : member(p, "processors")) read_post_processor(step);
       return;
     }
     if (ty == "ByteLevel") return;  // offsets only
     if (ty != "TemplateProcessing") refuse("post_processor '" + ty + "'");
     bool after = false;
-    for (const json& item : p["single"]) {
+    const json& single = member(p, "single");
+    check(single.is_array(), "post_processor TemplateProcessing has no \"single\" template");
+    for (const json& item : single) {
       if (item.contains("Sequence")) {
         after = true;
         continue;
       }
-      const std::string name = item["SpecialToken"].value("id", std::string());
-      const json& special = p["special_tokens"][name];
-      check(special.is_object() && special["ids"].is_array(), "post_processor special token '" + name + "' has no ids");
-      for (const json& id : special["ids"]) (after ? suffix_ : prefix_).push_back(id.get<int32_t>());
+      const json& token = member(member(item, "SpecialToken"), "id");
+      check(token.is_string(), "post_processor template item " + item.dump().substr(0, 80) + " is not a SpecialToken");
+      const std::string name = token.get<std::string>();
+      const json& ids = member(member(member(p, "special_tokens"), name.c_str()), "ids");
+      check(ids.is_array(), "post_processor special token '" + name + "' has no ids");
+      for (const json& id : ids) {
+        // Put around every document: an id outside the vocabulary would be written into each one.
+        check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < vocab_size_,
+              "post_processor special token '" + name + "' has id " + id.dump() + ", outside the vocabulary of " +
+                  std::to_string(vocab_size_));
+        (after ? suffix_ : prefix_).push_back(id.get<int32_t>());
+      }
     }
   }
 
@@ -342,8 +381,8 @@ class HfTokenizer final : public Tokenizer {
     if (fs::is_regular_file(path)) {
       config_file_ = path.string();
       const json c = read_json(config_file_);
-      bos_ = id_of(token_text(c.value("bos_token", json())));
-      eos_ = id_of(token_text(c.value("eos_token", json())));
+      bos_ = id_of(token_text(member(c, "bos_token")));
+      eos_ = id_of(token_text(member(c, "eos_token")));
     }
     // Without a config: the usual names of the end-of-text token.
     for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"})
@@ -507,6 +546,7 @@ class HfTokenizer final : public Tokenizer {
   bool added_first_bytes_[256] = {};
   bool added_newline_ = false;
   int64_t vocab_size_ = 0;
+  int64_t id_limit_ = 0;  // no id is this large: the number of vocabulary and added tokens
   bool byte_fallback_ = false, ignore_merges_ = false, fuse_unk_ = false;
   int32_t unk_ = -1;
   int32_t byte_token_[256] = {};

@@ -1,14 +1,16 @@
 #include "dtk/text/preprocess.hpp"
 
-#include <filesystem>
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -255,7 +257,12 @@ class Writer {
     ++stats_.batches;
     if (next_log_ > 0 && static_cast<double>(stats_.input_bytes) >= next_log_) {
       progress("");
-      while (next_log_ <= static_cast<double>(stats_.input_bytes)) next_log_ += o_.log_interval_mb * 1e6;
+      // The next multiple of the interval past what was read (a loop of additions would not end
+      // for an interval below the rounding of next_log_).
+      const double step = o_.log_interval_mb * 1e6;
+      next_log_ = (std::floor(static_cast<double>(stats_.input_bytes) / step) + 1) * step;
+      if (!(next_log_ > static_cast<double>(stats_.input_bytes)))
+        next_log_ = static_cast<double>(stats_.input_bytes) + step;
     }
   }
 
@@ -466,6 +473,7 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
 void decode_documents(const std::string& prefix, const Tokenizer& tok, int64_t begin, int64_t end,
                       std::ostream& out) {
   const IndexedDataset ds(prefix);
+  data::require_token_dtype(ds);
   const int64_t ndocs = static_cast<int64_t>(ds.num_documents());
   if (end < 0) end = ndocs;
   if (begin < 0 || begin > end || end > ndocs) {
@@ -480,6 +488,10 @@ void decode_documents(const std::string& prefix, const Tokenizer& tok, int64_t b
     for (int64_t s = s0; s < s1; ++s) {
       ids.clear();
       ds.get(static_cast<size_t>(s), 0, static_cast<size_t>(ds.sequence_length(static_cast<size_t>(s))), &ids);
+      for (int64_t id : ids)  // a uint32/int64 dataset's id beyond int32 would wrap into another one
+        if (id < 0 || id > std::numeric_limits<int32_t>::max())
+          throw DataError("'" + prefix + "': document " + std::to_string(d) + " holds token id " + std::to_string(id) +
+                          ", outside the vocabulary of " + std::to_string(tok.vocab_size()));
       narrow.assign(ids.begin(), ids.end());
       out << tok.decode(narrow);
     }

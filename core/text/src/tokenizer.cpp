@@ -1,6 +1,7 @@
 // make_tokenizer(): Megatron's build_tokenizer() selection and its checks, one error line each;
 // and GPT2BPETokenizer, the Gpt2Tokenizer behind the common interface.
 #include "dtk/text/tokenizer.hpp"
+#include <algorithm>
 
 #include <atomic>
 #include <cstring>
@@ -103,6 +104,13 @@ const std::vector<std::string>& tokenizer_types() {
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
   const std::string type = s.type.empty() ? "GPT2BPETokenizer" : s.type;
   const std::string with = "--tokenizer-type " + type;
+  // An unknown type first: its other flags cannot be judged (a case typo is not a misplaced flag).
+  const std::vector<std::string>& types = tokenizer_types();
+  if (std::find(types.begin(), types.end(), type) == types.end()) {
+    std::string known;
+    for (const std::string& t : types) known += (known.empty() ? "" : ", ") + t;
+    throw DataError("unknown --tokenizer-type '" + type + "' (DTK has " + known + "; the names are case-sensitive)");
+  }
   require(s.null_vocab_size == 0 || type == "NullTokenizer",
           with + " takes no --vocab-size (that is NullTokenizer's; the size comes from the tokenizer's files)");
   if (type == "GPT2BPETokenizer") {
@@ -122,13 +130,13 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
     return make_hf_tokenizer(s.model_file);
   }
   if (type == "NullTokenizer") {
+    require(s.null_vocab_size >= 0, with + ": --vocab-size must be positive, got " + std::to_string(s.null_vocab_size));
     require(s.null_vocab_size > 0, with + " needs --vocab-size (the number of ids, without the EOD it adds)");
     require(s.model_file.empty(), with + " takes no --tokenizer-model");
     return make_null_tokenizer(s.null_vocab_size);
   }
-  std::string known;
-  for (const std::string& t : tokenizer_types()) known += (known.empty() ? "" : ", ") + t;
-  throw DataError("unknown --tokenizer-type '" + type + "' (DTK has " + known + ")");
+  // Every listed type returned above.
+  throw DataError("--tokenizer-type '" + type + "' is listed but has no constructor");
 }
 
 }  // namespace dtk::text

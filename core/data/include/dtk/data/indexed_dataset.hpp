@@ -96,6 +96,10 @@ class IndexedDataset {
 // Converts `count` tokens of `view` to int64, writing to out[0..count).
 void convert_tokens(const TokenView& view, int64_t* out);
 
+// Throws DataError unless the dataset's dtype holds token ids (an integer one): a float
+// dataset's values are not ids, and reading them as ids would silently train on garbage.
+void require_token_dtype(const IndexedDataset& dataset);
+
 // Writes PREFIX.bin while sequences are added, then PREFIX.idx on finalize(). Produces files
 // byte-identical to Megatron's IndexedDatasetBuilder for the same add_item/end_document calls.
 class IndexedDatasetBuilder {

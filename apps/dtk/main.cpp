@@ -415,9 +415,73 @@ int cmd_train(const std::vector<std::string>& args, const std::vector<std::strin
   return rc;
 }
 
+// Whether `dtk CMD` reads the flag defined in `file` (gflags are global: without this check a flag
+// of another command, generate's --seed given to train say, would parse and do nothing).
+bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file) {
+  const auto in = [&](std::initializer_list<const char*> cmds) {
+    for (const char* c : cmds)
+      if (cmd == c) return true;
+    return false;
+  };
+  const auto defined_in = [&](const std::string& name) {
+    return file.size() >= name.size() && file.compare(file.size() - name.size(), name.size(), name) == 0 &&
+           (file.size() == name.size() || file[file.size() - name.size() - 1] == '/');
+  };
+  if (defined_in("cmd_generate.cpp")) return cmd == "generate";
+  if (defined_in("cmd_preprocess.cpp")) return cmd == "preprocess";
+  if (defined_in("cmd_checkpoint.cpp")) return cmd == "checkpoint";
+  if (defined_in("tokenizer_flags.cpp")) return in({"train", "config", "preprocess", "generate", "export"});
+  if (!defined_in("main.cpp")) return true;  // not dtk's (glog's --v, --logtostderr, ...)
+  if (flag == "plugin_path" || flag == "threads") return true;
+  if (flag == "kind") return cmd == "plugins";
+  if (flag == "megatron_table") return cmd == "config";
+  // export and generate take --model and --use_checkpoint_args, and refuse --config and
+  // --megatron_args themselves, with their reason (apply_command_line_model).
+  if (flag == "config" || flag == "model" || flag == "megatron_args" || flag == "use_checkpoint_args")
+    return in({"train", "config", "export", "generate"});
+  return in({"train", "config"});
+}
+
+// What a flag of another command most likely meant under train/config (Megatron's names).
+std::string train_equivalent(const std::string& flag) {
+  static const std::map<std::string, std::string> kMeant = {
+      {"seed", "--set train.seed=N"},
+      {"load", "--set checkpoint.load=DIR"},
+      {"tensor_model_parallel_size", "--set distributed.tensor_model_parallel_size=N"},
+      {"pipeline_model_parallel_size", "--set distributed.pipeline_model_parallel_size=N"},
+      {"virtual_pipeline_model_parallel_size", "--set distributed.virtual_pipeline_model_parallel_size=N"}};
+  const auto it = kMeant.find(flag);
+  return it == kMeant.end() ? "" : it->second;
+}
+
+// A flag (or --set) the command does not read is refused, naming the command that does.
+void refuse_flags_of_other_commands(const std::string& cmd, const std::vector<std::string>& sets) {
+  static const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
+                                          "export", "import", "generate", "version"};
+  if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) return;
+  if (!sets.empty() &&
+      (cmd == "checkpoint" || cmd == "import" || cmd == "preprocess" || cmd == "plugins" || cmd == "version"))
+    throw dtk::host::HostError(cmd + ": --set " + sets.front() + " is not read by dtk " + cmd + " (it takes no --set)");
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  for (const auto& f : all) {
+    if (f.is_default || command_reads(cmd, f.name, f.filename)) continue;
+    std::string owners;
+    const bool refused_there = f.name == "config" || f.name == "megatron_args";  // by export and generate
+    for (const char* other : kCommands)
+      if (other != cmd && command_reads(other, f.name, f.filename) &&
+          !(refused_there && (!std::strcmp(other, "export") || !std::strcmp(other, "generate"))))
+        owners += (owners.empty() ? "" : ", ") + std::string(other);
+    const std::string meant = (cmd == "train" || cmd == "config") ? train_equivalent(f.name) : "";
+    throw dtk::host::HostError(cmd + ": --" + f.name + " is not read by dtk " + cmd + " (it is a flag of dtk " +
+                               owners + ")" + (meant.empty() ? ": drop it" : ": did you mean " + meant + "?"));
+  }
+}
+
 // The command named by argv[1] (flags already parsed out of argc/argv).
 int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   const std::string cmd = argv[1];
+  refuse_flags_of_other_commands(cmd, sets);
   std::vector<std::string> args(argv + 2, argv + argc);
   const char* argv0 = argv[0];
   if (cmd == "version") {

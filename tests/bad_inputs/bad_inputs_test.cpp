@@ -423,7 +423,7 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"preprocess --input " + dir + "/one.txt --output_prefix " + dir +
            "/m --vocab_file " DTK_SOURCE_DIR "/data/gpt2/encoder.json --merge_file " + dir + "/cut.bpe",
        "cut.bpe' (534 merges) does not make 49466 token(s) of the vocabulary file, e.g. '!!' (cut short, or another "
-       "tokenizer's merges?)"},
+       "tokenizer's merges? It does not end with a newline"},
       {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
        "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
       // An option its plugin's settings leave idle (ABI 2.7's acts_with), in any slot.
@@ -895,7 +895,7 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
        "vocab file '" + dir + "/adir' is a directory"},
       {pre + "--vocab_file " + dir + "/dup-id.json --merge_file " + gpt2 + "/vocab.bpe", "' share id 5"},
       {pre + "--vocab_file " + gpt2 + "/encoder.json --merge_file " + dir + "/no-newline.bpe",
-       "the file does not end with a newline: its last line is dropped"},
+       "It does not end with a newline: its last line is not read, as in Megatron's reader)"},
       {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-noids",
        "post_processor special token '<s>' has no ids"},
       {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-oov",
@@ -909,6 +909,14 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
       {"train --config " DTK_SOURCE_DIR "/configs/gpt-tiny.pbtxt --threads 1 --set 'dataset.data_path=1e308 " + dir +
            "/float_text_document 1e308 " + dir + "/float_text_document'",
        "the weights' sum overflows a double"},
+      // A flag of another command (gflags are global): it used to parse and do nothing.
+      {kTrain + "--seed 7",
+       "train: --seed is not read by dtk train (it is a flag of dtk generate): did you mean "
+       "--set train.seed=N?"},
+      {kTrain + "--load " + dir, "did you mean --set checkpoint.load=DIR?"},
+      {"checkpoint inspect " + dir + " --set model.num_layers=7",
+       "checkpoint: --set model.num_layers=7 is not read by dtk checkpoint (it takes no --set)"},
+      {"preprocess --input " + dir + "/one.txt --seed 3", "preprocess: --seed is not read by dtk preprocess"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

@@ -163,6 +163,9 @@ TEST(Loader, ApiTableTooSmall) {
                                                     "): dataset api struct_size " + std::to_string(2 * sizeof(void*)) +
                                                     " is smaller than ABI 2.0's " +
                                                     std::to_string(dtk_dataset_api_STRUCT_SIZE_2_0) + " bytes");
+  // A NULL function the host calls would crash the run at its first call: refused at load.
+  EXPECT_EQ(load_error(broken("tp_null_function")),
+            "plugin 'good_c' (" + broken("tp_null_function") + "): its dataset api has no get_sample function (NULL)");
 }
 
 TEST(Loader, InvalidName) {

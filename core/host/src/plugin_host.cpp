@@ -4,12 +4,14 @@
 #include "elf_check.hpp"
 
 #define BOOST_DLL_USE_STD_FS 1
+#include <dlfcn.h>
 #include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -39,6 +41,53 @@ size_t min_api_size(int32_t kind) {
       return 0;
   }
 }
+
+// The functions of each kind's ABI 2.0 table that the host calls without asking: a NULL one
+// would crash the run at its first call, so the plugin is refused at load instead. (A strategy's
+// state_save/state_load may be NULL: the host then saves no state for it.)
+struct RequiredFunction {
+  size_t offset;
+  const char* name;
+};
+#define DTK_REQUIRED(api, fn) \
+  RequiredFunction { offsetof(api, fn), #fn }
+std::vector<RequiredFunction> required_functions(int32_t kind) {
+  switch (kind) {
+    case DTK_KIND_MODEL:
+      return {DTK_REQUIRED(dtk_model_api, create),
+              DTK_REQUIRED(dtk_model_api, destroy),
+              DTK_REQUIRED(dtk_model_api, forward),
+              DTK_REQUIRED(dtk_model_api, visit_parameters),
+              DTK_REQUIRED(dtk_model_api, visit_buffers),
+              DTK_REQUIRED(dtk_model_api, set_training),
+              DTK_REQUIRED(dtk_model_api, to),
+              DTK_REQUIRED(dtk_model_api, state_save),
+              DTK_REQUIRED(dtk_model_api, state_load),
+              DTK_REQUIRED(dtk_model_api, get_info),
+              DTK_REQUIRED(dtk_model_api, visit_modules),
+              DTK_REQUIRED(dtk_model_api, set_module_hooks)};
+    case DTK_KIND_DATASET:
+      return {DTK_REQUIRED(dtk_dataset_api, create), DTK_REQUIRED(dtk_dataset_api, destroy),
+              DTK_REQUIRED(dtk_dataset_api, num_samples), DTK_REQUIRED(dtk_dataset_api, get_sample),
+              DTK_REQUIRED(dtk_dataset_api, vocab_size)};
+    case DTK_KIND_STEP:
+      return {DTK_REQUIRED(dtk_step_api, create), DTK_REQUIRED(dtk_step_api, destroy),
+              DTK_REQUIRED(dtk_step_api, forward_step)};
+    case DTK_KIND_STRATEGY:
+      return {DTK_REQUIRED(dtk_strategy_api, create),          DTK_REQUIRED(dtk_strategy_api, destroy),
+              DTK_REQUIRED(dtk_strategy_api, setup),           DTK_REQUIRED(dtk_strategy_api, optimizer_params),
+              DTK_REQUIRED(dtk_strategy_api, before_backward), DTK_REQUIRED(dtk_strategy_api, reduce_gradients),
+              DTK_REQUIRED(dtk_strategy_api, clip_and_norm),   DTK_REQUIRED(dtk_strategy_api, optimizer_step),
+              DTK_REQUIRED(dtk_strategy_api, zero_grad),       DTK_REQUIRED(dtk_strategy_api, module_hooks)};
+    case DTK_KIND_OPTIMIZER:
+      return {DTK_REQUIRED(dtk_optimizer_api, create), DTK_REQUIRED(dtk_optimizer_api, destroy),
+              DTK_REQUIRED(dtk_optimizer_api, step), DTK_REQUIRED(dtk_optimizer_api, state_save),
+              DTK_REQUIRED(dtk_optimizer_api, state_load)};
+    default:
+      return {};
+  }
+}
+#undef DTK_REQUIRED
 
 void destroy_host_status(dtk_status* s) {
   if (!s) return;
@@ -111,7 +160,10 @@ const dtk_plugin_entry* open_entry(const std::string& path, const std::string& w
   boost::dll::fs::error_code load_ec;
   lib->load(fs::path(path), load_ec, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   if (load_ec || !lib->is_loaded()) {
-    std::string detail = load_ec.message();
+    // dlopen's own reason (an undefined symbol, a missing dependency); Boost.DLL reports only
+    // "Bad file descriptor" for every failure.
+    const char* why = ::dlerror();
+    std::string detail = why ? std::string(why) : load_ec.message();
     delete lib;
     throw HostError(where + ": not a loadable shared library (" + detail + ")");
   }
@@ -192,6 +244,11 @@ const void* initialise(const dtk_plugin_entry* e, const dtk_host_services* servi
   if (api_size < min_api_size(e->kind))
     refuse(who + ": " + kind_name(e->kind) + " api struct_size " + std::to_string(api_size) +
            " is smaller than ABI 2.0's " + std::to_string(min_api_size(e->kind)) + " bytes");
+  for (const RequiredFunction& f : required_functions(e->kind)) {
+    void* fn = nullptr;
+    std::memcpy(&fn, static_cast<const char*>(api) + f.offset, sizeof fn);
+    if (!fn) refuse(who + ": its " + kind_name(e->kind) + " api has no " + f.name + " function (NULL)");
+  }
   return api;
 }
 

@@ -184,10 +184,10 @@ void Gpt2Tokenizer::load_merges(const std::string& merges_file, Impl* impl) {
       throw DataError("merges file '" + merges_file + "' (" + std::to_string(key_rank.size()) +
                       " merges) does not make " + std::to_string(unreachable) +
                       " token(s) of the vocabulary file, e.g. '" + example +
+                      "' (cut short, or another tokenizer's merges?" +
                       (!text.empty() && text.back() != '\n'
-                           ? "' (the file does not end with a newline: its last line is dropped, as Megatron's "
-                             "reader drops it; add the newline)"
-                           : "' (cut short, or another tokenizer's merges?)"));
+                           ? " It does not end with a newline: its last line is not read, as in Megatron's reader)"
+                           : ")"));
   }
   // Every way of splitting a key at a comma into two vocabulary tokens is a pair the JS
   // encoder would merge at that rank.

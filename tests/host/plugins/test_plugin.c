@@ -114,6 +114,9 @@ static const void* get_api(void) {
 #ifdef VARIANT_SMALL_API
   kApi.struct_size = 2 * sizeof(void*);
 #endif
+#ifdef VARIANT_NULL_FUNCTION
+  kApi.get_sample = NULL;
+#endif
   return &kApi;
 }
 

@@ -839,6 +839,8 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
   const std::string gpt2 = DTK_SOURCE_DIR "/data/gpt2";
   fs::create_directories(dir + "/adir");
   std::ofstream(dir + "/one.txt") << "Hello world\n";
+  std::ofstream(dir + "/twice.pbtxt") << "model { name: \"gpt\" options { key: \"num_layers\" value: \"2\" }\n"
+                                         "  options { key: \"num_layers\" value: \"3\" } }\n";
   {  // encoder.json with two tokens on one id
     std::ifstream in(gpt2 + "/encoder.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -917,11 +919,29 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
       {"checkpoint inspect " + dir + " --set model.num_layers=7",
        "checkpoint: --set model.num_layers=7 is not read by dtk checkpoint (it takes no --set)"},
       {"preprocess --input " + dir + "/one.txt --seed 3", "preprocess: --seed is not read by dtk preprocess"},
+      // Settings that would do nothing, and outputs that would be lost after the whole run.
+      {"config --config " + dir + "/twice.pbtxt",
+       "config '" + dir +
+           "/twice.pbtxt': model option 'num_layers' is given twice (\"3\" the second time): give it once"},
+      {"config --set lr.lr_wsd_decay_iters=1",
+       "config: lr.lr_wsd_decay_iters does nothing without lr.lr_decay_style=WSD (it is cosine)"},
+      {"config --set logging.trace_iterations=3",
+       "config: logging.trace_iterations does nothing without logging.trace_file"},
+      {kTrain + "--set logging.trace_file=/proc/dtk-trace.json", "logging.trace_file '/proc/dtk-trace.json'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
     expect_clean_error(run_dtk(c.args, 60), c.needle);
   }
+  // An fp32 checkpoint (an imported Hugging Face model, say) fine-tunes in bf16: ddp's fp32 masters
+  // start from the loaded parameters (it used to refuse: "checkpoint has no fp32 master").
+  const dtk_test::Result fp32 = run_dtk(kTrain + "--set checkpoint.save=" + dir + "/fp32-ck", 120);
+  ASSERT_EQ(fp32.code, 0) << fp32.out;
+  const dtk_test::Result bf16 = run_dtk(
+      kTrain + "--set checkpoint.load=" + dir + "/fp32-ck --set checkpoint.finetune=true --set train.params_dtype=bf16",
+      120);
+  EXPECT_EQ(bf16.code, 0) << bf16.out;
+  EXPECT_NE(bf16.out.find("their masters start from the loaded values"), std::string::npos) << bf16.out;
   // A tiny progress interval prints often and ends (it used to loop forever below the rounding).
   const dtk_test::Result tiny = run_dtk(pre + bpe + " --log_interval_mb 1e-20", 60);
   EXPECT_EQ(tiny.code, 0) << tiny.out;

@@ -205,8 +205,9 @@ TEST(Domino, TraceFileHoldsChunkSpansCollectivesAndWaitsPerRank) {
     EXPECT_GT(count(t, "\"cat\": \"wait\""), 0);
     EXPECT_NE(t.find("\"name\": \"rank " + std::to_string(rank) + "\""), std::string::npos);
   }
-  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + "--set logging.trace_iterations=3-2"),
-                                  "logging.trace_iterations");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + "--set logging.trace_file=" DTK_TEST_TMP "/t.json --set logging.trace_iterations=3-2"),
+      "logging.trace_iterations");
 }
 
 TEST(Domino, BadInputsAreOneLineErrors) {

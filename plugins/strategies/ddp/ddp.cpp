@@ -200,17 +200,29 @@ class Ddp : public dtk::Strategy {
     return out;
   }
 
+  // A checkpoint saved with fp32 parameters (an imported Hugging Face model, an fp32 run) has no
+  // masters: they start from the parameters just loaded, as Megatron's reload_model_params does
+  // when the optimizer state is not loaded.
   void state_load(const dtk::TensorList& state) override {
     at::NoGradGuard no_grad;
+    int64_t from_params = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (is_self(i)) continue;
       const at::Tensor* t = dtk::find(state, "master." + params_[i].name);
-      if (!t) throw dtk::Error("ddp: checkpoint has no fp32 master for '" + params_[i].name + "'", DTK_ERR_NOT_FOUND);
+      if (!t) {
+        masters_[i].copy_(params_[i].tensor);
+        ++from_params;
+        continue;
+      }
       if (t->sizes() != masters_[i].sizes())
         throw dtk::Error("ddp: master '" + params_[i].name + "' has shape " + dtk::shape_str(*t) + ", expected " +
                          dtk::shape_str(masters_[i]));
       masters_[i].copy_(*t);
     }
+    if (from_params > 0)
+      DTK_LOG(WARNING) << "ddp: the checkpoint has no fp32 masters for " << from_params
+                       << " low-precision parameter(s) (saved with fp32 parameters?): their masters start from the "
+                          "loaded values";
   }
 
  private:

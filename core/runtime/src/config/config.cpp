@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -63,12 +64,35 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string text;
 };
 
+// A plugin option given twice in one text: the options map would keep the last without a word.
+void refuse_repeated_options(const std::string& text, const std::string& origin) {
+  config::RunConfigSlotsText slots;
+  TextFormat::Parser parser;
+  parser.AllowUnknownField(true);
+  FirstError quiet;  // the real parse reports what does not parse
+  parser.RecordErrorsTo(&quiet);
+  if (!parser.ParseFromString(text, &slots)) return;
+  const std::pair<const char*, const config::PluginChoiceText*> choices[] = {{"model", &slots.model()},
+                                                                             {"dataset", &slots.dataset()},
+                                                                             {"step", &slots.step()},
+                                                                             {"optimizer", &slots.optimizer()},
+                                                                             {"strategy", &slots.strategy()}};
+  for (const auto& [slot, choice] : choices) {
+    std::set<std::string> seen;
+    for (const auto& option : choice->options())
+      if (!seen.insert(option.key()).second)
+        throw HostError(origin + ": " + slot + " option '" + option.key() + "' is given twice (\"" + option.value() +
+                        "\" the second time): give it once");
+  }
+}
+
 void merge_text(const std::string& text, config::RunConfig* cfg, const std::string& origin) {
   TextFormat::Parser parser;
   FirstError errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.MergeFromString(text, cfg))
     throw HostError(origin + ": " + (errors.text.empty() ? "parse error" : errors.text));
+  refuse_repeated_options(text, origin);
 }
 
 std::vector<std::string> split_path(const std::string& path) {
@@ -475,6 +499,10 @@ void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingCo
     if (lr.lr_wsd_decay_iters() <= 0 || (decay_len > 0 && lr.lr_wsd_decay_iters() > decay_len))
       throw HostError("config: lr.lr_decay_style=WSD needs lr.lr_wsd_decay_iters in [1, " + std::to_string(decay_len) +
                       "] (the decay length), got " + std::to_string(lr.lr_wsd_decay_iters()));
+  } else if (!wsd.empty() || lr.lr_wsd_decay_iters() != 0) {  // Megatron reads them only under WSD
+    throw HostError(std::string("config: ") + (wsd.empty() ? "lr.lr_wsd_decay_iters" : "lr.lr_wsd_decay_style") +
+                    " does nothing without lr.lr_decay_style=WSD (it is " + style +
+                    "): drop it, or set lr.lr_decay_style=WSD");
   }
 }
 
@@ -564,6 +592,10 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError("config: distributed.sequence_parallel splits train.seq_length " + std::to_string(t.seq_length()) +
                     " over the tensor-parallel size " + std::to_string(d.tensor_model_parallel_size()) +
                     ", which does not divide it");
+  if (!cfg.logging().trace_iterations().empty() && cfg.logging().trace_file().empty())
+    throw HostError(
+        "config: logging.trace_iterations does nothing without logging.trace_file: drop it, or set "
+        "logging.trace_file=trace.json");
   validate_iterations("logging.trace_iterations", cfg.logging().trace_iterations(), !cfg.logging().trace_file().empty(),
                       "the trace would stay empty", cfg);
   validate_iterations("logging.profile_steps", cfg.logging().profile_steps(), true, "nothing would be profiled", cfg);

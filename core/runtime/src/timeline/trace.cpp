@@ -27,6 +27,7 @@ struct State {
   std::mutex mu;
   Settings settings;
   bool on = false, written = false, started = false;  // started: a traced iteration ran
+  std::string failed;                                 // the file that could not be written
   int64_t origin_ns = -1;
   std::vector<Event> events;
 };
@@ -97,6 +98,7 @@ void write_locked(State& s) {
   out.close();
   if (!out) {
     LOG(ERROR) << "trace: could not write " << path;
+    s.failed = path;
     return;
   }
   LOG(INFO) << "trace: wrote " << s.events.size() << " events of iterations " << s.settings.first << "-"
@@ -162,6 +164,12 @@ void end_iteration(int64_t iteration) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.on = false;
   if (iteration >= s.settings.last && s.started) write_locked(s);  // a resumed run past the range writes nothing
+}
+
+std::string failed_write() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.failed;
 }
 
 void flush() {

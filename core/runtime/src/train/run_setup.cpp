@@ -1,7 +1,8 @@
 #include "dtk/core/train/run_setup.hpp"
 
-#include <ATen/Parallel.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <fcntl.h>
 #include <glog/logging.h>
 #include <unistd.h>
 
@@ -330,6 +331,15 @@ void check_output_paths(const config::RunConfig& cfg) {
     const fs::path parent = fs::path(file).parent_path();
     writable_dir(parent.empty() ? "." : parent.string(), what + " '" + file + "': its directory");
     if (fs::is_directory(file)) throw HostError(what + " '" + file + "' is a directory, not a file");
+    // Written at the end (a rename over it, or in place): a file that cannot be replaced would
+    // fail only after the whole run.
+    if (fs::exists(file) && ::access(file.c_str(), W_OK) != 0)
+      throw HostError(what + " '" + file + "': cannot overwrite it (" + std::strerror(errno) + ")");
+    const std::string probe = file + ".probe-" + std::to_string(::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) throw HostError(what + " '" + file + "': cannot create a file there (" + std::strerror(errno) + ")");
+    ::close(fd);
+    ::unlink(probe.c_str());
   };
   const auto& ck = cfg.checkpoint();
   if (!ck.save().empty()) {

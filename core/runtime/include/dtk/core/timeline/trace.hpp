@@ -27,6 +27,8 @@ void parse_iterations(const std::string& field, const std::string& spec, int64_t
 void begin_iteration(int64_t iteration);
 void end_iteration(int64_t iteration);
 void flush();
+// The trace file that could not be written (empty: none), for the run to fail on at its end.
+std::string failed_write();
 bool active();
 int64_t now_ns();
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -48,6 +49,8 @@ std::vector<std::string> read_prompts() {
     return {FLAGS_prompt};
   }
   if (FLAGS_prompts_file.empty()) throw HostError("generate: nothing to continue: give --prompt TEXT or --prompts_file FILE");
+  if (std::filesystem::is_directory(FLAGS_prompts_file))
+    throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " is a directory, not a file of prompts");
   std::ifstream in(FLAGS_prompts_file);
   if (!in) throw HostError("generate: cannot read --prompts_file " + FLAGS_prompts_file);
   std::vector<std::string> out;
@@ -56,6 +59,10 @@ std::vector<std::string> read_prompts() {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
     utf8(line, "--prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number));
+    // The echo and the model would read different prompts (a C string ends at the NUL).
+    if (line.find('\0') != std::string::npos)
+      throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number) +
+                      " holds a NUL byte: not a text prompt");
     if (!line.empty()) out.push_back(line);
   }
   if (out.empty()) throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " holds no prompt");

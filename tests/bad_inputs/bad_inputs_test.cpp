@@ -839,6 +839,10 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
   const std::string gpt2 = DTK_SOURCE_DIR "/data/gpt2";
   fs::create_directories(dir + "/adir");
   std::ofstream(dir + "/one.txt") << "Hello world\n";
+  fs::create_directories(dir + "/iter-file");
+  std::ofstream(dir + "/iter-file/latest_checkpointed_iteration.txt") << "4\n";
+  std::ofstream(dir + "/iter-file/iter_0000004") << "not a directory\n";
+  std::ofstream(dir + "/nul-prompt.txt", std::ios::binary) << std::string("a\0b\n", 4);
   std::ofstream(dir + "/twice.pbtxt") << "model { name: \"gpt\" options { key: \"num_layers\" value: \"2\" }\n"
                                          "  options { key: \"num_layers\" value: \"3\" } }\n";
   {  // encoder.json with two tokens on one id
@@ -903,8 +907,11 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
       {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-oov",
        "post_processor special token '<s>' has id 40000, outside the vocabulary of 2"},
       {pre + "--tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf-type",
-       "has no id below 2 (the number of vocabulary and added tokens)"},
+       "has no id below 1048578 (the number of vocabulary and added tokens, plus 2^20)"},
       {pre + "--tokenizer_type gpt2bpetokenizer " + bpe, "unknown --tokenizer-type 'gpt2bpetokenizer'"},
+      {pre + "--tokenizer_type SentencePieceTokenizer --tokenizer_model " + dir + "/adir",
+       "tokenizer model '" + dir + "/adir' is a directory: SentencePieceTokenizer needs a SentencePiece .model file"},
+      {kTrain + "--set checkpoint.load=" + dir + "/iter-file", "iter_0000004 is not a directory"},
       {pre + "--tokenizer_type NullTokenizer --vocab_size -5", "--vocab-size must be positive, got -5"},
       {"preprocess --decode --input " + dir + "/float_text_document " + bpe,
        "holds float32 values (dtype code 7), which cannot be token ids"},
@@ -942,6 +949,9 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
       120);
   EXPECT_EQ(bf16.code, 0) << bf16.out;
   EXPECT_NE(bf16.out.find("their masters start from the loaded values"), std::string::npos) << bf16.out;
+  const std::string generate = "generate --load " + dir + "/fp32-ck " + bpe + " --max_new_tokens 2 --prompts_file ";
+  expect_clean_error(run_dtk(generate + dir + "/adir", 60), "--prompts_file " + dir + "/adir is a directory");
+  expect_clean_error(run_dtk(generate + dir + "/nul-prompt.txt", 60), "nul-prompt.txt line 1 holds a NUL byte");
   // A tiny progress interval prints often and ends (it used to loop forever below the rounding).
   const dtk_test::Result tiny = run_dtk(pre + bpe + " --log_interval_mb 1e-20", 60);
   EXPECT_EQ(tiny.code, 0) << tiny.out;

@@ -86,9 +86,11 @@ class HfTokenizer final : public Tokenizer {
     check(t.is_object(), "not a JSON object");
     try {  // a field of the wrong JSON type anywhere: one line naming the file
       const json& added = member(t, "added_tokens");
-      // No id can be past the number of entries: a larger one would size the tables by it.
+      // Ids may leave holes (tiktoken conversions put their specials past a gap), but not by more
+      // than 2^20: a huge id would size the tables by it (std::bad_alloc, or gigabytes).
       id_limit_ =
-          static_cast<int64_t>(member(member(t, "model"), "vocab").size() + (added.is_array() ? added.size() : 0));
+          static_cast<int64_t>(member(member(t, "model"), "vocab").size() + (added.is_array() ? added.size() : 0)) +
+          (int64_t{1} << 20);
       read_model(member(t, "model"));
       read_added_tokens(added.is_null() ? json::array() : added);
       read_normalizer(member(t, "normalizer"));
@@ -187,7 +189,7 @@ class HfTokenizer final : public Tokenizer {
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       check(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 && it.value().get<int64_t>() < id_limit_,
             "model.vocab['" + it.key() + "'] is not an id below " + std::to_string(id_limit_) +
-                " (the number of vocabulary and added tokens)");
+                " (the number of vocabulary and added tokens, plus 2^20)");
       const int32_t id = it.value().get<int32_t>();
       vocab_[it.key()] = id;
       max_id = std::max<int64_t>(max_id, id);
@@ -240,7 +242,7 @@ class HfTokenizer final : public Tokenizer {
       const json& id = member(a, "id");
       check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < id_limit_,
             "added token " + a.dump().substr(0, 80) + " has no id below " + std::to_string(id_limit_) +
-                " (the number of vocabulary and added tokens)");
+                " (the number of vocabulary and added tokens, plus 2^20)");
       AddedToken t{a.value("content", std::string()), id.get<int32_t>(), a.value("lstrip", false),
                    a.value("rstrip", false)};
       check(!t.content.empty(), "an added token without content");
@@ -546,7 +548,7 @@ class HfTokenizer final : public Tokenizer {
   bool added_first_bytes_[256] = {};
   bool added_newline_ = false;
   int64_t vocab_size_ = 0;
-  int64_t id_limit_ = 0;  // no id is this large: the number of vocabulary and added tokens
+  int64_t id_limit_ = 0;  // no id is this large: the number of vocabulary and added tokens, plus 2^20
   bool byte_fallback_ = false, ignore_merges_ = false, fuse_unk_ = false;
   int32_t unk_ = -1;
   int32_t byte_token_[256] = {};

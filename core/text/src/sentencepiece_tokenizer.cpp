@@ -287,6 +287,9 @@ class NullTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& type, const std::string& model_file) {
+  if (std::filesystem::is_directory(model_file))
+    throw DataError("tokenizer model '" + model_file + "' is a directory: " + type +
+                    " needs a SentencePiece .model file");
   return std::make_unique<SentencePieceTokenizer>(type, model_file);
 }
 

@@ -201,14 +201,18 @@ class Ddp : public dtk::Strategy {
   }
 
   // A checkpoint saved with fp32 parameters (an imported Hugging Face model, an fp32 run) has no
-  // masters: they start from the parameters just loaded, as Megatron's reload_model_params does
-  // when the optimizer state is not loaded.
+  // masters at all: they start from the parameters just loaded, as Megatron's reload_model_params
+  // does when the optimizer state is not loaded. One missing among others is a damaged checkpoint.
   void state_load(const dtk::TensorList& state) override {
     at::NoGradGuard no_grad;
+    const bool has_masters =
+        std::any_of(state.begin(), state.end(), [](const auto& entry) { return entry.first.rfind("master.", 0) == 0; });
     int64_t from_params = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (is_self(i)) continue;
       const at::Tensor* t = dtk::find(state, "master." + params_[i].name);
+      if (!t && has_masters)
+        throw dtk::Error("ddp: checkpoint has no fp32 master for '" + params_[i].name + "'", DTK_ERR_NOT_FOUND);
       if (!t) {
         masters_[i].copy_(params_[i].tensor);
         ++from_params;

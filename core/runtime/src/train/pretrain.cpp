@@ -12,6 +12,7 @@
 
 #include "dtk/core/checkpoint/checkpoint_model.hpp"
 #include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/trainer.hpp"
 #include "dtk/host/plugin_host.hpp"
@@ -63,6 +64,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHoo
   trainer.train();
   if (!trainer.stopped_early()) trainer.final_evaluation();
   shutdown_distributed();
+  // After the final save, evaluation and shutdown: the trace is lost, nothing else is.
+  if (const std::string failed = trace::failed_write(); !failed.empty())
+    throw host::HostError("logging.trace_file: could not write " + failed + " (the run itself completed)");
   return 0;
 }
 

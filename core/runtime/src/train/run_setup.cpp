@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "../device/cuda_glue.hpp"
@@ -331,11 +332,13 @@ void check_output_paths(const config::RunConfig& cfg) {
     const fs::path parent = fs::path(file).parent_path();
     writable_dir(parent.empty() ? "." : parent.string(), what + " '" + file + "': its directory");
     if (fs::is_directory(file)) throw HostError(what + " '" + file + "' is a directory, not a file");
-    // Written at the end (a rename over it, or in place): a file that cannot be replaced would
-    // fail only after the whole run.
-    if (fs::exists(file) && ::access(file.c_str(), W_OK) != 0)
-      throw HostError(what + " '" + file + "': cannot overwrite it (" + std::strerror(errno) + ")");
-    const std::string probe = file + ".probe-" + std::to_string(::getpid());
+    // Written at the end: a directory where no file can be created (a read-only mount, /proc)
+    // would fail only after the whole run. The probe's name is this rank's alone, also on a
+    // shared filesystem (host, process, a random part).
+    char host[256] = "host";
+    ::gethostname(host, sizeof host - 1);
+    const std::string probe =
+        file + ".probe-" + host + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::random_device{}());
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd < 0) throw HostError(what + " '" + file + "': cannot create a file there (" + std::strerror(errno) + ")");
     ::close(fd);

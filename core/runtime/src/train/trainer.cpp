@@ -301,9 +301,6 @@ void Trainer::train() {
     if (peak_.measured) bench_->raise_peak(remeasure_peak(peak_));
     print_bench_summary();
   }
-  // After the final save: the trace is lost, the checkpoint is not.
-  if (const std::string failed = trace::failed_write(); !failed.empty())
-    throw host::HostError("logging.trace_file: could not write " + failed + " (the run itself completed)");
 }
 
 void Trainer::run_iteration(int64_t it) {

@@ -549,8 +549,8 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   const std::string iter_dir = checkpoint_iter_dir(load_dir, iteration);
   std::error_code ec;
   if (!fs::is_directory(iter_dir, ec))
-    throw HostError("checkpoint: " + iter_dir + (fs::exists(iter_dir, ec) ? " is not a directory" : " does not exist") +
-                    " (named by " + checkpoint_tracker_file(load_dir) + ")");
+    throw HostError("checkpoint: " + iter_dir + ckpt::not_a_directory(iter_dir) + " (named by " +
+                    checkpoint_tracker_file(load_dir) + ")");
   // The verdict inspect and fallback use (every file the manifest lists is there), then the
   // manifest, when the checkpoint has one and verification is wanted.
   if (what.verify) require_complete_iteration(load_dir, iteration);

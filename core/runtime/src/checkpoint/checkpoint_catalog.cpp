@@ -186,7 +186,7 @@ IterationState check_checkpoint_iteration(const std::string& dir, int64_t iterat
   const std::string iter_dir = checkpoint_iter_dir(dir, iteration);
   std::error_code ec;
   if (!fs::is_directory(iter_dir, ec)) {
-    s.problem = iter_dir + (fs::exists(iter_dir, ec) ? " is not a directory" : " does not exist");
+    s.problem = iter_dir + ckpt::not_a_directory(iter_dir);
     return s;
   }
   ckpt::Checksums sums;
@@ -596,8 +596,7 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
   std::error_code ec;
   const std::string iter_dir = checkpoint_iter_dir(target.save_dir, target.iteration);
   out << "\niteration " << target.iteration << ": " << iter_dir << "\n";
-  if (!fs::is_directory(iter_dir, ec))
-    return iter_dir + (fs::exists(iter_dir, ec) ? " is not a directory" : " does not exist");
+  if (!fs::is_directory(iter_dir, ec)) return iter_dir + ckpt::not_a_directory(iter_dir);
   // The first thing found wrong, in the order the report finds it; empty when complete.
   std::string problem;
   ckpt::Checksums sums;

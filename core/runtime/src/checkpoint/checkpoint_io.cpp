@@ -301,4 +301,9 @@ Shard read_shard(const std::string& rank_dir, int dp_rank, int64_t shards, const
   return s;
 }
 
+std::string not_a_directory(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(dir, ec) ? " is not a directory" : " does not exist";
+}
+
 }  // namespace dtk::core::ckpt

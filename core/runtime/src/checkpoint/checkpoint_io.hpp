@@ -89,4 +89,8 @@ struct Shard {
 };
 Shard read_shard(const std::string& rank_dir, int dp_rank, int64_t shards, const Checksums& sums);
 
+// Why `dir`, expected to be a directory, is not one: " is not a directory" (something else is
+// there) or " does not exist".
+std::string not_a_directory(const std::string& dir);
+
 }  // namespace dtk::core::ckpt

@@ -12,6 +12,10 @@
 //     the timeline shows the gathers issued before the forward and waited in it;
 //   * ZeRO stage 2's reduce-scatters left in flight during the backward (overlap_comm, up to
 //     reduce_in_flight_size elements) give exactly the losses of the waited ones;
+//   * ddp's overlap_param_gather (each bucket reduce-scattered in the backward, its reduced
+//     gradients all-gathered and its update applied in the next forward) gives the losses and
+//     gradient norms of the all-reduce in the grid, the timeline shows both halves where they
+//     belong, a resumed run continues exactly, and what it cannot give is refused;
 //   * bad options are one-line errors.
 // Small buckets (bucket_size_mb=0.05: 7 buckets of gpt-tiny) so that several are in flight.
 #include <gtest/gtest.h>
@@ -43,6 +47,7 @@ std::string train(int dp, const std::string& strategy = "--set strategy.bucket_s
          strategy;
 }
 const std::string kOff = "--set strategy.overlap_grad_reduce=false ";
+const std::string kSplit = "--set strategy.overlap_param_gather=true ";
 
 Curve curve_of(int nproc, const std::string& args, const std::string& name) {
   return dtk_test::run_curve("launch --nproc_per_node " + std::to_string(nproc) + " " + args, DTK_TEST_TMP, name);
@@ -218,6 +223,93 @@ TEST(ZeroOverlapComm, ReduceScattersInFlightEqualTheWaitedOnes) {
       dtk_test::run_dtk(train(1, zero + "--set strategy.overlap_comm=true --set strategy.reduce_in_flight_size=0 "),
                         60),
       "zero: option 'reduce_in_flight_size' must be positive, got 0");
+}
+
+// overlap_param_gather == the all-reduce (the default overlap), iteration by iteration, with
+// accumulation and clipping: exactly at DP 2 (a sum of two addends rounds once, in either order),
+// with the parameter norm read between the step and the next forward (gather_parameters lands the
+// pending updates first); within fp32 rounding at DP 4 (DTK's ring reduce-scatter adds in another
+// order than Gloo's all-reduce); exactly with TP 2, sequence parallelism, Domino and bf16 (the
+// sequence-parallel norms are reduced whole, in the step) and with PP 2 (the tied embedding too).
+TEST(DdpOverlapParamGather, EqualsTheAllReduceInTheGrid) {
+  struct Case {
+    int nproc;
+    std::string args, name;
+    double tol;
+  };
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  const std::vector<Case> cases = {
+      {2, train(2) + "--set logging.log_params_norm=true ", "dp2", 0.0},
+      {4, train(4), "dp4", 2e-6},
+      {4,
+       train(2) + tp2 +
+           "--set distributed.sequence_parallel=true --set model.domino_chunks=2 --set train.params_dtype=bf16 ",
+       "tp2dp2-sp-domino-bf16", 0.0},
+      {4, train(2) + "--set distributed.pipeline_model_parallel_size=2 ", "pp2dp2", 0.0},
+  };
+  static const std::regex norm_re(R"(params norm: [0-9.]+)");
+  auto params_norms = [](const std::string& out) {
+    std::vector<std::string> norms;
+    for (std::sregex_iterator it(out.begin(), out.end(), norm_re), end; it != end; ++it) norms.push_back(it->str());
+    return norms;
+  };
+  for (const Case& c : cases) {
+    const Curve split = curve_of(c.nproc, c.args + kSplit, c.name + "-split");
+    const Curve whole = curve_of(c.nproc, c.args, c.name + "-all-reduce");
+    expect_same_curve(whole, split, 4, c.name + ": split across the step vs all-reduced", c.tol);
+    EXPECT_NE(split.run.out.find("gathered and applied during the next forward (overlap_param_gather"),
+              std::string::npos)
+        << split.run.out;
+    EXPECT_EQ(params_norms(split.run.out), params_norms(whole.run.out)) << c.name;
+  }
+}
+
+// DP 2: the reduce-scatters are issued inside the last backward, the all-gathers after the step and
+// before the next forward, and the buckets' updates land inside that forward (the timeline of
+// iteration 3); a run resumed from the checkpoint of iteration 2 (saved with the updates of its
+// step pending: the save lands them) continues with the exact losses. log_num_zeros_in_grad, which
+// needs whole reduced gradients, is refused.
+TEST(DdpOverlapParamGather, GathersInTheNextForwardAndAnExactResume) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ddp-split");
+  const Curve whole = curve_of(2,
+                               train(2) + kSplit + "--set logging.trace_iterations=4 --set logging.trace_file=" + dir +
+                                   "/split.json --set checkpoint.save=" + dir + "/ck --set checkpoint.save_interval=2 ",
+                               "split");
+  ASSERT_EQ(whole.run.code, 0) << whole.run.out;
+  const std::string trace = dir + "/split.rank0.json";
+  const Timeline scattered = read_timeline(trace, "reduce_scatter"), gathered = read_timeline(trace, "all_gather");
+  ASSERT_GT(scattered.backward_end, 0) << "no backward span in " << trace;
+  EXPECT_GE(issued_inside_backward(scattered), 3) << whole.run.out;
+  int before_forward = 0;
+  for (double ts : gathered.issued) before_forward += ts < gathered.forward_start;
+  EXPECT_GE(before_forward, 3) << trace;  // the buckets, issued by iteration 3's step
+  std::ifstream in(trace);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  static const std::regex update(R"re("name": "ddp: update bucket \d+", [^}]*"ts": ([0-9.]+))re");
+  int in_forward = 0;
+  for (std::sregex_iterator it(text.begin(), text.end(), update), end; it != end; ++it) {
+    const double ts = std::stod((*it)[1]);
+    in_forward += ts > gathered.forward_start && ts < scattered.backward_start;
+  }
+  EXPECT_GE(in_forward, 3) << trace;
+
+  std::ofstream(dir + "/ck/latest_checkpointed_iteration.txt") << "2";
+  const Curve resumed = curve_of(2, train(2) + kSplit + "--set checkpoint.load=" + dir + "/ck ", "split-resumed");
+  ASSERT_EQ(resumed.loss.size(), 2u) << resumed.run.out;
+  for (int64_t it = 3; it <= 4; ++it) {
+    EXPECT_EQ(resumed.loss.at(it), whole.loss.at(it)) << "iteration " << it;
+    EXPECT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+
+  // (Each rank of a launch names its own error, as every launched error does.)
+  const dtk_test::Result zeros = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train(2) + kSplit + "--set logging.log_num_zeros_in_grad=true", 120);
+  EXPECT_NE(zeros.code, 0) << zeros.out;
+  EXPECT_NE(zeros.out.find("dtk: error: [rank 0] logging.log_num_zeros_in_grad: strategy plugin 'ddp' keeps the "
+                           "reduced gradients sharded over data-parallel ranks until the next forward"),
+            std::string::npos)
+      << zeros.out;
+  EXPECT_EQ(zeros.out.find("terminate called"), std::string::npos) << zeros.out;
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

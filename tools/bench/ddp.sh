@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Data-parallel overlap benchmark (docs/benchmarks.md): the ddp strategy's gradient buckets
 # all-reduced after the backward (strategy.overlap_grad_reduce=false, the peer: what ddp did before
-# the overlap) vs during the last backward (the default); and ZeRO stage 2 without overlap vs with
+# the overlap) vs during the last backward (the default) vs split across the step
+# (overlap_param_gather: reduce-scattered during the backward, the reduced gradients all-gathered
+# and each bucket's update applied during the next forward); and ZeRO stage 2 without overlap vs with
 # its reduce-scatters during the backward (overlap_comm) and its parameter all-gathers during the
 # next forward (overlap_param_gather), its speed-up against its own non-overlapped row; at DP=2 on
 # this machine, in one run, printed side by side: iteration time, tokens/s, and per iteration the
@@ -49,10 +51,13 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   $EXTRA"
 DDP="--strategy ddp --set strategy.bucket_size_mb=1"
 ZERO="--strategy zero --set strategy.stage=2 --set strategy.reduce_bucket_size=262144"
-NAMES=("ddp, after the backward (peer)" "ddp, overlapped buckets" "ZeRO-2, not overlapped" "ZeRO-2, overlapped")
+NAMES=("ddp, after the backward (peer)" "ddp, overlapped buckets" "ddp, split across the step"
+  "ZeRO-2, not overlapped" "ZeRO-2, overlapped")
 ARGS=("$DDP --set strategy.overlap_grad_reduce=false" "$DDP --set strategy.overlap_grad_reduce=true"
+  "$DDP --set strategy.overlap_grad_reduce=true --set strategy.overlap_param_gather=true"
   "$ZERO --set strategy.overlap_comm=false --set strategy.overlap_param_gather=false"
   "$ZERO --set strategy.overlap_comm=true --set strategy.overlap_param_gather=true")
+PEER=(0 0 0 3 3)  # each row's speed-up and losses against this row
 field() { echo "$1" | grep -o "$2 [0-9.]*" | grep -o "[0-9.]*$" | tail -n +2 | median; }
 
 # Runs every configuration REPS times with extra args $1; fills MS, TOK, FLIGHT, EXPOSED (medians)
@@ -83,13 +88,15 @@ run_all() {
 table() {
   printf "%-32s %12s %10s %9s %16s %13s %9s\n" "" "ms/iteration" "tokens/s" "speed-up" "DP comm in flight" "exposed (ms)" "exposed"
   for i in "${!NAMES[@]}"; do
-    local peer=$((i / 2 * 2))  # each overlapped row against the non-overlapped row above it
+    local peer=${PEER[$i]}
     printf "%-32s %12.1f %10.0f %8.2fx %14.1f ms %13.1f %8.0f%%\n" "${NAMES[$i]}" "${MS[$i]}" "${TOK[$i]}" \
       "$(calc "${MS[$peer]} / ${MS[$i]}")" "${FLIGHT[$i]}" "${EXPOSED[$i]}" "$(calc "100 * ${EXPOSED[$i]} / ${FLIGHT[$i]}")"
   done
-  for peer in 0 2; do
-    if [[ "${LOSSES[$peer]}" == "${LOSSES[$((peer + 1))]}" ]]; then echo "${NAMES[$((peer + 1))]}: losses identical to ${NAMES[$peer]} (${ITERS} iterations)"
-    else echo "${NAMES[$((peer + 1))]}: losses DIFFER: ${LOSSES[$peer]} vs ${LOSSES[$((peer + 1))]}"; fi
+  for i in "${!NAMES[@]}"; do
+    local peer=${PEER[$i]}
+    ((peer == i)) && continue
+    if [[ "${LOSSES[$peer]}" == "${LOSSES[$i]}" ]]; then echo "${NAMES[$i]}: losses identical to ${NAMES[$peer]} (${ITERS} iterations)"
+    else echo "${NAMES[$i]}: losses DIFFER: ${LOSSES[$peer]} vs ${LOSSES[$i]}"; fi
   done
 }
 

@@ -87,7 +87,7 @@ class AdamW : public dtk::Optimizer {
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
-    const int64_t step = ++moments_.step;
+    const int64_t step = moments_.begin_update(args);
     const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step));
     const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step));
     for (size_t gi = 0; gi < groups_.size(); ++gi) {

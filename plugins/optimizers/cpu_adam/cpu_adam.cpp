@@ -57,7 +57,7 @@ class CpuAdam : public dtk::Optimizer {
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
-    const int64_t step = ++moments_.step;
+    const int64_t step = moments_.begin_update(args);
     dtk::cpu_adam::RunOptions run = dtk::cpu_adam::default_run_options();
     run.threads = threads_ > 0 ? threads_ : at::get_num_threads();
     for (size_t gi = 0; gi < groups_.size(); ++gi) {

@@ -9,6 +9,22 @@
 // waits bucket by bucket. overlap_grad_reduce=false reduces the same buckets after the backward
 // (the same collectives, so identical results, without the overlap). A model without modules (no
 // hooks) reduces its buckets after the backward too.
+//
+// overlap_param_gather splits each bucket's all-reduce across the step, as Megatron's distributed
+// optimizer splits its traffic, while the optimizer stays replicated: the bucket is reduce-scattered
+// during the backward (half the traffic), the global norm is taken from the reduced shards (each
+// rank's sum of squares, summed over the group), the clip coefficient scales the shards, and the
+// all-gather of the reduced gradients (the other half) runs during the next forward; just before
+// the first module that reads a bucket's parameters (its pre_forward hook) the bucket's update is
+// applied: the optimizer is called with only that bucket's gradients defined (the shipped
+// optimizers skip a tensor without a gradient and take the step number from the host, so one call
+// per bucket is the one update). The exposed floor drops from the forward plus the step (nothing
+// can be sent between the norm and the next backward) to half the traffic less the forward.
+// Parameters the host reduces further (tied weights across pipeline stages, sequence-parallel
+// ones) and those no module reads stay whole-reduced and are updated in the step. Until a bucket's
+// update lands its parameters are stale, so the strategy reports partitions_parameters: the host's
+// reads outside a step (checkpoints, the parameter norm) call gather_parameters, which applies
+// every pending update first.
 // The global gradient norm follows Megatron's clip_grad_norm_fp32 (TP-sharded parameters on
 // every TP rank, replicated ones once, summed over the model-parallel group).
 // With one process every collective is the identity, so this is also the single-device path.
@@ -30,6 +46,9 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -42,6 +61,13 @@ const dtk_option_spec kOptions[] = {
                   "gradients are complete (Megatron's --overlap-grad-reduce, PyTorch DDP); false: after the backward."),
     dtk::opt_float("bucket_size_mb", "25",
                    "Gradient bucket size in MB (fp32 bytes, 2^20), in backward order (PyTorch DDP's bucket_cap_mb)."),
+    dtk::only_with("overlap_grad_reduce=true",
+                   dtk::opt_bool("overlap_param_gather", "false",
+                                 "Split each bucket's all-reduce across the step: reduce-scatter during the last "
+                                 "backward, all-gather of the reduced gradients during the next forward, each bucket's "
+                                 "update applied just before the first module that reads it (the same results; the "
+                                 "optimizer is called once per bucket and must skip tensors without a gradient, as "
+                                 "the shipped ones do). Not with logging.log_num_zeros_in_grad.")),
 };
 
 double positive_mb(const dtk::Options& o) {
@@ -60,18 +86,24 @@ class Ddp : public dtk::Strategy {
       : average_(ctx.options.get_bool("average_gradients")),
         masters_enabled_(ctx.options.get_bool("fp32_master_weights")),
         overlap_(ctx.options.get_bool("overlap_grad_reduce")),
+        split_asked_(ctx.options.get_bool("overlap_param_gather")),
         bucket_bytes_(static_cast<int64_t>(std::max(1.0, positive_mb(ctx.options) * 1048576.0))),
         tp_rank_(ctx.tp_rank),
         pp_rank_(ctx.pp_rank),
-        dp_size_(std::max(1, dtk::Comm::size(DTK_GROUP_DATA_PARALLEL))) {
-    hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, nullptr, nullptr, nullptr, &post_backward};
+        dp_size_(std::max(1, dtk::Comm::size(DTK_GROUP_DATA_PARALLEL))),
+        dp_rank_(std::max(0, dtk::Comm::rank(DTK_GROUP_DATA_PARALLEL))),
+        tied_across_stages_(ctx.pp_size > 1),
+        sequence_parallel_(ctx.sequence_parallel) {
+    hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, &pre_forward, nullptr, nullptr, &post_backward};
   }
 
   ~Ddp() override {
     // Finish what is in flight before the buckets go (each wait is bounded).
     try {
-      for (auto& b : buckets_)
+      for (auto& b : buckets_) {
         if (b.work) b.work->wait();
+        if (b.gather) b.gather->wait();
+      }
     } catch (const std::exception& e) {
       DTK_LOG(ERROR) << e.what();
     }
@@ -102,6 +134,7 @@ class Ddp : public dtk::Strategy {
   void before_backward(const dtk_backward_args& args) override {
     if (args.micro_batch > 0) accumulate_into_masters();
     if (buckets_.empty()) return;
+    if (args.micro_batch == 0) refuse_pending_updates();
     // Only the last micro-batch's backward completes gradients (DDP's no_sync before it).
     syncing_ = hooked_ && args.is_last != 0;
     if (!syncing_) return;
@@ -138,7 +171,7 @@ class Ddp : public dtk::Strategy {
       u.gradient_bytes += bytes(masters_[i].grad());
     }
     // The buckets (the reduced gradients are views of them until zero_grad).
-    for (const auto& b : buckets_) u.gradient_bytes += bytes(b.flat);
+    for (const auto& b : buckets_) u.gradient_bytes += bytes(b.flat) + bytes(b.shard);
     for (size_t i = 0; i < params_.size(); ++i)
       for (const at::Tensor* g : {&params_[i].tensor.grad(), &masters_[i].grad()})
         if (g->defined() && in_bucket(*g)) u.gradient_bytes -= bytes(*g);
@@ -152,18 +185,19 @@ class Ddp : public dtk::Strategy {
     std::vector<at::Tensor> counted;
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& g = masters_[i].grad();
-      if (!g.defined()) continue;
-      // Replicated parameters are counted on TP rank 0 only, so the sum is not duplicated.
-      if (!params_[i].info.tensor_parallel && tp_rank_ != 0) continue;
-      // A tied weight (pipeline parallelism: the first stage's embedding and the last stage's
-      // output weight, their gradients summed by the host) is counted on the first stage.
-      if (params_[i].info.shared && pp_rank_ != 0) continue;
-      counted.push_back(g);
+      if (g.defined() && counted_in_norm(i)) counted.push_back(g);
     }
     // On the parameters' device even without gradients: every rank of the group must pick the same
     // backend (NCCL for CUDA tensors, Gloo for host ones).
-    at::Tensor total =
-        dtk::sum_of_squares(counted, masters_.empty() ? at::Device(at::kCPU) : masters_.front().device());
+    const at::Device device = masters_.empty() ? at::Device(at::kCPU) : masters_.front().device();
+    at::Tensor total = dtk::sum_of_squares(counted, device);
+    // overlap_param_gather: the rest of the gradients are this rank's reduced shards; the group's
+    // shards together are every reduced gradient once.
+    if (split_) {
+      at::Tensor shards = dtk::sum_of_squares(counted_shard_pieces(), device);
+      dtk::Comm::all_reduce(shards, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);
+      total = total + shards;
+    }
     dtk::Comm::all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM);
     const double norm = std::sqrt(total.item<double>());
     if (max_norm > 0 && std::isfinite(norm)) {
@@ -172,6 +206,8 @@ class Ddp : public dtk::Strategy {
         std::vector<at::Tensor> grads;
         for (auto& m : masters_)
           if (m.grad().defined()) grads.push_back(m.grad());
+        for (auto& b : buckets_)
+          if (b.split && b.shard.defined()) grads.push_back(b.shard);
         dtk::scale_all(grads, coeff);
       }
     }
@@ -179,10 +215,29 @@ class Ddp : public dtk::Strategy {
   }
 
   void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) override {
-    dtk::optimizer_step(optimizer, args);
+    if (split_) apply_pending_updates(std::numeric_limits<int32_t>::max());  // (none: the forward applied them)
+    // overlap_param_gather: the gradients defined here are the whole-reduced ones; the buckets'
+    // updates wait for their all-gathers (issued below) and their modules' next forward.
+    if (!split_ || any_gradient()) dtk::optimizer_step(optimizer, args);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i)
-      if (!is_self(i)) params_[i].tensor.copy_(masters_[i]);  // round the fp32 master into the param
+      if (!is_self(i) && (!split_ || masters_[i].grad().defined()))
+        params_[i].tensor.copy_(masters_[i]);  // round the fp32 master into the param
+    if (split_) issue_gradient_gathers(*optimizer, args);
+  }
+
+  // The host is about to read or write whole parameters (checkpoints, the parameter norm): every
+  // pending update lands first (overlap_param_gather; partitions_parameters in info()).
+  void gather_parameters(bool whole) override {
+    if (whole && split_) apply_pending_updates(std::numeric_limits<int32_t>::max());
+  }
+
+  dtk_strategy_info info() override {
+    dtk_strategy_info i{};
+    i.struct_size = dtk_strategy_info_STRUCT_SIZE;
+    // Parameters are stale between the step and their module's next pre_forward.
+    i.partitions_parameters = split_ ? 1 : 0;
+    return i;
   }
 
   void zero_grad() override {
@@ -262,9 +317,17 @@ class Ddp : public dtk::Strategy {
     at::ScalarType dtype = at::kFloat;
     at::Device device = at::kCPU;
     at::Tensor flat;                  // the bucket's gradients, contiguous (allocated on first use)
-    std::optional<dtk::Comm::Work> work;  // its all-reduce while in flight
+    std::optional<dtk::Comm::Work> work;  // its all-reduce (split: reduce-scatter) while in flight
     std::vector<char> had_grad;       // per slot: the gradient was defined when it was issued
     int64_t pending = 0;              // gradients still to complete this backward
+    // overlap_param_gather: reduce-scattered into `shard` (this rank's 1/dp of `flat`, padded to a
+    // multiple of dp), all-gathered back into `flat` after the step, applied before first_reader.
+    bool split = false;
+    int64_t padded = 0;
+    at::Tensor shard;
+    std::optional<dtk::Comm::Work> gather;  // the all-gather of the reduced gradients in flight
+    bool update_pending = false;            // gathered or gathering, not yet applied
+    int32_t first_reader = -1;              // the lowest module reading its parameters
   };
 
   // Parameters in the order their gradients complete in backward: a parameter is complete after
@@ -287,6 +350,7 @@ class Ddp : public dtk::Strategy {
       }
     }
     hooked_ = overlap_ && !modules.empty();
+    split_ = split_asked_ && hooked_;
     ready_at_.assign(static_cast<size_t>(max_index + 1), {});
     std::vector<size_t> order;
     for (size_t i = 0; i < params_.size(); ++i)
@@ -297,30 +361,74 @@ class Ddp : public dtk::Strategy {
       return a > b;
     });
     bucket_of_.assign(params_.size(), -1);
+    // overlap_param_gather: the split buckets first (in backward order), then the whole-reduced
+    // ones, which complete only in reduce_gradients and so never hold up a split one.
+    std::vector<size_t> whole;
     for (size_t i : order) {
-      const at::Tensor& m = masters_[i];
-      const int64_t elem = static_cast<int64_t>(m.element_size());
-      if (buckets_.empty() || buckets_.back().dtype != m.scalar_type() || buckets_.back().device != m.device() ||
-          buckets_.back().numel * elem >= bucket_bytes_) {
-        buckets_.emplace_back();
-        buckets_.back().dtype = m.scalar_type();
-        buckets_.back().device = m.device();
+      if (split_ && reduced_whole(i, ready_module[i])) {
+        whole.push_back(i);
+        continue;
       }
-      Bucket& b = buckets_.back();
-      b.slots.push_back({i, b.numel, m.numel()});
-      b.numel += m.numel();
-      bucket_of_[i] = static_cast<int64_t>(buckets_.size() - 1);
-      if (ready_module[i] >= 0) ready_at_[static_cast<size_t>(ready_module[i])].push_back(i);
+      add_to_bucket(i, split_, ready_module[i]);
     }
+    for (size_t i : whole) add_to_bucket(i, false, ready_module[i]);
     for (auto& b : buckets_) b.had_grad.assign(b.slots.size(), 0);
     ready_.assign(params_.size(), 0);
+    size_t split_count = 0;
     int64_t total = 0;
-    for (const auto& b : buckets_) total += b.numel;
+    for (const auto& b : buckets_) total += b.numel, split_count += b.split;
+    std::string how = hooked_    ? "reduced during the last micro-batch's backward"
+                      : overlap_ ? "reduced after the backward (the model reports no modules to hook)"
+                                 : "reduced after the backward (overlap_grad_reduce=false)";
+    if (split_)
+      how =
+          "reduce-scattered during the last micro-batch's backward, gathered and applied during the next forward "
+          "(overlap_param_gather: " +
+          std::to_string(split_count) + " split, " + std::to_string(buckets_.size() - split_count) +
+          " reduced whole in the step)";
+    if (split_asked_ && !split_)
+      DTK_LOG(WARNING) << "ddp: overlap_param_gather: the model reports no modules to hook; every bucket is "
+                          "all-reduced and applied in the step";
     DTK_LOG(INFO) << "gradients in " << buckets_.size() << " bucket(s) of up to " << bucket_bytes_ / 1048576.0
-                  << " MB (" << total << " elements), reduced "
-                  << (hooked_ ? "during the last micro-batch's backward"
-                              : overlap_ ? "after the backward (the model reports no modules to hook)"
-                                         : "after the backward (overlap_grad_reduce=false)");
+                  << " MB (" << total << " elements), " << how;
+  }
+
+  // overlap_param_gather: a parameter whose reduced gradient the host sums further (a weight tied
+  // across pipeline stages, a sequence-parallel one) must be whole after reduce_gradients; one that
+  // no module reads has no pre_forward to wait in. Both are all-reduced and updated in the step.
+  bool reduced_whole(size_t i, int32_t ready_module) const {
+    const dtk_param_info& info = params_[i].info;
+    return ready_module < 0 || (tied_across_stages_ && info.shared) || (sequence_parallel_ && info.sequence_parallel);
+  }
+
+  void add_to_bucket(size_t i, bool split, int32_t ready_module) {
+    const at::Tensor& m = masters_[i];
+    const int64_t elem = static_cast<int64_t>(m.element_size());
+    if (buckets_.empty() || buckets_.back().dtype != m.scalar_type() || buckets_.back().device != m.device() ||
+        buckets_.back().split != split || buckets_.back().numel * elem >= bucket_bytes_) {
+      buckets_.emplace_back();
+      buckets_.back().dtype = m.scalar_type();
+      buckets_.back().device = m.device();
+      buckets_.back().split = split;
+      buckets_.back().first_reader = ready_module;
+    }
+    Bucket& b = buckets_.back();
+    b.slots.push_back({i, b.numel, m.numel()});
+    b.numel += m.numel();
+    b.padded = (b.numel + dp_size_ - 1) / dp_size_ * dp_size_;
+    // Parameters come in descending ready_module order: the last one added is read first.
+    b.first_reader = ready_module;
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size() - 1);
+    if (ready_module >= 0) ready_at_[static_cast<size_t>(ready_module)].push_back(i);
+  }
+
+  // Module `module` is about to read its parameters: the updates of the buckets it is the first
+  // reader of land now (overlap_param_gather), and those of any earlier module that fired no hook.
+  static dtk_status* pre_forward(void* ctx, int32_t module) {
+    return dtk::guard([&] {
+      auto* self = static_cast<Ddp*>(ctx);
+      if (self->split_) self->apply_pending_updates(module);
+    });
   }
 
   // Module `module`'s backward finished (autograd's thread, the training thread waiting in
@@ -343,36 +451,137 @@ class Ddp : public dtk::Strategy {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
   }
 
-  // The bucket's gradients into its flat buffer, and its all-reduce issued.
+  // The bucket's gradients into its flat buffer, and its all-reduce (split: reduce-scatter) issued.
   void launch(size_t index) {
     Bucket& b = buckets_[index];
     dtk::TraceSpan span("compute", [&] { return "ddp: issue bucket " + std::to_string(index); });
-    if (!b.flat.defined()) b.flat = at::empty({b.numel}, at::TensorOptions().dtype(b.dtype).device(b.device));
+    const auto options = at::TensorOptions().dtype(b.dtype).device(b.device);
+    if (!b.flat.defined()) {
+      b.flat = at::zeros({b.split ? b.padded : b.numel}, options);  // (the padding stays zero)
+      if (b.split) b.shard = at::empty({b.padded / dp_size_}, options);
+    }
     for (size_t k = 0; k < b.slots.size(); ++k) {
       const Slot& s = b.slots[k];
-      const at::Tensor& g = masters_[s.param].grad();
+      at::Tensor& g = masters_[s.param].mutable_grad();
       at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
       b.had_grad[k] = g.defined() ? 1 : 0;
       if (g.defined())
         dst.copy_(g.reshape({-1}));
       else
         dst.zero_();  // every rank sends the same layout
+      // Split: the gradient comes back through the all-gather; until then the step must not see it.
+      if (b.split) g = at::Tensor();
     }
-    b.work.emplace(
-        dtk::Comm::all_reduce_async(b.flat, DTK_GROUP_DATA_PARALLEL, average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM));
+    const int32_t op = average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
+    if (b.split)
+      b.work.emplace(dtk::Comm::reduce_scatter_async(b.shard, b.flat, DTK_GROUP_DATA_PARALLEL, op));
+    else
+      b.work.emplace(dtk::Comm::all_reduce_async(b.flat, DTK_GROUP_DATA_PARALLEL, op));
   }
 
-  // Waits for the bucket's all-reduce; the reduced gradients become views of its buffer.
+  // Waits for the bucket's all-reduce; the reduced gradients become views of its buffer (split:
+  // the reduced shard stays in `shard` until the step gathers it).
   void finish(size_t index) {
     Bucket& b = buckets_[index];
     if (!b.work) return;
     b.work->wait();
     b.work.reset();
+    if (b.split) return;
     for (size_t k = 0; k < b.slots.size(); ++k) {
       if (!b.had_grad[k]) continue;
       const Slot& s = b.slots[k];
       masters_[s.param].mutable_grad() = b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
     }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // overlap_param_gather: the update split across the step
+  // ------------------------------------------------------------------------------------------
+
+  // Counted once in the global norm: replicated parameters on TP rank 0 only, and a tied weight
+  // across pipeline stages (its gradients summed by the host) on the first stage.
+  bool counted_in_norm(size_t i) const {
+    if (!params_[i].info.tensor_parallel && tp_rank_ != 0) return false;
+    return !(params_[i].info.shared && pp_rank_ != 0);
+  }
+
+  // The parts of this rank's reduced shards that belong to parameters counted in the norm.
+  std::vector<at::Tensor> counted_shard_pieces() const {
+    std::vector<at::Tensor> out;
+    for (const Bucket& b : buckets_) {
+      if (!b.split || !b.shard.defined()) continue;
+      const int64_t chunk = b.padded / dp_size_, lo = dp_rank_ * chunk, hi = lo + chunk;
+      for (const Slot& s : b.slots) {
+        const int64_t from = std::max(lo, s.offset), to = std::min(hi, s.offset + s.numel);
+        if (from < to && counted_in_norm(s.param)) out.push_back(b.shard.narrow(0, from - lo, to - from));
+      }
+    }
+    return out;
+  }
+
+  bool any_gradient() const {
+    return std::any_of(masters_.begin(), masters_.end(), [](const at::Tensor& m) { return m.grad().defined(); });
+  }
+
+  // After the step: every split bucket's reduced (and clipped) shard all-gathered, in the order
+  // the next forward reads them (the last bucket holds the first modules' parameters), left in
+  // flight; the optimizer reference and this step's arguments kept for the updates.
+  void issue_gradient_gathers(const dtk_optimizer_ref& optimizer, const dtk_optimizer_step_args& args) {
+    optimizer_ = optimizer;
+    step_args_ = args;
+    for (size_t k = buckets_.size(); k-- > 0;) {
+      Bucket& b = buckets_[k];
+      if (!b.split || !b.shard.defined()) continue;
+      b.gather.emplace(dtk::Comm::all_gather_async(b.flat, b.shard, DTK_GROUP_DATA_PARALLEL));
+      b.update_pending = true;
+    }
+  }
+
+  // Applies, in forward order, every pending bucket whose first reader is `module` or earlier.
+  void apply_pending_updates(int32_t module) {
+    for (size_t k = buckets_.size(); k-- > 0;) {
+      Bucket& b = buckets_[k];
+      if (b.update_pending && b.first_reader <= module) apply_update(k);
+    }
+  }
+
+  // One bucket's update: its gathered gradients become the masters' (every other gradient set
+  // aside for the call, so the optimizer steps this bucket alone), stepped, rounded into the
+  // low-precision parameters, and let go.
+  void apply_update(size_t index) {
+    Bucket& b = buckets_[index];
+    dtk::TraceSpan span("compute", [&] { return "ddp: update bucket " + std::to_string(index); });
+    at::NoGradGuard no_grad;
+    b.gather->wait();
+    b.gather.reset();
+    b.update_pending = false;
+    std::vector<std::pair<size_t, at::Tensor>> aside;
+    for (size_t i = 0; i < masters_.size(); ++i)
+      if (masters_[i].grad().defined()) aside.emplace_back(i, std::exchange(masters_[i].mutable_grad(), at::Tensor()));
+    bool any = false;
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      if (!b.had_grad[k]) continue;
+      const Slot& s = b.slots[k];
+      masters_[s.param].mutable_grad() = b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
+      any = true;
+    }
+    if (any) dtk::optimizer_step(&optimizer_, step_args_);
+    for (const Slot& s : b.slots) {
+      masters_[s.param].mutable_grad() = at::Tensor();
+      if (!is_self(s.param)) params_[s.param].tensor.copy_(masters_[s.param]);
+    }
+    for (auto& [i, g] : aside) masters_[i].mutable_grad() = std::move(g);
+  }
+
+  // A forward that did not fire pre_forward for a module before its backward read stale
+  // parameters: refused rather than trained on.
+  void refuse_pending_updates() const {
+    for (size_t k = 0; k < buckets_.size(); ++k)
+      if (buckets_[k].update_pending)
+        throw dtk::Error("ddp: overlap_param_gather: the update of bucket " + std::to_string(k) +
+                         " (first read by module " + std::to_string(buckets_[k].first_reader) +
+                         ") was still pending when the backward began: the model's forward did not fire that "
+                         "module's pre_forward hook; set strategy.overlap_param_gather=false");
   }
 
   bool in_bucket(const at::Tensor& g) const {
@@ -385,9 +594,13 @@ class Ddp : public dtk::Strategy {
 
   static int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
-  bool average_, masters_enabled_, overlap_;
+  bool average_, masters_enabled_, overlap_, split_asked_;
   int64_t bucket_bytes_;
-  int32_t tp_rank_, pp_rank_, dp_size_;
+  int32_t tp_rank_, pp_rank_, dp_size_, dp_rank_;
+  bool tied_across_stages_, sequence_parallel_;
+  bool split_ = false;             // overlap_param_gather in effect (asked, DP > 1, hooks installed)
+  dtk_optimizer_ref optimizer_{};  // the last step's optimizer and arguments, for the bucket updates
+  dtk_optimizer_step_args step_args_{};
   std::vector<dtk::Param> params_;
   std::vector<at::Tensor> masters_;  // masters_[i] is params_[i] itself, or its fp32 copy
   dtk_module_hooks hooks_{};
@@ -402,7 +615,7 @@ class Ddp : public dtk::Strategy {
 
 }  // namespace
 
-DTK_PLUGIN("ddp", DTK_KIND_STRATEGY, "1.1.0",
+DTK_PLUGIN("ddp", DTK_KIND_STRATEGY, "1.2.0",
            "Data parallel gradient averaging in buckets overlapped with the backward, with Megatron's global-norm "
            "clipping",
            DTK_TORCH_VERSION, dtk::strategy_api<Ddp>(), kOptions)

@@ -50,6 +50,16 @@ inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t
 struct AdamMoments {
   std::vector<std::vector<at::Tensor>> exp_avg, exp_avg_sq;  // [group][param]
   int64_t step = 0;
+  int64_t last_iteration = -1;  // args.iteration of the last update counted (not saved; load resets it)
+
+  // The step number of this update, for the bias corrections. Calls with the same args.iteration
+  // are parts of one update (a strategy that applies an update bucket by bucket, each call with
+  // only that bucket's gradients: ddp's overlap_param_gather), so the count advances once.
+  int64_t begin_update(const dtk_optimizer_step_args& args) {
+    if (args.iteration != last_iteration) ++step;
+    last_iteration = args.iteration;
+    return step;
+  }
 
   explicit AdamMoments(const std::vector<ParamGroup>& groups) {
     for (const auto& g : groups) {
@@ -75,6 +85,7 @@ struct AdamMoments {
   // index raw arrays, else the parameter's own (dense) layout is kept.
   void load(const TensorList& state, const std::vector<ParamGroup>& groups, bool contiguous) {
     if (const at::Tensor* s = find(state, "step")) step = s->item<int64_t>();
+    last_iteration = -1;  // the next call counts a step (ZeRO's disk swap sets the count back per slice)
     for (size_t gi = 0; gi < groups.size(); ++gi)
       for (size_t i = 0; i < groups[gi].params.size(); ++i) {
         const std::string key = "g" + std::to_string(gi) + "." + groups[gi].names[i];

@@ -863,8 +863,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
       m.sets.push_back("strategy.overlap_param_gather=true");
     else
       m.refused.push_back(s.overlap_param_gather_shown +
-                          ": needs --use-distributed-optimizer (Megatron asserts it; ddp's all-reduce leaves no "
-                          "gather to overlap)");
+                          ": needs --use-distributed-optimizer (Megatron asserts it; DTK's ddp splits its "
+                          "all-reduce across the step with strategy.overlap_param_gather=true)");
   }
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_recompute(s, m);

@@ -83,6 +83,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
       throw host::HostError(ahead);
   });
   parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
+  on_every_rank(topo_, "checking the strategy's gradients", [&] { refuse_unreadable_gradients(); });
   tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
                                           plugins_.strategy.name());
   sequence_parallel_ = std::make_unique<SequenceParallelGradients>(*parts_.optimizer, topo_);
@@ -101,6 +102,18 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
 }
 
 Trainer::~Trainer() = default;
+
+// A strategy whose parameters are not whole outside its hooks while its state is replicated
+// (ddp's overlap_param_gather) keeps the reduced gradients sharded over data-parallel ranks until
+// the next forward: the host cannot count their zeros (a sharded-state strategy hands the
+// optimizer its shards, whose zeros add up).
+void Trainer::refuse_unreadable_gradients() const {
+  const dtk_strategy_info info = parts_.strategy->info();
+  if (cfg_.logging().log_num_zeros_in_grad() && info.partitions_parameters && !info.sharded_state)
+    throw host::HostError("logging.log_num_zeros_in_grad: strategy plugin '" + plugins_.strategy.name() +
+                          "' keeps the reduced gradients sharded over data-parallel ranks until the next forward "
+                          "(ddp: overlap_param_gather=true), so their zeros cannot be counted; drop one of them");
+}
 
 std::unique_ptr<trace::OpProfile> Trainer::make_op_profile() {
   const config::LoggingConfig& logging = cfg_.logging();

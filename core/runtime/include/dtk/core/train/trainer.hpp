@@ -56,6 +56,7 @@ class Trainer {
   void print_startup_report();
   std::unique_ptr<BenchReport> make_bench_report() const;
   std::unique_ptr<trace::OpProfile> make_op_profile();
+  void refuse_unreadable_gradients() const;
   void start_micro_batches(TrainerHooks hooks);
   std::unique_ptr<StepRecorder> step_recorder(const TrainerHooks& hooks) const;
   IterationResult train_step(int64_t iteration);

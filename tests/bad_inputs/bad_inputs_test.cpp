@@ -949,6 +949,15 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
       120);
   EXPECT_EQ(bf16.code, 0) << bf16.out;
   EXPECT_NE(bf16.out.find("their masters start from the loaded values"), std::string::npos) << bf16.out;
+  for (const char* stage : {"1", "3"}) {  // zero too, with the masters sharded (and the parameters, at 3)
+    const dtk_test::Result zero = run_dtk(kTrain + "--set checkpoint.load=" + dir +
+                                              "/fp32-ck --set checkpoint.finetune=true --set train.params_dtype=bf16 "
+                                              "--strategy zero --set strategy.stage=" +
+                                              stage,
+                                          120);
+    EXPECT_EQ(zero.code, 0) << "stage " << stage << "\n" << zero.out;
+    EXPECT_NE(zero.out.find("their masters start from the loaded values"), std::string::npos) << zero.out;
+  }
   const std::string generate = "generate --load " + dir + "/fp32-ck " + bpe + " --max_new_tokens 2 --prompts_file ";
   expect_clean_error(run_dtk(generate + dir + "/adir", 60), "--prompts_file " + dir + "/adir is a directory");
   expect_clean_error(run_dtk(generate + dir + "/nul-prompt.txt", 60), "nul-prompt.txt line 1 holds a NUL byte");

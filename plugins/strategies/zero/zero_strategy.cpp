@@ -784,13 +784,25 @@ TensorList ZeroStrategy::state_save() {
   return out;
 }
 
+// A checkpoint saved with fp32 parameters (an imported Hugging Face model, an fp32 run) has no
+// masters at all: a low-precision run's masters start from the parameters just loaded (whole now:
+// stage 3's host gathered them around the load), as ddp's do and Megatron's reload_model_params.
+// One missing among others is a damaged checkpoint.
 void ZeroStrategy::state_load(const TensorList& state) {
   at::NoGradGuard no_grad;
+  const bool has_masters =
+      std::any_of(state.begin(), state.end(), [](const auto& entry) { return entry.first.rfind("master.", 0) == 0; });
+  int64_t from_params = 0;
   for (const Shard& s : shards_) {
     const std::string& name = params_[s.param].name;
     at::Tensor dst = master_of(s);
     if (low_precision()) {
       const at::Tensor* t = find(state, "master." + name);
+      if (!t && !has_masters) {
+        dst.copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
+        ++from_params;
+        continue;
+      }
       if (!t) throw Error("zero: checkpoint has no fp32 master for '" + name + "'", DTK_ERR_NOT_FOUND);
       if (t->numel() != s.numel)
         throw Error("zero: master '" + name + "' has " + std::to_string(t->numel()) + " elements, this rank's shard " +
@@ -802,6 +814,10 @@ void ZeroStrategy::state_load(const TensorList& state) {
       dst.copy_(params_[s.param].tensor.reshape({-1}).narrow(0, s.param_offset, s.numel));
     }
   }
+  if (from_params > 0)
+    DTK_LOG(WARNING) << "zero: the checkpoint has no fp32 masters for this rank's " << from_params
+                     << " shard(s) of low-precision parameters (saved with fp32 parameters?): their masters start "
+                        "from the loaded values";
 }
 
 dtk_strategy_info ZeroStrategy::info() {

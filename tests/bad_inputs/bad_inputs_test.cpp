@@ -740,6 +740,16 @@ TEST(BadInputs, CheckpointMessagesNameTheFileAndShareOneVerdict) {
                      "checkpoint: iteration 2 of " + listed + " is incomplete: " + listed +
                          "/iter_0000002/extra.pt is missing (listed in SHA256SUMS)");
   EXPECT_FALSE(fs::exists(listed + "-tp2"));
+  // A manifest entry outside the iteration folder is refused by every reader (inspect reported it
+  // missing, the others ignored it).
+  const std::string outside = copy_of_shared_checkpoint("messages-outside");
+  std::ofstream(outside + "/iter_0000002/SHA256SUMS", std::ios::app) << std::string(64, 'a') << "  ../escape.pt\n";
+  const std::string escape = "line 2 names '../escape.pt', a path outside the checkpoint";
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + outside, 60), escape);
+  expect_clean_error(run_dtk("export hf " + outside + " " + outside + "-hf", 60), escape);
+  const dtk_test::Result inspect_outside = run_dtk("checkpoint inspect " + outside, 60);
+  EXPECT_NE(inspect_outside.code, 0) << inspect_outside.out;
+  EXPECT_NE(inspect_outside.out.find(escape), std::string::npos) << inspect_outside.out;
   // With checkpoint.fallback, the model a garbage tracker's run falls back to is still compared
   // with the run's: an option that changes only the computation is refused, not trained on.
   expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + garbage +

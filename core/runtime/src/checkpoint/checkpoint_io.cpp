@@ -148,7 +148,14 @@ Checksums read_checksums(const std::string& iter_dir) {
     if (!ok) throw HostError("checkpoint " + file + " line " + std::to_string(number) + " is not '<sha256>  <file>'");
     std::string hex = line.substr(0, 64);
     for (char& c : hex) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    sums.sha256[line.substr(66)] = hex;
+    const std::string name = line.substr(66);
+    // Every entry names a file inside the iteration folder (what a save writes); one outside it
+    // would verify, or be reported missing, in another folder.
+    const fs::path path(name);
+    if (path.is_absolute() || std::any_of(path.begin(), path.end(), [](const fs::path& part) { return part == ".."; }))
+      throw HostError("checkpoint " + file + " line " + std::to_string(number) + " names '" + name +
+                      "', a path outside the checkpoint");
+    sums.sha256[name] = hex;
   }
   return sums;
 }

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,10 @@ also starts under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PO
 
 dtk::host::PluginHost* g_loaded = nullptr;
 
-// `dtk --help`, or `dtk SUBCOMMAND --help`: the usage, then the flags that subcommand reads.
+bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file);
+
+// `dtk --help`, or `dtk SUBCOMMAND --help`: the usage, then dtk's flags that subcommand reads (the
+// rule that refuses the others, command_reads).
 void print_help(int argc, char** argv) {
   std::string sub;
   for (int i = 1; i < argc; ++i)
@@ -120,22 +124,16 @@ void print_help(int argc, char** argv) {
       break;
     }
   std::fputs(kUsage, stdout);
-  if (sub.empty()) return;
-  // Flags are global in gflags; the file that defines one says which subcommand owns it.
-  const std::string file = sub == "preprocess" || sub == "export" ? "cmd_preprocess.cpp"
-                           : sub == "checkpoint"                  ? "cmd_checkpoint.cpp"
-                           : sub == "import"                      ? "cmd_export.cpp"  // none
-                           : sub == "generate"                    ? "cmd_generate.cpp"
-                                                                  : "main.cpp";
+  static const std::set<std::string> kCommands = {"train",  "config", "plugins",  "preprocess", "checkpoint",
+                                                  "export", "import", "generate", "version"};
+  if (!kCommands.count(sub)) return;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::printf("\nflags of `dtk %s`:\n", sub.c_str());
   int shown = 0;
   for (const auto& f : all) {
-    if (f.filename.size() < file.size() || f.filename.compare(f.filename.size() - file.size(), file.size(), file) != 0)
-      continue;
-    if (sub != "preprocess" && f.name == "kind" && sub != "plugins") continue;
-    if (sub == "export" && f.name != "vocab_file" && f.name != "merge_file") continue;
+    // dtk's own flags (gflags also lists glog's, which every command takes).
+    if (f.filename.find("apps/dtk/") == std::string::npos || !command_reads(sub, f.name, f.filename)) continue;
     std::printf("  --%-18s %-7s default: %-10s %s\n", f.name.c_str(), f.type.c_str(),
                 f.default_value.empty() ? "''" : f.default_value.c_str(), f.description.c_str());
     ++shown;

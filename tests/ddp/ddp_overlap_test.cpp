@@ -310,6 +310,23 @@ TEST(DdpOverlapParamGather, GathersInTheNextForwardAndAnExactResume) {
             std::string::npos)
       << zeros.out;
   EXPECT_EQ(zeros.out.find("terminate called"), std::string::npos) << zeros.out;
+  // An optimizer that counts its calls (a step per bucket) is refused after the first split update;
+  // plain SGD, which counts nothing, gives the all-reduce's losses while called once per bucket.
+  const std::string sgd = std::string("--plugin_path ") + DTK_LOOP_TEST_PLUGIN_DIR + " --optimizer recording_sgd ";
+  const dtk_test::Result counting = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train(2) + kSplit + sgd + "--set optimizer.count_calls=true", 120);
+  EXPECT_NE(counting.code, 0) << counting.out;
+  EXPECT_NE(counting.out.find("ddp: overlap_param_gather: the optimizer counted "), std::string::npos) << counting.out;
+  EXPECT_NE(counting.out.find("it counts calls, not dtk_optimizer_step_args.iteration"), std::string::npos)
+      << counting.out;
+  const std::string record = dir + "/sgd-steps.txt";
+  const Curve by_bucket = curve_of(2, train(2) + kSplit + sgd + "--set optimizer.record=" + record, "split-sgd");
+  const Curve at_once = curve_of(2, train(2) + sgd, "all-reduce-sgd");
+  expect_same_curve(at_once, by_bucket, 4, "recording_sgd: split vs all-reduced", 0.0);
+  std::ifstream steps(record);
+  int calls = 0;
+  for (std::string line; std::getline(steps, line);) calls += line.rfind("step 2 ", 0) == 0;
+  EXPECT_GE(calls, 7) << record;  // iteration 2's update: a call per bucket (7; both ranks append here)
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

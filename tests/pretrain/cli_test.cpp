@@ -44,6 +44,19 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(h.code, 0);
   EXPECT_NE(h.out.find("dtk train"), std::string::npos);
   EXPECT_EQ(run("").code, 2);
+  // A command's help lists the flags it reads, and only those (the rule that refuses the others).
+  auto flags_of = [](const std::string& command) {
+    const Result r = run(command + " --help");
+    EXPECT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.find("flags of `dtk " + command + "`:");
+    return at == std::string::npos ? std::string() : r.out.substr(at);
+  };
+  const std::string e = flags_of("export"), g = flags_of("generate");
+  for (const char* flag : {"--use_checkpoint_args", "--vocab_file", "--tokenizer_type"})
+    EXPECT_NE(e.find(flag), std::string::npos) << flag << "\n" << e;
+  EXPECT_EQ(e.find("--seed"), std::string::npos) << e;
+  EXPECT_NE(g.find("--seed"), std::string::npos) << g;
+  EXPECT_EQ(g.find("--bench_out"), std::string::npos) << g;
 }
 
 TEST(Cli, PluginsListAndDescribe) {

@@ -93,7 +93,7 @@ class Ddp : public dtk::Strategy {
         dp_size_(std::max(1, dtk::Comm::size(DTK_GROUP_DATA_PARALLEL))),
         dp_rank_(std::max(0, dtk::Comm::rank(DTK_GROUP_DATA_PARALLEL))),
         tied_across_stages_(ctx.pp_size > 1),
-        sequence_parallel_(ctx.sequence_parallel) {
+        sums_over_tensor_parallel_(ctx.tp_size > 1) {
     hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, &pre_forward, nullptr, nullptr, &post_backward};
   }
 
@@ -172,9 +172,13 @@ class Ddp : public dtk::Strategy {
     }
     // The buckets (the reduced gradients are views of them until zero_grad).
     for (const auto& b : buckets_) u.gradient_bytes += bytes(b.flat) + bytes(b.shard);
-    for (size_t i = 0; i < params_.size(); ++i)
-      for (const at::Tensor* g : {&params_[i].tensor.grad(), &masters_[i].grad()})
-        if (g->defined() && in_bucket(*g)) u.gradient_bytes -= bytes(*g);
+    // (An fp32 parameter is its own master: its gradient is counted, and subtracted, once.)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = params_[i].tensor.grad();
+      if (g.defined() && in_bucket(g)) u.gradient_bytes -= bytes(g);
+      const at::Tensor& mg = masters_[i].grad();
+      if (!is_self(i) && mg.defined() && in_bucket(mg)) u.gradient_bytes -= bytes(mg);
+    }
     return u;
   }
 
@@ -216,6 +220,7 @@ class Ddp : public dtk::Strategy {
 
   void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) override {
     if (split_) apply_pending_updates(std::numeric_limits<int32_t>::max());  // (none: the forward applied them)
+    if (split_ && !step_checked_) step_before_ = optimizer_step_count(*optimizer);
     // overlap_param_gather: the gradients defined here are the whole-reduced ones; the buckets'
     // updates wait for their all-gathers (issued below) and their modules' next forward.
     if (!split_ || any_gradient()) dtk::optimizer_step(optimizer, args);
@@ -394,11 +399,13 @@ class Ddp : public dtk::Strategy {
   }
 
   // overlap_param_gather: a parameter whose reduced gradient the host sums further (a weight tied
-  // across pipeline stages, a sequence-parallel one) must be whole after reduce_gradients; one that
-  // no module reads has no pre_forward to wait in. Both are all-reduced and updated in the step.
+  // across pipeline stages, one flagged sequence_parallel: the host's rules, tied_gradients.cpp and
+  // sequence_parallel_gradients.cpp) must be whole after reduce_gradients; one that no module
+  // reads has no pre_forward to wait in. Both are all-reduced and updated in the step.
   bool reduced_whole(size_t i, int32_t ready_module) const {
     const dtk_param_info& info = params_[i].info;
-    return ready_module < 0 || (tied_across_stages_ && info.shared) || (sequence_parallel_ && info.sequence_parallel);
+    return ready_module < 0 || (tied_across_stages_ && info.shared) ||
+           (sums_over_tensor_parallel_ && info.sequence_parallel);
   }
 
   void add_to_bucket(size_t i, bool split, int32_t ready_module) {
@@ -571,6 +578,31 @@ class Ddp : public dtk::Strategy {
       if (!is_self(s.param)) params_[s.param].tensor.copy_(masters_[s.param]);
     }
     for (auto& [i, g] : aside) masters_[i].mutable_grad() = std::move(g);
+    if (!step_checked_ &&
+        std::none_of(buckets_.begin(), buckets_.end(), [](const Bucket& x) { return x.update_pending; }))
+      check_one_step_counted();
+  }
+
+  // The optimizer's saved "step" (the Adam plugins'), if it has one.
+  static std::optional<int64_t> optimizer_step_count(const dtk_optimizer_ref& optimizer) {
+    dtk::SinkCollector sink;
+    dtk::check(optimizer.api->state_save(optimizer.optimizer, sink.sink()));
+    for (const auto& [name, t] : sink.items())
+      if (name == "step" && t.defined() && t.numel() == 1) return t.item<int64_t>();
+    return std::nullopt;
+  }
+
+  // Once, after the first update split into calls: an optimizer that counts calls instead of
+  // updates (abi.md) would take a step per bucket, each with another bias correction: refused.
+  void check_one_step_counted() {
+    step_checked_ = true;
+    if (!step_before_) return;
+    const std::optional<int64_t> after = optimizer_step_count(optimizer_);
+    if (after && *after - *step_before_ > 1)
+      throw dtk::Error(
+          "ddp: overlap_param_gather: the optimizer counted " + std::to_string(*after - *step_before_) +
+          " steps for one update split into calls (it counts calls, not dtk_optimizer_step_args.iteration); "
+          "set strategy.overlap_param_gather=false");
   }
 
   // A forward that did not fire pre_forward for a module before its backward read stale
@@ -597,7 +629,10 @@ class Ddp : public dtk::Strategy {
   bool average_, masters_enabled_, overlap_, split_asked_;
   int64_t bucket_bytes_;
   int32_t tp_rank_, pp_rank_, dp_size_, dp_rank_;
-  bool tied_across_stages_, sequence_parallel_;
+  bool tied_across_stages_, sums_over_tensor_parallel_;
+  // The first split update checks that the optimizer counts one step per update, not per call.
+  bool step_checked_ = false;
+  std::optional<int64_t> step_before_;
   bool split_ = false;             // overlap_param_gather in effect (asked, DP > 1, hooks installed)
   dtk_optimizer_ref optimizer_{};  // the last step's optimizer and arguments, for the bucket updates
   dtk_optimizer_step_args step_args_{};

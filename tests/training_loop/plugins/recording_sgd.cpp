@@ -5,6 +5,8 @@
 //   step <iteration> lr <lr> wd_scale <weight_decay_scale or "none">
 // Built as sgd_v2_1 too (DTK_TEST_ABI_MINOR=1): an entry that says ABI 2.1, which predates
 // weight_decay_scale, so the host must refuse a weight-decay schedule with it.
+// count_calls=true saves a "step" that counts calls, not updates (what abi.md asks an optimizer
+// driven bucket by bucket not to do): ddp's overlap_param_gather must refuse it.
 #include <dtk/optimizer.hpp>
 
 #include <fstream>
@@ -13,12 +15,15 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_string("record", "", "File the groups and every step's arguments are written to."),
+    dtk::opt_bool("count_calls", "false", "Save a 'step' entry counting the calls of step()."),
 };
 
 class RecordingSgd : public dtk::Optimizer {
  public:
   RecordingSgd(const dtk::BuildContext& ctx, std::vector<dtk::ParamGroup> groups)
-      : groups_(std::move(groups)), path_(ctx.options.get_string("record")) {
+      : groups_(std::move(groups)),
+        path_(ctx.options.get_string("record")),
+        count_calls_(ctx.options.get_bool("count_calls")) {
     if (path_.empty()) return;
     std::ofstream out(path_, std::ios::trunc);
     for (size_t g = 0; g < groups_.size(); ++g) {
@@ -30,6 +35,7 @@ class RecordingSgd : public dtk::Optimizer {
 
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
+    ++calls_;
     if (!path_.empty()) {
       std::ofstream out(path_, std::ios::app);
       out.precision(17);
@@ -49,12 +55,19 @@ class RecordingSgd : public dtk::Optimizer {
     }
   }
 
-  dtk::TensorList state_save() override { return {}; }
-  void state_load(const dtk::TensorList&) override {}
+  dtk::TensorList state_save() override {
+    if (!count_calls_) return {};
+    return {{"step", at::scalar_tensor(calls_, at::kLong)}};
+  }
+  void state_load(const dtk::TensorList& state) override {
+    if (const at::Tensor* t = dtk::find(state, "step")) calls_ = t->item<int64_t>();
+  }
 
  private:
   std::vector<dtk::ParamGroup> groups_;
   std::string path_;
+  bool count_calls_;
+  int64_t calls_ = 0;
 };
 
 }  // namespace

@@ -231,7 +231,13 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.global_batch_size = plan_.global_batch_of(iteration);
   r.consumed_samples = plan_.consumed_before(iteration + 1);
   if (!memory_reported_ && log_->logs(iteration)) {
+    // A strategy that leaves updates to the next forward (ddp's overlap_param_gather) lands them
+    // first, so the optimizer state their first step creates is in the report.
+    const dtk_strategy_info info = parts_.strategy->info();
+    const bool defers = info.partitions_parameters && !info.sharded_state;
+    if (defers) parts_.strategy->gather_parameters(true);
     r.memory = memory_sample(*parts_.optimizer, *parts_.strategy, topo_);
+    if (defers) parts_.strategy->gather_parameters(false);
     r.memory->activation_bytes = activation_bytes;
     memory_reported_ = true;
   }

@@ -17,17 +17,15 @@
 // all-gather of the reduced gradients (the other half) runs during the next forward; just before
 // the first module that reads a bucket's parameters (its pre_forward hook) the bucket's update is
 // applied: the optimizer is called with only that bucket's gradients defined (the shipped
-// optimizers skip a tensor without a gradient and take the step number from the host, so one call
-// per bucket is the one update). The exposed floor drops from the forward plus the step (nothing
-// can be sent between the norm and the next backward) to half the traffic less the forward.
-// Parameters the host reduces further (tied weights across pipeline stages, sequence-parallel
-// ones) and those no module reads stay whole-reduced and are updated in the step. Until a bucket's
-// update lands its parameters are stale, so the strategy reports partitions_parameters: the host's
-// reads outside a step (checkpoints, the parameter norm) call gather_parameters, which applies
-// every pending update first.
-// The global gradient norm follows Megatron's clip_grad_norm_fp32 (TP-sharded parameters on
-// every TP rank, replicated ones once, summed over the model-parallel group).
-// With one process every collective is the identity, so this is also the single-device path.
+// optimizers skip a tensor without a gradient and count one step per iteration of the step
+// arguments, so the calls of one step are one update; checked once, check_one_step_counted). The exposed floor drops
+// from the forward plus the step (nothing can be sent between the norm and the next backward) to half the traffic less
+// the forward. Parameters the host reduces further (tied weights across pipeline stages, sequence-parallel ones) and
+// those no module reads stay whole-reduced and are updated in the step. Until a bucket's update lands its parameters
+// are stale, so the strategy reports partitions_parameters: the host's reads outside a step (checkpoints, the parameter
+// norm) call gather_parameters, which applies every pending update first. The global gradient norm follows Megatron's
+// clip_grad_norm_fp32 (TP-sharded parameters on every TP rank, replicated ones once, summed over the model-parallel
+// group). With one process every collective is the identity, so this is also the single-device path.
 //
 // Mixed precision as Megatron's Float16OptimizerWithFloat16Params: for bf16/fp16 parameters the
 // optimizer works on fp32 master copies (gradients converted to fp32 before the reduction, the
@@ -417,7 +415,6 @@ class Ddp : public dtk::Strategy {
       buckets_.back().dtype = m.scalar_type();
       buckets_.back().device = m.device();
       buckets_.back().split = split;
-      buckets_.back().first_reader = ready_module;
     }
     Bucket& b = buckets_.back();
     b.slots.push_back({i, b.numel, m.numel()});

@@ -258,10 +258,7 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
   const std::string& save = args[2];
-  std::error_code ec;
-  if (std::filesystem::exists(save, ec) &&
-      !(std::filesystem::is_directory(save, ec) && std::filesystem::is_empty(save, ec)))
-    throw HostError("import hf: " + save + " exists and is not an empty directory");
+  dtk::core::require_new_or_empty_folder(save, "import hf");
   if (dtk::core::hf_model_type(args[1]) == "llama") {
     const dtk::core::HfLlamaImport imported = dtk::core::import_hf_llama(args[1]);
     const dtk::core::LlamaShape& s = imported.shape;

@@ -314,6 +314,10 @@ TEST(CheckpointConvert, TensorParallelTwoToOneAndBackContinueWithTheSameLosses) 
   // Refusals: one line each.
   dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/to2 --tensor_model_parallel_size 2"),
                                   d + "/to2 exists and is not an empty directory");
+  std::ofstream(d + "/afile") << "x";
+  dtk_test::expect_one_line_error(
+      run("checkpoint convert " + d + "/tp1 " + d + "/afile --tensor_model_parallel_size 2"),
+      "checkpoint convert: " + d + "/afile is a file, not a folder");
   dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/x"), "--tensor_model_parallel_size N");
 }
 

@@ -146,6 +146,9 @@ TEST(HfExport, LogitsOfTheExportedGpt2EqualTheModelsOwn) {
   // Refusals: one line each, nothing written.
   dtk_test::expect_one_line_error(dtk_test::run_dtk(export_cmd(dir + "/ck", dir + "/hf")),
                                   dir + "/hf exists and is not an empty directory");
+  std::ofstream(dir + "/afile") << "x";
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(export_cmd(dir + "/ck", dir + "/afile")),
+                                  "export hf: " + dir + "/afile is a file, not a folder");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/x"),
                                   "--vocab_file and --merge_file name the GPT-2 tokenizer files");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("export onnx " + dir + "/ck " + dir + "/x"), "(formats: hf)");

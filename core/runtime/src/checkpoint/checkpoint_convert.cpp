@@ -401,9 +401,7 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
                                  const ModelAtLayout& build) {
   if (new_tp < 0 || new_pp < 0 || new_v < 0) throw HostError("checkpoint convert: parallel sizes must be >= 1");
-  std::error_code ec;
-  if (fs::exists(save_dir, ec) && !(fs::is_directory(save_dir, ec) && fs::is_empty(save_dir, ec)))
-    throw HostError("checkpoint convert: " + save_dir + " exists and is not an empty directory");
+  require_new_or_empty_folder(save_dir, "checkpoint convert");
   ConvertReport report;
   const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
   const Layout old = read_saved_layout(iter_dir, sums, &report.iteration);

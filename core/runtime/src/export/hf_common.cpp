@@ -245,9 +245,7 @@ std::string read_whole(const std::string& path, const std::string& what) {
 }
 
 void check_empty_target(const std::string& out_dir, const char* command) {
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    throw HostError(std::string(command) + ": " + out_dir + " exists and is not an empty directory");
+  require_new_or_empty_folder(out_dir, command);
 }
 
 RankTensors read_rank_models(const std::string& iter_dir) {

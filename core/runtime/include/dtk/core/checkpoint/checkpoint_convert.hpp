@@ -73,4 +73,9 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
                                  const ModelAtLayout& build);
 
+// The folder a command writes a new checkpoint or export into (convert, export hf, import hf):
+// one that does not exist yet or is empty; a file or a folder holding something is refused,
+// naming which (`command`: "checkpoint convert", ...).
+void require_new_or_empty_folder(const std::string& dir, const std::string& command);
+
 }  // namespace dtk::core

@@ -336,7 +336,7 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
       std::string msg = "unknown plugin '" + args[1] + "'";
       std::string guess = dtk::host::did_you_mean(args[1], names);
       if (!guess.empty()) msg += "; did you mean '" + guess + "'?";
-      throw dtk::host::HostError(msg);
+      throw dtk::host::HostError(msg + plugins.broken_hint());
     }
   }
   const char* types[] = {"?", "bool", "int", "float", "string", "enum"};

@@ -68,6 +68,14 @@ TEST(Cli, PluginsListAndDescribe) {
   ASSERT_EQ(d.code, 0) << d.out;
   EXPECT_NE(d.out.find("num_layers"), std::string::npos);
   expect_error_line(run("plugins describe gtp"), "unknown plugin 'gtp'; did you mean 'gpt'?");
+  // A plugin file that could not be loaded is named where a plugin is missing, as train names it.
+  const std::string dir = dtk_test::fresh_dir(std::filesystem::temp_directory_path().string(), "dtk-cli-broken-plugin");
+  std::ofstream(dir + "/libmine.so") << "not an ELF file";
+  expect_error_line(run("plugins describe mine --plugin_path " + dir),
+                    "unknown plugin 'mine'; 1 plugin file could not be loaded, the first: plugin '" + dir +
+                        "/libmine.so': not a loadable plugin file (only 15 bytes, too short for an ELF header) (see "
+                        "`dtk plugins list`)");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, TrainGptTinyLossFalls) {

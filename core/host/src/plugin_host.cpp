@@ -370,10 +370,13 @@ const Plugin& PluginHost::get(int32_t kind, const std::string& name) const {
     for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
     msg += " (available: " + all + ")";
   }
-  if (!broken_.empty())
-    msg += "; " + std::to_string(broken_.size()) + " plugin file" + (broken_.size() > 1 ? "s" : "") +
-           " could not be loaded, the first: " + broken_.front().reason + " (see `dtk plugins list`)";
-  throw HostError(msg);
+  throw HostError(msg + broken_hint());
+}
+
+std::string PluginHost::broken_hint() const {
+  if (broken_.empty()) return "";
+  return "; " + std::to_string(broken_.size()) + " plugin file" + (broken_.size() > 1 ? "s" : "") +
+         " could not be loaded, the first: " + broken_.front().reason + " (see `dtk plugins list`)";
 }
 
 std::vector<const Plugin*> PluginHost::list() const {

@@ -63,6 +63,9 @@ class PluginHost {
     std::string path, reason;  // reason: the one-line refusal, naming the file
   };
   const std::vector<Broken>& broken() const { return broken_; }
+  // "; N plugin file(s) could not be loaded, the first: <reason> (see `dtk plugins list`)", or ""
+  // when every file loaded: appended where a plugin asked for is not there.
+  std::string broken_hint() const;
 
   // Calls deinit() of every plugin, once (plugins stay mapped).
   void shutdown();

@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -114,6 +113,13 @@ dtk::host::PluginHost* g_loaded = nullptr;
 
 bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file);
 
+// dtk's commands (launch starts one of them in each rank).
+const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
+                                 "export", "import", "generate", "version"};
+bool is_command(const std::string& name) {
+  return std::find(std::begin(kCommands), std::end(kCommands), name) != std::end(kCommands);
+}
+
 // `dtk --help`, or `dtk SUBCOMMAND --help`: the usage, then dtk's flags that subcommand reads (the
 // rule that refuses the others, command_reads).
 void print_help(int argc, char** argv) {
@@ -124,9 +130,7 @@ void print_help(int argc, char** argv) {
       break;
     }
   std::fputs(kUsage, stdout);
-  static const std::set<std::string> kCommands = {"train",  "config", "plugins",  "preprocess", "checkpoint",
-                                                  "export", "import", "generate", "version"};
-  if (!kCommands.count(sub)) return;
+  if (!is_command(sub)) return;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::printf("\nflags of `dtk %s`:\n", sub.c_str());
@@ -454,9 +458,7 @@ std::string train_equivalent(const std::string& flag) {
 
 // A flag (or --set) the command does not read is refused, naming the command that does.
 void refuse_flags_of_other_commands(const std::string& cmd, const std::vector<std::string>& sets) {
-  static const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
-                                          "export", "import", "generate", "version"};
-  if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) return;
+  if (!is_command(cmd)) return;
   if (!sets.empty() &&
       (cmd == "checkpoint" || cmd == "import" || cmd == "preprocess" || cmd == "plugins" || cmd == "version"))
     throw dtk::host::HostError(cmd + ": --set " + sets.front() + " is not read by dtk " + cmd + " (it takes no --set)");

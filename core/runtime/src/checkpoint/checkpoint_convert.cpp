@@ -397,6 +397,14 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
 
 }  // namespace
 
+void require_new_or_empty_folder(const std::string& dir, const std::string& command) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  if (!fs::is_directory(dir, ec))
+    throw HostError(command + ": " + dir + " is a file, not a folder: give a new or empty folder to write into");
+  if (!fs::is_empty(dir, ec)) throw HostError(command + ": " + dir + " exists and is not an empty directory");
+}
+
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
                                  const ModelAtLayout& build) {

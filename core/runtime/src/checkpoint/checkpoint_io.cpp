@@ -17,7 +17,6 @@
 #include <sstream>
 #include <vector>
 
-#include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/core/checkpoint/layout.hpp"
 #include "dtk/core/checkpoint/sha256.hpp"
 #include "dtk/host/error.hpp"
@@ -315,16 +314,3 @@ std::string not_a_directory(const std::string& dir) {
 }
 
 }  // namespace dtk::core::ckpt
-
-namespace dtk::core {
-
-void require_new_or_empty_folder(const std::string& dir, const std::string& command) {
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) return;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw host::HostError(command + ": " + dir + " is a file, not a folder: give a new or empty folder to write into");
-  if (!std::filesystem::is_empty(dir, ec))
-    throw host::HostError(command + ": " + dir + " exists and is not an empty directory");
-}
-
-}  // namespace dtk::core

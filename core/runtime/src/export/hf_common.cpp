@@ -244,10 +244,6 @@ std::string read_whole(const std::string& path, const std::string& what) {
   return text;
 }
 
-void check_empty_target(const std::string& out_dir, const char* command) {
-  require_new_or_empty_folder(out_dir, command);
-}
-
 RankTensors read_rank_models(const std::string& iter_dir) {
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +

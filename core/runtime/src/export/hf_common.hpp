@@ -51,8 +51,6 @@ bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const
 // A whole file's bytes; `what` names it in the error ("export hf: cannot read <what> <path>").
 std::string read_whole(const std::string& path, const std::string& what);
 
-// Refuses an `out_dir` that exists and is not an empty directory.
-void check_empty_target(const std::string& out_dir, const char* command);
 // Every tensor-parallel rank's model tensors of `iter_dir`, verified against SHA256SUMS; a
 // pipeline-parallel checkpoint is refused (naming `dtk checkpoint convert`).
 RankTensors read_rank_models(const std::string& iter_dir);

@@ -6,8 +6,9 @@
 #include <sstream>
 #include <vector>
 
-#include "hf_common.hpp"
+#include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/host/error.hpp"
+#include "hf_common.hpp"
 
 namespace dtk::core {
 
@@ -134,7 +135,7 @@ std::string hf_config_json(const Gpt2Shape& shape, const std::string& dtype) {
 HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
                               const std::string& vocab_file, const std::string& merge_file,
                               const std::map<std::string, int>& dims) {
-  hf::check_empty_target(out_dir, "export hf");
+  require_new_or_empty_folder(out_dir, "export hf");
   const std::string vocab = hf::read_whole(vocab_file, "the GPT-2 vocabulary (--vocab_file)");
   const std::string merges = hf::read_whole(merge_file, "the GPT-2 merges (--merge_file)");
   const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir), shape, dims);

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/host/error.hpp"
 #include "hf_common.hpp"
 
@@ -203,7 +204,7 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShap
 
 HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
                                const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims) {
-  hf::check_empty_target(out_dir, "export hf");
+  require_new_or_empty_folder(out_dir, "export hf");
   HfExportReport report;
   std::vector<std::pair<std::string, std::string>> files = tokenizer_files(shape, tokenizer, &report.tokenizer);
   const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir), shape, dims, &report.padding_rows);

@@ -61,6 +61,13 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
          std::to_string(plan.seq_length()) + ramp;
 }
 
+// A strategy whose parameters are not whole outside its hooks while its state is replicated
+// (ddp's overlap_param_gather) leaves updates to the next forward (abi.md, dtk_strategy_info).
+bool defers_updates(const StrategyInstance& strategy) {
+  const dtk_strategy_info info = strategy.info();
+  return info.partitions_parameters && !info.sharded_state;
+}
+
 }  // namespace
 
 Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks)
@@ -103,13 +110,11 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
 
 Trainer::~Trainer() = default;
 
-// A strategy whose parameters are not whole outside its hooks while its state is replicated
-// (ddp's overlap_param_gather) keeps the reduced gradients sharded over data-parallel ranks until
-// the next forward: the host cannot count their zeros (a sharded-state strategy hands the
-// optimizer its shards, whose zeros add up).
+// Such a strategy keeps the reduced gradients sharded over data-parallel ranks until the next
+// forward: the host cannot count their zeros (a sharded-state strategy hands the optimizer its
+// shards, whose zeros add up).
 void Trainer::refuse_unreadable_gradients() const {
-  const dtk_strategy_info info = parts_.strategy->info();
-  if (cfg_.logging().log_num_zeros_in_grad() && info.partitions_parameters && !info.sharded_state)
+  if (cfg_.logging().log_num_zeros_in_grad() && defers_updates(*parts_.strategy))
     throw host::HostError("logging.log_num_zeros_in_grad: strategy plugin '" + plugins_.strategy.name() +
                           "' keeps the reduced gradients sharded over data-parallel ranks until the next forward "
                           "(ddp: overlap_param_gather=true), so their zeros cannot be counted; drop one of them");
@@ -233,8 +238,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   if (!memory_reported_ && log_->logs(iteration)) {
     // A strategy that leaves updates to the next forward (ddp's overlap_param_gather) lands them
     // first, so the optimizer state their first step creates is in the report.
-    const dtk_strategy_info info = parts_.strategy->info();
-    const bool defers = info.partitions_parameters && !info.sharded_state;
+    const bool defers = defers_updates(*parts_.strategy);
     if (defers) parts_.strategy->gather_parameters(true);
     r.memory = memory_sample(*parts_.optimizer, *parts_.strategy, topo_);
     if (defers) parts_.strategy->gather_parameters(false);

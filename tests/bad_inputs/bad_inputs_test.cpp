@@ -776,6 +776,32 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
   }
   expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
                      "import hf: " + hf + "/model.safetensors: the header is a JSON array, not an object of tensors");
+  // Headers that parse but do not describe the buffer: checked against the file before anything is
+  // allocated or read (the format requires the tensors to tile the buffer exactly).
+  const auto safetensors = [&](const std::string& header, size_t buffer_bytes) {
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    std::ofstream(hf + "/model.safetensors", std::ios::binary | std::ios::trunc)
+        << bytes << header << std::string(buffer_bytes, '\0');
+    return run_dtk("import hf " + hf + " " + dir + "/imported", 60);
+  };
+  const std::string st = "import hf: " + hf + "/model.safetensors: ";
+  const std::string a = R"("a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  expect_clean_error(safetensors("{" + a + R"(, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12),
+                     st + "tensors 'a' and 'b' overlap in the file");
+  expect_clean_error(safetensors("{" + a + R"(, "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", 8),
+                     st + "tensors 'a' and 'b' overlap in the file");
+  expect_clean_error(safetensors("{" + a + "}", 12),
+                     st + "4 byte(s) after the last tensor belong to no tensor (a damaged or concatenated file?)");
+  expect_clean_error(safetensors("{" + a + R"(, "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]}})", 16),
+                     st + "4 byte(s) before tensor 'b' belong to no tensor");
+  expect_clean_error(safetensors(R"({"__metadata__": [1], )" + a + "}", 8),
+                     st + "'__metadata__' is not an object of strings (not a safetensors file?)");
+  expect_clean_error(safetensors(R"({"__metadata__": {"format": 1}, )" + a + "}", 8),
+                     st + "'__metadata__' is not an object of strings (not a safetensors file?)");
+  expect_clean_error(
+      safetensors(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 0]}})", 8),
+      st + "tensor 'a' has a shape larger than the file");
   std::ofstream(hf + "/config.json", std::ios::trunc) << "[]";
   expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
                      "import hf: " + hf + "/config.json holds a JSON array, not an object");

@@ -111,6 +111,30 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors) {
   ckpt::write_file_synced(path, data.data(), data.size());
 }
 
+namespace {
+// As the format requires: the tensors' byte ranges tile the buffer after the header, with no
+// overlap (two tensors reading the same bytes), no gap and nothing after the last one (a file
+// truncated and re-padded, or two files concatenated).
+void require_exact_cover(const std::string& file, const std::map<uint64_t, std::pair<uint64_t, std::string>>& ranges,
+                         uint64_t buffer_bytes) {
+  uint64_t end = 0;
+  std::string previous;
+  for (const auto& [start, range] : ranges) {
+    if (start < end)
+      throw HostError("import hf: " + file + ": tensors '" + previous + "' and '" + range.second +
+                      "' overlap in the file");
+    if (start > end)
+      throw HostError("import hf: " + file + ": " + std::to_string(start - end) + " byte(s) before tensor '" +
+                      range.second + "' belong to no tensor");
+    end = range.first;
+    previous = range.second;
+  }
+  if (end != buffer_bytes)
+    throw HostError("import hf: " + file + ": " + std::to_string(buffer_bytes - end) +
+                    " byte(s) after the last tensor belong to no tensor (a damaged or concatenated file?)");
+}
+}  // namespace
+
 std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw HostError("import hf: cannot read " + file);
@@ -129,9 +153,20 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
     throw HostError("import hf: " + file + ": the header is a JSON " + std::string(header.type_name()) +
                     ", not an object of tensors (not a safetensors file?)");
   const size_t base = 8 + n;
+  const uint64_t buffer_bytes = data.size() - base;
   std::map<std::string, at::Tensor> out;
+  std::map<uint64_t, std::pair<uint64_t, std::string>> ranges;  // start -> (end, tensor): the buffer's cover
   for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
+    if (it.key() == "__metadata__") {
+      // The format's metadata is a map of strings; anything else is a damaged or foreign header.
+      bool strings = it.value().is_object();
+      if (strings)
+        for (const auto& v : it.value()) strings = strings && v.is_string();
+      if (!strings)
+        throw HostError("import hf: " + file +
+                        ": '__metadata__' is not an object of strings (not a safetensors file?)");
+      continue;
+    }
     const auto& e = it.value();
     // The entry's form, checked field by field so that a message names what is wrong.
     auto integers = [&](const char* field, bool allow_negative) {
@@ -153,11 +188,21 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
       const at::ScalarType type = from_safetensors_dtype(e.at("dtype").get<std::string>(), file, it.key());
       const auto shape = e.at("shape").get<std::vector<int64_t>>();
       const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
-      at::Tensor t = at::empty(shape, type);
-      const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+      // The size is checked against the file before anything is allocated: a shape whose product
+      // overflows or exceeds the file is a damaged header, not a request for memory.
+      uint64_t bytes = c10::elementSize(type);
+      for (const int64_t d : shape) {
+        if (d != 0 && bytes > buffer_bytes / static_cast<uint64_t>(d))
+          throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has a shape larger than the file");
+        bytes *= static_cast<uint64_t>(d);
+      }
       if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != bytes ||
-          base + offsets[1] > data.size())
+          offsets[1] > buffer_bytes)
         throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has data_offsets that do not fit its shape or the file");
+      if (bytes > 0 && !ranges.emplace(offsets[0], std::make_pair(offsets[1], it.key())).second)
+        throw HostError("import hf: " + file + ": tensors '" + ranges[offsets[0]].second + "' and '" + it.key() +
+                        "' overlap in the file");
+      at::Tensor t = at::empty(shape, type);
       std::memcpy(t.data_ptr(), data.data() + base + offsets[0], bytes);
       // A NaN or infinity in a weight trains nothing but NaNs: refused here, named, not at step 1.
       if (at::isFloatingType(type) && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) {
@@ -170,6 +215,7 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
       throw HostError("import hf: " + file + ": tensor '" + it.key() + "': " + ckpt::first_line(x.what()));
     }
   }
+  require_exact_cover(file, ranges, buffer_bytes);
   return out;
 }
 

@@ -122,6 +122,10 @@ TEST(BadInputs, SizesThatCannotFitAreRefusedWithTheEstimate) {
   expect_clean_error(run_dtk(kTrain + "--set train.seq_length=1000000000", 60),
                      "config: model plugin 'gpt' would hold 244141 MB of parameters on this rank");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
+  // A model length below the run's samples: refused where the model is built, not at the first forward.
+  expect_clean_error(run_dtk(kTrain + "--set model.seq_length=16", 60),
+                     "model plugin 'gpt' is built for sequences of 16 tokens (its seq_length option), shorter than "
+                     "train.seq_length 32: leave the option at 0 (the run's) or raise it");
   // The check can be skipped: then the device budget (here a memory_limit_mb) still stops it.
   expect_clean_error(run_dtk(kTrain + "--set train.micro_batch_size=64 --set train.global_batch_size=64 "
                                       "--set train.memory_limit_mb=20 --set train.skip_memory_check=true",

@@ -223,14 +223,15 @@ TEST(Flops, CountsTheWholeModelUnderTensorParallelism) {
   // tensor listed twice) and a [8, 8] column shard, a replicated [8] norm weight.
   std::vector<dtk::Param> params = {param({50, 8}, true), param({8, 8}, true), param({8}, false)};
   dtk_model_info info{};
-  info.num_layers = 2, info.hidden_size = 8, info.seq_length = 16;
-  const auto s = dtk::core::model_stats(params, info, /*tp_size=*/2);
+  // The model declares a context of 1024 (for export); the run's samples hold 16 tokens: s = 16.
+  info.num_layers = 2, info.hidden_size = 8, info.seq_length = 1024;
+  const auto s = dtk::core::model_stats(params, info, /*seq_length=*/16, /*tp_size=*/2);
   EXPECT_EQ(s.num_parameters, 400 + 64 + 8);
   EXPECT_EQ(s.model_parameters, 2 * 400 + 2 * 64 + 8);
   EXPECT_EQ(s.passes, 3);
   EXPECT_DOUBLE_EQ(s.flops_per_token, 2 * 3 * 936.0 + 4 * 3 * 2 * 8 * 16);  // 6N + 12Lhs
   info.recompute = 1;
-  EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 2).flops_per_token, 8 * 936.0 + 16 * 2 * 8 * 16);
+  EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 16, 2).flops_per_token, 8 * 936.0 + 16 * 2 * 8 * 16);
 }
 
 }  // namespace

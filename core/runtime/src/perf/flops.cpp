@@ -6,8 +6,8 @@
 
 namespace dtk::core {
 
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size, int pp_rank,
-                       int pp_size) {
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int64_t seq_length, int tp_size,
+                       int pp_rank, int pp_size) {
   ModelStats s;
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
@@ -21,8 +21,8 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
   }
   s.passes = info.recompute ? 4 : 3;
   const double c = s.passes, n = static_cast<double>(s.model_parameters);
-  const double lhs = static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) *
-                     static_cast<double>(info.seq_length);
+  const double lhs =
+      static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) * static_cast<double>(seq_length);
   s.flops_per_token = 2 * c * n + 4 * c * lhs;
   return s;
 }

@@ -19,9 +19,11 @@ struct ModelStats {
   int passes = 3;                // c
   double flops_per_token = 0;
 };
-// With pipeline stages (pp_size > 1) N sums every stage's parameters (a collective over the
-// pipeline group: every stage calls it), a tied weight counted on the first stage only.
-ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int tp_size, int pp_rank = 0,
-                       int pp_size = 1);
+// s is the run's train.seq_length (what each sample holds), not the model's declared context
+// (info.seq_length, which a model may set longer for export). With pipeline stages (pp_size > 1)
+// N sums every stage's parameters (a collective over the pipeline group: every stage calls it),
+// a tied weight counted on the first stage only.
+ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int64_t seq_length, int tp_size,
+                       int pp_rank = 0, int pp_size = 1);
 
 }  // namespace dtk::core

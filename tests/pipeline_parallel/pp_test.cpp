@@ -158,6 +158,16 @@ TEST(Pipeline, ResumeIsExact) {
       "checkpoint convert " + dir + "-pp1 " + dir + "-tp2pp2 --tensor_model_parallel_size 2 "
       "--pipeline_model_parallel_size 2", 120);
   ASSERT_EQ(to_grid.code, 0) << to_grid.out;
+  // A run of another tensor- and pipeline-parallel size is told to convert both.
+  const dtk_test::Result grid_on_one =
+      dtk_test::run_dtk(train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-tp2pp2", 120);
+  EXPECT_NE(grid_on_one.code, 0);
+  EXPECT_NE(
+      grid_on_one.out.find("was saved with pipeline stages (mp_rank_00_000) at tensor-parallel size 2, this run "
+                           "has pipeline-parallel size 1 and tensor-parallel size 1 (dtk checkpoint convert SRC "
+                           "DST --tensor_model_parallel_size 1 --pipeline_model_parallel_size 1 makes one for it)"),
+      std::string::npos)
+      << grid_on_one.out;
   const Curve on_grid = curve_of(4,
                                  train("gpt-tiny.pbtxt", 2) + pp(2) +
                                      "--set distributed.tensor_model_parallel_size=2 --set checkpoint.load=" + dir + "-tp2pp2",

@@ -420,13 +420,20 @@ void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir
   if (fs::is_directory(rank_dir, ec)) return;
   const std::string first = ckpt::first_rank_dir(iter_dir);
   const bool staged = first != mp_rank_dir(0);
-  if (staged != (topo.pp_size > 1) && fs::is_directory(fs::path(iter_dir) / first, ec))
-    throw HostError(
-        "checkpoint " + iter_dir + " was saved " +
-        (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
-        ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
-        " (dtk checkpoint convert SRC DST --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
-        " makes one for it)");
+  if (staged == (topo.pp_size > 1) || !fs::is_directory(fs::path(iter_dir) / first, ec)) return;
+  // The tensor-parallel size too, from the first stage's folders: the conversion must name both.
+  int saved_tp = 0;
+  while (fs::is_directory(fs::path(iter_dir) / mp_rank_dir(saved_tp, 0, staged ? 2 : 1), ec)) ++saved_tp;
+  const bool tp_differs = saved_tp != topo.tp_size;
+  throw HostError(
+      "checkpoint " + iter_dir + " was saved " +
+      (staged ? std::string("with pipeline stages (") + first + ")" : "as one pipeline stage (" + first + ")") +
+      (tp_differs ? " at tensor-parallel size " + std::to_string(saved_tp) : std::string()) +
+      ", this run has pipeline-parallel size " + std::to_string(topo.pp_size) +
+      (tp_differs ? " and tensor-parallel size " + std::to_string(topo.tp_size) : std::string()) +
+      " (dtk checkpoint convert SRC DST" +
+      (tp_differs ? " --tensor_model_parallel_size " + std::to_string(topo.tp_size) : std::string()) +
+      " --pipeline_model_parallel_size " + std::to_string(topo.pp_size) + " makes one for it)");
 }
 
 // The layout the file was saved with must be this run's: tensor- and pipeline-parallel sizes and

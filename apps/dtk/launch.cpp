@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,15 +105,25 @@ constexpr const char* kUsage =
     "usage: dtk launch --nproc_per_node N [--nnodes M --node_rank K --master_addr HOST] [--master_port P] <dtk "
     "command and flags>";
 
+constexpr const char* kLaunchFlags[] = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr",
+                                        "--master_port"};
+
 LaunchArgs parse_args(int argc, char** argv) {
   LaunchArgs args;
+  std::set<std::string> given;
   int i = 0;
   for (; i < argc; ++i) {
     std::string a = argv[i];
+    // A flag given twice would silently keep one value; a command where a value belongs (a number
+    // forgotten) is named as such.
     auto value = [&](const std::string& flag) -> std::string {
+      if (!given.insert(flag).second) throw HostError("launch: " + flag + " is given twice");
       if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
       if (i + 1 >= argc) throw HostError("launch: " + flag + " needs a value");
-      return argv[++i];
+      const std::string v = argv[++i];
+      if (is_command(v))
+        throw HostError("launch: " + flag + " has no value ('" + v + "' is the dtk command to run; " + kUsage + ")");
+      return v;
     };
     if (a == "--nproc_per_node" || a.rfind("--nproc_per_node=", 0) == 0)
       args.nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
@@ -128,7 +139,13 @@ LaunchArgs parse_args(int argc, char** argv) {
     }
     else if (a == "--")
       ++i;
-    else
+    else if (a.rfind("-", 0) == 0) {
+      // Before the command, only launch's own flags: the command's come after it.
+      std::string names;
+      for (const char* f : kLaunchFlags) names += std::string(names.empty() ? "" : ", ") + f;
+      throw HostError("launch: unknown launch flag '" + a + "' (launch takes " + names +
+                      "; the command's flags come after the command)");
+    } else
       break;
     if (a == "--") break;
   }
@@ -143,6 +160,9 @@ LaunchArgs parse_args(int argc, char** argv) {
     throw HostError("launch: --nnodes x --nproc_per_node is too large");
   if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
   if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
+  if (!is_command(argv[i]))
+    throw HostError("launch: '" + std::string(argv[i]) +
+                    "' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)");
   args.command = i;
   return args;
 }

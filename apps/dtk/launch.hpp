@@ -2,5 +2,11 @@
 // environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #pragma once
 
+#include <string>
+
 // args: everything after "launch". Returns the exit code of the launcher.
 int run_launch(int argc, char** argv);
+
+// Whether `name` is one of dtk's commands (main.cpp keeps the list): the launcher refuses anything
+// else once, rather than every rank refusing it.
+bool is_command(const std::string& name);

@@ -116,9 +116,14 @@ bool command_reads(const std::string& cmd, const std::string& flag, const std::s
 // dtk's commands (launch starts one of them in each rank).
 const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
                                  "export", "import", "generate", "version"};
+
+}  // namespace
+
 bool is_command(const std::string& name) {
   return std::find(std::begin(kCommands), std::end(kCommands), name) != std::end(kCommands);
 }
+
+namespace {
 
 // `dtk --help`, or `dtk SUBCOMMAND --help`: the usage, then dtk's flags that subcommand reads (the
 // rule that refuses the others, command_reads).
@@ -560,6 +565,11 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(kUsage);
   // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
   if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
+    // `dtk launch --help`: the usage (after the command, --help is the command's, in each rank).
+    if (argc >= 3 && (!std::strcmp(argv[2], "--help") || !std::strcmp(argv[2], "-h"))) {
+      print_help(argc, argv);
+      return 0;
+    }
     try {
       return run_launch(argc - 2, argv + 2);
     } catch (const std::exception& e) {

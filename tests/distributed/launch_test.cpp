@@ -6,6 +6,7 @@
 #include <cmath>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spawn.hpp"
@@ -175,6 +176,27 @@ TEST(Launch, Usage) {
       << node_rank.out;
   const Result h = dtk_test::run(kDtk + " --help", 30);
   EXPECT_NE(h.out.find("dtk launch --nproc_per_node N"), std::string::npos) << h.out;
+  const Result launch_help = dtk_test::run(kDtk + " launch --help", 30);
+  EXPECT_EQ(launch_help.code, 0) << launch_help.out;
+  EXPECT_NE(launch_help.out.find("dtk launch --nproc_per_node N"), std::string::npos) << launch_help.out;
+  // Refused once by the launcher, before any rank starts: a forgotten number, a flag of the command
+  // before it, a flag given twice, a misspelt command.
+  const std::pair<std::string, std::string> refused[] = {
+      {"--nproc_per_node train", "launch: --nproc_per_node has no value ('train' is the dtk command to run; usage: "},
+      {"--nproc_per_node 2 --threads 1 train",
+       "launch: unknown launch flag '--threads' (launch takes --nproc_per_node, --nnodes, --node_rank, --master_addr, "
+       "--master_port; the command's flags come after the command)"},
+      {"--nproc_per_node 2 --nproc_per_node 3 train", "launch: --nproc_per_node is given twice"},
+      {"--nproc_per_node=2 --master_port=7 --master_port 8 train", "launch: --master_port is given twice"},
+      {"--nproc_per_node 2 trian",
+       "launch: 'trian' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)"},
+  };
+  for (const auto& [args, message] : refused) {
+    const Result r = dtk_test::run(kDtk + " launch " + args, 30);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("dtk: error: " + message), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("[rank "), std::string::npos) << args << "\n" << r.out;  // no rank started
+  }
 }
 
 // GLOO_SOCKET_IFNAME naming an interface this host lacks: one line naming it, before any wait.

@@ -20,7 +20,7 @@
 #include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
 
-DEFINE_bool(verify, true, "checkpoint inspect: hash every file against the checkpoint's SHA256SUMS.");
+DECLARE_bool(verify);
 DEFINE_bool(all_tensors, false, "checkpoint inspect: list the optimizer's and strategy's tensors too.");
 DEFINE_int32(tensor_model_parallel_size, 0,
              "checkpoint convert: the tensor-parallel size to convert to (0: the checkpoint's).");
@@ -44,7 +44,7 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(
@@ -61,7 +61,8 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
         BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, pp_rank, pp_size);
         options.push_back(std::move(b.options));
         return std::move(b.model);
-      });
+      },
+      FLAGS_verify);
   const bool staged = report.old_pp > 1 || report.new_pp > 1;
   const bool interleaved = report.old_v > 1 || report.new_v > 1;
   char layout[200];

@@ -27,6 +27,7 @@ DECLARE_string(model);
 DECLARE_string(config);
 DECLARE_string(megatron_args);
 DECLARE_bool(use_checkpoint_args);
+DECLARE_bool(verify);
 
 namespace {
 
@@ -62,7 +63,7 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
   dtk::config::TokenizerConfig recorded = cfg.tokenizer();
   apply_tokenizer_flags(&recorded);
   const dtk::core::TokenizerFiles tok = describe_tokenizer(recorded, shape.vocab);
-  const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims);
+  const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims, FLAGS_verify);
   std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
               "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
               "tensors, %.1f MB; config.json%s%s\n",
@@ -133,7 +134,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, /*verify=*/false);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
   apply_command_line_model(cfg, sets, plugins, args[1], "export hf");
   const std::string& name = cfg.model().name();
@@ -156,7 +157,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   const dtk::core::Gpt2Shape shape = dtk::core::gpt2_shape(options, cfg.train().seq_length());
   check_tokenizer_fits(*load_tokenizer({"GPT2BPETokenizer", "", FLAGS_vocab_file, FLAGS_merge_file, 0}), shape.vocab);
   const auto report =
-      dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file, dims);
+      dtk::core::export_hf_gpt2(iter_dir, shape, args[2], FLAGS_vocab_file, FLAGS_merge_file, dims, FLAGS_verify);
   std::printf("exported iteration %lld of %s to %s: GPT2LMHeadModel, %lld layers, hidden %lld, %lld heads, vocab %lld, "
               "%lld positions, activation gelu, %s; model.safetensors %lld tensors, %.1f MB; config.json and the "
               "GPT-2 tokenizer files\n",

@@ -21,6 +21,7 @@
 #include "dtk/text/tokenizer.hpp"
 #include "tokenizer_flags.hpp"
 
+DECLARE_bool(verify);  // main.cpp: --noverify reads a damaged or hand-edited checkpoint
 DEFINE_string(load, "", "generate: the checkpoint (a save directory: its tracker's iteration; or one iter_NNNNNNN).");
 DEFINE_string(prompt, "", "generate: the text to continue.");
 DEFINE_string(prompts_file, "", "generate: one prompt per line, continued in batches of --batch_size.");
@@ -83,7 +84,7 @@ void check_generate_flags() {
 // ranks of this process group are the checkpoint's tensor-parallel ranks (`*tp` of them).
 dtk::config::RunConfig generation_config(const std::string& iter_dir, const dtk::host::PluginHost& plugins, int* tp) {
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
     throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
   *tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
   const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();
@@ -232,7 +233,7 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
 
   // This rank's model, its weights from the checkpoint (verified against SHA256SUMS).
   BuiltModel built = build_model(plugins, cfg, topo.tp_rank, tp);
-  built.model->state_load(dtk::core::read_model_state(iter_dir, topo.tp_rank), /*strict=*/true);
+  built.model->state_load(dtk::core::read_model_state(iter_dir, topo.tp_rank, FLAGS_verify), /*strict=*/true);
   built.model->set_training(false);
 
   const dtk::core::SamplingOptions o = sampling_options(cfg, tokenizer);

@@ -56,6 +56,9 @@ DEFINE_bool(use_checkpoint_args, false,
             "The model plugin and options of the checkpoint loaded (train's checkpoint.load, generate's --load, "
             "export's CHECKPOINT) replace this run's (--set checkpoint.use_checkpoint_args=true; Megatron's "
             "--use-checkpoint-args). Without it a difference that changes the model's function is refused.");
+DEFINE_bool(verify, true,
+            "checkpoint inspect, checkpoint convert, export, generate: check each checkpoint file against its "
+            "SHA256SUMS (--noverify reads a damaged or hand-edited one).");
 DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
@@ -82,16 +85,16 @@ Usage:
                  --tokenizer_type NullTokenizer --vocab_size N.  `dtk train` takes them too.
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
-                 [--virtual_pipeline_model_parallel_size V]   another tensor- and/or pipeline-parallel
+                 [--virtual_pipeline_model_parallel_size V] [--noverify]   another tensor- and/or pipeline-parallel
                                                       size, or model chunks per pipeline rank
-  dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe
+  dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe [--noverify]
                                         a Hugging Face GPT2LMHeadModel folder (safetensors); a llama
                                         checkpoint: LlamaForCausalLM (tokenizer flags optional)
   dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel or LlamaForCausalLM folder as a checkpoint
                                         to fine-tune from
   dtk generate --load DIR --prompt TEXT | --prompts_file FILE [TOKENIZER: default the checkpoint's]
                [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
-               [--seed S] [--batch_size B]    text from a checkpoint (key/value cache; TP: under launch)
+               [--seed S] [--batch_size B] [--noverify]   text from a checkpoint (key/value cache; TP: under launch)
   dtk --version
 
 Examples:
@@ -441,6 +444,7 @@ bool command_reads(const std::string& cmd, const std::string& flag, const std::s
   if (!defined_in("main.cpp")) return true;  // not dtk's (glog's --v, --logtostderr, ...)
   if (flag == "plugin_path" || flag == "threads") return true;
   if (flag == "kind") return cmd == "plugins";
+  if (flag == "verify") return cmd == "checkpoint" || cmd == "export" || cmd == "generate";
   if (flag == "megatron_table") return cmd == "config";
   // export and generate take --model and --use_checkpoint_args, and refuse --config and
   // --megatron_args themselves, with their reason (apply_command_line_model).

@@ -157,6 +157,14 @@ TEST(CheckpointIntegrity, DamagedFileIsNamedAndFallbackLoadsTheOlderOne) {
   EXPECT_NE(inspect.out.find("DAMAGED: sha256"), std::string::npos) << inspect.out;
   EXPECT_NE(inspect.out.find("complete: NO: " + d + kFile4 + " is damaged"), std::string::npos) << inspect.out;
   dtk_test::expect_one_line_error(inspect, "checkpoint inspect: " + d + kFile4 + " is damaged");
+  // The offline readers verify too, and say how to read it anyway (they take no --set).
+  const Result convert = run("checkpoint convert " + d + " " + d + "-tp2 --tensor_model_parallel_size 2");
+  dtk_test::expect_one_line_error(convert, "checkpoint " + d + kFile4 + " is damaged: its SHA-256 is ");
+  EXPECT_NE(convert.out.find("or --noverify (checkpoint convert, export, generate), loads it anyway"),
+            std::string::npos)
+      << convert.out;
+  const Result converted = run("checkpoint convert " + d + " " + d + "-tp2 --tensor_model_parallel_size 2 --noverify");
+  EXPECT_EQ(converted.code, 0) << converted.out;
   // The older iteration is complete on its own.
   const Result older = run("checkpoint inspect " + d + "/iter_0000002/");
   EXPECT_EQ(older.code, 0) << older.out;

@@ -407,11 +407,11 @@ void require_new_or_empty_folder(const std::string& dir, const std::string& comm
 
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
-                                 const ModelAtLayout& build) {
+                                 const ModelAtLayout& build, bool verify) {
   if (new_tp < 0 || new_pp < 0 || new_v < 0) throw HostError("checkpoint convert: parallel sizes must be >= 1");
   require_new_or_empty_folder(save_dir, "checkpoint convert");
   ConvertReport report;
-  const ckpt::Checksums sums = ckpt::read_checksums(iter_dir);
+  const ckpt::Checksums sums = verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
   const Layout old = read_saved_layout(iter_dir, sums, &report.iteration);
   const Layout nl = resolve_new_layout(old, new_tp, new_pp, new_v);
   report.old_tp = static_cast<int>(old.tp), report.old_pp = static_cast<int>(old.pp);

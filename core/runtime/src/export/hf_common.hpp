@@ -51,9 +51,9 @@ bool json_bool_or(const nlohmann::json& j, const char* key, bool fallback, const
 // A whole file's bytes; `what` names it in the error ("export hf: cannot read <what> <path>").
 std::string read_whole(const std::string& path, const std::string& what);
 
-// Every tensor-parallel rank's model tensors of `iter_dir`, verified against SHA256SUMS; a
-// pipeline-parallel checkpoint is refused (naming `dtk checkpoint convert`).
-RankTensors read_rank_models(const std::string& iter_dir);
+// Every tensor-parallel rank's model tensors of `iter_dir`, verified against SHA256SUMS when
+// `verify`; a pipeline-parallel checkpoint is refused (naming `dtk checkpoint convert`).
+RankTensors read_rank_models(const std::string& iter_dir, bool verify);
 // The whole tensor `name`, joined from the ranks along the dimension the model plugin lists (dims).
 at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name);
 // Refuses a tensor whose shape is not `want`, naming both.

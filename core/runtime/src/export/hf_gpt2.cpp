@@ -134,11 +134,11 @@ std::string hf_config_json(const Gpt2Shape& shape, const std::string& dtype) {
 
 HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
                               const std::string& vocab_file, const std::string& merge_file,
-                              const std::map<std::string, int>& dims) {
+                              const std::map<std::string, int>& dims, bool verify) {
   require_new_or_empty_folder(out_dir, "export hf");
   const std::string vocab = hf::read_whole(vocab_file, "the GPT-2 vocabulary (--vocab_file)");
   const std::string merges = hf::read_whole(merge_file, "the GPT-2 merges (--merge_file)");
-  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir), shape, dims);
+  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir, verify), shape, dims);
 
   HfExportReport report;
   report.dtype = hf::torch_dtype(out.front().second.scalar_type());  // the word embeddings'

@@ -203,11 +203,11 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShap
 }  // namespace
 
 HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
-                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims) {
+                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims, bool verify) {
   require_new_or_empty_folder(out_dir, "export hf");
   HfExportReport report;
   std::vector<std::pair<std::string, std::string>> files = tokenizer_files(shape, tokenizer, &report.tokenizer);
-  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir), shape, dims, &report.padding_rows);
+  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir, verify), shape, dims, &report.padding_rows);
   report.dtype = hf::torch_dtype(out.front().second.scalar_type());  // the word embeddings'
   report.tensors = static_cast<int64_t>(out.size());
   files.emplace_back("config.json", config_json(shape, report.dtype, tokenizer));

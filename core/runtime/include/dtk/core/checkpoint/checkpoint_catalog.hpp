@@ -60,12 +60,12 @@ std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_las
 std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = nullptr, bool verify = true);
 
 // The run configuration (text format) recorded in an iteration's mp_rank_00 file, verified
-// against SHA256SUMS; throws when the file is damaged or has none.
-std::string checkpoint_config_text(const std::string& iter_dir);
+// against SHA256SUMS when `verify`; throws when the file is damaged or has none.
+std::string checkpoint_config_text(const std::string& iter_dir, bool verify);
 
 // Tensor-parallel rank `tp_rank`'s model tensors of iteration directory `iter_dir` (the "model"
-// dict of its mp_rank file), verified against SHA256SUMS: what `dtk generate` loads.
-TensorList read_model_state(const std::string& iter_dir, int tp_rank);
+// dict of its mp_rank file), verified against SHA256SUMS when `verify`: what `dtk generate` loads.
+TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verify);
 
 struct InspectOptions {
   bool verify = true;        // hash every file against SHA256SUMS

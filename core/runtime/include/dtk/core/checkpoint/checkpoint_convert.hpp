@@ -69,9 +69,10 @@ at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>
 // chunks per pipeline rank under "model<k>." names; chunk k of rank r is stage k x pp + r of a
 // pp x v stage pipeline, and is converted as that stage. `new_v` 0 keeps the checkpoint's v when
 // the pipeline size stays, else 1.
+// `verify`: each file read is checked against the checkpoint's SHA256SUMS (--noverify skips it).
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
                                  int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
-                                 const ModelAtLayout& build);
+                                 const ModelAtLayout& build, bool verify);
 
 // The folder a command writes a new checkpoint or export into (convert, export hf, import hf):
 // one that does not exist yet or is empty; a file or a folder holding something is refused,

@@ -39,8 +39,9 @@ const std::vector<std::string>& exempt_model_options();
 
 // The configuration a checkpoint iteration records (checkpoint_config_text), parsed, its model's
 // idle options dropped (drop_idle_model_options). False when it does not parse; throws as
-// checkpoint_config_text does when there is none.
-bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins);
+// checkpoint_config_text does when there is none (or, with `verify`, when the file is damaged).
+bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins,
+                          bool verify);
 
 // The model options that act only with another setting (their acts_with, ABI 2.7: gpt's
 // lm_head_chunk_tokens without fused_lm_head=true, llama's rope_* without rope_scaling=llama3)

@@ -44,7 +44,8 @@ struct HfExportReport {
   std::string tokenizer;     // the tokenizer files written, in words ("" = none; llama)
 };
 
-// Exports iteration directory `iter_dir` (every file checked against its SHA256SUMS) to `out_dir`,
+// Exports iteration directory `iter_dir` (every file read checked against its SHA256SUMS when
+// `verify`) to `out_dir`,
 // which must not exist or be empty; it appears whole or not at all (written to a temporary
 // sibling, then renamed). `vocab_file` / `merge_file`: the GPT-2 BPE files (encoder.json,
 // vocab.bpe) copied as vocab.json / merges.txt. Errors: one line naming the file or tensor.
@@ -52,7 +53,7 @@ struct HfExportReport {
 // (checkpoint_convert.hpp partition_dims): the ranks' pieces are merged along it.
 HfExportReport export_hf_gpt2(const std::string& iter_dir, const Gpt2Shape& shape, const std::string& out_dir,
                               const std::string& vocab_file, const std::string& merge_file,
-                              const std::map<std::string, int>& dims);
+                              const std::map<std::string, int>& dims, bool verify);
 
 // `dtk import hf HF_DIR SAVE_DIR`, the reverse: a GPT2LMHeadModel folder (config.json,
 // model.safetensors) as the gpt model's tensors under Megatron's names (unpadded vocabulary: the

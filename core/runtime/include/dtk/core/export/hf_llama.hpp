@@ -46,11 +46,11 @@ struct TokenizerFiles {
   std::string bos_text, eos_text, config_file;
 };
 
-// As export_hf_gpt2 (hf_gpt2.hpp): checksums verified, OUT refused unless absent or empty, the
+// As export_hf_gpt2 (hf_gpt2.hpp): checksums verified when `verify`, OUT refused unless absent or empty, the
 // folder published whole or not at all. report.tokenizer says which tokenizer files were written
 // ("" = none); report.padding_rows how many vocabulary rows were dropped.
 HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
-                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims);
+                               const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims, bool verify);
 
 // config.json's model_type ("" when it has none).
 std::string hf_model_type(const std::string& hf_dir);

@@ -114,6 +114,10 @@ also starts under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PO
 
 dtk::host::PluginHost* g_loaded = nullptr;
 
+// The config fields --megatron_args set, and the flag behind each: an error naming such a field
+// names the flag too (report_error), since that is what the user typed.
+std::map<std::string, std::string> g_megatron_flag_of;
+
 bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file);
 
 // dtk's commands (launch starts one of them in each rank).
@@ -264,7 +268,9 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
   // A Megatron command line first: the plugin flags, --data_path and --set below override it.
   if (!FLAGS_megatron_args.empty()) {
-    const auto ignored = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
+    const dtk::core::MegatronMapping mapping = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
+    const std::vector<std::string>& ignored = mapping.ignored;
+    g_megatron_flag_of = mapping.flag_of;
     // Said once (rank 0): what the command line asked for that has no effect here.
     // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
     const std::string rank = dtk::core::rank_prefix();
@@ -298,7 +304,10 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
   if (FLAGS_use_checkpoint_args) cfg.mutable_checkpoint()->set_use_checkpoint_args(true);
   apply_tokenizer_flags(cfg.mutable_tokenizer());
-  for (const auto& s : sets) dtk::core::apply_override(cfg, s);
+  for (const auto& s : sets) {
+    dtk::core::apply_override(cfg, s);
+    g_megatron_flag_of.erase(s.substr(0, s.find('=')));  // --set, not the Megatron flag, set it last
+  }
   apply_tokenizer_files(cfg);
   return cfg;
 }
@@ -389,7 +398,8 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
 void report_error(const std::string& message) {
   std::fflush(stdout);
   // Control bytes escaped, a very long message cut (dtk/host/error_line.hpp).
-  std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(message).c_str());
+  const std::string legend = dtk::core::megatron_flag_legend(message, g_megatron_flag_of);
+  std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(message + legend).c_str());
   std::fflush(stderr);
 }
 

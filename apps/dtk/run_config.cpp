@@ -12,13 +12,13 @@
 
 using dtk::host::HostError;
 
-std::vector<std::string> apply_megatron_args(dtk::config::RunConfig& cfg, const std::string& megatron_args,
-                                             bool with_megatron_defaults) {
+dtk::core::MegatronMapping apply_megatron_args(dtk::config::RunConfig& cfg, const std::string& megatron_args,
+                                               bool with_megatron_defaults) {
   const dtk::core::MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(megatron_args));
   if (with_megatron_defaults && m.refused.empty())
     for (const auto& d : dtk::core::megatron_defaults()) dtk::core::apply_override(cfg, d);
   dtk::core::apply_megatron_mapping(cfg, m);
-  return m.ignored;
+  return m;
 }
 
 namespace {

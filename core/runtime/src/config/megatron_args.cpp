@@ -849,7 +849,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
                           (r->nargs < 0 ? std::string("one or more values") : std::to_string(r->nargs) + " value(s)"));
       continue;
     }
+    const size_t sets_before = m.sets.size();
     apply_rule(*r, flag, shown, values, m);
+    for (size_t k = sets_before; k < m.sets.size(); ++k) m.flag_of[m.sets[k].substr(0, m.sets[k].find('='))] = flag;
     note_flag(s, normalized(r->flag), shown, values);
   }
   map_query_groups(s, m);
@@ -911,6 +913,28 @@ void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m) {
       throw HostError("--megatron_args: " + std::string(e.what()));
     }
   }
+}
+
+std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of) {
+  // A field counts where the message names it whole: not "lr.lr" inside "lr.lr_decay_style".
+  const auto names = [&](const std::string& field) {
+    const auto part_of_name = [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+    };
+    for (size_t at = message.find(field); at != std::string::npos; at = message.find(field, at + 1)) {
+      const size_t end = at + field.size();
+      // A period after it ends a sentence unless a name goes on ("lr.lr" then "_decay").
+      const bool name_goes_on = end < message.size() && part_of_name(message[end]) &&
+                                (message[end] != '.' || (end + 1 < message.size() && part_of_name(message[end + 1]) &&
+                                                         message[end + 1] != '.'));
+      if ((at == 0 || !part_of_name(message[at - 1])) && !name_goes_on) return true;
+    }
+    return false;
+  };
+  std::string legend;
+  for (const auto& [field, flag] : flag_of)
+    if (names(field)) legend += (legend.empty() ? "" : ", ") + field + " is " + flag;
+  return legend.empty() ? "" : " (--megatron_args: " + legend + ")";
 }
 
 std::string megatron_flag_table() {

@@ -7,6 +7,7 @@
 // it. A flag that is not in the table is refused: nothing is silently dropped.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct MegatronMapping {
   std::vector<std::string> model_defaults;
   std::vector<std::string> ignored;  // "--flag: why it has no effect here"
   std::vector<std::string> refused;  // "--flag value: why DTK cannot run it"
+  // The config field each flag set ("lr.lr_wsd_decay_style" -> "--lr-wsd-decay-style"), so that
+  // a later error about the field can name the flag the user typed (megatron_flag_legend).
+  std::map<std::string, std::string> flag_of;
 };
 
 // Splits a command line as a shell would for a flat flag list: whitespace, '...' and "..."
@@ -41,6 +45,10 @@ const std::vector<std::string>& megatron_defaults();
 // overrides. Throws HostError with every refused flag in one line when `m.refused` is not empty,
 // and names the flag whose value a config field rejects.
 void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m);
+
+// For an error message about config fields: " (--megatron_args: FIELD is --FLAG, ...)" for each
+// field of `flag_of` the message names, "" when it names none.
+std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of);
 
 // The table of every known flag as Markdown (docs/user-guide.md holds a copy; a test compares).
 std::string megatron_flag_table();

@@ -263,8 +263,7 @@ class Ddp : public dtk::Strategy {
   // does when the optimizer state is not loaded. One missing among others is a damaged checkpoint.
   void state_load(const dtk::TensorList& state) override {
     at::NoGradGuard no_grad;
-    const bool has_masters =
-        std::any_of(state.begin(), state.end(), [](const auto& entry) { return entry.first.rfind("master.", 0) == 0; });
+    const bool has_masters = dtk::any_named(state, "master.");
     int64_t from_params = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (is_self(i)) continue;
@@ -582,9 +581,7 @@ class Ddp : public dtk::Strategy {
 
   // The optimizer's saved "step" (the Adam plugins'), if it has one.
   static std::optional<int64_t> optimizer_step_count(const dtk_optimizer_ref& optimizer) {
-    dtk::SinkCollector sink;
-    dtk::check(optimizer.api->state_save(optimizer.optimizer, sink.sink()));
-    for (const auto& [name, t] : sink.items())
+    for (const auto& [name, t] : dtk::optimizer_state(&optimizer))
       if (name == "step" && t.defined() && t.numel() == 1) return t.item<int64_t>();
     return std::nullopt;
   }

@@ -159,14 +159,12 @@ at::Tensor OptimizerSwap::slot_view(size_t i, Kind kind, int slot) const {
 }
 
 OptimizerSwap::Moments OptimizerSwap::moments(const dtk_optimizer_ref* optimizer) const {
-  if (!optimizer || !optimizer->api || !optimizer->optimizer) throw Error("invalid optimizer reference");
-  SinkCollector sink;
-  check(optimizer->api->state_save(optimizer->optimizer, sink.sink()));
+  const TensorList state = optimizer_state(optimizer);
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < names_.size(); ++i) index.emplace(names_[i], i);
   Moments m;
   m.exp_avg.resize(names_.size()), m.exp_avg_sq.resize(names_.size());
-  for (auto& [name, t] : sink.items()) {
+  for (const auto& [name, t] : state) {
     if (name == "step") {
       m.step = t.item<int64_t>();
       continue;

@@ -790,8 +790,7 @@ TensorList ZeroStrategy::state_save() {
 // One missing among others is a damaged checkpoint.
 void ZeroStrategy::state_load(const TensorList& state) {
   at::NoGradGuard no_grad;
-  const bool has_masters =
-      std::any_of(state.begin(), state.end(), [](const auto& entry) { return entry.first.rfind("master.", 0) == 0; });
+  const bool has_masters = any_named(state, "master.");
   int64_t from_params = 0;
   for (const Shard& s : shards_) {
     const std::string& name = params_[s.param].name;

@@ -118,6 +118,15 @@ inline void optimizer_step(const dtk_optimizer_ref* optimizer, const dtk_optimiz
   check(optimizer->api->step(optimizer->optimizer, &args));
 }
 
+// Another plugin's optimizer state through its vtable (strategies that look at the moments or the
+// step count): what its state_save puts, the tensors as it holds them.
+inline TensorList optimizer_state(const dtk_optimizer_ref* optimizer) {
+  if (!optimizer || !optimizer->api || !optimizer->optimizer) throw Error("invalid optimizer reference");
+  SinkCollector sink;
+  check(optimizer->api->state_save(optimizer->optimizer, sink.sink()));
+  return std::move(sink.items());
+}
+
 template <class T>
 const dtk_optimizer_api* optimizer_api() {
   static const dtk_optimizer_api api = {

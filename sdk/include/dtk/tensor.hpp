@@ -121,6 +121,13 @@ inline const at::Tensor* find(const TensorList& list, const std::string& name) {
   return nullptr;
 }
 
+// Whether any entry's name starts with `prefix` (a checkpoint that holds any "master." entry).
+inline bool any_named(const TensorList& list, const std::string& prefix) {
+  for (const auto& kv : list)
+    if (kv.first.compare(0, prefix.size(), prefix) == 0) return true;
+  return false;
+}
+
 inline const at::Tensor& get(const TensorList& list, const std::string& name) {
   const at::Tensor* t = find(list, name);
   if (!t) throw Error("missing tensor '" + name + "'", DTK_ERR_NOT_FOUND);

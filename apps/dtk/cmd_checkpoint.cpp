@@ -42,9 +42,9 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
         "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
         "--virtual_pipeline_model_parallel_size V (N, P, V >= 1)");
   int64_t iteration = 0;
-  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration);
+  const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, FLAGS_verify);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, dtk::core::offline_checksum_check(FLAGS_verify)))
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(

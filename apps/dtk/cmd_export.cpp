@@ -134,7 +134,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, /*verify=*/false);
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, dtk::core::offline_checksum_check(FLAGS_verify)))
     throw HostError("export hf: the configuration recorded in " + iter_dir + " does not parse");
   apply_command_line_model(cfg, sets, plugins, args[1], "export hf");
   const std::string& name = cfg.model().name();

@@ -84,7 +84,7 @@ void check_generate_flags() {
 // ranks of this process group are the checkpoint's tensor-parallel ranks (`*tp` of them).
 dtk::config::RunConfig generation_config(const std::string& iter_dir, const dtk::host::PluginHost& plugins, int* tp) {
   dtk::config::RunConfig cfg;
-  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, FLAGS_verify))
+  if (!dtk::core::read_recorded_config(iter_dir, &cfg, plugins, dtk::core::offline_checksum_check(FLAGS_verify)))
     throw HostError("generate: the configuration recorded in " + iter_dir + " does not parse");
   *tp = std::max(1, cfg.distributed().tensor_model_parallel_size());
   const dtk::core::LaunchEnv env = dtk::core::launch_env_from_environment();

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -32,6 +33,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gflags/gflags.h>
 
 #include "dtk/core/train/exit_signals.hpp"
 #include "dtk/host/error.hpp"
@@ -94,6 +97,7 @@ int exit_code(int status) {
 }
 
 struct LaunchArgs {
+  bool help = false;  // --help before the command: the usage, nothing launched
   int nproc = 0, port = 0;
   int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
@@ -108,45 +112,75 @@ constexpr const char* kUsage =
 constexpr const char* kLaunchFlags[] = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr",
                                         "--master_port"};
 
+// torchrun's flags may be spelt with '-' for '_' (--nproc-per-node): launch's own flags in its
+// spelling, anything else as given.
+std::string launch_spelling(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  const size_t eq = std::min(arg.find('='), arg.size());
+  std::string name = arg.substr(0, eq);
+  std::replace(name.begin() + 2, name.end(), '-', '_');
+  for (const char* f : kLaunchFlags)
+    if (name == f) return name + arg.substr(eq);
+  return arg;
+}
+
+// Whether `arg` ("--threads", "--threads=2", "--nofoo") is one of dtk's own flags: those may come
+// before the command in the ranks' command line (dtk --threads 1 train ...).
+bool is_dtk_flag(const std::string& arg) {
+  std::string name = arg.substr(arg.find_first_not_of('-'));
+  name = name.substr(0, name.find('='));
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) return true;
+  return name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
+         info.type == "bool";
+}
+
 LaunchArgs parse_args(int argc, char** argv) {
   LaunchArgs args;
   std::set<std::string> given;
   int i = 0;
   for (; i < argc; ++i) {
-    std::string a = argv[i];
-    // A flag given twice would silently keep one value; a command where a value belongs (a number
-    // forgotten) is named as such.
+    const std::string a = launch_spelling(argv[i]);
+    // A flag given twice would silently keep one value.
     auto value = [&](const std::string& flag) -> std::string {
       if (!given.insert(flag).second) throw HostError("launch: " + flag + " is given twice");
       if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) return a.substr(flag.size() + 1);
       if (i + 1 >= argc) throw HostError("launch: " + flag + " needs a value");
-      const std::string v = argv[++i];
+      return argv[++i];
+    };
+    // A number where the command stands was forgotten: named as such (a host may be called "train").
+    auto number = [&](const std::string& flag, int lo, int hi) {
+      const std::string v = value(flag);
       if (is_command(v))
         throw HostError("launch: " + flag + " has no value ('" + v + "' is the dtk command to run; " + kUsage + ")");
-      return v;
+      return parse_int(flag, v, lo, hi);
     };
+    if (a == "--help" || a == "-h") {
+      args.help = true;
+      return args;
+    }
     if (a == "--nproc_per_node" || a.rfind("--nproc_per_node=", 0) == 0)
-      args.nproc = parse_int("--nproc_per_node", value("--nproc_per_node"), 1, 1024);
+      args.nproc = number("--nproc_per_node", 1, 1024);
     else if (a == "--master_port" || a.rfind("--master_port=", 0) == 0)
-      args.port = parse_int("--master_port", value("--master_port"), 1, 65535);
+      args.port = number("--master_port", 1, 65535);
     else if (a == "--nnodes" || a.rfind("--nnodes=", 0) == 0)
-      args.nnodes = parse_int("--nnodes", value("--nnodes"), 1, 65536);
+      args.nnodes = number("--nnodes", 1, 65536);
     else if (a == "--node_rank" || a.rfind("--node_rank=", 0) == 0)
-      args.node_rank = parse_int("--node_rank", value("--node_rank"), 0, 65535);
+      args.node_rank = number("--node_rank", 0, 65535);
     else if (a == "--master_addr" || a.rfind("--master_addr=", 0) == 0) {
       args.master_addr = value("--master_addr"), args.master_addr_given = true;
       if (args.master_addr.empty()) throw HostError("launch: --master_addr needs a host name or address");
     }
     else if (a == "--")
       ++i;
-    else if (a.rfind("-", 0) == 0) {
-      // Before the command, only launch's own flags: the command's come after it.
+    else if (a.rfind("-", 0) == 0 && !is_dtk_flag(a)) {
+      // Neither launch's flag nor dtk's: refused here once, not by every rank.
       std::string names;
       for (const char* f : kLaunchFlags) names += std::string(names.empty() ? "" : ", ") + f;
-      throw HostError("launch: unknown launch flag '" + a + "' (launch takes " + names +
-                      "; the command's flags come after the command)");
+      throw HostError("launch: unknown flag '" + a + "' (launch takes " + names +
+                      ", then a dtk command and its flags)");
     } else
-      break;
+      break;  // the ranks' command line: a command, or dtk's flags before it
     if (a == "--") break;
   }
   if (args.nproc <= 0) throw HostError(kUsage);
@@ -160,7 +194,8 @@ LaunchArgs parse_args(int argc, char** argv) {
     throw HostError("launch: --nnodes x --nproc_per_node is too large");
   if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
   if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
-  if (!is_command(argv[i]))
+  // (A command line that starts with dtk's flags is the ranks' to read.)
+  if (argv[i][0] != '-' && !is_command(argv[i]))
     throw HostError("launch: '" + std::string(argv[i]) +
                     "' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)");
   args.command = i;
@@ -322,6 +357,13 @@ int Ranks::supervise() {
 
 int run_launch(int argc, char** argv) {
   LaunchArgs args = parse_args(argc, argv);
+  if (args.help) {
+    std::printf(
+        "%s\n  N copies of dtk on this machine (node K of M with --nnodes), each running the dtk command "
+        "that follows with the torchrun variables set; `dtk --help` lists the commands.\n",
+        kUsage);
+    return 0;
+  }
   // One node: any free port. Several: every launcher must name the same one (torchrun's default).
   if (args.port == 0) args.port = args.nnodes > 1 ? 29500 : free_port();
   const std::string exe = self_exe();

@@ -266,10 +266,19 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   }
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
+  std::map<std::string, std::string> megatron_values;  // what each Megatron flag set
+  const auto value_at = [](const dtk::config::RunConfig& c, const std::string& path) {
+    try {
+      return dtk::core::config_value(c, path);
+    } catch (const std::exception&) {
+      return std::string("(none)");  // a plugin option of a slot switched since
+    }
+  };
   // A Megatron command line first: the plugin flags, --data_path and --set below override it.
   if (!FLAGS_megatron_args.empty()) {
     const dtk::core::MegatronMapping mapping = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
     const std::vector<std::string>& ignored = mapping.ignored;
+    for (const auto& [path, flag] : mapping.flag_of) megatron_values[path] = value_at(cfg, path);
     g_megatron_flag_of = mapping.flag_of;
     // Said once (rank 0): what the command line asked for that has no effect here.
     // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
@@ -304,11 +313,12 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   if (!FLAGS_bench_out.empty()) cfg.mutable_logging()->set_bench_out(FLAGS_bench_out);
   if (FLAGS_use_checkpoint_args) cfg.mutable_checkpoint()->set_use_checkpoint_args(true);
   apply_tokenizer_flags(cfg.mutable_tokenizer());
-  for (const auto& s : sets) {
-    dtk::core::apply_override(cfg, s);
-    g_megatron_flag_of.erase(s.substr(0, s.find('=')));  // --set, not the Megatron flag, set it last
-  }
+  for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   apply_tokenizer_files(cfg);
+  // A field something after the flags changed (--set, --data_path, a switched plugin) is not
+  // credited to the flag.
+  for (auto it = g_megatron_flag_of.begin(); it != g_megatron_flag_of.end();)
+    it = value_at(cfg, it->first) == megatron_values[it->first] ? std::next(it) : g_megatron_flag_of.erase(it);
   return cfg;
 }
 
@@ -468,6 +478,7 @@ std::string train_equivalent(const std::string& flag) {
   static const std::map<std::string, std::string> kMeant = {
       {"seed", "--set train.seed=N"},
       {"load", "--set checkpoint.load=DIR"},
+      {"verify", "--set checkpoint.no_verify_checksums=true"},
       {"tensor_model_parallel_size", "--set distributed.tensor_model_parallel_size=N"},
       {"pipeline_model_parallel_size", "--set distributed.pipeline_model_parallel_size=N"},
       {"virtual_pipeline_model_parallel_size", "--set distributed.virtual_pipeline_model_parallel_size=N"}};
@@ -579,11 +590,6 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(kUsage);
   // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
   if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
-    // `dtk launch --help`: the usage (after the command, --help is the command's, in each rank).
-    if (argc >= 3 && (!std::strcmp(argv[2], "--help") || !std::strcmp(argv[2], "-h"))) {
-      print_help(argc, argv);
-      return 0;
-    }
     try {
       return run_launch(argc - 2, argv + 2);
     } catch (const std::exception& e) {

@@ -119,6 +119,12 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   // Pipeline stages: pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size
   // with the interleaved schedule.
   divisible("num_layers", c.num_layers, "the pipeline stages", std::max(1, ctx.pp_size));
+  // A learned position table must have a row for every position of the run's samples: refused
+  // when the model is built, not at the first forward after the data.
+  if (c.max_pos > 0 && ctx.seq_length > c.max_pos)
+    fail("max_position_embeddings " + std::to_string(c.max_pos) +
+         " (0: the option seq_length) is below train.seq_length " + std::to_string(ctx.seq_length) +
+         ": the position table has no row for the later positions");
   if (c.max_pos > 0 && c.max_pos < c.seq)
     fail("max_position_embeddings " + std::to_string(c.max_pos) + " < seq_length " + std::to_string(c.seq));
   for (double p : {c.hidden_dropout, c.attention_dropout})

@@ -122,10 +122,16 @@ TEST(BadInputs, SizesThatCannotFitAreRefusedWithTheEstimate) {
   expect_clean_error(run_dtk(kTrain + "--set train.seq_length=1000000000", 60),
                      "config: model plugin 'gpt' would hold 244141 MB of parameters on this rank");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
-  // A model length below the run's samples: refused where the model is built, not at the first forward.
+  // A position table shorter than the run's samples: refused where the model is built, not at the
+  // first forward. A longer table, or llama's rotary positions, serve any length.
   expect_clean_error(run_dtk(kTrain + "--set model.seq_length=16", 60),
-                     "model plugin 'gpt' is built for sequences of 16 tokens (its seq_length option), shorter than "
-                     "train.seq_length 32: leave the option at 0 (the run's) or raise it");
+                     "max_position_embeddings 16 (0: the option seq_length) is below train.seq_length 32: the position "
+                     "table has no row for the later positions");
+  expect_clean_error(run_dtk(kTrain + "--set model.max_position_embeddings=24", 60),
+                     "max_position_embeddings 24 (0: the option seq_length) is below train.seq_length 32");
+  const dtk_test::Result long_table =
+      run_dtk(kTrain + "--set model.seq_length=16 --set model.max_position_embeddings=32", 60);
+  EXPECT_EQ(long_table.code, 0) << long_table.out;
   // The check can be skipped: then the device budget (here a memory_limit_mb) still stops it.
   expect_clean_error(run_dtk(kTrain + "--set train.micro_batch_size=64 --set train.global_batch_size=64 "
                                       "--set train.memory_limit_mb=20 --set train.skip_memory_check=true",
@@ -806,6 +812,18 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
   expect_clean_error(
       safetensors(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 0]}})", 8),
       st + "tensor 'a' has a shape larger than the file");
+  // What writers do produce passes these checks (the import then misses GPT-2's weights): an empty
+  // tensor of any shape, tensors whose offsets do not follow their names' order, null metadata.
+  for (const std::string& sound :
+       {"{" + a + R"(, "e": {"dtype": "F32", "shape": [3, 0], "data_offsets": [8, 8]}})",
+        std::string(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}, "b": {"dtype": "F32", )"
+                    R"("shape": [1], "data_offsets": [0, 4]}})"),
+        R"({"__metadata__": null, )" + a + "}"}) {
+    const dtk_test::Result r = safetensors(sound, 8);
+    EXPECT_EQ(r.code, 1) << sound << "\n" << r.out;
+    EXPECT_EQ(r.out.find("model.safetensors: "), std::string::npos) << sound << "\n" << r.out;
+    EXPECT_NE(r.out.find("dtk: error: import hf: "), std::string::npos) << sound << "\n" << r.out;
+  }
   std::ofstream(hf + "/config.json", std::ios::trunc) << "[]";
   expect_clean_error(run_dtk("import hf " + hf + " " + dir + "/imported", 60),
                      "import hf: " + hf + "/config.json holds a JSON array, not an object");
@@ -963,6 +981,7 @@ TEST(BadInputs, TokenizerAndDatasetFilesAreOneLineEach) {
        "train: --seed is not read by dtk train (it is a flag of dtk generate): did you mean "
        "--set train.seed=N?"},
       {kTrain + "--load " + dir, "did you mean --set checkpoint.load=DIR?"},
+      {kTrain + "--noverify", "did you mean --set checkpoint.no_verify_checksums=true?"},
       {"checkpoint inspect " + dir + " --set model.num_layers=7",
        "checkpoint: --set model.num_layers=7 is not read by dtk checkpoint (it takes no --set)"},
       {"preprocess --input " + dir + "/one.txt --seed 3", "preprocess: --seed is not read by dtk preprocess"},

@@ -176,16 +176,29 @@ TEST(Launch, Usage) {
       << node_rank.out;
   const Result h = dtk_test::run(kDtk + " --help", 30);
   EXPECT_NE(h.out.find("dtk launch --nproc_per_node N"), std::string::npos) << h.out;
-  const Result launch_help = dtk_test::run(kDtk + " launch --help", 30);
-  EXPECT_EQ(launch_help.code, 0) << launch_help.out;
-  EXPECT_NE(launch_help.out.find("dtk launch --nproc_per_node N"), std::string::npos) << launch_help.out;
+  for (const char* help : {" launch --help", " launch --nproc_per_node 2 -h"}) {
+    const Result launch_help = dtk_test::run(kDtk + help, 30);
+    EXPECT_EQ(launch_help.code, 0) << launch_help.out;
+    EXPECT_NE(launch_help.out.find("usage: dtk launch --nproc_per_node N"), std::string::npos) << launch_help.out;
+    EXPECT_EQ(launch_help.out.find("[rank "), std::string::npos) << launch_help.out;
+  }
+  // dtk's own flags may come before the command (after -- or not); torchrun's '-' spelling; a host
+  // named like a command.
+  for (const char* fine :
+       {" launch --nproc_per_node 1 --threads 1 version", " launch --nproc_per_node 1 -- --threads 1 version",
+        " launch --nproc-per-node=1 --master-port 29999 version",
+        " launch --nproc_per_node 1 --master_addr train version"}) {
+    const Result r = dtk_test::run(kDtk + fine, 30);
+    EXPECT_EQ(r.code, 0) << fine << "\n" << r.out;
+    EXPECT_NE(r.out.find("dtk 0."), std::string::npos) << fine << "\n" << r.out;
+  }
   // Refused once by the launcher, before any rank starts: a forgotten number, a flag of the command
   // before it, a flag given twice, a misspelt command.
   const std::pair<std::string, std::string> refused[] = {
       {"--nproc_per_node train", "launch: --nproc_per_node has no value ('train' is the dtk command to run; usage: "},
-      {"--nproc_per_node 2 --threads 1 train",
-       "launch: unknown launch flag '--threads' (launch takes --nproc_per_node, --nnodes, --node_rank, --master_addr, "
-       "--master_port; the command's flags come after the command)"},
+      {"--nproc_per_node 2 --procs 2 train",
+       "launch: unknown flag '--procs' (launch takes --nproc_per_node, --nnodes, --node_rank, --master_addr, "
+       "--master_port, then a dtk command and its flags)"},
       {"--nproc_per_node 2 --nproc_per_node 3 train", "launch: --nproc_per_node is given twice"},
       {"--nproc_per_node=2 --master_port=7 --master_port 8 train", "launch: --master_port is given twice"},
       {"--nproc_per_node 2 trian",

@@ -74,7 +74,12 @@ class GPT {
   explicit GPT(const Opts& user, const Ctx& c = {}, const dtk::host::Plugin* plugin = nullptr)
       : opts_(dtk::host::resolve_options(plugin ? *plugin : *plugins().gpt, user)),
         api_((plugin ? plugin : plugins().gpt)->api_as<dtk_model_api>()) {
-    dtk_build_context b = make_ctx(opts_.get(), c);
+    // The run's sequence length is the model's seq_length option where the test gives one (a
+    // learned position table must cover the run's samples).
+    Ctx run = c;
+    const auto seq = user.find("seq_length");
+    if (seq != user.end() && std::stoll(seq->second) > 0) run.seq_length = std::stoll(seq->second);
+    dtk_build_context b = make_ctx(opts_.get(), run);
     check(api_->create(&b, &model_));
     ref_ = {sizeof(dtk_model_ref), api_, model_};
   }

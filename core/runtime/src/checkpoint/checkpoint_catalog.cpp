@@ -309,8 +309,8 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration, b
   return normal.string();
 }
 
-std::string checkpoint_config_text(const std::string& iter_dir, bool verify) {
-  const ckpt::Checksums sums = verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
+std::string checkpoint_config_text(const std::string& iter_dir, const ChecksumCheck& check) {
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, check.verify, check.skip_hint);
   const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
   const auto d = ckpt::read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
   auto it = d.find(c10::IValue(std::string("config")));
@@ -633,7 +633,7 @@ TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verif
                     "--pipeline_model_parallel_size 1 makes one)");
   const std::string relative = ckpt::mp_rank_dir(tp_rank) + "/" + ckpt::kModelFile;
   const std::string file = (fs::path(iter_dir) / relative).string();
-  const ckpt::Checksums sums = verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
   const c10::impl::GenericDict d = ckpt::read_pickled_dict(file, "", &sums, relative);
   if (!d.contains("model")) throw HostError("checkpoint " + file + " has no 'model' entry");
   return ckpt::from_dict(d.at("model"), file, "model");

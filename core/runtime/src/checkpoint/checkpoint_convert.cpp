@@ -411,7 +411,7 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   if (new_tp < 0 || new_pp < 0 || new_v < 0) throw HostError("checkpoint convert: parallel sizes must be >= 1");
   require_new_or_empty_folder(save_dir, "checkpoint convert");
   ConvertReport report;
-  const ckpt::Checksums sums = verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
   const Layout old = read_saved_layout(iter_dir, sums, &report.iteration);
   const Layout nl = resolve_new_layout(old, new_tp, new_pp, new_v);
   report.old_tp = static_cast<int>(old.tp), report.old_pp = static_cast<int>(old.pp);

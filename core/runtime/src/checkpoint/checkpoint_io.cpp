@@ -160,9 +160,11 @@ Checksums read_checksums(const std::string& iter_dir) {
   return sums;
 }
 
-// How a reader skips the check, in every command that reads a checkpoint's files.
-constexpr const char* kSkipVerification =
-    "checkpoint.no_verify_checksums=true (dtk train), or --noverify (checkpoint convert, export, generate),";
+Checksums checksums_to_check(const std::string& iter_dir, bool verify, const std::string& skip_hint) {
+  Checksums sums = verify ? read_checksums(iter_dir) : Checksums{};
+  sums.skip_hint = skip_hint;
+  return sums;
+}
 
 c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::string& hint, const Checksums* sums,
                                          const std::string& relative) {
@@ -173,13 +175,13 @@ c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::str
   if (sums && sums->present) {
     auto it = sums->sha256.find(relative);
     if (it == sums->sha256.end())
-      throw HostError("checkpoint " + file + " is not listed in its " + kChecksumsFile + " (" + kSkipVerification +
+      throw HostError("checkpoint " + file + " is not listed in its " + kChecksumsFile + " (" + sums->skip_hint +
                       " loads it unverified)");
     const std::string actual = sha256_hex(data.data(), data.size());
     if (actual != it->second)
       throw HostError("checkpoint " + file + " is damaged: its SHA-256 is " + actual.substr(0, 16) + "..., " +
                       kChecksumsFile + " recorded " + it->second.substr(0, 16) + "... when it was saved (" +
-                      std::to_string(data.size()) + " bytes now; " + kSkipVerification + " loads it anyway)");
+                      std::to_string(data.size()) + " bytes now; " + sums->skip_hint + " loads it anyway)");
   }
   c10::IValue root;
   try {

@@ -57,7 +57,12 @@ Written write_pickle(const std::string& path, const c10::IValue& value);
 struct Checksums {
   bool present = false;
   std::map<std::string, std::string> sha256;  // relative path -> hex digest
+  // What a damage message names to read the file anyway: train's config field, or the offline
+  // commands' --noverify.
+  std::string skip_hint = "checkpoint.no_verify_checksums=true";
 };
+// The manifest when `verify` (else none: the files read unverified), its messages naming `skip_hint`.
+Checksums checksums_to_check(const std::string& iter_dir, bool verify, const std::string& skip_hint);
 // Throws naming the file when it exists but is not a sha256sum manifest.
 Checksums read_checksums(const std::string& iter_dir);
 

@@ -88,8 +88,8 @@ std::string model_difference(const config::PluginChoice& recorded, const config:
 }
 
 bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins,
-                          bool verify) {
-  if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir, verify), out)) return false;
+                          const ChecksumCheck& check) {
+  if (!google::protobuf::TextFormat::ParseFromString(checkpoint_config_text(iter_dir, check), out)) return false;
   if (out->has_model()) drop_idle_model_options(out->mutable_model(), plugins);
   return true;
 }
@@ -146,7 +146,7 @@ bool recorded_model(const config::CheckpointConfig& ck, const host::PluginHost& 
     try {
       if (!ck.no_verify_checksums()) require_complete_iteration(ck.load(), iteration);
       config::RunConfig saved;
-      if (!read_recorded_config(iter_dir, &saved, plugins, !ck.no_verify_checksums()))
+      if (!read_recorded_config(iter_dir, &saved, plugins, ChecksumCheck{!ck.no_verify_checksums()}))
         throw HostError("the configuration recorded in " + iter_dir + " does not parse");
       *out = saved.model();
       return true;
@@ -199,7 +199,7 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
     const std::string iter_dir = checkpoint_iter_dir(ck.save(), *it);
     config::RunConfig saved;
     try {
-      if (!read_recorded_config(iter_dir, &saved, plugins, /*verify=*/true)) continue;
+      if (!read_recorded_config(iter_dir, &saved, plugins, ChecksumCheck{!ck.no_verify_checksums()})) continue;
     } catch (const std::exception&) {
       continue;
     }

@@ -112,6 +112,13 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors) {
 }
 
 namespace {
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType type = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t start = 0, bytes = 0;  // within the buffer after the header
+};
+
 // As the format requires: the tensors' byte ranges tile the buffer after the header, with no
 // overlap (two tensors reading the same bytes), no gap and nothing after the last one (a file
 // truncated and re-padded, or two files concatenated).
@@ -132,6 +139,46 @@ void require_exact_cover(const std::string& file, const std::map<uint64_t, std::
   if (end != buffer_bytes)
     throw HostError("import hf: " + file + ": " + std::to_string(buffer_bytes - end) +
                     " byte(s) after the last tensor belong to no tensor (a damaged or concatenated file?)");
+}
+
+// One header entry, checked field by field so that a message names what is wrong, and its size
+// against the buffer: a shape whose product overflows or exceeds the file is a damaged header, not
+// a request for memory.
+SafetensorsEntry safetensors_entry(const std::string& file, const std::string& name, const nlohmann::json& e,
+                                   uint64_t buffer_bytes) {
+  auto fail = [&](const std::string& what) {
+    return HostError("import hf: " + file + ": tensor '" + name + "' " + what);
+  };
+  if (!e.is_object()) throw fail(std::string("is a JSON ") + e.type_name() + ", not {dtype, shape, data_offsets}");
+  if (!e.contains("dtype") || !e["dtype"].is_string()) throw fail("has no 'dtype' string");
+  for (const char* field : {"shape", "data_offsets"}) {
+    if (!e.contains(field) || !e[field].is_array()) throw fail(std::string("has no '") + field + "' array");
+    for (const auto& v : e[field])
+      if (!v.is_number_unsigned())
+        throw HostError("import hf: " + file + ": tensor '" + name + "': '" + field +
+                        "' holds something other than non-negative integers");
+  }
+  SafetensorsEntry out;
+  out.name = name;
+  out.type = from_safetensors_dtype(e["dtype"].get<std::string>(), file, name);
+  for (const auto& v : e["shape"]) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) throw fail("has a shape larger than the file");
+    out.shape.push_back(v.get<int64_t>());
+  }
+  const bool empty = std::find(out.shape.begin(), out.shape.end(), 0) != out.shape.end();
+  uint64_t bytes = empty ? 0 : c10::elementSize(out.type);
+  for (const int64_t d : out.shape) {
+    if (empty) break;
+    if (bytes > buffer_bytes / static_cast<uint64_t>(d)) throw fail("has a shape larger than the file");
+    bytes *= static_cast<uint64_t>(d);
+  }
+  const auto& offsets = e["data_offsets"];
+  if (offsets.size() != 2 || offsets[1].get<uint64_t>() < offsets[0].get<uint64_t>() ||
+      offsets[1].get<uint64_t>() - offsets[0].get<uint64_t>() != bytes || offsets[1].get<uint64_t>() > buffer_bytes)
+    throw fail("has data_offsets that do not fit its shape or the file");
+  out.start = offsets[0].get<uint64_t>();
+  out.bytes = bytes;
+  return out;
 }
 }  // namespace
 
@@ -154,68 +201,41 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
                     ", not an object of tensors (not a safetensors file?)");
   const size_t base = 8 + n;
   const uint64_t buffer_bytes = data.size() - base;
-  std::map<std::string, at::Tensor> out;
+  // First the whole header against the buffer, then the reads: nothing is allocated for a header
+  // that does not describe its file.
+  std::vector<SafetensorsEntry> entries;
   std::map<uint64_t, std::pair<uint64_t, std::string>> ranges;  // start -> (end, tensor): the buffer's cover
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      // The format's metadata is a map of strings; anything else is a damaged or foreign header.
-      bool strings = it.value().is_object();
-      if (strings)
+      // The format's metadata is a map of strings (null: none); anything else is a damaged or
+      // foreign header.
+      bool strings = it.value().is_object() || it.value().is_null();
+      if (it.value().is_object())
         for (const auto& v : it.value()) strings = strings && v.is_string();
       if (!strings)
         throw HostError("import hf: " + file +
                         ": '__metadata__' is not an object of strings (not a safetensors file?)");
       continue;
     }
-    const auto& e = it.value();
-    // The entry's form, checked field by field so that a message names what is wrong.
-    auto integers = [&](const char* field, bool allow_negative) {
-      if (!e.contains(field) || !e[field].is_array())
-        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has no '" + field + "' array");
-      for (const auto& v : e[field])
-        if (!v.is_number_integer() || (!allow_negative && v.get<int64_t>() < 0))
-          throw HostError("import hf: " + file + ": tensor '" + it.key() + "': '" + field +
-                          "' holds something other than non-negative integers");
-    };
-    if (!e.is_object())
-      throw HostError("import hf: " + file + ": tensor '" + it.key() + "' is a JSON " + e.type_name() +
-                      ", not {dtype, shape, data_offsets}");
-    if (!e.contains("dtype") || !e["dtype"].is_string())
-      throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has no 'dtype' string");
-    integers("shape", false);
-    integers("data_offsets", false);
-    try {
-      const at::ScalarType type = from_safetensors_dtype(e.at("dtype").get<std::string>(), file, it.key());
-      const auto shape = e.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
-      // The size is checked against the file before anything is allocated: a shape whose product
-      // overflows or exceeds the file is a damaged header, not a request for memory.
-      uint64_t bytes = c10::elementSize(type);
-      for (const int64_t d : shape) {
-        if (d != 0 && bytes > buffer_bytes / static_cast<uint64_t>(d))
-          throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has a shape larger than the file");
-        bytes *= static_cast<uint64_t>(d);
-      }
-      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != bytes ||
-          offsets[1] > buffer_bytes)
-        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' has data_offsets that do not fit its shape or the file");
-      if (bytes > 0 && !ranges.emplace(offsets[0], std::make_pair(offsets[1], it.key())).second)
-        throw HostError("import hf: " + file + ": tensors '" + ranges[offsets[0]].second + "' and '" + it.key() +
-                        "' overlap in the file");
-      at::Tensor t = at::empty(shape, type);
-      std::memcpy(t.data_ptr(), data.data() + base + offsets[0], bytes);
-      // A NaN or infinity in a weight trains nothing but NaNs: refused here, named, not at step 1.
-      if (at::isFloatingType(type) && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) {
-        const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
-        throw HostError("import hf: " + file + ": tensor '" + it.key() + "' holds " + std::to_string(bad) +
-                        " NaN or infinite value(s)");
-      }
-      out[it.key()] = t;
-    } catch (const nlohmann::json::exception& x) {
-      throw HostError("import hf: " + file + ": tensor '" + it.key() + "': " + ckpt::first_line(x.what()));
-    }
+    SafetensorsEntry entry = safetensors_entry(file, it.key(), it.value(), buffer_bytes);
+    if (entry.bytes > 0 && !ranges.emplace(entry.start, std::make_pair(entry.start + entry.bytes, entry.name)).second)
+      throw HostError("import hf: " + file + ": tensors '" + ranges[entry.start].second + "' and '" + entry.name +
+                      "' overlap in the file");
+    entries.push_back(std::move(entry));
   }
   require_exact_cover(file, ranges, buffer_bytes);
+  std::map<std::string, at::Tensor> out;
+  for (const SafetensorsEntry& e : entries) {
+    at::Tensor t = at::empty(e.shape, e.type);
+    std::memcpy(t.data_ptr(), data.data() + base + e.start, e.bytes);
+    // A NaN or infinity in a weight trains nothing but NaNs: refused here, named, not at step 1.
+    if (at::isFloatingType(e.type) && t.numel() > 0 && !at::isfinite(t).all().item<bool>()) {
+      const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+      throw HostError("import hf: " + file + ": tensor '" + e.name + "' holds " + std::to_string(bad) +
+                      " NaN or infinite value(s)");
+    }
+    out[e.name] = t;
+  }
   return out;
 }
 
@@ -296,7 +316,7 @@ RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
                     ckpt::first_rank_dir(iter_dir) +
                     "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
                     "--pipeline_model_parallel_size 1 makes one)");
-  const ckpt::Checksums sums = verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
   RankTensors ranks;
   int64_t tp_size = 1;  // rank 0's file says how many ranks there are
   for (int64_t tp = 0; tp < tp_size; ++tp) {

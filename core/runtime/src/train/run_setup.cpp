@@ -294,13 +294,6 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "' does not run sequence parallelism (its dtk_model_info.sequence_parallel is 0): build its layers "
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
-  // Samples hold train.seq_length tokens; a model declaring less (its seq_length option) would
-  // fail at the first forward, after the data is built. Longer is a context for export.
-  if (info.seq_length > 0 && info.seq_length < plan.seq_length())
-    throw HostError("model plugin '" + plugins.model.name() + "' is built for sequences of " +
-                    std::to_string(info.seq_length) +
-                    " tokens (its seq_length option), shorter than train.seq_length " +
-                    std::to_string(plan.seq_length()) + ": leave the option at 0 (the run's) or raise it");
   parts.stats =
       model_stats(parts.model->parameters(), info, plan.seq_length(), topo.tp_size, topo.pp_rank, topo.pp_size);
   parts.strategy->setup(*parts.model);

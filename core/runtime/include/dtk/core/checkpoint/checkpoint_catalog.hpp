@@ -59,9 +59,17 @@ std::vector<int64_t> rotate_checkpoints(const std::string& dir, int64_t keep_las
 // naming PATH otherwise.
 std::string resolve_iteration_dir(const std::string& path, int64_t* iteration = nullptr, bool verify = true);
 
+// Whether a reader checks each file against the iteration's SHA256SUMS, and what its message on a
+// damaged file names to read it anyway: dtk train's config field, or the offline commands' flag.
+struct ChecksumCheck {
+  bool verify = true;
+  std::string skip_hint = "checkpoint.no_verify_checksums=true";
+};
+inline ChecksumCheck offline_checksum_check(bool verify) { return {verify, "--noverify"}; }
+
 // The run configuration (text format) recorded in an iteration's mp_rank_00 file, verified
-// against SHA256SUMS when `verify`; throws when the file is damaged or has none.
-std::string checkpoint_config_text(const std::string& iter_dir, bool verify);
+// against SHA256SUMS as `check` says; throws when the file is damaged or has none.
+std::string checkpoint_config_text(const std::string& iter_dir, const ChecksumCheck& check);
 
 // Tensor-parallel rank `tp_rank`'s model tensors of iteration directory `iter_dir` (the "model"
 // dict of its mp_rank file), verified against SHA256SUMS when `verify`: what `dtk generate` loads.

@@ -29,8 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "dtk_config.pb.h"
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "dtk_config.pb.h"
 
 namespace dtk::core {
 
@@ -39,9 +40,9 @@ const std::vector<std::string>& exempt_model_options();
 
 // The configuration a checkpoint iteration records (checkpoint_config_text), parsed, its model's
 // idle options dropped (drop_idle_model_options). False when it does not parse; throws as
-// checkpoint_config_text does when there is none (or, with `verify`, when the file is damaged).
+// checkpoint_config_text does when there is none (or, checked, when the file is damaged).
 bool read_recorded_config(const std::string& iter_dir, config::RunConfig* out, const host::PluginHost& plugins,
-                          bool verify);
+                          const ChecksumCheck& check);
 
 // The model options that act only with another setting (their acts_with, ABI 2.7: gpt's
 // lm_head_chunk_tokens without fused_lm_head=true, llama's rope_* without rope_scaling=llama3)

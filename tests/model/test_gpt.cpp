@@ -782,7 +782,9 @@ TEST(GptModuleHooks, HostInstallsTheStrategysHooksAndRemovesThemWithIt) {
   const Shape S{2, 32, 4, 128, 8, 64, true};
   dtk::host::OptionValues model_options(dtk::host::resolve_options(*plugins().gpt, model_opts(S, S.vocab)));
   dtk::host::OptionValues no_options(dtk::host::resolve_options(rec_plugin, {}));
-  dtk::core::ModelInstance model(*plugins().gpt, make_ctx(model_options.get(), Ctx{}));
+  Ctx run;
+  run.seq_length = S.seq;  // the position table covers the run's samples
+  dtk::core::ModelInstance model(*plugins().gpt, make_ctx(model_options.get(), run));
   TensorList in{{"tokens", random_text(2, S.seq, S.vocab, 37)}, {"labels", random_text(2, S.seq, S.vocab, 38)}};
   {
     dtk::core::StrategyInstance strategy(rec_plugin, make_ctx(no_options.get(), Ctx{}));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint/checkpoint_shards.hpp"
 
 namespace dtk::core::ckpt {
@@ -57,9 +58,9 @@ Written write_pickle(const std::string& path, const c10::IValue& value);
 struct Checksums {
   bool present = false;
   std::map<std::string, std::string> sha256;  // relative path -> hex digest
-  // What a damage message names to read the file anyway: train's config field, or the offline
-  // commands' --noverify.
-  std::string skip_hint = "checkpoint.no_verify_checksums=true";
+  // What a damage message names to read the file anyway: train's config field (ChecksumCheck's
+  // default), or the offline commands' --noverify.
+  std::string skip_hint = ChecksumCheck{}.skip_hint;
 };
 // The manifest when `verify` (else none: the files read unverified), its messages naming `skip_hint`.
 Checksums checksums_to_check(const std::string& iter_dir, bool verify, const std::string& skip_hint);

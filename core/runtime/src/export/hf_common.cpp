@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -122,19 +123,22 @@ struct SafetensorsEntry {
 // As the format requires: the tensors' byte ranges tile the buffer after the header, with no
 // overlap (two tensors reading the same bytes), no gap and nothing after the last one (a file
 // truncated and re-padded, or two files concatenated).
-void require_exact_cover(const std::string& file, const std::map<uint64_t, std::pair<uint64_t, std::string>>& ranges,
-                         uint64_t buffer_bytes) {
+void require_exact_cover(const std::string& file, const std::vector<SafetensorsEntry>& entries, uint64_t buffer_bytes) {
+  std::vector<const SafetensorsEntry*> by_start;
+  for (const auto& e : entries)
+    if (e.bytes > 0) by_start.push_back(&e);  // an empty tensor covers nothing
+  // Stable: tensors at the same offset are named in the header's order.
+  std::stable_sort(by_start.begin(), by_start.end(), [](const auto* a, const auto* b) { return a->start < b->start; });
   uint64_t end = 0;
   std::string previous;
-  for (const auto& [start, range] : ranges) {
-    if (start < end)
-      throw HostError("import hf: " + file + ": tensors '" + previous + "' and '" + range.second +
-                      "' overlap in the file");
-    if (start > end)
-      throw HostError("import hf: " + file + ": " + std::to_string(start - end) + " byte(s) before tensor '" +
-                      range.second + "' belong to no tensor");
-    end = range.first;
-    previous = range.second;
+  for (const SafetensorsEntry* e : by_start) {
+    if (e->start < end)
+      throw HostError("import hf: " + file + ": tensors '" + previous + "' and '" + e->name + "' overlap in the file");
+    if (e->start > end)
+      throw HostError("import hf: " + file + ": " + std::to_string(e->start - end) + " byte(s) before tensor '" +
+                      e->name + "' belong to no tensor");
+    end = e->start + e->bytes;
+    previous = e->name;
   }
   if (end != buffer_bytes)
     throw HostError("import hf: " + file + ": " + std::to_string(buffer_bytes - end) +
@@ -204,7 +208,6 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
   // First the whole header against the buffer, then the reads: nothing is allocated for a header
   // that does not describe its file.
   std::vector<SafetensorsEntry> entries;
-  std::map<uint64_t, std::pair<uint64_t, std::string>> ranges;  // start -> (end, tensor): the buffer's cover
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       // The format's metadata is a map of strings (null: none); anything else is a damaged or
@@ -217,13 +220,9 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file) {
                         ": '__metadata__' is not an object of strings (not a safetensors file?)");
       continue;
     }
-    SafetensorsEntry entry = safetensors_entry(file, it.key(), it.value(), buffer_bytes);
-    if (entry.bytes > 0 && !ranges.emplace(entry.start, std::make_pair(entry.start + entry.bytes, entry.name)).second)
-      throw HostError("import hf: " + file + ": tensors '" + ranges[entry.start].second + "' and '" + entry.name +
-                      "' overlap in the file");
-    entries.push_back(std::move(entry));
+    entries.push_back(safetensors_entry(file, it.key(), it.value(), buffer_bytes));
   }
-  require_exact_cover(file, ranges, buffer_bytes);
+  require_exact_cover(file, entries, buffer_bytes);
   std::map<std::string, at::Tensor> out;
   for (const SafetensorsEntry& e : entries) {
     at::Tensor t = at::empty(e.shape, e.type);

@@ -522,6 +522,29 @@ TEST(MegatronArgs, ParsingAndMistakes) {
       " (--megatron_args: lr.lr_decay_style is --lr-decay-style, lr.lr_wsd_decay_style is --lr-wsd-decay-style)");
   EXPECT_EQ(dtk::core::megatron_flag_legend("lr.lr_warmup_iters and lr.lr_foo", wsd.flag_of), "");
   EXPECT_EQ(dtk::core::megatron_flag_legend("lr.lr must be finite.", wsd.flag_of), " (--megatron_args: lr.lr is --lr)");
+  // Fields set by the checks across flags are credited to the flag behind them too.
+  const MegatronMapping across = dtk::core::map_megatron_args(
+      {"--group-query-attention", "--num-query-groups=4", "--overlap-grad-reduce", "--recompute-activations",
+       "--no-bias-gelu-fusion", "--no-rope-fusion", "--num-layers", "8", "--pipeline-model-parallel-size", "2",
+       "--num-layers-per-virtual-pipeline-stage", "2", "--profile", "--use-rope-scaling"});
+  const std::map<std::string, std::string> credited = {
+      {"model.num_query_groups", "--num-query-groups"},
+      {"strategy.overlap_grad_reduce", "--overlap-grad-reduce"},
+      {"model.recompute_activations", "--recompute-activations"},
+      {"model.unfused_kernels", "--no-bias-gelu-fusion/--no-rope-fusion"},
+      {"distributed.virtual_pipeline_model_parallel_size", "--num-layers-per-virtual-pipeline-stage"},
+      {"logging.profile_steps", "--profile"},
+      {"model.rope_scaling_factor", "--use-rope-scaling"}};
+  for (const auto& [field, flag] : credited) {
+    ASSERT_TRUE(across.flag_of.count(field)) << field;
+    EXPECT_EQ(across.flag_of.at(field), flag) << field;
+  }
+  // A plugin's message names its option without the slot.
+  EXPECT_EQ(dtk::core::megatron_flag_legend(
+                "model plugin 'llama': create: llama: num_attention_heads 12 is not divisible by num_query_groups 5",
+                across.flag_of),
+            " (--megatron_args: model.num_query_groups is --num-query-groups)");
+  EXPECT_EQ(dtk::core::megatron_flag_legend("dataset plugin 'x': num_query_groups", across.flag_of), "");
   // What a user sees: dtk config's one error line, with the flags; a field a --set changed after
   // them is not credited to its flag.
   const std::string flags =

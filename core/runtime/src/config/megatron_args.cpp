@@ -302,6 +302,13 @@ void add_assignments(MegatronMapping& m, const std::string& list) {
     if (!one.empty()) m.sets.push_back(one);
 }
 
+// One assignment the checks across flags make, credited to the flag behind it (as given, without
+// its values) so that a later error about the field can name it.
+void set_by(MegatronMapping& m, const std::string& assignment, const std::string& shown) {
+  m.sets.push_back(assignment);
+  m.flag_of[assignment.substr(0, assignment.find('='))] = shown.substr(0, shown.find(' '));
+}
+
 // The flags whose effect depends on their value.
 void custom(const Rule& r, const std::string& flag, const std::vector<std::string>& v, MegatronMapping& m) {
   const std::string f = normalized(r.flag);
@@ -525,6 +532,7 @@ struct SeenFlags {
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
+  std::string legacy_data_shown;                  // the first of --data-impl / --llama-model as given
   std::set<std::string> data_path_forms, split_path_forms;  // a path and its file form (Megatron: one)
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
@@ -532,12 +540,13 @@ struct SeenFlags {
   std::string profile_start = "10", profile_end = "12";
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
   std::vector<std::string> unfused_kernels;     // DTK's kernels the --no-*-fusion flags leave out
+  std::vector<std::string> unfusing_flags;      // those flags as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
 // across flags.
 void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
-  if (f == "--data-impl" || f == "--llama-model") s.legacy_data = true;
+  if ((f == "--data-impl" || f == "--llama-model") && !s.legacy_data) s.legacy_data = true, s.legacy_data_shown = shown;
   if (f == "--split") s.split_given = true;
   if (f == "--data-path" || f == "--data-args-path") s.data_path_forms.insert(f);
   if (f == "--train-data-path" || f == "--valid-data-path" || f == "--test-data-path") s.split_path_forms.insert("--*-data-path");
@@ -568,7 +577,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
                        : f == "--no-bias-dropout-fusion" ? "bias_add"
                                                          : nullptr;
   if (kernel && std::find(s.unfused_kernels.begin(), s.unfused_kernels.end(), kernel) == s.unfused_kernels.end())
-    s.unfused_kernels.push_back(kernel);
+    s.unfused_kernels.push_back(kernel), s.unfusing_flags.push_back(shown);
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
@@ -621,7 +630,8 @@ void apply_rule(const Rule& r, const std::string& flag, const std::string& shown
 void map_query_groups(SeenFlags& s, MegatronMapping& m) {
   if (s.group_query_attention && !s.query_groups.empty()) s.llama_only.push_back(s.query_groups_shown);
   if (s.group_query_attention)
-    m.sets.push_back("model.num_query_groups=" + (s.query_groups.empty() ? std::string("1") : s.query_groups));
+    set_by(m, "model.num_query_groups=" + (s.query_groups.empty() ? std::string("1") : s.query_groups),
+           s.query_groups.empty() ? "--group-query-attention" : s.query_groups_shown);
   else if (!s.query_groups.empty())
     m.ignored.push_back(s.query_groups_shown +
                         " (Megatron reads it only with --group-query-attention: multi-head "
@@ -640,7 +650,7 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
   if (bad_start || s.profile_end.empty() || *end || first < 1 || last < first)
     return m.refused.push_back("--profile-step-start " + s.profile_start + " --profile-step-end " + s.profile_end +
                                ": not a range of iterations (0 <= start < end)");
-  m.sets.push_back("logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last));
+  set_by(m, "logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last), "--profile");
 }
 
 // Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
@@ -650,11 +660,14 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
 void map_recompute(const SeenFlags& s, MegatronMapping& m) {
   const std::string granularity = s.recompute_activations ? "selective" : s.recompute_granularity;
   const bool selective = granularity == "selective";
-  if (selective) m.sets.push_back("model.recompute_activations=selective");
+  const char* granularity_flag = s.recompute_activations ? "--recompute-activations" : "--recompute-granularity";
+  if (selective) set_by(m, "model.recompute_activations=selective", granularity_flag);
   if (granularity == "full") {
-    m.sets.push_back("model.recompute_activations=full");
-    if (!s.recompute_method.empty()) m.sets.push_back("model.recompute_method=" + s.recompute_method);
-    if (!s.recompute_layers.empty()) m.sets.push_back("model.recompute_num_layers=" + s.recompute_layers);
+    set_by(m, "model.recompute_activations=full", granularity_flag);
+    if (!s.recompute_method.empty())
+      set_by(m, "model.recompute_method=" + s.recompute_method, s.recompute_method_shown);
+    if (!s.recompute_layers.empty())
+      set_by(m, "model.recompute_num_layers=" + s.recompute_layers, s.recompute_layers_shown);
     return;
   }
   const std::pair<const std::string*, const char*> shaping[] = {
@@ -674,7 +687,8 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
 // --rope-scaling-factor (default 8.0); the factor alone changes nothing.
 void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
   if (s.rope_scaling)
-    m.sets.push_back("model.rope_scaling_factor=" + (s.rope_factor.empty() ? std::string("8") : s.rope_factor));
+    set_by(m, "model.rope_scaling_factor=" + (s.rope_factor.empty() ? std::string("8") : s.rope_factor),
+           s.rope_factor.empty() ? "--use-rope-scaling" : s.rope_factor_shown);
   else if (!s.rope_factor_shown.empty())
     m.ignored.push_back(s.rope_factor_shown + " (Megatron reads it only with --use-rope-scaling: no scaling as written)");
 }
@@ -732,7 +746,8 @@ void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
     m.refused.push_back(s.per_virtual_shown + ": --num-layers " + s.num_layers + " does not split into " +
                         s.pipeline_size + " pipeline stages of chunks of " + s.per_virtual_stage + " layers");
   else if (layers / stages / per > 1)
-    m.sets.push_back("distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per));
+    set_by(m, "distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per),
+           s.per_virtual_shown);
 }
 
 // Megatron's validate_args, said here with the other flags rather than later.
@@ -773,7 +788,7 @@ static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
 
 static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
   if (m.dataset != "gpt_indexed") return;
-  if (s.legacy_data) m.sets.push_back("dataset.order=megatron_legacy");
+  if (s.legacy_data) set_by(m, "dataset.order=megatron_legacy", s.legacy_data_shown);
   if (!s.split_given) m.sets.push_back("dataset.split=969, 30, 1");
   if (s.legacy_data) return;  // legacy descriptions hold no tokenizer
   auto q = [](const std::string& v) {
@@ -813,10 +828,12 @@ static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
   } else {
     return;
   }
-  m.sets.push_back(
+  set_by(
+      m,
       "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
       "\"tokenizer_path\": " +
-      path + args + "}");
+          path + args + "}",
+      "--tokenizer-type");
 }
 
 MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
@@ -859,10 +876,11 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   // The overlap is each strategy's option: ddp's buckets, or ZeRO's reduce-scatter (whichever flag
   // came first).
   if (s.overlap_grad_reduce)
-    m.sets.push_back(m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true");
+    set_by(m, m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true",
+           "--overlap-grad-reduce");
   if (!s.overlap_param_gather_shown.empty()) {
     if (m.strategy == "zero")
-      m.sets.push_back("strategy.overlap_param_gather=true");
+      set_by(m, "strategy.overlap_param_gather=true", s.overlap_param_gather_shown);
     else
       m.refused.push_back(s.overlap_param_gather_shown +
                           ": needs --use-distributed-optimizer (Megatron asserts it; DTK's ddp splits its "
@@ -873,7 +891,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   map_rope_scaling(s, m);
   map_profile(s, m);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
-  if (!s.unfused_kernels.empty()) m.sets.push_back("model.unfused_kernels=" + joined(s.unfused_kernels, ","));
+  if (!s.unfused_kernels.empty())
+    set_by(m, "model.unfused_kernels=" + joined(s.unfused_kernels, ","), joined(s.unfusing_flags, "/"));
   check_heads_and_positions(s, m);
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
@@ -931,9 +950,15 @@ std::string megatron_flag_legend(const std::string& message, const std::map<std:
     }
     return false;
   };
+  // A plugin names its options without the slot: "model plugin 'llama': ... num_query_groups 5".
+  const auto plugin_names = [&](const std::string& field) {
+    const size_t dot = field.find('.');
+    return dot != std::string::npos && message.find(field.substr(0, dot) + " plugin '") != std::string::npos &&
+           names(field.substr(dot + 1));
+  };
   std::string legend;
   for (const auto& [field, flag] : flag_of)
-    if (names(field)) legend += (legend.empty() ? "" : ", ") + field + " is " + flag;
+    if (names(field) || plugin_names(field)) legend += (legend.empty() ? "" : ", ") + field + " is " + flag;
   return legend.empty() ? "" : " (--megatron_args: " + legend + ")";
 }
 

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -112,6 +113,17 @@ constexpr const char* kUsage =
 constexpr const char* kLaunchFlags[] = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr",
                                         "--master_port"};
 
+// Launch's number flags: the field each sets and its range.
+struct NumberFlag {
+  const char* name;
+  int lo, hi;
+  int LaunchArgs::*field;
+};
+constexpr NumberFlag kNumberFlags[] = {{"--nproc_per_node", 1, 1024, &LaunchArgs::nproc},
+                                       {"--master_port", 1, 65535, &LaunchArgs::port},
+                                       {"--nnodes", 1, 65536, &LaunchArgs::nnodes},
+                                       {"--node_rank", 0, 65535, &LaunchArgs::node_rank}};
+
 // torchrun's flags may be spelt with '-' for '_' (--nproc-per-node): launch's own flags in its
 // spelling, anything else as given.
 std::string launch_spelling(const std::string& arg) {
@@ -159,19 +171,15 @@ LaunchArgs parse_args(int argc, char** argv) {
       args.help = true;
       return args;
     }
-    if (a == "--nproc_per_node" || a.rfind("--nproc_per_node=", 0) == 0)
-      args.nproc = number("--nproc_per_node", 1, 1024);
-    else if (a == "--master_port" || a.rfind("--master_port=", 0) == 0)
-      args.port = number("--master_port", 1, 65535);
-    else if (a == "--nnodes" || a.rfind("--nnodes=", 0) == 0)
-      args.nnodes = number("--nnodes", 1, 65536);
-    else if (a == "--node_rank" || a.rfind("--node_rank=", 0) == 0)
-      args.node_rank = number("--node_rank", 0, 65535);
-    else if (a == "--master_addr" || a.rfind("--master_addr=", 0) == 0) {
+    const auto is = [&](const char* flag) { return a == flag || a.rfind(std::string(flag) + "=", 0) == 0; };
+    const auto number_flag =
+        std::find_if(std::begin(kNumberFlags), std::end(kNumberFlags), [&](const NumberFlag& f) { return is(f.name); });
+    if (number_flag != std::end(kNumberFlags))
+      args.*(number_flag->field) = number(number_flag->name, number_flag->lo, number_flag->hi);
+    else if (is("--master_addr")) {
       args.master_addr = value("--master_addr"), args.master_addr_given = true;
       if (args.master_addr.empty()) throw HostError("launch: --master_addr needs a host name or address");
-    }
-    else if (a == "--")
+    } else if (a == "--")
       ++i;
     else if (a.rfind("-", 0) == 0 && !is_dtk_flag(a)) {
       // Neither launch's flag nor dtk's: refused here once, not by every rank.
@@ -192,12 +200,12 @@ LaunchArgs parse_args(int argc, char** argv) {
                     " needs --master_addr (the host of node 0, reachable from every node)");
   if (static_cast<long>(args.nnodes) * args.nproc > (1L << 24))
     throw HostError("launch: --nnodes x --nproc_per_node is too large");
-  if (i >= argc) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
-  if (std::string(argv[i]) == "launch") throw HostError("launch: cannot launch 'launch'");
-  // (A command line that starts with dtk's flags is the ranks' to read.)
-  if (argv[i][0] != '-' && !is_command(argv[i]))
-    throw HostError("launch: '" + std::string(argv[i]) +
-                    "' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)");
+  // The ranks' command line is checked once here, as each rank would check it.
+  const std::string command = rank_command(argc - i, argv + i);
+  if (command.empty()) throw HostError("launch: no dtk command to run (e.g. dtk launch --nproc_per_node 2 train ...)");
+  if (command == "launch") throw HostError("launch: cannot launch 'launch'");
+  if (!is_command(command))
+    throw HostError("launch: '" + command + "' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)");
   args.command = i;
   return args;
 }

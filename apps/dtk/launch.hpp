@@ -10,3 +10,7 @@ int run_launch(int argc, char** argv);
 // Whether `name` is one of dtk's commands (main.cpp keeps the list): the launcher refuses anything
 // else once, rather than every rank refusing it.
 bool is_command(const std::string& name);
+
+// The command of a dtk command line (args: what follows "dtk"), after checking its flags as dtk
+// does (unknown flags, values of the wrong type); "" when it names none. main.cpp keeps the rules.
+std::string rank_command(int argc, char** argv);

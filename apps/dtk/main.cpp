@@ -560,6 +560,26 @@ bool answered_version_or_help(int argc, char** argv) {
 
 }  // namespace
 
+std::string rank_command(int argc, char** argv) {
+  std::vector<char*> line = {const_cast<char*>("dtk")};
+  line.insert(line.end(), argv, argv + argc);
+  int n = static_cast<int>(line.size());
+  extract_sets(&n, line.data());
+  check_flags(n, line.data());
+  // gflags takes the flags wherever they stand: the command is the first word that is neither a
+  // flag nor a flag's value.
+  for (int i = 1; i < n; ++i) {
+    const std::string a = line[i];
+    if (a == "--") return i + 1 < n ? line[i + 1] : "";
+    if (a[0] != '-' || a == "-") return a;
+    if (a.find('=') != std::string::npos) continue;
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(a.substr(a.find_first_not_of('-')).c_str(), &info) && info.type != "bool")
+      ++i;  // its value
+  }
+  return "";
+}
+
 namespace {
 // `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
 // (exit_conditions.hpp). bin/dtk (front.cpp) holds them before it executes this host, and `dtk

@@ -193,7 +193,7 @@ TEST(Launch, Usage) {
     EXPECT_NE(r.out.find("dtk 0."), std::string::npos) << fine << "\n" << r.out;
   }
   // Refused once by the launcher, before any rank starts: a forgotten number, a flag of the command
-  // before it, a flag given twice, a misspelt command.
+  // before it, a flag given twice, a misspelt command, the ranks' flags.
   const std::pair<std::string, std::string> refused[] = {
       {"--nproc_per_node train", "launch: --nproc_per_node has no value ('train' is the dtk command to run; usage: "},
       {"--nproc_per_node 2 --procs 2 train",
@@ -203,6 +203,12 @@ TEST(Launch, Usage) {
       {"--nproc_per_node=2 --master_port=7 --master_port 8 train", "launch: --master_port is given twice"},
       {"--nproc_per_node 2 trian",
        "launch: 'trian' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)"},
+      // The ranks' command line, dtk's flags first: checked as each rank would.
+      {"--nproc_per_node 2 --threads 1 trian",
+       "launch: 'trian' is not a dtk command (e.g. dtk launch --nproc_per_node 2 train ...)"},
+      {"--nproc_per_node 2 --threads 1 --bogus version", "unknown flag '--bogus' (see --help)"},
+      {"--nproc_per_node 2 version --threads many", "--threads expects an integer (int32), got 'many'"},
+      {"--nproc_per_node 2 --threads 1", "launch: no dtk command to run"},
   };
   for (const auto& [args, message] : refused) {
     const Result r = dtk_test::run(kDtk + " launch " + args, 30);

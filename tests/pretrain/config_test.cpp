@@ -42,6 +42,28 @@ TEST(Config, OverridesFieldsAndPluginOptions) {
   EXPECT_EQ(config_value(cfg, "model.name"), "gpt");
 }
 
+// `dtk config > run.pbtxt` then `--config run.pbtxt` is the same run: zeros where the defaults are
+// not zero (min_lr 0, clip_grad 0, weight_decay 0: proto3 does not print zeros) are written too.
+TEST(Config, PrintedConfigReadsBackAsTheSameRun) {
+  auto cfg = default_config();
+  for (const char* set : {"lr.min_lr=0", "train.clip_grad=0", "lr.weight_decay=0", "eval.eval_iters=0",
+                          "lr.lr_decay_style=", "model.num_layers=3", "model.hidden_size=64",
+                          "dataset.data_path=0.3 a 0.7 b", "train.micro_batch_size=2"})
+    apply_override(cfg, set);
+  const std::string text = dtk::core::to_text(cfg);
+  EXPECT_NE(text.find("  min_lr: 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  lr_decay_style: \"\"\n"), std::string::npos) << text;
+  const std::string path = ::testing::TempDir() + "/printed.pbtxt";
+  std::ofstream(path) << text;
+  const auto back = dtk::core::load_config(path);
+  EXPECT_EQ(dtk::core::to_text(back), text);
+  for (const char* field : {"lr.min_lr", "train.clip_grad", "lr.weight_decay", "eval.eval_iters", "lr.lr_decay_style",
+                            "model.num_layers", "dataset.data_path", "train.micro_batch_size", "train.seq_length"})
+    EXPECT_EQ(config_value(back, field), config_value(cfg, field)) << field;
+  // Nothing else changes: the defaults print as before (no zero the defaults also hold).
+  EXPECT_EQ(dtk::core::to_text(default_config()).find(": 0\n"), std::string::npos);
+}
+
 TEST(Config, BadOverridesNameTheProblem) {
   auto cfg = default_config();
   EXPECT_EQ(error_of([&] { apply_override(cfg, "train.micro_batch_sise=2"); }),

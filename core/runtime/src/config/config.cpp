@@ -5,10 +5,12 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -662,10 +664,56 @@ void validate_config(const config::RunConfig& cfg) {
   validate_checkpoint_and_slots(cfg);
 }
 
-std::string to_text(const config::RunConfig& cfg) {
+namespace {
+
+// `message` in text format, as TextFormat prints it, plus every scalar it holds at zero (which
+// proto3 does not print) where `defaults` (the same message of the built-in defaults) is not zero:
+// the text, read back over the defaults (--config), must give this message, not the defaults.
+std::string text_over_defaults(const Message& message, const Message* defaults, int indent) {
+  const Reflection* r = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(message, &fields);
+  const size_t present = fields.size();
+  for (int i = 0; defaults && i < message.GetDescriptor()->field_count(); ++i) {
+    const FieldDescriptor* f = message.GetDescriptor()->field(i);
+    if (!f->is_repeated() && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE && !r->HasField(message, f) &&
+        defaults->GetReflection()->HasField(*defaults, f))
+      fields.push_back(f);
+  }
+  std::sort(fields.begin(), fields.end(), [](auto* a, auto* b) { return a->number() < b->number(); });
+  const std::string pad(indent, ' ');
   std::string out;
-  TextFormat::PrintToString(cfg, &out);
+  for (const FieldDescriptor* f : fields) {
+    if (f->is_repeated()) {  // a list or map: TextFormat's own printing (maps sorted by key)
+      std::unique_ptr<Message> alone(message.New());
+      alone->CopyFrom(message);
+      for (size_t k = 0; k < present; ++k)
+        if (fields[k] != f) alone->GetReflection()->ClearField(alone.get(), fields[k]);
+      TextFormat::Printer printer;
+      printer.SetInitialIndentLevel(indent / 2);
+      std::string text;
+      printer.PrintToString(*alone, &text);
+      out += text;
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      const Message* sub_defaults = defaults && defaults->GetReflection()->HasField(*defaults, f)
+                                        ? &defaults->GetReflection()->GetMessage(*defaults, f)
+                                        : nullptr;
+      out += pad + f->name() + " {\n" + text_over_defaults(r->GetMessage(message, f), sub_defaults, indent + 2) + pad +
+             "}\n";
+    } else {
+      std::string value;
+      TextFormat::PrintFieldValueToString(message, f, -1, &value);
+      out += pad + f->name() + ": " + value + "\n";
+    }
+  }
   return out;
+}
+
+}  // namespace
+
+std::string to_text(const config::RunConfig& cfg) {
+  static const config::RunConfig defaults = default_config();
+  return text_over_defaults(cfg, &defaults, 0);
 }
 
 }  // namespace dtk::core

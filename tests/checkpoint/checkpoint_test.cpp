@@ -178,6 +178,34 @@ TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnoredAndCleanedUp) {
   EXPECT_EQ(tmp, 0);
 }
 
+// checkpoint.load_if_present (Megatron's --save X --load X): the first run finds nothing and starts
+// from scratch, saying so; the same command line then resumes, equal to the uninterrupted run.
+TEST(Checkpoint, LoadIfPresentStartsFreshThenResumes) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string d = fresh_dir("load-if-present") + "/ck";  // not there yet
+  const std::string both =
+      "--threads 2 --set lr.lr_decay_iters=8 --set checkpoint.save=" + d + " --set checkpoint.load=" + d + " ";
+  const Result first = run(kTrain + both + "--set train.train_iters=4 --set checkpoint.load_if_present=true");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("dtk: note: checkpoint.load '" + d +
+                           "' holds no checkpoint yet: the run starts from scratch (checkpoint.load_if_present)"),
+            std::string::npos)
+      << first.out;
+  EXPECT_EQ(read(d + "/latest_checkpointed_iteration.txt"), "4\n");
+  const Result second = run(kTrain + both + "--set train.train_iters=8 --set checkpoint.load_if_present=true");
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_EQ(second.out.find("holds no checkpoint yet"), std::string::npos) << second.out;
+  const auto a = train_lines(ref.result.out), b = train_lines(second.out);
+  EXPECT_EQ(b.count(4), 0u) << second.out;  // resumed after iteration 4
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  // A save begun in the folder (an iter_* folder, no tracker) is not "nothing": its error stands.
+  const std::string begun = fresh_dir("load-if-present-begun");
+  fs::create_directories(begun + "/iter_0000004");
+  expect_one_line_error(run(kTrain + "--set checkpoint.load_if_present=true --set checkpoint.load=" + begun),
+                        begun + "/latest_checkpointed_iteration.txt");
+}
+
 // (c) bad inputs: one line naming the file (or the tensor), exit 1.
 TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
   const Reference& ref = reference();

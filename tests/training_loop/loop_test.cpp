@@ -120,6 +120,22 @@ TEST(LossScaling, DynamicScaleFollowsMegatronAndSkipsOverflows) {
   EXPECT_EQ(plain["loss-scale"].at(13), 1.0f);
 }
 
+// Without a dynamic scale a skipped step changes nothing: train.skipped_steps_limit of them in a
+// row stop the run with one line, before anything is saved (an lr of 1e30 used to train on,
+// every step skipped, and save the broken weights). Fewer than the limit (default 10) go on.
+TEST(LossScaling, SkippedStepsInARowStopARunWithoutAScale) {
+  const std::string dir = fresh_dir("skipped-in-a-row");
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "2,3,4", 1);
+  const Result stopped =
+      dtk_test::run_dtk(kTrain + iters(6) + " --set train.skipped_steps_limit=3 --set checkpoint.save=" + dir, 120);
+  const Result goes_on = dtk_test::run_dtk(kTrain + iters(6), 120);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  dtk_test::expect_one_line_error(stopped, "train: iterations 2-4 had gradients that are not finite (grad norm ");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/latest_checkpointed_iteration.txt")) << stopped.out;
+  ASSERT_EQ(goes_on.code, 0) << goes_on.out;
+  EXPECT_EQ(count(goes_on.out, "number of skipped iterations:   1 |"), 3) << goes_on.out;
+}
+
 TEST(LossScaling, AnOverflowOnOneRankSkipsOnEveryRank) {
   const std::string args = "launch --nproc_per_node 2 " + kTrain + iters(6) +
                            " --set train.dynamic_loss_scale=true --set train.initial_loss_scale=64 "

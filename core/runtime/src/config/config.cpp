@@ -541,6 +541,9 @@ void validate_scaling_and_exits(const config::RunConfig& cfg) {
     throw HostError("config: train.min_loss_scale is larger than train.initial_loss_scale");
   if (t.bench_steps() < 0 || t.perf_warmup_steps() < 0)
     throw HostError("config: train.bench_steps and train.perf_warmup_steps must be >= 0");
+  if (t.skipped_steps_limit() < -1)
+    throw HostError("config: train.skipped_steps_limit must be -1 (never stop), 0 (10) or positive, got " +
+                    std::to_string(t.skipped_steps_limit()));
   if (t.exit_interval() < 0) throw HostError("config: train.exit_interval must be >= 0 (0 = off)");
   require_finite_at_least(t.exit_duration_in_mins(), 0, "train.exit_duration_in_mins");
   require_finite_at_least(cfg.logging().peak_tflops(), 0, "logging.peak_tflops");

@@ -9,8 +9,10 @@
 #include "dtk/core/train/pretrain.hpp"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "dtk/core/checkpoint/checkpoint_model.hpp"
+#include "dtk/core/checkpoint/layout.hpp"
 #include "dtk/core/launch/distributed.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
@@ -44,6 +46,29 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
   return run;
 }
 
+// checkpoint.load_if_present: a load folder with nothing in it yet is no load at all. Returns the
+// line that says so, "" when the run loads as configured.
+std::string start_fresh_without_checkpoint(config::RunConfig* run) {
+  const auto& ck = run->checkpoint();
+  if (!ck.load_if_present() || ck.load().empty() || ck.finetune() || ck.use_checkpoint_args()) return "";
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // Anything else (a file, a folder that cannot be read, a save begun) is the load's to report.
+  const bool exists = fs::exists(ck.load(), ec);
+  if (ec) return "";
+  if (exists) {
+    if (!fs::is_directory(ck.load(), ec) || fs::exists(checkpoint_tracker_file(ck.load()), ec) || ec) return "";
+    fs::directory_iterator entries(ck.load(), ec);
+    if (ec) return "";
+    for (const auto& entry : entries)
+      if (entry.path().filename().string().rfind("iter_", 0) == 0) return "";
+  }
+  const std::string line = "checkpoint.load '" + ck.load() +
+                           "' holds no checkpoint yet: the run starts from scratch (checkpoint.load_if_present)";
+  run->mutable_checkpoint()->clear_load();
+  return line;
+}
+
 }  // namespace
 
 int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHooks hooks) {
@@ -51,6 +76,9 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHoo
   // line saying so, in the loop it saves and stops (exit_conditions.hpp).
   const StartupSignals signals(cfg.train());
   config::RunConfig run = bench_config(cfg);
+  if (const std::string fresh = start_fresh_without_checkpoint(&run);
+      !fresh.empty() && launch_env_from_environment().rank == 0)
+    std::fprintf(stderr, "dtk: note: %s\n", fresh.c_str());
   // The checkpoint's model against this run's, before anything is built (checkpoint_model.hpp).
   const std::string adopted = reconcile_checkpoint_model(run, plugins);
   if (!adopted.empty() && launch_env_from_environment().rank == 0) {

@@ -231,6 +231,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   }
   const int64_t activation_bytes = runner_->take_activation_bytes();
   reduce_clip_and_update(iteration, scale, r);
+  check_skipped_in_a_row(r);
   // Megatron logs the optimizer's rate after the scheduler step: the next update's.
   r.learning_rate = schedule_.rate(progress_.scheduler_step);
   r.global_batch_size = plan_.global_batch_of(iteration);
@@ -252,6 +253,29 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
   r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)
   return r;
+}
+
+void Trainer::check_skipped_in_a_row(const IterationResult& r) {
+  // A dynamic scale changes between overflows (fp16 starts at 2^32 and halves its way down); any
+  // other skip leaves the next step where this one was.
+  skipped_in_a_row_ = r.skipped && !scaler_.dynamic() ? skipped_in_a_row_ + 1 : 0;
+  const int64_t limit = cfg_.train().skipped_steps_limit() == 0 ? 10 : cfg_.train().skipped_steps_limit();
+  if (limit < 0 || skipped_in_a_row_ < limit) return;
+  const auto number = [](double v) {
+    if (std::isnan(v)) return std::string("nan");  // not printf's "-nan"
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", v);
+    return std::string(text);
+  };
+  throw host::HostError(
+      "train: " +
+      (limit == 1 ? "iteration " + std::to_string(r.iteration)
+                  : "iterations " + std::to_string(r.iteration - limit + 1) + "-" + std::to_string(r.iteration)) +
+      " had gradients that are not finite (grad norm " + number(r.grad_norm) +
+      ") and were skipped; without loss scaling nothing changes between such steps: the weights or the data are "
+      "broken (lr.lr " +
+      number(cfg_.lr().lr()) + ", lr.weight_decay " + number(cfg_.lr().weight_decay()) +
+      "?). Stopped before saving; train.skipped_steps_limit=-1 skips on");
 }
 
 // A step whose gradients are not finite is skipped (DTK skips in every precision; Megatron only

@@ -62,6 +62,8 @@ class Trainer {
   IterationResult train_step(int64_t iteration);
   // The strategy's reduction, clipping and (unless the gradients are not finite) the update.
   void reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r);
+  // train.skipped_steps_limit: throws once that many iterations in a row were skipped.
+  void check_skipped_in_a_row(const IterationResult& r);
   // One iteration of train(): the step, its log line and timings; evaluation and save when due.
   void run_iteration(int64_t it);
   bool should_stop(int64_t it, ExitConditions& exit);
@@ -96,6 +98,7 @@ class Trainer {
   int64_t last_saved_ = -1;
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
   bool stopped_early_ = false;
+  int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit
 };
 
 }  // namespace dtk::core

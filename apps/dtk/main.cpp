@@ -71,7 +71,8 @@ constexpr const char* kUsage = R"(dtk — the Domino Training Kit host
 Usage:
   dtk train [--config FILE] [--model NAME] [--dataset NAME] [--step NAME] [--optimizer NAME]
             [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
-            [--bench_out FILE.json]
+            [--megatron_args "FLAGS" | @FILE]   Megatron-LM's pretrain_gpt.py flags (dtk config --megatron_table)
+            [TOKENIZER: as preprocess] [--use_checkpoint_args] [--plugin_path DIR] [--bench_out FILE.json]
   dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
   dtk launch --nproc_per_node N --nnodes M --node_rank K --master_addr HOST [--master_port P] train ...
                                                       node K of M (run one launcher per node)
@@ -207,7 +208,9 @@ void check_flags(int argc, char** argv) {
       if ((info.type == "uint32" || info.type == "uint64") && value.find('-') != std::string::npos)
         throw dtk::host::HostError("--" + name + " expects a non-negative integer (" + info.type + "), got '" +
                                    value + "'");
-      const long long v = std::strtoll(value.c_str(), &end, 10);
+      // uint64 takes the whole unsigned range (a seed of 2^63 and above).
+      const long long v = info.type == "uint64" ? static_cast<long long>(std::strtoull(value.c_str(), &end, 10))
+                                                : std::strtoll(value.c_str(), &end, 10);
       const bool fits = info.type == "int32" ? v >= INT32_MIN && v <= INT32_MAX : true;
       if (value.empty() || *end != '\0' || errno == ERANGE || !fits)
         throw dtk::host::HostError("--" + name + " expects an integer (" + info.type + "), got '" + value + "'");
@@ -337,8 +340,10 @@ void warn_broken_plugins(const dtk::host::PluginHost& plugins) {
 }
 
 int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
-  if (args.empty() || (args[0] != "list" && args[0] != "describe"))
-    throw dtk::host::HostError("usage: dtk plugins list | dtk plugins describe NAME");
+  if (args.empty()) throw dtk::host::HostError("usage: dtk plugins list | dtk plugins describe NAME");
+  if (args[0] != "list" && args[0] != "describe")
+    throw dtk::host::HostError("plugins: unknown subcommand '" + args[0] +
+                               "' (usage: dtk plugins list | dtk plugins describe NAME)");
   const size_t takes = args[0] == "list" ? 1 : 2;  // describe NAME
   if (args.size() > takes) throw dtk::host::HostError("plugins " + args[0] + ": unexpected argument '" + args[takes] + "'");
   auto& plugins = load_plugins(argv0);
@@ -354,6 +359,8 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   }
   if (args.size() < 2) throw dtk::host::HostError("usage: dtk plugins describe NAME [--kind KIND]");
   const dtk::host::Plugin* p = nullptr;
+  if (FLAGS_kind.empty() && !gflags::GetCommandLineFlagInfoOrDie("kind").is_default)
+    throw dtk::host::HostError("plugins describe: --kind is empty: give model, dataset, step, optimizer or strategy");
   if (!FLAGS_kind.empty()) {
     const int32_t kind = dtk::host::kind_from_name(FLAGS_kind);
     if (!kind)
@@ -433,9 +440,39 @@ int cmd_config(const std::vector<std::string>& sets, const char* argv0) {
 }
 
 // `dtk train`: the run configuration is set before any plugin's init() can ask for it.
+// Megatron refuses a run without the model's shape or without data (validate_args); a command line
+// missing them trained DTK's default GPT-2 on random tokens. A --config, or the flag or --set
+// that gives the value, stands in for the Megatron flag.
+void refuse_partial_megatron_run(const dtk::config::RunConfig& cfg, const std::vector<std::string>& sets) {
+  if (FLAGS_megatron_args.empty() || !FLAGS_config.empty()) return;
+  const auto given = [&](const std::string& field) {
+    return g_megatron_flag_of.count(field) > 0 ||
+           std::any_of(sets.begin(), sets.end(), [&](const std::string& s) { return s.rfind(field + "=", 0) == 0; });
+  };
+  std::vector<std::string> missing;
+  if (!cfg.checkpoint().use_checkpoint_args() && FLAGS_model.empty())
+    for (const auto& [field, flag] : {std::pair<const char*, const char*>{"model.num_layers", "--num-layers"},
+                                      {"model.hidden_size", "--hidden-size"},
+                                      {"model.num_attention_heads", "--num-attention-heads"}})
+      if (!given(field)) missing.push_back(flag);
+  const bool data =
+      FLAGS_dataset.size() || FLAGS_data_path.size() || given("dataset.name") ||
+      std::any_of(g_megatron_flag_of.begin(), g_megatron_flag_of.end(),
+                  [](const auto& f) { return f.first.rfind("dataset.", 0) == 0; }) ||
+      std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("dataset.", 0) == 0; });
+  if (!data) missing.push_back("--data-path (or --mock-data for random tokens)");
+  if (missing.empty()) return;
+  std::string list;
+  for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+  throw dtk::host::HostError("--megatron_args: no " + list +
+                             ": Megatron requires them (without --config, DTK would train its default model on "
+                             "random tokens)");
+}
+
 int cmd_train(const std::vector<std::string>& args, const std::vector<std::string>& sets, const char* argv0) {
   if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
   dtk::config::RunConfig cfg = resolve_config(sets);
+  refuse_partial_megatron_run(cfg, sets);
   dtk::core::set_run_config(cfg);
   auto& plugins = load_plugins(argv0);
   g_loaded = &plugins;

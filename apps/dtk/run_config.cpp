@@ -73,6 +73,10 @@ void apply_tokenizer_files(dtk::config::RunConfig& cfg) {
                     "); Megatron derives the size from the tokenizer: drop model.vocab_size");
   (*cfg.mutable_model()->mutable_options())["vocab_size"] = std::to_string(n);
   const long long data_vocab = int_option(cfg.dataset(), "vocab_size", "dataset.vocab_size");
+  // Random tokens (Megatron's --mock-data) are drawn from the tokenizer's ids: the synthetic
+  // dataset's own default (GPT-2's 50257) would exceed a smaller tokenizer's model.
+  if (data_vocab < 0 && cfg.dataset().name() == "synthetic")
+    (*cfg.mutable_dataset()->mutable_options())["vocab_size"] = std::to_string(n);
   if (data_vocab > n)
     throw HostError("config: dataset.vocab_size " + std::to_string(data_vocab) + " is larger than the tokenizer's " +
                     std::to_string(n) + " tokens (" + which +

@@ -188,9 +188,13 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   auto ignored = [&](const std::string& flag) {
     return std::any_of(m.ignored.begin(), m.ignored.end(), [&](const std::string& i) { return i.rfind(flag, 0) == 0; });
   };
-  for (const char* flag : {"--exit-on-missing-checkpoint", "--no-masked-softmax-fusion", "--attention-softmax-in-fp32",
-                           "--max-position-embeddings 64"})
+  for (const char* flag : {"--no-masked-softmax-fusion", "--attention-softmax-in-fp32", "--max-position-embeddings 64"})
     EXPECT_TRUE(ignored(flag)) << flag;
+  // --exit-on-missing-checkpoint keeps the load strict; without it a --load folder that holds no
+  // checkpoint yet starts the run from scratch, as Megatron's does.
+  EXPECT_EQ(config_of(m).checkpoint().load_if_present(), false);
+  EXPECT_EQ(config_of(map("--load ckpt/x --save ckpt/x")).checkpoint().load_if_present(), true);
+  EXPECT_EQ(config_of(map("--save ckpt/x")).checkpoint().load_if_present(), false);
 
   // Llama-3.1 (llama_mistral.md; its "--group-query-attention 8" written as Megatron parses it).
   m = map("--tensor-model-parallel-size 1 --seq-length 64 --max-position-embeddings 256 --load ckpt/llama31 "
@@ -539,6 +543,30 @@ TEST(MegatronArgs, ParsingAndMistakes) {
     ASSERT_TRUE(across.flag_of.count(field)) << field;
     EXPECT_EQ(across.flag_of.at(field), flag) << field;
   }
+  // --optimizer sgd: the sgd plugin with --sgd-momentum; the Adam flags are Adam's only (and the
+  // other way round), as Megatron reads them.
+  const MegatronMapping sgd =
+      dtk::core::map_megatron_args({"--optimizer", "sgd", "--sgd-momentum", "0.5", "--adam-beta2", "0.95"});
+  EXPECT_TRUE(sgd.refused.empty()) << sgd.refused.front();
+  EXPECT_EQ(sgd.optimizer, "sgd");
+  expect_fields(config_of(sgd), {{"optimizer.name", "sgd"}, {"optimizer.momentum", "0.5"}});
+  EXPECT_EQ(sgd.ignored.at(0), "--adam-beta2 0.95 (Megatron reads it only with --optimizer adam)");
+  const MegatronMapping adam = dtk::core::map_megatron_args({"--sgd-momentum", "0.5"});
+  EXPECT_EQ(adam.ignored.at(0), "--sgd-momentum 0.5 (Megatron reads it only with --optimizer sgd)");
+  // Megatron stops at the first step whose gradients are not finite unless told not to check.
+  EXPECT_EQ(config_of(adam).train().skipped_steps_limit(), 1);
+  EXPECT_EQ(
+      config_of(dtk::core::map_megatron_args({"--no-check-for-nan-in-loss-and-grad"})).train().skipped_steps_limit(),
+      -1);
+  // --mock-data: the split and cache folder of a data path do nothing (Megatron's llama3 example
+  // passes them with it).
+  const MegatronMapping mock =
+      dtk::core::map_megatron_args({"--mock-data", "--split", "99,1,0", "--data-cache-path", "/tmp/cache"});
+  EXPECT_TRUE(mock.refused.empty()) << mock.refused.front();
+  EXPECT_EQ(mock.ignored, (std::vector<std::string>{"--split (--mock-data reads no files)",
+                                                    "--data-cache-path (--mock-data reads no files)"}));
+  EXPECT_EQ(config_of(mock).dataset().name(), "synthetic");
+  EXPECT_EQ(config_of(mock).dataset().options().count("split"), 0u);
   // A plugin's message names its option without the slot.
   EXPECT_EQ(dtk::core::megatron_flag_legend(
                 "model plugin 'llama': create: llama: num_attention_heads 12 is not divisible by num_query_groups 5",
@@ -558,6 +586,17 @@ TEST(MegatronArgs, ParsingAndMistakes) {
   dtk_test::expect_one_line_error(dtk_test::run_dtk(flags + " --set lr.lr_wsd_decay_style=exponential"),
                                   "drop it, or set lr.lr_decay_style=WSD (--megatron_args: lr.lr_decay_style is "
                                   "--lr-decay-style)");
+  // A run without the model's shape or data, as Megatron's validate_args refuses it (it trained
+  // DTK's default GPT-2 on random tokens); a --set or --dataset stands in for the flag.
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("train --threads 1 --megatron_args '--num-layers 2 --train-iters 2'", 60),
+      "--megatron_args: no --hidden-size, --num-attention-heads, --data-path (or --mock-data for random tokens): "
+      "Megatron requires them");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("train --threads 1 --set model.hidden_size=64 --megatron_args '--num-layers 2 "
+                        "--num-attention-heads 4 --mock-data --train-iters 0'",
+                        60),
+      "config: train.train_iters");
 }
 
 // Megatron's iteration- vs sample-based assertions, said by the mapper with the other flags.
@@ -575,6 +614,9 @@ TEST(MegatronArgs, OverlapFlagsAreTheStrategysOverlap) {
     const MegatronMapping zero = dtk::core::map_megatron_args(flags);
     EXPECT_TRUE(zero.refused.empty());
     expect_fields(config_of(zero), {{"strategy.name", "zero"}, {"strategy.stage", "1"}, {"strategy.overlap_comm", "true"}});
+    // Stage 1 does not overlap with the backward: said at start.
+    ASSERT_EQ(zero.ignored.size(), 1u);
+    EXPECT_EQ(zero.ignored[0].rfind("--overlap-grad-reduce with --use-distributed-optimizer (ZeRO stage 1", 0), 0u);
   }
   // --overlap-param-gather: the distributed optimizer's all-gather during the next forward.
   const MegatronMapping gather =

@@ -159,7 +159,10 @@ const Rule kRules[] = {
     {"--exit-signal-handler", 0, Kind::kSwitch, "train.exit_signal_handler=true", "DTK's default"},
     // Optimizer and learning rate
     {"--optimizer", 1, Kind::kCustom, "",
-     "adam: the adamw plugin (Megatron's Adam decouples weight decay); sgd: refused"},
+     "adam: the adamw plugin (Megatron's Adam decouples weight decay); sgd: the sgd plugin (torch.optim.SGD, as "
+     "Megatron's)"},
+    {"--sgd-momentum", 1, Kind::kCustom, "",
+     "`optimizer.momentum` with --optimizer sgd; ignored otherwise, as Megatron"},
     {"--adam-beta1", 1, Kind::kSet, "optimizer.beta1", ""},
     {"--adam-beta2", 1, Kind::kSet, "optimizer.beta2", ""},
     {"--adam-eps", 1, Kind::kSet, "optimizer.eps", ""},
@@ -185,7 +188,8 @@ const Rule kRules[] = {
      "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
     {"--overlap-grad-reduce", 0, Kind::kCustom, "strategy.overlap_grad_reduce=true",
      "ddp all-reduces its gradient buckets during the last backward (its default); with "
-     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true"},
+     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true (stage 1: its reduce-scatters in "
+     "flight together after the backward, not during it; said at start)"},
     {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
      "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
      "--use-distributed-optimizer (Megatron asserts it)"},
@@ -259,6 +263,23 @@ const Rule kRules[] = {
      "each micro-batch's whole forward and backward is one graph (Megatron-core records per layer)"},
     {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
      "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
+    {"--log-throughput", 0, Kind::kIgnore, "", "the log line always shows TFLOP/s, MFU and tokens per second"},
+    {"--log-validation-ppl-to-tensorboard", 0, Kind::kIgnore, "", "always written when TensorBoard is on"},
+    {"--log-memory-to-tensorboard", 0, Kind::kIgnore, "", "always written when TensorBoard is on"},
+    {"--log-world-size-to-tensorboard", 0, Kind::kIgnore, "", "always written when TensorBoard is on"},
+    {"--log-loss-scale-to-tensorboard", 0, Kind::kIgnore, "", "always written when TensorBoard is on"},
+    {"--log-batch-size-to-tensorboard", 0, Kind::kIgnore, "", "always written when TensorBoard is on"},
+    {"--tensorboard-queue-size", 1, Kind::kIgnore, "", "DTK's event writer has no queue to size"},
+    {"--wandb-project", 1, Kind::kIgnore, "",
+     "DTK logs to TensorBoard (logging.tensorboard_dir) and logging.metrics_jsonl, not to Weights & Biases"},
+    {"--wandb-exp-name", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
+    {"--wandb-save-dir", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
+    {"--no-mmap-bin-files", 0, Kind::kIgnore, "", "DTK always maps the .bin files (the tokens read are the same)"},
+    {"--no-create-attention-mask-in-dataloader", 0, Kind::kIgnore, "",
+     "DTK's loader makes no attention mask (the attention is causal in the layers)"},
+    {"--ckpt-format", 1, Kind::kCustom, "",
+     "torch: Megatron's torch checkpoints (mp_rank_XX/model_optim_rng.pt), what DTK writes and reads; others "
+     "refused"},
     {"--save", 1, Kind::kSet, "checkpoint.save", ""},
     {"--load", 1, Kind::kSet, "checkpoint.load", ""},
     {"--save-interval", 1, Kind::kSet, "checkpoint.save_interval", "without --save: accepted, no effect (as Megatron)"},
@@ -267,8 +288,14 @@ const Rule kRules[] = {
     {"--finetune", 0, Kind::kSwitch, "checkpoint.finetune=true", ""},
     {"--use-checkpoint-args", 0, Kind::kSwitch, "checkpoint.use_checkpoint_args=true",
      "the model plugin and options come from the checkpoint in --load; the architecture flags may then be partial"},
-    {"--exit-on-missing-checkpoint", 0, Kind::kIgnore, "",
-     "DTK always stops with an error when checkpoint.load holds no checkpoint"},
+    {"--check-for-nan-in-loss-and-grad", 0, Kind::kSwitch, "train.skipped_steps_limit=1",
+     "Megatron's default: a step with gradients that are not finite stops the run (unless loss scaling is "
+     "dynamic)"},
+    {"--no-check-for-nan-in-loss-and-grad", 0, Kind::kSwitch, "train.skipped_steps_limit=-1",
+     "such steps are skipped and the run goes on"},
+    {"--exit-on-missing-checkpoint", 0, Kind::kCustom, "",
+     "a --load folder without a checkpoint is an error; without the flag the run starts from scratch "
+     "(checkpoint.load_if_present=true), as Megatron's"},
     {"--no-save-optim", 0, Kind::kRefuse, "", "DTK's checkpoints always hold the optimizer state"},
 };
 
@@ -335,7 +362,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.sets.push_back("train.train_iters=0");
   } else if (f == "--optimizer") {
     if (v[0] == "adam") return void(m.optimizer = "adamw");
-    refuse(v[0] == "sgd" ? "no SGD optimizer plugin in this release" : "not one of adam, sgd");
+    if (v[0] == "sgd") return void(m.optimizer = "sgd");
+    refuse("not one of adam, sgd");
   } else if (f == "--use-distributed-optimizer") {
     m.strategy = "zero";
     m.sets.push_back("strategy.stage=1");
@@ -390,8 +418,12 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       }
       if (!words.empty()) m.sets.push_back(std::string("dataset.") + split + "_data_path=" + joined(words));
     }
+  } else if (f == "--ckpt-format") {
+    if (v[0] != "torch")
+      refuse("DTK writes and reads Megatron's torch format (mp_rank_XX/model_optim_rng.pt); use --ckpt-format torch");
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";
+    m.flag_of["dataset.name"] = flag;
   } else if (f == "--data-impl") {
     if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
   } else if (f == "--dataloader-type") {
@@ -541,6 +573,10 @@ struct SeenFlags {
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
   std::vector<std::string> unfused_kernels;     // DTK's kernels the --no-*-fusion flags leave out
   std::vector<std::string> unfusing_flags;      // those flags as given
+  std::string sgd_momentum, sgd_momentum_shown;                 // --sgd-momentum: its value, and as given
+  std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
+  bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
+  bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -548,6 +584,11 @@ struct SeenFlags {
 void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
   if ((f == "--data-impl" || f == "--llama-model") && !s.legacy_data) s.legacy_data = true, s.legacy_data_shown = shown;
   if (f == "--split") s.split_given = true;
+  if (f == "--load") s.load_given = true;
+  if (f == "--sgd-momentum") s.sgd_momentum = values[0], s.sgd_momentum_shown = shown;
+  if (f == "--adam-beta1" || f == "--adam-beta2" || f == "--adam-eps") s.adam_shown.push_back(shown);
+  if (f == "--check-for-nan-in-loss-and-grad" || f == "--no-check-for-nan-in-loss-and-grad") s.nan_check_given = true;
+  if (f == "--exit-on-missing-checkpoint") s.exit_on_missing_checkpoint = true;
   if (f == "--data-path" || f == "--data-args-path") s.data_path_forms.insert(f);
   if (f == "--train-data-path" || f == "--valid-data-path" || f == "--test-data-path") s.split_path_forms.insert("--*-data-path");
   if (f == "--per-split-data-args-path") s.split_path_forms.insert(f);
@@ -681,6 +722,21 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
     else
       m.ignored.push_back(*shown + " (Megatron reads it only with --recompute-granularity full)");
   }
+}
+
+// Megatron reads --sgd-momentum with SGD only, and the --adam-* flags with Adam only.
+void map_optimizer_options(const SeenFlags& s, MegatronMapping& m) {
+  const bool sgd = m.optimizer == "sgd";
+  if (sgd && !s.sgd_momentum.empty()) set_by(m, "optimizer.momentum=" + s.sgd_momentum, s.sgd_momentum_shown);
+  if (!sgd && !s.sgd_momentum_shown.empty())
+    m.ignored.push_back(s.sgd_momentum_shown + " (Megatron reads it only with --optimizer sgd)");
+  if (!sgd) return;
+  for (const auto& shown : s.adam_shown) m.ignored.push_back(shown + " (Megatron reads it only with --optimizer adam)");
+  const auto adam_only = [](const std::string& set) {
+    return set.rfind("optimizer.beta", 0) == 0 || set.rfind("optimizer.eps=", 0) == 0;
+  };
+  m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), adam_only), m.sets.end());
+  for (const char* field : {"optimizer.beta1", "optimizer.beta2", "optimizer.eps"}) m.flag_of.erase(field);
 }
 
 // Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
@@ -878,6 +934,13 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.overlap_grad_reduce)
     set_by(m, m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true",
            "--overlap-grad-reduce");
+  // Megatron's distributed optimizer reduce-scatters each bucket during the last micro-batch's
+  // backward; DTK's stage 1 reduces after backward (its reduce-scatters in flight together).
+  if (s.overlap_grad_reduce && m.strategy == "zero")
+    m.ignored.push_back(
+        "--overlap-grad-reduce with --use-distributed-optimizer (ZeRO stage 1 reduce-scatters after the backward, "
+        "all buckets in flight at once, not during it; --set strategy.stage=2 overlaps them with the backward, "
+        "reducing each micro-batch)");
   if (!s.overlap_param_gather_shown.empty()) {
     if (m.strategy == "zero")
       set_by(m, "strategy.overlap_param_gather=true", s.overlap_param_gather_shown);
@@ -889,6 +952,23 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_recompute(s, m);
   map_rope_scaling(s, m);
+  // Megatron starts from scratch when --load holds no checkpoint yet (its scripts pass --save X
+  // --load X from the first run on), unless --exit-on-missing-checkpoint.
+  if (s.load_given && !s.exit_on_missing_checkpoint) set_by(m, "checkpoint.load_if_present=true", "--load");
+  map_optimizer_options(s, m);
+  // --mock-data reads no files: the split and the cache folder of a data path do nothing.
+  if (m.dataset == "synthetic") {
+    for (const char* field : {"dataset.split=", "dataset.cache_dir="}) {
+      const auto it =
+          std::find_if(m.sets.begin(), m.sets.end(), [&](const std::string& set) { return set.rfind(field, 0) == 0; });
+      if (it == m.sets.end()) continue;
+      m.ignored.push_back(m.flag_of[it->substr(0, it->find('='))] + " (--mock-data reads no files)");
+      m.flag_of.erase(it->substr(0, it->find('=')));
+      m.sets.erase(it);
+    }
+  }
+  // Megatron checks every loss and gradient for NaN by default and stops at the first.
+  if (!s.nan_check_given) m.sets.push_back("train.skipped_steps_limit=1");
   map_profile(s, m);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
   if (!s.unfused_kernels.empty())

@@ -49,6 +49,8 @@ std::vector<std::string> read_prompts() {
     utf8(FLAGS_prompt, "--prompt");
     return {FLAGS_prompt};
   }
+  if (FLAGS_prompts_file.empty() && !gflags::GetCommandLineFlagInfoOrDie("prompt").is_default)
+    throw HostError("generate: --prompt is empty: give the text to continue");
   if (FLAGS_prompts_file.empty()) throw HostError("generate: nothing to continue: give --prompt TEXT or --prompts_file FILE");
   if (std::filesystem::is_directory(FLAGS_prompts_file))
     throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " is a directory, not a file of prompts");
@@ -204,7 +206,20 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
 
 // The flags' tokenizer, else the one the checkpoint was trained with.
 std::unique_ptr<dtk::text::Tokenizer> generation_tokenizer(const dtk::config::RunConfig& cfg, const std::string& iter_dir) {
-  if (tokenizer_flags_given()) return load_tokenizer(tokenizer_spec_from_flags());
+  if (tokenizer_flags_given()) {
+    auto given = load_tokenizer(tokenizer_spec_from_flags());
+    // Another tokenizer than the one trained with would turn the prompts into other ids without a
+    // word (files moved elsewhere are fine: the same kind and size).
+    const auto& recorded = cfg.tokenizer();
+    const std::string recorded_type = recorded.type().empty() ? "GPT2BPETokenizer" : recorded.type();
+    if (names_tokenizer(recorded) && recorded.vocab_size() > 0 &&
+        (given->type() != recorded_type || static_cast<int64_t>(given->vocab_size()) != recorded.vocab_size()))
+      throw HostError("generate: the tokenizer flags give a " + given->type() + " of " +
+                      std::to_string(given->vocab_size()) + " tokens, but " + iter_dir + " was trained with a " +
+                      recorded_type + " of " + std::to_string(recorded.vocab_size()) +
+                      " tokens: drop the tokenizer flags to use the one it records");
+    return given;
+  }
   if (!names_tokenizer(cfg.tokenizer()))
     throw HostError("generate: " + iter_dir +
                     " records no tokenizer: give --vocab_file and --merge_file, or --tokenizer_type and "

@@ -74,6 +74,8 @@ int run_preprocess(int argc, char** argv) {
     const auto tokenizer = dtk::text::make_tokenizer(tokenizer_spec_from_flags());
     if (FLAGS_decode) {
       if (FLAGS_input.empty()) throw dtk::data::DataError("--decode needs --input PREFIX");
+      if (!FLAGS_output_prefix.empty())
+        throw dtk::data::DataError("--decode prints the documents of --input; it writes no --output_prefix: drop it");
       if (args.size() > 1) throw dtk::data::DataError("unexpected argument '" + args[1] + "'");
       int64_t begin = 0, end = -1;
       if (!args.empty()) {

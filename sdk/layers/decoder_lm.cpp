@@ -6,11 +6,13 @@
 #include <dtk/layers/recompute.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 namespace dtk::layers {
 
@@ -106,6 +108,28 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   auto positive = [&](const char* option, int64_t v) {
     if (v <= 0) fail(std::string("option '") + option + "' must be positive, got " + std::to_string(v));
   };
+  // Sizes past 2^31 are no model's, and the defaults derived from them (ffn_hidden_size = 4 x
+  // hidden_size) would overflow: said of the option given, not of a derived one.
+  for (const auto& [option, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden},
+                                  {"num_layers", c.num_layers},
+                                  {"num_attention_heads", c.heads},
+                                  {"ffn_hidden_size", c.ffn},
+                                  {"vocab_size", c.vocab},
+                                  {"seq_length (option or train.seq_length)", c.seq},
+                                  {"max_position_embeddings", c.max_pos}})
+    if (v > (int64_t{1} << 31))
+      fail(std::string("option '") + option + "' is " + std::to_string(v) + ", more than 2^31");
+  // A model of more than 10^15 parameters (petabytes) is a mistaken size, refused before its
+  // layers are created one by one (minutes of it, for a layer count in the millions).
+  const double per_layer = 4.0 * c.hidden * c.hidden + 3.0 * c.hidden * c.ffn;
+  const double parameters = c.num_layers * per_layer + (static_cast<double>(c.vocab) + c.max_pos) * c.hidden;
+  if (parameters > 1e15) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2g", parameters);
+    fail(std::string("num_layers ") + std::to_string(c.num_layers) + " of hidden_size " + std::to_string(c.hidden) +
+         " and ffn_hidden_size " + std::to_string(c.ffn) + " make about " + text +
+         " parameters: no machine holds that many");
+  }
   positive("num_layers", c.num_layers);
   positive("hidden_size", c.hidden);
   positive("num_attention_heads", c.heads);

@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <mutex>
+#include <vector>
 
 namespace dtk::layers {
 
@@ -63,7 +64,9 @@ at::Tensor DeferredInit::record_param(const at::Tensor& value, at::ScalarType dt
   Recorded r;
   if (value.is_meta()) {
     const void* storage = value.storage().unsafeGetStorageImpl();
-    for (size_t d = 0; d < draws_.size() && r.draw < 0; ++d)
+    // Newest first: a parameter is a view of a master just drawn (a search from the oldest made a
+    // deep model's creation quadratic in its layers: minutes at 10^4 layers).
+    for (size_t d = draws_.size(); d-- > 0 && r.draw < 0;)
       if (draws_[d].meta.storage().unsafeGetStorageImpl() == storage) r.draw = static_cast<int64_t>(d);
     if (r.draw < 0)
       throw Error("deferred parameters: a parameter must be a master from ParamFactory::normal or a view of one "
@@ -102,12 +105,14 @@ void DeferredInit::replay(const Take& take) const {
     std::lock_guard<std::mutex> lock(start.mutex());
     gens.push_back(start.clone());
   }
+  std::vector<std::vector<const Recorded*>> views_of(draws_.size());
+  for (const Recorded& r : params_)
+    if (r.draw >= 0) views_of[static_cast<size_t>(r.draw)].push_back(&r);
   for (size_t d = 0; d < draws_.size(); ++d) {
     const Draw& draw = draws_[d];
     at::Tensor master = at::empty(draw.shape, at::TensorOptions().dtype(at::kFloat));
     master.normal_(0.0, draw.std, gens[draw.stream]);
-    for (const Recorded& r : params_)
-      if (r.draw == static_cast<int64_t>(d)) take(r.param, master.as_strided(r.sizes, r.strides, r.storage_offset));
+    for (const Recorded* r : views_of[d]) take(r->param, master.as_strided(r->sizes, r->strides, r->storage_offset));
   }
 }
 

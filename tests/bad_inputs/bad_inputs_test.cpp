@@ -121,6 +121,15 @@ TEST(BadInputs, SizesThatCannotFitAreRefusedWithTheEstimate) {
   // An absurd sequence length: its position embedding alone (256 GB) is more than this machine has.
   expect_clean_error(run_dtk(kTrain + "--set train.seq_length=1000000000", 60),
                      "config: model plugin 'gpt' would hold 244141 MB of parameters on this rank");
+  // Layer counts no machine holds: refused from the options, not after creating the layers one by
+  // one (that was quadratic: minutes at 10^4 layers, a hang at 10^11); a size whose derived
+  // default (ffn_hidden_size = 4 x hidden_size) would overflow is named itself.
+  expect_clean_error(run_dtk(kTrain + "--set model.num_layers=99999999999", 60),
+                     "option 'num_layers' is 99999999999, more than 2^31");
+  expect_clean_error(run_dtk(kTrain + "--set model.num_layers=2000000000 --set model.hidden_size=1024", 60),
+                     "parameters: no machine holds that many");
+  expect_clean_error(run_dtk(kTrain + "--set model.hidden_size=4611686018427387904", 60),
+                     "option 'hidden_size' is 4611686018427387904, more than 2^31");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
   // A position table shorter than the run's samples: refused where the model is built, not at the
   // first forward. A longer table, or llama's rotary positions, serve any length.
@@ -253,6 +262,8 @@ TEST(BadInputs, OutputPathsAreCheckedBeforeTraining) {
   expect_clean_error(run_dtk(kTrain + "--set train.train_iters=1000 --set checkpoint.save=" + file + "/ck", 60),
                      "checkpoint.save '" + file + "/ck': cannot create the directory");
   expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + file + "/none", 60), "no such directory");
+  expect_clean_error(run_dtk(kTrain + "--set checkpoint.load=" + file, 60),
+                     "checkpoint.load '" + file + "': not a directory (a checkpoint is a save folder)");
   expect_clean_error(run_dtk(kTrain + "--set logging.trace_file=" + file + "/t.json", 60), "logging.trace_file");
   expect_clean_error(run_dtk(kTrain + "--bench_out " + file + "/r.json --set train.bench_steps=2", 60),
                      "logging.bench_out");
@@ -286,6 +297,15 @@ TEST(BadInputs, AFailedPreprocessLeavesNoPartialDataset) {
                      "--workers must be 0 (all cores) to 1024, got -1");
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().rfind("out", 0), std::string::npos) << "written: " << e.path();
+  // An input that is one of the outputs (it was overwritten as it was read), and a prefix that is
+  // a folder (it wrote "_text_document.bin" in it).
+  const std::string same = dir + "/x_text_document.bin";
+  std::ofstream(same) << "{\"text\": \"hello world\"}\n";
+  expect_clean_error(run_dtk("preprocess --input " + same + " --output_prefix " + dir + "/x" + tok, 60),
+                     "--input '" + same + "' is one of the outputs (" + same + "): it would be overwritten");
+  EXPECT_EQ(fs::file_size(same), 24u);
+  expect_clean_error(run_dtk("preprocess --input " + good + " --output_prefix " + dir + "/" + tok, 60),
+                     "--output_prefix '" + dir + "/' is a folder: give a file prefix in it");
 }
 
 // Data whose bytes are not what its index describes never trains (issue 39): a .bin a byte or a

@@ -488,6 +488,7 @@ TEST(Blending, GreedyRatiosWithinOnePercent) {
   EXPECT_EQ(blend_samples_per_dataset({0.3, 0.7}, 1000), (std::vector<int64_t>{302, 704}));
   EXPECT_THROW(normalize_weights({}), DataError);
   EXPECT_THROW(normalize_weights({0, 0}), DataError);
+  EXPECT_THROW(normalize_weights({0, 1}), DataError);  // a dataset asked for no samples
   EXPECT_THROW(normalize_weights({1, -1}), DataError);
 }
 

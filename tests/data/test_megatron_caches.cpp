@@ -111,6 +111,10 @@ TEST(MegatronCaches, CoreSplitAsMegatron) {
   // Megatron's regex would read these as "1,2,0" and "1,1": refused, not read past.
   EXPECT_THROW(split_boundaries("-1,2,0", 10, MegatronOrder::kCore), DataError);
   EXPECT_THROW(split_boundaries("nan,1,1", 10, MegatronOrder::kCore), DataError);
+  // An empty field: Megatron's regex would read "1,,1" as train 1, valid 1 (test 0).
+  for (const char* empty : {"1,,1", "1,1,", ",1,1", "1, ,1"})
+    EXPECT_THROW(split_boundaries(empty, 10, MegatronOrder::kCore), DataError) << empty;
+  EXPECT_EQ(split_boundaries("1, 0, 1", 10, MegatronOrder::kCore)[3], 10u);
   EXPECT_THROW(parse_order("megatron"), DataError);
 }
 

@@ -197,6 +197,16 @@ TEST(GenerateCli, OneProcessAndTensorParallelPrintTheSameText) {
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompts_file " + latin1, false),
                                   "generate: --prompts_file " + latin1 + " line 2: invalid UTF-8 at byte 3");
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --top_p 0", false), "--top_p must be in (0, 1]");
+  dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt ''", false), "generate: --prompt is empty");
+  // A checkpoint that records its tokenizer (GPT-2's, here on random tokens of its range): another
+  // tokenizer's flags are refused; the same tokenizer's (files anywhere) are taken.
+  ASSERT_EQ(dtk_test::run_dtk(train + "/../tok" + bpe).code, 0);
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("generate --load " + dir + "/tok --prompt 1 --tokenizer_type NullTokenizer --vocab_size 100"),
+      "generate: the tokenizer flags give a NullTokenizer of 101 tokens, but " + dir +
+          "/tok/iter_0000003 was trained with a GPT2BPETokenizer of 50257 tokens: drop the tokenizer flags");
+  const dtk_test::Result same = gen(dir + "/tok", "--prompt Hello --max_new_tokens 2", false);
+  EXPECT_EQ(same.code, 0) << same.out;
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --max_new_tokens 5000", false),
                                   "new tokens exceeds the model's");
 }

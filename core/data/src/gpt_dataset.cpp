@@ -89,6 +89,16 @@ std::array<double, 4> core_bookends(const std::string& split) {
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '-' || c == '+')
       throw DataError("invalid split '" + split + "': '" + std::string(1, c) +
                       "' in it (the weights are non-negative numbers, e.g. \"969, 30, 1\")");
+  // Megatron's regex reads "1,,1" as 1, 1 (train 1, valid 1, test 0), where "train 1, valid 0,
+  // test 1" was meant: a field left empty is refused too.
+  size_t field_start = 0;
+  for (size_t k = 0; k <= split.size(); ++k) {
+    if (k < split.size() && split[k] != ',' && split[k] != '/') continue;
+    if (split.find_first_not_of(' ', field_start) >= k)
+      throw DataError("invalid split '" + split +
+                      "': a field is empty (give each weight, 0 included, e.g. \"1, 0, 1\")");
+    field_start = k + 1;
+  }
   std::vector<double> v;
   size_t i = 0;
   while (i < split.size()) {
@@ -706,6 +716,10 @@ std::vector<double> normalize_weights(const std::vector<double>& weights, Megatr
   for (double w : weights) {
     if (!std::isfinite(w) || w < 0)
       throw DataError("blend weights: weight " + std::to_string(w) + " is not a non-negative number");
+    // (Its dataset would still be built and indexed, for no sample: a split too small for one
+    // then stops the run over data it never reads.)
+    if (w == 0 && weights.size() > 1)
+      throw DataError("blend weights: a weight of 0 asks for no samples from its dataset: drop that entry");
     sum += w;  // legacy dataset_utils: weight_sum = 0.0; weight_sum += weight
   }
   if (!(sum > 0)) throw DataError("blend weights: the weights sum to 0");

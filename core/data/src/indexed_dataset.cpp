@@ -108,6 +108,13 @@ bool IndexedDataset::exists(const std::string& prefix) {
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string idx_file = idx_path(prefix);
   const std::string bin_file = bin_path(prefix);
+  // A file of the pair given for its prefix ("data/x_text_document.idx"): named as such.
+  for (const std::string ext : {".idx", ".bin"})
+    if (!file_exists(idx_file) && prefix.size() > ext.size() &&
+        prefix.compare(prefix.size() - ext.size(), ext.size(), ext) == 0 &&
+        exists(prefix.substr(0, prefix.size() - ext.size())))
+      throw DataError("'" + prefix + "' is a file of an indexed dataset; a data path is its prefix, '" +
+                      prefix.substr(0, prefix.size() - ext.size()) + "'");
   idx_ = MappedFile(idx_file);
   bin_ = MappedFile(bin_file);
   auto corrupt = [&](const std::string& what) { return DataError("corrupt index file '" + idx_file + "': " + what); };

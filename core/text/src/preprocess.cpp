@@ -432,6 +432,21 @@ void check_options(const PreprocessOptions& o) {
   if (o.workers < 0 || o.workers > kMaxWorkers)
     throw DataError("--workers must be 0 (all cores) to " + std::to_string(kMaxWorkers) + ", got " +
                     std::to_string(o.workers));
+  // A prefix that ends in a folder would write files named "_text_document.bin" in it.
+  if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix))
+    throw DataError("--output_prefix '" + o.output_prefix + "' is a folder: give a file prefix in it (e.g. " +
+                    (std::filesystem::path(o.output_prefix) / "corpus").string() + ")");
+  // An input that is one of the outputs would be overwritten as it is read.
+  for (const std::string& input : o.inputs)
+    for (const std::string& key : o.json_keys) {
+      const std::string prefix = o.output_prefix + "_" + key + "_document";
+      for (const std::string& output : {prefix + ".bin", prefix + ".idx", data::fingerprint_path(prefix)}) {
+        std::error_code ec;
+        if (input == output || std::filesystem::equivalent(input, output, ec))
+          throw DataError("--input '" + input + "' is one of the outputs (" + output +
+                          "): it would be overwritten; give another --output_prefix");
+      }
+    }
 }
 
 }  // namespace

@@ -113,6 +113,11 @@ std::vector<std::vector<int64_t>> generate(const dtk_model_ref* model, const std
       all_gather(whole, logits.t().contiguous(), DTK_GROUP_TENSOR_PARALLEL).wait();
       logits = whole.t();
     }
+    // (Every rank holds the whole logits here: all refuse together.)
+    if (!logits.isfinite().all().item<bool>())
+      throw host::HostError(
+          "generate: the model's logits are not finite (NaN or infinite): the checkpoint's "
+          "weights are broken (was its training skipping every step?)");
     at::Tensor next = sample_next(logits, o, &gen).to(at::kLong).contiguous();
     if (topo.tp_size > 1) broadcast(next, DTK_GROUP_TENSOR_PARALLEL, 0).wait();
     length += n;

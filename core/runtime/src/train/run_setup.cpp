@@ -353,7 +353,8 @@ void check_output_paths(const config::RunConfig& cfg) {
       throw HostError("checkpoint.save '" + ck.save() + "': " + tracker + " exists and is not a file");
   }
   if (!ck.load().empty() && !fs::is_directory(ck.load()))
-    throw HostError("checkpoint.load '" + ck.load() + "': no such directory");
+    throw HostError("checkpoint.load '" + ck.load() + "': " +
+                    (fs::exists(ck.load()) ? "not a directory (a checkpoint is a save folder)" : "no such directory"));
   const auto& lg = cfg.logging();
   if (!lg.tensorboard_dir().empty()) writable_dir(lg.tensorboard_dir(), "logging.tensorboard_dir");
   writable_file(lg.trace_file(), "logging.trace_file");

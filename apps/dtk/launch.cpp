@@ -139,6 +139,7 @@ std::string launch_spelling(const std::string& arg) {
 // Whether `arg` ("--threads", "--threads=2", "--nofoo") is one of dtk's own flags: those may come
 // before the command in the ranks' command line (dtk --threads 1 train ...).
 bool is_dtk_flag(const std::string& arg) {
+  if (arg.find_first_not_of('-') == std::string::npos) return false;  // "-", "--"
   std::string name = arg.substr(arg.find_first_not_of('-'));
   name = name.substr(0, name.find('='));
   gflags::CommandLineFlagInfo info;

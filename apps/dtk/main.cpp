@@ -292,6 +292,8 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
       std::fprintf(stderr, "dtk: note: --megatron_args: %zu flag(s) accepted with no effect here: %s\n",
                    ignored.size(), list.c_str());
     }
+    if (rank.empty() || rank == "[rank 0] ")
+      for (const auto& note : mapping.notes) std::fprintf(stderr, "dtk: note: --megatron_args: %s\n", note.c_str());
   }
   // Switching a slot to another plugin drops the options the config gave the previous one
   // (they belong to that plugin); --set slot.key=value after it configures the new one.
@@ -455,11 +457,9 @@ void refuse_partial_megatron_run(const dtk::config::RunConfig& cfg, const std::v
                                       {"model.hidden_size", "--hidden-size"},
                                       {"model.num_attention_heads", "--num-attention-heads"}})
       if (!given(field)) missing.push_back(flag);
-  const bool data =
-      FLAGS_dataset.size() || FLAGS_data_path.size() || given("dataset.name") ||
-      std::any_of(g_megatron_flag_of.begin(), g_megatron_flag_of.end(),
-                  [](const auto& f) { return f.first.rfind("dataset.", 0) == 0; }) ||
-      std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("dataset.", 0) == 0; });
+  const bool data = FLAGS_dataset.size() || FLAGS_data_path.size() || given("dataset.name") ||
+                    given("dataset.data_path") || given("dataset.train_data_path") ||
+                    given("dataset.valid_data_path") || given("dataset.test_data_path");
   if (!data) missing.push_back("--data-path (or --mock-data for random tokens)");
   if (missing.empty()) return;
   std::string list;
@@ -607,6 +607,7 @@ std::string rank_command(int argc, char** argv) {
   // flag nor a flag's value.
   for (int i = 1; i < n; ++i) {
     const std::string a = line[i];
+    if (a.empty()) throw dtk::host::HostError("launch: an empty argument where the dtk command goes");
     if (a == "--") return i + 1 < n ? line[i + 1] : "";
     if (a[0] != '-' || a == "-") return a;
     if (a.find('=') != std::string::npos) continue;

@@ -108,17 +108,23 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   auto positive = [&](const char* option, int64_t v) {
     if (v <= 0) fail(std::string("option '") + option + "' must be positive, got " + std::to_string(v));
   };
-  // Sizes past 2^31 are no model's, and the defaults derived from them (ffn_hidden_size = 4 x
-  // hidden_size) would overflow: said of the option given, not of a derived one.
+  // Sizes past 2^31 are no model's (hidden_size first: ffn_hidden_size's default derives from it).
   for (const auto& [option, v] : {std::pair<const char*, int64_t>{"hidden_size", c.hidden},
                                   {"num_layers", c.num_layers},
                                   {"num_attention_heads", c.heads},
-                                  {"ffn_hidden_size", c.ffn},
+                                  {"ffn_hidden_size (given, or derived from hidden_size)", c.ffn},
                                   {"vocab_size", c.vocab},
                                   {"seq_length (option or train.seq_length)", c.seq},
                                   {"max_position_embeddings", c.max_pos}})
     if (v > (int64_t{1} << 31))
       fail(std::string("option '") + option + "' is " + std::to_string(v) + ", more than 2^31");
+  positive("num_layers", c.num_layers);
+  positive("hidden_size", c.hidden);
+  positive("num_attention_heads", c.heads);
+  positive("ffn_hidden_size", c.ffn);
+  positive("seq_length (option or train.seq_length)", c.seq);
+  positive("vocab_size", c.vocab);
+  positive("make_vocab_size_divisible_by", c.divisible_by);
   // A model of more than 10^15 parameters (petabytes) is a mistaken size, refused before its
   // layers are created one by one (minutes of it, for a layer count in the millions).
   const double per_layer = 4.0 * c.hidden * c.hidden + 3.0 * c.hidden * c.ffn;
@@ -130,13 +136,6 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
          " and ffn_hidden_size " + std::to_string(c.ffn) + " make about " + text +
          " parameters: no machine holds that many");
   }
-  positive("num_layers", c.num_layers);
-  positive("hidden_size", c.hidden);
-  positive("num_attention_heads", c.heads);
-  positive("ffn_hidden_size", c.ffn);
-  positive("seq_length (option or train.seq_length)", c.seq);
-  positive("vocab_size", c.vocab);
-  positive("make_vocab_size_divisible_by", c.divisible_by);
   divisible("hidden_size", c.hidden, "num_attention_heads", c.heads);
   divisible("num_attention_heads", c.heads, "the tensor-parallel size", tp_.size);
   divisible("ffn_hidden_size", c.ffn, "the tensor-parallel size", tp_.size);

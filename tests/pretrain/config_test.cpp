@@ -60,6 +60,16 @@ TEST(Config, PrintedConfigReadsBackAsTheSameRun) {
   for (const char* field : {"lr.min_lr", "train.clip_grad", "lr.weight_decay", "eval.eval_iters", "lr.lr_decay_style",
                             "model.num_layers", "dataset.data_path", "train.micro_batch_size", "train.seq_length"})
     EXPECT_EQ(config_value(back, field), config_value(cfg, field)) << field;
+  // A list field between present fields and zeros (lr.param_rules is field 14, the sample lengths
+  // 15 and 16): each field once.
+  auto rules = default_config();
+  for (const char* set : {"lr.param_rules=match: \"bias$\" wd_mult: 0", "lr.lr_decay_samples=64",
+                          "lr.lr_warmup_samples=8", "lr.min_lr=0"})
+    apply_override(rules, set);
+  const std::string rules_text = dtk::core::to_text(rules);
+  EXPECT_EQ(rules_text.find("lr_decay_samples: 64"), rules_text.rfind("lr_decay_samples: 64")) << rules_text;
+  std::ofstream(path) << rules_text;
+  EXPECT_EQ(dtk::core::to_text(dtk::core::load_config(path)), rules_text);
   // Nothing else changes: the defaults print as before (no zero the defaults also hold).
   EXPECT_EQ(dtk::core::to_text(default_config()).find(": 0\n"), std::string::npos);
 }

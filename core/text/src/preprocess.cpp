@@ -433,7 +433,7 @@ void check_options(const PreprocessOptions& o) {
     throw DataError("--workers must be 0 (all cores) to " + std::to_string(kMaxWorkers) + ", got " +
                     std::to_string(o.workers));
   // A prefix that ends in a folder would write files named "_text_document.bin" in it.
-  if (o.output_prefix.back() == '/' || std::filesystem::is_directory(o.output_prefix))
+  if (std::filesystem::path(o.output_prefix).filename().empty())
     throw DataError("--output_prefix '" + o.output_prefix + "' is a folder: give a file prefix in it (e.g. " +
                     (std::filesystem::path(o.output_prefix) / "corpus").string() + ")");
   // An input that is one of the outputs would be overwritten as it is read.

@@ -28,6 +28,7 @@
 // The embedding, stage split, tied/untied output, recompute, Domino, generation, parameters and
 // modules are the SDK's decoder-LM base (dtk/layers/decoder_lm.hpp); this file is GPT's options
 // and its final LayerNorm, the layer is layer.hpp.
+#include <algorithm>
 #include <dtk/layers/decoder_lm.hpp>
 
 #include <memory>
@@ -42,7 +43,8 @@ class GPTModel : public DecoderLM {
   explicit GPTModel(const BuildContext& ctx) : DecoderLM(ctx, "gpt") {
     const Options& o = ctx.options;
     read_options(ctx, c_);
-    c_.ffn = option_or(o, "ffn_hidden_size", 4 * c_.hidden);
+    // (Bounded so that a hidden_size past validate's range cannot overflow the default.)
+    c_.ffn = option_or(o, "ffn_hidden_size", 4 * std::min<int64_t>(c_.hidden, int64_t{1} << 40));
     c_.max_pos = option_or(o, "max_position_embeddings", c_.seq);
     c_.openai_gelu = o.get_bool("openai_gelu");
     validate(ctx, c_);

@@ -23,6 +23,7 @@
 //
 // All of that but the layer (llama_layer.hpp), the options and the final RMSNorm is the SDK's
 // decoder-LM base (dtk/layers/decoder_lm.hpp), shared with gpt.
+#include <algorithm>
 #include <dtk/layers/decoder_lm.hpp>
 
 #include <memory>
@@ -55,7 +56,9 @@ class LlamaModel : public DecoderLM {
     read_options(ctx, c_);
     c_.groups = option_or(o, "num_query_groups", c_.heads);
     // Megatron's default with --swiglu: 2/3 of 4h, rounded down to a multiple of 64.
-    c_.ffn = option_or(o, "ffn_hidden_size", (4 * c_.hidden * 2 / 3) / 64 * 64);
+    // (Bounded so that a hidden_size past validate's range cannot overflow the default.)
+    const int64_t hidden = std::min<int64_t>(c_.hidden, int64_t{1} << 40);
+    c_.ffn = option_or(o, "ffn_hidden_size", (4 * hidden * 2 / 3) / 64 * 64);
     c_.rotary_base = o.get_float("rotary_base");
     c_.rotary_percent = o.get_float("rotary_percent");
     c_.bias = o.get_bool("add_bias_linear");

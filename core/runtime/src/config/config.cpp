@@ -676,7 +676,7 @@ std::string text_over_defaults(const Message& message, const Message* defaults, 
   const Reflection* r = message.GetReflection();
   std::vector<const FieldDescriptor*> fields;
   r->ListFields(message, &fields);
-  const size_t present = fields.size();
+  const std::vector<const FieldDescriptor*> present = fields;  // (fields is extended and sorted below)
   for (int i = 0; defaults && i < message.GetDescriptor()->field_count(); ++i) {
     const FieldDescriptor* f = message.GetDescriptor()->field(i);
     if (!f->is_repeated() && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE && !r->HasField(message, f) &&
@@ -690,8 +690,8 @@ std::string text_over_defaults(const Message& message, const Message* defaults, 
     if (f->is_repeated()) {  // a list or map: TextFormat's own printing (maps sorted by key)
       std::unique_ptr<Message> alone(message.New());
       alone->CopyFrom(message);
-      for (size_t k = 0; k < present; ++k)
-        if (fields[k] != f) alone->GetReflection()->ClearField(alone.get(), fields[k]);
+      for (const FieldDescriptor* other : present)
+        if (other != f) alone->GetReflection()->ClearField(alone.get(), other);
       TextFormat::Printer printer;
       printer.SetInitialIndentLevel(indent / 2);
       std::string text;

@@ -937,9 +937,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   // Megatron's distributed optimizer reduce-scatters each bucket during the last micro-batch's
   // backward; DTK's stage 1 reduces after backward (its reduce-scatters in flight together).
   if (s.overlap_grad_reduce && m.strategy == "zero")
-    m.ignored.push_back(
-        "--overlap-grad-reduce with --use-distributed-optimizer (ZeRO stage 1 reduce-scatters after the backward, "
-        "all buckets in flight at once, not during it; --set strategy.stage=2 overlaps them with the backward, "
+    m.notes.push_back(
+        "--overlap-grad-reduce with --use-distributed-optimizer: ZeRO stage 1 reduce-scatters after the backward, "
+        "all buckets in flight at once, not during it (--set strategy.stage=2 overlaps them with the backward, "
         "reducing each micro-batch)");
   if (!s.overlap_param_gather_shown.empty()) {
     if (m.strategy == "zero")
@@ -958,13 +958,12 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   map_optimizer_options(s, m);
   // --mock-data reads no files: the split and the cache folder of a data path do nothing.
   if (m.dataset == "synthetic") {
-    for (const char* field : {"dataset.split=", "dataset.cache_dir="}) {
-      const auto it =
-          std::find_if(m.sets.begin(), m.sets.end(), [&](const std::string& set) { return set.rfind(field, 0) == 0; });
-      if (it == m.sets.end()) continue;
-      m.ignored.push_back(m.flag_of[it->substr(0, it->find('='))] + " (--mock-data reads no files)");
-      m.flag_of.erase(it->substr(0, it->find('=')));
-      m.sets.erase(it);
+    for (const std::string field : {"dataset.split", "dataset.cache_dir"}) {
+      const auto of_field = [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; };
+      if (std::none_of(m.sets.begin(), m.sets.end(), of_field)) continue;  // (a flag given twice: each set)
+      m.ignored.push_back(m.flag_of[field] + " (--mock-data reads no files)");
+      m.flag_of.erase(field);
+      m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), of_field), m.sets.end());
     }
   }
   // Megatron checks every loss and gradient for NaN by default and stops at the first.

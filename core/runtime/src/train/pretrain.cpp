@@ -60,12 +60,18 @@ std::string start_fresh_without_checkpoint(config::RunConfig* run) {
     if (!fs::is_directory(ck.load(), ec) || fs::exists(checkpoint_tracker_file(ck.load()), ec) || ec) return "";
     fs::directory_iterator entries(ck.load(), ec);
     if (ec) return "";
-    for (const auto& entry : entries)
-      if (entry.path().filename().string().rfind("iter_", 0) == 0) return "";
+    // (A crashed save's temporary, iter_N.tmp-..., is garbage the save cleans up: not a save.)
+    for (const auto& entry : entries) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
+          name.find_first_not_of("0123456789", 5) == std::string::npos)
+        return "";
+    }
   }
   const std::string line = "checkpoint.load '" + ck.load() +
                            "' holds no checkpoint yet: the run starts from scratch (checkpoint.load_if_present)";
   run->mutable_checkpoint()->clear_load();
+  run->mutable_checkpoint()->clear_fallback();  // (a fallback needs a load: there is none to fall back from)
   return line;
 }
 

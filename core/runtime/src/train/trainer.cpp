@@ -272,7 +272,8 @@ void Trainer::check_skipped_in_a_row(const IterationResult& r) {
       (limit == 1 ? "iteration " + std::to_string(r.iteration)
                   : "iterations " + std::to_string(r.iteration - limit + 1) + "-" + std::to_string(r.iteration)) +
       " had gradients that are not finite (grad norm " + number(r.grad_norm) +
-      ") and were skipped; without loss scaling nothing changes between such steps: the weights or the data are "
+      ") and were skipped; without a dynamic loss scale nothing changes between such steps: the weights or the data "
+      "are "
       "broken (lr.lr " +
       number(cfg_.lr().lr()) + ", lr.weight_decay " + number(cfg_.lr().weight_decay()) +
       "?). Stopped before saving; train.skipped_steps_limit=-1 skips on");

@@ -22,7 +22,9 @@ struct MegatronMapping {
   // Megatron's values for the chosen model's options where the plugin's defaults differ: applied
   // before `sets` when the mapping switches the model (a configured model keeps its options).
   std::vector<std::string> model_defaults;
-  std::vector<std::string> ignored;  // "--flag: why it has no effect here"
+  std::vector<std::string> ignored;
+  std::vector<std::string> notes;  // what a flag does differently here than in Megatron, said at start  // "--flag: why
+                                   // it has no effect here"
   std::vector<std::string> refused;  // "--flag value: why DTK cannot run it"
   // The config field each flag set ("lr.lr_wsd_decay_style" -> "--lr-wsd-decay-style"), so that
   // a later error about the field can name the flag the user typed (megatron_flag_legend).

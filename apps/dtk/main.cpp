@@ -441,7 +441,6 @@ int cmd_config(const std::vector<std::string>& sets, const char* argv0) {
   return 0;
 }
 
-// `dtk train`: the run configuration is set before any plugin's init() can ask for it.
 // Megatron refuses a run without the model's shape or without data (validate_args); a command line
 // missing them trained DTK's default GPT-2 on random tokens. A --config, or the flag or --set
 // that gives the value, stands in for the Megatron flag.
@@ -469,6 +468,7 @@ void refuse_partial_megatron_run(const dtk::config::RunConfig& cfg, const std::v
                              "random tokens)");
 }
 
+// `dtk train`: the run configuration is set before any plugin's init() can ask for it.
 int cmd_train(const std::vector<std::string>& args, const std::vector<std::string>& sets, const char* argv0) {
   if (!args.empty()) throw dtk::host::HostError("train: unexpected argument '" + args[0] + "'");
   dtk::config::RunConfig cfg = resolve_config(sets);

@@ -57,18 +57,6 @@ int64_t read_checkpoint_tracker(const std::string& dir) {
 
 namespace {
 
-// iter_NNNNNNN -> N; -1 for any other name (temporaries included).
-int64_t iteration_of(const std::string& name) {
-  static const std::regex re(R"(^iter_(\d{7,})$)");
-  std::smatch m;
-  if (!std::regex_match(name, m, re)) return -1;
-  try {
-    return std::stoll(m[1].str());
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 std::string megabytes(double bytes) {
   char buf[32];
   if (bytes < 1e6)

@@ -61,12 +61,8 @@ std::string start_fresh_without_checkpoint(config::RunConfig* run) {
     fs::directory_iterator entries(ck.load(), ec);
     if (ec) return "";
     // (A crashed save's temporary, iter_N.tmp-..., is garbage the save cleans up: not a save.)
-    for (const auto& entry : entries) {
-      const std::string name = entry.path().filename().string();
-      if (name.size() > 5 && name.rfind("iter_", 0) == 0 &&
-          name.find_first_not_of("0123456789", 5) == std::string::npos)
-        return "";
-    }
+    for (const auto& entry : entries)
+      if (iteration_of(entry.path().filename().string()) >= 0) return "";
   }
   const std::string line = "checkpoint.load '" + ck.load() +
                            "' holds no checkpoint yet: the run starts from scratch (checkpoint.load_if_present)";

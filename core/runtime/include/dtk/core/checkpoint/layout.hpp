@@ -12,5 +12,7 @@ namespace dtk::core {
 // "{dir}/iter_0000004" and "{dir}/latest_checkpointed_iteration.txt".
 std::string checkpoint_iter_dir(const std::string& dir, int64_t iteration);
 std::string checkpoint_tracker_file(const std::string& dir);
+// A folder name of the layout: iter_NNNNNNN -> N; -1 for any other name (temporaries included).
+int64_t iteration_of(const std::string& name);
 
 }  // namespace dtk::core

@@ -21,22 +21,23 @@
 #include "cmd_export.hpp"
 #include "cmd_generate.hpp"
 #include "cmd_preprocess.hpp"
-#include "dtk/core/memory/allocator.hpp"
-#include "dtk/gemm.hpp"
-#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/components/services.hpp"
 #include "dtk/core/config/config.hpp"
-#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/config/deepspeed_config.hpp"
 #include "dtk/core/config/megatron_args.hpp"
+#include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/launch/distributed.hpp"
+#include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
 #include "dtk/core/train/exit_signals.hpp"
 #include "dtk/core/train/pretrain.hpp"
-#include "dtk/core/components/services.hpp"
+#include "dtk/gemm.hpp"
 #include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
 #include "launch.hpp"
-#include "test_hooks.hpp"
 #include "run_config.hpp"
+#include "test_hooks.hpp"
 #include "tokenizer_flags.hpp"
 
 DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
@@ -60,6 +61,9 @@ DEFINE_bool(verify, true,
             "checkpoint inspect, checkpoint convert, export, generate: check each checkpoint file against its "
             "SHA256SUMS (--noverify reads a damaged or hand-edited one).");
 DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
+DEFINE_bool(deepspeed_table, false,
+            "With `config`: print the table of DeepSpeed config keys (Megatron-DeepSpeed's --deepspeed_config) and "
+            "exit.");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
 DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
@@ -71,7 +75,9 @@ constexpr const char* kUsage = R"(dtk — the Domino Training Kit host
 Usage:
   dtk train [--config FILE] [--model NAME] [--dataset NAME] [--step NAME] [--optimizer NAME]
             [--strategy NAME] [--set key=value]... [--data_path PATH] [--threads N]
-            [--megatron_args "FLAGS" | @FILE]   Megatron-LM's pretrain_gpt.py flags (dtk config --megatron_table)
+            [--megatron_args "FLAGS" | @FILE]   Megatron-LM's pretrain_gpt.py flags (dtk config --megatron_table),
+                                                Megatron-DeepSpeed's --deepspeed --deepspeed_config FILE among them
+                                                (dtk config --deepspeed_table)
             [TOKENIZER: as preprocess] [--use_checkpoint_args] [--plugin_path DIR] [--bench_out FILE.json]
   dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
   dtk launch --nproc_per_node N --nnodes M --node_rank K --master_addr HOST [--master_port P] train ...
@@ -502,7 +508,7 @@ bool command_reads(const std::string& cmd, const std::string& flag, const std::s
   if (flag == "plugin_path" || flag == "threads") return true;
   if (flag == "kind") return cmd == "plugins";
   if (flag == "verify") return cmd == "checkpoint" || cmd == "export" || cmd == "generate";
-  if (flag == "megatron_table") return cmd == "config";
+  if (flag == "megatron_table" || flag == "deepspeed_table") return cmd == "config";
   // export and generate take --model and --use_checkpoint_args, and refuse --config and
   // --megatron_args themselves, with their reason (apply_command_line_model).
   if (flag == "config" || flag == "model" || flag == "megatron_args" || flag == "use_checkpoint_args")
@@ -559,6 +565,10 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   if (cmd == "plugins") return cmd_plugins(args, argv0);
   if (cmd == "config" && FLAGS_megatron_table) {
     std::fputs(dtk::core::megatron_flag_table().c_str(), stdout);
+    return 0;
+  }
+  if (cmd == "config" && FLAGS_deepspeed_table) {
+    std::fputs(dtk::core::deepspeed_key_table().c_str(), stdout);
     return 0;
   }
   if (cmd == "config") return cmd_config(sets, argv0);

@@ -1,5 +1,6 @@
 // Megatron-LM / DeepSpeed-Domino flags -> DTK config (dtk/core/config/megatron_args.hpp).
 #include "dtk/core/config/megatron_args.hpp"
+#include "dtk/core/config/deepspeed_config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 
 #include <algorithm>
@@ -65,7 +66,8 @@ const Rule kRules[] = {
      "learned_absolute: the gpt model's learned positions; rope: the llama model, which needs --normalization RMSNorm "
      "and --swiglu with it (Megatron's own defaults where llama's differ: dropout 0.1, tied embeddings, biases; "
      "--max-position-embeddings ignored, rotary positions have no table)"},
-    {"--normalization", 1, Kind::kCustom, "", "LayerNorm: the gpt model's; RMSNorm: the llama model (see rope)"},
+    {"--normalization", 1, Kind::kCustom, "",
+     "LayerNorm: the gpt model's; RMSNorm: the llama model (see rope); Megatron-DeepSpeed's layernorm, rmsnorm too"},
     {"--swiglu", 0, Kind::kCustom, "", "the llama model (see rope)"},
     {"--disable-bias-linear", 0, Kind::kCustom, "model.add_bias_linear=false", kLlama},
     {"--group-query-attention", 0, Kind::kCustom, "model.num_query_groups",
@@ -73,6 +75,9 @@ const Rule kRules[] = {
     {"--num-query-groups", 1, Kind::kCustom, "model.num_query_groups",
      "with --group-query-attention (Megatron reads it only then, default 1); without it: ignored, multi-head "
      "attention"},
+    {"--num-key-value-heads", 1, Kind::kCustom, "model.num_query_groups",
+     "Megatron-DeepSpeed's grouped-query attention (llama); equal to --num-attention-heads: multi-head, as without it"},
+    {"--rotary-position-embeddings-theta", 1, Kind::kSet, "model.rotary_base", "Megatron-DeepSpeed's --rotary-base"},
     {"--use-rotary-position-embeddings", 0, Kind::kCustom, "",
      "older Megatron's (and Megatron-DeepSpeed's) --position-embedding-type rope: the llama model (see rope)"},
     {"--no-position-embedding", 0, Kind::kCustom, "",
@@ -106,6 +111,9 @@ const Rule kRules[] = {
     {"--causal-lm", 0, Kind::kIgnore, "", "DTK's language-model step (causal_lm) is causal"},
     {"--attention-backend", 1, Kind::kIgnore, "", kDtkAttention},
     {"--use-flash-attn", 0, Kind::kIgnore, "", kDtkAttention},
+    {"--use-flash-attn-v1", 0, Kind::kIgnore, "", kDtkAttention},
+    {"--use-flash-attn-v2", 0, Kind::kIgnore, "", kDtkAttention},
+    {"--use-flash-attn-triton", 0, Kind::kIgnore, "", kDtkAttention},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
      "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed "
      "(gpt's not where its attention kernel keeps no probabilities)"},
@@ -116,6 +124,10 @@ const Rule kRules[] = {
      "with --recompute-granularity full (refused with selective, ignored without a granularity, as Megatron)"},
     {"--recompute-activations", 0, Kind::kCustom, "model.recompute_activations",
      "selective, whatever --recompute-granularity says (as Megatron sets it)"},
+    {"--checkpoint-activations", 0, Kind::kCustom, "model.recompute_activations=full",
+     "older Megatron's (Megatron-DeepSpeed's): full recomputation in uniform groups of --checkpoint-num-layers "
+     "layers (default 1); with a --recompute-granularity refused"},
+    {"--checkpoint-num-layers", 1, Kind::kCustom, "model.recompute_num_layers", "with --checkpoint-activations"},
     // Precision
     {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},
     {"--bf16", 0, Kind::kSwitch, "train.params_dtype=bf16", ""},
@@ -193,6 +205,46 @@ const Rule kRules[] = {
     {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
      "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
      "--use-distributed-optimizer (Megatron asserts it)"},
+    // Megatron-DeepSpeed
+    {"--deepspeed", 0, Kind::kCustom, "",
+     "Megatron-DeepSpeed's switch: the DeepSpeed config (--deepspeed_config, keys below) decides ZeRO, the "
+     "precision, its loss scaling, clipping and the batch; the Megatron flags still decide the model, the optimizer "
+     "and the schedule"},
+    {"--deepspeed_config", 1, Kind::kCustom, "", "the DeepSpeed JSON config, read with --deepspeed"},
+    {"--deepscale", 0, Kind::kCustom, "", "DeepSpeed's older name of --deepspeed"},
+    {"--deepscale_config", 1, Kind::kCustom, "", "DeepSpeed's older name of --deepspeed_config"},
+    {"--zero-stage", 1, Kind::kCustom, "",
+     "Megatron-DeepSpeed's copy of the config's stage (it builds stage 3's model partitioned): must equal "
+     "zero_optimization.stage"},
+    {"--zero-reduce-scatter", 0, Kind::kIgnore, "",
+     "declared by Megatron-DeepSpeed, which reads the DeepSpeed config's key instead"},
+    {"--zero-contigious-gradients", 0, Kind::kIgnore, "",
+     "declared by Megatron-DeepSpeed, which reads the DeepSpeed config's key instead"},
+    {"--zero-reduce-bucket-size", 1, Kind::kIgnore, "",
+     "declared by Megatron-DeepSpeed, which reads the DeepSpeed config's key instead"},
+    {"--zero-allgather-bucket-size", 1, Kind::kIgnore, "",
+     "declared by Megatron-DeepSpeed, which reads the DeepSpeed config's key instead"},
+    {"--remote-device", 1, Kind::kIgnore, "",
+     "where stage 3's partitioned build puts the partitions; DTK's puts them where offload_param keeps them"},
+    {"--use-pin-memory", 0, Kind::kIgnore, "", "host memory is always pinned"},
+    {"--cpu-optimizer", 0, Kind::kCustom, "optimizer cpu_adam",
+     "DeepSpeedCPUAdam: the cpu_adam plugin (Adam only, as Megatron-DeepSpeed asserts); with "
+     "zero_optimization.offload_optimizer"},
+    {"--cpu-torch-adam", 0, Kind::kIgnore, "", "torch's AdamW on the host: the cpu_adam plugin's update is the same"},
+    {"--ds-fused-adam", 0, Kind::kIgnore, "", "DeepSpeed's fused Adam kernel: the same update"},
+    {"--deepspeed-activation-checkpointing", 0, Kind::kIgnore, "",
+     "DeepSpeed's checkpointing of the recomputed layers' inputs; DTK recomputes as the recompute flags say, the "
+     "same results"},
+    {"--partition-activations", 0, Kind::kIgnore, "", "where recomputed layers' inputs are kept; the same results"},
+    {"--contigious-checkpointing", 0, Kind::kIgnore, "", "where recomputed layers' inputs are kept; the same results"},
+    {"--checkpoint-in-cpu", 0, Kind::kIgnore, "", "where recomputed layers' inputs are kept; the same results"},
+    {"--synchronize-each-layer", 0, Kind::kIgnore, "", "a device synchronisation per recomputed layer"},
+    {"--profile-backward", 0, Kind::kIgnore, "", "DeepSpeed's timing of recomputed layers"},
+    {"--no-pipeline-parallel", 0, Kind::kIgnore, "",
+     "Megatron-DeepSpeed's choice against DeepSpeed's pipeline engine; DTK pipelines by "
+     "--pipeline-model-parallel-size"},
+    {"--universal-checkpoint", 0, Kind::kRefuse, "",
+     "DeepSpeed's universal checkpoints are not read; DTK reads its own (Megatron's torch layout)"},
     // Parallelism
     {"--tensor-model-parallel-size", 1, Kind::kSet, "distributed.tensor_model_parallel_size", ""},
     {"--pipeline-model-parallel-size", 1, Kind::kSet, "distributed.pipeline_model_parallel_size",
@@ -344,7 +396,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   if (f == "--position-embedding-type") {
     if (v[0] != "learned_absolute" && v[0] != "rope") return refuse("not one of learned_absolute, rope");
   } else if (f == "--normalization") {
-    if (v[0] != "LayerNorm" && v[0] != "RMSNorm") return refuse("not one of LayerNorm, RMSNorm");
+    if (v[0] != "LayerNorm" && v[0] != "RMSNorm" && v[0] != "layernorm" && v[0] != "rmsnorm")
+      return refuse("not one of LayerNorm, RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
   } else if (f == "--context-parallel-size") {
@@ -577,6 +630,14 @@ struct SeenFlags {
   std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
   bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
   bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
+  std::string key_value_heads, key_value_heads_shown;           // --num-key-value-heads (Megatron-DeepSpeed)
+  bool checkpoint_activations = false;                          // --checkpoint-activations
+  std::string checkpoint_layers, checkpoint_layers_shown;       // --checkpoint-num-layers: its value, as given
+  // Megatron-DeepSpeed: --deepspeed and its config, and the Megatron flags the config overrules.
+  std::string deepspeed_shown, ds_config, ds_config_shown, zero_stage, zero_stage_shown, cpu_optimizer_shown;
+  std::vector<std::string> loss_scale_shown;  // --loss-scale, --initial-loss-scale, ...
+  std::string clip_grad, clip_grad_shown, micro_batch, micro_batch_shown, global_batch, global_batch_shown;
+  std::string distributed_optimizer_shown;  // --use-distributed-optimizer as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -585,6 +646,20 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if ((f == "--data-impl" || f == "--llama-model") && !s.legacy_data) s.legacy_data = true, s.legacy_data_shown = shown;
   if (f == "--split") s.split_given = true;
   if (f == "--load") s.load_given = true;
+  if (f == "--num-key-value-heads") s.key_value_heads = values[0], s.key_value_heads_shown = shown;
+  if (f == "--checkpoint-activations") s.checkpoint_activations = true;
+  if (f == "--checkpoint-num-layers") s.checkpoint_layers = values[0], s.checkpoint_layers_shown = shown;
+  if (f == "--deepspeed" || f == "--deepscale") s.deepspeed_shown = shown;
+  if (f == "--deepspeed-config" || f == "--deepscale-config") s.ds_config = values[0], s.ds_config_shown = shown;
+  if (f == "--zero-stage") s.zero_stage = values[0], s.zero_stage_shown = shown;
+  if (f == "--cpu-optimizer") s.cpu_optimizer_shown = shown;
+  if (f == "--loss-scale" || f == "--initial-loss-scale" || f == "--min-loss-scale" || f == "--loss-scale-window" ||
+      f == "--hysteresis")
+    s.loss_scale_shown.push_back(shown);
+  if (f == "--clip-grad") s.clip_grad = values[0], s.clip_grad_shown = shown;
+  if (f == "--micro-batch-size") s.micro_batch = values[0], s.micro_batch_shown = shown;
+  if (f == "--global-batch-size") s.global_batch = values[0], s.global_batch_shown = shown;
+  if (f == "--use-distributed-optimizer") s.distributed_optimizer_shown = shown;
   if (f == "--sgd-momentum") s.sgd_momentum = values[0], s.sgd_momentum_shown = shown;
   if (f == "--adam-beta1" || f == "--adam-beta2" || f == "--adam-eps") s.adam_shown.push_back(shown);
   if (f == "--check-for-nan-in-loss-and-grad" || f == "--no-check-for-nan-in-loss-and-grad") s.nan_check_given = true;
@@ -629,7 +704,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--recompute-num-layers") s.recompute_layers = values[0], s.recompute_layers_shown = shown;
   if (f == "--hidden-size") s.hidden_size = values[0];
   if (f == "--num-attention-heads") s.attention_heads = values[0];
-  if (f == "--normalization" && values[0] == "RMSNorm") s.rms_norm = true;
+  if (f == "--normalization" && (values[0] == "RMSNorm" || values[0] == "rmsnorm")) s.rms_norm = true;
   if (f == "--swiglu") s.swiglu = true;
   if (f == "--group-query-attention") s.group_query_attention = true;
   if (f == "--num-query-groups") s.query_groups = values[0], s.query_groups_shown = shown;
@@ -639,7 +714,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--fp16") s.fp16 = true;
   if (f == "--bf16") s.bf16 = true;
   if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" ||
-      f == "--rotary-base" || f == "--use-rope-scaling" || f == "--llama-model")
+      f == "--rotary-base" || f == "--use-rope-scaling" || f == "--llama-model" ||
+      f == "--rotary-position-embeddings-theta")
     s.llama_only.push_back(shown);
   if (f == "--openai-gelu" || f == "--max-position-embeddings") s.gpt_only.push_back(shown);
 }
@@ -694,11 +770,152 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
   set_by(m, "logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last), "--profile");
 }
 
+// Megatron-DeepSpeed's grouped-query attention: --num-key-value-heads groups (the head count, its
+// default, is multi-head attention as without the flag).
+void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
+  if (s.key_value_heads_shown.empty() || s.key_value_heads == s.attention_heads) return;
+  s.llama_only.push_back(s.key_value_heads_shown);
+  set_by(m, "model.num_query_groups=" + s.key_value_heads, s.key_value_heads_shown);
+}
+
+// A number as a person writes it: 0.3, not 0.300000.
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
+void drop_sets(MegatronMapping& m, const std::string& field) {
+  const bool group = field.back() == '.';
+  const auto of_field = [&](const std::string& set) { return set.rfind(group ? field : field + "=", 0) == 0; };
+  m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), of_field), m.sets.end());
+  for (auto it = m.flag_of.begin(); it != m.flag_of.end();)
+    it = (group ? it->first.rfind(field, 0) == 0 : it->first == field) ? m.flag_of.erase(it) : std::next(it);
+}
+
+// Megatron-DeepSpeed with --deepspeed: DeepSpeed's config decides ZeRO, the precision and its loss
+// scaling, clipping and the batch, while Megatron's loop builds the model, the optimizer and the
+// schedule and hands them to DeepSpeed (deepspeed.initialize(optimizer=..., lr_scheduler=...)), so
+// the config's own optimizer and scheduler do nothing. Megatron flags the config overrules are said
+// to have no effect; a setting both give with two values is refused, as one side would train
+// another run than the other expects.
+void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
+  if (!s.cpu_optimizer_shown.empty()) {
+    if (m.optimizer == "sgd")
+      m.refused.push_back(s.cpu_optimizer_shown +
+                          " with --optimizer sgd: CPU offloading is for Adam (Megatron-DeepSpeed "
+                          "asserts it)");
+    else
+      m.optimizer = "cpu_adam";
+  }
+  if (s.deepspeed_shown.empty()) {
+    if (!s.ds_config_shown.empty())
+      m.ignored.push_back(s.ds_config_shown + " (without --deepspeed Megatron-DeepSpeed does not read it)");
+    if (!s.zero_stage_shown.empty())
+      m.ignored.push_back(s.zero_stage_shown + " (without --deepspeed there is no ZeRO)");
+    return;
+  }
+  if (s.ds_config.empty())
+    return m.refused.push_back(s.deepspeed_shown +
+                               ": needs --deepspeed_config FILE (DeepSpeed reads its settings from it)");
+  DeepSpeedConfig ds;
+  try {
+    ds = read_deepspeed_config(s.ds_config);
+  } catch (const HostError& e) {
+    return m.refused.push_back(s.ds_config_shown + ": " + e.what());
+  }
+  m.refused.insert(m.refused.end(), ds.refused.begin(), ds.refused.end());
+  m.ignored.insert(m.ignored.end(), ds.ignored.begin(), ds.ignored.end());
+  for (const auto& section : ds.client_sections)
+    m.notes.push_back(s.ds_config + ": \"" + section +
+                      "\" has no effect: Megatron-DeepSpeed passes DeepSpeed its own " +
+                      (section == "optimizer" ? "optimizer (--optimizer, --adam-*, --lr, --weight-decay)"
+                                              : "schedule (--lr-decay-style, --lr-warmup-*, --lr-decay-iters)") +
+                      ", which DeepSpeed uses instead");
+  // Megatron's distributed optimizer and its overlaps are not built under DeepSpeed.
+  if (!s.distributed_optimizer_shown.empty())
+    m.ignored.push_back(s.distributed_optimizer_shown +
+                        " (under --deepspeed the config's zero_optimization decides: Megatron-DeepSpeed hands "
+                        "DeepSpeed the bare optimizer)");
+  if (s.overlap_grad_reduce)
+    m.ignored.push_back("--overlap-grad-reduce (under --deepspeed: zero_optimization.overlap_comm)");
+  if (!s.overlap_param_gather_shown.empty())
+    m.ignored.push_back(s.overlap_param_gather_shown + " (under --deepspeed DeepSpeed gathers the parameters)");
+  s.overlap_grad_reduce = false, s.overlap_param_gather_shown.clear();
+  drop_sets(m, "strategy.");
+  m.strategy = ds.strategy;
+  if (!s.zero_stage.empty() && s.zero_stage != std::to_string(ds.stage))
+    m.refused.push_back(s.zero_stage_shown + ": " + s.ds_config + " says zero_optimization.stage " +
+                        std::to_string(ds.stage) +
+                        " (Megatron-DeepSpeed would build the model for one stage and "
+                        "DeepSpeed train another); give the same stage");
+  const std::string flag_precision = s.fp16 ? "fp16" : s.bf16 ? "bf16" : "";
+  if (!flag_precision.empty() && flag_precision != ds.precision)
+    m.refused.push_back("--" + flag_precision + ": " + s.ds_config + " trains " + ds.precision +
+                        " (fp16.enabled, bf16.enabled); give the same precision to both");
+  for (const auto& shown : s.loss_scale_shown)
+    m.ignored.push_back(shown + " (under --deepspeed the config's fp16 section scales the loss)");
+  for (const char* field : {"train.loss_scale", "train.initial_loss_scale", "train.min_loss_scale",
+                            "train.loss_scale_window", "train.hysteresis"})
+    drop_sets(m, field);
+  // DeepSpeed clips by its config alone (absent: not at all).
+  const double clip = ds.gradient_clipping.value_or(0.0);
+  if (!s.clip_grad_shown.empty() && std::strtod(s.clip_grad.c_str(), nullptr) != clip)
+    m.notes.push_back(s.clip_grad_shown + " has no effect under --deepspeed: DeepSpeed clips by " + s.ds_config +
+                      "'s gradient_clipping (" +
+                      (ds.gradient_clipping ? number_text(clip) : std::string("absent: no clipping")) + ")");
+  drop_sets(m, "train.clip_grad");
+  if (!ds.gradient_clipping)
+    ds.sets.push_back("train.clip_grad=0"), ds.key_of["train.clip_grad"] = s.ds_config + ": gradient_clipping";
+  const auto differ = [](const std::string& flag_value, const std::optional<long long>& ds_value) {
+    return ds_value && !flag_value.empty() && flag_value != std::to_string(*ds_value);
+  };
+  if (differ(s.micro_batch, ds.micro_batch))
+    m.refused.push_back(s.micro_batch_shown + ": " + s.ds_config + "'s train_micro_batch_size_per_gpu is " +
+                        std::to_string(*ds.micro_batch) +
+                        " (Megatron's loop would feed one size and DeepSpeed count another); give the same");
+  if (differ(s.global_batch, ds.train_batch))
+    m.refused.push_back(s.global_batch_shown + ": " + s.ds_config + "'s train_batch_size is " +
+                        std::to_string(*ds.train_batch) +
+                        " (Megatron's loop would step at one batch and DeepSpeed at another); give the same");
+  // ZeRO-Offload steps with DeepSpeed's CPU Adam: DeepSpeed refuses another client optimizer unless
+  // zero_force_ds_cpu_optimizer is false.
+  if (ds.offload_optimizer != "none" && m.optimizer != "cpu_adam") {
+    if (m.optimizer == "sgd")
+      m.refused.push_back(s.ds_config + ": zero_optimization.offload_optimizer.device " + ds.offload_optimizer +
+                          " with --optimizer sgd: the offloaded step is Adam's (cpu_adam)");
+    else if (ds.force_ds_cpu_optimizer)
+      m.refused.push_back(s.ds_config + ": zero_optimization.offload_optimizer.device " + ds.offload_optimizer +
+                          " without --cpu-optimizer: DeepSpeed refuses ZeRO-Offload with Megatron's GPU Adam "
+                          "(zero_force_ds_cpu_optimizer: false allows it); add --cpu-optimizer");
+    else
+      m.optimizer = "cpu_adam";
+  }
+  // The config first, so that a Megatron flag given as well (--timing-log-level) wins.
+  m.sets.insert(m.sets.begin(), ds.sets.begin(), ds.sets.end());
+  for (const auto& [field, key] : ds.key_of) m.flag_of.insert({field, key});
+}
+
 // Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
 // whatever the granularity); --recompute-method and --recompute-num-layers shape full
 // recomputation only. With selective it refuses either (an assertion on the method, Megatron-core's
 // ValueError on the layer count); without a granularity it reads neither.
 void map_recompute(const SeenFlags& s, MegatronMapping& m) {
+  // Older Megatron's (Megatron-DeepSpeed's) --checkpoint-activations: full, uniform groups of
+  // --checkpoint-num-layers layers.
+  if (s.checkpoint_activations && (!s.recompute_granularity.empty() || s.recompute_activations))
+    m.refused.push_back(
+        "--checkpoint-activations with --recompute-granularity/--recompute-activations: give one "
+        "(older and newer Megatron's names of recomputation)");
+  else if (s.checkpoint_activations) {
+    set_by(m, "model.recompute_activations=full", "--checkpoint-activations");
+    set_by(m, "model.recompute_method=uniform", "--checkpoint-activations");
+    set_by(m, "model.recompute_num_layers=" + (s.checkpoint_layers.empty() ? std::string("1") : s.checkpoint_layers),
+           s.checkpoint_layers.empty() ? "--checkpoint-activations" : s.checkpoint_layers_shown);
+  } else if (!s.checkpoint_layers_shown.empty()) {
+    m.ignored.push_back(s.checkpoint_layers_shown + " (Megatron reads it only with --checkpoint-activations)");
+  }
   const std::string granularity = s.recompute_activations ? "selective" : s.recompute_granularity;
   const bool selective = granularity == "selective";
   const char* granularity_flag = s.recompute_activations ? "--recompute-activations" : "--recompute-granularity";
@@ -927,7 +1144,9 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     for (size_t k = sets_before; k < m.sets.size(); ++k) m.flag_of[m.sets[k].substr(0, m.sets[k].find('='))] = flag;
     note_flag(s, normalized(r->flag), shown, values);
   }
+  map_deepspeed(s, m);
   map_query_groups(s, m);
+  map_key_value_heads(s, m);
   map_virtual_stages(s, m);
   // The overlap is each strategy's option: ddp's buckets, or ZeRO's reduce-scatter (whichever flag
   // came first).

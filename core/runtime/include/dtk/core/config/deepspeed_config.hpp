@@ -1,0 +1,42 @@
+// dtk/core/config/deepspeed_config.hpp — DeepSpeed's JSON config (ds_config.json) as DTK settings,
+// for Megatron-DeepSpeed's command lines: `--deepspeed --deepspeed_config FILE` inside
+// `dtk train --megatron_args` (megatron_args.cpp combines it with the Megatron flags).
+//
+// One table (deepspeed_config.cpp) says, for every key DTK knows, the config path it sets, the
+// only value DTK runs, or why it has no effect here. A key that is not in the table is refused,
+// as is a duplicate key (DeepSpeed refuses those too): nothing is silently dropped. The docs'
+// table (`dtk config --deepspeed_table`, in docs/user-guide.md) is printed from the same rules.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtk::core {
+
+// What a DeepSpeed config says, as DTK settings and as the values the command line's Megatron
+// flags are checked against.
+struct DeepSpeedConfig {
+  std::string strategy = "ddp";  // zero_optimization.stage 0: ddp; 1-3: zero
+  int stage = 0;
+  std::vector<std::string> sets;                      // `path=value` assignments, in the file's order
+  std::map<std::string, std::string> key_of;          // the config field each key set -> "FILE: key"
+  std::vector<std::string> ignored;                   // "FILE: key (why it has no effect here)"
+  std::vector<std::string> refused;                   // "FILE: key value: why DTK cannot run it"
+  std::string precision = "fp32";                     // fp16.enabled / bf16.enabled
+  std::optional<double> gradient_clipping;            // absent: DeepSpeed does not clip
+  std::optional<long long> micro_batch, train_batch;  // train_micro_batch_size_per_gpu, train_batch_size
+  std::string offload_optimizer = "none";             // zero_optimization.offload_optimizer.device
+  bool force_ds_cpu_optimizer = true;                 // zero_force_ds_cpu_optimizer
+  std::vector<std::string> client_sections;           // "optimizer", "scheduler": present in the file
+};
+
+// Reads and maps FILE. Never throws for a key DTK cannot run (it is listed in `refused`); throws
+// HostError for a file that cannot be read or is not a JSON object.
+DeepSpeedConfig read_deepspeed_config(const std::string& path);
+
+// The table of every known key as Markdown (docs/user-guide.md holds a copy; a test compares).
+std::string deepspeed_key_table();
+
+}  // namespace dtk::core

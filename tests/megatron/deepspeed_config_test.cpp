@@ -1,0 +1,335 @@
+// Megatron-DeepSpeed's `--deepspeed --deepspeed_config FILE`: the DeepSpeed JSON config becomes
+// DTK's strategy, precision, clipping and batch key by key; Megatron flags it overrules are said to
+// do nothing, two values of one setting are refused, every key DTK cannot run is named, and the
+// docs' table is the reader's own. A run from a DeepSpeed config trains exactly as the same run
+// from DTK's own options.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../common/run_dtk.hpp"
+#include "dtk/core/config/config.hpp"
+#include "dtk/core/config/deepspeed_config.hpp"
+#include "dtk/core/config/megatron_args.hpp"
+#include "dtk/host/error.hpp"
+
+namespace {
+
+using dtk::core::config_value;
+using dtk::core::MegatronMapping;
+
+const std::string kFixtures = DTK_FIXTURES;
+
+// A DeepSpeed config file holding `text`, one per test.
+std::string ds_file(const std::string& name, const std::string& text) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ds-" + name);
+  std::ofstream(dir + "/ds.json") << text;
+  return dir + "/ds.json";
+}
+
+MegatronMapping map(std::vector<std::string> flags, const std::string& ds_path) {
+  flags.insert(flags.end(), {"--deepspeed", "--deepspeed_config", ds_path});
+  return dtk::core::map_megatron_args(flags);
+}
+
+dtk::config::RunConfig config_of(MegatronMapping m) {
+  m.refused.clear();
+  dtk::config::RunConfig cfg = dtk::core::default_config();
+  for (const auto& d : dtk::core::megatron_defaults()) dtk::core::apply_override(cfg, d);
+  dtk::core::apply_megatron_mapping(cfg, m);
+  return cfg;
+}
+
+bool has(const std::vector<std::string>& lines, const std::string& needle) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return l.find(needle) != std::string::npos; });
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += s + "\n";
+  return out;
+}
+
+}  // namespace
+
+// Megatron-DeepSpeed's published Llama 2 script (TP 2, PP 2, ZeRO stage 0, bf16) with the JSON it
+// writes: the llama model with 4 key-value groups, ddp, bf16, its batch; the script's --clip-grad 1
+// is said to do nothing (DeepSpeed clips by the config, which has no gradient_clipping).
+TEST(MegatronDeepSpeed, Llama2ScriptMapsFieldByField) {
+  std::vector<std::string> flags = dtk::core::split_megatron_args("@" + kFixtures + "/mds_llama2.args");
+  flags.insert(flags.end(), {"--deepspeed_config=" + kFixtures + "/mds_llama2_ds.json"});
+  const MegatronMapping m = dtk::core::map_megatron_args(flags);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_EQ(m.model, "llama");
+  EXPECT_EQ(m.strategy, "ddp");
+  EXPECT_TRUE(has(m.notes, "--clip-grad 1 has no effect under --deepspeed: DeepSpeed clips by ")) << joined(m.notes);
+  EXPECT_TRUE(has(m.ignored, "mds_llama2_ds.json: steps_per_print (")) << joined(m.ignored);
+  const auto cfg = config_of(m);
+  for (const auto& [path, value] :
+       std::vector<std::pair<std::string, std::string>>{{"model.num_query_groups", "4"},
+                                                        {"model.num_attention_heads", "16"},
+                                                        {"model.add_bias_linear", "false"},
+                                                        {"train.params_dtype", "bf16"},
+                                                        {"train.micro_batch_size", "4"},
+                                                        {"train.global_batch_size", "32"},
+                                                        {"train.clip_grad", "0"},
+                                                        {"optimizer.beta2", "0.95"},
+                                                        {"distributed.pipeline_model_parallel_size", "2"}})
+    EXPECT_EQ(config_value(cfg, path), value) << path;
+}
+
+// ZeRO keys: stage 3 with both offloads to the host is the zero strategy with DeepSpeed's values
+// (overlap_comm on by default at stage 3), the offloaded step cpu_adam (--cpu-optimizer, or
+// zero_force_ds_cpu_optimizer false); without either, refused as DeepSpeed refuses it.
+TEST(MegatronDeepSpeed, ZeroKeysBecomeTheStrategysOptions) {
+  const std::string path = ds_file("zero3", R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "gradient_clipping": 0.5,
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": 1e6,
+      "stage3_param_persistence_threshold": 1000, "sub_group_size": 1e9, "contiguous_gradients": true,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "offload_param": {"device": "cpu"}, "stage3_gather_16bit_weights_on_model_save": true}})");
+  const MegatronMapping m = map({"--cpu-optimizer"}, path);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_EQ(m.strategy, "zero");
+  EXPECT_EQ(m.optimizer, "cpu_adam");
+  EXPECT_TRUE(has(m.ignored, "ds.json: zero_optimization.sub_group_size (")) << joined(m.ignored);
+  const auto cfg = config_of(m);
+  for (const auto& [path, value] :
+       std::vector<std::pair<std::string, std::string>>{{"strategy.stage", "3"},
+                                                        {"strategy.reduce_bucket_size", "50000000"},
+                                                        {"strategy.stage3_prefetch_bucket_size", "1000000"},
+                                                        {"strategy.stage3_param_persistence_threshold", "1000"},
+                                                        {"strategy.offload_optimizer", "cpu"},
+                                                        {"strategy.offload_param", "cpu"},
+                                                        {"strategy.overlap_comm", "true"},
+                                                        {"train.micro_batch_size", "2"},
+                                                        {"train.gradient_accumulation_steps", "4"},
+                                                        {"train.clip_grad", "0.5"}})
+    EXPECT_EQ(config_value(cfg, path), value) << path;
+
+  const MegatronMapping gpu_adam = map({}, path);
+  ASSERT_EQ(gpu_adam.refused.size(), 1u) << joined(gpu_adam.refused);
+  EXPECT_NE(gpu_adam.refused[0].find("zero_optimization.offload_optimizer.device cpu without --cpu-optimizer: "
+                                     "DeepSpeed refuses ZeRO-Offload with Megatron's GPU Adam"),
+            std::string::npos)
+      << gpu_adam.refused[0];
+  const MegatronMapping sgd = map({"--optimizer", "sgd", "--cpu-optimizer"}, path);
+  EXPECT_TRUE(has(sgd.refused, "--cpu-optimizer with --optimizer sgd: CPU offloading is for Adam"))
+      << joined(sgd.refused);
+  const std::string unforced = ds_file("unforced", R"({"zero_force_ds_cpu_optimizer": false,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
+  const MegatronMapping allowed = map({}, unforced);
+  EXPECT_TRUE(allowed.refused.empty()) << joined(allowed.refused);
+  EXPECT_EQ(allowed.optimizer, "cpu_adam");
+}
+
+// DeepSpeed reads the stage-3 keys at stage 3 only, and no zero_optimization key at stage 0: they
+// are said to do nothing (DTK's strategy would refuse them), and overlap_comm is off below stage 3.
+TEST(MegatronDeepSpeed, KeysOfAnotherStageDoNothing) {
+  const std::string path = ds_file("stage2", R"({"zero_optimization": {"stage": 2,
+    "stage3_max_live_parameters": 1e8, "offload_param": {"device": "cpu"}, "reduce_bucket_size": 1e6}})");
+  const MegatronMapping m = map({}, path);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_TRUE(
+      has(m.ignored, "zero_optimization.stage3_max_live_parameters (stage 2: DeepSpeed reads it with stage 3 only)"))
+      << joined(m.ignored);
+  EXPECT_TRUE(has(m.ignored, "zero_optimization.offload_param.device (stage 2")) << joined(m.ignored);
+  const auto cfg = config_of(m);
+  EXPECT_EQ(config_value(cfg, "strategy.stage"), "2");
+  for (const auto& set : m.sets) EXPECT_NE(set.rfind("strategy.overlap_comm", 0), 0u) << set;
+  EXPECT_EQ(config_value(cfg, "strategy.reduce_bucket_size"), "1000000");
+
+  const std::string zero0 = ds_file("stage0", R"({"zero_optimization": {"stage": 0, "reduce_bucket_size": 1e6}})");
+  const MegatronMapping ddp = map({"--use-distributed-optimizer", "--overlap-grad-reduce"}, zero0);
+  EXPECT_TRUE(ddp.refused.empty()) << joined(ddp.refused);
+  EXPECT_EQ(ddp.strategy, "ddp");
+  EXPECT_TRUE(has(ddp.ignored, "zero_optimization.reduce_bucket_size (stage 0: DeepSpeed's ZeRO is off)"));
+  EXPECT_TRUE(has(ddp.ignored, "--use-distributed-optimizer (under --deepspeed the config's zero_optimization decides"))
+      << joined(ddp.ignored);
+  EXPECT_TRUE(has(ddp.ignored, "--overlap-grad-reduce (under --deepspeed"));
+  for (const auto& set : ddp.sets) EXPECT_NE(set.rfind("strategy.", 0), 0u) << set;
+}
+
+// fp16: DeepSpeed's dynamic scaler from 2^initial_scale_power (2^16 by default) with its window,
+// hysteresis and floor; Megatron's loss-scale flags do nothing under --deepspeed; a static scale.
+TEST(MegatronDeepSpeed, Fp16SectionScalesTheLoss) {
+  const std::string dynamic = ds_file("fp16", R"({"fp16": {"enabled": true, "loss_scale": 0,
+    "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 0.5}})");
+  const MegatronMapping m = map({"--fp16", "--initial-loss-scale", "1024", "--loss-scale-window", "10"}, dynamic);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_TRUE(
+      has(m.ignored, "--initial-loss-scale 1024 (under --deepspeed the config's fp16 section scales the loss)"));
+  const auto cfg = config_of(m);
+  EXPECT_EQ(config_value(cfg, "train.params_dtype"), "fp16");
+  EXPECT_EQ(config_value(cfg, "train.initial_loss_scale"), "4096");
+  EXPECT_EQ(config_value(cfg, "train.loss_scale_window"), "500");
+  EXPECT_EQ(config_value(cfg, "train.hysteresis"), "3");
+  EXPECT_EQ(config_value(cfg, "train.min_loss_scale"), "0.5");
+  EXPECT_EQ(config_value(cfg, "train.loss_scale"), "0");
+  const auto defaults = config_of(map({}, ds_file("fp16-defaults", R"({"fp16": {"enabled": true}})")));
+  EXPECT_EQ(config_value(defaults, "train.initial_loss_scale"), "65536");
+  const auto fixed = config_of(map({}, ds_file("fp16-static", R"({"fp16": {"enabled": true, "loss_scale": 128}})")));
+  EXPECT_EQ(config_value(fixed, "train.loss_scale"), "128");
+}
+
+// What DTK cannot run, or what disagrees, is refused with the key or flag and the reason; the
+// optimizer and scheduler sections are said to do nothing (Megatron-DeepSpeed passes its own).
+TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string json, refusal;
+  };
+  const std::vector<Case> cases = {
+      {{},
+       R"({"zero_optimisation": {"stage": 1}})",
+       "ds.json: zero_optimisation {\"stage\":1}: not a DeepSpeed config key DTK knows"},
+      {{},
+       R"({"zero_optimization": {"stage": 1, "overlap_comms": true}})",
+       "ds.json: zero_optimization.overlap_comms true: not a DeepSpeed config key DTK knows"},
+      {{}, R"({"train_batch_size": "auto"})", "ds.json: train_batch_size auto: \"auto\" is filled in by Hugging Face"},
+      {{}, R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "fp16.enabled and bf16.enabled are both true"},
+      {{},
+       R"({"fp16": {"enabled": true, "consecutive_hysteresis": true}})",
+       "ds.json: fp16.consecutive_hysteresis true: DTK runs only false"},
+      {{},
+       R"({"curriculum_learning": {"enabled": true}})",
+       "ds.json: curriculum_learning true: curriculum learning is not built"},
+      {{}, R"({"zero_optimization": {"stage": 4}})", "ds.json: zero_optimization.stage 4: not one of 0, 1, 2, 3"},
+      {{},
+       R"({"communication_data_type": "bf16"})",
+       "ds.json: communication_data_type bf16: DTK reduces gradients in fp32"},
+      {{"--zero-stage", "3"}, R"({"zero_optimization": {"stage": 1}})", "--zero-stage 3: "},
+      {{"--fp16"}, R"({"bf16": {"enabled": true}})", "--fp16: "},
+      {{"--micro-batch-size", "8"}, R"({"train_micro_batch_size_per_gpu": 4})", "--micro-batch-size 8: "},
+      {{"--global-batch-size", "64"}, R"({"train_batch_size": 32})", "--global-batch-size 64: "},
+      {{},
+       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
+         "offload_param": {"device": "nvme", "nvme_path": "/b"}}, "zero_force_ds_cpu_optimizer": false})",
+       "zero_optimization.offload_param.nvme_path /b: DTK keeps both tiers' swap files in one folder"},
+      {{}, R"({"stage": 1, "stage": 2})", "the key \"stage\" is given twice"},
+      {{}, R"([1, 2])", "not a JSON object"},
+      {{}, R"({"stage": )", "not valid JSON"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const MegatronMapping m = map(cases[i].flags, ds_file("refuse" + std::to_string(i), cases[i].json));
+    EXPECT_TRUE(has(m.refused, cases[i].refusal)) << "case " << i << ": " << cases[i].json << "\n" << joined(m.refused);
+  }
+  // A section DeepSpeed would not run is accepted while it is off.
+  EXPECT_TRUE(
+      map({}, ds_file("off", R"({"curriculum_learning": {"enabled": false}, "tensorboard": {"enabled": false}})"))
+          .refused.empty());
+  const MegatronMapping sections = map({}, ds_file("client", R"({"optimizer": {"type": "AdamW", "params": {"lr": 1}},
+    "scheduler": {"type": "WarmupLR"}})"));
+  EXPECT_TRUE(sections.refused.empty()) << joined(sections.refused);
+  EXPECT_TRUE(
+      has(sections.notes, "\"optimizer\" has no effect: Megatron-DeepSpeed passes DeepSpeed its own optimizer"));
+  EXPECT_TRUE(has(sections.notes, "\"scheduler\" has no effect"));
+  // --deepspeed needs its config; the config without --deepspeed is not read; a missing file.
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--deepspeed"}).refused, "--deepspeed: needs --deepspeed_config FILE"));
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--deepspeed_config", "x.json"}).ignored,
+                  "--deepspeed_config x.json (without --deepspeed Megatron-DeepSpeed does not read it)"));
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--deepspeed", "--deepspeed_config", "/nonexistent/ds.json"}).refused,
+                  "--deepspeed_config /nonexistent/ds.json: /nonexistent/ds.json: cannot read the DeepSpeed config"));
+}
+
+// Megatron-DeepSpeed's other names: lowercase norms, --num-key-value-heads, the rope theta, and the
+// older --checkpoint-activations (full, uniform groups of --checkpoint-num-layers).
+TEST(MegatronDeepSpeed, MegatronDeepSpeedFlagNames) {
+  const std::vector<std::string> llama = {"--num-layers",
+                                          "4",
+                                          "--hidden-size",
+                                          "64",
+                                          "--num-attention-heads",
+                                          "8",
+                                          "--use-rotary-position-embeddings",
+                                          "--normalization",
+                                          "rmsnorm",
+                                          "--swiglu",
+                                          "--rotary-position-embeddings-theta",
+                                          "500000",
+                                          "--num-key-value-heads",
+                                          "2",
+                                          "--checkpoint-activations",
+                                          "--checkpoint-num-layers",
+                                          "2"};
+  const MegatronMapping m = dtk::core::map_megatron_args(llama);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_EQ(m.model, "llama");
+  const auto cfg = config_of(m);
+  EXPECT_EQ(config_value(cfg, "model.num_query_groups"), "2");
+  EXPECT_EQ(config_value(cfg, "model.rotary_base"), "500000");
+  EXPECT_EQ(config_value(cfg, "model.recompute_activations"), "full");
+  EXPECT_EQ(config_value(cfg, "model.recompute_method"), "uniform");
+  EXPECT_EQ(config_value(cfg, "model.recompute_num_layers"), "2");
+  // As many key-value heads as heads is multi-head attention: the gpt model still takes it.
+  const MegatronMapping gpt = dtk::core::map_megatron_args(
+      {"--num-attention-heads", "8", "--num-key-value-heads", "8", "--normalization", "layernorm"});
+  EXPECT_TRUE(gpt.refused.empty()) << joined(gpt.refused);
+  EXPECT_EQ(gpt.model, "");
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--checkpoint-activations", "--recompute-granularity", "full"}).refused,
+                  "--checkpoint-activations with --recompute-granularity"));
+}
+
+// docs/user-guide.md holds the table the reader prints (`dtk config --deepspeed_table`).
+TEST(MegatronDeepSpeed, DocsTableIsTheReadersTable) {
+  std::ifstream in(std::string(DTK_SOURCE_DIR) + "/docs/user-guide.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const std::string begin = "<!-- deepspeed-table: generated by `dtk config --deepspeed_table`; do not edit -->\n";
+  const std::string end = "<!-- deepspeed-table end -->";
+  const size_t a = doc.find(begin), b = doc.find(end);
+  ASSERT_NE(a, std::string::npos) << "docs/user-guide.md lacks the table's begin marker";
+  ASSERT_NE(b, std::string::npos);
+  EXPECT_EQ(doc.substr(a + begin.size(), b - a - begin.size()), dtk::core::deepspeed_key_table())
+      << "regenerate with tools/gen_megatron_table.sh";
+}
+
+namespace {
+
+std::vector<std::string> loss_lines(const std::string& log) {
+  std::vector<std::string> out;
+  std::regex re("lm loss: ([0-9.E+-]+)");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
+  return out;
+}
+
+}  // namespace
+
+// A Megatron-DeepSpeed command line with a ZeRO stage-2 config on two ranks trains exactly as the
+// same run given with DTK's own options (the losses equal to the printed digit), and not as the
+// run that clips at the command line's --clip-grad, which DeepSpeed does not read.
+TEST(MegatronDeepSpeed, RunFromADeepSpeedConfigEqualsTheSameRunInDtkOptions) {
+  const std::string path = ds_file("run", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "gradient_clipping": 0.3, "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 20000},
+    "steps_per_print": 1, "wall_clock_breakdown": false})");
+  const std::string model =
+      "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 "
+      "--max-position-embeddings 32 --mock-data --tokenizer-type NullTokenizer --vocab-size 255 "
+      "--train-iters 4 --lr 0.01 --log-interval 1 --eval-iters 0";
+  const dtk_test::Result ds = dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --megatron_args '" +
+                                                model + " --deepspeed --deepspeed_config " + path + " --clip-grad 1'");
+  ASSERT_EQ(ds.code, 0) << ds.out;
+  EXPECT_NE(ds.out.find("dtk: note: --megatron_args: --clip-grad 1 has no effect under --deepspeed"), std::string::npos)
+      << ds.out;
+  const auto own = [&](const std::string& clip) {
+    return dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --megatron_args '" + model +
+                             " --micro-batch-size 2 --global-batch-size 8 --clip-grad " + clip +
+                             "' --strategy zero --set strategy.stage=2 --set strategy.overlap_comm=true "
+                             "--set strategy.reduce_bucket_size=20000");
+  };
+  const dtk_test::Result same = own("0.3"), other = own("1");
+  ASSERT_EQ(same.code, 0) << same.out;
+  const auto a = loss_lines(ds.out), b = loss_lines(same.out);
+  ASSERT_EQ(a.size(), 4u) << ds.out;
+  EXPECT_EQ(a, b) << ds.out << "\n----\n" << same.out;
+  EXPECT_NE(a, loss_lines(other.out)) << other.out;
+}

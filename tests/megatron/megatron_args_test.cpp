@@ -646,6 +646,24 @@ TEST(MegatronArgs, IterationAndSampleBasedTrainingDoNotMix) {
                                   {"train.rampup_batch_size", "8 8 40"}});
 }
 
+// --ddp-bucket-size counts elements of Megatron's DDP buffers: ddp's bucket in MB of fp32, the
+// distributed optimizer's (ZeRO's) reduce bucket; the bf16 reduction and the legacy models are
+// accepted with their reason.
+TEST(MegatronArgs, DdpBucketSizeIsTheStrategysBucket) {
+  const MegatronMapping ddp =
+      dtk::core::map_megatron_args({"--ddp-bucket-size", "40000000", "--grad-reduce-in-bf16", "--use-legacy-models"});
+  EXPECT_TRUE(ddp.refused.empty());
+  EXPECT_EQ(ddp.ignored.size(), 2u);
+  expect_fields(config_of(ddp), {{"strategy.bucket_size_mb", "152.587890625"}});
+  const MegatronMapping zero =
+      dtk::core::map_megatron_args({"--ddp-bucket-size", "1000000", "--use-distributed-optimizer"});
+  EXPECT_EQ(zero.strategy, "zero");
+  expect_fields(config_of(zero), {{"strategy.reduce_bucket_size", "1000000"}});
+  const MegatronMapping bad = dtk::core::map_megatron_args({"--ddp-bucket-size", "0"});
+  ASSERT_EQ(bad.refused.size(), 1u);
+  EXPECT_EQ(bad.refused[0], "--ddp-bucket-size 0: not a positive number of elements");
+}
+
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).
 TEST(MegatronArgs, DocsTableIsTheMappersTable) {
   std::ifstream in(std::string(DTK_SOURCE_DIR) + "/docs/user-guide.md");

@@ -98,6 +98,8 @@ const Rule kRules[] = {
      "another value refused"},
     {"--apply-layernorm-1p", 0, Kind::kRefuse, "",
      "zero-centred norm weights (the norm multiplies by 1 + w) are not in DTK's models"},
+    {"--use-legacy-models", 0, Kind::kIgnore, "",
+     "Megatron's choice between its two GPT implementations; DTK's models are its own"},
     {"--use-mcore-models", 0, Kind::kIgnore, "",
      "Megatron's choice between its two GPT implementations; DTK's models are its own"},
     {"--transformer-impl", 1, Kind::kIgnore, "",
@@ -137,6 +139,8 @@ const Rule kRules[] = {
     {"--loss-scale-window", 1, Kind::kSet, "train.loss_scale_window", ""},
     {"--hysteresis", 1, Kind::kSet, "train.hysteresis", ""},
     {"--accumulate-allreduce-grads-in-fp32", 0, Kind::kIgnore, "", "always on under bf16/fp16 (ddp, zero)"},
+    {"--grad-reduce-in-bf16", 0, Kind::kIgnore, "",
+     "DTK reduces gradients in fp32 (more precise, twice the bytes of bf16)"},
     {"--no-gradient-accumulation-fusion", 0, Kind::kIgnore, "",
      "the fused weight-gradient accumulation is a CUDA (APEX) kernel; DTK accumulates gradients in place either way"},
     {"--no-masked-softmax-fusion", 0, Kind::kIgnore, "",
@@ -205,6 +209,10 @@ const Rule kRules[] = {
     {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
      "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
      "--use-distributed-optimizer (Megatron asserts it)"},
+    {"--ddp-bucket-size", 1, Kind::kCustom, "strategy.bucket_size_mb",
+     "elements per gradient bucket: ddp's strategy.bucket_size_mb (x 4 bytes); with --use-distributed-optimizer "
+     "the zero strategy's strategy.reduce_bucket_size; under --deepspeed no effect (the config's "
+     "reduce_bucket_size)"},
     // Megatron-DeepSpeed
     {"--deepspeed", 0, Kind::kCustom, "",
      "Megatron-DeepSpeed's switch: the DeepSpeed config (--deepspeed_config, keys below) decides ZeRO, the "
@@ -638,6 +646,7 @@ struct SeenFlags {
   std::vector<std::string> loss_scale_shown;  // --loss-scale, --initial-loss-scale, ...
   std::string clip_grad, clip_grad_shown, micro_batch, micro_batch_shown, global_batch, global_batch_shown;
   std::string distributed_optimizer_shown;  // --use-distributed-optimizer as given
+  std::string ddp_bucket, ddp_bucket_shown;  // --ddp-bucket-size: its value, and as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -660,6 +669,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--micro-batch-size") s.micro_batch = values[0], s.micro_batch_shown = shown;
   if (f == "--global-batch-size") s.global_batch = values[0], s.global_batch_shown = shown;
   if (f == "--use-distributed-optimizer") s.distributed_optimizer_shown = shown;
+  if (f == "--ddp-bucket-size") s.ddp_bucket = values[0], s.ddp_bucket_shown = shown;
   if (f == "--sgd-momentum") s.sgd_momentum = values[0], s.sgd_momentum_shown = shown;
   if (f == "--adam-beta1" || f == "--adam-beta2" || f == "--adam-eps") s.adam_shown.push_back(shown);
   if (f == "--check-for-nan-in-loss-and-grad" || f == "--no-check-for-nan-in-loss-and-grad") s.nan_check_given = true;
@@ -778,10 +788,20 @@ void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
   set_by(m, "model.num_query_groups=" + s.key_value_heads, s.key_value_heads_shown);
 }
 
-// A number as a person writes it: 0.3, not 0.300000.
+// A whole positive number, or 0.
+long positive_number(const std::string& v) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  return v.empty() || *end || n <= 0 ? 0L : n;
+}
+
+// A number as a person writes it, in the fewest digits that read back the same: 0.3, not 0.300000.
 std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
+  char buf[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 
@@ -792,6 +812,19 @@ void drop_sets(MegatronMapping& m, const std::string& field) {
   m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), of_field), m.sets.end());
   for (auto it = m.flag_of.begin(); it != m.flag_of.end();)
     it = (group ? it->first.rfind(field, 0) == 0 : it->first == field) ? m.flag_of.erase(it) : std::next(it);
+}
+
+// Megatron's --ddp-bucket-size (elements) is the bucket of its DDP buffers, which its distributed
+// optimizer shares: ddp's bucket in MB of fp32, or ZeRO's reduce bucket.
+void map_ddp_bucket(const SeenFlags& s, MegatronMapping& m) {
+  if (s.ddp_bucket_shown.empty()) return;
+  const long elements = positive_number(s.ddp_bucket);
+  if (elements == 0) return m.refused.push_back(s.ddp_bucket_shown + ": not a positive number of elements");
+  if (!s.deepspeed_shown.empty())
+    return m.ignored.push_back(s.ddp_bucket_shown + " (under --deepspeed: zero_optimization.reduce_bucket_size)");
+  if (m.strategy == "zero") return set_by(m, "strategy.reduce_bucket_size=" + s.ddp_bucket, s.ddp_bucket_shown);
+  set_by(m, "strategy.bucket_size_mb=" + number_text(static_cast<double>(elements) * 4.0 / (1 << 20)),
+         s.ddp_bucket_shown);
 }
 
 // Megatron-DeepSpeed with --deepspeed: DeepSpeed's config decides ZeRO, the precision and its loss
@@ -966,13 +999,6 @@ void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.rope_factor_shown + " (Megatron reads it only with --use-rope-scaling: no scaling as written)");
 }
 
-// A whole positive number, or 0.
-long positive_number(const std::string& v) {
-  char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  return v.empty() || *end || n <= 0 ? 0L : n;
-}
-
 // --kv-channels: DTK's models derive the head dimension, hidden / heads; Megatron's other values
 // (a projection to another width) are not built. --no-position-embedding: a model without a
 // learned table must have rotary positions.
@@ -1145,6 +1171,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     note_flag(s, normalized(r->flag), shown, values);
   }
   map_deepspeed(s, m);
+  map_ddp_bucket(s, m);
   map_query_groups(s, m);
   map_key_value_heads(s, m);
   map_virtual_stages(s, m);

@@ -60,7 +60,8 @@ dtk_status* ZeroStrategy::pre_backward(void* ctx, int32_t module) {
 dtk_status* ZeroStrategy::post_backward(void* ctx, int32_t module) {
   return guard([&] {
     ZeroStrategy* z = self(ctx);
-    if (z->opt_.stage == 1) return;  // installed for overlap_param_gather only: gradients reduce after
+    // Stage 1 reduces from here only in the last micro-batch's backward (reduce_overlapped_).
+    if (z->opt_.stage == 1 && !z->reducing_in_backward_) return;
     at::NoGradGuard no_grad;
     if (module < 0 || static_cast<size_t>(module) >= z->ready_at_.size())
       throw Error("zero: post_backward for module " + std::to_string(module) + ", which the model did not report");

@@ -17,7 +17,8 @@ const dtk_option_spec kOptions[] = {
                  "Elements of parameter all-gathers in flight at once after the optimizer step."),
     dtk::opt_bool("overlap_comm", "false",
                   "Leave reduce-scatters in flight while backward goes on (up to reduce_in_flight_size elements, "
-                  "two buckets at least), instead of waiting on each."),
+                  "two buckets at least), instead of waiting on each; stage 1 then issues each bucket during the "
+                  "last micro-batch's backward, as soon as its gradients are complete."),
     dtk::only_with("overlap_comm=true",
                    dtk::opt_int("reduce_in_flight_size", "500000000",
                                 "Elements of reduce-scatters in flight at once during backward (each holds its "

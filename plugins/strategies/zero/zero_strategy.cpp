@@ -128,11 +128,12 @@ void ZeroStrategy::setup(const ModelHandle& model) {
   int64_t total = 0;
   for (const auto& p : l.params()) total += p.numel;
   DTK_LOG(INFO) << "stage " << opt_.stage << " over " << dp_size_ << " data-parallel ranks: " << total
-                << " parameters in " << l.buckets().size() << " buckets, this rank's partition "
-                << l.partition_numel() << " elements (" << shards_.size() << " shards)"
+                << " parameters in " << l.buckets().size() << " buckets, this rank's partition " << l.partition_numel()
+                << " elements (" << shards_.size() << " shards)"
                 << (opt_.optimizer_on_disk   ? ", optimizer offloaded to disk"
                     : opt_.offload_optimizer ? ", optimizer offloaded to the host"
                                              : "")
+                << (reduce_overlapped_ ? ", gradients reduce-scattered during the last micro-batch's backward" : "")
                 << (gather_overlapped_ ? ", updated parameters gathered during the next forward" : "")
                 << (opt_.param_on_disk   ? ", parameters offloaded to disk"
                     : opt_.offload_param ? ", parameters offloaded to the host"
@@ -165,6 +166,7 @@ void ZeroStrategy::read_parameters(const ModelHandle& model) {
   }
   const std::vector<Module> modules = model.modules();
   gather_overlapped_ = opt_.overlap_param_gather && dp_size_ > 1 && !modules.empty();
+  reduce_overlapped_ = opt_.stage == 1 && opt_.overlap_comm && dp_size_ > 1 && !modules.empty();
   if (opt_.overlap_param_gather && modules.empty())
     DTK_LOG(WARNING) << "overlap_param_gather: the model reports no modules; parameters are gathered after the step";
   if (opt_.stage >= 2 && modules.empty())
@@ -426,9 +428,11 @@ void ZeroStrategy::before_backward(const dtk_backward_args& args) {
   backward_phase_ = true;
   if (opt_.stage == 1) {
     if (args.micro_batch > 0) collect_into_flat();  // fp32 accumulation of low-precision gradients
-    return;
+    reducing_in_backward_ = reduce_overlapped_ && args.is_last != 0;
+    if (!reducing_in_backward_) return;
+  } else if (args.micro_batch > 0) {
+    flush_buckets();  // anything the previous backward left incomplete
   }
-  if (args.micro_batch > 0) flush_buckets();  // anything the previous backward left incomplete
   const Layout& l = *layout_;
   for (size_t b = 0; b < l.buckets().size(); ++b) pending_[b] = static_cast<int64_t>(l.buckets()[b].slots.size());
   std::fill(collected_.begin(), collected_.end(), 0);
@@ -438,24 +442,33 @@ void ZeroStrategy::before_backward(const dtk_backward_args& args) {
 // it, which autograd adds into in place); low-precision ones, and any gradient that is not that
 // view (something replaced it), are added into it before every further backward and the reduction.
 void ZeroStrategy::collect_into_flat() {
-  for (size_t p = 0; p < params_.size(); ++p) {
-    at::Tensor& g = params_[p].tensor.mutable_grad();
-    if (!g.defined()) continue;
-    const at::Tensor slot = grad_flat_.narrow(0, layout_->flat_offset(p), params_[p].tensor.numel());
-    if (!low_precision() && g.data_ptr() == slot.data_ptr()) continue;  // already in place
-    slot.add_(g.reshape({-1}));
-    g = low_precision() ? at::Tensor() : slot.view(params_[p].tensor.sizes());
-  }
+  for (size_t p = 0; p < params_.size(); ++p) add_into_flat(p);
+}
+
+void ZeroStrategy::add_into_flat(size_t p) {
+  at::Tensor& g = params_[p].tensor.mutable_grad();
+  if (!g.defined()) return;
+  const at::Tensor slot = grad_flat_.narrow(0, layout_->flat_offset(p), params_[p].tensor.numel());
+  if (!low_precision() && g.data_ptr() == slot.data_ptr()) return;  // already in place
+  slot.add_(g.reshape({-1}));
+  g = low_precision() ? at::Tensor() : slot.view(params_[p].tensor.sizes());
 }
 
 // Stages 2/3: one parameter's gradient of this micro-batch into its bucket's fp32 staging buffer;
-// the bucket is reduce-scattered when its last gradient arrived.
+// the bucket is reduce-scattered when its last gradient arrived. Stage 1 (in the last backward,
+// reduce_overlapped_): the gradient is complete in the flat fp32 buffer, whose bucket is
+// reduce-scattered in place when its last gradient arrived.
 void ZeroStrategy::collect(size_t p) {
   if (collected_[p]) return;
   collected_[p] = 1;
   if (params_[p].tensor.numel() == 0) return;  // in no bucket
   const size_t b = layout_->bucket_of(p);
   const Bucket& bucket = layout_->buckets()[b];
+  if (opt_.stage == 1) {
+    add_into_flat(p);
+    if (--pending_[b] == 0) reduce_bucket(b, grad_flat_.narrow(0, bucket.flat_offset, bucket.numel), at::Tensor());
+    return;
+  }
   if (!staging_[b].defined()) {
     staging_[b] = take_staging(bucket.numel);
     const int64_t used = bucket.slots.back().offset + bucket.slots.back().numel;
@@ -559,8 +572,9 @@ void ZeroStrategy::flush_buckets() {
 void ZeroStrategy::reduce_gradients() {
   at::NoGradGuard no_grad;
   backward_phase_ = false;
-  if (opt_.stage >= 2) {
-    flush_buckets();
+  if (opt_.stage >= 2 || reducing_in_backward_) {
+    flush_buckets();  // what the hooks did not issue (stage 1: parameters no module reads)
+    reducing_in_backward_ = false;
   } else {
     collect_into_flat();
     const Layout& l = *layout_;

@@ -83,7 +83,7 @@ class ZeroStrategy : public Strategy {
   TensorList state_save() override;
   void state_load(const TensorList& state) override;
   const dtk_module_hooks* module_hooks() override {
-    return opt_.stage >= 2 || gather_overlapped_ ? &hooks_ : nullptr;
+    return opt_.stage >= 2 || gather_overlapped_ || reduce_overlapped_ ? &hooks_ : nullptr;
   }
   dtk_strategy_info info() override;
   void gather_parameters(bool whole) override;
@@ -114,6 +114,7 @@ class ZeroStrategy : public Strategy {
 
   // gradients
   void collect_into_flat();               // stage 1: low-precision .grad -> the fp32 flat buffer
+  void add_into_flat(size_t p);           // stage 1: one parameter's .grad into the flat buffer
   void collect(size_t param);             // stage 2/3: .grad -> its bucket's fp32 staging buffer
   at::Tensor take_staging(int64_t numel);
   void return_staging(at::Tensor buffer);
@@ -160,6 +161,11 @@ class ZeroStrategy : public Strategy {
   std::vector<std::vector<size_t>> ready_at_;      // per module: gradients complete after it
   std::vector<std::vector<size_t>> module_buckets_;  // per module: the buckets of what it reads
   bool gather_overlapped_ = false;  // stages 1/2 with overlap_param_gather and a model with modules
+  // Stage 1 with overlap_comm, DP > 1 and a model with modules: buckets are reduce-scattered from
+  // the module hooks during the last micro-batch's backward (reducing_in_backward_ while it runs),
+  // as Megatron's distributed optimizer does with --overlap-grad-reduce.
+  bool reduce_overlapped_ = false;
+  bool reducing_in_backward_ = false;
   int32_t first_module_ = 0;                     // lowest module index: the end of backward
   std::optional<Layout> layout_;
   std::vector<Shard> shards_;                    // this rank's, in partition order
@@ -185,7 +191,7 @@ class ZeroStrategy : public Strategy {
   std::vector<at::Tensor> staging_;    // per bucket, while its gradients arrive
   std::vector<at::Tensor> spare_;      // staging buffers to reuse
   std::vector<int64_t> pending_;       // per bucket: gradients still to arrive this backward
-  std::vector<char> collected_;        // per parameter: collected this backward
+  std::vector<char> collected_;        // per parameter: collected this backward (stage 1: the last one)
   struct InFlight {
     size_t bucket;
     at::Tensor input, output;

@@ -204,8 +204,8 @@ const Rule kRules[] = {
      "Megatron's distributed optimizer shards optimizer state and fp32 masters over data parallel: ZeRO stage 1"},
     {"--overlap-grad-reduce", 0, Kind::kCustom, "strategy.overlap_grad_reduce=true",
      "ddp all-reduces its gradient buckets during the last backward (its default); with "
-     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true (stage 1: its reduce-scatters in "
-     "flight together after the backward, not during it; said at start)"},
+     "--use-distributed-optimizer: the zero strategy's strategy.overlap_comm=true (stage 1 then reduce-scatters each "
+     "bucket during the last micro-batch's backward, as Megatron's distributed optimizer)"},
     {"--overlap-param-gather", 0, Kind::kCustom, "strategy.overlap_param_gather=true",
      "the zero strategy (stages 1/2) gathers the updated parameters during the next forward; needs "
      "--use-distributed-optimizer (Megatron asserts it)"},
@@ -1180,13 +1180,6 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.overlap_grad_reduce)
     set_by(m, m.strategy == "zero" ? "strategy.overlap_comm=true" : "strategy.overlap_grad_reduce=true",
            "--overlap-grad-reduce");
-  // Megatron's distributed optimizer reduce-scatters each bucket during the last micro-batch's
-  // backward; DTK's stage 1 reduces after backward (its reduce-scatters in flight together).
-  if (s.overlap_grad_reduce && m.strategy == "zero")
-    m.notes.push_back(
-        "--overlap-grad-reduce with --use-distributed-optimizer: ZeRO stage 1 reduce-scatters after the backward, "
-        "all buckets in flight at once, not during it (--set strategy.stage=2 overlaps them with the backward, "
-        "reducing each micro-batch)");
   if (!s.overlap_param_gather_shown.empty()) {
     if (m.strategy == "zero")
       set_by(m, "strategy.overlap_param_gather=true", s.overlap_param_gather_shown);

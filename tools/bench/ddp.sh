@@ -5,7 +5,8 @@
 # (overlap_param_gather: reduce-scattered during the backward, the reduced gradients all-gathered
 # and each bucket's update applied during the next forward); and ZeRO stage 2 without overlap vs with
 # its reduce-scatters during the backward (overlap_comm) and its parameter all-gathers during the
-# next forward (overlap_param_gather), its speed-up against its own non-overlapped row; at DP=2 on
+# next forward (overlap_param_gather), its speed-up against its own non-overlapped row, and ZeRO
+# stage 1 the same (its reduce-scatters during the last backward since 2026-11-30); at DP=2 on
 # this machine, in one run, printed side by side: iteration time, tokens/s, and per iteration the
 # data-parallel communication in flight and the part of it the training thread waited for
 # (exposed). Each overlapped row's losses are compared with its non-overlapped row's.
@@ -51,13 +52,16 @@ TRAIN="train --config configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --s
   $EXTRA"
 DDP="--strategy ddp --set strategy.bucket_size_mb=1"
 ZERO="--strategy zero --set strategy.stage=2 --set strategy.reduce_bucket_size=262144"
+ZERO1="--strategy zero --set strategy.stage=1 --set strategy.reduce_bucket_size=262144"
 NAMES=("ddp, after the backward (peer)" "ddp, overlapped buckets" "ddp, split across the step"
-  "ZeRO-2, not overlapped" "ZeRO-2, overlapped")
+  "ZeRO-2, not overlapped" "ZeRO-2, overlapped" "ZeRO-1, not overlapped" "ZeRO-1, overlapped")
 ARGS=("$DDP --set strategy.overlap_grad_reduce=false" "$DDP --set strategy.overlap_grad_reduce=true"
   "$DDP --set strategy.overlap_grad_reduce=true --set strategy.overlap_param_gather=true"
   "$ZERO --set strategy.overlap_comm=false --set strategy.overlap_param_gather=false"
-  "$ZERO --set strategy.overlap_comm=true --set strategy.overlap_param_gather=true")
-PEER=(0 0 0 3 3)  # each row's speed-up and losses against this row
+  "$ZERO --set strategy.overlap_comm=true --set strategy.overlap_param_gather=true"
+  "$ZERO1 --set strategy.overlap_comm=false --set strategy.overlap_param_gather=false"
+  "$ZERO1 --set strategy.overlap_comm=true --set strategy.overlap_param_gather=true")
+PEER=(0 0 0 3 3 5 5)  # each row's speed-up and losses against this row
 field() { echo "$1" | grep -o "$2 [0-9.]*" | grep -o "[0-9.]*$" | tail -n +2 | median; }
 
 # Runs every configuration REPS times with extra args $1; fills MS, TOK, FLIGHT, EXPOSED (medians)

@@ -34,8 +34,10 @@ std::string ds_file(const std::string& name, const std::string& text) {
   return dir + "/ds.json";
 }
 
+// Megatron-DeepSpeed's flags for a DeepSpeed config, with --no-pipeline-parallel as its ZeRO-2/3
+// scripts give it.
 MegatronMapping map(std::vector<std::string> flags, const std::string& ds_path) {
-  flags.insert(flags.end(), {"--deepspeed", "--deepspeed_config", ds_path});
+  flags.insert(flags.end(), {"--deepspeed", "--deepspeed_config", ds_path, "--no-pipeline-parallel"});
   return dtk::core::map_megatron_args(flags);
 }
 
@@ -61,8 +63,8 @@ std::string joined(const std::vector<std::string>& v) {
 }  // namespace
 
 // Megatron-DeepSpeed's published Llama 2 script (TP 2, PP 2, ZeRO stage 0, bf16) with the JSON it
-// writes: the llama model with 4 key-value groups, ddp, bf16, its batch; the script's --clip-grad 1
-// is said to do nothing (DeepSpeed clips by the config, which has no gradient_clipping).
+// writes: the llama model with 4 key-value groups, ddp, bf16, its batch, DeepSpeed's clipping at
+// 1.0 (its default: the config has no gradient_clipping), which the script's --clip-grad 1 agrees with.
 TEST(MegatronDeepSpeed, Llama2ScriptMapsFieldByField) {
   std::vector<std::string> flags = dtk::core::split_megatron_args("@" + kFixtures + "/mds_llama2.args");
   flags.insert(flags.end(), {"--deepspeed_config=" + kFixtures + "/mds_llama2_ds.json"});
@@ -70,7 +72,7 @@ TEST(MegatronDeepSpeed, Llama2ScriptMapsFieldByField) {
   EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
   EXPECT_EQ(m.model, "llama");
   EXPECT_EQ(m.strategy, "ddp");
-  EXPECT_TRUE(has(m.notes, "--clip-grad 1 has no effect under --deepspeed: DeepSpeed clips by ")) << joined(m.notes);
+  EXPECT_TRUE(m.notes.empty()) << joined(m.notes);
   EXPECT_TRUE(has(m.ignored, "mds_llama2_ds.json: steps_per_print (")) << joined(m.ignored);
   const auto cfg = config_of(m);
   for (const auto& [path, value] :
@@ -80,7 +82,7 @@ TEST(MegatronDeepSpeed, Llama2ScriptMapsFieldByField) {
                                                         {"train.params_dtype", "bf16"},
                                                         {"train.micro_batch_size", "4"},
                                                         {"train.global_batch_size", "32"},
-                                                        {"train.clip_grad", "0"},
+                                                        {"train.clip_grad", "1"},
                                                         {"optimizer.beta2", "0.95"},
                                                         {"distributed.pipeline_model_parallel_size", "2"}})
     EXPECT_EQ(config_value(cfg, path), value) << path;
@@ -118,13 +120,13 @@ TEST(MegatronDeepSpeed, ZeroKeysBecomeTheStrategysOptions) {
   const MegatronMapping gpu_adam = map({}, path);
   ASSERT_EQ(gpu_adam.refused.size(), 1u) << joined(gpu_adam.refused);
   EXPECT_NE(gpu_adam.refused[0].find("zero_optimization.offload_optimizer.device cpu without --cpu-optimizer: "
-                                     "DeepSpeed refuses ZeRO-Offload with Megatron's GPU Adam"),
+                                     "DeepSpeed refuses ZeRO-Offload with an optimizer other than its CPU Adam"),
             std::string::npos)
       << gpu_adam.refused[0];
   const MegatronMapping sgd = map({"--optimizer", "sgd", "--cpu-optimizer"}, path);
   EXPECT_TRUE(has(sgd.refused, "--cpu-optimizer with --optimizer sgd: CPU offloading is for Adam"))
       << joined(sgd.refused);
-  const std::string unforced = ds_file("unforced", R"({"zero_force_ds_cpu_optimizer": false,
+  const std::string unforced = ds_file("unforced", R"({"train_batch_size": 8, "zero_force_ds_cpu_optimizer": false,
     "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})");
   const MegatronMapping allowed = map({}, unforced);
   EXPECT_TRUE(allowed.refused.empty()) << joined(allowed.refused);
@@ -134,12 +136,12 @@ TEST(MegatronDeepSpeed, ZeroKeysBecomeTheStrategysOptions) {
 // DeepSpeed reads the stage-3 keys at stage 3 only, and no zero_optimization key at stage 0: they
 // are said to do nothing (DTK's strategy would refuse them), and overlap_comm is off below stage 3.
 TEST(MegatronDeepSpeed, KeysOfAnotherStageDoNothing) {
-  const std::string path = ds_file("stage2", R"({"zero_optimization": {"stage": 2,
+  const std::string path = ds_file("stage2", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
     "stage3_max_live_parameters": 1e8, "offload_param": {"device": "cpu"}, "reduce_bucket_size": 1e6}})");
   const MegatronMapping m = map({}, path);
   EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
-  EXPECT_TRUE(
-      has(m.ignored, "zero_optimization.stage3_max_live_parameters (stage 2: DeepSpeed reads it with stage 3 only)"))
+  EXPECT_TRUE(has(m.ignored,
+                  "zero_optimization.stage3_max_live_parameters (stage 2: DeepSpeed does not read it at this stage)"))
       << joined(m.ignored);
   EXPECT_TRUE(has(m.ignored, "zero_optimization.offload_param.device (stage 2")) << joined(m.ignored);
   const auto cfg = config_of(m);
@@ -147,7 +149,8 @@ TEST(MegatronDeepSpeed, KeysOfAnotherStageDoNothing) {
   for (const auto& set : m.sets) EXPECT_NE(set.rfind("strategy.overlap_comm", 0), 0u) << set;
   EXPECT_EQ(config_value(cfg, "strategy.reduce_bucket_size"), "1000000");
 
-  const std::string zero0 = ds_file("stage0", R"({"zero_optimization": {"stage": 0, "reduce_bucket_size": 1e6}})");
+  const std::string zero0 =
+      ds_file("stage0", R"({"train_batch_size": 8, "zero_optimization": {"stage": 0, "reduce_bucket_size": 1e6}})");
   const MegatronMapping ddp = map({"--use-distributed-optimizer", "--overlap-grad-reduce"}, zero0);
   EXPECT_TRUE(ddp.refused.empty()) << joined(ddp.refused);
   EXPECT_EQ(ddp.strategy, "ddp");
@@ -161,7 +164,7 @@ TEST(MegatronDeepSpeed, KeysOfAnotherStageDoNothing) {
 // fp16: DeepSpeed's dynamic scaler from 2^initial_scale_power (2^16 by default) with its window,
 // hysteresis and floor; Megatron's loss-scale flags do nothing under --deepspeed; a static scale.
 TEST(MegatronDeepSpeed, Fp16SectionScalesTheLoss) {
-  const std::string dynamic = ds_file("fp16", R"({"fp16": {"enabled": true, "loss_scale": 0,
+  const std::string dynamic = ds_file("fp16", R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 0,
     "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 0.5}})");
   const MegatronMapping m = map({"--fp16", "--initial-loss-scale", "1024", "--loss-scale-window", "10"}, dynamic);
   EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
@@ -174,9 +177,11 @@ TEST(MegatronDeepSpeed, Fp16SectionScalesTheLoss) {
   EXPECT_EQ(config_value(cfg, "train.hysteresis"), "3");
   EXPECT_EQ(config_value(cfg, "train.min_loss_scale"), "0.5");
   EXPECT_EQ(config_value(cfg, "train.loss_scale"), "0");
-  const auto defaults = config_of(map({}, ds_file("fp16-defaults", R"({"fp16": {"enabled": true}})")));
+  const auto defaults =
+      config_of(map({}, ds_file("fp16-defaults", R"({"train_batch_size": 8, "fp16": {"enabled": true}})")));
   EXPECT_EQ(config_value(defaults, "train.initial_loss_scale"), "65536");
-  const auto fixed = config_of(map({}, ds_file("fp16-static", R"({"fp16": {"enabled": true, "loss_scale": 128}})")));
+  const auto fixed = config_of(
+      map({}, ds_file("fp16-static", R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale": 128}})")));
   EXPECT_EQ(config_value(fixed, "train.loss_scale"), "128");
 }
 
@@ -190,18 +195,49 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
   const std::vector<Case> cases = {
       {{},
        R"({"zero_optimisation": {"stage": 1}})",
-       "ds.json: zero_optimisation {\"stage\":1}: not a DeepSpeed config key DTK knows"},
+       "ds.json: zero_optimisation {...}: not a DeepSpeed config key DTK knows"},
       {{},
        R"({"zero_optimization": {"stage": 1, "overlap_comms": true}})",
        "ds.json: zero_optimization.overlap_comms true: not a DeepSpeed config key DTK knows"},
-      {{}, R"({"train_batch_size": "auto"})", "ds.json: train_batch_size auto: \"auto\" is filled in by Hugging Face"},
+      {{},
+       R"({"train_batch_size": "auto"})",
+       "ds.json: train_batch_size auto: \"auto\" is Hugging Face Trainer's placeholder"},
       {{}, R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "fp16.enabled and bf16.enabled are both true"},
       {{},
        R"({"fp16": {"enabled": true, "consecutive_hysteresis": true}})",
        "ds.json: fp16.consecutive_hysteresis true: DTK runs only false"},
       {{},
        R"({"curriculum_learning": {"enabled": true}})",
-       "ds.json: curriculum_learning true: curriculum learning is not built"},
+       "ds.json: curriculum_learning {...}: curriculum learning is not built: leave the section out"},
+      {{}, R"({"compression_training": {"weight_quantization": {}}})", "compression training is not built"},
+      {{},
+       R"({"train_batch_size": 8, "zero_optimization.stage": 3})",
+       "ds.json: zero_optimization.stage 3: a key with a '.'"},
+      {{}, R"({"train_batch_size": 8, "gradient_clipping": null})", "gradient_clipping null: give a value or leave"},
+      {{},
+       R"({"zero_optimization": {"stage": 1}})",
+       "ds.json: neither train_batch_size nor train_micro_batch_size_per_gpu"},
+      {{},
+       R"({"train_batch_size": 8, "gradient_accumulation_steps": 0})",
+       "ds.json: gradient_accumulation_steps 0: not a whole number of at least 1"},
+      {{},
+       R"({"train_batch_size": 8, "fp16": {"enabled": true, "loss_scale_window": 0}})",
+       "fp16.loss_scale_window 0: not a whole number of at least 1"},
+      {{},
+       R"({"train_batch_size": 8, "zero_optimization": 3})",
+       "ds.json: zero_optimization 3: a JSON number, not a section (a JSON object) nor DeepSpeed's older"},
+      {{}, R"({"train_batch_size": 8, "gradient_clipping": 1e400})", "ds.json: not valid JSON"},
+      {{},
+       R"({"train_batch_size": 8, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
+       "zero_optimization.offload_optimizer.device cpu at stage 0: DeepSpeed offloads the optimizer with ZeRO only"},
+      {{},
+       R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "cpu_offload": true,
+         "offload_optimizer": {"device": "cpu"}}})",
+       "which names the same offload: give one"},
+      {{"--optimizer", "sgd"},
+       R"({"train_batch_size": 8, "zero_optimization": {"stage": 1}})",
+       "'s zero_optimization.stage 1: DeepSpeed refuses an optimizer its ZeRO was not tested with"},
+      {{"--num-key-value-heads", "0"}, R"({"train_batch_size": 8})", "--num-key-value-heads 0: not a positive number"},
       {{}, R"({"zero_optimization": {"stage": 4}})", "ds.json: zero_optimization.stage 4: not one of 0, 1, 2, 3"},
       {{},
        R"({"communication_data_type": "bf16"})",
@@ -223,10 +259,20 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
     EXPECT_TRUE(has(m.refused, cases[i].refusal)) << "case " << i << ": " << cases[i].json << "\n" << joined(m.refused);
   }
   // A section DeepSpeed would not run is accepted while it is off.
-  EXPECT_TRUE(
-      map({}, ds_file("off", R"({"curriculum_learning": {"enabled": false}, "tensorboard": {"enabled": false}})"))
-          .refused.empty());
-  const MegatronMapping sections = map({}, ds_file("client", R"({"optimizer": {"type": "AdamW", "params": {"lr": 1}},
+  EXPECT_TRUE(map({}, ds_file("off", R"({"train_batch_size": 8, "curriculum_learning": {"enabled": false},
+    "tensorboard": {"enabled": false}, "amp": {"enabled": false, "opt_level": "O1"}})"))
+                  .refused.empty());
+  // Nesting deeper than a config is refused before it can exhaust the stack.
+  std::string deep = "{\"train_batch_size\": 8, \"aio\": ";
+  for (int i = 0; i < 100000; ++i) deep += "{\"a\": ";
+  deep += "1" + std::string(100000, '}') + "}";
+  EXPECT_TRUE(has(map({}, ds_file("deep", deep)).refused, "nested deeper than 32 levels"));
+  // ZeRO-2 and 3 need --no-pipeline-parallel (DeepSpeed's pipeline engine refuses them).
+  const std::string stage2 = ds_file("pipe", R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})");
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--deepspeed", "--deepspeed_config", stage2}).refused,
+                  "zero_optimization.stage 2 without --no-pipeline-parallel"));
+  const MegatronMapping sections = map({}, ds_file("client", R"({"train_batch_size": 8,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1}},
     "scheduler": {"type": "WarmupLR"}})"));
   EXPECT_TRUE(sections.refused.empty()) << joined(sections.refused);
   EXPECT_TRUE(
@@ -315,8 +361,9 @@ TEST(MegatronDeepSpeed, RunFromADeepSpeedConfigEqualsTheSameRunInDtkOptions) {
       "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 "
       "--max-position-embeddings 32 --mock-data --tokenizer-type NullTokenizer --vocab-size 255 "
       "--train-iters 4 --lr 0.01 --log-interval 1 --eval-iters 0";
-  const dtk_test::Result ds = dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --megatron_args '" +
-                                                model + " --deepspeed --deepspeed_config " + path + " --clip-grad 1'");
+  const dtk_test::Result ds =
+      dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --megatron_args '" + model +
+                        " --deepspeed --deepspeed_config " + path + " --no-pipeline-parallel --clip-grad 1'");
   ASSERT_EQ(ds.code, 0) << ds.out;
   EXPECT_NE(ds.out.find("dtk: note: --megatron_args: --clip-grad 1 has no effect under --deepspeed"), std::string::npos)
       << ds.out;

@@ -1,6 +1,8 @@
 // DeepSpeed's JSON config -> DTK settings (dtk/core/config/deepspeed_config.hpp).
 #include "dtk/core/config/deepspeed_config.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -48,15 +50,19 @@ const Rule kRules[] = {
     {"train_micro_batch_size_per_gpu", Kind::kCustom, "train.micro_batch_size",
      "must equal --micro-batch-size when both are given"},
     {"gradient_accumulation_steps", Kind::kSet, "train.gradient_accumulation_steps",
-     "global batch = micro x data-parallel size x this, checked at start"},
+     "global batch = micro x data-parallel size x this, checked at start; absent and not derived from the two "
+     "above: 1, as DeepSpeed derives it"},
     // Precision
     {"fp16.enabled", Kind::kCustom, "train.params_dtype=fp16",
      "DeepSpeed casts the model to fp16 (a Megatron --bf16 with it is refused); fp32 masters always"},
     {"fp16.loss_scale", Kind::kCustom, "train.loss_scale", "0 (the default): dynamic; more: a static scale"},
     {"fp16.initial_scale_power", Kind::kCustom, "train.initial_loss_scale", "2^X (DeepSpeed's default 16: 65536)"},
-    {"fp16.loss_scale_window", Kind::kCustom, "train.loss_scale_window", "DeepSpeed's default 1000"},
+    {"fp16.loss_scale_window", Kind::kCustom, "train.loss_scale_window",
+     "DeepSpeed's default 1000; DTK doubles after this many clean steps (DeepSpeed 0.17.1 and later: one more "
+     "after an overflow)"},
     {"fp16.hysteresis", Kind::kCustom, "train.hysteresis", "DeepSpeed's default 2"},
-    {"fp16.min_loss_scale", Kind::kCustom, "train.min_loss_scale", "DeepSpeed's default 1"},
+    {"fp16.min_loss_scale", Kind::kCustom, "train.min_loss_scale",
+     "DeepSpeed's default 1; at the floor DTK skips on where DeepSpeed stops the run"},
     {"fp16.consecutive_hysteresis", Kind::kOnly, "false",
      "DTK restores the hysteresis only when the scale grows (DeepSpeed's default), not after every clean step"},
     {"fp16.auto_cast", Kind::kOnly, "false", "DTK's fp16 parameters are fp16 themselves, not an autocast fp32 model"},
@@ -64,33 +70,44 @@ const Rule kRules[] = {
     {"bf16.enabled", Kind::kCustom, "train.params_dtype=bf16",
      "DeepSpeed casts the model to bf16 (a Megatron --fp16 with it is refused); fp32 masters always"},
     {"bf16.immediate_grad_update", Kind::kIgnore, "", "gradients accumulate in fp32 either way"},
-    {"amp.enabled", Kind::kOnly, "false",
+    {"bf16.check_grad_overflow", Kind::kIgnore, "",
+     "a step with gradients that are not finite is skipped (train.skipped_steps_limit says after how many in a row "
+     "the run stops; --megatron_args: at the first, as Megatron)"},
+    {"bf16.bf16_master_weights_and_grads", Kind::kOnly, "false", "the optimizer steps fp32 masters always"},
+    {"bf16.bf16_optimizer_states", Kind::kOnly, "false", "the optimizer state is fp32 always"},
+    {"bfloat16.enabled", Kind::kCustom, "train.params_dtype=bf16", "DeepSpeed's older name of bf16.enabled"},
+    {"amp", Kind::kSection, "",
      "Apex AMP is not built: DTK trains fp16 or bf16 parameters with fp32 masters (fp16.enabled, bf16.enabled)"},
     {"communication_data_type", Kind::kCustom, "",
      "fp32 (or absent): accepted, DTK reduces gradients in fp32 (DeepSpeed's default is the parameters' type); "
      "fp16, bf16: refused"},
-    {"data_types.grad_accum_dtype", Kind::kOnly, "\"fp32\"", "DTK accumulates gradients in fp32"},
+    {"data_types.grad_accum_dtype", Kind::kCustom, "",
+     "fp32 (or absent): accepted, DTK accumulates gradients in fp32; fp16, bf16: refused"},
     {"gradient_clipping", Kind::kCustom, "train.clip_grad",
-     "absent: 0, no clipping (DeepSpeed's default); Megatron's --clip-grad has no effect under --deepspeed "
-     "(said at start when it differs)"},
+     "absent: 1.0, DeepSpeed's default since 0.19.3 (0, no clipping, before); Megatron's --clip-grad has no effect "
+     "under --deepspeed (said at start when it differs)"},
     {"prescale_gradients", Kind::kIgnore, "", "where the average divides; DTK reduces in fp32, the same average"},
     {"gradient_predivide_factor", Kind::kIgnore, "",
      "where the average divides; DTK reduces in fp32, the same average"},
     {"sparse_gradients", Kind::kOnly, "false", "sparse embedding gradients are not in DTK's models"},
     // ZeRO
+    {"zero_optimization", Kind::kCustom, "strategy", "DeepSpeed's older form true / false: stage 1 / stage 0"},
     {"zero_optimization.stage", Kind::kCustom, "strategy",
      "0: the ddp strategy (the other zero_optimization keys then have no effect, as in DeepSpeed); 1, 2, 3: the "
-     "zero strategy, strategy.stage"},
-    {"zero_optimization.allgather_partitions", Kind::kOnly, "true",
-     "DTK all-gathers the updated partitions (an all-reduce instead is not built)"},
-    {"zero_optimization.allgather_bucket_size", Kind::kSet, "strategy.allgather_bucket_size", ""},
+     "zero strategy, strategy.stage; 2 and 3 need Megatron-DeepSpeed's --no-pipeline-parallel (DeepSpeed's "
+     "pipeline engine refuses them)"},
+    {"zero_optimization.allgather_partitions", Kind::kIgnore, "", "DeepSpeed's ZeRO does not read it"},
+    {"zero_optimization.allgather_bucket_size", Kind::kSet, "strategy.allgather_bucket_size", "stages 1, 2"},
     {"zero_optimization.overlap_comm", Kind::kCustom, "strategy.overlap_comm", "absent: on with stage 3, as DeepSpeed"},
-    {"zero_optimization.reduce_scatter", Kind::kOnly, "true", "gradients are always reduce-scattered"},
+    {"zero_optimization.reduce_scatter", Kind::kIgnore, "", "gradients are always reduce-scattered; the same results"},
     {"zero_optimization.reduce_bucket_size", Kind::kSet, "strategy.reduce_bucket_size", ""},
-    {"zero_optimization.contiguous_gradients", Kind::kOnly, "true", "always on"},
+    {"zero_optimization.contiguous_gradients", Kind::kIgnore, "",
+     "gradients are always copied into contiguous buckets; the same results"},
     {"zero_optimization.offload_optimizer.device", Kind::kCustom, "strategy.offload_optimizer",
-     "none, cpu, nvme; cpu and nvme step with the cpu_adam plugin (Megatron-DeepSpeed's --cpu-optimizer)"},
-    {"zero_optimization.offload_optimizer.nvme_path", Kind::kCustom, "strategy.nvme_path", ""},
+     "none, cpu, nvme; cpu and nvme step with the cpu_adam plugin (Megatron-DeepSpeed's --cpu-optimizer); nvme at "
+     "stages 1-2 is host memory, as DeepSpeed's; at stage 0 refused (DeepSpeed refuses its CPU Adam there)"},
+    {"zero_optimization.offload_optimizer.nvme_path", Kind::kCustom, "strategy.nvme_path",
+     "with device nvme at stage 3"},
     {"zero_optimization.offload_optimizer.buffer_count", Kind::kIgnore, "",
      "strategy.nvme_buffer_mb sizes DTK's buffer (two halves)"},
     {"zero_optimization.offload_optimizer.pin_memory", Kind::kIgnore, "", "host memory is always pinned"},
@@ -105,8 +122,8 @@ const Rule kRules[] = {
      "the whole optimizer state is offloaded (a partial offload is not built)"},
     {"zero_optimization.offload_param.device", Kind::kCustom, "strategy.offload_param", "none, cpu, nvme (stage 3)"},
     {"zero_optimization.offload_param.nvme_path", Kind::kCustom, "strategy.nvme_path",
-     "one folder for both tiers: must equal the optimizer's when both are given"},
-    {"zero_optimization.offload_param.buffer_count", Kind::kSet, "strategy.param_buffer_count", ""},
+     "with device nvme; one folder for both tiers: must equal the optimizer's when both are on nvme"},
+    {"zero_optimization.offload_param.buffer_count", Kind::kCustom, "strategy.param_buffer_count", "with device nvme"},
     {"zero_optimization.offload_param.buffer_size", Kind::kIgnore, "",
      "a buffer is one bucket chunk (reduce_bucket_size / data-parallel size)"},
     {"zero_optimization.offload_param.max_in_cpu", Kind::kIgnore, "",
@@ -133,7 +150,7 @@ const Rule kRules[] = {
     {"zero_optimization.use_multi_rank_bucket_allreduce", Kind::kIgnore, "", kSameResults},
     {"zero_optimization.cpu_offload", Kind::kCustom, "strategy.offload_optimizer=cpu",
      "DeepSpeed's older key: true is offload_optimizer.device cpu"},
-    {"zero_optimization.cpu_offload_params", Kind::kCustom, "strategy.offload_param=cpu",
+    {"zero_optimization.cpu_offload_param", Kind::kCustom, "strategy.offload_param=cpu",
      "DeepSpeed's older key: true is offload_param.device cpu"},
     {"zero_optimization.cpu_offload_use_pin_memory", Kind::kIgnore, "", "host memory is always pinned"},
     {"zero_optimization.zero_hpz_partition_size", Kind::kOnly, "1", kZeroPlusPlus},
@@ -142,7 +159,10 @@ const Rule kRules[] = {
     {"zero_optimization.zero_quantized_gradients", Kind::kOnly, "false", kZeroPlusPlus},
     {"zero_optimization.mics_shard_size", Kind::kOnly, "-1", "MiCS's sub-group sharding is not built"},
     {"zero_optimization.mics_hierarchical_params_gather", Kind::kOnly, "false", "MiCS is not built"},
-    {"zero_allow_untested_optimizer", Kind::kIgnore, "", "DTK's ZeRO steps any optimizer plugin"},
+    {"zero_optimization.stage3_model_persistence_threshold", Kind::kIgnore, "", "a memory bound; the same results"},
+    {"zero_optimization.stage3_module_granularity_threshold", Kind::kIgnore, "", "the same results"},
+    {"zero_allow_untested_optimizer", Kind::kCustom, "",
+     "true: Megatron's SGD with ZeRO (DeepSpeed refuses an optimizer it has not tested otherwise)"},
     {"zero_force_ds_cpu_optimizer", Kind::kCustom, "",
      "false: an offload with Megatron's Adam is accepted (its update on the host is the cpu_adam plugin's)"},
     {"aio", Kind::kIgnore, "", "fixed: 4 MiB blocks, 32 in flight, O_DIRECT where the filesystem allows"},
@@ -162,6 +182,8 @@ const Rule kRules[] = {
      "true: every timer in the log line (a --timing-log-level wins)"},
     {"memory_breakdown", Kind::kIgnore, "", "DeepSpeed's own print of memory use"},
     {"dump_state", Kind::kIgnore, "", "DeepSpeed's print of its state; `dtk config` prints DTK's"},
+    {"dataloader_drop_last", Kind::kIgnore, "", "DeepSpeed's own data loader; Megatron's loop feeds the batches"},
+    {"timers", Kind::kIgnore, "", "DeepSpeed's throughput timer; the log line shows tokens per second"},
     {"tensorboard", Kind::kIgnore, "", kEngineMonitor},
     {"wandb", Kind::kIgnore, "", kEngineMonitor},
     {"csv_monitor", Kind::kIgnore, "", kEngineMonitor},
@@ -180,13 +202,13 @@ const Rule kRules[] = {
     // Features DTK does not have
     {"curriculum_learning", Kind::kSection, "", "curriculum learning is not built"},
     {"data_efficiency", Kind::kSection, "", "DeepSpeed's data efficiency library is not built"},
-    {"compression_training", Kind::kSection, "", "compression training is not built"},
     {"elasticity", Kind::kSection, "", "elastic training is not built"},
     {"autotuning", Kind::kSection, "", "DeepSpeed's autotuner is not built"},
     {"progressive_layer_drop", Kind::kSection, "", "progressive layer drop is not built"},
     {"eigenvalue", Kind::kSection, "", "eigenvalue computation is not built"},
     {"quantize_training", Kind::kSection, "", "quantized training is not built"},
     {"sparse_attention", Kind::kSection, "", "sparse attention is not built"},
+    {"compression_training", Kind::kSection, "", "compression training is not built"},
     {"hybrid_engine", Kind::kSection, "", "DeepSpeed-Chat's hybrid engine is not built"},
     {"weight_quantization", Kind::kSection, "", "weight quantization is not built"},
     {"nebula", Kind::kSection, "", "Nebula checkpoints are not written"},
@@ -226,8 +248,42 @@ std::string text_of(const json& v) {
   return v.dump();
 }
 
-// The settings read so far that depend on other keys (the stage, the precision): applied once
-// the whole file has been read (finish()).
+// Text from the file as it can be shown on one line: control bytes (a NUL would end the line a
+// terminal shows) as \xNN, at most 80 characters.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= 80) return out + "...";
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+// A value as an error shows it: a section or a list by its kind, not its contents.
+std::string shown_value(const json& v) {
+  if (v.is_object()) return "{...}";
+  if (v.is_array()) return "[...]";
+  if (v.is_string()) return printable(v.get<std::string>());
+  return v.dump();
+}
+
+// The stages that read a strategy option (DeepSpeed ignores the others' keys).
+bool read_at_stage(const std::string& field, int stage) {
+  if (field.rfind("strategy.stage3_", 0) == 0 || field == "strategy.offload_param" ||
+      field == "strategy.param_buffer_count")
+    return stage == 3;
+  if (field == "strategy.allgather_bucket_size") return stage == 1 || stage == 2;
+  return stage >= 1;
+}
+
+// The settings read so far that depend on other keys (the stage, the precision, the offload
+// devices): applied once the whole file has been read (finish()).
 struct Pending {
   struct Set {
     std::string field, value, key;
@@ -235,7 +291,9 @@ struct Pending {
   std::vector<Set> zero;  // strategy options, kept by the stage
   std::optional<bool> fp16, bf16, overlap_comm;
   std::vector<Set> fp16_scaling;  // train.* loss-scale fields, with fp16 only
-  std::string nvme_path, nvme_path_key;
+  std::string optimizer_device = "none", optimizer_device_key, param_device = "none", param_device_key;
+  std::optional<Set> optimizer_nvme_path, param_nvme_path, param_buffer_count;
+  bool accumulation_given = false;
 };
 
 class Reader {
@@ -249,9 +307,9 @@ class Reader {
   }
 
  private:
-  std::string shown(const std::string& key) const { return path_ + ": " + key; }
+  std::string shown(const std::string& key) const { return path_ + ": " + printable(key); }
   void refuse(const std::string& key, const json& v, const std::string& why) {
-    out_.refused.push_back(shown(key) + " " + (v.is_string() ? v.get<std::string>() : v.dump()) + ": " + why);
+    out_.refused.push_back(shown(key) + " " + shown_value(v) + ": " + why);
   }
   void set(const std::string& field, const std::string& value, const std::string& key) {
     out_.sets.push_back(field + "=" + value);
@@ -262,37 +320,44 @@ class Reader {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       const std::string key = prefix + it.key();
       const json& v = it.value();
-      if (v.is_null()) continue;  // DeepSpeed reads null as the key's default
-      if (v.is_string() && v.get<std::string>() == "auto") {
-        refuse(key, v, "\"auto\" is filled in by Hugging Face's Trainer; give the value");
+      if (it.key().find('.') != std::string::npos) {
+        refuse(key, v, "a key with a '.' (DeepSpeed reads sections, {\"a\": {\"b\": ...}}, not dotted names)");
         continue;
       }
-      if (const Rule* r = find_rule(key)) {
+      if (v.is_null()) {
+        refuse(key, v, "give a value or leave the key out (DeepSpeed fails on null)");
+        continue;
+      }
+      if (v.is_string() && v.get<std::string>() == "auto") {
+        refuse(key, v,
+               "\"auto\" is Hugging Face Trainer's placeholder, filled in before DeepSpeed reads it; give the "
+               "value");
+        continue;
+      }
+      const Rule* r = find_rule(key);
+      if (is_prefix_of_a_rule(key) && (v.is_object() || !r)) {  // a section (zero_optimization: also a bool)
+        if (v.is_object())
+          walk(v, key + ".");
+        else
+          refuse(key, v, std::string("a JSON ") + v.type_name() + ", not a section (a JSON object)");
+      } else if (r) {
         apply(*r, key, v);
-      } else if (v.is_object() && is_prefix_of_a_rule(key)) {
-        walk(v, key + ".");
       } else {
         refuse(key, v, "not a DeepSpeed config key DTK knows (`dtk config --deepspeed_table` lists them)");
       }
     }
   }
 
-  // A number or a bool, as config text; "" (and refused) otherwise.
-  std::string scalar(const std::string& key, const json& v) {
-    if (v.is_number() || v.is_boolean()) return text_of(v);
-    refuse(key, v, std::string("a JSON ") + v.type_name() + ", not a number or a bool");
-    return "";
-  }
-
   void apply(const Rule& r, const std::string& key, const json& v) {
     switch (r.kind) {
       case Kind::kSet: {
-        const std::string value = scalar(key, v);
-        if (value.empty()) return;
+        const auto n = whole(key, v, std::string(r.target) == "strategy.stage3_param_persistence_threshold" ? 0 : 1);
+        if (!n) return;
+        if (key == "gradient_accumulation_steps") pending_.accumulation_given = true;
         if (std::string(r.target).rfind("strategy.", 0) == 0)
-          pending_.zero.push_back({r.target, value, key});
+          pending_.zero.push_back({r.target, std::to_string(*n), key});
         else
-          set(r.target, value, key);
+          set(r.target, std::to_string(*n), key);
         return;
       }
       case Kind::kOnly:
@@ -304,26 +369,36 @@ class Reader {
         out_.ignored.push_back(shown(key) + " (" + r.note + ")");
         return;
       case Kind::kSection:
-        if (v.is_object() && v.contains("enabled") && v["enabled"] == true) refuse(key, v["enabled"], r.note);
-        if (!v.is_object()) refuse(key, v, std::string("a section (a JSON object) is expected; ") + r.note);
+        // Accepted only where it is plainly off: {"enabled": false ...} or {}. Megatron-DeepSpeed
+        // turns some on by their presence (compression_training) or by a value that is not false.
+        if (v.is_object() && (v.empty() || (v.contains("enabled") && v["enabled"] == false))) return;
+        refuse(key, v, std::string(r.note) + ": leave the section out, or give it \"enabled\": false");
         return;
       case Kind::kCustom:
         return custom(key, v);
     }
   }
 
-  bool boolean(const std::string& key, const json& v) {
-    if (!v.is_boolean()) refuse(key, v, "not true or false");
-    return v.is_boolean() && v.get<bool>();
+  std::optional<bool> boolean(const std::string& key, const json& v) {
+    if (v.is_boolean()) return v.get<bool>();
+    refuse(key, v, "not true or false");
+    return std::nullopt;
   }
 
-  // A whole number of at least `least`, or nullopt (refused).
+  // A whole number of at least `least` (and below 2^63), or nullopt (refused).
   std::optional<long long> whole(const std::string& key, const json& v, long long least) {
     if (v.is_number() && v.get<double>() == std::floor(v.get<double>()) && v.get<double>() >= least &&
         v.get<double>() < 9.2e18)
       return static_cast<long long>(v.get<double>());
-    refuse(key, v, "not a whole number of at least " + std::to_string(least));
+    refuse(key, v, "not a whole number of at least " + std::to_string(least) + " (below 2^63)");
     return std::nullopt;
+  }
+
+  // fp32 in any of DeepSpeed's spellings (absent is the same here).
+  void fp32_only(const std::string& key, const json& v, const std::string& what) {
+    std::string t = v.is_string() ? v.get<std::string>() : "";
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (t != "fp32" && t != "float32" && t != "float") refuse(key, v, "DTK " + what + " in fp32 (fp32 or absent)");
   }
 
   void custom(const std::string& key, const json& v) {
@@ -333,9 +408,10 @@ class Reader {
       const bool global = key == "train_batch_size";
       (global ? out_.train_batch : out_.micro_batch) = *n;
       set(global ? "train.global_batch_size" : "train.micro_batch_size", std::to_string(*n), key);
-    } else if (key == "fp16.enabled" || key == "bf16.enabled") {
-      const bool on = boolean(key, v);
-      (key[0] == 'f' ? pending_.fp16 : pending_.bf16) = on;
+    } else if (key == "fp16.enabled" || key == "bf16.enabled" || key == "bfloat16.enabled") {
+      const auto on = boolean(key, v);
+      if (on && key[0] == 'f') pending_.fp16 = *on, fp16_key_ = key;
+      if (on && key[0] == 'b') pending_.bf16 = pending_.bf16.value_or(false) || *on, bf16_key_ = key;
     } else if (key == "fp16.loss_scale") {
       if (!v.is_number() || v.get<double>() < 0) return refuse(key, v, "not a number >= 0 (0: dynamic)");
       if (v.get<double>() > 0) pending_.fp16_scaling.push_back({"train.loss_scale", text_of(v), key});
@@ -343,16 +419,26 @@ class Reader {
       const auto k = whole(key, v, 0);
       if (k && *k > 1000) return refuse(key, v, "2^X is past a double's range");
       if (k) pending_.fp16_scaling.push_back({"train.initial_loss_scale", text_of(json(std::ldexp(1.0, *k))), key});
-    } else if (key == "fp16.loss_scale_window" || key == "fp16.hysteresis" || key == "fp16.min_loss_scale") {
-      const std::string value = scalar(key, v);
-      if (!value.empty()) pending_.fp16_scaling.push_back({"train." + key.substr(5), value, key});
+    } else if (key == "fp16.loss_scale_window" || key == "fp16.hysteresis") {
+      if (const auto n = whole(key, v, 1))
+        pending_.fp16_scaling.push_back({"train." + key.substr(5), std::to_string(*n), key});
+    } else if (key == "fp16.min_loss_scale") {
+      if (!v.is_number() || !(v.get<double>() > 0)) return refuse(key, v, "not a number > 0");
+      pending_.fp16_scaling.push_back({"train.min_loss_scale", text_of(v), key});
     } else if (key == "communication_data_type") {
-      if (!v.is_string() || v.get<std::string>() != "fp32")
-        refuse(key, v, "DTK reduces gradients in fp32 (fp32 or absent)");
+      fp32_only(key, v, "reduces gradients");
+    } else if (key == "data_types.grad_accum_dtype") {
+      fp32_only(key, v, "accumulates gradients");
     } else if (key == "gradient_clipping") {
       if (!v.is_number() || v.get<double>() < 0) return refuse(key, v, "not a number >= 0");
-      out_.gradient_clipping = v.get<double>();
+      out_.gradient_clipping = v.get<double>(), out_.gradient_clipping_given = true;
       set("train.clip_grad", text_of(v), key);
+    } else if (key == "zero_optimization") {  // the older bool form (a section is walked)
+      if (!v.is_boolean())
+        return refuse(key, v,
+                      std::string("a JSON ") + v.type_name() +
+                          ", not a section (a JSON object) nor DeepSpeed's older true / false");
+      out_.stage = v.get<bool>() ? 1 : 0, stage_key_ = key;
     } else if (key == "zero_optimization.stage") {
       const auto n = whole(key, v, 0);
       if (n && *n > 3) return refuse(key, v, "not one of 0, 1, 2, 3");
@@ -362,82 +448,154 @@ class Reader {
     } else if (key == "zero_optimization.offload_optimizer.device" || key == "zero_optimization.offload_param.device") {
       const std::string device = v.is_string() ? v.get<std::string>() : "";
       if (device != "none" && device != "cpu" && device != "nvme") return refuse(key, v, "not one of none, cpu, nvme");
-      const bool optimizer = key.find("offload_optimizer") != std::string::npos;
-      if (optimizer) out_.offload_optimizer = device;
-      pending_.zero.push_back({optimizer ? "strategy.offload_optimizer" : "strategy.offload_param", device, key});
-    } else if (key == "zero_optimization.cpu_offload" || key == "zero_optimization.cpu_offload_params") {
-      if (!boolean(key, v)) return;
-      const bool optimizer = key == "zero_optimization.cpu_offload";
-      if (optimizer) out_.offload_optimizer = "cpu";
-      pending_.zero.push_back({optimizer ? "strategy.offload_optimizer" : "strategy.offload_param", "cpu", key});
-    } else if (key.size() > 10 && key.compare(key.size() - 10, 10, ".nvme_path") == 0) {
+      offload(key.find("offload_optimizer") != std::string::npos, device, key);
+    } else if (key == "zero_optimization.cpu_offload" || key == "zero_optimization.cpu_offload_param") {
+      const auto on = boolean(key, v);
+      if (on && *on) offload(key == "zero_optimization.cpu_offload", "cpu", key);
+    } else if (key == "zero_optimization.offload_optimizer.nvme_path" ||
+               key == "zero_optimization.offload_param.nvme_path") {
       if (!v.is_string() || v.get<std::string>().empty()) return refuse(key, v, "not a folder's path");
-      if (!pending_.nvme_path.empty() && pending_.nvme_path != v.get<std::string>())
-        return refuse(
-            key, v,
-            "DTK keeps both tiers' swap files in one folder: give " + pending_.nvme_path_key + "'s path here too");
-      if (pending_.nvme_path.empty()) pending_.zero.push_back({"strategy.nvme_path", v.get<std::string>(), key});
-      pending_.nvme_path = v.get<std::string>(), pending_.nvme_path_key = key;
-    } else if (key == "zero_force_ds_cpu_optimizer") {
-      out_.force_ds_cpu_optimizer = boolean(key, v);
+      (key.find("offload_optimizer") != std::string::npos ? pending_.optimizer_nvme_path : pending_.param_nvme_path) =
+          Pending::Set{"strategy.nvme_path", v.get<std::string>(), key};
+    } else if (key == "zero_optimization.offload_param.buffer_count") {
+      if (const auto n = whole(key, v, 2))
+        pending_.param_buffer_count = Pending::Set{"strategy.param_buffer_count", std::to_string(*n), key};
+    } else if (key == "zero_force_ds_cpu_optimizer" || key == "zero_allow_untested_optimizer") {
+      if (const auto on = boolean(key, v))
+        (key == "zero_force_ds_cpu_optimizer" ? out_.force_ds_cpu_optimizer : out_.allow_untested_optimizer) = *on;
     } else if (key == "optimizer" || key == "scheduler") {
       out_.client_sections.push_back(key);
     } else if (key == "wall_clock_breakdown") {
-      if (boolean(key, v)) set("logging.timing_log_level", "2", key);
+      const auto on = boolean(key, v);
+      if (on && *on) set("logging.timing_log_level", "2", key);
     }
   }
 
-  // The keys that depend on others: precision and its loss scaling; the strategy by the stage,
-  // whose options DeepSpeed reads only where the stage has them.
+  // One tier's device; the older bool keys and the device keys may not both name a tier (DeepSpeed
+  // asserts it).
+  void offload(bool optimizer, const std::string& device, const std::string& key) {
+    std::string& have_key = optimizer ? pending_.optimizer_device_key : pending_.param_device_key;
+    if (!have_key.empty())
+      return out_.refused.push_back(shown(key) + ": with " + printable(have_key) +
+                                    ", which names the same offload: give one (DeepSpeed asserts it)");
+    (optimizer ? pending_.optimizer_device : pending_.param_device) = device;
+    have_key = key;
+  }
+
+  // The keys that depend on others: precision and its loss scaling; the batch DeepSpeed derives;
+  // the strategy by the stage, whose options DeepSpeed reads only where the stage has them.
   void finish() {
+    finish_precision();
+    finish_batch();
+    finish_zero();
+  }
+
+  void finish_precision() {
     if (pending_.fp16.value_or(false) && pending_.bf16.value_or(false))
-      out_.refused.push_back(path_ + ": fp16.enabled and bf16.enabled are both true: give one (DeepSpeed asserts it)");
+      out_.refused.push_back(path_ + ": " + fp16_key_ + " and " + bf16_key_ +
+                             " are both true: give one (DeepSpeed asserts it)");
     if (pending_.fp16.value_or(false)) {
       out_.precision = "fp16";
-      set("train.params_dtype", "fp16", "fp16.enabled");
+      set("train.params_dtype", "fp16", fp16_key_);
       // DeepSpeed's defaults where Megatron's (DTK's) differ: an initial scale of 2^16.
-      set("train.initial_loss_scale", "65536", "fp16.initial_scale_power");
+      set("train.initial_loss_scale", "65536", fp16_key_);
       for (const auto& s : pending_.fp16_scaling) set(s.field, s.value, s.key);
     } else if (pending_.bf16.value_or(false)) {
       out_.precision = "bf16";
-      set("train.params_dtype", "bf16", "bf16.enabled");
+      set("train.params_dtype", "bf16", bf16_key_);
     }
+    if (!out_.gradient_clipping_given)
+      set("train.clip_grad", "1", "gradient_clipping (absent: DeepSpeed's default 1.0)");
+  }
+
+  // DeepSpeed's _set_batch_related_parameters: one of the batch sizes must be given; without the
+  // accumulation steps and one of the two sizes, the steps are 1.
+  void finish_batch() {
+    if (!out_.train_batch && !out_.micro_batch)
+      out_.refused.push_back(path_ +
+                             ": neither train_batch_size nor train_micro_batch_size_per_gpu: DeepSpeed needs one "
+                             "(it asserts it)");
+    if (!pending_.accumulation_given && !(out_.train_batch && out_.micro_batch))
+      set("train.gradient_accumulation_steps", "1", "gradient_accumulation_steps (absent: 1, as DeepSpeed derives it)");
+  }
+
+  void finish_zero() {
+    auto& p = pending_;
     if (out_.stage == 0) {
-      for (const auto& s : pending_.zero) out_.ignored.push_back(shown(s.key) + " (stage 0: DeepSpeed's ZeRO is off)");
-      if (out_.offload_optimizer != "none") out_.offload_optimizer = "none";
-      if (pending_.overlap_comm)
+      if (p.optimizer_device != "none")
+        out_.refused.push_back(shown(p.optimizer_device_key) + " " + p.optimizer_device +
+                               " at stage 0: DeepSpeed offloads the optimizer with ZeRO only (stage 1-3)");
+      for (const auto& s : p.zero) out_.ignored.push_back(shown(s.key) + " (stage 0: DeepSpeed's ZeRO is off)");
+      for (const auto* s : {&p.param_nvme_path, &p.optimizer_nvme_path, &p.param_buffer_count})
+        if (*s) out_.ignored.push_back(shown((*s)->key) + " (stage 0: DeepSpeed's ZeRO is off)");
+      if (p.param_device != "none")
+        out_.ignored.push_back(shown(p.param_device_key) + " (stage 0: DeepSpeed's ZeRO is off)");
+      if (p.overlap_comm)
         out_.ignored.push_back(shown("zero_optimization.overlap_comm") + " (stage 0: DeepSpeed's ZeRO is off)");
       return;
     }
     out_.strategy = "zero";
     set("strategy.stage", std::to_string(out_.stage), stage_key_);
-    const auto stage3_only = [](const std::string& field) {
-      return field.rfind("strategy.stage3_", 0) == 0 || field == "strategy.offload_param" ||
-             field == "strategy.param_buffer_count";
-    };
-    for (const auto& s : pending_.zero) {
-      if (out_.stage < 3 && stage3_only(s.field))
-        out_.ignored.push_back(shown(s.key) + " (stage " + std::to_string(out_.stage) +
-                               ": DeepSpeed reads it with stage 3 only)");
-      else
+    const std::string at_stage = " (stage " + std::to_string(out_.stage) + ": ";
+    for (const auto& s : p.zero) {
+      if (read_at_stage(s.field, out_.stage))
         set(s.field, s.value, s.key);
+      else
+        out_.ignored.push_back(shown(s.key) + at_stage + "DeepSpeed does not read it at this stage)");
     }
-    if (pending_.overlap_comm.value_or(out_.stage == 3))
+    // The optimizer's tier: nvme swaps at stage 3 only (stages 1-2 offload to host memory).
+    std::string optimizer = p.optimizer_device;
+    if (optimizer == "nvme" && out_.stage < 3) {
+      out_.ignored.push_back(shown(p.optimizer_device_key) + " nvme" + at_stage +
+                             "DeepSpeed offloads to host memory; swapping to disk is stage 3's)");
+      optimizer = "cpu";
+    }
+    out_.offload_optimizer = optimizer, out_.offload_optimizer_key = p.optimizer_device_key;
+    if (optimizer != "none") set("strategy.offload_optimizer", optimizer, p.optimizer_device_key);
+    const std::string param = out_.stage == 3 ? p.param_device : "none";
+    if (p.param_device != "none" && out_.stage < 3)
+      out_.ignored.push_back(shown(p.param_device_key) + at_stage + "DeepSpeed offloads parameters at stage 3 only)");
+    if (param != "none") set("strategy.offload_param", param, p.param_device_key);
+    // Each tier's nvme_path and the parameters' buffers count only on that tier's nvme.
+    const auto on_nvme = [&](const std::optional<Pending::Set>& s, bool nvme, const char* tier) {
+      if (!s) return false;
+      if (nvme) return true;
+      out_.ignored.push_back(shown(s->key) + " (the " + tier + " are not offloaded to nvme)");
+      return false;
+    };
+    const bool optimizer_path = on_nvme(p.optimizer_nvme_path, optimizer == "nvme", "optimizer's state and masters");
+    const bool param_path = on_nvme(p.param_nvme_path, param == "nvme", "parameters");
+    if (optimizer_path && param_path && p.optimizer_nvme_path->value != p.param_nvme_path->value)
+      out_.refused.push_back(shown(p.param_nvme_path->key) + " " + printable(p.param_nvme_path->value) +
+                             ": DTK keeps both tiers' swap files in one folder: give " +
+                             printable(p.optimizer_nvme_path->value) + " here too");
+    if (optimizer_path)
+      set("strategy.nvme_path", p.optimizer_nvme_path->value, p.optimizer_nvme_path->key);
+    else if (param_path)
+      set("strategy.nvme_path", p.param_nvme_path->value, p.param_nvme_path->key);
+    if (on_nvme(p.param_buffer_count, param == "nvme", "parameters"))
+      set(p.param_buffer_count->field, p.param_buffer_count->value, p.param_buffer_count->key);
+    if (p.overlap_comm.value_or(out_.stage == 3))
       set("strategy.overlap_comm", "true", "zero_optimization.overlap_comm");
   }
 
   std::string path_;
-  std::string stage_key_ = "zero_optimization.stage";
+  std::string stage_key_ = "zero_optimization.stage", fp16_key_ = "fp16.enabled", bf16_key_ = "bf16.enabled";
   Pending pending_;
   DeepSpeedConfig out_;
 };
 
-// DeepSpeed refuses a key given twice in one object (its json.load hook); so does DTK, rather than
-// keep the last as a plain parser would.
-json parse_refusing_duplicates(const std::string& text, const std::string& path) {
+// A key given twice in one object is refused rather than kept last, as a plain JSON reader keeps
+// it; nesting deeper than a config ever is (a broken or hostile file) is refused before it can
+// exhaust the stack.
+json parse_config(const std::string& text, const std::string& path) {
+  constexpr int kMaxDepth = 32;
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
-  const auto callback = [&](int, json::parse_event_t event, json& parsed) {
+  const auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxDepth)
+      throw HostError(path + ": nested deeper than " + std::to_string(kMaxDepth) +
+                      " levels (a DeepSpeed config is a few levels deep)");
     if (event == json::parse_event_t::object_start) keys.emplace_back();
     if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
@@ -448,11 +606,12 @@ json parse_refusing_duplicates(const std::string& text, const std::string& path)
   json j;
   try {
     j = json::parse(text, callback);
-  } catch (const json::parse_error& e) {
-    throw HostError(path + ": not valid JSON (" + e.what() + ")");
+  } catch (const json::exception& e) {
+    throw HostError(path + ": not valid JSON (" + printable(e.what()) + ")");
   }
   if (!duplicate.empty())
-    throw HostError(path + ": the key \"" + duplicate + "\" is given twice (DeepSpeed refuses it)");
+    throw HostError(path + ": the key \"" + printable(duplicate) +
+                    "\" is given twice in one section (a JSON reader would keep the last without a word)");
   if (!j.is_object()) throw HostError(path + ": not a JSON object (a DeepSpeed config is {\"key\": value, ...})");
   return j;
 }
@@ -460,13 +619,20 @@ json parse_refusing_duplicates(const std::string& text, const std::string& path)
 }  // namespace
 
 DeepSpeedConfig read_deepspeed_config(const std::string& path) {
+  if (path.empty()) throw HostError("an empty path, not a DeepSpeed config file");
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) throw HostError(path + ": a directory, not a DeepSpeed config file");
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(status)) throw HostError(path + ": a directory, not a DeepSpeed config file");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    throw HostError(path + ": not a regular file (a pipe or a device), not a DeepSpeed config file");
+  constexpr std::uintmax_t kMaxBytes = 16u << 20;
+  if (std::filesystem::exists(status) && std::filesystem::file_size(path, ec) > kMaxBytes)
+    throw HostError(path + ": larger than 16 MiB, not a DeepSpeed config file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw HostError(path + ": cannot read the DeepSpeed config (" + std::strerror(errno) + ")");
   std::stringstream text;
   text << in.rdbuf();
-  return Reader(path).read(parse_refusing_duplicates(text.str(), path));
+  return Reader(path).read(parse_config(text.str(), path));
 }
 
 std::string deepspeed_key_table() {
@@ -485,7 +651,7 @@ std::string deepspeed_key_table() {
         dtk = "no effect: " + note;
         break;
       case Kind::kSection:
-        dtk = "refused with `\"enabled\": true`: " + note;
+        dtk = "refused unless `\"enabled\": false` (or `{}`): " + note;
         break;
       case Kind::kCustom:
         dtk = (*r.target ? std::string("`") + r.target + "`" + (note.empty() ? "" : "; ") : "") + note;

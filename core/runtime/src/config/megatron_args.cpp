@@ -116,6 +116,7 @@ const Rule kRules[] = {
     {"--use-flash-attn-v1", 0, Kind::kIgnore, "", kDtkAttention},
     {"--use-flash-attn-v2", 0, Kind::kIgnore, "", kDtkAttention},
     {"--use-flash-attn-triton", 0, Kind::kIgnore, "", kDtkAttention},
+    {"--use-flash-attn-builder", 0, Kind::kIgnore, "", kDtkAttention},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
      "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed "
      "(gpt's not where its attention kernel keeps no probabilities)"},
@@ -238,7 +239,9 @@ const Rule kRules[] = {
     {"--cpu-optimizer", 0, Kind::kCustom, "optimizer cpu_adam",
      "DeepSpeedCPUAdam: the cpu_adam plugin (Adam only, as Megatron-DeepSpeed asserts); with "
      "zero_optimization.offload_optimizer"},
-    {"--cpu-torch-adam", 0, Kind::kIgnore, "", "torch's AdamW on the host: the cpu_adam plugin's update is the same"},
+    {"--cpu-torch-adam", 0, Kind::kCustom, "",
+     "with --cpu-optimizer: torch's AdamW on the host, the cpu_adam plugin's update; with an offload refused unless "
+     "zero_force_ds_cpu_optimizer is false (DeepSpeed refuses it)"},
     {"--ds-fused-adam", 0, Kind::kIgnore, "", "DeepSpeed's fused Adam kernel: the same update"},
     {"--deepspeed-activation-checkpointing", 0, Kind::kIgnore, "",
      "DeepSpeed's checkpointing of the recomputed layers' inputs; DTK recomputes as the recompute flags say, the "
@@ -248,9 +251,11 @@ const Rule kRules[] = {
     {"--checkpoint-in-cpu", 0, Kind::kIgnore, "", "where recomputed layers' inputs are kept; the same results"},
     {"--synchronize-each-layer", 0, Kind::kIgnore, "", "a device synchronisation per recomputed layer"},
     {"--profile-backward", 0, Kind::kIgnore, "", "DeepSpeed's timing of recomputed layers"},
-    {"--no-pipeline-parallel", 0, Kind::kIgnore, "",
-     "Megatron-DeepSpeed's choice against DeepSpeed's pipeline engine; DTK pipelines by "
-     "--pipeline-model-parallel-size"},
+    {"--no-pipeline-parallel", 0, Kind::kCustom, "",
+     "Megatron-DeepSpeed's choice against DeepSpeed's pipeline engine: needed by zero_optimization.stage 2 and 3 "
+     "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
+    {"--ds-sequence-parallel-size", 1, Kind::kCustom, "",
+     "DeepSpeed-Ulysses: 1 accepted; more refused (DTK's sequence parallelism is Megatron's, --sequence-parallel)"},
     {"--universal-checkpoint", 0, Kind::kRefuse, "",
      "DeepSpeed's universal checkpoints are not read; DTK reads its own (Megatron's torch layout)"},
     // Parallelism
@@ -321,6 +326,7 @@ const Rule kRules[] = {
     {"--profile-ranks", -1, Kind::kIgnore, "", "every rank writes its trace; rank 0 prints the table"},
     {"--enable-cuda-graph", 0, Kind::kSwitch, "train.cuda_graphs=true",
      "each micro-batch's whole forward and backward is one graph (Megatron-core records per layer)"},
+    {"--log-optimizer-states-to-tensorboard", 0, Kind::kIgnore, "", "DTK writes no optimizer-state statistics"},
     {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
      "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
     {"--log-throughput", 0, Kind::kIgnore, "", "the log line always shows TFLOP/s, MFU and tokens per second"},
@@ -408,6 +414,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       return refuse("not one of LayerNorm, RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
+  } else if (f == "--ds-sequence-parallel-size") {
+    if (v[0] != "1") refuse("DTK has no DeepSpeed-Ulysses sequence parallelism (Megatron's: --sequence-parallel)");
   } else if (f == "--context-parallel-size") {
     if (v[0] != "1") refuse("DTK has no context parallelism (the sequence is not split over ranks)");
   } else if (f == "--use-rope-scaling") {
@@ -647,6 +655,8 @@ struct SeenFlags {
   std::string clip_grad, clip_grad_shown, micro_batch, micro_batch_shown, global_batch, global_batch_shown;
   std::string distributed_optimizer_shown;  // --use-distributed-optimizer as given
   std::string ddp_bucket, ddp_bucket_shown;  // --ddp-bucket-size: its value, and as given
+  std::string no_pipeline_shown, cpu_torch_adam_shown;  // --no-pipeline-parallel, --cpu-torch-adam as given
+  int ds_config_flags = 0;                              // --deepspeed_config / --deepscale_config given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -659,7 +669,10 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--checkpoint-activations") s.checkpoint_activations = true;
   if (f == "--checkpoint-num-layers") s.checkpoint_layers = values[0], s.checkpoint_layers_shown = shown;
   if (f == "--deepspeed" || f == "--deepscale") s.deepspeed_shown = shown;
-  if (f == "--deepspeed-config" || f == "--deepscale-config") s.ds_config = values[0], s.ds_config_shown = shown;
+  if (f == "--deepspeed-config" || f == "--deepscale-config")
+    s.ds_config = values[0], s.ds_config_shown = shown, ++s.ds_config_flags;
+  if (f == "--no-pipeline-parallel") s.no_pipeline_shown = shown;
+  if (f == "--cpu-torch-adam") s.cpu_torch_adam_shown = shown;
   if (f == "--zero-stage") s.zero_stage = values[0], s.zero_stage_shown = shown;
   if (f == "--cpu-optimizer") s.cpu_optimizer_shown = shown;
   if (f == "--loss-scale" || f == "--initial-loss-scale" || f == "--min-loss-scale" || f == "--loss-scale-window" ||
@@ -780,14 +793,6 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
   set_by(m, "logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last), "--profile");
 }
 
-// Megatron-DeepSpeed's grouped-query attention: --num-key-value-heads groups (the head count, its
-// default, is multi-head attention as without the flag).
-void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
-  if (s.key_value_heads_shown.empty() || s.key_value_heads == s.attention_heads) return;
-  s.llama_only.push_back(s.key_value_heads_shown);
-  set_by(m, "model.num_query_groups=" + s.key_value_heads, s.key_value_heads_shown);
-}
-
 // A whole positive number, or 0.
 long positive_number(const std::string& v) {
   char* end = nullptr;
@@ -803,6 +808,21 @@ std::string number_text(double v) {
     if (std::strtod(buf, nullptr) == v) break;
   }
   return buf;
+}
+
+// Megatron-DeepSpeed's grouped-query attention: --num-key-value-heads groups (the head count, its
+// default, is multi-head attention as without the flag).
+void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
+  if (s.key_value_heads_shown.empty()) return;
+  if (positive_number(s.key_value_heads) == 0)
+    return m.refused.push_back(s.key_value_heads_shown + ": not a positive number of key-value heads");
+  if (s.group_query_attention || !s.query_groups_shown.empty())
+    return m.refused.push_back(s.key_value_heads_shown +
+                               " with --group-query-attention/--num-query-groups: give one (Megatron-DeepSpeed's and "
+                               "Megatron's names of the same groups)");
+  if (s.key_value_heads == s.attention_heads) return;
+  s.llama_only.push_back(s.key_value_heads_shown);
+  set_by(m, "model.num_query_groups=" + s.key_value_heads, s.key_value_heads_shown);
 }
 
 // Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
@@ -832,16 +852,21 @@ void map_ddp_bucket(const SeenFlags& s, MegatronMapping& m) {
 // schedule and hands them to DeepSpeed (deepspeed.initialize(optimizer=..., lr_scheduler=...)), so
 // the config's own optimizer and scheduler do nothing. Megatron flags the config overrules are said
 // to have no effect; a setting both give with two values is refused, as one side would train
-// another run than the other expects.
+// another run than the other expects. (--cpu-optimizer, Megatron-DeepSpeed's choice of the host's
+// Adam, is the cpu_adam plugin with or without --deepspeed.)
 void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
   if (!s.cpu_optimizer_shown.empty()) {
     if (m.optimizer == "sgd")
       m.refused.push_back(s.cpu_optimizer_shown +
-                          " with --optimizer sgd: CPU offloading is for Adam (Megatron-DeepSpeed "
-                          "asserts it)");
+                          " with --optimizer sgd: CPU offloading is for Adam (Megatron-DeepSpeed asserts it)");
     else
       m.optimizer = "cpu_adam";
+  } else if (!s.cpu_torch_adam_shown.empty()) {
+    m.ignored.push_back(s.cpu_torch_adam_shown + " (Megatron-DeepSpeed reads it only with --cpu-optimizer)");
   }
+  if (!s.no_pipeline_shown.empty() && positive_number(s.pipeline_size) > 1)
+    m.refused.push_back(s.no_pipeline_shown + " with --pipeline-model-parallel-size " + s.pipeline_size +
+                        ": give one (Megatron-DeepSpeed asserts it)");
   if (s.deepspeed_shown.empty()) {
     if (!s.ds_config_shown.empty())
       m.ignored.push_back(s.ds_config_shown + " (without --deepspeed Megatron-DeepSpeed does not read it)");
@@ -849,9 +874,13 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
       m.ignored.push_back(s.zero_stage_shown + " (without --deepspeed there is no ZeRO)");
     return;
   }
-  if (s.ds_config.empty())
+  if (s.ds_config_shown.empty())
     return m.refused.push_back(s.deepspeed_shown +
                                ": needs --deepspeed_config FILE (DeepSpeed reads its settings from it)");
+  if (s.ds_config_flags > 1)
+    return m.refused.push_back(
+        "--deepspeed_config given twice (or with --deepscale_config): give one (DeepSpeed "
+        "asserts it)");
   DeepSpeedConfig ds;
   try {
     ds = read_deepspeed_config(s.ds_config);
@@ -878,7 +907,13 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
   s.overlap_grad_reduce = false, s.overlap_param_gather_shown.clear();
   drop_sets(m, "strategy.");
   m.strategy = ds.strategy;
-  if (!s.zero_stage.empty() && s.zero_stage != std::to_string(ds.stage))
+  // Without --no-pipeline-parallel Megatron-DeepSpeed trains through DeepSpeed's pipeline engine.
+  if (ds.stage >= 2 && s.no_pipeline_shown.empty())
+    m.refused.push_back(s.ds_config + ": zero_optimization.stage " + std::to_string(ds.stage) +
+                        " without --no-pipeline-parallel: Megatron-DeepSpeed then trains through DeepSpeed's "
+                        "pipeline engine, which refuses ZeRO-2 and ZeRO-3; add --no-pipeline-parallel");
+  // Megatron-DeepSpeed reads its --zero-stage only as "stage 3 or not" (the partitioned build).
+  if (!s.zero_stage.empty() && (std::strtol(s.zero_stage.c_str(), nullptr, 10) == 3) != (ds.stage == 3))
     m.refused.push_back(s.zero_stage_shown + ": " + s.ds_config + " says zero_optimization.stage " +
                         std::to_string(ds.stage) +
                         " (Megatron-DeepSpeed would build the model for one stage and "
@@ -892,17 +927,14 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
   for (const char* field : {"train.loss_scale", "train.initial_loss_scale", "train.min_loss_scale",
                             "train.loss_scale_window", "train.hysteresis"})
     drop_sets(m, field);
-  // DeepSpeed clips by its config alone (absent: not at all).
-  const double clip = ds.gradient_clipping.value_or(0.0);
-  if (!s.clip_grad_shown.empty() && std::strtod(s.clip_grad.c_str(), nullptr) != clip)
+  // DeepSpeed clips by its config alone.
+  if (!s.clip_grad_shown.empty() && std::strtod(s.clip_grad.c_str(), nullptr) != ds.gradient_clipping)
     m.notes.push_back(s.clip_grad_shown + " has no effect under --deepspeed: DeepSpeed clips by " + s.ds_config +
-                      "'s gradient_clipping (" +
-                      (ds.gradient_clipping ? number_text(clip) : std::string("absent: no clipping")) + ")");
+                      "'s gradient_clipping (" + number_text(ds.gradient_clipping) +
+                      (ds.gradient_clipping_given ? "" : ", DeepSpeed's default when absent") + ")");
   drop_sets(m, "train.clip_grad");
-  if (!ds.gradient_clipping)
-    ds.sets.push_back("train.clip_grad=0"), ds.key_of["train.clip_grad"] = s.ds_config + ": gradient_clipping";
   const auto differ = [](const std::string& flag_value, const std::optional<long long>& ds_value) {
-    return ds_value && !flag_value.empty() && flag_value != std::to_string(*ds_value);
+    return ds_value && !flag_value.empty() && std::strtoll(flag_value.c_str(), nullptr, 10) != *ds_value;
   };
   if (differ(s.micro_batch, ds.micro_batch))
     m.refused.push_back(s.micro_batch_shown + ": " + s.ds_config + "'s train_micro_batch_size_per_gpu is " +
@@ -912,16 +944,24 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
     m.refused.push_back(s.global_batch_shown + ": " + s.ds_config + "'s train_batch_size is " +
                         std::to_string(*ds.train_batch) +
                         " (Megatron's loop would step at one batch and DeepSpeed at another); give the same");
-  // ZeRO-Offload steps with DeepSpeed's CPU Adam: DeepSpeed refuses another client optimizer unless
-  // zero_force_ds_cpu_optimizer is false.
-  if (ds.offload_optimizer != "none" && m.optimizer != "cpu_adam") {
+  // DeepSpeed tests its ZeRO with its own optimizers (Adam and the like), not torch's SGD.
+  if (m.optimizer == "sgd" && ds.stage >= 1 && !ds.allow_untested_optimizer)
+    m.refused.push_back("--optimizer sgd with " + s.ds_config + "'s zero_optimization.stage " +
+                        std::to_string(ds.stage) +
+                        ": DeepSpeed refuses an optimizer its ZeRO was not tested with (zero_allow_untested_optimizer: "
+                        "true allows it)");
+  // ZeRO-Offload steps with DeepSpeed's CPU Adam: DeepSpeed refuses another client optimizer (torch's
+  // AdamW included) unless zero_force_ds_cpu_optimizer is false.
+  const bool torch_adam = !s.cpu_torch_adam_shown.empty() && !s.cpu_optimizer_shown.empty();
+  if (ds.offload_optimizer != "none" && (m.optimizer != "cpu_adam" || torch_adam)) {
+    const std::string offload = s.ds_config + ": " + ds.offload_optimizer_key + " " + ds.offload_optimizer;
     if (m.optimizer == "sgd")
-      m.refused.push_back(s.ds_config + ": zero_optimization.offload_optimizer.device " + ds.offload_optimizer +
-                          " with --optimizer sgd: the offloaded step is Adam's (cpu_adam)");
+      m.refused.push_back(offload + " with --optimizer sgd: the offloaded step is Adam's (cpu_adam)");
     else if (ds.force_ds_cpu_optimizer)
-      m.refused.push_back(s.ds_config + ": zero_optimization.offload_optimizer.device " + ds.offload_optimizer +
-                          " without --cpu-optimizer: DeepSpeed refuses ZeRO-Offload with Megatron's GPU Adam "
-                          "(zero_force_ds_cpu_optimizer: false allows it); add --cpu-optimizer");
+      m.refused.push_back(offload + (torch_adam ? " with --cpu-torch-adam" : " without --cpu-optimizer") +
+                          ": DeepSpeed refuses ZeRO-Offload with an optimizer other than its CPU Adam "
+                          "(zero_force_ds_cpu_optimizer: false allows it)" +
+                          (torch_adam ? "" : "; add --cpu-optimizer"));
     else
       m.optimizer = "cpu_adam";
   }

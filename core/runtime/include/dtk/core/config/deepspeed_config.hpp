@@ -4,7 +4,8 @@
 //
 // One table (deepspeed_config.cpp) says, for every key DTK knows, the config path it sets, the
 // only value DTK runs, or why it has no effect here. A key that is not in the table is refused,
-// as is a duplicate key (DeepSpeed refuses those too): nothing is silently dropped. The docs'
+// as are a duplicate key and a dotted one (a plain JSON reader would keep the last, or read the
+// dotted name as another key): nothing is silently dropped. The docs'
 // table (`dtk config --deepspeed_table`, in docs/user-guide.md) is printed from the same rules.
 #pragma once
 
@@ -20,15 +21,18 @@ namespace dtk::core {
 struct DeepSpeedConfig {
   std::string strategy = "ddp";  // zero_optimization.stage 0: ddp; 1-3: zero
   int stage = 0;
-  std::vector<std::string> sets;                      // `path=value` assignments, in the file's order
-  std::map<std::string, std::string> key_of;          // the config field each key set -> "FILE: key"
-  std::vector<std::string> ignored;                   // "FILE: key (why it has no effect here)"
-  std::vector<std::string> refused;                   // "FILE: key value: why DTK cannot run it"
-  std::string precision = "fp32";                     // fp16.enabled / bf16.enabled
-  std::optional<double> gradient_clipping;            // absent: DeepSpeed does not clip
+  std::vector<std::string> sets;              // `path=value` assignments, in the file's order
+  std::map<std::string, std::string> key_of;  // the config field each key set -> "FILE: key"
+  std::vector<std::string> ignored;           // "FILE: key (why it has no effect here)"
+  std::vector<std::string> refused;           // "FILE: key value: why DTK cannot run it"
+  std::string precision = "fp32";             // fp16.enabled / bf16.enabled
+  double gradient_clipping = 1.0;             // DeepSpeed's default since 0.19.3 when absent
+  bool gradient_clipping_given = false;
   std::optional<long long> micro_batch, train_batch;  // train_micro_batch_size_per_gpu, train_batch_size
-  std::string offload_optimizer = "none";             // zero_optimization.offload_optimizer.device
+  std::string offload_optimizer = "none";             // the optimizer's offload device DeepSpeed uses
+  std::string offload_optimizer_key;                  // the key that gave it, as written
   bool force_ds_cpu_optimizer = true;                 // zero_force_ds_cpu_optimizer
+  bool allow_untested_optimizer = false;              // zero_allow_untested_optimizer
   std::vector<std::string> client_sections;           // "optimizer", "scheduler": present in the file
 };
 

@@ -14,7 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtk/core/config/config.hpp"
 #include "dtk/host/error.hpp"
+#include "dtk/host/error_line.hpp"
 
 namespace dtk::core {
 
@@ -234,35 +236,14 @@ std::string text_of(const json& v) {
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
   if (v.is_number_integer()) return std::to_string(v.get<long long>());
   if (v.is_number_unsigned()) return std::to_string(v.get<unsigned long long>());
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18)
-      return std::to_string(static_cast<long long>(d));
-    char buf[40];
-    for (int digits = 6; digits <= 17; ++digits) {
-      std::snprintf(buf, sizeof buf, "%.*g", digits, d);
-      if (std::strtod(buf, nullptr) == d) break;
-    }
-    return buf;
-  }
+  if (v.is_number_float()) return number_text(v.get<double>());
   return v.dump();
 }
 
-// Text from the file as it can be shown on one line: control bytes (a NUL would end the line a
-// terminal shows) as \xNN, at most 80 characters.
+// Text from the file as it can be shown on one line (error_line: control bytes, a NUL that would
+// end the line a terminal shows, as \xNN), at most 80 characters.
 std::string printable(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (out.size() >= 80) return out + "...";
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+  return host::error_line(text.substr(0, 80)) + (text.size() > 80 ? "..." : "");
 }
 
 // A value as an error shows it: a section or a list by its kind, not its contents.

@@ -800,16 +800,6 @@ long positive_number(const std::string& v) {
   return v.empty() || *end || n <= 0 ? 0L : n;
 }
 
-// A number as a person writes it, in the fewest digits that read back the same: 0.3, not 0.300000.
-std::string number_text(double v) {
-  char buf[40];
-  for (int digits = 6; digits <= 17; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  return buf;
-}
-
 // Megatron-DeepSpeed's grouped-query attention: --num-key-value-heads groups (the head count, its
 // default, is multi-head attention as without the flag).
 void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {

@@ -35,4 +35,8 @@ void validate_config(const config::RunConfig& cfg);
 
 std::string to_text(const config::RunConfig& cfg);
 
+// A double as a person writes it, in the fewest digits that read back the same (0.3, not
+// 0.300000; 500000000, not 5e+08).
+std::string number_text(double v);
+
 }  // namespace dtk::core

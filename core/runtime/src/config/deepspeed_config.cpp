@@ -515,7 +515,6 @@ class Reader {
         out_.ignored.push_back(shown("zero_optimization.overlap_comm") + " (stage 0: DeepSpeed's ZeRO is off)");
       return;
     }
-    out_.strategy = "zero";
     set("strategy.stage", std::to_string(out_.stage), stage_key_);
     const std::string at_stage = " (stage " + std::to_string(out_.stage) + ": ";
     for (const auto& s : p.zero) {

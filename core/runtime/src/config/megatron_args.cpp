@@ -896,7 +896,7 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.overlap_param_gather_shown + " (under --deepspeed DeepSpeed gathers the parameters)");
   s.overlap_grad_reduce = false, s.overlap_param_gather_shown.clear();
   drop_sets(m, "strategy.");
-  m.strategy = ds.strategy;
+  m.strategy = ds.stage == 0 ? "ddp" : "zero";
   // Without --no-pipeline-parallel Megatron-DeepSpeed trains through DeepSpeed's pipeline engine.
   if (ds.stage >= 2 && s.no_pipeline_shown.empty())
     m.refused.push_back(s.ds_config + ": zero_optimization.stage " + std::to_string(ds.stage) +
@@ -1012,11 +1012,7 @@ void map_optimizer_options(const SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.sgd_momentum_shown + " (Megatron reads it only with --optimizer sgd)");
   if (!sgd) return;
   for (const auto& shown : s.adam_shown) m.ignored.push_back(shown + " (Megatron reads it only with --optimizer adam)");
-  const auto adam_only = [](const std::string& set) {
-    return set.rfind("optimizer.beta", 0) == 0 || set.rfind("optimizer.eps=", 0) == 0;
-  };
-  m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), adam_only), m.sets.end());
-  for (const char* field : {"optimizer.beta1", "optimizer.beta2", "optimizer.eps"}) m.flag_of.erase(field);
+  for (const char* field : {"optimizer.beta1", "optimizer.beta2", "optimizer.eps"}) drop_sets(m, field);
 }
 
 // Megatron applies Llama 3.1's frequency scaling only with --use-rope-scaling, by
@@ -1231,8 +1227,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
       const auto of_field = [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; };
       if (std::none_of(m.sets.begin(), m.sets.end(), of_field)) continue;  // (a flag given twice: each set)
       m.ignored.push_back(m.flag_of[field] + " (--mock-data reads no files)");
-      m.flag_of.erase(field);
-      m.sets.erase(std::remove_if(m.sets.begin(), m.sets.end(), of_field), m.sets.end());
+      drop_sets(m, field);
     }
   }
   // Megatron checks every loss and gradient for NaN by default and stops at the first.

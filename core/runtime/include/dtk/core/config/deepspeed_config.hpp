@@ -19,8 +19,7 @@ namespace dtk::core {
 // What a DeepSpeed config says, as DTK settings and as the values the command line's Megatron
 // flags are checked against.
 struct DeepSpeedConfig {
-  std::string strategy = "ddp";  // zero_optimization.stage 0: ddp; 1-3: zero
-  int stage = 0;
+  int stage = 0;                              // zero_optimization.stage: 0 is the ddp strategy, 1-3 the zero strategy
   std::vector<std::string> sets;              // `path=value` assignments, in the file's order
   std::map<std::string, std::string> key_of;  // the config field each key set -> "FILE: key"
   std::vector<std::string> ignored;           // "FILE: key (why it has no effect here)"

@@ -36,8 +36,12 @@ namespace {
 
 using dtk::host::HostError;
 
+// A prompt and where it came from ("--prompt", or the file's line), to name it in an error.
+struct Prompt {
+  std::string text, where;
+};
 
-std::vector<std::string> read_prompts() {
+std::vector<Prompt> read_prompts() {
   if (!FLAGS_prompt.empty() && !FLAGS_prompts_file.empty())
     throw HostError("generate: give --prompt or --prompts_file, not both");
   // The tokenizer reads UTF-8; its error would not say which prompt.
@@ -47,7 +51,7 @@ std::vector<std::string> read_prompts() {
   };
   if (!FLAGS_prompt.empty()) {
     utf8(FLAGS_prompt, "--prompt");
-    return {FLAGS_prompt};
+    return {{FLAGS_prompt, "--prompt"}};
   }
   if (FLAGS_prompts_file.empty() && !gflags::GetCommandLineFlagInfoOrDie("prompt").is_default)
     throw HostError("generate: --prompt is empty: give the text to continue");
@@ -56,17 +60,17 @@ std::vector<std::string> read_prompts() {
     throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " is a directory, not a file of prompts");
   std::ifstream in(FLAGS_prompts_file);
   if (!in) throw HostError("generate: cannot read --prompts_file " + FLAGS_prompts_file);
-  std::vector<std::string> out;
+  std::vector<Prompt> out;
   int64_t number = 0;
   for (std::string line; std::getline(in, line);) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
-    utf8(line, "--prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number));
+    const std::string where = "--prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number);
+    utf8(line, where);
     // The echo and the model would read different prompts (a C string ends at the NUL).
     if (line.find('\0') != std::string::npos)
-      throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " line " + std::to_string(number) +
-                      " holds a NUL byte: not a text prompt");
-    if (!line.empty()) out.push_back(line);
+      throw HostError("generate: " + where + " holds a NUL byte: not a text prompt");
+    if (!line.empty()) out.push_back({line, where});
   }
   if (out.empty()) throw HostError("generate: --prompts_file " + FLAGS_prompts_file + " holds no prompt");
   return out;
@@ -137,11 +141,32 @@ void print_generate_header(int64_t iteration, int tp) {
                static_cast<long long>(iteration), FLAGS_load.c_str(), tp, how);
 }
 
+// Every prompt's ids, each checked to fit the model's positions with the tokens to add before
+// anything is generated: a prompt too long would otherwise stop the run after the batches before
+// it were printed. A prompt of no token (whitespace only) starts a document.
+std::vector<std::vector<int64_t>> prompt_ids(const std::vector<Prompt>& prompts, const dtk::text::Tokenizer& tokenizer,
+                                             int64_t max_positions) {
+  std::vector<std::vector<int64_t>> ids(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int32_t t : tokenizer.tokenize(prompts[i].text)) ids[i].push_back(t);
+    if (ids[i].empty() && tokenizer.eod() >= 0) ids[i].push_back(tokenizer.eod());
+    if (ids[i].empty()) throw HostError("generate: " + prompts[i].where + ": the prompt has no token");
+    const int64_t n = static_cast<int64_t>(ids[i].size());
+    if (n + FLAGS_max_new_tokens - 1 > max_positions)
+      throw HostError("generate: " + prompts[i].where + ": " + std::to_string(n) +
+                      (n == 1 ? " prompt token" : " prompt tokens") + " plus " + std::to_string(FLAGS_max_new_tokens) +
+                      " new ones (--max_new_tokens) exceed the model's " + std::to_string(max_positions) +
+                      " positions");
+  }
+  return ids;
+}
+
 // How one batch of prompts is continued and shown.
 struct GenerateRun {
   const dtk_model_ref* model;
   const dtk::text::Tokenizer& tokenizer;
-  const std::vector<std::string>& prompts;
+  const std::vector<Prompt>& prompts;
+  const std::vector<std::vector<int64_t>>& ids;  // prompt_ids
   const dtk::core::SamplingOptions& options;
   int64_t max_positions;
   bool printer, stream;
@@ -151,17 +176,9 @@ struct GenerateRun {
 // as it is chosen. A batch prints each prompt with its continuation when the batch is done.
 void generate_batch(const GenerateRun& run, size_t first, size_t n) {
   const int32_t eod = run.tokenizer.eod();
-  std::vector<std::vector<int64_t>> ids(n);
-  for (size_t i = 0; i < n; ++i) {
-    for (int32_t t : run.tokenizer.tokenize(run.prompts[first + i])) ids[i].push_back(t);
-    if (ids[i].empty() && eod >= 0) ids[i].push_back(eod);  // no token (whitespace only): a document start
-    if (ids[i].empty()) throw HostError("generate: prompt " + std::to_string(first + i + 1) + " has no token");
-  }
-  size_t longest = 0;
-  for (const auto& p : ids) longest = std::max(longest, p.size());
-  dtk::core::check_generation_fits(static_cast<int64_t>(longest), run.options.max_new_tokens, run.max_positions);
+  const std::vector<std::vector<int64_t>> ids(run.ids.begin() + first, run.ids.begin() + first + n);
   if (run.stream && run.printer) {
-    std::fputs(run.prompts[first].c_str(), stdout);
+    std::fputs(run.prompts[first].text.c_str(), stdout);
     std::fflush(stdout);
   }
   // The continuation is what decoding prompt + new tokens adds to decoding the prompt: a token's
@@ -188,7 +205,14 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     std::fflush(stdout);
     printed = text.size();
   };
-  const auto out = dtk::core::generate(run.model, ids, run.options, run.max_positions, on_token);
+  std::vector<std::vector<int64_t>> out;
+  try {
+    out = dtk::core::generate(run.model, ids, run.options, run.max_positions, on_token);
+  } catch (...) {
+    // The error goes on a line of its own, not after the streamed text.
+    if (run.stream && run.printer) std::fputs("\n", stdout);
+    throw;
+  }
   if (!run.printer) return;
   if (run.stream) {
     std::fputs("\n", stdout);
@@ -198,7 +222,7 @@ void generate_batch(const GenerateRun& run, size_t first, size_t n) {
     std::vector<int32_t> text_ids;
     for (int64_t id : out[i])
       if (id != eod) text_ids.push_back(static_cast<int32_t>(id));
-    std::printf("=== prompt %zu\n%s%s\n", first + i + 1, run.prompts[first + i].c_str(),
+    std::printf("=== prompt %zu\n%s%s\n", first + i + 1, run.prompts[first + i].text.c_str(),
                 continuation(ids[i], text_ids).c_str());
   }
   std::fflush(stdout);
@@ -231,7 +255,7 @@ std::unique_ptr<dtk::text::Tokenizer> generation_tokenizer(const dtk::config::Ru
 
 int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& plugins) {
   check_generate_flags();
-  const std::vector<std::string> prompts = read_prompts();
+  const std::vector<Prompt> prompts = read_prompts();
 
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(FLAGS_load, &iteration, /*verify=*/false);
@@ -240,6 +264,8 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");
   const auto tokenizer_ptr = generation_tokenizer(cfg, iter_dir);
   const dtk::text::Tokenizer& tokenizer = *tokenizer_ptr;
+  const int64_t max_positions = max_positions_of(cfg);
+  const std::vector<std::vector<int64_t>> ids = prompt_ids(prompts, tokenizer, max_positions);
   // Prompt ids the model has no row for would fail at the first forward step, far from the cause.
   if (auto vocab = cfg.model().options().find("vocab_size"); vocab != cfg.model().options().end())
     require_tokenizer_fits(tokenizer, std::strtoll(vocab->second.c_str(), nullptr, 10), "generate");
@@ -252,7 +278,7 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   built.model->set_training(false);
 
   const dtk::core::SamplingOptions o = sampling_options(cfg, tokenizer);
-  const GenerateRun run{built.model->ref(),   tokenizer,          prompts, o, max_positions_of(cfg),
+  const GenerateRun run{built.model->ref(),   tokenizer,          prompts, ids, o, max_positions,
                         topo.world_rank == 0, prompts.size() == 1};
   if (run.printer) print_generate_header(iteration, tp);
   for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(FLAGS_batch_size))

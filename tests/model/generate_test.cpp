@@ -208,5 +208,15 @@ TEST(GenerateCli, OneProcessAndTensorParallelPrintTheSameText) {
   const dtk_test::Result same = gen(dir + "/tok", "--prompt Hello --max_new_tokens 2", false);
   EXPECT_EQ(same.code, 0) << same.out;
   dtk_test::expect_one_line_error(gen(dir + "/tp1", "--prompt x --max_new_tokens 5000", false),
-                                  "new tokens exceeds the model's");
+                                  "generate: --prompt: 1 prompt token plus 5000 new ones (--max_new_tokens) exceed the "
+                                  "model's ");
+  // A prompt too long anywhere in a file is named by its line before any batch is generated.
+  const std::string long_prompts = dir + "/long.txt";
+  std::ofstream(long_prompts) << "Hello there\n\nThe king\n"
+                              << std::string(200, 'a')
+                              << " b c d e f g h i j k l m n o p q r s t u v w x y z 1 2 3 4 5 6 7 8 9\n";
+  const dtk_test::Result g =
+      gen(dir + "/tp1", "--prompts_file " + long_prompts + " --batch_size 1 --max_new_tokens 5", false);
+  dtk_test::expect_one_line_error(g, "generate: --prompts_file " + long_prompts + " line 4: ");
+  EXPECT_EQ(g.out.find("=== prompt"), std::string::npos) << g.out;
 }

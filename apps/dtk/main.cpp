@@ -53,6 +53,10 @@ DEFINE_string(bench_out, "", "Write the performance summary as JSON to this file
 DEFINE_string(megatron_args, "",
               "A Megatron-LM / DeepSpeed-Domino pretraining flag list (or @FILE) mapped onto the config; --set "
               "still wins. `dtk config --megatron_table` lists every flag.");
+DEFINE_string(deepspeed_config, "",
+              "DeepSpeed's JSON config (ds_config.json) as its engine reads it: ZeRO, precision, batch, clipping, "
+              "its optimizer and scheduler; after --config, before the plugin flags and --set. `dtk config "
+              "--deepspeed_table` lists every key.");
 DEFINE_bool(use_checkpoint_args, false,
             "The model plugin and options of the checkpoint loaded (train's checkpoint.load, generate's --load, "
             "export's CHECKPOINT) replace this run's (--set checkpoint.use_checkpoint_args=true; Megatron's "
@@ -62,8 +66,8 @@ DEFINE_bool(verify, true,
             "SHA256SUMS (--noverify reads a damaged or hand-edited one).");
 DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
 DEFINE_bool(deepspeed_table, false,
-            "With `config`: print the table of DeepSpeed config keys (Megatron-DeepSpeed's --deepspeed_config) and "
-            "exit.");
+            "With `config`: print the table of DeepSpeed config keys (--deepspeed_config, and Megatron-DeepSpeed's "
+            "inside --megatron_args) and exit.");
 DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
 // --set may be given many times; it is collected before gflags parses the rest.
 DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
@@ -78,6 +82,8 @@ Usage:
             [--megatron_args "FLAGS" | @FILE]   Megatron-LM's pretrain_gpt.py flags (dtk config --megatron_table),
                                                 Megatron-DeepSpeed's --deepspeed --deepspeed_config FILE among them
                                                 (dtk config --deepspeed_table)
+            [--deepspeed_config ds_config.json]  DeepSpeed's config as its engine reads it, optimizer and
+                                                scheduler included (dtk config --deepspeed_table)
             [TOKENIZER: as preprocess] [--use_checkpoint_args] [--plugin_path DIR] [--bench_out FILE.json]
   dtk launch --nproc_per_node N [--master_port P] train ...   N processes on this machine
   dtk launch --nproc_per_node N --nnodes M --node_rank K --master_addr HOST [--master_port P] train ...
@@ -121,9 +127,11 @@ also starts under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PO
 
 dtk::host::PluginHost* g_loaded = nullptr;
 
-// The config fields --megatron_args set, and the flag behind each: an error naming such a field
-// names the flag too (report_error), since that is what the user typed.
+// The config fields --megatron_args (or --deepspeed_config) set, and the flag (or key) behind
+// each: an error naming such a field names the flag too (report_error), since that is what the
+// user typed.
 std::map<std::string, std::string> g_megatron_flag_of;
+std::string g_flag_source = "--megatron_args";
 
 bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file);
 
@@ -169,7 +177,7 @@ void print_help(int argc, char** argv) {
 void check_flags(int argc, char** argv) {
   // A second --config or --megatron_args would replace the first without a word: the run would
   // not be the one asked for.
-  std::map<std::string, std::string> once = {{"config", ""}, {"megatron_args", ""}};
+  std::map<std::string, std::string> once = {{"config", ""}, {"megatron_args", ""}, {"deepspeed_config", ""}};
   std::map<std::string, bool> seen;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
@@ -268,7 +276,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
     throw dtk::host::HostError("--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it");
   // So would any of these given an empty value: each reads as not given.
   for (const char* flag : {"config", "model", "dataset", "step", "optimizer", "strategy", "data_path", "bench_out",
-                           "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file"}) {
+                           "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "deepspeed_config"}) {
     const gflags::CommandLineFlagInfo info = gflags::GetCommandLineFlagInfoOrDie(flag);
     if (!info.is_default && info.current_value.empty())
       throw dtk::host::HostError(std::string("--") + flag + " is empty (an unset variable?): give a value, or drop it");
@@ -283,23 +291,36 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
       return std::string("(none)");  // a plugin option of a slot switched since
     }
   };
-  // A Megatron command line first: the plugin flags, --data_path and --set below override it.
-  if (!FLAGS_megatron_args.empty()) {
-    const dtk::core::MegatronMapping mapping = apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
+  // Megatron-DeepSpeed reads DeepSpeed's config inside its command line, with its own optimizer.
+  if (!FLAGS_deepspeed_config.empty() && !FLAGS_megatron_args.empty())
+    throw dtk::host::HostError(
+        "--deepspeed_config with --megatron_args: Megatron-DeepSpeed names its DeepSpeed config among its flags; "
+        "give --megatron_args '... --deepspeed --deepspeed_config " +
+        FLAGS_deepspeed_config + "'");
+  // A Megatron command line or DeepSpeed's config first: the plugin flags, --data_path and --set
+  // below override it.
+  dtk::core::DeepSpeedConfig deepspeed;  // what --deepspeed_config's file says
+  if (!FLAGS_megatron_args.empty() || !FLAGS_deepspeed_config.empty()) {
+    const dtk::core::MegatronMapping mapping =
+        FLAGS_megatron_args.empty() ? apply_deepspeed_config(cfg, FLAGS_deepspeed_config, &deepspeed)
+                                    : apply_megatron_args(cfg, FLAGS_megatron_args, FLAGS_config.empty());
     const std::vector<std::string>& ignored = mapping.ignored;
     for (const auto& [path, flag] : mapping.flag_of) megatron_values[path] = value_at(cfg, path);
     g_megatron_flag_of = mapping.flag_of;
+    g_flag_source = mapping.source;
     // Said once (rank 0): what the command line asked for that has no effect here.
     // (on stderr: `dtk config --megatron_args ... > run.pbtxt` keeps a clean file).
     const std::string rank = dtk::core::rank_prefix();
+    const char* what = FLAGS_megatron_args.empty() ? "key(s)" : "flag(s)";
     if (!ignored.empty() && (rank.empty() || rank == "[rank 0] ")) {
       std::string list;
       for (const auto& i : ignored) list += (list.empty() ? "" : "; ") + i;
-      std::fprintf(stderr, "dtk: note: --megatron_args: %zu flag(s) accepted with no effect here: %s\n",
-                   ignored.size(), list.c_str());
+      std::fprintf(stderr, "dtk: note: %s: %zu %s accepted with no effect here: %s\n", mapping.source.c_str(),
+                   ignored.size(), what, list.c_str());
     }
     if (rank.empty() || rank == "[rank 0] ")
-      for (const auto& note : mapping.notes) std::fprintf(stderr, "dtk: note: --megatron_args: %s\n", note.c_str());
+      for (const auto& note : mapping.notes)
+        std::fprintf(stderr, "dtk: note: %s: %s\n", mapping.source.c_str(), note.c_str());
   }
   // Switching a slot to another plugin drops the options the config gave the previous one
   // (they belong to that plugin); --set slot.key=value after it configures the new one.
@@ -326,6 +347,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   apply_tokenizer_flags(cfg.mutable_tokenizer());
   for (const auto& s : sets) dtk::core::apply_override(cfg, s);
   apply_tokenizer_files(cfg);
+  if (!FLAGS_deepspeed_config.empty()) check_deepspeed_client(cfg, deepspeed, FLAGS_deepspeed_config);
   // A field something after the flags changed (--set, --data_path, a switched plugin) is not
   // credited to the flag.
   for (auto it = g_megatron_flag_of.begin(); it != g_megatron_flag_of.end();)
@@ -423,7 +445,7 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
 void report_error(const std::string& message) {
   std::fflush(stdout);
   // Control bytes escaped, a very long message cut (dtk/host/error_line.hpp).
-  const std::string legend = dtk::core::megatron_flag_legend(message, g_megatron_flag_of);
+  const std::string legend = dtk::core::megatron_flag_legend(message, g_megatron_flag_of, g_flag_source);
   std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(message + legend).c_str());
   std::fflush(stderr);
 }

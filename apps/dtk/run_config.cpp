@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "dtk/core/config/config.hpp"
+#include "dtk/core/config/deepspeed_config.hpp"
 #include "dtk/core/config/megatron_args.hpp"
 #include "dtk/data/error.hpp"
 #include "dtk/host/error.hpp"
@@ -19,6 +20,49 @@ dtk::core::MegatronMapping apply_megatron_args(dtk::config::RunConfig& cfg, cons
     for (const auto& d : dtk::core::megatron_defaults()) dtk::core::apply_override(cfg, d);
   dtk::core::apply_megatron_mapping(cfg, m);
   return m;
+}
+
+dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, const std::string& path,
+                                                  dtk::core::DeepSpeedConfig* read) {
+  const dtk::core::DeepSpeedConfig ds = dtk::core::read_standalone_deepspeed_config(path, cfg);
+  if (read) *read = ds;
+  dtk::core::MegatronMapping m;
+  m.source = "--deepspeed_config";
+  m.strategy = ds.stage == 0 ? "ddp" : "zero";
+  m.optimizer = ds.optimizer_plugin;
+  m.sets = ds.sets;
+  m.ignored = ds.ignored;
+  m.refused = ds.refused;
+  m.flag_of = ds.key_of;
+  dtk::core::apply_megatron_mapping(cfg, m);
+  return m;
+}
+
+void check_deepspeed_client(const dtk::config::RunConfig& cfg, const dtk::core::DeepSpeedConfig& ds,
+                            const std::string& path) {
+  const std::string& optimizer = cfg.optimizer().name();
+  if (optimizer != ds.optimizer_plugin) {
+    const std::vector<std::string> refused = dtk::core::client_optimizer_refusals(ds, optimizer);
+    if (!refused.empty()) {
+      std::string list;
+      for (const auto& r : refused) list += (list.empty() ? "" : "; ") + path + ": " + r;
+      throw HostError("--deepspeed_config: " + list);
+    }
+  }
+  // DeepSpeed's L2-mode or uncorrected Adam is cpu_adam's alone, which steps host tensors.
+  if (optimizer == "cpu_adam" && ds.optimizer_plugin == "cpu_adam" && ds.offload_optimizer == "none" &&
+      cfg.train().device() != "cpu")
+    throw HostError("--deepspeed_config: " + path +
+                    " asks for the cpu_adam optimizer (Adam with adam_w_mode or "
+                    "bias_correction false, which only it has) on " +
+                    cfg.train().device() +
+                    " without an offload: cpu_adam steps host tensors; set zero_optimization.offload_optimizer, or "
+                    "leave those parameters out");
+  if (ds.cosine_base_lr && cfg.lr().lr() != *ds.cosine_base_lr)
+    throw HostError("--deepspeed_config: lr.lr is " + dtk::core::number_text(cfg.lr().lr()) + ", but " + path +
+                    "'s WarmupCosineLR ratios scaled " + dtk::core::number_text(*ds.cosine_base_lr) +
+                    " (as DeepSpeed, they scale the optimizer's rate): give the rate as the file's "
+                    "optimizer.params.lr, not with --set");
 }
 
 namespace {

@@ -202,7 +202,7 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
        "ds.json: zero_optimization.overlap_comms true: not a DeepSpeed config key DTK knows"},
       {{},
        R"({"train_batch_size": "auto"})",
-       "ds.json: train_batch_size auto: \"auto\" is Hugging Face Trainer's placeholder"},
+       "ds.json: train_batch_size \"auto\": \"auto\" is Hugging Face Trainer's placeholder"},
       {{}, R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "fp16.enabled and bf16.enabled are both true"},
       {{},
        R"({"fp16": {"enabled": true, "consecutive_hysteresis": true}})",
@@ -242,7 +242,7 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
       {{}, R"({"zero_optimization": {"stage": 4}})", "ds.json: zero_optimization.stage 4: not one of 0, 1, 2, 3"},
       {{},
        R"({"communication_data_type": "bf16"})",
-       "ds.json: communication_data_type bf16: DTK reduces gradients in fp32"},
+       "ds.json: communication_data_type \"bf16\": DTK reduces gradients in fp32"},
       {{"--zero-stage", "3"}, R"({"zero_optimization": {"stage": 1}})", "--zero-stage 3: "},
       {{"--fp16"}, R"({"bf16": {"enabled": true}})", "--fp16: "},
       {{"--micro-batch-size", "8"}, R"({"train_micro_batch_size_per_gpu": 4})", "--micro-batch-size 8: "},
@@ -372,4 +372,167 @@ TEST(MegatronDeepSpeed, RunFromADeepSpeedConfigEqualsTheSameRunInDtkOptions) {
   ASSERT_EQ(a.size(), 4u) << ds.out;
   EXPECT_EQ(a, b) << ds.out << "\n----\n" << same.out;
   EXPECT_NE(a, loss_lines(other.out)) << other.out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// `dtk train --deepspeed_config FILE`: DeepSpeed's engine alone, where the file's optimizer,
+// scheduler, steps_per_print and tensorboard count as deepspeed.initialize reads them.
+
+namespace {
+
+// `dtk config --deepspeed_config FILE [extra]`: the resolved config text, or the error.
+dtk_test::Result resolved(const std::string& name, const std::string& json, const std::string& extra = "") {
+  return dtk_test::run_dtk("config --deepspeed_config " + ds_file(name, json) + " " + extra);
+}
+
+void expect_fields(const dtk_test::Result& r, const std::vector<std::string>& lines) {
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const auto& l : lines) EXPECT_NE(r.out.find(l), std::string::npos) << "missing '" << l << "' in\n" << r.out;
+}
+
+}  // namespace
+
+// A DeepSpeedExamples-style config: Adam (AdamW by DeepSpeed's default) with its betas and decay,
+// WarmupDecayLR, bf16, ZeRO-1, the print interval and TensorBoard.
+TEST(StandaloneDeepSpeed, OptimizerSchedulerAndLoggingBecomeDtksOwn) {
+  expect_fields(
+      resolved("examples", R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 5,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.00015, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                 "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-6, "warmup_max_lr": 0.0003,
+                                                          "warmup_num_steps": 100, "total_num_steps": 1000}},
+        "gradient_clipping": 0.5, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+        "tensorboard": {"enabled": true, "output_path": "runs", "job_name": "gpt"}})"),
+      {"micro_batch_size: 4", "global_batch_size: 16", "clip_grad: 0.5", "params_dtype: \"bf16\"", "lr: 0.0003",
+       "min_lr: 1e-06", "lr_warmup_init: 1e-06", "lr_decay_style: \"WarmupDecayLR\"", "lr_warmup_iters: 100",
+       "lr_decay_iters: 1000", "lr_warmup_style: \"log\"", "weight_decay: 0.1", "log_interval: 5",
+       "tensorboard_dir: \"runs/gpt\"", "name: \"zero\"", "key: \"stage\"\n    value: \"1\"", "name: \"adamw\"",
+       "key: \"beta2\"\n    value: \"0.95\""});
+}
+
+// Which optimizer plugin steps: DeepSpeed's CPU Adam when the optimizer is offloaded, or for the
+// L2 mode; torch's AdamW decays by 0.01 when the file gives no weight_decay; SGD with torch's
+// defaults; no scheduler is a constant rate; WarmupCosineLR scales the config's rate.
+TEST(StandaloneDeepSpeed, OptimizerTypesAndDefaults) {
+  expect_fields(resolved("offload", R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})"),
+                {"name: \"cpu_adam\"", "key: \"adamw_mode\"\n    value: \"true\"", "lr: 0.001", "weight_decay: 0\n",
+                 "lr_decay_style: \"constant\"", "key: \"offload_optimizer\"\n    value: \"cpu\""});
+  expect_fields(resolved("l2", R"({"train_batch_size": 8, "optimizer": {"type": "adam",
+        "params": {"adam_w_mode": false, "lr": 0.002}}})"),
+                {"name: \"cpu_adam\"", "key: \"adamw_mode\"\n    value: \"false\"", "lr: 0.002", "name: \"ddp\""});
+  expect_fields(resolved("torch", R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+        "params": {"torch_adam": true}}})"),
+                {"name: \"adamw\"", "weight_decay: 0.01"});
+  expect_fields(
+      resolved("sgd", R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})"),
+      {"name: \"sgd\"", "key: \"momentum\"\n    value: \"0\"", "key: \"nesterov\"\n    value: \"false\"", "lr: 0.1"});
+  // The default config's rate (3e-4) scaled by the ratios; its optimizer stays.
+  expect_fields(resolved("cosine", R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR",
+        "params": {"total_num_steps": 500, "warmup_num_steps": 50, "warmup_min_ratio": 0.5, "warmup_type": "linear"}}})"),
+                {"lr: 0.0003", "lr_warmup_init: 0.00015", "min_lr: 3e-08", "lr_decay_style: \"WarmupCosineLR\"",
+                 "lr_warmup_style: \"linear\"", "lr_decay_iters: 500", "name: \"adamw\""});
+  // --set after the file wins, as after --megatron_args.
+  expect_fields(resolved("set", R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})",
+                         "--set lr.lr=0.5"),
+                {"lr: 0.5"});
+}
+
+TEST(StandaloneDeepSpeed, RefusesWhatItCannotRun) {
+  const auto refused = [](const std::string& name, const std::string& json, const std::string& needle,
+                          const std::string& extra = "") {
+    const dtk_test::Result r = resolved(name, json, extra);
+    EXPECT_NE(r.code, 0) << name << ": " << r.out;
+    EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << name << ": " << r.out;
+  };
+  const std::string b = R"("train_batch_size": 8, )";
+  refused("lamb", "{" + b + R"("optimizer": {"type": "Lamb"}})",
+          "optimizer.type \"Lamb\": DeepSpeed's optimizer is not built");
+  refused("rmsprop", "{" + b + R"("optimizer": {"type": "RMSprop"}})", "not an optimizer DTK has: Adam, AdamW or SGD");
+  refused("notype", "{" + b + R"("optimizer": {"params": {"lr": 0.1}}})", "parameters without a \"type\"");
+  refused("betas", "{" + b + R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})", "not [beta1, beta2]");
+  refused("betarange", "{" + b + R"("optimizer": {"type": "Adam", "params": {"betas": [1.5, 0.9]}}})",
+          "each in [0, 1)");
+  refused("eps", "{" + b + R"("optimizer": {"type": "Adam", "params": {"eps": 0}}})", "needs eps > 0");
+  refused("gradnorm", "{" + b + R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1}}})",
+          "clipping is the top-level gradient_clipping");
+  refused("nesterov", "{" + b + R"("optimizer": {"type": "SGD", "params": {"nesterov": true}}})",
+          "needs a momentum above 0");
+  refused("amsgrad", "{" + b + R"("optimizer": {"type": "Adam", "params": {"amsgrad": true}}})", "AMSGrad");
+  refused("sgdparam", "{" + b + R"("optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.9]}}})",
+          "not a parameter of torch's SGD");
+  refused("sgdzero", "{" + b + R"("optimizer": {"type": "SGD"}, "zero_optimization": {"stage": 1}})",
+          "zero_allow_untested_optimizer");
+  // The config's optimizer stands for DeepSpeed's client optimizer, with DeepSpeed's checks.
+  const std::string offload = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  refused("clientoffload", "{" + b + offload + "}", "zero_force_ds_cpu_optimizer");
+  refused("clientsgd", "{" + b + R"("zero_optimization": {"stage": 1}})", "zero_allow_untested_optimizer",
+          "--optimizer sgd");
+  refused("cpuadamgpu", "{" + b + R"("optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})",
+          "cpu_adam steps host tensors", "--set train.device=cuda");
+  refused("onecycle", "{" + b + R"("scheduler": {"type": "OneCycle"}})", "DeepSpeed's scheduler is not built");
+  refused("noparams", "{" + b + R"("scheduler": {"type": "WarmupLR"}})", "without \"params\"");
+  refused("float", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10.0}}})",
+          "not a whole number of at least 1");
+  refused("cosineset",
+          "{" + b + R"("optimizer": {"type": "Adam", "params": {"lr": 0.001}}, "scheduler": {"type": "WarmupCosineLR",
+          "params": {"total_num_steps": 100}}})",
+          "WarmupCosineLR ratios scaled 0.001", "--set lr.lr=0.01");
+  refused("tbpath", "{" + b + R"("tensorboard": {"enabled": true, "output_path": "a\nb"}})",
+          "tensorboard.output_path \"a\\x0ab\": holds a control character");
+  refused("steplr", "{" + b + R"("scheduler": {"type": "StepLR"}})", "not a scheduler DTK has");
+  refused("total", "{" + b + R"("scheduler": {"type": "WarmupDecayLR", "params": {}}})",
+          "without params.total_num_steps");
+  refused("wrongparam", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 5}}})",
+          "not a parameter of DeepSpeed's WarmupLR");
+  refused("warmuptype", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})",
+          "not log or linear");
+  refused("list", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": [0, 0]}}})",
+          "a list (a value per parameter group)");
+  refused("section", "{" + b + R"("optimizer": "Adam"})", "not a section");
+  refused("lastbatch", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 7}}})",
+          "DTK runs only -1");
+
+  refused("both", "{" + b + "}", "--deepspeed_config with --megatron_args", "--megatron_args '--num-layers 2'");
+  // Megatron's --lr-decay-style takes only Megatron's styles.
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--lr-decay-style", "WarmupLR"}).refused,
+                  "--lr-decay-style WarmupLR: not one of Megatron's"));
+}
+
+// DeepSpeed's step convention in a run: WarmupDecayLR, linear over 2 steps to 0.01 and down to 0
+// at step 6, gives the updates 0, 0, 0.005, 0.01, 0.0075, 0.005 (DeepSpeed's first update runs
+// before its scheduler's first step); the log line shows the next update's, as Megatron's does
+// (0, 0.005, ...: Megatron's own linear warm-up would show 0.005, 0.01, ...). Two ranks from the
+// file train as the same run in DTK's own options, to the printed digit.
+TEST(StandaloneDeepSpeed, RunFollowsDeepSpeedsScheduleAndEqualsDtksOptions) {
+  const std::string path = ds_file("run-standalone", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "gradient_clipping": 0.3, "steps_per_print": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 20000},
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.05}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2,
+                                                      "total_num_steps": 6, "warmup_type": "linear"}}})");
+  const std::string model = std::string("--config ") + DTK_SOURCE_DIR +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.vocab_size=255 "
+                            "--set dataset.vocab_size=255 --set train.seq_length=32 --set train.train_iters=6 "
+                            "--set eval.eval_iters=0";
+  const dtk_test::Result ds =
+      dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --deepspeed_config " + path + " " + model);
+  ASSERT_EQ(ds.code, 0) << ds.out;
+  std::vector<std::string> rates;
+  std::regex re("learning rate: ([0-9.E+-]+)");
+  for (std::sregex_iterator it(ds.out.begin(), ds.out.end(), re), e; it != e; ++it) rates.push_back((*it)[1]);
+  EXPECT_EQ(rates, (std::vector<std::string>{"0.000000E+00", "5.000000E-03", "1.000000E-02", "7.500000E-03",
+                                             "5.000000E-03", "2.500000E-03"}))
+      << ds.out;
+  const dtk_test::Result own = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 train --threads 1 " + model +
+      " --strategy zero --optimizer adamw --set strategy.stage=2 --set strategy.reduce_bucket_size=20000 "
+      "--set train.micro_batch_size=2 --set train.global_batch_size=8 --set train.clip_grad=0.3 "
+      "--set logging.log_interval=1 --set optimizer.beta2=0.95 --set lr.lr=0.01 --set lr.weight_decay=0.05 "
+      "--set lr.lr_decay_style=WarmupDecayLR --set lr.lr_warmup_style=linear --set lr.lr_warmup_iters=2 "
+      "--set lr.lr_decay_iters=6 --set lr.min_lr=0 --set lr.lr_warmup_init=0");
+  ASSERT_EQ(own.code, 0) << own.out;
+  const auto a = loss_lines(ds.out);
+  ASSERT_EQ(a.size(), 6u) << ds.out;
+  EXPECT_EQ(a, loss_lines(own.out)) << ds.out << "\n----\n" << own.out;
 }

@@ -516,7 +516,8 @@ TEST(MegatronArgs, ParsingAndMistakes) {
     FAIL();
   } catch (const dtk::host::HostError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "--megatron_args: --set 'train.train_iters=many': 'many' is not a valid int64 for 'train.train_iters'");
+              "--megatron_args: --train-iters: --set 'train.train_iters=many': 'many' is not a valid int64 for "
+              "'train.train_iters'");
   }
   // A later error about a field names the flag that set it: whole field names only.
   const MegatronMapping wsd =

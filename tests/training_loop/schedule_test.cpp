@@ -5,6 +5,8 @@
 //   * the learning rate == OptimizerParamScheduler.get_lr at chosen steps for WSD (every decay
 //     style), lr_warmup_init and lr_warmup_fraction. The expected numbers were computed by a
 //     transcription of Megatron's get_lr counting samples (global batch 8), not by DTK;
+//   * DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR == lr_schedules.py with the engine's
+//     step protocol;
 //   * the weight decay == OptimizerParamScheduler.get_wd (linear, cosine increments);
 //   * the optimizer groups == get_param_groups with name rules (lr_mult, wd_mult), first match;
 //   * the FLOPs model: 2cN + 4cLhs with N of the whole model under tensor parallelism.
@@ -132,6 +134,101 @@ TEST(LearningRate, WarmupFractionEqualsMegatron) {
                                     1e-05,
                                     1e-05};
   expect_rates(schedule.params(), want, "warm-up fraction");
+}
+
+// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR as deepspeed.initialize runs them: the
+// scheduler is built at last_batch_iteration -1 (which sets the first update's rate) and steps
+// after each update. Expected values from a transcription of deepspeed/runtime/lr_schedules.py and
+// that protocol (the rate each update used), not by DTK, at updates 0, 1, 2, 5, 10, 11, 12, 60, 79,
+// 80, 81, 90, 99, 100, 101 of DTK's count. An unset lr_warmup_style is DeepSpeed's log.
+TEST(LearningRate, DeepSpeedSchedulersEqualDeepSpeed) {
+  const std::vector<int64_t> steps = {0, 1, 2, 5, 10, 11, 12, 60, 79, 80, 81, 90, 99, 100, 101};
+  struct Case {
+    const char* style;
+    const char* warmup;
+    double lr, init, min;
+    int64_t warmup_iters, decay_iters;
+    std::vector<double> want;
+  };
+  const std::vector<Case> cases = {
+      {"WarmupLR",
+       "",
+       1e-3,
+       1e-4,
+       1e-4,
+       10,
+       0,
+       {0.0001, 0.0001, 0.000370926996097583, 0.0007290730039024168, 0.0009999999999999998, 0.001, 0.001, 0.001, 0.001,
+        0.001, 0.001, 0.001, 0.001, 0.001, 0.001}},
+      {"WarmupLR",
+       "linear",
+       2e-3,
+       1e-4,
+       1e-4,
+       10,
+       0,
+       {0.0001, 0.0001, 0.00029, 0.0008600000000000001, 0.00181, 0.002, 0.002, 0.002, 0.002, 0.002, 0.002, 0.002, 0.002,
+        0.002, 0.002}},
+      {"WarmupDecayLR",
+       "log",
+       2e-3,
+       1e-5,
+       1e-5,
+       10,
+       100,
+       {1e-05, 1e-05, 0.0006090496913713225, 0.001400950308628677, 0.0019999999999999996, 0.002, 0.001977888888888889,
+        0.0009165555555555555, 0.0004964444444444444, 0.0004743333333333334, 0.00045222222222222224,
+        0.00025322222222222223, 5.422222222222222e-05, 3.2111111111111114e-05, 1e-05}},
+      {"WarmupDecayLR",
+       "linear",
+       2e-3,
+       0,
+       0,
+       10,
+       100,
+       {0.0, 0.0, 0.0002, 0.0008, 0.0018000000000000002, 0.002, 0.001977777777777778, 0.0009111111111111111,
+        0.0004888888888888889, 0.00046666666666666666, 0.0004444444444444444, 0.00024444444444444443,
+        4.4444444444444447e-05, 2.2222222222222223e-05, 0.0}},
+      // warmup_min_ratio 0.1, cos_min_ratio 0.01 of lr 1e-3.
+      {"WarmupCosineLR",
+       "",
+       1e-3,
+       1e-4,
+       1e-5,
+       10,
+       100,
+       {0.0, 0.0001, 0.00037092699609758304, 0.0007290730039024168, 0.0009999999999999998, 0.0009996984593744526,
+        0.0009987942048786129, 0.0004190441520548695, 0.0001371433113886898, 0.00012580800065610596,
+        0.00011493467696467265, 3.9852152710975386e-05, 1.0301540625547598e-05, 1e-05, 1e-05}},
+      // DeepSpeed's defaults: warmup_min_ratio 0, cos_min_ratio 0.0001.
+      {"WarmupCosineLR",
+       "linear",
+       1e-3,
+       0,
+       1e-7,
+       10,
+       100,
+       {0.0, 0.0, 0.0001, 0.0004, 0.0009000000000000001, 0.000999695443968197, 0.0009987821469273992,
+        0.0004132345935754182, 0.0001285147445025767, 0.00011706608066266701, 0.00010608402373431938,
+        3.0250674238085136e-05, 4.045560318030737e-07, 1.0000000000000001e-07, 1.0000000000000001e-07}},
+      // One warm-up step is DeepSpeed's two.
+      {"WarmupLR",
+       "linear",
+       1e-3,
+       0,
+       0,
+       1,
+       0,
+       {0.0, 0.0, 0.0005, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001}},
+  };
+  for (const Case& c : cases) {
+    dtk::config::LrSchedule lr;
+    lr.set_lr(c.lr), lr.set_lr_warmup_init(c.init), lr.set_min_lr(c.min), lr.set_lr_decay_style(c.style);
+    lr.set_lr_warmup_style(c.warmup), lr.set_lr_warmup_iters(c.warmup_iters), lr.set_lr_decay_iters(c.decay_iters);
+    const dtk::core::LearningRateSchedule schedule(lr, 120);
+    for (size_t i = 0; i < steps.size(); ++i)
+      EXPECT_NEAR(schedule.rate(steps[i]), c.want[i], 1e-15) << c.style << " " << c.warmup << " at update " << steps[i];
+  }
 }
 
 // Megatron's get_wd counts samples: wd_incr_steps = train_iters x global batch, num_steps = the

@@ -152,6 +152,7 @@ c10::impl::GenericDict schedule_dict(const LrParams& l, int64_t scheduler_step) 
   g.insert("lr_warmup_iters", l.warmup_iters);
   g.insert("lr_decay_iters", l.decay_iters);
   g.insert("lr_decay_style", l.style);
+  g.insert("lr_warmup_style", l.warmup_style);
   g.insert("lr_wsd_decay_style", l.wsd_style);
   g.insert("lr_wsd_decay_iters", l.wsd_decay_iters);
   g.insert("start_wd", l.start_wd);
@@ -493,6 +494,8 @@ LrParams read_schedule(const SavedFile& f) {
   l.warmup_iters = real("lr_warmup_iters"), l.decay_iters = integer("lr_decay_iters");
   l.style = text("lr_decay_style"), l.wsd_style = text("lr_wsd_decay_style");
   l.wsd_decay_iters = integer("lr_wsd_decay_iters");
+  // The warm-up's shape, saved since DTK read DeepSpeed's schedulers; before, always linear.
+  if (gd.contains(c10::IValue(std::string("lr_warmup_style")))) l.warmup_style = text("lr_warmup_style");
   // The weight-decay schedule, saved since ABI 2.2's DTK; an older checkpoint has none.
   l.has_wd = gd.contains(c10::IValue(std::string("wd_incr_style")));
   if (l.has_wd) {

@@ -463,14 +463,42 @@ void validate_training(const config::TrainingConfig& t) {
   if (t.clip_grad() < 0) throw HostError("config: train.clip_grad must be >= 0");
 }
 
+// The warm-up's shape; DeepSpeed's schedulers count optimizer steps, so their lengths are in
+// iterations, at a fixed global batch.
+void validate_warmup_style(const config::LrSchedule& lr, const config::TrainingConfig& t) {
+  const std::string& warmup = lr.lr_warmup_style();
+  const bool deepspeed = is_deepspeed_style(lr.lr_decay_style());
+  if (!warmup.empty() && warmup != "linear" && warmup != "log")
+    throw HostError("config: lr.lr_warmup_style must be linear or log, got '" + warmup + "'");
+  if (warmup == "log" && !deepspeed)
+    throw HostError(
+        "config: lr.lr_warmup_style=log is DeepSpeed's warm-up, for its schedulers (lr.lr_decay_style "
+        "WarmupLR, WarmupDecayLR, WarmupCosineLR); it is " +
+        lr.lr_decay_style());
+  if (!deepspeed) return;
+  const std::string style = "config: lr.lr_decay_style=" + lr.lr_decay_style();
+  if (lr.lr_warmup_iters() < 1)
+    throw HostError(style + " needs lr.lr_warmup_iters >= 1 (DeepSpeed's warmup_num_steps must be positive)");
+  if (lr.lr_warmup_fraction() > 0 || lr.lr_warmup_samples() > 0 || lr.lr_decay_samples() > 0 ||
+      !t.rampup_batch_size().empty())
+    throw HostError(style +
+                    " counts optimizer steps at one global batch: give lr.lr_warmup_iters and lr.lr_decay_iters, "
+                    "not lr.lr_warmup_fraction, lr.*_samples or train.rampup_batch_size");
+  if (lr.lr_decay_style() != "WarmupLR" && lr.lr_decay_iters() < 1)
+    throw HostError(style + " needs lr.lr_decay_iters (DeepSpeed's total_num_steps) >= 1");
+}
+
 // The learning-rate schedule: decay style, warm-up and decay by iterations or samples, WSD.
 void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingConfig& t) {
   const std::string& style = lr.lr_decay_style();
   if (lr.lr() < 0 || lr.min_lr() < 0) throw HostError("config: lr.lr and lr.min_lr must be >= 0");
   if (style != "constant" && style != "linear" && style != "cosine" && style != "inverse-square-root" &&
-      style != "WSD")
-    throw HostError("config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root or WSD, got '" +
-                    style + "'");
+      style != "WSD" && !is_deepspeed_style(style))
+    throw HostError(
+        "config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root, WSD, or DeepSpeed's "
+        "WarmupLR, WarmupDecayLR or WarmupCosineLR, got '" +
+        style + "'");
+  validate_warmup_style(lr, t);
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
   if (lr.lr_decay_iters() < 0) throw HostError("config: lr.lr_decay_iters must be >= 0 (0 = train.train_iters)");
   if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
@@ -490,7 +518,8 @@ void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingCo
     throw HostError("config: lr.lr_decay_samples and lr.lr_decay_iters cannot both be set");
   if (lr.lr_warmup_samples() > 0 && (lr.lr_warmup_iters() > 0 || lr.lr_warmup_fraction() > 0))
     throw HostError("config: lr.lr_warmup_samples cannot be combined with lr.lr_warmup_iters or lr.lr_warmup_fraction");
-  if (lr.lr_warmup_init() < 0 || lr.lr_warmup_init() > lr.lr())
+  // DeepSpeed's schedulers run a falling warm-up too (warmup_min_lr above warmup_max_lr).
+  if (lr.lr_warmup_init() < 0 || (lr.lr_warmup_init() > lr.lr() && !is_deepspeed_style(style)))
     throw HostError("config: lr.lr_warmup_init must be in [0, lr.lr]");
   const std::string& wsd = lr.lr_wsd_decay_style();
   if (!wsd.empty() && wsd != "exponential" && wsd != "linear" && wsd != "cosine" && wsd != "minus_sqrt")
@@ -511,11 +540,15 @@ void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingCo
 
 // The schedule's bounds: min_lr below lr, the warm-up shorter than the decay.
 void validate_lr_bounds(const config::LrSchedule& lr, const config::TrainingConfig& t) {
+  // DeepSpeed's schedulers take what DeepSpeed takes: a floor above the peak, a warm-up as long as
+  // the decay or longer (DeepSpeed warns; its formulas then hold the floor).
+  if (is_deepspeed_style(lr.lr_decay_style())) return;
   if (lr.min_lr() > lr.lr())
     throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
                     std::to_string(lr.lr()) + ")");
   const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
-  if (decay > 0 && lr.lr_warmup_iters() >= decay && lr.lr_decay_style() != "constant")
+  if (decay > 0 && lr.lr_warmup_iters() >= decay && lr.lr_decay_style() != "constant" &&
+      lr.lr_decay_style() != "WarmupLR")
     throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
                     ") must be smaller than the decay length (" + std::to_string(decay) +
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");
@@ -718,6 +751,15 @@ std::string text_over_defaults(const Message& message, const Message* defaults, 
 std::string to_text(const config::RunConfig& cfg) {
   static const config::RunConfig defaults = default_config();
   return text_over_defaults(cfg, &defaults, 0);
+}
+
+bool is_deepspeed_style(const std::string& style) {
+  return style == "WarmupLR" || style == "WarmupDecayLR" || style == "WarmupCosineLR";
+}
+
+std::string warmup_style_of(const config::LrSchedule& lr) {
+  if (!lr.lr_warmup_style().empty()) return lr.lr_warmup_style();
+  return is_deepspeed_style(lr.lr_decay_style()) ? "log" : "linear";
 }
 
 std::string number_text(double v) {

@@ -41,7 +41,8 @@ struct Rule {
 
 constexpr const char* kSameResults = "the same results";
 constexpr const char* kEngineMonitor =
-    "DeepSpeed's monitor of its engine; Megatron's loop logs with --tensorboard-dir (logging.tensorboard_dir)";
+    "DeepSpeed's monitor of its engine; DTK logs to TensorBoard (logging.tensorboard_dir: --tensorboard-dir with "
+    "Megatron's flags, tensorboard.enabled with --deepspeed_config alone)";
 constexpr const char* kZeroPlusPlus = "ZeRO++'s quantized or hierarchical communication is not built";
 
 // The order is the docs table's.
@@ -106,7 +107,9 @@ const Rule kRules[] = {
     {"zero_optimization.contiguous_gradients", Kind::kIgnore, "",
      "gradients are always copied into contiguous buckets; the same results"},
     {"zero_optimization.offload_optimizer.device", Kind::kCustom, "strategy.offload_optimizer",
-     "none, cpu, nvme; cpu and nvme step with the cpu_adam plugin (Megatron-DeepSpeed's --cpu-optimizer); nvme at "
+     "none, cpu, nvme; cpu and nvme step with the cpu_adam plugin (Megatron-DeepSpeed's --cpu-optimizer, or the "
+     "file's Adam with --deepspeed_config; another optimizer is refused unless zero_force_ds_cpu_optimizer is false); "
+     "nvme at "
      "stages 1-2 is host memory, as DeepSpeed's; at stage 0 refused (DeepSpeed refuses its CPU Adam there)"},
     {"zero_optimization.offload_optimizer.nvme_path", Kind::kCustom, "strategy.nvme_path",
      "with device nvme at stage 3"},
@@ -164,29 +167,82 @@ const Rule kRules[] = {
     {"zero_optimization.stage3_model_persistence_threshold", Kind::kIgnore, "", "a memory bound; the same results"},
     {"zero_optimization.stage3_module_granularity_threshold", Kind::kIgnore, "", "the same results"},
     {"zero_allow_untested_optimizer", Kind::kCustom, "",
-     "true: Megatron's SGD with ZeRO (DeepSpeed refuses an optimizer it has not tested otherwise)"},
+     "true: SGD with ZeRO (DeepSpeed refuses an optimizer it has not tested otherwise)"},
     {"zero_force_ds_cpu_optimizer", Kind::kCustom, "",
-     "false: an offload with Megatron's Adam is accepted (its update on the host is the cpu_adam plugin's)"},
+     "false: an offload with another Adam than DeepSpeed's CPU Adam (Megatron's, torch_adam) is accepted (its "
+     "update on the host is the cpu_adam plugin's)"},
     {"aio", Kind::kIgnore, "", "fixed: 4 MiB blocks, 32 in flight, O_DIRECT where the filesystem allows"},
     {"activation_checkpointing", Kind::kIgnore, "",
      "where DeepSpeed keeps the recomputed layers' inputs (partitioned, contiguous, on the host); DTK keeps them "
      "whole on the device, the same results (recomputation itself: --recompute-*, --checkpoint-activations)"},
-    // What Megatron-DeepSpeed passes DeepSpeed itself
+    // The optimizer and the schedule: the client's under Megatron-DeepSpeed, the file's standalone
     {"optimizer", Kind::kCustom, "",
-     "no effect: Megatron-DeepSpeed passes DeepSpeed its own optimizer (--optimizer, --adam-*, --lr, "
-     "--weight-decay), which DeepSpeed uses instead (said at start)"},
+     "with --megatron_args, no effect: Megatron-DeepSpeed passes DeepSpeed its own optimizer (--optimizer, "
+     "--adam-*, --lr, --weight-decay), which DeepSpeed uses instead (said at start). With --deepspeed_config: "
+     "the rows below; absent, the config's optimizer stands for the client's"},
+    {"optimizer.type", Kind::kCustom, "",
+     "--deepspeed_config, the optimizer plugin: Adam or AdamW (any case, as DeepSpeed reads them): adamw; cpu_adam "
+     "with offload_optimizer (DeepSpeed's CPU Adam), or for adam_w_mode or bias_correction false on the CPU (cpu_adam "
+     "steps host tensors: on a GPU offload the optimizer). SGD: sgd. Others refused"},
+    {"optimizer.params.lr", Kind::kCustom, "lr.lr", "absent: 0.001, the default of DeepSpeed's Adam and torch's SGD"},
+    {"optimizer.params.betas", Kind::kCustom, "optimizer.beta1, optimizer.beta2", "[b1, b2]; absent: [0.9, 0.999]"},
+    {"optimizer.params.eps", Kind::kCustom, "optimizer.eps", "absent: 1e-8"},
+    {"optimizer.params.weight_decay", Kind::kCustom, "lr.weight_decay",
+     "constant; absent: 0 (DeepSpeed's Adams, torch's SGD), 0.01 with torch_adam in AdamW mode (torch's AdamW). "
+     "DTK's parameter groups decay no biases or norms (Megatron's, as DeepSpeed's examples group them)"},
+    {"optimizer.params.adam_w_mode", Kind::kCustom, "optimizer.adamw_mode",
+     "absent: true (DeepSpeed's Adam is AdamW unless false); false: L2 decay in the gradient, cpu_adam"},
+    {"optimizer.params.bias_correction", Kind::kCustom, "optimizer.bias_correction", "absent: true; false: cpu_adam"},
+    {"optimizer.params.torch_adam", Kind::kCustom, "", "torch's Adam or AdamW: the same update"},
+    {"optimizer.params.amsgrad", Kind::kOnly, "false", "AMSGrad is not built"},
+    {"optimizer.params.fp32_optimizer_states", Kind::kOnly, "true", "the optimizer state is fp32"},
+    {"optimizer.params.set_grad_none", Kind::kIgnore, "", "gradients are zeroed in place; the same update"},
+    {"optimizer.params.foreach", Kind::kIgnore, "", "torch's implementation choice; the same update"},
+    {"optimizer.params.fused", Kind::kIgnore, "", "torch's implementation choice; the same update"},
+    {"optimizer.params.max_grad_norm", Kind::kCustom, "",
+     "refused, as DeepSpeed refuses it: clipping is the top-level gradient_clipping"},
+    {"optimizer.legacy_fusion", Kind::kIgnore, "", "DeepSpeed's older fp16 optimizer wrapper; the same update"},
+    {"optimizer.params.momentum", Kind::kCustom, "optimizer.momentum", "SGD; absent: 0 (torch's default)"},
+    {"optimizer.params.nesterov", Kind::kCustom, "optimizer.nesterov", "SGD; absent: false"},
+    {"optimizer.params.dampening", Kind::kOnly, "0", "SGD's dampening is not built"},
     {"scheduler", Kind::kCustom, "",
-     "no effect: Megatron-DeepSpeed passes its own schedule (--lr-decay-style, --lr-warmup-*), which DeepSpeed uses "
-     "instead (said at start)"},
+     "with --megatron_args, no effect: Megatron-DeepSpeed passes its own schedule (--lr-decay-style, "
+     "--lr-warmup-*), which DeepSpeed uses instead (said at start). With --deepspeed_config: the rows below; "
+     "absent, a constant rate when the file gives the optimizer (DeepSpeed's), else the config's lr.* schedule"},
+    {"scheduler.type", Kind::kCustom, "lr.lr_decay_style",
+     "--deepspeed_config: WarmupLR, WarmupDecayLR or WarmupCosineLR, with DeepSpeed's step count (the first "
+     "update at the minimum, or 0 for WarmupCosineLR); OneCycle, LRRangeTest and torch's schedulers refused"},
+    {"scheduler.params.warmup_min_lr", Kind::kCustom, "lr.lr_warmup_init, lr.min_lr", "absent: 0"},
+    {"scheduler.params.warmup_max_lr", Kind::kCustom, "lr.lr",
+     "absent: the optimizer's rate (WarmupLR), 0.001 (WarmupDecayLR)"},
+    {"scheduler.params.warmup_num_steps", Kind::kCustom, "lr.lr_warmup_iters",
+     "absent: 1000; at least 2 steps are taken, as DeepSpeed does"},
+    {"scheduler.params.warmup_type", Kind::kCustom, "lr.lr_warmup_style", "log (absent) or linear"},
+    {"scheduler.params.total_num_steps", Kind::kCustom, "lr.lr_decay_iters",
+     "WarmupDecayLR and WarmupCosineLR: required, as in DeepSpeed"},
+    {"scheduler.params.warmup_min_ratio", Kind::kCustom, "lr.lr_warmup_init",
+     "WarmupCosineLR: this times the optimizer's rate; absent: 0"},
+    {"scheduler.params.cos_min_ratio", Kind::kCustom, "lr.min_lr",
+     "WarmupCosineLR: this times the optimizer's rate; absent: 0.0001"},
+    {"scheduler.params.last_batch_iteration", Kind::kOnly, "-1",
+     "a DeepSpeed scheduler resumed by hand; DTK resumes the schedule from its checkpoint"},
     // Logging
-    {"steps_per_print", Kind::kIgnore, "", "DeepSpeed's own print; the log line is --log-interval"},
+    {"steps_per_print", Kind::kCustom, "logging.log_interval",
+     "--deepspeed_config: the log line every X iterations; with --megatron_args no effect (--log-interval)"},
     {"wall_clock_breakdown", Kind::kCustom, "logging.timing_log_level=2",
      "true: every timer in the log line (a --timing-log-level wins)"},
     {"memory_breakdown", Kind::kIgnore, "", "DeepSpeed's own print of memory use"},
     {"dump_state", Kind::kIgnore, "", "DeepSpeed's print of its state; `dtk config` prints DTK's"},
     {"dataloader_drop_last", Kind::kIgnore, "", "DeepSpeed's own data loader; Megatron's loop feeds the batches"},
     {"timers", Kind::kIgnore, "", "DeepSpeed's throughput timer; the log line shows tokens per second"},
-    {"tensorboard", Kind::kIgnore, "", kEngineMonitor},
+    {"tensorboard", Kind::kCustom, "",
+     "with --megatron_args, no effect: DeepSpeed's monitor of its engine; Megatron's loop logs with "
+     "--tensorboard-dir. With --deepspeed_config: the rows below"},
+    {"tensorboard.enabled", Kind::kCustom, "logging.tensorboard_dir",
+     "--deepspeed_config, true: DTK's TensorBoard scalars (the log line's figures) to DeepSpeed's folder, "
+     "output_path/job_name"},
+    {"tensorboard.output_path", Kind::kCustom, "", "absent: \"\" (job_name under the working folder)"},
+    {"tensorboard.job_name", Kind::kCustom, "", "absent: DeepSpeedJobName"},
     {"wandb", Kind::kIgnore, "", kEngineMonitor},
     {"csv_monitor", Kind::kIgnore, "", kEngineMonitor},
     {"comet", Kind::kIgnore, "", kEngineMonitor},
@@ -250,7 +306,7 @@ std::string printable(const std::string& text) {
 std::string shown_value(const json& v) {
   if (v.is_object()) return "{...}";
   if (v.is_array()) return "[...]";
-  if (v.is_string()) return printable(v.get<std::string>());
+  if (v.is_string()) return "\"" + printable(v.get<std::string>()) + "\"";
   return v.dump();
 }
 
@@ -275,11 +331,26 @@ struct Pending {
   std::string optimizer_device = "none", optimizer_device_key, param_device = "none", param_device_key;
   std::optional<Set> optimizer_nvme_path, param_nvme_path, param_buffer_count;
   bool accumulation_given = false;
+  // Standalone: the "optimizer", "scheduler" and "tensorboard" keys, read together once the stage
+  // and the offload are known (the optimizer's type decides which parameters it takes), and the
+  // sections among them that were given (an empty "params" says nothing else).
+  std::map<std::string, json> engine;
+  std::set<std::string> engine_sections;
 };
+
+// The sections a standalone run reads key by key; under Megatron-DeepSpeed each is one row.
+bool is_engine_section(const std::string& key) {
+  return key == "optimizer" || key == "scheduler" || key == "tensorboard";
+}
 
 class Reader {
  public:
-  explicit Reader(std::string path) : path_(std::move(path)) {}
+  // configured: the run's config before the file for `dtk train --deepspeed_config` (DeepSpeed's
+  // engine alone); nullptr for Megatron-DeepSpeed's.
+  Reader(std::string path, const config::RunConfig* configured)
+      : path_(std::move(path)), standalone_(configured != nullptr) {
+    if (configured) configured_lr_ = configured->lr().lr();
+  }
 
   DeepSpeedConfig read(const json& root) {
     walk(root, "");
@@ -316,7 +387,10 @@ class Reader {
         continue;
       }
       const Rule* r = find_rule(key);
-      if (is_prefix_of_a_rule(key) && (v.is_object() || !r)) {  // a section (zero_optimization: also a bool)
+      if (is_engine_section(key) && !(standalone_ && v.is_object())) {
+        apply(*r, key, v);
+      } else if (is_prefix_of_a_rule(key) && (v.is_object() || !r)) {  // a section (zero_optimization: also a bool)
+        if (v.is_object()) pending_.engine_sections.insert(key);
         if (v.is_object())
           walk(v, key + ".");
         else
@@ -330,6 +404,8 @@ class Reader {
   }
 
   void apply(const Rule& r, const std::string& key, const json& v) {
+    if (key.rfind("optimizer.", 0) == 0 || key.rfind("scheduler.", 0) == 0 || key.rfind("tensorboard.", 0) == 0)
+      pending_.engine[key] = v;  // read by finish_engine(), also where the row only checks the value
     switch (r.kind) {
       case Kind::kSet: {
         const auto n = whole(key, v, std::string(r.target) == "strategy.stage3_param_persistence_threshold" ? 0 : 1);
@@ -368,7 +444,11 @@ class Reader {
 
   // A whole number of at least `least` (and below 2^63), or nullopt (refused).
   std::optional<long long> whole(const std::string& key, const json& v, long long least) {
-    if (v.is_number() && v.get<double>() == std::floor(v.get<double>()) && v.get<double>() >= least &&
+    if (v.is_number_unsigned() && v.get<unsigned long long>() <= 9223372036854775807ULL &&
+        static_cast<long long>(v.get<unsigned long long>()) >= least)
+      return static_cast<long long>(v.get<unsigned long long>());
+    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<long long>() >= least) return v.get<long long>();
+    if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) && v.get<double>() >= least &&
         v.get<double>() < 9.2e18)
       return static_cast<long long>(v.get<double>());
     refuse(key, v, "not a whole number of at least " + std::to_string(least) + " (below 2^63)");
@@ -444,8 +524,18 @@ class Reader {
     } else if (key == "zero_force_ds_cpu_optimizer" || key == "zero_allow_untested_optimizer") {
       if (const auto on = boolean(key, v))
         (key == "zero_force_ds_cpu_optimizer" ? out_.force_ds_cpu_optimizer : out_.allow_untested_optimizer) = *on;
-    } else if (key == "optimizer" || key == "scheduler") {
-      out_.client_sections.push_back(key);
+    } else if (is_engine_section(key)) {
+      if (standalone_)
+        return refuse(key, v, std::string("a JSON ") + v.type_name() + ", not a section (a JSON object)");
+      if (key != "tensorboard") return out_.client_sections.push_back(key);
+      if (!(v.is_object() && v.contains("enabled") && v["enabled"] == false))
+        out_.ignored.push_back(shown(key) + " (" + kEngineMonitor + ")");
+    } else if (key == "optimizer.params.max_grad_norm") {
+      refuse(key, v, "DeepSpeed refuses it: clipping is the top-level gradient_clipping");
+    } else if (key == "steps_per_print") {
+      if (!standalone_)
+        return out_.ignored.push_back(shown(key) + " (DeepSpeed's own print; the log line is --log-interval)");
+      if (const auto n = whole(key, v, 1)) set("logging.log_interval", std::to_string(*n), key);
     } else if (key == "wall_clock_breakdown") {
       const auto on = boolean(key, v);
       if (on && *on) set("logging.timing_log_level", "2", key);
@@ -469,6 +559,10 @@ class Reader {
     finish_precision();
     finish_batch();
     finish_zero();
+    if (!standalone_) return;
+    finish_optimizer();
+    finish_scheduler();
+    finish_tensorboard();
   }
 
   void finish_precision() {
@@ -559,7 +653,258 @@ class Reader {
       set("strategy.overlap_comm", "true", "zero_optimization.overlap_comm");
   }
 
+  // --- Standalone: DeepSpeed's engine builds the optimizer and the schedule from the file ---
+
+  const json* engine(const std::string& key) const {
+    const auto it = pending_.engine.find(key);
+    return it == pending_.engine.end() ? nullptr : &it->second;
+  }
+  bool any_under(const std::string& prefix) const {
+    for (const auto& [key, v] : pending_.engine)
+      if (key.rfind(prefix, 0) == 0) return true;
+    return false;
+  }
+  // The section's parameters other than `allowed` are refused: DeepSpeed passes them to the
+  // optimizer's or the scheduler's constructor, which fails on a name it does not take.
+  void only_params(const std::string& prefix, const std::set<std::string>& allowed, const std::string& what) {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    for (const auto& [key, v] : pending_.engine)
+      if (key.rfind(prefix, 0) == 0 && !allowed.count(key.substr(prefix.size())))
+        refuse(key, v, "not a parameter of " + what + " (" + list + ")");
+  }
+  bool flag(const std::string& key, bool absent) {
+    const json* v = engine(key);
+    if (!v) return absent;
+    return boolean(key, *v).value_or(absent);
+  }
+  // A number of at least `least` (and at most `most`), `absent` when not given, nullopt when refused.
+  std::optional<double> number(const std::string& key, double absent, double least, double most = HUGE_VAL) {
+    const json* v = engine(key);
+    if (!v) return absent;
+    if (v->is_array()) {
+      refuse(key, *v, "a list (a value per parameter group): DTK takes one value (lr.param_rules scale groups)");
+      return std::nullopt;
+    }
+    if (!v->is_number() || !(v->get<double>() >= least && v->get<double>() <= most)) {
+      refuse(key, *v, "not a number in [" + number_text(least) + ", " + number_text(most) + "]");
+      return std::nullopt;
+    }
+    return v->get<double>();
+  }
+  // Sets `field` from `key`, or from DeepSpeed's default for it (the key named as absent).
+  void set_number(const std::string& field, double value, const std::string& key) {
+    set(field, number_text(value), engine(key) ? key : key + " (absent: DeepSpeed's default)");
+  }
+
+  // deepspeed.initialize's _configure_basic_optimizer: Adam/AdamW (DeepSpeed lowercases its own
+  // optimizers' names) or, by torch.optim's exact name, SGD.
+  void finish_optimizer() {
+    const json* type = engine("optimizer.type");
+    if (!type) {
+      if (any_under("optimizer."))
+        out_.refused.push_back(shown("optimizer") +
+                               ": parameters without a \"type\" (DeepSpeed builds no optimizer from them): give "
+                               "\"type\", or leave the section out");
+      return;
+    }
+    const std::string name = type->is_string() ? type->get<std::string>() : "";
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower == "adam" || lower == "adamw") return adam(lower == "adamw");
+    if (name == "SGD") return sgd();
+    static const std::set<std::string> kDeepSpeeds = {"adagrad", "lamb",   "onebitadam", "zerooneadam", "onebitlamb",
+                                                      "lion",    "muadam", "muadamw",    "musgd",       "muon"};
+    refuse(
+        "optimizer.type", *type,
+        std::string(kDeepSpeeds.count(lower) ? "DeepSpeed's optimizer is not built here" : "not an optimizer DTK has") +
+            ": Adam, AdamW or SGD");
+  }
+
+  void adam(bool adamw) {
+    const std::string p = "optimizer.params.";
+    only_params(p,
+                {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam", "bias_correction", "amsgrad",
+                 "fp32_optimizer_states", "set_grad_none", "foreach", "fused", "max_grad_norm"},
+                "DeepSpeed's Adam");
+    const bool w_mode = flag(p + "adam_w_mode", true);
+    const bool decoupled = adamw || w_mode;  // "Adam" is AdamW unless adam_w_mode is false
+    const bool torch_adam = flag(p + "torch_adam", false);
+    const bool bias_correction = flag(p + "bias_correction", true);
+    if (torch_adam && engine(p + "bias_correction") && engine(p + "bias_correction")->is_boolean())
+      refuse(p + "bias_correction", *engine(p + "bias_correction"),
+             "with torch_adam: torch's Adam takes no bias_correction (DeepSpeed fails on it)");
+    // DeepSpeed's FusedAdam (decoupled, bias-corrected) is adamw; its CPU Adam when offloaded (a
+    // torch Adam from the file too: the same update) is cpu_adam, which alone has the L2 mode and
+    // uncorrected moments, and steps host tensors only.
+    std::string plugin = "adamw";
+    if (out_.offload_optimizer != "none") {
+      plugin = "cpu_adam";
+    } else if (!decoupled || !bias_correction) {
+      plugin = "cpu_adam";  // on a GPU only with an offload (check_deepspeed_client)
+    }
+    out_.optimizer_plugin = plugin;
+    lr_from_optimizer();
+    const json* betas = engine(p + "betas");
+    const auto beta_ok = [](const json& b) { return b.is_number() && b.get<double>() >= 0 && b.get<double>() < 1; };
+    if (betas && !(betas->is_array() && betas->size() == 2 && beta_ok((*betas)[0]) && beta_ok((*betas)[1]))) {
+      refuse(p + "betas", *betas, "not [beta1, beta2], each in [0, 1)");
+    } else {
+      set_number("optimizer.beta1", betas ? (*betas)[0].get<double>() : 0.9, p + "betas");
+      set_number("optimizer.beta2", betas ? (*betas)[1].get<double>() : 0.999, p + "betas");
+    }
+    const json* eps = engine(p + "eps");
+    if (eps && eps->is_number() && eps->get<double>() == 0)
+      refuse(p + "eps", *eps, "DTK's Adam needs eps > 0 (0 divides by zero where a second moment is 0)");
+    else if (const auto e = number(p + "eps", 1e-8, 0))
+      set_number("optimizer.eps", *e, p + "eps");
+    weight_decay(torch_adam && decoupled ? 0.01 : 0.0);
+    if (plugin == "cpu_adam") {
+      set("optimizer.adamw_mode", decoupled ? "true" : "false",
+          engine(p + "adam_w_mode") ? p + "adam_w_mode" : "optimizer.type");
+      set("optimizer.bias_correction", bias_correction ? "true" : "false", p + "bias_correction");
+    }
+  }
+
+  void sgd() {
+    const std::string p = "optimizer.params.";
+    only_params(p, {"lr", "momentum", "dampening", "weight_decay", "nesterov", "foreach", "fused", "max_grad_norm"},
+                "torch's SGD");
+    // DeepSpeed asserts zero_allow_untested_optimizer for an optimizer its ZeRO was not tested with.
+    for (const auto& r : client_optimizer_refusals(out_, "sgd"))
+      out_.refused.push_back(shown("optimizer.type") + " SGD: " + r);
+    out_.optimizer_plugin = "sgd";
+    lr_from_optimizer();
+    const auto momentum = number(p + "momentum", 0, 0);
+    if (momentum) set_number("optimizer.momentum", *momentum, p + "momentum");
+    const bool nesterov = flag(p + "nesterov", false);
+    if (nesterov && momentum && *momentum == 0)
+      refuse(p + "nesterov", *engine(p + "nesterov"), "needs a momentum above 0 (torch refuses it)");
+    set("optimizer.nesterov", nesterov ? "true" : "false", p + "nesterov");
+    weight_decay(0);
+  }
+
+  void lr_from_optimizer() {
+    if (const auto lr = number("optimizer.params.lr", 0.001, 0)) {
+      optimizer_lr_ = *lr;
+      set_number("lr.lr", *lr, "optimizer.params.lr");
+    }
+  }
+  void weight_decay(double absent) {
+    if (const auto wd = number("optimizer.params.weight_decay", absent, 0)) {
+      set_number("lr.weight_decay", *wd, "optimizer.params.weight_decay");
+      set("lr.weight_decay_incr_style", "constant", "optimizer.params.weight_decay");
+    }
+  }
+
+  // Where the file decides the schedule, what the config's schedule had that DeepSpeed's has not
+  // (a floor, a warm-up start, Megatron's fractions, samples and WSD) is cleared first.
+  void clear_schedule(const std::string& why) {
+    for (const char* field :
+         {"lr.min_lr", "lr.lr_warmup_init", "lr.lr_warmup_fraction", "lr.lr_warmup_samples", "lr.lr_decay_samples",
+          "lr.lr_decay_iters", "lr.lr_wsd_decay_iters", "lr.lr_warmup_iters"})
+      set(field, "0", why);
+    set("lr.lr_wsd_decay_style", "", why);
+  }
+
+  // deepspeed/runtime/lr_schedules.py's WarmupLR, WarmupDecayLR, WarmupCosineLR as lr.* (the
+  // styles of the same names compute them with DeepSpeed's step count).
+  void finish_scheduler() {
+    const json* type = engine("scheduler.type");
+    if (!type) {
+      if (any_under("scheduler.") || pending_.engine_sections.count("scheduler.params"))
+        out_.refused.push_back(shown("scheduler") +
+                               ": parameters without a \"type\": give \"type\", or leave the section out");
+      else if (engine("optimizer.type")) {  // DeepSpeed keeps the optimizer's rate
+        clear_schedule("scheduler (absent: DeepSpeed keeps the optimizer's rate)");
+        set("lr.lr_decay_style", "constant", "scheduler (absent: DeepSpeed keeps the optimizer's rate)");
+      }
+      return;
+    }
+    const std::string name = type->is_string() ? type->get<std::string>() : "";
+    const bool cosine = name == "WarmupCosineLR";
+    if (name != "WarmupLR" && name != "WarmupDecayLR" && !cosine)
+      return refuse("scheduler.type", *type,
+                    std::string(name == "OneCycle" || name == "LRRangeTest" ? "DeepSpeed's scheduler is not built here"
+                                                                            : "not a scheduler DTK has") +
+                        ": WarmupLR, WarmupDecayLR or WarmupCosineLR");
+    if (!pending_.engine_sections.count("scheduler.params"))
+      return out_.refused.push_back(shown("scheduler") + ": " + name +
+                                    " without \"params\" (DeepSpeed fails on it; {} takes its defaults)");
+    const std::string p = "scheduler.params.";
+    std::set<std::string> allowed = {"warmup_num_steps", "warmup_type", "last_batch_iteration"};
+    for (const char* k : cosine ? std::vector<const char*>{"total_num_steps", "warmup_min_ratio", "cos_min_ratio"}
+                                : std::vector<const char*>{"warmup_min_lr", "warmup_max_lr"})
+      allowed.insert(k);
+    if (name == "WarmupDecayLR") allowed.insert("total_num_steps");
+    only_params(p, allowed, "DeepSpeed's " + name);
+    clear_schedule("scheduler.type");
+    set("lr.lr_decay_style", name, "scheduler.type");
+    // DeepSpeed checks the warm-up is a positive int (10.0 is refused there too).
+    const json* warmup = engine(p + "warmup_num_steps");
+    if (warmup && !(warmup->is_number_integer() && warmup->get<long long>() >= 1))
+      refuse(p + "warmup_num_steps", *warmup, "not a whole number of at least 1 (DeepSpeed's check)");
+    else
+      set("lr.lr_warmup_iters", warmup ? std::to_string(warmup->get<long long>()) : "1000",
+          warmup ? p + "warmup_num_steps" : p + "warmup_num_steps (absent: 1000)");
+    const json* shape = engine(p + "warmup_type");
+    if (shape && !(shape->is_string() && (*shape == "log" || *shape == "linear")))
+      refuse(p + "warmup_type", *shape, "not log or linear (DeepSpeed would warn and take log)");
+    else
+      set("lr.lr_warmup_style", shape ? shape->get<std::string>() : "log",
+          shape ? p + "warmup_type" : p + "warmup_type (absent: log)");
+    if (name != "WarmupLR") {
+      const json* total = engine(p + "total_num_steps");
+      if (!total)
+        out_.refused.push_back(shown("scheduler") + ": " + name +
+                               " without params.total_num_steps (DeepSpeed needs it)");
+      else if (const auto t = whole(p + "total_num_steps", *total, 1))
+        set("lr.lr_decay_iters", std::to_string(*t), p + "total_num_steps");
+    }
+    if (cosine) {  // ratios of the optimizer's rate: the file's, or the config's
+      const double base = optimizer_lr_.value_or(configured_lr_);
+      out_.cosine_base_lr = base;
+      if (const auto r = number(p + "warmup_min_ratio", 0, 0, 1))
+        set_number("lr.lr_warmup_init", *r * base, p + "warmup_min_ratio");
+      if (const auto r = number(p + "cos_min_ratio", 0.0001, 0, 1))
+        set_number("lr.min_lr", *r * base, p + "cos_min_ratio");
+      return;
+    }
+    if (const auto min = number(p + "warmup_min_lr", 0, 0)) {
+      set_number("lr.lr_warmup_init", *min, p + "warmup_min_lr");
+      set_number("lr.min_lr", *min, p + "warmup_min_lr");
+    }
+    // WarmupLR's peak is the optimizer's rate unless given; WarmupDecayLR's is 0.001 unless given.
+    if (engine(p + "warmup_max_lr") || name == "WarmupDecayLR")
+      if (const auto max = number(p + "warmup_max_lr", 0.001, 0)) set_number("lr.lr", *max, p + "warmup_max_lr");
+  }
+
+  // DeepSpeed's TensorBoard monitor writes to output_path/job_name when enabled.
+  void finish_tensorboard() {
+    if (!flag("tensorboard.enabled", false)) return;
+    const auto text = [&](const std::string& key, const std::string& absent) -> std::optional<std::string> {
+      const json* v = engine(key);
+      if (!v) return absent;
+      const bool control = v->is_string() &&
+                           std::any_of(v->get_ref<const std::string&>().begin(), v->get_ref<const std::string&>().end(),
+                                       [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+      if (!v->is_string() || control) {
+        refuse(key, *v, control ? "holds a control character: not a folder's name" : "not a string");
+        return std::nullopt;
+      }
+      return v->get<std::string>();
+    };
+    const auto output = text("tensorboard.output_path", ""), job = text("tensorboard.job_name", "DeepSpeedJobName");
+    if (!output || !job) return;
+    if (job->empty()) return out_.refused.push_back(shown("tensorboard.job_name") + ": empty (the folder's name)");
+    set("logging.tensorboard_dir", output->empty() ? *job : (std::filesystem::path(*output) / *job).string(),
+        engine("tensorboard.output_path") ? "tensorboard.output_path" : "tensorboard.job_name");
+  }
+
   std::string path_;
+  bool standalone_ = false;
+  double configured_lr_ = 0;
+  std::optional<double> optimizer_lr_;  // the file's optimizer's rate (given or DeepSpeed's default)
   std::string stage_key_ = "zero_optimization.stage", fp16_key_ = "fp16.enabled", bf16_key_ = "bf16.enabled";
   Pending pending_;
   DeepSpeedConfig out_;
@@ -596,9 +941,8 @@ json parse_config(const std::string& text, const std::string& path) {
   return j;
 }
 
-}  // namespace
-
-DeepSpeedConfig read_deepspeed_config(const std::string& path) {
+// The file's text: a regular file of at most 16 MiB.
+std::string file_text(const std::string& path) {
   if (path.empty()) throw HostError("an empty path, not a DeepSpeed config file");
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -612,7 +956,38 @@ DeepSpeedConfig read_deepspeed_config(const std::string& path) {
   if (!in) throw HostError(path + ": cannot read the DeepSpeed config (" + std::strerror(errno) + ")");
   std::stringstream text;
   text << in.rdbuf();
-  return Reader(path).read(parse_config(text.str(), path));
+  return text.str();
+}
+
+}  // namespace
+
+DeepSpeedConfig read_deepspeed_config(const std::string& path) {
+  return Reader(path, nullptr).read(parse_config(file_text(path), path));
+}
+
+DeepSpeedConfig read_standalone_deepspeed_config(const std::string& path, const config::RunConfig& configured) {
+  return Reader(path, &configured).read(parse_config(file_text(path), path));
+}
+
+std::vector<std::string> client_optimizer_refusals(const DeepSpeedConfig& ds, const std::string& optimizer) {
+  std::vector<std::string> refused;
+  // DeepSpeed tests its ZeRO with its own optimizers (Adam and the like), not torch's SGD.
+  if (optimizer == "sgd" && ds.stage >= 1 && !ds.allow_untested_optimizer)
+    refused.push_back("the sgd optimizer with zero_optimization.stage " + std::to_string(ds.stage) +
+                      ": DeepSpeed refuses an optimizer its ZeRO was not tested with (zero_allow_untested_optimizer: "
+                      "true allows it)");
+  // ZeRO-Offload steps on the host with DeepSpeed's CPU Adam (the cpu_adam plugin).
+  if (ds.offload_optimizer != "none" && optimizer != "cpu_adam") {
+    const std::string offload =
+        ds.offload_optimizer_key + " " + ds.offload_optimizer + " with the " + optimizer + " optimizer";
+    if (optimizer != "adamw")
+      refused.push_back(offload + ": the offloaded step is Adam's (cpu_adam)");
+    else if (ds.force_ds_cpu_optimizer)
+      refused.push_back(offload +
+                        ": DeepSpeed refuses ZeRO-Offload with an optimizer other than its CPU Adam (the cpu_adam "
+                        "plugin; zero_force_ds_cpu_optimizer: false allows it)");
+  }
+  return refused;
 }
 
 std::string deepspeed_key_table() {

@@ -1196,6 +1196,12 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     for (size_t k = sets_before; k < m.sets.size(); ++k) m.flag_of[m.sets[k].substr(0, m.sets[k].find('='))] = flag;
     note_flag(s, normalized(r->flag), shown, values);
   }
+  // Megatron's --lr-decay-style takes its own styles only (argparse's choices).
+  for (const auto& set : m.sets)
+    if (set.rfind("lr.lr_decay_style=", 0) == 0 && is_deepspeed_style(set.substr(18)))
+      m.refused.push_back("--lr-decay-style " + set.substr(18) +
+                          ": not one of Megatron's (constant, linear, cosine, inverse-square-root, WSD); DeepSpeed's "
+                          "schedulers come from its config's \"scheduler\" (dtk train --deepspeed_config)");
   map_deepspeed(s, m);
   map_ddp_bucket(s, m);
   map_query_groups(s, m);
@@ -1254,8 +1260,9 @@ const std::vector<std::string>& megatron_defaults() {
 
 void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m) {
   if (!m.refused.empty())
-    throw HostError("--megatron_args: " + std::to_string(m.refused.size()) + " flag(s) DTK cannot run: " +
-                    joined(m.refused, "; "));
+    throw HostError(m.source + ": " + std::to_string(m.refused.size()) +
+                    (m.source == "--megatron_args" ? " flag(s)" : " key(s)") +
+                    " DTK cannot run: " + joined(m.refused, "; "));
   // True when the slot switched plugins (its old options dropped).
   auto choose = [](config::PluginChoice* slot, const std::string& name) {
     if (name.empty() || name == slot->name()) return false;
@@ -1272,12 +1279,15 @@ void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m) {
     try {
       apply_override(cfg, s);
     } catch (const HostError& e) {
-      throw HostError("--megatron_args: " + std::string(e.what()));
+      // Named by what the user typed: the flag (or the file's key) behind the field.
+      const auto by = m.flag_of.find(s.substr(0, s.find('=')));
+      throw HostError(m.source + ": " + (by == m.flag_of.end() ? "" : by->second + ": ") + std::string(e.what()));
     }
   }
 }
 
-std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of) {
+std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of,
+                                 const std::string& source) {
   // A field counts where the message names it whole: not "lr.lr" inside "lr.lr_decay_style".
   const auto names = [&](const std::string& field) {
     const auto part_of_name = [](char c) {
@@ -1302,7 +1312,7 @@ std::string megatron_flag_legend(const std::string& message, const std::map<std:
   std::string legend;
   for (const auto& [field, flag] : flag_of)
     if (names(field) || plugin_names(field)) legend += (legend.empty() ? "" : ", ") + field + " is " + flag;
-  return legend.empty() ? "" : " (--megatron_args: " + legend + ")";
+  return legend.empty() ? "" : " (" + source + ": " + legend + ")";
 }
 
 std::string megatron_flag_table() {

@@ -3,11 +3,36 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dtk/core/config/config.hpp"
 #include "dtk/host/error.hpp"
 
 namespace dtk::core {
 
+namespace {
+
+// DeepSpeed's lr_schedules.py. Its scheduler starts at last_batch_iteration -1 and steps after
+// each update, so the update DTK counts as `step` (from 0) runs at DeepSpeed's step - 1; before
+// its first step WarmupLR and WarmupDecayLR give their minimum, WarmupCosineLR 0. The warm-up is
+// at least 2 steps (DeepSpeed's max(2, warmup_num_steps)), and ends at step < warm-up.
+double deepspeed_learning_rate(int64_t step, const LrParams& p) {
+  const double it = static_cast<double>(step - 1);
+  if (it < 0) return p.style == "WarmupCosineLR" ? 0.0 : p.init_lr;
+  const double warmup = std::max(2.0, p.warmup_iters);
+  if (it < warmup) {
+    const double gamma = p.warmup_style == "log" ? std::log(it + 1) / std::log(warmup) : it / warmup;
+    return p.init_lr + (p.max_lr - p.init_lr) * gamma;
+  }
+  if (p.style == "WarmupLR") return p.max_lr;
+  const double total = static_cast<double>(p.decay_iters), span = std::max(1.0, total - warmup);
+  if (p.style == "WarmupDecayLR") return p.min_lr + (p.max_lr - p.min_lr) * std::max(0.0, (total - it) / span);
+  const double progress = std::min(1.0, (it - warmup + 1) / span);  // WarmupCosineLR
+  return p.min_lr + (p.max_lr - p.min_lr) * (1 + std::cos(M_PI * progress)) / 2;
+}
+
+}  // namespace
+
 double learning_rate(int64_t it, const LrParams& p) {
+  if (is_deepspeed_style(p.style)) return deepspeed_learning_rate(it, p);
   const double step = static_cast<double>(it);
   if (p.warmup_iters > 0 && step <= p.warmup_iters)
     return p.init_lr + (p.max_lr - p.init_lr) * step / p.warmup_iters;
@@ -69,6 +94,7 @@ LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t
                              ? lr.lr_warmup_fraction() * static_cast<double>(params_.decay_iters)
                              : static_cast<double>(lr.lr_warmup_iters());
   params_.style = lr.lr_decay_style();
+  params_.warmup_style = warmup_style_of(lr);
   if (!lr.lr_wsd_decay_style().empty()) params_.wsd_style = lr.lr_wsd_decay_style();
   params_.wsd_decay_iters = lr.lr_wsd_decay_iters();
   // Megatron: a constant style decays by weight_decay throughout; the others need both ends.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "dtk/core/config/config.hpp"
 #include "dtk/host/error.hpp"
 
 namespace dtk::core {
@@ -55,7 +56,7 @@ void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
       std::to_string(l.decay_iters) + unit +
       (plan.ramps_up() ? " (train.train_samples, or lr.lr_decay_iters x global batch " + gbs + ")"
                        : " (train.train_samples / global batch " + gbs + ", or lr.lr_decay_iters)");
-  if (l.style != "constant" && l.warmup_iters >= static_cast<double>(l.decay_iters))
+  if (l.style != "constant" && !is_deepspeed_style(l.style) && l.warmup_iters >= static_cast<double>(l.decay_iters))
     throw HostError("config: the warm-up (" + std::to_string(static_cast<int64_t>(std::ceil(l.warmup_iters))) + unit +
                     ") is not shorter than the decay, " + decay);
   if (l.style == "WSD" && l.wsd_decay_iters > l.decay_iters)
@@ -82,6 +83,7 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
   num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
       static_cast<double>(now.decay_iters));
   str("lr.lr_decay_style", saved.style, now.style);
+  str("warm-up style (lr.lr_warmup_style)", saved.warmup_style, now.warmup_style);
   if (saved.has_wd) {  // Megatron's _check_and_set covers the weight-decay schedule as well
     str("lr.weight_decay_incr_style", saved.wd_style, now.wd_style);
     num("start weight decay (lr.start_weight_decay, or lr.weight_decay when constant)", saved.start_wd, now.start_wd);

@@ -16,6 +16,9 @@
 namespace dtk::core {
 
 struct MegatronMapping {
+  // What the user typed: "--megatron_args", or "--deepspeed_config" for DeepSpeed's config alone
+  // (apps/dtk/run_config.cpp maps it into the same shape), to name it in errors.
+  std::string source = "--megatron_args";
   // Plugin choices ("" keeps the configured one), then `path=value` overrides in order.
   std::string model, dataset, optimizer, strategy;
   std::vector<std::string> sets;
@@ -50,7 +53,8 @@ void apply_megatron_mapping(config::RunConfig& cfg, const MegatronMapping& m);
 
 // For an error message about config fields: " (--megatron_args: FIELD is --FLAG, ...)" for each
 // field of `flag_of` the message names, "" when it names none.
-std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of);
+std::string megatron_flag_legend(const std::string& message, const std::map<std::string, std::string>& flag_of,
+                                 const std::string& source = "--megatron_args");
 
 // The table of every known flag as Markdown (docs/user-guide.md holds a copy; a test compares).
 std::string megatron_flag_table();

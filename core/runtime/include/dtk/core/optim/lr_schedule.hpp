@@ -14,11 +14,13 @@ namespace dtk::core {
 //   then constant, or past decay_iters min_lr, or inverse-square-root, linear, cosine or WSD
 //   decay to min_lr. WSD keeps max_lr until the last wsd_decay_iters of decay_iters, then decays
 //   as wsd_style: exponential, linear, cosine or minus_sqrt.
+// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (deepspeed_learning_rate) as styles too.
 struct LrParams {
   double max_lr = 0, min_lr = 0, init_lr = 0;
   double warmup_iters = 0;  // lr_warmup_iters, or lr_warmup_fraction x decay_iters
   int64_t decay_iters = 0;
   std::string style = "cosine";
+  std::string warmup_style = "linear";  // or DeepSpeed's "log"
   std::string wsd_style = "exponential";
   int64_t wsd_decay_iters = 0;
   // Megatron's get_wd: start_wd -> end_wd as wd_style ("constant", "linear", "cosine") over
@@ -30,6 +32,7 @@ struct LrParams {
   bool has_wd = true;
 };
 double learning_rate(int64_t step, const LrParams& p);
+
 double weight_decay(int64_t step, const LrParams& p);
 // The common case (no init_lr, no WSD).
 double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,

@@ -66,11 +66,14 @@ MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   return e;
 }
 
-std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name) {
+std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name, bool lower_bound) {
   if (budget <= 0 || e.total() <= static_cast<double>(budget)) return "";
   auto mb = [](double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MB"; };
-  return "config: this run needs about " + mb(e.total()) + " per rank (parameters, gradients and masters " +
-         mb(e.params) + ", optimizer state " + mb(e.optimizer) + ", activations " +
+  const std::string state =
+      lower_bound ? "parameters " + mb(e.params)
+                  : "parameters, gradients and masters " + mb(e.params) + ", optimizer state " + mb(e.optimizer);
+  return "config: this run needs " + std::string(lower_bound ? "at least " : "about ") + mb(e.total()) + " per rank" +
+         (lower_bound ? " before gradients and optimizer state" : "") + " (" + state + ", activations " +
          mb(e.activations + e.logits + e.gradients_in_flight) + ", batches " + mb(e.batches) + "), more than the " +
          mb(static_cast<double>(budget)) + " " + budget_name + "; " +
          // Where the model's own state is already too much, a smaller batch does not help.

@@ -230,6 +230,43 @@ int64_t parameter_bytes(const std::vector<Param>& params) {
   return bytes;
 }
 
+// The model's and the run's part of the memory estimate (activations, logits, batches); the
+// strategy's part (what it holds, the optimizer's elements) is check_run_memory's.
+MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                       const dtk_model_info& info) {
+  const auto& t = cfg.train();
+  MemoryEstimateInputs in;
+  in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
+  in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
+  in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
+  in.selective_recompute = info.recompute_granularity == 2, in.recompute_block = info.recompute_method == 1;
+  in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
+  in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
+  in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
+  in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
+  in.device_budget = t.memory_limit_mb() > 0 || training_device().is_cuda();
+  return in;
+}
+
+// Before the model's values exist: its parameters and the run's activations alone, a lower bound
+// of check_run_memory's estimate (no gradients, masters or optimizer state yet, which depend on the
+// strategy), against the budget. "" when they fit.
+std::string early_memory_refusal(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                 const std::string& model, const dtk_model_info& info, int64_t bytes) {
+  const MemoryBudget budget = memory_budget(cfg.train());
+  if (budget.bytes <= 0) return "";
+  auto mb = [](double b) { return std::to_string(static_cast<int64_t>(b / (1 << 20))) + " MB"; };
+  const std::string over = ", more than the " + mb(static_cast<double>(budget.bytes)) + " " + budget.whose + ": ";
+  if (bytes > budget.bytes)
+    return "config: model plugin '" + model + "' would hold " + mb(static_cast<double>(bytes)) +
+           " of parameters on this rank before gradients, optimizer state or activations" + over +
+           "a smaller model, more tensor or pipeline parallel ranks, or --strategy zero (stage 3, offload), or set "
+           "train.skip_memory_check=true";
+  MemoryEstimateInputs in = run_memory_inputs(cfg, topo, plan, info);
+  in.parameter_bytes = bytes;
+  return memory_refusal(estimate_memory(in), budget.bytes, budget.whose, /*lower_bound=*/true);
+}
+
 // Creates the model. Under a strategy that does not initialise the parameters itself the model
 // exists whole on this rank, and an absurd size used to spend minutes drawing initial values until
 // an allocation failed: a model that can defer its parameters (every SDK model) is first created
@@ -237,8 +274,9 @@ int64_t parameter_bytes(const std::vector<Param>& params) {
 // (check_run_memory checks the whole run once the model exists). A model that ignores the flag
 // has been built whole by then and is the one kept; so is the global CPU generator's state, which
 // a model's construction might draw from.
-std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const Topology& topo, const PluginSlot& slot,
-                                            std::vector<dtk_build_context> chunks, bool strategy_defers) {
+std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                            const PluginSlot& slot, std::vector<dtk_build_context> chunks,
+                                            bool strategy_defers) {
   auto create = [&](bool deferred) {
     for (dtk_build_context& c : chunks) c.deferred_parameters = deferred ? 1 : 0;
     return std::make_unique<ModelInstance>(slot.plugin, chunks);
@@ -262,16 +300,7 @@ std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const 
     std::lock_guard<std::mutex> lock(cpu.mutex());
     cpu.set_state(rng_state);
   }
-  const MemoryBudget budget = memory_budget(cfg.train());
-  std::string error;
-  if (budget.bytes > 0 && bytes > budget.bytes) {
-    auto mb = [](int64_t b) { return std::to_string(b >> 20) + " MB"; };
-    error = "config: model plugin '" + slot.name() + "' would hold " + mb(bytes) +
-            " of parameters on this rank before gradients, optimizer state or activations, more than the " +
-            mb(budget.bytes) + " " + budget.whose +
-            ": a smaller model, more tensor or pipeline parallel ranks, or --strategy zero (stage 3, offload), or set "
-            "train.skip_memory_check=true";
-  }
+  const std::string error = early_memory_refusal(cfg, topo, plan, slot.name(), info, bytes);
   agree(error, topo, "checking the model's size");  // pipeline stages differ: all fail together
   return create(false);
 }
@@ -287,7 +316,7 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
       std::make_unique<StrategyInstance>(plugins.strategy.plugin, build_context(cfg, topo, plan, plugins.strategy));
   std::vector<dtk_build_context> chunks;
   for (int k = 0; k < v; ++k) chunks.push_back(build_context(cfg, topo, plan, plugins.model, v > 1 ? k : -1));
-  parts.model = create_model(cfg, topo, plugins.model, std::move(chunks), parts.strategy->defers_parameters());
+  parts.model = create_model(cfg, topo, plan, plugins.model, std::move(chunks), parts.strategy->defers_parameters());
   const dtk_model_info info = parts.model->info();
   if (sequence_parallel(cfg, topo) && info.sequence_parallel == 0)
     throw HostError("model plugin '" + plugins.model.name() +
@@ -368,19 +397,9 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
                       const TrainingParts& parts) {
   const auto& t = cfg.train();
   if (t.skip_memory_check()) return;
-  const c10::Device device = training_device();
   const MemoryBudget budget = memory_budget(t);
-  const dtk_model_info info = parts.model->info();
   const dtk_memory_usage held = parts.strategy->memory_usage();
-  MemoryEstimateInputs in;
-  in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
-  in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
-  in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
-  in.selective_recompute = info.recompute_granularity == 2, in.recompute_block = info.recompute_method == 1;
-  in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
-  in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
-  in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
-  in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
+  MemoryEstimateInputs in = run_memory_inputs(cfg, topo, plan, parts.model->info());
   // ddp makes its gradients (buckets) at the first backward: a strategy holding none yet will hold
   // one per parameter element (ZeRO's partitions exist from its setup and are counted as held).
   in.parameter_bytes = held.parameter_bytes;
@@ -388,7 +407,6 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
   in.master_bytes = held.master_bytes, in.host_bytes = held.host_bytes;
   for (const Param& p : parts.optimizer->params()) in.optimized_elements += p.tensor.numel();
   in.optimizer_on_host = parts.strategy->info().optimizer_on_host != 0;
-  in.device_budget = t.memory_limit_mb() > 0 || device.is_cuda();
   if (const std::string refusal = memory_refusal(estimate_memory(in), budget.bytes, budget.whose); !refusal.empty())
     throw HostError(refusal);
 }

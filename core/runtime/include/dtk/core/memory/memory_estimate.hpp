@@ -47,7 +47,9 @@ struct MemoryEstimate {
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in);
 
 // The one-line refusal when `e` exceeds `budget` bytes ("" when it fits). `budget_name` says whose
-// budget it is ("of train.memory_limit_mb", "of cuda:0", ...).
-std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name);
+// budget it is ("of train.memory_limit_mb", "of cuda:0", ...). lower_bound: `e` holds the
+// parameters and the run's activations only, before the strategy's gradients and optimizer state.
+std::string memory_refusal(const MemoryEstimate& e, int64_t budget, const std::string& budget_name,
+                           bool lower_bound = false);
 
 }  // namespace dtk::core

@@ -264,11 +264,11 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   apply_command_line_model(cfg, sets, plugins, FLAGS_load, "generate");
   const auto tokenizer_ptr = generation_tokenizer(cfg, iter_dir);
   const dtk::text::Tokenizer& tokenizer = *tokenizer_ptr;
-  const int64_t max_positions = max_positions_of(cfg);
-  const std::vector<std::vector<int64_t>> ids = prompt_ids(prompts, tokenizer, max_positions);
   // Prompt ids the model has no row for would fail at the first forward step, far from the cause.
   if (auto vocab = cfg.model().options().find("vocab_size"); vocab != cfg.model().options().end())
     require_tokenizer_fits(tokenizer, std::strtoll(vocab->second.c_str(), nullptr, 10), "generate");
+  const int64_t max_positions = max_positions_of(cfg);
+  const std::vector<std::vector<int64_t>> ids = prompt_ids(prompts, tokenizer, max_positions);
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 

@@ -547,8 +547,7 @@ void validate_lr_bounds(const config::LrSchedule& lr, const config::TrainingConf
     throw HostError("config: lr.min_lr (" + std::to_string(lr.min_lr()) + ") is larger than lr.lr (" +
                     std::to_string(lr.lr()) + ")");
   const int64_t decay = lr.lr_decay_iters() > 0 ? lr.lr_decay_iters() : t.train_iters();
-  if (decay > 0 && lr.lr_warmup_iters() >= decay && lr.lr_decay_style() != "constant" &&
-      lr.lr_decay_style() != "WarmupLR")
+  if (decay > 0 && lr.lr_warmup_iters() >= decay && lr.lr_decay_style() != "constant")
     throw HostError("config: lr.lr_warmup_iters (" + std::to_string(lr.lr_warmup_iters()) +
                     ") must be smaller than the decay length (" + std::to_string(decay) +
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");

@@ -273,9 +273,13 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
       // A `train` rank keeps them held through exec: the host's StartupSignals handles what
-      // arrived while LibTorch loaded, as bin/dtk's front does for a run started by hand.
-      sigprocmask(SIG_SETMASK, &previous, nullptr);
-      if (child_argv.size() > 1 && child_argv[1] && !std::strcmp(child_argv[1], "train")) dtk::core::block_exit_signals();
+      // arrived while LibTorch loaded, as bin/dtk's front does for a run started by hand. One
+      // change of mask: a signal forwarded right after the fork finds them held, never unblocked
+      // with their default action for an instant.
+      sigset_t rank_mask = previous;
+      if (child_argv.size() > 1 && child_argv[1] && !std::strcmp(child_argv[1], "train"))
+        for (const auto& s : dtk::core::kCatchableExitSignals) sigaddset(&rank_mask, s.number);
+      sigprocmask(SIG_SETMASK, &rank_mask, nullptr);
       setenv("RANK", std::to_string(args.node_rank * nproc + r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(args.nnodes * nproc).c_str(), 1);

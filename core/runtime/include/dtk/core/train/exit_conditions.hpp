@@ -6,10 +6,12 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtk/core/comm/comm.hpp"
@@ -24,15 +26,17 @@ std::vector<int> save_on_signals(const config::TrainingConfig& train);
 
 // `dtk train` holds every signal save_on_signals can name from its first instruction
 // (exit_signals.hpp: bin/dtk's front, dtk launch's ranks, the host's .preinit_array) until
-// StartupSignals has installed the handlers and unblocks them, so that one arriving while the
+// StartupSignals takes them (its watcher thread), so that one arriving while the
 // process starts (LibTorch loads, the allocator's re-exec keeps the mask, config and plugins load)
 // is handled as any start-up signal is, with its line, instead of ending the process silently.
 // Signals the run does not list get their default action at that point.
 
-// The handlers of save_on_signals, from the start of a run (pretrain()) to its end. Before the
-// training loop (ExitConditions) a signal ends the process at once with one line saying nothing
-// was saved and the signal's own status (128 + its number); in the loop it is recorded; after the
-// loop it ends the process.
+// The handling of save_on_signals, from the start of a run (pretrain()) to its end: the signals
+// stay held in every thread and one watcher thread takes them (sigtimedwait), so that no signal
+// interrupts what the run computes. Before the training loop (ExitConditions) a signal ends the
+// process at once with one line saying nothing was saved and the signal's own status (128 + its
+// number); in the loop it is recorded; after the loop it ends the process. Construct it on the
+// thread that trains, before that thread starts others (they inherit the held signals).
 class StartupSignals {
  public:
   explicit StartupSignals(const config::TrainingConfig& train);
@@ -41,15 +45,19 @@ class StartupSignals {
   StartupSignals& operator=(const StartupSignals&) = delete;
 
  private:
+  void watch();
+
   std::vector<int> signals_;
   std::vector<struct sigaction> previous_;
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
 };
 
 class ExitConditions {
  public:
-  // Handles the signals of train.save_on_signals (installing the handlers unless pretrain()'s
-  // StartupSignals did). The handler only records the signal; a second one of the same kind ends
-  // the process at once (the default action), as a user pressing Ctrl-C twice expects.
+  // Handles the signals of train.save_on_signals (with its own StartupSignals unless pretrain()'s
+  // is there). A signal is only recorded; a second one of the same kind ends the process at once
+  // (the default action), as a user pressing Ctrl-C twice expects.
   ExitConditions(const config::TrainingConfig& train, const Topology& topo);
   ~ExitConditions();
   ExitConditions(const ExitConditions&) = delete;

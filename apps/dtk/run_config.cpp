@@ -35,6 +35,14 @@ dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, c
   m.refused = ds.refused;
   m.flag_of = ds.key_of;
   dtk::core::apply_megatron_mapping(cfg, m);
+  // The file's schedule (or DeepSpeed's constant rate without one) counts steps: a token count the
+  // config carried has no place in it, as the other schedule fields the file clears.
+  for (const auto& set : ds.sets)
+    if (set.rfind("lr.lr_decay_style=", 0) == 0) {
+      cfg.mutable_lr()->clear_lr_warmup_tokens();
+      cfg.mutable_lr()->clear_lr_decay_tokens();
+      break;
+    }
   return m;
 }
 

@@ -996,6 +996,65 @@ TEST(RampupBatchSize, ScheduleLengthsInSamples) {
       << m.refused[0];
 }
 
+// Megatron-DeepSpeed's token counts through --megatron_args: --lr-warmup-tokens and
+// --lr-decay-tokens give the rates its scheduler gives (expected values: Megatron-DeepSpeed's own
+// optimizer_param_scheduler.py driven by its loop, 64 tokens per iteration, the rate logged after
+// each step); --train-tokens 560 ends the run after iteration 9 (576 tokens) of 12, with the final
+// validation there; a run stopped at iteration 4 and resumed gives the same losses and rates.
+TEST(MegatronArgs, TokenCountedScheduleAndEnd) {
+  const std::string dir = dtk_test::fresh_dir(::testing::TempDir(), "token_schedule_ckpt");
+  const std::string run =
+      std::string(
+          "train --threads 1 --dataset synthetic --megatron_args '--num-layers 2 --hidden-size 64 "
+          "--num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 --hidden-dropout 0 "
+          "--attention-dropout 0 --micro-batch-size 2 --global-batch-size 4 --train-iters 12 --lr 1e-3 "
+          "--min-lr 1e-5 --lr-decay-style cosine --lr-warmup-tokens 128 --lr-decay-tokens 512 "
+          "--train-tokens 560 --log-interval 1 --eval-iters 1 --eval-interval 100' "
+          "--set tokenizer.vocab_file=") +
+      DTK_VOCAB_DIR + "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe";
+  auto rates = [](const std::string& log) {
+    std::vector<std::string> out;
+    std::regex re("learning rate: ([0-9.E+-]+) \\|");
+    for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
+    return out;
+  };
+  const dtk_test::Result whole = dtk_test::run_dtk(run);
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  const std::vector<std::string> want = {"0.000000E+00", "5.000000E-04", "1.000000E-03", "9.336826E-04", "7.525000E-04",
+                                         "5.050000E-04", "2.575000E-04", "7.631743E-05", "1.000000E-05"};
+  EXPECT_EQ(rates(whole.out), want) << whole.out;
+  EXPECT_NE(whole.out.find("train.train_tokens 560 ends it after iteration 9 (576 tokens)"), std::string::npos)
+      << whole.out;
+  EXPECT_NE(whole.out.find("iteration 9 on validation set"), std::string::npos) << whole.out;
+  const auto losses = dtk_test::printed_losses(whole.out);
+  ASSERT_EQ(losses.size(), 9u) << whole.out;
+
+  const dtk_test::Result first =
+      dtk_test::run_dtk(run + " --set checkpoint.save=" + dir + " --set train.exit_interval=4");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir);
+  EXPECT_NE(inspect.out.find("counted in tokens: warm-up 128, decay 512; 192 tokens at the last step"),
+            std::string::npos)
+      << inspect.out;
+  const dtk_test::Result rest = dtk_test::run_dtk(run + " --set checkpoint.load=" + dir);
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  const auto resumed = dtk_test::printed_losses(rest.out);
+  ASSERT_EQ(resumed.size(), 5u) << rest.out;
+  for (const auto& [it, loss] : resumed) EXPECT_EQ(loss, losses.at(it)) << "resumed iteration " << it;
+  EXPECT_EQ(rates(rest.out), std::vector<std::string>(want.begin() + 4, want.end())) << rest.out;
+  std::filesystem::remove_all(dir);
+
+  // One warm-up length; the token counts with a schedule that counts only steps.
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(run + " --set lr.lr_warmup_iters=2"),
+                                  "config: lr.lr_warmup_tokens replaces the step warm-up");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(run + " --set lr.lr_decay_style=WSD --set lr.lr_wsd_decay_iters=2"),
+                                  "config: lr.lr_warmup_tokens and lr.lr_decay_tokens are Megatron-DeepSpeed's");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(run + " --set lr.lr_warmup_tokens=600"),
+                                  "config: lr.lr_warmup_tokens (600) must be smaller than lr.lr_decay_tokens (512)");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(run + " --set train.train_tokens=-1"),
+                                  "config: train.train_tokens must be >= 0");
+}
+
 // Per-split data paths and --data-path prefixes without weights reach gpt_indexed as Megatron
 // reads them (Megatron-core: a blend weighted by the datasets' sizes; each split its own paths).
 TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {

@@ -72,6 +72,46 @@ TEST(BatchPlan, SampleCountsPerSplit) {
   EXPECT_EQ(implicit.micro_batches_per_step(), 1);
 }
 
+// Megatron-DeepSpeed's --train-tokens: the loop ends after the first iteration whose tokens
+// reach it (its condition is checked before each iteration), with or without a ramp-up; the run's
+// length (data, schedules) stays train_iters.
+TEST(BatchPlan, TrainTokensEndTheRunAtTheIterationThatReachesThem) {
+  auto cfg = config(2, 8, 10);
+  cfg.mutable_train()->set_seq_length(16);  // 128 tokens per iteration
+  EXPECT_EQ(BatchPlan(cfg, data_parallel(0, 1)).final_iteration(), 10);
+  cfg.mutable_train()->set_train_tokens(640);  // exactly 5 iterations
+  BatchPlan five(cfg, data_parallel(0, 1));
+  EXPECT_EQ(five.final_iteration(), 5);
+  EXPECT_TRUE(five.ends_on_tokens());
+  EXPECT_EQ(five.train_iters(), 10);
+  EXPECT_EQ(five.train_samples(), 80);
+  EXPECT_EQ(five.tokens_before(6), 640);
+  cfg.mutable_train()->set_train_tokens(641);  // one token more: one more iteration
+  EXPECT_EQ(BatchPlan(cfg, data_parallel(0, 1)).final_iteration(), 6);
+  cfg.mutable_train()->set_train_tokens(1);
+  EXPECT_EQ(BatchPlan(cfg, data_parallel(0, 1)).final_iteration(), 1);
+  cfg.mutable_train()->set_train_tokens(100000);  // beyond the run: train_iters ends it
+  EXPECT_FALSE(BatchPlan(cfg, data_parallel(0, 1)).ends_on_tokens());
+  // Validation after iteration 5 is the final one's, not a periodic one.
+  cfg.mutable_train()->set_train_tokens(640);
+  cfg.mutable_eval()->set_eval_interval(5);
+  EXPECT_FALSE(BatchPlan(cfg, data_parallel(0, 1)).validates_after(5));
+  // During and after a ramp-up (Megatron's "2 2 12": global batches 2, 2, 4, 6, then 8): every token
+  // count ends the run at the iteration whose tokens first reach it.
+  auto ramp = config(2, 8, 0);
+  ramp.mutable_train()->set_train_samples(60);
+  ramp.mutable_train()->set_rampup_batch_size("2 2 12");
+  ramp.mutable_train()->set_seq_length(10);
+  for (int64_t tokens = 1; tokens <= 700; ++tokens) {
+    ramp.mutable_train()->set_train_tokens(tokens);
+    const BatchPlan plan(ramp, data_parallel(0, 1));
+    const int64_t end = plan.final_iteration();
+    EXPECT_LT(plan.tokens_before(end), tokens) << tokens << " tokens";
+    if (end < plan.train_iters()) EXPECT_GE(plan.tokens_before(end + 1), tokens) << tokens << " tokens";
+  }
+  EXPECT_EQ(BatchPlan(ramp, data_parallel(0, 1)).global_batch_of(3), 4);
+}
+
 TEST(BatchPlan, InconsistentSizesAreOneLineErrors) {
   try {
     BatchPlan(config(3, 8, 1), data_parallel(0, 2));

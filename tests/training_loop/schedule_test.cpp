@@ -7,6 +7,8 @@
 //     transcription of Megatron's get_lr counting samples (global batch 8), not by DTK;
 //   * DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR == lr_schedules.py with the engine's
 //     step protocol;
+//   * Megatron-DeepSpeed's token-counted warm-up and decay == its optimizer_param_scheduler.py
+//     driven as its loop drives it (tokens lag one iteration, skipped iterations);
 //   * the weight decay == OptimizerParamScheduler.get_wd (linear, cosine increments);
 //   * the optimizer groups == get_param_groups with name rules (lr_mult, wd_mult), first match;
 //   * the FLOPs model: 2cN + 4cLhs with N of the whole model under tensor parallelism.
@@ -16,6 +18,8 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -234,6 +238,217 @@ TEST(LearningRate, DeepSpeedSchedulersEqualDeepSpeed) {
 // Megatron's get_wd counts samples: wd_incr_steps = train_iters x global batch, num_steps = the
 // scheduler's successful steps x global batch. Expected values from a transcription of get_wd
 // (train_iters 10, global batch 8, 0.02 -> 0.1) at steps 0, 1, 3, 5, 9, 10, 11.
+// Megatron-DeepSpeed's token-counted schedule (--lr-warmup-tokens, --lr-decay-tokens) as its loop
+// drives it: the scheduler steps after each successful update with the tokens consumed before
+// that iteration (the loop adds the iteration's tokens after train_step), a skipped iteration
+// consumes its tokens without a step. Expected values: Megatron-DeepSpeed's own
+// optimizer_param_scheduler.py (get_args/print_rank_0 stubbed) driven by that protocol in samples
+// (global batch 8, seq 16: 128 tokens per iteration; a step warm-up of 80 samples, a decay of 800,
+// here 10 and 100 iterations), at chosen iterations (the rate each iteration used).
+struct TokenCase {
+  const char* name;
+  const char* style;
+  int64_t warmup_iters;
+  std::optional<int64_t> warmup_tokens, decay_tokens;
+  int64_t iters;
+  std::set<int64_t> skips;
+  std::vector<std::pair<int64_t, double>> want;
+  int64_t final_tokens, final_warmup_tokens;  // the scheduler's num_tokens and lr_warmup_tokens after the run
+};
+
+TEST(LearningRate, TokenCountedSchedulesEqualMegatronDeepSpeed) {
+  const std::vector<TokenCase> cases = {
+      {"token warm-up and cosine decay",
+       "cosine",
+       0,
+       1000,
+       10000,
+       100,
+       {},
+       {{1, 0.0},
+        {2, 0.0},
+        {3, 0.000128},
+        {4, 0.000256},
+        {5, 0.000384},
+        {9, 0.000896},
+        {10, 0.000999982629597848},
+        {11, 0.0009993034132336855},
+        {12, 0.0009976375629910065},
+        {13, 0.0009949884039212712},
+        {14, 0.0009913612237688447},
+        {15, 0.0009867632624166122},
+        {16, 0.0009812036974351124},
+        {20, 0.0009495996389495543},
+        {40, 0.0006139924247899142},
+        {60, 0.0001969904986168749},
+        {70, 5.9794400474646314e-05},
+        {79, 1.0625206480021355e-05},
+        {80, 1.000772020381911e-05},
+        {81, 1e-05},
+        {90, 1e-05},
+        {100, 1e-05}},
+       12672,
+       1000},
+      // The decay starts from the tokens seen when the steps reached the warm-up's end (1152).
+      {"step warm-up, token linear decay",
+       "linear",
+       10,
+       std::nullopt,
+       9000,
+       100,
+       {},
+       {{1, 0.0},
+        {2, 0.0001},
+        {3, 0.0002},
+        {4, 0.00030000000000000003},
+        {5, 0.0004},
+        {9, 0.0008},
+        {10, 0.0009000000000000001},
+        {11, 0.001},
+        {12, 0.0009838532110091744},
+        {13, 0.0009677064220183486},
+        {14, 0.000951559633027523},
+        {15, 0.0009354128440366972},
+        {16, 0.0009192660550458716},
+        {20, 0.0008546788990825688},
+        {40, 0.000531743119266055},
+        {60, 0.00020880733944954124},
+        {70, 4.733944954128445e-05},
+        {79, 1e-05},
+        {80, 1e-05},
+        {81, 1e-05},
+        {90, 1e-05},
+        {100, 1e-05}},
+       12672,
+       1152},
+      // No warm-up at all: DTK's origin 0 (Megatron-DeepSpeed fails on its unset lr_warmup_tokens;
+      // the reference ran with --lr-warmup-tokens 0, what the unset value means).
+      {"token cosine decay without a warm-up",
+       "cosine",
+       0,
+       std::nullopt,
+       6000,
+       60,
+       {},
+       {{1, 0.001},
+        {2, 0.001},
+        {3, 0.000998888703827289},
+        {4, 0.0009955598051240389},
+        {5, 0.0009900282509302022},
+        {9, 0.0009465179253646896},
+        {10, 0.0009305386330281581},
+        {11, 0.0009126486358260715},
+        {12, 0.0008929282613762907},
+        {13, 0.0008714660558471002},
+        {14, 0.0008483583863773384},
+        {15, 0.0008237090083797006},
+        {16, 0.0007976285996700594},
+        {20, 0.0006814238799630591},
+        {40, 9.501328787168594e-05},
+        {60, 1e-05}},
+       7552,
+       -1},
+      {"token warm-up, inverse square root",
+       "inverse-square-root",
+       0,
+       1000,
+       std::nullopt,
+       40,
+       {},
+       {{1, 0.0},
+        {2, 0.0},
+        {3, 0.000128},
+        {4, 0.000256},
+        {5, 0.000384},
+        {9, 0.000896},
+        {10, 0.0009882117688026185},
+        {11, 0.0009316949906249125},
+        {12, 0.0008838834764831843},
+        {13, 0.0008427498280790525},
+        {14, 0.0008068715304598785},
+        {15, 0.0007752170911825529},
+        {16, 0.0007470178808339959},
+        {20, 0.0006588078458684123},
+        {40, 0.00045342265631875725}},
+       4992,
+       1000},
+      {"token warm-up, step cosine decay",
+       "cosine",
+       0,
+       1000,
+       std::nullopt,
+       100,
+       {},
+       {{1, 0.0},
+        {2, 0.0},
+        {3, 0.000128},
+        {4, 0.000256},
+        {5, 0.000384},
+        {9, 0.000896},
+        {10, 0.0009803453744100868},
+        {11, 0.0009757729755661011},
+        {12, 0.0009707359806323416},
+        {13, 0.0009652393605146844},
+        {14, 0.0009592885397135706},
+        {15, 0.0009528893909706797},
+        {16, 0.0009460482294732421},
+        {20, 0.0009144048842659081},
+        {40, 0.0006726752705214194},
+        {60, 0.00036689940251058157},
+        {70, 0.00022676872796319547},
+        {79, 0.00012359594482598438},
+        {80, 0.00011387326887403324},
+        {81, 0.00010453658778440107},
+        {90, 3.92640193676584e-05},
+        {100, 1.0244252618962858e-05}},
+       12672,
+       1000},
+      // Skipped iterations keep the rate and consume their tokens: the warm-up ends two steps late.
+      {"skipped iterations",
+       "cosine",
+       10,
+       std::nullopt,
+       5000,
+       60,
+       {3, 4, 12, 13, 30},
+       {{1, 0.0},
+        {2, 0.0001},
+        {3, 0.0002},
+        {4, 0.0002},
+        {5, 0.0002},
+        {9, 0.0006000000000000001},
+        {10, 0.0007},
+        {11, 0.0008},
+        {12, 0.0009000000000000001},
+        {13, 0.0009000000000000001},
+        {14, 0.0009000000000000001},
+        {15, 0.001},
+        {16, 0.000996408160851076},
+        {20, 0.0009127839788764766},
+        {40, 1.405421665043768e-05},
+        {60, 1e-05}},
+       7552,
+       1664},
+  };
+  for (const auto& c : cases) {
+    dtk::config::LrSchedule lr;
+    lr.set_lr(1e-3), lr.set_min_lr(1e-5), lr.set_lr_decay_style(c.style), lr.set_lr_warmup_iters(c.warmup_iters);
+    if (c.warmup_tokens) lr.set_lr_warmup_tokens(*c.warmup_tokens);
+    if (c.decay_tokens) lr.set_lr_decay_tokens(*c.decay_tokens);
+    const dtk::core::LearningRateSchedule schedule(lr, 100);
+    EXPECT_TRUE(schedule.counts_tokens()) << c.name;
+    dtk::core::SchedulePosition at;
+    std::map<int64_t, double> used;
+    for (int64_t it = 1; it <= c.iters; ++it) {
+      used[it] = schedule.rate(at);
+      if (!c.skips.count(it)) schedule.advance(at, 1, (it - 1) * 128);
+    }
+    for (const auto& [it, want] : c.want) EXPECT_NEAR(used[it], want, 1e-15) << c.name << " at iteration " << it;
+    EXPECT_EQ(at.tokens, c.final_tokens) << c.name;
+    if (!c.warmup_tokens) EXPECT_EQ(at.warmup_end_tokens, c.final_warmup_tokens) << c.name;
+  }
+}
+
 TEST(WeightDecay, IncrementEqualsMegatron) {
   dtk::config::LrSchedule lr;
   lr.set_lr(1e-3), lr.set_min_lr(1e-5), lr.set_lr_decay_style("cosine");

@@ -144,7 +144,7 @@ void write_weights_checkpoint(const std::string& save_dir, const TensorList& mod
 namespace {
 
 // Megatron's opt_param_scheduler entry: the schedule the run trained with and its step.
-c10::impl::GenericDict schedule_dict(const LrParams& l, int64_t scheduler_step) {
+c10::impl::GenericDict schedule_dict(const LrParams& l, const SchedulePosition& at) {
   c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
   g.insert("max_lr", l.max_lr);
   g.insert("min_lr", l.min_lr);
@@ -159,7 +159,12 @@ c10::impl::GenericDict schedule_dict(const LrParams& l, int64_t scheduler_step) 
   g.insert("end_wd", l.end_wd);
   g.insert("wd_incr_style", l.wd_style);
   g.insert("wd_incr_iters", l.wd_incr_iters);
-  g.insert("num_steps", scheduler_step);
+  // Megatron-DeepSpeed's token counts (None: counted in steps).
+  const auto count = [](const std::optional<int64_t>& v) { return v ? c10::IValue(*v) : c10::IValue(); };
+  g.insert("lr_warmup_tokens", count(l.warmup_tokens));
+  g.insert("lr_decay_tokens", count(l.decay_tokens));
+  g.insert("num_steps", at.step);
+  g.insert("num_tokens", at.tokens);
   return g;
 }
 
@@ -184,8 +189,10 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   d.insert("iteration", progress.iteration);
   d.insert("consumed_train_samples", progress.consumed_train_samples);
   d.insert("consumed_valid_samples", progress.consumed_valid_samples);
-  d.insert("scheduler_step", progress.scheduler_step);
-  if (progress.schedule) d.insert("opt_param_scheduler", schedule_dict(*progress.schedule, progress.scheduler_step));
+  d.insert("scheduler_step", progress.scheduler.step);
+  d.insert("scheduler_tokens", progress.scheduler.tokens);
+  d.insert("scheduler_warmup_end_tokens", progress.scheduler.warmup_end_tokens);
+  if (progress.schedule) d.insert("opt_param_scheduler", schedule_dict(*progress.schedule, progress.scheduler));
   if (progress.grad_scaler) {
     c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
     g.insert("scale", progress.grad_scaler->scale);
@@ -502,6 +509,15 @@ LrParams read_schedule(const SavedFile& f) {
     l.start_wd = real("start_wd"), l.end_wd = real("end_wd"), l.wd_style = text("wd_incr_style");
     l.wd_incr_iters = real("wd_incr_iters");
   }
+  // The token counts, saved since DTK read Megatron-DeepSpeed's; before, none.
+  auto count = [&](const char* key) -> std::optional<int64_t> {
+    if (!gd.contains(c10::IValue(std::string(key)))) return std::nullopt;
+    const c10::IValue v = entry(key);
+    if (v.isNone()) return std::nullopt;
+    if (!v.isInt()) throw bad(key);
+    return v.toInt();
+  };
+  l.warmup_tokens = count("lr_warmup_tokens"), l.decay_tokens = count("lr_decay_tokens");
   return l;
 }
 
@@ -529,7 +545,13 @@ TrainProgress read_progress(const SavedFile& f, const LoadOptions& what) {
   p.iteration = f.get_int("iteration");
   p.consumed_train_samples = f.get_int("consumed_train_samples");
   p.consumed_valid_samples = f.get_int("consumed_valid_samples");
-  p.scheduler_step = f.get_int("scheduler_step");
+  p.scheduler.step = f.get_int("scheduler_step");
+  if (f.d.contains("scheduler_tokens")) {  // saved since DTK counted tokens
+    p.scheduler.tokens = f.get_int("scheduler_tokens");
+    p.scheduler.warmup_end_tokens = f.get_int("scheduler_warmup_end_tokens");
+  } else {
+    p.scheduler.tokens = -1;  // unknown: the trainer derives it from the consumed samples
+  }
   if (f.d.contains("opt_param_scheduler")) p.schedule = read_schedule(f);
   if (what.optimizer && f.d.contains("grad_scaler")) p.grad_scaler = read_grad_scaler(f);
   return p;

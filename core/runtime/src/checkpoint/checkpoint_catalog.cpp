@@ -429,6 +429,13 @@ void print_schedule_and_writers(const c10::impl::GenericDict& d, std::ostream& o
     out << "  learning-rate schedule: " << int_entry(g, "lr_decay_style") << ", max lr " << int_entry(g, "max_lr")
         << ", min lr " << int_entry(g, "min_lr") << ", warm-up " << int_entry(g, "lr_warmup_iters")
         << " iterations, decay over " << int_entry(g, "lr_decay_iters") << "\n";
+    // Megatron-DeepSpeed's token counts, when the schedule has them.
+    const bool warmup_tokens = dict_entry(g, "lr_warmup_tokens").isInt(),
+               decay_tokens = dict_entry(g, "lr_decay_tokens").isInt();
+    if (warmup_tokens || decay_tokens)
+      out << "  counted in tokens: warm-up " << (warmup_tokens ? int_entry(g, "lr_warmup_tokens") : "in iterations")
+          << ", decay " << (decay_tokens ? int_entry(g, "lr_decay_tokens") : "in iterations") << "; "
+          << int_entry(g, "num_tokens") << " tokens at the last step\n";
   }
   const c10::IValue scaler = dict_entry(d, "grad_scaler");
   if (scaler.isGenericDict()) {

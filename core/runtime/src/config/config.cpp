@@ -553,6 +553,31 @@ void validate_lr_bounds(const config::LrSchedule& lr, const config::TrainingConf
                     " = lr.lr_decay_iters, or train.train_iters when that is 0)");
 }
 
+// Megatron-DeepSpeed's token counts: the run's end (train.train_tokens) and the schedule's
+// warm-up and decay lengths (lr.lr_warmup_tokens, lr.lr_decay_tokens).
+void validate_token_counts(const config::LrSchedule& lr, const config::TrainingConfig& t) {
+  if (t.train_tokens() < 0) throw HostError("config: train.train_tokens must be >= 0 (0 = no token limit)");
+  const bool warmup = lr.has_lr_warmup_tokens(), decay = lr.has_lr_decay_tokens();
+  if (!warmup && !decay) return;
+  if (warmup && lr.lr_warmup_tokens() < 0)
+    throw HostError("config: lr.lr_warmup_tokens must be >= 0, got " + std::to_string(lr.lr_warmup_tokens()));
+  if (decay && lr.lr_decay_tokens() <= 0)
+    throw HostError("config: lr.lr_decay_tokens must be positive, got " + std::to_string(lr.lr_decay_tokens()));
+  const std::string& style = lr.lr_decay_style();
+  if (style == "WSD" || is_deepspeed_style(style))
+    throw HostError(
+        "config: lr.lr_warmup_tokens and lr.lr_decay_tokens are Megatron-DeepSpeed's, for the constant, "
+        "linear, cosine and inverse-square-root styles; lr.lr_decay_style is " +
+        style);
+  if (warmup && (lr.lr_warmup_iters() > 0 || lr.lr_warmup_fraction() > 0 || lr.lr_warmup_samples() > 0))
+    throw HostError(
+        "config: lr.lr_warmup_tokens replaces the step warm-up (Megatron-DeepSpeed ignores the other "
+        "then): drop lr.lr_warmup_iters, lr.lr_warmup_fraction and lr.lr_warmup_samples");
+  if (warmup && decay && lr.lr_warmup_tokens() >= lr.lr_decay_tokens() && style != "constant")
+    throw HostError("config: lr.lr_warmup_tokens (" + std::to_string(lr.lr_warmup_tokens()) +
+                    ") must be smaller than lr.lr_decay_tokens (" + std::to_string(lr.lr_decay_tokens()) + ")");
+}
+
 // Loss scaling, bench mode, exit conditions, timing and a few device limits.
 void validate_scaling_and_exits(const config::RunConfig& cfg) {
   const auto& t = cfg.train();
@@ -694,6 +719,7 @@ void validate_config(const config::RunConfig& cfg) {
   if (cfg.logging().tensorboard_log_interval() < 0)
     throw HostError("config: logging.tensorboard_log_interval must be >= 0 (0 = every iteration)");
   validate_lr_bounds(lr, t);
+  validate_token_counts(lr, t);
   if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
   validate_scaling_and_exits(cfg);
   validate_distributed(cfg);

@@ -256,6 +256,9 @@ const Rule kRules[] = {
      "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
     {"--ds-sequence-parallel-size", 1, Kind::kCustom, "",
      "DeepSpeed-Ulysses: 1 accepted; more refused (DTK's sequence parallelism is Megatron's, --sequence-parallel)"},
+    {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
+    {"--lr-warmup-tokens", 1, Kind::kSet, "lr.lr_warmup_tokens", ""},
+    {"--lr-decay-tokens", 1, Kind::kSet, "lr.lr_decay_tokens", ""},
     {"--universal-checkpoint", 0, Kind::kRefuse, "",
      "DeepSpeed's universal checkpoints are not read; DTK reads its own (Megatron's torch layout)"},
     // Parallelism

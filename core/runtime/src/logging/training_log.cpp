@@ -387,7 +387,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   w.norm = last.skipped ? NAN : last.grad_norm;
   trained_seconds_ += w.secs, trained_iterations_ += iterations_;
   w.elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
-  w.eta = static_cast<double>(setup_.train_iters - last.iteration) * trained_seconds_ /
+  w.eta = static_cast<double>(last_iteration() - last.iteration) * trained_seconds_ /
           static_cast<double>(std::max<int64_t>(trained_iterations_, 1));
   w.rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
   w.consumed = consumed_of(last), w.batch = batch_of(last);

@@ -31,24 +31,47 @@ double deepspeed_learning_rate(int64_t step, const LrParams& p) {
 
 }  // namespace
 
-double learning_rate(int64_t it, const LrParams& p) {
-  if (is_deepspeed_style(p.style)) return deepspeed_learning_rate(it, p);
-  const double step = static_cast<double>(it);
-  if (p.warmup_iters > 0 && step <= p.warmup_iters)
-    return p.init_lr + (p.max_lr - p.init_lr) * step / p.warmup_iters;
-  if (p.style == "constant") return p.max_lr;
-  if (it > p.decay_iters) return p.min_lr;  // Megatron checks this before every decay style
-  if (p.style == "inverse-square-root") {
-    const double w = std::max(p.warmup_iters, 1.0);
-    return std::max(p.min_lr, p.max_lr * std::sqrt(w) / std::sqrt(std::max(step, 1.0)));
+// Megatron-DeepSpeed's get_lr with token counts: the warm-up in tokens or steps, the decay in
+// tokens or steps. The decay's token origin is the token warm-up, or where the step warm-up ended
+// (-1 until then; 0 without a warm-up, where Megatron-DeepSpeed fails on its unset value).
+double learning_rate(const SchedulePosition& at, const LrParams& p) {
+  if (is_deepspeed_style(p.style)) return deepspeed_learning_rate(at.step, p);
+  const double step = static_cast<double>(at.step), tokens = static_cast<double>(at.tokens);
+  const auto warm = [&](double done, double length) { return p.init_lr + (p.max_lr - p.init_lr) * done / length; };
+  if (p.warmup_tokens) {
+    if (*p.warmup_tokens > 0 && at.tokens <= *p.warmup_tokens)
+      return warm(tokens, static_cast<double>(*p.warmup_tokens));
+  } else if (p.warmup_iters > 0 && step <= p.warmup_iters) {
+    return warm(step, p.warmup_iters);
   }
-  const double decay = static_cast<double>(p.decay_iters);
-  const double ratio = decay > p.warmup_iters ? (step - p.warmup_iters) / (decay - p.warmup_iters) : 1.0;
+  if (p.style == "constant") return p.max_lr;
+  if (p.decay_tokens ? at.tokens > *p.decay_tokens : at.step > p.decay_iters)
+    return p.min_lr;  // Megatron checks this before every decay style
+  // The warm-up's end in tokens, once the schedule has one (Megatron-DeepSpeed's lr_warmup_tokens).
+  const std::optional<double> warmup_end =
+      p.warmup_tokens             ? std::optional<double>(static_cast<double>(*p.warmup_tokens))
+      : at.warmup_end_tokens >= 0 ? std::optional<double>(static_cast<double>(at.warmup_end_tokens))
+                                  : std::nullopt;
+  if (p.style == "inverse-square-root") {
+    const double rate = warmup_end
+                            ? p.max_lr * std::sqrt(std::max(*warmup_end, 1.0)) / std::sqrt(std::max(tokens, 1.0))
+                            : p.max_lr * std::sqrt(std::max(p.warmup_iters, 1.0)) / std::sqrt(std::max(step, 1.0));
+    return std::max(p.min_lr, rate);
+  }
+  double ratio = 1.0;
+  if (p.decay_tokens) {
+    const double origin = warmup_end.value_or(0.0), length = static_cast<double>(*p.decay_tokens) - origin;
+    ratio = length > 0 ? (tokens - origin) / length : 1.0;
+  } else {
+    const double decay = static_cast<double>(p.decay_iters);
+    ratio = decay > p.warmup_iters ? (step - p.warmup_iters) / (decay - p.warmup_iters) : 1.0;
+  }
   double coeff = 0;
   if (p.style == "linear") {
     coeff = 1.0 - ratio;
   } else if (p.style == "WSD") {
     // Megatron's WSD measures its anneal from the decay's end, not from the warm-up.
+    const double decay = static_cast<double>(p.decay_iters);
     const double anneal_start = decay - static_cast<double>(p.wsd_decay_iters);
     if (step <= anneal_start) {
       coeff = 1.0;
@@ -103,7 +126,19 @@ LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t
   params_.start_wd = constant ? lr.weight_decay() : lr.start_weight_decay();
   params_.end_wd = constant ? lr.weight_decay() : lr.end_weight_decay();
   params_.wd_incr_iters = static_cast<double>(train_iters);
+  if (lr.has_lr_warmup_tokens()) params_.warmup_tokens = lr.lr_warmup_tokens();
+  if (lr.has_lr_decay_tokens()) params_.decay_tokens = lr.lr_decay_tokens();
   reference_wd_ = params_.end_wd;
+}
+
+void LearningRateSchedule::advance(SchedulePosition& at, int64_t increment, int64_t tokens_before) const {
+  at.step += increment;
+  at.tokens = tokens_before;
+  // Megatron-DeepSpeed records the tokens when its steps reach the warm-up's end (exactly there;
+  // DTK at the first update at or past it, which is the same update whenever Megatron's is defined).
+  if (params_.decay_tokens && !params_.warmup_tokens && params_.warmup_iters > 0 && at.warmup_end_tokens < 0 &&
+      static_cast<double>(at.step) >= params_.warmup_iters)
+    at.warmup_end_tokens = at.tokens;
 }
 
 void LearningRateSchedule::set_params(const LrParams& p) {

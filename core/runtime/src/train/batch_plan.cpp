@@ -1,6 +1,7 @@
 #include "dtk/core/train/batch_plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "dtk/core/config/config.hpp"
@@ -112,6 +113,19 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   if (gbs_ > limit / std::max<int64_t>(1, train_iters_) ||
       gbs_ > limit / std::max<int64_t>(1, (num_evals_ + 1) * eval_iters_))
     throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
+  if (seq_length_ > 0 && consumed_before(train_iters_ + 1) > std::numeric_limits<int64_t>::max() / seq_length_)
+    throw HostError("config: the run's token count (train samples x train.seq_length) is too large");
+  final_iteration_ = train_iters_;
+  if (t.train_tokens() > 0 && seq_length_ > 0)
+    final_iteration_ = std::min(train_iters_, iteration_reaching((t.train_tokens() + seq_length_ - 1) / seq_length_));
+}
+
+int64_t BatchPlan::iteration_reaching(int64_t samples) const {
+  if (samples <= ramp_consumed_.back())  // within the ramp-up: consumed_before(q + 1) is ramp_consumed_[q]
+    return std::max<int64_t>(
+        1, std::lower_bound(ramp_consumed_.begin(), ramp_consumed_.end(), samples) - ramp_consumed_.begin());
+  const int64_t r = static_cast<int64_t>(ramp_consumed_.size()) - 1;
+  return r + (samples - ramp_consumed_.back() + gbs_ - 1) / gbs_;
 }
 
 int64_t BatchPlan::consumed_before(int64_t i) const {

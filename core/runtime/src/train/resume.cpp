@@ -38,9 +38,18 @@ void restore_scaler(const TrainProgress& progress, GradScaler& scaler,
   print(buf);
 }
 
+// The scheduler's position after iterations 1..n all updated (a run that came from elsewhere, or
+// a checkpoint from before DTK counted tokens, has no record of skipped ones).
+SchedulePosition replayed_position(int64_t n, const BatchPlan& plan, const LearningRateSchedule& schedule) {
+  SchedulePosition at;
+  for (int64_t i = 1; i <= n; ++i)
+    schedule.advance(at, plan.ramps_up() ? plan.global_batch_of(i) : 1, plan.tokens_before(i));
+  return at;
+}
+
 // train.consumed_samples: where a run that consumed that many samples stood after its last
-// iteration N, as this run's own loop would have left it (scheduler steps, validation samples).
-TrainProgress continuation_of(int64_t consumed, const config::RunConfig& cfg, const BatchPlan& plan) {
+// iteration N, as this run's own loop would have left it (scheduler position, validation samples).
+TrainProgress continuation_of(int64_t consumed, const BatchPlan& plan, const LearningRateSchedule& schedule) {
   int64_t n = 0;
   while (n < plan.train_iters() && plan.consumed_before(n + 1) < consumed) ++n;
   if (plan.consumed_before(n + 1) != consumed) {
@@ -56,7 +65,7 @@ TrainProgress continuation_of(int64_t consumed, const config::RunConfig& cfg, co
   TrainProgress p;
   p.iteration = n;
   p.consumed_train_samples = consumed;
-  p.scheduler_step = plan.ramps_up() ? consumed : n;
+  p.scheduler = replayed_position(n, plan, schedule);
   p.consumed_valid_samples = plan.validations_through(n) * plan.eval_iters() * plan.global_batch_size();
   return p;
 }
@@ -83,13 +92,19 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
   }
   if (!what.optimizer) {
     // Megatron's --no-load-optim skips the scheduler's state with the optimizer's.
-    progress.scheduler_step = 0;
+    progress.scheduler = SchedulePosition{};
     progress.grad_scaler.reset();
     progress.schedule.reset();
     print(" checkpoint.no_load_optim: optimizer state, loss scaler and learning-rate schedule start fresh");
   }
   if (progress.schedule) reconcile_resumed_schedule(*progress.schedule, ck, dir, schedule, print);
   check_progress(progress, plan, dir);
+  if (progress.scheduler.tokens <
+      0) {  // a checkpoint from before DTK counted tokens: its steps, tokens as if none was skipped
+    const int64_t steps = progress.scheduler.step;
+    progress.scheduler = replayed_position(progress.iteration, plan, schedule);
+    progress.scheduler.step = steps;
+  }
   print(" loaded checkpoint from " + dir + " at iteration " + std::to_string(progress.iteration));
   restore_scaler(progress, scaler, print);
   return progress;
@@ -107,7 +122,7 @@ TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPl
                     cfg.checkpoint().load() + " resumes on its own count of consumed samples");
   TrainProgress progress = load_progress(cfg, plan, topo, parts, schedule, scaler, print);
   if (consumed == 0) return progress;
-  progress = continuation_of(consumed, cfg, plan);
+  progress = continuation_of(consumed, plan, schedule);
   print(" train.consumed_samples: continuing a run that consumed " + std::to_string(consumed) +
         " train samples; training starts after iteration " + std::to_string(progress.iteration) +
         " (learning-rate schedule and sample order from there)");

@@ -91,6 +91,12 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
     if (saved.wd_style != "constant" || now.wd_style != "constant")
       num("weight-decay iterations (train.train_iters)", saved.wd_incr_iters, now.wd_incr_iters);
   }
+  auto count = [&](const char* name, const std::optional<int64_t>& a, const std::optional<int64_t>& b) {
+    const auto text = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("unset"); };
+    if (a != b) differ.push_back(std::string(name) + " " + text(a) + " (checkpoint) vs " + text(b) + " (this run)");
+  };
+  count("lr.lr_warmup_tokens", saved.warmup_tokens, now.warmup_tokens);
+  count("lr.lr_decay_tokens", saved.decay_tokens, now.decay_tokens);
   if (saved.style == "WSD" && now.style == "WSD") {
     str("lr.lr_wsd_decay_style", saved.wsd_style, now.wsd_style);
     num("lr.lr_wsd_decay_iters", static_cast<double>(saved.wsd_decay_iters), static_cast<double>(now.wsd_decay_iters));

@@ -55,10 +55,15 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
   if (plan.ramps_up())
     ramp = ", ramping up from " + std::to_string(plan.global_batch_of(1)) + " (" + train.rampup_batch_size() +
            ") over the first " + std::to_string(plan.ramp_iterations()) + " iterations";
+  std::string tokens_end;
+  if (plan.ends_on_tokens())
+    tokens_end = "; train.train_tokens " + std::to_string(train.train_tokens()) + " ends it after iteration " +
+                 std::to_string(plan.final_iteration()) + " (" +
+                 std::to_string(plan.tokens_before(plan.final_iteration() + 1)) + " tokens)";
   return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, global batch " +
          std::to_string(plan.global_batch_size()) + " (" + std::to_string(plan.micro_batches_per_step()) +
          " micro-batches of " + std::to_string(plan.micro_batch_size()) + "), seq " +
-         std::to_string(plan.seq_length()) + ramp;
+         std::to_string(plan.seq_length()) + ramp + tokens_end;
 }
 
 // A strategy whose parameters are not whole outside its hooks while its state is replicated
@@ -86,7 +91,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
 #endif
   on_every_rank(topo_, "checking the output paths", [&] {
     check_output_paths(cfg_);
-    if (const std::string ahead = save_folder_ahead_of_run(cfg_.checkpoint(), plan_.train_iters()); !ahead.empty())
+    if (const std::string ahead = save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration()); !ahead.empty())
       throw host::HostError(ahead);
   });
   parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
@@ -135,6 +140,7 @@ std::unique_ptr<trace::OpProfile> Trainer::make_op_profile() {
 std::unique_ptr<TrainingLog> Trainer::make_log() {
   TrainingLog::Setup log;
   log.train_iters = plan_.train_iters();
+  log.final_iteration = plan_.final_iteration();
   log.log_interval = cfg_.logging().log_interval();
   log.global_batch_size = plan_.global_batch_size();
   log.seq_length = plan_.seq_length();
@@ -233,7 +239,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   reduce_clip_and_update(iteration, scale, r);
   check_skipped_in_a_row(r);
   // Megatron logs the optimizer's rate after the scheduler step: the next update's.
-  r.learning_rate = schedule_.rate(progress_.scheduler_step);
+  r.learning_rate = schedule_.rate(progress_.scheduler);
   r.global_batch_size = plan_.global_batch_of(iteration);
   r.consumed_samples = plan_.consumed_before(iteration + 1);
   if (!memory_reported_ && log_->logs(iteration)) {
@@ -282,7 +288,7 @@ void Trainer::check_skipped_in_a_row(const IterationResult& r) {
 // A step whose gradients are not finite is skipped (DTK skips in every precision; Megatron only
 // under fp16 loss scaling).
 void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r) {
-  const double learning_rate = schedule_.rate(progress_.scheduler_step);  // what this update uses
+  const double learning_rate = schedule_.rate(progress_.scheduler);  // what this update uses
   const int64_t reduce_start = trace::now_ns();
   {
     auto t = timers_.scope(Phase::kGradsReduce);
@@ -310,7 +316,7 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
   if (!r.skipped) {
     // The optimizer divides the gradients by the scale they carry.
     const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale,
-                                       schedule_.weight_decay_scale(progress_.scheduler_step)};
+                                       schedule_.weight_decay_scale(progress_.scheduler.step)};
     {
       auto t = timers_.scope(Phase::kOptimizerStep);
       // An offloaded optimizer's state is host memory, wherever the process allocates it.
@@ -319,7 +325,8 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
       parts_.strategy->optimizer_step(*parts_.optimizer, args);
     }
     // The scheduler advances only after a successful update; during a ramp-up it counts samples.
-    progress_.scheduler_step += plan_.ramps_up() ? plan_.global_batch_of(iteration) : 1;
+    schedule_.advance(progress_.scheduler, plan_.ramps_up() ? plan_.global_batch_of(iteration) : 1,
+                      plan_.tokens_before(iteration));
   }
   if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
 }
@@ -335,15 +342,15 @@ void Trainer::train() {
         " > checkpoint.save_interval %lld has no effect without checkpoint.save (as Megatron's --save-interval "
         "without --save)\n",
         static_cast<long long>(save_interval));
-  for (int64_t it = progress_.iteration + 1; it <= plan_.train_iters(); ++it) {
+  const int64_t last = plan_.final_iteration();  // train_iters, or where train.train_tokens ends it
+  for (int64_t it = progress_.iteration + 1; it <= last; ++it) {
     run_iteration(it);
-    if (it == plan_.train_iters() || should_stop(it, exit)) break;
+    if (it == last || should_stop(it, exit)) break;
   }
   trace::flush();  // a run shorter than the traced range writes what it traced
   if (profile_) profile_->finish();  // and the profiled one
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
-  if (!stopped_early_ && saving() && last_saved_ != plan_.train_iters() && resumed_iteration_ < plan_.train_iters())
-    save(plan_.train_iters());
+  if (!stopped_early_ && saving() && last_saved_ != last && resumed_iteration_ < last) save(last);
   if (bench_) {
     // Every rank again, as at the start (ranks sharing a host's cores measure it together).
     if (peak_.measured) bench_->raise_peak(remeasure_peak(peak_));
@@ -448,9 +455,10 @@ void Trainer::save(int64_t iteration) {
 
 void Trainer::final_evaluation() {
   // Megatron's labels for the evaluation after training.
-  const std::string at = "iteration " + std::to_string(plan_.train_iters());
-  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", plan_.train_iters());
-  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", plan_.train_iters());
+  const int64_t last = plan_.final_iteration();
+  const std::string at = "iteration " + std::to_string(last);
+  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", last);
+  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", last);
 }
 
 }  // namespace dtk::core

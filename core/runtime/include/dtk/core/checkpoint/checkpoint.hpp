@@ -6,7 +6,8 @@
 //
 // Each file is a LibTorch pickle (torch::pickle_save, the zip format of torch.save) of a dict:
 //   "model" {name: tensor}, "optimizer" {name: tensor}, "strategy" {name: tensor},
-//   "iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step" (int),
+//   "iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step" (int), the
+//   token-counted scheduler's "scheduler_tokens", "scheduler_warmup_end_tokens" (int),
 //   "rng" (the host's default CPU generator state, uint8), "tensor_model_parallel_size",
 //   "config" (the RunConfig in text format), "dtk_version".
 // Python opens it with torch.load(path).
@@ -42,7 +43,9 @@ struct TrainProgress {
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
-  int64_t scheduler_step = 0;
+  // The learning-rate scheduler's position (saved as "scheduler_step", "scheduler_tokens" and
+  // "scheduler_warmup_end_tokens"; a checkpoint older than token counting reads tokens -1).
+  SchedulePosition scheduler;
   // A dynamic loss scaler's state (Megatron's optimizer 'grad_scaler' entry): saved when the run
   // has one, restored when the checkpoint has it.
   std::optional<GradScaler::State> grad_scaler;

@@ -85,6 +85,9 @@ class TrainingLog {
  public:
   struct Setup {
     int64_t train_iters = 0, log_interval = 1, global_batch_size = 1, seq_length = 0;
+    // The iteration the run ends after (train.train_tokens can end it before train_iters; 0: train_iters):
+    // always printed, and the ETA's end.
+    int64_t final_iteration = 0;
     double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
     int world_size = 1;
     int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
@@ -103,9 +106,8 @@ class TrainingLog {
   // the last iteration, followed by the memory report when the result carries one.
   void record(const IterationResult& result);
   // Whether `iteration` ends a window (its result is printed).
-  bool logs(int64_t iteration) const {
-    return iteration % setup_.log_interval == 0 || iteration == setup_.train_iters;
-  }
+  bool logs(int64_t iteration) const { return iteration % setup_.log_interval == 0 || iteration == last_iteration(); }
+  int64_t last_iteration() const { return setup_.final_iteration > 0 ? setup_.final_iteration : setup_.train_iters; }
   // Validation/test results: Megatron's dashed block (" validation loss at iteration N[ on test
   // set] | ...": `label` follows "at") and TensorBoard "<metric> <what>" tags.
   void report_evaluation(const std::string& what, const std::string& label, int64_t iteration,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "dtk_config.pb.h"
@@ -30,8 +31,23 @@ struct LrParams {
   std::string wd_style = "constant";
   double wd_incr_iters = 0;
   bool has_wd = true;
+  // Megatron-DeepSpeed's token-counted warm-up and decay (lr_warmup_tokens, lr_decay_tokens);
+  // unset: counted in steps.
+  std::optional<int64_t> warmup_tokens, decay_tokens;
 };
-double learning_rate(int64_t step, const LrParams& p);
+
+// Where the scheduler stands (Megatron's num_steps and num_tokens): the updates it has followed
+// (samples during a ramp-up) and the tokens consumed before the last of them (Megatron-DeepSpeed
+// steps its scheduler before it adds the iteration's tokens). warmup_end_tokens: under a
+// token-counted decay after a step-counted warm-up, the tokens at the update that completed the
+// warm-up (Megatron-DeepSpeed's lr_warmup_tokens, set then); -1 before it.
+struct SchedulePosition {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  int64_t warmup_end_tokens = -1;
+};
+double learning_rate(const SchedulePosition& at, const LrParams& p);
+inline double learning_rate(int64_t step, const LrParams& p) { return learning_rate(SchedulePosition{step}, p); }
 
 double weight_decay(int64_t step, const LrParams& p);
 // The common case (no init_lr, no WSD).
@@ -44,7 +60,13 @@ class LearningRateSchedule {
  public:
   // train_iters: the run's length (the weight-decay schedule spans it).
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
-  double rate(int64_t step) const { return learning_rate(step, params_); }
+  double rate(const SchedulePosition& at) const { return learning_rate(at, params_); }
+  double rate(int64_t step) const { return rate(SchedulePosition{step}); }  // no tokens consumed
+  // Megatron's scheduler step after a successful update: `increment` steps (1, or the global
+  // batch's samples during a ramp-up), `tokens_before` consumed before the update's iteration.
+  void advance(SchedulePosition& at, int64_t increment, int64_t tokens_before) const;
+  // Whether the schedule counts tokens anywhere (the trainer then tells it what was consumed).
+  bool counts_tokens() const { return params_.warmup_tokens || params_.decay_tokens; }
   // The weight decay at `step` relative to its end value (the optimizer groups' weight_decay):
   // dtk_optimizer_step_args.weight_decay_scale. 1 for a constant schedule.
   double weight_decay_scale(int64_t step) const {

@@ -36,7 +36,14 @@ class BatchPlan {
   int64_t micro_batches_before(int64_t i) const;
   int64_t global_batch_of(int64_t i) const { return consumed_before(i + 1) - consumed_before(i); }
   int64_t micro_batches_of(int64_t i) const { return micro_batches_before(i + 1) - micro_batches_before(i); }
+  // The run's length: what sizes the data and the schedules.
   int64_t train_iters() const { return train_iters_; }
+  // The iteration training ends after: train_iters, or the first iteration that brings the
+  // consumed tokens to train.train_tokens (Megatron-DeepSpeed's second loop condition).
+  int64_t final_iteration() const { return final_iteration_; }
+  bool ends_on_tokens() const { return final_iteration_ < train_iters_; }
+  // Tokens consumed before iteration i (every sample is seq_length tokens).
+  int64_t tokens_before(int64_t i) const { return consumed_before(i) * seq_length_; }
   int64_t eval_iters() const { return eval_iters_; }
   int64_t seq_length() const { return seq_length_; }
   int64_t tokens_per_step() const { return gbs_ * seq_length_; }
@@ -49,10 +56,12 @@ class BatchPlan {
   // Whether the loop validates after iteration i: every eval_interval iterations, but not after
   // the last (the run's final validation follows it). One rule for the loop and for
   // train.consumed_samples' continuation (how many validation samples a run consumed).
-  bool validates_after(int64_t i) const { return eval_interval_ > 0 && i % eval_interval_ == 0 && i != train_iters_; }
+  bool validates_after(int64_t i) const {
+    return eval_interval_ > 0 && i % eval_interval_ == 0 && i != final_iteration_;
+  }
   int64_t validations_through(int64_t n) const {
     if (eval_interval_ <= 0) return 0;
-    return n / eval_interval_ - (n == train_iters_ && n % eval_interval_ == 0 ? 1 : 0);
+    return n / eval_interval_ - (n == final_iteration_ && n % eval_interval_ == 0 ? 1 : 0);
   }
 
   // Sample index of row j of the k-th micro-batch this rank consumes, counting from global
@@ -65,11 +74,13 @@ class BatchPlan {
   int64_t train_sample_index(int64_t first_iteration, int64_t k, int64_t j) const;
 
  private:
+  // The first iteration after which `samples` have been consumed.
+  int64_t iteration_reaching(int64_t samples) const;
   // The ramp-up's iterations q = 0..R (0-based): samples and micro-batches before each; one entry
   // ({0}) without a ramp-up.
   std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
-  int64_t train_iters_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
+  int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_rank_ = 0, dp_size_ = 1;
 };
 

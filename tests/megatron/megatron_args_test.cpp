@@ -72,6 +72,14 @@ const std::map<std::string, std::string> kDominoCommon = {
     {"eval.eval_interval", "1000"},
 };
 
+// The "learning rate:" of every Megatron-style log line in `log`, as printed.
+std::vector<std::string> printed_rates(const std::string& log) {
+  std::vector<std::string> out;
+  static const std::regex re("learning rate: ([0-9.E+-]+) \\|");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
+  return out;
+}
+
 }  // namespace
 
 TEST(MegatronArgs, DominoGpt3_2_7B) {
@@ -969,19 +977,13 @@ TEST(RampupBatchSize, ScheduleLengthsInSamples) {
   ASSERT_EQ(warm.code, 0) << warm.out;
   EXPECT_NE(warm.out.find("learning rate: 2.500000E-04 |"), std::string::npos) << warm.out;
 
-  auto rates = [](const std::string& log) {
-    std::vector<std::string> out;
-    std::regex re("learning rate: ([0-9.E+-]+) \\|");
-    for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
-    return out;
-  };
   const std::string plain = base + " --set train.train_samples=96 --set lr.lr_decay_style=cosine";
   const dtk_test::Result samples = dtk_test::run_dtk(plain + " --set lr.lr_warmup_samples=32 --set lr.lr_decay_samples=80");
   const dtk_test::Result iters = dtk_test::run_dtk(plain + " --set lr.lr_warmup_iters=2 --set lr.lr_decay_iters=5");
   ASSERT_EQ(samples.code, 0) << samples.out;
   ASSERT_EQ(iters.code, 0) << iters.out;
-  EXPECT_EQ(rates(samples.out).size(), 6u) << samples.out;
-  EXPECT_EQ(rates(samples.out), rates(iters.out));
+  EXPECT_EQ(printed_rates(samples.out).size(), 6u) << samples.out;
+  EXPECT_EQ(printed_rates(samples.out), printed_rates(iters.out));
 
   dtk_test::expect_one_line_error(dtk_test::run_dtk(plain + " --set lr.lr_warmup_samples=24"),
                                   "config: lr.lr_warmup_samples (24) is not a whole number of global batches of 16");
@@ -1012,17 +1014,11 @@ TEST(MegatronArgs, TokenCountedScheduleAndEnd) {
           "--train-tokens 560 --log-interval 1 --eval-iters 1 --eval-interval 100' "
           "--set tokenizer.vocab_file=") +
       DTK_VOCAB_DIR + "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe";
-  auto rates = [](const std::string& log) {
-    std::vector<std::string> out;
-    std::regex re("learning rate: ([0-9.E+-]+) \\|");
-    for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) out.push_back((*it)[1]);
-    return out;
-  };
   const dtk_test::Result whole = dtk_test::run_dtk(run);
   ASSERT_EQ(whole.code, 0) << whole.out;
   const std::vector<std::string> want = {"0.000000E+00", "5.000000E-04", "1.000000E-03", "9.336826E-04", "7.525000E-04",
                                          "5.050000E-04", "2.575000E-04", "7.631743E-05", "1.000000E-05"};
-  EXPECT_EQ(rates(whole.out), want) << whole.out;
+  EXPECT_EQ(printed_rates(whole.out), want) << whole.out;
   EXPECT_NE(whole.out.find("train.train_tokens 560 ends it after iteration 9 (576 tokens)"), std::string::npos)
       << whole.out;
   EXPECT_NE(whole.out.find("iteration 9 on validation set"), std::string::npos) << whole.out;
@@ -1041,7 +1037,7 @@ TEST(MegatronArgs, TokenCountedScheduleAndEnd) {
   const auto resumed = dtk_test::printed_losses(rest.out);
   ASSERT_EQ(resumed.size(), 5u) << rest.out;
   for (const auto& [it, loss] : resumed) EXPECT_EQ(loss, losses.at(it)) << "resumed iteration " << it;
-  EXPECT_EQ(rates(rest.out), std::vector<std::string>(want.begin() + 4, want.end())) << rest.out;
+  EXPECT_EQ(printed_rates(rest.out), std::vector<std::string>(want.begin() + 4, want.end())) << rest.out;
   std::filesystem::remove_all(dir);
 
   // One warm-up length; the token counts with a schedule that counts only steps.

@@ -627,6 +627,20 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
     EXPECT_GE(tracked_iteration(ckpt), 2) << run.output();
   }
   {
+    // A signal to the whole process group (a terminal's Ctrl-C, a scheduler signalling the job)
+    // reaches each rank of dtk launch directly and once more forwarded by the launcher: one event,
+    // saved once, not "pressed twice".
+    const std::string ckpt = tmp_dir("signal-group");
+    Background run(
+        "launch --nproc_per_node 2 " + long_run + "--set train.micro_batch_size=4 --set checkpoint.save=" + ckpt,
+        tmp_dir("signal-log-group") + "/out.txt", /*new_group=*/true);
+    ASSERT_TRUE(run.wait_for("iteration        2/", 120)) << run.output();
+    ASSERT_EQ(::kill(-run.pid, SIGTERM), 0);
+    EXPECT_EQ(run.wait_exit(120), 0) << run.output();
+    EXPECT_NE(run.output().find("exiting program after receiving SIGTERM"), std::string::npos) << run.output();
+    EXPECT_GE(tracked_iteration(ckpt), 2) << run.output();
+  }
+  {
     // Before training (here: rank 0 of two waiting at the rendezvous for a rank that never comes,
     // seen by its store's port accepting): one line, the signal's status, nothing written.
     const std::string ckpt = tmp_dir("signal-startup");

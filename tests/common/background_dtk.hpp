@@ -24,9 +24,12 @@ struct BackgroundDtk {
 
   static int exit_code_of(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
-  BackgroundDtk(const std::string& args, const std::string& log_path) : log(log_path) {
+  // new_group: the process leads a process group of its own (as a job under a shell or a
+  // scheduler), so that a test can signal the whole group (::kill(-pid, sig)).
+  BackgroundDtk(const std::string& args, const std::string& log_path, bool new_group = false) : log(log_path) {
     pid = ::fork();
     if (pid == 0) {
+      if (new_group) ::setpgid(0, 0);
       const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1), ::dup2(fd, 2);
       const std::string cmd = std::string("exec ") + DTK_BIN + " " + args;

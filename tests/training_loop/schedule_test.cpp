@@ -119,6 +119,18 @@ TEST(LearningRate, WarmupStableDecayEqualsMegatron) {
                "minus_sqrt");
 }
 
+// Megatron counts samples: inverse-square-root without a warm-up is max_lr / sqrt(samples), not
+// / sqrt(iterations). Expected values: Megatron-DeepSpeed's optimizer_param_scheduler.py stepped
+// by a global batch of 8 samples, no warm-up (the rate each iteration used).
+TEST(LearningRate, InverseSquareRootWithoutWarmupCountsSamples) {
+  dtk::core::LrParams p;
+  p.max_lr = 1e-3, p.min_lr = 1e-5, p.decay_iters = 100, p.style = "inverse-square-root", p.step_samples = 8;
+  const std::vector<std::pair<int64_t, double>> want = {
+      {0, 0.001},  {1, 0.00035355339059327376}, {2, 0.00025}, {5, 0.00015811388300841897}, {10, 0.00011180339887498948},
+      {50, 5e-05}, {100, 3.535533905932738e-05}};
+  for (const auto& [step, rate] : want) EXPECT_NEAR(dtk::core::learning_rate(step, p), rate, 1e-15) << "step " << step;
+}
+
 TEST(LearningRate, WarmupFractionEqualsMegatron) {
   // lr_warmup_fraction 0.05 of a 100-iteration cosine decay (5 iterations), from 0.
   dtk::config::LrSchedule lr;

@@ -571,8 +571,9 @@ void validate_token_counts(const config::LrSchedule& lr, const config::TrainingC
         style);
   if (warmup && (lr.lr_warmup_iters() > 0 || lr.lr_warmup_fraction() > 0 || lr.lr_warmup_samples() > 0))
     throw HostError(
-        "config: lr.lr_warmup_tokens replaces the step warm-up (Megatron-DeepSpeed ignores the other "
-        "then): drop lr.lr_warmup_iters, lr.lr_warmup_fraction and lr.lr_warmup_samples");
+        "config: lr.lr_warmup_tokens replaces the step warm-up: drop lr.lr_warmup_iters, lr.lr_warmup_fraction and "
+        "lr.lr_warmup_samples (Megatron-DeepSpeed would warm up by tokens and still start a step-counted decay "
+        "after the step warm-up)");
   if (warmup && decay && lr.lr_warmup_tokens() >= lr.lr_decay_tokens() && style != "constant")
     throw HostError("config: lr.lr_warmup_tokens (" + std::to_string(lr.lr_warmup_tokens()) +
                     ") must be smaller than lr.lr_decay_tokens (" + std::to_string(lr.lr_decay_tokens()) + ")");

@@ -620,6 +620,7 @@ struct SeenFlags {
   bool iteration_based = false, sample_based = false;
   std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
   std::vector<std::string> sample_schedule;     // --lr-decay-samples / --lr-warmup-samples as given
+  std::string no_train_tokens;                  // --train-tokens 0 (or less) as given
   std::vector<std::string> llama_only;          // flags only the llama model takes, as given
   std::vector<std::string> gpt_only;            // flags only the gpt model takes, as given
   bool rope = false, rms_norm = false, swiglu = false;
@@ -704,6 +705,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") s.iteration_schedule.push_back(shown);
   // Megatron asserts lr_decay_samples None and lr_warmup_samples 0 (its default) for iterations.
   if ((f == "--lr-decay-samples" || f == "--lr-warmup-samples") && values[0] != "0") s.sample_schedule.push_back(shown);
+  // Megatron-DeepSpeed's loop trains while consumed tokens < --train-tokens: 0 (or less) trains nothing.
+  if (f == "--train-tokens" && std::strtoll(values[0].c_str(), nullptr, 10) <= 0) s.no_train_tokens = shown;
   if ((f == "--position-embedding-type" && values[0] == "rope") || f == "--use-rotary-position-embeddings")
     s.rope = true;
   if (f == "--no-position-embedding") s.no_position_shown = shown;
@@ -1094,6 +1097,9 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
       m.refused.push_back(flag +
                           ": with --train-iters the schedule is iteration-based (Megatron asserts it); use "
                           "--lr-decay-iters / --lr-warmup-iters");
+  if (!s.no_train_tokens.empty())
+    m.refused.push_back(s.no_train_tokens +
+                        ": Megatron-DeepSpeed trains no iteration with it; leave the flag out for no token limit");
   if (!s.rampup.empty() && s.iteration_based)
     m.refused.push_back(s.rampup +
                         ": needs sample-based training, --train-samples instead of --train-iters (Megatron "

@@ -53,9 +53,9 @@ double learning_rate(const SchedulePosition& at, const LrParams& p) {
       : at.warmup_end_tokens >= 0 ? std::optional<double>(static_cast<double>(at.warmup_end_tokens))
                                   : std::nullopt;
   if (p.style == "inverse-square-root") {
-    const double rate = warmup_end
-                            ? p.max_lr * std::sqrt(std::max(*warmup_end, 1.0)) / std::sqrt(std::max(tokens, 1.0))
-                            : p.max_lr * std::sqrt(std::max(p.warmup_iters, 1.0)) / std::sqrt(std::max(step, 1.0));
+    const double rate = warmup_end ? p.max_lr * std::sqrt(std::max(*warmup_end, 1.0)) / std::sqrt(std::max(tokens, 1.0))
+                                   : p.max_lr * std::sqrt(std::max(p.warmup_iters * p.step_samples, 1.0)) /
+                                         std::sqrt(std::max(step * p.step_samples, 1.0));
     return std::max(p.min_lr, rate);
   }
   double ratio = 1.0;
@@ -144,6 +144,7 @@ void LearningRateSchedule::advance(SchedulePosition& at, int64_t increment, int6
 void LearningRateSchedule::set_params(const LrParams& p) {
   const LrParams mine = params_;
   params_ = p;
+  params_.step_samples = mine.step_samples;  // this run's unit (the checkpoint's plan is the same)
   if (!p.has_wd) {
     params_.start_wd = mine.start_wd, params_.end_wd = mine.end_wd;
     params_.wd_style = mine.wd_style, params_.wd_incr_iters = mine.wd_incr_iters, params_.has_wd = true;

@@ -117,15 +117,16 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     throw HostError("config: the run's token count (train samples x train.seq_length) is too large");
   final_iteration_ = train_iters_;
   if (t.train_tokens() > 0 && seq_length_ > 0)
-    final_iteration_ = std::min(train_iters_, iteration_reaching((t.train_tokens() + seq_length_ - 1) / seq_length_));
+    final_iteration_ = std::min(train_iters_, iteration_reaching(t.train_tokens() / seq_length_ +
+                                                                 (t.train_tokens() % seq_length_ != 0 ? 1 : 0)));
 }
 
 int64_t BatchPlan::iteration_reaching(int64_t samples) const {
   if (samples <= ramp_consumed_.back())  // within the ramp-up: consumed_before(q + 1) is ramp_consumed_[q]
     return std::max<int64_t>(
         1, std::lower_bound(ramp_consumed_.begin(), ramp_consumed_.end(), samples) - ramp_consumed_.begin());
-  const int64_t r = static_cast<int64_t>(ramp_consumed_.size()) - 1;
-  return r + (samples - ramp_consumed_.back() + gbs_ - 1) / gbs_;
+  const int64_t r = static_cast<int64_t>(ramp_consumed_.size()) - 1, rest = samples - ramp_consumed_.back();
+  return r + rest / gbs_ + (rest % gbs_ != 0 ? 1 : 0);  // (no rounding sum to overflow near int64's end)
 }
 
 int64_t BatchPlan::consumed_before(int64_t i) const {

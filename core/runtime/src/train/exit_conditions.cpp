@@ -29,15 +29,30 @@ enum Phase : int { kStartup = 0, kTraining = 1, kAfter = 2 };
 // fallback) a signal handler.
 std::atomic<int> g_phase{kStartup};
 std::atomic<int> g_received{0};
+std::atomic<int64_t> g_received_ns{0};  // when (CLOCK_MONOTONIC) g_received was recorded
+// A copy of the recorded signal this soon after it is the same event, not a user asking again: a
+// signal to a whole process group (a terminal's Ctrl-C, a job scheduler) reaches a launched rank
+// directly and once more through dtk launch.
+constexpr int64_t kSameEventNs = 1000 * 1000 * 1000;
+std::atomic<bool> g_watching{false};  // a StartupSignals exists
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs lock-free atomics");
 
 // Only async-signal-safe calls here (it also runs as a handler): strlen, write(2), signal,
 // pthread_sigmask, raise.
+// One write(2), so that the lines of ranks sharing a terminal do not interleave.
 void say(const char* a, const char* b = "", const char* c = "") {
-  for (const char* s : {a, b, c}) {
-    ssize_t ignored = ::write(STDERR_FILENO, s, std::strlen(s));
-    (void)ignored;
-  }
+  char line[256];
+  size_t n = 0;
+  for (const char* s : {a, b, c})
+    for (; *s && n < sizeof line; ++s) line[n++] = *s;
+  ssize_t ignored = ::write(STDERR_FILENO, line, n);
+  (void)ignored;
+}
+
+int64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000 * 1000 * 1000 + t.tv_nsec;
 }
 
 const char* name_of(int sig) {
@@ -47,7 +62,9 @@ const char* name_of(int sig) {
 }
 
 void on_exit_signal(int sig) {
-  if (g_phase != kTraining || g_received == sig) {
+  const bool again = g_phase == kTraining && g_received == sig;
+  if (again && monotonic_ns() - g_received_ns.load() < kSameEventNs) return;
+  if (g_phase != kTraining || again) {
     // Before training there is nothing to save; after it, nothing left to save. The second of its
     // kind in training: stop now. Either way with the signal's own exit status (128 + its number).
     if (g_phase == kStartup)
@@ -63,6 +80,7 @@ void on_exit_signal(int sig) {
     ::raise(sig);
     return;
   }
+  g_received_ns = monotonic_ns();
   g_received = sig;
   if (sig == SIGINT)
     say("dtk: received SIGINT: finishing this iteration, then saving and exiting (press Ctrl-C again to stop now)\n");
@@ -133,13 +151,21 @@ void StartupSignals::watch() {
 StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(save_on_signals(train)) {
   g_phase = kStartup;
   g_received = 0;
-  previous_.resize(signals_.size());
-  // A handler as well: a signal set to be ignored (nohup's SIGHUP) is not discarded, and a thread
-  // that started before the signals were held (none of DTK's) records them as the watcher would.
+  // A handler as well: a thread that started before the signals were held (none of DTK's) records
+  // them as the watcher would.
   struct sigaction sa {};
   sa.sa_handler = on_exit_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
+  // A listed signal the process inherited ignored (nohup's SIGHUP) stays ignored, as in any program.
+  signals_.erase(std::remove_if(signals_.begin(), signals_.end(),
+                                [](int sig) {
+                                  struct sigaction current {};
+                                  sigaction(sig, nullptr, &current);
+                                  return current.sa_handler == SIG_IGN;
+                                }),
+                 signals_.end());
+  previous_.resize(signals_.size());
   sigset_t listed, others = exit_signal_set();
   sigemptyset(&listed);
   for (size_t i = 0; i < signals_.size(); ++i) {
@@ -148,13 +174,15 @@ StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(s
     sigdelset(&others, signals_[i]);
   }
   // Held since the process started (exit_signals.hpp): the listed ones stay held (the watcher
-  // takes what arrived meanwhile), the others get their default action from here.
+  // takes what arrived meanwhile), the others get their own action (default or ignored) from here.
   pthread_sigmask(SIG_BLOCK, &listed, nullptr);
   pthread_sigmask(SIG_UNBLOCK, &others, nullptr);
   if (!signals_.empty()) watcher_ = std::thread([this] { watch(); });
+  g_watching = true;
 }
 
 StartupSignals::~StartupSignals() {
+  g_watching = false;
   if (watcher_.joinable()) {
     stop_ = true;
     watcher_.join();
@@ -179,9 +207,7 @@ ExitConditions::ExitConditions(const config::TrainingConfig& train, const Topolo
   const std::vector<int> signals = save_on_signals(train);
   handle_signals_ = !signals.empty();
   if (!handle_signals_) return;
-  struct sigaction current {};
-  sigaction(signals.front(), nullptr, &current);
-  if (current.sa_handler != on_exit_signal) own_.emplace(train);
+  if (!g_watching) own_.emplace(train);
   // A signal recorded before this point ended the process; from here one is recorded.
   g_received = 0;
   g_phase = kTraining;

@@ -39,6 +39,7 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
     throw host::HostError("config: train.bench_steps measures a fresh run; drop checkpoint.load");
   if (cfg.lr().lr_decay_iters() == 0) run.mutable_lr()->set_lr_decay_iters(t.train_iters());
   run.mutable_train()->set_train_iters(t.perf_warmup_steps() + t.bench_steps());
+  run.mutable_train()->set_train_tokens(0);  // bench_steps decides the length, as it does over train_iters
   run.mutable_eval()->set_eval_interval(0);
   run.mutable_eval()->set_eval_iters(0);
   run.mutable_checkpoint()->clear_save();

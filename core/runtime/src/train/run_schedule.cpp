@@ -113,6 +113,11 @@ LearningRateSchedule make_run_schedule(const config::RunConfig& cfg, const Batch
   else if (cfg.lr().lr_decay_samples() > 0 || cfg.lr().lr_warmup_samples() > 0)
     samples_to_iterations(cfg, plan, schedule);
   if (cfg.train().train_samples() > 0) check_sample_lengths(plan, schedule.params());
+  if (!plan.ramps_up()) {  // counted in iterations: each one global batch of samples
+    LrParams p = schedule.params();
+    p.step_samples = static_cast<double>(plan.global_batch_size());
+    schedule.set_params(p);
+  }
   return schedule;
 }
 

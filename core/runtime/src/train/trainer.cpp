@@ -455,7 +455,9 @@ void Trainer::save(int64_t iteration) {
 
 void Trainer::final_evaluation() {
   // Megatron's labels for the evaluation after training.
-  const int64_t last = plan_.final_iteration();
+  // A run resumed past where train.train_tokens now ends it trained no iteration: its model is
+  // the checkpoint's (Megatron-DeepSpeed labels it with the loaded iteration too).
+  const int64_t last = std::max(plan_.final_iteration(), progress_.iteration);
   const std::string at = "iteration " + std::to_string(last);
   evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", last);
   evaluate(DTK_SPLIT_TEST, "test", at + " on test set", last);

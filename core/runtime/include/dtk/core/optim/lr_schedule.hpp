@@ -34,6 +34,10 @@ struct LrParams {
   // Megatron-DeepSpeed's token-counted warm-up and decay (lr_warmup_tokens, lr_decay_tokens);
   // unset: counted in steps.
   std::optional<int64_t> warmup_tokens, decay_tokens;
+  // Samples per step when the schedule counts iterations (the global batch; 1 when it counts
+  // samples): Megatron counts samples, and inverse-square-root's max(warm-up, 1) and max(step, 1)
+  // differ in the two units without a warm-up. This run's plan, not saved.
+  double step_samples = 1;
 };
 
 // Where the scheduler stands (Megatron's num_steps and num_tokens): the updates it has followed

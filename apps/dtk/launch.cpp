@@ -48,14 +48,6 @@ using dtk::host::HostError;
 // --signal: SIGUSR1/SIGUSR2) sends.
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
-// Whether the launcher found `sig` ignored (nohup's SIGHUP, a shell's background job's SIGINT):
-// then it stays ignored, here and in the ranks, as it would for any program.
-bool inherited_ignored(int sig) {
-  struct sigaction current {};
-  sigaction(sig, nullptr, &current);
-  return current.sa_handler == SIG_IGN;
-}
-
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
@@ -277,7 +269,7 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
     }
     if (pid == 0) {
       for (int sig : kForwardedSignals)
-        if (!inherited_ignored(sig)) signal(sig, SIG_DFL);
+        if (!dtk::core::inherited_ignored(sig)) signal(sig, SIG_DFL);
       // A rank never outlives its launcher (kill -9, OOM killer, a harness's timeout -s KILL).
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
@@ -398,7 +390,7 @@ int run_launch(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : kForwardedSignals)
-    if (!inherited_ignored(sig)) sigaction(sig, &sa, nullptr);
+    if (!dtk::core::inherited_ignored(sig)) sigaction(sig, &sa, nullptr);
   // Held since bin/dtk's first instruction (exit_signals.hpp): one that came while LibTorch loaded
   // is forwarded to the ranks once they exist, like any later one.
   dtk::core::unblock_exit_signals();

@@ -37,8 +37,6 @@ constexpr int64_t kSameEventNs = 1000 * 1000 * 1000;
 std::atomic<bool> g_watching{false};  // a StartupSignals exists
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs lock-free atomics");
 
-// Only async-signal-safe calls here (it also runs as a handler): strlen, write(2), signal,
-// pthread_sigmask, raise.
 // One write(2), so that the lines of ranks sharing a terminal do not interleave.
 void say(const char* a, const char* b = "", const char* c = "") {
   char line[256];
@@ -61,6 +59,8 @@ const char* name_of(int sig) {
   return "a signal";
 }
 
+// Only async-signal-safe calls here (it also runs as a handler): write(2), clock_gettime, signal,
+// pthread_sigmask, raise.
 void on_exit_signal(int sig) {
   const bool again = g_phase == kTraining && g_received == sig;
   if (again && monotonic_ns() - g_received_ns.load() < kSameEventNs) return;
@@ -158,13 +158,7 @@ StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(s
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   // A listed signal the process inherited ignored (nohup's SIGHUP) stays ignored, as in any program.
-  signals_.erase(std::remove_if(signals_.begin(), signals_.end(),
-                                [](int sig) {
-                                  struct sigaction current {};
-                                  sigaction(sig, nullptr, &current);
-                                  return current.sa_handler == SIG_IGN;
-                                }),
-                 signals_.end());
+  signals_.erase(std::remove_if(signals_.begin(), signals_.end(), inherited_ignored), signals_.end());
   previous_.resize(signals_.size());
   sigset_t listed, others = exit_signal_set();
   sigemptyset(&listed);

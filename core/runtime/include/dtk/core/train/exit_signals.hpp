@@ -40,6 +40,14 @@ inline void unblock_exit_signals() {
   sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
+// Whether the process inherited `sig` ignored (nohup's SIGHUP, a shell's background job's
+// SIGINT): then it stays ignored, as in any program.
+inline bool inherited_ignored(int sig) {
+  struct sigaction current {};
+  sigaction(sig, nullptr, &current);
+  return current.sa_handler == SIG_IGN;
+}
+
 // The commands that hold them from their first instruction: `train` (saves on them) and `launch`
 // (forwards them to its ranks).
 inline bool holds_exit_signals(int argc, char** argv) {

@@ -37,6 +37,13 @@ TEST(Contracts, ADetachedLossIsBlamedOnTheStep) {
                         "step plugin 'detaching_step': forward_step returned a loss that does not require grad");
 }
 
+// train.calculate_per_token_loss needs a step that sums its loss (ABI 2.8): one that cannot is
+// named before its mean trains as if it were a sum.
+TEST(Contracts, AStepThatCannotSumItsLossIsRefusedForAPerTokenLoss) {
+  expect_one_line_error(run_dtk(train("--step detaching_step --set train.calculate_per_token_loss=true")),
+                        "step plugin 'detaching_step' returned no token count with its loss");
+}
+
 TEST(Contracts, ATrainedTensorMissingFromTheParametersIsRefused) {
   expect_one_line_error(run_dtk(train("--set model.fault=unlisted")),
                         "model plugin 'contract_model': 1 tensor the loss trains is not listed by visit_parameters "

@@ -673,6 +673,13 @@ TEST(MegatronArgs, DdpBucketSizeIsTheStrategysBucket) {
   EXPECT_EQ(bad.refused[0], "--ddp-bucket-size 0: not a positive number of elements");
 }
 
+// --calculate-per-token-loss: the loop's per-token loss (tests/training_loop proves its arithmetic).
+TEST(MegatronArgs, CalculatePerTokenLossIsTheLoopsPerTokenLoss) {
+  const MegatronMapping m = dtk::core::map_megatron_args({"--calculate-per-token-loss"});
+  EXPECT_TRUE(m.refused.empty());
+  expect_fields(config_of(m), {{"train.calculate_per_token_loss", "true"}});
+}
+
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).
 TEST(MegatronArgs, DocsTableIsTheMappersTable) {
   const auto table = dtk_test::doc_table("megatron", "megatron_table");

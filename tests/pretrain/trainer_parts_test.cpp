@@ -159,6 +159,31 @@ TEST(MetricAverager, TensorValuesAreSummedWhereTheyAreAndReadWhenAsked) {
   EXPECT_TRUE(a.names().empty());
 }
 
+// ABI 2.8's ratio metrics ([numerator, denominator]): the sum of the numerators over the sum of the
+// denominators, through merge and next to plain values; any other size is refused by name.
+TEST(MetricAverager, RatioMetricsDivideTheirSums) {
+  dtk::core::MetricAverager a, b;
+  dtk::core::StepMetrics m1, m2, m3;
+  m1.tensors = {{"lm loss", at::tensor({6.0f, 2.0f})}, {"aux", at::tensor(1.0)}};
+  m2.tensors = {{"lm loss", at::tensor({10.0f, 6.0f})}, {"aux", at::tensor(3.0)}};
+  m3.tensors = {{"lm loss", at::tensor({4.0f, 0.0f})}};
+  a.add(m1);
+  a.add(m2);
+  EXPECT_DOUBLE_EQ(a.mean("lm loss"), 16.0 / 8.0);  // not the mean of 3 and 5/3
+  EXPECT_DOUBLE_EQ(a.mean("aux"), 2.0);
+  b.add(m3);
+  a.merge(b);
+  EXPECT_DOUBLE_EQ(a.mean("lm loss"), 20.0 / 8.0);
+  dtk::core::StepMetrics bad;
+  bad.tensors = {{"lm loss", at::zeros({3})}};
+  try {
+    a.add(bad);
+    FAIL() << "a 3-element metric was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("metric 'lm loss' as 3 values"), std::string::npos) << e.what();
+  }
+}
+
 // train.cuda_graphs' CPU probe: a replay that reads a device value on the host fails, naming the
 // count; capturing() is on while a Recording lives (the schedule's body holds one) and off after.
 TEST(StepCaptureProbe, AReplayThatReadsOnTheHostFails) {

@@ -11,7 +11,9 @@
 //     log's figures;
 //   * optimizer groups from lr.param_rules and a weight-decay schedule reach the optimizer as
 //     Megatron computes them (a recording optimizer), ZeRO == ddp with them, resume exactly;
-//   * num zeros in the gradients, TensorBoard per iteration and vs samples, Megatron's labels.
+//   * num zeros in the gradients, TensorBoard per iteration and vs samples, Megatron's labels;
+//   * the per-token loss (train.calculate_per_token_loss) equals one micro-batch of the global
+//     batch however it is split.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -20,12 +22,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "../common/curves.hpp"
 #include "../common/background_dtk.hpp"
@@ -751,6 +756,44 @@ TEST(Logging, FinalEvaluationIsLabelledAsMegatronLabelsIt) {
   EXPECT_NE(r.out.find(" validation loss at iteration 4 on validation set | lm loss value: "), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find(" validation loss at iteration 4 on test set | lm loss value: "), std::string::npos) << r.out;
+}
+
+// train.calculate_per_token_loss (Megatron-LM's --calculate-per-token-loss). With end-of-document
+// tokens masked out of the loss, micro-batches count different tokens; the per-token loss, its
+// gradients and the reported lm loss (training and validation) are then those of the global batch
+// as one micro-batch, however it is split: over micro-batches, data-parallel ranks (ddp, ZeRO),
+// tensor- or pipeline-parallel ranks. Each micro-batch's mean averaged (the default) differs.
+TEST(Loss, PerTokenLossIsTheGlobalBatchsTokenMeanHoweverItIsSplit) {
+  const std::string masked = kTrain + iters(4) +
+                             " --set dataset.vocab_size=8 --set step.eod_token=1 --set step.eod_mask_loss=true "
+                             "--set eval.eval_iters=1 ";
+  const std::string per_token = " --set train.calculate_per_token_loss=true ";
+  const Curve whole = dtk_test::run_curve(masked + " --set train.micro_batch_size=4", DTK_TEST_TMP, "token-mean-whole");
+  const auto validation = [](const Result& r) {
+    const std::string label = "on validation set | lm loss value: ";
+    const size_t at = r.out.find(label);
+    return at == std::string::npos ? NAN : std::stod(r.out.substr(at + label.size()));
+  };
+  const double whole_validation = validation(whole.run);
+  ASSERT_TRUE(std::isfinite(whole_validation)) << whole.run.out;
+  const std::string launch = "launch --nproc_per_node 2 ";
+  const std::vector<std::pair<std::string, std::string>> splits = {
+      {"2 micro-batches", masked + per_token},
+      {"DP2, 2 micro-batches each", launch + masked + per_token + " --set train.micro_batch_size=1"},
+      {"ZeRO-2 DP2",
+       launch + masked + per_token + " --set train.micro_batch_size=1 --strategy zero --set strategy.stage=2"},
+      {"TP2", launch + masked + per_token + " --set distributed.tensor_model_parallel_size=2"},
+      {"PP2", launch + masked + per_token + " --set distributed.pipeline_model_parallel_size=2"},
+  };
+  for (const auto& [what, args] : splits) {
+    const Curve split = dtk_test::run_curve(args, DTK_TEST_TMP, "token-mean " + what);
+    dtk_test::expect_same_curve(whole, split, 4, "per-token loss, " + what + " vs one micro-batch");
+    EXPECT_NEAR(validation(split.run), whole_validation, 1e-5 * whole_validation) << what << "\n" << split.run.out;
+  }
+  const Curve means = dtk_test::run_curve(masked, DTK_TEST_TMP, "token-mean-default");
+  // At initialisation every token's loss is near log(vocab): the weighting shows in the gradient.
+  EXPECT_GT(std::abs(means.norm.at(1) - whole.norm.at(1)), 1e-4 * whole.norm.at(1))
+      << "the micro-batches counted the same tokens: the test shows nothing";
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 //                [b, 1, s, s] bool attention mask, true = masked. Without a custom mask no
 //                "attention_mask" is passed, so the model may use its fused causal path.
 //   loss_func:   loss = sum(per_token_loss * loss_mask) / sum(loss_mask); metric "lm loss" is
-//                its value averaged over the data-parallel group.
+//                its value averaged over the data-parallel group. When the host asks for a summed
+//                loss (--calculate-per-token-loss, ABI 2.8): the numerator alone, sum(loss_mask)
+//                as the token count, and "lm loss" as the ratio of both summed over the group.
 //   pipeline:    on a stage that is not the last (post_process false) the model returns its
 //                hidden states, which are the step's result (the host sends them on; Megatron's
 //                forward_step returns the output tensor and applies loss_func on the last stage).
@@ -37,6 +39,17 @@ class CausalLM : public Step {
   }
 
   at::Tensor forward_step(const ModelHandle& model, const TensorList& batch, const Metrics& metrics) override {
+    return run(model, batch, metrics, nullptr);
+  }
+  at::Tensor forward_step_summed(const ModelHandle& model, const TensorList& batch, const Metrics& metrics,
+                                 at::Tensor* num_tokens) override {
+    return run(model, batch, metrics, num_tokens);
+  }
+
+ private:
+  // `num_tokens` null: Megatron's mean loss; else (--calculate-per-token-loss) the summed loss, the
+  // tokens it counts there, and "lm loss" as the ratio of the data-parallel group's sums.
+  at::Tensor run(const ModelHandle& model, const TensorList& batch, const Metrics& metrics, at::Tensor* num_tokens) {
     // ---- get_batch --------------------------------------------------------------------------
     at::Tensor data_mask;  // the dataset's loss mask ("loss_mask", [b, s]; padding labels 0), if it gives one
     at::Tensor text = broadcast_text(batch, &data_mask);
@@ -95,14 +108,22 @@ class CausalLM : public Step {
 
     // ---- loss_func ------------------------------------------------------------------------
     at::Tensor lm = loss_mask.reshape({-1});
-    at::Tensor loss = (losses.to(at::kFloat).reshape({-1}) * lm).sum() / lm.sum();
+    at::Tensor loss_sum = (losses.to(at::kFloat).reshape({-1}) * lm).sum();
+    if (num_tokens) {
+      *num_tokens = lm.sum();
+      // [loss sum, tokens] summed over the data-parallel group: the host divides their sums.
+      at::Tensor reported = at::stack({loss_sum.detach(), *num_tokens});
+      if (dp_size_ > 1) Comm::all_reduce(reported, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_SUM);
+      metrics.put_ratio("lm loss", reported[0], reported[1]);
+      return loss_sum;
+    }
+    at::Tensor loss = loss_sum / lm.sum();
     at::Tensor reported = loss.detach().clone().reshape({1});
     if (dp_size_ > 1) Comm::all_reduce(reported, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_AVG);
     metrics.put("lm loss", reported);  // read by the host once per iteration
     return loss;
   }
 
- private:
   // Megatron's broadcast_data: TP rank 0 sends the sizes, then the tokens (and the dataset's loss
   // mask when its batch has one).
   at::Tensor broadcast_text(const TensorList& batch, at::Tensor* mask) const {

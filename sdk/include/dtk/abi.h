@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 7
+#define DTK_ABI_MINOR 8
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -912,13 +912,24 @@ typedef struct dtk_step_forward_args {
    * [micro_batch_size, ...] (GPT: "text" [b, s+1] int64). May be empty on ranks that receive
    * their inputs by broadcast (TP rank > 0). */
   const dtk_tensor_map* batch;
-  /* Reported values, already averaged over the data-parallel group (GPT: "lm loss"). */
+  /* Reported values, already averaged over the data-parallel group (GPT: "lm loss"). Since 2.8 a
+   * tensor value may instead hold two elements, [numerator, denominator], already summed over the
+   * data-parallel group: the host sums both over the iteration's micro-batches (or the
+   * evaluation's batches) and reports their ratio (Megatron-LM's token-weighted "lm loss"). */
   const dtk_metric_sink* metrics;
   /* [out][new] scalar tensor to call backward on (the mean over valid tokens). */
   dtk_tensor* loss;
+  /* ABI 2.8 [in]. Nonzero: Megatron-LM's --calculate-per-token-loss. The step returns in `loss`
+   * the sum over the tokens it would average (not their mean) and their number in num_tokens;
+   * the host then divides the gradients by the token count of the whole global batch. A step
+   * that leaves num_tokens NULL cannot train so: the host refuses the run, naming it. */
+  int32_t sum_loss;
+  /* ABI 2.8 [out][new] With sum_loss: a one-element tensor, how many tokens `loss` sums over. */
+  dtk_tensor* num_tokens;
 } dtk_step_forward_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_step_forward_args, 2_0, loss);
-DTK_DEFINE_STRUCT_TRAITS(dtk_step_forward_args, loss);
+DTK_DEFINE_STRUCT_SIZE(dtk_step_forward_args, 2_8, num_tokens);
+DTK_DEFINE_STRUCT_TRAITS(dtk_step_forward_args, num_tokens);
 
 /* Every function is [main-thread]. */
 typedef struct dtk_step_api {

@@ -465,7 +465,8 @@ StepInstance::StepInstance(const Plugin& plugin, const dtk_build_context& ctx)
 StepInstance::~StepInstance() {
   if (step_) api_->destroy(step_);
 }
-at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics) {
+at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics,
+                                      at::Tensor* num_tokens) {
   MapView view(batch);
   // Host callbacks run inside plugin frames: nothing may throw out of them.
   dtk_metric_sink sink{dtk_metric_sink_STRUCT_SIZE, metrics,
@@ -484,10 +485,18 @@ at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorLi
                          } catch (...) {
                          }
                        }};
-  dtk_step_forward_args args{dtk_step_forward_args_STRUCT_SIZE, model.ref(), view.get(), &sink, nullptr};
+  dtk_step_forward_args args{
+      dtk_step_forward_args_STRUCT_SIZE, model.ref(), view.get(), &sink, nullptr, num_tokens ? 1 : 0, nullptr};
   check_plugin(api_->forward_step(step_, &args), plugin_, "forward_step");
+  TensorHandle owned_tokens(args.num_tokens);
   if (!args.loss) throw HostError("step plugin '" + plugin_.name() + "': forward_step returned no loss");
   TensorHandle owned(args.loss);
+  if (num_tokens) {
+    *num_tokens = args.num_tokens ? unwrap(args.num_tokens) : at::Tensor();
+    if (num_tokens->defined() && num_tokens->numel() != 1)
+      throw HostError("step plugin '" + plugin_.name() + "': forward_step returned num_tokens of shape " +
+                      Model::shape_str(*num_tokens) + ", expected one element");
+  }
   return unwrap(args.loss);
 }
 

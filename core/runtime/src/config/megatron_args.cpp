@@ -257,6 +257,8 @@ const Rule kRules[] = {
     {"--ds-sequence-parallel-size", 1, Kind::kCustom, "",
      "DeepSpeed-Ulysses: 1 accepted; more refused (DTK's sequence parallelism is Megatron's, --sequence-parallel)"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
+    {"--calculate-per-token-loss", 0, Kind::kSwitch, "train.calculate_per_token_loss=true",
+     "gradients and lm loss over the global batch's tokens, not the mean of each micro-batch's mean"},
     {"--lr-warmup-tokens", 1, Kind::kSet, "lr.lr_warmup_tokens", ""},
     {"--lr-decay-tokens", 1, Kind::kSet, "lr.lr_decay_tokens", ""},
     {"--universal-checkpoint", 0, Kind::kRefuse, "",

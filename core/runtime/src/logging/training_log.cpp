@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "dtk/core/memory/memory.hpp"  // peak_rss_bytes
+#include "dtk/host/error.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,29 +18,35 @@ namespace dtk::core {
 using Clock = std::chrono::steady_clock;
 
 // ---- MetricAverager -------------------------------------------------------------------------
+// A plain value counts with weight 1 (the mean over micro-batches); a [numerator, denominator]
+// tensor (ABI 2.8's ratio metrics) adds its numerator to the sum and its denominator to the weight.
+void MetricAverager::add_sum(const std::string& name, double sum, double weight) {
+  auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
+  if (it == sums_.end())
+    sums_.emplace_back(name, sum);  // keeps the first-seen order
+  else
+    it->second += sum;
+  weights_[name] += weight;
+}
+
 void MetricAverager::add(const std::vector<std::pair<std::string, double>>& metrics) {
-  for (const auto& [name, value] : metrics) {
-    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
-    if (it == sums_.end())
-      sums_.emplace_back(name, value);
-    else
-      it->second += value;
-    counts_[name]++;
-  }
+  for (const auto& [name, value] : metrics) add_sum(name, value, 1.0);
 }
 
 void MetricAverager::add(const StepMetrics& metrics) {
   add(metrics.values);
   for (const auto& [name, value] : metrics.tensors) {
-    if (std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; }) == sums_.end())
-      sums_.emplace_back(name, 0.0);  // keeps the first-seen order
+    add_sum(name, 0.0, 0.0);  // the name, in order; the values stay on the device until read
     auto it = std::find_if(device_sums_.begin(), device_sums_.end(), [&](const auto& s) { return s.first == name; });
-    const at::Tensor v = value.reshape({}).to(at::kDouble);
+    at::Tensor v = value.reshape({-1}).to(at::kDouble);
+    if (v.numel() != 1 && v.numel() != 2)
+      throw host::HostError("the step reported metric '" + name + "' as " + std::to_string(v.numel()) +
+                            " values: a metric is one value, or (ABI 2.8) two: [numerator, denominator]");
+    if (v.numel() == 1) v = at::cat({v, at::ones({1}, v.options())});
     if (it == device_sums_.end())
       device_sums_.emplace_back(name, v.clone());
     else
       it->second.add_(v.to(it->second.device()));
-    counts_[name]++;
   }
 }
 
@@ -47,36 +54,31 @@ void MetricAverager::read_device_sums() const {
   if (device_sums_.empty()) return;
   std::vector<at::Tensor> sums;
   for (const auto& kv : device_sums_) sums.push_back(kv.second.to(device_sums_[0].second.device()));
-  const at::Tensor read = at::stack(sums).to(at::kCPU);
+  const at::Tensor read = at::stack(sums).to(at::kCPU).contiguous();
   const double* v = read.data_ptr<double>();
-  for (size_t i = 0; i < device_sums_.size(); ++i)
+  for (size_t i = 0; i < device_sums_.size(); ++i) {
     for (auto& s : sums_)
-      if (s.first == device_sums_[i].first) s.second += v[i];
+      if (s.first == device_sums_[i].first) s.second += v[2 * i];
+    weights_[device_sums_[i].first] += v[2 * i + 1];
+  }
   device_sums_.clear();
 }
 
 void MetricAverager::merge(const MetricAverager& other) {
   read_device_sums();
   other.read_device_sums();
-  for (const auto& [name, sum] : other.sums_) {
-    auto it = std::find_if(sums_.begin(), sums_.end(), [&](const auto& s) { return s.first == name; });
-    if (it == sums_.end())
-      sums_.emplace_back(name, sum);
-    else
-      it->second += sum;
-    counts_[name] += other.counts_.at(name);
-  }
+  for (const auto& [name, sum] : other.sums_) add_sum(name, sum, other.weights_.at(name));
 }
 
 void MetricAverager::broadcast(int32_t group, int32_t root) {
   if (group_size(group) <= 1) return;
   read_device_sums();
-  // Names, sums and counts as text (sums printed exactly: %a), its length first.
+  // Names, sums and weights as text (printed exactly: %a), its length first.
   std::string text;
   if (group_rank(group) == root) {
-    char buf[64];
+    char buf[96];
     for (const auto& [name, sum] : sums_) {
-      std::snprintf(buf, sizeof buf, "%a\t%lld\n", sum, static_cast<long long>(counts_.at(name)));
+      std::snprintf(buf, sizeof buf, "%a\t%a\n", sum, weights_.at(name));
       text += name + "\t" + buf;
     }
   }
@@ -99,16 +101,16 @@ void MetricAverager::broadcast(int32_t group, int32_t root) {
     at_line = end == std::string::npos ? received.size() : end + 1;
     const size_t tab1 = line.find('\t'), tab2 = line.rfind('\t');
     if (tab1 == std::string::npos || tab2 == tab1) continue;
-    const std::string name = line.substr(0, tab1);
-    sums_.emplace_back(name, std::strtod(line.substr(tab1 + 1, tab2 - tab1 - 1).c_str(), nullptr));
-    counts_[name] = std::strtoll(line.substr(tab2 + 1).c_str(), nullptr, 10);
+    add_sum(line.substr(0, tab1), std::strtod(line.substr(tab1 + 1, tab2 - tab1 - 1).c_str(), nullptr),
+            std::strtod(line.substr(tab2 + 1).c_str(), nullptr));
   }
 }
 
+// A ratio whose weights sum to 0 (every token masked) is 0/0: NaN, as Megatron-LM's.
 double MetricAverager::mean(const std::string& name) const {
   read_device_sums();
   for (const auto& [n, sum] : sums_)
-    if (n == name) return sum / static_cast<double>(counts_.at(n));
+    if (n == name) return sum / weights_.at(n);
   return NAN;
 }
 
@@ -119,7 +121,7 @@ std::vector<std::string> MetricAverager::names() const {
   return out;
 }
 
-void MetricAverager::clear() { sums_.clear(), device_sums_.clear(), counts_.clear(); }
+void MetricAverager::clear() { sums_.clear(), device_sums_.clear(), weights_.clear(); }
 
 // ---- TrainingLog ----------------------------------------------------------------------------
 std::string timestamp() {

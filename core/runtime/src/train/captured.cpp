@@ -237,6 +237,8 @@ std::string cuda_graphs_refusal(const CaptureSetup& s) {
   if (s.strategy != "ddp")
     return "strategy '" + s.strategy + "' manages the gradients' memory itself; only ddp's steps are recorded";
   if (s.loss_hook) return "a test hook changes the loss of some micro-batches";
+  if (s.per_token_loss)
+    return "train.calculate_per_token_loss divides the gradients by the step's token count, read on the host";
   return "";
 }
 

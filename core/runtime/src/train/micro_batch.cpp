@@ -79,7 +79,7 @@ at::Tensor MicroBatchRunner::forward(int64_t iteration, int64_t m, Metrics* metr
     auto t = p_.timers->scope(Phase::kForwardCompute);
     p_.model->reset_forward_watch();
     const int64_t before = memory::stats().device.bytes;
-    out = step().forward_step(*p_.model, batch, metrics);
+    out = step_forward(batch, metrics, /*training=*/true);
     // What the forward left allocated: the activations autograd keeps for this micro-batch's
     // backward (and its output), the memory report's measured activations.
     activation_bytes_ = std::max(activation_bytes_, memory::stats().device.bytes - before);
@@ -89,23 +89,48 @@ at::Tensor MicroBatchRunner::forward(int64_t iteration, int64_t m, Metrics* metr
 }
 
 at::Tensor MicroBatchRunner::forward_only(const TensorList& batch, Metrics* metrics) {
-  return step().forward_step(*p_.model, batch, metrics);
+  return step_forward(batch, metrics, /*training=*/false);
+}
+
+// The step plugin's forward; under train.calculate_per_token_loss it is asked for its summed loss
+// (evaluation too, so that its metrics are token-weighted alike) and a training micro-batch's
+// token count is added to the iteration's.
+at::Tensor MicroBatchRunner::step_forward(const TensorList& batch, Metrics* metrics, bool training) {
+  if (!p_.per_token_loss) return step().forward_step(*p_.model, batch, metrics);
+  at::Tensor tokens;
+  at::Tensor out = step().forward_step(*p_.model, batch, metrics, &tokens);
+  if (!training) return out;
+  tokens_missing_ = !tokens.defined();
+  if (tokens.defined()) {
+    const at::Tensor t = tokens.detach().reshape({}).to(training_device(), at::kDouble);
+    tokens_ = tokens_.defined() ? tokens_ + t : t;
+  }
+  return out;
+}
+
+at::Tensor MicroBatchRunner::take_tokens() {
+  at::Tensor t = std::exchange(tokens_, at::Tensor());
+  return t.defined() ? t : at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device()));
 }
 
 void MicroBatchRunner::check_loss_output(const at::Tensor& out, const at::Tensor& stage_input) {
   if (out.dim() != 0 && out.numel() != 1)
     throw HostError("step plugin '" + p_.step_name + "': forward_step returned a loss of shape " +
                     Model::shape_str(out) + ", expected a scalar");
-  check_graph(out, stage_input);
+  std::string error;
+  if (p_.per_token_loss && tokens_missing_)
+    error = "step plugin '" + p_.step_name +
+            "' returned no token count with its loss: it cannot sum its loss over tokens (ABI 2.8 num_tokens; "
+            "the SDK's Step::forward_step_summed), which train.calculate_per_token_loss needs";
+  check_graph(out, stage_input, std::move(error));
 }
 
-void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& stage_input) {
+void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& stage_input, std::string error) {
   const std::string step = "step plugin '" + p_.step_name + "'";
   const std::string model = "model plugin '" + p_.model_name + "'";
   const int chunk = p_.model->selected_chunk();
   const bool first = !graph_checked_.count(chunk);
-  std::string error;
-  if (!loss.requires_grad()) {
+  if (error.empty() && !loss.requires_grad()) {
     if (!p_.model->outputs_attached())
       error = model +
               ": forward returned outputs that do not require grad (detached from the parameters, or "
@@ -114,7 +139,7 @@ void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& sta
     else
       error = step + ": forward_step returned a loss that does not require grad (detached from the outputs of " +
               model + "): nothing would train";
-  } else if (first) {
+  } else if (error.empty() && first) {
     std::vector<Param> listed = p_.model->parameters();
     if (stage_input.defined()) {  // a pipeline stage's input: its gradient goes to the previous stage
       Param in;
@@ -158,7 +183,7 @@ void MicroBatchRunner::before_backward(int64_t m, int64_t num_micro) { p_.strate
 
 void MicroBatchRunner::bare_forward_backward(int64_t iteration, const TensorList& batch, int64_t num_micro,
                                              double scale, Metrics* metrics) {
-  const at::Tensor loss = step().forward_step(*p_.model, batch, metrics);
+  const at::Tensor loss = step_forward(batch, metrics, /*training=*/true);
   check_loss_output(loss);
   run_backward(iteration, 0, num_micro, scale, loss, at::Tensor());
 }
@@ -169,8 +194,9 @@ void MicroBatchRunner::run_backward(int64_t iteration, int64_t m, int64_t num_mi
     if (out_grad.defined()) {
       out.backward(out_grad);  // a stage before the last: the gradient the next stage sent
     } else {
-      // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average.
-      at::Tensor scaled = out.reshape({}) / static_cast<double>(num_micro);
+      // Megatron scales each micro-batch loss by 1/num_microbatches so gradients average (not a
+      // summed loss: the host divides by the global batch's tokens after the reduction).
+      at::Tensor scaled = p_.per_token_loss ? out.reshape({}) : out.reshape({}) / static_cast<double>(num_micro);
       if (scale != 1.0) scaled = scaled * scale;  // loss scaling
       if (p_.hooks.scaled_loss) scaled = p_.hooks.scaled_loss(iteration, m, scaled);
       scaled.backward();

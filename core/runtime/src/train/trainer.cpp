@@ -11,6 +11,7 @@
 
 #include "../device/cuda_glue.hpp"
 #include "dtk/core/checkpoint/checkpoint_model.hpp"
+#include "dtk/core/comm/comm.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/launch/distributed.hpp"
@@ -197,6 +198,7 @@ void Trainer::start_micro_batches(TrainerHooks hooks) {
   p.model_name = plugins_.model.name(), p.step_name = plugins_.step.name();
   p.strategy_name = plugins_.strategy.name(), p.dataset_name = plugins_.data.name();
   p.resumed_iteration = resumed_iteration_;
+  p.per_token_loss = cfg_.train().calculate_per_token_loss();
   std::unique_ptr<StepRecorder> recorder = step_recorder(hooks);
   p.hooks = std::move(hooks);
   runner_ = std::make_unique<MicroBatchRunner>(std::move(p));
@@ -214,6 +216,7 @@ std::unique_ptr<StepRecorder> Trainer::step_recorder(const TrainerHooks& hooks) 
   s.virtual_stages = virtual_stages(cfg_);
   s.strategy = plugins_.strategy.name();
   s.loss_hook = static_cast<bool>(hooks.scaled_loss);
+  s.per_token_loss = cfg_.train().calculate_per_token_loss();
   if (const std::string refusal = cuda_graphs_refusal(s); !refusal.empty()) {
     if (s.asked && topo_.world_rank == 0) std::printf(" > train.cuda_graphs: off: %s\n", refusal.c_str());
     return nullptr;
@@ -236,7 +239,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     forward_backward_->train(iteration, num_micro, scale, r);
   }
   const int64_t activation_bytes = runner_->take_activation_bytes();
-  reduce_clip_and_update(iteration, scale, r);
+  reduce_clip_and_update(iteration, scale * gradient_token_factor(), r);
   check_skipped_in_a_row(r);
   // Megatron logs the optimizer's rate after the scheduler step: the next update's.
   r.learning_rate = schedule_.rate(progress_.scheduler);
@@ -283,6 +286,19 @@ void Trainer::check_skipped_in_a_row(const IterationResult& r) {
       "broken (lr.lr " +
       number(cfg_.lr().lr()) + ", lr.weight_decay " + number(cfg_.lr().weight_decay()) +
       "?). Stopped before saving; train.skipped_steps_limit=-1 skips on");
+}
+
+// What the reduced gradients carry besides the loss scale. 1, except under
+// train.calculate_per_token_loss (Megatron-LM's --calculate-per-token-loss): each micro-batch's
+// backward ran on its summed loss, and the strategy averaged over the data-parallel ranks, so the
+// gradients are (tokens of the global batch / data-parallel size) times the per-token mean's.
+// Megatron clamps the count to at least 1; the last stage's TP rank 0 of each replica counts.
+double Trainer::gradient_token_factor() {
+  if (!cfg_.train().calculate_per_token_loss()) return 1.0;
+  at::Tensor tokens = runner_->take_tokens();
+  if (topo_.tp_rank != 0) tokens.zero_();
+  if (topo_.world_size > 1) all_reduce(tokens, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+  return std::max(tokens.item<double>(), 1.0) / topo_.dp_size;
 }
 
 // A step whose gradients are not finite is skipped (DTK skips in every precision; Megatron only

@@ -119,8 +119,11 @@ class StepInstance {
  public:
   StepInstance(const host::Plugin& plugin, const dtk_build_context& ctx);
   ~StepInstance();
-  // Runs the step on one micro-batch; returns the loss and adds metrics into `metrics`.
-  at::Tensor forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics);
+  // Runs the step on one micro-batch; returns the loss and adds metrics into `metrics`. With a
+  // `num_tokens` (train.calculate_per_token_loss) the step is asked for its summed loss (ABI 2.8)
+  // and *num_tokens gets the count it returns: undefined where it returned none.
+  at::Tensor forward_step(const ModelInstance& model, const TensorList& batch, StepMetrics* metrics,
+                          at::Tensor* num_tokens = nullptr);
 
  private:
   const host::Plugin& plugin_;

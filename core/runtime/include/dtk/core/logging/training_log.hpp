@@ -23,7 +23,9 @@
 
 namespace dtk::core {
 
-// Means of named metrics ("lm loss") over micro-batches and iterations, in first-seen order.
+// Means of named metrics ("lm loss") over micro-batches and iterations, in first-seen order; a
+// ratio metric (ABI 2.8: [numerator, denominator]) is the sum of its numerators over the sum of
+// its denominators (Megatron-LM's token-weighted loss).
 // Device values are summed on the device and read together, once, by the first mean (or names,
 // merge, broadcast) after they were added: one host read per iteration, not one per micro-batch.
 class MetricAverager {
@@ -39,9 +41,11 @@ class MetricAverager {
 
  private:
   void read_device_sums() const;  // the one host read of what the device holds
+  void add_sum(const std::string& name, double sum, double weight);
   mutable std::vector<std::pair<std::string, double>> sums_;
-  mutable std::vector<std::pair<std::string, at::Tensor>> device_sums_;  // names also in sums_
-  std::map<std::string, int64_t> counts_;
+  // [sum, weight] per name (also in sums_), still on the device.
+  mutable std::vector<std::pair<std::string, at::Tensor>> device_sums_;
+  mutable std::map<std::string, double> weights_;  // what each sum is divided by
 };
 
 // What a rank holds at the end of a step (after the optimizer step, before gradients are

@@ -46,6 +46,10 @@ struct MicroBatchParts {
   // The plugins' names, for errors.
   std::string model_name, step_name, strategy_name, dataset_name;
   int64_t resumed_iteration = 0;  // where this process started (the batch checks' window)
+  // train.calculate_per_token_loss: the steps return summed losses and their token counts, which
+  // the backward does not divide by the number of micro-batches (the host divides the gradients
+  // by the global batch's token count instead).
+  bool per_token_loss = false;
   TrainerHooks hooks;
 };
 
@@ -72,7 +76,8 @@ class MicroBatchRunner {
   // no tensor the model does not list. `stage_input`: the input a pipeline stage received.
   void check_loss_output(const at::Tensor& out, const at::Tensor& stage_input = at::Tensor());
   // Only the graph check (a stage before the last: after its output was sent).
-  void check_graph(const at::Tensor& out, const at::Tensor& stage_input);
+  // `error`: a problem already found with this output, decided on with the others.
+  void check_graph(const at::Tensor& out, const at::Tensor& stage_input, std::string error = {});
   // What a stage before the last hands on: the agreed shape and dtype; throws naming the plugins.
   void check_stage_output(const at::Tensor& out) const;
   // Backward of micro-batch `m` of `num_micro`: the loss scaled by 1 / num_micro and `scale`, or
@@ -98,6 +103,10 @@ class MicroBatchRunner {
   // The most device memory one micro-batch's forward left allocated since the last call (its
   // stored activations), then starts again.
   int64_t take_activation_bytes() { return std::exchange(activation_bytes_, 0); }
+  // train.calculate_per_token_loss: the tokens this rank's training micro-batches summed their
+  // loss over since the last call (a double on the training device; zeros before the last
+  // pipeline stage).
+  at::Tensor take_tokens();
   at::TensorOptions stage_options() const;
   // Receives the agreed stage tensor from pipeline rank `peer` (blocking, bounded), timed under
   // `phase` and shown as the span `what` in the trace.
@@ -105,6 +114,7 @@ class MicroBatchRunner {
 
  private:
   StepInstance& step() { return *(*p_.steps)[static_cast<size_t>(p_.model->selected_chunk())]; }
+  at::Tensor step_forward(const TensorList& batch, Metrics* metrics, bool training);
   void check_batch(const TensorList& batch, int64_t iteration) const;
   void run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                     const at::Tensor& out_grad);
@@ -115,6 +125,8 @@ class MicroBatchRunner {
   // chunk's first forward before any backward, in the same order, so their agreements line up.
   std::set<int> graph_checked_;
   int64_t activation_bytes_ = 0;
+  at::Tensor tokens_;            // take_tokens()
+  bool tokens_missing_ = false;  // the last forward returned a loss without its token count
 };
 
 }  // namespace dtk::core

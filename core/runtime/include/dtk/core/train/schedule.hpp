@@ -51,6 +51,7 @@ struct CaptureSetup {
   int tp_size = 1, pp_size = 1, dp_size = 1, virtual_stages = 1;
   std::string strategy;             // the strategy plugin's name
   bool loss_hook = false;           // a test hook changes the loss (TrainerHooks::scaled_loss)
+  bool per_token_loss = false;      // train.calculate_per_token_loss
 };
 
 // Why the steps stay uncaptured, as the start-up line says it ("" when they are recorded).

@@ -61,7 +61,9 @@ class Trainer {
   std::unique_ptr<StepRecorder> step_recorder(const TrainerHooks& hooks) const;
   IterationResult train_step(int64_t iteration);
   // The strategy's reduction, clipping and (unless the gradients are not finite) the update.
+  // `scale`: what the gradients carry (the loss scale, times gradient_token_factor()).
   void reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r);
+  double gradient_token_factor();
   // train.skipped_steps_limit: throws once that many iterations in a row were skipped.
   void check_skipped_in_a_row(const IterationResult& r);
   // One iteration of train(): the step, its log line and timings; evaluation and save when due.

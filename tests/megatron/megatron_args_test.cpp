@@ -680,6 +680,33 @@ TEST(MegatronArgs, CalculatePerTokenLossIsTheLoopsPerTokenLoss) {
   expect_fields(config_of(m), {{"train.calculate_per_token_loss", "true"}});
 }
 
+// --decoupled-lr / --decoupled-min-lr: one rule for the parameters Megatron-LM marks
+// is_embedding_or_output_parameter, with their own peak and floor.
+TEST(MegatronArgs, DecoupledLrIsARuleForTheEmbeddingAndOutputLayer) {
+  const MegatronMapping m = dtk::core::map_megatron_args({"--decoupled-lr", "3e-4", "--decoupled-min-lr", "3e-5"});
+  ASSERT_TRUE(m.refused.empty()) << m.refused[0];
+  const dtk::config::RunConfig cfg = config_of(m);
+  ASSERT_EQ(cfg.lr().param_rules_size(), 1);
+  const auto& rule = cfg.lr().param_rules(0);
+  EXPECT_EQ(rule.match(), R"((^|\.)(word_embeddings|word_embeddings_for_head|output_layer)\.weight$)");
+  EXPECT_EQ(rule.max_lr(), 3e-4);
+  EXPECT_EQ(rule.min_lr(), 3e-5);
+  const std::regex re(rule.match());
+  for (const char* name : {"language_model.embedding.word_embeddings.weight", "word_embeddings_for_head.weight",
+                           "language_model.output_layer.weight"})
+    EXPECT_TRUE(std::regex_search(name, re)) << name;
+  for (const char* name : {"language_model.embedding.position_embeddings.weight",
+                           "language_model.encoder.layers.0.mlp.dense_h_to_4h.weight"})
+    EXPECT_FALSE(std::regex_search(name, re)) << name;
+  const MegatronMapping alone = dtk::core::map_megatron_args({"--decoupled-min-lr", "1e-5"});
+  ASSERT_EQ(alone.refused.size(), 1u);
+  EXPECT_EQ(alone.refused[0],
+            "--decoupled-min-lr 1e-5: does nothing without --decoupled-lr (Megatron ignores it then)");
+  const MegatronMapping bad = dtk::core::map_megatron_args({"--decoupled-lr", "fast"});
+  ASSERT_EQ(bad.refused.size(), 1u);
+  EXPECT_EQ(bad.refused[0], "--decoupled-lr fast: not a learning rate >= 0");
+}
+
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).
 TEST(MegatronArgs, DocsTableIsTheMappersTable) {
   const auto table = dtk_test::doc_table("megatron", "megatron_table");
@@ -1035,6 +1062,7 @@ TEST(MegatronArgs, TokenCountedScheduleAndEnd) {
   const dtk_test::Result first =
       dtk_test::run_dtk(run + " --set checkpoint.save=" + dir + " --set train.exit_interval=4");
   ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("stopped after iteration 4 of 9 (train.train_tokens 560)"), std::string::npos) << first.out;
   const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir);
   EXPECT_NE(inspect.out.find("counted in tokens: warm-up 128, decay 512; 192 tokens at the last step"),
             std::string::npos)

@@ -614,7 +614,8 @@ TEST(OptimizerGroups, RulesAndTheWeightDecayScheduleReachTheOptimizer) {
   std::vector<std::pair<int, double>> steps;
   for (size_t i = 6; i < lines.size(); ++i) {
     std::smatch m;
-    ASSERT_TRUE(std::regex_match(lines[i], m, std::regex(R"(step (\d+) lr (\S+) wd_scale (\S+))"))) << lines[i];
+    ASSERT_TRUE(std::regex_match(lines[i], m, std::regex(R"(step (\d+) lr (\S+) wd_scale (\S+)( g\d+ \S+)*)")))
+        << lines[i];
     steps.emplace_back(std::stoi(m[1]), std::stod(m[3]));
     // gpt-tiny's lr 1e-3, constant after kTrain's 2 warm-up steps (the scheduler's step, as wd's).
     const double k = static_cast<double>(steps.size() - 1);
@@ -697,6 +698,83 @@ TEST(OptimizerGroups, BadRulesAndScheduleNeedsAreOneLine) {
   // ...and trains with a constant weight decay.
   const Result old = dtk_test::run_dtk(kTrain + iters(3) + kPlugins + " --optimizer sgd_v2_1");
   EXPECT_EQ(old.code, 0) << old.out;
+  // A group's own peak and floor reach only an optimizer built for ABI 2.8 (group_lr).
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + kPlugins +
+                        " --optimizer sgd_v2_1 --set 'lr.param_rules=match: \"word_embeddings\" max_lr: 1e-2'"),
+      "config: an lr.param_rules entry with max_lr or min_lr needs optimizer plugin 'sgd_v2_1' built for DTK ABI 2.8 "
+      "or later (it is 2.1");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"x\" max_lr: -1'"),
+                                  "lr.param_rules[0]: max_lr must be a finite number >= 0");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"x\" max_lr: 5e-5'"),
+                                  "lr.param_rules[0]: min_lr 0.0001 (lr.min_lr) is above max_lr 5e-05 (the rule's)");
+}
+
+// A rule's own max_lr and min_lr (Megatron-LM's param-group overrides; --decoupled-lr): its groups
+// follow Megatron's get_lr between them, times lr_mult, while the others keep the schedule's; the
+// optimizer gets every group's rate (recording_sgd writes them). Warm-up 2 steps from 0, cosine
+// to the floor at scheduler step 8, a skipped iteration not advancing the scheduler.
+TEST(OptimizerGroups, AGroupsOwnPeakAndFloorFollowMegatronsGetLr) {
+  const std::string record = fresh_dir("group-lr") + "/record.txt";
+  const std::string args = kTrain + iters(10) + kPlugins +
+                           " --optimizer recording_sgd --set optimizer.record=" + record +
+                           " --set lr.lr_decay_iters=8 --set 'lr.param_rules=match: \"word_embeddings\" max_lr: 3e-3 "
+                           "min_lr: 2e-4 lr_mult: 0.5'";
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "4", 1);
+  const Result r = dtk_test::run_dtk(args);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("rule 0 \"word_embeddings\" (weight decay 0.01, lr x 0.5, max_lr 0.003, min_lr 0.0002)"),
+            std::string::npos)
+      << r.out;
+  const auto megatron_get_lr = [](int k, double max_lr, double min_lr) {  // warm-up 2, decay 8, init 0
+    if (k <= 2) return max_lr * k / 2.0;
+    if (k > 8) return min_lr;
+    const double ratio = (k - 2) / 6.0;
+    return min_lr + 0.5 * (std::cos(M_PI * ratio) + 1.0) * (max_lr - min_lr);
+  };
+  const auto lines = read_lines(record);
+  int k = 0;
+  for (const std::string& line : lines) {
+    std::smatch m;
+    if (!std::regex_match(line, m,
+                          std::regex(R"(step (\d+) lr (\S+) wd_scale \S+ g0 (\S+) g1 (\S+) g2 (\S+) g3 (\S+))")))
+      continue;
+    EXPECT_NE(m[1], "4") << "the skipped iteration stepped";
+    const double lr = megatron_get_lr(k, 1e-3, 1e-4), own = 0.5 * megatron_get_lr(k, 3e-3, 2e-4);
+    EXPECT_NEAR(std::stod(m[2]), lr, 1e-15) << line;
+    EXPECT_NEAR(std::stod(m[3]), lr, 1e-15) << line;
+    EXPECT_NEAR(std::stod(m[4]), lr, 1e-15) << line;
+    EXPECT_NEAR(std::stod(m[5]), own, 1e-15) << line;
+    EXPECT_NEAR(std::stod(m[6]), own, 1e-15) << line;
+    ++k;
+  }
+  EXPECT_EQ(k, 9) << r.out;
+}
+
+// Through the shipped Adam and the strategies that keep the step's arguments past the call (ddp's
+// overlap_param_gather) or hand shards to the optimizer (ZeRO): every parameter at twice the peak
+// and floor (init 0) is the run at twice the rates, and ddp == ddp overlapped == ZeRO-2 with a rule
+// for the word embeddings only.
+TEST(OptimizerGroups, OwnPeakAndFloorEqualScaledRatesThroughEveryStrategy) {
+  const std::string base = kTrain + iters(6);
+  const Curve doubled =
+      dtk_test::run_curve(base + " --set lr.lr=2e-3 --set lr.min_lr=2e-4", DTK_TEST_TMP, "lr-doubled");
+  const Curve own = dtk_test::run_curve(base + " --set 'lr.param_rules=match: \".\" max_lr: 2e-3 min_lr: 2e-4'",
+                                        DTK_TEST_TMP, "lr-own-everywhere");
+  dtk_test::expect_same_curve(doubled, own, 6, "every group's own peak and floor x2 vs the schedule's x2");
+  const std::string dp2 = "launch --nproc_per_node 2 " + base + " --set train.micro_batch_size=1 " +
+                          "--set 'lr.param_rules=match: \"word_embeddings\" max_lr: 5e-3 min_lr: 1e-3' ";
+  const Curve ddp = dtk_test::run_curve(dp2, DTK_TEST_TMP, "own-lr-ddp");
+  dtk_test::expect_same_curve(
+      ddp, dtk_test::run_curve(dp2 + " --set strategy.overlap_param_gather=true", DTK_TEST_TMP, "own-lr-ddp-overlap"),
+      6, "ddp overlap_param_gather vs ddp with a group's own peak");
+  dtk_test::expect_same_curve(
+      ddp, dtk_test::run_curve(dp2 + " --strategy zero --set strategy.stage=2", DTK_TEST_TMP, "own-lr-zero2"), 6,
+      "zero-2 vs ddp with a group's own peak");
+  const Curve plain = dtk_test::run_curve("launch --nproc_per_node 2 " + base + " --set train.micro_batch_size=1",
+                                          DTK_TEST_TMP, "own-lr-none");
+  EXPECT_GT(std::abs(plain.loss.at(6) - ddp.loss.at(6)), 1e-4) << "the rule changed nothing";
 }
 
 // Megatron's --log-num-zeros-in-grad: every element of the model counted once, so the count is
@@ -790,6 +868,17 @@ TEST(Loss, PerTokenLossIsTheGlobalBatchsTokenMeanHoweverItIsSplit) {
     dtk_test::expect_same_curve(whole, split, 4, "per-token loss, " + what + " vs one micro-batch");
     EXPECT_NEAR(validation(split.run), whole_validation, 1e-5 * whole_validation) << what << "\n" << split.run.out;
   }
+  // SGD's update is linear in the gradient (Adam's nearly ignores a constant factor): the factor
+  // itself reaches the optimizer.
+  const std::string sgd = " --optimizer sgd --set lr.lr=0.05 --set lr.min_lr=0.005 ";
+  dtk_test::expect_same_curve(
+      dtk_test::run_curve(masked + sgd + " --set train.micro_batch_size=4", DTK_TEST_TMP, "token-mean-sgd-whole"),
+      dtk_test::run_curve(launch + masked + sgd + per_token + " --set train.micro_batch_size=1", DTK_TEST_TMP,
+                          "token-mean-sgd-dp2"),
+      4, "per-token loss under sgd, DP2 x 2 micro-batches vs one micro-batch");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(masked + per_token + " --set strategy.average_gradients=false"),
+                                  "config: train.calculate_per_token_loss divides the gradients by the global batch's "
+                                  "tokens; strategy.average_gradients=false would make them");
   const Curve means = dtk_test::run_curve(masked, DTK_TEST_TMP, "token-mean-default");
   // At initialisation every token's loss is near log(vocab): the weighting shows in the gradient.
   EXPECT_GT(std::abs(means.norm.at(1) - whole.norm.at(1)), 1e-4 * whole.norm.at(1))

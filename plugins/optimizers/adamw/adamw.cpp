@@ -92,7 +92,7 @@ class AdamW : public dtk::Optimizer {
     const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step));
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
-      const double lr = args.lr * g.lr_scale;
+      const double lr = g.lr_at(args);
       const double weight_decay = g.decay_at(args);
       const AdamWScalars k{static_cast<float>(beta1_),
                            static_cast<float>(beta2_),

@@ -63,7 +63,7 @@ class CpuAdam : public dtk::Optimizer {
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       const auto& g = groups_[gi];
       dtk::cpu_adam::AdamParams k;
-      k.lr = static_cast<float>(args.lr * g.lr_scale);
+      k.lr = static_cast<float>(g.lr_at(args));
       k.beta1 = static_cast<float>(beta1_), k.beta2 = static_cast<float>(beta2_), k.eps = static_cast<float>(eps_);
       k.weight_decay = static_cast<float>(g.decay_at(args));
       k.adamw = adamw_, k.bias_correction = bias_correction_;

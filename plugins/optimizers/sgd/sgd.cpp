@@ -24,7 +24,7 @@ class Sgd : public dtk::Optimizer {
     at::NoGradGuard no_grad;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
-      const double lr = args.lr * g.lr_scale;
+      const double lr = g.lr_at(args);
       const double weight_decay = g.decay_at(args);
       for (size_t i = 0; i < g.params.size(); ++i) {
         at::Tensor& p = g.params[i];

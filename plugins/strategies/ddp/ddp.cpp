@@ -531,7 +531,7 @@ class Ddp : public dtk::Strategy {
   // flight; the optimizer reference and this step's arguments kept for the updates.
   void issue_gradient_gathers(const dtk_optimizer_ref& optimizer, const dtk_optimizer_step_args& args) {
     optimizer_ = optimizer;
-    step_args_ = args;
+    step_args_ = dtk::StepArgs(args);  // used again from the next forward: owns the group rates
     for (size_t k = buckets_.size(); k-- > 0;) {
       Bucket& b = buckets_[k];
       if (!b.split || !b.shard.defined()) continue;
@@ -568,7 +568,7 @@ class Ddp : public dtk::Strategy {
       masters_[s.param].mutable_grad() = b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
       any = true;
     }
-    if (any) dtk::optimizer_step(&optimizer_, step_args_);
+    if (any) dtk::optimizer_step(&optimizer_, step_args_.get());
     for (const Slot& s : b.slots) {
       masters_[s.param].mutable_grad() = at::Tensor();
       if (!is_self(s.param)) params_[s.param].tensor.copy_(masters_[s.param]);
@@ -629,7 +629,7 @@ class Ddp : public dtk::Strategy {
   std::optional<int64_t> step_before_;
   bool split_ = false;             // overlap_param_gather in effect (asked, DP > 1, hooks installed)
   dtk_optimizer_ref optimizer_{};  // the last step's optimizer and arguments, for the bucket updates
-  dtk_optimizer_step_args step_args_{};
+  dtk::StepArgs step_args_;
   std::vector<dtk::Param> params_;
   std::vector<at::Tensor> masters_;  // masters_[i] is params_[i] itself, or its fp32 copy
   dtk_module_hooks hooks_{};

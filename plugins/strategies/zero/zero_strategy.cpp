@@ -666,10 +666,10 @@ void ZeroStrategy::step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_
 void ZeroStrategy::launch_delayed_step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args) {
   step_grads_.copy_(part_grads_);
   point_optimizer_grads(step_grads_);
-  const dtk_optimizer_step_args a = args;
+  dtk::StepArgs a(args);  // runs after the call: owns the group rates
   delayed_ = std::async(std::launch::async, [optimizer, a] {
     at::NoGradGuard no_grad;
-    dtk::optimizer_step(optimizer, a);
+    dtk::optimizer_step(optimizer, a.get());
   });
 }
 

@@ -924,7 +924,8 @@ typedef struct dtk_step_forward_args {
    * the host then divides the gradients by the token count of the whole global batch. A step
    * that leaves num_tokens NULL cannot train so: the host refuses the run, naming it. */
   int32_t sum_loss;
-  /* ABI 2.8 [out][new] With sum_loss: a one-element tensor, how many tokens `loss` sums over. */
+  /* ABI 2.8 [out][new] With sum_loss: a one-element tensor, how many tokens `loss` sums over.
+   * Read on the last pipeline stage (its last model chunk) only, as Megatron reads it. */
   dtk_tensor* num_tokens;
 } dtk_step_forward_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_step_forward_args, 2_0, loss);
@@ -988,10 +989,20 @@ typedef struct dtk_optimizer_step_args {
    * Written by 2.2 hosts; an optimizer reads it only when struct_size covers it (DTK_HAS_FIELD)
    * and uses 1.0 otherwise (dtk::ParamGroup::decay_at in the SDK does both). */
   double weight_decay_scale;
+  /* ABI 2.8. NULL, or this step's learning rate of each parameter group (num_group_lr entries, in
+   * the order create() got the groups), replacing lr x groups[g].lr_scale: a group whose
+   * lr.param_rules entry has its own max_lr/min_lr (Megatron-LM's --decoupled-lr) follows the
+   * schedule between those. `lr` stays the default groups' rate. [borrowed] for the call only: a
+   * strategy that applies the update later copies the values (the SDK's dtk::StepArgs does). An
+   * optimizer reads it when struct_size covers it (dtk::ParamGroup::lr_at does both); the host
+   * refuses such rules with an optimizer or strategy built for an earlier minor. */
+  const double* group_lr;
+  size_t num_group_lr;
 } dtk_optimizer_step_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_0, grad_scale);
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_2, weight_decay_scale);
-DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, weight_decay_scale);
+DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_8, num_group_lr);
+DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, num_group_lr);
 
 /* Every function is [main-thread]. */
 typedef struct dtk_optimizer_api {

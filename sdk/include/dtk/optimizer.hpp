@@ -19,6 +19,15 @@ struct ParamGroup {
   std::vector<std::string> names;
   double weight_decay = 0.0;  // at the end of a weight-decay schedule (the whole run when constant)
   double lr_scale = 1.0;      // effective lr = step lr x lr_scale
+  size_t index = 0;           // the group's place in create()'s list (from_groups sets it)
+
+  // This step's learning rate: the host's rate for this group (ABI 2.8 group_lr: a rule with its
+  // own max_lr/min_lr), else the step's lr x lr_scale.
+  double lr_at(const dtk_optimizer_step_args& args) const {
+    const bool has = args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_8;
+    if (has && args.group_lr && index < args.num_group_lr) return args.group_lr[index];
+    return args.lr * lr_scale;
+  }
 
   // This step's weight decay: weight_decay x args.weight_decay_scale (ABI 2.2; a host of an
   // earlier minor does not pass the scale, which then is 1).
@@ -40,9 +49,36 @@ inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t
     }
     out[g].weight_decay = group.weight_decay;
     out[g].lr_scale = group.lr_scale;
+    out[g].index = g;
   }
   return out;
 }
+
+// Step arguments kept past the call that gave them (a strategy that applies the update later:
+// ddp's overlap_param_gather, ZeRO-Offload's delayed update): owns a copy of the group rates the
+// host lent for the call only.
+class StepArgs {
+ public:
+  StepArgs() = default;
+  explicit StepArgs(const dtk_optimizer_step_args& args) { assign(args); }
+  StepArgs(const StepArgs& other) { assign(other.args_); }
+  StepArgs& operator=(const StepArgs& other) {
+    if (this != &other) assign(other.args_);
+    return *this;
+  }
+  const dtk_optimizer_step_args& get() const { return args_; }
+
+ private:
+  void assign(const dtk_optimizer_step_args& args) {
+    args_ = args;
+    rates_.clear();
+    if (args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_8 && args.group_lr)
+      rates_.assign(args.group_lr, args.group_lr + args.num_group_lr);
+    args_.group_lr = rates_.empty() ? nullptr : rates_.data();
+  }
+  dtk_optimizer_step_args args_{};
+  std::vector<double> rates_;
+};
 
 // Adam's per-parameter moments and step count, in the checkpoint layout the first-party Adam
 // plugins share ("step", "g<group>.<param>.exp_avg", "g<group>.<param>.exp_avg_sq"), so a run can

@@ -23,7 +23,7 @@ class ScaledSgd : public dtk::Optimizer {
     // Under loss scaling the gradients arrive multiplied by args.grad_scale (1 otherwise).
     for (auto& g : groups_)
       for (auto& p : g.params)
-        if (p.grad().defined()) p.add_(p.grad(), -args.lr * g.lr_scale * scale_ / args.grad_scale);
+        if (p.grad().defined()) p.add_(p.grad(), -g.lr_at(args) * scale_ / args.grad_scale);
     if (verbose_) DTK_LOG(INFO) << "step " << args.iteration << " lr " << args.lr * scale_;
   }
 

@@ -2,7 +2,7 @@
 // file (option `record`), so tests can check the optimizer groups (names, weight decay, lr
 // scale) and, per step, the learning rate and weight_decay_scale against Megatron's schedules:
 //   group <g> wd <weight_decay> lr_scale <lr_scale> <name> <name> ...
-//   step <iteration> lr <lr> wd_scale <weight_decay_scale or "none">
+//   step <iteration> lr <lr> wd_scale <weight_decay_scale or "none"> g0 <group 0's lr> g1 ...
 // Built as sgd_v2_1 too (DTK_TEST_ABI_MINOR=1): an entry that says ABI 2.1, which predates
 // weight_decay_scale, so the host must refuse a weight-decay schedule with it.
 // count_calls=true saves a "step" that counts calls, not updates (what abi.md asks an optimizer
@@ -41,12 +41,14 @@ class RecordingSgd : public dtk::Optimizer {
       out.precision(17);
       out << "step " << args.iteration << " lr " << args.lr << " wd_scale ";
       if (args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_2)
-        out << args.weight_decay_scale << "\n";
+        out << args.weight_decay_scale;
       else
-        out << "none\n";
+        out << "none";
+      for (const auto& g : groups_) out << " g" << g.index << " " << g.lr_at(args);
+      out << "\n";
     }
     for (auto& g : groups_) {
-      const double lr = args.lr * g.lr_scale, wd = g.decay_at(args);
+      const double lr = g.lr_at(args), wd = g.decay_at(args);
       for (auto& p : g.params) {
         if (!p.grad().defined()) continue;
         if (wd != 0) p.mul_(1.0 - lr * wd);

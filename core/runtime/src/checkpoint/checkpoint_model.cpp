@@ -218,7 +218,7 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
   return "";
 }
 
-std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration) {
+std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration, bool by_tokens) {
   if (ck.save().empty() || ck.overwrite_other_run() || loads_from_save_folder(ck)) return "";
   const std::vector<int64_t> iterations = list_checkpoint_iterations(ck.save());
   if (iterations.empty()) return "";
@@ -233,6 +233,7 @@ std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t
          " and this run does not load from it and ends at iteration " + std::to_string(last_iteration) +
          ": its saves would take the tracker back to older iterations; continue that run (--set checkpoint.load=" +
          ck.save() + " with train.train_iters past " + std::to_string(newest) +
+         (by_tokens ? " and train.train_tokens past the tokens of iteration " + std::to_string(newest) : "") +
          "), save into another folder, or pass --set checkpoint.overwrite_other_run=true";
 }
 

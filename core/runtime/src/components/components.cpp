@@ -491,19 +491,14 @@ at::Tensor StepInstance::forward_step(const ModelInstance& model, const TensorLi
   TensorHandle owned_tokens(args.num_tokens);
   if (!args.loss) throw HostError("step plugin '" + plugin_.name() + "': forward_step returned no loss");
   TensorHandle owned(args.loss);
-  if (num_tokens) {
-    *num_tokens = args.num_tokens ? unwrap(args.num_tokens) : at::Tensor();
-    if (num_tokens->defined() && num_tokens->numel() != 1)
-      throw HostError("step plugin '" + plugin_.name() + "': forward_step returned num_tokens of shape " +
-                      Model::shape_str(*num_tokens) + ", expected one element");
-  }
+  if (num_tokens) *num_tokens = args.num_tokens ? unwrap(args.num_tokens) : at::Tensor();
   return unwrap(args.loss);
 }
 
 // ---------------------------------------------------------------------------------------------
 OptimizerInstance::OptimizerInstance(const Plugin& plugin, const dtk_build_context& ctx, std::vector<Param> params,
                                      const ParamGroups& groups)
-    : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()), params_(std::move(params)) {
+    : plugin_(plugin), api_(plugin.api_as<dtk_optimizer_api>()), params_(std::move(params)), specs_(groups.specs()) {
   const size_t n = groups.specs().size();
   std::vector<dtk_tensor> handles;
   handles.reserve(params_.size());

@@ -15,6 +15,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "dtk/core/comm/comm.hpp"
@@ -361,6 +362,17 @@ void validate_weight_decay(const config::LrSchedule& lr) {
       throw HostError(which + ": lr_mult must be a finite number >= 0");
     if (r.has_wd_mult() && (!std::isfinite(r.wd_mult()) || r.wd_mult() < 0))
       throw HostError(which + ": wd_mult must be a finite number >= 0");
+    for (const auto& [name, has, value] :
+         {std::tuple{"max_lr", r.has_max_lr(), r.max_lr()}, std::tuple{"min_lr", r.has_min_lr(), r.min_lr()}})
+      if (has && (!std::isfinite(value) || value < 0))
+        throw HostError(which + ": " + name + " must be a finite number >= 0");
+    const double peak = r.has_max_lr() ? r.max_lr() : lr.lr(), floor = r.has_min_lr() ? r.min_lr() : lr.min_lr();
+    if ((r.has_max_lr() || r.has_min_lr()) && floor > peak) {
+      char text[128];
+      std::snprintf(text, sizeof text, ": min_lr %g (%s) is above max_lr %g (%s)", floor,
+                    r.has_min_lr() ? "the rule's" : "lr.min_lr", peak, r.has_max_lr() ? "the rule's" : "lr.lr");
+      throw HostError(which + text + ": its rate would rise while it decays");
+    }
   }
 }
 

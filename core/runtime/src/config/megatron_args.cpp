@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -257,6 +258,10 @@ const Rule kRules[] = {
     {"--ds-sequence-parallel-size", 1, Kind::kCustom, "",
      "DeepSpeed-Ulysses: 1 accepted; more refused (DTK's sequence parallelism is Megatron's, --sequence-parallel)"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
+    {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
+     "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
+     "schedule peaks there"},
+    {"--decoupled-min-lr", 1, Kind::kCustom, "lr.param_rules", "that rule's min_lr (with --decoupled-lr)"},
     {"--calculate-per-token-loss", 0, Kind::kSwitch, "train.calculate_per_token_loss=true",
      "gradients and lm loss over the global batch's tokens, not the mean of each micro-batch's mean"},
     {"--lr-warmup-tokens", 1, Kind::kSet, "lr.lr_warmup_tokens", ""},
@@ -643,6 +648,7 @@ struct SeenFlags {
   std::set<std::string> data_path_forms, split_path_forms;  // a path and its file form (Megatron: one)
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
+  std::string decoupled_lr, decoupled_min_lr;   // --decoupled-lr, --decoupled-min-lr as given
   bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
   std::string profile_start = "10", profile_end = "12";
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
@@ -715,6 +721,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
   if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
   if (f == "--profile") s.profile = true;
+  if (f == "--decoupled-lr") s.decoupled_lr = values[0];
+  if (f == "--decoupled-min-lr") s.decoupled_min_lr = values[0];
   if (f == "--profile-step-start") s.profile_start = values[0];
   if (f == "--profile-step-end") s.profile_end = values[0];
   if (f == "--overlap-param-gather") s.overlap_param_gather_shown = shown;
@@ -799,6 +807,33 @@ void map_profile(const SeenFlags& s, MegatronMapping& m) {
     return m.refused.push_back("--profile-step-start " + s.profile_start + " --profile-step-end " + s.profile_end +
                                ": not a range of iterations (0 <= start < end)");
   set_by(m, "logging.profile_steps=" + std::to_string(first) + "-" + std::to_string(last), "--profile");
+}
+
+// Megatron-LM's decoupled learning rate: the parameters it marks is_embedding_or_output_parameter
+// (the word embeddings, and the output layer, which is the tied head's copy under tied
+// embeddings) get max_lr --decoupled-lr and min_lr --decoupled-min-lr (else --min-lr).
+void map_decoupled_lr(const SeenFlags& s, MegatronMapping& m) {
+  const auto rate = [&](const std::string& flag, const std::string& v) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end || !std::isfinite(x) || x < 0)
+      m.refused.push_back(flag + " " + v + ": not a learning rate >= 0");
+    return !v.empty() && !*end && std::isfinite(x) && x >= 0;
+  };
+  if (s.decoupled_lr.empty()) {
+    if (!s.decoupled_min_lr.empty())
+      m.refused.push_back("--decoupled-min-lr " + s.decoupled_min_lr +
+                          ": does nothing without --decoupled-lr (Megatron ignores it then)");
+    return;
+  }
+  if (!rate("--decoupled-lr", s.decoupled_lr) ||
+      (!s.decoupled_min_lr.empty() && !rate("--decoupled-min-lr", s.decoupled_min_lr)))
+    return;
+  set_by(
+      m,
+      R"(lr.param_rules=match: "(^|\\.)(word_embeddings|word_embeddings_for_head|output_layer)\\.weight$" max_lr: )" +
+          s.decoupled_lr + (s.decoupled_min_lr.empty() ? "" : " min_lr: " + s.decoupled_min_lr),
+      "--decoupled-lr");
 }
 
 // A whole positive number, or 0.
@@ -1250,6 +1285,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   // Megatron checks every loss and gradient for NaN by default and stops at the first.
   if (!s.nan_check_given) m.sets.push_back("train.skipped_steps_limit=1");
   map_profile(s, m);
+  map_decoupled_lr(s, m);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
   if (!s.unfused_kernels.empty())
     set_by(m, "model.unfused_kernels=" + joined(s.unfused_kernels, ","), joined(s.unfusing_flags, "/"));

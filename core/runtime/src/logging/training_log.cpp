@@ -284,11 +284,16 @@ void TrainingLog::record(const IterationResult& r) {
   window_samples_ += batch_of(r);
   last_iteration_ = r.iteration, last_consumed_ = consumed_of(r);
   // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
-  // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite.
-  if (r.skipped)
+  // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite. The
+  // window averages the iterations' values, each counted once (a ratio metric's iteration value
+  // is its own token-weighted one; a ramp-up's larger iterations do not weigh more).
+  if (r.skipped) {
     ++skipped_;
-  else
-    window_.merge(r.metrics);
+  } else {
+    std::vector<std::pair<std::string, double>> values;
+    for (const auto& name : r.metrics.names()) values.emplace_back(name, r.metrics.mean(name));
+    window_.add(values);
+  }
   for (const auto& name : r.metrics.names())
     if (!std::isfinite(r.metrics.mean(name))) {
       ++nan_iterations_;

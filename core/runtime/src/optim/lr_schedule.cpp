@@ -131,6 +131,12 @@ LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t
   reference_wd_ = params_.end_wd;
 }
 
+double LearningRateSchedule::rate(const SchedulePosition& at, double max_lr, double min_lr) const {
+  LrParams p = params_;
+  p.max_lr = max_lr, p.min_lr = min_lr;
+  return learning_rate(at, p);
+}
+
 void LearningRateSchedule::advance(SchedulePosition& at, int64_t increment, int64_t tokens_before) const {
   at.step += increment;
   at.tokens = tokens_before;

@@ -10,9 +10,12 @@ namespace dtk::core {
 
 ParamGroups::ParamGroups(const config::LrSchedule& lr, double end_weight_decay) {
   char buf[64];
-  auto label = [&](const std::string& what, double wd, double lr_scale) {
-    std::snprintf(buf, sizeof buf, " (weight decay %.6g, lr x %.6g)", wd, lr_scale);
-    return what + buf;
+  auto label = [&](const std::string& what, double wd, double lr_scale, const config::ParamRule* rule = nullptr) {
+    std::snprintf(buf, sizeof buf, " (weight decay %.6g, lr x %.6g", wd, lr_scale);
+    std::string text = what + buf;
+    if (rule && rule->has_max_lr()) std::snprintf(buf, sizeof buf, ", max_lr %.6g", rule->max_lr()), text += buf;
+    if (rule && rule->has_min_lr()) std::snprintf(buf, sizeof buf, ", min_lr %.6g", rule->min_lr()), text += buf;
+    return text + ")";
   };
   specs_.push_back({label("decay", end_weight_decay, 1), end_weight_decay, 1});
   specs_.push_back({label("no decay", 0, 1), 0, 1});
@@ -25,9 +28,16 @@ ParamGroups::ParamGroups(const config::LrSchedule& lr, double end_weight_decay) 
     // wd_mult replaces the parameter's own decay (1 for weights, 0 for biases and norms).
     for (const bool no_wd : {false, true}) {
       const double wd = end_weight_decay * (r.has_wd_mult() ? r.wd_mult() : (no_wd ? 0.0 : 1.0));
-      specs_.push_back({label(who + (no_wd ? ", a no-decay parameter" : ""), wd, lr_scale), wd, lr_scale});
+      GroupSpec spec{label(who + (no_wd ? ", a no-decay parameter" : ""), wd, lr_scale, &r), wd, lr_scale, {}, {}};
+      if (r.has_max_lr()) spec.max_lr = r.max_lr();
+      if (r.has_min_lr()) spec.min_lr = r.min_lr();
+      specs_.push_back(std::move(spec));
     }
   }
+}
+
+bool ParamGroups::own_schedules() const {
+  return std::any_of(specs_.begin(), specs_.end(), [](const GroupSpec& s) { return s.max_lr || s.min_lr; });
 }
 
 size_t ParamGroups::group_of(const std::string& name, bool no_weight_decay) const {

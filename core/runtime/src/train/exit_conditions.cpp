@@ -138,9 +138,7 @@ std::vector<int> save_on_signals(const config::TrainingConfig& train) {
 // no EINTR in its system calls, no signal frame over a JIT kernel's registers (on AVX-512 CPUs
 // oneDNN's sgemm has crashed when a handler ran in the middle of it).
 void StartupSignals::watch() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : signals_) sigaddset(&set, sig);
+  const sigset_t set = listed_set();
   const timespec poll{0, 50 * 1000 * 1000};  // how soon the destructor's stop is seen
   while (!stop_.load()) {
     const int sig = sigtimedwait(&set, nullptr, &poll);
@@ -160,11 +158,10 @@ StartupSignals::StartupSignals(const config::TrainingConfig& train) : signals_(s
   // A listed signal the process inherited ignored (nohup's SIGHUP) stays ignored, as in any program.
   signals_.erase(std::remove_if(signals_.begin(), signals_.end(), inherited_ignored), signals_.end());
   previous_.resize(signals_.size());
-  sigset_t listed, others = exit_signal_set();
-  sigemptyset(&listed);
+  const sigset_t listed = listed_set();
+  sigset_t others = exit_signal_set();
   for (size_t i = 0; i < signals_.size(); ++i) {
     sigaction(signals_[i], &sa, &previous_[i]);
-    sigaddset(&listed, signals_[i]);
     sigdelset(&others, signals_[i]);
   }
   // Held since the process started (exit_signals.hpp): the listed ones stay held (the watcher
@@ -185,10 +182,15 @@ StartupSignals::~StartupSignals() {
   g_phase = kStartup;
   // From here the listed signals have their earlier action in this thread (one that arrived
   // since the watcher stopped is delivered now).
-  sigset_t listed;
-  sigemptyset(&listed);
-  for (int sig : signals_) sigaddset(&listed, sig);
+  const sigset_t listed = listed_set();
   pthread_sigmask(SIG_UNBLOCK, &listed, nullptr);
+}
+
+sigset_t StartupSignals::listed_set() const {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : signals_) sigaddset(&set, sig);
+  return set;
 }
 
 ExitConditions::ExitConditions(const config::TrainingConfig& train, const Topology& topo)

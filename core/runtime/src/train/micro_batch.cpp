@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
@@ -99,12 +100,22 @@ at::Tensor MicroBatchRunner::step_forward(const TensorList& batch, Metrics* metr
   if (!p_.per_token_loss) return step().forward_step(*p_.model, batch, metrics);
   at::Tensor tokens;
   at::Tensor out = step().forward_step(*p_.model, batch, metrics, &tokens);
-  if (!training) return out;
-  tokens_missing_ = !tokens.defined();
-  if (tokens.defined()) {
-    const at::Tensor t = tokens.detach().reshape({}).to(training_device(), at::kDouble);
-    tokens_ = tokens_.defined() ? tokens_ + t : t;
-  }
+  // Only the loss counts (Megatron reads num_tokens on the last stage alone): what a step returns
+  // on a stage or model chunk before it is not added.
+  const bool loss_chunk =
+      p_.topo->pp_rank == p_.topo->pp_size - 1 && p_.model->selected_chunk() == p_.model->num_chunks() - 1;
+  if (!training || !loss_chunk) return out;
+  const std::string step = "step plugin '" + p_.step_name + "'";
+  if (!tokens.defined())
+    tokens_error_ = step +
+                    " returned no token count with its loss: it cannot sum its loss over tokens (ABI 2.8 num_tokens; "
+                    "the SDK's Step::forward_step_summed), which train.calculate_per_token_loss needs";
+  else if (tokens.numel() != 1)
+    tokens_error_ =
+        step + ": forward_step returned num_tokens of shape " + Model::shape_str(tokens) + ", expected one element";
+  else
+    tokens_ = tokens_.defined() ? tokens_ + tokens.detach().reshape({}).to(training_device(), at::kDouble)
+                                : tokens.detach().reshape({}).to(training_device(), at::kDouble);
   return out;
 }
 
@@ -117,12 +128,7 @@ void MicroBatchRunner::check_loss_output(const at::Tensor& out, const at::Tensor
   if (out.dim() != 0 && out.numel() != 1)
     throw HostError("step plugin '" + p_.step_name + "': forward_step returned a loss of shape " +
                     Model::shape_str(out) + ", expected a scalar");
-  std::string error;
-  if (p_.per_token_loss && tokens_missing_)
-    error = "step plugin '" + p_.step_name +
-            "' returned no token count with its loss: it cannot sum its loss over tokens (ABI 2.8 num_tokens; "
-            "the SDK's Step::forward_step_summed), which train.calculate_per_token_loss needs";
-  check_graph(out, stage_input, std::move(error));
+  check_graph(out, stage_input, std::exchange(tokens_error_, std::string()));
 }
 
 void MicroBatchRunner::check_graph(const at::Tensor& loss, const at::Tensor& stage_input, std::string error) {

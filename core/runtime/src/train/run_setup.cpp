@@ -73,18 +73,33 @@ void initialize_runtime(const config::TrainingConfig& train) {
     memory::set_device_limit(memory::machine_memory_bytes() / local_ranks(), /*machine=*/true);
 }
 
-// A weight-decay schedule reaches the optimizer through dtk_optimizer_step_args.weight_decay_scale
-// (ABI 2.2), passed on by the strategy: a plugin built for an earlier minor would silently decay
-// by the schedule's end value throughout.
-void require_weight_decay_scale(const config::RunConfig& cfg, const RunPlugins& plugins) {
-  for (const PluginSlot* slot : {&plugins.optimizer, &plugins.strategy}) {
-    const dtk_plugin_entry* e = slot->plugin.entry;
-    if (e->abi_major == DTK_ABI_MAJOR && e->abi_minor < 2)
-      throw HostError("config: lr.weight_decay_incr_style=" + cfg.lr().weight_decay_incr_style() + " needs " +
-                      host::kind_name(e->kind) + " plugin '" + slot->name() +
-                      "' built for DTK ABI 2.2 or later (it is " + std::to_string(e->abi_major) + "." +
-                      std::to_string(e->abi_minor) + "; rebuild it against this SDK)");
-  }
+// What reaches the optimizer through a field of dtk_optimizer_step_args appended in ABI 2.`minor`,
+// passed on by the strategy, needs both built for that minor: an older one would silently ignore
+// it (a weight-decay schedule, 2.2: the end value throughout; per-group rates, 2.8: lr x lr_scale).
+void require_minor(uint32_t minor, const std::string& setting, const PluginSlot& slot) {
+  const dtk_plugin_entry* e = slot.plugin.entry;
+  if (e->abi_major == DTK_ABI_MAJOR && e->abi_minor < minor)
+    throw HostError("config: " + setting + " needs " + host::kind_name(e->kind) + " plugin '" + slot.name() +
+                    "' built for DTK ABI 2." + std::to_string(minor) + " or later (it is " +
+                    std::to_string(e->abi_major) + "." + std::to_string(e->abi_minor) +
+                    "; rebuild it against this SDK)");
+}
+void require_step_args_minor(uint32_t minor, const std::string& setting, const RunPlugins& plugins) {
+  for (const PluginSlot* slot : {&plugins.optimizer, &plugins.strategy}) require_minor(minor, setting, *slot);
+}
+
+// train.calculate_per_token_loss asks the step for its summed loss (ABI 2.8, refused before any
+// work with an older step) and divides the gradients by tokens / dp, which assumes the strategy
+// averages them over the data-parallel ranks (summed, they would be dp times Megatron's).
+void check_per_token_loss(const config::RunConfig& cfg, const RunPlugins& plugins) {
+  if (!cfg.train().calculate_per_token_loss()) return;
+  require_minor(8, "train.calculate_per_token_loss", plugins.step);
+  const auto& options = cfg.strategy().options();
+  const auto it = options.find("average_gradients");
+  if (it != options.end() && (it->second == "false" || it->second == "0" || it->second == "False"))
+    throw HostError(
+        "config: train.calculate_per_token_loss divides the gradients by the global batch's tokens; "
+        "strategy.average_gradients=false would make them data-parallel-size times that: drop one");
 }
 
 // Every schedule size of the run (each iteration size of a ramp-up) must suit the schedule.
@@ -308,6 +323,7 @@ std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const 
 TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
                                         const RunPlugins& plugins, const LearningRateSchedule& schedule) {
   check_schedule_fits(cfg, topo, plan);
+  check_per_token_loss(cfg, plugins);
   const int v = virtual_stages(cfg);
   TrainingParts parts;
   // The strategy first: one that initialises the parameters itself (ZeRO-3's partitioned
@@ -332,7 +348,9 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "them (dtk_model_api.init_parameters); the parameters would be placeholders");
   const ParamGroups groups(cfg.lr(), schedule.reference_weight_decay());
   if (topo.pp_size == 1) groups.require_every_rule_matches(parts.model->parameters());
-  if (schedule.weight_decay_varies()) require_weight_decay_scale(cfg, plugins);
+  if (schedule.weight_decay_varies())
+    require_step_args_minor(2, "lr.weight_decay_incr_style=" + cfg.lr().weight_decay_incr_style(), plugins);
+  if (groups.own_schedules()) require_step_args_minor(8, "an lr.param_rules entry with max_lr or min_lr", plugins);
   parts.optimizer =
       std::make_unique<OptimizerInstance>(plugins.optimizer.plugin, build_context(cfg, topo, plan, plugins.optimizer),
                                           parts.strategy->optimizer_params(), groups);

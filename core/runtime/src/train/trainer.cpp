@@ -4,6 +4,7 @@
 #include <glog/logging.h>
 #include <dtk/gemm.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -92,7 +93,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
 #endif
   on_every_rank(topo_, "checking the output paths", [&] {
     check_output_paths(cfg_);
-    if (const std::string ahead = save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration()); !ahead.empty())
+    if (const std::string ahead =
+            save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration(), plan_.ends_on_tokens());
+        !ahead.empty())
       throw host::HostError(ahead);
   });
   parts_ = setup_model_and_optimizer(cfg_, topo_, plan_, plugins_, schedule_);
@@ -301,6 +304,20 @@ double Trainer::gradient_token_factor() {
   return std::max(tokens.item<double>(), 1.0) / topo_.dp_size;
 }
 
+// Each optimizer group's rate for this update when a group has its own peak or floor (lr.param_rules
+// max_lr/min_lr), in the groups' order; empty otherwise (every group then runs at lr x lr_scale).
+const std::vector<double>& Trainer::group_rates() {
+  group_lr_.clear();
+  const auto& specs = parts_.optimizer->group_specs();
+  if (std::none_of(specs.begin(), specs.end(), [](const GroupSpec& s) { return s.max_lr || s.min_lr; }))
+    return group_lr_;
+  const LrParams& p = schedule_.params();
+  for (const GroupSpec& s : specs)
+    group_lr_.push_back(schedule_.rate(progress_.scheduler, s.max_lr.value_or(p.max_lr), s.min_lr.value_or(p.min_lr)) *
+                        s.lr_scale);
+  return group_lr_;
+}
+
 // A step whose gradients are not finite is skipped (DTK skips in every precision; Megatron only
 // under fp16 loss scaling).
 void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r) {
@@ -331,8 +348,14 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
   r.loss_scale = scaler_.scale();
   if (!r.skipped) {
     // The optimizer divides the gradients by the scale they carry.
-    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE, learning_rate, iteration, scale,
-                                       schedule_.weight_decay_scale(progress_.scheduler.step)};
+    const std::vector<double>& group_lr = group_rates();
+    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE,
+                                       learning_rate,
+                                       iteration,
+                                       scale,
+                                       schedule_.weight_decay_scale(progress_.scheduler.step),
+                                       group_lr.empty() ? nullptr : group_lr.data(),
+                                       group_lr.size()};
     {
       auto t = timers_.scope(Phase::kOptimizerStep);
       // An offloaded optimizer's state is host memory, wherever the process allocates it.
@@ -402,8 +425,10 @@ bool Trainer::should_stop(int64_t it, ExitConditions& exit) {
   const std::string why = exit.check(it);
   if (why.empty()) return false;
   if (saving() && last_saved_ != it) save(it);
+  const std::string of_tokens =
+      plan_.ends_on_tokens() ? " (train.train_tokens " + std::to_string(cfg_.train().train_tokens()) + ")" : "";
   log_->print(" exiting program " + why + ": stopped after iteration " + std::to_string(it) + " of " +
-              std::to_string(plan_.train_iters()) +
+              std::to_string(plan_.final_iteration()) + of_tokens +
               (saving() ? "; resume with --set checkpoint.load=" + cfg_.checkpoint().save()
                         : " (no checkpoint: checkpoint.save is not set)"));
   stopped_early_ = true;

@@ -84,6 +84,8 @@ std::string save_folder_owner_difference(const config::RunConfig& cfg, host::Plu
 // would move the tracker back, and checkpoint.keep_last would keep the older run's higher
 // iterations over this run's. Returns the one-line refusal, "" when none applies or with
 // checkpoint.overwrite_other_run.
-std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration);
+// `by_tokens`: the run ends there because of train.train_tokens (the hint names both ends).
+std::string save_folder_ahead_of_run(const config::CheckpointConfig& ck, int64_t last_iteration,
+                                     bool by_tokens = false);
 
 }  // namespace dtk::core

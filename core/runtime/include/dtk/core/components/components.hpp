@@ -145,11 +145,14 @@ class OptimizerInstance {
   // re-partition optimizer state against.
   const std::vector<Param>& params() const { return params_; }
   const host::Plugin& plugin() const { return plugin_; }
+  // The groups it was created with, in their order (each step's per-group rates follow them).
+  const std::vector<GroupSpec>& group_specs() const { return specs_; }
 
  private:
   const host::Plugin& plugin_;
   const dtk_optimizer_api* api_;
   std::vector<Param> params_;
+  std::vector<GroupSpec> specs_;
   dtk_optimizer_ref ref_{};
 };
 

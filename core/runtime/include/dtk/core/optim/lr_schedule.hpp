@@ -66,6 +66,9 @@ class LearningRateSchedule {
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
   double rate(const SchedulePosition& at) const { return learning_rate(at, params_); }
   double rate(int64_t step) const { return rate(SchedulePosition{step}); }  // no tokens consumed
+  // The rate of a parameter group with its own peak and floor (lr.param_rules max_lr/min_lr;
+  // Megatron-LM's param-group max_lr/min_lr): the same schedule between them.
+  double rate(const SchedulePosition& at, double max_lr, double min_lr) const;
   // Megatron's scheduler step after a successful update: `increment` steps (1, or the global
   // batch's samples during a ramp-up), `tokens_before` consumed before the update's iteration.
   void advance(SchedulePosition& at, int64_t increment, int64_t tokens_before) const;

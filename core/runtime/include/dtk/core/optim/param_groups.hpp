@@ -5,6 +5,7 @@
 
 #include <dtk/model.hpp>
 
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -13,11 +14,12 @@
 
 namespace dtk::core {
 
-// One optimizer group: its weight decay at the end of the weight-decay schedule and its
-// learning-rate multiplier.
+// One optimizer group: its weight decay at the end of the weight-decay schedule, its
+// learning-rate multiplier, and (a rule's max_lr/min_lr) its own schedule peak and floor.
 struct GroupSpec {
   std::string label;  // "weight decay", "no weight decay", "rule 0 ("bias$"), weight decay", ...
   double weight_decay = 0, lr_scale = 1;
+  std::optional<double> max_lr, min_lr;
 };
 
 // The groups of a run, in the fixed order of abi.h: 0 = weights that decay, 1 = parameters that
@@ -29,6 +31,8 @@ class ParamGroups {
   // end_weight_decay: the weight decay at the end of the schedule (lr.weight_decay when constant).
   ParamGroups(const config::LrSchedule& lr, double end_weight_decay);
   const std::vector<GroupSpec>& specs() const { return specs_; }
+  // Whether a group has its own peak or floor: the optimizer then gets every group's rate.
+  bool own_schedules() const;
   size_t group_of(const std::string& name, bool no_weight_decay) const;
   // One line per non-empty group: its settings and its members (names that differ only in a
   // layer number are shown once as "layers.*." with a count).

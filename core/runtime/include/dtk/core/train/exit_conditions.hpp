@@ -46,6 +46,7 @@ class StartupSignals {
 
  private:
   void watch();
+  sigset_t listed_set() const;  // signals_ as a set
 
   std::vector<int> signals_;
   std::vector<struct sigaction> previous_;

@@ -126,7 +126,7 @@ class MicroBatchRunner {
   std::set<int> graph_checked_;
   int64_t activation_bytes_ = 0;
   at::Tensor tokens_;            // take_tokens()
-  bool tokens_missing_ = false;  // the last forward returned a loss without its token count
+  std::string tokens_error_;     // what was wrong with the last loss's token count
 };
 
 }  // namespace dtk::core

@@ -64,6 +64,7 @@ class Trainer {
   // `scale`: what the gradients carry (the loss scale, times gradient_token_factor()).
   void reduce_clip_and_update(int64_t iteration, double scale, IterationResult& r);
   double gradient_token_factor();
+  const std::vector<double>& group_rates();
   // train.skipped_steps_limit: throws once that many iterations in a row were skipped.
   void check_skipped_in_a_row(const IterationResult& r);
   // One iteration of train(): the step, its log line and timings; evaluation and save when due.
@@ -101,6 +102,7 @@ class Trainer {
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
   bool stopped_early_ = false;
   int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit
+  std::vector<double> group_lr_;  // group_rates()'s, lent to the optimizer for one step
 };
 
 }  // namespace dtk::core

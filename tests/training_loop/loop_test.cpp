@@ -708,6 +708,14 @@ TEST(OptimizerGroups, BadRulesAndScheduleNeedsAreOneLine) {
                                   "lr.param_rules[0]: max_lr must be a finite number >= 0");
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"x\" max_lr: 5e-5'"),
                                   "lr.param_rules[0]: min_lr 0.0001 (lr.min_lr) is above max_lr 5e-05 (the rule's)");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + " --set lr.lr_decay_style=WarmupDecayLR --set lr.lr_decay_iters=300 --set "
+                                 "'lr.param_rules=match: \"x\" max_lr: 1'"),
+      "lr.param_rules[0]: max_lr and min_lr follow Megatron's schedules; DeepSpeed's WarmupDecayLR has one");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain +
+                        " --set lr.lr_warmup_init=5e-4 --set 'lr.param_rules=match: \"x\" max_lr: 4e-4 min_lr: 0'"),
+      "lr.param_rules[0]: lr.lr_warmup_init 0.0005 is above its max_lr 0.0004: its warm-up would fall");
 }
 
 // A rule's own max_lr and min_lr (Megatron-LM's param-group overrides; --decoupled-lr): its groups

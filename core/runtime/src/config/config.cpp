@@ -373,6 +373,15 @@ void validate_weight_decay(const config::LrSchedule& lr) {
                     r.has_min_lr() ? "the rule's" : "lr.min_lr", peak, r.has_max_lr() ? "the rule's" : "lr.lr");
       throw HostError(which + text + ": its rate would rise while it decays");
     }
+    if ((r.has_max_lr() || r.has_min_lr()) && is_deepspeed_style(lr.lr_decay_style()))
+      throw HostError(which + ": max_lr and min_lr follow Megatron's schedules; DeepSpeed's " + lr.lr_decay_style() +
+                      " has one warm-up start and floor for every group (use lr_mult)");
+    if (r.has_max_lr() && lr.lr_warmup_init() > r.max_lr()) {
+      char text[128];
+      std::snprintf(text, sizeof text, ": lr.lr_warmup_init %g is above its max_lr %g", lr.lr_warmup_init(),
+                    r.max_lr());
+      throw HostError(which + text + ": its warm-up would fall");
+    }
   }
 }
 

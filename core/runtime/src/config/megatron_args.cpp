@@ -261,7 +261,8 @@ const Rule kRules[] = {
     {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
      "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
      "schedule peaks there"},
-    {"--decoupled-min-lr", 1, Kind::kCustom, "lr.param_rules", "that rule's min_lr (with --decoupled-lr)"},
+    {"--decoupled-min-lr", 1, Kind::kCustom, "lr.param_rules",
+     "that rule's min_lr (else --min-lr, which must not exceed --decoupled-lr); ignored without --decoupled-lr"},
     {"--calculate-per-token-loss", 0, Kind::kSwitch, "train.calculate_per_token_loss=true",
      "gradients and lm loss over the global batch's tokens, not the mean of each micro-batch's mean"},
     {"--lr-warmup-tokens", 1, Kind::kSet, "lr.lr_warmup_tokens", ""},
@@ -822,8 +823,7 @@ void map_decoupled_lr(const SeenFlags& s, MegatronMapping& m) {
   };
   if (s.decoupled_lr.empty()) {
     if (!s.decoupled_min_lr.empty())
-      m.refused.push_back("--decoupled-min-lr " + s.decoupled_min_lr +
-                          ": does nothing without --decoupled-lr (Megatron ignores it then)");
+      m.ignored.push_back("--decoupled-min-lr " + s.decoupled_min_lr + " (without --decoupled-lr, as Megatron)");
     return;
   }
   if (!rate("--decoupled-lr", s.decoupled_lr) ||

@@ -366,14 +366,15 @@ void validate_weight_decay(const config::LrSchedule& lr) {
          {std::tuple{"max_lr", r.has_max_lr(), r.max_lr()}, std::tuple{"min_lr", r.has_min_lr(), r.min_lr()}})
       if (has && (!std::isfinite(value) || value < 0))
         throw HostError(which + ": " + name + " must be a finite number >= 0");
+    const bool own_schedule = r.has_max_lr() || r.has_min_lr();
     const double peak = r.has_max_lr() ? r.max_lr() : lr.lr(), floor = r.has_min_lr() ? r.min_lr() : lr.min_lr();
-    if ((r.has_max_lr() || r.has_min_lr()) && floor > peak) {
+    if (own_schedule && floor > peak) {
       char text[128];
       std::snprintf(text, sizeof text, ": min_lr %g (%s) is above max_lr %g (%s)", floor,
                     r.has_min_lr() ? "the rule's" : "lr.min_lr", peak, r.has_max_lr() ? "the rule's" : "lr.lr");
       throw HostError(which + text + ": its rate would rise while it decays");
     }
-    if ((r.has_max_lr() || r.has_min_lr()) && is_deepspeed_style(lr.lr_decay_style()))
+    if (own_schedule && is_deepspeed_style(lr.lr_decay_style()))
       throw HostError(which + ": max_lr and min_lr follow Megatron's schedules; DeepSpeed's " + lr.lr_decay_style() +
                       " has one warm-up start and floor for every group (use lr_mult)");
     if (r.has_max_lr() && lr.lr_warmup_init() > r.max_lr()) {

@@ -817,9 +817,9 @@ void map_decoupled_lr(const SeenFlags& s, MegatronMapping& m) {
   const auto rate = [&](const std::string& flag, const std::string& v) {
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end || !std::isfinite(x) || x < 0)
-      m.refused.push_back(flag + " " + v + ": not a learning rate >= 0");
-    return !v.empty() && !*end && std::isfinite(x) && x >= 0;
+    const bool ok = !v.empty() && !*end && std::isfinite(x) && x >= 0;
+    if (!ok) m.refused.push_back(flag + " " + v + ": not a learning rate >= 0");
+    return ok;
   };
   if (s.decoupled_lr.empty()) {
     if (!s.decoupled_min_lr.empty())

@@ -37,7 +37,7 @@ ParamGroups::ParamGroups(const config::LrSchedule& lr, double end_weight_decay) 
 }
 
 bool ParamGroups::own_schedules() const {
-  return std::any_of(specs_.begin(), specs_.end(), [](const GroupSpec& s) { return s.max_lr || s.min_lr; });
+  return std::any_of(specs_.begin(), specs_.end(), [](const GroupSpec& s) { return s.own_schedule(); });
 }
 
 size_t ParamGroups::group_of(const std::string& name, bool no_weight_decay) const {

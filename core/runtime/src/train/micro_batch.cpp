@@ -113,9 +113,10 @@ at::Tensor MicroBatchRunner::step_forward(const TensorList& batch, Metrics* metr
   else if (tokens.numel() != 1)
     tokens_error_ =
         step + ": forward_step returned num_tokens of shape " + Model::shape_str(tokens) + ", expected one element";
+  else if (const at::Tensor t = tokens.detach().reshape({}).to(training_device(), at::kDouble); tokens_.defined())
+    tokens_ = tokens_ + t;
   else
-    tokens_ = tokens_.defined() ? tokens_ + tokens.detach().reshape({}).to(training_device(), at::kDouble)
-                                : tokens.detach().reshape({}).to(training_device(), at::kDouble);
+    tokens_ = t;
   return out;
 }
 

@@ -309,8 +309,7 @@ double Trainer::gradient_token_factor() {
 const std::vector<double>& Trainer::group_rates() {
   group_lr_.clear();
   const auto& specs = parts_.optimizer->group_specs();
-  if (std::none_of(specs.begin(), specs.end(), [](const GroupSpec& s) { return s.max_lr || s.min_lr; }))
-    return group_lr_;
+  if (std::none_of(specs.begin(), specs.end(), [](const GroupSpec& s) { return s.own_schedule(); })) return group_lr_;
   const LrParams& p = schedule_.params();
   for (const GroupSpec& s : specs)
     group_lr_.push_back(schedule_.rate(progress_.scheduler, s.max_lr.value_or(p.max_lr), s.min_lr.value_or(p.min_lr)) *

@@ -20,6 +20,7 @@ struct GroupSpec {
   std::string label;  // "weight decay", "no weight decay", "rule 0 ("bias$"), weight decay", ...
   double weight_decay = 0, lr_scale = 1;
   std::optional<double> max_lr, min_lr;
+  bool own_schedule() const { return max_lr || min_lr; }
 };
 
 // The groups of a run, in the fixed order of abi.h: 0 = weights that decay, 1 = parameters that

@@ -14,11 +14,8 @@
 // launcher kills them at once.
 #include "launch.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +35,7 @@
 
 #include <gflags/gflags.h>
 
+#include "dtk/core/launch/reserved_port.hpp"
 #include "dtk/core/train/exit_signals.hpp"
 #include "dtk/host/error.hpp"
 
@@ -62,25 +61,6 @@ int parse_int(const std::string& flag, const std::string& v, int lo, int hi) {
     throw HostError("launch: " + flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                     "], got '" + v + "'");
   return static_cast<int>(x);
-}
-
-// A port that is free now (bind port 0 on the loopback and read it back).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw HostError(std::string("launch: socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const std::string err = std::strerror(errno);
-    ::close(fd);
-    throw HostError("launch: no free port on 127.0.0.1: " + err);
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 std::string self_exe() {
@@ -378,8 +358,19 @@ int run_launch(int argc, char** argv) {
         kUsage);
     return 0;
   }
-  // One node: any free port. Several: every launcher must name the same one (torchrun's default).
-  if (args.port == 0) args.port = args.nnodes > 1 ? 29500 : free_port();
+  // One node: a free port, held (not listening) until the launch ends so no other launch is given
+  // it before rank 0's store listens on it. Several: every launcher must name the same one
+  // (torchrun's default).
+  std::unique_ptr<dtk::core::ReservedPort> reserved;
+  if (args.port == 0 && args.nnodes == 1) {
+    try {
+      reserved = std::make_unique<dtk::core::ReservedPort>();
+    } catch (const std::runtime_error& e) {
+      throw HostError(std::string("launch: ") + e.what());
+    }
+    args.port = reserved->number();
+  }
+  if (args.port == 0) args.port = 29500;
   const std::string exe = self_exe();
   std::vector<char*> child_argv;
   child_argv.push_back(const_cast<char*>(exe.c_str()));

@@ -193,7 +193,8 @@ TEST(BadInputs, ATruncatedPluginFileIsReportedAndBlocksNothingElse) {
 // Two ranks started with different configurations (torchrun-style environment, no `dtk launch`):
 // before any process group exists each rank says what differs; no Gloo abort, a bounded exit.
 TEST(BadInputs, RanksWithDifferentConfigurationsNameTheDifference) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   auto rank = [&](int r, const std::string& extra) {
     return "env RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
            " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + DTK_BIN + " " +
@@ -644,7 +645,8 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
     // Before training (here: rank 0 of two waiting at the rendezvous for a rank that never comes,
     // seen by its store's port accepting): one line, the signal's status, nothing written.
     const std::string ckpt = tmp_dir("signal-startup");
-    const int port = dtk_test::free_port();
+    const dtk_test::ReservedPort reserved;  // held until the ranks exit
+    const int port = reserved.number();
     ::setenv("RANK", "0", 1), ::setenv("WORLD_SIZE", "2", 1), ::setenv("MASTER_ADDR", "127.0.0.1", 1);
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     Background run(long_run + "--set checkpoint.save=" + ckpt + " --set distributed.timeout_seconds=60",
@@ -701,7 +703,8 @@ TEST(BadInputs, SignalsOtherThanSigtermSaveAndStop) {
 // Launchers started with different --nnodes name the difference at once instead of waiting for a
 // rank that will never come; a rank killed mid-run is named by its rank, not "one of ranks 0, 1".
 TEST(BadInputs, LaunchersOfDifferentWorldsNameTheDifference) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   auto launcher = [&](int nnodes, int node_rank) {
     return std::string(DTK_BIN) + " launch --nnodes " + std::to_string(nnodes) + " --node_rank " +
            std::to_string(node_rank) + " --nproc_per_node 1 --master_addr 127.0.0.1 --master_port " +
@@ -719,7 +722,8 @@ TEST(BadInputs, LaunchersOfDifferentWorldsNameTheDifference) {
 }
 
 TEST(BadInputs, AKilledPeerIsNamedByItsRank) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   const std::string dir = tmp_dir("killed-peer");
   auto rank = [&](int r) {
     ::setenv("RANK", std::to_string(r).c_str(), 1);

@@ -1,23 +1,12 @@
-// A TCP port free on 127.0.0.1 right now (for MASTER_PORT in multi-process tests).
+// A TCP port on 127.0.0.1 held for MASTER_PORT in multi-process tests: keep the object alive until
+// the ranks exit, so a test launched at the same time cannot be given the same port
+// (dtk/core/launch/reserved_port.hpp says why the store can still listen on it).
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "dtk/core/launch/reserved_port.hpp"
 
 namespace dtk_test {
 
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using ReservedPort = dtk::core::ReservedPort;
 
 }  // namespace dtk_test

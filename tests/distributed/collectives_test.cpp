@@ -286,7 +286,8 @@ int collectives_worker(int, char**) {
 namespace {
 
 void run_collectives(int world, int tp) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   std::vector<std::string> cmds;
   for (int r = 0; r < world; ++r)
     cmds.push_back("env DTK_TEST_WORKER=collectives DTK_TEST_TP=" + std::to_string(tp) + " RANK=" + std::to_string(r) +

@@ -2,8 +2,14 @@
 // failures (a rank that dies, a rendezvous whose peers never come) end the run with a one-line
 // error within the timeout instead of hanging.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <regex>
 #include <string>
 #include <utility>
@@ -134,7 +140,8 @@ TEST(Launch, FailingRankStopsTheRun) {
 // (d) Rank 0 of a world of 2 whose peer never comes: the rendezvous fails after
 // distributed.timeout_seconds with one line.
 TEST(Launch, RendezvousWithoutPeersTimesOut) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   const Result r = dtk_test::run("env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                                      std::to_string(port) + " " + kDtk + " " + kTrain +
                                      " --set distributed.timeout_seconds=3",
@@ -152,7 +159,8 @@ TEST(Launch, RendezvousWithoutPeersTimesOut) {
 
 // A worker rank whose server never comes (connect retries) also gives up at the timeout.
 TEST(Launch, RendezvousWithoutServerTimesOut) {
-  const int port = dtk_test::free_port();
+  const dtk_test::ReservedPort reserved;  // held until the ranks exit
+  const int port = reserved.number();
   const Result r = dtk_test::run("env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                                      std::to_string(port) + " " + kDtk + " " + kTrain +
                                      " --set distributed.timeout_seconds=3",
@@ -161,6 +169,33 @@ TEST(Launch, RendezvousWithoutServerTimesOut) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_LT(r.seconds, 20.0) << r.out;
   EXPECT_NE(r.out.find("dtk: error: [rank 1] distributed: rendezvous at"), std::string::npos) << r.out;
+}
+
+// The port `dtk launch` (and these tests) hold for the store: rank 0's TCPStore listens on it while
+// it is held, and nothing else is given it meanwhile: neither another bind(0) nor an explicit bind.
+// Before, the port was closed again right away, and a launch started during rank 0's start-up
+// could be given the same one (its rank then met the other run's store).
+TEST(Launch, AHeldPortIsTheStoresAndNoOneElses) {
+  const dtk_test::ReservedPort held;
+  std::vector<std::unique_ptr<dtk_test::ReservedPort>> others;
+  for (int i = 0; i < 200; ++i) {
+    others.push_back(std::make_unique<dtk_test::ReservedPort>());
+    ASSERT_NE(others.back()->number(), held.number()) << "bind(0) handed out a held port";
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET, a.sin_port = htons(static_cast<uint16_t>(held.number()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_NE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << "a plain bind took the held port";
+  ::close(fd);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(held.number());
+  so.isServer = true;
+  so.numWorkers = 1;
+  so.timeout = std::chrono::seconds(10);
+  c10d::TCPStore store("127.0.0.1", so);
+  store.set("key", {1, 2, 3});
+  EXPECT_EQ(store.get("key"), (std::vector<uint8_t>{1, 2, 3}));
 }
 
 TEST(Launch, Usage) {

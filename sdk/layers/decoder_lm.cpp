@@ -6,6 +6,7 @@
 #include <dtk/layers/recompute.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -102,9 +103,61 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   if (o.has("recompute_method")) c.recompute_block = o.get_string("recompute_method") == "block";
   int_opt("recompute_num_layers", c.recompute_num_layers);
   int_opt("domino_chunks", c.domino_chunks);
+  int_opt("num_experts", c.moe.num_experts);
+  int_opt("moe_router_topk", c.moe.topk);
+  int_opt("moe_ffn_hidden_size", c.moe.ffn);
+  int_opt("moe_layer_freq", c.moe.layer_freq);
+  bool_opt("moe_router_pre_softmax", c.moe.pre_softmax);
+  bool_opt("moe_router_fp32", c.moe.router_fp32);
+  float_opt("moe_router_topk_scaling_factor", c.moe.topk_scaling_factor);
+  float_opt("moe_aux_loss_coeff", c.moe.aux_loss_coeff);
+  float_opt("moe_z_loss_coeff", c.moe.z_loss_coeff);
+}
+
+// The MoE options: in range, and none set without experts (it would do nothing).
+void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) const {
+  const MoeConfig& m = c.moe;
+  const MoeConfig unset;
+  if (m.num_experts < 0)
+    fail("option 'num_experts' must be >= 0 (0 = dense MLPs), got " + std::to_string(m.num_experts));
+  if (!m.enabled()) {
+    const std::pair<const char*, bool> changed[] = {
+        {"moe_router_topk", m.topk != unset.topk},
+        {"moe_ffn_hidden_size", m.ffn != unset.ffn},
+        {"moe_layer_freq", m.layer_freq != unset.layer_freq},
+        {"moe_router_pre_softmax", m.pre_softmax != unset.pre_softmax},
+        {"moe_router_fp32", m.router_fp32 != unset.router_fp32},
+        {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
+        {"moe_aux_loss_coeff", m.aux_loss_coeff != unset.aux_loss_coeff},
+        {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff}};
+    for (const auto& [option, set] : changed)
+      if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
+    return;
+  }
+  if (m.num_experts > 4096) fail("option 'num_experts' is " + std::to_string(m.num_experts) + ", more than 4096");
+  if (m.topk < 1 || m.topk > m.num_experts)
+    fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
+         std::to_string(m.topk));
+  if (m.ffn < 0 || m.ffn > (int64_t{1} << 31))
+    fail("option 'moe_ffn_hidden_size' must be in [0, 2^31] (0 = ffn_hidden_size), got " + std::to_string(m.ffn));
+  divisible("moe_ffn_hidden_size (or ffn_hidden_size)", c.expert_ffn(), "the tensor-parallel size", tp_.size);
+  if (m.layer_freq < 1) fail("option 'moe_layer_freq' must be >= 1, got " + std::to_string(m.layer_freq));
+  for (const auto& [option, v] :
+       {std::pair<const char*, double>{"moe_router_topk_scaling_factor", m.topk_scaling_factor},
+        {"moe_aux_loss_coeff", m.aux_loss_coeff},
+        {"moe_z_loss_coeff", m.z_loss_coeff}})
+    if (!(v >= 0.0) || !std::isfinite(v))
+      fail(std::string("option '") + option + "' must be finite and >= 0, got " + std::to_string(v));
+  if (c.domino_chunks > 1)
+    fail(
+        "domino_chunks > 1 runs dense MLPs only: Domino's chunked schedule has no mixture-of-experts layer "
+        "(num_experts " +
+        std::to_string(m.num_experts) + "); use domino_chunks=1");
+  (void)ctx;
 }
 
 void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const {
+  validate_moe(ctx, c);  // first: the size check below counts the experts
   auto positive = [&](const char* option, int64_t v) {
     if (v <= 0) fail(std::string("option '") + option + "' must be positive, got " + std::to_string(v));
   };
@@ -127,7 +180,8 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   positive("make_vocab_size_divisible_by", c.divisible_by);
   // A model of more than 10^15 parameters (petabytes) is a mistaken size, refused before its
   // layers are created one by one (minutes of it, for a layer count in the millions).
-  const double per_layer = 4.0 * c.hidden * c.hidden + 3.0 * c.hidden * c.ffn;
+  const double mlps = c.moe.enabled() ? static_cast<double>(c.moe.num_experts) : 1.0;
+  const double per_layer = 4.0 * c.hidden * c.hidden + 3.0 * c.hidden * c.expert_ffn() * mlps;
   const double parameters = c.num_layers * per_layer + (static_cast<double>(c.vocab) + c.max_pos) * c.hidden;
   if (parameters > 1e15) {
     char text[32];
@@ -567,6 +621,8 @@ dtk_model_info DecoderLM::info() {
   i.recompute_granularity = c.recompute ? 1 : c.selective_recompute ? 2 : 0;
   i.recompute_method = c.recompute_block ? 1 : 0;
   i.recompute_num_layers = static_cast<int32_t>(c.recompute_num_layers);
+  i.num_experts = static_cast<int32_t>(c.moe.num_experts);
+  i.moe_router_topk = c.moe.enabled() ? static_cast<int32_t>(c.moe.topk) : 0;
   return i;
 }
 

@@ -708,6 +708,58 @@ TEST(MegatronArgs, DecoupledLrIsARuleForTheEmbeddingAndOutputLayer) {
   EXPECT_EQ(bad.refused[0], "--decoupled-lr fast: not a learning rate >= 0");
 }
 
+// Megatron-LM's MoE flags as its Mixtral and MoE examples give them.
+TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
+  const MegatronMapping m = dtk::core::map_megatron_args({"--num-experts",
+                                                          "8",
+                                                          "--moe-router-topk",
+                                                          "2",
+                                                          "--moe-ffn-hidden-size",
+                                                          "512",
+                                                          "--moe-layer-freq",
+                                                          "2",
+                                                          "--moe-router-pre-softmax",
+                                                          "--moe-router-topk-scaling-factor",
+                                                          "2.5",
+                                                          "--moe-router-dtype",
+                                                          "fp32",
+                                                          "--moe-aux-loss-coeff",
+                                                          "1e-2",
+                                                          "--moe-z-loss-coeff",
+                                                          "1e-3",
+                                                          "--moe-router-load-balancing-type",
+                                                          "aux_loss",
+                                                          "--moe-grouped-gemm",
+                                                          "--moe-token-dispatcher-type",
+                                                          "alltoall",
+                                                          "--expert-model-parallel-size",
+                                                          "1"});
+  ASSERT_TRUE(m.refused.empty()) << m.refused[0];
+  const auto options = config_of(m).model().options();
+  const std::pair<const char*, const char*> want[] = {
+      {"num_experts", "8"},        {"moe_router_topk", "2"},           {"moe_ffn_hidden_size", "512"},
+      {"moe_layer_freq", "2"},     {"moe_router_pre_softmax", "true"}, {"moe_router_topk_scaling_factor", "2.5"},
+      {"moe_router_fp32", "true"}, {"moe_aux_loss_coeff", "1e-2"},     {"moe_z_loss_coeff", "1e-3"}};
+  for (const auto& [key, value] : want) {
+    ASSERT_EQ(options.count(key), 1u) << key;
+    EXPECT_EQ(options.at(key), value) << key;
+  }
+  const std::pair<std::vector<std::string>, const char*> refused[] = {
+      {{"--moe-layer-freq", "([0]+[1]*3)"}, "--moe-layer-freq ([0]+[1]*3): DTK takes an integer"},
+      {{"--moe-router-load-balancing-type", "seq_aux_loss"},
+       "--moe-router-load-balancing-type seq_aux_loss: DTK's router has Switch Transformer's load-balancing loss only"},
+      {{"--moe-router-load-balancing-type", "none"}, "give --moe-aux-loss-coeff 0"},
+      {{"--expert-model-parallel-size", "4"}, "--expert-model-parallel-size 4: expert parallelism is not in DTK yet"},
+      {{"--moe-expert-capacity-factor", "1.0"}, "--moe-expert-capacity-factor 1.0: DTK's MoE layers are dropless"},
+      {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},
+  };
+  for (const auto& [args, line] : refused) {
+    const MegatronMapping r = dtk::core::map_megatron_args(args);
+    ASSERT_EQ(r.refused.size(), 1u) << args[0];
+    EXPECT_NE(r.refused[0].find(line), std::string::npos) << r.refused[0];
+  }
+}
+
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).
 TEST(MegatronArgs, DocsTableIsTheMappersTable) {
   const auto table = dtk_test::doc_table("megatron", "megatron_table");

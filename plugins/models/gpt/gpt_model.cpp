@@ -52,8 +52,8 @@ class GPTModel : public DecoderLM {
   }
 
  private:
-  std::unique_ptr<DecoderLayer> make_layer(int64_t, ParamFactory& f) override {
-    return std::make_unique<Layer>(c_, tp_, f);
+  std::unique_ptr<DecoderLayer> make_layer(int64_t index, ParamFactory& f) override {
+    return std::make_unique<Layer>(c_, index, tp_, f);
   }
   at::Tensor final_norm(const at::Tensor& x) const override {
     return layer_norm(x, final_norm_[0], final_norm_[1], c_.eps);
@@ -96,6 +96,15 @@ const dtk_option_spec kOptions[] = {
     dtk::layers::kLmHeadChunkTokensOption,
     dtk::layers::kCrossEntropyImplOption,
     dtk::layers::kUnfusedKernelsOption,
+    dtk::layers::kNumExpertsOption,
+    dtk::layers::kMoeRouterTopkOption,
+    dtk::layers::kMoeFfnHiddenSizeOption,
+    dtk::layers::kMoeLayerFreqOption,
+    dtk::layers::kMoeRouterPreSoftmaxOption,
+    dtk::layers::kMoeRouterFp32Option,
+    dtk::layers::kMoeRouterTopkScalingFactorOption,
+    dtk::layers::kMoeAuxLossCoeffOption,
+    dtk::layers::kMoeZLossCoeffOption,
     opt_int("domino_chunks", "1",
             "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces "
             "overlap the other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),

@@ -8,7 +8,7 @@
 
 namespace dtk::gpt {
 
-Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
+Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   ln1_w = f.ones({c.hidden});
   ln1_b = f.zeros({c.hidden});
@@ -16,13 +16,24 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(t
   dense = RowParallelLinear(c.hidden, c.hidden, true, scaled_std, tp, f);
   ln2_w = f.ones({c.hidden});
   ln2_b = f.zeros({c.hidden});
-  fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
-  fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
+  if (c.moe.is_moe_layer(index)) {
+    MoeConfig m = c.moe;
+    m.ffn = c.expert_ffn();
+    moe = std::make_unique<MoeMlp>(m, c.hidden, std::vector<std::string>{"dense_h_to_4h"}, "dense_4h_to_h", true,
+                                   c.init_std, scaled_std, tp, f);
+  } else {
+    fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
+    fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
+  }
   heads_local_ = c.heads / tp.size;
   head_dim_ = c.hidden / c.heads;
 }
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
+
+at::Tensor Layer::moe_branch(const at::Tensor& normed) const {
+  return moe->forward(normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); });
+}
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
                           bool training) const {
@@ -61,6 +72,7 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
     const DropoutMask attention_keep = dropout_mask(x, c_.hidden_dropout, training, rng.hidden, tp_);
     const auto [h, normed] = add_bias_dropout_layer_norm(x, dense.forward_unbiased(context), dense.bias, attention_keep,
                                                          ln2_w, ln2_b, c_.eps, c_.kernels);
+    if (moe) return {h, moe_branch(normed), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
     const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
     return {h, fc2.forward_unbiased(activated), fc2.bias,
             dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
@@ -69,6 +81,7 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   const auto [h, normed] =
       add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b,
                      c_.eps, c_.kernels);
+  if (moe) return {h, dropout(moe_branch(normed), c_.hidden_dropout, training, rng.hidden, tp_)};
   // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
   const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
   return {h, dropout(fc2.forward(activated), c_.hidden_dropout, training, rng.hidden, tp_)};
@@ -87,6 +100,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
   const auto [h, normed] = add_layer_norm(x, dense.forward(context), ln2_w, ln2_b, c_.eps, c_.kernels);
+  if (moe) return h + moe_branch(normed);
   return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 
@@ -164,6 +178,10 @@ void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const
   add("self_attention.dense.bias", dense.bias, -1, true);
   add("post_attention_layernorm.weight", ln2_w, -1, true);
   add("post_attention_layernorm.bias", ln2_b, -1, true);
+  if (moe) {
+    moe->add_params(out, prefix + "mlp.");
+    return;
+  }
   add("mlp.dense_h_to_4h.weight", fc1.weight, 0, false);
   add("mlp.dense_h_to_4h.bias", fc1.bias, 0, true);
   add("mlp.dense_4h_to_h.weight", fc2.weight, 1, false);

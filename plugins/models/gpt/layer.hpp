@@ -21,12 +21,14 @@
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/moe.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -58,7 +60,9 @@ using dtk::layers::layer_norm_takes_branch_bias;
 
 class Layer : public DominoLayer, public DecoderLayer {
  public:
-  Layer(const Config& c, const TPGroup& tp, ParamFactory& f);
+  // Layer `index` (0-based, whole model): an MoE layer where c.moe says so (its MLP is MoeMlp,
+  // experts of GPT's MLP: dense_h_to_4h, GELU, dense_4h_to_h).
+  Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f);
 
   // Plain tensor parallelism: x [b, s, h]; mask [b or 1, 1, s, s] bool (true = masked) or
   // undefined (causal). Positions enter through the embedding only (unused here).
@@ -97,6 +101,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
   ColumnParallelLinear qkv, fc1;
   RowParallelLinear dense, fc2;
+  std::unique_ptr<MoeMlp> moe;  // set: an MoE layer (fc1 and fc2 unused)
 
  private:
   // Core attention on the fused QKV projection [b, s, np * 3 * hn] -> context [b, s, np * hn];
@@ -109,6 +114,8 @@ class Layer : public DominoLayer, public DecoderLayer {
   // Whether core attention on `projected` (no mask) runs DTK's GPU kernel when dropout is on.
   bool fused_attention_takes(const at::Tensor& projected) const;
   at::Tensor causal_mask(int64_t s, at::Device device) const;
+  // The MoE layer's MLP branch on the normed stream (biases included, before dropout).
+  at::Tensor moe_branch(const at::Tensor& normed) const;
 
   const Config& c_;
   TPGroup tp_;

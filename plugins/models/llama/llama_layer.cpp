@@ -72,7 +72,8 @@ at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions, const
   return dtk::layers::apply_rotary(x, cos, sin, kernels);
 }
 
-Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary) : c_(c), rotary_(rotary) {
+Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f, const Rotary& rotary)
+    : c_(c), rotary_(rotary) {
   // Megatron's scaled init for the projections into the residual stream.
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   const int64_t hd = c.head_dim();
@@ -80,9 +81,16 @@ Layer::Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& 
   qkv = ColumnParallelLinear(c.hidden, (c.heads + 2 * c.groups) * hd, c.bias, c.init_std, tp, f);
   dense = RowParallelLinear(c.heads * hd, c.hidden, c.bias, scaled_std, tp, f);
   post_attention_norm = f.ones({c.hidden});
-  gate = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
-  up = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
-  down = RowParallelLinear(c.ffn, c.hidden, c.bias, scaled_std, tp, f);
+  if (c.moe.is_moe_layer(index)) {
+    MoeConfig m = c.moe;
+    m.ffn = c.expert_ffn();
+    moe = std::make_unique<MoeMlp>(m, c.hidden, std::vector<std::string>{"gate", "up"}, "dense_4h_to_h", c.bias,
+                                   c.init_std, scaled_std, tp, f);
+  } else {
+    gate = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
+    up = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
+    down = RowParallelLinear(c.ffn, c.hidden, c.bias, scaled_std, tp, f);
+  }
   heads_local_ = c.heads / tp.size;
   groups_local_ = c.groups / tp.size;
 }
@@ -149,6 +157,9 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 at::Tensor Layer::mlp(const at::Tensor& h) const {
+  if (moe)
+    return moe->forward(
+        h, [this](const std::vector<at::Tensor>& projected) { return swiglu(projected[0], projected[1], c_.kernels); });
   // One copy into the tensor-parallel region for both projections: a single all-reduce of the
   // input gradient in backward, not one per projection.
   if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
@@ -242,6 +253,10 @@ void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const
   add("self_attention.dense.weight", dense.weight, 1, false);
   add_bias("self_attention.dense.bias", dense.bias, -1);
   add("post_attention_norm.weight", post_attention_norm, -1, true);
+  if (moe) {
+    moe->add_params(out, prefix + "mlp.");
+    return;
+  }
   add("mlp.gate.weight", gate.weight, 0, false);
   add_bias("mlp.gate.bias", gate.bias, 0);
   add("mlp.up.weight", up.weight, 0, false);

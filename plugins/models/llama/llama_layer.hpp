@@ -24,12 +24,14 @@
 #include <dtk/layers/decoder_lm.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/moe.hpp>
 #include <dtk/layers/norms.hpp>
 #include <dtk/layers/rotary.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -99,7 +101,9 @@ class Rotary {
 
 class Layer : public DominoLayer, public DecoderLayer {
  public:
-  Layer(const Config& c, const TPGroup& tp, ParamFactory& f, const Rotary& rotary);
+  // Layer `index` (0-based, whole model): an MoE layer where c.moe says so (its MLP is MoeMlp,
+  // experts of Llama's SwiGLU MLP: gate, up, dense_4h_to_h).
+  Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f, const Rotary& rotary);
   // x [b, s, h]; positions [b, s]; mask [b or 1, 1, s, s] bool (true = masked) or undefined
   // (causal).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
@@ -127,6 +131,7 @@ class Layer : public DominoLayer, public DecoderLayer {
 
   at::Tensor input_norm, post_attention_norm;
   ColumnParallelLinear qkv, gate, up;
+  std::unique_ptr<MoeMlp> moe;  // set: an MoE layer (gate, up and down unused)
   RowParallelLinear dense, down;
 
  private:

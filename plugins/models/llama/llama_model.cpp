@@ -74,8 +74,8 @@ class LlamaModel : public DecoderLM {
   }
 
  private:
-  std::unique_ptr<DecoderLayer> make_layer(int64_t, ParamFactory& f) override {
-    return std::make_unique<Layer>(c_, tp_, f, *rotary_);
+  std::unique_ptr<DecoderLayer> make_layer(int64_t index, ParamFactory& f) override {
+    return std::make_unique<Layer>(c_, index, tp_, f, *rotary_);
   }
   at::Tensor final_norm(const at::Tensor& x) const override { return rms_norm(x, final_norm_[0], c_.eps, c_.kernels); }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
@@ -141,6 +141,15 @@ const dtk_option_spec kOptions[] = {
     dtk::layers::kRecomputeActivationsOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,
+    dtk::layers::kNumExpertsOption,
+    dtk::layers::kMoeRouterTopkOption,
+    dtk::layers::kMoeFfnHiddenSizeOption,
+    dtk::layers::kMoeLayerFreqOption,
+    dtk::layers::kMoeRouterPreSoftmaxOption,
+    dtk::layers::kMoeRouterFp32Option,
+    dtk::layers::kMoeRouterTopkScalingFactorOption,
+    dtk::layers::kMoeAuxLossCoeffOption,
+    dtk::layers::kMoeZLossCoeffOption,
     opt_int("domino_chunks", "1",
             "Domino: split each micro-batch into this many chunks whose tensor-parallel all-reduces overlap the "
             "other chunks' compute (DeepSpeed-Domino); 1 = plain tensor parallelism."),

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 8
+#define DTK_ABI_MINOR 9
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -403,11 +403,16 @@ typedef struct dtk_param_info {
    * partial sum; the host sums it over the tensor-parallel group after the strategy's reduction
    * (Megatron's `sequence_parallel` attribute). */
   int32_t sequence_parallel;
+  /* ABI 2.9. 1: a weight of one mixture-of-experts expert, which a token reads only when routed to
+   * it (dtk_model_info.moe_router_topk of num_experts), so a token's FLOPs count it at that
+   * fraction (Megatron-LM's --num-experts). */
+  int32_t expert;
 } dtk_param_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_0, module_index);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_1, full_numel);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_3, sequence_parallel);
-DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, sequence_parallel);
+DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_9, expert);
+DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, expert);
 
 /* Visitor over named parameters. `tensor` is [borrowed] for the call: a C++ visitor that
  * keeps the tensor copies the at::Tensor (dtk::unwrap(tensor)), which takes its own reference.
@@ -649,6 +654,26 @@ typedef struct dtk_capture_ext {
 DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_5, defer_check);
 DTK_DEFINE_STRUCT_SIZE(dtk_capture_ext, 2_6, seed_slot);
 DTK_DEFINE_STRUCT_TRAITS(dtk_capture_ext, seed_slot);
+/* Host extension "dtk.ext.aux_loss.v1" (since 2.9): a loss that a layer adds to the training
+ * objective inside the model (a mixture-of-experts router's load-balancing and z-losses) reaches
+ * the parameters through the layer's own backward, on every pipeline stage, as Megatron-LM's
+ * MoEAuxLossAutoScaler does: the layer gives its loss the gradient backward_scale(), the factor the
+ * host's backward applies to the step's loss, so both are scaled alike. */
+#define DTK_EXT_AUX_LOSS_V1 "dtk.ext.aux_loss.v1"
+typedef struct dtk_aux_loss_ext {
+  size_t struct_size;
+  /* [thread-safe] The factor on the step's loss in the backward under way: the loss scale (1
+   * without fp16) divided by the iteration's micro-batches, or the loss scale alone with
+   * train.calculate_per_token_loss (the host divides the gradients by the global batch's tokens
+   * afterwards). 1 outside training. */
+  double (*backward_scale)(void);
+  /* [thread-safe] Non-zero with train.calculate_per_token_loss: a layer multiplies its loss by
+   * the tokens it covers before the gradient, as Megatron-LM does, so that after the host's
+   * division by the global token count it weighs as in the default mode. */
+  int32_t (*per_token_loss)(void);
+} dtk_aux_loss_ext;
+DTK_DEFINE_STRUCT_SIZE(dtk_aux_loss_ext, 2_9, per_token_loss);
+DTK_DEFINE_STRUCT_TRAITS(dtk_aux_loss_ext, per_token_loss);
 /* 1.0's config_get was removed in 2.0: nothing read it, and a plugin that reads the host's
  * configuration by path couples itself to the host's config schema. A plugin gets what it
  * needs through its declared options and the build context. */
@@ -716,11 +741,16 @@ typedef struct dtk_model_info {
   /* ABI 2.4. 1: created under dtk_build_context.deferred_parameters, the parameters hold no values
    * yet; init_parameters gives them. */
   int32_t deferred_parameters;
+  /* ABI 2.9. Mixture of experts: the experts of each MoE layer and how many each token is routed to
+   * (0 and 0: a dense model; a 2.8 model reports 0). */
+  int32_t num_experts;
+  int32_t moe_router_topk;
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, deferred_parameters);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_9, moe_router_topk);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, moe_router_topk);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

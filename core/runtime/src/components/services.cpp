@@ -13,6 +13,7 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/step_capture.hpp"
+#include "dtk/core/optim/aux_loss_scale.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "log_bridge.hpp"
@@ -135,11 +136,13 @@ uint64_t rng_seed(void*, int32_t stream) {
 
 void tensor_release(dtk_tensor* t) { dtk::release(t); }
 
-// Host extensions (abi.h rule 8): the timeline (dtk.ext.trace.v1, since 2.1) and what the
-// layers see while a step is recorded into a CUDA graph (dtk.ext.capture.v1, since 2.5).
+// Host extensions (abi.h rule 8): the timeline (dtk.ext.trace.v1, since 2.1), what the layers
+// see while a step is recorded into a CUDA graph (dtk.ext.capture.v1, since 2.5) and the factor
+// of a layer's own loss (dtk.ext.aux_loss.v1, since 2.9).
 const void* get_extension(const char* id) {
   if (id && std::string(id) == DTK_EXT_TRACE_V1) return trace::extension();
   if (id && std::string(id) == DTK_EXT_CAPTURE_V1) return capture::extension();
+  if (id && std::string(id) == DTK_EXT_AUX_LOSS_V1) return aux_loss::extension();
   return nullptr;
 }
 

@@ -97,6 +97,32 @@ const Rule kRules[] = {
     {"--kv-channels", 1, Kind::kCustom, "",
      "the head dimension: accepted when it is --hidden-size / --num-attention-heads (DTK's models derive it); "
      "another value refused"},
+    // Mixture of experts
+    {"--num-experts", 1, Kind::kSet, "model.num_experts", "MoE layers (dropless top-k routing) in gpt and llama"},
+    {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
+    {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
+    {"--moe-layer-freq", 1, Kind::kCustom, "model.moe_layer_freq",
+     "an integer: every N-th layer from the first is an MoE layer; a Python list pattern refused"},
+    {"--moe-router-pre-softmax", 0, Kind::kSwitch, "model.moe_router_pre_softmax=true", ""},
+    {"--moe-router-topk-scaling-factor", 1, Kind::kSet, "model.moe_router_topk_scaling_factor", ""},
+    {"--moe-router-dtype", 1, Kind::kCustom, "model.moe_router_fp32",
+     "fp32: the router's product and softmax in fp32; another value refused"},
+    {"--moe-aux-loss-coeff", 1, Kind::kSet, "model.moe_aux_loss_coeff", "per MoE layer, as Megatron"},
+    {"--moe-z-loss-coeff", 1, Kind::kSet, "model.moe_z_loss_coeff", ""},
+    {"--moe-router-load-balancing-type", 1, Kind::kCustom, "",
+     "aux_loss (Megatron's default): by --moe-aux-loss-coeff; the others (seq_aux_loss, global_aux_loss, sinkhorn, "
+     "none) refused"},
+    {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
+     "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
+    {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",
+     "how Megatron moves tokens between expert-parallel ranks; DTK's experts are on every rank (no expert "
+     "parallelism), the same arithmetic"},
+    {"--moe-permute-fusion", 0, Kind::kIgnore, "", "Megatron's fused permute kernel (Transformer Engine)"},
+    {"--moe-router-fusion", 0, Kind::kIgnore, "", "Megatron's fused router kernel (Transformer Engine)"},
+    {"--expert-model-parallel-size", 1, Kind::kCustom, "",
+     "1 accepted; expert parallelism (experts split over data-parallel ranks) is not in DTK yet"},
+    {"--moe-expert-capacity-factor", 1, Kind::kRefuse, "",
+     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
     {"--apply-layernorm-1p", 0, Kind::kRefuse, "",
      "zero-centred norm weights (the norm multiplies by 1 + w) are not in DTK's models"},
     {"--use-legacy-models", 0, Kind::kIgnore, "",
@@ -425,6 +451,20 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       return refuse("not one of LayerNorm, RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
+  } else if (f == "--moe-layer-freq") {
+    if (v[0].empty() || v[0].find_first_not_of("0123456789") != std::string::npos)
+      return refuse(
+          "DTK takes an integer (every N-th layer from the first); a list pattern of MoE layers is not "
+          "supported");
+    m.sets.push_back("model.moe_layer_freq=" + v[0]);
+  } else if (f == "--moe-router-dtype") {
+    if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
+    m.sets.push_back("model.moe_router_fp32=true");
+  } else if (f == "--moe-router-load-balancing-type") {
+    if (v[0] == "none") return refuse("give --moe-aux-loss-coeff 0 (no load-balancing loss) instead");
+    if (v[0] != "aux_loss") return refuse("DTK's router has Switch Transformer's load-balancing loss only (aux_loss)");
+  } else if (f == "--expert-model-parallel-size") {
+    if (v[0] != "1") return refuse("expert parallelism is not in DTK yet: every rank holds every expert (give 1)");
   } else if (f == "--ds-sequence-parallel-size") {
     if (v[0] != "1") refuse("DTK has no DeepSpeed-Ulysses sequence parallelism (Megatron's: --sequence-parallel)");
   } else if (f == "--context-parallel-size") {

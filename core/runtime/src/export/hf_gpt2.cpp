@@ -32,6 +32,10 @@ double option_float(const std::map<std::string, std::string>& o, const char* nam
 
 Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_seq_length) {
   Gpt2Shape s;
+  // A checkpoint from before mixture of experts has no num_experts: dense.
+  if (auto experts = o.find("num_experts"); experts != o.end() && experts->second != "0")
+    throw HostError("export hf: the gpt model has mixture-of-experts layers (num_experts " + experts->second +
+                    "); Hugging Face's GPT2LMHeadModel has dense MLPs only");
   s.layers = option_int(o, "num_layers");
   s.hidden = option_int(o, "hidden_size");
   s.heads = option_int(o, "num_attention_heads");

@@ -34,6 +34,10 @@ double option_float(const std::map<std::string, std::string>& o, const char* nam
 
 LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_seq_length) {
   LlamaShape s;
+  // A checkpoint from before mixture of experts has no num_experts: dense.
+  if (auto experts = o.find("num_experts"); experts != o.end() && experts->second != "0")
+    throw HostError("export hf: the llama model has mixture-of-experts layers (num_experts " + experts->second +
+                    "); DTK exports dense LlamaForCausalLM only (a Mixtral export is not written yet)");
   s.layers = option_int(o, "num_layers");
   s.hidden = option_int(o, "hidden_size");
   s.heads = option_int(o, "num_attention_heads");

@@ -9,18 +9,25 @@ namespace dtk::core {
 ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int64_t seq_length, int tp_size,
                        int pp_rank, int pp_size) {
   ModelStats s;
+  int64_t experts = 0;  // the whole model's expert weights
+  const bool moe = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 && info.num_experts > 0;
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
     if (p.info.shared && pp_rank != 0) continue;  // the last stage's copy of a tied weight
-    s.model_parameters += p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1);
+    const int64_t whole = p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1);
+    s.model_parameters += whole;
+    if (moe && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert) experts += whole;
   }
   if (pp_size > 1) {
-    at::Tensor n = at::tensor({s.model_parameters}, at::kLong);
+    at::Tensor n = at::tensor({s.model_parameters, experts}, at::kLong);
     all_reduce(n, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
-    s.model_parameters = n.item<int64_t>();
+    s.model_parameters = n[0].item<int64_t>();
+    experts = n[1].item<int64_t>();
   }
+  s.active_parameters = s.model_parameters;
+  if (moe) s.active_parameters -= experts - experts * info.moe_router_topk / info.num_experts;
   s.passes = info.recompute ? 4 : 3;
-  const double c = s.passes, n = static_cast<double>(s.model_parameters);
+  const double c = s.passes, n = static_cast<double>(s.active_parameters);
   const double lhs =
       static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) * static_cast<double>(seq_length);
   s.flops_per_token = 2 * c * n + 4 * c * lhs;

@@ -7,14 +7,19 @@ namespace dtk::core {
 namespace {
 
 std::string flops_line(const StartupFacts& f) {
-  char line[512];
+  char line[640];
+  char n[160];
+  if (f.stats.active_parameters != f.stats.model_parameters)  // a mixture of experts
+    std::snprintf(n, sizeof n, "%lld parameters a token runs (of the whole model's %lld: its routed experts only)",
+                  static_cast<long long>(f.stats.active_parameters), static_cast<long long>(f.stats.model_parameters));
+  else
+    std::snprintf(n, sizeof n, "%lld parameters of the whole model", static_cast<long long>(f.stats.model_parameters));
   std::snprintf(line, sizeof line,
-                " > training FLOPs per token: %.4g (2cN + 4cLhs with c = %d%s, N = %lld parameters of the whole "
-                "model, L = %lld layers, h = %lld, s = %lld); TFLOP/s per device = FLOPs per token x tokens/s / %d "
-                "ranks",
-                f.stats.flops_per_token, f.stats.passes, f.stats.passes == 4 ? " (full recompute)" : "",
-                static_cast<long long>(f.stats.model_parameters), static_cast<long long>(f.num_layers),
-                static_cast<long long>(f.hidden_size), static_cast<long long>(f.seq_length), f.world_size);
+                " > training FLOPs per token: %.4g (2cN + 4cLhs with c = %d%s, N = %s, L = %lld layers, h = %lld, s = "
+                "%lld); TFLOP/s per device = FLOPs per token x tokens/s / %d ranks",
+                f.stats.flops_per_token, f.stats.passes, f.stats.passes == 4 ? " (full recompute)" : "", n,
+                static_cast<long long>(f.num_layers), static_cast<long long>(f.hidden_size),
+                static_cast<long long>(f.seq_length), f.world_size);
   return line;
 }
 

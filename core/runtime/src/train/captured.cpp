@@ -239,6 +239,9 @@ std::string cuda_graphs_refusal(const CaptureSetup& s) {
   if (s.loss_hook) return "a test hook changes the loss of some micro-batches";
   if (s.per_token_loss)
     return "train.calculate_per_token_loss divides the gradients by the step's token count, read on the host";
+  if (s.num_experts > 0)
+    return "the mixture-of-experts layers (num_experts " + std::to_string(s.num_experts) +
+           ") size each expert's rows by the routing, read on the host";
   return "";
 }
 

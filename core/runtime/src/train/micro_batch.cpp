@@ -8,6 +8,7 @@
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/memory/memory.hpp"
+#include "dtk/core/optim/aux_loss_scale.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/graph_check.hpp"
 #include "dtk/host/error.hpp"
@@ -197,6 +198,9 @@ void MicroBatchRunner::bare_forward_backward(int64_t iteration, const TensorList
 
 void MicroBatchRunner::run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale,
                                     const at::Tensor& out, const at::Tensor& out_grad) {
+  // A layer's own losses (an MoE router's) get the factor the step's loss gets below, on every
+  // stage (dtk.ext.aux_loss.v1).
+  aux_loss::set_backward_scale(p_.per_token_loss ? scale : scale / static_cast<double>(num_micro), p_.per_token_loss);
   try {
     if (out_grad.defined()) {
       out.backward(out_grad);  // a stage before the last: the gradient the next stage sent

@@ -220,6 +220,8 @@ std::unique_ptr<StepRecorder> Trainer::step_recorder(const TrainerHooks& hooks) 
   s.strategy = plugins_.strategy.name();
   s.loss_hook = static_cast<bool>(hooks.scaled_loss);
   s.per_token_loss = cfg_.train().calculate_per_token_loss();
+  const dtk_model_info info = parts_.model->info();
+  s.num_experts = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 ? info.num_experts : 0;
   if (const std::string refusal = cuda_graphs_refusal(s); !refusal.empty()) {
     if (s.asked && topo_.world_rank == 0) std::printf(" > train.cuda_graphs: off: %s\n", refusal.c_str());
     return nullptr;

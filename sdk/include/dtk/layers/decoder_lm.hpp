@@ -30,6 +30,7 @@
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
 #include <dtk/layers/lm_head.hpp>
+#include <dtk/layers/moe.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
 
@@ -65,6 +66,8 @@ struct DecoderConfig {
   CrossEntropyRows cross_entropy_impl = CrossEntropyRows::kAuto;  // lm_head.hpp
   int64_t domino_chunks = 1;                                      // >= 2: Domino's chunked schedule (domino.hpp)
   FusedKernels kernels;  // the GPU kernels the layers use (fused_kernels.hpp; option unfused_kernels)
+  MoeConfig moe;         // mixture of experts (moe.hpp; its options where the plugin declares them)
+  int64_t expert_ffn() const { return moe.ffn > 0 ? moe.ffn : ffn; }
 };
 
 // The fused output layer's options, declared alike by every decoder LM (put them in the plugin's
@@ -189,13 +192,15 @@ class DecoderLM : public Model {
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
   // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
   // cross_entropy_impl, unfused_kernels,
-  // recompute_activations, recompute_method, recompute_num_layers, domino_chunks. The model reads ffn_hidden_size (and
+  // recompute_activations, recompute_method, recompute_num_layers, domino_chunks, and the MoE options
+  // (moe.hpp's k*Option constants). The model reads ffn_hidden_size (and
   // max_position_embeddings) itself, e.g. with option_or.
   void read_options(const BuildContext& ctx, DecoderConfig& c) const;
   // The option's value; 0 selects `fallback`; negative is refused.
   int64_t option_or(const Options& o, const char* name, int64_t fallback) const;
   // Checks the shared options (and ffn, max_pos); throws "<name>: ..." naming the first wrong one.
   void validate(const BuildContext& ctx, const DecoderConfig& c) const;
+  void validate_moe(const BuildContext& ctx, const DecoderConfig& c) const;  // the MoE options (validate calls it)
   // Builds the embedding, this stage's layers and the output layer. `config` must outlive the
   // model (a member of it); its padded_vocab is set here. Call from the model's constructor.
   void build(const BuildContext& ctx, DecoderConfig& config, DecoderParts parts);

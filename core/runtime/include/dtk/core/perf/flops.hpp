@@ -12,10 +12,13 @@ namespace dtk::core {
 // QK^T and AV over s positions in each of L layers of width h), c = 3 passes (forward, and a
 // backward that costs two) or c = 4 with full recomputation. N counts the WHOLE model: a rank
 // holding a tensor-parallel shard counts it tp_size times (Megatron shards evenly), tied
-// weights once. TFLOP/s per device divides the run's total by its world size.
+// weights once. TFLOP/s per device divides the run's total by its world size. A mixture of
+// experts' weights (dtk_param_info.expert) count in N at the share of them a token runs, topk of
+// num_experts (Megatron's MoE FLOPs count the routed experts only).
 struct ModelStats {
   int64_t num_parameters = 0;    // on this rank (what Megatron's "number of parameters" line says)
-  int64_t model_parameters = 0;  // the whole model, N
+  int64_t model_parameters = 0;  // the whole model
+  int64_t active_parameters = 0;  // N: what one token's products read (model_parameters without MoE)
   int passes = 3;                // c
   double flops_per_token = 0;
 };

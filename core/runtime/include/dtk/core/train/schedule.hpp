@@ -52,6 +52,7 @@ struct CaptureSetup {
   std::string strategy;             // the strategy plugin's name
   bool loss_hook = false;           // a test hook changes the loss (TrainerHooks::scaled_loss)
   bool per_token_loss = false;      // train.calculate_per_token_loss
+  int num_experts = 0;              // the model's mixture-of-experts layers (dtk_model_info.num_experts)
 };
 
 // Why the steps stay uncaptured, as the start-up line says it ("" when they are recorded).

@@ -138,6 +138,10 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (m.topk < 1 || m.topk > m.num_experts)
     fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
          std::to_string(m.topk));
+  if (m.topk == 1 && !m.pre_softmax)
+    fail(
+        "moe_router_topk=1 needs moe_router_pre_softmax=true: the softmax of one chosen logit is always 1, so the "
+        "router would learn nothing from the language-model loss (Megatron-LM refuses it too)");
   if (m.ffn < 0 || m.ffn > (int64_t{1} << 31))
     fail("option 'moe_ffn_hidden_size' must be in [0, 2^31] (0 = ffn_hidden_size), got " + std::to_string(m.ffn));
   divisible("moe_ffn_hidden_size (or ffn_hidden_size)", c.expert_ffn(), "the tensor-parallel size", tp_.size);

@@ -748,7 +748,10 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
       {{"--moe-layer-freq", "([0]+[1]*3)"}, "--moe-layer-freq ([0]+[1]*3): DTK takes an integer"},
       {{"--moe-router-load-balancing-type", "seq_aux_loss"},
        "--moe-router-load-balancing-type seq_aux_loss: DTK's router has Switch Transformer's load-balancing loss only"},
-      {{"--moe-router-load-balancing-type", "none"}, "give --moe-aux-loss-coeff 0"},
+      {{"--moe-router-score-function", "sigmoid"},
+       "--moe-router-score-function sigmoid: DTK's router scores with a softmax only"},
+      {{"--moe-shared-expert-intermediate-size", "512"}, "shared experts are not in DTK's MoE layers yet"},
+      {{"--moe-router-enable-expert-bias"}, "the router's expert bias"},
       {{"--expert-model-parallel-size", "4"}, "--expert-model-parallel-size 4: expert parallelism is not in DTK yet"},
       {{"--moe-expert-capacity-factor", "1.0"}, "--moe-expert-capacity-factor 1.0: DTK's MoE layers are dropless"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},
@@ -757,6 +760,15 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
     const MegatronMapping r = dtk::core::map_megatron_args(args);
     ASSERT_EQ(r.refused.size(), 1u) << args[0];
     EXPECT_NE(r.refused[0].find(line), std::string::npos) << r.refused[0];
+  }
+  // No load balancing: the coefficient is ignored wherever it comes, as Megatron ignores it.
+  for (const auto& args : {std::vector<std::string>{"--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
+                                                    "--moe-router-load-balancing-type", "none"},
+                           std::vector<std::string>{"--num-experts", "4", "--moe-router-load-balancing-type", "none",
+                                                    "--moe-aux-loss-coeff", "0.01"}}) {
+    const MegatronMapping none = dtk::core::map_megatron_args(args);
+    ASSERT_TRUE(none.refused.empty()) << none.refused[0];
+    EXPECT_EQ(config_of(none).model().options().at("moe_aux_loss_coeff"), "0");
   }
 }
 

@@ -19,14 +19,16 @@
 #include <dtk/layers/moe.hpp>
 
 #include "dtk/core/components/services.hpp"
-#include "dtk/core/optim/aux_loss_scale.hpp"
+#include "dtk/core/optim/aux_loss.hpp"
 
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "../common/curves.hpp"
 #include "../common/run_dtk.hpp"
+#include "../common/tensorboard_reader.hpp"
 
 namespace {
 
@@ -61,9 +63,14 @@ MoeMlp make_layer(const MoeConfig& c, int64_t hidden, const Case& k) {
 
 // The layer token by token: each token's top-k experts (softmax of the top-k logits, or top-k of
 // the softmax), each expert's MLP on the token alone, summed with the weights.
+at::Tensor router_logits(const MoeMlp& m, const at::Tensor& rows) {
+  const at::Tensor logits = at::matmul(rows, m.router.t());
+  return m.router_bias.defined() ? logits + m.router_bias : logits;
+}
+
 at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts) {
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const at::Tensor logits = at::matmul(rows, m.router.t());
+  const at::Tensor logits = router_logits(m, rows);
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     at::Tensor probs, chosen;
@@ -94,7 +101,7 @@ at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, b
 // sum_e (sum_t p[t, e]) * (tokens that chose e); coeff * mean_t logsumexp(logits[t])^2.
 at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x) {
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const at::Tensor logits = at::matmul(rows, m.router.t());
+  const at::Tensor logits = router_logits(m, rows);
   const int64_t t = rows.size(0), e = c.num_experts;
   const at::Tensor chosen = std::get<1>(logits.topk(c.topk, -1));
   at::Tensor counts = at::zeros({e});
@@ -108,6 +115,7 @@ at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::T
 
 std::vector<at::Tensor> grads_of(const MoeMlp& m, const at::Tensor& x) {
   std::vector<at::Tensor> out{x.grad(), m.router.grad()};
+  if (m.router_bias.defined()) out.push_back(m.router_bias.grad());
   for (const auto& e : m.experts) {
     for (const auto& in : e.in) {
       out.push_back(in.weight.grad());
@@ -122,6 +130,7 @@ std::vector<at::Tensor> grads_of(const MoeMlp& m, const at::Tensor& x) {
 void zero_grads(const MoeMlp& m, at::Tensor& x) {
   x.mutable_grad() = at::Tensor();
   m.router.mutable_grad() = at::Tensor();
+  if (m.router_bias.defined()) m.router_bias.mutable_grad() = at::Tensor();
   for (const auto& e : m.experts) {
     for (const auto& in : e.in) {
       in.weight.mutable_grad() = at::Tensor();
@@ -195,7 +204,7 @@ TEST(MoeLayer, AuxiliaryLossesAreMegatronsAndReachOnlyTheGradients) {
 
 TEST(MoeLayer, EveryExpertGetsAGradientEvenWhenNoTokenChoseIt) {
   MoeConfig c;
-  c.num_experts = 8, c.topk = 1, c.ffn = 4;
+  c.num_experts = 8, c.topk = 1, c.ffn = 4, c.pre_softmax = true;
   const MoeMlp m = make_layer(c, 8, kCases[0]);
   at::Tensor x = at::randn({1, 2, 8}).requires_grad_(true);  // 2 tokens: at most 2 of 8 experts chosen
   m.forward(x, gelu).sum().backward();
@@ -275,6 +284,71 @@ TEST(Moe, PerTokenLossKeepsTheAuxiliaryLossesWeight) {
   const std::string per_token = "--set train.calculate_per_token_loss=true ";
   const dtk_test::Curve one = curve_of("gpt", 1, per_token, "per-token-one");
   expect_same_curve(one, curve_of("gpt", 2, per_token, "per-token-dp2"), kIters, "per-token loss, DP 2");
+  // Every token counts and the micro-batches are equal: the per-token loss is the default's, the
+  // losses' token factor included (a wrong factor changes the router's gradient).
+  expect_same_curve(curve_of("gpt", 1, "", "default-one"), one, kIters, "per-token loss against the default");
+}
+
+// The guard for the equalities above: the losses do move the curves (beyond their tolerance).
+TEST(Moe, AuxiliaryLossesChangeTheTraining) {
+  const dtk_test::Curve with = curve_of("gpt", 1, "", "with-losses");
+  const dtk_test::Curve without =
+      curve_of("gpt", 1, "--set model.moe_aux_loss_coeff=0 --set model.moe_z_loss_coeff=0 ", "without-losses");
+  const dtk_test::Curve z_only = curve_of("gpt", 1, "--set model.moe_aux_loss_coeff=0 ", "z-only");
+  ASSERT_EQ(with.norm.size(), kIters);
+  ASSERT_EQ(without.norm.size(), kIters);
+  ASSERT_EQ(z_only.norm.size(), kIters);
+  EXPECT_GT(std::abs(with.norm.at(1) - without.norm.at(1)), 1e-3 * without.norm.at(1));
+  EXPECT_GT(std::abs(z_only.norm.at(1) - without.norm.at(1)), 1e-4 * without.norm.at(1));
+}
+
+namespace {
+
+// A run's logged MoE losses per iteration (TensorBoard, full precision).
+std::map<std::string, std::map<int64_t, float>> logged_losses(int nproc, const std::string& args,
+                                                              const std::string& name) {
+  const std::string tb = dtk_test::fresh_dir(DTK_TEST_TMP, "tb-moe-logged-" + name);
+  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+  const dtk_test::Result r =
+      dtk_test::run_dtk(launch + train("gpt") + args + " --set logging.tensorboard_dir=" + tb, 300);
+  EXPECT_EQ(r.code, 0) << name << "\n" << r.out;
+  auto scalars = dtk_test::read_scalars(tb);
+  return {{"load_balancing_loss", scalars["load_balancing_loss"]}, {"z_loss", scalars["z_loss"]}};
+}
+
+}  // namespace
+
+// The log line's load_balancing_loss and z_loss (Megatron's names: the losses without their
+// coefficients, averaged over the MoE layers and micro-batches) are the same figures whichever way
+// the model is split; a balanced router's load-balancing loss is about 1.
+TEST(Moe, LoggedLossesAreTheSameHoweverTheModelIsSplit) {
+  const auto one = logged_losses(1, "", "one");
+  ASSERT_EQ(one.at("load_balancing_loss").size(), kIters);
+  ASSERT_EQ(one.at("z_loss").size(), kIters);
+  EXPECT_GT(one.at("load_balancing_loss").at(1), 0.9);
+  EXPECT_LT(one.at("load_balancing_loss").at(1), 2.0);
+  EXPECT_GT(one.at("z_loss").at(1), 0.0);
+  const std::pair<const char*, const char*> splits[] = {
+      {"dp2", ""},
+      {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
+      {"sp2", "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "},
+      {"pp2", "--set distributed.pipeline_model_parallel_size=2 "}};
+  for (const auto& [name, args] : splits) {
+    const auto got = logged_losses(2, args, name);
+    for (const char* loss : {"load_balancing_loss", "z_loss"}) {
+      ASSERT_EQ(got.at(loss).size(), kIters) << name << " " << loss;
+      for (const auto& [it, v] : one.at(loss))
+        EXPECT_NEAR(got.at(loss).at(it), v, 1e-5 * std::abs(v)) << name << " " << loss << " at iteration " << it;
+    }
+  }
+  // Without the losses' coefficients nothing is logged (and a dense model logs neither).
+  const dtk_test::Result plain =
+      dtk_test::run_dtk(train("gpt") + "--set model.moe_aux_loss_coeff=0 --set model.moe_z_loss_coeff=0", 300);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("load_balancing_loss"), std::string::npos) << plain.out;
+  const dtk_test::Result with = dtk_test::run_dtk(train("gpt"), 300);
+  EXPECT_NE(with.out.find("| load_balancing_loss: "), std::string::npos) << with.out;
+  EXPECT_NE(with.out.find("| z_loss: "), std::string::npos) << with.out;
 }
 
 TEST(Moe, ZeroRecomputeAndLayerFrequencyRunTheSameModel) {
@@ -316,6 +390,8 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=4 --set model.moe_aux_loss_coeff=-1",
        "option 'moe_aux_loss_coeff' must be finite and >= 0"},
       {"--set model.num_experts=4 --set model.moe_layer_freq=0", "option 'moe_layer_freq' must be >= 1, got 0"},
+      {"--set model.num_experts=4 --set model.moe_router_topk=1",
+       "moe_router_topk=1 needs moe_router_pre_softmax=true"},
       {"--set model.num_experts=4 --set model.domino_chunks=2 --set distributed.tensor_model_parallel_size=1",
        "domino_chunks > 1 runs dense MLPs only"},
   };

@@ -84,6 +84,7 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
   if (c.moe.is_moe_layer(index)) {
     MoeConfig m = c.moe;
     m.ffn = c.expert_ffn();
+    m.logged_layers = c.moe.num_moe_layers(c.num_layers);
     moe = std::make_unique<MoeMlp>(m, c.hidden, std::vector<std::string>{"gate", "up"}, "dense_4h_to_h", c.bias,
                                    c.init_std, scaled_std, tp, f);
   } else {

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 9
+#define DTK_ABI_MINOR 10
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -665,15 +665,25 @@ typedef struct dtk_aux_loss_ext {
   /* [thread-safe] The factor on the step's loss in the backward under way: the loss scale (1
    * without fp16) divided by the iteration's micro-batches, or the loss scale alone with
    * train.calculate_per_token_loss (the host divides the gradients by the global batch's tokens
-   * afterwards). 1 outside training. */
+   * afterwards). 1 before the first backward; afterwards the last backward's. */
   double (*backward_scale)(void);
   /* [thread-safe] Non-zero with train.calculate_per_token_loss: a layer multiplies its loss by
    * the tokens it covers before the gradient, as Megatron-LM does, so that after the host's
    * division by the global token count it weighs as in the default mode. */
   int32_t (*per_token_loss)(void);
+  /* ABI 2.10. [thread-safe] Adds `value` [new] (one element, on the compute device, no graph) to
+   * this training iteration's `name` [borrowed, copied] (e.g. "load_balancing_loss"). The host
+   * sums a name's values over the iteration's micro-batches and this rank's layers, divides by
+   * the micro-batches, sums over the tensor- and pipeline-parallel ranks (a rank records its
+   * share: under tensor parallelism without a sequence split, its value / tp) and averages over
+   * the data-parallel ones, and reports it after the step's metrics in the log line, TensorBoard
+   * and logging.metrics_jsonl (Megatron-LM's MoE metrics tracker). A layer records the mean's
+   * share itself (its value / the MoE layers, for a mean over layers). */
+  void (*record)(const char* name, dtk_tensor* value);
 } dtk_aux_loss_ext;
 DTK_DEFINE_STRUCT_SIZE(dtk_aux_loss_ext, 2_9, per_token_loss);
-DTK_DEFINE_STRUCT_TRAITS(dtk_aux_loss_ext, per_token_loss);
+DTK_DEFINE_STRUCT_SIZE(dtk_aux_loss_ext, 2_10, record);
+DTK_DEFINE_STRUCT_TRAITS(dtk_aux_loss_ext, record);
 /* 1.0's config_get was removed in 2.0: nothing read it, and a plugin that reads the host's
  * configuration by path couples itself to the host's config schema. A plugin gets what it
  * needs through its declared options and the build context. */

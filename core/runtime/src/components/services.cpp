@@ -13,7 +13,7 @@
 
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/step_capture.hpp"
-#include "dtk/core/optim/aux_loss_scale.hpp"
+#include "dtk/core/optim/aux_loss.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "log_bridge.hpp"

@@ -109,9 +109,33 @@ const Rule kRules[] = {
      "fp32: the router's product and softmax in fp32; another value refused"},
     {"--moe-aux-loss-coeff", 1, Kind::kSet, "model.moe_aux_loss_coeff", "per MoE layer, as Megatron"},
     {"--moe-z-loss-coeff", 1, Kind::kSet, "model.moe_z_loss_coeff", ""},
-    {"--moe-router-load-balancing-type", 1, Kind::kCustom, "",
-     "aux_loss (Megatron's default): by --moe-aux-loss-coeff; the others (seq_aux_loss, global_aux_loss, sinkhorn, "
-     "none) refused"},
+    {"--moe-router-load-balancing-type", 1, Kind::kCustom, "model.moe_aux_loss_coeff",
+     "aux_loss (Megatron's default): by --moe-aux-loss-coeff; none: no load-balancing loss (the coefficient "
+     "ignored, as Megatron); seq_aux_loss, global_aux_loss and sinkhorn refused"},
+    {"--moe-router-score-function", 1, Kind::kCustom, "",
+     "softmax (Megatron's default) accepted; sigmoid and the others refused"},
+    {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
+     "DTK splits every expert over the tensor-parallel group as the dense MLP; another split is the same "
+     "arithmetic"},
+    {"--moe-layer-recompute", 0, Kind::kIgnore, "",
+     "Megatron's checkpoint of the MoE layer alone: a memory saving DTK's recompute options (whole layers, core "
+     "attention) cover differently; the same arithmetic"},
+    {"--moe-per-layer-logging", 0, Kind::kIgnore, "",
+     "DTK logs the MoE losses averaged over the layers (Megatron's default)"},
+    {"--moe-shared-expert-intermediate-size", 1, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
+    {"--moe-shared-expert-overlap", 0, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
+    {"--moe-shared-expert-gate", 0, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
+    {"--moe-router-enable-expert-bias", 0, Kind::kRefuse, "",
+     "the router's expert bias (auxiliary-loss-free balancing) is not in DTK's router"},
+    {"--moe-router-bias-update-rate", 1, Kind::kRefuse, "",
+     "the router's expert bias (auxiliary-loss-free balancing) is not in DTK's router"},
+    {"--moe-router-num-groups", 1, Kind::kRefuse, "", "group-limited routing is not in DTK's router"},
+    {"--moe-router-group-topk", 1, Kind::kRefuse, "", "group-limited routing is not in DTK's router"},
+    {"--moe-input-jitter-eps", 1, Kind::kRefuse, "", "the router's input jitter is not in DTK's router"},
+    {"--moe-token-drop-policy", 1, Kind::kRefuse, "",
+     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
+    {"--moe-pad-expert-input-to-capacity", 0, Kind::kRefuse, "",
+     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
     {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",
@@ -461,8 +485,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
     m.sets.push_back("model.moe_router_fp32=true");
   } else if (f == "--moe-router-load-balancing-type") {
-    if (v[0] == "none") return refuse("give --moe-aux-loss-coeff 0 (no load-balancing loss) instead");
-    if (v[0] != "aux_loss") return refuse("DTK's router has Switch Transformer's load-balancing loss only (aux_loss)");
+    // none: mapped with the other flags (it overrides --moe-aux-loss-coeff wherever that comes)
+    if (v[0] != "aux_loss" && v[0] != "none")
+      return refuse("DTK's router has Switch Transformer's load-balancing loss only (aux_loss, or none)");
+  } else if (f == "--moe-router-score-function") {
+    if (v[0] != "softmax") return refuse("DTK's router scores with a softmax only");
   } else if (f == "--expert-model-parallel-size") {
     if (v[0] != "1") return refuse("expert parallelism is not in DTK yet: every rank holds every expert (give 1)");
   } else if (f == "--ds-sequence-parallel-size") {
@@ -698,6 +725,7 @@ struct SeenFlags {
   std::string sgd_momentum, sgd_momentum_shown;                 // --sgd-momentum: its value, and as given
   std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
   bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
+  std::string no_load_balancing_shown;                          // --moe-router-load-balancing-type none as given
   bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
   std::string key_value_heads, key_value_heads_shown;           // --num-key-value-heads (Megatron-DeepSpeed)
   bool checkpoint_activations = false;                          // --checkpoint-activations
@@ -777,6 +805,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
+  if (f == "--moe-router-load-balancing-type") s.no_load_balancing_shown = values[0] == "none" ? shown : "";
   if (f == "--recompute-granularity") s.recompute_granularity = values[0];
   if (f == "--recompute-activations") s.recompute_activations = true;
   if (f == "--recompute-method" && (values[0] == "uniform" || values[0] == "block"))
@@ -1309,6 +1338,11 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_recompute(s, m);
   map_rope_scaling(s, m);
+  // No load balancing: Megatron ignores --moe-aux-loss-coeff then, wherever it came.
+  if (!s.no_load_balancing_shown.empty()) {
+    drop_sets(m, "model.moe_aux_loss_coeff");
+    set_by(m, "model.moe_aux_loss_coeff=0", s.no_load_balancing_shown);
+  }
   // Megatron starts from scratch when --load holds no checkpoint yet (its scripts pass --save X
   // --load X from the first run on), unless --exit-on-missing-checkpoint.
   if (s.load_given && !s.exit_on_missing_checkpoint) set_by(m, "checkpoint.load_if_present=true", "--load");

@@ -9,7 +9,7 @@ namespace {
 std::string flops_line(const StartupFacts& f) {
   char line[640];
   char n[160];
-  if (f.stats.active_parameters != f.stats.model_parameters)  // a mixture of experts
+  if (f.stats.active_parameters > 0 && f.stats.active_parameters != f.stats.model_parameters)  // experts
     std::snprintf(n, sizeof n, "%lld parameters a token runs (of the whole model's %lld: its routed experts only)",
                   static_cast<long long>(f.stats.active_parameters), static_cast<long long>(f.stats.model_parameters));
   else

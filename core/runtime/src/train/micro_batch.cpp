@@ -8,7 +8,7 @@
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/memory/memory.hpp"
-#include "dtk/core/optim/aux_loss_scale.hpp"
+#include "dtk/core/optim/aux_loss.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/train/graph_check.hpp"
 #include "dtk/host/error.hpp"

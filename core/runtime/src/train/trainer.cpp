@@ -103,6 +103,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
                                           plugins_.strategy.name());
   sequence_parallel_ = std::make_unique<SequenceParallelGradients>(*parts_.optimizer, topo_);
+  const dtk_model_info info = parts_.model->info();
+  layer_metrics_ =
+      std::make_unique<LayerMetrics>(info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 && info.num_experts > 0);
   on_every_rank(topo_, "estimating the memory of the run", [&] { check_run_memory(cfg_, topo_, plan_, parts_); });
   log_ = make_log();
   configure_trace(cfg_.logging(), topo_);
@@ -243,6 +246,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     auto t = timers_.scope(Phase::kForwardBackward);
     forward_backward_->train(iteration, num_micro, scale, r);
   }
+  layer_metrics_->collect(num_micro, topo_, r.metrics);
   const int64_t activation_bytes = runner_->take_activation_bytes();
   reduce_clip_and_update(iteration, scale * gradient_token_factor(), r);
   check_skipped_in_a_row(r);

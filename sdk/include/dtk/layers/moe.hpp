@@ -20,7 +20,9 @@
 // Auxiliary losses, in training only, reach the router through its backward on every pipeline
 // stage (Megatron's MoEAuxLossAutoScaler; the host's dtk.ext.aux_loss.v1 gives the factor of the
 // step's loss): the load-balancing loss of Switch Transformer (Megatron's "aux_loss",
-// moe_aux_loss_coeff) and ST-MoE's z-loss (moe_z_loss_coeff).
+// moe_aux_loss_coeff) and ST-MoE's z-loss (moe_z_loss_coeff). Their values without the
+// coefficient, averaged over the MoE layers, reach the log line as load_balancing_loss and
+// z_loss (Megatron's names).
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
@@ -42,6 +44,9 @@ struct MoeConfig {
   double topk_scaling_factor = 0.0;  // > 0: the chosen probabilities times this
   double aux_loss_coeff = 0.0;       // load balancing (Megatron's moe_router_load_balancing_type aux_loss)
   double z_loss_coeff = 0.0;
+  // The model's MoE layers: each records its losses' share of their mean over the layers for the
+  // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
+  int64_t logged_layers = 1;
   bool enabled() const { return num_experts > 0; }
   bool is_moe_layer(int64_t index) const { return enabled() && index % layer_freq == 0; }
   int64_t num_moe_layers(int64_t num_layers) const {
@@ -86,8 +91,9 @@ class MoeMlp {
  public:
   MoeMlp() = default;
   // `inputs` names the input projections (gpt: {"dense_h_to_4h"}, llama: {"gate", "up"}) and
-  // `output` the output one; the router weight [experts, hidden] is drawn with init_std, each
-  // expert's input projections with init_std and its output projection with out_std.
+  // `output` the output one; the router weight [experts, hidden] (and with `bias` its bias, as
+  // Megatron's with add_bias_linear) is drawn with init_std, each expert's input projections with
+  // init_std and its output projection with out_std.
   MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inputs, std::string output, bool bias,
          double init_std, double out_std, const TPGroup& tp, ParamFactory& f);
 
@@ -95,7 +101,7 @@ class MoeMlp {
   // MLP branch of the same shape, after the layer's reduction, biases included.
   at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation) const;
 
-  // "router.weight", then per expert e "experts.<e>.<projection>.weight" (and .bias) under
+  // "router.weight" (and "router.bias"), then per expert e "experts.<e>.<projection>.weight" (and .bias) under
   // prefix; the experts' tensors marked dtk_param_info.expert.
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
 
@@ -103,7 +109,8 @@ class MoeMlp {
     std::vector<ColumnParallelLinear> in;
     RowParallelLinear out;
   };
-  at::Tensor router;  // [experts, hidden], replicated
+  at::Tensor router;       // [experts, hidden], replicated
+  at::Tensor router_bias;  // [experts] with biases, else undefined
   std::vector<Expert> experts;
 
  private:
@@ -113,7 +120,8 @@ class MoeMlp {
   };
   Routing route(const at::Tensor& x) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
-  at::Tensor output_bias(const Routing& r) const;
+  at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
+  at::Tensor expert_counts(const at::Tensor& chosen) const;
 
   MoeConfig c_;
   std::vector<std::string> inputs_;
@@ -136,6 +144,11 @@ at::Tensor router_z_loss(const at::Tensor& logits, double coeff);
 // objective without being added to the step's (Megatron's MoEAuxLossAutoScaler). `tokens`: the
 // micro-batch's tokens the loss covers (all TP ranks').
 at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t tokens);
+
+// Adds `value` (one element) to this training iteration's `name` in the log (dtk.ext.aux_loss.v1's
+// record, ABI 2.10: the host sums the ranks' shares and averages over micro-batches and
+// data-parallel ranks). Nothing without the extension.
+void record_aux_metric(const char* name, const at::Tensor& value);
 
 // The host's factor for an auxiliary loss's gradient (dtk.ext.aux_loss.v1): backward_scale(),
 // times `tokens` under a per-token loss. 1 without the extension (an older host, a unit test).

@@ -24,9 +24,10 @@
 #include "dtk/core/optim/grad_scaler.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
 #include "dtk/core/perf/bench_report.hpp"
-#include "dtk/core/timeline/op_profile.hpp"
 #include "dtk/core/perf/peak_throughput.hpp"
+#include "dtk/core/timeline/op_profile.hpp"
 #include "dtk/core/train/exit_conditions.hpp"
+#include "dtk/core/train/layer_metrics.hpp"
 #include "dtk/core/train/micro_batch.hpp"
 #include "dtk/core/train/run_setup.hpp"
 #include "dtk/core/train/schedule.hpp"
@@ -88,6 +89,7 @@ class Trainer {
   TrainingParts parts_;  // model chunks, strategy, optimizer, steps
   std::unique_ptr<TiedGradients> tied_;
   std::unique_ptr<SequenceParallelGradients> sequence_parallel_;
+  std::unique_ptr<LayerMetrics> layer_metrics_;  // what the layers record (an MoE router's losses)
   std::unique_ptr<DatasetInstance> data_;
   std::unique_ptr<BatchLoader> train_loader_;
   std::unique_ptr<MicroBatchRunner> runner_;

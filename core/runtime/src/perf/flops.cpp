@@ -10,7 +10,7 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
                        int pp_rank, int pp_size) {
   ModelStats s;
   int64_t experts = 0;  // the whole model's expert weights
-  const bool moe = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 && info.num_experts > 0;
+  const bool moe = num_experts(info) > 0;
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
     if (p.info.shared && pp_rank != 0) continue;  // the last stage's copy of a tied weight

@@ -103,9 +103,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   tied_ = std::make_unique<TiedGradients>(*parts_.model, *parts_.optimizer, topo_, plugins_.model.name(),
                                           plugins_.strategy.name());
   sequence_parallel_ = std::make_unique<SequenceParallelGradients>(*parts_.optimizer, topo_);
-  const dtk_model_info info = parts_.model->info();
-  layer_metrics_ =
-      std::make_unique<LayerMetrics>(info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 && info.num_experts > 0);
+  num_experts_ = num_experts(parts_.model->info());
+  layer_metrics_ = std::make_unique<LayerMetrics>(num_experts_ > 0);
   on_every_rank(topo_, "estimating the memory of the run", [&] { check_run_memory(cfg_, topo_, plan_, parts_); });
   log_ = make_log();
   configure_trace(cfg_.logging(), topo_);
@@ -223,8 +222,7 @@ std::unique_ptr<StepRecorder> Trainer::step_recorder(const TrainerHooks& hooks) 
   s.strategy = plugins_.strategy.name();
   s.loss_hook = static_cast<bool>(hooks.scaled_loss);
   s.per_token_loss = cfg_.train().calculate_per_token_loss();
-  const dtk_model_info info = parts_.model->info();
-  s.num_experts = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 ? info.num_experts : 0;
+  s.num_experts = num_experts_;
   if (const std::string refusal = cuda_graphs_refusal(s); !refusal.empty()) {
     if (s.asked && topo_.world_rank == 0) std::printf(" > train.cuda_graphs: off: %s\n", refusal.c_str());
     return nullptr;

@@ -22,6 +22,12 @@ struct ModelStats {
   int passes = 3;                // c
   double flops_per_token = 0;
 };
+// The experts of each of the model's MoE layers (dtk_model_info.num_experts); 0 for a dense model
+// and for a model built before ABI 2.9.
+inline int32_t num_experts(const dtk_model_info& info) {
+  return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 ? info.num_experts : 0;
+}
+
 // s is the run's train.seq_length (what each sample holds), not the model's declared context
 // (info.seq_length, which a model may set longer for export). With pipeline stages (pp_size > 1)
 // N sums every stage's parameters (a collective over the pipeline group: every stage calls it),

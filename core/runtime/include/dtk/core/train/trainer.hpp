@@ -104,6 +104,7 @@ class Trainer {
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
   bool stopped_early_ = false;
   int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit
+  int32_t num_experts_ = 0;       // of each MoE layer of the model (0: dense), read once at start
   std::vector<double> group_lr_;  // group_rates()'s, lent to the optimizer for one step
 };
 

@@ -106,12 +106,50 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("num_experts", c.moe.num_experts);
   int_opt("moe_router_topk", c.moe.topk);
   int_opt("moe_ffn_hidden_size", c.moe.ffn);
-  int_opt("moe_layer_freq", c.moe.layer_freq);
+  if (o.has("moe_layer_freq")) {
+    try {
+      parse_moe_layer_freq(o.get_string("moe_layer_freq"), c.moe);
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("option 'moe_layer_freq': ") + e.what());
+    }
+  }
+  if (o.has("moe_router_score_function"))
+    c.moe.score = o.get_string("moe_router_score_function") == "sigmoid" ? MoeScore::kSigmoid : MoeScore::kSoftmax;
   bool_opt("moe_router_pre_softmax", c.moe.pre_softmax);
+  int_opt("moe_router_num_groups", c.moe.num_groups);
+  int_opt("moe_router_group_topk", c.moe.group_topk);
   bool_opt("moe_router_fp32", c.moe.router_fp32);
   float_opt("moe_router_topk_scaling_factor", c.moe.topk_scaling_factor);
+  if (o.has("moe_router_load_balancing_type")) {
+    const std::string type = o.get_string("moe_router_load_balancing_type");
+    c.moe.balance = type == "seq_aux_loss" ? MoeBalance::kSeqAuxLoss
+                    : type == "none"       ? MoeBalance::kNone
+                                           : MoeBalance::kAuxLoss;
+  }
   float_opt("moe_aux_loss_coeff", c.moe.aux_loss_coeff);
   float_opt("moe_z_loss_coeff", c.moe.z_loss_coeff);
+  bool_opt("moe_router_enable_expert_bias", c.moe.expert_bias);
+  float_opt("moe_router_bias_update_rate", c.moe.bias_update_rate);
+  int_opt("moe_shared_expert_intermediate_size", c.moe.shared_ffn);
+  bool_opt("moe_shared_expert_gate", c.moe.shared_gate);
+}
+
+// Group-limited routing (Megatron-LM's checks, and the two that make its top-k meaningful).
+void DecoderLM::validate_moe_groups(const MoeConfig& m) const {
+  if (m.num_groups == 0 && m.group_topk == 0) return;
+  if (m.num_groups < 1 || m.group_topk < 1)
+    fail("group-limited routing needs both moe_router_num_groups and moe_router_group_topk >= 1, got " +
+         std::to_string(m.num_groups) + " and " + std::to_string(m.group_topk));
+  divisible("num_experts", m.num_experts, "moe_router_num_groups", m.num_groups);
+  if (m.group_topk > m.num_groups)
+    fail("option 'moe_router_group_topk' (" + std::to_string(m.group_topk) + ") must be <= moe_router_num_groups (" +
+         std::to_string(m.num_groups) + ")");
+  if (m.group_topk > m.topk)
+    fail("option 'moe_router_group_topk' (" + std::to_string(m.group_topk) + ") must be <= moe_router_topk (" +
+         std::to_string(m.topk) + "): a group is scored by its best moe_router_topk / moe_router_group_topk experts");
+  if (m.topk / m.group_topk > m.num_experts / m.num_groups || m.topk > m.group_topk * (m.num_experts / m.num_groups))
+    fail("moe_router_topk " + std::to_string(m.topk) + " is more experts than moe_router_group_topk " +
+         std::to_string(m.group_topk) + " groups of " + std::to_string(m.num_experts / m.num_groups) + " hold");
 }
 
 // The MoE options: in range, and none set without experts (it would do nothing).
@@ -124,12 +162,20 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     const std::pair<const char*, bool> changed[] = {
         {"moe_router_topk", m.topk != unset.topk},
         {"moe_ffn_hidden_size", m.ffn != unset.ffn},
-        {"moe_layer_freq", m.layer_freq != unset.layer_freq},
+        {"moe_layer_freq", m.layer_freq != unset.layer_freq || !m.layer_pattern.empty()},
+        {"moe_router_score_function", m.score != unset.score},
         {"moe_router_pre_softmax", m.pre_softmax != unset.pre_softmax},
+        {"moe_router_num_groups", m.num_groups != unset.num_groups},
+        {"moe_router_group_topk", m.group_topk != unset.group_topk},
         {"moe_router_fp32", m.router_fp32 != unset.router_fp32},
         {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
+        {"moe_router_load_balancing_type", m.balance != unset.balance},
         {"moe_aux_loss_coeff", m.aux_loss_coeff != unset.aux_loss_coeff},
-        {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff}};
+        {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff},
+        {"moe_router_enable_expert_bias", m.expert_bias != unset.expert_bias},
+        {"moe_router_bias_update_rate", m.bias_update_rate != unset.bias_update_rate},
+        {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
+        {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -138,7 +184,7 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (m.topk < 1 || m.topk > m.num_experts)
     fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
          std::to_string(m.topk));
-  if (m.topk == 1 && !m.pre_softmax)
+  if (m.topk == 1 && m.score == MoeScore::kSoftmax && !m.pre_softmax)
     fail(
         "moe_router_topk=1 needs moe_router_pre_softmax=true: the softmax of one chosen logit is always 1, so the "
         "router would learn nothing from the language-model loss (Megatron-LM refuses it too)");
@@ -146,10 +192,34 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     fail("option 'moe_ffn_hidden_size' must be in [0, 2^31] (0 = ffn_hidden_size), got " + std::to_string(m.ffn));
   divisible("moe_ffn_hidden_size (or ffn_hidden_size)", c.expert_ffn(), "the tensor-parallel size", tp_.size);
   if (m.layer_freq < 1) fail("option 'moe_layer_freq' must be >= 1, got " + std::to_string(m.layer_freq));
+  if (!m.layer_pattern.empty() && static_cast<int64_t>(m.layer_pattern.size()) != c.num_layers)
+    fail("option 'moe_layer_freq' lists " + std::to_string(m.layer_pattern.size()) + " layers, the model has " +
+         std::to_string(c.num_layers) + " (num_layers): give one 0 or 1 per layer");
+  if (!m.layer_pattern.empty() && m.num_moe_layers(c.num_layers) == 0)
+    fail("option 'moe_layer_freq' makes no layer an MoE layer: every entry is 0 (use num_experts=0 for dense MLPs)");
+  if (m.score == MoeScore::kSigmoid && m.pre_softmax)
+    fail("moe_router_pre_softmax acts on softmax scores only, not with moe_router_score_function=sigmoid");
+  validate_moe_groups(m);
+  if (m.expert_bias && m.score != MoeScore::kSigmoid)
+    fail(
+        "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid (Megatron-LM's auxiliary-loss-free "
+        "balancing is for sigmoid scores)");
+  if (!m.expert_bias && m.bias_update_rate != MoeConfig().bias_update_rate)
+    fail("option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true");
+  if (m.shared_ffn < 0 || m.shared_ffn > (int64_t{1} << 31))
+    fail("option 'moe_shared_expert_intermediate_size' must be in [0, 2^31] (0 = no shared expert), got " +
+         std::to_string(m.shared_ffn));
+  if (m.shared_gate && m.shared_ffn == 0)
+    fail("option 'moe_shared_expert_gate' gates the shared expert: it needs moe_shared_expert_intermediate_size > 0");
+  if (m.shared_ffn > 0)
+    divisible("moe_shared_expert_intermediate_size", m.shared_ffn, "the tensor-parallel size", tp_.size);
+  if (m.balance == MoeBalance::kNone && m.aux_loss_coeff > 0.0)
+    fail("moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
   for (const auto& [option, v] :
        {std::pair<const char*, double>{"moe_router_topk_scaling_factor", m.topk_scaling_factor},
         {"moe_aux_loss_coeff", m.aux_loss_coeff},
-        {"moe_z_loss_coeff", m.z_loss_coeff}})
+        {"moe_z_loss_coeff", m.z_loss_coeff},
+        {"moe_router_bias_update_rate", m.bias_update_rate}})
     if (!(v >= 0.0) || !std::isfinite(v))
       fail(std::string("option '") + option + "' must be finite and >= 0, got " + std::to_string(v));
   if (c.domino_chunks > 1)
@@ -558,6 +628,21 @@ TensorList DecoderLM::forward_cached(const TensorList& inputs) {
   TensorList out{{"logits", at::linear(final_norm(h.narrow(1, n - 1, 1)), output_weight())}};
   for (size_t i = 0; i < caches.size(); ++i) out.emplace_back("kv_cache." + std::to_string(i), caches[i]);
   return out;
+}
+
+std::vector<Param> DecoderLM::buffers() {
+  std::vector<Param> out;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (const MoeMlp* moe = layers_[i]->moe_mlp())
+      moe->add_buffers(out, "language_model.encoder.layers." + std::to_string(i) + ".mlp.");
+  return out;
+}
+
+void DecoderLM::end_iteration() {
+  std::vector<MoeMlp*> moe;
+  for (const auto& layer : layers_)
+    if (MoeMlp* m = layer->moe_mlp()) moe.push_back(m);
+  update_expert_biases(moe);
 }
 
 std::vector<Param> DecoderLM::parameters() {

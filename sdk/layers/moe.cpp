@@ -1,6 +1,8 @@
 // moe.cpp — see dtk/layers/moe.hpp. Megatron-LM: megatron/core/transformer/moe/{router.py,
-// moe_utils.py (topk_routing_with_score_function, switch_load_balancing_loss_func, z_loss_func,
-// MoEAuxLossAutoScaler, permute/unpermute), experts.py, token_dispatcher.py}.
+// moe_utils.py (topk_routing_with_score_function, group_limited_topk,
+// compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func, z_loss_func,
+// MoEAuxLossAutoScaler, permute/unpermute), experts.py, shared_experts.py, token_dispatcher.py},
+// and arguments.py's --moe-layer-freq.
 #include <dtk/layers/moe.hpp>
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -8,6 +10,9 @@
 #include <dtk/layers/decoder_lm.hpp>  // add_param
 #include <dtk/module_hooks.hpp>
 
+#include <cctype>
+#include <limits>
+#include <stdexcept>
 #include <utility>
 
 namespace dtk::layers {
@@ -41,6 +46,21 @@ struct AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
   }
 };
 
+// One expert on its rows inside the TP region: this rank's partial sum of its second product
+// (the second bias, a row-parallel one, is added after the reduction).
+at::Tensor expert_partial(const MoeMlp::Expert& e, const at::Tensor& rows, const ExpertActivation& activation) {
+  std::vector<at::Tensor> projected;
+  for (const ColumnParallelLinear& in : e.in) projected.push_back(dtk::linear(rows, in.weight, in.bias));
+  return dtk::linear(activation(projected), e.out.weight);
+}
+
+// The sum over a group; a process without the host's communicator (a unit test) is alone.
+void sum_over_group(const at::Tensor& t, int32_t group) {
+  const dtk_host_services* h = host_services();
+  if (!h || !h->comm) return;
+  if (Comm::size(group) > 1) Comm::all_reduce(t, group, DTK_REDUCE_SUM);
+}
+
 }  // namespace
 
 void record_aux_metric(const char* name, const at::Tensor& value) {
@@ -67,6 +87,67 @@ at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor
          (e * coeff / (static_cast<double>(topk) * t * t));
 }
 
+at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tensor& tokens_per_expert,
+                                        int64_t seq_tokens, int64_t topk, double coeff) {
+  const double e = static_cast<double>(scores.size(-1)), s = static_cast<double>(seq_tokens);
+  const double sequences = static_cast<double>(scores.size(0));
+  return (scores.sum(1) * tokens_per_expert.to(scores.scalar_type())).sum() *
+         (e * coeff / (static_cast<double>(topk) * s * s * sequences));
+}
+
+namespace {
+
+// One term of a --moe-layer-freq list: "[a,b,...]" optionally "*n".
+void append_pattern_term(const std::string& term, std::vector<bool>& out) {
+  const size_t close = term.find(']');
+  if (term.empty() || term[0] != '[' || close == std::string::npos)
+    throw std::invalid_argument("'" + term + "' is not a list such as [0]*3 or [1,0]");
+  std::vector<bool> items;
+  size_t at = 1;
+  while (at < close) {
+    const size_t comma = std::min(term.find(',', at), close);
+    const std::string item = term.substr(at, comma - at);
+    if (item != "0" && item != "1") throw std::invalid_argument("'" + item + "' in '" + term + "' is not 0 or 1");
+    items.push_back(item == "1");
+    at = comma + 1;
+  }
+  if (items.empty()) throw std::invalid_argument("'" + term + "' is an empty list");
+  int64_t repeat = 1;
+  const std::string rest = term.substr(close + 1);
+  if (!rest.empty()) {
+    if (rest[0] != '*' || rest.size() < 2 || rest.size() > 7 ||
+        rest.find_first_not_of("0123456789", 1) != std::string::npos)
+      throw std::invalid_argument("'" + rest + "' after '" + term.substr(0, close + 1) + "' is not *<count>");
+    repeat = std::stoll(rest.substr(1));
+  }
+  for (int64_t i = 0; i < repeat; ++i) out.insert(out.end(), items.begin(), items.end());
+  if (out.size() > (size_t{1} << 20)) throw std::invalid_argument("the list has more than 2^20 layers");
+}
+
+}  // namespace
+
+void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
+  std::string t;
+  for (const char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch)) && ch != '"' && ch != '\'') t += ch;
+  while (t.size() >= 2 && t.front() == '(' && t.back() == ')') t = t.substr(1, t.size() - 2);
+  if (t.empty()) throw std::invalid_argument("empty: give N (every N-th layer) or a list such as [0]*3+[1]*11");
+  if (t.find_first_not_of("0123456789") == std::string::npos) {
+    if (t.size() > 9) throw std::invalid_argument("'" + text + "' is too large a layer frequency");
+    c.layer_freq = std::stoll(t);
+    c.layer_pattern.clear();
+    return;
+  }
+  std::vector<bool> pattern;
+  size_t at = 0;
+  while (at <= t.size()) {
+    const size_t plus = std::min(t.find('+', at), t.size());
+    append_pattern_term(t.substr(at, plus - at), pattern);
+    at = plus + 1;
+  }
+  c.layer_pattern = std::move(pattern);
+}
+
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff) {
   return at::logsumexp(logits.to(at::kFloat), -1).square().mean() * coeff;
 }
@@ -82,56 +163,133 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
     for (size_t i = 0; i < inputs_.size(); ++i) e.in.emplace_back(hidden, c.ffn, bias, init_std, tp, f);
     e.out = RowParallelLinear(c.ffn, hidden, bias, out_std, tp, f);
   }
+  if (c.expert_bias) {
+    const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(f.device);
+    expert_bias = at::zeros({c.num_experts}, fp32);
+    expert_load = at::zeros({c.num_experts}, fp32);
+  }
+  if (c.shared_ffn > 0) {
+    for (size_t i = 0; i < inputs_.size(); ++i) shared.in.emplace_back(hidden, c.shared_ffn, bias, init_std, tp, f);
+    shared.out = RowParallelLinear(c.shared_ffn, hidden, bias, out_std, tp, f);
+    if (c.shared_gate) shared_gate = f.param(f.normal({1, hidden}, init_std));
+  }
 }
 
-// The router on this rank's tokens x [tokens, h]: the chosen experts and their weights, the
-// auxiliary losses attached (training, with gradients) as Megatron's TopKRouter.routing does.
-MoeMlp::Routing MoeMlp::route(const at::Tensor& x) const {
+// The router on this rank's tokens x [tokens, h] (`batch` sequences of tokens / batch
+// positions): the chosen experts and their weights, the auxiliary losses attached (training, with
+// gradients) as Megatron's TopKRouter.routing does.
+MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch) const {
   const bool aux = at::GradMode::is_enabled() && x.requires_grad();
   // Under sequence parallelism each TP rank routes its own rows: the losses' sums over the group
   // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed.
   const bool split = tp_.splits_sequence();
-  const int64_t tokens = x.size(0), total = tokens * (split ? tp_.size : 1);
-  // What this rank logs of a loss: its share of the mean over the MoE layers, and of the TP group's
-  // sum (a partial sum under sequence parallelism, the whole loss on every rank otherwise).
-  const double share = 1.0 / (static_cast<double>(c_.logged_layers) * (split ? 1 : tp_.size));
+  const int64_t total = x.size(0) * (split ? tp_.size : 1);
   // [tokens, experts], in x's dtype (Megatron's default router dtype) or fp32
   at::Tensor logits = c_.router_fp32 ? at::linear(x.to(at::kFloat), router.to(at::kFloat),
                                                   router_bias.defined() ? router_bias.to(at::kFloat) : router_bias)
                                      : dtk::linear(x, router, router_bias);
   if (aux && c_.z_loss_coeff > 0.0) {
     const at::Tensor z = router_z_loss(logits, c_.z_loss_coeff / (split ? tp_.size : 1));
+    // What this rank logs of a loss: its share of the mean over the MoE layers, and of the TP
+    // group's sum (a partial sum under sequence parallelism, the whole loss on every rank otherwise).
+    const double share = 1.0 / (static_cast<double>(c_.logged_layers) * (split ? 1 : tp_.size));
     record_aux_metric("z_loss", z * (share / c_.z_loss_coeff));
     logits = attach_aux_loss(logits, z, total);
   }
+  Routing r = choose(logits);
+  if (aux && c_.aux_loss_coeff > 0.0 && c_.balance != MoeBalance::kNone)
+    r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
+  // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
+  // pass of a recomputed layer, which runs without gradients), as Megatron's _apply_expert_bias.
+  if (aux && expert_load.defined()) {
+    at::NoGradGuard no_grad;
+    expert_load.add_(expert_counts(r.experts, c_.num_experts).to(at::kFloat));
+  }
+  return r;
+}
+
+// The scores, the top-k and the chosen experts' weights (topk_routing_with_score_function).
+MoeMlp::Routing MoeMlp::choose(const at::Tensor& logits) const {
   Routing r;
-  if (c_.pre_softmax) {
-    std::tie(r.probs, r.experts) = at::softmax(logits, -1, at::kFloat).topk(c_.topk, -1);
+  if (c_.score == MoeScore::kSigmoid) {
+    const at::Tensor scores = at::sigmoid(logits.to(at::kFloat));
+    at::Tensor top;
+    if (expert_bias.defined()) {
+      // The bias steers the choice only; the weights are the unbiased scores of the chosen.
+      r.experts = std::get<1>(top_k(scores + expert_bias.to(at::kFloat)));
+      top = scores.gather(1, r.experts);
+    } else {
+      std::tie(top, r.experts) = top_k(scores);
+    }
+    r.probs = c_.topk > 1 ? top / (top.sum(-1, true) + 1e-20) : top;
+  } else if (c_.pre_softmax) {
+    std::tie(r.probs, r.experts) = top_k(at::softmax(logits, -1, at::kFloat));
   } else {
     at::Tensor top;
-    std::tie(top, r.experts) = logits.topk(c_.topk, -1);
+    std::tie(top, r.experts) = top_k(logits);
     r.probs = at::softmax(top, -1, at::kFloat);
   }
   if (c_.topk_scaling_factor > 0.0) r.probs = r.probs * c_.topk_scaling_factor;
   // The experts' outputs are weighted in the router's dtype (fp32 with moe_router_fp32), as
   // Megatron's probs.type_as(logits).
   r.probs = r.probs.to(logits.scalar_type());
-  if (aux && c_.aux_loss_coeff > 0.0) {
-    const at::Tensor scores = at::softmax(logits, -1, at::kFloat);
-    at::Tensor per_expert = expert_counts(r.experts).to(at::kFloat);
-    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-    const at::Tensor balance = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
-    record_aux_metric("load_balancing_loss", balance * (share / c_.aux_loss_coeff));
-    r.probs = attach_aux_loss(r.probs, balance, total);
-  }
   return r;
 }
 
-// How many of the [tokens, k] choices went to each expert, [experts] int64 on their device (a
-// scatter, where bincount would read the range back to the host).
-at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen) const {
+// The k best of scores [tokens, experts], from each token's group_topk best groups when routing is
+// group-limited (a group scored by the sum of its topk / group_topk best).
+std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const {
+  if (c_.group_topk <= 0) return scores.topk(c_.topk, -1);
+  const int64_t tokens = scores.size(0);
+  const at::Tensor grouped = scores.view({tokens, c_.num_groups, -1});
+  const at::Tensor group_scores = std::get<0>(grouped.topk(c_.topk / c_.group_topk, -1)).sum(-1);
+  const at::Tensor best = std::get<1>(group_scores.topk(c_.group_topk, -1));
+  const at::Tensor kept = at::zeros({tokens, c_.num_groups}, scores.options().dtype(at::kBool))
+                              .scatter(1, best, true)
+                              .unsqueeze(-1)
+                              .expand(grouped.sizes())
+                              .reshape({tokens, -1});
+  return scores.masked_fill(kept.logical_not(), -std::numeric_limits<double>::infinity()).topk(c_.topk, -1);
+}
+
+// The load-balancing loss of this rank's rows (compute_routing_scores_for_aux_loss, then the
+// micro-batch's or each sequence's Switch loss): the normalised scores over all experts, and the
+// tokens per expert of a plain top-k over them (no group limit), summed over the TP group under
+// sequence parallelism. Records its value for the log.
+at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
+  const bool split = tp_.splits_sequence();
+  at::Tensor scores =
+      c_.score == MoeScore::kSigmoid ? at::sigmoid(logits.to(at::kFloat)) : at::softmax(logits, -1, at::kFloat);
+  if (c_.score == MoeScore::kSigmoid) scores = scores / (scores.sum(-1, true) + 1e-20);
+  const at::Tensor chosen = std::get<1>(scores.topk(c_.topk, -1));
+  const bool per_sequence = c_.balance == MoeBalance::kSeqAuxLoss;
+  at::Tensor per_expert;
+  at::Tensor loss;
+  if (per_sequence) {
+    // Each (sequence, expert) its own bin: row t belongs to sequence t / positions.
+    const int64_t positions = logits.size(0) / batch;
+    const at::Tensor sequence = at::arange(batch, chosen.options()).repeat_interleave(positions).unsqueeze(1);
+    per_expert = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
+    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    loss = sequence_load_balancing_loss(scores.view({batch, positions, c_.num_experts}),
+                                        per_expert.view({batch, c_.num_experts}), total / batch, c_.topk,
+                                        c_.aux_loss_coeff);
+  } else {
+    per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
+    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    loss = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
+  }
+  const double share = 1.0 / (static_cast<double>(c_.logged_layers) * (split ? 1 : tp_.size));
+  record_aux_metric(per_sequence ? "seq_load_balancing_loss" : "load_balancing_loss",
+                    loss * (share / c_.aux_loss_coeff));
+  return loss;
+}
+
+// How many of the [tokens, k] choices fell in each of `bins` (the experts), [bins] int64 on their
+// device (a scatter, where bincount would read the range back to the host).
+at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const {
   const at::Tensor flat = chosen.reshape(-1);
-  return at::zeros({c_.num_experts}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+  return at::zeros({bins}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
 }
 
 // Every expert on the rows routed to it, inside the TP region: x [T, h] (all the group's rows),
@@ -143,7 +301,7 @@ at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen) const {
 at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
   const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk;
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
-  const at::Tensor counts = expert_counts(r.experts).cpu();
+  const at::Tensor counts = expert_counts(r.experts, c_.num_experts).cpu();
   const at::Tensor sorted = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h}).index_select(0, order);
   const int64_t* count = counts.data_ptr<int64_t>();
   std::vector<at::Tensor> outputs;
@@ -154,9 +312,7 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
   for (size_t e = 0; e < experts.size(); ++e) {
     const at::Tensor run = sorted.narrow(0, offset, count[e]);
     offset += count[e];
-    std::vector<at::Tensor> projected;
-    for (const ColumnParallelLinear& in : experts[e].in) projected.push_back(dtk::linear(run, in.weight, in.bias));
-    outputs.push_back(dtk::linear(activation(projected), experts[e].out.weight));
+    outputs.push_back(expert_partial(experts[e], run, activation));
   }
   const at::Tensor unsorted = at::cat(outputs).index_select(0, at::argsort(order));
   const at::Tensor weighted = unsorted.to(r.probs.scalar_type()).view({tokens, k, h}) * r.probs.unsqueeze(-1);
@@ -177,7 +333,7 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
 
 at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
-  const Routing local = route(x.reshape({b * s, h}));
+  const Routing local = route(x.reshape({b * s, h}), b);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;
@@ -193,10 +349,51 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
   const int64_t whole = rows.size(1);
   region.probs = region.probs.reshape({b * whole, c_.topk});
   region.experts = region.experts.reshape({b * whole, c_.topk});
-  const at::Tensor partial = run_experts(rows.reshape({b * whole, h}), region, activation);
-  at::Tensor out = exit_tp_region(partial.view({b, whole, h}), tp_);
+  at::Tensor partial = run_experts(rows.reshape({b * whole, h}), region, activation).view({b, whole, h});
+  // The shared expert on every row: ungated its partial sum joins the routed experts' reduction;
+  // gated it leaves the region by itself, to be weighted per row.
+  at::Tensor shared_out;
+  if (has_shared_expert()) {
+    const at::Tensor shared_partial = expert_partial(shared, rows, activation);
+    if (shared_gate.defined())
+      shared_out = exit_tp_region(shared_partial, tp_);
+    else
+      partial = partial + shared_partial;
+  }
+  at::Tensor out = exit_tp_region(partial, tp_);
   const at::Tensor bias = output_bias(local, out.scalar_type());
-  return bias.defined() ? out + bias.view({b, s, h}) : out;
+  if (bias.defined()) out = out + bias.view({b, s, h});
+  if (!has_shared_expert()) return out;
+  if (!shared_gate.defined()) return shared.out.bias.defined() ? out + shared.out.bias : out;
+  if (shared.out.bias.defined()) shared_out = shared_out + shared.out.bias;
+  return out + shared_out * at::sigmoid(dtk::linear(x, shared_gate, at::Tensor()));
+}
+
+void MoeMlp::add_buffers(std::vector<Param>& out, const std::string& prefix) const {
+  if (expert_bias.defined()) add_param(out, prefix + "router.expert_bias", expert_bias, -1, true);
+}
+
+void update_expert_biases(const std::vector<MoeMlp*>& layers) {
+  std::vector<MoeMlp*> biased;
+  std::vector<at::Tensor> loads;
+  for (MoeMlp* layer : layers)
+    if (layer && layer->expert_bias.defined()) biased.push_back(layer), loads.push_back(layer->expert_load);
+  if (biased.empty()) return;
+  at::NoGradGuard no_grad;
+  // [layers, experts]: every layer's loads in one all-reduce per group (data x tensor parallel:
+  // without sequence parallelism every TP rank counted every token, a factor the sign ignores).
+  const at::Tensor stacked = at::stack(loads);
+  for (const int32_t group : {DTK_GROUP_DATA_PARALLEL, DTK_GROUP_TENSOR_PARALLEL}) sum_over_group(stacked, group);
+  const int64_t experts = stacked.size(1);
+  const at::Tensor offset = stacked.sum(-1, true) / static_cast<double>(experts) - stacked;
+  for (size_t i = 0; i < biased.size(); ++i) {
+    MoeMlp& layer = *biased[i];
+    // Kept in fp32 whatever moved the model (Megatron's _maintain_float32_expert_bias).
+    if (layer.expert_bias.scalar_type() != at::kFloat) layer.expert_bias.set_data(layer.expert_bias.to(at::kFloat));
+    layer.expert_bias.add_(offset[static_cast<int64_t>(i)].sign().to(layer.expert_bias.device()) *
+                           layer.config().bias_update_rate);
+    layer.expert_load.zero_();
+  }
 }
 
 void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) const {
@@ -213,6 +410,15 @@ void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) cons
     if (experts[e].out.bias.defined()) add_param(out, name + output_ + ".bias", experts[e].out.bias, -1, true);
     for (size_t k = first; k < out.size(); ++k) out[k].info.expert = 1;
   }
+  if (!has_shared_expert()) return;
+  const std::string name = prefix + "shared_experts.";
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    add_param(out, name + inputs_[i] + ".weight", shared.in[i].weight, 0, false);
+    if (shared.in[i].bias.defined()) add_param(out, name + inputs_[i] + ".bias", shared.in[i].bias, 0, true);
+  }
+  add_param(out, name + output_ + ".weight", shared.out.weight, 1, false);
+  if (shared.out.bias.defined()) add_param(out, name + output_ + ".bias", shared.out.bias, -1, true);
+  if (shared_gate.defined()) add_param(out, name + "gate_weight", shared_gate, -1, false);
 }
 
 }  // namespace dtk::layers

@@ -37,7 +37,7 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_4, offsetof(dtk_build_context, deferred_parameters) + sizeof(int32_t));
   EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_4, offsetof(dtk_model_info, deferred_parameters) + sizeof(int32_t));
   EXPECT_LT(static_cast<size_t>(dtk_model_info_STRUCT_SIZE_2_4), sizeof(dtk_model_info));
-  EXPECT_EQ(DTK_STRUCT_SIZE(dtk_model_api, init_parameters), sizeof(dtk_model_api));
+  EXPECT_EQ(DTK_STRUCT_SIZE(dtk_model_api, end_iteration), sizeof(dtk_model_api));
   EXPECT_EQ(dtk_metric_sink_STRUCT_SIZE, dtk_metric_sink_STRUCT_SIZE_2_5);  // current == 2.5 since 2.5
   EXPECT_EQ(dtk_metric_sink_STRUCT_SIZE_2_0, offsetof(dtk_metric_sink, put_tensor));
   EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE, dtk_capture_ext_STRUCT_SIZE_2_6);  // current == 2.6 since 2.6

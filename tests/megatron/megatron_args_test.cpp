@@ -744,14 +744,51 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
     ASSERT_EQ(options.count(key), 1u) << key;
     EXPECT_EQ(options.at(key), value) << key;
   }
+  // DeepSeek-V3's router and shared expert, as Megatron's DeepSeek scripts write them.
+  const MegatronMapping deepseek = dtk::core::map_megatron_args({"--num-experts",
+                                                                 "64",
+                                                                 "--moe-router-topk",
+                                                                 "6",
+                                                                 "--moe-layer-freq",
+                                                                 "([0]*1+[1]*15)",
+                                                                 "--moe-router-score-function",
+                                                                 "sigmoid",
+                                                                 "--moe-router-num-groups",
+                                                                 "8",
+                                                                 "--moe-router-group-topk",
+                                                                 "3",
+                                                                 "--moe-router-load-balancing-type",
+                                                                 "seq_aux_loss",
+                                                                 "--moe-aux-loss-coeff",
+                                                                 "1e-4",
+                                                                 "--moe-shared-expert-intermediate-size",
+                                                                 "2816",
+                                                                 "--moe-shared-expert-gate",
+                                                                 "--moe-shared-expert-overlap",
+                                                                 "--moe-router-enable-expert-bias",
+                                                                 "--moe-router-bias-update-rate",
+                                                                 "1e-3"});
+  ASSERT_TRUE(deepseek.refused.empty()) << deepseek.refused[0];
+  const auto deepseek_options = config_of(deepseek).model().options();
+  const std::pair<const char*, const char*> deepseek_want[] = {{"moe_layer_freq", "([0]*1+[1]*15)"},
+                                                               {"moe_router_score_function", "sigmoid"},
+                                                               {"moe_router_num_groups", "8"},
+                                                               {"moe_router_group_topk", "3"},
+                                                               {"moe_router_load_balancing_type", "seq_aux_loss"},
+                                                               {"moe_aux_loss_coeff", "1e-4"},
+                                                               {"moe_shared_expert_intermediate_size", "2816"},
+                                                               {"moe_shared_expert_gate", "true"},
+                                                               {"moe_router_enable_expert_bias", "true"},
+                                                               {"moe_router_bias_update_rate", "1e-3"}};
+  for (const auto& [key, value] : deepseek_want) {
+    ASSERT_EQ(deepseek_options.count(key), 1u) << key;
+    EXPECT_EQ(deepseek_options.at(key), value) << key;
+  }
   const std::pair<std::vector<std::string>, const char*> refused[] = {
-      {{"--moe-layer-freq", "([0]+[1]*3)"}, "--moe-layer-freq ([0]+[1]*3): DTK takes an integer"},
-      {{"--moe-router-load-balancing-type", "seq_aux_loss"},
-       "--moe-router-load-balancing-type seq_aux_loss: DTK's router has Switch Transformer's load-balancing loss only"},
-      {{"--moe-router-score-function", "sigmoid"},
-       "--moe-router-score-function sigmoid: DTK's router scores with a softmax only"},
-      {{"--moe-shared-expert-intermediate-size", "512"}, "shared experts are not in DTK's MoE layers yet"},
-      {{"--moe-router-enable-expert-bias"}, "the router's expert bias"},
+      {{"--moe-router-load-balancing-type", "sinkhorn"},
+       "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
+      {{"--moe-router-score-function", "sqrtsoftplus"},
+       "--moe-router-score-function sqrtsoftplus: DTK's router scores with a softmax or a sigmoid"},
       {{"--expert-model-parallel-size", "4"}, "--expert-model-parallel-size 4: expert parallelism is not in DTK yet"},
       {{"--moe-expert-capacity-factor", "1.0"}, "--moe-expert-capacity-factor 1.0: DTK's MoE layers are dropless"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},

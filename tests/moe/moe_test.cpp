@@ -21,6 +21,8 @@
 #include "dtk/core/components/services.hpp"
 #include "dtk/core/optim/aux_loss.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <regex>
 #include <string>
@@ -38,12 +40,37 @@ using dtk::layers::MoeMlp;
 at::Tensor gelu(const std::vector<at::Tensor>& p) { return at::gelu(p[0]); }
 at::Tensor swiglu(const std::vector<at::Tensor>& p) { return at::silu(p[0]) * p[1]; }
 
+// The routed experts, then the shared one where the layer has it.
+std::vector<MoeMlp::Expert*> experts_of(const MoeMlp& m) {
+  auto& layer = const_cast<MoeMlp&>(m);
+  std::vector<MoeMlp::Expert*> out;
+  for (auto& e : layer.experts) out.push_back(&e);
+  if (m.has_shared_expert()) out.push_back(&layer.shared);
+  return out;
+}
+
 struct Case {
   const char* name;
   int inputs;  // 1: GELU experts, 2: SwiGLU
   bool bias, pre_softmax;
   double scaling;
+  bool sigmoid = false;
+  int64_t num_groups = 0, group_topk = 0;  // group-limited routing
+  int64_t shared_ffn = 0;                  // a shared expert
+  bool shared_gate = false;
+  bool expert_bias = false;  // auxiliary-loss-free balancing's bias on the choice
 };
+
+MoeConfig config_of(const Case& k) {
+  MoeConfig c;
+  c.num_experts = 6, c.topk = 2, c.ffn = 6;
+  c.pre_softmax = k.pre_softmax, c.topk_scaling_factor = k.scaling;
+  c.score = k.sigmoid ? dtk::layers::MoeScore::kSigmoid : dtk::layers::MoeScore::kSoftmax;
+  c.num_groups = k.num_groups, c.group_topk = k.group_topk;
+  c.shared_ffn = k.shared_ffn, c.shared_gate = k.shared_gate;
+  c.expert_bias = k.expert_bias;
+  return c;
+}
 
 MoeMlp make_layer(const MoeConfig& c, int64_t hidden, const Case& k) {
   dtk::layers::ParamFactory f;
@@ -53,19 +80,50 @@ MoeMlp make_layer(const MoeConfig& c, int64_t hidden, const Case& k) {
   MoeMlp m(c, hidden, inputs, "fc2", k.bias, 0.3, 0.2, dtk::layers::TPGroup{}, f);
   // Non-zero biases, so that their gradients and the weighting of the output bias are checked.
   at::manual_seed(5);
-  for (auto& e : m.experts) {
-    for (auto& in : e.in)
+  for (MoeMlp::Expert* e : experts_of(m)) {
+    for (auto& in : e->in)
       if (in.bias.defined()) in.bias.data().normal_(0, 0.1);
-    if (e.out.bias.defined()) e.out.bias.data().normal_(0, 0.1);
+    if (e->out.bias.defined()) e->out.bias.data().normal_(0, 0.1);
   }
+  // An expert bias of the size of the scores' differences, so that it changes choices.
+  if (m.expert_bias.defined()) m.expert_bias.normal_(0, 0.3);
   return m;
 }
 
-// The layer token by token: each token's top-k experts (softmax of the top-k logits, or top-k of
-// the softmax), each expert's MLP on the token alone, summed with the weights.
+// The layer token by token: each token's top-k experts (softmax of the top-k logits, top-k of the
+// softmax, or sigmoid scores normalised over the top-k; from its best groups when routing is
+// group-limited), each expert's MLP on the token alone, summed with the weights; then the shared
+// expert on the token, times its gate.
 at::Tensor router_logits(const MoeMlp& m, const at::Tensor& rows) {
   const at::Tensor logits = at::matmul(rows, m.router.t());
   return m.router_bias.defined() ? logits + m.router_bias : logits;
+}
+
+// Megatron's group_limited_topk for one token: the groups' scores (the sum of their topk /
+// group_topk best), the group_topk best groups kept, the top-k of what they hold.
+at::Tensor chosen_experts(const MoeConfig& c, const at::Tensor& scores) {
+  if (c.group_topk == 0) return std::get<1>(scores.topk(c.topk));
+  const int64_t per_group = c.num_experts / c.num_groups;
+  std::vector<std::pair<double, int64_t>> groups;
+  for (int64_t g = 0; g < c.num_groups; ++g) {
+    const at::Tensor best = std::get<0>(scores.narrow(0, g * per_group, per_group).topk(c.topk / c.group_topk));
+    groups.emplace_back(best.sum().item<double>(), g);
+  }
+  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  at::Tensor masked = at::full_like(scores, -std::numeric_limits<double>::infinity());
+  for (int64_t i = 0; i < c.group_topk; ++i) {
+    const int64_t g = groups[static_cast<size_t>(i)].second;
+    masked.narrow(0, g * per_group, per_group).copy_(scores.narrow(0, g * per_group, per_group));
+  }
+  return std::get<1>(masked.topk(c.topk));
+}
+
+at::Tensor mlp(const MoeMlp::Expert& e, const at::Tensor& row, bool swiglu_experts) {
+  std::vector<at::Tensor> projected;
+  for (const auto& in : e.in)
+    projected.push_back(at::matmul(in.weight, row) + (in.bias.defined() ? in.bias : at::zeros({1})));
+  at::Tensor y = at::matmul(e.out.weight, swiglu_experts ? swiglu(projected) : gelu(projected));
+  return e.out.bias.defined() ? y + e.out.bias : y;
 }
 
 at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts) {
@@ -74,41 +132,63 @@ at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, b
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     at::Tensor probs, chosen;
-    if (c.pre_softmax) {
-      std::tie(probs, chosen) = at::softmax(logits[t], 0).topk(c.topk);
+    if (c.score == dtk::layers::MoeScore::kSigmoid) {
+      const at::Tensor scores = at::sigmoid(logits[t]);
+      chosen = chosen_experts(c, m.expert_bias.defined() ? scores + m.expert_bias : scores);
+      probs = scores.index_select(0, chosen);
+      probs = probs / (probs.sum() + 1e-20);
+    } else if (c.pre_softmax) {
+      const at::Tensor scores = at::softmax(logits[t], 0);
+      chosen = chosen_experts(c, scores);
+      probs = scores.index_select(0, chosen);
     } else {
-      at::Tensor top;
-      std::tie(top, chosen) = logits[t].topk(c.topk);
-      probs = at::softmax(top, 0);
+      chosen = chosen_experts(c, logits[t]);
+      probs = at::softmax(logits[t].index_select(0, chosen), 0);
     }
     if (c.topk_scaling_factor > 0) probs = probs * c.topk_scaling_factor;
     at::Tensor y = at::zeros({x.size(-1)});
-    for (int64_t j = 0; j < c.topk; ++j) {
-      const auto& e = m.experts[static_cast<size_t>(chosen[j].item<int64_t>())];
-      std::vector<at::Tensor> projected;
-      for (const auto& in : e.in)
-        projected.push_back(at::matmul(in.weight, rows[t]) + (in.bias.defined() ? in.bias : at::zeros({1})));
-      at::Tensor expert = at::matmul(e.out.weight, swiglu_experts ? swiglu(projected) : gelu(projected));
-      if (e.out.bias.defined()) expert = expert + e.out.bias;
-      y = y + probs[j] * expert;
+    for (int64_t j = 0; j < c.topk; ++j)
+      y = y + probs[j] * mlp(m.experts[static_cast<size_t>(chosen[j].item<int64_t>())], rows[t], swiglu_experts);
+    if (m.has_shared_expert()) {
+      at::Tensor shared = mlp(m.shared, rows[t], swiglu_experts);
+      if (m.shared_gate.defined()) shared = shared * at::sigmoid(at::dot(m.shared_gate[0], rows[t]));
+      y = y + shared;
     }
     out.push_back(y);
   }
   return at::stack(out).view(x.sizes());
 }
 
-// Megatron's switch_load_balancing_loss_func and z_loss_func, written out: E * coeff / (k T^2) *
-// sum_e (sum_t p[t, e]) * (tokens that chose e); coeff * mean_t logsumexp(logits[t])^2.
-at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x) {
-  const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const at::Tensor logits = router_logits(m, rows);
-  const int64_t t = rows.size(0), e = c.num_experts;
-  const at::Tensor chosen = std::get<1>(logits.topk(c.topk, -1));
+// Megatron's compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func (over the
+// micro-batch, or per sequence and averaged: its seq_aux_loss) and z_loss_func, written out:
+// scores p = softmax(logits) or sigmoid(logits) / its sum, each token's plain top-k of p;
+// E * coeff / (k T^2) * sum_e (sum_t p[t, e]) * (tokens that chose e); coeff * mean_t logsumexp^2.
+at::Tensor switch_loss(const at::Tensor& scores, const MoeConfig& c) {
+  const int64_t t = scores.size(0), e = c.num_experts;
+  const at::Tensor chosen = std::get<1>(scores.topk(c.topk, -1));
   at::Tensor counts = at::zeros({e});
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < c.topk; ++j) counts[chosen[i][j].item<int64_t>()] += 1;
-  const at::Tensor balance = (at::softmax(logits, -1).sum(0) * counts).sum() *
-                             (static_cast<double>(e) * c.aux_loss_coeff / (c.topk * static_cast<double>(t * t)));
+  return (scores.sum(0) * counts).sum() *
+         (static_cast<double>(e) * c.aux_loss_coeff / (c.topk * static_cast<double>(t * t)));
+}
+
+at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x) {
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  const at::Tensor logits = router_logits(m, rows);
+  at::Tensor scores = at::softmax(logits, -1);
+  if (c.score == dtk::layers::MoeScore::kSigmoid) {
+    scores = at::sigmoid(logits);
+    scores = scores / (scores.sum(-1, true) + 1e-20);
+  }
+  at::Tensor balance = at::zeros({});
+  if (c.balance == dtk::layers::MoeBalance::kSeqAuxLoss) {
+    const int64_t sequences = x.size(0), positions = x.size(1);
+    for (int64_t b = 0; b < sequences; ++b)
+      balance = balance + switch_loss(scores.narrow(0, b * positions, positions), c) / sequences;
+  } else {
+    balance = switch_loss(scores, c);
+  }
   const at::Tensor z = at::logsumexp(logits, -1).square().mean() * c.z_loss_coeff;
   return balance + z;
 }
@@ -116,14 +196,15 @@ at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::T
 std::vector<at::Tensor> grads_of(const MoeMlp& m, const at::Tensor& x) {
   std::vector<at::Tensor> out{x.grad(), m.router.grad()};
   if (m.router_bias.defined()) out.push_back(m.router_bias.grad());
-  for (const auto& e : m.experts) {
-    for (const auto& in : e.in) {
+  for (const MoeMlp::Expert* e : experts_of(m)) {
+    for (const auto& in : e->in) {
       out.push_back(in.weight.grad());
       if (in.bias.defined()) out.push_back(in.bias.grad());
     }
-    out.push_back(e.out.weight.grad());
-    if (e.out.bias.defined()) out.push_back(e.out.bias.grad());
+    out.push_back(e->out.weight.grad());
+    if (e->out.bias.defined()) out.push_back(e->out.bias.grad());
   }
+  if (m.shared_gate.defined()) out.push_back(m.shared_gate.grad());
   return out;
 }
 
@@ -131,28 +212,29 @@ void zero_grads(const MoeMlp& m, at::Tensor& x) {
   x.mutable_grad() = at::Tensor();
   m.router.mutable_grad() = at::Tensor();
   if (m.router_bias.defined()) m.router_bias.mutable_grad() = at::Tensor();
-  for (const auto& e : m.experts) {
-    for (const auto& in : e.in) {
+  for (const MoeMlp::Expert* e : experts_of(m)) {
+    for (const auto& in : e->in) {
       in.weight.mutable_grad() = at::Tensor();
       if (in.bias.defined()) in.bias.mutable_grad() = at::Tensor();
     }
-    e.out.weight.mutable_grad() = at::Tensor();
-    if (e.out.bias.defined()) e.out.bias.mutable_grad() = at::Tensor();
+    e->out.weight.mutable_grad() = at::Tensor();
+    if (e->out.bias.defined()) e->out.bias.mutable_grad() = at::Tensor();
   }
+  if (m.shared_gate.defined()) m.shared_gate.mutable_grad() = at::Tensor();
 }
 
 // The layer's output and gradients against the reference's, for one configuration; with
 // auxiliary losses the reference adds them to its objective.
-void expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff) {
-  MoeConfig c;
-  c.num_experts = 5, c.topk = 2, c.ffn = 6;
-  c.pre_softmax = k.pre_softmax, c.topk_scaling_factor = k.scaling;
-  c.aux_loss_coeff = aux_coeff, c.z_loss_coeff = z_coeff;
+void expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff,
+                                   dtk::layers::MoeBalance balance = dtk::layers::MoeBalance::kAuxLoss) {
+  MoeConfig c = config_of(k);
+  c.aux_loss_coeff = aux_coeff, c.z_loss_coeff = z_coeff, c.balance = balance;
   const MoeMlp m = make_layer(c, 8, k);
   at::manual_seed(3);
   at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
   const at::Tensor weights = at::randn({3, 7, 8});
   const ::dtk::layers::ExpertActivation act = k.inputs == 1 ? gelu : swiglu;
+  const std::string what = std::string(k.name) + (balance == dtk::layers::MoeBalance::kSeqAuxLoss ? " (seq)" : "");
 
   const at::Tensor got = m.forward(x, act);
   (got * weights).sum().backward();
@@ -166,12 +248,14 @@ void expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coe
   const std::vector<at::Tensor> want_grads = grads_of(m, x);
 
   EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
-      << k.name << ": output differs by " << (got - want).abs().max().item<double>();
+      << what << ": output differs by " << (got - want).abs().max().item<double>();
   ASSERT_EQ(got_grads.size(), want_grads.size());
   for (size_t i = 0; i < got_grads.size(); ++i) {
-    ASSERT_TRUE(got_grads[i].defined()) << k.name << ": gradient " << i << " missing";
-    EXPECT_TRUE(at::allclose(got_grads[i], want_grads[i], 1e-5, 1e-6))
-        << k.name << ": gradient " << i << " differs by " << (got_grads[i] - want_grads[i]).abs().max().item<double>();
+    ASSERT_TRUE(got_grads[i].defined()) << what << ": gradient " << i << " missing";
+    // An expert no token chose has no gradient in the reference, and a zero one in the layer.
+    const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
+    EXPECT_TRUE(at::allclose(got_grads[i], want_grad, 1e-5, 1e-6))
+        << what << ": gradient " << i << " differs by " << (got_grads[i] - want_grad).abs().max().item<double>();
   }
 }
 
@@ -179,6 +263,11 @@ const Case kCases[] = {
     {"GELU experts with biases", 1, true, false, 0.0},
     {"SwiGLU experts without biases", 2, false, false, 0.0},
     {"softmax before the top-k, scaled", 1, true, true, 2.5},
+    {"sigmoid scores (DeepSeek-V3), scaled", 2, false, false, 2.5, true},
+    {"group-limited, softmax after the top-k", 1, true, false, 0.0, false, 3, 1},
+    {"group-limited sigmoid, shared expert", 2, false, false, 0.0, true, 3, 2, 4},
+    {"softmax before the top-k, gated shared expert with biases", 1, true, true, 0.0, false, 0, 0, 4, true},
+    {"sigmoid with expert bias, group-limited", 2, false, false, 0.0, true, 3, 2, 0, false, true},
 };
 
 }  // namespace
@@ -188,7 +277,10 @@ TEST(MoeLayer, EqualsATokenByTokenReferenceForwardAndBackward) {
 }
 
 TEST(MoeLayer, AuxiliaryLossesAreMegatronsAndReachOnlyTheGradients) {
-  for (const Case& k : kCases) expect_layer_equals_reference(k, 0.1, 0.01);
+  for (const Case& k : kCases) {
+    expect_layer_equals_reference(k, 0.1, 0.01);
+    expect_layer_equals_reference(k, 0.1, 0.0, dtk::layers::MoeBalance::kSeqAuxLoss);
+  }
   // The guard: the losses do change the router's gradient (so the test above checks them).
   MoeConfig c;
   c.num_experts = 5, c.topk = 2, c.ffn = 6, c.aux_loss_coeff = 0.1;
@@ -215,6 +307,60 @@ TEST(MoeLayer, EveryExpertGetsAGradientEvenWhenNoTokenChoseIt) {
     if (e.out.weight.grad().abs().max().item<double>() == 0.0) ++unused;
   }
   EXPECT_GE(unused, 6);  // zero, not missing: every strategy sees every parameter's gradient
+}
+
+// Auxiliary-loss-free balancing: the training forwards count each expert's choices (not
+// evaluation's), and after the iteration every bias moves by the rate toward the mean load
+// (Megatron's get_updated_expert_bias, written out), the counts restarting from zero.
+TEST(MoeLayer, ExpertBiasFollowsTheTrainingLoads) {
+  MoeConfig c = config_of(kCases[7]);
+  c.bias_update_rate = 0.25;
+  const MoeMlp m = make_layer(c, 8, kCases[7]);
+  ASSERT_TRUE(m.expert_bias.defined());
+  const at::Tensor before = m.expert_bias.clone();
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({2, 5, 8});
+  {
+    at::NoGradGuard evaluation;
+    m.forward(x, swiglu);
+  }
+  EXPECT_EQ(m.expert_load.sum().item<double>(), 0.0);
+  m.forward(x.clone().requires_grad_(true), swiglu);
+  m.forward(x.clone().requires_grad_(true), swiglu);
+  // Two forwards of 10 tokens choosing 2 experts each; the reference's choices, counted.
+  at::Tensor want_load = at::zeros({c.num_experts});
+  const at::Tensor logits = router_logits(m, x.reshape({-1, 8}));
+  for (int64_t t = 0; t < 10; ++t) {
+    const at::Tensor chosen = chosen_experts(c, at::sigmoid(logits[t]) + m.expert_bias);
+    for (int64_t j = 0; j < c.topk; ++j) want_load[chosen[j].item<int64_t>()] += 2;
+  }
+  ASSERT_TRUE(at::equal(m.expert_load, want_load)) << m.expert_load << want_load;
+  dtk::layers::update_expert_biases({const_cast<MoeMlp*>(&m)});
+  const at::Tensor want_bias = before + (want_load.mean() - want_load).sign() * 0.25;
+  EXPECT_TRUE(at::allclose(m.expert_bias, want_bias)) << m.expert_bias << want_bias;
+  EXPECT_EQ(m.expert_load.sum().item<double>(), 0.0);
+  EXPECT_FALSE(at::equal(m.expert_bias, before));
+}
+
+// Megatron-LM's --moe-layer-freq: an integer or a Python list of 0/1 per layer.
+TEST(MoeLayer, LayerFrequencyReadsMegatronsListPatterns) {
+  MoeConfig c;
+  c.num_experts = 4;
+  dtk::layers::parse_moe_layer_freq("2", c);
+  EXPECT_EQ(c.layer_freq, 2);
+  EXPECT_TRUE(c.layer_pattern.empty());
+  EXPECT_EQ(c.num_moe_layers(5), 3);  // layers 0, 2, 4
+  dtk::layers::parse_moe_layer_freq("([0]*3+[1]*11)", c);
+  ASSERT_EQ(c.layer_pattern.size(), 14u);
+  EXPECT_FALSE(c.is_moe_layer(2));
+  EXPECT_TRUE(c.is_moe_layer(3));
+  EXPECT_EQ(c.num_moe_layers(14), 11);
+  dtk::layers::parse_moe_layer_freq("\"[1, 0,1,0]\"", c);
+  EXPECT_EQ(c.layer_pattern, (std::vector<bool>{true, false, true, false}));
+  dtk::layers::parse_moe_layer_freq("[0,1]*2+[1]", c);
+  EXPECT_EQ(c.layer_pattern, (std::vector<bool>{false, true, false, true, true}));
+  for (const char* bad : {"", "[2]*3", "[0]*", "[0]*3+", "[]", "every", "[0]x3", "[1]*99999999"})
+    EXPECT_THROW(dtk::layers::parse_moe_layer_freq(bad, c), std::invalid_argument) << bad;
 }
 
 // The host's dtk.ext.aux_loss.v1: the factor the micro-batch runner last set, and the mode.
@@ -364,6 +510,100 @@ TEST(Moe, ZeroRecomputeAndLayerFrequencyRunTheSameModel) {
   EXPECT_NE(half.loss.at(kIters), one.loss.at(kIters));
 }
 
+namespace {
+
+// DeepSeek-V3's MoE in llama: sigmoid scores routed within each token's best group and steered by
+// the expert bias, the sequence-level load-balancing loss, a gated shared expert, the first
+// layer dense.
+const std::string kDeepSeek =
+    "--set model.moe_router_score_function=sigmoid --set model.moe_router_num_groups=2 "
+    "--set model.moe_router_group_topk=1 --set model.moe_router_load_balancing_type=seq_aux_loss "
+    "--set model.moe_shared_expert_intermediate_size=64 --set model.moe_shared_expert_gate=true "
+    "--set 'model.moe_layer_freq=([0]*1+[1]*3)' --set model.moe_router_enable_expert_bias=true "
+    "--set model.moe_router_bias_update_rate=0.1 ";
+
+// A run's curve and its logged seq_load_balancing_loss (TensorBoard).
+std::pair<dtk_test::Curve, std::map<std::string, std::map<int64_t, float>>> deepseek_run(int nproc,
+                                                                                         const std::string& args,
+                                                                                         const std::string& name) {
+  const std::string tb = dtk_test::fresh_dir(DTK_TEST_TMP, "tb-moe-deepseek-" + name);
+  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+  dtk_test::Curve c;
+  c.run = dtk_test::run_dtk(launch + train("llama") + kDeepSeek + args + " --set logging.tensorboard_dir=" + tb, 300);
+  EXPECT_EQ(c.run.code, 0) << name << "\n" << c.run.out;
+  auto scalars = dtk_test::read_scalars(tb);
+  c.loss = scalars["lm loss"];
+  c.norm = scalars["grad-norm"];
+  return {c, scalars};
+}
+
+}  // namespace
+
+// Every DeepSeek-V3 piece at once (each checked against the token-by-token reference above) equals
+// one process under DP, TP, SP and PP, and logs Megatron's seq_load_balancing_loss the same way.
+TEST(Moe, DeepSeekStyleRoutingEqualsOneProcessHoweverSplit) {
+  const auto [one, one_logged] = deepseek_run(1, "", "one");
+  ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
+  const std::map<int64_t, float>& balance = one_logged.at("seq_load_balancing_loss");
+  ASSERT_EQ(balance.size(), kIters) << one.run.out;
+  EXPECT_GT(balance.at(1), 0.9);
+  EXPECT_LT(balance.at(1), 2.0);
+  EXPECT_EQ(one_logged.count("load_balancing_loss"), 0u);
+  EXPECT_NE(one.run.out.find("| seq_load_balancing_loss: "), std::string::npos) << one.run.out;
+  const std::pair<const char*, const char*> splits[] = {
+      {"dp2", ""},
+      {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
+      {"sp2", "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "},
+      {"pp2", "--set distributed.pipeline_model_parallel_size=2 "}};
+  for (const auto& [name, args] : splits) {
+    const auto [got, logged] = deepseek_run(2, args, name);
+    expect_same_curve(one, got, kIters, std::string("DeepSeek-style ") + name);
+    ASSERT_EQ(logged.count("seq_load_balancing_loss"), 1u) << name;
+    for (const auto& [it, v] : balance)
+      EXPECT_NEAR(logged.at("seq_load_balancing_loss").at(it), v, 1e-5 * std::abs(v)) << name << " at " << it;
+  }
+  // The guards: without the group limit the same model trains differently from the first
+  // iteration, and without the expert bias from the second (the first update's).
+  const auto [ungrouped, ungrouped_logged] =
+      deepseek_run(1, "--set model.moe_router_num_groups=0 --set model.moe_router_group_topk=0 ", "ungrouped");
+  ASSERT_EQ(ungrouped.loss.size(), kIters);
+  EXPECT_GT(std::abs(ungrouped.norm.at(1) - one.norm.at(1)), 1e-4 * one.norm.at(1));
+  const auto [unbiased, unbiased_logged] = deepseek_run(
+      1, "--set model.moe_router_enable_expert_bias=false --set model.moe_router_bias_update_rate=1e-3 ", "unbiased");
+  ASSERT_EQ(unbiased.loss.size(), kIters);
+  EXPECT_EQ(unbiased.loss.at(1), one.loss.at(1));
+  EXPECT_NE(unbiased.loss.at(kIters), one.loss.at(kIters));
+}
+
+// The expert bias is the model's state: a run stopped after iteration 3 (train.exit_interval saves
+// it) and resumed goes on exactly as the uninterrupted one, and so, within 1e-5, does the
+// checkpoint converted to TP 2 and PP 2 (a bias lost on the way would route differently).
+TEST(Moe, ExpertBiasIsSavedResumedAndConverted) {
+  const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-expert-bias-checkpoint");
+  const auto [whole, whole_logged] = deepseek_run(1, "", "uninterrupted");
+  ASSERT_EQ(whole.loss.size(), kIters) << whole.run.out;
+  const auto [first, first_logged] =
+      deepseek_run(1, "--set checkpoint.save=" + ck + " --set train.exit_interval=3 ", "first-half");
+  ASSERT_EQ(first.loss.size(), 3u) << first.run.out;
+  const auto [resumed, resumed_logged] = deepseek_run(1, "--set checkpoint.load=" + ck + " ", "resumed");
+  ASSERT_EQ(resumed.loss.size(), kIters - 3) << resumed.run.out;
+  for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it) {
+    EXPECT_EQ(resumed.loss.at(it), whole.loss.at(it)) << "iteration " << it;
+    EXPECT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+  for (const char* layout : {"tensor_model_parallel_size", "pipeline_model_parallel_size"}) {
+    const std::string to = ck + "-" + layout;
+    const dtk_test::Result convert =
+        dtk_test::run_dtk("checkpoint convert " + ck + "/iter_0000003 " + to + " --" + layout + " 2", 120);
+    ASSERT_EQ(convert.code, 0) << convert.out;
+    const auto [converted, converted_logged] = deepseek_run(
+        2, "--set checkpoint.load=" + to + " --set distributed." + layout + "=2 ", std::string("converted-") + layout);
+    ASSERT_EQ(converted.loss.size(), kIters - 3) << converted.run.out;
+    for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it)
+      EXPECT_NEAR(converted.loss.at(it), whole.loss.at(it), 1e-5 * whole.loss.at(it)) << layout << " at " << it;
+  }
+}
+
 TEST(Moe, TrainsAndCountsOnlyTheRoutedExpertsInTheFlops) {
   const dtk_test::Curve moe = curve_of("gpt", 1, "", "flops");
   ASSERT_EQ(moe.run.code, 0) << moe.run.out;
@@ -394,6 +634,30 @@ TEST(Moe, BadInputsAreOneLine) {
        "moe_router_topk=1 needs moe_router_pre_softmax=true"},
       {"--set model.num_experts=4 --set model.domino_chunks=2 --set distributed.tensor_model_parallel_size=1",
        "domino_chunks > 1 runs dense MLPs only"},
+      {"--set model.num_experts=4 --set 'model.moe_layer_freq=[1]*3'",
+       "option 'moe_layer_freq' lists 3 layers, the model has 2 (num_layers)"},
+      {"--set model.num_experts=4 --set 'model.moe_layer_freq=[1]*2+[x]'",
+       "option 'moe_layer_freq': 'x' in '[x]' is not 0 or 1"},
+      {"--set model.num_experts=4 --set model.moe_router_score_function=sigmoid --set "
+       "model.moe_router_pre_softmax=true",
+       "moe_router_pre_softmax acts on softmax scores only"},
+      {"--set model.num_experts=6 --set model.moe_router_num_groups=4 --set model.moe_router_group_topk=1",
+       "num_experts 6 is not divisible by moe_router_num_groups 4"},
+      {"--set model.num_experts=4 --set model.moe_router_num_groups=2 --set model.moe_router_group_topk=3",
+       "option 'moe_router_group_topk' (3) must be <= moe_router_num_groups (2)"},
+      {"--set model.num_experts=4 --set model.moe_router_num_groups=2",
+       "group-limited routing needs both moe_router_num_groups and moe_router_group_topk >= 1"},
+      {"--set model.num_experts=4 --set model.moe_shared_expert_gate=true",
+       "option 'moe_shared_expert_gate' gates the shared expert"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=none --set model.moe_aux_loss_coeff=0.1",
+       "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none"},
+      {"--set model.moe_shared_expert_intermediate_size=64",
+       "option 'moe_shared_expert_intermediate_size' does nothing without num_experts > 0"},
+      {"--set model.num_experts=4 --set model.moe_router_pre_softmax=true --set "
+       "model.moe_router_enable_expert_bias=true",
+       "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid"},
+      {"--set model.num_experts=4 --set model.moe_router_bias_update_rate=0.01",
+       "option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk(base + args, 120);

@@ -97,6 +97,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
 
   void add_params(std::vector<Param>& out, const std::string& prefix) const override;
+  MoeMlp* moe_mlp() const override { return moe.get(); }
 
   at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
   ColumnParallelLinear qkv, fc1;

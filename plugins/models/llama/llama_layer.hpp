@@ -120,6 +120,7 @@ class Layer : public DominoLayer, public DecoderLayer {
     return at::zeros({2, batch, groups_local_, capacity, c_.head_dim()}, options);
   }
   void add_params(std::vector<Param>& out, const std::string& prefix) const override;
+  MoeMlp* moe_mlp() const override { return moe.get(); }
   const DominoLayer* domino() const override { return this; }
 
   // Domino's pieces of stage 0 (attention) and 1 (MLP) (DominoLayer).

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 10
+#define DTK_ABI_MINOR 11
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -873,10 +873,18 @@ typedef struct dtk_model_api {
    * once; the receiver puts them in place (the model does not). Called once: afterwards the model
    * reports deferred_parameters 0. DTK_ERR_UNSUPPORTED for a model that did not defer. */
   dtk_status* (*init_parameters)(dtk_model* model, const dtk_param_visitor* visitor);
+  /* [main-thread] ABI 2.11. Once per training iteration, after its optimizer step (taken or
+   * skipped) and before anything reads the model again (the next forward, an evaluation, a
+   * checkpoint save): the model updates the state its training forwards gathered and no optimizer
+   * owns, e.g. the MoE router's expert bias from the iteration's expert loads (Megatron-LM's
+   * finalize_model_grads does it before the step; nothing between reads it). Every rank calls it,
+   * so the model may run collectives (dtk::Comm, any group). NULL: nothing to do. */
+  dtk_status* (*end_iteration)(dtk_model* model);
 } dtk_model_api;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_0, set_module_hooks);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_4, init_parameters);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_api, init_parameters);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_api, 2_11, end_iteration);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_api, end_iteration);
 
 /* A model together with its vtable, so another plugin (a step, a strategy) can call it. */
 typedef struct dtk_model_ref {

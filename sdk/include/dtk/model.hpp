@@ -79,6 +79,11 @@ class Model {
     throw Error("this model did not defer its parameters", DTK_ERR_UNSUPPORTED);
   }
 
+  // Once per training iteration, after the optimizer step (ABI 2.11, dtk_model_api.end_iteration):
+  // state the training forwards gathered and no optimizer owns (the MoE expert bias). Every rank
+  // calls it; collectives are allowed.
+  virtual void end_iteration() {}
+
   // Moves/casts every parameter and buffer in place (keeping tensor identity for optimizers).
   virtual void to(at::Device device, std::optional<at::ScalarType> dtype) {
     auto move = [&](const at::Tensor& t) {
@@ -216,6 +221,7 @@ const dtk_model_api* model_api() {
         });
         return visited ? visited : s;
       },
+      [](dtk_model* m) { return guard([&] { reinterpret_cast<T*>(m)->end_iteration(); }); },
   };
   return &api;
 }
@@ -278,6 +284,11 @@ class ModelHandle {
     info.struct_size = dtk_model_info_STRUCT_SIZE;
     check(ref_->api->get_info(ref_->model, &info));
     return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_4 && info.deferred_parameters != 0;
+  }
+  // ABI 2.11's end_iteration where the model has it.
+  void end_iteration() const {
+    if (DTK_STRUCT_COVERS(dtk_model_api, ref_->api, 2_11) && ref_->api->end_iteration)
+      check(ref_->api->end_iteration(ref_->model));
   }
   void init_parameters(const Model::ParamValueFn& take) const {
     if (!DTK_STRUCT_COVERS(dtk_model_api, ref_->api, 2_4) || !ref_->api->init_parameters)

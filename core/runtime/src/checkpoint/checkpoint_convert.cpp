@@ -285,9 +285,9 @@ void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const Ra
                      const SliceMap& rank_names, WholeModel& whole) {
   const int64_t stage = chunk * src.old.pp + rank_pp;
   const std::string prefix = ModelInstance::chunk_prefix(chunk, src.old.v);
-  const std::map<std::string, int> stage_dims = partition_dims(
-      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), static_cast<int>(src.old.stages()))
-          ->parameters());
+  const std::unique_ptr<ModelInstance> built =
+      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), static_cast<int>(src.old.stages()));
+  const std::map<std::string, int> stage_dims = partition_dims(built->parameters());
   std::vector<TensorMap> chunk_model;
   for (const TensorMap& m : st.model) chunk_model.push_back(under_prefix(m, prefix));
   auto join = [&](const std::vector<TensorMap>& ranks, const std::string& name, int d) {
@@ -297,6 +297,15 @@ void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const Ra
     const std::string g = src.names.global(name, static_cast<int>(stage));
     whole.dim[g] = d;
     if (!whole.model.count(g)) whole.model[g] = join(chunk_model, name, d);
+  }
+  // The model's buffers (an MoE router's expert bias) are replicated: tensor-parallel rank 0's.
+  // Other non-parameter state (the dropout generators) stays the new model's own.
+  for (const Param& b : dtk::ModelHandle(built->ref()).buffers()) {
+    const auto it = chunk_model[0].find(b.name);
+    if (it == chunk_model[0].end()) continue;
+    const std::string g = src.names.global(b.name, static_cast<int>(stage));
+    whole.dim[g] = -1;
+    if (!whole.model.count(g)) whole.model[g] = it->second;
   }
   auto add_state = [&](const std::vector<TensorMap>& ranks, StateEntries& out, const char* which) {
     for (const auto& [key, value] : ranks[0]) {

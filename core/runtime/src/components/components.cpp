@@ -120,6 +120,10 @@ const dtk_model_api kBlamingApi = {
       if (!blaming(m)->api->init_parameters) return make_status(DTK_ERR_UNSUPPORTED, "model has no init_parameters");
       return blame(blaming(m)->api->init_parameters(blaming(m)->model, v), blaming(m), "init_parameters");
     },
+    [](dtk_model* m) -> dtk_status* {
+      if (!blaming(m)->api->end_iteration) return nullptr;
+      return blame(blaming(m)->api->end_iteration(blaming(m)->model), blaming(m), "end_iteration");
+    },
 };
 }  // namespace
 
@@ -283,8 +287,12 @@ const dtk_model_api kCompositeApi = {
                              [&](const dtk_module_hooks* h) { return c->api->set_module_hooks(c->model, h); });
       });
     },
-    [](dtk_model* m, const dtk_param_visitor* v) {
-      return visit_prefixed(m, v, &dtk_model_api::init_parameters);
+    [](dtk_model* m, const dtk_param_visitor* v) { return visit_prefixed(m, v, &dtk_model_api::init_parameters); },
+    [](dtk_model* m) {
+      return each_chunk(m, [&](int, const dtk_model_ref* c) -> dtk_status* {
+        if (!DTK_STRUCT_COVERS(dtk_model_api, c->api, 2_11) || !c->api->end_iteration) return nullptr;
+        return c->api->end_iteration(c->model);
+      });
     },
 };
 }  // namespace

@@ -102,18 +102,19 @@ const Rule kRules[] = {
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
     {"--moe-layer-freq", 1, Kind::kCustom, "model.moe_layer_freq",
-     "an integer: every N-th layer from the first is an MoE layer; a Python list pattern refused"},
+     "an integer (every N-th layer from the first) or Megatron's Python list of 0/1 per layer, e.g. "
+     "([0]*3+[1]*11)"},
     {"--moe-router-pre-softmax", 0, Kind::kSwitch, "model.moe_router_pre_softmax=true", ""},
     {"--moe-router-topk-scaling-factor", 1, Kind::kSet, "model.moe_router_topk_scaling_factor", ""},
     {"--moe-router-dtype", 1, Kind::kCustom, "model.moe_router_fp32",
      "fp32: the router's product and softmax in fp32; another value refused"},
     {"--moe-aux-loss-coeff", 1, Kind::kSet, "model.moe_aux_loss_coeff", "per MoE layer, as Megatron"},
     {"--moe-z-loss-coeff", 1, Kind::kSet, "model.moe_z_loss_coeff", ""},
-    {"--moe-router-load-balancing-type", 1, Kind::kCustom, "model.moe_aux_loss_coeff",
-     "aux_loss (Megatron's default): by --moe-aux-loss-coeff; none: no load-balancing loss (the coefficient "
-     "ignored, as Megatron); seq_aux_loss, global_aux_loss and sinkhorn refused"},
-    {"--moe-router-score-function", 1, Kind::kCustom, "",
-     "softmax (Megatron's default) accepted; sigmoid and the others refused"},
+    {"--moe-router-load-balancing-type", 1, Kind::kCustom, "model.moe_router_load_balancing_type",
+     "aux_loss (Megatron's default) and seq_aux_loss: weighed by --moe-aux-loss-coeff; none: no load-balancing "
+     "loss (the coefficient ignored, as Megatron); global_aux_loss and sinkhorn refused"},
+    {"--moe-router-score-function", 1, Kind::kCustom, "model.moe_router_score_function",
+     "softmax (Megatron's default) or sigmoid; sqrtsoftplus refused"},
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
      "DTK splits every expert over the tensor-parallel group as the dense MLP; another split is the same "
      "arithmetic"},
@@ -122,15 +123,16 @@ const Rule kRules[] = {
      "attention) cover differently; the same arithmetic"},
     {"--moe-per-layer-logging", 0, Kind::kIgnore, "",
      "DTK logs the MoE losses averaged over the layers (Megatron's default)"},
-    {"--moe-shared-expert-intermediate-size", 1, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
-    {"--moe-shared-expert-overlap", 0, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
-    {"--moe-shared-expert-gate", 0, Kind::kRefuse, "", "shared experts are not in DTK's MoE layers yet"},
-    {"--moe-router-enable-expert-bias", 0, Kind::kRefuse, "",
-     "the router's expert bias (auxiliary-loss-free balancing) is not in DTK's router"},
-    {"--moe-router-bias-update-rate", 1, Kind::kRefuse, "",
-     "the router's expert bias (auxiliary-loss-free balancing) is not in DTK's router"},
-    {"--moe-router-num-groups", 1, Kind::kRefuse, "", "group-limited routing is not in DTK's router"},
-    {"--moe-router-group-topk", 1, Kind::kRefuse, "", "group-limited routing is not in DTK's router"},
+    {"--moe-shared-expert-intermediate-size", 1, Kind::kSet, "model.moe_shared_expert_intermediate_size",
+     "a shared expert (the model's MLP of this inner size) on every token"},
+    {"--moe-shared-expert-overlap", 0, Kind::kIgnore, "",
+     "Megatron overlaps the shared expert with the token dispatch on a second CUDA stream; the same arithmetic"},
+    {"--moe-shared-expert-gate", 0, Kind::kSwitch, "model.moe_shared_expert_gate=true", ""},
+    {"--moe-router-enable-expert-bias", 0, Kind::kSwitch, "model.moe_router_enable_expert_bias=true",
+     "auxiliary-loss-free balancing (with sigmoid scores)"},
+    {"--moe-router-bias-update-rate", 1, Kind::kSet, "model.moe_router_bias_update_rate", ""},
+    {"--moe-router-num-groups", 1, Kind::kSet, "model.moe_router_num_groups", "group-limited routing"},
+    {"--moe-router-group-topk", 1, Kind::kSet, "model.moe_router_group_topk", "group-limited routing"},
     {"--moe-input-jitter-eps", 1, Kind::kRefuse, "", "the router's input jitter is not in DTK's router"},
     {"--moe-token-drop-policy", 1, Kind::kRefuse, "",
      "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
@@ -475,21 +477,19 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       return refuse("not one of LayerNorm, RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
-  } else if (f == "--moe-layer-freq") {
-    if (v[0].empty() || v[0].find_first_not_of("0123456789") != std::string::npos)
-      return refuse(
-          "DTK takes an integer (every N-th layer from the first); a list pattern of MoE layers is not "
-          "supported");
+  } else if (f == "--moe-layer-freq") {  // the model reads an integer or a list (a bad one: its error)
     m.sets.push_back("model.moe_layer_freq=" + v[0]);
   } else if (f == "--moe-router-dtype") {
     if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
     m.sets.push_back("model.moe_router_fp32=true");
   } else if (f == "--moe-router-load-balancing-type") {
     // none: mapped with the other flags (it overrides --moe-aux-loss-coeff wherever that comes)
-    if (v[0] != "aux_loss" && v[0] != "none")
-      return refuse("DTK's router has Switch Transformer's load-balancing loss only (aux_loss, or none)");
+    if (v[0] != "aux_loss" && v[0] != "seq_aux_loss" && v[0] != "none")
+      return refuse("DTK's router has Switch Transformer's load-balancing loss (aux_loss, seq_aux_loss, or none)");
+    if (v[0] != "none") m.sets.push_back("model.moe_router_load_balancing_type=" + v[0]);
   } else if (f == "--moe-router-score-function") {
-    if (v[0] != "softmax") return refuse("DTK's router scores with a softmax only");
+    if (v[0] != "softmax" && v[0] != "sigmoid") return refuse("DTK's router scores with a softmax or a sigmoid");
+    m.sets.push_back("model.moe_router_score_function=" + v[0]);
   } else if (f == "--expert-model-parallel-size") {
     if (v[0] != "1") return refuse("expert parallelism is not in DTK yet: every rank holds every expert (give 1)");
   } else if (f == "--ds-sequence-parallel-size") {

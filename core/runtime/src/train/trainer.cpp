@@ -370,6 +370,9 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
     schedule_.advance(progress_.scheduler, plan_.ramps_up() ? plan_.global_batch_of(iteration) : 1,
                       plan_.tokens_before(iteration));
   }
+  // What the iteration's forwards gathered for the model itself (ABI 2.11: the MoE expert bias),
+  // after the step whether it was taken or skipped, as Megatron's finalize_model_grads.
+  dtk::ModelHandle(parts_.model->ref()).end_iteration();
   if (trace::active()) trace::span("optimizer step", "step", update_start, trace::now_ns());
 }
 

@@ -150,6 +150,9 @@ class DecoderLayer {
   virtual void add_params(std::vector<Param>& out, const std::string& prefix) const = 0;
   // Domino's view of the layer (nullptr: domino_chunks > 1 is refused).
   virtual const DominoLayer* domino() const { return nullptr; }
+  // The layer's mixture-of-experts MLP (nullptr: a dense one): its buffers and its end of
+  // iteration (the expert bias) are the model's.
+  virtual MoeMlp* moe_mlp() const { return nullptr; }
   // Generation: x [b, n, h] at cache positions [length, length + n); positions [b, n] as given;
   // `cache` as empty_kv_cache made it; mask [b, 1, n, length + n]. The default refuses.
   virtual at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
@@ -171,6 +174,10 @@ class DecoderLM : public Model {
  public:
   TensorList forward(const TensorList& inputs) override;
   std::vector<Param> parameters() override;
+  // The MoE layers' expert biases (moe_router_enable_expert_bias), under the layers' prefixes.
+  std::vector<Param> buffers() override;
+  // The MoE layers' expert biases follow the iteration's expert loads (ABI 2.11).
+  void end_iteration() override;
   std::vector<Module> modules() override;
   void set_module_hooks(const dtk_module_hooks* hooks) override { hooks_.set(hooks); }
   void set_training(bool training) override { training_ = training; }
@@ -201,6 +208,7 @@ class DecoderLM : public Model {
   // Checks the shared options (and ffn, max_pos); throws "<name>: ..." naming the first wrong one.
   void validate(const BuildContext& ctx, const DecoderConfig& c) const;
   void validate_moe(const BuildContext& ctx, const DecoderConfig& c) const;  // the MoE options (validate calls it)
+  void validate_moe_groups(const MoeConfig& m) const;                        // group-limited routing's options
   // Builds the embedding, this stage's layers and the output layer. `config` must outlive the
   // model (a member of it); its padded_vocab is set here. Call from the model's constructor.
   void build(const BuildContext& ctx, DecoderConfig& config, DecoderParts parts);

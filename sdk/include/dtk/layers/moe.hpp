@@ -1,10 +1,16 @@
 // dtk/layers/moe.hpp — a mixture-of-experts MLP (Megatron-LM's MoELayer: TopKRouter, the
-// experts, the token dispatcher's permute and unpermute), for model plugins (gpt, llama, yours).
+// experts, the shared experts, the token dispatcher's permute and unpermute), for model plugins
+// (gpt, llama, yours).
 //
 //   logits = x W_router^T                          [tokens, experts], the router on this rank's tokens
-//   top-k:   probs = softmax(top-k logits)         (moe_router_pre_softmax: top-k of softmax(logits))
-//   out(x) = sum over the k chosen experts e of probs_e * expert_e(x)
+//   softmax scores: probs = softmax(top-k logits)  (moe_router_pre_softmax: top-k of softmax(logits))
+//   sigmoid scores: s = sigmoid(logits), probs = top-k s / their sum   (DeepSeek-V3's router)
+//   out(x) = sum over the k chosen experts e of probs_e * expert_e(x)  [+ shared(x), gated or not]
 //   expert_e(x) = W2_e act(W1_e x + b1_e) + b2_e   (act: the model's, e.g. GELU or SwiGLU)
+//
+// Group-limited routing (moe_router_num_groups, moe_router_group_topk; DeepSeek's device- and
+// node-limited routing): the experts form equal groups, a group scores the sum of its best
+// topk / group_topk experts, and a token's k experts come from its group_topk best groups.
 //
 // Dropless, as Megatron's default (no capacity factor): every token reaches its k experts. The
 // tokens are sorted by expert once (one read of the per-expert counts on the host), each expert
@@ -16,13 +22,16 @@
 // Megatron's alltoall dispatcher does. Under sequence parallelism the router runs on this rank's
 // rows only (its weight's gradient is a partial sum, dtk_param_info.sequence_parallel), the rows
 // and their routing are all-gathered into the region and the output reduce-scattered out of it.
+// A shared expert is split the same way; ungated it joins the experts' reduction, gated (its
+// output times sigmoid(x g), g [1, hidden], Megatron's moe_shared_expert_gate) it has its own.
 //
 // Auxiliary losses, in training only, reach the router through its backward on every pipeline
 // stage (Megatron's MoEAuxLossAutoScaler; the host's dtk.ext.aux_loss.v1 gives the factor of the
-// step's loss): the load-balancing loss of Switch Transformer (Megatron's "aux_loss",
-// moe_aux_loss_coeff) and ST-MoE's z-loss (moe_z_loss_coeff). Their values without the
-// coefficient, averaged over the MoE layers, reach the log line as load_balancing_loss and
-// z_loss (Megatron's names).
+// step's loss): the load-balancing loss of Switch Transformer over the micro-batch (Megatron's
+// "aux_loss") or over each sequence, averaged (Megatron's "seq_aux_loss", DeepSeek-V3's
+// complementary sequence-wise loss), weighted by moe_aux_loss_coeff, and ST-MoE's z-loss
+// (moe_z_loss_coeff). Their values without the coefficient, averaged over the MoE layers, reach
+// the log line as load_balancing_loss, seq_load_balancing_loss and z_loss (Megatron's names).
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
@@ -30,35 +39,64 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dtk::layers {
 
+enum class MoeScore { kSoftmax, kSigmoid };              // moe_router_score_function
+enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kNone };  // moe_router_load_balancing_type
+
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense MLPs
   int64_t topk = 2;
-  int64_t ffn = 0;                   // an expert's inner size (0 until read: the model's ffn)
-  int64_t layer_freq = 1;            // layer i (0-based, whole model) is an MoE layer when i % layer_freq == 0
-  bool pre_softmax = false;          // top-k of the softmax instead of the softmax of the top-k
+  int64_t ffn = 0;         // an expert's inner size (0 until read: the model's ffn)
+  int64_t layer_freq = 1;  // layer i (0-based, whole model) is an MoE layer when i % layer_freq == 0
+  // Non-empty: layer i is an MoE layer when layer_pattern[i] (Megatron's --moe-layer-freq list,
+  // one entry per layer of the whole model); layer_freq is then unused.
+  std::vector<bool> layer_pattern;
+  MoeScore score = MoeScore::kSoftmax;
+  bool pre_softmax = false;          // softmax scores: top-k of the softmax instead of the softmax of the top-k
+  int64_t num_groups = 0;            // group-limited routing: the experts in this many equal groups
+  int64_t group_topk = 0;            // ... and each token's experts from its this many best groups (0: no limit)
   bool router_fp32 = false;          // the router's product and softmax in fp32 (else the input's dtype)
   double topk_scaling_factor = 0.0;  // > 0: the chosen probabilities times this
-  double aux_loss_coeff = 0.0;       // load balancing (Megatron's moe_router_load_balancing_type aux_loss)
+  MoeBalance balance = MoeBalance::kAuxLoss;  // what aux_loss_coeff weighs
+  double aux_loss_coeff = 0.0;                // the load-balancing loss's weight
   double z_loss_coeff = 0.0;
+  // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid scores): a per-expert bias added to the
+  // scores for the choice only, moved by bias_update_rate after every iteration toward the
+  // experts below the mean load (update_expert_biases).
+  bool expert_bias = false;
+  double bias_update_rate = 1e-3;
+  int64_t shared_ffn = 0;    // > 0: a shared expert of this inner size runs on every token
+  bool shared_gate = false;  // the shared expert's output times sigmoid(x g)
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
   bool enabled() const { return num_experts > 0; }
-  bool is_moe_layer(int64_t index) const { return enabled() && index % layer_freq == 0; }
+  bool is_moe_layer(int64_t index) const {
+    if (!enabled()) return false;
+    if (!layer_pattern.empty())
+      return index >= 0 && index < static_cast<int64_t>(layer_pattern.size()) && layer_pattern[index];
+    return index % layer_freq == 0;
+  }
   int64_t num_moe_layers(int64_t num_layers) const {
-    return enabled() ? (num_layers + layer_freq - 1) / layer_freq : 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
+    return n;
   }
 };
 
-// The MoE options a decoder LM declares (read_options reads them by these names; Megatron's
-// --num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq,
-// --moe-router-pre-softmax, --moe-router-topk-scaling-factor, --moe-aux-loss-coeff,
-// --moe-z-loss-coeff).
-// (Each one a constant, listed one by one in the plugin's option table.)
+// Megatron-LM's --moe-layer-freq into `c`: an integer N (every N-th layer from the first: sets
+// layer_freq) or a Python list of 0 and 1, one per layer, written out or as a sum of repeated
+// lists ("[1,0,1,0]", "[0]*3+[1]*11", parenthesised or quoted as Megatron's scripts write it: sets
+// layer_pattern). Throws std::invalid_argument saying what it cannot read.
+void parse_moe_layer_freq(const std::string& text, MoeConfig& c);
+
+// The MoE options a decoder LM declares (read_options reads them by these names; Megatron-LM's
+// --num-experts and --moe-* flags of the same names). A model lists them all with
+// DTK_LAYERS_MOE_OPTIONS in its option table.
 inline constexpr dtk_option_spec kNumExpertsOption =
     opt_int("num_experts", "0",
             "Mixture of experts: experts per MoE layer (0 = dense MLPs; Megatron's --num-experts). Each token runs "
@@ -68,21 +106,59 @@ inline constexpr dtk_option_spec kMoeRouterTopkOption =
 inline constexpr dtk_option_spec kMoeFfnHiddenSizeOption =
     opt_int("moe_ffn_hidden_size", "0", "An expert's inner size; 0 = ffn_hidden_size.");
 inline constexpr dtk_option_spec kMoeLayerFreqOption =
-    opt_int("moe_layer_freq", "1", "Every this many layers is an MoE layer, from the first (1 = all).");
+    opt_string("moe_layer_freq", "1",
+               "Which layers are MoE layers: N = every N-th from the first (1 = all), or one 0/1 per layer as "
+               "Megatron's Python list, e.g. [0]*3+[1]*11 or [1,0,1,0].");
+inline constexpr dtk_option_spec kMoeRouterScoreFunctionOption =
+    opt_enum("moe_router_score_function", "softmax", "softmax|sigmoid",
+             "The router's scores: softmax, or sigmoid with the chosen scores divided by their sum (DeepSeek-V3).");
 inline constexpr dtk_option_spec kMoeRouterPreSoftmaxOption =
     opt_bool("moe_router_pre_softmax", "false",
-             "Top-k of the softmax over all experts instead of the softmax over the top-k logits.");
+             "Softmax scores: top-k of the softmax over all experts instead of the softmax over the top-k logits.");
+inline constexpr dtk_option_spec kMoeRouterNumGroupsOption =
+    opt_int("moe_router_num_groups", "0",
+            "Group-limited routing: the experts in this many equal groups (0 = none; needs "
+            "moe_router_group_topk).");
+inline constexpr dtk_option_spec kMoeRouterGroupTopkOption =
+    opt_int("moe_router_group_topk", "0",
+            "Group-limited routing: each token's experts come from its this many best groups, a group scored by "
+            "the sum of its best moe_router_topk / moe_router_group_topk experts.");
 inline constexpr dtk_option_spec kMoeRouterFp32Option =
     opt_bool("moe_router_fp32", "false",
              "The router's product and softmax in fp32 (Megatron's --moe-router-dtype fp32); else in the model's "
              "dtype.");
 inline constexpr dtk_option_spec kMoeRouterTopkScalingFactorOption =
     opt_float("moe_router_topk_scaling_factor", "0", "> 0: the chosen probabilities times this.");
+inline constexpr dtk_option_spec kMoeRouterLoadBalancingTypeOption =
+    opt_enum("moe_router_load_balancing_type", "aux_loss", "aux_loss|seq_aux_loss|none",
+             "The load-balancing loss moe_aux_loss_coeff weighs: Switch Transformer's over the micro-batch "
+             "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), or none.");
 inline constexpr dtk_option_spec kMoeAuxLossCoeffOption =
-    opt_float("moe_aux_loss_coeff", "0",
-              "Weight of the load-balancing loss (Switch Transformer's; Megatron's aux_loss) per MoE layer; 0 = none.");
+    opt_float("moe_aux_loss_coeff", "0", "Weight of the load-balancing loss per MoE layer; 0 = none.");
 inline constexpr dtk_option_spec kMoeZLossCoeffOption =
     opt_float("moe_z_loss_coeff", "0", "Weight of the router's z-loss (ST-MoE) per MoE layer; 0 = none.");
+inline constexpr dtk_option_spec kMoeRouterEnableExpertBiasOption =
+    opt_bool("moe_router_enable_expert_bias", "false",
+             "Auxiliary-loss-free balancing (DeepSeek-V3, sigmoid scores): a per-expert bias on the scores for the "
+             "choice, after every iteration moved by moe_router_bias_update_rate toward the less loaded experts.");
+inline constexpr dtk_option_spec kMoeRouterBiasUpdateRateOption = opt_float(
+    "moe_router_bias_update_rate", "1e-3", "How far the expert bias moves per iteration (sign of the load's offset).");
+inline constexpr dtk_option_spec kMoeSharedExpertIntermediateSizeOption =
+    opt_int("moe_shared_expert_intermediate_size", "0",
+            "> 0: a shared expert of this inner size (the model's MLP) runs on every token beside the routed ones.");
+inline constexpr dtk_option_spec kMoeSharedExpertGateOption = opt_bool(
+    "moe_shared_expert_gate", "false", "The shared expert's output times sigmoid(x g), g a learned [1, hidden].");
+
+// Every option above, for a plugin's option table (one list for every model that has experts).
+#define DTK_LAYERS_MOE_OPTIONS                                                                             \
+  dtk::layers::kNumExpertsOption, dtk::layers::kMoeRouterTopkOption, dtk::layers::kMoeFfnHiddenSizeOption, \
+      dtk::layers::kMoeLayerFreqOption, dtk::layers::kMoeRouterScoreFunctionOption,                        \
+      dtk::layers::kMoeRouterPreSoftmaxOption, dtk::layers::kMoeRouterNumGroupsOption,                     \
+      dtk::layers::kMoeRouterGroupTopkOption, dtk::layers::kMoeRouterFp32Option,                           \
+      dtk::layers::kMoeRouterTopkScalingFactorOption, dtk::layers::kMoeRouterLoadBalancingTypeOption,      \
+      dtk::layers::kMoeAuxLossCoeffOption, dtk::layers::kMoeZLossCoeffOption,                              \
+      dtk::layers::kMoeRouterEnableExpertBiasOption, dtk::layers::kMoeRouterBiasUpdateRateOption,          \
+      dtk::layers::kMoeSharedExpertIntermediateSizeOption, dtk::layers::kMoeSharedExpertGateOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -93,7 +169,8 @@ class MoeMlp {
   // `inputs` names the input projections (gpt: {"dense_h_to_4h"}, llama: {"gate", "up"}) and
   // `output` the output one; the router weight [experts, hidden] (and with `bias` its bias, as
   // Megatron's with add_bias_linear) is drawn with init_std, each expert's input projections with
-  // init_std and its output projection with out_std.
+  // init_std and its output projection with out_std; then the shared expert's, and its gate with
+  // init_std.
   MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inputs, std::string output, bool bias,
          double init_std, double out_std, const TPGroup& tp, ParamFactory& f);
 
@@ -101,9 +178,12 @@ class MoeMlp {
   // MLP branch of the same shape, after the layer's reduction, biases included.
   at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation) const;
 
-  // "router.weight" (and "router.bias"), then per expert e "experts.<e>.<projection>.weight" (and .bias) under
-  // prefix; the experts' tensors marked dtk_param_info.expert.
+  // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
+  // .bias), then "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight",
+  // under prefix; the routed experts' tensors marked dtk_param_info.expert.
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
+  // "router.expert_bias" under prefix, where the layer has one.
+  void add_buffers(std::vector<Param>& out, const std::string& prefix) const;
 
   struct Expert {
     std::vector<ColumnParallelLinear> in;
@@ -112,16 +192,28 @@ class MoeMlp {
   at::Tensor router;       // [experts, hidden], replicated
   at::Tensor router_bias;  // [experts] with biases, else undefined
   std::vector<Expert> experts;
+  Expert shared;  // the shared expert (no projections without one)
+  // With expert_bias: [experts] fp32 on the device, a buffer (checkpointed, not trained), and the
+  // choices of this iteration's training forwards per expert, not yet applied (not saved: the
+  // update follows every iteration before a checkpoint is written).
+  at::Tensor expert_bias;
+  mutable at::Tensor expert_load;
+  at::Tensor shared_gate;  // [1, hidden] with moe_shared_expert_gate, else undefined
+  bool has_shared_expert() const { return !shared.in.empty(); }
+  const MoeConfig& config() const { return c_; }
 
  private:
   struct Routing {
     at::Tensor probs;    // [tokens, k], the chosen experts' weights (differentiable)
     at::Tensor experts;  // [tokens, k] int64
   };
-  Routing route(const at::Tensor& x) const;
+  Routing route(const at::Tensor& x, int64_t batch) const;
+  Routing choose(const at::Tensor& logits) const;
+  std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& scores) const;
+  at::Tensor balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
-  at::Tensor expert_counts(const at::Tensor& chosen) const;
+  at::Tensor expert_counts(const at::Tensor& chosen, int64_t bins) const;
 
   MoeConfig c_;
   std::vector<std::string> inputs_;
@@ -129,12 +221,27 @@ class MoeMlp {
   TPGroup tp_;
 };
 
+// After a training iteration (a model's end_iteration): every layer's expert bias moves by its
+// update rate times sign(mean load - the expert's load), the loads being the choices its training
+// forwards made, summed over the data- and tensor-parallel ranks (Megatron-LM's
+// _update_router_expert_bias); the loads restart from zero. Layers without expert bias are
+// skipped; every rank of a stage calls it with its layers (two all-reduces for all of them).
+void update_expert_biases(const std::vector<MoeMlp*>& layers);
+
 // The load-balancing loss of Switch Transformer as Megatron-LM computes it: scores [tokens,
 // experts] (the softmax over all experts, fp32), tokens_per_expert [experts] (how many of the
 // `total_tokens` chose each, over the whole micro-batch), E * coeff / (k * T^2) *
 // sum_e(sum_t scores[t, e] * tokens_per_expert[e]).
 at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor& tokens_per_expert,
                                       int64_t total_tokens, int64_t topk, double coeff);
+
+// Megatron-LM's sequence-level variant ("seq_aux_loss"): the same loss for each sequence alone,
+// averaged over the micro-batch's sequences. scores [sequences, positions, experts] (the
+// normalised scores, fp32), tokens_per_expert [sequences, experts] (over each whole sequence of
+// `seq_tokens` positions), mean over sequences of E * coeff / (k * S^2) * sum_e(sum_s scores *
+// tokens_per_expert).
+at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tensor& tokens_per_expert,
+                                        int64_t seq_tokens, int64_t topk, double coeff);
 
 // ST-MoE's z-loss: coeff * mean over tokens of logsumexp(logits)^2.
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff);

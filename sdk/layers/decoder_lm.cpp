@@ -645,6 +645,18 @@ void DecoderLM::end_iteration() {
   update_expert_biases(moe);
 }
 
+void DecoderLM::to(at::Device device, std::optional<at::ScalarType> dtype) {
+  auto move = [&](const at::Tensor& t, bool cast) {
+    t.set_data(cast && dtype && t.is_floating_point() ? t.to(device, *dtype) : t.to(device));
+  };
+  for (const Param& p : parameters()) move(p.tensor, true);
+  // Megatron's _maintain_float32_expert_bias: the biases' 1e-3 steps vanish in bf16. Their loads
+  // (not buffers: never saved) move beside them.
+  for (const Param& b : buffers()) move(b.tensor, false);
+  for (const auto& layer : layers_)
+    if (MoeMlp* moe = layer->moe_mlp(); moe && moe->expert_load.defined()) move(moe->expert_load, false);
+}
+
 std::vector<Param> DecoderLM::parameters() {
   std::vector<Param> out;
   const bool tied = !config_->untie;

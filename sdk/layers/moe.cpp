@@ -97,32 +97,89 @@ at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tens
 
 namespace {
 
-// One term of a --moe-layer-freq list: "[a,b,...]" optionally "*n".
-void append_pattern_term(const std::string& term, std::vector<bool>& out) {
-  const size_t close = term.find(']');
-  if (term.empty() || term[0] != '[' || close == std::string::npos)
-    throw std::invalid_argument("'" + term + "' is not a list such as [0]*3 or [1,0]");
-  std::vector<bool> items;
-  size_t at = 1;
-  while (at < close) {
-    const size_t comma = std::min(term.find(',', at), close);
-    const std::string item = term.substr(at, comma - at);
-    if (item != "0" && item != "1") throw std::invalid_argument("'" + item + "' in '" + term + "' is not 0 or 1");
-    items.push_back(item == "1");
-    at = comma + 1;
+// --moe-layer-freq's list in the alphabet Megatron's _eval_pattern accepts: lists of 0 and 1,
+// '+' (concatenation), '*' with a count on either side, and parentheses, e.g.
+// "([1]*3+[0]*1)*3". Recursive descent, one method per rule.
+class LayerPatternParser {
+ public:
+  explicit LayerPatternParser(std::string text) : t_(std::move(text)) {}
+  std::vector<bool> parse() {
+    std::vector<bool> v = sum();
+    if (at_ != t_.size()) fail("'" + t_.substr(at_) + "' is not a '+' or '*' continuing the list");
+    return v;
   }
-  if (items.empty()) throw std::invalid_argument("'" + term + "' is an empty list");
-  int64_t repeat = 1;
-  const std::string rest = term.substr(close + 1);
-  if (!rest.empty()) {
-    if (rest[0] != '*' || rest.size() < 2 || rest.size() > 7 ||
-        rest.find_first_not_of("0123456789", 1) != std::string::npos)
-      throw std::invalid_argument("'" + rest + "' after '" + term.substr(0, close + 1) + "' is not *<count>");
-    repeat = std::stoll(rest.substr(1));
+
+ private:
+  static constexpr size_t kMaxLayers = size_t{1} << 20;
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::invalid_argument(what + " (in '" + t_ + "'; a list such as [0]*3+[1]*11)");
   }
-  for (int64_t i = 0; i < repeat; ++i) out.insert(out.end(), items.begin(), items.end());
-  if (out.size() > (size_t{1} << 20)) throw std::invalid_argument("the list has more than 2^20 layers");
-}
+  char peek() const { return at_ < t_.size() ? t_[at_] : '\0'; }
+  bool eat(char c) {
+    if (peek() != c) return false;
+    ++at_;
+    return true;
+  }
+  // sum := product ('+' product)*
+  std::vector<bool> sum() {
+    std::vector<bool> v = product();
+    while (eat('+')) {
+      const std::vector<bool> w = product();
+      v.insert(v.end(), w.begin(), w.end());
+      if (v.size() > kMaxLayers) fail("more than 2^20 layers");
+    }
+    return v;
+  }
+  // product := (count '*')* atom ('*' count)*
+  std::vector<bool> product() {
+    int64_t repeat = 1;
+    while (std::isdigit(static_cast<unsigned char>(peek()))) {
+      repeat = times(repeat, count());
+      if (!eat('*')) fail("a count must be followed by '*'");
+    }
+    const std::vector<bool> item = atom();
+    while (eat('*')) repeat = times(repeat, count());
+    std::vector<bool> v;
+    for (int64_t i = 0; i < repeat; ++i) v.insert(v.end(), item.begin(), item.end());
+    return v;
+  }
+  // atom := '[' bit (',' bit)* ']' | '(' sum ')'
+  std::vector<bool> atom() {
+    std::vector<bool> v;
+    if (eat('(')) {
+      v = sum();
+      if (!eat(')')) fail("a '(' is not closed");
+      return v;
+    }
+    if (!eat('['))
+      fail(peek() ? std::string("'") + peek() + "' where a list [..] or '(' belongs" : "the list ends early");
+    do {
+      const char bit = peek();
+      if (bit != '0' && bit != '1')
+        fail(bit ? std::string("'") + bit + "' in a list is not 0 or 1" : "a '[' is not closed");
+      ++at_;
+      v.push_back(bit == '1');
+    } while (eat(','));
+    if (!eat(']')) fail("a list holds 0 and 1 separated by ','");
+    return v;
+  }
+  int64_t count() {
+    const size_t begin = at_;
+    while (std::isdigit(static_cast<unsigned char>(peek()))) ++at_;
+    if (at_ == begin) fail("'*' needs a count");
+    if (at_ - begin > 7) fail("a count above 10^7");
+    const int64_t n = std::stoll(t_.substr(begin, at_ - begin));
+    if (n == 0) fail("a count of 0 (it empties the list)");
+    return n;
+  }
+  int64_t times(int64_t a, int64_t b) const {
+    if (a * b > static_cast<int64_t>(kMaxLayers)) fail("more than 2^20 layers");
+    return a * b;
+  }
+
+  std::string t_;
+  size_t at_ = 0;
+};
 
 }  // namespace
 
@@ -130,7 +187,6 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
   std::string t;
   for (const char ch : text)
     if (!std::isspace(static_cast<unsigned char>(ch)) && ch != '"' && ch != '\'') t += ch;
-  while (t.size() >= 2 && t.front() == '(' && t.back() == ')') t = t.substr(1, t.size() - 2);
   if (t.empty()) throw std::invalid_argument("empty: give N (every N-th layer) or a list such as [0]*3+[1]*11");
   if (t.find_first_not_of("0123456789") == std::string::npos) {
     if (t.size() > 9) throw std::invalid_argument("'" + text + "' is too large a layer frequency");
@@ -138,14 +194,10 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
     c.layer_pattern.clear();
     return;
   }
-  std::vector<bool> pattern;
-  size_t at = 0;
-  while (at <= t.size()) {
-    const size_t plus = std::min(t.find('+', at), t.size());
-    append_pattern_term(t.substr(at, plus - at), pattern);
-    at = plus + 1;
-  }
-  c.layer_pattern = std::move(pattern);
+  if (t.find_first_not_of("0123456789-+.eE") == std::string::npos)
+    throw std::invalid_argument("'" + text +
+                                "' is neither a positive integer (every N-th layer) nor a list such as [0]*3+[1]*11");
+  c.layer_pattern = LayerPatternParser(t).parse();
 }
 
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff) {

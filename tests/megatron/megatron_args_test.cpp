@@ -765,6 +765,9 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                                  "2816",
                                                                  "--moe-shared-expert-gate",
                                                                  "--moe-shared-expert-overlap",
+                                                                 "--moe-router-pre-softmax",
+                                                                 "--moe-token-drop-policy",
+                                                                 "probs",
                                                                  "--moe-router-enable-expert-bias",
                                                                  "--moe-router-bias-update-rate",
                                                                  "1e-3"});
@@ -784,6 +787,14 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
     ASSERT_EQ(deepseek_options.count(key), 1u) << key;
     EXPECT_EQ(deepseek_options.at(key), value) << key;
   }
+  // Megatron's sigmoid router ignores --moe-router-pre-softmax (its DeepSeek recipes pass both).
+  EXPECT_EQ(deepseek_options.count("moe_router_pre_softmax"), 0u);
+  const auto ignored = [&](const std::string& flag) {
+    return std::any_of(deepseek.ignored.begin(), deepseek.ignored.end(),
+                       [&](const std::string& line) { return line.rfind(flag, 0) == 0; });
+  };
+  EXPECT_TRUE(ignored("--moe-router-pre-softmax"));
+  EXPECT_TRUE(ignored("--moe-token-drop-policy"));
   const std::pair<std::vector<std::string>, const char*> refused[] = {
       {{"--moe-router-load-balancing-type", "sinkhorn"},
        "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},

@@ -359,7 +359,16 @@ TEST(MoeLayer, LayerFrequencyReadsMegatronsListPatterns) {
   EXPECT_EQ(c.layer_pattern, (std::vector<bool>{true, false, true, false}));
   dtk::layers::parse_moe_layer_freq("[0,1]*2+[1]", c);
   EXPECT_EQ(c.layer_pattern, (std::vector<bool>{false, true, false, true, true}));
-  for (const char* bad : {"", "[2]*3", "[0]*", "[0]*3+", "[]", "every", "[0]x3", "[1]*99999999"})
+  // The forms of Megatron's help text and of Python: a repeated sum, a count before the list.
+  dtk::layers::parse_moe_layer_freq("([1]*3+[0]*1)*3", c);
+  EXPECT_EQ(c.layer_pattern,
+            (std::vector<bool>{true, true, true, false, true, true, true, false, true, true, true, false}));
+  dtk::layers::parse_moe_layer_freq("2*[0]+([1])*2*2", c);
+  EXPECT_EQ(c.layer_pattern, (std::vector<bool>{false, false, true, true, true, true}));
+  dtk::layers::parse_moe_layer_freq("4", c);
+  EXPECT_TRUE(c.layer_pattern.empty());
+  for (const char* bad : {"", "[2]*3", "[0]*", "[0]*3+", "[]", "every", "[0]x3", "[1]*99999999", "[1]*0", "([1]*2",
+                          "[1,]", "-1", "2.0", "[1]*1024*1024*2", "3[1]"})
     EXPECT_THROW(dtk::layers::parse_moe_layer_freq(bad, c), std::invalid_argument) << bad;
 }
 
@@ -450,17 +459,32 @@ TEST(Moe, AuxiliaryLossesChangeTheTraining) {
 
 namespace {
 
-// A run's logged MoE losses per iteration (TensorBoard, full precision).
-std::map<std::string, std::map<int64_t, float>> logged_losses(int nproc, const std::string& args,
-                                                              const std::string& name) {
+using Scalars = std::map<std::string, std::map<int64_t, float>>;
+
+// A run's curve and every scalar it logged (TensorBoard, full precision: the MoE losses too).
+std::pair<dtk_test::Curve, Scalars> run_logged(const std::string& model, int nproc, const std::string& args,
+                                               const std::string& name) {
   const std::string tb = dtk_test::fresh_dir(DTK_TEST_TMP, "tb-moe-logged-" + name);
   const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
-  const dtk_test::Result r =
-      dtk_test::run_dtk(launch + train("gpt") + args + " --set logging.tensorboard_dir=" + tb, 300);
-  EXPECT_EQ(r.code, 0) << name << "\n" << r.out;
-  auto scalars = dtk_test::read_scalars(tb);
-  return {{"load_balancing_loss", scalars["load_balancing_loss"]}, {"z_loss", scalars["z_loss"]}};
+  dtk_test::Curve c;
+  c.run = dtk_test::run_dtk(launch + train(model) + args + " --set logging.tensorboard_dir=" + tb, 300);
+  EXPECT_EQ(c.run.code, 0) << name << "\n" << c.run.out;
+  Scalars scalars = dtk_test::read_scalars(tb);
+  c.loss = scalars["lm loss"];
+  c.norm = scalars["grad-norm"];
+  return {c, scalars};
 }
+
+Scalars logged_losses(int nproc, const std::string& args, const std::string& name) {
+  return run_logged("gpt", nproc, args, name).second;
+}
+
+// The splits every MoE feature must equal one process under (2 processes each).
+const std::pair<const char*, const char*> kSplits[] = {
+    {"dp2", ""},
+    {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
+    {"sp2", "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "},
+    {"pp2", "--set distributed.pipeline_model_parallel_size=2 "}};
 
 }  // namespace
 
@@ -474,12 +498,7 @@ TEST(Moe, LoggedLossesAreTheSameHoweverTheModelIsSplit) {
   EXPECT_GT(one.at("load_balancing_loss").at(1), 0.9);
   EXPECT_LT(one.at("load_balancing_loss").at(1), 2.0);
   EXPECT_GT(one.at("z_loss").at(1), 0.0);
-  const std::pair<const char*, const char*> splits[] = {
-      {"dp2", ""},
-      {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
-      {"sp2", "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "},
-      {"pp2", "--set distributed.pipeline_model_parallel_size=2 "}};
-  for (const auto& [name, args] : splits) {
+  for (const auto& [name, args] : kSplits) {
     const auto got = logged_losses(2, args, name);
     for (const char* loss : {"load_balancing_loss", "z_loss"}) {
       ASSERT_EQ(got.at(loss).size(), kIters) << name << " " << loss;
@@ -512,29 +531,18 @@ TEST(Moe, ZeroRecomputeAndLayerFrequencyRunTheSameModel) {
 
 namespace {
 
-// DeepSeek-V3's MoE in llama: sigmoid scores routed within each token's best group and steered by
-// the expert bias, the sequence-level load-balancing loss, a gated shared expert, the first
-// layer dense.
+// DeepSeek-V3's MoE in llama: 8 experts, sigmoid scores routed within each token's best group of
+// 4 and steered by the expert bias, the sequence-level load-balancing loss, a gated shared expert,
+// the first layer dense.
 const std::string kDeepSeek =
-    "--set model.moe_router_score_function=sigmoid --set model.moe_router_num_groups=2 "
+    "--set model.num_experts=8 --set model.moe_router_score_function=sigmoid --set model.moe_router_num_groups=2 "
     "--set model.moe_router_group_topk=1 --set model.moe_router_load_balancing_type=seq_aux_loss "
     "--set model.moe_shared_expert_intermediate_size=64 --set model.moe_shared_expert_gate=true "
     "--set 'model.moe_layer_freq=([0]*1+[1]*3)' --set model.moe_router_enable_expert_bias=true "
     "--set model.moe_router_bias_update_rate=0.1 ";
 
-// A run's curve and its logged seq_load_balancing_loss (TensorBoard).
-std::pair<dtk_test::Curve, std::map<std::string, std::map<int64_t, float>>> deepseek_run(int nproc,
-                                                                                         const std::string& args,
-                                                                                         const std::string& name) {
-  const std::string tb = dtk_test::fresh_dir(DTK_TEST_TMP, "tb-moe-deepseek-" + name);
-  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
-  dtk_test::Curve c;
-  c.run = dtk_test::run_dtk(launch + train("llama") + kDeepSeek + args + " --set logging.tensorboard_dir=" + tb, 300);
-  EXPECT_EQ(c.run.code, 0) << name << "\n" << c.run.out;
-  auto scalars = dtk_test::read_scalars(tb);
-  c.loss = scalars["lm loss"];
-  c.norm = scalars["grad-norm"];
-  return {c, scalars};
+std::pair<dtk_test::Curve, Scalars> deepseek_run(int nproc, const std::string& args, const std::string& name) {
+  return run_logged("llama", nproc, kDeepSeek + args, "deepseek-" + name);
 }
 
 }  // namespace
@@ -550,18 +558,19 @@ TEST(Moe, DeepSeekStyleRoutingEqualsOneProcessHoweverSplit) {
   EXPECT_LT(balance.at(1), 2.0);
   EXPECT_EQ(one_logged.count("load_balancing_loss"), 0u);
   EXPECT_NE(one.run.out.find("| seq_load_balancing_loss: "), std::string::npos) << one.run.out;
-  const std::pair<const char*, const char*> splits[] = {
-      {"dp2", ""},
-      {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
-      {"sp2", "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "},
-      {"pp2", "--set distributed.pipeline_model_parallel_size=2 "}};
-  for (const auto& [name, args] : splits) {
+  for (const auto& [name, args] : kSplits) {
     const auto [got, logged] = deepseek_run(2, args, name);
     expect_same_curve(one, got, kIters, std::string("DeepSeek-style ") + name);
     ASSERT_EQ(logged.count("seq_load_balancing_loss"), 1u) << name;
     for (const auto& [it, v] : balance)
       EXPECT_NEAR(logged.at("seq_load_balancing_loss").at(it), v, 1e-5 * std::abs(v)) << name << " at " << it;
   }
+  // The interleaved schedule's model chunks each move their layers' biases (ABI 2.11 through the
+  // host's chunk table).
+  const auto [interleaved, interleaved_logged] = deepseek_run(
+      2, "--set distributed.pipeline_model_parallel_size=2 --set distributed.virtual_pipeline_model_parallel_size=2 ",
+      "vpp2");
+  expect_same_curve(one, interleaved, kIters, "DeepSeek-style interleaved PP 2");
   // The guards: without the group limit the same model trains differently from the first
   // iteration, and without the expert bias from the second (the first update's).
   const auto [ungrouped, ungrouped_logged] =
@@ -637,7 +646,7 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=4 --set 'model.moe_layer_freq=[1]*3'",
        "option 'moe_layer_freq' lists 3 layers, the model has 2 (num_layers)"},
       {"--set model.num_experts=4 --set 'model.moe_layer_freq=[1]*2+[x]'",
-       "option 'moe_layer_freq': 'x' in '[x]' is not 0 or 1"},
+       "option 'moe_layer_freq': 'x' in a list is not 0 or 1 (in '[1]*2+[x]'"},
       {"--set model.num_experts=4 --set model.moe_router_score_function=sigmoid --set "
        "model.moe_router_pre_softmax=true",
        "moe_router_pre_softmax acts on softmax scores only"},

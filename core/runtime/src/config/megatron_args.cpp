@@ -134,8 +134,8 @@ const Rule kRules[] = {
     {"--moe-router-num-groups", 1, Kind::kSet, "model.moe_router_num_groups", "group-limited routing"},
     {"--moe-router-group-topk", 1, Kind::kSet, "model.moe_router_group_topk", "group-limited routing"},
     {"--moe-input-jitter-eps", 1, Kind::kRefuse, "", "the router's input jitter is not in DTK's router"},
-    {"--moe-token-drop-policy", 1, Kind::kRefuse, "",
-     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
+    {"--moe-token-drop-policy", 1, Kind::kIgnore, "",
+     "Megatron reads it only with --moe-expert-capacity-factor, which DTK refuses (its MoE layers are dropless)"},
     {"--moe-pad-expert-input-to-capacity", 0, Kind::kRefuse, "",
      "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
@@ -726,6 +726,7 @@ struct SeenFlags {
   std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
   bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
   std::string no_load_balancing_shown;                          // --moe-router-load-balancing-type none as given
+  bool sigmoid_scores = false;                                  // --moe-router-score-function sigmoid
   bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
   std::string key_value_heads, key_value_heads_shown;           // --num-key-value-heads (Megatron-DeepSpeed)
   bool checkpoint_activations = false;                          // --checkpoint-activations
@@ -806,6 +807,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
   if (f == "--moe-router-load-balancing-type") s.no_load_balancing_shown = values[0] == "none" ? shown : "";
+  if (f == "--moe-router-score-function") s.sigmoid_scores = values[0] == "sigmoid";
   if (f == "--recompute-granularity") s.recompute_granularity = values[0];
   if (f == "--recompute-activations") s.recompute_activations = true;
   if (f == "--recompute-method" && (values[0] == "uniform" || values[0] == "block"))
@@ -1342,6 +1344,13 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (!s.no_load_balancing_shown.empty()) {
     drop_sets(m, "model.moe_aux_loss_coeff");
     set_by(m, "model.moe_aux_loss_coeff=0", s.no_load_balancing_shown);
+  }
+  // Megatron's sigmoid router does not read --moe-router-pre-softmax (its DeepSeek recipes pass
+  // both); DTK's model refuses the pair, so the mapper leaves the flag out.
+  const auto pre_softmax = [](const std::string& set) { return set.rfind("model.moe_router_pre_softmax=", 0) == 0; };
+  if (s.sigmoid_scores && std::any_of(m.sets.begin(), m.sets.end(), pre_softmax)) {
+    drop_sets(m, "model.moe_router_pre_softmax");
+    m.ignored.push_back("--moe-router-pre-softmax (Megatron's sigmoid scores do not read it)");
   }
   // Megatron starts from scratch when --load holds no checkpoint yet (its scripts pass --save X
   // --load X from the first run on), unless --exit-on-missing-checkpoint.

@@ -178,6 +178,8 @@ class DecoderLM : public Model {
   std::vector<Param> buffers() override;
   // The MoE layers' expert biases follow the iteration's expert loads (ABI 2.11).
   void end_iteration() override;
+  // Model::to, but the expert biases stay fp32 (their steps would vanish in bf16).
+  void to(at::Device device, std::optional<at::ScalarType> dtype) override;
   std::vector<Module> modules() override;
   void set_module_hooks(const dtk_module_hooks* hooks) override { hooks_.set(hooks); }
   void set_training(bool training) override { training_ = training; }

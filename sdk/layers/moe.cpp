@@ -227,6 +227,18 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
   }
 }
 
+namespace {
+
+// Records one MoE layer's loss for the log without its coefficient: what this rank holds of the
+// mean over the MoE layers and of the TP group's sum (a partial sum under sequence parallelism,
+// the whole loss on every TP rank otherwise).
+void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, const MoeConfig& c, const TPGroup& tp) {
+  const double share = 1.0 / (static_cast<double>(c.logged_layers) * (tp.splits_sequence() ? 1 : tp.size));
+  record_aux_metric(name, loss * (share / coeff));
+}
+
+}  // namespace
+
 // The router on this rank's tokens x [tokens, h] (`batch` sequences of tokens / batch
 // positions): the chosen experts and their weights, the auxiliary losses attached (training, with
 // gradients) as Megatron's TopKRouter.routing does.
@@ -242,10 +254,7 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch) const {
                                      : dtk::linear(x, router, router_bias);
   if (aux && c_.z_loss_coeff > 0.0) {
     const at::Tensor z = router_z_loss(logits, c_.z_loss_coeff / (split ? tp_.size : 1));
-    // What this rank logs of a loss: its share of the mean over the MoE layers, and of the TP
-    // group's sum (a partial sum under sequence parallelism, the whole loss on every rank otherwise).
-    const double share = 1.0 / (static_cast<double>(c_.logged_layers) * (split ? 1 : tp_.size));
-    record_aux_metric("z_loss", z * (share / c_.z_loss_coeff));
+    record_layer_loss("z_loss", z, c_.z_loss_coeff, c_, tp_);
     logits = attach_aux_loss(logits, z, total);
   }
   Routing r = choose(logits);
@@ -331,9 +340,7 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
     if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
     loss = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
   }
-  const double share = 1.0 / (static_cast<double>(c_.logged_layers) * (split ? 1 : tp_.size));
-  record_aux_metric(per_sequence ? "seq_load_balancing_loss" : "load_balancing_loss",
-                    loss * (share / c_.aux_loss_coeff));
+  record_layer_loss(per_sequence ? "seq_load_balancing_loss" : "load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
   return loss;
 }
 

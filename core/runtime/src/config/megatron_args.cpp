@@ -930,6 +930,12 @@ void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
 }
 
 // Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
+// Whether a flag set `field` ("model.x").
+bool has_sets(const MegatronMapping& m, const std::string& field) {
+  return std::any_of(m.sets.begin(), m.sets.end(),
+                     [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; });
+}
+
 void drop_sets(MegatronMapping& m, const std::string& field) {
   const bool group = field.back() == '.';
   const auto of_field = [&](const std::string& set) { return set.rfind(group ? field : field + "=", 0) == 0; };
@@ -1347,8 +1353,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   }
   // Megatron's sigmoid router does not read --moe-router-pre-softmax (its DeepSeek recipes pass
   // both); DTK's model refuses the pair, so the mapper leaves the flag out.
-  const auto pre_softmax = [](const std::string& set) { return set.rfind("model.moe_router_pre_softmax=", 0) == 0; };
-  if (s.sigmoid_scores && std::any_of(m.sets.begin(), m.sets.end(), pre_softmax)) {
+  if (s.sigmoid_scores && has_sets(m, "model.moe_router_pre_softmax")) {
     drop_sets(m, "model.moe_router_pre_softmax");
     m.ignored.push_back("--moe-router-pre-softmax (Megatron's sigmoid scores do not read it)");
   }
@@ -1359,8 +1364,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   // --mock-data reads no files: the split and the cache folder of a data path do nothing.
   if (m.dataset == "synthetic") {
     for (const std::string field : {"dataset.split", "dataset.cache_dir"}) {
-      const auto of_field = [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; };
-      if (std::none_of(m.sets.begin(), m.sets.end(), of_field)) continue;  // (a flag given twice: each set)
+      if (!has_sets(m, field)) continue;  // (a flag given twice: each set)
       m.ignored.push_back(m.flag_of[field] + " (--mock-data reads no files)");
       drop_sets(m, field);
     }

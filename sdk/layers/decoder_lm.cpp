@@ -104,6 +104,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("recompute_num_layers", c.recompute_num_layers);
   int_opt("domino_chunks", c.domino_chunks);
   int_opt("num_experts", c.moe.num_experts);
+  c.moe.ep_rank = ctx.ep_rank, c.moe.ep_size = ctx.ep_size;
   int_opt("moe_router_topk", c.moe.topk);
   int_opt("moe_ffn_hidden_size", c.moe.ffn);
   if (o.has("moe_layer_freq")) {
@@ -181,6 +182,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     return;
   }
   if (m.num_experts > 4096) fail("option 'num_experts' is " + std::to_string(m.num_experts) + ", more than 4096");
+  divisible("num_experts", m.num_experts, "the expert-parallel size (distributed.expert_model_parallel_size)",
+            m.ep_size);
   if (m.topk < 1 || m.topk > m.num_experts)
     fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
          std::to_string(m.topk));
@@ -724,6 +727,7 @@ dtk_model_info DecoderLM::info() {
   i.recompute_num_layers = static_cast<int32_t>(c.recompute_num_layers);
   i.num_experts = static_cast<int32_t>(c.moe.num_experts);
   i.moe_router_topk = c.moe.enabled() ? static_cast<int32_t>(c.moe.topk) : 0;
+  i.expert_parallel = c.moe.enabled() ? 1 : 0;  // MoeMlp keeps this rank's share of the experts
   return i;
 }
 

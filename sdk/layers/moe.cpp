@@ -61,6 +61,66 @@ void sum_over_group(const at::Tensor& t, int32_t group) {
   if (Comm::size(group) > 1) Comm::all_reduce(t, group, DTK_REDUCE_SUM);
 }
 
+// The expert-parallel group's rows, concatenated along dim 0 in rank order.
+at::Tensor gather_expert_rows(const at::Tensor& x, int64_t size) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] *= size;
+  at::Tensor out = at::empty(shape, x.options());
+  Comm::all_gather(out, x.contiguous(), DTK_GROUP_EXPERT_PARALLEL);
+  return out;
+}
+
+// Rank r's 1 / size of x's rows, summed over the expert-parallel group.
+at::Tensor reduce_scatter_expert_rows(const at::Tensor& x, int64_t size) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] /= size;
+  at::Tensor out = at::empty(shape, x.options());
+  Comm::reduce_scatter(out, x.contiguous(), DTK_GROUP_EXPERT_PARALLEL);
+  return out;
+}
+
+// Into the experts: forward all-gather over the expert-parallel group; backward reduce-scatter,
+// each rank's rows receiving the gradients every rank's experts gave them.
+struct GatherToExperts : public torch::autograd::Function<GatherToExperts> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t size) {
+    ctx->saved_data["size"] = size;
+    return gather_expert_rows(x, size);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {reduce_scatter_expert_rows(grad[0], ctx->saved_data["size"].toInt()), at::Tensor()};
+  }
+};
+
+// Out of the experts: forward reduce-scatter (each row's outputs from every rank's experts
+// summed on the row's rank); backward all-gather.
+struct ScatterFromExperts : public torch::autograd::Function<ScatterFromExperts> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t size) {
+    ctx->saved_data["size"] = size;
+    return reduce_scatter_expert_rows(x, size);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {gather_expert_rows(grad[0], ctx->saved_data["size"].toInt()), at::Tensor()};
+  }
+};
+
+at::Tensor gather_to_experts(const at::Tensor& x, int64_t size) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return gather_expert_rows(x, size);
+  return GatherToExperts::apply(x, size);
+}
+
+at::Tensor scatter_from_experts(const at::Tensor& x, int64_t size) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return reduce_scatter_expert_rows(x, size);
+  return ScatterFromExperts::apply(x, size);
+}
+
+// The masters an expert's projections draw (ColumnParallelLinear's [ffn, hidden] per input,
+// RowParallelLinear's [hidden, ffn]), drawn and dropped for an expert another expert-parallel rank
+// holds: every rank draws the same sequence, so each expert has the values it has in one process.
+void draw_unheld_expert(size_t inputs, int64_t hidden, int64_t ffn, double init_std, double out_std, ParamFactory& f) {
+  for (size_t i = 0; i < inputs; ++i) f.normal({ffn, hidden}, init_std);
+  f.normal({hidden, ffn}, out_std);
+}
+
 }  // namespace
 
 void record_aux_metric(const char* name, const at::Tensor& value) {
@@ -210,8 +270,14 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
   router = f.param(f.normal({c.num_experts, hidden}, init_std));
   // Megatron-LM's router has a bias with add_bias_linear, drawn like its weight.
   if (bias) router_bias = f.param(f.normal({c.num_experts}, init_std));
-  experts.resize(static_cast<size_t>(c.num_experts));
-  for (Expert& e : experts) {
+  const int64_t first = c.first_local_expert(), held = c.local_experts();
+  experts.reserve(static_cast<size_t>(held));
+  for (int64_t index = 0; index < c.num_experts; ++index) {
+    if (index < first || index >= first + held) {
+      draw_unheld_expert(inputs_.size(), hidden, c.ffn, init_std, out_std, f);
+      continue;
+    }
+    Expert& e = experts.emplace_back();
     for (size_t i = 0; i < inputs_.size(); ++i) e.in.emplace_back(hidden, c.ffn, bias, init_std, tp, f);
     e.out = RowParallelLinear(c.ffn, hidden, bias, out_std, tp, f);
   }
@@ -351,31 +417,41 @@ at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const {
   return at::zeros({bins}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
 }
 
-// Every expert on the rows routed to it, inside the TP region: x [T, h] (all the group's rows),
-// probs and experts [T, k]. The T x k choices are sorted by expert (one host read of the counts),
-// each expert multiplies its run, and the outputs, times their weights, are put back in the
-// choices' order and summed over each row's k: this rank's partial sum [T, h] of the experts'
-// second products (before the layer's reduction). Only permutations and a sum over k move the
-// rows, so the backward adds nothing with atomics (the same bits on every run, on a GPU too).
+// This rank's experts on the rows routed to them, inside the TP region: x [T, h] (all the TP
+// group's rows, and under expert parallelism all the expert-parallel group's), probs and experts
+// [T, k]. The T x k choices are sorted by expert (one host read of the counts); this rank's
+// experts' choices are one run of that order, whose rows are gathered, each expert multiplies its
+// part, and the outputs, times their weights, are put back in their choices' places (the other
+// ranks' experts' places stay zero) and summed over each row's k: this rank's partial sum [T, h]
+// of the experts' second products (before the layer's reductions). Only gathers and copies to
+// distinct places and a sum over k move the rows, so the backward adds nothing with atomics (the
+// same bits on every run, on a GPU too), and only this rank's choices are multiplied.
 at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
-  const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk;
+  const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk, first = c_.first_local_expert();
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
   const at::Tensor counts = expert_counts(r.experts, c_.num_experts).cpu();
-  const at::Tensor sorted = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h}).index_select(0, order);
   const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t begin = 0, held_choices = 0;
+  for (int64_t e = 0; e < first; ++e) begin += count[e];
+  for (size_t e = 0; e < experts.size(); ++e) held_choices += count[first + static_cast<int64_t>(e)];
+  const at::Tensor mine = order.narrow(0, begin, held_choices);  // choice t * k + j, by expert
+  // (From the rows repeated k times, so every gathered row has its own source: a backward of
+  // distinct places.)
+  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h}).index_select(0, mine);
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts.size());
   int64_t offset = 0;
-  // Every expert runs, an empty run included, so each of its weights gets a gradient (zero when no
-  // row chose it), as a dense layer's would.
+  // Every expert of this rank runs, an empty run included, so each of its weights gets a gradient
+  // (zero when no row chose it), as a dense layer's would.
   for (size_t e = 0; e < experts.size(); ++e) {
-    const at::Tensor run = sorted.narrow(0, offset, count[e]);
-    offset += count[e];
-    outputs.push_back(expert_partial(experts[e], run, activation));
+    const int64_t n = count[first + static_cast<int64_t>(e)];
+    outputs.push_back(expert_partial(experts[e], rows.narrow(0, offset, n), activation));
+    offset += n;
   }
-  const at::Tensor unsorted = at::cat(outputs).index_select(0, at::argsort(order));
-  const at::Tensor weighted = unsorted.to(r.probs.scalar_type()).view({tokens, k, h}) * r.probs.unsqueeze(-1);
-  return weighted.sum(1).to(x.scalar_type());
+  const at::Tensor weights = r.probs.reshape(-1).index_select(0, mine).unsqueeze(-1);
+  const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
+  const at::Tensor placed = at::zeros({tokens * k, h}, weighted.options()).index_copy(0, mine, weighted);
+  return placed.view({tokens, k, h}).sum(1).to(x.scalar_type());
 }
 
 // The experts' second biases, sum over a row's k experts of probs * b2 [tokens, h], on this
@@ -385,9 +461,12 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
   if (experts.empty() || !experts[0].out.bias.defined()) return {};
   std::vector<at::Tensor> biases;
   for (const Expert& e : experts) biases.push_back(e.out.bias);
+  at::Tensor table = at::stack(biases);  // [experts held here, h]
+  // Every expert's bias from its rank (the gradient of each summed over the group's tokens).
+  if (c_.ep_size > 1) table = gather_to_experts(table, c_.ep_size);
   const at::Tensor dense =
       at::zeros({r.experts.size(0), c_.num_experts}, r.probs.options()).scatter(1, r.experts, r.probs);
-  return at::matmul(dense, at::stack(biases).to(r.probs.scalar_type())).to(dtype);
+  return at::matmul(dense, table.to(r.probs.scalar_type())).to(dtype);
 }
 
 at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation) const {
@@ -408,7 +487,17 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
   const int64_t whole = rows.size(1);
   region.probs = region.probs.reshape({b * whole, c_.topk});
   region.experts = region.experts.reshape({b * whole, c_.topk});
-  at::Tensor partial = run_experts(rows.reshape({b * whole, h}), region, activation).view({b, whole, h});
+  at::Tensor routed_rows = rows.reshape({b * whole, h});
+  // Expert parallelism: every rank's rows reach the experts here, and their outputs go back.
+  const bool dispatch = c_.ep_size > 1;
+  if (dispatch) {
+    routed_rows = gather_to_experts(routed_rows, c_.ep_size);
+    region.probs = gather_to_experts(region.probs, c_.ep_size);
+    region.experts = gather_expert_rows(region.experts, c_.ep_size);
+  }
+  at::Tensor routed = run_experts(routed_rows, region, activation);
+  if (dispatch) routed = scatter_from_experts(routed, c_.ep_size);
+  at::Tensor partial = routed.view({b, whole, h});
   // The shared expert on every row: ungated its partial sum joins the routed experts' reduction;
   // gated it leaves the region by itself, to be weighted per row.
   at::Tensor shared_out;
@@ -459,7 +548,8 @@ void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) cons
   add_param(out, prefix + "router.weight", router, -1, false);
   if (router_bias.defined()) add_param(out, prefix + "router.bias", router_bias, -1, true);
   for (size_t e = 0; e < experts.size(); ++e) {
-    const std::string name = prefix + "experts." + std::to_string(e) + ".";
+    const int64_t index = c_.first_local_expert() + static_cast<int64_t>(e);  // in the whole layer
+    const std::string name = prefix + "experts." + std::to_string(index) + ".";
     const size_t first = out.size();
     for (size_t i = 0; i < inputs_.size(); ++i) {
       add_param(out, name + inputs_[i] + ".weight", experts[e].in[i].weight, 0, false);

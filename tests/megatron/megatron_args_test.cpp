@@ -733,8 +733,9 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                           "--moe-token-dispatcher-type",
                                                           "alltoall",
                                                           "--expert-model-parallel-size",
-                                                          "1"});
+                                                          "4"});
   ASSERT_TRUE(m.refused.empty()) << m.refused[0];
+  EXPECT_EQ(config_of(m).distributed().expert_model_parallel_size(), 4);
   const auto options = config_of(m).model().options();
   const std::pair<const char*, const char*> want[] = {
       {"num_experts", "8"},        {"moe_router_topk", "2"},           {"moe_ffn_hidden_size", "512"},
@@ -800,7 +801,6 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
        "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
       {{"--moe-router-score-function", "sqrtsoftplus"},
        "--moe-router-score-function sqrtsoftplus: DTK's router scores with a softmax or a sigmoid"},
-      {{"--expert-model-parallel-size", "4"}, "--expert-model-parallel-size 4: expert parallelism is not in DTK yet"},
       {{"--moe-expert-capacity-factor", "1.0"}, "--moe-expert-capacity-factor 1.0: DTK's MoE layers are dropless"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},
   };

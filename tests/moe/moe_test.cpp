@@ -22,6 +22,7 @@
 #include "dtk/core/optim/aux_loss.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <regex>
@@ -674,4 +675,155 @@ TEST(Moe, BadInputsAreOneLine) {
     EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << args << "\n" << r.out;
     EXPECT_NE(r.out.find(line), std::string::npos) << args << "\n" << r.out;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert parallelism (Megatron-LM's --expert-model-parallel-size).
+
+namespace {
+
+const std::string kEp2 = "--set distributed.expert_model_parallel_size=2 ";
+
+// The "N = ... parameters a token runs (of the whole model's ...)" pair of a run's start-up line.
+std::pair<long long, long long> active_and_whole(const std::string& out) {
+  std::smatch m;
+  const std::regex re("N = ([0-9]+) parameters a token runs \\(of the whole model's ([0-9]+)");
+  if (!std::regex_search(out, m, re)) return {-1, -1};
+  return {std::stoll(m[1]), std::stoll(m[2])};
+}
+
+}  // namespace
+
+// The experts split over the data-parallel ranks, every rank's tokens all-gathered to them and the
+// outputs reduce-scattered back, their gradients summed over the ranks holding the same experts and
+// their norm over the expert-parallel group: the same training as every expert on every rank, for
+// gpt (biased experts: their bias table gathered) and DeepSeek-style llama, with TP, SP and PP, and
+// with more data-parallel ranks than expert-parallel ones (the expert-data-parallel reduction).
+TEST(Moe, ExpertParallelEqualsOneProcess) {
+  const dtk_test::Curve one = curve_of("gpt", 1, "", "ep-one");
+  ASSERT_EQ(one.run.code, 0) << one.run.out;
+  const dtk_test::Curve ep2 = curve_of("gpt", 2, kEp2, "ep2");
+  expect_same_curve(one, ep2, kIters, "gpt EP 2");
+  EXPECT_NE(ep2.run.out.find("model parallel rank (0, 0), expert-parallel rank 1 of 2: "), std::string::npos)
+      << ep2.run.out;
+  // Each rank holds half the experts; the FLOPs still count the whole model's.
+  EXPECT_EQ(active_and_whole(ep2.run.out), active_and_whole(one.run.out)) << ep2.run.out;
+  EXPECT_NE(active_and_whole(one.run.out).first, -1) << one.run.out;
+  expect_same_curve(one,
+                    curve_of("gpt", 4,
+                             kEp2 + "--set distributed.tensor_model_parallel_size=2 "
+                                    "--set distributed.sequence_parallel=true ",
+                             "ep2-sp2"),
+                    kIters, "gpt EP 2 x TP 2 with sequence parallelism");
+  expect_same_curve(one, curve_of("gpt", 4, kEp2 + "--set distributed.pipeline_model_parallel_size=2 ", "ep2-pp2"),
+                    kIters, "gpt EP 2 x PP 2");
+  // Four data-parallel ranks of one micro-batch of 2 each (the losses per micro-batch of 2).
+  const std::string small = "--set train.micro_batch_size=2 ";
+  const dtk_test::Curve one_small = curve_of("gpt", 1, small, "ep-one-mb2");
+  ASSERT_EQ(one_small.run.code, 0) << one_small.run.out;
+  expect_same_curve(one_small, curve_of("gpt", 4, small + kEp2, "dp4-ep2"), kIters,
+                    "gpt DP 4 x EP 2 (expert-data-parallel 2)");
+  expect_same_curve(one_small, curve_of("gpt", 4, small + "--set distributed.expert_model_parallel_size=4 ", "dp4-ep4"),
+                    kIters, "gpt EP 4");
+  // The parameter norm (the experts' squares summed over the expert-parallel group) and ddp's
+  // overlap_param_gather (the dense buckets split across the step, the experts' reduced whole).
+  const std::string norms = "--set logging.log_params_norm=true ";
+  const auto [one_norms, one_norms_logged] = run_logged("gpt", 1, norms, "ep-one-params-norm");
+  const auto [ep_norms, ep_norms_logged] =
+      run_logged("gpt", 2, kEp2 + norms + "--set strategy.overlap_param_gather=true ", "ep2-params-norm");
+  expect_same_curve(one_norms, ep_norms, kIters, "gpt EP 2 with overlap_param_gather");
+  ASSERT_EQ(one_norms_logged.at("params-norm").size(), kIters);
+  for (const auto& [it, v] : one_norms_logged.at("params-norm"))
+    EXPECT_NEAR(ep_norms_logged.at("params-norm").at(it), v, 1e-5 * v) << "params norm at " << it;
+  const auto [deepseek, deepseek_logged] = deepseek_run(1, "", "ep-one");
+  ASSERT_EQ(deepseek.loss.size(), kIters) << deepseek.run.out;
+  const auto [deepseek_ep2, deepseek_ep2_logged] = deepseek_run(2, kEp2, "ep2");
+  expect_same_curve(deepseek, deepseek_ep2, kIters, "DeepSeek-style llama EP 2");
+  for (const auto& [it, v] : deepseek_logged.at("seq_load_balancing_loss"))
+    EXPECT_NEAR(deepseek_ep2_logged.at("seq_load_balancing_loss").at(it), v, 1e-5 * std::abs(v)) << "at " << it;
+}
+
+// Each expert-parallel rank saves its own experts (Megatron's mp_rank_TT_EEE directories): a run
+// stopped after iteration 3 and resumed goes on exactly as the uninterrupted one; a run of another
+// expert-parallel size, and dtk checkpoint convert, refuse the checkpoint in one line.
+TEST(Moe, ExpertParallelCheckpointsResumeAndRefuseAnotherSplit) {
+  const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-ep-checkpoint");
+  const dtk_test::Curve whole = curve_of("gpt", 2, kEp2, "ep2-uninterrupted");
+  ASSERT_EQ(whole.loss.size(), kIters) << whole.run.out;
+  const dtk_test::Curve first =
+      curve_of("gpt", 2, kEp2 + "--set checkpoint.save=" + ck + " --set train.exit_interval=3 ", "ep2-first-half");
+  ASSERT_EQ(first.loss.size(), 3u) << first.run.out;
+  for (const char* dir : {"mp_rank_00_000", "mp_rank_00_001"})
+    EXPECT_TRUE(std::filesystem::is_regular_file(ck + "/iter_0000003/" + dir + "/model_optim_rng.pt")) << dir;
+  const dtk_test::Curve resumed = curve_of("gpt", 2, kEp2 + "--set checkpoint.load=" + ck + " ", "ep2-resumed");
+  ASSERT_EQ(resumed.loss.size(), kIters - 3) << resumed.run.out;
+  for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it) {
+    EXPECT_EQ(resumed.loss.at(it), whole.loss.at(it)) << "iteration " << it;
+    EXPECT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+  const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + ck, 120);
+  EXPECT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_NE(inspect.out.find("of which expert-parallel 2"), std::string::npos) << inspect.out;
+  const dtk_test::Result other =
+      dtk_test::run_dtk("launch --nproc_per_node 2 " + train("gpt") + "--set checkpoint.load=" + ck, 300);
+  EXPECT_NE(other.code, 0);
+  EXPECT_NE(other.out.find("dtk: error: "), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find("was saved with expert-parallel size 2, this run has 1"), std::string::npos) << other.out;
+  const dtk_test::Result convert = dtk_test::run_dtk(
+      "checkpoint convert " + ck + "/iter_0000003 " + ck + "-tp2 --tensor_model_parallel_size 2", 120);
+  EXPECT_NE(convert.code, 0);
+  EXPECT_NE(convert.out.find("dtk: error: "), std::string::npos) << convert.out;
+  EXPECT_NE(convert.out.find("was saved with expert-parallel size 2"), std::string::npos) << convert.out;
+  // The same expert-parallel size with pipeline stages: other directories, refused in one line.
+  const dtk_test::Result staged =
+      dtk_test::run_dtk("launch --nproc_per_node 4 " + train("gpt") + kEp2 +
+                            "--set distributed.pipeline_model_parallel_size=2 --set checkpoint.load=" + ck,
+                        300);
+  EXPECT_NE(staged.code, 0);
+  EXPECT_NE(staged.out.find("it was saved with expert parallelism and another tensor- or pipeline-parallel layout"),
+            std::string::npos)
+      << staged.out;
+  // Commands that read the whole model from one directory refuse it in one line: export (an MoE
+  // model has no Hugging Face GPT-2 form), generate (one process holds every expert).
+  const std::pair<std::string, std::string> whole_model[] = {
+      {"export hf " + ck + " " + ck + "-hf --vocab_file " + ck + "/latest_checkpointed_iteration.txt --merge_file " +
+           ck + "/latest_checkpointed_iteration.txt",
+       "the gpt model has mixture-of-experts layers"},
+      {"generate --load " + ck +
+           " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 2 --threads 1",
+       "is not divisible by distributed.expert_model_parallel_size 2"}};
+  for (const auto& [command, line] : whole_model) {
+    const dtk_test::Result r = dtk_test::run_dtk(command, 120);
+    EXPECT_NE(r.code, 0) << command;
+    EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << command << "\n" << r.out;
+    EXPECT_NE(r.out.find(line), std::string::npos) << command << "\n" << r.out;
+  }
+}
+
+TEST(Moe, ExpertParallelBadInputsAreOneLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--set distributed.expert_model_parallel_size=3",
+       "the data-parallel size 2 is not divisible by distributed.expert_model_parallel_size 3"},
+      {"--set distributed.expert_model_parallel_size=-1", "distributed.expert_model_parallel_size must be at least 1"},
+      {kEp2 + "--set model.num_experts=3", "num_experts 3 is not divisible by the expert-parallel size"},
+      {kEp2 + "--strategy zero --set strategy.stage=1", "strategy 'zero' does not run expert parallelism"},
+  };
+  for (const auto& [args, line] : cases) {
+    const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + train("gpt") + args, 300);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(line), std::string::npos) << args << "\n" << r.out;
+  }
+  // A dense model has no experts to split.
+  const dtk_test::Result dense =
+      dtk_test::run_dtk("launch --nproc_per_node 2 train --config " + std::string(DTK_SOURCE_DIR) +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set train.train_iters=2 --set "
+                            "lr.lr_warmup_iters=1 "
+                            "--set train.micro_batch_size=4 " +
+                            kEp2,
+                        300);
+  EXPECT_NE(dense.code, 0);
+  EXPECT_NE(dense.out.find("splits the experts of mixture-of-experts layers, and model 'gpt' has none"),
+            std::string::npos)
+      << dense.out;
 }

@@ -34,6 +34,12 @@
 // Gradients of such parameters accumulate across micro-batches in fp32 (Megatron's
 // accumulate_allreduce_grads_in_fp32): before each further micro-batch's backward, and before the
 // reduction, the parameter's gradient is added into the master's fp32 gradient and cleared.
+//
+// Expert parallelism (ABI 2.12, Megatron's --expert-model-parallel-size): the routed experts'
+// weights (dtk_param_info.expert) differ between the expert-parallel ranks, so they go in buckets
+// of their own, summed over the expert-data-parallel group and divided by the data-parallel size,
+// reduced whole in the step (never split by overlap_param_gather); the norm adds their squares
+// over the expert-parallel group.
 #include <dtk/strategy.hpp>
 
 #include <dtk/trace.hpp>
@@ -90,6 +96,7 @@ class Ddp : public dtk::Strategy {
         pp_rank_(ctx.pp_rank),
         dp_size_(std::max(1, dtk::Comm::size(DTK_GROUP_DATA_PARALLEL))),
         dp_rank_(std::max(0, dtk::Comm::rank(DTK_GROUP_DATA_PARALLEL))),
+        ep_size_(std::max(1, dtk::Comm::size(DTK_GROUP_EXPERT_PARALLEL))),
         tied_across_stages_(ctx.pp_size > 1),
         sums_over_tensor_parallel_(ctx.tp_size > 1) {
     hooks_ = {dtk_module_hooks_STRUCT_SIZE, this, &pre_forward, nullptr, nullptr, &post_backward};
@@ -184,15 +191,21 @@ class Ddp : public dtk::Strategy {
     at::NoGradGuard no_grad;
     // Accumulate on the gradients' device (one host sync at the end, not one per parameter): one
     // multi-tensor pass on a GPU (dtk/grad_norm.hpp).
-    std::vector<at::Tensor> counted;
+    std::vector<at::Tensor> counted, experts;
     for (size_t i = 0; i < params_.size(); ++i) {
       const at::Tensor& g = masters_[i].grad();
-      if (g.defined() && counted_in_norm(i)) counted.push_back(g);
+      if (g.defined() && counted_in_norm(i)) (held_by_expert_rank(i) ? experts : counted).push_back(g);
     }
     // On the parameters' device even without gradients: every rank of the group must pick the same
     // backend (NCCL for CUDA tensors, Gloo for host ones).
     const at::Device device = masters_.empty() ? at::Device(at::kCPU) : masters_.front().device();
     at::Tensor total = dtk::sum_of_squares(counted, device);
+    // Expert parallelism: the other experts' gradients are on the expert-parallel group's ranks.
+    if (ep_size_ > 1) {
+      at::Tensor held = dtk::sum_of_squares(experts, device);
+      dtk::Comm::all_reduce(held, DTK_GROUP_EXPERT_PARALLEL, DTK_REDUCE_SUM);
+      total = total + held;
+    }
     // overlap_param_gather: the rest of the gradients are this rank's reduced shards; the group's
     // shards together are every reduced gradient once.
     if (split_) {
@@ -240,6 +253,7 @@ class Ddp : public dtk::Strategy {
     i.struct_size = dtk_strategy_info_STRUCT_SIZE;
     // Parameters are stale between the step and their module's next pre_forward.
     i.partitions_parameters = split_ ? 1 : 0;
+    i.expert_parallel = 1;  // experts' gradients over the expert-data-parallel group (bucket.group)
     return i;
   }
 
@@ -327,6 +341,9 @@ class Ddp : public dtk::Strategy {
     bool split = false;
     int64_t padded = 0;
     at::Tensor shard;
+    // Reduced over the data-parallel group, or for the experts of expert parallelism over the
+    // ranks that hold the same experts (the expert-data-parallel group).
+    int32_t group = DTK_GROUP_DATA_PARALLEL;
     std::optional<dtk::Comm::Work> gather;  // the all-gather of the reduced gradients in flight
     bool update_pending = false;            // gathered or gathering, not yet applied
     int32_t first_reader = -1;              // the lowest module reading its parameters
@@ -402,26 +419,39 @@ class Ddp : public dtk::Strategy {
   bool reduced_whole(size_t i, int32_t ready_module) const {
     const dtk_param_info& info = params_[i].info;
     return ready_module < 0 || (tied_across_stages_ && info.shared) ||
-           (sums_over_tensor_parallel_ && info.sequence_parallel);
+           (sums_over_tensor_parallel_ && info.sequence_parallel) || held_by_expert_rank(i);
+  }
+
+  // A routed expert's weight under expert parallelism: only this expert-parallel rank holds it.
+  bool held_by_expert_rank(size_t i) const {
+    const dtk_param_info& info = params_[i].info;
+    return ep_size_ > 1 && info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
   }
 
   void add_to_bucket(size_t i, bool split, int32_t ready_module) {
     const at::Tensor& m = masters_[i];
     const int64_t elem = static_cast<int64_t>(m.element_size());
-    if (buckets_.empty() || buckets_.back().dtype != m.scalar_type() || buckets_.back().device != m.device() ||
-        buckets_.back().split != split || buckets_.back().numel * elem >= bucket_bytes_) {
+    // The experts fill buckets of their own beside the others' (one open bucket per group, as
+    // Megatron's separate expert buffers), so each MoE layer does not cut the dense buckets short.
+    const int32_t group = held_by_expert_rank(i) ? DTK_GROUP_EXPERT_DATA_PARALLEL : DTK_GROUP_DATA_PARALLEL;
+    auto open = open_bucket_.find(group);
+    if (open == open_bucket_.end() || buckets_[open->second].dtype != m.scalar_type() ||
+        buckets_[open->second].device != m.device() || buckets_[open->second].split != split ||
+        buckets_[open->second].numel * elem >= bucket_bytes_) {
       buckets_.emplace_back();
       buckets_.back().dtype = m.scalar_type();
       buckets_.back().device = m.device();
       buckets_.back().split = split;
+      buckets_.back().group = group;
+      open = open_bucket_.insert_or_assign(group, buckets_.size() - 1).first;
     }
-    Bucket& b = buckets_.back();
+    Bucket& b = buckets_[open->second];
     b.slots.push_back({i, b.numel, m.numel()});
     b.numel += m.numel();
     b.padded = (b.numel + dp_size_ - 1) / dp_size_ * dp_size_;
     // Parameters come in descending ready_module order: the last one added is read first.
     b.first_reader = ready_module;
-    bucket_of_[i] = static_cast<int64_t>(buckets_.size() - 1);
+    bucket_of_[i] = static_cast<int64_t>(open->second);
     if (ready_module >= 0) ready_at_[static_cast<size_t>(ready_module)].push_back(i);
   }
 
@@ -476,7 +506,13 @@ class Ddp : public dtk::Strategy {
       if (b.split) g = at::Tensor();
     }
     const int32_t op = average_ ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
-    if (b.split)
+    if (b.group == DTK_GROUP_EXPERT_DATA_PARALLEL) {
+      // Each expert's gradient here already holds the tokens of the whole expert-parallel group:
+      // summed over the ranks holding the same experts, it covers every data-parallel rank's, and
+      // the average divides by the data-parallel size (Megatron's expert_gradient_scaling_factor).
+      if (average_) b.flat.div_(dp_size_);
+      b.work.emplace(dtk::Comm::all_reduce_async(b.flat, DTK_GROUP_EXPERT_DATA_PARALLEL, DTK_REDUCE_SUM));
+    } else if (b.split)
       b.work.emplace(dtk::Comm::reduce_scatter_async(b.shard, b.flat, DTK_GROUP_DATA_PARALLEL, op));
     else
       b.work.emplace(dtk::Comm::all_reduce_async(b.flat, DTK_GROUP_DATA_PARALLEL, op));
@@ -622,7 +658,7 @@ class Ddp : public dtk::Strategy {
 
   bool average_, masters_enabled_, overlap_, split_asked_;
   int64_t bucket_bytes_;
-  int32_t tp_rank_, pp_rank_, dp_size_, dp_rank_;
+  int32_t tp_rank_, pp_rank_, dp_size_, dp_rank_, ep_size_;
   bool tied_across_stages_, sums_over_tensor_parallel_;
   // The first split update checks that the optimizer counts one step per update, not per call.
   bool step_checked_ = false;
@@ -636,6 +672,7 @@ class Ddp : public dtk::Strategy {
   bool hooked_ = false;    // the hooks are installed (overlap on, DP > 1, a model with modules)
   bool syncing_ = false;   // in the last micro-batch's backward: the hooks issue buckets
   std::vector<Bucket> buckets_;
+  std::map<int32_t, size_t> open_bucket_;    // per group: the bucket being filled (build_buckets)
   std::vector<int64_t> bucket_of_;           // per parameter: its bucket or -1
   std::vector<std::vector<size_t>> ready_at_;  // per module: the gradients complete after it
   std::vector<char> ready_;                  // per parameter: complete in this backward

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 11
+#define DTK_ABI_MINOR 12
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -493,7 +493,15 @@ typedef enum dtk_group {
   DTK_GROUP_DATA_PARALLEL = 1,
   DTK_GROUP_TENSOR_PARALLEL = 2,
   DTK_GROUP_PIPELINE_PARALLEL = 3,
-  DTK_GROUP_MODEL_PARALLEL = 4 /* TP x PP ranks sharing a data-parallel replica */
+  DTK_GROUP_MODEL_PARALLEL = 4, /* TP x PP ranks sharing a data-parallel replica */
+  /* ABI 2.12. Expert parallelism (Megatron's --expert-model-parallel-size, its order
+   * tp-ep-dp-pp): the data-parallel group in consecutive runs of E ranks, each run an expert-
+   * parallel group whose ranks hold different routed experts (data-parallel rank d is expert-
+   * parallel rank d % E); the expert-data-parallel group: the data-parallel ranks with the same
+   * expert-parallel rank (d / E its rank), which hold the same experts. Size 1 each without expert
+   * parallelism; a 2.11 host answers -1 (unknown) for both. */
+  DTK_GROUP_EXPERT_PARALLEL = 5,
+  DTK_GROUP_EXPERT_DATA_PARALLEL = 6
 } dtk_group;
 
 typedef enum dtk_reduce_op {
@@ -720,11 +728,18 @@ typedef struct dtk_build_context {
    * initial values out one parameter at a time through dtk_model_api.init_parameters. Set only
    * for a model plugin whose table has init_parameters; a model may ignore it (and report 0). */
   int32_t deferred_parameters;
+  /* ABI 2.12. Expert parallelism (DTK_GROUP_EXPERT_PARALLEL; set only with ep_size > 1, else 0
+   * and 1): each mixture-of-experts layer keeps the routed experts [ep_rank * n / ep_size,
+   * (ep_rank + 1) * n / ep_size) of its n, and tokens reach the experts of the other ranks of
+   * the group through its collectives. A model that honours it says so in
+   * dtk_model_info.expert_parallel; the host refuses the run otherwise. */
+  int32_t ep_rank, ep_size;
 } dtk_build_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_4, deferred_parameters);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, deferred_parameters);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_12, ep_size);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, ep_size);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -755,12 +770,18 @@ typedef struct dtk_model_info {
    * (0 and 0: a dense model; a 2.8 model reports 0). */
   int32_t num_experts;
   int32_t moe_router_topk;
+  /* ABI 2.12. 1: it runs dtk_build_context.ep_size's layout: this rank holds only its share of
+   * the routed experts (their parameters marked dtk_param_info.expert, named as in the whole
+   * model), so their gradients are reduced over DTK_GROUP_EXPERT_DATA_PARALLEL and their
+   * parameters counted and saved per expert-parallel rank. */
+  int32_t expert_parallel;
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_9, moe_router_topk);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, moe_router_topk);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_12, expert_parallel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, expert_parallel);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;
@@ -1121,9 +1142,17 @@ typedef struct dtk_strategy_info {
   int32_t partitions_parameters;
   /* 1: the optimizer steps host tensors (ZeRO-Offload): what it allocates is host memory. */
   int32_t optimizer_on_host;
+  /* ABI 2.12. 1: it runs expert parallelism (DTK_GROUP_EXPERT_PARALLEL larger than one): the
+   * gradients of the parameters marked dtk_param_info.expert are summed over
+   * DTK_GROUP_EXPERT_DATA_PARALLEL and divided by the data-parallel size (every token of the
+   * data-parallel group reached its experts through the expert-parallel group, Megatron's
+   * expert_gradient_scaling_factor), and clip_and_norm sums their squares over the expert-parallel
+   * group too. The host refuses expert parallelism with a strategy that reports 0. */
+  int32_t expert_parallel;
 } dtk_strategy_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_info, 2_1, optimizer_on_host);
-DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_info, optimizer_on_host);
+DTK_DEFINE_STRUCT_SIZE(dtk_strategy_info, 2_12, expert_parallel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_strategy_info, expert_parallel);
 
 /* Bytes a strategy holds, by what they are (ABI 2.1), for the memory report. Device bytes are
  * on the run's device (on a CPU run: tensors outside pinned host memory); host bytes are what

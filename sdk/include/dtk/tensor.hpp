@@ -207,7 +207,9 @@ struct BuildContext {
         micro_batch_size(c.micro_batch_size),
         seed(c.seed),
         sequence_parallel(c.sequence_parallel != 0 && c.tp_size > 1),
-        deferred_parameters(c.deferred_parameters != 0) {}
+        deferred_parameters(c.deferred_parameters != 0),
+        ep_rank(c.ep_size > 1 ? c.ep_rank : 0),
+        ep_size(c.ep_size > 1 ? c.ep_size : 1) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -219,6 +221,8 @@ struct BuildContext {
   // ABI 2.4 (false from an earlier host): create parameters without values; dtk::layers::ParamFactory
   // with a DeferredInit does it (dtk/layers/param_factory.hpp).
   bool deferred_parameters;
+  // ABI 2.12 (0 and 1 from an earlier host): expert parallelism, dtk_build_context.ep_rank/ep_size.
+  int32_t ep_rank, ep_size;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -204,6 +204,7 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   d.insert("pipeline_model_parallel_size", static_cast<int64_t>(c.topo.pp_size));
   d.insert("virtual_pipeline_model_parallel_size", num_chunks);
   d.insert("data_parallel_size", static_cast<int64_t>(c.topo.dp_size));
+  if (c.topo.ep_size > 1) d.insert("expert_model_parallel_size", static_cast<int64_t>(c.topo.ep_size));
   if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(c.topo.dp_size));
   insert_provenance(d, c.config_text, c.writers);
   return d;
@@ -216,7 +217,8 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
 int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model, const OptimizerInstance& optimizer,
                          StrategyInstance& strategy, const SaveContext& c) {
   const Topology& topo = c.topo;
-  const bool writer = topo.dp_rank == 0;
+  // (Under expert parallelism the first rank of each set holding the same experts.)
+  const bool writer = topo.edp_rank() == 0;
   const bool sharded = strategy.info().sharded_state != 0;
   int64_t bytes = 0;
   std::string sums;
@@ -227,7 +229,7 @@ int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model,
   strategy.gather_parameters(false);
   const TensorList optim_state = optimizer.state_save();
   const TensorList strat_state = strategy.state_save();
-  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, topo.ep_rank(), topo.ep_size);
   const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
   if (writer || sharded) {
     std::error_code ec;
@@ -428,6 +430,15 @@ void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir
   if (fs::is_directory(rank_dir, ec)) return;
   const std::string first = ckpt::first_rank_dir(iter_dir);
   const bool staged = first != mp_rank_dir(0);
+  // Expert-parallel directories (the same expert-parallel size: check_expert_naming) of another
+  // tensor- or pipeline-parallel layout; dtk checkpoint convert does not take them.
+  if (ckpt::saved_expert_parallel_size(iter_dir) > 1)
+    throw HostError("checkpoint " + iter_dir + " has no " + rank_dir.filename().string() +
+                    ": it was saved with expert parallelism and another tensor- or pipeline-parallel layout than "
+                    "this run's (tensor-parallel size " +
+                    std::to_string(topo.tp_size) + ", pipeline-parallel size " + std::to_string(topo.pp_size) +
+                    "); an expert-parallel checkpoint loads with the layout it was saved with (dtk checkpoint "
+                    "inspect shows it)");
   if (staged == (topo.pp_size > 1) || !fs::is_directory(fs::path(iter_dir) / first, ec)) return;
   // The tensor-parallel size too, from the first stage's folders: the conversion must name both.
   int saved_tp = 0;
@@ -444,10 +455,28 @@ void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir
       " --pipeline_model_parallel_size " + std::to_string(topo.pp_size) + " makes one for it)");
 }
 
+// Each expert-parallel rank saves its own experts: a checkpoint of another expert-parallel size has
+// other directories, and experts another rank held.
+std::string expert_parallel_differs(int64_t saved, const Topology& topo) {
+  return "was saved with expert-parallel size " + std::to_string(saved) + ", this run has " +
+         std::to_string(topo.ep_size) +
+         " (distributed.expert_model_parallel_size: each expert-parallel rank saves its own experts, and DTK does "
+         "not re-split them yet)";
+}
+void check_expert_naming(const std::string& iter_dir, const fs::path& rank_dir, const Topology& topo) {
+  std::error_code ec;
+  if (fs::is_directory(rank_dir, ec)) return;
+  const int64_t saved = ckpt::saved_expert_parallel_size(iter_dir);
+  if (saved > 0 && saved != topo.ep_size)
+    throw HostError("checkpoint " + iter_dir + " " + expert_parallel_differs(saved, topo));
+}
+
 // The layout the file was saved with must be this run's: tensor- and pipeline-parallel sizes and
-// model chunks per rank (dtk checkpoint convert changes them).
+// model chunks per rank (dtk checkpoint convert changes them), and the expert-parallel size.
 void check_saved_layout(const SavedFile& f, const Topology& topo, const ModelInstance& model) {
   const std::string& file = f.file;
+  const int64_t saved_ep = f.d.contains("expert_model_parallel_size") ? f.get_int("expert_model_parallel_size") : 1;
+  if (saved_ep != topo.ep_size) throw HostError("checkpoint " + file + " " + expert_parallel_differs(saved_ep, topo));
   const int64_t saved_tp = f.get_int("tensor_model_parallel_size");
   if (saved_tp != topo.tp_size)
     throw HostError("checkpoint " + file + " was saved with tensor-parallel size " + std::to_string(saved_tp) +
@@ -587,9 +616,10 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   // manifest, when the checkpoint has one and verification is wanted.
   if (what.verify) require_complete_iteration(load_dir, iteration);
   const ckpt::Checksums sums = what.verify ? ckpt::read_checksums(iter_dir) : ckpt::Checksums{};
-  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size);
+  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, topo.ep_rank(), topo.ep_size);
   const fs::path rank_dir = fs::path(checkpoint_iter_dir(load_dir, iteration)) / rank_name;
   const std::string file = (rank_dir / ckpt::kModelFile).string();
+  check_expert_naming(iter_dir, rank_dir, topo);
   check_pipeline_naming(iter_dir, rank_dir, topo);
   const c10::impl::GenericDict d =
       read_pickled_dict(file,

@@ -410,9 +410,11 @@ void print_files(const std::string& iter_dir, const ckpt::Checksums& sums, const
 // The parallel layout, as the first rank's main file records it. Pipeline stages (Megatron's
 // mp_rank_TT_PPP directories) are told apart from a single stage by the first rank directory's name.
 struct RankLayout {
-  int64_t tp_size = 1, pp_size = 1, shards = 0;
-  std::string rank_dir(int64_t tp, int64_t pp) const {
-    return ckpt::mp_rank_dir(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(pp_size));
+  int64_t tp_size = 1, pp_size = 1, ep_size = 1, shards = 0;
+  // (Expert-parallel rank ep's: each holds its own experts and everything else the same.)
+  std::string rank_dir(int64_t tp, int64_t pp, int64_t ep = 0) const {
+    return ckpt::mp_rank_dir(static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(pp_size),
+                             static_cast<int>(ep), static_cast<int>(ep_size));
   }
 };
 
@@ -462,6 +464,8 @@ void print_run_header(const c10::impl::GenericDict& d, RankLayout& layout, std::
   if (get("pipeline_model_parallel_size").isInt())
     layout.pp_size = std::max<int64_t>(1, get("pipeline_model_parallel_size").toInt());
   if (get("optimizer_shards").isInt()) layout.shards = get("optimizer_shards").toInt();
+  if (get("expert_model_parallel_size").isInt())
+    layout.ep_size = std::max<int64_t>(1, get("expert_model_parallel_size").toInt());
   out << "  iteration " << int_entry(d, "iteration") << ", consumed samples: train "
       << int_entry(d, "consumed_train_samples") << ", validation " << int_entry(d, "consumed_valid_samples")
       << "; scheduler step " << int_entry(d, "scheduler_step") << "\n";
@@ -472,6 +476,7 @@ void print_run_header(const c10::impl::GenericDict& d, RankLayout& layout, std::
   if (chunks > 1) out << " with " << chunks << " model chunks per rank (interleaved)";
   if (layout.pp_size > 1) out << " (stage 0 shown)";
   out << ", data-parallel " << int_entry(d, "data_parallel_size");
+  if (layout.ep_size > 1) out << " of which expert-parallel " << layout.ep_size << " (expert-parallel rank 0 shown)";
   if (layout.shards > 0) out << ", optimizer state sharded over " << layout.shards << " data-parallel files";
   out << "\n";
   print_schedule_and_writers(d, out);
@@ -512,7 +517,9 @@ RankLayout print_rank_files(const std::string& iter_dir, const InspectOptions& o
   RankLayout layout;
   layout.pp_size = ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? 2 : 1;
   for (int64_t tp = 0; tp < layout.tp_size; ++tp) {
-    const std::string relative = layout.rank_dir(tp, 0) + "/" + ckpt::kModelFile;
+    // The first rank's directory as found (its main file says the layout of the others).
+    const std::string relative =
+        (tp == 0 ? ckpt::first_rank_dir(iter_dir) : layout.rank_dir(tp, 0)) + "/" + ckpt::kModelFile;
     const std::string file = (fs::path(iter_dir) / relative).string();
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
     try {
@@ -530,7 +537,7 @@ RankLayout print_rank_files(const std::string& iter_dir, const InspectOptions& o
 
 // Every stage's files are checked, the first stage's shown: the sharded optimizer state (one file
 // per data-parallel and tensor-parallel rank; its tensors with --all_tensors), then the main file
-// of every rank not shown above.
+// of every rank not shown above (every expert-parallel rank's).
 void check_other_files(const std::string& iter_dir, const RankLayout& layout, const InspectOptions& options,
                        std::string& problem, std::ostream& out) {
   std::error_code ec;
@@ -553,12 +560,12 @@ void check_other_files(const std::string& iter_dir, const RankLayout& layout, co
           if (problem.empty()) problem = ckpt::first_line(e.what());
         }
       }
-  for (int64_t pp = 0; pp < layout.pp_size; ++pp)
-    for (int64_t tp = pp == 0 ? 1 : 0; tp < layout.tp_size; ++tp) {
-      const fs::path f = fs::path(iter_dir) / layout.rank_dir(tp, pp) / ckpt::kModelFile;
-      if (!fs::is_regular_file(f, ec) && problem.empty())
-        problem = f.string() + not_a_file(f);
-    }
+  for (int64_t ep = 0; ep < layout.ep_size; ++ep)
+    for (int64_t pp = 0; pp < layout.pp_size; ++pp)
+      for (int64_t tp = pp == 0 && ep == 0 ? 1 : 0; tp < layout.tp_size; ++tp) {
+        const fs::path f = fs::path(iter_dir) / layout.rank_dir(tp, pp, ep) / ckpt::kModelFile;
+        if (!fs::is_regular_file(f, ec) && problem.empty()) problem = f.string() + not_a_file(f);
+      }
 }
 
 // The saved config, one line per section (the text format in single-line mode); as saved if it
@@ -622,6 +629,11 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
 }
 
 TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verify) {
+  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) && ckpt::saved_expert_parallel_size(iter_dir) > 1)
+    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " +
+                    std::to_string(ckpt::saved_expert_parallel_size(iter_dir)) +
+                    " (each expert-parallel rank's directory holds its own experts): this command needs the whole "
+                    "model in one directory, which DTK cannot merge yet");
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
     throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
                     "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "

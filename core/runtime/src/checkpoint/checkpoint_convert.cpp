@@ -158,6 +158,12 @@ Layout read_saved_layout(const std::string& iter_dir, const ckpt::Checksums& sum
   if (tp == d.end() || !tp->value().isInt() || tp->value().toInt() < 1)
     throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
   old.tp = tp->value().toInt();
+  auto ep = d.find(c10::IValue(std::string("expert_model_parallel_size")));
+  if (ep != d.end() && ep->value().isInt() && ep->value().toInt() > 1)
+    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " +
+                    std::to_string(ep->value().toInt()) +
+                    " (each expert-parallel rank's directory holds its own experts): dtk checkpoint convert does not "
+                    "re-split experts yet; resume it with the same distributed.expert_model_parallel_size");
   auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
   if (pp != d.end() && pp->value().isInt()) old.pp = std::max<int64_t>(1, pp->value().toInt());
   auto v = d.find(c10::IValue(std::string("virtual_pipeline_model_parallel_size")));

@@ -49,21 +49,37 @@ bool read_file_bytes(const std::string& path, std::string* bytes) {
   return true;
 }
 
-std::string mp_rank_dir(int tp_rank, int pp_rank, int pp_size) {
+std::string mp_rank_dir(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size) {
   char buf[48];
   if (pp_size > 1)
     std::snprintf(buf, sizeof buf, "mp_rank_%02d_%03d", tp_rank, pp_rank);
   else
     std::snprintf(buf, sizeof buf, "mp_rank_%02d", tp_rank);
-  return buf;
+  std::string name = buf;
+  // Megatron's expert-parallel suffix: each expert-parallel rank saves its own experts.
+  if (ep_size > 1) {
+    std::snprintf(buf, sizeof buf, "_%03d", ep_rank);
+    name += buf;
+  }
+  return name;
 }
 
 std::string first_rank_dir(const std::string& iter_dir) {
   std::error_code ec;
-  const std::string staged = mp_rank_dir(0, 0, 2);
-  if (!fs::is_directory(fs::path(iter_dir) / mp_rank_dir(0), ec) && fs::is_directory(fs::path(iter_dir) / staged, ec))
-    return staged;
+  // One stage, pipeline stages (or one stage with expert parallelism: the same name), or both.
+  for (const std::string& name : {mp_rank_dir(0), mp_rank_dir(0, 0, 2), mp_rank_dir(0, 0, 2, 0, 2)})
+    if (fs::is_directory(fs::path(iter_dir) / name, ec)) return name;
   return mp_rank_dir(0);
+}
+
+int64_t saved_expert_parallel_size(const std::string& iter_dir) {
+  try {
+    const auto d = read_pickled_dict((fs::path(iter_dir) / first_rank_dir(iter_dir) / kModelFile).string());
+    auto it = d.find(c10::IValue(std::string("expert_model_parallel_size")));
+    return it != d.end() && it->value().isInt() ? std::max<int64_t>(1, it->value().toInt()) : 1;
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
 // "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).

@@ -27,11 +27,17 @@ std::string first_line(const std::string& s);
 // the file and the reason: the one path every checkpoint file is read through.
 bool read_file_bytes(const std::string& path, std::string* bytes);
 // "mp_rank_03" (one pipeline stage) or Megatron's "mp_rank_03_001" (tensor-parallel rank 3 of
-// pipeline stage 1, with pp_size > 1); "optim_dp_rank_001.pt".
-std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1);
+// pipeline stage 1, with pp_size > 1), with Megatron's "_002" after it for expert-parallel rank 2
+// (ep_size > 1); "optim_dp_rank_001.pt".
+std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1, int ep_rank = 0, int ep_size = 1);
 // The directory of tensor-parallel rank 0 of the first stage in `iter_dir`: "mp_rank_00", or
-// "mp_rank_00_000" when the checkpoint has pipeline stages.
+// "mp_rank_00_000" when the checkpoint has pipeline stages or expert parallelism, or
+// "mp_rank_00_000_000" with both.
 std::string first_rank_dir(const std::string& iter_dir);
+// The expert-parallel size the first rank's main file records (1 when it records none; -1 when it
+// cannot be read: the caller's own read then says why). Each expert-parallel rank's directory holds its own
+// experts, so a command that needs the whole model in one directory refuses a size above 1.
+int64_t saved_expert_parallel_size(const std::string& iter_dir);
 std::string shard_file_name(int dp_rank);
 // "<host>-<pid>": the suffix of a process's temporary names (`iter_N.tmp-HOST-PID`).
 std::string temp_owner(int64_t pid);

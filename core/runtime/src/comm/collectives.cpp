@@ -86,13 +86,13 @@ CommState& state() {
 
 // Traffic counters per group (dtk/core/comm/comm.hpp).
 enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3, kPointToPoint = 4 };
-std::atomic<int64_t> g_traffic[5][5];
+std::atomic<int64_t> g_traffic[kNumGroups][5];
 
 // Counts what this rank sends and books the simulated link for `link_share` of the tensor's bytes
 // (a broadcast's receivers wait for the message too).
 void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share, double link_share = -1) {
   const int32_t group = w.group;
-  if (group < 0 || group > 4) return;
+  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return;
   const double bytes = static_cast<double>(t.numel() * t.element_size());
   g_traffic[group][kind] += static_cast<int64_t>(share * bytes);
   w.link_done_ns = comm_timing_detail::reserve_link(
@@ -263,6 +263,10 @@ int32_t group_rank(int32_t group) {
       return t.pp_rank;
     case DTK_GROUP_MODEL_PARALLEL:
       return t.pp_rank * t.tp_size + t.tp_rank;
+    case DTK_GROUP_EXPERT_PARALLEL:
+      return t.ep_rank();
+    case DTK_GROUP_EXPERT_DATA_PARALLEL:
+      return t.edp_rank();
     default:
       return -1;
   }
@@ -281,13 +285,17 @@ int32_t group_size(int32_t group) {
       return t.pp_size;
     case DTK_GROUP_MODEL_PARALLEL:
       return t.pp_size * t.tp_size;
+    case DTK_GROUP_EXPERT_PARALLEL:
+      return t.ep_size;
+    case DTK_GROUP_EXPERT_DATA_PARALLEL:
+      return t.edp_size();
     default:
       return -1;
   }
 }
 
 c10::intrusive_ptr<GroupBackend> process_group(int32_t group) {
-  if (group < 0 || group > 4) return {};
+  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return {};
   std::lock_guard<std::mutex> lock(state().mu);
   return state().groups[static_cast<size_t>(group)];
 }
@@ -394,10 +402,12 @@ void Work::discard(dtk_comm_work* work) {
 
 void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();
-  static const char* const kGroupNames[] = {"world", "data parallel", "tensor parallel", "pipeline parallel",
-                                            "model parallel"};
-  const std::string limit = " (" + std::string(w.group >= 0 && w.group < 5 ? kGroupNames[w.group] : "?") +
-                            " group, timeout " + std::to_string(timeout.count()) + " ms)";
+  static const char* const kGroupNames[kNumGroups] = {
+      "world",          "data parallel",   "tensor parallel",     "pipeline parallel",
+      "model parallel", "expert parallel", "expert data parallel"};
+  const std::string limit =
+      " (" + std::string(w.group >= 0 && w.group < static_cast<int32_t>(kNumGroups) ? kGroupNames[w.group] : "?") +
+      " group, timeout " + std::to_string(timeout.count()) + " ms)";
   const bool timed = w.work || w.task.valid();
   const int64_t wait_start = w.synchronous ? w.issued_ns : trace::now_ns();
   if (w.work) {
@@ -715,7 +725,7 @@ void barrier(int32_t group) {
 
 Traffic traffic(int32_t group) {
   Traffic t;
-  if (group < 0 || group > 4) return t;
+  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return t;
   t.all_reduce = g_traffic[group][kAllReduce];
   t.reduce_scatter = g_traffic[group][kReduceScatter];
   t.all_gather = g_traffic[group][kAllGather];

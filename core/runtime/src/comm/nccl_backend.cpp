@@ -23,10 +23,10 @@ namespace dtk::core::nccl_backend {
 namespace {
 
 std::mutex mu;
-std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, 5> communicators;  // by dtk_group
+std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, kNumGroups> communicators;  // by dtk_group
 
 std::shared_ptr<dtk::cuda::NcclCommunicator> communicator(int32_t group) {
-  if (group < 0 || group > 4) return nullptr;
+  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return nullptr;
   std::lock_guard<std::mutex> lock(mu);
   return communicators[static_cast<size_t>(group)];
 }
@@ -101,9 +101,10 @@ Finish finisher(std::shared_ptr<dtk::cuda::NcclCommunicator> comm, dtk::cuda::Nc
 
 void create(const GroupMembers& members, int world_rank, const c10::intrusive_ptr<c10d::Store>& store, int device,
             std::chrono::milliseconds timeout) {
-  static const char* const kNames[] = {"world", "data-parallel", "tensor-parallel", "pipeline-parallel",
-                                       "model-parallel"};
-  std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, 5> made;
+  static const char* const kNames[kNumGroups] = {
+      "world",          "data-parallel",   "tensor-parallel",     "pipeline-parallel",
+      "model-parallel", "expert-parallel", "expert-data-parallel"};
+  std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, kNumGroups> made;
   const dtk::cuda::Rendezvous rendezvous{[store](const std::string& key, const std::string& value) {
                                            store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
                                          },
@@ -111,7 +112,7 @@ void create(const GroupMembers& members, int world_rank, const c10::intrusive_pt
                                            const std::vector<uint8_t> v = store->get(key);
                                            return std::string(v.begin(), v.end());
                                          }};
-  // Every rank creates its groups in the same order (world, DP, TP, PP, MP by dtk_group); a key
+  // Every rank creates its groups in the same order (world, DP, TP, PP, MP, EP, EDP by dtk_group); a key
   // names the group by its first member, so the ranks of one group meet under one key.
   for (size_t g = 0; g < members.size(); ++g) {
     const std::vector<int>& m = members[g];
@@ -134,7 +135,7 @@ void create(const GroupMembers& members, int world_rank, const c10::intrusive_pt
 }
 
 void release() {
-  std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, 5> gone;
+  std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, kNumGroups> gone;
   {
     std::lock_guard<std::mutex> lock(mu);
     gone.swap(communicators);

@@ -18,6 +18,8 @@
 #include <functional>
 #include <vector>
 
+#include "dtk/core/comm/comm.hpp"  // kNumGroups
+
 namespace c10d {
 class Store;
 }
@@ -26,7 +28,7 @@ namespace dtk::core::nccl_backend {
 
 // The members of each group (by dtk_group), in group-rank order, as world ranks; groups of one
 // get no communicator.
-using GroupMembers = std::array<std::vector<int>, 5>;
+using GroupMembers = std::array<std::vector<int>, dtk::core::kNumGroups>;
 
 // Every rank calls it with the same layout: the communicators of this rank's groups on `device`,
 // their unique ids exchanged through `store`. Bounded by `timeout`; throws HostError naming the group.

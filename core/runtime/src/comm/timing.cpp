@@ -16,7 +16,7 @@ namespace dtk::core {
 namespace comm_timing_detail {
 namespace {
 
-constexpr size_t kGroups = 5;
+constexpr size_t kGroups = kNumGroups;
 
 struct PerGroup {
   std::vector<std::pair<int64_t, int64_t>> intervals;  // since the last reset
@@ -62,7 +62,7 @@ void record(int32_t group, int64_t start_ns, int64_t end_ns, int64_t blocked_ns)
 
 CommTiming comm_timing(int32_t group) {
   CommTiming t;
-  if (group < 0 || group >= 5) return t;
+  if (group < 0 || static_cast<size_t>(group) >= comm_timing_detail::kGroups) return t;
   auto& s = comm_timing_detail::state();
   std::lock_guard<std::mutex> lock(s.mu);
   auto intervals = s.groups[static_cast<size_t>(group)].intervals;

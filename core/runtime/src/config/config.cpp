@@ -673,6 +673,10 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
                     std::to_string(d.virtual_pipeline_model_parallel_size()) +
                     " (the interleaved schedule) needs distributed.pipeline_model_parallel_size >= 2");
+  if (d.expert_model_parallel_size() < 0)
+    throw HostError(
+        "config: distributed.expert_model_parallel_size must be at least 1 (0 or 1: no expert parallelism), got " +
+        std::to_string(d.expert_model_parallel_size()));
   if (d.sequence_parallel() && d.tensor_model_parallel_size() > 1 && t.seq_length() > 0 &&
       t.seq_length() % d.tensor_model_parallel_size() != 0)
     throw HostError("config: distributed.sequence_parallel splits train.seq_length " + std::to_string(t.seq_length()) +

@@ -141,12 +141,13 @@ const Rule kRules[] = {
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
     {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",
-     "how Megatron moves tokens between expert-parallel ranks; DTK's experts are on every rank (no expert "
-     "parallelism), the same arithmetic"},
+     "how Megatron moves tokens between expert-parallel ranks; DTK all-gathers them over the expert-parallel "
+     "group and reduce-scatters the outputs (Megatron's allgather dispatcher): the same tokens reach the same "
+     "experts, the same arithmetic"},
     {"--moe-permute-fusion", 0, Kind::kIgnore, "", "Megatron's fused permute kernel (Transformer Engine)"},
     {"--moe-router-fusion", 0, Kind::kIgnore, "", "Megatron's fused router kernel (Transformer Engine)"},
-    {"--expert-model-parallel-size", 1, Kind::kCustom, "",
-     "1 accepted; expert parallelism (experts split over data-parallel ranks) is not in DTK yet"},
+    {"--expert-model-parallel-size", 1, Kind::kSet, "distributed.expert_model_parallel_size",
+     "the experts split over this many data-parallel ranks"},
     {"--moe-expert-capacity-factor", 1, Kind::kRefuse, "",
      "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
     {"--apply-layernorm-1p", 0, Kind::kRefuse, "",
@@ -490,8 +491,6 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--moe-router-score-function") {
     if (v[0] != "softmax" && v[0] != "sigmoid") return refuse("DTK's router scores with a softmax or a sigmoid");
     m.sets.push_back("model.moe_router_score_function=" + v[0]);
-  } else if (f == "--expert-model-parallel-size") {
-    if (v[0] != "1") return refuse("expert parallelism is not in DTK yet: every rank holds every expert (give 1)");
   } else if (f == "--ds-sequence-parallel-size") {
     if (v[0] != "1") refuse("DTK has no DeepSpeed-Ulysses sequence parallelism (Megatron's: --sequence-parallel)");
   } else if (f == "--context-parallel-size") {

@@ -141,8 +141,9 @@ std::string rank_prefix() {
 namespace {
 
 // Megatron's rank order (pipeline size 1 for now): TP consecutive, DP strided by TP.
-Topology topology_of(const LaunchEnv& le, int tp, int pp) {
+Topology topology_of(const LaunchEnv& le, int tp, int pp, int ep) {
   Topology t;
+  t.ep_size = ep;
   t.world_rank = le.rank, t.world_size = le.world_size;
   t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
   t.tp_rank = le.rank % tp;
@@ -456,6 +457,14 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
   make(DTK_GROUP_DATA_PARALLEL, "dp/" + std::to_string(t.pp_rank * tp + t.tp_rank), dp_members);
   make(DTK_GROUP_PIPELINE_PARALLEL, "pp/" + std::to_string(t.dp_rank * tp + t.tp_rank), pp_members);
   make(DTK_GROUP_MODEL_PARALLEL, "mp/" + std::to_string(t.dp_rank), mp_members);
+  // Expert parallelism splits the data-parallel group: runs of ep_size consecutive DP ranks hold
+  // different experts; the DP ranks with the same expert-parallel rank hold the same ones.
+  std::vector<int> ep_members, edp_members;
+  for (int i = 0; i < t.ep_size; ++i) ep_members.push_back(dp_members[t.edp_rank() * t.ep_size + i]);
+  for (int i = 0; i < t.edp_size(); ++i) edp_members.push_back(dp_members[i * t.ep_size + t.ep_rank()]);
+  const std::string dp_name = std::to_string(t.pp_rank * tp + t.tp_rank);
+  make(DTK_GROUP_EXPERT_PARALLEL, "ep/" + dp_name + "/" + std::to_string(t.edp_rank()), ep_members);
+  make(DTK_GROUP_EXPERT_DATA_PARALLEL, "edp/" + dp_name + "/" + std::to_string(t.ep_rank()), edp_members);
   return groups;
 }
 
@@ -579,7 +588,12 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
   if (le.world_size % (tp * pp) != 0)
     throw HostError("distributed: world size " + std::to_string(le.world_size) +
                     " is not divisible by tensor x pipeline model parallel size " + std::to_string(tp * pp));
-  const Topology t = topology_of(le, tp, pp);
+  const int ep = std::max(1, dc.expert_model_parallel_size());
+  if ((le.world_size / (tp * pp)) % ep != 0)
+    throw HostError("distributed: the data-parallel size " + std::to_string(le.world_size / (tp * pp)) +
+                    " is not divisible by distributed.expert_model_parallel_size " + std::to_string(ep) +
+                    " (expert parallelism splits the data-parallel ranks)");
+  const Topology t = topology_of(le, tp, pp, ep);
   ProcessGroups groups;
   if (le.distributed) {
     const bool nccl = dc.backend() == "nccl";

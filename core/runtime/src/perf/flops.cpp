@@ -7,16 +7,18 @@
 namespace dtk::core {
 
 ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int64_t seq_length, int tp_size,
-                       int pp_rank, int pp_size) {
+                       int pp_rank, int pp_size, int ep_size) {
   ModelStats s;
   int64_t experts = 0;  // the whole model's expert weights
   const bool moe = num_experts(info) > 0;
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
     if (p.info.shared && pp_rank != 0) continue;  // the last stage's copy of a tied weight
-    const int64_t whole = p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1);
+    const bool expert = moe && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert;
+    // Each expert-parallel rank holds as many experts as every other, each expert its own.
+    const int64_t whole = p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1) * (expert ? ep_size : 1);
     s.model_parameters += whole;
-    if (moe && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert) experts += whole;
+    if (expert) experts += whole;
   }
   if (pp_size > 1) {
     at::Tensor n = at::tensor({s.model_parameters, experts}, at::kLong);

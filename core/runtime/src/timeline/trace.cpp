@@ -37,7 +37,10 @@ State& state() {
   return *s;
 }
 
-const char* const kGroupNames[] = {"world", "data-parallel", "tensor-parallel", "pipeline-parallel", "model-parallel"};
+// By dtk_group.
+const char* const kGroupNames[] = {"world",          "data-parallel",   "tensor-parallel",     "pipeline-parallel",
+                                   "model-parallel", "expert-parallel", "expert-data-parallel"};
+constexpr int kGroups = static_cast<int>(sizeof kGroupNames / sizeof kGroupNames[0]);
 
 std::string escape(const std::string& s) {
   std::string out;
@@ -72,7 +75,7 @@ void write_locked(State& s) {
       << "\"}},\n";
   out << "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " << pid
       << ", \"tid\": 0, \"args\": {\"name\": \"training thread\"}}";
-  for (int g = 0; g < 5; ++g)
+  for (int g = 0; g < kGroups; ++g)
     out << ",\n{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " << pid << ", \"tid\": " << g + 1
         << ", \"args\": {\"name\": \"" << kGroupNames[g] << " collectives\"}}";
   char buf[160];
@@ -194,7 +197,7 @@ void span(const char* name, const char* category, int64_t start_ns, int64_t end_
 void collective(const std::string& name, int32_t group, int64_t start_ns, int64_t end_ns) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.on && group >= 0 && group < 5) s.events.push_back({name, "comm", start_ns, end_ns, group + 1, true});
+  if (s.on && group >= 0 && group < kGroups) s.events.push_back({name, "comm", start_ns, end_ns, group + 1, true});
 }
 
 const dtk_trace_ext* extension() {

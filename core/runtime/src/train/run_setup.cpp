@@ -115,10 +115,14 @@ void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, con
 // As Megatron: every first data-parallel rank reports its shard (the line names the rank); the
 // optimizer groups by the model's own parameters (a ZeRO shard list would show this rank's part).
 void print_model(const Topology& topo, const TrainingParts& parts, const ParamGroups& groups) {
-  if (topo.dp_rank == 0) {
+  // (Under expert parallelism each expert-parallel rank holds other experts: each says its count.)
+  if (topo.edp_rank() == 0) {
     const std::string who = topo.world_size > 1 ? "[rank " + std::to_string(topo.world_rank) + "]" : "";
-    std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld\n", who.c_str(),
-                topo.tp_rank, topo.pp_rank, static_cast<long long>(parts.stats.num_parameters));
+    const std::string experts = topo.ep_size > 1 ? ", expert-parallel rank " + std::to_string(topo.ep_rank()) + " of " +
+                                                       std::to_string(topo.ep_size)
+                                                 : "";
+    std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d)%s: %lld\n", who.c_str(),
+                topo.tp_rank, topo.pp_rank, experts.c_str(), static_cast<long long>(parts.stats.num_parameters));
     std::fflush(stdout);
   }
   if (topo.world_rank == 0)
@@ -220,6 +224,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.micro_batch_size = plan.micro_batch_size();
   c.seed = cfg.train().seed();
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
+  c.ep_rank = topo.ep_size > 1 ? topo.ep_rank() : 0, c.ep_size = topo.ep_size;
   return c;
 }
 
@@ -320,6 +325,29 @@ std::unique_ptr<ModelInstance> create_model(const config::RunConfig& cfg, const 
   return create(false);
 }
 
+// Expert parallelism needs a model that keeps only its share of the experts (ABI 2.12) ...
+static void require_expert_parallel_model(const dtk_model_info& info, const std::string& model) {
+  if (info.struct_size < dtk_model_info_STRUCT_SIZE_2_9 || info.num_experts == 0)
+    throw HostError(
+        "distributed.expert_model_parallel_size splits the experts of mixture-of-experts layers, and model '" + model +
+        "' has none (set model.num_experts, or expert_model_parallel_size=1)");
+  if (info.struct_size < dtk_model_info_STRUCT_SIZE_2_12 || info.expert_parallel == 0)
+    throw HostError("model plugin '" + model +
+                    "' does not run expert parallelism (its dtk_model_info.expert_parallel is 0): build its MoE layers "
+                    "with the SDK's dtk::layers::MoeMlp (docs/plugin-guide.md) or set "
+                    "distributed.expert_model_parallel_size=1");
+}
+
+// ... and a strategy that reduces their gradients over the ranks holding the same experts.
+static void require_expert_parallel_strategy(const StrategyInstance& strategy, const std::string& name) {
+  const dtk_strategy_info& s = strategy.info();
+  if (s.struct_size < dtk_strategy_info_STRUCT_SIZE_2_12 || s.expert_parallel == 0)
+    throw HostError("strategy '" + name +
+                    "' does not run expert parallelism (its dtk_strategy_info.expert_parallel is 0: it would average "
+                    "the experts' gradients over ranks that hold other experts); use strategy ddp or set "
+                    "distributed.expert_model_parallel_size=1");
+}
+
 TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
                                         const RunPlugins& plugins, const LearningRateSchedule& schedule) {
   check_schedule_fits(cfg, topo, plan);
@@ -339,9 +367,11 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "' does not run sequence parallelism (its dtk_model_info.sequence_parallel is 0): build its layers "
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
-  parts.stats =
-      model_stats(parts.model->parameters(), info, plan.seq_length(), topo.tp_size, topo.pp_rank, topo.pp_size);
+  if (topo.ep_size > 1) require_expert_parallel_model(info, plugins.model.name());
+  parts.stats = model_stats(parts.model->parameters(), info, plan.seq_length(), topo.tp_size, topo.pp_rank,
+                            topo.pp_size, topo.ep_size);
   parts.strategy->setup(*parts.model);
+  if (topo.ep_size > 1) require_expert_parallel_strategy(*parts.strategy, plugins.strategy.name());
   if (info.struct_size >= dtk_model_info_STRUCT_SIZE_2_4 && info.deferred_parameters && parts.model->info().deferred_parameters)
     throw HostError("strategy plugin '" + plugins.strategy.name() +
                     "' asked for the model without parameter values (defers_parameters) but its setup did not take "

@@ -25,38 +25,59 @@ bool counted_here(const Param& p, const Topology& topo) {
 // Summed on the training device (one host sync at the end; every rank the same backend).
 at::Tensor device_total() { return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(training_device())); }
 
+// A routed expert's weight under expert parallelism: the other ranks of the expert-parallel group
+// hold the other experts, so its sums are summed over that group too.
+bool held_by_expert_rank(const Param& p, const Topology& topo) {
+  return topo.ep_size > 1 && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert != 0;
+}
+
+// Per parameter counted here, value(p) summed into one total: the experts' part over the
+// expert-parallel group first, then everything over the model-parallel group.
+template <typename Value>
+at::Tensor model_total(const std::vector<Param>& params, const Topology& topo, const Value& value) {
+  at::Tensor total = device_total(), experts = device_total();
+  {
+    at::NoGradGuard no_grad;
+    for (const Param& p : params) {
+      if (!counted_here(p, topo)) continue;
+      const at::Tensor v = value(p);
+      if (v.defined()) (held_by_expert_rank(p, topo) ? experts : total) += v.to(total.device(), at::kDouble);
+    }
+  }
+  if (topo.ep_size > 1) {
+    all_reduce(experts, DTK_GROUP_EXPERT_PARALLEL, DTK_REDUCE_SUM).wait();
+    total += experts;
+  }
+  if (topo.tp_size * topo.pp_size > 1) all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM).wait();
+  return total;
+}
+
 }  // namespace
 
 double params_norm(const ModelInstance& model, StrategyInstance& strategy, const Topology& topo) {
   const bool partitioned = strategy.info().partitions_parameters != 0;
   if (partitioned) strategy.gather_parameters(true);
-  at::Tensor total = device_total();
-  {
-    at::NoGradGuard no_grad;
-    for (const Param& p : model.parameters())
-      if (counted_here(p, topo))
-        total += sum_of_squares(p.tensor).to(total.device());  // offloaded parameters live on the host
-  }
+  // (Offloaded parameters live on the host: each sum moves to the training device.)
+  const at::Tensor total =
+      model_total(model.parameters(), topo, [](const Param& p) { return sum_of_squares(p.tensor); });
   if (partitioned) strategy.gather_parameters(false);
-  if (topo.tp_size * topo.pp_size > 1) all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM).wait();
   return std::sqrt(total.item<double>());
 }
 
 double num_zeros_in_grad(const OptimizerInstance& optimizer, const StrategyInstance& strategy, const Topology& topo) {
-  at::Tensor total = device_total();
-  {
-    at::NoGradGuard no_grad;
-    for (const Param& p : optimizer.params()) {
-      const at::Tensor& g = p.tensor.grad();
-      if (g.defined() && counted_here(p, topo)) total += (g == 0).sum().to(total.device(), at::kDouble);
-    }
+  auto zeros = [](const Param& p) {
+    const at::Tensor& g = p.tensor.grad();
+    return g.defined() ? (g == 0).sum() : at::Tensor();
+  };
+  // A sharded strategy's (ZeRO's) shards: every rank's, over the world (no expert parallelism).
+  if (strategy.info().sharded_state != 0) {
+    Topology alone = topo;
+    alone.tp_size = alone.pp_size = 1;
+    at::Tensor total = model_total(optimizer.params(), alone, zeros);
+    if (topo.world_size > 1) all_reduce(total, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
+    return total.item<double>();
   }
-  const bool sharded = strategy.info().sharded_state != 0;
-  if (sharded && topo.world_size > 1)
-    all_reduce(total, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
-  else if (topo.tp_size * topo.pp_size > 1)
-    all_reduce(total, DTK_GROUP_MODEL_PARALLEL, DTK_REDUCE_SUM).wait();
-  return total.item<double>();
+  return model_total(optimizer.params(), topo, zeros).item<double>();
 }
 
 MemorySample memory_sample(const OptimizerInstance& optimizer, const StrategyInstance& strategy, const Topology& topo) {
@@ -64,7 +85,11 @@ MemorySample memory_sample(const OptimizerInstance& optimizer, const StrategyIns
   m.allocator = memory::stats();
   m.strategy = strategy.memory_usage();
   m.optimizer_on_host = strategy.info().optimizer_on_host != 0;
+  // (Expert parallelism's experts reduce their gradients over the expert-data-parallel ranks: the
+  // data-parallel group's gradient traffic too.)
   m.data_parallel = traffic(DTK_GROUP_DATA_PARALLEL);
+  const Traffic experts = traffic(DTK_GROUP_EXPERT_DATA_PARALLEL);
+  m.data_parallel.all_reduce += experts.all_reduce;
   m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
   m.pipeline_parallel = traffic(DTK_GROUP_PIPELINE_PARALLEL);
   m.dp_size = topo.dp_size;

@@ -16,6 +16,13 @@
 // tokens are sorted by expert once (one read of the per-expert counts on the host), each expert
 // runs one product on its rows, and the weighted outputs are added back per token.
 //
+// Expert parallelism (Megatron's --expert-model-parallel-size with its allgather token
+// dispatcher): the routed experts are split over the expert-parallel group (data-parallel ranks,
+// each with its own tokens). Every rank routes its own tokens; the rows, their weights and their
+// experts are all-gathered over the group, each rank runs its own experts on the rows routed to
+// them, and the weighted outputs are reduce-scattered back to the rows' ranks (the gradients
+// take the mirror path). The experts' second biases, a small table, are all-gathered instead.
+//
 // Tensor parallelism (Megatron's expert tensor parallelism with the size of the TP group): every
 // expert is split as the dense MLP is (W1 column-parallel, W2 row-parallel), the routing is the
 // same on every TP rank, and the outputs are weighted before the one reduction of the layer, as
@@ -74,6 +81,11 @@ struct MoeConfig {
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
+  // Expert parallelism (dtk_build_context.ep_size, ABI 2.12): this rank holds the routed experts
+  // [first_local_expert(), + local_experts()) of the expert-parallel group's ep_size shares.
+  int64_t ep_rank = 0, ep_size = 1;
+  int64_t local_experts() const { return num_experts / ep_size; }
+  int64_t first_local_expert() const { return ep_rank * local_experts(); }
   bool enabled() const { return num_experts > 0; }
   bool is_moe_layer(int64_t index) const {
     if (!enabled()) return false;
@@ -179,8 +191,9 @@ class MoeMlp {
   at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation) const;
 
   // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
-  // .bias), then "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight",
-  // under prefix; the routed experts' tensors marked dtk_param_info.expert.
+  // .bias; e the expert's index in the whole layer, under expert parallelism this rank's only), then
+  // "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight", under prefix; the routed experts'
+  // tensors marked dtk_param_info.expert.
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
   // "router.expert_bias" under prefix, where the layer has one.
   void add_buffers(std::vector<Param>& out, const std::string& prefix) const;
@@ -191,7 +204,7 @@ class MoeMlp {
   };
   at::Tensor router;       // [experts, hidden], replicated
   at::Tensor router_bias;  // [experts] with biases, else undefined
-  std::vector<Expert> experts;
+  std::vector<Expert> experts;  // this rank's routed experts (all of them without expert parallelism)
   Expert shared;  // the shared expert (no projections without one)
   // With expert_bias: [experts] fp32 on the device, a buffer (checkpointed, not trained), and the
   // choices of this iteration's training forwards per expert, not yet applied (not saved: the

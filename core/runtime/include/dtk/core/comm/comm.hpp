@@ -39,6 +39,12 @@ struct Topology {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
+  // Expert parallelism splits the data-parallel group (Megatron's order tp-ep-dp-pp): expert-
+  // parallel rank dp_rank % ep_size, expert-data-parallel rank dp_rank / ep_size.
+  int ep_size = 1;
+  int ep_rank() const { return dp_rank % ep_size; }
+  int edp_rank() const { return dp_rank / ep_size; }
+  int edp_size() const { return dp_size / ep_size; }
 };
 
 const Topology& topology();
@@ -62,7 +68,9 @@ std::chrono::milliseconds collective_timeout();
 
 // Installed by init_distributed once the groups exist (indexed by dtk_group), released by
 // shutdown_distributed. Without them every group larger than one has no backend.
-using ProcessGroups = std::array<c10::intrusive_ptr<GroupBackend>, 5>;
+// Every dtk_group, world to expert-data-parallel.
+inline constexpr size_t kNumGroups = 7;
+using ProcessGroups = std::array<c10::intrusive_ptr<GroupBackend>, kNumGroups>;
 void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout);
 void release_process_groups();
 // The address each rank's backend listens on (indexed by world rank; numeric), so that a

@@ -31,8 +31,9 @@ inline int32_t num_experts(const dtk_model_info& info) {
 // s is the run's train.seq_length (what each sample holds), not the model's declared context
 // (info.seq_length, which a model may set longer for export). With pipeline stages (pp_size > 1)
 // N sums every stage's parameters (a collective over the pipeline group: every stage calls it),
-// a tied weight counted on the first stage only.
+// a tied weight counted on the first stage only. Under expert parallelism (ep_size > 1) each rank
+// holds 1 / ep_size of every layer's routed experts.
 ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& info, int64_t seq_length, int tp_size,
-                       int pp_rank = 0, int pp_size = 1);
+                       int pp_rank = 0, int pp_size = 1, int ep_size = 1);
 
 }  // namespace dtk::core

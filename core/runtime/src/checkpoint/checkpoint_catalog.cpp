@@ -629,9 +629,11 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
 }
 
 TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verify) {
-  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) && ckpt::saved_expert_parallel_size(iter_dir) > 1)
-    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " +
-                    std::to_string(ckpt::saved_expert_parallel_size(iter_dir)) +
+  // (Read only when the first directory is not a single stage's: an error either way.)
+  const int64_t experts =
+      ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? ckpt::saved_expert_parallel_size(iter_dir) : 1;
+  if (experts > 1)
+    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " + std::to_string(experts) +
                     " (each expert-parallel rank's directory holds its own experts): this command needs the whole "
                     "model in one directory, which DTK cannot merge yet");
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))

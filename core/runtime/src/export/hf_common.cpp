@@ -310,9 +310,12 @@ std::string read_whole(const std::string& path, const std::string& what) {
 }
 
 RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
-  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) && ckpt::saved_expert_parallel_size(iter_dir) > 1)
+  // (Read only when the first directory is not a single stage's: an error either way.)
+  const int64_t experts =
+      ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? ckpt::saved_expert_parallel_size(iter_dir) : 1;
+  if (experts > 1)
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with expert-parallel size " +
-                    std::to_string(ckpt::saved_expert_parallel_size(iter_dir)) +
+                    std::to_string(experts) +
                     " (each expert-parallel rank's directory holds its own experts); export needs the whole model "
                     "in one directory");
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))

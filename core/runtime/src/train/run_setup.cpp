@@ -224,7 +224,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.micro_batch_size = plan.micro_batch_size();
   c.seed = cfg.train().seed();
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
-  c.ep_rank = topo.ep_size > 1 ? topo.ep_rank() : 0, c.ep_size = topo.ep_size;
+  c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
   return c;
 }
 

@@ -58,6 +58,8 @@ int64_t DecoderLM::option_or(const Options& o, const char* name, int64_t fallbac
   return v > 0 ? v : fallback;
 }
 
+at::Tensor DecoderConfig::norm_gain(const at::Tensor& w) const { return norm_1p ? w + 1 : w; }
+
 void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   const Options& o = ctx.options;
   c.num_layers = o.get_int("num_layers");
@@ -80,6 +82,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   float_opt("attention_dropout", c.attention_dropout);
   float_opt("init_method_std", c.init_std);
   float_opt("layernorm_epsilon", c.eps);
+  bool_opt("apply_layernorm_1p", c.norm_1p);
   bool_opt("untie_embeddings_and_output_weights", c.untie);
   bool_opt("fused_lm_head", c.fused_lm_head);
   int_opt("lm_head_chunk_tokens", c.lm_head_chunk_tokens);

@@ -241,6 +241,19 @@ TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
   // tensor is read (checkpoint_model.hpp).
   const Result r = run(kTrain + "--set model.hidden_size=32 --set checkpoint.load=" + shape);
   expect_one_line_error(r, "checkpoint " + shape + " was trained with model.hidden_size=64 but this run has 32");
+
+  // Megatron's distributed checkpoint (--ckpt-format torch_dist): named as such, with Megatron's
+  // conversion to the torch format DTK reads, by a load and by inspect.
+  const std::string dist = fresh_dir("megatron-torch-dist");
+  fs::create_directories(dist + "/iter_0000010");
+  write(dist + "/latest_checkpointed_iteration.txt", "10\n");
+  write(dist + "/iter_0000010/metadata.json", "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1}");
+  write(dist + "/iter_0000010/__0_0.distcp", "x");
+  const std::string why = dist + "/iter_0000010 is a Megatron distributed checkpoint (--ckpt-format torch_dist";
+  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + dist), why);
+  const Result inspected = run("checkpoint inspect " + dist);
+  EXPECT_NE(inspected.code, 0);
+  EXPECT_NE(inspected.out.find("--ckpt-convert-format torch --ckpt-convert-save"), std::string::npos) << inspected.out;
 }
 
 // (d) two data-parallel processes: one file (data-parallel rank 0 writes), identical resume.

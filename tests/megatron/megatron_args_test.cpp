@@ -253,24 +253,48 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   expect_fields(config_of(m), {{"model.name", "llama"}, {"model.add_bias_linear", "false"}, {"train.seed", "3407"}});
   EXPECT_TRUE(ignored("--causal-lm")) << "--causal-lm";
 
-  // examples/llama/train_llama3_8b_h100_fp8.sh's model flags: all run but two, which describe a
-  // model DTK does not build (zero-centred LayerNorm weights, and LayerNorm with SwiGLU: the script
-  // gives no --normalization RMSNorm).
+  // examples/llama/train_llama3_8b_h100_fp8.sh's model flags, in the version that gave no
+  // --normalization RMSNorm: all run but LayerNorm with SwiGLU, a model DTK does not build;
+  // --apply-layernorm-1p is the models' zero-centred norm weights.
   m = map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
           "--group-query-attention --num-query-groups 2 --kv-channels 16 --seq-length 64 --max-position-embeddings 64 "
           "--position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 --attention-dropout 0.0 "
           "--hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
           "--untie-embeddings-and-output-weights --disable-bias-linear --context-parallel-size 1 "
           "--cross-entropy-loss-fusion --manual-gc --use-distributed-optimizer");
-  ASSERT_EQ(m.refused.size(), 2u) << (m.refused.empty() ? "" : m.refused.front());
-  EXPECT_EQ(m.refused[0].rfind("--apply-layernorm-1p: ", 0), 0u) << m.refused[0];
-  EXPECT_NE(m.refused[1].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[1];
-  // With RMSNorm and without the 1p weights, the rest is the llama model.
-  m = map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
+  ASSERT_EQ(m.refused.size(), 1u) << (m.refused.empty() ? "" : m.refused.front());
+  EXPECT_NE(m.refused[0].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[0];
+  // With RMSNorm (the script today) it is the llama model, its norms zero-centred.
+  m =
+      map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
           "--group-query-attention --num-query-groups 2 --kv-channels 16 --position-embedding-type rope "
-          "--normalization RMSNorm --rotary-base 1000000 --swiglu --context-parallel-size 1");
+          "--normalization RMSNorm --rotary-base 1000000 --swiglu --context-parallel-size 1 --apply-layernorm-1p");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
-  expect_fields(config_of(m), {{"model.name", "llama"}, {"model.rotary_base", "1000000"}});
+  expect_fields(config_of(m),
+                {{"model.name", "llama"}, {"model.rotary_base", "1000000"}, {"model.apply_layernorm_1p", "true"}});
+  // The same script's data and checkpoint flags run: its NullTokenizer ignores --tiktoken-pattern, as
+  // Megatron's does, and DTK's torch-format checkpoints are what Megatron loads under --ckpt-format
+  // torch_dist (it detects the format); a format Megatron does not detect is refused.
+  m =
+      map("--mock-data --tokenizer-type NullTokenizer --vocab-size 128256 --tiktoken-pattern v2 "
+          "--no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --ckpt-format torch_dist");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  for (const char* flag : {"--tiktoken-pattern (Megatron reads it only with --tokenizer-type TikTokenizer",
+                           "--ckpt-format torch_dist (DTK writes Megatron's torch format"})
+    EXPECT_TRUE(ignored(flag)) << flag;
+  // Its fp8 flags (DTYPE=fp8): the format and the fp8 parameter gather refused, with the reason;
+  // the amax settings, alone, Megatron ignores.
+  m = map("--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather");
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(m.refused[0].rfind("--fp8-format hybrid: DTK trains in fp32, bf16 or fp16", 0), 0u) << m.refused[0];
+  EXPECT_EQ(m.refused[1].rfind("--fp8-param-gather: gathers fp8 parameters", 0), 0u) << m.refused[1];
+  m = map("--fp8-amax-history-len 1024 --fp8-amax-compute-algo max");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_TRUE(ignored("--fp8-amax-history-len (Megatron reads it only with --fp8-format"));
+  m = map("--ckpt-format torch_dcp");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--ckpt-format torch_dcp: DTK writes and reads Megatron's torch format", 0), 0u)
+      << m.refused[0];
   // What DTK cannot build, named.
   m = map("--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
   ASSERT_EQ(m.refused.size(), 3u);
@@ -902,6 +926,59 @@ TEST(MegatronRecipe, ShrunkDomino2_7BTrainsAtTensorParallel2) {
             std::string::npos)
       << vocab.out;
   std::filesystem::remove_all(dir);
+}
+
+// Megatron-LM's own example scripts for Llama 3 8B (zero-centred RMSNorm weights, sample-based
+// schedule, distributed optimizer) and Mixtral 8x7B (expert parallelism with the distributed
+// optimizer: the zero strategy with the experts partitioned over the ranks holding them) map whole;
+// shrunk by --set to a few layers of width 64, each trains on two processes (Mixtral at expert-
+// parallel size 2 without stages), saves and evaluates.
+TEST(MegatronRecipe, LlamaAndMixtralExampleScriptsMapAndTrain) {
+  const MegatronMapping llama = map_file("megatron_llama3_8b.args");
+  EXPECT_TRUE(llama.refused.empty()) << llama.refused.front();
+  expect_fields(config_of(llama), {{"model.name", "llama"},
+                                   {"model.apply_layernorm_1p", "true"},
+                                   {"model.num_query_groups", "8"},
+                                   {"strategy.name", "zero"},
+                                   {"train.train_samples", "1953125000"},
+                                   {"train.calculate_per_token_loss", "true"}});
+  const MegatronMapping mixtral = map_file("megatron_mixtral_8x7b.args");
+  EXPECT_TRUE(mixtral.refused.empty()) << mixtral.refused.front();
+  expect_fields(config_of(mixtral), {{"model.name", "llama"},
+                                     {"model.num_experts", "8"},
+                                     {"distributed.expert_model_parallel_size", "8"},
+                                     {"distributed.pipeline_model_parallel_size", "4"},
+                                     {"strategy.name", "zero"}});
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "recipe-megatron-examples");
+  const std::string shrunk =
+      " --threads 1 --set model.num_layers=2 --set model.hidden_size=64 --set model.num_attention_heads=4 "
+      "--set model.num_query_groups=2 --set train.seq_length=32 --set train.global_batch_size=4 "
+      "--set tokenizer.null_vocab_size=255 --set eval.eval_iters=1 --set logging.profile_dir=" +
+      dir + "/profile --set logging.tensorboard_dir=" + dir + "/tb ";
+  const std::pair<std::string, std::string> runs[] = {
+      {"--megatron_args @" + kFixtures + "/megatron_llama3_8b.args" + shrunk +
+           "--set model.ffn_hidden_size=192 --set train.train_samples=32 --set lr.lr_decay_samples=28 "
+           "--set lr.lr_warmup_samples=4 --set checkpoint.save=" +
+           dir + "/llama --set checkpoint.load=" + dir + "/llama",
+       "llama3"},
+      {"--megatron_args @" + kFixtures + "/megatron_mixtral_8x7b.args" + shrunk +
+           "--set model.ffn_hidden_size=128 --set model.num_experts=4 --set train.train_iters=8 "
+           "--set lr.lr_decay_iters=8 --set lr.lr_warmup_iters=1 --set distributed.pipeline_model_parallel_size=1 "
+           "--set distributed.expert_model_parallel_size=2 --set checkpoint.save=" +
+           dir +
+           "/mixtral "
+           "--set checkpoint.load=" +
+           dir + "/mixtral",
+       "mixtral"},
+  };
+  for (const auto& [args, what] : runs) {
+    const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 train " + args, 600);
+    ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+    EXPECT_NE(r.out.find("iteration        8/       8"), std::string::npos) << what << "\n" << r.out;
+    EXPECT_NE(r.out.find("saved checkpoint at iteration 8"), std::string::npos) << what << "\n" << r.out;
+    EXPECT_NE(r.out.find("validation loss at iteration 8 on test set"), std::string::npos) << what << "\n" << r.out;
+  }
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir + "/mixtral/iter_0000008/mp_rank_00_001/optim_dp_rank_001.pt"));
 }
 
 // Megatron-core's add_extra_token_to_sequence=False and drop_last_partial_validation_sequence=False

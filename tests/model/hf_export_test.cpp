@@ -216,6 +216,34 @@ TEST(HfExport, OpenaiGeluExportsGeluNew) {
   EXPECT_NE(imported.out.find("activation gelu_new (model.openai_gelu=true)"), std::string::npos) << imported.out;
 }
 
+// Zero-centred norm weights (model.apply_layernorm_1p, Megatron's --apply-layernorm-1p): the
+// checkpoint holds w (near 0), the export Hugging Face's 1 + w, and the exported model's logits are
+// the plugin's.
+TEST(HfExport, ZeroCentredNormsExportOnePlusW) {
+  if (!fs::exists(kVocab)) GTEST_SKIP() << "no GPT-2 vocabulary at " << kVocab << " (tools/setup.sh --vocab)";
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_export_1p");
+  const dtk_test::Result trained =
+      dtk_test::run_dtk(kTrain + "--set model.apply_layernorm_1p=true --set checkpoint.save=" + dir + "/ck");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  ASSERT_EQ(dtk_test::run_dtk(export_cmd(dir + "/ck", dir + "/hf")).code, 0);
+  const auto saved = checkpoint_model(dir + "/ck/iter_0000003/mp_rank_00/model_optim_rng.pt");
+  std::map<std::string, at::Tensor> hf = read_safetensors(dir + "/hf/model.safetensors");
+  const at::Tensor w = saved.at("language_model.encoder.layers.0.input_layernorm.weight");
+  EXPECT_LT(w.abs().max().item<double>(), 0.1) << "saved zero-centred";
+  EXPECT_GT(w.abs().max().item<double>(), 0.0) << "trained";
+  EXPECT_TRUE(at::allclose(hf.at("transformer.h.0.ln_1.weight"), w + 1));
+  EXPECT_TRUE(
+      at::allclose(hf.at("transformer.ln_f.weight"), saved.at("language_model.encoder.final_layernorm.weight") + 1));
+  dtk_test_gpt::Opts opts = kTiny;
+  opts["apply_layernorm_1p"] = "true";
+  GPT model(opts, kSeq64);
+  model.state_load(dtk::TensorList(saved.begin(), saved.end()));
+  model.train(false);
+  const at::Tensor tokens = at::randint(0, 50257, {2, 64}, at::kLong);
+  const at::Tensor ours = dtk::get(model.forward({{"tokens", tokens}}), "logits").narrow(-1, 0, 50257);
+  EXPECT_LT((ours - hf_gpt2_logits(hf, read(dir + "/hf/config.json"), tokens)).abs().max().item<double>(), 1e-5);
+}
+
 // Two tensor-parallel ranks' partitions are merged into the same tensors a single-rank run of the
 // same model exports. With lr 0 the weights are the initial ones, which Megatron's initialisation
 // makes equal at every tensor-parallel size (training then stays equal only to float accuracy,

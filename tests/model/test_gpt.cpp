@@ -209,6 +209,32 @@ TEST(GptModel, LogitsAndLossMatchReference) {
   }
 }
 
+// Megatron's --apply-layernorm-1p: every LayerNorm weight starts at 0 and the norm multiplies by
+// 1 + w; with random w the logits are the reference's with 1 + w as the norm weights.
+TEST(GptModel, ZeroCentredNormWeightsMultiplyByOnePlusW) {
+  const Shape& S = kShapes[1];
+  GPT model(model_opts(S, S.vocab, {{"apply_layernorm_1p", "true"}}));
+  model.train(false);
+  auto P = model.param_map();
+  std::vector<std::string> norms;
+  for (auto& kv : P)
+    if (kv.first.find("layernorm.weight") != std::string::npos) norms.push_back(kv.first);
+  ASSERT_EQ(norms.size(), 2u * static_cast<size_t>(S.layers) + 1u);
+  at::Generator g = at::detail::getDefaultCPUGenerator().clone();
+  g.set_current_seed(5);
+  at::NoGradGuard ng;
+  for (const std::string& n : norms) {
+    EXPECT_EQ(P[n].abs().max().item<double>(), 0.0) << n << " starts at 0";
+    P[n].copy_(at::randn(P[n].sizes(), g) * 0.3);
+  }
+  std::map<std::string, at::Tensor> gains = P;
+  for (const std::string& n : norms) gains[n] = P[n] + 1;
+  at::Tensor tokens = random_text(3, S.seq, S.vocab, 13);
+  at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
+  expect_close(dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits"),
+               ref_logits(gains, S, tokens, pos, {}), 1e-5, "logits with 1 + w");
+}
+
 struct MaskCase {
   bool reset_pos, reset_attn, eod_mask;
 };

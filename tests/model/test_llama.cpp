@@ -163,6 +163,42 @@ TEST(LlamaModel, LogitsLossAndGradientsMatchReference) {
   }
 }
 
+// Megatron's --apply-layernorm-1p: every RMSNorm weight starts at 0 and the norm multiplies by
+// 1 + w. With random w, the model is the reference with 1 + w as its norm weights, forward and
+// backward (the gradient of w is the reference's of 1 + w).
+TEST(LlamaModel, ZeroCentredNormWeightsMultiplyByOnePlusW) {
+  const Shape& S = kShapes[1];
+  Opts o = llama_opts(S);
+  o["apply_layernorm_1p"] = "true";
+  GPT model(o, Ctx{}, plugins().llama);
+  model.train(true);
+  auto P = model.param_map();
+  std::vector<std::string> norms;
+  for (auto& kv : P)
+    if (kv.first.find("norm.weight") != std::string::npos) norms.push_back(kv.first);
+  ASSERT_EQ(norms.size(), 2u * static_cast<size_t>(S.layers) + 1u);
+  at::Generator g = at::detail::createCPUGenerator(5);
+  {
+    at::NoGradGuard ng;
+    for (const std::string& n : norms) {
+      EXPECT_EQ(P[n].abs().max().item<double>(), 0.0) << n << " starts at 0";
+      P[n].copy_(at::randn(P[n].sizes(), g) * 0.3);
+    }
+  }
+  at::Tensor tokens = random_ids(3, S.seq, S.vocab, 11), labels = random_ids(3, S.seq, S.vocab, 12);
+  at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
+  at::Tensor loss = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}}), "loss");
+  std::map<std::string, at::Tensor> R;
+  for (auto& kv : P) R[kv.first] = kv.second.detach().clone().requires_grad_(true);
+  std::map<std::string, at::Tensor> gains = R;
+  for (const std::string& n : norms) gains[n] = R[n] + 1;
+  at::Tensor want = ref_loss(ref_logits(gains, S, tokens, pos), labels);
+  expect_close(loss.detach(), want.detach(), 1e-5, "loss with 1 + w");
+  loss.mean().backward();
+  want.mean().backward();
+  for (auto& kv : P) expect_close(kv.second.grad(), R[kv.first].grad(), 1e-5, "gradient of " + kv.first);
+}
+
 TEST(LlamaModel, RotaryPositionsBeyondTheTrainingLengthAreExact) {
   // Trained for 8 positions; evaluated at 32..39 and with reset positions, in an order that
   // grows the rotary table and then reads rows it made earlier.

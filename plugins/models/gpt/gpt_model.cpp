@@ -48,7 +48,8 @@ class GPTModel : public DecoderLM {
     c_.max_pos = option_or(o, "max_position_embeddings", c_.seq);
     c_.openai_gelu = o.get_bool("openai_gelu");
     validate(ctx, c_);
-    build(ctx, c_, {{{"final_layernorm.weight", 1.0}, {"final_layernorm.bias", 0.0}}, /*layer_positions=*/false});
+    build(ctx, c_,
+          {{{"final_layernorm.weight", c_.norm_init()}, {"final_layernorm.bias", 0.0}}, /*layer_positions=*/false});
   }
 
  private:
@@ -56,12 +57,13 @@ class GPTModel : public DecoderLM {
     return std::make_unique<Layer>(c_, index, tp_, f);
   }
   at::Tensor final_norm(const at::Tensor& x) const override {
-    return layer_norm(x, final_norm_[0], final_norm_[1], c_.eps);
+    return layer_norm(x, c_.norm_gain(final_norm_[0]), final_norm_[1], c_.eps);
   }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
     if (!x.branch.defined()) return final_norm(x.stream);
-    const auto [h, normed] = add_bias_dropout_layer_norm(x.stream, x.branch, x.branch_bias, x.branch_keep,
-                                                         final_norm_[0], final_norm_[1], c_.eps, c_.kernels);
+    const auto [h, normed] =
+        add_bias_dropout_layer_norm(x.stream, x.branch, x.branch_bias, x.branch_keep, c_.norm_gain(final_norm_[0]),
+                                    final_norm_[1], c_.eps, c_.kernels);
     return normed;
   }
 
@@ -82,6 +84,9 @@ const dtk_option_spec kOptions[] = {
     opt_float("attention_dropout", "0.1", "Dropout on the attention probabilities."),
     opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
     opt_float("layernorm_epsilon", "1e-5", "LayerNorm epsilon."),
+    opt_bool("apply_layernorm_1p", "false",
+             "Zero-centred norm weights (Megatron's --apply-layernorm-1p): each LayerNorm multiplies by 1 + w, w "
+             "starting at 0."),
     opt_bool("openai_gelu", "false",
              "GELU's tanh approximation (Megatron's --openai-gelu, GPT-2's and Hugging Face's gelu_new) instead of the "
              "exact erf GELU."),

@@ -10,11 +10,11 @@ namespace dtk::gpt {
 
 Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f) : c_(c), tp_(tp) {
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-  ln1_w = f.ones({c.hidden});
+  ln1_w = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   ln1_b = f.zeros({c.hidden});
   qkv = ColumnParallelLinear(c.hidden, 3 * c.hidden, true, c.init_std, tp, f);
   dense = RowParallelLinear(c.hidden, c.hidden, true, scaled_std, tp, f);
-  ln2_w = f.ones({c.hidden});
+  ln2_w = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   ln2_b = f.zeros({c.hidden});
   if (c.moe.is_moe_layer(index)) {
     MoeConfig m = c.moe;
@@ -48,8 +48,8 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // added by the first LayerNorm's kernel.
   const auto [x, normed_in] = in.branch.defined()
                                   ? add_bias_dropout_layer_norm(in.stream, in.branch, in.branch_bias, in.branch_keep,
-                                                                ln1_w, ln1_b, c_.eps, c_.kernels)
-                                  : std::pair{in.stream, layer_norm(in.stream, ln1_w, ln1_b, c_.eps)};
+                                                                c_.norm_gain(ln1_w), ln1_b, c_.eps, c_.kernels)
+                                  : std::pair{in.stream, layer_norm(in.stream, c_.norm_gain(ln1_w), ln1_b, c_.eps)};
   const at::Tensor projected = qkv.forward(normed_in);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
@@ -72,7 +72,7 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   if (layer_norm_takes_branch_bias(x, ln2_w, ln2_b, c_.kernels)) {
     const DropoutMask attention_keep = dropout_mask(x, c_.hidden_dropout, training, rng.hidden, tp_);
     const auto [h, normed] = add_bias_dropout_layer_norm(x, dense.forward_unbiased(context), dense.bias, attention_keep,
-                                                         ln2_w, ln2_b, c_.eps, c_.kernels);
+                                                         c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
     if (moe) return {h, moe_branch(normed), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
     const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
     return {h, fc2.forward_unbiased(activated), fc2.bias,
@@ -80,8 +80,8 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   }
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
-      add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_), ln2_w, ln2_b,
-                     c_.eps, c_.kernels);
+      add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_),
+                     c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
   if (moe) return {h, dropout(moe_branch(normed), c_.hidden_dropout, training, rng.hidden, tp_)};
   // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
   const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
@@ -91,8 +91,9 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const at::Tensor& cache, int64_t length,
                                  const at::Tensor& mask) const {
   const int64_t b = x.size(0), n = x.size(1), total = length + n;
-  at::Tensor mixed =
-      qkv.forward(layer_norm(x, ln1_w, ln1_b, c_.eps)).view({b, n, heads_local_, 3 * head_dim_}).transpose(1, 2);
+  at::Tensor mixed = qkv.forward(layer_norm(x, c_.norm_gain(ln1_w), ln1_b, c_.eps))
+                         .view({b, n, heads_local_, 3 * head_dim_})
+                         .transpose(1, 2);
   cache[0].narrow(2, length, n).copy_(mixed.narrow(-1, head_dim_, head_dim_));
   cache[1].narrow(2, length, n).copy_(mixed.narrow(-1, 2 * head_dim_, head_dim_));
   const at::Tensor q = mixed.narrow(-1, 0, head_dim_);
@@ -100,13 +101,14 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
-  const auto [h, normed] = add_layer_norm(x, dense.forward(context), ln2_w, ln2_b, c_.eps, c_.kernels);
+  const auto [h, normed] = add_layer_norm(x, dense.forward(context), c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
   if (moe) return h + moe_branch(normed);
   return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
-  return stage == 0 ? layer_norm(in, ln1_w, ln1_b, c_.eps) : layer_norm(in, ln2_w, ln2_b, c_.eps);
+  return stage == 0 ? layer_norm(in, c_.norm_gain(ln1_w), ln1_b, c_.eps)
+                    : layer_norm(in, c_.norm_gain(ln2_w), ln2_b, c_.eps);
 }
 
 at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const {

@@ -77,10 +77,10 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
   // Megatron's scaled init for the projections into the residual stream.
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   const int64_t hd = c.head_dim();
-  input_norm = f.ones({c.hidden});
+  input_norm = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   qkv = ColumnParallelLinear(c.hidden, (c.heads + 2 * c.groups) * hd, c.bias, c.init_std, tp, f);
   dense = RowParallelLinear(c.heads * hd, c.hidden, c.bias, scaled_std, tp, f);
-  post_attention_norm = f.ones({c.hidden});
+  post_attention_norm = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   if (c.moe.is_moe_layer(index)) {
     MoeConfig m = c.moe;
     m.ffn = c.expert_ffn();
@@ -190,9 +190,9 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
     return attend(a.q, a.k, a.v, mask, keep);
   };
   // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
-  const auto [x, normed_in] = in.branch.defined()
-                                  ? add_rms_norm(in.stream, in.branch_value(), input_norm, c_.eps, c_.kernels)
-                                  : std::pair{in.stream, rms_norm(in.stream, input_norm, c_.eps, c_.kernels)};
+  const auto [x, normed_in] =
+      in.branch.defined() ? add_rms_norm(in.stream, in.branch_value(), c_.norm_gain(input_norm), c_.eps, c_.kernels)
+                          : std::pair{in.stream, rms_norm(in.stream, c_.norm_gain(input_norm), c_.eps, c_.kernels)};
   const at::Tensor projected = qkv.forward(normed_in);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
@@ -200,26 +200,27 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // h = x + dropout(attention's output) and its RMSNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
       add_rms_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp),
-                   post_attention_norm, c_.eps, c_.kernels);
+                   c_.norm_gain(post_attention_norm), c_.eps, c_.kernels);
   return {h, dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp)};
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,
                                  int64_t length, const at::Tensor& mask) const {
   const int64_t n = x.size(1);
-  const QKV a = project(rms_norm(x, input_norm, c_.eps, c_.kernels), positions);
+  const QKV a = project(rms_norm(x, c_.norm_gain(input_norm), c_.eps, c_.kernels), positions);
   // cache [2, b, ng, capacity, hd]; the new keys (already rotated) and values at [length, length + n).
   cache[0].narrow(2, length, n).copy_(a.k.transpose(1, 2));
   cache[1].narrow(2, length, n).copy_(a.v.transpose(1, 2));
   const at::Tensor k = cache[0].narrow(2, 0, length + n).transpose(1, 2);  // [b, t, ng, hd]
   const at::Tensor v = cache[1].narrow(2, 0, length + n).transpose(1, 2);
   const at::Tensor context = attend(a.q, k, v, mask, DropoutMask{});
-  const auto [h, normed] = add_rms_norm(x, dense.forward(context), post_attention_norm, c_.eps, c_.kernels);
+  const auto [h, normed] =
+      add_rms_norm(x, dense.forward(context), c_.norm_gain(post_attention_norm), c_.eps, c_.kernels);
   return h + mlp(normed);
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
-  return rms_norm(in, stage == 0 ? input_norm : post_attention_norm, c_.eps, c_.kernels);
+  return rms_norm(in, c_.norm_gain(stage == 0 ? input_norm : post_attention_norm), c_.eps, c_.kernels);
 }
 
 std::vector<const ColumnParallelLinear*> Layer::stage_columns(int stage) const {

@@ -70,17 +70,20 @@ class LlamaModel : public DecoderLM {
     validate(ctx, c_);
     validate_llama();
     rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base, c_.rope_scaling);
-    build(ctx, c_, {{{"final_norm.weight", 1.0}}, /*layer_positions=*/true});
+    build(ctx, c_, {{{"final_norm.weight", c_.norm_init()}}, /*layer_positions=*/true});
   }
 
  private:
   std::unique_ptr<DecoderLayer> make_layer(int64_t index, ParamFactory& f) override {
     return std::make_unique<Layer>(c_, index, tp_, f, *rotary_);
   }
-  at::Tensor final_norm(const at::Tensor& x) const override { return rms_norm(x, final_norm_[0], c_.eps, c_.kernels); }
+  at::Tensor final_norm(const at::Tensor& x) const override {
+    return rms_norm(x, c_.norm_gain(final_norm_[0]), c_.eps, c_.kernels);
+  }
   at::Tensor final_add_norm(const ResidualStream& x) const override {
-    return x.branch.defined() ? add_rms_norm(x.stream, x.branch_value(), final_norm_[0], c_.eps, c_.kernels).second
-                              : final_norm(x.stream);
+    return x.branch.defined()
+               ? add_rms_norm(x.stream, x.branch_value(), c_.norm_gain(final_norm_[0]), c_.eps, c_.kernels).second
+               : final_norm(x.stream);
   }
 
   void validate_llama() const {
@@ -127,6 +130,9 @@ const dtk_option_spec kOptions[] = {
     opt_float("attention_dropout", "0.0", "Dropout on the attention probabilities."),
     opt_float("init_method_std", "0.02", "Std of the normal init; output projections use std / sqrt(2 x num_layers)."),
     opt_float("layernorm_epsilon", "1e-5", "RMSNorm epsilon (Megatron's --layernorm-epsilon / --norm-epsilon)."),
+    opt_bool("apply_layernorm_1p", "false",
+             "Zero-centred norm weights (Megatron's --apply-layernorm-1p): each RMSNorm multiplies by 1 + w, w "
+             "starting at 0."),
     opt_bool("untie_embeddings_and_output_weights", "true",
              "A separate output layer (Llama's); false reads the word-embedding weight."),
     opt_bool("add_bias_linear", "false",

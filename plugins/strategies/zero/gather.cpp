@@ -124,14 +124,14 @@ void ZeroStrategy::gather_bucket(size_t b, bool async) {
     if (slot >= 0) param_swap_->release(slot), slot = -1;  // the gather reads the device copy
   }
   full_[b] = whole;
-  if (dp_size_ == 1) {
+  if (bucket.split == 1) {
     whole.copy_(mine);
   } else if (async) {
-    gathering_[b].emplace(Comm::all_gather_async(whole, mine, DTK_GROUP_DATA_PARALLEL));
+    gathering_[b].emplace(Comm::all_gather_async(whole, mine, group_of(bucket)));
     if (slot >= 0) gather_slot_[b] = slot;  // held until the gather completes
     return;
   } else {
-    Comm::all_gather(whole, mine, DTK_GROUP_DATA_PARALLEL);
+    Comm::all_gather(whole, mine, group_of(bucket));
   }
   if (slot >= 0) param_swap_->release(slot);
   gathering_[b].reset();
@@ -211,7 +211,7 @@ void ZeroStrategy::prefetch(int32_t from_module, int direction) {
 void ZeroStrategy::write_back_partition(size_t b) {
   const Bucket& bucket = layout_->buckets()[b];
   if (!full_[b].defined()) return;
-  const at::Tensor values = full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
+  const at::Tensor values = full_[b].narrow(0, own_offset(bucket), bucket.chunk);
   if (param_swap_) {  // (an always-whole bucket's values are its full_ already)
     if (!bucket.on_demand) return;
     const int slot = param_swap_->begin_write(b);

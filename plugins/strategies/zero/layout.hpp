@@ -13,6 +13,12 @@
 // the whole buffer), so every collective is one bucket, balanced over the ranks. A rank's
 // partition is the concatenation of its chunks, in bucket order.
 //
+// Expert parallelism: the routed experts' weights differ between expert-parallel ranks, so they
+// fill buckets of their own (one open bucket per kind, so an MoE layer does not cut the dense
+// buckets short), split over the expert-data-parallel group (the ranks holding the same experts,
+// N_e of them) instead: rank r owns chunk r_e of those, its rank in that group. Megatron's
+// distributed optimizer shards its expert buffers the same way.
+//
 //   flat:       | bucket 0: chunk0 chunk1 ... chunkN-1 | bucket 1: chunk0 ... | ...
 //   partition r:| bucket 0 chunk r | bucket 1 chunk r | ...
 #pragma once
@@ -33,6 +39,8 @@ struct LayoutParam {
   // ZeRO-3: gathered around the modules that read it, released otherwise. False: always whole
   // (stages 1 and 2; ZeRO-3 parameters at or below the persistence threshold).
   bool on_demand = false;
+  // A routed expert's weight under expert parallelism: split over the expert-data-parallel group.
+  bool expert = false;
 };
 
 struct Slot {
@@ -43,8 +51,10 @@ struct Slot {
 
 struct Bucket {
   std::vector<Slot> slots;
-  int64_t numel = 0;             // padded: a multiple of dp x kChunkAlign
-  int64_t chunk = 0;             // numel / dp: what each rank owns of it
+  int64_t numel = 0;             // padded: a multiple of split x kChunkAlign
+  int64_t chunk = 0;             // numel / split: what each rank owns of it
+  int split = 1;                 // the ranks it is split over: the dp size, or expert_dp for experts
+  bool expert = false;           // routed experts' weights (expert parallelism)
   int64_t flat_offset = 0;       // of the bucket in the flat layout
   int64_t partition_offset = 0;  // of a rank's chunk in that rank's partition
   bool on_demand = false;
@@ -64,26 +74,32 @@ constexpr int64_t kChunkAlign = 16;  // 64-byte aligned fp32 chunks (SIMD-friend
 
 class Layout {
  public:
-  // `params` in the model's order; the layout orders them itself. bucket_numel >= 1.
-  Layout(std::vector<LayoutParam> params, int dp_size, int64_t bucket_numel);
+  // `params` in the model's order; the layout orders them itself. bucket_numel >= 1. expert_dp:
+  // the expert-data-parallel size that experts' buckets are split over (it divides dp_size; 0:
+  // dp_size, as without expert parallelism).
+  Layout(std::vector<LayoutParam> params, int dp_size, int64_t bucket_numel, int expert_dp = 0);
 
   const std::vector<LayoutParam>& params() const { return params_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int dp_size() const { return dp_; }
+  int expert_dp_size() const { return expert_dp_; }
   int64_t flat_numel() const { return flat_numel_; }
   int64_t partition_numel() const { return partition_numel_; }
   // Where parameter p starts in the flat layout, and its bucket.
   int64_t flat_offset(size_t p) const { return flat_offset_[p]; }
   size_t bucket_of(size_t p) const { return bucket_of_[p]; }
-  // The shards of `rank`, in partition order.
-  std::vector<Shard> shards(int rank) const;
+  // The shards of data-parallel rank `rank`, whose rank in the expert-data-parallel group is
+  // `expert_rank` (the same without expert parallelism), in partition order.
+  std::vector<Shard> shards(int rank, int expert_rank) const;
+  // (Data-parallel rank d is expert-data-parallel rank d / (dp / expert_dp): launch/distributed.cpp.)
+  std::vector<Shard> shards(int rank) const { return shards(rank, rank / (dp_ / expert_dp_)); }
 
  private:
   std::vector<LayoutParam> params_;
   std::vector<Bucket> buckets_;
   std::vector<int64_t> flat_offset_;
   std::vector<size_t> bucket_of_;
-  int dp_;
+  int dp_, expert_dp_;
   int64_t flat_numel_ = 0, partition_numel_ = 0;
 };
 

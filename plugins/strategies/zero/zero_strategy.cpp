@@ -79,7 +79,10 @@ ZeroStrategy::ZeroStrategy(const BuildContext& ctx)
       dp_size_(std::max(1, Comm::size(DTK_GROUP_DATA_PARALLEL))),
       tp_rank_(ctx.tp_rank),
       tp_size_(std::max(1, ctx.tp_size)),
-      pp_rank_(ctx.pp_rank) {
+      pp_rank_(ctx.pp_rank),
+      ep_size_(std::max(1, ctx.ep_size)),
+      edp_rank_(ep_size_ > 1 ? std::max(0, Comm::rank(DTK_GROUP_EXPERT_DATA_PARALLEL)) : dp_rank_),
+      edp_size_(ep_size_ > 1 ? std::max(1, Comm::size(DTK_GROUP_EXPERT_DATA_PARALLEL)) : dp_size_) {
   // Stages 2 and 3 reduce and gather inside the model's backward, module by module; a pipeline
   // stage runs several micro-batches' backwards interleaved with forwards (DeepSpeed refuses
   // ZeRO 2/3 with pipeline parallelism as well).
@@ -139,6 +142,9 @@ void ZeroStrategy::setup(const ModelHandle& model) {
                     : opt_.offload_param ? ", parameters offloaded to the host"
                                          : "")
                 << (deferred ? ", built partitioned (zero_init)" : "")
+                << (ep_size_ > 1 ? ", routed experts over the expert-data-parallel group (" +
+                                       std::to_string(edp_size_) + (edp_size_ == 1 ? " rank)" : " ranks)")
+                                 : std::string())
                 << (opt_.delayed_param_update ? ", delayed parameter update (one step stale)" : "");
   if (swap_) DTK_LOG(INFO) << swap_->describe();
   if (param_swap_) DTK_LOG(INFO) << param_swap_->describe();
@@ -192,6 +198,8 @@ void ZeroStrategy::build_layout() {
   for (size_t i = 0; i < params_.size(); ++i) {
     lps[i].name = params_[i].name;
     lps[i].numel = params_[i].tensor.numel();
+    const dtk_param_info& info = params_[i].info;
+    lps[i].expert = ep_size_ > 1 && info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
   }
   // A gradient is complete after the backward of the lowest-index module that reads it.
   for (size_t m = 0; m < module_reads_.size(); ++m)
@@ -204,8 +212,8 @@ void ZeroStrategy::build_layout() {
   for (size_t p = 0; p < lps.size(); ++p)
     if (lps[p].ready_module >= 0) ready_at_[static_cast<size_t>(lps[p].ready_module)].push_back(p);
   // ZeRO-3's on-demand buckets never mix modules: a module is gathered by gathering its buckets.
-  layout_.emplace(std::move(lps), dp_size_, opt_.reduce_bucket_size);
-  shards_ = layout_->shards(dp_rank_);
+  layout_.emplace(std::move(lps), dp_size_, opt_.reduce_bucket_size, edp_size_);
+  shards_ = layout_->shards(dp_rank_, edp_rank_);
   shard_of_.assign(params_.size(), -1);
   for (size_t s = 0; s < shards_.size(); ++s) shard_of_[shards_[s].param] = static_cast<int64_t>(s);
   const size_t nb = layout_->buckets().size();
@@ -229,6 +237,9 @@ void ZeroStrategy::build_layout() {
     for (int64_t sum = 0; fit < sizes.size() && sum + sizes[fit] <= opt_.reduce_in_flight_size; ++fit)
       sum += sizes[fit];
     max_spares_ = std::min(nb + 1, std::max<size_t>(3, fit + 2));
+    // (Expert parallelism: a dense and an expert bucket fill at once.)
+    if (std::any_of(layout_->buckets().begin(), layout_->buckets().end(), [](const Bucket& b) { return b.expert; }))
+      max_spares_ = std::min(nb + 1, max_spares_ + 1);
   }
   pending_.assign(nb, 0);
   refs_.assign(nb, 0);
@@ -515,7 +526,8 @@ void ZeroStrategy::return_staging(at::Tensor buffer) {
   if (spare_.size() < max_spares_) spare_.push_back(std::move(buffer));
 }
 
-// Reduce-scatters one bucket (fp32, whole) over the DP group and adds this rank's chunk into the
+// Reduce-scatters one bucket (fp32, whole) over its group (the DP group; the experts': the
+// expert-data-parallel group) and adds this rank's chunk into the
 // gradient partition. With overlap_comm the collective is left in flight while backward goes on:
 // the oldest complete only when more than reduce_in_flight_size elements (and two buckets) are in
 // flight, so on a slow link every bucket of a layer is on its way while the next layers' backward
@@ -523,13 +535,15 @@ void ZeroStrategy::return_staging(at::Tensor buffer) {
 void ZeroStrategy::reduce_bucket(size_t b, const at::Tensor& input, at::Tensor staging) {
   const Bucket& bucket = layout_->buckets()[b];
   InFlight f{b, input, at::empty({bucket.chunk}, input.options()), std::nullopt, std::move(staging)};
-  const int32_t op = opt_.average_gradients ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
-  if (dp_size_ == 1)
+  // (Experts are summed over their group and divided by the data-parallel size in
+  // finish_reductions: each expert's gradient already holds its expert-parallel group's tokens.)
+  const int32_t op = opt_.average_gradients && !bucket.expert ? DTK_REDUCE_AVG : DTK_REDUCE_SUM;
+  if (bucket.split == 1)
     f.output.copy_(input);
   else if (opt_.overlap_comm)
-    f.work.emplace(Comm::reduce_scatter_async(f.output, input, DTK_GROUP_DATA_PARALLEL, op));
+    f.work.emplace(Comm::reduce_scatter_async(f.output, input, group_of(bucket), op));
   else
-    Comm::reduce_scatter(f.output, input, DTK_GROUP_DATA_PARALLEL, op);
+    Comm::reduce_scatter(f.output, input, group_of(bucket), op);
   in_flight_.push_back(std::move(f));
   in_flight_numel_ += bucket.numel;
   if (!opt_.overlap_comm) {
@@ -547,6 +561,8 @@ void ZeroStrategy::finish_reductions(size_t keep) {
     InFlight& f = in_flight_.front();
     if (f.work) f.work->wait();
     const Bucket& bucket = layout_->buckets()[f.bucket];
+    if (bucket.expert && opt_.average_gradients)
+      f.output.div_(dp_size_);  // (Megatron's expert_gradient_scaling_factor)
     at::Tensor target = part_grads_.narrow(0, bucket.partition_offset, bucket.chunk);
     if (offload_) {
       // A GPU with the partition on the host: the copy engine moves the chunk while backward goes
@@ -715,7 +731,7 @@ void ZeroStrategy::apply_step() {
     for (size_t b = 0; b < l.buckets().size(); ++b) {
       const Bucket& bucket = l.buckets()[b];
       full_[b]
-          .narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk)
+          .narrow(0, own_offset(bucket), bucket.chunk)
           .copy_(masters_.narrow(0, bucket.partition_offset, bucket.chunk), non_blocking);
     }
   }
@@ -734,8 +750,9 @@ void ZeroStrategy::issue_gathers_after_step() {
   const Layout& l = *layout_;
   for (size_t k = l.buckets().size(); k-- > 0;) {
     const Bucket& bucket = l.buckets()[k];
-    at::Tensor mine = full_[k].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
-    gathering_[k].emplace(Comm::all_gather_async(full_[k], mine, DTK_GROUP_DATA_PARALLEL));
+    if (bucket.split == 1) continue;  // this rank's chunk is the bucket, updated in place
+    at::Tensor mine = full_[k].narrow(0, own_offset(bucket), bucket.chunk);
+    gathering_[k].emplace(Comm::all_gather_async(full_[k], mine, group_of(bucket)));
   }
 }
 
@@ -755,16 +772,16 @@ void ZeroStrategy::gather_after_step() {
   for (size_t b = 0; b < l.buckets().size(); ++b) {
     const Bucket& bucket = l.buckets()[b];
     if (bucket.on_demand) continue;
-    at::Tensor mine = full_[b].narrow(0, static_cast<int64_t>(dp_rank_) * bucket.chunk, bucket.chunk);
+    at::Tensor mine = full_[b].narrow(0, own_offset(bucket), bucket.chunk);
     // (offload_param=nvme: the step wrote the chunk in place, store_updated.)
     if (opt_.stage == 3 && !param_swap_) mine.copy_(part_params_.narrow(0, bucket.partition_offset, bucket.chunk));
-    if (dp_size_ == 1) continue;
+    if (bucket.split == 1) continue;
     while (!flying.empty() && in_flight + bucket.numel > opt_.allgather_bucket_size) {
       flying.front().second.wait();
       in_flight -= flying.front().first;
       flying.pop_front();
     }
-    flying.emplace_back(bucket.numel, Comm::all_gather_async(full_[b], mine, DTK_GROUP_DATA_PARALLEL));
+    flying.emplace_back(bucket.numel, Comm::all_gather_async(full_[b], mine, group_of(bucket)));
     in_flight += bucket.numel;
   }
   for (auto& f : flying) f.second.wait();
@@ -844,6 +861,7 @@ dtk_strategy_info ZeroStrategy::info() {
   // go through gather_parameters, which completes the delayed step first.
   i.partitions_parameters = opt_.stage == 3 || gather_overlapped_ || opt_.delayed_param_update ? 1 : 0;
   i.optimizer_on_host = opt_.offload_optimizer ? 1 : 0;
+  i.expert_parallel = 1;  // experts partitioned over the expert-data-parallel group (layout.hpp)
   return i;
 }
 

@@ -24,6 +24,11 @@
 //            read into param_buffer_count host buffers before their all-gathers (the next modules'
 //            reads issued ahead, gather.cpp's prefetch) and written back after the step
 //            (param_swap.hpp).
+//   expert parallelism (distributed.expert_model_parallel_size): the routed experts' weights
+//            are partitioned over the expert-data-parallel group, the ranks that hold the same
+//            experts (layout.hpp), their gradients summed there and divided by the data-parallel
+//            size (each expert's gradient already holds the tokens of its expert-parallel group),
+//            as Megatron's distributed optimizer does with its expert buffers.
 //   delayed_param_update (with offload_optimizer=cpu): ZeRO-Offload's one-step delayed update;
 //            from iteration 2 the step runs on a host thread during the next forward and backward
 //            (launch_delayed_step / finish_delayed_step below).
@@ -111,6 +116,12 @@ class ZeroStrategy : public Strategy {
   void create_param_swap();                          // offload_param=nvme
   void step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args);
   bool low_precision() const { return dtype_ != at::kFloat; }
+  // A bucket's ranks: the data-parallel group, or for experts the expert-data-parallel group
+  // (layout.hpp); this rank's chunk starts at own_offset within the bucket.
+  int32_t group_of(const Bucket& b) const {
+    return b.expert ? DTK_GROUP_EXPERT_DATA_PARALLEL : DTK_GROUP_DATA_PARALLEL;
+  }
+  int64_t own_offset(const Bucket& b) const { return static_cast<int64_t>(b.expert ? edp_rank_ : dp_rank_) * b.chunk; }
 
   // gradients
   void collect_into_flat();               // stage 1: low-precision .grad -> the fp32 flat buffer
@@ -152,6 +163,7 @@ class ZeroStrategy : public Strategy {
   const Options opt_;
   const at::Device device_;
   const int dp_rank_, dp_size_, tp_rank_, tp_size_, pp_rank_;
+  const int ep_size_, edp_rank_, edp_size_;  // expert parallelism (ep_size_ 1: edp is dp)
   at::ScalarType dtype_ = at::kFloat;
   dtk_module_hooks hooks_{};
 

@@ -1146,8 +1146,8 @@ typedef struct dtk_strategy_info {
    * gradients of the parameters marked dtk_param_info.expert are summed over
    * DTK_GROUP_EXPERT_DATA_PARALLEL and divided by the data-parallel size (every token of the
    * data-parallel group reached its experts through the expert-parallel group, Megatron's
-   * expert_gradient_scaling_factor), and clip_and_norm sums their squares over the expert-parallel
-   * group too. The host refuses expert parallelism with a strategy that reports 0. */
+   * expert_gradient_scaling_factor), and clip_and_norm's norm counts every rank's experts once
+   * (ddp, zero). The host refuses expert parallelism with a strategy that reports 0. */
   int32_t expert_parallel;
 } dtk_strategy_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_strategy_info, 2_1, optimizer_on_host);

@@ -393,8 +393,13 @@ void load_resharded(const fs::path& rank_dir, int64_t shards, const c10::impl::G
         if (k != topo.dp_rank) order.push_back(k);
       const SliceMap mine = slices_of(optimizer.params());
       for (size_t i = 0; i < order.size(); ++i) {
-        where = (rank_dir / shard_file_name(static_cast<int>(order[i]))).string();
-        const ckpt::Shard shard = ckpt::read_shard(rank_dir.string(), static_cast<int>(order[i]), shards, sums);
+        // Under expert parallelism each DP rank's file is in its expert-parallel rank's directory
+        // (the same expert-parallel size: check_expert_naming); its dense shards are wanted here too.
+        const int ep_rank = static_cast<int>(order[i] % topo.ep_size);
+        const fs::path dir =
+            rank_dir.parent_path() / mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, ep_rank, topo.ep_size);
+        where = (dir / shard_file_name(static_cast<int>(order[i]))).string();
+        const ckpt::Shard shard = ckpt::read_shard(dir.string(), static_cast<int>(order[i]), shards, sums);
         assembler.add(shard.optimizer, shard.strategy, shard.slices);
         if (i == 0 && shard.slices == mine) break;  // saved with this rank's layout: exact resume from one file
       }
@@ -612,6 +617,8 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
   if (!fs::is_directory(iter_dir, ec))
     throw HostError("checkpoint: " + iter_dir + ckpt::not_a_directory(iter_dir) + " (named by " +
                     checkpoint_tracker_file(load_dir) + ")");
+  if (const std::string why = ckpt::megatron_distributed_checkpoint(iter_dir); !why.empty())
+    throw HostError("checkpoint: " + why);
   // The verdict inspect and fallback use (every file the manifest lists is there), then the
   // manifest, when the checkpoint has one and verification is wanted.
   if (what.verify) require_complete_iteration(load_dir, iteration);
@@ -668,6 +675,7 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
 // SHA256SUMS, or a load told not to verify checksums: their files' damage shows as any error). A
 // complete iteration whose files were verified and that failed does not match the run.
 bool older_iteration_might_load(const std::string& dir, int64_t iteration, const std::string& error, bool verified) {
+  if (error.find(" is a Megatron distributed checkpoint") != std::string::npos) return false;  // sound, another format
   if (!verified || iteration < 0 || error.find(" is damaged") != std::string::npos ||
       error.find(" is incomplete") != std::string::npos)
     return true;

@@ -292,12 +292,16 @@ std::string resolve_iteration_dir(const std::string& path, int64_t* iteration, b
     normal = checkpoint_iter_dir(save_dir, it);
   }
   if (iteration) *iteration = it;
+  if (const std::string why = ckpt::megatron_distributed_checkpoint(normal.string()); !why.empty())
+    throw HostError("checkpoint: " + why);
   // The verdict inspect and training's load give: every file the manifest lists is there.
   if (verify) require_complete_iteration(save_dir, it);
   return normal.string();
 }
 
 std::string checkpoint_config_text(const std::string& iter_dir, const ChecksumCheck& check) {
+  if (const std::string why = ckpt::megatron_distributed_checkpoint(iter_dir); !why.empty())
+    throw HostError("checkpoint: " + why);
   const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, check.verify, check.skip_hint);
   const std::string relative = ckpt::first_rank_dir(iter_dir) + "/" + ckpt::kModelFile;
   const auto d = ckpt::read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
@@ -544,7 +548,9 @@ void check_other_files(const std::string& iter_dir, const RankLayout& layout, co
   for (int64_t pp = 0; pp < layout.pp_size; ++pp)
     for (int64_t tp = 0; tp < layout.tp_size && layout.shards > 0; ++tp)
       for (int64_t dp = 0; dp < layout.shards; ++dp) {
-        const std::string relative = layout.rank_dir(tp, pp) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
+        // (Each DP rank's file is in its expert-parallel rank's directory: dp % ep_size.)
+        const std::string relative =
+            layout.rank_dir(tp, pp, dp % layout.ep_size) + "/" + ckpt::shard_file_name(static_cast<int>(dp));
         const std::string file = (fs::path(iter_dir) / relative).string();
         if (!fs::is_regular_file(file, ec)) {
           if (problem.empty())
@@ -599,6 +605,10 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
   const std::string iter_dir = checkpoint_iter_dir(target.save_dir, target.iteration);
   out << "\niteration " << target.iteration << ": " << iter_dir << "\n";
   if (!fs::is_directory(iter_dir, ec)) return iter_dir + ckpt::not_a_directory(iter_dir);
+  if (std::string why = ckpt::megatron_distributed_checkpoint(iter_dir); !why.empty()) {
+    out << "complete: NO: " << why << "\n";
+    return why;
+  }
   // The first thing found wrong, in the order the report finds it; empty when complete.
   std::string problem;
   ckpt::Checksums sums;

@@ -72,6 +72,17 @@ std::string first_rank_dir(const std::string& iter_dir) {
   return mp_rank_dir(0);
 }
 
+std::string megatron_distributed_checkpoint(const std::string& iter_dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(iter_dir) / "metadata.json", ec) ||
+      fs::is_directory(fs::path(iter_dir) / first_rank_dir(iter_dir), ec))
+    return "";
+  return iter_dir +
+         " is a Megatron distributed checkpoint (--ckpt-format torch_dist: metadata.json, no mp_rank_* "
+         "directories); DTK reads Megatron's torch format: convert it with Megatron (--load <its save directory> "
+         "--ckpt-convert-format torch --ckpt-convert-save <D>), then load <D>/torch";
+}
+
 int64_t saved_expert_parallel_size(const std::string& iter_dir) {
   try {
     const auto d = read_pickled_dict((fs::path(iter_dir) / first_rank_dir(iter_dir) / kModelFile).string());

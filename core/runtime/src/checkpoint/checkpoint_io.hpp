@@ -34,6 +34,10 @@ std::string mp_rank_dir(int tp_rank, int pp_rank = 0, int pp_size = 1, int ep_ra
 // "mp_rank_00_000" when the checkpoint has pipeline stages or expert parallelism, or
 // "mp_rank_00_000_000" with both.
 std::string first_rank_dir(const std::string& iter_dir);
+// Why `iter_dir` cannot be read when it is Megatron's distributed checkpoint (--ckpt-format
+// torch_dist: metadata.json and .distcp files, no mp_rank_* directories), naming Megatron's
+// conversion to its torch format; empty otherwise.
+std::string megatron_distributed_checkpoint(const std::string& iter_dir);
 // The expert-parallel size the first rank's main file records (1 when it records none; -1 when it
 // cannot be read: the caller's own read then says why). Each expert-parallel rank's directory holds its own
 // experts, so a command that needs the whole model in one directory refuses a size above 1.

@@ -52,6 +52,12 @@ struct Difference {
   std::string recorded_text, run_text, remedy;
 };
 
+// An option newer than some checkpoints (those saved before it, the importers' records) whose
+// absence means a value: under another one the weights mean something else.
+const char* value_when_unrecorded(const std::string& name) {
+  return name == "apply_layernorm_1p" ? "false" : nullptr;  // norm weights w, not 1 + w
+}
+
 Difference first_difference(const config::PluginChoice& recorded, const config::PluginChoice& run,
                             host::PluginHost& plugins) {
   if (recorded.name() != run.name())
@@ -62,17 +68,20 @@ Difference first_difference(const config::PluginChoice& recorded, const config::
   for (auto& [k, v] : host::resolve_options(plugin, options_of(run))) run_values[k] = v;
   for (const dtk_option_spec* spec : plugin.options()) {
     const std::string name = spec->name;
+    if (exempt(name)) continue;
     auto rec = recorded.options().find(name);
-    if (rec == recorded.options().end() || exempt(name)) continue;  // not recorded: not compared
+    const char* unrecorded = value_when_unrecorded(name);
+    if (rec == recorded.options().end() && !unrecorded) continue;  // not recorded: not compared
+    const std::string recorded_value = rec != recorded.options().end() ? rec->second : unrecorded;
     const std::string& mine = run_values[name];
-    if (host::same_option_value(spec->type, rec->second, mine)) continue;
+    if (host::same_option_value(spec->type, recorded_value, mine)) continue;
     // 0 = derived from the other options (ffn_hidden_size, max_position_embeddings,
     // num_query_groups): the value it stands for is the plugin's to derive, and these are shapes,
     // which the strict load of the weights checks (an import records 256 where a run says 0).
     if (spec->type == DTK_OPT_INT && spec->default_value && std::string(spec->default_value) == "0" &&
-        (host::same_option_value(DTK_OPT_INT, rec->second, "0") || host::same_option_value(DTK_OPT_INT, mine, "0")))
+        (host::same_option_value(DTK_OPT_INT, recorded_value, "0") || host::same_option_value(DTK_OPT_INT, mine, "0")))
       continue;
-    return {"model." + name + "=" + rec->second, mine, "--set model." + name + "=" + rec->second};
+    return {"model." + name + "=" + recorded_value, mine, "--set model." + name + "=" + recorded_value};
   }
   return {};
 }

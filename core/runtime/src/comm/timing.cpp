@@ -60,12 +60,20 @@ void record(int32_t group, int64_t start_ns, int64_t end_ns, int64_t blocked_ns)
 
 }  // namespace comm_timing_detail
 
-CommTiming comm_timing(int32_t group) {
+CommTiming comm_timing(int32_t group) { return comm_timing(std::vector<int32_t>{group}); }
+
+CommTiming comm_timing(const std::vector<int32_t>& groups) {
   CommTiming t;
-  if (group < 0 || static_cast<size_t>(group) >= comm_timing_detail::kGroups) return t;
   auto& s = comm_timing_detail::state();
   std::lock_guard<std::mutex> lock(s.mu);
-  auto intervals = s.groups[static_cast<size_t>(group)].intervals;
+  std::vector<std::pair<int64_t, int64_t>> intervals;
+  int64_t blocked_ns = 0;
+  for (int32_t group : groups) {
+    if (group < 0 || static_cast<size_t>(group) >= comm_timing_detail::kGroups) continue;
+    const auto& g = s.groups[static_cast<size_t>(group)];
+    intervals.insert(intervals.end(), g.intervals.begin(), g.intervals.end());
+    blocked_ns += g.blocked_ns;
+  }
   std::sort(intervals.begin(), intervals.end());
   int64_t total = 0, cur_start = 0, cur_end = -1;
   for (const auto& [a, b] : intervals) {
@@ -79,7 +87,7 @@ CommTiming comm_timing(int32_t group) {
   }
   if (cur_end >= cur_start) total += cur_end - cur_start;
   t.in_flight_ms = static_cast<double>(total) / 1e6;
-  t.exposed_ms = static_cast<double>(s.groups[static_cast<size_t>(group)].blocked_ns) / 1e6;
+  t.exposed_ms = static_cast<double>(blocked_ns) / 1e6;
   t.collectives = static_cast<int64_t>(intervals.size());
   return t;
 }

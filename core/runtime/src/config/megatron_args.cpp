@@ -150,8 +150,16 @@ const Rule kRules[] = {
      "the experts split over this many data-parallel ranks"},
     {"--moe-expert-capacity-factor", 1, Kind::kRefuse, "",
      "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
-    {"--apply-layernorm-1p", 0, Kind::kRefuse, "",
-     "zero-centred norm weights (the norm multiplies by 1 + w) are not in DTK's models"},
+    {"--fp8-format", 1, Kind::kRefuse, "",
+     "DTK trains in fp32, bf16 or fp16 (--bf16, --fp16): Transformer Engine's fp8 recipes are not in its layers"},
+    {"--fp8-recipe", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
+    {"--fp8-margin", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
+    {"--fp8-amax-history-len", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
+    {"--fp8-amax-compute-algo", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
+    {"--fp8-param-gather", 0, Kind::kRefuse, "",
+     "gathers fp8 parameters, which needs --fp8-format (Megatron asserts it): DTK trains in fp32, bf16 or fp16"},
+    {"--apply-layernorm-1p", 0, Kind::kSwitch, "model.apply_layernorm_1p=true",
+     "zero-centred norm weights: every LayerNorm or RMSNorm multiplies by 1 + w, w starting at 0"},
     {"--use-legacy-models", 0, Kind::kIgnore, "",
      "Megatron's choice between its two GPT implementations; DTK's models are its own"},
     {"--use-mcore-models", 0, Kind::kIgnore, "",
@@ -363,6 +371,8 @@ const Rule kRules[] = {
     {"--tokenizer-type", 1, Kind::kSet, "tokenizer.type",
      "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
      "NullTokenizer"},
+    {"--tiktoken-pattern", 1, Kind::kIgnore, "",
+     "Megatron reads it only with --tokenizer-type TikTokenizer, which DTK does not take"},
     {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file", "a SentencePiece .model or a tokenizer.json"},
     {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size", "NullTokenizer's size (its EOD is one more)"},
     {"--data-impl", 1, Kind::kCustom, "dataset.order=megatron_legacy",
@@ -408,8 +418,9 @@ const Rule kRules[] = {
     {"--no-create-attention-mask-in-dataloader", 0, Kind::kIgnore, "",
      "DTK's loader makes no attention mask (the attention is causal in the layers)"},
     {"--ckpt-format", 1, Kind::kCustom, "",
-     "torch: Megatron's torch checkpoints (mp_rank_XX/model_optim_rng.pt), what DTK writes and reads; others "
-     "refused"},
+     "torch: Megatron's torch checkpoints (mp_rank_XX/model_optim_rng.pt), what DTK writes and reads; torch_dist "
+     "(Megatron's default): accepted, DTK writes the torch format, which Megatron loads under torch_dist too (it "
+     "detects a checkpoint's format there); others refused"},
     {"--save", 1, Kind::kSet, "checkpoint.save", ""},
     {"--load", 1, Kind::kSet, "checkpoint.load", ""},
     {"--save-interval", 1, Kind::kSet, "checkpoint.save_interval", "without --save: accepted, no effect (as Megatron)"},
@@ -565,7 +576,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       if (!words.empty()) m.sets.push_back(std::string("dataset.") + split + "_data_path=" + joined(words));
     }
   } else if (f == "--ckpt-format") {
-    if (v[0] != "torch")
+    if (v[0] == "torch_dist")
+      m.ignored.push_back(shown +
+                          " (DTK writes Megatron's torch format, mp_rank_XX/model_optim_rng.pt, which Megatron loads "
+                          "under --ckpt-format torch_dist too: it detects a checkpoint's format there)");
+    else if (v[0] != "torch")
       refuse("DTK writes and reads Megatron's torch format (mp_rank_XX/model_optim_rng.pt); use --ckpt-format torch");
   } else if (f == "--mock-data") {
     m.dataset = "synthetic";

@@ -344,6 +344,10 @@ RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
   return ranks;
 }
 
+at::Tensor norm_gain(const at::Tensor& w, bool zero_centred) {
+  return zero_centred ? (w.to(at::kFloat) + 1).to(w.scalar_type()) : w;
+}
+
 at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name) {
   auto d = dims.find(name);
   if (d == dims.end() && ranks.size() > 1)

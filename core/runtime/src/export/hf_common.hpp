@@ -56,6 +56,9 @@ std::string read_whole(const std::string& path, const std::string& what);
 RankTensors read_rank_models(const std::string& iter_dir, bool verify);
 // The whole tensor `name`, joined from the ranks along the dimension the model plugin lists (dims).
 at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name);
+// A norm's weight as Hugging Face multiplies by: 1 + w for zero-centred weights (the models'
+// apply_layernorm_1p, added in fp32), else w.
+at::Tensor norm_gain(const at::Tensor& w, bool zero_centred);
 // Refuses a tensor whose shape is not `want`, naming both.
 void expect_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& want);
 

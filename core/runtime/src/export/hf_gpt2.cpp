@@ -54,6 +54,8 @@ Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_se
   s.untie = untie != o.end() && untie->second == "true";
   auto openai = o.find("openai_gelu");
   s.openai_gelu = openai != o.end() && openai->second == "true";
+  auto one_p = o.find("apply_layernorm_1p");  // (absent in checkpoints older than the option)
+  s.norm_1p = one_p != o.end() && one_p->second == "true";
   return s;
 }
 
@@ -65,6 +67,7 @@ using hf::RankTensors;
 hf::NamedTensors hf_tensors(const RankTensors& ranks, const Gpt2Shape& shape,
                                                            const std::map<std::string, int>& dims) {
   auto whole = [&](const std::string& name) { return hf::whole_tensor(ranks, dims, name); };
+  auto gain = [&](const std::string& name) { return hf::norm_gain(whole(name), shape.norm_1p); };
   const int64_t h = shape.hidden, np = shape.heads, hn = shape.hidden / shape.heads;
   std::vector<std::pair<std::string, at::Tensor>> out;
   const std::string lm = "language_model.", enc = "language_model.encoder.";
@@ -79,7 +82,7 @@ hf::NamedTensors hf_tensors(const RankTensors& ranks, const Gpt2Shape& shape,
   out.emplace_back("transformer.wpe.weight", wpe);
   for (int64_t l = 0; l < shape.layers; ++l) {
     const std::string m = enc + "layers." + std::to_string(l) + ".", hf = "transformer.h." + std::to_string(l) + ".";
-    out.emplace_back(hf + "ln_1.weight", whole(m + "input_layernorm.weight"));
+    out.emplace_back(hf + "ln_1.weight", gain(m + "input_layernorm.weight"));
     out.emplace_back(hf + "ln_1.bias", whole(m + "input_layernorm.bias"));
     // Megatron's rows [head][q|k|v][hn] -> HF's columns [q|k|v][head][hn], as Conv1D [in, out].
     at::Tensor qkv_w = whole(m + "self_attention.query_key_value.weight");
@@ -89,7 +92,7 @@ hf::NamedTensors hf_tensors(const RankTensors& ranks, const Gpt2Shape& shape,
     out.emplace_back(hf + "attn.c_attn.bias", qkv_b.view({np, 3, hn}).transpose(0, 1).reshape({3 * h}));
     out.emplace_back(hf + "attn.c_proj.weight", whole(m + "self_attention.dense.weight").t());
     out.emplace_back(hf + "attn.c_proj.bias", whole(m + "self_attention.dense.bias"));
-    out.emplace_back(hf + "ln_2.weight", whole(m + "post_attention_layernorm.weight"));
+    out.emplace_back(hf + "ln_2.weight", gain(m + "post_attention_layernorm.weight"));
     out.emplace_back(hf + "ln_2.bias", whole(m + "post_attention_layernorm.bias"));
     at::Tensor fc = whole(m + "mlp.dense_h_to_4h.weight");
     hf::expect_shape(m + "mlp.dense_h_to_4h.weight", fc, {shape.ffn, h});
@@ -98,7 +101,7 @@ hf::NamedTensors hf_tensors(const RankTensors& ranks, const Gpt2Shape& shape,
     out.emplace_back(hf + "mlp.c_proj.weight", whole(m + "mlp.dense_4h_to_h.weight").t());
     out.emplace_back(hf + "mlp.c_proj.bias", whole(m + "mlp.dense_4h_to_h.bias"));
   }
-  out.emplace_back("transformer.ln_f.weight", whole(enc + "final_layernorm.weight"));
+  out.emplace_back("transformer.ln_f.weight", gain(enc + "final_layernorm.weight"));
   out.emplace_back("transformer.ln_f.bias", whole(enc + "final_layernorm.bias"));
   if (shape.untie) out.emplace_back("lm_head.weight", whole(lm + "output_layer.weight").narrow(0, 0, shape.vocab));
   for (auto& [name, t] : out) t = t.contiguous();

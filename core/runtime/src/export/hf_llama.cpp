@@ -53,6 +53,8 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   s.attention_dropout = option_float(o, "attention_dropout");
   s.init_std = option_float(o, "init_method_std");
   s.untie = option(o, "untie_embeddings_and_output_weights") == "true";
+  auto one_p = o.find("apply_layernorm_1p");  // (absent in checkpoints older than the option)
+  s.norm_1p = one_p != o.end() && one_p->second == "true";
   s.bias = option(o, "add_bias_linear") == "true";
   s.llama3 = option(o, "rope_scaling") == "llama3";
   s.rope_factor = option_float(o, "rope_scaling_factor");
@@ -75,6 +77,7 @@ std::string hf_layer(int64_t l) { return "model.layers." + std::to_string(l) + "
 hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, const std::map<std::string, int>& dims,
                             int64_t* padding_rows) {
   auto whole = [&](const std::string& name) { return hf::whole_tensor(ranks, dims, name); };
+  auto gain = [&](const std::string& name) { return hf::norm_gain(whole(name), s.norm_1p); };
   const int64_t h = s.hidden, hd = s.hidden / s.heads, per = s.heads / s.groups;
   hf::NamedTensors out;
   const at::Tensor embed = whole(kLm + "embedding.word_embeddings.weight");
@@ -86,7 +89,7 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
   out.emplace_back("model.embed_tokens.weight", embed.narrow(0, 0, s.vocab));
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string m = layer_prefix(l), hf = hf_layer(l);
-    out.emplace_back(hf + "input_layernorm.weight", whole(m + "input_norm.weight"));
+    out.emplace_back(hf + "input_layernorm.weight", gain(m + "input_norm.weight"));
     // The llama plugin's rows, group by group: [q of the group's `per` heads | k | v], hd each.
     const std::string qkv = m + "self_attention.query_key_value.";
     const at::Tensor w = whole(qkv + "weight");
@@ -103,7 +106,7 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
     }
     out.emplace_back(hf + "self_attn.o_proj.weight", whole(m + "self_attention.dense.weight"));
     if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
-    out.emplace_back(hf + "post_attention_layernorm.weight", whole(m + "post_attention_norm.weight"));
+    out.emplace_back(hf + "post_attention_layernorm.weight", gain(m + "post_attention_norm.weight"));
     const at::Tensor gate = whole(m + "mlp.gate.weight");
     hf::expect_shape(m + "mlp.gate.weight", gate, {s.ffn, h});
     out.emplace_back(hf + "mlp.gate_proj.weight", gate);
@@ -115,7 +118,7 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
       out.emplace_back(hf + "mlp.down_proj.bias", whole(m + "mlp.dense_4h_to_h.bias"));
     }
   }
-  out.emplace_back("model.norm.weight", whole(kEnc + "final_norm.weight"));
+  out.emplace_back("model.norm.weight", gain(kEnc + "final_norm.weight"));
   if (s.untie) out.emplace_back("lm_head.weight", whole(kLm + "output_layer.weight").narrow(0, 0, s.vocab));
   for (auto& [name, t] : out) t = t.contiguous();
   return out;

@@ -344,7 +344,7 @@ static void require_expert_parallel_strategy(const StrategyInstance& strategy, c
   if (s.struct_size < dtk_strategy_info_STRUCT_SIZE_2_12 || s.expert_parallel == 0)
     throw HostError("strategy '" + name +
                     "' does not run expert parallelism (its dtk_strategy_info.expert_parallel is 0: it would average "
-                    "the experts' gradients over ranks that hold other experts); use strategy ddp or set "
+                    "the experts' gradients over ranks that hold other experts); use strategy ddp or zero, or set "
                     "distributed.expert_model_parallel_size=1");
 }
 

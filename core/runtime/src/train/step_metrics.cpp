@@ -69,10 +69,11 @@ double num_zeros_in_grad(const OptimizerInstance& optimizer, const StrategyInsta
     const at::Tensor& g = p.tensor.grad();
     return g.defined() ? (g == 0).sum() : at::Tensor();
   };
-  // A sharded strategy's (ZeRO's) shards: every rank's, over the world (no expert parallelism).
+  // A sharded strategy's (ZeRO's) shards: every rank's, over the world (each expert's shards are
+  // on the ranks holding it: summed over the world as well, not again over expert parallelism).
   if (strategy.info().sharded_state != 0) {
     Topology alone = topo;
-    alone.tp_size = alone.pp_size = 1;
+    alone.tp_size = alone.pp_size = alone.ep_size = 1;
     at::Tensor total = model_total(optimizer.params(), alone, zeros);
     if (topo.world_size > 1) all_reduce(total, DTK_GROUP_WORLD, DTK_REDUCE_SUM).wait();
     return total.item<double>();
@@ -85,11 +86,13 @@ MemorySample memory_sample(const OptimizerInstance& optimizer, const StrategyIns
   m.allocator = memory::stats();
   m.strategy = strategy.memory_usage();
   m.optimizer_on_host = strategy.info().optimizer_on_host != 0;
-  // (Expert parallelism's experts reduce their gradients over the expert-data-parallel ranks: the
-  // data-parallel group's gradient traffic too.)
+  // (Expert parallelism's experts reduce their gradients, and ZeRO gathers them, over the
+  // expert-data-parallel ranks: the data-parallel group's traffic too.)
   m.data_parallel = traffic(DTK_GROUP_DATA_PARALLEL);
   const Traffic experts = traffic(DTK_GROUP_EXPERT_DATA_PARALLEL);
   m.data_parallel.all_reduce += experts.all_reduce;
+  m.data_parallel.reduce_scatter += experts.reduce_scatter;
+  m.data_parallel.all_gather += experts.all_gather;
   m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
   m.pipeline_parallel = traffic(DTK_GROUP_PIPELINE_PARALLEL);
   m.dp_size = topo.dp_size;

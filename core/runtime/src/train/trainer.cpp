@@ -266,7 +266,8 @@ IterationResult Trainer::train_step(int64_t iteration) {
     r.params_norm = params_norm(*parts_.model, *parts_.strategy, topo_);
   parts_.strategy->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
-  r.data_parallel_comm = comm_timing(DTK_GROUP_DATA_PARALLEL);
+  // (Expert parallelism's experts reduce, and zero gathers them, over the expert-data-parallel group.)
+  r.data_parallel_comm = comm_timing({DTK_GROUP_DATA_PARALLEL, DTK_GROUP_EXPERT_DATA_PARALLEL});
   r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)
   return r;
 }

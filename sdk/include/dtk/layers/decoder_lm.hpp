@@ -53,6 +53,13 @@ struct DecoderConfig {
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;
   bool untie = false, fused_lm_head = true;
+  // Megatron's --apply-layernorm-1p (option apply_layernorm_1p): every norm multiplies by 1 + w,
+  // its weight w starting at 0 (zero-centred, as Transformer Engine's zero_centered_gamma).
+  bool norm_1p = false;
+  // What a norm multiplies by for its weight w: 1 + w with norm_1p, else w itself.
+  at::Tensor norm_gain(const at::Tensor& w) const;
+  // A norm weight's initial value: 0 with norm_1p, else 1.
+  double norm_init() const { return norm_1p ? 0.0 : 1.0; }
   // Megatron's activation recomputation (recompute.hpp): recompute_activations none|selective|full
   // (--recompute-granularity); with full, recompute_method uniform (every group of
   // recompute_num_layers consecutive layers of a stage is one checkpoint) or block (the first
@@ -199,7 +206,7 @@ class DecoderLM : public Model {
   // The shared options: num_layers, hidden_size, num_attention_heads, vocab_size (required), and
   // where the plugin declares them (else DecoderConfig's defaults): seq_length (0: the run's),
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
-  // layernorm_epsilon, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
+  // layernorm_epsilon, apply_layernorm_1p, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
   // cross_entropy_impl, unfused_kernels,
   // recompute_activations, recompute_method, recompute_num_layers, domino_chunks, and the MoE options
   // (moe.hpp's k*Option constants). The model reads ffn_hidden_size (and

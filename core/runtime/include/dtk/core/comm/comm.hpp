@@ -146,6 +146,8 @@ struct CommTiming {
   int64_t collectives = 0;
 };
 CommTiming comm_timing(int32_t group);
+// Several groups' together: the union of their intervals, the sum of the waits.
+CommTiming comm_timing(const std::vector<int32_t>& groups);
 void reset_comm_timing();
 
 // A simulated link (distributed.simulated_link, a study tool, off by default): each collective on

@@ -31,6 +31,7 @@ struct Gpt2Shape {
   double eps = 1e-5, hidden_dropout = 0, attention_dropout = 0, init_std = 0.02;
   bool untie = false;
   bool openai_gelu = false;  // "gelu_new" (tanh) rather than "gelu" (erf)
+  bool norm_1p = false;      // apply_layernorm_1p: norm weights saved as w, Hugging Face's are 1 + w
 };
 
 // From the gpt model plugin's resolved options (defaults included) and the run's seq_length.

@@ -24,6 +24,7 @@ struct LlamaShape {
   int64_t layers = 0, hidden = 0, heads = 0, groups = 0, ffn = 0, vocab = 0, positions = 0;
   double eps = 1e-5, rope_theta = 10000, attention_dropout = 0, init_std = 0.02;
   bool untie = true, bias = false;  // bias: add_bias_linear = HF's attention_bias and mlp_bias
+  bool norm_1p = false;             // apply_layernorm_1p: norm weights saved as w, Hugging Face's are 1 + w
   // rope_scaling=llama3 and its parameters (the llama plugin's rope_* options).
   bool llama3 = false;
   double rope_factor = 8, rope_low = 1, rope_high = 4;

@@ -96,6 +96,50 @@ TEST(ZeroLayout, Stage3BucketsHoldOneModulesOnDemandParameters) {
   EXPECT_EQ(l.buckets()[3].slots.size(), 4u);
 }
 
+// Expert parallelism: the experts' buckets are their own and split over the expert-data-parallel
+// group, the dense ones over the whole DP group. Each DP rank d (expert-data-parallel rank
+// d / (N / N_e)) holds its expert-parallel rank's experts; over any one expert-parallel rank's
+// N_e ranks every expert element is owned once, and over the N ranks every dense element once.
+TEST(ZeroLayout, ExpertsArePartitionedOverTheRanksHoldingThem) {
+  std::vector<LayoutParam> params = gpt_like();
+  params.insert(params.begin() + 4,
+                {{"l0.experts.0.w", 3000, 1, false, true}, {"l0.experts.1.w", 1000, 1, false, true}});
+  for (auto& p : params) p.on_demand = false;
+  for (const auto& [dp, expert_dp] : std::vector<std::pair<int, int>>{{4, 2}, {4, 1}, {6, 3}, {2, 2}}) {
+    const Layout l(params, dp, 2048, expert_dp);
+    for (const auto& b : l.buckets()) {
+      for (const auto& slot : b.slots)
+        EXPECT_EQ(l.params()[slot.param].expert, b.expert) << "kinds never share a bucket";
+      EXPECT_EQ(b.split, b.expert ? expert_dp : dp);
+      EXPECT_EQ(b.numel % (b.split * dtk::zero::kChunkAlign), 0);
+    }
+    std::map<size_t, std::vector<int>> owned;
+    for (size_t p = 0; p < params.size(); ++p) owned[p].assign(static_cast<size_t>(params[p].numel), 0);
+    for (int d = 0; d < dp; ++d) {
+      int64_t used = 0;
+      for (const auto& s : l.shards(d, d / (dp / expert_dp))) {
+        for (int64_t i = 0; i < s.numel; ++i) owned[s.param][static_cast<size_t>(s.param_offset + i)]++;
+        EXPECT_GE(s.partition_offset, used) << "shards in partition order";
+        used = s.partition_offset + s.numel;
+      }
+      EXPECT_LE(used, l.partition_numel());
+      // shards(d) finds d's expert-data-parallel rank itself.
+      const auto mine = l.shards(d, d / (dp / expert_dp)), found = l.shards(d);
+      ASSERT_EQ(found.size(), mine.size());
+      for (size_t k = 0; k < mine.size(); ++k)
+        EXPECT_TRUE(found[k].param == mine[k].param && found[k].param_offset == mine[k].param_offset &&
+                    found[k].partition_offset == mine[k].partition_offset && found[k].numel == mine[k].numel);
+    }
+    // dp / expert_dp expert-parallel ranks each own every (their own) expert element once.
+    for (const auto& [p, counts] : owned)
+      for (int c : counts)
+        ASSERT_EQ(c, params[p].expert ? dp / expert_dp : 1)
+            << "dp " << dp << " expert dp " << expert_dp << " " << params[p].name;
+  }
+  EXPECT_THROW(Layout(params, 4, 2048, 3), std::invalid_argument);
+  EXPECT_THROW(Layout(params, 4, 2048, 2).shards(0, 2), std::invalid_argument);
+}
+
 TEST(ZeroLayout, RefusesBadSizes) {
   EXPECT_THROW(Layout(gpt_like(), 0, 10), std::invalid_argument);
   EXPECT_THROW(Layout(gpt_like(), 2, 0), std::invalid_argument);

@@ -39,6 +39,8 @@ struct Rule {
   const char* note;
 };
 
+// The fp8 settings Megatron reads only with --fp8-format.
+constexpr const char* kOnlyWithFp8 = "Megatron reads it only with --fp8-format, which DTK refuses";
 constexpr const char* kDtkFusion =
     "the layers run LibTorch ops instead of DTK's kernel on a GPU (no effect on the CPU); several such flags add up";
 constexpr const char* kDtkAttention =
@@ -152,10 +154,10 @@ const Rule kRules[] = {
      "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
     {"--fp8-format", 1, Kind::kRefuse, "",
      "DTK trains in fp32, bf16 or fp16 (--bf16, --fp16): Transformer Engine's fp8 recipes are not in its layers"},
-    {"--fp8-recipe", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
-    {"--fp8-margin", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
-    {"--fp8-amax-history-len", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
-    {"--fp8-amax-compute-algo", 1, Kind::kIgnore, "", "Megatron reads it only with --fp8-format, which DTK refuses"},
+    {"--fp8-recipe", 1, Kind::kIgnore, "", kOnlyWithFp8},
+    {"--fp8-margin", 1, Kind::kIgnore, "", kOnlyWithFp8},
+    {"--fp8-amax-history-len", 1, Kind::kIgnore, "", kOnlyWithFp8},
+    {"--fp8-amax-compute-algo", 1, Kind::kIgnore, "", kOnlyWithFp8},
     {"--fp8-param-gather", 0, Kind::kRefuse, "",
      "gathers fp8 parameters, which needs --fp8-format (Megatron asserts it): DTK trains in fp32, bf16 or fp16"},
     {"--apply-layernorm-1p", 0, Kind::kSwitch, "model.apply_layernorm_1p=true",

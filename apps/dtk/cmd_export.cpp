@@ -47,7 +47,8 @@ dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig&
   check_tokenizer_fits(*tokenizer, model_vocab);
   t.bos = tokenizer->bos() >= 0 ? tokenizer->bos() : (tokenizer->text_prefix().empty() ? -1 : tokenizer->text_prefix()[0]);
   t.eos = tokenizer->eod();
-  if (tokenizer->type() != "HuggingFaceTokenizer") return t;
+  t.made_tokenizer_json = tokenizer->hf_tokenizer_json();
+  if (tokenizer->type() != "HuggingFaceTokenizer" && t.made_tokenizer_json.empty()) return t;
   if (t.bos >= 0) t.bos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t.bos)});
   if (t.eos >= 0) t.eos_text = tokenizer->decode(std::vector<int32_t>{static_cast<int32_t>(t.eos)});
   if (tokenizer->files().size() > 1) t.config_file = tokenizer->files()[1];

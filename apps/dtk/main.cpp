@@ -94,7 +94,8 @@ Usage:
   dtk preprocess --input FILE --output_prefix PREFIX TOKENIZER     TOKENIZER (as Megatron's flags):
                  --vocab_file encoder.json --merge_file vocab.bpe (GPT2BPETokenizer, the default) |
                  --tokenizer_type T --tokenizer_model FILE (SentencePieceTokenizer, GPTSentencePiece-
-                 Tokenizer, Llama2Tokenizer: a .model; HuggingFaceTokenizer: a tokenizer.json) |
+                 Tokenizer, Llama2Tokenizer: a .model; HuggingFaceTokenizer: a tokenizer.json;
+                 TikTokenizer: Megatron's tiktoken .json, with --tiktoken_pattern v1|v2) |
                  --tokenizer_type NullTokenizer --vocab_size N.  `dtk train` takes them too.
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
@@ -276,7 +277,8 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
     throw dtk::host::HostError("--megatron_args is empty (an unset variable?): give Megatron's flags, or drop it");
   // So would any of these given an empty value: each reads as not given.
   for (const char* flag : {"config", "model", "dataset", "step", "optimizer", "strategy", "data_path", "bench_out",
-                           "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "deepspeed_config"}) {
+                           "tokenizer_type", "tokenizer_model", "vocab_file", "merge_file", "deepspeed_config",
+                           "tiktoken_pattern", "tokenizer_special_tokens"}) {
     const gflags::CommandLineFlagInfo info = gflags::GetCommandLineFlagInfoOrDie(flag);
     if (!info.is_default && info.current_value.empty())
       throw dtk::host::HostError(std::string("--") + flag + " is empty (an unset variable?): give a value, or drop it");

@@ -4,25 +4,43 @@
 
 #include <gflags/gflags.h>
 
+#include <sstream>
+
 #include "dtk/data/error.hpp"
 
 DEFINE_string(tokenizer_type, "",
               "preprocess, generate, export hf, train: Megatron's --tokenizer-type (GPT2BPETokenizer, "
               "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
-              "NullTokenizer); default GPT2BPETokenizer.");
+              "TikTokenizer, NullTokenizer); default GPT2BPETokenizer.");
 DEFINE_string(tokenizer_model, "",
-              "preprocess, generate, export hf, train: a SentencePiece tokenizer.model, or a Hugging Face "
-              "tokenizer.json (or its folder).");
+              "preprocess, generate, export hf, train: a SentencePiece tokenizer.model, a Hugging Face "
+              "tokenizer.json (or its folder), or TikTokenizer's vocabulary (.json).");
 DEFINE_string(vocab_file, "", "preprocess, generate, export hf, train: GPT-2 vocabulary (encoder.json / vocab.json).");
 DEFINE_string(merge_file, "", "preprocess, generate, export hf, train: GPT-2 BPE merges (vocab.bpe / merges.txt).");
-DEFINE_int64(vocab_size, 0, "preprocess, generate: NullTokenizer's number of ids (its EOD is this id).");
+DEFINE_int64(vocab_size, 0,
+             "preprocess, generate: NullTokenizer's number of ids (its EOD is this id); TikTokenizer's size, "
+             "special tokens included (default 131072).");
+DEFINE_string(tiktoken_pattern, "", "TikTokenizer: the pre-tokenizer regex, v1 or v2 (default v2).");
+DEFINE_int64(tiktoken_num_special_tokens, 0, "TikTokenizer: how many ids the special tokens take (default 1000).");
+DEFINE_string(tokenizer_special_tokens, "",
+              "TikTokenizer: its special tokens, space-separated (default <unk> <s> </s> <mask> <pad> <cls> <sep>).");
 
 using dtk::host::HostError;
 
 bool tokenizer_flags_given() {
   return !FLAGS_tokenizer_type.empty() || !FLAGS_tokenizer_model.empty() || !FLAGS_vocab_file.empty() ||
-         !FLAGS_merge_file.empty() || FLAGS_vocab_size != 0;
+         !FLAGS_merge_file.empty() || FLAGS_vocab_size != 0 || !FLAGS_tiktoken_pattern.empty() ||
+         FLAGS_tiktoken_num_special_tokens != 0 || !FLAGS_tokenizer_special_tokens.empty();
 }
+
+namespace {
+std::vector<std::string> words_of(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+}  // namespace
 
 dtk::text::TokenizerSpec tokenizer_spec_from_flags() {
   dtk::text::TokenizerSpec s;
@@ -30,7 +48,10 @@ dtk::text::TokenizerSpec tokenizer_spec_from_flags() {
   s.model_file = FLAGS_tokenizer_model;
   s.vocab_file = FLAGS_vocab_file;
   s.merge_file = FLAGS_merge_file;
-  s.null_vocab_size = FLAGS_vocab_size;
+  s.vocab_size = FLAGS_vocab_size;
+  s.tiktoken_pattern = FLAGS_tiktoken_pattern;
+  s.tiktoken_num_special_tokens = FLAGS_tiktoken_num_special_tokens;
+  s.special_tokens = words_of(FLAGS_tokenizer_special_tokens);
   return s;
 }
 
@@ -40,13 +61,17 @@ dtk::text::TokenizerSpec tokenizer_spec_of(const dtk::config::TokenizerConfig& c
   s.model_file = c.model_file();
   s.vocab_file = c.vocab_file();
   s.merge_file = c.merge_file();
-  s.null_vocab_size = c.null_vocab_size();
+  s.vocab_size = c.null_vocab_size();
+  s.tiktoken_pattern = c.tiktoken_pattern();
+  s.tiktoken_num_special_tokens = c.tiktoken_num_special_tokens();
+  s.special_tokens = words_of(c.special_tokens());
   return s;
 }
 
 bool names_tokenizer(const dtk::config::TokenizerConfig& c) {
   return !c.type().empty() || !c.model_file().empty() || !c.vocab_file().empty() || !c.merge_file().empty() ||
-         c.null_vocab_size() != 0;
+         c.null_vocab_size() != 0 || !c.tiktoken_pattern().empty() || c.tiktoken_num_special_tokens() != 0 ||
+         !c.special_tokens().empty();
 }
 
 std::unique_ptr<dtk::text::Tokenizer> load_tokenizer(const dtk::text::TokenizerSpec& spec) {
@@ -70,4 +95,7 @@ void apply_tokenizer_flags(dtk::config::TokenizerConfig* c) {
   if (!FLAGS_vocab_file.empty()) c->set_vocab_file(FLAGS_vocab_file);
   if (!FLAGS_merge_file.empty()) c->set_merge_file(FLAGS_merge_file);
   if (FLAGS_vocab_size != 0) c->set_null_vocab_size(FLAGS_vocab_size);
+  if (!FLAGS_tiktoken_pattern.empty()) c->set_tiktoken_pattern(FLAGS_tiktoken_pattern);
+  if (FLAGS_tiktoken_num_special_tokens != 0) c->set_tiktoken_num_special_tokens(FLAGS_tiktoken_num_special_tokens);
+  if (!FLAGS_tokenizer_special_tokens.empty()) c->set_special_tokens(FLAGS_tokenizer_special_tokens);
 }

@@ -1322,6 +1322,50 @@ TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {
   EXPECT_NE(splits.refused[0].find("give one form of the split paths"), std::string::npos) << splits.refused[0];
 }
 
+// Megatron's TikTokenizer (its Nemotron recipes): the tiktoken flags go to the tokenizer with that
+// type, are ignored beside another (as Megatron ignores them), and name the index caches as
+// Megatron-core's description does (keyword arguments in build_tokenizer's order, str()'d).
+TEST(MegatronArgs, TikTokenizerFlagsGoWithItsType) {
+  auto map = [](const std::string& args) { return dtk::core::map_megatron_args(dtk::core::split_megatron_args(args)); };
+  const std::string tok = "--tokenizer-type TikTokenizer --tokenizer-model v/multiMix.vocab.json ";
+  MegatronMapping m = map(tok +
+                          "--tiktoken-pattern v1 --tiktoken_num_special_tokens=100 --vocab-size 50000 "
+                          "--tokenizer-special-tokens <unk> <s> </s> <mask> <pad> <cls> <sep> <eot>");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"tokenizer.type", "TikTokenizer"},
+                               {"tokenizer.model_file", "v/multiMix.vocab.json"},
+                               {"tokenizer.tiktoken_pattern", "v1"},
+                               {"tokenizer.tiktoken_num_special_tokens", "100"},
+                               {"tokenizer.null_vocab_size", "50000"},
+                               {"tokenizer.special_tokens", "<unk> <s> </s> <mask> <pad> <cls> <sep> <eot>"}});
+  auto has = [](const MegatronMapping& mm, const std::string& set) {
+    return std::find(mm.sets.begin(), mm.sets.end(), set) != mm.sets.end();
+  };
+  const std::string description =
+      "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
+      "\"tokenizer_path\": \"v/multiMix.vocab.json\", \"chat_template\": \"None\", ";
+  EXPECT_TRUE(
+      has(map("--data-path x " + tok + "--tiktoken-pattern v2"),
+          description + "\"pattern\": \"v2\", \"num_special_tokens\": \"1000\", \"special_tokens\": \"None\"}"));
+  EXPECT_TRUE(has(map("--data-path x " + tok +
+                      "--vocab-size 131072 --tokenizer-special-tokens <unk> <s> </s> <mask> "
+                      "<pad> <cls> <sep> \"it's\""),
+                  description + "\"vocab_size\": \"131072\", \"num_special_tokens\": \"1000\", \"special_tokens\": "
+                                "\"['<unk>', '<s>', '</s>', '<mask>', '<pad>', '<cls>', '<sep>', \\\"it's\\\"]\"}"));
+  // Beside another tokenizer: the two tiktoken flags ignored, the special tokens refused.
+  m =
+      map("--tokenizer-type HuggingFaceTokenizer --tokenizer-model t --tiktoken-pattern v2 "
+          "--tiktoken-num-special-tokens 10 --tokenizer-special-tokens <s>");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0],
+            "--tokenizer-special-tokens <s>: DTK reads special tokens for --tokenizer-type TikTokenizer only");
+  EXPECT_EQ(m.ignored,
+            (std::vector<std::string>{
+                "--tiktoken-pattern (Megatron reads it only with --tokenizer-type TikTokenizer)",
+                "--tiktoken-num-special-tokens (Megatron reads it only with --tokenizer-type TikTokenizer)"}));
+  for (const auto& s : m.sets) EXPECT_EQ(s.find("tiktoken"), std::string::npos) << s;
+}
+
 // The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given
 // (--data-impl, Domino's --llama-model), Megatron-core otherwise; Megatron's default split and
 // Megatron-core's GPT2BPETokenizer description go with --data-path (both name its caches).

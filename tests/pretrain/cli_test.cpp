@@ -308,5 +308,61 @@ TEST(Cli, LlamaTokenizerFromTextToExport) {
                         "/x --tokenizer_type Llama3Tokenizer --tokenizer_model " + tok),
                     "preprocess: unknown --tokenizer-type 'Llama3Tokenizer' (DTK has GPT2BPETokenizer, "
                     "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
-                    "NullTokenizer; the names are case-sensitive)");
+                    "TikTokenizer, NullTokenizer; the names are case-sensitive)");
+}
+
+// Megatron's TikTokenizer through every command: preprocess, decode, train, generate, export. The
+// exported tokenizer.json, read as a HuggingFaceTokenizer, preprocesses the corpus to the same
+// bytes. (A 2048-id cut of o200k_base, 16 of them special, keeps the model small.)
+TEST(Cli, TikTokenizerFromTextToExport) {
+  const std::string vocab = DTK_SOURCE_DIR "/data/tokenizers/tiktoken/o200k_base.json";
+  ASSERT_TRUE(std::filesystem::exists(vocab)) << "run tools/setup.sh --vocab";
+  const std::string dir = ::testing::TempDir() + "dtk_cli_tiktoken";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir + "/c.jsonl");
+    for (int i = 0; i < 200; ++i)
+      out << "{\"text\": \"Fortune " << i << ": camelCase journeys of a thousand miles<s>begin with one step.\"}\n";
+  }
+  const std::string flags = "--tokenizer_type TikTokenizer --tokenizer_model " + vocab +
+                            " --vocab_size 2048 --tiktoken_num_special_tokens 16";
+  Result p = run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir + "/c " + flags + " --append_eod");
+  ASSERT_EQ(p.code, 0) << p.out;
+  Result d = run("preprocess --decode --input " + dir + "/c_text_document 3:4 " + flags);
+  ASSERT_EQ(d.code, 0) << d.out;
+  EXPECT_NE(d.out.find("Fortune 3: camelCase journeys of a thousand miles<s>begin with one step.</s>"),
+            std::string::npos)
+      << d.out;
+  const std::string train = "train --config " DTK_SOURCE_DIR "/configs/llama-main.pbtxt --data_path " + dir +
+                            "/c_text_document " + flags +
+                            " --set train.train_iters=3 --set logging.log_interval=1 --set eval.eval_iters=1 "
+                            "--set model.num_layers=1 --set model.hidden_size=32 --set model.ffn_hidden_size=64 "
+                            "--set lr.lr_warmup_iters=1 --set checkpoint.save=" +
+                            dir + "/ckpt --threads 2";
+  Result c = run("config " + train.substr(6));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("key: \"eod_token\"\n    value: \"2\""), std::string::npos) << c.out;  // </s>
+  EXPECT_NE(c.out.find("vocab_size: 2048"), std::string::npos) << c.out;
+  Result t = run(train);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_EQ(losses(t.out).size(), 3u) << t.out;
+  Result g = run("generate --load " + dir + "/ckpt --prompt 'A journey of' --max_new_tokens 5");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_NE(g.out.find("A journey of"), std::string::npos) << g.out;
+  Result e = run("export hf " + dir + "/ckpt " + dir + "/hf");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("tokenizer.json (made from the TikTokenizer vocabulary)"), std::string::npos) << e.out;
+  Result h = run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir +
+                 "/h --tokenizer_type HuggingFaceTokenizer --tokenizer_model " + dir + "/hf --append_eod");
+  ASSERT_EQ(h.code, 0) << h.out;
+  const auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes(dir + "/h_text_document.bin"), bytes(dir + "/c_text_document.bin"));
+  EXPECT_EQ(bytes(dir + "/h_text_document.idx"), bytes(dir + "/c_text_document.idx"));
+  expect_error_line(
+      run("preprocess --input " + dir + "/c.jsonl --output_prefix " + dir + "/x " + flags + " --tiktoken_pattern v3"),
+      "preprocess: TikTokenizer: --tiktoken-pattern must be v1 or v2, got 'v3'");
 }

@@ -6,9 +6,10 @@
 # base-files, one jsonl document per paragraph, repeated to MB.
 # DTK: `dtk preprocess` (encode + write .bin/.idx) with --workers 1 and 2, per tokenizer.
 # Peers, 1 thread: @lenml/tokenizers (JavaScript port of Hugging Face's tokenizers, the ids'
-# reference; data/tokenizers/reference) on the tokenizer.json files, SentencePiece's Python
-# binding on the committed SentencePiece model. Needs tools/setup.sh --vocab, node and
-# python3-sentencepiece for the peers.
+# reference; data/tokenizers/reference) on the tokenizer.json files, js-tiktoken (the
+# JavaScript port of tiktoken, npm-installed here) given what Megatron's TikTokenizer gives
+# tiktoken, SentencePiece's Python binding on the committed SentencePiece model. Needs
+# tools/setup.sh --vocab, node (and npm for js-tiktoken) and python3-sentencepiece for the peers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MB=${1:-8}
@@ -42,6 +43,8 @@ dtk_mbs "HuggingFaceTokenizer llama3" --tokenizer_type HuggingFaceTokenizer --to
 dtk_mbs "HuggingFaceTokenizer sp-bpe" --tokenizer_type HuggingFaceTokenizer --tokenizer_model data/tokenizers/sp-bpe
 dtk_mbs "Llama2Tokenizer (SentencePiece)" --tokenizer_type Llama2Tokenizer \
   --tokenizer_model tests/data/fixtures/tokenizers/gpl3_bpe.model
+dtk_mbs "TikTokenizer o200k_base, v2" --tokenizer_type TikTokenizer \
+  --tokenizer_model data/tokenizers/tiktoken/o200k_base.json --tiktoken_pattern v2
 if command -v node >/dev/null; then
   for t in llama3 sp-bpe; do
     node - "$(pwd)/data/tokenizers/reference/dist/main.js" "data/tokenizers/$t" "$tmp/corpus.jsonl" <<'JS'
@@ -58,6 +61,29 @@ const s = Number(process.hrtime.bigint() - t0) / 1e9;
 console.log(`  @lenml/tokenizers (node), ${dir.split('/').pop()}, 1 thread: ${tokens} tokens, ${(bytes / 1e6 / s).toFixed(1)} MB/s of text`);
 JS
   done
+  if (cd "$tmp" && npm install --silent --no-save --no-package-lock js-tiktoken@1.0.21 >/dev/null 2>&1); then
+    node - "$tmp/node_modules/js-tiktoken/dist/index.cjs" data/tokenizers/tiktoken/o200k_base.json "$tmp/corpus.jsonl" <<'JS'
+const fs = require('fs');
+const [lib, vocabFile, corpus] = process.argv.slice(2);
+const { Tiktoken } = require(lib);
+const specials = ['<unk>', '<s>', '</s>', '<mask>', '<pad>', '<cls>', '<sep>'];
+for (let k = specials.length; k < 1000; k++) specials.push(`<SPECIAL_${k}>`);
+const vocab = JSON.parse(fs.readFileSync(vocabFile, 'utf8')).slice(0, 131072 - 1000);
+const tok = new Tiktoken({
+  pat_str: String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`,
+  special_tokens: Object.fromEntries(specials.map((t, i) => [t, i])),
+  bpe_ranks: '! 1000 ' + vocab.map((e) => e.token_bytes).join(' '),
+});
+const lines = fs.readFileSync(corpus, 'utf8').split('\n').filter(l => l).flatMap(l => { try { return [JSON.parse(l).text]; } catch (e) { return []; } });
+const t0 = process.hrtime.bigint();
+let tokens = 0, bytes = 0;
+for (const text of lines) { tokens += tok.encode(text, 'all').length; bytes += Buffer.byteLength(text); }
+const s = Number(process.hrtime.bigint() - t0) / 1e9;
+console.log(`  js-tiktoken (node), TikTokenizer o200k_base v2, 1 thread: ${tokens} tokens, ${(bytes / 1e6 / s).toFixed(1)} MB/s of text`);
+JS
+  else
+    echo "  (npm could not install js-tiktoken: TikTokenizer peer not timed)"
+  fi
 fi
 /usr/bin/python3 - "$tmp/corpus.jsonl" <<'PY' || echo "  (python3-sentencepiece missing: SentencePiece peer not timed)"
 import json, sys, time

@@ -1,7 +1,8 @@
 // HuggingFaceTokenizer: a tokenizer.json whose model is BPE, read and run without the Hugging Face
 // library. Two families are implemented, and anything else in the file is refused by name:
 //  * byte-level BPE (Llama 3, GPT-2 style): pre_tokenizer ByteLevel (GPT-2's regex) or
-//    Sequence[Split(Llama 3's regex or GPT-2's, Isolated), ByteLevel(use_regex false)];
+//    Sequence[Split(Llama 3's regex, GPT-2's, or Megatron TikTokenizer's v1/v2, Isolated),
+//    ByteLevel(use_regex false)] (what `dtk export hf` writes for a TikTokenizer);
 //  * SentencePiece-style BPE (Llama 2, Mistral): normalizer Prepend("▁") + Replace(" ", "▁") or
 //    pre_tokenizer Metaspace; byte_fallback for characters outside the vocabulary.
 // Added tokens are split out of the text first (leftmost, longest), as Hugging Face does; merges
@@ -154,18 +155,18 @@ class HfTokenizer final : public Tokenizer {
       if (nl == nullptr) break;
       k = static_cast<size_t>(static_cast<const char*>(nl) - text.data());
       const unsigned char next = static_cast<unsigned char>(text[k + 1]);
-      // GPT-2's regex: before a '\n' followed by printable ASCII. Llama 3's: after a '\n'
-      // followed by an ASCII letter (no alternative takes a letter after a newline, and every
-      // piece holding the newline ends there).
+      // GPT-2's regex: before a '\n' followed by printable ASCII. Llama 3's and TikTokenizer's:
+      // after a '\n' followed by an ASCII letter (no alternative takes a letter after a newline,
+      // and every piece holding the newline ends there).
       if (pre_ == Pre::kGpt2 && next >= 0x21 && next <= 0x7e && k > from) return k;
       const bool letter = (next >= 'a' && next <= 'z') || (next >= 'A' && next <= 'Z');
-      if (pre_ == Pre::kLlama3 && letter) return k + 1;
+      if (pre_ != Pre::kGpt2 && letter) return k + 1;
     }
     return std::string_view::npos;
   }
 
  private:
-  enum class Pre { kNone, kGpt2, kLlama3 };
+  enum class Pre { kNone, kGpt2, kLlama3, kTiktokenV1, kTiktokenV2 };
 
   [[noreturn]] void refuse(const std::string& what) const {
     throw DataError(where_ + ": " + what + " is not implemented by DTK's HuggingFaceTokenizer");
@@ -320,8 +321,12 @@ class HfTokenizer final : public Tokenizer {
       pre_ = Pre::kLlama3;
     else if (pattern == kGpt2PreTokenizePattern)
       pre_ = Pre::kGpt2;
+    else if (pattern == kTiktokenV1Pattern)
+      pre_ = Pre::kTiktokenV1;
+    else if (pattern == kTiktokenV2Pattern)
+      pre_ = Pre::kTiktokenV2;
     else
-      refuse("the Split regex " + pattern + " (DTK has Llama 3's and GPT-2's)");
+      refuse("the Split regex " + pattern + " (DTK has Llama 3's, GPT-2's and Megatron TikTokenizer's v1 and v2)");
   }
 
   // TemplateProcessing's "single": special tokens before and after the text ($A).
@@ -449,13 +454,26 @@ class HfTokenizer final : public Tokenizer {
     std::string spaced;
     if (add_prefix_space_ && seg[0] != ' ') seg = spaced = " " + std::string(seg);
     std::vector<std::string_view> pieces;
-    pre_ == Pre::kLlama3 ? llama3_pre_tokenize(seg, &pieces) : gpt2_pre_tokenize(seg, &pieces);
+    pre_tokenize(seg, &pieces);
     std::string mapped;
     const uint32_t* alphabet = byte_level_alphabet();
     for (std::string_view p : pieces) {
       mapped.clear();
       for (char c : p) data::append_utf8(alphabet[static_cast<uint8_t>(c)], &mapped);
       bpe_cached(mapped, out);
+    }
+  }
+
+  void pre_tokenize(std::string_view seg, std::vector<std::string_view>* pieces) const {
+    switch (pre_) {
+      case Pre::kLlama3:
+        return llama3_pre_tokenize(seg, pieces);
+      case Pre::kTiktokenV1:
+        return tiktoken_v1_pre_tokenize(seg, pieces);
+      case Pre::kTiktokenV2:
+        return tiktoken_v2_pre_tokenize(seg, pieces);
+      default:
+        return gpt2_pre_tokenize(seg, pieces);
     }
   }
 

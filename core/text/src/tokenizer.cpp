@@ -22,6 +22,7 @@ const std::vector<int32_t> kNoIds;
 const std::vector<int32_t>& Tokenizer::text_prefix() const { return kNoIds; }
 const std::vector<int32_t>& Tokenizer::text_suffix() const { return kNoIds; }
 size_t Tokenizer::next_cut(std::string_view, size_t) const { return std::string_view::npos; }
+std::string Tokenizer::hf_tokenizer_json() const { return ""; }
 
 std::vector<int32_t> Tokenizer::tokenize(std::string_view text) const {
   std::vector<int32_t> ids = text_prefix();
@@ -95,9 +96,9 @@ std::unique_ptr<Tokenizer> make_gpt2_bpe_tokenizer(const std::string& vocab_file
 }
 
 const std::vector<std::string>& tokenizer_types() {
-  static const std::vector<std::string> types{"GPT2BPETokenizer",       "SentencePieceTokenizer",
-                                              "GPTSentencePieceTokenizer", "Llama2Tokenizer",
-                                              "HuggingFaceTokenizer",   "NullTokenizer"};
+  static const std::vector<std::string> types{"GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                                              "Llama2Tokenizer",  "HuggingFaceTokenizer",   "TikTokenizer",
+                                              "NullTokenizer"};
   return types;
 }
 
@@ -111,8 +112,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
     for (const std::string& t : types) known += (known.empty() ? "" : ", ") + t;
     throw DataError("unknown --tokenizer-type '" + type + "' (DTK has " + known + "; the names are case-sensitive)");
   }
-  require(s.null_vocab_size == 0 || type == "NullTokenizer",
-          with + " takes no --vocab-size (that is NullTokenizer's; the size comes from the tokenizer's files)");
+  require(s.vocab_size == 0 || type == "NullTokenizer" || type == "TikTokenizer",
+          with +
+              " takes no --vocab-size (that is NullTokenizer's and TikTokenizer's; the size comes from the "
+              "tokenizer's files)");
+  require((s.tiktoken_pattern.empty() && s.tiktoken_num_special_tokens == 0) || type == "TikTokenizer",
+          with + " takes no --tiktoken-pattern or --tiktoken-num-special-tokens (those are TikTokenizer's)");
+  require(s.special_tokens.empty() || type == "TikTokenizer",
+          with + " takes no --tokenizer-special-tokens (DTK reads them for TikTokenizer only)");
   if (type == "GPT2BPETokenizer") {
     require(!s.vocab_file.empty() && !s.merge_file.empty(),
             with + " needs --vocab-file (encoder.json) and --merge-file (vocab.bpe)");
@@ -129,11 +136,18 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
     require(!s.model_file.empty(), with + " needs --tokenizer-model (a tokenizer.json or the folder holding it)");
     return make_hf_tokenizer(s.model_file);
   }
+  if (type == "TikTokenizer") {
+    require(!s.model_file.empty(), with + " needs --tokenizer-model (the tiktoken vocabulary, a .json list)");
+    require(s.vocab_size >= 0, with + ": --vocab-size must be positive, got " + std::to_string(s.vocab_size));
+    require(s.tiktoken_num_special_tokens >= 0, with + ": --tiktoken-num-special-tokens must be positive, got " +
+                                                    std::to_string(s.tiktoken_num_special_tokens));
+    return make_tiktoken_tokenizer(s);
+  }
   if (type == "NullTokenizer") {
-    require(s.null_vocab_size >= 0, with + ": --vocab-size must be positive, got " + std::to_string(s.null_vocab_size));
-    require(s.null_vocab_size > 0, with + " needs --vocab-size (the number of ids, without the EOD it adds)");
+    require(s.vocab_size >= 0, with + ": --vocab-size must be positive, got " + std::to_string(s.vocab_size));
+    require(s.vocab_size > 0, with + " needs --vocab-size (the number of ids, without the EOD it adds)");
     require(s.model_file.empty(), with + " takes no --tokenizer-model");
-    return make_null_tokenizer(s.null_vocab_size);
+    return make_null_tokenizer(s.vocab_size);
   }
   // Every listed type returned above.
   throw DataError("--tokenizer-type '" + type + "' is listed but has no constructor");

@@ -14,6 +14,7 @@ std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& type,
 // path: a tokenizer.json, or a folder holding one (and maybe tokenizer_config.json).
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::string& path);
 std::unique_ptr<Tokenizer> make_null_tokenizer(int64_t vocab_size);
+std::unique_ptr<Tokenizer> make_tiktoken_tokenizer(const TokenizerSpec& spec);
 
 // A process-unique number per tokenizer, for per-thread caches keyed by tokenizer.
 uint64_t next_tokenizer_serial();

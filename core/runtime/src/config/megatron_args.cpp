@@ -372,11 +372,18 @@ const Rule kRules[] = {
     {"--merge-file", 1, Kind::kSet, "tokenizer.merge_file", ""},
     {"--tokenizer-type", 1, Kind::kSet, "tokenizer.type",
      "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
-     "NullTokenizer"},
-    {"--tiktoken-pattern", 1, Kind::kIgnore, "",
-     "Megatron reads it only with --tokenizer-type TikTokenizer, which DTK does not take"},
-    {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file", "a SentencePiece .model or a tokenizer.json"},
-    {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size", "NullTokenizer's size (its EOD is one more)"},
+     "TikTokenizer, NullTokenizer"},
+    {"--tiktoken-pattern", 1, Kind::kCustom, "tokenizer.tiktoken_pattern",
+     "TikTokenizer's regex, v1 or v2; ignored with the other tokenizers, as Megatron does"},
+    {"--tiktoken-num-special-tokens", 1, Kind::kCustom, "tokenizer.tiktoken_num_special_tokens",
+     "TikTokenizer's ids before the vocabulary's; ignored with the other tokenizers, as Megatron does"},
+    {"--tokenizer-special-tokens", -1, Kind::kCustom, "tokenizer.special_tokens",
+     "TikTokenizer's special tokens, in order (they must include <unk> <s> </s> <mask> <pad> <cls> <sep>); "
+     "refused with the other tokenizers (DTK does not add special tokens to them)"},
+    {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file",
+     "a SentencePiece .model, a tokenizer.json, or TikTokenizer's vocabulary (.json)"},
+    {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size",
+     "NullTokenizer's size (its EOD is one more); TikTokenizer's size, its special tokens included"},
     {"--data-impl", 1, Kind::kCustom, "dataset.order=megatron_legacy",
      "legacy Megatron's flag (megatron/data, as DeepSpeed-Domino ships it): with --data-path its sample order, "
      "split rounding, blend sizes and cache files; mmap: the .bin/.idx format DTK reads, others refused"},
@@ -541,6 +548,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     const long minutes = std::strtol(v[0].c_str(), &end, 10);
     if (v[0].empty() || *end || minutes <= 0) return refuse("not a positive number of minutes");
     m.sets.push_back("distributed.timeout_seconds=" + std::to_string(minutes * 60));
+  } else if (f == "--tiktoken-pattern" || f == "--tiktoken-num-special-tokens" || f == "--tokenizer-special-tokens") {
+    // mapped with --tokenizer-type (map_tiktoken)
   } else if (f == "--data-path") {
     m.dataset = "gpt_indexed";
     m.sets.push_back("dataset.data_path=" + joined(v));
@@ -731,6 +740,10 @@ struct SeenFlags {
   std::string legacy_data_shown;                  // the first of --data-impl / --llama-model as given
   std::set<std::string> data_path_forms, split_path_forms;  // a path and its file form (Megatron: one)
   std::string tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size;
+  // TikTokenizer's flags: their values (Megatron's defaults) and as given.
+  std::string tiktoken_pattern, tiktoken_pattern_shown, tiktoken_num_special = "1000", tiktoken_num_special_shown;
+  std::vector<std::string> special_tokens;  // --tokenizer-special-tokens
+  std::string special_tokens_shown;
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
   std::string decoupled_lr, decoupled_min_lr;   // --decoupled-lr, --decoupled-min-lr as given
   bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
@@ -793,6 +806,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--merge-file") s.merge_file = values[0];
   if (f == "--tokenizer-model") s.tokenizer_model = values[0];
   if (f == "--vocab-size") s.vocab_size = values[0];
+  if (f == "--tiktoken-pattern") s.tiktoken_pattern = values[0], s.tiktoken_pattern_shown = shown;
+  if (f == "--tiktoken-num-special-tokens") s.tiktoken_num_special = values[0], s.tiktoken_num_special_shown = shown;
+  if (f == "--tokenizer-special-tokens") s.special_tokens = values, s.special_tokens_shown = shown;
   if (f == "--rampup-batch-size") s.rampup = shown;
   if (f == "--train-iters") s.iteration_based = true;
   if (f == "--train-samples") s.sample_based = true;
@@ -1241,13 +1257,53 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 // The dataset's Megatron: legacy megatron/data when a flag only it takes is given, else
 // Megatron-core (the option's default). Megatron's default split and, for Megatron-core, its
 // tokenizer's description (today's Megatron-LM, megatron/core/tokenizers: GPT2BPETokenizer, the
-// SentencePiece three, HuggingFaceTokenizer, NullTokenizer) go with --data-path: both are part of
+// SentencePiece three, HuggingFaceTokenizer, TikTokenizer, NullTokenizer) go with --data-path: both are part of
 // the descriptions Megatron names its index caches by.
 // Megatron asserts that a data path and its file form are not both given.
 static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
   if (s.data_path_forms.size() > 1) m.refused.push_back("--data-path and --data-args-path: give one of them");
   if (s.split_path_forms.size() > 1)
     m.refused.push_back("--per-split-data-args-path and --train/valid/test-data-path: give one form of the split paths");
+}
+
+// Python's str() of a list of strings: ['<unk>', '<s>'] (a string holding ' and no " is quoted
+// with ", as repr does).
+static std::string python_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (const std::string& item : items) {
+    const bool double_quoted = item.find('\'') != std::string::npos && item.find('"') == std::string::npos;
+    const char quote = double_quoted ? '"' : '\'';
+    if (out.size() > 1) out += ", ";
+    out += quote;
+    for (char c : item) {
+      if (c == '\\' || c == quote) out += '\\';
+      out += c;
+    }
+    out += quote;
+  }
+  return out + "]";
+}
+
+// Megatron reads --tiktoken-pattern and --tiktoken-num-special-tokens only for TikTokenizer (its
+// Llama 3 example gives the pattern beside NullTokenizer); --tokenizer-special-tokens it also hands
+// to the Hugging Face and SentencePiece tokenizers, which DTK builds without them.
+static void map_tiktoken(const SeenFlags& s, MegatronMapping& m) {
+  const bool tiktoken = s.tokenizer_type == "TikTokenizer";
+  const auto map = [&](const std::string& shown, const std::string& assignment) {
+    if (shown.empty()) return;
+    if (tiktoken)
+      set_by(m, assignment, shown);
+    else
+      m.ignored.push_back(shown.substr(0, shown.find(' ')) +
+                          " (Megatron reads it only with --tokenizer-type TikTokenizer)");
+  };
+  map(s.tiktoken_pattern_shown, "tokenizer.tiktoken_pattern=" + s.tiktoken_pattern);
+  map(s.tiktoken_num_special_shown, "tokenizer.tiktoken_num_special_tokens=" + s.tiktoken_num_special);
+  if (s.special_tokens_shown.empty()) return;
+  if (tiktoken)
+    set_by(m, "tokenizer.special_tokens=" + joined(s.special_tokens), s.special_tokens_shown);
+  else
+    m.refused.push_back(s.special_tokens_shown + ": DTK reads special tokens for --tokenizer-type TikTokenizer only");
 }
 
 static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
@@ -1285,6 +1341,13 @@ static void map_data_order(const SeenFlags& s, MegatronMapping& m) {
            ", \"merges_file\": " + (s.merge_file.empty() ? "\"None\"" : q(s.merge_file)) +
            ", \"additional_special_tokens\": \"[]\", \"use_fast\": \"True\", \"trust_remote_code\": \"False\", "
            "\"include_special_tokens\": \"True\", \"use_gigatoken\": \"False\"";
+  } else if (t == "TikTokenizer" && !s.tokenizer_model.empty()) {
+    path = q(s.tokenizer_model);
+    args = ", \"chat_template\": \"None\"";
+    if (!s.tiktoken_pattern.empty()) args += ", \"pattern\": " + q(s.tiktoken_pattern);
+    if (!s.vocab_size.empty()) args += ", \"vocab_size\": " + q(s.vocab_size);
+    args += ", \"num_special_tokens\": " + q(s.tiktoken_num_special) +
+            ", \"special_tokens\": " + (s.special_tokens.empty() ? "\"None\"" : q(python_list(s.special_tokens)));
   } else if (t == "NullTokenizer") {
     path = "null";
     if (!s.vocab_size.empty()) args = ", \"vocab_size\": " + q(s.vocab_size);
@@ -1396,6 +1459,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
   check_data_path_forms(s, m);
+  map_tiktoken(s, m);
   map_data_order(s, m);
   return m;
 }

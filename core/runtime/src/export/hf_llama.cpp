@@ -174,6 +174,20 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
 std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShape& s, const TokenizerFiles& t,
                                                                  std::string* written) {
   const std::string max_length = std::to_string(s.positions);
+  // A tokenizer.json with no tokenizer_config.json of its own gets one naming its BOS and EOS.
+  const auto fast_tokenizer = [&](std::string tokenizer_json) -> std::vector<std::pair<std::string, std::string>> {
+    std::string special;
+    if (!t.bos_text.empty()) special += ",\n  \"bos_token\": " + nlohmann::json(t.bos_text).dump();
+    if (!t.eos_text.empty()) special += ",\n  \"eos_token\": " + nlohmann::json(t.eos_text).dump();
+    return {{"tokenizer.json", std::move(tokenizer_json)},
+            {"tokenizer_config.json",
+             "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": " + max_length + special +
+                 "\n}\n"}};
+  };
+  if (!t.made_tokenizer_json.empty()) {
+    *written = "tokenizer.json (made from the " + t.type + " vocabulary)";
+    return fast_tokenizer(t.made_tokenizer_json);
+  }
   if (!t.model_file.empty()) {
     std::error_code ec;
     std::string file = t.model_file;
@@ -184,12 +198,7 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShap
       if (!t.config_file.empty())
         return {{"tokenizer.json", bytes},
                 {"tokenizer_config.json", hf::read_whole(t.config_file, "the tokenizer's tokenizer_config.json")}};
-      std::string special;
-      if (!t.bos_text.empty()) special += ",\n  \"bos_token\": " + nlohmann::json(t.bos_text).dump();
-      if (!t.eos_text.empty()) special += ",\n  \"eos_token\": " + nlohmann::json(t.eos_text).dump();
-      return {{"tokenizer.json", bytes},
-              {"tokenizer_config.json", "{\n  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": " +
-                                            max_length + special + "\n}\n"}};
+      return fast_tokenizer(bytes);
     }
     *written = "tokenizer.model (SentencePiece)";
     return {{"tokenizer.model", bytes},

@@ -9,6 +9,8 @@
 //   Llama2Tokenizer            a SentencePiece .model; every text starts with <s>; EOD = </s>
 //   HuggingFaceTokenizer       a tokenizer.json (or its folder): BPE, byte-level (Llama 3,
 //                              GPT-2 style) or SentencePiece-style (Llama 2, Mistral)
+//   TikTokenizer               a tiktoken vocabulary as Megatron's JSON list (Nemotron's), its
+//                              special tokens first; the v1 or v2 regex; EOD = </s>
 //   NullTokenizer              text is space-separated ids; EOD = vocab_size (the size is +1)
 #pragma once
 
@@ -16,16 +18,33 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace dtk::text {
 
 struct TokenizerSpec {
+  TokenizerSpec() = default;
+  TokenizerSpec(std::string type_, std::string model_file_, std::string vocab_file_ = "", std::string merge_file_ = "",
+                int64_t vocab_size_ = 0)
+      : type(std::move(type_)),
+        model_file(std::move(model_file_)),
+        vocab_file(std::move(vocab_file_)),
+        merge_file(std::move(merge_file_)),
+        vocab_size(vocab_size_) {}
+
   std::string type;        // Megatron's --tokenizer-type; empty: GPT2BPETokenizer
   std::string model_file;  // --tokenizer-model: SentencePiece .model, tokenizer.json or its folder
   std::string vocab_file;  // --vocab-file (GPT-2 BPE)
   std::string merge_file;  // --merge-file (GPT-2 BPE)
-  int64_t null_vocab_size = 0;  // --vocab-size (NullTokenizer)
+  // --vocab-size: NullTokenizer's number of ids; TikTokenizer's size, special tokens included
+  // (0: Megatron's 131072). The other tokenizers take their size from their files.
+  int64_t vocab_size = 0;
+  // TikTokenizer: --tiktoken-pattern (v1 or v2; empty: v2), --tiktoken-num-special-tokens (0:
+  // Megatron's 1000), --tokenizer-special-tokens (empty: <unk> <s> </s> <mask> <pad> <cls> <sep>).
+  std::string tiktoken_pattern;
+  int64_t tiktoken_num_special_tokens = 0;
+  std::vector<std::string> special_tokens;
 };
 
 class Tokenizer {
@@ -65,6 +84,10 @@ class Tokenizer {
 
   // The files that define the tokenizer, for copying next to an exported model.
   virtual std::vector<std::string> files() const = 0;
+
+  // A Hugging Face tokenizer.json that encodes as this tokenizer does, written for a tokenizer
+  // whose own files are not one (TikTokenizer); "" for the others, whose files are copied.
+  virtual std::string hf_tokenizer_json() const;
 };
 
 // Throws data::DataError with one line naming what is wrong (unknown type, a missing file, a

@@ -45,6 +45,9 @@ struct TokenizerFiles {
   // and a tokenizer_config.json that came with a tokenizer.json (copied as is).
   int64_t bos = -1, eos = -1;
   std::string bos_text, eos_text, config_file;
+  // A tokenizer.json made from a tokenizer whose files are not one (TikTokenizer's vocabulary):
+  // written as the folder's tokenizer.json instead of a copy of model_file.
+  std::string made_tokenizer_json;
 };
 
 // As export_hf_gpt2 (hf_gpt2.hpp): checksums verified when `verify`, OUT refused unless absent or empty, the

@@ -11,12 +11,12 @@
 // them is cut by the v1 or v2 regex (pre_tokenize.hpp) and each piece is one token if it is in
 // the vocabulary, else byte-pair merged by rank (the adjacent pair whose bytes have the lowest
 // rank first, the leftmost on a tie). EOD is </s>, BOS <s>.
+#include <simdjson.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <queue>
 #include <set>
 #include <tuple>
@@ -40,7 +40,7 @@ constexpr int64_t kDefaultVocabSize = 131072;
 constexpr int64_t kDefaultNumSpecialTokens = 1000;
 
 // Standard base64 (what Python's b64decode reads from these files): the bytes, or false.
-bool decode_base64(const std::string& in, std::string* out) {
+bool decode_base64(std::string_view in, std::string* out) {
   static const struct Table {
     int8_t v[256];
     Table() {
@@ -71,6 +71,23 @@ bool decode_base64(const std::string& in, std::string* out) {
     }
   }
   return true;
+}
+
+std::string json_type_name(const simdjson::dom::element& e) {
+  switch (e.type()) {
+    case simdjson::dom::element_type::ARRAY:
+      return "list";
+    case simdjson::dom::element_type::OBJECT:
+      return "object";
+    case simdjson::dom::element_type::STRING:
+      return "string";
+    case simdjson::dom::element_type::BOOL:
+      return "boolean";
+    case simdjson::dom::element_type::NULL_VALUE:
+      return "null";
+    default:
+      return "number";
+  }
 }
 
 class TikTokenizer final : public Tokenizer {
@@ -228,33 +245,39 @@ class TikTokenizer final : public Tokenizer {
     if (!std::filesystem::is_regular_file(file_, ec)) throw DataError(where + " is not a file");
     if (std::filesystem::path(file_).extension() != ".json")
       throw DataError(where + ": the vocabulary must be a .json file (Megatron asserts the name ends in .json)");
-    std::ifstream in(file_, std::ios::binary);
-    nlohmann::json list;
-    try {
-      list = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(where + " is not valid JSON: " + e.what());
-    }
-    if (!list.is_array()) throw DataError(where + " holds a JSON " + list.type_name() + ", not a list of tokens");
+    // simdjson: a 13 MB vocabulary (o200k_base) loads in a tenth of nlohmann::json's time.
+    simdjson::dom::parser parser;
+    simdjson::dom::element root;
+    if (const auto err = parser.load(file_).get(root))
+      throw DataError(where + " is not valid JSON: " + simdjson::error_message(err));
+    simdjson::dom::array list;
+    if (root.get_array().get(list))
+      throw DataError(where + " holds a JSON " + json_type_name(root) + ", not a list of tokens");
     const int64_t kept = vocab_size_ - num_special_;
     if (kept < 256)
       throw DataError("TikTokenizer: --vocab-size " + std::to_string(vocab_size_) + " leaves " + std::to_string(kept) +
                       " tokens beside " + std::to_string(num_special_) +
                       " special ones; the 256 single bytes at least are needed");
     // Each entry first (as Megatron asserts them), then the count.
-    const int64_t read = std::min<int64_t>(kept, static_cast<int64_t>(list.size()));
+    const int64_t size = static_cast<int64_t>(list.size());
+    const int64_t read = std::min<int64_t>(kept, size);
     token_bytes_.resize(static_cast<size_t>(read));
     ranks_.reserve(static_cast<size_t>(read) * 2);
     std::string bytes;
-    for (int64_t i = 0; i < read; ++i) {
-      const nlohmann::json& e = list[static_cast<size_t>(i)];
+    int64_t i = 0;
+    for (simdjson::dom::element e : list) {
+      if (i == read) break;
       const std::string entry = where + ": entry " + std::to_string(i);
-      if (!e.is_object() || e.size() != 3 || !e.contains("rank") || !e.contains("token_bytes") ||
-          !e.contains("token_str"))
+      simdjson::dom::object o;
+      if (e.get_object().get(o) || o.size() != 3 || o["rank"].error() || o["token_bytes"].error() ||
+          o["token_str"].error())
         throw DataError(entry + " is not {\"rank\", \"token_bytes\", \"token_str\"}");
-      if (!e["rank"].is_number_integer() || e["rank"].get<int64_t>() != i)
-        throw DataError(entry + " has rank " + e["rank"].dump() + " (the ranks must be 0, 1, 2, ... in order)");
-      if (!e["token_bytes"].is_string() || !decode_base64(e["token_bytes"].get<std::string>(), &bytes) || bytes.empty())
+      int64_t rank = -1;
+      if (o["rank"].get_int64().get(rank) || rank != i)
+        throw DataError(entry + " has rank " + simdjson::minify(o["rank"].value_unsafe()) +
+                        " (the ranks must be 0, 1, 2, ... in order)");
+      std::string_view b64;
+      if (o["token_bytes"].get_string().get(b64) || !decode_base64(b64, &bytes) || bytes.empty())
         throw DataError(entry + ": token_bytes is not a non-empty base64 string");
       if (i < 256 && (bytes.size() != 1 || static_cast<uint8_t>(bytes[0]) != i))
         throw DataError(entry + " must be the single byte " + std::to_string(i) +
@@ -262,11 +285,12 @@ class TikTokenizer final : public Tokenizer {
       if (!ranks_.emplace(bytes, static_cast<int32_t>(i + num_special_)).second)
         throw DataError(entry + " repeats the bytes of an earlier token");
       token_bytes_[static_cast<size_t>(i)] = bytes;
+      ++i;
     }
     if (read < kept)
-      throw DataError(where + " has " + std::to_string(list.size()) + " tokens; --vocab-size " +
-                      std::to_string(vocab_size_) + " with " + std::to_string(num_special_) + " special tokens needs " +
-                      std::to_string(kept) + " (give a smaller --vocab-size)");
+      throw DataError(where + " has " + std::to_string(size) + " tokens; --vocab-size " + std::to_string(vocab_size_) +
+                      " with " + std::to_string(num_special_) + " special tokens needs " + std::to_string(kept) +
+                      " (give a smaller --vocab-size)");
   }
 
   // The first special token at or after byte `from`: its position (npos: none), its length and
@@ -299,20 +323,23 @@ class TikTokenizer final : public Tokenizer {
   // tiktoken: a piece that is a token is that token; else its byte-pair merge. Cached per thread
   // and per tokenizer (encode() stays const and thread-safe).
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
+    // The per-thread cache first: it is small and hot, where the vocabulary's table is not.
     thread_local std::string key;
-    key.assign(piece.data(), piece.size());
-    if (auto it = ranks_.find(key); it != ranks_.end()) return out->push_back(it->second);
     thread_local uint64_t owner = 0;
     thread_local std::unordered_map<std::string, std::vector<int32_t>> cache;
     if (owner != serial_) cache.clear(), owner = serial_;
+    key.assign(piece.data(), piece.size());
     if (auto it = cache.find(key); it != cache.end())
       return out->insert(out->end(), it->second.begin(), it->second.end()), void();
     std::vector<int32_t> ids;
-    byte_pair_merge(piece, &ids);
+    if (auto it = ranks_.find(key); it != ranks_.end())
+      ids.push_back(it->second);
+    else
+      byte_pair_merge(piece, &ids);
     out->insert(out->end(), ids.begin(), ids.end());
     if (piece.size() < 256) {
       if (cache.size() >= (1u << 20)) cache.clear();
-      cache.emplace(std::string(piece), std::move(ids));
+      cache.emplace(key, std::move(ids));
     }
   }
 

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "dtk/data/error.hpp"
 #include "dtk/text/pre_tokenize.hpp"
 #include "dtk/text/tokenizer.hpp"
@@ -110,14 +112,25 @@ TEST(TikTokenizer, EncodingAcrossACutEqualsEncodingWhole) {
 
 // `dtk export hf` writes hf_tokenizer_json() as a llama folder's tokenizer.json: Hugging Face's
 // merge-based BPE over it (DTK's HuggingFaceTokenizer, itself equal to a JavaScript port of
-// Hugging Face's tokenizers on Llama 3) gives the ids of tiktoken's rank-based one.
+// Hugging Face's tokenizers on Llama 3) gives the ids of tiktoken's rank-based one. Every special
+// token is in the vocabulary at its id too: Hugging Face's loader takes an added token's id from
+// there (else it hands out the next free one), not from "added_tokens".
 TEST(TikTokenizer, ItsHuggingFaceTokenizerJsonEncodesTheSame) {
   test::TempDir dir;
   const auto corpus = texts();
   for (const std::string pattern : {"v1", "v2"}) {
     const auto tok = make_tokenizer(tiktoken_spec(o200k(), pattern));
     const std::string file = dir / (pattern + ".tokenizer.json");
-    std::ofstream(file) << tok->hf_tokenizer_json();
+    const std::string json_text = tok->hf_tokenizer_json();
+    std::ofstream(file) << json_text;
+    const nlohmann::json j = nlohmann::json::parse(json_text);
+    const nlohmann::json& vocab = j["model"]["vocab"];
+    ASSERT_EQ(j["added_tokens"].size(), 1000u);
+    for (const nlohmann::json& added : j["added_tokens"]) {
+      const std::string content = added["content"];
+      ASSERT_TRUE(vocab.contains(content)) << content;
+      EXPECT_EQ(vocab[content], added["id"]) << content;
+    }
     TokenizerSpec hf_spec;
     hf_spec.type = "HuggingFaceTokenizer";
     hf_spec.model_file = file;
@@ -212,6 +225,12 @@ TEST(TikTokenizer, BadVocabulariesAndSettingsAreOneLineErrors) {
   s.tiktoken_num_special_tokens = 10;
   s.vocab_size = 267;
   EXPECT_EQ(error_of(s), "no error");
+  try {  // the text is checked whole, before any id: the byte counts from its start
+    make_tokenizer(s)->tokenize("<s>ab\xff");
+    ADD_FAILURE() << "invalid UTF-8 accepted";
+  } catch (const DataError& e) {
+    EXPECT_STREQ(e.what(), "invalid UTF-8 at byte 5");
+  }
   const auto expect_error = [&](TokenizerSpec spec, const std::string& what) {
     const std::string e = error_of(spec);
     EXPECT_NE(e.find(what), std::string::npos) << e;
@@ -252,6 +271,12 @@ TEST(TikTokenizer, BadVocabulariesAndSettingsAreOneLineErrors) {
   TokenizerSpec many = s;
   many.tiktoken_num_special_tokens = 5;
   expect_error(many, "len(special tokens) 7 <= --tiktoken-num-special-tokens 5");
+  TokenizerSpec huge = s;
+  huge.vocab_size = int64_t{1} << 31;
+  expect_error(huge, "is above 2^31 - 1");
+  huge.vocab_size = (int64_t{1} << 31) - 1;
+  huge.tiktoken_num_special_tokens = huge.vocab_size - 300;
+  expect_error(huge, "is more than the 2^20 DTK builds");
   TokenizerSpec small = s;
   small.vocab_size = 200;
   expect_error(small, "leaves 190 tokens beside 10 special ones");

@@ -1364,6 +1364,19 @@ TEST(MegatronArgs, TikTokenizerFlagsGoWithItsType) {
                 "--tiktoken-pattern (Megatron reads it only with --tokenizer-type TikTokenizer)",
                 "--tiktoken-num-special-tokens (Megatron reads it only with --tokenizer-type TikTokenizer)"}));
   for (const auto& s : m.sets) EXPECT_EQ(s.find("tiktoken"), std::string::npos) << s;
+  // NullTokenizer takes no special tokens in Megatron either: ignored there. A token holding
+  // whitespace cannot go through DTK's space-separated list, and 0 special ids Megatron asserts.
+  m = map("--tokenizer-type NullTokenizer --vocab-size 100 --tokenizer-special-tokens <s>");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_EQ(
+      m.ignored,
+      (std::vector<std::string>{"--tokenizer-special-tokens (NullTokenizer takes no special tokens, as in Megatron)"}));
+  m = map(
+      tok +
+      "--tokenizer-special-tokens <unk> <s> </s> <mask> <pad> <cls> <sep> '<|a b|>' --tiktoken-num-special-tokens 0");
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(m.refused[0].rfind("--tiktoken-num-special-tokens 0: not a positive number", 0), 0u) << m.refused[0];
+  EXPECT_NE(m.refused[1].find("the special token '<|a b|>' holds whitespace"), std::string::npos) << m.refused[1];
 }
 
 // The dataset's Megatron from the flags: legacy megatron/data when a flag only it takes is given

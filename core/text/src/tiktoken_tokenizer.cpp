@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <queue>
 #include <set>
 #include <tuple>
@@ -99,13 +100,23 @@ class TikTokenizer final : public Tokenizer {
     v1_ = pattern == "v1";
     vocab_size_ = spec.vocab_size > 0 ? spec.vocab_size : kDefaultVocabSize;
     num_special_ = spec.tiktoken_num_special_tokens > 0 ? spec.tiktoken_num_special_tokens : kDefaultNumSpecialTokens;
+    if (vocab_size_ > std::numeric_limits<int32_t>::max())
+      throw DataError("TikTokenizer: --vocab-size " + std::to_string(vocab_size_) +
+                      " is above 2^31 - 1 (ids are int32)");
+    // Each special id is a string held in memory (<SPECIAL_k>): a million is far past any recipe.
+    if (num_special_ > (int64_t{1} << 20))
+      throw DataError("TikTokenizer: --tiktoken-num-special-tokens " + std::to_string(num_special_) +
+                      " is more than the 2^20 DTK builds (Megatron's default is 1000)");
+    check_special_tokens(spec.special_tokens);
+    read_vocabulary();  // before the <SPECIAL_k> fillers: the file bounds how many there can be
     set_special_tokens(spec.special_tokens);
-    read_vocabulary();
   }
 
   const std::string& type() const override { return type_; }
 
   void encode(std::string_view text, std::vector<int32_t>* out) const override {
+    const size_t bad = data::find_invalid_utf8(text);
+    if (bad != std::string_view::npos) throw DataError("invalid UTF-8 at byte " + std::to_string(bad));
     size_t start = 0;
     while (start < text.size()) {
       size_t len = 0;
@@ -153,28 +164,36 @@ class TikTokenizer final : public Tokenizer {
 
   std::vector<std::string> files() const override { return {file_}; }
 
-  // What Hugging Face's converter of tiktoken vocabularies writes (transformers'
-  // TikTokenConverter): byte-level spellings of the ranks as the vocabulary; as merges, for each
-  // token in rank order, every split of it into two tokens (by the ranks of the halves); the
-  // regex as a Split before ByteLevel; the special tokens as added tokens; no BOS added, as
-  // Megatron's TikTokenizer adds none.
+  // A tokenizer.json as transformers' TikTokenConverter builds one: the ranks' byte-level
+  // spellings as the vocabulary; as merges, for each token in rank order, every split of it into
+  // two tokens (ordered by the halves' ranks); the regex as a Split before ByteLevel. Where the
+  // converter appends the special tokens after the ranks, here they keep Megatron's ids (first),
+  // both in the vocabulary and as added tokens: Hugging Face gives an added token the id the
+  // vocabulary has for it, else the next free one. No BOS is added, as Megatron adds none.
   std::string hf_tokenizer_json() const override {
     const uint32_t* alphabet = byte_level_alphabet();
     const auto spelled = [&](std::string_view bytes) {
       std::string s;
       for (char c : bytes) data::append_utf8(alphabet[static_cast<uint8_t>(c)], &s);
-      return nlohmann::json(s).dump();
+      return s;
     };
+    const auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
     std::string added, vocab, merges;
-    for (size_t id = 0; id < specials_.size(); ++id)
-      added += std::string(id ? ",\n    " : "") + "{\"id\": " + std::to_string(id) +
-               ", \"content\": " + nlohmann::json(specials_[id]).dump() +
+    for (size_t id = 0; id < specials_.size(); ++id) {
+      const std::string text = quoted(specials_[id]);
+      added += std::string(id ? ",\n    " : "") + "{\"id\": " + std::to_string(id) + ", \"content\": " + text +
                ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
                "\"special\": true}";
+      vocab += std::string(id ? ",\n      " : "") + text + ": " + std::to_string(id);
+    }
     std::vector<std::pair<int32_t, int32_t>> splits;
     for (size_t rank = 0; rank < token_bytes_.size(); ++rank) {
       const std::string& t = token_bytes_[rank];
-      vocab += std::string(rank ? ",\n      " : "") + spelled(t) + ": " + std::to_string(rank + num_special_);
+      const std::string spelling = spelled(t);
+      // A rank spelled as a special token is left out: encoding never reaches it (the special
+      // token is split out of the text first), and a vocabulary key cannot hold two ids.
+      if (special_ids_.count(spelling) == 0)
+        vocab += ",\n      " + quoted(spelling) + ": " + std::to_string(rank + num_special_);
       splits.clear();
       for (size_t k = 1; k < t.size(); ++k) {
         const int32_t left = rank_of(std::string_view(t).substr(0, k)), right = rank_of(std::string_view(t).substr(k));
@@ -182,11 +201,10 @@ class TikTokenizer final : public Tokenizer {
       }
       std::sort(splits.begin(), splits.end());
       for (const auto& [left, right] : splits) {
-        const std::string& l = token_bytes_[left - num_special_];
-        const std::string& r = token_bytes_[right - num_special_];
-        std::string merge = spelled(l);
-        merge.pop_back();  // "A B": the two spellings in one JSON string
-        merges += std::string(merges.empty() ? "" : ",\n      ") + merge + " " + spelled(r).substr(1);
+        // "A B": byte-level spellings hold no space.
+        const std::string merge =
+            spelled(token_bytes_[left - num_special_]) + " " + spelled(token_bytes_[right - num_special_]);
+        merges += std::string(merges.empty() ? "" : ",\n      ") + quoted(merge);
       }
     }
     const std::string pattern = nlohmann::json(v1_ ? kTiktokenV1Pattern : kTiktokenV2Pattern).dump();
@@ -210,7 +228,7 @@ class TikTokenizer final : public Tokenizer {
  private:
   // Megatron's special tokens: the given list (or its default seven), then <SPECIAL_k> fillers
   // up to num_special_tokens, each id its place in that list.
-  void set_special_tokens(const std::vector<std::string>& given) {
+  void check_special_tokens(const std::vector<std::string>& given) const {
     const std::vector<std::string>& base = given.empty() ? kRequiredSpecials : given;
     for (const std::string& t : kRequiredSpecials)
       if (std::find(base.begin(), base.end(), t) == base.end())
@@ -220,12 +238,19 @@ class TikTokenizer final : public Tokenizer {
       throw DataError("TikTokenizer: needs len(special tokens) " + std::to_string(base.size()) +
                       " <= --tiktoken-num-special-tokens " + std::to_string(num_special_) + " < --vocab-size " +
                       std::to_string(vocab_size_) + " (Megatron asserts the same)");
-    specials_ = base;
-    for (int64_t k = static_cast<int64_t>(base.size()); k < num_special_; ++k)
+    for (const std::string& t : base) {
+      if (t.empty()) throw DataError("TikTokenizer: a special token is empty");
+      if (data::find_invalid_utf8(t) != std::string::npos)
+        throw DataError("TikTokenizer: a special token is not valid UTF-8");
+    }
+  }
+
+  void set_special_tokens(const std::vector<std::string>& given) {
+    specials_ = given.empty() ? kRequiredSpecials : given;
+    for (int64_t k = static_cast<int64_t>(specials_.size()); k < num_special_; ++k)
       specials_.push_back("<SPECIAL_" + std::to_string(k) + ">");
     for (size_t id = 0; id < specials_.size(); ++id) {
       const std::string& t = specials_[id];
-      if (t.empty()) throw DataError("TikTokenizer: a special token is empty");
       if (!special_ids_.emplace(t, static_cast<int32_t>(id)).second)
         throw DataError("TikTokenizer: special token '" + t + "' is given twice (they must be unique)");
       special_first_byte_[static_cast<uint8_t>(t[0])] = true;

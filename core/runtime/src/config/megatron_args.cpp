@@ -378,8 +378,9 @@ const Rule kRules[] = {
     {"--tiktoken-num-special-tokens", 1, Kind::kCustom, "tokenizer.tiktoken_num_special_tokens",
      "TikTokenizer's ids before the vocabulary's; ignored with the other tokenizers, as Megatron does"},
     {"--tokenizer-special-tokens", -1, Kind::kCustom, "tokenizer.special_tokens",
-     "TikTokenizer's special tokens, in order (they must include <unk> <s> </s> <mask> <pad> <cls> <sep>); "
-     "refused with the other tokenizers (DTK does not add special tokens to them)"},
+     "TikTokenizer's special tokens, in order (they must include <unk> <s> </s> <mask> <pad> <cls> <sep>; one "
+     "holding whitespace is refused); ignored with NullTokenizer, as Megatron; refused with the other tokenizers "
+     "(DTK does not add special tokens to them)"},
     {"--tokenizer-model", 1, Kind::kSet, "tokenizer.model_file",
      "a SentencePiece .model, a tokenizer.json, or TikTokenizer's vocabulary (.json)"},
     {"--vocab-size", 1, Kind::kSet, "tokenizer.null_vocab_size",
@@ -1267,7 +1268,7 @@ static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
 }
 
 // Python's str() of a list of strings: ['<unk>', '<s>'] (a string holding ' and no " is quoted
-// with ", as repr does).
+// with ", as repr does; \n \r \t and other control characters escaped as repr escapes them).
 static std::string python_list(const std::vector<std::string>& items) {
   std::string out = "[";
   for (const std::string& item : items) {
@@ -1276,8 +1277,17 @@ static std::string python_list(const std::vector<std::string>& items) {
     if (out.size() > 1) out += ", ";
     out += quote;
     for (char c : item) {
-      if (c == '\\' || c == quote) out += '\\';
-      out += c;
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '\\' || c == quote) {
+        out += '\\', out += c;
+      } else if (c == '\n' || c == '\r' || c == '\t') {
+        out += c == '\n' ? "\\n" : (c == '\r' ? "\\r" : "\\t");
+      } else if (u < 0x20 || u == 0x7f) {
+        const char* hex = "0123456789abcdef";
+        out += "\\x", out += hex[u >> 4], out += hex[u & 15];
+      } else {
+        out += c;
+      }
     }
     out += quote;
   }
@@ -1289,21 +1299,40 @@ static std::string python_list(const std::vector<std::string>& items) {
 // to the Hugging Face and SentencePiece tokenizers, which DTK builds without them.
 static void map_tiktoken(const SeenFlags& s, MegatronMapping& m) {
   const bool tiktoken = s.tokenizer_type == "TikTokenizer";
-  const auto map = [&](const std::string& shown, const std::string& assignment) {
-    if (shown.empty()) return;
-    if (tiktoken)
-      set_by(m, assignment, shown);
-    else
-      m.ignored.push_back(shown.substr(0, shown.find(' ')) +
-                          " (Megatron reads it only with --tokenizer-type TikTokenizer)");
+  const auto ignore = [&](const std::string& shown) {
+    m.ignored.push_back(shown.substr(0, shown.find(' ')) +
+                        " (Megatron reads it only with --tokenizer-type TikTokenizer)");
   };
-  map(s.tiktoken_pattern_shown, "tokenizer.tiktoken_pattern=" + s.tiktoken_pattern);
-  map(s.tiktoken_num_special_shown, "tokenizer.tiktoken_num_special_tokens=" + s.tiktoken_num_special);
+  if (!s.tiktoken_pattern_shown.empty()) {
+    if (tiktoken)
+      set_by(m, "tokenizer.tiktoken_pattern=" + s.tiktoken_pattern, s.tiktoken_pattern_shown);
+    else
+      ignore(s.tiktoken_pattern_shown);
+  }
+  if (!s.tiktoken_num_special_shown.empty()) {
+    char* end = nullptr;
+    const long long n = std::strtoll(s.tiktoken_num_special.c_str(), &end, 10);
+    if (!tiktoken)
+      ignore(s.tiktoken_num_special_shown);
+    else if (s.tiktoken_num_special.empty() || *end || n <= 0)
+      m.refused.push_back(s.tiktoken_num_special_shown +
+                          ": not a positive number (the seven required special tokens need ids; Megatron asserts it)");
+    else
+      set_by(m, "tokenizer.tiktoken_num_special_tokens=" + s.tiktoken_num_special, s.tiktoken_num_special_shown);
+  }
   if (s.special_tokens_shown.empty()) return;
-  if (tiktoken)
-    set_by(m, "tokenizer.special_tokens=" + joined(s.special_tokens), s.special_tokens_shown);
-  else
-    m.refused.push_back(s.special_tokens_shown + ": DTK reads special tokens for --tokenizer-type TikTokenizer only");
+  // NullTokenizer takes no special tokens in Megatron either; the others would add them.
+  if (s.tokenizer_type == "NullTokenizer")
+    return m.ignored.push_back(s.special_tokens_shown.substr(0, s.special_tokens_shown.find(' ')) +
+                               " (NullTokenizer takes no special tokens, as in Megatron)");
+  if (!tiktoken)
+    return m.refused.push_back(s.special_tokens_shown +
+                               ": DTK reads special tokens for --tokenizer-type TikTokenizer only");
+  for (const std::string& t : s.special_tokens)
+    if (t.find_first_of(" \t\n\r") != std::string::npos)
+      return m.refused.push_back(s.special_tokens_shown + ": the special token '" + t +
+                                 "' holds whitespace (DTK's tokenizer.special_tokens is a space-separated list)");
+  set_by(m, "tokenizer.special_tokens=" + joined(s.special_tokens), s.special_tokens_shown);
 }
 
 static void map_data_order(const SeenFlags& s, MegatronMapping& m) {

@@ -14,18 +14,16 @@
 #include "dtk/text/pre_tokenize.hpp"
 #include "dtk/text/tokenizer.hpp"
 #include "test_util.hpp"
+#include "tokenizer_fixtures.hpp"
 
 namespace dtk::text {
 namespace {
 
 using data::DataError;
 namespace test = ::dtk::data::test;
+using namespace tokenizer_test;  // NOLINT: the shared fixtures of this folder
 
-std::string fixture(const std::string& name) { return test::fixtures_dir() + "/tokenizers/" + name; }
-std::string o200k() {
-  const char* env = std::getenv("DTK_TOKENIZERS_DIR");
-  return std::string(env ? env : DTK_TOKENIZERS_DIR) + "/tiktoken/o200k_base.json";
-}
+std::string o200k() { return tokenizers_dir() + "/tiktoken/o200k_base.json"; }
 
 TokenizerSpec tiktoken_spec(const std::string& file, const std::string& pattern = "") {
   TokenizerSpec s;
@@ -33,18 +31,6 @@ TokenizerSpec tiktoken_spec(const std::string& file, const std::string& pattern 
   s.model_file = file;
   s.tiktoken_pattern = pattern;
   return s;
-}
-
-// Line k of FILE.ids: the reference ids of text k.
-std::vector<std::vector<int32_t>> reference_ids(const std::string& name) {
-  std::istringstream in(test::read_file(fixture(name + ".ids")));
-  std::vector<std::vector<int32_t>> rows;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream words(line);
-    rows.emplace_back();
-    for (int32_t id; words >> id;) rows.back().push_back(id);
-  }
-  return rows;
 }
 
 // The fixture's texts: the tokenizers' shared corpus and the words v2 cuts by letter case.
@@ -206,15 +192,6 @@ TEST(TikTokenizer, BytePairMergeFollowsTheRanks) {
   EXPECT_EQ(tok->decode(ids("<SPECIAL_10>")), "<SPECIAL_10>");  // past the 10 specials: plain text
   EXPECT_EQ(ids("<SPECIAL_10>").size(), 12u);                   // one id per byte here
   EXPECT_EQ(tok->eod(), 2);
-}
-
-std::string error_of(const TokenizerSpec& spec) {
-  try {
-    make_tokenizer(spec);
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(TikTokenizer, BadVocabulariesAndSettingsAreOneLineErrors) {

@@ -13,34 +13,19 @@
 #include "dtk/data/error.hpp"
 #include "dtk/text/tokenizer.hpp"
 #include "test_util.hpp"
+#include "tokenizer_fixtures.hpp"
 
 namespace dtk::text {
 namespace {
 
 using data::DataError;
 namespace test = ::dtk::data::test;
+using namespace tokenizer_test;  // NOLINT: the shared fixtures of this folder
 
 const char* const kGpl3 = "/usr/share/common-licenses/GPL-3";
 
-std::string tokenizers_dir() {
-  const char* env = std::getenv("DTK_TOKENIZERS_DIR");
-  return env ? env : DTK_TOKENIZERS_DIR;
-}
-std::string fixture(const std::string& name) { return test::fixtures_dir() + "/tokenizers/" + name; }
 std::vector<std::string> corpus() {
   return {test::read_file(fixture("edge_cases.txt")), test::read_file(kGpl3)};
-}
-
-// Line k of FILE.ids: the reference ids of text k.
-std::vector<std::vector<int32_t>> reference_ids(const std::string& name) {
-  std::istringstream in(test::read_file(fixture(name + ".ids")));
-  std::vector<std::vector<int32_t>> rows;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream words(line);
-    rows.emplace_back();
-    for (int32_t id; words >> id;) rows.back().push_back(id);
-  }
-  return rows;
 }
 
 void expect_same_ids(const std::vector<int32_t>& got, const std::vector<int32_t>& want, const std::string& what) {
@@ -162,15 +147,6 @@ TEST(Tokenizers, ConcurrentEncodingGivesTheSameIds) {
   t1.join();
   t2.join();
   EXPECT_EQ(a, b);
-}
-
-std::string error_of(const TokenizerSpec& spec) {
-  try {
-    make_tokenizer(spec);
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(Tokenizers, BadSelectionsAreOneLineErrors) {

@@ -2,6 +2,8 @@
 // ids are, the ids of a fixture, and make_tokenizer()'s error line.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <sstream>
@@ -43,6 +45,26 @@ inline std::string error_of(const TokenizerSpec& spec) {
     return e.what();
   }
   return "no error";
+}
+
+// Every place next_cut() offers (asked every `step` bytes) cuts encoding in two there: the ids are
+// those of one piece. Stops at the first failure; returns how many cuts were checked.
+inline int expect_cuts_keep_the_ids(const Tokenizer& tok, const std::string& text, size_t step) {
+  std::vector<int32_t> whole;
+  tok.encode(text, &whole);
+  int cuts = 0;
+  for (size_t from = 1; from < text.size(); from += step) {
+    const size_t cut = tok.next_cut(text, from);
+    if (cut == std::string_view::npos) continue;
+    EXPECT_GT(cut, 0u);
+    std::vector<int32_t> parts;
+    tok.encode(std::string_view(text).substr(0, cut), &parts);
+    tok.encode(std::string_view(text).substr(cut), &parts);
+    EXPECT_EQ(parts, whole) << tok.type() << " cut at " << cut;
+    if (cut == 0 || parts != whole) break;
+    ++cuts;
+  }
+  return cuts;
 }
 
 }  // namespace dtk::text::tokenizer_test

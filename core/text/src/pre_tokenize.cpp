@@ -195,6 +195,19 @@ void gpt2_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces
 
 namespace {
 
+// The last alternatives of the cl100k family and of TikTokenizer v2, at code point c (byte i)
+// where no letter or number alternative matched: ` ?[^\s\p{L}\p{N}]+[\r\n]*` (v2: `[\r\n/]*`
+// after the run, `slash_after`), else \s*[\r\n]+|\s+(?!\S)|\s+ (c is whitespace then). The end.
+size_t punctuation_or_whitespace(std::string_view s, size_t i, const Cp& c, Spaces sp, bool slash_after) {
+  const size_t n = s.size();
+  size_t start = i;
+  if (c.cp == ' ' && i + 1 < n && at(s, i + 1, sp).cls == kOther) start = i + 1;
+  if (at(s, start, sp).cls != kOther) return newline_aware_whitespace(s, i, sp);
+  size_t end = run_end(s, start, kOther, sp);
+  while (end < n && (s[end] == '\r' || s[end] == '\n' || (slash_after && s[end] == '/'))) ++end;
+  return end;
+}
+
 // The family of tiktoken cl100k's regex (Llama 3's, TikTokenizer v1's):
 //   contractions?|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //   \s*[\r\n]+|\s+(?!\S)|\s+
@@ -242,16 +255,7 @@ void cl100k_family_pre_tokenize(std::string_view s, std::vector<std::string_view
       emit(end);
       continue;
     }
-    //  ?[^\s\p{L}\p{N}]+[\r\n]*
-    size_t start = i;
-    if (c.cp == ' ' && i + 1 < n && at(s, i + 1, sp).cls == kOther) start = i + 1;
-    if (at(s, start, sp).cls == kOther) {
-      size_t end = run_end(s, start, kOther, sp);
-      while (end < n && (s[end] == '\r' || s[end] == '\n')) ++end;
-      emit(end);
-      continue;
-    }
-    emit(newline_aware_whitespace(s, i, sp));  // c is whitespace here
+    emit(punctuation_or_whitespace(s, i, c, sp, /*slash_after=*/false));
   }
 }
 
@@ -347,16 +351,7 @@ void tiktoken_v2_pre_tokenize(std::string_view s, std::vector<std::string_view>*
       emit(i + c.len);
       continue;
     }
-    //  ?[^\s\p{L}\p{N}]+[\r\n/]*
-    size_t start = i;
-    if (c.cp == ' ' && i + 1 < n && at(s, i + 1, sp).cls == kOther) start = i + 1;
-    if (at(s, start, sp).cls == kOther) {
-      end = run_end(s, start, kOther, sp);
-      while (end < n && (s[end] == '\r' || s[end] == '\n' || s[end] == '/')) ++end;
-      emit(end);
-      continue;
-    }
-    emit(newline_aware_whitespace(s, i, sp));  // \s*[\r\n]+|\s+(?!\S)|\s+: c is whitespace here
+    emit(punctuation_or_whitespace(s, i, c, sp, /*slash_after=*/true));
   }
 }
 

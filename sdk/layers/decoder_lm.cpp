@@ -134,6 +134,11 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   float_opt("moe_z_loss_coeff", c.moe.z_loss_coeff);
   bool_opt("moe_router_enable_expert_bias", c.moe.expert_bias);
   float_opt("moe_router_bias_update_rate", c.moe.bias_update_rate);
+  float_opt("moe_expert_capacity_factor", c.moe.capacity_factor);
+  if (o.has("moe_token_drop_policy"))
+    c.moe.drop_policy =
+        o.get_string("moe_token_drop_policy") == "position" ? MoeDropPolicy::kPosition : MoeDropPolicy::kProbs;
+  bool_opt("moe_pad_expert_input_to_capacity", c.moe.pad_to_capacity);
   int_opt("moe_shared_expert_intermediate_size", c.moe.shared_ffn);
   bool_opt("moe_shared_expert_gate", c.moe.shared_gate);
 }
@@ -178,6 +183,9 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff},
         {"moe_router_enable_expert_bias", m.expert_bias != unset.expert_bias},
         {"moe_router_bias_update_rate", m.bias_update_rate != unset.bias_update_rate},
+        {"moe_expert_capacity_factor", m.capacity_factor != unset.capacity_factor},
+        {"moe_token_drop_policy", m.drop_policy != unset.drop_policy},
+        {"moe_pad_expert_input_to_capacity", m.pad_to_capacity != unset.pad_to_capacity},
         {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
         {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate}};
     for (const auto& [option, set] : changed)
@@ -212,6 +220,13 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         "balancing is for sigmoid scores)");
   if (!m.expert_bias && m.bias_update_rate != MoeConfig().bias_update_rate)
     fail("option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true");
+  if (!std::isfinite(m.capacity_factor) || m.capacity_factor < 0.0 || m.capacity_factor > 1e6)
+    fail("option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got " +
+         std::to_string(m.capacity_factor));
+  if (!m.drops_tokens() && m.drop_policy != MoeConfig().drop_policy)
+    fail("option 'moe_token_drop_policy' does nothing without moe_expert_capacity_factor > 0 (dropless)");
+  if (!m.drops_tokens() && m.pad_to_capacity)
+    fail("option 'moe_pad_expert_input_to_capacity' pads to a capacity: it needs moe_expert_capacity_factor > 0");
   if (m.shared_ffn < 0 || m.shared_ffn > (int64_t{1} << 31))
     fail("option 'moe_shared_expert_intermediate_size' must be in [0, 2^31] (0 = no shared expert), got " +
          std::to_string(m.shared_ffn));

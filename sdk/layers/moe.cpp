@@ -11,6 +11,7 @@
 #include <dtk/module_hooks.hpp>
 
 #include <cctype>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -260,6 +261,11 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
   c.layer_pattern = LayerPatternParser(t).parse();
 }
 
+int64_t MoeConfig::capacity(int64_t tokens) const {
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(num_experts) * capacity_factor));
+}
+
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff) {
   return at::logsumexp(logits.to(at::kFloat), -1).square().mean() * coeff;
 }
@@ -324,15 +330,53 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch) const {
     logits = attach_aux_loss(logits, z, total);
   }
   Routing r = choose(logits);
+  if (c_.drops_tokens()) drop_over_capacity(r, batch);
   if (aux && c_.aux_loss_coeff > 0.0 && c_.balance != MoeBalance::kNone)
     r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
   // pass of a recomputed layer, which runs without gradients), as Megatron's _apply_expert_bias.
   if (aux && expert_load.defined()) {
     at::NoGradGuard no_grad;
-    expert_load.add_(expert_counts(r.experts, c_.num_experts).to(at::kFloat));
+    expert_load.add_(choice_loads(r));
   }
   return r;
+}
+
+// Megatron's apply_router_token_dropping on one router call's choices (`batch` sequences of
+// tokens / batch positions): each expert ranks the tokens routed to it, by weight (ties: the
+// earlier token) or by Megatron's token order, and keeps the first capacity; the dropped choices
+// weigh zero and point past the experts (num_experts). Padding records the rows each expert takes.
+void MoeMlp::drop_over_capacity(Routing& r, int64_t batch) const {
+  const int64_t tokens = r.experts.size(0), n = c_.num_experts, capacity = c_.capacity(tokens);
+  if (c_.pad_to_capacity) r.padded_rows = std::min(capacity, tokens);
+  if (capacity >= tokens) return;  // every token fits
+  at::Tensor kept;
+  {
+    at::NoGradGuard no_grad;
+    const at::TensorOptions index = r.experts.options();
+    // [tokens, experts], what each expert ranks its tokens by, highest first (an unrouted token lowest).
+    const at::Tensor key = c_.drop_policy == MoeDropPolicy::kProbs
+                               ? at::full({tokens, n}, -1.0, index.dtype(at::kFloat))
+                                     .scatter(1, r.experts, r.probs.detach().to(at::kFloat))
+                               : at::zeros({tokens, n}, index.dtype(at::kFloat)).scatter(1, r.experts, 1.0);
+    // Megatron's tokens are [sequence, batch]: its p-th is row b * positions + s for p = s * batch + b.
+    const int64_t positions = tokens / batch;
+    const at::Tensor row_of = at::arange(tokens, index).view({batch, positions}).t().reshape(-1);
+    const at::Tensor by_rank = std::get<1>(at::sort(key.index_select(0, row_of), /*stable=*/true, 0, true));
+    const at::Tensor rank_in_order =
+        at::empty({tokens, n}, index).scatter_(0, by_rank, at::arange(tokens, index).unsqueeze(1).expand({tokens, n}));
+    const at::Tensor rank = at::empty_like(rank_in_order).index_copy_(0, row_of, rank_in_order);
+    kept = rank.lt(capacity).gather(1, r.experts);
+  }
+  r.probs = r.probs * kept.to(r.probs.scalar_type());
+  r.experts = r.experts.masked_fill(kept.logical_not(), n);
+}
+
+// What each expert took of one router call, [experts] fp32 (the expert bias's load, from
+// Megatron's final routing map): its kept choices, or with padding its capacity's rows.
+at::Tensor MoeMlp::choice_loads(const Routing& r) const {
+  if (r.padded_rows > 0) return at::full({c_.num_experts}, static_cast<double>(r.padded_rows), expert_load.options());
+  return expert_counts(r.experts, c_.num_experts + 1).narrow(0, 0, c_.num_experts).to(at::kFloat);
 }
 
 // The scores, the top-k and the chosen experts' weights (topk_routing_with_score_function).
@@ -429,7 +473,8 @@ at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const {
 at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
   const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk, first = c_.first_local_expert();
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
-  const at::Tensor counts = expert_counts(r.experts, c_.num_experts).cpu();
+  // (one bin past the experts: the dropped choices, sorted last)
+  const at::Tensor counts = expert_counts(r.experts, c_.num_experts + 1).cpu();
   const int64_t* count = counts.data_ptr<int64_t>();
   int64_t begin = 0, held_choices = 0;
   for (int64_t e = 0; e < first; ++e) begin += count[e];
@@ -454,6 +499,36 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
   return placed.view({tokens, k, h}).sum(1).to(x.scalar_type());
 }
 
+// run_experts with padding to capacity: each of this rank's experts multiplies exactly
+// r.padded_rows rows, its run of the sorted choices and then rows weighted zero, all indexed on the
+// device (no host read, static shapes). The unfilled slots (rows of other choices) put their
+// outputs in places of their own past the choices, which are dropped: they change no output and get
+// no gradient.
+at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
+  const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk, choices = tokens * k;
+  const int64_t held = static_cast<int64_t>(experts.size()), slots = r.padded_rows;
+  const at::TensorOptions index = r.experts.options();
+  const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
+  const at::Tensor all_counts = expert_counts(r.experts, c_.num_experts + 1);
+  const at::Tensor counts = all_counts.narrow(0, c_.first_local_expert(), held);
+  const at::Tensor starts = (at::cumsum(all_counts, 0) - all_counts).narrow(0, c_.first_local_expert(), held);
+  const at::Tensor slot = at::arange(slots, index).unsqueeze(0);                                // [1, slots]
+  const at::Tensor filled = slot.lt(counts.unsqueeze(1)).reshape(-1);                           // [held * slots]
+  const at::Tensor position = (starts.unsqueeze(1) + slot).clamp_max(choices - 1).reshape(-1);  // in `order`
+  const at::Tensor choice = order.index_select(0, position);
+  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({choices, h}).index_select(0, choice);
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(experts.size());
+  for (int64_t e = 0; e < held; ++e)
+    outputs.push_back(expert_partial(experts[static_cast<size_t>(e)], rows.narrow(0, e * slots, slots), activation));
+  const at::Tensor weights = r.probs.reshape(-1).index_select(0, choice).unsqueeze(-1);
+  const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
+  const at::Tensor place = at::where(filled, choice, at::arange(held * slots, index) + choices);
+  const at::Tensor placed =
+      at::zeros({choices + held * slots, h}, weighted.options()).index_copy(0, place, weighted).narrow(0, 0, choices);
+  return placed.view({tokens, k, h}).sum(1).to(x.scalar_type());
+}
+
 // The experts' second biases, sum over a row's k experts of probs * b2 [tokens, h], on this
 // rank's rows (after the reduction, as a row-parallel bias): the weights scattered into [tokens,
 // experts] times the biases [experts, h], one product (no atomic adds in its backward).
@@ -464,8 +539,9 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
   at::Tensor table = at::stack(biases);  // [experts held here, h]
   // Every expert's bias from its rank (the gradient of each summed over the group's tokens).
   if (c_.ep_size > 1) table = gather_to_experts(table, c_.ep_size);
-  const at::Tensor dense =
-      at::zeros({r.experts.size(0), c_.num_experts}, r.probs.options()).scatter(1, r.experts, r.probs);
+  const at::Tensor dense = at::zeros({r.experts.size(0), c_.num_experts + 1}, r.probs.options())
+                               .scatter(1, r.experts, r.probs)
+                               .narrow(1, 0, c_.num_experts);  // (the dropped choices' column left out)
   return at::matmul(dense, table.to(r.probs.scalar_type())).to(dtype);
 }
 
@@ -485,6 +561,9 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
     region.experts = local.experts;
   }
   const int64_t whole = rows.size(1);
+  // Padding: every router call whose rows meet here (the TP group's under sequence parallelism, the
+  // expert-parallel group's) keeps at most padded_rows per expert.
+  region.padded_rows = local.padded_rows * (tp_.splits_sequence() ? tp_.size : 1) * c_.ep_size;
   region.probs = region.probs.reshape({b * whole, c_.topk});
   region.experts = region.experts.reshape({b * whole, c_.topk});
   at::Tensor routed_rows = rows.reshape({b * whole, h});
@@ -495,7 +574,8 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
     region.probs = gather_to_experts(region.probs, c_.ep_size);
     region.experts = gather_expert_rows(region.experts, c_.ep_size);
   }
-  at::Tensor routed = run_experts(routed_rows, region, activation);
+  at::Tensor routed = region.padded_rows > 0 ? run_padded_experts(routed_rows, region, activation)
+                                             : run_experts(routed_rows, region, activation);
   if (dispatch) routed = scatter_from_experts(routed, c_.ep_size);
   at::Tensor partial = routed.view({b, whole, h});
   // The shared expert on every row: ungated its partial sum joins the routed experts' reduction;

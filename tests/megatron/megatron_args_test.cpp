@@ -825,7 +825,9 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
        "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
       {{"--moe-router-score-function", "sqrtsoftplus"},
        "--moe-router-score-function sqrtsoftplus: DTK's router scores with a softmax or a sigmoid"},
-      {{"--moe-expert-capacity-factor", "1.0"}, "--moe-expert-capacity-factor 1.0: DTK's MoE layers are dropless"},
+      {{"--moe-expert-capacity-factor", "0"}, "--moe-expert-capacity-factor 0: a capacity of 0 drops every token"},
+      {{"--moe-expert-capacity-factor", "x1"}, "--moe-expert-capacity-factor x1: not a number"},
+      {{"--moe-token-drop-policy", "random"}, "--moe-token-drop-policy random: not one of probs, position"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},
   };
   for (const auto& [args, line] : refused) {
@@ -842,6 +844,26 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
     ASSERT_TRUE(none.refused.empty()) << none.refused[0];
     EXPECT_EQ(config_of(none).model().options().at("moe_aux_loss_coeff"), "0");
   }
+  // Token dropping (Switch Transformer / Mixtral recipes): the capacity factor, the policy it reads
+  // wherever it came, padding; a negative factor is Megatron's None (dropless).
+  for (const auto& args :
+       {std::vector<std::string>{"--num-experts", "8", "--moe-token-drop-policy", "position",
+                                 "--moe-expert-capacity-factor", "1.25", "--moe-pad-expert-input-to-capacity"},
+        std::vector<std::string>{"--num-experts", "8", "--moe-expert-capacity-factor", "1.25",
+                                 "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy", "position"}}) {
+    const MegatronMapping dropping = dtk::core::map_megatron_args(args);
+    ASSERT_TRUE(dropping.refused.empty()) << dropping.refused[0];
+    const auto options = config_of(dropping).model().options();
+    EXPECT_EQ(options.at("moe_expert_capacity_factor"), "1.25");
+    EXPECT_EQ(options.at("moe_token_drop_policy"), "position");
+    EXPECT_EQ(options.at("moe_pad_expert_input_to_capacity"), "true");
+  }
+  const MegatronMapping dropless =
+      dtk::core::map_megatron_args({"--num-experts", "8", "--moe-expert-capacity-factor", "-1"});
+  ASSERT_TRUE(dropless.refused.empty()) << dropless.refused[0];
+  EXPECT_EQ(config_of(dropless).model().options().count("moe_expert_capacity_factor"), 0u);
+  ASSERT_EQ(dropless.ignored.size(), 1u);
+  EXPECT_EQ(dropless.ignored[0], "--moe-expert-capacity-factor -1 (negative: dropless, Megatron's None)");
 }
 
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).

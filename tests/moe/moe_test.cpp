@@ -22,11 +22,15 @@
 #include "dtk/core/optim/aux_loss.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../common/curves.hpp"
@@ -127,10 +131,14 @@ at::Tensor mlp(const MoeMlp::Expert& e, const at::Tensor& row, bool swiglu_exper
   return e.out.bias.defined() ? y + e.out.bias : y;
 }
 
-at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts) {
-  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+// Each token's chosen experts and their weights.
+struct Route {
+  at::Tensor chosen, probs;  // [k]
+};
+
+std::vector<Route> reference_routes(const MoeMlp& m, const MoeConfig& c, const at::Tensor& rows) {
   const at::Tensor logits = router_logits(m, rows);
-  std::vector<at::Tensor> out;
+  std::vector<Route> routes;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     at::Tensor probs, chosen;
     if (c.score == dtk::layers::MoeScore::kSigmoid) {
@@ -147,9 +155,51 @@ at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, b
       probs = at::softmax(logits[t].index_select(0, chosen), 0);
     }
     if (c.topk_scaling_factor > 0) probs = probs * c.topk_scaling_factor;
+    routes.push_back({chosen, probs});
+  }
+  return routes;
+}
+
+// The (token, expert) choices token dropping drops.
+using Dropped = std::set<std::pair<int64_t, int64_t>>;
+
+// Megatron's apply_router_token_dropping written out expert by expert: the capacity is
+// ceil(T k / experts * factor); an expert routed more tokens keeps those with the highest weights
+// (policy probs; ties: the earlier token) or the first (policy position), in Megatron's token
+// order, [sequence, batch]: row b * positions + s is its token s * batch + b.
+Dropped reference_drops(const MoeConfig& c, const std::vector<Route>& routes, int64_t batch) {
+  const auto tokens = static_cast<int64_t>(routes.size());
+  const int64_t positions = tokens / batch;
+  const auto capacity = static_cast<size_t>(
+      std::ceil(static_cast<double>(tokens * c.topk) / static_cast<double>(c.num_experts) * c.capacity_factor));
+  Dropped dropped;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    std::vector<std::tuple<double, int64_t, int64_t>> routed;  // (-weight or 0, Megatron's index, row)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t j = 0; j < c.topk; ++j) {
+        if (routes[t].chosen[j].item<int64_t>() != e) continue;
+        const double key =
+            c.drop_policy == dtk::layers::MoeDropPolicy::kProbs ? -routes[t].probs[j].item<double>() : 0.0;
+        routed.emplace_back(key, (t % positions) * batch + t / positions, t);
+      }
+    std::sort(routed.begin(), routed.end());
+    for (size_t i = capacity; i < routed.size(); ++i) dropped.insert({std::get<2>(routed[i]), e});
+  }
+  return dropped;
+}
+
+at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts,
+                     const Dropped& dropped = {}) {
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  const std::vector<Route> routes = reference_routes(m, c, rows);
+  std::vector<at::Tensor> out;
+  for (int64_t t = 0; t < rows.size(0); ++t) {
+    const at::Tensor &chosen = routes[t].chosen, &probs = routes[t].probs;
     at::Tensor y = at::zeros({x.size(-1)});
-    for (int64_t j = 0; j < c.topk; ++j)
-      y = y + probs[j] * mlp(m.experts[static_cast<size_t>(chosen[j].item<int64_t>())], rows[t], swiglu_experts);
+    for (int64_t j = 0; j < c.topk; ++j) {
+      const int64_t e = chosen[j].item<int64_t>();
+      if (!dropped.count({t, e})) y = y + probs[j] * mlp(m.experts[static_cast<size_t>(e)], rows[t], swiglu_experts);
+    }
     if (m.has_shared_expert()) {
       at::Tensor shared = mlp(m.shared, rows[t], swiglu_experts);
       if (m.shared_gate.defined()) shared = shared * at::sigmoid(at::dot(m.shared_gate[0], rows[t]));
@@ -226,23 +276,33 @@ void zero_grads(const MoeMlp& m, at::Tensor& x) {
 
 // The layer's output and gradients against the reference's, for one configuration; with
 // auxiliary losses the reference adds them to its objective.
-void expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff,
-                                   dtk::layers::MoeBalance balance = dtk::layers::MoeBalance::kAuxLoss) {
+// With token dropping (`dropping` sets its options) the reference leaves out what
+// reference_drops drops; returns how many choices that is.
+size_t expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff,
+                                     dtk::layers::MoeBalance balance = dtk::layers::MoeBalance::kAuxLoss,
+                                     const std::function<void(MoeConfig&)>& dropping = {}) {
   MoeConfig c = config_of(k);
   c.aux_loss_coeff = aux_coeff, c.z_loss_coeff = z_coeff, c.balance = balance;
+  if (dropping) dropping(c);
   const MoeMlp m = make_layer(c, 8, k);
   at::manual_seed(3);
   at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
   const at::Tensor weights = at::randn({3, 7, 8});
   const ::dtk::layers::ExpertActivation act = k.inputs == 1 ? gelu : swiglu;
-  const std::string what = std::string(k.name) + (balance == dtk::layers::MoeBalance::kSeqAuxLoss ? " (seq)" : "");
+  std::string what = std::string(k.name) + (balance == dtk::layers::MoeBalance::kSeqAuxLoss ? " (seq)" : "");
+  if (c.drops_tokens())
+    what += " (capacity factor " + std::to_string(c.capacity_factor) +
+            (c.drop_policy == dtk::layers::MoeDropPolicy::kProbs ? ", probs" : ", position") +
+            (c.pad_to_capacity ? ", padded)" : ")");
 
   const at::Tensor got = m.forward(x, act);
   (got * weights).sum().backward();
   const std::vector<at::Tensor> got_grads = grads_of(m, x);
   zero_grads(m, x);
 
-  const at::Tensor want = reference(m, c, x, k.inputs == 2);
+  const Dropped dropped =
+      c.drops_tokens() ? reference_drops(c, reference_routes(m, c, x.reshape({-1, 8})), x.size(0)) : Dropped{};
+  const at::Tensor want = reference(m, c, x, k.inputs == 2, dropped);
   at::Tensor objective = (want * weights).sum();
   if (aux_coeff > 0 || z_coeff > 0) objective = objective + reference_aux_losses(m, c, x);
   objective.backward();
@@ -250,14 +310,16 @@ void expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coe
 
   EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
       << what << ": output differs by " << (got - want).abs().max().item<double>();
-  ASSERT_EQ(got_grads.size(), want_grads.size());
-  for (size_t i = 0; i < got_grads.size(); ++i) {
-    ASSERT_TRUE(got_grads[i].defined()) << what << ": gradient " << i << " missing";
+  EXPECT_EQ(got_grads.size(), want_grads.size()) << what;
+  for (size_t i = 0; i < std::min(got_grads.size(), want_grads.size()); ++i) {
+    EXPECT_TRUE(got_grads[i].defined()) << what << ": gradient " << i << " missing";
+    if (!got_grads[i].defined()) continue;
     // An expert no token chose has no gradient in the reference, and a zero one in the layer.
     const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
     EXPECT_TRUE(at::allclose(got_grads[i], want_grad, 1e-5, 1e-6))
         << what << ": gradient " << i << " differs by " << (got_grads[i] - want_grad).abs().max().item<double>();
   }
+  return dropped.size();
 }
 
 const Case kCases[] = {
@@ -293,6 +355,60 @@ TEST(MoeLayer, AuxiliaryLossesAreMegatronsAndReachOnlyTheGradients) {
   with.forward(x.clone().requires_grad_(true), gelu).sum().backward();
   without.forward(x.clone().requires_grad_(true), gelu).sum().backward();
   EXPECT_GT((with.router.grad() - without.router.grad()).abs().max().item<double>(), 1e-4);
+}
+
+// Token dropping (Megatron's --moe-expert-capacity-factor): 21 tokens choosing 2 of 6 experts, a
+// capacity of 4 (factor 0.5), 7 (1.0) or above the tokens (4.0: nothing dropped); each drop policy,
+// padded to capacity or not, biased experts (the output bias weighted by the kept choices) and
+// sigmoid scores steered by the expert bias; the auxiliary losses on (they see every choice).
+TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
+  using dtk::layers::MoeDropPolicy;
+  for (const Case* k : {&kCases[0], &kCases[7]})
+    for (const MoeDropPolicy policy : {MoeDropPolicy::kProbs, MoeDropPolicy::kPosition})
+      for (const bool pad : {false, true}) {
+        std::map<double, size_t> dropped;
+        for (const double factor : {0.5, 1.0, 4.0})
+          dropped[factor] =
+              expect_layer_equals_reference(*k, 0.1, 0.01, dtk::layers::MoeBalance::kAuxLoss, [&](MoeConfig& c) {
+                c.capacity_factor = factor;
+                c.drop_policy = policy;
+                c.pad_to_capacity = pad;
+              });
+        // The guard: the reference does drop (every expert keeps at most 4 of 42 choices: 18 left).
+        EXPECT_GE(dropped[0.5], 18u) << k->name;
+        EXPECT_GT(dropped[0.5], dropped[1.0]) << k->name;
+        EXPECT_EQ(dropped[4.0], 0u) << k->name;
+      }
+}
+
+// The expert bias's loads are Megatron's final routing map: the kept choices, or with padding every
+// expert's capacity; the two policies keep different tokens.
+TEST(MoeLayer, TokenDroppingCountsTheKeptChoicesForTheExpertBias) {
+  MoeConfig c = config_of(kCases[7]);
+  c.capacity_factor = 0.5;
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({3, 7, 8});
+  std::map<dtk::layers::MoeDropPolicy, at::Tensor> outputs;
+  for (const auto policy : {dtk::layers::MoeDropPolicy::kProbs, dtk::layers::MoeDropPolicy::kPosition}) {
+    c.drop_policy = policy;
+    const MoeMlp m = make_layer(c, 8, kCases[7]);
+    outputs[policy] = m.forward(x.clone().requires_grad_(true), swiglu);
+    const std::vector<Route> routes = reference_routes(m, c, x.reshape({-1, 8}));
+    const Dropped dropped = reference_drops(c, routes, 3);
+    at::Tensor want = at::zeros({c.num_experts});
+    for (int64_t t = 0; t < 21; ++t)
+      for (int64_t j = 0; j < c.topk; ++j) {
+        const int64_t e = routes[t].chosen[j].item<int64_t>();
+        if (!dropped.count({t, e})) want[e] += 1;
+      }
+    EXPECT_TRUE(at::equal(m.expert_load, want)) << m.expert_load << want;
+    EXPECT_LE(m.expert_load.max().item<double>(), 4.0);
+  }
+  EXPECT_FALSE(at::allclose(outputs.begin()->second, outputs.rbegin()->second));
+  c.pad_to_capacity = true;
+  const MoeMlp padded = make_layer(c, 8, kCases[7]);
+  padded.forward(x.clone().requires_grad_(true), swiglu);
+  EXPECT_TRUE(at::equal(padded.expert_load, at::full({c.num_experts}, 4.0))) << padded.expert_load;
 }
 
 TEST(MoeLayer, EveryExpertGetsAGradientEvenWhenNoTokenChoseIt) {
@@ -668,6 +784,10 @@ TEST(Moe, BadInputsAreOneLine) {
        "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid"},
       {"--set model.num_experts=4 --set model.moe_router_bias_update_rate=0.01",
        "option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true"},
+      {"--set model.num_experts=4 --set model.moe_pad_expert_input_to_capacity=true",
+       "option 'moe_pad_expert_input_to_capacity' pads to a capacity: it needs moe_expert_capacity_factor > 0"},
+      {"--set model.num_experts=4 --set model.moe_expert_capacity_factor=-0.5",
+       "option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got -0.5"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk(base + args, 120);
@@ -920,4 +1040,32 @@ TEST(Moe, ExpertParallelBadInputsAreOneLine) {
   EXPECT_NE(dense.out.find("splits the experts of mixture-of-experts layers, and model 'gpt' has none"),
             std::string::npos)
       << dense.out;
+}
+
+// Token dropping (capacity factor 0.5: of a micro-batch's 64 tokens x 2 choices each of the 4
+// experts keeps 16): a router call is one micro-batch's tokens, so DP 2, TP 2, PP 2 and EP 2 equal
+// one process; padding to capacity equals not padding, in one process, under sequence parallelism
+// (each TP rank's 32 tokens one router call, 8 kept per expert) and under expert parallelism.
+TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
+  const std::string dropping = "--set model.moe_expert_capacity_factor=0.5 ";
+  const std::string pad = "--set model.moe_pad_expert_input_to_capacity=true ";
+  const std::string sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
+  const dtk_test::Curve one = curve_of("gpt", 1, dropping, "drop-one");
+  ASSERT_EQ(one.run.code, 0) << one.run.out;
+  expect_same_curve(one, curve_of("gpt", 1, dropping + pad, "drop-one-pad"), kIters, "padded to capacity");
+  for (const auto& [name, args] : {std::pair<const char*, std::string>{"dp2", ""},
+                                   {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
+                                   {"pp2", "--set distributed.pipeline_model_parallel_size=2 "},
+                                   {"ep2-pad", kEp2 + pad}})
+    expect_same_curve(one, curve_of("gpt", 2, dropping + args, std::string("drop-") + name), kIters,
+                      std::string("token dropping, ") + name);
+  const dtk_test::Curve sp2 = curve_of("gpt", 2, dropping + sp, "drop-sp2");
+  ASSERT_EQ(sp2.run.code, 0) << sp2.run.out;
+  expect_same_curve(sp2, curve_of("gpt", 2, dropping + sp + pad, "drop-sp2-pad"), kIters,
+                    "token dropping under sequence parallelism, padded");
+  // The guard: dropping changes the training, and a smaller capacity per call changes it again.
+  const dtk_test::Curve dropless = curve_of("gpt", 1, "", "drop-none");
+  ASSERT_EQ(dropless.loss.size(), kIters) << dropless.run.out;
+  EXPECT_GT(std::abs(one.loss.at(2) - dropless.loss.at(2)), 1e-4 * dropless.loss.at(2));
+  EXPECT_GT(std::abs(one.loss.at(2) - sp2.loss.at(2)), 1e-5 * sp2.loss.at(2));
 }

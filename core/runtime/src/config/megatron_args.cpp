@@ -136,10 +136,10 @@ const Rule kRules[] = {
     {"--moe-router-num-groups", 1, Kind::kSet, "model.moe_router_num_groups", "group-limited routing"},
     {"--moe-router-group-topk", 1, Kind::kSet, "model.moe_router_group_topk", "group-limited routing"},
     {"--moe-input-jitter-eps", 1, Kind::kRefuse, "", "the router's input jitter is not in DTK's router"},
-    {"--moe-token-drop-policy", 1, Kind::kIgnore, "",
-     "Megatron reads it only with --moe-expert-capacity-factor, which DTK refuses (its MoE layers are dropless)"},
-    {"--moe-pad-expert-input-to-capacity", 0, Kind::kRefuse, "",
-     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
+    {"--moe-token-drop-policy", 1, Kind::kCustom, "model.moe_token_drop_policy",
+     "probs or position; ignored without --moe-expert-capacity-factor, as Megatron"},
+    {"--moe-pad-expert-input-to-capacity", 0, Kind::kSwitch, "model.moe_pad_expert_input_to_capacity=true",
+     "the same results, static shapes; needs --moe-expert-capacity-factor"},
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
     {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",
@@ -150,8 +150,8 @@ const Rule kRules[] = {
     {"--moe-router-fusion", 0, Kind::kIgnore, "", "Megatron's fused router kernel (Transformer Engine)"},
     {"--expert-model-parallel-size", 1, Kind::kSet, "distributed.expert_model_parallel_size",
      "the experts split over this many data-parallel ranks"},
-    {"--moe-expert-capacity-factor", 1, Kind::kRefuse, "",
-     "DTK's MoE layers are dropless (Megatron's default): no capacity, no token dropping"},
+    {"--moe-expert-capacity-factor", 1, Kind::kCustom, "model.moe_expert_capacity_factor",
+     "token dropping; a negative factor: dropless (Megatron's None)"},
     {"--fp8-format", 1, Kind::kRefuse, "",
      "DTK trains in fp32, bf16 or fp16 (--bf16, --fp16): Transformer Engine's fp8 recipes are not in its layers"},
     {"--fp8-recipe", 1, Kind::kIgnore, "", kOnlyWithFp8},
@@ -509,6 +509,17 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "aux_loss" && v[0] != "seq_aux_loss" && v[0] != "none")
       return refuse("DTK's router has Switch Transformer's load-balancing loss (aux_loss, seq_aux_loss, or none)");
     if (v[0] != "none") m.sets.push_back("model.moe_router_load_balancing_type=" + v[0]);
+  } else if (f == "--moe-expert-capacity-factor") {
+    char* end = nullptr;
+    const double x = std::strtod(v[0].c_str(), &end);
+    if (v[0].empty() || *end || !std::isfinite(x)) return refuse("not a number");
+    // Megatron reads a negative factor as None (dropless); 0 would be a capacity of 0, every token dropped.
+    if (x == 0) return refuse("a capacity of 0 drops every token; give a factor > 0 (or < 0: dropless)");
+    if (x < 0) return m.ignored.push_back(shown + " (negative: dropless, Megatron's None)");
+    m.sets.push_back("model.moe_expert_capacity_factor=" + v[0]);
+  } else if (f == "--moe-token-drop-policy") {  // dropped with the other flags where no capacity is set
+    if (v[0] != "probs" && v[0] != "position") return refuse("not one of probs, position");
+    m.sets.push_back("model.moe_token_drop_policy=" + v[0]);
   } else if (f == "--moe-router-score-function") {
     if (v[0] != "softmax" && v[0] != "sigmoid") return refuse("DTK's router scores with a softmax or a sigmoid");
     m.sets.push_back("model.moe_router_score_function=" + v[0]);
@@ -1458,6 +1469,11 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (!s.no_load_balancing_shown.empty()) {
     drop_sets(m, "model.moe_aux_loss_coeff");
     set_by(m, "model.moe_aux_loss_coeff=0", s.no_load_balancing_shown);
+  }
+  // Megatron reads --moe-token-drop-policy only with a capacity factor (wherever that came).
+  if (has_sets(m, "model.moe_token_drop_policy") && !has_sets(m, "model.moe_expert_capacity_factor")) {
+    drop_sets(m, "model.moe_token_drop_policy");
+    m.ignored.push_back("--moe-token-drop-policy (without --moe-expert-capacity-factor Megatron drops no token)");
   }
   // Megatron's sigmoid router does not read --moe-router-pre-softmax (its DeepSeek recipes pass
   // both); DTK's model refuses the pair, so the mapper leaves the flag out.

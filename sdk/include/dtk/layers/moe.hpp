@@ -16,6 +16,15 @@
 // tokens are sorted by expert once (one read of the per-expert counts on the host), each expert
 // runs one product on its rows, and the weighted outputs are added back per token.
 //
+// Token dropping (Megatron's --moe-expert-capacity-factor f, its apply_router_token_dropping): of
+// one router call's T tokens (this rank's rows) each expert keeps at most
+// C = ceil(T k / experts * f), the C with the highest weights (drop policy "probs") or the first C
+// in Megatron's [sequence, batch] token order (policy "position"); a dropped choice weighs zero, so
+// a token dropped by all its experts passes on the residual only. With C >= T nothing is dropped.
+// Padding to capacity (--moe-pad-expert-input-to-capacity) gives every expert exactly its
+// capacity's rows, the unfilled ones weighted zero: the same outputs and gradients with static
+// shapes and no host read of the counts.
+//
 // Expert parallelism (Megatron's --expert-model-parallel-size with its allgather token
 // dispatcher): the routed experts are split over the expert-parallel group (data-parallel ranks,
 // each with its own tokens). Every rank routes its own tokens; the rows, their weights and their
@@ -53,6 +62,7 @@ namespace dtk::layers {
 
 enum class MoeScore { kSoftmax, kSigmoid };              // moe_router_score_function
 enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kNone };  // moe_router_load_balancing_type
+enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_policy
 
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense MLPs
@@ -76,6 +86,11 @@ struct MoeConfig {
   // experts below the mean load (update_expert_biases).
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
+  // > 0: token dropping, each expert keeping at most capacity(T) of a router call's T tokens
+  // (Megatron's --moe-expert-capacity-factor); 0: dropless.
+  double capacity_factor = 0.0;
+  MoeDropPolicy drop_policy = MoeDropPolicy::kProbs;  // which tokens an expert over capacity keeps
+  bool pad_to_capacity = false;  // every expert multiplies exactly its capacity's rows (static shapes)
   int64_t shared_ffn = 0;    // > 0: a shared expert of this inner size runs on every token
   bool shared_gate = false;  // the shared expert's output times sigmoid(x g)
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
@@ -87,6 +102,9 @@ struct MoeConfig {
   int64_t local_experts() const { return num_experts / ep_size; }
   int64_t first_local_expert() const { return ep_rank * local_experts(); }
   bool enabled() const { return num_experts > 0; }
+  bool drops_tokens() const { return capacity_factor > 0.0; }
+  // Megatron's get_capacity for T tokens routed k ways: ceil(T k / num_experts * capacity_factor).
+  int64_t capacity(int64_t tokens) const;
   bool is_moe_layer(int64_t index) const {
     if (!enabled()) return false;
     if (!layer_pattern.empty())
@@ -155,6 +173,18 @@ inline constexpr dtk_option_spec kMoeRouterEnableExpertBiasOption =
              "choice, after every iteration moved by moe_router_bias_update_rate toward the less loaded experts.");
 inline constexpr dtk_option_spec kMoeRouterBiasUpdateRateOption = opt_float(
     "moe_router_bias_update_rate", "1e-3", "How far the expert bias moves per iteration (sign of the load's offset).");
+inline constexpr dtk_option_spec kMoeExpertCapacityFactorOption =
+    opt_float("moe_expert_capacity_factor", "0",
+              "> 0: token dropping, each expert taking at most ceil(tokens * moe_router_topk / num_experts * this) "
+              "of a router call's tokens (Megatron's --moe-expert-capacity-factor); 0 = dropless.");
+inline constexpr dtk_option_spec kMoeTokenDropPolicyOption =
+    opt_enum("moe_token_drop_policy", "probs", "probs|position",
+             "Which tokens an expert over its capacity keeps: those with the highest weights (probs), or the first "
+             "in Megatron's [sequence, batch] order (position).");
+inline constexpr dtk_option_spec kMoePadExpertInputToCapacityOption =
+    opt_bool("moe_pad_expert_input_to_capacity", "false",
+             "Every expert multiplies exactly its capacity's rows, the unfilled ones weighted zero: the same "
+             "results with static shapes and no host read (needs moe_expert_capacity_factor > 0).");
 inline constexpr dtk_option_spec kMoeSharedExpertIntermediateSizeOption =
     opt_int("moe_shared_expert_intermediate_size", "0",
             "> 0: a shared expert of this inner size (the model's MLP) runs on every token beside the routed ones.");
@@ -162,15 +192,17 @@ inline constexpr dtk_option_spec kMoeSharedExpertGateOption = opt_bool(
     "moe_shared_expert_gate", "false", "The shared expert's output times sigmoid(x g), g a learned [1, hidden].");
 
 // Every option above, for a plugin's option table (one list for every model that has experts).
-#define DTK_LAYERS_MOE_OPTIONS                                                                             \
-  dtk::layers::kNumExpertsOption, dtk::layers::kMoeRouterTopkOption, dtk::layers::kMoeFfnHiddenSizeOption, \
-      dtk::layers::kMoeLayerFreqOption, dtk::layers::kMoeRouterScoreFunctionOption,                        \
-      dtk::layers::kMoeRouterPreSoftmaxOption, dtk::layers::kMoeRouterNumGroupsOption,                     \
-      dtk::layers::kMoeRouterGroupTopkOption, dtk::layers::kMoeRouterFp32Option,                           \
-      dtk::layers::kMoeRouterTopkScalingFactorOption, dtk::layers::kMoeRouterLoadBalancingTypeOption,      \
-      dtk::layers::kMoeAuxLossCoeffOption, dtk::layers::kMoeZLossCoeffOption,                              \
-      dtk::layers::kMoeRouterEnableExpertBiasOption, dtk::layers::kMoeRouterBiasUpdateRateOption,          \
-      dtk::layers::kMoeSharedExpertIntermediateSizeOption, dtk::layers::kMoeSharedExpertGateOption
+#define DTK_LAYERS_MOE_OPTIONS                                                                              \
+  dtk::layers::kNumExpertsOption, dtk::layers::kMoeRouterTopkOption, dtk::layers::kMoeFfnHiddenSizeOption,  \
+      dtk::layers::kMoeLayerFreqOption, dtk::layers::kMoeRouterScoreFunctionOption,                         \
+      dtk::layers::kMoeRouterPreSoftmaxOption, dtk::layers::kMoeRouterNumGroupsOption,                      \
+      dtk::layers::kMoeRouterGroupTopkOption, dtk::layers::kMoeRouterFp32Option,                            \
+      dtk::layers::kMoeRouterTopkScalingFactorOption, dtk::layers::kMoeRouterLoadBalancingTypeOption,       \
+      dtk::layers::kMoeAuxLossCoeffOption, dtk::layers::kMoeZLossCoeffOption,                               \
+      dtk::layers::kMoeRouterEnableExpertBiasOption, dtk::layers::kMoeRouterBiasUpdateRateOption,           \
+      dtk::layers::kMoeExpertCapacityFactorOption, dtk::layers::kMoeTokenDropPolicyOption,                  \
+      dtk::layers::kMoePadExpertInputToCapacityOption, dtk::layers::kMoeSharedExpertIntermediateSizeOption, \
+      dtk::layers::kMoeSharedExpertGateOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -217,14 +249,19 @@ class MoeMlp {
 
  private:
   struct Routing {
-    at::Tensor probs;    // [tokens, k], the chosen experts' weights (differentiable)
-    at::Tensor experts;  // [tokens, k] int64
+    at::Tensor probs;    // [tokens, k], the chosen experts' weights (differentiable; zero where dropped)
+    at::Tensor experts;  // [tokens, k] int64; num_experts where token dropping dropped the choice
+    // Padding to capacity: the most choices any expert holds of these tokens (0: not padded).
+    int64_t padded_rows = 0;
   };
   Routing route(const at::Tensor& x, int64_t batch) const;
   Routing choose(const at::Tensor& logits) const;
+  void drop_over_capacity(Routing& r, int64_t batch) const;
+  at::Tensor choice_loads(const Routing& r) const;
   std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& scores) const;
   at::Tensor balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
+  at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
   at::Tensor expert_counts(const at::Tensor& chosen, int64_t bins) const;
 

@@ -55,7 +55,14 @@ dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig&
   return t;
 }
 
-// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder (dtk/core/export/hf_llama.hpp).
+// ", 8 experts (2 per token)" for a Mixtral shape, else "".
+std::string experts_text(const dtk::core::LlamaShape& s) {
+  if (!s.mixtral()) return "";
+  return ", " + std::to_string(s.experts) + " experts (" + std::to_string(s.topk) + " per token)";
+}
+
+// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM (or, with experts, MixtralForCausalLM)
+// folder (dtk/core/export/hf_llama.hpp).
 int export_llama(const std::vector<std::string>& args, const dtk::config::RunConfig& cfg, int64_t iteration,
                  const std::string& iter_dir, const std::map<std::string, std::string>& options,
                  const std::map<std::string, int>& dims) {
@@ -65,15 +72,17 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
   apply_tokenizer_flags(&recorded);
   const dtk::core::TokenizerFiles tok = describe_tokenizer(recorded, shape.vocab);
   const auto report = dtk::core::export_hf_llama(iter_dir, shape, args[2], tok, dims, FLAGS_verify);
-  std::printf("exported iteration %lld of %s to %s: LlamaForCausalLM, %lld layers, hidden %lld, %lld heads, %lld "
-              "key/value heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
-              "tensors, %.1f MB; config.json%s%s\n",
-              static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(), static_cast<long long>(shape.layers),
-              static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads),
-              static_cast<long long>(shape.groups), static_cast<long long>(shape.ffn),
-              static_cast<long long>(shape.vocab), static_cast<long long>(shape.positions), shape.rope_theta,
-              shape.llama3 ? ", llama3 rope scaling" : "", report.dtype.c_str(), static_cast<long long>(report.tensors),
-              report.megabytes, report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
+  std::printf(
+      "exported iteration %lld of %s to %s: %s, %lld layers, hidden %lld, %lld heads, %lld "
+      "key/value heads, ffn %lld%s, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
+      "tensors, %.1f MB; config.json%s%s\n",
+      static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(),
+      shape.mixtral() ? "MixtralForCausalLM" : "LlamaForCausalLM", static_cast<long long>(shape.layers),
+      static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads), static_cast<long long>(shape.groups),
+      static_cast<long long>(shape.ffn), experts_text(shape).c_str(), static_cast<long long>(shape.vocab),
+      static_cast<long long>(shape.positions), shape.rope_theta, shape.llama3 ? ", llama3 rope scaling" : "",
+      report.dtype.c_str(), static_cast<long long>(report.tensors), report.megabytes,
+      report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
   if (report.padding_rows > 0)
     std::printf("dropped %lld vocabulary padding rows: token ids %lld and above are not in the export (vocab_size %lld)\n",
                 static_cast<long long>(report.padding_rows), static_cast<long long>(shape.vocab),
@@ -256,23 +265,26 @@ std::string folder_tokenizer_flags(const std::string& hf_dir) {
 
 int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
-  const char* usage = "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel or LlamaForCausalLM folder -> a checkpoint)";
+  const char* usage =
+      "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM folder -> a "
+      "checkpoint)";
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
   const std::string& save = args[2];
   dtk::core::require_new_or_empty_folder(save, "import hf");
-  if (dtk::core::hf_model_type(args[1]) == "llama") {
+  if (const std::string type = dtk::core::hf_model_type(args[1]); type == "llama" || type == "mixtral") {
     const dtk::core::HfLlamaImport imported = dtk::core::import_hf_llama(args[1]);
     const dtk::core::LlamaShape& s = imported.shape;
     write_imported(plugins, "llama", imported.model_options, s.positions, imported.tensors, args[1], save);
-    std::printf("imported %s into %s (iteration 0): llama model, %lld layers, hidden %lld, %lld heads, %lld key/value "
-                "heads, ffn %lld, vocab %lld, %lld positions, rope theta %g%s\nfine-tune from it with:\n  dtk train "
-                "--model llama --set checkpoint.load=%s --set checkpoint.finetune=true%s ...\n",
-                args[1].c_str(), save.c_str(), static_cast<long long>(s.layers), static_cast<long long>(s.hidden),
-                static_cast<long long>(s.heads), static_cast<long long>(s.groups), static_cast<long long>(s.ffn),
-                static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
-                s.llama3 ? ", llama3 rope scaling" : "", save.c_str(),
-                (set_flags(imported.model_options) + folder_tokenizer_flags(args[1])).c_str());
+    std::printf(
+        "imported %s into %s (iteration 0): llama model, %lld layers, hidden %lld, %lld heads, %lld key/value "
+        "heads, ffn %lld%s, vocab %lld, %lld positions, rope theta %g%s\nfine-tune from it with:\n  dtk train "
+        "--model llama --set checkpoint.load=%s --set checkpoint.finetune=true%s ...\n",
+        args[1].c_str(), save.c_str(), static_cast<long long>(s.layers), static_cast<long long>(s.hidden),
+        static_cast<long long>(s.heads), static_cast<long long>(s.groups), static_cast<long long>(s.ffn),
+        experts_text(s).c_str(), static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
+        s.llama3 ? ", llama3 rope scaling" : "", save.c_str(),
+        (set_flags(imported.model_options) + folder_tokenizer_flags(args[1])).c_str());
     return 0;
   }
   const dtk::core::HfImport imported = dtk::core::import_hf_gpt2(args[1]);

@@ -117,8 +117,12 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
       fail(std::string("option 'moe_layer_freq': ") + e.what());
     }
   }
-  if (o.has("moe_router_score_function"))
-    c.moe.score = o.get_string("moe_router_score_function") == "sigmoid" ? MoeScore::kSigmoid : MoeScore::kSoftmax;
+  if (o.has("moe_router_score_function")) {
+    const std::string score = o.get_string("moe_router_score_function");
+    c.moe.score = score == "sigmoid"        ? MoeScore::kSigmoid
+                  : score == "sqrtsoftplus" ? MoeScore::kSqrtSoftplus
+                                            : MoeScore::kSoftmax;
+  }
   bool_opt("moe_router_pre_softmax", c.moe.pre_softmax);
   int_opt("moe_router_num_groups", c.moe.num_groups);
   int_opt("moe_router_group_topk", c.moe.group_topk);
@@ -211,13 +215,14 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
          std::to_string(c.num_layers) + " (num_layers): give one 0 or 1 per layer");
   if (!m.layer_pattern.empty() && m.num_moe_layers(c.num_layers) == 0)
     fail("option 'moe_layer_freq' makes no layer an MoE layer: every entry is 0 (use num_experts=0 for dense MLPs)");
-  if (m.score == MoeScore::kSigmoid && m.pre_softmax)
-    fail("moe_router_pre_softmax acts on softmax scores only, not with moe_router_score_function=sigmoid");
+  if (m.score != MoeScore::kSoftmax && m.pre_softmax)
+    fail(std::string("moe_router_pre_softmax acts on softmax scores only, not with moe_router_score_function=") +
+         (m.score == MoeScore::kSigmoid ? "sigmoid" : "sqrtsoftplus"));
   validate_moe_groups(m);
-  if (m.expert_bias && m.score != MoeScore::kSigmoid)
+  if (m.expert_bias && m.score == MoeScore::kSoftmax)
     fail(
-        "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid (Megatron-LM's auxiliary-loss-free "
-        "balancing is for sigmoid scores)");
+        "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid or sqrtsoftplus (Megatron-LM's "
+        "auxiliary-loss-free balancing is for those scores)");
   if (!m.expert_bias && m.bias_update_rate != MoeConfig().bias_update_rate)
     fail("option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true");
   if (!std::isfinite(m.capacity_factor) || m.capacity_factor < 0.0 || m.capacity_factor > 1e6)

@@ -379,11 +379,21 @@ at::Tensor MoeMlp::choice_loads(const Routing& r) const {
   return expert_counts(r.experts, c_.num_experts + 1).narrow(0, 0, c_.num_experts).to(at::kFloat);
 }
 
+namespace {
+
+// Sigmoid or sqrtsoftplus scores, in fp32 (softplus with torch's defaults: beta 1, linear above 20).
+at::Tensor gate_scores(const at::Tensor& logits, MoeScore score) {
+  const at::Tensor l = logits.to(at::kFloat);
+  return score == MoeScore::kSigmoid ? at::sigmoid(l) : at::sqrt(at::softplus(l));
+}
+
+}  // namespace
+
 // The scores, the top-k and the chosen experts' weights (topk_routing_with_score_function).
 MoeMlp::Routing MoeMlp::choose(const at::Tensor& logits) const {
   Routing r;
-  if (c_.score == MoeScore::kSigmoid) {
-    const at::Tensor scores = at::sigmoid(logits.to(at::kFloat));
+  if (c_.score != MoeScore::kSoftmax) {
+    const at::Tensor scores = gate_scores(logits, c_.score);
     at::Tensor top;
     if (expert_bias.defined()) {
       // The bias steers the choice only; the weights are the unbiased scores of the chosen.
@@ -430,8 +440,8 @@ std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const
 at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
   const bool split = tp_.splits_sequence();
   at::Tensor scores =
-      c_.score == MoeScore::kSigmoid ? at::sigmoid(logits.to(at::kFloat)) : at::softmax(logits, -1, at::kFloat);
-  if (c_.score == MoeScore::kSigmoid) scores = scores / (scores.sum(-1, true) + 1e-20);
+      c_.score == MoeScore::kSoftmax ? at::softmax(logits, -1, at::kFloat) : gate_scores(logits, c_.score);
+  if (c_.score != MoeScore::kSoftmax) scores = scores / (scores.sum(-1, true) + 1e-20);
   const at::Tensor chosen = std::get<1>(scores.topk(c_.topk, -1));
   const bool per_sequence = c_.balance == MoeBalance::kSeqAuxLoss;
   at::Tensor per_expert;

@@ -823,8 +823,8 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   const std::pair<std::vector<std::string>, const char*> refused[] = {
       {{"--moe-router-load-balancing-type", "sinkhorn"},
        "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
-      {{"--moe-router-score-function", "sqrtsoftplus"},
-       "--moe-router-score-function sqrtsoftplus: DTK's router scores with a softmax or a sigmoid"},
+      {{"--moe-router-score-function", "tanh"},
+       "--moe-router-score-function tanh: DTK's router scores with a softmax, a sigmoid or sqrtsoftplus"},
       {{"--moe-expert-capacity-factor", "0"}, "--moe-expert-capacity-factor 0: a capacity of 0 drops every token"},
       {{"--moe-expert-capacity-factor", "x1"}, "--moe-expert-capacity-factor x1: not a number"},
       {{"--moe-token-drop-policy", "random"}, "--moe-token-drop-policy random: not one of probs, position"},
@@ -864,6 +864,13 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   EXPECT_EQ(config_of(dropless).model().options().count("moe_expert_capacity_factor"), 0u);
   ASSERT_EQ(dropless.ignored.size(), 1u);
   EXPECT_EQ(dropless.ignored[0], "--moe-expert-capacity-factor -1 (negative: dropless, Megatron's None)");
+  // sqrtsoftplus scores, which (as sigmoid's) do not read --moe-router-pre-softmax.
+  const MegatronMapping sqrt_softplus = dtk::core::map_megatron_args(
+      {"--num-experts", "8", "--moe-router-pre-softmax", "--moe-router-score-function", "sqrtsoftplus"});
+  ASSERT_TRUE(sqrt_softplus.refused.empty()) << sqrt_softplus.refused[0];
+  const auto sqrt_options = config_of(sqrt_softplus).model().options();
+  EXPECT_EQ(sqrt_options.at("moe_router_score_function"), "sqrtsoftplus");
+  EXPECT_EQ(sqrt_options.count("moe_router_pre_softmax"), 0u);
 }
 
 // docs/user-guide.md holds the table the mapper prints (`dtk config --megatron_table`).

@@ -2,10 +2,11 @@
 // folder is read back with the test's own safetensors reader (hf_reader.hpp) and run through
 // LlamaForCausalLM's forward written here from Hugging Face's names and math (LlamaRMSNorm,
 // rotate_half rotary with HF's inv_freq and its llama3 scaling in fp32 tensor ops, repeat_kv for
-// grouped-query attention, SwiGLU down(silu(gate) * up)): its logits and loss must equal the llama
-// plugin's own on the checkpoint. Export -> import gives back every parameter bit for bit (tied
-// and untied, from TP1 and TP2); the import reads Hugging Face's sharded index; bad folders are
-// one error line each.
+// grouped-query attention, SwiGLU down(silu(gate) * up); with experts MixtralSparseMoeBlock: the
+// softmax over all experts in fp32, its top-k renormalised, w2(silu(w1 x) * w3 x) per expert): its
+// logits and loss must equal the llama plugin's own on the checkpoint. Export -> import gives back every parameter bit
+// for bit (tied and untied, from TP1 and TP2); the import reads Hugging Face's sharded index; bad folders are one error
+// line each.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,13 +28,37 @@ using dtk_test_gpt::GPT;
 using namespace dtk_test_hf;
 using Tensors = std::map<std::string, at::Tensor>;
 
-// LlamaForCausalLM's forward (eval) from config.json and the folder's tensors.
+// MixtralSparseMoeBlock on x [b, s, h]: router logits, their softmax over all experts in fp32, the
+// top-k weights renormalised; every expert runs on every token and adds its output times the
+// token's weight for it (zero where the token did not choose it).
+at::Tensor mixtral_block(const Tensors& P, const std::string& block, const at::Tensor& x, int64_t experts,
+                         int64_t topk) {
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  const at::Tensor probs = at::softmax(at::linear(rows, P.at(block + "gate.weight")), -1, at::kFloat);
+  auto [weights, chosen] = probs.topk(topk, -1);
+  weights = weights / weights.sum(-1, true);
+  at::Tensor out = at::zeros_like(rows);
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string E = block + "experts." + std::to_string(e) + ".";
+    const at::Tensor weight = (weights * chosen.eq(e)).sum(-1, true);
+    const at::Tensor y =
+        at::linear(at::silu(at::linear(rows, P.at(E + "w1.weight"))) * at::linear(rows, P.at(E + "w3.weight")),
+                   P.at(E + "w2.weight"));
+    out = out + weight * y;
+  }
+  return out.view(x.sizes());
+}
+
+// LlamaForCausalLM's (or MixtralForCausalLM's) forward (eval) from config.json and the folder's tensors.
 at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at::Tensor& tokens) {
   auto integer = [&](const char* key) { return std::stoll(json_value(config, key)); };
   const int64_t layers = integer("num_hidden_layers"), heads = integer("num_attention_heads");
   const int64_t kv_heads = integer("num_key_value_heads"), hidden = integer("hidden_size"), hd = hidden / heads;
   const double eps = std::stod(json_value(config, "rms_norm_eps")), theta = std::stod(json_value(config, "rope_theta"));
   const bool bias = json_value(config, "attention_bias") == "true";
+  const std::string experts_text = json_value(config, "num_local_experts");
+  const int64_t experts = experts_text.empty() ? 0 : std::stoll(experts_text);
+  const int64_t topk = experts > 0 ? integer("num_experts_per_tok") : 0;
   const int64_t b = tokens.size(0), s = tokens.size(1);
   // LlamaRotaryEmbedding: inv_freq in fp32, then _compute_llama3_parameters' tensor ops.
   at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, hd, 2, at::kLong).to(at::kFloat) / static_cast<double>(hd));
@@ -80,6 +105,10 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
     const at::Tensor ctx = at::matmul(at::softmax(scores, -1), repeat_kv(v)).transpose(1, 2).reshape({b, s, heads * hd});
     x = x + linear(ctx, L + "self_attn.o_proj");
     const at::Tensor m = rms(x, L + "post_attention_layernorm.weight");
+    if (experts > 0) {
+      x = x + mixtral_block(P, L + "block_sparse_moe.", m, experts, topk);
+      continue;
+    }
     x = x + linear(at::silu(linear(m, L + "mlp.gate_proj")) * linear(m, L + "mlp.up_proj"), L + "mlp.down_proj");
   }
   x = rms(x, "model.norm.weight");
@@ -385,4 +414,84 @@ TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
                                        "--set model.rotary_percent=0.5 --set checkpoint.save=" + dir + "/half").code, 0);
   dtk_test::expect_one_line_error(dtk_test::run_dtk("export hf " + dir + "/half " + dir + "/x"),
                                   "option 'rotary_percent' is 0.5");
+}
+
+// A llama with experts as MixtralForCausalLM: 4 experts of inner size 96, 2 per token, in both
+// layers. Hugging Face's forward on the export equals the plugin's, import gives back every
+// parameter, and what the other side cannot hold is refused in one line.
+TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mixtral");
+  const std::string moe =
+      "--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=96 "
+      "--set model.moe_aux_loss_coeff=0.01 ";
+  const dtk_test::Result trained = dtk_test::run_dtk(kTrain + moe + "--set checkpoint.save=" + dir + "/ck");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find("/hf: MixtralForCausalLM, 2 layers, hidden 64, 4 heads, 2 key/value heads, ffn 96, 4 "
+                              "experts (2 per token), vocab 50257"),
+            std::string::npos)
+      << exported.out;
+  const std::string config = read(dir + "/hf/config.json");
+  EXPECT_EQ(json_value(config, "model_type"), "mixtral");
+  EXPECT_EQ(json_value(config, "num_local_experts"), "4");
+  EXPECT_EQ(json_value(config, "num_experts_per_tok"), "2");
+  EXPECT_EQ(json_value(config, "intermediate_size"), "96");
+  EXPECT_EQ(json_value(config, "sliding_window"), "null");
+  const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+  EXPECT_EQ(hf.size(), 1u + 2 * (7 + 4 * 3) + 2);  // embed_tokens; norms, attention, router, experts; norm, lm_head
+  EXPECT_EQ(hf.at("model.layers.1.block_sparse_moe.gate.weight").sizes(), (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(hf.at("model.layers.1.block_sparse_moe.experts.3.w2.weight").sizes(), (std::vector<int64_t>{64, 96}));
+
+  const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+  expect_hf_forward_matches(saved, {{"num_experts", "4"}, {"moe_router_topk", "2"}, {"moe_ffn_hidden_size", "96"}},
+                            dir + "/hf", "mixtral");
+  // The guard: the experts' gate (w1) and up (w3) projections swapped change the logits.
+  Tensors swapped = hf;
+  for (int64_t e = 0; e < 4; ++e) {
+    const std::string E = "model.layers.0.block_sparse_moe.experts." + std::to_string(e) + ".";
+    std::swap(swapped[E + "w1.weight"], swapped[E + "w3.weight"]);
+  }
+  const at::Tensor tokens = at::randint(0, kVocabSize, {1, 16}, at::kLong);
+  EXPECT_GT((hf_llama_logits(swapped, config, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
+            1e-4);
+
+  // Back: every parameter as it was, and the run fine-tunes from it with the options it prints.
+  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  EXPECT_NE(imported.out.find("ffn 96, 4 experts (2 per token), vocab 50257"), std::string::npos) << imported.out;
+  EXPECT_NE(imported.out.find("--set model.num_experts=4"), std::string::npos) << imported.out;
+  EXPECT_NE(imported.out.find("--set model.moe_router_topk=2"), std::string::npos) << imported.out;
+  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "mixtral round trip");
+  const dtk_test::Result tuned =
+      dtk_test::run_dtk(kTrain +
+                        "--set model.num_experts=4 --set model.moe_router_topk=2 --set model.ffn_hidden_size=96 "
+                        "--set checkpoint.load=" +
+                        dir +
+                        "/imp --set checkpoint.finetune=true --set train.train_iters=1 "
+                        "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
+                        dir + "/tuned");
+  EXPECT_EQ(tuned.code, 0) << tuned.out;
+
+  // Windowed attention shorter than the positions is not the llama model's.
+  const std::string windowed = dir + "/windowed";
+  fs::create_directories(windowed);
+  fs::copy_file(dir + "/hf/model.safetensors", windowed + "/model.safetensors");
+  std::string window_config = config;
+  window_config.replace(window_config.find("\"sliding_window\": null"), 22, "\"sliding_window\": 16");
+  write_text(windowed + "/config.json", window_config);
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + windowed + " " + dir + "/x"),
+                                  "sliding_window 16: the llama model's attention sees every earlier position");
+  // Sigmoid scores are not Mixtral's router.
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + moe +
+                              "--set model.moe_router_score_function=sigmoid --set train.train_iters=1 "
+                              "--set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 --set checkpoint.save=" +
+                              dir + "/sigmoid")
+                .code,
+            0);
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("export hf " + dir + "/sigmoid " + dir + "/x"),
+      "option 'moe_router_score_function' is sigmoid: a llama with experts exports as MixtralForCausalLM, whose "
+      "router is a softmax");
+  EXPECT_FALSE(fs::exists(dir + "/x"));
 }

@@ -64,13 +64,16 @@ struct Case {
   int64_t shared_ffn = 0;                  // a shared expert
   bool shared_gate = false;
   bool expert_bias = false;  // auxiliary-loss-free balancing's bias on the choice
+  bool sqrt_softplus = false;  // sqrt(softplus(logits)) where `sigmoid` says sigmoid(logits)
 };
 
 MoeConfig config_of(const Case& k) {
   MoeConfig c;
   c.num_experts = 6, c.topk = 2, c.ffn = 6;
   c.pre_softmax = k.pre_softmax, c.topk_scaling_factor = k.scaling;
-  c.score = k.sigmoid ? dtk::layers::MoeScore::kSigmoid : dtk::layers::MoeScore::kSoftmax;
+  c.score = k.sqrt_softplus ? dtk::layers::MoeScore::kSqrtSoftplus
+            : k.sigmoid     ? dtk::layers::MoeScore::kSigmoid
+                            : dtk::layers::MoeScore::kSoftmax;
   c.num_groups = k.num_groups, c.group_topk = k.group_topk;
   c.shared_ffn = k.shared_ffn, c.shared_gate = k.shared_gate;
   c.expert_bias = k.expert_bias;
@@ -131,6 +134,11 @@ at::Tensor mlp(const MoeMlp::Expert& e, const at::Tensor& row, bool swiglu_exper
   return e.out.bias.defined() ? y + e.out.bias : y;
 }
 
+// Sigmoid scores, or Megatron's sqrtsoftplus: sqrt(log(1 + e^x)).
+at::Tensor gate(const MoeConfig& c, const at::Tensor& logits) {
+  return c.score == dtk::layers::MoeScore::kSigmoid ? at::sigmoid(logits) : at::log1p(at::exp(logits)).sqrt();
+}
+
 // Each token's chosen experts and their weights.
 struct Route {
   at::Tensor chosen, probs;  // [k]
@@ -141,8 +149,8 @@ std::vector<Route> reference_routes(const MoeMlp& m, const MoeConfig& c, const a
   std::vector<Route> routes;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     at::Tensor probs, chosen;
-    if (c.score == dtk::layers::MoeScore::kSigmoid) {
-      const at::Tensor scores = at::sigmoid(logits[t]);
+    if (c.score != dtk::layers::MoeScore::kSoftmax) {
+      const at::Tensor scores = gate(c, logits[t]);
       chosen = chosen_experts(c, m.expert_bias.defined() ? scores + m.expert_bias : scores);
       probs = scores.index_select(0, chosen);
       probs = probs / (probs.sum() + 1e-20);
@@ -228,8 +236,8 @@ at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::T
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
   const at::Tensor logits = router_logits(m, rows);
   at::Tensor scores = at::softmax(logits, -1);
-  if (c.score == dtk::layers::MoeScore::kSigmoid) {
-    scores = at::sigmoid(logits);
+  if (c.score != dtk::layers::MoeScore::kSoftmax) {
+    scores = gate(c, logits);
     scores = scores / (scores.sum(-1, true) + 1e-20);
   }
   at::Tensor balance = at::zeros({});
@@ -331,6 +339,8 @@ const Case kCases[] = {
     {"group-limited sigmoid, shared expert", 2, false, false, 0.0, true, 3, 2, 4},
     {"softmax before the top-k, gated shared expert with biases", 1, true, true, 0.0, false, 0, 0, 4, true},
     {"sigmoid with expert bias, group-limited", 2, false, false, 0.0, true, 3, 2, 0, false, true},
+    {"sqrtsoftplus, scaled, gated shared expert", 1, true, false, 1.5, true, 0, 0, 4, true, false, true},
+    {"sqrtsoftplus with expert bias, group-limited", 2, false, false, 0.0, true, 3, 2, 0, false, true, true},
 };
 
 }  // namespace
@@ -781,7 +791,7 @@ TEST(Moe, BadInputsAreOneLine) {
        "option 'moe_shared_expert_intermediate_size' does nothing without num_experts > 0"},
       {"--set model.num_experts=4 --set model.moe_router_pre_softmax=true --set "
        "model.moe_router_enable_expert_bias=true",
-       "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid"},
+       "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid or sqrtsoftplus"},
       {"--set model.num_experts=4 --set model.moe_router_bias_update_rate=0.01",
        "option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true"},
       {"--set model.num_experts=4 --set model.moe_pad_expert_input_to_capacity=true",

@@ -423,10 +423,7 @@ class Ddp : public dtk::Strategy {
   }
 
   // A routed expert's weight under expert parallelism: only this expert-parallel rank holds it.
-  bool held_by_expert_rank(size_t i) const {
-    const dtk_param_info& info = params_[i].info;
-    return ep_size_ > 1 && info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
-  }
+  bool held_by_expert_rank(size_t i) const { return ep_size_ > 1 && dtk::is_routed_expert(params_[i].info); }
 
   void add_to_bucket(size_t i, bool split, int32_t ready_module) {
     const at::Tensor& m = masters_[i];

@@ -198,8 +198,7 @@ void ZeroStrategy::build_layout() {
   for (size_t i = 0; i < params_.size(); ++i) {
     lps[i].name = params_[i].name;
     lps[i].numel = params_[i].tensor.numel();
-    const dtk_param_info& info = params_[i].info;
-    lps[i].expert = ep_size_ > 1 && info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
+    lps[i].expert = ep_size_ > 1 && is_routed_expert(params_[i].info);
   }
   // A gradient is complete after the backward of the lowest-index module that reads it.
   for (size_t m = 0; m < module_reads_.size(); ++m)

@@ -44,6 +44,12 @@ inline const at::Tensor& unwrap(const dtk_tensor* h) {
 // Releases a [new] handle.
 inline void release(dtk_tensor* h) { delete h; }
 
+// Whether a parameter is one routed expert's weight (dtk_param_info.expert, read where the struct
+// is of ABI 2.9 or later): under expert parallelism only its expert-parallel rank holds it.
+inline bool is_routed_expert(const dtk_param_info& info) {
+  return info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
+}
+
 // Holds a [new] handle and releases it at scope exit.
 struct TensorHandle {
   explicit TensorHandle(dtk_tensor* h = nullptr) : h(h) {}

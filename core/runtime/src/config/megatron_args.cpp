@@ -116,7 +116,7 @@ const Rule kRules[] = {
      "aux_loss (Megatron's default) and seq_aux_loss: weighed by --moe-aux-loss-coeff; none: no load-balancing "
      "loss (the coefficient ignored, as Megatron); global_aux_loss and sinkhorn refused"},
     {"--moe-router-score-function", 1, Kind::kCustom, "model.moe_router_score_function",
-     "softmax (Megatron's default) or sigmoid; sqrtsoftplus refused"},
+     "softmax (Megatron's default), sigmoid or sqrtsoftplus"},
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
      "DTK splits every expert over the tensor-parallel group as the dense MLP; another split is the same "
      "arithmetic"},
@@ -521,7 +521,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "probs" && v[0] != "position") return refuse("not one of probs, position");
     m.sets.push_back("model.moe_token_drop_policy=" + v[0]);
   } else if (f == "--moe-router-score-function") {
-    if (v[0] != "softmax" && v[0] != "sigmoid") return refuse("DTK's router scores with a softmax or a sigmoid");
+    if (v[0] != "softmax" && v[0] != "sigmoid" && v[0] != "sqrtsoftplus")
+      return refuse("DTK's router scores with a softmax, a sigmoid or sqrtsoftplus");
     m.sets.push_back("model.moe_router_score_function=" + v[0]);
   } else if (f == "--ds-sequence-parallel-size") {
     if (v[0] != "1") refuse("DTK has no DeepSpeed-Ulysses sequence parallelism (Megatron's: --sequence-parallel)");
@@ -767,7 +768,7 @@ struct SeenFlags {
   std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
   bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
   std::string no_load_balancing_shown;                          // --moe-router-load-balancing-type none as given
-  bool sigmoid_scores = false;                                  // --moe-router-score-function sigmoid
+  bool gate_scores = false;                                     // --moe-router-score-function sigmoid or sqrtsoftplus
   bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
   std::string key_value_heads, key_value_heads_shown;           // --num-key-value-heads (Megatron-DeepSpeed)
   bool checkpoint_activations = false;                          // --checkpoint-activations
@@ -851,7 +852,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
   if (f == "--moe-router-load-balancing-type") s.no_load_balancing_shown = values[0] == "none" ? shown : "";
-  if (f == "--moe-router-score-function") s.sigmoid_scores = values[0] == "sigmoid";
+  if (f == "--moe-router-score-function") s.gate_scores = values[0] != "softmax";
   if (f == "--recompute-granularity") s.recompute_granularity = values[0];
   if (f == "--recompute-activations") s.recompute_activations = true;
   if (f == "--recompute-method" && (values[0] == "uniform" || values[0] == "block"))
@@ -1475,11 +1476,11 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
     drop_sets(m, "model.moe_token_drop_policy");
     m.ignored.push_back("--moe-token-drop-policy (without --moe-expert-capacity-factor Megatron drops no token)");
   }
-  // Megatron's sigmoid router does not read --moe-router-pre-softmax (its DeepSeek recipes pass
-  // both); DTK's model refuses the pair, so the mapper leaves the flag out.
-  if (s.sigmoid_scores && has_sets(m, "model.moe_router_pre_softmax")) {
+  // Megatron's sigmoid and sqrtsoftplus routers do not read --moe-router-pre-softmax (its DeepSeek
+  // recipes pass both); DTK's model refuses the pair, so the mapper leaves the flag out.
+  if (s.gate_scores && has_sets(m, "model.moe_router_pre_softmax")) {
     drop_sets(m, "model.moe_router_pre_softmax");
-    m.ignored.push_back("--moe-router-pre-softmax (Megatron's sigmoid scores do not read it)");
+    m.ignored.push_back("--moe-router-pre-softmax (Megatron's sigmoid and sqrtsoftplus scores do not read it)");
   }
   // Megatron starts from scratch when --load holds no checkpoint yet (its scripts pass --save X
   // --load X from the first run on), unless --exit-on-missing-checkpoint.

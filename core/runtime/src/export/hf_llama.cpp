@@ -32,12 +32,44 @@ double option_float(const std::map<std::string, std::string>& o, const char* nam
 
 }  // namespace
 
+namespace {
+
+// An option of a checkpoint that may predate it (`fallback` then).
+std::string option_or(const std::map<std::string, std::string>& o, const char* name, const char* fallback) {
+  auto it = o.find(name);
+  return it == o.end() ? fallback : it->second;
+}
+
+// The experts of a llama with MoE layers, when Mixtral's sparse block can hold them; refuses, naming
+// the option, what it cannot.
+void read_mixtral_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
+  auto refuse = [&](const char* name, const std::string& why) {
+    throw HostError(std::string("export hf: option '") + name + "' is " + option_or(o, name, "") +
+                    ": a llama with experts exports as MixtralForCausalLM, " + why);
+  };
+  const auto nonzero = [&](const char* name) { return std::stod(option_or(o, name, "0")) != 0.0; };
+  if (option_or(o, "moe_layer_freq", "1") != "1") refuse("moe_layer_freq", "whose every layer is a sparse block");
+  if (option_or(o, "moe_router_score_function", "softmax") != "softmax")
+    refuse("moe_router_score_function", "whose router is a softmax");
+  if (option_or(o, "moe_router_pre_softmax", "false") == "true")
+    refuse("moe_router_pre_softmax", "whose top-k weights are renormalised (the softmax of the top-k logits)");
+  if (nonzero("moe_router_num_groups")) refuse("moe_router_num_groups", "whose routing is not group-limited");
+  if (nonzero("moe_router_topk_scaling_factor"))
+    refuse("moe_router_topk_scaling_factor", "whose top-k weights are not scaled");
+  if (nonzero("moe_shared_expert_intermediate_size"))
+    refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
+  if (option_or(o, "moe_router_enable_expert_bias", "false") == "true")
+    refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
+  if (option(o, "add_bias_linear") == "true") refuse("add_bias_linear", "which has no biases");
+  s.experts = option_int(o, "num_experts");
+  s.topk = option_int(o, "moe_router_topk");
+  if (const int64_t ffn = std::stoll(option_or(o, "moe_ffn_hidden_size", "0")); ffn > 0) s.ffn = ffn;
+}
+
+}  // namespace
+
 LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_seq_length) {
   LlamaShape s;
-  // A checkpoint from before mixture of experts has no num_experts: dense.
-  if (auto experts = o.find("num_experts"); experts != o.end() && experts->second != "0")
-    throw HostError("export hf: the llama model has mixture-of-experts layers (num_experts " + experts->second +
-                    "); DTK exports dense LlamaForCausalLM only (a Mixtral export is not written yet)");
   s.layers = option_int(o, "num_layers");
   s.hidden = option_int(o, "hidden_size");
   s.heads = option_int(o, "num_attention_heads");
@@ -64,6 +96,8 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   if (option_float(o, "rotary_percent") != 1.0)
     throw HostError("export hf: option 'rotary_percent' is " + option(o, "rotary_percent") +
                     "; Hugging Face's LlamaForCausalLM rotates every channel of a head (rotary_percent 1)");
+  // A checkpoint from before mixture of experts has no num_experts: dense.
+  if (option_or(o, "num_experts", "0") != "0") read_mixtral_experts(o, s);
   return s;
 }
 
@@ -72,6 +106,25 @@ namespace {
 const std::string kLm = "language_model.", kEnc = "language_model.encoder.";
 std::string layer_prefix(int64_t l) { return kEnc + "layers." + std::to_string(l) + "."; }
 std::string hf_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+// Mixtral's sparse block from one layer's MoE MLP (`m`: the layer's prefix, `hf`: Hugging Face's):
+// the router, then each expert's gate (w1), down (w2) and up (w3) projections.
+template <typename Whole>
+void add_sparse_block(const Whole& whole, const LlamaShape& s, const std::string& m, const std::string& hf,
+                      hf::NamedTensors& out) {
+  const at::Tensor router = whole(m + "mlp.router.weight");
+  hf::expect_shape(m + "mlp.router.weight", router, {s.experts, s.hidden});
+  out.emplace_back(hf + "block_sparse_moe.gate.weight", router);
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const std::string ours = m + "mlp.experts." + std::to_string(e) + ".";
+    const std::string theirs = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    const at::Tensor gate = whole(ours + "gate.weight");
+    hf::expect_shape(ours + "gate.weight", gate, {s.ffn, s.hidden});
+    out.emplace_back(theirs + "w1.weight", gate);
+    out.emplace_back(theirs + "w2.weight", whole(ours + "dense_4h_to_h.weight"));
+    out.emplace_back(theirs + "w3.weight", whole(ours + "up.weight"));
+  }
+}
 
 // The model's tensors under LlamaForCausalLM's names (contiguous), the padding rows dropped.
 hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, const std::map<std::string, int>& dims,
@@ -107,6 +160,10 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
     out.emplace_back(hf + "self_attn.o_proj.weight", whole(m + "self_attention.dense.weight"));
     if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
     out.emplace_back(hf + "post_attention_layernorm.weight", gain(m + "post_attention_norm.weight"));
+    if (s.mixtral()) {
+      add_sparse_block(whole, s, m, hf, out);
+      continue;
+    }
     const at::Tensor gate = whole(m + "mlp.gate.weight");
     hf::expect_shape(m + "mlp.gate.weight", gate, {s.ffn, h});
     out.emplace_back(hf + "mlp.gate_proj.weight", gate);
@@ -144,8 +201,8 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
   const char* bias = s.bias ? "true" : "false";
   std::ostringstream c;
   c << "{\n"
-    << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-    << "  \"model_type\": \"llama\",\n"
+    << "  \"architectures\": [\"" << (s.mixtral() ? "MixtralForCausalLM" : "LlamaForCausalLM") << "\"],\n"
+    << "  \"model_type\": \"" << (s.mixtral() ? "mixtral" : "llama") << "\",\n"
     << "  \"vocab_size\": " << s.vocab << ",\n"
     << "  \"hidden_size\": " << s.hidden << ",\n"
     << "  \"intermediate_size\": " << s.ffn << ",\n"
@@ -157,10 +214,16 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
     << "  \"max_position_embeddings\": " << s.positions << ",\n"
     << "  \"rms_norm_eps\": " << hf::number(s.eps) << ",\n"
     << "  \"rope_theta\": " << hf::number(s.rope_theta) << ",\n"
-    << "  \"rope_scaling\": " << rope_scaling_json(s) << ",\n"
-    << "  \"attention_bias\": " << bias << ",\n"
-    << "  \"mlp_bias\": " << bias << ",\n"
-    << "  \"attention_dropout\": " << hf::number(s.attention_dropout) << ",\n"
+    << "  \"rope_scaling\": " << rope_scaling_json(s) << ",\n";
+  if (s.mixtral())  // (no biases: refused above)
+    c << "  \"num_local_experts\": " << s.experts << ",\n"
+      << "  \"num_experts_per_tok\": " << s.topk << ",\n"
+      << "  \"output_router_logits\": false,\n"
+      << "  \"sliding_window\": null,\n";
+  else
+    c << "  \"attention_bias\": " << bias << ",\n"
+      << "  \"mlp_bias\": " << bias << ",\n";
+  c << "  \"attention_dropout\": " << hf::number(s.attention_dropout) << ",\n"
     << "  \"initializer_range\": " << hf::number(s.init_std) << ",\n"
     << "  \"tie_word_embeddings\": " << (s.untie ? "false" : "true") << ",\n";
   if (bos >= 0) c << "  \"bos_token_id\": " << bos << ",\n  \"eos_token_id\": " << eos << ",\n";
@@ -280,6 +343,19 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   if (present("head_dim") && integer("head_dim", 0, false) != s.hidden / s.heads)
     refuse("head_dim " + std::to_string(integer("head_dim", 0, false)) + " is not hidden_size / num_attention_heads (" +
            std::to_string(s.hidden / s.heads) + "), which the llama model's heads are");
+  if (hf::json_string_or(c, "model_type", "", config_file) == "mixtral") {
+    s.experts = integer("num_local_experts", 0, true), s.topk = integer("num_experts_per_tok", 0, true);
+    if (s.experts < 1 || s.topk < 2 || s.topk > s.experts)
+      refuse("num_local_experts " + std::to_string(s.experts) + " and num_experts_per_tok " + std::to_string(s.topk) +
+             ": the llama model routes each token to 2 or more of its experts with Mixtral's renormalised weights "
+             "(one expert's weight would be 1 and the router would not learn)");
+    // Windowed attention changes nothing where the window holds every position.
+    if (present("sliding_window") && integer("sliding_window", 0, false) < s.positions)
+      refuse("sliding_window " + std::to_string(integer("sliding_window", 0, false)) +
+             ": the llama model's attention sees every earlier position (no sliding window)");
+    if (real("router_jitter_noise", 0.0) != 0.0)
+      refuse("router_jitter_noise is not 0: the llama model's router has no input jitter");
+  }
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
   s.eps = real("rms_norm_eps", 1e-6);
@@ -325,7 +401,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   const std::string config_file = (fs::path(hf_dir) / "config.json").string();
   const nlohmann::json config = hf::read_hf_config(hf_dir);
   const std::string type = hf::json_string_or(config, "model_type", "", config_file);
-  if (type != "llama") throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama");
+  if (type != "llama" && type != "mixtral")
+    throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama or mixtral");
   HfLlamaImport r;
   r.shape = shape_from_config(config, config_file);
   const LlamaShape& s = r.shape;
@@ -369,6 +446,18 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
     t.emplace_back(m + "self_attention.dense.weight", get(g + "self_attn.o_proj.weight", {h, s.heads * hd}));
     if (s.bias) t.emplace_back(m + "self_attention.dense.bias", get(g + "self_attn.o_proj.bias", {h}));
     t.emplace_back(m + "post_attention_norm.weight", get(g + "post_attention_layernorm.weight", {h}));
+    if (s.mixtral()) {
+      const std::string block = g + "block_sparse_moe.";
+      t.emplace_back(m + "mlp.router.weight", get(block + "gate.weight", {s.experts, h}));
+      for (int64_t e = 0; e < s.experts; ++e) {
+        const std::string ours = m + "mlp.experts." + std::to_string(e) + ".";
+        const std::string theirs = block + "experts." + std::to_string(e) + ".";
+        t.emplace_back(ours + "gate.weight", get(theirs + "w1.weight", {f, h}));
+        t.emplace_back(ours + "up.weight", get(theirs + "w3.weight", {f, h}));
+        t.emplace_back(ours + "dense_4h_to_h.weight", get(theirs + "w2.weight", {h, f}));
+      }
+      continue;
+    }
     t.emplace_back(m + "mlp.gate.weight", get(g + "mlp.gate_proj.weight", {f, h}));
     t.emplace_back(m + "mlp.up.weight", get(g + "mlp.up_proj.weight", {f, h}));
     t.emplace_back(m + "mlp.dense_4h_to_h.weight", get(g + "mlp.down_proj.weight", {h, f}));
@@ -398,6 +487,10 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
                      {"add_bias_linear", s.bias ? "true" : "false"},
                      {"untie_embeddings_and_output_weights", s.untie ? "true" : "false"},
                      {"rope_scaling", s.llama3 ? "llama3" : "none"}};
+  if (s.mixtral()) {
+    r.model_options["num_experts"] = std::to_string(s.experts);
+    r.model_options["moe_router_topk"] = std::to_string(s.topk);
+  }
   if (s.llama3) {
     r.model_options["rope_scaling_factor"] = text(s.rope_factor);
     r.model_options["rope_low_freq_factor"] = text(s.rope_low);

@@ -14,7 +14,7 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
     if (p.info.shared && pp_rank != 0) continue;  // the last stage's copy of a tied weight
-    const bool expert = moe && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert;
+    const bool expert = moe && is_routed_expert(p.info);
     // Each expert-parallel rank holds as many experts as every other, each expert its own.
     const int64_t whole = p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1) * (expert ? ep_size : 1);
     s.model_parameters += whole;

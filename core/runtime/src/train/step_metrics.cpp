@@ -27,9 +27,7 @@ at::Tensor device_total() { return at::zeros({}, at::TensorOptions().dtype(at::k
 
 // A routed expert's weight under expert parallelism: the other ranks of the expert-parallel group
 // hold the other experts, so its sums are summed over that group too.
-bool held_by_expert_rank(const Param& p, const Topology& topo) {
-  return topo.ep_size > 1 && p.info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && p.info.expert != 0;
-}
+bool held_by_expert_rank(const Param& p, const Topology& topo) { return topo.ep_size > 1 && is_routed_expert(p.info); }
 
 // Per parameter counted here, value(p) summed into one total: the experts' part over the
 // expert-parallel group first, then everything over the model-parallel group.

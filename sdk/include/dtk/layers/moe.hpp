@@ -5,6 +5,7 @@
 //   logits = x W_router^T                          [tokens, experts], the router on this rank's tokens
 //   softmax scores: probs = softmax(top-k logits)  (moe_router_pre_softmax: top-k of softmax(logits))
 //   sigmoid scores: s = sigmoid(logits), probs = top-k s / their sum   (DeepSeek-V3's router)
+//   sqrtsoftplus scores: s = sqrt(softplus(logits)), then as sigmoid's  (Megatron's sqrtsoftplus)
 //   out(x) = sum over the k chosen experts e of probs_e * expert_e(x)  [+ shared(x), gated or not]
 //   expert_e(x) = W2_e act(W1_e x + b1_e) + b2_e   (act: the model's, e.g. GELU or SwiGLU)
 //
@@ -60,7 +61,7 @@
 
 namespace dtk::layers {
 
-enum class MoeScore { kSoftmax, kSigmoid };              // moe_router_score_function
+enum class MoeScore { kSoftmax, kSigmoid, kSqrtSoftplus };  // moe_router_score_function
 enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kNone };  // moe_router_load_balancing_type
 enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_policy
 
@@ -81,7 +82,7 @@ struct MoeConfig {
   MoeBalance balance = MoeBalance::kAuxLoss;  // what aux_loss_coeff weighs
   double aux_loss_coeff = 0.0;                // the load-balancing loss's weight
   double z_loss_coeff = 0.0;
-  // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid scores): a per-expert bias added to the
+  // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid or sqrtsoftplus scores): a per-expert bias added to the
   // scores for the choice only, moved by bias_update_rate after every iteration toward the
   // experts below the mean load (update_expert_biases).
   bool expert_bias = false;
@@ -140,8 +141,9 @@ inline constexpr dtk_option_spec kMoeLayerFreqOption =
                "Which layers are MoE layers: N = every N-th from the first (1 = all), or one 0/1 per layer as "
                "Megatron's Python list, e.g. [0]*3+[1]*11 or [1,0,1,0].");
 inline constexpr dtk_option_spec kMoeRouterScoreFunctionOption =
-    opt_enum("moe_router_score_function", "softmax", "softmax|sigmoid",
-             "The router's scores: softmax, or sigmoid with the chosen scores divided by their sum (DeepSeek-V3).");
+    opt_enum("moe_router_score_function", "softmax", "softmax|sigmoid|sqrtsoftplus",
+             "The router's scores: softmax, or sigmoid (DeepSeek-V3) or sqrt(softplus) with the chosen scores divided "
+             "by their sum.");
 inline constexpr dtk_option_spec kMoeRouterPreSoftmaxOption =
     opt_bool("moe_router_pre_softmax", "false",
              "Softmax scores: top-k of the softmax over all experts instead of the softmax over the top-k logits.");
@@ -169,7 +171,8 @@ inline constexpr dtk_option_spec kMoeZLossCoeffOption =
     opt_float("moe_z_loss_coeff", "0", "Weight of the router's z-loss (ST-MoE) per MoE layer; 0 = none.");
 inline constexpr dtk_option_spec kMoeRouterEnableExpertBiasOption =
     opt_bool("moe_router_enable_expert_bias", "false",
-             "Auxiliary-loss-free balancing (DeepSeek-V3, sigmoid scores): a per-expert bias on the scores for the "
+             "Auxiliary-loss-free balancing (DeepSeek-V3, sigmoid or sqrtsoftplus scores): a per-expert bias on the "
+             "scores for the "
              "choice, after every iteration moved by moe_router_bias_update_rate toward the less loaded experts.");
 inline constexpr dtk_option_spec kMoeRouterBiasUpdateRateOption = opt_float(
     "moe_router_bias_update_rate", "1e-3", "How far the expert bias moves per iteration (sign of the load's offset).");

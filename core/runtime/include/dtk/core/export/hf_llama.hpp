@@ -10,6 +10,14 @@
 // are dropped. No q/k permutation: the plugin's rotary is the non-interleaved rotate_half
 // convention, which is Hugging Face's (tests/model/hf_llama_test.cpp runs HF's forward on the
 // export to show it).
+//
+// A llama with mixture-of-experts layers is written as MixtralForCausalLM (model_type mixtral):
+// each layer's router as block_sparse_moe.gate and expert e's gate, up and down projections as
+// block_sparse_moe.experts.<e>.w1, w3 and w2. Mixtral's block is a softmax router whose top-k
+// weights are renormalised (the llama model's default, moe_router_pre_softmax=false) over SwiGLU
+// experts without biases in every layer; a model with anything else (sigmoid scores, groups, a
+// scaling factor, shared experts, the expert bias, dense layers, biases) is refused naming the
+// option. Import reads a Mixtral folder back into those options.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +37,9 @@ struct LlamaShape {
   bool llama3 = false;
   double rope_factor = 8, rope_low = 1, rope_high = 4;
   int64_t rope_original = 8192;
+  // Mixtral: every layer's MLP `experts` SwiGLU experts of inner size ffn, `topk` per token (0: dense).
+  int64_t experts = 0, topk = 0;
+  bool mixtral() const { return experts > 0; }
 };
 
 // From the llama model plugin's resolved options and the run's seq_length (HF's

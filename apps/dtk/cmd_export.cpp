@@ -87,6 +87,11 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
     std::printf("dropped %lld vocabulary padding rows: token ids %lld and above are not in the export (vocab_size %lld)\n",
                 static_cast<long long>(report.padding_rows), static_cast<long long>(shape.vocab),
                 static_cast<long long>(shape.vocab));
+  if (shape.capacity_factor > 0)
+    std::printf(
+        "the model was trained dropping tokens over its experts' capacity (moe_expert_capacity_factor %g); "
+        "Hugging Face's MixtralForCausalLM routes every token (dropless)\n",
+        shape.capacity_factor);
   if (report.tokenizer.empty())
     std::printf("no tokenizer files written: the checkpoint's config names no tokenizer.model_file (nor vocab_file and "
                 "merge_file); --vocab_file and --merge_file add GPT-2's\n");

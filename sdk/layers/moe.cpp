@@ -314,7 +314,7 @@ void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, c
 // The router on this rank's tokens x [tokens, h] (`batch` sequences of tokens / batch
 // positions): the chosen experts and their weights, the auxiliary losses attached (training, with
 // gradients) as Megatron's TopKRouter.routing does.
-MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch) const {
+MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generating) const {
   const bool aux = at::GradMode::is_enabled() && x.requires_grad();
   // Under sequence parallelism each TP rank routes its own rows: the losses' sums over the group
   // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed.
@@ -330,7 +330,7 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch) const {
     logits = attach_aux_loss(logits, z, total);
   }
   Routing r = choose(logits);
-  if (c_.drops_tokens()) drop_over_capacity(r, batch);
+  if (c_.drops_tokens() && !generating) drop_over_capacity(r, batch);
   if (aux && c_.aux_loss_coeff > 0.0 && c_.balance != MoeBalance::kNone)
     r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
@@ -511,7 +511,7 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
 
 // run_experts with padding to capacity: each of this rank's experts multiplies exactly
 // r.padded_rows rows, its run of the sorted choices and then rows weighted zero, all indexed on the
-// device (no host read, static shapes). The unfilled slots (rows of other choices) put their
+// device (no host read, static shapes). The unfilled slots (zero rows of weight zero) put their
 // outputs in places of their own past the choices, which are dropped: they change no output and get
 // no gradient.
 at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
@@ -526,12 +526,18 @@ at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, con
   const at::Tensor filled = slot.lt(counts.unsqueeze(1)).reshape(-1);                           // [held * slots]
   const at::Tensor position = (starts.unsqueeze(1) + slot).clamp_max(choices - 1).reshape(-1);  // in `order`
   const at::Tensor choice = order.index_select(0, position);
-  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({choices, h}).index_select(0, choice);
+  const at::Tensor unfilled = filled.logical_not();
+  // (Zero rows and weights in the unfilled slots, so an overflow there cannot reach a gradient as 0 * inf.)
+  const at::Tensor rows = x.unsqueeze(1)
+                              .expand({tokens, k, h})
+                              .reshape({choices, h})
+                              .index_select(0, choice)
+                              .masked_fill(unfilled.unsqueeze(1), 0);
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts.size());
   for (int64_t e = 0; e < held; ++e)
     outputs.push_back(expert_partial(experts[static_cast<size_t>(e)], rows.narrow(0, e * slots, slots), activation));
-  const at::Tensor weights = r.probs.reshape(-1).index_select(0, choice).unsqueeze(-1);
+  const at::Tensor weights = r.probs.reshape(-1).index_select(0, choice).masked_fill(unfilled, 0).unsqueeze(-1);
   const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
   const at::Tensor place = at::where(filled, choice, at::arange(held * slots, index) + choices);
   const at::Tensor placed =
@@ -555,9 +561,9 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
   return at::matmul(dense, table.to(r.probs.scalar_type())).to(dtype);
 }
 
-at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation) const {
+at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
-  const Routing local = route(x.reshape({b * s, h}), b);
+  const Routing local = route(x.reshape({b * s, h}), b, generating);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;

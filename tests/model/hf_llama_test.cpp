@@ -17,6 +17,7 @@
 #include <string>
 
 #include "../common/run_dtk.hpp"
+#include "dtk/core/export/hf_llama.hpp"
 #include "gpt_harness.hpp"
 #include "hf_reader.hpp"
 
@@ -482,16 +483,88 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
   write_text(windowed + "/config.json", window_config);
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + windowed + " " + dir + "/x"),
                                   "sliding_window 16: the llama model's attention sees every earlier position");
-  // Sigmoid scores are not Mixtral's router.
+  EXPECT_FALSE(fs::exists(dir + "/x"));
+  // transformers 5's rope_parameters carry the theta; keys left out are MixtralConfig's defaults.
+  const auto import_with = [&](const std::string& name, const std::string& cfg) {
+    const std::string d = dir + "/" + name;
+    fs::create_directories(d);
+    fs::copy_file(dir + "/hf/model.safetensors", d + "/model.safetensors");
+    write_text(d + "/config.json", cfg);
+    return dtk_test::run_dtk("import hf " + d + " " + d + "-imp");
+  };
+  std::string v5 = config;
+  v5.replace(v5.find("\"rope_theta\": 10000"), 19,
+             "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500}");
+  const dtk_test::Result v5_import = import_with("v5", v5);
+  ASSERT_EQ(v5_import.code, 0) << v5_import.out;
+  EXPECT_NE(v5_import.out.find("rope theta 500"), std::string::npos) << v5_import.out;
+  std::string defaults = config;
+  defaults.replace(defaults.find("\"rope_theta\": 10000,"), 20, "");
+  defaults.replace(defaults.find("\"rms_norm_eps\": 1e-05,"), 22, "");
+  const dtk_test::Result default_import = import_with("defaults", defaults);
+  ASSERT_EQ(default_import.code, 0) << default_import.out;
+  EXPECT_NE(default_import.out.find("rope theta 1e+06"), std::string::npos) << default_import.out;
+  EXPECT_NE(default_import.out.find("--set model.layernorm_epsilon=1e-05"), std::string::npos) << default_import.out;
+
+  // A model trained dropping tokens exports, saying that Hugging Face routes every token.
   ASSERT_EQ(dtk_test::run_dtk(kTrain + moe +
-                              "--set model.moe_router_score_function=sigmoid --set train.train_iters=1 "
+                              "--set model.moe_expert_capacity_factor=1.5 --set train.train_iters=1 "
                               "--set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 --set checkpoint.save=" +
-                              dir + "/sigmoid")
+                              dir + "/dropping")
                 .code,
             0);
-  dtk_test::expect_one_line_error(
-      dtk_test::run_dtk("export hf " + dir + "/sigmoid " + dir + "/x"),
-      "option 'moe_router_score_function' is sigmoid: a llama with experts exports as MixtralForCausalLM, whose "
-      "router is a softmax");
-  EXPECT_FALSE(fs::exists(dir + "/x"));
+  const dtk_test::Result dropping = dtk_test::run_dtk("export hf " + dir + "/dropping " + dir + "/dropping-hf");
+  ASSERT_EQ(dropping.code, 0) << dropping.out;
+  EXPECT_NE(dropping.out.find("trained dropping tokens over its experts' capacity (moe_expert_capacity_factor 1.5); "
+                              "Hugging Face's MixtralForCausalLM routes every token (dropless)"),
+            std::string::npos)
+      << dropping.out;
+}
+
+// What Mixtral's sparse block is not is refused at export, naming the option (any spelling of
+// true the options layer reads); an older checkpoint without the MoE options is dense.
+TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
+  const std::map<std::string, std::string> base = {
+      {"num_layers", "2"},           {"hidden_size", "64"},          {"num_attention_heads", "4"},
+      {"num_query_groups", "2"},     {"ffn_hidden_size", "192"},     {"vocab_size", "50257"},
+      {"seq_length", "64"},          {"layernorm_epsilon", "1e-5"},  {"rotary_base", "10000"},
+      {"attention_dropout", "0"},    {"init_method_std", "0.02"},    {"untie_embeddings_and_output_weights", "true"},
+      {"add_bias_linear", "false"},  {"rope_scaling", "none"},       {"rope_scaling_factor", "8"},
+      {"rope_low_freq_factor", "1"}, {"rope_high_freq_factor", "4"}, {"rope_original_max_positions", "8192"},
+      {"rotary_percent", "1"},       {"num_experts", "4"},           {"moe_router_topk", "2"},
+      {"moe_ffn_hidden_size", "96"}};
+  const dtk::core::LlamaShape shape = dtk::core::llama_shape(base, 64);
+  EXPECT_EQ(shape.experts, 4);
+  EXPECT_EQ(shape.topk, 2);
+  EXPECT_EQ(shape.ffn, 96);
+  std::map<std::string, std::string> dense = base;
+  dense.erase("num_experts");
+  EXPECT_FALSE(dtk::core::llama_shape(dense, 64).mixtral());
+  const std::pair<std::pair<const char*, const char*>, const char*> refused[] = {
+      {{"moe_layer_freq", "2"}, "whose every layer is a sparse block"},
+      {{"moe_router_score_function", "sigmoid"}, "whose router is a softmax"},
+      {{"moe_router_score_function", "sqrtsoftplus"}, "whose router is a softmax"},
+      {{"moe_router_pre_softmax", "1"}, "whose top-k weights are renormalised"},
+      {{"moe_router_pre_softmax", "True"}, "whose top-k weights are renormalised"},
+      {{"moe_router_num_groups", "2"}, "whose routing is not group-limited"},
+      {{"moe_router_topk_scaling_factor", "2.5"}, "whose top-k weights are not scaled"},
+      {{"moe_shared_expert_intermediate_size", "64"}, "which has no shared expert"},
+      {{"moe_router_enable_expert_bias", "true"}, "whose router has no expert bias"},
+      {{"add_bias_linear", "1"}, "which has no biases"},
+      {{"rope_scaling", "llama3"}, "whose rotary embedding is read without rope_scaling"},
+  };
+  for (const auto& [option, why] : refused) {
+    std::map<std::string, std::string> o = base;
+    o[option.first] = option.second;
+    try {
+      dtk::core::llama_shape(o, 64);
+      ADD_FAILURE() << option.first << "=" << option.second << " exported";
+    } catch (const std::exception& e) {
+      const std::string line = e.what();
+      EXPECT_NE(line.find(std::string("option '") + option.first + "' is " + option.second +
+                          ": a llama with experts exports as MixtralForCausalLM, " + why),
+                std::string::npos)
+          << line;
+    }
+  }
 }

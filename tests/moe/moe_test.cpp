@@ -391,6 +391,20 @@ TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
       }
 }
 
+// Generation (a key/value cache) routes every token whatever the capacity, as Megatron's inference
+// router: the dropless reference; the training forward drops.
+TEST(MoeLayer, GenerationRoutesDroplessWhateverTheCapacity) {
+  MoeConfig c = config_of(kCases[0]);
+  c.capacity_factor = 0.5;
+  const MoeMlp m = make_layer(c, 8, kCases[0]);
+  at::manual_seed(6);
+  const at::Tensor x = at::randn({3, 7, 8});
+  at::NoGradGuard no_grad;
+  const at::Tensor generated = m.forward(x, gelu, /*generating=*/true);
+  EXPECT_TRUE(at::allclose(generated, reference(m, c, x, false), 1e-5, 1e-6));
+  EXPECT_FALSE(at::allclose(m.forward(x, gelu), generated, 1e-3, 1e-3));
+}
+
 // The expert bias's loads are Megatron's final routing map: the kept choices, or with padding every
 // expert's capacity; the two policies keep different tokens.
 TEST(MoeLayer, TokenDroppingCountsTheKeptChoicesForTheExpertBias) {

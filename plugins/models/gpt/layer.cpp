@@ -32,8 +32,9 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
 
-at::Tensor Layer::moe_branch(const at::Tensor& normed) const {
-  return moe->forward(normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); });
+at::Tensor Layer::moe_branch(const at::Tensor& normed, bool generating) const {
+  return moe->forward(
+      normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); }, generating);
 }
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
@@ -102,7 +103,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
   const auto [h, normed] = add_layer_norm(x, dense.forward(context), c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-  if (moe) return h + moe_branch(normed);
+  if (moe) return h + moe_branch(normed, /*generating=*/true);
   return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 

@@ -116,7 +116,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   bool fused_attention_takes(const at::Tensor& projected) const;
   at::Tensor causal_mask(int64_t s, at::Device device) const;
   // The MoE layer's MLP branch on the normed stream (biases included, before dropout).
-  at::Tensor moe_branch(const at::Tensor& normed) const;
+  at::Tensor moe_branch(const at::Tensor& normed, bool generating = false) const;
 
   const Config& c_;
   TPGroup tp_;

@@ -157,10 +157,11 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return attention_ops(q, k, v, scale, masked, keep);
 }
 
-at::Tensor Layer::mlp(const at::Tensor& h) const {
+at::Tensor Layer::mlp(const at::Tensor& h, bool generating) const {
   if (moe)
     return moe->forward(
-        h, [this](const std::vector<at::Tensor>& projected) { return swiglu(projected[0], projected[1], c_.kernels); });
+        h, [this](const std::vector<at::Tensor>& projected) { return swiglu(projected[0], projected[1], c_.kernels); },
+        generating);
   // One copy into the tensor-parallel region for both projections: a single all-reduce of the
   // input gradient in backward, not one per projection.
   if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
@@ -216,7 +217,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& position
   const at::Tensor context = attend(a.q, k, v, mask, DropoutMask{});
   const auto [h, normed] =
       add_rms_norm(x, dense.forward(context), c_.norm_gain(post_attention_norm), c_.eps, c_.kernels);
-  return h + mlp(normed);
+  return h + mlp(normed, /*generating=*/true);
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {

@@ -147,7 +147,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   // returns the context [b, s, np * hd].
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                     const DropoutMask& keep) const;
-  at::Tensor mlp(const at::Tensor& h) const;
+  at::Tensor mlp(const at::Tensor& h, bool generating = false) const;
 
   const Config& c_;
   const Rotary& rotary_;

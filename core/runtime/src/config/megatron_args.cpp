@@ -100,7 +100,8 @@ const Rule kRules[] = {
      "the head dimension: accepted when it is --hidden-size / --num-attention-heads (DTK's models derive it); "
      "another value refused"},
     // Mixture of experts
-    {"--num-experts", 1, Kind::kSet, "model.num_experts", "MoE layers (dropless top-k routing) in gpt and llama"},
+    {"--num-experts", 1, Kind::kSet, "model.num_experts",
+     "MoE layers (top-k routing, dropless unless --moe-expert-capacity-factor) in gpt and llama"},
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
     {"--moe-layer-freq", 1, Kind::kCustom, "model.moe_layer_freq",
@@ -139,7 +140,7 @@ const Rule kRules[] = {
     {"--moe-token-drop-policy", 1, Kind::kCustom, "model.moe_token_drop_policy",
      "probs or position; ignored without --moe-expert-capacity-factor, as Megatron"},
     {"--moe-pad-expert-input-to-capacity", 0, Kind::kSwitch, "model.moe_pad_expert_input_to_capacity=true",
-     "the same results, static shapes; needs --moe-expert-capacity-factor"},
+     "the same outputs, static shapes; needs --moe-expert-capacity-factor"},
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
     {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",

@@ -35,6 +35,8 @@ std::map<std::string, at::Tensor> read_safetensors(const std::string& file);
 // (its weight_map's files, each read once; every listed tensor must be in its file).
 std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir);
 bool ends_with(const std::string& name, const std::string& tail);
+// A checkpoint's recorded boolean option as the options layer reads it (true, True or 1).
+inline bool option_true(const std::string& v) { return v == "true" || v == "True" || v == "1"; }
 // Refuses a folder holding tensors the import did not read (`read`: the names it took): config.json
 // then describes less than the weights (n_layer too small, biases it does not mention) and the
 // rest would be dropped without a word. `saved_buffer` names what Hugging Face saves that is not a

@@ -51,11 +51,11 @@ Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_se
   s.attention_dropout = option_float(o, "attention_dropout");
   s.init_std = option_float(o, "init_method_std");
   auto untie = o.find("untie_embeddings_and_output_weights");
-  s.untie = untie != o.end() && untie->second == "true";
+  s.untie = untie != o.end() && hf::option_true(untie->second);
   auto openai = o.find("openai_gelu");
-  s.openai_gelu = openai != o.end() && openai->second == "true";
+  s.openai_gelu = openai != o.end() && hf::option_true(openai->second);
   auto one_p = o.find("apply_layernorm_1p");  // (absent in checkpoints older than the option)
-  s.norm_1p = one_p != o.end() && one_p->second == "true";
+  s.norm_1p = one_p != o.end() && hf::option_true(one_p->second);
   return s;
 }
 

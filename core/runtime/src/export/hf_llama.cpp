@@ -51,17 +51,20 @@ void read_mixtral_experts(const std::map<std::string, std::string>& o, LlamaShap
   if (option_or(o, "moe_layer_freq", "1") != "1") refuse("moe_layer_freq", "whose every layer is a sparse block");
   if (option_or(o, "moe_router_score_function", "softmax") != "softmax")
     refuse("moe_router_score_function", "whose router is a softmax");
-  if (option_or(o, "moe_router_pre_softmax", "false") == "true")
+  if (hf::option_true(option_or(o, "moe_router_pre_softmax", "false")))
     refuse("moe_router_pre_softmax", "whose top-k weights are renormalised (the softmax of the top-k logits)");
   if (nonzero("moe_router_num_groups")) refuse("moe_router_num_groups", "whose routing is not group-limited");
   if (nonzero("moe_router_topk_scaling_factor"))
     refuse("moe_router_topk_scaling_factor", "whose top-k weights are not scaled");
   if (nonzero("moe_shared_expert_intermediate_size"))
     refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
-  if (option_or(o, "moe_router_enable_expert_bias", "false") == "true")
+  if (hf::option_true(option_or(o, "moe_router_enable_expert_bias", "false")))
     refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
-  if (option(o, "add_bias_linear") == "true") refuse("add_bias_linear", "which has no biases");
+  if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
+  // Older transformers build a Mixtral's rotary embedding without its rope_scaling.
+  if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
   s.experts = option_int(o, "num_experts");
+  s.capacity_factor = std::stod(option_or(o, "moe_expert_capacity_factor", "0"));
   s.topk = option_int(o, "moe_router_topk");
   if (const int64_t ffn = std::stoll(option_or(o, "moe_ffn_hidden_size", "0")); ffn > 0) s.ffn = ffn;
 }
@@ -84,10 +87,10 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   s.rope_theta = option_float(o, "rotary_base");
   s.attention_dropout = option_float(o, "attention_dropout");
   s.init_std = option_float(o, "init_method_std");
-  s.untie = option(o, "untie_embeddings_and_output_weights") == "true";
+  s.untie = hf::option_true(option(o, "untie_embeddings_and_output_weights"));
   auto one_p = o.find("apply_layernorm_1p");  // (absent in checkpoints older than the option)
-  s.norm_1p = one_p != o.end() && one_p->second == "true";
-  s.bias = option(o, "add_bias_linear") == "true";
+  s.norm_1p = one_p != o.end() && hf::option_true(one_p->second);
+  s.bias = hf::option_true(option(o, "add_bias_linear"));
   s.llama3 = option(o, "rope_scaling") == "llama3";
   s.rope_factor = option_float(o, "rope_scaling_factor");
   s.rope_low = option_float(o, "rope_low_freq_factor");
@@ -118,11 +121,14 @@ void add_sparse_block(const Whole& whole, const LlamaShape& s, const std::string
   for (int64_t e = 0; e < s.experts; ++e) {
     const std::string ours = m + "mlp.experts." + std::to_string(e) + ".";
     const std::string theirs = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
-    const at::Tensor gate = whole(ours + "gate.weight");
+    const at::Tensor gate = whole(ours + "gate.weight"), up = whole(ours + "up.weight");
+    const at::Tensor down = whole(ours + "dense_4h_to_h.weight");
     hf::expect_shape(ours + "gate.weight", gate, {s.ffn, s.hidden});
+    hf::expect_shape(ours + "up.weight", up, {s.ffn, s.hidden});
+    hf::expect_shape(ours + "dense_4h_to_h.weight", down, {s.hidden, s.ffn});
     out.emplace_back(theirs + "w1.weight", gate);
-    out.emplace_back(theirs + "w2.weight", whole(ours + "dense_4h_to_h.weight"));
-    out.emplace_back(theirs + "w3.weight", whole(ours + "up.weight"));
+    out.emplace_back(theirs + "w2.weight", down);
+    out.emplace_back(theirs + "w3.weight", up);
   }
 }
 
@@ -330,11 +336,13 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
     return c[key].get<bool>();
   };
   auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
+  // What a key left out means: transformers' LlamaConfig or MixtralConfig defaults.
+  const bool mixtral = hf::json_string_or(c, "model_type", "", config_file) == "mixtral";
   s.layers = integer("num_hidden_layers", 0, true), s.hidden = integer("hidden_size", 0, true);
   s.heads = integer("num_attention_heads", 0, true), s.ffn = integer("intermediate_size", 0, true);
   s.vocab = integer("vocab_size", 0, true);
-  s.groups = integer("num_key_value_heads", s.heads, false);
-  s.positions = integer("max_position_embeddings", 2048, false);
+  s.groups = integer("num_key_value_heads", mixtral ? 8 : s.heads, false);
+  s.positions = integer("max_position_embeddings", mixtral ? 4096 * 32 : 2048, false);
   if (s.layers <= 0 || s.hidden <= 0 || s.heads <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.groups <= 0 || s.positions <= 0)
     refuse("num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size "
            "and max_position_embeddings must be positive");
@@ -343,8 +351,8 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   if (present("head_dim") && integer("head_dim", 0, false) != s.hidden / s.heads)
     refuse("head_dim " + std::to_string(integer("head_dim", 0, false)) + " is not hidden_size / num_attention_heads (" +
            std::to_string(s.hidden / s.heads) + "), which the llama model's heads are");
-  if (hf::json_string_or(c, "model_type", "", config_file) == "mixtral") {
-    s.experts = integer("num_local_experts", 0, true), s.topk = integer("num_experts_per_tok", 0, true);
+  if (mixtral) {
+    s.experts = integer("num_local_experts", 8, false), s.topk = integer("num_experts_per_tok", 2, false);
     if (s.experts < 1 || s.topk < 2 || s.topk > s.experts)
       refuse("num_local_experts " + std::to_string(s.experts) + " and num_experts_per_tok " + std::to_string(s.topk) +
              ": the llama model routes each token to 2 or more of its experts with Mixtral's renormalised weights "
@@ -358,8 +366,8 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   }
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
-  s.eps = real("rms_norm_eps", 1e-6);
-  s.rope_theta = real("rope_theta", 10000.0);
+  s.eps = real("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
+  s.rope_theta = real("rope_theta", mixtral ? 1e6 : 10000.0);
   s.attention_dropout = real("attention_dropout", 0.0);
   s.init_std = real("initializer_range", 0.02);
   s.untie = !boolean("tie_word_embeddings", false);
@@ -368,22 +376,29 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
     refuse(std::string("attention_bias ") + (attention_bias ? "true" : "false") + " and mlp_bias " +
            (mlp_bias ? "true" : "false") + " differ; the llama model has one option for both (add_bias_linear)");
   s.bias = attention_bias;
-  if (present("rope_scaling")) {
-    const nlohmann::json& r = c["rope_scaling"];
-    if (!r.is_object()) refuse("'rope_scaling' is not an object");
+  // transformers 5 writes the rotary's theta and scaling as rope_parameters; earlier versions
+  // rope_theta and rope_scaling.
+  const std::string rope_key = present("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (present(rope_key.c_str())) {
+    const nlohmann::json& r = c[rope_key];
+    if (!r.is_object()) refuse("'" + rope_key + "' is not an object");
+    if (r.contains("rope_theta") && !r["rope_theta"].is_null()) {
+      if (!r["rope_theta"].is_number()) refuse(rope_key + ": 'rope_theta' is not a number");
+      s.rope_theta = r["rope_theta"].get<double>();
+    }
     const std::string type = r.contains("rope_type") && !r["rope_type"].is_null()
                                  ? hf::json_string_or(r, "rope_type", "", config_file)
                                  : hf::json_string_or(r, "type", "default", config_file);
     if (type == "llama3") {
       s.llama3 = true;
       auto num = [&](const char* key) {
-        if (!r.contains(key) || !r[key].is_number()) refuse(std::string("rope_scaling has no number '") + key + "'");
+        if (!r.contains(key) || !r[key].is_number()) refuse(rope_key + " has no number '" + key + "'");
         return r[key].get<double>();
       };
       s.rope_factor = num("factor"), s.rope_low = num("low_freq_factor"), s.rope_high = num("high_freq_factor");
       s.rope_original = static_cast<int64_t>(num("original_max_position_embeddings"));
     } else if (type != "default") {
-      refuse("rope_scaling type '" + type + "'; the llama model has llama3 rope scaling (and none)");
+      refuse(rope_key + " type '" + type + "'; the llama model has llama3 rope scaling (and none)");
     }
   }
   return s;

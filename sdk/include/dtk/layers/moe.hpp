@@ -24,7 +24,8 @@
 // a token dropped by all its experts passes on the residual only. With C >= T nothing is dropped.
 // Padding to capacity (--moe-pad-expert-input-to-capacity) gives every expert exactly its
 // capacity's rows, the unfilled ones weighted zero: the same outputs and gradients with static
-// shapes and no host read of the counts.
+// shapes and no host read of the counts (only the expert bias differs: as in Megatron, every
+// expert's load is then its capacity). Generation (a key/value cache) routes dropless.
 //
 // Expert parallelism (Megatron's --expert-model-parallel-size with its allgather token
 // dispatcher): the routed experts are split over the expert-parallel group (data-parallel ranks,
@@ -187,7 +188,8 @@ inline constexpr dtk_option_spec kMoeTokenDropPolicyOption =
 inline constexpr dtk_option_spec kMoePadExpertInputToCapacityOption =
     opt_bool("moe_pad_expert_input_to_capacity", "false",
              "Every expert multiplies exactly its capacity's rows, the unfilled ones weighted zero: the same "
-             "results with static shapes and no host read (needs moe_expert_capacity_factor > 0).");
+             "outputs with static shapes and no host read (needs moe_expert_capacity_factor > 0; the expert bias, "
+             "as in Megatron, then sees every expert at its capacity).");
 inline constexpr dtk_option_spec kMoeSharedExpertIntermediateSizeOption =
     opt_int("moe_shared_expert_intermediate_size", "0",
             "> 0: a shared expert of this inner size (the model's MLP) runs on every token beside the routed ones.");
@@ -222,8 +224,11 @@ class MoeMlp {
          double init_std, double out_std, const TPGroup& tp, ParamFactory& f);
 
   // x [b, s, h] (under sequence parallelism this rank's [b, s / tp, h]), the normed input -> the
-  // MLP branch of the same shape, after the layer's reduction, biases included.
-  at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation) const;
+  // MLP branch of the same shape, after the layer's reduction, biases included. `generating`: a
+  // forward with a key/value cache, which routes every token to its experts whatever the capacity
+  // (as Megatron's inference router): a cached step's few tokens and the left padding of a batch
+  // would otherwise change which tokens fit.
+  at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation, bool generating = false) const;
 
   // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
   // .bias; e the expert's index in the whole layer, under expert parallelism this rank's only), then
@@ -257,7 +262,7 @@ class MoeMlp {
     // Padding to capacity: the most choices any expert holds of these tokens (0: not padded).
     int64_t padded_rows = 0;
   };
-  Routing route(const at::Tensor& x, int64_t batch) const;
+  Routing route(const at::Tensor& x, int64_t batch, bool generating) const;
   Routing choose(const at::Tensor& logits) const;
   void drop_over_capacity(Routing& r, int64_t batch) const;
   at::Tensor choice_loads(const Routing& r) const;

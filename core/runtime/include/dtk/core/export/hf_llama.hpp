@@ -16,8 +16,9 @@
 // block_sparse_moe.experts.<e>.w1, w3 and w2. Mixtral's block is a softmax router whose top-k
 // weights are renormalised (the llama model's default, moe_router_pre_softmax=false) over SwiGLU
 // experts without biases in every layer; a model with anything else (sigmoid scores, groups, a
-// scaling factor, shared experts, the expert bias, dense layers, biases) is refused naming the
-// option. Import reads a Mixtral folder back into those options.
+// scaling factor, shared experts, the expert bias, dense layers, biases, llama3 rope scaling) is
+// refused naming the option; a capacity factor is written (one line says Hugging Face runs the
+// experts dropless). Import reads a Mixtral folder back into those options.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,7 @@ struct LlamaShape {
   int64_t rope_original = 8192;
   // Mixtral: every layer's MLP `experts` SwiGLU experts of inner size ffn, `topk` per token (0: dense).
   int64_t experts = 0, topk = 0;
+  double capacity_factor = 0;  // > 0: trained with token dropping (Hugging Face runs Mixtral dropless)
   bool mixtral() const { return experts > 0; }
 };
 

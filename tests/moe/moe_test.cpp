@@ -368,7 +368,7 @@ TEST(MoeLayer, AuxiliaryLossesAreMegatronsAndReachOnlyTheGradients) {
 }
 
 // Token dropping (Megatron's --moe-expert-capacity-factor): 21 tokens choosing 2 of 6 experts, a
-// capacity of 4 (factor 0.5), 7 (1.0) or above the tokens (4.0: nothing dropped); each drop policy,
+// capacity of 4 (factor 0.5), 7 (1.0), the tokens (3.0) or above them (4.0): nothing dropped; each drop policy,
 // padded to capacity or not, biased experts (the output bias weighted by the kept choices) and
 // sigmoid scores steered by the expert bias; the auxiliary losses on (they see every choice).
 TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
@@ -377,7 +377,7 @@ TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
     for (const MoeDropPolicy policy : {MoeDropPolicy::kProbs, MoeDropPolicy::kPosition})
       for (const bool pad : {false, true}) {
         std::map<double, size_t> dropped;
-        for (const double factor : {0.5, 1.0, 4.0})
+        for (const double factor : {0.5, 1.0, 3.0, 4.0})
           dropped[factor] =
               expect_layer_equals_reference(*k, 0.1, 0.01, dtk::layers::MoeBalance::kAuxLoss, [&](MoeConfig& c) {
                 c.capacity_factor = factor;
@@ -387,6 +387,7 @@ TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
         // The guard: the reference does drop (every expert keeps at most 4 of 42 choices: 18 left).
         EXPECT_GE(dropped[0.5], 18u) << k->name;
         EXPECT_GT(dropped[0.5], dropped[1.0]) << k->name;
+        EXPECT_EQ(dropped[3.0], 0u) << k->name;  // a capacity of 21: every token fits
         EXPECT_EQ(dropped[4.0], 0u) << k->name;
       }
 }
@@ -1067,9 +1068,10 @@ TEST(Moe, ExpertParallelBadInputsAreOneLine) {
 }
 
 // Token dropping (capacity factor 0.5: of a micro-batch's 64 tokens x 2 choices each of the 4
-// experts keeps 16): a router call is one micro-batch's tokens, so DP 2, TP 2, PP 2 and EP 2 equal
-// one process; padding to capacity equals not padding, in one process, under sequence parallelism
-// (each TP rank's 32 tokens one router call, 8 kept per expert) and under expert parallelism.
+// experts keeps 16): a router call is one micro-batch's tokens, so DP 2, TP 2 (padded too), PP 2
+// and EP 2 (padded and not) equal one process; padding to capacity equals not padding, in one
+// process and under sequence parallelism (each TP rank's 32 tokens one router call, 8 kept per
+// expert).
 TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
   const std::string dropping = "--set model.moe_expert_capacity_factor=0.5 ";
   const std::string pad = "--set model.moe_pad_expert_input_to_capacity=true ";
@@ -1080,6 +1082,8 @@ TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
   for (const auto& [name, args] : {std::pair<const char*, std::string>{"dp2", ""},
                                    {"tp2", "--set distributed.tensor_model_parallel_size=2 "},
                                    {"pp2", "--set distributed.pipeline_model_parallel_size=2 "},
+                                   {"tp2-pad", "--set distributed.tensor_model_parallel_size=2 " + pad},
+                                   {"ep2", kEp2},
                                    {"ep2-pad", kEp2 + pad}})
     expect_same_curve(one, curve_of("gpt", 2, dropping + args, std::string("drop-") + name), kIters,
                       std::string("token dropping, ") + name);

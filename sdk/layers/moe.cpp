@@ -114,6 +114,18 @@ at::Tensor scatter_from_experts(const at::Tensor& x, int64_t size) {
   return ScatterFromExperts::apply(x, size);
 }
 
+// Each row once per choice, [tokens * k, h]: choice t * k + j reads row t (every gathered row then
+// has its own source, so the gathers' backward adds to distinct places).
+at::Tensor rows_per_choice(const at::Tensor& x, int64_t k) {
+  const int64_t tokens = x.size(0), h = x.size(1);
+  return x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h});
+}
+
+// The choices' weighted outputs in their places [tokens * k, h], summed over each row's k.
+at::Tensor sum_over_choices(const at::Tensor& placed, int64_t k, at::ScalarType dtype) {
+  return placed.view({placed.size(0) / k, k, placed.size(1)}).sum(1).to(dtype);
+}
+
 // The masters an expert's projections draw (ColumnParallelLinear's [ffn, hidden] per input,
 // RowParallelLinear's [hidden, ffn]), drawn and dropped for an expert another expert-parallel rank
 // holds: every rank draws the same sequence, so each expert has the values it has in one process.
@@ -490,9 +502,7 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
   for (int64_t e = 0; e < first; ++e) begin += count[e];
   for (size_t e = 0; e < experts.size(); ++e) held_choices += count[first + static_cast<int64_t>(e)];
   const at::Tensor mine = order.narrow(0, begin, held_choices);  // choice t * k + j, by expert
-  // (From the rows repeated k times, so every gathered row has its own source: a backward of
-  // distinct places.)
-  const at::Tensor rows = x.unsqueeze(1).expand({tokens, k, h}).reshape({tokens * k, h}).index_select(0, mine);
+  const at::Tensor rows = rows_per_choice(x, k).index_select(0, mine);
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts.size());
   int64_t offset = 0;
@@ -506,7 +516,7 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
   const at::Tensor weights = r.probs.reshape(-1).index_select(0, mine).unsqueeze(-1);
   const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
   const at::Tensor placed = at::zeros({tokens * k, h}, weighted.options()).index_copy(0, mine, weighted);
-  return placed.view({tokens, k, h}).sum(1).to(x.scalar_type());
+  return sum_over_choices(placed, k, x.scalar_type());
 }
 
 // run_experts with padding to capacity: each of this rank's experts multiplies exactly
@@ -528,11 +538,7 @@ at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, con
   const at::Tensor choice = order.index_select(0, position);
   const at::Tensor unfilled = filled.logical_not();
   // (Zero rows and weights in the unfilled slots, so an overflow there cannot reach a gradient as 0 * inf.)
-  const at::Tensor rows = x.unsqueeze(1)
-                              .expand({tokens, k, h})
-                              .reshape({choices, h})
-                              .index_select(0, choice)
-                              .masked_fill(unfilled.unsqueeze(1), 0);
+  const at::Tensor rows = rows_per_choice(x, k).index_select(0, choice).masked_fill(unfilled.unsqueeze(1), 0);
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts.size());
   for (int64_t e = 0; e < held; ++e)
@@ -542,7 +548,7 @@ at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, con
   const at::Tensor place = at::where(filled, choice, at::arange(held * slots, index) + choices);
   const at::Tensor placed =
       at::zeros({choices + held * slots, h}, weighted.options()).index_copy(0, place, weighted).narrow(0, 0, choices);
-  return placed.view({tokens, k, h}).sum(1).to(x.scalar_type());
+  return sum_over_choices(placed, k, x.scalar_type());
 }
 
 // The experts' second biases, sum over a row's k experts of probs * b2 [tokens, h], on this

@@ -30,10 +30,6 @@ const std::string& option(const std::map<std::string, std::string>& o, const cha
 int64_t option_int(const std::map<std::string, std::string>& o, const char* name) { return std::stoll(option(o, name)); }
 double option_float(const std::map<std::string, std::string>& o, const char* name) { return std::stod(option(o, name)); }
 
-}  // namespace
-
-namespace {
-
 // An option of a checkpoint that may predate it (`fallback` then).
 std::string option_or(const std::map<std::string, std::string>& o, const char* name, const char* fallback) {
   auto it = o.find(name);
@@ -88,8 +84,7 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   s.attention_dropout = option_float(o, "attention_dropout");
   s.init_std = option_float(o, "init_method_std");
   s.untie = hf::option_true(option(o, "untie_embeddings_and_output_weights"));
-  auto one_p = o.find("apply_layernorm_1p");  // (absent in checkpoints older than the option)
-  s.norm_1p = one_p != o.end() && hf::option_true(one_p->second);
+  s.norm_1p = hf::option_true(option_or(o, "apply_layernorm_1p", "false"));  // (absent in older checkpoints)
   s.bias = hf::option_true(option(o, "add_bias_linear"));
   s.llama3 = option(o, "rope_scaling") == "llama3";
   s.rope_factor = option_float(o, "rope_scaling_factor");

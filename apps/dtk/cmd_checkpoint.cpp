@@ -1,5 +1,7 @@
 // `dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
-// [--virtual_pipeline_model_parallel_size V]`
+// [--virtual_pipeline_model_parallel_size V] [--decoder_first_pipeline_num_layers F]
+// [--decoder_last_pipeline_num_layers L] [--account_for_embedding_in_pipeline_split]
+// [--account_for_loss_in_pipeline_split]`
 // (checkpoint_convert.hpp) and
 // `dtk checkpoint inspect DIR [--noverify] [--all_tensors]` — a checkpoint's iteration, progress,
 // parallel layout, writers, tensors, files with their SHA-256 against SHA256SUMS, and whether it is
@@ -29,18 +31,62 @@ DEFINE_int32(pipeline_model_parallel_size, 0,
 DEFINE_int32(virtual_pipeline_model_parallel_size, 0,
              "checkpoint convert: model chunks per pipeline rank to convert to, the interleaved schedule's (0: the "
              "checkpoint's when the pipeline size stays, else 1).");
+DEFINE_int32(decoder_first_pipeline_num_layers, 0,
+             "checkpoint convert: the layers of the first pipeline rank in the new layout (0: the middle ranks' "
+             "share). Any of the four split flags sets the new split; none keeps the checkpoint's when the pipeline "
+             "size and chunks stay, else the even split.");
+DEFINE_int32(
+    decoder_last_pipeline_num_layers, 0,
+    "checkpoint convert: the layers of the last pipeline rank in the new layout (0: the middle ranks' share).");
+DEFINE_bool(account_for_embedding_in_pipeline_split, false,
+            "checkpoint convert: the new layout counts the embedding as a layer of the first stage.");
+DEFINE_bool(account_for_loss_in_pipeline_split, false,
+            "checkpoint convert: the new layout counts the loss as a layer of the last stage.");
 
 namespace {
 
+// The split of the layers the command line asks for: none when no split flag was given.
+std::optional<dtk::PipelineSplit> asked_split() {
+  bool given = false;
+  for (const char* flag : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+    given = given || !gflags::GetCommandLineFlagInfoOrDie(flag).is_default;
+  if (!given) return std::nullopt;
+  if (FLAGS_decoder_first_pipeline_num_layers < 0 || FLAGS_decoder_last_pipeline_num_layers < 0)
+    throw dtk::host::HostError(
+        "checkpoint convert: --decoder_first_pipeline_num_layers and --decoder_last_pipeline_num_layers must be >= 1 "
+        "(0: the middle ranks' share)");
+  dtk::PipelineSplit split;
+  split.first_stage_layers = FLAGS_decoder_first_pipeline_num_layers;
+  split.last_stage_layers = FLAGS_decoder_last_pipeline_num_layers;
+  split.embedding_in_split = FLAGS_account_for_embedding_in_pipeline_split;
+  split.loss_in_split = FLAGS_account_for_loss_in_pipeline_split;
+  return split;
+}
+
+// The --set flags a resume from the converted checkpoint needs for its split of the layers.
+std::string split_settings(const dtk::core::ConvertReport& report) {
+  const dtk::PipelineSplit& s = report.new_split;
+  if (s.even() && report.old_split.even()) return "";
+  return " --set distributed.decoder_first_pipeline_num_layers=" + std::to_string(s.first_stage_layers) +
+         " --set distributed.decoder_last_pipeline_num_layers=" + std::to_string(s.last_stage_layers) +
+         " --set distributed.account_for_embedding_in_pipeline_split=" + (s.embedding_in_split ? "true" : "false") +
+         " --set distributed.account_for_loss_in_pipeline_split=" + (s.loss_in_split ? "true" : "false");
+}
+
 int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
-  const int asked = FLAGS_tensor_model_parallel_size + FLAGS_pipeline_model_parallel_size +
-                    FLAGS_virtual_pipeline_model_parallel_size;
-  if (args.size() != 3 || FLAGS_tensor_model_parallel_size < 0 || FLAGS_pipeline_model_parallel_size < 0 ||
-      FLAGS_virtual_pipeline_model_parallel_size < 0 || asked == 0)
+  dtk::core::ConvertTarget target;
+  target.tp = FLAGS_tensor_model_parallel_size, target.pp = FLAGS_pipeline_model_parallel_size;
+  target.v = FLAGS_virtual_pipeline_model_parallel_size;
+  target.split = asked_split();
+  const int asked = target.tp + target.pp + target.v + (target.split ? 1 : 0);
+  if (args.size() != 3 || target.tp < 0 || target.pp < 0 || target.v < 0 || asked == 0)
     throw HostError(
-        "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
-        "--virtual_pipeline_model_parallel_size V (N, P, V >= 1)");
+        "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P, "
+        "--virtual_pipeline_model_parallel_size V (N, P, V >= 1) and/or the split of the layers "
+        "(--decoder_first_pipeline_num_layers F, --decoder_last_pipeline_num_layers L, "
+        "--account_for_embedding_in_pipeline_split, --account_for_loss_in_pipeline_split)");
   int64_t iteration = 0;
   const std::string iter_dir = dtk::core::resolve_iteration_dir(args[1], &iteration, FLAGS_verify);
   dtk::config::RunConfig cfg;
@@ -48,17 +94,21 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
     throw HostError("checkpoint convert: the configuration recorded in " + iter_dir + " does not parse");
   std::vector<std::unique_ptr<dtk::host::OptionValues>> options;  // alive as long as the models
   const auto report = dtk::core::convert_checkpoint(
-      iter_dir, args[2], FLAGS_tensor_model_parallel_size, FLAGS_pipeline_model_parallel_size,
-      FLAGS_virtual_pipeline_model_parallel_size,
-      [&](int tp, int pp, int v) {  // the configuration the new checkpoint records: its layout's
-        dtk::config::RunConfig target = cfg;
-        target.mutable_distributed()->set_tensor_model_parallel_size(tp);
-        target.mutable_distributed()->set_pipeline_model_parallel_size(pp);
-        target.mutable_distributed()->set_virtual_pipeline_model_parallel_size(v);
-        return dtk::core::to_text(target);
+      iter_dir, args[2], target,
+      [&](const dtk::core::ConvertReport& r) {  // the configuration the new checkpoint records: its layout's
+        dtk::config::RunConfig recorded = cfg;
+        auto& d = *recorded.mutable_distributed();
+        d.set_tensor_model_parallel_size(r.new_tp);
+        d.set_pipeline_model_parallel_size(r.new_pp);
+        d.set_virtual_pipeline_model_parallel_size(r.new_v);
+        d.set_decoder_first_pipeline_num_layers(static_cast<int32_t>(r.new_split.first_stage_layers));
+        d.set_decoder_last_pipeline_num_layers(static_cast<int32_t>(r.new_split.last_stage_layers));
+        d.set_account_for_embedding_in_pipeline_split(r.new_split.embedding_in_split);
+        d.set_account_for_loss_in_pipeline_split(r.new_split.loss_in_split);
+        return dtk::core::to_text(recorded);
       },
-      [&](int tp_rank, int tp_size, int pp_rank, int pp_size) {
-        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, pp_rank, pp_size);
+      [&](int tp_rank, int tp_size, int stage, const dtk::PipelineSplit& split) {
+        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, stage, split);
         options.push_back(std::move(b.options));
         return std::move(b.model);
       },
@@ -80,7 +130,8 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
       " --set distributed.tensor_model_parallel_size=" + std::to_string(report.new_tp) +
       (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp) : std::string()) +
       (interleaved ? " --set distributed.virtual_pipeline_model_parallel_size=" + std::to_string(report.new_v)
-                   : std::string());
+                   : std::string()) +
+      split_settings(report);
   std::printf("converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
               "optimizer/strategy tensors %s; resume with %s\n",
               static_cast<long long>(report.iteration), args[1].c_str(), layout, args[2].c_str(),

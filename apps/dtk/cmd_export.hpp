@@ -15,7 +15,8 @@ namespace dtk::host {
 class PluginHost;
 }
 
-// The model of `cfg` (its plugin and options) for one rank of a tensor-parallel layout, on the CPU
+// The model of `cfg` (its plugin and options) for one rank of a tensor-parallel layout (and stage
+// `stage` of a pipeline split as `split` says: split.stages stages, split.chunks per rank), on the CPU
 // in cfg's params_dtype, built only to read its shapes, parameter layout and initial state
 // (import, convert). `options` keeps the resolved options alive as long as the model.
 struct BuiltModel {
@@ -23,7 +24,7 @@ struct BuiltModel {
   std::unique_ptr<dtk::core::ModelInstance> model;
 };
 BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size,
-                       int pp_rank = 0, int pp_size = 1);
+                       int stage = 0, const dtk::PipelineSplit& split = {});
 
 // `args`: the words after "export". `plugins` resolves the model plugin's options (defaults
 // included) for the checkpoint's recorded configuration.

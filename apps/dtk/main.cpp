@@ -101,6 +101,9 @@ Usage:
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
                  [--virtual_pipeline_model_parallel_size V] [--noverify]   another tensor- and/or pipeline-parallel
                                                       size, or model chunks per pipeline rank
+                 [--decoder_first_pipeline_num_layers F] [--decoder_last_pipeline_num_layers L]
+                 [--account_for_embedding_in_pipeline_split] [--account_for_loss_in_pipeline_split]
+                                                      another split of the layers over the stages
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe [--noverify]
                                         a Hugging Face GPT2LMHeadModel folder (safetensors); a llama
                                         checkpoint: LlamaForCausalLM (tokenizer flags optional)
@@ -548,7 +551,11 @@ std::string train_equivalent(const std::string& flag) {
       {"verify", "--set checkpoint.no_verify_checksums=true"},
       {"tensor_model_parallel_size", "--set distributed.tensor_model_parallel_size=N"},
       {"pipeline_model_parallel_size", "--set distributed.pipeline_model_parallel_size=N"},
-      {"virtual_pipeline_model_parallel_size", "--set distributed.virtual_pipeline_model_parallel_size=N"}};
+      {"virtual_pipeline_model_parallel_size", "--set distributed.virtual_pipeline_model_parallel_size=N"},
+      {"decoder_first_pipeline_num_layers", "--set distributed.decoder_first_pipeline_num_layers=N"},
+      {"decoder_last_pipeline_num_layers", "--set distributed.decoder_last_pipeline_num_layers=N"},
+      {"account_for_embedding_in_pipeline_split", "--set distributed.account_for_embedding_in_pipeline_split=true"},
+      {"account_for_loss_in_pipeline_split", "--set distributed.account_for_loss_in_pipeline_split=true"}};
   const auto it = kMeant.find(flag);
   return it == kMeant.end() ? "" : it->second;
 }

@@ -4,6 +4,7 @@
 
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/recompute.hpp>
+#include <dtk/pipeline_split.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -294,8 +295,9 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   divisible("num_attention_heads", c.heads, "the tensor-parallel size", tp_.size);
   divisible("ffn_hidden_size", c.ffn, "the tensor-parallel size", tp_.size);
   // Pipeline stages: pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size
-  // with the interleaved schedule.
-  divisible("num_layers", c.num_layers, "the pipeline stages", std::max(1, ctx.pp_size));
+  // with the interleaved schedule; even, or as the build context's split says.
+  if (const std::string refusal = pipeline_split_refusal(pipeline_split(ctx), c.num_layers); !refusal.empty())
+    fail(refusal);
   // A learned position table must have a row for every position of the run's samples: refused
   // when the model is built, not at the first forward after the data.
   if (c.max_pos > 0 && ctx.seq_length > c.max_pos)
@@ -314,7 +316,10 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
     fail("option cross_entropy_impl=host runs on the CPU only; use auto or ops on a GPU");
   if (c.recompute_num_layers < 1)
     fail("option 'recompute_num_layers' must be >= 1, got " + std::to_string(c.recompute_num_layers));
-  const int64_t stage_layers = c.num_layers / std::max(1, ctx.pp_size);
+  // Against the largest stage: a stage of fewer layers (an uneven split) recomputes all of its own.
+  int64_t stage_layers = 0;
+  for (const StageLayers& stage : pipeline_stage_layers(pipeline_split(ctx), c.num_layers))
+    stage_layers = std::max(stage_layers, stage.count);
   if (c.recompute && c.recompute_num_layers > stage_layers)
     fail("recompute_num_layers (" + std::to_string(c.recompute_num_layers) + ") exceeds the " +
          std::to_string(stage_layers) + " layers of a pipeline stage");
@@ -338,9 +343,9 @@ void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts pa
   config_ = &c;
   parts_ = std::move(parts);
   c.padded_vocab = padded_vocab_size(c.vocab, c.divisible_by, tp_.size);
-  // Layers of this pipeline stage: num_layers / pp_size consecutive layers.
-  const int64_t local_layers = c.num_layers / std::max(1, ctx.pp_size);
-  const int64_t offset = static_cast<int64_t>(ctx.pp_rank) * local_layers;
+  // Layers of this pipeline stage: consecutive, as many as the split gives it (dtk/pipeline_split.hpp).
+  const StageLayers stage = pipeline_layers(pipeline_split(ctx), c.num_layers, ctx.pp_rank);
+  const int64_t local_layers = stage.count, offset = stage.offset;
   // Every master weight comes from a CPU generator seeded by the run seed and the weight's place
   // in the whole model, so all TP ranks (and any pipeline split) agree.
   ParamFactory f;
@@ -751,6 +756,7 @@ dtk_model_info DecoderLM::info() {
   i.num_experts = static_cast<int32_t>(c.moe.num_experts);
   i.moe_router_topk = c.moe.enabled() ? static_cast<int32_t>(c.moe.topk) : 0;
   i.expert_parallel = c.moe.enabled() ? 1 : 0;  // MoeMlp keeps this rank's share of the experts
+  i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   return i;
 }
 

@@ -32,8 +32,11 @@ TEST(AbiLayout, EveryStructStartsWithStructSize) {
 TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_collective_args_STRUCT_SIZE_2_0, offsetof(dtk_collective_args, priority) + sizeof(int32_t));
   EXPECT_LT(static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0), sizeof(dtk_collective_args));
-  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_12);  // current == 2.12 since 2.12
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_13);  // current == 2.13 since 2.13
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_13, offsetof(dtk_build_context, loss_in_split) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_12, offsetof(dtk_build_context, ep_size) + sizeof(int32_t));
+  EXPECT_EQ(dtk_model_info_STRUCT_SIZE, dtk_model_info_STRUCT_SIZE_2_13);  // current == 2.13 since 2.13
+  EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_12, offsetof(dtk_model_info, expert_parallel) + sizeof(int32_t));
   EXPECT_EQ(dtk_strategy_info_STRUCT_SIZE_2_12, offsetof(dtk_strategy_info, expert_parallel) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_3, offsetof(dtk_build_context, sequence_parallel) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_4, offsetof(dtk_build_context, deferred_parameters) + sizeof(int32_t));

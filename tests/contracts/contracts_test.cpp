@@ -103,3 +103,16 @@ TEST(Contracts, AModelWithoutSequenceParallelismIsRefusedUnderIt) {
       << r.out;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
+
+// A model that does not report dtk_model_info.pipeline_split would build its even share of the
+// layers under an uneven split: refused at start, naming it.
+TEST(Contracts, AModelWithoutThePipelineSplitIsRefusedUnderAnUnevenOne) {
+  const auto r = run_dtk("launch --nproc_per_node 2 " + train("--set distributed.pipeline_model_parallel_size=2 "
+                                                              "--set distributed.decoder_first_pipeline_num_layers=1"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model plugin 'contract_model' builds only the even split of its layers over the pipeline "
+                       "stages (its dtk_model_info.pipeline_split is 0)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}

@@ -373,6 +373,44 @@ TEST(MegatronArgs, VirtualPipelineStagesBecomeModelChunks) {
   }
 }
 
+// Megatron's uneven pipeline split: the first/last rank's layers and the embedding/loss counted
+// as layers map to distributed.*; the chunks per rank then come from
+// --num-virtual-stages-per-pipeline-rank (Megatron asserts against the per-stage form), and the
+// per-stage form counts the embedding and the loss; a layout string is refused.
+TEST(MegatronArgs, AnUnevenPipelineSplitMaps) {
+  MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--num-layers 8 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 1 "
+      "--decoder-last-pipeline-num-layers 1 --num-virtual-stages-per-pipeline-rank 1"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"distributed.decoder_first_pipeline_num_layers", "1"},
+                               {"distributed.decoder_last_pipeline_num_layers", "1"},
+                               {"distributed.virtual_pipeline_model_parallel_size", "1"}});
+  m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(
+      "--num-layers 6 --pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
+      "--account-for-loss-in-pipeline-split --num-layers-per-virtual-pipeline-stage 2"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"distributed.account_for_embedding_in_pipeline_split", "true"},
+                               {"distributed.account_for_loss_in_pipeline_split", "true"},
+                               {"distributed.virtual_pipeline_model_parallel_size", "2"}});
+  for (const auto& [args, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--num-layers 8 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 "
+            "--num-layers-per-virtual-pipeline-stage 2",
+            "--num-layers-per-virtual-pipeline-stage 2 with --decoder-first-pipeline-num-layers 2: give the chunks per "
+            "rank with --num-virtual-stages-per-pipeline-rank (Megatron asserts so)"},
+           {"--num-layers 6 --pipeline-model-parallel-size 2 --account-for-loss-in-pipeline-split "
+            "--num-layers-per-virtual-pipeline-stage 2",
+            "--num-layers-per-virtual-pipeline-stage 2: --num-layers 6 (with the embedding/loss counted: 7) does not "
+            "split into 2 pipeline stages of chunks of 2 layers"},
+           {"--pipeline-model-parallel-layout Et|tL",
+            "--pipeline-model-parallel-layout Et|tL: a layout string is not read: "
+            "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split say the "
+            "common uneven splits"}}) {
+    m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    ASSERT_EQ(m.refused.size(), 1u) << args;
+    EXPECT_EQ(m.refused[0], why);
+  }
+}
+
 // Half a Llama is neither model; Llama-only flags on a GPT are named.
 TEST(MegatronArgs, MixedArchitectureFlagsAreRefused) {
   MegatronMapping m = dtk::core::map_megatron_args(

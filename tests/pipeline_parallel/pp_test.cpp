@@ -421,3 +421,155 @@ TEST(PipelineInterleaved, BadLayoutsAreRefused) {
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << "expected: " << c.needle << "\n" << r.out;
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// An uneven split of the layers (Megatron's --decoder-first/last-pipeline-num-layers and
+// --account-for-embedding/loss-in-pipeline-split; dtk/pipeline_split.hpp): each stage builds the
+// layers the split gives it, and the run is the one-stage run.
+
+namespace {
+std::string split(const std::string& settings) {
+  std::string out;
+  size_t start = 0;
+  while (start < settings.size()) {
+    const size_t end = settings.find(',', start);
+    out += "--set distributed." + settings.substr(start, end - start) + " ";
+    start = end == std::string::npos ? settings.size() : end + 1;
+  }
+  return out;
+}
+const char* kSixLayers = "--set model.num_layers=6 ";
+}  // namespace
+
+// gpt, 2 stages of 1 and 3 layers (the first rank's count given) and of 4 and 2 (the last's);
+// llama, 4 stages of 1, 2, 2 and 1 layers (6 layers with the embedding and the loss counted) and of
+// 0, 1, 1 and 0 (2 layers); gpt, 2 ranks x 2 chunks of 1, 3, 1 and 3 layers (the first rank's 2
+// spread over its chunks).
+TEST(PipelineUneven, UnevenStagesEqualOneStage) {
+  const Curve gpt = curve_of(1, train("gpt-tiny.pbtxt", 2), "uneven-gpt-one");
+  expect_same_curve(
+      gpt,
+      curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_first_pipeline_num_layers=1"), "uneven-first1"),
+      20, "gpt PP2, 1 + 3 layers");
+  const Curve last = curve_of(
+      2, train("gpt-tiny.pbtxt", 2) + kSixLayers + pp(2) + split("decoder_last_pipeline_num_layers=2"), "uneven-last2");
+  expect_same_curve(curve_of(1, train("gpt-tiny.pbtxt", 2) + kSixLayers, "uneven-gpt6-one"), last, 20,
+                    "gpt 6 layers PP2, 4 + 2 layers");
+  EXPECT_NE(last.run.out.find("layers 0-3 of 6"), std::string::npos) << last.run.out;
+  EXPECT_NE(last.run.out.find("layers 4-5 of 6"), std::string::npos) << last.run.out;
+  const Curve llama = curve_of(4,
+                               train("llama-tiny.pbtxt", 2) + kSixLayers + pp(4) +
+                                   split("account_for_embedding_in_pipeline_split=true,"
+                                         "account_for_loss_in_pipeline_split=true"),
+                               "uneven-llama-pp4");
+  expect_same_curve(curve_of(1, train("llama-tiny.pbtxt", 2) + kSixLayers, "uneven-llama-one"), llama, 20,
+                    "llama 6 layers PP4, embedding and loss counted: 1 + 2 + 2 + 1 layers");
+  expect_same_validation(curve_of(1, train("llama-tiny.pbtxt", 2) + kSixLayers, "uneven-llama-one-v"), llama,
+                         "llama PP4 uneven");
+  // 2 layers over 4 stages, the embedding and the loss counted: the first and last stages hold no
+  // layer, only the embedding and the output layer.
+  const std::string two_layers = "--set model.num_layers=2 ";
+  const Curve bare = curve_of(4,
+                              train("llama-tiny.pbtxt", 2) + two_layers + pp(4) +
+                                  split("account_for_embedding_in_pipeline_split=true,"
+                                        "account_for_loss_in_pipeline_split=true"),
+                              "uneven-llama-bare");
+  expect_same_curve(curve_of(1, train("llama-tiny.pbtxt", 2) + two_layers, "uneven-llama2-one"), bare, 20,
+                    "llama 2 layers PP4, embedding and loss counted: 0 + 1 + 1 + 0 layers");
+  EXPECT_NE(bare.run.out.find("pipeline rank 0 holds none of the 2 layers"), std::string::npos) << bare.run.out;
+  EXPECT_NE(bare.run.out.find("pipeline rank 1 holds layer 0 of 2"), std::string::npos) << bare.run.out;
+  const Curve interleaved = curve_of(
+      2, train("gpt-tiny.pbtxt", 2) + kEightLayers + pp(2) + vpp(2) + split("decoder_first_pipeline_num_layers=2"),
+      "uneven-vpp");
+  expect_same_curve(curve_of(1, train("gpt-tiny.pbtxt", 2) + kEightLayers, "uneven-gpt8-one"), interleaved, 20,
+                    "gpt 8 layers PP2 x 2 chunks, 1 + 3 + 1 + 3 layers");
+}
+
+// Saved with 1 + 3 layers, resumed exactly with that split; refused with the even one (each stage
+// names its layers from 0), the convert command named; converted to one stage and from there to
+// 3 + 1 layers, each resuming as the uninterrupted run continues.
+TEST(PipelineUneven, ResumeAndConvertFollowTheSplit) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "uneven-ckpt");
+  const std::string uneven = train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_first_pipeline_num_layers=1");
+  const Curve whole = curve_of(2, uneven, "uneven-resume-whole");
+  const Curve first = curve_of(
+      2, uneven + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir, "uneven-first");
+  ASSERT_EQ(first.run.code, 0) << first.run.out;
+  auto expect_continues = [&](const Curve& c, const std::string& what, double tolerance) {
+    ASSERT_EQ(c.loss.size(), 10u) << what << "\n" << c.run.out;
+    for (int64_t it = 11; it <= 20; ++it) {
+      EXPECT_NEAR(c.loss.at(it), whole.loss.at(it), tolerance * whole.loss.at(it)) << what << ", iteration " << it;
+      EXPECT_NEAR(c.norm.at(it), whole.norm.at(it), tolerance * whole.norm.at(it)) << what << ", iteration " << it;
+    }
+  };
+  expect_continues(curve_of(2, uneven + "--set checkpoint.load=" + dir, "uneven-second"), "resumed", 1e-6);
+  const dtk_test::Result even = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir, 120);
+  EXPECT_NE(even.code, 0);
+  EXPECT_NE(even.out.find("was saved with 1 layer on the first pipeline rank over the pipeline stages, this run asks "
+                          "for the even split of the layers"),
+            std::string::npos)
+      << even.out;
+  const dtk_test::Result to_one =
+      dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
+  ASSERT_EQ(to_one.code, 0) << to_one.out;
+  EXPECT_NE(to_one.out.find("--set distributed.decoder_first_pipeline_num_layers=0"), std::string::npos) << to_one.out;
+  expect_continues(curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "uneven-to-one"),
+                   "converted to one stage", 1e-5);
+  const dtk_test::Result to_last = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
+                                                         "-last1 --pipeline_model_parallel_size 2 "
+                                                         "--decoder_last_pipeline_num_layers 1",
+                                                     120);
+  ASSERT_EQ(to_last.code, 0) << to_last.out;
+  EXPECT_NE(to_last.out.find("--set distributed.decoder_last_pipeline_num_layers=1"), std::string::npos) << to_last.out;
+  expect_continues(curve_of(2,
+                            train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_last_pipeline_num_layers=1") +
+                                "--set checkpoint.load=" + dir + "-last1",
+                            "uneven-last1"),
+                   "converted to 3 + 1 layers", 1e-5);
+  // A split that does not hold the layers is refused before anything is written.
+  const dtk_test::Result bad = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
+                                                     "-bad --pipeline_model_parallel_size 2 "
+                                                     "--decoder_first_pipeline_num_layers 4",
+                                                 120);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("checkpoint convert: the new layout: decoder_first_pipeline_num_layers 4 and "
+                         "decoder_last_pipeline_num_layers 0 leave 0 of num_layers 4 for the 1 middle pipeline ranks"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "-bad/latest_checkpointed_iteration.txt"));
+}
+
+TEST(PipelineUneven, BadSplitsAreRefused) {
+  struct Case {
+    int nproc;
+    std::string args, needle;
+  };
+  const std::string gpt = train("gpt-tiny.pbtxt", 2);
+  const std::vector<Case> cases = {
+      {2, gpt + pp(2) + split("decoder_first_pipeline_num_layers=4"),
+       "decoder_first_pipeline_num_layers 4 and decoder_last_pipeline_num_layers 0 leave 0 of num_layers 4 for the 1 "
+       "middle pipeline ranks"},
+      {2, gpt + pp(2) + split("decoder_first_pipeline_num_layers=1,decoder_last_pipeline_num_layers=2"),
+       "leave 1 of num_layers 4 for the 0 middle pipeline ranks"},
+      {2, gpt + pp(2) + vpp(2) + split("decoder_first_pipeline_num_layers=1"),
+       "decoder_first_pipeline_num_layers 1 is not divisible by the model chunks of a pipeline rank (2, "
+       "virtual_pipeline_model_parallel_size)"},
+      {2, gpt + pp(2) + split("account_for_embedding_in_pipeline_split=true"),
+       "num_layers 4 with the embedding and loss counted as layers (account_for_embedding/loss_in_pipeline_split) is "
+       "5, not divisible by pipeline_model_parallel_size 2"},
+      {1, gpt + pp(2) + split("decoder_first_pipeline_num_layers=-1"),
+       "config: distributed.decoder_first_pipeline_num_layers must be at least 1 (0: unset), got -1"},
+      {1, gpt + pp(2) + split("decoder_first_pipeline_num_layers=1,account_for_loss_in_pipeline_split=true"),
+       "config: distributed.decoder_first/last_pipeline_num_layers cannot go with "
+       "account_for_embedding/loss_in_pipeline_split"},
+      {1, gpt + split("decoder_first_pipeline_num_layers=1,decoder_last_pipeline_num_layers=3"),
+       "both name the one pipeline rank of pipeline_model_parallel_size 1"},
+  };
+  for (const Case& c : cases) {
+    const std::string launch = c.nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(c.nproc) + " ";
+    const dtk_test::Result r = dtk_test::run_dtk(launch + c.args, 120);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << "expected: " << c.needle << "\n" << r.out;
+  }
+}

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 12
+#define DTK_ABI_MINOR 13
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -734,12 +734,29 @@ typedef struct dtk_build_context {
    * the group through its collectives. A model that honours it says so in
    * dtk_model_info.expert_parallel; the host refuses the run otherwise. */
   int32_t ep_rank, ep_size;
+  /* ABI 2.13. How the decoder layers split over the pipeline's stages (Megatron-LM's
+   * --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers,
+   * --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split).
+   * pp_rank and pp_size above count the stages of the virtual pipeline; pipeline_chunks is the
+   * model chunks of each pipeline rank (1 without the interleaved schedule; 0 from an earlier
+   * host means 1): stage j is chunk j / (pp_size / pipeline_chunks) of pipeline rank
+   * j % (pp_size / pipeline_chunks). first_stage_layers / last_stage_layers: the layers of the
+   * first / last pipeline rank, all its chunks together (0: the middle ranks' share);
+   * embedding_in_split / loss_in_split: the embedding / the loss counts as one layer of the first
+   * / last stage. All four 0: the even split, num_layers / pp_size consecutive layers per stage.
+   * dtk::pipeline_layers (dtk/pipeline_split.hpp) gives a stage's layers; a model that builds
+   * them says so in dtk_model_info.pipeline_split, and the host refuses any other split for a
+   * model that does not. */
+  int32_t pipeline_chunks;
+  int32_t first_stage_layers, last_stage_layers;
+  int32_t embedding_in_split, loss_in_split;
 } dtk_build_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_12, ep_size);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, ep_size);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_13, loss_in_split);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, loss_in_split);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -775,13 +792,18 @@ typedef struct dtk_model_info {
    * model), so their gradients are reduced over DTK_GROUP_EXPERT_DATA_PARALLEL and their
    * parameters counted and saved per expert-parallel rank. */
   int32_t expert_parallel;
+  /* ABI 2.13. 1: it built the layers dtk::pipeline_layers gives for dtk_build_context's split
+   * (first_stage_layers, last_stage_layers, embedding_in_split, loss_in_split); 0 (and a 2.12
+   * model): the even split only, and the host refuses any other. */
+  int32_t pipeline_split;
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_9, moe_router_topk);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_12, expert_parallel);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, expert_parallel);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_13, pipeline_split);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, pipeline_split);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

@@ -215,7 +215,12 @@ struct BuildContext {
         sequence_parallel(c.sequence_parallel != 0 && c.tp_size > 1),
         deferred_parameters(c.deferred_parameters != 0),
         ep_rank(c.ep_size > 1 ? c.ep_rank : 0),
-        ep_size(c.ep_size > 1 ? c.ep_size : 1) {}
+        ep_size(c.ep_size > 1 ? c.ep_size : 1),
+        pipeline_chunks(c.pipeline_chunks > 1 ? c.pipeline_chunks : 1),
+        first_stage_layers(c.first_stage_layers),
+        last_stage_layers(c.last_stage_layers),
+        embedding_in_split(c.embedding_in_split != 0),
+        loss_in_split(c.loss_in_split != 0) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -229,6 +234,11 @@ struct BuildContext {
   bool deferred_parameters;
   // ABI 2.12 (0 and 1 from an earlier host): expert parallelism, dtk_build_context.ep_rank/ep_size.
   int32_t ep_rank, ep_size;
+  // ABI 2.13 (the even split from an earlier host): how the layers split over the pipeline's
+  // stages, dtk_build_context.pipeline_chunks and after; dtk::pipeline_layers reads them.
+  int32_t pipeline_chunks;
+  int32_t first_stage_layers, last_stage_layers;
+  bool embedding_in_split, loss_in_split;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -180,7 +180,7 @@ struct SaveContext {
 // unless they are sharded (then in shard files), the progress, the layout and the provenance.
 c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& model_dict,
                                       const TensorList& optim_state, const TensorList& strat_state, bool sharded,
-                                      int64_t num_chunks, const SaveContext& c) {
+                                      const ModelInstance& model, const SaveContext& c) {
   const TrainProgress& progress = c.progress;
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("model", model_dict);
@@ -202,7 +202,8 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   }
   d.insert("tensor_model_parallel_size", static_cast<int64_t>(c.topo.tp_size));
   d.insert("pipeline_model_parallel_size", static_cast<int64_t>(c.topo.pp_size));
-  d.insert("virtual_pipeline_model_parallel_size", num_chunks);
+  d.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(model.num_chunks()));
+  ckpt::insert_pipeline_split(d, model.split());
   d.insert("data_parallel_size", static_cast<int64_t>(c.topo.dp_size));
   if (c.topo.ep_size > 1) d.insert("expert_model_parallel_size", static_cast<int64_t>(c.topo.ep_size));
   if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(c.topo.dp_size));
@@ -237,8 +238,7 @@ int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model,
     if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
   }
   if (writer) {
-    const c10::impl::GenericDict d =
-        main_file_dict(model_dict, optim_state, strat_state, sharded, static_cast<int64_t>(model.num_chunks()), c);
+    const c10::impl::GenericDict d = main_file_dict(model_dict, optim_state, strat_state, sharded, model, c);
     const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
     bytes += w.bytes;
     sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
@@ -500,6 +500,18 @@ void check_saved_layout(const SavedFile& f, const Topology& topo, const ModelIns
                     std::to_string(model.num_chunks()) +
                     " (dtk checkpoint convert SRC DST --virtual_pipeline_model_parallel_size " +
                     std::to_string(model.num_chunks()) + " makes one for it)");
+  // Each stage names its layers from 0: another split would load other layers under those names.
+  const PipelineSplit saved_split = ckpt::read_pipeline_split(f.d, static_cast<int32_t>(saved_pp * saved_virtual),
+                                                              static_cast<int32_t>(saved_virtual));
+  const PipelineSplit& split = model.split();
+  if (saved_split.first_stage_layers != split.first_stage_layers ||
+      saved_split.last_stage_layers != split.last_stage_layers ||
+      saved_split.embedding_in_split != split.embedding_in_split || saved_split.loss_in_split != split.loss_in_split)
+    throw HostError(
+        "checkpoint " + file + " was saved with " + describe_pipeline_split(saved_split) +
+        " over the pipeline stages, this run asks for " + describe_pipeline_split(split) +
+        " (distributed.decoder_first/last_pipeline_num_layers, account_for_embedding/loss_in_pipeline_split; "
+        "dtk checkpoint convert re-splits a checkpoint)");
 }
 
 // Megatron's opt_param_scheduler entry: the schedule the checkpoint's run trained with.

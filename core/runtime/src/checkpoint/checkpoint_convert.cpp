@@ -85,10 +85,11 @@ namespace {
 
 // A parameter's name in the whole model from its name on pipeline stage `stage` (Megatron's
 // convention, which the shipped models follow: each stage numbers its layers from 0, so
-// "...layers.<i>..." on stage s is layer s x layers_per_stage + i; the last stage's copy of a tied
-// weight is the first stage's). Names without a layer index are the same everywhere.
+// "...layers.<i>..." on stage s is layer offset(s) + i, the offsets of the layout's split,
+// dtk/pipeline_split.hpp; the last stage's copy of a tied weight is the first stage's). Names
+// without a layer index are the same everywhere.
 struct StageNames {
-  int64_t layers_per_stage = 0;
+  std::vector<int64_t> offsets;       // each stage's first layer
   std::string tied_first, tied_copy;  // the tied weight on the first stage, its copy on the last
 
   std::string global(const std::string& local, int stage) const {
@@ -100,7 +101,7 @@ struct StageNames {
     size_t end = digits;
     while (end < local.size() && std::isdigit(static_cast<unsigned char>(local[end]))) ++end;
     if (end == digits || end >= local.size() || local[end] != '.') return local;
-    const int64_t i = std::stoll(local.substr(digits, end - digits)) + stage * layers_per_stage;
+    const int64_t i = std::stoll(local.substr(digits, end - digits)) + offsets.at(static_cast<size_t>(stage));
     return local.substr(0, digits) + std::to_string(i) + local.substr(end);
   }
 };
@@ -138,11 +139,18 @@ TensorMap under_prefix(const TensorMap& m, const std::string& prefix) {
 
 namespace {
 
-// A parallel layout: tensor-parallel size, pipeline size, model chunks per pipeline rank. Stages
-// of the (virtual) pipeline: chunk k of pipeline rank r is stage k x pp + r of pp x v.
+// A parallel layout: tensor-parallel size, pipeline size, model chunks per pipeline rank and the
+// layers' split over the stages. Stages of the (virtual) pipeline: chunk k of pipeline rank r is
+// stage k x pp + r of pp x v.
 struct Layout {
   int64_t tp = 1, pp = 1, v = 1;
+  PipelineSplit rule;  // its first/last layers and counted embedding/loss; stages and chunks below
   int64_t stages() const { return pp * v; }
+  PipelineSplit split() const {
+    PipelineSplit s = rule;
+    s.stages = static_cast<int32_t>(stages()), s.chunks = static_cast<int32_t>(v);
+    return s;
+  }
 };
 
 using StateEntries = std::vector<std::tuple<std::string, std::string, at::Tensor>>;  // key, param, value
@@ -170,28 +178,34 @@ Layout read_saved_layout(const std::string& iter_dir, const ckpt::Checksums& sum
   if (v != d.end() && v->value().isInt()) old.v = std::max<int64_t>(1, v->value().toInt());
   auto it = d.find(c10::IValue(std::string("iteration")));
   *iteration = it != d.end() && it->value().isInt() ? it->value().toInt() : 0;
+  old.rule = ckpt::read_pipeline_split(d, static_cast<int32_t>(old.stages()), static_cast<int32_t>(old.v));
   return old;
 }
 
 // The layout asked for: 0 keeps the checkpoint's size; model chunks per rank are kept with the
-// pipeline size, else one unless asked.
-Layout resolve_new_layout(const Layout& old, int new_tp, int new_pp, int new_v) {
-  if (new_tp == 0) new_tp = static_cast<int>(old.tp);
-  if (new_pp == 0) new_pp = static_cast<int>(old.pp);
-  if (new_v == 0) new_v = new_pp == old.pp ? static_cast<int>(old.v) : 1;
-  if (new_v > 1 && new_pp < 2)
-    throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(new_v) +
+// pipeline size, else one unless asked; the split is kept with both, else even unless asked.
+Layout resolve_new_layout(const Layout& old, const ConvertTarget& target) {
+  Layout nl;
+  nl.tp = target.tp == 0 ? old.tp : target.tp;
+  nl.pp = target.pp == 0 ? old.pp : target.pp;
+  nl.v = target.v == 0 ? (nl.pp == old.pp ? old.v : 1) : target.v;
+  if (nl.v > 1 && nl.pp < 2)
+    throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(nl.v) +
                     " (the interleaved schedule) needs --pipeline_model_parallel_size 2 or more");
-  return Layout{new_tp, new_pp, new_v};
+  if (target.split)
+    nl.rule = *target.split;
+  else if (nl.pp == old.pp && nl.v == old.v)
+    nl.rule = old.rule;
+  return nl;
 }
 
 // Names on each stage <-> names in the whole model, for a layout's stages.
-StageNames stage_names(const ModelAtLayout& build, int64_t layers, int64_t stages) {
+StageNames stage_names(const ModelAtLayout& build, int64_t layers, const Layout& layout) {
   StageNames names;
-  names.layers_per_stage = layers / stages;
-  find_tied(names, build(0, 1, 0, static_cast<int>(stages))->parameters(),
-            build(0, 1, static_cast<int>(stages) - 1, static_cast<int>(stages))->parameters(),
-            static_cast<int>(stages));
+  for (const StageLayers& stage : pipeline_stage_layers(layout.split(), layers)) names.offsets.push_back(stage.offset);
+  const int stages = static_cast<int>(layout.stages());
+  find_tied(names, build(0, 1, 0, layout.split())->parameters(), build(0, 1, stages - 1, layout.split())->parameters(),
+            stages);
   return names;
 }
 
@@ -224,7 +238,7 @@ std::vector<Param> old_rank_params(const Source& src, int64_t rank_pp, int64_t r
   std::vector<Param> params;
   for (int64_t k = 0; k < src.old.v; ++k)
     for (Param& p : src.build(static_cast<int>(r), static_cast<int>(src.old.tp),
-                              static_cast<int>(k * src.old.pp + rank_pp), static_cast<int>(src.old.stages()))
+                              static_cast<int>(k * src.old.pp + rank_pp), src.old.split())
                         ->parameters()) {
       p.name = ModelInstance::chunk_prefix(k, src.old.v) + p.name;
       params.push_back(std::move(p));
@@ -292,7 +306,7 @@ void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const Ra
   const int64_t stage = chunk * src.old.pp + rank_pp;
   const std::string prefix = ModelInstance::chunk_prefix(chunk, src.old.v);
   const std::unique_ptr<ModelInstance> built =
-      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), static_cast<int>(src.old.stages()));
+      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), src.old.split());
   const std::map<std::string, int> stage_dims = partition_dims(built->parameters());
   std::vector<TensorMap> chunk_model;
   for (const TensorMap& m : st.model) chunk_model.push_back(under_prefix(m, prefix));
@@ -347,7 +361,7 @@ NewRank cut_model(const ModelAtLayout& build, const Layout& nl, const StageNames
   for (int chunk = 0; chunk < nl.v; ++chunk) {
     const int stage = chunk * static_cast<int>(nl.pp) + rank_pp;
     const std::string prefix = ModelInstance::chunk_prefix(chunk, static_cast<int>(nl.v));
-    std::unique_ptr<ModelInstance> m = build(r, static_cast<int>(nl.tp), stage, static_cast<int>(nl.stages()));
+    std::unique_ptr<ModelInstance> m = build(r, static_cast<int>(nl.tp), stage, nl.split());
     for (const Param& p : m->parameters()) {
       const std::string g = new_names.global(p.name, stage);
       nr.target_params[g] = p.tensor;
@@ -391,7 +405,7 @@ std::vector<std::pair<std::string, at::Tensor>> cut_state(const StateEntries& en
 // the cut model and (consolidated: whole parameters') state.
 c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& nl, const StageNames& new_names,
                                      const WholeModel& whole, int rank_pp, int r,
-                                     const std::function<std::string(int tp, int pp, int v)>& config_text,
+                                     const std::function<std::string(const ConvertReport&)>& config_text,
                                      ConvertReport& report) {
   const NewRank nr = cut_model(build, nl, new_names, whole, rank_pp, r);
   const auto new_optimizer = cut_state(whole.optimizer, nr, whole, r),
@@ -404,7 +418,8 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
   d.insert_or_assign("tensor_model_parallel_size", nl.tp);
   d.insert_or_assign("pipeline_model_parallel_size", nl.pp);
   d.insert_or_assign("virtual_pipeline_model_parallel_size", nl.v);
-  d.insert_or_assign("config", config_text(report.new_tp, report.new_pp, report.new_v));
+  ckpt::insert_pipeline_split(d, nl.split());
+  d.insert_or_assign("config", config_text(report));
   report.model_tensors = static_cast<int64_t>(nr.model.size());
   report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
   return d;
@@ -420,27 +435,29 @@ void require_new_or_empty_folder(const std::string& dir, const std::string& comm
   if (!fs::is_empty(dir, ec)) throw HostError(command + ": " + dir + " exists and is not an empty directory");
 }
 
-ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
-                                 int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
+ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, const ConvertTarget& target,
+                                 const std::function<std::string(const ConvertReport&)>& config_text,
                                  const ModelAtLayout& build, bool verify) {
-  if (new_tp < 0 || new_pp < 0 || new_v < 0) throw HostError("checkpoint convert: parallel sizes must be >= 1");
+  if (target.tp < 0 || target.pp < 0 || target.v < 0)
+    throw HostError("checkpoint convert: parallel sizes must be >= 1");
   require_new_or_empty_folder(save_dir, "checkpoint convert");
   ConvertReport report;
   const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
   const Layout old = read_saved_layout(iter_dir, sums, &report.iteration);
-  const Layout nl = resolve_new_layout(old, new_tp, new_pp, new_v);
+  const Layout nl = resolve_new_layout(old, target);
   report.old_tp = static_cast<int>(old.tp), report.old_pp = static_cast<int>(old.pp);
   report.old_v = static_cast<int>(old.v);
   report.new_tp = static_cast<int>(nl.tp), report.new_pp = static_cast<int>(nl.pp),
   report.new_v = static_cast<int>(nl.v);
+  report.old_split = old.split(), report.new_split = nl.split();
 
-  const int64_t layers = build(0, 1, 0, 1)->info().num_layers;
-  for (int64_t stages : {old.stages(), nl.stages()})
-    if (layers % stages != 0)
-      throw HostError("checkpoint convert: the model's " + std::to_string(layers) + " layers do not split into " +
-                      std::to_string(stages) + " pipeline stages (pipeline size x model chunks per rank)");
-  const Source src{iter_dir, sums, build, old, stage_names(build, layers, old.stages())};
-  const StageNames new_names = stage_names(build, layers, nl.stages());
+  const int64_t layers = build(0, 1, 0, PipelineSplit{})->info().num_layers;
+  for (const auto& [layout, which] :
+       {std::pair<const Layout*, const char*>{&old, "the checkpoint's"}, {&nl, "the new"}})
+    if (const std::string refusal = pipeline_split_refusal(layout->split(), layers); !refusal.empty())
+      throw HostError(std::string("checkpoint convert: ") + which + " layout: " + refusal);
+  const Source src{iter_dir, sums, build, old, stage_names(build, layers, old)};
+  const StageNames new_names = stage_names(build, layers, nl);
 
   // Every old pipeline rank: its files, then each of its chunks made whole.
   WholeModel whole;

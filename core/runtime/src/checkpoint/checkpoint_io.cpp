@@ -93,6 +93,32 @@ int64_t saved_expert_parallel_size(const std::string& iter_dir) {
   }
 }
 
+void insert_pipeline_split(c10::impl::GenericDict& d, const PipelineSplit& split) {
+  for (const char* key : {"decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+    (void)d.erase(key);
+  if (split.first_stage_layers) d.insert("decoder_first_pipeline_num_layers", split.first_stage_layers);
+  if (split.last_stage_layers) d.insert("decoder_last_pipeline_num_layers", split.last_stage_layers);
+  if (split.embedding_in_split) d.insert("account_for_embedding_in_pipeline_split", true);
+  if (split.loss_in_split) d.insert("account_for_loss_in_pipeline_split", true);
+}
+
+PipelineSplit read_pipeline_split(const c10::impl::GenericDict& d, int32_t stages, int32_t chunks) {
+  PipelineSplit s;
+  s.stages = stages, s.chunks = chunks;
+  auto entry = [&](const char* key) {
+    auto it = d.find(c10::IValue(std::string(key)));
+    return it == d.end() ? c10::IValue() : it->value();
+  };
+  if (const c10::IValue v = entry("decoder_first_pipeline_num_layers"); v.isInt()) s.first_stage_layers = v.toInt();
+  if (const c10::IValue v = entry("decoder_last_pipeline_num_layers"); v.isInt()) s.last_stage_layers = v.toInt();
+  s.embedding_in_split = entry("account_for_embedding_in_pipeline_split").isBool() &&
+                         entry("account_for_embedding_in_pipeline_split").toBool();
+  s.loss_in_split =
+      entry("account_for_loss_in_pipeline_split").isBool() && entry("account_for_loss_in_pipeline_split").toBool();
+  return s;
+}
+
 // "optim_dp_rank_003.pt": data-parallel rank 3's optimizer and strategy state (sharded strategies).
 std::string shard_file_name(int dp_rank) {
   char buf[48];

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
+#include <dtk/pipeline_split.hpp>
 #include <dtk/tensor.hpp>
 
 #include <cstdint>
@@ -42,6 +43,11 @@ std::string megatron_distributed_checkpoint(const std::string& iter_dir);
 // cannot be read: the caller's own read then says why). Each expert-parallel rank's directory holds its own
 // experts, so a command that needs the whole model in one directory refuses a size above 1.
 int64_t saved_expert_parallel_size(const std::string& iter_dir);
+// The layers' split over the pipeline stages in a main file: Megatron's argument names
+// (decoder_first_pipeline_num_layers, ...), written only for a split that is not the even one, so
+// an even split's file is as before. Reading gives `stages` and `chunks` from the caller.
+void insert_pipeline_split(c10::impl::GenericDict& d, const PipelineSplit& split);
+PipelineSplit read_pipeline_split(const c10::impl::GenericDict& d, int32_t stages, int32_t chunks);
 std::string shard_file_name(int dp_rank);
 // "<host>-<pid>": the suffix of a process's temporary names (`iter_N.tmp-HOST-PID`).
 std::string temp_owner(int64_t pid);

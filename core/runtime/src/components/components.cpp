@@ -303,6 +303,7 @@ ModelInstance::ModelInstance(const Plugin& plugin, const dtk_build_context& ctx)
 ModelInstance::ModelInstance(const Plugin& plugin, const std::vector<dtk_build_context>& chunks)
     : plugin_(plugin), api_(plugin.api_as<dtk_model_api>()) {
   if (chunks.empty()) throw HostError("model plugin '" + plugin_.name() + "': no model chunk to create");
+  split_ = pipeline_split(chunks[0]);
   // The forwarding table claims no more than the plugin's own table holds (abi.h rule 2): a
   // caller that checks for a newer entry sees what the plugin has.
   blaming_api_ = kBlamingApi;

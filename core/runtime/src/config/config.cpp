@@ -673,6 +673,22 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError("config: distributed.virtual_pipeline_model_parallel_size " +
                     std::to_string(d.virtual_pipeline_model_parallel_size()) +
                     " (the interleaved schedule) needs distributed.pipeline_model_parallel_size >= 2");
+  for (const auto& [field, layers] :
+       {std::pair<const char*, int32_t>{"decoder_first_pipeline_num_layers", d.decoder_first_pipeline_num_layers()},
+        {"decoder_last_pipeline_num_layers", d.decoder_last_pipeline_num_layers()}})
+    if (layers < 0)
+      throw HostError(std::string("config: distributed.") + field + " must be at least 1 (0: unset), got " +
+                      std::to_string(layers));
+  if (d.decoder_first_pipeline_num_layers() > 0 && d.decoder_last_pipeline_num_layers() > 0 &&
+      d.pipeline_model_parallel_size() < 2)
+    throw HostError(
+        "config: distributed.decoder_first_pipeline_num_layers and decoder_last_pipeline_num_layers both name the one "
+        "pipeline rank of pipeline_model_parallel_size 1");
+  if ((d.decoder_first_pipeline_num_layers() > 0 || d.decoder_last_pipeline_num_layers() > 0) &&
+      (d.account_for_embedding_in_pipeline_split() || d.account_for_loss_in_pipeline_split()))
+    throw HostError(
+        "config: distributed.decoder_first/last_pipeline_num_layers cannot go with "
+        "account_for_embedding/loss_in_pipeline_split (Megatron-LM refuses them together too)");
   if (d.expert_model_parallel_size() < 0)
     throw HostError(
         "config: distributed.expert_model_parallel_size must be at least 1 (0 or 1: no expert parallelism), got " +

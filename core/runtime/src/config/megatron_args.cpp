@@ -341,6 +341,19 @@ const Rule kRules[] = {
      "the interleaved schedule: num_layers / pipeline size / this chunks per rank"},
     {"--virtual-pipeline-model-parallel-size", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
      "the interleaved schedule"},
+    {"--num-virtual-stages-per-pipeline-rank", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
+     "the interleaved schedule's chunks per rank (with an uneven split, Megatron's one way to ask for them)"},
+    {"--decoder-first-pipeline-num-layers", 1, Kind::kSet, "distributed.decoder_first_pipeline_num_layers",
+     "the first pipeline rank's layers; the middle ranks share the rest evenly"},
+    {"--decoder-last-pipeline-num-layers", 1, Kind::kSet, "distributed.decoder_last_pipeline_num_layers",
+     "the last pipeline rank's layers; the middle ranks share the rest evenly"},
+    {"--account-for-embedding-in-pipeline-split", 0, Kind::kSwitch,
+     "distributed.account_for_embedding_in_pipeline_split=true", "the embedding counts as a layer of the first stage"},
+    {"--account-for-loss-in-pipeline-split", 0, Kind::kSwitch, "distributed.account_for_loss_in_pipeline_split=true",
+     "the loss counts as a layer of the last stage"},
+    {"--pipeline-model-parallel-layout", 1, Kind::kRefuse, "",
+     "a layout string is not read: --decoder-first/last-pipeline-num-layers and "
+     "--account-for-embedding/loss-in-pipeline-split say the common uneven splits"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kCustom, "", "1: accepted; more refused (no context parallelism in DTK)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
@@ -740,6 +753,8 @@ struct SeenFlags {
   bool rope = false, rms_norm = false, swiglu = false;
   bool group_query_attention = false, fp16 = false, bf16 = false;
   std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
+  std::string uneven_shown;                                // --decoder-first/last-pipeline-num-layers as given
+  bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
   bool use_checkpoint_args = false, rope_scaling = false;
   std::string rope_factor, rope_factor_shown;   // --rope-scaling-factor: its value, and as given
@@ -868,6 +883,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--num-layers") s.num_layers = values[0];
   if (f == "--pipeline-model-parallel-size") s.pipeline_size = values[0];
   if (f == "--num-layers-per-virtual-pipeline-stage") s.per_virtual_stage = values[0], s.per_virtual_shown = shown;
+  if (f == "--decoder-first-pipeline-num-layers" || f == "--decoder-last-pipeline-num-layers") s.uneven_shown = shown;
+  if (f == "--account-for-embedding-in-pipeline-split") s.embedding_in_split = true;
+  if (f == "--account-for-loss-in-pipeline-split") s.loss_in_split = true;
   if (f == "--fp16") s.fp16 = true;
   if (f == "--bf16") s.bf16 = true;
   if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" ||
@@ -1217,15 +1235,23 @@ void check_heads_and_positions(const SeenFlags& s, MegatronMapping& m) {
                         "--use-rotary-position-embeddings): DTK has no model without positions");
 }
 
-// Megatron's virtual_pipeline_model_parallel_size = num_layers / pipeline size / this.
+// Megatron's virtual_pipeline_model_parallel_size = num_layers (the embedding and the loss counted
+// when they are) / pipeline size / this.
 void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
   if (s.per_virtual_shown.empty()) return;
+  if (!s.uneven_shown.empty()) {
+    m.refused.push_back(s.per_virtual_shown + " with " + s.uneven_shown +
+                        ": give the chunks per rank with --num-virtual-stages-per-pipeline-rank (Megatron asserts so)");
+    return;
+  }
   auto positive = [](const std::string& v) {
     char* end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);
     return v.empty() || *end || n <= 0 ? 0L : n;
   };
-  const long layers = positive(s.num_layers), stages = positive(s.pipeline_size), per = positive(s.per_virtual_stage);
+  const long counted = (s.embedding_in_split ? 1 : 0) + (s.loss_in_split ? 1 : 0);
+  const long layers = positive(s.num_layers) > 0 ? positive(s.num_layers) + counted : 0;
+  const long stages = positive(s.pipeline_size), per = positive(s.per_virtual_stage);
   if (per == 0)
     m.refused.push_back(s.per_virtual_shown + ": not a positive number of layers");
   else if (layers == 0)
@@ -1234,8 +1260,10 @@ void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
   else if (stages < 2)
     m.refused.push_back(s.per_virtual_shown + ": needs --pipeline-model-parallel-size 2 or more");
   else if (layers % stages != 0 || (layers / stages) % per != 0)
-    m.refused.push_back(s.per_virtual_shown + ": --num-layers " + s.num_layers + " does not split into " +
-                        s.pipeline_size + " pipeline stages of chunks of " + s.per_virtual_stage + " layers");
+    m.refused.push_back(s.per_virtual_shown + ": --num-layers " + s.num_layers +
+                        (counted ? " (with the embedding/loss counted: " + std::to_string(layers) + ")" : "") +
+                        " does not split into " + s.pipeline_size + " pipeline stages of chunks of " +
+                        s.per_virtual_stage + " layers");
   else if (layers / stages / per > 1)
     set_by(m, "distributed.virtual_pipeline_model_parallel_size=" + std::to_string(layers / stages / per),
            s.per_virtual_shown);

@@ -34,7 +34,7 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
   const double h = static_cast<double>(in.hidden_size);
-  const int64_t stage_layers = std::max<int64_t>(1, in.num_layers / in.pp_size);
+  const int64_t stage_layers = std::max<int64_t>(1, in.rank_layers > 0 ? in.rank_layers : in.num_layers / in.pp_size);
   const double per_layer = layer_activation_bytes(in);
   double stage = static_cast<double>(stage_layers) * per_layer;
   if (in.recompute) {

@@ -112,6 +112,29 @@ void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, con
       throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
 }
 
+// Which layers this pipeline rank holds ("layers 0-3 of 6", a range per model chunk), and the split
+// when it is not the even one: where an uneven split put them.
+void print_stage_layers(const std::string& who, const Topology& topo, const ModelInstance& model) {
+  const PipelineSplit& split = model.split();
+  const int64_t layers = model.info().num_layers;
+  if (!pipeline_split_refusal(split, layers).empty()) return;  // (a model that built what it chose)
+  const std::vector<StageLayers> stages = pipeline_stage_layers(split, layers);
+  std::string held;
+  int64_t count = 0;
+  for (int k = 0; k < model.num_chunks(); ++k) {
+    const StageLayers& s = stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank));
+    const std::string range = s.count == 0   ? std::string("none")
+                              : s.count == 1 ? std::to_string(s.offset)
+                                             : std::to_string(s.offset) + "-" + std::to_string(s.offset + s.count - 1);
+    held += (held.empty() ? "" : ", ") + range;
+    count += s.count;
+  }
+  const std::string what = count == 0 ? "none of the " + std::to_string(layers) + " layers"
+                                      : (count == 1 ? "layer " : "layers ") + held + " of " + std::to_string(layers);
+  std::printf("%s > pipeline rank %d holds %s (%s)\n", who.c_str(), topo.pp_rank, what.c_str(),
+              describe_pipeline_split(split).c_str());
+}
+
 // As Megatron: every first data-parallel rank reports its shard (the line names the rank); the
 // optimizer groups by the model's own parameters (a ZeRO shard list would show this rank's part).
 void print_model(const Topology& topo, const TrainingParts& parts, const ParamGroups& groups) {
@@ -123,6 +146,7 @@ void print_model(const Topology& topo, const TrainingParts& parts, const ParamGr
                                                  : "";
     std::printf("%s > number of parameters on (tensor, pipeline) model parallel rank (%d, %d)%s: %lld\n", who.c_str(),
                 topo.tp_rank, topo.pp_rank, experts.c_str(), static_cast<long long>(parts.stats.num_parameters));
+    if (topo.pp_size > 1 && topo.tp_rank == 0) print_stage_layers(who, topo, *parts.model);
     std::fflush(stdout);
   }
   if (topo.world_rank == 0)
@@ -205,6 +229,18 @@ bool sequence_parallel(const config::RunConfig& cfg, const Topology& topo) {
   return cfg.distributed().sequence_parallel() && topo.tp_size > 1;
 }
 
+// The run's split of the layers over the stages of its (virtual) pipeline.
+PipelineSplit run_pipeline_split(const config::RunConfig& cfg, const Topology& topo) {
+  const auto& d = cfg.distributed();
+  PipelineSplit s;
+  s.chunks = virtual_stages(cfg), s.stages = s.chunks * std::max(1, topo.pp_size);
+  s.first_stage_layers = d.decoder_first_pipeline_num_layers();
+  s.last_stage_layers = d.decoder_last_pipeline_num_layers();
+  s.embedding_in_split = d.account_for_embedding_in_pipeline_split();
+  s.loss_in_split = d.account_for_loss_in_pipeline_split();
+  return s;
+}
+
 dtk_build_context build_context(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
                                 const PluginSlot& slot, int chunk) {
   dtk_build_context c{};
@@ -225,6 +261,11 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.seed = cfg.train().seed();
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
+  const PipelineSplit split = run_pipeline_split(cfg, topo);
+  c.pipeline_chunks = chunk >= 0 ? split.chunks : 1;
+  c.first_stage_layers = static_cast<int32_t>(split.first_stage_layers);
+  c.last_stage_layers = static_cast<int32_t>(split.last_stage_layers);
+  c.embedding_in_split = split.embedding_in_split ? 1 : 0, c.loss_in_split = split.loss_in_split ? 1 : 0;
   return c;
 }
 
@@ -264,6 +305,13 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
+  // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
+  const PipelineSplit split = run_pipeline_split(cfg, topo);
+  if (pipeline_split_refusal(split, info.num_layers).empty()) {
+    const std::vector<StageLayers> stages = pipeline_stage_layers(split, info.num_layers);
+    for (int k = 0; k < split.chunks; ++k)
+      in.rank_layers += stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank)).count;
+  }
   in.device_budget = t.memory_limit_mb() > 0 || training_device().is_cuda();
   return in;
 }
@@ -368,6 +416,12 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
   if (topo.ep_size > 1) require_expert_parallel_model(info, plugins.model.name());
+  if (!parts.model->split().even() && (info.struct_size < dtk_model_info_STRUCT_SIZE_2_13 || !info.pipeline_split))
+    throw HostError("model plugin '" + plugins.model.name() +
+                    "' builds only the even split of its layers over the pipeline stages (its "
+                    "dtk_model_info.pipeline_split is 0): unset distributed.decoder_first_pipeline_num_layers, "
+                    "decoder_last_pipeline_num_layers and account_for_embedding/loss_in_pipeline_split, or build its "
+                    "layers from dtk::pipeline_layers (dtk/pipeline_split.hpp)");
   parts.stats = model_stats(parts.model->parameters(), info, plan.seq_length(), topo.tp_size, topo.pp_rank,
                             topo.pp_size, topo.ep_size);
   parts.strategy->setup(*parts.model);

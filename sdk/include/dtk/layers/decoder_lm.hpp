@@ -10,9 +10,10 @@
 // What the base owns:
 //   * the shared options (DecoderConfig, read_options: Megatron's names) and their checks;
 //   * the stage split: pre_process (embedding) and post_process (final norm, output layer) from
-//     the build context; this stage's num_layers / pp_size layers, built with weights seeded by
-//     their global index (pp_size and pp_rank count interleaved virtual stages: the host passes
-//     the virtual stage's index), named language_model.encoder.layers.<local index>;
+//     the build context; this stage's layers as the context's split gives them (num_layers /
+//     pp_size each for the even split; dtk/pipeline_split.hpp), built with weights seeded by their
+//     global index (pp_size and pp_rank count interleaved virtual stages: the host passes the
+//     virtual stage's index), named language_model.encoder.layers.<local index>;
 //   * tied vs untied output weight: the word embedding is `shared` on the first stage and copied
 //     as word_embeddings_for_head.weight on the last stage of a pipeline (Megatron's names);
 //   * initialisation: each weight from seeded_generator(seed * 1000003 + salt), salt 1 the word

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,14 +33,25 @@
 
 namespace dtk::core {
 
-// Builds the checkpoint's model for one rank of a tensor- and pipeline-parallel layout (fp32
+// Builds the checkpoint's model for one rank of a tensor- and pipeline-parallel layout: stage
+// `stage` of `split.stages` (pipeline ranks x model chunks), its layers as `split` gives them (fp32
 // parameters on the CPU; the caller resolves the plugin and its options from the checkpoint's
 // configuration).
-using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size, int pp_rank, int pp_size)>;
+using ModelAtLayout =
+    std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size, int stage, const PipelineSplit& split)>;
+
+// The layout to convert to: a size 0 keeps the checkpoint's (the model chunks per rank: when the
+// pipeline size stays, else 1); no `split` keeps the checkpoint's split of the layers when the
+// pipeline size and the chunks stay, else the even one (its stages and chunks are the layout's).
+struct ConvertTarget {
+  int tp = 0, pp = 0, v = 0;
+  std::optional<PipelineSplit> split;
+};
 
 struct ConvertReport {
   int64_t iteration = 0;
   int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1, old_v = 1, new_v = 1;
+  PipelineSplit old_split, new_split;
   int64_t model_tensors = 0, state_tensors = 0;
   int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)
   double megabytes = 0;
@@ -55,23 +67,23 @@ std::map<std::string, int> partition_dims(const std::vector<Param>& params);
 at::Tensor merge_partitions(const std::vector<std::map<std::string, at::Tensor>>& ranks, const std::string& name,
                             int dim, const std::string& who);
 
-// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `new_tp`,
-// `new_pp`: the layout to convert to (0 keeps the checkpoint's); `config_text(tp, pp)`: the
-// configuration to record for the new layout; `save_dir`: must not hold a checkpoint yet.
+// `iter_dir`: the iteration to convert (every file verified against SHA256SUMS); `target`: the
+// layout to convert to; `config_text(report)`: the configuration to record for the new layout
+// (report.new_*); `save_dir`: must not hold a checkpoint yet.
 //
 // Pipeline stages (Megatron's mp_rank_TT_PPP): each stage's parameters are renamed to the whole
 // model's (each stage numbers its layers from 0: "...layers.<i>..." of stage s is layer
-// s x layers / stages + i) and cut again for the new stages; the last stage's copy of a tied
-// weight (dtk_param_info.shared on the first and the last stage) is the first stage's weight,
-// with its optimizer state. The layers must split evenly into the old and the new stages.
+// offset(s) + i, its split's, dtk/pipeline_split.hpp) and cut again for the new stages; the last
+// stage's copy of a tied weight (dtk_param_info.shared on the first and the last stage) is the
+// first stage's weight, with its optimizer state. Both layouts' splits must hold the layers.
 //
 // The interleaved schedule's checkpoints (virtual_pipeline_model_parallel_size v > 1) hold v
 // chunks per pipeline rank under "model<k>." names; chunk k of rank r is stage k x pp + r of a
 // pp x v stage pipeline, and is converted as that stage. `new_v` 0 keeps the checkpoint's v when
 // the pipeline size stays, else 1.
 // `verify`: each file read is checked against the checkpoint's SHA256SUMS (--noverify skips it).
-ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, int new_tp, int new_pp,
-                                 int new_v, const std::function<std::string(int tp, int pp, int v)>& config_text,
+ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, const ConvertTarget& target,
+                                 const std::function<std::string(const ConvertReport&)>& config_text,
                                  const ModelAtLayout& build, bool verify);
 
 // The folder a command writes a new checkpoint or export into (convert, export hf, import hf):

@@ -5,6 +5,7 @@
 
 #include <dtk/model.hpp>
 #include <dtk/optimizer.hpp>
+#include <dtk/pipeline_split.hpp>
 
 #include <memory>
 #include <optional>
@@ -78,6 +79,9 @@ class ModelInstance {
   // Installs per-module hooks on the model (nullptr removes them).
   void set_module_hooks(const dtk_module_hooks* hooks);
   const host::Plugin& plugin() const { return plugin_; }
+  // How the layers split over the pipeline stages, as the chunks were asked to build them
+  // (dtk_build_context's split; recorded in checkpoints).
+  const PipelineSplit& split() const { return split_; }
 
   // One plugin model: the host calls it through the plugin's own table, other plugins through
   // the blaming one.
@@ -109,6 +113,7 @@ class ModelInstance {
   const dtk_model_api* api_;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // stable addresses: the refs point into them
   int selected_ = 0;
+  PipelineSplit split_;
   dtk_model_api blaming_api_{};
   // Several chunks: one table over all of them (composite_api), what strategies and steps get.
   dtk_model_api composite_api_{};

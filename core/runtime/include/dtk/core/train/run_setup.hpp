@@ -48,6 +48,9 @@ std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::
 
 // Model chunks per pipeline rank (distributed.virtual_pipeline_model_parallel_size; 1 = 1F1B).
 int virtual_stages(const config::RunConfig& cfg);
+// The run's split of the layers over the stages of its (virtual) pipeline (distributed.*:
+// dtk/pipeline_split.hpp): pipeline ranks x model chunks stages.
+PipelineSplit run_pipeline_split(const config::RunConfig& cfg, const Topology& topo);
 
 // The context a plugin is created with. `chunk` >= 0: model chunk `chunk` of the interleaved
 // schedule, built as virtual stage chunk x pp_size + pp_rank of virtual_stages() x pp_size.

@@ -18,6 +18,14 @@
 
 namespace dtk::layers {
 
+namespace {
+
+// Domino's chunked schedule, or the plain one: a stage without layers (an uneven pipeline split)
+// has nothing to overlap its output layer's or embedding's communication with.
+bool runs_domino(const DecoderConfig& c, size_t stage_layers) { return c.domino_chunks > 1 && stage_layers > 0; }
+
+}  // namespace
+
 void add_param(std::vector<Param>& out, const std::string& name, const at::Tensor& t, int partition_dim,
                bool no_weight_decay, bool shared, int32_t module) {
   Param p;
@@ -515,7 +523,7 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   if (find(inputs, "kv_cache_length")) return forward_cached(inputs);
   const DecoderConfig& c = *config_;
   const at::Tensor mask = attention_mask(inputs);
-  const bool domino = c.domino_chunks > 1;
+  const bool domino = runs_domino(c, layers_.size());
   at::Tensor h, tokens;  // Domino runs the embedding itself (DominoEmbedding)
   IdRangeChecks checks(name_);
   if (pre_) {
@@ -606,7 +614,7 @@ at::Tensor DecoderLM::output_layer(const ResidualStream& h, const at::Tensor* la
     if (labels && c.fused_lm_head)
       return fused_lm_head_loss(enter_tp_region(normed, tp_), output_weight(), *labels, tp_, c.lm_head_chunk_tokens,
                                 c.cross_entropy_impl);
-    at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/c.domino_chunks > 1);
+    at::Tensor logits = parallel_lm_logits(normed, output_weight(), tp_, /*async_grad=*/runs_domino(c, layers_.size()));
     return labels ? vocab_parallel_cross_entropy(logits, *labels, tp_) : logits;
   };
   if (h.branch.defined()) return head(final_add_norm(h));

@@ -3,6 +3,7 @@
 // failing model), before its mistake can train silently or surface as a bare LibTorch message.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "../common/run_dtk.hpp"
@@ -115,4 +116,22 @@ TEST(Contracts, AModelWithoutThePipelineSplitIsRefusedUnderAnUnevenOne) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
+// Nor does `dtk checkpoint convert` cut such a model's checkpoint into an uneven split (it would
+// build its even share and be named by the uneven one's layers).
+TEST(Contracts, AModelWithoutThePipelineSplitIsNotConvertedIntoOne) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/contract-ckpt";
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir + "-uneven");
+  const auto saved = run_dtk(train("--set checkpoint.save=" + dir));
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  const auto r = run_dtk("checkpoint convert " + dir + " " + dir + "-uneven --plugin_path " + DTK_CONTRACT_PLUGIN_DIR +
+                         " --pipeline_model_parallel_size 2 --decoder_first_pipeline_num_layers 1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dtk: error: checkpoint convert: the model plugin builds only the even split of its layers over "
+                       "the pipeline stages (its dtk_model_info.pipeline_split is 0), and the new layout asks for 1 "
+                       "layer on the first pipeline rank"),
+            std::string::npos)
+      << r.out;
 }

@@ -401,6 +401,12 @@ TEST(MegatronArgs, AnUnevenPipelineSplitMaps) {
             "--num-layers-per-virtual-pipeline-stage 2",
             "--num-layers-per-virtual-pipeline-stage 2: --num-layers 6 (with the embedding/loss counted: 7) does not "
             "split into 2 pipeline stages of chunks of 2 layers"},
+           {"--num-layers 8 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+            "--num-virtual-stages-per-pipeline-rank 2",
+            "--num-layers-per-virtual-pipeline-stage 2 with --num-virtual-stages-per-pipeline-rank 2: give one "
+            "(Megatron asserts no more than one of them)"},
+           {"--pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 0",
+            "--decoder-last-pipeline-num-layers 0: not a positive number of layers (Megatron: must be larger than 0)"},
            {"--pipeline-model-parallel-layout Et|tL",
             "--pipeline-model-parallel-layout Et|tL: a layout string is not read: "
             "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split say the "

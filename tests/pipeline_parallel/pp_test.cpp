@@ -54,6 +54,15 @@ std::vector<double> validation_losses(const std::string& out) {
   return v;
 }
 
+// A run resumed at iteration 10 of 20: its iterations 11 to 20 are the uninterrupted run's.
+void expect_continues_run(const Curve& whole, const Curve& c, const std::string& what, double tolerance) {
+  ASSERT_EQ(c.loss.size(), 10u) << what << "\n" << c.run.out;
+  for (int64_t it = 11; it <= 20; ++it) {
+    EXPECT_NEAR(c.loss.at(it), whole.loss.at(it), tolerance * whole.loss.at(it)) << what << ", iteration " << it;
+    EXPECT_NEAR(c.norm.at(it), whole.norm.at(it), tolerance * whole.norm.at(it)) << what << ", iteration " << it;
+  }
+}
+
 void expect_same_validation(const Curve& want, const Curve& got, const std::string& what) {
   const std::vector<double> a = validation_losses(want.run.out), b = validation_losses(got.run.out);
   ASSERT_FALSE(a.empty()) << what << ": no validation loss printed\n" << want.run.out;
@@ -311,14 +320,7 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
                "vpp-first");
   ASSERT_EQ(first.run.code, 0) << first.run.out;
   const Curve second = curve_of(2, interleaved + "--set checkpoint.load=" + dir, "vpp-second");
-  auto expect_continues = [&](const Curve& c, const std::string& what, double tolerance) {
-    ASSERT_EQ(c.loss.size(), 10u) << what << "\n" << c.run.out;
-    for (int64_t it = 11; it <= 20; ++it) {
-      EXPECT_NEAR(c.loss.at(it), whole.loss.at(it), tolerance * whole.loss.at(it)) << what << ", iteration " << it;
-      EXPECT_NEAR(c.norm.at(it), whole.norm.at(it), tolerance * whole.norm.at(it)) << what << ", iteration " << it;
-    }
-  };
-  expect_continues(second, "resumed", 1e-6);
+  expect_continues_run(whole, second, "resumed", 1e-6);
   const dtk_test::Result plain = dtk_test::run_dtk(
       "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir, 120);
   EXPECT_NE(plain.code, 0);
@@ -337,13 +339,14 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
       dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_one.code, 0) << to_one.out;
   EXPECT_NE(to_one.out.find("model chunks per rank 2 to 1, 1, 1"), std::string::npos) << to_one.out;
-  expect_continues(curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-to-pp1"),
-                   "converted to one stage", 1e-5);
+  expect_continues_run(whole,
+                       curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "vpp-to-pp1"),
+                       "converted to one stage", 1e-5);
   const dtk_test::Result to_plain = dtk_test::run_dtk(
       "checkpoint convert " + dir + " " + dir + "-1f1b --virtual_pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_plain.code, 0) << to_plain.out;
-  expect_continues(
-      curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir + "-1f1b", "vpp-to-1f1b"),
+  expect_continues_run(
+      whole, curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir + "-1f1b", "vpp-to-1f1b"),
       "converted to 1F1B", 1e-5);
   // And back: one stage to four chunks on two ranks (8 layers would be needed for 4 x 2; 4 layers
   // split into 2 ranks x 2 chunks).
@@ -352,8 +355,8 @@ TEST(PipelineInterleaved, ResumeAndConvertAreExact) {
                                                       "--virtual_pipeline_model_parallel_size 2",
                                                   120);
   ASSERT_EQ(back.code, 0) << back.out;
-  expect_continues(curve_of(2, interleaved + "--set checkpoint.load=" + dir + "-back", "vpp-back"), "converted back",
-                   1e-5);
+  expect_continues_run(whole, curve_of(2, interleaved + "--set checkpoint.load=" + dir + "-back", "vpp-back"),
+                       "converted back", 1e-5);
 }
 
 TEST(PipelineInterleaved, ZeroShardsConsolidateOnConvert) {
@@ -478,6 +481,15 @@ TEST(PipelineUneven, UnevenStagesEqualOneStage) {
                     "llama 2 layers PP4, embedding and loss counted: 0 + 1 + 1 + 0 layers");
   EXPECT_NE(bare.run.out.find("pipeline rank 0 holds none of the 2 layers"), std::string::npos) << bare.run.out;
   EXPECT_NE(bare.run.out.find("pipeline rank 1 holds layer 0 of 2"), std::string::npos) << bare.run.out;
+  // The same with TP 2 and Domino: a stage without layers runs its embedding or output layer plainly.
+  const Curve domino = curve_of(8,
+                                train("gpt-tiny.pbtxt", 2) + two_layers + pp(4) +
+                                    "--set distributed.tensor_model_parallel_size=2 --set model.domino_chunks=2 " +
+                                    split("account_for_embedding_in_pipeline_split=true,"
+                                          "account_for_loss_in_pipeline_split=true"),
+                                "uneven-domino-bare");
+  expect_same_curve(curve_of(1, train("gpt-tiny.pbtxt", 2) + two_layers, "uneven-gpt2-one"), domino, 20,
+                    "gpt 2 layers TP2 x PP4 with Domino, embedding and loss counted: 0 + 1 + 1 + 0 layers");
   const Curve interleaved = curve_of(
       2, train("gpt-tiny.pbtxt", 2) + kEightLayers + pp(2) + vpp(2) + split("decoder_first_pipeline_num_layers=2"),
       "uneven-vpp");
@@ -495,14 +507,14 @@ TEST(PipelineUneven, ResumeAndConvertFollowTheSplit) {
   const Curve first = curve_of(
       2, uneven + "--set train.train_iters=10 --set lr.lr_decay_iters=20 --set checkpoint.save=" + dir, "uneven-first");
   ASSERT_EQ(first.run.code, 0) << first.run.out;
-  auto expect_continues = [&](const Curve& c, const std::string& what, double tolerance) {
-    ASSERT_EQ(c.loss.size(), 10u) << what << "\n" << c.run.out;
-    for (int64_t it = 11; it <= 20; ++it) {
-      EXPECT_NEAR(c.loss.at(it), whole.loss.at(it), tolerance * whole.loss.at(it)) << what << ", iteration " << it;
-      EXPECT_NEAR(c.norm.at(it), whole.norm.at(it), tolerance * whole.norm.at(it)) << what << ", iteration " << it;
-    }
-  };
-  expect_continues(curve_of(2, uneven + "--set checkpoint.load=" + dir, "uneven-second"), "resumed", 1e-6);
+  expect_continues_run(whole, curve_of(2, uneven + "--set checkpoint.load=" + dir, "uneven-second"), "resumed", 1e-6);
+  // Other settings that place the layers alike (the last rank's 3 of 4 on 2 ranks) resume it.
+  expect_continues_run(whole,
+                       curve_of(2,
+                                train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_last_pipeline_num_layers=3") +
+                                    "--set checkpoint.load=" + dir,
+                                "uneven-alike"),
+                       "resumed with last=3", 1e-6);
   const dtk_test::Result even = dtk_test::run_dtk(
       "launch --nproc_per_node 2 " + train("gpt-tiny.pbtxt", 2) + pp(2) + "--set checkpoint.load=" + dir, 120);
   EXPECT_NE(even.code, 0);
@@ -514,19 +526,21 @@ TEST(PipelineUneven, ResumeAndConvertFollowTheSplit) {
       dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_one.code, 0) << to_one.out;
   EXPECT_NE(to_one.out.find("--set distributed.decoder_first_pipeline_num_layers=0"), std::string::npos) << to_one.out;
-  expect_continues(curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "uneven-to-one"),
-                   "converted to one stage", 1e-5);
+  expect_continues_run(
+      whole, curve_of(1, train("gpt-tiny.pbtxt", 2) + "--set checkpoint.load=" + dir + "-pp1", "uneven-to-one"),
+      "converted to one stage", 1e-5);
   const dtk_test::Result to_last = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
                                                          "-last1 --pipeline_model_parallel_size 2 "
                                                          "--decoder_last_pipeline_num_layers 1",
                                                      120);
   ASSERT_EQ(to_last.code, 0) << to_last.out;
   EXPECT_NE(to_last.out.find("--set distributed.decoder_last_pipeline_num_layers=1"), std::string::npos) << to_last.out;
-  expect_continues(curve_of(2,
-                            train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_last_pipeline_num_layers=1") +
-                                "--set checkpoint.load=" + dir + "-last1",
-                            "uneven-last1"),
-                   "converted to 3 + 1 layers", 1e-5);
+  expect_continues_run(whole,
+                       curve_of(2,
+                                train("gpt-tiny.pbtxt", 2) + pp(2) + split("decoder_last_pipeline_num_layers=1") +
+                                    "--set checkpoint.load=" + dir + "-last1",
+                                "uneven-last1"),
+                       "converted to 3 + 1 layers", 1e-5);
   // A split that does not hold the layers is refused before anything is written.
   const dtk_test::Result bad = dtk_test::run_dtk("checkpoint convert " + dir + "-pp1 " + dir +
                                                      "-bad --pipeline_model_parallel_size 2 "

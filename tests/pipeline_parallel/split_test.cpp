@@ -2,7 +2,7 @@
 // (megatron/core/transformer/transformer_block.py get_num_layers_to_build and
 // transformer_layer.py get_transformer_layer_offset, with TransformerConfig's checks), written here
 // rank by rank and chunk by chunk, as Megatron computes them, rather than as prefix sums: every
-// split of 1 to 24 layers over 1 to 6 pipeline ranks and 1 to 4 chunks that Megatron accepts
+// split of 1 to 24 layers over 2 to 6 pipeline ranks and 1 to 4 chunks that Megatron accepts
 // gives each stage Megatron's first layer and count, and every split it rejects is refused.
 #include <gtest/gtest.h>
 #include <dtk/pipeline_split.hpp>
@@ -76,6 +76,8 @@ struct Megatron {
         const int64_t first_chunk = f / vp, last_chunk = l / vp, middle_chunk = middle_layers / vp;
         const int64_t total = first_chunk + middle_chunk + last_chunk;
         if (pp_rank == 0) return vp_stage * total;
+        // (With no middle rank Megatron divides by 0 here, for the last rank of a first-and-last
+        // split: DTK's offset is then first / vp, which the count of the stages before it says.)
         return vp_stage * total + first_chunk + middle_rank * (middle_stages ? middle_chunk / middle_stages : 0);
       }
       const int64_t per_rank = middle_stages > 0 ? middle_layers / middle_stages : 0;

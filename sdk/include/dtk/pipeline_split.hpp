@@ -9,8 +9,8 @@
 // interleaved schedule each pipeline rank's layers are spread evenly over its model chunks, and
 // the stages of the virtual pipeline take consecutive layers in their order (stage j is chunk
 // j / ranks of pipeline rank j % ranks). The host and the models share this one definition: the
-// models build the layers, the host checks the split at start and names the layers of each stage
-// in checkpoints (dtk checkpoint convert).
+// models check the split and build its layers, the host prints each rank's layers, compares a
+// checkpoint's split with the run's and renames the layers of each stage (dtk checkpoint convert).
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,9 @@ struct PipelineSplit {
   bool even() const { return !uneven() && !embedding_in_split && !loss_in_split; }
 };
 
-// The split a build context (dtk_build_context, or dtk::BuildContext: the same field names) asks
-// for; a context from a host before ABI 2.13 asks for the even split.
+// The split a build context asks for: dtk::BuildContext (a context from a host before ABI 2.13,
+// zero-filled by read_struct, asks for the even split), or a dtk_build_context whose struct_size
+// covers dtk_build_context_STRUCT_SIZE_2_13 (the same field names).
 template <class Context>
 PipelineSplit pipeline_split(const Context& ctx) {
   PipelineSplit s;
@@ -55,6 +56,9 @@ inline std::string pipeline_split_refusal(const PipelineSplit& s, int64_t num_la
   const int64_t ranks = s.ranks(), chunks = s.chunks;
   const std::string per_chunk = " is not divisible by the model chunks of a pipeline rank (" + to_string(chunks) +
                                 ", virtual_pipeline_model_parallel_size)";
+  if (s.stages < 1 || chunks < 1 || s.stages % chunks != 0)
+    return "the pipeline's " + to_string(s.stages) + " stages are not pipeline ranks of " + to_string(chunks) +
+           " model chunks each";
   if (s.first_stage_layers < 0 || s.last_stage_layers < 0)
     return "decoder_first_pipeline_num_layers and decoder_last_pipeline_num_layers must be >= 1 (0: unset), got " +
            to_string(s.first_stage_layers) + " and " + to_string(s.last_stage_layers);

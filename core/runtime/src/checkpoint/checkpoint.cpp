@@ -503,10 +503,17 @@ void check_saved_layout(const SavedFile& f, const Topology& topo, const ModelIns
   // Each stage names its layers from 0: another split would load other layers under those names.
   const PipelineSplit saved_split = ckpt::read_pipeline_split(f.d, static_cast<int32_t>(saved_pp * saved_virtual),
                                                               static_cast<int32_t>(saved_virtual));
+  // Settings that place every layer alike (first=2 of 4 layers on 2 ranks, and the even split) agree.
   const PipelineSplit& split = model.split();
-  if (saved_split.first_stage_layers != split.first_stage_layers ||
-      saved_split.last_stage_layers != split.last_stage_layers ||
-      saved_split.embedding_in_split != split.embedding_in_split || saved_split.loss_in_split != split.loss_in_split)
+  const int64_t layers = model.info().num_layers;
+  auto placed = [layers](const PipelineSplit& s) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    if (pipeline_split_refusal(s, layers).empty())
+      for (const StageLayers& stage : pipeline_stage_layers(s, layers)) out.emplace_back(stage.offset, stage.count);
+    return out;
+  };
+  const auto saved_layers = placed(saved_split), run_layers = placed(split);
+  if (saved_layers.empty() || saved_layers != run_layers)
     throw HostError(
         "checkpoint " + file + " was saved with " + describe_pipeline_split(saved_split) +
         " over the pipeline stages, this run asks for " + describe_pipeline_split(split) +

@@ -451,7 +451,14 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   report.new_v = static_cast<int>(nl.v);
   report.old_split = old.split(), report.new_split = nl.split();
 
-  const int64_t layers = build(0, 1, 0, PipelineSplit{})->info().num_layers;
+  const dtk_model_info info = build(0, 1, 0, PipelineSplit{})->info();
+  const int64_t layers = info.num_layers;
+  if ((!old.split().even() || !nl.split().even()) && !builds_pipeline_split(info))
+    throw HostError(
+        "checkpoint convert: the model plugin builds only the even split of its layers over the pipeline "
+        "stages (its dtk_model_info.pipeline_split is 0), and " +
+        std::string(old.split().even() ? "the new layout asks for " : "the checkpoint has ") +
+        describe_pipeline_split(old.split().even() ? nl.split() : old.split()));
   for (const auto& [layout, which] :
        {std::pair<const Layout*, const char*>{&old, "the checkpoint's"}, {&nl, "the new"}})
     if (const std::string refusal = pipeline_split_refusal(layout->split(), layers); !refusal.empty())

@@ -343,9 +343,9 @@ const Rule kRules[] = {
      "the interleaved schedule"},
     {"--num-virtual-stages-per-pipeline-rank", 1, Kind::kSet, "distributed.virtual_pipeline_model_parallel_size",
      "the interleaved schedule's chunks per rank (with an uneven split, Megatron's one way to ask for them)"},
-    {"--decoder-first-pipeline-num-layers", 1, Kind::kSet, "distributed.decoder_first_pipeline_num_layers",
+    {"--decoder-first-pipeline-num-layers", 1, Kind::kCustom, "distributed.decoder_first_pipeline_num_layers",
      "the first pipeline rank's layers; the middle ranks share the rest evenly"},
-    {"--decoder-last-pipeline-num-layers", 1, Kind::kSet, "distributed.decoder_last_pipeline_num_layers",
+    {"--decoder-last-pipeline-num-layers", 1, Kind::kCustom, "distributed.decoder_last_pipeline_num_layers",
      "the last pipeline rank's layers; the middle ranks share the rest evenly"},
     {"--account-for-embedding-in-pipeline-split", 0, Kind::kSwitch,
      "distributed.account_for_embedding_in_pipeline_split=true", "the embedding counts as a layer of the first stage"},
@@ -515,6 +515,12 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.sets.push_back("model.add_bias_linear=false");
   } else if (f == "--moe-layer-freq") {  // the model reads an integer or a list (a bad one: its error)
     m.sets.push_back("model.moe_layer_freq=" + v[0]);
+  } else if (f == "--decoder-first-pipeline-num-layers" || f == "--decoder-last-pipeline-num-layers") {
+    char* end = nullptr;
+    const long n = std::strtol(v[0].c_str(), &end, 10);
+    if (v[0].empty() || *end || n <= 0 || n > (1L << 30))
+      return refuse("not a positive number of layers (Megatron: must be larger than 0)");
+    m.sets.push_back(std::string(r.target) + "=" + v[0]);
   } else if (f == "--moe-router-dtype") {
     if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
     m.sets.push_back("model.moe_router_fp32=true");
@@ -754,6 +760,7 @@ struct SeenFlags {
   bool group_query_attention = false, fp16 = false, bf16 = false;
   std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
   std::string uneven_shown;                                // --decoder-first/last-pipeline-num-layers as given
+  std::string virtual_stages_shown;                        // --num-virtual-stages-per-pipeline-rank as given
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
   bool use_checkpoint_args = false, rope_scaling = false;
@@ -884,6 +891,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--pipeline-model-parallel-size") s.pipeline_size = values[0];
   if (f == "--num-layers-per-virtual-pipeline-stage") s.per_virtual_stage = values[0], s.per_virtual_shown = shown;
   if (f == "--decoder-first-pipeline-num-layers" || f == "--decoder-last-pipeline-num-layers") s.uneven_shown = shown;
+  if (f == "--num-virtual-stages-per-pipeline-rank") s.virtual_stages_shown = shown;
   if (f == "--account-for-embedding-in-pipeline-split") s.embedding_in_split = true;
   if (f == "--account-for-loss-in-pipeline-split") s.loss_in_split = true;
   if (f == "--fp16") s.fp16 = true;
@@ -1239,6 +1247,11 @@ void check_heads_and_positions(const SeenFlags& s, MegatronMapping& m) {
 // when they are) / pipeline size / this.
 void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
   if (s.per_virtual_shown.empty()) return;
+  if (!s.virtual_stages_shown.empty()) {
+    m.refused.push_back(s.per_virtual_shown + " with " + s.virtual_stages_shown +
+                        ": give one (Megatron asserts no more than one of them)");
+    return;
+  }
   if (!s.uneven_shown.empty()) {
     m.refused.push_back(s.per_virtual_shown + " with " + s.uneven_shown +
                         ": give the chunks per rank with --num-virtual-stages-per-pipeline-rank (Megatron asserts so)");

@@ -34,10 +34,12 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
   const double h = static_cast<double>(in.hidden_size);
-  const int64_t stage_layers = std::max<int64_t>(1, in.rank_layers > 0 ? in.rank_layers : in.num_layers / in.pp_size);
+  // (A rank of an uneven split may hold no layer: only the embedding or the output layer.)
+  const int64_t stage_layers =
+      in.rank_layers >= 0 ? in.rank_layers : std::max<int64_t>(1, in.num_layers / std::max(1, in.pp_size));
   const double per_layer = layer_activation_bytes(in);
   double stage = static_cast<double>(stage_layers) * per_layer;
-  if (in.recompute) {
+  if (in.recompute && stage_layers > 0) {
     // Each checkpointed group keeps its input (2 s b h in 16-bit); the layers outside groups keep
     // everything; the group being recomputed holds its layers' activations during its backward.
     const int64_t k = std::min<int64_t>(std::max<int64_t>(1, in.recompute_num_layers), stage_layers);

@@ -308,6 +308,7 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
   const PipelineSplit split = run_pipeline_split(cfg, topo);
   if (pipeline_split_refusal(split, info.num_layers).empty()) {
+    in.rank_layers = 0;
     const std::vector<StageLayers> stages = pipeline_stage_layers(split, info.num_layers);
     for (int k = 0; k < split.chunks; ++k)
       in.rank_layers += stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank)).count;
@@ -416,7 +417,8 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
   if (topo.ep_size > 1) require_expert_parallel_model(info, plugins.model.name());
-  if (!parts.model->split().even() && (info.struct_size < dtk_model_info_STRUCT_SIZE_2_13 || !info.pipeline_split))
+  // (One stage: a split that holds the layers gives it all of them, as the even one does.)
+  if (!parts.model->split().even() && parts.model->split().stages > 1 && !builds_pipeline_split(info))
     throw HostError("model plugin '" + plugins.model.name() +
                     "' builds only the even split of its layers over the pipeline stages (its "
                     "dtk_model_info.pipeline_split is 0): unset distributed.decoder_first_pipeline_num_layers, "

@@ -21,6 +21,12 @@ namespace dtk::core {
 // Throws HostError "<kind> plugin '<name>': <call>: <message>" for a non-NULL status.
 void check_plugin(dtk_status* s, const host::Plugin& plugin, const char* call);
 
+// Whether a model built dtk_build_context's split of the layers (ABI 2.13's
+// dtk_model_info.pipeline_split); one that did not builds the even split only.
+inline bool builds_pipeline_split(const dtk_model_info& info) {
+  return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_13 && info.pipeline_split != 0;
+}
+
 class ModelInstance {
  public:
   // Creates the model, then moves it (the model's `to`) if a parameter is not on the context's

@@ -28,7 +28,7 @@ struct MemoryEstimateInputs {
   bool sequence_parallel = false;
   double dtype_bytes = 4;  // of the parameters: 4 (fp32) or 2
   int tp_size = 1, pp_size = 1, pp_rank = 0, virtual_stages = 1;
-  int64_t rank_layers = 0;  // this pipeline rank's layers, all its chunks (0: num_layers / pp_size)
+  int64_t rank_layers = -1;  // this pipeline rank's layers, all its chunks (-1: num_layers / pp_size)
   int64_t micro_batches_per_step = 1;
   // What the strategy holds (dtk_memory_usage) and the optimizer steps.
   int64_t parameter_bytes = 0, gradient_bytes = 0, master_bytes = 0, host_bytes = 0;

@@ -522,6 +522,10 @@ TEST(PipelineUneven, ResumeAndConvertFollowTheSplit) {
                           "for the even split of the layers"),
             std::string::npos)
       << even.out;
+  const dtk_test::Result inspect = dtk_test::run_dtk("checkpoint inspect " + dir, 120);
+  EXPECT_EQ(inspect.code, 0) << inspect.out;
+  EXPECT_NE(inspect.out.find("layers over the pipeline stages: 1 layer on the first pipeline rank"), std::string::npos)
+      << inspect.out;
   const dtk_test::Result to_one =
       dtk_test::run_dtk("checkpoint convert " + dir + " " + dir + "-pp1 --pipeline_model_parallel_size 1", 120);
   ASSERT_EQ(to_one.code, 0) << to_one.out;

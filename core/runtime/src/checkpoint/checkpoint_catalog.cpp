@@ -483,6 +483,10 @@ void print_run_header(const c10::impl::GenericDict& d, RankLayout& layout, std::
   if (layout.ep_size > 1) out << " of which expert-parallel " << layout.ep_size << " (expert-parallel rank 0 shown)";
   if (layout.shards > 0) out << ", optimizer state sharded over " << layout.shards << " data-parallel files";
   out << "\n";
+  const PipelineSplit split =
+      ckpt::read_pipeline_split(d, static_cast<int32_t>(layout.pp_size * std::max<int64_t>(1, chunks)),
+                                static_cast<int32_t>(std::max<int64_t>(1, chunks)));
+  if (!split.even()) out << "  layers over the pipeline stages: " << describe_pipeline_split(split) << "\n";
   print_schedule_and_writers(d, out);
   if (get("config").isString()) config_text = get("config").toStringRef();
 }

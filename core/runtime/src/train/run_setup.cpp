@@ -112,17 +112,26 @@ void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, con
       throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
 }
 
+// The layers of this pipeline rank's chunks (chunk k is stage k x pp + rank), as `split` gives
+// them; none for a split that does not hold `layers` (a model that built what it chose).
+std::vector<StageLayers> rank_chunk_layers(const PipelineSplit& split, int64_t layers, const Topology& topo) {
+  std::vector<StageLayers> out;
+  if (!pipeline_split_refusal(split, layers).empty()) return out;
+  const std::vector<StageLayers> stages = pipeline_stage_layers(split, layers);
+  for (int k = 0; k < split.chunks; ++k) out.push_back(stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank)));
+  return out;
+}
+
 // Which layers this pipeline rank holds ("layers 0-3 of 6", a range per model chunk), and the split
 // when it is not the even one: where an uneven split put them.
 void print_stage_layers(const std::string& who, const Topology& topo, const ModelInstance& model) {
   const PipelineSplit& split = model.split();
   const int64_t layers = model.info().num_layers;
-  if (!pipeline_split_refusal(split, layers).empty()) return;  // (a model that built what it chose)
-  const std::vector<StageLayers> stages = pipeline_stage_layers(split, layers);
+  const std::vector<StageLayers> chunks = rank_chunk_layers(split, layers, topo);
+  if (chunks.empty()) return;
   std::string held;
   int64_t count = 0;
-  for (int k = 0; k < model.num_chunks(); ++k) {
-    const StageLayers& s = stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank));
+  for (const StageLayers& s : chunks) {
     const std::string range = s.count == 0   ? std::string("none")
                               : s.count == 1 ? std::to_string(s.offset)
                                              : std::to_string(s.offset) + "-" + std::to_string(s.offset + s.count - 1);
@@ -306,13 +315,9 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
   // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
-  const PipelineSplit split = run_pipeline_split(cfg, topo);
-  if (pipeline_split_refusal(split, info.num_layers).empty()) {
-    in.rank_layers = 0;
-    const std::vector<StageLayers> stages = pipeline_stage_layers(split, info.num_layers);
-    for (int k = 0; k < split.chunks; ++k)
-      in.rank_layers += stages.at(static_cast<size_t>(k * topo.pp_size + topo.pp_rank)).count;
-  }
+  const std::vector<StageLayers> chunks = rank_chunk_layers(run_pipeline_split(cfg, topo), info.num_layers, topo);
+  if (!chunks.empty()) in.rank_layers = 0;
+  for (const StageLayers& chunk : chunks) in.rank_layers += chunk.count;
   in.device_budget = t.memory_limit_mb() > 0 || training_device().is_cuda();
   return in;
 }

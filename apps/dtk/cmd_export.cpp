@@ -197,10 +197,7 @@ BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunCon
   c.params_dtype = dtype == "bf16" ? DTK_DTYPE_BFLOAT16 : dtype == "fp16" ? DTK_DTYPE_FLOAT16 : DTK_DTYPE_FLOAT32;
   c.tp_rank = tp_rank, c.tp_size = tp_size, c.pp_rank = stage, c.pp_size = split.stages, c.dp_rank = 0, c.dp_size = 1;
   c.pre_process = stage == 0, c.post_process = stage == split.stages - 1;
-  c.pipeline_chunks = split.chunks;
-  c.first_stage_layers = static_cast<int32_t>(split.first_stage_layers);
-  c.last_stage_layers = static_cast<int32_t>(split.last_stage_layers);
-  c.embedding_in_split = split.embedding_in_split ? 1 : 0, c.loss_in_split = split.loss_in_split ? 1 : 0;
+  dtk::put_pipeline_split(split, c);
   c.seq_length = cfg.train().seq_length();
   c.micro_batch_size = std::max<int64_t>(1, cfg.train().micro_batch_size());
   c.seed = cfg.train().seed();

@@ -49,6 +49,10 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_capture_ext_STRUCT_SIZE_2_5, offsetof(dtk_capture_ext, recording_id));
   EXPECT_EQ(dtk_option_spec_STRUCT_SIZE, dtk_option_spec_STRUCT_SIZE_2_7);  // current == 2.7 since 2.7
   EXPECT_EQ(dtk_option_spec_STRUCT_SIZE_2_0, offsetof(dtk_option_spec, acts_with));
+  EXPECT_EQ(dtk_optimizer_step_args_STRUCT_SIZE,
+            dtk_optimizer_step_args_STRUCT_SIZE_2_14);  // current == 2.14 since 2.14
+  EXPECT_EQ(dtk_optimizer_step_args_STRUCT_SIZE_2_14, offsetof(dtk_optimizer_step_args, beta2) + sizeof(double));
+  EXPECT_EQ(dtk_optimizer_step_args_STRUCT_SIZE_2_8, offsetof(dtk_optimizer_step_args, num_group_lr) + sizeof(size_t));
 }
 
 // DTK_STRUCT_COVERS: the reader's check that a writer has every field of a minor.

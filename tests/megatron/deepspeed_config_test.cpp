@@ -432,6 +432,17 @@ TEST(StandaloneDeepSpeed, OptimizerTypesAndDefaults) {
         "params": {"total_num_steps": 500, "warmup_num_steps": 50, "warmup_min_ratio": 0.5, "warmup_type": "linear"}}})"),
                 {"lr: 0.0003", "lr_warmup_init: 0.00015", "min_lr: 3e-08", "lr_decay_style: \"WarmupCosineLR\"",
                  "lr_warmup_style: \"linear\"", "lr_decay_iters: 500", "name: \"adamw\""});
+  // DeepSpeed's LRRangeTest and OneCycle, their defaults where the file gives none.
+  expect_fields(resolved("range", R"({"train_batch_size": 8, "scheduler": {"type": "LRRangeTest",
+        "params": {"lr_range_test_step_size": 50, "lr_range_test_staircase": true}}})"),
+                {"lr: 0.001", "lr_decay_style: \"LRRangeTest\"", "lr_range_test_step_size: 50",
+                 "lr_range_test_step_rate: 1", "lr_range_test_staircase: true"});
+  expect_fields(resolved("cycle", R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.1}},
+        "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3,
+        "cycle_first_step_size": 100, "cycle_first_stair_count": 4, "decay_step_size": 20, "decay_lr_rate": 0.1}}})"),
+                {"lr: 0.001", "min_lr: 1e-05", "lr_decay_style: \"OneCycle\"", "cycle_first_step_size: 100",
+                 "cycle_first_stair_count: 4", "decay_step_size: 20", "decay_lr_rate: 0.1", "cycle_momentum: true",
+                 "cycle_min_mom: 0.8"});
   // --set after the file wins, as after --megatron_args.
   expect_fields(resolved("set", R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})",
                          "--set lr.lr=0.5"),
@@ -471,7 +482,19 @@ TEST(StandaloneDeepSpeed, RefusesWhatItCannotRun) {
           "--optimizer sgd");
   refused("cpuadamgpu", "{" + b + R"("optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})",
           "cpu_adam steps host tensors", "--set train.device=cuda");
-  refused("onecycle", "{" + b + R"("scheduler": {"type": "OneCycle"}})", "DeepSpeed's scheduler is not built");
+  refused("onecycle", "{" + b + R"("scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.01}}})",
+          "OneCycle without params.cycle_min_lr (DeepSpeed needs it)");
+  refused("cyclelist",
+          "{" + b + R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [0, 0], "cycle_max_lr": 1}}})",
+          "scheduler.params.cycle_min_lr [...]: a list (a value per parameter group)");
+  refused("cyclesteps", "{" + b + R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+          "cycle_first_step_size": 10.5}}})",
+          "not a whole number of at least 1");
+  refused("cyclemom", "{" + b + R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+          "cycle_max_mom": 1}}})",
+          "lr.cycle_max_mom is Adam's beta1, in [0, 1); got 1");
+  refused("rangeparam", "{" + b + R"("scheduler": {"type": "LRRangeTest", "params": {"warmup_num_steps": 5}}})",
+          "not a parameter of DeepSpeed's LRRangeTest");
   refused("noparams", "{" + b + R"("scheduler": {"type": "WarmupLR"}})", "without \"params\"");
   refused("float", "{" + b + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10.0}}})",
           "not a whole number of at least 1");
@@ -498,6 +521,46 @@ TEST(StandaloneDeepSpeed, RefusesWhatItCannotRun) {
   // Megatron's --lr-decay-style takes only Megatron's styles.
   EXPECT_TRUE(has(dtk::core::map_megatron_args({"--lr-decay-style", "WarmupLR"}).refused,
                   "--lr-decay-style WarmupLR: not one of Megatron's"));
+}
+
+// OneCycle from a file, with ZeRO-2 on two ranks, trains as the same run in DTK's own options, to
+// the printed digit, and not as the run whose beta1 does not cycle; its log shows the rate of
+// the next update (1e-3 + 3e-3 k / 3 rising, then falling).
+TEST(StandaloneDeepSpeed, OneCycleRunEqualsDtksOptions) {
+  const std::string path = ds_file("run-one-cycle", R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "steps_per_print": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 20000}, "gradient_clipping": 0.3,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.5, "weight_decay": 0.05}},
+    "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.004,
+                                                 "cycle_first_step_size": 3, "cycle_min_mom": 0.5}}})");
+  const std::string model = std::string("--config ") + DTK_SOURCE_DIR +
+                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.vocab_size=255 "
+                            "--set dataset.vocab_size=255 --set train.seq_length=32 --set train.train_iters=6 "
+                            "--set eval.eval_iters=0";
+  const dtk_test::Result ds =
+      dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --deepspeed_config " + path + " " + model);
+  ASSERT_EQ(ds.code, 0) << ds.out;
+  std::vector<std::string> rates;
+  std::regex re("learning rate: ([0-9.E+-]+)");
+  for (std::sregex_iterator it(ds.out.begin(), ds.out.end(), re), e; it != e; ++it) rates.push_back((*it)[1]);
+  EXPECT_EQ(rates, (std::vector<std::string>{"2.000000E-03", "3.000000E-03", "4.000000E-03", "3.000000E-03",
+                                             "2.000000E-03", "1.000000E-03"}))
+      << ds.out;
+  const auto own = [&](const std::string& momentum) {
+    return dtk_test::run_dtk(
+        "launch --nproc_per_node 2 train --threads 1 " + model +
+        " --strategy zero --optimizer adamw --set strategy.stage=2 --set strategy.reduce_bucket_size=20000 "
+        "--set train.micro_batch_size=2 --set train.global_batch_size=8 --set train.clip_grad=0.3 "
+        "--set logging.log_interval=1 --set lr.weight_decay=0.05 --set lr.lr_decay_style=OneCycle "
+        "--set lr.min_lr=0.001 --set lr.lr=0.004 --set lr.cycle_first_step_size=3 --set lr.cycle_min_mom=0.5 "
+        "--set lr.cycle_momentum=" +
+        momentum);
+  };
+  const dtk_test::Result same = own("true"), fixed = own("false");
+  ASSERT_EQ(same.code, 0) << same.out;
+  const auto a = loss_lines(ds.out);
+  ASSERT_EQ(a.size(), 6u) << ds.out;
+  EXPECT_EQ(a, loss_lines(same.out)) << ds.out << "\n----\n" << same.out;
+  EXPECT_NE(a, loss_lines(fixed.out)) << fixed.out;
 }
 
 // DeepSpeed's step convention in a run: WarmupDecayLR, linear over 2 steps to 0.01 and down to 0

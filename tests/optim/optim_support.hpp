@@ -70,6 +70,12 @@ class PluginOptimizer {
     dtk_optimizer_step_args a{dtk_optimizer_step_args_STRUCT_SIZE, lr, it, 1.0, weight_decay_scale};
     check(api_->step(opt_, &a));
   }
+  // A step with the host's Adam betas (ABI 2.14 has_betas: OneCycle's momentum cycling).
+  void step_with_betas(double lr, int64_t it, double beta1, double beta2) {
+    dtk_optimizer_step_args a{dtk_optimizer_step_args_STRUCT_SIZE, lr, it, 1.0, 1.0};
+    a.has_betas = 1, a.beta1 = beta1, a.beta2 = beta2;
+    check(api_->step(opt_, &a));
+  }
   dtk::TensorList state_save() {
     dtk::SinkCollector out;
     check(api_->state_save(opt_, out.sink()));

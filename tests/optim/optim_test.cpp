@@ -189,6 +189,36 @@ TEST(Optimizers, FollowTheWeightDecayScheduleAndEachGroupsLrScale) {
   }
 }
 
+// ABI 2.14: an update's betas from the host (DeepSpeed's OneCycle cycles beta1, beta2 0.99)
+// replace the configured ones, bias corrections included; both Adam plugins equal
+// torch.optim.AdamW with the param groups' betas changed before each step. The configured betas
+// (0.5, 0.5) would give other values.
+TEST(Optimizers, AdamFollowsEachUpdatesBetas) {
+  const double lr = 2e-2;
+  const std::vector<std::pair<double, double>> betas = {{0.8, 0.99}, {0.89, 0.99}, {0.85, 0.99}, {0.81, 0.99},
+                                                        {0.8, 0.99}, {0.86, 0.99}, {0.9, 0.99}};
+  for (const std::string name : {"adamw", "cpu_adam"}) {
+    auto base = make_params(11);
+    auto mine = clones(base), ref = clones(base), configured = clones(base);
+    const std::map<std::string, std::string> opts = {{"beta1", "0.5"}, {"beta2", "0.5"}};
+    PluginOptimizer opt(plugin(kDir, "dtk_plugin_" + name + ".so"), opts, {{mine, 0.1}});
+    PluginOptimizer fixed(plugin(kDir, "dtk_plugin_" + name + ".so"), opts, {{configured, 0.1}});
+    torch::optim::AdamW torch_opt(ref, torch::optim::AdamWOptions(lr).weight_decay(0.1));
+    for (size_t k = 0; k < betas.size(); ++k) {
+      const int step = static_cast<int>(k) + 1;
+      static_cast<torch::optim::AdamWOptions&>(torch_opt.param_groups()[0].options())
+          .betas({betas[k].first, betas[k].second});
+      set_grads(mine, ref, step);
+      for (size_t i = 0; i < configured.size(); ++i) configured[i].mutable_grad() = mine[i].grad().clone();
+      opt.step_with_betas(lr, step, betas[k].first, betas[k].second);
+      fixed.step(lr, step);
+      torch_opt.step();
+      expect_close(mine, ref, 1e-6, step);
+    }
+    EXPECT_GT((mine[0] - configured[0]).abs().max().item<double>(), 1e-3) << name << ": the betas changed nothing";
+  }
+}
+
 TEST(AdamW, StateRoundTripContinuesExactly) {
   const auto& p = plugin(kDir, "dtk_plugin_adamw.so");
   auto a = clones(make_params(3));

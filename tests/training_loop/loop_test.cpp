@@ -414,6 +414,41 @@ TEST(Resume, AnotherScheduleIsRefusedUnlessTheConfigSaysWhichWins) {
   EXPECT_NEAR(overridden["learning-rate"].at(5), 2 * full["learning-rate"].at(5), 1e-9);
 }
 
+// OneCycle (its momentum cycling through adamw) resumes exactly: the checkpoint keeps its
+// settings, a resume with others is refused naming them, and with the checkpoint's schedule
+// (use_checkpoint_opt_param_scheduler) the run follows the checkpoint's momenta, not this run's.
+TEST(Resume, OneCycleResumesExactlyWithItsMomentum) {
+  const std::string ckpt = fresh_dir("ckpt-one-cycle");
+  const std::string base = kTrain + iters(8) +
+                           " --optimizer adamw --set lr.lr_decay_style=OneCycle --set lr.min_lr=1e-4 "
+                           "--set lr.cycle_first_step_size=3 --set lr.decay_step_size=1 --set lr.decay_lr_rate=0.5 "
+                           "--set lr.decay_mom_rate=0.01 --set lr.cycle_min_mom=0.5 ";
+  Result full_run, first_run, resumed_run, kept_run;
+  auto full = run_scalars(base, "one-cycle-full", &full_run);
+  auto first =
+      run_scalars(base + " --set train.exit_interval=4 --set checkpoint.save=" + ckpt, "one-cycle-first", &first_run);
+  ASSERT_EQ(full_run.code, 0) << full_run.out;
+  ASSERT_EQ(first_run.code, 0) << first_run.out;
+  auto resumed = run_scalars(base + " --set checkpoint.load=" + ckpt, "one-cycle-resumed", &resumed_run);
+  ASSERT_EQ(resumed_run.code, 0) << resumed_run.out;
+  ASSERT_EQ(resumed["lm loss"].size(), 4u) << resumed_run.out;
+  for (int64_t it = 5; it <= 8; ++it) {
+    EXPECT_EQ(resumed["lm loss"].at(it), full["lm loss"].at(it)) << "iteration " << it;
+    EXPECT_EQ(resumed["learning-rate"].at(it), full["learning-rate"].at(it)) << "iteration " << it;
+  }
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base + " --set lr.cycle_max_mom=0.7 --set checkpoint.load=" + ckpt),
+      "lr.cycle_max_mom 0.9 (checkpoint) vs 0.7 (this run); set checkpoint.override_opt_param_scheduler=true");
+  auto kept = run_scalars(base +
+                              " --set lr.cycle_max_mom=0.7 --set checkpoint.use_checkpoint_opt_param_scheduler=true "
+                              "--set checkpoint.load=" +
+                              ckpt,
+                          "one-cycle-kept", &kept_run);
+  ASSERT_EQ(kept_run.code, 0) << kept_run.out;
+  EXPECT_NE(kept_run.out.find("cycles beta1 from 0.9 to 0.5"), std::string::npos) << kept_run.out;
+  for (int64_t it = 5; it <= 8; ++it) EXPECT_EQ(kept["lm loss"].at(it), full["lm loss"].at(it)) << "iteration " << it;
+}
+
 TEST(Resume, NoLoadOptimRestartsTheScheduleAndFinetuneStartsAtZero) {
   const std::string ckpt = fresh_dir("ckpt-finetune");
   const Result first = dtk_test::run_dtk(kTrain + iters(8) + " --set train.exit_interval=4 --set checkpoint.save=" + ckpt);
@@ -758,6 +793,77 @@ TEST(OptimizerGroups, AGroupsOwnPeakAndFloorFollowMegatronsGetLr) {
     ++k;
   }
   EXPECT_EQ(k, 9) << r.out;
+}
+
+// DeepSpeed's OneCycle reaches the optimizer: each update's rate and Adam betas (recording_sgd
+// declares beta1, so the host hands it betas) are DeepSpeed's own lr_schedules.py's (commit
+// edaa722) for the same parameters, driven as deepspeed.initialize drives it (the values each
+// update used, scheduler stepped after it): cycle 1e-4 -> 2e-3 over 4 updates and back over 6,
+// then decay by 0.5 and momentum by 0.01 every 2. Iteration 4 overflows: no update, no scheduler
+// step. An optimizer built before ABI 2.14 cannot take the betas: refused; one without betas
+// (sgd) trains with a line saying momentum does not cycle.
+TEST(OptimizerGroups, OneCyclesRatesAndBetasReachTheOptimizer) {
+  const std::string record = fresh_dir("one-cycle") + "/record.txt";
+  const std::string cycle =
+      " --set lr.lr_decay_style=OneCycle --set lr.min_lr=1e-4 --set lr.lr=2e-3 --set lr.cycle_first_step_size=4 "
+      "--set lr.cycle_second_step_size=6 --set lr.decay_step_size=2 --set lr.decay_lr_rate=0.5 "
+      "--set lr.decay_mom_rate=0.01 --set lr.cycle_min_mom=0.85 --set lr.cycle_max_mom=0.95";
+  ::setenv("DTK_TEST_NONFINITE_ITERS", "4", 1);
+  const Result r = dtk_test::run_dtk(kTrain + iters(14) + kPlugins +
+                                     " --optimizer recording_sgd --set optimizer.record=" + record + cycle);
+  ::unsetenv("DTK_TEST_NONFINITE_ITERS");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" > lr: OneCycle cycles beta1 from 0.95 to 0.85 and back against the rate, with beta2 0.99"),
+            std::string::npos)
+      << r.out;
+  const std::vector<std::pair<double, double>> deepspeed = {{0.0001, 0.85},
+                                                            {0.0005750000000000004, 0.9249999999999999},
+                                                            {0.0010499999999999997, 0.9},
+                                                            {0.0015250000000000003, 0.875},
+                                                            {0.0019999999999999996, 0.85},
+                                                            {0.0016833333333333333, 0.8666666666666667},
+                                                            {0.0013666666666666664, 0.8833333333333333},
+                                                            {0.0010500000000000002, 0.8999999999999999},
+                                                            {0.0007333333333333332, 0.9166666666666666},
+                                                            {0.00041666666666666696, 0.9333333333333332},
+                                                            {0.0001, 0.95},
+                                                            {8e-05, 0.9547499999999999},
+                                                            {6.666666666666667e-05, 0.9594999999999999}};
+  std::vector<std::string> steps, betas;
+  for (const std::string& line : read_lines(record)) {
+    if (line.rfind("step ", 0) == 0) steps.push_back(line);
+    if (line.rfind("betas ", 0) == 0) betas.push_back(line);
+  }
+  ASSERT_EQ(steps.size(), deepspeed.size()) << r.out;
+  ASSERT_EQ(betas.size(), deepspeed.size()) << r.out;
+  for (size_t k = 0; k < deepspeed.size(); ++k) {
+    std::smatch s, b;
+    ASSERT_TRUE(std::regex_search(steps[k], s, std::regex(R"(^step (\d+) lr (\S+))"))) << steps[k];
+    ASSERT_TRUE(std::regex_match(betas[k], b, std::regex(R"(betas (\d+) (\S+) (\S+))"))) << betas[k];
+    EXPECT_EQ(s[1], b[1]) << "the betas of another update";
+    EXPECT_NE(s[1], "4") << "the skipped iteration stepped";
+    EXPECT_EQ(std::stod(s[2]), deepspeed[k].first) << steps[k];
+    EXPECT_EQ(std::stod(b[2]), deepspeed[k].second) << betas[k];
+    EXPECT_EQ(std::stod(b[3]), 0.99) << betas[k];
+  }
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(14) + kPlugins + " --optimizer sgd_v2_1" + cycle),
+                                  "config: lr.lr_decay_style=OneCycle with lr.cycle_momentum (Adam's betas per update) "
+                                  "needs optimizer plugin 'sgd_v2_1' built for DTK ABI 2.14 or later (it is 2.1");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set lr.decay_step_size=3"),
+                                  "lr.decay_step_size/decay_lr_rate/decay_mom_rate do nothing without "
+                                  "lr.lr_decay_style=OneCycle (it is cosine)");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + cycle + " --set lr.cycle_max_mom=1"),
+                                  "config: lr.cycle_max_mom is Adam's beta1, in [0, 1); got 1");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(100) + cycle + " --set lr.decay_mom_rate=0.1"),
+                                  "config: lr.decay_mom_rate 0.1 takes OneCycle's beta1 to 5.1775 by update 100 of "
+                                  "the run's 100; Adam needs it in [0, 1)");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + " --set lr.lr_decay_style=LRRangeTest --set lr.lr_range_test_step_size=0"),
+      "config: lr.lr_range_test_step_size must be >= 1, got 0");
+  const Result sgd = dtk_test::run_dtk(kTrain + iters(2) + " --optimizer sgd" + cycle);
+  EXPECT_EQ(sgd.code, 0) << sgd.out;
+  EXPECT_NE(sgd.out.find(" > lr.cycle_momentum does nothing: optimizer 'sgd' has no Adam betas"), std::string::npos)
+      << sgd.out;
 }
 
 // Through the shipped Adam and the strategies that keep the step's arguments past the call (ddp's

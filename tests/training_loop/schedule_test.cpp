@@ -247,6 +247,144 @@ TEST(LearningRate, DeepSpeedSchedulersEqualDeepSpeed) {
   }
 }
 
+// DeepSpeed's LRRangeTest and OneCycle (stairs, an asymmetric cycle, a rising-only cycle, the
+// decay after it, momentum cycling on and off) as deepspeed.initialize runs them. Expected values:
+// DeepSpeed's own deepspeed/runtime/lr_schedules.py (commit edaa722) over a stub optimizer, built
+// at last_batch_iteration -1 and stepped after each update, recording the param group's lr and
+// betas[0] that each update used (before the scheduler's step), at DTK's updates 0, 1, 2, 3, 5, 9,
+// 10, 11, 17, 25, 39, 40, 41, 45, 50, 59. No beta1 listed: the schedule leaves the betas alone.
+// The same float operations in the same order: equal to the last bit.
+TEST(LearningRate, DeepSpeedRangeTestAndOneCycleEqualDeepSpeed) {
+  const std::vector<int64_t> steps = {0, 1, 2, 3, 5, 9, 10, 11, 17, 25, 39, 40, 41, 45, 50, 59};
+  struct Case {
+    const char* style;
+    std::map<std::string, double> params;  // DeepSpeed's names
+    std::vector<double> lr, beta1;
+  };
+  const std::vector<Case> cases = {
+      // LRRangeTest lr_range_test_min_lr=0.001, lr_range_test_step_size=10, lr_range_test_step_rate=5.0
+      {"LRRangeTest",
+       {{"lr_range_test_min_lr", 0.001}, {"lr_range_test_step_size", 10.0}, {"lr_range_test_step_rate", 5.0}},
+       {0.001, 0.0015, 0.002, 0.0025, 0.0035, 0.0055, 0.006, 0.006500000000000001, 0.0095, 0.0135, 0.0205, 0.021,
+        0.021500000000000002, 0.0235, 0.026000000000000002, 0.0305},
+       {}},
+      // LRRangeTest lr_range_test_min_lr=0.0002, lr_range_test_step_size=7, lr_range_test_step_rate=0.5,
+      // lr_range_test_staircase=True
+      {"LRRangeTest",
+       {{"lr_range_test_min_lr", 0.0002},
+        {"lr_range_test_step_size", 7.0},
+        {"lr_range_test_step_rate", 0.5},
+        {"lr_range_test_staircase", 1}},
+       {0.0002, 0.0002, 0.0002, 0.0002, 0.0002, 0.00030000000000000003, 0.00030000000000000003, 0.00030000000000000003,
+        0.0004, 0.0005, 0.0007, 0.0007, 0.0007, 0.0008, 0.0009000000000000001, 0.001},
+       {}},
+      // OneCycle cycle_min_lr=0.0001, cycle_max_lr=0.001, cycle_first_step_size=10
+      {"OneCycle",
+       {{"cycle_min_lr", 0.0001}, {"cycle_max_lr", 0.001}, {"cycle_first_step_size", 10.0}},
+       {0.0001, 0.00019000000000000006, 0.00028000000000000014, 0.00036999999999999983, 0.00055, 0.0009099999999999999,
+        0.001, 0.0009099999999999999, 0.00036999999999999983, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001},
+       {0.8, 0.89, 0.88, 0.87, 0.8500000000000001, 0.81, 0.8, 0.81, 0.87, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9}},
+      // OneCycle cycle_min_lr=0.0001, cycle_max_lr=0.002, cycle_first_step_size=10, cycle_second_step_size=30,
+      // cycle_first_stair_count=4, cycle_second_stair_count=3, decay_step_size=5, decay_lr_rate=0.5,
+      // decay_mom_rate=0.01, cycle_min_mom=0.85, cycle_max_mom=0.95
+      {"OneCycle",
+       {{"cycle_min_lr", 0.0001},
+        {"cycle_max_lr", 0.002},
+        {"cycle_first_step_size", 10.0},
+        {"cycle_second_step_size", 30.0},
+        {"cycle_first_stair_count", 4.0},
+        {"cycle_second_stair_count", 3.0},
+        {"decay_step_size", 5.0},
+        {"decay_lr_rate", 0.5},
+        {"decay_mom_rate", 0.01},
+        {"cycle_min_mom", 0.85},
+        {"cycle_max_mom", 0.95}},
+       {0.0001, 0.0001, 0.0001, 0.000575, 0.00105, 0.001525, 0.002, 0.0013666666666666666, 0.0013666666666666666,
+        0.0007333333333333333, 0.0001, 0.0001, 9.09090909090909e-05, 6.666666666666667e-05, 5e-05,
+        3.4482758620689657e-05},
+       {0.85, 0.95, 0.95, 0.9249999999999999, 0.8999999999999999, 0.875, 0.85, 0.8833333333333333, 0.8833333333333333,
+        0.9166666666666666, 0.95, 0.95, 0.9519, 0.9594999999999999, 0.969, 0.9861}},
+      // OneCycle cycle_min_lr=0.0003, cycle_max_lr=0.001, cycle_first_step_size=7, cycle_second_step_size=0,
+      // decay_step_size=3, decay_lr_rate=1.0, cycle_momentum=False
+      {"OneCycle",
+       {{"cycle_min_lr", 0.0003},
+        {"cycle_max_lr", 0.001},
+        {"cycle_first_step_size", 7.0},
+        {"cycle_second_step_size", 0.0},
+        {"decay_step_size", 3.0},
+        {"decay_lr_rate", 1.0},
+        {"cycle_momentum", 0}},
+       {0.0003, 0.00039999999999999996, 0.0004999999999999999, 0.0006000000000000001, 0.0008000000000000001, 0.00018,
+        0.00015, 0.00012857142857142858, 6.923076923076921e-05, 4.2857142857142856e-05, 2.5714285714285714e-05,
+        2.4999999999999998e-05, 2.432432432432432e-05, 2.195121951219512e-05, 1.9565217391304346e-05,
+        1.6363636363636363e-05},
+       {}},
+      // OneCycle cycle_min_lr=1e-05, cycle_max_lr=0.001, cycle_first_step_size=10, cycle_first_stair_count=5,
+      // decay_step_size=10, decay_lr_rate=0.0, decay_mom_rate=0.002
+      {"OneCycle",
+       {{"cycle_min_lr", 1e-05},
+        {"cycle_max_lr", 0.001},
+        {"cycle_first_step_size", 10.0},
+        {"cycle_first_stair_count", 5.0},
+        {"decay_step_size", 10.0},
+        {"decay_lr_rate", 0.0},
+        {"decay_mom_rate", 0.002}},
+       {1e-05, 1e-05, 0.00020800000000000001, 0.00020800000000000001, 0.00040600000000000006, 0.0008020000000000001,
+        0.001, 0.0008020000000000001, 0.00020800000000000001, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05},
+       {0.8, 0.9, 0.88, 0.88, 0.86, 0.8200000000000001, 0.8, 0.8200000000000001, 0.88, 0.9008999999999999, 0.90342,
+        0.9036000000000001, 0.90378, 0.9045, 0.9054, 0.90702}},
+  };
+  for (const Case& c : cases) {
+    dtk::config::LrSchedule lr;
+    lr.set_lr_decay_style(c.style);
+    for (const auto& [key, v] : c.params) {
+      const auto whole = static_cast<int64_t>(v);
+      if (key == "lr_range_test_min_lr" || key == "cycle_max_lr")
+        lr.set_lr(v);
+      else if (key == "cycle_min_lr")
+        lr.set_min_lr(v);
+      else if (key == "lr_range_test_step_size")
+        lr.set_lr_range_test_step_size(whole);
+      else if (key == "lr_range_test_step_rate")
+        lr.set_lr_range_test_step_rate(v);
+      else if (key == "lr_range_test_staircase")
+        lr.set_lr_range_test_staircase(v != 0);
+      else if (key == "cycle_first_step_size")
+        lr.set_cycle_first_step_size(whole);
+      else if (key == "cycle_second_step_size")
+        lr.set_cycle_second_step_size(whole);
+      else if (key == "cycle_first_stair_count")
+        lr.set_cycle_first_stair_count(whole);
+      else if (key == "cycle_second_stair_count")
+        lr.set_cycle_second_stair_count(whole);
+      else if (key == "decay_step_size")
+        lr.set_decay_step_size(whole);
+      else if (key == "decay_lr_rate")
+        lr.set_decay_lr_rate(v);
+      else if (key == "decay_mom_rate")
+        lr.set_decay_mom_rate(v);
+      else if (key == "cycle_momentum")
+        lr.set_cycle_momentum(v != 0);
+      else if (key == "cycle_min_mom")
+        lr.set_cycle_min_mom(v);
+      else if (key == "cycle_max_mom")
+        lr.set_cycle_max_mom(v);
+      else
+        FAIL() << "no field for " << key;
+    }
+    const dtk::core::LearningRateSchedule schedule(lr, 100);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const dtk::core::SchedulePosition at{steps[i]};
+      EXPECT_EQ(schedule.rate(at), c.lr[i]) << c.style << " case " << (&c - cases.data()) << " at update " << steps[i];
+      const auto betas = schedule.betas(at);
+      ASSERT_EQ(betas.has_value(), !c.beta1.empty()) << c.style << " case " << (&c - cases.data());
+      if (!betas) continue;
+      EXPECT_EQ(betas->beta1, c.beta1[i]) << "beta1, case " << (&c - cases.data()) << " at update " << steps[i];
+      EXPECT_EQ(betas->beta2, 0.99);
+    }
+  }
+}
+
 // Megatron's get_wd counts samples: wd_incr_steps = train_iters x global batch, num_steps = the
 // scheduler's successful steps x global batch. Expected values from a transcription of get_wd
 // (train_iters 10, global batch 8, 0.02 -> 0.1) at steps 0, 1, 3, 5, 9, 10, 11.

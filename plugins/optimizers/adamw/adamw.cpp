@@ -88,16 +88,17 @@ class AdamW : public dtk::Optimizer {
   void step(const dtk_optimizer_step_args& args) override {
     at::NoGradGuard no_grad;
     const int64_t step = moments_.begin_update(args);
-    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step));
-    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step));
+    const auto [beta1, beta2] = dtk::step_betas(args, beta1_, beta2_);
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       auto& g = groups_[gi];
       const double lr = g.lr_at(args);
       const double weight_decay = g.decay_at(args);
-      const AdamWScalars k{static_cast<float>(beta1_),
-                           static_cast<float>(beta2_),
-                           static_cast<float>(1.0 - beta1_),
-                           static_cast<float>(1.0 - beta2_),
+      const AdamWScalars k{static_cast<float>(beta1),
+                           static_cast<float>(beta2),
+                           static_cast<float>(1.0 - beta1),
+                           static_cast<float>(1.0 - beta2),
                            static_cast<float>(1.0 - lr * weight_decay),
                            static_cast<float>(lr / bc1),
                            static_cast<float>(1.0 / std::sqrt(bc2)),
@@ -141,8 +142,8 @@ class AdamW : public dtk::Optimizer {
         }
         // Any other dtype/device/layout: the same update with tensor ops.
         if (args.grad_scale != 1.0) grad = grad / args.grad_scale;
-        m.mul_(beta1_).add_(grad, 1.0 - beta1_);
-        v.mul_(beta2_).addcmul_(grad, grad, 1.0 - beta2_);
+        m.mul_(beta1).add_(grad, 1.0 - beta1);
+        v.mul_(beta2).addcmul_(grad, grad, 1.0 - beta2);
         if (weight_decay != 0) p.mul_(1.0 - lr * weight_decay);
         at::Tensor denom = (v.sqrt() / std::sqrt(bc2)).add_(eps_);
         p.addcdiv_(m, denom, -lr / bc1);

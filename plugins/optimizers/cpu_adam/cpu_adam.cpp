@@ -60,11 +60,13 @@ class CpuAdam : public dtk::Optimizer {
     const int64_t step = moments_.begin_update(args);
     dtk::cpu_adam::RunOptions run = dtk::cpu_adam::default_run_options();
     run.threads = threads_ > 0 ? threads_ : at::get_num_threads();
+    const dtk::Betas betas = dtk::step_betas(args, beta1_, beta2_);
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       const auto& g = groups_[gi];
       dtk::cpu_adam::AdamParams k;
       k.lr = static_cast<float>(g.lr_at(args));
-      k.beta1 = static_cast<float>(beta1_), k.beta2 = static_cast<float>(beta2_), k.eps = static_cast<float>(eps_);
+      k.beta1 = static_cast<float>(betas.beta1), k.beta2 = static_cast<float>(betas.beta2);
+      k.eps = static_cast<float>(eps_);
       k.weight_decay = static_cast<float>(g.decay_at(args));
       k.adamw = adamw_, k.bias_correction = bias_correction_;
       k.step = step;

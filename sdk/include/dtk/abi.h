@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 13
+#define DTK_ABI_MINOR 14
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -1089,11 +1089,24 @@ typedef struct dtk_optimizer_step_args {
    * refuses such rules with an optimizer or strategy built for an earlier minor. */
   const double* group_lr;
   size_t num_group_lr;
+  /* ABI 2.14. 1: this step's Adam betas are beta1 and beta2, for every group, in place of the
+   * optimizer's configured ones; 0: the configured ones. DeepSpeed's OneCycle scheduler cycles
+   * beta1 inversely to the learning rate and sets beta2 to 0.99. The bias corrections use this
+   * step's betas (1 - beta1^t, 1 - beta2^t), as torch.optim.Adam and DeepSpeed's Adams do with a
+   * param group's betas changed between steps. The host sets it only for an optimizer whose
+   * options include "beta1" (an optimizer with Adam's betas; DeepSpeed asks whether the
+   * optimizer's defaults hold "betas"); others never see it. An optimizer reads it when
+   * struct_size covers it (dtk::step_betas does both); the host refuses momentum cycling with an
+   * optimizer or strategy built for an earlier minor. */
+  int32_t has_betas;
+  double beta1;
+  double beta2;
 } dtk_optimizer_step_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_0, grad_scale);
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_2, weight_decay_scale);
 DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_8, num_group_lr);
-DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, num_group_lr);
+DTK_DEFINE_STRUCT_SIZE(dtk_optimizer_step_args, 2_14, beta2);
+DTK_DEFINE_STRUCT_TRAITS(dtk_optimizer_step_args, beta2);
 
 /* Every function is [main-thread]. */
 typedef struct dtk_optimizer_api {

@@ -37,6 +37,16 @@ struct ParamGroup {
   }
 };
 
+// This step's Adam betas: the host's (ABI 2.14 has_betas: DeepSpeed's OneCycle cycles beta1),
+// else the optimizer's configured ones.
+struct Betas {
+  double beta1, beta2;
+};
+inline Betas step_betas(const dtk_optimizer_step_args& args, double beta1, double beta2) {
+  if (args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_14 && args.has_betas) return {args.beta1, args.beta2};
+  return {beta1, beta2};
+}
+
 // Arrays of versioned structs are walked with their elements' own struct_size (abi.h rule 2):
 // a host of a newer minor may pass larger elements than this plugin knows.
 inline std::vector<ParamGroup> from_groups(const dtk_param_group* groups, size_t n) {

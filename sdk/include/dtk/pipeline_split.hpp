@@ -45,6 +45,17 @@ PipelineSplit pipeline_split(const Context& ctx) {
   return s;
 }
 
+// The inverse, the one writer of those fields (the host's run and `dtk checkpoint convert`/export
+// build contexts from it): the chunks and the uneven ranks; pp_size and pp_rank stay the caller's.
+template <class Context>
+void put_pipeline_split(const PipelineSplit& s, Context& ctx) {
+  ctx.pipeline_chunks = s.chunks;
+  ctx.first_stage_layers = static_cast<int32_t>(s.first_stage_layers);
+  ctx.last_stage_layers = static_cast<int32_t>(s.last_stage_layers);
+  ctx.embedding_in_split = s.embedding_in_split ? 1 : 0;
+  ctx.loss_in_split = s.loss_in_split ? 1 : 0;
+}
+
 struct StageLayers {
   int64_t offset = 0;  // the global index of the stage's first layer
   int64_t count = 0;

@@ -5,6 +5,8 @@
 //   step <iteration> lr <lr> wd_scale <weight_decay_scale or "none"> g0 <group 0's lr> g1 ...
 // Built as sgd_v2_1 too (DTK_TEST_ABI_MINOR=1): an entry that says ABI 2.1, which predates
 // weight_decay_scale, so the host must refuse a weight-decay schedule with it.
+// It declares a beta1 option (not used by its update), so the host hands it Adam's betas under
+// OneCycle's momentum cycling (ABI 2.14), written as "betas <iteration> <beta1> <beta2>".
 // count_calls=true saves a "step" that counts calls, not updates (what abi.md asks an optimizer
 // driven bucket by bucket not to do): ddp's overlap_param_gather must refuse it.
 #include <dtk/optimizer.hpp>
@@ -16,6 +18,7 @@ namespace {
 const dtk_option_spec kOptions[] = {
     dtk::opt_string("record", "", "File the groups and every step's arguments are written to."),
     dtk::opt_bool("count_calls", "false", "Save a 'step' entry counting the calls of step()."),
+    dtk::opt_float("beta1", "0.9", "Not used by the update: the host hands an optimizer with it Adam's betas."),
 };
 
 class RecordingSgd : public dtk::Optimizer {
@@ -46,6 +49,8 @@ class RecordingSgd : public dtk::Optimizer {
         out << "none";
       for (const auto& g : groups_) out << " g" << g.index << " " << g.lr_at(args);
       out << "\n";
+      if (args.struct_size >= dtk_optimizer_step_args_STRUCT_SIZE_2_14 && args.has_betas)
+        out << "betas " << args.iteration << " " << args.beta1 << " " << args.beta2 << "\n";
     }
     for (auto& g : groups_) {
       const double lr = g.lr_at(args), wd = g.decay_at(args);

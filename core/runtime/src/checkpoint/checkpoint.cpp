@@ -163,6 +163,22 @@ c10::impl::GenericDict schedule_dict(const LrParams& l, const SchedulePosition& 
   const auto count = [](const std::optional<int64_t>& v) { return v ? c10::IValue(*v) : c10::IValue(); };
   g.insert("lr_warmup_tokens", count(l.warmup_tokens));
   g.insert("lr_decay_tokens", count(l.decay_tokens));
+  if (l.style == "LRRangeTest" || l.style == "OneCycle") {  // DeepSpeed's, by its parameters' names
+    const CycleParams& c = l.cycle;
+    g.insert("lr_range_test_step_size", c.range_step_size);
+    g.insert("lr_range_test_step_rate", c.range_step_rate);
+    g.insert("lr_range_test_staircase", c.range_staircase);
+    g.insert("cycle_first_step_size", c.first_step);
+    g.insert("cycle_second_step_size", c.second_step);
+    g.insert("cycle_first_stair_count", c.first_stairs);
+    g.insert("cycle_second_stair_count", c.second_stairs);
+    g.insert("decay_step_size", c.decay_step);
+    g.insert("decay_lr_rate", c.decay_lr_rate);
+    g.insert("cycle_momentum", c.momentum);
+    g.insert("cycle_min_mom", c.min_mom);
+    g.insert("cycle_max_mom", c.max_mom);
+    g.insert("decay_mom_rate", c.decay_mom_rate);
+  }
   g.insert("num_steps", at.step);
   g.insert("num_tokens", at.tokens);
   return g;
@@ -571,6 +587,21 @@ LrParams read_schedule(const SavedFile& f) {
     return v.toInt();
   };
   l.warmup_tokens = count("lr_warmup_tokens"), l.decay_tokens = count("lr_decay_tokens");
+  if (l.style == "LRRangeTest" || l.style == "OneCycle") {  // saved with them since DTK ran them
+    auto flag = [&](const char* key) {
+      const c10::IValue v = entry(key);
+      if (!v.isBool()) throw bad(key);
+      return v.toBool();
+    };
+    CycleParams& c = l.cycle;
+    c.range_step_size = real("lr_range_test_step_size"), c.range_step_rate = real("lr_range_test_step_rate");
+    c.range_staircase = flag("lr_range_test_staircase");
+    c.first_step = real("cycle_first_step_size"), c.second_step = real("cycle_second_step_size");
+    c.first_stairs = integer("cycle_first_stair_count"), c.second_stairs = integer("cycle_second_stair_count");
+    c.decay_step = real("decay_step_size"), c.decay_lr_rate = real("decay_lr_rate");
+    c.momentum = flag("cycle_momentum");
+    c.min_mom = real("cycle_min_mom"), c.max_mom = real("cycle_max_mom"), c.decay_mom_rate = real("decay_mom_rate");
+  }
   return l;
 }
 

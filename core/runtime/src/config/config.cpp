@@ -376,7 +376,7 @@ void validate_weight_decay(const config::LrSchedule& lr) {
     }
     if (own_schedule && is_deepspeed_style(lr.lr_decay_style()))
       throw HostError(which + ": max_lr and min_lr follow Megatron's schedules; DeepSpeed's " + lr.lr_decay_style() +
-                      " has one warm-up start and floor for every group (use lr_mult)");
+                      " has one schedule for every group (use lr_mult)");
     if (r.has_max_lr() && lr.lr_warmup_init() > r.max_lr()) {
       char text[128];
       std::snprintf(text, sizeof text, ": lr.lr_warmup_init %g is above its max_lr %g", lr.lr_warmup_init(),
@@ -489,25 +489,69 @@ void validate_training(const config::TrainingConfig& t) {
 // iterations, at a fixed global batch.
 void validate_warmup_style(const config::LrSchedule& lr, const config::TrainingConfig& t) {
   const std::string& warmup = lr.lr_warmup_style();
-  const bool deepspeed = is_deepspeed_style(lr.lr_decay_style());
+  const bool warmup_style = is_deepspeed_warmup_style(lr.lr_decay_style());
   if (!warmup.empty() && warmup != "linear" && warmup != "log")
     throw HostError("config: lr.lr_warmup_style must be linear or log, got '" + warmup + "'");
-  if (warmup == "log" && !deepspeed)
+  if (warmup == "log" && !warmup_style)
     throw HostError(
         "config: lr.lr_warmup_style=log is DeepSpeed's warm-up, for its schedulers (lr.lr_decay_style "
         "WarmupLR, WarmupDecayLR, WarmupCosineLR); it is " +
         lr.lr_decay_style());
-  if (!deepspeed) return;
+  if (!is_deepspeed_style(lr.lr_decay_style())) return;
   const std::string style = "config: lr.lr_decay_style=" + lr.lr_decay_style();
-  if (lr.lr_warmup_iters() < 1)
-    throw HostError(style + " needs lr.lr_warmup_iters >= 1 (DeepSpeed's warmup_num_steps must be positive)");
-  if (lr.lr_warmup_fraction() > 0 || lr.lr_warmup_samples() > 0 || lr.lr_decay_samples() > 0 ||
-      !t.rampup_batch_size().empty())
+  if (lr.lr_warmup_samples() > 0 || lr.lr_decay_samples() > 0 || !t.rampup_batch_size().empty())
     throw HostError(style +
                     " counts optimizer steps at one global batch: give lr.lr_warmup_iters and lr.lr_decay_iters, "
-                    "not lr.lr_warmup_fraction, lr.*_samples or train.rampup_batch_size");
+                    "not lr.*_samples or train.rampup_batch_size");
+  if (!warmup_style) return;  // LRRangeTest and OneCycle have no warm-up (their lengths are lr.cycle_*)
+  if (lr.lr_warmup_iters() < 1)
+    throw HostError(style + " needs lr.lr_warmup_iters >= 1 (DeepSpeed's warmup_num_steps must be positive)");
+  if (lr.lr_warmup_fraction() > 0)
+    throw HostError(style +
+                    " counts optimizer steps at one global batch: give lr.lr_warmup_iters and lr.lr_decay_iters, "
+                    "not lr.lr_warmup_fraction");
   if (lr.lr_decay_style() != "WarmupLR" && lr.lr_decay_iters() < 1)
     throw HostError(style + " needs lr.lr_decay_iters (DeepSpeed's total_num_steps) >= 1");
+}
+
+// DeepSpeed's LRRangeTest and OneCycle: their settings only under their style, each in
+// DeepSpeed's range (stricter where DeepSpeed would train on nonsense: whole steps, momenta that
+// Adam can use).
+void validate_cycle_schedule(const config::LrSchedule& lr) {
+  const std::string& style = lr.lr_decay_style();
+  const bool range =
+      lr.has_lr_range_test_step_size() || lr.has_lr_range_test_step_rate() || lr.lr_range_test_staircase();
+  if (range && style != "LRRangeTest")
+    throw HostError("config: lr.lr_range_test_* do nothing without lr.lr_decay_style=LRRangeTest (it is " + style +
+                    "): drop them, or set the style");
+  const bool cycle = lr.has_cycle_first_step_size() || lr.has_cycle_second_step_size() ||
+                     lr.cycle_first_stair_count() != 0 || lr.has_cycle_second_stair_count() ||
+                     lr.decay_step_size() != 0 || lr.decay_lr_rate() != 0 || lr.has_cycle_momentum() ||
+                     lr.has_cycle_min_mom() || lr.has_cycle_max_mom() || lr.decay_mom_rate() != 0;
+  if (cycle && style != "OneCycle")
+    throw HostError(
+        "config: lr.cycle_* and lr.decay_step_size/decay_lr_rate/decay_mom_rate do nothing without "
+        "lr.lr_decay_style=OneCycle (it is " +
+        style + "): drop them, or set the style");
+  const auto at_least = [](const char* name, bool has, int64_t value, int64_t floor) {
+    if (has && value < floor)
+      throw HostError(std::string("config: lr.") + name + " must be >= " + std::to_string(floor) + ", got " +
+                      std::to_string(value));
+  };
+  at_least("lr_range_test_step_size", lr.has_lr_range_test_step_size(), lr.lr_range_test_step_size(), 1);
+  at_least("cycle_first_step_size", lr.has_cycle_first_step_size(), lr.cycle_first_step_size(), 1);
+  at_least("cycle_second_step_size", lr.has_cycle_second_step_size(), lr.cycle_second_step_size(), 0);
+  at_least("cycle_first_stair_count", true, lr.cycle_first_stair_count(), 0);
+  at_least("cycle_second_stair_count", lr.has_cycle_second_stair_count(), lr.cycle_second_stair_count(), 0);
+  at_least("decay_step_size", true, lr.decay_step_size(), 0);
+  for (const auto& [name, value] :
+       {std::pair{"lr_range_test_step_rate", lr.lr_range_test_step_rate()},
+        std::pair{"decay_lr_rate", lr.decay_lr_rate()}, std::pair{"decay_mom_rate", lr.decay_mom_rate()}})
+    if (!std::isfinite(value)) throw HostError(std::string("config: lr.") + name + " must be a finite number");
+  for (const auto& [name, has, value] : {std::tuple{"cycle_min_mom", lr.has_cycle_min_mom(), lr.cycle_min_mom()},
+                                         std::tuple{"cycle_max_mom", lr.has_cycle_max_mom(), lr.cycle_max_mom()}})
+    if (has && !(value >= 0 && value < 1))
+      throw HostError(std::string("config: lr.") + name + " is Adam's beta1, in [0, 1); got " + number_text(value));
 }
 
 // The learning-rate schedule: decay style, warm-up and decay by iterations or samples, WSD.
@@ -518,9 +562,10 @@ void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingCo
       style != "WSD" && !is_deepspeed_style(style))
     throw HostError(
         "config: lr.lr_decay_style must be constant, linear, cosine, inverse-square-root, WSD, or DeepSpeed's "
-        "WarmupLR, WarmupDecayLR or WarmupCosineLR, got '" +
+        "WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest or OneCycle, got '" +
         style + "'");
   validate_warmup_style(lr, t);
+  validate_cycle_schedule(lr);
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
   if (lr.lr_decay_iters() < 0) throw HostError("config: lr.lr_decay_iters must be >= 0 (0 = train.train_iters)");
   if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
@@ -821,13 +866,16 @@ std::string to_text(const config::RunConfig& cfg) {
   return text_over_defaults(cfg, &defaults, 0);
 }
 
-bool is_deepspeed_style(const std::string& style) {
+bool is_deepspeed_warmup_style(const std::string& style) {
   return style == "WarmupLR" || style == "WarmupDecayLR" || style == "WarmupCosineLR";
+}
+bool is_deepspeed_style(const std::string& style) {
+  return is_deepspeed_warmup_style(style) || style == "LRRangeTest" || style == "OneCycle";
 }
 
 std::string warmup_style_of(const config::LrSchedule& lr) {
   if (!lr.lr_warmup_style().empty()) return lr.lr_warmup_style();
-  return is_deepspeed_style(lr.lr_decay_style()) ? "log" : "linear";
+  return is_deepspeed_warmup_style(lr.lr_decay_style()) ? "log" : "linear";
 }
 
 std::string number_text(double v) {

@@ -210,8 +210,8 @@ const Rule kRules[] = {
      "--lr-warmup-*), which DeepSpeed uses instead (said at start). With --deepspeed_config: the rows below; "
      "absent, a constant rate when the file gives the optimizer (DeepSpeed's), else the config's lr.* schedule"},
     {"scheduler.type", Kind::kCustom, "lr.lr_decay_style",
-     "--deepspeed_config: WarmupLR, WarmupDecayLR or WarmupCosineLR, with DeepSpeed's step count (the first "
-     "update at the minimum, or 0 for WarmupCosineLR); OneCycle, LRRangeTest and torch's schedulers refused"},
+     "--deepspeed_config: WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest or OneCycle, with DeepSpeed's "
+     "step count (the first update at the minimum, or 0 for WarmupCosineLR); torch's schedulers refused"},
     {"scheduler.params.warmup_min_lr", Kind::kCustom, "lr.lr_warmup_init, lr.min_lr", "absent: 0"},
     {"scheduler.params.warmup_max_lr", Kind::kCustom, "lr.lr",
      "absent: the optimizer's rate (WarmupLR), 0.001 (WarmupDecayLR)"},
@@ -224,6 +224,28 @@ const Rule kRules[] = {
      "WarmupCosineLR: this times the optimizer's rate; absent: 0"},
     {"scheduler.params.cos_min_ratio", Kind::kCustom, "lr.min_lr",
      "WarmupCosineLR: this times the optimizer's rate; absent: 0.0001"},
+    {"scheduler.params.lr_range_test_min_lr", Kind::kCustom, "lr.lr", "LRRangeTest's first rate; absent: 0.001"},
+    {"scheduler.params.lr_range_test_step_size", Kind::kCustom, "lr.lr_range_test_step_size",
+     "LRRangeTest; absent: 2000"},
+    {"scheduler.params.lr_range_test_step_rate", Kind::kCustom, "lr.lr_range_test_step_rate",
+     "LRRangeTest; absent: 1.0"},
+    {"scheduler.params.lr_range_test_staircase", Kind::kCustom, "lr.lr_range_test_staircase",
+     "LRRangeTest; absent: false"},
+    {"scheduler.params.cycle_min_lr", Kind::kCustom, "lr.min_lr", "OneCycle: required, as in DeepSpeed"},
+    {"scheduler.params.cycle_max_lr", Kind::kCustom, "lr.lr", "OneCycle: required, as in DeepSpeed"},
+    {"scheduler.params.cycle_first_step_size", Kind::kCustom, "lr.cycle_first_step_size", "OneCycle; absent: 2000"},
+    {"scheduler.params.cycle_second_step_size", Kind::kCustom, "lr.cycle_second_step_size",
+     "OneCycle; absent: the first's"},
+    {"scheduler.params.cycle_first_stair_count", Kind::kCustom, "lr.cycle_first_stair_count", "OneCycle; absent: 0"},
+    {"scheduler.params.cycle_second_stair_count", Kind::kCustom, "lr.cycle_second_stair_count",
+     "OneCycle; absent: the first's"},
+    {"scheduler.params.decay_step_size", Kind::kCustom, "lr.decay_step_size", "OneCycle; absent: 0 (no decay)"},
+    {"scheduler.params.decay_lr_rate", Kind::kCustom, "lr.decay_lr_rate", "OneCycle; absent: 0"},
+    {"scheduler.params.cycle_momentum", Kind::kCustom, "lr.cycle_momentum",
+     "OneCycle; absent: true (Adam's beta1 cycles, beta2 is 0.99)"},
+    {"scheduler.params.cycle_min_mom", Kind::kCustom, "lr.cycle_min_mom", "OneCycle; absent: 0.8"},
+    {"scheduler.params.cycle_max_mom", Kind::kCustom, "lr.cycle_max_mom", "OneCycle; absent: 0.9"},
+    {"scheduler.params.decay_mom_rate", Kind::kCustom, "lr.decay_mom_rate", "OneCycle; absent: 0"},
     {"scheduler.params.last_batch_iteration", Kind::kOnly, "-1",
      "a DeepSpeed scheduler resumed by hand; DTK resumes the schedule from its checkpoint"},
     // Logging
@@ -822,15 +844,14 @@ class Reader {
       return;
     }
     const std::string name = type->is_string() ? type->get<std::string>() : "";
-    const bool cosine = name == "WarmupCosineLR";
-    if (name != "WarmupLR" && name != "WarmupDecayLR" && !cosine)
+    const bool cosine = name == "WarmupCosineLR", cyclic = name == "OneCycle" || name == "LRRangeTest";
+    if (name != "WarmupLR" && name != "WarmupDecayLR" && !cosine && !cyclic)
       return refuse("scheduler.type", *type,
-                    std::string(name == "OneCycle" || name == "LRRangeTest" ? "DeepSpeed's scheduler is not built here"
-                                                                            : "not a scheduler DTK has") +
-                        ": WarmupLR, WarmupDecayLR or WarmupCosineLR");
+                    "not a scheduler DTK has: WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest or OneCycle");
     if (!pending_.engine_sections.count("scheduler.params"))
       return out_.refused.push_back(shown("scheduler") + ": " + name +
                                     " without \"params\" (DeepSpeed fails on it; {} takes its defaults)");
+    if (cyclic) return name == "OneCycle" ? one_cycle() : range_test();
     const std::string p = "scheduler.params.";
     std::set<std::string> allowed = {"warmup_num_steps", "warmup_type", "last_batch_iteration"};
     for (const char* k : cosine ? std::vector<const char*>{"total_num_steps", "warmup_min_ratio", "cos_min_ratio"}
@@ -877,6 +898,66 @@ class Reader {
     // WarmupLR's peak is the optimizer's rate unless given; WarmupDecayLR's is 0.001 unless given.
     if (engine(p + "warmup_max_lr") || name == "WarmupDecayLR")
       if (const auto max = number(p + "warmup_max_lr", 0.001, 0)) set_number("lr.lr", *max, p + "warmup_max_lr");
+  }
+
+  // A whole number of steps from `key` into `field`, DeepSpeed's default when absent (nothing
+  // when it has none). DeepSpeed takes a float step size too; DTK counts whole updates.
+  void steps(const std::string& key, const std::string& field, long long least, std::optional<long long> absent) {
+    if (const json* v = engine(key)) {
+      if (const auto n = whole(key, *v, least)) set(field, std::to_string(*n), key);
+    } else if (absent) {
+      set(field, std::to_string(*absent), key + " (absent: DeepSpeed's default)");
+    }
+  }
+  void boolean_field(const std::string& key, const std::string& field, bool absent) {
+    set(field, flag(key, absent) ? "true" : "false", engine(key) ? key : key + " (absent: DeepSpeed's default)");
+  }
+
+  // lr_schedules.py's LRRangeTest: the rate grows from lr_range_test_min_lr (lr.lr).
+  void range_test() {
+    const std::string p = "scheduler.params.";
+    only_params(p,
+                {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
+                 "lr_range_test_staircase", "last_batch_iteration"},
+                "DeepSpeed's LRRangeTest");
+    clear_schedule("scheduler.type");
+    set("lr.lr_decay_style", "LRRangeTest", "scheduler.type");
+    if (const auto min = number(p + "lr_range_test_min_lr", 0.001, 0))
+      set_number("lr.lr", *min, p + "lr_range_test_min_lr");
+    steps(p + "lr_range_test_step_size", "lr.lr_range_test_step_size", 1, 2000);
+    if (const auto rate = number(p + "lr_range_test_step_rate", 1.0, -HUGE_VAL))
+      set_number("lr.lr_range_test_step_rate", *rate, p + "lr_range_test_step_rate");
+    boolean_field(p + "lr_range_test_staircase", "lr.lr_range_test_staircase", false);
+  }
+
+  // lr_schedules.py's OneCycle: the rate between cycle_min_lr (lr.min_lr) and cycle_max_lr (lr.lr),
+  // Adam's beta1 between cycle_max_mom and cycle_min_mom.
+  void one_cycle() {
+    const std::string p = "scheduler.params.";
+    only_params(p,
+                {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+                 "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+                 "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
+                "DeepSpeed's OneCycle");
+    clear_schedule("scheduler.type");
+    set("lr.lr_decay_style", "OneCycle", "scheduler.type");
+    for (const auto& [key, field] : {std::pair{"cycle_min_lr", "lr.min_lr"}, std::pair{"cycle_max_lr", "lr.lr"}}) {
+      if (!engine(p + key)) {
+        out_.refused.push_back(shown("scheduler") + ": OneCycle without params." + key + " (DeepSpeed needs it)");
+        continue;
+      }
+      if (const auto v = number(p + key, 0, 0)) set_number(field, *v, p + key);
+    }
+    steps(p + "cycle_first_step_size", "lr.cycle_first_step_size", 1, 2000);
+    steps(p + "cycle_second_step_size", "lr.cycle_second_step_size", 0, std::nullopt);
+    steps(p + "cycle_first_stair_count", "lr.cycle_first_stair_count", 0, 0);
+    steps(p + "cycle_second_stair_count", "lr.cycle_second_stair_count", 0, std::nullopt);
+    steps(p + "decay_step_size", "lr.decay_step_size", 0, 0);
+    for (const char* key : {"decay_lr_rate", "decay_mom_rate"})
+      if (const auto v = number(p + key, 0, -HUGE_VAL)) set_number(std::string("lr.") + key, *v, p + key);
+    boolean_field(p + "cycle_momentum", "lr.cycle_momentum", true);
+    for (const auto& [key, absent] : {std::pair{"cycle_min_mom", 0.8}, std::pair{"cycle_max_mom", 0.9}})
+      if (const auto v = number(p + key, absent, 0, 1)) set_number(std::string("lr.") + key, *v, p + key);
   }
 
   // DeepSpeed's TensorBoard monitor writes to output_path/job_name when enabled.

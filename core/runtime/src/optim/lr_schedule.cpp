@@ -14,7 +14,63 @@ namespace {
 // each update, so the update DTK counts as `step` (from 0) runs at DeepSpeed's step - 1; before
 // its first step WarmupLR and WarmupDecayLR give their minimum, WarmupCosineLR 0. The warm-up is
 // at least 2 steps (DeepSpeed's max(2, warmup_num_steps)), and ends at step < warm-up.
+// LRRangeTest and OneCycle below keep DeepSpeed's float arithmetic in its order, so the rates
+// are DeepSpeed's to the last bit. Their update `step` runs at DeepSpeed's last_batch_iteration
+// step - 1, where they look at batch_iteration = last_batch_iteration + 1 = step.
+
+// LRRangeTest: min_lr x (1 + step_rate x interval), the interval continuous or in whole steps.
+double range_test_rate(int64_t step, const LrParams& p) {
+  const CycleParams& c = p.cycle;
+  double interval = static_cast<double>(step) / c.range_step_size;
+  if (c.range_staircase) interval = std::floor(interval);
+  return p.max_lr * (1 + c.range_step_rate * interval);
+}
+
+// OneCycle's position in its cycle, 0 (the floor of the rate) to 1 (its peak), at
+// batch_iteration `b`: OneCycle._get_scale_factor, stairs included.
+double cycle_scale(int64_t step, const CycleParams& c) {
+  const double b = static_cast<double>(step), total = c.first_step + c.second_step;
+  const double step_ratio = c.first_step / total;
+  const double cycle = std::floor(1 + b / total);
+  const double x = 1. + b / total - cycle;
+  double scale = 0;
+  int64_t stairs = 0;
+  if (x <= step_ratio) {
+    scale = x / step_ratio, stairs = c.first_stairs;
+  } else {
+    scale = (x - 1) / (step_ratio - 1), stairs = c.second_stairs;
+  }
+  if (stairs > 0) {  // DeepSpeed counts the stairs from the whole batch offset, not from `scale`
+    const double in_cycle = std::fmod(b, total);
+    const double position = in_cycle <= c.first_step ? in_cycle * static_cast<double>(stairs) / c.first_step
+                                                     : (total - in_cycle) * static_cast<double>(stairs) / c.second_step;
+    scale = std::floor(position) / static_cast<double>(stairs);
+  }
+  return scale;
+}
+
+// After the cycle: the updates past it over decay_step (DeepSpeed's decay_interval); nullopt when
+// that decay is off (decay_step 0, or its rate 0: math.isclose(rate, 0) is rate == 0).
+std::optional<double> decay_interval(int64_t step, const CycleParams& c, double rate) {
+  if (c.decay_step == 0 || rate == 0) return std::nullopt;
+  const double past = static_cast<double>(step - 1) - (c.first_step + c.second_step) + 1;
+  return past / c.decay_step;
+}
+
+bool in_cycle(int64_t step, const CycleParams& c) {
+  return static_cast<double>(step - 1) < c.first_step + c.second_step;
+}
+
+double one_cycle_rate(int64_t step, const LrParams& p) {
+  const CycleParams& c = p.cycle;
+  if (in_cycle(step, c)) return p.min_lr + (p.max_lr - p.min_lr) * cycle_scale(step, c);
+  const auto interval = decay_interval(step, c, c.decay_lr_rate);
+  return interval ? p.min_lr / (1 + c.decay_lr_rate * *interval) : p.min_lr;
+}
+
 double deepspeed_learning_rate(int64_t step, const LrParams& p) {
+  if (p.style == "LRRangeTest") return range_test_rate(step, p);
+  if (p.style == "OneCycle") return one_cycle_rate(step, p);
   const double it = static_cast<double>(step - 1);
   if (it < 0) return p.style == "WarmupCosineLR" ? 0.0 : p.init_lr;
   const double warmup = std::max(2.0, p.warmup_iters);
@@ -30,6 +86,19 @@ double deepspeed_learning_rate(int64_t step, const LrParams& p) {
 }
 
 }  // namespace
+
+// OneCycle's momentum: its constructor sets beta1 cycle_min_mom for the first update; then
+// cycle_max_mom less the cycle's scale of the span, and after the cycle cycle_max_mom x
+// (1 + decay_mom_rate x interval). beta2 is 0.99 throughout (OneCycle pairs each momentum with it).
+std::optional<AdamBetas> cycled_betas(int64_t step, const LrParams& p) {
+  if (!cycles_momentum(p)) return std::nullopt;
+  const CycleParams& c = p.cycle;
+  constexpr double kBeta2 = 0.99;
+  if (step <= 0) return AdamBetas{c.min_mom, kBeta2};
+  if (in_cycle(step, c)) return AdamBetas{c.max_mom - (c.max_mom - c.min_mom) * cycle_scale(step, c), kBeta2};
+  const auto interval = decay_interval(step, c, c.decay_mom_rate);
+  return AdamBetas{interval ? c.max_mom * (1 + c.decay_mom_rate * *interval) : c.max_mom, kBeta2};
+}
 
 // Megatron-DeepSpeed's get_lr with token counts: the warm-up in tokens or steps, the decay in
 // tokens or steps. The decay's token origin is the token warm-up, or where the step warm-up ended
@@ -108,6 +177,23 @@ double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_
   return learning_rate(step, p);
 }
 
+CycleParams cycle_params(const config::LrSchedule& lr) {
+  CycleParams c;
+  if (lr.has_lr_range_test_step_size()) c.range_step_size = static_cast<double>(lr.lr_range_test_step_size());
+  if (lr.has_lr_range_test_step_rate()) c.range_step_rate = lr.lr_range_test_step_rate();
+  c.range_staircase = lr.lr_range_test_staircase();
+  if (lr.has_cycle_first_step_size()) c.first_step = static_cast<double>(lr.cycle_first_step_size());
+  c.second_step = lr.has_cycle_second_step_size() ? static_cast<double>(lr.cycle_second_step_size()) : c.first_step;
+  c.first_stairs = lr.cycle_first_stair_count();
+  c.second_stairs = lr.has_cycle_second_stair_count() ? lr.cycle_second_stair_count() : c.first_stairs;
+  c.decay_step = static_cast<double>(lr.decay_step_size());
+  c.decay_lr_rate = lr.decay_lr_rate(), c.decay_mom_rate = lr.decay_mom_rate();
+  c.momentum = !lr.has_cycle_momentum() || lr.cycle_momentum();
+  if (lr.has_cycle_min_mom()) c.min_mom = lr.cycle_min_mom();
+  if (lr.has_cycle_max_mom()) c.max_mom = lr.cycle_max_mom();
+  return c;
+}
+
 LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters) {
   params_.max_lr = lr.lr();
   params_.min_lr = lr.min_lr();
@@ -128,6 +214,7 @@ LearningRateSchedule::LearningRateSchedule(const config::LrSchedule& lr, int64_t
   params_.wd_incr_iters = static_cast<double>(train_iters);
   if (lr.has_lr_warmup_tokens()) params_.warmup_tokens = lr.lr_warmup_tokens();
   if (lr.has_lr_decay_tokens()) params_.decay_tokens = lr.lr_decay_tokens();
+  params_.cycle = cycle_params(lr);
   reference_wd_ = params_.end_wd;
 }
 

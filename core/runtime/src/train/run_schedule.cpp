@@ -64,6 +64,23 @@ void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
                     ") is longer than the decay, " + decay);
 }
 
+// OneCycle's momentum decay moves beta1 by decay_mom_rate x (updates past the cycle /
+// decay_step_size) of cycle_max_mom; Adam needs it in [0, 1) at every update of the run
+// (1 - beta1^t is the bias correction's divisor). DeepSpeed does not check.
+void check_cycled_momentum(const LrParams& p, int64_t train_iters) {
+  if (!cycles_momentum(p) || train_iters <= 0) return;
+  for (const int64_t step : {int64_t{0}, train_iters - 1}) {  // beta1 is monotonic after the cycle
+    const double beta1 = cycled_betas(step, p)->beta1;
+    if (beta1 >= 0 && beta1 < 1) continue;
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "config: lr.decay_mom_rate %g takes OneCycle's beta1 to %.6g by update %lld of the run's %lld; Adam "
+                  "needs it in [0, 1): lower lr.decay_mom_rate, or set lr.cycle_momentum=false",
+                  p.cycle.decay_mom_rate, beta1, static_cast<long long>(step + 1), static_cast<long long>(train_iters));
+    throw HostError(text);
+  }
+}
+
 // What differs between the checkpoint's schedule and this run's, one entry each.
 std::vector<std::string> schedule_differences(const LrParams& saved, const LrParams& now) {
   std::vector<std::string> differ;
@@ -97,6 +114,25 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
   };
   count("lr.lr_warmup_tokens", saved.warmup_tokens, now.warmup_tokens);
   count("lr.lr_decay_tokens", saved.decay_tokens, now.decay_tokens);
+  if (saved.style == now.style && (now.style == "LRRangeTest" || now.style == "OneCycle")) {
+    const CycleParams &a = saved.cycle, &b = now.cycle;
+    if (now.style == "LRRangeTest") {
+      num("lr.lr_range_test_step_size", a.range_step_size, b.range_step_size);
+      num("lr.lr_range_test_step_rate", a.range_step_rate, b.range_step_rate);
+      num("lr.lr_range_test_staircase", a.range_staircase, b.range_staircase);
+    } else {
+      num("lr.cycle_first_step_size", a.first_step, b.first_step);
+      num("lr.cycle_second_step_size", a.second_step, b.second_step);
+      num("lr.cycle_first_stair_count", static_cast<double>(a.first_stairs), static_cast<double>(b.first_stairs));
+      num("lr.cycle_second_stair_count", static_cast<double>(a.second_stairs), static_cast<double>(b.second_stairs));
+      num("lr.decay_step_size", a.decay_step, b.decay_step);
+      num("lr.decay_lr_rate", a.decay_lr_rate, b.decay_lr_rate);
+      num("lr.cycle_momentum", a.momentum, b.momentum);
+      num("lr.cycle_min_mom", a.min_mom, b.min_mom);
+      num("lr.cycle_max_mom", a.max_mom, b.max_mom);
+      num("lr.decay_mom_rate", a.decay_mom_rate, b.decay_mom_rate);
+    }
+  }
   if (saved.style == "WSD" && now.style == "WSD") {
     str("lr.lr_wsd_decay_style", saved.wsd_style, now.wsd_style);
     num("lr.lr_wsd_decay_iters", static_cast<double>(saved.wsd_decay_iters), static_cast<double>(now.wsd_decay_iters));
@@ -113,6 +149,7 @@ LearningRateSchedule make_run_schedule(const config::RunConfig& cfg, const Batch
   else if (cfg.lr().lr_decay_samples() > 0 || cfg.lr().lr_warmup_samples() > 0)
     samples_to_iterations(cfg, plan, schedule);
   if (cfg.train().train_samples() > 0) check_sample_lengths(plan, schedule.params());
+  check_cycled_momentum(schedule.params(), plan.train_iters());
   if (!plan.ramps_up()) {  // counted in iterations: each one global batch of samples
     LrParams p = schedule.params();
     p.step_samples = static_cast<double>(plan.global_batch_size());

@@ -186,6 +186,30 @@ std::unique_ptr<DatasetInstance> build_dataset_rank0_first(const host::Plugin& p
 
 }  // namespace
 
+// OneCycle's momentum cycling reaches an optimizer with Adam's betas (its options include beta1)
+// through dtk_optimizer_step_args.has_betas (ABI 2.14). DeepSpeed skips it, with a warning, for an
+// optimizer whose defaults hold no betas; so does DTK, with a line saying so.
+bool hands_optimizer_betas(const LrParams& schedule, const RunPlugins& plugins, std::string& note) {
+  note.clear();
+  if (!cycles_momentum(schedule)) return false;
+  bool has_betas = false;
+  for (const dtk_option_spec* spec : plugins.optimizer.plugin.options())
+    has_betas = has_betas || std::string(spec->name) == "beta1";
+  if (!has_betas) {
+    note = " > lr.cycle_momentum does nothing: optimizer '" + plugins.optimizer.name() +
+           "' has no Adam betas (DeepSpeed's OneCycle skips it too)";
+    return false;
+  }
+  require_step_args_minor(14, "lr.lr_decay_style=OneCycle with lr.cycle_momentum (Adam's betas per update)", plugins);
+  char text[256];
+  std::snprintf(text, sizeof text,
+                " > lr: OneCycle cycles beta1 from %g to %g and back against the rate, with beta2 0.99 (DeepSpeed's "
+                "OneCycle sets it; optimizer.beta1/beta2 are not used)",
+                schedule.cycle.max_mom, schedule.cycle.min_mom);
+  note = text;
+  return true;
+}
+
 const Topology& initialize(const config::RunConfig& cfg, const host::PluginHost& plugins) {
   validate_config(cfg);
   set_run_config(cfg);
@@ -270,11 +294,9 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.seed = cfg.train().seed();
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
-  const PipelineSplit split = run_pipeline_split(cfg, topo);
-  c.pipeline_chunks = chunk >= 0 ? split.chunks : 1;
-  c.first_stage_layers = static_cast<int32_t>(split.first_stage_layers);
-  c.last_stage_layers = static_cast<int32_t>(split.last_stage_layers);
-  c.embedding_in_split = split.embedding_in_split ? 1 : 0, c.loss_in_split = split.loss_in_split ? 1 : 0;
+  PipelineSplit split = run_pipeline_split(cfg, topo);
+  if (chunk < 0) split.chunks = 1;  // a context for the pipeline rank, not one of its chunks
+  dtk::put_pipeline_split(split, c);
   return c;
 }
 

@@ -112,6 +112,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   progress_ = resume_from_checkpoint(cfg_, plan_, topo_, parts_, schedule_, scaler_,
                                      [this](const std::string& line) { log_->print(line); });
   resumed_iteration_ = progress_.iteration;
+  std::string betas_note;  // after the resume: the checkpoint's schedule may be the one that runs
+  hands_betas_ = hands_optimizer_betas(schedule_.params(), plugins_, betas_note);
+  if (!betas_note.empty()) log_->print(betas_note);
   print_startup_report();
   bench_ = make_bench_report();
   data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
@@ -353,13 +356,15 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
   if (!r.skipped) {
     // The optimizer divides the gradients by the scale they carry.
     const std::vector<double>& group_lr = group_rates();
-    const dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE,
-                                       learning_rate,
-                                       iteration,
-                                       scale,
-                                       schedule_.weight_decay_scale(progress_.scheduler.step),
-                                       group_lr.empty() ? nullptr : group_lr.data(),
-                                       group_lr.size()};
+    dtk_optimizer_step_args args{dtk_optimizer_step_args_STRUCT_SIZE,
+                                 learning_rate,
+                                 iteration,
+                                 scale,
+                                 schedule_.weight_decay_scale(progress_.scheduler.step),
+                                 group_lr.empty() ? nullptr : group_lr.data(),
+                                 group_lr.size()};
+    if (const auto betas = hands_betas_ ? schedule_.betas(progress_.scheduler) : std::nullopt)
+      args.has_betas = 1, args.beta1 = betas->beta1, args.beta2 = betas->beta2;
     {
       auto t = timers_.scope(Phase::kOptimizerStep);
       // An offloaded optimizer's state is host memory, wherever the process allocates it.

@@ -39,8 +39,11 @@ std::string to_text(const config::RunConfig& cfg);
 // 0.300000; 500000000, not 5e+08).
 std::string number_text(double v);
 
-// True for DeepSpeed's schedulers as lr.lr_decay_style (WarmupLR, WarmupDecayLR, WarmupCosineLR).
+// True for DeepSpeed's schedulers as lr.lr_decay_style (WarmupLR, WarmupDecayLR, WarmupCosineLR,
+// LRRangeTest, OneCycle).
 bool is_deepspeed_style(const std::string& style);
+// The three of them with a warm-up (WarmupLR, WarmupDecayLR, WarmupCosineLR).
+bool is_deepspeed_warmup_style(const std::string& style);
 // The warm-up's shape: lr.lr_warmup_style, or when "" the style's own (DeepSpeed's log, linear).
 std::string warmup_style_of(const config::LrSchedule& lr);
 

@@ -15,7 +15,22 @@ namespace dtk::core {
 //   then constant, or past decay_iters min_lr, or inverse-square-root, linear, cosine or WSD
 //   decay to min_lr. WSD keeps max_lr until the last wsd_decay_iters of decay_iters, then decays
 //   as wsd_style: exponential, linear, cosine or minus_sqrt.
-// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (deepspeed_learning_rate) as styles too.
+// DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest and OneCycle
+// (deepspeed_learning_rate) as styles too.
+
+// DeepSpeed's LRRangeTest and OneCycle (lr_schedules.py; the config's lr.lr_range_test_* and
+// lr.cycle_* / decay_*, DeepSpeed's defaults when unset). LRRangeTest starts at max_lr (lr.lr),
+// OneCycle cycles between min_lr and max_lr.
+struct CycleParams {
+  double range_step_size = 2000, range_step_rate = 1;
+  bool range_staircase = false;
+  double first_step = 2000, second_step = 2000;  // the cycle's rising and falling halves
+  int64_t first_stairs = 0, second_stairs = 0;   // 0: continuous
+  double decay_step = 0, decay_lr_rate = 0, decay_mom_rate = 0;
+  bool momentum = true;  // cycle Adam's beta1 (an optimizer with betas only)
+  double min_mom = 0.8, max_mom = 0.9;
+};
+
 struct LrParams {
   double max_lr = 0, min_lr = 0, init_lr = 0;
   double warmup_iters = 0;  // lr_warmup_iters, or lr_warmup_fraction x decay_iters
@@ -38,7 +53,17 @@ struct LrParams {
   // samples): Megatron counts samples, and inverse-square-root's max(warm-up, 1) and max(step, 1)
   // differ in the two units without a warm-up. This run's plan, not saved.
   double step_samples = 1;
+  CycleParams cycle;  // LRRangeTest, OneCycle
 };
+
+// Adam's betas for one update (dtk_optimizer_step_args.has_betas).
+struct AdamBetas {
+  double beta1 = 0, beta2 = 0;
+};
+// OneCycle's betas at `step` when it cycles momentum: beta1 against the rate, beta2 0.99.
+std::optional<AdamBetas> cycled_betas(int64_t step, const LrParams& p);
+// Whether the schedule hands the optimizer its betas (OneCycle with cycle_momentum).
+inline bool cycles_momentum(const LrParams& p) { return p.style == "OneCycle" && p.cycle.momentum; }
 
 // Where the scheduler stands (Megatron's num_steps and num_tokens): the updates it has followed
 // (samples during a ramp-up) and the tokens consumed before the last of them (Megatron-DeepSpeed
@@ -54,6 +79,8 @@ double learning_rate(const SchedulePosition& at, const LrParams& p);
 inline double learning_rate(int64_t step, const LrParams& p) { return learning_rate(SchedulePosition{step}, p); }
 
 double weight_decay(int64_t step, const LrParams& p);
+// The config's LRRangeTest and OneCycle settings, DeepSpeed's defaults where unset.
+CycleParams cycle_params(const config::LrSchedule& lr);
 // The common case (no init_lr, no WSD).
 double learning_rate(int64_t step, double max_lr, double min_lr, int64_t warmup_iters, int64_t decay_iters,
                      const std::string& style);
@@ -66,6 +93,8 @@ class LearningRateSchedule {
   LearningRateSchedule(const config::LrSchedule& lr, int64_t train_iters);
   double rate(const SchedulePosition& at) const { return learning_rate(at, params_); }
   double rate(int64_t step) const { return rate(SchedulePosition{step}); }  // no tokens consumed
+  // This update's Adam betas when the schedule sets them (OneCycle's momentum cycling).
+  std::optional<AdamBetas> betas(const SchedulePosition& at) const { return cycled_betas(at.step, params_); }
   // The rate of a parameter group with its own peak and floor (lr.param_rules max_lr/min_lr;
   // Megatron-LM's param-group max_lr/min_lr): the same schedule between them.
   double rate(const SchedulePosition& at, double max_lr, double min_lr) const;

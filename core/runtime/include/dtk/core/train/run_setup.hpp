@@ -42,6 +42,10 @@ struct RunPlugins {
   PluginSlot model, data, step, optimizer, strategy;
 };
 RunPlugins resolve_plugins(host::PluginHost& plugins, const config::RunConfig& cfg);
+// Whether the optimizer gets each update's Adam betas from the schedule (OneCycle's
+// cycle_momentum, for an optimizer whose options include beta1; refused for a plugin built before
+// ABI 2.14); `note` is the start-up line that says what happens, "" when nothing cycles.
+bool hands_optimizer_betas(const LrParams& schedule, const RunPlugins& plugins, std::string& note);
 // "plugin.<kind>=<name> <version> (ABI M.m)" of each slot (what every rank must agree on, with
 // the config; recorded in checkpoints).
 std::vector<std::string> plugin_lines(const config::RunConfig& cfg, const host::PluginHost& plugins);

@@ -106,6 +106,7 @@ class Trainer {
   int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit
   int32_t num_experts_ = 0;       // of each MoE layer of the model (0: dense), read once at start
   std::vector<double> group_lr_;  // group_rates()'s, lent to the optimizer for one step
+  bool hands_betas_ = false;      // the schedule sets Adam's betas (OneCycle's cycle_momentum)
 };
 
 }  // namespace dtk::core

@@ -406,12 +406,80 @@ TEST(MegatronArgs, AnUnevenPipelineSplitMaps) {
             "--num-layers-per-virtual-pipeline-stage 2 with --num-virtual-stages-per-pipeline-rank 2: give one "
             "(Megatron asserts no more than one of them)"},
            {"--pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 0",
-            "--decoder-last-pipeline-num-layers 0: not a positive number of layers (Megatron: must be larger than 0)"},
-           {"--pipeline-model-parallel-layout Et|tL",
-            "--pipeline-model-parallel-layout Et|tL: a layout string is not read: "
-            "--decoder-first/last-pipeline-num-layers and --account-for-embedding/loss-in-pipeline-split say the "
-            "common uneven splits"}}) {
+            "--decoder-last-pipeline-num-layers 0: not a positive number of layers (Megatron: must be larger than "
+            "0)"}}) {
     m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    ASSERT_EQ(m.refused.size(), 1u) << args;
+    EXPECT_EQ(m.refused[0], why);
+  }
+}
+
+// --pipeline-model-parallel-layout (Megatron's layout string, parsed as parse_str_to_list does:
+// commas dropped, "(...)*n" and "x*n" unrolled, empty stages kept) maps to the split of DTK's that
+// puts the same decoder layers on every stage of the virtual pipeline (the stage order is Megatron's:
+// chunk-major), and its chunks per rank; a layout no such split gives, MTP layers and Megatron's
+// own refusals are refused, one line each.
+TEST(MegatronArgs, ALayoutStringMapsToTheSplitThatGivesItsStages) {
+  const auto fields = [](const std::string& args) {
+    const MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
+    EXPECT_TRUE(m.refused.empty()) << args << ": " << m.refused.front();
+    return config_of(m);
+  };
+  const auto unset = [](const dtk::config::RunConfig& c) {
+    const auto& d = c.distributed();
+    return d.decoder_first_pipeline_num_layers() == 0 && d.decoder_last_pipeline_num_layers() == 0 &&
+           !d.account_for_embedding_in_pipeline_split() && !d.account_for_loss_in_pipeline_split();
+  };
+  // The even split (two ways to write it).
+  EXPECT_TRUE(
+      unset(fields("--num-layers 4 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ett|ttL")));
+  EXPECT_TRUE(
+      unset(fields("--num-layers 4 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout "
+                   "'E(t)*2|t,t,L'")));
+  expect_fields(fields("--num-layers 4 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|tttL"),
+                {{"distributed.decoder_first_pipeline_num_layers", "1"}});
+  expect_fields(
+      fields("--num-layers 6 --pipeline-model-parallel-size 4 --pipeline-model-parallel-layout "
+             "'Et|(tt|)*2tL'"),
+      {{"distributed.decoder_first_pipeline_num_layers", "1"}, {"distributed.decoder_last_pipeline_num_layers", "1"}});
+  // Two chunks per rank: stages pp0c0, pp1c0, pp0c1, pp1c1 hold 1, 2, 2, 1: the embedding and
+  // the loss counted (each rank's 3 layers are not even over its chunks with first/last).
+  expect_fields(fields("--num-layers 6 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|tt|tt|tL"),
+                {{"distributed.virtual_pipeline_model_parallel_size", "2"},
+                 {"distributed.account_for_embedding_in_pipeline_split", "true"},
+                 {"distributed.account_for_loss_in_pipeline_split", "true"}});
+  for (const auto& [args, why] : std::vector<std::pair<std::string, std::string>>{
+           {"--num-layers 61 --pipeline-model-parallel-size 16 --pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L'",
+            "--pipeline-model-parallel-layout Et*3|(tt|)*29,m|L: MTP layers (m): DTK has no multi-token prediction"},
+           {"--num-layers 4 --pipeline-model-parallel-size 3 --pipeline-model-parallel-layout Ettt|t|L",
+            "--pipeline-model-parallel-layout Ettt|t|L: its stages hold 3,1,0 decoder layers, which no split of DTK's "
+            "gives (the first and last pipeline ranks' layers, the middle ranks even, the embedding and the loss "
+            "counted as a layer; each rank's layers even over its chunks)"},
+           {"--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout tE|L",
+            "--pipeline-model-parallel-layout tE|L: needs one embedding (E) first and one loss (L) last (Megatron "
+            "asserts it)"},
+           {"--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout |EtL",
+            "--pipeline-model-parallel-layout |EtL: DTK builds the embedding on the first stage and the loss on the "
+            "last"},
+           {"--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|xL",
+            "--pipeline-model-parallel-layout Et|xL: 'x' is not a layer (E embedding, t decoder layer, m MTP layer, L "
+            "loss)"},
+           {"--pipeline-model-parallel-size 3 --pipeline-model-parallel-layout Et|tL",
+            "--pipeline-model-parallel-layout Et|tL: 2 stages do not divide into --pipeline-model-parallel-size 3 "
+            "(Megatron asserts it)"},
+           {"--num-layers 5 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|tL",
+            "--pipeline-model-parallel-layout Et|tL: 2 decoder layers (t), --num-layers 5 (Megatron asserts they "
+            "match)"},
+           {"--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 1 "
+            "--pipeline-model-parallel-layout Et|tL",
+            "--pipeline-model-parallel-layout Et|tL: with --decoder-first/last-pipeline-num-layers or "
+            "--account-for-embedding/loss-in-pipeline-split: give one (Megatron: the layout cannot be set with other "
+            "pipeline layout arguments)"},
+           {"--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+            "--pipeline-model-parallel-layout Et|tL",
+            "--pipeline-model-parallel-layout Et|tL: with --num-virtual-stages-per-pipeline-rank 2: give one (Megatron "
+            "asserts no more than one of them)"}}) {
+    const MegatronMapping m = dtk::core::map_megatron_args(dtk::core::split_megatron_args(args));
     ASSERT_EQ(m.refused.size(), 1u) << args;
     EXPECT_EQ(m.refused[0], why);
   }

@@ -11,9 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 
+#include <dtk/pipeline_split.hpp>
 #include <nlohmann/json.hpp>
 
 #include "dtk/core/config/config.hpp"
@@ -351,9 +354,10 @@ const Rule kRules[] = {
      "distributed.account_for_embedding_in_pipeline_split=true", "the embedding counts as a layer of the first stage"},
     {"--account-for-loss-in-pipeline-split", 0, Kind::kSwitch, "distributed.account_for_loss_in_pipeline_split=true",
      "the loss counts as a layer of the last stage"},
-    {"--pipeline-model-parallel-layout", 1, Kind::kRefuse, "",
-     "a layout string is not read: --decoder-first/last-pipeline-num-layers and "
-     "--account-for-embedding/loss-in-pipeline-split say the common uneven splits"},
+    {"--pipeline-model-parallel-layout", 1, Kind::kCustom,
+     "distributed.decoder_first/last_pipeline_num_layers, account_for_embedding/loss_in_pipeline_split",
+     "a layout whose stages hold the layers one of those splits gives (with the interleaved schedule's chunks "
+     "from its stages); other layouts and MTP layers (m) refused"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kCustom, "", "1: accepted; more refused (no context parallelism in DTK)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
@@ -761,6 +765,8 @@ struct SeenFlags {
   std::string num_layers = "", pipeline_size = "1", per_virtual_stage, per_virtual_shown;
   std::string uneven_shown;                                // --decoder-first/last-pipeline-num-layers as given
   std::string virtual_stages_shown;                        // --num-virtual-stages-per-pipeline-rank as given
+  std::string virtual_size_shown;                          // --virtual-pipeline-model-parallel-size as given
+  std::string layout, layout_shown;                        // --pipeline-model-parallel-layout: value, as given
   bool embedding_in_split = false, loss_in_split = false;  // --account-for-embedding/loss-in-pipeline-split
   std::string query_groups, query_groups_shown;  // --num-query-groups: its value, and as given
   bool use_checkpoint_args = false, rope_scaling = false;
@@ -892,6 +898,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--num-layers-per-virtual-pipeline-stage") s.per_virtual_stage = values[0], s.per_virtual_shown = shown;
   if (f == "--decoder-first-pipeline-num-layers" || f == "--decoder-last-pipeline-num-layers") s.uneven_shown = shown;
   if (f == "--num-virtual-stages-per-pipeline-rank") s.virtual_stages_shown = shown;
+  if (f == "--virtual-pipeline-model-parallel-size") s.virtual_size_shown = shown;
+  if (f == "--pipeline-model-parallel-layout") s.layout = values[0], s.layout_shown = shown;
   if (f == "--account-for-embedding-in-pipeline-split") s.embedding_in_split = true;
   if (f == "--account-for-loss-in-pipeline-split") s.loss_in_split = true;
   if (f == "--fp16") s.fp16 = true;
@@ -1282,6 +1290,120 @@ void map_virtual_stages(const SeenFlags& s, MegatronMapping& m) {
            s.per_virtual_shown);
 }
 
+// Megatron's PipelineParallelLayerLayout.parse_str_to_list: commas dropped, "(...)*n" and then
+// "x*n" unrolled (each pattern once over the string, left to right, as re.sub does), stages split
+// at '|' (empty ones kept).
+std::vector<std::string> layout_stages(std::string text) {
+  text.erase(std::remove(text.begin(), text.end(), ','), text.end());
+  for (const char* pattern : {R"(\(([^)]+)\)\*(\d+))", R"((.)\*(\d+))"}) {
+    const std::regex re(pattern);
+    std::string out;
+    auto last = text.cbegin();
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) {
+      out.append(last, (*it)[0].first);
+      const long n = std::strtol((*it)[2].str().c_str(), nullptr, 10);
+      for (long k = 0; k < n && out.size() < (1u << 20); ++k) out += (*it)[1].str();
+      last = (*it)[0].second;
+    }
+    out.append(last, text.cend());
+    text = out;
+  }
+  std::vector<std::string> stages(1);
+  for (const char c : text) {
+    if (c == '|')
+      stages.emplace_back();
+    else
+      stages.back() += c;
+  }
+  return stages;
+}
+
+// The split DTK builds whose stages hold `counts` decoder layers (the even one first, then the
+// fewest settings), if any.
+std::optional<dtk::PipelineSplit> split_giving(const std::vector<int64_t>& counts, int32_t chunks) {
+  int64_t layers = 0;
+  for (const int64_t c : counts) layers += c;
+  std::optional<dtk::PipelineSplit> best;
+  int best_settings = 5;
+  for (int counted = 0; counted < 4; ++counted)
+    for (int64_t last = 0; last <= layers; ++last)  // at a tie the first rank's count is named
+      for (int64_t first = 0; first <= layers; ++first) {
+        dtk::PipelineSplit s;
+        s.stages = static_cast<int32_t>(counts.size()), s.chunks = chunks;
+        s.first_stage_layers = first, s.last_stage_layers = last;
+        s.embedding_in_split = counted & 1, s.loss_in_split = counted & 2;
+        const int settings = (first > 0) + (last > 0) + (counted & 1) + ((counted & 2) >> 1);
+        if (settings >= best_settings || !dtk::pipeline_split_refusal(s, layers).empty()) continue;
+        const auto stages = dtk::pipeline_stage_layers(s, layers);
+        bool same = true;
+        for (size_t i = 0; i < counts.size() && same; ++i) same = stages[i].count == counts[i];
+        if (same) best = s, best_settings = settings;
+      }
+  return best;
+}
+
+// --pipeline-model-parallel-layout: Megatron's checks (arguments.py, TransformerConfig and
+// validate_layer_layout), then the split of DTK's that puts the same decoder layers on every
+// stage of the (virtual) pipeline. DTK builds the embedding on the first stage and the loss on the
+// last, and has no MTP layers.
+void map_pipeline_layout(const SeenFlags& s, MegatronMapping& m) {
+  if (s.layout_shown.empty()) return;
+  const std::string& shown = s.layout_shown;
+  auto refuse = [&](const std::string& why) { m.refused.push_back(shown + ": " + why); };
+  for (const std::string& other : {s.per_virtual_shown, s.virtual_stages_shown})
+    if (!other.empty()) return refuse("with " + other + ": give one (Megatron asserts no more than one of them)");
+  if (!s.uneven_shown.empty() || s.embedding_in_split || s.loss_in_split)
+    return refuse(
+        "with --decoder-first/last-pipeline-num-layers or --account-for-embedding/loss-in-pipeline-split: give "
+        "one (Megatron: the layout cannot be set with other pipeline layout arguments)");
+  const std::vector<std::string> stages = layout_stages(s.layout);
+  const long pipeline = std::max(1L, std::strtol(s.pipeline_size.c_str(), nullptr, 10));
+  std::string flat;
+  std::vector<int64_t> counts;
+  for (const std::string& stage : stages) {
+    for (const char c : stage)
+      if (c != 'E' && c != 'L' && c != 't' && c != 'm')
+        return refuse(std::string("'") + c + "' is not a layer (E embedding, t decoder layer, m MTP layer, L loss)");
+    flat += stage;
+    counts.push_back(static_cast<int64_t>(std::count(stage.begin(), stage.end(), 't')));
+  }
+  if (stages.size() % static_cast<size_t>(pipeline) != 0)
+    return refuse(std::to_string(stages.size()) + " stages do not divide into --pipeline-model-parallel-size " +
+                  std::to_string(pipeline) + " (Megatron asserts it)");
+  if (flat.find('m') != std::string::npos) return refuse("MTP layers (m): DTK has no multi-token prediction");
+  if (std::count(flat.begin(), flat.end(), 'E') != 1 || flat.front() != 'E' ||
+      std::count(flat.begin(), flat.end(), 'L') != 1 || flat.back() != 'L')
+    return refuse("needs one embedding (E) first and one loss (L) last (Megatron asserts it)");
+  const long layers = std::count(flat.begin(), flat.end(), 't');
+  if (!s.num_layers.empty() && std::strtol(s.num_layers.c_str(), nullptr, 10) != layers)
+    return refuse(std::to_string(layers) + " decoder layers (t), --num-layers " + s.num_layers +
+                  " (Megatron asserts they match)");
+  if (stages.front().find('E') == std::string::npos || stages.back().find('L') == std::string::npos)
+    return refuse("DTK builds the embedding on the first stage and the loss on the last");
+  const long chunks = static_cast<long>(stages.size()) / pipeline;
+  if (!s.virtual_size_shown.empty() && chunks > 1) {
+    m.refused.push_back(s.virtual_size_shown + " with " + shown + ": the layout's " + std::to_string(chunks) +
+                        " chunks per rank decide it (give one)");
+    return;
+  }
+  const auto split = split_giving(counts, static_cast<int32_t>(chunks));
+  if (!split) {
+    std::string list;
+    for (const int64_t c : counts) list += (list.empty() ? "" : ",") + std::to_string(c);
+    return refuse("its stages hold " + list +
+                  " decoder layers, which no split of DTK's gives (the first and last pipeline ranks' layers, the "
+                  "middle ranks even, the embedding and the loss counted as a layer; each rank's layers even over its "
+                  "chunks)");
+  }
+  if (chunks > 1) set_by(m, "distributed.virtual_pipeline_model_parallel_size=" + std::to_string(chunks), shown);
+  if (split->first_stage_layers > 0)
+    set_by(m, "distributed.decoder_first_pipeline_num_layers=" + std::to_string(split->first_stage_layers), shown);
+  if (split->last_stage_layers > 0)
+    set_by(m, "distributed.decoder_last_pipeline_num_layers=" + std::to_string(split->last_stage_layers), shown);
+  if (split->embedding_in_split) set_by(m, "distributed.account_for_embedding_in_pipeline_split=true", shown);
+  if (split->loss_in_split) set_by(m, "distributed.account_for_loss_in_pipeline_split=true", shown);
+}
+
 // Megatron's validate_args, said here with the other flags rather than later.
 void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
   if (s.iteration_based && s.sample_based)
@@ -1492,6 +1614,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   map_query_groups(s, m);
   map_key_value_heads(s, m);
   map_virtual_stages(s, m);
+  map_pipeline_layout(s, m);
   // The overlap is each strategy's option: ddp's buckets, or ZeRO's reduce-scatter (whichever flag
   // came first).
   if (s.overlap_grad_reduce)

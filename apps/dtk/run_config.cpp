@@ -22,6 +22,18 @@ dtk::core::MegatronMapping apply_megatron_args(dtk::config::RunConfig& cfg, cons
   return m;
 }
 
+namespace {
+
+void clear_file_scheduled_fields(dtk::config::LrSchedule& lr) {
+  lr.clear_lr_warmup_tokens(), lr.clear_lr_decay_tokens(), lr.clear_lr_warmup_style();
+  lr.clear_lr_range_test_step_size(), lr.clear_lr_range_test_step_rate(), lr.clear_lr_range_test_staircase();
+  lr.clear_cycle_first_step_size(), lr.clear_cycle_second_step_size(), lr.clear_cycle_first_stair_count();
+  lr.clear_cycle_second_stair_count(), lr.clear_decay_step_size(), lr.clear_decay_lr_rate();
+  lr.clear_cycle_momentum(), lr.clear_cycle_min_mom(), lr.clear_cycle_max_mom(), lr.clear_decay_mom_rate();
+}
+
+}  // namespace
+
 dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, const std::string& path,
                                                   dtk::core::DeepSpeedConfig* read) {
   const dtk::core::DeepSpeedConfig ds = dtk::core::read_standalone_deepspeed_config(path, cfg);
@@ -34,15 +46,15 @@ dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, c
   m.ignored = ds.ignored;
   m.refused = ds.refused;
   m.flag_of = ds.key_of;
-  dtk::core::apply_megatron_mapping(cfg, m);
-  // The file's schedule (or DeepSpeed's constant rate without one) counts steps: a token count the
-  // config carried has no place in it, as the other schedule fields the file clears.
+  // The file's schedule (or DeepSpeed's constant rate without one) counts steps and has only its
+  // own parameters: the config's token counts, warm-up shape and other schedulers' settings are
+  // cleared before the file's sets (which set what it gives; unset is DeepSpeed's default).
   for (const auto& set : ds.sets)
     if (set.rfind("lr.lr_decay_style=", 0) == 0) {
-      cfg.mutable_lr()->clear_lr_warmup_tokens();
-      cfg.mutable_lr()->clear_lr_decay_tokens();
+      clear_file_scheduled_fields(*cfg.mutable_lr());
       break;
     }
+  dtk::core::apply_megatron_mapping(cfg, m);
   return m;
 }
 

@@ -443,6 +443,24 @@ TEST(StandaloneDeepSpeed, OptimizerTypesAndDefaults) {
                 {"lr: 0.001", "min_lr: 1e-05", "lr_decay_style: \"OneCycle\"", "cycle_first_step_size: 100",
                  "cycle_first_stair_count: 4", "decay_step_size: 20", "decay_lr_rate: 0.1", "cycle_momentum: true",
                  "cycle_min_mom: 0.8"});
+  // The config's own scheduler settings do not leak into the file's: a second half left out is
+  // the first's (DeepSpeed's default, also for null), a WarmupLR file drops the cycle.
+  const std::string cfg = std::string(DTK_TEST_TMP) + "/cycle-base.pbtxt";
+  std::filesystem::create_directories(DTK_TEST_TMP);
+  std::ofstream(cfg) << "lr { lr_decay_style: \"OneCycle\" cycle_first_step_size: 5 cycle_second_step_size: 7 "
+                        "cycle_second_stair_count: 2 lr_warmup_style: \"linear\" }\n";
+  const dtk_test::Result leftover =
+      resolved("cycle-leftover", R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle",
+        "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_first_step_size": 100, "cycle_second_stair_count": null}}})",
+               "--config " + cfg);
+  expect_fields(leftover, {"cycle_first_step_size: 100"});
+  for (const char* gone : {"cycle_second_step_size", "cycle_second_stair_count", "lr_warmup_style"})
+    EXPECT_EQ(leftover.out.find(gone), std::string::npos) << gone << " kept from the config:\n" << leftover.out;
+  const dtk_test::Result warmup = resolved("cycle-to-warmup", R"({"train_batch_size": 8, "scheduler": {"type":
+        "WarmupLR", "params": {"warmup_num_steps": 10}}})",
+                                           "--config " + cfg);
+  expect_fields(warmup, {"lr_decay_style: \"WarmupLR\""});
+  EXPECT_EQ(warmup.out.find("cycle_"), std::string::npos) << warmup.out;
   // --set after the file wins, as after --megatron_args.
   expect_fields(resolved("set", R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.1}}})",
                          "--set lr.lr=0.5"),
@@ -493,6 +511,9 @@ TEST(StandaloneDeepSpeed, RefusesWhatItCannotRun) {
   refused("cyclemom", "{" + b + R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
           "cycle_max_mom": 1}}})",
           "lr.cycle_max_mom is Adam's beta1, in [0, 1); got 1");
+  refused("rangefloat",
+          "{" + b + R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_size": 10.0}}})",
+          "not a whole number (DeepSpeed's LRRangeTest asks for an int)");
   refused("rangeparam", "{" + b + R"("scheduler": {"type": "LRRangeTest", "params": {"warmup_num_steps": 5}}})",
           "not a parameter of DeepSpeed's LRRangeTest");
   refused("noparams", "{" + b + R"("scheduler": {"type": "WarmupLR"}})", "without \"params\"");
@@ -557,6 +578,7 @@ TEST(StandaloneDeepSpeed, OneCycleRunEqualsDtksOptions) {
   };
   const dtk_test::Result same = own("true"), fixed = own("false");
   ASSERT_EQ(same.code, 0) << same.out;
+  ASSERT_EQ(fixed.code, 0) << fixed.out;
   const auto a = loss_lines(ds.out);
   ASSERT_EQ(a.size(), 6u) << ds.out;
   EXPECT_EQ(a, loss_lines(same.out)) << ds.out << "\n----\n" << same.out;

@@ -436,6 +436,12 @@ TEST(Resume, OneCycleResumesExactlyWithItsMomentum) {
     EXPECT_EQ(resumed["lm loss"].at(it), full["lm loss"].at(it)) << "iteration " << it;
     EXPECT_EQ(resumed["learning-rate"].at(it), full["learning-rate"].at(it)) << "iteration " << it;
   }
+  // A longer run resumes: OneCycle reads no decay length (DeepSpeed resumes it too).
+  Result longer_run;
+  auto longer =
+      run_scalars(base + " --set train.train_iters=10 --set checkpoint.load=" + ckpt, "one-cycle-longer", &longer_run);
+  ASSERT_EQ(longer_run.code, 0) << longer_run.out;
+  for (int64_t it = 5; it <= 8; ++it) EXPECT_EQ(longer["lm loss"].at(it), full["lm loss"].at(it)) << "iteration " << it;
   dtk_test::expect_one_line_error(
       dtk_test::run_dtk(base + " --set lr.cycle_max_mom=0.7 --set checkpoint.load=" + ckpt),
       "lr.cycle_max_mom 0.9 (checkpoint) vs 0.7 (this run); set checkpoint.override_opt_param_scheduler=true");
@@ -860,6 +866,15 @@ TEST(OptimizerGroups, OneCyclesRatesAndBetasReachTheOptimizer) {
   dtk_test::expect_one_line_error(
       dtk_test::run_dtk(kTrain + " --set lr.lr_decay_style=LRRangeTest --set lr.lr_range_test_step_size=0"),
       "config: lr.lr_range_test_step_size must be >= 1, got 0");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(kTrain + iters(100) + cycle + " --set lr.decay_lr_rate=-0.1"),
+      "config: lr.decay_lr_rate -0.1 takes OneCycle's rate to -2.89855e-05 by update 100 of the run's 100: make it "
+      "positive, or end the run sooner");
+  // Without betas nothing cycles: the momentum decay is not checked (DeepSpeed trains it too).
+  EXPECT_EQ(dtk_test::run_dtk(kTrain + iters(100) + " --optimizer sgd" + cycle +
+                              " --set lr.decay_mom_rate=0.1 --set train.exit_interval=1")
+                .code,
+            0);
   const Result sgd = dtk_test::run_dtk(kTrain + iters(2) + " --optimizer sgd" + cycle);
   EXPECT_EQ(sgd.code, 0) << sgd.out;
   EXPECT_NE(sgd.out.find(" > lr.cycle_momentum does nothing: optimizer 'sgd' has no Adam betas"), std::string::npos)

@@ -333,6 +333,21 @@ TEST(LearningRate, DeepSpeedRangeTestAndOneCycleEqualDeepSpeed) {
         0.001, 0.0008020000000000001, 0.00020800000000000001, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05, 1e-05},
        {0.8, 0.9, 0.88, 0.88, 0.86, 0.8200000000000001, 0.8, 0.8200000000000001, 0.88, 0.9008999999999999, 0.90342,
         0.9036000000000001, 0.90378, 0.9045, 0.9054, 0.90702}},
+      // OneCycle {'cycle_min_lr': 0.0001, 'cycle_max_lr': 0.001, 'cycle_first_step_size': 5, 'cycle_second_step_size':
+      // 8, 'cycle_second_stair_count': 2, 'decay_step_size': 0, 'decay_lr_rate': 0.3, 'decay_mom_rate': 0.05}
+      {"OneCycle",
+       {{"cycle_min_lr", 0.0001},
+        {"cycle_max_lr", 0.001},
+        {"cycle_first_step_size", 5.0},
+        {"cycle_second_step_size", 8.0},
+        {"cycle_second_stair_count", 2.0},
+        {"decay_step_size", 0.0},
+        {"decay_lr_rate", 0.3},
+        {"decay_mom_rate", 0.05}},
+       {0.0001, 0.00027999999999999987, 0.0004599999999999997, 0.0006400000000000002, 0.0009999999999999998, 0.00055,
+        0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001, 0.0001},
+       {0.8, 0.88, 0.8600000000000001, 0.8400000000000001, 0.8, 0.8500000000000001, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9,
+        0.9, 0.9, 0.9}},
   };
   for (const Case& c : cases) {
     dtk::config::LrSchedule lr;

@@ -399,7 +399,9 @@ class Reader {
         continue;
       }
       if (v.is_null()) {
-        refuse(key, v, "give a value or leave the key out (DeepSpeed fails on null)");
+        // OneCycle's second half takes None as "the first half's" (its default): absent here.
+        if (key != "scheduler.params.cycle_second_step_size" && key != "scheduler.params.cycle_second_stair_count")
+          refuse(key, v, "give a value or leave the key out (DeepSpeed fails on null)");
         continue;
       }
       if (v.is_string() && v.get<std::string>() == "auto") {
@@ -901,9 +903,15 @@ class Reader {
   }
 
   // A whole number of steps from `key` into `field`, DeepSpeed's default when absent (nothing
-  // when it has none). DeepSpeed takes a float step size too; DTK counts whole updates.
-  void steps(const std::string& key, const std::string& field, long long least, std::optional<long long> absent) {
-    if (const json* v = engine(key)) {
+  // when it has none). OneCycle takes a
+  // float step size too (DTK counts whole updates: 10.0 is 10); LRRangeTest wants an int.
+  enum class Steps { kWhole, kInt };
+  void steps(const std::string& key, const std::string& field, long long least, std::optional<long long> absent,
+             Steps kind = Steps::kWhole) {
+    const json* v = engine(key);  // (a null is not kept: see walk)
+    if (v && kind == Steps::kInt && !v->is_number_integer())
+      return refuse(key, *v, "not a whole number (DeepSpeed's LRRangeTest asks for an int)");
+    if (v) {
       if (const auto n = whole(key, *v, least)) set(field, std::to_string(*n), key);
     } else if (absent) {
       set(field, std::to_string(*absent), key + " (absent: DeepSpeed's default)");
@@ -924,7 +932,7 @@ class Reader {
     set("lr.lr_decay_style", "LRRangeTest", "scheduler.type");
     if (const auto min = number(p + "lr_range_test_min_lr", 0.001, 0))
       set_number("lr.lr", *min, p + "lr_range_test_min_lr");
-    steps(p + "lr_range_test_step_size", "lr.lr_range_test_step_size", 1, 2000);
+    steps(p + "lr_range_test_step_size", "lr.lr_range_test_step_size", 1, 2000, Steps::kInt);
     if (const auto rate = number(p + "lr_range_test_step_rate", 1.0, -HUGE_VAL))
       set_number("lr.lr_range_test_step_rate", *rate, p + "lr_range_test_step_rate");
     boolean_field(p + "lr_range_test_staircase", "lr.lr_range_test_staircase", false);

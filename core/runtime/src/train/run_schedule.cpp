@@ -64,21 +64,22 @@ void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
                     ") is longer than the decay, " + decay);
 }
 
-// OneCycle's momentum decay moves beta1 by decay_mom_rate x (updates past the cycle /
-// decay_step_size) of cycle_max_mom; Adam needs it in [0, 1) at every update of the run
-// (1 - beta1^t is the bias correction's divisor). DeepSpeed does not check.
-void check_cycled_momentum(const LrParams& p, int64_t train_iters) {
-  if (!cycles_momentum(p) || train_iters <= 0) return;
-  for (const int64_t step : {int64_t{0}, train_iters - 1}) {  // beta1 is monotonic after the cycle
-    const double beta1 = cycled_betas(step, p)->beta1;
-    if (beta1 >= 0 && beta1 < 1) continue;
-    char text[320];
-    std::snprintf(text, sizeof text,
-                  "config: lr.decay_mom_rate %g takes OneCycle's beta1 to %.6g by update %lld of the run's %lld; Adam "
-                  "needs it in [0, 1): lower lr.decay_mom_rate, or set lr.cycle_momentum=false",
-                  p.cycle.decay_mom_rate, beta1, static_cast<long long>(step + 1), static_cast<long long>(train_iters));
-    throw HostError(text);
-  }
+// LRRangeTest's growth and OneCycle's decay after the cycle are monotonic: a negative
+// lr_range_test_step_rate or decay_lr_rate is taken (DeepSpeed takes it) while the rate of the
+// run's last update is a finite number >= 0; past that it would divide by zero or turn negative.
+void check_cycle_rate(const LrParams& p, int64_t train_iters) {
+  if ((p.style != "LRRangeTest" && p.style != "OneCycle") || train_iters <= 0) return;
+  const double last = learning_rate(train_iters - 1, p);
+  if (std::isfinite(last) && last >= 0) return;
+  char text[320];
+  std::snprintf(
+      text, sizeof text,
+      "config: lr.%s %g takes %s's rate to %.6g by update %lld of the run's %lld: make it positive, or end the "
+      "run sooner",
+      p.style == "OneCycle" ? "decay_lr_rate" : "lr_range_test_step_rate",
+      p.style == "OneCycle" ? p.cycle.decay_lr_rate : p.cycle.range_step_rate, p.style.c_str(), last,
+      static_cast<long long>(train_iters), static_cast<long long>(train_iters));
+  throw HostError(text);
 }
 
 // What differs between the checkpoint's schedule and this run's, one entry each.
@@ -93,14 +94,19 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
   auto str = [&](const char* name, const std::string& a, const std::string& b) {
     if (a != b) differ.push_back(std::string(name) + " " + a + " (checkpoint) vs " + b + " (this run)");
   };
+  // LRRangeTest and OneCycle read no warm-up or decay length (a longer run resumes, as in
+  // DeepSpeed); LRRangeTest has no floor.
+  const bool cyclic = saved.style == now.style && (now.style == "LRRangeTest" || now.style == "OneCycle");
   num("lr.lr", saved.max_lr, now.max_lr);
-  num("lr.min_lr", saved.min_lr, now.min_lr);
-  num("lr.lr_warmup_init", saved.init_lr, now.init_lr);
-  num("warm-up iterations", saved.warmup_iters, now.warmup_iters);
-  num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
-      static_cast<double>(now.decay_iters));
+  if (!cyclic || now.style == "OneCycle") num("lr.min_lr", saved.min_lr, now.min_lr);
+  if (!cyclic) {
+    num("lr.lr_warmup_init", saved.init_lr, now.init_lr);
+    num("warm-up iterations", saved.warmup_iters, now.warmup_iters);
+    num("decay iterations (lr.lr_decay_iters, or train.train_iters when 0)", static_cast<double>(saved.decay_iters),
+        static_cast<double>(now.decay_iters));
+  }
   str("lr.lr_decay_style", saved.style, now.style);
-  str("warm-up style (lr.lr_warmup_style)", saved.warmup_style, now.warmup_style);
+  if (!cyclic) str("warm-up style (lr.lr_warmup_style)", saved.warmup_style, now.warmup_style);
   if (saved.has_wd) {  // Megatron's _check_and_set covers the weight-decay schedule as well
     str("lr.weight_decay_incr_style", saved.wd_style, now.wd_style);
     num("start weight decay (lr.start_weight_decay, or lr.weight_decay when constant)", saved.start_wd, now.start_wd);
@@ -142,6 +148,20 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
 
 }  // namespace
 
+void check_cycled_momentum(const LrParams& p, int64_t train_iters) {
+  if (!cycles_momentum(p) || train_iters <= 0) return;
+  for (const int64_t step : {int64_t{0}, train_iters - 1}) {  // beta1 is monotonic after the cycle
+    const double beta1 = cycled_betas(step, p)->beta1;
+    if (beta1 >= 0 && beta1 < 1) continue;
+    char text[320];
+    std::snprintf(text, sizeof text,
+                  "config: lr.decay_mom_rate %g takes OneCycle's beta1 to %.6g by update %lld of the run's %lld; Adam "
+                  "needs it in [0, 1): lower lr.decay_mom_rate, or set lr.cycle_momentum=false",
+                  p.cycle.decay_mom_rate, beta1, static_cast<long long>(step + 1), static_cast<long long>(train_iters));
+    throw HostError(text);
+  }
+}
+
 LearningRateSchedule make_run_schedule(const config::RunConfig& cfg, const BatchPlan& plan) {
   LearningRateSchedule schedule(cfg.lr(), plan.train_iters());
   if (plan.ramps_up())
@@ -149,7 +169,7 @@ LearningRateSchedule make_run_schedule(const config::RunConfig& cfg, const Batch
   else if (cfg.lr().lr_decay_samples() > 0 || cfg.lr().lr_warmup_samples() > 0)
     samples_to_iterations(cfg, plan, schedule);
   if (cfg.train().train_samples() > 0) check_sample_lengths(plan, schedule.params());
-  check_cycled_momentum(schedule.params(), plan.train_iters());
+  check_cycle_rate(schedule.params(), plan.train_iters());
   if (!plan.ramps_up()) {  // counted in iterations: each one global batch of samples
     LrParams p = schedule.params();
     p.step_samples = static_cast<double>(plan.global_batch_size());

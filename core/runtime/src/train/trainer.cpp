@@ -114,6 +114,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   resumed_iteration_ = progress_.iteration;
   std::string betas_note;  // after the resume: the checkpoint's schedule may be the one that runs
   hands_betas_ = hands_optimizer_betas(schedule_.params(), plugins_, betas_note);
+  if (hands_betas_) check_cycled_momentum(schedule_.params(), plan_.train_iters());
   if (!betas_note.empty()) log_->print(betas_note);
   print_startup_report();
   bench_ = make_bench_report();

@@ -906,6 +906,35 @@ TEST(OptimizerGroups, OwnPeakAndFloorEqualScaledRatesThroughEveryStrategy) {
   EXPECT_GT(std::abs(plain.loss.at(6) - ddp.loss.at(6)), 1e-4) << "the rule changed nothing";
 }
 
+// OneCycle's betas reach the optimizer through every strategy that hands it the step's arguments
+// (ddp's overlap_param_gather keeps them past the call; ZeRO hands shards, its offload steps
+// cpu_adam on the host and its disk tier steps slice by slice): DP2 runs equal ddp's, which
+// differs from the run whose momentum does not cycle.
+TEST(OptimizerGroups, OneCyclesBetasReachTheOptimizerThroughEveryStrategy) {
+  const std::string dp2 =
+      "launch --nproc_per_node 2 " + kTrain + iters(6) +
+      " --set train.micro_batch_size=1 --set lr.lr_decay_style=OneCycle --set lr.lr=1e-2 --set lr.min_lr=1e-4 "
+      "--set lr.cycle_first_step_size=2 --set lr.decay_step_size=1 --set lr.decay_lr_rate=0.5 "
+      "--set lr.decay_mom_rate=0.02 --set lr.cycle_min_mom=0.5 ";
+  const Curve ddp = dtk_test::run_curve(dp2, DTK_TEST_TMP, "cycle-ddp");
+  const std::string swap = fresh_dir("cycle-swap");
+  const std::pair<std::string, std::string> others[] = {
+      {"--set strategy.overlap_param_gather=true", "ddp overlap_param_gather"},
+      {"--strategy zero --set strategy.stage=2", "zero-2"},
+      {"--strategy zero --set strategy.stage=2 --set strategy.offload_optimizer=cpu --optimizer cpu_adam",
+       "zero-2, the optimizer on the host (cpu_adam)"},
+      {"--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=nvme --set strategy.nvme_buffer_mb=1 "
+       "--optimizer cpu_adam --set strategy.nvme_path=" +
+           swap,
+       "zero-3, the optimizer state on disk"}};
+  for (const auto& [args, what] : others)
+    dtk_test::expect_same_curve(ddp, dtk_test::run_curve(dp2 + args, DTK_TEST_TMP, "cycle-other"), 6,
+                                what + " vs ddp under OneCycle's momentum cycling");
+  const Curve fixed = dtk_test::run_curve(dp2 + " --set lr.cycle_momentum=false", DTK_TEST_TMP, "cycle-fixed");
+  ASSERT_TRUE(fixed.loss.count(6) && ddp.loss.count(6));
+  EXPECT_GT(std::abs(fixed.loss.at(6) - ddp.loss.at(6)), 1e-4) << "the betas changed nothing";
+}
+
 // Megatron's --log-num-zeros-in-grad: every element of the model counted once, so the count is
 // the same with one process, data parallel (replicated gradients), ZeRO (sharded) and tensor
 // parallel (TP shards, replicated norms once). With an untied output layer, the rows of the

@@ -334,6 +334,20 @@ TEST(MegatronDeepSpeed, DocsTableIsTheReadersTable) {
 
 namespace {
 
+// The rate each log line shows (the next update's, as Megatron's does).
+std::vector<std::string> printed_rates(const std::string& log) {
+  std::vector<std::string> rates;
+  std::regex re("learning rate: ([0-9.E+-]+)");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), e; it != e; ++it) rates.push_back((*it)[1]);
+  return rates;
+}
+
+// gpt-tiny on synthetic data, 6 iterations: the model of the two-rank runs from a file.
+const std::string kStandaloneModel = std::string("--config ") + DTK_SOURCE_DIR +
+                                     "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.vocab_size=255 "
+                                     "--set dataset.vocab_size=255 --set train.seq_length=32 "
+                                     "--set train.train_iters=6 --set eval.eval_iters=0";
+
 std::vector<std::string> loss_lines(const std::string& log) {
   std::vector<std::string> out;
   std::regex re("lm loss: ([0-9.E+-]+)");
@@ -553,17 +567,11 @@ TEST(StandaloneDeepSpeed, OneCycleRunEqualsDtksOptions) {
     "optimizer": {"type": "AdamW", "params": {"lr": 0.5, "weight_decay": 0.05}},
     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.004,
                                                  "cycle_first_step_size": 3, "cycle_min_mom": 0.5}}})");
-  const std::string model = std::string("--config ") + DTK_SOURCE_DIR +
-                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.vocab_size=255 "
-                            "--set dataset.vocab_size=255 --set train.seq_length=32 --set train.train_iters=6 "
-                            "--set eval.eval_iters=0";
+  const std::string model = kStandaloneModel;
   const dtk_test::Result ds =
       dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --deepspeed_config " + path + " " + model);
   ASSERT_EQ(ds.code, 0) << ds.out;
-  std::vector<std::string> rates;
-  std::regex re("learning rate: ([0-9.E+-]+)");
-  for (std::sregex_iterator it(ds.out.begin(), ds.out.end(), re), e; it != e; ++it) rates.push_back((*it)[1]);
-  EXPECT_EQ(rates, (std::vector<std::string>{"2.000000E-03", "3.000000E-03", "4.000000E-03", "3.000000E-03",
+  EXPECT_EQ(printed_rates(ds.out), (std::vector<std::string>{"2.000000E-03", "3.000000E-03", "4.000000E-03", "3.000000E-03",
                                              "2.000000E-03", "1.000000E-03"}))
       << ds.out;
   const auto own = [&](const std::string& momentum) {
@@ -596,17 +604,11 @@ TEST(StandaloneDeepSpeed, RunFollowsDeepSpeedsScheduleAndEqualsDtksOptions) {
     "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.9, 0.95], "weight_decay": 0.05}},
     "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 2,
                                                       "total_num_steps": 6, "warmup_type": "linear"}}})");
-  const std::string model = std::string("--config ") + DTK_SOURCE_DIR +
-                            "/configs/gpt-tiny.pbtxt --dataset synthetic --set model.vocab_size=255 "
-                            "--set dataset.vocab_size=255 --set train.seq_length=32 --set train.train_iters=6 "
-                            "--set eval.eval_iters=0";
+  const std::string model = kStandaloneModel;
   const dtk_test::Result ds =
       dtk_test::run_dtk("launch --nproc_per_node 2 train --threads 1 --deepspeed_config " + path + " " + model);
   ASSERT_EQ(ds.code, 0) << ds.out;
-  std::vector<std::string> rates;
-  std::regex re("learning rate: ([0-9.E+-]+)");
-  for (std::sregex_iterator it(ds.out.begin(), ds.out.end(), re), e; it != e; ++it) rates.push_back((*it)[1]);
-  EXPECT_EQ(rates, (std::vector<std::string>{"0.000000E+00", "5.000000E-03", "1.000000E-02", "7.500000E-03",
+  EXPECT_EQ(printed_rates(ds.out), (std::vector<std::string>{"0.000000E+00", "5.000000E-03", "1.000000E-02", "7.500000E-03",
                                              "5.000000E-03", "2.500000E-03"}))
       << ds.out;
   const dtk_test::Result own = dtk_test::run_dtk(

@@ -30,8 +30,8 @@
 #include "checkpoint_io.hpp"
 #include "dtk/core/checkpoint/checkpoint_catalog.hpp"
 #include "dtk/core/checkpoint/checkpoint_shards.hpp"
+#include "dtk/core/config/config.hpp"
 #include "dtk/core/memory/memory.hpp"
-
 
 namespace dtk::core {
 
@@ -163,7 +163,7 @@ c10::impl::GenericDict schedule_dict(const LrParams& l, const SchedulePosition& 
   const auto count = [](const std::optional<int64_t>& v) { return v ? c10::IValue(*v) : c10::IValue(); };
   g.insert("lr_warmup_tokens", count(l.warmup_tokens));
   g.insert("lr_decay_tokens", count(l.decay_tokens));
-  if (l.style == "LRRangeTest" || l.style == "OneCycle") {  // DeepSpeed's, by its parameters' names
+  if (is_deepspeed_cycle_style(l.style)) {  // DeepSpeed's, by its parameters' names
     const CycleParams& c = l.cycle;
     g.insert("lr_range_test_step_size", c.range_step_size);
     g.insert("lr_range_test_step_rate", c.range_step_rate);
@@ -587,7 +587,7 @@ LrParams read_schedule(const SavedFile& f) {
     return v.toInt();
   };
   l.warmup_tokens = count("lr_warmup_tokens"), l.decay_tokens = count("lr_decay_tokens");
-  if (l.style == "LRRangeTest" || l.style == "OneCycle") {  // saved with them since DTK ran them
+  if (is_deepspeed_cycle_style(l.style)) {  // saved with them since DTK ran them
     auto flag = [&](const char* key) {
       const c10::IValue v = entry(key);
       if (!v.isBool()) throw bad(key);

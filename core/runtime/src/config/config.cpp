@@ -869,8 +869,9 @@ std::string to_text(const config::RunConfig& cfg) {
 bool is_deepspeed_warmup_style(const std::string& style) {
   return style == "WarmupLR" || style == "WarmupDecayLR" || style == "WarmupCosineLR";
 }
+bool is_deepspeed_cycle_style(const std::string& style) { return style == "LRRangeTest" || style == "OneCycle"; }
 bool is_deepspeed_style(const std::string& style) {
-  return is_deepspeed_warmup_style(style) || style == "LRRangeTest" || style == "OneCycle";
+  return is_deepspeed_warmup_style(style) || is_deepspeed_cycle_style(style);
 }
 
 std::string warmup_style_of(const config::LrSchedule& lr) {

@@ -846,7 +846,7 @@ class Reader {
       return;
     }
     const std::string name = type->is_string() ? type->get<std::string>() : "";
-    const bool cosine = name == "WarmupCosineLR", cyclic = name == "OneCycle" || name == "LRRangeTest";
+    const bool cosine = name == "WarmupCosineLR", cyclic = is_deepspeed_cycle_style(name);
     if (name != "WarmupLR" && name != "WarmupDecayLR" && !cosine && !cyclic)
       return refuse("scheduler.type", *type,
                     "not a scheduler DTK has: WarmupLR, WarmupDecayLR, WarmupCosineLR, LRRangeTest or OneCycle");

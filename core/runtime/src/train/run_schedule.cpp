@@ -68,7 +68,7 @@ void check_sample_lengths(const BatchPlan& plan, const LrParams& l) {
 // lr_range_test_step_rate or decay_lr_rate is taken (DeepSpeed takes it) while the rate of the
 // run's last update is a finite number >= 0; past that it would divide by zero or turn negative.
 void check_cycle_rate(const LrParams& p, int64_t train_iters) {
-  if ((p.style != "LRRangeTest" && p.style != "OneCycle") || train_iters <= 0) return;
+  if (!is_deepspeed_cycle_style(p.style) || train_iters <= 0) return;
   const double last = learning_rate(train_iters - 1, p);
   if (std::isfinite(last) && last >= 0) return;
   char text[320];
@@ -96,7 +96,7 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
   };
   // LRRangeTest and OneCycle read no warm-up or decay length (a longer run resumes, as in
   // DeepSpeed); LRRangeTest has no floor.
-  const bool cyclic = saved.style == now.style && (now.style == "LRRangeTest" || now.style == "OneCycle");
+  const bool cyclic = saved.style == now.style && is_deepspeed_cycle_style(now.style);
   num("lr.lr", saved.max_lr, now.max_lr);
   if (!cyclic || now.style == "OneCycle") num("lr.min_lr", saved.min_lr, now.min_lr);
   if (!cyclic) {
@@ -120,7 +120,7 @@ std::vector<std::string> schedule_differences(const LrParams& saved, const LrPar
   };
   count("lr.lr_warmup_tokens", saved.warmup_tokens, now.warmup_tokens);
   count("lr.lr_decay_tokens", saved.decay_tokens, now.decay_tokens);
-  if (saved.style == now.style && (now.style == "LRRangeTest" || now.style == "OneCycle")) {
+  if (cyclic) {
     const CycleParams &a = saved.cycle, &b = now.cycle;
     if (now.style == "LRRangeTest") {
       num("lr.lr_range_test_step_size", a.range_step_size, b.range_step_size);

@@ -44,6 +44,8 @@ std::string number_text(double v);
 bool is_deepspeed_style(const std::string& style);
 // The three of them with a warm-up (WarmupLR, WarmupDecayLR, WarmupCosineLR).
 bool is_deepspeed_warmup_style(const std::string& style);
+// The two without one (LRRangeTest, OneCycle: lr.lr_range_test_*, lr.cycle_*).
+bool is_deepspeed_cycle_style(const std::string& style);
 // The warm-up's shape: lr.lr_warmup_style, or when "" the style's own (DeepSpeed's log, linear).
 std::string warmup_style_of(const config::LrSchedule& lr);
 

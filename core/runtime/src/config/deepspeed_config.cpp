@@ -903,8 +903,8 @@ class Reader {
   }
 
   // A whole number of steps from `key` into `field`, DeepSpeed's default when absent (nothing
-  // when it has none). OneCycle takes a
-  // float step size too (DTK counts whole updates: 10.0 is 10); LRRangeTest wants an int.
+  // when it has none). OneCycle takes a float step size too (DTK counts whole updates: 10.0 is
+  // 10); LRRangeTest wants an int.
   enum class Steps { kWhole, kInt };
   void steps(const std::string& key, const std::string& field, long long least, std::optional<long long> absent,
              Steps kind = Steps::kWhole) {

@@ -32,6 +32,12 @@ void clear_file_scheduled_fields(dtk::config::LrSchedule& lr) {
   lr.clear_cycle_momentum(), lr.clear_cycle_min_mom(), lr.clear_cycle_max_mom(), lr.clear_decay_mom_rate();
 }
 
+void clear_curriculum_fields(dtk::config::TrainingConfig& t) {
+  t.clear_curriculum_schedule(), t.clear_curriculum_min_difficulty(), t.clear_curriculum_max_difficulty();
+  t.clear_curriculum_total_step(), t.clear_curriculum_difficulty_step(), t.clear_curriculum_root_degree();
+  t.clear_curriculum_discrete_difficulty(), t.clear_curriculum_discrete_max_step();
+}
+
 }  // namespace
 
 dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, const std::string& path,
@@ -52,6 +58,12 @@ dtk::core::MegatronMapping apply_deepspeed_config(dtk::config::RunConfig& cfg, c
   for (const auto& set : ds.sets)
     if (set.rfind("lr.lr_decay_style=", 0) == 0) {
       clear_file_scheduled_fields(*cfg.mutable_lr());
+      break;
+    }
+  // Likewise a curriculum the file turns on: its schedule's keys, DeepSpeed's defaults for none.
+  for (const auto& set : ds.sets)
+    if (set.rfind("train.curriculum_schedule=", 0) == 0) {
+      clear_curriculum_fields(*cfg.mutable_train());
       break;
     }
   dtk::core::apply_megatron_mapping(cfg, m);

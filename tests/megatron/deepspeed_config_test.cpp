@@ -134,6 +134,66 @@ TEST(MegatronDeepSpeed, ZeroKeysBecomeTheStrategysOptions) {
   EXPECT_EQ(allowed.optimizer, "cpu_adam");
 }
 
+// DeepSpeed's legacy curriculum_learning (Megatron-DeepSpeed's examples_deepspeed/curriculum_learning
+// configs): the section maps to train.curriculum_*; with "enabled" false or absent it says
+// nothing; what DeepSpeed asserts or DTK cannot run is refused, one line each.
+TEST(MegatronDeepSpeed, CurriculumLearningMapsToTheSequenceCurriculum) {
+  const std::string linear = ds_file("curriculum", R"({"train_batch_size": 8, "curriculum_learning": {
+    "enabled": true, "curriculum_type": "seqlen", "min_difficulty": 64, "max_difficulty": 1024,
+    "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 3000, "difficulty_step": 8,
+    "root_degree": 2}}})");
+  const MegatronMapping m = map({}, linear);
+  EXPECT_TRUE(m.refused.empty()) << joined(m.refused);
+  EXPECT_TRUE(has(m.ignored,
+                  "ds.json: curriculum_learning.schedule_config.root_degree (schedule_type fixed_linear "
+                  "does not read it)"))
+      << joined(m.ignored);
+  const auto cfg = config_of(m);
+  for (const auto& [path, value] :
+       std::vector<std::pair<std::string, std::string>>{{"train.curriculum_schedule", "fixed_linear"},
+                                                        {"train.curriculum_min_difficulty", "64"},
+                                                        {"train.curriculum_max_difficulty", "1024"},
+                                                        {"train.curriculum_total_step", "3000"},
+                                                        {"train.curriculum_difficulty_step", "8"},
+                                                        {"train.curriculum_root_degree", "0"}})
+    EXPECT_EQ(config_value(cfg, path), value) << path;
+  const MegatronMapping discrete = map({}, ds_file("discrete", R"({"train_batch_size": 8, "curriculum_learning": {
+    "enabled": true, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 64,
+    "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [16, 32, 64], "max_step": [100, 200.0]}}})"));
+  EXPECT_TRUE(discrete.refused.empty()) << joined(discrete.refused);
+  EXPECT_EQ(config_value(config_of(discrete), "train.curriculum_discrete_difficulty"), "16,32,64");
+  EXPECT_EQ(config_value(config_of(discrete), "train.curriculum_discrete_max_step"), "100,200");
+  for (const std::string off :
+       {R"({"enabled": false, "curriculum_type": "vocabularyrarity"})", R"({"min_difficulty": 8})"}) {
+    const MegatronMapping o =
+        map({}, ds_file("curriculum-off", R"({"train_batch_size": 8, "curriculum_learning": )" + off + "}"));
+    EXPECT_TRUE(o.refused.empty()) << off << "\n" << joined(o.refused);
+    EXPECT_EQ(config_value(config_of(o), "train.curriculum_schedule"), "") << off;
+  }
+  const std::string head = R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true, )";
+  const std::string seqlen = R"("curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64, )";
+  for (const auto& [section, refusal] : std::vector<std::pair<std::string, std::string>>{
+           {R"("curriculum_type": "vocabularyrarity", "min_difficulty": 8, "max_difficulty": 64, )"
+            R"("schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [8, 64], "max_step": [4]}})",
+            "curriculum_learning.curriculum_type \"vocabularyrarity\": DTK's curriculum is by sequence length"},
+           {R"("curriculum_type": "seqlen", "max_difficulty": 64, "schedule_type": "fixed_linear", )"
+            R"("schedule_config": {"total_curriculum_step": 4, "difficulty_step": 8}})",
+            "curriculum_learning.min_difficulty: required with \"enabled\": true"},
+           {seqlen + R"("schedule_type": "custom"})", "DeepSpeed's custom schedule is a Python function"},
+           {seqlen + R"("schedule_type": "fixed_cubic"})", "not one of fixed_linear, fixed_root, fixed_discrete"},
+           {seqlen + R"("schedule_type": "fixed_root", "schedule_config": {"total_curriculum_step": 4, )"
+                     R"("difficulty_step": 8}})",
+            "curriculum_learning.schedule_config.root_degree: required by schedule_type fixed_root"},
+           {seqlen + R"("schedule_type": "fixed_discrete", "schedule_config": {"difficulty": 8, "max_step": [4]}})",
+            "curriculum_learning.schedule_config.difficulty 8: not a list of lengths or steps"},
+           {seqlen + R"("schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 4.5, )"
+                     R"("difficulty_step": 8}})",
+            "curriculum_learning.schedule_config.total_curriculum_step 4.5: not a whole number of at least 1"}})
+    EXPECT_TRUE(has(map({}, ds_file("curriculum-bad", head + section + "}")).refused, refusal))
+        << section << "\n"
+        << joined(map({}, ds_file("curriculum-bad", head + section + "}")).refused);
+}
+
 // DeepSpeed reads the stage-3 keys at stage 3 only, and no zero_optimization key at stage 0: they
 // are said to do nothing (DTK's strategy would refuse them), and overlap_comm is off below stage 3.
 TEST(MegatronDeepSpeed, KeysOfAnotherStageDoNothing) {
@@ -209,7 +269,7 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
        "ds.json: fp16.consecutive_hysteresis true: DTK runs only false"},
       {{},
        R"({"curriculum_learning": {"enabled": true}})",
-       "ds.json: curriculum_learning {...}: curriculum learning is not built: leave the section out"},
+       "ds.json: curriculum_learning.curriculum_type: required with \"enabled\": true (\"seqlen\")"},
       {{}, R"({"compression_training": {"weight_quantization": {}}})", "compression training is not built"},
       {{},
        R"({"train_batch_size": 8, "zero_optimization.stage": 3})",
@@ -623,3 +683,36 @@ TEST(StandaloneDeepSpeed, RunFollowsDeepSpeedsScheduleAndEqualsDtksOptions) {
   ASSERT_EQ(a.size(), 6u) << ds.out;
   EXPECT_EQ(a, loss_lines(own.out)) << ds.out << "\n----\n" << own.out;
 }
+
+namespace {
+
+// A DeepSpeed config's curriculum runs as DTK's own options, and differs from the run without it.
+TEST(StandaloneDeepSpeed, CurriculumRunEqualsDtksOptions) {
+  const std::string path = ds_file("run-curriculum", R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+    "steps_per_print": 1, "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen",
+      "min_difficulty": 8, "max_difficulty": 32, "schedule_type": "fixed_root",
+      "schedule_config": {"total_curriculum_step": 5, "difficulty_step": 8, "root_degree": 2}}})");
+  // (No "scheduler": DeepSpeed's constant rate.)
+  const std::string model = kStandaloneModel +
+                            " --threads 1 --set logging.log_interval=1 --set lr.lr_warmup_iters=0 "
+                            "--set lr.lr_decay_style=constant ";
+  const dtk_test::Result ds = dtk_test::run_dtk("train --deepspeed_config " + path + " " + model);
+  const dtk_test::Result own = dtk_test::run_dtk(
+      "train " + model +
+      " --set train.micro_batch_size=2 --set train.global_batch_size=4 --set train.curriculum_schedule=fixed_root "
+      "--set train.curriculum_min_difficulty=8 --set train.curriculum_max_difficulty=32 "
+      "--set train.curriculum_total_step=5 --set train.curriculum_difficulty_step=8 "
+      "--set train.curriculum_root_degree=2");
+  const dtk_test::Result plain =
+      dtk_test::run_dtk("train " + model + " --set train.micro_batch_size=2 --set train.global_batch_size=4");
+  ASSERT_EQ(ds.code, 0) << ds.out;
+  ASSERT_EQ(own.code, 0) << own.out;
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  const auto a = loss_lines(ds.out);
+  ASSERT_EQ(a.size(), 6u) << ds.out;
+  EXPECT_EQ(a, loss_lines(own.out)) << ds.out << "\n----\n" << own.out;
+  EXPECT_NE(a, loss_lines(plain.out));
+  EXPECT_NE(ds.out.find("curriculum seqlen:    16 |"), std::string::npos) << ds.out;
+}
+
+}  // namespace

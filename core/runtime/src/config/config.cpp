@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "dtk/core/comm/comm.hpp"
-#include "dtk/core/timeline/trace.hpp"
 #include "dtk/core/timeline/op_profile.hpp"
+#include "dtk/core/timeline/trace.hpp"
+#include "dtk/core/train/curriculum.hpp"
 #include "dtk/host/plugin_host.hpp"  // HostError, did_you_mean
 
 namespace dtk::core {
@@ -767,6 +768,18 @@ void validate_distributed(const config::RunConfig& cfg) {
   }
 }
 
+// train.curriculum_*: the settings and the lengths they give over train_iters (the stages the run
+// works out again in BatchPlan, over the iterations train.train_samples gives), and a bench run,
+// whose summary is of one steady step.
+void validate_curriculum(const config::RunConfig& cfg) {
+  const config::TrainingConfig& t = cfg.train();
+  if (!SequenceCurriculum(t, t.train_iters()).active()) return;
+  if (t.bench_steps() > 0 || !cfg.logging().bench_out().empty())
+    throw HostError(std::string("config: ") + (t.bench_steps() > 0 ? "train.bench_steps" : "logging.bench_out") +
+                    " measures iterations of one size; train.curriculum_schedule changes their sequence length: "
+                    "drop one of them");
+}
+
 // Checkpoint saving and loading, then the plugin slots.
 void validate_checkpoint_and_slots(const config::RunConfig& cfg) {
   // Tensor and pipeline parallelism run over the Gloo process groups (core/runtime/src/distributed.cpp);
@@ -811,6 +824,7 @@ void validate_config(const config::RunConfig& cfg) {
   if (t.seed() == 0) throw HostError("config: train.seed must be positive (Megatron refuses seed 0)");
   validate_scaling_and_exits(cfg);
   validate_distributed(cfg);
+  validate_curriculum(cfg);
   validate_checkpoint_and_slots(cfg);
 }
 

@@ -279,8 +279,29 @@ const Rule kRules[] = {
      "DeepSpeed's universal checkpoints are not read; DTK reads its own (Megatron's torch layout)"},
     {"checkpoint.use_node_local_storage", Kind::kIgnore, "", "every rank writes to checkpoint.save"},
     {"checkpoint.parallel_write", Kind::kIgnore, "", "every rank writes its own files"},
+    // Curriculum learning: DeepSpeed's legacy section, as Megatron-DeepSpeed applies it
+    {"curriculum_learning.enabled", Kind::kCustom, "",
+     "true: the sequence-length curriculum of the rows below; false or absent: the section is off (as in "
+     "DeepSpeed)"},
+    {"curriculum_learning.curriculum_type", Kind::kCustom, "",
+     "required: \"seqlen\" (each sample cut to the length, as Megatron-DeepSpeed does); another metric is "
+     "refused"},
+    {"curriculum_learning.min_difficulty", Kind::kCustom, "train.curriculum_min_difficulty", "required"},
+    {"curriculum_learning.max_difficulty", Kind::kCustom, "train.curriculum_max_difficulty",
+     "required; at most the sequence length"},
+    {"curriculum_learning.schedule_type", Kind::kCustom, "train.curriculum_schedule",
+     "required: fixed_linear, fixed_root or fixed_discrete; custom (a Python function) is refused"},
+    {"curriculum_learning.schedule_config.total_curriculum_step", Kind::kCustom, "train.curriculum_total_step",
+     "fixed_linear, fixed_root: required"},
+    {"curriculum_learning.schedule_config.difficulty_step", Kind::kCustom, "train.curriculum_difficulty_step",
+     "fixed_linear, fixed_root: required"},
+    {"curriculum_learning.schedule_config.root_degree", Kind::kCustom, "train.curriculum_root_degree",
+     "fixed_root: required"},
+    {"curriculum_learning.schedule_config.difficulty", Kind::kCustom, "train.curriculum_discrete_difficulty",
+     "fixed_discrete: required, a list of lengths"},
+    {"curriculum_learning.schedule_config.max_step", Kind::kCustom, "train.curriculum_discrete_max_step",
+     "fixed_discrete: required, a list one shorter (the last iteration of each length but the last)"},
     // Features DTK does not have
-    {"curriculum_learning", Kind::kSection, "", "curriculum learning is not built"},
     {"data_efficiency", Kind::kSection, "", "DeepSpeed's data efficiency library is not built"},
     {"elasticity", Kind::kSection, "", "elastic training is not built"},
     {"autotuning", Kind::kSection, "", "DeepSpeed's autotuner is not built"},
@@ -358,6 +379,8 @@ struct Pending {
   // sections among them that were given (an empty "params" says nothing else).
   std::map<std::string, json> engine;
   std::set<std::string> engine_sections;
+  // The curriculum_learning keys, read together once "enabled" is known (finish_curriculum()).
+  std::map<std::string, json> curriculum;
 };
 
 // The sections a standalone run reads key by key; under Megatron-DeepSpeed each is one row.
@@ -428,6 +451,10 @@ class Reader {
   }
 
   void apply(const Rule& r, const std::string& key, const json& v) {
+    if (key.rfind("curriculum_learning.", 0) == 0) {
+      pending_.curriculum[key] = v;
+      return;
+    }
     if (key.rfind("optimizer.", 0) == 0 || key.rfind("scheduler.", 0) == 0 || key.rfind("tensorboard.", 0) == 0)
       pending_.engine[key] = v;  // read by finish_engine(), also where the row only checks the value
     switch (r.kind) {
@@ -583,6 +610,7 @@ class Reader {
     finish_precision();
     finish_batch();
     finish_zero();
+    finish_curriculum();  // read by Megatron-DeepSpeed's loop and by DeepSpeed's engine alike
     if (!standalone_) return;
     finish_optimizer();
     finish_scheduler();
@@ -969,6 +997,86 @@ class Reader {
   }
 
   // DeepSpeed's TensorBoard monitor writes to output_path/job_name when enabled.
+  // DeepSpeed's legacy curriculum_learning: read only when "enabled" is true (DeepSpeed and
+  // Megatron-DeepSpeed ignore the section otherwise), then with the keys DeepSpeed asserts.
+  void finish_curriculum() {
+    const std::map<std::string, json>& c = pending_.curriculum;
+    if (c.empty()) return;
+    const std::string p = "curriculum_learning.";
+    const auto at = [&](const std::string& k) -> const json* {
+      const auto it = c.find(p + k);
+      return it == c.end() ? nullptr : &it->second;
+    };
+    const json* enabled = at("enabled");
+    if (!enabled)
+      return out_.ignored.push_back(shown("curriculum_learning") + " (no \"enabled\": true: off, as in DeepSpeed)");
+    const std::optional<bool> on = boolean(p + "enabled", *enabled);
+    if (!on || !*on) return;
+    const auto required = [&](const std::string& k, const std::string& why) -> const json* {
+      const json* v = at(k);
+      if (!v) out_.refused.push_back(shown(p + k) + ": required with \"enabled\": true (" + why + ")");
+      return v;
+    };
+    if (const json* type = required("curriculum_type", "\"seqlen\""))
+      if (!type->is_string() || type->get<std::string>() != "seqlen")
+        refuse(p + "curriculum_type", *type,
+               "DTK's curriculum is by sequence length, \"seqlen\" (Megatron-DeepSpeed cuts each sample to it)");
+    for (const char* k : {"min_difficulty", "max_difficulty"})
+      if (const json* v = required(k, "DeepSpeed asserts it"))
+        if (const auto n = whole(p + k, *v, 1)) set(std::string("train.curriculum_") + k, std::to_string(*n), p + k);
+    const json* type = required("schedule_type", "fixed_linear, fixed_root or fixed_discrete");
+    if (!type) return;
+    const std::string schedule = type->is_string() ? type->get<std::string>() : "";
+    if (schedule == "custom")
+      return refuse(p + "schedule_type", *type,
+                    "DeepSpeed's custom schedule is a Python function (set_custom_curriculum_learning_schedule); use "
+                    "fixed_linear, fixed_root or fixed_discrete");
+    if (schedule != "fixed_linear" && schedule != "fixed_root" && schedule != "fixed_discrete")
+      return refuse(p + "schedule_type", *type, "not one of fixed_linear, fixed_root, fixed_discrete");
+    set("train.curriculum_schedule", schedule, p + "schedule_type");
+    finish_curriculum_schedule(schedule, at);
+  }
+
+  // The schedule_config keys the schedule reads (DeepSpeed asserts each), and a note for the others.
+  template <class At>
+  void finish_curriculum_schedule(const std::string& schedule, const At& at) {
+    struct Key {
+      const char* name;
+      const char* field;
+      bool read;
+    };
+    const bool discrete = schedule == "fixed_discrete";
+    for (const Key& k : {Key{"total_curriculum_step", "train.curriculum_total_step", !discrete},
+                         Key{"difficulty_step", "train.curriculum_difficulty_step", !discrete},
+                         Key{"root_degree", "train.curriculum_root_degree", schedule == "fixed_root"},
+                         Key{"difficulty", "train.curriculum_discrete_difficulty", discrete},
+                         Key{"max_step", "train.curriculum_discrete_max_step", discrete}}) {
+      const std::string key = std::string("curriculum_learning.schedule_config.") + k.name;
+      const json* v = at(std::string("schedule_config.") + k.name);
+      if (!k.read) {
+        if (v) out_.ignored.push_back(shown(key) + " (schedule_type " + schedule + " does not read it)");
+      } else if (!v) {
+        out_.refused.push_back(shown(key) + ": required by schedule_type " + schedule + " (DeepSpeed asserts it)");
+      } else if (std::strcmp(k.name, "root_degree") == 0) {
+        if (v->is_number() && v->get<double>() > 0)
+          set(k.field, text_of(*v), key);
+        else
+          refuse(key, *v, "not a number > 0");
+      } else if (discrete) {
+        if (!v->is_array() || v->empty()) {
+          refuse(key, *v, "not a list of lengths or steps ([64, 128])");
+          continue;
+        }
+        std::string list;
+        for (const json& item : *v)
+          if (const auto n = whole(key, item, 1)) list += (list.empty() ? "" : ",") + std::to_string(*n);
+        set(k.field, list, key);
+      } else if (const auto n = whole(key, *v, 1)) {
+        set(k.field, std::to_string(*n), key);
+      }
+    }
+  }
+
   void finish_tensorboard() {
     if (!flag("tensorboard.enabled", false)) return;
     const auto text = [&](const std::string& key, const std::string& absent) -> std::optional<std::string> {

@@ -212,6 +212,11 @@ std::string progress_line(const WindowFigures& w, const IterationResult& last, c
     std::snprintf(buf, sizeof buf, " params norm: %.3f |", last.params_norm);
     line += buf;
   }
+  if (setup.curriculum) {  // Megatron-DeepSpeed's field, in its place
+    std::snprintf(buf, sizeof buf, " curriculum seqlen: %5lld |",
+                  static_cast<long long>(last.seq_length > 0 ? last.seq_length : setup.seq_length));
+    line += buf;
+  }
   std::snprintf(buf, sizeof buf, " number of skipped iterations: %3lld | number of nan iterations: %3lld |",
                 static_cast<long long>(w.skipped), static_cast<long long>(w.nan_iterations));
   line += buf;
@@ -240,6 +245,7 @@ JsonObject window_record(const WindowFigures& w, const IterationResult& last, co
   o.add("loss_scale", last.loss_scale).add("grad_norm", w.norm);
   if (std::isfinite(last.params_norm)) o.add("params_norm", last.params_norm);
   if (std::isfinite(last.num_zeros)) o.add("num_zeros", last.num_zeros);
+  if (setup.curriculum) o.add("curriculum_seqlen", last.seq_length > 0 ? last.seq_length : setup.seq_length);
   o.add("skipped_iterations", w.skipped)
       .add("nan_iterations", w.nan_iterations)
       .add("peak_rss_mb", w.rss_mb)
@@ -281,7 +287,11 @@ void TrainingLog::print(const std::string& line) const {
 
 void TrainingLog::record(const IterationResult& r) {
   ++iterations_;
-  window_samples_ += batch_of(r);
+  const int64_t tokens = batch_of(r) * seq_of(r);
+  window_tokens_ += tokens;
+  window_flops_ +=
+      static_cast<double>(tokens) * (setup_.flops_per_token + setup_.attention_flops_per_position *
+                                                                  static_cast<double>(seq_of(r) - setup_.seq_length));
   last_iteration_ = r.iteration, last_consumed_ = consumed_of(r);
   // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
   // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite. The
@@ -328,6 +338,7 @@ void TrainingLog::write_iteration_scalars(const IterationResult& r) {
   if (!r.skipped) add_scalar("grad-norm", r.grad_norm, it, consumed_of(r));
   if (std::isfinite(r.num_zeros)) add_scalar("num-zeros", r.num_zeros, it, consumed_of(r));
   if (std::isfinite(r.params_norm)) add_scalar("params-norm", r.params_norm, it, consumed_of(r));
+  if (setup_.curriculum) add_scalar("seqlen/curriculum_seqlen", static_cast<double>(seq_of(r)), it, consumed_of(r));
   tensorboard_->flush();
 }
 
@@ -386,8 +397,8 @@ void TrainingLog::print_window(const IterationResult& last) {
   w.secs = std::chrono::duration<double>(Clock::now() - window_start_ - excluded_).count();
   w.n_it = static_cast<double>(iterations_);
   w.ms_per_it = 1000.0 * w.secs / w.n_it;
-  w.tokens_per_s = static_cast<double>(window_samples_ * setup_.seq_length) / w.secs;
-  w.tflops = setup_.flops_per_token * w.tokens_per_s / 1e12 / setup_.world_size;
+  w.tokens_per_s = static_cast<double>(window_tokens_) / w.secs;
+  w.tflops = window_flops_ / w.secs / 1e12 / setup_.world_size;
   w.mfu = setup_.peak_tflops > 0 ? w.tflops / setup_.peak_tflops : NAN;
   // Megatron prints the last iteration's norm (none when it was skipped: DTK prints nan, so every
   // line has the same fields).
@@ -415,7 +426,8 @@ void TrainingLog::print_window(const IterationResult& last) {
 
 void TrainingLog::clear_window() {
   window_.clear();
-  iterations_ = skipped_ = nan_iterations_ = window_samples_ = 0;
+  iterations_ = skipped_ = nan_iterations_ = window_tokens_ = 0;
+  window_flops_ = 0;
   tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};

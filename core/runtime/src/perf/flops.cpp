@@ -33,6 +33,7 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
   const double lhs =
       static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size) * static_cast<double>(seq_length);
   s.flops_per_token = 2 * c * n + 4 * c * lhs;
+  s.attention_flops_per_position = 4 * c * static_cast<double>(info.num_layers) * static_cast<double>(info.hidden_size);
   return s;
 }
 

@@ -87,7 +87,8 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       eval_iters_(cfg.eval().eval_iters()),
       seq_length_(cfg.train().seq_length()),
       dp_rank_(topo.dp_rank),
-      dp_size_(topo.dp_size) {
+      dp_size_(topo.dp_size),
+      curriculum_(cfg.train(), 0) {
   const auto& t = cfg.train();
   gbs_ = checked_global_batch(t, mbs_, dp_size_);
   num_micro_ = gbs_ / (mbs_ * dp_size_);
@@ -115,10 +116,47 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
   if (seq_length_ > 0 && consumed_before(train_iters_ + 1) > std::numeric_limits<int64_t>::max() / seq_length_)
     throw HostError("config: the run's token count (train samples x train.seq_length) is too large");
+  if (curriculum_.active()) {
+    curriculum_ = SequenceCurriculum(t, train_iters_);  // its lengths through the run
+    check_curriculum_split(cfg, topo);
+  }
   final_iteration_ = train_iters_;
-  if (t.train_tokens() > 0 && seq_length_ > 0)
-    final_iteration_ = std::min(train_iters_, iteration_reaching(t.train_tokens() / seq_length_ +
-                                                                 (t.train_tokens() % seq_length_ != 0 ? 1 : 0)));
+  if (t.train_tokens() > 0 && seq_length_ > 0) final_iteration_ = iteration_reaching_tokens(t.train_tokens());
+}
+
+// Sequence parallelism splits every length the curriculum gives over the tensor-parallel ranks.
+void BatchPlan::check_curriculum_split(const config::RunConfig& cfg, const Topology& topo) const {
+  if (!cfg.distributed().sequence_parallel() || topo.tp_size <= 1) return;
+  for (const SequenceCurriculum::Stage& s : curriculum_.stages())
+    if (s.length % topo.tp_size != 0)
+      throw HostError(
+          "config: distributed.sequence_parallel splits each sequence length over the tensor-parallel size " +
+          std::to_string(topo.tp_size) + ", and train.curriculum_schedule gives " + std::to_string(s.length) +
+          " from iteration " + std::to_string(s.first_iteration) +
+          ": make train.curriculum_difficulty_step (or each length) a multiple of " + std::to_string(topo.tp_size));
+}
+
+int64_t BatchPlan::iteration_reaching_tokens(int64_t tokens) const {
+  if (!curriculum_.active())
+    return std::min(train_iters_, iteration_reaching(tokens / seq_length_ + (tokens % seq_length_ != 0 ? 1 : 0)));
+  if (tokens_before(train_iters_ + 1) < tokens) return train_iters_;
+  int64_t lo = 0, hi = train_iters_;  // tokens_before(lo + 1) < tokens <= tokens_before(hi + 1)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (tokens_before(mid + 1) < tokens ? lo : hi) = mid;
+  }
+  return std::max<int64_t>(1, hi);
+}
+
+int64_t BatchPlan::tokens_before(int64_t i) const {
+  if (!curriculum_.active()) return consumed_before(i) * seq_length_;
+  const std::vector<SequenceCurriculum::Stage>& stages = curriculum_.stages();
+  int64_t tokens = 0;
+  for (size_t k = 0; k < stages.size() && stages[k].first_iteration < i; ++k) {
+    const int64_t end = k + 1 < stages.size() ? std::min(i, stages[k + 1].first_iteration) : i;
+    tokens += (consumed_before(end) - consumed_before(stages[k].first_iteration)) * stages[k].length;
+  }
+  return tokens;
 }
 
 int64_t BatchPlan::iteration_reaching(int64_t samples) const {

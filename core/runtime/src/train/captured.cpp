@@ -242,6 +242,10 @@ std::string cuda_graphs_refusal(const CaptureSetup& s) {
   if (s.num_experts > 0)
     return "the mixture-of-experts layers (num_experts " + std::to_string(s.num_experts) +
            ") size each expert's rows by the routing, read on the host";
+  if (!s.curriculum.empty())
+    return "train.curriculum_schedule " + s.curriculum +
+           " changes the sequence length, and a recorded step's shapes, "
+           "between iterations";
   return "";
 }
 

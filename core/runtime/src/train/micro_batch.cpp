@@ -25,6 +25,23 @@ TensorList MicroBatchRunner::next_batch(int64_t iteration, bool on_host) {
   }
   if (on_host || p_.cfg->train().check_every_batch() || iteration <= p_.resumed_iteration + kCheckedIterations)
     check_batch(batch, iteration);
+  if (const int64_t length = p_.plan->seq_length_of(iteration); length < p_.plan->seq_length())
+    batch = cut_to_length(std::move(batch), p_.plan->seq_length(), length);
+  return batch;
+}
+
+// A curriculum's iteration trains on the first `length` tokens of each sample, as
+// Megatron-DeepSpeed's get_batch truncates tokens, labels, loss mask and position ids: every
+// buffer of [batch, seq + 1] ("text") or [batch, seq] (a loss mask) keeps its first length + 1 or
+// length columns; other buffers pass as they are.
+TensorList MicroBatchRunner::cut_to_length(TensorList batch, int64_t seq, int64_t length) {
+  for (auto& [name, t] : batch) {
+    if (!t.defined() || t.dim() < 2) continue;
+    if (t.size(1) == seq + 1)
+      t = t.narrow(1, 0, length + 1).contiguous();
+    else if (t.size(1) == seq)
+      t = t.narrow(1, 0, length).contiguous();
+  }
   return batch;
 }
 
@@ -235,7 +252,8 @@ void MicroBatchRunner::trace_span(const char* what, int64_t m, int64_t start) co
 std::vector<int64_t> MicroBatchRunner::stage_shape() const {
   // Under sequence parallelism a stage sends its rows of the sequence (Megatron's p2p shape).
   const dtk_model_info info = p_.model->info();
-  const int64_t seq = p_.plan->seq_length() / (info.sequence_parallel ? std::max(1, p_.topo->tp_size) : 1);
+  const int64_t length = seq_length_ > 0 ? seq_length_ : p_.plan->seq_length();
+  const int64_t seq = length / (info.sequence_parallel ? std::max(1, p_.topo->tp_size) : 1);
   return {p_.plan->micro_batch_size(), seq, info.hidden_size};
 }
 

@@ -62,10 +62,11 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
     tokens_end = "; train.train_tokens " + std::to_string(train.train_tokens()) + " ends it after iteration " +
                  std::to_string(plan.final_iteration()) + " (" +
                  std::to_string(plan.tokens_before(plan.final_iteration() + 1)) + " tokens)";
+  const std::string curriculum = plan.curriculum().active() ? "; " + plan.curriculum().describe() : "";
   return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, global batch " +
          std::to_string(plan.global_batch_size()) + " (" + std::to_string(plan.micro_batches_per_step()) +
          " micro-batches of " + std::to_string(plan.micro_batch_size()) + "), seq " +
-         std::to_string(plan.seq_length()) + ramp + tokens_end;
+         std::to_string(plan.seq_length()) + ramp + curriculum + tokens_end;
 }
 
 // A strategy whose parameters are not whole outside its hooks while its state is replicated
@@ -165,6 +166,8 @@ std::unique_ptr<TrainingLog> Trainer::make_log() {
   log.timers = &timers_;
   log.topo = &topo_;
   log.flops_per_token = parts_.stats.flops_per_token;
+  log.attention_flops_per_position = parts_.stats.attention_flops_per_position;
+  log.curriculum = plan_.curriculum().active();
   return std::make_unique<TrainingLog>(log);
 }
 
@@ -227,6 +230,7 @@ std::unique_ptr<StepRecorder> Trainer::step_recorder(const TrainerHooks& hooks) 
   s.loss_hook = static_cast<bool>(hooks.scaled_loss);
   s.per_token_loss = cfg_.train().calculate_per_token_loss();
   s.num_experts = num_experts_;
+  s.curriculum = cfg_.train().curriculum_schedule();
   if (const std::string refusal = cuda_graphs_refusal(s); !refusal.empty()) {
     if (s.asked && topo_.world_rank == 0) std::printf(" > train.cuda_graphs: off: %s\n", refusal.c_str());
     return nullptr;
@@ -244,9 +248,12 @@ IterationResult Trainer::train_step(int64_t iteration) {
   r.iteration = iteration;
   const int64_t num_micro = plan_.micro_batches_of(iteration);  // changes during a batch-size ramp-up
   const double scale = scaler_.scale();                         // this iteration's loss scale
+  r.seq_length = plan_.seq_length_of(iteration);                // a curriculum's length
   {
     auto t = timers_.scope(Phase::kForwardBackward);
+    runner_->set_sequence_length(r.seq_length);
     forward_backward_->train(iteration, num_micro, scale, r);
+    runner_->set_sequence_length(0);  // evaluation runs at train.seq_length
   }
   layer_metrics_->collect(num_micro, topo_, r.metrics);
   const int64_t activation_bytes = runner_->take_activation_bytes();

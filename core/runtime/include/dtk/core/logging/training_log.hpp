@@ -81,6 +81,9 @@ struct IterationResult {
   // The iteration's global batch and the samples consumed after it (they differ from the setup's
   // fixed size during a batch-size ramp-up); 0: from the setup.
   int64_t global_batch_size = 0, consumed_samples = 0;
+  // The tokens of each sample it trained on: a curriculum's length (train.curriculum_schedule);
+  // 0: the setup's seq_length.
+  int64_t seq_length = 0;
 };
 
 // Owns the logging window: its metrics, counters and clock, the printed line and TensorBoard.
@@ -92,7 +95,11 @@ class TrainingLog {
     // The iteration the run ends after (train.train_tokens can end it before train_iters; 0: train_iters):
     // always printed, and the ETA's end.
     int64_t final_iteration = 0;
-    double flops_per_token = 0;  // the FLOPs model (core/flops.hpp)
+    double flops_per_token = 0;  // the FLOPs model (core/flops.hpp), at seq_length
+    // What flops_per_token adds per position of the sequence (attention's 4cLh): an iteration of a
+    // curriculum's shorter length counts fewer FLOPs per token.
+    double attention_flops_per_position = 0;
+    bool curriculum = false;  // train.curriculum_schedule: the line and TensorBoard show the length
     int world_size = 1;
     int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
     int virtual_stages = 1;                     // model chunks per pipeline rank (the interleaved schedule's bubble)
@@ -145,8 +152,10 @@ class TrainingLog {
   std::unique_ptr<JsonlWriter> metrics_;
   MetricAverager window_;
   int64_t iterations_ = 0, skipped_ = 0, nan_iterations_ = 0;
-  int64_t window_samples_ = 0;  // samples trained in the window (tokens per second)
+  int64_t window_tokens_ = 0;                        // tokens trained in the window (tokens per second)
+  double window_flops_ = 0;                          // and their FLOPs (TFLOP/s)
   int64_t last_iteration_ = -1, last_consumed_ = 0;  // the last recorded iteration (evaluations after it)
+  int64_t seq_of(const IterationResult& r) const { return r.seq_length > 0 ? r.seq_length : setup_.seq_length; }
   int64_t batch_of(const IterationResult& r) const { return r.global_batch_size > 0 ? r.global_batch_size : setup_.global_batch_size; }
   int64_t consumed_of(const IterationResult& r) const {
     return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;

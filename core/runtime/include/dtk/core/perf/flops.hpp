@@ -21,6 +21,7 @@ struct ModelStats {
   int64_t active_parameters = 0;  // N: what one token's products read (model_parameters without MoE)
   int passes = 3;                // c
   double flops_per_token = 0;
+  double attention_flops_per_position = 0;  // 4cLh: flops_per_token's part per position of s
 };
 // The experts of each of the model's MoE layers (dtk_model_info.num_experts); 0 for a dense model
 // and for a model built before ABI 2.9.

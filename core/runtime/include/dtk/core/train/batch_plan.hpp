@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtk/core/components/services.hpp"
+#include "dtk/core/train/curriculum.hpp"
 #include "dtk_config.pb.h"
 
 namespace dtk::core {
@@ -42,11 +43,15 @@ class BatchPlan {
   // consumed tokens to train.train_tokens (Megatron-DeepSpeed's second loop condition).
   int64_t final_iteration() const { return final_iteration_; }
   bool ends_on_tokens() const { return final_iteration_ < train_iters_; }
-  // Tokens consumed before iteration i (every sample is seq_length tokens).
-  int64_t tokens_before(int64_t i) const { return consumed_before(i) * seq_length_; }
+  // Tokens consumed before iteration i: each sample counts the tokens its iteration trains on,
+  // seq_length, or the curriculum's length (train.curriculum_schedule), as Megatron-DeepSpeed counts.
+  int64_t tokens_before(int64_t i) const;
   int64_t eval_iters() const { return eval_iters_; }
+  // What every sample holds (and validation and test use); training iteration i trains on the
+  // first seq_length_of(i) tokens of each.
   int64_t seq_length() const { return seq_length_; }
-  int64_t tokens_per_step() const { return gbs_ * seq_length_; }
+  int64_t seq_length_of(int64_t i) const { return curriculum_.length_of(i); }
+  const SequenceCurriculum& curriculum() const { return curriculum_; }
 
   // Samples each split must provide for the whole run (Megatron's train_val_test_num_samples):
   // validation runs every eval_interval iterations plus once at the end; test once.
@@ -76,12 +81,16 @@ class BatchPlan {
  private:
   // The first iteration after which `samples` have been consumed.
   int64_t iteration_reaching(int64_t samples) const;
+  // The first iteration after which `tokens` have been consumed (train_iters if none).
+  int64_t iteration_reaching_tokens(int64_t tokens) const;
+  void check_curriculum_split(const config::RunConfig& cfg, const Topology& topo) const;
   // The ramp-up's iterations q = 0..R (0-based): samples and micro-batches before each; one entry
   // ({0}) without a ramp-up.
   std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_rank_ = 0, dp_size_ = 1;
+  SequenceCurriculum curriculum_;
 };
 
 }  // namespace dtk::core

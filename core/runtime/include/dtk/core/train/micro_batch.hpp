@@ -100,6 +100,9 @@ class MicroBatchRunner {
   // Pipeline stages exchange [micro_batch, seq, hidden] tensors in the parameters' dtype (seq / tp
   // under sequence parallelism).
   std::vector<int64_t> stage_shape() const;
+  // The sequence length the next micro-batches run at: a training iteration's under a curriculum
+  // (train.curriculum_schedule), else (evaluation too) train.seq_length.
+  void set_sequence_length(int64_t length) { seq_length_ = length; }
   // The most device memory one micro-batch's forward left allocated since the last call (its
   // stored activations), then starts again.
   int64_t take_activation_bytes() { return std::exchange(activation_bytes_, 0); }
@@ -116,6 +119,7 @@ class MicroBatchRunner {
   StepInstance& step() { return *(*p_.steps)[static_cast<size_t>(p_.model->selected_chunk())]; }
   at::Tensor step_forward(const TensorList& batch, Metrics* metrics, bool training);
   void check_batch(const TensorList& batch, int64_t iteration) const;
+  static TensorList cut_to_length(TensorList batch, int64_t seq, int64_t length);
   void run_backward(int64_t iteration, int64_t m, int64_t num_micro, double scale, const at::Tensor& out,
                     const at::Tensor& out_grad);
   void trace_span(const char* what, int64_t m, int64_t start) const;
@@ -125,6 +129,7 @@ class MicroBatchRunner {
   // chunk's first forward before any backward, in the same order, so their agreements line up.
   std::set<int> graph_checked_;
   int64_t activation_bytes_ = 0;
+  int64_t seq_length_ = 0;       // set_sequence_length (0: train.seq_length)
   at::Tensor tokens_;            // take_tokens()
   std::string tokens_error_;     // what was wrong with the last loss's token count
 };

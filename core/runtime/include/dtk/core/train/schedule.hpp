@@ -53,6 +53,7 @@ struct CaptureSetup {
   bool loss_hook = false;           // a test hook changes the loss (TrainerHooks::scaled_loss)
   bool per_token_loss = false;      // train.calculate_per_token_loss
   int num_experts = 0;              // the model's mixture-of-experts layers (dtk_model_info.num_experts)
+  std::string curriculum;           // train.curriculum_schedule ("" = off)
 };
 
 // Why the steps stay uncaptured, as the start-up line says it ("" when they are recorded).

@@ -269,7 +269,7 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
        "ds.json: fp16.consecutive_hysteresis true: DTK runs only false"},
       {{},
        R"({"curriculum_learning": {"enabled": true}})",
-       "ds.json: curriculum_learning.curriculum_type: required with \"enabled\": true (\"seqlen\")"},
+       "ds.json: curriculum_learning.min_difficulty: required with \"enabled\": true"},
       {{}, R"({"compression_training": {"weight_quantization": {}}})", "compression training is not built"},
       {{},
        R"({"train_batch_size": 8, "zero_optimization.stage": 3})",

@@ -21,8 +21,8 @@
 #include "../common/curves.hpp"
 #include "../common/run_dtk.hpp"
 #include "dtk/core/config/config.hpp"
+#include "dtk/core/config/curriculum.hpp"
 #include "dtk/core/train/batch_plan.hpp"
-#include "dtk/core/train/curriculum.hpp"
 #include "dtk/core/train/schedule.hpp"
 
 namespace {
@@ -170,6 +170,17 @@ TEST(Curriculum, LengthsEqualDeepSpeedsScheduler) {
         ASSERT_EQ(curriculum.length_of(i), c.stages[k].second) << c.name << ", iteration " << i;
     }
   }
+}
+
+// The stages end with the run: a discrete length after its last iteration is neither worked out
+// nor checked (a step count near int64's end does not overflow), and a step past max is refused.
+TEST(Curriculum, StagesEndWithTheRun) {
+  DeepSpeedCase c{"", "fixed_discrete", 8, 64, 0, 0, 0, "8,16,6000", "2,9223372036854775807", 0, {}};
+  const SequenceCurriculum curriculum(curriculum_config(c, 64), 10);
+  ASSERT_EQ(curriculum.stages().size(), 2u);
+  EXPECT_EQ(curriculum.length_of(10), 16);
+  DeepSpeedCase wide{"", "fixed_root", 8, 64, 100, 65, 0.5, "", "", 0, {}};
+  EXPECT_THROW(SequenceCurriculum(curriculum_config(wide, 64), 10), std::exception);
 }
 
 dtk::config::RunConfig plan_config(const std::string& schedule, int64_t iters) {
@@ -381,7 +392,7 @@ TEST(Curriculum, BadSettingsAreOneLine) {
        "train.curriculum_schedule \"\" (off)"},
       {" --set train.curriculum_schedule=fixed_linear --set train.curriculum_total_step=4 "
        "--set train.curriculum_difficulty_step=8",
-       "train.curriculum_min_difficulty must be set to the first sequence length (>= 1), got 0"},
+       "train.curriculum_min_difficulty must be set (>= 1; DeepSpeed's min_difficulty), got 0"},
       {linear + " --set train.curriculum_max_difficulty=64",
        "train.curriculum_max_difficulty (64) is longer than train.seq_length (32)"},
       {linear + " --set train.curriculum_root_degree=2",

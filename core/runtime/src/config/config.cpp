@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "dtk/core/comm/comm.hpp"
+#include "dtk/core/config/curriculum.hpp"
 #include "dtk/core/timeline/op_profile.hpp"
 #include "dtk/core/timeline/trace.hpp"
-#include "dtk/core/train/curriculum.hpp"
 #include "dtk/host/plugin_host.hpp"  // HostError, did_you_mean
 
 namespace dtk::core {

@@ -281,11 +281,11 @@ const Rule kRules[] = {
     {"checkpoint.parallel_write", Kind::kIgnore, "", "every rank writes its own files"},
     // Curriculum learning: DeepSpeed's legacy section, as Megatron-DeepSpeed applies it
     {"curriculum_learning.enabled", Kind::kCustom, "",
-     "true: the sequence-length curriculum of the rows below; false or absent: the section is off (as in "
-     "DeepSpeed)"},
+     "true: the sequence-length curriculum of the rows below; false: the section is off; absent: off, as "
+     "Megatron-DeepSpeed reads it (DeepSpeed's own reader fails)"},
     {"curriculum_learning.curriculum_type", Kind::kCustom, "",
-     "required: \"seqlen\" (each sample cut to the length, as Megatron-DeepSpeed does); another metric is "
-     "refused"},
+     "\"seqlen\" or absent (each sample cut to the length, as Megatron-DeepSpeed's pipeline path does "
+     "without reading the key); another metric is refused"},
     {"curriculum_learning.min_difficulty", Kind::kCustom, "train.curriculum_min_difficulty", "required"},
     {"curriculum_learning.max_difficulty", Kind::kCustom, "train.curriculum_max_difficulty",
      "required; at most the sequence length"},
@@ -996,9 +996,9 @@ class Reader {
       if (const auto v = number(p + key, absent, 0, 1)) set_number(std::string("lr.") + key, *v, p + key);
   }
 
-  // DeepSpeed's TensorBoard monitor writes to output_path/job_name when enabled.
-  // DeepSpeed's legacy curriculum_learning: read only when "enabled" is true (DeepSpeed and
-  // Megatron-DeepSpeed ignore the section otherwise), then with the keys DeepSpeed asserts.
+  // DeepSpeed's legacy curriculum_learning: read only when "enabled" is true (Megatron-DeepSpeed
+  // turns the curriculum on by it; DeepSpeed's own reader fails on a section without it), then
+  // with the keys DeepSpeed asserts.
   void finish_curriculum() {
     const std::map<std::string, json>& c = pending_.curriculum;
     if (c.empty()) return;
@@ -1009,7 +1009,9 @@ class Reader {
     };
     const json* enabled = at("enabled");
     if (!enabled)
-      return out_.ignored.push_back(shown("curriculum_learning") + " (no \"enabled\": true: off, as in DeepSpeed)");
+      return out_.ignored.push_back(shown("curriculum_learning") +
+                                    " (no \"enabled\": off, as Megatron-DeepSpeed reads it; DeepSpeed's own reader "
+                                    "fails on it)");
     const std::optional<bool> on = boolean(p + "enabled", *enabled);
     if (!on || !*on) return;
     const auto required = [&](const std::string& k, const std::string& why) -> const json* {
@@ -1017,7 +1019,9 @@ class Reader {
       if (!v) out_.refused.push_back(shown(p + k) + ": required with \"enabled\": true (" + why + ")");
       return v;
     };
-    if (const json* type = required("curriculum_type", "\"seqlen\""))
+    // Megatron-DeepSpeed's pipeline path cuts by the length without reading curriculum_type:
+    // absent is seqlen.
+    if (const json* type = at("curriculum_type"))
       if (!type->is_string() || type->get<std::string>() != "seqlen")
         refuse(p + "curriculum_type", *type,
                "DTK's curriculum is by sequence length, \"seqlen\" (Megatron-DeepSpeed cuts each sample to it)");
@@ -1077,6 +1081,7 @@ class Reader {
     }
   }
 
+  // DeepSpeed's TensorBoard monitor writes to output_path/job_name when enabled.
   void finish_tensorboard() {
     if (!flag("tensorboard.enabled", false)) return;
     const auto text = [&](const std::string& key, const std::string& absent) -> std::optional<std::string> {

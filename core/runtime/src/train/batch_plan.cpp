@@ -119,6 +119,12 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   if (curriculum_.active()) {
     curriculum_ = SequenceCurriculum(t, train_iters_);  // its lengths through the run
     check_curriculum_split(cfg, topo);
+    const std::vector<SequenceCurriculum::Stage>& stages = curriculum_.stages();
+    stage_tokens_.assign(1, 0);
+    for (size_t k = 1; k < stages.size(); ++k)
+      stage_tokens_.push_back(stage_tokens_.back() + (consumed_before(stages[k].first_iteration) -
+                                                      consumed_before(stages[k - 1].first_iteration)) *
+                                                         stages[k - 1].length);
   }
   final_iteration_ = train_iters_;
   if (t.train_tokens() > 0 && seq_length_ > 0) final_iteration_ = iteration_reaching_tokens(t.train_tokens());
@@ -150,13 +156,14 @@ int64_t BatchPlan::iteration_reaching_tokens(int64_t tokens) const {
 
 int64_t BatchPlan::tokens_before(int64_t i) const {
   if (!curriculum_.active()) return consumed_before(i) * seq_length_;
+  // The last stage that began before iteration i, and the tokens before it began.
   const std::vector<SequenceCurriculum::Stage>& stages = curriculum_.stages();
-  int64_t tokens = 0;
-  for (size_t k = 0; k < stages.size() && stages[k].first_iteration < i; ++k) {
-    const int64_t end = k + 1 < stages.size() ? std::min(i, stages[k + 1].first_iteration) : i;
-    tokens += (consumed_before(end) - consumed_before(stages[k].first_iteration)) * stages[k].length;
-  }
-  return tokens;
+  const auto after =
+      std::upper_bound(stages.begin(), stages.end(), i - 1,
+                       [](int64_t n, const SequenceCurriculum::Stage& s) { return n < s.first_iteration; });
+  if (after == stages.begin()) return 0;
+  const size_t k = static_cast<size_t>(after - stages.begin()) - 1;
+  return stage_tokens_[k] + (consumed_before(i) - consumed_before(stages[k].first_iteration)) * stages[k].length;
 }
 
 int64_t BatchPlan::iteration_reaching(int64_t samples) const {

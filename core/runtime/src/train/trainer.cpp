@@ -252,8 +252,9 @@ IterationResult Trainer::train_step(int64_t iteration) {
   {
     auto t = timers_.scope(Phase::kForwardBackward);
     runner_->set_sequence_length(r.seq_length);
+    // Evaluation (and whatever runs after a failure) at train.seq_length.
+    const std::shared_ptr<void> full_length(nullptr, [this](void*) { runner_->set_sequence_length(0); });
     forward_backward_->train(iteration, num_micro, scale, r);
-    runner_->set_sequence_length(0);  // evaluation runs at train.seq_length
   }
   layer_metrics_->collect(num_micro, topo_, r.metrics);
   const int64_t activation_bytes = runner_->take_activation_bytes();

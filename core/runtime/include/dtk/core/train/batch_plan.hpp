@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtk/core/components/services.hpp"
-#include "dtk/core/train/curriculum.hpp"
+#include "dtk/core/config/curriculum.hpp"
 #include "dtk_config.pb.h"
 
 namespace dtk::core {
@@ -91,6 +91,7 @@ class BatchPlan {
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_rank_ = 0, dp_size_ = 1;
   SequenceCurriculum curriculum_;
+  std::vector<int64_t> stage_tokens_;  // the tokens before each of the curriculum's stages
 };
 
 }  // namespace dtk::core

@@ -1,4 +1,4 @@
-// dtk/core/train/curriculum.hpp — curriculum learning by sequence length: DeepSpeed's
+// dtk/core/config/curriculum.hpp — curriculum learning by sequence length: DeepSpeed's
 // CurriculumScheduler (deepspeed/runtime/data_pipeline/curriculum_scheduler.py, the "legacy"
 // curriculum_learning section) as Megatron-DeepSpeed applies it: iteration i trains on the first
 // L(i) tokens of every sample, L(i) = update_difficulty(i).
@@ -40,7 +40,7 @@ class SequenceCurriculum {
 
  private:
   void work_out_fixed_stages(int64_t last_iteration);
-  void work_out_discrete_stages();
+  void work_out_discrete_stages(int64_t last_iteration);
   void check_lengths() const;
   void add_stage(int64_t first_iteration, int64_t length);
 

@@ -1,4 +1,4 @@
-#include "dtk/core/train/curriculum.hpp"
+#include "dtk/core/config/curriculum.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -75,7 +75,7 @@ SequenceCurriculum::SequenceCurriculum(const config::TrainingConfig& t, int64_t 
                 schedule_);
   if (!active()) return;
   if (min_ < 1)
-    throw HostError("config: train.curriculum_min_difficulty must be set to the first sequence length (>= 1), got " +
+    throw HostError("config: train.curriculum_min_difficulty must be set (>= 1; DeepSpeed's min_difficulty), got " +
                     std::to_string(min_));
   if (t.curriculum_max_difficulty() < 0)
     throw HostError("config: train.curriculum_max_difficulty must be >= 1 (0 = train.seq_length), got " +
@@ -91,6 +91,11 @@ SequenceCurriculum::SequenceCurriculum(const config::TrainingConfig& t, int64_t 
     if (difficulty_step_ < 1)
       throw HostError("config: train.curriculum_difficulty_step must be >= 1 under " + schedule_ + ", got " +
                       std::to_string(difficulty_step_));
+    // Every length below max would round down to 0 (and the rounding stays exact in a double).
+    if (min_ < max_ && difficulty_step_ > max_)
+      throw HostError("config: train.curriculum_difficulty_step (" + std::to_string(difficulty_step_) +
+                      ") is larger than train.curriculum_max_difficulty (" + std::to_string(max_) +
+                      "): every length below it would round down to 0");
     if (schedule_ == "fixed_root" && !(root_degree_ > 0 && std::isfinite(root_degree_)))
       throw HostError("config: train.curriculum_root_degree must be positive under fixed_root (2: square root)");
     if (schedule_ == "fixed_linear") root_degree_ = 1;  // DeepSpeed's fixed_linear is fixed_root of degree 1
@@ -108,7 +113,7 @@ SequenceCurriculum::SequenceCurriculum(const config::TrainingConfig& t, int64_t 
       if (discrete_max_step_[k] <= discrete_max_step_[k - 1])
         throw HostError("config: train.curriculum_discrete_max_step '" + t.curriculum_discrete_max_step() +
                         "' must increase (a step no later than the one before is never reached)");
-    work_out_discrete_stages();
+    work_out_discrete_stages(std::max<int64_t>(1, last_iteration));
   }
   check_lengths();
 }
@@ -153,13 +158,15 @@ void SequenceCurriculum::work_out_fixed_stages(int64_t last_iteration) {
   }
 }
 
-void SequenceCurriculum::work_out_discrete_stages() {
+void SequenceCurriculum::work_out_discrete_stages(int64_t last_iteration) {
   if (min_ >= max_) return add_stage(1, min_);
   int64_t first = 1;
   for (size_t k = 0; k < discrete_difficulty_.size(); ++k) {
     add_stage(first, discrete_difficulty_[k]);
     if (discrete_difficulty_[k] >= max_) break;  // DeepSpeed stops updating there
-    if (k < discrete_max_step_.size()) first = discrete_max_step_[k] + 1;
+    // The run ends within this length: the later ones are never trained (nor checked).
+    if (k == discrete_max_step_.size() || discrete_max_step_[k] >= last_iteration) break;
+    first = discrete_max_step_[k] + 1;
   }
 }
 

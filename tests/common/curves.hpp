@@ -34,6 +34,17 @@ inline Curve run_curve(const std::string& args, const std::string& tmp_base, con
   return c;
 }
 
+// Every TensorBoard scalar of a run, by tag (for the tags run_curve does not keep); the run's
+// exit code and output in *result.
+inline std::map<std::string, std::map<int64_t, float>> run_scalars(const std::string& args,
+                                                                   const std::string& tmp_base,
+                                                                   const std::string& name, Result* result,
+                                                                   int timeout_s = 300) {
+  const std::string tb = fresh_dir(tmp_base, "tb-" + name);
+  *result = run_dtk(args + " --set logging.tensorboard_dir=" + tb, timeout_s);
+  return read_scalars(tb);
+}
+
 // Every iteration's loss and norm within a relative `tol` (the first `iterations` of both).
 inline void expect_same_curve(const Curve& want, const Curve& got, size_t iterations, const std::string& what,
                               double tol = 1e-5) {

@@ -278,9 +278,7 @@ std::string iters(int n) { return " --set train.train_iters=" + std::to_string(n
 
 std::map<std::string, std::map<int64_t, float>> run_scalars(const std::string& args, const std::string& name,
                                                             Result* result) {
-  const std::string tb = dtk_test::fresh_dir(DTK_TEST_TMP, "tb-curriculum-" + name);
-  *result = dtk_test::run_dtk(args + " --set logging.tensorboard_dir=" + tb, 300);
-  return dtk_test::read_scalars(tb);
+  return dtk_test::run_scalars(args, DTK_TEST_TMP, "curriculum-" + name, result);
 }
 
 TEST(Curriculum, ShortIterationsEqualARunAtThatLength) {

@@ -72,12 +72,9 @@ Curve curve_with_overflows(const std::string& args, const std::string& nonfinite
   return c;
 }
 
-// The TensorBoard scalars of a run (run_curve's directory is not kept, so these runs name one).
 std::map<std::string, std::map<int64_t, float>> run_scalars(const std::string& args, const std::string& name,
                                                             Result* result) {
-  const std::string tb = fresh_dir("tb-" + name);
-  *result = dtk_test::run_dtk(args + " --set logging.tensorboard_dir=" + tb, 300);
-  return dtk_test::read_scalars(tb);
+  return dtk_test::run_scalars(args, DTK_TEST_TMP, "loop-" + name, result);
 }
 
 int count(const std::string& text, const std::string& needle) {

@@ -183,6 +183,12 @@ void SequenceCurriculum::check_lengths() const {
   }
 }
 
+SequenceCurriculum SequenceCurriculum::off(int64_t seq_length) {
+  SequenceCurriculum c;
+  c.seq_length_ = seq_length;
+  return c;
+}
+
 int64_t SequenceCurriculum::length_of(int64_t iteration) const {
   if (!active()) return seq_length_;
   const auto after = std::upper_bound(stages_.begin(), stages_.end(), iteration,

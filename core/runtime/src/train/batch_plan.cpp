@@ -88,7 +88,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       seq_length_(cfg.train().seq_length()),
       dp_rank_(topo.dp_rank),
       dp_size_(topo.dp_size),
-      curriculum_(cfg.train(), 0) {
+      curriculum_(SequenceCurriculum::off(seq_length_)) {
   const auto& t = cfg.train();
   gbs_ = checked_global_batch(t, mbs_, dp_size_);
   num_micro_ = gbs_ / (mbs_ * dp_size_);
@@ -116,7 +116,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
   if (seq_length_ > 0 && consumed_before(train_iters_ + 1) > std::numeric_limits<int64_t>::max() / seq_length_)
     throw HostError("config: the run's token count (train samples x train.seq_length) is too large");
-  if (curriculum_.active()) {
+  if (!t.curriculum_schedule().empty()) {
     curriculum_ = SequenceCurriculum(t, train_iters_);  // its lengths through the run
     check_curriculum_split(cfg, topo);
     const std::vector<SequenceCurriculum::Stage>& stages = curriculum_.stages();

@@ -22,6 +22,8 @@ class SequenceCurriculum {
   // stages are worked out through iteration `last_iteration`. Throws HostError naming the field
   // for settings DeepSpeed rejects and for a length outside [1, seq_length].
   SequenceCurriculum(const config::TrainingConfig& t, int64_t last_iteration);
+  // No curriculum: every iteration trains seq_length tokens.
+  static SequenceCurriculum off(int64_t seq_length);
 
   bool active() const { return !schedule_.empty(); }
   // The tokens of each sample iteration i (from 1) trains on.
@@ -43,6 +45,7 @@ class SequenceCurriculum {
   void work_out_discrete_stages(int64_t last_iteration);
   void check_lengths() const;
   void add_stage(int64_t first_iteration, int64_t length);
+  SequenceCurriculum() = default;
 
   std::string schedule_;  // "" = off
   int64_t seq_length_ = 0, min_ = 0, max_ = 0, total_step_ = 0, difficulty_step_ = 1;

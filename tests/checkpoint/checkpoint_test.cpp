@@ -318,3 +318,71 @@ TEST(Checkpoint, LlamaResumeReproducesUninterruptedRun) {
     EXPECT_EQ(a.at(it), b.at(it)) << "iteration " << it;
   }
 }
+
+// Megatron's --no-save-optim and --no-save-rng: the file leaves the optimizer's state and the
+// generators' out, a load that asks for either is one line naming the setting, and with
+// no_load_optim and no_load_rng it loads as the full checkpoint does with them (the same losses,
+// dropout on).
+TEST(Checkpoint, SavedWithoutOptimizerOrRngLoadsOnlyWithoutThem) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string slim = fresh_dir("no-save");
+  const Result saved = run(kTrain +
+                           "--threads 2 --set train.exit_interval=4 --set checkpoint.no_save_optim=true "
+                           "--set checkpoint.no_save_rng=true --set checkpoint.save=" +
+                           slim);
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  EXPECT_NE(saved.out.find(", without the optimizer's state, without the RNG states)"), std::string::npos) << saved.out;
+  // adamw keeps two moments per weight: the file is about a third of the full one.
+  EXPECT_LT(fs::file_size(slim + kFile4), fs::file_size(ref.dir + kFile4) / 2);
+  const Result inspected = run("checkpoint inspect " + slim);
+  EXPECT_EQ(inspected.code, 0) << inspected.out;
+  EXPECT_NE(inspected.out.find("saved without the optimizer's state (checkpoint.no_save_optim)"), std::string::npos)
+      << inspected.out;
+  EXPECT_NE(inspected.out.find("saved without the random generators' states (checkpoint.no_save_rng)"),
+            std::string::npos)
+      << inspected.out;
+
+  expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.load=" + slim),
+                        slim + kFile4 +
+                            " was saved without the optimizer's state (checkpoint.no_save_optim, --no-save-optim): "
+                            "load it with checkpoint.no_load_optim=true");
+  expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.no_load_optim=true --set checkpoint.load=" + slim),
+                        slim + kFile4 +
+                            " was saved without the random generators' states (checkpoint.no_save_rng, "
+                            "--no-save-rng): load it with checkpoint.no_load_rng=true");
+
+  const std::string without = " --set checkpoint.no_load_optim=true --set checkpoint.no_load_rng=true ";
+  const Result from_slim = run(kTrain + "--threads 2" + without + "--set checkpoint.load=" + slim);
+  const Result from_full =
+      run(kTrain + "--threads 2" + without + "--set checkpoint.load=" + copy_at_iteration_4("full"));
+  ASSERT_EQ(from_slim.code, 0) << from_slim.out;
+  ASSERT_EQ(from_full.code, 0) << from_full.out;
+  const auto a = train_lines(from_full.out), b = train_lines(from_slim.out);
+  ASSERT_EQ(b.size(), 4u) << from_slim.out;
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  // Not the reference's resume: the optimizer and the schedule started fresh.
+  EXPECT_NE(train_lines(ref.result.out).at(6), b.at(6));
+}
+
+// A ZeRO run's --no-save-optim leaves its shard files out: only the main file of each rank's
+// model is written, and the run continues from it with no_load_optim.
+TEST(Checkpoint, ZeroSavedWithoutOptimizerWritesNoShards) {
+  const std::string d = fresh_dir("zero-no-save");
+  const std::string launch =
+      "launch --nproc_per_node 2 " + kTrain + "--threads 1 --strategy zero --set strategy.stage=2 ";
+  const Result saved = run(launch +
+                               "--set train.exit_interval=4 --set checkpoint.no_save_optim=true "
+                               "--set checkpoint.save=" +
+                               d,
+                           300);
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  EXPECT_TRUE(fs::is_regular_file(d + kFile4));
+  EXPECT_FALSE(fs::exists(d + "/iter_0000004/mp_rank_00/optim_dp_rank_000.pt"));
+  EXPECT_FALSE(fs::exists(d + "/iter_0000004/mp_rank_00/optim_dp_rank_001.pt"));
+  EXPECT_EQ(read(d + "/iter_0000004/SHA256SUMS").substr(64), "  mp_rank_00/model_optim_rng.pt\n");
+  const Result resumed = run(launch + "--set checkpoint.no_load_optim=true --set checkpoint.load=" + d, 300);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find(" loaded checkpoint from " + d + " at iteration 4\n"), std::string::npos) << resumed.out;
+  EXPECT_EQ(train_lines(resumed.out).size(), 4u) << resumed.out;
+}

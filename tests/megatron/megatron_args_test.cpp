@@ -172,6 +172,16 @@ TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
 // rotary flags, Llama 3.1's rope scaling), Domino's pretrain_llama_13b.sh (--llama-model,
 // --causal-lm) and the model flags of examples/llama/train_llama3_8b_h100_fp8.sh. Nothing DTK can
 // run is refused; what it cannot build is, with the reason.
+// Megatron's --no-save-optim and --no-save-rng (a checkpoint of the weights alone).
+TEST(MegatronArgs, NoSaveOptimAndRngMapToTheCheckpointSettings) {
+  MegatronMapping m =
+      dtk::core::map_megatron_args(dtk::core::split_megatron_args("--save ckpt/x --no-save-optim --no-save-rng"));
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(
+      config_of(m),
+      {{"checkpoint.save", "ckpt/x"}, {"checkpoint.no_save_optim", "true"}, {"checkpoint.no_save_rng", "true"}});
+}
+
 TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   auto map = [](const std::string& flags) {
     return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));

@@ -296,7 +296,8 @@ class Ddp : public dtk::Strategy {
     }
     if (from_params > 0)
       DTK_LOG(WARNING) << "ddp: the checkpoint has no fp32 masters for " << from_params
-                       << " low-precision parameter(s) (saved with fp32 parameters?): their masters start from the "
+                       << " low-precision parameter(s) (saved with fp32 parameters, or without the optimizer's "
+                          "state?): their masters start from the "
                           "loaded values";
   }
 

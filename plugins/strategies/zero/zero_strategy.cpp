@@ -845,7 +845,8 @@ void ZeroStrategy::state_load(const TensorList& state) {
   }
   if (from_params > 0)
     DTK_LOG(WARNING) << "zero: the checkpoint has no fp32 masters for this rank's " << from_params
-                     << " shard(s) of low-precision parameters (saved with fp32 parameters?): their masters start "
+                     << " shard(s) of low-precision parameters (saved with fp32 parameters, or without the optimizer's "
+                        "state?): their masters start "
                         "from the loaded values";
 }
 

@@ -89,19 +89,23 @@ int remove_stale_temporaries(const std::string& dir) {
 
 namespace {
 
-// What wrote a checkpoint: the host RNG, the resolved config, DTK's version, the plugins.
-void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text, const std::vector<std::string>& writers) {
+// The generators' states: the host's, and a GPU run's device generator (its dropout draws from
+// it: resumed runs continue its stream).
+void insert_rng(c10::impl::GenericDict& d) {
   d.insert("rng", at::globalContext().defaultGenerator(at::kCPU).get_state());
-  // A GPU run's dropout draws from the device's generator: resumed runs continue its stream.
   if (const c10::Device device = training_device(); device.is_cuda())
     d.insert("cuda_rng", at::globalContext().defaultGenerator(device).get_state());
+}
+
+// What wrote a checkpoint: the resolved config, DTK's version, the plugins.
+void insert_provenance(c10::impl::GenericDict& d, const std::string& config_text,
+                       const std::vector<std::string>& writers) {
   d.insert("config", config_text);
   d.insert("dtk_version", std::string(DTK_VERSION));
   std::string plugins;
   for (const auto& w : writers) plugins += w + "\n";
   d.insert("plugins", plugins);
 }
-
 
 // SHA256SUMS from the ranks' parts (SHA256SUMS.part-R), in path order; the parts go.
 void merge_checksum_parts(const std::string& tmp_dir) {
@@ -137,6 +141,7 @@ void write_weights_checkpoint(const std::string& save_dir, const TensorList& mod
     d.insert(key, int64_t{0});
   d.insert("tensor_model_parallel_size", int64_t{1});
   d.insert("data_parallel_size", int64_t{1});
+  insert_rng(d);
   insert_provenance(d, config_text, writers);
   ckpt::write_offline_checkpoint(save_dir, 0, {d});
 }
@@ -190,26 +195,31 @@ struct SaveContext {
   const std::string& config_text;
   const std::vector<std::string>& writers;
   const Topology& topo;
+  const SaveOptions& what;
 };
 
 // The main file of a tensor-/pipeline-parallel rank: the model, the optimizer and strategy state
-// unless they are sharded (then in shard files), the progress, the layout and the provenance.
+// unless they are sharded (then in shard files) or not saved (SaveOptions), the progress, the
+// layout and the provenance.
 c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& model_dict,
                                       const TensorList& optim_state, const TensorList& strat_state, bool sharded,
                                       const ModelInstance& model, const SaveContext& c) {
   const TrainProgress& progress = c.progress;
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("model", model_dict);
+  // Empty when not here (readers of the layout find the entries either way).
   d.insert("optimizer", to_dict(sharded ? TensorList{} : optim_state));
   d.insert("strategy", to_dict(sharded ? TensorList{} : strat_state));
+  if (!c.what.optimizer) d.insert("no_save_optim", true);
   d.insert("iteration", progress.iteration);
   d.insert("consumed_train_samples", progress.consumed_train_samples);
   d.insert("consumed_valid_samples", progress.consumed_valid_samples);
   d.insert("scheduler_step", progress.scheduler.step);
   d.insert("scheduler_tokens", progress.scheduler.tokens);
   d.insert("scheduler_warmup_end_tokens", progress.scheduler.warmup_end_tokens);
-  if (progress.schedule) d.insert("opt_param_scheduler", schedule_dict(*progress.schedule, progress.scheduler));
-  if (progress.grad_scaler) {
+  if (progress.schedule && c.what.optimizer)
+    d.insert("opt_param_scheduler", schedule_dict(*progress.schedule, progress.scheduler));
+  if (progress.grad_scaler && c.what.optimizer) {
     c10::impl::GenericDict g(c10::StringType::get(), c10::AnyType::get());
     g.insert("scale", progress.grad_scaler->scale);
     g.insert("growth_tracker", progress.grad_scaler->growth_tracker);
@@ -223,6 +233,7 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   d.insert("data_parallel_size", static_cast<int64_t>(c.topo.dp_size));
   if (c.topo.ep_size > 1) d.insert("expert_model_parallel_size", static_cast<int64_t>(c.topo.ep_size));
   if (sharded) d.insert("optimizer_shards", static_cast<int64_t>(c.topo.dp_size));
+  if (c.what.rng) insert_rng(d);
   insert_provenance(d, c.config_text, c.writers);
   return d;
 }
@@ -230,13 +241,14 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
 // This rank's files in the temporary directory, and its lines of the manifest ("<sha256>
 // <relative path>"; world rank 0 merges them before publishing). Data-parallel rank 0 writes the
 // model, the progress and the RNG; every DP rank writes its own optimizer and strategy state when
-// the strategy shards it (ZeRO), else DP rank 0 does. Returns the bytes written.
+// the strategy shards it (ZeRO), else DP rank 0 does (unless that state is not saved). Returns the
+// bytes written.
 int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model, const OptimizerInstance& optimizer,
                          StrategyInstance& strategy, const SaveContext& c) {
   const Topology& topo = c.topo;
   // (Under expert parallelism the first rank of each set holding the same experts.)
   const bool writer = topo.edp_rank() == 0;
-  const bool sharded = strategy.info().sharded_state != 0;
+  const bool sharded = strategy.info().sharded_state != 0 && c.what.optimizer;
   int64_t bytes = 0;
   std::string sums;
   // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
@@ -244,8 +256,8 @@ int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model,
   strategy.gather_parameters(true);
   if (writer) model_dict = to_dict(model.state_save());
   strategy.gather_parameters(false);
-  const TensorList optim_state = optimizer.state_save();
-  const TensorList strat_state = strategy.state_save();
+  const TensorList optim_state = c.what.optimizer ? optimizer.state_save() : TensorList{};
+  const TensorList strat_state = c.what.optimizer ? strategy.state_save() : TensorList{};
   const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, topo.ep_rank(), topo.ep_size);
   const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
   if (writer || sharded) {
@@ -315,7 +327,7 @@ int64_t bytes_over_ranks(int64_t bytes, const Topology& topo) {
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
-                           const Topology& topo, int64_t keep_last) {
+                           const Topology& topo, const SaveOptions& what) {
   const auto start = std::chrono::steady_clock::now();
   const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
   // One temporary directory for all TP ranks: named after world rank 0's pid.
@@ -330,7 +342,8 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   std::string error;
   int64_t bytes = 0;
   try {
-    bytes = write_rank_files(tmp_dir, model, optimizer, strategy, SaveContext{progress, config_text, writers, topo});
+    bytes =
+        write_rank_files(tmp_dir, model, optimizer, strategy, SaveContext{progress, config_text, writers, topo, what});
   } catch (const std::exception& e) {
     error = first_line(e.what());
   }
@@ -349,7 +362,7 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     publish_checkpoint(save_dir, tmp_dir, final_dir, progress.iteration, error);
     // checkpoint.keep_last: older iterations go once the new one is published (never the one the
     // tracker names). A failure to remove is a warning: training goes on.
-    if (error.empty() && keep_last > 0) report.removed = rotate_checkpoints(save_dir, keep_last);
+    if (error.empty() && what.keep_last > 0) report.removed = rotate_checkpoints(save_dir, what.keep_last);
   }
   agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
   bytes = bytes_over_ranks(bytes, topo);
@@ -641,6 +654,22 @@ TrainProgress read_progress(const SavedFile& f, const LoadOptions& what) {
   return p;
 }
 
+// A checkpoint saved without the optimizer's state (Megatron's --no-save-optim) or the RNG's
+// (--no-save-rng) loads only when this run does not ask for it: as Megatron, which stops with
+// "Unable to load optimizer from checkpoint ... Specify --no-load-optim or --finetune".
+void check_saved_state(const SavedFile& f, const LoadOptions& what) {
+  if (what.optimizer && f.d.contains("no_save_optim"))
+    throw HostError("checkpoint " + f.file +
+                    " was saved without the optimizer's state (checkpoint.no_save_optim, --no-save-optim): load it "
+                    "with checkpoint.no_load_optim=true (the optimizer, the loss scaler and the schedule start fresh) "
+                    "or checkpoint.finetune=true");
+  if (what.rng && !f.d.contains("rng"))
+    throw HostError("checkpoint " + f.file +
+                    " was saved without the random generators' states (checkpoint.no_save_rng, --no-save-rng): load "
+                    "it with checkpoint.no_load_rng=true (the generators keep this run's seed) or "
+                    "checkpoint.finetune=true");
+}
+
 // The saved RNG streams: the CPU's, and a GPU's when this run trains on one and the checkpoint
 // has it (a checkpoint written on a CPU has no device stream: the GPU's stays at the run's seed).
 void restore_rng(const SavedFile& f, const c10::IValue& rng) {
@@ -686,14 +715,15 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
                         &sums, rank_name + "/" + ckpt::kModelFile);
   const SavedFile f{d, file};
   check_saved_layout(f, topo, model);
+  check_saved_state(f, what);
   TrainProgress p = read_progress(f, what);
   if (p.iteration != iteration)
     throw HostError("checkpoint " + file + " holds iteration " + std::to_string(p.iteration) + ", not " +
                     std::to_string(iteration) + " as its directory's name says");
   const TensorList model_state = from_dict(f.get("model"), file, "model");
   const int64_t shards = d.contains("optimizer_shards") ? f.get_int("optimizer_shards") : 0;
-  c10::IValue rng = f.get("rng");
-  if (!rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
+  const c10::IValue rng = what.rng ? f.get("rng") : c10::IValue();
+  if (what.rng && !rng.isTensor()) throw HostError("checkpoint " + file + ": 'rng' is not a tensor");
   try {
     model.state_load(model_state, /*strict=*/true);
   } catch (const std::exception& e) {

@@ -449,6 +449,12 @@ void print_schedule_and_writers(const c10::impl::GenericDict& d, std::ostream& o
     out << "  loss scaler: scale " << int_entry(g, "scale") << ", growth tracker " << int_entry(g, "growth_tracker")
         << ", hysteresis " << int_entry(g, "hysteresis_tracker") << "\n";
   }
+  if (dict_entry(d, "no_save_optim").isBool())
+    out << "  saved without the optimizer's state (checkpoint.no_save_optim): load it with "
+           "checkpoint.no_load_optim=true or checkpoint.finetune=true\n";
+  if (!dict_entry(d, "rng").isTensor())
+    out << "  saved without the random generators' states (checkpoint.no_save_rng): load it with "
+           "checkpoint.no_load_rng=true or checkpoint.finetune=true\n";
   out << "  written by: dtk " << int_entry(d, "dtk_version") << "\n";
   if (dict_entry(d, "plugins").isString()) {
     std::istringstream lines(dict_entry(d, "plugins").toStringRef());

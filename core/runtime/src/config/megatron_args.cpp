@@ -465,7 +465,8 @@ const Rule kRules[] = {
     {"--exit-on-missing-checkpoint", 0, Kind::kCustom, "",
      "a --load folder without a checkpoint is an error; without the flag the run starts from scratch "
      "(checkpoint.load_if_present=true), as Megatron's"},
-    {"--no-save-optim", 0, Kind::kRefuse, "", "DTK's checkpoints always hold the optimizer state"},
+    {"--no-save-optim", 0, Kind::kSwitch, "checkpoint.no_save_optim=true", ""},
+    {"--no-save-rng", 0, Kind::kSwitch, "checkpoint.no_save_rng=true", ""},
 };
 
 // Flags compare with '_' read as '-' (scripts mix both; Megatron's own names mix them too).

@@ -504,11 +504,16 @@ void Trainer::save(int64_t iteration) {
   recorded.mutable_model()->clear_options();
   for (const auto& [key, value] : plugins_.model.options.items())
     (*recorded.mutable_model()->mutable_options())[key] = value;
+  SaveOptions what;
+  what.optimizer = !cfg_.checkpoint().no_save_optim();
+  what.rng = !cfg_.checkpoint().no_save_rng();
+  what.keep_last = cfg_.checkpoint().keep_last();
   const SaveReport r = save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
-                                       to_text(recorded), writers_, topo_, cfg_.checkpoint().keep_last());
+                                       to_text(recorded), writers_, topo_, what);
   last_saved_ = iteration;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s)", r.megabytes, r.seconds);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s%s%s)", r.megabytes, r.seconds,
+                what.optimizer ? "" : ", without the optimizer's state", what.rng ? "" : ", without the RNG states");
   std::string removed;
   for (int64_t it : r.removed) removed += (removed.empty() ? "; removed iteration " : ", ") + std::to_string(it);
   if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";

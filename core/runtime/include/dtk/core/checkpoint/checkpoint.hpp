@@ -9,7 +9,9 @@
 //   "iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step" (int), the
 //   token-counted scheduler's "scheduler_tokens", "scheduler_warmup_end_tokens" (int),
 //   "rng" (the host's default CPU generator state, uint8), "tensor_model_parallel_size",
-//   "config" (the RunConfig in text format), "dtk_version".
+//   "config" (the RunConfig in text format), "dtk_version". A save without the optimizer's state
+//   (SaveOptions) has empty "optimizer" and "strategy" dicts, no "opt_param_scheduler" or
+//   "grad_scaler", and "no_save_optim": True; one without the RNG's has no "rng" ("cuda_rng").
 // Python opens it with torch.load(path).
 //
 // Atomicity: the ranks write into {save}/iter_X.tmp-<pid of rank 0>/, fsync every file, then
@@ -67,6 +69,17 @@ struct LoadOptions {
   bool fallback = false;
 };
 
+// What save_checkpoint writes besides the model and the progress: Megatron's --no-save-optim
+// leaves out the optimizer plugin's state, the strategy's (fp32 masters), the loss scaler and the
+// schedule (the main file then records "no_save_optim": true); --no-save-rng the generators'
+// states ("rng", "cuda_rng"). keep_last > 0: older iterations beyond the newest keep_last are
+// removed after publication (never the tracker's; checkpoint_catalog.hpp).
+struct SaveOptions {
+  bool optimizer = true;
+  bool rng = true;
+  int64_t keep_last = 0;
+};
+
 struct SaveReport {
   std::string dir;     // the iteration directory
   double megabytes = 0;  // this rank's file (all TP ranks' files summed on world rank 0)
@@ -79,16 +92,16 @@ struct SaveReport {
 // wrote the checkpoint is recorded with it: the resolved config (`config_text`: plugins, their
 // options, the parallel layout), `writers` (each plugin's name, version and ABI) and DTK's
 // version. Each file's SHA-256 goes into the iteration's SHA256SUMS (sha256sum's format) before the
-// directory is published. keep_last > 0: older iterations beyond the newest keep_last are removed
-// after publication (never the tracker's; checkpoint_catalog.hpp).
+// directory is published.
 SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
-                           const Topology& topo, int64_t keep_last = 0);
+                           const Topology& topo, const SaveOptions& what = {});
 
 // Called by every rank (collective). Restores model (strict), optimizer, strategy and the host
 // RNG from this rank's file and returns the progress counters. Every bad input is one HostError
-// naming the file (or tensor). With what.fallback, each iteration skipped is described in
+// naming the file (or tensor); so is a checkpoint saved without the optimizer's (the RNG's) state
+// when `what` asks for it. With what.fallback, each iteration skipped is described in
 // `skipped` ("iteration 8: <why>; falling back to iteration 6").
 TrainProgress load_checkpoint(const std::string& load_dir, ModelInstance& model, OptimizerInstance& optimizer,
                               StrategyInstance& strategy, const Topology& topo, const LoadOptions& what = {},

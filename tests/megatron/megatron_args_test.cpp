@@ -1572,3 +1572,194 @@ TEST(MegatronArgs, DataOrderFromTheFlags) {
   ASSERT_EQ(lazy.refused.size(), 1u);
   EXPECT_EQ(lazy.refused[0], "--data-impl lazy: DTK reads Megatron's mmap .bin/.idx files only");
 }
+
+// ---- Megatron's --step-batch-size-schedule -----------------------------------------------------
+
+namespace {
+
+// Megatron-LM's StepBatchsizeNumMicroBatchesCalculator and update_train_iters, transcribed: each
+// iteration's batch is the last entry whose threshold (tokens // seq_length) the consumed samples
+// reach; iterations run while consumed < train_samples.
+std::vector<int64_t> megatron_step_batches(const std::vector<std::pair<int64_t, int64_t>>& tokens_and_batch,
+                                           int64_t seq_length, int64_t train_samples) {
+  std::vector<int64_t> out;
+  for (int64_t consumed = 0; consumed < train_samples;) {
+    int64_t batch = tokens_and_batch.front().second;
+    for (const auto& [tokens, bs] : tokens_and_batch) {
+      if (consumed >= tokens / seq_length)
+        batch = bs;
+      else
+        break;
+    }
+    out.push_back(batch);
+    consumed += batch;
+  }
+  return out;
+}
+
+dtk::config::RunConfig step_config(const std::string& schedule, int64_t seq_length, int64_t train_samples) {
+  dtk::config::RunConfig cfg = dtk::core::default_config();
+  cfg.mutable_train()->set_micro_batch_size(4);
+  cfg.mutable_train()->set_global_batch_size(0);
+  cfg.mutable_train()->set_seq_length(seq_length);
+  cfg.mutable_train()->set_train_iters(0);
+  cfg.mutable_train()->set_train_samples(train_samples);
+  cfg.mutable_train()->set_step_batch_size_schedule(schedule);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(StepBatchSizeSchedule, BatchPlanFollowsMegatronsCalculator) {
+  dtk::core::Topology topo;
+  topo.dp_size = 2, topo.dp_rank = 1, topo.world_size = 2, topo.world_rank = 1;
+  struct Case {
+    std::string schedule;
+    std::vector<std::pair<int64_t, int64_t>> parsed;  // tokens, batch, sorted
+    int64_t seq_length, train_samples;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"0:8 64:16 200:32", {{0, 8}, {64, 16}, {200, 32}}, 4, 300},        // thresholds 0, 16, 50 samples
+           {"0:16", {{0, 16}}, 4, 100},                                        // one entry: 7 iterations, 112 samples
+           {"0:8 1K:16", {{0, 8}, {1000, 16}}, 4, 40},                         // the run ends before the last step
+           {"0:32, 100:8", {{0, 32}, {100, 8}}, 2, 120},                       // a batch that falls; commas
+           {"0.5K:24 0:8 1.2k:40", {{0, 8}, {500, 24}, {1200, 40}}, 10, 500},  // unsorted, fractions, k
+           {"0:8 2.4B:16", {{0, 8}, {2'400'000'000, 16}}, 1'000'000'000, 64}}) {  // 2.4B // 1e9 = 2 samples
+    dtk::config::RunConfig cfg = step_config(c.schedule, c.seq_length, c.train_samples);
+    dtk::core::validate_config(cfg);
+    const dtk::core::BatchPlan plan(cfg, topo);
+    const auto want = megatron_step_batches(c.parsed, c.seq_length, c.train_samples);
+    ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size())) << c.schedule;
+    EXPECT_TRUE(plan.steps_batch());
+    EXPECT_EQ(plan.global_batch_size(), 8) << "validation's batch: micro-batch x data-parallel size";
+    int64_t consumed = 0, micro = 0;
+    for (int64_t i = 1; i <= plan.train_iters(); ++i) {
+      ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << c.schedule << ", iteration " << i;
+      ASSERT_EQ(plan.consumed_before(i), consumed);
+      ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
+      // DP rank 1 takes rows m*8 + 4 + j of each iteration's samples, from any resume point.
+      for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
+        for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
+          ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 3),
+                    consumed + m * 8 + 4 + 3);
+      consumed += want[i - 1], micro += plan.micro_batches_of(i);
+    }
+    EXPECT_EQ(plan.train_samples(), consumed) << c.schedule;
+  }
+  const dtk::core::BatchPlan plan(step_config("0:8 64:16 200:32", 4, 300), topo);
+  EXPECT_EQ(plan.describe_batch_steps(), "8 from iteration 1, 16 from iteration 3, 32 from iteration 6");
+}
+
+TEST(StepBatchSizeSchedule, BadSchedulesAreOneLine) {
+  const auto refused = [](const dtk::config::RunConfig& cfg, const std::string& want) {
+    try {
+      dtk::core::validate_config(cfg);
+      dtk::core::Topology topo;
+      dtk::core::BatchPlan plan(cfg, topo);
+      ADD_FAILURE() << "accepted: " << cfg.train().step_batch_size_schedule();
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what() << "\nwanted: " << want;
+    }
+  };
+  refused(step_config("0:8 16", 4, 100), "train.step_batch_size_schedule entry '16' is not THRESHOLD:BATCH");
+  refused(step_config("4:8 100:16", 4, 100),
+          "the first threshold must be 0, got '4:8' (sample 1 at 4 tokens a sample)");
+  refused(step_config("0:8 2:16", 4, 100), "'0:8' and '2:16' fall on the same sample (0; thresholds are tokens");
+  refused(step_config("0:0", 4, 100), "entry '0:0': the batch must be positive");
+  refused(step_config("0:8 x:16", 4, 100), "entry 'x:16': 'x' is not a number");
+  refused(step_config("0:8 -4:16", 4, 100), "entry '-4:16': a threshold or batch must be >= 0");
+  refused(step_config("0:8 40:10", 4, 100),
+          "entry '40:10': global batch 10 (from iteration 3) is not divisible by micro_batch_size x "
+          "data-parallel size = 4");
+  auto with_gbs = step_config("0:8", 4, 100);
+  with_gbs.mutable_train()->set_global_batch_size(8);
+  refused(with_gbs, "train.step_batch_size_schedule and train.global_batch_size cannot both be set");
+  auto with_iters = step_config("0:8", 4, 0);
+  with_iters.mutable_train()->set_train_iters(10);
+  refused(with_iters, "train.step_batch_size_schedule needs sample-based training (train.train_samples");
+  auto with_ramp = step_config("0:8", 4, 100);
+  with_ramp.mutable_train()->set_rampup_batch_size("4 4 20");
+  refused(with_ramp, "train.step_batch_size_schedule and train.rampup_batch_size cannot both be set");
+}
+
+TEST(StepBatchSizeSchedule, MegatronFlagMapsAndItsConflictsAreRefused) {
+  const auto map = [](const std::string& flags) {
+    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
+  };
+  MegatronMapping m = map("--train-samples 1000 --step-batch-size-schedule '0:16 2.4B:320 4.8B:624'");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m),
+                {{"train.step_batch_size_schedule", "0:16 2.4B:320 4.8B:624"}, {"train.train_samples", "1000"}});
+  // Unquoted in a flag file: its entries as words.
+  EXPECT_EQ(config_of(map("--train-samples 1000 --step-batch-size-schedule 0:16 2.4B:320"))
+                .train()
+                .step_batch_size_schedule(),
+            "0:16 2.4B:320");
+  // Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh as it is now: Megatron itself stops
+  // on its --global-batch-size, and its --train-iters would size the data by micro-batches.
+  m = map_file("megatron_gpt3_175b_step.args");
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(
+      m.refused[0].rfind("--global-batch-size 1536: not with --step-batch-size-schedule (Megatron refuses both", 0), 0u)
+      << m.refused[0];
+  EXPECT_EQ(m.refused[1].rfind("--step-batch-size-schedule 0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536: needs "
+                               "sample-based training",
+                               0),
+            0u)
+      << m.refused[1];
+  m = map("--train-samples 100 --rampup-batch-size 4 4 20 --step-batch-size-schedule 0:8");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0],
+            "--rampup-batch-size 4 4 20: not with --step-batch-size-schedule (Megatron's schedule "
+            "replaces the ramp-up)");
+}
+
+// End to end: a schedule that gives the batches of a ramp-up (8, 8, then 16: "0:8 1K:16" at 64
+// tokens a sample puts the step at sample 15) trains the same losses and learning rates as the
+// ramp-up; data parallel 2 equals one process; a resume after the first step equals the
+// uninterrupted run; the start line shows where the batch changes.
+TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/step-schedule-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string base = std::string(" train --config ") + DTK_SOURCE_DIR +
+                           "/configs/gpt-tiny.pbtxt --dataset synthetic --threads 1 --set model.hidden_dropout=0 "
+                           "--set model.attention_dropout=0 --set logging.log_interval=1 --set eval.eval_iters=1 "
+                           "--set train.micro_batch_size=4 --set lr.lr_decay_style=cosine --set lr.lr=1e-3 "
+                           "--set lr.lr_warmup_iters=0 --set lr.lr_warmup_samples=32 --set lr.lr_decay_samples=96 "
+                           "--set train.train_iters=0 --set train.train_samples=96";
+  const dtk_test::Result ramp =
+      dtk_test::run_dtk(base + " --set train.global_batch_size=16 '--set=train.rampup_batch_size=8 8 16'");
+  const std::string step = base + " --set train.global_batch_size=0 '--set=train.step_batch_size_schedule=0:8 1K:16'";
+  const dtk_test::Result one = dtk_test::run_dtk(step);
+  ASSERT_EQ(ramp.code, 0) << ramp.out;
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("training: 7 iterations, global batch 8 from iteration 1, 16 from iteration 3 "
+                         "(train.step_batch_size_schedule), micro-batches of 4, validation batch 4, seq 64"),
+            std::string::npos)
+      << one.out;
+  std::vector<std::string> batches;
+  std::regex re("global batch size: +([0-9]+) \\|");
+  for (std::sregex_iterator it(one.out.begin(), one.out.end(), re), e; it != e; ++it) batches.push_back((*it)[1]);
+  EXPECT_EQ(batches, (std::vector<std::string>{"8", "8", "16", "16", "16", "16", "16"})) << one.out;
+  const auto a = losses(ramp.out), b = losses(one.out);
+  ASSERT_EQ(a.size(), 7u) << ramp.out;
+  ASSERT_EQ(b.size(), 7u) << one.out;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i], a[i]) << "iteration " << i + 1;
+  EXPECT_EQ(printed_rates(one.out), printed_rates(ramp.out));
+
+  const dtk_test::Result dp2 = dtk_test::run_dtk(" launch --nproc_per_node 2" + step);
+  ASSERT_EQ(dp2.code, 0) << dp2.out;
+  const auto c = losses(dp2.out);
+  ASSERT_EQ(c.size(), 7u) << dp2.out;
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(c[i], b[i], 1e-5 * std::abs(b[i])) << "DP2 iteration " << i + 1;
+
+  const dtk_test::Result first =
+      dtk_test::run_dtk(step + " --set checkpoint.save=" + dir + " --set train.exit_interval=2");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const dtk_test::Result rest = dtk_test::run_dtk(step + " --set checkpoint.load=" + dir);
+  ASSERT_EQ(rest.code, 0) << rest.out;
+  const auto d = losses(rest.out);
+  ASSERT_EQ(d.size(), 5u) << rest.out;
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], b[i + 2]) << "resumed iteration " << i + 3;
+  std::filesystem::remove_all(dir);
+}

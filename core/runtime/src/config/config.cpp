@@ -6,6 +6,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +135,80 @@ RampUp parse_rampup(const std::string& text) {
     throw HostError("config: train.rampup_batch_size '" + text +
                     "' is not 'START INCREMENT SAMPLES' (three positive whole numbers; e.g. '16 16 5859375')");
   return r;
+}
+
+namespace {
+
+// Megatron's _parse_numeric_value: a decimal with an optional K, M, B or T (either case), as
+// int(float(x) * multiplier) computes it (the product rounded as a double, then truncated).
+int64_t schedule_number(std::string text, const std::string& entry) {
+  const auto bad = [&](const std::string& why) {
+    return HostError("config: train.step_batch_size_schedule entry '" + entry + "': " + why);
+  };
+  double multiplier = 1;
+  if (!text.empty()) {
+    switch (std::toupper(static_cast<unsigned char>(text.back()))) {
+      case 'T':
+        multiplier = 1e12;
+        break;
+      case 'B':
+        multiplier = 1e9;
+        break;
+      case 'M':
+        multiplier = 1e6;
+        break;
+      case 'K':
+        multiplier = 1e3;
+        break;
+      default:
+        break;
+    }
+    if (multiplier != 1) text.pop_back();
+  }
+  char* end = nullptr;
+  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    throw bad("'" + text + "' is not a number (a decimal with an optional K, M, B or T: 2.4B)");
+  const double product = v * multiplier;
+  if (product < 0 || product >= 9.2e18) throw bad("a threshold or batch must be >= 0 and below 9.2e18");
+  return static_cast<int64_t>(product);
+}
+
+}  // namespace
+
+std::vector<BatchStep> parse_step_batch_schedule(const std::string& text, int64_t seq_length) {
+  std::string spaced = text;
+  std::replace(spaced.begin(), spaced.end(), ',', ' ');
+  std::istringstream in(spaced);
+  std::vector<BatchStep> steps;
+  for (std::string entry; in >> entry;) {
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos)
+      throw HostError("config: train.step_batch_size_schedule entry '" + entry + "' is not THRESHOLD:BATCH");
+    BatchStep s;
+    s.entry = entry;
+    s.first_sample = schedule_number(entry.substr(0, colon), entry) / std::max<int64_t>(1, seq_length);
+    s.batch = schedule_number(entry.substr(colon + 1), entry);
+    if (s.batch <= 0)
+      throw HostError("config: train.step_batch_size_schedule entry '" + entry + "': the batch must be positive");
+    steps.push_back(s);
+  }
+  if (steps.empty())
+    throw HostError("config: train.step_batch_size_schedule '" + text +
+                    "' has no entry (THRESHOLD:BATCH pairs, e.g. '0:16 2.4B:320 4.8B:624')");
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const BatchStep& a, const BatchStep& b) { return a.first_sample < b.first_sample; });
+  if (steps.front().first_sample != 0)
+    throw HostError("config: train.step_batch_size_schedule: the first threshold must be 0, got '" +
+                    steps.front().entry + "' (sample " + std::to_string(steps.front().first_sample) + " at " +
+                    std::to_string(seq_length) + " tokens a sample)");
+  for (size_t k = 1; k < steps.size(); ++k)
+    if (steps[k].first_sample == steps[k - 1].first_sample)
+      throw HostError("config: train.step_batch_size_schedule: '" + steps[k - 1].entry + "' and '" + steps[k].entry +
+                      "' fall on the same sample (" + std::to_string(steps[k].first_sample) +
+                      "; thresholds are tokens, " + std::to_string(seq_length) +
+                      " a sample): thresholds must increase");
+  return steps;
 }
 
 config::RunConfig default_config() {
@@ -464,12 +539,36 @@ void validate_rampup(const config::TrainingConfig& t) {
         "(the number of micro-batches changes during the ramp-up)");
 }
 
+// train.step_batch_size_schedule against the other batch fields (the ranks' layout is checked by
+// BatchPlan): Megatron sizes the run and its data in samples under a schedule.
+void validate_step_batch_schedule(const config::TrainingConfig& t) {
+  parse_step_batch_schedule(t.step_batch_size_schedule(), t.seq_length());
+  const std::string field = "config: train.step_batch_size_schedule ";
+  if (t.train_samples() <= 0)
+    throw HostError(field +
+                    "needs sample-based training (train.train_samples with train.train_iters=0): with iterations "
+                    "Megatron sizes the data and the learning-rate schedule by micro_batch_size x data-parallel "
+                    "size samples an iteration, not by the schedule's batches");
+  if (t.global_batch_size() > 0)
+    throw HostError(field +
+                    "and train.global_batch_size cannot both be set (Megatron refuses both): the schedule gives "
+                    "every iteration's global batch; set train.global_batch_size=0");
+  if (!t.rampup_batch_size().empty())
+    throw HostError(field +
+                    "and train.rampup_batch_size cannot both be set (Megatron's schedule replaces the ramp-up)");
+  if (t.gradient_accumulation_steps() > 0)
+    throw HostError(field +
+                    "and train.gradient_accumulation_steps contradict each other (the number of micro-batches "
+                    "follows the schedule)");
+}
+
 // The run's length, batch, dtype and device; in the order validate_config always checked them
 // (the first error a user sees depends on it).
 void validate_training(const config::TrainingConfig& t) {
   require_positive(t.micro_batch_size(), "train.micro_batch_size");
   if (t.train_samples() < 0) throw HostError("config: train.train_samples must be >= 0");
   if (t.consumed_samples() < 0) throw HostError("config: train.consumed_samples must be >= 0");
+  if (!t.step_batch_size_schedule().empty()) validate_step_batch_schedule(t);
   if (!t.rampup_batch_size().empty()) validate_rampup(t);
   if (t.train_samples() > 0 && t.train_iters() > 0)
     throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
@@ -500,10 +599,11 @@ void validate_warmup_style(const config::LrSchedule& lr, const config::TrainingC
         lr.lr_decay_style());
   if (!is_deepspeed_style(lr.lr_decay_style())) return;
   const std::string style = "config: lr.lr_decay_style=" + lr.lr_decay_style();
-  if (lr.lr_warmup_samples() > 0 || lr.lr_decay_samples() > 0 || !t.rampup_batch_size().empty())
+  if (lr.lr_warmup_samples() > 0 || lr.lr_decay_samples() > 0 || !t.rampup_batch_size().empty() ||
+      !t.step_batch_size_schedule().empty())
     throw HostError(style +
                     " counts optimizer steps at one global batch: give lr.lr_warmup_iters and lr.lr_decay_iters, "
-                    "not lr.*_samples or train.rampup_batch_size");
+                    "not lr.*_samples, train.rampup_batch_size or train.step_batch_size_schedule");
   if (!warmup_style) return;  // LRRangeTest and OneCycle have no warm-up (their lengths are lr.cycle_*)
   if (lr.lr_warmup_iters() < 1)
     throw HostError(style + " needs lr.lr_warmup_iters >= 1 (DeepSpeed's warmup_num_steps must be positive)");

@@ -235,6 +235,9 @@ const Rule kRules[] = {
     {"--global-batch-size", 1, Kind::kSet, "train.global_batch_size", ""},
     {"--rampup-batch-size", 3, Kind::kCustom, "train.rampup_batch_size",
      "START INCREMENT SAMPLES, Megatron's ramp-up; needs --train-samples, as Megatron asserts"},
+    {"--step-batch-size-schedule", -1, Kind::kCustom, "train.step_batch_size_schedule",
+     "\"THRESHOLD:BATCH ...\" (thresholds in tokens, K/M/B/T), Megatron's step-wise global batch; needs "
+     "--train-samples, and not with --global-batch-size (Megatron refuses both)"},
     {"--train-iters", 1, Kind::kSet, "train.train_iters", ""},
     {"--train-samples", 1, Kind::kCustom, "train.train_samples", "with train.train_iters=0"},
     {"--seed", 1, Kind::kSet, "train.seed", ""},
@@ -561,6 +564,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "uniform" && v[0] != "block") refuse("not one of uniform, block");
   } else if (f == "--rampup-batch-size") {
     m.sets.push_back("train.rampup_batch_size=" + joined(v));
+  } else if (f == "--step-batch-size-schedule") {  // one quoted value, or its entries as words
+    m.sets.push_back("train.step_batch_size_schedule=" + joined(v));
   } else if (f == "--train-samples") {
     m.sets.push_back("train.train_samples=" + v[0]);
     m.sets.push_back("train.train_iters=0");
@@ -755,6 +760,7 @@ namespace {
 // by iterations or samples, the model family, grouped-query attention, virtual stages) need them.
 struct SeenFlags {
   std::string rampup;  // the --rampup-batch-size flag as given
+  std::string step_schedule;  // the --step-batch-size-schedule flag as given
   bool iteration_based = false, sample_based = false;
   std::vector<std::string> iteration_schedule;  // --lr-decay-iters / --lr-warmup-iters as given
   std::vector<std::string> sample_schedule;     // --lr-decay-samples / --lr-warmup-samples as given
@@ -853,6 +859,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--tiktoken-num-special-tokens") s.tiktoken_num_special = values[0], s.tiktoken_num_special_shown = shown;
   if (f == "--tokenizer-special-tokens") s.special_tokens = values, s.special_tokens_shown = shown;
   if (f == "--rampup-batch-size") s.rampup = shown;
+  if (f == "--step-batch-size-schedule") s.step_schedule = shown;
   if (f == "--train-iters") s.iteration_based = true;
   if (f == "--train-samples") s.sample_based = true;
   if (f == "--lr-decay-iters" || f == "--lr-warmup-iters") s.iteration_schedule.push_back(shown);
@@ -1428,6 +1435,17 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
     m.refused.push_back(s.rampup +
                         ": needs sample-based training, --train-samples instead of --train-iters (Megatron "
                         "asserts 'expected no batch-size rampup for iteration-based training')");
+  if (!s.step_schedule.empty() && !s.global_batch_shown.empty())
+    m.refused.push_back(s.global_batch_shown +
+                        ": not with --step-batch-size-schedule (Megatron refuses both: "
+                        "'Cannot specify both --step-batch-size-schedule and --global-batch-size')");
+  if (!s.step_schedule.empty() && s.iteration_based)
+    m.refused.push_back(s.step_schedule +
+                        ": needs sample-based training, --train-samples instead of --train-iters (with iterations "
+                        "Megatron sizes the data and the learning-rate schedule by --micro-batch-size x "
+                        "data-parallel size samples an iteration, not by the schedule's batches)");
+  if (!s.step_schedule.empty() && !s.rampup.empty())
+    m.refused.push_back(s.rampup + ": not with --step-batch-size-schedule (Megatron's schedule replaces the ramp-up)");
 }
 
 }  // namespace

@@ -70,6 +70,42 @@ void tabulate_rampup(const RampUp& r, int64_t gbs, int64_t unit, std::vector<int
   }
 }
 
+// Megatron's StepBatchsizeNumMicroBatchesCalculator: each iteration's batch is that of the last
+// step whose first sample the samples consumed before it reach. Tabulates the iterations before
+// the last step begins or the run's samples are consumed (update_train_iters stops at the first
+// iteration reaching train_samples, overshooting it); each batch whole micro-batches on every
+// rank. Returns the iterations after the table that finish train_samples at the last batch.
+int64_t tabulate_steps(const std::vector<BatchStep>& steps, int64_t train_samples, int64_t unit,
+                       std::vector<int64_t>& consumed_after, std::vector<int64_t>& micro_after) {
+  const auto check = [&](const BatchStep& s, int64_t iteration) {
+    if (s.batch > (int64_t{1} << 40))
+      throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
+                      std::to_string(s.batch) + " is too large");
+    if (s.batch % unit != 0)
+      throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
+                      std::to_string(s.batch) + " (from iteration " + std::to_string(iteration) +
+                      ") is not divisible by micro_batch_size x data-parallel size = " + std::to_string(unit));
+  };
+  const int64_t last_start = std::min(steps.back().first_sample, train_samples);
+  size_t k = 0;  // the step of the next iteration
+  for (int64_t consumed = 0; consumed < last_start;) {
+    while (k + 1 < steps.size() && consumed >= steps[k + 1].first_sample) ++k;
+    if (consumed_after.size() == 1 ||
+        steps[k].batch != consumed_after.back() - consumed_after[consumed_after.size() - 2])
+      check(steps[k], static_cast<int64_t>(consumed_after.size()));
+    if (consumed_after.size() > 100'000'000 || consumed > (int64_t{1} << 62))
+      throw HostError("config: train.step_batch_size_schedule means more than 100 million iterations before '" +
+                      steps.back().entry + "'");
+    consumed += steps[k].batch;
+    consumed_after.push_back(consumed);
+    micro_after.push_back(micro_after.back() + steps[k].batch / unit);
+  }
+  const int64_t rest = train_samples - consumed_after.back(), tail = steps.back().batch;
+  if (rest <= 0) return 0;
+  check(steps.back(), static_cast<int64_t>(consumed_after.size()));
+  return rest / tail + (rest % tail != 0 ? 1 : 0);
+}
+
 // Megatron without a ramp-up: iterations = train_samples // global_batch_size.
 int64_t iterations_from_samples(int64_t train_samples, int64_t gbs) {
   const int64_t iters = train_samples / gbs;
@@ -92,7 +128,16 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   const auto& t = cfg.train();
   gbs_ = checked_global_batch(t, mbs_, dp_size_);
   num_micro_ = gbs_ / (mbs_ * dp_size_);
-  if (!t.rampup_batch_size().empty()) {
+  tail_gbs_ = gbs_, tail_micro_ = num_micro_;
+  if (!t.step_batch_size_schedule().empty()) {
+    varying_batch_ = scheduled_ = true;
+    const std::vector<BatchStep> steps = parse_step_batch_schedule(t.step_batch_size_schedule(), seq_length_);
+    const int64_t unit = mbs_ * dp_size_;
+    const int64_t tail_iters = tabulate_steps(steps, t.train_samples(), unit, ramp_consumed_, ramp_micro_);
+    tail_gbs_ = steps.back().batch, tail_micro_ = std::max<int64_t>(1, tail_gbs_ / unit);
+    train_iters_ = static_cast<int64_t>(ramp_consumed_.size()) - 1 + tail_iters;
+  } else if (!t.rampup_batch_size().empty()) {
+    varying_batch_ = true;
     const RampUp r = parse_rampup(t.rampup_batch_size());
     const int64_t unit = mbs_ * dp_size_;
     check_rampup(t, r, unit);
@@ -111,7 +156,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   num_evals_ = (eval_interval_ > 0 ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.
   const int64_t limit = int64_t{1} << 40;
-  if (gbs_ > limit / std::max<int64_t>(1, train_iters_) ||
+  if (std::max(gbs_, tail_gbs_) > limit / std::max<int64_t>(1, train_iters_) ||
       gbs_ > limit / std::max<int64_t>(1, (num_evals_ + 1) * eval_iters_))
     throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
   if (seq_length_ > 0 && consumed_before(train_iters_ + 1) > std::numeric_limits<int64_t>::max() / seq_length_)
@@ -167,21 +212,36 @@ int64_t BatchPlan::tokens_before(int64_t i) const {
 }
 
 int64_t BatchPlan::iteration_reaching(int64_t samples) const {
-  if (samples <= ramp_consumed_.back())  // within the ramp-up: consumed_before(q + 1) is ramp_consumed_[q]
+  if (samples <= ramp_consumed_.back())  // within the table: consumed_before(q + 1) is ramp_consumed_[q]
     return std::max<int64_t>(
         1, std::lower_bound(ramp_consumed_.begin(), ramp_consumed_.end(), samples) - ramp_consumed_.begin());
   const int64_t r = static_cast<int64_t>(ramp_consumed_.size()) - 1, rest = samples - ramp_consumed_.back();
-  return r + rest / gbs_ + (rest % gbs_ != 0 ? 1 : 0);  // (no rounding sum to overflow near int64's end)
+  return r + rest / tail_gbs_ + (rest % tail_gbs_ != 0 ? 1 : 0);  // (no rounding sum to overflow near int64's end)
 }
 
 int64_t BatchPlan::consumed_before(int64_t i) const {
   const int64_t q = i - 1, r = static_cast<int64_t>(ramp_consumed_.size()) - 1;
-  return q <= r ? ramp_consumed_[q] : ramp_consumed_[r] + (q - r) * gbs_;
+  return q <= r ? ramp_consumed_[q] : ramp_consumed_[r] + (q - r) * tail_gbs_;
 }
 
 int64_t BatchPlan::micro_batches_before(int64_t i) const {
   const int64_t q = i - 1, r = static_cast<int64_t>(ramp_micro_.size()) - 1;
-  return q <= r ? ramp_micro_[q] : ramp_micro_[r] + (q - r) * num_micro_;
+  return q <= r ? ramp_micro_[q] : ramp_micro_[r] + (q - r) * tail_micro_;
+}
+
+std::string BatchPlan::describe_batch_steps() const {
+  std::string out;
+  int64_t shown = 0;
+  for (int64_t i = 1; i <= train_iters_; ++i) {
+    const int64_t batch = global_batch_of(i);
+    if (batch == shown) {
+      if (i > ramp_iterations()) break;  // constant from here on
+      continue;
+    }
+    out += (out.empty() ? "" : ", ") + std::to_string(batch) + " from iteration " + std::to_string(i);
+    shown = batch;
+  }
+  return out;
 }
 
 int64_t BatchPlan::train_sample_index(int64_t first_iteration, int64_t k, int64_t j) const {
@@ -189,8 +249,8 @@ int64_t BatchPlan::train_sample_index(int64_t first_iteration, int64_t k, int64_
   int64_t q = 0, m = 0;  // the 0-based iteration of micro-batch K, and K's place in it
   if (K >= ramp_micro_.back()) {
     const int64_t r = static_cast<int64_t>(ramp_micro_.size()) - 1;
-    q = r + (K - ramp_micro_.back()) / num_micro_;
-    m = (K - ramp_micro_.back()) % num_micro_;
+    q = r + (K - ramp_micro_.back()) / tail_micro_;
+    m = (K - ramp_micro_.back()) % tail_micro_;
   } else {
     q = static_cast<int64_t>(std::upper_bound(ramp_micro_.begin(), ramp_micro_.end(), K) - ramp_micro_.begin()) - 1;
     m = K - ramp_micro_[q];

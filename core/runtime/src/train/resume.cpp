@@ -23,7 +23,7 @@ void check_progress(const TrainProgress& progress, const BatchPlan& plan, const 
     throw HostError("checkpoint in " + dir + " consumed " + std::to_string(progress.consumed_train_samples) +
                     " train samples in " + std::to_string(progress.iteration) +
                     " iterations: resuming needs the same global batch size (" + std::to_string(gbs) +
-                    ") and ramp-up (train.rampup_batch_size)");
+                    "), ramp-up (train.rampup_batch_size) and schedule (train.step_batch_size_schedule)");
 }
 
 void restore_scaler(const TrainProgress& progress, GradScaler& scaler,

@@ -107,9 +107,11 @@ void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, con
   const int v = virtual_stages(cfg);
   if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_per_step()); !refusal.empty())
     throw HostError(refusal);
-  for (int64_t i = 1; plan.ramps_up() && i <= plan.ramp_iterations() + 1; ++i)
+  for (int64_t i = 1; plan.ramps_up() && i <= std::min(plan.ramp_iterations() + 1, plan.train_iters()); ++i)
     if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_of(i)); !refusal.empty())
-      throw HostError(refusal + " (train.rampup_batch_size, iteration " + std::to_string(i) + ")");
+      throw HostError(refusal +
+                      (plan.steps_batch() ? " (train.step_batch_size_schedule" : " (train.rampup_batch_size") +
+                      ", iteration " + std::to_string(i) + ")");
 }
 
 // The layers of this pipeline rank's chunks (chunk k is stage k x pp + rank), as `split` gives

@@ -54,7 +54,7 @@ void configure_trace(const config::LoggingConfig& logging, const Topology& topo)
 
 std::string training_banner(const BatchPlan& plan, const config::TrainingConfig& train) {
   std::string ramp;
-  if (plan.ramps_up())
+  if (plan.ramps_up() && !plan.steps_batch())
     ramp = ", ramping up from " + std::to_string(plan.global_batch_of(1)) + " (" + train.rampup_batch_size() +
            ") over the first " + std::to_string(plan.ramp_iterations()) + " iterations";
   std::string tokens_end;
@@ -63,9 +63,16 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
                  std::to_string(plan.final_iteration()) + " (" +
                  std::to_string(plan.tokens_before(plan.final_iteration() + 1)) + " tokens)";
   const std::string curriculum = plan.curriculum().active() ? "; " + plan.curriculum().describe() : "";
-  return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, global batch " +
-         std::to_string(plan.global_batch_size()) + " (" + std::to_string(plan.micro_batches_per_step()) +
-         " micro-batches of " + std::to_string(plan.micro_batch_size()) + "), seq " +
+  // Under a schedule the configured batch is validation's and test's only.
+  const std::string batch = plan.steps_batch()
+                                ? "global batch " + plan.describe_batch_steps() +
+                                      " (train.step_batch_size_schedule), micro-batches of " +
+                                      std::to_string(plan.micro_batch_size()) + ", validation batch " +
+                                      std::to_string(plan.global_batch_size())
+                                : "global batch " + std::to_string(plan.global_batch_size()) + " (" +
+                                      std::to_string(plan.micro_batches_per_step()) + " micro-batches of " +
+                                      std::to_string(plan.micro_batch_size()) + ")";
+  return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, " + batch + ", seq " +
          std::to_string(plan.seq_length()) + ramp + curriculum + tokens_end;
 }
 

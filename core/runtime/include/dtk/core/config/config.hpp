@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dtk_config.pb.h"
 
@@ -14,6 +15,18 @@ struct RampUp {
   int64_t start = 0, increment = 0, samples = 0;
 };
 RampUp parse_rampup(const std::string& text);
+
+// train.step_batch_size_schedule, parsed as Megatron's StepBatchsizeNumMicroBatchesCalculator
+// parses it: entries "THRESHOLD:BATCH" split at spaces or commas, each number a decimal with an
+// optional K/M/B/T suffix (int(float(x) * multiplier)), thresholds in tokens divided by
+// seq_length, sorted; the first 0, strictly increasing, batches positive. Throws HostError naming
+// the field and the entry.
+struct BatchStep {
+  int64_t first_sample = 0;  // from the iteration whose consumed samples reach this
+  int64_t batch = 0;
+  std::string entry;  // as written, for messages
+};
+std::vector<BatchStep> parse_step_batch_schedule(const std::string& text, int64_t seq_length);
 
 config::RunConfig default_config();
 

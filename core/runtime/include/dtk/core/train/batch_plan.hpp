@@ -8,7 +8,11 @@
 // With train.rampup_batch_size (Megatron's RampupBatchsizeNumMicroBatches) the global batch of
 // an iteration depends on the samples consumed before it: START + INCREMENT x floor(consumed /
 // (SAMPLES / increments)) while consumed <= SAMPLES, then gbs. The ramp-up's iterations are
-// tabulated; after it every iteration has gbs samples.
+// tabulated; after it every iteration has gbs samples. With train.step_batch_size_schedule
+// (Megatron's StepBatchsizeNumMicroBatchesCalculator) the global batch of an iteration is the
+// schedule's for the samples consumed before it; the iterations until the last step begins are
+// tabulated the same way, and validation and test use the configured global batch
+// (micro_batch_size x data-parallel size, Megatron's default under a schedule).
 #pragma once
 
 #include <cstdint>
@@ -26,10 +30,18 @@ class BatchPlan {
   BatchPlan(const config::RunConfig& cfg, const Topology& topo);
 
   int64_t micro_batch_size() const { return mbs_; }
-  int64_t global_batch_size() const { return gbs_; }  // after any ramp-up
+  // The configured global batch: every iteration's without a ramp-up or a schedule, the one a
+  // ramp-up reaches, and validation's and test's.
+  int64_t global_batch_size() const { return gbs_; }
   int64_t micro_batches_per_step() const { return num_micro_; }
-  bool ramps_up() const { return ramp_consumed_.size() > 1; }
+  // The global batch changes during the run (a ramp-up or a schedule): the learning-rate
+  // schedule counts samples.
+  bool ramps_up() const { return varying_batch_; }
+  bool steps_batch() const { return scheduled_; }  // train.step_batch_size_schedule
+  // The tabulated iterations (of the ramp-up, or before the schedule's last step).
   int64_t ramp_iterations() const { return static_cast<int64_t>(ramp_consumed_.size()) - 1; }
+  // "16 from iteration 1, 32 from iteration 5": where the training batch changes, for the log.
+  std::string describe_batch_steps() const;
 
   // Iterations count from 1. Samples and micro-batches (of one DP rank) before iteration i, and
   // the global batch of iteration i.
@@ -84,10 +96,13 @@ class BatchPlan {
   // The first iteration after which `tokens` have been consumed (train_iters if none).
   int64_t iteration_reaching_tokens(int64_t tokens) const;
   void check_curriculum_split(const config::RunConfig& cfg, const Topology& topo) const;
-  // The ramp-up's iterations q = 0..R (0-based): samples and micro-batches before each; one entry
-  // ({0}) without a ramp-up.
+  // The ramp-up's (schedule's) iterations q = 0..R (0-based): samples and micro-batches before
+  // each; one entry ({0}) without either.
   std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
+  // The training batch after the table (gbs_, or the schedule's last batch) and its micro-batches.
+  int64_t tail_gbs_ = 1, tail_micro_ = 1;
+  bool varying_batch_ = false, scheduled_ = false;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_rank_ = 0, dp_size_ = 1;
   SequenceCurriculum curriculum_;

@@ -339,7 +339,7 @@ TEST(Checkpoint, SavedWithoutOptimizerOrRngLoadsOnlyWithoutThem) {
   EXPECT_EQ(inspected.code, 0) << inspected.out;
   EXPECT_NE(inspected.out.find("saved without the optimizer's state (checkpoint.no_save_optim)"), std::string::npos)
       << inspected.out;
-  EXPECT_NE(inspected.out.find("saved without the random generators' states (checkpoint.no_save_rng)"),
+  EXPECT_NE(inspected.out.find("saved without the host's random generators (checkpoint.no_save_rng)"),
             std::string::npos)
       << inspected.out;
 
@@ -349,7 +349,7 @@ TEST(Checkpoint, SavedWithoutOptimizerOrRngLoadsOnlyWithoutThem) {
                             "load it with checkpoint.no_load_optim=true");
   expect_one_line_error(run(kTrain + "--threads 2 --set checkpoint.no_load_optim=true --set checkpoint.load=" + slim),
                         slim + kFile4 +
-                            " was saved without the random generators' states (checkpoint.no_save_rng, "
+                            " was saved without the host's random generators (checkpoint.no_save_rng, "
                             "--no-save-rng): load it with checkpoint.no_load_rng=true");
 
   const std::string without = " --set checkpoint.no_load_optim=true --set checkpoint.no_load_rng=true ";

@@ -166,12 +166,6 @@ TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
                                {"model.attention_dropout", "0"}});
 }
 
-// Megatron-LM's and DeepSpeed-Domino's Llama command lines, shrunk (sizes tiny; the tokenizer
-// flags, which another part maps, left out): docs/llama_mistral.md's launch lines for a converted
-// Llama-2 and Llama-3.1 checkpoint (--use-checkpoint-args, partial architecture flags, the older
-// rotary flags, Llama 3.1's rope scaling), Domino's pretrain_llama_13b.sh (--llama-model,
-// --causal-lm) and the model flags of examples/llama/train_llama3_8b_h100_fp8.sh. Nothing DTK can
-// run is refused; what it cannot build is, with the reason.
 // Megatron's --no-save-optim and --no-save-rng (a checkpoint of the weights alone).
 TEST(MegatronArgs, NoSaveOptimAndRngMapToTheCheckpointSettings) {
   MegatronMapping m =
@@ -182,6 +176,12 @@ TEST(MegatronArgs, NoSaveOptimAndRngMapToTheCheckpointSettings) {
       {{"checkpoint.save", "ckpt/x"}, {"checkpoint.no_save_optim", "true"}, {"checkpoint.no_save_rng", "true"}});
 }
 
+// Megatron-LM's and DeepSpeed-Domino's Llama command lines, shrunk (sizes tiny; the tokenizer
+// flags, which another part maps, left out): docs/llama_mistral.md's launch lines for a converted
+// Llama-2 and Llama-3.1 checkpoint (--use-checkpoint-args, partial architecture flags, the older
+// rotary flags, Llama 3.1's rope scaling), Domino's pretrain_llama_13b.sh (--llama-model,
+// --causal-lm) and the model flags of examples/llama/train_llama3_8b_h100_fp8.sh. Nothing DTK can
+// run is refused; what it cannot build is, with the reason.
 TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   auto map = [](const std::string& flags) {
     return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
@@ -1248,6 +1248,26 @@ std::vector<int64_t> megatron_rampup_batches(int64_t start, int64_t incr, int64_
   return out;
 }
 
+// Every iteration's global batch, samples consumed before it and micro-batches against `want`
+// (micro_batch_size 4, data parallel 2), and DP rank 1's rows m*8 + 4 + j of each iteration's
+// samples from any resume point.
+void expect_iteration_batches(const dtk::core::BatchPlan& plan, const std::vector<int64_t>& want,
+                              const std::string& what) {
+  ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size())) << what;
+  int64_t consumed = 0, micro = 0;
+  for (int64_t i = 1; i <= plan.train_iters(); ++i) {
+    ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << what << ", iteration " << i;
+    ASSERT_EQ(plan.consumed_before(i), consumed);
+    ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
+    for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
+      for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
+        ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 2),
+                  consumed + m * 8 + 4 + 2);
+    consumed += want[i - 1], micro += plan.micro_batches_of(i);
+  }
+  EXPECT_EQ(plan.train_samples(), consumed) << what;
+}
+
 TEST(RampupBatchSize, BatchPlanFollowsMegatronsCalculator) {
   dtk::core::Topology topo;
   topo.dp_size = 2, topo.dp_rank = 1, topo.world_size = 2, topo.world_rank = 1;
@@ -1263,21 +1283,8 @@ TEST(RampupBatchSize, BatchPlanFollowsMegatronsCalculator) {
                                                std::to_string(ramp));
     dtk::core::validate_config(cfg);
     const dtk::core::BatchPlan plan(cfg, topo);
-    const auto want = megatron_rampup_batches(start, incr, ramp, gbs, samples);
-    ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size()));
-    int64_t consumed = 0, micro = 0;
-    for (int64_t i = 1; i <= plan.train_iters(); ++i) {
-      ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << "iteration " << i;
-      ASSERT_EQ(plan.consumed_before(i), consumed);
-      ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
-      // DP rank 1 takes rows m*8 + 4 + j of each iteration's samples, from any resume point.
-      for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
-        for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
-          ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 2),
-                    consumed + m * 8 + 4 + 2);
-      consumed += want[i - 1], micro += plan.micro_batches_of(i);
-    }
-    EXPECT_EQ(plan.train_samples(), consumed);
+    expect_iteration_batches(plan, megatron_rampup_batches(start, incr, ramp, gbs, samples),
+                             cfg.train().rampup_batch_size());
   }
 }
 
@@ -1619,32 +1626,21 @@ TEST(StepBatchSizeSchedule, BatchPlanFollowsMegatronsCalculator) {
     int64_t seq_length, train_samples;
   };
   for (const Case& c : std::vector<Case>{
-           {"0:8 64:16 200:32", {{0, 8}, {64, 16}, {200, 32}}, 4, 300},        // thresholds 0, 16, 50 samples
-           {"0:16", {{0, 16}}, 4, 100},                                        // one entry: 7 iterations, 112 samples
-           {"0:8 1K:16", {{0, 8}, {1000, 16}}, 4, 40},                         // the run ends before the last step
-           {"0:32, 100:8", {{0, 32}, {100, 8}}, 2, 120},                       // a batch that falls; commas
-           {"0.5K:24 0:8 1.2k:40", {{0, 8}, {500, 24}, {1200, 40}}, 10, 500},  // unsorted, fractions, k
+           {"0:8 64:16 200:32", {{0, 8}, {64, 16}, {200, 32}}, 4, 300},  // thresholds 0, 16, 50 samples
+           {"0:16", {{0, 16}}, 4, 100},                                  // one entry: 7 iterations, 112 samples
+           {"0:8 1K:16", {{0, 8}, {1000, 16}}, 4, 40},                   // the run ends before the last step
+           {"0:8, 100:32", {{0, 8}, {100, 32}}, 2, 120},                 // commas
+           {"0:8 1.005K:16", {{0, 8}, {1004, 16}}, 4, 400},     // int(1.005 * 1000.0) = 1004: truncated as Megatron
+           {"-0.5:8.9 1e2:16.2", {{0, 8}, {100, 16}}, 4, 200},  // int() truncates toward zero; e notation
+           {"0:8 1K:12", {{0, 8}, {1000, 12}}, 4, 40},          // a last batch the run never reaches need not divide
+           {"0.5K:24 0:8 1.2k:40", {{0, 8}, {500, 24}, {1200, 40}}, 10, 500},     // unsorted, fractions, k
            {"0:8 2.4B:16", {{0, 8}, {2'400'000'000, 16}}, 1'000'000'000, 64}}) {  // 2.4B // 1e9 = 2 samples
     dtk::config::RunConfig cfg = step_config(c.schedule, c.seq_length, c.train_samples);
     dtk::core::validate_config(cfg);
     const dtk::core::BatchPlan plan(cfg, topo);
-    const auto want = megatron_step_batches(c.parsed, c.seq_length, c.train_samples);
-    ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size())) << c.schedule;
+    expect_iteration_batches(plan, megatron_step_batches(c.parsed, c.seq_length, c.train_samples), c.schedule);
     EXPECT_TRUE(plan.steps_batch());
     EXPECT_EQ(plan.global_batch_size(), 8) << "validation's batch: micro-batch x data-parallel size";
-    int64_t consumed = 0, micro = 0;
-    for (int64_t i = 1; i <= plan.train_iters(); ++i) {
-      ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << c.schedule << ", iteration " << i;
-      ASSERT_EQ(plan.consumed_before(i), consumed);
-      ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
-      // DP rank 1 takes rows m*8 + 4 + j of each iteration's samples, from any resume point.
-      for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
-        for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
-          ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 3),
-                    consumed + m * 8 + 4 + 3);
-      consumed += want[i - 1], micro += plan.micro_batches_of(i);
-    }
-    EXPECT_EQ(plan.train_samples(), consumed) << c.schedule;
   }
   const dtk::core::BatchPlan plan(step_config("0:8 64:16 200:32", 4, 300), topo);
   EXPECT_EQ(plan.describe_batch_steps(), "8 from iteration 1, 16 from iteration 3, 32 from iteration 6");
@@ -1667,7 +1663,20 @@ TEST(StepBatchSizeSchedule, BadSchedulesAreOneLine) {
   refused(step_config("0:8 2:16", 4, 100), "'0:8' and '2:16' fall on the same sample (0; thresholds are tokens");
   refused(step_config("0:0", 4, 100), "entry '0:0': the batch must be positive");
   refused(step_config("0:8 x:16", 4, 100), "entry 'x:16': 'x' is not a number");
-  refused(step_config("0:8 -4:16", 4, 100), "entry '-4:16': a threshold or batch must be >= 0");
+  refused(step_config("0:8 -4:16", 4, 100), "entry '-4:16': a threshold or batch must be >= 0");  // -0.5 is 0
+  refused(step_config("0:32 100:8", 2, 120),
+          "entry '100:8': global batch 8 (from iteration 3) is smaller than the 32 before it (Megatron asserts");
+  refused(step_config("0:8 0x10:16", 4, 100), "entry '0x10:16': '0x10' is not a number");
+  auto warmup_iters = step_config("0:8", 4, 100);
+  warmup_iters.mutable_lr()->set_lr_warmup_iters(10);
+  refused(warmup_iters,
+          "config: lr.lr_warmup_iters 10 counts iterations, which have no one batch under "
+          "train.step_batch_size_schedule: give lr.lr_warmup_samples or lr.lr_warmup_fraction");
+  auto bench = step_config("0:8", 4, 100);
+  bench.mutable_logging()->set_bench_out("bench.json");
+  refused(bench,
+          "config: logging.bench_out measures iterations of one size; train.step_batch_size_schedule "
+          "changes their global batch");
   refused(step_config("0:8 40:10", 4, 100),
           "entry '40:10': global batch 10 (from iteration 3) is not divisible by micro_batch_size x "
           "data-parallel size = 4");
@@ -1753,6 +1762,14 @@ TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
   ASSERT_EQ(c.size(), 7u) << dp2.out;
   for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(c[i], b[i], 1e-5 * std::abs(b[i])) << "DP2 iteration " << i + 1;
 
+  // As Megatron, a checkpoint before the first iteration of another micro-batch count (and the
+  // final one): the first run of the two below stops there.
+  const dtk_test::Result saves = dtk_test::run_dtk(step + " --set checkpoint.save=" + dir + "-all");
+  ASSERT_EQ(saves.code, 0) << saves.out;
+  EXPECT_NE(saves.out.find(" saved checkpoint at iteration 2 to "), std::string::npos) << saves.out;
+  EXPECT_NE(saves.out.find(" saved checkpoint at iteration 7 to "), std::string::npos) << saves.out;
+  EXPECT_EQ(saves.out.find(" saved checkpoint at iteration 3 to "), std::string::npos) << saves.out;
+  std::filesystem::remove_all(dir + "-all");
   const dtk_test::Result first =
       dtk_test::run_dtk(step + " --set checkpoint.save=" + dir + " --set train.exit_interval=2");
   ASSERT_EQ(first.code, 0) << first.out;
@@ -1762,4 +1779,42 @@ TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
   ASSERT_EQ(d.size(), 5u) << rest.out;
   for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], b[i + 2]) << "resumed iteration " << i + 3;
   std::filesystem::remove_all(dir);
+}
+
+// Companions of flags DTK maps or ignores, which current Megatron-LM launch lines pass with them
+// (--wandb-entity with --wandb-project, --manual-gc-interval with --manual-gc, torch_dist's speed
+// switches with --ckpt-format torch_dist): accepted, each named as ignored with its reason.
+// --cuda-graph-impl (which replaced --enable-cuda-graph) maps to train.cuda_graphs.
+TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
+  const auto map = [](const std::string& flags) {
+    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
+  };
+  const std::vector<std::string> flags = {"--wandb-entity team",
+                                          "--manual-gc-interval 100",
+                                          "--no-manual-gc-eval",
+                                          "--logging-level 20",
+                                          "--log-progress",
+                                          "--async-save",
+                                          "--dist-ckpt-strictness log_all",
+                                          "--ckpt-fully-parallel-save",
+                                          "--no-ckpt-fully-parallel-save",
+                                          "--ckpt-fully-parallel-load",
+                                          "--ckpt-assume-constant-structure",
+                                          "--cross-entropy-fusion-impl te"};
+  std::string line;
+  for (const auto& f : flags) line += f + " ";
+  const MegatronMapping m = map(line);
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  ASSERT_EQ(m.ignored.size(), flags.size());
+  for (size_t i = 0; i < flags.size(); ++i)
+    EXPECT_EQ(m.ignored[i].rfind(flags[i].substr(0, flags[i].find(' ')) + " (", 0), 0u) << m.ignored[i];
+
+  EXPECT_EQ(config_of(map("--cuda-graph-impl none")).train().cuda_graphs(), false);
+  EXPECT_EQ(config_of(map("--cuda-graph-impl local")).train().cuda_graphs(), true);
+  EXPECT_EQ(config_of(map("--cuda-graph-impl full_iteration")).train().cuda_graphs(), true);
+  const MegatronMapping te = map("--cuda-graph-impl transformer_engine");
+  ASSERT_EQ(te.refused.size(), 1u);
+  EXPECT_EQ(te.refused[0],
+            "--cuda-graph-impl transformer_engine: Transformer Engine's graphs are not in DTK's "
+            "layers; use local");
 }

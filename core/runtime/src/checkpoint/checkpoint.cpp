@@ -665,9 +665,8 @@ void check_saved_state(const SavedFile& f, const LoadOptions& what) {
                     "or checkpoint.finetune=true");
   if (what.rng && !f.d.contains("rng"))
     throw HostError("checkpoint " + f.file +
-                    " was saved without the random generators' states (checkpoint.no_save_rng, --no-save-rng): load "
-                    "it with checkpoint.no_load_rng=true (the generators keep this run's seed) or "
-                    "checkpoint.finetune=true");
+                    " was saved without the host's random generators (checkpoint.no_save_rng, --no-save-rng): load "
+                    "it with checkpoint.no_load_rng=true (they keep this run's seed) or checkpoint.finetune=true");
 }
 
 // The saved RNG streams: the CPU's, and a GPU's when this run trains on one and the checkpoint
@@ -756,6 +755,7 @@ TrainProgress load_rank(const std::string& load_dir, int64_t iteration, ModelIns
 // complete iteration whose files were verified and that failed does not match the run.
 bool older_iteration_might_load(const std::string& dir, int64_t iteration, const std::string& error, bool verified) {
   if (error.find(" is a Megatron distributed checkpoint") != std::string::npos) return false;  // sound, another format
+  if (error.find(" was saved without the ") != std::string::npos) return false;  // sound, a setting this run asks
   if (!verified || iteration < 0 || error.find(" is damaged") != std::string::npos ||
       error.find(" is incomplete") != std::string::npos)
     return true;

@@ -453,7 +453,7 @@ void print_schedule_and_writers(const c10::impl::GenericDict& d, std::ostream& o
     out << "  saved without the optimizer's state (checkpoint.no_save_optim): load it with "
            "checkpoint.no_load_optim=true or checkpoint.finetune=true\n";
   if (!dict_entry(d, "rng").isTensor())
-    out << "  saved without the random generators' states (checkpoint.no_save_rng): load it with "
+    out << "  saved without the host's random generators (checkpoint.no_save_rng): load it with "
            "checkpoint.no_load_rng=true or checkpoint.finetune=true\n";
   out << "  written by: dtk " << int_entry(d, "dtk_version") << "\n";
   if (dict_entry(d, "plugins").isString()) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <regex>
 #include <set>
@@ -140,7 +141,9 @@ RampUp parse_rampup(const std::string& text) {
 namespace {
 
 // Megatron's _parse_numeric_value: a decimal with an optional K, M, B or T (either case), as
-// int(float(x) * multiplier) computes it (the product rounded as a double, then truncated).
+// int(float(x) * multiplier) computes it (the product rounded as a double, then truncated toward
+// zero, so -0.5 is 0). Python's float takes digit-grouping underscores too; a value beyond int64
+// is taken as int64's largest (a threshold never reached, a batch refused as too large).
 int64_t schedule_number(std::string text, const std::string& entry) {
   const auto bad = [&](const std::string& why) {
     return HostError("config: train.step_batch_size_schedule entry '" + entry + "': " + why);
@@ -165,13 +168,15 @@ int64_t schedule_number(std::string text, const std::string& entry) {
     }
     if (multiplier != 1) text.pop_back();
   }
+  text.erase(std::remove(text.begin(), text.end(), '_'), text.end());
+  const bool decimal = !text.empty() && text.find_first_not_of("0123456789.eE+-") == std::string::npos;
   char* end = nullptr;
-  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+  const double v = decimal ? std::strtod(text.c_str(), &end) : 0;
+  if (!decimal || end != text.c_str() + text.size() || !std::isfinite(v))
     throw bad("'" + text + "' is not a number (a decimal with an optional K, M, B or T: 2.4B)");
-  const double product = v * multiplier;
-  if (product < 0 || product >= 9.2e18) throw bad("a threshold or batch must be >= 0 and below 9.2e18");
-  return static_cast<int64_t>(product);
+  const double product = std::trunc(v * multiplier);
+  if (product < 0) throw bad("a threshold or batch must be >= 0");
+  return product >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(product);
 }
 
 }  // namespace
@@ -667,6 +672,19 @@ void validate_lr_schedule(const config::LrSchedule& lr, const config::TrainingCo
         style + "'");
   validate_warmup_style(lr, t);
   validate_cycle_schedule(lr);
+  // Under a step schedule an iteration has no one batch to count lengths in: samples, as
+  // Megatron asserts for sample-based training (the batch stays micro-batch x data-parallel size
+  // there, which would silently shrink a length given in iterations).
+  if (!t.step_batch_size_schedule().empty())
+    for (const auto& [value, field, samples] :
+         {std::tuple{lr.lr_warmup_iters(), "lr.lr_warmup_iters", "lr.lr_warmup_samples or lr.lr_warmup_fraction"},
+          std::tuple{lr.lr_decay_iters(), "lr.lr_decay_iters", "lr.lr_decay_samples (0: train.train_samples)"},
+          std::tuple{lr.lr_wsd_decay_iters(), "lr.lr_wsd_decay_iters",
+                     "another lr.lr_decay_style (WSD's length in samples, --lr-wsd-decay-samples, is not built)"}})
+      if (value > 0)
+        throw HostError(std::string("config: ") + field + " " + std::to_string(value) +
+                        " counts iterations, which have no one batch under train.step_batch_size_schedule: give " +
+                        samples + " (set " + field + "=0)");
   if (lr.lr_warmup_iters() < 0) throw HostError("config: lr.lr_warmup_iters must be >= 0");
   if (lr.lr_decay_iters() < 0) throw HostError("config: lr.lr_decay_iters must be >= 0 (0 = train.train_iters)");
   if (!std::isfinite(lr.lr()) || !std::isfinite(lr.min_lr()) || !std::isfinite(lr.lr_warmup_init()) ||
@@ -880,6 +898,18 @@ void validate_curriculum(const config::RunConfig& cfg) {
                     "drop one of them");
 }
 
+// A bench run's summary is of one steady step: a batch that changes (a ramp-up, a step schedule)
+// has none.
+void validate_bench_batch(const config::RunConfig& cfg) {
+  const config::TrainingConfig& t = cfg.train();
+  if (t.rampup_batch_size().empty() && t.step_batch_size_schedule().empty()) return;
+  if (t.bench_steps() > 0 || !cfg.logging().bench_out().empty())
+    throw HostError(std::string("config: ") + (t.bench_steps() > 0 ? "train.bench_steps" : "logging.bench_out") +
+                    " measures iterations of one size; " +
+                    (t.rampup_batch_size().empty() ? "train.step_batch_size_schedule" : "train.rampup_batch_size") +
+                    " changes their global batch: drop one of them");
+}
+
 // Checkpoint saving and loading, then the plugin slots.
 void validate_checkpoint_and_slots(const config::RunConfig& cfg) {
   // Tensor and pipeline parallelism run over the Gloo process groups (core/runtime/src/distributed.cpp);
@@ -925,6 +955,7 @@ void validate_config(const config::RunConfig& cfg) {
   validate_scaling_and_exits(cfg);
   validate_distributed(cfg);
   validate_curriculum(cfg);
+  validate_bench_batch(cfg);
   validate_checkpoint_and_slots(cfg);
 }
 

@@ -227,7 +227,13 @@ const Rule kRules[] = {
     {"--empty-unused-memory-level", 1, Kind::kIgnore, "", "a CUDA caching-allocator setting"},
     {"--cross-entropy-loss-fusion", 0, Kind::kIgnore, "",
      "a CUDA kernel-fusion switch; DTK's own fused output layer and cross entropy is model.fused_lm_head (on)"},
+    {"--cross-entropy-fusion-impl", 1, Kind::kIgnore, "",
+     "which CUDA cross-entropy kernel Megatron fuses (native, te); DTK's own fused output layer and cross entropy is "
+     "model.fused_lm_head (on)"},
     {"--manual-gc", 0, Kind::kIgnore, "", "Python's garbage collector: DTK has none"},
+    {"--manual-gc-interval", 1, Kind::kIgnore, "", "Python's garbage collector: DTK has none"},
+    {"--no-manual-gc-eval", 0, Kind::kIgnore, "", "Python's garbage collector: DTK has none"},
+    {"--logging-level", 1, Kind::kIgnore, "", "Python's logging level; DTK logs through glog (GLOG_minloglevel)"},
     {"--use-cpu-initialization", 0, Kind::kIgnore, "",
      "DTK always initialises on the CPU, the same weights at any tensor-parallel size"},
     // Training
@@ -431,6 +437,9 @@ const Rule kRules[] = {
     {"--profile-ranks", -1, Kind::kIgnore, "", "every rank writes its trace; rank 0 prints the table"},
     {"--enable-cuda-graph", 0, Kind::kSwitch, "train.cuda_graphs=true",
      "each micro-batch's whole forward and backward is one graph (Megatron-core records per layer)"},
+    {"--cuda-graph-impl", 1, Kind::kCustom, "train.cuda_graphs",
+     "none: false; local, full_iteration: true (each micro-batch's whole forward and backward is one graph); "
+     "transformer_engine refused"},
     {"--log-optimizer-states-to-tensorboard", 0, Kind::kIgnore, "", "DTK writes no optimizer-state statistics"},
     {"--log-timers-to-tensorboard", 0, Kind::kIgnore, "",
      "the timers (logging.timing_log_level) always reach TensorBoard when it is on"},
@@ -445,6 +454,10 @@ const Rule kRules[] = {
      "DTK logs to TensorBoard (logging.tensorboard_dir) and logging.metrics_jsonl, not to Weights & Biases"},
     {"--wandb-exp-name", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
     {"--wandb-save-dir", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
+    {"--wandb-entity", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
+    {"--log-progress", 0, Kind::kIgnore, "",
+     "Megatron's progress.txt in --save is not written; the log line has its figures (iteration, tokens/s, "
+     "TFLOP/s)"},
     {"--no-mmap-bin-files", 0, Kind::kIgnore, "", "DTK always maps the .bin files (the tokens read are the same)"},
     {"--no-create-attention-mask-in-dataloader", 0, Kind::kIgnore, "",
      "DTK's loader makes no attention mask (the attention is causal in the layers)"},
@@ -452,6 +465,20 @@ const Rule kRules[] = {
      "torch: Megatron's torch checkpoints (mp_rank_XX/model_optim_rng.pt), what DTK writes and reads; torch_dist "
      "(Megatron's default): accepted, DTK writes the torch format, which Megatron loads under torch_dist too (it "
      "detects a checkpoint's format there); others refused"},
+    {"--async-save", 0, Kind::kIgnore, "",
+     "DTK saves synchronously: each checkpoint is published whole (atomically) before training goes on; the "
+     "files are the same"},
+    {"--dist-ckpt-strictness", 1, Kind::kIgnore, "",
+     "how torch_dist loads treat keys that do not match; DTK reads its torch-format checkpoints strictly (a "
+     "missing or unexpected tensor is an error naming it)"},
+    {"--ckpt-fully-parallel-save", 0, Kind::kIgnore, "",
+     "a torch_dist speed switch; DTK writes Megatron's torch format, each rank its own file"},
+    {"--no-ckpt-fully-parallel-save", 0, Kind::kIgnore, "",
+     "a torch_dist speed switch; DTK writes Megatron's torch format, each rank its own file"},
+    {"--ckpt-fully-parallel-load", 0, Kind::kIgnore, "",
+     "a torch_dist speed switch; DTK reads Megatron's torch format, each rank its own file"},
+    {"--ckpt-assume-constant-structure", 0, Kind::kIgnore, "",
+     "a torch_dist caching switch; DTK writes Megatron's torch format"},
     {"--save", 1, Kind::kSet, "checkpoint.save", ""},
     {"--load", 1, Kind::kSet, "checkpoint.load", ""},
     {"--save-interval", 1, Kind::kSet, "checkpoint.save_interval", "without --save: accepted, no effect (as Megatron)"},
@@ -564,6 +591,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "uniform" && v[0] != "block") refuse("not one of uniform, block");
   } else if (f == "--rampup-batch-size") {
     m.sets.push_back("train.rampup_batch_size=" + joined(v));
+  } else if (f == "--cuda-graph-impl") {
+    if (v[0] == "none") return void(m.sets.push_back("train.cuda_graphs=false"));
+    if (v[0] == "local" || v[0] == "full_iteration") return void(m.sets.push_back("train.cuda_graphs=true"));
+    refuse(v[0] == "transformer_engine" ? "Transformer Engine's graphs are not in DTK's layers; use local"
+                                        : "not one of none, local, full_iteration, transformer_engine");
   } else if (f == "--step-batch-size-schedule") {  // one quoted value, or its entries as words
     m.sets.push_back("train.step_batch_size_schedule=" + joined(v));
   } else if (f == "--train-samples") {

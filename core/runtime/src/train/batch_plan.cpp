@@ -73,8 +73,10 @@ void tabulate_rampup(const RampUp& r, int64_t gbs, int64_t unit, std::vector<int
 // Megatron's StepBatchsizeNumMicroBatchesCalculator: each iteration's batch is that of the last
 // step whose first sample the samples consumed before it reach. Tabulates the iterations before
 // the last step begins or the run's samples are consumed (update_train_iters stops at the first
-// iteration reaching train_samples, overshooting it); each batch whole micro-batches on every
-// rank. Returns the iterations after the table that finish train_samples at the last batch.
+// iteration reaching train_samples, overshooting it); each batch reached is whole micro-batches on
+// every rank and none is smaller than the one before (Megatron's loop asserts "Number of
+// microbatches should not decrease"). Returns the iterations after the table that finish
+// train_samples at the last batch.
 int64_t tabulate_steps(const std::vector<BatchStep>& steps, int64_t train_samples, int64_t unit,
                        std::vector<int64_t>& consumed_after, std::vector<int64_t>& micro_after) {
   const auto check = [&](const BatchStep& s, int64_t iteration) {
@@ -88,13 +90,22 @@ int64_t tabulate_steps(const std::vector<BatchStep>& steps, int64_t train_sample
   };
   const int64_t last_start = std::min(steps.back().first_sample, train_samples);
   size_t k = 0;  // the step of the next iteration
+  const BatchStep* previous = nullptr;
+  const auto reach = [&](const BatchStep& s, int64_t iteration) {
+    if (previous == &s) return;
+    check(s, iteration);
+    if (previous && s.batch < previous->batch)
+      throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
+                      std::to_string(s.batch) + " (from iteration " + std::to_string(iteration) +
+                      ") is smaller than the " + std::to_string(previous->batch) +
+                      " before it (Megatron asserts that the number of micro-batches never decreases)");
+    previous = &s;
+  };
   for (int64_t consumed = 0; consumed < last_start;) {
     while (k + 1 < steps.size() && consumed >= steps[k + 1].first_sample) ++k;
-    if (consumed_after.size() == 1 ||
-        steps[k].batch != consumed_after.back() - consumed_after[consumed_after.size() - 2])
-      check(steps[k], static_cast<int64_t>(consumed_after.size()));
-    if (consumed_after.size() > 100'000'000 || consumed > (int64_t{1} << 62))
-      throw HostError("config: train.step_batch_size_schedule means more than 100 million iterations before '" +
+    reach(steps[k], static_cast<int64_t>(consumed_after.size()));
+    if (consumed_after.size() > 10'000'000 || consumed > (int64_t{1} << 62))
+      throw HostError("config: train.step_batch_size_schedule means more than 10 million iterations before '" +
                       steps.back().entry + "'");
     consumed += steps[k].batch;
     consumed_after.push_back(consumed);
@@ -102,7 +113,7 @@ int64_t tabulate_steps(const std::vector<BatchStep>& steps, int64_t train_sample
   }
   const int64_t rest = train_samples - consumed_after.back(), tail = steps.back().batch;
   if (rest <= 0) return 0;
-  check(steps.back(), static_cast<int64_t>(consumed_after.size()));
+  reach(steps.back(), static_cast<int64_t>(consumed_after.size()));
   return rest / tail + (rest % tail != 0 ? 1 : 0);
 }
 
@@ -156,7 +167,8 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   num_evals_ = (eval_interval_ > 0 ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.
   const int64_t limit = int64_t{1} << 40;
-  if (std::max(gbs_, tail_gbs_) > limit / std::max<int64_t>(1, train_iters_) ||
+  const int64_t most = std::max(gbs_, train_iters_ > ramp_iterations() ? tail_gbs_ : 0);  // a batch the run reaches
+  if (most > limit / std::max<int64_t>(1, train_iters_) ||
       gbs_ > limit / std::max<int64_t>(1, (num_evals_ + 1) * eval_iters_))
     throw HostError("config: train_iters x global_batch_size (or the evaluation sample count) is too large");
   if (seq_length_ > 0 && consumed_before(train_iters_ + 1) > std::numeric_limits<int64_t>::max() / seq_length_)
@@ -227,6 +239,12 @@ int64_t BatchPlan::consumed_before(int64_t i) const {
 int64_t BatchPlan::micro_batches_before(int64_t i) const {
   const int64_t q = i - 1, r = static_cast<int64_t>(ramp_micro_.size()) - 1;
   return q <= r ? ramp_micro_[q] : ramp_micro_[r] + (q - r) * tail_micro_;
+}
+
+int64_t BatchPlan::most_micro_batches() const {
+  int64_t most = train_iters_ > ramp_iterations() ? tail_micro_ : 0;
+  for (size_t q = 1; q < ramp_micro_.size(); ++q) most = std::max(most, ramp_micro_[q] - ramp_micro_[q - 1]);
+  return std::max<int64_t>(1, most);
 }
 
 std::string BatchPlan::describe_batch_steps() const {

@@ -106,7 +106,9 @@ void check_per_token_loss(const config::RunConfig& cfg, const RunPlugins& plugin
 void check_schedule_fits(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan) {
   const int v = virtual_stages(cfg);
   if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_per_step()); !refusal.empty())
-    throw HostError(refusal);
+    throw HostError(refusal + (plan.steps_batch() ? " (validation's and test's batch: micro_batch_size x data-parallel "
+                                                    "size under train.step_batch_size_schedule)"
+                                                  : ""));
   for (int64_t i = 1; plan.ramps_up() && i <= std::min(plan.ramp_iterations() + 1, plan.train_iters()); ++i)
     if (const std::string refusal = schedule_refusal(v, topo.pp_size, plan.micro_batches_of(i)); !refusal.empty())
       throw HostError(refusal +
@@ -337,7 +339,7 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
-  in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.micro_batches_per_step();
+  in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.most_micro_batches();
   // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
   const std::vector<StageLayers> chunks = rank_chunk_layers(run_pipeline_split(cfg, topo), info.num_layers, topo);
   if (!chunks.empty()) in.rank_layers = 0;

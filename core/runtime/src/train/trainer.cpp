@@ -446,6 +446,11 @@ void Trainer::run_iteration(int64_t it) {
     progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
   }
   if (saving() && save_interval > 0 && it % save_interval == 0) save(it);
+  // As Megatron: a checkpoint before the first iteration of another micro-batch count (a
+  // ramp-up's or a schedule's step).
+  if (saving() && last_saved_ != it && it < plan_.final_iteration() &&
+      plan_.micro_batches_of(it + 1) != plan_.micro_batches_of(it))
+    save(it);
 }
 
 // Megatron's checkpoint_and_decide_exit: every rank agrees, saves, and leaves the loop.

@@ -42,6 +42,8 @@ class BatchPlan {
   int64_t ramp_iterations() const { return static_cast<int64_t>(ramp_consumed_.size()) - 1; }
   // "16 from iteration 1, 32 from iteration 5": where the training batch changes, for the log.
   std::string describe_batch_steps() const;
+  // The most micro-batches an iteration of this run has (what the pipeline keeps in flight).
+  int64_t most_micro_batches() const;
 
   // Iterations count from 1. Samples and micro-batches (of one DP rank) before iteration i, and
   // the global batch of iteration i.

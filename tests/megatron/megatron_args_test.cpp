@@ -33,6 +33,11 @@ using dtk::core::MegatronMapping;
 
 const std::string kFixtures = DTK_FIXTURES;
 
+// The mapping of a command line's flags, as `--megatron_args '<flags>'` gives it.
+MegatronMapping map_line(const std::string& flags) {
+  return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
+}
+
 MegatronMapping map_file(const std::string& name) {
   return dtk::core::map_megatron_args(dtk::core::split_megatron_args("@" + kFixtures + "/" + name));
 }
@@ -168,8 +173,7 @@ TEST(MegatronArgs, Llama2FlagsOverMegatronDefaults) {
 
 // Megatron's --no-save-optim and --no-save-rng (a checkpoint of the weights alone).
 TEST(MegatronArgs, NoSaveOptimAndRngMapToTheCheckpointSettings) {
-  MegatronMapping m =
-      dtk::core::map_megatron_args(dtk::core::split_megatron_args("--save ckpt/x --no-save-optim --no-save-rng"));
+  MegatronMapping m = map_line("--save ckpt/x --no-save-optim --no-save-rng");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(
       config_of(m),
@@ -183,11 +187,8 @@ TEST(MegatronArgs, NoSaveOptimAndRngMapToTheCheckpointSettings) {
 // --causal-lm) and the model flags of examples/llama/train_llama3_8b_h100_fp8.sh. Nothing DTK can
 // run is refused; what it cannot build is, with the reason.
 TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
-  auto map = [](const std::string& flags) {
-    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
-  };
   // Llama-2, inference or fine-tuning from a converted checkpoint (llama_mistral.md).
-  MegatronMapping m = map(
+  MegatronMapping m = map_line(
       "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --seq-length 64 --max-position-embeddings 64 "
       "--load ckpt/llama2 --exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
       "--untie-embeddings-and-output-weights --use-rotary-position-embeddings --normalization RMSNorm "
@@ -212,18 +213,19 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   // --exit-on-missing-checkpoint keeps the load strict; without it a --load folder that holds no
   // checkpoint yet starts the run from scratch, as Megatron's does.
   EXPECT_EQ(config_of(m).checkpoint().load_if_present(), false);
-  EXPECT_EQ(config_of(map("--load ckpt/x --save ckpt/x")).checkpoint().load_if_present(), true);
-  EXPECT_EQ(config_of(map("--save ckpt/x")).checkpoint().load_if_present(), false);
+  EXPECT_EQ(config_of(map_line("--load ckpt/x --save ckpt/x")).checkpoint().load_if_present(), true);
+  EXPECT_EQ(config_of(map_line("--save ckpt/x")).checkpoint().load_if_present(), false);
 
   // Llama-3.1 (llama_mistral.md; its "--group-query-attention 8" written as Megatron parses it).
-  m = map("--tensor-model-parallel-size 1 --seq-length 64 --max-position-embeddings 256 --load ckpt/llama31 "
-          "--exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
-          "--untie-embeddings-and-output-weights --normalization RMSNorm --position-embedding-type rope "
-          "--no-masked-softmax-fusion --attention-softmax-in-fp32 --disable-bias-linear "
-          "--transformer-impl transformer_engine --group-query-attention --num-query-groups 2 --attention-dropout 0.0 "
-          "--hidden-dropout 0.0 --rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling --ffn-hidden-size 192 "
-          "--num-attention-heads 4 --swiglu --bf16 --no-rope-fusion "
-          "--tokenizer-type HuggingFaceTokenizer --tokenizer-model llama31");
+  m = map_line(
+      "--tensor-model-parallel-size 1 --seq-length 64 --max-position-embeddings 256 --load ckpt/llama31 "
+      "--exit-on-missing-checkpoint --use-checkpoint-args --no-load-optim --no-load-rng "
+      "--untie-embeddings-and-output-weights --normalization RMSNorm --position-embedding-type rope "
+      "--no-masked-softmax-fusion --attention-softmax-in-fp32 --disable-bias-linear "
+      "--transformer-impl transformer_engine --group-query-attention --num-query-groups 2 --attention-dropout 0.0 "
+      "--hidden-dropout 0.0 --rotary-base 500000 --rotary-percent 1.0 --use-rope-scaling --ffn-hidden-size 192 "
+      "--num-attention-heads 4 --swiglu --bf16 --no-rope-fusion "
+      "--tokenizer-type HuggingFaceTokenizer --tokenizer-model llama31");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   cfg = config_of(m);
   expect_fields(cfg, {{"model.name", "llama"},
@@ -241,24 +243,25 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_FALSE(ignored("--no-rope-fusion")) << "--no-rope-fusion";
   expect_fields(cfg, {{"model.unfused_kernels", "rotary"}});
   // The fusion switches add up into the one option.
-  expect_fields(config_of(map("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion --no-rope-fusion "
-                              "--no-bias-dropout-fusion")),
+  expect_fields(config_of(map_line("--no-bias-gelu-fusion --no-rope-fusion --no-bias-swiglu-fusion --no-rope-fusion "
+                                   "--no-bias-dropout-fusion")),
                 {{"model.unfused_kernels", "bias_gelu,rotary,swiglu,bias_add"}});
   // The factor given; alone, it is ignored as Megatron ignores it.
-  expect_fields(config_of(map("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
-                              "--rope-scaling-factor 32")),
+  expect_fields(config_of(map_line("--position-embedding-type rope --normalization RMSNorm --swiglu --use-rope-scaling "
+                                   "--rope-scaling-factor 32")),
                 {{"model.rope_scaling", "llama3"}, {"model.rope_scaling_factor", "32"}});
-  m = map("--position-embedding-type rope --normalization RMSNorm --swiglu --rope-scaling-factor 32");
+  m = map_line("--position-embedding-type rope --normalization RMSNorm --swiglu --rope-scaling-factor 32");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_EQ(config_of(m).model().options().count("rope_scaling_factor"), 0u);
 
   // DeepSpeed-Domino's pretrain_llama_13b.sh.
-  m = map("--llama-model --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
-          "--max-position-embeddings 64 --position-embedding-type rope --swiglu --ffn-hidden-size 192 "
-          "--disable-bias-linear --normalization RMSNorm --layernorm-epsilon 1e-6 --micro-batch-size 8 "
-          "--global-batch-size 8 --lr 0.00015 --train-iters 100 --lr-decay-iters 320000 --lr-decay-style cosine "
-          "--min-lr 1.0e-5 --weight-decay 1e-2 --lr-warmup-fraction .01 --clip-grad 1.0 "
-          "--no-gradient-accumulation-fusion --fp16 --tensor-model-parallel-size 2 --seed 3407 --causal-lm");
+  m = map_line(
+      "--llama-model --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 "
+      "--max-position-embeddings 64 --position-embedding-type rope --swiglu --ffn-hidden-size 192 "
+      "--disable-bias-linear --normalization RMSNorm --layernorm-epsilon 1e-6 --micro-batch-size 8 "
+      "--global-batch-size 8 --lr 0.00015 --train-iters 100 --lr-decay-iters 320000 --lr-decay-style cosine "
+      "--min-lr 1.0e-5 --weight-decay 1e-2 --lr-warmup-fraction .01 --clip-grad 1.0 "
+      "--no-gradient-accumulation-fusion --fp16 --tensor-model-parallel-size 2 --seed 3407 --causal-lm");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(config_of(m), {{"model.name", "llama"}, {"model.add_bias_linear", "false"}, {"train.seed", "3407"}});
   EXPECT_TRUE(ignored("--causal-lm")) << "--causal-lm";
@@ -266,47 +269,49 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   // examples/llama/train_llama3_8b_h100_fp8.sh's model flags, in the version that gave no
   // --normalization RMSNorm: all run but LayerNorm with SwiGLU, a model DTK does not build;
   // --apply-layernorm-1p is the models' zero-centred norm weights.
-  m = map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
-          "--group-query-attention --num-query-groups 2 --kv-channels 16 --seq-length 64 --max-position-embeddings 64 "
-          "--position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 --attention-dropout 0.0 "
-          "--hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
-          "--untie-embeddings-and-output-weights --disable-bias-linear --context-parallel-size 1 "
-          "--cross-entropy-loss-fusion --manual-gc --use-distributed-optimizer");
+  m = map_line(
+      "--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
+      "--group-query-attention --num-query-groups 2 --kv-channels 16 --seq-length 64 --max-position-embeddings 64 "
+      "--position-embedding-type rope --rotary-base 1000000 --rotary-percent 1.0 --attention-dropout 0.0 "
+      "--hidden-dropout 0.0 --swiglu --init-method-std 0.0134 --attention-backend fused --apply-layernorm-1p "
+      "--untie-embeddings-and-output-weights --disable-bias-linear --context-parallel-size 1 "
+      "--cross-entropy-loss-fusion --manual-gc --use-distributed-optimizer");
   ASSERT_EQ(m.refused.size(), 1u) << (m.refused.empty() ? "" : m.refused.front());
   EXPECT_NE(m.refused[0].find("missing --normalization RMSNorm"), std::string::npos) << m.refused[0];
   // With RMSNorm (the script today) it is the llama model, its norms zero-centred.
-  m =
-      map("--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
-          "--group-query-attention --num-query-groups 2 --kv-channels 16 --position-embedding-type rope "
-          "--normalization RMSNorm --rotary-base 1000000 --swiglu --context-parallel-size 1 --apply-layernorm-1p");
+  m = map_line(
+      "--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 192 --num-attention-heads 4 "
+      "--group-query-attention --num-query-groups 2 --kv-channels 16 --position-embedding-type rope "
+      "--normalization RMSNorm --rotary-base 1000000 --swiglu --context-parallel-size 1 --apply-layernorm-1p");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(config_of(m),
                 {{"model.name", "llama"}, {"model.rotary_base", "1000000"}, {"model.apply_layernorm_1p", "true"}});
   // The same script's data and checkpoint flags run: its NullTokenizer ignores --tiktoken-pattern, as
   // Megatron's does, and DTK's torch-format checkpoints are what Megatron loads under --ckpt-format
   // torch_dist (it detects the format); a format Megatron does not detect is refused.
-  m =
-      map("--mock-data --tokenizer-type NullTokenizer --vocab-size 128256 --tiktoken-pattern v2 "
-          "--no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --ckpt-format torch_dist");
+  m = map_line(
+      "--mock-data --tokenizer-type NullTokenizer --vocab-size 128256 --tiktoken-pattern v2 "
+      "--no-create-attention-mask-in-dataloader --no-mmap-bin-files --num-workers 1 --ckpt-format torch_dist");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   for (const char* flag : {"--tiktoken-pattern (Megatron reads it only with --tokenizer-type TikTokenizer",
                            "--ckpt-format torch_dist (DTK writes Megatron's torch format"})
     EXPECT_TRUE(ignored(flag)) << flag;
   // Its fp8 flags (DTYPE=fp8): the format and the fp8 parameter gather refused, with the reason;
   // the amax settings, alone, Megatron ignores.
-  m = map("--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather");
+  m = map_line("--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather");
   ASSERT_EQ(m.refused.size(), 2u);
   EXPECT_EQ(m.refused[0].rfind("--fp8-format hybrid: DTK trains in fp32, bf16 or fp16", 0), 0u) << m.refused[0];
   EXPECT_EQ(m.refused[1].rfind("--fp8-param-gather: gathers fp8 parameters", 0), 0u) << m.refused[1];
-  m = map("--fp8-amax-history-len 1024 --fp8-amax-compute-algo max");
+  m = map_line("--fp8-amax-history-len 1024 --fp8-amax-compute-algo max");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_TRUE(ignored("--fp8-amax-history-len (Megatron reads it only with --fp8-format"));
-  m = map("--ckpt-format torch_dcp");
+  m = map_line("--ckpt-format torch_dcp");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0].rfind("--ckpt-format torch_dcp: DTK writes and reads Megatron's torch format", 0), 0u)
       << m.refused[0];
   // What DTK cannot build, named.
-  m = map("--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
+  m = map_line(
+      "--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
   ASSERT_EQ(m.refused.size(), 3u);
   EXPECT_EQ(m.refused[0].rfind("--context-parallel-size 2: DTK has no context parallelism", 0), 0u) << m.refused[0];
   EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads", 0),
@@ -588,20 +593,19 @@ TEST(MegatronArgs, SequenceParallelAndEveryRecomputeChoiceMap) {
 // and the layer count shape full recomputation only (with selective, Megatron refuses either;
 // without a granularity, either is ignored and listed).
 TEST(MegatronArgs, RecomputeFlagsActAsMegatronReadsThem) {
-  auto map = [](const std::string& args) { return dtk::core::map_megatron_args(dtk::core::split_megatron_args(args)); };
-  MegatronMapping m = map("--recompute-granularity full --recompute-activations");
+  MegatronMapping m = map_line("--recompute-granularity full --recompute-activations");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
-  m = map("--recompute-activations --recompute-method block");
+  m = map_line("--recompute-activations --recompute-method block");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_NE(m.refused[0].find("--recompute-method block: not with selective recomputation"), std::string::npos)
       << m.refused[0];
-  m = map("--recompute-granularity selective --recompute-num-layers 2");
+  m = map_line("--recompute-granularity selective --recompute-num-layers 2");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0],
             "--recompute-num-layers 2: not with selective recomputation (Megatron-core: recompute_num_layers must be "
             "None)");
-  m = map("--recompute-method uniform --recompute-num-layers 4");
+  m = map_line("--recompute-method uniform --recompute-num-layers 4");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_EQ(config_of(m).model().options().count("recompute_activations"), 0u);
   EXPECT_EQ(config_of(m).model().options().count("recompute_method"), 0u);
@@ -1484,11 +1488,10 @@ TEST(MegatronArgs, PerSplitAndUnweightedDataPaths) {
 // type, are ignored beside another (as Megatron ignores them), and name the index caches as
 // Megatron-core's description does (keyword arguments in build_tokenizer's order, str()'d).
 TEST(MegatronArgs, TikTokenizerFlagsGoWithItsType) {
-  auto map = [](const std::string& args) { return dtk::core::map_megatron_args(dtk::core::split_megatron_args(args)); };
   const std::string tok = "--tokenizer-type TikTokenizer --tokenizer-model v/multiMix.vocab.json ";
-  MegatronMapping m = map(tok +
-                          "--tiktoken-pattern v1 --tiktoken_num_special_tokens=100 --vocab-size 50000 "
-                          "--tokenizer-special-tokens <unk> <s> </s> <mask> <pad> <cls> <sep> <eot>");
+  MegatronMapping m = map_line(tok +
+                               "--tiktoken-pattern v1 --tiktoken_num_special_tokens=100 --vocab-size 50000 "
+                               "--tokenizer-special-tokens <unk> <s> </s> <mask> <pad> <cls> <sep> <eot>");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(config_of(m), {{"tokenizer.type", "TikTokenizer"},
                                {"tokenizer.model_file", "v/multiMix.vocab.json"},
@@ -1503,17 +1506,17 @@ TEST(MegatronArgs, TikTokenizerFlagsGoWithItsType) {
       "dataset.megatron_tokenizer={\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\", "
       "\"tokenizer_path\": \"v/multiMix.vocab.json\", \"chat_template\": \"None\", ";
   EXPECT_TRUE(
-      has(map("--data-path x " + tok + "--tiktoken-pattern v2"),
+      has(map_line("--data-path x " + tok + "--tiktoken-pattern v2"),
           description + "\"pattern\": \"v2\", \"num_special_tokens\": \"1000\", \"special_tokens\": \"None\"}"));
-  EXPECT_TRUE(has(map("--data-path x " + tok +
-                      "--vocab-size 131072 --tokenizer-special-tokens <unk> <s> </s> <mask> "
-                      "<pad> <cls> <sep> \"it's\""),
+  EXPECT_TRUE(has(map_line("--data-path x " + tok +
+                           "--vocab-size 131072 --tokenizer-special-tokens <unk> <s> </s> <mask> "
+                           "<pad> <cls> <sep> \"it's\""),
                   description + "\"vocab_size\": \"131072\", \"num_special_tokens\": \"1000\", \"special_tokens\": "
                                 "\"['<unk>', '<s>', '</s>', '<mask>', '<pad>', '<cls>', '<sep>', \\\"it's\\\"]\"}"));
   // Beside another tokenizer: the two tiktoken flags ignored, the special tokens refused.
-  m =
-      map("--tokenizer-type HuggingFaceTokenizer --tokenizer-model t --tiktoken-pattern v2 "
-          "--tiktoken-num-special-tokens 10 --tokenizer-special-tokens <s>");
+  m = map_line(
+      "--tokenizer-type HuggingFaceTokenizer --tokenizer-model t --tiktoken-pattern v2 "
+      "--tiktoken-num-special-tokens 10 --tokenizer-special-tokens <s>");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0],
             "--tokenizer-special-tokens <s>: DTK reads special tokens for --tokenizer-type TikTokenizer only");
@@ -1524,12 +1527,12 @@ TEST(MegatronArgs, TikTokenizerFlagsGoWithItsType) {
   for (const auto& s : m.sets) EXPECT_EQ(s.find("tiktoken"), std::string::npos) << s;
   // NullTokenizer takes no special tokens in Megatron either: ignored there. A token holding
   // whitespace cannot go through DTK's space-separated list, and 0 special ids Megatron asserts.
-  m = map("--tokenizer-type NullTokenizer --vocab-size 100 --tokenizer-special-tokens <s>");
+  m = map_line("--tokenizer-type NullTokenizer --vocab-size 100 --tokenizer-special-tokens <s>");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_EQ(
       m.ignored,
       (std::vector<std::string>{"--tokenizer-special-tokens (NullTokenizer takes no special tokens, as in Megatron)"}));
-  m = map(
+  m = map_line(
       tok +
       "--tokenizer-special-tokens <unk> <s> </s> <mask> <pad> <cls> <sep> '<|a b|>' --tiktoken-num-special-tokens 0");
   ASSERT_EQ(m.refused.size(), 2u);
@@ -1692,15 +1695,12 @@ TEST(StepBatchSizeSchedule, BadSchedulesAreOneLine) {
 }
 
 TEST(StepBatchSizeSchedule, MegatronFlagMapsAndItsConflictsAreRefused) {
-  const auto map = [](const std::string& flags) {
-    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
-  };
-  MegatronMapping m = map("--train-samples 1000 --step-batch-size-schedule '0:16 2.4B:320 4.8B:624'");
+  MegatronMapping m = map_line("--train-samples 1000 --step-batch-size-schedule '0:16 2.4B:320 4.8B:624'");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   expect_fields(config_of(m),
                 {{"train.step_batch_size_schedule", "0:16 2.4B:320 4.8B:624"}, {"train.train_samples", "1000"}});
   // Unquoted in a flag file: its entries as words.
-  EXPECT_EQ(config_of(map("--train-samples 1000 --step-batch-size-schedule 0:16 2.4B:320"))
+  EXPECT_EQ(config_of(map_line("--train-samples 1000 --step-batch-size-schedule 0:16 2.4B:320"))
                 .train()
                 .step_batch_size_schedule(),
             "0:16 2.4B:320");
@@ -1716,7 +1716,7 @@ TEST(StepBatchSizeSchedule, MegatronFlagMapsAndItsConflictsAreRefused) {
                                0),
             0u)
       << m.refused[1];
-  m = map("--train-samples 100 --rampup-batch-size 4 4 20 --step-batch-size-schedule 0:8");
+  m = map_line("--train-samples 100 --rampup-batch-size 4 4 20 --step-batch-size-schedule 0:8");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0],
             "--rampup-batch-size 4 4 20: not with --step-batch-size-schedule (Megatron's schedule "
@@ -1786,9 +1786,6 @@ TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
 // switches with --ckpt-format torch_dist): accepted, each named as ignored with its reason.
 // --cuda-graph-impl (which replaced --enable-cuda-graph) maps to train.cuda_graphs.
 TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
-  const auto map = [](const std::string& flags) {
-    return dtk::core::map_megatron_args(dtk::core::split_megatron_args(flags));
-  };
   const std::vector<std::string> flags = {"--wandb-entity team",
                                           "--manual-gc-interval 100",
                                           "--no-manual-gc-eval",
@@ -1803,16 +1800,16 @@ TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
                                           "--cross-entropy-fusion-impl te"};
   std::string line;
   for (const auto& f : flags) line += f + " ";
-  const MegatronMapping m = map(line);
+  const MegatronMapping m = map_line(line);
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   ASSERT_EQ(m.ignored.size(), flags.size());
   for (size_t i = 0; i < flags.size(); ++i)
     EXPECT_EQ(m.ignored[i].rfind(flags[i].substr(0, flags[i].find(' ')) + " (", 0), 0u) << m.ignored[i];
 
-  EXPECT_EQ(config_of(map("--cuda-graph-impl none")).train().cuda_graphs(), false);
-  EXPECT_EQ(config_of(map("--cuda-graph-impl local")).train().cuda_graphs(), true);
-  EXPECT_EQ(config_of(map("--cuda-graph-impl full_iteration")).train().cuda_graphs(), true);
-  const MegatronMapping te = map("--cuda-graph-impl transformer_engine");
+  EXPECT_EQ(config_of(map_line("--cuda-graph-impl none")).train().cuda_graphs(), false);
+  EXPECT_EQ(config_of(map_line("--cuda-graph-impl local")).train().cuda_graphs(), true);
+  EXPECT_EQ(config_of(map_line("--cuda-graph-impl full_iteration")).train().cuda_graphs(), true);
+  const MegatronMapping te = map_line("--cuda-graph-impl transformer_engine");
   ASSERT_EQ(te.refused.size(), 1u);
   EXPECT_EQ(te.refused[0],
             "--cuda-graph-impl transformer_engine: Transformer Engine's graphs are not in DTK's "

@@ -55,14 +55,19 @@ dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig&
   return t;
 }
 
-// ", 8 experts (2 per token)" for a Mixtral shape, else "".
-std::string experts_text(const dtk::core::LlamaShape& s) {
-  if (!s.mixtral()) return "";
-  return ", " + std::to_string(s.experts) + " experts (" + std::to_string(s.topk) + " per token)";
+// What a shape has beyond a plain Llama's, as ", heads of 128 channels, query/key norms" or
+// ", 8 experts (2 per token)"; "" for none.
+std::string shape_extras(const dtk::core::LlamaShape& s) {
+  std::string t;
+  if (s.head_dim * s.heads != s.hidden) t += ", heads of " + std::to_string(s.head_dim) + " channels";
+  if (s.qk_norm) t += ", query/key norms";
+  if (s.qkv_bias && !s.bias) t += ", query/key/value biases";
+  if (s.mixtral()) t += ", " + std::to_string(s.experts) + " experts (" + std::to_string(s.topk) + " per token)";
+  return t;
 }
 
-// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM (or, with experts, MixtralForCausalLM)
-// folder (dtk/core/export/hf_llama.hpp).
+// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder, or MixtralForCausalLM,
+// Qwen2ForCausalLM or Qwen3ForCausalLM where the shape is theirs (dtk/core/export/hf_llama.hpp).
 int export_llama(const std::vector<std::string>& args, const dtk::config::RunConfig& cfg, int64_t iteration,
                  const std::string& iter_dir, const std::map<std::string, std::string>& options,
                  const std::map<std::string, int>& dims) {
@@ -76,13 +81,12 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
       "exported iteration %lld of %s to %s: %s, %lld layers, hidden %lld, %lld heads, %lld "
       "key/value heads, ffn %lld%s, vocab %lld, %lld positions, rope theta %g%s, %s; model.safetensors %lld "
       "tensors, %.1f MB; config.json%s%s\n",
-      static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(),
-      shape.mixtral() ? "MixtralForCausalLM" : "LlamaForCausalLM", static_cast<long long>(shape.layers),
-      static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads), static_cast<long long>(shape.groups),
-      static_cast<long long>(shape.ffn), experts_text(shape).c_str(), static_cast<long long>(shape.vocab),
-      static_cast<long long>(shape.positions), shape.rope_theta, shape.llama3 ? ", llama3 rope scaling" : "",
-      report.dtype.c_str(), static_cast<long long>(report.tensors), report.megabytes,
-      report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
+      static_cast<long long>(iteration), args[1].c_str(), args[2].c_str(), shape.architecture().c_str(),
+      static_cast<long long>(shape.layers), static_cast<long long>(shape.hidden), static_cast<long long>(shape.heads),
+      static_cast<long long>(shape.groups), static_cast<long long>(shape.ffn), shape_extras(shape).c_str(),
+      static_cast<long long>(shape.vocab), static_cast<long long>(shape.positions), shape.rope_theta,
+      shape.llama3 ? ", llama3 rope scaling" : "", report.dtype.c_str(), static_cast<long long>(report.tensors),
+      report.megabytes, report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
   if (report.padding_rows > 0)
     std::printf("dropped %lld vocabulary padding rows: token ids %lld and above are not in the export (vocab_size %lld)\n",
                 static_cast<long long>(report.padding_rows), static_cast<long long>(shape.vocab),
@@ -272,13 +276,13 @@ std::string folder_tokenizer_flags(const std::string& hf_dir) {
 int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plugins) {
   using dtk::host::HostError;
   const char* usage =
-      "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM folder -> a "
-      "checkpoint)";
+      "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, "
+      "Qwen2ForCausalLM or Qwen3ForCausalLM folder -> a checkpoint)";
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
   const std::string& save = args[2];
   dtk::core::require_new_or_empty_folder(save, "import hf");
-  if (const std::string type = dtk::core::hf_model_type(args[1]); type == "llama" || type == "mixtral") {
+  if (const std::string type = dtk::core::hf_model_type(args[1]); dtk::core::llama_model_type(type)) {
     const dtk::core::HfLlamaImport imported = dtk::core::import_hf_llama(args[1]);
     const dtk::core::LlamaShape& s = imported.shape;
     write_imported(plugins, "llama", imported.model_options, s.positions, imported.tensors, args[1], save);
@@ -288,7 +292,7 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
         "--model llama --set checkpoint.load=%s --set checkpoint.finetune=true%s ...\n",
         args[1].c_str(), save.c_str(), static_cast<long long>(s.layers), static_cast<long long>(s.hidden),
         static_cast<long long>(s.heads), static_cast<long long>(s.groups), static_cast<long long>(s.ffn),
-        experts_text(s).c_str(), static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
+        shape_extras(s).c_str(), static_cast<long long>(s.vocab), static_cast<long long>(s.positions), s.rope_theta,
         s.llama3 ? ", llama3 rope scaling" : "", save.c_str(),
         (set_flags(imported.model_options) + folder_tokenizer_flags(args[1])).c_str());
     return 0;

@@ -87,6 +87,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
     if (o.has(name)) v = o.get_bool(name);
   };
   int_opt("make_vocab_size_divisible_by", c.divisible_by);
+  int_opt("kv_channels", c.kv_channels);
   float_opt("hidden_dropout", c.hidden_dropout);
   float_opt("attention_dropout", c.attention_dropout);
   float_opt("init_method_std", c.init_std);
@@ -290,7 +291,8 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   // A model of more than 10^15 parameters (petabytes) is a mistaken size, refused before its
   // layers are created one by one (minutes of it, for a layer count in the millions).
   const double mlps = c.moe.enabled() ? static_cast<double>(c.moe.num_experts) : 1.0;
-  const double per_layer = 4.0 * c.hidden * c.hidden + 3.0 * c.hidden * c.expert_ffn() * mlps;
+  const double attention_width = static_cast<double>(c.heads) * static_cast<double>(c.head_dim());
+  const double per_layer = 4.0 * c.hidden * attention_width + 3.0 * c.hidden * c.expert_ffn() * mlps;
   const double parameters = c.num_layers * per_layer + (static_cast<double>(c.vocab) + c.max_pos) * c.hidden;
   if (parameters > 1e15) {
     char text[32];
@@ -299,7 +301,11 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
          " and ffn_hidden_size " + std::to_string(c.ffn) + " make about " + text +
          " parameters: no machine holds that many");
   }
-  divisible("hidden_size", c.hidden, "num_attention_heads", c.heads);
+  if (c.kv_channels < 0 || c.kv_channels > (int64_t{1} << 20))
+    fail("option 'kv_channels' must be in [0, 2^20] (0: hidden_size / num_attention_heads), got " +
+         std::to_string(c.kv_channels));
+  // As Megatron: the heads must split hidden_size only when their width derives from it.
+  if (c.kv_channels == 0) divisible("hidden_size", c.hidden, "num_attention_heads", c.heads);
   divisible("num_attention_heads", c.heads, "the tensor-parallel size", tp_.size);
   divisible("ffn_hidden_size", c.ffn, "the tensor-parallel size", tp_.size);
   // Pipeline stages: pipeline_model_parallel_size, times virtual_pipeline_model_parallel_size
@@ -765,6 +771,7 @@ dtk_model_info DecoderLM::info() {
   i.moe_router_topk = c.moe.enabled() ? static_cast<int32_t>(c.moe.topk) : 0;
   i.expert_parallel = c.moe.enabled() ? 1 : 0;  // MoeMlp keeps this rank's share of the experts
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
+  i.kv_channels = c.head_dim();
   return i;
 }
 

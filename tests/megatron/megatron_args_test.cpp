@@ -314,10 +314,9 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
       "--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
   ASSERT_EQ(m.refused.size(), 3u);
   EXPECT_EQ(m.refused[0].rfind("--context-parallel-size 2: DTK has no context parallelism", 0), 0u) << m.refused[0];
-  EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads", 0),
-            0u)
-      << m.refused[1];
-  EXPECT_EQ(m.refused[2].rfind("--no-position-embedding: needs rotary positions", 0), 0u) << m.refused[2];
+  EXPECT_EQ(m.refused[1].rfind("--no-position-embedding: needs rotary positions", 0), 0u) << m.refused[1];
+  // Heads wider than hidden / heads are the llama model's (kv_channels), not the gpt model's.
+  EXPECT_EQ(m.refused[2].rfind("--kv-channels 32: needs the llama model", 0), 0u) << m.refused[2];
 }
 
 // A tiny llama trained through --megatron_args with Megatron's Llama flags (the older rotary
@@ -1134,6 +1133,45 @@ TEST(MegatronRecipe, LlamaAndMixtralExampleScriptsMapAndTrain) {
     EXPECT_NE(r.out.find("validation loss at iteration 8 on test set"), std::string::npos) << what << "\n" << r.out;
   }
   EXPECT_TRUE(std::filesystem::is_regular_file(dir + "/mixtral/iter_0000008/mp_rank_00_001/optim_dp_rank_001.pt"));
+}
+
+// Qwen's layers: Megatron-LM's own Qwen3-0.6B model flags (--qk-layernorm, --kv-channels 128 over
+// hidden 1024 / 16 heads) map to the llama model's qk_layernorm and kv_channels; --add-qkv-bias
+// (Qwen2) to add_qkv_bias; a --kv-channels that is hidden / heads sets nothing; the gpt model has
+// none of the three: refused naming the llama model. The mapped Qwen3 shape, shrunk, trains.
+TEST(MegatronArgs, QwenLayerFlagsMapToTheLlamaModel) {
+  const MegatronMapping qwen3 = map_file("megatron_qwen3_0.6b.args");
+  EXPECT_TRUE(qwen3.refused.empty()) << qwen3.refused.front();
+  expect_fields(config_of(qwen3), {{"model.name", "llama"},
+                                   {"model.qk_layernorm", "true"},
+                                   {"model.kv_channels", "128"},
+                                   {"model.num_query_groups", "8"},
+                                   {"model.add_bias_linear", "false"},
+                                   {"model.rotary_base", "1000000"}});
+  MegatronMapping m = map_line(
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --kv-channels 16 --add-qkv-bias --disable-bias-linear "
+      "--position-embedding-type rope --normalization RMSNorm --swiglu");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.name", "llama"}, {"model.add_qkv_bias", "true"}});
+  for (const std::string& set : m.sets) EXPECT_EQ(set.rfind("model.kv_channels", 0), std::string::npos) << set;
+  m = map_line("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --qk-layernorm --add-qkv-bias");
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(m.refused[0].rfind("--qk-layernorm: needs the llama model", 0), 0u) << m.refused[0];
+  EXPECT_EQ(m.refused[1].rfind("--add-qkv-bias: needs the llama model", 0), 0u) << m.refused[1];
+
+  const dtk_test::Result r = dtk_test::run_dtk(
+      "train --dataset synthetic --threads 1 --megatron_args @" + kFixtures +
+      "/megatron_qwen3_0.6b.args --set tokenizer.type=GPT2BPETokenizer --set tokenizer.model_file= "
+      "--set tokenizer.vocab_file=" +
+      DTK_VOCAB_DIR + "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR +
+      "/vocab.bpe --set train.params_dtype=fp32 --set model.num_layers=2 --set model.hidden_size=64 "
+      "--set model.num_attention_heads=4 --set model.num_query_groups=2 --set model.kv_channels=32 "
+      "--set model.ffn_hidden_size=128 --set model.make_vocab_size_divisible_by=128 --set train.seq_length=32 "
+      "--set train.global_batch_size=2 --set train.train_iters=2 --set lr.lr=1e-4 --set eval.eval_iters=1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model 'llama': 2 layers, hidden 64, heads 4 of 32 channels, seq 32"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("iteration        2/       2"), std::string::npos) << r.out;
 }
 
 // Megatron-core's add_extra_token_to_sequence=False and drop_last_partial_validation_sequence=False

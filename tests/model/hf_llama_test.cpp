@@ -50,13 +50,22 @@ at::Tensor mixtral_block(const Tensors& P, const std::string& block, const at::T
   return out.view(x.sizes());
 }
 
-// LlamaForCausalLM's (or MixtralForCausalLM's) forward (eval) from config.json and the folder's tensors.
+// LlamaForCausalLM's (or MixtralForCausalLM's, Qwen2ForCausalLM's, Qwen3ForCausalLM's) forward
+// (eval) from config.json and the folder's tensors. Which projections have biases is each
+// architecture's: Llama's attention_bias (q, k, v, o) and mlp_bias; Qwen2's q, k and v always;
+// Qwen3's attention_bias. Qwen3 RMS-normalises each query and key head (q_norm, k_norm) before
+// rotary. A head is head_dim wide where config.json says, else hidden_size / num_attention_heads.
 at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at::Tensor& tokens) {
   auto integer = [&](const char* key) { return std::stoll(json_value(config, key)); };
+  const std::string type = json_value(config, "model_type"), head_dim = json_value(config, "head_dim");
   const int64_t layers = integer("num_hidden_layers"), heads = integer("num_attention_heads");
-  const int64_t kv_heads = integer("num_key_value_heads"), hidden = integer("hidden_size"), hd = hidden / heads;
+  const int64_t kv_heads = integer("num_key_value_heads"), hidden = integer("hidden_size");
+  const int64_t hd = head_dim.empty() || head_dim == "null" ? hidden / heads : std::stoll(head_dim);
   const double eps = std::stod(json_value(config, "rms_norm_eps")), theta = std::stod(json_value(config, "rope_theta"));
-  const bool bias = json_value(config, "attention_bias") == "true";
+  const bool attention_bias = json_value(config, "attention_bias") == "true";
+  const bool qkv_bias = type == "qwen2" || attention_bias, o_bias = type != "qwen2" && attention_bias;
+  const bool mlp_bias = type == "llama" && json_value(config, "mlp_bias") == "true";
+  const bool qk_norm = type == "qwen3";
   const std::string experts_text = json_value(config, "num_local_experts");
   const int64_t experts = experts_text.empty() ? 0 : std::stoll(experts_text);
   const int64_t topk = experts > 0 ? integer("num_experts_per_tok") : 0;
@@ -85,7 +94,7 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
   auto rms = [&](const at::Tensor& x, const std::string& name) {
     return P.at(name) * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));
   };
-  auto linear = [&](const at::Tensor& x, const std::string& name) {
+  auto linear = [&](const at::Tensor& x, const std::string& name, bool bias) {
     return at::linear(x, P.at(name + ".weight"), bias ? P.at(name + ".bias") : at::Tensor());
   };
   auto repeat_kv = [&](const at::Tensor& x) {  // [b, kv, s, hd] -> [b, heads, s, hd]
@@ -96,21 +105,24 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
   for (int64_t l = 0; l < layers; ++l) {
     const std::string L = "model.layers." + std::to_string(l) + ".";
     const at::Tensor h = rms(x, L + "input_layernorm.weight");
-    at::Tensor q = linear(h, L + "self_attn.q_proj").view({b, s, heads, hd}).transpose(1, 2);
-    at::Tensor k = linear(h, L + "self_attn.k_proj").view({b, s, kv_heads, hd}).transpose(1, 2);
-    const at::Tensor v = linear(h, L + "self_attn.v_proj").view({b, s, kv_heads, hd}).transpose(1, 2);
+    at::Tensor q = linear(h, L + "self_attn.q_proj", qkv_bias).view({b, s, heads, hd});
+    at::Tensor k = linear(h, L + "self_attn.k_proj", qkv_bias).view({b, s, kv_heads, hd});
+    if (qk_norm) q = rms(q, L + "self_attn.q_norm.weight"), k = rms(k, L + "self_attn.k_norm.weight");
+    q = q.transpose(1, 2), k = k.transpose(1, 2);
+    const at::Tensor v = linear(h, L + "self_attn.v_proj", qkv_bias).view({b, s, kv_heads, hd}).transpose(1, 2);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     at::Tensor scores = at::matmul(q, repeat_kv(k).transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
     const at::Tensor ctx = at::matmul(at::softmax(scores, -1), repeat_kv(v)).transpose(1, 2).reshape({b, s, heads * hd});
-    x = x + linear(ctx, L + "self_attn.o_proj");
+    x = x + linear(ctx, L + "self_attn.o_proj", o_bias);
     const at::Tensor m = rms(x, L + "post_attention_layernorm.weight");
     if (experts > 0) {
       x = x + mixtral_block(P, L + "block_sparse_moe.", m, experts, topk);
       continue;
     }
-    x = x + linear(at::silu(linear(m, L + "mlp.gate_proj")) * linear(m, L + "mlp.up_proj"), L + "mlp.down_proj");
+    x = x + linear(at::silu(linear(m, L + "mlp.gate_proj", mlp_bias)) * linear(m, L + "mlp.up_proj", mlp_bias),
+                   L + "mlp.down_proj", mlp_bias);
   }
   x = rms(x, "model.norm.weight");
   const bool tied = json_value(config, "tie_word_embeddings") == "true";
@@ -217,7 +229,7 @@ void expect_hf_forward_matches(const Tensors& saved, const dtk_test_gpt::Opts& o
   // A wrong layout would not pass: k and v swapped, or q/k permuted to the interleaved rotary
   // convention (pairs (2j, 2j+1), as Meta's original checkpoints) change the logits.
   Tensors swapped = hf, interleaved = hf;
-  const int64_t hd = 16;
+  const int64_t hd = std::stoll(json_value(config, "head_dim"));
   for (int64_t l = 0; l < 2; ++l) {
     const std::string L = "model.layers." + std::to_string(l) + ".self_attn.";
     std::swap(swapped[L + "k_proj.weight"], swapped[L + "v_proj.weight"]);
@@ -323,11 +335,10 @@ TEST(HfLlama, TiedAndLlama3RopeScalingRoundTrip) {
   expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "tied round trip");
 }
 
-// A TP2 checkpoint (lr 0: Megatron's initialisation makes it the TP1 one cut in pieces) exports
-// the TP1 checkpoint's tensors, and its import is the TP1 checkpoint bit for bit.
-TEST(HfLlama, TensorParallelCheckpointRoundTrips) {
-  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_llama_tp");
-  const std::string frozen = kTrain + "--set lr.lr=0 --set lr.min_lr=0 ";
+namespace {
+
+// The body of TensorParallelCheckpointRoundTrips for one model.
+void expect_tensor_parallel_round_trip(const std::string& dir, const std::string& frozen) {
   ASSERT_EQ(dtk_test::run_dtk(frozen + "--set checkpoint.save=" + dir + "/tp1").code, 0);
   const dtk_test::Result tp2 = dtk_test::run_dtk("launch --nproc_per_node 2 " + frozen +
                                                  "--set distributed.tensor_model_parallel_size=2 --set checkpoint.save=" +
@@ -348,6 +359,115 @@ TEST(HfLlama, TensorParallelCheckpointRoundTrips) {
   ASSERT_EQ(dtk_test::run_dtk("import hf " + dir + "/hf_tp2 " + dir + "/imp").code, 0);
   expect_same_parameters(checkpoint_at(dir + "/tp1", "iter_0000003"), checkpoint_at(dir + "/imp", "iter_0000000"),
                          "TP2 round trip");
+}
+
+}  // namespace
+
+// A TP2 checkpoint (lr 0: Megatron's initialisation makes it the TP1 one cut in pieces) exports
+// the TP1 checkpoint's tensors, and its import is the TP1 checkpoint bit for bit; for Llama's
+// layers and Qwen3's (the query/key norms replicated over the ranks, the wider heads cut by group).
+TEST(HfLlama, TensorParallelCheckpointRoundTrips) {
+  for (const std::string qwen3 : {"", "--set model.qk_layernorm=true --set model.kv_channels=32 "}) {
+    SCOPED_TRACE(qwen3.empty() ? "llama" : "qwen3");
+    const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, qwen3.empty() ? "hf_llama_tp" : "hf_qwen3_tp");
+    expect_tensor_parallel_round_trip(dir, kTrain + qwen3 + "--set lr.lr=0 --set lr.min_lr=0 ");
+  }
+}
+
+// Hugging Face's Qwen2 (biases on q_proj, k_proj and v_proj alone: add_qkv_bias) and Qwen3
+// (q_norm and k_norm on each head before rotary, head_dim 32 over hidden 64 / 4 heads:
+// qk_layernorm, kv_channels) from llama checkpoints: Hugging Face's forward on the export equals
+// the plugin's, the layers' extras matter to it, and import gives back every parameter bit for bit.
+TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
+  struct Variant {
+    std::string name;
+    std::map<std::string, std::string> opts;
+    std::string architecture, imported;
+  };
+  const Variant variants[] = {
+      {"qwen2", {{"add_qkv_bias", "true"}}, "Qwen2ForCausalLM", "ffn 192, query/key/value biases, vocab 50257"},
+      {"qwen3",
+       {{"qk_layernorm", "true"}, {"kv_channels", "32"}},
+       "Qwen3ForCausalLM",
+       "ffn 192, heads of 32 channels, query/key norms, vocab 50257"}};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name);
+    std::string sets;
+    for (const auto& [k, value] : v.opts) sets += "--set model." + k + "=" + value + " ";
+    ASSERT_EQ(dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck").code, 0);
+    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+    ASSERT_EQ(exported.code, 0) << exported.out;
+    EXPECT_NE(
+        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.imported),
+        std::string::npos)
+        << exported.out;
+    const std::string config = read(dir + "/hf/config.json");
+    EXPECT_EQ(json_value(config, "model_type"), v.name);
+    EXPECT_EQ(json_value(config, "head_dim"), v.name == "qwen3" ? "32" : "16");
+    EXPECT_EQ(json_value(config, "use_sliding_window"), "false");
+    const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+    const std::string attn = "model.layers.1.self_attn.";
+    EXPECT_EQ(hf.count(attn + "q_proj.bias") + hf.count(attn + "k_proj.bias") + hf.count(attn + "v_proj.bias"),
+              v.name == "qwen2" ? 3u : 0u);
+    EXPECT_EQ(hf.count(attn + "o_proj.bias") + hf.count("model.layers.1.mlp.up_proj.bias"), 0u);
+    EXPECT_EQ(hf.count(attn + "q_norm.weight") + hf.count(attn + "k_norm.weight"), v.name == "qwen3" ? 2u : 0u);
+    if (v.name == "qwen3") {
+      EXPECT_EQ(hf.at(attn + "q_proj.weight").sizes(), (std::vector<int64_t>{4 * 32, 64}));
+      EXPECT_EQ(hf.at(attn + "k_norm.weight").sizes(), (std::vector<int64_t>{32}));
+      EXPECT_EQ(hf.at(attn + "o_proj.weight").sizes(), (std::vector<int64_t>{64, 4 * 32}));
+    }
+    const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+    expect_hf_forward_matches(saved, v.opts, dir + "/hf", v.name);
+    // Read as a plain Llama (no q/k/v biases, no q/k norms), the same tensors give other logits.
+    std::string as_llama = config;
+    as_llama.replace(as_llama.find("\"model_type\": \"" + v.name + "\""), 21, "\"model_type\": \"llama\"");
+    const at::Tensor tokens = at::randint(0, kVocabSize, {1, 64}, at::kLong);
+    EXPECT_GT((hf_llama_logits(hf, as_llama, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
+              1e-4);
+
+    const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+    ASSERT_EQ(imported.code, 0) << imported.out;
+    EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.imported),
+              std::string::npos)
+        << imported.out;
+    for (const auto& [k, value] : v.opts)
+      EXPECT_NE(imported.out.find("--set model." + k + "=" + value), std::string::npos) << imported.out;
+    expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), v.name + " round trip");
+    const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir + "/imp " + sets +
+                                                     "--set checkpoint.finetune=true --set train.train_iters=1 "
+                                                     "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
+                                                     dir + "/tuned");
+    EXPECT_EQ(tuned.code, 0) << tuned.out;
+
+    // What the architecture cannot hold, one line each.
+    const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
+    fs::create_directories(bad + "/in");
+    fs::copy_file(dir + "/hf/model.safetensors", bad + "/in/model.safetensors");
+    std::string windowed = config;
+    windowed.replace(windowed.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
+    write_text(bad + "/in/config.json", windowed);
+    dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + bad + "/in " + bad + "/x"),
+                                    "use_sliding_window is true");
+    if (v.name == "qwen3") {
+      std::string biased = config;
+      biased.replace(biased.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
+      write_text(bad + "/in/config.json", biased);
+      dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + bad + "/in " + bad + "/x"),
+                                      "attention_bias is true: Qwen3's biases would be on o_proj too");
+      ASSERT_EQ(dtk_test::run_dtk(kTrain + sets +
+                                  "--set model.add_qkv_bias=true --set train.train_iters=1 "
+                                  "--set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 "
+                                  "--set checkpoint.save=" +
+                                  bad + "/ck")
+                    .code,
+                0);
+      dtk_test::expect_one_line_error(
+          dtk_test::run_dtk("export hf " + bad + "/ck " + bad + "/x"),
+          "option 'add_qkv_bias' is true: a llama with query/key norms exports as Qwen3ForCausalLM");
+    }
+    EXPECT_FALSE(fs::exists(bad + "/x"));
+  }
 }
 
 // Hugging Face's sharded layout (model.safetensors.index.json and its shards) imports as the
@@ -401,9 +521,11 @@ TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("nan", config, nan) + " " + dir + "/x"),
                                   "tensor 'model.layers.0.input_layernorm.weight' holds 1 NaN or infinite value(s)");
   std::string mistral = config;
-  mistral.replace(mistral.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"qwen2\"");
-  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("qwen", mistral, hf) + " " + dir + "/x"),
-                                  "model_type 'qwen2'");
+  mistral.replace(mistral.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"mistral\"");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk("import hf " + shard_folder("mistral", mistral, hf) + " " + dir + "/x"),
+      "model_type 'mistral' (dtk imports gpt2 into the gpt model and llama, mixtral, qwen2 and qwen3 "
+      "into the llama model)");
   std::string partial = config;
   partial.replace(partial.find("\"rope_scaling\": null"), 20, "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("yarn", partial, hf) + " " + dir + "/x"),

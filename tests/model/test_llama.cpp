@@ -30,6 +30,10 @@ struct Shape {
   double rotary_percent;
   bool bias = false;  // add_bias_linear
   std::vector<double> inv_freq = {};  // the rotary frequencies when not 1 / base^(2j/d) (rope scaling)
+  int64_t kv_channels = 0;            // a head's width; 0: hidden / heads
+  bool qkv_bias = false;              // add_qkv_bias (Qwen2)
+  bool qk_norm = false;               // qk_layernorm (Qwen3)
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
 };
 
 Opts llama_opts(const Shape& S) {
@@ -43,6 +47,9 @@ Opts llama_opts(const Shape& S) {
           {"make_vocab_size_divisible_by", "8"},
           {"rotary_percent", std::to_string(S.rotary_percent)},
           {"add_bias_linear", S.bias ? "true" : "false"},
+          {"kv_channels", std::to_string(S.kv_channels)},
+          {"add_qkv_bias", S.qkv_bias ? "true" : "false"},
+          {"qk_layernorm", S.qk_norm ? "true" : "false"},
           // Not the Xavier-like default scale: large enough weights that attention is not uniform.
           {"init_method_std", "0.2"}};
 }
@@ -85,7 +92,7 @@ at::Tensor ref_rotate(const at::Tensor& x, const at::Tensor& pos, int64_t rot, c
 
 at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, const at::Tensor& tokens,
                       const at::Tensor& pos) {
-  const int64_t b = tokens.size(0), s = tokens.size(1), hd = S.hidden / S.heads, per = S.heads / S.groups;
+  const int64_t b = tokens.size(0), s = tokens.size(1), hd = S.head_dim(), per = S.heads / S.groups;
   const int64_t rot = static_cast<int64_t>(static_cast<double>(hd) * S.rotary_percent);
   at::Tensor h = at::embedding(P["language_model.embedding.word_embeddings.weight"], tokens);
   const at::Tensor causal = at::ones({s, s}, at::kBool).triu(1);
@@ -100,8 +107,13 @@ at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, cons
     const std::string L = "language_model.encoder.layers." + std::to_string(l) + ".";
     at::Tensor mixed =
         lin(ref_rms(h, P[L + "input_norm.weight"]), L + "self_attention.query_key_value").view({b, s, S.groups, per + 2, hd});
-    at::Tensor q = ref_rotate(mixed.narrow(3, 0, per).reshape({b, s, S.heads, hd}), pos, rot, S.inv_freq);
-    at::Tensor k = ref_rotate(mixed.select(3, per), pos, rot, S.inv_freq).index_select(2, group_of_head);
+    at::Tensor q = mixed.narrow(3, 0, per).reshape({b, s, S.heads, hd}), k = mixed.select(3, per);
+    if (S.qk_norm) {  // each head RMS-normalised over its own channels, then rotated
+      q = ref_rms(q, P[L + "self_attention.q_layernorm.weight"]);
+      k = ref_rms(k, P[L + "self_attention.k_layernorm.weight"]);
+    }
+    q = ref_rotate(q, pos, rot, S.inv_freq);
+    k = ref_rotate(k, pos, rot, S.inv_freq).index_select(2, group_of_head);
     at::Tensor v = mixed.select(3, per + 1).index_select(2, group_of_head);
     q = q.permute({0, 2, 1, 3}), k = k.permute({0, 2, 1, 3}), v = v.permute({0, 2, 1, 3});
     at::Tensor scores = at::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
@@ -123,23 +135,40 @@ at::Tensor ref_loss(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 // Multi-head (groups = heads), grouped-query and multi-query attention; full and partial rotary;
-// with biases (Megatron's default layers).
+// with biases (Megatron's default layers); Qwen2's (query/key/value biases alone) and Qwen3's
+// (per-head query/key norms, heads wider than hidden / heads) layers.
 const Shape kShapes[] = {
     {2, 32, 4, 4, 48, 8, 64, 1.0},
     {2, 32, 4, 2, 48, 8, 64, 1.0},
     {1, 32, 4, 1, 40, 8, 64, 0.5},
     {1, 32, 4, 2, 48, 8, 64, 1.0, true},
+    {2, 32, 4, 2, 48, 8, 64, 1.0, false, {}, 0, /*qkv_bias=*/true},
+    {2, 32, 4, 2, 48, 8, 64, 0.5, false, {}, /*kv_channels=*/16, false, /*qk_norm=*/true},
 };
 
 }  // namespace
 
 TEST(LlamaModel, LogitsLossAndGradientsMatchReference) {
   for (const Shape& S : kShapes) {
-    const std::string what = "groups=" + std::to_string(S.groups) + " rotary=" + std::to_string(S.rotary_percent);
+    const std::string what = "groups=" + std::to_string(S.groups) + " rotary=" + std::to_string(S.rotary_percent) +
+                             " kv_channels=" + std::to_string(S.head_dim()) + (S.qkv_bias ? " qkv bias" : "") +
+                             (S.qk_norm ? " qk norm" : "");
     GPT model = make_llama(S);
     ASSERT_EQ(model.info().vocab_size, S.vocab);
+    ASSERT_EQ(model.info().kv_channels, S.head_dim());
     model.train(true);  // dropout is 0 by default: training is deterministic
     auto P = model.param_map();
+    EXPECT_EQ(P.count("language_model.encoder.layers.0.self_attention.q_layernorm.weight"), S.qk_norm ? 1u : 0u);
+    EXPECT_EQ(P.count("language_model.encoder.layers.0.self_attention.query_key_value.bias"),
+              S.bias || S.qkv_bias ? 1u : 0u);
+    EXPECT_EQ(P.count("language_model.encoder.layers.0.self_attention.dense.bias"), S.bias ? 1u : 0u);
+    if (S.qk_norm || S.qkv_bias) {  // weights away from their initial ones and zeros, so that each one counts
+      at::NoGradGuard ng;
+      at::Generator g = at::detail::createCPUGenerator(5);
+      for (auto& [name, t] : P)
+        if (name.find("layernorm") != std::string::npos || name.find("query_key_value.bias") != std::string::npos)
+          t.add_(at::randn(t.sizes(), g) * 0.5);
+    }
     at::Tensor tokens = random_ids(3, S.seq, S.vocab, 7 + S.groups), labels = random_ids(3, S.seq, S.vocab, 9);
     at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
     {
@@ -321,32 +350,34 @@ TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
 }
 
 TEST(LlamaModel, GenerationCacheEqualsTheFullForward) {
-  const Shape S = kShapes[1];
-  GPT model = make_llama(S);
-  model.train(false);
-  at::NoGradGuard ng;
-  at::Tensor tokens = random_ids(2, 6, S.vocab, 21);
-  at::Tensor pos = at::arange(6, at::kLong).repeat({2, 1});
-  const at::Tensor full = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
-  // The first 4 tokens fill the cache; then 2 more one at a time.
-  auto mask_for = [](int64_t n, int64_t total) {
-    return at::ones({n, total}, at::kBool).triu(total - n + 1).view({1, 1, n, total}).expand({2, 1, n, total});
-  };
-  TensorList out = model.forward({{"tokens", tokens.narrow(1, 0, 4)},
-                                  {"position_ids", pos.narrow(1, 0, 4)},
-                                  {"attention_mask", mask_for(4, 4).contiguous()},
-                                  {"kv_cache_length", at::scalar_tensor(int64_t{0}, at::kLong)},
-                                  {"kv_cache_capacity", at::scalar_tensor(int64_t{8}, at::kLong)}});
-  expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, 3), 1e-5, "logits at the prompt's end");
-  for (int64_t t = 4; t < 6; ++t) {
-    TensorList in{{"tokens", tokens.narrow(1, t, 1)},
-                  {"position_ids", pos.narrow(1, t, 1)},
-                  {"attention_mask", mask_for(1, t + 1).contiguous()},
-                  {"kv_cache_length", at::scalar_tensor(t, at::kLong)}};
-    for (auto& kv : out)
-      if (kv.first.rfind("kv_cache.", 0) == 0) in.push_back(kv);
-    out = model.forward(in);
-    expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, t), 1e-5, "logits at " + std::to_string(t));
+  // Plain grouped-query heads, and Qwen3's (query/key norms, heads wider than hidden / heads).
+  for (const Shape& S : {kShapes[1], kShapes[5]}) {
+    GPT model = make_llama(S);
+    model.train(false);
+    at::NoGradGuard ng;
+    at::Tensor tokens = random_ids(2, 6, S.vocab, 21);
+    at::Tensor pos = at::arange(6, at::kLong).repeat({2, 1});
+    const at::Tensor full = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+    // The first 4 tokens fill the cache; then 2 more one at a time.
+    auto mask_for = [](int64_t n, int64_t total) {
+      return at::ones({n, total}, at::kBool).triu(total - n + 1).view({1, 1, n, total}).expand({2, 1, n, total});
+    };
+    TensorList out = model.forward({{"tokens", tokens.narrow(1, 0, 4)},
+                                    {"position_ids", pos.narrow(1, 0, 4)},
+                                    {"attention_mask", mask_for(4, 4).contiguous()},
+                                    {"kv_cache_length", at::scalar_tensor(int64_t{0}, at::kLong)},
+                                    {"kv_cache_capacity", at::scalar_tensor(int64_t{8}, at::kLong)}});
+    expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, 3), 1e-5, "logits at the prompt's end");
+    for (int64_t t = 4; t < 6; ++t) {
+      TensorList in{{"tokens", tokens.narrow(1, t, 1)},
+                    {"position_ids", pos.narrow(1, t, 1)},
+                    {"attention_mask", mask_for(1, t + 1).contiguous()},
+                    {"kv_cache_length", at::scalar_tensor(t, at::kLong)}};
+      for (auto& kv : out)
+        if (kv.first.rfind("kv_cache.", 0) == 0) in.push_back(kv);
+      out = model.forward(in);
+      expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, t), 1e-5, "logits at " + std::to_string(t));
+    }
   }
 }
 
@@ -373,6 +404,16 @@ TEST(LlamaModel, BadOptionsAreRefusedNamingThem) {
   refused(o, Ctx{}, "must be even");
   o["rotary_percent"] = "1.5";
   refused(o, Ctx{}, "'rotary_percent' must be in (0, 1]");
+  o = llama_opts(S);
+  o["kv_channels"] = "-2";
+  refused(o, Ctx{}, "option 'kv_channels' must be in [0, 2^20] (0: hidden_size / num_attention_heads), got -2");
+  o["kv_channels"] = "0";
+  o["hidden_size"] = "30";
+  refused(o, Ctx{}, "hidden_size 30 is not divisible by num_attention_heads 4");
+  o["kv_channels"] = "8";  // as Megatron: heads of their own width need not split hidden_size
+  GPT wide(o, Ctx{}, plugins().llama);
+  EXPECT_EQ(wide.param_map().at("language_model.encoder.layers.0.self_attention.dense.weight").sizes(),
+            (std::vector<int64_t>{30, 32}));
   // Token ids beyond the vocabulary, with the model named.
   GPT model = make_llama(S);
   try {

@@ -5,6 +5,8 @@
 //     drawn for the whole sequence and each rank applies its rows, so the masks are the same ones;
 //   * the same with TP 2 x PP 2 (the stages exchange sequence shards), Domino 2, 3 and 4 chunks, and
 //     ZeRO stages 1-3 at TP 2 x DP 2; a resumed run equals an uninterrupted one;
+//   * Qwen-style llama layers (query/key norms read by each rank's heads only) at TP 2, with
+//     sequence parallelism, Domino and ZeRO-3 equal one process;
 //   * selective, full uniform (groups of 1 and 2 layers) and full block recomputation give the
 //     no-recompute losses, for gpt and llama;
 //   * the memory report's measured activations per micro-batch shrink with sequence parallelism
@@ -83,6 +85,28 @@ TEST(SequenceParallel, WithPipelineStagesAndDomino) {
                         model + " Domino " + std::to_string(n) + " chunks + sequence parallelism vs TP2");
     }
   }
+}
+
+// Qwen-style llama layers (per-head query/key norms, heads of 32 channels over hidden 64 / 4
+// heads, query/key/value biases): each tensor-parallel rank normalises only its heads, so the
+// norms' gradients are partial sums the host adds over the group; TP 2, with sequence
+// parallelism, with Domino and under ZeRO-3 at TP 2 x DP 2 equal one process.
+TEST(SequenceParallel, QwenStyleLlamaEqualsOneProcess) {
+  const std::string qwen =
+      kNoDropout + "--set model.qk_layernorm=true --set model.kv_channels=32 --set model.add_qkv_bias=true ";
+  const Curve one = curve_of("llama", 1, qwen, "qwen-tp1");
+  expect_same_curve(one, curve_of("llama", 2, qwen + kTP2, "qwen-tp2"), kIters, "Qwen-style llama TP2 vs TP1");
+  expect_same_curve(one, curve_of("llama", 2, qwen + kTP2 + kSP, "qwen-tp2-sp"), kIters,
+                    "Qwen-style llama TP2 + sequence parallelism vs TP1");
+  expect_same_curve(one, curve_of("llama", 2, qwen + kTP2 + "--set model.domino_chunks=2 ", "qwen-domino2"), kIters,
+                    "Qwen-style llama Domino 2 chunks vs TP1");
+  expect_same_curve(
+      one,
+      curve_of("llama", 4,
+               qwen + kTP2 + kSP +
+                   "--strategy zero --set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 ",
+               "qwen-tp2dp2-sp-zero3"),
+      kIters, "Qwen-style llama TP2 x DP2 + sequence parallelism, ZeRO-3 vs TP1");
 }
 
 TEST(SequenceParallel, WithZeroStages) {

@@ -709,6 +709,13 @@ TEST(Flops, CountsTheWholeModelUnderTensorParallelism) {
   EXPECT_DOUBLE_EQ(s.flops_per_token, 2 * 3 * 936.0 + 4 * 3 * 2 * 8 * 16);  // 6N + 12Lhs
   info.recompute = 1;
   EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 16, 2).flops_per_token, 8 * 936.0 + 16 * 2 * 8 * 16);
+  // ABI 2.15: 2 heads of 8 channels over hidden 8 (Qwen3's wider heads): the scores and the
+  // context are 16 wide, Megatron's query_projection_size; a 2.13 model's info is read as before.
+  info.recompute = 0, info.num_attention_heads = 2, info.kv_channels = 8;
+  info.struct_size = dtk_model_info_STRUCT_SIZE;
+  EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 16, 2).flops_per_token, 6 * 936.0 + 12 * 2 * 16 * 16);
+  info.struct_size = dtk_model_info_STRUCT_SIZE_2_13;
+  EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 16, 2).flops_per_token, 6 * 936.0 + 12 * 2 * 8 * 16);
 }
 
 }  // namespace

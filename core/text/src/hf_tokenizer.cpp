@@ -179,7 +179,12 @@ class HfTokenizer final : public Tokenizer {
     check(m.is_object(), "no \"model\"");
     if (type_of(m) != "BPE") refuse("model type '" + type_of(m) + "'");
     if (!m.value("dropout", json()).is_null()) refuse("BPE dropout");
-    if (!m.value("continuing_subword_prefix", json()).is_null() || !m.value("end_of_word_suffix", json()).is_null())
+    // "" (what Qwen's tokenizer.json writes) is no affix.
+    const auto affix = [&](const char* key) {
+      const json a = m.value(key, json());
+      return !a.is_null() && !(a.is_string() && a.get<std::string>().empty());
+    };
+    if (affix("continuing_subword_prefix") || affix("end_of_word_suffix"))
       refuse("a continuing_subword_prefix / end_of_word_suffix");
     byte_fallback_ = m.value("byte_fallback", false);
     ignore_merges_ = m.value("ignore_merges", false);

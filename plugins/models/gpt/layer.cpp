@@ -27,7 +27,7 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
     fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
   }
   heads_local_ = c.heads / tp.size;
-  head_dim_ = c.hidden / c.heads;
+  head_dim_ = c.head_dim();
 }
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }

@@ -78,7 +78,11 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
   const double scaled_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   const int64_t hd = c.head_dim();
   input_norm = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
-  qkv = ColumnParallelLinear(c.hidden, (c.heads + 2 * c.groups) * hd, c.bias, c.init_std, tp, f);
+  qkv = ColumnParallelLinear(c.hidden, (c.heads + 2 * c.groups) * hd, c.bias || c.qkv_bias, c.init_std, tp, f);
+  if (c.qk_layernorm) {
+    q_norm = c.norm_1p ? f.zeros({hd}) : f.ones({hd});
+    k_norm = c.norm_1p ? f.zeros({hd}) : f.ones({hd});
+  }
   dense = RowParallelLinear(c.heads * hd, c.hidden, c.bias, scaled_std, tp, f);
   post_attention_norm = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   if (c.moe.is_moe_layer(index)) {
@@ -108,9 +112,14 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
   // whole projection each).
   const std::vector<at::Tensor> parts =
       projected.view({b, s, groups_local_, (per_group + 2) * hd}).split_with_sizes({per_group * hd, hd, hd}, -1);
+  at::Tensor q = parts[0].reshape({b, s, heads_local_, hd}), k = parts[1];
+  if (c_.qk_layernorm) {  // Megatron's q_layernorm / k_layernorm: each head over its channels, before rotary
+    q = rms_norm(q, c_.norm_gain(q_norm), c_.eps, c_.kernels);
+    k = rms_norm(k, c_.norm_gain(k_norm), c_.eps, c_.kernels);
+  }
   QKV out;
-  out.q = rotary_.apply(parts[0].reshape({b, s, heads_local_, hd}), positions, c_.kernels);
-  out.k = rotary_.apply(parts[1], positions, c_.kernels);
+  out.q = rotary_.apply(q, positions, c_.kernels);
+  out.k = rotary_.apply(k, positions, c_.kernels);
   out.v = parts[2];
   return out;
 }
@@ -253,6 +262,15 @@ void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const
   add("input_norm.weight", input_norm, -1, true);
   add("self_attention.query_key_value.weight", qkv.weight, 0, false);
   add_bias("self_attention.query_key_value.bias", qkv.bias, 0);
+  if (c_.qk_layernorm) {
+    // Read by this rank's heads only: a partial gradient the host sums over the tensor-parallel
+    // group (Megatron all-reduces q_layernorm / k_layernorm gradients alike).
+    for (const auto& [name, t] : {std::pair{"self_attention.q_layernorm.weight", q_norm},
+                                  std::pair{"self_attention.k_layernorm.weight", k_norm}}) {
+      add(name, t, -1, true);
+      out.back().info.sequence_parallel = qkv.tp.size > 1 ? 1 : 0;
+    }
+  }
   add("self_attention.dense.weight", dense.weight, 1, false);
   add_bias("self_attention.dense.bias", dense.bias, -1);
   add("post_attention_norm.weight", post_attention_norm, -1, true);

@@ -6,7 +6,12 @@
 //   h + dropout(down(silu(gate(RMSNorm(h))) * up(RMSNorm(h))))
 //
 // With add_bias_linear the projections have biases as Megatron's default GPT layers do (the
-// row-parallel ones added once, after the all-reduce).
+// row-parallel ones added once, after the all-reduce); with add_qkv_bias only the query/key/value
+// projection has them (Qwen2). With qk_layernorm each query and key head is RMS-normalised over
+// its kv_channels channels before it rotates, one weight shared by the heads (Qwen3, Megatron's
+// --qk-layernorm); a tensor-parallel rank sees only its heads, so those weights' gradients are
+// partial sums the host adds over the group (dtk_param_info.sequence_parallel). kv_channels sets
+// the head width apart from hidden / heads (Qwen3's heads are wider).
 // Grouped-query attention: `groups` key/value heads, each shared by heads / groups query heads.
 // The fused query_key_value weight is laid out group by group, as Megatron's
 // ([q of the group's heads | k | v] per group), so a contiguous split of its rows over the
@@ -48,7 +53,8 @@ struct Config : DecoderConfig {
   double rotary_base = 10000.0, rotary_percent = 1.0;
   RopeScaling rope_scaling;  // Llama 3.1's frequency scaling (rope_scaling.hpp), off by default
   bool bias = false;  // biases on every projection (Megatron's default; Llama has none: --disable-bias-linear)
-  int64_t head_dim() const { return hidden / heads; }
+  bool qkv_bias = false;      // biases on the query/key/value projection only (Qwen2; Megatron's --add-qkv-bias)
+  bool qk_layernorm = false;  // RMSNorm of each query and key head before rotary (Qwen3; Megatron's --qk-layernorm)
   // Channels of each head that rotate (Megatron's rotary_percent), even.
   int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent); }
 };
@@ -131,6 +137,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   LayerMasks draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const override;
 
   at::Tensor input_norm, post_attention_norm;
+  at::Tensor q_norm, k_norm;  // [kv_channels] each with qk_layernorm, else undefined
   ColumnParallelLinear qkv, gate, up;
   std::unique_ptr<MoeMlp> moe;  // set: an MoE layer (gate, up and down unused)
   RowParallelLinear dense, down;

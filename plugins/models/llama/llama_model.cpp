@@ -1,6 +1,7 @@
 // llama_model.cpp — the "llama" model plugin: Megatron-LM's GPTModel configured as Llama 2
 // (DeepSpeed-Domino's pretrain_llama_7b.sh: --position-embedding-type rope --swiglu
-// --normalization RMSNorm --disable-bias-linear, optionally --group-query-attention), built only
+// --normalization RMSNorm --disable-bias-linear, optionally --group-query-attention; with
+// add_qkv_bias Qwen2's layers, with qk_layernorm and kv_channels Qwen3's), built only
 // from the SDK (dtk/model.hpp, dtk/module_hooks.hpp, dtk/layers) exactly as a third-party plugin.
 //
 //   tokens -> word embedding -> dropout
@@ -62,6 +63,8 @@ class LlamaModel : public DecoderLM {
     c_.rotary_base = o.get_float("rotary_base");
     c_.rotary_percent = o.get_float("rotary_percent");
     c_.bias = o.get_bool("add_bias_linear");
+    c_.qkv_bias = o.get_bool("add_qkv_bias");
+    c_.qk_layernorm = o.get_bool("qk_layernorm");
     c_.rope_scaling.llama3 = o.get_string("rope_scaling") == "llama3";
     c_.rope_scaling.factor = o.get_float("rope_scaling_factor");
     c_.rope_scaling.low_freq_factor = o.get_float("rope_low_freq_factor");
@@ -138,6 +141,15 @@ const dtk_option_spec kOptions[] = {
     opt_bool("add_bias_linear", "false",
              "Biases on the attention and MLP projections (Megatron's default GPT layers; Llama has none, Megatron's "
              "--disable-bias-linear)."),
+    opt_bool("add_qkv_bias", "false",
+             "Biases on the query/key/value projection alone (Qwen2; Megatron's --add-qkv-bias); add_bias_linear "
+             "gives every projection one."),
+    opt_bool("qk_layernorm", "false",
+             "RMSNorm of each query and key head over its channels before rotary, one weight per norm shared by the "
+             "heads (Qwen3; Megatron's --qk-layernorm)."),
+    opt_int("kv_channels", "0",
+            "Channels of each attention head (Megatron's --kv-channels, Hugging Face's head_dim); 0 = hidden_size / "
+            "num_attention_heads."),
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: the logits, then vocab-parallel cross entropy)."),

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 14
+#define DTK_ABI_MINOR 15
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -401,7 +401,9 @@ typedef struct dtk_param_info {
   /* ABI 2.3. 1: a replicated parameter read only on this rank's sequence shard (sequence
    * parallelism: norms, row-parallel biases, position embeddings), so its gradient here is a
    * partial sum; the host sums it over the tensor-parallel group after the strategy's reduction
-   * (Megatron's `sequence_parallel` attribute). */
+   * (Megatron's `sequence_parallel` attribute). A replicated parameter read only by this rank's
+   * attention heads (per-head query/key norms, Megatron's --qk-layernorm) is a partial sum the
+   * same way and is marked alike, with or without sequence parallelism. */
   int32_t sequence_parallel;
   /* ABI 2.9. 1: a weight of one mixture-of-experts expert, which a token reads only when routed to
    * it (dtk_model_info.moe_router_topk of num_experts), so a token's FLOPs count it at that
@@ -796,6 +798,10 @@ typedef struct dtk_model_info {
    * (first_stage_layers, last_stage_layers, embedding_in_split, loss_in_split); 0 (and a 2.12
    * model): the even split only, and the host refuses any other. */
   int32_t pipeline_split;
+  /* ABI 2.15. Channels of each attention head (Megatron's --kv-channels): the queries, keys and
+   * values are num_attention_heads (or groups) x kv_channels wide, the attention's FLOPs count
+   * num_attention_heads x kv_channels. 0 (and a 2.14 model): hidden_size / num_attention_heads. */
+  int64_t kv_channels;
 } dtk_model_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
@@ -803,7 +809,8 @@ DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_9, moe_router_topk);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_12, expert_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_13, pipeline_split);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, pipeline_split);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_15, kv_channels);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, kv_channels);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

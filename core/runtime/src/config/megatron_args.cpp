@@ -99,9 +99,13 @@ const Rule kRules[] = {
     {"--rope-scaling-factor", 1, Kind::kCustom, "model.rope_scaling_factor",
      "with --use-rope-scaling (Megatron reads it only then); without it: ignored"},
     {"--no-rope-fusion", 0, Kind::kCustom, "model.unfused_kernels=rotary", kDtkFusion},
-    {"--kv-channels", 1, Kind::kCustom, "",
-     "the head dimension: accepted when it is --hidden-size / --num-attention-heads (DTK's models derive it); "
-     "another value refused"},
+    {"--kv-channels", 1, Kind::kCustom, "model.kv_channels",
+     "the head dimension: nothing to set when it is --hidden-size / --num-attention-heads; another value: the llama "
+     "model's heads of that width (Qwen3's)"},
+    {"--qk-layernorm", 0, Kind::kSwitch, "model.qk_layernorm=true",
+     "per-head query and key RMSNorm before rotary (llama; Qwen3's)"},
+    {"--add-qkv-bias", 0, Kind::kSwitch, "model.add_qkv_bias=true",
+     "biases on the query/key/value projection alone (llama; Qwen2's)"},
     // Mixture of experts
     {"--num-experts", 1, Kind::kSet, "model.num_experts",
      "MoE layers (top-k routing, dropless unless --moe-expert-capacity-factor) in gpt and llama"},
@@ -946,7 +950,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--bf16") s.bf16 = true;
   if (f == "--disable-bias-linear" || f == "--group-query-attention" || f == "--rotary-percent" ||
       f == "--rotary-base" || f == "--use-rope-scaling" || f == "--llama-model" ||
-      f == "--rotary-position-embeddings-theta")
+      f == "--rotary-position-embeddings-theta" || f == "--qk-layernorm" || f == "--add-qkv-bias")
     s.llama_only.push_back(shown);
   if (f == "--openai-gelu" || f == "--max-position-embeddings") s.gpt_only.push_back(shown);
 }
@@ -1265,10 +1269,10 @@ void map_rope_scaling(const SeenFlags& s, MegatronMapping& m) {
     m.ignored.push_back(s.rope_factor_shown + " (Megatron reads it only with --use-rope-scaling: no scaling as written)");
 }
 
-// --kv-channels: DTK's models derive the head dimension, hidden / heads; Megatron's other values
-// (a projection to another width) are not built. --no-position-embedding: a model without a
-// learned table must have rotary positions.
-void check_heads_and_positions(const SeenFlags& s, MegatronMapping& m) {
+// --kv-channels: hidden / heads sets nothing (the models derive it); another width is the llama
+// model's kv_channels. --no-position-embedding: a model without a learned table must have rotary
+// positions.
+void check_heads_and_positions(SeenFlags& s, MegatronMapping& m) {
   if (!s.kv_channels_shown.empty()) {
     const long kv = positive_number(s.kv_channels), hidden = positive_number(s.hidden_size),
                heads = positive_number(s.attention_heads);
@@ -1281,8 +1285,8 @@ void check_heads_and_positions(const SeenFlags& s, MegatronMapping& m) {
         m.refused.push_back(s.kv_channels_shown +
                             ": needs --hidden-size and --num-attention-heads (DTK's head dimension is their quotient)");
     } else if (hidden % heads != 0 || hidden / heads != kv) {
-      m.refused.push_back(s.kv_channels_shown + ": DTK's head dimension is --hidden-size / --num-attention-heads (" +
-                          s.hidden_size + " / " + s.attention_heads + "); another width is not built");
+      set_by(m, "model.kv_channels=" + s.kv_channels, s.kv_channels_shown);
+      s.llama_only.push_back(s.kv_channels_shown);
     }
   }
   if (!s.no_position_shown.empty() && !s.rope && !s.use_checkpoint_args)

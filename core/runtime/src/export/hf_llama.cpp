@@ -57,6 +57,8 @@ void read_mixtral_experts(const std::map<std::string, std::string>& o, LlamaShap
   if (hf::option_true(option_or(o, "moe_router_enable_expert_bias", "false")))
     refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
   if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
+  if (s.qkv_bias) refuse("add_qkv_bias", "which has no biases");
+  if (s.qk_norm) refuse("qk_layernorm", "which has no query/key norms");
   // Older transformers build a Mixtral's rotary embedding without its rope_scaling.
   if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
   s.experts = option_int(o, "num_experts");
@@ -91,12 +93,39 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   s.rope_low = option_float(o, "rope_low_freq_factor");
   s.rope_high = option_float(o, "rope_high_freq_factor");
   s.rope_original = option_int(o, "rope_original_max_positions");
+  // (kv_channels, add_qkv_bias and qk_layernorm are absent in older checkpoints: their defaults.)
+  s.head_dim = std::stoll(option_or(o, "kv_channels", "0"));
+  if (s.head_dim == 0) s.head_dim = s.hidden / s.heads;
+  s.qkv_bias = hf::option_true(option_or(o, "add_qkv_bias", "false"));
+  s.qk_norm = hf::option_true(option_or(o, "qk_layernorm", "false"));
+  if (s.qk_norm && (s.bias || s.qkv_bias))
+    throw HostError(std::string("export hf: option '") + (s.bias ? "add_bias_linear" : "add_qkv_bias") +
+                    "' is true: a llama with query/key norms exports as Qwen3ForCausalLM, whose attention biases "
+                    "cover o_proj too and whose MLP has none");
   if (option_float(o, "rotary_percent") != 1.0)
     throw HostError("export hf: option 'rotary_percent' is " + option(o, "rotary_percent") +
                     "; Hugging Face's LlamaForCausalLM rotates every channel of a head (rotary_percent 1)");
   // A checkpoint from before mixture of experts has no num_experts: dense.
   if (option_or(o, "num_experts", "0") != "0") read_mixtral_experts(o, s);
   return s;
+}
+
+std::string LlamaShape::architecture() const {
+  if (mixtral()) return "MixtralForCausalLM";
+  if (qk_norm) return "Qwen3ForCausalLM";
+  if (qkv_bias && !bias) return "Qwen2ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+std::string LlamaShape::model_type() const {
+  if (mixtral()) return "mixtral";
+  if (qk_norm) return "qwen3";
+  if (qkv_bias && !bias) return "qwen2";
+  return "llama";
+}
+
+bool llama_model_type(const std::string& model_type) {
+  return model_type == "llama" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3";
 }
 
 namespace {
@@ -132,7 +161,7 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
                             int64_t* padding_rows) {
   auto whole = [&](const std::string& name) { return hf::whole_tensor(ranks, dims, name); };
   auto gain = [&](const std::string& name) { return hf::norm_gain(whole(name), s.norm_1p); };
-  const int64_t h = s.hidden, hd = s.hidden / s.heads, per = s.heads / s.groups;
+  const int64_t h = s.hidden, hd = s.head_dim, per = s.heads / s.groups;
   hf::NamedTensors out;
   const at::Tensor embed = whole(kLm + "embedding.word_embeddings.weight");
   if (embed.dim() != 2 || embed.size(0) < s.vocab || embed.size(1) != h)
@@ -152,11 +181,15 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
     out.emplace_back(hf + "self_attn.q_proj.weight", wg.narrow(1, 0, per).reshape({s.heads * hd, h}));
     out.emplace_back(hf + "self_attn.k_proj.weight", wg.select(1, per).reshape({s.groups * hd, h}));
     out.emplace_back(hf + "self_attn.v_proj.weight", wg.select(1, per + 1).reshape({s.groups * hd, h}));
-    if (s.bias) {
+    if (s.bias || s.qkv_bias) {
       const at::Tensor bg = whole(qkv + "bias").view({s.groups, per + 2, hd});
       out.emplace_back(hf + "self_attn.q_proj.bias", bg.narrow(1, 0, per).reshape({s.heads * hd}));
       out.emplace_back(hf + "self_attn.k_proj.bias", bg.select(1, per).reshape({s.groups * hd}));
       out.emplace_back(hf + "self_attn.v_proj.bias", bg.select(1, per + 1).reshape({s.groups * hd}));
+    }
+    if (s.qk_norm) {  // Qwen3RMSNorm over each head's channels, as the plugin's q_layernorm / k_layernorm
+      out.emplace_back(hf + "self_attn.q_norm.weight", gain(m + "self_attention.q_layernorm.weight"));
+      out.emplace_back(hf + "self_attn.k_norm.weight", gain(m + "self_attention.k_layernorm.weight"));
     }
     out.emplace_back(hf + "self_attn.o_proj.weight", whole(m + "self_attention.dense.weight"));
     if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
@@ -202,15 +235,15 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
   const char* bias = s.bias ? "true" : "false";
   std::ostringstream c;
   c << "{\n"
-    << "  \"architectures\": [\"" << (s.mixtral() ? "MixtralForCausalLM" : "LlamaForCausalLM") << "\"],\n"
-    << "  \"model_type\": \"" << (s.mixtral() ? "mixtral" : "llama") << "\",\n"
+    << "  \"architectures\": [\"" << s.architecture() << "\"],\n"
+    << "  \"model_type\": \"" << s.model_type() << "\",\n"
     << "  \"vocab_size\": " << s.vocab << ",\n"
     << "  \"hidden_size\": " << s.hidden << ",\n"
     << "  \"intermediate_size\": " << s.ffn << ",\n"
     << "  \"num_hidden_layers\": " << s.layers << ",\n"
     << "  \"num_attention_heads\": " << s.heads << ",\n"
     << "  \"num_key_value_heads\": " << s.groups << ",\n"
-    << "  \"head_dim\": " << s.hidden / s.heads << ",\n"
+    << "  \"head_dim\": " << s.head_dim << ",\n"
     << "  \"hidden_act\": \"silu\",\n"
     << "  \"max_position_embeddings\": " << s.positions << ",\n"
     << "  \"rms_norm_eps\": " << hf::number(s.eps) << ",\n"
@@ -221,9 +254,13 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
       << "  \"num_experts_per_tok\": " << s.topk << ",\n"
       << "  \"output_router_logits\": false,\n"
       << "  \"sliding_window\": null,\n";
-  else
+  else if (s.model_type() == "llama")
     c << "  \"attention_bias\": " << bias << ",\n"
       << "  \"mlp_bias\": " << bias << ",\n";
+  else  // Qwen2's q/k/v biases are its architecture's; Qwen3's attention_bias would add o_proj's
+    c << (s.qk_norm ? "  \"attention_bias\": false,\n" : "") << "  \"use_sliding_window\": false,\n"
+      << "  \"sliding_window\": null,\n"
+      << "  \"max_window_layers\": " << s.layers << ",\n";
   c << "  \"attention_dropout\": " << hf::number(s.attention_dropout) << ",\n"
     << "  \"initializer_range\": " << hf::number(s.init_std) << ",\n"
     << "  \"tie_word_embeddings\": " << (s.untie ? "false" : "true") << ",\n";
@@ -331,21 +368,27 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
     return c[key].get<bool>();
   };
   auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
-  // What a key left out means: transformers' LlamaConfig or MixtralConfig defaults.
-  const bool mixtral = hf::json_string_or(c, "model_type", "", config_file) == "mixtral";
+  // What a key left out means: transformers' LlamaConfig, MixtralConfig, Qwen2Config or
+  // Qwen3Config defaults.
+  const std::string type = hf::json_string_or(c, "model_type", "", config_file);
+  const bool mixtral = type == "mixtral", qwen = type == "qwen2" || type == "qwen3";
   s.layers = integer("num_hidden_layers", 0, true), s.hidden = integer("hidden_size", 0, true);
   s.heads = integer("num_attention_heads", 0, true), s.ffn = integer("intermediate_size", 0, true);
   s.vocab = integer("vocab_size", 0, true);
   s.groups = integer("num_key_value_heads", mixtral ? 8 : s.heads, false);
-  s.positions = integer("max_position_embeddings", mixtral ? 4096 * 32 : 2048, false);
+  s.positions = integer("max_position_embeddings", mixtral ? 4096 * 32 : qwen ? 32768 : 2048, false);
   if (s.layers <= 0 || s.hidden <= 0 || s.heads <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.groups <= 0 || s.positions <= 0)
     refuse("num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size "
            "and max_position_embeddings must be positive");
-  if (s.hidden % s.heads != 0 || s.heads % s.groups != 0)
-    refuse("num_attention_heads must divide hidden_size and num_key_value_heads num_attention_heads");
-  if (present("head_dim") && integer("head_dim", 0, false) != s.hidden / s.heads)
-    refuse("head_dim " + std::to_string(integer("head_dim", 0, false)) + " is not hidden_size / num_attention_heads (" +
-           std::to_string(s.hidden / s.heads) + "), which the llama model's heads are");
+  if (s.heads % s.groups != 0) refuse("num_key_value_heads must divide num_attention_heads");
+  // A head's width: head_dim where given (Qwen3Config's default 128), else hidden_size / heads.
+  s.head_dim = integer("head_dim", type == "qwen3" ? 128 : 0, false);
+  if (s.head_dim == 0) {
+    if (s.hidden % s.heads != 0) refuse("num_attention_heads must divide hidden_size (config.json has no head_dim)");
+    s.head_dim = s.hidden / s.heads;
+  }
+  if (s.head_dim < 0 || s.head_dim % 2 != 0)
+    refuse("head_dim " + std::to_string(s.head_dim) + " must be positive and even (rotary pairs its channels)");
   if (mixtral) {
     s.experts = integer("num_local_experts", 8, false), s.topk = integer("num_experts_per_tok", 2, false);
     if (s.experts < 1 || s.topk < 2 || s.topk > s.experts)
@@ -361,16 +404,28 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   }
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
+  if (qwen && boolean("use_sliding_window", false))
+    refuse("use_sliding_window is true: the llama model's attention sees every earlier position (no sliding window)");
   s.eps = real("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
   s.rope_theta = real("rope_theta", mixtral ? 1e6 : 10000.0);
   s.attention_dropout = real("attention_dropout", 0.0);
   s.init_std = real("initializer_range", 0.02);
   s.untie = !boolean("tie_word_embeddings", false);
-  const bool attention_bias = boolean("attention_bias", false), mlp_bias = boolean("mlp_bias", false);
-  if (attention_bias != mlp_bias)
-    refuse(std::string("attention_bias ") + (attention_bias ? "true" : "false") + " and mlp_bias " +
-           (mlp_bias ? "true" : "false") + " differ; the llama model has one option for both (add_bias_linear)");
-  s.bias = attention_bias;
+  if (type == "qwen2") {
+    s.qkv_bias = true;  // Qwen2Attention's q/k/v projections have biases, o_proj and the MLP none
+  } else if (type == "qwen3") {
+    s.qk_norm = true;
+    if (boolean("attention_bias", false))
+      refuse(
+          "attention_bias is true: Qwen3's biases would be on o_proj too, and the llama model's query/key-norm "
+          "heads take biases on q_proj, k_proj and v_proj alone (add_qkv_bias) or on every projection");
+  } else {
+    const bool attention_bias = boolean("attention_bias", false), mlp_bias = boolean("mlp_bias", false);
+    if (attention_bias != mlp_bias)
+      refuse(std::string("attention_bias ") + (attention_bias ? "true" : "false") + " and mlp_bias " +
+             (mlp_bias ? "true" : "false") + " differ; the llama model has one option for both (add_bias_linear)");
+    s.bias = attention_bias;
+  }
   // transformers 5 writes the rotary's theta and scaling as rope_parameters; earlier versions
   // rope_theta and rope_scaling.
   const std::string rope_key = present("rope_parameters") ? "rope_parameters" : "rope_scaling";
@@ -411,8 +466,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   const std::string config_file = (fs::path(hf_dir) / "config.json").string();
   const nlohmann::json config = hf::read_hf_config(hf_dir);
   const std::string type = hf::json_string_or(config, "model_type", "", config_file);
-  if (type != "llama" && type != "mixtral")
-    throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama or mixtral");
+  if (!llama_model_type(type))
+    throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama, mixtral, qwen2 or qwen3");
   HfLlamaImport r;
   r.shape = shape_from_config(config, config_file);
   const LlamaShape& s = r.shape;
@@ -430,7 +485,7 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
     }
     return it->second;
   };
-  const int64_t h = s.hidden, hd = h / s.heads, f = s.ffn;
+  const int64_t h = s.hidden, hd = s.head_dim, f = s.ffn;
   auto& t = r.tensors;
   t.emplace_back(kLm + "embedding.word_embeddings.weight", get("model.embed_tokens.weight", {s.vocab, h}));
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -452,7 +507,11 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
       return at::cat({q, k, v}, 1).reshape(dims((s.heads + 2 * s.groups) * hd));
     };
     t.emplace_back(m + "self_attention.query_key_value.weight", fused("weight", {h}));
-    if (s.bias) t.emplace_back(m + "self_attention.query_key_value.bias", fused("bias", {}));
+    if (s.bias || s.qkv_bias) t.emplace_back(m + "self_attention.query_key_value.bias", fused("bias", {}));
+    if (s.qk_norm) {
+      t.emplace_back(m + "self_attention.q_layernorm.weight", get(g + "self_attn.q_norm.weight", {hd}));
+      t.emplace_back(m + "self_attention.k_layernorm.weight", get(g + "self_attn.k_norm.weight", {hd}));
+    }
     t.emplace_back(m + "self_attention.dense.weight", get(g + "self_attn.o_proj.weight", {h, s.heads * hd}));
     if (s.bias) t.emplace_back(m + "self_attention.dense.bias", get(g + "self_attn.o_proj.bias", {h}));
     t.emplace_back(m + "post_attention_norm.weight", get(g + "post_attention_layernorm.weight", {h}));
@@ -497,6 +556,9 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
                      {"add_bias_linear", s.bias ? "true" : "false"},
                      {"untie_embeddings_and_output_weights", s.untie ? "true" : "false"},
                      {"rope_scaling", s.llama3 ? "llama3" : "none"}};
+  if (s.head_dim * s.heads != s.hidden) r.model_options["kv_channels"] = std::to_string(s.head_dim);
+  if (s.qkv_bias) r.model_options["add_qkv_bias"] = "true";
+  if (s.qk_norm) r.model_options["qk_layernorm"] = "true";
   if (s.mixtral()) {
     r.model_options["num_experts"] = std::to_string(s.experts);
     r.model_options["moe_router_topk"] = std::to_string(s.topk);

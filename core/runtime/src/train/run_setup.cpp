@@ -34,6 +34,14 @@ using host::HostError;
 
 namespace {
 
+// " of 128 channels" where a head's width is not hidden_size / heads (kv_channels, ABI 2.15).
+std::string head_width(const dtk_model_info& info) {
+  if (info.struct_size < dtk_model_info_STRUCT_SIZE_2_15 || info.kv_channels <= 0 || info.num_attention_heads <= 0 ||
+      info.kv_channels * info.num_attention_heads == info.hidden_size)
+    return "";
+  return " of " + std::to_string(info.kv_channels) + " channels";
+}
+
 int32_t dtype_code(const std::string& s) {
   if (s == "bf16") return DTK_DTYPE_BFLOAT16;
   if (s == "fp16") return DTK_DTYPE_FLOAT16;
@@ -475,8 +483,8 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
     parts.steps.push_back(std::make_unique<StepInstance>(plugins.step.plugin,
                                                          build_context(cfg, topo, plan, plugins.step, v > 1 ? k : -1)));
   LOG(INFO) << "model '" << plugins.model.name() << "': " << info.num_layers << " layers, hidden " << info.hidden_size
-            << ", heads " << info.num_attention_heads << ", seq " << info.seq_length << ", padded vocab "
-            << info.vocab_size;
+            << ", heads " << info.num_attention_heads << head_width(info) << ", seq " << info.seq_length
+            << ", padded vocab " << info.vocab_size;
   print_model(topo, parts, groups);
   return parts;
 }

@@ -50,6 +50,10 @@ void add_param(std::vector<Param>& out, const std::string& name, const at::Tenso
 // The options every decoder LM shares (option names in read_options).
 struct DecoderConfig {
   int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq = 0;
+  // Channels of each attention head (Megatron's --kv-channels; option kv_channels where the
+  // plugin declares it): 0 = hidden / heads. Qwen3's heads are wider than hidden / heads.
+  int64_t kv_channels = 0;
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
   int64_t max_pos = 0;  // rows of a learned position embedding; 0: none (positions reach the layers only)
   int64_t vocab = 0, padded_vocab = 0, divisible_by = 128;
   double hidden_dropout = 0.0, attention_dropout = 0.0, init_std = 0.02, eps = 1e-5;

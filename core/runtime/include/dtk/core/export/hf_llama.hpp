@@ -11,6 +11,12 @@
 // convention, which is Hugging Face's (tests/model/hf_llama_test.cpp runs HF's forward on the
 // export to show it).
 //
+// A llama with per-head query/key norms (qk_layernorm, no biases) is written as Qwen3ForCausalLM
+// (model_type qwen3: q_norm and k_norm, head_dim = kv_channels), one with biases on the
+// query/key/value projection alone (add_qkv_bias) as Qwen2ForCausalLM (model_type qwen2), and a
+// plain one with head_dim = kv_channels (LlamaConfig.head_dim: transformers before head_dim
+// existed read hidden_size / num_attention_heads); import reads all three back.
+//
 // A llama with mixture-of-experts layers is written as MixtralForCausalLM (model_type mixtral):
 // each layer's router as block_sparse_moe.gate and expert e's gate, up and down projections as
 // block_sparse_moe.experts.<e>.w1, w3 and w2. Mixtral's block is a softmax router whose top-k
@@ -33,6 +39,9 @@ struct LlamaShape {
   int64_t layers = 0, hidden = 0, heads = 0, groups = 0, ffn = 0, vocab = 0, positions = 0;
   double eps = 1e-5, rope_theta = 10000, attention_dropout = 0, init_std = 0.02;
   bool untie = true, bias = false;  // bias: add_bias_linear = HF's attention_bias and mlp_bias
+  int64_t head_dim = 0;             // kv_channels (HF's head_dim); set from the options or config.json
+  bool qkv_bias = false;            // add_qkv_bias: biases on q_proj, k_proj, v_proj only (Qwen2)
+  bool qk_norm = false;             // qk_layernorm: q_norm and k_norm per head (Qwen3)
   bool norm_1p = false;             // apply_layernorm_1p: norm weights saved as w, Hugging Face's are 1 + w
   // rope_scaling=llama3 and its parameters (the llama plugin's rope_* options).
   bool llama3 = false;
@@ -42,6 +51,11 @@ struct LlamaShape {
   int64_t experts = 0, topk = 0;
   double capacity_factor = 0;  // > 0: trained with token dropping (Hugging Face runs Mixtral dropless)
   bool mixtral() const { return experts > 0; }
+  // The Hugging Face architecture that holds this shape: MixtralForCausalLM with experts,
+  // Qwen3ForCausalLM with q/k norms, Qwen2ForCausalLM with q/k/v biases only, else
+  // LlamaForCausalLM; model_type() is its config.json name.
+  std::string architecture() const;
+  std::string model_type() const;
 };
 
 // From the llama model plugin's resolved options and the run's seq_length (HF's
@@ -71,6 +85,8 @@ HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& sh
 
 // config.json's model_type ("" when it has none).
 std::string hf_model_type(const std::string& hf_dir);
+// Whether the llama model imports a folder of this model_type (llama, mixtral, qwen2, qwen3).
+bool llama_model_type(const std::string& model_type);
 
 // `dtk import hf` of a LlamaForCausalLM folder (config.json and model.safetensors, or
 // model.safetensors.index.json and its shards): the tensors under the llama model's names

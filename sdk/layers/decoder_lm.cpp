@@ -288,6 +288,9 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   positive("seq_length (option or train.seq_length)", c.seq);
   positive("vocab_size", c.vocab);
   positive("make_vocab_size_divisible_by", c.divisible_by);
+  if (c.kv_channels < 0 || c.kv_channels > (int64_t{1} << 20))
+    fail("option 'kv_channels' must be in [0, 2^20] (0: hidden_size / num_attention_heads), got " +
+         std::to_string(c.kv_channels));
   // A model of more than 10^15 parameters (petabytes) is a mistaken size, refused before its
   // layers are created one by one (minutes of it, for a layer count in the millions).
   const double mlps = c.moe.enabled() ? static_cast<double>(c.moe.num_experts) : 1.0;
@@ -301,9 +304,6 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
          " and ffn_hidden_size " + std::to_string(c.ffn) + " make about " + text +
          " parameters: no machine holds that many");
   }
-  if (c.kv_channels < 0 || c.kv_channels > (int64_t{1} << 20))
-    fail("option 'kv_channels' must be in [0, 2^20] (0: hidden_size / num_attention_heads), got " +
-         std::to_string(c.kv_channels));
   // As Megatron: the heads must split hidden_size only when their width derives from it.
   if (c.kv_channels == 0) divisible("hidden_size", c.hidden, "num_attention_heads", c.heads);
   divisible("num_attention_heads", c.heads, "the tensor-parallel size", tp_.size);

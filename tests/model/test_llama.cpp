@@ -196,36 +196,38 @@ TEST(LlamaModel, LogitsLossAndGradientsMatchReference) {
 // 1 + w. With random w, the model is the reference with 1 + w as its norm weights, forward and
 // backward (the gradient of w is the reference's of 1 + w).
 TEST(LlamaModel, ZeroCentredNormWeightsMultiplyByOnePlusW) {
-  const Shape& S = kShapes[1];
-  Opts o = llama_opts(S);
-  o["apply_layernorm_1p"] = "true";
-  GPT model(o, Ctx{}, plugins().llama);
-  model.train(true);
-  auto P = model.param_map();
-  std::vector<std::string> norms;
-  for (auto& kv : P)
-    if (kv.first.find("norm.weight") != std::string::npos) norms.push_back(kv.first);
-  ASSERT_EQ(norms.size(), 2u * static_cast<size_t>(S.layers) + 1u);
-  at::Generator g = at::detail::createCPUGenerator(5);
-  {
-    at::NoGradGuard ng;
-    for (const std::string& n : norms) {
-      EXPECT_EQ(P[n].abs().max().item<double>(), 0.0) << n << " starts at 0";
-      P[n].copy_(at::randn(P[n].sizes(), g) * 0.3);
+  // Llama's norms, and Qwen3's query/key norms with them.
+  for (const Shape& S : {kShapes[1], kShapes[5]}) {
+    Opts o = llama_opts(S);
+    o["apply_layernorm_1p"] = "true";
+    GPT model(o, Ctx{}, plugins().llama);
+    model.train(true);
+    auto P = model.param_map();
+    std::vector<std::string> norms;
+    for (auto& kv : P)
+      if (kv.first.find("norm.weight") != std::string::npos) norms.push_back(kv.first);
+    ASSERT_EQ(norms.size(), (S.qk_norm ? 4u : 2u) * static_cast<size_t>(S.layers) + 1u);  // q/k norms too
+    at::Generator g = at::detail::createCPUGenerator(5);
+    {
+      at::NoGradGuard ng;
+      for (const std::string& n : norms) {
+        EXPECT_EQ(P[n].abs().max().item<double>(), 0.0) << n << " starts at 0";
+        P[n].copy_(at::randn(P[n].sizes(), g) * 0.3);
+      }
     }
+    at::Tensor tokens = random_ids(3, S.seq, S.vocab, 11), labels = random_ids(3, S.seq, S.vocab, 12);
+    at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
+    at::Tensor loss = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}}), "loss");
+    std::map<std::string, at::Tensor> R;
+    for (auto& kv : P) R[kv.first] = kv.second.detach().clone().requires_grad_(true);
+    std::map<std::string, at::Tensor> gains = R;
+    for (const std::string& n : norms) gains[n] = R[n] + 1;
+    at::Tensor want = ref_loss(ref_logits(gains, S, tokens, pos), labels);
+    expect_close(loss.detach(), want.detach(), 1e-5, "loss with 1 + w");
+    loss.mean().backward();
+    want.mean().backward();
+    for (auto& kv : P) expect_close(kv.second.grad(), R[kv.first].grad(), 1e-5, "gradient of " + kv.first);
   }
-  at::Tensor tokens = random_ids(3, S.seq, S.vocab, 11), labels = random_ids(3, S.seq, S.vocab, 12);
-  at::Tensor pos = at::arange(S.seq, at::kLong).repeat({3, 1});
-  at::Tensor loss = dtk::get(model.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}}), "loss");
-  std::map<std::string, at::Tensor> R;
-  for (auto& kv : P) R[kv.first] = kv.second.detach().clone().requires_grad_(true);
-  std::map<std::string, at::Tensor> gains = R;
-  for (const std::string& n : norms) gains[n] = R[n] + 1;
-  at::Tensor want = ref_loss(ref_logits(gains, S, tokens, pos), labels);
-  expect_close(loss.detach(), want.detach(), 1e-5, "loss with 1 + w");
-  loss.mean().backward();
-  want.mean().backward();
-  for (auto& kv : P) expect_close(kv.second.grad(), R[kv.first].grad(), 1e-5, "gradient of " + kv.first);
 }
 
 TEST(LlamaModel, RotaryPositionsBeyondTheTrainingLengthAreExact) {
@@ -320,31 +322,34 @@ int64_t graph_has(const at::Tensor& t, const std::string& name) {
 // the activations, with dropout on (the rerun draws the forward's masks) and twice in a row (the
 // generators stay in step).
 TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
-  const Shape S = kShapes[1];
-  for (const char* p : {"0", "0.2"}) {
-    Opts base = llama_opts(S);
-    base["hidden_dropout"] = p;
-    base["attention_dropout"] = p;
-    Opts rec = base;
-    rec["recompute_activations"] = "full";
-    GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
-    EXPECT_EQ(b.info().recompute, 1);
-    a.train(true);
-    b.train(true);
-    at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
-    TensorList in{{"tokens", tokens}, {"labels", labels}};
-    for (int it = 0; it < 2; ++it) {
-      a.zero_grad();
-      b.zero_grad();
-      at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
-      EXPECT_EQ(graph_has(la, "Recomputed"), 0);
-      EXPECT_EQ(graph_has(lb, "Recomputed"), S.layers);  // one recomputed block per layer
-      la.backward();
-      lb.backward();
-      expect_close(lb.detach(), la.detach(), 1e-6, std::string("loss, dropout ") + p);
-      auto pa = a.param_map(), pb = b.param_map();
-      for (auto& kv : pa)
-        expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, std::string("grad ") + kv.first + " dropout " + p);
+  // Full and selective (core attention: Qwen3's query/key norms are inside the recomputed block).
+  for (const auto& [S, kind] : {std::pair{kShapes[1], "full"}, std::pair{kShapes[5], "full"},
+                                std::pair{kShapes[1], "selective"}, std::pair{kShapes[5], "selective"}}) {
+    for (const char* p : {"0", "0.2"}) {
+      const std::string what = std::string(kind) + (S.qk_norm ? " qk norm" : "") + ", dropout " + p;
+      Opts base = llama_opts(S);
+      base["hidden_dropout"] = p;
+      base["attention_dropout"] = p;
+      Opts rec = base;
+      rec["recompute_activations"] = kind;
+      GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
+      EXPECT_EQ(b.info().recompute, std::string(kind) == "full" ? 1 : 0);
+      a.train(true);
+      b.train(true);
+      at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
+      TensorList in{{"tokens", tokens}, {"labels", labels}};
+      for (int it = 0; it < 2; ++it) {
+        a.zero_grad();
+        b.zero_grad();
+        at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+        EXPECT_EQ(graph_has(la, "Recomputed"), 0);
+        EXPECT_EQ(graph_has(lb, "Recomputed"), S.layers) << what;  // one recomputed block per layer
+        la.backward();
+        lb.backward();
+        expect_close(lb.detach(), la.detach(), 1e-6, "loss, " + what);
+        auto pa = a.param_map(), pb = b.param_map();
+        for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
+      }
     }
   }
 }

@@ -103,9 +103,9 @@ const Rule kRules[] = {
      "the head dimension: nothing to set when it is --hidden-size / --num-attention-heads; another value: the llama "
      "model's heads of that width (Qwen3's)"},
     {"--qk-layernorm", 0, Kind::kSwitch, "model.qk_layernorm=true",
-     "per-head query and key RMSNorm before rotary (llama; Qwen3's)"},
+     "the llama model's per-head query and key RMSNorm before rotary, Qwen3's"},
     {"--add-qkv-bias", 0, Kind::kSwitch, "model.add_qkv_bias=true",
-     "biases on the query/key/value projection alone (llama; Qwen2's)"},
+     "the llama model's biases on the query/key/value projection alone, Qwen2's"},
     // Mixture of experts
     {"--num-experts", 1, Kind::kSet, "model.num_experts",
      "MoE layers (top-k routing, dropless unless --moe-expert-capacity-factor) in gpt and llama"},
@@ -1281,9 +1281,10 @@ void check_heads_and_positions(SeenFlags& s, MegatronMapping& m) {
     else if (hidden == 0 || heads == 0) {
       if (s.use_checkpoint_args)
         m.ignored.push_back(s.kv_channels_shown + " (the checkpoint's model decides: --use-checkpoint-args)");
-      else
-        m.refused.push_back(s.kv_channels_shown +
-                            ": needs --hidden-size and --num-attention-heads (DTK's head dimension is their quotient)");
+      else {  // the heads' own width: the llama model's kv_channels
+        set_by(m, "model.kv_channels=" + s.kv_channels, s.kv_channels_shown);
+        s.llama_only.push_back(s.kv_channels_shown);
+      }
     } else if (hidden % heads != 0 || hidden / heads != kv) {
       set_by(m, "model.kv_channels=" + s.kv_channels, s.kv_channels_shown);
       s.llama_only.push_back(s.kv_channels_shown);

@@ -98,6 +98,11 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
   if (s.head_dim == 0) s.head_dim = s.hidden / s.heads;
   s.qkv_bias = hf::option_true(option_or(o, "add_qkv_bias", "false"));
   s.qk_norm = hf::option_true(option_or(o, "qk_layernorm", "false"));
+  // Qwen2's rotary in transformers from before its rope refactor reads no rope_scaling.
+  if (s.qkv_bias && !s.bias && !s.qk_norm && option(o, "rope_scaling") == "llama3")
+    throw HostError(
+        "export hf: option 'rope_scaling' is llama3: a llama with query/key/value biases alone exports as "
+        "Qwen2ForCausalLM, whose rotary embedding older transformers build without rope_scaling");
   if (s.qk_norm && (s.bias || s.qkv_bias))
     throw HostError(std::string("export hf: option '") + (s.bias ? "add_bias_linear" : "add_qkv_bias") +
                     "' is true: a llama with query/key norms exports as Qwen3ForCausalLM, whose attention biases "
@@ -375,7 +380,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   s.layers = integer("num_hidden_layers", 0, true), s.hidden = integer("hidden_size", 0, true);
   s.heads = integer("num_attention_heads", 0, true), s.ffn = integer("intermediate_size", 0, true);
   s.vocab = integer("vocab_size", 0, true);
-  s.groups = integer("num_key_value_heads", mixtral ? 8 : s.heads, false);
+  s.groups = integer("num_key_value_heads", mixtral ? 8 : qwen ? 32 : s.heads, false);
   s.positions = integer("max_position_embeddings", mixtral ? 4096 * 32 : qwen ? 32768 : 2048, false);
   if (s.layers <= 0 || s.hidden <= 0 || s.heads <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.groups <= 0 || s.positions <= 0)
     refuse("num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size "
@@ -387,7 +392,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
     if (s.hidden % s.heads != 0) refuse("num_attention_heads must divide hidden_size (config.json has no head_dim)");
     s.head_dim = s.hidden / s.heads;
   }
-  if (s.head_dim < 0 || s.head_dim % 2 != 0)
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0)
     refuse("head_dim " + std::to_string(s.head_dim) + " must be positive and even (rotary pairs its channels)");
   if (mixtral) {
     s.experts = integer("num_local_experts", 8, false), s.topk = integer("num_experts_per_tok", 2, false);

@@ -24,8 +24,10 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks.
   const double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
   // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
-  // only under sequence parallelism).
-  const double rest = in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t;
+  // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)
+  // are the attention's width: heads wider than hidden / heads (Qwen3's) hold that much more.
+  const double wider = in.attention_width > 0 ? 8.0 * (static_cast<double>(in.attention_width) / h - 1.0) / t : 0.0;
+  const double rest = (in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t) + wider;
   return s * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
 }
 

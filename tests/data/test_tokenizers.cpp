@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dtk/data/error.hpp"
+#include "dtk/text/normalize.hpp"
 #include "dtk/text/tokenizer.hpp"
 #include "test_util.hpp"
 #include "tokenizer_fixtures.hpp"
@@ -60,6 +61,42 @@ TEST(HuggingFaceTokenizer, Llama3IdsEqualTheReference) {
   EXPECT_EQ(tok->eod(), 128001);  // tokenizer_config.json's eos_token <|end_of_text|>
   EXPECT_EQ(tok->bos(), 128000);
   EXPECT_TRUE(tok->text_prefix().empty());  // this tokenizer.json has no template
+}
+
+// Qwen3's tokenizer.json: an NFC normalizer (edge_cases.txt holds decomposed accents, Hangul
+// jamo and marks out of canonical order), then Qwen2's regex (one digit per piece), byte-level BPE.
+TEST(HuggingFaceTokenizer, Qwen3IdsEqualTheReference) {
+  const auto tok = hf("qwen3");
+  expect_reference(*tok, "qwen3");
+  EXPECT_EQ(tok->vocab_size(), 151669);
+  EXPECT_EQ(tok->eod(), 151645);            // tokenizer_config.json's eos_token <|im_end|>
+  EXPECT_TRUE(tok->text_prefix().empty());  // no BOS: its post_processor is ByteLevel alone
+  // Qwen2's regex takes one digit per piece (Llama 3's up to three).
+  const std::vector<int32_t> year = tok->tokenize("2024");
+  ASSERT_EQ(year.size(), 4u);
+  EXPECT_EQ(year[1], tok->tokenize("0").at(0));
+  // NFC before BPE: the decomposed and the composed spellings are one text.
+  EXPECT_EQ(tok->tokenize("Cafe\u0301 \u1100\u1161\u11a8"), tok->tokenize("Caf\u00e9 \uac01"));
+}
+
+// NFC (dtk/text/normalize.hpp) on cases whose results Unicode's data fixes: composition,
+// canonical reordering before it, blocking, Hangul by the algorithm, singletons and exclusions.
+TEST(Normalize, NfcComposesReordersAndBlocksAsUnicodeSays) {
+  std::string storage;
+  auto nfc = [&](const std::string& s) { return std::string(dtk::text::nfc(s, &storage)); };
+  EXPECT_EQ(nfc("plain ASCII"), "plain ASCII");
+  EXPECT_EQ(nfc("e\u0301"), "\u00e9");               // e + acute -> é
+  EXPECT_EQ(nfc("a\u0323\u0302"), "\u1ead");         // a + dot below + circumflex -> ậ
+  EXPECT_EQ(nfc("a\u0302\u0323"), "\u1ead");         // marks out of order: reordered first
+  EXPECT_EQ(nfc("\u1e0b\u0323"), "\u1e0d\u0307");    // ḋ + dot below -> ḍ + dot above
+  EXPECT_EQ(nfc("\u1100\u1161\u11a8"), "\uac01");    // Hangul L V T -> 각
+  EXPECT_EQ(nfc("\uac00\u11a8"), "\uac01");          // LV + T
+  EXPECT_EQ(nfc("\u212b"), "\u00c5");                // ANGSTROM SIGN, a singleton -> Å
+  EXPECT_EQ(nfc("\u0958"), "\u0915\u093c");          // excluded from composition: stays apart
+  EXPECT_EQ(nfc("a\u0316\u0301"), "\u00e1\u0316");   // a lower-class mark between does not block
+  EXPECT_EQ(nfc("a\u0305\u0301"), "a\u0305\u0301");  // one of the same class does
+  EXPECT_EQ(nfc("\u0301e"), "\u0301e");              // a leading mark has no starter
+  EXPECT_THROW(dtk::text::nfc("a\xff\u0301", &storage), dtk::data::DataError);
 }
 
 TEST(HuggingFaceTokenizer, SentencePieceStyleIdsEqualTheReference) {
@@ -118,6 +155,7 @@ TEST(Tokenizers, EncodingAcrossACutEqualsEncodingWhole) {
   std::vector<std::unique_ptr<Tokenizer>> all;
   all.push_back(make_tokenizer({"", "", test::encoder_json(), test::vocab_bpe(), 0}));
   all.push_back(hf("llama3"));
+  all.push_back(hf("qwen3"));
   const std::string text = test::read_file(kGpl3) + test::read_file(fixture("edge_cases.txt"));
   for (const auto& tok : all) EXPECT_GT(expect_cuts_keep_the_ids(*tok, text, 97), 100) << tok->type();
   EXPECT_EQ(sentencepiece("Llama2Tokenizer")->next_cut(text, 0), std::string_view::npos);

@@ -1,8 +1,9 @@
 // HuggingFaceTokenizer: a tokenizer.json whose model is BPE, read and run without the Hugging Face
 // library. Two families are implemented, and anything else in the file is refused by name:
-//  * byte-level BPE (Llama 3, GPT-2 style): pre_tokenizer ByteLevel (GPT-2's regex) or
-//    Sequence[Split(Llama 3's regex, GPT-2's, or Megatron TikTokenizer's v1/v2, Isolated),
-//    ByteLevel(use_regex false)] (what `dtk export hf` writes for a TikTokenizer);
+//  * byte-level BPE (Llama 3, Qwen2/Qwen3, GPT-2 style): pre_tokenizer ByteLevel (GPT-2's regex)
+//    or Sequence[Split(Llama 3's regex, Qwen2's, GPT-2's, or Megatron TikTokenizer's v1/v2,
+//    Isolated), ByteLevel(use_regex false)] (what `dtk export hf` writes for a TikTokenizer),
+//    optionally after an NFC normalizer (Qwen's; dtk/text/normalize.hpp);
 //  * SentencePiece-style BPE (Llama 2, Mistral): normalizer Prepend("▁") + Replace(" ", "▁") or
 //    pre_tokenizer Metaspace; byte_fallback for characters outside the vocabulary.
 // Added tokens are split out of the text first (leftmost, longest), as Hugging Face does; merges
@@ -22,6 +23,7 @@
 
 #include "dtk/data/error.hpp"
 #include "dtk/data/utf8.hpp"
+#include "dtk/text/normalize.hpp"
 #include "dtk/text/pre_tokenize.hpp"
 #include "tokenizers.hpp"
 
@@ -166,7 +168,7 @@ class HfTokenizer final : public Tokenizer {
   }
 
  private:
-  enum class Pre { kNone, kGpt2, kLlama3, kTiktokenV1, kTiktokenV2 };
+  enum class Pre { kNone, kGpt2, kLlama3, kQwen2, kTiktokenV1, kTiktokenV2 };
 
   [[noreturn]] void refuse(const std::string& what) const {
     throw DataError(where_ + ": " + what + " is not implemented by DTK's HuggingFaceTokenizer");
@@ -278,7 +280,9 @@ class HfTokenizer final : public Tokenizer {
     const json parts = type_of(n) == "Sequence" ? member(n, "normalizers") : json::array({n});
     for (const json& p : parts) {
       const std::string ty = type_of(p);
-      if (ty == "Prepend" && p.value("prepend", std::string()) == kMetaspace) {
+      if (ty == "NFC") {
+        nfc_ = true;
+      } else if (ty == "Prepend" && p.value("prepend", std::string()) == kMetaspace) {
         prepend_metaspace_ = true;
       } else if (ty == "Replace" && member(member(p, "pattern"), "String") == " " &&
                  p.value("content", std::string()) == kMetaspace) {
@@ -324,6 +328,8 @@ class HfTokenizer final : public Tokenizer {
       refuse("a Split pre_tokenizer that is not Isolated");
     if (pattern == kLlama3PreTokenizePattern)
       pre_ = Pre::kLlama3;
+    else if (pattern == kQwen2PreTokenizePattern)
+      pre_ = Pre::kQwen2;
     else if (pattern == kGpt2PreTokenizePattern)
       pre_ = Pre::kGpt2;
     else if (pattern == kTiktokenV1Pattern)
@@ -331,7 +337,8 @@ class HfTokenizer final : public Tokenizer {
     else if (pattern == kTiktokenV2Pattern)
       pre_ = Pre::kTiktokenV2;
     else
-      refuse("the Split regex " + pattern + " (DTK has Llama 3's, GPT-2's and Megatron TikTokenizer's v1 and v2)");
+      refuse("the Split regex " + pattern +
+             " (DTK has Llama 3's, Qwen2's, GPT-2's and Megatron TikTokenizer's v1 and v2)");
   }
 
   // TemplateProcessing's "single": special tokens before and after the text ($A).
@@ -450,6 +457,8 @@ class HfTokenizer final : public Tokenizer {
   // One stretch of text between added tokens: normalize, pre-tokenize, BPE each piece.
   void encode_segment(std::string_view seg, bool at_text_start, std::vector<int32_t>* out) const {
     if (seg.empty()) return;
+    std::string normalized;
+    if (nfc_) seg = nfc(seg, &normalized);
     if (metaspace_) {
       std::string s;
       if (prepend_metaspace_ && (!prepend_first_only_ || at_text_start)) s = kMetaspace;
@@ -473,6 +482,8 @@ class HfTokenizer final : public Tokenizer {
     switch (pre_) {
       case Pre::kLlama3:
         return llama3_pre_tokenize(seg, pieces);
+      case Pre::kQwen2:
+        return qwen2_pre_tokenize(seg, pieces);
       case Pre::kTiktokenV1:
         return tiktoken_v1_pre_tokenize(seg, pieces);
       case Pre::kTiktokenV2:
@@ -576,6 +587,7 @@ class HfTokenizer final : public Tokenizer {
   int32_t unk_ = -1;
   int32_t byte_token_[256] = {};
   Pre pre_ = Pre::kNone;
+  bool nfc_ = false;  // the NFC normalizer (Qwen's) before everything else
   bool add_prefix_space_ = false;
   bool metaspace_ = false, prepend_metaspace_ = false, prepend_first_only_ = false;
   std::vector<int32_t> prefix_, suffix_;

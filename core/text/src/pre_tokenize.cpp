@@ -116,6 +116,8 @@ size_t newline_aware_whitespace(std::string_view s, size_t i, Spaces spaces) {
 const char* const kGpt2PreTokenizePattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* const kLlama3PreTokenizePattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2PreTokenizePattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // Megatron's _PATTERN_TIKTOKEN_V1 and _PATTERN_TIKTOKEN_V2 (megatron/core/tokenizers/text/
 // libraries/tiktoken_tokenizer.py).
 const char* const kTiktokenV1Pattern =
@@ -208,7 +210,7 @@ size_t punctuation_or_whitespace(std::string_view s, size_t i, const Cp& c, Spac
   return end;
 }
 
-// The family of tiktoken cl100k's regex (Llama 3's, TikTokenizer v1's):
+// The family of tiktoken cl100k's regex (Llama 3's, Qwen2's, TikTokenizer v1's):
 //   contractions?|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //   \s*[\r\n]+|\s+(?!\S)|\s+
 // (v1 spells two quantifiers possessive, ?+ and ++; neither changes a match here: the optional
@@ -317,6 +319,10 @@ size_t upper_word(std::string_view s, size_t j) {
 
 void llama3_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces) {
   cl100k_family_pre_tokenize(s, pieces, {true, 3, Spaces::kJavaScript});
+}
+
+void qwen2_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces) {
+  cl100k_family_pre_tokenize(s, pieces, {true, 1, Spaces::kJavaScript});
 }
 
 void tiktoken_v1_pre_tokenize(std::string_view s, std::vector<std::string_view>* pieces) {

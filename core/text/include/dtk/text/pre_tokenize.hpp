@@ -19,6 +19,11 @@ void gpt2_pre_tokenize(std::string_view text, std::vector<std::string_view>* pie
 //   \s*[\r\n]+|\s+(?!\S)|\s+
 void llama3_pre_tokenize(std::string_view text, std::vector<std::string_view>* pieces);
 
+// Qwen2's and Qwen3's (Llama 3's with one digit per piece):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+void qwen2_pre_tokenize(std::string_view text, std::vector<std::string_view>* pieces);
+
 // Megatron's TikTokenizer, --tiktoken-pattern v1:
 //   [^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+
 // and v2 (its default; tiktoken o200k's without the contractions):
@@ -33,6 +38,7 @@ void tiktoken_v2_pre_tokenize(std::string_view text, std::vector<std::string_vie
 // The regex source of each pre-tokenizer above, as tokenizer.json (or Megatron) spells it.
 extern const char* const kGpt2PreTokenizePattern;
 extern const char* const kLlama3PreTokenizePattern;
+extern const char* const kQwen2PreTokenizePattern;
 extern const char* const kTiktokenV1Pattern;
 extern const char* const kTiktokenV2Pattern;
 

@@ -337,6 +337,20 @@ TEST(HfLlama, TiedAndLlama3RopeScalingRoundTrip) {
 
 namespace {
 
+// The export in `hf_dir` with `from` in its config.json replaced by `to`, copied to `folder`: its
+// import is one error line holding `needle`, and writes nothing.
+void expect_import_refused(const std::string& hf_dir, const std::string& folder, const std::string& from,
+                           const std::string& to, const std::string& needle) {
+  fs::create_directories(folder);
+  fs::copy_file(hf_dir + "/model.safetensors", folder + "/model.safetensors", fs::copy_options::overwrite_existing);
+  std::string config = read(hf_dir + "/config.json");
+  ASSERT_NE(config.find(from), std::string::npos) << from;
+  config.replace(config.find(from), from.size(), to);
+  write_text(folder + "/config.json", config);
+  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + folder + " " + folder + "_x"), needle);
+  EXPECT_FALSE(fs::exists(folder + "_x"));
+}
+
 // The body of TensorParallelCheckpointRoundTrips for one model.
 void expect_tensor_parallel_round_trip(const std::string& dir, const std::string& frozen) {
   ASSERT_EQ(dtk_test::run_dtk(frozen + "--set checkpoint.save=" + dir + "/tp1").code, 0);
@@ -442,19 +456,11 @@ TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
 
     // What the architecture cannot hold, one line each.
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
-    fs::create_directories(bad + "/in");
-    fs::copy_file(dir + "/hf/model.safetensors", bad + "/in/model.safetensors");
-    std::string windowed = config;
-    windowed.replace(windowed.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
-    write_text(bad + "/in/config.json", windowed);
-    dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + bad + "/in " + bad + "/x"),
-                                    "use_sliding_window is true");
+    expect_import_refused(dir + "/hf", bad + "/windowed", "\"use_sliding_window\": false",
+                          "\"use_sliding_window\": true", "use_sliding_window is true");
     if (v.name == "qwen3") {
-      std::string biased = config;
-      biased.replace(biased.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
-      write_text(bad + "/in/config.json", biased);
-      dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + bad + "/in " + bad + "/x"),
-                                      "attention_bias is true: Qwen3's biases would be on o_proj too");
+      expect_import_refused(dir + "/hf", bad + "/biased", "\"attention_bias\": false", "\"attention_bias\": true",
+                            "attention_bias is true: Qwen3's biases would be on o_proj too");
       ASSERT_EQ(dtk_test::run_dtk(kTrain + sets +
                                   "--set model.add_qkv_bias=true --set train.train_iters=1 "
                                   "--set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 "
@@ -597,15 +603,8 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
   EXPECT_EQ(tuned.code, 0) << tuned.out;
 
   // Windowed attention shorter than the positions is not the llama model's.
-  const std::string windowed = dir + "/windowed";
-  fs::create_directories(windowed);
-  fs::copy_file(dir + "/hf/model.safetensors", windowed + "/model.safetensors");
-  std::string window_config = config;
-  window_config.replace(window_config.find("\"sliding_window\": null"), 22, "\"sliding_window\": 16");
-  write_text(windowed + "/config.json", window_config);
-  dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + windowed + " " + dir + "/x"),
-                                  "sliding_window 16: the llama model's attention sees every earlier position");
-  EXPECT_FALSE(fs::exists(dir + "/x"));
+  expect_import_refused(dir + "/hf", dir + "/windowed", "\"sliding_window\": null", "\"sliding_window\": 16",
+                        "sliding_window 16: the llama model's attention sees every earlier position");
   // transformers 5's rope_parameters carry the theta; keys left out are MixtralConfig's defaults.
   const auto import_with = [&](const std::string& name, const std::string& cfg) {
     const std::string d = dir + "/" + name;

@@ -466,7 +466,8 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
        "cut.bpe' (534 merges) does not make 49466 token(s) of the vocabulary file, e.g. '!!' (cut short, or another "
        "tokenizer's merges? It does not end with a newline"},
       {"config --megatron_args '--hidden-size 64 --num-attention-heads 4 --kv-channels 32'",
-       "--kv-channels 32: DTK's head dimension is --hidden-size / --num-attention-heads (64 / 4)"},
+       "--kv-channels 32: needs the llama model (with --position-embedding-type rope --normalization RMSNorm "
+       "--swiglu)"},
       // An option its plugin's settings leave idle (ABI 2.7's acts_with), in any slot.
       {"config --dataset gpt_indexed --set dataset.order=megatron_legacy --set dataset.add_extra_token=false",
        "dataset plugin 'gpt_indexed': option add_extra_token=false does nothing without order=megatron_core: drop "

@@ -30,11 +30,7 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
   if (moe) s.active_parameters -= experts - experts * info.moe_router_topk / info.num_experts;
   s.passes = info.recompute ? 4 : 3;
   const double c = s.passes, n = static_cast<double>(s.active_parameters);
-  // The scores and the context are num_attention_heads x kv_channels wide (Megatron's
-  // query_projection_size); hidden_size where the model does not say (before ABI 2.15).
-  const double width = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_15 && info.kv_channels > 0
-                           ? static_cast<double>(info.num_attention_heads) * static_cast<double>(info.kv_channels)
-                           : static_cast<double>(info.hidden_size);
+  const double width = static_cast<double>(attention_width(info));  // of the scores and the context
   const double lhs = static_cast<double>(info.num_layers) * width * static_cast<double>(seq_length);
   s.flops_per_token = 2 * c * n + 4 * c * lhs;
   s.attention_flops_per_position = 4 * c * static_cast<double>(info.num_layers) * width;

@@ -36,9 +36,7 @@ namespace {
 
 // " of 128 channels" where a head's width is not hidden_size / heads (kv_channels, ABI 2.15).
 std::string head_width(const dtk_model_info& info) {
-  if (info.struct_size < dtk_model_info_STRUCT_SIZE_2_15 || info.kv_channels <= 0 || info.num_attention_heads <= 0 ||
-      info.kv_channels * info.num_attention_heads == info.hidden_size)
-    return "";
+  if (info.num_attention_heads <= 0 || attention_width(info) == info.hidden_size) return "";
   return " of " + std::to_string(info.kv_channels) + " channels";
 }
 
@@ -342,8 +340,7 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   MemoryEstimateInputs in;
   in.seq_length = plan.seq_length(), in.micro_batch_size = plan.micro_batch_size();
   in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
-  if (info.struct_size >= dtk_model_info_STRUCT_SIZE_2_15 && info.kv_channels > 0)
-    in.attention_width = info.num_attention_heads * info.kv_channels;
+  in.attention_width = attention_width(info);
   in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
   in.selective_recompute = info.recompute_granularity == 2, in.recompute_block = info.recompute_method == 1;
   in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;

@@ -28,6 +28,14 @@ struct ModelStats {
 inline int32_t num_experts(const dtk_model_info& info) {
   return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_9 ? info.num_experts : 0;
 }
+// How wide the attention's queries, scores and context are: num_attention_heads x kv_channels
+// (ABI 2.15; Megatron's query_projection_size), hidden_size for a model that reports no width (0)
+// or was built before 2.15.
+inline int64_t attention_width(const dtk_model_info& info) {
+  return info.struct_size >= dtk_model_info_STRUCT_SIZE_2_15 && info.kv_channels > 0
+             ? info.num_attention_heads * info.kv_channels
+             : info.hidden_size;
+}
 
 // s is the run's train.seq_length (what each sample holds), not the model's declared context
 // (info.seq_length, which a model may set longer for export). With pipeline stages (pp_size > 1)

@@ -23,6 +23,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include <ATen/ops/ones.h>
+
 #include "dropout_rows.hpp"
 #include "softmax_rows.hpp"
 
@@ -213,6 +215,14 @@ at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double sca
   // Without a graph to record (evaluation) there is nothing to keep the probabilities for.
   const bool graph = at::GradMode::is_enabled() && qkv.requires_grad();
   return CausalAttention::apply(qkv, heads, scale, keep, recompute_probs || !graph);
+}
+
+at::Tensor window_mask(const at::Tensor& mask, int64_t s, int64_t t, int64_t window, at::Device device) {
+  const at::Tensor ones = at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device));
+  // Key j is before query i's window where j - i <= t - s - window - 1, in its future where
+  // j - i >= t - s + 1.
+  const at::Tensor before = ones.tril(t - s - window - 1).view({1, 1, s, t});
+  return mask.defined() ? mask.logical_or(before) : ones.triu(t - s + 1).view({1, 1, s, t}).logical_or(before);
 }
 
 }  // namespace dtk::layers

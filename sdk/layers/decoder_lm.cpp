@@ -7,6 +7,7 @@
 #include <dtk/pipeline_split.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,7 +25,40 @@ namespace {
 // has nothing to overlap its output layer's or embedding's communication with.
 bool runs_domino(const DecoderConfig& c, size_t stage_layers) { return c.domino_chunks > 1 && stage_layers > 0; }
 
+// Megatron's --window-size "W,R" (its tuple_type: spaces, parentheses and quotes allowed) as W, the
+// keys before a token its window holds; -1 (Megatron's infinite window) or "" = none. A causal
+// LM's window ends at its token: R must be 0 (or -1, which causal attention makes 0).
+int64_t parse_window_size(const std::string& text) {
+  std::string t;
+  for (const char ch : text)
+    if (!std::isspace(static_cast<unsigned char>(ch)) && ch != '"' && ch != '\'' && ch != '(' && ch != ')') t += ch;
+  if (t.empty()) return -1;
+  const size_t comma = t.find(',');
+  const auto not_two = [&] { return std::invalid_argument("'" + text + "' is not two integers W,R such as 4095,0"); };
+  auto integer = [&](const std::string& part) -> int64_t {
+    if (part.empty() || part.size() > 10 || part.find_first_not_of("-0123456789") != std::string::npos ||
+        part.find('-', 1) != std::string::npos || part == "-")
+      throw not_two();
+    return std::stoll(part);
+  };
+  if (comma == std::string::npos) throw not_two();
+  const int64_t left = integer(t.substr(0, comma)), right = integer(t.substr(comma + 1));
+  if (left < -1 || right < -1)
+    throw std::invalid_argument("'" + text + "': a side of the window is -1 (unlimited) or at least 0");
+  if (right > 0)
+    throw std::invalid_argument("'" + text + "' would let each token see the " + std::to_string(right) +
+                                " tokens after it; a causal LM's window ends at its token (W,0)");
+  return left;
+}
+
 }  // namespace
+
+bool DecoderConfig::windowed(int64_t index) const {
+  if (window < 0) return false;
+  if (!window_layers.flags.empty())
+    return index >= 0 && index < static_cast<int64_t>(window_layers.flags.size()) && window_layers.flags[index];
+  return window_layers.every <= 0 || (index + 1) % window_layers.every != 0;
+}
 
 void add_param(std::vector<Param>& out, const std::string& name, const at::Tensor& t, int partition_dim,
                bool no_weight_decay, bool shared, int32_t module) {
@@ -126,6 +160,23 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
     } catch (const std::invalid_argument& e) {
       fail(std::string("option 'moe_layer_freq': ") + e.what());
     }
+  }
+  if (o.has("window_size")) {
+    try {
+      c.window = parse_window_size(o.get_string("window_size"));
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("option 'window_size': ") + e.what());
+    }
+  }
+  if (o.has("window_attn_skip_freq") && !o.get_string("window_attn_skip_freq").empty()) {
+    if (c.window < 0) fail("option 'window_attn_skip_freq' acts only with window_size (a sliding window)");
+    try {
+      c.window_layers = parse_layer_pattern(o.get_string("window_attn_skip_freq"));
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("option 'window_attn_skip_freq': ") + e.what());
+    }
+    if (c.window_layers.flags.empty() && c.window_layers.every < 1)
+      fail("option 'window_attn_skip_freq' must be >= 1, got " + std::to_string(c.window_layers.every));
   }
   if (o.has("moe_router_score_function")) {
     const std::string score = o.get_string("moe_router_score_function");
@@ -288,6 +339,10 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   positive("seq_length (option or train.seq_length)", c.seq);
   positive("vocab_size", c.vocab);
   positive("make_vocab_size_divisible_by", c.divisible_by);
+  if (c.window >= 0 && !c.window_layers.flags.empty() &&
+      static_cast<int64_t>(c.window_layers.flags.size()) != c.num_layers)
+    fail("option 'window_attn_skip_freq' lists " + std::to_string(c.window_layers.flags.size()) +
+         " layers, the model has " + std::to_string(c.num_layers));
   if (c.kv_channels < 0 || c.kv_channels > (int64_t{1} << 20))
     fail("option 'kv_channels' must be in [0, 2^20] (0: hidden_size / num_attention_heads), got " +
          std::to_string(c.kv_channels));

@@ -1174,6 +1174,30 @@ TEST(MegatronArgs, QwenLayerFlagsMapToTheLlamaModel) {
   EXPECT_NE(r.out.find("iteration        2/       2"), std::string::npos) << r.out;
 }
 
+// Megatron's sliding-window flags, as gpt-oss's script passes them (--window-size 127,0
+// --window-attn-skip-freq 2), map to both models' window options, which read Megatron's tuple as
+// written; a llama and a gpt train with them, and a window that sees later tokens is the model's
+// one-line refusal.
+TEST(MegatronArgs, SlidingWindowFlagsMapToBothModels) {
+  const MegatronMapping m =
+      map_line("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --window-size 127,0 --window-attn-skip-freq 2");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.window_size", "127,0"}, {"model.window_attn_skip_freq", "2"}});
+  const std::string base =
+      "train --threads 1 --dataset synthetic --megatron_args '--num-layers 2 --hidden-size 64 "
+      "--num-attention-heads 4 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --train-iters 2 --lr 0.001 "
+      "--eval-iters 1 --eval-interval 2 --log-interval 1 --window-attn-skip-freq [1,0] ";
+  const std::string vocab = std::string(" --set tokenizer.vocab_file=") + DTK_VOCAB_DIR +
+                            "/encoder.json --set tokenizer.merge_file=" + DTK_VOCAB_DIR + "/vocab.bpe";
+  for (const char* model : {"", "--position-embedding-type rope --normalization RMSNorm --swiglu "}) {
+    const dtk_test::Result r = dtk_test::run_dtk(base + model + "--window-size 7,0'" + vocab);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(dtk_test::printed_losses(r.out).size(), 2u) << r.out;
+  }
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + "--window-size 7,3'" + vocab),
+                                  "option 'window_size': '7,3' would let each token see the 3 tokens after it");
+}
+
 // Megatron-core's add_extra_token_to_sequence=False and drop_last_partial_validation_sequence=False
 // under tensor parallelism: the samples' loss mask (padding) reaches every tensor-parallel rank
 // with the tokens, so TP 2 trains and evaluates exactly as TP 1 (with the vocabulary padded alike:

@@ -344,6 +344,75 @@ TEST(GptModel, CausalMaskLeaksNothing) {
   }
 }
 
+// Megatron's sliding-window attention (window_size W,0): each token sees itself and the W tokens
+// before it. The windowed model is the reference given the causal mask with the keys before each
+// window masked too (logits), and the plain model given that mask (loss and gradients); a token
+// changes nothing more than W positions per layer after it; generation through the key/value cache
+// equals the full forward.
+TEST(GptModel, SlidingWindowIsTheReferenceWithTheWindowMasked) {
+  const Shape S = kShapes[1];  // 2 layers, 16 positions
+  const int64_t W = 3, s = S.seq;
+  GPT windowed(model_opts(S, S.vocab, {{"window_size", std::to_string(W) + ",0"}}));
+  GPT plain(model_opts(S, S.vocab));
+  auto P = windowed.param_map(), Q = plain.param_map();
+  {
+    at::NoGradGuard ng;
+    for (auto& [name, t] : Q) t.copy_(P.at(name));
+  }
+  windowed.train(true), plain.train(true);  // dropout 0: deterministic
+  const at::Tensor text = random_text(2, s + 1, S.vocab, 5);
+  const at::Tensor tokens = text.narrow(1, 0, s).contiguous(), labels = text.narrow(1, 1, s).contiguous();
+  const at::Tensor pos = at::arange(s, at::kLong).repeat({2, 1});
+  const at::Tensor rows = at::arange(s, at::kLong).unsqueeze(1), cols = at::arange(s, at::kLong).unsqueeze(0);
+  const at::Tensor mask = (cols > rows).logical_or(cols < rows - W).view({1, 1, s, s});
+  {
+    at::NoGradGuard ng;
+    const at::Tensor logits = dtk::get(windowed.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+    expect_close(logits, ref_logits(P, S, tokens, pos, mask), 1e-5, "windowed logits");
+    const at::Tensor unwindowed = dtk::get(plain.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+    EXPECT_GT((logits - unwindowed).abs().max().item<double>(), 1e-3) << "the window masks nothing";
+    // Token 0 reaches W positions further per layer: positions up to 2W, none after.
+    at::Tensor changed = tokens.clone();
+    changed.select(1, 0).add_(17).remainder_(S.vocab);
+    const at::Tensor moved = dtk::get(windowed.forward({{"tokens", changed}, {"position_ids", pos}}), "logits");
+    expect_close(moved.narrow(1, 2 * W + 1, s - 2 * W - 1), logits.narrow(1, 2 * W + 1, s - 2 * W - 1), 1e-6,
+                 "beyond two windows");
+    EXPECT_GT((moved.select(1, 2 * W) - logits.select(1, 2 * W)).abs().max().item<double>(), 1e-5);
+  }
+  const at::Tensor loss =
+      dtk::get(windowed.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}}), "loss");
+  const at::Tensor want = dtk::get(
+      plain.forward({{"tokens", tokens}, {"position_ids", pos}, {"labels", labels}, {"attention_mask", mask}}), "loss");
+  expect_close(loss.detach(), want.detach(), 1e-6, "windowed loss");
+  loss.mean().backward();
+  want.mean().backward();
+  for (auto& [name, t] : P) expect_close(t.grad(), Q.at(name).grad(), 1e-6, "gradient of " + name);
+
+  // Generation: 10 prompt tokens fill the cache, then 2 more one at a time.
+  windowed.train(false);
+  at::NoGradGuard ng;
+  const at::Tensor full = dtk::get(windowed.forward({{"tokens", tokens}, {"position_ids", pos}}), "logits");
+  auto causal = [](int64_t n, int64_t total) {
+    return at::ones({n, total}, at::kBool).triu(total - n + 1).view({1, 1, n, total}).expand({2, 1, n, total});
+  };
+  TensorList out = windowed.forward({{"tokens", tokens.narrow(1, 0, 10)},
+                                     {"position_ids", pos.narrow(1, 0, 10)},
+                                     {"attention_mask", causal(10, 10).contiguous()},
+                                     {"kv_cache_length", at::scalar_tensor(int64_t{0}, at::kLong)},
+                                     {"kv_cache_capacity", at::scalar_tensor(int64_t{16}, at::kLong)}});
+  expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, 9), 1e-5, "logits at the prompt's end");
+  for (int64_t t = 10; t < 12; ++t) {
+    TensorList in{{"tokens", tokens.narrow(1, t, 1)},
+                  {"position_ids", pos.narrow(1, t, 1)},
+                  {"attention_mask", causal(1, t + 1).contiguous()},
+                  {"kv_cache_length", at::scalar_tensor(t, at::kLong)}};
+    for (auto& kv : out)
+      if (kv.first.rfind("kv_cache.", 0) == 0) in.push_back(kv);
+    out = windowed.forward(in);
+    expect_close(dtk::get(out, "logits").squeeze(1), full.select(1, t), 1e-5, "logits at " + std::to_string(t));
+  }
+}
+
 TEST(GptModel, DropoutOffIsDeterministicAndSeededDropoutRepeats) {
   const Shape S{2, 32, 4, 128, 16, 64, true};
   at::Tensor tokens = random_text(2, S.seq, S.vocab, 5), labels = random_text(2, S.seq, S.vocab, 6);
@@ -865,6 +934,30 @@ TEST(GptDomino, ChunkedScheduleMatchesPlainForEveryChunkCountDropoutAndRecompute
       }
     }
   }
+}
+
+// Sliding-window layers in the chunked schedule: each chunk's attention masks the keys before the
+// window as the plain schedule does (all but every 2nd layer windowed, dropout on).
+TEST(GptDomino, SlidingWindowLayersMatchPlain) {
+  const Shape S{3, 32, 4, 128, 16, 64, false};
+  at::Tensor tokens = random_text(4, S.seq, S.vocab, 45), labels = random_text(4, S.seq, S.vocab, 46);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  Opts base = model_opts(S, S.vocab,
+                         {{"hidden_dropout", "0.2"},
+                          {"attention_dropout", "0.2"},
+                          {"window_size", "3,0"},
+                          {"window_attn_skip_freq", "2"}});
+  Opts domino = base;
+  domino["domino_chunks"] = "2";
+  Ctx four;
+  four.micro_batch = 4;
+  GPT a(base), b(domino, four);
+  at::Tensor la = dtk::get(a.forward(in), "loss"), lb = dtk::get(b.forward(in), "loss");
+  expect_close(la.detach(), lb.detach(), 1e-5, "per-token loss");
+  la.mean().backward();
+  lb.mean().backward();
+  auto pa = a.param_map(), pb = b.param_map();
+  for (auto& kv : pa) expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-5, "grad " + kv.first);
 }
 
 TEST(GptDomino, ChunksOfUnequalSizeAPerSequenceMaskAndSharedPositionIds) {

@@ -33,7 +33,10 @@ struct Shape {
   int64_t kv_channels = 0;            // a head's width; 0: hidden / heads
   bool qkv_bias = false;              // add_qkv_bias (Qwen2)
   bool qk_norm = false;               // qk_layernorm (Qwen3)
+  // Sliding-window attention: the window W (-1: none) and the 1-based period of full layers (0: none).
+  int64_t window = -1, full_every = 0;
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden / heads; }
+  bool windowed(int64_t layer) const { return window >= 0 && (full_every == 0 || (layer + 1) % full_every != 0); }
 };
 
 Opts llama_opts(const Shape& S) {
@@ -50,6 +53,8 @@ Opts llama_opts(const Shape& S) {
           {"kv_channels", std::to_string(S.kv_channels)},
           {"add_qkv_bias", S.qkv_bias ? "true" : "false"},
           {"qk_layernorm", S.qk_norm ? "true" : "false"},
+          {"window_size", S.window >= 0 ? std::to_string(S.window) + ",0" : ""},
+          {"window_attn_skip_freq", S.full_every > 0 ? std::to_string(S.full_every) : ""},
           // Not the Xavier-like default scale: large enough weights that attention is not uniform.
           {"init_method_std", "0.2"}};
 }
@@ -117,7 +122,10 @@ at::Tensor ref_logits(std::map<std::string, at::Tensor>& P, const Shape& S, cons
     at::Tensor v = mixed.select(3, per + 1).index_select(2, group_of_head);
     q = q.permute({0, 2, 1, 3}), k = k.permute({0, 2, 1, 3}), v = v.permute({0, 2, 1, 3});
     at::Tensor scores = at::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
-    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+    // Query i sees keys i - W .. i in a windowed layer, every earlier one otherwise.
+    const at::Tensor rows = at::arange(s, at::kLong).unsqueeze(1), cols = at::arange(s, at::kLong).unsqueeze(0);
+    const at::Tensor masked = S.windowed(l) ? causal.logical_or(cols < rows - S.window) : causal;
+    scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
     at::Tensor ctx = at::matmul(at::softmax(scores, -1), v).permute({0, 2, 1, 3}).reshape({b, s, S.heads * hd});
     h = h + lin(ctx, L + "self_attention.dense");
     at::Tensor y = ref_rms(h, P[L + "post_attention_norm.weight"]);
@@ -136,7 +144,8 @@ at::Tensor ref_loss(const at::Tensor& logits, const at::Tensor& labels) {
 
 // Multi-head (groups = heads), grouped-query and multi-query attention; full and partial rotary;
 // with biases (Megatron's default layers); Qwen2's (query/key/value biases alone) and Qwen3's
-// (per-head query/key norms, heads wider than hidden / heads) layers.
+// (per-head query/key norms, heads wider than hidden / heads) layers; sliding-window attention
+// (each token sees itself and the 2 before it) in every layer, and in all but every 2nd.
 const Shape kShapes[] = {
     {2, 32, 4, 4, 48, 8, 64, 1.0},
     {2, 32, 4, 2, 48, 8, 64, 1.0},
@@ -144,15 +153,19 @@ const Shape kShapes[] = {
     {1, 32, 4, 2, 48, 8, 64, 1.0, true},
     {2, 32, 4, 2, 48, 8, 64, 1.0, false, {}, 0, /*qkv_bias=*/true},
     {2, 32, 4, 2, 48, 8, 64, 0.5, false, {}, /*kv_channels=*/16, false, /*qk_norm=*/true},
+    {2, 32, 4, 2, 48, 8, 64, 1.0, false, {}, 0, false, false, /*window=*/2},
+    {3, 32, 4, 2, 48, 8, 64, 1.0, false, {}, 0, false, false, /*window=*/2, /*full_every=*/2},
 };
 
 }  // namespace
 
 TEST(LlamaModel, LogitsLossAndGradientsMatchReference) {
   for (const Shape& S : kShapes) {
-    const std::string what = "groups=" + std::to_string(S.groups) + " rotary=" + std::to_string(S.rotary_percent) +
-                             " kv_channels=" + std::to_string(S.head_dim()) + (S.qkv_bias ? " qkv bias" : "") +
-                             (S.qk_norm ? " qk norm" : "");
+    const std::string what =
+        "groups=" + std::to_string(S.groups) + " rotary=" + std::to_string(S.rotary_percent) +
+        " kv_channels=" + std::to_string(S.head_dim()) + (S.qkv_bias ? " qkv bias" : "") +
+        (S.qk_norm ? " qk norm" : "") +
+        (S.window >= 0 ? " window " + std::to_string(S.window) + "," + std::to_string(S.full_every) : "");
     GPT model = make_llama(S);
     ASSERT_EQ(model.info().vocab_size, S.vocab);
     ASSERT_EQ(model.info().kv_channels, S.head_dim());
@@ -323,8 +336,9 @@ int64_t graph_has(const at::Tensor& t, const std::string& name) {
 // generators stay in step).
 TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
   // Full and selective (core attention: Qwen3's query/key norms are inside the recomputed block).
-  for (const auto& [S, kind] : {std::pair{kShapes[1], "full"}, std::pair{kShapes[5], "full"},
-                                std::pair{kShapes[1], "selective"}, std::pair{kShapes[5], "selective"}}) {
+  for (const auto& [S, kind] :
+       {std::pair{kShapes[1], "full"}, std::pair{kShapes[5], "full"}, std::pair{kShapes[1], "selective"},
+        std::pair{kShapes[5], "selective"}, std::pair{kShapes[6], "selective"}}) {
     for (const char* p : {"0", "0.2"}) {
       const std::string what = std::string(kind) + (S.qk_norm ? " qk norm" : "") + ", dropout " + p;
       Opts base = llama_opts(S);
@@ -355,8 +369,9 @@ TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
 }
 
 TEST(LlamaModel, GenerationCacheEqualsTheFullForward) {
-  // Plain grouped-query heads, and Qwen3's (query/key norms, heads wider than hidden / heads).
-  for (const Shape& S : {kShapes[1], kShapes[5]}) {
+  // Plain grouped-query heads, Qwen3's (query/key norms, heads wider than hidden / heads), and
+  // sliding-window layers (the cache's early keys fall out of the window).
+  for (const Shape& S : {kShapes[1], kShapes[5], kShapes[7]}) {
     GPT model = make_llama(S);
     model.train(false);
     at::NoGradGuard ng;
@@ -419,6 +434,26 @@ TEST(LlamaModel, BadOptionsAreRefusedNamingThem) {
   GPT wide(o, Ctx{}, plugins().llama);
   EXPECT_EQ(wide.param_map().at("language_model.encoder.layers.0.self_attention.dense.weight").sizes(),
             (std::vector<int64_t>{30, 32}));
+  // Sliding windows: Megatron's W,R with a causal right side, a pattern that fits the layers.
+  const std::pair<std::pair<const char*, const char*>, const char*> bad_windows[] = {
+      {{"4,2", ""}, "option 'window_size': '4,2' would let each token see the 2 tokens after it"},
+      {{"4", ""}, "option 'window_size': '4' is not two integers W,R such as 4095,0"},
+      {{"a,0", ""}, "is not two integers"},
+      {{"-3,0", ""}, "a side of the window is -1 (unlimited) or at least 0"},
+      {{"", "2"}, "option 'window_attn_skip_freq' acts only with window_size"},
+      {{"-1,0", "2"}, "option 'window_attn_skip_freq' acts only with window_size"},
+      {{"4,0", "0"}, "option 'window_attn_skip_freq' must be >= 1, got 0"},
+      {{"4,0", "[1,0,1]"}, "option 'window_attn_skip_freq' lists 3 layers, the model has 2"},
+      {{"4,0", "[1,2]"}, "option 'window_attn_skip_freq': '2' in a list is not 0 or 1"},
+  };
+  for (const auto& [window, needle] : bad_windows) {
+    o = llama_opts(S);
+    o["window_size"] = window.first, o["window_attn_skip_freq"] = window.second;
+    refused(o, Ctx{}, needle);
+  }
+  o = llama_opts(S);
+  o["window_size"] = "(4, -1)";  // Megatron's tuple as its scripts quote it; -1 on the right is causal
+  GPT windowed(o, Ctx{}, plugins().llama);
   // Token ids beyond the vocabulary, with the model named.
   GPT model = make_llama(S);
   try {

@@ -92,6 +92,8 @@ const dtk_option_spec kOptions[] = {
              "exact erf GELU."),
     opt_bool("untie_embeddings_and_output_weights", "false",
              "Use a separate output layer instead of the word-embedding weight."),
+    dtk::layers::kWindowSizeOption,
+    dtk::layers::kWindowAttnSkipFreqOption,
     dtk::layers::kRecomputeActivationsOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,

@@ -28,6 +28,7 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
   }
   heads_local_ = c.heads / tp.size;
   head_dim_ = c.head_dim();
+  if (c.windowed(index)) window_ = c.window;
 }
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
@@ -62,7 +63,8 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // keep no probabilities by themselves; elsewhere core attention is one checkpoint (Megatron's
   // checkpointed core attention, which it too leaves out for its flash attention).
   const auto own_kernel = [&] {
-    return !mask.defined() && (causal_attention_supported(projected) || (p > 0.0 && fused_attention_takes(projected)));
+    return !mask.defined() && window_ < 0 &&
+           (causal_attention_supported(projected) || (p > 0.0 && fused_attention_takes(projected)));
   };
   const at::Tensor context =
       c_.selective_recompute && !own_kernel() ? recompute(projected, rng, attention) : attention(projected, rng);
@@ -100,7 +102,8 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   const at::Tensor q = mixed.narrow(-1, 0, head_dim_);
   const at::Tensor k = cache[0].narrow(2, 0, total), v = cache[1].narrow(2, 0, total);
   at::Tensor scores = at::matmul(q * (1.0 / std::sqrt(static_cast<double>(head_dim_))), k.transpose(-1, -2));
-  at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(x.scalar_type());
+  const at::Tensor masked = window_ >= 0 ? window_mask(mask, n, total, window_, x.device()) : mask;
+  at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
   const auto [h, normed] = add_layer_norm(x, dense.forward(context), c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
   if (moe) return h + moe_branch(normed, /*generating=*/true);
@@ -135,8 +138,11 @@ bool Layer::fused_attention_takes(const at::Tensor& projected) const {
 }
 
 template <class KeepFn>
-at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& mask, KeepFn&& probs_keep) const {
+at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& given, KeepFn&& probs_keep) const {
   const int64_t b = projected.size(0), s = projected.size(1);
+  // A sliding-window layer masks the keys before each query's window too: Megatron's CoreAttention
+  // with its window mask, below.
+  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, s, window_, projected.device()) : given;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   // The plain causal case on the CPU in fp32: the kernel that skips the masked half
   // (dtk/layers/attention.hpp), same probabilities and dropout bits.

@@ -121,6 +121,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   const Config& c_;
   TPGroup tp_;
   int64_t heads_local_ = 0, head_dim_ = 0;
+  int64_t window_ = -1;  // a sliding-window layer's window (DecoderConfig::window), else -1
   mutable std::mutex mask_mu_;
   mutable std::map<int64_t, at::Tensor> mask_cache_;
 };

@@ -98,6 +98,7 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
   }
   heads_local_ = c.heads / tp.size;
   groups_local_ = c.groups / tp.size;
+  if (c.windowed(index)) window_ = c.window;
 }
 
 Layer::QKV Layer::project(const at::Tensor& x, const at::Tensor& positions) const {
@@ -124,9 +125,12 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
   return out;
 }
 
-at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& given,
                          const DropoutMask& keep) const {
   const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
+  // A sliding-window layer masks the keys before each query's window too, so it takes the masked
+  // path below (Megatron's CoreAttention with its window mask).
+  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, t, window_, q.device()) : given;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // With attention dropout on a GPU: DTK's kernel (it reads each key/value group for its query
   // heads itself), the masks' bits the model's generator decides.

@@ -150,8 +150,9 @@ class Layer : public DominoLayer, public DecoderLayer {
   // q, k (rotated by `positions`) and v of the fused projection `mixed` [b, s, qkv.weight rows].
   QKV split_qkv(const at::Tensor& mixed, const at::Tensor& positions) const;
   // Attention of q [b, s, np, hd] over k, v [b, t, ng, hd] with `mask` [.., s, t] (true = masked;
-  // undefined: causal) and dropout `keep` on the probabilities [b, np, s, t] (undefined: none);
-  // returns the context [b, s, np * hd].
+  // undefined: causal), in a sliding-window layer the keys before the window masked too, and
+  // dropout `keep` on the probabilities [b, np, s, t] (undefined: none); returns the context
+  // [b, s, np * hd].
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                     const DropoutMask& keep) const;
   at::Tensor mlp(const at::Tensor& h, bool generating = false) const;
@@ -159,6 +160,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   const Config& c_;
   const Rotary& rotary_;
   int64_t heads_local_ = 0, groups_local_ = 0;
+  int64_t window_ = -1;  // a sliding-window layer's window (DecoderConfig::window), else -1
 };
 
 }  // namespace dtk::llama

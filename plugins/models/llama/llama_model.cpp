@@ -150,6 +150,8 @@ const dtk_option_spec kOptions[] = {
     opt_int("kv_channels", "0",
             "Channels of each attention head (Megatron's --kv-channels, Hugging Face's head_dim); 0 = hidden_size / "
             "num_attention_heads."),
+    dtk::layers::kWindowSizeOption,
+    dtk::layers::kWindowAttnSkipFreqOption,
     opt_bool("fused_lm_head", "true",
              "Compute the output layer and its cross entropy chunk by chunk without the whole [tokens, vocabulary] "
              "logits (false: the logits, then vocab-parallel cross entropy)."),

@@ -106,6 +106,11 @@ const Rule kRules[] = {
      "the llama model's per-head query and key RMSNorm before rotary, Qwen3's"},
     {"--add-qkv-bias", 0, Kind::kSwitch, "model.add_qkv_bias=true",
      "the llama model's biases on the query/key/value projection alone, Qwen2's"},
+    {"--window-size", 1, Kind::kCustom, "model.window_size",
+     "sliding-window attention W,0 (gpt and llama): each token sees itself and the W tokens before it"},
+    {"--window-attn-skip-freq", 1, Kind::kCustom, "model.window_attn_skip_freq",
+     "with --window-size: every N-th layer (counting from 1), or the 0s of a 0/1 list per layer, keeps full "
+     "attention"},
     // Mixture of experts
     {"--num-experts", 1, Kind::kSet, "model.num_experts",
      "MoE layers (top-k routing, dropless unless --moe-expert-capacity-factor) in gpt and llama"},
@@ -552,8 +557,9 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       return refuse("not one of LayerNorm, RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)");
   } else if (f == "--disable-bias-linear") {
     m.sets.push_back("model.add_bias_linear=false");
-  } else if (f == "--moe-layer-freq") {  // the model reads an integer or a list (a bad one: its error)
-    m.sets.push_back("model.moe_layer_freq=" + v[0]);
+  } else if (f == "--moe-layer-freq" || f == "--window-size" || f == "--window-attn-skip-freq") {
+    // The model reads the integer, list or W,R (a bad one: its error).
+    m.sets.push_back(std::string(r.target) + "=" + v[0]);
   } else if (f == "--decoder-first-pipeline-num-layers" || f == "--decoder-last-pipeline-num-layers") {
     char* end = nullptr;
     const long n = std::strtol(v[0].c_str(), &end, 10);

@@ -45,6 +45,13 @@ at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double sca
 at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                          const at::Tensor& mask, const DropoutMask& keep);
 
+// Megatron's sliding-window attention (--window-size W,0): the query at position p (query i of s
+// over t keys sits at p = t - s + i) sees the keys at positions p - W to p, itself and the W
+// before it (Hugging Face's sliding_window W + 1). Returns `mask` ([.., s, t], true = masked;
+// undefined: the causal one) with the keys before each query's window masked too, [1, 1, s, t]
+// where `mask` is undefined.
+at::Tensor window_mask(const at::Tensor& mask, int64_t s, int64_t t, int64_t window, at::Device device);
+
 // Whether fused_attention takes these operands: on a GPU in bf16 or fp16, head_dim 64 or 128 with
 // unit stride, s == t, the other strides multiples of 8; keep undefined or a mask drawn for [b,
 // heads, s, s] (or rows of one: a Domino chunk's); kernels.attention on.

@@ -30,6 +30,7 @@
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
+#include <dtk/layers/layer_pattern.hpp>
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/moe.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
@@ -79,6 +80,13 @@ struct DecoderConfig {
   int64_t domino_chunks = 1;                                      // >= 2: Domino's chunked schedule (domino.hpp)
   FusedKernels kernels;  // the GPU kernels the layers use (fused_kernels.hpp; option unfused_kernels)
   MoeConfig moe;         // mixture of experts (moe.hpp; its options where the plugin declares them)
+  // Megatron's sliding-window attention (options window_size "W,0" and window_attn_skip_freq
+  // where the plugin declares them): in a windowed layer a token sees itself and the `window`
+  // tokens before it (attention.hpp's window_mask); -1: no window. window_layers says which
+  // layers: an integer N all but every N-th (1-based, Megatron's), a list the 1s, neither all.
+  int64_t window = -1;
+  LayerPattern window_layers;
+  bool windowed(int64_t index) const;
   int64_t expert_ffn() const { return moe.ffn > 0 ? moe.ffn : ffn; }
 };
 
@@ -132,6 +140,18 @@ struct ResidualStream {
   }
   at::Tensor sum() const { return branch.defined() ? stream + branch_value() : stream; }
 };
+
+// Megatron's --window-size and --window-attn-skip-freq, declared alike by the models that take
+// them.
+inline constexpr dtk_option_spec kWindowSizeOption =
+    opt_string("window_size", "",
+               "Sliding-window attention (Megatron's --window-size W,0): in the windowed layers each token sees "
+               "itself and the W tokens before it; empty or -1,0 = none.");
+inline constexpr dtk_option_spec kWindowAttnSkipFreqOption =
+    opt_string("window_attn_skip_freq", "",
+               "With window_size, the layers that keep full attention (Megatron's --window-attn-skip-freq): N = "
+               "every N-th layer, counting from 1; or one 0/1 per layer, 1 = windowed, e.g. [1,1,1,0]*3; empty = "
+               "every layer windowed.");
 
 // DTK's fused GPU kernels a model's layers leave out (fused_kernels.hpp); Megatron's
 // --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion and --no-rope-fusion

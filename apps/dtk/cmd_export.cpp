@@ -56,22 +56,32 @@ dtk::core::TokenizerFiles describe_tokenizer(const dtk::config::TokenizerConfig&
 }
 
 // What a shape has beyond a plain Llama's, as ", heads of 128 channels, query/key norms" or
-// ", 8 experts (2 per token)"; "" for none.
+// ", 8 experts (2 per token)"; "" for none. Experts of another width than the dense MLP's,
+// weights not renormalised, a shared expert and dense layers among the sparse ones are named.
 std::string shape_extras(const dtk::core::LlamaShape& s) {
   std::string t;
   if (s.head_dim * s.heads != s.hidden) t += ", heads of " + std::to_string(s.head_dim) + " channels";
   if (s.qk_norm) t += ", query/key norms";
   if (s.qkv_bias && !s.bias) t += ", query/key/value biases";
-  if (s.mixtral()) t += ", " + std::to_string(s.experts) + " experts (" + std::to_string(s.topk) + " per token)";
+  if (s.window >= 0) t += ", a sliding window of " + std::to_string(s.window) + " earlier tokens";
+  if (!s.has_experts()) return t;
+  t += ", " + std::to_string(s.experts) + " experts";
+  if (s.moe_ffn != s.ffn) t += " of ffn " + std::to_string(s.moe_ffn);
+  t += " (" + std::to_string(s.topk) + " per token" + (s.pre_softmax ? ", weights not renormalised" : "") + ")";
+  if (s.shared_ffn > 0)
+    t += std::string(", a ") + (s.shared_gate ? "gated " : "") + "shared expert of ffn " + std::to_string(s.shared_ffn);
+  if (const int64_t dense = s.dense_layers(); dense > 0)
+    t += ", " + std::to_string(dense) + " dense layer" + (dense > 1 ? "s" : "");
   return t;
 }
 
-// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder, or MixtralForCausalLM,
-// Qwen2ForCausalLM or Qwen3ForCausalLM where the shape is theirs (dtk/core/export/hf_llama.hpp).
+// `dtk export hf` of a llama checkpoint: a LlamaForCausalLM folder, or MistralForCausalLM,
+// MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM or
+// Qwen3MoeForCausalLM where the shape is theirs (dtk/core/export/hf_llama.hpp).
 int export_llama(const std::vector<std::string>& args, const dtk::config::RunConfig& cfg, int64_t iteration,
                  const std::string& iter_dir, const std::map<std::string, std::string>& options,
                  const std::map<std::string, int>& dims) {
-  const dtk::core::LlamaShape shape = dtk::core::llama_shape(options, cfg.train().seq_length());
+  dtk::core::LlamaShape shape = dtk::core::llama_shape(options, cfg.train().seq_length());
   // The run's tokenizer as its config recorded it, the tokenizer flags over it (as for train).
   dtk::config::TokenizerConfig recorded = cfg.tokenizer();
   apply_tokenizer_flags(&recorded);
@@ -94,8 +104,8 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
   if (shape.capacity_factor > 0)
     std::printf(
         "the model was trained dropping tokens over its experts' capacity (moe_expert_capacity_factor %g); "
-        "Hugging Face's MixtralForCausalLM routes every token (dropless)\n",
-        shape.capacity_factor);
+        "Hugging Face's %s routes every token (dropless)\n",
+        shape.capacity_factor, shape.architecture().c_str());
   if (report.tokenizer.empty())
     std::printf("no tokenizer files written: the checkpoint's config names no tokenizer.model_file (nor vocab_file and "
                 "merge_file); --vocab_file and --merge_file add GPT-2's\n");
@@ -256,7 +266,13 @@ void write_imported(dtk::host::PluginHost& plugins, const std::string& plugin_na
 
 std::string set_flags(const std::map<std::string, std::string>& model_options) {
   std::string sets;
-  for (const auto& [key, value] : model_options) sets += " --set model." + key + "=" + value;
+  for (const auto& [key, value] : model_options) {
+    const std::string set = "model." + key + "=" + value;
+    // A value a shell would read otherwise (moe_layer_freq's list, [1,0,1]) is quoted.
+    const bool plain = value.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-,") ==
+                       std::string::npos;
+    sets += " --set " + (plain ? set : "'" + set + "'");
+  }
   return sets;
 }
 
@@ -277,7 +293,8 @@ int run_import(const std::vector<std::string>& args, dtk::host::PluginHost& plug
   using dtk::host::HostError;
   const char* usage =
       "usage: dtk import hf HF_DIR SAVE_DIR (a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, "
-      "Qwen2ForCausalLM or Qwen3ForCausalLM folder -> a checkpoint)";
+      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM folder -> "
+      "a checkpoint)";
   if (args.empty() || args[0] != "hf") throw HostError(std::string(usage) + " (formats: hf)");
   if (args.size() != 3) throw HostError(usage);
   const std::string& save = args[2];

@@ -106,11 +106,12 @@ Usage:
                                                       another split of the layers over the stages
   dtk export hf CHECKPOINT OUT_DIR --vocab_file encoder.json --merge_file vocab.bpe [--noverify]
                                         a Hugging Face GPT2LMHeadModel folder (safetensors); a llama
-                                        checkpoint: LlamaForCausalLM, Mixtral-, Qwen2- or Qwen3ForCausalLM
-                                        by its shape (tokenizer flags optional)
-  dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
-                                        Qwen2ForCausalLM or Qwen3ForCausalLM folder as a checkpoint
-                                        to fine-tune from
+                                        checkpoint: LlamaForCausalLM, Mistral-, Mixtral-, Qwen2-,
+                                        Qwen3-, Qwen2Moe- or Qwen3MoeForCausalLM by its shape
+                                        (tokenizer flags optional)
+  dtk import hf HF_DIR SAVE_DIR         a GPT2LMHeadModel, LlamaForCausalLM, Mistral-, Mixtral-,
+                                        Qwen2-, Qwen3-, Qwen2Moe- or Qwen3MoeForCausalLM folder as
+                                        a checkpoint to fine-tune from
   dtk generate --load DIR --prompt TEXT | --prompts_file FILE [TOKENIZER: default the checkpoint's]
                [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]
                [--seed S] [--batch_size B] [--noverify]   text from a checkpoint (key/value cache; TP: under launch)

@@ -2,19 +2,24 @@
 // folder is read back with the test's own safetensors reader (hf_reader.hpp) and run through
 // LlamaForCausalLM's forward written here from Hugging Face's names and math (LlamaRMSNorm,
 // rotate_half rotary with HF's inv_freq and its llama3 scaling in fp32 tensor ops, repeat_kv for
-// grouped-query attention, SwiGLU down(silu(gate) * up); with experts MixtralSparseMoeBlock: the
-// softmax over all experts in fp32, its top-k renormalised, w2(silu(w1 x) * w3 x) per expert): its
+// grouped-query attention, SwiGLU down(silu(gate) * up); with experts MixtralSparseMoeBlock or
+// Qwen's: the softmax over all experts in fp32, its top-k renormalised or not, w2(silu(w1 x) * w3 x)
+// per expert, Qwen2-MoE's gated shared expert): its
 // logits and loss must equal the llama plugin's own on the checkpoint. Export -> import gives back every parameter bit
 // for bit (tied and untied, from TP1 and TP2); the import reads Hugging Face's sharded index; bad folders are one error
 // line each.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "../common/run_dtk.hpp"
 #include "dtk/core/export/hf_llama.hpp"
@@ -29,32 +34,57 @@ using dtk_test_gpt::GPT;
 using namespace dtk_test_hf;
 using Tensors = std::map<std::string, at::Tensor>;
 
-// MixtralSparseMoeBlock on x [b, s, h]: router logits, their softmax over all experts in fp32, the
-// top-k weights renormalised; every expert runs on every token and adds its output times the
-// token's weight for it (zero where the token did not choose it).
-at::Tensor mixtral_block(const Tensors& P, const std::string& block, const at::Tensor& x, int64_t experts,
-                         int64_t topk) {
+// A SwiGLU MLP, down(silu(gate x) * up x), under Mixtral's expert names (w1, w3, w2) or
+// Llama's and Qwen's (gate_proj, up_proj, down_proj).
+at::Tensor swiglu(const Tensors& P, const std::string& mlp, const at::Tensor& x, bool mixtral) {
+  auto w = [&](const char* mixtral_name, const char* name) {
+    return P.at(mlp + (mixtral ? mixtral_name : name) + ".weight");
+  };
+  return at::linear(at::silu(at::linear(x, w("w1", "gate_proj"))) * at::linear(x, w("w3", "up_proj")),
+                    w("w2", "down_proj"));
+}
+
+// A sparse block on x [b, s, h] as transformers' MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and
+// Qwen3MoeSparseMoeBlock compute it: router logits, their softmax over all experts in fp32, the
+// top-k weights (renormalised: Mixtral's always, Qwen's with norm_topk_prob); every expert runs on
+// every token and adds its output times the token's weight for it (zero where the token did not
+// choose it); Qwen2-MoE adds its shared expert times sigmoid(x shared_expert_gate).
+at::Tensor sparse_block(const Tensors& P, const std::string& block, const at::Tensor& x, int64_t experts, int64_t topk,
+                        bool mixtral, bool renormalise, bool shared) {
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
   const at::Tensor probs = at::softmax(at::linear(rows, P.at(block + "gate.weight")), -1, at::kFloat);
   auto [weights, chosen] = probs.topk(topk, -1);
-  weights = weights / weights.sum(-1, true);
+  if (renormalise) weights = weights / weights.sum(-1, true);
   at::Tensor out = at::zeros_like(rows);
   for (int64_t e = 0; e < experts; ++e) {
-    const std::string E = block + "experts." + std::to_string(e) + ".";
     const at::Tensor weight = (weights * chosen.eq(e)).sum(-1, true);
-    const at::Tensor y =
-        at::linear(at::silu(at::linear(rows, P.at(E + "w1.weight"))) * at::linear(rows, P.at(E + "w3.weight")),
-                   P.at(E + "w2.weight"));
-    out = out + weight * y;
+    out = out + weight * swiglu(P, block + "experts." + std::to_string(e) + ".", rows, mixtral);
   }
+  if (shared)
+    out = out + at::sigmoid(at::linear(rows, P.at(block + "shared_expert_gate.weight"))) *
+                    swiglu(P, block + "shared_expert.", rows, false);
   return out.view(x.sizes());
 }
 
-// LlamaForCausalLM's (or MixtralForCausalLM's, Qwen2ForCausalLM's, Qwen3ForCausalLM's) forward
-// (eval) from config.json and the folder's tensors. Which projections have biases is each
-// architecture's: Llama's attention_bias (q, k, v, o) and mlp_bias; Qwen2's q, k and v always;
-// Qwen3's attention_bias. Qwen3 RMS-normalises each query and key head (q_norm, k_norm) before
-// rotary. A head is head_dim wide where config.json says, else hidden_size / num_attention_heads.
+// A list of integers in config.json ("mlp_only_layers": [0, 3]); empty when absent.
+std::vector<int64_t> json_int_list(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + R"re("\s*:\s*\[([^\]]*)\])re"))) return {};
+  std::vector<int64_t> out;
+  std::stringstream items(m[1].str());
+  for (std::string item; std::getline(items, item, ',');)
+    if (item.find_first_not_of(' ') != std::string::npos) out.push_back(std::stoll(item));
+  return out;
+}
+
+// LlamaForCausalLM's (or MistralForCausalLM's, MixtralForCausalLM's, Qwen2ForCausalLM's,
+// Qwen3ForCausalLM's and their MoE forms') forward (eval) from config.json and the folder's
+// tensors; Mistral's and Mixtral's sliding_window masks the keys that far back or further. Which projections have
+// biases is each architecture's: Llama's attention_bias (q, k, v, o) and mlp_bias; Qwen2's q, k
+// and v (Qwen2-MoE's unless qkv_bias is false); Qwen3's attention_bias. Qwen3 RMS-normalises each
+// query and key head (q_norm, k_norm) before rotary. A head is head_dim wide where config.json
+// says, else hidden_size / num_attention_heads. Qwen's MoE layer l is sparse unless it is in
+// mlp_only_layers or l + 1 is not a multiple of decoder_sparse_step.
 at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at::Tensor& tokens) {
   auto integer = [&](const char* key) { return std::stoll(json_value(config, key)); };
   const std::string type = json_value(config, "model_type"), head_dim = json_value(config, "head_dim");
@@ -63,12 +93,23 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
   const int64_t hd = head_dim.empty() || head_dim == "null" ? hidden / heads : std::stoll(head_dim);
   const double eps = std::stod(json_value(config, "rms_norm_eps")), theta = std::stod(json_value(config, "rope_theta"));
   const bool attention_bias = json_value(config, "attention_bias") == "true";
-  const bool qkv_bias = type == "qwen2" || attention_bias, o_bias = type != "qwen2" && attention_bias;
+  const bool qwen2 = type == "qwen2" || type == "qwen2_moe", mixtral = type == "mixtral";
+  const bool qkv_bias =
+      type == "qwen2" || (type == "qwen2_moe" && json_value(config, "qkv_bias") != "false") || attention_bias;
+  const bool o_bias = !qwen2 && attention_bias;
   const bool mlp_bias = type == "llama" && json_value(config, "mlp_bias") == "true";
-  const bool qk_norm = type == "qwen3";
-  const std::string experts_text = json_value(config, "num_local_experts");
+  const bool qk_norm = type == "qwen3" || type == "qwen3_moe";
+  const std::string experts_text = json_value(config, mixtral ? "num_local_experts" : "num_experts");
   const int64_t experts = experts_text.empty() ? 0 : std::stoll(experts_text);
   const int64_t topk = experts > 0 ? integer("num_experts_per_tok") : 0;
+  const bool renormalise = mixtral || json_value(config, "norm_topk_prob") == "true";
+  const std::vector<int64_t> dense_layers = json_int_list(config, "mlp_only_layers");
+  const std::string step_text = json_value(config, "decoder_sparse_step");
+  const int64_t sparse_step = step_text.empty() ? 1 : std::stoll(step_text);
+  auto sparse = [&](int64_t l) {
+    return experts > 0 && std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end() &&
+           (l + 1) % sparse_step == 0;
+  };
   const int64_t b = tokens.size(0), s = tokens.size(1);
   // LlamaRotaryEmbedding: inv_freq in fp32, then _compute_llama3_parameters' tensor ops.
   at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, hd, 2, at::kLong).to(at::kFloat) / static_cast<double>(hd));
@@ -101,7 +142,13 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
     return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, s, hd}).reshape({b, heads, s, hd});
   };
   at::Tensor x = at::embedding(P.at("model.embed_tokens.weight"), tokens);
-  const at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  // Mistral's and Mixtral's sliding window: query q sees the keys k with q - k < sliding_window.
+  const std::string window = json_value(config, "sliding_window");
+  if ((type == "mistral" || mixtral) && !window.empty() && window != "null") {
+    const at::Tensor q_idx = at::arange(s, at::kLong).unsqueeze(1), k_idx = at::arange(s, at::kLong).unsqueeze(0);
+    future = future.logical_or(q_idx - k_idx >= static_cast<int64_t>(std::stoll(window)));
+  }
   for (int64_t l = 0; l < layers; ++l) {
     const std::string L = "model.layers." + std::to_string(l) + ".";
     const at::Tensor h = rms(x, L + "input_layernorm.weight");
@@ -117,8 +164,9 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
     const at::Tensor ctx = at::matmul(at::softmax(scores, -1), repeat_kv(v)).transpose(1, 2).reshape({b, s, heads * hd});
     x = x + linear(ctx, L + "self_attn.o_proj", o_bias);
     const at::Tensor m = rms(x, L + "post_attention_layernorm.weight");
-    if (experts > 0) {
-      x = x + mixtral_block(P, L + "block_sparse_moe.", m, experts, topk);
+    if (sparse(l)) {
+      x = x + sparse_block(P, L + (mixtral ? "block_sparse_moe." : "mlp."), m, experts, topk, mixtral, renormalise,
+                           type == "qwen2_moe");
       continue;
     }
     x = x + linear(at::silu(linear(m, L + "mlp.gate_proj", mlp_bias)) * linear(m, L + "mlp.up_proj", mlp_bias),
@@ -476,6 +524,251 @@ TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
   }
 }
 
+// A llama with experts and Qwen's attention as Qwen2MoeForCausalLM (q/k/v biases, a gated shared
+// expert of inner size 128, the top-k of the softmax not renormalised, layer 0 dense) and
+// Qwen3MoeForCausalLM (query/key norms, wider heads, renormalised weights, every layer sparse):
+// Hugging Face's forward on the export equals the plugin's, import gives back every parameter and
+// the options that build it, and what the blocks cannot hold is refused in one line.
+TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
+  struct Variant {
+    std::string name;
+    std::map<std::string, std::string> opts;
+    std::string architecture, extras;
+  };
+  const std::map<std::string, std::string> experts = {
+      {"num_experts", "4"}, {"moe_router_topk", "2"}, {"moe_ffn_hidden_size", "96"}};
+  auto with = [&](std::map<std::string, std::string> o) {
+    o.insert(experts.begin(), experts.end());
+    return o;
+  };
+  const Variant variants[] = {
+      {"qwen2_moe",
+       with({{"add_qkv_bias", "true"},
+             {"moe_shared_expert_intermediate_size", "128"},
+             {"moe_shared_expert_gate", "true"},
+             {"moe_router_pre_softmax", "true"},
+             {"moe_layer_freq", "[0,1]"}}),
+       "Qwen2MoeForCausalLM",
+       "ffn 192, query/key/value biases, 4 experts of ffn 96 (2 per token, weights not renormalised), a gated "
+       "shared expert of ffn 128, 1 dense layer, vocab 50257"},
+      {"qwen3_moe", with({{"qk_layernorm", "true"}, {"kv_channels", "32"}}), "Qwen3MoeForCausalLM",
+       "ffn 192, heads of 32 channels, query/key norms, 4 experts of ffn 96 (2 per token), vocab 50257"}};
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const bool qwen2 = v.name == "qwen2_moe";
+    const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name);
+    std::string sets;
+    for (const auto& [k, value] : v.opts) sets += "--set 'model." + k + "=" + value + "' ";
+    const dtk_test::Result trained = dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck");
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+    ASSERT_EQ(exported.code, 0) << exported.out;
+    EXPECT_NE(
+        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.extras),
+        std::string::npos)
+        << exported.out;
+    const std::string config = read(dir + "/hf/config.json");
+    EXPECT_EQ(json_value(config, "model_type"), v.name);
+    EXPECT_EQ(json_value(config, "num_experts"), "4");
+    EXPECT_EQ(json_value(config, "num_experts_per_tok"), "2");
+    EXPECT_EQ(json_value(config, "moe_intermediate_size"), "96");
+    EXPECT_EQ(json_value(config, "intermediate_size"), "192");
+    EXPECT_EQ(json_value(config, "norm_topk_prob"), qwen2 ? "false" : "true");
+    EXPECT_EQ(json_int_list(config, "mlp_only_layers"), qwen2 ? std::vector<int64_t>{0} : std::vector<int64_t>{});
+    EXPECT_EQ(json_value(config, "shared_expert_intermediate_size"), qwen2 ? "128" : "");
+    const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+    // embed_tokens, norm, lm_head; per layer 2 norms, attention (q, k, v, o; Qwen2's 3 biases,
+    // Qwen3's 2 norms) and its MLP: dense 3, sparse a router and 4 x 3 (+ Qwen2's shared 3 + gate).
+    EXPECT_EQ(hf.size(), qwen2 ? 3u + 2 * 9 + 3 + (1 + 12 + 4) : 3u + 2 * (8 + 13));
+    const std::string block = "model.layers.1.mlp.";
+    EXPECT_EQ(hf.at(block + "gate.weight").sizes(), (std::vector<int64_t>{4, 64}));
+    EXPECT_EQ(hf.at(block + "experts.3.down_proj.weight").sizes(), (std::vector<int64_t>{64, 96}));
+    if (qwen2) {
+      EXPECT_EQ(hf.at("model.layers.0.mlp.gate_proj.weight").sizes(), (std::vector<int64_t>{192, 64}));
+      EXPECT_EQ(hf.at(block + "shared_expert.up_proj.weight").sizes(), (std::vector<int64_t>{128, 64}));
+      EXPECT_EQ(hf.at(block + "shared_expert_gate.weight").sizes(), (std::vector<int64_t>{1, 64}));
+    }
+    const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+    expect_hf_forward_matches(saved, v.opts, dir + "/hf", v.name);
+    // The guard: the other norm_topk_prob gives other logits.
+    std::string flipped = config;
+    const std::string norm = std::string("\"norm_topk_prob\": ") + (qwen2 ? "false" : "true");
+    flipped.replace(flipped.find(norm), norm.size(), std::string("\"norm_topk_prob\": ") + (qwen2 ? "true" : "false"));
+    const at::Tensor tokens = at::randint(0, kVocabSize, {1, 64}, at::kLong);
+    EXPECT_GT((hf_llama_logits(hf, flipped, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
+              1e-4);
+
+    // Back: every parameter, and the options that build the model again.
+    const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+    ASSERT_EQ(imported.code, 0) << imported.out;
+    EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.extras),
+              std::string::npos)
+        << imported.out;
+    for (const auto& [k, value] : v.opts) {
+      const bool plain = value.find('[') == std::string::npos;
+      const std::string set = "model." + k + "=" + value;
+      EXPECT_NE(imported.out.find("--set " + (plain ? set : "'" + set + "'")), std::string::npos) << imported.out;
+    }
+    expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), v.name + " round trip");
+    const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir + "/imp " + sets +
+                                                     "--set checkpoint.finetune=true --set train.train_iters=1 "
+                                                     "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
+                                                     dir + "/tuned");
+    EXPECT_EQ(tuned.code, 0) << tuned.out;
+
+    // What the blocks cannot hold, one line each.
+    const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
+    const std::string dense = qwen2 ? "\"mlp_only_layers\": [0]" : "\"mlp_only_layers\": []";
+    expect_import_refused(dir + "/hf", bad + "/all-dense", dense, "\"mlp_only_layers\": [0, 1]",
+                          "no layer has experts (mlp_only_layers and decoder_sparse_step)");
+    expect_import_refused(dir + "/hf", bad + "/out-of-range", dense, "\"mlp_only_layers\": [2]",
+                          "mlp_only_layers holds 2, not a layer number in [0, num_hidden_layers)");
+    if (qwen2)
+      expect_import_refused(dir + "/hf", bad + "/unshared", "\"shared_expert_intermediate_size\": 128",
+                            "\"shared_expert_intermediate_size\": 0",
+                            "shared_expert_intermediate_size 0: the llama model's Qwen2-MoE block has a shared expert");
+    else
+      expect_import_refused(dir + "/hf", bad + "/one", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 1",
+                            "num_experts_per_tok 1 with norm_topk_prob: the one weight is always 1");
+    EXPECT_FALSE(fs::exists(bad + "/x"));
+  }
+}
+
+// A llama with a sliding window in every layer (window_size 5,0: each token sees itself and the 5
+// before it) as MistralForCausalLM (sliding_window 6): Hugging Face's forward on the export equals
+// the plugin's (and without the window it would not), import gives back every parameter and the
+// window, and a window Mistral cannot hold is refused at export.
+TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mistral");
+  const std::string window = "--set model.window_size=5,0 ";
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + window + "--set checkpoint.save=" + dir + "/ck").code, 0);
+  const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find(": MistralForCausalLM, 2 layers, hidden 64, 4 heads, 2 key/value heads, ffn 192, a "
+                              "sliding window of 5 earlier tokens, vocab 50257"),
+            std::string::npos)
+      << exported.out;
+  const std::string config = read(dir + "/hf/config.json");
+  EXPECT_EQ(json_value(config, "model_type"), "mistral");
+  EXPECT_EQ(json_value(config, "sliding_window"), "6");
+  const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+  expect_hf_forward_matches(saved, {{"window_size", "5,0"}}, dir + "/hf", "mistral");
+  std::string unwindowed = config;
+  unwindowed.replace(unwindowed.find("\"sliding_window\": 6"), 19, "\"sliding_window\": null");
+  const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+  const at::Tensor tokens = at::randint(0, kVocabSize, {1, 64}, at::kLong);
+  EXPECT_GT((hf_llama_logits(hf, unwindowed, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
+            1e-4);
+
+  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  EXPECT_NE(imported.out.find("ffn 192, a sliding window of 5 earlier tokens, vocab 50257"), std::string::npos)
+      << imported.out;
+  EXPECT_NE(imported.out.find("--set model.window_size=5,0"), std::string::npos) << imported.out;
+  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "mistral round trip");
+  // MistralConfig's default window (4096) where the key is left out: longer than 64 positions, none.
+  std::string defaults = config;
+  defaults.replace(defaults.find("\"sliding_window\": 6,"), 21, "");
+  defaults.replace(defaults.find("\"max_position_embeddings\": 64"), 29, "\"max_position_embeddings\": 8192");
+  fs::create_directories(dir + "/defaults");
+  fs::copy_file(dir + "/hf/model.safetensors", dir + "/defaults/model.safetensors");
+  write_text(dir + "/defaults/config.json", defaults);
+  const dtk_test::Result default_import = dtk_test::run_dtk("import hf " + dir + "/defaults " + dir + "/defaults-imp");
+  ASSERT_EQ(default_import.code, 0) << default_import.out;
+  EXPECT_NE(default_import.out.find("--set model.window_size=4095,0"), std::string::npos) << default_import.out;
+
+  // Windows Mistral cannot hold, one line each at export.
+  const std::pair<std::string, std::string> refused[] = {
+      {"--set model.window_attn_skip_freq=2 ",
+       "option 'window_attn_skip_freq' is 2: a llama with a sliding window exports as MistralForCausalLM or "
+       "MixtralForCausalLM, whose window is in every layer"},
+      {"--set model.qk_layernorm=true ",
+       "option 'window_size' is 5,0: a llama with a sliding window exports as "
+       "MistralForCausalLM or MixtralForCausalLM, whose attention has no biases or "
+       "query/key norms (Qwen3ForCausalLM has no sliding window)"},
+  };
+  for (const auto& [sets, needle] : refused) {
+    const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mistral_bad");
+    ASSERT_EQ(dtk_test::run_dtk(kTrain + window + sets +
+                                "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set checkpoint.save_interval=1 "
+                                "--set checkpoint.save=" +
+                                bad + "/ck")
+                  .code,
+              0);
+    dtk_test::expect_one_line_error(dtk_test::run_dtk("export hf " + bad + "/ck " + bad + "/x"), needle);
+    EXPECT_FALSE(fs::exists(bad + "/x"));
+  }
+}
+
+// What Qwen's sparse blocks are not is refused at export, naming the option; Mixtral's refusals
+// are MixtralExportRefusesWhatItsBlockIsNot's.
+TEST(HfLlama, QwenMoeExportRefusesWhatItsBlockIsNot) {
+  const std::map<std::string, std::string> base = {{"num_layers", "2"},
+                                                   {"hidden_size", "64"},
+                                                   {"num_attention_heads", "4"},
+                                                   {"num_query_groups", "2"},
+                                                   {"ffn_hidden_size", "192"},
+                                                   {"vocab_size", "50257"},
+                                                   {"seq_length", "64"},
+                                                   {"layernorm_epsilon", "1e-5"},
+                                                   {"rotary_base", "10000"},
+                                                   {"attention_dropout", "0"},
+                                                   {"init_method_std", "0.02"},
+                                                   {"untie_embeddings_and_output_weights", "true"},
+                                                   {"add_bias_linear", "false"},
+                                                   {"rope_scaling", "none"},
+                                                   {"rope_scaling_factor", "8"},
+                                                   {"rope_low_freq_factor", "1"},
+                                                   {"rope_high_freq_factor", "4"},
+                                                   {"rope_original_max_positions", "8192"},
+                                                   {"rotary_percent", "1"},
+                                                   {"num_experts", "4"},
+                                                   {"moe_router_topk", "2"},
+                                                   {"moe_ffn_hidden_size", "96"},
+                                                   {"moe_shared_expert_intermediate_size", "0"},
+                                                   {"moe_shared_expert_gate", "false"}};
+  std::map<std::string, std::string> qwen2 = base, qwen3 = base;
+  qwen2["add_qkv_bias"] = "true", qwen2["moe_shared_expert_intermediate_size"] = "128";
+  qwen2["moe_shared_expert_gate"] = "true", qwen2["moe_router_pre_softmax"] = "true";
+  qwen3["qk_layernorm"] = "true", qwen3["moe_layer_freq"] = "[0,1]";
+  const dtk::core::LlamaShape two = dtk::core::llama_shape(qwen2, 64), three = dtk::core::llama_shape(qwen3, 64);
+  EXPECT_EQ(two.model_type(), "qwen2_moe");
+  EXPECT_EQ(two.ffn, 192);
+  EXPECT_EQ(two.moe_ffn, 96);
+  EXPECT_EQ(two.shared_ffn, 128);
+  EXPECT_TRUE(two.shared_gate && two.pre_softmax);
+  EXPECT_EQ(three.architecture(), "Qwen3MoeForCausalLM");
+  struct Refusal {
+    const std::map<std::string, std::string>* base;
+    const char *option, *value, *why;
+  };
+  const Refusal refused[] = {
+      {&qwen2, "moe_shared_expert_intermediate_size", "0",
+       "exports as Qwen2MoeForCausalLM, whose every sparse block has a shared expert"},
+      {&qwen2, "moe_shared_expert_gate", "false",
+       "exports as Qwen2MoeForCausalLM, whose shared expert's output is gated by sigmoid(x g)"},
+      {&qwen3, "moe_shared_expert_intermediate_size", "64",
+       "exports as Qwen3MoeForCausalLM, which has no shared expert"},
+      {&qwen3, "moe_router_score_function", "sigmoid", "exports as Qwen3MoeForCausalLM, whose router is a softmax"},
+      {&qwen2, "moe_router_topk_scaling_factor", "2.5",
+       "exports as Qwen2MoeForCausalLM, whose top-k weights are not scaled"},
+  };
+  for (const Refusal& r : refused) {
+    std::map<std::string, std::string> o = *r.base;
+    o[r.option] = r.value;
+    try {
+      dtk::core::llama_shape(o, 64);
+      ADD_FAILURE() << r.option << "=" << r.value << " exported";
+    } catch (const std::exception& e) {
+      const std::string line = e.what();
+      EXPECT_NE(line.find(std::string("option '") + r.option + "' is " + r.value + ": a llama with experts and "),
+                std::string::npos)
+          << line;
+      EXPECT_NE(line.find(r.why), std::string::npos) << line;
+    }
+  }
+}
+
 // Hugging Face's sharded layout (model.safetensors.index.json and its shards) imports as the
 // single file does; bad folders are one error line naming what is wrong.
 TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
@@ -526,12 +819,12 @@ TEST(HfLlama, ShardedIndexImportsAndBadFoldersAreOneLine) {
   nan["model.layers.0.input_layernorm.weight"][3] = std::nan("");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("nan", config, nan) + " " + dir + "/x"),
                                   "tensor 'model.layers.0.input_layernorm.weight' holds 1 NaN or infinite value(s)");
-  std::string mistral = config;
-  mistral.replace(mistral.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"mistral\"");
+  std::string gemma = config;
+  gemma.replace(gemma.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"gemma\"");
   dtk_test::expect_one_line_error(
-      dtk_test::run_dtk("import hf " + shard_folder("mistral", mistral, hf) + " " + dir + "/x"),
-      "model_type 'mistral' (dtk imports gpt2 into the gpt model and llama, mixtral, qwen2 and qwen3 "
-      "into the llama model)");
+      dtk_test::run_dtk("import hf " + shard_folder("gemma", gemma, hf) + " " + dir + "/x"),
+      "model_type 'gemma' (dtk imports gpt2 into the gpt model and llama, mistral, mixtral, qwen2, qwen3, "
+      "qwen2_moe and qwen3_moe into the llama model)");
   std::string partial = config;
   partial.replace(partial.find("\"rope_scaling\": null"), 20, "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}");
   dtk_test::expect_one_line_error(dtk_test::run_dtk("import hf " + shard_folder("yarn", partial, hf) + " " + dir + "/x"),
@@ -602,10 +895,6 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
                         dir + "/tuned");
   EXPECT_EQ(tuned.code, 0) << tuned.out;
 
-  // Windowed attention shorter than the positions is not the llama model's.
-  expect_import_refused(dir + "/hf", dir + "/windowed", "\"sliding_window\": null", "\"sliding_window\": 16",
-                        "sliding_window 16: the llama model's attention sees every earlier position");
-  // transformers 5's rope_parameters carry the theta; keys left out are MixtralConfig's defaults.
   const auto import_with = [&](const std::string& name, const std::string& cfg) {
     const std::string d = dir + "/" + name;
     fs::create_directories(d);
@@ -613,6 +902,16 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
     write_text(d + "/config.json", cfg);
     return dtk_test::run_dtk("import hf " + d + " " + d + "-imp");
   };
+  // A sliding window shorter than the positions is the llama model's window_size (each token sees
+  // the 16 up to itself: 15 before it); one of 0 tokens is refused.
+  std::string windowed = config;
+  windowed.replace(windowed.find("\"sliding_window\": null"), 22, "\"sliding_window\": 16");
+  const dtk_test::Result windowed_import = import_with("windowed", windowed);
+  ASSERT_EQ(windowed_import.code, 0) << windowed_import.out;
+  EXPECT_NE(windowed_import.out.find("--set model.window_size=15,0"), std::string::npos) << windowed_import.out;
+  expect_import_refused(dir + "/hf", dir + "/unwindowed", "\"sliding_window\": null", "\"sliding_window\": 0",
+                        "sliding_window 0 must be at least 1 (the token itself)");
+  // transformers 5's rope_parameters carry the theta; keys left out are MixtralConfig's defaults.
   std::string v5 = config;
   v5.replace(v5.find("\"rope_theta\": 10000"), 19,
              "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500}");
@@ -660,7 +959,7 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
   EXPECT_EQ(shape.ffn, 96);
   std::map<std::string, std::string> dense = base;
   dense.erase("num_experts");
-  EXPECT_FALSE(dtk::core::llama_shape(dense, 64).mixtral());
+  EXPECT_FALSE(dtk::core::llama_shape(dense, 64).has_experts());
   const std::pair<std::pair<const char*, const char*>, const char*> refused[] = {
       {{"moe_layer_freq", "2"}, "whose every layer is a sparse block"},
       {{"moe_router_score_function", "sigmoid"}, "whose router is a softmax"},

@@ -181,7 +181,8 @@ Gpt2Shape shape_from_config(const nlohmann::json& c, const std::string& config_f
   const std::string type = hf::json_string_or(c, "model_type", "", config_file);
   if (type != "gpt2")
     throw HostError("import hf: " + config_file + ": model_type '" + type +
-                    "' (dtk imports gpt2 into the gpt model and llama, mixtral, qwen2 and qwen3 into the llama model)");
+                    "' (dtk imports gpt2 into the gpt model and llama, mistral, mixtral, qwen2, qwen3, qwen2_moe and "
+                    "qwen3_moe into the llama model)");
   s.layers = integer("n_layer"), s.hidden = integer("n_embd"), s.heads = integer("n_head");
   s.vocab = integer("vocab_size"), s.positions = integer("n_positions");
   s.ffn = integer("n_inner", false);

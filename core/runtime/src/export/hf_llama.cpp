@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
+#include <cctype>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -36,35 +37,73 @@ std::string option_or(const std::map<std::string, std::string>& o, const char* n
   return it == o.end() ? fallback : it->second;
 }
 
-// The experts of a llama with MoE layers, when Mixtral's sparse block can hold them; refuses, naming
-// the option, what it cannot.
-void read_mixtral_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
+// The experts of a llama with MoE layers, when the sparse block its attention's architecture
+// exports as (Mixtral's, Qwen2-MoE's or Qwen3-MoE's: LlamaShape::architecture) can hold them;
+// refuses, naming the option, what it cannot.
+void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
+  s.experts = option_int(o, "num_experts");  // (architecture() names the block from here on)
+  const std::string arch = s.architecture();
   auto refuse = [&](const char* name, const std::string& why) {
     throw HostError(std::string("export hf: option '") + name + "' is " + option_or(o, name, "") +
-                    ": a llama with experts exports as MixtralForCausalLM, " + why);
+                    ": a llama with experts" +
+                    (s.qk_norm                      ? " and query/key norms"
+                     : arch == "MixtralForCausalLM" ? ""
+                                                    : " and query/key/value biases") +
+                    " exports as " + arch + ", " + why);
   };
   const auto nonzero = [&](const char* name) { return std::stod(option_or(o, name, "0")) != 0.0; };
-  if (option_or(o, "moe_layer_freq", "1") != "1") refuse("moe_layer_freq", "whose every layer is a sparse block");
+  const auto on = [&](const char* name) { return hf::option_true(option_or(o, name, "false")); };
   if (option_or(o, "moe_router_score_function", "softmax") != "softmax")
     refuse("moe_router_score_function", "whose router is a softmax");
-  if (hf::option_true(option_or(o, "moe_router_pre_softmax", "false")))
-    refuse("moe_router_pre_softmax", "whose top-k weights are renormalised (the softmax of the top-k logits)");
   if (nonzero("moe_router_num_groups")) refuse("moe_router_num_groups", "whose routing is not group-limited");
   if (nonzero("moe_router_topk_scaling_factor"))
     refuse("moe_router_topk_scaling_factor", "whose top-k weights are not scaled");
-  if (nonzero("moe_shared_expert_intermediate_size"))
-    refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
-  if (hf::option_true(option_or(o, "moe_router_enable_expert_bias", "false")))
-    refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
+  if (on("moe_router_enable_expert_bias")) refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
   if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
-  if (s.qkv_bias) refuse("add_qkv_bias", "which has no biases");
-  if (s.qk_norm) refuse("qk_layernorm", "which has no query/key norms");
-  // Older transformers build a Mixtral's rotary embedding without its rope_scaling.
+  // Older transformers build these models' rotary embedding without its rope_scaling.
   if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
-  s.experts = option_int(o, "num_experts");
+  s.shared_ffn = std::stoll(option_or(o, "moe_shared_expert_intermediate_size", "0"));
+  s.shared_gate = s.shared_ffn > 0 && on("moe_shared_expert_gate");
+  s.pre_softmax = on("moe_router_pre_softmax");
+  if (arch == "MixtralForCausalLM") {
+    if (option_or(o, "moe_layer_freq", "1") != "1") refuse("moe_layer_freq", "whose every layer is a sparse block");
+    if (s.pre_softmax)
+      refuse("moe_router_pre_softmax", "whose top-k weights are renormalised (the softmax of the top-k logits)");
+    if (s.shared_ffn > 0) refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
+  } else if (arch == "Qwen3MoeForCausalLM") {
+    if (s.shared_ffn > 0) refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
+  } else if (s.shared_ffn == 0) {
+    refuse("moe_shared_expert_intermediate_size", "whose every sparse block has a shared expert");
+  } else if (!s.shared_gate) {
+    refuse("moe_shared_expert_gate", "whose shared expert's output is gated by sigmoid(x g)");
+  }
   s.capacity_factor = std::stod(option_or(o, "moe_expert_capacity_factor", "0"));
   s.topk = option_int(o, "moe_router_topk");
-  if (const int64_t ffn = std::stoll(option_or(o, "moe_ffn_hidden_size", "0")); ffn > 0) s.ffn = ffn;
+  s.moe_ffn = std::stoll(option_or(o, "moe_ffn_hidden_size", "0"));
+  if (s.moe_ffn == 0) s.moe_ffn = s.ffn;
+  if (arch == "MixtralForCausalLM") s.ffn = s.moe_ffn;  // (no dense MLP: intermediate_size is the experts')
+}
+
+// The sliding window (window_size "W,0" as the model read it: spaces, parentheses and quotes
+// aside; "" or W = -1: none), where Mistral's or Mixtral's sliding_window can hold it: every layer
+// windowed, no biases or query/key norms, no llama3 rope scaling.
+void read_window(const std::map<std::string, std::string>& o, LlamaShape& s) {
+  std::string w;
+  for (const char ch : option_or(o, "window_size", ""))
+    if (std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == ',') w += ch;
+  if (w.empty() || w.rfind("-1,", 0) == 0) return;
+  s.window = std::stoll(w.substr(0, w.find(',')));
+  const std::string arch = s.architecture();  // (with the window: Mistral's unless the layers say otherwise)
+  auto refuse = [&](const char* name, const std::string& why) {
+    throw HostError(std::string("export hf: option '") + name + "' is " + option_or(o, name, "") +
+                    ": a llama with a sliding window exports as MistralForCausalLM or MixtralForCausalLM, " + why);
+  };
+  if (arch != "MistralForCausalLM" && arch != "MixtralForCausalLM")
+    refuse("window_size", "whose attention has no biases or query/key norms (" + arch + " has no sliding window)");
+  if (arch == "MistralForCausalLM" && s.bias) refuse("add_bias_linear", "whose projections have no biases");
+  if (!option_or(o, "window_attn_skip_freq", "").empty())
+    refuse("window_attn_skip_freq", "whose window is in every layer");
+  if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
 }
 
 }  // namespace
@@ -111,26 +150,34 @@ LlamaShape llama_shape(const std::map<std::string, std::string>& o, int64_t run_
     throw HostError("export hf: option 'rotary_percent' is " + option(o, "rotary_percent") +
                     "; Hugging Face's LlamaForCausalLM rotates every channel of a head (rotary_percent 1)");
   // A checkpoint from before mixture of experts has no num_experts: dense.
-  if (option_or(o, "num_experts", "0") != "0") read_mixtral_experts(o, s);
+  if (option_or(o, "num_experts", "0") != "0") read_experts(o, s);
+  read_window(o, s);
   return s;
 }
 
 std::string LlamaShape::architecture() const {
-  if (mixtral()) return "MixtralForCausalLM";
-  if (qk_norm) return "Qwen3ForCausalLM";
-  if (qkv_bias && !bias) return "Qwen2ForCausalLM";
-  return "LlamaForCausalLM";
+  if (qk_norm) return has_experts() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+  if (qkv_bias && !bias) return has_experts() ? "Qwen2MoeForCausalLM" : "Qwen2ForCausalLM";
+  if (has_experts()) return "MixtralForCausalLM";
+  return window >= 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
 std::string LlamaShape::model_type() const {
-  if (mixtral()) return "mixtral";
-  if (qk_norm) return "qwen3";
-  if (qkv_bias && !bias) return "qwen2";
-  return "llama";
+  if (qk_norm) return has_experts() ? "qwen3_moe" : "qwen3";
+  if (qkv_bias && !bias) return has_experts() ? "qwen2_moe" : "qwen2";
+  if (has_experts()) return "mixtral";
+  return window >= 0 ? "mistral" : "llama";
+}
+
+int64_t LlamaShape::dense_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < layers; ++l) n += sparse(l) ? 0 : 1;
+  return n;
 }
 
 bool llama_model_type(const std::string& model_type) {
-  return model_type == "llama" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3";
+  return model_type == "llama" || model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" ||
+         model_type == "qwen3" || model_type == "qwen2_moe" || model_type == "qwen3_moe";
 }
 
 namespace {
@@ -139,26 +186,31 @@ const std::string kLm = "language_model.", kEnc = "language_model.encoder.";
 std::string layer_prefix(int64_t l) { return kEnc + "layers." + std::to_string(l) + "."; }
 std::string hf_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
 
-// Mixtral's sparse block from one layer's MoE MLP (`m`: the layer's prefix, `hf`: Hugging Face's):
-// the router, then each expert's gate (w1), down (w2) and up (w3) projections.
+// One layer's sparse block (`m`: the layer's prefix, `hf`: Hugging Face's) under its
+// architecture's names: Mixtral's block_sparse_moe.gate and experts.<e>.w1 (gate), w2 (down) and
+// w3 (up); Qwen's mlp.gate and experts.<e>.gate_proj, up_proj and down_proj, with Qwen2-MoE's
+// shared_expert and shared_expert_gate.
 template <typename Whole>
 void add_sparse_block(const Whole& whole, const LlamaShape& s, const std::string& m, const std::string& hf,
                       hf::NamedTensors& out) {
-  const at::Tensor router = whole(m + "mlp.router.weight");
-  hf::expect_shape(m + "mlp.router.weight", router, {s.experts, s.hidden});
-  out.emplace_back(hf + "block_sparse_moe.gate.weight", router);
-  for (int64_t e = 0; e < s.experts; ++e) {
-    const std::string ours = m + "mlp.experts." + std::to_string(e) + ".";
-    const std::string theirs = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
-    const at::Tensor gate = whole(ours + "gate.weight"), up = whole(ours + "up.weight");
-    const at::Tensor down = whole(ours + "dense_4h_to_h.weight");
-    hf::expect_shape(ours + "gate.weight", gate, {s.ffn, s.hidden});
-    hf::expect_shape(ours + "up.weight", up, {s.ffn, s.hidden});
-    hf::expect_shape(ours + "dense_4h_to_h.weight", down, {s.hidden, s.ffn});
-    out.emplace_back(theirs + "w1.weight", gate);
-    out.emplace_back(theirs + "w2.weight", down);
-    out.emplace_back(theirs + "w3.weight", up);
-  }
+  const bool mixtral = s.model_type() == "mixtral";
+  const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+  auto take = [&](const std::string& ours, const std::string& theirs, std::vector<int64_t> shape) {
+    const at::Tensor t = whole(ours);
+    hf::expect_shape(ours, t, shape);
+    out.emplace_back(theirs, t);
+  };
+  auto add_mlp = [&](const std::string& ours, const std::string& theirs, int64_t ffn) {
+    take(ours + "gate.weight", theirs + (mixtral ? "w1" : "gate_proj") + ".weight", {ffn, s.hidden});
+    take(ours + "dense_4h_to_h.weight", theirs + (mixtral ? "w2" : "down_proj") + ".weight", {s.hidden, ffn});
+    take(ours + "up.weight", theirs + (mixtral ? "w3" : "up_proj") + ".weight", {ffn, s.hidden});
+  };
+  take(m + "mlp.router.weight", block + "gate.weight", {s.experts, s.hidden});
+  for (int64_t e = 0; e < s.experts; ++e)
+    add_mlp(m + "mlp.experts." + std::to_string(e) + ".", block + "experts." + std::to_string(e) + ".", s.moe_ffn);
+  if (s.shared_ffn == 0) return;
+  add_mlp(m + "mlp.shared_experts.", block + "shared_expert.", s.shared_ffn);
+  take(m + "mlp.shared_experts.gate_weight", block + "shared_expert_gate.weight", {1, s.hidden});
 }
 
 // The model's tensors under LlamaForCausalLM's names (contiguous), the padding rows dropped.
@@ -199,7 +251,7 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
     out.emplace_back(hf + "self_attn.o_proj.weight", whole(m + "self_attention.dense.weight"));
     if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
     out.emplace_back(hf + "post_attention_layernorm.weight", gain(m + "post_attention_norm.weight"));
-    if (s.mixtral()) {
+    if (s.sparse(l)) {
       add_sparse_block(whole, s, m, hf, out);
       continue;
     }
@@ -254,11 +306,13 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
     << "  \"rms_norm_eps\": " << hf::number(s.eps) << ",\n"
     << "  \"rope_theta\": " << hf::number(s.rope_theta) << ",\n"
     << "  \"rope_scaling\": " << rope_scaling_json(s) << ",\n";
-  if (s.mixtral())  // (no biases: refused above)
+  if (s.model_type() == "mixtral")  // (no biases: refused above)
     c << "  \"num_local_experts\": " << s.experts << ",\n"
       << "  \"num_experts_per_tok\": " << s.topk << ",\n"
       << "  \"output_router_logits\": false,\n"
-      << "  \"sliding_window\": null,\n";
+      << "  \"sliding_window\": " << (s.window >= 0 ? std::to_string(s.window + 1) : "null") << ",\n";
+  else if (s.model_type() == "mistral")  // (no biases: refused above)
+    c << "  \"sliding_window\": " << s.window + 1 << ",\n";
   else if (s.model_type() == "llama")
     c << "  \"attention_bias\": " << bias << ",\n"
       << "  \"mlp_bias\": " << bias << ",\n";
@@ -266,6 +320,21 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
     c << (s.qk_norm ? "  \"attention_bias\": false,\n" : "") << "  \"use_sliding_window\": false,\n"
       << "  \"sliding_window\": null,\n"
       << "  \"max_window_layers\": " << s.layers << ",\n";
+  if (s.has_experts() && s.model_type() != "mixtral") {  // Qwen's sparse blocks
+    std::string dense;                                   // the layers without experts
+    for (int64_t l = 0; l < s.layers; ++l)
+      if (!s.sparse(l)) dense += (dense.empty() ? "" : ", ") + std::to_string(l);
+    c << "  \"num_experts\": " << s.experts << ",\n"
+      << "  \"num_experts_per_tok\": " << s.topk << ",\n"
+      << "  \"moe_intermediate_size\": " << s.moe_ffn << ",\n"
+      << "  \"norm_topk_prob\": " << (s.pre_softmax ? "false" : "true") << ",\n"
+      << "  \"decoder_sparse_step\": 1,\n"
+      << "  \"mlp_only_layers\": [" << dense << "],\n"
+      << "  \"output_router_logits\": false,\n";
+    if (s.shared_ffn > 0)  // Qwen2-MoE (its q/k/v biases: qkv_bias, a key older transformers do not read)
+      c << "  \"shared_expert_intermediate_size\": " << s.shared_ffn << ",\n"
+        << "  \"qkv_bias\": true,\n";
+  }
   c << "  \"attention_dropout\": " << hf::number(s.attention_dropout) << ",\n"
     << "  \"initializer_range\": " << hf::number(s.init_std) << ",\n"
     << "  \"tie_word_embeddings\": " << (s.untie ? "false" : "true") << ",\n";
@@ -324,12 +393,18 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const LlamaShap
 
 }  // namespace
 
-HfExportReport export_hf_llama(const std::string& iter_dir, const LlamaShape& shape, const std::string& out_dir,
+HfExportReport export_hf_llama(const std::string& iter_dir, LlamaShape& shape, const std::string& out_dir,
                                const TokenizerFiles& tokenizer, const std::map<std::string, int>& dims, bool verify) {
   require_new_or_empty_folder(out_dir, "export hf");
   HfExportReport report;
   std::vector<std::pair<std::string, std::string>> files = tokenizer_files(shape, tokenizer, &report.tokenizer);
-  const hf::NamedTensors out = hf_tensors(hf::read_rank_models(iter_dir, verify), shape, dims, &report.padding_rows);
+  const hf::RankTensors ranks = hf::read_rank_models(iter_dir, verify);
+  if (shape.has_experts()) {  // the layers with a router (moe_layer_freq's, as the plugin built them)
+    shape.sparse_layers.clear();
+    for (int64_t l = 0; l < shape.layers; ++l)
+      shape.sparse_layers.push_back(ranks.front().count(layer_prefix(l) + "mlp.router.weight") > 0);
+  }
+  const hf::NamedTensors out = hf_tensors(ranks, shape, dims, &report.padding_rows);
   report.dtype = hf::torch_dtype(out.front().second.scalar_type());  // the word embeddings'
   report.tensors = static_cast<int64_t>(out.size());
   files.emplace_back("config.json", config_json(shape, report.dtype, tokenizer));
@@ -349,6 +424,50 @@ std::string hf_model_type(const std::string& hf_dir) {
 }
 
 namespace {
+
+// Qwen2-MoE's or Qwen3-MoE's sparse blocks from config.json (their config classes' defaults for
+// keys left out): the experts, the renormalisation of the top-k weights (norm_topk_prob), which
+// layers have experts (layer l unless it is in mlp_only_layers or (l + 1) is not a multiple of
+// decoder_sparse_step) and Qwen2-MoE's gated shared expert.
+void read_qwen_experts(const nlohmann::json& c, const std::string& config_file, LlamaShape& s) {
+  const bool qwen2 = c["model_type"] == "qwen2_moe";
+  auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
+  auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    if (!c[key].is_number_integer()) refuse(std::string("'") + key + "' is not an integer");
+    return c[key].get<int64_t>();
+  };
+  s.experts = integer("num_experts", qwen2 ? 60 : 128), s.topk = integer("num_experts_per_tok", qwen2 ? 4 : 8);
+  s.moe_ffn = integer("moe_intermediate_size", qwen2 ? 1408 : 768);
+  s.pre_softmax = !hf::json_bool_or(c, "norm_topk_prob", false, config_file);
+  if (s.experts < 1 || s.topk < 1 || s.topk > s.experts || s.moe_ffn < 1)
+    refuse("num_experts " + std::to_string(s.experts) + ", num_experts_per_tok " + std::to_string(s.topk) +
+           " and moe_intermediate_size " + std::to_string(s.moe_ffn) +
+           ": each token needs 1 to num_experts experts of a positive inner size");
+  if (s.topk == 1 && !s.pre_softmax)
+    refuse("num_experts_per_tok 1 with norm_topk_prob: the one weight is always 1 and the router would not learn");
+  const int64_t step = integer("decoder_sparse_step", 1);
+  if (step < 1) refuse("decoder_sparse_step " + std::to_string(step) + " must be at least 1");
+  std::vector<bool> dense(static_cast<size_t>(s.layers), false);
+  if (c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null()) {
+    if (!c["mlp_only_layers"].is_array()) refuse("'mlp_only_layers' is not a list of layer numbers");
+    for (const auto& l : c["mlp_only_layers"]) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= s.layers)
+        refuse("mlp_only_layers holds " + l.dump() + ", not a layer number in [0, num_hidden_layers)");
+      dense[l.get<size_t>()] = true;
+    }
+  }
+  s.sparse_layers.clear();
+  for (int64_t l = 0; l < s.layers; ++l)
+    s.sparse_layers.push_back(!dense[static_cast<size_t>(l)] && (l + 1) % step == 0);
+  if (s.dense_layers() == s.layers) refuse("no layer has experts (mlp_only_layers and decoder_sparse_step)");
+  if (qwen2) {
+    s.shared_ffn = integer("shared_expert_intermediate_size", 5632), s.shared_gate = true;
+    if (s.shared_ffn < 1)
+      refuse("shared_expert_intermediate_size " + std::to_string(s.shared_ffn) +
+             ": the llama model's Qwen2-MoE block has a shared expert of a positive inner size");
+  }
+}
 
 // The shape from config.json; what the llama model cannot be is refused naming the key.
 LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_file) {
@@ -373,15 +492,21 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
     return c[key].get<bool>();
   };
   auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
-  // What a key left out means: transformers' LlamaConfig, MixtralConfig, Qwen2Config or
-  // Qwen3Config defaults.
+  // What a key left out means: transformers' LlamaConfig, MistralConfig, MixtralConfig,
+  // Qwen2Config, Qwen3Config, Qwen2MoeConfig or Qwen3MoeConfig defaults.
   const std::string type = hf::json_string_or(c, "model_type", "", config_file);
-  const bool mixtral = type == "mixtral", qwen = type == "qwen2" || type == "qwen3";
+  const bool mistral = type == "mistral" || type == "mixtral";  // (Mixtral: Mistral's attention with experts)
+  const bool mixtral = type == "mixtral", qwen2 = type == "qwen2" || type == "qwen2_moe";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe", qwen = qwen2 || qwen3;
+  const bool qwen_moe = type == "qwen2_moe" || type == "qwen3_moe";
   s.layers = integer("num_hidden_layers", 0, true), s.hidden = integer("hidden_size", 0, true);
-  s.heads = integer("num_attention_heads", 0, true), s.ffn = integer("intermediate_size", 0, true);
+  s.heads = integer("num_attention_heads", 0, true);
+  // (A Qwen MoE whose every layer has experts has no use for intermediate_size.)
+  s.ffn = integer("intermediate_size", type == "qwen2_moe" ? 5632 : 6144, !qwen_moe);
   s.vocab = integer("vocab_size", 0, true);
-  s.groups = integer("num_key_value_heads", mixtral ? 8 : qwen ? 32 : s.heads, false);
-  s.positions = integer("max_position_embeddings", mixtral ? 4096 * 32 : qwen ? 32768 : 2048, false);
+  const int64_t default_groups = mistral ? 8 : type == "qwen2_moe" ? 16 : type == "qwen3_moe" ? 4 : qwen ? 32 : s.heads;
+  s.groups = integer("num_key_value_heads", default_groups, false);
+  s.positions = integer("max_position_embeddings", mistral ? 4096 * 32 : qwen ? 32768 : 2048, false);
   if (s.layers <= 0 || s.hidden <= 0 || s.heads <= 0 || s.ffn <= 0 || s.vocab <= 0 || s.groups <= 0 || s.positions <= 0)
     refuse("num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size "
            "and max_position_embeddings must be positive");
@@ -394,18 +519,27 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   }
   if (s.head_dim <= 0 || s.head_dim % 2 != 0)
     refuse("head_dim " + std::to_string(s.head_dim) + " must be positive and even (rotary pairs its channels)");
+  if (qwen_moe) read_qwen_experts(c, config_file, s);
   if (mixtral) {
     s.experts = integer("num_local_experts", 8, false), s.topk = integer("num_experts_per_tok", 2, false);
+    s.moe_ffn = s.ffn;
     if (s.experts < 1 || s.topk < 2 || s.topk > s.experts)
       refuse("num_local_experts " + std::to_string(s.experts) + " and num_experts_per_tok " + std::to_string(s.topk) +
              ": the llama model routes each token to 2 or more of its experts with Mixtral's renormalised weights "
              "(one expert's weight would be 1 and the router would not learn)");
-    // Windowed attention changes nothing where the window holds every position.
-    if (present("sliding_window") && integer("sliding_window", 0, false) < s.positions)
-      refuse("sliding_window " + std::to_string(integer("sliding_window", 0, false)) +
-             ": the llama model's attention sees every earlier position (no sliding window)");
     if (real("router_jitter_noise", 0.0) != 0.0)
       refuse("router_jitter_noise is not 0: the llama model's router has no input jitter");
+  }
+  if (mistral) {
+    // Each token sees the sliding_window tokens up to itself: the llama model's window_size
+    // sliding_window - 1, 0 (MistralConfig's default 4096 when the key is left out, null: none;
+    // a window holding every position changes nothing).
+    const int64_t window = c.contains("sliding_window") ? integer("sliding_window", 0, false)
+                           : type == "mistral"          ? 4096
+                                                        : 0;
+    if (present("sliding_window") && window < 1)
+      refuse("sliding_window " + std::to_string(window) + " must be at least 1 (the token itself)");
+    if (window > 0 && window < s.positions) s.window = window - 1;
   }
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
@@ -416,9 +550,11 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   s.attention_dropout = real("attention_dropout", 0.0);
   s.init_std = real("initializer_range", 0.02);
   s.untie = !boolean("tie_word_embeddings", false);
-  if (type == "qwen2") {
-    s.qkv_bias = true;  // Qwen2Attention's q/k/v projections have biases, o_proj and the MLP none
-  } else if (type == "qwen3") {
+  if (qwen2) {
+    // Qwen2Attention's q/k/v projections have biases, o_proj and the MLP none (Qwen2MoeConfig's
+    // qkv_bias, newer than the model, can turn them off).
+    s.qkv_bias = type == "qwen2" || boolean("qkv_bias", true);
+  } else if (qwen3) {
     s.qk_norm = true;
     if (boolean("attention_bias", false))
       refuse(
@@ -472,7 +608,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   const nlohmann::json config = hf::read_hf_config(hf_dir);
   const std::string type = hf::json_string_or(config, "model_type", "", config_file);
   if (!llama_model_type(type))
-    throw HostError("import hf: " + config_file + ": model_type '" + type + "' is not llama, mixtral, qwen2 or qwen3");
+    throw HostError("import hf: " + config_file + ": model_type '" + type +
+                    "' is not llama, mistral, mixtral, qwen2, qwen3, qwen2_moe or qwen3_moe");
   HfLlamaImport r;
   r.shape = shape_from_config(config, config_file);
   const LlamaShape& s = r.shape;
@@ -520,15 +657,21 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
     t.emplace_back(m + "self_attention.dense.weight", get(g + "self_attn.o_proj.weight", {h, s.heads * hd}));
     if (s.bias) t.emplace_back(m + "self_attention.dense.bias", get(g + "self_attn.o_proj.bias", {h}));
     t.emplace_back(m + "post_attention_norm.weight", get(g + "post_attention_layernorm.weight", {h}));
-    if (s.mixtral()) {
-      const std::string block = g + "block_sparse_moe.";
+    if (s.sparse(l)) {  // Mixtral's or Qwen's names (add_sparse_block's, the other way)
+      const bool mixtral = s.model_type() == "mixtral";
+      const std::string block = g + (mixtral ? "block_sparse_moe." : "mlp.");
+      auto swiglu = [&](const std::string& ours, const std::string& theirs, int64_t ffn) {
+        t.emplace_back(ours + "gate.weight", get(theirs + (mixtral ? "w1" : "gate_proj") + ".weight", {ffn, h}));
+        t.emplace_back(ours + "up.weight", get(theirs + (mixtral ? "w3" : "up_proj") + ".weight", {ffn, h}));
+        t.emplace_back(ours + "dense_4h_to_h.weight",
+                       get(theirs + (mixtral ? "w2" : "down_proj") + ".weight", {h, ffn}));
+      };
       t.emplace_back(m + "mlp.router.weight", get(block + "gate.weight", {s.experts, h}));
-      for (int64_t e = 0; e < s.experts; ++e) {
-        const std::string ours = m + "mlp.experts." + std::to_string(e) + ".";
-        const std::string theirs = block + "experts." + std::to_string(e) + ".";
-        t.emplace_back(ours + "gate.weight", get(theirs + "w1.weight", {f, h}));
-        t.emplace_back(ours + "up.weight", get(theirs + "w3.weight", {f, h}));
-        t.emplace_back(ours + "dense_4h_to_h.weight", get(theirs + "w2.weight", {h, f}));
+      for (int64_t e = 0; e < s.experts; ++e)
+        swiglu(m + "mlp.experts." + std::to_string(e) + ".", block + "experts." + std::to_string(e) + ".", s.moe_ffn);
+      if (s.shared_ffn > 0) {
+        swiglu(m + "mlp.shared_experts.", block + "shared_expert.", s.shared_ffn);
+        t.emplace_back(m + "mlp.shared_experts.gate_weight", get(block + "shared_expert_gate.weight", {1, h}));
       }
       continue;
     }
@@ -563,10 +706,20 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
                      {"rope_scaling", s.llama3 ? "llama3" : "none"}};
   if (s.head_dim * s.heads != s.hidden) r.model_options["kv_channels"] = std::to_string(s.head_dim);
   if (s.qkv_bias) r.model_options["add_qkv_bias"] = "true";
+  if (s.window >= 0) r.model_options["window_size"] = std::to_string(s.window) + ",0";
   if (s.qk_norm) r.model_options["qk_layernorm"] = "true";
-  if (s.mixtral()) {
+  if (s.has_experts()) {
     r.model_options["num_experts"] = std::to_string(s.experts);
     r.model_options["moe_router_topk"] = std::to_string(s.topk);
+    if (s.moe_ffn != s.ffn) r.model_options["moe_ffn_hidden_size"] = std::to_string(s.moe_ffn);
+    if (s.pre_softmax) r.model_options["moe_router_pre_softmax"] = "true";
+    if (s.shared_ffn > 0) r.model_options["moe_shared_expert_intermediate_size"] = std::to_string(s.shared_ffn);
+    if (s.shared_gate) r.model_options["moe_shared_expert_gate"] = "true";
+    if (s.dense_layers() > 0) {  // Megatron's --moe-layer-freq list, one 0/1 per layer
+      std::string pattern;
+      for (int64_t l = 0; l < s.layers; ++l) pattern += std::string(l ? "," : "") + (s.sparse(l) ? "1" : "0");
+      r.model_options["moe_layer_freq"] = "[" + pattern + "]";
+    }
   }
   if (s.llama3) {
     r.model_options["rope_scaling_factor"] = text(s.rope_factor);

@@ -216,6 +216,17 @@ TEST(HfExport, OpenaiGeluExportsGeluNew) {
   EXPECT_NE(imported.out.find("activation gelu_new (model.openai_gelu=true)"), std::string::npos) << imported.out;
 }
 
+// A gpt with a sliding window (model.window_size) has no GPT2LMHeadModel form: one line, no folder.
+TEST(HfExport, SlidingWindowIsRefused) {
+  if (!fs::exists(kVocab)) GTEST_SKIP() << "no GPT-2 vocabulary at " << kVocab << " (tools/setup.sh --vocab)";
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_export_window");
+  ASSERT_EQ(dtk_test::run_dtk(kTrain + "--set model.window_size=7,0 --set checkpoint.save=" + dir + "/ck").code, 0);
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(export_cmd(dir + "/ck", dir + "/hf")),
+                                  "option 'window_size' is 7,0: Hugging Face's GPT2LMHeadModel attends to every "
+                                  "earlier token (no sliding window)");
+  EXPECT_FALSE(fs::exists(dir + "/hf"));
+}
+
 // Zero-centred norm weights (model.apply_layernorm_1p, Megatron's --apply-layernorm-1p): the
 // checkpoint holds w (near 0), the export Hugging Face's 1 + w, and the exported model's logits are
 // the plugin's.

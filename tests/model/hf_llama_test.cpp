@@ -385,6 +385,30 @@ TEST(HfLlama, TiedAndLlama3RopeScalingRoundTrip) {
 
 namespace {
 
+// `dtk import hf` of the export in dir/hf: it prints the shape (`printed`) and a --set for each
+// of `opts` (quoted where a shell would read the value otherwise), gives back every parameter of
+// `saved` bit for bit, and a run fine-tunes from it with the model options `sets`.
+void expect_import_round_trip(const std::string& dir, const Tensors& saved, const std::string& printed,
+                              const std::map<std::string, std::string>& opts, const std::string& sets,
+                              const std::string& what) {
+  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
+  ASSERT_EQ(imported.code, 0) << imported.out;
+  EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads, " + printed),
+            std::string::npos)
+      << imported.out;
+  for (const auto& [k, value] : opts) {
+    const std::string set = "model." + k + "=" + value;
+    const std::string shown = value.find('[') == std::string::npos ? set : "'" + set + "'";
+    EXPECT_NE(imported.out.find("--set " + shown), std::string::npos) << imported.out;
+  }
+  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), what + " round trip");
+  const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir + "/imp " + sets +
+                                                   "--set checkpoint.finetune=true --set train.train_iters=1 "
+                                                   "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
+                                                   dir + "/tuned");
+  EXPECT_EQ(tuned.code, 0) << tuned.out;
+}
+
 // The export in `hf_dir` with `from` in its config.json replaced by `to`, copied to `folder`: its
 // import is one error line holding `needle`, and writes nothing.
 void expect_import_refused(const std::string& hf_dir, const std::string& folder, const std::string& from,
@@ -488,19 +512,7 @@ TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
     EXPECT_GT((hf_llama_logits(hf, as_llama, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
               1e-4);
 
-    const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
-    ASSERT_EQ(imported.code, 0) << imported.out;
-    EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.imported),
-              std::string::npos)
-        << imported.out;
-    for (const auto& [k, value] : v.opts)
-      EXPECT_NE(imported.out.find("--set model." + k + "=" + value), std::string::npos) << imported.out;
-    expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), v.name + " round trip");
-    const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir + "/imp " + sets +
-                                                     "--set checkpoint.finetune=true --set train.train_iters=1 "
-                                                     "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
-                                                     dir + "/tuned");
-    EXPECT_EQ(tuned.code, 0) << tuned.out;
+    expect_import_round_trip(dir, saved, v.imported, v.opts, sets, v.name);
 
     // What the architecture cannot hold, one line each.
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
@@ -599,22 +611,7 @@ TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
               1e-4);
 
     // Back: every parameter, and the options that build the model again.
-    const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
-    ASSERT_EQ(imported.code, 0) << imported.out;
-    EXPECT_NE(imported.out.find("llama model, 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.extras),
-              std::string::npos)
-        << imported.out;
-    for (const auto& [k, value] : v.opts) {
-      const bool plain = value.find('[') == std::string::npos;
-      const std::string set = "model." + k + "=" + value;
-      EXPECT_NE(imported.out.find("--set " + (plain ? set : "'" + set + "'")), std::string::npos) << imported.out;
-    }
-    expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), v.name + " round trip");
-    const dtk_test::Result tuned = dtk_test::run_dtk(kTrain + "--set checkpoint.load=" + dir + "/imp " + sets +
-                                                     "--set checkpoint.finetune=true --set train.train_iters=1 "
-                                                     "--set lr.lr_warmup_iters=0 --set checkpoint.save=" +
-                                                     dir + "/tuned");
-    EXPECT_EQ(tuned.code, 0) << tuned.out;
+    expect_import_round_trip(dir, saved, v.extras, v.opts, sets, v.name);
 
     // What the blocks cannot hold, one line each.
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
@@ -623,11 +620,24 @@ TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
                           "no layer has experts (mlp_only_layers and decoder_sparse_step)");
     expect_import_refused(dir + "/hf", bad + "/out-of-range", dense, "\"mlp_only_layers\": [2]",
                           "mlp_only_layers holds 2, not a layer number in [0, num_hidden_layers)");
-    if (qwen2)
+    if (qwen2) {
       expect_import_refused(dir + "/hf", bad + "/unshared", "\"shared_expert_intermediate_size\": 128",
                             "\"shared_expert_intermediate_size\": 0",
                             "shared_expert_intermediate_size 0: the llama model's Qwen2-MoE block has a shared expert");
-    else
+      expect_import_refused(dir + "/hf", bad + "/unbiased", "\"qkv_bias\": true", "\"qkv_bias\": false",
+                            "qkv_bias is false: the llama model's Qwen2-MoE block comes with q/k/v biases");
+    } else {
+      // transformers 5's Qwen3MoeConfig may save the expert count under its attribute_map's name.
+      std::string local = config;
+      local.replace(local.find("\"num_experts\": 4"), 16, "\"num_local_experts\": 4");
+      fs::create_directories(bad + "/local");
+      fs::copy_file(dir + "/hf/model.safetensors", bad + "/local/model.safetensors");
+      write_text(bad + "/local/config.json", local);
+      const dtk_test::Result r = dtk_test::run_dtk("import hf " + bad + "/local " + bad + "/local-imp");
+      EXPECT_EQ(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("4 experts of ffn 96 (2 per token)"), std::string::npos) << r.out;
+    }
+    if (!qwen2)
       expect_import_refused(dir + "/hf", bad + "/one", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 1",
                             "num_experts_per_tok 1 with norm_topk_prob: the one weight is always 1");
     EXPECT_FALSE(fs::exists(bad + "/x"));
@@ -660,12 +670,8 @@ TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
   EXPECT_GT((hf_llama_logits(hf, unwindowed, tokens) - hf_llama_logits(hf, config, tokens)).abs().max().item<double>(),
             1e-4);
 
-  const dtk_test::Result imported = dtk_test::run_dtk("import hf " + dir + "/hf " + dir + "/imp");
-  ASSERT_EQ(imported.code, 0) << imported.out;
-  EXPECT_NE(imported.out.find("ffn 192, a sliding window of 5 earlier tokens, vocab 50257"), std::string::npos)
-      << imported.out;
-  EXPECT_NE(imported.out.find("--set model.window_size=5,0"), std::string::npos) << imported.out;
-  expect_same_parameters(saved, checkpoint_at(dir + "/imp", "iter_0000000"), "mistral round trip");
+  expect_import_round_trip(dir, saved, "ffn 192, a sliding window of 5 earlier tokens, vocab 50257",
+                           {{"window_size", "5,0"}}, window, "mistral");
   // MistralConfig's default window (4096) where the key is left out: longer than 64 positions, none.
   std::string defaults = config;
   defaults.replace(defaults.find("\"sliding_window\": 6,"), 21, "");
@@ -685,7 +691,7 @@ TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
       {"--set model.qk_layernorm=true ",
        "option 'window_size' is 5,0: a llama with a sliding window exports as "
        "MistralForCausalLM or MixtralForCausalLM, whose attention has no biases or "
-       "query/key norms (Qwen3ForCausalLM has no sliding window)"},
+       "query/key norms (DTK writes a window only as their sliding_window, not as Qwen3ForCausalLM's)"},
   };
   for (const auto& [sets, needle] : refused) {
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mistral_bad");

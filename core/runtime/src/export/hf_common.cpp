@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -346,6 +347,14 @@ RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
 
 at::Tensor norm_gain(const at::Tensor& w, bool zero_centred) {
   return zero_centred ? (w.to(at::kFloat) + 1).to(w.scalar_type()) : w;
+}
+
+int64_t window_of(const std::string& window_size) {
+  std::string w;
+  for (const char ch : window_size)
+    if (std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == ',') w += ch;
+  if (w.empty() || w.rfind("-1,", 0) == 0 || w.find_first_of("0123456789") == std::string::npos) return -1;
+  return std::stoll(w.substr(0, w.find(',')));
 }
 
 at::Tensor whole_tensor(const RankTensors& ranks, const std::map<std::string, int>& dims, const std::string& name) {

@@ -37,6 +37,9 @@ std::map<std::string, at::Tensor> read_hf_weights(const std::string& hf_dir);
 bool ends_with(const std::string& name, const std::string& tail);
 // A checkpoint's recorded boolean option as the options layer reads it (true, True or 1).
 inline bool option_true(const std::string& v) { return v == "true" || v == "True" || v == "1"; }
+// A model's window_size option ("W,0" as the model read it: spaces, parentheses and quotes
+// aside) as W, the tokens before each one its window holds; -1 for none ("" or "-1,...").
+int64_t window_of(const std::string& window_size);
 // Refuses a folder holding tensors the import did not read (`read`: the names it took): config.json
 // then describes less than the weights (n_layer too small, biases it does not mention) and the
 // rest would be dropped without a word. `saved_buffer` names what Hugging Face saves that is not a

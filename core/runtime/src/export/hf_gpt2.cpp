@@ -36,6 +36,10 @@ Gpt2Shape gpt2_shape(const std::map<std::string, std::string>& o, int64_t run_se
   if (auto experts = o.find("num_experts"); experts != o.end() && experts->second != "0")
     throw HostError("export hf: the gpt model has mixture-of-experts layers (num_experts " + experts->second +
                     "); Hugging Face's GPT2LMHeadModel has dense MLPs only");
+  // A sliding window GPT-2's attention cannot hold.
+  if (auto window = o.find("window_size"); window != o.end() && hf::window_of(window->second) >= 0)
+    throw HostError("export hf: option 'window_size' is " + window->second +
+                    ": Hugging Face's GPT2LMHeadModel attends to every earlier token (no sliding window)");
   s.layers = option_int(o, "num_layers");
   s.hidden = option_int(o, "hidden_size");
   s.heads = option_int(o, "num_attention_heads");

@@ -7,7 +7,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
-#include <cctype>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -69,7 +68,9 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
     if (option_or(o, "moe_layer_freq", "1") != "1") refuse("moe_layer_freq", "whose every layer is a sparse block");
     if (s.pre_softmax)
       refuse("moe_router_pre_softmax", "whose top-k weights are renormalised (the softmax of the top-k logits)");
-    if (s.shared_ffn > 0) refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
+    if (s.shared_ffn > 0)
+      refuse("moe_shared_expert_intermediate_size",
+             "which has no shared expert (with add_qkv_bias and moe_shared_expert_gate it is a Qwen2MoeForCausalLM)");
   } else if (arch == "Qwen3MoeForCausalLM") {
     if (s.shared_ffn > 0) refuse("moe_shared_expert_intermediate_size", "which has no shared expert");
   } else if (s.shared_ffn == 0) {
@@ -84,22 +85,21 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
   if (arch == "MixtralForCausalLM") s.ffn = s.moe_ffn;  // (no dense MLP: intermediate_size is the experts')
 }
 
-// The sliding window (window_size "W,0" as the model read it: spaces, parentheses and quotes
-// aside; "" or W = -1: none), where Mistral's or Mixtral's sliding_window can hold it: every layer
-// windowed, no biases or query/key norms, no llama3 rope scaling.
+// The sliding window (hf::window_of), where Mistral's or Mixtral's sliding_window can hold it:
+// every layer windowed, no biases or query/key norms, no llama3 rope scaling.
 void read_window(const std::map<std::string, std::string>& o, LlamaShape& s) {
-  std::string w;
-  for (const char ch : option_or(o, "window_size", ""))
-    if (std::isdigit(static_cast<unsigned char>(ch)) || ch == '-' || ch == ',') w += ch;
-  if (w.empty() || w.rfind("-1,", 0) == 0) return;
-  s.window = std::stoll(w.substr(0, w.find(',')));
+  s.window = hf::window_of(option_or(o, "window_size", ""));
+  if (s.window < 0) return;
   const std::string arch = s.architecture();  // (with the window: Mistral's unless the layers say otherwise)
   auto refuse = [&](const char* name, const std::string& why) {
     throw HostError(std::string("export hf: option '") + name + "' is " + option_or(o, name, "") +
                     ": a llama with a sliding window exports as MistralForCausalLM or MixtralForCausalLM, " + why);
   };
   if (arch != "MistralForCausalLM" && arch != "MixtralForCausalLM")
-    refuse("window_size", "whose attention has no biases or query/key norms (" + arch + " has no sliding window)");
+    refuse("window_size",
+           "whose attention has no biases or query/key norms (DTK writes a window only as their "
+           "sliding_window, not as " +
+               arch + "'s)");
   if (arch == "MistralForCausalLM" && s.bias) refuse("add_bias_linear", "whose projections have no biases");
   if (!option_or(o, "window_attn_skip_freq", "").empty())
     refuse("window_attn_skip_freq", "whose window is in every layer");
@@ -437,7 +437,9 @@ void read_qwen_experts(const nlohmann::json& c, const std::string& config_file, 
     if (!c[key].is_number_integer()) refuse(std::string("'") + key + "' is not an integer");
     return c[key].get<int64_t>();
   };
-  s.experts = integer("num_experts", qwen2 ? 60 : 128), s.topk = integer("num_experts_per_tok", qwen2 ? 4 : 8);
+  // (transformers 5's Qwen3MoeConfig may save num_experts as num_local_experts, its attribute_map's name.)
+  s.experts = integer(c.contains("num_experts") ? "num_experts" : "num_local_experts", qwen2 ? 60 : 128);
+  s.topk = integer("num_experts_per_tok", qwen2 ? 4 : 8);
   s.moe_ffn = integer("moe_intermediate_size", qwen2 ? 1408 : 768);
   s.pre_softmax = !hf::json_bool_or(c, "norm_topk_prob", false, config_file);
   if (s.experts < 1 || s.topk < 1 || s.topk > s.experts || s.moe_ffn < 1)
@@ -551,9 +553,12 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   s.init_std = real("initializer_range", 0.02);
   s.untie = !boolean("tie_word_embeddings", false);
   if (qwen2) {
-    // Qwen2Attention's q/k/v projections have biases, o_proj and the MLP none (Qwen2MoeConfig's
-    // qkv_bias, newer than the model, can turn them off).
-    s.qkv_bias = type == "qwen2" || boolean("qkv_bias", true);
+    // Qwen2Attention's q/k/v projections have biases, o_proj and the MLP none. (Qwen2MoeConfig's
+    // qkv_bias, newer than the model, can turn them off: the llama model's Qwen2-MoE block is the
+    // one with them, without them its shape would be Mixtral's, which has no shared expert.)
+    s.qkv_bias = true;
+    if (type == "qwen2_moe" && !boolean("qkv_bias", true))
+      refuse("qkv_bias is false: the llama model's Qwen2-MoE block comes with q/k/v biases (add_qkv_bias)");
   } else if (qwen3) {
     s.qk_norm = true;
     if (boolean("attention_bias", false))

@@ -186,31 +186,31 @@ const std::string kLm = "language_model.", kEnc = "language_model.encoder.";
 std::string layer_prefix(int64_t l) { return kEnc + "layers." + std::to_string(l) + "."; }
 std::string hf_layer(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
 
-// One layer's sparse block (`m`: the layer's prefix, `hf`: Hugging Face's) under its
-// architecture's names: Mixtral's block_sparse_moe.gate and experts.<e>.w1 (gate), w2 (down) and
-// w3 (up); Qwen's mlp.gate and experts.<e>.gate_proj, up_proj and down_proj, with Qwen2-MoE's
-// shared_expert and shared_expert_gate.
-template <typename Whole>
-void add_sparse_block(const Whole& whole, const LlamaShape& s, const std::string& m, const std::string& hf,
-                      hf::NamedTensors& out) {
+// One layer's sparse block as (our name, Hugging Face's name, shape) for export and import alike
+// (`m`: the layer's prefix, `hf`: Hugging Face's): Mixtral's block_sparse_moe.gate and
+// experts.<e>.w1 (gate), w3 (up) and w2 (down); Qwen's mlp.gate and experts.<e>.gate_proj, up_proj
+// and down_proj, with Qwen2-MoE's shared_expert and shared_expert_gate.
+struct NamedShape {
+  std::string ours, theirs;
+  std::vector<int64_t> shape;
+};
+std::vector<NamedShape> sparse_block_names(const LlamaShape& s, const std::string& m, const std::string& hf) {
   const bool mixtral = s.model_type() == "mixtral";
   const std::string block = hf + (mixtral ? "block_sparse_moe." : "mlp.");
-  auto take = [&](const std::string& ours, const std::string& theirs, std::vector<int64_t> shape) {
-    const at::Tensor t = whole(ours);
-    hf::expect_shape(ours, t, shape);
-    out.emplace_back(theirs, t);
+  std::vector<NamedShape> names{{m + "mlp.router.weight", block + "gate.weight", {s.experts, s.hidden}}};
+  auto add_swiglu = [&](const std::string& ours, const std::string& theirs, int64_t ffn) {
+    names.push_back({ours + "gate.weight", theirs + (mixtral ? "w1" : "gate_proj") + ".weight", {ffn, s.hidden}});
+    names.push_back({ours + "up.weight", theirs + (mixtral ? "w3" : "up_proj") + ".weight", {ffn, s.hidden}});
+    names.push_back(
+        {ours + "dense_4h_to_h.weight", theirs + (mixtral ? "w2" : "down_proj") + ".weight", {s.hidden, ffn}});
   };
-  auto add_mlp = [&](const std::string& ours, const std::string& theirs, int64_t ffn) {
-    take(ours + "gate.weight", theirs + (mixtral ? "w1" : "gate_proj") + ".weight", {ffn, s.hidden});
-    take(ours + "dense_4h_to_h.weight", theirs + (mixtral ? "w2" : "down_proj") + ".weight", {s.hidden, ffn});
-    take(ours + "up.weight", theirs + (mixtral ? "w3" : "up_proj") + ".weight", {ffn, s.hidden});
-  };
-  take(m + "mlp.router.weight", block + "gate.weight", {s.experts, s.hidden});
   for (int64_t e = 0; e < s.experts; ++e)
-    add_mlp(m + "mlp.experts." + std::to_string(e) + ".", block + "experts." + std::to_string(e) + ".", s.moe_ffn);
-  if (s.shared_ffn == 0) return;
-  add_mlp(m + "mlp.shared_experts.", block + "shared_expert.", s.shared_ffn);
-  take(m + "mlp.shared_experts.gate_weight", block + "shared_expert_gate.weight", {1, s.hidden});
+    add_swiglu(m + "mlp.experts." + std::to_string(e) + ".", block + "experts." + std::to_string(e) + ".", s.moe_ffn);
+  if (s.shared_ffn > 0) {
+    add_swiglu(m + "mlp.shared_experts.", block + "shared_expert.", s.shared_ffn);
+    names.push_back({m + "mlp.shared_experts.gate_weight", block + "shared_expert_gate.weight", {1, s.hidden}});
+  }
+  return names;
 }
 
 // The model's tensors under LlamaForCausalLM's names (contiguous), the padding rows dropped.
@@ -252,7 +252,11 @@ hf::NamedTensors hf_tensors(const hf::RankTensors& ranks, const LlamaShape& s, c
     if (s.bias) out.emplace_back(hf + "self_attn.o_proj.bias", whole(m + "self_attention.dense.bias"));
     out.emplace_back(hf + "post_attention_layernorm.weight", gain(m + "post_attention_norm.weight"));
     if (s.sparse(l)) {
-      add_sparse_block(whole, s, m, hf, out);
+      for (const NamedShape& n : sparse_block_names(s, m, hf)) {
+        const at::Tensor t = whole(n.ours);
+        hf::expect_shape(n.ours, t, n.shape);
+        out.emplace_back(n.theirs, t);
+      }
       continue;
     }
     const at::Tensor gate = whole(m + "mlp.gate.weight");
@@ -662,22 +666,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
     t.emplace_back(m + "self_attention.dense.weight", get(g + "self_attn.o_proj.weight", {h, s.heads * hd}));
     if (s.bias) t.emplace_back(m + "self_attention.dense.bias", get(g + "self_attn.o_proj.bias", {h}));
     t.emplace_back(m + "post_attention_norm.weight", get(g + "post_attention_layernorm.weight", {h}));
-    if (s.sparse(l)) {  // Mixtral's or Qwen's names (add_sparse_block's, the other way)
-      const bool mixtral = s.model_type() == "mixtral";
-      const std::string block = g + (mixtral ? "block_sparse_moe." : "mlp.");
-      auto swiglu = [&](const std::string& ours, const std::string& theirs, int64_t ffn) {
-        t.emplace_back(ours + "gate.weight", get(theirs + (mixtral ? "w1" : "gate_proj") + ".weight", {ffn, h}));
-        t.emplace_back(ours + "up.weight", get(theirs + (mixtral ? "w3" : "up_proj") + ".weight", {ffn, h}));
-        t.emplace_back(ours + "dense_4h_to_h.weight",
-                       get(theirs + (mixtral ? "w2" : "down_proj") + ".weight", {h, ffn}));
-      };
-      t.emplace_back(m + "mlp.router.weight", get(block + "gate.weight", {s.experts, h}));
-      for (int64_t e = 0; e < s.experts; ++e)
-        swiglu(m + "mlp.experts." + std::to_string(e) + ".", block + "experts." + std::to_string(e) + ".", s.moe_ffn);
-      if (s.shared_ffn > 0) {
-        swiglu(m + "mlp.shared_experts.", block + "shared_expert.", s.shared_ffn);
-        t.emplace_back(m + "mlp.shared_experts.gate_weight", get(block + "shared_expert_gate.weight", {1, h}));
-      }
+    if (s.sparse(l)) {  // Mixtral's or Qwen's names (sparse_block_names, the other way)
+      for (const NamedShape& n : sparse_block_names(s, m, g)) t.emplace_back(n.ours, get(n.theirs, n.shape));
       continue;
     }
     t.emplace_back(m + "mlp.gate.weight", get(g + "mlp.gate_proj.weight", {f, h}));

@@ -24,6 +24,7 @@
 #include "dtk/core/config/megatron_args.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/train/sample_order.hpp"
 #include "dtk/host/error.hpp"
 
 namespace {
@@ -1198,6 +1199,23 @@ TEST(MegatronArgs, SlidingWindowFlagsMapToBothModels) {
                                   "option 'window_size': '7,3' would let each token see the 3 tokens after it");
 }
 
+// --dataloader-type cyclic is Megatron's random sampler; --no-data-sharding reaches it only with
+// cyclic (Megatron's pretraining sampler never reads it); external is refused.
+TEST(MegatronArgs, CyclicDataloaderAndDataShardingMap) {
+  MegatronMapping m = map_line("--num-layers 2 --dataloader-type cyclic --no-data-sharding");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_TRUE(m.ignored.empty()) << m.ignored.front();
+  expect_fields(config_of(m), {{"train.dataloader_type", "cyclic"}, {"train.data_sharding", "false"}});
+  m = map_line("--num-layers 2 --no-data-sharding --dataloader-type single");
+  ASSERT_EQ(m.ignored.size(), 1u);
+  EXPECT_EQ(m.ignored[0], "--no-data-sharding (Megatron reads it only with --dataloader-type cyclic)");
+  EXPECT_FALSE(config_of(m).train().has_data_sharding());
+  m = map_line("--num-layers 2 --dataloader-type external");
+  ASSERT_FALSE(m.refused.empty());
+  EXPECT_EQ(m.refused[0],
+            "--dataloader-type external: DTK reads data through dataset plugins (write one: docs/plugin-guide.md)");
+}
+
 // Megatron-core's add_extra_token_to_sequence=False and drop_last_partial_validation_sequence=False
 // under tensor parallelism: the samples' loss mask (padding) reaches every tensor-parallel rank
 // with the tokens, so TP 2 trains and evaluates exactly as TP 1 (with the vocabulary padded alike:
@@ -1228,6 +1246,34 @@ TEST(MegatronRecipe, SamplesWithPaddingTrainAlikeAtTensorParallel2) {
   };
   EXPECT_EQ(printed(tp1.out).size(), 4u + 2u + 1u) << tp1.out;  // 4 iterations, 2 evaluations, the final test
   EXPECT_EQ(printed(tp1.out), printed(tp2.out)) << tp1.out << "\n" << tp2.out;
+  std::filesystem::remove_all(dir);
+}
+
+// A run sized in samples asks the train split for train.train_samples itself, as Megatron's
+// train_val_test_num_samples does (its dataset cache is named after them): 100 samples are 6
+// global batches of 16 (96 read), and the cache's description says 100.
+TEST(MegatronRecipe, TrainSamplesAreWhatTheTrainSplitIsAskedFor) {
+  const std::string dir = std::string(DTK_TEST_TMP) + "/train-samples-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string data = make_dataset(dir);
+  const dtk_test::Result r = dtk_test::run_dtk(
+      std::string("train --config ") + DTK_SOURCE_DIR + "/configs/gpt-tiny.pbtxt --dataset gpt_indexed --threads 1 " +
+      "--data_path " + data + " --vocab_file " + DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR +
+      "/vocab.bpe --set train.train_iters=0 --set train.train_samples=100 --set train.global_batch_size=16 "
+      "--set lr.lr_warmup_iters=0 --set eval.eval_iters=0 --set logging.log_interval=1 --set dataset.cache_dir=" +
+      dir + "/cache");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(losses(r.out).size(), 6u) << r.out;
+  std::string description;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/cache")) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 33 && name.substr(name.size() - 33) == "-GPTDataset-train-description.txt") {
+      std::ifstream in(e.path());
+      description.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  EXPECT_NE(description.find("\"num_samples\": 100,"), std::string::npos) << description;
   std::filesystem::remove_all(dir);
 }
 
@@ -1320,6 +1366,7 @@ std::vector<int64_t> megatron_rampup_batches(int64_t start, int64_t incr, int64_
 void expect_iteration_batches(const dtk::core::BatchPlan& plan, const std::vector<int64_t>& want,
                               const std::string& what) {
   ASSERT_EQ(plan.train_iters(), static_cast<int64_t>(want.size())) << what;
+  const dtk::core::SampleOrder rank1(dtk::core::SamplerChoice{}, plan.train_samples(), 4, /*dp_rank=*/1, 2);
   int64_t consumed = 0, micro = 0;
   for (int64_t i = 1; i <= plan.train_iters(); ++i) {
     ASSERT_EQ(plan.global_batch_of(i), want[i - 1]) << what << ", iteration " << i;
@@ -1327,7 +1374,7 @@ void expect_iteration_batches(const dtk::core::BatchPlan& plan, const std::vecto
     ASSERT_EQ(plan.micro_batches_of(i), want[i - 1] / 8);
     for (int64_t m = 0; m < plan.micro_batches_of(i); ++m)
       for (int64_t first : {int64_t{1}, std::min<int64_t>(i, 3)})
-        ASSERT_EQ(plan.train_sample_index(first, micro + m - plan.micro_batches_before(first), 2),
+        ASSERT_EQ(rank1.index(plan.consumed_before(first), micro + m - plan.micro_batches_before(first), 2),
                   consumed + m * 8 + 4 + 2);
     consumed += want[i - 1], micro += plan.micro_batches_of(i);
   }

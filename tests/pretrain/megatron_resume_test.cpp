@@ -12,6 +12,7 @@
 
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/train/sample_order.hpp"
 #include "dtk/data/gpt_dataset.hpp"
 #include "dtk/data/megatron_cache.hpp"
 
@@ -64,10 +65,12 @@ TEST(MegatronResume, RanksGetMegatronsSamplesAfterIterationN) {
     topo.dp_size = dp;
     topo.world_size = dp;
     const dtk::core::BatchPlan plan(cfg, topo);
+    const dtk::core::SampleOrder sampler(dtk::core::SamplerChoice{}, static_cast<int64_t>(tvt.train->size()),
+                                         plan.micro_batch_size(), rank, dp);
     std::string got;
     for (int64_t k = 0; k < 3 * plan.micro_batches_per_step(); ++k) {
       for (int64_t j = 0; j < plan.micro_batch_size(); ++j) {
-        const auto tokens = tvt.train->get(static_cast<size_t>(plan.train_sample_index(n + 1, k, j)));
+        const auto tokens = tvt.train->get(static_cast<size_t>(sampler.index(plan.consumed_before(n + 1), k, j)));
         std::string text;
         for (int64_t t : tokens) text += (text.empty() ? "" : " ") + std::to_string(t);
         got += (got.empty() ? "" : " ") + dtk::data::md5_hex(text).substr(0, 8);

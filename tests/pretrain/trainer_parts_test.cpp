@@ -7,11 +7,12 @@
 #include <cmath>
 #include <set>
 
-#include "dtk/core/device/step_capture.hpp"
-#include "dtk/core/train/batch_plan.hpp"
 #include "dtk/core/config/config.hpp"
-#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/device/step_capture.hpp"
 #include "dtk/core/logging/training_log.hpp"
+#include "dtk/core/optim/lr_schedule.hpp"
+#include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/train/sample_order.hpp"
 #include "dtk/host/error.hpp"
 
 using dtk::core::BatchPlan;
@@ -40,19 +41,21 @@ Topology data_parallel(int rank, int size) {
 // micro-batch m of DP rank r is the rows m*mbs*dp + r*mbs + j.
 TEST(BatchPlan, SamplerMatchesMegatron) {
   const auto cfg = config(/*mbs=*/2, /*gbs=*/8, /*iters=*/10);
-  const BatchPlan rank1(cfg, data_parallel(1, 2));
-  EXPECT_EQ(rank1.micro_batches_per_step(), 2);
-  EXPECT_EQ(rank1.sample_index(0, 0, 0), 2);
-  EXPECT_EQ(rank1.sample_index(0, 0, 1), 3);
-  EXPECT_EQ(rank1.sample_index(0, 1, 0), 6);
-  EXPECT_EQ(rank1.sample_index(0, 2, 1), 11);  // next global batch
-  EXPECT_EQ(rank1.sample_index(5, 0, 0), 42);  // resumed after 5 global batches
+  const BatchPlan plan(cfg, data_parallel(1, 2));
+  EXPECT_EQ(plan.micro_batches_per_step(), 2);
+  const dtk::core::SampleOrder rank1(dtk::core::SamplerChoice{}, 100, 2, /*dp_rank=*/1, /*dp_size=*/2);
+  EXPECT_EQ(rank1.index(0, 0, 0), 2);
+  EXPECT_EQ(rank1.index(0, 0, 1), 3);
+  EXPECT_EQ(rank1.index(0, 1, 0), 6);
+  EXPECT_EQ(rank1.index(0, 2, 1), 11);                        // next global batch
+  EXPECT_EQ(rank1.index(plan.consumed_before(6), 0, 0), 42);  // resumed after 5 global batches
   // Over one step the two ranks together take every sample of the global batch exactly once.
-  const BatchPlan rank0(cfg, data_parallel(0, 2));
+  const dtk::core::SampleOrder rank0(dtk::core::SamplerChoice{}, 100, 2, 0, 2);
   std::set<int64_t> seen;
-  for (const BatchPlan* p : {&rank0, &rank1})
-    for (int64_t k = 0; k < p->micro_batches_per_step(); ++k)
-      for (int64_t j = 0; j < p->micro_batch_size(); ++j) EXPECT_TRUE(seen.insert(p->sample_index(3, k, j)).second);
+  for (const dtk::core::SampleOrder* o : {&rank0, &rank1})
+    for (int64_t k = 0; k < plan.micro_batches_per_step(); ++k)
+      for (int64_t j = 0; j < plan.micro_batch_size(); ++j)
+        EXPECT_TRUE(seen.insert(o->index(plan.consumed_before(4), k, j)).second);
   EXPECT_EQ(seen.size(), 8u);
   EXPECT_EQ(*seen.begin(), 24);
   EXPECT_EQ(*seen.rbegin(), 31);
@@ -70,6 +73,15 @@ TEST(BatchPlan, SampleCountsPerSplit) {
   const BatchPlan implicit(config(4, 0, 1), data_parallel(0, 2));
   EXPECT_EQ(implicit.global_batch_size(), 8);
   EXPECT_EQ(implicit.micro_batches_per_step(), 1);
+  EXPECT_EQ(plan.requested_train_samples(), 80);
+  // Sized in samples: 100 samples are 12 global batches of 8 (96 read); the train split is asked
+  // for the 100 (Megatron's train_val_test_num_samples, part of its dataset caches' names).
+  auto samples = config(2, 8, 0);
+  samples.mutable_train()->set_train_samples(100);
+  const BatchPlan by_samples(samples, data_parallel(0, 1));
+  EXPECT_EQ(by_samples.train_iters(), 12);
+  EXPECT_EQ(by_samples.train_samples(), 96);
+  EXPECT_EQ(by_samples.requested_train_samples(), 100);
 }
 
 // Megatron-DeepSpeed's --train-tokens: the loop ends after the first iteration whose tokens

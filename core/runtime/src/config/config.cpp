@@ -579,6 +579,12 @@ void validate_training(const config::TrainingConfig& t) {
     throw HostError("config: train.train_iters and train.train_samples cannot both be set (Megatron refuses it too); "
                     "set train.train_iters=0 with train.train_samples");
   if (t.train_samples() == 0) require_positive(t.train_iters(), "train.train_iters");
+  if (!t.dataloader_type().empty() && t.dataloader_type() != "single" && t.dataloader_type() != "cyclic")
+    throw HostError("config: train.dataloader_type must be single or cyclic, got '" + t.dataloader_type() + "'");
+  if (t.has_data_sharding() && t.dataloader_type() != "cyclic")
+    throw HostError(
+        "config: train.data_sharding applies to train.dataloader_type=cyclic only (the single sampler "
+        "reads the samples in order)");
   require_positive(t.seq_length(), "train.seq_length");
   if (t.global_batch_size() < 0) throw HostError("config: train.global_batch_size must be >= 0");
   if (t.params_dtype() != "fp32" && t.params_dtype() != "bf16" && t.params_dtype() != "fp16")

@@ -425,7 +425,11 @@ const Rule kRules[] = {
      "legacy Megatron's flag (megatron/data, as DeepSpeed-Domino ships it): with --data-path its sample order, "
      "split rounding, blend sizes and cache files; mmap: the .bin/.idx format DTK reads, others refused"},
     {"--num-workers", 1, Kind::kIgnore, "", "DTK prefetches batches on its own loader thread"},
-    {"--dataloader-type", 1, Kind::kCustom, "", "single: accepted (Megatron's pretraining sampler); cyclic: refused"},
+    {"--dataloader-type", 1, Kind::kCustom, "train.dataloader_type",
+     "single: Megatron's pretraining sampler (DTK's default); cyclic: its random sampler, a new permutation every "
+     "epoch; external refused (DTK reads datasets through dataset plugins)"},
+    {"--no-data-sharding", 0, Kind::kCustom, "train.data_sharding=false",
+     "with --dataloader-type cyclic; ignored without it, as Megatron ignores it"},
     {"--eod-mask-loss", 0, Kind::kSwitch, "step.eod_mask_loss=true", ""},
     {"--reset-position-ids", 0, Kind::kSwitch, "step.reset_position_ids=true", ""},
     {"--reset-attention-mask", 0, Kind::kSwitch, "step.reset_attention_mask=true", ""},
@@ -684,7 +688,9 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--data-impl") {
     if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
   } else if (f == "--dataloader-type") {
-    if (v[0] != "single") refuse("DTK's sampler is Megatron's pretraining sampler (single)");
+    if (v[0] == "cyclic") return void(m.sets.push_back("train.dataloader_type=cyclic"));
+    if (v[0] == "external") refuse("DTK reads data through dataset plugins (write one: docs/plugin-guide.md)");
+    if (v[0] != "single") refuse("not one of single, cyclic, external");
   }
 }
 
@@ -858,6 +864,8 @@ struct SeenFlags {
   std::string distributed_optimizer_shown;  // --use-distributed-optimizer as given
   std::string ddp_bucket, ddp_bucket_shown;  // --ddp-bucket-size: its value, and as given
   std::string no_pipeline_shown, cpu_torch_adam_shown;  // --no-pipeline-parallel, --cpu-torch-adam as given
+  bool cyclic_data = false;                             // --dataloader-type cyclic
+  std::string no_data_sharding_shown;                   // --no-data-sharding as given
   int ds_config_flags = 0;                              // --deepspeed_config / --deepscale_config given
 };
 
@@ -875,6 +883,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
     s.ds_config = values[0], s.ds_config_shown = shown, ++s.ds_config_flags;
   if (f == "--no-pipeline-parallel") s.no_pipeline_shown = shown;
   if (f == "--cpu-torch-adam") s.cpu_torch_adam_shown = shown;
+  if (f == "--dataloader-type") s.cyclic_data = values[0] == "cyclic";
+  if (f == "--no-data-sharding") s.no_data_sharding_shown = shown;
   if (f == "--zero-stage") s.zero_stage = values[0], s.zero_stage_shown = shown;
   if (f == "--cpu-optimizer") s.cpu_optimizer_shown = shown;
   if (f == "--loss-scale" || f == "--initial-loss-scale" || f == "--min-loss-scale" || f == "--loss-scale-window" ||
@@ -1734,6 +1744,13 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   check_data_path_forms(s, m);
   map_tiktoken(s, m);
   map_data_order(s, m);
+  // Megatron's random sampler reads data_sharding; its pretraining sampler never does.
+  if (!s.no_data_sharding_shown.empty()) {
+    if (s.cyclic_data)
+      set_by(m, "train.data_sharding=false", s.no_data_sharding_shown);
+    else
+      m.ignored.push_back(s.no_data_sharding_shown + " (Megatron reads it only with --dataloader-type cyclic)");
+  }
   return m;
 }
 

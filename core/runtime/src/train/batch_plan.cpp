@@ -133,8 +133,8 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       train_iters_(cfg.train().train_iters()),  // or from train_samples, below
       eval_iters_(cfg.eval().eval_iters()),
       seq_length_(cfg.train().seq_length()),
-      dp_rank_(topo.dp_rank),
       dp_size_(topo.dp_size),
+      samples_flag_(cfg.train().train_samples()),
       curriculum_(SequenceCurriculum::off(seq_length_)) {
   const auto& t = cfg.train();
   gbs_ = checked_global_batch(t, mbs_, dp_size_);
@@ -260,20 +260,6 @@ std::string BatchPlan::describe_batch_steps() const {
     shown = batch;
   }
   return out;
-}
-
-int64_t BatchPlan::train_sample_index(int64_t first_iteration, int64_t k, int64_t j) const {
-  const int64_t K = micro_batches_before(first_iteration) + k;  // this rank's micro-batches from the start
-  int64_t q = 0, m = 0;  // the 0-based iteration of micro-batch K, and K's place in it
-  if (K >= ramp_micro_.back()) {
-    const int64_t r = static_cast<int64_t>(ramp_micro_.size()) - 1;
-    q = r + (K - ramp_micro_.back()) / tail_micro_;
-    m = (K - ramp_micro_.back()) % tail_micro_;
-  } else {
-    q = static_cast<int64_t>(std::upper_bound(ramp_micro_.begin(), ramp_micro_.end(), K) - ramp_micro_.begin()) - 1;
-    m = K - ramp_micro_[q];
-  }
-  return consumed_before(q + 1) + m * mbs_ * dp_size_ + dp_rank_ * mbs_ + j;
 }
 
 }  // namespace dtk::core

@@ -560,14 +560,16 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
   ctx.struct_size = dtk_dataset_context_STRUCT_SIZE;
   ctx.options = data.options.get();
   ctx.seq_length = plan.seq_length();
-  ctx.num_samples[DTK_SPLIT_TRAIN] = plan.train_samples();
+  ctx.num_samples[DTK_SPLIT_TRAIN] = plan.requested_train_samples();
   ctx.num_samples[DTK_SPLIT_VALID] = plan.valid_samples();
   ctx.num_samples[DTK_SPLIT_TEST] = plan.test_samples();
   ctx.seed = cfg.train().seed();
   ctx.rank = topo.world_rank;
   ctx.world_size = topo.world_size;
   std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(data.plugin, ctx, topo);
-  if (dataset->num_samples(DTK_SPLIT_TRAIN) < plan.train_samples())
+  // Megatron's cyclic sampler reads a split again when it runs out: any split with a micro-batch
+  // for every rank will do (SampleOrder checks that).
+  if (!sampler_choice(cfg.train()).cyclic && dataset->num_samples(DTK_SPLIT_TRAIN) < plan.train_samples())
     throw HostError("dataset plugin '" + data.name() + "': train split has " +
                     std::to_string(dataset->num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
                     std::to_string(plan.train_samples()));
@@ -579,12 +581,16 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
 }
 
 std::unique_ptr<BatchLoader> make_train_loader(const DatasetInstance& data, const BatchPlan& plan,
+                                               const config::TrainingConfig& t, const Topology& topo,
                                                int64_t first_iteration) {
   const int64_t remaining =
       plan.micro_batches_before(plan.train_iters() + 1) - plan.micro_batches_before(first_iteration);
-  return std::make_unique<BatchLoader>(
-      data, DTK_SPLIT_TRAIN, plan.micro_batch_size(), remaining,
-      [&plan, first_iteration](int64_t k, int64_t j) { return plan.train_sample_index(first_iteration, k, j); });
+  auto order = std::make_shared<const SampleOrder>(sampler_choice(t), data.num_samples(DTK_SPLIT_TRAIN),
+                                                   plan.micro_batch_size(), topo.dp_rank, topo.dp_size);
+  return std::make_unique<BatchLoader>(data, DTK_SPLIT_TRAIN, plan.micro_batch_size(), remaining,
+                                       [order, consumed = plan.consumed_before(first_iteration)](int64_t k, int64_t j) {
+                                         return order->index(consumed, k, j);
+                                       });
 }
 
 }  // namespace dtk::core

@@ -63,6 +63,9 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
                  std::to_string(plan.final_iteration()) + " (" +
                  std::to_string(plan.tokens_before(plan.final_iteration() + 1)) + " tokens)";
   const std::string curriculum = plan.curriculum().active() ? "; " + plan.curriculum().describe() : "";
+  const SamplerChoice sampler = sampler_choice(train);
+  const std::string order =
+      sampler.cyclic ? std::string("; samples in random order every epoch (") + sampler_name(sampler) + ")" : "";
   // Under a schedule the configured batch is validation's and test's only.
   const std::string batch = plan.steps_batch()
                                 ? "global batch " + plan.describe_batch_steps() +
@@ -73,7 +76,7 @@ std::string training_banner(const BatchPlan& plan, const config::TrainingConfig&
                                       std::to_string(plan.micro_batches_per_step()) + " micro-batches of " +
                                       std::to_string(plan.micro_batch_size()) + ")";
   return "[" + timestamp() + "] training: " + std::to_string(plan.train_iters()) + " iterations, " + batch + ", seq " +
-         std::to_string(plan.seq_length()) + ramp + curriculum + tokens_end;
+         std::to_string(plan.seq_length()) + ramp + curriculum + order + tokens_end;
 }
 
 // A strategy whose parameters are not whole outside its hooks while its state is replicated
@@ -127,7 +130,8 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   print_startup_report();
   bench_ = make_bench_report();
   data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
-  train_loader_ = make_train_loader(*data_, plan_, progress_.iteration + 1);
+  train_loader_ = make_train_loader(*data_, plan_, cfg_.train(), topo_, progress_.iteration + 1);
+  valid_loader_start_ = progress_.consumed_valid_samples;
   start_micro_batches(std::move(hooks));
 }
 
@@ -479,20 +483,31 @@ void Trainer::print_bench_summary() {
 
 // Megatron's evaluate_and_print_results: eval_iters global batches of `split`, no gradients, in
 // the training's schedule. Validation continues through its split across evaluations (and across
-// a resume: the loop advances consumed_valid_samples after each periodic one); test starts at
-// its beginning.
+// a resume: the loop advances consumed_valid_samples after each periodic one), as Megatron's one
+// validation iterator, made at start after consumed_valid_samples, does; test starts at its
+// beginning.
 void Trainer::evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration) {
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kEvaluate);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
-  const int64_t first_batch = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples / gbs : 0;
-  if (eval_iters <= 0 || data_->num_samples(split) < (first_batch + eval_iters) * gbs) {
+  const int64_t consumed = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples : 0;
+  const SamplerChoice sampler = sampler_choice(cfg_.train());
+  const int64_t split_samples = data_->num_samples(split), unit = plan_.micro_batch_size() * topo_.dp_size;
+  // The single sampler reads each sample once; the cyclic one reads the split again when it runs out.
+  if (eval_iters <= 0 || split_samples < (sampler.cyclic ? unit : consumed + eval_iters * gbs)) {
     if (eval_iters > 0) LOG(WARNING) << "skipping " << what << " evaluation: the split has too few samples";
     return;
   }
   const int64_t num_batches = eval_iters * plan_.micro_batches_per_step();
+  std::unique_ptr<const SampleOrder>& order = eval_orders_[split == DTK_SPLIT_VALID ? 0 : 1];
+  if (!order)
+    order = std::make_unique<const SampleOrder>(sampler, split_samples, plan_.micro_batch_size(), topo_.dp_rank,
+                                                topo_.dp_size);
+  // Micro-batches this rank drew from the split before this evaluation, and where its iterator began.
+  const int64_t start = split == DTK_SPLIT_VALID ? valid_loader_start_ : 0;
+  const int64_t drawn = (consumed - start) / unit;
   BatchLoader loader(*data_, split, plan_.micro_batch_size(), num_batches,
-                     [this, first_batch](int64_t k, int64_t j) { return plan_.sample_index(first_batch, k, j); });
+                     [&order, start, drawn](int64_t k, int64_t j) { return order->index(start, drawn + k, j); });
   parts_.model->set_training(false);
   MetricAverager metrics;
   {

@@ -1,9 +1,9 @@
-// dtk/core/train/batch_plan.hpp — how samples become micro-batches: Megatron's batch sizes and sampler.
+// dtk/core/train/batch_plan.hpp — how samples become micro-batches: Megatron's batch sizes.
 //
 //   global batch (gbs) = micro_batch_size (mbs) x data-parallel size (dp) x micro-batches per step
-//   iteration i takes the samples [consumed_before(i), consumed_before(i + 1)); its micro-batch m
-//   of DP rank r takes the rows consumed_before(i) + m*mbs*dp + r*mbs + j (j < mbs), as Megatron's
-//   MegatronPretrainingSampler hands them out.
+//   iteration i consumes the samples [consumed_before(i), consumed_before(i + 1)) of the split;
+//   which samples those are (its micro-batch m of DP rank r reads the m-th after
+//   consumed_before(i)) is the sampler's: sample_order.hpp.
 //
 // With train.rampup_batch_size (Megatron's RampupBatchsizeNumMicroBatches) the global batch of
 // an iteration depends on the samples consumed before it: START + INCREMENT x floor(consumed /
@@ -15,6 +15,7 @@
 // (micro_batch_size x data-parallel size, Megatron's default under a schedule).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -70,6 +71,11 @@ class BatchPlan {
   // Samples each split must provide for the whole run (Megatron's train_val_test_num_samples):
   // validation runs every eval_interval iterations plus once at the end; test once.
   int64_t train_samples() const { return consumed_before(train_iters_ + 1); }
+  // What the train split is asked for (Megatron's train_val_test_num_samples[0], part of its
+  // cache names): train.train_samples itself in a run sized in samples (Megatron asks for them
+  // all, the partial global batch after the last iteration included), train_samples() otherwise,
+  // and never less than the run reads.
+  int64_t requested_train_samples() const { return std::max(samples_flag_, train_samples()); }
   int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return eval_iters_ * gbs_; }
   // Whether the loop validates after iteration i: every eval_interval iterations, but not after
@@ -82,15 +88,6 @@ class BatchPlan {
     if (eval_interval_ <= 0) return 0;
     return n / eval_interval_ - (n == final_iteration_ && n % eval_interval_ == 0 ? 1 : 0);
   }
-
-  // Sample index of row j of the k-th micro-batch this rank consumes, counting from global
-  // batch `first_global_batch` of gbs samples (evaluation: always whole global batches).
-  int64_t sample_index(int64_t first_global_batch, int64_t k, int64_t j) const {
-    const int64_t gb = first_global_batch + k / num_micro_, m = k % num_micro_;
-    return gb * gbs_ + m * mbs_ * dp_size_ + dp_rank_ * mbs_ + j;
-  }
-  // Training: row j of the k-th micro-batch this rank consumes from iteration `first_iteration` on.
-  int64_t train_sample_index(int64_t first_iteration, int64_t k, int64_t j) const;
 
  private:
   // The first iteration after which `samples` have been consumed.
@@ -106,7 +103,8 @@ class BatchPlan {
   int64_t tail_gbs_ = 1, tail_micro_ = 1;
   bool varying_batch_ = false, scheduled_ = false;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
-  int64_t dp_rank_ = 0, dp_size_ = 1;
+  int64_t dp_size_ = 1;
+  int64_t samples_flag_ = 0;  // train.train_samples (0: the run is sized in iterations)
   SequenceCurriculum curriculum_;
   std::vector<int64_t> stage_tokens_;  // the tokens before each of the curriculum's stages
 };

@@ -16,6 +16,7 @@
 #include "dtk/core/perf/flops.hpp"
 #include "dtk/core/train/batch_loader.hpp"
 #include "dtk/core/train/batch_plan.hpp"
+#include "dtk/core/train/sample_order.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk_config.pb.h"
 
@@ -88,8 +89,10 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
 std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, const Topology& topo,
                                                const BatchPlan& plan, const PluginSlot& data,
                                                const ModelInstance& model);
-// The train iterator from `first_iteration` on (after what a resumed run consumed).
+// The train iterator from `first_iteration` on (after what a resumed run consumed), in the order
+// of train.dataloader_type.
 std::unique_ptr<BatchLoader> make_train_loader(const DatasetInstance& data, const BatchPlan& plan,
+                                               const config::TrainingConfig& t, const Topology& topo,
                                                int64_t first_iteration);
 
 }  // namespace dtk::core

@@ -14,6 +14,7 @@
 // Every plugin call goes through core/components, so errors name the plugin and the call.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,10 @@ class Trainer {
   std::unique_ptr<LayerMetrics> layer_metrics_;  // what the layers record (an MoE router's losses)
   std::unique_ptr<DatasetInstance> data_;
   std::unique_ptr<BatchLoader> train_loader_;
+  // Validation's and test's sample orders (a cyclic one keeps its epoch's permutation), and the
+  // validation samples consumed when this process started (where Megatron's iterator begins).
+  std::array<std::unique_ptr<const SampleOrder>, 2> eval_orders_;
+  int64_t valid_loader_start_ = 0;
   std::unique_ptr<MicroBatchRunner> runner_;
   std::unique_ptr<ForwardBackwardSchedule> forward_backward_;
   std::unique_ptr<TrainingLog> log_;

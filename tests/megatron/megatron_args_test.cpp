@@ -1199,6 +1199,29 @@ TEST(MegatronArgs, SlidingWindowFlagsMapToBothModels) {
                                   "option 'window_size': '7,3' would let each token see the 3 tokens after it");
 }
 
+// Megatron-core's --recompute-modules under selective recomputation: core_attn (its default) is
+// DTK's selective recomputation; modules DTK's layers do not recompute are refused, names Megatron
+// does not know too; without selective granularity Megatron never reads the list.
+TEST(MegatronArgs, RecomputeModulesCoreAttnIsSelectiveRecomputation) {
+  MegatronMapping m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules core_attn");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_TRUE(m.ignored.empty()) << m.ignored.front();
+  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
+  m = map_line("--num-layers 2 --recompute-modules core_attn");
+  ASSERT_EQ(m.ignored.size(), 1u);
+  EXPECT_EQ(m.ignored[0], "--recompute-modules (Megatron reads it only with --recompute-granularity selective)");
+  m = map_line("--num-layers 2 --recompute-activations --recompute-modules core_attn mlp layernorm");
+  ASSERT_FALSE(m.refused.empty());
+  EXPECT_EQ(m.refused[0],
+            "--recompute-modules core_attn mlp layernorm: DTK's selective recomputation recomputes core attention "
+            "(core_attn) alone; its layers do not recompute mlp, layernorm (--recompute-granularity full recomputes "
+            "whole layers)");
+  m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules attn");
+  ASSERT_FALSE(m.refused.empty());
+  EXPECT_EQ(m.refused[0].rfind("--recompute-modules attn: attn not among Megatron's modules (core_attn, ", 0), 0u)
+      << m.refused[0];
+}
+
 // --dataloader-type cyclic is Megatron's random sampler; --no-data-sharding reaches it only with
 // cyclic (Megatron's pretraining sampler never reads it); external is refused.
 TEST(MegatronArgs, CyclicDataloaderAndDataShardingMap) {

@@ -202,6 +202,10 @@ const Rule kRules[] = {
      "--recompute-num-layers layers of each stage"},
     {"--recompute-num-layers", 1, Kind::kCustom, "model.recompute_num_layers",
      "with --recompute-granularity full (refused with selective, ignored without a granularity, as Megatron)"},
+    {"--recompute-modules", -1, Kind::kCustom, "model.recompute_activations",
+     "with selective recomputation: core_attn (Megatron's default) is DTK's selective recomputation; moe_act, "
+     "layernorm, mlp, moe, shared_experts and the rest refused (DTK's layers recompute core attention alone, or "
+     "whole layers under --recompute-granularity full); ignored without selective, as Megatron ignores it"},
     {"--recompute-activations", 0, Kind::kCustom, "model.recompute_activations",
      "selective, whatever --recompute-granularity says (as Megatron sets it)"},
     {"--checkpoint-activations", 0, Kind::kCustom, "model.recompute_activations=full",
@@ -831,6 +835,8 @@ struct SeenFlags {
   bool recompute_activations = false;           // --recompute-activations (selective, over the granularity)
   std::string recompute_method, recompute_method_shown;  // --recompute-method: its value, and as given
   std::string recompute_layers, recompute_layers_shown;  // --recompute-num-layers: its value, and as given
+  std::vector<std::string> recompute_modules;            // --recompute-modules
+  std::string recompute_modules_shown;                   // --recompute-modules as given
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
@@ -947,6 +953,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--recompute-method" && (values[0] == "uniform" || values[0] == "block"))
     s.recompute_method = values[0], s.recompute_method_shown = shown;
   if (f == "--recompute-num-layers") s.recompute_layers = values[0], s.recompute_layers_shown = shown;
+  if (f == "--recompute-modules") s.recompute_modules = values, s.recompute_modules_shown = shown;
   if (f == "--hidden-size") s.hidden_size = values[0];
   if (f == "--num-attention-heads") s.attention_heads = values[0];
   if (f == "--normalization" && (values[0] == "RMSNorm" || values[0] == "rmsnorm")) s.rms_norm = true;
@@ -1220,6 +1227,35 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
   for (const auto& [field, key] : ds.key_of) m.flag_of.insert({field, key});
 }
 
+// Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
+// given). DTK's selective recomputation is core attention's; Megatron reads the list only under
+// selective granularity.
+void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& m) {
+  if (s.recompute_modules_shown.empty()) return;
+  if (!selective)
+    return m.ignored.push_back(s.recompute_modules_shown.substr(0, s.recompute_modules_shown.find(' ')) +
+                               " (Megatron reads it only with --recompute-granularity selective)");
+  static const std::set<std::string> kMegatrons = {
+      "core_attn",      "moe_act",      "layernorm",   "mla_up_proj", "mlp", "moe",
+      "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv",     "mhc"};
+  std::vector<std::string> unknown, other;
+  for (const std::string& module : s.recompute_modules) {
+    if (kMegatrons.count(module) == 0)
+      unknown.push_back(module);
+    else if (module != "core_attn")
+      other.push_back(module);
+  }
+  if (!unknown.empty())
+    m.refused.push_back(s.recompute_modules_shown + ": " + joined(unknown, ", ") +
+                        " not among Megatron's modules (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
+                        "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc)");
+  else if (!other.empty())
+    m.refused.push_back(s.recompute_modules_shown +
+                        ": DTK's selective recomputation recomputes core attention "
+                        "(core_attn) alone; its layers do not recompute " +
+                        joined(other, ", ") + " (--recompute-granularity full recomputes whole layers)");
+}
+
 // Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
 // whatever the granularity); --recompute-method and --recompute-num-layers shape full
 // recomputation only. With selective it refuses either (an assertion on the method, Megatron-core's
@@ -1243,6 +1279,7 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
   const bool selective = granularity == "selective";
   const char* granularity_flag = s.recompute_activations ? "--recompute-activations" : "--recompute-granularity";
   if (selective) set_by(m, "model.recompute_activations=selective", granularity_flag);
+  map_recompute_modules(s, selective, m);
   if (granularity == "full") {
     set_by(m, "model.recompute_activations=full", granularity_flag);
     if (!s.recompute_method.empty())

@@ -1233,6 +1233,14 @@ TEST(MegatronArgs, CyclicDataloaderAndDataShardingMap) {
   ASSERT_EQ(m.ignored.size(), 1u);
   EXPECT_EQ(m.ignored[0], "--no-data-sharding (Megatron reads it only with --dataloader-type cyclic)");
   EXPECT_FALSE(config_of(m).train().has_data_sharding());
+  // The last --dataloader-type given counts, as in argparse.
+  m = map_line("--num-layers 2 --dataloader-type cyclic --no-data-sharding --dataloader-type single");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_EQ(config_of(m).train().dataloader_type(), "");
+  EXPECT_EQ(m.ignored.size(), 1u);
+  m = map_line("--num-layers 2 --dataloader-type external --dataloader-type cyclic");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"train.dataloader_type", "cyclic"}});
   m = map_line("--num-layers 2 --dataloader-type external");
   ASSERT_FALSE(m.refused.empty());
   EXPECT_EQ(m.refused[0],

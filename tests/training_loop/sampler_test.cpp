@@ -14,9 +14,11 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -113,6 +115,32 @@ TEST(TorchRandperm, EqualsLibTorchsRandpermUnderASeededGenerator) {
   EXPECT_NE(dtk::core::torch_randperm(100, 0), dtk::core::torch_randperm(100, 1));
 }
 
+// From 2^32/20 elements on, PyTorch (2.7 and later) shuffles inside out over 64-bit draws; LibTorch
+// 1.13 here does not, so the branch is checked with its threshold moved down against ATen's loop
+// as randperm_cpu writes it (r[i] = i; r[i] = r[z]; r[z] = i with z = random64() % (i + 1), the
+// 64 bits the first draw high).
+TEST(TorchRandperm, TheInsideOutBranchIsATensLoop) {
+  EXPECT_EQ(dtk::core::kTorchInsideOutFrom, 214748364);
+  for (uint64_t seed : {0ull, 3ull}) {
+    const int64_t n = 1000;
+    std::mt19937 engine(static_cast<uint32_t>(seed));
+    std::vector<int64_t> r(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t hi = engine(), lo = engine();
+      const auto z = static_cast<int64_t>(((hi << 32) | lo) % static_cast<uint64_t>(i + 1));
+      r[i] = i;
+      r[i] = r[z];
+      r[z] = i;
+    }
+    const std::vector<int64_t> got = dtk::core::torch_randperm(n, seed, /*inside_out_from=*/n);
+    EXPECT_EQ(got, r);
+    EXPECT_NE(got, dtk::core::torch_randperm(n, seed));  // the other branch orders differently
+    std::vector<int64_t> sorted = got;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[i], i);
+  }
+}
+
 // What Megatron-LM's MegatronPretrainingRandomSampler printed (python3-torch 1.13, the class
 // from megatron/training/datasets/data_samplers.py, restarted as cyclic_iter does), for
 // "total mbs dp sharding consumed rank": the samples of its first micro-batches in order.
@@ -184,6 +212,13 @@ TEST(CyclicSampler, OneEpochReadsEverySampleOnceAndSingleIsConsecutive) {
   SamplerChoice cyclic;
   cyclic.cyclic = true;
   try {
+    SampleOrder(cyclic, 40, 2, 0, 4).index(6, 0, 0);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_STREQ(e.what(),
+                 "sample order: 6 consumed samples are not a multiple of 8 (micro_batch_size x data-parallel size)");
+  }
+  try {
     SampleOrder(cyclic, 7, 2, 0, 4);
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
@@ -253,12 +288,35 @@ TEST(CyclicSampler, TrainingReadsMegatronsOrderAndAResumeReadsOnFromWhereItStood
   ASSERT_EQ(b.size(), 3u) << rest.out;
   for (int it = 4; it <= 6; ++it) EXPECT_EQ(b.at(it), a.at(it)) << "iteration " << it;
 
-  // Without data sharding, one process: the whole split dealt out.
-  const dtk_test::Result plain = dtk_test::run_dtk(
-      run.substr(run.find(" train ")) + "--set train.data_sharding=false --set dataset.record=" + dir + "/plain");
-  ASSERT_EQ(plain.code, 0) << plain.out;
-  EXPECT_EQ(recorded(dir + "/plain", 0, 0), MegatronRandomSampler(22, 0, 2, 0, 1, false).read(24));
-  EXPECT_NE(plain.out.find("(cyclic without data sharding)"), std::string::npos) << plain.out;
+  std::filesystem::remove_all(dir);
+}
+
+// Without data sharding, micro-batches of 1 over two ranks and splits of odd sizes (23, 9, 5): rank
+// 0 reads one sample more of each epoch than rank 1, so the ranks' counts part, as in Megatron.
+// Validation runs after every second iteration and at the end, 2 samples per rank each time: its
+// one iterator carries on across the 7 evaluations (an iterator started afresh at each
+// evaluation's consumed samples would read otherwise from the third on).
+TEST(CyclicSampler, WithoutDataShardingRanksPartAndValidationCarriesOn) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "cyclic-unsharded");
+  const dtk_test::Result r = dtk_test::run_dtk(
+      std::string(" launch --nproc_per_node 2 train --config ") + DTK_SOURCE_DIR +
+      "/configs/gpt-tiny.pbtxt --dataset recording_data" + kPlugins +
+      "--threads 1 --set model.vocab_size=1024 --set train.seq_length=16 --set train.micro_batch_size=1 "
+      "--set train.global_batch_size=2 --set train.train_iters=14 --set lr.lr_warmup_iters=0 "
+      "--set eval.eval_interval=2 --set eval.eval_iters=2 --set dataset.train_samples=23 "
+      "--set dataset.valid_samples=9 --set dataset.test_samples=5 --set train.dataloader_type=cyclic "
+      "--set train.data_sharding=false --set dataset.record=" +
+      dir + "/reads");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(cyclic without data sharding)"), std::string::npos) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(recorded(dir + "/reads", rank, 0), MegatronRandomSampler(23, 0, 1, rank, 2, false).read(14))
+        << "train, rank " << rank;
+    EXPECT_EQ(recorded(dir + "/reads", rank, 1), MegatronRandomSampler(9, 0, 1, rank, 2, false).read(14))
+        << "validation, rank " << rank;
+    EXPECT_EQ(recorded(dir + "/reads", rank, 2), MegatronRandomSampler(5, 0, 1, rank, 2, false).read(2))
+        << "test, rank " << rank;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -691,10 +691,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.flag_of["dataset.name"] = flag;
   } else if (f == "--data-impl") {
     if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
-  } else if (f == "--dataloader-type") {
-    if (v[0] == "cyclic") return void(m.sets.push_back("train.dataloader_type=cyclic"));
-    if (v[0] == "external") refuse("DTK reads data through dataset plugins (write one: docs/plugin-guide.md)");
-    if (v[0] != "single") refuse("not one of single, cyclic, external");
+  } else if (f == "--dataloader-type") {  // the last one given counts (map_dataloader)
+    if (v[0] != "single" && v[0] != "cyclic" && v[0] != "external") refuse("not one of single, cyclic, external");
   }
 }
 
@@ -870,7 +868,7 @@ struct SeenFlags {
   std::string distributed_optimizer_shown;  // --use-distributed-optimizer as given
   std::string ddp_bucket, ddp_bucket_shown;  // --ddp-bucket-size: its value, and as given
   std::string no_pipeline_shown, cpu_torch_adam_shown;  // --no-pipeline-parallel, --cpu-torch-adam as given
-  bool cyclic_data = false;                             // --dataloader-type cyclic
+  std::string dataloader_type, dataloader_type_shown;   // the last --dataloader-type: its value, as given
   std::string no_data_sharding_shown;                   // --no-data-sharding as given
   int ds_config_flags = 0;                              // --deepspeed_config / --deepscale_config given
 };
@@ -889,7 +887,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
     s.ds_config = values[0], s.ds_config_shown = shown, ++s.ds_config_flags;
   if (f == "--no-pipeline-parallel") s.no_pipeline_shown = shown;
   if (f == "--cpu-torch-adam") s.cpu_torch_adam_shown = shown;
-  if (f == "--dataloader-type") s.cyclic_data = values[0] == "cyclic";
+  if (f == "--dataloader-type") s.dataloader_type = values[0], s.dataloader_type_shown = shown;
   if (f == "--no-data-sharding") s.no_data_sharding_shown = shown;
   if (f == "--zero-stage") s.zero_stage = values[0], s.zero_stage_shown = shown;
   if (f == "--cpu-optimizer") s.cpu_optimizer_shown = shown;
@@ -1299,6 +1297,21 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
     else
       m.ignored.push_back(*shown + " (Megatron reads it only with --recompute-granularity full)");
   }
+}
+
+// The last --dataloader-type given is Megatron's (argparse); its random sampler reads
+// --no-data-sharding, its pretraining sampler never does.
+void map_dataloader(const SeenFlags& s, MegatronMapping& m) {
+  const bool cyclic = s.dataloader_type == "cyclic";
+  if (cyclic) set_by(m, "train.dataloader_type=cyclic", s.dataloader_type_shown);
+  if (s.dataloader_type == "external")
+    m.refused.push_back(s.dataloader_type_shown +
+                        ": DTK reads data through dataset plugins (write one: docs/plugin-guide.md)");
+  if (s.no_data_sharding_shown.empty()) return;
+  if (cyclic)
+    set_by(m, "train.data_sharding=false", s.no_data_sharding_shown);
+  else
+    m.ignored.push_back(s.no_data_sharding_shown + " (Megatron reads it only with --dataloader-type cyclic)");
 }
 
 // Megatron reads --sgd-momentum with SGD only, and the --adam-* flags with Adam only.
@@ -1781,13 +1794,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   check_data_path_forms(s, m);
   map_tiktoken(s, m);
   map_data_order(s, m);
-  // Megatron's random sampler reads data_sharding; its pretraining sampler never does.
-  if (!s.no_data_sharding_shown.empty()) {
-    if (s.cyclic_data)
-      set_by(m, "train.data_sharding=false", s.no_data_sharding_shown);
-    else
-      m.ignored.push_back(s.no_data_sharding_shown + " (Megatron reads it only with --dataloader-type cyclic)");
-  }
+  map_dataloader(s, m);
   return m;
 }
 

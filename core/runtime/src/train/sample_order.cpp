@@ -1,8 +1,9 @@
 #include "dtk/core/train/sample_order.hpp"
 
-#include <limits>
+#include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "dtk/host/error.hpp"
 
@@ -22,11 +23,11 @@ const char* sampler_name(SamplerChoice s) {
   return s.data_sharding ? "cyclic" : "cyclic without data sharding";
 }
 
-std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed) {
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed, int64_t inside_out_from) {
   std::vector<int64_t> r(static_cast<size_t>(std::max<int64_t>(n, 0)));
   // torch.Generator().manual_seed(seed) seeds its mt19937 with the low 32 bits, as std::mt19937 does.
   std::mt19937 engine(static_cast<uint32_t>(seed & 0xffffffffu));
-  if (n < static_cast<int64_t>(std::numeric_limits<uint32_t>::max() / 20)) {
+  if (n < inside_out_from) {
     for (int64_t i = 0; i < n; ++i) r[static_cast<size_t>(i)] = i;
     for (int64_t i = 0; i + 1 < n; ++i) {
       const int64_t z = static_cast<int64_t>(engine()) % (n - i);
@@ -68,23 +69,34 @@ const std::vector<int64_t>& SampleOrder::permutation(int64_t epoch) const {
 }
 
 int64_t SampleOrder::index(int64_t consumed, int64_t k, int64_t j) const {
-  if (!choice_.cyclic) return consumed + k * mbs_ * dp_ + rank_ * mbs_ + j;
+  const int64_t unit = mbs_ * dp_;
+  if (!choice_.cyclic) return consumed + k * unit + rank_ * mbs_ + j;
+  // Megatron asserts it: its counts only ever move by whole micro-batches of every rank.
+  if (consumed % unit != 0)
+    throw HostError("sample order: " + std::to_string(consumed) + " consumed samples are not a multiple of " +
+                    std::to_string(unit) + " (micro_batch_size x data-parallel size)");
+  const std::lock_guard<std::mutex> lock(mutex_);
   // Walk this rank's epochs as Megatron's sampler, restarted by cyclic_iter, does: each restart
   // begins at epoch consumed / A, offset consumed % A, and adds mbs*dp per micro-batch it yields.
+  // A loader asks for k in order: start from the last epoch boundary reached when it can.
+  int64_t at = consumed, first = 0;  // where micro-batch `first` of this loader begins
+  if (walk_.from == consumed && walk_.micro_batch <= k) at = walk_.at, first = walk_.micro_batch;
   for (;;) {
-    const int64_t epoch = consumed / epoch_samples_, offset = consumed % epoch_samples_;
-    // The micro-batches this rank reads before its part of the epoch runs out.
-    const int64_t left = choice_.data_sharding ? permuted_ - offset / dp_
-                                               : (permuted_ - offset - rank_ + dp_ - 1) / dp_;  // > 0: offset < A <= F
+    const int64_t epoch = at / epoch_samples_, offset = at % epoch_samples_;
+    // The micro-batches this rank reads before its part of the epoch runs out (at least one:
+    // offset <= A - mbs*dp and A <= F).
+    const int64_t left =
+        choice_.data_sharding ? permuted_ - offset / dp_ : (permuted_ - offset - rank_ + dp_ - 1) / dp_;
     const int64_t batches = left / mbs_;
-    if (k < batches) {
-      const std::lock_guard<std::mutex> lock(mutex_);
+    if (k - first < batches) {
+      walk_ = {consumed, first, at};
       const std::vector<int64_t>& perm = permutation(epoch);
-      if (choice_.data_sharding) return rank_ * permuted_ + perm[static_cast<size_t>(offset / dp_ + k * mbs_ + j)];
-      return perm[static_cast<size_t>(offset + (k * mbs_ + j) * dp_ + rank_)];
+      const int64_t row = (k - first) * mbs_ + j;
+      if (choice_.data_sharding) return rank_ * permuted_ + perm[static_cast<size_t>(offset / dp_ + row)];
+      return perm[static_cast<size_t>(offset + row * dp_ + rank_)];
     }
-    k -= batches;
-    consumed += batches * mbs_ * dp_;
+    first += batches;
+    at += batches * unit;
   }
 }
 

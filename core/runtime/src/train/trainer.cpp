@@ -507,7 +507,9 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
   const int64_t start = split == DTK_SPLIT_VALID ? valid_loader_start_ : 0;
   const int64_t drawn = (consumed - start) / unit;
   BatchLoader loader(*data_, split, plan_.micro_batch_size(), num_batches,
-                     [&order, start, drawn](int64_t k, int64_t j) { return order->index(start, drawn + k, j); });
+                     [sample_order = order.get(), start, drawn](int64_t k, int64_t j) {
+                       return sample_order->index(start, drawn + k, j);
+                     });
   parts_.model->set_training(false);
   MetricAverager metrics;
   {

@@ -15,7 +15,6 @@
 // (micro_batch_size x data-parallel size, Megatron's default under a schedule).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -72,10 +71,10 @@ class BatchPlan {
   // validation runs every eval_interval iterations plus once at the end; test once.
   int64_t train_samples() const { return consumed_before(train_iters_ + 1); }
   // What the train split is asked for (Megatron's train_val_test_num_samples[0], part of its
-  // cache names): train.train_samples itself in a run sized in samples (Megatron asks for them
-  // all, the partial global batch after the last iteration included), train_samples() otherwise,
-  // and never less than the run reads.
-  int64_t requested_train_samples() const { return std::max(samples_flag_, train_samples()); }
+  // cache names): train.train_samples itself in a run sized in samples (a partial global batch
+  // after the last iteration included; under a step schedule the last iteration may read past
+  // them, and the split must then hold what it reads), train_samples() otherwise.
+  int64_t requested_train_samples() const { return samples_flag_ > 0 ? samples_flag_ : train_samples(); }
   int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return eval_iters_ * gbs_; }
   // Whether the loop validates after iteration i: every eval_interval iterations, but not after

@@ -51,6 +51,37 @@ int64_t parse_window_size(const std::string& text) {
   return left;
 }
 
+// recompute_modules: names separated by commas or spaces (Megatron's list), each once or more.
+// Megatron's other modules are named as such: their sub-layers are not DTK's layers' to rerun.
+void read_recompute_modules(const std::string& text, DecoderConfig& c) {
+  c.selective_recompute = c.recompute_mlp = c.recompute_moe = false;
+  std::string name;
+  const auto take = [&] {
+    if (name.empty()) return;
+    if (name == "core_attn")
+      c.selective_recompute = true;
+    else if (name == "mlp")
+      c.recompute_mlp = true;
+    else if (name == "moe")
+      c.recompute_moe = true;
+    else if (name == "moe_act" || name == "layernorm" || name == "mla_up_proj" || name == "shared_experts" ||
+             name == "gdn_norm_out" || name == "gdp_in_proj" || name == "gdp_qkv" || name == "mhc")
+      throw std::invalid_argument("'" + name +
+                                  "' is a Megatron module DTK's layers do not recompute (they recompute core_attn, "
+                                  "mlp and moe)");
+    else
+      throw std::invalid_argument("unknown module '" + name + "' (core_attn, mlp or moe)");
+    name.clear();
+  };
+  for (const char ch : text) {
+    if (ch == ',' || std::isspace(static_cast<unsigned char>(ch)))
+      take();
+    else
+      name += ch;
+  }
+  take();
+}
+
 }  // namespace
 
 bool DecoderConfig::windowed(int64_t index) const {
@@ -145,7 +176,16 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   }
   if (o.has("recompute_activations")) {
     c.recompute = o.get_string("recompute_activations") == "full";
-    c.selective_recompute = o.get_string("recompute_activations") == "selective";
+    c.selective = o.get_string("recompute_activations") == "selective";
+    // Without the option (a plugin that does not declare it) selective is core attention alone.
+    c.selective_recompute = c.selective;
+    if (c.selective && o.has("recompute_modules")) {
+      try {
+        read_recompute_modules(o.get_string("recompute_modules"), c);
+      } catch (const std::invalid_argument& e) {
+        fail(std::string("option 'recompute_modules': ") + e.what());
+      }
+    }
   }
   if (o.has("recompute_method")) c.recompute_block = o.get_string("recompute_method") == "block";
   int_opt("recompute_num_layers", c.recompute_num_layers);
@@ -392,6 +432,10 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   if (c.recompute && c.recompute_num_layers > stage_layers)
     fail("recompute_num_layers (" + std::to_string(c.recompute_num_layers) + ") exceeds the " +
          std::to_string(stage_layers) + " layers of a pipeline stage");
+  if (c.domino_chunks > 1 && (c.recompute_mlp || c.recompute_moe))
+    fail(
+        "recompute_modules mlp or moe: Domino's chunked schedule (domino_chunks > 1) runs the MLP in pieces of "
+        "its own; recompute whole layers (recompute_activations=full) or use domino_chunks=1");
   if (c.domino_chunks > 1 && c.recompute && (c.recompute_block || c.recompute_num_layers != 1))
     fail(
         "domino_chunks > 1 recomputes one layer at a time: recompute_method=block or recompute_num_layers > 1 "
@@ -819,7 +863,7 @@ dtk_model_info DecoderLM::info() {
   i.recompute = c.recompute ? 1 : 0;
   i.tied_embeddings = c.untie ? 0 : 1;
   i.sequence_parallel = tp_.splits_sequence() ? 1 : 0;
-  i.recompute_granularity = c.recompute ? 1 : c.selective_recompute ? 2 : 0;
+  i.recompute_granularity = c.recompute ? 1 : c.selective ? 2 : 0;
   i.recompute_method = c.recompute_block ? 1 : 0;
   i.recompute_num_layers = static_cast<int32_t>(c.recompute_num_layers);
   i.num_experts = static_cast<int32_t>(c.moe.num_experts);
@@ -827,6 +871,9 @@ dtk_model_info DecoderLM::info() {
   i.expert_parallel = c.moe.enabled() ? 1 : 0;  // MoeMlp keeps this rank's share of the experts
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
+  if (c.selective)
+    i.recompute_modules = (c.selective_recompute ? DTK_RECOMPUTE_CORE_ATTENTION : 0) |
+                          (c.recompute_mlp ? DTK_RECOMPUTE_MLP : 0) | (c.recompute_moe ? DTK_RECOMPUTE_MOE : 0);
   return i;
 }
 

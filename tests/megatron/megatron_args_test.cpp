@@ -1199,26 +1199,42 @@ TEST(MegatronArgs, SlidingWindowFlagsMapToBothModels) {
                                   "option 'window_size': '7,3' would let each token see the 3 tokens after it");
 }
 
-// Megatron-core's --recompute-modules under selective recomputation: core_attn (its default) is
-// DTK's selective recomputation; modules DTK's layers do not recompute are refused, names Megatron
-// does not know too; without selective granularity Megatron never reads the list.
-TEST(MegatronArgs, RecomputeModulesCoreAttnIsSelectiveRecomputation) {
+// --recompute-modules: the sub-layers selective recomputation reruns (core_attn when not given);
+// DTK's layers rerun core_attn, mlp and moe. --moe-layer-recompute (Megatron-core's deprecated
+// flag) is selective with moe added; with full granularity Megatron refuses it.
+TEST(MegatronArgs, RecomputeModulesMapToDtksModules) {
   MegatronMapping m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules core_attn");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_TRUE(m.ignored.empty()) << m.ignored.front();
-  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}});
+  expect_fields(config_of(m), {{"model.recompute_activations", "selective"}, {"model.recompute_modules", "core_attn"}});
+  m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules mlp core_attn mlp");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m),
+                {{"model.recompute_activations", "selective"}, {"model.recompute_modules", "mlp,core_attn"}});
   m = map_line("--num-layers 2 --recompute-modules core_attn");
   ASSERT_EQ(m.ignored.size(), 1u);
   EXPECT_EQ(m.ignored[0], "--recompute-modules (Megatron reads it only with --recompute-granularity selective)");
   m = map_line("--num-layers 2 --recompute-activations --recompute-modules core_attn mlp layernorm");
   ASSERT_FALSE(m.refused.empty());
   EXPECT_EQ(m.refused[0],
-            "--recompute-modules core_attn mlp layernorm: DTK's selective recomputation recomputes core attention "
-            "(core_attn) alone; its layers do not recompute mlp, layernorm (--recompute-granularity full recomputes "
-            "whole layers)");
+            "--recompute-modules core_attn mlp layernorm: DTK's layers recompute core_attn, mlp and moe; not layernorm "
+            "(--recompute-granularity full recomputes whole layers)");
   m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules attn");
   ASSERT_FALSE(m.refused.empty());
   EXPECT_EQ(m.refused[0].rfind("--recompute-modules attn: attn not among Megatron's modules (core_attn, ", 0), 0u)
+      << m.refused[0];
+  // --moe-layer-recompute: selective, core_attn (the default list) and moe.
+  m = map_line("--num-layers 2 --moe-layer-recompute");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_TRUE(m.ignored.empty()) << m.ignored.front();
+  expect_fields(config_of(m),
+                {{"model.recompute_activations", "selective"}, {"model.recompute_modules", "core_attn,moe"}});
+  m = map_line("--num-layers 2 --recompute-granularity selective --recompute-modules mlp --moe-layer-recompute");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  expect_fields(config_of(m), {{"model.recompute_modules", "mlp,moe"}});
+  m = map_line("--num-layers 2 --recompute-granularity full --moe-layer-recompute");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--moe-layer-recompute with --recompute-granularity full: Megatron refuses it", 0), 0u)
       << m.refused[0];
 }
 

@@ -2,12 +2,14 @@
 // through the C ABI: shared by the model tests (test_gpt.cpp) and the Hugging Face export test.
 #pragma once
 
+#include <torch/csrc/autograd/function.h>
 #include <dtk/core/components/components.hpp>
 #include <dtk/core/components/services.hpp>
 #include <dtk/host/plugin_host.hpp>
 #include <dtk/model.hpp>
 
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -130,5 +132,20 @@ class GPT {
   dtk_model* model_ = nullptr;
   dtk_model_ref ref_{};
 };
+
+// How many nodes of t's autograd graph have `name` in their name.
+inline int64_t graph_has(const at::Tensor& t, const std::string& name) {
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  int64_t n = 0;
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) ++n;
+    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
+  }
+  return n;
+}
 
 }  // namespace dtk_test_gpt

@@ -1004,6 +1004,58 @@ TEST(GptDomino, HooksFirePerLayerAroundTheInterleavedChunks) {
   }
 }
 
+// recompute_modules mlp (dense_h_to_4h, GELU, dense_4h_to_h) and moe (router and experts, with
+// the load-balancing loss) on gpt's layers: one checkpoint per layer, the same loss and gradients
+// with dropout on, twice in a row; under per-module hooks (ZeRO-3's) the same hook sequence, the
+// rerun inside its layer's backward where the layer's parameters are there. Domino's schedule,
+// which runs the MLP in pieces of its own, refuses them.
+TEST(GptModel, RecomputeModulesMatchNoRecompute) {
+  const Shape S{2, 32, 4, 128, 16, 64, false};
+  const Opts moe = {{"num_experts", "4"},
+                    {"moe_router_topk", "2"},
+                    {"moe_ffn_hidden_size", "64"},
+                    {"moe_router_load_balancing_type", "aux_loss"},
+                    {"moe_aux_loss_coeff", "0.01"}};
+  for (const bool experts : {false, true}) {
+    Opts base = model_opts(S, S.vocab, {{"hidden_dropout", "0.2"}, {"attention_dropout", "0.2"}});
+    if (experts) base.insert(moe.begin(), moe.end());
+    Opts rec = base;
+    rec["recompute_activations"] = "selective";
+    rec["recompute_modules"] = experts ? "moe" : "mlp";
+    const std::string what = rec["recompute_modules"];
+    GPT a(base), b(rec);
+    EXPECT_EQ(b.info().recompute_modules, experts ? DTK_RECOMPUTE_MOE : DTK_RECOMPUTE_MLP);
+    HookRecorder hooks_a, hooks_b;
+    a.set_hooks(&hooks_a.table);
+    b.set_hooks(&hooks_b.table);
+    at::Tensor tokens = random_text(2, S.seq, S.vocab, 9), labels = random_text(2, S.seq, S.vocab, 10);
+    TensorList in{{"tokens", tokens}, {"labels", labels}};
+    for (int it = 0; it < 2; ++it) {
+      a.zero_grad();
+      b.zero_grad();
+      at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+      EXPECT_EQ(dtk_test_gpt::graph_has(la, "Recomputed"), 0) << what;
+      EXPECT_EQ(dtk_test_gpt::graph_has(lb, "Recomputed"), S.layers) << what;
+      la.backward();
+      lb.backward();
+      expect_close(la.detach(), lb.detach(), 1e-6, "loss, " + what);
+      auto pa = a.param_map(), pb = b.param_map();
+      for (auto& kv : pa) expect_close(kv.second.grad(), pb[kv.first].grad(), 1e-6, "grad " + kv.first + ", " + what);
+    }
+    EXPECT_EQ(hooks_b.joined(), hooks_a.joined()) << what;
+  }
+  try {
+    GPT m(model_opts(S, S.vocab,
+                     {{"domino_chunks", "2"}, {"recompute_activations", "selective"}, {"recompute_modules", "mlp"}}));
+    ADD_FAILURE() << "recompute_modules mlp accepted with domino_chunks 2";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("recompute_modules mlp or moe: Domino's chunked schedule (domino_chunks > 1) "
+                                         "runs the MLP in pieces of its own"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GptDomino, BadChunkCountsAreRefusedNamingTheOption) {
   const Shape S{1, 32, 4, 128, 8, 64, true};
   try {

@@ -9,9 +9,6 @@
 #include "rope_scaling.hpp"  // plugins/models/llama: plain C++, compiled into this test too
 
 #include <gtest/gtest.h>
-#include <torch/csrc/autograd/function.h>
-
-#include <set>
 
 #include <cmath>
 #include <map>
@@ -22,6 +19,7 @@ namespace {
 using dtk::TensorList;
 using dtk_test_gpt::Ctx;
 using dtk_test_gpt::GPT;
+using dtk_test_gpt::graph_has;
 using dtk_test_gpt::Opts;
 using dtk_test_gpt::plugins;
 
@@ -316,21 +314,6 @@ TEST(LlamaModel, StateRoundTripAndSeededDropout) {
                         dtk::get(a.forward({{"tokens", tokens}}), "logits")));
 }
 
-// How many nodes of t's autograd graph have `name` in their name.
-int64_t graph_has(const at::Tensor& t, const std::string& name) {
-  std::set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
-  int64_t n = 0;
-  while (!todo.empty()) {
-    torch::autograd::Node* node = todo.back();
-    todo.pop_back();
-    if (!node || !seen.insert(node).second) continue;
-    if (node->name().find(name) != std::string::npos) ++n;
-    for (const auto& e : node->next_edges()) todo.push_back(e.function.get());
-  }
-  return n;
-}
-
 // Full activation recomputation (dtk::layers::recompute): the same loss and gradients as keeping
 // the activations, with dropout on (the rerun draws the forward's masks) and twice in a row (the
 // generators stay in step).
@@ -364,6 +347,75 @@ TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
         auto pa = a.param_map(), pb = b.param_map();
         for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
       }
+    }
+  }
+}
+
+// Selective recomputation of the modules recompute_modules names (Megatron's --recompute-modules):
+// core attention, the dense MLP (gate, up, SwiGLU, down) and the mixture-of-experts MLP (router,
+// experts and the load-balancing loss) each one checkpoint per layer; the same loss and gradients
+// as keeping the activations, dropout on, twice in a row. A dense layer ignores moe and an MoE
+// layer mlp, as Megatron's.
+TEST(LlamaModel, RecomputeModulesMatchNoRecompute) {
+  const Shape S = kShapes[1];
+  const Opts moe = {{"num_experts", "4"},           {"moe_router_topk", "2"},
+                    {"moe_ffn_hidden_size", "32"},  {"moe_router_load_balancing_type", "aux_loss"},
+                    {"moe_aux_loss_coeff", "0.01"}, {"moe_z_loss_coeff", "0.001"}};
+  struct Case {
+    const char* modules;
+    bool experts;
+    int64_t blocks_per_layer;  // recomputed blocks
+    int32_t bits;              // dtk_model_info.recompute_modules
+  };
+  for (const Case& k : {Case{"mlp", false, 1, DTK_RECOMPUTE_MLP},
+                        Case{"core_attn,mlp", false, 2, DTK_RECOMPUTE_CORE_ATTENTION | DTK_RECOMPUTE_MLP},
+                        Case{"moe", false, 0, DTK_RECOMPUTE_MOE}, Case{"", false, 0, 0},
+                        Case{"moe", true, 1, DTK_RECOMPUTE_MOE}, Case{"mlp", true, 0, DTK_RECOMPUTE_MLP},
+                        Case{"core_attn moe", true, 2, DTK_RECOMPUTE_CORE_ATTENTION | DTK_RECOMPUTE_MOE}}) {
+    for (const char* p : {"0", "0.2"}) {
+      const std::string what =
+          std::string("modules '") + k.modules + "'" + (k.experts ? ", experts" : "") + ", dropout " + p;
+      Opts base = llama_opts(S);
+      base["hidden_dropout"] = p;
+      base["attention_dropout"] = p;
+      if (k.experts) base.insert(moe.begin(), moe.end());
+      Opts rec = base;
+      rec["recompute_activations"] = "selective";
+      rec["recompute_modules"] = k.modules;
+      GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
+      EXPECT_EQ(b.info().recompute_granularity, 2) << what;
+      EXPECT_EQ(b.info().recompute_modules, k.bits) << what;
+      a.train(true);
+      b.train(true);
+      at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
+      TensorList in{{"tokens", tokens}, {"labels", labels}};
+      for (int it = 0; it < 2; ++it) {
+        a.zero_grad();
+        b.zero_grad();
+        at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+        EXPECT_EQ(graph_has(lb, "Recomputed"), k.blocks_per_layer * S.layers) << what;
+        la.backward();
+        lb.backward();
+        expect_close(lb.detach(), la.detach(), 1e-6, "loss, " + what);
+        auto pa = a.param_map(), pb = b.param_map();
+        for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
+      }
+    }
+  }
+  // Megatron's other modules and unknown names are refused, naming them.
+  for (const auto& [modules, says] :
+       {std::pair{"core_attn,layernorm",
+                  "option 'recompute_modules': 'layernorm' is a Megatron module DTK's layers "
+                  "do not recompute (they recompute core_attn, mlp and moe)"},
+        std::pair{"attn", "option 'recompute_modules': unknown module 'attn' (core_attn, mlp or moe)"}}) {
+    Opts o = llama_opts(S);
+    o["recompute_activations"] = "selective";
+    o["recompute_modules"] = modules;
+    try {
+      GPT m(o, Ctx{}, plugins().llama);
+      ADD_FAILURE() << modules << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   }
 }

@@ -59,6 +59,11 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * 22 * 2);
   in.attention_width = 512;  // heads twice hidden / heads wide (Qwen3's): q, k, v and the context, 8 s b h more
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (22 + 8.0 / 2) * 2);
+  in.attention_width = 0;
+  in.recompute_mlp = true;  // the MLP keeps its input: dense_h_to_4h's and GELU's outputs (16 s b h / t) go
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (22 - 16.0 / 2) * 2);
+  in.selective_recompute = false;  // the MLP alone: the scores stay
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (22 - 8 + kScores / 2) * 2);
 
   in = small_run();
   in.pp_size = 2, in.micro_batches_per_step = 4;  // 1F1B: stage 0 holds 2 micro-batches of its 2 layers

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Activation memory per rank against the paper's formulas (Korthikanti et al. 2022, "Reducing
 # Activation Recomputation in Large Transformer Models"; docs/benchmarks.md), gpt:
-#   for TP 1, 2, 4 x sequence parallelism off/on x recompute none, selective, full,
+#   for TP 1, 2, 4 x sequence parallelism off/on x recompute none, selective (core attention),
+#   selective+mlp (recompute_modules=core_attn,mlp), full,
 #   measured: the memory report's "activations per micro-batch" (what one micro-batch's forward
 #             left allocated, the allocator's count) of a 4-layer model minus that of a 2-layer
 #             model, over 2: one layer's stored activations, without the embedding and the output
 #             layer;
 #   paper:    s b h (10 + 24/t + 5as/(ht)) bytes per layer in 16-bit (x2 in fp32, what this CPU run
 #             uses), s b h/t (34 + 5as/h) with sequence parallelism, without the 5as/h term under
-#             selective recompute, 2 s b h (/ t with sequence parallelism) under full recompute.
+#             selective recompute, 16 s b h / t less with the MLP recomputed too (dense_h_to_4h's
+#             and GELU's outputs), 2 s b h (/ t with sequence parallelism) under full recompute.
 #
 #   tools/bench/activation_memory.sh [--model gpt|llama]
 # Needs a build (tools/build.sh); runs up to 4 processes (TP 4) over loopback.
@@ -38,7 +40,8 @@ measure() {  # tp sp recompute layers -> MB
     --set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=$S \
     --set train.micro_batch_size=$B --set train.global_batch_size=$B --set train.train_iters=1 --set lr.lr_warmup_iters=0 \
     --set model.hidden_dropout=0 --set model.attention_dropout=0 --set logging.log_interval=1 \
-    --set eval.eval_interval=0 --set model.recompute_activations=$3 \
+    --set eval.eval_interval=0 --set model.recompute_activations=${3%+mlp} \
+    $([[ $3 == *+mlp ]] && echo "--set model.recompute_modules=core_attn,mlp") \
     --set distributed.tensor_model_parallel_size=$1 --set distributed.sequence_parallel=$2 \
     $([[ $MODEL == llama ]] && echo "--set model.num_query_groups=$A --set model.ffn_hidden_size=$((4 * H))") \
     >"$TMP/out" 2>&1 || { cat "$TMP/out" >&2; exit 1; }
@@ -47,7 +50,7 @@ measure() {  # tp sp recompute layers -> MB
 for tp in 1 2 4; do
   for sp in false true; do
     [[ $tp == 1 && $sp == true ]] && continue
-    for rc in none selective full; do
+    for rc in none selective selective+mlp full; do
       four=$(measure $tp $sp $rc 4)
       two=$(measure $tp $sp $rc 2)
       measured=$(calc "($four - $two) / 2")
@@ -57,6 +60,7 @@ for tp in 1 2 4; do
       case $rc in
         none) per=$(calc "$split ? $sbh / $t * (34 + 5 * $A * $S / $H) : $sbh * (10 + 24 / $t + 5 * $A * $S / ($H * $t))") ;;
         selective) per=$(calc "$split ? 34 * $sbh / $t : $sbh * (10 + 24 / $t)") ;;
+        selective+mlp) per=$(calc "$split ? 18 * $sbh / $t : $sbh * (10 + 8 / $t)") ;;
         full) per=$(calc "$split ? 2 * $sbh / $t : 2 * $sbh") ;;
       esac
       paper=$(calc "$per * 2 / 1048576")  # 16-bit bytes -> fp32 MB

@@ -95,6 +95,7 @@ const dtk_option_spec kOptions[] = {
     dtk::layers::kWindowSizeOption,
     dtk::layers::kWindowAttnSkipFreqOption,
     dtk::layers::kRecomputeActivationsOption,
+    dtk::layers::kRecomputeModulesOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,
     opt_bool("fused_lm_head", "true",

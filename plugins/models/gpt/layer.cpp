@@ -76,19 +76,29 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
     const DropoutMask attention_keep = dropout_mask(x, c_.hidden_dropout, training, rng.hidden, tp_);
     const auto [h, normed] = add_bias_dropout_layer_norm(x, dense.forward_unbiased(context), dense.bias, attention_keep,
                                                          c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-    if (moe) return {h, moe_branch(normed), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
-    const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
-    return {h, fc2.forward_unbiased(activated), fc2.bias,
+    if (moe) return {h, mlp_branch(normed, rng), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
+    return {h, mlp_branch(normed, rng, /*unbiased=*/true), fc2.bias,
             dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
   }
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
       add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_),
                      c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-  if (moe) return {h, dropout(moe_branch(normed), c_.hidden_dropout, training, rng.hidden, tp_)};
-  // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
-  const at::Tensor activated = column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels);
-  return {h, dropout(fc2.forward(activated), c_.hidden_dropout, training, rng.hidden, tp_)};
+  return {h, dropout(mlp_branch(normed, rng), c_.hidden_dropout, training, rng.hidden, tp_)};
+}
+
+// The MLP (dense or mixture of experts) on the second norm's output, before its dropout (and,
+// `unbiased`, before dense_4h_to_h's bias); one checkpoint holding only `normed` where
+// recompute_modules names the layer's kind (Megatron's checkpointed MLP / MoE layer). It draws
+// no dropout.
+at::Tensor Layer::mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased) const {
+  RecomputedBlock mlp = [this, unbiased](const at::Tensor& in, DropoutRng&) {
+    if (moe) return moe_branch(in);
+    // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
+    const at::Tensor activated = column_linear_gelu(fc1, in, c_.openai_gelu, c_.kernels);
+    return unbiased ? fc2.forward_unbiased(activated) : fc2.forward(activated);
+  };
+  return c_.recomputes_mlp(moe != nullptr) ? recompute(normed, rng, mlp) : mlp(normed, rng);
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const at::Tensor& cache, int64_t length,

@@ -117,6 +117,9 @@ class Layer : public DominoLayer, public DecoderLayer {
   at::Tensor causal_mask(int64_t s, at::Device device) const;
   // The MoE layer's MLP branch on the normed stream (biases included, before dropout).
   at::Tensor moe_branch(const at::Tensor& normed, bool generating = false) const;
+  // The plain layer's MLP branch (dense or MoE) before its dropout, recomputed in backward where
+  // recompute_modules says; `unbiased`: a dense one without dense_4h_to_h's bias.
+  at::Tensor mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased = false) const;
 
   const Config& c_;
   TPGroup tp_;

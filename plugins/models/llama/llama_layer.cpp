@@ -215,7 +215,11 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   const auto [h, normed] =
       add_rms_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp),
                    c_.norm_gain(post_attention_norm), c_.eps, c_.kernels);
-  return {h, dropout(mlp(normed), c_.hidden_dropout, training, rng.hidden, qkv.tp)};
+  // The MLP (dense or MoE) one checkpoint holding only its input where recompute_modules names
+  // the layer's kind (Megatron's checkpointed MLP / MoE layer); it draws no dropout.
+  RecomputedBlock mlp_block = [this](const at::Tensor& in, DropoutRng&) { return mlp(in); };
+  const at::Tensor branch = c_.recomputes_mlp(moe != nullptr) ? recompute(normed, rng, mlp_block) : mlp(normed);
+  return {h, dropout(branch, c_.hidden_dropout, training, rng.hidden, qkv.tp)};
 }
 
 at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cache,

@@ -159,6 +159,7 @@ const dtk_option_spec kOptions[] = {
     dtk::layers::kCrossEntropyImplOption,
     dtk::layers::kUnfusedKernelsOption,
     dtk::layers::kRecomputeActivationsOption,
+    dtk::layers::kRecomputeModulesOption,
     dtk::layers::kRecomputeMethodOption,
     dtk::layers::kRecomputeNumLayersOption,
     DTK_LAYERS_MOE_OPTIONS,

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 15
+#define DTK_ABI_MINOR 16
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -802,7 +802,16 @@ typedef struct dtk_model_info {
    * values are num_attention_heads (or groups) x kv_channels wide, the attention's FLOPs count
    * num_attention_heads x kv_channels. 0 (and a 2.14 model): hidden_size / num_attention_heads. */
   int64_t kv_channels;
+  /* ABI 2.16. With recompute_granularity 2 (selective), the sub-layers each layer recomputes in
+   * backward (Megatron's --recompute-modules), DTK_RECOMPUTE_* bits: core attention, a dense MLP
+   * from its norm's output, a mixture-of-experts MLP (router and experts) from its norm's output.
+   * A 2.15 model reports none of it: its selective granularity means core attention alone. */
+  int32_t recompute_modules;
 } dtk_model_info;
+/* dtk_model_info.recompute_modules (ABI 2.16). */
+#define DTK_RECOMPUTE_CORE_ATTENTION 1
+#define DTK_RECOMPUTE_MLP 2
+#define DTK_RECOMPUTE_MOE 4
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_0, tied_embeddings);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_3, recompute_num_layers);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_4, deferred_parameters);
@@ -810,7 +819,8 @@ DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_9, moe_router_topk);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_12, expert_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_13, pipeline_split);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_15, kv_channels);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, kv_channels);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_16, recompute_modules);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, recompute_modules);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

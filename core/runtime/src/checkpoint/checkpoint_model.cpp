@@ -24,9 +24,9 @@ const std::vector<std::string>& exempt_model_options() {
   // a normal choice) and the init std (the loaded weights replace it). The input length: the run's
   // (a learned position table's shape is checked when its weights load).
   static const std::vector<std::string> exempt = {
-      "fused_lm_head",    "lm_head_chunk_tokens", "cross_entropy_impl", "unfused_kernels",   "recompute_activations",
-      "recompute_method", "recompute_num_layers", "domino_chunks",      "hidden_dropout",    "attention_dropout",
-      "init_method_std",  "seq_length"};
+      "fused_lm_head",    "lm_head_chunk_tokens", "cross_entropy_impl", "unfused_kernels", "recompute_activations",
+      "recompute_method", "recompute_num_layers", "domino_chunks",      "hidden_dropout",  "attention_dropout",
+      "init_method_std",  "seq_length",           "recompute_modules"};
   return exempt;
 }
 

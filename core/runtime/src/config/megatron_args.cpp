@@ -133,9 +133,9 @@ const Rule kRules[] = {
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
      "DTK splits every expert over the tensor-parallel group as the dense MLP; another split is the same "
      "arithmetic"},
-    {"--moe-layer-recompute", 0, Kind::kIgnore, "",
-     "Megatron's checkpoint of the MoE layer alone: a memory saving DTK's recompute options (whole layers, core "
-     "attention) cover differently; the same arithmetic"},
+    {"--moe-layer-recompute", 0, Kind::kCustom, "model.recompute_modules",
+     "selective recomputation with moe among the modules (core_attn and moe unless --recompute-modules names "
+     "others), as Megatron-core sets it; with --recompute-granularity full refused, as Megatron"},
     {"--moe-per-layer-logging", 0, Kind::kIgnore, "",
      "DTK logs the MoE losses averaged over the layers (Megatron's default)"},
     {"--moe-shared-expert-intermediate-size", 1, Kind::kSet, "model.moe_shared_expert_intermediate_size",
@@ -195,17 +195,17 @@ const Rule kRules[] = {
     {"--use-flash-attn-triton", 0, Kind::kIgnore, "", kDtkAttention},
     {"--use-flash-attn-builder", 0, Kind::kIgnore, "", kDtkAttention},
     {"--recompute-granularity", 1, Kind::kCustom, "model.recompute_activations",
-     "full: layers recomputed in backward (grouped by --recompute-method); selective: core attention recomputed "
-     "(gpt's not where its attention kernel keeps no probabilities)"},
+     "full: layers recomputed in backward (grouped by --recompute-method); selective: the --recompute-modules "
+     "recomputed (core attention by default; gpt's not where its attention kernel keeps no probabilities)"},
     {"--recompute-method", 1, Kind::kCustom, "model.recompute_method",
      "uniform: groups of --recompute-num-layers layers, one checkpoint each; block: the first "
      "--recompute-num-layers layers of each stage"},
     {"--recompute-num-layers", 1, Kind::kCustom, "model.recompute_num_layers",
      "with --recompute-granularity full (refused with selective, ignored without a granularity, as Megatron)"},
-    {"--recompute-modules", -1, Kind::kCustom, "model.recompute_activations",
-     "with selective recomputation: core_attn (Megatron's default) is DTK's selective recomputation; moe_act, "
-     "layernorm, mlp, moe, shared_experts and the rest refused (DTK's layers recompute core attention alone, or "
-     "whole layers under --recompute-granularity full); ignored without selective, as Megatron ignores it"},
+    {"--recompute-modules", -1, Kind::kCustom, "model.recompute_modules",
+     "with selective recomputation: core_attn (core attention), mlp (a dense layer's MLP) and moe (a "
+     "mixture-of-experts layer's router and experts) map; moe_act, layernorm, shared_experts and the rest refused "
+     "(--recompute-granularity full recomputes whole layers); ignored without selective, as Megatron ignores it"},
     {"--recompute-activations", 0, Kind::kCustom, "model.recompute_activations",
      "selective, whatever --recompute-granularity says (as Megatron sets it)"},
     {"--checkpoint-activations", 0, Kind::kCustom, "model.recompute_activations=full",
@@ -835,6 +835,7 @@ struct SeenFlags {
   std::string recompute_layers, recompute_layers_shown;  // --recompute-num-layers: its value, and as given
   std::vector<std::string> recompute_modules;            // --recompute-modules
   std::string recompute_modules_shown;                   // --recompute-modules as given
+  bool moe_layer_recompute = false;                      // --moe-layer-recompute: selective, modules + moe
   std::string hidden_size, attention_heads;     // --hidden-size, --num-attention-heads
   std::string no_position_shown;                // --no-position-embedding as given
   bool legacy_data = false, split_given = false;  // --data-impl / --llama-model; --split
@@ -952,6 +953,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
     s.recompute_method = values[0], s.recompute_method_shown = shown;
   if (f == "--recompute-num-layers") s.recompute_layers = values[0], s.recompute_layers_shown = shown;
   if (f == "--recompute-modules") s.recompute_modules = values, s.recompute_modules_shown = shown;
+  if (f == "--moe-layer-recompute") s.moe_layer_recompute = true;
   if (f == "--hidden-size") s.hidden_size = values[0];
   if (f == "--num-attention-heads") s.attention_heads = values[0];
   if (f == "--normalization" && (values[0] == "RMSNorm" || values[0] == "rmsnorm")) s.rms_norm = true;
@@ -1226,32 +1228,40 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
 }
 
 // Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
-// given). DTK's selective recomputation is core attention's; Megatron reads the list only under
-// selective granularity.
+// given; --moe-layer-recompute adds moe). DTK's layers recompute core_attn, mlp and moe; Megatron
+// reads the list only under selective granularity.
 void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& m) {
-  if (s.recompute_modules_shown.empty()) return;
+  if (s.recompute_modules_shown.empty() && !s.moe_layer_recompute) return;
   if (!selective)
     return m.ignored.push_back(s.recompute_modules_shown.substr(0, s.recompute_modules_shown.find(' ')) +
                                " (Megatron reads it only with --recompute-granularity selective)");
   static const std::set<std::string> kMegatrons = {
       "core_attn",      "moe_act",      "layernorm",   "mla_up_proj", "mlp", "moe",
       "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv",     "mhc"};
-  std::vector<std::string> unknown, other;
-  for (const std::string& module : s.recompute_modules) {
+  static const std::set<std::string> kDtks = {"core_attn", "mlp", "moe"};
+  std::vector<std::string> modules =
+      s.recompute_modules_shown.empty() ? std::vector<std::string>{"core_attn"} : s.recompute_modules;
+  if (s.moe_layer_recompute && std::find(modules.begin(), modules.end(), "moe") == modules.end())
+    modules.push_back("moe");
+  std::vector<std::string> unknown, other, kept;
+  for (const std::string& module : modules) {
     if (kMegatrons.count(module) == 0)
       unknown.push_back(module);
-    else if (module != "core_attn")
+    else if (kDtks.count(module) == 0)
       other.push_back(module);
+    else if (std::find(kept.begin(), kept.end(), module) == kept.end())
+      kept.push_back(module);
   }
+  const std::string shown = s.recompute_modules_shown.empty() ? "--moe-layer-recompute" : s.recompute_modules_shown;
   if (!unknown.empty())
-    m.refused.push_back(s.recompute_modules_shown + ": " + joined(unknown, ", ") +
+    m.refused.push_back(shown + ": " + joined(unknown, ", ") +
                         " not among Megatron's modules (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
                         "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc)");
   else if (!other.empty())
-    m.refused.push_back(s.recompute_modules_shown +
-                        ": DTK's selective recomputation recomputes core attention "
-                        "(core_attn) alone; its layers do not recompute " +
-                        joined(other, ", ") + " (--recompute-granularity full recomputes whole layers)");
+    m.refused.push_back(shown + ": DTK's layers recompute core_attn, mlp and moe; not " + joined(other, ", ") +
+                        " (--recompute-granularity full recomputes whole layers)");
+  else
+    set_by(m, "model.recompute_modules=" + joined(kept, ","), shown);
 }
 
 // Megatron recomputes as --recompute-granularity says (selective with --recompute-activations,
@@ -1273,9 +1283,18 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
   } else if (!s.checkpoint_layers_shown.empty()) {
     m.ignored.push_back(s.checkpoint_layers_shown + " (Megatron reads it only with --checkpoint-activations)");
   }
-  const std::string granularity = s.recompute_activations ? "selective" : s.recompute_granularity;
+  // Megatron-core's --moe-layer-recompute (deprecated): selective granularity with moe among the
+  // modules; with full granularity a ValueError.
+  if (s.moe_layer_recompute && !s.recompute_activations && s.recompute_granularity == "full")
+    return m.refused.push_back(
+        "--moe-layer-recompute with --recompute-granularity full: Megatron refuses it (give one; the MoE layer is "
+        "recompute module moe)");
+  const std::string granularity =
+      s.recompute_activations || s.moe_layer_recompute ? "selective" : s.recompute_granularity;
   const bool selective = granularity == "selective";
-  const char* granularity_flag = s.recompute_activations ? "--recompute-activations" : "--recompute-granularity";
+  const char* granularity_flag = s.recompute_activations           ? "--recompute-activations"
+                                 : s.recompute_granularity.empty() ? "--moe-layer-recompute"
+                                                                   : "--recompute-granularity";
   if (selective) set_by(m, "model.recompute_activations=selective", granularity_flag);
   map_recompute_modules(s, selective, m);
   if (granularity == "full") {

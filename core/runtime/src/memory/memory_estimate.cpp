@@ -27,7 +27,10 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)
   // are the attention's width: heads wider than hidden / heads (Qwen3's) hold that much more.
   const double wider = in.attention_width > 0 ? 8.0 * (static_cast<double>(in.attention_width) / h - 1.0) / t : 0.0;
-  const double rest = (in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t) + wider;
+  // A recomputed MLP keeps its input (the norm's output, counted among the 10 or 34) but not
+  // dense_h_to_4h's output nor the activation's (4h wide each: 16 s b h of the 24, split).
+  const double mlp = in.recompute_mlp ? 16.0 / t : 0.0;
+  const double rest = (in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t) + wider - mlp;
   return s * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
 }
 

@@ -70,11 +70,19 @@ struct DecoderConfig {
   // (--recompute-granularity); with full, recompute_method uniform (every group of
   // recompute_num_layers consecutive layers of a stage is one checkpoint) or block (the first
   // recompute_num_layers layers of a stage are checkpointed one by one, the rest are not).
-  // Selective recomputes core attention (the layer's own business: selective_recompute).
+  // Selective recomputes the sub-layers recompute_modules names (Megatron's --recompute-modules,
+  // core_attn by default), each the layer's own business: core attention (selective_recompute),
+  // the MLP of a dense layer (recompute_mlp) or of a mixture-of-experts layer (recompute_moe),
+  // each one checkpoint holding the MLP's input (its norm's output).
   bool recompute = false;  // full
-  bool selective_recompute = false;
+  bool selective = false;  // recompute_activations=selective, whichever modules it names
+  bool selective_recompute = false;                   // core attention (core_attn)
+  bool recompute_mlp = false, recompute_moe = false;  // mlp, moe
   bool recompute_block = false;
   int64_t recompute_num_layers = 1;
+  // Whether a layer recomputes its MLP: recompute_moe for a mixture-of-experts layer's, else
+  // recompute_mlp (Megatron's "mlp" is the dense MLP, "moe" the MoE layer).
+  bool recomputes_mlp(bool moe_layer) const { return moe_layer ? recompute_moe : recompute_mlp; }
   int64_t lm_head_chunk_tokens = 0;  // 0 = 512 on the CPU, about 1 GiB of fp32 logits on a GPU
   CrossEntropyRows cross_entropy_impl = CrossEntropyRows::kAuto;  // lm_head.hpp
   int64_t domino_chunks = 1;                                      // >= 2: Domino's chunked schedule (domino.hpp)
@@ -98,12 +106,20 @@ inline constexpr dtk_option_spec kLmHeadChunkTokensOption =
               opt_int("lm_head_chunk_tokens", "0",
                       "Tokens per chunk of the fused output layer; 0 = 512 on the CPU, about 1 GiB of fp32 logits on a "
                       "GPU."));
-// Megatron's --recompute-granularity, --recompute-method and --recompute-num-layers.
+// Megatron's --recompute-granularity, --recompute-modules, --recompute-method and
+// --recompute-num-layers.
 inline constexpr dtk_option_spec kRecomputeActivationsOption =
     opt_enum("recompute_activations", "none", "none|selective|full",
              "full = recompute the layers' activations in backward (checkpoints as recompute_method and "
-             "recompute_num_layers group them); selective = recompute core attention in backward, keeping no "
-             "attention probabilities (Megatron's --recompute-granularity).");
+             "recompute_num_layers group them); selective = recompute the sub-layers recompute_modules names "
+             "(core attention by default) in backward (Megatron's --recompute-granularity).");
+inline constexpr dtk_option_spec kRecomputeModulesOption = only_with(
+    "recompute_activations=selective",
+    opt_string("recompute_modules", "core_attn",
+               "The sub-layers selective recomputation reruns in backward, comma-separated (Megatron's "
+               "--recompute-modules): core_attn = core attention, keeping no attention probabilities; mlp = a dense "
+               "layer's MLP, keeping only its input; moe = a mixture-of-experts layer's router and experts, keeping "
+               "only their input. Empty = none."));
 inline constexpr dtk_option_spec kRecomputeMethodOption = only_with(
     "recompute_activations=full",
     opt_enum("recompute_method", "uniform", "uniform|block",
@@ -233,9 +249,9 @@ class DecoderLM : public Model {
   // make_vocab_size_divisible_by, hidden_dropout, attention_dropout, init_method_std,
   // layernorm_epsilon, apply_layernorm_1p, untie_embeddings_and_output_weights, fused_lm_head, lm_head_chunk_tokens,
   // cross_entropy_impl, unfused_kernels,
-  // recompute_activations, recompute_method, recompute_num_layers, domino_chunks, and the MoE options
-  // (moe.hpp's k*Option constants). The model reads ffn_hidden_size (and
-  // max_position_embeddings) itself, e.g. with option_or.
+  // recompute_activations, recompute_modules, recompute_method, recompute_num_layers, domino_chunks, and the MoE
+  // options (moe.hpp's k*Option constants). The model reads ffn_hidden_size (and max_position_embeddings) itself, e.g.
+  // with option_or.
   void read_options(const BuildContext& ctx, DecoderConfig& c) const;
   // The option's value; 0 selects `fallback`; negative is refused.
   int64_t option_or(const Options& o, const char* name, int64_t fallback) const;

@@ -25,6 +25,7 @@ struct MemoryEstimateInputs {
   int64_t attention_width = 0;
   bool recompute = false;            // full
   bool selective_recompute = false;  // core attention
+  bool recompute_mlp = false;        // selective: every layer's MLP (kept: its input alone)
   bool recompute_block = false;      // full: the first recompute_num_layers layers of a stage
   int64_t recompute_num_layers = 1;  // full: layers per group (uniform) or per stage (block)
   bool sequence_parallel = false;

@@ -5,6 +5,7 @@
 #include <dtk/layers/lm_head.hpp>
 #include <dtk/layers/recompute.hpp>
 #include <dtk/pipeline_split.hpp>
+#include <dtk/recompute_modules.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -58,19 +59,14 @@ void read_recompute_modules(const std::string& text, DecoderConfig& c) {
   std::string name;
   const auto take = [&] {
     if (name.empty()) return;
-    if (name == "core_attn")
-      c.selective_recompute = true;
-    else if (name == "mlp")
-      c.recompute_mlp = true;
-    else if (name == "moe")
-      c.recompute_moe = true;
-    else if (name == "moe_act" || name == "layernorm" || name == "mla_up_proj" || name == "shared_experts" ||
-             name == "gdn_norm_out" || name == "gdp_in_proj" || name == "gdp_qkv" || name == "mhc")
-      throw std::invalid_argument("'" + name +
-                                  "' is a Megatron module DTK's layers do not recompute (they recompute core_attn, "
-                                  "mlp and moe)");
-    else
-      throw std::invalid_argument("unknown module '" + name + "' (core_attn, mlp or moe)");
+    const int32_t bit = recompute_module_bit(name);
+    if (bit < 0) throw std::invalid_argument("unknown module '" + name + "' (core_attn, mlp or moe)");
+    if (bit == 0)
+      throw std::invalid_argument("'" + name + "' is a Megatron module DTK's layers do not recompute (they recompute " +
+                                  recompute_module_list(true) + ")");
+    c.selective_recompute |= bit == DTK_RECOMPUTE_CORE_ATTENTION;
+    c.recompute_mlp |= bit == DTK_RECOMPUTE_MLP;
+    c.recompute_moe |= bit == DTK_RECOMPUTE_MOE;
     name.clear();
   };
   for (const char ch : text) {
@@ -432,9 +428,10 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
   if (c.recompute && c.recompute_num_layers > stage_layers)
     fail("recompute_num_layers (" + std::to_string(c.recompute_num_layers) + ") exceeds the " +
          std::to_string(stage_layers) + " layers of a pipeline stage");
-  if (c.domino_chunks > 1 && (c.recompute_mlp || c.recompute_moe))
+  // (Domino's layers are dense, so moe recomputes nothing there and is let be.)
+  if (c.domino_chunks > 1 && c.recompute_mlp)
     fail(
-        "recompute_modules mlp or moe: Domino's chunked schedule (domino_chunks > 1) runs the MLP in pieces of "
+        "recompute_modules mlp: Domino's chunked schedule (domino_chunks > 1) runs the MLP in pieces of "
         "its own; recompute whole layers (recompute_activations=full) or use domino_chunks=1");
   if (c.domino_chunks > 1 && c.recompute && (c.recompute_block || c.recompute_num_layers != 1))
     fail(
@@ -863,7 +860,11 @@ dtk_model_info DecoderLM::info() {
   i.recompute = c.recompute ? 1 : 0;
   i.tied_embeddings = c.untie ? 0 : 1;
   i.sequence_parallel = tp_.splits_sequence() ? 1 : 0;
-  i.recompute_granularity = c.recompute ? 1 : c.selective ? 2 : 0;
+  // Selective recomputation of nothing (recompute_modules empty) is none: a selective model's 0
+  // modules mean core attention (ABI 2.16, as a 2.15 model's).
+  const int32_t modules = (c.selective_recompute ? DTK_RECOMPUTE_CORE_ATTENTION : 0) |
+                          (c.recompute_mlp ? DTK_RECOMPUTE_MLP : 0) | (c.recompute_moe ? DTK_RECOMPUTE_MOE : 0);
+  i.recompute_granularity = c.recompute ? 1 : c.selective && modules != 0 ? 2 : 0;
   i.recompute_method = c.recompute_block ? 1 : 0;
   i.recompute_num_layers = static_cast<int32_t>(c.recompute_num_layers);
   i.num_experts = static_cast<int32_t>(c.moe.num_experts);
@@ -871,9 +872,7 @@ dtk_model_info DecoderLM::info() {
   i.expert_parallel = c.moe.enabled() ? 1 : 0;  // MoeMlp keeps this rank's share of the experts
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
-  if (c.selective)
-    i.recompute_modules = (c.selective_recompute ? DTK_RECOMPUTE_CORE_ATTENTION : 0) |
-                          (c.recompute_mlp ? DTK_RECOMPUTE_MLP : 0) | (c.recompute_moe ? DTK_RECOMPUTE_MOE : 0);
+  if (i.recompute_granularity == 2) i.recompute_modules = modules;
   return i;
 }
 

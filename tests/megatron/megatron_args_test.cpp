@@ -1236,6 +1236,28 @@ TEST(MegatronArgs, RecomputeModulesMapToDtksModules) {
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0].rfind("--moe-layer-recompute with --recompute-granularity full: Megatron refuses it", 0), 0u)
       << m.refused[0];
+  // Older Megatron's --checkpoint-activations (full) and --moe-layer-recompute (selective): give one.
+  m = map_line("--num-layers 2 --checkpoint-activations --moe-layer-recompute");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--checkpoint-activations with --recompute-granularity/--recompute-activations/"
+                               "--moe-layer-recompute: give one",
+                               0),
+            0u)
+      << m.refused[0];
+  // Megatron checks --recompute-method and --recompute-num-layers before --moe-layer-recompute makes
+  // the granularity selective: alone, it leaves them unread, not refused.
+  m = map_line("--num-layers 2 --moe-layer-recompute --recompute-method uniform --recompute-num-layers 1");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  ASSERT_EQ(m.ignored.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(m.ignored[i].rfind(i == 0 ? "--recompute-method" : "--recompute-num-layers", 0), 0u) << m.ignored[i];
+    EXPECT_NE(m.ignored[i].find("(Megatron reads it only with --recompute-granularity full)"), std::string::npos);
+  }
+  expect_fields(config_of(m),
+                {{"model.recompute_activations", "selective"}, {"model.recompute_modules", "core_attn,moe"}});
+  m = map_line("--num-layers 2 --recompute-activations --moe-layer-recompute --recompute-num-layers 1");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--recompute-num-layers 1: not with selective recomputation", 0), 0u) << m.refused[0];
 }
 
 // --dataloader-type cyclic is Megatron's random sampler; --no-data-sharding reaches it only with

@@ -71,6 +71,29 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, con
   EXPECT_LE(err, tol * scale) << what << ": max abs error " << err << " (scale " << scale << ")";
 }
 
+// Two training steps of a model without recomputation (base) and with it (rec): the same loss and
+// gradients, and `blocks` recomputed checkpoints in rec's graph (none in base's).
+void expect_recompute_matches(const Shape& S, const Opts& base, const Opts& rec, int64_t blocks,
+                              const std::string& what) {
+  GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
+  a.train(true);
+  b.train(true);
+  at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
+  TensorList in{{"tokens", tokens}, {"labels", labels}};
+  for (int it = 0; it < 2; ++it) {
+    a.zero_grad();
+    b.zero_grad();
+    at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
+    EXPECT_EQ(graph_has(la, "Recomputed"), 0) << what;
+    EXPECT_EQ(graph_has(lb, "Recomputed"), blocks) << what;
+    la.backward();
+    lb.backward();
+    expect_close(lb.detach(), la.detach(), 1e-6, "loss, " + what);
+    auto pa = a.param_map(), pb = b.param_map();
+    for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
+  }
+}
+
 // The reference: [b, s, h] layout, fp32 except the rotary angles (double, then rounded).
 at::Tensor ref_rms(const at::Tensor& x, const at::Tensor& w) {
   return x / (x * x).mean({-1}, true).add(1e-5).sqrt() * w;
@@ -329,24 +352,8 @@ TEST(LlamaModel, FullRecomputeMatchesNoRecompute) {
       base["attention_dropout"] = p;
       Opts rec = base;
       rec["recompute_activations"] = kind;
-      GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
-      EXPECT_EQ(b.info().recompute, std::string(kind) == "full" ? 1 : 0);
-      a.train(true);
-      b.train(true);
-      at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
-      TensorList in{{"tokens", tokens}, {"labels", labels}};
-      for (int it = 0; it < 2; ++it) {
-        a.zero_grad();
-        b.zero_grad();
-        at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
-        EXPECT_EQ(graph_has(la, "Recomputed"), 0);
-        EXPECT_EQ(graph_has(lb, "Recomputed"), S.layers) << what;  // one recomputed block per layer
-        la.backward();
-        lb.backward();
-        expect_close(lb.detach(), la.detach(), 1e-6, "loss, " + what);
-        auto pa = a.param_map(), pb = b.param_map();
-        for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
-      }
+      EXPECT_EQ(GPT(rec, Ctx{}, plugins().llama).info().recompute, std::string(kind) == "full" ? 1 : 0);
+      expect_recompute_matches(S, base, rec, S.layers, what);  // one recomputed block per layer
     }
   }
 }
@@ -382,24 +389,10 @@ TEST(LlamaModel, RecomputeModulesMatchNoRecompute) {
       Opts rec = base;
       rec["recompute_activations"] = "selective";
       rec["recompute_modules"] = k.modules;
-      GPT a(base, Ctx{}, plugins().llama), b(rec, Ctx{}, plugins().llama);
-      EXPECT_EQ(b.info().recompute_granularity, 2) << what;
+      GPT b(rec, Ctx{}, plugins().llama);
+      EXPECT_EQ(b.info().recompute_granularity, k.bits != 0 ? 2 : 0) << what;  // none: nothing recomputed
       EXPECT_EQ(b.info().recompute_modules, k.bits) << what;
-      a.train(true);
-      b.train(true);
-      at::Tensor tokens = random_ids(2, S.seq, S.vocab, 9), labels = random_ids(2, S.seq, S.vocab, 10);
-      TensorList in{{"tokens", tokens}, {"labels", labels}};
-      for (int it = 0; it < 2; ++it) {
-        a.zero_grad();
-        b.zero_grad();
-        at::Tensor la = dtk::get(a.forward(in), "loss").mean(), lb = dtk::get(b.forward(in), "loss").mean();
-        EXPECT_EQ(graph_has(lb, "Recomputed"), k.blocks_per_layer * S.layers) << what;
-        la.backward();
-        lb.backward();
-        expect_close(lb.detach(), la.detach(), 1e-6, "loss, " + what);
-        auto pa = a.param_map(), pb = b.param_map();
-        for (auto& kv : pa) expect_close(pb[kv.first].grad(), kv.second.grad(), 1e-6, "grad " + kv.first + ", " + what);
-      }
+      expect_recompute_matches(S, base, rec, k.blocks_per_layer * S.layers, what);
     }
   }
   // Megatron's other modules and unknown names are refused, naming them.

@@ -6,6 +6,7 @@
 //   * the start-up report's lines, the peak throughput's source, the schedules' refusals.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,27 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   in.device_budget = true, in.optimizer_on_host = true;  // offload: outside a device budget
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).optimizer, 0);
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).params, 1000 + 2000);
+}
+
+// What a model's dtk_model_info says it recomputes selectively: its DTK_RECOMPUTE_* bits, core
+// attention where it names none (a 2.15 model, whose struct ends before the field, or 0), nothing
+// unless its granularity is selective.
+TEST(MemoryEstimate, SelectiveModulesFromTheModelsInfo) {
+  dtk_model_info info{};
+  info.struct_size = sizeof(dtk_model_info);
+  info.recompute_granularity = 2;
+  info.recompute_modules = DTK_RECOMPUTE_MLP;
+  EXPECT_EQ(dtk::core::selective_recompute_modules(info), DTK_RECOMPUTE_MLP);
+  info.recompute_modules = DTK_RECOMPUTE_CORE_ATTENTION | DTK_RECOMPUTE_MOE;
+  EXPECT_EQ(dtk::core::selective_recompute_modules(info), DTK_RECOMPUTE_CORE_ATTENTION | DTK_RECOMPUTE_MOE);
+  info.recompute_modules = 0;
+  EXPECT_EQ(dtk::core::selective_recompute_modules(info), DTK_RECOMPUTE_CORE_ATTENTION);
+  info.recompute_modules = DTK_RECOMPUTE_MLP;
+  info.struct_size = offsetof(dtk_model_info, recompute_modules);  // a 2.15 model: the field is not its
+  EXPECT_EQ(dtk::core::selective_recompute_modules(info), DTK_RECOMPUTE_CORE_ATTENTION);
+  info.struct_size = sizeof(dtk_model_info);
+  info.recompute_granularity = 1;
+  EXPECT_EQ(dtk::core::selective_recompute_modules(info), 0);
 }
 
 TEST(MemoryEstimate, RefusesOverTheBudgetNamingIt) {

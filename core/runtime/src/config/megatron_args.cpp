@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include <dtk/pipeline_split.hpp>
+#include <dtk/recompute_modules.hpp>
 #include <nlohmann/json.hpp>
 
 #include "dtk/core/config/config.hpp"
@@ -1235,31 +1236,27 @@ void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& 
   if (!selective)
     return m.ignored.push_back(s.recompute_modules_shown.substr(0, s.recompute_modules_shown.find(' ')) +
                                " (Megatron reads it only with --recompute-granularity selective)");
-  static const std::set<std::string> kMegatrons = {
-      "core_attn",      "moe_act",      "layernorm",   "mla_up_proj", "mlp", "moe",
-      "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv",     "mhc"};
-  static const std::set<std::string> kDtks = {"core_attn", "mlp", "moe"};
   std::vector<std::string> modules =
       s.recompute_modules_shown.empty() ? std::vector<std::string>{"core_attn"} : s.recompute_modules;
   if (s.moe_layer_recompute && std::find(modules.begin(), modules.end(), "moe") == modules.end())
     modules.push_back("moe");
   std::vector<std::string> unknown, other, kept;
   for (const std::string& module : modules) {
-    if (kMegatrons.count(module) == 0)
+    const int32_t bit = dtk::recompute_module_bit(module);
+    if (bit < 0)
       unknown.push_back(module);
-    else if (kDtks.count(module) == 0)
+    else if (bit == 0)
       other.push_back(module);
     else if (std::find(kept.begin(), kept.end(), module) == kept.end())
       kept.push_back(module);
   }
   const std::string shown = s.recompute_modules_shown.empty() ? "--moe-layer-recompute" : s.recompute_modules_shown;
   if (!unknown.empty())
-    m.refused.push_back(shown + ": " + joined(unknown, ", ") +
-                        " not among Megatron's modules (core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
-                        "shared_experts, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc)");
+    m.refused.push_back(shown + ": " + joined(unknown, ", ") + " not among Megatron's modules (" +
+                        dtk::recompute_module_list(false) + ")");
   else if (!other.empty())
-    m.refused.push_back(shown + ": DTK's layers recompute core_attn, mlp and moe; not " + joined(other, ", ") +
-                        " (--recompute-granularity full recomputes whole layers)");
+    m.refused.push_back(shown + ": DTK's layers recompute " + dtk::recompute_module_list(true) + "; not " +
+                        joined(other, ", ") + " (--recompute-granularity full recomputes whole layers)");
   else
     set_by(m, "model.recompute_modules=" + joined(kept, ","), shown);
 }
@@ -1271,10 +1268,11 @@ void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& 
 void map_recompute(const SeenFlags& s, MegatronMapping& m) {
   // Older Megatron's (Megatron-DeepSpeed's) --checkpoint-activations: full, uniform groups of
   // --checkpoint-num-layers layers.
-  if (s.checkpoint_activations && (!s.recompute_granularity.empty() || s.recompute_activations))
+  if (s.checkpoint_activations &&
+      (!s.recompute_granularity.empty() || s.recompute_activations || s.moe_layer_recompute))
     m.refused.push_back(
-        "--checkpoint-activations with --recompute-granularity/--recompute-activations: give one "
-        "(older and newer Megatron's names of recomputation)");
+        "--checkpoint-activations with --recompute-granularity/--recompute-activations/--moe-layer-recompute: give "
+        "one (older and newer Megatron's names of recomputation)");
   else if (s.checkpoint_activations) {
     set_by(m, "model.recompute_activations=full", "--checkpoint-activations");
     set_by(m, "model.recompute_method=uniform", "--checkpoint-activations");
@@ -1309,9 +1307,12 @@ void map_recompute(const SeenFlags& s, MegatronMapping& m) {
       {&s.recompute_method_shown,
        "Megatron asserts: recompute method is not supported for selective recomputing granularity"},
       {&s.recompute_layers_shown, "Megatron-core: recompute_num_layers must be None"}};
+  // Megatron checks them before --moe-layer-recompute makes the granularity selective: alone, that
+  // flag leaves them unchecked and unread.
+  const bool checked = selective && (s.recompute_activations || !s.recompute_granularity.empty());
   for (const auto& [shown, megatron_says] : shaping) {
     if (shown->empty()) continue;
-    if (selective)
+    if (checked)
       m.refused.push_back(*shown + ": not with selective recomputation (" + megatron_says + ")");
     else
       m.ignored.push_back(*shown + " (Megatron reads it only with --recompute-granularity full)");

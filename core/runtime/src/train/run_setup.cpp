@@ -342,11 +342,9 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.hidden_size = info.hidden_size, in.num_attention_heads = info.num_attention_heads;
   in.attention_width = attention_width(info);
   in.num_layers = info.num_layers, in.vocab_size = info.vocab_size, in.recompute = info.recompute != 0;
-  // Selective: the sub-layers the model says (a 2.15 model's selective is core attention alone);
-  // a recomputed MLP counts where the model's layers are of its kind (MoE or dense).
-  const int32_t modules = info.recompute_granularity != 2                           ? 0
-                          : DTK_HAS_FIELD(dtk_model_info, &info, recompute_modules) ? info.recompute_modules
-                                                                                    : DTK_RECOMPUTE_CORE_ATTENTION;
+  // Selective: the sub-layers the model says; a recomputed MLP counts where the model's layers are
+  // of its kind (MoE or dense).
+  const int32_t modules = selective_recompute_modules(info);
   in.selective_recompute = (modules & DTK_RECOMPUTE_CORE_ATTENTION) != 0,
   in.recompute_block = info.recompute_method == 1;
   in.recompute_mlp = (modules & (info.num_experts > 0 ? DTK_RECOMPUTE_MOE : DTK_RECOMPUTE_MLP)) != 0;

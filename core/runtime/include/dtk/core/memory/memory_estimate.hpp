@@ -6,8 +6,10 @@
 // optimizer state (allocated at the first step) as two fp32 values per optimized element (Adam);
 // activations by the paper's formulas (Korthikanti et al. 2022, bytes per layer in 16-bit, twice
 // in fp32): s b h (10 + 24 / t + 5 a s / (h t)) under tensor parallelism, s b h / t (34 + 5 a s / h)
-// with sequence parallelism, their attention-score terms dropped with selective recomputation,
-// and with full recomputation 2 s b h (/ t with sequence parallelism) per checkpointed group plus
+// with sequence parallelism, their attention-score terms dropped with selective recomputation of
+// core attention and the MLP's 16 s b h / t with that of the MLP (the paper's MLP is 4h wide, GELU:
+// its two 4h activations; a SwiGLU MLP of 8h/3 keeps as much, other widths and MoE layers are
+// counted as that), and with full recomputation 2 s b h (/ t with sequence parallelism) per checkpointed group plus
 // one group's activations during its backward; times the micro-batches the schedule keeps alive
 // at once, plus the output layer's logits and the prefetched batches.
 #pragma once
@@ -15,7 +17,17 @@
 #include <cstdint>
 #include <string>
 
+#include "dtk/abi.h"
+
 namespace dtk::core {
+
+// The DTK_RECOMPUTE_* modules a model recomputes (0 unless its granularity is selective); a
+// selective model that names none (0, as every 2.15 model) recomputes core attention.
+inline int32_t selective_recompute_modules(const dtk_model_info& info) {
+  if (info.recompute_granularity != 2) return 0;
+  const int32_t said = DTK_HAS_FIELD(dtk_model_info, &info, recompute_modules) ? info.recompute_modules : 0;
+  return said != 0 ? said : DTK_RECOMPUTE_CORE_ATTENTION;
+}
 
 struct MemoryEstimateInputs {
   // The model (dtk_model_info) and the run.

@@ -104,10 +104,13 @@ TEST(BatchPlan, TrainTokensEndTheRunAtTheIterationThatReachesThem) {
   EXPECT_EQ(BatchPlan(cfg, data_parallel(0, 1)).final_iteration(), 1);
   cfg.mutable_train()->set_train_tokens(100000);  // beyond the run: train_iters ends it
   EXPECT_FALSE(BatchPlan(cfg, data_parallel(0, 1)).ends_on_tokens());
-  // Validation after iteration 5 is the final one's, not a periodic one.
+  // The loop validates after iteration 5, the last, as after any multiple of eval_interval (as
+  // Megatron's loop); the run's final validation follows it.
   cfg.mutable_train()->set_train_tokens(640);
   cfg.mutable_eval()->set_eval_interval(5);
-  EXPECT_FALSE(BatchPlan(cfg, data_parallel(0, 1)).validates_after(5));
+  EXPECT_TRUE(BatchPlan(cfg, data_parallel(0, 1)).validates_after(5));
+  EXPECT_FALSE(BatchPlan(cfg, data_parallel(0, 1)).validates_after(4));
+  EXPECT_EQ(BatchPlan(cfg, data_parallel(0, 1)).validations_through(5), 1);
   // During and after a ramp-up (Megatron's "2 2 12": global batches 2, 2, 4, 6, then 8): every token
   // count ends the run at the iteration whose tokens first reach it.
   auto ramp = config(2, 8, 0);

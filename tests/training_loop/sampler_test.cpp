@@ -245,7 +245,7 @@ std::vector<int64_t> recorded(const std::string& record, int rank, int split) {
 
 // Two data-parallel ranks, micro-batches of 2, global batch 8; splits of 22, 10 and 6 samples
 // (epochs of 20, 8 and 4): six iterations read the train split 2.4 times over; validation after
-// iteration 3 and at the end, test at the end.
+// iterations 3 and 6 (the last, as Megatron's loop) and at the end, test at the end.
 TEST(CyclicSampler, TrainingReadsMegatronsOrderAndAResumeReadsOnFromWhereItStood) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "cyclic");
   const std::string run = std::string(" launch --nproc_per_node 2 train --config ") + DTK_SOURCE_DIR +
@@ -262,7 +262,7 @@ TEST(CyclicSampler, TrainingReadsMegatronsOrderAndAResumeReadsOnFromWhereItStood
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(recorded(dir + "/whole", rank, 0), MegatronRandomSampler(22, 0, 2, rank, 2, true).read(12))
         << "train, rank " << rank;
-    EXPECT_EQ(recorded(dir + "/whole", rank, 1), MegatronRandomSampler(10, 0, 2, rank, 2, true).read(4))
+    EXPECT_EQ(recorded(dir + "/whole", rank, 1), MegatronRandomSampler(10, 0, 2, rank, 2, true).read(6))
         << "validation, rank " << rank;
     EXPECT_EQ(recorded(dir + "/whole", rank, 2), MegatronRandomSampler(6, 0, 2, rank, 2, true).read(2))
         << "test, rank " << rank;
@@ -280,7 +280,7 @@ TEST(CyclicSampler, TrainingReadsMegatronsOrderAndAResumeReadsOnFromWhereItStood
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(recorded(dir + "/rest", rank, 0), MegatronRandomSampler(22, 24, 2, rank, 2, true).read(6))
         << "resumed train, rank " << rank;
-    EXPECT_EQ(recorded(dir + "/rest", rank, 1), MegatronRandomSampler(10, 8, 2, rank, 2, true).read(2))
+    EXPECT_EQ(recorded(dir + "/rest", rank, 1), MegatronRandomSampler(10, 8, 2, rank, 2, true).read(4))
         << "resumed validation, rank " << rank;
   }
   const auto a = dtk_test::printed_losses(whole.out), b = dtk_test::printed_losses(rest.out);
@@ -294,7 +294,7 @@ TEST(CyclicSampler, TrainingReadsMegatronsOrderAndAResumeReadsOnFromWhereItStood
 // Without data sharding, micro-batches of 1 over two ranks and splits of odd sizes (23, 9, 5): rank
 // 0 reads one sample more of each epoch than rank 1, so the ranks' counts part, as in Megatron.
 // Validation runs after every second iteration and at the end, 2 samples per rank each time: its
-// one iterator carries on across the 7 evaluations (an iterator started afresh at each
+// one iterator carries on across the 8 evaluations (an iterator started afresh at each
 // evaluation's consumed samples would read otherwise from the third on).
 TEST(CyclicSampler, WithoutDataShardingRanksPartAndValidationCarriesOn) {
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "cyclic-unsharded");
@@ -312,7 +312,7 @@ TEST(CyclicSampler, WithoutDataShardingRanksPartAndValidationCarriesOn) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(recorded(dir + "/reads", rank, 0), MegatronRandomSampler(23, 0, 1, rank, 2, false).read(14))
         << "train, rank " << rank;
-    EXPECT_EQ(recorded(dir + "/reads", rank, 1), MegatronRandomSampler(9, 0, 1, rank, 2, false).read(14))
+    EXPECT_EQ(recorded(dir + "/reads", rank, 1), MegatronRandomSampler(9, 0, 1, rank, 2, false).read(16))
         << "validation, rank " << rank;
     EXPECT_EQ(recorded(dir + "/reads", rank, 2), MegatronRandomSampler(5, 0, 1, rank, 2, false).read(2))
         << "test, rank " << rank;

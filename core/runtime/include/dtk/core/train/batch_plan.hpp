@@ -77,16 +77,12 @@ class BatchPlan {
   int64_t requested_train_samples() const { return samples_flag_ > 0 ? samples_flag_ : train_samples(); }
   int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return eval_iters_ * gbs_; }
-  // Whether the loop validates after iteration i: every eval_interval iterations, but not after
-  // the last (the run's final validation follows it). One rule for the loop and for
-  // train.consumed_samples' continuation (how many validation samples a run consumed).
-  bool validates_after(int64_t i) const {
-    return eval_interval_ > 0 && i % eval_interval_ == 0 && i != final_iteration_;
-  }
-  int64_t validations_through(int64_t n) const {
-    if (eval_interval_ <= 0) return 0;
-    return n / eval_interval_ - (n == final_iteration_ && n % eval_interval_ == 0 ? 1 : 0);
-  }
+  // Whether the loop validates after iteration i: every eval_interval iterations, the last
+  // included, as Megatron's loop does; the run's final validation then reads the next samples (the
+  // valid split holds train_iters / eval_interval + 1 evaluations for that). One rule for the loop
+  // and for train.consumed_samples' continuation (how many validation samples a run consumed).
+  bool validates_after(int64_t i) const { return eval_interval_ > 0 && i % eval_interval_ == 0; }
+  int64_t validations_through(int64_t n) const { return eval_interval_ > 0 ? n / eval_interval_ : 0; }
 
  private:
   // The first iteration after which `samples` have been consumed.

@@ -41,10 +41,13 @@ std::map<int, std::string> train_lines(const std::string& log) {
   return out;
 }
 
+// Every validation line at `iteration`: the loop's and, at the last, the one after training.
 std::string validation_line(const std::string& log, int iteration) {
-  std::smatch m;
-  std::regex re(" validation loss at iteration " + std::to_string(iteration) + R"(( on validation set)? \| [^\n]*)");
-  return std::regex_search(log, m, re) ? m[0].str() : "";
+  const std::regex re(" validation loss at iteration " + std::to_string(iteration) +
+                      R"(( on validation set)? \| [^\n]*)");
+  std::string out;
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) out += (*it)[0].str() + "\n";
+  return out;
 }
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }

@@ -1054,6 +1054,11 @@ TEST(GptModel, RecomputeModulesMatchNoRecompute) {
               std::string::npos)
         << e.what();
   }
+  // moe (--moe-layer-recompute's) recomputes nothing in Domino's dense layers: accepted.
+  GPT domino(model_opts(
+      S, S.vocab,
+      {{"domino_chunks", "2"}, {"recompute_activations", "selective"}, {"recompute_modules", "core_attn,moe"}}));
+  EXPECT_EQ(domino.info().recompute_modules, DTK_RECOMPUTE_CORE_ATTENTION | DTK_RECOMPUTE_MOE);
 }
 
 TEST(GptDomino, BadChunkCountsAreRefusedNamingTheOption) {

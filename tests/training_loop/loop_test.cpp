@@ -310,8 +310,8 @@ TEST(Metrics, JsonlCarriesTheLogFigures) {
   std::ifstream in(path);
   std::vector<std::string> lines;
   for (std::string l; std::getline(in, l);) lines.push_back(l);
-  // Iterations 2, 4, 6; validation at 3 and at the end; test at the end.
-  ASSERT_EQ(lines.size(), 6u) << r.out;
+  // Iterations 2, 4, 6; validation after 3 and 6 (the loop's) and after training; test after training.
+  ASSERT_EQ(lines.size(), 7u) << r.out;
   int train = 0;
   for (const auto& l : lines) {
     std::smatch m;
@@ -329,7 +329,12 @@ TEST(Metrics, JsonlCarriesTheLogFigures) {
   EXPECT_EQ(train, 3);
   EXPECT_NE(lines[1].find("{\"kind\": \"validation\", \"iteration\": 3, \"lm loss\": "), std::string::npos)
       << lines[1];
-  EXPECT_NE(lines[5].find("{\"kind\": \"test\", \"iteration\": 6,"), std::string::npos) << lines[5];
+  EXPECT_NE(lines[4].find("{\"kind\": \"validation\", \"iteration\": 6, \"lm loss\": "), std::string::npos) << lines[4];
+  EXPECT_NE(lines[5].find("{\"kind\": \"validation\", \"iteration\": 6, \"after_training\": true, \"lm loss\": "),
+            std::string::npos)
+      << lines[5];
+  EXPECT_NE(lines[6].find("{\"kind\": \"test\", \"iteration\": 6, \"after_training\": true,"), std::string::npos)
+      << lines[6];
 }
 
 TEST(Config, BadLoopSettingsAreOneLine) {

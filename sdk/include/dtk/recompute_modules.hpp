@@ -3,9 +3,8 @@
 //
 // Megatron names eleven modules; DTK's layers recompute three of them (core_attn, mlp, moe), each
 // a bit of dtk_model_info.recompute_modules. The host's Megatron flag mapper and the SDK's decoder
-// models read names through this one table, so that both refuse the same names in the same terms:
-// a Megatron module DTK's layers do not rerun (their sub-layers are not DTK's), or a name Megatron
-// does not know either.
+// models read names through this one table, so that both refuse the same names: a Megatron module
+// DTK's layers do not rerun (their sub-layers are not DTK's), or a name Megatron does not know.
 #pragma once
 
 #include <array>

@@ -211,7 +211,7 @@ const Rule kRules[] = {
      "selective, whatever --recompute-granularity says (as Megatron sets it)"},
     {"--checkpoint-activations", 0, Kind::kCustom, "model.recompute_activations=full",
      "older Megatron's (Megatron-DeepSpeed's): full recomputation in uniform groups of --checkpoint-num-layers "
-     "layers (default 1); with a --recompute-granularity refused"},
+     "layers (default 1); with --recompute-granularity, --recompute-activations or --moe-layer-recompute refused"},
     {"--checkpoint-num-layers", 1, Kind::kCustom, "model.recompute_num_layers", "with --checkpoint-activations"},
     // Precision
     {"--fp16", 0, Kind::kSwitch, "train.params_dtype=fp16", ""},

@@ -434,7 +434,7 @@ void TrainingLog::clear_window() {
 }
 
 void TrainingLog::report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
-                                    const MetricAverager& metrics) {
+                                    const MetricAverager& metrics, bool after_training) {
   std::string line = " validation loss at " + label + " | ";
   char buf[256];
   for (const auto& name : metrics.names()) {
@@ -448,6 +448,7 @@ void TrainingLog::report_evaluation(const std::string& what, const std::string& 
   if (metrics_) {
     JsonObject o;
     o.add("kind", what).add("iteration", iteration);
+    if (after_training) o.add_raw("after_training", "true");
     for (const auto& name : metrics.names()) {
       const double v = metrics.mean(name);
       o.add(name, v).add(name + " ppl", std::exp(std::min(v, 20.0)));

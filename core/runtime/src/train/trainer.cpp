@@ -486,7 +486,8 @@ void Trainer::print_bench_summary() {
 // a resume: the loop advances consumed_valid_samples after each periodic one), as Megatron's one
 // validation iterator, made at start after consumed_valid_samples, does; test starts at its
 // beginning.
-void Trainer::evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration) {
+void Trainer::evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration,
+                       bool after_training) {
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kEvaluate);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
@@ -517,7 +518,7 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
     forward_backward_->evaluate(loader, num_batches, metrics);
   }
   parts_.model->set_training(true);
-  log_->report_evaluation(what, label, iteration, metrics);
+  log_->report_evaluation(what, label, iteration, metrics, after_training);
 }
 
 void Trainer::save(int64_t iteration) {
@@ -555,8 +556,8 @@ void Trainer::final_evaluation() {
   // the checkpoint's (Megatron-DeepSpeed labels it with the loaded iteration too).
   const int64_t last = std::max(plan_.final_iteration(), progress_.iteration);
   const std::string at = "iteration " + std::to_string(last);
-  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", last);
-  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", last);
+  evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", last, true);
+  evaluate(DTK_SPLIT_TEST, "test", at + " on test set", last, true);
 }
 
 }  // namespace dtk::core

@@ -804,8 +804,8 @@ typedef struct dtk_model_info {
   int64_t kv_channels;
   /* ABI 2.16. With recompute_granularity 2 (selective), the sub-layers each layer recomputes in
    * backward (Megatron's --recompute-modules), DTK_RECOMPUTE_* bits: core attention, a dense MLP
-   * from its norm's output, a mixture-of-experts MLP (router and experts) from its norm's output.
-   * A 2.15 model reports none of it: its selective granularity means core attention alone. */
+   * from its norm's output, an MoE MLP (router and experts) from its norm's output. 0 (and a 2.15
+   * model): core attention alone; a model that recomputes nothing reports granularity 0. */
   int32_t recompute_modules;
 } dtk_model_info;
 /* dtk_model_info.recompute_modules (ABI 2.16). */

@@ -120,9 +120,11 @@ class TrainingLog {
   bool logs(int64_t iteration) const { return iteration % setup_.log_interval == 0 || iteration == last_iteration(); }
   int64_t last_iteration() const { return setup_.final_iteration > 0 ? setup_.final_iteration : setup_.train_iters; }
   // Validation/test results: Megatron's dashed block (" validation loss at iteration N[ on test
-  // set] | ...": `label` follows "at") and TensorBoard "<metric> <what>" tags.
+  // set] | ...": `label` follows "at") and TensorBoard "<metric> <what>" tags. after_training:
+  // the evaluation after the loop (marked "after_training" in the metrics file, where the loop's
+  // own validation at the same iteration precedes it).
   void report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
-                         const MetricAverager& metrics);
+                         const MetricAverager& metrics, bool after_training = false);
   // Prints a line from the printing rank only, flushed (so it precedes any later error line).
   void print(const std::string& line) const;
 

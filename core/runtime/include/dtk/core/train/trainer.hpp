@@ -73,7 +73,8 @@ class Trainer {
   void run_iteration(int64_t it);
   bool should_stop(int64_t it, ExitConditions& exit);
   void print_bench_summary();
-  void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration);
+  void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration,
+                bool after_training = false);
   void save(int64_t iteration);
   bool saving() const { return !cfg_.checkpoint().save().empty(); }
 

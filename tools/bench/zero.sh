@@ -122,8 +122,8 @@ capacity "zero stage 3, offload, recompute, max_live 4M" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE"
 capacity "  the same, built whole first (zero_init=false)" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE --set strategy.zero_init=false"
-# Disk offload: masters and Adam state in a swap file, streamed through a 96 MB host buffer (at
-# hidden 896 the largest shard, an MLP weight of 3.2 M elements, needs 77 MB of it).
+# Disk offload: masters and Adam state in a swap file, streamed through a 96 MB host buffer (a
+# shard whose state is larger than a half, from hidden 1024 on an MLP weight, steps in pieces).
 if [[ -z ${NVME_DIR:-} ]]; then
   NVME_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dtk-nvme-bench.XXXXXX")
   trap 'rm -rf "$NVME_DIR"' EXIT
@@ -135,11 +135,10 @@ capacity "zero stage 2, offload_optimizer=nvme, cpu_adam" \
 capacity "zero stage 3, optimizer to nvme + param to cpu" \
   "--strategy zero --set strategy.stage=3 $NVME --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS"
 # Parameters on disk too (ZeRO-Infinity): the host keeps the gradient partition, the optimizer's
-# buffer and param_buffer_count (5) chunks of 2M elements; recompute and max_live as above. The
-# optimizer's buffer is 160 MB here: at hidden 1280 an MLP weight (6.6 M elements) needs 150 MB.
+# buffer and param_buffer_count (5) chunks of 2M elements; recompute and max_live as above.
 NVME_PARAM="--set strategy.offload_param=nvme"
 capacity "zero stage 3, optimizer + param to nvme, recompute" \
-  "--strategy zero --set strategy.stage=3 ${NVME/nvme_buffer_mb=96/nvme_buffer_mb=160} $NVME_PARAM --optimizer cpu_adam $BUCKETS $LIVE"
+  "--strategy zero --set strategy.stage=3 $NVME $NVME_PARAM --optimizer cpu_adam $BUCKETS $LIVE"
 
 # Depth instead of width: at hidden 512 every layer is 3.1 M parameters, and stage 3 with offload
 # keeps on the device only the layers in flight, so the layers it holds are bounded by host memory.

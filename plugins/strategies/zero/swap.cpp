@@ -108,39 +108,39 @@ OptimizerSwap::~OptimizerSwap() = default;  // the file goes with file_; the map
 
 void OptimizerSwap::plan_slices(const std::vector<int64_t>& numels, int64_t buffer_bytes) {
   numel_ = numels;
-  local_.assign(numels.size(), 0);
-  slice_of_.assign(numels.size(), 0);
-  // Each half holds a slice's three kinds of state.
+  start_.assign(numels.size(), 0);
+  // Each half holds a slice's three kinds of state, each in a part on the I/O boundary.
   slot_numel_ = buffer_bytes / 2 / static_cast<int64_t>(sizeof(float)) / kAlignElems * kAlignElems;
-  int64_t largest = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < numels.size(); ++i)
-    if (padded(numels[i]) > largest) largest = padded(numels[i]), at = i;
-  if (3 * largest > slot_numel_) {
-    const int64_t need_mb = (2 * 3 * largest * static_cast<int64_t>(sizeof(float)) + (1 << 20) - 1) >> 20;
-    throw Error("zero: strategy.nvme_buffer_mb=" + std::to_string(buffer_bytes >> 20) + " is too small: this rank's " +
-                "shard of '" + names_[at] + "' (" + std::to_string(numels[at]) + " elements) needs " +
-                std::to_string(need_mb) + " MB (fp32 master, exp_avg and exp_avg_sq, in each of the buffer's two " +
-                "halves); set strategy.nvme_buffer_mb to at least " + std::to_string(need_mb));
-  }
-  int64_t offset = 0;
-  for (size_t i = 0; i < numels.size(); ++i) {
-    if (slices_.empty() || 3 * (slices_.back().numel + padded(numels[i])) > slot_numel_) {
-      if (!slices_.empty()) offset += 3 * slices_.back().numel * static_cast<int64_t>(sizeof(float));
-      slices_.push_back({i, i, offset, 0});
+  part_numel_ = slot_numel_ / 3 / kAlignElems * kAlignElems;
+  if (part_numel_ == 0)
+    throw Error("zero: strategy.nvme_buffer_mb=" + std::to_string(buffer_bytes >> 20) +
+                " is too small: each half of the buffer holds three parts of at least " +
+                std::to_string(AsyncFile::kAlign) + " bytes");
+  for (size_t i = 0; i < numels.size(); ++i) start_[i] = region_numel_, region_numel_ += padded(numels[i]);
+  file_bytes_ = 3 * region_numel_ * static_cast<int64_t>(sizeof(float));
+  // Slices in the parameters' order, each at most a part: a parameter that fits a part is never
+  // cut (it starts the next slice instead); a larger one is cut wherever a slice ends.
+  size_t first = 0;  // the first parameter that ends after `begin`
+  for (int64_t begin = 0; begin < region_numel_;) {
+    int64_t end = std::min(begin + part_numel_, region_numel_);
+    for (size_t j = first; j < numels.size() && start_[j] < end; ++j)
+      if (start_[j] > begin && start_[j] + padded(numels[j]) > end && padded(numels[j]) <= part_numel_) {
+        end = start_[j];
+        break;
+      }
+    Slice slice{begin, end - begin, {}};
+    for (size_t j = first; j < numels.size() && start_[j] < end; ++j) {
+      const int64_t lo = std::max(begin, start_[j]), hi = std::min(end, start_[j] + numels[j]);
+      if (hi > lo) slice.pieces.push_back({j, lo - start_[j], hi - lo, lo - begin});
     }
-    Slice& s = slices_.back();
-    local_[i] = s.numel;
-    slice_of_[i] = slices_.size() - 1;
-    s.numel += padded(numels[i]);
-    s.end = i + 1;
+    while (first < numels.size() && start_[first] + padded(numels[first]) <= end) ++first;
+    slices_.push_back(std::move(slice));
+    begin = end;
   }
-  file_bytes_ = slices_.empty() ? 0 : offset + 3 * slices_.back().numel * static_cast<int64_t>(sizeof(float));
 }
 
 float* OptimizerSwap::file_ptr(size_t i, Kind kind) const {
-  const Slice& s = slices_[slice_of_[i]];
-  return reinterpret_cast<float*>(static_cast<char*>(mapping_->base) + s.offset) + kind * s.numel + local_[i];
+  return static_cast<float*>(mapping_->base) + kind * region_numel_ + start_[i];
 }
 
 at::Tensor OptimizerSwap::file_view(size_t i, Kind kind) const {
@@ -152,10 +152,23 @@ at::Tensor OptimizerSwap::file_view(size_t i, Kind kind) const {
 
 float* OptimizerSwap::slot_base(int slot) const { return aligned_ + slot * slot_numel_; }
 
-at::Tensor OptimizerSwap::slot_view(size_t i, Kind kind, int slot) const {
-  const Slice& s = slices_[slice_of_[i]];
-  const int64_t start = (slot_base(slot) - buffer_.data_ptr<float>()) + kind * s.numel + local_[i];
-  return buffer_.narrow(0, start, numel_[i]);
+at::Tensor OptimizerSwap::slot_view(const Piece& p, Kind kind, int slot) const {
+  const int64_t start = (slot_base(slot) - buffer_.data_ptr<float>()) + kind * part_numel_ + p.at;
+  return buffer_.narrow(0, start, p.numel);
+}
+
+// The slice's three runs (master, exp_avg, exp_avg_sq: one per region of the file) from or into
+// buffer half `slot`, as requests of tag `slot`.
+void OptimizerSwap::transfer_slice(bool write, int slot, const Slice& slice) {
+  constexpr int64_t f = sizeof(float);
+  for (int kind = kMaster; kind <= kExpAvgSq; ++kind) {
+    float* part = slot_base(slot) + kind * part_numel_;
+    const int64_t offset = (kind * region_numel_ + slice.first) * f;
+    if (write)
+      file_->write(slot, part, offset, slice.numel * f);
+    else
+      file_->read(slot, part, offset, slice.numel * f);
+  }
 }
 
 OptimizerSwap::Moments OptimizerSwap::moments(const dtk_optimizer_ref* optimizer) const {
@@ -191,8 +204,8 @@ void OptimizerSwap::take_moments(Moments& held, size_t i, const at::Tensor& m, c
   at::Tensor& a = held.exp_avg[i];
   at::Tensor& b = held.exp_avg_sq[i];
   if (!a.defined() || !b.defined()) not_adam("no exp_avg/exp_avg_sq for '" + names_[i] + "' after its step");
-  if (a.numel() != numel_[i] || b.numel() != numel_[i] || a.scalar_type() != at::kFloat)
-    not_adam("the moments of '" + names_[i] + "' are not fp32 tensors of its " + std::to_string(numel_[i]) +
+  if (a.numel() != m.numel() || b.numel() != m.numel() || a.scalar_type() != at::kFloat)
+    not_adam("the moments of '" + names_[i] + "' are not fp32 tensors of its " + std::to_string(m.numel()) +
              " elements");
   if (a.data_ptr() != m.data_ptr()) {
     m.copy_(a.reshape({-1}));
@@ -217,8 +230,7 @@ void OptimizerSwap::bind_to_file(const dtk_optimizer_ref* optimizer) {
 }
 
 void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer_step_args& args,
-                         const std::vector<at::Tensor>& grads,
-                         const std::function<void(size_t, const at::Tensor&)>& updated) {
+                         const std::vector<at::Tensor>& grads, const Updated& updated) {
   if (slices_.empty()) {  // nothing on this rank: the optimizer still counts the step
     dtk::optimizer_step(optimizer, args);
     return;
@@ -235,24 +247,26 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
   if (::msync(mapping_->base, mapping_->bytes, MS_SYNC) != 0)
     throw Error("zero: flushing swap file " + file_->path() + ": " + std::strerror(errno));
   const int64_t step0 = held.step;
-  auto bytes = [](const Slice& s) { return 3 * s.numel * static_cast<int64_t>(sizeof(float)); };
   try {
-    file_->read(0, slot_base(0), slices_[0].offset, bytes(slices_[0]));
+    transfer_slice(false, 0, slices_[0]);
     for (size_t k = 0; k < slices_.size(); ++k) {
       const Slice& slice = slices_[k];
       const int s = static_cast<int>(k % 2);
       file_->wait(s);  // slice k is in half s
       if (k + 1 < slices_.size()) {
         file_->wait(1 - s);  // slice k-1 is written back: half 1-s takes slice k+1
-        file_->read(1 - s, slot_base(1 - s), slices_[k + 1].offset, bytes(slices_[k + 1]));
+        transfer_slice(false, 1 - s, slices_[k + 1]);
       }
-      for (size_t i = slice.first; i < slice.end; ++i) {
-        params_[i].set_data(slot_view(i, kMaster, s));
-        if (has_moments_[i]) {
-          held.exp_avg[i].set_data(slot_view(i, kExpAvg, s));
-          held.exp_avg_sq[i].set_data(slot_view(i, kExpAvgSq, s));
+      // Each piece's parameter (and its moments, once they exist: the file's zeros are a fresh
+      // Adam's moments) becomes the piece's run of the buffer, with the gradient's run.
+      for (const Piece& p : slice.pieces) {
+        params_[p.param].set_data(slot_view(p, kMaster, s));
+        if (has_moments_[p.param]) {
+          held.exp_avg[p.param].set_data(slot_view(p, kExpAvg, s));
+          held.exp_avg_sq[p.param].set_data(slot_view(p, kExpAvgSq, s));
         }
-        params_[i].mutable_grad() = grads[i];
+        const at::Tensor& g = grads[p.param];
+        params_[p.param].mutable_grad() = p.numel == numel_[p.param] ? g : g.narrow(0, p.offset, p.numel);
       }
       if (k > 0) set_step(optimizer, step0);
       dtk::optimizer_step(optimizer, args);
@@ -260,31 +274,30 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
       // step created moments (a parameter's first step) or nothing was checked yet: otherwise the
       // tensors in `held` are the ones it stepped, re-pointed above (once per slice, not
       // slices x parameters lookups per step).
-      const bool created = std::any_of(has_moments_.begin() + static_cast<std::ptrdiff_t>(slice.first),
-                                       has_moments_.begin() + static_cast<std::ptrdiff_t>(slice.end),
-                                       [](char has) { return !has; });
+      const bool created =
+          std::any_of(slice.pieces.begin(), slice.pieces.end(), [&](const Piece& p) { return !has_moments_[p.param]; });
       if (created || !checked_) {
         held = moments(optimizer);
         if (held.step != step0 + 1)
           not_adam("its step count went from " + std::to_string(step0) + " to " + std::to_string(held.step) +
                    " in one step of a slice ('step' not restored by state_load)");
       }
-      for (size_t i = slice.first; i < slice.end; ++i) {
+      for (const Piece& p : slice.pieces) {
         // A first step created the moments in memory of its own: they move into the buffer.
-        take_moments(held, i, slot_view(i, kExpAvg, s), slot_view(i, kExpAvgSq, s));
-        params_[i].mutable_grad() = at::Tensor();
-        updated(i, slot_view(i, kMaster, s));
+        take_moments(held, p.param, slot_view(p, kExpAvg, s), slot_view(p, kExpAvgSq, s));
+        params_[p.param].mutable_grad() = at::Tensor();
+        updated(p.param, p.offset, slot_view(p, kMaster, s));
       }
       if (!checked_) {
         const Moments again = moments(optimizer);
-        for (size_t i = slice.first; i < slice.end; ++i)
-          if (again.exp_avg[i].data_ptr() != slot_view(i, kExpAvg, s).data_ptr())
+        for (const Piece& p : slice.pieces)
+          if (again.exp_avg[p.param].data_ptr() != slot_view(p, kExpAvg, s).data_ptr())
             not_adam("its state_save returns copies of the moments, not the tensors it steps in place");
         // Checked on a step that found the moments in place (the second): an optimizer that makes
         // new moment tensors each step instead of updating them is caught there.
         checked_ = !created;
       }
-      file_->write(s, slot_base(s), slice.offset, bytes(slice));
+      transfer_slice(true, s, slice);
     }
     file_->wait_all();
   } catch (const std::runtime_error& e) {
@@ -296,10 +309,15 @@ void OptimizerSwap::step(const dtk_optimizer_ref* optimizer, const dtk_optimizer
 
 std::string OptimizerSwap::describe() const {
   if (!file_) return "optimizer state on disk: none on this rank";
+  size_t cut = 0;  // parameters larger than a slice, stepped in pieces
+  for (const int64_t n : numel_) cut += padded(n) > part_numel_;
+  const std::string pieces =
+      cut ? " (" + std::to_string(cut) + " parameter" + (cut == 1 ? "" : "s") + " larger than a slice, in pieces)" : "";
   return "optimizer state (fp32 masters, exp_avg, exp_avg_sq) on disk: " + file_->path() + " (" +
          fixed(mb(file_bytes_)) + " MB), streamed through 2 x " + fixed(mb(slot_numel_ * 4)) +
          " MB of host buffer in " + std::to_string(slices_.size()) + " slice" + (slices_.size() == 1 ? "" : "s") +
-         ", " + file_->engine() + ", " + (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
+         pieces + ", " + file_->engine() + ", " +
+         (file_->direct() ? "direct I/O" : "buffered I/O (the filesystem refuses O_DIRECT)");
 }
 
 }  // namespace dtk::zero

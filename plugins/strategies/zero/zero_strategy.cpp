@@ -350,15 +350,15 @@ at::Tensor ZeroStrategy::shard_values(const Shard& s) {
 // The step's new values of a shard (fp32 masters) reach the parameters: an always-whole bucket's
 // own chunk, or (offload_param=nvme) the write-back slot of its bucket, written to the swap file
 // once the shards move on to the next bucket (they come in partition order).
-void ZeroStrategy::store_updated(const Shard& s, const at::Tensor& values) {
+void ZeroStrategy::store_updated(const Shard& s, int64_t offset, const at::Tensor& values) {
   if (!on_disk(s.bucket)) {
-    param_values_of(s).copy_(values);
+    param_values_of(s).narrow(0, offset, values.numel()).copy_(values);
     return;
   }
   if (write_slot_ >= 0 && write_bucket_ != s.bucket) finish_write_back();
   if (write_slot_ < 0) write_slot_ = param_swap_->begin_write(s.bucket), write_bucket_ = s.bucket;
   param_swap_->chunk(write_slot_)
-      .narrow(0, s.partition_offset - layout_->buckets()[s.bucket].partition_offset, s.numel)
+      .narrow(0, s.partition_offset - layout_->buckets()[s.bucket].partition_offset + offset, values.numel())
       .copy_(values);
 }
 
@@ -672,8 +672,9 @@ void ZeroStrategy::step_from_disk(const dtk_optimizer_ref* optimizer, const dtk_
     ~Repoint() { s->point_optimizer_grads(s->part_grads_); }
   } repoint{this};
   // Blocking copies: the buffer half is read into again while a non-blocking copy could still run.
-  swap_->step(optimizer, args, grads,
-              [this](size_t i, const at::Tensor& master) { store_updated(shards_[i], master); });
+  swap_->step(optimizer, args, grads, [this](size_t i, int64_t offset, const at::Tensor& values) {
+    store_updated(shards_[i], offset, values);
+  });
   finish_write_back();
   apply_step();
 }
@@ -721,7 +722,7 @@ void ZeroStrategy::apply_step() {
     // always-whole buckets' chunks into place for the gathers below.
     if (!swap_)  // (shards are in partition order, grouped by bucket)
       for (size_t k = shards_.size(); k-- > 0;)
-        store_updated(shards_[k], masters_.narrow(0, shards_[k].partition_offset, shards_[k].numel));
+        store_updated(shards_[k], 0, masters_.narrow(0, shards_[k].partition_offset, shards_[k].numel));
     finish_write_back();
   } else if (opt_.stage == 3) {
     // The partition takes the updated values (in the parameter dtype) for the next gathers.

@@ -105,9 +105,10 @@ class ZeroStrategy : public Strategy {
   at::Tensor host_or_device(int64_t numel, at::ScalarType dtype, bool host) const;
   at::Tensor param_values_of(const Shard& s) const;  // the shard in the parameter dtype
   // offload_param=nvme: its values, a copy read from the swap file (setup), and the shard's new
-  // values written (the step: on-demand buckets through the write-back slot, others in full_).
+  // values written (the step: on-demand buckets through the write-back slot, others in full_),
+  // `values` for the shard's elements [offset, offset + values.numel()) (a piece on disk).
   at::Tensor shard_values(const Shard& s);
-  void store_updated(const Shard& s, const at::Tensor& values);
+  void store_updated(const Shard& s, int64_t offset, const at::Tensor& values);
   void finish_write_back();          // the last write-back slot's write is issued
   bool on_disk(size_t bucket) const { return param_swap_ && layout_->buckets()[bucket].on_demand; }
   at::Tensor master_of(const Shard& s) const;        // the fp32 values the optimizer steps

@@ -2,7 +2,8 @@
 // thread keeps a running (maximum, sum of exp(x - maximum)) over its strided share of the row
 // (rescaling the sum when the maximum grows), the block merges the threads' pairs, and with
 // gradients a second sweep writes exp(x - max) / sum - onehot in place. Rows whose stride and
-// start allow it are read 16 bytes at a time (8 bf16 or 4 fp32 logits per load).
+// start allow it are read 16 bytes at a time (8 bf16 or 4 fp32 logits per load), four loads of a
+// thread issued before their values are used.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@ namespace dtk::cuda {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr int kUnroll = 4;  // packs a thread loads before it uses them
 
 using element::from_float;
 using element::to_float;
@@ -89,10 +91,19 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(T* logits, int6
   const int64_t packs = kVector ? vocab / P::kSize : 0;
   const int64_t tail = packs * P::kSize;  // first element the scalar loop covers
   MaxSum mine;
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    const P pack = reinterpret_cast<const P*>(x)[p];
+  // kUnroll of the thread's packs loaded before any is used (both sweeps): the second sweep writes
+  // where it reads, so a load issued after a store waits for nothing the compiler could prove,
+  // and one pack at a time would keep a single load in flight per thread.
+  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kThreads * kUnroll) {
+    P buf[kUnroll];
 #pragma unroll
-    for (int k = 0; k < P::kSize; ++k) add(mine, to_float(pack.v[k]));
+    for (int u = 0; u < kUnroll; ++u)
+      if (p0 + u * kThreads < packs) buf[u] = reinterpret_cast<const P*>(x)[p0 + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (p0 + u * kThreads < packs)
+#pragma unroll
+        for (int k = 0; k < P::kSize; ++k) add(mine, to_float(buf[u].v[k]));
   }
   for (int64_t j = tail + threadIdx.x; j < vocab; j += kThreads) add(mine, to_float(x[j]));
   const MaxSum total = block_merge(mine);
@@ -106,14 +117,22 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(T* logits, int6
   if (!grads) return;
   __syncthreads();  // thread 0 has read the target logit before it is overwritten
   const float m = total.max, s = total.sum;
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    P pack = reinterpret_cast<P*>(x)[p];
+  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kThreads * kUnroll) {
+    P buf[kUnroll];
 #pragma unroll
-    for (int k = 0; k < P::kSize; ++k) {
-      const int64_t j = p * P::kSize + k;
-      pack.v[k] = from_float<T>(expf(to_float(pack.v[k]) - m) / s - (j == target ? 1.0f : 0.0f));
+    for (int u = 0; u < kUnroll; ++u)
+      if (p0 + u * kThreads < packs) buf[u] = reinterpret_cast<const P*>(x)[p0 + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = p0 + u * kThreads;
+      if (p >= packs) break;
+#pragma unroll
+      for (int k = 0; k < P::kSize; ++k) {
+        const int64_t j = p * P::kSize + k;
+        buf[u].v[k] = from_float<T>(expf(to_float(buf[u].v[k]) - m) / s - (j == target ? 1.0f : 0.0f));
+      }
+      reinterpret_cast<P*>(x)[p] = buf[u];
     }
-    reinterpret_cast<P*>(x)[p] = pack;
   }
   for (int64_t j = tail + threadIdx.x; j < vocab; j += kThreads)
     x[j] = from_float<T>(expf(to_float(x[j]) - m) / s - (j == target ? 1.0f : 0.0f));

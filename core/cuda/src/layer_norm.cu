@@ -15,7 +15,10 @@
 // holds two rows per warp at most), in shared memory in the block kernel. With the branch's
 // dropout each element's mask bit is hashed where it is used (dropout_bits.cuh): forward on the
 // branch before the add, backward on dx, written as the branch's own gradient (and summed for its
-// bias).
+// bias). With 2-byte elements, hidden a multiple of 8 and aligned pointers (pack.cuh) both
+// directions' warp kernels load a lane's columns as packs of 8 (columns 8 (lane + 32 v) .. + 7),
+// every load of a row issued before its first store, the packs kept in registers: the same
+// arithmetic, the row's sums in another order.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,6 +30,7 @@
 #include "dtk/cuda/layer_norm.hpp"
 #include "element.cuh"
 #include "norm_backward.cuh"
+#include "pack.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -247,6 +251,176 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The forward with packs: kPacks packs a lane (hidden <= 256 kPacks). x + branch held in xs (each
+// value rounded to T, so packing it loses nothing) from the sum's store to the output's.
+template <class T, int kPacks>
+__global__ void __launch_bounds__(kThreads)
+    forward_packed_kernel(const T* x, const T* res, const T* res_bias, DropoutBits drop, bool dropout, const T* w,
+                          const T* b, int64_t rows, int hidden, float eps, T* sum, T* y, float* mean_out,
+                          float* rstd_out) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp: its shuffles below stay full
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t base = row * hidden;
+  if (dropout) drop = dropout_bits::resolved(drop);
+  const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;
+  pack::Pack<T> xs[kPacks], rs[kPacks];
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c < hidden) xs[v] = pack::load(x + base + c), rs[v] = pack::load(res + base + c);
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c >= hidden) continue;
+    pack::Pack<T> bias;
+    if (res_bias) bias = pack::load(res_bias + c);
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) {
+      float r = res_bias ? round_to<T>(rs[v].get(e) + bias.get(e)) : rs[v].get(e);
+      if (dropout) r = dropout_bits::kept_at(drop, mask_row + c + e) ? round_to<T>(r * drop.scale) : 0.0f;
+      xs[v].set(e, xs[v].get(e) + r);
+      total += xs[v].get(e);
+    }
+    pack::store(sum + base + c, xs[v]);
+  }
+  const float mean = warp_sum(total) / static_cast<float>(hidden);
+  float squares = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v)
+    if ((lane + 32 * v) * pack::kN < hidden)
+#pragma unroll
+      for (int e = 0; e < pack::kN; ++e) {
+        const float d = xs[v].get(e) - mean;
+        squares += d * d;
+      }
+  const float rstd = rsqrtf(warp_sum(squares) / static_cast<float>(hidden) + eps);
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c >= hidden) continue;
+    const pack::Pack<T> wv = pack::load(w + c), bv = pack::load(b + c);
+    pack::Pack<T> out;
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) out.set(e, (xs[v].get(e) - mean) * rstd * wv.get(e) + bv.get(e));
+    pack::store(y + base + c, out);
+  }
+}
+
+// The packed warp kernels' shared rows: column 8 p + e (p: the pack, lane + 32 v) at e * 32 kPacks
+// + p, so that a warp's lanes touch consecutive words (no bank conflict) as they add a pack's
+// element e. out[j] = the sum of the block's warps' rows at column j, in warp order.
+template <int kPacks>
+__device__ __forceinline__ int packed_slot(int p, int e) {
+  return e * 32 * kPacks + p;
+}
+
+template <int kPacks>
+__device__ void add_warps_packed_rows(const float (*warps)[kPacks * pack::kN * 32], int hidden, float* out) {
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    const int at = packed_slot<kPacks>(j / pack::kN, j % pack::kN);
+    float total = 0.0f;
+    for (int k = 0; k < kWarps; ++k) total += warps[k][at];
+    out[j] = total;
+  }
+}
+
+// The backward with packs: as backward_warp_kernel, a lane's columns as kPacks packs. The rows'
+// dy, h and dsum packs are loaded before anything is written; dx (and the branch's gradient
+// under dropout) written a pack at a time.
+template <class T, int kPacks, bool kBranchBias>
+__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kPacks * pack::kN, 24>())
+    backward_packed_kernel(const T* dy, const T* dsum, const T* h, const T* w, int64_t rows, int hidden,
+                           const float* mean, const float* rstd, DropoutBits drop, bool dropout, T* dx, T* dres,
+                           float* partial) {
+  constexpr int kColumns = kPacks * pack::kN;
+  if (dropout) drop = dropout_bits::resolved(drop);
+  __shared__ float warps_grad[2][kWarps][kColumns * 32];  // each warp's weight gradient, and its bias gradient
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const float inv_n = 1.0f / static_cast<float>(hidden);
+  float* dw = warps_grad[0][warp];
+  float* db = warps_grad[1][warp];
+  float dbranch[kBranchBias ? kColumns : 1];  // this lane's columns of the branch's gradient, summed over rows
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) {
+      dw[packed_slot<kPacks>(lane + 32 * v, e)] = db[packed_slot<kPacks>(lane + 32 * v, e)] = 0.0f;
+      if constexpr (kBranchBias) dbranch[v * pack::kN + e] = 0.0f;
+    }
+  }
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t base = row * hidden;
+    const int64_t mask_row = dropout ? dropout_bits::mask_index(drop, base) : 0;
+    const float m = mean[row], r = rstd[row];
+    // The weight's packs too, each row (from L1: registers kept for the loads in flight).
+    pack::Pack<T> gy[kPacks], hh[kPacks], ds[kPacks], wv[kPacks];
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v) {
+      const int c = (lane + 32 * v) * pack::kN;
+      if (c < hidden) {
+        wv[v] = pack::load(w + c);
+        gy[v] = pack::load(dy + base + c);
+        hh[v] = pack::load(h + base + c);
+        if (dsum) ds[v] = pack::load(dsum + base + c);
+      }
+    }
+    float gw_sum = 0.0f, gwx_sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v)
+      if ((lane + 32 * v) * pack::kN < hidden)
+#pragma unroll
+        for (int e = 0; e < pack::kN; ++e) {
+          const float gw = gy[v].get(e) * wv[v].get(e);
+          gw_sum += gw;
+          gwx_sum += gw * ((hh[v].get(e) - m) * r);
+        }
+    const float a = warp_sum(gw_sum) * inv_n, c = warp_sum(gwx_sum) * inv_n;
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v) {
+      const int col = (lane + 32 * v) * pack::kN;
+      if (col >= hidden) continue;
+      pack::Pack<T> out, branch;
+#pragma unroll
+      for (int e = 0; e < pack::kN; ++e) {
+        const float g = gy[v].get(e), xhat = (hh[v].get(e) - m) * r;
+        const float d = r * (g * wv[v].get(e) - a - xhat * c);
+        out.set(e, dsum ? round_to<T>(d) + ds[v].get(e) : d);
+        float gr = out.get(e);
+        if (dropout) {
+          branch.set(e, dropout_bits::kept_at(drop, mask_row + col + e) ? out.get(e) * drop.scale : 0.0f);
+          gr = branch.get(e);
+        }
+        if constexpr (kBranchBias) dbranch[v * pack::kN + e] += gr;
+        dw[packed_slot<kPacks>(lane + 32 * v, e)] += g * xhat;
+        db[packed_slot<kPacks>(lane + 32 * v, e)] += g;
+      }
+      pack::store(dx + base + col, out);
+      if (dropout) pack::store(dres + base + col, branch);
+    }
+  }
+  __syncthreads();
+  add_warps_packed_rows<kPacks>(warps_grad[0], hidden, partial + static_cast<int64_t>(blockIdx.x) * hidden);
+  add_warps_packed_rows<kPacks>(warps_grad[1], hidden, partial + static_cast<int64_t>(gridDim.x + blockIdx.x) * hidden);
+  if constexpr (kBranchBias) {
+    __syncthreads();  // every thread has read the weight gradients' rows: reuse them for the branch's
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v)
+#pragma unroll
+      for (int e = 0; e < pack::kN; ++e) dw[packed_slot<kPacks>(lane + 32 * v, e)] = dbranch[v * pack::kN + e];
+    __syncthreads();
+    add_warps_packed_rows<kPacks>(warps_grad[0], hidden,
+                                  partial + static_cast<int64_t>(2 * gridDim.x + blockIdx.x) * hidden);
+  }
+}
+
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
@@ -265,6 +439,31 @@ template <class T>
 void forward(const void* x, const void* res, const void* res_bias, const DropoutBits* drop, const void* w,
              const void* b, int64_t rows, int64_t hidden, double eps, void* sum, void* y, float* mean, float* rstd,
              StreamHandle stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if constexpr (sizeof(T) == 2) {
+    if (hidden <= 4 * 32 * pack::kN && pack::packable(sizeof(T), hidden, x, res, res_bias, w, b, sum, y)) {
+      const auto launch = [&](auto kernel) {
+        kernel<<<blocks, kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
+            drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
+            static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
+      };
+      switch ((hidden + 32 * pack::kN - 1) / (32 * pack::kN)) {
+        case 1:
+          launch(forward_packed_kernel<T, 1>);
+          return;
+        case 2:
+          launch(forward_packed_kernel<T, 2>);
+          return;
+        case 3:
+          launch(forward_packed_kernel<T, 3>);
+          return;
+        default:
+          launch(forward_packed_kernel<T, 4>);
+          return;
+      }
+    }
+  }
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
       drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
@@ -290,7 +489,23 @@ void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) 
     kernel<<<blocks, kThreads, 0, stream>>>(a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout,
                                             a.dx, a.dres, a.partial);
   };
-  switch (norm_backward::columns_per_lane(a.hidden)) {
+  const int columns = norm_backward::columns_per_lane(a.hidden);
+  if constexpr (sizeof(T) == 2) {
+    if (columns != 0 && columns <= 24 && pack::packable(sizeof(T), a.hidden, a.dy, a.dsum, a.h, a.w, a.dx, a.dres)) {
+      switch (columns / pack::kN) {
+        case 1:
+          warps(backward_packed_kernel<T, 1, kBranchBias>);
+          return;
+        case 2:
+          warps(backward_packed_kernel<T, 2, kBranchBias>);
+          return;
+        default:
+          warps(backward_packed_kernel<T, 3, kBranchBias>);
+          return;
+      }
+    }
+  }
+  switch (columns) {
     case 8:
       warps(backward_warp_kernel<T, 8, kBranchBias>);
       break;

@@ -7,6 +7,9 @@
 // block's partial row. Wider rows: a block per row (one block reduction per row, the weight
 // gradient in shared memory, one column per thread). Either way no atomics: a second kernel adds
 // the blocks' partial weight gradients in a fixed order, so the result is the same on every run.
+// With 2-byte elements, hidden a multiple of 8 and aligned pointers (pack.cuh) both directions'
+// warp kernels load a lane's columns as packs of 8 (columns 8 (lane + 32 v) .. + 7), every load of
+// a row issued before its first store: the same arithmetic, the row's sums in another order.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +20,7 @@
 #include "dtk/cuda/rms_norm.hpp"
 #include "element.cuh"
 #include "norm_backward.cuh"
+#include "pack.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -159,6 +163,119 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) partial[blockIdx.x * hidden + j] = dw[j];
 }
 
+// The forward with packs: kPacks packs a lane (hidden <= 256 kPacks); the row (with a residual:
+// the sum, each value rounded to T) held in xs from its load to the output's store.
+template <class T, int kPacks>
+__global__ void __launch_bounds__(kThreads)
+    forward_packed_kernel(const T* x, const T* res, const T* w, int64_t rows, int64_t hidden, float eps, T* sum, T* y,
+                          float* rstd) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;  // the whole warp: its shuffles below stay full
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t base = row * hidden;
+  pack::Pack<T> xs[kPacks], rs[kPacks];
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c < hidden) {
+      xs[v] = pack::load(x + base + c);
+      if (res) rs[v] = pack::load(res + base + c);
+    }
+  }
+  float squares = 0.0f;
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c >= hidden) continue;
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) {
+      if (res) xs[v].set(e, xs[v].get(e) + rs[v].get(e));
+      squares += xs[v].get(e) * xs[v].get(e);
+    }
+    if (res) pack::store(sum + base + c, xs[v]);
+  }
+  const float r = rsqrtf(warp_sum(squares) / static_cast<float>(hidden) + eps);
+  if (lane == 0) rstd[row] = r;
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v) {
+    const int c = (lane + 32 * v) * pack::kN;
+    if (c >= hidden) continue;
+    const pack::Pack<T> wv = pack::load(w + c);
+    pack::Pack<T> out;
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) out.set(e, round_to<T>(xs[v].get(e) * r) * wv.get(e));
+    pack::store(y + base + c, out);
+  }
+}
+
+// The packed backward's shared row: column 8 p + e (p: the pack, lane + 32 v) at e * 32 kPacks +
+// p, so that a warp's lanes touch consecutive words as they add a pack's element e.
+template <int kPacks>
+__device__ __forceinline__ int packed_slot(int p, int e) {
+  return e * 32 * kPacks + p;
+}
+
+// The backward with packs: as backward_warp_kernel, a lane's columns as kPacks packs; the row's
+// dy, x and dsum packs loaded before dx is written.
+template <class T, int kPacks>
+__global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kPacks * pack::kN, 32>())
+    backward_packed_kernel(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int hidden,
+                           const float* rstd, T* dx, float* partial) {
+  constexpr int kColumns = kPacks * pack::kN;
+  __shared__ float warps_dw[kWarps][kColumns * 32];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  float* dw = warps_dw[warp];
+#pragma unroll
+  for (int v = 0; v < kPacks; ++v)
+#pragma unroll
+    for (int e = 0; e < pack::kN; ++e) dw[packed_slot<kPacks>(lane + 32 * v, e)] = 0.0f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t base = row * hidden;
+    // The weight's packs too, each row (from L1: registers kept for the loads in flight).
+    pack::Pack<T> xs[kPacks], gs[kPacks], ds[kPacks], wv[kPacks];
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v) {
+      const int c = (lane + 32 * v) * pack::kN;
+      if (c < hidden) {
+        wv[v] = pack::load(w + c);
+        xs[v] = pack::load(x + base + c);
+        gs[v] = pack::load(dy + base + c);
+        if (dsum) ds[v] = pack::load(dsum + base + c);
+      }
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v)
+      if ((lane + 32 * v) * pack::kN < hidden)
+#pragma unroll
+        for (int e = 0; e < pack::kN; ++e) dot += round_to<T>(gs[v].get(e) * wv[v].get(e)) * xs[v].get(e);
+    const float c = warp_sum(dot) / static_cast<float>(hidden);
+    const float r = rstd[row];
+#pragma unroll
+    for (int v = 0; v < kPacks; ++v) {
+      const int col = (lane + 32 * v) * pack::kN;
+      if (col >= hidden) continue;
+      pack::Pack<T> out;
+#pragma unroll
+      for (int e = 0; e < pack::kN; ++e) {
+        const float g = gs[v].get(e), xv = xs[v].get(e);
+        const float d = r * round_to<T>(g * wv[v].get(e)) - xv * r * r * r * c;
+        out.set(e, dsum ? round_to<T>(d) + ds[v].get(e) : d);
+        dw[packed_slot<kPacks>(lane + 32 * v, e)] += g * round_to<T>(xv * r);
+      }
+      pack::store(dx + base + col, out);
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    const int at = packed_slot<kPacks>(j / pack::kN, j % pack::kN);
+    float total = 0.0f;
+    for (int k = 0; k < kWarps; ++k) total += warps_dw[k][at];
+    partial[static_cast<int64_t>(blockIdx.x) * hidden + j] = total;
+  }
+}
+
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
@@ -173,6 +290,29 @@ void check_shape(int64_t rows, int64_t hidden) {
 template <class T>
 void forward(const void* x, const void* res, const void* w, int64_t rows, int64_t hidden, double eps, void* sum,
              void* y, float* rstd, StreamHandle stream) {
+  if constexpr (sizeof(T) == 2) {
+    if (hidden <= 4 * 32 * pack::kN && pack::packable(sizeof(T), hidden, x, res, w, sum, y)) {
+      const auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
+            static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
+      };
+      switch ((hidden + 32 * pack::kN - 1) / (32 * pack::kN)) {
+        case 1:
+          launch(forward_packed_kernel<T, 1>);
+          return;
+        case 2:
+          launch(forward_packed_kernel<T, 2>);
+          return;
+        case 3:
+          launch(forward_packed_kernel<T, 3>);
+          return;
+        default:
+          launch(forward_packed_kernel<T, 4>);
+          return;
+      }
+    }
+  }
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
       static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
@@ -192,7 +332,31 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
   const T *dy = static_cast<const T*>(dy_), *dsum = static_cast<const T*>(dsum_), *x = static_cast<const T*>(x_),
           *w = static_cast<const T*>(w_);
   T* dx = static_cast<T*>(dx_);
-  switch (norm_backward::columns_per_lane(hidden)) {
+  const int columns = norm_backward::columns_per_lane(hidden);
+  if constexpr (sizeof(T) == 2) {
+    if (columns != 0 && pack::packable(sizeof(T), hidden, dy, dsum, x, w, dx)) {
+      const auto launch = [&](auto kernel) {
+        kernel<<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
+      };
+      switch (columns / pack::kN) {
+        case 1:
+          launch(backward_packed_kernel<T, 1>);
+          break;
+        case 2:
+          launch(backward_packed_kernel<T, 2>);
+          break;
+        case 3:
+          launch(backward_packed_kernel<T, 3>);
+          break;
+        default:
+          launch(backward_packed_kernel<T, 4>);
+          break;
+      }
+      norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, nullptr, stream);
+      return;
+    }
+  }
+  switch (columns) {
     case 8:
       backward_warps<T, 8>(dy, dsum, x, w, rows, hidden, rstd, dx, partial, blocks, stream);
       break;

@@ -356,6 +356,51 @@ TEST(GpuKernels, SwigluKernelEqualsOps) {
   }
 }
 
+// The packed kernels (2-byte elements 16 bytes at a time, core/cuda/src/pack.cuh) against the
+// scalar ones, which the same call takes for inputs 2 bytes off the 16-byte boundary: the same
+// arithmetic per element, so the same bits (bias + GELU's bias gradient too: each column's rows
+// are summed in the same order). 300 rows: the backward's row groups hold one or two rows, so the
+// packed loops' partial batches of rows run.
+at::Tensor unaligned_copy(const at::Tensor& t) {
+  const at::Tensor buffer = at::empty({t.numel() + 1}, t.options());
+  at::Tensor view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
+  view.copy_(t);
+  return view;
+}
+
+TEST(GpuKernels, PackedKernelsEqualTheScalarOnesBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const auto on = at::TensorOptions().device(at::kCUDA);
+  at::manual_seed(23);
+  for (const at::ScalarType type : {at::kBFloat16, at::kHalf}) {
+    const at::Tensor x0 = (at::randn({300, 768}, on) * 2).to(type), b0 = at::randn({768}, on).to(type);
+    const at::Tensor u0 = at::randn({300, 768}, on).to(type), dy = at::randn({300, 768}, on).to(type);
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(unaligned_copy(x0).data_ptr()) % 16, 2u);
+    for (const bool tanh : {false, true}) {
+      auto gelu = [&](const at::Tensor& x_in) {
+        at::Tensor x = x_in.requires_grad_(true), b = b0.clone().requires_grad_(true);
+        const at::Tensor y = dtk::layers::bias_gelu(x, b, tanh);
+        EXPECT_NE(y.grad_fn()->name().find("FusedBiasGelu"), std::string::npos) << y.grad_fn()->name();
+        torch::autograd::backward({y}, {dy});
+        return std::vector<at::Tensor>{y.detach(), x.grad(), b.grad()};
+      };
+      const auto packed = gelu(x0.clone()), scalar = gelu(unaligned_copy(x0));
+      for (size_t i = 0; i < packed.size(); ++i)
+        EXPECT_TRUE(at::equal(packed[i], scalar[i])) << "bias_gelu output " << i << ", " << c10::toString(type);
+    }
+    auto swiglu = [&](const at::Tensor& g_in) {
+      at::Tensor g = g_in.requires_grad_(true), u = u0.clone().requires_grad_(true);
+      const at::Tensor y = dtk::layers::swiglu(g, u);
+      EXPECT_NE(y.grad_fn()->name().find("FusedSwiglu"), std::string::npos) << y.grad_fn()->name();
+      torch::autograd::backward({y}, {dy});
+      return std::vector<at::Tensor>{y.detach(), g.grad(), u.grad()};
+    };
+    const auto packed = swiglu(x0.clone()), scalar = swiglu(unaligned_copy(x0));
+    for (size_t i = 0; i < packed.size(); ++i)
+      EXPECT_TRUE(at::equal(packed[i], scalar[i])) << "swiglu output " << i << ", " << c10::toString(type);
+  }
+}
+
 // Rotary embeddings on strided queries/keys (a split of a fused projection, as llama's), with all
 // channels rotating and with a quarter passing through (rotary_percent 0.75).
 void check_rotary(at::ScalarType type, int64_t dim, double tol) {

@@ -92,6 +92,8 @@ TEST(GpuKernels, CrossEntropyKernelEqualsOpsBf16) {
   // The same bf16 products; D rounded to bf16 in both (the ops round their fp32 D before the GEMMs).
   check_cross_entropy(at::kBFloat16, 1024, 1e-5, 2e-2);
   check_cross_entropy(at::kBFloat16, 1001, 1e-5, 2e-2);
+  // Past 512 threads x 4 packs x 8 logits: the sweeps' second batch, its last one partial.
+  check_cross_entropy(at::kBFloat16, 20000, 1e-5, 2e-2);
 }
 
 void check_rms_norm(at::ScalarType type, int64_t hidden, double tol) {
@@ -124,7 +126,7 @@ TEST(GpuKernels, RmsNormKernelEqualsOpsFp32) {
 TEST(GpuKernels, RmsNormKernelEqualsOpsBf16) {
   SKIP_WITHOUT_CUDA();
   // One bf16 rounding step apart at most where the fp32 sums of squares differ in their last bit.
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_rms_norm(at::kBFloat16, hidden, 2e-2);
+  for (const int64_t hidden : {64, 100, 512, 768, 1024, 4096}) check_rms_norm(at::kBFloat16, hidden, 2e-2);
 }
 
 // The residual add and a norm, fused against the ops: both outputs (the sum going on in the
@@ -213,7 +215,8 @@ TEST(GpuKernels, AddLayerNormKernelEqualsOpsFp32) {
 TEST(GpuKernels, AddLayerNormKernelEqualsOpsBf16) {
   SKIP_WITHOUT_CUDA();
   // The same bf16 roundings of fp32 values one ulp apart at most.
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(true, at::kBFloat16, 148, hidden, 2e-2);
+  // 64, 512, 768, 1024: the packed kernels' 1, 2, 3 and 4 packs a lane (core/cuda/src/pack.cuh).
+  for (const int64_t hidden : {64, 100, 512, 768, 1024, 4096}) check_add_norm(true, at::kBFloat16, 148, hidden, 2e-2);
   check_add_norm(true, at::kBFloat16, 2100, 64, 2e-2);
   check_add_norm(true, at::kBFloat16, 9000, 768, 2e-2);
   check_add_norm(true, at::kHalf, 300, 768, 2e-2);
@@ -282,7 +285,7 @@ TEST(GpuKernels, AddRmsNormKernelEqualsOpsFp32) {
 
 TEST(GpuKernels, AddRmsNormKernelEqualsOpsBf16) {
   SKIP_WITHOUT_CUDA();
-  for (const int64_t hidden : {64, 100, 768, 4096}) check_add_norm(false, at::kBFloat16, 148, hidden, 2e-2);
+  for (const int64_t hidden : {64, 100, 512, 768, 1024, 4096}) check_add_norm(false, at::kBFloat16, 148, hidden, 2e-2);
   check_add_norm(false, at::kBFloat16, 2100, 64, 2e-2);
   check_add_norm(false, at::kBFloat16, 9000, 768, 2e-2);
   check_add_norm(false, at::kHalf, 300, 768, 2e-2);
@@ -356,11 +359,11 @@ TEST(GpuKernels, SwigluKernelEqualsOps) {
   }
 }
 
-// The packed kernels (2-byte elements 16 bytes at a time, core/cuda/src/pack.cuh) against the
-// scalar ones, which the same call takes for inputs 2 bytes off the 16-byte boundary: the same
-// arithmetic per element, so the same bits (bias + GELU's bias gradient too: each column's rows
-// are summed in the same order). 300 rows: the backward's row groups hold one or two rows, so the
-// packed loops' partial batches of rows run.
+// The packed kernels (2-byte elements 16 bytes at a time, core/cuda/src/pack.cuh; rotary's four
+// pairs a thread) against the scalar ones, which the same call takes for inputs 2 bytes off the 16-byte boundary: the
+// same arithmetic per element, so the same bits (bias + GELU's bias gradient too: each column's rows are summed in the
+// same order). 5000 rows: more than 4 a row group in the forward (1024 groups) and the backward (256), so the packed
+// loops run whole batches of 4 rows, further passes and a partial last batch.
 at::Tensor unaligned_copy(const at::Tensor& t) {
   const at::Tensor buffer = at::empty({t.numel() + 1}, t.options());
   at::Tensor view = buffer.narrow(0, 1, t.numel()).view(t.sizes());
@@ -373,8 +376,8 @@ TEST(GpuKernels, PackedKernelsEqualTheScalarOnesBitForBit) {
   const auto on = at::TensorOptions().device(at::kCUDA);
   at::manual_seed(23);
   for (const at::ScalarType type : {at::kBFloat16, at::kHalf}) {
-    const at::Tensor x0 = (at::randn({300, 768}, on) * 2).to(type), b0 = at::randn({768}, on).to(type);
-    const at::Tensor u0 = at::randn({300, 768}, on).to(type), dy = at::randn({300, 768}, on).to(type);
+    const at::Tensor x0 = (at::randn({5000, 768}, on) * 2).to(type), b0 = at::randn({768}, on).to(type);
+    const at::Tensor u0 = at::randn({5000, 768}, on).to(type), dy = at::randn({5000, 768}, on).to(type);
     ASSERT_EQ(reinterpret_cast<uintptr_t>(unaligned_copy(x0).data_ptr()) % 16, 2u);
     for (const bool tanh : {false, true}) {
       auto gelu = [&](const at::Tensor& x_in) {
@@ -398,6 +401,23 @@ TEST(GpuKernels, PackedKernelsEqualTheScalarOnesBitForBit) {
     const auto packed = swiglu(x0.clone()), scalar = swiglu(unaligned_copy(x0));
     for (size_t i = 0; i < packed.size(); ++i)
       EXPECT_TRUE(at::equal(packed[i], scalar[i])) << "swiglu output " << i << ", " << c10::toString(type);
+    // Rotary: four pairs a thread against one, all channels rotating and a quarter passing through.
+    const at::Tensor q0 = at::randn({2, 33, 3, 64}, on).to(type), dq = at::randn({2, 33, 3, 64}, on).to(type);
+    for (const int64_t dim : {64, 48}) {
+      const at::Tensor angles = at::randn({2, 33, 1, dim}, on) * 3;
+      const at::Tensor cos = angles.cos(), sin = angles.sin();
+      // The backward reads only the incoming gradient: off the boundary too for the pairs' run.
+      auto rotary = [&](const at::Tensor& x_in, const at::Tensor& dy_in) {
+        at::Tensor x = x_in.requires_grad_(true);
+        const at::Tensor y = dtk::layers::apply_rotary(x, cos, sin);
+        EXPECT_NE(y.grad_fn()->name().find("FusedRotary"), std::string::npos) << y.grad_fn()->name();
+        torch::autograd::backward({y}, {dy_in});
+        return std::vector<at::Tensor>{y.detach(), x.grad()};
+      };
+      const auto quads = rotary(q0.clone(), dq), pairs = rotary(unaligned_copy(q0), unaligned_copy(dq));
+      for (size_t i = 0; i < quads.size(); ++i)
+        EXPECT_TRUE(at::equal(quads[i], pairs[i])) << "rotary output " << i << ", dim " << dim;
+    }
   }
 }
 

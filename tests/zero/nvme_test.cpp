@@ -80,10 +80,11 @@ TEST(ZeroNvme, LossesEqualCpuOffloadAndDdp) {
   }
 }
 
-// A buffer smaller than the largest parameter's state (hidden 256: the embedding's 131k elements
-// against a part of 43k elements in each half of a 1 MiB buffer): that parameter is stepped in
-// pieces, one per slice it spans, and the run equals cpu offload's exactly; with the parameters on
-// disk too (stage 3, DP 2), each piece's new values go into the parameters' swap file at its offset.
+// A buffer smaller than the largest parameters' state (hidden 256: the MLP's weights of 262k
+// elements, the attention's 196k, the embedding's 131k, against a part of 43k elements in each
+// half of a 1 MiB buffer): each such parameter is stepped in pieces, one per slice it spans, and the run equals cpu
+// offload's exactly; with the parameters on disk too (stage 3, DP 2), each piece's new values go into the parameters'
+// swap file at its offset.
 TEST(ZeroNvme, ParametersLargerThanASliceStepInPieces) {
   const std::string wide = "--set model.hidden_size=256 --strategy zero --optimizer cpu_adam ";
   const std::string stage3 = "--set strategy.stage=3 --set strategy.stage3_param_persistence_threshold=100 ";
@@ -120,13 +121,13 @@ std::string host_name() {
 }
 
 // bf16 parameters (fp32 masters saved by the strategy, the moments by the optimizer), stage 2,
-// DP 2: saved with one offload tier, resumed with the other, the printed lines are the
-// uninterrupted run's.
+// DP 2, hidden 256 (the larger shards stepped in pieces): saved with one offload tier, resumed
+// with the other, the printed lines are the uninterrupted run's.
 TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   const std::string run = kTrain +
                           "--strategy zero --optimizer cpu_adam --set strategy.stage=2 "
                           "--set train.params_dtype=bf16 --set strategy.reduce_bucket_size=20000 "
-                          "--set train.train_iters=8 ";
+                          "--set train.train_iters=8 --set model.hidden_size=256 ";  // shards stepped in pieces
   const std::string save = "--set checkpoint.save_interval=4 --set checkpoint.save=";
   const std::string swap = fresh_dir("nvme-resume-swap");
   // A swap file of a killed run on this host (its process is gone) and one of a live process.
@@ -139,6 +140,7 @@ TEST(ZeroNvme, ResumeAcrossCpuAndNvmeOffloadIsExact) {
   const std::string by_nvme = fresh_dir("nvme-saved"), by_cpu = fresh_dir("cpu-saved");
   const Result a = dtk_test::run_dtk("launch --nproc_per_node 2 " + run + nvme(swap) + save + by_nvme);
   ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_NE(a.out.find("larger than a slice, in pieces)"), std::string::npos) << a.out;
   EXPECT_FALSE(fs::exists(stale)) << "the killed run's swap file is still there";
   // (Which rank removes it is a race, and only rank 0 logs: AKilledRun... checks the log line.)
   EXPECT_TRUE(fs::exists(live)) << "a live process's swap file was removed";

@@ -123,7 +123,7 @@ capacity "zero stage 3, offload, recompute, max_live 4M" \
 capacity "  the same, built whole first (zero_init=false)" \
   "--strategy zero --set strategy.stage=3 --set strategy.offload_optimizer=cpu --set strategy.offload_param=cpu --optimizer cpu_adam $BUCKETS $LIVE --set strategy.zero_init=false"
 # Disk offload: masters and Adam state in a swap file, streamed through a 96 MB host buffer (a
-# shard whose state is larger than a half, from hidden 1024 on an MLP weight, steps in pieces).
+# shard whose state is larger than a slice, from hidden 1280 on an MLP weight, steps in pieces).
 if [[ -z ${NVME_DIR:-} ]]; then
   NVME_DIR=$(mktemp -d "${TMPDIR:-/tmp}/dtk-nvme-bench.XXXXXX")
   trap 'rm -rf "$NVME_DIR"' EXIT

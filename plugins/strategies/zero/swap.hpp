@@ -9,7 +9,7 @@
 // the other and slice k-1 written back behind it (aio.hpp, io_uring). A parameter larger than a
 // slice is stepped in pieces, one per slice it spans (DeepSpeed's sub-groups: Adam is elementwise,
 // so the pieces step as the whole would), so the buffer bounds host memory whatever the model's
-// largest parameter (GPT-2's embedding alone is 885 MB of fp32 state). The optimizer plugin steps
+// largest parameter (GPT-2's embedding alone is 464 MB of fp32 state). The optimizer plugin steps
 // slice by slice: only that slice's pieces carry gradients, and its tensors (masters, moments) are
 // re-pointed at the buffer (Tensor::set_data, as DeepSpeed assigns param.data and the state's
 // tensors). This relies on the Adam plugins' state layout (dtk::AdamMoments, dtk/optimizer.hpp):
@@ -107,7 +107,7 @@ class OptimizerSwap {
   std::shared_ptr<Mapping> mapping_;
   at::Tensor buffer_;         // both halves (host memory of the DTK allocator)
   float* aligned_ = nullptr;  // the first half's start, on AsyncFile::kAlign
-  bool checked_ = false;      // the optimizer steps its moments in place (checked on the second step)
+  bool checked_ = false;      // the optimizer steps its moments in place (checked on a slice whose moments existed)
 };
 
 // `dir`/dtk-zero-<kind>-<host>-<pid>-<rank_tag>.swap (kind: optimizer or params).

@@ -35,8 +35,10 @@
 namespace dtk::cuda {
 namespace {
 
+using norm_backward::add_warps_packed_rows;
 using norm_backward::kThreads;
 using norm_backward::kWarps;
+using norm_backward::packed_slot;
 using norm_backward::warp_sum;
 constexpr int kRowsPerBlock = kWarps;  // the forward's warps, a row each
 
@@ -313,24 +315,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The packed warp kernels' shared rows: column 8 p + e (p: the pack, lane + 32 v) at e * 32 kPacks
-// + p, so that a warp's lanes touch consecutive words (no bank conflict) as they add a pack's
-// element e. out[j] = the sum of the block's warps' rows at column j, in warp order.
-template <int kPacks>
-__device__ __forceinline__ int packed_slot(int p, int e) {
-  return e * 32 * kPacks + p;
-}
-
-template <int kPacks>
-__device__ void add_warps_packed_rows(const float (*warps)[kPacks * pack::kN * 32], int hidden, float* out) {
-  for (int j = threadIdx.x; j < hidden; j += kThreads) {
-    const int at = packed_slot<kPacks>(j / pack::kN, j % pack::kN);
-    float total = 0.0f;
-    for (int k = 0; k < kWarps; ++k) total += warps[k][at];
-    out[j] = total;
-  }
-}
-
 // The backward with packs: as backward_warp_kernel, a lane's columns as kPacks packs. The rows'
 // dy, h and dsum packs are loaded before anything is written; dx (and the branch's gradient
 // under dropout) written a pack at a time.
@@ -448,23 +432,12 @@ void forward(const void* x, const void* res, const void* res_bias, const Dropout
             drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
             static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
       };
-      switch ((hidden + 32 * pack::kN - 1) / (32 * pack::kN)) {
-        case 1:
-          launch(forward_packed_kernel<T, 1>);
-          return;
-        case 2:
-          launch(forward_packed_kernel<T, 2>);
-          return;
-        case 3:
-          launch(forward_packed_kernel<T, 3>);
-          return;
-        default:
-          launch(forward_packed_kernel<T, 4>);
-          return;
-      }
+      pack::with_packs<4>(pack::packs_for(hidden),
+                          [&](auto packs) { launch(forward_packed_kernel<T, decltype(packs)::value>); });
+      return;
     }
   }
-  forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
+  forward_kernel<T><<<blocks, kThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
       drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
       static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
@@ -492,17 +465,9 @@ void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) 
   const int columns = norm_backward::columns_per_lane(a.hidden);
   if constexpr (sizeof(T) == 2) {
     if (columns != 0 && columns <= 24 && pack::packable(sizeof(T), a.hidden, a.dy, a.dsum, a.h, a.w, a.dx, a.dres)) {
-      switch (columns / pack::kN) {
-        case 1:
-          warps(backward_packed_kernel<T, 1, kBranchBias>);
-          return;
-        case 2:
-          warps(backward_packed_kernel<T, 2, kBranchBias>);
-          return;
-        default:
-          warps(backward_packed_kernel<T, 3, kBranchBias>);
-          return;
-      }
+      pack::with_packs<3>(columns / pack::kN,
+                          [&](auto packs) { warps(backward_packed_kernel<T, decltype(packs)::value, kBranchBias>); });
+      return;
     }
   }
   switch (columns) {

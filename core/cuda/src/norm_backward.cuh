@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "pack.cuh"
+
 namespace dtk::cuda::norm_backward {
 // Private to each kernel file that includes it (an unnamed namespace: no symbol shared between them).
 namespace {
@@ -56,6 +58,25 @@ inline void allow_dynamic_shared(Kernel* kernel, size_t dynamic) {
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return;
   if (dynamic + attributes.sharedSizeBytes > 48 * 1024)
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic));
+}
+
+// The packed warp kernels' per-warp shared rows (pack.cuh): column 8 p + e (p: the pack, lane +
+// 32 v) at e * 32 kPacks + p, so that a warp's lanes touch consecutive words (no bank conflict) as
+// they add a pack's element e.
+template <int kPacks>
+__device__ __forceinline__ int packed_slot(int p, int e) {
+  return e * 32 * kPacks + p;
+}
+
+// out[j] = the sum of the block's warps' packed rows at column j, in warp order.
+template <int kPacks>
+__device__ void add_warps_packed_rows(const float (*warps)[kPacks * pack::kN * 32], int hidden, float* out) {
+  for (int j = threadIdx.x; j < hidden; j += kThreads) {
+    const int at = packed_slot<kPacks>(j / pack::kN, j % pack::kN);
+    float total = 0.0f;
+    for (int k = 0; k < kWarps; ++k) total += warps[k][at];
+    out[j] = total;
+  }
 }
 
 constexpr int kSumColumns = 32, kSumSlices = 8;

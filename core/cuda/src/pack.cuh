@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "element.cuh"
 
@@ -49,6 +50,23 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 template <class... Pointers>
 inline bool packable(int element_bytes, int64_t count, const Pointers*... pointers) {
   return element_bytes == 2 && count % kN == 0 && (aligned16(pointers) && ...);
+}
+
+// Packs a lane needs for `columns` columns (a warp covers 32 packs a step).
+inline int packs_for(int64_t columns) { return static_cast<int>((columns + 32 * kN - 1) / (32 * kN)); }
+
+// f(std::integral_constant<int, K>{}) for K = min(packs, kMax) (at least 1): a host launcher's way to
+// a kernel templated on its packs a lane, e.g. with_packs<4>(n, [&](auto k) { launch(kernel<T, k>); }).
+template <int kMax, int K = 1, class F>
+inline void with_packs(int packs, F&& f) {
+  if constexpr (K >= kMax) {
+    f(std::integral_constant<int, K>{});
+  } else {
+    if (packs <= K)
+      f(std::integral_constant<int, K>{});
+    else
+      with_packs<kMax, K + 1>(packs, f);
+  }
 }
 
 }  // namespace dtk::cuda::pack

@@ -25,8 +25,10 @@
 namespace dtk::cuda {
 namespace {
 
+using norm_backward::add_warps_packed_rows;
 using norm_backward::kThreads;
 using norm_backward::kWarps;
+using norm_backward::packed_slot;
 using norm_backward::warp_sum;
 constexpr int kRowsPerBlock = kWarps;  // the forward's warps, a row each
 
@@ -208,13 +210,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The packed backward's shared row: column 8 p + e (p: the pack, lane + 32 v) at e * 32 kPacks +
-// p, so that a warp's lanes touch consecutive words as they add a pack's element e.
-template <int kPacks>
-__device__ __forceinline__ int packed_slot(int p, int e) {
-  return e * 32 * kPacks + p;
-}
-
 // The backward with packs: as backward_warp_kernel, a lane's columns as kPacks packs; the row's
 // dy, x and dsum packs loaded before dx is written.
 template <class T, int kPacks>
@@ -268,12 +263,7 @@ __global__ void __launch_bounds__(kThreads, norm_backward::min_blocks_per_sm<kPa
     }
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < hidden; j += kThreads) {
-    const int at = packed_slot<kPacks>(j / pack::kN, j % pack::kN);
-    float total = 0.0f;
-    for (int k = 0; k < kWarps; ++k) total += warps_dw[k][at];
-    partial[static_cast<int64_t>(blockIdx.x) * hidden + j] = total;
-  }
+  add_warps_packed_rows<kPacks>(warps_dw, hidden, partial + static_cast<int64_t>(blockIdx.x) * hidden);
 }
 
 void check(const char* what) {
@@ -297,20 +287,9 @@ void forward(const void* x, const void* res, const void* w, int64_t rows, int64_
             static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
             static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
       };
-      switch ((hidden + 32 * pack::kN - 1) / (32 * pack::kN)) {
-        case 1:
-          launch(forward_packed_kernel<T, 1>);
-          return;
-        case 2:
-          launch(forward_packed_kernel<T, 2>);
-          return;
-        case 3:
-          launch(forward_packed_kernel<T, 3>);
-          return;
-        default:
-          launch(forward_packed_kernel<T, 4>);
-          return;
-      }
+      pack::with_packs<4>(pack::packs_for(hidden),
+                          [&](auto packs) { launch(forward_packed_kernel<T, decltype(packs)::value>); });
+      return;
     }
   }
   forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
@@ -338,20 +317,8 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
       const auto launch = [&](auto kernel) {
         kernel<<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
       };
-      switch (columns / pack::kN) {
-        case 1:
-          launch(backward_packed_kernel<T, 1>);
-          break;
-        case 2:
-          launch(backward_packed_kernel<T, 2>);
-          break;
-        case 3:
-          launch(backward_packed_kernel<T, 3>);
-          break;
-        default:
-          launch(backward_packed_kernel<T, 4>);
-          break;
-      }
+      pack::with_packs<4>(columns / pack::kN,
+                          [&](auto packs) { launch(backward_packed_kernel<T, decltype(packs)::value>); });
       norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, nullptr, stream);
       return;
     }

@@ -81,6 +81,15 @@ struct alignas(16) Pack {
   T v[kSize];
 };
 
+// A thread's batch of packs p0, p0 + kThreads, ... (kUnroll of them, those below `packs`) of the
+// row x, every load issued before any value is used (both sweeps).
+template <class T>
+__device__ __forceinline__ void load_batch(const T* x, int64_t p0, int64_t packs, Pack<T> (&buf)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (p0 + u * kThreads < packs) buf[u] = reinterpret_cast<const Pack<T>*>(x)[p0 + u * kThreads];
+}
+
 template <class T, bool kVector>
 __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(T* logits, int64_t vocab, int64_t ld,
                                                                  const int64_t* col, float* max_out, float* sum_out,
@@ -96,9 +105,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(T* logits, int6
   // and one pack at a time would keep a single load in flight per thread.
   for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kThreads * kUnroll) {
     P buf[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (p0 + u * kThreads < packs) buf[u] = reinterpret_cast<const P*>(x)[p0 + u * kThreads];
+    load_batch(x, p0, packs, buf);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (p0 + u * kThreads < packs)
@@ -119,9 +126,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(T* logits, int6
   const float m = total.max, s = total.sum;
   for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kThreads * kUnroll) {
     P buf[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (p0 + u * kThreads < packs) buf[u] = reinterpret_cast<const P*>(x)[p0 + u * kThreads];
+    load_batch(x, p0, packs, buf);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = p0 + u * kThreads;

@@ -1,39 +1,54 @@
-// Causal attention with DTK's dropout (dtk/cuda/attention.hpp), FlashAttention-2's schedule in
-// WMMA tensor-core products (16x16x16, T in, fp32 out) on tiles in shared memory.
+// Causal attention with DTK's dropout (dtk/cuda/attention.hpp): FlashAttention-2's schedule with
+// the scores, probabilities and accumulators in registers. Each warp multiplies through
+// mma.sync (m16n8k16: T in, fp32 out), its operands read from shared memory by ldmatrix, so a
+// tile's scores never leave the registers: the fragment a product leaves (16 rows x 8 columns,
+// each thread two rows' two adjacent columns) is, rounded to T, the left operand of the next
+// product (FlashAttention-2's register reuse). Tiles move from global to shared memory by
+// cp.async, the next one while the warps compute on the current one.
 //
-// Forward: a block per (64 query rows, head, sequence), 4 warps, each owning 16 of the rows. The
-// block walks the key tiles 0..its own (causal: later keys are all masked), loading each tile of
-// K and V once for all warps; each warp forms its rows' scores S (16 x 64), updates its rows'
-// running max m and sum l, writes P Z (unnormalised, rescaled to the new max) in T and adds P Z V
-// to its rows of O (fp32, rescaled by exp(m_old - m_new) first). Only the tile loads need the
-// whole block; everything else is a warp's own rows.
+// Fragments (PTX ISA, mma.m16n8k16 with .bf16/.f16): lane l is in row group g = l / 4 with
+// column pair t = l % 4. An accumulator c[4] holds rows g and g + 8, columns 2t and 2t + 1; the
+// left operand a[4] rows g and g + 8, columns 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9 (a[2],
+// a[3]); the right operand b[2] column g, rows 2t, 2t + 1 (b[0]) and 2t + 8, 2t + 9 (b[1]).
+//
+// Forward: a block per (64 query rows, head, sequence), 4 warps of 16 rows. Per key tile up to
+// the diagonal: S = Q K^T, the rows' running max and sum (fp32, base 2; each thread keeps its
+// share of the sum, the quad's shares added at the end), P Z in T and O += P Z V.
 //
 // Backward, after a pass for delta = rowsum(dO O): a block per (64 keys, key/value group,
-// sequence) keeps its K and V tiles and its rows' dK and dV in registers (WMMA accumulators) and
-// walks every query tile at or after its own, for each query head of the group: P from the scores
-// and lse, P Z and dS in T, dV += (P Z)^T dO, dK += dS^T Q. Then a block per (64 query rows, head,
-// sequence) walks its key tiles for dQ += dS K, in order: no atomics, so every gradient is the
-// same bits on every run (FlashAttention-2's deterministic backward, at two products more).
+// sequence) walks every query tile at or after its own for each query head of the group, forming
+// S^T = K Q^T and dP^T = V dO^T (keys as rows), P^T from the scores and lse, dV += (P Z)^T dO and
+// dK += dS^T Q with dS = P (Z dP - delta) scale; then a block per (64 query rows, head, sequence)
+// walks its key tiles for dQ += dS K, in key order. No atomics: every gradient is the same bits
+// on every run (FlashAttention-2's deterministic backward, at three products more).
 //
-// Mask: element (b, h, i, j) is kept when dropout_bits::kept of its index ((b heads + h) seq + i)
-// seq + j does; positions j > i and padding rows/columns past seq are P = 0.
+// Mask: element (b, h, i, j) is kept when dropout_bits::kept_at of its index ((b heads + h) seq +
+// i) seq + j does; one hash word holds an even index and the odd one after it. Where a thread
+// holds a row's two adjacent keys (forward, dQ) they share a word. Where keys are the rows (dK
+// and dV), the ldmatrix rows are permuted so that a thread's two rows g and g + 8 are keys 2g and
+// 2g + 1 of its warp's 16: again one word for two elements. Positions j > i and padding past seq
+// are P = 0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "dropout_bits.cuh"
 #include "dtk/cuda/attention.hpp"
 #include "element.cuh"
+#ifdef DTK_SIMT_EMULATION
+#include DTK_SIMT_EMULATION  // the instructions on the CPU (tests/cuda_emulated/simt.hpp)
+#else
+#include "warp_mma.cuh"
+#endif
 
 namespace dtk::cuda {
 namespace {
-
-namespace wmma = nvcuda::wmma;
 
 constexpr int kTile = 64;  // query rows and keys per tile
 constexpr int kWarps = 4;  // each owns 16 rows of a tile
@@ -43,32 +58,31 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 using element::from_float;
 using element::to_float;
+using warp::commit_copies;
+using warp::copy16;
+using warp::copy4;
+using warp::load_matrices;
+using warp::load_matrices_transposed;
+using warp::mma;
+using warp::wait_copies;
 
-// Shared-memory tiles. Rows are padded (8 elements) so that the 16 rows a WMMA
-// load reads fall in different banks; every size is a multiple of 128 bytes, so each tile carved
-// after another stays 32-byte aligned, as WMMA's loads and stores need.
+// A [64, D] tile of T in shared memory, rows padded by 16 bytes so that the 8 rows an ldmatrix
+// reads start in different banks.
 template <class T, int D>
-struct Tiles {
-  static constexpr int kLdT = D + 8;      // a [64, D] tile of T (Q, K, V, dO)
-  static constexpr int kLdS = kTile + 8;  // a [64, 64] tile of fp32 (S, dP)
-  static constexpr int kLdP = kTile + 8;  // a [64, 64] tile of T (P Z, dS)
-  static constexpr int kLdO = D + 8;      // a [64, D] tile of fp32 (O, dQ)
-  static constexpr size_t kT = size_t{kTile} * kLdT * sizeof(T);
-  static constexpr size_t kS = size_t{kTile} * kLdS * sizeof(float);
-  static constexpr size_t kP = size_t{kTile} * kLdP * sizeof(T);
-  static constexpr size_t kO = size_t{kTile} * kLdO * sizeof(float);
-  static constexpr size_t kRows = kTile * sizeof(float);
-  static constexpr size_t kForward = 3 * kT + kS + kP + kO + 3 * kRows;           // Q K V S P O m l alpha
-  static constexpr size_t kBackward = 4 * kT + 2 * kS + 2 * kP + kO + 2 * kRows;  // K V Q dO S dP PZ dS out lse D
-  static constexpr size_t kDq = 4 * kT + 2 * kS + kP + kO + 2 * kRows;            // Q dO K V S dP dS dQ lse D
+struct Tile {
+  static constexpr int kLd = D + 8;
+  static constexpr int kElements = kTile * kLd;
+  static constexpr size_t kBytes = size_t{kElements} * sizeof(T);
 };
 
-template <class T>
-__device__ __forceinline__ T* carve(unsigned char*& at, size_t bytes) {
-  T* p = reinterpret_cast<T*>(at);
-  at += bytes;
-  return p;
-}
+// Shared memory a block of each kernel takes: forward Q and two buffers of K and V; the key
+// pass K, V and two buffers of Q, dO, lse and delta; the query pass Q, dO and two of K and V.
+template <class T, int D>
+struct Shared {
+  static constexpr size_t kForward = 5 * Tile<T, D>::kBytes;
+  static constexpr size_t kKeys = 6 * Tile<T, D>::kBytes + 4 * kTile * sizeof(float);
+  static constexpr size_t kQueries = 6 * Tile<T, D>::kBytes;
+};
 
 template <class T>
 struct Params {
@@ -83,117 +97,103 @@ struct Params {
   DropoutBits bits;
 };
 
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
+// Two fp32 rounded to T, the first in the low half (the lower column).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const T x[2] = {from_float<T>(lo), from_float<T>(hi)};
+  uint32_t r;
+  memcpy(&r, x, sizeof r);
+  return r;
 }
 
-// Rows [first, first + 64) of a [seq, D] operand whose rows are `stride` apart into a tile; rows
-// past seq are zeros. 16 bytes a load.
+// ---- Products of a warp's 16 rows ----
+
+// c[n] += A B^T for a 16 x D left operand whose row for this lane starts at a_row (in a tile)
+// and B the 64 rows of tile b: S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T. Column block n
+// of c is B's rows 8n..8n+7.
 template <class T, int D>
-__device__ void load_tile(T* tile, const T* src, int64_t stride, int64_t first, int64_t seq) {
+__device__ __forceinline__ void times_rows(const T* a_row, const T* b, float (&c)[kTile / 8][4], int lane) {
+  constexpr int kLd = Tile<T, D>::kLd;
+  // ldmatrix rows of B: lanes 0-7 rows 0-7 (columns 0-7), 8-15 the same rows (columns 8-15),
+  // 16-23 rows 8-15, 24-31 rows 8-15 (columns 8-15): b[0], b[1] of two column blocks.
+  const T* b_row = b + (lane / 16 * 8 + lane % 8) * kLd + (lane / 8 % 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    load_matrices(a, a_row + kk * 16 + lane / 16 * 8);
+#pragma unroll
+    for (int np = 0; np < kTile / 16; ++np) {
+      uint32_t bb[4];
+      load_matrices(bb, b_row + np * 16 * kLd + kk * 16);
+      mma<T>(c[2 * np], a, bb[0], bb[1]);
+      mma<T>(c[2 * np + 1], a, bb[2], bb[3]);
+    }
+  }
+}
+
+// c[n] += A B for A 16 x 64 in registers (a[kk]: columns 16kk..16kk+15) and B a [64, N] tile:
+// O += P Z V, dQ += dS K, dV += (P Z)^T dO, dK += dS^T Q. Column block n of c is B's columns
+// 8n..8n+7.
+template <class T, int D>
+__device__ __forceinline__ void times_tile(const uint32_t (&a)[kTile / 16][4], const T* b, float (&c)[D / 8][4],
+                                           int lane) {
+  constexpr int kLd = Tile<T, D>::kLd;
+  // Transposed ldmatrix of B's rows: lanes 0-7 rows 0-7, 8-15 rows 8-15 (columns 0-7), 16-31
+  // the same rows (columns 8-15): b[0], b[1] of two column blocks.
+  const T* b_row = b + (lane / 8 % 2 * 8 + lane % 8) * kLd + lane / 16 * 8;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t bb[4];
+      load_matrices_transposed(bb, b_row + kk * 16 * kLd + np * 16);
+      mma<T>(c[2 * np], a[kk], bb[0], bb[1]);
+      mma<T>(c[2 * np + 1], a[kk], bb[2], bb[3]);
+    }
+  }
+}
+
+// A 16 x 64 accumulator rounded to T as a left operand (the accumulator's layout is the left
+// operand's, two column blocks at a time).
+template <class T>
+__device__ __forceinline__ void as_left_operand(const float (&c)[kTile / 8][4], uint32_t (&a)[kTile / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    a[kk][0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+    a[kk][1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+    a[kk][2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+}
+
+// ---- Tiles, masks, rows ----
+
+// Rows [first, first + 64) of a [seq, D] operand whose rows are `stride` apart into a tile, by
+// cp.async; rows past seq are zeros.
+template <class T, int D>
+__device__ __forceinline__ void copy_tile(T* tile, const T* src, int64_t stride, int64_t first, int64_t seq) {
   constexpr int kVectors = D / 8;
   for (int at = threadIdx.x; at < kTile * kVectors; at += kThreads) {
     const int r = at / kVectors, c = at % kVectors * 8;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (first + r < seq) x = *reinterpret_cast<const uint4*>(src + (first + r) * stride + c);
-    *reinterpret_cast<uint4*>(tile + r * Tiles<T, D>::kLdT + c) = x;
+    const bool valid = first + r < seq;
+    copy16(tile + r * Tile<T, D>::kLd + c, valid ? src + (first + r) * stride + c : src, valid);
   }
 }
 
-template <class T>
-using RowsA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using ColumnsA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
-template <class T>
-using RowsB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using ColumnsB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-using Accumulator = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// c [16, 64] (fp32, kLdS) = a [16, D] (kLdT) b^T, b [64, D] (kLdT): a warp's rows of S = Q K^T or
-// of dO V^T.
-template <class T, int D>
-__device__ void rows_times_transposed(const T* a, const T* b, float* c) {
-  using L = Tiles<T, D>;
-  Accumulator acc[kTile / 16];
-#pragma unroll
-  for (int n = 0; n < kTile / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    RowsA<T> fa;
-    wmma::load_matrix_sync(fa, a + kk * 16, L::kLdT);
-#pragma unroll
-    for (int n = 0; n < kTile / 16; ++n) {
-      ColumnsB<T> fb;  // (k, n) at b[n * kLdT + k]: b^T
-      wmma::load_matrix_sync(fb, b + n * 16 * L::kLdT + kk * 16, L::kLdT);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < kTile / 16; ++n) wmma::store_matrix_sync(c + n * 16, acc[n], L::kLdS, wmma::mem_row_major);
-}
-
-// c [16, D] (fp32, kLdO) (+)= a [16, 64] (kLdP) b, b [64, D] (kLdT): a warp's rows of O += P Z V
-// or of dQ = dS K.
-template <class T, int D>
-__device__ void rows_times(const T* a, const T* b, float* c, bool accumulate) {
-  using L = Tiles<T, D>;
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    Accumulator acc;
-    if (accumulate)
-      wmma::load_matrix_sync(acc, c + n * 16, L::kLdO, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      RowsA<T> fa;
-      RowsB<T> fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, L::kLdP);
-      wmma::load_matrix_sync(fb, b + kk * 16 * L::kLdT + n * 16, L::kLdT);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + n * 16, acc, L::kLdO, wmma::mem_row_major);
-  }
-}
-
-// acc[D / 16] += a^T b for the 16 columns of a [64, 64] tile (kLdP) starting at `a`, b [64, D]
-// (kLdT): a warp's key rows of dV += (P Z)^T dO or dK += dS^T Q.
-template <class T, int D>
-__device__ void columns_transposed_times(const T* a, const T* b, Accumulator* acc) {
-  using L = Tiles<T, D>;
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    ColumnsA<T> fa;  // (r, c) at a[(kk 16 + c) kLdP + r]: the tile's columns as rows
-    wmma::load_matrix_sync(fa, a + kk * 16 * L::kLdP, L::kLdP);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      RowsB<T> fb;
-      wmma::load_matrix_sync(fb, b + kk * 16 * L::kLdT + n * 16, L::kLdT);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-// The dropout multipliers (scale where kept, 0 where dropped) of columns 2 lane and 2 lane + 1 of
-// a tile's row whose column 0 is element `first` of the mask (warp-uniform). One hash word holds
-// an even element and the odd one after it (dropout_bits::kept_at): where `first` is even a lane's
-// two columns share its word; where it is odd, the second's word is the next lane's (lane 31
-// hashes it itself). One hash per lane per row.
-__device__ __forceinline__ float2 pair_factors(const DropoutBits& m, int64_t first, int lane) {
-  const uint64_t pair = static_cast<uint64_t>((first + 2 * lane) >> 1);
-  const unsigned long long word = dropout_bits::mix(m.seed, pair);
+// The dropout multipliers (scale where kept, 0 where dropped) of mask elements first and
+// first + 1: one hash where first is even, two where the pair straddles words.
+__device__ __forceinline__ float2 pair_factors(const DropoutBits& m, int64_t first) {
+  const uint64_t word = dropout_bits::mix(m.seed, static_cast<uint64_t>(first >> 1));
   uint32_t u0 = static_cast<uint32_t>(word), u1 = static_cast<uint32_t>(word >> 32);
   if (first & 1) {
-    unsigned long long next = __shfl_down_sync(0xffffffffu, word, 1);
-    if (lane == 31) next = dropout_bits::mix(m.seed, pair + 1);
-    u0 = static_cast<uint32_t>(word >> 32);
-    u1 = static_cast<uint32_t>(next);
+    u0 = u1;
+    u1 = static_cast<uint32_t>(dropout_bits::mix(m.seed, static_cast<uint64_t>(first >> 1) + 1));
   }
   return make_float2(u0 >= m.threshold ? m.scale : 0.0f, u1 >= m.threshold ? m.scale : 0.0f);
 }
@@ -216,87 +216,140 @@ __device__ __forceinline__ QueryTile query_tile(const Params<T>& p) {
   return {qt, h, h / p.per_group, int64_t{blockIdx.z}, int64_t{qt} * kTile};
 }
 
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// A thread's two rows (g and g + 8 of its warp's 16) of a [rows, D] result, columns 8n + 2t and
+// 8n + 2t + 1, times each row's factor, into dst (row r at dst + r * stride); rows at or past
+// `rows_left` are not written.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Params<T> p, T* out, float* lse) {
+__device__ __forceinline__ void write_rows(const float (&c)[D / 8][4], const float (&factor)[2], T* dst0, T* dst1,
+                                           bool write0, bool write1, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int d = 8 * n + 2 * t;
+    if (write0) *reinterpret_cast<uint32_t*>(dst0 + d) = pack2<T>(c[n][0] * factor[0], c[n][1] * factor[0]);
+    if (write1) *reinterpret_cast<uint32_t*>(dst1 + d) = pack2<T>(c[n][2] * factor[1], c[n][3] * factor[1]);
+  }
+}
+
+// ---- Forward ----
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Params<T> p, T* out, float* lse) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
-  using L = Tiles<T, D>;
+  constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* at = smem;
-  T* sQ = carve<T>(at, L::kT);
-  T* sK = carve<T>(at, L::kT);
-  T* sV = carve<T>(at, L::kT);
-  float* sS = carve<float>(at, L::kS);
-  T* sP = carve<T>(at, L::kP);
-  float* sO = carve<float>(at, L::kO);
-  float* sM = carve<float>(at, L::kRows);
-  float* sL = carve<float>(at, L::kRows);
-  float* sAlpha = carve<float>(at, L::kRows);
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kTileElements;      // two buffers
+  T* sV = sK + 2 * kTileElements;  // two buffers
 
   const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
-  load_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
-  for (int e = threadIdx.x; e < kTile * L::kLdO; e += kThreads) sO[e] = 0.0f;
-  if (threadIdx.x < kTile) {
-    sM[threadIdx.x] = -INFINITY;
-    sL[threadIdx.x] = 0.0f;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wrow = warp * 16;
+  copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
+  copy_tile<T, D>(sK, k, p.kl.seq, 0, p.seq);
+  copy_tile<T, D>(sV, v, p.vl.seq, 0, p.seq);
+  commit_copies();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const T* q_row = sQ + (warp * 16 + lane % 16) * kLd;
+  const int64_t rows[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  int64_t mask_rows[2] = {0, 0};
+  if (p.dropout) mask_rows[0] = mask_row(p, b, h, rows[0]), mask_rows[1] = mask_row(p, b, h, rows[1]);
+  float o[D / 8][4];
+  zero(o);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the sum
 
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // no warp still reads the previous K and V
-    load_tile<T, D>(sK, k, p.kl.seq, int64_t{kt} * kTile, p.seq);
-    load_tile<T, D>(sV, v, p.vl.seq, int64_t{kt} * kTile, p.seq);
+    const int buffer = kt % 2;
+    __syncthreads();  // no warp still reads the buffer the next copies fill
+    if (kt < qt) {
+      copy_tile<T, D>(sK + (1 - buffer) * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
+      copy_tile<T, D>(sV + (1 - buffer) * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
+      commit_copies();
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
     __syncthreads();
-    rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
-    __syncwarp();
-    const int64_t j = int64_t{kt} * kTile + 2 * lane;  // this lane's columns: j and j + 1
-    for (int r = 0; r < 16; ++r) {
-      const int row = wrow + r;
-      const int64_t i = row0 + row;
-      const float2 raw = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
-      const float s0 = j <= i && j < p.seq ? raw.x * p.scale_log2 : -INFINITY;
-      const float s1 = j + 1 <= i && j + 1 < p.seq ? raw.y * p.scale_log2 : -INFINITY;
-      const float m_old = sM[row];
-      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing yet stays at 0
-      float e0 = exp2f(s0 - base), e1 = exp2f(s1 - base);
-      const float sum = warp_sum(e0 + e1);
-      if (p.dropout && i < p.seq) {  // row-uniform: the pair's hash shuffles across the warp
-        const float2 z = pair_factors(p.bits, mask_row(p, b, h, i) + int64_t{kt} * kTile, lane);
-        e0 *= z.x;
-        e1 *= z.y;
+
+    float s[kTile / 8][4];
+    zero(s);
+    times_rows<T, D>(q_row, sK + buffer * kTileElements, s, lane);
+
+    // Scaled scores (base 2), causal mask on the diagonal tile, the rows' new max.
+    const int64_t key0 = int64_t{kt} * kTile + 2 * t;
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = key0 + 8 * n + e % 2;
+        s[n][e] = kt == qt && j > rows[e / 2] ? -INFINITY : s[n][e] * p.scale_log2;
+        row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
       }
-      sP[row * L::kLdP + 2 * lane] = from_float<T>(e0);
-      sP[row * L::kLdP + 2 * lane + 1] = from_float<T>(e1);
-      __syncwarp();  // every lane has read m_old
-      if (lane == 0) {
-        const float alpha = exp2f(m_old - base);
-        sAlpha[row] = alpha;
-        sL[row] = sL[row] * alpha + sum;
-        sM[row] = m_new;
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], quad_max(row_max[r]));
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing yet stays at 0
+      alpha[r] = exp2f(m[r] - base[r]);
+      m[r] = m_new;
+    }
+
+    // P = exp2(S - max) summed before the mask, then P Z.
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - base[e / 2]);
+        sum[e / 2] += s[n][e];
+      }
+      if (p.dropout) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float2 z = pair_factors(p.bits, mask_rows[r] + key0 + 8 * n);
+          s[n][2 * r] *= z.x;
+          s[n][2 * r + 1] *= z.y;
+        }
       }
     }
-    __syncwarp();
-    for (int r = 0; r < 16; ++r) {
-      const float alpha = sAlpha[wrow + r];
-      for (int c = lane; c < D; c += 32) sO[(wrow + r) * L::kLdO + c] *= alpha;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
     }
-    __syncwarp();
-    rows_times<T, D>(sP + wrow * L::kLdP, sV, sO + wrow * L::kLdO, true);
-    __syncwarp();
+
+    uint32_t pz[kTile / 16][4];
+    as_left_operand<T>(s, pz);
+    times_tile<T, D>(pz, sV + buffer * kTileElements, o, lane);
   }
 
-  for (int r = 0; r < 16; ++r) {
-    const int row = wrow + r;
-    const int64_t i = row0 + row;
-    if (i >= p.seq) break;
-    const float inverse = 1.0f / sL[row];
-    T* o = out + ((b * p.seq + i) * p.heads + h) * D;
-    for (int c = lane; c < D; c += 32) o[c] = from_float<T>(sO[row * L::kLdO + c] * inverse);
-    if (lane == 0) lse[(b * p.heads + h) * p.seq + i] = (sM[row] + log2f(sL[row])) * kLn2;
-  }
+  const float total[2] = {quad_sum(l[0]), quad_sum(l[1])};
+  const float inverse[2] = {1.0f / total[0], 1.0f / total[1]};
+  T* o0 = out + ((b * p.seq + rows[0]) * p.heads + h) * D;
+  T* o1 = out + ((b * p.seq + rows[1]) * p.heads + h) * D;
+  write_rows<T, D>(o, inverse, o0, o1, rows[0] < p.seq, rows[1] < p.seq, lane);
+  if (t == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (rows[r] < p.seq) lse[(b * p.heads + h) * p.seq + rows[r]] = (m[r] + log2f(total[r])) * kLn2;
 }
+
+// ---- Backward ----
 
 // delta[(b heads + h) seq + i] = sum over d of dout * out at (b, i, h, d): a warp per row.
 template <class T, int D>
@@ -307,177 +360,228 @@ __global__ void __launch_bounds__(256)
   for (int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
     float acc = 0.0f;
     for (int c = lane; c < D; c += 32) acc += to_float(dout[row * D + c]) * to_float(out[row * D + c]);
-    acc = warp_sum(acc);
+    for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     const int64_t h = row % heads, position = row / heads;  // position = b seq + i
     if (lane == 0) delta[(position / seq * heads + h) * seq + position % seq] = acc;
   }
 }
 
-// A (query tile, key tile) pair's load for the backward passes: Q and dO of query rows [row0,
-// row0 + 64) of head h, and the rows' lse (base 2) and delta.
-template <class T, int D>
-__device__ void load_query_tile(const Params<T>& p, const T* dout, const float* lse, const float* delta, int64_t b,
-                                int h, int64_t row0, T* sQ, T* sdO, float* sLse, float* sDelta) {
-  load_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
-  load_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
-  if (threadIdx.x < kTile) {
-    const int64_t i = row0 + threadIdx.x;
-    const int64_t row = (b * p.heads + h) * p.seq + i;
-    sLse[threadIdx.x] = i < p.seq ? lse[row] * kLog2e : 0.0f;
-    sDelta[threadIdx.x] = i < p.seq ? delta[row] : 0.0f;
-  }
-}
-
-// A warp's 16 rows of P Z (into pz, unless null) and dS (into ds) of a tile pair, from S and
-// dO V^T (fp32, kLdS) and the rows' lse and delta: P = exp2(S scale log2(e) - lse) where the row
-// attends to the key (j <= i < seq), else 0; dS = P (Z dO V^T - delta) scale. Both passes of the
-// backward form them alike, so dQ's pass and dK's and dV's see the same dS.
-template <class T, int D>
-__device__ void row_gradients(const Params<T>& p, int64_t b, int h, int64_t row0, int64_t key0, int wrow, int lane,
-                              const float* sS, const float* sdP, const float* sLse, const float* sDelta, T* pz, T* ds) {
-  using L = Tiles<T, D>;
-  const int64_t j = key0 + 2 * lane;  // this lane's columns: j and j + 1
-  for (int r = 0; r < 16; ++r) {
-    const int row = wrow + r;
-    const int64_t i = row0 + row;
-    float pz0 = 0.0f, pz1 = 0.0f, ds0 = 0.0f, ds1 = 0.0f;
-    if (i < p.seq) {  // row-uniform: the pair's hash shuffles across the warp
-      const float2 z = p.dropout ? pair_factors(p.bits, mask_row(p, b, h, i) + key0, lane) : make_float2(1.0f, 1.0f);
-      const float2 score = *reinterpret_cast<const float2*>(sS + row * L::kLdS + 2 * lane);
-      const float2 dpz = *reinterpret_cast<const float2*>(sdP + row * L::kLdS + 2 * lane);
-      const float p0 = j <= i ? exp2f(score.x * p.scale_log2 - sLse[row]) : 0.0f;
-      const float p1 = j + 1 <= i ? exp2f(score.y * p.scale_log2 - sLse[row]) : 0.0f;
-      pz0 = p0 * z.x;
-      pz1 = p1 * z.y;
-      ds0 = p0 * (dpz.x * z.x - sDelta[row]) * p.scale;
-      ds1 = p1 * (dpz.y * z.y - sDelta[row]) * p.scale;
-    }
-    if (pz) {
-      pz[row * L::kLdP + 2 * lane] = from_float<T>(pz0);
-      pz[row * L::kLdP + 2 * lane + 1] = from_float<T>(pz1);
-    }
-    ds[row * L::kLdP + 2 * lane] = from_float<T>(ds0);
-    ds[row * L::kLdP + 2 * lane + 1] = from_float<T>(ds1);
-  }
+// The gradient of a probability from its score and dP = dO V^T (both as the products left them):
+// P = exp2(S scale log2(e) - lse) where the query attends to the key, else 0; returns P Z (into
+// score) and dS = P (Z dP - delta) scale (into dp). lse in base 2.
+template <class T>
+__device__ __forceinline__ void probability_gradient(const Params<T>& p, bool attends, float lse2, float delta, float z,
+                                                     float& score, float& dp) {
+  const float prob = attends ? exp2f(score * p.scale_log2 - lse2) : 0.0f;
+  score = prob * z;
+  dp = prob * (dp * z - delta) * p.scale;
 }
 
 // dK and dV of 64 keys of a key/value group.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dk, AttentionLayout dkl, T* dv,
-                    AttentionLayout dvl) {
+    key_gradients_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dk, AttentionLayout dkl,
+                         T* dv, AttentionLayout dvl) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
-  using L = Tiles<T, D>;
+  constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* at = smem;
-  T* sK = carve<T>(at, L::kT);
-  T* sV = carve<T>(at, L::kT);
-  T* sQ = carve<T>(at, L::kT);
-  T* sdO = carve<T>(at, L::kT);
-  float* sS = carve<float>(at, L::kS);
-  float* sdP = carve<float>(at, L::kS);
-  T* sPZ = carve<T>(at, L::kP);
-  T* sdS = carve<T>(at, L::kP);
-  float* sOut = carve<float>(at, L::kO);  // the results on their way out
-  float* sLse = carve<float>(at, L::kRows);
-  float* sDelta = carve<float>(at, L::kRows);
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kTileElements;
+  T* sQ = sV + kTileElements;                                       // two buffers
+  T* sdO = sQ + 2 * kTileElements;                                  // two buffers
+  float* sLse = reinterpret_cast<float*>(sdO + 2 * kTileElements);  // two buffers
+  float* sDelta = sLse + 2 * kTile;                                 // two buffers
 
-  const int kt = blockIdx.x, tiles = gridDim.x;
+  const int kt = blockIdx.x, tiles = gridDim.x, query_tiles = tiles - kt;
   const int group = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int64_t key0 = int64_t{kt} * kTile;
-  load_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
-  load_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wrow = warp * 16;
-  Accumulator dK[D / 16], dV[D / 16];  // this warp's 16 keys
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dK[n], 0.0f);
-    wmma::fill_fragment(dV[n], 0.0f);
-  }
-
-  for (int h = group * p.per_group; h < (group + 1) * p.per_group; ++h) {
-    for (int qt = kt; qt < tiles; ++qt) {
-      const int64_t row0 = int64_t{qt} * kTile;
-      __syncthreads();  // no warp still reads the previous Q, dO, P Z, dS
-      load_query_tile<T, D>(p, dout, lse, delta, b, h, row0, sQ, sdO, sLse, sDelta);
-      __syncthreads();
-      rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
-      rows_times_transposed<T, D>(sdO + wrow * L::kLdT, sV, sdP + wrow * L::kLdS);
-      __syncwarp();
-      row_gradients<T, D>(p, b, h, row0, key0, wrow, lane, sS, sdP, sLse, sDelta, sPZ, sdS);
-      __syncthreads();  // every warp's rows of P Z and dS are written
-      columns_transposed_times<T, D>(sPZ + wrow, sdO, dV);
-      columns_transposed_times<T, D>(sdS + wrow, sQ, dK);
+  copy_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
+  copy_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
+  // Step `at` of the block's walk: query tile kt + at % query_tiles of the group's head
+  // at / query_tiles, its Q, dO, lse and delta into buffer at % 2.
+  const auto copy_step = [&](int at) {
+    const int h = group * p.per_group + at / query_tiles;
+    const int64_t row0 = int64_t{kt + at % query_tiles} * kTile;
+    const int buffer = at % 2;
+    copy_tile<T, D>(sQ + buffer * kTileElements, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
+    copy_tile<T, D>(sdO + buffer * kTileElements, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0,
+                    p.seq);
+    if (threadIdx.x < kTile) {
+      const int64_t i = row0 + threadIdx.x, row = (b * p.heads + h) * p.seq + i;
+      copy4(sLse + buffer * kTile + threadIdx.x, i < p.seq ? lse + row : lse, i < p.seq);
+      copy4(sDelta + buffer * kTile + threadIdx.x, i < p.seq ? delta + row : delta, i < p.seq);
     }
-  }
-
-  // This warp's keys of dK and dV, through its rows of sOut, into their layouts.
-  const auto write = [&](Accumulator* acc, T* dst, const AttentionLayout& layout) {
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-      wmma::store_matrix_sync(sOut + wrow * L::kLdO + n * 16, acc[n], L::kLdO, wmma::mem_row_major);
-    __syncwarp();
-    for (int r = 0; r < 16; ++r) {
-      const int64_t j = key0 + wrow + r;
-      if (j >= p.seq) break;
-      T* d = dst + b * layout.batch + j * layout.seq + group * layout.head;
-      for (int c = lane; c < D; c += 32) d[c] = from_float<T>(sOut[(wrow + r) * L::kLdO + c]);
-    }
+    commit_copies();
   };
-  write(dK, dk, dkl);
-  write(dV, dv, dvl);
+  copy_step(0);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // This lane's ldmatrix row of K and V: product rows 0-7 are the warp's keys 0, 2, .., 14 and
+  // rows 8-15 keys 1, 3, .., 15, so that a thread's rows g and g + 8 are adjacent keys.
+  const int r16 = lane % 16, key_of_row = r16 < 8 ? 2 * r16 : 2 * (r16 - 8) + 1;
+  const T* k_row = sK + (warp * 16 + key_of_row) * kLd;
+  const T* v_row = sV + (warp * 16 + key_of_row) * kLd;
+  const int64_t keys[2] = {key0 + warp * 16 + 2 * g, key0 + warp * 16 + 2 * g + 1};
+  float dK[D / 8][4], dV[D / 8][4];
+  zero(dK);
+  zero(dV);
+
+  const int steps = p.per_group * query_tiles;
+  for (int at = 0; at < steps; ++at) {
+    const int h = group * p.per_group + at / query_tiles, buffer = at % 2;
+    const int64_t row0 = int64_t{kt + at % query_tiles} * kTile;
+    __syncthreads();  // no warp still reads the buffer the next copies fill
+    if (at + 1 < steps) {
+      copy_step(at + 1);
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
+    __syncthreads();
+    const T* q = sQ + buffer * kTileElements;
+    const T* d_out = sdO + buffer * kTileElements;
+
+    float s[kTile / 8][4], dp[kTile / 8][4];  // S^T and dP^T: rows keys, columns queries
+    zero(s);
+    zero(dp);
+    times_rows<T, D>(k_row, q, s, lane);
+    times_rows<T, D>(v_row, d_out, dp, lane);
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {  // query column 8n + 2t + c; s[n][c] key 0, s[n][2 + c] key 1
+        const int column = 8 * n + 2 * t + c;
+        const int64_t i = row0 + column;
+        const float lse2 = sLse[buffer * kTile + column] * kLog2e, d = sDelta[buffer * kTile + column];
+        float2 z = make_float2(1.0f, 1.0f);
+        if (p.dropout && i < p.seq) z = pair_factors(p.bits, mask_row(p, b, h, i) + keys[0]);
+        probability_gradient(p, i < p.seq && keys[0] <= i, lse2, d, z.x, s[n][c], dp[n][c]);
+        probability_gradient(p, i < p.seq && keys[1] <= i, lse2, d, z.y, s[n][2 + c], dp[n][2 + c]);
+      }
+    uint32_t a[kTile / 16][4];
+    as_left_operand<T>(s, a);
+    times_tile<T, D>(a, d_out, dV, lane);
+    as_left_operand<T>(dp, a);
+    times_tile<T, D>(a, q, dK, lane);
+  }
+
+  const float one[2] = {1.0f, 1.0f};
+  const auto row_of = [&](T* base, const AttentionLayout& layout, int64_t j) {
+    return base + b * layout.batch + j * layout.seq + group * layout.head;
+  };
+  write_rows<T, D>(dK, one, row_of(dk, dkl, keys[0]), row_of(dk, dkl, keys[1]), keys[0] < p.seq, keys[1] < p.seq, lane);
+  write_rows<T, D>(dV, one, row_of(dv, dvl, keys[0]), row_of(dv, dvl, keys[1]), keys[0] < p.seq, keys[1] < p.seq, lane);
 }
 
-// dQ of 64 query rows of a head: the block walks the key tiles up to its own, forming S, dO V^T
-// and dS again as backward_kernel does, and adds dS K to its rows in shared memory, in key order.
-// A pass of its own (two products more than adding into dQ from backward_kernel's blocks by
-// atomics) so that dQ is the same bits on every run: resumed == uninterrupted holds with
-// attention dropout too.
+// dQ of 64 query rows of a head: the block walks the key tiles up to its own, forming S, dP and
+// dS again as key_gradients_kernel does (queries as rows here), and adds dS K to its rows in
+// registers, in key order. A pass of its own (three products more than adding into dQ from the
+// key pass by atomics) so that dQ is the same bits on every run: resumed == uninterrupted holds
+// with attention dropout too.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
-    dq_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dq, AttentionLayout dql) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
+    query_gradients_kernel(Params<T> p, const T* dout, const float* lse, const float* delta, T* dq,
+                           AttentionLayout dql) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
-  using L = Tiles<T, D>;
+  constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* at = smem;
-  T* sQ = carve<T>(at, L::kT);
-  T* sdO = carve<T>(at, L::kT);
-  T* sK = carve<T>(at, L::kT);
-  T* sV = carve<T>(at, L::kT);
-  float* sS = carve<float>(at, L::kS);
-  float* sdP = carve<float>(at, L::kS);
-  T* sdS = carve<T>(at, L::kP);
-  float* sdQ = carve<float>(at, L::kO);
-  float* sLse = carve<float>(at, L::kRows);
-  float* sDelta = carve<float>(at, L::kRows);
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kTileElements;
+  T* sK = sdO + kTileElements;     // two buffers
+  T* sV = sK + 2 * kTileElements;  // two buffers
 
   const auto [qt, h, group, b, row0] = query_tile(p);
-  load_query_tile<T, D>(p, dout, lse, delta, b, h, row0, sQ, sdO, sLse, sDelta);
-  for (int e = threadIdx.x; e < kTile * L::kLdO; e += kThreads) sdQ[e] = 0.0f;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wrow = warp * 16;
+  const T* k = p.k + b * p.kl.batch + group * p.kl.head;
+  const T* v = p.v + b * p.vl.batch + group * p.vl.head;
+  copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
+  copy_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
+  copy_tile<T, D>(sK, k, p.kl.seq, 0, p.seq);
+  copy_tile<T, D>(sV, v, p.vl.seq, 0, p.seq);
+  commit_copies();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const T* q_row = sQ + (warp * 16 + lane % 16) * kLd;
+  const T* dout_row = sdO + (warp * 16 + lane % 16) * kLd;
+  const int64_t rows[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  float lse2[2] = {0.0f, 0.0f}, row_delta[2] = {0.0f, 0.0f};
+  int64_t mask_rows[2] = {0, 0};
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (rows[r] < p.seq) {
+      lse2[r] = lse[(b * p.heads + h) * p.seq + rows[r]] * kLog2e;
+      row_delta[r] = delta[(b * p.heads + h) * p.seq + rows[r]];
+      if (p.dropout) mask_rows[r] = mask_row(p, b, h, rows[r]);
+    }
+  float dQ[D / 8][4];
+  zero(dQ);
+
   for (int kt = 0; kt <= qt; ++kt) {
-    const int64_t key0 = int64_t{kt} * kTile;
-    __syncthreads();  // no warp still reads the previous K and V
-    load_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
-    load_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
+    const int buffer = kt % 2;
+    __syncthreads();  // no warp still reads the buffer the next copies fill
+    if (kt < qt) {
+      copy_tile<T, D>(sK + (1 - buffer) * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
+      copy_tile<T, D>(sV + (1 - buffer) * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
+      commit_copies();
+      wait_copies<1>();
+    } else {
+      wait_copies<0>();
+    }
     __syncthreads();
-    rows_times_transposed<T, D>(sQ + wrow * L::kLdT, sK, sS + wrow * L::kLdS);
-    rows_times_transposed<T, D>(sdO + wrow * L::kLdT, sV, sdP + wrow * L::kLdS);
-    __syncwarp();
-    row_gradients<T, D>(p, b, h, row0, key0, wrow, lane, sS, sdP, sLse, sDelta, nullptr, sdS);
-    __syncwarp();
-    rows_times<T, D>(sdS + wrow * L::kLdP, sK, sdQ + wrow * L::kLdO, true);
-    __syncwarp();
+    const T* keys = sK + buffer * kTileElements;
+
+    float s[kTile / 8][4], dp[kTile / 8][4];
+    zero(s);
+    zero(dp);
+    times_rows<T, D>(q_row, keys, s, lane);
+    times_rows<T, D>(dout_row, sV + buffer * kTileElements, dp, lane);
+    const int64_t key0 = int64_t{kt} * kTile + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t j = key0 + 8 * n;
+        float2 z = make_float2(1.0f, 1.0f);
+        if (p.dropout && rows[r] < p.seq) z = pair_factors(p.bits, mask_rows[r] + j);
+        const bool row_valid = rows[r] < p.seq;
+        probability_gradient(p, row_valid && j <= rows[r], lse2[r], row_delta[r], z.x, s[n][2 * r], dp[n][2 * r]);
+        probability_gradient(p, row_valid && j + 1 <= rows[r], lse2[r], row_delta[r], z.y, s[n][2 * r + 1],
+                             dp[n][2 * r + 1]);
+      }
+    uint32_t a[kTile / 16][4];
+    as_left_operand<T>(dp, a);
+    times_tile<T, D>(a, keys, dQ, lane);
   }
-  for (int r = 0; r < 16; ++r) {
-    const int64_t i = row0 + wrow + r;
-    if (i >= p.seq) break;
-    T* d = dq + b * dql.batch + i * dql.seq + h * dql.head;
-    for (int c = lane; c < D; c += 32) d[c] = from_float<T>(sdQ[(wrow + r) * L::kLdO + c]);
-  }
+
+  const float one[2] = {1.0f, 1.0f};
+  write_rows<T, D>(dQ, one, dq + b * dql.batch + rows[0] * dql.seq + h * dql.head,
+                   dq + b * dql.batch + rows[1] * dql.seq + h * dql.head, rows[0] < p.seq, rows[1] < p.seq, lane);
 }
+
+// ---- Launches ----
+
+template <class T>
+Params<T> params_of(const AttentionArgs& a) {
+  Params<T> p;
+  p.q = static_cast<const T*>(a.q);
+  p.k = static_cast<const T*>(a.k);
+  p.v = static_cast<const T*>(a.v);
+  p.ql = a.q_layout;
+  p.kl = a.k_layout;
+  p.vl = a.v_layout;
+  p.seq = a.shape.seq;
+  p.heads = static_cast<int>(a.shape.heads);
+  p.per_group = static_cast<int>(a.shape.heads / a.shape.groups);
+  p.scale = a.scale;
+  p.scale_log2 = a.scale * kLog2e;
+  p.dropout = a.dropout != nullptr;
+  if (a.dropout) p.bits = *a.dropout;
+  return p;
+}
+
+unsigned tiles_of(const AttentionShape& s) { return static_cast<unsigned>((s.seq + kTile - 1) / kTile); }
+
+#ifndef DTK_SIMT_EMULATION  // the emulation runs the kernels itself
 
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -506,30 +610,9 @@ void check_shape(const AttentionArgs& a) {
                     "] or its type or mask is not one the kernels take");
 }
 
-template <class T>
-Params<T> params_of(const AttentionArgs& a) {
-  Params<T> p;
-  p.q = static_cast<const T*>(a.q);
-  p.k = static_cast<const T*>(a.k);
-  p.v = static_cast<const T*>(a.v);
-  p.ql = a.q_layout;
-  p.kl = a.k_layout;
-  p.vl = a.v_layout;
-  p.seq = a.shape.seq;
-  p.heads = static_cast<int>(a.shape.heads);
-  p.per_group = static_cast<int>(a.shape.heads / a.shape.groups);
-  p.scale = a.scale;
-  p.scale_log2 = a.scale * kLog2e;
-  p.dropout = a.dropout != nullptr;
-  if (a.dropout) p.bits = *a.dropout;
-  return p;
-}
-
-unsigned tiles_of(const AttentionShape& s) { return static_cast<unsigned>((s.seq + kTile - 1) / kTile); }
-
 template <class T, int D>
 void forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream) {
-  constexpr size_t bytes = Tiles<T, D>::kForward;
+  constexpr size_t bytes = Shared<T, D>::kForward;
   allow_shared_memory(forward_kernel<T, D>, bytes);
   const dim3 grid(tiles_of(a.shape), static_cast<unsigned>(a.shape.heads), static_cast<unsigned>(a.shape.batch));
   forward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(params_of<T>(a), static_cast<T*>(out), lse);
@@ -549,16 +632,17 @@ void backward(const AttentionArgs& a, const void* dout, const void* out, const f
                                                                 rows, s.seq, static_cast<int>(s.heads), g.delta);
   check("attention_backward (delta)");
   const Params<T> params = params_of<T>(a);
-  allow_shared_memory(backward_kernel<T, D>, Tiles<T, D>::kBackward);
+  constexpr size_t key_bytes = Shared<T, D>::kKeys, query_bytes = Shared<T, D>::kQueries;
+  allow_shared_memory(key_gradients_kernel<T, D>, key_bytes);
   const dim3 keys(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
-  backward_kernel<T, D><<<keys, kThreads, Tiles<T, D>::kBackward, stream>>>(params, static_cast<const T*>(dout), lse,
-                                                                            g.delta, static_cast<T*>(g.dk), g.dk_layout,
-                                                                            static_cast<T*>(g.dv), g.dv_layout);
+  key_gradients_kernel<T, D><<<keys, kThreads, key_bytes, stream>>>(params, static_cast<const T*>(dout), lse, g.delta,
+                                                                    static_cast<T*>(g.dk), g.dk_layout,
+                                                                    static_cast<T*>(g.dv), g.dv_layout);
   check("attention_backward (dk, dv)");
-  allow_shared_memory(dq_kernel<T, D>, Tiles<T, D>::kDq);
+  allow_shared_memory(query_gradients_kernel<T, D>, query_bytes);
   const dim3 queries(tiles_of(s), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
-  dq_kernel<T, D><<<queries, kThreads, Tiles<T, D>::kDq, stream>>>(params, static_cast<const T*>(dout), lse, g.delta,
-                                                                   static_cast<T*>(g.dq), g.dq_layout);
+  query_gradients_kernel<T, D><<<queries, kThreads, query_bytes, stream>>>(params, static_cast<const T*>(dout), lse,
+                                                                           g.delta, static_cast<T*>(g.dq), g.dq_layout);
   check("attention_backward (dq)");
 }
 
@@ -578,20 +662,28 @@ void dispatch(const AttentionArgs& a, F&& f) {
     with_type(__half{});
 }
 
+template <int D>
+constexpr size_t most_shared() {
+  return std::max({Shared<__half, D>::kForward, Shared<__half, D>::kKeys, Shared<__half, D>::kQueries});
+}
+
+#endif  // DTK_SIMT_EMULATION
+
 }  // namespace
+
+#ifndef DTK_SIMT_EMULATION
 
 bool attention_supported(ElementType type, int64_t head_dim, int device) {
   if (type == ElementType::kFloat32 || (head_dim != 64 && head_dim != 128)) return false;
-  // bf16 WMMA needs sm_80; the backward's tiles need their shared memory (sm_86/89 allow 99 KB a
-  // block, less than head_dim 128 takes).
+  // bf16 mma.sync, ldmatrix and cp.async need sm_80; the tiles need their shared memory (sm_86/89
+  // allow 99 KB a block, less than head_dim 128's key pass takes).
   int major = 0, shared = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
     cudaGetLastError();  // a bad device index: not this call's error to keep
     return false;
   }
-  const size_t need = head_dim == 128 ? std::max(Tiles<__half, 128>::kForward, Tiles<__half, 128>::kBackward)
-                                      : std::max(Tiles<__half, 64>::kForward, Tiles<__half, 64>::kBackward);
+  const size_t need = head_dim == 128 ? most_shared<128>() : most_shared<64>();
   return major >= 8 && static_cast<size_t>(shared) >= need;
 }
 
@@ -603,5 +695,7 @@ void attention_backward(const AttentionArgs& a, const void* dout, const void* ou
                         const AttentionGrads& g, StreamHandle stream) {
   dispatch(a, [&](auto t, auto d) { backward<decltype(t), decltype(d)::value>(a, dout, out, lse, g, stream); });
 }
+
+#endif  // DTK_SIMT_EMULATION
 
 }  // namespace dtk::cuda

@@ -1,0 +1,3 @@
+// The CPU emulation's stand-in for <cuda_runtime.h> (simt_runtime.hpp).
+#pragma once
+#include "simt_runtime.hpp"

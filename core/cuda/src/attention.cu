@@ -41,6 +41,7 @@
 #include "dropout_bits.cuh"
 #include "dtk/cuda/attention.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 #ifdef DTK_SIMT_EMULATION
 #include DTK_SIMT_EMULATION  // the instructions on the CPU (tests/cuda_emulated/simt.hpp)
 #else
@@ -246,7 +247,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Params<T> p, T* out, float* lse) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
-  extern __shared__ __align__(128) unsigned char smem[];
+  DTK_DYNAMIC_SHARED(unsigned char, smem);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kTileElements;      // two buffers
   T* sV = sK + 2 * kTileElements;  // two buffers
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(kThreads)
                          T* dv, AttentionLayout dvl) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
-  extern __shared__ __align__(128) unsigned char smem[];
+  DTK_DYNAMIC_SHARED(unsigned char, smem);
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kTileElements;
   T* sQ = sV + kTileElements;                                       // two buffers
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
                            AttentionLayout dql) {
   if (p.dropout) p.bits = dropout_bits::resolved(p.bits);
   constexpr int kLd = Tile<T, D>::kLd, kTileElements = Tile<T, D>::kElements;
-  extern __shared__ __align__(128) unsigned char smem[];
+  DTK_DYNAMIC_SHARED(unsigned char, smem);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kTileElements;
   T* sK = sdO + kTileElements;     // two buffers
@@ -615,7 +616,7 @@ void forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream)
   constexpr size_t bytes = Shared<T, D>::kForward;
   allow_shared_memory(forward_kernel<T, D>, bytes);
   const dim3 grid(tiles_of(a.shape), static_cast<unsigned>(a.shape.heads), static_cast<unsigned>(a.shape.batch));
-  forward_kernel<T, D><<<grid, kThreads, bytes, stream>>>(params_of<T>(a), static_cast<T*>(out), lse);
+  launch_kernel(forward_kernel<T, D>, grid, kThreads, bytes, stream, params_of<T>(a), static_cast<T*>(out), lse);
   check("attention_forward");
 }
 
@@ -628,21 +629,20 @@ void backward(const AttentionArgs& a, const void* dout, const void* out, const f
               StreamHandle stream) {
   const AttentionShape& s = a.shape;
   const int64_t rows = s.batch * s.seq * s.heads;
-  delta_kernel<T, D><<<blocks_for(rows * 32), 256, 0, stream>>>(static_cast<const T*>(dout), static_cast<const T*>(out),
-                                                                rows, s.seq, static_cast<int>(s.heads), g.delta);
+  launch_kernel(delta_kernel<T, D>, blocks_for(rows * 32), 256, 0, stream, static_cast<const T*>(dout),
+                static_cast<const T*>(out), rows, s.seq, static_cast<int>(s.heads), g.delta);
   check("attention_backward (delta)");
   const Params<T> params = params_of<T>(a);
   constexpr size_t key_bytes = Shared<T, D>::kKeys, query_bytes = Shared<T, D>::kQueries;
   allow_shared_memory(key_gradients_kernel<T, D>, key_bytes);
   const dim3 keys(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
-  key_gradients_kernel<T, D><<<keys, kThreads, key_bytes, stream>>>(params, static_cast<const T*>(dout), lse, g.delta,
-                                                                    static_cast<T*>(g.dk), g.dk_layout,
-                                                                    static_cast<T*>(g.dv), g.dv_layout);
+  launch_kernel(key_gradients_kernel<T, D>, keys, kThreads, key_bytes, stream, params, static_cast<const T*>(dout), lse,
+                g.delta, static_cast<T*>(g.dk), g.dk_layout, static_cast<T*>(g.dv), g.dv_layout);
   check("attention_backward (dk, dv)");
   allow_shared_memory(query_gradients_kernel<T, D>, query_bytes);
   const dim3 queries(tiles_of(s), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
-  query_gradients_kernel<T, D><<<queries, kThreads, query_bytes, stream>>>(params, static_cast<const T*>(dout), lse,
-                                                                           g.delta, static_cast<T*>(g.dq), g.dq_layout);
+  launch_kernel(query_gradients_kernel<T, D>, queries, kThreads, query_bytes, stream, params,
+                static_cast<const T*>(dout), lse, g.delta, static_cast<T*>(g.dq), g.dq_layout);
   check("attention_backward (dq)");
 }
 

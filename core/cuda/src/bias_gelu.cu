@@ -15,6 +15,7 @@
 
 #include "dtk/cuda/bias_gelu.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 #include "pack.cuh"
 
 namespace dtk::cuda {
@@ -167,14 +168,14 @@ void forward(const void* x, const void* b, int64_t rows, int64_t cols, bool tanh
   const unsigned groups = static_cast<unsigned>(std::min<int64_t>(rows, kForwardGroups));
   if constexpr (sizeof(T) == 2) {
     if (pack::packable(sizeof(T), cols, x, b, y)) {
-      forward_packed_kernel<T><<<dim3(pack_tiles(cols), groups), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(b), rows, static_cast<int>(cols), tanh_form,
-          static_cast<T*>(y));
+      launch_kernel(forward_packed_kernel<T>, dim3(pack_tiles(cols), groups), kThreads, 0, stream,
+                    static_cast<const T*>(x), static_cast<const T*>(b), rows, static_cast<int>(cols), tanh_form,
+                    static_cast<T*>(y));
       return;
     }
   }
-  forward_kernel<T><<<dim3(column_tiles(cols), groups), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(b), rows, static_cast<int>(cols), tanh_form, static_cast<T*>(y));
+  launch_kernel(forward_kernel<T>, dim3(column_tiles(cols), groups), kThreads, 0, stream, static_cast<const T*>(x),
+                static_cast<const T*>(b), rows, static_cast<int>(cols), tanh_form, static_cast<T*>(y));
 }
 
 template <class T>
@@ -185,15 +186,15 @@ void backward(const void* dy, const void* x, const void* b, int64_t rows, int64_
   if constexpr (sizeof(T) == 2) {
     packed = pack::packable(sizeof(T), cols, dy, x, b, dx);
     if (packed)
-      backward_packed_kernel<T><<<dim3(pack_tiles(cols), static_cast<unsigned>(groups)), kThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(b), rows, static_cast<int>(cols),
-          tanh_form, static_cast<T*>(dx), partial);
+      launch_kernel(backward_packed_kernel<T>, dim3(pack_tiles(cols), static_cast<unsigned>(groups)), kThreads, 0,
+                    stream, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(b), rows,
+                    static_cast<int>(cols), tanh_form, static_cast<T*>(dx), partial);
   }
   if (!packed)
-    backward_kernel<T><<<dim3(column_tiles(cols), static_cast<unsigned>(groups)), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(b), rows, static_cast<int>(cols),
-        tanh_form, static_cast<T*>(dx), partial);
-  sum_partials<<<column_tiles(cols), kThreads, 0, stream>>>(partial, groups, static_cast<int>(cols), dbias);
+    launch_kernel(backward_kernel<T>, dim3(column_tiles(cols), static_cast<unsigned>(groups)), kThreads, 0, stream,
+                  static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(b), rows,
+                  static_cast<int>(cols), tanh_form, static_cast<T*>(dx), partial);
+  launch_kernel(sum_partials, column_tiles(cols), kThreads, 0, stream, partial, groups, static_cast<int>(cols), dbias);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "dtk/cuda/cross_entropy.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -151,9 +152,9 @@ void launch(void* logits, int64_t n, int64_t vocab, int64_t ld, const int64_t* c
   const dim3 grid(static_cast<unsigned>(n));
   T* x = static_cast<T*>(logits);
   if (vector)
-    cross_entropy_kernel<T, true><<<grid, kThreads, 0, stream>>>(x, vocab, ld, col, max, sum, loss, grads);
+    launch_kernel(cross_entropy_kernel<T, true>, grid, kThreads, 0, stream, x, vocab, ld, col, max, sum, loss, grads);
   else
-    cross_entropy_kernel<T, false><<<grid, kThreads, 0, stream>>>(x, vocab, ld, col, max, sum, loss, grads);
+    launch_kernel(cross_entropy_kernel<T, false>, grid, kThreads, 0, stream, x, vocab, ld, col, max, sum, loss, grads);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "dropout_bits.cuh"
 #include "dtk/cuda/dropout.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(const T* x, int64_t n
 template <class T>
 void apply(const void* x, int64_t n, const DropoutBits& m, void* out, StreamHandle stream) {
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-  dropout_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), n, m, static_cast<T*>(out));
+  launch_kernel(dropout_kernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(x), n, m, static_cast<T*>(out));
 }
 
 }  // namespace

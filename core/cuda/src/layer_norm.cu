@@ -29,6 +29,7 @@
 #include "dropout_bits.cuh"
 #include "dtk/cuda/layer_norm.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 #include "norm_backward.cuh"
 #include "pack.cuh"
 
@@ -210,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
   if (dropout) drop = dropout_bits::resolved(drop);
   // This block's weight gradient [hidden], its bias gradient [hidden] (and the branch gradient's
   // column sums [hidden]).
-  extern __shared__ float grads[];
+  DTK_DYNAMIC_SHARED(float, grads);
   float* dw = grads;
   float* db = grads + hidden;
   float* dbranch = grads + 2 * hidden;
@@ -427,20 +428,20 @@ void forward(const void* x, const void* res, const void* res_bias, const Dropout
   if constexpr (sizeof(T) == 2) {
     if (hidden <= 4 * 32 * pack::kN && pack::packable(sizeof(T), hidden, x, res, res_bias, w, b, sum, y)) {
       const auto launch = [&](auto kernel) {
-        kernel<<<blocks, kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
-            drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
-            static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
+        launch_kernel(kernel, blocks, kThreads, 0, stream, static_cast<const T*>(x), static_cast<const T*>(res),
+                      static_cast<const T*>(res_bias), drop ? *drop : DropoutBits{}, drop != nullptr,
+                      static_cast<const T*>(w), static_cast<const T*>(b), rows, static_cast<int>(hidden),
+                      static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
       };
       pack::with_packs<4>(pack::packs_for(hidden),
                           [&](auto packs) { launch(forward_packed_kernel<T, decltype(packs)::value>); });
       return;
     }
   }
-  forward_kernel<T><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(res_bias),
-      drop ? *drop : DropoutBits{}, drop != nullptr, static_cast<const T*>(w), static_cast<const T*>(b), rows,
-      static_cast<int>(hidden), static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
+  launch_kernel(forward_kernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(x), static_cast<const T*>(res),
+                static_cast<const T*>(res_bias), drop ? *drop : DropoutBits{}, drop != nullptr,
+                static_cast<const T*>(w), static_cast<const T*>(b), rows, static_cast<int>(hidden),
+                static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), mean, rstd);
 }
 
 // The backward kernels' arguments, as every launch passes them.
@@ -459,8 +460,8 @@ struct BackwardArgs {
 template <class T, bool kBranchBias>
 void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) {
   const auto warps = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, stream>>>(a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout,
-                                            a.dx, a.dres, a.partial);
+    launch_kernel(kernel, blocks, kThreads, 0, stream, a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop,
+                  a.dropout, a.dx, a.dres, a.partial);
   };
   const int columns = norm_backward::columns_per_lane(a.hidden);
   if constexpr (sizeof(T) == 2) {
@@ -483,8 +484,8 @@ void launch_backward(const BackwardArgs<T>& a, int blocks, StreamHandle stream) 
     default: {  // 32 columns a lane would need 64 KB of shared memory: the block kernel
       const size_t shared = (kBranchBias ? 3 : 2) * static_cast<size_t>(a.hidden) * sizeof(float);
       norm_backward::allow_dynamic_shared(backward_block_kernel<T, kBranchBias>, shared);
-      backward_block_kernel<T, kBranchBias><<<blocks, kThreads, shared, stream>>>(
-          a.dy, a.dsum, a.h, a.w, a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout, a.dx, a.dres, a.partial);
+      launch_kernel(backward_block_kernel<T, kBranchBias>, blocks, kThreads, shared, stream, a.dy, a.dsum, a.h, a.w,
+                    a.rows, a.hidden, a.mean, a.rstd, a.drop, a.dropout, a.dx, a.dres, a.partial);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "launch.cuh"
 #include "pack.cuh"
 
 namespace dtk::cuda::norm_backward {
@@ -105,8 +106,8 @@ __global__ void __launch_bounds__(kSumColumns * kSumSlices)
 inline void sum_partials(const float* partial, int blocks, int64_t cols, int groups, float* out0, float* out1,
                          float* out2, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns), static_cast<unsigned>(groups));
-  sum_block_partials<<<grid, kSumColumns * kSumSlices, 0, stream>>>(partial, blocks, static_cast<int>(cols), out0, out1,
-                                                                    out2);
+  launch_kernel(sum_block_partials, grid, kSumColumns * kSumSlices, 0, stream, partial, blocks, static_cast<int>(cols),
+                out0, out1, out2);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "dtk/cuda/rms_norm.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 #include "norm_backward.cuh"
 #include "pack.cuh"
 
@@ -146,7 +147,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     backward_block_kernel(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden,
                           const float* rstd, T* dx, float* partial) {
-  extern __shared__ float dw[];  // this block's weight gradient, [hidden]
+  DTK_DYNAMIC_SHARED(float, dw);  // this block's weight gradient, [hidden]
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) dw[j] = 0.0f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * hidden;
@@ -283,25 +284,25 @@ void forward(const void* x, const void* res, const void* w, int64_t rows, int64_
   if constexpr (sizeof(T) == 2) {
     if (hidden <= 4 * 32 * pack::kN && pack::packable(sizeof(T), hidden, x, res, w, sum, y)) {
       const auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
-            static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
+        launch_kernel(kernel, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream,
+                      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
+                      static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
       };
       pack::with_packs<4>(pack::packs_for(hidden),
                           [&](auto packs) { launch(forward_packed_kernel<T, decltype(packs)::value>); });
       return;
     }
   }
-  forward_kernel<T><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
-      static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
+  launch_kernel(forward_kernel<T>, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0,
+                stream, static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), rows, hidden,
+                static_cast<float>(eps), static_cast<T*>(sum), static_cast<T*>(y), rstd);
 }
 
 template <class T, int kColumns>
 void backward_warps(const T* dy, const T* dsum, const T* x, const T* w, int64_t rows, int64_t hidden, const float* rstd,
                     T* dx, float* partial, int blocks, StreamHandle stream) {
-  backward_warp_kernel<T, kColumns>
-      <<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
+  launch_kernel(backward_warp_kernel<T, kColumns>, blocks, kThreads, 0, stream, dy, dsum, x, w, rows,
+                static_cast<int>(hidden), rstd, dx, partial);
 }
 
 template <class T>
@@ -315,7 +316,8 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
   if constexpr (sizeof(T) == 2) {
     if (columns != 0 && pack::packable(sizeof(T), hidden, dy, dsum, x, w, dx)) {
       const auto launch = [&](auto kernel) {
-        kernel<<<blocks, kThreads, 0, stream>>>(dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx, partial);
+        launch_kernel(kernel, blocks, kThreads, 0, stream, dy, dsum, x, w, rows, static_cast<int>(hidden), rstd, dx,
+                      partial);
       };
       pack::with_packs<4>(columns / pack::kN,
                           [&](auto packs) { launch(backward_packed_kernel<T, decltype(packs)::value>); });
@@ -339,7 +341,8 @@ void backward(const void* dy_, const void* dsum_, const void* x_, const void* w_
     default: {
       const size_t shared = static_cast<size_t>(hidden) * sizeof(float);
       norm_backward::allow_dynamic_shared(backward_block_kernel<T>, shared);
-      backward_block_kernel<T><<<blocks, kThreads, shared, stream>>>(dy, dsum, x, w, rows, hidden, rstd, dx, partial);
+      launch_kernel(backward_block_kernel<T>, blocks, kThreads, shared, stream, dy, dsum, x, w, rows, hidden, rstd, dx,
+                    partial);
     }
   }
   norm_backward::sum_partials(partial, blocks, hidden, 1, dweight, nullptr, nullptr, stream);

@@ -15,6 +15,7 @@
 
 #include "dtk/cuda/rotary.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -139,14 +140,14 @@ void launch(const void* in, const RotaryShape& shape, const float* cos, const fl
     if (quads_apply<T>(in, shape, cos, sin, out)) {
       const unsigned quad_blocks =
           static_cast<unsigned>(std::min<int64_t>((total / 4 + kThreads - 1) / kThreads, 65535LL * 16));
-      rotary_quad_kernel<T, kBackward><<<quad_blocks, kThreads, 0, stream>>>(x, shape, cos, sin, y);
+      launch_kernel(rotary_quad_kernel<T, kBackward>, quad_blocks, kThreads, 0, stream, x, shape, cos, sin, y);
       return;
     }
   }
   if (shape.batch * shape.seq * shape.heads * shape.head_dim < (int64_t{1} << 31))
-    rotary_kernel<T, kBackward, uint32_t><<<blocks, kThreads, 0, stream>>>(x, shape, cos, sin, y);
+    launch_kernel(rotary_kernel<T, kBackward, uint32_t>, blocks, kThreads, 0, stream, x, shape, cos, sin, y);
   else
-    rotary_kernel<T, kBackward, int64_t><<<blocks, kThreads, 0, stream>>>(x, shape, cos, sin, y);
+    launch_kernel(rotary_kernel<T, kBackward, int64_t>, blocks, kThreads, 0, stream, x, shape, cos, sin, y);
 }
 
 template <bool kBackward>

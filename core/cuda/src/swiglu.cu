@@ -11,6 +11,7 @@
 
 #include "dtk/cuda/swiglu.hpp"
 #include "element.cuh"
+#include "launch.cuh"
 #include "pack.cuh"
 
 namespace dtk::cuda {
@@ -100,13 +101,13 @@ template <class T>
 void forward(const void* gate, const void* up, int64_t n, void* y, StreamHandle stream) {
   if constexpr (sizeof(T) == 2) {
     if (pack::packable(sizeof(T), n, gate, up, y)) {
-      forward_packed_kernel<T><<<blocks_for(n / pack::kN), kThreads, 0, stream>>>(
-          static_cast<const T*>(gate), static_cast<const T*>(up), n / pack::kN, static_cast<T*>(y));
+      launch_kernel(forward_packed_kernel<T>, blocks_for(n / pack::kN), kThreads, 0, stream,
+                    static_cast<const T*>(gate), static_cast<const T*>(up), n / pack::kN, static_cast<T*>(y));
       return;
     }
   }
-  forward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up), n,
-                                                            static_cast<T*>(y));
+  launch_kernel(forward_kernel<T>, blocks_for(n), kThreads, 0, stream, static_cast<const T*>(gate),
+                static_cast<const T*>(up), n, static_cast<T*>(y));
 }
 
 template <class T>
@@ -114,15 +115,15 @@ void backward(const void* dy, const void* gate, const void* up, int64_t n, void*
               StreamHandle stream) {
   if constexpr (sizeof(T) == 2) {
     if (pack::packable(sizeof(T), n, dy, gate, up, dgate, dup)) {
-      backward_packed_kernel<T><<<blocks_for(n / pack::kN), kThreads, 0, stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(gate), static_cast<const T*>(up), n / pack::kN,
-          static_cast<T*>(dgate), static_cast<T*>(dup));
+      launch_kernel(backward_packed_kernel<T>, blocks_for(n / pack::kN), kThreads, 0, stream, static_cast<const T*>(dy),
+                    static_cast<const T*>(gate), static_cast<const T*>(up), n / pack::kN, static_cast<T*>(dgate),
+                    static_cast<T*>(dup));
       return;
     }
   }
-  backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(gate),
-                                                             static_cast<const T*>(up), n, static_cast<T*>(dgate),
-                                                             static_cast<T*>(dup));
+  launch_kernel(backward_kernel<T>, blocks_for(n), kThreads, 0, stream, static_cast<const T*>(dy),
+                static_cast<const T*>(gate), static_cast<const T*>(up), n, static_cast<T*>(dgate),
+                static_cast<T*>(dup));
 }
 
 }  // namespace

@@ -25,17 +25,66 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__
+#define __shared__ static  // one block runs at a time: its threads share the function's static
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 
 struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  unsigned x, y, z;
 };
-struct float2 {
+struct alignas(8) float2 {
   float x, y;
 };
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// The runtime calls the kernels' host code makes: no device, everything succeeds at once.
+enum cudaError_t { cudaSuccess = 0 };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+template <class Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+  return cudaSuccess;
+}
+struct cudaFuncAttributes {
+  size_t sharedSizeBytes = 0;  // static shared memory is the kernel's own statics here
+};
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel) {
+  *attributes = {};
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+// An H100's: compute capability 9.0, 227 KB of shared memory a block.
+enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor, cudaDevAttrMaxSharedMemoryPerBlockOptin };
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  *value = attribute == cudaDevAttrComputeCapabilityMajor ? 9 : 232448;
+  return cudaSuccess;
+}
+
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 gridDim, blockDim;
@@ -69,38 +118,44 @@ struct Thread {
 
 inline Block* current = nullptr;
 inline thread_local Thread self;
-// Misuse the kernels must not show: copies never waited for, ldmatrix rows not 16-byte aligned.
+// Misuse the kernels must not show: copies never waited for, ldmatrix rows not 16-byte aligned,
+// more dynamic shared memory than a block has.
 inline std::atomic<long> faults{0};
+// The running block's dynamic shared memory, NaN bytes (bf16, fp16 and fp32) when it starts.
+alignas(128) inline unsigned char shared_memory[232448];
 
 inline Warp& warp() { return *current->warps[self.warp]; }
 
-// f() on every thread of block `index` of `grid`, `threads` a block.
+// f() on every thread of every block of `grid`, `threads` a block, one block after another (blocks
+// are independent in DTK's kernels). The same std::threads run every block: between blocks they
+// meet, and the next block's shared memory is made NaN bytes again.
 template <class F>
-void run_block(dim3 grid, dim3 index, int threads, F f) {
+void run_grid(dim3 grid, int threads, F f) {
   Block block(threads);
   current = &block;
   gridDim = grid;
   blockDim = {static_cast<unsigned>(threads), 1, 1};
+  std::vector<dim3> blocks;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
   std::vector<std::thread> team;
   team.reserve(threads);
   for (int i = 0; i < threads; ++i)
     team.emplace_back([&, i] {
       threadIdx = {static_cast<unsigned>(i), 0, 0};
-      blockIdx = index;
-      self = Thread{i % 32, i / 32, {}, {}};
-      f();
-      if (!self.groups.empty() || !self.open.empty()) ++faults;
+      for (const dim3& index : blocks) {
+        if (i == 0) std::memset(shared_memory, 0xff, sizeof shared_memory);
+        block.meet.arrive_and_wait();
+        blockIdx = index;
+        self = Thread{i % 32, i / 32, {}, {}};
+        f();
+        if (!self.groups.empty() || !self.open.empty()) ++faults;
+        block.meet.arrive_and_wait();  // the block is done before the next one's memory is reset
+      }
     });
   for (std::thread& t : team) t.join();
   current = nullptr;
-}
-
-// Every block of the grid in turn (blocks are independent in the kernels this runs).
-template <class F>
-void run_grid(dim3 grid, int threads, F f) {
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) run_block(grid, {x, y, z}, threads, f);
 }
 
 }  // namespace simt
@@ -119,3 +174,13 @@ T __shfl_xor_sync(unsigned, T x, int mask) {
   w.meet.arrive_and_wait();
   return r;
 }
+
+// launch.cuh's pieces: a kernel launch runs its grid here, block by block.
+#define DTK_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(simt::shared_memory)
+namespace dtk::cuda {
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t, Args&&... args) {
+  if (shared > sizeof simt::shared_memory) ++simt::faults;
+  simt::run_grid(grid, static_cast<int>(block.x), [&] { kernel(static_cast<Params>(args)...); });
+}
+}  // namespace dtk::cuda

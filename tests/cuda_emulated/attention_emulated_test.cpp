@@ -198,6 +198,10 @@ TEST(AttentionEmulated, KernelsEqualTheReference) {
   check_case<__half, 64>({"grouped 4/2, p 0.3, odd mask offsets", 1, 65, 4, 2, 0.3, 3 * 65 * 65 + 1, 1.0f});
   check_case<__nv_bfloat16, 128>({"head_dim 128, grouped 2/1, p 0.1", 1, 70, 2, 1, 0.1, 0, 1.0f});
   check_case<__half, 64>({"one position", 1, 1, 2, 2, 0.1, 0, 1.0f});
+  // A multi-tile walk again with each copy landing as it is issued.
+  dtk::cuda::warp::copies_land_at_once = true;
+  check_case<__nv_bfloat16, 64>({"three tiles, copies landing at once", 1, 130, 2, 1, 0.2, 0, 1.0f});
+  dtk::cuda::warp::copies_land_at_once = false;
 }
 
 }  // namespace

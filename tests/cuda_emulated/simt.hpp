@@ -14,14 +14,22 @@
 
 namespace dtk::cuda::warp {
 
-// A copy lands when a wait_copies that covers its group runs, as late as cp.async allows.
+// Where copies land: when a wait_copies that covers their group runs, as late as cp.async allows
+// (a read before its wait sees the NaN bytes shared memory starts with), or at once, as early as
+// it allows (a copy into a buffer another warp still reads overwrites it under that warp).
+inline bool copies_land_at_once = false;
+
 inline void copy_async(void* dst, const void* src, int size, bool valid) {
-  simt::self.open.push_back([dst, src, size, valid] {
+  const auto land = [dst, src, size, valid] {
     if (valid)
       std::memcpy(dst, src, size);
     else
       std::memset(dst, 0, size);
-  });
+  };
+  if (copies_land_at_once)
+    land();
+  else
+    simt::self.open.push_back(land);
 }
 inline void copy16(void* dst, const void* src, bool valid) { copy_async(dst, src, 16, valid); }
 inline void copy4(void* dst, const void* src, bool valid) { copy_async(dst, src, 4, valid); }

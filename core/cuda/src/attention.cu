@@ -20,11 +20,12 @@
 // S^T = K Q^T and dP^T = V dO^T (keys as rows), P^T from the scores and lse, dV += (P Z)^T dO and
 // dK += dS^T Q with dS = P (Z dP - delta) scale; then a block per (64 query rows, head, sequence)
 // walks its key tiles for dQ += dS K, in key order. No atomics: every gradient is the same bits
-// on every run (FlashAttention-2's deterministic backward, at three products more).
+// on every run (FlashAttention-2's deterministic backward, at two products more).
 //
 // Mask: element (b, h, i, j) is kept when dropout_bits::kept_at of its index ((b heads + h) seq +
 // i) seq + j does; one hash word holds an even index and the odd one after it. Where a thread
-// holds a row's two adjacent keys (forward, dQ) they share a word. Where keys are the rows (dK
+// holds a row's two adjacent keys (forward, dQ) they share a word where the row starts at an even
+// index (an even seq and offset), and take two words otherwise. Where keys are the rows (dK
 // and dV), the ldmatrix rows are permuted so that a thread's two rows g and g + 8 are keys 2g and
 // 2g + 1 of its warp's 16: again one word for two elements. Positions j > i and padding past seq
 // are P = 0.
@@ -187,6 +188,26 @@ __device__ __forceinline__ void copy_tile(T* tile, const T* src, int64_t stride,
   }
 }
 
+// Before a block of the forward or the query pass works on key tile kt of 0..last (its K and V
+// in buffer kt % 2 of sK and sV): once no warp reads the other buffer any more, tile kt + 1's
+// copies into it start, and tile kt's have landed.
+template <class T, int D>
+__device__ __forceinline__ void next_key_tile(const Params<T>& p, const T* k, const T* v, T* sK, T* sV, int kt,
+                                              int last) {
+  constexpr int kTileElements = Tile<T, D>::kElements;
+  const int other = 1 - kt % 2;
+  __syncthreads();
+  if (kt < last) {
+    copy_tile<T, D>(sK + other * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
+    copy_tile<T, D>(sV + other * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
+    commit_copies();
+    wait_copies<1>();
+  } else {
+    wait_copies<0>();
+  }
+  __syncthreads();
+}
+
 // The dropout multipliers (scale where kept, 0 where dropped) of mask elements first and
 // first + 1: one hash where first is even, two where the pair straddles words.
 __device__ __forceinline__ float2 pair_factors(const DropoutBits& m, int64_t first) {
@@ -271,16 +292,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int buffer = kt % 2;
-    __syncthreads();  // no warp still reads the buffer the next copies fill
-    if (kt < qt) {
-      copy_tile<T, D>(sK + (1 - buffer) * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
-      copy_tile<T, D>(sV + (1 - buffer) * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
-      commit_copies();
-      wait_copies<1>();
-    } else {
-      wait_copies<0>();
-    }
-    __syncthreads();
+    next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
 
     float s[kTile / 8][4];
     zero(s);
@@ -477,8 +489,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ of 64 query rows of a head: the block walks the key tiles up to its own, forming S, dP and
 // dS again as key_gradients_kernel does (queries as rows here), and adds dS K to its rows in
-// registers, in key order. A pass of its own (three products more than adding into dQ from the
-// key pass by atomics) so that dQ is the same bits on every run: resumed == uninterrupted holds
+// registers, in key order. A pass of its own (two products more than adding into dQ from the key
+// pass by atomics) so that dQ is the same bits on every run: resumed == uninterrupted holds
 // with attention dropout too.
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
@@ -519,16 +531,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int buffer = kt % 2;
-    __syncthreads();  // no warp still reads the buffer the next copies fill
-    if (kt < qt) {
-      copy_tile<T, D>(sK + (1 - buffer) * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
-      copy_tile<T, D>(sV + (1 - buffer) * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
-      commit_copies();
-      wait_copies<1>();
-    } else {
-      wait_copies<0>();
-    }
-    __syncthreads();
+    next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
     const T* keys = sK + buffer * kTileElements;
 
     float s[kTile / 8][4], dp[kTile / 8][4];

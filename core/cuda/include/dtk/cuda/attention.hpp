@@ -42,7 +42,7 @@ struct AttentionShape {
 
 // Whether the kernels take this type and head_dim on `device`: bf16 or fp16, head_dim 64 or 128,
 // a GPU of compute capability 8.0 or later with the shared memory a block of the kernels takes
-// (up to 157 KB: A100, H100 and H200 have it; sm_86/89 GPUs only for head_dim 64).
+// (up to 103 KB: A100, H100 and H200 have it; sm_86/89 GPUs only for head_dim 64).
 bool attention_supported(ElementType type, int64_t head_dim, int device);
 
 // The attention's operands. dropout: null for none; else the mask of a [batch, heads, seq, seq]

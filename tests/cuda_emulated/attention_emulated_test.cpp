@@ -2,9 +2,10 @@
 // (shim/simt_runtime.hpp, simt.hpp), against a reference in double: forward (output, log-sum-exp)
 // and backward (dq, dk, dv), with and without dropout, bf16 and fp16, head_dim 64 and 128,
 // grouped-query attention, strided operands, sequences that do and do not fill the 64-row tiles,
-// and mask rows at odd offsets. CI has no GPU: this is where the kernels' fragment layouts, tile
-// walks, masks and copy ordering are proven; tests/cuda/gpu_kernels_test.cpp runs the same kernels
-// on a GPU against LibTorch's ops.
+// and mask rows at odd offsets, through attention_forward and attention_backward (the host code's
+// launch geometry and shared-memory opt-ins too). CI has no GPU: this is where the kernels'
+// fragment layouts, tile walks, masks and copy ordering are proven; tests/cuda/gpu_kernels_test.cpp
+// runs the same kernels on a GPU against LibTorch's ops.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "simt_runtime.hpp"
-
-#include "attention.cu"
+#include "dropout_bits.cuh"
+#include "dtk/cuda/attention.hpp"
+#include "element.cuh"
+#include "simt.hpp"
 
 namespace {
 
@@ -140,7 +142,7 @@ void check_case(const Case& c) {
       }
     }
 
-  // The kernels, block by block.
+  // The kernels, through the public functions.
   AttentionArgs a;
   a.q = q.data.data();
   a.k = k.data.data();
@@ -148,26 +150,24 @@ void check_case(const Case& c) {
   a.q_layout = q.layout;
   a.k_layout = k.layout;
   a.v_layout = v.layout;
+  a.type = std::is_same_v<T, __half> ? dtk::cuda::ElementType::kFloat16 : dtk::cuda::ElementType::kBFloat16;
   a.shape = {B, S, H, G, D};
   a.scale = scale;
   a.dropout = c.p > 0 ? &bits : nullptr;
-  using namespace dtk::cuda;
-  const Params<T> p = params_of<T>(a);
-  const unsigned tiles = tiles_of(a.shape);
   std::vector<T> out(B * S * H * D), dq(B * S * H * D), dk(B * S * G * D), dv(B * S * G * D);
   std::vector<float> lse(B * H * S), delta(B * H * S);
-  simt::run_grid({tiles, unsigned(H), unsigned(B)}, kThreads, [&] { forward_kernel<T, D>(p, out.data(), lse.data()); });
-  const int64_t rows = B * S * H;
-  simt::run_grid({unsigned((rows * 32 + 255) / 256), 1, 1}, 256,
-                 [&] { delta_kernel<T, D>(dout.data.data(), out.data(), rows, S, int(H), delta.data()); });
-  const AttentionLayout grouped{S * G * D, G * D, D};
-  simt::run_grid({tiles, unsigned(G), unsigned(B)}, kThreads, [&] {
-    key_gradients_kernel<T, D>(p, dout.data.data(), lse.data(), delta.data(), dk.data(), grouped, dv.data(), grouped);
-  });
-  simt::run_grid({tiles, unsigned(H), unsigned(B)}, kThreads, [&] {
-    query_gradients_kernel<T, D>(p, dout.data.data(), lse.data(), delta.data(), dq.data(), dout.layout);
-  });
-  EXPECT_EQ(simt::faults.exchange(0), 0) << "copies never waited for, or misaligned ldmatrix rows";
+  dtk::cuda::attention_forward(a, out.data(), lse.data(), nullptr);
+  AttentionGrads grads;
+  grads.dq = dq.data();
+  grads.dk = dk.data();
+  grads.dv = dv.data();
+  grads.dq_layout = dout.layout;
+  grads.dk_layout = grads.dv_layout = {S * G * D, G * D, D};
+  grads.delta = delta.data();
+  dtk::cuda::attention_backward(a, dout.data.data(), out.data(), lse.data(), grads, nullptr);
+  EXPECT_EQ(simt::faults.exchange(0), 0)
+      << "copies never waited for, misaligned ldmatrix rows, shared memory written past the launch's, or a launch "
+         "a GPU refuses";
 
   const auto widen = [](const auto& xs) {
     std::vector<double> r;
@@ -202,6 +202,24 @@ TEST(AttentionEmulated, KernelsEqualTheReference) {
   dtk::cuda::warp::copies_land_at_once = true;
   check_case<__nv_bfloat16, 64>({"three tiles, copies landing at once", 1, 130, 2, 1, 0.2, 0, 1.0f});
   dtk::cuda::warp::copies_land_at_once = false;
+}
+
+// The host code on GPUs with less shared memory a block: an A100 (8.0, 163 KB) takes both head
+// sizes and its launches fit; an RTX 4090's 99 KB (8.9) takes head_dim 64 only; a V100 (7.0) none.
+TEST(AttentionEmulated, HostCodeFitsEachGpusSharedMemory) {
+  const simt::Device h100 = simt::device;
+  simt::device = {8, 166912};
+  EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 128, 0));
+  check_case<__nv_bfloat16, 128>({"an A100's limits, head_dim 128", 1, 70, 2, 1, 0.1, 0, 1.0f});
+  check_case<__half, 64>({"an A100's limits, head_dim 64", 1, 70, 2, 2, 0.1, 0, 1.0f});
+  simt::device = {8, 101376};
+  EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat16, 64, 0));
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 128, 0));
+  check_case<__nv_bfloat16, 64>({"99 KB of shared memory, head_dim 64", 1, 70, 2, 1, 0.1, 0, 1.0f});
+  simt::device = {7, 98304};
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 64, 0));
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat32, 64, 0));
+  simt::device = h100;
 }
 
 }  // namespace

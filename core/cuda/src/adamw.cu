@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "dtk/cuda/adamw.hpp"
+#include "launch.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -50,10 +51,7 @@ __global__ void adamw_kernel(Launch l, AdamWScalars k) {
 
 void launch(const Launch& l, int blocks, bool bf16, const AdamWScalars& k, StreamHandle stream) {
   if (blocks == 0) return;
-  if (bf16)
-    adamw_kernel<true><<<blocks, kThreads, 0, stream>>>(l, k);
-  else
-    adamw_kernel<false><<<blocks, kThreads, 0, stream>>>(l, k);
+  launch_kernel(bf16 ? adamw_kernel<true> : adamw_kernel<false>, blocks, kThreads, 0, stream, l, k);
   check(cudaGetLastError(), "fused_adamw: kernel launch");
 }
 

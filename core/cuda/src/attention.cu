@@ -585,8 +585,6 @@ Params<T> params_of(const AttentionArgs& a) {
 
 unsigned tiles_of(const AttentionShape& s) { return static_cast<unsigned>((s.seq + kTile - 1) / kTile); }
 
-#ifndef DTK_SIMT_EMULATION  // the emulation runs the kernels itself
-
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw CudaError(std::string(what) + ": " + cudaGetErrorString(e));
@@ -670,11 +668,7 @@ constexpr size_t most_shared() {
   return std::max({Shared<__half, D>::kForward, Shared<__half, D>::kKeys, Shared<__half, D>::kQueries});
 }
 
-#endif  // DTK_SIMT_EMULATION
-
 }  // namespace
-
-#ifndef DTK_SIMT_EMULATION
 
 bool attention_supported(ElementType type, int64_t head_dim, int device) {
   if (type == ElementType::kFloat32 || (head_dim != 64 && head_dim != 128)) return false;
@@ -698,7 +692,5 @@ void attention_backward(const AttentionArgs& a, const void* dout, const void* ou
                         const AttentionGrads& g, StreamHandle stream) {
   dispatch(a, [&](auto t, auto d) { backward<decltype(t), decltype(d)::value>(a, dout, out, lse, g, stream); });
 }
-
-#endif  // DTK_SIMT_EMULATION
 
 }  // namespace dtk::cuda

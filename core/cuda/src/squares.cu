@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "dtk/cuda/squares.hpp"
+#include "launch.cuh"
 
 namespace dtk::cuda {
 namespace {
@@ -75,13 +76,13 @@ void launch(const Launch& l, int blocks, ElementType type, double* partials, Str
   if (blocks == 0) return;
   switch (type) {
     case ElementType::kFloat32:
-      squares_kernel<ElementType::kFloat32><<<blocks, kThreads, 0, stream>>>(l, partials);
+      launch_kernel(squares_kernel<ElementType::kFloat32>, blocks, kThreads, 0, stream, l, partials);
       break;
     case ElementType::kBFloat16:
-      squares_kernel<ElementType::kBFloat16><<<blocks, kThreads, 0, stream>>>(l, partials);
+      launch_kernel(squares_kernel<ElementType::kBFloat16>, blocks, kThreads, 0, stream, l, partials);
       break;
     case ElementType::kFloat16:
-      squares_kernel<ElementType::kFloat16><<<blocks, kThreads, 0, stream>>>(l, partials);
+      launch_kernel(squares_kernel<ElementType::kFloat16>, blocks, kThreads, 0, stream, l, partials);
       break;
   }
   check(cudaGetLastError(), "sum_of_squares: kernel launch");
@@ -128,7 +129,8 @@ void sum_of_squares(const std::vector<SquaresTensor>& tensors, double* workspace
   }
   flush();
   if (written == 0) check(cudaMemsetAsync(workspace, 0, sizeof(double), stream), "sum_of_squares: memset");
-  add_partials<<<1, kThreads, 0, stream>>>(workspace, std::max<int64_t>(written, 1), out);
+  launch_kernel(add_partials, 1, kThreads, 0, stream, static_cast<const double*>(workspace),
+                std::max<int64_t>(written, 1), out);
   check(cudaGetLastError(), "sum_of_squares: kernel launch");
 }
 

@@ -10,6 +10,7 @@
 // hardware's exact rounding inside a product (the emulation sums each product in fp32 in order).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -17,8 +18,10 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -48,10 +51,26 @@ struct alignas(16) uint4 {
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
-// The runtime calls the kernels' host code makes: no device, everything succeeds at once.
-enum cudaError_t { cudaSuccess = 0 };
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+namespace simt {
+// The device the host code asks about: an H100's compute capability 9.0 and 227 KB of shared
+// memory a block by default; a test may set another GPU's (an A100: 8.0, 163 KB).
+struct Device {
+  int major = 9;
+  int shared_optin = 232448;
+};
+inline Device device;
+// Each kernel's opt-in to more than 48 KB of dynamic shared memory (cudaFuncSetAttribute).
+inline std::map<const void*, int> shared_allowed;
+}  // namespace simt
+
+// The runtime calls the kernels' host code makes: no device; a launch a GPU would refuse sets the
+// error cudaGetLastError() then reports, as on a GPU.
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+inline cudaError_t last_error = cudaSuccess;
+inline cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : e == cudaErrorInvalidValue ? "invalid argument" : "invalid configuration";
+}
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
@@ -60,7 +79,9 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_
 }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 template <class Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
+  if (bytes < 0 || bytes > simt::device.shared_optin) return last_error = cudaErrorInvalidValue;
+  simt::shared_allowed[reinterpret_cast<const void*>(kernel)] = bytes;
   return cudaSuccess;
 }
 struct cudaFuncAttributes {
@@ -75,16 +96,20 @@ inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-// An H100's: compute capability 9.0, 227 KB of shared memory a block.
 enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor, cudaDevAttrMaxSharedMemoryPerBlockOptin };
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
-  *value = attribute == cudaDevAttrComputeCapabilityMajor ? 9 : 232448;
+  *value = attribute == cudaDevAttrComputeCapabilityMajor ? simt::device.major : simt::device.shared_optin;
   return cudaSuccess;
 }
 
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// CUDA's integer min and max of device code.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 gridDim, blockDim;
@@ -119,18 +144,20 @@ struct Thread {
 inline Block* current = nullptr;
 inline thread_local Thread self;
 // Misuse the kernels must not show: copies never waited for, ldmatrix rows not 16-byte aligned,
-// more dynamic shared memory than a block has.
+// a write past the dynamic shared memory the launch asked for, a launch a GPU would refuse.
 inline std::atomic<long> faults{0};
-// The running block's dynamic shared memory, NaN bytes (bf16, fp16 and fp32) when it starts.
-alignas(128) inline unsigned char shared_memory[232448];
+// The running block's dynamic shared memory, NaN bytes (bf16, fp16 and fp32) when it starts; the
+// bytes past what the launch asked for must still be when the block ends.
+alignas(128) inline unsigned char shared_memory[232448 + 4096];
 
 inline Warp& warp() { return *current->warps[self.warp]; }
 
 // f() on every thread of every block of `grid`, `threads` a block, one block after another (blocks
-// are independent in DTK's kernels). The same std::threads run every block: between blocks they
-// meet, and the next block's shared memory is made NaN bytes again.
+// are independent in DTK's kernels), with `shared` bytes of dynamic shared memory. The same
+// std::threads run every block: between blocks they meet, and the next block's shared memory is
+// made NaN bytes again.
 template <class F>
-void run_grid(dim3 grid, int threads, F f) {
+void run_grid(dim3 grid, int threads, size_t shared, F f) {
   Block block(threads);
   current = &block;
   gridDim = grid;
@@ -152,6 +179,9 @@ void run_grid(dim3 grid, int threads, F f) {
         f();
         if (!self.groups.empty() || !self.open.empty()) ++faults;
         block.meet.arrive_and_wait();  // the block is done before the next one's memory is reset
+        if (i == 0 &&
+            std::any_of(shared_memory + shared, std::end(shared_memory), [](unsigned char b) { return b != 0xff; }))
+          ++faults;
       }
     });
   for (std::thread& t : team) t.join();
@@ -178,9 +208,21 @@ T __shfl_xor_sync(unsigned, T x, int mask) {
 // launch.cuh's pieces: a kernel launch runs its grid here, block by block.
 #define DTK_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(simt::shared_memory)
 namespace dtk::cuda {
+// Runs the grid, or refuses the launch as a GPU would (the error for cudaGetLastError(), and a
+// fault: DTK's host code must never ask for it): more than 1024 threads a block, a grid dimension
+// out of range, more than 48 KB of dynamic shared memory without the kernel's opt-in. Blocks of
+// whole warps in x only: the emulation's warps, and all DTK launches.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t, Args&&... args) {
-  if (shared > sizeof simt::shared_memory) ++simt::faults;
-  simt::run_grid(grid, static_cast<int>(block.x), [&] { kernel(static_cast<Params>(args)...); });
+  const auto allowed = simt::shared_allowed.find(reinterpret_cast<const void*>(kernel));
+  const size_t shared_limit = allowed == simt::shared_allowed.end() ? 48 * 1024 : allowed->second;
+  const bool refused = block.x == 0 || block.x > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+                       grid.z > 65535 || shared > std::max<size_t>(shared_limit, 48 * 1024);
+  if (refused || block.y != 1 || block.z != 1 || block.x % 32 != 0) {
+    if (refused) last_error = shared > shared_limit ? cudaErrorInvalidValue : cudaErrorInvalidConfiguration;
+    ++simt::faults;
+    return;
+  }
+  simt::run_grid(grid, static_cast<int>(block.x), shared, [&] { kernel(static_cast<Params>(args)...); });
 }
 }  // namespace dtk::cuda

@@ -6,7 +6,7 @@
 // launch geometry and shared-memory opt-ins too). CI has no GPU: this is where the kernels'
 // fragment layouts, tile walks, masks and copy ordering are proven; tests/cuda/gpu_kernels_test.cpp
 // runs the same kernels on a GPU against LibTorch's ops.
-#include <gtest/gtest.h>
+#include "emulated_test.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,9 +17,10 @@
 #include "dropout_bits.cuh"
 #include "dtk/cuda/attention.hpp"
 #include "element.cuh"
-#include "simt.hpp"
 
 namespace {
+
+using AttentionEmulated = Emulated;
 
 using dtk::cuda::AttentionArgs;
 using dtk::cuda::AttentionGrads;
@@ -191,35 +192,59 @@ void check_case(const Case& c) {
   EXPECT_LT(relative_error(widen(dv), ref.dv, 0.1 * largest), 2 * tol) << what << " (dv)";
 }
 
-TEST(AttentionEmulated, KernelsEqualTheReference) {
+TEST_F(AttentionEmulated, KernelsEqualTheReference) {
   // Each case small enough that the emulation (a thread per CUDA thread) runs in seconds.
   check_case<__nv_bfloat16, 64>({"two tiles, no dropout, peaked scores", 1, 100, 1, 1, 0.0, 0, 4.0f});
   check_case<__nv_bfloat16, 64>({"three tiles, two sequences, p 0.2", 2, 130, 1, 1, 0.2, 0, 1.0f});
   check_case<__half, 64>({"grouped 4/2, p 0.3, odd mask offsets", 1, 65, 4, 2, 0.3, 3 * 65 * 65 + 1, 1.0f});
   check_case<__nv_bfloat16, 128>({"head_dim 128, grouped 2/1, p 0.1", 1, 70, 2, 1, 0.1, 0, 1.0f});
   check_case<__half, 64>({"one position", 1, 1, 2, 2, 0.1, 0, 1.0f});
-  // A multi-tile walk again with each copy landing as it is issued.
+  // A multi-tile walk again with each copy landing as it is issued (the fixture resets it).
   dtk::cuda::warp::copies_land_at_once = true;
   check_case<__nv_bfloat16, 64>({"three tiles, copies landing at once", 1, 130, 2, 1, 0.2, 0, 1.0f});
-  dtk::cuda::warp::copies_land_at_once = false;
 }
 
-// The host code on GPUs with less shared memory a block: an A100 (8.0, 163 KB) takes both head
-// sizes and its launches fit; an RTX 4090's 99 KB (8.9) takes head_dim 64 only; a V100 (7.0) none.
-TEST(AttentionEmulated, HostCodeFitsEachGpusSharedMemory) {
-  const simt::Device h100 = simt::device;
-  simt::device = {8, 166912};
+// The least shared memory a block (the device's opt-in limit) for which attention_supported takes
+// head_dim `d`, found by bisection on the emulated device's limit.
+int64_t least_shared_supported(int64_t d) {
+  int lo = 48 * 1024, hi = static_cast<int>(simt::kMostShared);  // not taken at lo, taken at hi
+  simt::device.shared_optin = hi;
+  EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, d, 0)) << "head_dim " << d;
+  while (hi - lo > 1) {
+    simt::device.shared_optin = lo + (hi - lo) / 2;
+    (dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, d, 0) ? hi : lo) = simt::device.shared_optin;
+  }
+  return hi;
+}
+
+// attention_supported against the launches on GPUs with less shared memory a block than an H100:
+// at the least limit it takes, each head size's forward and backward launch and match the
+// reference (a launch past the limit is refused: the test fails); one byte less, it refuses the
+// head size. An A100 (163 KB) and an RTX 4090 (99 KB; 8.9) as the layers would meet them, and a
+// V100 (7.0: no bf16 mma.sync, ldmatrix or cp.async) refused at any size.
+TEST_F(AttentionEmulated, HostCodeFitsEachGpusSharedMemory) {
+  for (const int64_t d : {64, 128}) {
+    const int least = static_cast<int>(least_shared_supported(d));
+    simt::device = {8, least};
+    if (d == 64)
+      check_case<__half, 64>({"at head_dim 64's least shared memory", 1, 70, 2, 2, 0.1, 0, 1.0f});
+    else
+      check_case<__nv_bfloat16, 128>({"at head_dim 128's least shared memory", 1, 70, 2, 1, 0.1, 0, 1.0f});
+    simt::device = {8, least - 1};
+    EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat16, d, 0)) << "head_dim " << d;
+  }
+  simt::device = {8, 166912};  // an A100
   EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 128, 0));
-  check_case<__nv_bfloat16, 128>({"an A100's limits, head_dim 128", 1, 70, 2, 1, 0.1, 0, 1.0f});
-  check_case<__half, 64>({"an A100's limits, head_dim 64", 1, 70, 2, 2, 0.1, 0, 1.0f});
-  simt::device = {8, 101376};
-  EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat16, 64, 0));
+  simt::device = {8, 101376};  // an RTX 4090
+  EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 64, 0));
   EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 128, 0));
-  check_case<__nv_bfloat16, 64>({"99 KB of shared memory, head_dim 64", 1, 70, 2, 1, 0.1, 0, 1.0f});
-  simt::device = {7, 98304};
-  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 64, 0));
-  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat32, 64, 0));
-  simt::device = h100;
+  simt::device = {7, 98304};  // a V100
+  for (const int64_t d : {64, 128})
+    for (const auto type : {dtk::cuda::ElementType::kBFloat16, dtk::cuda::ElementType::kFloat16})
+      EXPECT_FALSE(dtk::cuda::attention_supported(type, d, 0)) << "a V100, head_dim " << d;
+  simt::device = {};
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kFloat32, 64, 0)) << "fp32";
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, 96, 0)) << "head_dim 96";
 }
 
 }  // namespace

@@ -5,13 +5,14 @@
 // element (the scalar kernels, which a GPU run has held equal to LibTorch's ops). The packed
 // kernels must give the scalar ones' bits where their arithmetic is the same per element, and
 // agree within rounding where a row's sums are added in another order (norms, cross entropy).
-#include <gtest/gtest.h>
+#include "emulated_test.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtk/cuda/bias_gelu.hpp"
@@ -23,6 +24,8 @@
 #include "element.cuh"
 
 namespace {
+
+using KernelsEmulated = Emulated;
 
 using dtk::cuda::ElementType;
 
@@ -86,6 +89,22 @@ double relative_error(const A& a, const B& b) {
   return diff / top;
 }
 
+// run(true) and run(false); and a failure unless `packed_calls` of the aligned run's launches were
+// of other kernels than the unaligned run's (the packed kernels taken where the host code may).
+template <class Run>
+auto run_both(const Run& run, size_t packed_calls, const std::string& what) {
+  simt::launched.clear();
+  auto packed = run(true);
+  const std::vector<const void*> aligned = std::exchange(simt::launched, {});
+  auto scalar = run(false);
+  size_t other = 0;
+  for (size_t i = 0; i < std::min(aligned.size(), simt::launched.size()); ++i) other += aligned[i] != simt::launched[i];
+  EXPECT_EQ(aligned.size(), simt::launched.size()) << what << ": launches";
+  EXPECT_EQ(other, packed_calls) << what << ": launches of a packed kernel";
+  simt::launched.clear();
+  return std::make_pair(std::move(packed), std::move(scalar));
+}
+
 template <class T>
 void check_bias_gelu(int64_t rows, int64_t cols) {
   std::mt19937 rng(3);
@@ -99,16 +118,16 @@ void check_bias_gelu(int64_t rows, int64_t cols) {
                                     dx.data(), partial.data(), dbias.data(), nullptr);
       return std::make_tuple(bits(y), bits(dx), dbias);
     };
-    const auto packed = run(true), scalar = run(false);
     const std::string what = std::string("bias_gelu ") + name_of<T>() + (tanh ? " tanh" : "") + ", " +
                              std::to_string(rows) + " x " + std::to_string(cols);
+    const auto [packed, scalar] = run_both(run, 2, what);
     EXPECT_EQ(std::get<0>(packed), std::get<0>(scalar)) << what << " (y)";
     EXPECT_EQ(std::get<1>(packed), std::get<1>(scalar)) << what << " (dx)";
     EXPECT_EQ(std::get<2>(packed), std::get<2>(scalar)) << what << " (the bias's gradient)";
   }
 }
 
-TEST(KernelsEmulated, PackedBiasGeluEqualsTheScalarKernelBitForBit) {
+TEST_F(KernelsEmulated, PackedBiasGeluEqualsTheScalarKernelBitForBit) {
   check_bias_gelu<__nv_bfloat16>(9, 768);  // two batches of 4 rows and one row left
   check_bias_gelu<__half>(6, 1024);
 }
@@ -124,10 +143,12 @@ void check_swiglu(int64_t n) {
                                dup.data(), nullptr);
     return std::vector<std::vector<uint16_t>>{bits(y), bits(dgate), bits(dup)};
   };
-  EXPECT_EQ(run(true), run(false)) << "swiglu " << name_of<T>() << ", " << n << " elements";
+  const std::string what = std::string("swiglu ") + name_of<T>() + ", " + std::to_string(n) + " elements";
+  const auto [packed, scalar] = run_both(run, 2, what);
+  EXPECT_EQ(packed, scalar) << what;
 }
 
-TEST(KernelsEmulated, PackedSwigluEqualsTheScalarKernelBitForBit) {
+TEST_F(KernelsEmulated, PackedSwigluEqualsTheScalarKernelBitForBit) {
   check_swiglu<__nv_bfloat16>(4 * 2048);
   check_swiglu<__half>(300 * 8);
 }
@@ -154,10 +175,12 @@ void check_rotary(int64_t dim) {
     dtk::cuda::rotary_backward(dy.get(packed), type_of<T>(), contiguous, cos.data(), sin.data(), dx.data(), nullptr);
     return std::vector<std::vector<uint16_t>>{bits(out), bits(dx)};
   };
-  EXPECT_EQ(run(true), run(false)) << "rotary " << name_of<T>() << ", dim " << dim;
+  const std::string what = std::string("rotary ") + name_of<T>() + ", dim " + std::to_string(dim);
+  const auto [packed, scalar] = run_both(run, 2, what);
+  EXPECT_EQ(packed, scalar) << what;
 }
 
-TEST(KernelsEmulated, RotaryQuadsEqualThePairKernelBitForBit) {
+TEST_F(KernelsEmulated, RotaryQuadsEqualThePairKernelBitForBit) {
   check_rotary<__nv_bfloat16>(64);
   check_rotary<__half>(48);
 }
@@ -185,8 +208,8 @@ void check_rms_norm(int64_t rows, int64_t hidden) {
     return std::make_tuple(sum.values(), y.values(), dx.values(), dweight, y_alone.values(), dx_alone.values(),
                            dweight_alone);
   };
-  const auto packed = run(true), scalar = run(false);
   const std::string what = std::string("rms_norm ") + name_of<T>() + ", hidden " + std::to_string(hidden);
+  const auto [packed, scalar] = run_both(run, 4, what);
   const double tol = std::is_same_v<T, __half> ? 2e-3 : 1e-2;  // an element's rounding, where sums differ in order
   EXPECT_EQ(relative_error(std::get<0>(packed), std::get<0>(scalar)), 0.0) << what << " (the sum)";
   EXPECT_LT(relative_error(std::get<1>(packed), std::get<1>(scalar)), tol) << what << " (y)";
@@ -197,7 +220,7 @@ void check_rms_norm(int64_t rows, int64_t hidden) {
   EXPECT_LT(relative_error(std::get<6>(packed), std::get<6>(scalar)), 1e-5) << what << " (dweight, norm alone)";
 }
 
-TEST(KernelsEmulated, PackedRmsNormEqualsTheScalarKernel) {
+TEST_F(KernelsEmulated, PackedRmsNormEqualsTheScalarKernel) {
   check_rms_norm<__nv_bfloat16>(19, 256);
   check_rms_norm<__nv_bfloat16>(11, 512);
   check_rms_norm<__half>(9, 768);
@@ -229,9 +252,9 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool dropout) {
                                        dweight.data(), dbias.data(), dres_bias.data(), nullptr);
     return std::make_tuple(sum.values(), y.values(), dx.values(), dres.values(), dweight, dbias, dres_bias);
   };
-  const auto packed = run(true), scalar = run(false);
   const std::string what = std::string("add_layer_norm ") + name_of<T>() + ", hidden " + std::to_string(hidden) +
                            (dropout ? ", dropout 0.1" : "");
+  const auto [packed, scalar] = run_both(run, 2, what);
   const double tol = std::is_same_v<T, __half> ? 2e-3 : 1e-2;
   EXPECT_EQ(relative_error(std::get<0>(packed), std::get<0>(scalar)), 0.0) << what << " (the sum)";
   EXPECT_LT(relative_error(std::get<1>(packed), std::get<1>(scalar)), tol) << what << " (y)";
@@ -242,7 +265,7 @@ void check_layer_norm(int64_t rows, int64_t hidden, bool dropout) {
   EXPECT_LT(relative_error(std::get<6>(packed), std::get<6>(scalar)), 1e-5) << what << " (the branch bias's gradient)";
 }
 
-TEST(KernelsEmulated, PackedAddLayerNormEqualsTheScalarKernel) {
+TEST_F(KernelsEmulated, PackedAddLayerNormEqualsTheScalarKernel) {
   check_layer_norm<__nv_bfloat16>(19, 256, false);
   check_layer_norm<__half>(11, 512, true);
   check_layer_norm<__nv_bfloat16>(9, 768, true);
@@ -264,15 +287,15 @@ void check_cross_entropy(int64_t vocab) {
                                   true, nullptr);
     return std::make_tuple(max, sum, loss, x.values());
   };
-  const auto packed = run(true), scalar = run(false);
   const std::string what = std::string("cross entropy ") + name_of<T>() + ", vocab " + std::to_string(vocab);
+  const auto [packed, scalar] = run_both(run, 1, what);
   EXPECT_EQ(std::get<0>(packed), std::get<0>(scalar)) << what << " (max)";
   EXPECT_LT(relative_error(std::get<1>(packed), std::get<1>(scalar)), 1e-5) << what << " (sum)";
   EXPECT_LT(relative_error(std::get<2>(packed), std::get<2>(scalar)), 1e-5) << what << " (loss)";
   EXPECT_LT(relative_error(std::get<3>(packed), std::get<3>(scalar)), 1e-2) << what << " (gradient)";
 }
 
-TEST(KernelsEmulated, PackedCrossEntropyEqualsTheScalarKernel) {
+TEST_F(KernelsEmulated, PackedCrossEntropyEqualsTheScalarKernel) {
   check_cross_entropy<__nv_bfloat16>(20000);
   check_cross_entropy<__half>(2003);
 }

@@ -4,7 +4,7 @@
 // block's chunk, each element type, and sentinels between the tensors that must stay untouched.
 // What this proves is the launches' bookkeeping (which block updates which elements of which
 // tensor) and the arithmetic; tests/cuda/ runs the same kernels on a GPU against LibTorch's.
-#include <gtest/gtest.h>
+#include "emulated_test.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -16,6 +16,8 @@
 #include "element.cuh"
 
 namespace {
+
+using MultiTensorEmulated = Emulated;
 
 using dtk::cuda::ElementType;
 
@@ -109,14 +111,14 @@ void check_adamw(bool grad_bf16) {
   EXPECT_EQ(sentinels_changed, 0) << "elements outside every tensor written";
 }
 
-TEST(MultiTensorEmulated, FusedAdamWEqualsTorchsAdamWOnEveryElement) {
+TEST_F(MultiTensorEmulated, FusedAdamWEqualsTorchsAdamWOnEveryElement) {
   check_adamw<float>(false);
   check_adamw<__nv_bfloat16>(true);
 }
 
 // The tensors of tensor_sizes() as fp32, then bf16, fp16 and fp32 again (a launch takes one
 // element type), each element's square summed in long double for the reference.
-TEST(MultiTensorEmulated, SumOfSquaresEqualsTheSumInLongDouble) {
+TEST_F(MultiTensorEmulated, SumOfSquaresEqualsTheSumInLongDouble) {
   const std::vector<int64_t> sizes = tensor_sizes();
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 3.0f);

@@ -52,15 +52,23 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
 namespace simt {
+// The most dynamic shared memory a block may have here (an H100's 227 KB).
+constexpr size_t kMostShared = 232448;
 // The device the host code asks about: an H100's compute capability 9.0 and 227 KB of shared
-// memory a block by default; a test may set another GPU's (an A100: 8.0, 163 KB).
+// memory a block by default; a test may set another GPU's (an A100: 8.0, 163 KB), up to that.
 struct Device {
   int major = 9;
-  int shared_optin = 232448;
+  int shared_optin = static_cast<int>(kMostShared);
 };
 inline Device device;
+// Misuse the kernels and their host code must not show: copies never waited for, ldmatrix rows
+// not 16-byte aligned, a write past the dynamic shared memory the launch asked for, an opt-in or
+// a launch a GPU would refuse.
+inline std::atomic<long> faults{0};
 // Each kernel's opt-in to more than 48 KB of dynamic shared memory (cudaFuncSetAttribute).
 inline std::map<const void*, int> shared_allowed;
+// Every kernel launched, in order (for a test to see which variant the host code chose).
+inline std::vector<const void*> launched;
 }  // namespace simt
 
 // The runtime calls the kernels' host code makes: no device; a launch a GPU would refuse sets the
@@ -80,7 +88,10 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
-  if (bytes < 0 || bytes > simt::device.shared_optin) return last_error = cudaErrorInvalidValue;
+  if (bytes < 0 || bytes > std::min<int>(simt::device.shared_optin, simt::kMostShared)) {
+    ++simt::faults;
+    return last_error = cudaErrorInvalidValue;
+  }
   simt::shared_allowed[reinterpret_cast<const void*>(kernel)] = bytes;
   return cudaSuccess;
 }
@@ -143,12 +154,12 @@ struct Thread {
 
 inline Block* current = nullptr;
 inline thread_local Thread self;
-// Misuse the kernels must not show: copies never waited for, ldmatrix rows not 16-byte aligned,
-// a write past the dynamic shared memory the launch asked for, a launch a GPU would refuse.
-inline std::atomic<long> faults{0};
-// The running block's dynamic shared memory, NaN bytes (bf16, fp16 and fp32) when it starts; the
-// bytes past what the launch asked for must still be when the block ends.
-alignas(128) inline unsigned char shared_memory[232448 + 4096];
+// The running block's dynamic shared memory: NaN bytes (bf16, fp16 and fp32) when it starts, and
+// past what the launch asked for guard bytes that must be unchanged when the block ends. The guard
+// alternates between blocks, 0xff and 0x7f (a huge value or NaN in every type), so that neither a
+// write of NaN bytes nor of 0x7f bytes goes unseen.
+alignas(128) inline unsigned char shared_memory[kMostShared + 4096];
+inline unsigned char guard_byte(size_t block) { return block % 2 ? 0x7f : 0xff; }
 
 inline Warp& warp() { return *current->warps[self.warp]; }
 
@@ -171,16 +182,20 @@ void run_grid(dim3 grid, int threads, size_t shared, F f) {
   for (int i = 0; i < threads; ++i)
     team.emplace_back([&, i] {
       threadIdx = {static_cast<unsigned>(i), 0, 0};
-      for (const dim3& index : blocks) {
-        if (i == 0) std::memset(shared_memory, 0xff, sizeof shared_memory);
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const dim3& index = blocks[b];
+        if (i == 0) {
+          std::memset(shared_memory, 0xff, shared);
+          std::memset(shared_memory + shared, guard_byte(b), sizeof shared_memory - shared);
+        }
         block.meet.arrive_and_wait();
         blockIdx = index;
         self = Thread{i % 32, i / 32, {}, {}};
         f();
         if (!self.groups.empty() || !self.open.empty()) ++faults;
         block.meet.arrive_and_wait();  // the block is done before the next one's memory is reset
-        if (i == 0 &&
-            std::any_of(shared_memory + shared, std::end(shared_memory), [](unsigned char b) { return b != 0xff; }))
+        if (i == 0 && std::any_of(shared_memory + shared, std::end(shared_memory),
+                                  [&](unsigned char x) { return x != guard_byte(b); }))
           ++faults;
       }
     });
@@ -210,19 +225,21 @@ T __shfl_xor_sync(unsigned, T x, int mask) {
 namespace dtk::cuda {
 // Runs the grid, or refuses the launch as a GPU would (the error for cudaGetLastError(), and a
 // fault: DTK's host code must never ask for it): more than 1024 threads a block, a grid dimension
-// out of range, more than 48 KB of dynamic shared memory without the kernel's opt-in. Blocks of
-// whole warps in x only: the emulation's warps, and all DTK launches.
+// out of range, more dynamic shared memory than the kernel's opt-in (48 KB without one) or the
+// device allows. Blocks of whole warps in x only: the emulation's warps, and all DTK launches.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t, Args&&... args) {
   const auto allowed = simt::shared_allowed.find(reinterpret_cast<const void*>(kernel));
-  const size_t shared_limit = allowed == simt::shared_allowed.end() ? 48 * 1024 : allowed->second;
-  const bool refused = block.x == 0 || block.x > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-                       grid.z > 65535 || shared > std::max<size_t>(shared_limit, 48 * 1024);
+  const size_t shared_limit = std::min<size_t>(allowed == simt::shared_allowed.end() ? 48 * 1024 : allowed->second,
+                                               std::min<size_t>(simt::device.shared_optin, simt::kMostShared));
+  const bool refused = block.x == 0 || block.x > 1024 || grid.x == 0 || grid.x > 0x7fffffffu || grid.y == 0 ||
+                       grid.z == 0 || grid.y > 65535 || grid.z > 65535 || shared > shared_limit;
   if (refused || block.y != 1 || block.z != 1 || block.x % 32 != 0) {
     if (refused) last_error = shared > shared_limit ? cudaErrorInvalidValue : cudaErrorInvalidConfiguration;
     ++simt::faults;
     return;
   }
+  simt::launched.push_back(reinterpret_cast<const void*>(kernel));
   simt::run_grid(grid, static_cast<int>(block.x), shared, [&] { kernel(static_cast<Params>(args)...); });
 }
 }  // namespace dtk::cuda

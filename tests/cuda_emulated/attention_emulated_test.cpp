@@ -208,6 +208,8 @@ TEST_F(AttentionEmulated, KernelsEqualTheReference) {
 // head_dim `d`, found by bisection on the emulated device's limit.
 int64_t least_shared_supported(int64_t d) {
   int lo = 48 * 1024, hi = static_cast<int>(simt::kMostShared);  // not taken at lo, taken at hi
+  simt::device.shared_optin = lo;
+  EXPECT_FALSE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, d, 0)) << "head_dim " << d;
   simt::device.shared_optin = hi;
   EXPECT_TRUE(dtk::cuda::attention_supported(dtk::cuda::ElementType::kBFloat16, d, 0)) << "head_dim " << d;
   while (hi - lo > 1) {

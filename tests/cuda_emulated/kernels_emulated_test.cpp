@@ -90,7 +90,8 @@ double relative_error(const A& a, const B& b) {
 }
 
 // run(true) and run(false); and a failure unless `packed_calls` of the aligned run's launches were
-// of other kernels than the unaligned run's (the packed kernels taken where the host code may).
+// of other kernels than the unaligned run's, position by position (the host code's packed variants,
+// which the count names: it does not know which kernel is which).
 template <class Run>
 auto run_both(const Run& run, size_t packed_calls, const std::string& what) {
   simt::launched.clear();

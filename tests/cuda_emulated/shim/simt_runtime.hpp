@@ -156,9 +156,10 @@ inline Block* current = nullptr;
 inline thread_local Thread self;
 // The running block's dynamic shared memory: NaN bytes (bf16, fp16 and fp32) when it starts, and
 // past what the launch asked for guard bytes that must be unchanged when the block ends. The guard
-// alternates between blocks, 0xff and 0x7f (a huge value or NaN in every type), so that neither a
-// write of NaN bytes nor of 0x7f bytes goes unseen.
+// is 0xff and 0x7f (a huge value or NaN in every type) in turn, block after block over every
+// launch, so that a kernel writing either pattern past its memory is seen in every other block.
 alignas(128) inline unsigned char shared_memory[kMostShared + 4096];
+inline size_t blocks_run = 0;
 inline unsigned char guard_byte(size_t block) { return block % 2 ? 0x7f : 0xff; }
 
 inline Warp& warp() { return *current->warps[self.warp]; }
@@ -182,11 +183,11 @@ void run_grid(dim3 grid, int threads, size_t shared, F f) {
   for (int i = 0; i < threads; ++i)
     team.emplace_back([&, i] {
       threadIdx = {static_cast<unsigned>(i), 0, 0};
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        const dim3& index = blocks[b];
+      for (const dim3& index : blocks) {
+        const unsigned char guard = i == 0 ? guard_byte(blocks_run) : 0;  // thread 0 alone counts blocks
         if (i == 0) {
           std::memset(shared_memory, 0xff, shared);
-          std::memset(shared_memory + shared, guard_byte(b), sizeof shared_memory - shared);
+          std::memset(shared_memory + shared, guard, sizeof shared_memory - shared);
         }
         block.meet.arrive_and_wait();
         blockIdx = index;
@@ -194,9 +195,11 @@ void run_grid(dim3 grid, int threads, size_t shared, F f) {
         f();
         if (!self.groups.empty() || !self.open.empty()) ++faults;
         block.meet.arrive_and_wait();  // the block is done before the next one's memory is reset
-        if (i == 0 && std::any_of(shared_memory + shared, std::end(shared_memory),
-                                  [&](unsigned char x) { return x != guard_byte(b); }))
-          ++faults;
+        if (i == 0) {
+          if (std::any_of(shared_memory + shared, std::end(shared_memory), [&](unsigned char x) { return x != guard; }))
+            ++faults;
+          ++blocks_run;
+        }
       }
     });
   for (std::thread& t : team) t.join();

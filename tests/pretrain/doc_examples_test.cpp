@@ -3,6 +3,7 @@
 // here instead of in a new user's first command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -66,17 +67,22 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
   const dtk_test::Result list = dtk_test::run_dtk("plugins list", 60);
   ASSERT_EQ(list.code, 0) << list.out;
   std::map<std::string, std::vector<std::string>> plugins;  // slot -> names
+  std::map<std::string, std::set<std::string>> options;     // plugin -> its options
   std::istringstream lines(list.out);
   for (std::string line; std::getline(lines, line);) {
     std::istringstream fields(line);
     std::string name, kind;
-    if (fields >> name >> kind && name != "NAME") plugins[kind].push_back(name);
+    if (!(fields >> name >> kind) || name == "NAME") continue;
+    plugins[kind].push_back(name);
+    const dtk_test::Result described = dtk_test::run_dtk("plugins describe " + name + " --kind " + kind, 60);
+    ASSERT_EQ(described.code, 0) << described.out;
+    static const std::regex option_line(R"(^  ([a-z_][a-z0-9_]*) +\S)");
+    std::istringstream rows(described.out.substr(described.out.find("\noptions:") + 1));
+    std::smatch m;
+    for (std::string row; std::getline(rows, row);)
+      if (std::regex_search(row, m, option_line)) options[name].insert(m[1]);
   }
-  // Each example once (where it first appears), checked in batches of one `dtk config` call:
-  // a batch that passes has no unknown name or wrong type in it; a batch that fails is halved
-  // down to single examples, so a failure names its example (one process per example took
-  // minutes).
-  std::map<std::string, std::string> examples;  // example -> where
+  std::map<std::string, std::string> examples;  // example -> where (each example once, where it first appears)
   for (const auto& [where, text] : sources)
     for (const auto& example : set_examples(text)) examples.emplace(example, where);
   // A name that does not exist or a value of the wrong type is a documentation bug; a value the
@@ -91,37 +97,78 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
                                r.out.find(" does nothing without ") != std::string::npos;
     return r.code == 0 || (!wrong_name && needs_context);
   };
-  // The slot's default plugin first, then each plugin of the slot: accepted by one of them.
-  auto check_one = [&](const std::string& example, const std::string& where) {
-    dtk_test::Result r = dtk_test::run_dtk("config --set " + example, 60);
+  const auto key_of = [](const std::string& example) {  // "strategy.stage"
     const std::string bare = example[0] == '\'' ? example.substr(1) : example;
-    const std::string slot = bare.substr(0, bare.find('.'));
+    return bare.substr(0, bare.find('='));
+  };
+  // One example alone: with the plugin its group chose (`flags`; none: the slot's default), then
+  // each plugin of the slot.
+  auto check_one = [&](const std::string& example, const std::string& where, const std::string& flags) {
+    dtk_test::Result r = dtk_test::run_dtk("config" + flags + " --set " + example, 60);
+    const std::string key = key_of(example), slot = key.substr(0, key.find('.'));
     std::string outputs = r.out;
     for (const std::string& name : plugins[slot]) {
       if (accepted(r)) break;
+      if (flags == " --" + slot + " " + name) continue;  // tried first
       r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + example, 60);
       outputs += r.out;
     }
     EXPECT_TRUE(accepted(r) || example == "optimizer.scale=0.5") << where << ": `--set " << example << "` is refused:\n"
                                                                  << outputs;
   };
-  // A batch that passes is done; one that fails is halved until the failures stand alone.
+  // Examples checked in batches of one `dtk config` call each (one process per example took
+  // minutes), a plugin's options under that plugin (`--strategy zero`). dtk applies every --set
+  // to the config sections (an unknown name or a wrong type stops it there) before it validates
+  // the whole and, after that, reads the plugins' options: so a batch of config sections alone
+  // passes as one example would, when it exits 0 or stops at the validation. A batch of plugin
+  // options passes only when it exits 0; where it fails, its error names the example it stopped
+  // at ("has no option 'order'", "config: strategy.stage ..."): that one is checked alone and the
+  // rest again; where it names none, the batch is halved. So every example either passed in a
+  // batch or was checked alone, with its own message.
   using Batch = std::vector<std::pair<std::string, std::string>>;
-  std::function<void(const Batch&)> check = [&](const Batch& batch) {
-    if (batch.size() == 1) return check_one(batch[0].first, batch[0].second);
-    std::string args = "config";
+  std::function<void(const std::string&, const Batch&)> check = [&](const std::string& flags, const Batch& batch) {
+    if (batch.empty()) return;
+    if (batch.size() == 1) return check_one(batch[0].first, batch[0].second, flags);
+    std::string args = "config" + flags;
     for (const auto& [example, where] : batch) args += " --set " + example;
-    if (dtk_test::run_dtk(args, 60).code == 0) return;
+    const dtk_test::Result r = dtk_test::run_dtk(args, 60);
+    if (r.code == 0 || (flags.empty() && accepted(r))) return;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::string key = key_of(batch[i].first), option = key.substr(key.find('.') + 1);
+      if (r.out.find("config: " + key) == std::string::npos &&
+          r.out.find("option '" + option + "'") == std::string::npos)
+        continue;
+      check_one(batch[i].first, batch[i].second, flags);
+      Batch rest = batch;
+      rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
+      return check(flags, rest);
+    }
     const auto half = batch.begin() + static_cast<std::ptrdiff_t>(batch.size() / 2);
-    check(Batch(batch.begin(), half));
-    check(Batch(half, batch.end()));
+    check(flags, Batch(batch.begin(), half));
+    check(flags, Batch(half, batch.end()));
   };
-  Batch batch;
+  // The config sections' examples together (no flag); a plugin option's under the first plugin of
+  // its slot that lists it, or under the slot's first plugin where none does (it fails alone).
+  std::map<std::string, Batch> groups;  // the plugin flag ("" or " --strategy zero") -> its examples
   for (const auto& example : examples) {
-    batch.push_back(example);
-    if (batch.size() == 16) check(batch), batch.clear();
+    const std::string key = key_of(example.first), slot = key.substr(0, key.find('.'));
+    const auto slot_plugins = plugins.find(slot);
+    std::string flags;
+    if (slot_plugins != plugins.end() && !slot_plugins->second.empty()) {
+      std::string owner = slot_plugins->second.front();
+      for (const std::string& name : slot_plugins->second)
+        if (options[name].count(key.substr(key.find('.') + 1))) {
+          owner = name;
+          break;
+        }
+      flags = " --" + slot + " " + owner;
+    }
+    groups[flags].push_back(example);
   }
-  if (!batch.empty()) check(batch);
+  for (const auto& [flags, group] : groups)
+    for (size_t i = 0; i < group.size(); i += 16)
+      check(flags, Batch(group.begin() + static_cast<std::ptrdiff_t>(i),
+                         group.begin() + static_cast<std::ptrdiff_t>(std::min(i + 16, group.size()))));
   const size_t checked = examples.size();
   // The README and the user guide show several; finding none means the extraction broke.
   EXPECT_GE(checked, 8u);

@@ -101,16 +101,19 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
     const std::string bare = example[0] == '\'' ? example.substr(1) : example;
     return bare.substr(0, bare.find('='));
   };
+  // An example as one shell word: the extraction keeps quotes out of an unquoted value, and a
+  // quoted example ('lr.param_rules=...') already is one.
+  const auto word = [](const std::string& example) { return example[0] == '\'' ? example : "'" + example + "'"; };
   // One example alone: with the plugin its group chose (`flags`; none: the slot's default), then
   // each plugin of the slot.
   auto check_one = [&](const std::string& example, const std::string& where, const std::string& flags) {
-    dtk_test::Result r = dtk_test::run_dtk("config" + flags + " --set " + example, 60);
+    dtk_test::Result r = dtk_test::run_dtk("config" + flags + " --set " + word(example), 60);
     const std::string key = key_of(example), slot = key.substr(0, key.find('.'));
     std::string outputs = r.out;
     for (const std::string& name : plugins[slot]) {
       if (accepted(r)) break;
       if (flags == " --" + slot + " " + name) continue;  // tried first
-      r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + example, 60);
+      r = dtk_test::run_dtk("config --" + slot + " " + name + " --set " + word(example), 60);
       outputs += r.out;
     }
     EXPECT_TRUE(accepted(r) || example == "optimizer.scale=0.5") << where << ": `--set " << example << "` is refused:\n"
@@ -130,7 +133,7 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
     if (batch.empty()) return;
     if (batch.size() == 1) return check_one(batch[0].first, batch[0].second, flags);
     std::string args = "config" + flags;
-    for (const auto& [example, where] : batch) args += " --set " + example;
+    for (const auto& [example, where] : batch) args += " --set " + word(example);
     const dtk_test::Result r = dtk_test::run_dtk(args, 60);
     if (r.code == 0 || (flags.empty() && accepted(r))) return;
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -165,10 +168,26 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
     }
     groups[flags].push_back(example);
   }
-  for (const auto& [flags, group] : groups)
-    for (size_t i = 0; i < group.size(); i += 16)
-      check(flags, Batch(group.begin() + static_cast<std::ptrdiff_t>(i),
-                         group.begin() + static_cast<std::ptrdiff_t>(std::min(i + 16, group.size()))));
+  // Batches of up to 16 with each key once (a plugin option set twice keeps the last value, read
+  // only after the batch: an earlier wrong one would go unseen). lr.param_rules alone: its regular
+  // expressions are checked by the validation, which stops at the first other example's failure.
+  for (const auto& [flags, group] : groups) {
+    std::vector<Batch> batches;
+    std::vector<std::set<std::string>> keys;
+    for (const auto& example : group) {
+      const std::string key = key_of(example.first);
+      if (key == "lr.param_rules") {
+        check(flags, Batch{example});
+        continue;
+      }
+      size_t b = 0;
+      while (b < batches.size() && (batches[b].size() == 16 || keys[b].count(key))) ++b;
+      if (b == batches.size()) batches.emplace_back(), keys.emplace_back();
+      batches[b].push_back(example);
+      keys[b].insert(key);
+    }
+    for (const Batch& batch : batches) check(flags, batch);
+  }
   const size_t checked = examples.size();
   // The README and the user guide show several; finding none means the extraction broke.
   EXPECT_GE(checked, 8u);

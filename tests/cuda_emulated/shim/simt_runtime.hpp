@@ -61,6 +61,8 @@ struct Device {
   int shared_optin = static_cast<int>(kMostShared);
 };
 inline Device device;
+// The most dynamic shared memory a kernel may opt into on the device.
+inline size_t shared_optin_limit() { return std::min<size_t>(device.shared_optin, kMostShared); }
 // Misuse the kernels and their host code must not show: copies never waited for, ldmatrix rows
 // not 16-byte aligned, a write past the dynamic shared memory the launch asked for, an opt-in or
 // a launch a GPU would refuse.
@@ -88,7 +90,7 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
-  if (bytes < 0 || bytes > std::min<int>(simt::device.shared_optin, simt::kMostShared)) {
+  if (bytes < 0 || static_cast<size_t>(bytes) > simt::shared_optin_limit()) {
     ++simt::faults;
     return last_error = cudaErrorInvalidValue;
   }
@@ -233,8 +235,8 @@ namespace dtk::cuda {
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t, Args&&... args) {
   const auto allowed = simt::shared_allowed.find(reinterpret_cast<const void*>(kernel));
-  const size_t shared_limit = std::min<size_t>(allowed == simt::shared_allowed.end() ? 48 * 1024 : allowed->second,
-                                               std::min<size_t>(simt::device.shared_optin, simt::kMostShared));
+  const size_t shared_limit =
+      std::min<size_t>(allowed == simt::shared_allowed.end() ? 48 * 1024 : allowed->second, simt::shared_optin_limit());
   const bool refused = block.x == 0 || block.x > 1024 || grid.x == 0 || grid.x > 0x7fffffffu || grid.y == 0 ||
                        grid.z == 0 || grid.y > 65535 || grid.z > 65535 || shared > shared_limit;
   if (refused || block.y != 1 || block.z != 1 || block.x % 32 != 0) {

@@ -9,6 +9,8 @@
 // held within a millisecond of exec; the mask survives execve, and the host's StartupSignals
 // delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its
 // ranks. Other commands neither save on signals nor forward them: they run with the mask they got.
+// It also puts the caching allocator's preload in place for the commands that train, so the host
+// is executed once on it, not re-executed (memory/allocator.hpp).
 #include <limits.h>
 #include <unistd.h>
 
@@ -17,10 +19,13 @@
 #include <cstring>
 #include <string>
 
+#include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/train/exit_signals.hpp"
 
 int main(int argc, char** argv) {
   if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
+  // The host then starts on tcmalloc at once instead of re-executing itself (allocator.hpp).
+  dtk::core::pass_caching_allocator_on(argc, argv);
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) {

@@ -222,8 +222,8 @@ TEST(Cli, SaysWhichCpuGemmEngineItUsesAndBothTrainTheSame) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << "iteration " << i + 1;
 }
 
-// dtk runs on tcmalloc by default (apps/dtk/allocator.hpp: it re-executes itself with it
-// preloaded) and says which allocator it runs on; DTK_ALLOCATOR=system keeps glibc malloc, and the
+// dtk runs on tcmalloc by default (dtk/core/memory/allocator.hpp: bin/dtk executes the host
+// with it preloaded) and says which allocator it runs on; DTK_ALLOCATOR=system keeps glibc malloc, and the
 // process really has no tcmalloc mapped then.
 TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   const std::string args = kTiny + "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set eval.eval_iters=0 "

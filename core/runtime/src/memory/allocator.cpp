@@ -55,12 +55,20 @@ void preload_tcmalloc(char** argv, bool children_only) {
 
 }  // namespace
 
+namespace {
+// Only training allocates tensors in earnest: other commands start on malloc, once.
+bool trains(int argc, char** argv) { return argc >= 2 && !std::strcmp(argv[1], "train"); }
+bool launches(int argc, char** argv) { return argc >= 2 && !std::strcmp(argv[1], "launch"); }
+}  // namespace
+
 void use_caching_allocator(int argc, char** argv) {
-  // Only training allocates tensors in earnest: other commands start once (loading LibTorch
-  // twice costs about half a second). `dtk launch` passes the preload on to its ranks.
-  const bool train = argc >= 2 && !std::strcmp(argv[1], "train");
-  const bool launch = argc >= 2 && !std::strcmp(argv[1], "launch");
-  if (train || launch) preload_tcmalloc(argv, /*children_only=*/launch);
+  // `dtk launch` passes the preload on to its ranks. bin/dtk has usually set it already
+  // (pass_caching_allocator_on): then nothing is left to do.
+  if (trains(argc, argv) || launches(argc, argv)) preload_tcmalloc(argv, /*children_only=*/launches(argc, argv));
+}
+
+void pass_caching_allocator_on(int argc, char** argv) {
+  if (trains(argc, argv) || launches(argc, argv)) preload_tcmalloc(argv, /*children_only=*/true);
 }
 
 void reexec_with_caching_allocator(char** argv) { preload_tcmalloc(argv, /*children_only=*/false); }

@@ -6,7 +6,9 @@
 // main job ran 4.7x faster with it on a 2-vCPU VM, docs/benchmarks.md). Every tensor and
 // every plugin of the process allocates through malloc, so the allocator is chosen for the whole
 // process, once, before anything runs: dtk re-executes itself with Debian's tcmalloc
-// (libtcmalloc-minimal4) in LD_PRELOAD. Children (`dtk launch` ranks) inherit it.
+// (libtcmalloc-minimal4) in LD_PRELOAD. Children (`dtk launch` ranks) inherit it. bin/dtk, the
+// front that links no LibTorch, puts the preload in place before it executes the host, so the
+// host loads LibTorch once (a re-exec loads it twice: about 0.6 s of every `dtk train`).
 //
 //   DTK_ALLOCATOR=system       glibc malloc (no re-exec); tcmalloc (the default) or nothing else
 //   DTK_TCMALLOC_PATH=FILE     this tcmalloc instead of the one found when dtk was configured
@@ -24,6 +26,10 @@ std::string malloc_name();
 // `dtk launch` it puts the preload into the environment its ranks inherit; other commands
 // (config, plugins, preprocess) start once, on malloc.
 void use_caching_allocator(int argc, char** argv);
+
+// For bin/dtk (apps/dtk/front.cpp), before it executes the host with the same arguments: the
+// environment use_caching_allocator would re-execute with, without re-executing this process.
+void pass_caching_allocator_on(int argc, char** argv);
 
 // The same for a program that always trains (the benchmarks): re-executes it with tcmalloc
 // preloaded unless it runs on it already or DTK_ALLOCATOR=system.

@@ -18,16 +18,9 @@
 #include "dtk/core/export/hf_gpt2.hpp"
 #include "dtk/core/export/hf_llama.hpp"
 #include "dtk/host/plugin_host.hpp"
-#include "tokenizer_flags.hpp"
 #include "dtk/plugin.hpp"
-
-DECLARE_string(vocab_file);
-DECLARE_string(merge_file);
-DECLARE_string(model);
-DECLARE_string(config);
-DECLARE_string(megatron_args);
-DECLARE_bool(use_checkpoint_args);
-DECLARE_bool(verify);
+#include "flags/flags.hpp"
+#include "tokenizer_flags.hpp"
 
 namespace {
 

@@ -19,19 +19,8 @@
 #include "dtk/data/error.hpp"
 #include "dtk/host/error_line.hpp"
 #include "dtk/text/preprocess.hpp"
+#include "flags/flags.hpp"
 #include "tokenizer_flags.hpp"
-
-DEFINE_string(input, "",
-              "preprocess: input files, comma-separated; *.jsonl/*.json = one JSON document per line, "
-              "anything else = plain text, one document per file. With --decode: the dataset prefix.");
-DEFINE_string(output_prefix, "", "preprocess: output prefix; writes PREFIX_{key}_document.{bin,idx}.");
-DEFINE_string(json_keys, "text", "preprocess: comma-separated JSON keys to extract (one output per key).");
-DEFINE_bool(append_eod, false, "preprocess: append the tokenizer's end-of-document token to every non-empty document.");
-DEFINE_int32(workers, 0, "preprocess: encoder threads (0 = all cores).");
-DEFINE_bool(decode, false, "preprocess: print the text of a preprocessed dataset (--input PREFIX [A:B]).");
-DEFINE_bool(skip_bad_lines, false,
-            "preprocess: skip (and count) lines with bad JSON or invalid UTF-8 instead of failing.");
-DEFINE_double(log_interval_mb, 64, "preprocess: print progress every this many input MB (0 = never).");
 
 namespace {
 

@@ -1,11 +1,13 @@
 // front.cpp — `bin/dtk`, the command users run: it holds the signals `dtk train` saves on (and
 // `dtk launch` forwards), then executes the host, `libexec/dtk` (main.cpp), with the same
-// arguments and environment.
+// arguments and environment. `dtk launch` it runs itself (launch.cpp): the launcher needs no
+// LibTorch, and each rank it starts is bin/dtk again.
 //
 // Why a second executable: the host links LibTorch, whose libraries the dynamic loader maps and
-// relocates for about 0.3 s before any code of dtk runs (not even the host's .preinit_array
+// relocates for about 0.3 s before any code of dtk runs (and whose operator registration takes
+// about as long again) (not even the host's .preinit_array
 // hook), and a SIGTERM, or the SIGHUP of a closing terminal, in that window ended the process
-// with no line. This one links no LibTorch (the C and C++ runtimes only), so the signals are
+// with no line. This one links no LibTorch (the C and C++ runtimes, gflags and glog), so the signals are
 // held within a millisecond of exec; the mask survives execve, and the host's StartupSignals
 // delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its
 // ranks. Other commands neither save on signals nor forward them: they run with the mask they got.
@@ -21,11 +23,14 @@
 
 #include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/train/exit_signals.hpp"
+#include "launch.hpp"
 
 int main(int argc, char** argv) {
   if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
   // The host then starts on tcmalloc at once instead of re-executing itself (allocator.hpp).
   dtk::core::pass_caching_allocator_on(argc, argv);
+  // The launcher itself needs no LibTorch: its ranks run bin/dtk again, hence the host.
+  if (argc >= 2 && !std::strcmp(argv[1], "launch")) return launch_command(argc - 2, argv + 2);
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) {

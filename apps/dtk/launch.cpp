@@ -35,9 +35,12 @@
 
 #include <gflags/gflags.h>
 
+#include "command_line.hpp"
 #include "dtk/core/launch/reserved_port.hpp"
 #include "dtk/core/train/exit_signals.hpp"
 #include "dtk/host/error.hpp"
+#include "dtk/host/error_line.hpp"
+#include "dtk/plugin.hpp"  // one_line
 
 namespace {
 
@@ -347,8 +350,6 @@ int Ranks::supervise() {
   return result_;
 }
 
-}  // namespace
-
 int run_launch(int argc, char** argv) {
   LaunchArgs args = parse_args(argc, argv);
   if (args.help) {
@@ -395,4 +396,17 @@ int run_launch(int argc, char** argv) {
   Ranks ranks(args.nproc, args.node_rank * args.nproc);
   ranks.spawn(exe, child_argv, args);
   return ranks.supervise();
+}
+
+}  // namespace
+
+int launch_command(int argc, char** argv) {
+  try {
+    return run_launch(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(dtk::one_line(e.what())).c_str());
+    std::fflush(stderr);
+    return 1;
+  }
 }

@@ -4,13 +4,7 @@
 
 #include <string>
 
-// args: everything after "launch". Returns the exit code of the launcher.
-int run_launch(int argc, char** argv);
-
-// Whether `name` is one of dtk's commands (main.cpp keeps the list): the launcher refuses anything
-// else once, rather than every rank refusing it.
-bool is_command(const std::string& name);
-
-// The command of a dtk command line (args: what follows "dtk"), after checking its flags as dtk
-// does (unknown flags, values of the wrong type); "" when it names none. main.cpp keeps the rules.
-std::string rank_command(int argc, char** argv);
+// args: everything after "launch". Returns the exit code of the launcher; an error is one
+// "dtk: error: launch: ..." line and code 1. bin/dtk (front.cpp) runs it, without LibTorch; the
+// host (main.cpp) too when libexec/dtk is started directly.
+int launch_command(int argc, char** argv);

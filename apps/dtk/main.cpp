@@ -21,6 +21,7 @@
 #include "cmd_export.hpp"
 #include "cmd_generate.hpp"
 #include "cmd_preprocess.hpp"
+#include "command_line.hpp"
 #include "dtk/core/components/services.hpp"
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/config/deepspeed_config.hpp"
@@ -35,42 +36,11 @@
 #include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
 #include "dtk/plugin.hpp"
+#include "flags/flags.hpp"
 #include "launch.hpp"
 #include "run_config.hpp"
 #include "test_hooks.hpp"
 #include "tokenizer_flags.hpp"
-
-DEFINE_string(config, "", "Run configuration in protobuf text format (see configs/).");
-DEFINE_string(model, "", "Model plugin (overrides model.name).");
-DEFINE_string(dataset, "", "Dataset plugin (overrides dataset.name).");
-DEFINE_string(step, "", "Forward-step/loss plugin (overrides step.name).");
-DEFINE_string(optimizer, "", "Optimizer plugin (overrides optimizer.name).");
-DEFINE_string(strategy, "", "Parallel strategy plugin (overrides strategy.name).");
-DEFINE_string(plugin_path, "", "Extra plugin files or directories, ':'-separated.");
-DEFINE_int32(threads, 0, "Intra-op CPU threads for LibTorch (0 = all cores).");
-DEFINE_string(data_path, "", "Shortcut for --set dataset.data_path=... (Megatron's --data_path).");
-DEFINE_string(bench_out, "", "Write the performance summary as JSON to this file (--set logging.bench_out=...).");
-DEFINE_string(megatron_args, "",
-              "A Megatron-LM / DeepSpeed-Domino pretraining flag list (or @FILE) mapped onto the config; --set "
-              "still wins. `dtk config --megatron_table` lists every flag.");
-DEFINE_string(deepspeed_config, "",
-              "DeepSpeed's JSON config (ds_config.json) as its engine reads it: ZeRO, precision, batch, clipping, "
-              "its optimizer and scheduler; after --config, before the plugin flags and --set. `dtk config "
-              "--deepspeed_table` lists every key.");
-DEFINE_bool(use_checkpoint_args, false,
-            "The model plugin and options of the checkpoint loaded (train's checkpoint.load, generate's --load, "
-            "export's CHECKPOINT) replace this run's (--set checkpoint.use_checkpoint_args=true; Megatron's "
-            "--use-checkpoint-args). Without it a difference that changes the model's function is refused.");
-DEFINE_bool(verify, true,
-            "checkpoint inspect, checkpoint convert, export, generate: check each checkpoint file against its "
-            "SHA256SUMS (--noverify reads a damaged or hand-edited one).");
-DEFINE_bool(megatron_table, false, "With `config`: print the Megatron flag table (Markdown) and exit.");
-DEFINE_bool(deepspeed_table, false,
-            "With `config`: print the table of DeepSpeed config keys (--deepspeed_config, and Megatron-DeepSpeed's "
-            "inside --megatron_args) and exit.");
-DEFINE_string(kind, "", "With `plugins describe`: the plugin kind when a name is used by several kinds.");
-// --set may be given many times; it is collected before gflags parses the rest.
-DEFINE_string(set, "", "key=value override of a config field or plugin option; repeatable.");
 
 namespace {
 
@@ -142,15 +112,7 @@ std::string g_flag_source = "--megatron_args";
 
 bool command_reads(const std::string& cmd, const std::string& flag, const std::string& file);
 
-// dtk's commands (launch starts one of them in each rank).
-const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
-                                 "export", "import", "generate", "version"};
-
 }  // namespace
-
-bool is_command(const std::string& name) {
-  return std::find(std::begin(kCommands), std::end(kCommands), name) != std::end(kCommands);
-}
 
 namespace {
 
@@ -179,74 +141,6 @@ void print_help(int argc, char** argv) {
   if (shown == 0) std::printf("  (none)\n");
 }
 
-// gflags exits on an unknown flag with its own message; check first so the user gets the
-// usual one-line error and a suggestion.
-void check_flags(int argc, char** argv) {
-  // A second --config or --megatron_args would replace the first without a word: the run would
-  // not be the one asked for.
-  std::map<std::string, std::string> once = {{"config", ""}, {"megatron_args", ""}, {"deepspeed_config", ""}};
-  std::map<std::string, bool> seen;
-  std::vector<gflags::CommandLineFlagInfo> all;
-  gflags::GetAllFlags(&all);
-  std::vector<std::string> names;
-  for (const auto& f : all) names.push_back(f.name);
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--") break;
-    if (a.size() < 2 || a[0] != '-') continue;
-    // "-1:3", "-5": a negative number where an argument goes (a flag's value was taken above).
-    if (std::isdigit(static_cast<unsigned char>(a[1])) || a[1] == '.')
-      throw dtk::host::HostError("'" + a + "' reads as a flag, not as an argument: arguments cannot start with '-'");
-    std::string name = a.substr(a[1] == '-' ? 2 : 1);
-    name = name.substr(0, name.find('='));
-    gflags::CommandLineFlagInfo info;
-    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-      // Check the value here: gflags would print its own multi-word message and exit.
-      if (info.type == "bool") continue;
-      const size_t eq = a.find('=');
-      std::string value;
-      if (eq != std::string::npos) {
-        value = a.substr(eq + 1);
-      } else if (i + 1 < argc) {
-        value = argv[++i];  // the value, even if it starts with '-' ("--threads -1")
-      } else {
-        throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
-      }
-      if (once.count(name) && seen[name])
-        throw dtk::host::HostError("--" + name + " given twice ('" + once[name] + "' and '" + value +
-                                   "'): a run reads one; merge them, or change single values with --set");
-      if (once.count(name)) once[name] = value, seen[name] = true;
-      if (info.type == "string") continue;
-      char* end = nullptr;
-      errno = 0;
-      if (info.type == "double") {
-        const double v = std::strtod(value.c_str(), &end);
-        if (value.empty() || *end != '\0' || !std::isfinite(v))
-          throw dtk::host::HostError("--" + name + " expects a finite number, got '" + value + "'");
-        continue;
-      }
-      // gflags reads "-1" as an unsigned flag's value with its own "illegal value" line.
-      if ((info.type == "uint32" || info.type == "uint64") && value.find('-') != std::string::npos)
-        throw dtk::host::HostError("--" + name + " expects a non-negative integer (" + info.type + "), got '" +
-                                   value + "'");
-      // uint64 takes the whole unsigned range (a seed of 2^63 and above).
-      const long long v = info.type == "uint64" ? static_cast<long long>(std::strtoull(value.c_str(), &end, 10))
-                                                : std::strtoll(value.c_str(), &end, 10);
-      const bool fits = info.type == "int32" ? v >= INT32_MIN && v <= INT32_MAX : true;
-      if (value.empty() || *end != '\0' || errno == ERANGE || !fits)
-        throw dtk::host::HostError("--" + name + " expects an integer (" + info.type + "), got '" + value + "'");
-      continue;
-    }
-    if (name.rfind("no", 0) == 0 && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
-        info.type == "bool")
-      continue;
-    std::string msg = "unknown flag '--" + name + "'";
-    const std::string guess = dtk::host::did_you_mean(name, names);
-    if (!guess.empty()) msg += "; did you mean '--" + guess + "'?";
-    throw dtk::host::HostError(msg + " (see --help)");
-  }
-}
-
 std::string exe_dir(const char* argv0) {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -255,25 +149,6 @@ std::string exe_dir(const char* argv0) {
     return std::filesystem::path(buf).parent_path().string();
   }
   return std::filesystem::absolute(argv0).parent_path().string();
-}
-
-// Pulls every "--set X" / "--set=X" out of argv (gflags would keep only the last one).
-std::vector<std::string> extract_sets(int* argc, char** argv) {
-  std::vector<std::string> sets;
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    const char* a = argv[i];
-    if (std::strcmp(a, "--set") == 0 || std::strcmp(a, "-set") == 0) {
-      if (i + 1 >= *argc) throw dtk::host::HostError("--set needs a key=value argument");
-      sets.emplace_back(argv[++i]);
-    } else if (std::strncmp(a, "--set=", 6) == 0) {
-      sets.emplace_back(a + 6);
-    } else {
-      argv[out++] = argv[i];
-    }
-  }
-  *argc = out;
-  return sets;
 }
 
 dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
@@ -530,11 +405,11 @@ bool command_reads(const std::string& cmd, const std::string& flag, const std::s
     return file.size() >= name.size() && file.compare(file.size() - name.size(), name.size(), name) == 0 &&
            (file.size() == name.size() || file[file.size() - name.size() - 1] == '/');
   };
-  if (defined_in("cmd_generate.cpp")) return cmd == "generate";
-  if (defined_in("cmd_preprocess.cpp")) return cmd == "preprocess";
-  if (defined_in("cmd_checkpoint.cpp")) return cmd == "checkpoint";
-  if (defined_in("tokenizer_flags.cpp")) return in({"train", "config", "preprocess", "generate", "export"});
-  if (!defined_in("main.cpp")) return true;  // not dtk's (glog's --v, --logtostderr, ...)
+  if (defined_in("flags/generate.cpp")) return cmd == "generate";
+  if (defined_in("flags/preprocess.cpp")) return cmd == "preprocess";
+  if (defined_in("flags/checkpoint.cpp")) return cmd == "checkpoint";
+  if (defined_in("flags/tokenizer.cpp")) return in({"train", "config", "preprocess", "generate", "export"});
+  if (!defined_in("flags/common.cpp")) return true;  // not dtk's (glog's --v, --logtostderr, ...)
   if (flag == "plugin_path" || flag == "threads") return true;
   if (flag == "kind") return cmd == "plugins";
   if (flag == "verify") return cmd == "checkpoint" || cmd == "export" || cmd == "generate";
@@ -575,9 +450,9 @@ void refuse_flags_of_other_commands(const std::string& cmd, const std::vector<st
     if (f.is_default || command_reads(cmd, f.name, f.filename)) continue;
     std::string owners;
     const bool refused_there = f.name == "config" || f.name == "megatron_args";  // by export and generate
-    for (const char* other : kCommands)
+    for (const std::string& other : command_names())
       if (other != cmd && command_reads(other, f.name, f.filename) &&
-          !(refused_there && (!std::strcmp(other, "export") || !std::strcmp(other, "generate"))))
+          !(refused_there && (other == "export" || other == "generate")))
         owners += (owners.empty() ? "" : ", ") + std::string(other);
     const std::string meant = (cmd == "train" || cmd == "config") ? train_equivalent(f.name) : "";
     throw dtk::host::HostError(cmd + ": --" + f.name + " is not read by dtk " + cmd + " (it is a flag of dtk " +
@@ -641,27 +516,6 @@ bool answered_version_or_help(int argc, char** argv) {
 
 }  // namespace
 
-std::string rank_command(int argc, char** argv) {
-  std::vector<char*> line = {const_cast<char*>("dtk")};
-  line.insert(line.end(), argv, argv + argc);
-  int n = static_cast<int>(line.size());
-  extract_sets(&n, line.data());
-  check_flags(n, line.data());
-  // gflags takes the flags wherever they stand: the command is the first word that is neither a
-  // flag nor a flag's value.
-  for (int i = 1; i < n; ++i) {
-    const std::string a = line[i];
-    if (a.empty()) throw dtk::host::HostError("launch: an empty argument where the dtk command goes");
-    if (a == "--") return i + 1 < n ? line[i + 1] : "";
-    if (a[0] != '-' || a == "-") return a;
-    if (a.find('=') != std::string::npos) continue;
-    gflags::CommandLineFlagInfo info;
-    if (gflags::GetCommandLineFlagInfo(a.substr(a.find_first_not_of('-')).c_str(), &info) && info.type != "bool")
-      ++i;  // its value
-  }
-  return "";
-}
-
 namespace {
 // `dtk train`: a signal of train.save_on_signals before its handler exists is held, not fatal
 // (exit_conditions.hpp). bin/dtk (front.cpp) holds them before it executes this host, and `dtk
@@ -691,14 +545,7 @@ int main(int argc, char** argv) {
                            std::to_string(DTK_ABI_MINOR) + ", LibTorch " + dtk::core::host_torch_version() + ")");
   gflags::SetUsageMessage(kUsage);
   // `dtk launch ...`: its own flags, then a whole dtk command line for the children.
-  if (argc >= 2 && !std::strcmp(argv[1], "launch")) {
-    try {
-      return run_launch(argc - 2, argv + 2);
-    } catch (const std::exception& e) {
-      report_error(dtk::one_line(e.what()));
-      return 1;
-    }
-  }
+  if (argc >= 2 && !std::strcmp(argv[1], "launch")) return launch_command(argc - 2, argv + 2);
   if (answered_version_or_help(argc, argv)) return 0;
   try {
     std::vector<std::string> sets = extract_sets(&argc, argv);

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libopenblas0-openmp   # LibTorch (CPU); Gloo headers for c10d; fast BLAS
-  libtcmalloc-minimal4                           # the caching allocator dtk runs on (apps/dtk/allocator.hpp)
+  libtcmalloc-minimal4                           # the caching allocator dtk runs on (dtk/core/memory/allocator.hpp)
   libprotobuf-dev protobuf-compiler              # configs
   libgoogle-glog-dev libgflags-dev               # logging, flags
   libboost-dev                                   # Boost.DLL (header-only)

@@ -1,5 +1,5 @@
 // `dtk export hf CHECKPOINT OUT_DIR [--vocab_file F --merge_file F]` and `dtk import hf`: see
-// cmd_export.hpp. The tokenizer flags are preprocess's (defined in cmd_preprocess.cpp).
+// cmd_export.hpp. The tokenizer flags are defined in flags/tokenizer.cpp.
 #include "cmd_export.hpp"
 
 #include <gflags/gflags.h>

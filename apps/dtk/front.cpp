@@ -8,11 +8,11 @@
 // about as long again) (not even the host's .preinit_array
 // hook), and a SIGTERM, or the SIGHUP of a closing terminal, in that window ended the process
 // with no line. This one links no LibTorch (the C and C++ runtimes, gflags and glog), so the signals are
-// held within a millisecond of exec; the mask survives execve, and the host's StartupSignals
-// delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its
-// ranks. Other commands neither save on signals nor forward them: they run with the mask they got.
-// It also puts the caching allocator's preload in place for the commands that train, so the host
-// is executed once on it, not re-executed (memory/allocator.hpp).
+// held before any library's initialiser runs (a .preinit_array hook); the mask survives execve, and the host's
+// StartupSignals delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its ranks.
+// Other commands neither save on signals nor forward them: they run with the mask they got. It also puts the caching
+// allocator's preload in place for the commands that train, so the host is executed once on it, not re-executed
+// (memory/allocator.hpp).
 #include <limits.h>
 #include <unistd.h>
 
@@ -25,12 +25,24 @@
 #include "dtk/core/train/exit_signals.hpp"
 #include "launch.hpp"
 
+namespace {
+// Held before gflags' and glog's static initialisers run too (glibc passes argc, argv, envp to
+// preinit functions); main() holds them again, harmlessly, for a front linked otherwise.
+void hold_exit_signals_first(int argc, char** argv, char**) {
+  if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
+}
+__attribute__((section(".preinit_array"), used)) void (*const kHoldExitSignals)(int, char**,
+                                                                                char**) = &hold_exit_signals_first;
+}  // namespace
+
 int main(int argc, char** argv) {
   if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
   // The host then starts on tcmalloc at once instead of re-executing itself (allocator.hpp).
   dtk::core::pass_caching_allocator_on(argc, argv);
-  // The launcher itself needs no LibTorch: its ranks run bin/dtk again, hence the host.
-  if (argc >= 2 && !std::strcmp(argv[1], "launch")) return launch_command(argc - 2, argv + 2);
+  // The launcher itself needs no LibTorch: its ranks run bin/dtk again, hence the host. What only
+  // a process with LibTorch can check (one of LibTorch's own flags) goes to the host's launcher.
+  if (argc >= 2 && !std::strcmp(argv[1], "launch") && launcher_can_check(argc - 2, argv + 2))
+    return launch_command(argc - 2, argv + 2);
   char self[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) {

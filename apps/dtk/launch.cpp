@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -280,8 +281,9 @@ void Ranks::spawn(const std::string& exe, std::vector<char*>& child_argv, const 
     }
     pids_[r] = pid, running_[r] = true, ++alive_, ++started_;
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-    // Forking many ranks takes a while (each fork copies a LibTorch-sized address space): a Ctrl-C
-    // or a timeout's SIGTERM meanwhile stops the spawning instead of waiting for the last rank.
+    // Forking many ranks takes a while (in the host's launcher each fork copies a LibTorch-sized
+    // address space): a Ctrl-C or a timeout's SIGTERM meanwhile stops the spawning instead of
+    // waiting for the last rank.
     sigset_t pending;
     sigpending(&pending);
     bool interrupted = false;
@@ -383,8 +385,9 @@ int run_launch(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   for (int sig : kForwardedSignals)
     if (!dtk::core::inherited_ignored(sig)) sigaction(sig, &sa, nullptr);
-  // Held since bin/dtk's first instruction (exit_signals.hpp): one that came while LibTorch loaded
-  // is forwarded to the ranks once they exist, like any later one.
+  // Held since bin/dtk's first instruction (exit_signals.hpp): one that came meanwhile (while the
+  // host loaded LibTorch, when the host runs the launch) is forwarded to the ranks once they exist,
+  // like any later one.
   dtk::core::unblock_exit_signals();
   // One namespace for this run's rendezvous keys (two launches on one port cannot mix). The
   // launchers of several nodes must agree on it without talking: master address and port (or
@@ -399,6 +402,22 @@ int run_launch(int argc, char** argv) {
 }
 
 }  // namespace
+
+bool launcher_can_check(int argc, char** argv) {
+  const char* gemm = std::getenv("DTK_CPU_GEMM");
+  if (gemm && *gemm && std::strcmp(gemm, "auto") != 0 && std::strcmp(gemm, "aten") != 0) return false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = launch_spelling(argv[i]);
+    // A word that reads as a flag: one or two '-', then a letter ("-1" is a value). A flag's
+    // value that reads so ("--prompt -x") is an unknown flag here: the host checks it then.
+    const size_t at = a.find_first_not_of('-');
+    if (at == std::string::npos || at == 0 || at > 2 || !std::isalpha(static_cast<unsigned char>(a[at]))) continue;
+    const std::string name = a.substr(0, a.find('='));
+    const bool launchs = std::find(std::begin(kLaunchFlags), std::end(kLaunchFlags), name) != std::end(kLaunchFlags);
+    if (!launchs && !is_dtk_flag(a)) return false;
+  }
+  return true;
+}
 
 int launch_command(int argc, char** argv) {
   try {

@@ -5,10 +5,10 @@
 // when freed and faulted in again the next iteration. tcmalloc keeps such memory for reuse (the
 // main job ran 4.7x faster with it on a 2-vCPU VM, docs/benchmarks.md). Every tensor and
 // every plugin of the process allocates through malloc, so the allocator is chosen for the whole
-// process, once, before anything runs: dtk re-executes itself with Debian's tcmalloc
-// (libtcmalloc-minimal4) in LD_PRELOAD. Children (`dtk launch` ranks) inherit it. bin/dtk, the
-// front that links no LibTorch, puts the preload in place before it executes the host, so the
-// host loads LibTorch once (a re-exec loads it twice: about 0.6 s of every `dtk train`).
+// process, once, before anything runs: with Debian's tcmalloc (libtcmalloc-minimal4) in
+// LD_PRELOAD. bin/dtk, the front that links no LibTorch, puts the preload in place before it
+// executes the host, so the host loads LibTorch once; a host started directly re-executes itself
+// with it (loading LibTorch twice: about 0.6 s more). Children (`dtk launch` ranks) inherit it.
 //
 //   DTK_ALLOCATOR=system       glibc malloc (no re-exec); tcmalloc (the default) or nothing else
 //   DTK_TCMALLOC_PATH=FILE     this tcmalloc instead of the one found when dtk was configured

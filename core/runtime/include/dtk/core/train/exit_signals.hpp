@@ -1,5 +1,5 @@
 // exit_signals.hpp — the signals `dtk train` can save on (train.save_on_signals), as a plain list
-// with no LibTorch: the front executable (apps/dtk/front.cpp, which links only libc) holds them
+// with no LibTorch: the front executable (apps/dtk/front.cpp, which links no LibTorch) holds them
 // before the host is even loaded, and exit_conditions.cpp names and handles them.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Reads a TensorBoard event file back (tests): checks every record's two CRC-32Cs and returns the
-// scalars. Needs dtk_core (the masked CRC) and the generated tensorboard.pb.h.
+// scalars. Needs dtk_tensorboard (the masked CRC, the generated tensorboard.pb.h).
 #pragma once
 
 #include <gtest/gtest.h>

@@ -223,6 +223,7 @@ TEST(DocExamples, EverySetExampleIsAcceptedByDtkConfig) {
   EXPECT_GE(examples.size(), 8u);
 
   const Plugins plugins = installed_plugins();
+  if (::testing::Test::HasFailure()) return;  // dtk could not list its plugins: said above
   std::map<std::string, Batch> groups;  // the plugin flag ("" or " --strategy zero") -> its examples
   for (const auto& example : examples) groups[plugins.flags_for(Key(example.first))].push_back(example);
   ExampleChecker checker(plugins);

@@ -4,15 +4,15 @@
 // LibTorch, and each rank it starts is bin/dtk again.
 //
 // Why a second executable: the host links LibTorch, whose libraries the dynamic loader maps and
-// relocates for about 0.3 s before any code of dtk runs (and whose operator registration takes
-// about as long again) (not even the host's .preinit_array
-// hook), and a SIGTERM, or the SIGHUP of a closing terminal, in that window ended the process
-// with no line. This one links no LibTorch (the C and C++ runtimes, gflags and glog), so the signals are
-// held before any library's initialiser runs (a .preinit_array hook); the mask survives execve, and the host's
-// StartupSignals delivers what was held, with its line (exit_conditions.hpp), or dtk launch forwards it to its ranks.
-// Other commands neither save on signals nor forward them: they run with the mask they got. It also puts the caching
-// allocator's preload in place for the commands that train, so the host is executed once on it, not re-executed
-// (memory/allocator.hpp).
+// relocates for about 0.3 s before any code of dtk runs (not even the host's .preinit_array hook),
+// and whose operators then register for about as long again before main(); a SIGTERM, or the
+// SIGHUP of a closing terminal, in the first window ended the process with no line. This one
+// links no LibTorch (the C and C++ runtimes, gflags and glog), so the signals are held before any
+// library's initialiser runs (its own .preinit_array hook); the mask survives execve, and the
+// host's StartupSignals delivers what was held, with its line (exit_conditions.hpp), or dtk launch
+// forwards it to its ranks. Other commands neither save on signals nor forward them: they run
+// with the mask they got. It also puts the caching allocator's preload in place for the commands
+// that train, so the host is executed once on it, not re-executed (memory/allocator.hpp).
 #include <limits.h>
 #include <unistd.h>
 

@@ -53,12 +53,10 @@ void preload_tcmalloc(char** argv, bool children_only) {
     unsetenv("LD_PRELOAD");
 }
 
-}  // namespace
-
-namespace {
 // Only training allocates tensors in earnest: other commands start on malloc, once.
 bool trains(int argc, char** argv) { return argc >= 2 && !std::strcmp(argv[1], "train"); }
 bool launches(int argc, char** argv) { return argc >= 2 && !std::strcmp(argv[1], "launch"); }
+
 }  // namespace
 
 void use_caching_allocator(int argc, char** argv) {

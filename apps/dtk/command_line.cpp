@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <map>
 
 #include "dtk/host/error.hpp"
@@ -25,18 +24,17 @@ namespace {
 // libglog, whose load registers them, into bin/dtk too, which otherwise calls nothing of it.
 [[gnu::used]] const void* const kGlogFlags = &FLAGS_v;
 
-const char* const kCommands[] = {"train",  "config", "plugins",  "preprocess", "checkpoint",
-                                 "export", "import", "generate", "version"};
-
 }  // namespace
 
 const std::vector<std::string>& command_names() {
-  static const std::vector<std::string> names(std::begin(kCommands), std::end(kCommands));
+  static const std::vector<std::string> names = {"train",  "config", "plugins",  "preprocess", "checkpoint",
+                                                 "export", "import", "generate", "version"};
   return names;
 }
 
 bool is_command(const std::string& name) {
-  return std::find(std::begin(kCommands), std::end(kCommands), name) != std::end(kCommands);
+  const auto& names = command_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 void check_flags(int argc, char** argv) {

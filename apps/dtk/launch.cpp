@@ -413,8 +413,9 @@ bool launcher_can_check(int argc, char** argv) {
     const size_t at = a.find_first_not_of('-');
     if (at == std::string::npos || at == 0 || at > 2 || !std::isalpha(static_cast<unsigned char>(a[at]))) continue;
     const std::string name = a.substr(0, a.find('='));
-    const bool launchs = std::find(std::begin(kLaunchFlags), std::end(kLaunchFlags), name) != std::end(kLaunchFlags);
-    if (!launchs && !is_dtk_flag(a)) return false;
+    const bool launch_flag =
+        std::find(std::begin(kLaunchFlags), std::end(kLaunchFlags), name) != std::end(kLaunchFlags);
+    if (!launch_flag && !is_dtk_flag(a)) return false;
   }
   return true;
 }
@@ -423,9 +424,7 @@ int launch_command(int argc, char** argv) {
   try {
     return run_launch(argc, argv);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(dtk::one_line(e.what())).c_str());
-    std::fflush(stderr);
+    dtk::host::print_error_line(dtk::one_line(e.what()));
     return 1;
   }
 }

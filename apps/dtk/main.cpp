@@ -323,14 +323,10 @@ int cmd_plugins(const std::vector<std::string>& args, const char* argv0) {
   return 0;
 }
 
-// The one error line of a failed command. Whatever the command printed before goes out first:
-// stdout is block-buffered when piped, so without the flush the error would precede it.
+// The one error line of a failed command, with the Megatron flags it names (control bytes
+// escaped, a very long message cut: dtk/host/error_line.hpp).
 void report_error(const std::string& message) {
-  std::fflush(stdout);
-  // Control bytes escaped, a very long message cut (dtk/host/error_line.hpp).
-  const std::string legend = dtk::core::megatron_flag_legend(message, g_megatron_flag_of, g_flag_source);
-  std::fprintf(stderr, "dtk: error: %s\n", dtk::host::error_line(message + legend).c_str());
-  std::fflush(stderr);
+  dtk::host::print_error_line(message + dtk::core::megatron_flag_legend(message, g_megatron_flag_of, g_flag_source));
 }
 
 // `dtk config`: checked as `dtk train` checks it before any work: the fields, and each slot's

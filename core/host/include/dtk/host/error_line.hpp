@@ -34,4 +34,12 @@ inline std::string error_line(const std::string& message) {
   return out;
 }
 
+// Prints "dtk: error: <message>" as one line on stderr, after whatever the command printed before:
+// stdout is block-buffered when piped, so without the flush the error would precede it.
+inline void print_error_line(const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "dtk: error: %s\n", error_line(message).c_str());
+  std::fflush(stderr);
+}
+
 }  // namespace dtk::host

@@ -353,7 +353,7 @@ bool attention_operand(const at::Tensor& x, const at::Tensor& q) {
 }
 
 dtk::cuda::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                        const dtk::cuda::DropoutBits* bits) {
+                                        const dtk::cuda::DropoutBits* bits, int64_t window) {
   dtk::cuda::AttentionArgs a;
   a.q = q.data_ptr();
   a.k = k.data_ptr();
@@ -365,6 +365,7 @@ dtk::cuda::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k
   a.shape = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
   a.scale = static_cast<float>(scale);
   a.dropout = bits;
+  a.window = window;
   return a;
 }
 }  // namespace
@@ -383,12 +384,12 @@ bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 }
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                    double scale, const DropoutMask& keep) {
+                                                    double scale, const DropoutMask& keep, int64_t window) {
   const dtk::cuda::DropoutBits bits = keep.defined() ? bits_of(keep) : dtk::cuda::DropoutBits{};
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const c10::cuda::CUDAGuard guard(q.device());
-  dtk::cuda::attention_forward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr), out.data_ptr(),
+  dtk::cuda::attention_forward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr, window), out.data_ptr(),
                                lse.data_ptr<float>(), stream_of(q));
   return {out, lse};
 }
@@ -396,7 +397,8 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& dout, const at::Tensor& out,
                                                                   const at::Tensor& lse, const at::Tensor& q,
                                                                   const at::Tensor& k, const at::Tensor& v,
-                                                                  double scale, const DropoutMask& keep) {
+                                                                  double scale, const DropoutMask& keep,
+                                                                  int64_t window) {
   const dtk::cuda::DropoutBits bits = keep.defined() ? bits_of(keep) : dtk::cuda::DropoutBits{};
   // The kernels load 16 bytes at a time: a contiguous gradient at an odd offset is copied.
   at::Tensor d = dout.contiguous();
@@ -413,7 +415,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   g.dv_layout = attention_layout(dv);
   g.delta = delta.data_ptr<float>();
   const c10::cuda::CUDAGuard guard(q.device());
-  dtk::cuda::attention_backward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr), d.data_ptr(),
+  dtk::cuda::attention_backward(attention_args(q, k, v, scale, keep.defined() ? &bits : nullptr, window), d.data_ptr(),
                                 out.data_ptr(), lse.data_ptr<float>(), g, stream_of(q));
   return {dq, dk, dv};
 }
@@ -481,13 +483,13 @@ at::Tensor rotary_backward(const at::Tensor&, const at::Tensor&, const at::Tenso
 }
 bool attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, const DropoutMask&) { return false; }
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                                    const DropoutMask&) {
+                                                    const DropoutMask&, int64_t) {
   throw Error("attention: this build has no CUDA kernels");
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor&, const at::Tensor&,
                                                                   const at::Tensor&, const at::Tensor&,
                                                                   const at::Tensor&, const at::Tensor&, double,
-                                                                  const DropoutMask&) {
+                                                                  const DropoutMask&, int64_t) {
   throw Error("attention: this build has no CUDA kernels");
 }
 #endif

@@ -100,12 +100,14 @@ at::Tensor rotary_backward(const at::Tensor& dy, const at::Tensor& cos, const at
 // undefined or a mask of [b, heads, s, s] (or rows of one: a Domino chunk's).
 bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep);
 // out [b, s, heads, hd] contiguous of q's type and lse fp32 [b, heads, s].
+// window: a sliding window (keys before i - window masked too), -1 for none.
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                    double scale, const DropoutMask& keep);
+                                                    double scale, const DropoutMask& keep, int64_t window);
 // dq, dk, dv (contiguous, of q's, k's and v's shapes) from dout (out's shape).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& dout, const at::Tensor& out,
                                                                   const at::Tensor& lse, const at::Tensor& q,
                                                                   const at::Tensor& k, const at::Tensor& v,
-                                                                  double scale, const DropoutMask& keep);
+                                                                  double scale, const DropoutMask& keep,
+                                                                  int64_t window);
 
 }  // namespace dtk::layers::gpu

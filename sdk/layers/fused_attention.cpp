@@ -5,6 +5,9 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <dtk/layers/attention.hpp>
+#include <dtk/plugin.hpp>
+
+#include <string>
 
 #include "cuda_kernels.hpp"
 #include "dropout_rows.hpp"
@@ -17,11 +20,12 @@ using torch::autograd::variable_list;
 
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale, const DropoutMask& keep) {
+                            double scale, const DropoutMask& keep, int64_t window) {
     RECORD_FUNCTION("dtk::attention", std::vector<c10::IValue>());
-    auto [out, lse] = gpu::attention_forward(q, k, v, scale, keep);
+    auto [out, lse] = gpu::attention_forward(q, k, v, scale, keep, window);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["window"] = window;
     save_mask(ctx, "keep", keep);
     return out;
   }
@@ -29,8 +33,9 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     RECORD_FUNCTION("dtk::attention_backward", std::vector<c10::IValue>());
     const auto saved = ctx->get_saved_variables();
     auto [dq, dk, dv] = gpu::attention_backward(grad[0], saved[3], saved[4], saved[0], saved[1], saved[2],
-                                                ctx->saved_data["scale"].toDouble(), saved_mask(ctx, "keep"));
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+                                                ctx->saved_data["scale"].toDouble(), saved_mask(ctx, "keep"),
+                                                ctx->saved_data["window"].toInt());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -66,9 +71,10 @@ bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                           const DropoutMask& keep) {
+                           const DropoutMask& keep, int64_t window) {
   const int64_t b = q.size(0), s = q.size(1), heads = q.size(2), hd = q.size(3);
-  return FusedAttention::apply(q, k, v, scale, keep).view({b, s, heads * hd});
+  if (window < -1) throw Error("fused_attention: window " + std::to_string(window) + " (-1 for none, else 0 or more)");
+  return FusedAttention::apply(q, k, v, scale, keep, window).view({b, s, heads * hd});
 }
 
 }  // namespace dtk::layers

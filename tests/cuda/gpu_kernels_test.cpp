@@ -505,7 +505,8 @@ TEST(GpuKernels, DropoutKernelEqualsOpsAndTheCpu) {
 // bf16 and fp16, p 0 (the kernel's own softmax), 0.1 to 0.5 (a mask in the wrong place is off by
 // whole probabilities, far past the tolerance), peaked scores (inputs x 5: a softmax that did not
 // subtract its running maximum overflows), mask rows at odd offsets (3 x 65 x 65 per sequence: the
-// hash's word pairs split between lanes); and a Domino chunk (rows of the mask) equal to its rows
+// hash's word pairs split between lanes), sliding windows of 0, 70 and 100 (against the ops with
+// window_mask's mask); and a Domino chunk (rows of the mask) equal to its rows
 // of the whole batch, forward and gradients bit for bit (the same blocks in the same order), and a
 // second backward equal to the first bit for bit (no atomics: runs are reproducible).
 TEST(GpuKernels, AttentionKernelEqualsOps) {
@@ -516,16 +517,21 @@ TEST(GpuKernels, AttentionKernelEqualsOps) {
     int64_t b, s, heads, groups, hd;
     double p, input_scale;
     at::ScalarType type;
+    int64_t window = -1;  // a sliding window (--window-size W,0); -1: none
   };
-  const Case cases[] = {{"gpt-like, no dropout", 2, 200, 4, 4, 64, 0.0, 1, at::kBFloat16},
-                        {"gpt-like, p 0.1", 2, 200, 4, 4, 64, 0.1, 1, at::kBFloat16},
-                        {"p 0.5", 2, 130, 2, 2, 64, 0.5, 1, at::kHalf},
-                        {"grouped 6/2, head_dim 128", 2, 97, 6, 2, 128, 0.1, 1, at::kBFloat16},
-                        {"grouped 6/2, head_dim 128", 2, 97, 6, 2, 128, 0.1, 1, at::kHalf},
-                        {"peaked scores", 2, 150, 2, 2, 64, 0.1, 5, at::kBFloat16},
-                        {"odd mask offsets", 3, 65, 3, 3, 64, 0.3, 1, at::kBFloat16},
-                        {"one tile", 3, 64, 2, 2, 64, 0.2, 1, at::kBFloat16},
-                        {"one position", 2, 1, 2, 2, 64, 0.1, 1, at::kHalf}};
+  const Case cases[] = {
+      {"gpt-like, no dropout", 2, 200, 4, 4, 64, 0.0, 1, at::kBFloat16},
+      {"window 70, p 0.1", 2, 300, 4, 4, 64, 0.1, 1, at::kBFloat16, 70},
+      {"window 0, grouped 4/2", 2, 150, 4, 2, 64, 0.2, 1, at::kHalf, 0},
+      {"window 100, no dropout, grouped 6/2, head_dim 128", 2, 260, 6, 2, 128, 0.0, 1, at::kBFloat16, 100},
+      {"gpt-like, p 0.1", 2, 200, 4, 4, 64, 0.1, 1, at::kBFloat16},
+      {"p 0.5", 2, 130, 2, 2, 64, 0.5, 1, at::kHalf},
+      {"grouped 6/2, head_dim 128", 2, 97, 6, 2, 128, 0.1, 1, at::kBFloat16},
+      {"grouped 6/2, head_dim 128", 2, 97, 6, 2, 128, 0.1, 1, at::kHalf},
+      {"peaked scores", 2, 150, 2, 2, 64, 0.1, 5, at::kBFloat16},
+      {"odd mask offsets", 3, 65, 3, 3, 64, 0.3, 1, at::kBFloat16},
+      {"one tile", 3, 64, 2, 2, 64, 0.2, 1, at::kBFloat16},
+      {"one position", 2, 1, 2, 2, 64, 0.1, 1, at::kHalf}};
   for (const Case& c : cases) {
     const int64_t per_group = c.heads / c.groups;
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
@@ -547,12 +553,14 @@ TEST(GpuKernels, AttentionKernelEqualsOps) {
     ASSERT_TRUE(dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, {})) << what;
     EXPECT_FALSE(
         dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, dtk::layers::unfused_kernels("attention")));
-    const at::Tensor out = dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], scale, keep);
+    const at::Tensor out = dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], scale, keep, c.window);
     torch::autograd::backward({out}, {dout});
 
     at::Tensor reference = projected0.to(c.type).to(at::kFloat).requires_grad_(true);
     const std::vector<at::Tensor> rqkv = split(reference);
-    const at::Tensor causal = at::ones({c.s, c.s}, at::TensorOptions().dtype(at::kBool).device(at::kCUDA)).triu(1);
+    const at::Tensor causal =
+        c.window >= 0 ? dtk::layers::window_mask({}, c.s, c.s, c.window, at::kCUDA)
+                      : at::ones({c.s, c.s}, at::TensorOptions().dtype(at::kBool).device(at::kCUDA)).triu(1);
     const at::Tensor expected = dtk::layers::attention_ops(rqkv[0], rqkv[1], rqkv[2], scale, causal, keep);
     torch::autograd::backward({expected}, {dout.to(at::kFloat)});
 
@@ -567,14 +575,15 @@ TEST(GpuKernels, AttentionKernelEqualsOps) {
           << what << " (gradient, part " << part << ")";
     const at::Tensor first_grad = projected.grad().clone();
     projected.mutable_grad() = at::Tensor();
-    torch::autograd::backward({dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], scale, keep)}, {dout});
+    torch::autograd::backward({dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], scale, keep, c.window)}, {dout});
     EXPECT_TRUE(at::equal(projected.grad(), first_grad)) << what << " (a second backward)";
 
     // A Domino chunk: the last sequence alone with its rows of the mask.
     if (c.b > 1) {
       at::Tensor last = projected.detach().narrow(0, c.b - 1, 1).clone().requires_grad_(true);
       const std::vector<at::Tensor> lqkv = split(last);
-      const at::Tensor chunk = dtk::layers::fused_attention(lqkv[0], lqkv[1], lqkv[2], scale, keep.rows(c.b - 1, 1));
+      const at::Tensor chunk =
+          dtk::layers::fused_attention(lqkv[0], lqkv[1], lqkv[2], scale, keep.rows(c.b - 1, 1), c.window);
       EXPECT_TRUE(at::equal(chunk, out.detach().narrow(0, c.b - 1, 1))) << what << " (a chunk of the batch)";
       torch::autograd::backward({chunk}, {dout.narrow(0, c.b - 1, 1)});
       const std::vector<at::Tensor> chunk_grad = split(last.grad()), whole_grad = split(projected.grad());

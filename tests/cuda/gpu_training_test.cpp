@@ -105,7 +105,8 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
 // (add + RMSNorm, RMSNorm, SwiGLU, rotary), each in fp32 over 20 iterations (the kernels compute
 // in fp32 as the ops do: rounding differences only, 1e-4 as the GPU against the CPU) and in bf16
 // over 50 iterations of a model that learns (within bf16's tolerance); and both with attention
-// dropout in DTK's attention kernel (bf16 only: the kernel takes no fp32).
+// dropout in DTK's attention kernel (bf16 only: the kernel takes no fp32), and llama with a sliding
+// window in it.
 TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   SKIP_WITHOUT_GPU_TRAINING();
   const std::string unfused = "--set model.unfused_kernels=all ";
@@ -162,6 +163,22 @@ TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
       expect_same_curve(kernel, selective, 50, "gpt: the attention kernel under selective recomputation", 1e-7);
     }
   }
+  // A sliding window (Mistral's), no dropout: DTK's kernel walks each query's window (160
+  // positions, 3 tiles, a window of 40: the walks skip tiles) against the ops with the window's
+  // mask.
+  const std::string window = kLlama + "--set model.hidden_size=256 --set train.device=cuda " + bf16 +
+                             "--set train.seq_length=160 --set model.window_size=40,0 ";
+  const std::string profile = fresh_dir("llama-window-profile");
+  const Curve kernel =
+      curve(window + "--set logging.profile_steps=3 --set logging.profile_dir=" + profile + " ", "llama-window-kernel");
+  const Curve plain = curve(window + "--set model.unfused_kernels=attention ", "llama-window-ops");
+  ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
+  ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
+  std::ifstream trace(profile + "/rank0.json");
+  std::stringstream text;
+  text << trace.rdbuf();
+  EXPECT_NE(text.str().find("dtk::attention_backward"), std::string::npos) << "llama, window: the kernel did not run";
+  expect_same_curve(plain, kernel, 50, "llama with a sliding window: DTK's kernel against the ops (bf16)", 3e-2);
 }
 
 // train.cuda_graphs (issue 33): from iteration 3 each micro-batch replays a recorded forward and

@@ -1,7 +1,7 @@
 // DTK's attention kernels (core/cuda/src/attention.cu) run on the CPU through the SIMT emulation
 // (shim/simt_runtime.hpp, simt.hpp), against a reference in double: forward (output, log-sum-exp)
 // and backward (dq, dk, dv), with and without dropout, bf16 and fp16, head_dim 64 and 128,
-// grouped-query attention, strided operands, sequences that do and do not fill the 64-row tiles,
+// sliding windows, grouped-query attention, strided operands, sequences that do and do not fill the 64-row tiles,
 // and mask rows at odd offsets, through attention_forward and attention_backward (the host code's
 // launch geometry and shared-memory opt-ins too). CI has no GPU: this is where the kernels'
 // fragment layouts, tile walks, masks and copy ordering are proven; tests/cuda/gpu_kernels_test.cpp
@@ -33,6 +33,7 @@ struct Case {
   double p;
   int64_t mask_offset;
   float input_scale;
+  int64_t window = -1;  // query i sees keys i - window to i; -1: every key up to i
 };
 
 // An operand [batch, seq, heads, D] in a buffer with padded rows (its layout's strides).
@@ -108,28 +109,30 @@ void check_case(const Case& c) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / per_group;
       std::vector<double> prob(S * S, 0.0);
+      // Query i's keys: from its window's first (0 without a window) to i.
+      const auto first = [&](int64_t i) { return c.window < 0 ? 0 : std::max<int64_t>(0, i - c.window); };
       for (int64_t i = 0; i < S; ++i) {
         double top = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first(i); j <= i; ++j) {
           double s = 0;
           for (int d = 0; d < D; ++d) s += double{q.at(b, i, h, d)} * k.at(b, j, g, d);
           prob[i * S + j] = s * scale;
           top = std::max(top, prob[i * S + j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(prob[i * S + j] - top);
-        for (int64_t j = 0; j <= i; ++j) prob[i * S + j] = std::exp(prob[i * S + j] - top) / sum;
+        for (int64_t j = first(i); j <= i; ++j) sum += std::exp(prob[i * S + j] - top);
+        for (int64_t j = first(i); j <= i; ++j) prob[i * S + j] = std::exp(prob[i * S + j] - top) / sum;
         ref.lse[(b * H + h) * S + i] = top + std::log(sum);
         for (int d = 0; d < D; ++d) {
           double o = 0;
-          for (int64_t j = 0; j <= i; ++j) o += prob[i * S + j] * z(b, h, i, j) * v.at(b, j, g, d);
+          for (int64_t j = first(i); j <= i; ++j) o += prob[i * S + j] * z(b, h, i, j) * v.at(b, j, g, d);
           ref.out[((b * S + i) * H + h) * D + d] = o;
         }
       }
       for (int64_t i = 0; i < S; ++i) {
         double delta = 0;
         for (int d = 0; d < D; ++d) delta += double{dout.at(b, i, h, d)} * ref.out[((b * S + i) * H + h) * D + d];
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = first(i); j <= i; ++j) {
           double dp = 0;
           for (int d = 0; d < D; ++d) dp += double{dout.at(b, i, h, d)} * v.at(b, j, g, d);
           const double pz = prob[i * S + j] * z(b, h, i, j);
@@ -155,6 +158,7 @@ void check_case(const Case& c) {
   a.shape = {B, S, H, G, D};
   a.scale = scale;
   a.dropout = c.p > 0 ? &bits : nullptr;
+  a.window = c.window;
   std::vector<T> out(B * S * H * D), dq(B * S * H * D), dk(B * S * G * D), dv(B * S * G * D);
   std::vector<float> lse(B * H * S), delta(B * H * S);
   dtk::cuda::attention_forward(a, out.data(), lse.data(), nullptr);
@@ -199,6 +203,18 @@ TEST_F(AttentionEmulated, KernelsEqualTheReference) {
   // A multi-tile walk again with each copy landing as it is issued (the fixture resets it).
   dtk::cuda::warp::copies_land_at_once = true;
   check_case<__nv_bfloat16, 64>({"three tiles, copies landing at once", 1, 130, 2, 1, 0.2, 0, 1.0f});
+}
+
+// Sliding windows (Megatron's --window-size W,0): walks that start past the first key tile (the
+// forward's and dQ's, with the first tile's buffer other than 0) and stop before the last query
+// tile (the key pass), tiles where some rows see none of the keys (their max still -inf), and
+// windows of 0 (each query only itself), within one tile and wider than the sequence.
+TEST_F(AttentionEmulated, SlidingWindowsEqualTheReference) {
+  check_case<__nv_bfloat16, 64>({"window 10, four tiles, p 0.2", 1, 200, 1, 1, 0.2, 0, 1.0f, 10});
+  check_case<__half, 64>({"window 70, grouped 2/1, odd mask offsets", 1, 200, 2, 1, 0.3, 7, 1.0f, 70});
+  check_case<__nv_bfloat16, 128>({"window 0, head_dim 128, no dropout", 1, 140, 1, 1, 0.0, 0, 2.0f, 0});
+  check_case<__half, 64>({"window 64, peaked scores", 1, 193, 1, 1, 0.1, 0, 4.0f, 64});
+  check_case<__nv_bfloat16, 64>({"window 500 over 130 positions", 1, 130, 1, 1, 0.2, 0, 1.0f, 500});
 }
 
 // The least shared memory a block (the device's opt-in limit) for which attention_supported takes

@@ -22,13 +22,19 @@
 // walks its key tiles for dQ += dS K, in key order. No atomics: every gradient is the same bits
 // on every run (FlashAttention-2's deterministic backward, at two products more).
 //
+// A sliding window (Megatron's --window-size W,0: query i sees keys i - W to i) bounds every
+// walk: the forward and the dQ pass start at the key tile of their first row's window, the key
+// pass stops at the query tile its last key's window ends in, so a layer costs s (W + 64) score
+// elements a head instead of s^2 / 2; tiles crossing a window's edge are masked like the
+// diagonal.
+//
 // Mask: element (b, h, i, j) is kept when dropout_bits::kept_at of its index ((b heads + h) seq +
 // i) seq + j does; one hash word holds an even index and the odd one after it. Where a thread
 // holds a row's two adjacent keys (forward, dQ) they share a word where the row starts at an even
 // index (an even seq and offset), and take two words otherwise. Where keys are the rows (dK
 // and dV), the ldmatrix rows are permuted so that a thread's two rows g and g + 8 are keys 2g and
-// 2g + 1 of its warp's 16: again one word for two elements. Positions j > i and padding past seq
-// are P = 0.
+// 2g + 1 of its warp's 16: again one word for two elements. Positions j > i, j < i - W and
+// padding past seq are P = 0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -95,9 +101,37 @@ struct Params {
   int64_t seq;
   int heads, per_group;
   float scale, scale_log2;  // the scores' scale, and times log2(e) for exp2
+  int64_t window;           // a sliding window: keys before i - window masked too; -1: none
   bool dropout;
   DropoutBits bits;
 };
+
+// Whether query i attends to key j: causal, and within the sliding window where there is one.
+template <class T>
+__device__ __forceinline__ bool attends(const Params<T>& p, int64_t i, int64_t j) {
+  return j <= i && (p.window < 0 || j >= i - p.window);
+}
+
+// The first key tile a query tile whose rows start at row0 reaches (its first row's window).
+template <class T>
+__device__ __forceinline__ int first_key_tile(const Params<T>& p, int64_t row0) {
+  return p.window < 0 || row0 <= p.window ? 0 : static_cast<int>((row0 - p.window) / kTile);
+}
+
+// The last query tile (of `tiles`) that reaches a key tile whose keys start at key0: its last
+// key's window ends at key0 + 63 + window.
+template <class T>
+__device__ __forceinline__ int last_query_tile(const Params<T>& p, int64_t key0, int tiles) {
+  const int64_t last = p.window < 0 ? tiles - 1 : (key0 + kTile - 1 + p.window) / kTile;
+  return last < tiles - 1 ? static_cast<int>(last) : tiles - 1;
+}
+
+// Whether key tile kt holds a key some row of the query tile at row0 (tile qt) does not attend
+// to: the diagonal's future, or keys before the last row's window.
+template <class T>
+__device__ __forceinline__ bool tile_masked(const Params<T>& p, int kt, int qt, int64_t row0) {
+  return kt == qt || (p.window >= 0 && int64_t{kt} * kTile < row0 + kTile - 1 - p.window);
+}
 
 // Two fp32 rounded to T, the first in the low half (the lower column).
 template <class T>
@@ -276,9 +310,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
   const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
+  const int kt0 = first_key_tile(p, row0);
   copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
-  copy_tile<T, D>(sK, k, p.kl.seq, 0, p.seq);
-  copy_tile<T, D>(sV, v, p.vl.seq, 0, p.seq);
+  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.seq);
+  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.seq);
   commit_copies();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -290,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
   zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the sum
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= qt; ++kt) {
     const int buffer = kt % 2;
     next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
 
@@ -298,15 +333,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
     zero(s);
     times_rows<T, D>(q_row, sK + buffer * kTileElements, s, lane);
 
-    // Scaled scores (base 2), causal mask on the diagonal tile, the rows' new max.
+    // Scaled scores (base 2), the mask on the diagonal tile (and the window's edge), the rows'
+    // new max. A row may see none of a tile at its window's edge: its max stays -inf.
     const int64_t key0 = int64_t{kt} * kTile + 2 * t;
+    const bool masked = tile_masked(p, kt, qt, row0);
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t j = key0 + 8 * n + e % 2;
-        s[n][e] = kt == qt && j > rows[e / 2] ? -INFINITY : s[n][e] * p.scale_log2;
+        s[n][e] = masked && !attends(p, rows[e / 2], j) ? -INFINITY : s[n][e] * p.scale_log2;
         row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
       }
     float alpha[2], base[2];
@@ -405,10 +442,11 @@ __global__ void __launch_bounds__(kThreads)
   float* sLse = reinterpret_cast<float*>(sdO + 2 * kTileElements);  // two buffers
   float* sDelta = sLse + 2 * kTile;                                 // two buffers
 
-  const int kt = blockIdx.x, tiles = gridDim.x, query_tiles = tiles - kt;
+  const int kt = blockIdx.x, tiles = gridDim.x;
+  const int64_t key0 = int64_t{kt} * kTile;
+  const int query_tiles = last_query_tile(p, key0, tiles) - kt + 1;
   const int group = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t key0 = int64_t{kt} * kTile;
   copy_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
   copy_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
   // Step `at` of the block's walk: query tile kt + at % query_tiles of the group's head
@@ -469,8 +507,8 @@ __global__ void __launch_bounds__(kThreads)
         const float lse2 = sLse[buffer * kTile + column] * kLog2e, d = sDelta[buffer * kTile + column];
         float2 z = make_float2(1.0f, 1.0f);
         if (p.dropout && i < p.seq) z = pair_factors(p.bits, mask_row(p, b, h, i) + keys[0]);
-        probability_gradient(p, i < p.seq && keys[0] <= i, lse2, d, z.x, s[n][c], dp[n][c]);
-        probability_gradient(p, i < p.seq && keys[1] <= i, lse2, d, z.y, s[n][2 + c], dp[n][2 + c]);
+        probability_gradient(p, i < p.seq && attends(p, i, keys[0]), lse2, d, z.x, s[n][c], dp[n][c]);
+        probability_gradient(p, i < p.seq && attends(p, i, keys[1]), lse2, d, z.y, s[n][2 + c], dp[n][2 + c]);
       }
     uint32_t a[kTile / 16][4];
     as_left_operand<T>(s, a);
@@ -507,10 +545,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
   const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
+  const int kt0 = first_key_tile(p, row0);
   copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
   copy_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
-  copy_tile<T, D>(sK, k, p.kl.seq, 0, p.seq);
-  copy_tile<T, D>(sV, v, p.vl.seq, 0, p.seq);
+  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.seq);
+  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.seq);
   commit_copies();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -529,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
   float dQ[D / 8][4];
   zero(dQ);
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= qt; ++kt) {
     const int buffer = kt % 2;
     next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
     const T* keys = sK + buffer * kTileElements;
@@ -548,8 +587,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
         float2 z = make_float2(1.0f, 1.0f);
         if (p.dropout && rows[r] < p.seq) z = pair_factors(p.bits, mask_rows[r] + j);
         const bool row_valid = rows[r] < p.seq;
-        probability_gradient(p, row_valid && j <= rows[r], lse2[r], row_delta[r], z.x, s[n][2 * r], dp[n][2 * r]);
-        probability_gradient(p, row_valid && j + 1 <= rows[r], lse2[r], row_delta[r], z.y, s[n][2 * r + 1],
+        probability_gradient(p, row_valid && attends(p, rows[r], j), lse2[r], row_delta[r], z.x, s[n][2 * r],
+                             dp[n][2 * r]);
+        probability_gradient(p, row_valid && attends(p, rows[r], j + 1), lse2[r], row_delta[r], z.y, s[n][2 * r + 1],
                              dp[n][2 * r + 1]);
       }
     uint32_t a[kTile / 16][4];
@@ -578,6 +618,7 @@ Params<T> params_of(const AttentionArgs& a) {
   p.per_group = static_cast<int>(a.shape.heads / a.shape.groups);
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
+  p.window = a.window;
   p.dropout = a.dropout != nullptr;
   if (a.dropout) p.bits = *a.dropout;
   return p;
@@ -605,11 +646,12 @@ void check_shape(const AttentionArgs& a) {
   cudaGetDevice(&device);
   const bool fits = s.batch > 0 && s.seq > 0 && s.heads > 0 && s.groups > 0 && s.heads % s.groups == 0 &&
                     s.batch <= 65535 && s.heads <= 65535 && (s.seq + kTile - 1) / kTile <= 0x7fffffffLL &&
-                    attention_supported(a.type, s.head_dim, device) && (!a.dropout || a.dropout->run_numel == 0);
+                    attention_supported(a.type, s.head_dim, device) && (!a.dropout || a.dropout->run_numel == 0) &&
+                    a.window >= -1;
   if (!fits)
     throw CudaError("attention: shape [" + std::to_string(s.batch) + ", " + std::to_string(s.seq) + ", " +
                     std::to_string(s.heads) + "/" + std::to_string(s.groups) + ", " + std::to_string(s.head_dim) +
-                    "] or its type or mask is not one the kernels take");
+                    "] or its type, mask or window (" + std::to_string(a.window) + ") is not one the kernels take");
 }
 
 template <class T, int D>

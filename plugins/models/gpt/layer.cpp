@@ -150,21 +150,24 @@ bool Layer::fused_attention_takes(const at::Tensor& projected) const {
 template <class KeepFn>
 at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& given, KeepFn&& probs_keep) const {
   const int64_t b = projected.size(0), s = projected.size(1);
-  // A sliding-window layer masks the keys before each query's window too: Megatron's CoreAttention
-  // with its window mask, below.
-  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, s, window_, projected.device()) : given;
+  const bool plain = !given.defined() && window_ < 0;  // causal, nothing else masked
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   // The plain causal case on the CPU in fp32: the kernel that skips the masked half
   // (dtk/layers/attention.hpp), same probabilities and dropout bits.
-  if (!mask.defined() && causal_attention_supported(projected))
+  if (plain && causal_attention_supported(projected))
     return causal_attention_qkv(projected, heads_local_, scale, probs_keep(at::IntArrayRef{b, heads_local_, s, s}),
                                 c_.selective_recompute);
   const std::vector<at::Tensor> qkv = split_qkv(projected);
   const DropoutMask keep = probs_keep(at::IntArrayRef{b, heads_local_, s, s});
-  // With attention dropout on a GPU: DTK's kernel, the probabilities never in memory, the masks'
-  // bits the model's generator decides (LibTorch's fused attention draws its own).
-  if (!mask.defined() && keep.defined() && fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, c_.kernels))
-    return fused_attention(qkv[0], qkv[1], qkv[2], scale, keep);
+  // On a GPU, DTK's kernel, the probabilities never in memory: with attention dropout, the masks'
+  // bits the model's generator decides (LibTorch's fused attention draws its own); in a sliding
+  // window, with or without dropout, its walks bounded by the window (no [s, s] mask either).
+  if (!given.defined() && (keep.defined() || window_ >= 0) &&
+      fused_attention_applies(qkv[0], qkv[1], qkv[2], keep, c_.kernels))
+    return fused_attention(qkv[0], qkv[1], qkv[2], scale, keep, window_);
+  // Elsewhere a sliding-window layer masks the keys before each query's window too: Megatron's
+  // CoreAttention with its window mask, below.
+  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, s, window_, projected.device()) : given;
 #if TORCH_VERSION_MAJOR >= 2
   // Without dropout: LibTorch's fused kernel. Strided q, k, v (unit stride in the head dimension)
   // go in as they are, as nanoGPT's do.

@@ -127,15 +127,17 @@ Layer::QKV Layer::split_qkv(const at::Tensor& projected, const at::Tensor& posit
 
 at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& given,
                          const DropoutMask& keep) const {
-  const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
-  // A sliding-window layer masks the keys before each query's window too, so it takes the masked
-  // path below (Megatron's CoreAttention with its window mask).
-  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, t, window_, q.device()) : given;
+  // b: read by LibTorch 2.x's fused attention below only.
+  [[maybe_unused]] const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  // With attention dropout on a GPU: DTK's kernel (it reads each key/value group for its query
-  // heads itself), the masks' bits the model's generator decides.
-  if (!mask.defined() && keep.defined() && fused_attention_applies(q, k, v, keep, c_.kernels))
-    return fused_attention(q, k, v, scale, keep);
+  // On a GPU, DTK's kernel (it reads each key/value group for its query heads itself): with
+  // attention dropout, the masks' bits the model's generator decides; in a sliding window, with or
+  // without dropout, its walks bounded by the window (no [s, t] mask or probabilities in memory).
+  if (!given.defined() && (keep.defined() || window_ >= 0) && fused_attention_applies(q, k, v, keep, c_.kernels))
+    return fused_attention(q, k, v, scale, keep, window_);
+  // Elsewhere a sliding-window layer masks the keys before each query's window too, so it takes
+  // the masked path below (Megatron's CoreAttention with its window mask).
+  const at::Tensor mask = window_ >= 0 ? window_mask(given, s, t, window_, q.device()) : given;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // Without dropout, LibTorch's fused kernel for the plain causal case, which reads each key/value
   // group for its query heads itself (enable_gqa: query head i reads group i / per_group), so the

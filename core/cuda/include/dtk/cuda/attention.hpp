@@ -1,7 +1,8 @@
-// dtk/cuda/attention.hpp — causal self-attention with DTK's counter-based dropout on the
-// probabilities (dtk/cuda/dropout.hpp), forward and backward without the [seq, seq]
-// probabilities ever in memory (src/attention.cu): FlashAttention-2's loop order (Dao, 2023), in
-// bf16/fp16 tensor-core products with fp32 accumulation and an fp32 online softmax.
+// dtk/cuda/attention.hpp — causal self-attention, optionally in a sliding window, with DTK's
+// counter-based dropout on the probabilities (dtk/cuda/dropout.hpp), forward and backward without
+// the [seq, seq] probabilities ever in memory (src/attention.cu): FlashAttention-2's loop order
+// (Dao, 2023), in bf16/fp16 tensor-core products with fp32 accumulation and an fp32 online
+// softmax.
 //
 // Why DTK's own: the fused attention of LibTorch 2.x draws its dropout mask from the CUDA
 // generator in its own order, so a layer recomputed in backward, a Domino chunk of the batch or a
@@ -56,6 +57,9 @@ struct AttentionArgs {
   AttentionShape shape;
   float scale = 1.0f;  // of the scores, 1 / sqrt(head_dim) in the layers
   const DropoutBits* dropout = nullptr;
+  // A sliding window (Megatron's --window-size W,0): query i sees keys i - window to i only; the
+  // walks skip the key tiles before each query tile's window. -1: none (plain causal).
+  int64_t window = -1;
 };
 
 // out [batch, seq, heads, head_dim] contiguous of the type; lse fp32 [batch, heads, seq]: each

@@ -206,9 +206,10 @@ std::vector<Case> cases(const Setup& s) {
       at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool).device(s.device)).triu(1).view({1, 1, seq, seq});
   const dtk::layers::DropoutMask probs_mask = dtk::layers::draw_keep_mask({b_seqs, 12, seq, seq}, 0.1, gen);
   // A case of core attention: DTK's kernel where it applies (and the run leaves it on), else
-  // `reference` on q, k, v.
+  // `reference` on q, k, v; window -1 for none.
   using Reference = std::function<at::Tensor(const std::vector<at::Tensor>& qkv)>;
-  const auto attention_case = [&](const char* name, const dtk::layers::DropoutMask& mask, Reference reference) {
+  const auto attention_case = [&](const char* name, const dtk::layers::DropoutMask& mask, Reference reference,
+                                  int64_t window = -1) {
     return Case{name,
                 std::to_string(b_seqs) + " x " + std::to_string(seq) + " x 12 x 64",
                 12,
@@ -218,7 +219,8 @@ std::vector<Case> cases(const Setup& s) {
                 [=](const std::vector<at::Tensor>& in, const FusedKernels& k) {
                   const std::vector<at::Tensor> qkv = in[0].split(64, 3);
                   if (dtk::layers::fused_attention_applies(qkv[0], qkv[1], qkv[2], mask, k))
-                    return std::vector<at::Tensor>{dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, mask)};
+                    return std::vector<at::Tensor>{
+                        dtk::layers::fused_attention(qkv[0], qkv[1], qkv[2], 0.125, mask, window)};
                   return std::vector<at::Tensor>{reference(qkv)};
                 }};
   };
@@ -235,6 +237,23 @@ std::vector<Case> cases(const Setup& s) {
         .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64});
   }));
 #endif
+  // A sliding window of 128 keys (gpt-oss's windowed layers), no dropout: DTK's kernel walks 3 of
+  // each query's key tiles against, on LibTorch 2.x, its fused attention given the window's [s,
+  // s] mask (which computes every tile below the diagonal), else the ops with that mask.
+  const at::Tensor windowed = dtk::layers::window_mask({}, seq, seq, 128, s.device);
+  out.push_back(attention_case(
+      "attention (window 128)", {},
+      [=](const std::vector<at::Tensor>& qkv) {
+#if TORCH_VERSION_MAJOR >= 2
+        return at::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2),
+                                                windowed.logical_not(), 0.0, false)
+            .transpose(1, 2)
+            .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64});
+#else
+        return dtk::layers::attention_ops(qkv[0], qkv[1], qkv[2], 0.125, windowed, {});
+#endif
+      },
+      128));
   return out;
 }
 

@@ -20,7 +20,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <vector>
 
 #include <ATen/ops/ones.h>
@@ -34,7 +33,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-static const int64_t kBlockRows = std::getenv("DTK_ATTN_BLOCK") ? std::atoll(std::getenv("DTK_ATTN_BLOCK")) : 64;  // query rows per block: 4 blocks at s = 256 skip 6 of 16 score blocks
+// Query rows per block: 4 blocks at s = 256 skip 6 of 16 score blocks.
+constexpr int64_t kBlockRows = 64;
 
 // Where one (sequence, head) pair's operands live. Q, K, V rows are `ld` apart (the fused
 // projection's row: heads * 3 * hd); the context and its gradient rows `ldo` apart.

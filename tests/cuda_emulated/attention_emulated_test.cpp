@@ -207,14 +207,16 @@ TEST_F(AttentionEmulated, KernelsEqualTheReference) {
 
 // Sliding windows (Megatron's --window-size W,0): walks that start past the first key tile (the
 // forward's and dQ's, with the first tile's buffer other than 0) and stop before the last query
-// tile (the key pass), tiles where some rows see none of the keys (their max still -inf), and
-// windows of 0 (each query only itself), within one tile and wider than the sequence.
+// tile (the key pass), tiles where some rows see none of the keys (their max still -inf), a tile
+// wholly inside a window after a walk's first (window 200), and windows of 0 (each query only
+// itself), within one tile and wider than the sequence (the kernels take it as none).
 TEST_F(AttentionEmulated, SlidingWindowsEqualTheReference) {
   check_case<__nv_bfloat16, 64>({"window 10, four tiles, p 0.2", 1, 200, 1, 1, 0.2, 0, 1.0f, 10});
   check_case<__half, 64>({"window 70, grouped 2/1, odd mask offsets", 1, 200, 2, 1, 0.3, 7, 1.0f, 70});
   check_case<__nv_bfloat16, 128>({"window 0, head_dim 128, no dropout", 1, 140, 1, 1, 0.0, 0, 2.0f, 0});
   check_case<__half, 64>({"window 64, peaked scores", 1, 193, 1, 1, 0.1, 0, 4.0f, 64});
   check_case<__nv_bfloat16, 64>({"window 500 over 130 positions", 1, 130, 1, 1, 0.2, 0, 1.0f, 500});
+  check_case<__half, 64>({"window 200 over 330 positions", 1, 330, 1, 1, 0.1, 0, 1.0f, 200});
 }
 
 // The least shared memory a block (the device's opt-in limit) for which attention_supported takes

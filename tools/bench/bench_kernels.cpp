@@ -237,7 +237,7 @@ std::vector<Case> cases(const Setup& s) {
         .reshape({qkv[0].size(0), qkv[0].size(1), 12 * 64});
   }));
 #endif
-  // A sliding window of 128 keys (gpt-oss's windowed layers), no dropout: DTK's kernel walks 3 of
+  // A sliding window of 128 earlier keys (gpt-oss's are 127), no dropout: DTK's kernel walks 3 of
   // each query's key tiles against, on LibTorch 2.x, its fused attention given the window's [s,
   // s] mask (which computes every tile below the diagonal), else the ops with that mask.
   const at::Tensor windowed = dtk::layers::window_mask({}, seq, seq, 128, s.device);

@@ -24,9 +24,9 @@
 //
 // A sliding window (Megatron's --window-size W,0: query i sees keys i - W to i) bounds every
 // walk: the forward and the dQ pass start at the key tile of their first row's window, the key
-// pass stops at the query tile its last key's window ends in, so a layer costs s (W + 64) score
-// elements a head instead of s^2 / 2; tiles crossing a window's edge are masked like the
-// diagonal.
+// pass stops at the query tile its last key's window ends in, so a layer costs 64 s (ceil(W /
+// 64) + 1) score elements a head (about s (W + 96)) instead of s^2 / 2; tiles crossing a
+// window's edge are masked like the diagonal.
 //
 // Mask: element (b, h, i, j) is kept when dropout_bits::kept_at of its index ((b heads + h) seq +
 // i) seq + j does; one hash word holds an even index and the odd one after it. Where a thread
@@ -618,7 +618,8 @@ Params<T> params_of(const AttentionArgs& a) {
   p.per_group = static_cast<int>(a.shape.heads / a.shape.groups);
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
-  p.window = a.window;
+  // A window of seq or more hides nothing: none (also keeps key0 + 63 + window from overflowing).
+  p.window = a.window >= a.shape.seq ? -1 : a.window;
   p.dropout = a.dropout != nullptr;
   if (a.dropout) p.bits = *a.dropout;
   return p;

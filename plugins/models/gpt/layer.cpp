@@ -59,12 +59,13 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
       return training ? draw_keep_mask(shape, p, r.attention) : DropoutMask{};
     });
   };
-  // Selective recomputation: DTK's attention kernels (the CPU's causal one, the GPU's with dropout)
-  // keep no probabilities by themselves; elsewhere core attention is one checkpoint (Megatron's
-  // checkpointed core attention, which it too leaves out for its flash attention).
+  // Selective recomputation: DTK's attention kernels (the CPU's causal one, the GPU's with dropout
+  // or a window) keep no probabilities by themselves; elsewhere core attention is one checkpoint
+  // (Megatron's checkpointed core attention, which it too leaves out for its flash attention).
   const auto own_kernel = [&] {
-    return !mask.defined() && window_ < 0 &&
-           (causal_attention_supported(projected) || (p > 0.0 && fused_attention_takes(projected)));
+    if (mask.defined()) return false;
+    if (window_ < 0 && causal_attention_supported(projected)) return true;
+    return (p > 0.0 || window_ >= 0) && fused_attention_takes(projected);
   };
   const at::Tensor context =
       c_.selective_recompute && !own_kernel() ? recompute(projected, rng, attention) : attention(projected, rng);

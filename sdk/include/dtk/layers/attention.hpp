@@ -62,8 +62,8 @@ bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at:
 // probabilities (so recomputation, Domino's chunks and a CPU run see the same masks); saved for
 // backward: q, k, v, the context and one fp32 log-sum-exp per query row; the backward is
 // deterministic. `window` >= 0: a sliding window, attention_ops with window_mask's mask, each
-// query's walk bounded by it (s (W + 64) scores a head instead of s^2 / 2); -1: none. The
-// context [b, s, heads * hd]; differentiable in q, k and v. No fallback: call it where
+// query's walk bounded by it (64 s (ceil(W / 64) + 1) scores a head instead of s^2 / 2); -1:
+// none. The context [b, s, heads * hd]; differentiable in q, k and v. No fallback: call it where
 // fused_attention_applies says so (it throws elsewhere), attention_ops otherwise.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                            const DropoutMask& keep, int64_t window = -1);

@@ -11,10 +11,11 @@
 // gives the materialised probabilities, in every schedule and on every device. Without it the
 // layers form the probabilities [batch, heads, seq, seq] in memory (Megatron's CoreAttention):
 // at GPT-2's shape 0.8 GB a layer in bf16 and several passes over it each way. Without dropout
-// the layers keep LibTorch's fused attention.
+// the layers keep LibTorch's fused attention, except in a sliding window (LibTorch's has none).
 //
-// Arithmetic: S = scale q k^T (fp32 from the products), P = softmax(S) over the keys j <= i in
-// fp32 (online: each 64-key tile rescales what came before), O = (P Z) V with Z = keep *
+// Arithmetic: S = scale q k^T (fp32 from the products), P = softmax(S) over the keys j <= i (and
+// j >= i - window in a window) in fp32 (online: each 64-key tile rescales what came before),
+// O = (P Z) V with Z = keep *
 // dropout.scale (1 without dropout), the unnormalised P Z rounded to T (the inputs' type) for the
 // product and O divided by the softmax's sum in fp32 at the end. Backward is FlashAttention-2's:
 // P again from the scores and the saved log-sum-exp, dV = (P Z)^T dO, dS = P (Z dO V^T - D) with

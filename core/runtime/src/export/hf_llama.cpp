@@ -550,7 +550,9 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
   if (qwen && boolean("use_sliding_window", false))
-    refuse("use_sliding_window is true: the llama model's attention sees every earlier position (no sliding window)");
+    refuse(
+        "use_sliding_window is true: DTK reads a sliding window from Mistral's and Mixtral's configs only, not "
+        "Qwen's split of the layers at max_window_layers");
   s.eps = real("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
   s.rope_theta = real("rope_theta", mixtral ? 1e6 : 10000.0);
   s.attention_dropout = real("attention_dropout", 0.0);

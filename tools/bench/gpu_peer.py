@@ -15,8 +15,9 @@ configs/llama-tiny.pbtxt with gpu_gpt2.sh's --model llama overrides.
     python3 tools/bench/gpu_peer.py --batch 16 --steps 30 --warmup 10 [--arch llama] [--compile] [--profile DIR]
 
 --profile DIR: the first two timed steps also run under torch.profiler (CPU ops and CUDA
-kernels): DIR/peer.json is the Chrome trace and the top kernels by CUDA time go to stderr, to
-set next to dtk's logging.profile_steps table (tools/bench/gpu_gpt2.sh --profile).
+kernels): DIR/peer.json is the Chrome trace and the top kernels by CUDA time and the GPU's idle
+time go to stderr, to set next to dtk's logging.profile_steps table (tools/bench/gpu_gpt2.sh
+--profile).
 
 Prints one JSON line: median step time, tokens/s, TFLOP/s and MFU against --peak_tflops, counting
 FLOPs as DTK does (core/runtime/src/flops.cpp: 6 N + 12 L h s per token, N the parameters)."""
@@ -25,6 +26,35 @@ import argparse, json, math, statistics, time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def idle_line(trace_path, steps, short_us=20.0):
+    """The GPU's idle time in a Chrome trace, as dtk's profile reports it (core/runtime/src/timeline/
+    device_idle.cpp): the recorded span (every complete event) less the union of the kernels'
+    intervals, per step, in gaps under `short_us` (launches) and longer ones."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not kernels:
+        return ""
+    start = min(float(e["ts"]) for e in events)
+    end = max(float(e["ts"]) + float(e["dur"]) for e in events)
+    gaps, busy_until = [], start
+    for k0, k1 in kernels:
+        if k0 > busy_until:
+            gaps.append(k0 - busy_until)
+        busy_until = max(busy_until, k1)
+    if end > busy_until:
+        gaps.append(end - busy_until)
+    short = [g for g in gaps if g < short_us]
+    long = [g for g in gaps if g >= short_us]
+    idle = sum(gaps)
+    return (f"peer GPU idle: {idle / 1e3 / steps:.2f} ms per step of {(end - start) / 1e3 / steps:.2f} ms recorded "
+            f"({100 * idle / max(end - start, 1e-9):.1f}%): {sum(short) / 1e3 / steps:.2f} ms in "
+            f"{len(short) / steps:.0f} gaps under {short_us:.0f} us, {sum(long) / 1e3 / steps:.2f} ms in "
+            f"{len(long) / steps:.0f} longer ones; longest (ms): " +
+            ", ".join(f"{g / 1e3:.3f}" for g in sorted(long, reverse=True)[:5]))
 
 
 class Block(nn.Module):
@@ -205,6 +235,7 @@ def main():
             os.makedirs(a.profile, exist_ok=True)
             profiler.export_chrome_trace(os.path.join(a.profile, "peer.json"))
             print(f"peer profile of 2 steps ({1e3 * sum(times[-2:]):.1f} ms wall):", file=sys.stderr)
+            print(idle_line(os.path.join(a.profile, "peer.json"), 2), file=sys.stderr)
             averages = profiler.key_averages()
             # PyTorch 2.x names the GPU's times "device" (1.13: "cuda").
             for key in (["self_device_time_total", "self_cuda_time_total"] if cuda else ["self_cpu_time_total"]):

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dtk/core/timeline/profile_events.hpp"
 #include "dtk/core/timeline/trace.hpp"
 #include "dtk/plugin.hpp"
 
@@ -22,21 +23,17 @@ namespace impl = torch::profiler::impl;
 
 namespace {
 
-// One recorded event, in microseconds, whatever the LibTorch version counts in.
-struct Event {
-  std::string name;
-  bool device = false;  // a kernel (or memcpy/memset) on the GPU
-  bool user_scope = false;  // a RecordFunction user scope: DTK's timers' phases
-  uint64_t thread = 0;
-  double start_us = 0, duration_us = 0;
-};
+using Event = ProfileEvent;
 
+// One recorded event, in microseconds, whatever the LibTorch version counts in.
 Event event_of(const prof::KinetoEvent& e) {
   Event out;
   out.name = e.name();
   out.device = e.deviceType() != c10::DeviceType::CPU;
   out.thread = e.startThreadId();
   out.user_scope = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE);
+  out.correlation = e.correlationId();
+  out.linked_correlation = e.linkedCorrelationId();
 #if TORCH_VERSION_MAJOR >= 2
   out.start_us = static_cast<double>(e.startNs()) / 1e3;
   out.duration_us = static_cast<double>(e.durationNs()) / 1e3;
@@ -258,6 +255,8 @@ void OpProfile::stop_and_report() {
   out += " host reads of device values (item()): " + per_iteration_by_phase(events, is_host_read, iterations_) + "\n";
   if (s_.cuda)
     out += " blocking CUDA calls (synchronisations): " + per_iteration_by_phase(events, is_cuda_sync, iterations_) + "\n";
+  // Where the GPU waited for the host, and for what (issue 33: the launch gaps against a stall).
+  out += device_idle_report(events, iterations_, 10);
   if (!out.empty() && out.back() == '\n') out.pop_back();
   s_.print(out);
 }

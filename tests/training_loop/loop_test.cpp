@@ -719,6 +719,13 @@ TEST(OptimizerGroups, ZeroEqualsDdpAndResumesWithRulesAndAWeightDecaySchedule) {
 TEST(OptimizerGroups, BadRulesAndScheduleNeedsAreOneLine) {
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"(\"'"),
                                   "lr.param_rules[0]: 'match' \"(\" is not a valid regular expression");
+  // Nested quantifiers: a backtracking matcher takes time exponential in a name's length here
+  // (dtk hung at start); the rules' matcher runs in polynomial time and says the rule matches
+  // nothing. It takes no back-references.
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"(.+)+nomatch\"'"),
+                                  "lr.param_rules[0]: '(.+)+nomatch' matches no parameter of the model");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"(a)\\\\1\"'"),
+                                  "is not a valid regular expression (Unexpected back-reference");
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=lr_mul: 2'"),
                                   "not a valid ParamRule entry");
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + " --set 'lr.param_rules=match: \"x\" lr_mult: -1'"),

@@ -1,4 +1,5 @@
 #include "dtk/core/config/config.hpp"
+#include "dtk/core/config/param_rule_regex.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 
 #include <google/protobuf/descriptor.h>
@@ -435,7 +436,7 @@ void validate_weight_decay(const config::LrSchedule& lr) {
     const std::string which = "config: lr.param_rules[" + std::to_string(i) + "]";
     if (r.match().empty()) throw HostError(which + ": 'match' (a regular expression) is empty");
     try {
-      std::regex re(r.match());
+      param_rule_regex(r.match());
     } catch (const std::regex_error& e) {
       throw HostError(which + ": 'match' \"" + r.match() + "\" is not a valid regular expression (" + e.what() + ")");
     }

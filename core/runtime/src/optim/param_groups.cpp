@@ -1,5 +1,7 @@
 #include "dtk/core/optim/param_groups.hpp"
 
+#include "dtk/core/config/param_rule_regex.hpp"
+
 #include "dtk/host/error.hpp"
 
 #include <algorithm>
@@ -21,7 +23,7 @@ ParamGroups::ParamGroups(const config::LrSchedule& lr, double end_weight_decay) 
   specs_.push_back({label("no decay", 0, 1), 0, 1});
   for (int i = 0; i < lr.param_rules_size(); ++i) {
     const auto& r = lr.param_rules(i);
-    rules_.emplace_back(r.match());
+    rules_.push_back(param_rule_regex(r.match()));
     patterns_.push_back(r.match());
     const double lr_scale = r.has_lr_mult() ? r.lr_mult() : 1.0;
     const std::string who = "rule " + std::to_string(i) + " \"" + r.match() + "\"";

@@ -384,6 +384,29 @@ TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
   EXPECT_EQ(run_dtk(kTrain + "--set checkpoint.load=" + dir, 120).code, 0);
 }
 
+// The disk fills after the ranks' files, as rank 0 merges the checksums into SHA256SUMS: a tmpfs
+// one page larger than the checkpoint's one file (its size from a save elsewhere) holds that file
+// and the checksums' part, not SHA256SUMS. The half-written save is removed all the same.
+TEST(BadInputs, AFullDiskWhilePublishingLeavesNothingBehind) {
+  const std::string dir = tmp_dir("full-disk-sums"), elsewhere = tmp_dir("full-disk-sums-size");
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const std::string two = kTrain + "--set train.train_iters=2 --set checkpoint.save_interval=2 --set checkpoint.save=";
+  ASSERT_EQ(run_dtk(two + elsewhere, 120).code, 0);
+  const auto bytes = fs::file_size(elsewhere + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
+  const auto pages = (bytes + 4095) / 4096 + 1;
+  if (std::system(
+          ("mount -t tmpfs -o size=" + std::to_string(pages * 4096) + " tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
+  struct Unmount {
+    std::string d;
+    ~Unmount() { (void)std::system(("umount " + d).c_str()); }
+  } unmount{dir};
+  const dtk_test::Result r = run_dtk(two + dir, 120);
+  EXPECT_EQ(r.code, 1) << r.out;
+  expect_clean_error(r, "SHA256SUMS failed: No space left on device");
+  for (const auto& e : fs::directory_iterator(dir)) ADD_FAILURE() << "left behind: " << e.path() << "\n" << r.out;
+}
+
 }  // namespace
 
 namespace {

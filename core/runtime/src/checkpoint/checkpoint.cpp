@@ -307,6 +307,10 @@ void publish_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
     write_tracker(save_dir, iteration);
   } catch (const std::exception& e) {
     error = first_line(e.what());
+    // Nothing half-written stays (a full disk while merging the checksums, say): before the move
+    // the temporary directory is this save, after it the directory this save replaced.
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
   }
 }
 

@@ -384,6 +384,27 @@ TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
   EXPECT_EQ(run_dtk(kTrain + "--set checkpoint.load=" + dir, 120).code, 0);
 }
 
+// The run's other files on a full disk (a 1 MB tmpfs, filled): one line each with the reason,
+// and no half-written temporary.
+TEST(BadInputs, OutputFilesOnAFullDiskSayWhy) {
+  const std::string dir = tmp_dir("full-disk-outputs");
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  if (std::system(("mount -t tmpfs -o size=1m tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
+  struct Unmount {
+    std::string d;
+    ~Unmount() { (void)std::system(("umount " + d).c_str()); }
+  } unmount{dir};
+  ASSERT_EQ(std::system(("dd if=/dev/zero of=" + dir + "/fill bs=4096 count=256 2>/dev/null").c_str()), 0);
+  expect_clean_error(run_dtk(kTrain + "--bench_out " + dir + "/b.json", 120),
+                     "logging.bench_out: cannot write " + dir + "/b.json.tmp: No space left on device");
+  expect_clean_error(run_dtk(kTrain + "--set logging.metrics_jsonl=" + dir + "/m.jsonl", 120),
+                     "logging.metrics_jsonl: writing " + dir + "/m.jsonl failed: No space left on device");
+  expect_clean_error(run_dtk(kTrain + "--set logging.trace_file=" + dir + "/t.json", 120),
+                     "logging.trace_file: could not write " + dir + "/t.json: No space left on device");
+  EXPECT_FALSE(fs::exists(dir + "/b.json.tmp"));
+}
+
 // The disk fills after the ranks' files, as rank 0 merges the checksums into SHA256SUMS: a tmpfs
 // one page larger than the checkpoint's one file (its size from a save elsewhere) holds that file
 // and the checksums' part, not SHA256SUMS. The half-written save is removed all the same.

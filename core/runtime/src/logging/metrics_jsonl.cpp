@@ -1,7 +1,9 @@
 #include "dtk/core/logging/metrics_jsonl.hpp"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "dtk/host/error.hpp"  // HostError
@@ -59,23 +61,41 @@ JsonObject& JsonObject::add_raw(const std::string& k, const std::string& json) {
   return *this;
 }
 
-JsonlWriter::JsonlWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
-  if (!out_) throw host::HostError("logging.metrics_jsonl: cannot write " + path);
+namespace {
+
+// Why the last stream operation failed, as the C library says (a full disk: "No space left on
+// device"), or nothing where it did not say.
+std::string reason() { return errno != 0 ? std::string(": ") + std::strerror(errno) : std::string(); }
+
+}  // namespace
+
+JsonlWriter::JsonlWriter(const std::string& path) : path_(path) {
+  errno = 0;
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw host::HostError("logging.metrics_jsonl: cannot write " + path + reason());
 }
 
 void JsonlWriter::write(const JsonObject& object) {
+  errno = 0;
   out_ << object.str() << '\n';
   out_.flush();
-  if (!out_) throw host::HostError("logging.metrics_jsonl: writing " + path_ + " failed");
+  if (!out_) throw host::HostError("logging.metrics_jsonl: writing " + path_ + " failed" + reason());
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) throw host::HostError("cannot write " + tmp);
+    if (!out) {
+      const std::string why = reason();
+      out.close();
+      std::error_code ignored;
+      std::filesystem::remove(tmp, ignored);  // nothing half-written stays
+      throw host::HostError("cannot write " + tmp + why);
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -6,8 +6,10 @@
 #include <dtk/plugin.hpp>
 #include <glog/logging.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -67,6 +69,7 @@ void write_locked(State& s) {
   if (s.written || s.settings.path.empty()) return;
   s.written = true;
   const std::string path = rank_path(s.settings);
+  errno = 0;
   std::ofstream out(path);
   const int pid = s.settings.rank;
   auto us = [&](int64_t ns) { return static_cast<double>(ns - s.origin_ns) / 1000.0; };
@@ -100,8 +103,8 @@ void write_locked(State& s) {
   out << "\n]}\n";
   out.close();
   if (!out) {
-    LOG(ERROR) << "trace: could not write " << path;
-    s.failed = path;
+    // Reported once, as the run ends (pretrain.cpp), with the reason.
+    s.failed = path + (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string());
     return;
   }
   LOG(INFO) << "trace: wrote " << s.events.size() << " events of iterations " << s.settings.first << "-"

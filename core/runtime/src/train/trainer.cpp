@@ -477,7 +477,11 @@ void Trainer::print_bench_summary() {
   for (const auto& line : bench_->lines()) log_->print(line);
   const std::string& path = cfg_.logging().bench_out();
   if (path.empty()) return;
-  write_file_atomically(path, bench_->json().str() + "\n");
+  try {
+    write_file_atomically(path, bench_->json().str() + "\n");
+  } catch (const host::HostError& e) {
+    throw host::HostError(std::string("logging.bench_out: ") + e.what());
+  }
   log_->print(" wrote the performance summary to " + path);
 }
 

@@ -224,7 +224,7 @@ TEST(Cli, SaysWhichCpuGemmEngineItUsesAndBothTrainTheSame) {
 
 // dtk runs on tcmalloc by default (dtk/core/memory/allocator.hpp: bin/dtk executes the host
 // with it preloaded) and says which allocator it runs on; DTK_ALLOCATOR=system keeps glibc malloc, and the
-// process really has no tcmalloc mapped then.
+// process really has no tcmalloc mapped then; a bad DTK_ALLOCATOR or DTK_TCMALLOC_PATH is one line.
 TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   const std::string args = kTiny + "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set eval.eval_iters=0 "
                                    "--set logging.log_interval=1 ";
@@ -244,6 +244,16 @@ TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   EXPECT_NE(sys.out.find(" > memory allocator: glibc malloc"), std::string::npos) << sys.out;
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_EQ(bad.out, "dtk: error: DTK_ALLOCATOR='jemalloc': expected 'tcmalloc' (the default) or 'system'\n");
+  // DTK_TCMALLOC_PATH names another tcmalloc: a file that is not a shared library is refused (else
+  // training would run on glibc malloc, after the loader's own message).
+  for (const char* path : {"/nonexistent/libtcmalloc.so", "/etc/passwd", "/tmp"}) {
+    ::setenv("DTK_TCMALLOC_PATH", path, 1);
+    const Result wrong = run(args);
+    ::unsetenv("DTK_TCMALLOC_PATH");
+    EXPECT_EQ(wrong.code, 2) << wrong.out;
+    EXPECT_EQ(wrong.out, std::string("dtk: error: DTK_TCMALLOC_PATH='") + path +
+                             "': not a readable shared library (unset it for the default)\n");
+  }
 }
 
 // A Llama user's path with a real tokenizer.json: preprocess (BOS from the file's template, EOD

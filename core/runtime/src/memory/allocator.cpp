@@ -13,8 +13,30 @@ namespace {
 
 bool tcmalloc_loaded() { return dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr; }
 
+// Whether `path` is a readable file that starts as a shared library does (the ELF magic).
+bool elf_file(const char* path) {
+  FILE* f = std::fopen(path, "rb");
+  if (!f) return false;
+  char magic[4] = {};
+  const bool elf = std::fread(magic, 1, 4, f) == 4 && std::memcmp(magic,
+                                                                  "\x7f"
+                                                                  "ELF",
+                                                                  4) == 0;
+  std::fclose(f);
+  return elf;
+}
+
 std::string tcmalloc_path() {
-  if (const char* p = std::getenv("DTK_TCMALLOC_PATH"); p && *p) return p;
+  if (const char* p = std::getenv("DTK_TCMALLOC_PATH"); p && *p) {
+    // The user's choice is checked: a wrong one would leave training on glibc malloc, several
+    // times slower, with the loader's own message at best.
+    if (!elf_file(p)) {
+      std::fprintf(stderr,
+                   "dtk: error: DTK_TCMALLOC_PATH='%s': not a readable shared library (unset it for the default)\n", p);
+      std::exit(2);
+    }
+    return p;
+  }
 #ifdef DTK_TCMALLOC_PATH
   return DTK_TCMALLOC_PATH;
 #else

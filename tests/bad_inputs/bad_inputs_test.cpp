@@ -437,6 +437,7 @@ namespace {
 TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   const std::string dir = tmp_dir("catalogue");
   fs::create_directories(dir + "/adir");
+  fs::create_directories(dir + "/nvme");
   fs::create_directories(dir + "/dup-plugins");
   fs::copy_file(std::string(DTK_PLUGIN_DIR) + "/dtk_plugin_sgd.so", dir + "/dup-plugins/dtk_plugin_sgd.so");
   fs::create_directories(dir + "/garbage-ck");
@@ -473,6 +474,9 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {kTrain + "--set logging.trace_file=" + dir + "/t.json --set logging.trace_iterations=100-200",
        "starts after the last iteration"},
       {kTrain + "--set distributed.backend=mpi", "config: distributed.backend must be gloo or nccl, got 'mpi'"},
+      {kTrain + "--strategy zero --optimizer cpu_adam --set strategy.offload_optimizer=nvme --set strategy.nvme_path=" +
+           dir + "/nvme --set strategy.nvme_buffer_mb=100000000",
+       "strategy.nvme_buffer_mb=100000000: cannot allocate that much host memory for the buffer"},
       {kTrain + "--set train.device=gpu", "config: train.device must be cpu, cuda or cuda:N, got 'gpu'"},
       {kTrain + "--set train.device=cuda:x", "config: train.device must be cpu, cuda or cuda:N, got 'cuda:x'"},
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},

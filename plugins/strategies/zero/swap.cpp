@@ -98,7 +98,12 @@ OptimizerSwap::OptimizerSwap(const std::string& dir, const std::string& rank_tag
   mapping_->base = base, mapping_->bytes = static_cast<size_t>(file_bytes_);
   // Two halves of slot_numel_ elements on the I/O boundary, from the host allocator (pinned on a
   // GPU run, so the updated masters copy to the device from it directly).
-  buffer_ = Device::pinned_empty({2 * slot_numel_ + kAlignElems}, at::kFloat);
+  try {
+    buffer_ = Device::pinned_empty({2 * slot_numel_ + kAlignElems}, at::kFloat);
+  } catch (const std::exception&) {  // the host's allocator refused (its message is LibTorch's)
+    throw Error("zero: strategy.nvme_buffer_mb=" + std::to_string(buffer_bytes >> 20) +
+                ": cannot allocate that much host memory for the buffer (its two halves); give a smaller one");
+  }
   const auto addr = reinterpret_cast<uintptr_t>(buffer_.data_ptr<float>());
   aligned_ = reinterpret_cast<float*>((addr + AsyncFile::kAlign - 1) / AsyncFile::kAlign * AsyncFile::kAlign);
   for (size_t i = 0; i < params_.size(); ++i) params_[i] = file_view(i, kMaster);

@@ -461,6 +461,12 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   const std::string cmd = argv[1];
   refuse_flags_of_other_commands(cmd, sets);
   std::vector<std::string> args(argv + 2, argv + argc);
+  // An empty argument is most often a variable that was never set ("$OUT"): say so before a
+  // command takes it for a path.
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].empty())
+      throw dtk::host::HostError(cmd + ": argument " + std::to_string(i + 1) +
+                                 " is empty (an unset variable?): give a value, or drop it");
   const char* argv0 = argv[0];
   if (cmd == "version") {
     if (!args.empty()) throw dtk::host::HostError("version: unexpected argument '" + args[0] + "'");
@@ -553,6 +559,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     return run_command(argc, argv, sets);
+  } catch (const std::filesystem::filesystem_error& e) {
+    // The library's "filesystem error: status: ... [path]" as a sentence: what could not be
+    // read and why (a link loop, a permission, a vanished directory).
+    std::string paths = e.path1().string();
+    if (!e.path2().empty()) paths += " -> " + e.path2().string();
+    report_error(dtk::core::rank_prefix() + "cannot access " + paths + ": " + e.code().message());
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the
     // whole text goes to the log at verbosity 1: --v=1). A multi-process run names the rank:

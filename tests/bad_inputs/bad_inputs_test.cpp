@@ -438,6 +438,8 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
   const std::string dir = tmp_dir("catalogue");
   fs::create_directories(dir + "/adir");
   fs::create_directories(dir + "/nvme");
+  fs::create_directories(dir + "/loop");
+  fs::create_symlink("iter_0000002", dir + "/loop/iter_0000002");  // a link to itself
   fs::create_directories(dir + "/dup-plugins");
   fs::copy_file(std::string(DTK_PLUGIN_DIR) + "/dtk_plugin_sgd.so", dir + "/dup-plugins/dtk_plugin_sgd.so");
   fs::create_directories(dir + "/garbage-ck");
@@ -474,6 +476,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {kTrain + "--set logging.trace_file=" + dir + "/t.json --set logging.trace_iterations=100-200",
        "starts after the last iteration"},
       {kTrain + "--set distributed.backend=mpi", "config: distributed.backend must be gloo or nccl, got 'mpi'"},
+      {"export hf " + dir + " ''", "export: argument 3 is empty (an unset variable?)"},
+      {"checkpoint convert " + dir + " '' --tensor_model_parallel_size 2", "checkpoint: argument 3 is empty"},
+      {"checkpoint inspect " + dir + "/loop",
+       "cannot access " + dir + "/loop/iter_0000002: Too many levels of symbolic links"},
       {kTrain + "--strategy zero --optimizer cpu_adam --set strategy.offload_optimizer=nvme --set strategy.nvme_path=" +
            dir + "/nvme --set strategy.nvme_buffer_mb=100000000",
        "strategy.nvme_buffer_mb=100000000: cannot allocate that much host memory for the buffer"},

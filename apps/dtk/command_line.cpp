@@ -38,10 +38,10 @@ bool is_command(const std::string& name) {
 }
 
 void check_flags(int argc, char** argv) {
-  // A second --config or --megatron_args would replace the first without a word: the run would
-  // not be the one asked for.
-  std::map<std::string, std::string> once = {{"config", ""}, {"megatron_args", ""}, {"deepspeed_config", ""}};
-  std::map<std::string, bool> seen;
+  // A flag's second value would replace its first without a word (gflags keeps the last): the
+  // run would not be the one asked for (two --prompt, a --data_path blend written as two flags).
+  // Only --set appends; the same value twice changes nothing.
+  std::map<std::string, std::string> once;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
   std::vector<std::string> names;
@@ -68,10 +68,13 @@ void check_flags(int argc, char** argv) {
       } else {
         throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
       }
-      if (once.count(name) && seen[name])
-        throw dtk::host::HostError("--" + name + " given twice ('" + once[name] + "' and '" + value +
-                                   "'): a run reads one; merge them, or change single values with --set");
-      if (once.count(name)) once[name] = value, seen[name] = true;
+      if (const auto first = once.find(name); first != once.end() && first->second != value) {
+        const bool configs = name == "config" || name == "megatron_args" || name == "deepspeed_config";
+        throw dtk::host::HostError("--" + name + " given twice ('" + first->second + "' and '" + value + "'): " +
+                                   (configs ? "a run reads one; merge them, or change single values with --set"
+                                            : "dtk reads one value; keep the one you mean"));
+      }
+      if (name != "set") once.emplace(name, value);
       if (info.type == "string") continue;
       char* end = nullptr;
       errno = 0;

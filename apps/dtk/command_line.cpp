@@ -38,9 +38,19 @@ bool is_command(const std::string& name) {
 }
 
 void check_flags(int argc, char** argv) {
-  // A flag's second value would replace its first without a word (gflags keeps the last): the
-  // run would not be the one asked for (two --prompt, a --data_path blend written as two flags).
-  // Only --set appends; the same value twice changes nothing.
+  // Flags whose second value reads as one more, not as a replacement: gflags would keep the last
+  // without a word, and the run would not be the one asked for (a second config, a second prompt,
+  // a blend or a list written as two flags). Any other flag given again overrides, as argparse
+  // does (a script's defaults, then the user's); --set appends.
+  static const std::map<std::string, std::string> kOnce = {
+      {"config", "a run reads one; merge them, or change single values with --set"},
+      {"megatron_args", "a run reads one; merge them, or change single values with --set"},
+      {"deepspeed_config", "a run reads one; merge them, or change single values with --set"},
+      {"prompt", "dtk generate continues one; several go one per line in a --prompts_file"},
+      {"prompts_file", "dtk generate reads one; put the prompts in one file"},
+      {"data_path", "a blend is one value: --data_path 'W1 PREFIX1 W2 PREFIX2'"},
+      {"input", "several files are one value, comma-separated"},
+      {"json_keys", "several keys are one value, comma-separated"}};
   std::map<std::string, std::string> once;
   std::vector<gflags::CommandLineFlagInfo> all;
   gflags::GetAllFlags(&all);
@@ -68,13 +78,10 @@ void check_flags(int argc, char** argv) {
       } else {
         throw dtk::host::HostError("--" + name + " needs a value (" + info.type + ")");
       }
-      if (const auto first = once.find(name); first != once.end() && first->second != value) {
-        const bool configs = name == "config" || name == "megatron_args" || name == "deepspeed_config";
-        throw dtk::host::HostError("--" + name + " given twice ('" + first->second + "' and '" + value + "'): " +
-                                   (configs ? "a run reads one; merge them, or change single values with --set"
-                                            : "dtk reads one value; keep the one you mean"));
-      }
-      if (name != "set") once.emplace(name, value);
+      if (const auto first = once.find(name); first != once.end() && first->second != value)
+        throw dtk::host::HostError("--" + name + " given twice ('" + first->second + "' and '" + value +
+                                   "'): " + kOnce.at(name));
+      if (kOnce.count(name)) once.emplace(name, value);
       if (info.type == "string") continue;
       char* end = nullptr;
       errno = 0;

@@ -477,6 +477,10 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
        "starts after the last iteration"},
       {kTrain + "--set distributed.backend=mpi", "config: distributed.backend must be gloo or nccl, got 'mpi'"},
       {"export hf " + dir + " ''", "export: argument 3 is empty (an unset variable?)"},
+      // A flag whose repeat reads as one more value (gflags kept the last: the first was dropped).
+      {"generate --prompt First --prompt Second",
+       "--prompt given twice ('First' and 'Second'): dtk generate continues one; several go one per line"},
+      {kTrain + "--data_path a --data_path b", "--data_path given twice ('a' and 'b'): a blend is one value"},
       {"checkpoint convert " + dir + " '' --tensor_model_parallel_size 2", "checkpoint: argument 3 is empty"},
       {"checkpoint inspect " + dir + "/loop",
        "cannot access " + dir + "/loop/iter_0000002: Too many levels of symbolic links"},
@@ -956,6 +960,10 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
   const std::string line = huge.out.substr(at, huge.out.find('\n', at) - at);
   EXPECT_LT(line.size(), 2100u) << line.substr(0, 3000);
   EXPECT_NE(line.find(" more characters)"), std::string::npos) << line.substr(0, 3000);
+  // A name with a byte that is not UTF-8 (a Latin-1 file): shown as \xNN, the UTF-8 around it kept.
+  std::ofstream(dir + "/latin1.pbtxt") << "model { name: \"gpt\xff\xc3\xa9\" }\n";
+  expect_clean_error(run_dtk("config --config " + dir + "/latin1.pbtxt", 60),
+                     "unknown model plugin 'gpt\\xff\xc3\xa9'");
   // A read-only save directory: permission denied, naming it (root writes anywhere: then the run is
   // made as nobody, where setpriv can).
   {

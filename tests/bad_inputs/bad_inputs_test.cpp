@@ -358,18 +358,30 @@ TEST(BadInputs, DataWhoseBytesDoNotMatchItsIndexIsRefused) {
 
 namespace {
 
+// A tmpfs of `bytes` mounted on `dir` for a test's lifetime (a small disk to fill); `mounted`
+// false where the test cannot mount one (not root, or a sandbox without mounts): the test skips.
+struct SmallDisk {
+  std::string dir;
+  bool mounted = false;
+  SmallDisk(const std::string& d, uint64_t bytes) : dir(d) {
+    mounted = ::geteuid() == 0 &&
+              std::system(
+                  ("mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs " + dir + " 2>/dev/null").c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted) (void)std::system(("umount " + dir).c_str());
+  }
+};
+#define SKIP_WITHOUT_SMALL_DISK(disk) \
+  if (!(disk).mounted) GTEST_SKIP() << "needs a small tmpfs (root, and a sandbox that allows mounts)"
+
 // A checkpoint save on a full disk: one line with what the file needed and what was free; the
 // tracker still names the previous checkpoint, which loads; no temporary is left behind. Needs a
 // small tmpfs (root, and a sandbox that allows mounts): skipped, saying why, where there is none.
 TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
   const std::string dir = tmp_dir("full-disk");
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
-  if (std::system(("mount -t tmpfs -o size=2m tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
-  struct Unmount {
-    std::string d;
-    ~Unmount() { (void)std::system(("umount " + d).c_str()); }
-  } unmount{dir};
+  const SmallDisk disk(dir, 2 << 20);
+  SKIP_WITHOUT_SMALL_DISK(disk);
   // 4 iterations, a save every 2: a checkpoint (model and Adam state, about 1.7 MB) fits in 2 MB
   // once, not twice.
   const dtk_test::Result r = run_dtk(kTrain + "--set checkpoint.save=" + dir + " --set checkpoint.save_interval=2", 120);
@@ -388,13 +400,8 @@ TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
 // and no half-written temporary.
 TEST(BadInputs, OutputFilesOnAFullDiskSayWhy) {
   const std::string dir = tmp_dir("full-disk-outputs");
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
-  if (std::system(("mount -t tmpfs -o size=1m tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
-  struct Unmount {
-    std::string d;
-    ~Unmount() { (void)std::system(("umount " + d).c_str()); }
-  } unmount{dir};
+  const SmallDisk disk(dir, 1 << 20);
+  SKIP_WITHOUT_SMALL_DISK(disk);
   ASSERT_EQ(std::system(("dd if=/dev/zero of=" + dir + "/fill bs=4096 count=256 2>/dev/null").c_str()), 0);
   expect_clean_error(run_dtk(kTrain + "--bench_out " + dir + "/b.json", 120),
                      "logging.bench_out: cannot write " + dir + "/b.json.tmp: No space left on device");
@@ -414,14 +421,8 @@ TEST(BadInputs, AFullDiskWhilePublishingLeavesNothingBehind) {
   const std::string two = kTrain + "--set train.train_iters=2 --set checkpoint.save_interval=2 --set checkpoint.save=";
   ASSERT_EQ(run_dtk(two + elsewhere, 120).code, 0);
   const auto bytes = fs::file_size(elsewhere + "/iter_0000002/mp_rank_00/model_optim_rng.pt");
-  const auto pages = (bytes + 4095) / 4096 + 1;
-  if (std::system(
-          ("mount -t tmpfs -o size=" + std::to_string(pages * 4096) + " tmpfs " + dir + " 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
-  struct Unmount {
-    std::string d;
-    ~Unmount() { (void)std::system(("umount " + d).c_str()); }
-  } unmount{dir};
+  const SmallDisk disk(dir, ((bytes + 4095) / 4096 + 1) * 4096);
+  SKIP_WITHOUT_SMALL_DISK(disk);
   const dtk_test::Result r = run_dtk(two + dir, 120);
   EXPECT_EQ(r.code, 1) << r.out;
   expect_clean_error(r, "SHA256SUMS failed: No space left on device");

@@ -105,7 +105,7 @@ TEST(GpuTraining, ChunkedOutputLayerEqualsWholeLogitsInBf16) {
 // (add + RMSNorm, RMSNorm, SwiGLU, rotary), each in fp32 over 20 iterations (the kernels compute
 // in fp32 as the ops do: rounding differences only, 1e-4 as the GPU against the CPU) and in bf16
 // over 50 iterations of a model that learns (within bf16's tolerance); and both with attention
-// dropout in DTK's attention kernel (bf16 only: the kernel takes no fp32), and llama with a sliding
+// dropout in DTK's attention kernel (bf16 only: the kernel takes no fp32), and both with a sliding
 // window in it.
 TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   SKIP_WITHOUT_GPU_TRAINING();
@@ -135,59 +135,41 @@ TEST(GpuTraining, FusedKernelsTrainAsTheirReferences) {
   ASSERT_EQ(fused.run.code, 0) << fused.run.out;
   ASSERT_EQ(ops.loss.size(), 20u) << ops.run.out;
   expect_same_curve(ops, fused, 20, "gpt with hidden dropout: bias-dropout-add in the norms' kernels (fp32)", 1e-4);
-  // Attention dropout: DTK's attention kernel (bf16, head_dim 64: gpt with 2 heads of 64, llama
-  // with 4 heads of 64 in 2 key/value groups) against the probabilities formed in memory with the
-  // same masks, 50 iterations within bf16's tolerance.
-  for (const auto& [name, base] :
-       {std::pair<std::string, std::string>{"gpt",
-                                            kTrain + "--set model.hidden_size=128 --set model.num_attention_heads=2 "},
-        {"llama", kLlama + "--set model.hidden_size=256 "}}) {
-    const std::string attention = base + "--set train.device=cuda --set model.attention_dropout=0.1 " + bf16;
-    const std::string profile = fresh_dir(name + "-attention-profile");
-    const Curve kernel = curve(attention + "--set logging.profile_steps=3 --set logging.profile_dir=" + profile + " ",
-                               name + "-attention-kernel");
-    const Curve plain = curve(attention + "--set model.unfused_kernels=attention ", name + "-attention-ops");
-    ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
-    ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
-    // A smoke test: with tokens of no structure attention carries little, so the tolerance cannot
-    // tell a wrong kernel (GpuKernels.AttentionKernelEqualsOps does). It shows the kernel trains,
-    // and the profile shows it ran (its autograd function's ranges).
-    std::ifstream trace(profile + "/rank0.json");
-    std::stringstream text;
-    text << trace.rdbuf();
-    EXPECT_NE(text.str().find("dtk::attention_backward"), std::string::npos) << name << ": the kernel did not run";
-    expect_same_curve(plain, kernel, 50, name + ": attention dropout in DTK's kernel against the ops (bf16)", 3e-2);
-    if (name == "gpt") {  // selective recomputation leaves the kernel out of its checkpoint: the same bits
-      const Curve selective =
-          curve(attention + "--set model.recompute_activations=selective ", "gpt-attention-selective");
-      expect_same_curve(kernel, selective, 50, "gpt: the attention kernel under selective recomputation", 1e-7);
-    }
-  }
-  // A sliding window (Mistral's), no dropout: DTK's kernel walks each query's window (160
-  // positions, 3 tiles, a window of 40: the walks skip tiles) against the ops with the window's
-  // mask; gpt's selective recomputation leaves the kernel out of its checkpoint here too.
-  for (const auto& [name, base] :
-       {std::pair<std::string, std::string>{"gpt",
-                                            kTrain + "--set model.hidden_size=128 --set model.num_attention_heads=2 "},
-        {"llama", kLlama + "--set model.hidden_size=256 "}}) {
-    const std::string window =
-        base + "--set train.device=cuda " + bf16 + "--set train.seq_length=160 --set model.window_size=40,0 ";
-    const std::string profile = fresh_dir(name + "-window-profile");
-    const Curve kernel = curve(window + "--set logging.profile_steps=3 --set logging.profile_dir=" + profile + " ",
-                               name + "-window-kernel");
-    const Curve plain = curve(window + "--set model.unfused_kernels=attention ", name + "-window-ops");
-    ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
-    ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
-    std::ifstream trace(profile + "/rank0.json");
-    std::stringstream text;
-    text << trace.rdbuf();
-    EXPECT_NE(text.str().find("dtk::attention_backward"), std::string::npos)
-        << name << ", window: the kernel did not run";
-    expect_same_curve(plain, kernel, 50, name + " with a sliding window: DTK's kernel against the ops (bf16)", 3e-2);
-    if (name == "gpt") {
-      const Curve selective = curve(window + "--set model.recompute_activations=selective ", "gpt-window-selective");
-      expect_same_curve(kernel, selective, 50, "gpt with a window: the attention kernel under selective recomputation",
-                        1e-7);
+  // DTK's attention kernel (bf16, head_dim 64: gpt with 2 heads of 64, llama with 4 heads of 64 in
+  // 2 key/value groups) against attention_ops (the probabilities formed in memory), 50 iterations
+  // within bf16's tolerance: with attention dropout (the same masks), and with a sliding window
+  // and no dropout (Mistral's; 160 positions, 3 tiles, a window of 40: the walks skip tiles). A
+  // smoke test: with tokens of no structure attention carries little, so the tolerance cannot
+  // tell a wrong kernel (GpuKernels.AttentionKernelEqualsOps does). It shows the kernel trains,
+  // and the profile shows it ran (its autograd function's ranges); gpt's selective recomputation
+  // leaves the kernel out of its checkpoint: the same bits.
+  for (const auto& [what, settings] :
+       {std::pair<std::string, std::string>{"attention dropout", "--set model.attention_dropout=0.1 "},
+        {"a sliding window", "--set train.seq_length=160 --set model.window_size=40,0 "}}) {
+    for (const auto& [name, base] :
+         {std::pair<std::string, std::string>{"gpt", kTrain + "--set model.hidden_size=128 "
+                                                              "--set model.num_attention_heads=2 "},
+          {"llama", kLlama + "--set model.hidden_size=256 "}}) {
+      const std::string run = base + "--set train.device=cuda " + settings + bf16;
+      const std::string tag = name + (what == "a sliding window" ? "-window" : "-attention");
+      const std::string profile = fresh_dir(tag + "-profile");
+      const Curve kernel =
+          curve(run + "--set logging.profile_steps=3 --set logging.profile_dir=" + profile + " ", tag + "-kernel");
+      const Curve plain = curve(run + "--set model.unfused_kernels=attention ", tag + "-ops");
+      ASSERT_EQ(kernel.run.code, 0) << kernel.run.out;
+      ASSERT_EQ(plain.loss.size(), 50u) << plain.run.out;
+      std::ifstream trace(profile + "/rank0.json");
+      std::stringstream text;
+      text << trace.rdbuf();
+      EXPECT_NE(text.str().find("dtk::attention_backward"), std::string::npos)
+          << name << ", " << what << ": the kernel did not run";
+      expect_same_curve(plain, kernel, 50, name + ", " + what + ": DTK's attention kernel against the ops (bf16)",
+                        3e-2);
+      if (name == "gpt") {
+        const Curve selective = curve(run + "--set model.recompute_activations=selective ", tag + "-selective");
+        expect_same_curve(kernel, selective, 50,
+                          "gpt, " + what + ": the attention kernel under selective recomputation", 1e-7);
+      }
     }
   }
 }

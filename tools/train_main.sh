@@ -5,7 +5,8 @@
 #   2. makes a corpus: every fortune cookie of Debian's `fortunes` package, one document each
 #      (jsonl), or CORPUS=path/to/file.txt|.jsonl for your own text
 #   3. `dtk preprocess` -> Megatron .bin/.idx with GPT-2 BPE
-#   4. `dtk train` of configs/gpt-tiny.pbtxt on it (override with CONFIG=..., extra flags pass through)
+#   4. `dtk train` of configs/gpt-tiny.pbtxt on it (override with CONFIG=..., extra flags pass through;
+#      the data is the script's, so not --data_path, which dtk takes once)
 # MODEL=llama: the same corpus through a 32000-piece SentencePiece-style BPE tokenizer.json
 # (HuggingFaceTokenizer) into a Llama (configs/llama-main.pbtxt), saved to runs/llama/checkpoints.
 set -euo pipefail

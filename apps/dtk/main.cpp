@@ -562,8 +562,9 @@ int main(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {
     // The library's "filesystem error: status: ... [path]" as a sentence: what could not be
     // read and why (a link loop, a permission, a vanished directory).
-    std::string paths = e.path1().string();
-    if (!e.path2().empty()) paths += " -> " + e.path2().string();
+    VLOG(1) << "the error in full: " << e.what();
+    std::string paths = e.path1().empty() ? std::string("a path") : e.path1().string();
+    if (!e.path2().empty()) paths += " (with " + e.path2().string() + ")";
     report_error(dtk::core::rank_prefix() + "cannot access " + paths + ": " + e.code().message());
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace in what(): the user gets the message only (the

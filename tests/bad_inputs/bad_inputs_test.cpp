@@ -486,8 +486,8 @@ TEST(BadInputs, TheHuntsCatalogueIsOneLineEach) {
       {"checkpoint inspect " + dir + "/loop",
        "cannot access " + dir + "/loop/iter_0000002: Too many levels of symbolic links"},
       {kTrain + "--strategy zero --optimizer cpu_adam --set strategy.offload_optimizer=nvme --set strategy.nvme_path=" +
-           dir + "/nvme --set strategy.nvme_buffer_mb=100000000",
-       "strategy.nvme_buffer_mb=100000000: cannot allocate that much host memory for the buffer"},
+           dir + "/nvme --set strategy.nvme_buffer_mb=1000000000",  // 954 TiB: past any address space
+       "strategy.nvme_buffer_mb=1000000000: cannot allocate that much host memory for the buffer"},
       {kTrain + "--set train.device=gpu", "config: train.device must be cpu, cuda or cuda:N, got 'gpu'"},
       {kTrain + "--set train.device=cuda:x", "config: train.device must be cpu, cuda or cuda:N, got 'cuda:x'"},
       {kTrain + "--set model.layernorm_epsilon=-1", "option 'layernorm_epsilon' must be positive"},
@@ -961,10 +961,11 @@ TEST(BadInputs, MessagesNameTheFileAndStayReadable) {
   const std::string line = huge.out.substr(at, huge.out.find('\n', at) - at);
   EXPECT_LT(line.size(), 2100u) << line.substr(0, 3000);
   EXPECT_NE(line.find(" more characters)"), std::string::npos) << line.substr(0, 3000);
-  // A name with a byte that is not UTF-8 (a Latin-1 file): shown as \xNN, the UTF-8 around it kept.
-  std::ofstream(dir + "/latin1.pbtxt") << "model { name: \"gpt\xff\xc3\xa9\" }\n";
+  // A name with a byte that is not UTF-8 (a Latin-1 file) and a C1 control (CSI, U+009B): shown as
+  // \xNN, the UTF-8 around them kept.
+  std::ofstream(dir + "/latin1.pbtxt") << "model { name: \"gpt\xff\xc3\xa9\xc2\x9b\" }\n";
   expect_clean_error(run_dtk("config --config " + dir + "/latin1.pbtxt", 60),
-                     "unknown model plugin 'gpt\\xff\xc3\xa9'");
+                     "unknown model plugin 'gpt\\xff\xc3\xa9\\xc2\\x9b'");
   // A read-only save directory: permission denied, naming it (root writes anywhere: then the run is
   // made as nobody, where setpriv can).
   {

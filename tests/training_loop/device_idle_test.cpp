@@ -1,7 +1,9 @@
-// The profile's GPU idle report (dtk/core/timeline/profile_events.hpp) on events made by hand:
-// kernels on two streams that overlap, a launch gap, a stall, the span's two ends, the phase
-// annotation Kineto mirrors onto the GPU's timeline (not a kernel), and the CPU op that launched
-// the kernel after the stall, found by its correlation.
+// The profile's GPU idle report (dtk/core/timeline/profile_events.hpp) on events made by hand, as
+// Kineto records them: kernels on two streams that overlap, a launch gap, a stall, the span's two
+// ends, the phase annotation Kineto mirrors onto the GPU's timeline (a device event, not a kernel),
+// and the CPU op that launched the kernel after the stall, found by its correlation (not the CUDA
+// runtime's event whose CUPTI number is the same) on the autograd engine's thread, its phase on
+// the training thread.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -12,12 +14,17 @@
 namespace {
 
 using dtk::core::trace::device_idle_report;
+using dtk::core::trace::kConcurrentKernel;
+using dtk::core::trace::kCpuOp;
+using dtk::core::trace::kGpuUserAnnotation;
+using dtk::core::trace::kUserAnnotation;
 using dtk::core::trace::ProfileEvent;
 
 ProfileEvent kernel(const std::string& name, double start, double duration, uint64_t launched_by = 0) {
   ProfileEvent e;
   e.name = name;
   e.device = true;
+  e.activity = kConcurrentKernel;
   e.start_us = start;
   e.duration_us = duration;
   e.linked_correlation = launched_by;
@@ -25,10 +32,11 @@ ProfileEvent kernel(const std::string& name, double start, double duration, uint
 }
 
 ProfileEvent cpu(const std::string& name, double start, double duration, uint64_t correlation = 0,
-                 bool user_scope = false) {
+                 bool user_scope = false, uint64_t thread = 1) {
   ProfileEvent e;
   e.name = name;
-  e.thread = 1;
+  e.activity = user_scope ? kUserAnnotation : kCpuOp;
+  e.thread = thread;
   e.start_us = start;
   e.duration_us = duration;
   e.correlation = correlation;
@@ -40,7 +48,7 @@ TEST(DeviceIdle, SplitsLaunchGapsFromStallsAndNamesWhatEndedEach) {
   std::vector<ProfileEvent> events = {
       cpu("forward", -5, 3000, 0, /*user_scope=*/true),
       cpu("backward", 4000, 1100, 0, /*user_scope=*/true),
-      cpu("aten::mm", 5000, 20, /*correlation=*/7),
+      cpu("aten::mm", 5000, 20, /*correlation=*/7, false, /*thread=*/2),  // the autograd engine's thread
       kernel("k1", 0, 10),
       kernel("k2", 12, 8),                        // 2 us after k1: a launch gap
       kernel("k3", 15, 15),                       // another stream, overlapping k2: busy until 30
@@ -48,8 +56,12 @@ TEST(DeviceIdle, SplitsLaunchGapsFromStallsAndNamesWhatEndedEach) {
   };
   // The phase Kineto mirrors onto the GPU spans the whole backward: not a kernel.
   ProfileEvent annotation = kernel("backward", 4000, 1100);
-  annotation.user_scope = true;
+  annotation.activity = kGpuUserAnnotation;
   events.push_back(annotation);
+  // The CUDA runtime's launch call, its correlation in CUPTI's numbers (here the same 7).
+  ProfileEvent launch = cpu("cudaLaunchKernel", 5010, 5, 7, false, 2);
+  launch.activity = 7;  // CUDA_RUNTIME
+  events.push_back(launch);
   // The span runs from -5 (forward's start) to 5100 (backward's end): 5 us idle before k1 and 60
   // after k4. Short: 5 + 2 us in 2 gaps; long: 5000 + 60 us in 2; over 2 iterations.
   const std::string report = device_idle_report(events, 2, 10);

@@ -33,7 +33,9 @@ def idle_line(trace_path, steps, short_us=20.0):
     device_idle.cpp): the recorded span (every complete event) less the union of the kernels'
     intervals, per step, in gaps under `short_us` (launches) and longer ones."""
     with open(trace_path) as f:
-        events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+        # "Trace" is the profiler's own span, from its start to its stop: not the steps'.
+        events = [e for e in json.load(f).get("traceEvents", [])
+                  if e.get("ph") == "X" and "dur" in e and e.get("cat") != "Trace"]
     kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
                      if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     if not kernels:

@@ -100,9 +100,10 @@ OptimizerSwap::OptimizerSwap(const std::string& dir, const std::string& rank_tag
   // GPU run, so the updated masters copy to the device from it directly).
   try {
     buffer_ = Device::pinned_empty({2 * slot_numel_ + kAlignElems}, at::kFloat);
-  } catch (const std::exception&) {  // the host's allocator refused (its message is LibTorch's)
+  } catch (const std::exception& e) {  // the host's allocator refused
     throw Error("zero: strategy.nvme_buffer_mb=" + std::to_string(buffer_bytes >> 20) +
-                ": cannot allocate that much host memory for the buffer (its two halves); give a smaller one");
+                ": cannot allocate that much host memory for the buffer (its two halves); give a smaller one (" +
+                dtk::one_line(e.what()) + ")");
   }
   const auto addr = reinterpret_cast<uintptr_t>(buffer_.data_ptr<float>());
   aligned_ = reinterpret_cast<float*>((addr + AsyncFile::kAlign - 1) / AsyncFile::kAlign * AsyncFile::kAlign);

@@ -308,7 +308,8 @@ void publish_checkpoint(const std::string& save_dir, const std::string& tmp_dir,
   } catch (const std::exception& e) {
     error = first_line(e.what());
     // Nothing half-written stays (a full disk while merging the checksums, say): before the move
-    // the temporary directory is this save, after it the directory this save replaced.
+    // (or where the move failed and put the old directory back) the temporary directory is this
+    // save, after it the directory this save replaced.
     std::error_code ec;
     fs::remove_all(tmp_dir, ec);
   }

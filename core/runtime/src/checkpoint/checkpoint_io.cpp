@@ -265,8 +265,14 @@ void move_into_place(const std::string& from, const std::string& to) {
   // the previous iteration unless this one is re-saved, so the window is that of a re-save only).
   const std::string aside = from + ".old";
   fs::rename(to, aside, ec);
-  if (!ec) fs::rename(from, to, ec);
   if (ec) throw HostError("checkpoint: replacing " + to + " failed: " + ec.message());
+  fs::rename(from, to, ec);
+  if (ec) {
+    // The old one goes back where it was: `from` (the new save) is the caller's to remove.
+    std::error_code back;
+    fs::rename(aside, to, back);
+    throw HostError("checkpoint: replacing " + to + " failed: " + ec.message());
+  }
   fs::rename(aside, from, ec);
 }
 

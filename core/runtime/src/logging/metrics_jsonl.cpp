@@ -88,7 +88,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     errno = 0;
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
-    out.flush();
+    out.close();  // some file systems (quotas, NFS) report a failed write only here
     if (!out) {
       const std::string why = reason();
       out.close();

@@ -35,14 +35,23 @@ std::vector<Gap> idle_gaps(const std::vector<const ProfileEvent*>& kernels, doub
   return gaps;
 }
 
-// The innermost user scope (DTK phase) on `e`'s thread that encloses its start.
+bool is_kernel(const ProfileEvent& e) {
+  return e.device && (e.activity == kConcurrentKernel || e.activity == kGpuMemcpy || e.activity == kGpuMemset);
+}
+
+// The innermost user scope (DTK phase) that encloses `e`'s start: on its thread, else on any (the
+// autograd engine runs a GPU's backward ops on a thread of its own, the phase is the training
+// thread's).
 std::string phase_of(const std::vector<ProfileEvent>& events, const ProfileEvent& e) {
-  const ProfileEvent* phase = nullptr;
-  for (const ProfileEvent& s : events)
-    if (s.user_scope && !s.device && s.thread == e.thread && s.start_us <= e.start_us &&
-        s.start_us + s.duration_us >= e.start_us && (!phase || s.duration_us < phase->duration_us))
-      phase = &s;
-  return phase ? phase->name : "outside the timed phases";
+  for (const bool same_thread : {true, false}) {
+    const ProfileEvent* phase = nullptr;
+    for (const ProfileEvent& s : events)
+      if (s.user_scope && !s.device && (!same_thread || s.thread == e.thread) && s.start_us <= e.start_us &&
+          s.start_us + s.duration_us >= e.start_us && (!phase || s.duration_us < phase->duration_us))
+        phase = &s;
+    if (phase) return phase->name;
+  }
+  return "outside the timed phases";
 }
 
 std::string shortened(const std::string& name, size_t width) {
@@ -58,7 +67,7 @@ std::string device_idle_report(const std::vector<ProfileEvent>& events, int64_t 
     span_start = std::min(span_start, e.start_us);
     span_end = std::max(span_end, e.start_us + e.duration_us);
     // Kineto mirrors each user scope onto the GPU's timeline as an annotation: not a kernel.
-    if (e.device && !e.user_scope) kernels.push_back(&e);
+    if (is_kernel(e)) kernels.push_back(&e);
   }
   if (kernels.empty()) return "";
   std::sort(kernels.begin(), kernels.end(),
@@ -87,9 +96,12 @@ std::string device_idle_report(const std::vector<ProfileEvent>& events, int64_t 
                 static_cast<double>(long_gaps) / n);
   std::string out = buf;
   std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.length_us > b.length_us; });
-  std::unordered_map<uint64_t, const ProfileEvent*> ops;  // the CPU ops by correlation
+  // The CPU ops by their correlation (PyTorch's numbers; the CUDA runtime's events, in CUPTI's,
+  // would collide with them).
+  std::unordered_map<uint64_t, const ProfileEvent*> ops;
   for (const ProfileEvent& e : events)
-    if (!e.device && e.correlation != 0) ops[e.correlation] = &e;
+    if (!e.device && e.correlation != 0 && (e.activity == kCpuOp || e.activity == kUserAnnotation))
+      ops[e.correlation] = &e;
   int shown = 0;
   for (const Gap& g : gaps) {
     if (shown == top || g.length_us < kShortGapUs) break;

@@ -32,6 +32,7 @@ Event event_of(const prof::KinetoEvent& e) {
   out.device = e.deviceType() != c10::DeviceType::CPU;
   out.thread = e.startThreadId();
   out.user_scope = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE);
+  out.activity = e.activityType();
   out.correlation = e.correlationId();
   out.linked_correlation = e.linkedCorrelationId();
 #if TORCH_VERSION_MAJOR >= 2

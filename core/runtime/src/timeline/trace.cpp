@@ -29,7 +29,7 @@ struct State {
   std::mutex mu;
   Settings settings;
   bool on = false, written = false, started = false;  // started: a traced iteration ran
-  std::string failed;                                 // the file that could not be written
+  std::string failed;                                 // the file that could not be written, and why
   int64_t origin_ns = -1;
   std::vector<Event> events;
 };

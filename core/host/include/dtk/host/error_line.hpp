@@ -41,7 +41,9 @@ inline std::string error_line(const std::string& message) {
   while (shown < message.size() && out.size() < kMaxErrorLine) {
     const unsigned char c = static_cast<unsigned char>(message[shown]);
     const size_t n = utf8_sequence_length(message, shown);
-    if (c < 0x20 || c == 0x7f || n == 0) {
+    // U+0080 to U+009F (C2 80 to C2 9F) are control characters too: CSI is one in some terminals.
+    const bool c1 = c == 0xC2 && n == 2 && static_cast<unsigned char>(message[shown + 1]) < 0xA0;
+    if (c < 0x20 || c == 0x7f || n == 0 || c1) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
       out += buf;
@@ -51,12 +53,8 @@ inline std::string error_line(const std::string& message) {
       shown += n;
     }
   }
-  if (shown < message.size()) {
-    // Not inside a UTF-8 sequence: back to its first byte.
-    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back(), --shown;
-    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back(), --shown;
-    out += " ... (" + std::to_string(message.size() - shown) + " more characters)";
-  }
+  // The loop copies whole UTF-8 sequences only, so the cut is never inside one.
+  if (shown < message.size()) out += " ... (" + std::to_string(message.size() - shown) + " more characters)";
   return out;
 }
 

@@ -5,7 +5,8 @@
 // exponential in the length of a parameter name it fails to match (dtk hung at start). libstdc++'s
 // __polynomial flag runs the same ECMAScript syntax on its breadth-first executor, which has no
 // such case; it cannot run back-references, which it refuses at compile time (a regex_error the
-// config check reports as an invalid expression).
+// config check reports as an invalid expression). Another standard library (not one DTK's builds
+// use) gets the ECMAScript default, which backtracks.
 #pragma once
 
 #include <regex>

@@ -14,15 +14,28 @@
 
 namespace dtk::core::trace {
 
+// Kineto's kinds of event (libkineto's ActivityType; these six have kept their numbers since
+// 2021, newer kinds are appended).
+enum KinetoActivity : uint8_t {
+  kCpuOp = 0,              // an ATen op (PyTorch's correlation numbers)
+  kUserAnnotation = 1,     // a RecordFunction user scope: DTK's timers' phases
+  kGpuUserAnnotation = 2,  // such a scope mirrored onto the GPU's timeline: not a kernel
+  kGpuMemcpy = 3,
+  kGpuMemset = 4,
+  kConcurrentKernel = 5,  // a kernel
+};
+
 // One recorded event, in microseconds.
 struct ProfileEvent {
   std::string name;
-  bool device = false;      // a kernel (or memcpy/memset) on the GPU
+  bool device = false;      // on the GPU's timeline (kernels, copies, mirrored annotations)
   bool user_scope = false;  // a RecordFunction user scope: DTK's timers' phases
+  uint8_t activity = kCpuOp;
   uint64_t thread = 0;
   double start_us = 0, duration_us = 0;
-  // Kineto's links: a device event's linked_correlation is the correlation of the CPU op that
-  // launched it (0 where the profiler recorded none).
+  // Kineto's links: a kernel's linked_correlation is the correlation of the CPU op (kCpuOp or
+  // kUserAnnotation) that launched it; the CUDA runtime's events count in CUPTI's numbers
+  // instead. 0 where the profiler recorded none.
   uint64_t correlation = 0, linked_correlation = 0;
 };
 

@@ -244,9 +244,10 @@ TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   EXPECT_NE(sys.out.find(" > memory allocator: glibc malloc"), std::string::npos) << sys.out;
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_EQ(bad.out, "dtk: error: DTK_ALLOCATOR='jemalloc': expected 'tcmalloc' (the default) or 'system'\n");
-  // DTK_TCMALLOC_PATH names another tcmalloc: a file that is not a shared library is refused (else
-  // training would run on glibc malloc, after the loader's own message).
-  for (const char* path : {"/nonexistent/libtcmalloc.so", "/etc/passwd", "/tmp"}) {
+  // DTK_TCMALLOC_PATH names another tcmalloc: a file that is not a shared library (nothing there,
+  // text, a directory, a program) is refused (else training would run on glibc malloc, after the
+  // loader's own message).
+  for (const char* path : {"/nonexistent/libtcmalloc.so", "/etc/passwd", "/tmp", "/bin/ls"}) {
     ::setenv("DTK_TCMALLOC_PATH", path, 1);
     const Result wrong = run(args);
     ::unsetenv("DTK_TCMALLOC_PATH");

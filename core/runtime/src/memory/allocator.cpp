@@ -14,24 +14,33 @@ namespace {
 
 bool tcmalloc_loaded() { return dlsym(RTLD_DEFAULT, "tc_malloc") != nullptr; }
 
-// Whether `path` is a readable file that starts as a shared library does (the ELF magic).
-bool elf_file(const char* path) {
+// Whether `path` is a readable 64-bit little-endian ELF shared library: type ET_DYN and no
+// program interpreter (a position-independent program is ET_DYN too, but names its loader in a
+// PT_INTERP header, and ld.so refuses to preload it).
+bool shared_library(const char* path) {
   FILE* f = std::fopen(path, "rb");
   if (!f) return false;
-  char magic[4] = {};
-  const bool elf = std::fread(magic, 1, 4, f) == 4 && std::memcmp(magic,
-                                                                  "\x7f"
-                                                                  "ELF",
-                                                                  4) == 0;
+  unsigned char h[64] = {};
+  static const unsigned char kMagic[4] = {0x7f, 'E', 'L', 'F'};
+  bool ok = std::fread(h, 1, sizeof h, f) == sizeof h && std::memcmp(h, kMagic, 4) == 0 && h[4] == 2 && h[5] == 1 &&
+            (h[16] | h[17] << 8) == 3;  // ELFCLASS64, ELFDATA2LSB, ET_DYN
+  uint64_t phoff = 0;
+  for (int i = 7; i >= 0; --i) phoff = phoff << 8 | h[32 + i];
+  const unsigned entry = h[54] | h[55] << 8, count = h[56] | h[57] << 8;
+  for (unsigned i = 0; ok && i < count; ++i) {
+    unsigned char type[4] = {};
+    ok = std::fseek(f, static_cast<long>(phoff + uint64_t{i} * entry), SEEK_SET) == 0 &&
+         std::fread(type, 1, 4, f) == 4 && !(type[0] == 3 && type[1] == 0 && type[2] == 0 && type[3] == 0);
+  }
   std::fclose(f);
-  return elf;
+  return ok;
 }
 
 std::string tcmalloc_path() {
   if (const char* p = std::getenv("DTK_TCMALLOC_PATH"); p && *p) {
     // The user's choice is checked: a wrong one would leave training on glibc malloc, several
     // times slower, with the loader's own message at best.
-    if (!elf_file(p)) {
+    if (!shared_library(p)) {
       std::fprintf(stderr,
                    "dtk: error: DTK_TCMALLOC_PATH='%s': not a readable shared library (unset it for the default)\n", p);
       std::exit(2);

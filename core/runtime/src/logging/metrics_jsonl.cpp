@@ -91,7 +91,6 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     out.close();  // some file systems (quotas, NFS) report a failed write only here
     if (!out) {
       const std::string why = reason();
-      out.close();
       std::error_code ignored;
       std::filesystem::remove(tmp, ignored);  // nothing half-written stays
       throw host::HostError("cannot write " + tmp + why);

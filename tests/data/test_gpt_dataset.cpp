@@ -534,5 +534,41 @@ TEST(Blending, DataPathAndEndToEnd) {
   EXPECT_THROW(build_train_valid_test_datasets(dir / "missing", {1, 0, 0}, o), DataError);
 }
 
+// eval.full_validation asks for a split whole (kWholeSplit): a single prefix's split is one epoch
+// of its documents, every sample once, as Megatron-core's num_samples None builds it (whose indices
+// GptIndices.MegatronCoreOptionsEqualTheReference proves); a blend is refused in one line.
+TEST(Blending, AWholeSplitIsOneEpochOfOnePrefixAndNoBlend) {
+  TempDir dir;
+  auto data = make_data(dir / "a", 200, 10, 50, 1);
+  make_data(dir / "b", 100, 10, 50, 2);
+  GptDatasetOptions o;
+  o.seq_length = 32;
+  o.seed = 5;
+  o.cache_mode = GptDatasetOptions::CacheMode::kNoCache;
+  o.split = "90,10,0";
+  const auto tvt = build_train_valid_test_datasets(dir / "a", {100, kWholeSplit, kWholeSplit}, o);
+  ASSERT_TRUE(tvt.valid);
+  EXPECT_FALSE(tvt.test);  // no documents: no split, whole or not
+  GptDatasetOptions one = o;
+  one.name = "valid";
+  one.whole_epoch = true;
+  const GPTDataset epoch(data, 180, 200, one);  // documents [180, 200): split 90,10,0 of 200
+  EXPECT_EQ(epoch.num_epochs(), 1);
+  ASSERT_EQ(tvt.valid->size(), epoch.size());
+  for (size_t i = 0; i < epoch.size(); ++i) ASSERT_EQ(tvt.valid->get(i), epoch.get(i)) << i;
+  for (const std::string& blend : {"0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), (dir / "a") + " " + (dir / "b")}) {
+    try {
+      build_train_valid_test_datasets(blend, {100, kWholeSplit, 0}, o);
+      ADD_FAILURE() << "a whole split of a blend was built: " << blend;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find("the valid split is read whole (eval.full_validation), but it is a "),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("give the split one prefix (the per-split paths"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtk::data

@@ -830,6 +830,18 @@ TEST(MegatronArgs, CalculatePerTokenLossIsTheLoopsPerTokenLoss) {
   expect_fields(config_of(m), {{"train.calculate_per_token_loss", "true"}});
 }
 
+TEST(MegatronArgs, FullValidationMapsAndMultipleValidationSetsAreRefused) {
+  const MegatronMapping m = dtk::core::map_megatron_args({"--full-validation"});
+  EXPECT_TRUE(m.refused.empty());
+  expect_fields(config_of(m), {{"eval.full_validation", "true"}});
+  const MegatronMapping sets =
+      dtk::core::map_megatron_args({"--multiple-validation-sets", "--validation-set-names", "wiki", "code"});
+  ASSERT_EQ(sets.refused.size(), 2u);
+  EXPECT_NE(sets.refused[0].find("--multiple-validation-sets"), std::string::npos) << sets.refused[0];
+  EXPECT_NE(sets.refused[0].find("DTK evaluates one validation set"), std::string::npos) << sets.refused[0];
+  EXPECT_NE(sets.refused[1].find("--validation-set-names"), std::string::npos) << sets.refused[1];
+}
+
 // --decoupled-lr / --decoupled-min-lr: one rule for the parameters Megatron-LM marks
 // is_embedding_or_output_parameter, with their own peak and floor.
 TEST(MegatronArgs, DecoupledLrIsARuleForTheEmbeddingAndOutputLayer) {

@@ -13,7 +13,8 @@
 //     Megatron computes them (a recording optimizer), ZeRO == ddp with them, resume exactly;
 //   * num zeros in the gradients, TensorBoard per iteration and vs samples, Megatron's labels;
 //   * the per-token loss (train.calculate_per_token_loss) equals one micro-batch of the global
-//     batch however it is split.
+//     batch however it is split;
+//   * full validation (eval.full_validation) reads each sample of the split once, at any layout.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -1059,6 +1060,60 @@ TEST(Loss, PerTokenLossIsTheGlobalBatchsTokenMeanHoweverItIsSplit) {
   // At initialisation every token's loss is near log(vocab): the weighting shows in the gradient.
   EXPECT_GT(std::abs(means.norm.at(1) - whole.norm.at(1)), 1e-4 * whole.norm.at(1))
       << "the micro-batches counted the same tokens: the test shows nothing";
+}
+
+// eval.full_validation (Megatron's --full-validation): every evaluation reads the whole split,
+// each of its 11 samples once, and reports the mean over their tokens, however the samples fall
+// into micro-batches and ranks: DP1 and DP2 with a padded last global batch, several micro-batches
+// per step, two pipeline stages, two tensor-parallel ranks. The reference reads the same 11 samples one per global
+// batch with the per-token loss. lr 0 keeps the model the same across batch layouts; a wide init spreads the samples'
+// losses, so a padding row counted (sample 0 twice) or a micro-batch mean shows.
+TEST(FullValidation, EachSampleOnceHoweverTheBatchesFall) {
+  const std::string base = kTrain + iters(2) +
+                           " --set dataset.vocab_size=8 --set step.eod_token=1 --set step.eod_mask_loss=true "
+                           "--set model.init_method_std=1.0 --set lr.lr=0 --set lr.min_lr=0 --set lr.lr_warmup_iters=0 "
+                           "--set dataset.num_samples=11 ";
+  const std::string full = base + " --set eval.full_validation=true --set eval.eval_interval=2 ";
+  const auto loss_at = [](const Result& r, const std::string& label) {
+    const std::string key = " validation loss at " + label + " | lm loss value: ";
+    const size_t at = r.out.find(key);
+    return at == std::string::npos ? NAN : std::stod(r.out.substr(at + key.size()));
+  };
+  const Result reference = dtk_test::run_dtk(base +
+                                             " --set train.micro_batch_size=1 --set train.global_batch_size=1 "
+                                             "--set train.calculate_per_token_loss=true --set eval.eval_iters=11");
+  ASSERT_EQ(reference.code, 0) << reference.out;
+  const double want = loss_at(reference, "iteration 2 on validation set");
+  ASSERT_TRUE(std::isfinite(want)) << reference.out;
+  const std::string launch = "launch --nproc_per_node 2 ";
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"DP1, micro-batches of 2 (one padding row)", full},
+      {"DP2 (rank 1 pads)", launch + full},
+      {"DP2, 2 micro-batches per step", launch + full + " --set train.micro_batch_size=1"},
+      {"PP2", launch + full + " --set distributed.pipeline_model_parallel_size=2"},
+      {"TP2 (the loss mask broadcast)", launch + full + " --set distributed.tensor_model_parallel_size=2"},
+  };
+  for (const auto& [what, args] : layouts) {
+    const Result r = dtk_test::run_dtk(args);
+    ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+    EXPECT_NE(r.out.find(" validation reads its whole split (eval.full_validation): 11 samples in 3 global batches, "
+                         "each sample once"),
+              std::string::npos)
+        << what << "\n"
+        << r.out;
+    // In the loop and after training: from the split's start each time (lr 0: the same model).
+    EXPECT_NEAR(loss_at(r, "iteration 2"), want, 1e-5 * want) << what << "\n" << r.out;
+    EXPECT_NEAR(loss_at(r, "iteration 2 on validation set"), want, 1e-5 * want) << what << "\n" << r.out;
+    EXPECT_TRUE(std::isfinite(loss_at(r, "iteration 2 on test set"))) << what << "\n" << r.out;
+  }
+  // The same 11 samples as micro-batch means (the default evaluation) differ: the check can fail.
+  const Result means = dtk_test::run_dtk(base +
+                                         " --set train.micro_batch_size=1 --set train.global_batch_size=1 "
+                                         "--set eval.eval_iters=11");
+  ASSERT_EQ(means.code, 0) << means.out;
+  EXPECT_GT(std::abs(loss_at(means, "iteration 2 on validation set") - want), 1e-4 * want) << means.out;
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(3) + " --set eval.full_validation=true"),
+                                  "random data has no end; set the option num_samples");
 }
 
 }  // namespace

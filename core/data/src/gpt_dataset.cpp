@@ -358,8 +358,8 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
     // Megatron-core's options: legacy megatron/data has none of them.
     const char* what = !options_.add_extra_token                ? "add_extra_token=false"
                        : !options_.drop_last_partial_validation ? "drop_last_partial_validation=false"
-                       : options_.whole_epoch                   ? "a blend without weights"
-                                                                : nullptr;
+                       : options_.whole_epoch ? "a blend without weights nor a whole split (eval.full_validation)"
+                                              : nullptr;
     if (what) {
       throw DataError(std::string("dataset order megatron_legacy has no ") + what +
                       " (Megatron-core's GPTDataset option; legacy megatron/data always draws seq_length+1 tokens, "
@@ -999,14 +999,25 @@ std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
                                                 const std::vector<std::shared_ptr<const IndexedDataset>>& data,
                                                 const std::vector<std::array<size_t, 2>>& ranges, int s, int64_t n,
                                                 const GptDatasetOptions& base, bool plain_single) {
-  if (n <= 0) return nullptr;
+  if (n <= 0 && n != kWholeSplit) return nullptr;
   GptDatasetOptions o = base;
   o.name = kSplitNames[s];
   const size_t count = blend.prefixes.size();
   if (count == 1 && (!blend.weighted || plain_single)) {
     if (ranges[0][1] <= ranges[0][0]) return nullptr;
-    o.num_samples = n;
+    o.num_samples = std::max<int64_t>(n, 0);
+    o.whole_epoch = n == kWholeSplit;
     return std::make_shared<const GPTDataset>(data[0], ranges[0][0], ranges[0][1], o);
+  }
+  if (n == kWholeSplit) {
+    throw DataError(std::string("the ") + kSplitNames[s] + " split is read whole (eval.full_validation), but it is a " +
+                    (blend.weighted ? "weighted blend of " + std::to_string(count) +
+                                          " prefixes, whose size must be given (Megatron: \"Using client-specified "
+                                          "weights requires client-specified size\")"
+                                    : "blend of " + std::to_string(count) +
+                                          " prefixes (Megatron's exhaustive blending is not in DTK)") +
+                    "; give the split one prefix (the per-split paths dataset.train_data_path, valid_data_path "
+                    "and test_data_path in place of data_path)");
   }
   size_t empty = 0;
   for (const auto& r : ranges) empty += r[1] <= r[0];

@@ -105,7 +105,9 @@ class GptIndexed : public dtk::Dataset {
     if (o.wait_timeout_s < 0)
       throw dtk::Error("option 'wait_timeout_s' must be >= 0, got " + std::to_string(o.wait_timeout_s),
                        DTK_ERR_INVALID_ARGUMENT);
-    const std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
+    std::array<int64_t, 3> n = {ctx.num_samples[0], ctx.num_samples[1], ctx.num_samples[2]};
+    for (int s = 0; s < 3; ++s)
+      if (ctx.whole(s)) n[static_cast<size_t>(s)] = dtk::data::kWholeSplit;  // eval.full_validation
     try {
       o.order = dtk::data::parse_order(ctx.options.get_string("order"));
       auto tvt = use_per_split ? dtk::data::build_per_split_datasets(per_split, n, o)
@@ -117,9 +119,10 @@ class GptIndexed : public dtk::Dataset {
     for (int s = 0; s < 3; ++s) {
       if (splits_[s]) {
         DTK_LOG(INFO) << "gpt_indexed: split " << s << ": " << splits_[s]->size() << " samples of "
-                      << splits_[s]->sample_length() << " tokens (" << n[s] << " requested; "
+                      << splits_[s]->sample_length() << " tokens ("
+                      << (ctx.whole(s) ? std::string("whole split") : std::to_string(n[s]) + " requested") << "; "
                       << dtk::data::order_name(o.order) << " order; " << cache_note(*splits_[s]) << ")";
-      } else if (n[s] > 0) {
+      } else if (n[s] != 0) {
         DTK_LOG(WARNING) << "gpt_indexed: split " << s << " has no documents"
                          << (use_per_split ? std::string(" (no per-split data path)")
                                            : " under split '" + ctx.options.get_string("split") + "'");

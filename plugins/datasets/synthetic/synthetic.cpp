@@ -8,7 +8,8 @@ namespace {
 
 const dtk_option_spec kOptions[] = {
     dtk::opt_int("vocab_size", "50257", "Tokens are drawn uniformly from [0, vocab_size)."),
-    dtk::opt_int("num_samples", "0", "Samples per split (0 = exactly what the run requests)."),
+    dtk::opt_int("num_samples", "0",
+                 "Samples per split (0 = exactly what the run requests; a split read whole needs it)."),
 };
 
 // SplitMix64: tiny, fast, good enough for random tokens, identical on every platform.
@@ -27,7 +28,18 @@ class Synthetic : public dtk::Dataset {
     if (seq_ <= 0) throw dtk::Error("seq_length must be positive");
     const int64_t fixed = ctx.options.get_int("num_samples");
     if (fixed < 0) throw dtk::Error("option 'num_samples' must be >= 0");
-    for (int s = 0; s < 3; ++s) n_[s] = fixed > 0 ? fixed : ctx.num_samples[s];
+    for (int s = 0; s < 3; ++s) {
+      // Random tokens have no end: a split read whole (eval.full_validation) is num_samples long.
+      if (ctx.whole(s) && fixed == 0)
+        throw dtk::Error(std::string("the run reads the ") +
+                             (s == 1   ? "validation"
+                              : s == 2 ? "test"
+                                       : "training") +
+                             " split whole (eval.full_validation): random data has no end; set the option "
+                             "num_samples (e.g. --set dataset.num_samples=1000)",
+                         DTK_ERR_INVALID_ARGUMENT);
+      n_[s] = fixed > 0 ? fixed : ctx.num_samples[s];
+    }
   }
   int64_t num_samples(int32_t split) override {
     if (split < 0 || split > 2) throw dtk::Error("unknown split " + std::to_string(split), DTK_ERR_OUT_OF_RANGE);

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 16
+#define DTK_ABI_MINOR 17
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -973,9 +973,15 @@ typedef struct dtk_dataset_context {
   /* [borrowed] A run-wide directory for index caches, or NULL: 2.0 hosts have no such setting
    * and pass NULL; the plugin then uses its own option or puts caches next to the data. */
   const char* cache_dir;
+  /* ABI 2.17. Splits the run reads whole, bit (1 << split) (eval.full_validation, Megatron's
+   * --full-validation): build each as one pass over its data, every sample once (Megatron's
+   * num_samples None), and report its size; their num_samples entry is 0. A 2.16 plugin sees the
+   * split unused, gives it no samples, and the host refuses the run naming it. */
+  uint32_t whole_splits;
 } dtk_dataset_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_dataset_context, 2_0, cache_dir);
-DTK_DEFINE_STRUCT_TRAITS(dtk_dataset_context, cache_dir);
+DTK_DEFINE_STRUCT_SIZE(dtk_dataset_context, 2_17, whole_splits);
+DTK_DEFINE_STRUCT_TRAITS(dtk_dataset_context, whole_splits);
 
 typedef struct dtk_sample_args {
   size_t struct_size;

@@ -70,15 +70,20 @@ struct DatasetContext {
         seed(c.seed),
         rank(c.rank),
         world_size(c.world_size),
-        cache_dir(c.cache_dir ? c.cache_dir : "") {
+        cache_dir(c.cache_dir ? c.cache_dir : ""),
+        whole_splits(c.whole_splits) {  // 0 from a 2.16 host (read_struct zero-fills)
     for (int i = 0; i < 3; ++i) num_samples[i] = c.num_samples[i];
   }
+  // ABI 2.17: the run reads `split` whole (eval.full_validation): build it as one pass over its
+  // data, every sample once, and report that size (num_samples[split] is then 0).
+  bool whole(int32_t split) const { return split >= 0 && split < 3 && (whole_splits >> split) & 1u; }
   Options options;
   int64_t seq_length;
   int64_t num_samples[3];
   uint64_t seed;
   int32_t rank, world_size;
   std::string cache_dir;  // "" when the host has no run-wide cache directory
+  uint32_t whole_splits;  // bit (1 << split): see whole()
 };
 
 // Base class of a C++ dataset plugin. Constructor: Class(const dtk::DatasetContext&).

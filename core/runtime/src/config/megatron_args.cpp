@@ -441,6 +441,13 @@ const Rule kRules[] = {
     // Evaluation, logging, checkpoints
     {"--eval-interval", 1, Kind::kSet, "eval.eval_interval", ""},
     {"--eval-iters", 1, Kind::kSet, "eval.eval_iters", ""},
+    {"--full-validation", 0, Kind::kSwitch, "eval.full_validation=true",
+     "every evaluation reads its whole split; each sample counts once, where Megatron's cycling sampler counts "
+     "some twice when the samples are not a multiple of the data-parallel size"},
+    {"--multiple-validation-sets", 0, Kind::kRefuse, "",
+     "DTK evaluates one validation set (the blend, or dataset.valid_data_path); each set's loss of its own "
+     "needs a run of its own"},
+    {"--validation-set-names", -1, Kind::kRefuse, "", "with --multiple-validation-sets, which DTK refuses"},
     {"--log-interval", 1, Kind::kSet, "logging.log_interval", ""},
     {"--tensorboard-dir", 1, Kind::kSet, "logging.tensorboard_dir", ""},
     {"--tensorboard-log-interval", 1, Kind::kSet, "logging.tensorboard_log_interval", ""},

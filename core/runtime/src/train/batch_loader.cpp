@@ -89,11 +89,12 @@ TensorList DatasetInstance::get_sample(int32_t split, int64_t index) const {
 }
 
 BatchLoader::BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
-                         std::function<int64_t(int64_t, int64_t)> index_of, int depth)
+                         std::function<int64_t(int64_t, int64_t)> index_of, int depth, int64_t padding_mask_length)
     : data_(data),
       split_(split),
       mbs_(micro_batch_size),
       num_batches_(num_batches),
+      padding_mask_length_(padding_mask_length),
       index_of_(std::move(index_of)),
       depth_(static_cast<size_t>(depth)),
       device_(training_device()) {
@@ -115,7 +116,12 @@ BatchLoader::~BatchLoader() {
 TensorList BatchLoader::collate(int64_t k) const {
   std::vector<TensorList> rows;
   rows.reserve(static_cast<size_t>(mbs_));
-  for (int64_t j = 0; j < mbs_; ++j) rows.push_back(data_.get_sample(split_, index_of_(k, j)));
+  std::vector<int64_t> padding;  // rows past the split's end (eval.full_validation)
+  for (int64_t j = 0; j < mbs_; ++j) {
+    int64_t index = index_of_(k, j);
+    if (index < 0 && padding_mask_length_ > 0) padding.push_back(j), index = 0;
+    rows.push_back(data_.get_sample(split_, index));
+  }
   const std::string who = "dataset plugin '" + data_.plugin().name() + "': ";
   TensorList batch;
   for (const auto& [name, first] : rows[0]) {
@@ -132,7 +138,21 @@ TensorList BatchLoader::collate(int64_t k) const {
   }
   for (const auto& row : rows)
     if (row.size() != batch.size()) throw HostError(who + "samples of one batch differ in their buffers");
+  if (padding_mask_length_ > 0) mask_padding(batch, padding);
   return batch;
+}
+
+// Every batch of a loader that pads carries a "loss_mask", 0 on its padding rows.
+void BatchLoader::mask_padding(TensorList& batch, const std::vector<int64_t>& padding) const {
+  at::Tensor* mask = nullptr;
+  for (auto& kv : batch)
+    if (kv.first == "loss_mask") mask = &kv.second;
+  if (!mask) {
+    batch.emplace_back("loss_mask", at::ones({mbs_, padding_mask_length_}, at::kFloat));
+    if (device_.is_cuda()) batch.back().second = batch.back().second.pin_memory();
+    mask = &batch.back().second;
+  }
+  for (int64_t j : padding) mask->select(0, j).zero_();
 }
 
 void BatchLoader::run() {

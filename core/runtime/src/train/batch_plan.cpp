@@ -164,6 +164,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     train_iters_ = iterations_from_samples(t.train_samples(), gbs_);
   }
   eval_interval_ = cfg.eval().eval_interval();
+  full_validation_ = cfg.eval().full_validation();
   num_evals_ = (eval_interval_ > 0 ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.
   const int64_t limit = int64_t{1} << 40;

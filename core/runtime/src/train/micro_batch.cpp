@@ -115,15 +115,21 @@ at::Tensor MicroBatchRunner::forward_only(const TensorList& batch, Metrics* metr
 // (evaluation too, so that its metrics are token-weighted alike) and a training micro-batch's
 // token count is added to the iteration's.
 at::Tensor MicroBatchRunner::step_forward(const TensorList& batch, Metrics* metrics, bool training) {
-  if (!p_.per_token_loss) return step().forward_step(*p_.model, batch, metrics);
+  const bool summed_evaluation = !training && summed_evaluation_;
+  if (!p_.per_token_loss && !summed_evaluation) return step().forward_step(*p_.model, batch, metrics);
   at::Tensor tokens;
   at::Tensor out = step().forward_step(*p_.model, batch, metrics, &tokens);
   // Only the loss counts (Megatron reads num_tokens on the last stage alone): what a step returns
   // on a stage or model chunk before it is not added.
   const bool loss_chunk =
       p_.topo->pp_rank == p_.topo->pp_size - 1 && p_.model->selected_chunk() == p_.model->num_chunks() - 1;
-  if (!training || !loss_chunk) return out;
   const std::string step = "step plugin '" + p_.step_name + "'";
+  if (summed_evaluation && loss_chunk && !tokens.defined() && evaluation_error_.empty())
+    evaluation_error_ = step +
+                        " returned no token count with its loss: eval.full_validation averages the loss over every "
+                        "token of the split, which needs a step that sums it (ABI 2.8 num_tokens; the SDK's "
+                        "Step::forward_step_summed)";
+  if (!training || !loss_chunk) return out;
   if (!tokens.defined())
     tokens_error_ = step +
                     " returned no token count with its loss: it cannot sum its loss over tokens (ABI 2.8 num_tokens; "

@@ -42,6 +42,7 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
   run.mutable_train()->set_train_tokens(0);  // bench_steps decides the length, as it does over train_iters
   run.mutable_eval()->set_eval_interval(0);
   run.mutable_eval()->set_eval_iters(0);
+  run.mutable_eval()->set_full_validation(false);
   run.mutable_checkpoint()->clear_save();
   run.mutable_checkpoint()->set_save_interval(0);
   return run;

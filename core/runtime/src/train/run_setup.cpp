@@ -568,6 +568,8 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
   ctx.num_samples[DTK_SPLIT_TRAIN] = plan.requested_train_samples();
   ctx.num_samples[DTK_SPLIT_VALID] = plan.valid_samples();
   ctx.num_samples[DTK_SPLIT_TEST] = plan.test_samples();
+  ctx.whole_splits = plan.whole_splits();
+  if (plan.full_validation()) require_minor(17, "eval.full_validation (a split read whole)", data);
   ctx.seed = cfg.train().seed();
   ctx.rank = topo.world_rank;
   ctx.world_size = topo.world_size;
@@ -578,6 +580,11 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
     throw HostError("dataset plugin '" + data.name() + "': train split has " +
                     std::to_string(dataset->num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
                     std::to_string(plan.train_samples()));
+  // A plugin that ignores whole_splits sees the splits unused: refuse, as no sample would be read.
+  if (plan.full_validation() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
+    throw HostError("eval.full_validation: dataset plugin '" + data.name() +
+                    "' gave its validation split, asked for whole, no samples (it must build the split once "
+                    "through when dtk_dataset_context.whole_splits asks, ABI 2.17)");
   const int64_t model_vocab = model.info().vocab_size;
   if (dataset->vocab_size() > model_vocab)
     throw HostError("dataset vocabulary (" + std::to_string(dataset->vocab_size()) + ") is larger than the model's (" +

@@ -447,7 +447,8 @@ void Trainer::run_iteration(int64_t it) {
   const int64_t save_interval = cfg_.checkpoint().save_interval();
   if (plan_.validates_after(it)) {
     evaluate(DTK_SPLIT_VALID, "validation", "iteration " + std::to_string(it), it);
-    progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
+    // Full validation starts at the split's beginning every time.
+    if (!plan_.full_validation()) progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
   }
   if (saving() && save_interval > 0 && it % save_interval == 0) save(it);
   // As Megatron: a checkpoint before the first iteration of another micro-batch count (a
@@ -494,6 +495,7 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
                        bool after_training) {
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kEvaluate);
+  if (plan_.full_validation()) return evaluate_whole(split, what, label, iteration, after_training);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
   const int64_t consumed = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples : 0;
   const SamplerChoice sampler = sampler_choice(cfg_.train());
@@ -515,6 +517,11 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
                      [sample_order = order.get(), start, drawn](int64_t k, int64_t j) {
                        return sample_order->index(start, drawn + k, j);
                      });
+  log_->report_evaluation(what, label, iteration, run_evaluation(loader, num_batches), after_training);
+}
+
+// The evaluation's forward passes, without gradients, in the training's schedule.
+MetricAverager Trainer::run_evaluation(BatchLoader& loader, int64_t num_batches) {
   parts_.model->set_training(false);
   MetricAverager metrics;
   {
@@ -522,6 +529,42 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
     forward_backward_->evaluate(loader, num_batches, metrics);
   }
   parts_.model->set_training(true);
+  return metrics;
+}
+
+// eval.full_validation (Megatron's --full-validation): the whole split, every sample once, in
+// ceil(N / global batch) steps of the training's micro-batches, Megatron's pretraining sampler's
+// layout from sample 0 (at micro-batch 1, its full-validation sampler's order). Rows past the end
+// hold sample 0 under a zero loss mask, and the steps sum their losses, so the figure is the mean
+// over the split's tokens whatever the data-parallel size. (Megatron's sampler instead cycles: a
+// rank whose samples ran out reads its first again, counting it twice, when N is not a multiple
+// of the data-parallel size.)
+void Trainer::evaluate_whole(int32_t split, const char* what, const std::string& label, int64_t iteration,
+                             bool after_training) {
+  const int64_t n = data_->num_samples(split);
+  if (n == 0) {
+    LOG(WARNING) << "skipping " << what << " evaluation: the split is empty";
+    return;
+  }
+  const int64_t gbs = plan_.global_batch_size(), mbs = plan_.micro_batch_size(), unit = mbs * topo_.dp_size;
+  const int64_t num_batches = (n + gbs - 1) / gbs * plan_.micro_batches_per_step();
+  BatchLoader loader(
+      *data_, split, mbs, num_batches,
+      [n, unit, mbs, rank = topo_.dp_rank](int64_t k, int64_t j) -> int64_t {
+        const int64_t i = k * unit + rank * mbs + j;
+        return i < n ? i : -1;
+      },
+      /*depth=*/4, /*padding_mask_length=*/plan_.seq_length());
+  if (!announced_whole_[static_cast<size_t>(split)]) {
+    announced_whole_[static_cast<size_t>(split)] = true;
+    log_->print(std::string(" ") + what + " reads its whole split (eval.full_validation): " + std::to_string(n) +
+                " samples in " + std::to_string(num_batches / plan_.micro_batches_per_step()) +
+                " global batches, each sample once");
+  }
+  runner_->set_summed_evaluation(true);
+  const std::shared_ptr<void> restore(nullptr, [this](void*) { runner_->set_summed_evaluation(false); });
+  MetricAverager metrics = run_evaluation(loader, num_batches);
+  agree(runner_->take_evaluation_error(), topo_, "checking the full validation's losses");
   log_->report_evaluation(what, label, iteration, metrics, after_training);
 }
 

@@ -291,7 +291,12 @@ DataBlend parse_data_path(const std::string& data_path);
 // Megatron's build_train_valid_test_datasets: per prefix, split the documents, build the
 // three GPT datasets (a blend's datasets for blend_samples_per_dataset samples each), blend.
 // num_samples = {train, valid, test}; a split with no documents or 0 requested samples
-// yields nullptr. base_options.order chooses the Megatron; base_options.split is the split.
+// yields nullptr; kWholeSplit asks for the split whole (Megatron's num_samples None under
+// --full-validation): one epoch of a single prefix, every sample once. A weighted blend has no
+// whole split (Megatron: "Using client-specified weights requires client-specified size"), nor,
+// in DTK, a blend without weights (Megatron's exhaustive blending is not built). base_options.order
+// chooses the Megatron; base_options.split is the split.
+constexpr int64_t kWholeSplit = -1;
 struct TrainValidTest {
   std::shared_ptr<const TokenDataset> train, valid, test;
 };

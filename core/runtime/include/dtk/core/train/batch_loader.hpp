@@ -22,6 +22,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dtk/core/components/components.hpp"
 
@@ -30,9 +31,12 @@ namespace dtk::core {
 class BatchLoader {
  public:
   // `index_of(k, j)`: sample index of row j of the k-th micro-batch produced. `depth` batches
-  // are prepared ahead.
+  // are prepared ahead. `padding_mask_length` > 0 (eval.full_validation): index_of may return -1,
+  // a padding row (the split's end inside a micro-batch): it holds sample 0, and every batch gets a
+  // "loss_mask" (the dataset's, or ones of [micro_batch_size, padding_mask_length]) that is 0 on
+  // padding rows, so a step that applies it counts none of their tokens.
   BatchLoader(const DatasetInstance& data, int32_t split, int64_t micro_batch_size, int64_t num_batches,
-              std::function<int64_t(int64_t, int64_t)> index_of, int depth = 4);
+              std::function<int64_t(int64_t, int64_t)> index_of, int depth = 4, int64_t padding_mask_length = 0);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -44,9 +48,10 @@ class BatchLoader {
  private:
   void run();
   TensorList collate(int64_t k) const;
+  void mask_padding(TensorList& batch, const std::vector<int64_t>& padding) const;
   const DatasetInstance& data_;
   int32_t split_;
-  int64_t mbs_, num_batches_;
+  int64_t mbs_, num_batches_, padding_mask_length_;
   std::function<int64_t(int64_t, int64_t)> index_of_;
   size_t depth_;
   std::mutex mu_;

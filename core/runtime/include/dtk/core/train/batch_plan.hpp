@@ -75,8 +75,12 @@ class BatchPlan {
   // after the last iteration included; under a step schedule the last iteration may read past
   // them, and the split must then hold what it reads), train_samples() otherwise.
   int64_t requested_train_samples() const { return samples_flag_ > 0 ? samples_flag_ : train_samples(); }
-  int64_t valid_samples() const { return num_evals_ * eval_iters_ * gbs_; }
-  int64_t test_samples() const { return eval_iters_ * gbs_; }
+  // eval.full_validation: both evaluation splits are asked for whole (their count is then 0).
+  int64_t valid_samples() const { return full_validation_ ? 0 : num_evals_ * eval_iters_ * gbs_; }
+  int64_t test_samples() const { return full_validation_ ? 0 : eval_iters_ * gbs_; }
+  bool full_validation() const { return full_validation_; }
+  // dtk_dataset_context.whole_splits (ABI 2.17): bit (1 << split) for each split read whole.
+  uint32_t whole_splits() const { return full_validation_ ? (1u << DTK_SPLIT_VALID) | (1u << DTK_SPLIT_TEST) : 0u; }
   // Whether the loop validates after iteration i: every eval_interval iterations, the last
   // included, as Megatron's loop does; the run's final validation then reads the next samples (the
   // valid split holds train_iters / eval_interval + 1 evaluations for that). One rule for the loop
@@ -96,7 +100,7 @@ class BatchPlan {
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
   // The training batch after the table (gbs_, or the schedule's last batch) and its micro-batches.
   int64_t tail_gbs_ = 1, tail_micro_ = 1;
-  bool varying_batch_ = false, scheduled_ = false;
+  bool varying_batch_ = false, scheduled_ = false, full_validation_ = false;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_size_ = 1;
   int64_t samples_flag_ = 0;  // train.train_samples (0: the run is sized in iterations)

@@ -110,6 +110,11 @@ class MicroBatchRunner {
   // loss over since the last call (a double on the training device; zeros before the last
   // pipeline stage).
   at::Tensor take_tokens();
+  // eval.full_validation: evaluation asks the steps for summed losses too, so that a loss is the
+  // mean over every token of the split (padding rows weigh nothing). take_evaluation_error(): what a
+  // step did wrong meanwhile (no token count), for every rank to agree on after the evaluation.
+  void set_summed_evaluation(bool on) { summed_evaluation_ = on; }
+  std::string take_evaluation_error() { return std::exchange(evaluation_error_, std::string()); }
   at::TensorOptions stage_options() const;
   // Receives the agreed stage tensor from pipeline rank `peer` (blocking, bounded), timed under
   // `phase` and shown as the span `what` in the trace.
@@ -132,6 +137,8 @@ class MicroBatchRunner {
   int64_t seq_length_ = 0;       // set_sequence_length (0: train.seq_length)
   at::Tensor tokens_;            // take_tokens()
   std::string tokens_error_;     // what was wrong with the last loss's token count
+  bool summed_evaluation_ = false;
+  std::string evaluation_error_;  // take_evaluation_error()
 };
 
 }  // namespace dtk::core

@@ -830,10 +830,10 @@ TEST(MegatronArgs, CalculatePerTokenLossIsTheLoopsPerTokenLoss) {
   expect_fields(config_of(m), {{"train.calculate_per_token_loss", "true"}});
 }
 
-TEST(MegatronArgs, FullValidationMapsAndMultipleValidationSetsAreRefused) {
-  const MegatronMapping m = dtk::core::map_megatron_args({"--full-validation"});
+TEST(MegatronArgs, FullValidationAndSkipTrainMapAndMultipleValidationSetsAreRefused) {
+  const MegatronMapping m = dtk::core::map_megatron_args({"--full-validation", "--skip-train"});
   EXPECT_TRUE(m.refused.empty());
-  expect_fields(config_of(m), {{"eval.full_validation", "true"}});
+  expect_fields(config_of(m), {{"eval.full_validation", "true"}, {"eval.skip_train", "true"}});
   const MegatronMapping sets =
       dtk::core::map_megatron_args({"--multiple-validation-sets", "--validation-set-names", "wiki", "code"});
   ASSERT_EQ(sets.refused.size(), 2u);

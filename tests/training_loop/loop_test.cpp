@@ -14,7 +14,8 @@
 //   * num zeros in the gradients, TensorBoard per iteration and vs samples, Megatron's labels;
 //   * the per-token loss (train.calculate_per_token_loss) equals one micro-batch of the global
 //     batch however it is split;
-//   * full validation (eval.full_validation) reads each sample of the split once, at any layout.
+//   * full validation (eval.full_validation) reads each sample of the split once, at any layout;
+//     eval.skip_train evaluates a loaded model as its training run did.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -1114,6 +1115,44 @@ TEST(FullValidation, EachSampleOnceHoweverTheBatchesFall) {
   EXPECT_GT(std::abs(loss_at(means, "iteration 2 on validation set") - want), 1e-4 * want) << means.out;
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(3) + " --set eval.full_validation=true"),
                                   "random data has no end; set the option num_samples");
+}
+
+// eval.skip_train (Megatron's --skip-train): the loaded model's evaluations after training, as
+// the training run printed them (validation from the split's first sample, labelled with the
+// loaded iteration), without a training iteration or a save; with full validation too.
+TEST(SkipTrain, EvaluatesTheLoadedModelAsTheTrainingRunDid) {
+  const std::string ckpt = fresh_dir("skip-train");
+  const auto value = [](const Result& r, const std::string& label) {
+    const std::string key = " validation loss at " + label + " | lm loss value: ";
+    const size_t at = r.out.find(key);
+    return at == std::string::npos ? std::string() : r.out.substr(at + key.size(), 12);
+  };
+  const std::string run = kTrain + iters(4) + " --set dataset.num_samples=40 ";
+  for (const std::string& full : {"", " --set eval.full_validation=true "}) {
+    // The figures to match: a run that validated only after training, from sample 0.
+    const Result trained = dtk_test::run_dtk(run + full);
+    ASSERT_EQ(trained.code, 0) << trained.out;
+    // The checkpoint of the same training that validated on the way (its validation position is
+    // past sample 0 then): skip_train starts at 0 again.
+    const Result saved = dtk_test::run_dtk(run + full + " --set eval.eval_interval=2 --set checkpoint.save=" + ckpt);
+    ASSERT_EQ(saved.code, 0) << saved.out;
+    const Result skipped = dtk_test::run_dtk(run + full + " --set eval.skip_train=true --set checkpoint.load=" + ckpt +
+                                             " --set checkpoint.save=" + ckpt + " --set train.train_iters=9");
+    ASSERT_EQ(skipped.code, 0) << skipped.out;
+    EXPECT_NE(skipped.out.find(" skipping training (eval.skip_train is on) ..."), std::string::npos) << skipped.out;
+    EXPECT_EQ(skipped.out.find("iteration        1/"), std::string::npos) << "it trained\n" << skipped.out;
+    EXPECT_EQ(skipped.out.find("saved checkpoint"), std::string::npos) << skipped.out;
+    for (const std::string& label : {"iteration 4 on validation set", "iteration 4 on test set"}) {
+      ASSERT_FALSE(value(trained, label).empty()) << label << "\n" << trained.out;
+      EXPECT_EQ(value(skipped, label), value(trained, label)) << full << label << "\n" << skipped.out;
+    }
+  }
+  // Without a checkpoint: the model as initialised, at iteration 0.
+  const Result fresh = dtk_test::run_dtk(run + " --set eval.skip_train=true");
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("evaluating the model as initialised (no checkpoint was loaded)"), std::string::npos)
+      << fresh.out;
+  EXPECT_FALSE(value(fresh, "iteration 0 on validation set").empty()) << fresh.out;
 }
 
 }  // namespace

@@ -444,6 +444,8 @@ const Rule kRules[] = {
     {"--full-validation", 0, Kind::kSwitch, "eval.full_validation=true",
      "every evaluation reads its whole split; each sample counts once, where Megatron's cycling sampler counts "
      "some twice when the samples are not a multiple of the data-parallel size"},
+    {"--skip-train", 0, Kind::kSwitch, "eval.skip_train=true",
+     "the evaluations after training of the loaded model (checkpoint.load), validation from its first sample"},
     {"--multiple-validation-sets", 0, Kind::kRefuse, "",
      "DTK evaluates one validation set (the blend, or dataset.valid_data_path); each set's loss of its own "
      "needs a run of its own"},

@@ -165,7 +165,9 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   }
   eval_interval_ = cfg.eval().eval_interval();
   full_validation_ = cfg.eval().full_validation();
-  num_evals_ = (eval_interval_ > 0 ? train_iters_ / eval_interval_ : 0) + 1;
+  skip_train_ = cfg.eval().skip_train();
+  // Megatron with --skip-train: eval_iters batches of each split, once.
+  num_evals_ = (eval_interval_ > 0 && !skip_train_ ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.
   const int64_t limit = int64_t{1} << 40;
   const int64_t most = std::max(gbs_, train_iters_ > ramp_iterations() ? tail_gbs_ : 0);  // a batch the run reaches

@@ -37,6 +37,8 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
                           "drop train.train_samples");
   if (!cfg.checkpoint().load().empty())
     throw host::HostError("config: train.bench_steps measures a fresh run; drop checkpoint.load");
+  if (cfg.eval().skip_train())
+    throw host::HostError("config: train.bench_steps measures training; drop eval.skip_train");
   if (cfg.lr().lr_decay_iters() == 0) run.mutable_lr()->set_lr_decay_iters(t.train_iters());
   run.mutable_train()->set_train_iters(t.perf_warmup_steps() + t.bench_steps());
   run.mutable_train()->set_train_tokens(0);  // bench_steps decides the length, as it does over train_iters

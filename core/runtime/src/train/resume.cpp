@@ -97,7 +97,9 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
     progress.schedule.reset();
     print(" checkpoint.no_load_optim: optimizer state, loss scaler and learning-rate schedule start fresh");
   }
-  if (progress.schedule) reconcile_resumed_schedule(*progress.schedule, ck, dir, schedule, print);
+  // eval.skip_train updates nothing: the schedule it would train with does not matter.
+  if (progress.schedule && !cfg.eval().skip_train())
+    reconcile_resumed_schedule(*progress.schedule, ck, dir, schedule, print);
   check_progress(progress, plan, dir);
   if (progress.scheduler.tokens <
       0) {  // a checkpoint from before DTK counted tokens: its steps, tokens as if none was skipped

@@ -576,7 +576,8 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
   std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(data.plugin, ctx, topo);
   // Megatron's cyclic sampler reads a split again when it runs out: any split with a micro-batch
   // for every rank will do (SampleOrder checks that).
-  if (!sampler_choice(cfg.train()).cyclic && dataset->num_samples(DTK_SPLIT_TRAIN) < plan.train_samples())
+  if (!plan.skip_train() && !sampler_choice(cfg.train()).cyclic &&
+      dataset->num_samples(DTK_SPLIT_TRAIN) < plan.train_samples())
     throw HostError("dataset plugin '" + data.name() + "': train split has " +
                     std::to_string(dataset->num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
                     std::to_string(plan.train_samples()));

@@ -105,7 +105,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   on_every_rank(topo_, "checking the output paths", [&] {
     check_output_paths(cfg_);
     if (const std::string ahead =
-            save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration(), plan_.ends_on_tokens());
+            plan_.skip_train()
+                ? ""
+                : save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration(), plan_.ends_on_tokens());
         !ahead.empty())
       throw host::HostError(ahead);
   });
@@ -130,7 +132,12 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   print_startup_report();
   bench_ = make_bench_report();
   data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
-  train_loader_ = make_train_loader(*data_, plan_, cfg_.train(), topo_, progress_.iteration + 1);
+  // eval.skip_train reads no training sample, and validates from the split's start (Megatron's
+  // validation loader under --skip-train starts at 0).
+  if (plan_.skip_train())
+    progress_.consumed_valid_samples = 0;
+  else
+    train_loader_ = make_train_loader(*data_, plan_, cfg_.train(), topo_, progress_.iteration + 1);
   valid_loader_start_ = progress_.consumed_valid_samples;
   start_micro_batches(std::move(hooks));
 }
@@ -403,6 +410,12 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
 }
 
 void Trainer::train() {
+  if (plan_.skip_train()) {  // Megatron's words
+    log_->print(
+        " skipping training (eval.skip_train is on) ..." +
+        std::string(resumed_iteration_ == 0 ? " evaluating the model as initialised (no checkpoint was loaded)" : ""));
+    return;
+  }
   log_->print(training_banner(plan_, cfg_.train()));
   ExitConditions exit(cfg_.train(), topo_);
   parts_.model->set_training(true);
@@ -601,7 +614,9 @@ void Trainer::final_evaluation() {
   // Megatron's labels for the evaluation after training.
   // A run resumed past where train.train_tokens now ends it trained no iteration: its model is
   // the checkpoint's (Megatron-DeepSpeed labels it with the loaded iteration too).
-  const int64_t last = std::max(plan_.final_iteration(), progress_.iteration);
+  // eval.skip_train: the model as loaded (or built: iteration 0).
+  const int64_t last =
+      plan_.skip_train() ? progress_.iteration : std::max(plan_.final_iteration(), progress_.iteration);
   const std::string at = "iteration " + std::to_string(last);
   evaluate(DTK_SPLIT_VALID, "validation", at + " on validation set", last, true);
   evaluate(DTK_SPLIT_TEST, "test", at + " on test set", last, true);

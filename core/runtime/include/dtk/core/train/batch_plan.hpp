@@ -74,7 +74,11 @@ class BatchPlan {
   // cache names): train.train_samples itself in a run sized in samples (a partial global batch
   // after the last iteration included; under a step schedule the last iteration may read past
   // them, and the split must then hold what it reads), train_samples() otherwise.
-  int64_t requested_train_samples() const { return samples_flag_ > 0 ? samples_flag_ : train_samples(); }
+  int64_t requested_train_samples() const {
+    return skip_train_ ? 0 : samples_flag_ > 0 ? samples_flag_ : train_samples();
+  }
+  // eval.skip_train (Megatron's --skip-train): no training, one evaluation of each split.
+  bool skip_train() const { return skip_train_; }
   // eval.full_validation: both evaluation splits are asked for whole (their count is then 0).
   int64_t valid_samples() const { return full_validation_ ? 0 : num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return full_validation_ ? 0 : eval_iters_ * gbs_; }
@@ -100,7 +104,7 @@ class BatchPlan {
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
   // The training batch after the table (gbs_, or the schedule's last batch) and its micro-batches.
   int64_t tail_gbs_ = 1, tail_micro_ = 1;
-  bool varying_batch_ = false, scheduled_ = false, full_validation_ = false;
+  bool varying_batch_ = false, scheduled_ = false, full_validation_ = false, skip_train_ = false;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_size_ = 1;
   int64_t samples_flag_ = 0;  // train.train_samples (0: the run is sized in iterations)

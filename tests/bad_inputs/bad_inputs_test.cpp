@@ -282,6 +282,34 @@ TEST(BadInputs, OutputPathsAreCheckedBeforeTraining) {
       << "refused before 1000 iterations of training";
 }
 
+// eval.full_validation over a corpus: a split without documents, and a blend (Megatron needs a
+// weighted blend's size; its exhaustive blending is not DTK's), are one line each.
+TEST(BadInputs, FullValidationOfASplitThatIsNotThereOrABlend) {
+  const std::string dir = tmp_dir("full-validation");
+  {
+    std::ofstream in(dir + "/in.jsonl");
+    for (int d = 0; d < 40; ++d) in << "{\"text\": \"document " << d << " holds a few words of text\"}\n";
+  }
+  ASSERT_EQ(run_dtk("preprocess --input " + dir + "/in.jsonl --output_prefix " + dir + "/c --vocab_file " +
+                        DTK_VOCAB_DIR + "/encoder.json --merge_file " + DTK_VOCAB_DIR + "/vocab.bpe --append_eod",
+                    60)
+                .code,
+            0);
+  const std::string prefix = dir + "/c_text_document";
+  const std::string run = std::string("train --config ") + DTK_SOURCE_DIR +
+                          "/configs/gpt-tiny.pbtxt --threads 1 --set train.seq_length=8 --set train.micro_batch_size=1 "
+                          "--set train.global_batch_size=1 --set train.train_iters=2 --set lr.lr_warmup_iters=0 "
+                          "--set eval.full_validation=true ";
+  expect_one_line_error(run_dtk(run + "--data_path " + prefix + " --set dataset.split=100,0,0", 60),
+                        "eval.full_validation: dataset plugin 'gpt_indexed' has no validation samples");
+  expect_one_line_error(run_dtk(run + "--data_path '1 " + prefix + " 1 " + prefix + "'", 60),
+                        "the valid split is read whole (eval.full_validation), but it is a weighted blend of 2 "
+                        "prefixes");
+  const dtk_test::Result ok = run_dtk(run + "--data_path " + prefix + " --set dataset.split=80,20,0", 60);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find(" validation reads its whole split (eval.full_validation): "), std::string::npos) << ok.out;
+}
+
 TEST(BadInputs, AFailedPreprocessLeavesNoPartialDataset) {
   const std::string dir = tmp_dir("preprocess-failure");
   // The second document is not JSON: without --skip_bad_lines the run fails after writing some.

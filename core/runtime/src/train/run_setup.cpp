@@ -581,11 +581,12 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
     throw HostError("dataset plugin '" + data.name() + "': train split has " +
                     std::to_string(dataset->num_samples(DTK_SPLIT_TRAIN)) + " samples, the run needs " +
                     std::to_string(plan.train_samples()));
-  // A plugin that ignores whole_splits sees the splits unused: refuse, as no sample would be read.
+  // Full validation asked for a split that is not there (no documents under the split, or a
+  // plugin that ignores whole_splits and sees the split unused): refused rather than skipped.
   if (plan.full_validation() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
     throw HostError("eval.full_validation: dataset plugin '" + data.name() +
-                    "' gave its validation split, asked for whole, no samples (it must build the split once "
-                    "through when dtk_dataset_context.whole_splits asks, ABI 2.17)");
+                    "' has no validation samples (a split without documents, or a plugin that does not build the "
+                    "splits dtk_dataset_context.whole_splits asks for whole, ABI 2.17)");
   const int64_t model_vocab = model.info().vocab_size;
   if (dataset->vocab_size() > model_vocab)
     throw HostError("dataset vocabulary (" + std::to_string(dataset->vocab_size()) + ") is larger than the model's (" +

@@ -61,6 +61,10 @@ run_sdk_template() {
     --set distributed.pipeline_model_parallel_size=2 "${short[@]}" --plugin_path $T/model || return
   $dtk train --config sdk/templates/dataset/train.pbtxt --set dataset.data_path=/usr/share/common-licenses/GPL-3 \
     "${short[@]}" --plugin_path $T/dataset || return
+  # A third-party dataset read whole (ABI 2.17; a 2.16 one or one ignoring it is refused), the
+  # host's loss mask on its padding rows.
+  $dtk train --config sdk/templates/dataset/train.pbtxt --set dataset.data_path=/usr/share/common-licenses/GPL-3 \
+    "${short[@]}" --set eval.full_validation=true --plugin_path $T/dataset || return
   $dtk train --config configs/gpt-tiny.pbtxt --dataset synthetic --step template_lm_step \
     --set step.loss_skip_tokens=8 "${short[@]}" --plugin_path $T/step || return
   $dtk launch --nproc_per_node 2 train --config configs/gpt-tiny.pbtxt --dataset synthetic \

@@ -564,7 +564,7 @@ TEST(Blending, AWholeSplitIsOneEpochOfOnePrefixAndNoBlend) {
       EXPECT_NE(std::string(e.what()).find("the valid split is read whole (eval.full_validation), but it is a "),
                 std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("give the split one prefix (the per-split paths"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("give the split one prefix without a weight"), std::string::npos)
           << e.what();
     }
   }

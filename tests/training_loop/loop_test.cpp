@@ -1134,13 +1134,15 @@ TEST(SkipTrain, EvaluatesTheLoadedModelAsTheTrainingRunDid) {
     ASSERT_EQ(trained.code, 0) << trained.out;
     // The checkpoint of the same training that validated on the way (its validation position is
     // past sample 0 then): skip_train starts at 0 again.
-    const Result saved = dtk_test::run_dtk(run + full + " --set eval.eval_interval=2 --set checkpoint.save=" + ckpt);
+    // Without the optimizer's state in one of them: skip_train loads the model alone.
+    const Result saved = dtk_test::run_dtk(run + full + " --set eval.eval_interval=2 --set checkpoint.save=" + ckpt +
+                                           (full.empty() ? " --set checkpoint.no_save_optim=true" : ""));
     ASSERT_EQ(saved.code, 0) << saved.out;
     const Result skipped = dtk_test::run_dtk(run + full + " --set eval.skip_train=true --set checkpoint.load=" + ckpt +
                                              " --set checkpoint.save=" + ckpt + " --set train.train_iters=9");
     ASSERT_EQ(skipped.code, 0) << skipped.out;
     EXPECT_NE(skipped.out.find(" skipping training (eval.skip_train is on) ..."), std::string::npos) << skipped.out;
-    EXPECT_EQ(skipped.out.find("iteration        1/"), std::string::npos) << "it trained\n" << skipped.out;
+    EXPECT_EQ(skipped.out.find("consumed samples:"), std::string::npos) << "it trained\n" << skipped.out;
     EXPECT_EQ(skipped.out.find("saved checkpoint"), std::string::npos) << skipped.out;
     for (const std::string& label : {"iteration 4 on validation set", "iteration 4 on test set"}) {
       ASSERT_FALSE(value(trained, label).empty()) << label << "\n" << trained.out;

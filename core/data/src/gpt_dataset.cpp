@@ -358,7 +358,7 @@ GPTDataset::GPTDataset(std::shared_ptr<const IndexedDataset> data, size_t doc_be
     // Megatron-core's options: legacy megatron/data has none of them.
     const char* what = !options_.add_extra_token                ? "add_extra_token=false"
                        : !options_.drop_last_partial_validation ? "drop_last_partial_validation=false"
-                       : options_.whole_epoch ? "a blend without weights nor a whole split (eval.full_validation)"
+                       : options_.whole_epoch ? "blend without weights or split read whole (eval.full_validation)"
                                               : nullptr;
     if (what) {
       throw DataError(std::string("dataset order megatron_legacy has no ") + what +
@@ -1010,14 +1010,17 @@ std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
     return std::make_shared<const GPTDataset>(data[0], ranges[0][0], ranges[0][1], o);
   }
   if (n == kWholeSplit) {
+    const std::string what = !blend.weighted ? "blend of " + std::to_string(count) +
+                                                   " prefixes (Megatron's exhaustive blending is not in DTK)"
+                             : count == 1 ? "weighted blend (a weight before its prefix)"
+                                          : "weighted blend of " + std::to_string(count) + " prefixes";
     throw DataError(std::string("the ") + kSplitNames[s] + " split is read whole (eval.full_validation), but it is a " +
-                    (blend.weighted ? "weighted blend of " + std::to_string(count) +
-                                          " prefixes, whose size must be given (Megatron: \"Using client-specified "
-                                          "weights requires client-specified size\")"
-                                    : "blend of " + std::to_string(count) +
-                                          " prefixes (Megatron's exhaustive blending is not in DTK)") +
-                    "; give the split one prefix (the per-split paths dataset.train_data_path, valid_data_path "
-                    "and test_data_path in place of data_path)");
+                    what +
+                    (blend.weighted ? ", whose size must be given (Megatron: \"Using client-specified weights requires "
+                                      "client-specified size\")"
+                                    : "") +
+                    "; give the split one prefix without a weight (data_path, or per split dataset.train_data_path, "
+                    "valid_data_path and test_data_path)");
   }
   size_t empty = 0;
   for (const auto& r : ranges) empty += r[1] <= r[0];

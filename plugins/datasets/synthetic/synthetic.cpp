@@ -36,7 +36,8 @@ class Synthetic : public dtk::Dataset {
                               : s == 2 ? "test"
                                        : "training") +
                              " split whole (eval.full_validation): random data has no end; set the option "
-                             "num_samples (e.g. --set dataset.num_samples=1000)",
+                             "num_samples, which sizes every split, training's too (e.g. --set "
+                             "dataset.num_samples=1000)",
                          DTK_ERR_INVALID_ARGUMENT);
       n_[s] = fixed > 0 ? fixed : ctx.num_samples[s];
     }

@@ -61,8 +61,9 @@ class CharText : public dtk::Dataset {
     for (int s = 0; s < 3; ++s) {
       begin_[s] = begin[s];
       windows_[s] = end[s] - begin[s] > seq_ ? (end[s] - begin[s] - 1) / seq_ : 0;
-      // Ask for what the run needs: more than one epoch is fine, none at all is not.
-      wanted_[s] = ctx.num_samples[s];
+      // Ask for what the run needs: more than one epoch is fine, none at all is not. A split read
+      // whole (eval.full_validation, ABI 2.17) is one epoch of its windows.
+      wanted_[s] = ctx.whole(s) ? windows_[s] : ctx.num_samples[s];
       if (wanted_[s] > 0 && windows_[s] == 0)
         throw dtk::Error("data_path '" + path + "' (" + std::to_string(n) + " bytes) leaves split " +
                          std::to_string(s) + " (0 train, 1 validation, 2 test) shorter than seq_length + 1 = " +

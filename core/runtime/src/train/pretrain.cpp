@@ -82,6 +82,13 @@ int pretrain(const config::RunConfig& cfg, host::PluginHost& plugins, TrainerHoo
   // line saying so, in the loop it saves and stops (exit_conditions.hpp).
   const StartupSignals signals(cfg.train());
   config::RunConfig run = bench_config(cfg);
+  if (run.eval().skip_train()) {
+    // Megatron's --skip-train saves nothing and writes its evaluations to no TensorBoard (which
+    // may be the training run's folder).
+    run.mutable_checkpoint()->clear_save();
+    run.mutable_checkpoint()->set_save_interval(0);
+    run.mutable_logging()->clear_tensorboard_dir();
+  }
   if (const std::string fresh = start_fresh_without_checkpoint(&run);
       !fresh.empty() && launch_env_from_environment().rank == 0)
     std::fprintf(stderr, "dtk: note: %s\n", fresh.c_str());

@@ -77,7 +77,9 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
   const std::string& dir = ck.load();
   if (dir.empty()) return TrainProgress{};
   LoadOptions what;
-  what.optimizer = !ck.no_load_optim() && !ck.finetune();
+  // eval.skip_train updates nothing: the model alone (as Megatron, which builds no optimizer then).
+  const bool skip_train = cfg.eval().skip_train();
+  what.optimizer = !ck.no_load_optim() && !ck.finetune() && !skip_train;
   what.rng = !ck.no_load_rng() && !ck.finetune();
   what.verify = !ck.no_verify_checksums();
   what.fallback = ck.fallback();
@@ -90,6 +92,12 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
           ": optimizer, scheduler and RNG start fresh, training starts at iteration 0");
     return TrainProgress{};
   }
+  if (skip_train) {
+    progress.consumed_valid_samples = 0;  // validation from the split's first sample
+    print(" loaded the model of " + dir + " at iteration " + std::to_string(progress.iteration) +
+          " to evaluate it (eval.skip_train)");
+    return progress;
+  }
   if (!what.optimizer) {
     // Megatron's --no-load-optim skips the scheduler's state with the optimizer's.
     progress.scheduler = SchedulePosition{};
@@ -97,9 +105,7 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
     progress.schedule.reset();
     print(" checkpoint.no_load_optim: optimizer state, loss scaler and learning-rate schedule start fresh");
   }
-  // eval.skip_train updates nothing: the schedule it would train with does not matter.
-  if (progress.schedule && !cfg.eval().skip_train())
-    reconcile_resumed_schedule(*progress.schedule, ck, dir, schedule, print);
+  if (progress.schedule) reconcile_resumed_schedule(*progress.schedule, ck, dir, schedule, print);
   check_progress(progress, plan, dir);
   if (progress.scheduler.tokens <
       0) {  // a checkpoint from before DTK counted tokens: its steps, tokens as if none was skipped

@@ -97,6 +97,14 @@ void require_step_args_minor(uint32_t minor, const std::string& setting, const R
 // train.calculate_per_token_loss asks the step for its summed loss (ABI 2.8, refused before any
 // work with an older step) and divides the gradients by tokens / dp, which assumes the strategy
 // averages them over the data-parallel ranks (summed, they would be dp times Megatron's).
+// eval.full_validation, before anything is built: a step that sums its loss, a dataset that
+// builds a split whole (the step's token count itself is checked at the first evaluation).
+void check_full_validation(const config::RunConfig& cfg, const RunPlugins& plugins) {
+  if (!cfg.eval().full_validation()) return;
+  require_minor(8, "eval.full_validation (the loss over every token of a split)", plugins.step);
+  require_minor(17, "eval.full_validation (a split read whole)", plugins.data);
+}
+
 void check_per_token_loss(const config::RunConfig& cfg, const RunPlugins& plugins) {
   if (!cfg.train().calculate_per_token_loss()) return;
   require_minor(8, "train.calculate_per_token_loss", plugins.step);
@@ -444,6 +452,7 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                                         const RunPlugins& plugins, const LearningRateSchedule& schedule) {
   check_schedule_fits(cfg, topo, plan);
   check_per_token_loss(cfg, plugins);
+  check_full_validation(cfg, plugins);
   const int v = virtual_stages(cfg);
   TrainingParts parts;
   // The strategy first: one that initialises the parameters itself (ZeRO-3's partitioned
@@ -568,8 +577,7 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
   ctx.num_samples[DTK_SPLIT_TRAIN] = plan.requested_train_samples();
   ctx.num_samples[DTK_SPLIT_VALID] = plan.valid_samples();
   ctx.num_samples[DTK_SPLIT_TEST] = plan.test_samples();
-  ctx.whole_splits = plan.whole_splits();
-  if (plan.full_validation()) require_minor(17, "eval.full_validation (a split read whole)", data);
+  ctx.whole_splits = plan.whole_splits();  // its plugin's minor: check_full_validation
   ctx.seed = cfg.train().seed();
   ctx.rank = topo.world_rank;
   ctx.world_size = topo.world_size;

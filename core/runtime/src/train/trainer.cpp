@@ -105,9 +105,7 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   on_every_rank(topo_, "checking the output paths", [&] {
     check_output_paths(cfg_);
     if (const std::string ahead =
-            plan_.skip_train()
-                ? ""
-                : save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration(), plan_.ends_on_tokens());
+            save_folder_ahead_of_run(cfg_.checkpoint(), plan_.final_iteration(), plan_.ends_on_tokens());
         !ahead.empty())
       throw host::HostError(ahead);
   });
@@ -411,9 +409,10 @@ void Trainer::reduce_clip_and_update(int64_t iteration, double scale, IterationR
 
 void Trainer::train() {
   if (plan_.skip_train()) {  // Megatron's words
-    log_->print(
-        " skipping training (eval.skip_train is on) ..." +
-        std::string(resumed_iteration_ == 0 ? " evaluating the model as initialised (no checkpoint was loaded)" : ""));
+    log_->print(" skipping training (eval.skip_train is on) ..." +
+                std::string(cfg_.checkpoint().load().empty()
+                                ? " evaluating the model as initialised (no checkpoint was loaded)"
+                                : ""));
     return;
   }
   log_->print(training_banner(plan_, cfg_.train()));

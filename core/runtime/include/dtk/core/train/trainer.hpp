@@ -79,7 +79,7 @@ class Trainer {
                       bool after_training);
   MetricAverager run_evaluation(BatchLoader& loader, int64_t num_batches);
   void save(int64_t iteration);
-  bool saving() const { return !cfg_.checkpoint().save().empty() && !plan_.skip_train(); }
+  bool saving() const { return !cfg_.checkpoint().save().empty(); }
 
   const config::RunConfig& cfg_;
   const Topology& topo_;

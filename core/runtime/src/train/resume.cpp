@@ -92,8 +92,7 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
           ": optimizer, scheduler and RNG start fresh, training starts at iteration 0");
     return TrainProgress{};
   }
-  if (skip_train) {
-    progress.consumed_valid_samples = 0;  // validation from the split's first sample
+  if (skip_train) {  // the Trainer starts its validation at the split's first sample
     print(" loaded the model of " + dir + " at iteration " + std::to_string(progress.iteration) +
           " to evaluate it (eval.skip_train)");
     return progress;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -536,11 +537,13 @@ TEST(Blending, DataPathAndEndToEnd) {
 
 // eval.full_validation asks for a split whole (kWholeSplit): a single prefix's split is one epoch
 // of its documents, every sample once, as Megatron-core's num_samples None builds it (whose indices
-// GptIndices.MegatronCoreOptionsEqualTheReference proves); a blend is refused in one line.
-TEST(Blending, AWholeSplitIsOneEpochOfOnePrefixAndNoBlend) {
+// GptIndices.MegatronCoreOptionsEqualTheReference proves). A blend without weights reads one epoch
+// of each prefix, every sample once (Megatron-core's exhaustive blending, whose order and cache
+// MegatronCaches.ExhaustiveBlendAsMegatronCore prove); a weighted blend is refused in one line.
+TEST(Blending, AWholeSplitIsEverySampleOnceAndAWeightedBlendIsRefused) {
   TempDir dir;
   auto data = make_data(dir / "a", 200, 10, 50, 1);
-  make_data(dir / "b", 100, 10, 50, 2);
+  auto data_b = make_data(dir / "b", 100, 10, 50, 2);
   GptDatasetOptions o;
   o.seq_length = 32;
   o.seed = 5;
@@ -556,17 +559,31 @@ TEST(Blending, AWholeSplitIsOneEpochOfOnePrefixAndNoBlend) {
   EXPECT_EQ(epoch.num_epochs(), 1);
   ASSERT_EQ(tvt.valid->size(), epoch.size());
   for (size_t i = 0; i < epoch.size(); ++i) ASSERT_EQ(tvt.valid->get(i), epoch.get(i)) << i;
-  for (const std::string& blend : {"0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), (dir / "a") + " " + (dir / "b")}) {
-    try {
-      build_train_valid_test_datasets(blend, {100, kWholeSplit, 0}, o);
-      ADD_FAILURE() << "a whole split of a blend was built: " << blend;
-    } catch (const DataError& e) {
-      EXPECT_NE(std::string(e.what()).find("the valid split is read whole (eval.full_validation), but it is a "),
-                std::string::npos)
-          << e.what();
-      EXPECT_NE(std::string(e.what()).find("give the split one prefix without a weight"), std::string::npos)
-          << e.what();
-    }
+
+  // Without weights: the blend holds each sample of both epochs once, and nothing else.
+  const auto both = build_train_valid_test_datasets((dir / "a") + " " + (dir / "b"), {100, kWholeSplit, 0}, o);
+  const GPTDataset epoch_b(data_b, 90, 100, one);
+  ASSERT_TRUE(both.valid);
+  ASSERT_EQ(both.valid->size(), epoch.size() + epoch_b.size());
+  const auto& blend = dynamic_cast<const BlendedDataset&>(*both.valid);
+  std::set<std::pair<int, int64_t>> seen;
+  for (size_t i = 0; i < blend.size(); ++i) {
+    const int d = blend.dataset_of(i);
+    EXPECT_TRUE(seen.insert({d, blend.sample_of(i)}).second) << "sample drawn twice at " << i;
+    ASSERT_EQ(blend.get(i), (d == 0 ? epoch : epoch_b).get(static_cast<size_t>(blend.sample_of(i)))) << i;
+  }
+  EXPECT_EQ(seen.size(), blend.size());
+  EXPECT_NE(blend.dataset_of(0), blend.dataset_of(1));  // interleaved by size, not one after the other
+
+  try {
+    build_train_valid_test_datasets("0.3 " + (dir / "a") + " 0.7 " + (dir / "b"), {100, kWholeSplit, 0}, o);
+    ADD_FAILURE() << "a whole split of a weighted blend was built";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("the valid split is read whole (eval.full_validation), but it is a "
+                                         "weighted blend of 2 prefixes"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("give the split prefixes without weights"), std::string::npos) << e.what();
   }
 }
 

@@ -144,6 +144,22 @@ TEST(MegatronCaches, BlendSizesAndOrderAsMegatron) {
     for (int16_t d : di) got += (got.empty() ? "" : " ") + std::to_string(d);
     EXPECT_EQ(got, l.substr(colon + 2)) << head[0];
   }
+  int exhaustive = 0;
+  for (const std::string& l : fixture_lines("exhaustive_index")) {
+    const size_t colon = l.find(':');
+    std::vector<int64_t> sizes;
+    for (const auto& x : words(l.substr(0, colon))) sizes.push_back(std::stoll(x));
+    std::vector<int16_t> di;
+    std::vector<int64_t> dsi;
+    build_exhaustive_blending_indices(sizes, &di, &dsi);
+    std::string got;
+    for (int16_t d : di) got += std::to_string(d) + " ";
+    got += "|";
+    for (int64_t k : dsi) got += " " + std::to_string(k);
+    EXPECT_EQ(got, l.substr(colon + 2)) << l;
+    ++exhaustive;
+  }
+  EXPECT_GE(exhaustive, 5);
 }
 
 // The fixture run's corpora: document d of a_text_document has (d*37)%23+1 tokens (60
@@ -452,6 +468,25 @@ TEST(MegatronCaches, BlendWeightedBySizesAsMegatronCore) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("needs a weight before every prefix"), std::string::npos) << e.what();
   }
+}
+
+// Megatron-core, --full-validation over prefixes without weights: the valid and test splits read
+// whole ("num_samples": null), their blends exhaustive ("size": null, the datasets' sizes as
+// weights), every sample of each dataset once; the train split as above.
+TEST(MegatronCaches, ExhaustiveBlendAsMegatronCore) {
+  GptDatasetOptions o = run_options(MegatronOrder::kCore);
+  o.tokenizer_json = kTokenizer;
+  o.split = "70, 20, 10";
+  check_run("megatron_cache_core_whole", MegatronOrder::kCore, "megatron_core_whole", [&] {
+    const auto tvt =
+        build_train_valid_test_datasets("a_text_document b_text_document", {50, kWholeSplit, kWholeSplit}, o);
+    EXPECT_EQ(tvt.train->size(), 50u);
+    for (const auto* split : {&tvt.valid, &tvt.test}) {
+      const auto& b = dynamic_cast<const BlendedDataset&>(**split);
+      EXPECT_EQ(b.size(), b.part(0)->size() + b.part(1)->size());
+    }
+    return tvt;
+  });
 }
 
 // Per-split data paths (--train-data-path, --valid-data-path, --test-data-path): Megatron-core

@@ -777,6 +777,40 @@ void build_blending_indices(const std::vector<double>& w, int64_t size, std::vec
   }
 }
 
+void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes, std::vector<int16_t>* dataset_index,
+                                       std::vector<int64_t>* dataset_sample_index) {
+  if (sizes.size() > 32767) throw DataError("blend: at most 32767 datasets");
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n <= 0) throw DataError("blend: a dataset read whole has no samples");
+    total += n;
+  }
+  std::vector<double> w;
+  for (int64_t n : sizes) w.push_back(static_cast<double>(n) / static_cast<double>(total));
+  std::vector<int64_t> count(sizes.size(), 0);
+  std::vector<size_t> unspent(sizes.size());  // ascending, as Megatron's std::set iterates
+  for (size_t k = 0; k < unspent.size(); ++k) unspent[k] = k;
+  dataset_index->resize(static_cast<size_t>(total));
+  dataset_sample_index->resize(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) {
+    const double x = std::max(static_cast<double>(i), 1.0);
+    size_t best_at = 0;
+    double best_err = std::numeric_limits<double>::lowest();
+    for (size_t u = 0; u < unspent.size(); ++u) {
+      const size_t k = unspent[u];
+      const double err = w[k] * x - static_cast<double>(count[k]);
+      if (err > best_err) {
+        best_err = err;
+        best_at = u;
+      }
+    }
+    const size_t best = unspent[best_at];
+    (*dataset_index)[static_cast<size_t>(i)] = static_cast<int16_t>(best);
+    (*dataset_sample_index)[static_cast<size_t>(i)] = count[best]++;
+    if (count[best] == sizes[best]) unspent.erase(unspent.begin() + static_cast<std::ptrdiff_t>(best_at));
+  }
+}
+
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets,
                                const std::vector<double>& weights, int64_t size, const BlendCacheOptions& cache)
     : datasets_(std::move(datasets)), cache_(cache) {
@@ -792,12 +826,22 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
     throw DataError("blend: legacy Megatron blends fewer than 255 datasets");
   if (cache_.weights_from_sizes && cache_.order == MegatronOrder::kLegacy)
     throw DataError("blend: legacy Megatron needs blend weights (it has no blend weighted by the datasets' sizes)");
+  const bool exhaustive = size == kExhaustive;
+  if (exhaustive && !cache_.weights_from_sizes)
+    throw DataError("blend: only a blend weighted by its datasets' sizes reads every sample once");
   // Both Megatrons normalize the (already normalized) weights again, with numpy; weights that are
-  // the datasets' sizes are normalized once (Megatron-core's BlendedDataset).
-  const std::vector<double> w = cache_.weights_from_sizes
-                                    ? (normalize_weights(weights, cache_.order), numpy_normalize(weights))
-                                    : numpy_normalize(normalize_weights(weights, cache_.order));
-  build_blending_indices(w, size, &dataset_index_, &dataset_sample_index_);
+  // the datasets' sizes are normalized once (Megatron-core's BlendedDataset), and not at all when
+  // the blend is exhaustive (its description keeps the sizes).
+  std::vector<double> w;
+  if (exhaustive) {
+    std::vector<int64_t> sizes;
+    for (size_t k = 0; k < datasets_.size(); ++k) sizes.push_back(static_cast<int64_t>(datasets_[k]->size()));
+    build_exhaustive_blending_indices(sizes, &dataset_index_, &dataset_sample_index_);
+  } else {
+    w = cache_.weights_from_sizes ? (normalize_weights(weights, cache_.order), numpy_normalize(weights))
+                                  : numpy_normalize(normalize_weights(weights, cache_.order));
+    build_blending_indices(w, size, &dataset_index_, &dataset_sample_index_);
+  }
   for (size_t i = 0; i < dataset_index_.size(); ++i) {
     const auto& d = datasets_[static_cast<size_t>(dataset_index_[i])];
     if (static_cast<size_t>(dataset_sample_index_[i]) >= d->size()) {
@@ -821,9 +865,14 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> 
     o.set("datasets", ds);
     o.set("split", PyJson::string(cache_.name));
     PyJson wj = PyJson::array();
-    for (double x : w) wj.items.push_back(PyJson::real(x));
+    if (exhaustive) {
+      for (size_t k = 0; k < datasets_.size(); ++k)
+        wj.items.push_back(PyJson::integer(static_cast<int64_t>(datasets_[k]->size())));
+    } else {
+      for (double x : w) wj.items.push_back(PyJson::real(x));
+    }
     o.set("weights", wj);
-    o.set("size", PyJson::integer(size));
+    o.set("size", exhaustive ? PyJson::null() : PyJson::integer(size));
     description_ = dumps_indent4(o);
   } else {
     const std::string ws = numpy_float_array_str(w);
@@ -1009,18 +1058,14 @@ std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
     o.whole_epoch = n == kWholeSplit;
     return std::make_shared<const GPTDataset>(data[0], ranges[0][0], ranges[0][1], o);
   }
-  if (n == kWholeSplit) {
-    const std::string what = !blend.weighted ? "blend of " + std::to_string(count) +
-                                                   " prefixes (Megatron's exhaustive blending is not in DTK)"
-                             : count == 1 ? "weighted blend (a weight before its prefix)"
-                                          : "weighted blend of " + std::to_string(count) + " prefixes";
+  if (n == kWholeSplit && blend.weighted) {
+    const std::string what = count == 1 ? "weighted blend (a weight before its prefix)"
+                                        : "weighted blend of " + std::to_string(count) + " prefixes";
     throw DataError(std::string("the ") + kSplitNames[s] + " split is read whole (eval.full_validation), but it is a " +
                     what +
-                    (blend.weighted ? ", whose size must be given (Megatron: \"Using client-specified weights requires "
-                                      "client-specified size\")"
-                                    : "") +
-                    "; give the split one prefix without a weight (data_path, or per split dataset.train_data_path, "
-                    "valid_data_path and test_data_path)");
+                    ", whose size must be given (Megatron: \"Using client-specified weights requires client-specified "
+                    "size\"); give the split prefixes without weights (data_path, or per split "
+                    "dataset.train_data_path, valid_data_path and test_data_path)");
   }
   size_t empty = 0;
   for (const auto& r : ranges) empty += r[1] <= r[0];
@@ -1053,7 +1098,8 @@ std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
     }
     return std::make_shared<const BlendedDataset>(parts, weights, blend_size(weights, n, base.order), c);
   }
-  // Megatron-core, weights None: each dataset one epoch; weighted by their sizes; min(N, all).
+  // Megatron-core, weights None: each dataset one epoch; weighted by their sizes; min(N, all), or
+  // all of them once when the split is read whole.
   o.whole_epoch = true;
   std::vector<double> sizes;
   int64_t total = 0;
@@ -1063,7 +1109,8 @@ std::shared_ptr<const TokenDataset> build_split(const DataBlend& blend,
     total += static_cast<int64_t>(parts.back()->size());
   }
   c.weights_from_sizes = true;
-  return std::make_shared<const BlendedDataset>(parts, sizes, std::min(n, total), c);
+  return std::make_shared<const BlendedDataset>(parts, sizes,
+                                                n == kWholeSplit ? BlendedDataset::kExhaustive : std::min(n, total), c);
 }
 
 std::vector<std::shared_ptr<const IndexedDataset>> open_all(const DataBlend& blend) {

@@ -233,6 +233,11 @@ int64_t blend_size(const std::vector<double>& normalized_weights, int64_t num_sa
 // w * max(i, 1) - count (first on ties). Returns (dataset index, sample within it) per sample.
 void build_blending_indices(const std::vector<double>& normalized_weights, int64_t size,
                             std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index);
+// helpers.cpp build_exhaustive_blending_indices: every sample of every dataset once, sum(sizes)
+// long. At sample i pick, among the datasets with samples left, the largest
+// (size / total) * max(i, 1) - count (first on ties).
+void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes, std::vector<int16_t>* dataset_index,
+                                       std::vector<int64_t>* dataset_sample_index);
 
 // Where and how a BlendedDataset caches its indices (Megatron caches them only under a
 // --data-cache-path: cache_dir empty = no cache).
@@ -248,7 +253,11 @@ struct BlendCacheOptions {
 
 class BlendedDataset : public TokenDataset {
  public:
-  // `weights` are normalized here again, as Megatron's BlendedDataset/BlendableDataset do.
+  // The size of a blend that reads every sample of its datasets once (Megatron-core's size None:
+  // a blend without weights read whole under --full-validation). Needs weights_from_sizes.
+  static constexpr int64_t kExhaustive = -1;
+  // `weights` are normalized here again, as Megatron's BlendedDataset/BlendableDataset do
+  // (kExhaustive: not at all; they are the datasets' sizes, whole numbers).
   BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets, const std::vector<double>& weights,
                  int64_t size, const BlendCacheOptions& cache = BlendCacheOptions());
   size_t size() const override { return dataset_index_.size(); }
@@ -292,9 +301,10 @@ DataBlend parse_data_path(const std::string& data_path);
 // three GPT datasets (a blend's datasets for blend_samples_per_dataset samples each), blend.
 // num_samples = {train, valid, test}; a split with no documents or 0 requested samples
 // yields nullptr; kWholeSplit asks for the split whole (Megatron's num_samples None under
-// --full-validation): one epoch of a single prefix, every sample once. A weighted blend has no
-// whole split (Megatron: "Using client-specified weights requires client-specified size"), nor,
-// in DTK, a blend without weights (Megatron's exhaustive blending is not built). base_options.order
+// --full-validation): one epoch of a single prefix, every sample once; a blend without weights
+// reads one epoch of each prefix, every sample once (Megatron-core's exhaustive blending). A
+// weighted blend has no whole split (Megatron: "Using client-specified weights requires
+// client-specified size"). base_options.order
 // chooses the Megatron; base_options.split is the split.
 constexpr int64_t kWholeSplit = -1;
 struct TrainValidTest {
@@ -304,7 +314,7 @@ TrainValidTest build_train_valid_test_datasets(const std::string& data_path, con
                                                const GptDatasetOptions& base_options);
 // Several prefixes without weights (Megatron-core only; legacy Megatron refuses them): each
 // prefix's split is one whole epoch (num_samples null), and the blend draws min(N, their samples
-// together) samples with the datasets' sizes as weights.
+// together) samples with the datasets' sizes as weights, or, read whole, each of them once.
 //
 // Megatron's per-split data paths (--train-data-path, --valid-data-path, --test-data-path): split
 // k comes from data_paths[k] ("" = none), each prefix's documents all of it. Megatron-core: no

@@ -830,16 +830,44 @@ TEST(MegatronArgs, CalculatePerTokenLossIsTheLoopsPerTokenLoss) {
   expect_fields(config_of(m), {{"train.calculate_per_token_loss", "true"}});
 }
 
-TEST(MegatronArgs, FullValidationAndSkipTrainMapAndMultipleValidationSetsAreRefused) {
+TEST(MegatronArgs, FullValidationSkipTrainAndMultipleValidationSetsMap) {
   const MegatronMapping m = dtk::core::map_megatron_args({"--full-validation", "--skip-train"});
   EXPECT_TRUE(m.refused.empty());
   expect_fields(config_of(m), {{"eval.full_validation", "true"}, {"eval.skip_train", "true"}});
-  const MegatronMapping sets =
-      dtk::core::map_megatron_args({"--multiple-validation-sets", "--validation-set-names", "wiki", "code"});
-  ASSERT_EQ(sets.refused.size(), 2u);
-  EXPECT_NE(sets.refused[0].find("--multiple-validation-sets"), std::string::npos) << sets.refused[0];
-  EXPECT_NE(sets.refused[0].find("DTK evaluates one validation set"), std::string::npos) << sets.refused[0];
-  EXPECT_NE(sets.refused[1].find("--validation-set-names"), std::string::npos) << sets.refused[1];
+  // Each prefix of --valid-data-path is a set (weights not read), named as given or by position.
+  const MegatronMapping named =
+      dtk::core::map_megatron_args({"--full-validation", "--train-data-path", "t", "--valid-data-path", "0.3", "wiki",
+                                    "0.7", "co\"de", "--multiple-validation-sets", "--validation-set-names", "w", "c"});
+  ASSERT_TRUE(named.refused.empty()) << named.refused[0];
+  const dtk::config::RunConfig cfg = config_of(named);
+  EXPECT_EQ(cfg.dataset().options().count("valid_data_path"), 0u) << "the run's own validation split is built";
+  EXPECT_EQ(cfg.dataset().options().at("train_data_path"), "t");
+  ASSERT_EQ(cfg.eval().validation_sets_size(), 2);
+  EXPECT_EQ(cfg.eval().validation_sets(0).name(), "w");
+  EXPECT_EQ(cfg.eval().validation_sets(0).options().at("valid_data_path"), "wiki");
+  EXPECT_EQ(cfg.eval().validation_sets(1).name(), "c");
+  EXPECT_EQ(cfg.eval().validation_sets(1).options().at("valid_data_path"), "co\"de");
+  const dtk::config::RunConfig unnamed = config_of(dtk::core::map_megatron_args(
+      {"--full-validation", "--valid-data-path", "a", "b", "c", "--multiple-validation-sets"}));
+  ASSERT_EQ(unnamed.eval().validation_sets_size(), 3);
+  EXPECT_EQ(unnamed.eval().validation_sets(2).name(), "2");
+  EXPECT_EQ(unnamed.eval().validation_sets(2).options().at("valid_data_path"), "c");
+  // Refused as Megatron refuses them (or cannot build them).
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--valid-data-path", "a", "b", "--multiple-validation-sets"},
+       "--multiple-validation-sets: needs --full-validation"},
+      {{"--full-validation", "--data-path", "a", "--multiple-validation-sets"},
+       "--multiple-validation-sets: needs --valid-data-path"},
+      {{"--full-validation", "--valid-data-path", "a", "b", "--multiple-validation-sets", "--validation-set-names",
+        "x"},
+       "--validation-set-names x: 1 names for 2 validation sets"},
+      {{"--validation-set-names", "x"}, "--validation-set-names x: needs --multiple-validation-sets"},
+  };
+  for (const auto& [args, want] : refused) {
+    const MegatronMapping r = dtk::core::map_megatron_args(args);
+    ASSERT_EQ(r.refused.size(), 1u) << want;
+    EXPECT_EQ(r.refused[0].rfind(want, 0), 0u) << r.refused[0];
+  }
 }
 
 // --decoupled-lr / --decoupled-min-lr: one rule for the parameters Megatron-LM marks

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -1115,6 +1116,72 @@ TEST(FullValidation, EachSampleOnceHoweverTheBatchesFall) {
   EXPECT_GT(std::abs(loss_at(means, "iteration 2 on validation set") - want), 1e-4 * want) << means.out;
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(3) + " --set eval.full_validation=true"),
                                   "random data has no end; set the option num_samples");
+}
+
+// eval.validation_sets (Megatron's --multiple-validation-sets): validation reads each set whole, in
+// place of the run's validation split, and reports each under its name (its position when
+// unnamed), in the log, the metrics file and TensorBoard. Each set's figure equals a run that
+// validates on that set alone; the test split is the run's own. At DP1 and DP2.
+TEST(ValidationSets, EachSetReadWholeAsARunOfItsOwn) {
+  const std::string base =
+      kTrain + iters(2) +
+      " --set model.init_method_std=1.0 --set lr.lr=0 --set lr.min_lr=0 --set lr.lr_warmup_iters=0 "
+      "--set eval.full_validation=true --set eval.eval_interval=2 --set dataset.num_samples=11 ";
+  const auto loss_at = [](const Result& r, const std::string& what, const std::string& label) {
+    const std::string key = " " + what + " loss at " + label + " | lm loss value: ";
+    const size_t at = r.out.find(key);
+    return at == std::string::npos ? NAN : std::stod(r.out.substr(at + key.size()));
+  };
+  // The references (lr 0: the same model whatever it trained on): the run's own validation split
+  // read whole, of tokens below 256, and of tokens below 512.
+  std::map<std::string, double> want;
+  for (const char* vocab : {"256", "512"}) {
+    const Result alone = dtk_test::run_dtk(base + " --set dataset.vocab_size=" + vocab);
+    ASSERT_EQ(alone.code, 0) << alone.out;
+    want[vocab] = loss_at(alone, "validation", "iteration 2 on validation set");
+    ASSERT_TRUE(std::isfinite(want[vocab])) << alone.out;
+  }
+  ASSERT_GT(std::abs(want["256"] - want["512"]), 1e-4 * want["512"])
+      << "the sets hold the same: the test shows nothing";
+  const std::string metrics = fresh_dir("validation-sets") + "/metrics.jsonl";
+  const std::string sets =
+      base + " --set logging.metrics_jsonl=" + metrics +
+      " --set 'eval.validation_sets=name: \"narrow\" options { key: \"vocab_size\" value: \"256\" }'"
+      " --set 'eval.validation_sets=options { key: \"num_samples\" value: \"11\" }'";
+  for (const char* launch : {"", "launch --nproc_per_node 2 "}) {
+    const Result r = dtk_test::run_dtk(launch + sets);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(" validation-narrow reads its whole split (eval.full_validation): 11 samples in 3 global "
+                         "batches, each sample once"),
+              std::string::npos)
+        << r.out;
+    for (const char* label : {"iteration 2", "iteration 2 on validation set"}) {
+      EXPECT_NEAR(loss_at(r, "validation-narrow", label), want["256"], 1e-5 * want["256"]) << launch << label << r.out;
+      EXPECT_NEAR(loss_at(r, "validation-1", label), want["512"], 1e-5 * want["512"]) << launch << label << r.out;
+      EXPECT_TRUE(std::isnan(loss_at(r, "validation", label))) << "the run's own validation split was read\n" << r.out;
+    }
+    EXPECT_TRUE(std::isfinite(loss_at(r, "validation", "iteration 2 on test set"))) << r.out;
+  }
+  const std::string jsonl = file_text(metrics);
+  EXPECT_NE(jsonl.find("{\"kind\": \"validation-narrow\", \"iteration\": 2, \"after_training\": true, \"lm loss\": "),
+            std::string::npos)
+      << jsonl;
+  EXPECT_NE(jsonl.find("{\"kind\": \"validation-1\", \"iteration\": 2, \"lm loss\": "), std::string::npos) << jsonl;
+  // Bad sets: one line each, before training.
+  const std::string one = " --set 'eval.validation_sets=name: \"a\" options { key: \"num_samples\" value: \"5\" }'";
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(3) + one),
+                                  "eval.validation_sets (Megatron's --multiple-validation-sets) needs "
+                                  "eval.full_validation=true");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + one + one),
+                                  "eval.validation_sets[1]: name 'a' is given to an earlier set too");
+  dtk_test::expect_one_line_error(
+      dtk_test::run_dtk(base +
+                        " --set 'eval.validation_sets=name: \"b\" options { key: \"num_sample\" value: \"5\" }'"),
+      "eval.validation_sets[0] 'b': ");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + " --set 'eval.validation_sets=name: \"two words\"'"),
+                                  "eval.validation_sets[0]: name 'two words' is not one word");
+  dtk_test::expect_one_line_error(dtk_test::run_dtk(base + " --set 'eval.validation_sets=nme: \"x\"'"),
+                                  "not a valid ValidationSet entry");
 }
 
 // eval.skip_train (Megatron's --skip-train): the loaded model's evaluations after training, as

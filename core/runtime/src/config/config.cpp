@@ -269,6 +269,9 @@ void append_section_entry(Message* msg, const FieldDescriptor* f, const std::str
                     (errors.text.empty() ? "parse error" : errors.text) + ")" +
                     (f->message_type()->name() == "ParamRule"
                          ? "; e.g. --set '" + path + "=match: \"bias$\" wd_mult: 0'"
+                     : f->message_type()->name() == "ValidationSet"
+                         ? "; e.g. --set '" + path +
+                               "=name: \"wiki\" options { key: \"valid_data_path\" value: \"wiki_text_document\" }'"
                          : std::string()));
   msg->GetReflection()->AddMessage(msg, f)->CopyFrom(*entry);
 }

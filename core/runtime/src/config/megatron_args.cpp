@@ -446,10 +446,11 @@ const Rule kRules[] = {
      "some twice when the samples are not a multiple of the data-parallel size"},
     {"--skip-train", 0, Kind::kSwitch, "eval.skip_train=true",
      "the evaluations after training of the loaded model (checkpoint.load), validation from its first sample"},
-    {"--multiple-validation-sets", 0, Kind::kRefuse, "",
-     "DTK evaluates one validation set (the blend, or dataset.valid_data_path); each set's loss of its own "
-     "needs a run of its own"},
-    {"--validation-set-names", -1, Kind::kRefuse, "", "with --multiple-validation-sets, which DTK refuses"},
+    {"--multiple-validation-sets", 0, Kind::kCustom, "eval.validation_sets",
+     "one set per prefix of --valid-data-path (its weights ignored, as Megatron ignores them), each "
+     "{name: \"K\" options {valid_data_path: PREFIX}}, read whole; needs --full-validation, as Megatron does"},
+    {"--validation-set-names", -1, Kind::kCustom, "eval.validation_sets' names",
+     "one per set, with --multiple-validation-sets (\"validation-NAME loss at ...\")"},
     {"--log-interval", 1, Kind::kSet, "logging.log_interval", ""},
     {"--tensorboard-dir", 1, Kind::kSet, "logging.tensorboard_dir", ""},
     {"--tensorboard-log-interval", 1, Kind::kSet, "logging.tensorboard_log_interval", ""},
@@ -701,6 +702,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     m.flag_of["dataset.name"] = flag;
   } else if (f == "--data-impl") {
     if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
+  } else if (f == "--multiple-validation-sets" || f == "--validation-set-names") {
+    // mapped with --valid-data-path (map_validation_sets)
   } else if (f == "--dataloader-type") {  // the last one given counts (map_dataloader)
     if (v[0] != "single" && v[0] != "cyclic" && v[0] != "external") refuse("not one of single, cyclic, external");
   }
@@ -859,6 +862,10 @@ struct SeenFlags {
   bool overlap_grad_reduce = false;             // --overlap-grad-reduce (its strategy decides the option)
   std::string decoupled_lr, decoupled_min_lr;   // --decoupled-lr, --decoupled-min-lr as given
   bool profile = false;                         // --profile, over [--profile-step-start, --profile-step-end)
+  bool full_validation = false;                 // --full-validation
+  std::string multiple_sets_shown;              // --multiple-validation-sets as given
+  std::vector<std::string> set_names;           // --validation-set-names' values
+  std::string set_names_shown;
   std::string profile_start = "10", profile_end = "12";
   std::string overlap_param_gather_shown;       // --overlap-param-gather as given
   std::vector<std::string> unfused_kernels;     // DTK's kernels the --no-*-fusion flags leave out
@@ -940,6 +947,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--use-checkpoint-args") s.use_checkpoint_args = true;
   if (f == "--overlap-grad-reduce") s.overlap_grad_reduce = true;
   if (f == "--profile") s.profile = true;
+  if (f == "--full-validation") s.full_validation = true;
+  if (f == "--multiple-validation-sets") s.multiple_sets_shown = shown;
+  if (f == "--validation-set-names") s.set_names = values, s.set_names_shown = shown;
   if (f == "--decoupled-lr") s.decoupled_lr = values[0];
   if (f == "--decoupled-min-lr") s.decoupled_min_lr = values[0];
   if (f == "--profile-step-start") s.profile_start = values[0];
@@ -1588,6 +1598,63 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 // SentencePiece three, HuggingFaceTokenizer, TikTokenizer, NullTokenizer) go with --data-path: both are part of
 // the descriptions Megatron names its index caches by.
 // Megatron asserts that a data path and its file form are not both given.
+// A prefix in a text-format string ("..." with \ and " escaped), for an eval.validation_sets entry.
+static std::string text_format_string(const std::string& v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// Megatron's --multiple-validation-sets: each prefix of the per-split validation path is a set of
+// its own (a blend's weights are not read), read whole, named by --validation-set-names or by its
+// position; the run's own validation split is then not built.
+static void map_validation_sets(const SeenFlags& s, MegatronMapping& m) {
+  if (s.multiple_sets_shown.empty()) {
+    if (!s.set_names_shown.empty())
+      m.refused.push_back(s.set_names_shown + ": needs --multiple-validation-sets (Megatron asserts it)");
+    return;
+  }
+  if (!s.full_validation)
+    return m.refused.push_back(s.multiple_sets_shown +
+                               ": needs --full-validation (Megatron: \"--multiple-validation-sets currently requires "
+                               "--full-validation\")");
+  std::string path;
+  for (const std::string& set : m.sets)
+    if (set.rfind("dataset.valid_data_path=", 0) == 0) path = set.substr(24);
+  std::vector<std::string> words;
+  std::stringstream ws(path);
+  for (std::string w; ws >> w;) words.push_back(w);
+  if (words.empty())
+    return m.refused.push_back(s.multiple_sets_shown +
+                               ": needs --valid-data-path (or --per-split-data-args-path's \"valid\"): each of its "
+                               "prefixes is one validation set");
+  // Megatron's get_blend_from_list: an even count whose odd words are numbers is "W1 P1 W2 P2 ...".
+  bool weighted = words.size() > 1 && words.size() % 2 == 0;
+  for (size_t k = 0; weighted && k < words.size(); k += 2) {
+    char* end = nullptr;
+    std::strtod(words[k].c_str(), &end);
+    weighted = end != words[k].c_str() && *end == '\0';
+  }
+  std::vector<std::string> prefixes;
+  for (size_t k = weighted ? 1 : 0; k < words.size(); k += weighted ? 2 : 1) prefixes.push_back(words[k]);
+  if (!s.set_names.empty() && s.set_names.size() != prefixes.size())
+    return m.refused.push_back(s.set_names_shown + ": " + std::to_string(s.set_names.size()) + " names for " +
+                               std::to_string(prefixes.size()) +
+                               " validation sets (Megatron: \"Number of --validation-set-names must match the number "
+                               "of validation datasets\")");
+  drop_sets(m, "dataset.valid_data_path");
+  for (size_t k = 0; k < prefixes.size(); ++k) {
+    const std::string name = s.set_names.empty() ? std::to_string(k) : s.set_names[k];
+    set_by(m,
+           "eval.validation_sets=name: " + text_format_string(name) +
+               " options { key: \"valid_data_path\" value: " + text_format_string(prefixes[k]) + " }",
+           s.multiple_sets_shown);
+  }
+}
+
 static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
   if (s.data_path_forms.size() > 1) m.refused.push_back("--data-path and --data-args-path: give one of them");
   if (s.split_path_forms.size() > 1)
@@ -1821,6 +1888,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   choose_model(m, s.rope, s.rms_norm, s.swiglu, s.llama_only, s.gpt_only, s.use_checkpoint_args);
   check_training_kind(s, m);
   check_data_path_forms(s, m);
+  map_validation_sets(s, m);
   map_tiktoken(s, m);
   map_data_order(s, m);
   map_dataloader(s, m);

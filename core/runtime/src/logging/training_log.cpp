@@ -435,7 +435,10 @@ void TrainingLog::clear_window() {
 
 void TrainingLog::report_evaluation(const std::string& what, const std::string& label, int64_t iteration,
                                     const MetricAverager& metrics, bool after_training) {
-  std::string line = " validation loss at " + label + " | ";
+  // Megatron prints "validation" for the test split too, and a validation set's own name
+  // ("validation-NAME", --multiple-validation-sets).
+  std::string line =
+      " " + (what.rfind("validation", 0) == 0 ? what : std::string("validation")) + " loss at " + label + " | ";
   char buf[256];
   for (const auto& name : metrics.names()) {
     const double v = metrics.mean(name);

@@ -166,6 +166,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   eval_interval_ = cfg.eval().eval_interval();
   full_validation_ = cfg.eval().full_validation();
   skip_train_ = cfg.eval().skip_train();
+  validation_sets_ = cfg.eval().validation_sets_size() > 0;
   // Megatron with --skip-train: eval_iters batches of each split, once.
   num_evals_ = (eval_interval_ > 0 && !skip_train_ ? train_iters_ / eval_interval_ : 0) + 1;
   // Sample counts are products of user numbers: refuse values whose products overflow int64.

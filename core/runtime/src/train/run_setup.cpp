@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "../device/cuda_glue.hpp"
@@ -99,10 +100,17 @@ void require_step_args_minor(uint32_t minor, const std::string& setting, const R
 // averages them over the data-parallel ranks (summed, they would be dp times Megatron's).
 // eval.full_validation, before anything is built: a step that sums its loss, a dataset that
 // builds a split whole (the step's token count itself is checked at the first evaluation).
+// eval.validation_sets need full validation, as Megatron's --multiple-validation-sets needs
+// --full-validation (each set is read whole; there is no position in several sets to keep).
 void check_full_validation(const config::RunConfig& cfg, const RunPlugins& plugins) {
+  if (cfg.eval().validation_sets_size() > 0 && !cfg.eval().full_validation())
+    throw HostError(
+        "config: eval.validation_sets (Megatron's --multiple-validation-sets) needs eval.full_validation=true "
+        "(--full-validation): each set is read whole");
   if (!cfg.eval().full_validation()) return;
   require_minor(8, "eval.full_validation (the loss over every token of a split)", plugins.step);
   require_minor(17, "eval.full_validation (a split read whole)", plugins.data);
+  resolve_validation_sets(cfg, plugins.data);  // names and options, before anything is built
 }
 
 void check_per_token_loss(const config::RunConfig& cfg, const RunPlugins& plugins) {
@@ -567,9 +575,10 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
     throw HostError(refusal);
 }
 
-std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, const Topology& topo,
-                                               const BatchPlan& plan, const PluginSlot& data,
-                                               const ModelInstance& model) {
+namespace {
+
+dtk_dataset_context dataset_context(const config::RunConfig& cfg, const Topology& topo, const BatchPlan& plan,
+                                    const PluginSlot& data) {
   dtk_dataset_context ctx{};
   ctx.struct_size = dtk_dataset_context_STRUCT_SIZE;
   ctx.options = data.options.get();
@@ -581,6 +590,60 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
   ctx.seed = cfg.train().seed();
   ctx.rank = topo.world_rank;
   ctx.world_size = topo.world_size;
+  return ctx;
+}
+
+void check_vocab_fits(const DatasetInstance& dataset, const ModelInstance& model) {
+  const int64_t model_vocab = model.info().vocab_size;
+  if (dataset.vocab_size() > model_vocab)
+    throw HostError("dataset vocabulary (" + std::to_string(dataset.vocab_size()) + ") is larger than the model's (" +
+                    std::to_string(model_vocab) + ")");
+}
+
+}  // namespace
+
+std::vector<ValidationSetSpec> resolve_validation_sets(const config::RunConfig& cfg, const PluginSlot& data) {
+  std::vector<ValidationSetSpec> sets;
+  std::set<std::string> names;
+  for (int k = 0; k < cfg.eval().validation_sets_size(); ++k) {
+    const config::ValidationSet& v = cfg.eval().validation_sets(k);
+    std::string name = v.name().empty() ? std::to_string(k) : v.name();
+    const std::string where = "eval.validation_sets[" + std::to_string(k) + "]";
+    if (name.find_first_of(" \t\n\r\f\v|") != std::string::npos)
+      throw HostError("config: " + where + ": name '" + name +
+                      "' is not one word (it ends up in the log line \"validation-NAME loss at ...\")");
+    if (!names.insert(name).second)
+      throw HostError("config: " + where + ": name '" + name + "' is given to an earlier set too");
+    std::map<std::string, std::string> user(cfg.dataset().options().begin(), cfg.dataset().options().end());
+    for (const auto& [key, value] : v.options()) user[key] = value;
+    try {
+      sets.push_back({name, std::make_unique<PluginSlot>(
+                                data.plugin, host::OptionValues(host::resolve_options(data.plugin, user)))});
+    } catch (const HostError& e) {
+      throw HostError("config: " + where + " '" + name + "': " + e.what());
+    }
+  }
+  return sets;
+}
+
+std::unique_ptr<DatasetInstance> build_validation_set(const config::RunConfig& cfg, const Topology& topo,
+                                                      const BatchPlan& plan, const ValidationSetSpec& set,
+                                                      const ModelInstance& model) {
+  dtk_dataset_context ctx = dataset_context(cfg, topo, plan, *set.data);
+  ctx.num_samples[DTK_SPLIT_TRAIN] = ctx.num_samples[DTK_SPLIT_VALID] = ctx.num_samples[DTK_SPLIT_TEST] = 0;
+  ctx.whole_splits = 1u << DTK_SPLIT_VALID;
+  std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(set.data->plugin, ctx, topo);
+  if (dataset->num_samples(DTK_SPLIT_VALID) == 0)
+    throw HostError("eval.validation_sets: set '" + set.name + "' has no validation samples (dataset plugin '" +
+                    set.data->name() + "' under its options)");
+  check_vocab_fits(*dataset, model);
+  return dataset;
+}
+
+std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, const Topology& topo,
+                                               const BatchPlan& plan, const PluginSlot& data,
+                                               const ModelInstance& model) {
+  const dtk_dataset_context ctx = dataset_context(cfg, topo, plan, data);
   std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(data.plugin, ctx, topo);
   // Megatron's cyclic sampler reads a split again when it runs out: any split with a micro-batch
   // for every rank will do (SampleOrder checks that).
@@ -591,14 +654,11 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
                     std::to_string(plan.train_samples()));
   // Full validation asked for a split that is not there (no documents under the split, or a
   // plugin that ignores whole_splits and sees the split unused): refused rather than skipped.
-  if (plan.full_validation() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
+  if (plan.full_validation() && !plan.validation_sets() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
     throw HostError("eval.full_validation: dataset plugin '" + data.name() +
                     "' has no validation samples (a split without documents, or a plugin that does not build the "
                     "splits dtk_dataset_context.whole_splits asks for whole, ABI 2.17)");
-  const int64_t model_vocab = model.info().vocab_size;
-  if (dataset->vocab_size() > model_vocab)
-    throw HostError("dataset vocabulary (" + std::to_string(dataset->vocab_size()) + ") is larger than the model's (" +
-                    std::to_string(model_vocab) + ")");
+  check_vocab_fits(*dataset, model);
   return dataset;
 }
 

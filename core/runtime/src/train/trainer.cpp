@@ -130,6 +130,9 @@ Trainer::Trainer(const config::RunConfig& cfg, host::PluginHost& plugins, Traine
   print_startup_report();
   bench_ = make_bench_report();
   data_ = build_dataset(cfg_, topo_, plan_, plugins_.data, *parts_.model);
+  for (const ValidationSetSpec& set : resolve_validation_sets(cfg_, plugins_.data))
+    validation_sets_.push_back(
+        {"validation-" + set.name, build_validation_set(cfg_, topo_, plan_, set, *parts_.model)});
   // eval.skip_train reads no training sample, and validates from the split's start (Megatron's
   // validation loader under --skip-train starts at 0).
   if (plan_.skip_train())
@@ -507,7 +510,15 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
                        bool after_training) {
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kEvaluate);
-  if (plan_.full_validation()) return evaluate_whole(split, what, label, iteration, after_training);
+  if (split == DTK_SPLIT_VALID && !validation_sets_.empty()) {
+    // Megatron's evaluate_and_print_results over --multiple-validation-sets: each set in turn.
+    for (ValidationSet& set : validation_sets_)
+      evaluate_whole(*set.data, split, set.what, set.announced, label, iteration, after_training);
+    return;
+  }
+  if (plan_.full_validation())
+    return evaluate_whole(*data_, split, what, announced_whole_[static_cast<size_t>(split)], label, iteration,
+                          after_training);
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
   const int64_t consumed = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples : 0;
   const SamplerChoice sampler = sampler_choice(cfg_.train());
@@ -551,9 +562,9 @@ MetricAverager Trainer::run_evaluation(BatchLoader& loader, int64_t num_batches)
 // over the split's tokens whatever the data-parallel size. (Megatron's sampler instead cycles: a
 // rank whose samples ran out reads its first again, counting it twice, when N is not a multiple
 // of the data-parallel size.)
-void Trainer::evaluate_whole(int32_t split, const char* what, const std::string& label, int64_t iteration,
-                             bool after_training) {
-  const int64_t n = data_->num_samples(split);
+void Trainer::evaluate_whole(const DatasetInstance& data, int32_t split, const std::string& what, bool& announced,
+                             const std::string& label, int64_t iteration, bool after_training) {
+  const int64_t n = data.num_samples(split);
   if (n == 0) {
     LOG(WARNING) << "skipping " << what << " evaluation: the split is empty";
     return;
@@ -561,17 +572,16 @@ void Trainer::evaluate_whole(int32_t split, const char* what, const std::string&
   const int64_t gbs = plan_.global_batch_size(), mbs = plan_.micro_batch_size(), unit = mbs * topo_.dp_size;
   const int64_t num_batches = (n + gbs - 1) / gbs * plan_.micro_batches_per_step();
   BatchLoader loader(
-      *data_, split, mbs, num_batches,
+      data, split, mbs, num_batches,
       [n, unit, mbs, rank = topo_.dp_rank](int64_t k, int64_t j) -> int64_t {
         const int64_t i = k * unit + rank * mbs + j;
         return i < n ? i : -1;
       },
       /*depth=*/4, /*padding_mask_length=*/plan_.seq_length());
-  if (!announced_whole_[static_cast<size_t>(split)]) {
-    announced_whole_[static_cast<size_t>(split)] = true;
-    log_->print(std::string(" ") + what + " reads its whole split (eval.full_validation): " + std::to_string(n) +
-                " samples in " + std::to_string(num_batches / plan_.micro_batches_per_step()) +
-                " global batches, each sample once");
+  if (!announced) {
+    announced = true;
+    log_->print(" " + what + " reads its whole split (eval.full_validation): " + std::to_string(n) + " samples in " +
+                std::to_string(num_batches / plan_.micro_batches_per_step()) + " global batches, each sample once");
   }
   runner_->set_summed_evaluation(true);
   const std::shared_ptr<void> restore(nullptr, [this](void*) { runner_->set_summed_evaluation(false); });

@@ -83,8 +83,14 @@ class BatchPlan {
   int64_t valid_samples() const { return full_validation_ ? 0 : num_evals_ * eval_iters_ * gbs_; }
   int64_t test_samples() const { return full_validation_ ? 0 : eval_iters_ * gbs_; }
   bool full_validation() const { return full_validation_; }
+  // eval.validation_sets (which need full validation): validation reads them, each a dataset of
+  // its own, and the run's dataset is not asked for its validation split.
+  bool validation_sets() const { return validation_sets_; }
   // dtk_dataset_context.whole_splits (ABI 2.17): bit (1 << split) for each split read whole.
-  uint32_t whole_splits() const { return full_validation_ ? (1u << DTK_SPLIT_VALID) | (1u << DTK_SPLIT_TEST) : 0u; }
+  uint32_t whole_splits() const {
+    if (!full_validation_) return 0u;
+    return (validation_sets_ ? 0u : 1u << DTK_SPLIT_VALID) | (1u << DTK_SPLIT_TEST);
+  }
   // Whether the loop validates after iteration i: every eval_interval iterations, the last
   // included, as Megatron's loop does; the run's final validation then reads the next samples (the
   // valid split holds train_iters / eval_interval + 1 evaluations for that). One rule for the loop
@@ -104,7 +110,8 @@ class BatchPlan {
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
   // The training batch after the table (gbs_, or the schedule's last batch) and its micro-batches.
   int64_t tail_gbs_ = 1, tail_micro_ = 1;
-  bool varying_batch_ = false, scheduled_ = false, full_validation_ = false, skip_train_ = false;
+  bool varying_batch_ = false, scheduled_ = false, full_validation_ = false, skip_train_ = false,
+       validation_sets_ = false;
   int64_t train_iters_ = 0, final_iteration_ = 0, eval_iters_ = 0, eval_interval_ = 0, num_evals_ = 1, seq_length_ = 0;
   int64_t dp_size_ = 1;
   int64_t samples_flag_ = 0;  // train.train_samples (0: the run is sized in iterations)

@@ -89,6 +89,19 @@ void check_run_memory(const config::RunConfig& cfg, const Topology& topo, const 
 std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, const Topology& topo,
                                                const BatchPlan& plan, const PluginSlot& data,
                                                const ModelInstance& model);
+// eval.validation_sets (Megatron's --multiple-validation-sets): each set's name (its position
+// when unnamed, as Megatron's without --validation-set-names) and the dataset plugin with the
+// set's options over the run's. Throws HostError for a name given twice or not one word, and for
+// an option the plugin does not have.
+struct ValidationSetSpec {
+  std::string name;
+  std::unique_ptr<PluginSlot> data;
+};
+std::vector<ValidationSetSpec> resolve_validation_sets(const config::RunConfig& cfg, const PluginSlot& data);
+// One validation set's dataset: its validation split alone, read whole.
+std::unique_ptr<DatasetInstance> build_validation_set(const config::RunConfig& cfg, const Topology& topo,
+                                                      const BatchPlan& plan, const ValidationSetSpec& set,
+                                                      const ModelInstance& model);
 // The train iterator from `first_iteration` on (after what a resumed run consumed), in the order
 // of train.dataloader_type.
 std::unique_ptr<BatchLoader> make_train_loader(const DatasetInstance& data, const BatchPlan& plan,

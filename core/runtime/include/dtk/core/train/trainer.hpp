@@ -75,8 +75,9 @@ class Trainer {
   void print_bench_summary();
   void evaluate(int32_t split, const char* what, const std::string& label, int64_t iteration,
                 bool after_training = false);
-  void evaluate_whole(int32_t split, const char* what, const std::string& label, int64_t iteration,
-                      bool after_training);
+  // One split of `data` read whole; `announced`: its line was printed.
+  void evaluate_whole(const DatasetInstance& data, int32_t split, const std::string& what, bool& announced,
+                      const std::string& label, int64_t iteration, bool after_training);
   MetricAverager run_evaluation(BatchLoader& loader, int64_t num_batches);
   void save(int64_t iteration);
   bool saving() const { return !cfg_.checkpoint().save().empty(); }
@@ -102,6 +103,13 @@ class Trainer {
   std::array<std::unique_ptr<const SampleOrder>, 2> eval_orders_;
   int64_t valid_loader_start_ = 0;
   std::array<bool, 3> announced_whole_{};  // eval.full_validation's line, once per split
+  // eval.validation_sets: validation reads these in place of the run's validation split.
+  struct ValidationSet {
+    std::string what;  // "validation-NAME"
+    std::unique_ptr<DatasetInstance> data;
+    bool announced = false;
+  };
+  std::vector<ValidationSet> validation_sets_;
   std::unique_ptr<MicroBatchRunner> runner_;
   std::unique_ptr<ForwardBackwardSchedule> forward_backward_;
   std::unique_ptr<TrainingLog> log_;

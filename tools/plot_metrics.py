@@ -30,7 +30,10 @@ for path in a.files:
             o = json.loads(line)
         except ValueError:
             sys.exit(f"plot_metrics: {path} line {n} is not JSON")
-        (train if o.get("kind") == "train" else valid if o.get("kind") == "validation" else []).append(o)
+        kind = str(o.get("kind", ""))
+        # eval.validation_sets report as "validation-NAME": each set's dots join the validation ones.
+        validation = kind == "validation" or kind.startswith("validation-")
+        (train if kind == "train" else valid if validation else []).append(o)
     runs.append((path, train, valid))
 
 def series(rows, key):

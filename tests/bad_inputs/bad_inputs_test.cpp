@@ -320,6 +320,16 @@ TEST(BadInputs, FullValidationOfASplitThatIsNotThereOrABlend) {
   const long one = whole_samples(prefix);
   EXPECT_GT(one, 0);
   EXPECT_EQ(whole_samples(prefix + " " + prefix), 2 * one);  // Megatron-core's exhaustive blend of both
+  // A validation set (eval.validation_sets) whose split holds no document, or whose options its
+  // plugin refuses, is named in the one line.
+  const std::string data = "--data_path " + prefix + " --set dataset.split=80,20,0 ";
+  const std::string none = "--set 'eval.validation_sets=name: \"none\" options { key: \"split\" value: \"100,0,0\" }'";
+  expect_one_line_error(run_dtk(run + data + none, 60),
+                        "eval.validation_sets: set 'none': dataset plugin 'gpt_indexed' has no validation samples");
+  const std::string clash =
+      "--set 'eval.validation_sets=name: \"clash\" options { key: \"valid_data_path\" value: \"" + prefix + "\" }'";
+  expect_one_line_error(run_dtk(run + data + clash, 60),
+                        "eval.validation_sets: set 'clash': dataset plugin 'gpt_indexed': create: option 'data_path'");
 }
 
 TEST(BadInputs, AFailedPreprocessLeavesNoPartialDataset) {

@@ -840,7 +840,7 @@ TEST(MegatronArgs, FullValidationSkipTrainAndMultipleValidationSetsMap) {
                                     "0.7", "co\"de", "--multiple-validation-sets", "--validation-set-names", "w", "c"});
   ASSERT_TRUE(named.refused.empty()) << named.refused[0];
   const dtk::config::RunConfig cfg = config_of(named);
-  EXPECT_EQ(cfg.dataset().options().count("valid_data_path"), 0u) << "the run's own validation split is built";
+  EXPECT_EQ(cfg.dataset().options().at("valid_data_path"), "0.3 wiki 0.7 co\"de");  // kept, not asked for
   EXPECT_EQ(cfg.dataset().options().at("train_data_path"), "t");
   ASSERT_EQ(cfg.eval().validation_sets_size(), 2);
   EXPECT_EQ(cfg.eval().validation_sets(0).name(), "w");
@@ -852,12 +852,16 @@ TEST(MegatronArgs, FullValidationSkipTrainAndMultipleValidationSetsMap) {
   ASSERT_EQ(unnamed.eval().validation_sets_size(), 3);
   EXPECT_EQ(unnamed.eval().validation_sets(2).name(), "2");
   EXPECT_EQ(unnamed.eval().validation_sets(2).options().at("valid_data_path"), "c");
-  // Refused as Megatron refuses them (or cannot build them).
+  // Without per-split validation paths: one set, the run's own validation split (Megatron's list of one).
+  const dtk::config::RunConfig one = config_of(dtk::core::map_megatron_args(
+      {"--full-validation", "--data-path", "a", "--multiple-validation-sets", "--validation-set-names", "all"}));
+  ASSERT_EQ(one.eval().validation_sets_size(), 1);
+  EXPECT_EQ(one.eval().validation_sets(0).name(), "all");
+  EXPECT_TRUE(one.eval().validation_sets(0).options().empty());
+  // Refused as Megatron refuses them.
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
       {{"--valid-data-path", "a", "b", "--multiple-validation-sets"},
        "--multiple-validation-sets: needs --full-validation"},
-      {{"--full-validation", "--data-path", "a", "--multiple-validation-sets"},
-       "--multiple-validation-sets: needs --valid-data-path"},
       {{"--full-validation", "--valid-data-path", "a", "b", "--multiple-validation-sets", "--validation-set-names",
         "x"},
        "--validation-set-names x: 1 names for 2 validation sets"},

@@ -1143,9 +1143,9 @@ TEST(ValidationSets, EachSetReadWholeAsARunOfItsOwn) {
   }
   ASSERT_GT(std::abs(want["256"] - want["512"]), 1e-4 * want["512"])
       << "the sets hold the same: the test shows nothing";
-  const std::string metrics = fresh_dir("validation-sets") + "/metrics.jsonl";
+  const std::string dir = fresh_dir("validation-sets"), metrics = dir + "/metrics.jsonl", tb = dir + "/tb";
   const std::string sets =
-      base + " --set logging.metrics_jsonl=" + metrics +
+      base + " --set logging.metrics_jsonl=" + metrics + " --set logging.tensorboard_dir=" + tb +
       " --set 'eval.validation_sets=name: \"narrow\" options { key: \"vocab_size\" value: \"256\" }'"
       " --set 'eval.validation_sets=options { key: \"num_samples\" value: \"11\" }'";
   for (const char* launch : {"", "launch --nproc_per_node 2 "}) {
@@ -1167,6 +1167,10 @@ TEST(ValidationSets, EachSetReadWholeAsARunOfItsOwn) {
             std::string::npos)
       << jsonl;
   EXPECT_NE(jsonl.find("{\"kind\": \"validation-1\", \"iteration\": 2, \"lm loss\": "), std::string::npos) << jsonl;
+  auto scalars = dtk_test::read_scalars(tb);
+  EXPECT_NEAR(scalars["lm loss validation-narrow"][2], want["256"], 1e-5 * want["256"]);
+  EXPECT_NEAR(scalars["lm loss validation-1"][2], want["512"], 1e-5 * want["512"]);
+  EXPECT_EQ(scalars.count("lm loss validation"), 0u) << "the run's own validation split was read";
   // Bad sets: one line each, before training.
   const std::string one = " --set 'eval.validation_sets=name: \"a\" options { key: \"num_samples\" value: \"5\" }'";
   dtk_test::expect_one_line_error(dtk_test::run_dtk(kTrain + iters(3) + one),

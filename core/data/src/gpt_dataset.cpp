@@ -757,7 +757,7 @@ int64_t blend_size(const std::vector<double>& w, int64_t n, MegatronOrder order)
 
 void build_blending_indices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
                             std::vector<int64_t>* dataset_sample_index) {
-  if (w.size() > 32767) throw DataError("blend: at most 32767 datasets");
+  if (w.size() >= 32767) throw DataError("blend: at most 32766 datasets");
   std::vector<int64_t> current(w.size(), 0);
   dataset_index->resize(static_cast<size_t>(size));
   dataset_sample_index->resize(static_cast<size_t>(size));
@@ -779,7 +779,7 @@ void build_blending_indices(const std::vector<double>& w, int64_t size, std::vec
 
 void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes, std::vector<int16_t>* dataset_index,
                                        std::vector<int64_t>* dataset_sample_index) {
-  if (sizes.size() > 32767) throw DataError("blend: at most 32767 datasets");
+  if (sizes.size() >= 32767) throw DataError("blend: at most 32766 datasets");
   int64_t total = 0;
   for (int64_t n : sizes) {
     if (n <= 0) throw DataError("blend: a dataset read whole has no samples");

@@ -448,8 +448,9 @@ const Rule kRules[] = {
      "the evaluations after training of the loaded model (checkpoint.load), validation from its first sample"},
     {"--multiple-validation-sets", 0, Kind::kCustom, "eval.validation_sets",
      "one set per prefix of --valid-data-path (its weights ignored, as Megatron ignores them), each "
-     "{name: \"K\" options {valid_data_path: PREFIX}}, read whole; needs --full-validation, as Megatron does"},
-    {"--validation-set-names", -1, Kind::kCustom, "eval.validation_sets' names",
+     "{name: \"K\" options {valid_data_path: PREFIX}}, read whole; without --valid-data-path one set, the run's "
+     "validation split; needs --full-validation, as Megatron does"},
+    {"--validation-set-names", -1, Kind::kCustom, "eval.validation_sets (each set's name)",
      "one per set, with --multiple-validation-sets (\"validation-NAME loss at ...\")"},
     {"--log-interval", 1, Kind::kSet, "logging.log_interval", ""},
     {"--tensorboard-dir", 1, Kind::kSet, "logging.tensorboard_dir", ""},
@@ -1598,7 +1599,15 @@ void check_training_kind(const SeenFlags& s, MegatronMapping& m) {
 // SentencePiece three, HuggingFaceTokenizer, TikTokenizer, NullTokenizer) go with --data-path: both are part of
 // the descriptions Megatron names its index caches by.
 // Megatron asserts that a data path and its file form are not both given.
-// A prefix in a text-format string ("..." with \ and " escaped), for an eval.validation_sets entry.
+static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
+  if (s.data_path_forms.size() > 1) m.refused.push_back("--data-path and --data-args-path: give one of them");
+  if (s.split_path_forms.size() > 1)
+    m.refused.push_back(
+        "--per-split-data-args-path and --train/valid/test-data-path: give one form of the split paths");
+}
+
+// A name or a prefix as a text-format string ("..." with \ and " escaped), for an
+// eval.validation_sets entry.
 static std::string text_format_string(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
@@ -1610,7 +1619,9 @@ static std::string text_format_string(const std::string& v) {
 
 // Megatron's --multiple-validation-sets: each prefix of the per-split validation path is a set of
 // its own (a blend's weights are not read), read whole, named by --validation-set-names or by its
-// position; the run's own validation split is then not built.
+// position. Without a per-split validation path Megatron's builder gives the one validation split
+// it builds as a list of one: one set, the run's dataset as it is. The run's own validation split
+// is then not asked for (its path stays, so that a run given only --valid-data-path has one).
 static void map_validation_sets(const SeenFlags& s, MegatronMapping& m) {
   if (s.multiple_sets_shown.empty()) {
     if (!s.set_names_shown.empty())
@@ -1627,10 +1638,6 @@ static void map_validation_sets(const SeenFlags& s, MegatronMapping& m) {
   std::vector<std::string> words;
   std::stringstream ws(path);
   for (std::string w; ws >> w;) words.push_back(w);
-  if (words.empty())
-    return m.refused.push_back(s.multiple_sets_shown +
-                               ": needs --valid-data-path (or --per-split-data-args-path's \"valid\"): each of its "
-                               "prefixes is one validation set");
   // Megatron's get_blend_from_list: an even count whose odd words are numbers is "W1 P1 W2 P2 ...".
   bool weighted = words.size() > 1 && words.size() % 2 == 0;
   for (size_t k = 0; weighted && k < words.size(); k += 2) {
@@ -1640,25 +1647,18 @@ static void map_validation_sets(const SeenFlags& s, MegatronMapping& m) {
   }
   std::vector<std::string> prefixes;
   for (size_t k = weighted ? 1 : 0; k < words.size(); k += weighted ? 2 : 1) prefixes.push_back(words[k]);
-  if (!s.set_names.empty() && s.set_names.size() != prefixes.size())
+  const size_t count = std::max<size_t>(1, prefixes.size());
+  if (!s.set_names.empty() && s.set_names.size() != count)
     return m.refused.push_back(s.set_names_shown + ": " + std::to_string(s.set_names.size()) + " names for " +
-                               std::to_string(prefixes.size()) +
+                               std::to_string(count) +
                                " validation sets (Megatron: \"Number of --validation-set-names must match the number "
                                "of validation datasets\")");
-  drop_sets(m, "dataset.valid_data_path");
-  for (size_t k = 0; k < prefixes.size(); ++k) {
+  for (size_t k = 0; k < count; ++k) {
     const std::string name = s.set_names.empty() ? std::to_string(k) : s.set_names[k];
-    set_by(m,
-           "eval.validation_sets=name: " + text_format_string(name) +
-               " options { key: \"valid_data_path\" value: " + text_format_string(prefixes[k]) + " }",
-           s.multiple_sets_shown);
+    const std::string options =
+        prefixes.empty() ? "" : " options { key: \"valid_data_path\" value: " + text_format_string(prefixes[k]) + " }";
+    set_by(m, "eval.validation_sets=name: " + text_format_string(name) + options, s.multiple_sets_shown);
   }
-}
-
-static void check_data_path_forms(const SeenFlags& s, MegatronMapping& m) {
-  if (s.data_path_forms.size() > 1) m.refused.push_back("--data-path and --data-args-path: give one of them");
-  if (s.split_path_forms.size() > 1)
-    m.refused.push_back("--per-split-data-args-path and --train/valid/test-data-path: give one form of the split paths");
 }
 
 // Python's str() of a list of strings: ['<unk>', '<s>'] (a string holding ' and no " is quoted

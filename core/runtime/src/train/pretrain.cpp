@@ -45,6 +45,7 @@ config::RunConfig bench_config(const config::RunConfig& cfg) {
   run.mutable_eval()->set_eval_interval(0);
   run.mutable_eval()->set_eval_iters(0);
   run.mutable_eval()->set_full_validation(false);
+  run.mutable_eval()->clear_validation_sets();  // (they read whole sets, which need full validation)
   run.mutable_checkpoint()->clear_save();
   run.mutable_checkpoint()->set_save_interval(0);
   return run;

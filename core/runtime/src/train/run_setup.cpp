@@ -632,11 +632,21 @@ std::unique_ptr<DatasetInstance> build_validation_set(const config::RunConfig& c
   dtk_dataset_context ctx = dataset_context(cfg, topo, plan, *set.data);
   ctx.num_samples[DTK_SPLIT_TRAIN] = ctx.num_samples[DTK_SPLIT_VALID] = ctx.num_samples[DTK_SPLIT_TEST] = 0;
   ctx.whole_splits = 1u << DTK_SPLIT_VALID;
-  std::unique_ptr<DatasetInstance> dataset = build_dataset_rank0_first(set.data->plugin, ctx, topo);
+  const std::string which = "eval.validation_sets: set '" + set.name + "': ";
+  std::unique_ptr<DatasetInstance> dataset;
+  try {
+    dataset = build_dataset_rank0_first(set.data->plugin, ctx, topo);
+  } catch (const HostError& e) {
+    throw HostError(which + e.what());
+  }
   if (dataset->num_samples(DTK_SPLIT_VALID) == 0)
-    throw HostError("eval.validation_sets: set '" + set.name + "' has no validation samples (dataset plugin '" +
-                    set.data->name() + "' under its options)");
-  check_vocab_fits(*dataset, model);
+    throw HostError(which + "dataset plugin '" + set.data->name() +
+                    "' has no validation samples under the set's options (a split without documents?)");
+  try {
+    check_vocab_fits(*dataset, model);
+  } catch (const HostError& e) {
+    throw HostError(which + e.what());
+  }
   return dataset;
 }
 
@@ -654,7 +664,7 @@ std::unique_ptr<DatasetInstance> build_dataset(const config::RunConfig& cfg, con
                     std::to_string(plan.train_samples()));
   // Full validation asked for a split that is not there (no documents under the split, or a
   // plugin that ignores whole_splits and sees the split unused): refused rather than skipped.
-  if (plan.full_validation() && !plan.validation_sets() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
+  if (plan.full_validation() && !plan.has_validation_sets() && dataset->num_samples(DTK_SPLIT_VALID) == 0)
     throw HostError("eval.full_validation: dataset plugin '" + data.name() +
                     "' has no validation samples (a split without documents, or a plugin that does not build the "
                     "splits dtk_dataset_context.whole_splits asks for whole, ABI 2.17)");

@@ -85,7 +85,7 @@ class BatchPlan {
   bool full_validation() const { return full_validation_; }
   // eval.validation_sets (which need full validation): validation reads them, each a dataset of
   // its own, and the run's dataset is not asked for its validation split.
-  bool validation_sets() const { return validation_sets_; }
+  bool has_validation_sets() const { return validation_sets_; }
   // dtk_dataset_context.whole_splits (ABI 2.17): bit (1 << split) for each split read whole.
   uint32_t whole_splits() const {
     if (!full_validation_) return 0u;

@@ -755,31 +755,47 @@ int64_t blend_size(const std::vector<double>& w, int64_t n, MegatronOrder order)
   return size;
 }
 
-void build_blending_indices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
-                            std::vector<int64_t>* dataset_sample_index) {
+namespace {
+
+// helpers.cpp's two blends, one loop: at sample i pick, among the datasets still open, the one
+// with the largest w * max(i, 1) - count (the first on ties, open ones in ascending order as
+// Megatron's std::set iterates). `limits` empty: every dataset stays open (the weighted blend);
+// else dataset k closes once limits[k] of its samples are drawn (the exhaustive blend).
+void greedy_blend(const std::vector<double>& w, int64_t size, const std::vector<int64_t>& limits,
+                  std::vector<int16_t>* dataset_index, std::vector<int64_t>* dataset_sample_index) {
   if (w.size() >= 32767) throw DataError("blend: at most 32766 datasets");
-  std::vector<int64_t> current(w.size(), 0);
+  std::vector<int64_t> count(w.size(), 0);
+  std::vector<size_t> open(w.size());
+  for (size_t k = 0; k < open.size(); ++k) open[k] = k;
   dataset_index->resize(static_cast<size_t>(size));
   dataset_sample_index->resize(static_cast<size_t>(size));
   for (int64_t i = 0; i < size; ++i) {
     const double x = std::max(static_cast<double>(i), 1.0);
-    size_t best = 0;
-    double best_err = w[0] * x - static_cast<double>(current[0]);
-    for (size_t k = 1; k < w.size(); ++k) {
-      const double err = w[k] * x - static_cast<double>(current[k]);
+    size_t best_at = 0;
+    double best_err = std::numeric_limits<double>::lowest();
+    for (size_t u = 0; u < open.size(); ++u) {
+      const double err = w[open[u]] * x - static_cast<double>(count[open[u]]);
       if (err > best_err) {
         best_err = err;
-        best = k;
+        best_at = u;
       }
     }
+    const size_t best = open[best_at];
     (*dataset_index)[static_cast<size_t>(i)] = static_cast<int16_t>(best);
-    (*dataset_sample_index)[static_cast<size_t>(i)] = current[best]++;
+    (*dataset_sample_index)[static_cast<size_t>(i)] = count[best]++;
+    if (!limits.empty() && count[best] == limits[best]) open.erase(open.begin() + static_cast<std::ptrdiff_t>(best_at));
   }
+}
+
+}  // namespace
+
+void build_blending_indices(const std::vector<double>& w, int64_t size, std::vector<int16_t>* dataset_index,
+                            std::vector<int64_t>* dataset_sample_index) {
+  greedy_blend(w, size, {}, dataset_index, dataset_sample_index);
 }
 
 void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes, std::vector<int16_t>* dataset_index,
                                        std::vector<int64_t>* dataset_sample_index) {
-  if (sizes.size() >= 32767) throw DataError("blend: at most 32766 datasets");
   int64_t total = 0;
   for (int64_t n : sizes) {
     if (n <= 0) throw DataError("blend: a dataset read whole has no samples");
@@ -787,28 +803,7 @@ void build_exhaustive_blending_indices(const std::vector<int64_t>& sizes, std::v
   }
   std::vector<double> w;
   for (int64_t n : sizes) w.push_back(static_cast<double>(n) / static_cast<double>(total));
-  std::vector<int64_t> count(sizes.size(), 0);
-  std::vector<size_t> unspent(sizes.size());  // ascending, as Megatron's std::set iterates
-  for (size_t k = 0; k < unspent.size(); ++k) unspent[k] = k;
-  dataset_index->resize(static_cast<size_t>(total));
-  dataset_sample_index->resize(static_cast<size_t>(total));
-  for (int64_t i = 0; i < total; ++i) {
-    const double x = std::max(static_cast<double>(i), 1.0);
-    size_t best_at = 0;
-    double best_err = std::numeric_limits<double>::lowest();
-    for (size_t u = 0; u < unspent.size(); ++u) {
-      const size_t k = unspent[u];
-      const double err = w[k] * x - static_cast<double>(count[k]);
-      if (err > best_err) {
-        best_err = err;
-        best_at = u;
-      }
-    }
-    const size_t best = unspent[best_at];
-    (*dataset_index)[static_cast<size_t>(i)] = static_cast<int16_t>(best);
-    (*dataset_sample_index)[static_cast<size_t>(i)] = count[best]++;
-    if (count[best] == sizes[best]) unspent.erase(unspent.begin() + static_cast<std::ptrdiff_t>(best_at));
-  }
+  greedy_blend(w, total, sizes, dataset_index, dataset_sample_index);
 }
 
 BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const TokenDataset>> datasets,

@@ -426,8 +426,9 @@ struct SmallDisk {
   if (!(disk).mounted) GTEST_SKIP() << "needs a small tmpfs (root, and a sandbox that allows mounts)"
 
 // A checkpoint save on a full disk: one line with what the file needed and what was free; the
-// tracker still names the previous checkpoint, which loads; no temporary is left behind. Needs a
-// small tmpfs (root, and a sandbox that allows mounts): skipped, saying why, where there is none.
+// tracker still names the previous checkpoint, which loads; no temporary is left behind; the same
+// when the save is written in the background (checkpoint.async_save). Needs a small tmpfs (root, and a sandbox that
+// allows mounts): skipped, saying why, where there is none.
 TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
   const std::string dir = tmp_dir("full-disk");
   const SmallDisk disk(dir, 2 << 20);
@@ -444,6 +445,24 @@ TEST(BadInputs, AFullDiskDuringASaveIsOneLineAndKeepsThePreviousCheckpoint) {
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
   EXPECT_EQ(run_dtk(kTrain + "--set checkpoint.load=" + dir, 120).code, 0);
+
+  // checkpoint.async_save: iteration 4's files fail on the background thread; the run stops with
+  // the same line once the ranks agree on that save (after iteration 5, or before the last save).
+  const std::string adir = tmp_dir("full-disk-async");
+  const SmallDisk adisk(adir, 2 << 20);
+  SKIP_WITHOUT_SMALL_DISK(adisk);
+  const dtk_test::Result a = run_dtk(kTrain + "--set train.train_iters=6 --set checkpoint.async_save=true " +
+                                         "--set checkpoint.save=" + adir + " --set checkpoint.save_interval=2",
+                                     120);
+  EXPECT_EQ(a.code, 1) << a.out;
+  expect_clean_error(a, "No space left on device (this file needs ");
+  EXPECT_NE(a.out.find(" saved checkpoint at iteration 2 to " + adir + " ("), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find(" saved checkpoint at iteration 6 "), std::string::npos) << a.out;
+  std::ifstream atracker(adir + "/latest_checkpointed_iteration.txt");
+  atracker >> it;
+  EXPECT_EQ(it, "2") << a.out;
+  for (const auto& e : fs::directory_iterator(adir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
 }
 
 // The run's other files on a full disk (a 1 MB tmpfs, filled): one line each with the reason,

@@ -389,3 +389,64 @@ TEST(Checkpoint, ZeroSavedWithoutOptimizerWritesNoShards) {
   EXPECT_NE(resumed.out.find(" loaded checkpoint from " + d + " at iteration 4\n"), std::string::npos) << resumed.out;
   EXPECT_EQ(train_lines(resumed.out).size(), 4u) << resumed.out;
 }
+
+// checkpoint.async_save: the interval saves are written in the background and published later;
+// training is the reference's to the printed digit, the last save (which ends the run) is written
+// at once, and each background checkpoint resumes exactly.
+TEST(Checkpoint, AsyncSavesTrainAsTheReferenceAndResumeExactly) {
+  const Reference& ref = reference();
+  ASSERT_EQ(ref.result.code, 0) << ref.result.out;
+  const std::string d = fresh_dir("async");
+  const Result r = run(kTrain + "--threads 2 --set checkpoint.async_save=true --set checkpoint.save=" + d +
+                       " --set checkpoint.save_interval=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(train_lines(r.out), train_lines(ref.result.out));
+  size_t previous = 0;
+  for (int it : {2, 4, 6, 8}) {
+    const size_t at = r.out.find(" saved checkpoint at iteration " + std::to_string(it) + " to " + d + " (");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_GT(at, r.out.find(" iteration        " + std::to_string(it) + "/")) << r.out;
+    EXPECT_GT(at, previous) << "published out of order:\n" << r.out;
+    previous = at;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_EQ(line.find(" in the background, training waited ") != std::string::npos, it < 8) << line;
+  }
+  EXPECT_EQ(read(d + "/latest_checkpointed_iteration.txt"), "8\n");
+  for (const auto& e : fs::directory_iterator(d))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  const Result inspect = run("checkpoint inspect " + d, 60);
+  EXPECT_EQ(inspect.code, 0) << inspect.out;
+  // Iteration 4, published while iterations 5 and 6 trained, resumes as the reference's does.
+  for (int it : {6, 8}) fs::remove_all(d + "/iter_000000" + std::to_string(it));
+  write(d + "/latest_checkpointed_iteration.txt", "4\n");
+  const Result resumed = run(kTrain + "--threads 2 --set checkpoint.load=" + d);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(ref.result.out), b = train_lines(resumed.out);
+  ASSERT_EQ(b.size(), 4u) << resumed.out;
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  EXPECT_EQ(validation_line(ref.result.out, 8), validation_line(resumed.out, 8));
+}
+
+// ZeRO's shard files, written by each of two ranks on its own thread: the run publishes each
+// save once and resumes from a background one as it trained on.
+TEST(Checkpoint, AsyncSavesOfZeroShardsResumeExactly) {
+  const std::string d = fresh_dir("async-zero");
+  const std::string launch =
+      "launch --nproc_per_node 2 " + kTrain + "--threads 1 --strategy zero --set strategy.stage=1 ";
+  const Result full =
+      run(launch + "--set checkpoint.async_save=true --set checkpoint.save_interval=2 --set checkpoint.save=" + d, 300);
+  ASSERT_EQ(full.code, 0) << full.out;
+  for (const char* f : {"/model_optim_rng.pt", "/optim_dp_rank_000.pt", "/optim_dp_rank_001.pt"})
+    EXPECT_TRUE(fs::is_regular_file(d + "/iter_0000004/mp_rank_00" + f)) << f;
+  const std::string line = " saved checkpoint at iteration 4 to " + d + " (";
+  const size_t at = full.out.find(line);
+  ASSERT_NE(at, std::string::npos) << full.out;
+  EXPECT_EQ(full.out.find(line, at + 1), std::string::npos) << "printed twice:\n" << full.out;
+  for (int it : {6, 8}) fs::remove_all(d + "/iter_000000" + std::to_string(it));
+  write(d + "/latest_checkpointed_iteration.txt", "4\n");
+  const Result resumed = run(launch + "--set checkpoint.load=" + d, 300);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(full.out), b = train_lines(resumed.out);
+  ASSERT_EQ(b.size(), 4u) << resumed.out;
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+}

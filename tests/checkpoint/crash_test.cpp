@@ -1,5 +1,5 @@
-// Crash safety, as a guarantee the suite keeps: a run saving every iteration is SIGKILLed again and
-// again — half the time at a random moment, half the time the instant a save's temporary directory
+// Crash safety, as a guarantee the suite keeps (synchronous and asynchronous saves): a run saving every iteration is
+// SIGKILLed again and again — half the time at a random moment, half the time the instant a save's temporary directory
 // appears (mid-save for certain) — and restarted from its save directory each time. After every
 // kill the tracker's checkpoint must be complete (`dtk checkpoint inspect`, every SHA-256
 // verified), the restart must resume from it, and every iteration any of the runs printed must
@@ -92,10 +92,11 @@ const std::string kTrain = std::string("train --config ") + DTK_SOURCE_DIR +
 
 }  // namespace
 
-TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) {
-  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "crash");
+// `kills` runs killed and restarted, checked as the top of this file says; `saving`: the checkpoint settings beyond
+// save, save_interval=1 and keep_last=3 (checkpoint.async_save, say).
+static void kill_and_resume(const std::string& name, int kills, const std::string& saving) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, name);
   const std::string save = dir + "/ck";
-  const int kills = 24;
   std::mt19937 gen(20261124);
   std::map<int, std::string> seen;  // iteration -> loss, from every run
   int mid_save = 0, resumed = 0, max_iteration = 0;
@@ -103,9 +104,10 @@ TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) {
   for (int k = 0; k < kills; ++k) {
     const bool tracked = fs::exists(save + "/latest_checkpointed_iteration.txt");
     const std::string log = dir + "/run" + std::to_string(k) + ".log";
-    const pid_t pid = spawn(kTrain + "--set checkpoint.save=" + save + " --set checkpoint.save_interval=1 " +
-                                "--set checkpoint.keep_last=3" + (tracked ? " --set checkpoint.load=" + save : ""),
-                            log);
+    const pid_t pid =
+        spawn(kTrain + "--set checkpoint.save=" + save + " --set checkpoint.save_interval=1 " +
+                  "--set checkpoint.keep_last=3 " + saving + (tracked ? " --set checkpoint.load=" + save : ""),
+              log);
     ASSERT_GT(pid, 0);
     bool killed_mid_save = false;
     if (k % 2 == 0) {
@@ -163,7 +165,7 @@ TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) {
   const int last = std::stoi(read(save + "/latest_checkpointed_iteration.txt"));
   const dtk_test::Result final_run =
       dtk_test::run_dtk(kTrain + "--set checkpoint.save=" + save + " --set checkpoint.save_interval=1 " +
-                            "--set checkpoint.keep_last=3 --set checkpoint.load=" + save +
+                            "--set checkpoint.keep_last=3 " + saving + " --set checkpoint.load=" + save +
                             " --set train.exit_interval=" + std::to_string(last + 2),
                         120);
   ASSERT_EQ(final_run.code, 0) << final_run.out;
@@ -178,4 +180,12 @@ TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) {
   const auto expected = losses(reference.out);
   ASSERT_EQ(static_cast<int>(expected.size()), upto) << reference.out;
   for (const auto& [it, loss] : seen) EXPECT_EQ(loss, expected.at(it)) << "iteration " << it;
+}
+
+TEST(CrashSafety, KilledAtRandomMomentsAlwaysResumesFromACompleteCheckpoint) { kill_and_resume("crash", 24, ""); }
+
+// checkpoint.async_save: the kills land while a background thread writes (the instant its
+// temporary directory appears, or anywhere), with the training thread a step ahead.
+TEST(CrashSafety, AsyncSavesKilledAtRandomMomentsAlwaysResumeFromACompleteCheckpoint) {
+  kill_and_resume("crash-async", 12, "--set checkpoint.async_save=true");
 }

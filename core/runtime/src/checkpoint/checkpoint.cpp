@@ -6,16 +6,17 @@
 
 #include <ATen/core/Dict.h>
 #include <fcntl.h>
-#include <google/protobuf/text_format.h>
-#include <set>
-#include <cctype>
 #include <glog/logging.h>
+#include <google/protobuf/text_format.h>
 #include <signal.h>
-#include <regex>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
+#include <cctype>
+#include <regex>
+#include <set>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <sstream>
 
@@ -238,19 +240,28 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   return d;
 }
 
-// This rank's files in the temporary directory, and its lines of the manifest ("<sha256>
-// <relative path>"; world rank 0 merges them before publishing). Data-parallel rank 0 writes the
-// model, the progress and the RNG; every DP rank writes its own optimizer and strategy state when
-// the strategy shards it (ZeRO), else DP rank 0 does (unless that state is not saved). Returns the
-// bytes written.
-int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model, const OptimizerInstance& optimizer,
-                         StrategyInstance& strategy, const SaveContext& c) {
+// This rank's files of one save, as values: everything copied out of the run (to_dict clones,
+// the RNG states read), so that writing them may happen later, on another thread. Data-parallel
+// rank 0 writes the model, the progress and the RNG; every DP rank writes its own optimizer and
+// strategy state when the strategy shards it (ZeRO), else DP rank 0 does (unless that state is not
+// saved).
+struct RankFiles {
+  std::string tmp_dir;
+  std::string rank_name;  // mp_rank_XX[_YYY][_ZZZ]
+  int world_rank = 0;
+  std::vector<std::pair<std::string, c10::IValue>> files;  // file name in rank_name -> contents
+};
+
+RankFiles prepare_rank_files(const std::string& tmp_dir, const ModelInstance& model, const OptimizerInstance& optimizer,
+                             StrategyInstance& strategy, const SaveContext& c) {
   const Topology& topo = c.topo;
   // (Under expert parallelism the first rank of each set holding the same experts.)
   const bool writer = topo.edp_rank() == 0;
   const bool sharded = strategy.info().sharded_state != 0 && c.what.optimizer;
-  int64_t bytes = 0;
-  std::string sums;
+  RankFiles out;
+  out.tmp_dir = tmp_dir;
+  out.world_rank = topo.world_rank;
+  out.rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, topo.ep_rank(), topo.ep_size);
   // Whole parameters (a ZeRO-3 strategy gathers them, with every rank taking part), copied out.
   c10::Dict<std::string, at::Tensor> model_dict;
   strategy.gather_parameters(true);
@@ -258,19 +269,9 @@ int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model,
   strategy.gather_parameters(false);
   const TensorList optim_state = c.what.optimizer ? optimizer.state_save() : TensorList{};
   const TensorList strat_state = c.what.optimizer ? strategy.state_save() : TensorList{};
-  const std::string rank_name = mp_rank_dir(topo.tp_rank, topo.pp_rank, topo.pp_size, topo.ep_rank(), topo.ep_size);
-  const std::string rank_dir = (fs::path(tmp_dir) / rank_name).string();
-  if (writer || sharded) {
-    std::error_code ec;
-    fs::create_directories(rank_dir, ec);
-    if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
-  }
-  if (writer) {
-    const c10::impl::GenericDict d = main_file_dict(model_dict, optim_state, strat_state, sharded, model, c);
-    const ckpt::Written w = write_pickle((fs::path(rank_dir) / ckpt::kModelFile).string(), c10::IValue(d));
-    bytes += w.bytes;
-    sums += w.sha256 + "  " + rank_name + "/" + ckpt::kModelFile + "\n";
-  }
+  if (writer)
+    out.files.emplace_back(ckpt::kModelFile,
+                           c10::IValue(main_file_dict(model_dict, optim_state, strat_state, sharded, model, c)));
   if (sharded) {
     c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
     d.insert("optimizer", to_dict(optim_state));
@@ -278,15 +279,31 @@ int64_t write_rank_files(const std::string& tmp_dir, const ModelInstance& model,
     d.insert("param_slices", slices_to_dict(slices_of(optimizer.params())));
     d.insert("data_parallel_rank", static_cast<int64_t>(topo.dp_rank));
     d.insert("data_parallel_size", static_cast<int64_t>(topo.dp_size));
-    const ckpt::Written w = write_pickle((fs::path(rank_dir) / shard_file_name(topo.dp_rank)).string(), c10::IValue(d));
-    bytes += w.bytes;
-    sums += w.sha256 + "  " + rank_name + "/" + shard_file_name(topo.dp_rank) + "\n";
+    out.files.emplace_back(shard_file_name(topo.dp_rank), c10::IValue(d));
   }
-  if (writer || sharded) fsync_path(rank_dir, true);
-  if (!sums.empty())
-    write_file_synced(
-        (fs::path(tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" + std::to_string(topo.world_rank))).string(),
-        sums.data(), sums.size());
+  return out;
+}
+
+// Writes one rank's files into the temporary directory, with its lines of the manifest
+// ("<sha256>  <relative path>"; world rank 0 merges them before publishing). Reads nothing of the
+// run: safe on a thread of its own. Returns the bytes written.
+int64_t write_rank_files(const RankFiles& r) {
+  if (r.files.empty()) return 0;
+  const std::string rank_dir = (fs::path(r.tmp_dir) / r.rank_name).string();
+  std::error_code ec;
+  fs::create_directories(rank_dir, ec);
+  if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());
+  int64_t bytes = 0;
+  std::string sums;
+  for (const auto& [name, contents] : r.files) {
+    const ckpt::Written w = write_pickle((fs::path(rank_dir) / name).string(), contents);
+    bytes += w.bytes;
+    sums += w.sha256 + "  " + r.rank_name + "/" + name + "\n";
+  }
+  fsync_path(rank_dir, true);
+  write_file_synced(
+      (fs::path(r.tmp_dir) / (std::string(ckpt::kChecksumsFile) + ".part-" + std::to_string(r.world_rank))).string(),
+      sums.data(), sums.size());
   return bytes;
 }
 
@@ -329,29 +346,35 @@ int64_t bytes_over_ranks(int64_t bytes, const Topology& topo) {
 
 }  // namespace
 
-SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
-                           const OptimizerInstance& optimizer, StrategyInstance& strategy,
-                           const std::string& config_text, const std::vector<std::string>& writers,
-                           const Topology& topo, const SaveOptions& what) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string final_dir = checkpoint_iter_dir(save_dir, progress.iteration);
-  // One temporary directory for all TP ranks: named after world rank 0's pid.
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Where one save goes: its iteration directory and the temporary directory the ranks write into.
+struct SaveTarget {
+  std::string save_dir;
+  std::string final_dir;
+  std::string tmp_dir;
+  int64_t iteration = 0;
+  int64_t keep_last = 0;
+};
+
+// Collective: the temporary directory, one for all ranks, named after world rank 0's pid; what
+// saves that died left behind (a crash, a kill, a full disk) goes before this one adds.
+SaveTarget begin_save(const std::string& save_dir, int64_t iteration, int64_t keep_last, const Topology& topo) {
+  SaveTarget t{save_dir, checkpoint_iter_dir(save_dir, iteration), "", iteration, keep_last};
   const int64_t pid = world_max(topo.world_rank == 0 ? static_cast<int64_t>(::getpid()) : 0, topo,
                                 "checkpoint: agreeing on the temporary directory");
-  const std::string tmp_dir = final_dir + ".tmp-" + temp_owner(pid);
-  // What saves that died left behind (a crash, a kill, a full disk) goes before this one adds.
+  t.tmp_dir = t.final_dir + ".tmp-" + temp_owner(pid);
   if (topo.world_rank == 0) remove_stale_temporaries(save_dir);
-  SaveReport report;
-  report.dir = final_dir;
+  return t;
+}
 
-  std::string error;
-  int64_t bytes = 0;
-  try {
-    bytes =
-        write_rank_files(tmp_dir, model, optimizer, strategy, SaveContext{progress, config_text, writers, topo, what});
-  } catch (const std::exception& e) {
-    error = first_line(e.what());
-  }
+// Collective, once every rank has written (or failed to write: `error`): world rank 0 publishes
+// and rotates, then every rank learns whether it worked. Throws HostError on every rank otherwise.
+SaveReport end_save(const SaveTarget& t, std::string error, int64_t bytes, const Topology& topo) {
   try {
     agree(error, topo, "checkpoint: waiting for every rank to write its file");
   } catch (...) {
@@ -359,20 +382,101 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
     // complete checkpoint.
     if (topo.world_rank == 0) {
       std::error_code ec;
-      fs::remove_all(tmp_dir, ec);
+      fs::remove_all(t.tmp_dir, ec);
     }
     throw;
   }
+  SaveReport report;
+  report.dir = t.final_dir;
   if (topo.world_rank == 0) {
-    publish_checkpoint(save_dir, tmp_dir, final_dir, progress.iteration, error);
+    publish_checkpoint(t.save_dir, t.tmp_dir, t.final_dir, t.iteration, error);
     // checkpoint.keep_last: older iterations go once the new one is published (never the one the
     // tracker names). A failure to remove is a warning: training goes on.
-    if (error.empty() && what.keep_last > 0) report.removed = rotate_checkpoints(save_dir, what.keep_last);
+    if (error.empty() && t.keep_last > 0) report.removed = rotate_checkpoints(t.save_dir, t.keep_last);
   }
   agree(error, topo, "checkpoint: waiting for rank 0 to publish the checkpoint");
-  bytes = bytes_over_ranks(bytes, topo);
-  report.megabytes = static_cast<double>(bytes) / 1e6;
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.megabytes = static_cast<double>(bytes_over_ranks(bytes, topo)) / 1e6;
+  return report;
+}
+
+}  // namespace
+
+SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+                           const OptimizerInstance& optimizer, StrategyInstance& strategy,
+                           const std::string& config_text, const std::vector<std::string>& writers,
+                           const Topology& topo, const SaveOptions& what) {
+  const auto start = Clock::now();
+  const SaveTarget target = begin_save(save_dir, progress.iteration, what.keep_last, topo);
+  std::string error;
+  int64_t bytes = 0;
+  try {
+    bytes = write_rank_files(prepare_rank_files(target.tmp_dir, model, optimizer, strategy,
+                                                SaveContext{progress, config_text, writers, topo, what}));
+  } catch (const std::exception& e) {
+    error = first_line(e.what());
+  }
+  SaveReport report = end_save(target, error, bytes, topo);
+  report.seconds = report.blocked_seconds = seconds_since(start);
+  return report;
+}
+
+// The background thread's result: the bytes written, or why it failed.
+struct AsyncSave::State {
+  SaveTarget target;
+  Topology topo;
+  Clock::time_point start;
+  double blocked_seconds = 0;
+  std::string error;  // preparing the files failed (the thread then had nothing to write)
+  std::future<std::pair<int64_t, std::string>> written;
+};
+
+AsyncSave::AsyncSave(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+                     const OptimizerInstance& optimizer, StrategyInstance& strategy, const std::string& config_text,
+                     const std::vector<std::string>& writers, const Topology& topo, const SaveOptions& what)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.start = Clock::now();
+  s.topo = topo;
+  s.target = begin_save(save_dir, progress.iteration, what.keep_last, topo);
+  std::shared_ptr<RankFiles> files;
+  try {
+    files = std::make_shared<RankFiles>(prepare_rank_files(s.target.tmp_dir, model, optimizer, strategy,
+                                                           SaveContext{progress, config_text, writers, topo, what}));
+  } catch (const std::exception& e) {
+    s.error = first_line(e.what());  // agreed on in finish, as a synchronous save agrees
+  }
+  s.written = std::async(std::launch::async, [files]() -> std::pair<int64_t, std::string> {
+    // The lowest CPU priority (this thread's nice value): the writer takes the cores training
+    // leaves idle instead of slowing its threads down (a GPU run leaves most of them idle).
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+    if (!files) return {0, ""};
+    try {
+      return {write_rank_files(*files), ""};
+    } catch (const std::exception& e) {
+      return {0, first_line(e.what())};
+    }
+  });
+  s.blocked_seconds = seconds_since(s.start);
+}
+
+// The future's destructor waits for the thread: nothing is left writing into a directory.
+AsyncSave::~AsyncSave() = default;
+
+int64_t AsyncSave::iteration() const { return state_->target.iteration; }
+
+bool AsyncSave::written_everywhere() {
+  const bool mine = state_->written.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  return world_max(mine ? 0 : 1, state_->topo, "checkpoint: asking whether every rank has written its files") == 0;
+}
+
+SaveReport AsyncSave::finish() {
+  State& s = *state_;
+  const auto wait_start = Clock::now();
+  auto [bytes, error] = s.written.get();
+  if (error.empty()) error = s.error;
+  SaveReport report = end_save(s.target, error, bytes, s.topo);
+  report.seconds = seconds_since(s.start);
+  report.blocked_seconds = s.blocked_seconds + seconds_since(wait_start);
   return report;
 }
 

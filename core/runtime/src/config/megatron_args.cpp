@@ -494,9 +494,9 @@ const Rule kRules[] = {
      "torch: Megatron's torch checkpoints (mp_rank_XX/model_optim_rng.pt), what DTK writes and reads; torch_dist "
      "(Megatron's default): accepted, DTK writes the torch format, which Megatron loads under torch_dist too (it "
      "detects a checkpoint's format there); others refused"},
-    {"--async-save", 0, Kind::kIgnore, "",
-     "DTK saves synchronously: each checkpoint is published whole (atomically) before training goes on; the "
-     "files are the same"},
+    {"--async-save", 0, Kind::kSwitch, "checkpoint.async_save=true",
+     "interval saves are written by a background thread while training goes on, published once every rank's "
+     "files are written (Megatron needs torch_dist for it; DTK writes its torch format)"},
     {"--dist-ckpt-strictness", 1, Kind::kIgnore, "",
      "how torch_dist loads treat keys that do not match; DTK reads its torch-format checkpoints strictly (a "
      "missing or unexpected tensor is an error naming it)"},

@@ -433,6 +433,7 @@ void Trainer::train() {
     run_iteration(it);
     if (it == last || should_stop(it, exit)) break;
   }
+  finish_async_save();
   trace::flush();  // a run shorter than the traced range writes what it traced
   if (profile_) profile_->finish();  // and the profiled one
   // As Megatron with --save: a final checkpoint unless the last iteration was just saved.
@@ -465,12 +466,15 @@ void Trainer::run_iteration(int64_t it) {
     // Full validation starts at the split's beginning every time.
     if (!plan_.full_validation()) progress_.consumed_valid_samples += plan_.eval_iters() * plan_.global_batch_size();
   }
-  if (saving() && save_interval > 0 && it % save_interval == 0) save(it);
+  poll_async_save();
+  // The last iteration's save ends the run: written at once (train()).
+  const bool may_defer = it < plan_.final_iteration();
+  if (saving() && save_interval > 0 && it % save_interval == 0) save(it, may_defer);
   // As Megatron: a checkpoint before the first iteration of another micro-batch count (a
   // ramp-up's or a schedule's step).
   if (saving() && last_saved_ != it && it < plan_.final_iteration() &&
       plan_.micro_batches_of(it + 1) != plan_.micro_batches_of(it))
-    save(it);
+    save(it, may_defer);
 }
 
 // Megatron's checkpoint_and_decide_exit: every rank agrees, saves, and leaves the loop.
@@ -590,7 +594,8 @@ void Trainer::evaluate_whole(const DatasetInstance& data, int32_t split, const s
   log_->report_evaluation(what, label, iteration, metrics, after_training);
 }
 
-void Trainer::save(int64_t iteration) {
+void Trainer::save(int64_t iteration, bool may_defer) {
+  finish_async_save();
   TrainingLog::Excluded not_training_time(*log_);
   auto timer = timers_.scope(Phase::kSaveCheckpoint);
   progress_.grad_scaler.reset();
@@ -607,16 +612,52 @@ void Trainer::save(int64_t iteration) {
   what.optimizer = !cfg_.checkpoint().no_save_optim();
   what.rng = !cfg_.checkpoint().no_save_rng();
   what.keep_last = cfg_.checkpoint().keep_last();
-  const SaveReport r = save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
-                                       to_text(recorded), writers_, topo_, what);
   last_saved_ = iteration;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s%s%s)", r.megabytes, r.seconds,
-                what.optimizer ? "" : ", without the optimizer's state", what.rng ? "" : ", without the RNG states");
+  if (may_defer && cfg_.checkpoint().async_save()) {
+    async_save_ = std::make_unique<AsyncSave>(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
+                                              to_text(recorded), writers_, topo_, what);
+    return;
+  }
+  log_saved(iteration,
+            save_checkpoint(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy, to_text(recorded),
+                            writers_, topo_, what),
+            false);
+}
+
+void Trainer::poll_async_save() {
+  if (!async_save_) return;
+  bool written = false;
+  {
+    TrainingLog::Excluded not_training_time(*log_);
+    auto timer = timers_.scope(Phase::kSaveCheckpoint);
+    written = async_save_->written_everywhere();
+  }
+  if (written) finish_async_save();
+}
+
+void Trainer::finish_async_save() {
+  if (!async_save_) return;
+  TrainingLog::Excluded not_training_time(*log_);
+  auto timer = timers_.scope(Phase::kSaveCheckpoint);
+  const std::unique_ptr<AsyncSave> save = std::move(async_save_);
+  log_saved(save->iteration(), save->finish(), true);
+}
+
+void Trainer::log_saved(int64_t iteration, const SaveReport& r, bool in_background) {
+  const bool optimizer = !cfg_.checkpoint().no_save_optim(), rng = !cfg_.checkpoint().no_save_rng();
+  char buf[200];
+  if (in_background)
+    std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s in the background, training waited %.2f s%s%s)", r.megabytes,
+                  r.seconds, r.blocked_seconds, optimizer ? "" : ", without the optimizer's state",
+                  rng ? "" : ", without the RNG states");
+  else
+    std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s%s%s)", r.megabytes, r.seconds,
+                  optimizer ? "" : ", without the optimizer's state", rng ? "" : ", without the RNG states");
   std::string removed;
   for (int64_t it : r.removed) removed += (removed.empty() ? "; removed iteration " : ", ") + std::to_string(it);
   if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";
-  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + dir + buf + removed);
+  log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + cfg_.checkpoint().save() + buf +
+              removed);
 }
 
 void Trainer::final_evaluation() {

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +85,7 @@ struct SaveReport {
   std::string dir;     // the iteration directory
   double megabytes = 0;  // this rank's file (all TP ranks' files summed on world rank 0)
   double seconds = 0;
+  double blocked_seconds = 0;    // an AsyncSave's: the time training waited for it (seconds otherwise)
   std::vector<int64_t> removed;  // iterations removed by keep_last (world rank 0)
 };
 
@@ -97,6 +99,36 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
                            const OptimizerInstance& optimizer, StrategyInstance& strategy,
                            const std::string& config_text, const std::vector<std::string>& writers,
                            const Topology& topo, const SaveOptions& what = {});
+
+// checkpoint.async_save (Megatron's --async-save): a save whose files a background thread writes
+// while training goes on. Starting it is collective and copies the state out (to host memory, as
+// save_checkpoint does before writing); the thread only writes files (no collective, no tensor of
+// the run). Every rank then calls written_everywhere() at the same points (collective) and
+// finish() once, when it said true or to wait: finish publishes as save_checkpoint does (same
+// files, same atomicity) and reports. Destroyed unfinished (an error elsewhere), it waits for the
+// thread and publishes nothing: the tracker keeps naming the last complete checkpoint and the
+// temporary directory goes at a later save or load (remove_stale_temporaries).
+class AsyncSave {
+ public:
+  AsyncSave(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
+            const OptimizerInstance& optimizer, StrategyInstance& strategy, const std::string& config_text,
+            const std::vector<std::string>& writers, const Topology& topo, const SaveOptions& what = {});
+  ~AsyncSave();
+  AsyncSave(const AsyncSave&) = delete;
+  AsyncSave& operator=(const AsyncSave&) = delete;
+
+  int64_t iteration() const;
+  // Collective: whether every rank's thread has written its files (never waits for them).
+  bool written_everywhere();
+  // Collective: waits for this rank's thread, then publishes. SaveReport.seconds runs from the
+  // start; blocked_seconds is what the caller spent in the constructor and in finish. Throws
+  // HostError (every rank) when a rank's write or the publication failed.
+  SaveReport finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Called by every rank (collective). Restores model (strict), optimizer, strategy and the host
 // RNG from this rank's file and returns the progress counters. Every bad input is one HostError

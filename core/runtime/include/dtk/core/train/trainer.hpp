@@ -8,7 +8,8 @@
 //   train_step(it)          the schedule's forwards and backwards, gradient reduction,
 //                           clipping, optimizer step
 //   evaluate(split)         evaluate_and_print_results (the same schedule, forward only)
-//   save(it)                save_checkpoint_and_time
+//   save(it)                save_checkpoint_and_time (checkpoint.async_save: in the background,
+//                           published when every rank has written it, as Megatron's async save)
 //   final_evaluation()      validation and test at the end
 //
 // Every plugin call goes through core/components, so errors name the plugin and the call.
@@ -79,7 +80,14 @@ class Trainer {
   void evaluate_whole(const DatasetInstance& data, int32_t split, const std::string& what, bool& announced,
                       const std::string& label, int64_t iteration, bool after_training);
   MetricAverager run_evaluation(BatchLoader& loader, int64_t num_batches);
-  void save(int64_t iteration);
+  // `may_defer`: with checkpoint.async_save, the files are written in the background (a save
+  // that ends the run is not deferred). A save in flight is finished first either way.
+  void save(int64_t iteration, bool may_defer = false);
+  // checkpoint.async_save: publishes the save in flight once every rank has written it (poll),
+  // or waiting for it (finish); each logs the line a synchronous save prints.
+  void poll_async_save();
+  void finish_async_save();
+  void log_saved(int64_t iteration, const SaveReport& r, bool in_background);
   bool saving() const { return !cfg_.checkpoint().save().empty(); }
 
   const config::RunConfig& cfg_;
@@ -119,6 +127,7 @@ class Trainer {
   TrainProgress progress_;         // iteration, consumed samples, scheduler step
   int64_t resumed_iteration_ = 0;  // where this process started
   int64_t last_saved_ = -1;
+  std::unique_ptr<AsyncSave> async_save_;  // checkpoint.async_save: the save being written
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
   bool stopped_early_ = false;
   int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit

@@ -12,7 +12,9 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -409,7 +411,8 @@ TEST(Checkpoint, AsyncSavesTrainAsTheReferenceAndResumeExactly) {
     EXPECT_GT(at, previous) << "published out of order:\n" << r.out;
     previous = at;
     const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
-    EXPECT_EQ(line.find(" in the background, training waited ") != std::string::npos, it < 8) << line;
+    EXPECT_EQ(line.find(" written in the background in ") != std::string::npos, it < 8) << line;
+    EXPECT_EQ(line.find(" s, training waited ") != std::string::npos, it < 8) << line;
   }
   EXPECT_EQ(read(d + "/latest_checkpointed_iteration.txt"), "8\n");
   for (const auto& e : fs::directory_iterator(d))
@@ -442,6 +445,7 @@ TEST(Checkpoint, AsyncSavesOfZeroShardsResumeExactly) {
   const size_t at = full.out.find(line);
   ASSERT_NE(at, std::string::npos) << full.out;
   EXPECT_EQ(full.out.find(line, at + 1), std::string::npos) << "printed twice:\n" << full.out;
+  EXPECT_NE(full.out.find(" written in the background in ", at), std::string::npos) << full.out;
   for (int it : {6, 8}) fs::remove_all(d + "/iter_000000" + std::to_string(it));
   write(d + "/latest_checkpointed_iteration.txt", "4\n");
   const Result resumed = run(launch + "--set checkpoint.load=" + d, 300);
@@ -449,4 +453,61 @@ TEST(Checkpoint, AsyncSavesOfZeroShardsResumeExactly) {
   const auto a = train_lines(full.out), b = train_lines(resumed.out);
   ASSERT_EQ(b.size(), 4u) << resumed.out;
   for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+}
+
+// logging.log_progress (Megatron's --log-progress): progress.txt in the save directory, in
+// Megatron's format, its operation count carried by the checkpoints across a resume; an async
+// save is logged when started and when published, keep_last's removals as they happen.
+TEST(Checkpoint, ProgressLogIsMegatronsAndCountsOperationsAcrossResumes) {
+  const std::string d = fresh_dir("progress");
+  const std::string args = kTrain + "--threads 2 --set train.train_iters=16 --set logging.log_progress=true " +
+                           "--set checkpoint.save=" + d + " --set checkpoint.save_interval=4 ";
+  const Result first = run(args + "--set train.exit_interval=8");
+  ASSERT_EQ(first.code, 0) << first.out;
+  const Result second =
+      run(args + "--set checkpoint.load=" + d + " --set checkpoint.async_save=true --set checkpoint.keep_last=2");
+  ASSERT_EQ(second.code, 0) << second.out;
+  std::vector<std::vector<std::string>> lines;
+  std::istringstream in(read(d + "/progress.txt"));
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, '\t');) f.push_back(x);
+    ASSERT_GE(f.size(), 4u) << line;
+    EXPECT_TRUE(std::regex_match(f[0], std::regex(R"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"))) << line;
+    EXPECT_EQ(f[1].rfind("Job ID: ", 0), 0u) << line;
+    EXPECT_EQ(f[2], "# GPUs: 1") << line;
+    lines.push_back(std::vector<std::string>(f.begin() + 3, f.end()));
+  }
+  std::vector<std::string> events;
+  for (const auto& l : lines) events.push_back(l[0] + (l.size() > 1 ? " " + l[1] : ""));
+  const std::vector<std::string> expected = {"Starting job",
+                                             "Saved checkpoint Iteration: 4",
+                                             "Saved checkpoint Iteration: 8",
+                                             "Starting job",
+                                             "Saving async checkpoint Iteration: 12",
+                                             "Deleted checkpoint Iteration: 4",
+                                             "Saved async checkpoint Iteration: 12",
+                                             "Deleted checkpoint Iteration: 8",
+                                             "Saved checkpoint Iteration: 16"};
+  ASSERT_EQ(events, expected) << read(d + "/progress.txt");
+  // The operations so far, saved with each checkpoint: the same per iteration in both jobs.
+  std::map<int, double> flops;
+  for (const auto& l : lines) {
+    if (l.size() < 6) continue;
+    EXPECT_EQ(l[2].rfind("Job throughput: ", 0), 0u);
+    EXPECT_NE(l[2].find(" TFLOP/s/GPU"), std::string::npos);
+    EXPECT_EQ(l[3].rfind("Cumulative throughput: ", 0), 0u);
+    EXPECT_EQ(l[4].rfind("Floating-point operations: ", 0), 0u);
+    EXPECT_EQ(l[5], "Tokens (in billions): 0.00");
+    flops[std::stoi(l[1].substr(11))] = std::stod(l[4].substr(27));
+  }
+  ASSERT_EQ(flops.size(), 4u);
+  ASSERT_GT(flops[4], 0);
+  for (int it : {8, 12, 16}) EXPECT_NEAR(flops[it] / flops[4], it / 4.0, 0.01 * it / 4.0) << "iteration " << it;
+  // Without a save directory there is nowhere to write it, as Megatron's: a note says so.
+  const Result alone = run(kTrain + "--threads 2 --set train.train_iters=3 --set logging.log_progress=true");
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  EXPECT_NE(alone.out.find(" > logging.log_progress has no effect without checkpoint.save"), std::string::npos)
+      << alone.out;
 }

@@ -170,6 +170,11 @@ static void kill_and_resume(const std::string& name, int kills, const std::strin
                         120);
   ASSERT_EQ(final_run.code, 0) << final_run.out;
   EXPECT_FALSE(has_save_temporary(save));
+  // The exit's checkpoint is published before the line that says to resume from it.
+  EXPECT_EQ(read(save + "/latest_checkpointed_iteration.txt"), std::to_string(last + 2) + "\n");
+  const size_t saved_at = final_run.out.find(" saved checkpoint at iteration " + std::to_string(last + 2) + " ");
+  ASSERT_NE(saved_at, std::string::npos) << final_run.out;
+  EXPECT_LT(saved_at, final_run.out.find(" exiting program ")) << final_run.out;
   for (const auto& [it, loss] : losses(final_run.out)) seen.emplace(it, loss);
 
   // The uninterrupted run: every iteration any run printed, to the printed digit.

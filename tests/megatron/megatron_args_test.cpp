@@ -2007,14 +2007,13 @@ TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
 // Companions of flags DTK maps or ignores, which current Megatron-LM launch lines pass with them
 // (--wandb-entity with --wandb-project, --manual-gc-interval with --manual-gc, torch_dist's speed
 // switches with --ckpt-format torch_dist): accepted, each named as ignored with its reason.
-// --async-save maps to checkpoint.async_save; --cuda-graph-impl (which replaced --enable-cuda-graph) maps to
-// train.cuda_graphs.
+// --async-save and --log-progress map (checkpoint.async_save, logging.log_progress); --cuda-graph-impl (which replaced
+// --enable-cuda-graph) maps to train.cuda_graphs.
 TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
   const std::vector<std::string> flags = {"--wandb-entity team",
                                           "--manual-gc-interval 100",
                                           "--no-manual-gc-eval",
                                           "--logging-level 20",
-                                          "--log-progress",
                                           "--dist-ckpt-strictness log_all",
                                           "--ckpt-fully-parallel-save",
                                           "--no-ckpt-fully-parallel-save",
@@ -2032,6 +2031,7 @@ TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
   // --async-save (Megatron's with torch_dist) maps: DTK writes its torch format in the background.
   EXPECT_TRUE(config_of(map_line("--async-save --ckpt-format torch_dist")).checkpoint().async_save());
   EXPECT_FALSE(config_of(map_line("--ckpt-format torch_dist")).checkpoint().async_save());
+  EXPECT_TRUE(config_of(map_line("--log-progress")).logging().log_progress());
 
   EXPECT_EQ(config_of(map_line("--cuda-graph-impl none")).train().cuda_graphs(), false);
   EXPECT_EQ(config_of(map_line("--cuda-graph-impl local")).train().cuda_graphs(), true);

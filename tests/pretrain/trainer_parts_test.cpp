@@ -3,12 +3,19 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
+#include <string>
 
 #include "dtk/core/config/config.hpp"
 #include "dtk/core/device/step_capture.hpp"
+#include "dtk/core/logging/progress_log.hpp"
 #include "dtk/core/logging/training_log.hpp"
 #include "dtk/core/optim/lr_schedule.hpp"
 #include "dtk/core/train/batch_plan.hpp"
@@ -236,4 +243,54 @@ TEST(LearningRateSchedule, DecaysOverTrainItersUnlessToldOtherwise) {
   const dtk::core::LearningRateSchedule by_decay(cfg.lr(), 100);
   EXPECT_DOUBLE_EQ(by_decay.rate(25), 0.5);
   EXPECT_DOUBLE_EQ(by_decay.rate(60), 0.0);
+}
+
+// progress.txt's cumulative throughput (Megatron's get_start_time_from_progress_log): the
+// operations since the earliest "Starting job" of this world size, after the last line of another,
+// over the wall time since it; an async save's operations count once it is published.
+TEST(ProgressLog, CumulativeThroughputCountsFromTheEarliestJobOfThisWorldSize) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dtk-progress-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto stamp = [](int seconds_ago) {
+    const std::time_t t = std::time(nullptr) - seconds_ago;
+    std::tm local{};
+    localtime_r(&t, &local);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &local);
+    return std::string(buf);
+  };
+  {
+    std::ofstream f(dir + "/progress.txt");
+    const std::string saved =
+        "\tIteration: 1\tJob throughput: 1.0 TFLOP/s/GPU\tCumulative throughput: 1.0 TFLOP/s/GPU\t";
+    // A job of 2 ranks, then jobs of 1 from 200 s ago: 4e14 operations committed before them,
+    // 5e14 more started async but never published, then 6e14 published (async).
+    f << stamp(500) << "\tJob ID: 7\t# GPUs: 1\tStarting job\n";
+    f << stamp(400) << "\tJob ID: 7\t# GPUs: 2\tStarting job\n";
+    f << stamp(300) << "\tJob ID: 7\t# GPUs: 2\tSaved checkpoint" << saved
+      << "Floating-point operations: 4.00e+14\tTokens (in billions): 0.00\n";
+    f << stamp(200) << "\tJob ID: 8\t# GPUs: 1\tStarting job\n";
+    f << stamp(150) << "\tJob ID: 8\t# GPUs: 1\tSaving async checkpoint" << saved
+      << "Floating-point operations: 5.00e+14\tTokens (in billions): 0.00\n";
+    f << stamp(120) << "\tJob ID: 9\t# GPUs: 1\tStarting job\n";
+    f << stamp(100) << "\tJob ID: 9\t# GPUs: 1\tSaving async checkpoint" << saved
+      << "Floating-point operations: 6.00e+14\tTokens (in billions): 0.00\n";
+    f << stamp(90) << "\tJob ID: 9\t# GPUs: 1\tSaved async checkpoint\tIteration: 2\n";
+  }
+  dtk::core::ProgressLog log(dir, 1, 6e14);
+  log.saved(3, 6e14 + 2e14, 2'000'000'000, false);
+  std::ifstream in(dir + "/progress.txt");
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(in, line)) last = line, ++lines;
+  ASSERT_EQ(lines, 10);
+  // (8e14 - 4e14) / 200 s = 2.0 TFLOP/s (a second either way of the timestamps: 1.99 to 2.01).
+  EXPECT_NE(last.find("\tSaved checkpoint\tIteration: 3\tJob throughput: "), std::string::npos) << last;
+  EXPECT_NE(last.find("\tCumulative throughput: 2.0 TFLOP/s/GPU\tFloating-point operations: 8.00e+14\tTokens (in "
+                      "billions): 2.00"),
+            std::string::npos)
+      << last;
+  std::filesystem::remove_all(dir);
 }

@@ -56,6 +56,9 @@ namespace {
 
 c10::Dict<std::string, at::Tensor> to_dict(const TensorList& list) {
   c10::Dict<std::string, at::Tensor> d;
+  // The copies are host memory (an async save holds them through the next iterations): not
+  // counted against a CPU run's device budget.
+  memory::HostScope host;
   // Own storage per tensor: a view into a larger buffer would otherwise save the whole buffer.
   for (const auto& kv : list) d.insert(kv.first, kv.second.detach().to(at::kCPU).contiguous().clone());
   return d;
@@ -216,6 +219,7 @@ c10::impl::GenericDict main_file_dict(const c10::Dict<std::string, at::Tensor>& 
   d.insert("iteration", progress.iteration);
   d.insert("consumed_train_samples", progress.consumed_train_samples);
   d.insert("consumed_valid_samples", progress.consumed_valid_samples);
+  d.insert("num_floating_point_operations_so_far", progress.floating_point_operations);
   d.insert("scheduler_step", progress.scheduler.step);
   d.insert("scheduler_tokens", progress.scheduler.tokens);
   d.insert("scheduler_warmup_end_tokens", progress.scheduler.warmup_end_tokens);
@@ -420,14 +424,20 @@ SaveReport save_checkpoint(const std::string& save_dir, const TrainProgress& pro
   return report;
 }
 
-// The background thread's result: the bytes written, or why it failed.
 struct AsyncSave::State {
+  // The background thread's result: the bytes written and how long that took, or why it failed.
+  struct Written {
+    int64_t bytes = 0;
+    double seconds = 0;
+    std::string error;
+  };
+
   SaveTarget target;
   Topology topo;
   Clock::time_point start;
   double blocked_seconds = 0;
   std::string error;  // preparing the files failed (the thread then had nothing to write)
-  std::future<std::pair<int64_t, std::string>> written;
+  std::future<Written> written;
 };
 
 AsyncSave::AsyncSave(const std::string& save_dir, const TrainProgress& progress, const ModelInstance& model,
@@ -445,16 +455,25 @@ AsyncSave::AsyncSave(const std::string& save_dir, const TrainProgress& progress,
   } catch (const std::exception& e) {
     s.error = first_line(e.what());  // agreed on in finish, as a synchronous save agrees
   }
-  s.written = std::async(std::launch::async, [files]() -> std::pair<int64_t, std::string> {
-    // The lowest CPU priority (this thread's nice value): the writer takes the cores training
-    // leaves idle instead of slowing its threads down (a GPU run leaves most of them idle).
-    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
-    if (!files) return {0, ""};
+  s.written = std::async(std::launch::async, [files]() mutable -> State::Written {
+    // The lowest CPU priority (this thread's nice value) and the idle I/O class (as Megatron's
+    // async_ckpt_io_priority 3): the writer takes the cores and the disk time training leaves
+    // idle instead of slowing its threads down (a GPU run leaves most cores idle).
+    const auto tid = ::syscall(SYS_gettid);
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), 19);
+    constexpr int kIoprioWhoProcess = 1, kIoprioClassIdle = 3, kIoprioClassShift = 13;
+    (void)::syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, kIoprioClassIdle << kIoprioClassShift);
+    State::Written w;
+    if (!files) return w;
+    const auto start = Clock::now();
     try {
-      return {write_rank_files(*files), ""};
+      w.bytes = write_rank_files(*files);
     } catch (const std::exception& e) {
-      return {0, first_line(e.what())};
+      w.error = first_line(e.what());
     }
+    files.reset();  // the copy goes as soon as it is written, not at the next poll
+    w.seconds = seconds_since(start);
+    return w;
   });
   s.blocked_seconds = seconds_since(s.start);
 }
@@ -472,10 +491,10 @@ bool AsyncSave::written_everywhere() {
 SaveReport AsyncSave::finish() {
   State& s = *state_;
   const auto wait_start = Clock::now();
-  auto [bytes, error] = s.written.get();
-  if (error.empty()) error = s.error;
-  SaveReport report = end_save(s.target, error, bytes, s.topo);
-  report.seconds = seconds_since(s.start);
+  State::Written w = s.written.get();
+  if (w.error.empty()) w.error = s.error;
+  SaveReport report = end_save(s.target, w.error, w.bytes, s.topo);
+  report.seconds = w.seconds;
   report.blocked_seconds = s.blocked_seconds + seconds_since(wait_start);
   return report;
 }
@@ -759,6 +778,12 @@ TrainProgress read_progress(const SavedFile& f, const LoadOptions& what) {
     p.scheduler.tokens = -1;  // unknown: the trainer derives it from the consumed samples
   }
   if (f.d.contains("opt_param_scheduler")) p.schedule = read_schedule(f);
+  if (f.d.contains("num_floating_point_operations_so_far")) {  // saved since --log-progress
+    const c10::IValue v = f.get("num_floating_point_operations_so_far");
+    if (!v.isDouble())
+      throw HostError("checkpoint " + f.file + ": 'num_floating_point_operations_so_far' is not a float");
+    p.floating_point_operations = v.toDouble();
+  }
   if (what.optimizer && f.d.contains("grad_scaler")) p.grad_scaler = read_grad_scaler(f);
   return p;
 }

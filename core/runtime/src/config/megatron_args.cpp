@@ -484,9 +484,9 @@ const Rule kRules[] = {
     {"--wandb-exp-name", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
     {"--wandb-save-dir", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
     {"--wandb-entity", 1, Kind::kIgnore, "", "DTK does not log to Weights & Biases"},
-    {"--log-progress", 0, Kind::kIgnore, "",
-     "Megatron's progress.txt in --save is not written; the log line has its figures (iteration, tokens/s, "
-     "TFLOP/s)"},
+    {"--log-progress", 0, Kind::kSwitch, "logging.log_progress=true",
+     "progress.txt in --save, in Megatron's format: job starts, saves with throughput, floating-point operations and "
+     "tokens"},
     {"--no-mmap-bin-files", 0, Kind::kIgnore, "", "DTK always maps the .bin files (the tokens read are the same)"},
     {"--no-create-attention-mask-in-dataloader", 0, Kind::kIgnore, "",
      "DTK's loader makes no attention mask (the attention is causal in the layers)"},
@@ -496,7 +496,17 @@ const Rule kRules[] = {
      "detects a checkpoint's format there); others refused"},
     {"--async-save", 0, Kind::kSwitch, "checkpoint.async_save=true",
      "interval saves are written by a background thread while training goes on, published once every rank's "
-     "files are written (Megatron needs torch_dist for it; DTK writes its torch format)"},
+     "files are written (Megatron needs torch_dist and --use-persistent-ckpt-worker for it; DTK writes its torch "
+     "format with or without them)"},
+    {"--use-persistent-ckpt-worker", 0, Kind::kIgnore, "",
+     "how Megatron runs its async writer (a persistent process); DTK's is a thread of each rank"},
+    {"--async-strategy", 1, Kind::kIgnore, "", "which library writes Megatron's async checkpoints (nvrx, mcore)"},
+    {"--async-ckpt-cpu-priority", 1, Kind::kIgnore, "",
+     "the CPU priority of Megatron's async writer; DTK's writer thread runs at nice 19"},
+    {"--async-ckpt-io-priority", 1, Kind::kIgnore, "",
+     "the I/O priority of Megatron's async writer; DTK's writer thread is in the idle I/O class"},
+    {"--async-ckpt-use-cpu-shm", 0, Kind::kIgnore, "",
+     "where Megatron's async writer stages tensors (shared memory); DTK's thread reads its own copy"},
     {"--dist-ckpt-strictness", 1, Kind::kIgnore, "",
      "how torch_dist loads treat keys that do not match; DTK reads its torch-format checkpoints strictly (a "
      "missing or unexpected tensor is an error naming it)"},

@@ -285,13 +285,16 @@ void TrainingLog::print(const std::string& line) const {
   std::fflush(stdout);
 }
 
+double TrainingLog::flops_of(const IterationResult& r) const {
+  return static_cast<double>(batch_of(r) * seq_of(r)) *
+         (setup_.flops_per_token +
+          setup_.attention_flops_per_position * static_cast<double>(seq_of(r) - setup_.seq_length));
+}
+
 void TrainingLog::record(const IterationResult& r) {
   ++iterations_;
-  const int64_t tokens = batch_of(r) * seq_of(r);
-  window_tokens_ += tokens;
-  window_flops_ +=
-      static_cast<double>(tokens) * (setup_.flops_per_token + setup_.attention_flops_per_position *
-                                                                  static_cast<double>(seq_of(r) - setup_.seq_length));
+  window_tokens_ += batch_of(r) * seq_of(r);
+  window_flops_ += flops_of(r);
   last_iteration_ = r.iteration, last_consumed_ = consumed_of(r);
   // Megatron's training_log: a skipped iteration (overflowed gradients) adds neither its loss
   // nor its norm to the window; a NaN iteration is one whose loss itself is NaN or infinite. The

@@ -419,6 +419,13 @@ void Trainer::train() {
     return;
   }
   log_->print(training_banner(plan_, cfg_.train()));
+  if (cfg_.logging().log_progress() && !saving() && topo_.world_rank == 0)
+    std::printf(
+        " > logging.log_progress has no effect without checkpoint.save (progress.txt is written there, as "
+        "Megatron's --log-progress writes it into --save)\n");
+  if (cfg_.logging().log_progress() && saving() && topo_.world_rank == 0)
+    progress_log_ =
+        std::make_unique<ProgressLog>(cfg_.checkpoint().save(), topo_.world_size, progress_.floating_point_operations);
   ExitConditions exit(cfg_.train(), topo_);
   parts_.model->set_training(true);
   parts_.strategy->zero_grad();
@@ -457,6 +464,7 @@ void Trainer::run_iteration(int64_t it) {
                      StepComm{result.tensor_parallel_comm.in_flight_ms, result.tensor_parallel_comm.exposed_ms,
                               result.data_parallel_comm.in_flight_ms, result.data_parallel_comm.exposed_ms});
   log_->record(result);
+  progress_.floating_point_operations += log_->flops_of(result);
   trace::end_iteration(it);
   progress_.iteration = it;
   progress_.consumed_train_samples = plan_.consumed_before(it + 1);
@@ -481,7 +489,9 @@ void Trainer::run_iteration(int64_t it) {
 bool Trainer::should_stop(int64_t it, ExitConditions& exit) {
   const std::string why = exit.check(it);
   if (why.empty()) return false;
+  // The run ends here: its checkpoint is published before the line that says to resume from it.
   if (saving() && last_saved_ != it) save(it);
+  finish_async_save();
   const std::string of_tokens =
       plan_.ends_on_tokens() ? " (train.train_tokens " + std::to_string(cfg_.train().train_tokens()) + ")" : "";
   log_->print(" exiting program " + why + ": stopped after iteration " + std::to_string(it) + " of " +
@@ -616,6 +626,9 @@ void Trainer::save(int64_t iteration, bool may_defer) {
   if (may_defer && cfg_.checkpoint().async_save()) {
     async_save_ = std::make_unique<AsyncSave>(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
                                               to_text(recorded), writers_, topo_, what);
+    if (progress_log_)
+      progress_log_->saved(iteration, progress_.floating_point_operations,
+                           progress_.consumed_train_samples * cfg_.train().seq_length(), true);
     return;
   }
   log_saved(iteration,
@@ -647,8 +660,8 @@ void Trainer::log_saved(int64_t iteration, const SaveReport& r, bool in_backgrou
   const bool optimizer = !cfg_.checkpoint().no_save_optim(), rng = !cfg_.checkpoint().no_save_rng();
   char buf[200];
   if (in_background)
-    std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s in the background, training waited %.2f s%s%s)", r.megabytes,
-                  r.seconds, r.blocked_seconds, optimizer ? "" : ", without the optimizer's state",
+    std::snprintf(buf, sizeof buf, " (%.1f MB, written in the background in %.2f s, training waited %.2f s%s%s)",
+                  r.megabytes, r.seconds, r.blocked_seconds, optimizer ? "" : ", without the optimizer's state",
                   rng ? "" : ", without the RNG states");
   else
     std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s%s%s)", r.megabytes, r.seconds,
@@ -658,6 +671,13 @@ void Trainer::log_saved(int64_t iteration, const SaveReport& r, bool in_backgrou
   if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";
   log_->print(" saved checkpoint at iteration " + std::to_string(iteration) + " to " + cfg_.checkpoint().save() + buf +
               removed);
+  if (!progress_log_) return;
+  for (int64_t it : r.removed) progress_log_->deleted(it);
+  if (in_background)
+    progress_log_->async_saved(iteration);
+  else
+    progress_log_->saved(iteration, progress_.floating_point_operations,
+                         progress_.consumed_train_samples * cfg_.train().seq_length(), false);
 }
 
 void Trainer::final_evaluation() {

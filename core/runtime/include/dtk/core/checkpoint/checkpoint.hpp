@@ -9,7 +9,8 @@
 //   "iteration", "consumed_train_samples", "consumed_valid_samples", "scheduler_step" (int), the
 //   token-counted scheduler's "scheduler_tokens", "scheduler_warmup_end_tokens" (int),
 //   "rng" (the host's default CPU generator state, uint8), "tensor_model_parallel_size",
-//   "config" (the RunConfig in text format), "dtk_version". A save without the optimizer's state
+//   "config" (the RunConfig in text format), "dtk_version", "num_floating_point_operations_so_far"
+//   (a float, as Megatron's). A save without the optimizer's state
 //   (SaveOptions) has empty "optimizer" and "strategy" dicts, no "opt_param_scheduler" or
 //   "grad_scaler", and "no_save_optim": True; one without the RNG's has no "rng" ("cuda_rng").
 // Python opens it with torch.load(path).
@@ -55,6 +56,9 @@ struct TrainProgress {
   // The learning-rate schedule the run trained with (Megatron's opt_param_scheduler entry), to
   // refuse resuming with another one unless told which to use; absent in older checkpoints.
   std::optional<LrParams> schedule;
+  // The floating-point operations trained so far, by the FLOPs model of the log line (Megatron's
+  // "num_floating_point_operations_so_far"; 0 in older checkpoints): progress.txt's count.
+  double floating_point_operations = 0;
 };
 
 // What load_checkpoint restores besides the model: Megatron's --no-load-optim (optimizer state and
@@ -120,8 +124,8 @@ class AsyncSave {
   int64_t iteration() const;
   // Collective: whether every rank's thread has written its files (never waits for them).
   bool written_everywhere();
-  // Collective: waits for this rank's thread, then publishes. SaveReport.seconds runs from the
-  // start; blocked_seconds is what the caller spent in the constructor and in finish. Throws
+  // Collective: waits for this rank's thread, then publishes. SaveReport.seconds is this rank's
+  // writing time; blocked_seconds what the caller spent in the constructor and in finish. Throws
   // HostError (every rank) when a rank's write or the publication failed.
   SaveReport finish();
 

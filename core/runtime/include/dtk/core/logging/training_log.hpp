@@ -116,6 +116,8 @@ class TrainingLog {
   // Adds an iteration to the window and prints the window on log-interval boundaries and at
   // the last iteration, followed by the memory report when the result carries one.
   void record(const IterationResult& result);
+  // The floating-point operations of one iteration, by the FLOPs model of the log line.
+  double flops_of(const IterationResult& r) const;
   // Whether `iteration` ends a window (its result is printed).
   bool logs(int64_t iteration) const { return iteration % setup_.log_interval == 0 || iteration == last_iteration(); }
   int64_t last_iteration() const { return setup_.final_iteration > 0 ? setup_.final_iteration : setup_.train_iters; }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtk/core/checkpoint/checkpoint.hpp"
+#include "dtk/core/logging/progress_log.hpp"
 #include "dtk/core/logging/timers.hpp"
 #include "dtk/core/logging/training_log.hpp"
 #include "dtk/core/optim/grad_scaler.hpp"
@@ -128,6 +129,7 @@ class Trainer {
   int64_t resumed_iteration_ = 0;  // where this process started
   int64_t last_saved_ = -1;
   std::unique_ptr<AsyncSave> async_save_;  // checkpoint.async_save: the save being written
+  std::unique_ptr<ProgressLog> progress_log_;  // logging.log_progress (world rank 0)
   bool memory_reported_ = false;  // the memory report follows the first logged iteration
   bool stopped_early_ = false;
   int64_t skipped_in_a_row_ = 0;  // train.skipped_steps_limit

@@ -1,0 +1,41 @@
+// dtk/core/logging/progress_log.hpp — Megatron's progress.txt (--log-progress): one line per job
+// start and per save, appended to the save directory, which Megatron's tools and people read to
+// follow a run across its restarts. Each line is
+//   YYYY-MM-DD HH:MM:SS<TAB>Job ID: $SLURM_JOB_ID<TAB># GPUs: <world size><TAB><event>...
+// with the events Megatron writes: "Starting job"; "Saved checkpoint" (or "Saving async
+// checkpoint") with "Iteration: N", "Job throughput: X TFLOP/s/GPU", "Cumulative throughput: Y
+// TFLOP/s/GPU", "Floating-point operations: Z" and "Tokens (in billions): T"; "Saved async
+// checkpoint" and "Deleted checkpoint" with "Iteration: N".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace dtk::core {
+
+class ProgressLog {
+ public:
+  // Appends "Starting job". `flops_so_far`: the floating-point operations of the run before this
+  // job (a resumed checkpoint's). Throws HostError naming the file when it cannot be written.
+  ProgressLog(const std::string& save_dir, int world_size, double flops_so_far);
+
+  // A save of `iteration` (`async`: started, published later), after `flops_so_far` operations
+  // and `tokens_so_far` tokens. The job throughput counts this job's operations over its wall
+  // time; the cumulative throughput those since the earliest job of this world size in the file
+  // (Megatron's get_start_time_from_progress_log), with an async save counted once published.
+  void saved(int64_t iteration, double flops_so_far, int64_t tokens_so_far, bool async);
+  void async_saved(int64_t iteration);
+  void deleted(int64_t iteration);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  void append(const std::string& event);
+  std::string path_;
+  int world_size_;
+  double job_start_flops_;
+  std::chrono::steady_clock::time_point job_start_;
+};
+
+}  // namespace dtk::core

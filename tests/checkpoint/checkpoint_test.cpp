@@ -87,6 +87,19 @@ std::string copy_at_iteration_4(const std::string& name) {
 
 const std::string kFile4 = "/iter_0000004/mp_rank_00/model_optim_rng.pt";
 
+// Takes `dir`'s tracker back to iteration 4 (the later iterations removed), resumes there with
+// `command` and expects iterations 5 to 8 as `uninterrupted` printed them.
+void expect_resume_at_4(const std::string& dir, const std::string& command, const std::string& uninterrupted) {
+  for (const char* later : {"/iter_0000006", "/iter_0000008"}) fs::remove_all(dir + later);
+  write(dir + "/latest_checkpointed_iteration.txt", "4\n");
+  const Result resumed = run(command + "--set checkpoint.load=" + dir, 300);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto a = train_lines(uninterrupted), b = train_lines(resumed.out);
+  ASSERT_EQ(b.size(), 4u) << resumed.out;  // iterations 5..8 only
+  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  EXPECT_EQ(validation_line(uninterrupted, 8), validation_line(resumed.out, 8));
+}
+
 }  // namespace
 
 TEST(Checkpoint, MegatronLayoutAndLogLines) {
@@ -150,7 +163,8 @@ TEST(Checkpoint, LeftoversOfACrashedSaveAreIgnoredAndCleanedUp) {
   ASSERT_EQ(ref.result.code, 0) << ref.result.out;
   const std::string d = copy_at_iteration_4("leftovers");
   const std::string dead_dir = "iter_0000004.tmp-" + std::to_string(dead_pid());
-  const std::string dead_tracker = "latest_checkpointed_iteration.txt.tmp-" + host_name() + "-" + std::to_string(dead_pid());
+  const std::string dead_tracker =
+      "latest_checkpointed_iteration.txt.tmp-" + host_name() + "-" + std::to_string(dead_pid());
   const std::string live_dir = "iter_0000008.tmp-" + host_name() + "-" + std::to_string(::getpid());
   const std::string other_host = "iter_0000008.tmp-some-other-host-" + std::to_string(dead_pid());
   for (const std::string& dir : {dead_dir, live_dir, other_host}) {
@@ -230,8 +244,9 @@ TEST(Checkpoint, BadCheckpointsAreOneLineErrors) {
 
   const std::string no_iter = copy_at_iteration_4("no-iter");
   write(no_iter + "/latest_checkpointed_iteration.txt", "12\n");
-  expect_one_line_error(run(kTrain + "--set checkpoint.load=" + no_iter),
-                        no_iter + "/iter_0000012 does not exist (named by " + no_iter + "/latest_checkpointed_iteration.txt)");
+  expect_one_line_error(
+      run(kTrain + "--set checkpoint.load=" + no_iter),
+      no_iter + "/iter_0000012 does not exist (named by " + no_iter + "/latest_checkpointed_iteration.txt)");
 
   const std::string truncated = copy_at_iteration_4("truncated");
   fs::resize_file(truncated + kFile4, fs::file_size(truncated + kFile4) / 2);
@@ -274,13 +289,7 @@ TEST(Checkpoint, DataParallelRunSavesOnceAndResumes) {
        at = full.out.find(" saved checkpoint at iteration 4 ", at + 1))
     ++n;
   EXPECT_EQ(n, 1u) << full.out;  // printed by rank 0 only
-  fs::remove_all(d + "/iter_0000008");
-  write(d + "/latest_checkpointed_iteration.txt", "4\n");
-  const Result resumed = run(launch + "--set checkpoint.load=" + d, 300);
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const auto a = train_lines(full.out), b = train_lines(resumed.out);
-  ASSERT_EQ(b.size(), 4u) << resumed.out;
-  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  expect_resume_at_4(d, launch, full.out);
 }
 
 // A checkpoint of a tensor-parallel run has one file per TP rank; another TP size is refused
@@ -302,12 +311,13 @@ TEST(Checkpoint, TensorParallelSizeMustMatch) {
 // The llama plugin resumes exactly too (dropout on: its generator states are in the checkpoint),
 // with grouped-query attention and its untied output layer.
 TEST(Checkpoint, LlamaResumeReproducesUninterruptedRun) {
-  const std::string llama = std::string("train --config ") + DTK_SOURCE_DIR +
-                            "/configs/llama-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
-                            "--set model.vocab_size=64 --set model.hidden_dropout=0.1 "
-                            "--set model.attention_dropout=0.1 --set train.train_iters=8 "
-                            "--set train.global_batch_size=16 --set logging.log_interval=1 "
-                            "--set lr.lr_warmup_iters=2 --set eval.eval_interval=4 --set eval.eval_iters=1 --threads 2 ";
+  const std::string llama =
+      std::string("train --config ") + DTK_SOURCE_DIR +
+      "/configs/llama-tiny.pbtxt --dataset synthetic --set dataset.vocab_size=64 "
+      "--set model.vocab_size=64 --set model.hidden_dropout=0.1 "
+      "--set model.attention_dropout=0.1 --set train.train_iters=8 "
+      "--set train.global_batch_size=16 --set logging.log_interval=1 "
+      "--set lr.lr_warmup_iters=2 --set eval.eval_interval=4 --set eval.eval_iters=1 --threads 2 ";
   const std::string full_dir = fresh_dir("llama-full");
   const Result full = run(llama + "--set checkpoint.save=" + full_dir + " --set checkpoint.save_interval=4");
   ASSERT_EQ(full.code, 0) << full.out;
@@ -420,14 +430,7 @@ TEST(Checkpoint, AsyncSavesTrainAsTheReferenceAndResumeExactly) {
   const Result inspect = run("checkpoint inspect " + d, 60);
   EXPECT_EQ(inspect.code, 0) << inspect.out;
   // Iteration 4, published while iterations 5 and 6 trained, resumes as the reference's does.
-  for (int it : {6, 8}) fs::remove_all(d + "/iter_000000" + std::to_string(it));
-  write(d + "/latest_checkpointed_iteration.txt", "4\n");
-  const Result resumed = run(kTrain + "--threads 2 --set checkpoint.load=" + d);
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const auto a = train_lines(ref.result.out), b = train_lines(resumed.out);
-  ASSERT_EQ(b.size(), 4u) << resumed.out;
-  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
-  EXPECT_EQ(validation_line(ref.result.out, 8), validation_line(resumed.out, 8));
+  expect_resume_at_4(d, kTrain + "--threads 2 ", ref.result.out);
 }
 
 // ZeRO's shard files, written by each of two ranks on its own thread: the run publishes each
@@ -446,13 +449,7 @@ TEST(Checkpoint, AsyncSavesOfZeroShardsResumeExactly) {
   ASSERT_NE(at, std::string::npos) << full.out;
   EXPECT_EQ(full.out.find(line, at + 1), std::string::npos) << "printed twice:\n" << full.out;
   EXPECT_NE(full.out.find(" written in the background in ", at), std::string::npos) << full.out;
-  for (int it : {6, 8}) fs::remove_all(d + "/iter_000000" + std::to_string(it));
-  write(d + "/latest_checkpointed_iteration.txt", "4\n");
-  const Result resumed = run(launch + "--set checkpoint.load=" + d, 300);
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const auto a = train_lines(full.out), b = train_lines(resumed.out);
-  ASSERT_EQ(b.size(), 4u) << resumed.out;
-  for (int it = 5; it <= 8; ++it) EXPECT_EQ(a.at(it), b.count(it) ? b.at(it) : "") << "iteration " << it;
+  expect_resume_at_4(d, launch, full.out);
 }
 
 // logging.log_progress (Megatron's --log-progress): progress.txt in the save directory, in

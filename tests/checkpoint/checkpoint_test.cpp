@@ -507,4 +507,9 @@ TEST(Checkpoint, ProgressLogIsMegatronsAndCountsOperationsAcrossResumes) {
   ASSERT_EQ(alone.code, 0) << alone.out;
   EXPECT_NE(alone.out.find(" > logging.log_progress has no effect without checkpoint.save"), std::string::npos)
       << alone.out;
+  // A progress.txt this run cannot append to is refused before training.
+  const std::string blocked = fresh_dir("progress-blocked");
+  fs::create_directories(blocked + "/progress.txt");
+  const Result refused = run(args.substr(0, args.find("--set checkpoint.save=")) + "--set checkpoint.save=" + blocked);
+  expect_one_line_error(refused, "logging.log_progress: " + blocked + "/progress.txt exists and is not a file");
 }

@@ -2019,6 +2019,11 @@ TEST(MegatronArgs, CompanionFlagsOfCurrentLaunchLinesAreAccepted) {
                                           "--no-ckpt-fully-parallel-save",
                                           "--ckpt-fully-parallel-load",
                                           "--ckpt-assume-constant-structure",
+                                          "--use-persistent-ckpt-worker",
+                                          "--async-strategy mcore",
+                                          "--async-ckpt-cpu-priority 10",
+                                          "--async-ckpt-io-priority 3",
+                                          "--async-ckpt-use-cpu-shm",
                                           "--cross-entropy-fusion-impl te"};
   std::string line;
   for (const auto& f : flags) line += f + " ";

@@ -780,9 +780,10 @@ TrainProgress read_progress(const SavedFile& f, const LoadOptions& what) {
   if (f.d.contains("opt_param_scheduler")) p.schedule = read_schedule(f);
   if (f.d.contains("num_floating_point_operations_so_far")) {  // saved since --log-progress
     const c10::IValue v = f.get("num_floating_point_operations_so_far");
-    if (!v.isDouble())
-      throw HostError("checkpoint " + f.file + ": 'num_floating_point_operations_so_far' is not a float");
-    p.floating_point_operations = v.toDouble();
+    // A float as Megatron saves it; an integer as its converter writes 0.
+    if (!v.isDouble() && !v.isInt())
+      throw HostError("checkpoint " + f.file + ": 'num_floating_point_operations_so_far' is not a number");
+    p.floating_point_operations = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
   }
   if (what.optimizer && f.d.contains("grad_scaler")) p.grad_scaler = read_grad_scaler(f);
   return p;

@@ -15,7 +15,8 @@
 #include <sstream>
 #include <vector>
 
-#include "dtk/host/error.hpp"  // HostError
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace dtk::core {
 
@@ -102,23 +103,35 @@ ProgressLog::ProgressLog(const std::string& save_dir, int world_size, double flo
   append("Starting job");
 }
 
+// One write() of the whole line on an O_APPEND descriptor (no half line for Megatron's parser to
+// trip on). A failure is a warning and ends the file's lines: the run, whose checkpoints are
+// published already, goes on (only world rank 0 writes; an error there would strand the others).
 void ProgressLog::append(const std::string& event) {
+  if (failed_) return;
   const char* job = std::getenv("SLURM_JOB_ID");
-  std::ofstream out(path_, std::ios::app);
-  out << now_text() << "\tJob ID: " << (job ? job : "") << "\t# GPUs: " << world_size_ << "\t" << event << "\n";
-  out.flush();
-  if (!out)
-    throw host::HostError("logging.log_progress: cannot write " + path_ +
-                          (errno ? ": " + std::string(std::strerror(errno)) : ""));
+  const std::string line =
+      now_text() + "\tJob ID: " + (job ? job : "") + "\t# GPUs: " + std::to_string(world_size_) + "\t" + event + "\n";
+  errno = 0;
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const ssize_t n = fd < 0 ? -1 : ::write(fd, line.data(), line.size());
+  int error = errno;
+  // NFS and quotas report a failed write only when the file is closed.
+  if (fd >= 0 && ::close(fd) != 0 && error == 0) error = errno;
+  if (n == static_cast<ssize_t>(line.size()) && error == 0) return;
+  failed_ = true;
+  std::fprintf(stderr, "dtk: warning: logging.log_progress: cannot write %s (%s); it gets no more lines in this run\n",
+               path_.c_str(), error != 0 ? std::strerror(error) : "a short write");
 }
 
 void ProgressLog::saved(int64_t iteration, double flops_so_far, int64_t tokens_so_far, bool async) {
   const double job_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start_).count();
   const double job = (flops_so_far - job_start_flops_) / (job_seconds * 1e12 * world_size_);
   const CumulativeStart start = cumulative_start(path_, world_size_);
-  // Timestamps have whole seconds: a first save within this job's first second counts the job's time.
+  // Timestamps have whole seconds: a first save within this job's first second counts the job's
+  // time. Without a start line of this world size (the file edited), the job's own operations.
   const double elapsed = start.seconds_ago && *start.seconds_ago > job_seconds ? *start.seconds_ago : job_seconds;
-  const double cumulative = (flops_so_far - start.flops) / (elapsed * 1e12 * world_size_);
+  const double from = start.seconds_ago ? start.flops : job_start_flops_;
+  const double cumulative = (flops_so_far - from) / (elapsed * 1e12 * world_size_);
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "%s\tIteration: %lld\tJob throughput: %.1f TFLOP/s/GPU\tCumulative throughput: %.1f TFLOP/s/GPU\t"

@@ -90,7 +90,10 @@ TrainProgress load_progress(const config::RunConfig& cfg, const BatchPlan& plan,
     // Megatron's --finetune: the weights, and a run of its own from iteration 0.
     print(" finetuning from the model of " + dir + " at iteration " + std::to_string(progress.iteration) +
           ": optimizer, scheduler and RNG start fresh, training starts at iteration 0");
-    return TrainProgress{};
+    // The operations trained so far stay (Megatron reads them under --finetune too).
+    TrainProgress fresh;
+    fresh.floating_point_operations = progress.floating_point_operations;
+    return fresh;
   }
   if (skip_train) {  // the Trainer starts its validation at the split's first sample
     print(" loaded the model of " + dir + " at iteration " + std::to_string(progress.iteration) +

@@ -544,6 +544,10 @@ void check_output_paths(const config::RunConfig& cfg) {
     const std::string tracker = checkpoint_tracker_file(ck.save());
     if (fs::exists(tracker) && !fs::is_regular_file(tracker))
       throw HostError("checkpoint.save '" + ck.save() + "': " + tracker + " exists and is not a file");
+    const std::string progress = (fs::path(ck.save()) / "progress.txt").string();
+    if (cfg.logging().log_progress() && fs::exists(progress) &&
+        (!fs::is_regular_file(progress) || ::access(progress.c_str(), W_OK) != 0))
+      throw HostError("logging.log_progress: " + progress + " exists and is not a file this run can append to");
   }
   if (!ck.load().empty() && !fs::is_directory(ck.load()))
     throw HostError("checkpoint.load '" + ck.load() + "': " +

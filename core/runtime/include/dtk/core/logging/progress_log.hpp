@@ -17,13 +17,16 @@ namespace dtk::core {
 class ProgressLog {
  public:
   // Appends "Starting job". `flops_so_far`: the floating-point operations of the run before this
-  // job (a resumed checkpoint's). Throws HostError naming the file when it cannot be written.
+  // job (a resumed checkpoint's). A line that cannot be written is a warning on stderr, and the
+  // file gets no more lines (checkpoint.save's checks refuse a progress.txt that cannot take any).
+  // The job's clock starts here, at the start of training (Megatron's at the process start).
   ProgressLog(const std::string& save_dir, int world_size, double flops_so_far);
 
   // A save of `iteration` (`async`: started, published later), after `flops_so_far` operations
   // and `tokens_so_far` tokens. The job throughput counts this job's operations over its wall
-  // time; the cumulative throughput those since the earliest job of this world size in the file
-  // (Megatron's get_start_time_from_progress_log), with an async save counted once published.
+  // time; the cumulative throughput those since the earliest job start of this world size after
+  // the file's last line of another world size (Megatron's get_start_time_from_progress_log),
+  // with an async save's operations counted once it is published.
   void saved(int64_t iteration, double flops_so_far, int64_t tokens_so_far, bool async);
   void async_saved(int64_t iteration);
   void deleted(int64_t iteration);
@@ -36,6 +39,7 @@ class ProgressLog {
   int world_size_;
   double job_start_flops_;
   std::chrono::steady_clock::time_point job_start_;
+  bool failed_ = false;  // a line could not be written: no more lines
 };
 
 }  // namespace dtk::core

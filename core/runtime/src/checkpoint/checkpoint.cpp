@@ -434,7 +434,6 @@ struct AsyncSave::State {
 
   SaveTarget target;
   Topology topo;
-  Clock::time_point start;
   double blocked_seconds = 0;
   std::string error;  // preparing the files failed (the thread then had nothing to write)
   std::future<Written> written;
@@ -444,8 +443,8 @@ AsyncSave::AsyncSave(const std::string& save_dir, const TrainProgress& progress,
                      const OptimizerInstance& optimizer, StrategyInstance& strategy, const std::string& config_text,
                      const std::vector<std::string>& writers, const Topology& topo, const SaveOptions& what)
     : state_(std::make_unique<State>()) {
+  const auto start = Clock::now();
   State& s = *state_;
-  s.start = Clock::now();
   s.topo = topo;
   s.target = begin_save(save_dir, progress.iteration, what.keep_last, topo);
   std::shared_ptr<RankFiles> files;
@@ -475,7 +474,7 @@ AsyncSave::AsyncSave(const std::string& save_dir, const TrainProgress& progress,
     w.seconds = seconds_since(start);
     return w;
   });
-  s.blocked_seconds = seconds_since(s.start);
+  s.blocked_seconds = seconds_since(start);
 }
 
 // The future's destructor waits for the thread: nothing is left writing into a directory.

@@ -626,9 +626,7 @@ void Trainer::save(int64_t iteration, bool may_defer) {
   if (may_defer && cfg_.checkpoint().async_save()) {
     async_save_ = std::make_unique<AsyncSave>(dir, progress_, *parts_.model, *parts_.optimizer, *parts_.strategy,
                                               to_text(recorded), writers_, topo_, what);
-    if (progress_log_)
-      progress_log_->saved(iteration, progress_.floating_point_operations,
-                           progress_.consumed_train_samples * cfg_.train().seq_length(), true);
+    if (progress_log_) log_progress_save(iteration, true);
     return;
   }
   log_saved(iteration,
@@ -657,15 +655,16 @@ void Trainer::finish_async_save() {
 }
 
 void Trainer::log_saved(int64_t iteration, const SaveReport& r, bool in_background) {
-  const bool optimizer = !cfg_.checkpoint().no_save_optim(), rng = !cfg_.checkpoint().no_save_rng();
-  char buf[200];
+  char timing[96];
   if (in_background)
-    std::snprintf(buf, sizeof buf, " (%.1f MB, written in the background in %.2f s, training waited %.2f s%s%s)",
-                  r.megabytes, r.seconds, r.blocked_seconds, optimizer ? "" : ", without the optimizer's state",
-                  rng ? "" : ", without the RNG states");
+    std::snprintf(timing, sizeof timing, "written in the background in %.2f s, training waited %.2f s", r.seconds,
+                  r.blocked_seconds);
   else
-    std::snprintf(buf, sizeof buf, " (%.1f MB, %.2f s%s%s)", r.megabytes, r.seconds,
-                  optimizer ? "" : ", without the optimizer's state", rng ? "" : ", without the RNG states");
+    std::snprintf(timing, sizeof timing, "%.2f s", r.seconds);
+  char buf[200];
+  std::snprintf(buf, sizeof buf, " (%.1f MB, %s%s%s)", r.megabytes, timing,
+                cfg_.checkpoint().no_save_optim() ? ", without the optimizer's state" : "",
+                cfg_.checkpoint().no_save_rng() ? ", without the RNG states" : "");
   std::string removed;
   for (int64_t it : r.removed) removed += (removed.empty() ? "; removed iteration " : ", ") + std::to_string(it);
   if (!removed.empty()) removed += " (checkpoint.keep_last=" + std::to_string(cfg_.checkpoint().keep_last()) + ")";
@@ -676,8 +675,12 @@ void Trainer::log_saved(int64_t iteration, const SaveReport& r, bool in_backgrou
   if (in_background)
     progress_log_->async_saved(iteration);
   else
-    progress_log_->saved(iteration, progress_.floating_point_operations,
-                         progress_.consumed_train_samples * cfg_.train().seq_length(), false);
+    log_progress_save(iteration, false);
+}
+
+void Trainer::log_progress_save(int64_t iteration, bool async) {
+  progress_log_->saved(iteration, progress_.floating_point_operations,
+                       progress_.consumed_train_samples * cfg_.train().seq_length(), async);
 }
 
 void Trainer::final_evaluation() {

@@ -89,6 +89,8 @@ class Trainer {
   void poll_async_save();
   void finish_async_save();
   void log_saved(int64_t iteration, const SaveReport& r, bool in_background);
+  // logging.log_progress: the save's progress.txt line (async: started, published later).
+  void log_progress_save(int64_t iteration, bool async);
   bool saving() const { return !cfg_.checkpoint().save().empty(); }
 
   const config::RunConfig& cfg_;

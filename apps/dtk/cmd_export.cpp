@@ -4,6 +4,7 @@
 
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -57,6 +58,9 @@ std::string shape_extras(const dtk::core::LlamaShape& s) {
   if (s.qk_norm) t += ", query/key norms";
   if (s.qkv_bias && !s.bias) t += ", query/key/value biases";
   if (s.window >= 0) t += ", a sliding window of " + std::to_string(s.window) + " earlier tokens";
+  if (s.window >= 0 && !s.window_layers.empty())
+    t += " in " + std::to_string(std::count(s.window_layers.begin(), s.window_layers.end(), true)) + " of " +
+         std::to_string(s.layers) + " layers";
   if (!s.has_experts()) return t;
   t += ", " + std::to_string(s.experts) + " experts";
   if (s.moe_ffn != s.ffn) t += " of ffn " + std::to_string(s.moe_ffn);

@@ -77,9 +77,23 @@ std::vector<int64_t> json_int_list(const std::string& json, const std::string& k
   return out;
 }
 
+// A list of strings in config.json ("layer_types": ["full_attention", ...]); empty when absent.
+std::vector<std::string> json_string_list(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + R"re("\s*:\s*\[([^\]]*)\])re"))) return {};
+  const std::string items = m[1].str();
+  const std::regex quoted("\"([^\"]*)\"");
+  std::vector<std::string> out;
+  for (auto it = std::sregex_iterator(items.begin(), items.end(), quoted); it != std::sregex_iterator(); ++it)
+    out.push_back((*it)[1].str());
+  return out;
+}
+
 // LlamaForCausalLM's (or MistralForCausalLM's, MixtralForCausalLM's, Qwen2ForCausalLM's,
 // Qwen3ForCausalLM's and their MoE forms') forward (eval) from config.json and the folder's
-// tensors; Mistral's and Mixtral's sliding_window masks the keys that far back or further. Which projections have
+// tensors; Mistral's and Mixtral's sliding_window masks the keys that far back or further in every layer, Qwen2's
+// and Qwen3's (with use_sliding_window) in the layers layer_types calls sliding_attention or, without
+// layer_types, in those from max_window_layers on. Which projections have
 // biases is each architecture's: Llama's attention_bias (q, k, v, o) and mlp_bias; Qwen2's q, k
 // and v (Qwen2-MoE's unless qkv_bias is false); Qwen3's attention_bias. Qwen3 RMS-normalises each
 // query and key head (q_norm, k_norm) before rotary. A head is head_dim wide where config.json
@@ -142,12 +156,25 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
     return x.unsqueeze(2).expand({b, kv_heads, heads / kv_heads, s, hd}).reshape({b, heads, s, hd});
   };
   at::Tensor x = at::embedding(P.at("model.embed_tokens.weight"), tokens);
-  at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
-  // Mistral's and Mixtral's sliding window: query q sees the keys k with q - k < sliding_window.
-  const std::string window = json_value(config, "sliding_window");
-  if ((type == "mistral" || mixtral) && !window.empty() && window != "null") {
+  const at::Tensor future = at::ones({s, s}, at::kBool).triu(1);
+  // A sliding window: query q sees the keys k with q - k < sliding_window, in every layer of
+  // Mistral and Mixtral, in Qwen's windowed layers (Qwen2Config's and Qwen3Config's layer_types).
+  const std::string window = json_value(config, "sliding_window"),
+                    first_windowed = json_value(config, "max_window_layers");
+  const bool has_window = !window.empty() && window != "null";
+  const bool qwen_window = (type == "qwen2" || type == "qwen3") && json_value(config, "use_sliding_window") == "true";
+  const std::vector<std::string> layer_types = json_string_list(config, "layer_types");
+  auto windowed = [&](int64_t l) {
+    if (!has_window) return false;
+    if (type == "mistral" || mixtral) return true;
+    if (!qwen_window) return false;
+    if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(l)) == "sliding_attention";
+    return l >= (first_windowed.empty() ? 28 : std::stoll(first_windowed));
+  };
+  at::Tensor window_future = future;
+  if (has_window) {
     const at::Tensor q_idx = at::arange(s, at::kLong).unsqueeze(1), k_idx = at::arange(s, at::kLong).unsqueeze(0);
-    future = future.logical_or(q_idx - k_idx >= static_cast<int64_t>(std::stoll(window)));
+    window_future = future.logical_or(q_idx - k_idx >= static_cast<int64_t>(std::stoll(window)));
   }
   for (int64_t l = 0; l < layers; ++l) {
     const std::string L = "model.layers." + std::to_string(l) + ".";
@@ -160,7 +187,7 @@ at::Tensor hf_llama_logits(const Tensors& P, const std::string& config, const at
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     at::Tensor scores = at::matmul(q, repeat_kv(k).transpose(2, 3)) / std::sqrt(static_cast<double>(hd));
-    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+    scores = scores.masked_fill(windowed(l) ? window_future : future, -std::numeric_limits<float>::infinity());
     const at::Tensor ctx = at::matmul(at::softmax(scores, -1), repeat_kv(v)).transpose(1, 2).reshape({b, s, heads * hd});
     x = x + linear(ctx, L + "self_attn.o_proj", o_bias);
     const at::Tensor m = rms(x, L + "post_attention_layernorm.weight");
@@ -213,6 +240,19 @@ dtk_test_gpt::Opts tiny_opts(const std::map<std::string, std::string>& extra) {
                           {"num_query_groups", "2"}, {"ffn_hidden_size", "192"}, {"vocab_size", "50257"}};
   for (const auto& [k, v] : extra) o[k] = v;
   return o;
+}
+
+// The llama plugin's resolved options for llama-tiny's shape (2 layers, hidden 64, 4 heads in 2
+// key/value groups, ffn 192), dense, as a checkpoint records them: llama_shape's input.
+std::map<std::string, std::string> tiny_llama_options() {
+  return {
+      {"num_layers", "2"},           {"hidden_size", "64"},          {"num_attention_heads", "4"},
+      {"num_query_groups", "2"},     {"ffn_hidden_size", "192"},     {"vocab_size", "50257"},
+      {"seq_length", "64"},          {"layernorm_epsilon", "1e-5"},  {"rotary_base", "10000"},
+      {"attention_dropout", "0"},    {"init_method_std", "0.02"},    {"untie_embeddings_and_output_weights", "true"},
+      {"add_bias_linear", "false"},  {"rope_scaling", "none"},       {"rope_scaling_factor", "8"},
+      {"rope_low_freq_factor", "1"}, {"rope_high_freq_factor", "4"}, {"rope_original_max_positions", "8192"},
+      {"rotary_percent", "1"}};
 }
 
 Tensors checkpoint_at(const std::string& save_dir, const char* iter) {
@@ -516,8 +556,6 @@ TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
 
     // What the architecture cannot hold, one line each.
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_bad");
-    expect_import_refused(dir + "/hf", bad + "/windowed", "\"use_sliding_window\": false",
-                          "\"use_sliding_window\": true", "use_sliding_window is true");
     if (v.name == "qwen3") {
       expect_import_refused(dir + "/hf", bad + "/biased", "\"attention_bias\": false", "\"attention_bias\": true",
                             "attention_bias is true: Qwen3's biases would be on o_proj too");
@@ -620,6 +658,9 @@ TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
                           "no layer has experts (mlp_only_layers and decoder_sparse_step)");
     expect_import_refused(dir + "/hf", bad + "/out-of-range", dense, "\"mlp_only_layers\": [2]",
                           "mlp_only_layers holds 2, not a layer number in [0, num_hidden_layers)");
+    expect_import_refused(dir + "/hf", bad + "/windowed", "\"use_sliding_window\": false",
+                          "\"use_sliding_window\": true",
+                          "use_sliding_window is true: transformers' versions window different layers of a Qwen MoE");
     if (qwen2) {
       expect_import_refused(dir + "/hf", bad + "/unshared", "\"shared_expert_intermediate_size\": 128",
                             "\"shared_expert_intermediate_size\": 0",
@@ -688,10 +729,9 @@ TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
       {"--set model.window_attn_skip_freq=2 ",
        "option 'window_attn_skip_freq' is 2: a llama with a sliding window exports as MistralForCausalLM or "
        "MixtralForCausalLM, whose window is in every layer"},
-      {"--set model.qk_layernorm=true ",
-       "option 'window_size' is 5,0: a llama with a sliding window exports as "
-       "MistralForCausalLM or MixtralForCausalLM, whose attention has no biases or "
-       "query/key norms (DTK writes a window only as their sliding_window, not as Qwen3ForCausalLM's)"},
+      {"--set model.qk_layernorm=true --set model.num_experts=4 --set model.moe_router_topk=2 ",
+       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen3MoeForCausalLM, whose sliding "
+       "window transformers' versions apply to different layers"},
   };
   for (const auto& [sets, needle] : refused) {
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mistral_bad");
@@ -706,33 +746,165 @@ TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
   }
 }
 
+// Qwen2's and Qwen3's sliding window (use_sliding_window, sliding_window, max_window_layers): a
+// qwen2-shaped llama windowed in its last layer only (window_size 5,0 with window_attn_skip_freq
+// [0,1]) exports as Qwen2ForCausalLM with max_window_layers 1, a qwen3-shaped one windowed in every
+// layer with max_window_layers 0. Hugging Face's forward on each equals the plugin's (and the
+// window and the layers it covers matter to it); import gives back every parameter and both
+// options, reads layer_types where config.json has it and Qwen2Config's defaults where it has
+// neither, and refuses what it cannot read in one line.
+TEST(HfLlama, QwenExportHoldsTheSlidingWindowAndImportsBitForBit) {
+  struct Variant {
+    std::string name;
+    std::map<std::string, std::string> opts;
+    std::string architecture, printed, first_windowed;
+  };
+  const Variant variants[] = {
+      {"qwen2",
+       {{"add_qkv_bias", "true"}, {"window_size", "5,0"}, {"window_attn_skip_freq", "[0,1]"}},
+       "Qwen2ForCausalLM",
+       "ffn 192, query/key/value biases, a sliding window of 5 earlier tokens in 1 of 2 layers, vocab 50257",
+       "1"},
+      {"qwen3",
+       {{"qk_layernorm", "true"}, {"kv_channels", "32"}, {"window_size", "5,0"}},
+       "Qwen3ForCausalLM",
+       "ffn 192, heads of 32 channels, query/key norms, a sliding window of 5 earlier tokens, vocab 50257",
+       "0"}};
+  const at::Tensor tokens = at::randint(0, kVocabSize, {1, 64}, at::kLong);
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_window");
+    std::string sets;
+    for (const auto& [k, value] : v.opts) sets += "--set 'model." + k + "=" + value + "' ";
+    ASSERT_EQ(dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck").code, 0);
+    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+    ASSERT_EQ(exported.code, 0) << exported.out;
+    EXPECT_NE(
+        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.printed),
+        std::string::npos)
+        << exported.out;
+    const std::string config = read(dir + "/hf/config.json");
+    EXPECT_EQ(json_value(config, "use_sliding_window"), "true");
+    EXPECT_EQ(json_value(config, "sliding_window"), "6");
+    EXPECT_EQ(json_value(config, "max_window_layers"), v.first_windowed);
+    const Tensors saved = checkpoint_at(dir + "/ck", "iter_0000003");
+    expect_hf_forward_matches(saved, v.opts, dir + "/hf", v.name);
+    // Without the window, and (qwen2) with layer 0 windowed too, Hugging Face's logits differ.
+    const Tensors hf = read_safetensors(dir + "/hf/model.safetensors");
+    const at::Tensor theirs = hf_llama_logits(hf, config, tokens);
+    std::string unwindowed = config;
+    unwindowed.replace(unwindowed.find("\"use_sliding_window\": true"), 26, "\"use_sliding_window\": false");
+    EXPECT_GT((hf_llama_logits(hf, unwindowed, tokens) - theirs).abs().max().item<double>(), 1e-4);
+    if (v.name == "qwen2") {
+      std::string all = config;
+      all.replace(all.find("\"max_window_layers\": 1"), 22, "\"max_window_layers\": 0");
+      EXPECT_GT((hf_llama_logits(hf, all, tokens) - theirs).abs().max().item<double>(), 1e-4);
+    }
+    expect_import_round_trip(dir, saved, v.printed, v.opts, sets, v.name);
+    if (v.name != "qwen2") continue;
+
+    // layer_types, where given, says which layers are windowed (here the first, not the last):
+    // Hugging Face's forward on it equals the plugin's with window_attn_skip_freq [1,0].
+    auto with_config = [&](const std::string& name, const std::string& from, const std::string& to) {
+      std::string edited = config;
+      edited.replace(edited.find(from), from.size(), to);
+      fs::create_directories(dir + "/" + name);
+      fs::copy_file(dir + "/hf/model.safetensors", dir + "/" + name + "/model.safetensors");
+      write_text(dir + "/" + name + "/config.json", edited);
+      return dtk_test::run_dtk("import hf " + dir + "/" + name + " " + dir + "/" + name + "-imp");
+    };
+    const std::string types = "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_window_layers\": 1";
+    const dtk_test::Result typed = with_config("typed", "\"max_window_layers\": 1", types);
+    ASSERT_EQ(typed.code, 0) << typed.out;
+    EXPECT_NE(typed.out.find("--set 'model.window_attn_skip_freq=[1,0]'"), std::string::npos) << typed.out;
+    std::map<std::string, std::string> first = v.opts;
+    first["window_attn_skip_freq"] = "[1,0]";
+    expect_hf_forward_matches(saved, first, dir + "/typed", "qwen2 layer_types");
+    // Qwen2Config's max_window_layers 28 where the key is left out: no layer of two is windowed.
+    const dtk_test::Result defaults = with_config("defaults", "\"max_window_layers\": 1,", "");
+    ASSERT_EQ(defaults.code, 0) << defaults.out;
+    EXPECT_EQ(defaults.out.find("model.window_size"), std::string::npos) << defaults.out;
+    EXPECT_EQ(defaults.out.find("sliding window"), std::string::npos) << defaults.out;
+    // What Qwen's config cannot say, one line each.
+    const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_qwen2_window_bad");
+    expect_import_refused(dir + "/hf", bad + "/types", "\"max_window_layers\": 1",
+                          "\"layer_types\": [\"sliding_attention\", \"chunked_attention\"]",
+                          "layer_types holds \"chunked_attention\", not \"full_attention\" or \"sliding_attention\"");
+    expect_import_refused(dir + "/hf", bad + "/short", "\"max_window_layers\": 1",
+                          "\"layer_types\": [\"full_attention\"]",
+                          "'layer_types' is not a list of num_hidden_layers (2) attention types");
+    expect_import_refused(dir + "/hf", bad + "/zero", "\"sliding_window\": 6", "\"sliding_window\": 0",
+                          "sliding_window 0 must be at least 1 (the token itself)");
+  }
+}
+
+// Where a config cannot hold a llama's window, export refuses naming the option: Qwen's layers keep
+// full attention first and are windowed after max_window_layers, Mistral's and Mixtral's window is in
+// every layer, and transformers' versions disagree on which layers of a Qwen MoE model are windowed.
+TEST(HfLlama, SlidingWindowExportRefusesWhatTheConfigCannotHold) {
+  auto shape = [](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> o = tiny_llama_options();
+    o["window_size"] = "5,0";
+    for (const auto& [k, v] : extra) o[k] = v;
+    return dtk::core::llama_shape(o, 64);
+  };
+  const dtk::core::LlamaShape last = shape({{"add_qkv_bias", "true"}, {"window_attn_skip_freq", "[0,1]"}});
+  EXPECT_EQ(last.architecture(), "Qwen2ForCausalLM");
+  EXPECT_EQ(last.window, 5);
+  EXPECT_EQ(last.full_attention_layers(), 1);
+  EXPECT_FALSE(last.windowed(0));
+  EXPECT_TRUE(last.windowed(1));
+  const dtk::core::LlamaShape four =
+      shape({{"qk_layernorm", "true"}, {"num_layers", "4"}, {"window_attn_skip_freq", "[0]*2+[1]*2"}});
+  EXPECT_EQ(four.full_attention_layers(), 2);
+  EXPECT_EQ(shape({{"qk_layernorm", "true"}}).full_attention_layers(), 0);
+  // window_attn_skip_freq 1 keeps full attention in every layer: no window, a plain Llama.
+  const dtk::core::LlamaShape none = shape({{"window_attn_skip_freq", "1"}});
+  EXPECT_EQ(none.window, -1);
+  EXPECT_EQ(none.architecture(), "LlamaForCausalLM");
+  EXPECT_EQ(none.full_attention_layers(), 2);
+  struct Refusal {
+    std::map<std::string, std::string> extra;
+    std::string line;
+  };
+  const Refusal refused[] = {
+      {{{"add_qkv_bias", "true"}, {"window_attn_skip_freq", "2"}},
+       "option 'window_attn_skip_freq' is 2: a llama with a sliding window exports as Qwen2ForCausalLM, whose "
+       "layers keep full attention up to max_window_layers and are windowed after it (layer 1 would keep full "
+       "attention after windowed layer 0)"},
+      {{{"window_attn_skip_freq", "[0,1]"}},
+       "option 'window_attn_skip_freq' is [0,1]: a llama with a sliding window exports as MistralForCausalLM or "
+       "MixtralForCausalLM, whose window is in every layer"},
+      {{{"add_bias_linear", "true"}},
+       "option 'add_bias_linear' is true: a llama with a sliding window exports as MistralForCausalLM or "
+       "MixtralForCausalLM, whose projections have no biases"},
+      {{{"add_qkv_bias", "true"},
+        {"num_experts", "4"},
+        {"moe_router_topk", "2"},
+        {"moe_shared_expert_intermediate_size", "128"},
+        {"moe_shared_expert_gate", "true"}},
+       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen2MoeForCausalLM, whose sliding "
+       "window transformers' versions apply to different layers"},
+  };
+  for (const Refusal& r : refused) {
+    try {
+      shape(r.extra);
+      ADD_FAILURE() << r.line << ": exported";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(r.line), std::string::npos) << e.what();
+    }
+  }
+}
+
 // What Qwen's sparse blocks are not is refused at export, naming the option; Mixtral's refusals
 // are MixtralExportRefusesWhatItsBlockIsNot's.
 TEST(HfLlama, QwenMoeExportRefusesWhatItsBlockIsNot) {
-  const std::map<std::string, std::string> base = {{"num_layers", "2"},
-                                                   {"hidden_size", "64"},
-                                                   {"num_attention_heads", "4"},
-                                                   {"num_query_groups", "2"},
-                                                   {"ffn_hidden_size", "192"},
-                                                   {"vocab_size", "50257"},
-                                                   {"seq_length", "64"},
-                                                   {"layernorm_epsilon", "1e-5"},
-                                                   {"rotary_base", "10000"},
-                                                   {"attention_dropout", "0"},
-                                                   {"init_method_std", "0.02"},
-                                                   {"untie_embeddings_and_output_weights", "true"},
-                                                   {"add_bias_linear", "false"},
-                                                   {"rope_scaling", "none"},
-                                                   {"rope_scaling_factor", "8"},
-                                                   {"rope_low_freq_factor", "1"},
-                                                   {"rope_high_freq_factor", "4"},
-                                                   {"rope_original_max_positions", "8192"},
-                                                   {"rotary_percent", "1"},
-                                                   {"num_experts", "4"},
-                                                   {"moe_router_topk", "2"},
-                                                   {"moe_ffn_hidden_size", "96"},
-                                                   {"moe_shared_expert_intermediate_size", "0"},
-                                                   {"moe_shared_expert_gate", "false"}};
+  std::map<std::string, std::string> base = tiny_llama_options();
+  base.insert({{"num_experts", "4"},
+               {"moe_router_topk", "2"},
+               {"moe_ffn_hidden_size", "96"},
+               {"moe_shared_expert_intermediate_size", "0"},
+               {"moe_shared_expert_gate", "false"}});
   std::map<std::string, std::string> qwen2 = base, qwen3 = base;
   qwen2["add_qkv_bias"] = "true", qwen2["moe_shared_expert_intermediate_size"] = "128";
   qwen2["moe_shared_expert_gate"] = "true", qwen2["moe_router_pre_softmax"] = "true";
@@ -950,15 +1122,8 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
 // What Mixtral's sparse block is not is refused at export, naming the option (any spelling of
 // true the options layer reads); an older checkpoint without the MoE options is dense.
 TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
-  const std::map<std::string, std::string> base = {
-      {"num_layers", "2"},           {"hidden_size", "64"},          {"num_attention_heads", "4"},
-      {"num_query_groups", "2"},     {"ffn_hidden_size", "192"},     {"vocab_size", "50257"},
-      {"seq_length", "64"},          {"layernorm_epsilon", "1e-5"},  {"rotary_base", "10000"},
-      {"attention_dropout", "0"},    {"init_method_std", "0.02"},    {"untie_embeddings_and_output_weights", "true"},
-      {"add_bias_linear", "false"},  {"rope_scaling", "none"},       {"rope_scaling_factor", "8"},
-      {"rope_low_freq_factor", "1"}, {"rope_high_freq_factor", "4"}, {"rope_original_max_positions", "8192"},
-      {"rotary_percent", "1"},       {"num_experts", "4"},           {"moe_router_topk", "2"},
-      {"moe_ffn_hidden_size", "96"}};
+  std::map<std::string, std::string> base = tiny_llama_options();
+  base.insert({{"num_experts", "4"}, {"moe_router_topk", "2"}, {"moe_ffn_hidden_size", "96"}});
   const dtk::core::LlamaShape shape = dtk::core::llama_shape(base, 64);
   EXPECT_EQ(shape.experts, 4);
   EXPECT_EQ(shape.topk, 2);

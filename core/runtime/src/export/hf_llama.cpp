@@ -7,12 +7,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <vector>
 
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/host/error.hpp"
+#include "dtk/layers/layer_pattern.hpp"
 #include "hf_common.hpp"
 
 namespace dtk::core {
@@ -85,25 +87,57 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
   if (arch == "MixtralForCausalLM") s.ffn = s.moe_ffn;  // (no dense MLP: intermediate_size is the experts')
 }
 
-// The sliding window (hf::window_of), where Mistral's or Mixtral's sliding_window can hold it:
-// every layer windowed, no biases or query/key norms, no llama3 rope scaling.
+// Which layers the window covers, from window_attn_skip_freq (empty: every layer; an integer N:
+// all but every N-th, counting from 1; a list: the 1s), as the llama model reads it.
+std::vector<bool> window_layers_of(const std::map<std::string, std::string>& o, int64_t layers) {
+  const std::string text = option_or(o, "window_attn_skip_freq", "");
+  if (text.empty()) return {};
+  const dtk::layers::LayerPattern p = dtk::layers::parse_layer_pattern(text);  // (the plugin read it at training)
+  std::vector<bool> windowed(static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l)
+    windowed[static_cast<size_t>(l)] = p.flags.empty() ? (l + 1) % p.every != 0 : p.flags.at(static_cast<size_t>(l));
+  return windowed;
+}
+
+// The sliding window (hf::window_of) where a Hugging Face config can hold it: Mistral's and
+// Mixtral's sliding_window in every layer (no biases, no llama3 rope scaling), or Qwen2's and
+// Qwen3's in the layers from max_window_layers on (full attention first, then windowed).
 void read_window(const std::map<std::string, std::string>& o, LlamaShape& s) {
   s.window = hf::window_of(option_or(o, "window_size", ""));
   if (s.window < 0) return;
+  s.window_layers = window_layers_of(o, s.layers);
+  if (std::find(s.window_layers.begin(), s.window_layers.end(), true) == s.window_layers.end() &&
+      !s.window_layers.empty()) {
+    s.window = -1, s.window_layers.clear();  // (every layer keeps full attention: no window)
+    return;
+  }
+  if (std::find(s.window_layers.begin(), s.window_layers.end(), false) == s.window_layers.end())
+    s.window_layers.clear();                  // (every layer windowed)
   const std::string arch = s.architecture();  // (with the window: Mistral's unless the layers say otherwise)
+  const bool mistral = arch == "MistralForCausalLM" || arch == "MixtralForCausalLM";
+  const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
   auto refuse = [&](const char* name, const std::string& why) {
     throw HostError(std::string("export hf: option '") + name + "' is " + option_or(o, name, "") +
-                    ": a llama with a sliding window exports as MistralForCausalLM or MixtralForCausalLM, " + why);
+                    ": a llama with a sliding window exports as " +
+                    (mistral ? std::string("MistralForCausalLM or MixtralForCausalLM") : arch) + ", " + why);
   };
-  if (arch != "MistralForCausalLM" && arch != "MixtralForCausalLM")
+  if (!mistral && !qwen)  // (Qwen's MoE models: transformers' versions window different layers of them)
     refuse("window_size",
-           "whose attention has no biases or query/key norms (DTK writes a window only as their "
-           "sliding_window, not as " +
-               arch + "'s)");
+           "whose sliding window transformers' versions apply to different layers (every layer, or those "
+           "from max_window_layers on); DTK writes a window as Mistral's, Mixtral's, Qwen2's or Qwen3's");
   if (arch == "MistralForCausalLM" && s.bias) refuse("add_bias_linear", "whose projections have no biases");
-  if (!option_or(o, "window_attn_skip_freq", "").empty())
-    refuse("window_attn_skip_freq", "whose window is in every layer");
-  if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
+  if (mistral && !s.window_layers.empty())
+    refuse("window_attn_skip_freq",
+           "whose window is in every layer (with query/key/value biases or query/key norms it would be "
+           "Qwen2's or Qwen3's, which keep full attention in the first max_window_layers layers)");
+  if (mistral && s.llama3)
+    refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
+  const int64_t full = s.full_attention_layers();
+  for (int64_t l = full; l < s.layers; ++l)
+    if (!s.windowed(l))
+      refuse("window_attn_skip_freq",
+             "whose layers keep full attention up to max_window_layers and are windowed after it (layer " +
+                 std::to_string(l) + " would keep full attention after windowed layer " + std::to_string(full) + ")");
 }
 
 }  // namespace
@@ -173,6 +207,12 @@ int64_t LlamaShape::dense_layers() const {
   int64_t n = 0;
   for (int64_t l = 0; l < layers; ++l) n += sparse(l) ? 0 : 1;
   return n;
+}
+
+int64_t LlamaShape::full_attention_layers() const {
+  int64_t l = 0;
+  while (l < layers && !windowed(l)) ++l;
+  return l;
 }
 
 bool llama_model_type(const std::string& model_type) {
@@ -321,9 +361,10 @@ std::string config_json(const LlamaShape& s, const std::string& dtype, const Tok
     c << "  \"attention_bias\": " << bias << ",\n"
       << "  \"mlp_bias\": " << bias << ",\n";
   else  // Qwen2's q/k/v biases are its architecture's; Qwen3's attention_bias would add o_proj's
-    c << (s.qk_norm ? "  \"attention_bias\": false,\n" : "") << "  \"use_sliding_window\": false,\n"
-      << "  \"sliding_window\": null,\n"
-      << "  \"max_window_layers\": " << s.layers << ",\n";
+    c << (s.qk_norm ? "  \"attention_bias\": false,\n" : "")
+      << "  \"use_sliding_window\": " << (s.window >= 0 ? "true" : "false") << ",\n"
+      << "  \"sliding_window\": " << (s.window >= 0 ? std::to_string(s.window + 1) : "null") << ",\n"
+      << "  \"max_window_layers\": " << s.full_attention_layers() << ",\n";
   if (s.has_experts() && s.model_type() != "mixtral") {  // Qwen's sparse blocks
     std::string dense;                                   // the layers without experts
     for (int64_t l = 0; l < s.layers; ++l)
@@ -475,6 +516,48 @@ void read_qwen_experts(const nlohmann::json& c, const std::string& config_file, 
   }
 }
 
+// Qwen2's and Qwen3's sliding window as Qwen2Config and Qwen3Config read it: with
+// use_sliding_window, sliding_window (4096 when left out; null: none) in the layers layer_types
+// calls "sliding_attention", or, without layer_types, in those from max_window_layers (28 when
+// left out) on; each token sees the sliding_window tokens up to itself. A Qwen MoE model's window
+// is refused: transformers' versions window every layer of it or only those from max_window_layers.
+void read_qwen_window(const nlohmann::json& c, const std::string& config_file, LlamaShape& s) {
+  auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
+  auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    if (!c[key].is_number_integer()) refuse(std::string("'") + key + "' is not an integer");
+    return c[key].get<int64_t>();
+  };
+  std::vector<bool> sliding;  // per layer, from layer_types where given
+  if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+    const nlohmann::json& types = c["layer_types"];
+    if (!types.is_array() || types.size() != static_cast<size_t>(s.layers))
+      refuse("'layer_types' is not a list of num_hidden_layers (" + std::to_string(s.layers) + ") attention types");
+    for (const nlohmann::json& t : types) {
+      if (t != "full_attention" && t != "sliding_attention")
+        refuse("layer_types holds " + t.dump() + ", not \"full_attention\" or \"sliding_attention\"");
+      sliding.push_back(t == "sliding_attention");
+    }
+  }
+  if (!hf::json_bool_or(c, "use_sliding_window", false, config_file)) return;
+  const std::string type = hf::json_string_or(c, "model_type", "", config_file);
+  if (type == "qwen2_moe" || type == "qwen3_moe")
+    refuse(
+        "use_sliding_window is true: transformers' versions window different layers of a Qwen MoE model (every "
+        "layer, or those from max_window_layers on); DTK reads Qwen's window from Qwen2 and Qwen3 configs");
+  if (c.contains("sliding_window") && c["sliding_window"].is_null()) return;  // (None: no window)
+  const int64_t window = integer("sliding_window", 4096);
+  if (window < 1) refuse("sliding_window " + std::to_string(window) + " must be at least 1 (the token itself)");
+  if (window >= s.positions) return;  // (a window holding every position changes nothing)
+  if (sliding.empty()) {
+    const int64_t full = integer("max_window_layers", 28);
+    for (int64_t l = 0; l < s.layers; ++l) sliding.push_back(l >= full);
+  }
+  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;  // (no layer windowed)
+  s.window = window - 1;
+  if (std::find(sliding.begin(), sliding.end(), false) != sliding.end()) s.window_layers = sliding;
+}
+
 // The shape from config.json; what the llama model cannot be is refused naming the key.
 LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_file) {
   LlamaShape s;
@@ -549,10 +632,7 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
   }
   const std::string act = hf::json_string_or(c, "hidden_act", "silu", config_file);
   if (act != "silu") refuse("hidden_act '" + act + "'; the llama model's MLP is SwiGLU (silu)");
-  if (qwen && boolean("use_sliding_window", false))
-    refuse(
-        "use_sliding_window is true: DTK reads a sliding window from Mistral's and Mixtral's configs only, not "
-        "Qwen's split of the layers at max_window_layers");
+  if (qwen) read_qwen_window(c, config_file, s);
   s.eps = real("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
   s.rope_theta = real("rope_theta", mixtral ? 1e6 : 10000.0);
   s.attention_dropout = real("attention_dropout", 0.0);
@@ -704,6 +784,11 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   if (s.head_dim * s.heads != s.hidden) r.model_options["kv_channels"] = std::to_string(s.head_dim);
   if (s.qkv_bias) r.model_options["add_qkv_bias"] = "true";
   if (s.window >= 0) r.model_options["window_size"] = std::to_string(s.window) + ",0";
+  if (!s.window_layers.empty()) {  // Megatron's --window-attn-skip-freq list, one 0/1 per layer
+    std::string pattern;
+    for (int64_t l = 0; l < s.layers; ++l) pattern += std::string(l ? "," : "") + (s.windowed(l) ? "1" : "0");
+    r.model_options["window_attn_skip_freq"] = "[" + pattern + "]";
+  }
   if (s.qk_norm) r.model_options["qk_layernorm"] = "true";
   if (s.has_experts()) {
     r.model_options["num_experts"] = std::to_string(s.experts);

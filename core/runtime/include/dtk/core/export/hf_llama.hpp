@@ -55,9 +55,17 @@ struct LlamaShape {
   bool qkv_bias = false;            // add_qkv_bias: biases on q_proj, k_proj, v_proj only (Qwen2)
   bool qk_norm = false;             // qk_layernorm: q_norm and k_norm per head (Qwen3)
   bool norm_1p = false;             // apply_layernorm_1p: norm weights saved as w, Hugging Face's are 1 + w
-  // window_size W,0 in every layer: each token sees itself and the W before it (Hugging Face's
-  // sliding_window W + 1, Mistral's and Mixtral's); -1: none.
+  // window_size W,0: each token sees itself and the W before it (Hugging Face's sliding_window
+  // W + 1); -1: none. window_layers: per layer, whether it is windowed (the llama model's
+  // window_attn_skip_freq list, Qwen's layer_types); empty: every layer (Mistral's and Mixtral's
+  // only form).
   int64_t window = -1;
+  std::vector<bool> window_layers;
+  bool windowed(int64_t layer) const {
+    return window >= 0 && (window_layers.empty() || window_layers.at(static_cast<size_t>(layer)));
+  }
+  // The layers before the first windowed one (Qwen's max_window_layers); `layers` without a window.
+  int64_t full_attention_layers() const;
   // rope_scaling=llama3 and its parameters (the llama plugin's rope_* options).
   bool llama3 = false;
   double rope_factor = 8, rope_low = 1, rope_high = 4;

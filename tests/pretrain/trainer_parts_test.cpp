@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -34,6 +35,9 @@ dtk::config::RunConfig config(int64_t mbs, int64_t gbs, int64_t iters) {
   cfg.mutable_train()->set_train_iters(iters);
   return cfg;
 }
+
+// When this test program's static objects were made: after its exec, before any test ran.
+const std::chrono::steady_clock::time_point kProgramLoaded = std::chrono::steady_clock::now();
 
 Topology data_parallel(int rank, int size) {
   Topology t;
@@ -282,7 +286,8 @@ TEST(ProgressLog, CumulativeThroughputCountsFromTheEarliestJobOfThisWorldSize) {
       << "Floating-point operations: 6.00e+14\tTokens (in billions): 0.00\n";
     f << stamp(90) << "\tJob ID: 9\t# GPUs: 1\tSaved async checkpoint\tIteration: 2\n";
   }
-  dtk::core::ProgressLog log(dir, 1, 6e14);
+  // This job has run 100 s (since its process start): 2e14 operations are 2.0 TFLOP/s.
+  dtk::core::ProgressLog log(dir, 1, 6e14, 100.0);
   log.saved(3, 6e14 + 2e14, 2'000'000'000, false);
   std::ifstream in(dir + "/progress.txt");
   std::string line, last;
@@ -290,10 +295,20 @@ TEST(ProgressLog, CumulativeThroughputCountsFromTheEarliestJobOfThisWorldSize) {
   while (std::getline(in, line)) last = line, ++lines;
   ASSERT_EQ(lines, 11);
   // (8e14 - 4e14) / 200 s = 2.0 TFLOP/s (a second either way of the timestamps: 1.99 to 2.01).
-  EXPECT_NE(last.find("\tSaved checkpoint\tIteration: 3\tJob throughput: "), std::string::npos) << last;
+  EXPECT_NE(last.find("\tSaved checkpoint\tIteration: 3\tJob throughput: 2.0 TFLOP/s/GPU\t"), std::string::npos)
+      << last;
   EXPECT_NE(last.find("\tCumulative throughput: 2.0 TFLOP/s/GPU\tFloating-point operations: 8.00e+14\tTokens (in "
                       "billions): 2.00"),
             std::string::npos)
       << last;
   std::filesystem::remove_all(dir);
+}
+
+// The progress file's job clock starts at the process's exec (/proc/self/stat), which came before
+// this program's static objects were made, and not long before (the kernel counts in 10 ms ticks).
+TEST(ProgressLog, ProcessStartIsThisProgramsExec) {
+  const double loaded = std::chrono::duration<double>(std::chrono::steady_clock::now() - kProgramLoaded).count();
+  const double started = dtk::core::seconds_since_process_start();
+  EXPECT_GE(started, loaded - 0.02);
+  EXPECT_LT(started, loaded + 60.0);
 }

@@ -93,11 +93,34 @@ CumulativeStart cumulative_start(const std::string& path, int world_size) {
 
 }  // namespace
 
-ProgressLog::ProgressLog(const std::string& save_dir, int world_size, double flops_so_far)
+// /proc/self/stat's 22nd field, the start in clock ticks since boot, against /proc/uptime. (The
+// second field, the command's name in parentheses, may hold spaces: count from its last ')'.)
+double seconds_since_process_start() {
+  std::ifstream stat("/proc/self/stat"), uptime_file("/proc/uptime");
+  std::string text;
+  std::getline(stat, text);
+  double uptime = 0;
+  uptime_file >> uptime;
+  const size_t name_end = text.rfind(')');
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (name_end == std::string::npos || !uptime_file || ticks <= 0) return 0;
+  std::istringstream rest(text.substr(name_end + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i < 22) continue;
+    const double seconds = uptime - std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
+    return seconds > 0 ? seconds : 0;
+  }
+  return 0;
+}
+
+ProgressLog::ProgressLog(const std::string& save_dir, int world_size, double flops_so_far, double job_seconds)
     : path_((std::filesystem::path(save_dir) / "progress.txt").string()),
       world_size_(world_size),
       job_start_flops_(flops_so_far),
-      job_start_(std::chrono::steady_clock::now()) {
+      job_start_(std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                        std::chrono::duration<double>(job_seconds))),
+      start_line_(std::chrono::steady_clock::now()) {
   std::error_code ec;
   std::filesystem::create_directories(save_dir, ec);
   append("Starting job");
@@ -124,12 +147,15 @@ void ProgressLog::append(const std::string& event) {
 }
 
 void ProgressLog::saved(int64_t iteration, double flops_so_far, int64_t tokens_so_far, bool async) {
-  const double job_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start_).count();
+  const auto now = std::chrono::steady_clock::now();
+  const double job_seconds = std::chrono::duration<double>(now - job_start_).count();
   const double job = (flops_so_far - job_start_flops_) / (job_seconds * 1e12 * world_size_);
   const CumulativeStart start = cumulative_start(path_, world_size_);
-  // Timestamps have whole seconds: a first save within this job's first second counts the job's
-  // time. Without a start line of this world size (the file edited), the job's own operations.
-  const double elapsed = start.seconds_ago && *start.seconds_ago > job_seconds ? *start.seconds_ago : job_seconds;
+  // Timestamps have whole seconds: a first save within a second of this job's start line counts
+  // the time since that line. Without a start line of this world size (the file edited), the job's
+  // own operations.
+  const double since_line = std::chrono::duration<double>(now - start_line_).count();
+  const double elapsed = start.seconds_ago && *start.seconds_ago > since_line ? *start.seconds_ago : since_line;
   const double from = start.seconds_ago ? start.flops : job_start_flops_;
   const double cumulative = (flops_so_far - from) / (elapsed * 1e12 * world_size_);
   char buf[320];

@@ -423,9 +423,14 @@ void Trainer::train() {
     std::printf(
         " > logging.log_progress has no effect without checkpoint.save (progress.txt is written there, as "
         "Megatron's --log-progress writes it into --save)\n");
-  if (cfg_.logging().log_progress() && saving() && topo_.world_rank == 0)
-    progress_log_ =
-        std::make_unique<ProgressLog>(cfg_.checkpoint().save(), topo_.world_size, progress_.floating_point_operations);
+  if (cfg_.logging().log_progress() && saving()) {
+    // The job's clock: its earliest rank's process start (Megatron's _TRAIN_START_TIME, min-reduced).
+    const int64_t job_ms = world_max(static_cast<int64_t>(seconds_since_process_start() * 1000), topo_,
+                                     "logging.log_progress: agreeing on when the job started");
+    if (topo_.world_rank == 0)
+      progress_log_ = std::make_unique<ProgressLog>(cfg_.checkpoint().save(), topo_.world_size,
+                                                    progress_.floating_point_operations, job_ms / 1000.0);
+  }
   ExitConditions exit(cfg_.train(), topo_);
   parts_.model->set_training(true);
   parts_.strategy->zero_grad();

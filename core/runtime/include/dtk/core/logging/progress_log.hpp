@@ -14,13 +14,17 @@
 
 namespace dtk::core {
 
+// Seconds since this process started (exec, from /proc/self/stat); 0 where that cannot be read.
+double seconds_since_process_start();
+
 class ProgressLog {
  public:
   // Appends "Starting job". `flops_so_far`: the floating-point operations of the run before this
   // job (a resumed checkpoint's). A line that cannot be written is a warning on stderr, and the
   // file gets no more lines (checkpoint.save's checks refuse a progress.txt that cannot take any).
-  // The job's clock starts here, at the start of training (Megatron's at the process start).
-  ProgressLog(const std::string& save_dir, int world_size, double flops_so_far);
+  // `job_seconds`: how long the job has run (since its earliest rank's process start, as
+  // Megatron's _TRAIN_START_TIME: the job throughput counts the start-up's time too).
+  ProgressLog(const std::string& save_dir, int world_size, double flops_so_far, double job_seconds);
 
   // A save of `iteration` (`async`: started, published later), after `flops_so_far` operations
   // and `tokens_so_far` tokens. The job throughput counts this job's operations over its wall
@@ -38,7 +42,8 @@ class ProgressLog {
   std::string path_;
   int world_size_;
   double job_start_flops_;
-  std::chrono::steady_clock::time_point job_start_;
+  std::chrono::steady_clock::time_point job_start_;   // the process start (the job throughput's clock)
+  std::chrono::steady_clock::time_point start_line_;  // when "Starting job" was written
   bool failed_ = false;  // a line could not be written: no more lines
 };
 

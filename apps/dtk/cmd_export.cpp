@@ -94,6 +94,10 @@ int export_llama(const std::vector<std::string>& args, const dtk::config::RunCon
       static_cast<long long>(shape.vocab), static_cast<long long>(shape.positions), shape.rope_theta,
       shape.llama3 ? ", llama3 rope scaling" : "", report.dtype.c_str(), static_cast<long long>(report.tensors),
       report.megabytes, report.tokenizer.empty() ? "" : " and ", report.tokenizer.c_str());
+  if (shape.window >= 0 && shape.model_type().rfind("qwen", 0) == 0)
+    std::printf(
+        "note: transformers 4.53 and later window Qwen's layers as this config says (layer_types, from "
+        "max_window_layers on); earlier versions' eager and SDPA attention do not\n");
   if (report.padding_rows > 0)
     std::printf("dropped %lld vocabulary padding rows: token ids %lld and above are not in the export (vocab_size %lld)\n",
                 static_cast<long long>(report.padding_rows), static_cast<long long>(shape.vocab),

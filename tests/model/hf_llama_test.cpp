@@ -660,7 +660,7 @@ TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
                           "mlp_only_layers holds 2, not a layer number in [0, num_hidden_layers)");
     expect_import_refused(dir + "/hf", bad + "/windowed", "\"use_sliding_window\": false",
                           "\"use_sliding_window\": true",
-                          "use_sliding_window is true: transformers' versions window different layers of a Qwen MoE");
+                          "use_sliding_window is true: transformers' versions disagree on which layers of a Qwen MoE");
     if (qwen2) {
       expect_import_refused(dir + "/hf", bad + "/unshared", "\"shared_expert_intermediate_size\": 128",
                             "\"shared_expert_intermediate_size\": 0",
@@ -730,8 +730,8 @@ TEST(HfLlama, MistralExportHoldsTheSlidingWindowAndImportsBitForBit) {
        "option 'window_attn_skip_freq' is 2: a llama with a sliding window exports as MistralForCausalLM or "
        "MixtralForCausalLM, whose window is in every layer"},
       {"--set model.qk_layernorm=true --set model.num_experts=4 --set model.moe_router_topk=2 ",
-       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen3MoeForCausalLM, whose sliding "
-       "window transformers' versions apply to different layers"},
+       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen3MoeForCausalLM, whose windowed "
+       "layers transformers' versions disagree on"},
   };
   for (const auto& [sets, needle] : refused) {
     const std::string bad = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_mistral_bad");
@@ -783,6 +783,9 @@ TEST(HfLlama, QwenExportHoldsTheSlidingWindowAndImportsBitForBit) {
         exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.printed),
         std::string::npos)
         << exported.out;
+    EXPECT_NE(exported.out.find("note: transformers 4.53 and later window Qwen's layers as this config says"),
+              std::string::npos)
+        << exported.out;
     const std::string config = read(dir + "/hf/config.json");
     EXPECT_EQ(json_value(config, "use_sliding_window"), "true");
     EXPECT_EQ(json_value(config, "sliding_window"), "6");
@@ -833,6 +836,9 @@ TEST(HfLlama, QwenExportHoldsTheSlidingWindowAndImportsBitForBit) {
     expect_import_refused(dir + "/hf", bad + "/short", "\"max_window_layers\": 1",
                           "\"layer_types\": [\"full_attention\"]",
                           "'layer_types' is not a list of num_hidden_layers (2) attention types");
+    expect_import_refused(dir + "/hf", bad + "/windowless", "\"use_sliding_window\": true",
+                          "\"use_sliding_window\": false, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+                          "layer_types has sliding_attention layers but there is no window");
     expect_import_refused(dir + "/hf", bad + "/zero", "\"sliding_window\": 6", "\"sliding_window\": 0",
                           "sliding_window 0 must be at least 1 (the token itself)");
   }
@@ -858,6 +864,10 @@ TEST(HfLlama, SlidingWindowExportRefusesWhatTheConfigCannotHold) {
       shape({{"qk_layernorm", "true"}, {"num_layers", "4"}, {"window_attn_skip_freq", "[0]*2+[1]*2"}});
   EXPECT_EQ(four.full_attention_layers(), 2);
   EXPECT_EQ(shape({{"qk_layernorm", "true"}}).full_attention_layers(), 0);
+  const dtk::core::LlamaShape three =
+      shape({{"add_qkv_bias", "true"}, {"num_layers", "3"}, {"window_attn_skip_freq", "[0,1,1]"}});
+  EXPECT_EQ(three.full_attention_layers(), 1);
+  EXPECT_TRUE(three.windowed(1) && three.windowed(2));
   // window_attn_skip_freq 1 keeps full attention in every layer: no window, a plain Llama.
   const dtk::core::LlamaShape none = shape({{"window_attn_skip_freq", "1"}});
   EXPECT_EQ(none.window, -1);
@@ -875,6 +885,16 @@ TEST(HfLlama, SlidingWindowExportRefusesWhatTheConfigCannotHold) {
       {{{"window_attn_skip_freq", "[0,1]"}},
        "option 'window_attn_skip_freq' is [0,1]: a llama with a sliding window exports as MistralForCausalLM or "
        "MixtralForCausalLM, whose window is in every layer"},
+      {{{"qk_layernorm", "true"}, {"num_layers", "3"}, {"window_attn_skip_freq", "[0,1,0]"}},
+       "option 'window_attn_skip_freq' is [0,1,0]: a llama with a sliding window exports as Qwen3ForCausalLM, whose "
+       "layers keep full attention up to max_window_layers and are windowed after it (layer 2 would keep full "
+       "attention after windowed layer 1)"},
+      // Patterns the plugin refuses at training (an edited checkpoint's): one line, no crash.
+      {{{"window_attn_skip_freq", "0"}},
+       "option 'window_attn_skip_freq' is 0: not an integer >= 1 nor one 0/1 per "
+       "layer of the 2"},
+      {{{"window_attn_skip_freq", "[1,1,0]"}}, "option 'window_attn_skip_freq' is [1,1,0]: not an integer >= 1"},
+      {{{"window_attn_skip_freq", "[1,"}}, "option 'window_attn_skip_freq' is [1,: "},
       {{{"add_bias_linear", "true"}},
        "option 'add_bias_linear' is true: a llama with a sliding window exports as MistralForCausalLM or "
        "MixtralForCausalLM, whose projections have no biases"},
@@ -883,8 +903,8 @@ TEST(HfLlama, SlidingWindowExportRefusesWhatTheConfigCannotHold) {
         {"moe_router_topk", "2"},
         {"moe_shared_expert_intermediate_size", "128"},
         {"moe_shared_expert_gate", "true"}},
-       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen2MoeForCausalLM, whose sliding "
-       "window transformers' versions apply to different layers"},
+       "option 'window_size' is 5,0: a llama with a sliding window exports as Qwen2MoeForCausalLM, whose windowed "
+       "layers transformers' versions disagree on"},
   };
   for (const Refusal& r : refused) {
     try {

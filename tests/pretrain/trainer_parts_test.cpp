@@ -304,6 +304,23 @@ TEST(ProgressLog, CumulativeThroughputCountsFromTheEarliestJobOfThisWorldSize) {
   std::filesystem::remove_all(dir);
 }
 
+// A progress.txt without a start line of this world size (edited during the run): the cumulative
+// figure is the job's own, this job's operations over its time.
+TEST(ProgressLog, WithoutAStartLineOfThisWorldSizeTheCumulativeFigureIsTheJobs) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("dtk-progress-edited-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  dtk::core::ProgressLog log(dir, 1, 1e14, 100.0);
+  std::ofstream(dir + "/progress.txt") << "2026-01-01 00:00:00\tJob ID: 7\t# GPUs: 2\tStarting job\n";
+  log.saved(3, 1e14 + 3e14, 0, false);
+  std::ifstream in(dir + "/progress.txt");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  EXPECT_NE(last.find("\tJob throughput: 3.0 TFLOP/s/GPU\tCumulative throughput: 3.0 TFLOP/s/GPU\t"), std::string::npos)
+      << last;
+  std::filesystem::remove_all(dir);
+}
+
 // The progress file's job clock starts at the process's exec (/proc/self/stat), which came before
 // this program's static objects were made, and not long before (the kernel counts in 10 ms ticks).
 TEST(ProgressLog, ProcessStartIsThisProgramsExec) {

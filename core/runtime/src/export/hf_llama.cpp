@@ -89,10 +89,21 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
 
 // Which layers the window covers, from window_attn_skip_freq (empty: every layer; an integer N:
 // all but every N-th, counting from 1; a list: the 1s), as the llama model reads it.
+// (The plugin refused a bad one at training: only an edited checkpoint gets here with one.)
 std::vector<bool> window_layers_of(const std::map<std::string, std::string>& o, int64_t layers) {
   const std::string text = option_or(o, "window_attn_skip_freq", "");
   if (text.empty()) return {};
-  const dtk::layers::LayerPattern p = dtk::layers::parse_layer_pattern(text);  // (the plugin read it at training)
+  dtk::layers::LayerPattern p;
+  try {
+    p = dtk::layers::parse_layer_pattern(text);
+  } catch (const std::exception& e) {
+    throw HostError("export hf: option 'window_attn_skip_freq' is " + text + ": " + e.what());
+  }
+  if (p.flags.empty() ? p.every < 1 : static_cast<int64_t>(p.flags.size()) != layers)
+    throw HostError("export hf: option 'window_attn_skip_freq' is " + text +
+                    ": not an integer >= 1 nor one 0/1 per "
+                    "layer of the " +
+                    std::to_string(layers));
   std::vector<bool> windowed(static_cast<size_t>(layers));
   for (int64_t l = 0; l < layers; ++l)
     windowed[static_cast<size_t>(l)] = p.flags.empty() ? (l + 1) % p.every != 0 : p.flags.at(static_cast<size_t>(l));
@@ -123,8 +134,8 @@ void read_window(const std::map<std::string, std::string>& o, LlamaShape& s) {
   };
   if (!mistral && !qwen)  // (Qwen's MoE models: transformers' versions window different layers of them)
     refuse("window_size",
-           "whose sliding window transformers' versions apply to different layers (every layer, or those "
-           "from max_window_layers on); DTK writes a window as Mistral's, Mixtral's, Qwen2's or Qwen3's");
+           "whose windowed layers transformers' versions disagree on; DTK writes a window as Mistral's, "
+           "Mixtral's, Qwen2's or Qwen3's");
   if (arch == "MistralForCausalLM" && s.bias) refuse("add_bias_linear", "whose projections have no biases");
   if (mistral && !s.window_layers.empty())
     refuse("window_attn_skip_freq",
@@ -520,7 +531,8 @@ void read_qwen_experts(const nlohmann::json& c, const std::string& config_file, 
 // use_sliding_window, sliding_window (4096 when left out; null: none) in the layers layer_types
 // calls "sliding_attention", or, without layer_types, in those from max_window_layers (28 when
 // left out) on; each token sees the sliding_window tokens up to itself. A Qwen MoE model's window
-// is refused: transformers' versions window every layer of it or only those from max_window_layers.
+// is refused (transformers' versions disagree on which of its layers are windowed), as are
+// sliding_attention layers without a window (transformers cannot build their mask).
 void read_qwen_window(const nlohmann::json& c, const std::string& config_file, LlamaShape& s) {
   auto refuse = [&](const std::string& what) { throw HostError("import hf: " + config_file + ": " + what); };
   auto integer = [&](const char* key, int64_t fallback) -> int64_t {
@@ -539,13 +551,19 @@ void read_qwen_window(const nlohmann::json& c, const std::string& config_file, L
       sliding.push_back(t == "sliding_attention");
     }
   }
-  if (!hf::json_bool_or(c, "use_sliding_window", false, config_file)) return;
+  const bool use = hf::json_bool_or(c, "use_sliding_window", false, config_file);
+  const bool no_window = !use || (c.contains("sliding_window") && c["sliding_window"].is_null());  // (None)
+  if (no_window && std::find(sliding.begin(), sliding.end(), true) != sliding.end())
+    refuse(
+        "layer_types has sliding_attention layers but there is no window (use_sliding_window false or "
+        "sliding_window null): transformers cannot build their mask");
+  if (!use) return;
   const std::string type = hf::json_string_or(c, "model_type", "", config_file);
   if (type == "qwen2_moe" || type == "qwen3_moe")
     refuse(
-        "use_sliding_window is true: transformers' versions window different layers of a Qwen MoE model (every "
-        "layer, or those from max_window_layers on); DTK reads Qwen's window from Qwen2 and Qwen3 configs");
-  if (c.contains("sliding_window") && c["sliding_window"].is_null()) return;  // (None: no window)
+        "use_sliding_window is true: transformers' versions disagree on which layers of a Qwen MoE model are "
+        "windowed; DTK reads Qwen's window from Qwen2 and Qwen3 configs");
+  if (no_window) return;
   const int64_t window = integer("sliding_window", 4096);
   if (window < 1) refuse("sliding_window " + std::to_string(window) + " must be at least 1 (the token itself)");
   if (window >= s.positions) return;  // (a window holding every position changes nothing)

@@ -3,6 +3,7 @@
 // compute_throughputs_and_append_to_progress_log and get_start_time_from_progress_log.
 #include "dtk/core/logging/progress_log.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -153,10 +154,12 @@ void ProgressLog::saved(int64_t iteration, double flops_so_far, int64_t tokens_s
   const CumulativeStart start = cumulative_start(path_, world_size_);
   // Timestamps have whole seconds: a first save within a second of this job's start line counts
   // the time since that line. Without a start line of this world size (the file edited), the job's
-  // own operations.
-  const double since_line = std::chrono::duration<double>(now - start_line_).count();
-  const double elapsed = start.seconds_ago && *start.seconds_ago > since_line ? *start.seconds_ago : since_line;
-  const double from = start.seconds_ago ? start.flops : job_start_flops_;
+  // own figure.
+  double elapsed = job_seconds, from = job_start_flops_;
+  if (start.seconds_ago) {
+    elapsed = std::max(*start.seconds_ago, std::chrono::duration<double>(now - start_line_).count());
+    from = start.flops;
+  }
   const double cumulative = (flops_so_far - from) / (elapsed * 1e12 * world_size_);
   char buf[320];
   std::snprintf(buf, sizeof buf,

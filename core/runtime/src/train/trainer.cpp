@@ -424,12 +424,19 @@ void Trainer::train() {
         " > logging.log_progress has no effect without checkpoint.save (progress.txt is written there, as "
         "Megatron's --log-progress writes it into --save)\n");
   if (cfg_.logging().log_progress() && saving()) {
-    // The job's clock: its earliest rank's process start (Megatron's _TRAIN_START_TIME, min-reduced).
-    const int64_t job_ms = world_max(static_cast<int64_t>(seconds_since_process_start() * 1000), topo_,
-                                     "logging.log_progress: agreeing on when the job started");
+    // The job's clock: its earliest rank's process start (Megatron's _TRAIN_START_TIME,
+    // min-reduced), agreed on as a wall-clock time, which a rank waiting here does not move.
+    const auto wall_ms = [] {
+      return static_cast<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count());
+    };
+    const int64_t mine = wall_ms() - static_cast<int64_t>(seconds_since_process_start() * 1000);
+    const int64_t start_ms = -world_max(-mine, topo_, "logging.log_progress: agreeing on when the job started");
     if (topo_.world_rank == 0)
-      progress_log_ = std::make_unique<ProgressLog>(cfg_.checkpoint().save(), topo_.world_size,
-                                                    progress_.floating_point_operations, job_ms / 1000.0);
+      progress_log_ =
+          std::make_unique<ProgressLog>(cfg_.checkpoint().save(), topo_.world_size, progress_.floating_point_operations,
+                                        static_cast<double>(wall_ms() - start_ms) / 1000.0);
   }
   ExitConditions exit(cfg_.train(), topo_);
   parts_.model->set_training(true);

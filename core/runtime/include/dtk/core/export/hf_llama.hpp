@@ -18,7 +18,8 @@
 // existed read hidden_size / num_attention_heads); import reads all three back. A plain llama
 // with a sliding window in every layer (window_size W,0) is written as MistralForCausalLM
 // (model_type mistral: Llama's names, sliding_window W + 1), and a Mixtral's window the same way;
-// a window in some layers only, or on another architecture, is refused.
+// on Qwen2's or Qwen3's attention a window is use_sliding_window, sliding_window W + 1 and
+// max_window_layers (full-attention layers first, then windowed). Other windows are refused.
 //
 // A llama with mixture-of-experts layers is written by its attention: a plain one as
 // MixtralForCausalLM (model_type mixtral; each layer's router as block_sparse_moe.gate and expert
@@ -86,7 +87,7 @@ struct LlamaShape {
   int64_t dense_layers() const;
   // The Hugging Face architecture that holds this shape: with q/k norms Qwen3ForCausalLM (with
   // experts Qwen3MoeForCausalLM), with q/k/v biases only Qwen2ForCausalLM (Qwen2MoeForCausalLM),
-  // with experts MixtralForCausalLM, with a sliding window MistralForCausalLM, else
+  // with experts MixtralForCausalLM, with a sliding window (and none of those) MistralForCausalLM, else
   // LlamaForCausalLM; model_type() is its config.json name.
   std::string architecture() const;
   std::string model_type() const;

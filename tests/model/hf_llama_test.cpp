@@ -449,6 +449,26 @@ void expect_import_round_trip(const std::string& dir, const Tensors& saved, cons
   EXPECT_EQ(tuned.code, 0) << tuned.out;
 }
 
+// The --set flags of the model options `opts`, quoted.
+std::string model_sets(const std::map<std::string, std::string>& opts) {
+  std::string sets;
+  for (const auto& [k, value] : opts) sets += "--set 'model." + k + "=" + value + "' ";
+  return sets;
+}
+
+// llama-tiny trained with the model flags `sets` into dir/ck, exported to dir/hf (`exported`):
+// the export's line names `architecture` and the shape after the key/value heads (`shape`).
+void train_and_export(const std::string& dir, const std::string& sets, const std::string& architecture,
+                      const std::string& shape, dtk_test::Result& exported) {
+  const dtk_test::Result trained = dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck");
+  ASSERT_EQ(trained.code, 0) << trained.out;
+  exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(exported.code, 0) << exported.out;
+  EXPECT_NE(exported.out.find(": " + architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + shape),
+            std::string::npos)
+      << exported.out;
+}
+
 // The export in `hf_dir` with `from` in its config.json replaced by `to`, copied to `folder`: its
 // import is one error line holding `needle`, and writes nothing.
 void expect_import_refused(const std::string& hf_dir, const std::string& folder, const std::string& from,
@@ -519,15 +539,9 @@ TEST(HfLlama, Qwen2AndQwen3ExportMatchHuggingFacesForwardAndImportBitForBit) {
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
     const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name);
-    std::string sets;
-    for (const auto& [k, value] : v.opts) sets += "--set model." + k + "=" + value + " ";
-    ASSERT_EQ(dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck").code, 0);
-    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
-    ASSERT_EQ(exported.code, 0) << exported.out;
-    EXPECT_NE(
-        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.imported),
-        std::string::npos)
-        << exported.out;
+    const std::string sets = model_sets(v.opts);
+    dtk_test::Result exported;
+    ASSERT_NO_FATAL_FAILURE(train_and_export(dir, sets, v.architecture, v.imported, exported));
     const std::string config = read(dir + "/hf/config.json");
     EXPECT_EQ(json_value(config, "model_type"), v.name);
     EXPECT_EQ(json_value(config, "head_dim"), v.name == "qwen3" ? "32" : "16");
@@ -607,16 +621,9 @@ TEST(HfLlama, QwenMoeExportMatchesHuggingFacesForwardAndImportsBitForBit) {
     SCOPED_TRACE(v.name);
     const bool qwen2 = v.name == "qwen2_moe";
     const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name);
-    std::string sets;
-    for (const auto& [k, value] : v.opts) sets += "--set 'model." + k + "=" + value + "' ";
-    const dtk_test::Result trained = dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck");
-    ASSERT_EQ(trained.code, 0) << trained.out;
-    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
-    ASSERT_EQ(exported.code, 0) << exported.out;
-    EXPECT_NE(
-        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.extras),
-        std::string::npos)
-        << exported.out;
+    const std::string sets = model_sets(v.opts);
+    dtk_test::Result exported;
+    ASSERT_NO_FATAL_FAILURE(train_and_export(dir, sets, v.architecture, v.extras, exported));
     const std::string config = read(dir + "/hf/config.json");
     EXPECT_EQ(json_value(config, "model_type"), v.name);
     EXPECT_EQ(json_value(config, "num_experts"), "4");
@@ -774,15 +781,9 @@ TEST(HfLlama, QwenExportHoldsTheSlidingWindowAndImportsBitForBit) {
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
     const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "hf_" + v.name + "_window");
-    std::string sets;
-    for (const auto& [k, value] : v.opts) sets += "--set 'model." + k + "=" + value + "' ";
-    ASSERT_EQ(dtk_test::run_dtk(kTrain + sets + "--set checkpoint.save=" + dir + "/ck").code, 0);
-    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + dir + "/ck " + dir + "/hf");
-    ASSERT_EQ(exported.code, 0) << exported.out;
-    EXPECT_NE(
-        exported.out.find(": " + v.architecture + ", 2 layers, hidden 64, 4 heads, 2 key/value heads, " + v.printed),
-        std::string::npos)
-        << exported.out;
+    const std::string sets = model_sets(v.opts);
+    dtk_test::Result exported;
+    ASSERT_NO_FATAL_FAILURE(train_and_export(dir, sets, v.architecture, v.printed, exported));
     EXPECT_NE(exported.out.find("note: transformers 4.53 and later window Qwen's layers as this config says"),
               std::string::npos)
         << exported.out;

@@ -38,6 +38,15 @@ std::string option_or(const std::map<std::string, std::string>& o, const char* n
   return it == o.end() ? fallback : it->second;
 }
 
+// Megatron's per-layer list of 0 and 1 ("[1,0,1]", the llama model's moe_layer_freq and
+// window_attn_skip_freq): 1 where `on(layer)`.
+template <typename On>
+std::string layer_list(int64_t layers, On on) {
+  std::string list;
+  for (int64_t l = 0; l < layers; ++l) list += std::string(l ? "," : "") + (on(l) ? "1" : "0");
+  return "[" + list + "]";
+}
+
 // The experts of a llama with MoE layers, when the sparse block its attention's architecture
 // exports as (Mixtral's, Qwen2-MoE's or Qwen3-MoE's: LlamaShape::architecture) can hold them;
 // refuses, naming the option, what it cannot.
@@ -110,20 +119,23 @@ std::vector<bool> window_layers_of(const std::map<std::string, std::string>& o, 
   return windowed;
 }
 
+// A window of `window` earlier tokens over the layers `windowed` flags (empty: every layer), in
+// LlamaShape's one form for each case: no layer windowed is no window, every layer an empty list.
+void set_window(LlamaShape& s, int64_t window, std::vector<bool> windowed) {
+  const auto any = [&](bool v) { return std::find(windowed.begin(), windowed.end(), v) != windowed.end(); };
+  if (!windowed.empty() && !any(true)) window = -1;
+  if (window < 0 || !any(false)) windowed.clear();
+  s.window = window, s.window_layers = std::move(windowed);
+}
+
 // The sliding window (hf::window_of) where a Hugging Face config can hold it: Mistral's and
 // Mixtral's sliding_window in every layer (no biases, no llama3 rope scaling), or Qwen2's and
 // Qwen3's in the layers from max_window_layers on (full attention first, then windowed).
 void read_window(const std::map<std::string, std::string>& o, LlamaShape& s) {
-  s.window = hf::window_of(option_or(o, "window_size", ""));
-  if (s.window < 0) return;
-  s.window_layers = window_layers_of(o, s.layers);
-  if (std::find(s.window_layers.begin(), s.window_layers.end(), true) == s.window_layers.end() &&
-      !s.window_layers.empty()) {
-    s.window = -1, s.window_layers.clear();  // (every layer keeps full attention: no window)
-    return;
-  }
-  if (std::find(s.window_layers.begin(), s.window_layers.end(), false) == s.window_layers.end())
-    s.window_layers.clear();                  // (every layer windowed)
+  const int64_t window = hf::window_of(option_or(o, "window_size", ""));
+  if (window < 0) return;
+  set_window(s, window, window_layers_of(o, s.layers));
+  if (s.window < 0) return;                   // (every layer keeps full attention)
   const std::string arch = s.architecture();  // (with the window: Mistral's unless the layers say otherwise)
   const bool mistral = arch == "MistralForCausalLM" || arch == "MixtralForCausalLM";
   const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
@@ -571,9 +583,7 @@ void read_qwen_window(const nlohmann::json& c, const std::string& config_file, L
     const int64_t full = integer("max_window_layers", 28);
     for (int64_t l = 0; l < s.layers; ++l) sliding.push_back(l >= full);
   }
-  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return;  // (no layer windowed)
-  s.window = window - 1;
-  if (std::find(sliding.begin(), sliding.end(), false) != sliding.end()) s.window_layers = sliding;
+  set_window(s, window - 1, std::move(sliding));
 }
 
 // The shape from config.json; what the llama model cannot be is refused naming the key.
@@ -802,11 +812,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
   if (s.head_dim * s.heads != s.hidden) r.model_options["kv_channels"] = std::to_string(s.head_dim);
   if (s.qkv_bias) r.model_options["add_qkv_bias"] = "true";
   if (s.window >= 0) r.model_options["window_size"] = std::to_string(s.window) + ",0";
-  if (!s.window_layers.empty()) {  // Megatron's --window-attn-skip-freq list, one 0/1 per layer
-    std::string pattern;
-    for (int64_t l = 0; l < s.layers; ++l) pattern += std::string(l ? "," : "") + (s.windowed(l) ? "1" : "0");
-    r.model_options["window_attn_skip_freq"] = "[" + pattern + "]";
-  }
+  if (!s.window_layers.empty())
+    r.model_options["window_attn_skip_freq"] = layer_list(s.layers, [&](int64_t l) { return s.windowed(l); });
   if (s.qk_norm) r.model_options["qk_layernorm"] = "true";
   if (s.has_experts()) {
     r.model_options["num_experts"] = std::to_string(s.experts);
@@ -815,11 +822,8 @@ HfLlamaImport import_hf_llama(const std::string& hf_dir) {
     if (s.pre_softmax) r.model_options["moe_router_pre_softmax"] = "true";
     if (s.shared_ffn > 0) r.model_options["moe_shared_expert_intermediate_size"] = std::to_string(s.shared_ffn);
     if (s.shared_gate) r.model_options["moe_shared_expert_gate"] = "true";
-    if (s.dense_layers() > 0) {  // Megatron's --moe-layer-freq list, one 0/1 per layer
-      std::string pattern;
-      for (int64_t l = 0; l < s.layers; ++l) pattern += std::string(l ? "," : "") + (s.sparse(l) ? "1" : "0");
-      r.model_options["moe_layer_freq"] = "[" + pattern + "]";
-    }
+    if (s.dense_layers() > 0)
+      r.model_options["moe_layer_freq"] = layer_list(s.layers, [&](int64_t l) { return s.sparse(l); });
   }
   if (s.llama3) {
     r.model_options["rope_scaling_factor"] = text(s.rope_factor);

@@ -242,6 +242,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   bool_opt("moe_pad_expert_input_to_capacity", c.moe.pad_to_capacity);
   int_opt("moe_shared_expert_intermediate_size", c.moe.shared_ffn);
   bool_opt("moe_shared_expert_gate", c.moe.shared_gate);
+  float_opt("moe_input_jitter_eps", c.moe.input_jitter_eps);
 }
 
 // Group-limited routing (Megatron-LM's checks, and the two that make its top-k meaningful).
@@ -288,7 +289,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_token_drop_policy", m.drop_policy != unset.drop_policy},
         {"moe_pad_expert_input_to_capacity", m.pad_to_capacity != unset.pad_to_capacity},
         {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
-        {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate}};
+        {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate},
+        {"moe_input_jitter_eps", m.input_jitter_eps != unset.input_jitter_eps}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -325,6 +327,9 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (!std::isfinite(m.capacity_factor) || m.capacity_factor < 0.0 || m.capacity_factor > 1e6)
     fail("option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got " +
          std::to_string(m.capacity_factor));
+  // eps >= 1 would make some of the router's inputs negative multiples of themselves.
+  if (!std::isfinite(m.input_jitter_eps) || m.input_jitter_eps < 0.0 || m.input_jitter_eps >= 1.0)
+    fail("option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got " + std::to_string(m.input_jitter_eps));
   if (!m.drops_tokens() && m.drop_policy != MoeConfig().drop_policy)
     fail("option 'moe_token_drop_policy' does nothing without moe_expert_capacity_factor > 0 (dropless)");
   if (!m.drops_tokens() && m.pad_to_capacity)

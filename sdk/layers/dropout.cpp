@@ -226,7 +226,8 @@ DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
 }
 
 DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t length) const {
-  if (!defined()) return *this;
+  // Nothing drawn (an undefined mask; draw_uniforms' p-0 draws have rows): nothing to slice.
+  if (!defined() && row_numel == 0) return *this;
   if (run_numel > 0 || seq <= 0 || row_numel % seq != 0)
     throw Error("dropout: sequence_rows needs an unsliced mask whose rows hold the sequence");
   DropoutMask m = *this;
@@ -236,9 +237,8 @@ DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t lengt
   return m;
 }
 
-DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
+DropoutMask draw_uniforms(at::IntArrayRef shape, at::Generator& gen) {
   DropoutMask m;
-  if (p <= 0.0) return m;
   if (capturing()) {
     // Each mask's seed is drawn on the host, and a CUDA graph would replay one mask forever: the
     // host draws it into a slot before each replay instead (recorded_seeds.hpp).
@@ -247,10 +247,16 @@ DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) 
     std::lock_guard<std::mutex> lock(gen.mutex());
     m.seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
   }
-  m.p = p;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   m.row_numel = shape.empty() || shape[0] == 0 ? numel : numel / shape[0];
+  return m;
+}
+
+DropoutMask draw_keep_mask(at::IntArrayRef shape, double p, at::Generator& gen) {
+  if (p <= 0.0) return {};
+  DropoutMask m = draw_uniforms(shape, gen);
+  m.p = p;
   return m;
 }
 
@@ -300,41 +306,58 @@ at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
   return out;
 }
 
-at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device) {
-  at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kBool).device(device));
-  const int64_t thr = keep.threshold();
-  if (keep.run_numel > 0) {
+namespace {
+
+// The 32-bit uniforms of elements [i0, i0 + len) of a tensor under `m`, as int64 in [0, 2^32) on
+// `device`, made by tensor operations (mix_words): what keep_bits_on compares and
+// uniform_noise_on scales.
+at::Tensor piece_uniforms(const DropoutMask& m, int64_t i0, int64_t len, const at::Device& device) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  if (m.run_numel > 0) {
     // A strided view: each element's index in the drawn mask, its pair's word, and the word's
     // low (even index) or high (odd) half.
-    const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-    constexpr int64_t kPiece = int64_t{1} << 23;
-    for (int64_t i0 = 0; i0 < numel; i0 += kPiece) {
-      const int64_t len = std::min(kPiece, numel - i0);
-      const at::Tensor i = at::arange(i0, i0 + len, longs);
-      const at::Tensor index =
-          at::div(i, keep.run_numel, "floor").mul_(keep.row_numel).add_(i.remainder(keep.run_numel)).add_(keep.offset);
-      const at::Tensor words = mix_words(keep, at::div(index, 2, "floor"));
-      const at::Tensor high = at::bitwise_and(at::bitwise_right_shift(words, 32), static_cast<int64_t>(0xFFFFFFFF));
-      const at::Tensor low = at::bitwise_and(words, static_cast<int64_t>(0xFFFFFFFF));
-      out.narrow(0, i0, len).copy_(at::where(index.remainder(2).eq(1), high, low).ge(thr));
-    }
-    return out;
+    const at::Tensor i = at::arange(i0, i0 + len, longs);
+    const at::Tensor index =
+        at::div(i, m.run_numel, "floor").mul_(m.row_numel).add_(i.remainder(m.run_numel)).add_(m.offset);
+    const at::Tensor words = mix_words(m, at::div(index, 2, "floor"));
+    const at::Tensor high = at::bitwise_and(at::bitwise_right_shift(words, 32), static_cast<int64_t>(0xFFFFFFFF));
+    const at::Tensor low = at::bitwise_and(words, static_cast<int64_t>(0xFFFFFFFF));
+    return at::where(index.remainder(2).eq(1), high, low);
   }
-  // In pieces of at most 2^23 words (64 MiB per int64 temporary), so a large attention mask does
-  // not need gigabytes of temporaries.
-  constexpr int64_t kWords = int64_t{1} << 23;
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-  for (int64_t i0 = 0; i0 < numel; i0 += 2 * kWords) {
-    const int64_t len = std::min(2 * kWords, numel - i0), first = keep.offset + i0;
-    const int64_t w0 = first >> 1, odd = first & 1, n = (odd + len + 1) >> 1;
-    const at::Tensor words = mix_words(keep, at::arange(w0, w0 + n, longs));
-    // Element k of the pair list is the low (even) or high (odd) half of its word: the words'
-    // int32 view, little-endian, as uniforms() copies them; compared as unsigned.
-    const at::Tensor halves =
-        words.view(at::kInt).narrow(0, odd, len).to(at::kLong).bitwise_and_(static_cast<int64_t>(0xFFFFFFFF));
-    out.narrow(0, i0, len).copy_(halves.ge(thr));
+  const int64_t first = m.offset + i0;
+  const int64_t w0 = first >> 1, odd = first & 1, n = (odd + len + 1) >> 1;
+  const at::Tensor words = mix_words(m, at::arange(w0, w0 + n, longs));
+  // Element k of the pair list is the low (even) or high (odd) half of its word: the words'
+  // int32 view, little-endian, as uniforms() copies them; read as unsigned.
+  return words.view(at::kInt).narrow(0, odd, len).to(at::kLong).bitwise_and_(static_cast<int64_t>(0xFFFFFFFF));
+}
+
+// out[i] = f(the uniforms of elements [i0, i0 + len)) in pieces of at most 2^24 elements (a few
+// int64 temporaries of 128 MiB), so a large attention mask does not need gigabytes of them.
+template <typename F>
+at::Tensor by_pieces(int64_t numel, const at::TensorOptions& options, F f) {
+  at::Tensor out = at::empty({numel}, options);
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  for (int64_t i0 = 0; i0 < numel; i0 += kPiece) {
+    const int64_t len = std::min(kPiece, numel - i0);
+    out.narrow(0, i0, len).copy_(f(i0, len));
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device& device) {
+  const auto thr = static_cast<int64_t>(keep.threshold());
+  return by_pieces(numel, at::TensorOptions().dtype(at::kBool).device(device),
+                   [&](int64_t i0, int64_t len) { return piece_uniforms(keep, i0, len, device).ge(thr); });
+}
+
+at::Tensor uniform_noise_on(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device) {
+  // u / 2^32 is exact in fp64; the noise is rounded to fp32 once.
+  return by_pieces(numel, at::TensorOptions().dtype(at::kFloat).device(device), [&](int64_t i0, int64_t len) {
+    return piece_uniforms(draw, i0, len, device).to(at::kDouble).mul_((high - low) / 4294967296.0).add_(low);
+  });
 }
 
 }  // namespace dtk::layers

@@ -469,9 +469,27 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
   return at::matmul(dense, table.to(r.probs.scalar_type())).to(dtype);
 }
 
-at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating) const {
+// Megatron's apply_input_jitter: x [b, s, h] times Uniform(1 - eps, 1 + eps), the noise in x's
+// dtype (Megatron draws it in the input's dtype). Under sequence parallelism the draw is the whole
+// sequence's and x this rank's rows of it, as dropout's (tensor_parallel.hpp).
+at::Tensor MoeMlp::jittered(const at::Tensor& x, at::Generator& gen) const {
+  const int64_t split = tp_.splits_sequence() ? tp_.size : 1;
+  DropoutMask draw = draw_uniforms({x.size(0), x.size(1) * split, x.size(2)}, gen);
+  if (split > 1) draw = draw.sequence_rows(x.size(1) * split, tp_.rank * x.size(1), x.size(1));
+  const double eps = c_.input_jitter_eps;
+  return x * uniform_noise_on(draw, x.numel(), 1.0 - eps, 1.0 + eps, x.device()).view(x.sizes()).to(x.scalar_type());
+}
+
+at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating,
+                           at::Generator* jitter_rng) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
-  const Routing local = route(x.reshape({b * s, h}), b, generating);
+  at::Tensor router_in = x;
+  if (c_.input_jitter_eps > 0.0 && !generating) {
+    if (jitter_rng == nullptr)
+      throw Error("moe_input_jitter_eps needs the generator its noise is drawn from: pass it to MoeMlp::forward");
+    router_in = jittered(x, *jitter_rng);
+  }
+  const Routing local = route(router_in.reshape({b * s, h}), b, generating);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;

@@ -927,14 +927,22 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                           "--moe-token-dispatcher-type",
                                                           "alltoall",
                                                           "--expert-model-parallel-size",
-                                                          "4"});
+                                                          "4",
+                                                          "--moe-input-jitter-eps",
+                                                          "0.01"});
   ASSERT_TRUE(m.refused.empty()) << m.refused[0];
   EXPECT_EQ(config_of(m).distributed().expert_model_parallel_size(), 4);
   const auto options = config_of(m).model().options();
-  const std::pair<const char*, const char*> want[] = {
-      {"num_experts", "8"},        {"moe_router_topk", "2"},           {"moe_ffn_hidden_size", "512"},
-      {"moe_layer_freq", "2"},     {"moe_router_pre_softmax", "true"}, {"moe_router_topk_scaling_factor", "2.5"},
-      {"moe_router_fp32", "true"}, {"moe_aux_loss_coeff", "1e-2"},     {"moe_z_loss_coeff", "1e-3"}};
+  const std::pair<const char*, const char*> want[] = {{"num_experts", "8"},
+                                                      {"moe_router_topk", "2"},
+                                                      {"moe_ffn_hidden_size", "512"},
+                                                      {"moe_layer_freq", "2"},
+                                                      {"moe_router_pre_softmax", "true"},
+                                                      {"moe_router_topk_scaling_factor", "2.5"},
+                                                      {"moe_router_fp32", "true"},
+                                                      {"moe_aux_loss_coeff", "1e-2"},
+                                                      {"moe_z_loss_coeff", "1e-3"},
+                                                      {"moe_input_jitter_eps", "0.01"}};
   for (const auto& [key, value] : want) {
     ASSERT_EQ(options.count(key), 1u) << key;
     EXPECT_EQ(options.at(key), value) << key;

@@ -11,6 +11,8 @@
 //     without sequence parallelism (the router's partial gradients), PP 2 equals PP 1 (the first
 //     stage's layers' losses reach their routers), ZeRO-3 equals ddp, full recomputation equals
 //     none; every layer or every second one;
+//   * the router's input jitter (Megatron's) scales the router's input only, with noise that
+//     recomputation and tensor and sequence parallelism draw alike;
 //   * the start-up line counts the routed experts only in the FLOPs; bad inputs are one line.
 #include <gtest/gtest.h>
 
@@ -196,10 +198,12 @@ Dropped reference_drops(const MoeConfig& c, const std::vector<Route>& routes, in
   return dropped;
 }
 
+// `router_x`: the router's input where it is not x (the input jitter's x * noise).
 at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts,
-                     const Dropped& dropped = {}) {
+                     const Dropped& dropped = {}, const at::Tensor& router_x = {}) {
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const std::vector<Route> routes = reference_routes(m, c, rows);
+  const std::vector<Route> routes =
+      reference_routes(m, c, router_x.defined() ? router_x.reshape({-1, x.size(-1)}) : rows);
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     const at::Tensor &chosen = routes[t].chosen, &probs = routes[t].probs;
@@ -404,6 +408,63 @@ TEST(MoeLayer, GenerationRoutesDroplessWhateverTheCapacity) {
   const at::Tensor generated = m.forward(x, gelu, /*generating=*/true);
   EXPECT_TRUE(at::allclose(generated, reference(m, c, x, false), 1e-5, 1e-6));
   EXPECT_FALSE(at::allclose(m.forward(x, gelu), generated, 1e-3, 1e-3));
+}
+
+// Megatron's input jitter: the router, and only the router, sees x times Uniform(1 - eps, 1 + eps)
+// noise, one draw of the generator per forward (the noise of the SDK's hashed draws, checked here
+// for its range, mean and slicing); the experts get x itself. Generation draws none.
+TEST(MoeLayer, InputJitterScalesTheRoutersInputOnly) {
+  const Case& k = kCases[0];
+  MoeConfig c = config_of(k);
+  c.input_jitter_eps = 0.3;  // large enough to change choices
+  const MoeMlp m = make_layer(c, 8, k);
+  at::manual_seed(3);
+  at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
+  const at::Tensor weights = at::randn({3, 7, 8});
+  at::Generator gen = dtk::layers::seeded_generator(21), copy = dtk::layers::seeded_generator(21);
+
+  const at::Tensor got = m.forward(x, gelu, false, &gen);
+  (got * weights).sum().backward();
+  const std::vector<at::Tensor> got_grads = grads_of(m, x);
+  zero_grads(m, x);
+
+  const dtk::layers::DropoutMask draw = dtk::layers::draw_uniforms({3, 7, 8}, copy);
+  const at::Tensor noise = dtk::layers::uniform_noise_on(draw, x.numel(), 0.7, 1.3, x.device()).view(x.sizes());
+  const at::Tensor want = reference(m, c, x, false, {}, x * noise);
+  (want * weights).sum().backward();
+  const std::vector<at::Tensor> want_grads = grads_of(m, x);
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "output differs by " << (got - want).abs().max().item<double>();
+  ASSERT_EQ(got_grads.size(), want_grads.size());
+  for (size_t i = 0; i < got_grads.size(); ++i) {
+    const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
+    EXPECT_TRUE(got_grads[i].defined() && at::allclose(got_grads[i], want_grad, 1e-5, 1e-6)) << "gradient " << i;
+  }
+  // One draw each: the generators agree afterwards.
+  EXPECT_EQ(dtk::layers::draw_uniforms({1}, gen).seed, dtk::layers::draw_uniforms({1}, copy).seed);
+
+  at::NoGradGuard no_grad;
+  // The noise matters: without it (or with the experts' input jittered too) the output differs.
+  const at::Tensor plain = reference(m, c, x, false);
+  EXPECT_GT((got - plain).abs().max().item<double>(), 1e-3) << "no token's choice changed";
+  EXPECT_GT((got - reference(m, c, x * noise, false)).abs().max().item<double>(), 1e-3);
+  // Generation draws nothing and routes x itself; a forward that draws needs its generator.
+  EXPECT_TRUE(at::allclose(m.forward(x, gelu, /*generating=*/true), plain, 1e-5, 1e-6));
+  EXPECT_THROW(m.forward(x, gelu), dtk::Error);
+
+  // The noise: within [1 - eps, 1 + eps], mean 1, and a slice of a draw (a sequence-parallel
+  // rank's rows, a chunk of rows) is the slice of the whole draw's noise.
+  at::Generator g = dtk::layers::seeded_generator(5);
+  const dtk::layers::DropoutMask whole = dtk::layers::draw_uniforms({4, 64, 96}, g);
+  const at::Tensor n = dtk::layers::uniform_noise_on(whole, 4 * 64 * 96, 0.9, 1.1, at::kCPU).view({4, 64, 96});
+  EXPECT_GE(n.min().item<double>(), 0.9);
+  EXPECT_LE(n.max().item<double>(), 1.1);
+  EXPECT_NEAR(n.mean().item<double>(), 1.0, 1e-3);
+  EXPECT_GT(n.std().item<double>(), 0.05);  // 0.2 / sqrt(12) = 0.058
+  const at::Tensor shard =
+      dtk::layers::uniform_noise_on(whole.sequence_rows(64, 32, 32), 4 * 32 * 96, 0.9, 1.1, at::kCPU);
+  EXPECT_TRUE(at::equal(shard.view({4, 32, 96}), n.narrow(1, 32, 32)));
+  const at::Tensor rows = dtk::layers::uniform_noise_on(whole.rows(1, 2), 2 * 64 * 96, 0.9, 1.1, at::kCPU);
+  EXPECT_TRUE(at::equal(rows.view({2, 64, 96}), n.narrow(0, 1, 2)));
 }
 
 // The expert bias's loads are Megatron's final routing map: the kept choices, or with padding every
@@ -671,6 +732,36 @@ TEST(Moe, ZeroRecomputeAndLayerFrequencyRunTheSameModel) {
   EXPECT_NE(half.loss.at(kIters), one.loss.at(kIters));
 }
 
+// The router's input jitter in a whole model: TP 2 with and without sequence parallelism, full and
+// selective recomputation equal one process (the noise is the same draw however the model is split
+// or rerun), and the jitter changes the training (the guard for those equalities).
+TEST(Moe, InputJitterIsTheSameHoweverTheModelIsSplitOrRecomputed) {
+  const std::string jitter = "--set model.moe_input_jitter_eps=0.2 ";
+  for (const std::string model : {"gpt", "llama"}) {
+    const dtk_test::Curve one = curve_of(model, 1, jitter, "jitter-one");
+    ASSERT_EQ(one.run.code, 0) << one.run.out;
+    expect_same_curve(
+        one,
+        curve_of(model, 2,
+                 jitter + "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ",
+                 "jitter-sp2"),
+        kIters, model + " TP 2 with sequence parallelism, jittered");
+    if (model != "gpt") continue;
+    expect_same_curve(one, curve_of(model, 2, jitter + "--set distributed.tensor_model_parallel_size=2 ", "jitter-tp2"),
+                      kIters, "TP 2, jittered");
+    expect_same_curve(one, curve_of(model, 1, jitter + "--set model.recompute_activations=full ", "jitter-full"),
+                      kIters, "full recomputation, jittered");
+    expect_same_curve(
+        one,
+        curve_of(model, 1, jitter + "--set model.recompute_activations=selective --set model.recompute_modules=moe ",
+                 "jitter-selective"),
+        kIters, "the MoE layers recomputed, jittered");
+    const dtk_test::Curve plain = curve_of(model, 1, "", "jitter-none");
+    ASSERT_EQ(plain.loss.size(), kIters) << plain.run.out;
+    EXPECT_GT(std::abs(plain.loss.at(kIters) - one.loss.at(kIters)), 1e-5 * std::abs(plain.loss.at(kIters)));
+  }
+}
+
 namespace {
 
 // DeepSeek-V3's MoE in llama: 8 experts, sigmoid scores routed within each token's best group of
@@ -813,6 +904,9 @@ TEST(Moe, BadInputsAreOneLine) {
        "option 'moe_pad_expert_input_to_capacity' pads to a capacity: it needs moe_expert_capacity_factor > 0"},
       {"--set model.num_experts=4 --set model.moe_expert_capacity_factor=-0.5",
        "option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got -0.5"},
+      {"--set model.num_experts=4 --set model.moe_input_jitter_eps=1",
+       "option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got 1"},
+      {"--set model.moe_input_jitter_eps=0.01", "option 'moe_input_jitter_eps' does nothing without num_experts > 0"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk(base + args, 120);

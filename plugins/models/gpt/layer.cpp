@@ -33,9 +33,10 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
 
-at::Tensor Layer::moe_branch(const at::Tensor& normed, bool generating) const {
+at::Tensor Layer::moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating) const {
   return moe->forward(
-      normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); }, generating);
+      normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); }, generating,
+      jitter_rng);
 }
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
@@ -91,10 +92,10 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
 // The MLP (dense or mixture of experts) on the second norm's output, before its dropout (and,
 // `unbiased`, before dense_4h_to_h's bias); one checkpoint holding only `normed` where
 // recompute_modules names the layer's kind (Megatron's checkpointed MLP / MoE layer). It draws
-// no dropout.
+// no dropout; an MoE router's input jitter draws from the block's hidden stream.
 at::Tensor Layer::mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased) const {
-  RecomputedBlock mlp = [this, unbiased](const at::Tensor& in, DropoutRng&) {
-    if (moe) return moe_branch(in);
+  RecomputedBlock mlp = [this, unbiased](const at::Tensor& in, DropoutRng& r) {
+    if (moe) return moe_branch(in, &r.hidden, /*generating=*/false);
     // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
     const at::Tensor activated = column_linear_gelu(fc1, in, c_.openai_gelu, c_.kernels);
     return unbiased ? fc2.forward_unbiased(activated) : fc2.forward(activated);
@@ -117,7 +118,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
   const auto [h, normed] = add_layer_norm(x, dense.forward(context), c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-  if (moe) return h + moe_branch(normed, /*generating=*/true);
+  if (moe) return h + moe_branch(normed, /*jitter_rng=*/nullptr, /*generating=*/true);
   return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 

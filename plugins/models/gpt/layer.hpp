@@ -115,8 +115,9 @@ class Layer : public DominoLayer, public DecoderLayer {
   // Whether core attention on `projected` (no mask) runs DTK's GPU kernel when dropout is on.
   bool fused_attention_takes(const at::Tensor& projected) const;
   at::Tensor causal_mask(int64_t s, at::Device device) const;
-  // The MoE layer's MLP branch on the normed stream (biases included, before dropout).
-  at::Tensor moe_branch(const at::Tensor& normed, bool generating = false) const;
+  // The MoE layer's MLP branch on the normed stream (biases included, before dropout); its
+  // router's input jitter (if any) draws from jitter_rng (none when generating).
+  at::Tensor moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating) const;
   // The plain layer's MLP branch (dense or MoE) before its dropout, recomputed in backward where
   // recompute_modules says; `unbiased`: a dense one without dense_4h_to_h's bias.
   at::Tensor mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased = false) const;

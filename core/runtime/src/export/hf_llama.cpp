@@ -645,7 +645,9 @@ LlamaShape shape_from_config(const nlohmann::json& c, const std::string& config_
              ": the llama model routes each token to 2 or more of its experts with Mixtral's renormalised weights "
              "(one expert's weight would be 1 and the router would not learn)");
     if (real("router_jitter_noise", 0.0) != 0.0)
-      refuse("router_jitter_noise is not 0: the llama model's router has no input jitter");
+      refuse(
+          "router_jitter_noise is not 0: transformers multiplies the experts' input by the noise too, the llama "
+          "model's moe_input_jitter_eps (Megatron's) only the router's");
   }
   if (mistral) {
     // Each token sees the sliding_window tokens up to itself: the llama model's window_size

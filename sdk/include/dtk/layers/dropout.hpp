@@ -74,6 +74,10 @@ struct DropoutMask {
   }
 };
 
+// One draw of hashed uniforms for tensors of `shape` (advances `gen` by one 64-bit draw, or takes a
+// seed slot while the host records the step): a mask with p 0, which applies nothing but whose
+// rows() and sequence_rows() slice it as a mask's. For noise other than a mask (uniform_noise_on).
+DropoutMask draw_uniforms(at::IntArrayRef shape, at::Generator& gen);
 // Draws one mask for tensors of `shape` (advances `gen` by one 64-bit draw); undefined for p 0.
 // While the host records the step, the mask holds a seed slot the host draws from `gen` before
 // each replay, and the draws of a generator cloned meanwhile (DropoutRng::clone) repeat those of
@@ -88,6 +92,13 @@ at::Tensor apply_dropout(const at::Tensor& x, const DropoutMask& keep);
 at::Tensor apply_dropout_ops(const at::Tensor& x, const DropoutMask& keep);
 // Inverted dropout drawing its mask from `gen` (identity when not training or p == 0).
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
+
+// Uniform(low, high) per element of a tensor under `draw` ([numel], fp32 on `device`): element i is
+// low + (high - low) * u_i / 2^32, u_i the 32-bit uniform a mask of that draw compares with its
+// threshold. Made with tensor operations (no host read of a recorded seed), so a CPU and a GPU
+// run, a recomputation and every slice of the draw see the same noise (Megatron's router input
+// jitter, dtk/layers/moe.hpp).
+at::Tensor uniform_noise_on(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device);
 
 // The mask's bits as a bool tensor [numel] (tests).
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel);

@@ -43,6 +43,14 @@
 // A shared expert is split the same way; ungated it joins the experts' reduction, gated (its
 // output times sigmoid(x g), g [1, hidden], Megatron's moe_shared_expert_gate) it has its own.
 //
+// Input jitter (Megatron's --moe-input-jitter-eps eps, Switch Transformer's): the router's input,
+// not the experts', is multiplied by Uniform(1 - eps, 1 + eps) noise per element, in training and
+// evaluation as Megatron's TopKRouter (not in generation). The noise is hashed as dropout's masks
+// are (dtk/layers/dropout.hpp), drawn from the layer's hidden-dropout generator (Megatron's
+// default stream): recomputation repeats it, every TP rank draws the same, sequence parallelism
+// applies the whole sequence's draw to each rank's rows (so SP == TP), and a captured step draws
+// it anew for each replay.
+//
 // Auxiliary losses, in training only, reach the router through its backward on every pipeline
 // stage (Megatron's MoEAuxLossAutoScaler; the host's dtk.ext.aux_loss.v1 gives the factor of the
 // step's loss): the load-balancing loss of Switch Transformer over the micro-batch (Megatron's
@@ -95,6 +103,7 @@ struct MoeConfig {
   bool pad_to_capacity = false;  // every expert multiplies exactly its capacity's rows (static shapes)
   int64_t shared_ffn = 0;    // > 0: a shared expert of this inner size runs on every token
   bool shared_gate = false;  // the shared expert's output times sigmoid(x g)
+  double input_jitter_eps = 0.0;  // > 0: the router's input times Uniform(1 - eps, 1 + eps)
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
@@ -195,6 +204,10 @@ inline constexpr dtk_option_spec kMoeSharedExpertIntermediateSizeOption =
             "> 0: a shared expert of this inner size (the model's MLP) runs on every token beside the routed ones.");
 inline constexpr dtk_option_spec kMoeSharedExpertGateOption = opt_bool(
     "moe_shared_expert_gate", "false", "The shared expert's output times sigmoid(x g), g a learned [1, hidden].");
+inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
+    opt_float("moe_input_jitter_eps", "0",
+              "> 0: the router's input (not the experts') times Uniform(1 - eps, 1 + eps) noise per element, in "
+              "training and evaluation (Megatron's --moe-input-jitter-eps); 0 = none.");
 
 // Every option above, for a plugin's option table (one list for every model that has experts).
 #define DTK_LAYERS_MOE_OPTIONS                                                                              \
@@ -207,7 +220,7 @@ inline constexpr dtk_option_spec kMoeSharedExpertGateOption = opt_bool(
       dtk::layers::kMoeRouterEnableExpertBiasOption, dtk::layers::kMoeRouterBiasUpdateRateOption,           \
       dtk::layers::kMoeExpertCapacityFactorOption, dtk::layers::kMoeTokenDropPolicyOption,                  \
       dtk::layers::kMoePadExpertInputToCapacityOption, dtk::layers::kMoeSharedExpertIntermediateSizeOption, \
-      dtk::layers::kMoeSharedExpertGateOption
+      dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -227,8 +240,11 @@ class MoeMlp {
   // MLP branch of the same shape, after the layer's reduction, biases included. `generating`: a
   // forward with a key/value cache, which routes every token to its experts whatever the capacity
   // (as Megatron's inference router): a cached step's few tokens and the left padding of a batch
-  // would otherwise change which tokens fit.
-  at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation, bool generating = false) const;
+  // would otherwise change which tokens fit. `jitter_rng`: the generator the input jitter's noise
+  // is drawn from (the layer's DropoutRng::hidden, inside a recomputed block the block's); needed
+  // with moe_input_jitter_eps > 0 except when generating, which draws none.
+  at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation, bool generating = false,
+                     at::Generator* jitter_rng = nullptr) const;
 
   // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
   // .bias; e the expert's index in the whole layer, under expert parallelism this rank's only), then
@@ -263,6 +279,7 @@ class MoeMlp {
     int64_t padded_rows = 0;
   };
   Routing route(const at::Tensor& x, int64_t batch, bool generating) const;
+  at::Tensor jittered(const at::Tensor& x, at::Generator& gen) const;
   Routing choose(const at::Tensor& logits) const;
   void drop_over_capacity(Routing& r, int64_t batch) const;
   at::Tensor choice_loads(const Routing& r) const;

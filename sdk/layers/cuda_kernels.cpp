@@ -245,6 +245,15 @@ at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask) {
   return out;
 }
 
+bool uniform_noise_applies(const at::Device& device) { return device.is_cuda(); }
+
+at::Tensor uniform_noise(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device) {
+  at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(at::kFloat).device(device));
+  const c10::cuda::CUDAGuard guard(device);
+  dtk::cuda::uniform_noise(numel, bits_of(draw), low, high, out.data_ptr<float>(), stream_of(out));
+  return out;
+}
+
 bool bias_gelu_applies(const at::Device& device, at::ScalarType type, const at::Tensor& bias) {
   dtk::cuda::ElementType unused = dtk::cuda::ElementType::kFloat32;
   return device.is_cuda() && element_type(type, &unused) && bias.defined() && bias.device() == device &&
@@ -461,6 +470,10 @@ AddLayerNormGrads add_layer_norm_backward(const at::Tensor&, const at::Tensor&, 
 bool dropout_applies(const at::Tensor&) { return false; }
 at::Tensor dropout_apply(const at::Tensor&, const DropoutMask&) {
   throw Error("dropout: this build has no CUDA kernels");
+}
+bool uniform_noise_applies(const at::Device&) { return false; }
+at::Tensor uniform_noise(const DropoutMask&, int64_t, double, double, const at::Device&) {
+  throw Error("uniform_noise: this build has no CUDA kernels");
 }
 bool bias_gelu_applies(const at::Device&, at::ScalarType, const at::Tensor&) { return false; }
 at::Tensor bias_gelu_forward(const at::Tensor&, const at::Tensor&, bool) {

@@ -86,6 +86,9 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at
 // GPU (any layout: made contiguous).
 bool dropout_applies(const at::Tensor& x);
 at::Tensor dropout_apply(const at::Tensor& x, const DropoutMask& mask);
+// Uniform(low, high) noise of a hashed draw (uniform_noise_on), fp32 [numel] on a GPU, in one pass.
+bool uniform_noise_applies(const at::Device& device);
+at::Tensor uniform_noise(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device);
 
 // Rotary embeddings (dtk/layers/rotary.hpp): x [b, s, heads, hd] (unit stride in hd), cos/sin
 // fp32 [b, s, 1, dim] contiguous on x's device.

@@ -354,7 +354,13 @@ at::Tensor keep_bits_on(const DropoutMask& keep, int64_t numel, const at::Device
 }
 
 at::Tensor uniform_noise_on(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device) {
-  // u / 2^32 is exact in fp64; the noise is rounded to fp32 once.
+  if (gpu::uniform_noise_applies(device)) return gpu::uniform_noise(draw, numel, low, high, device);
+  return uniform_noise_ops(draw, numel, low, high, device);
+}
+
+at::Tensor uniform_noise_ops(const DropoutMask& draw, int64_t numel, double low, double high,
+                             const at::Device& device) {
+  // The product and the sum in fp64, as the GPU kernel rounds them; the noise rounded to fp32 once.
   return by_pieces(numel, at::TensorOptions().dtype(at::kFloat).device(device), [&](int64_t i0, int64_t len) {
     return piece_uniforms(draw, i0, len, device).to(at::kDouble).mul_((high - low) / 4294967296.0).add_(low);
   });

@@ -7,7 +7,8 @@
 // and add_rms_norm against their _ops), bias + GELU (dtk/cuda/bias_gelu.hpp, bias_gelu against bias_gelu_ops),
 // SwiGLU (dtk/cuda/swiglu.hpp, swiglu against swiglu_ops), rotary embeddings (dtk/cuda/rotary.hpp,
 // apply_rotary against apply_rotary_ops), dropout (dtk/cuda/dropout.hpp, apply_dropout against
-// apply_dropout_ops and the CPU's) and causal attention with dropout (dtk/cuda/attention.hpp,
+// apply_dropout_ops and the CPU's), the router jitter's noise (uniform_noise_on against
+// uniform_noise_ops) and causal attention with dropout (dtk/cuda/attention.hpp,
 // fused_attention against attention_ops); and each function with its kernel left out
 // (model.unfused_kernels) running its reference exactly. Without a CUDA LibTorch and a GPU every
 // test skips, saying why.
@@ -495,6 +496,38 @@ TEST(GpuKernels, DropoutKernelEqualsOpsAndTheCpu) {
         EXPECT_TRUE(same_values(x.grad().cpu(), dtk::layers::apply_dropout(dy, mask))) << what << " (backward)";
       }
     }
+  }
+}
+
+// The router input jitter's noise (dtk/cuda/dropout.hpp's uniform_noise, through uniform_noise_on)
+// against uniform_noise_ops on the GPU and on the CPU, value for value: a whole draw, rows of it
+// and a sequence shard (odd offsets: the hash's word pairs split), an odd length, a seed slot read
+// on the device.
+TEST(GpuKernels, UniformNoiseKernelEqualsOpsAndTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  at::Generator gen = dtk::layers::seeded_generator(31);
+  const dtk::layers::DropoutMask whole = dtk::layers::draw_uniforms({4, 37, 129}, gen);
+  // The same draw with its seed in a device slot, as a recorded step holds it.
+  dtk::layers::DropoutMask slotted = whole;
+  slotted.seed_slot =
+      at::full({1}, static_cast<int64_t>(whole.seed), at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  slotted.seed = 0;
+  struct Case {
+    const char* name;
+    dtk::layers::DropoutMask draw;
+    int64_t numel;
+  };
+  const Case cases[] = {{"whole", whole, 4 * 37 * 129},
+                        {"rows 1-2", whole.rows(1, 2), 2 * 37 * 129},
+                        {"sequence shard", whole.sequence_rows(37, 5, 11), 4 * 11 * 129},
+                        {"seed slot", slotted, 4 * 37 * 129}};
+  for (const auto& [name, draw, n] : cases) {
+    const at::Tensor got = dtk::layers::uniform_noise_on(draw, n, 0.99, 1.01, at::kCUDA);
+    ASSERT_TRUE(got.is_cuda()) << name;
+    EXPECT_TRUE(got.eq(dtk::layers::uniform_noise_ops(draw, n, 0.99, 1.01, at::kCUDA)).all().item<bool>()) << name;
+    const dtk::layers::DropoutMask& on_host = &draw == &cases[3].draw ? whole : draw;
+    EXPECT_TRUE(got.cpu().eq(dtk::layers::uniform_noise_ops(on_host, n, 0.99, 1.01, at::kCPU)).all().item<bool>())
+        << name << " (against the CPU)";
   }
 }
 

@@ -1,5 +1,6 @@
 // DTK's elementwise and row kernels (core/cuda/src: bias + GELU, SwiGLU, rotary, RMSNorm, add +
-// LayerNorm, the cross entropy) run on the CPU through the SIMT emulation, each public function
+// LayerNorm, the cross entropy; dropout and the jitter's noise against the hash written out here)
+// run on the CPU through the SIMT emulation, each public function
 // called twice on the same values: once with every pointer on a 16-byte boundary (the packed
 // kernels: 16-byte loads of eight elements, several loads in flight) and once off it by one
 // element (the scalar kernels, which a GPU run has held equal to LibTorch's ops). The packed
@@ -17,6 +18,7 @@
 
 #include "dtk/cuda/bias_gelu.hpp"
 #include "dtk/cuda/cross_entropy.hpp"
+#include "dtk/cuda/dropout.hpp"
 #include "dtk/cuda/layer_norm.hpp"
 #include "dtk/cuda/rms_norm.hpp"
 #include "dtk/cuda/rotary.hpp"
@@ -125,6 +127,55 @@ void check_bias_gelu(int64_t rows, int64_t cols) {
     EXPECT_EQ(std::get<0>(packed), std::get<0>(scalar)) << what << " (y)";
     EXPECT_EQ(std::get<1>(packed), std::get<1>(scalar)) << what << " (dx)";
     EXPECT_EQ(std::get<2>(packed), std::get<2>(scalar)) << what << " (the bias's gradient)";
+  }
+}
+
+// The counter-based hash as dtk/layers/dropout.hpp defines it, written out: element `index` of a
+// draw is the low (even) or high (odd) 32 bits of splitmix64's output function of (seed, index / 2).
+uint32_t hashed_uniform(uint64_t seed, int64_t index) {
+  uint64_t z = seed + (static_cast<uint64_t>(index >> 1) + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return static_cast<uint32_t>((index & 1) ? z >> 32 : z);
+}
+
+// Dropout's kernel and the router jitter's noise kernel (src/dropout.cu) against the hash above:
+// a contiguous draw at an odd offset, a strided one (a sequence shard's runs), and the seed read
+// from device memory (a recorded step's slot). The noise is low + u (high - low) / 2^32 in fp64,
+// rounded once to fp32; dropout keeps x * scale where u >= threshold.
+TEST_F(KernelsEmulated, DropoutAndNoiseKernelsAreTheHostsHash) {
+  const uint64_t seed = 0x5DEECE66DULL * 977;
+  dtk::cuda::DropoutBits contiguous;
+  contiguous.seed = seed, contiguous.offset = 3;
+  dtk::cuda::DropoutBits strided = contiguous;
+  strided.offset = 5, strided.row_numel = 19, strided.run_numel = 7;
+  dtk::cuda::DropoutBits slotted = contiguous;
+  slotted.seed = 0, slotted.seed_at = &seed;
+  const int64_t n = 1001;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  for (const auto& [name, bits] :
+       {std::pair{"contiguous", contiguous}, std::pair{"strided", strided}, std::pair{"seed slot", slotted}}) {
+    const auto index = [&, b = bits](int64_t i) {
+      return b.run_numel > 0 ? b.offset + i / b.run_numel * b.row_numel + i % b.run_numel : b.offset + i;
+    };
+    std::vector<float> noise(n), kept(n);
+    dtk::cuda::uniform_noise(n, bits, 0.9, 1.1, noise.data(), nullptr);
+    dtk::cuda::DropoutBits mask = bits;
+    mask.threshold = 0x4CCCCCCDu, mask.scale = 1.0f / 0.7f;  // p 0.3
+    dtk::cuda::dropout_apply(x.data(), ElementType::kFloat32, n, mask, kept.data(), nullptr);
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = hashed_uniform(seed, index(i));
+      ASSERT_EQ(noise[i], static_cast<float>(static_cast<double>(u) * ((1.1 - 0.9) / 4294967296.0) + 0.9))
+          << name << ", element " << i;
+      ASSERT_EQ(kept[i], u >= mask.threshold ? x[i] * mask.scale : 0.0f) << name << ", element " << i;
+      dropped += u < mask.threshold;
+    }
+    EXPECT_NEAR(static_cast<double>(dropped) / n, 0.3, 0.05) << name;
   }
 }
 

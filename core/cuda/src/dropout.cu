@@ -37,7 +37,26 @@ void apply(const void* x, int64_t n, const DropoutBits& m, void* out, StreamHand
   launch_kernel(dropout_kernel<T>, blocks, kThreads, 0, stream, static_cast<const T*>(x), n, m, static_cast<T*>(out));
 }
 
+__global__ void __launch_bounds__(kThreads)
+    noise_kernel(int64_t n, DropoutBits m, double low, double step, float* out) {
+  m = dropout_bits::resolved(m);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += stride) {
+    const double u = static_cast<double>(dropout_bits::uniform_at(m, dropout_bits::mask_index(m, i)));
+    // Rounded as the host's tensor operations round them: the product, then the sum (no FMA).
+    out[i] = static_cast<float>(__dadd_rn(__dmul_rn(u, step), low));
+  }
+}
+
 }  // namespace
+
+void uniform_noise(int64_t n, const DropoutBits& draw, double low, double high, float* out, StreamHandle stream) {
+  if (n <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+  launch_kernel(noise_kernel, blocks, kThreads, 0, stream, n, draw, low, (high - low) / 4294967296.0, out);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CudaError(std::string("uniform_noise: ") + cudaGetErrorString(e));
+}
 
 void dropout_apply(const void* x, ElementType type, int64_t n, const DropoutBits& mask, void* out,
                    StreamHandle stream) {

@@ -35,12 +35,16 @@ __device__ __forceinline__ int64_t mask_index(const DropoutBits& m, int64_t i) {
   return m.run_numel > 0 ? m.offset + i / m.run_numel * m.row_numel + i % m.run_numel : m.offset + i;
 }
 
-// Whether element `index` of the drawn mask is kept: its 32-bit uniform (the low half of its
-// pair's word for an even index, the high for an odd one) is at least the threshold.
-__device__ __forceinline__ bool kept_at(const DropoutBits& m, int64_t index) {
+// The 32-bit uniform of element `index` of the drawn mask: the low half of its pair's word for an
+// even index, the high for an odd one.
+__device__ __forceinline__ uint32_t uniform_at(const DropoutBits& m, int64_t index) {
   const uint64_t word = mix(m.seed, static_cast<uint64_t>(index >> 1));
-  const uint32_t u = static_cast<uint32_t>((index & 1) ? word >> 32 : word);
-  return u >= m.threshold;
+  return static_cast<uint32_t>((index & 1) ? word >> 32 : word);
+}
+
+// Whether element `index` of the drawn mask is kept: its uniform is at least the threshold.
+__device__ __forceinline__ bool kept_at(const DropoutBits& m, int64_t index) {
+  return uniform_at(m, index) >= m.threshold;
 }
 
 // Whether element i of the tensor the mask applies to is kept.

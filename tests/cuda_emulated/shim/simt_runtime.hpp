@@ -117,6 +117,8 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, 
 
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // CUDA's integer min and max of device code.
 inline int min(int a, int b) { return a < b ? a : b; }

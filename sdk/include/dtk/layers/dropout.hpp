@@ -94,11 +94,15 @@ at::Tensor apply_dropout_ops(const at::Tensor& x, const DropoutMask& keep);
 at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& gen);
 
 // Uniform(low, high) per element of a tensor under `draw` ([numel], fp32 on `device`): element i is
-// low + (high - low) * u_i / 2^32, u_i the 32-bit uniform a mask of that draw compares with its
-// threshold. Made with tensor operations (no host read of a recorded seed), so a CPU and a GPU
-// run, a recomputation and every slice of the draw see the same noise (Megatron's router input
-// jitter, dtk/layers/moe.hpp).
+// low + u_i * ((high - low) / 2^32) (in fp64, rounded once to fp32), u_i the 32-bit uniform a mask
+// of that draw compares with its threshold. On a GPU DTK's kernel makes it in one pass
+// (dtk/cuda/dropout.hpp), elsewhere uniform_noise_ops; neither reads a recorded seed on the host,
+// so a CPU and a GPU run, a recomputation and every slice of the draw see the same noise
+// (Megatron's router input jitter, dtk/layers/moe.hpp).
 at::Tensor uniform_noise_on(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device);
+// The same noise made with tensor operations on `device`: the reference the GPU kernel is tested
+// against.
+at::Tensor uniform_noise_ops(const DropoutMask& draw, int64_t numel, double low, double high, const at::Device& device);
 
 // The mask's bits as a bool tensor [numel] (tests).
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel);

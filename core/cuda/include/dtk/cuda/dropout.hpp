@@ -31,4 +31,10 @@ struct DropoutBits {
 void dropout_apply(const void* x, ElementType type, int64_t n, const DropoutBits& mask, void* out,
                    StreamHandle stream);
 
+// out[i] = fp32(low + u_i * (high - low) / 2^32) for i < n, u_i element i's 32-bit uniform under
+// `draw` (its threshold and scale unused), the product and sum in fp64 without contraction:
+// dtk::layers::uniform_noise_on's noise, value for value, in one pass (Megatron's router input
+// jitter, dtk/layers/moe.hpp).
+void uniform_noise(int64_t n, const DropoutBits& draw, double low, double high, float* out, StreamHandle stream);
+
 }  // namespace dtk::cuda

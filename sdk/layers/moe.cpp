@@ -469,9 +469,10 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
   return at::matmul(dense, table.to(r.probs.scalar_type())).to(dtype);
 }
 
-// Megatron's apply_input_jitter: x [b, s, h] times Uniform(1 - eps, 1 + eps), the noise in x's
-// dtype (Megatron draws it in the input's dtype). Under sequence parallelism the draw is the whole
-// sequence's and x this rank's rows of it, as dropout's (tensor_parallel.hpp).
+// Megatron's apply_input_jitter: x [b, s, h] times Uniform(1 - eps, 1 + eps), the noise made in
+// fp32 and rounded to x's dtype (Megatron draws it in the input's dtype: in bf16 its uniforms have
+// 8 bits). Under sequence parallelism the draw is the whole sequence's and x this rank's rows of
+// it, as dropout's (tensor_parallel.hpp); Megatron gives every rank's rows the same noise.
 at::Tensor MoeMlp::jittered(const at::Tensor& x, at::Generator& gen) const {
   const int64_t split = tp_.splits_sequence() ? tp_.size : 1;
   DropoutMask draw = draw_uniforms({x.size(0), x.size(1) * split, x.size(2)}, gen);

@@ -512,12 +512,16 @@ TEST(GpuKernels, UniformNoiseKernelEqualsOpsAndTheCpu) {
   slotted.seed_slot =
       at::full({1}, static_cast<int64_t>(whole.seed), at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
   slotted.seed = 0;
+  // More elements than one grid-stride pass and one piece of the ops (2^24), from an odd offset.
+  dtk::layers::DropoutMask large = dtk::layers::draw_uniforms({(int64_t{1} << 24) + 8}, gen);
+  large.offset = 3;
   struct Case {
     const char* name;
     dtk::layers::DropoutMask draw;
     int64_t numel;
   };
   const Case cases[] = {{"whole", whole, 4 * 37 * 129},
+                        {"2^24 + 5 elements", large, (int64_t{1} << 24) + 5},
                         {"rows 1-2", whole.rows(1, 2), 2 * 37 * 129},
                         {"sequence shard", whole.sequence_rows(37, 5, 11), 4 * 11 * 129},
                         {"seed slot", slotted, 4 * 37 * 129}};
@@ -525,7 +529,7 @@ TEST(GpuKernels, UniformNoiseKernelEqualsOpsAndTheCpu) {
     const at::Tensor got = dtk::layers::uniform_noise_on(draw, n, 0.99, 1.01, at::kCUDA);
     ASSERT_TRUE(got.is_cuda()) << name;
     EXPECT_TRUE(got.eq(dtk::layers::uniform_noise_ops(draw, n, 0.99, 1.01, at::kCUDA)).all().item<bool>()) << name;
-    const dtk::layers::DropoutMask& on_host = &draw == &cases[3].draw ? whole : draw;
+    const dtk::layers::DropoutMask& on_host = std::string(name) == "seed slot" ? whole : draw;  // the host's seed
     EXPECT_TRUE(got.cpu().eq(dtk::layers::uniform_noise_ops(on_host, n, 0.99, 1.01, at::kCPU)).all().item<bool>())
         << name << " (against the CPU)";
   }

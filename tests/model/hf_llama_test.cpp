@@ -1110,6 +1110,10 @@ TEST(HfLlama, MixtralExportMatchesHuggingFacesForwardAndImportsBitForBit) {
   EXPECT_NE(windowed_import.out.find("--set model.window_size=15,0"), std::string::npos) << windowed_import.out;
   expect_import_refused(dir + "/hf", dir + "/unwindowed", "\"sliding_window\": null", "\"sliding_window\": 0",
                         "sliding_window 0 must be at least 1 (the token itself)");
+  // transformers jitters the experts' input too; the llama model's jitter is the router's alone.
+  expect_import_refused(dir + "/hf", dir + "/jittered", "\"output_router_logits\": false",
+                        "\"output_router_logits\": false, \"router_jitter_noise\": 0.01",
+                        "router_jitter_noise is not 0: transformers multiplies the experts' input by the noise too");
   // transformers 5's rope_parameters carry the theta; keys left out are MixtralConfig's defaults.
   std::string v5 = config;
   v5.replace(v5.find("\"rope_theta\": 10000"), 19,

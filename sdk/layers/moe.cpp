@@ -474,9 +474,7 @@ at::Tensor MoeMlp::output_bias(const Routing& r, at::ScalarType dtype) const {
 // 8 bits). Under sequence parallelism the draw is the whole sequence's and x this rank's rows of
 // it, as dropout's (tensor_parallel.hpp); Megatron gives every rank's rows the same noise.
 at::Tensor MoeMlp::jittered(const at::Tensor& x, at::Generator& gen) const {
-  const int64_t split = tp_.splits_sequence() ? tp_.size : 1;
-  DropoutMask draw = draw_uniforms({x.size(0), x.size(1) * split, x.size(2)}, gen);
-  if (split > 1) draw = draw.sequence_rows(x.size(1) * split, tp_.rank * x.size(1), x.size(1));
+  const DropoutMask draw = draw_uniforms(x, gen, tp_);
   const double eps = c_.input_jitter_eps;
   return x * uniform_noise_on(draw, x.numel(), 1.0 - eps, 1.0 + eps, x.device()).view(x.sizes()).to(x.scalar_type());
 }

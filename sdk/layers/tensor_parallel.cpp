@@ -313,11 +313,17 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 
 DropoutMask dropout_mask(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp) {
   if (!training || p <= 0.0) return {};
-  if (!tp.splits_sequence()) return draw_keep_mask(x.sizes(), p, gen);
+  DropoutMask m = draw_uniforms(x, gen, tp);
+  m.p = p;
+  return m;
+}
+
+DropoutMask draw_uniforms(const at::Tensor& x, at::Generator& gen, const TPGroup& tp) {
+  if (!tp.splits_sequence()) return draw_uniforms(x.sizes(), gen);
   std::vector<int64_t> whole = x.sizes().vec();
   const int64_t local = whole[1];
   whole[1] *= tp.size;
-  return draw_keep_mask(whole, p, gen).sequence_rows(whole[1], tp.rank * local, local);
+  return draw_uniforms(whole, gen).sequence_rows(whole[1], tp.rank * local, local);
 }
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp_size) {

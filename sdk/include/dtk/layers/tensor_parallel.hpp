@@ -98,6 +98,10 @@ at::Tensor dropout(const at::Tensor& x, double p, bool training, at::Generator& 
 // applied: for a kernel that applies it in its own pass (add_bias_dropout_layer_norm). Undefined
 // when not training or p == 0.
 DropoutMask dropout_mask(const at::Tensor& x, double p, bool training, at::Generator& gen, const TPGroup& tp);
+// The draw dropout_mask takes (draw_uniforms: one draw of `gen`, no drop probability) for an
+// activation x [b, s or s / tp, ...]: under sequence parallelism the whole sequence's, sliced to
+// this rank's rows. For noise other than a mask (the MoE router's input jitter).
+DropoutMask draw_uniforms(const at::Tensor& x, at::Generator& gen, const TPGroup& tp);
 
 // Megatron's _vocab_size_with_padding: the smallest multiple of divisible_by x tp_size that is
 // >= vocab_size.

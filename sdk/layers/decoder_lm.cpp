@@ -227,9 +227,10 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   float_opt("moe_router_topk_scaling_factor", c.moe.topk_scaling_factor);
   if (o.has("moe_router_load_balancing_type")) {
     const std::string type = o.get_string("moe_router_load_balancing_type");
-    c.moe.balance = type == "seq_aux_loss" ? MoeBalance::kSeqAuxLoss
-                    : type == "none"       ? MoeBalance::kNone
-                                           : MoeBalance::kAuxLoss;
+    c.moe.balance = type == "seq_aux_loss"      ? MoeBalance::kSeqAuxLoss
+                    : type == "global_aux_loss" ? MoeBalance::kGlobalAuxLoss
+                    : type == "none"            ? MoeBalance::kNone
+                                                : MoeBalance::kAuxLoss;
   }
   float_opt("moe_aux_loss_coeff", c.moe.aux_loss_coeff);
   float_opt("moe_z_loss_coeff", c.moe.z_loss_coeff);
@@ -788,7 +789,7 @@ void DecoderLM::end_iteration() {
   std::vector<MoeMlp*> moe;
   for (const auto& layer : layers_)
     if (MoeMlp* m = layer->moe_mlp()) moe.push_back(m);
-  update_expert_biases(moe);
+  end_moe_iteration(moe);
 }
 
 void DecoderLM::to(at::Device device, std::optional<at::ScalarType> dtype) {

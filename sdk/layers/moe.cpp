@@ -56,11 +56,15 @@ at::Tensor expert_partial(const MoeMlp::Expert& e, const at::Tensor& rows, const
   return dtk::linear(activation(projected), e.out.weight);
 }
 
-// The sum over a group; a process without the host's communicator (a unit test) is alone.
-void sum_over_group(const at::Tensor& t, int32_t group) {
+// A group's size; a process without the host's communicator (a unit test) is alone.
+int64_t group_size(int32_t group) {
   const dtk_host_services* h = host_services();
-  if (!h || !h->comm) return;
-  if (Comm::size(group) > 1) Comm::all_reduce(t, group, DTK_REDUCE_SUM);
+  return h && h->comm ? Comm::size(group) : 1;
+}
+
+// The sum over a group.
+void sum_over_group(const at::Tensor& t, int32_t group) {
+  if (group_size(group) > 1) Comm::all_reduce(t, group, DTK_REDUCE_SUM);
 }
 
 // The expert-parallel group's rows, concatenated along dim 0 in rank order.
@@ -348,15 +352,16 @@ std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const
 }
 
 // The load-balancing loss of this rank's rows (compute_routing_scores_for_aux_loss, then the
-// micro-batch's or each sequence's Switch loss): the normalised scores over all experts, and the
-// tokens per expert of a plain top-k over them (no group limit), summed over the TP group under
-// sequence parallelism. Records its value for the log.
+// micro-batch's, each sequence's or the global batch's Switch loss): the normalised scores over all
+// experts, and the tokens per expert of a plain top-k over them (no group limit), summed over the TP
+// group under sequence parallelism. Records its value for the log.
 at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
   const bool split = tp_.splits_sequence();
   at::Tensor scores =
       c_.score == MoeScore::kSoftmax ? at::softmax(logits, -1, at::kFloat) : gate_scores(logits, c_.score);
   if (c_.score != MoeScore::kSoftmax) scores = scores / (scores.sum(-1, true) + 1e-20);
   const at::Tensor chosen = std::get<1>(scores.topk(c_.topk, -1));
+  if (c_.balance == MoeBalance::kGlobalAuxLoss) return global_balance_loss(scores, chosen, total);
   const bool per_sequence = c_.balance == MoeBalance::kSeqAuxLoss;
   at::Tensor per_expert;
   at::Tensor loss;
@@ -375,6 +380,25 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
     loss = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
   }
   record_layer_loss(per_sequence ? "seq_load_balancing_loss" : "load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
+  return loss;
+}
+
+// Megatron's _apply_global_aux_loss: the tokens per expert summed over every data-parallel rank
+// (and the sequence-parallel ones) in this forward, added to this iteration's earlier training
+// forwards' and averaged over them; T is one forward's tokens over those ranks. So each rank's loss
+// is its rows' share of the global batch's: the log sums the shares over the data-parallel ranks
+// (Megatron's needs_dp_avg=False), and the gradient, averaged over them with the others, weighs it
+// 1 / (data-parallel size) of a micro-batch loss at the same balance, as in Megatron.
+at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& chosen, int64_t total) const {
+  at::Tensor per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
+  if (tp_.splits_sequence()) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+  sum_over_group(per_expert, DTK_GROUP_DATA_PARALLEL);
+  global_tokens = global_tokens.defined() ? global_tokens + per_expert : per_expert;
+  ++global_forwards;
+  const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL);
+  const at::Tensor loss = switch_load_balancing_loss(scores, global_tokens / static_cast<double>(global_forwards),
+                                                     total * dp, c_.topk, c_.aux_loss_coeff);
+  record_layer_loss("global_load_balancing_loss", loss * static_cast<double>(dp), c_.aux_loss_coeff, c_, tp_);
   return loss;
 }
 
@@ -562,6 +586,15 @@ void update_expert_biases(const std::vector<MoeMlp*>& layers) {
     layer.expert_bias.add_(offset[static_cast<int64_t>(i)].sign().to(layer.expert_bias.device()) *
                            layer.config().bias_update_rate);
     layer.expert_load.zero_();
+  }
+}
+
+void end_moe_iteration(const std::vector<MoeMlp*>& layers) {
+  update_expert_biases(layers);
+  for (MoeMlp* layer : layers) {
+    if (!layer) continue;
+    layer->global_tokens = at::Tensor();
+    layer->global_forwards = 0;
   }
 }
 

@@ -545,6 +545,57 @@ TEST(MoeLayer, ExpertBiasFollowsTheTrainingLoads) {
   EXPECT_FALSE(at::equal(m.expert_bias, before));
 }
 
+// Megatron's global_aux_loss in one process: each training forward's loss is Switch
+// Transformer's with the tokens per expert averaged over this iteration's forwards so far
+// (_apply_global_aux_loss written out: E * coeff / (k T^2) * sum_e (sum_t p[t, e]) * mean_f
+// counts_f[e]); evaluation counts nothing; end_moe_iteration restarts the counts.
+TEST(MoeLayer, GlobalAuxLossAveragesTheTokensPerExpertOverTheIteration) {
+  MoeConfig c = config_of(kCases[0]);
+  c.balance = dtk::layers::MoeBalance::kGlobalAuxLoss, c.aux_loss_coeff = 0.1;
+  const MoeMlp m = make_layer(c, 8, kCases[0]);
+  at::manual_seed(5);
+  std::vector<at::Tensor> counts;  // each counted forward's tokens per expert
+  const auto expect_forward = [&](const at::Tensor& input, const std::string& what) {
+    at::Tensor x = input.clone().requires_grad_(true);
+    const at::Tensor weights = at::randn(x.sizes());
+    (m.forward(x, gelu) * weights).sum().backward();
+    const std::vector<at::Tensor> got = grads_of(m, x);
+    zero_grads(m, x);
+    const at::Tensor scores = at::softmax(router_logits(m, x.reshape({-1, 8})), -1);
+    at::Tensor mine = at::zeros({c.num_experts});
+    const at::Tensor chosen = std::get<1>(scores.topk(c.topk, -1));
+    for (int64_t t = 0; t < scores.size(0); ++t)
+      for (int64_t j = 0; j < c.topk; ++j) mine[chosen[t][j].item<int64_t>()] += 1;
+    counts.push_back(mine);
+    const at::Tensor mean_counts = at::stack(counts).mean(0);
+    const double tokens = static_cast<double>(scores.size(0));
+    const at::Tensor loss = (scores.sum(0) * mean_counts).sum() *
+                            (static_cast<double>(c.num_experts) * c.aux_loss_coeff / (c.topk * tokens * tokens));
+    ((reference(m, c, x, false) * weights).sum() + loss).backward();
+    const std::vector<at::Tensor> want = grads_of(m, x);
+    zero_grads(m, x);
+    ASSERT_EQ(m.global_forwards, static_cast<int64_t>(counts.size())) << what;
+    EXPECT_TRUE(at::equal(m.global_tokens, at::stack(counts).sum(0))) << what << m.global_tokens;
+    for (size_t i = 0; i < 2; ++i)  // the input's and the router's gradients carry the loss
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+          << what << ": gradient " << i << " differs by " << (got[i] - want[i]).abs().max().item<double>();
+  };
+  const at::Tensor first = at::randn({2, 5, 8});
+  expect_forward(first, "the first forward");
+  {
+    at::NoGradGuard evaluation;
+    m.forward(at::randn({2, 5, 8}), gelu);
+  }
+  expect_forward(at::randn({2, 5, 8}) * 3, "the second forward");
+  expect_forward(at::randn({2, 5, 8}), "the third forward");
+  // The guard: the running mean is not the forward's own counts (which aux_loss would use).
+  EXPECT_FALSE(at::equal(counts.back() * 3, at::stack(counts).sum(0)));
+  dtk::layers::end_moe_iteration({const_cast<MoeMlp*>(&m)});
+  EXPECT_EQ(m.global_forwards, 0);
+  counts.clear();
+  expect_forward(first, "the next iteration's first forward");
+}
+
 // Megatron-LM's --moe-layer-freq: an integer or a Python list of 0/1 per layer.
 TEST(MoeLayer, LayerFrequencyReadsMegatronsListPatterns) {
   MoeConfig c;
@@ -763,6 +814,45 @@ TEST(Moe, InputJitterIsTheSameHoweverTheModelIsSplitOrRecomputed) {
     ASSERT_EQ(with.loss.size(), kIters) << with.run.out;
     EXPECT_GT(std::abs(plain.loss.at(kIters) - with.loss.at(kIters)), 1e-5 * std::abs(plain.loss.at(kIters))) << model;
   }
+}
+
+// Megatron's global_aux_loss in whole runs. Its tokens per expert are the data-parallel ranks'
+// sum and T their tokens, so DP 2 (one micro-batch of 4 sequences each) at coefficient 2c equals
+// one process with one micro-batch of all 8 at aux_loss c (each rank's loss is half the global
+// batch's, the gradients are averaged), curves and logged loss alike; with 2 micro-batches the
+// counts are the running mean over the iteration's micro-batches, which TP 2 (with and without
+// sequence parallelism), PP 2, full recomputation, PP 2 with it (1F1B: each micro-batch counted
+// once, in order) and EP 2 (against DP 2) keep; and the running mean changes the curve.
+TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
+  const std::string global = "--set model.moe_router_load_balancing_type=global_aux_loss ";
+  const auto [big_batch, big_logged] =
+      run_logged("gpt", 1, "--set model.moe_aux_loss_coeff=0.5 --set train.micro_batch_size=8 ", "global-mb8");
+  const auto [dp2, dp2_logged] = run_logged("gpt", 2, global + "--set model.moe_aux_loss_coeff=1 ", "global-dp2");
+  expect_same_curve(big_batch, dp2, kIters, "global_aux_loss DP 2 against aux_loss on the whole batch");
+  ASSERT_EQ(dp2_logged.count("global_load_balancing_loss"), 1u);
+  ASSERT_EQ(dp2_logged.at("global_load_balancing_loss").size(), kIters);
+  for (const auto& [it, v] : big_logged.at("load_balancing_loss"))
+    EXPECT_NEAR(dp2_logged.at("global_load_balancing_loss").at(it), v, 1e-5 * std::abs(v)) << "iteration " << it;
+
+  const std::string args = global + "--set model.moe_aux_loss_coeff=0.5 ";
+  const dtk_test::Curve one = curve_of("gpt", 1, args, "global-one");
+  const std::string full = "--set model.recompute_activations=full ";
+  for (const auto& [name, split] : kSplits)
+    if (std::string(name) != "dp2")
+      expect_same_curve(one, curve_of("gpt", 2, args + split, std::string("global-") + name), kIters,
+                        std::string("global_aux_loss ") + name);
+  expect_same_curve(one, curve_of("gpt", 1, args + full, "global-full"), kIters, "global_aux_loss, full recomputation");
+  expect_same_curve(
+      one, curve_of("gpt", 2, args + full + "--set distributed.pipeline_model_parallel_size=2 ", "global-pp2-full"),
+      kIters, "global_aux_loss, PP 2 with full recomputation");
+  expect_same_curve(curve_of("gpt", 2, args, "global-dp2-half"),
+                    curve_of("gpt", 2, args + "--set distributed.expert_model_parallel_size=2 ", "global-ep2"), kIters,
+                    "global_aux_loss, EP 2 against DP 2");
+  // The guard: with two micro-batches the running mean is not each micro-batch's own counts.
+  const dtk_test::Curve aux = curve_of("gpt", 1, "--set model.moe_aux_loss_coeff=0.5 ", "global-aux");
+  ASSERT_EQ(aux.norm.size(), kIters) << aux.run.out;
+  ASSERT_EQ(one.norm.size(), kIters) << one.run.out;
+  EXPECT_GT(std::abs(aux.norm.at(1) - one.norm.at(1)), 1e-4 * one.norm.at(1));
 }
 
 namespace {

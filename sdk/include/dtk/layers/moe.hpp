@@ -54,10 +54,12 @@
 // Auxiliary losses, in training only, reach the router through its backward on every pipeline
 // stage (Megatron's MoEAuxLossAutoScaler; the host's dtk.ext.aux_loss.v1 gives the factor of the
 // step's loss): the load-balancing loss of Switch Transformer over the micro-batch (Megatron's
-// "aux_loss") or over each sequence, averaged (Megatron's "seq_aux_loss", DeepSeek-V3's
-// complementary sequence-wise loss), weighted by moe_aux_loss_coeff, and ST-MoE's z-loss
+// "aux_loss"), over each sequence, averaged (Megatron's "seq_aux_loss", DeepSeek-V3's
+// complementary sequence-wise loss) or with the tokens per expert of the global batch so far
+// (Megatron's "global_aux_loss", Qwen's global-batch balance), weighted by moe_aux_loss_coeff, and ST-MoE's z-loss
 // (moe_z_loss_coeff). Their values without the coefficient, averaged over the MoE layers, reach
-// the log line as load_balancing_loss, seq_load_balancing_loss and z_loss (Megatron's names).
+// the log line as load_balancing_loss, seq_load_balancing_loss, global_load_balancing_loss and
+// z_loss (Megatron's names).
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
@@ -71,7 +73,7 @@
 namespace dtk::layers {
 
 enum class MoeScore { kSoftmax, kSigmoid, kSqrtSoftplus };  // moe_router_score_function
-enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kNone };  // moe_router_load_balancing_type
+enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kGlobalAuxLoss, kNone };  // moe_router_load_balancing_type
 enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_policy
 
 struct MoeConfig {
@@ -172,9 +174,10 @@ inline constexpr dtk_option_spec kMoeRouterFp32Option =
 inline constexpr dtk_option_spec kMoeRouterTopkScalingFactorOption =
     opt_float("moe_router_topk_scaling_factor", "0", "> 0: the chosen probabilities times this.");
 inline constexpr dtk_option_spec kMoeRouterLoadBalancingTypeOption =
-    opt_enum("moe_router_load_balancing_type", "aux_loss", "aux_loss|seq_aux_loss|none",
+    opt_enum("moe_router_load_balancing_type", "aux_loss", "aux_loss|seq_aux_loss|global_aux_loss|none",
              "The load-balancing loss moe_aux_loss_coeff weighs: Switch Transformer's over the micro-batch "
-             "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), or none.");
+             "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), with the tokens per expert "
+             "of the global batch so far (global_aux_loss, over every data-parallel rank), or none.");
 inline constexpr dtk_option_spec kMoeAuxLossCoeffOption =
     opt_float("moe_aux_loss_coeff", "0", "Weight of the load-balancing loss per MoE layer; 0 = none.");
 inline constexpr dtk_option_spec kMoeZLossCoeffOption =
@@ -267,6 +270,12 @@ class MoeMlp {
   // update follows every iteration before a checkpoint is written).
   at::Tensor expert_bias;
   mutable at::Tensor expert_load;
+  // With global_aux_loss: the tokens per expert of this iteration's training forwards so far,
+  // summed over the data-parallel (and sequence-parallel) ranks, [experts] fp32 (undefined before
+  // the first), and how many forwards that is (Megatron's global_tokens_per_expert and ga_steps;
+  // never saved: end_moe_iteration restarts them after every iteration).
+  mutable at::Tensor global_tokens;
+  mutable int64_t global_forwards = 0;
   at::Tensor shared_gate;  // [1, hidden] with moe_shared_expert_gate, else undefined
   bool has_shared_expert() const { return !shared.in.empty(); }
   const MoeConfig& config() const { return c_; }
@@ -285,6 +294,7 @@ class MoeMlp {
   at::Tensor choice_loads(const Routing& r) const;
   std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& scores) const;
   at::Tensor balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const;
+  at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& chosen, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
@@ -302,6 +312,11 @@ class MoeMlp {
 // _update_router_expert_bias); the loads restart from zero. Layers without expert bias are
 // skipped; every rank of a stage calls it with its layers (two all-reduces for all of them).
 void update_expert_biases(const std::vector<MoeMlp*>& layers);
+
+// After a training iteration (a model's end_iteration, once per iteration, taken or skipped):
+// update_expert_biases, then every layer's global_aux_loss counts restart (Megatron-LM's
+// reset_model_temporary_tensors). A model that never calls it averages its counts over the run.
+void end_moe_iteration(const std::vector<MoeMlp*>& layers);
 
 // The load-balancing loss of Switch Transformer as Megatron-LM computes it: scores [tokens,
 // experts] (the softmax over all experts, fp32), tokens_per_expert [experts] (how many of the

@@ -225,14 +225,13 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("moe_router_group_topk", c.moe.group_topk);
   bool_opt("moe_router_fp32", c.moe.router_fp32);
   float_opt("moe_router_topk_scaling_factor", c.moe.topk_scaling_factor);
-  if (o.has("moe_router_load_balancing_type")) {
-    const std::string type = o.get_string("moe_router_load_balancing_type");
-    c.moe.balance = type == "seq_aux_loss"      ? MoeBalance::kSeqAuxLoss
-                    : type == "global_aux_loss" ? MoeBalance::kGlobalAuxLoss
-                    : type == "none"            ? MoeBalance::kNone
-                                                : MoeBalance::kAuxLoss;
+  if (o.has("moe_router_load_balancing_type") && o.has("moe_aux_loss_coeff")) {
+    try {
+      parse_moe_balance(o.get_string("moe_router_load_balancing_type"), o.get_string("moe_aux_loss_coeff"), c.moe);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
   }
-  float_opt("moe_aux_loss_coeff", c.moe.aux_loss_coeff);
   float_opt("moe_z_loss_coeff", c.moe.z_loss_coeff);
   bool_opt("moe_router_enable_expert_bias", c.moe.expert_bias);
   float_opt("moe_router_bias_update_rate", c.moe.bias_update_rate);
@@ -281,8 +280,9 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_router_group_topk", m.group_topk != unset.group_topk},
         {"moe_router_fp32", m.router_fp32 != unset.router_fp32},
         {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
-        {"moe_router_load_balancing_type", m.balance != unset.balance},
-        {"moe_aux_loss_coeff", m.aux_loss_coeff != unset.aux_loss_coeff},
+        {"moe_router_load_balancing_type", ctx.options.has("moe_router_load_balancing_type") &&
+                                               ctx.options.get_string("moe_router_load_balancing_type") != "aux_loss"},
+        {"moe_aux_loss_coeff", m.balances()},
         {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff},
         {"moe_router_enable_expert_bias", m.expert_bias != unset.expert_bias},
         {"moe_router_bias_update_rate", m.bias_update_rate != unset.bias_update_rate},
@@ -342,11 +342,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     fail("option 'moe_shared_expert_gate' gates the shared expert: it needs moe_shared_expert_intermediate_size > 0");
   if (m.shared_ffn > 0)
     divisible("moe_shared_expert_intermediate_size", m.shared_ffn, "the tensor-parallel size", tp_.size);
-  if (m.balance == MoeBalance::kNone && m.aux_loss_coeff > 0.0)
-    fail("moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
   for (const auto& [option, v] :
        {std::pair<const char*, double>{"moe_router_topk_scaling_factor", m.topk_scaling_factor},
-        {"moe_aux_loss_coeff", m.aux_loss_coeff},
         {"moe_z_loss_coeff", m.z_loss_coeff},
         {"moe_router_bias_update_rate", m.bias_update_rate}})
     if (!(v >= 0.0) || !std::isfinite(v))

@@ -173,6 +173,58 @@ at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tens
          (e * coeff / (static_cast<double>(topk) * s * s * sequences));
 }
 
+namespace {
+
+// The comma-separated items of `text`, spaces around each dropped.
+std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> out(1);
+  for (const char ch : text) {
+    if (ch == ',')
+      out.emplace_back();
+    else if (!std::isspace(static_cast<unsigned char>(ch)))
+      out.back() += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
+void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c) {
+  const std::vector<std::string> type = comma_items(types), weight = comma_items(coeffs);
+  std::vector<double> value;
+  for (const std::string& w : weight) {
+    char* end = nullptr;
+    const double v = std::strtod(w.c_str(), &end);
+    if (w.empty() || *end) throw std::invalid_argument("option 'moe_aux_loss_coeff': '" + w + "' is not a number");
+    if (!(v >= 0.0) || !std::isfinite(v))
+      throw std::invalid_argument("option 'moe_aux_loss_coeff' must be finite and >= 0, got " + w);
+    value.push_back(v);
+  }
+  if (type.size() == 1 && type[0] == "none") {
+    if (value.size() == 1 && value[0] > 0.0)
+      throw std::invalid_argument(
+          "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
+    c.aux_loss_coeff = c.seq_aux_loss_coeff = c.global_aux_loss_coeff = 0.0;
+    return;
+  }
+  if (value.size() != type.size())
+    throw std::invalid_argument("option 'moe_aux_loss_coeff' gives " + std::to_string(value.size()) +
+                                " coefficient(s) for the " + std::to_string(type.size()) +
+                                " load-balancing type(s) of moe_router_load_balancing_type: give one per type");
+  double* coeff[3] = {&c.aux_loss_coeff, &c.seq_aux_loss_coeff, &c.global_aux_loss_coeff};
+  bool listed[3] = {false, false, false};
+  *coeff[0] = *coeff[1] = *coeff[2] = 0.0;
+  for (size_t i = 0; i < type.size(); ++i) {
+    const int k = type[i] == "aux_loss" ? 0 : type[i] == "seq_aux_loss" ? 1 : type[i] == "global_aux_loss" ? 2 : -1;
+    if (k < 0)
+      throw std::invalid_argument("option 'moe_router_load_balancing_type': '" + type[i] +
+                                  "' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)");
+    if (listed[k]) throw std::invalid_argument("option 'moe_router_load_balancing_type' lists " + type[i] + " twice");
+    listed[k] = true;
+    *coeff[k] = value[i];
+  }
+}
+
 void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
   const LayerPattern p = parse_layer_pattern(text);
   c.layer_freq = p.flags.empty() ? p.every : 1;
@@ -249,8 +301,7 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
   }
   Routing r = choose(logits);
   if (c_.drops_tokens() && !generating) drop_over_capacity(r, batch);
-  if (aux && c_.aux_loss_coeff > 0.0 && c_.balance != MoeBalance::kNone)
-    r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
+  if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
   // pass of a recomputed layer, which runs without gradients), as Megatron's _apply_expert_bias.
   if (aux && expert_load.defined()) {
@@ -351,35 +402,37 @@ std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const
   return scores.masked_fill(kept.logical_not(), -std::numeric_limits<double>::infinity()).topk(c_.topk, -1);
 }
 
-// The load-balancing loss of this rank's rows (compute_routing_scores_for_aux_loss, then the
-// micro-batch's, each sequence's or the global batch's Switch loss): the normalised scores over all
-// experts, and the tokens per expert of a plain top-k over them (no group limit), summed over the TP
-// group under sequence parallelism. Records its value for the log.
+// The load-balancing losses of this rank's rows, added (compute_routing_scores_for_aux_loss, then
+// the micro-batch's, each sequence's and the global batch's Switch loss, each at its coefficient):
+// the normalised scores over all experts, and the tokens per expert of a plain top-k over them (no
+// group limit), summed over the TP group under sequence parallelism. Records each for the log.
 at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
   const bool split = tp_.splits_sequence();
   at::Tensor scores =
       c_.score == MoeScore::kSoftmax ? at::softmax(logits, -1, at::kFloat) : gate_scores(logits, c_.score);
   if (c_.score != MoeScore::kSoftmax) scores = scores / (scores.sum(-1, true) + 1e-20);
   const at::Tensor chosen = std::get<1>(scores.topk(c_.topk, -1));
-  if (c_.balance == MoeBalance::kGlobalAuxLoss) return global_balance_loss(scores, chosen, total);
-  const bool per_sequence = c_.balance == MoeBalance::kSeqAuxLoss;
-  at::Tensor per_expert;
-  at::Tensor loss;
-  if (per_sequence) {
+  at::Tensor loss = at::zeros({}, scores.options());
+  if (c_.aux_loss_coeff > 0.0) {
+    at::Tensor per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
+    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    const at::Tensor l = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
+    record_layer_loss("load_balancing_loss", l, c_.aux_loss_coeff, c_, tp_);
+    loss = loss + l;
+  }
+  if (c_.seq_aux_loss_coeff > 0.0) {
     // Each (sequence, expert) its own bin: row t belongs to sequence t / positions.
     const int64_t positions = logits.size(0) / batch;
     const at::Tensor sequence = at::arange(batch, chosen.options()).repeat_interleave(positions).unsqueeze(1);
-    per_expert = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
+    at::Tensor per_expert = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
     if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-    loss = sequence_load_balancing_loss(scores.view({batch, positions, c_.num_experts}),
-                                        per_expert.view({batch, c_.num_experts}), total / batch, c_.topk,
-                                        c_.aux_loss_coeff);
-  } else {
-    per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
-    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-    loss = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
+    const at::Tensor l = sequence_load_balancing_loss(scores.view({batch, positions, c_.num_experts}),
+                                                      per_expert.view({batch, c_.num_experts}), total / batch, c_.topk,
+                                                      c_.seq_aux_loss_coeff);
+    record_layer_loss("seq_load_balancing_loss", l, c_.seq_aux_loss_coeff, c_, tp_);
+    loss = loss + l;
   }
-  record_layer_loss(per_sequence ? "seq_load_balancing_loss" : "load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
+  if (c_.global_aux_loss_coeff > 0.0) loss = loss + global_balance_loss(scores, chosen, total);
   return loss;
 }
 
@@ -397,8 +450,8 @@ at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tenso
   ++global_forwards;
   const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL);
   const at::Tensor loss = switch_load_balancing_loss(scores, global_tokens / static_cast<double>(global_forwards),
-                                                     total * dp, c_.topk, c_.aux_loss_coeff);
-  record_layer_loss("global_load_balancing_loss", loss * static_cast<double>(dp), c_.aux_loss_coeff, c_, tp_);
+                                                     total * dp, c_.topk, c_.global_aux_loss_coeff);
+  record_layer_loss("global_load_balancing_loss", loss * static_cast<double>(dp), c_.global_aux_loss_coeff, c_, tp_);
   return loss;
 }
 

@@ -1001,9 +1001,8 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   const std::pair<std::vector<std::string>, const char*> refused[] = {
       {{"--moe-router-load-balancing-type", "sinkhorn"},
        "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
-      {{"--moe-router-load-balancing-type", "aux_loss", "global_aux_loss"},
-       "--moe-router-load-balancing-type aux_loss global_aux_loss: a list of types, whose losses Megatron adds"},
-      {{"--moe-aux-loss-coeff", "1e-2", "1e-3"}, "--moe-aux-loss-coeff 1e-2 1e-3: one coefficient per"},
+      {{"--moe-router-load-balancing-type", "aux_loss", "none"},
+       "--moe-router-load-balancing-type aux_loss none: DTK's router has Switch Transformer's load-balancing loss"},
       {{"--moe-router-score-function", "tanh"},
        "--moe-router-score-function tanh: DTK's router scores with a softmax, a sigmoid or sqrtsoftplus"},
       {{"--moe-expert-capacity-factor", "0"}, "--moe-expert-capacity-factor 0: a capacity of 0 drops every token"},
@@ -1022,6 +1021,13 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   ASSERT_TRUE(global.refused.empty()) << global.refused[0];
   EXPECT_EQ(config_of(global).model().options().at("moe_router_load_balancing_type"), "global_aux_loss");
   EXPECT_EQ(config_of(global).model().options().at("moe_aux_loss_coeff"), "1e-3");
+  // Megatron's lists, a coefficient per type: comma-separated lists.
+  const MegatronMapping listed =
+      dtk::core::map_megatron_args({"--num-experts", "4", "--moe-router-load-balancing-type", "seq_aux_loss",
+                                    "global_aux_loss", "--moe-aux-loss-coeff", "1e-4", "1e-3"});
+  ASSERT_TRUE(listed.refused.empty()) << listed.refused[0];
+  EXPECT_EQ(config_of(listed).model().options().at("moe_router_load_balancing_type"), "seq_aux_loss,global_aux_loss");
+  EXPECT_EQ(config_of(listed).model().options().at("moe_aux_loss_coeff"), "1e-4,1e-3");
   // No load balancing: the coefficient is ignored wherever it comes, as Megatron ignores it.
   for (const auto& args : {std::vector<std::string>{"--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
                                                     "--moe-router-load-balancing-type", "none"},

@@ -226,14 +226,13 @@ at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, b
 // micro-batch, or per sequence and averaged: its seq_aux_loss) and z_loss_func, written out:
 // scores p = softmax(logits) or sigmoid(logits) / its sum, each token's plain top-k of p;
 // E * coeff / (k T^2) * sum_e (sum_t p[t, e]) * (tokens that chose e); coeff * mean_t logsumexp^2.
-at::Tensor switch_loss(const at::Tensor& scores, const MoeConfig& c) {
+at::Tensor switch_loss(const at::Tensor& scores, const MoeConfig& c, double coeff) {
   const int64_t t = scores.size(0), e = c.num_experts;
   const at::Tensor chosen = std::get<1>(scores.topk(c.topk, -1));
   at::Tensor counts = at::zeros({e});
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < c.topk; ++j) counts[chosen[i][j].item<int64_t>()] += 1;
-  return (scores.sum(0) * counts).sum() *
-         (static_cast<double>(e) * c.aux_loss_coeff / (c.topk * static_cast<double>(t * t)));
+  return (scores.sum(0) * counts).sum() * (static_cast<double>(e) * coeff / (c.topk * static_cast<double>(t * t)));
 }
 
 at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x) {
@@ -245,13 +244,12 @@ at::Tensor reference_aux_losses(const MoeMlp& m, const MoeConfig& c, const at::T
     scores = scores / (scores.sum(-1, true) + 1e-20);
   }
   at::Tensor balance = at::zeros({});
-  if (c.balance == dtk::layers::MoeBalance::kSeqAuxLoss) {
+  if (c.seq_aux_loss_coeff > 0) {
     const int64_t sequences = x.size(0), positions = x.size(1);
     for (int64_t b = 0; b < sequences; ++b)
-      balance = balance + switch_loss(scores.narrow(0, b * positions, positions), c) / sequences;
-  } else {
-    balance = switch_loss(scores, c);
+      balance = balance + switch_loss(scores.narrow(0, b * positions, positions), c, c.seq_aux_loss_coeff) / sequences;
   }
+  if (c.aux_loss_coeff > 0) balance = balance + switch_loss(scores, c, c.aux_loss_coeff);
   const at::Tensor z = at::logsumexp(logits, -1).square().mean() * c.z_loss_coeff;
   return balance + z;
 }
@@ -290,18 +288,25 @@ void zero_grads(const MoeMlp& m, at::Tensor& x) {
 // auxiliary losses the reference adds them to its objective.
 // With token dropping (`dropping` sets its options) the reference leaves out what
 // reference_drops drops; returns how many choices that is.
-size_t expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff,
-                                     dtk::layers::MoeBalance balance = dtk::layers::MoeBalance::kAuxLoss,
+// Which load-balancing losses aux_coeff weighs: aux_loss, seq_aux_loss, or both listed (seq_aux_loss
+// at half the coefficient).
+enum class Balance { kAux, kSeq, kBoth };
+
+size_t expect_layer_equals_reference(const Case& k, double aux_coeff, double z_coeff, Balance balance = Balance::kAux,
                                      const std::function<void(MoeConfig&)>& dropping = {}) {
   MoeConfig c = config_of(k);
-  c.aux_loss_coeff = aux_coeff, c.z_loss_coeff = z_coeff, c.balance = balance;
+  c.z_loss_coeff = z_coeff;
+  if (balance != Balance::kSeq) c.aux_loss_coeff = aux_coeff;
+  if (balance != Balance::kAux) c.seq_aux_loss_coeff = balance == Balance::kBoth ? aux_coeff / 2 : aux_coeff;
   if (dropping) dropping(c);
   const MoeMlp m = make_layer(c, 8, k);
   at::manual_seed(3);
   at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
   const at::Tensor weights = at::randn({3, 7, 8});
   const ::dtk::layers::ExpertActivation act = k.inputs == 1 ? gelu : swiglu;
-  std::string what = std::string(k.name) + (balance == dtk::layers::MoeBalance::kSeqAuxLoss ? " (seq)" : "");
+  std::string what = std::string(k.name) + (balance == Balance::kSeq    ? " (seq)"
+                                            : balance == Balance::kBoth ? " (aux and seq)"
+                                                                        : "");
   if (c.drops_tokens())
     what += " (capacity factor " + std::to_string(c.capacity_factor) +
             (c.drop_policy == dtk::layers::MoeDropPolicy::kProbs ? ", probs" : ", position") +
@@ -356,7 +361,8 @@ TEST(MoeLayer, EqualsATokenByTokenReferenceForwardAndBackward) {
 TEST(MoeLayer, AuxiliaryLossesAreMegatronsAndReachOnlyTheGradients) {
   for (const Case& k : kCases) {
     expect_layer_equals_reference(k, 0.1, 0.01);
-    expect_layer_equals_reference(k, 0.1, 0.0, dtk::layers::MoeBalance::kSeqAuxLoss);
+    expect_layer_equals_reference(k, 0.1, 0.0, Balance::kSeq);
+    expect_layer_equals_reference(k, 0.1, 0.01, Balance::kBoth);
   }
   // The guard: the losses do change the router's gradient (so the test above checks them).
   MoeConfig c;
@@ -382,12 +388,11 @@ TEST(MoeLayer, TokenDroppingKeepsWhatMegatronsCapacityKeeps) {
       for (const bool pad : {false, true}) {
         std::map<double, size_t> dropped;
         for (const double factor : {0.5, 1.0, 3.0, 4.0})
-          dropped[factor] =
-              expect_layer_equals_reference(*k, 0.1, 0.01, dtk::layers::MoeBalance::kAuxLoss, [&](MoeConfig& c) {
-                c.capacity_factor = factor;
-                c.drop_policy = policy;
-                c.pad_to_capacity = pad;
-              });
+          dropped[factor] = expect_layer_equals_reference(*k, 0.1, 0.01, Balance::kAux, [&](MoeConfig& c) {
+            c.capacity_factor = factor;
+            c.drop_policy = policy;
+            c.pad_to_capacity = pad;
+          });
         // The guard: the reference does drop (every expert keeps at most 4 of 42 choices: 18 left).
         EXPECT_GE(dropped[0.5], 18u) << k->name;
         EXPECT_GT(dropped[0.5], dropped[1.0]) << k->name;
@@ -545,13 +550,46 @@ TEST(MoeLayer, ExpertBiasFollowsTheTrainingLoads) {
   EXPECT_FALSE(at::equal(m.expert_bias, before));
 }
 
+// moe_router_load_balancing_type and moe_aux_loss_coeff: one type, or Megatron's lists (a
+// coefficient per type), each wrong form refused naming it.
+TEST(MoeLayer, BalanceTypesReadMegatronsLists) {
+  MoeConfig c;
+  dtk::layers::parse_moe_balance("aux_loss", "0.01", c);
+  EXPECT_EQ(c.aux_loss_coeff, 0.01);
+  EXPECT_EQ(c.seq_aux_loss_coeff + c.global_aux_loss_coeff, 0.0);
+  dtk::layers::parse_moe_balance("seq_aux_loss, global_aux_loss", "1e-3,1e-4", c);
+  EXPECT_EQ(c.aux_loss_coeff, 0.0);
+  EXPECT_EQ(c.seq_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(c.global_aux_loss_coeff, 1e-4);
+  dtk::layers::parse_moe_balance("none", "0", c);
+  EXPECT_FALSE(c.balances());
+  const std::pair<std::pair<const char*, const char*>, const char*> bad[] = {
+      {{"aux_loss,global_aux_loss", "0.01"}, "gives 1 coefficient(s) for the 2 load-balancing type(s)"},
+      {{"aux_loss", "0.01,0.02"}, "gives 2 coefficient(s) for the 1 load-balancing type(s)"},
+      {{"aux_loss,aux_loss", "1,1"}, "lists aux_loss twice"},
+      {{"sinkhorn", "0"}, "'sinkhorn' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)"},
+      {{"none,aux_loss", "0,1"}, "'none' is not one of"},
+      {{"aux_loss", "x"}, "'x' is not a number"},
+      {{"aux_loss", "-1"}, "must be finite and >= 0, got -1"},
+      {{"aux_loss", ""}, "'' is not a number"},
+      {{"none", "0.1"}, "weighs no loss with moe_router_load_balancing_type=none"}};
+  for (const auto& [args, want] : bad) {
+    try {
+      dtk::layers::parse_moe_balance(args.first, args.second, c);
+      ADD_FAILURE() << args.first << " / " << args.second << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Megatron's global_aux_loss in one process: each training forward's loss is Switch
 // Transformer's with the tokens per expert averaged over this iteration's forwards so far
 // (_apply_global_aux_loss written out: E * coeff / (k T^2) * sum_e (sum_t p[t, e]) * mean_f
 // counts_f[e]); evaluation counts nothing; end_moe_iteration restarts the counts.
 TEST(MoeLayer, GlobalAuxLossAveragesTheTokensPerExpertOverTheIteration) {
   MoeConfig c = config_of(kCases[0]);
-  c.balance = dtk::layers::MoeBalance::kGlobalAuxLoss, c.aux_loss_coeff = 0.1;
+  c.global_aux_loss_coeff = 0.1;
   const MoeMlp m = make_layer(c, 8, kCases[0]);
   at::manual_seed(5);
   std::vector<at::Tensor> counts;  // each counted forward's tokens per expert
@@ -570,7 +608,7 @@ TEST(MoeLayer, GlobalAuxLossAveragesTheTokensPerExpertOverTheIteration) {
     const at::Tensor mean_counts = at::stack(counts).mean(0);
     const double tokens = static_cast<double>(scores.size(0));
     const at::Tensor loss = (scores.sum(0) * mean_counts).sum() *
-                            (static_cast<double>(c.num_experts) * c.aux_loss_coeff / (c.topk * tokens * tokens));
+                            (static_cast<double>(c.num_experts) * c.global_aux_loss_coeff / (c.topk * tokens * tokens));
     ((reference(m, c, x, false) * weights).sum() + loss).backward();
     const std::vector<at::Tensor> want = grads_of(m, x);
     zero_grads(m, x);
@@ -848,6 +886,20 @@ TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
   expect_same_curve(curve_of("gpt", 2, args, "global-dp2-half"),
                     curve_of("gpt", 2, args + "--set distributed.expert_model_parallel_size=2 ", "global-ep2"), kIters,
                     "global_aux_loss, EP 2 against DP 2");
+  // Megatron's lists: aux_loss and global_aux_loss, their losses added and each logged; SP 2 and PP 2
+  // equal one process.
+  const std::string listed =
+      "--set model.moe_router_load_balancing_type=aux_loss,global_aux_loss --set model.moe_aux_loss_coeff=0.3,0.5 ";
+  const auto [both, both_logged] = run_logged("gpt", 1, listed, "listed-one");
+  for (const char* name : {"load_balancing_loss", "global_load_balancing_loss"})
+    EXPECT_EQ(both_logged.count(name), 1u) << name << "\n" << both.run.out;
+  for (const auto& [name, split] : kSplits)
+    if (std::string(name) == "sp2" || std::string(name) == "pp2")
+      expect_same_curve(both, curve_of("gpt", 2, listed + split, std::string("listed-") + name), kIters,
+                        std::string("aux_loss and global_aux_loss listed, ") + name);
+  ASSERT_EQ(both.norm.size(), kIters) << both.run.out;
+  ASSERT_EQ(one.norm.size(), kIters) << one.run.out;
+  EXPECT_GT(std::abs(both.norm.at(1) - one.norm.at(1)), 1e-4 * one.norm.at(1));  // aux_loss's share counts
   // The guard: with two micro-batches the running mean is not each micro-batch's own counts.
   const dtk_test::Curve aux = curve_of("gpt", 1, "--set model.moe_aux_loss_coeff=0.5 ", "global-aux");
   ASSERT_EQ(aux.norm.size(), kIters) << aux.run.out;
@@ -986,6 +1038,13 @@ TEST(Moe, BadInputsAreOneLine) {
        "option 'moe_shared_expert_gate' gates the shared expert"},
       {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=none --set model.moe_aux_loss_coeff=0.1",
        "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=aux_loss,global_aux_loss "
+       "--set model.moe_aux_loss_coeff=0.01",
+       "option 'moe_aux_loss_coeff' gives 1 coefficient(s) for the 2 load-balancing type(s)"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=sinkhorn",
+       "option 'moe_router_load_balancing_type': 'sinkhorn' is not one of aux_loss, seq_aux_loss, global_aux_loss"},
+      {"--set model.moe_router_load_balancing_type=seq_aux_loss",
+       "option 'moe_router_load_balancing_type' does nothing without num_experts > 0"},
       {"--set model.moe_shared_expert_intermediate_size=64",
        "option 'moe_shared_expert_intermediate_size' does nothing without num_experts > 0"},
       {"--set model.num_experts=4 --set model.moe_router_pre_softmax=true --set "

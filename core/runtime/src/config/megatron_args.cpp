@@ -125,12 +125,12 @@ const Rule kRules[] = {
     {"--moe-router-dtype", 1, Kind::kCustom, "model.moe_router_fp32",
      "fp32: the router's product and softmax in fp32; another value refused"},
     {"--moe-aux-loss-coeff", -1, Kind::kCustom, "model.moe_aux_loss_coeff",
-     "per MoE layer, as Megatron; one value (Megatron's list of one per load-balancing type refused)"},
+     "per MoE layer, as Megatron; one per load-balancing type, in their order (a comma-separated list)"},
     {"--moe-z-loss-coeff", 1, Kind::kSet, "model.moe_z_loss_coeff", ""},
     {"--moe-router-load-balancing-type", -1, Kind::kCustom, "model.moe_router_load_balancing_type",
-     "aux_loss (Megatron's default), seq_aux_loss and global_aux_loss: weighed by --moe-aux-loss-coeff; none: no "
-     "load-balancing loss (the coefficient ignored, as Megatron); sinkhorn, quantile_balancing and lists of "
-     "types refused"},
+     "aux_loss (Megatron's default), seq_aux_loss and global_aux_loss, or a list of them (their losses added, a "
+     "comma-separated list): weighed by --moe-aux-loss-coeff; none: no load-balancing loss (the coefficient "
+     "ignored, as Megatron); sinkhorn and quantile_balancing refused"},
     {"--moe-router-score-function", 1, Kind::kCustom, "model.moe_router_score_function",
      "softmax (Megatron's default), sigmoid or sqrtsoftplus"},
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
@@ -603,18 +603,16 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
     m.sets.push_back("model.moe_router_fp32=true");
   } else if (f == "--moe-router-load-balancing-type") {
-    if (v.size() > 1)
-      return refuse("a list of types, whose losses Megatron adds: DTK's router takes one load-balancing type");
+    for (const std::string& type : v)
+      if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss" && (type != "none" || v.size() > 1))
+        return refuse(
+            "DTK's router has Switch Transformer's load-balancing loss (aux_loss, seq_aux_loss, global_aux_loss or a "
+            "list of them, or none alone)");
     // none: mapped with the other flags (it overrides --moe-aux-loss-coeff wherever that comes)
-    if (v[0] != "aux_loss" && v[0] != "seq_aux_loss" && v[0] != "global_aux_loss" && v[0] != "none")
-      return refuse(
-          "DTK's router has Switch Transformer's load-balancing loss (aux_loss, seq_aux_loss, global_aux_loss, or "
-          "none)");
-    if (v[0] != "none") m.sets.push_back("model.moe_router_load_balancing_type=" + v[0]);
+    if (v[0] != "none") m.sets.push_back("model.moe_router_load_balancing_type=" + joined(v, ","));
   } else if (f == "--moe-aux-loss-coeff") {
-    if (v.size() > 1)
-      return refuse("one coefficient per load-balancing type: DTK's router takes one type, so one coefficient");
-    m.sets.push_back(std::string(r.target) + "=" + v[0]);
+    // One per type (the model checks the counts agree).
+    m.sets.push_back(std::string(r.target) + "=" + joined(v, ","));
   } else if (f == "--moe-expert-capacity-factor") {
     char* end = nullptr;
     const double x = std::strtod(v[0].c_str(), &end);

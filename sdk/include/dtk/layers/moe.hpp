@@ -73,7 +73,6 @@
 namespace dtk::layers {
 
 enum class MoeScore { kSoftmax, kSigmoid, kSqrtSoftplus };  // moe_router_score_function
-enum class MoeBalance { kAuxLoss, kSeqAuxLoss, kGlobalAuxLoss, kNone };  // moe_router_load_balancing_type
 enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_policy
 
 struct MoeConfig {
@@ -90,8 +89,11 @@ struct MoeConfig {
   int64_t group_topk = 0;            // ... and each token's experts from its this many best groups (0: no limit)
   bool router_fp32 = false;          // the router's product and softmax in fp32 (else the input's dtype)
   double topk_scaling_factor = 0.0;  // > 0: the chosen probabilities times this
-  MoeBalance balance = MoeBalance::kAuxLoss;  // what aux_loss_coeff weighs
-  double aux_loss_coeff = 0.0;                // the load-balancing loss's weight
+  // The load-balancing losses' weights, 0 where not computed (moe_router_load_balancing_type with
+  // moe_aux_loss_coeff, one per type, Megatron's lists: the listed types' losses are added).
+  double aux_loss_coeff = 0.0;         // aux_loss: Switch Transformer's over the micro-batch
+  double seq_aux_loss_coeff = 0.0;     // seq_aux_loss: per sequence, averaged (DeepSeek-V3's)
+  double global_aux_loss_coeff = 0.0;  // global_aux_loss: with the global batch's tokens per expert
   double z_loss_coeff = 0.0;
   // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid or sqrtsoftplus scores): a per-expert bias added to the
   // scores for the choice only, moved by bias_update_rate after every iteration toward the
@@ -116,6 +118,7 @@ struct MoeConfig {
   int64_t first_local_expert() const { return ep_rank * local_experts(); }
   bool enabled() const { return num_experts > 0; }
   bool drops_tokens() const { return capacity_factor > 0.0; }
+  bool balances() const { return aux_loss_coeff > 0.0 || seq_aux_loss_coeff > 0.0 || global_aux_loss_coeff > 0.0; }
   // Megatron's get_capacity for T tokens routed k ways: ceil(T k / num_experts * capacity_factor).
   int64_t capacity(int64_t tokens) const;
   bool is_moe_layer(int64_t index) const {
@@ -130,6 +133,10 @@ struct MoeConfig {
     return n;
   }
 };
+
+// moe_router_load_balancing_type and moe_aux_loss_coeff (each a comma-separated list, Megatron's
+// lists: one coefficient per type) into c's coefficients; std::invalid_argument names what is wrong.
+void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c);
 
 // Megatron-LM's --moe-layer-freq into `c`: an integer N (every N-th layer from the first: sets
 // layer_freq) or a Python list of 0 and 1, one per layer, written out or as a sum of repeated
@@ -174,12 +181,15 @@ inline constexpr dtk_option_spec kMoeRouterFp32Option =
 inline constexpr dtk_option_spec kMoeRouterTopkScalingFactorOption =
     opt_float("moe_router_topk_scaling_factor", "0", "> 0: the chosen probabilities times this.");
 inline constexpr dtk_option_spec kMoeRouterLoadBalancingTypeOption =
-    opt_enum("moe_router_load_balancing_type", "aux_loss", "aux_loss|seq_aux_loss|global_aux_loss|none",
-             "The load-balancing loss moe_aux_loss_coeff weighs: Switch Transformer's over the micro-batch "
-             "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), with the tokens per expert "
-             "of the global batch so far (global_aux_loss, over every data-parallel rank), or none.");
+    opt_string("moe_router_load_balancing_type", "aux_loss",
+               "The load-balancing loss moe_aux_loss_coeff weighs: Switch Transformer's over the micro-batch "
+               "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), with the tokens per expert "
+               "of the global batch so far (global_aux_loss, over every data-parallel rank), or none; or a "
+               "comma-separated list of the first three, their losses added (Megatron's lists).");
 inline constexpr dtk_option_spec kMoeAuxLossCoeffOption =
-    opt_float("moe_aux_loss_coeff", "0", "Weight of the load-balancing loss per MoE layer; 0 = none.");
+    opt_string("moe_aux_loss_coeff", "0",
+               "Weight of the load-balancing loss per MoE layer; 0 = none. With a list of types, a comma-separated "
+               "list of as many weights, in their order.");
 inline constexpr dtk_option_spec kMoeZLossCoeffOption =
     opt_float("moe_z_loss_coeff", "0", "Weight of the router's z-loss (ST-MoE) per MoE layer; 0 = none.");
 inline constexpr dtk_option_spec kMoeRouterEnableExpertBiasOption =

@@ -225,9 +225,12 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("moe_router_group_topk", c.moe.group_topk);
   bool_opt("moe_router_fp32", c.moe.router_fp32);
   float_opt("moe_router_topk_scaling_factor", c.moe.topk_scaling_factor);
-  if (o.has("moe_router_load_balancing_type") && o.has("moe_aux_loss_coeff")) {
+  if (o.has("moe_router_load_balancing_type") || o.has("moe_aux_loss_coeff")) {
+    const auto text = [&](const char* name, const char* fallback) {
+      return o.has(name) ? o.get_string(name) : std::string(fallback);
+    };
     try {
-      parse_moe_balance(o.get_string("moe_router_load_balancing_type"), o.get_string("moe_aux_loss_coeff"), c.moe);
+      parse_moe_balance(text("moe_router_load_balancing_type", "aux_loss"), text("moe_aux_loss_coeff", "0"), c.moe);
     } catch (const std::invalid_argument& e) {
       fail(e.what());
     }

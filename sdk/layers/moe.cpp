@@ -11,8 +11,10 @@
 #include <dtk/layers/layer_pattern.hpp>
 #include <dtk/module_hooks.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -177,20 +179,38 @@ namespace {
 
 // The comma-separated items of `text`, spaces around each dropped.
 std::vector<std::string> comma_items(const std::string& text) {
-  std::vector<std::string> out(1);
-  for (const char ch : text) {
-    if (ch == ',')
-      out.emplace_back();
-    else if (!std::isspace(static_cast<unsigned char>(ch)))
-      out.back() += ch;
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    std::string item = text.substr(begin, end - begin);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    out.push_back(item);
+    if (end == text.size()) return out;
+    begin = end + 1;
   }
-  return out;
 }
 
 }  // namespace
 
 void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c) {
   const std::vector<std::string> type = comma_items(types), weight = comma_items(coeffs);
+  // The types first: which coefficient each item is.
+  std::vector<double*> coeff;
+  const bool none = type.size() == 1 && type[0] == "none";
+  for (const std::string& t : type) {
+    double* slot = t == "aux_loss"          ? &c.aux_loss_coeff
+                   : t == "seq_aux_loss"    ? &c.seq_aux_loss_coeff
+                   : t == "global_aux_loss" ? &c.global_aux_loss_coeff
+                                            : nullptr;
+    if (!slot && !none)
+      throw std::invalid_argument("option 'moe_router_load_balancing_type': '" + t +
+                                  "' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)");
+    if (slot && std::find(coeff.begin(), coeff.end(), slot) != coeff.end())
+      throw std::invalid_argument("option 'moe_router_load_balancing_type' lists " + t + " twice");
+    coeff.push_back(slot);
+  }
   std::vector<double> value;
   for (const std::string& w : weight) {
     char* end = nullptr;
@@ -200,29 +220,16 @@ void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeC
       throw std::invalid_argument("option 'moe_aux_loss_coeff' must be finite and >= 0, got " + w);
     value.push_back(v);
   }
-  if (type.size() == 1 && type[0] == "none") {
-    if (value.size() == 1 && value[0] > 0.0)
-      throw std::invalid_argument(
-          "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
-    c.aux_loss_coeff = c.seq_aux_loss_coeff = c.global_aux_loss_coeff = 0.0;
-    return;
-  }
   if (value.size() != type.size())
     throw std::invalid_argument("option 'moe_aux_loss_coeff' gives " + std::to_string(value.size()) +
                                 " coefficient(s) for the " + std::to_string(type.size()) +
                                 " load-balancing type(s) of moe_router_load_balancing_type: give one per type");
-  double* coeff[3] = {&c.aux_loss_coeff, &c.seq_aux_loss_coeff, &c.global_aux_loss_coeff};
-  bool listed[3] = {false, false, false};
-  *coeff[0] = *coeff[1] = *coeff[2] = 0.0;
-  for (size_t i = 0; i < type.size(); ++i) {
-    const int k = type[i] == "aux_loss" ? 0 : type[i] == "seq_aux_loss" ? 1 : type[i] == "global_aux_loss" ? 2 : -1;
-    if (k < 0)
-      throw std::invalid_argument("option 'moe_router_load_balancing_type': '" + type[i] +
-                                  "' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)");
-    if (listed[k]) throw std::invalid_argument("option 'moe_router_load_balancing_type' lists " + type[i] + " twice");
-    listed[k] = true;
-    *coeff[k] = value[i];
-  }
+  if (none && value[0] > 0.0)
+    throw std::invalid_argument(
+        "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
+  c.aux_loss_coeff = c.seq_aux_loss_coeff = c.global_aux_loss_coeff = 0.0;
+  for (size_t i = 0; i < coeff.size(); ++i)
+    if (coeff[i]) *coeff[i] = value[i];
 }
 
 void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
@@ -619,7 +626,10 @@ void MoeMlp::add_buffers(std::vector<Param>& out, const std::string& prefix) con
   if (expert_bias.defined()) add_param(out, prefix + "router.expert_bias", expert_bias, -1, true);
 }
 
-void update_expert_biases(const std::vector<MoeMlp*>& layers) {
+namespace {
+
+// Every layer's expert bias moves toward the experts below the mean load (see end_moe_iteration).
+void move_expert_biases(const std::vector<MoeMlp*>& layers) {
   std::vector<MoeMlp*> biased;
   std::vector<at::Tensor> loads;
   for (MoeMlp* layer : layers)
@@ -642,14 +652,18 @@ void update_expert_biases(const std::vector<MoeMlp*>& layers) {
   }
 }
 
+}  // namespace
+
 void end_moe_iteration(const std::vector<MoeMlp*>& layers) {
-  update_expert_biases(layers);
+  move_expert_biases(layers);
   for (MoeMlp* layer : layers) {
     if (!layer) continue;
     layer->global_tokens = at::Tensor();
     layer->global_forwards = 0;
   }
 }
+
+void update_expert_biases(const std::vector<MoeMlp*>& layers) { end_moe_iteration(layers); }
 
 void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) const {
   add_param(out, prefix + "router.weight", router, -1, false);

@@ -393,6 +393,25 @@ TEST(Options, IdleValuesAreRefused) {
 
 // Recorded values (a checkpoint's configuration) that their settings leave idle are dropped, so
 // the default stands in; those named in `keep` stay; those that act are kept.
+// Values that mean the same: a resumed run's options against the checkpoint's record (a
+// coefficient written 0.01 there and 1e-2 here is the same model).
+TEST(Options, SameValuesByTypeAndStringsAsLists) {
+  using dtk::host::same_option_value;
+  EXPECT_TRUE(same_option_value(DTK_OPT_FLOAT, "0.01", "1e-2"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_INT, "7", "07"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_BOOL, "1", "true"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_STRING, "0.01", "1e-2"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_STRING, "0", "0.0"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_STRING, "aux_loss, global_aux_loss", "aux_loss,global_aux_loss"));
+  EXPECT_TRUE(same_option_value(DTK_OPT_STRING, "1e-2,0.5", " 0.01 , 5e-1"));
+  EXPECT_FALSE(same_option_value(DTK_OPT_STRING, "0.01,0.5", "0.01"));
+  EXPECT_FALSE(same_option_value(DTK_OPT_STRING, "0.01", "0.02"));
+  EXPECT_FALSE(same_option_value(DTK_OPT_STRING, "aux_loss", "aux_loss,"));
+  EXPECT_FALSE(same_option_value(DTK_OPT_STRING, "a b", "ab"));
+  EXPECT_FALSE(same_option_value(DTK_OPT_STRING, "x", ""));
+  EXPECT_FALSE(same_option_value(DTK_OPT_ENUM, "a", " a"));
+}
+
 TEST(Options, IdleRecordedValuesAreDropped) {
   PluginHost host(kHostTorch, &kServices);
   const auto& p = host.load_file(kDir + "/good/tp_good.so");

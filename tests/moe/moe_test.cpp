@@ -543,7 +543,7 @@ TEST(MoeLayer, ExpertBiasFollowsTheTrainingLoads) {
     for (int64_t j = 0; j < c.topk; ++j) want_load[chosen[j].item<int64_t>()] += 2;
   }
   ASSERT_TRUE(at::equal(m.expert_load, want_load)) << m.expert_load << want_load;
-  dtk::layers::update_expert_biases({const_cast<MoeMlp*>(&m)});
+  dtk::layers::end_moe_iteration({const_cast<MoeMlp*>(&m)});
   const at::Tensor want_bias = before + (want_load.mean() - want_load).sign() * 0.25;
   EXPECT_TRUE(at::allclose(m.expert_bias, want_bias)) << m.expert_bias << want_bias;
   EXPECT_EQ(m.expert_load.sum().item<double>(), 0.0);
@@ -561,6 +561,10 @@ TEST(MoeLayer, BalanceTypesReadMegatronsLists) {
   EXPECT_EQ(c.aux_loss_coeff, 0.0);
   EXPECT_EQ(c.seq_aux_loss_coeff, 1e-3);
   EXPECT_EQ(c.global_aux_loss_coeff, 1e-4);
+  dtk::layers::parse_moe_balance(" aux_loss , seq_aux_loss", " 0.5 ,0.25 ", c);  // spaces around items
+  EXPECT_EQ(c.aux_loss_coeff, 0.5);
+  EXPECT_EQ(c.seq_aux_loss_coeff, 0.25);
+  EXPECT_EQ(c.global_aux_loss_coeff, 0.0);
   dtk::layers::parse_moe_balance("none", "0", c);
   EXPECT_FALSE(c.balances());
   const std::pair<std::pair<const char*, const char*>, const char*> bad[] = {
@@ -572,7 +576,12 @@ TEST(MoeLayer, BalanceTypesReadMegatronsLists) {
       {{"aux_loss", "x"}, "'x' is not a number"},
       {{"aux_loss", "-1"}, "must be finite and >= 0, got -1"},
       {{"aux_loss", ""}, "'' is not a number"},
-      {{"none", "0.1"}, "weighs no loss with moe_router_load_balancing_type=none"}};
+      {{"none", "0.1"}, "weighs no loss with moe_router_load_balancing_type=none"},
+      {{"none", "0.1,0.2"}, "gives 2 coefficient(s) for the 1 load-balancing type(s)"},
+      {{"aux_loss,", "0.1,0.1"}, "'' is not one of"},
+      {{"aux _loss", "0.1"}, "'aux _loss' is not one of"},
+      {{"sinkhorn,foo", "0"}, "'sinkhorn' is not one of"},
+      {{"aux_loss", "1 e-3"}, "'1 e-3' is not a number"}};
   for (const auto& [args, want] : bad) {
     try {
       dtk::layers::parse_moe_balance(args.first, args.second, c);
@@ -632,6 +641,9 @@ TEST(MoeLayer, GlobalAuxLossAveragesTheTokensPerExpertOverTheIteration) {
   EXPECT_EQ(m.global_forwards, 0);
   counts.clear();
   expect_forward(first, "the next iteration's first forward");
+  // The older name does the same work (models written against it restart the counts too).
+  dtk::layers::update_expert_biases({const_cast<MoeMlp*>(&m)});
+  EXPECT_EQ(m.global_forwards, 0);
 }
 
 // Megatron-LM's --moe-layer-freq: an integer or a Python list of 0/1 per layer.
@@ -873,16 +885,31 @@ TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
     EXPECT_NEAR(dp2_logged.at("global_load_balancing_loss").at(it), v, 1e-5 * std::abs(v)) << "iteration " << it;
 
   const std::string args = global + "--set model.moe_aux_loss_coeff=0.5 ";
-  const dtk_test::Curve one = curve_of("gpt", 1, args, "global-one");
+  const auto one_run = run_logged("gpt", 1, args, "global-one");
+  const dtk_test::Curve& one = one_run.first;
+  const std::map<int64_t, float>& one_loss = one_run.second.at("global_load_balancing_loss");
+  ASSERT_EQ(one_loss.size(), kIters);
+  // Curves and logged loss equal one process's (under TP without SP each rank logs half).
+  const auto expect_same_run = [&](int nproc, const std::string& run_args, const std::string& name) {
+    const auto [got, got_logged] = run_logged("gpt", nproc, run_args, name);
+    expect_same_curve(one, got, kIters, "global_aux_loss, " + name);
+    ASSERT_EQ(got_logged.count("global_load_balancing_loss"), 1u) << name;
+    for (const auto& [it, v] : one_loss)
+      EXPECT_NEAR(got_logged.at("global_load_balancing_loss").at(it), v, 1e-5 * std::abs(v))
+          << name << " at iteration " << it;
+  };
   const std::string full = "--set model.recompute_activations=full ";
   for (const auto& [name, split] : kSplits)
-    if (std::string(name) != "dp2")
-      expect_same_curve(one, curve_of("gpt", 2, args + split, std::string("global-") + name), kIters,
-                        std::string("global_aux_loss ") + name);
-  expect_same_curve(one, curve_of("gpt", 1, args + full, "global-full"), kIters, "global_aux_loss, full recomputation");
-  expect_same_curve(
-      one, curve_of("gpt", 2, args + full + "--set distributed.pipeline_model_parallel_size=2 ", "global-pp2-full"),
-      kIters, "global_aux_loss, PP 2 with full recomputation");
+    if (std::string(name) != "dp2") expect_same_run(2, args + split, std::string("global-") + name);
+  expect_same_run(1, args + full, "global-full");
+  expect_same_run(2, args + full + "--set distributed.pipeline_model_parallel_size=2 ", "global-pp2-full");
+  // DP 2 with two micro-batches of 2 sequences per rank at twice the coefficient: each micro-batch's
+  // counts are one process's micro-batch of 4 (both ranks' rows), T twice a rank's, the gradients
+  // averaged; with full recomputation the counts' all-reduce runs in the backward among ddp's
+  // overlapped gradient all-reduces.
+  const std::string dp2_mb2 = global + "--set model.moe_aux_loss_coeff=1 --set train.micro_batch_size=2 ";
+  expect_same_run(2, dp2_mb2, "global-dp2-mb2");
+  expect_same_run(2, dp2_mb2 + full, "global-dp2-mb2-full");
   // Under ZeRO-3 with recomputation the counts' all-reduce runs in the backward, among the
   // strategy's own collectives.
   const dtk_test::Curve dp2_half = curve_of("gpt", 2, args, "global-dp2-half");

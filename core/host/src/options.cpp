@@ -192,8 +192,40 @@ std::string check_option_specs(const dtk_plugin_entry* e) {
   return "";
 }
 
+namespace {
+
+// A string's comma-separated items, without the spaces and tabs around each.
+std::vector<std::string> trimmed_items(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    out.push_back(item);
+  }
+  if (!text.empty() && text.back() == ',') out.emplace_back();
+  return out;
+}
+
+// Two strings read as lists (a model's coefficients per type, "0.01, 1e-3"): the same items, each
+// the same text or the same number.
+bool same_items(const std::string& a, const std::string& b) {
+  const std::vector<std::string> x = trimmed_items(a), y = trimmed_items(b);
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i]) continue;
+    char *ex = nullptr, *ey = nullptr;
+    const double u = std::strtod(x[i].c_str(), &ex), v = std::strtod(y[i].c_str(), &ey);
+    if (x[i].empty() || y[i].empty() || *ex || *ey || u != v) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool same_option_value(int32_t type, const std::string& a, const std::string& b) {
   if (a == b) return true;
+  if (type == DTK_OPT_STRING) return same_items(a, b);
   if (type == DTK_OPT_INT) {  // as integers: a double would merge values 2^53 apart
     char *ea = nullptr, *eb = nullptr;
     const long long x = std::strtoll(a.c_str(), &ea, 10), y = std::strtoll(b.c_str(), &eb, 10);

@@ -97,7 +97,7 @@ struct MoeConfig {
   double z_loss_coeff = 0.0;
   // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid or sqrtsoftplus scores): a per-expert bias added to the
   // scores for the choice only, moved by bias_update_rate after every iteration toward the
-  // experts below the mean load (update_expert_biases).
+  // experts below the mean load (end_moe_iteration).
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
   // > 0: token dropping, each expert keeping at most capacity(T) of a router call's T tokens
@@ -316,17 +316,18 @@ class MoeMlp {
   TPGroup tp_;
 };
 
-// After a training iteration (a model's end_iteration): every layer's expert bias moves by its
-// update rate times sign(mean load - the expert's load), the loads being the choices its training
-// forwards made, summed over the data- and tensor-parallel ranks (Megatron-LM's
-// _update_router_expert_bias); the loads restart from zero. Layers without expert bias are
-// skipped; every rank of a stage calls it with its layers (two all-reduces for all of them).
-void update_expert_biases(const std::vector<MoeMlp*>& layers);
-
 // After a training iteration (a model's end_iteration, once per iteration, taken or skipped):
-// update_expert_biases, then every layer's global_aux_loss counts restart (Megatron-LM's
-// reset_model_temporary_tensors). A model that never calls it averages its counts over the run.
+// every layer's expert bias moves by its update rate times sign(mean load - the expert's load), the
+// loads being the choices its training forwards made, summed over the data- and tensor-parallel
+// ranks (Megatron-LM's _update_router_expert_bias), and the loads restart from zero; then every
+// layer's global_aux_loss counts restart (Megatron's reset_model_temporary_tensors). Every rank of
+// a stage calls it with its layers (two all-reduces for all of them, none without expert bias). A
+// model that never calls it averages its global_aux_loss counts over the whole run.
 void end_moe_iteration(const std::vector<MoeMlp*>& layers);
+
+// The name end_moe_iteration had before global_aux_loss (the same work, for models written
+// against it).
+void update_expert_biases(const std::vector<MoeMlp*>& layers);
 
 // The load-balancing loss of Switch Transformer as Megatron-LM computes it: scores [tokens,
 // experts] (the softmax over all experts, fp32), tokens_per_expert [experts] (how many of the

@@ -33,7 +33,9 @@ std::vector<std::pair<std::string, std::string>> resolve_options(const Plugin& p
                                                                  const std::map<std::string, std::string>& user);
 
 // Two values of an option of type `type` (dtk_option_type) that mean the same: numbers by value,
-// booleans by truth ("1" == "true"), the rest as written.
+// booleans by truth ("1" == "true"), strings item by item as comma-separated lists (spaces around
+// an item ignored, an item that is a number on both sides by value: "1e-2, 0" == "0.01,0.0"),
+// enums as written.
 bool same_option_value(int32_t type, const std::string& a, const std::string& b);
 
 // The settings without which the option does nothing (its acts_with) as a user reads them:

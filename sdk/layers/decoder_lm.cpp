@@ -246,7 +246,50 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("moe_shared_expert_intermediate_size", c.moe.shared_ffn);
   bool_opt("moe_shared_expert_gate", c.moe.shared_gate);
   float_opt("moe_input_jitter_eps", c.moe.input_jitter_eps);
+  float_opt("moe_router_quantile_balancing_ema", c.moe.quantile_ema);
 }
+
+namespace {
+
+// sinkhorn and quantile_balancing choose the experts themselves: what is wrong with their options
+// (the options that steer a top-k choice would do nothing), or "".
+std::string balanced_choice_error(const BuildContext& ctx, const MoeConfig& m) {
+  const MoeConfig unset;
+  if (m.routing == MoeRouting::kTopK)
+    return m.quantile_ema != unset.quantile_ema ? "option 'moe_router_quantile_balancing_ema' does nothing without "
+                                                  "moe_router_load_balancing_type=quantile_balancing"
+                                                : "";
+  const bool sinkhorn = m.routing == MoeRouting::kSinkhorn;
+  const std::string with = std::string(" with moe_router_load_balancing_type=") +
+                           (sinkhorn ? "sinkhorn" : "quantile_balancing") + ", which chooses the experts itself";
+  if (m.expert_bias) return "moe_router_enable_expert_bias does nothing" + with;
+  if (m.num_groups != 0 || m.group_topk != 0)
+    return "group-limited routing (moe_router_num_groups, moe_router_group_topk) does nothing" + with;
+  if (sinkhorn) {
+    const std::pair<const char*, bool> ignored[] = {
+        {"moe_router_score_function", m.score != unset.score},
+        {"moe_router_pre_softmax", m.pre_softmax},
+        {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
+        {"moe_router_quantile_balancing_ema", m.quantile_ema != unset.quantile_ema}};
+    for (const auto& [option, set] : ignored)
+      if (set)
+        return std::string("option '") + option + "' does nothing" + with +
+               " (its weights: sigmoid for moe_router_topk=1, else the softmax over all experts)";
+    return "";
+  }
+  if (!(m.quantile_ema >= 0.0 && m.quantile_ema <= 1.0))
+    return "option 'moe_router_quantile_balancing_ema' must be in [0, 1], got " + std::to_string(m.quantile_ema);
+  if (m.topk >= m.num_experts)
+    return "quantile_balancing needs moe_router_topk < num_experts: it reads each token's (k + 1)-th best expert";
+  const int64_t tokens = static_cast<int64_t>(ctx.micro_batch_size) * ctx.seq_length;
+  if (tokens > 0 && (tokens * m.topk) % m.num_experts != 0)
+    return "quantile_balancing puts micro_batch_size x seq_length x moe_router_topk = " +
+           std::to_string(tokens * m.topk) + " choices equally on num_experts = " + std::to_string(m.num_experts) +
+           " experts: make it a multiple";
+  return "";
+}
+
+}  // namespace
 
 // Group-limited routing (Megatron-LM's checks, and the two that make its top-k meaningful).
 void DecoderLM::validate_moe_groups(const MoeConfig& m) const {
@@ -294,7 +337,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_pad_expert_input_to_capacity", m.pad_to_capacity != unset.pad_to_capacity},
         {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
         {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate},
-        {"moe_input_jitter_eps", m.input_jitter_eps != unset.input_jitter_eps}};
+        {"moe_input_jitter_eps", m.input_jitter_eps != unset.input_jitter_eps},
+        {"moe_router_quantile_balancing_ema", m.quantile_ema != unset.quantile_ema}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -305,7 +349,7 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (m.topk < 1 || m.topk > m.num_experts)
     fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
          std::to_string(m.topk));
-  if (m.topk == 1 && m.score == MoeScore::kSoftmax && !m.pre_softmax)
+  if (m.topk == 1 && m.score == MoeScore::kSoftmax && !m.pre_softmax && m.routing != MoeRouting::kSinkhorn)
     fail(
         "moe_router_topk=1 needs moe_router_pre_softmax=true: the softmax of one chosen logit is always 1, so the "
         "router would learn nothing from the language-model loss (Megatron-LM refuses it too)");
@@ -322,6 +366,7 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     fail(std::string("moe_router_pre_softmax acts on softmax scores only, not with moe_router_score_function=") +
          (m.score == MoeScore::kSigmoid ? "sigmoid" : "sqrtsoftplus"));
   validate_moe_groups(m);
+  if (const std::string wrong = balanced_choice_error(ctx, m); !wrong.empty()) fail(wrong);
   if (m.expert_bias && m.score == MoeScore::kSoftmax)
     fail(
         "moe_router_enable_expert_bias needs moe_router_score_function=sigmoid or sqrtsoftplus (Megatron-LM's "

@@ -194,19 +194,30 @@ std::vector<std::string> comma_items(const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// sinkhorn and quantile_balancing: types that balance by the choice, not by a loss.
+bool balances_by_choice(const std::string& type) { return type == "sinkhorn" || type == "quantile_balancing"; }
+
+}  // namespace
+
 void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c) {
   const std::vector<std::string> type = comma_items(types), weight = comma_items(coeffs);
   // The types first: which coefficient each item is.
   std::vector<double*> coeff;
-  const bool none = type.size() == 1 && type[0] == "none";
+  const bool alone = type.size() == 1 && (type[0] == "none" || balances_by_choice(type[0]));
   for (const std::string& t : type) {
     double* slot = t == "aux_loss"          ? &c.aux_loss_coeff
                    : t == "seq_aux_loss"    ? &c.seq_aux_loss_coeff
                    : t == "global_aux_loss" ? &c.global_aux_loss_coeff
                                             : nullptr;
-    if (!slot && !none)
-      throw std::invalid_argument("option 'moe_router_load_balancing_type': '" + t +
-                                  "' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)");
+    if (!slot && !alone && balances_by_choice(t))
+      throw std::invalid_argument("option 'moe_router_load_balancing_type': " + t +
+                                  " chooses the experts itself and adds no loss: list it alone");
+    if (!slot && !alone)
+      throw std::invalid_argument(
+          "option 'moe_router_load_balancing_type': '" + t +
+          "' is not one of aux_loss, seq_aux_loss, global_aux_loss (or sinkhorn, quantile_balancing, none alone)");
     if (slot && std::find(coeff.begin(), coeff.end(), slot) != coeff.end())
       throw std::invalid_argument("option 'moe_router_load_balancing_type' lists " + t + " twice");
     coeff.push_back(slot);
@@ -224,9 +235,15 @@ void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeC
     throw std::invalid_argument("option 'moe_aux_loss_coeff' gives " + std::to_string(value.size()) +
                                 " coefficient(s) for the " + std::to_string(type.size()) +
                                 " load-balancing type(s) of moe_router_load_balancing_type: give one per type");
-  if (none && value[0] > 0.0)
+  if (alone && type[0] == "none" && value[0] > 0.0)
     throw std::invalid_argument(
         "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
+  if (alone && type[0] != "none" && value[0] > 0.0)
+    throw std::invalid_argument("moe_aux_loss_coeff must be 0 with moe_router_load_balancing_type=" + type[0] +
+                                ": it balances by the choice itself, with no auxiliary loss (Megatron refuses both)");
+  c.routing = !alone || type[0] == "none" ? MoeRouting::kTopK
+              : type[0] == "sinkhorn"     ? MoeRouting::kSinkhorn
+                                          : MoeRouting::kQuantileBalancing;
   c.aux_loss_coeff = c.seq_aux_loss_coeff = c.global_aux_loss_coeff = 0.0;
   for (size_t i = 0; i < coeff.size(); ++i)
     if (coeff[i]) *coeff[i] = value[i];
@@ -241,6 +258,23 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
 int64_t MoeConfig::capacity(int64_t tokens) const {
   return static_cast<int64_t>(
       std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(num_experts) * capacity_factor));
+}
+
+at::Tensor sinkhorn(const at::Tensor& cost, double tol) {
+  at::NoGradGuard no_grad;
+  const at::Tensor e = at::exp(cost);
+  const double rows = static_cast<double>(e.size(0)), columns = static_cast<double>(e.size(1));
+  at::Tensor d0 = at::ones({e.size(0)}, e.options()), d1 = at::ones({e.size(1)}, e.options());
+  at::Tensor d1_old = d1;
+  // (One host read per round, as Megatron's loop; a NaN ends it as there.)
+  for (int round = 0; round < 10000; ++round) {
+    d0 = at::reciprocal((d1 * e).sum(1) + 1e-8) * (1.0 / rows);
+    d1 = at::reciprocal((d0.unsqueeze(1) * e).sum(0) + 1e-8) * (1.0 / columns);
+    const double error = (d1_old - d1).abs().mean().item<double>();
+    d1_old = d1;
+    if (!(error > tol)) break;
+  }
+  return d1 * e * d0.unsqueeze(1);
 }
 
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff) {
@@ -269,6 +303,8 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
     expert_bias = at::zeros({c.num_experts}, fp32);
     expert_load = at::zeros({c.num_experts}, fp32);
   }
+  if (c.routing == MoeRouting::kQuantileBalancing)
+    qb_beta = at::zeros({c.num_experts}, at::TensorOptions().dtype(at::kFloat).device(f.device));
   if (c.shared_ffn > 0) {
     for (size_t i = 0; i < inputs_.size(); ++i) shared.in.emplace_back(hidden, c.shared_ffn, bias, init_std, tp, f);
     shared.out = RowParallelLinear(c.shared_ffn, hidden, bias, out_std, tp, f);
@@ -291,7 +327,7 @@ void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, c
 // The router on this rank's tokens x [tokens, h] (`batch` sequences of tokens / batch
 // positions): the chosen experts and their weights, the auxiliary losses attached (training, with
 // gradients) as Megatron's TopKRouter.routing does.
-MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generating) const {
+MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generating, bool training) const {
   const bool aux = at::GradMode::is_enabled() && x.requires_grad();
   // Under sequence parallelism each TP rank routes its own rows: the losses' sums over the group
   // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed.
@@ -306,7 +342,7 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
     record_layer_loss("z_loss", z, c_.z_loss_coeff, c_, tp_);
     logits = attach_aux_loss(logits, z, total);
   }
-  Routing r = choose(logits);
+  Routing r = choose(logits, batch, training && !generating);
   if (c_.drops_tokens() && !generating) drop_over_capacity(r, batch);
   if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
@@ -365,32 +401,97 @@ at::Tensor gate_scores(const at::Tensor& logits, MoeScore score) {
 
 }  // namespace
 
-// The scores, the top-k and the chosen experts' weights (topk_routing_with_score_function).
-MoeMlp::Routing MoeMlp::choose(const at::Tensor& logits) const {
+// The chosen experts and their weights: the top-k of the scores (topk_routing_with_score_function),
+// sinkhorn's or quantile balancing's choice.
+MoeMlp::Routing MoeMlp::choose(const at::Tensor& logits, int64_t batch, bool training) const {
   Routing r;
-  if (c_.score != MoeScore::kSoftmax) {
-    const at::Tensor scores = gate_scores(logits, c_.score);
-    at::Tensor top;
-    if (expert_bias.defined()) {
-      // The bias steers the choice only; the weights are the unbiased scores of the chosen.
-      r.experts = std::get<1>(top_k(scores + expert_bias.to(at::kFloat)));
-      top = scores.gather(1, r.experts);
-    } else {
-      std::tie(top, r.experts) = top_k(scores);
-    }
-    r.probs = c_.topk > 1 ? top / (top.sum(-1, true) + 1e-20) : top;
-  } else if (c_.pre_softmax) {
-    std::tie(r.probs, r.experts) = top_k(at::softmax(logits, -1, at::kFloat));
+  if (c_.routing == MoeRouting::kSinkhorn) {
+    r = sinkhorn_choice(logits, batch, training);
   } else {
-    at::Tensor top;
-    std::tie(top, r.experts) = top_k(logits);
-    r.probs = at::softmax(top, -1, at::kFloat);
+    if (c_.routing == MoeRouting::kQuantileBalancing) {
+      r.experts = quantile_choice(logits, batch, training);
+    } else {
+      at::NoGradGuard no_grad;
+      at::Tensor scores = c_.score != MoeScore::kSoftmax ? gate_scores(logits, c_.score)
+                          : c_.pre_softmax               ? at::softmax(logits, -1, at::kFloat)
+                                                         : logits;
+      // The expert bias steers the choice only; the weights are the unbiased scores of the chosen.
+      if (expert_bias.defined()) scores = scores + expert_bias.to(at::kFloat);
+      r.experts = std::get<1>(top_k(scores));
+    }
+    r.probs = weights_at(logits, r.experts);
   }
   if (c_.topk_scaling_factor > 0.0) r.probs = r.probs * c_.topk_scaling_factor;
   // The experts' outputs are weighted in the router's dtype (fp32 with moe_router_fp32), as
   // Megatron's probs.type_as(logits).
   r.probs = r.probs.to(logits.scalar_type());
   return r;
+}
+
+// The weights of the chosen experts [tokens, k] under the score function, in fp32: the softmax of
+// their logits (or, pre-softmax, the softmax over all experts at them), or their sigmoid or
+// sqrtsoftplus scores divided by their sum (k > 1).
+at::Tensor MoeMlp::weights_at(const at::Tensor& logits, const at::Tensor& chosen) const {
+  if (c_.score != MoeScore::kSoftmax) {
+    const at::Tensor top = gate_scores(logits, c_.score).gather(1, chosen);
+    return c_.topk > 1 ? top / (top.sum(-1, true) + 1e-20) : top;
+  }
+  if (c_.pre_softmax) return at::softmax(logits, -1, at::kFloat).gather(1, chosen);
+  return at::softmax(logits.gather(1, chosen), -1, at::kFloat);
+}
+
+// Megatron's sinkhorn_load_balancing: in training the top-k of sinkhorn(logits) in fp32 (on the
+// whole sequence's logits), else the top-k of the weights; the weights are sigmoid(logits) for one
+// expert, else the softmax over all experts (in fp32, then the logits' dtype), at the chosen.
+MoeMlp::Routing MoeMlp::sinkhorn_choice(const at::Tensor& logits, int64_t batch, bool training) const {
+  const at::Tensor weights =
+      c_.topk == 1 ? at::sigmoid(logits) : at::softmax(logits, -1, at::kFloat).to(logits.scalar_type());
+  Routing r;
+  {
+    at::NoGradGuard no_grad;
+    r.experts =
+        training ? own_rows(std::get<1>(sinkhorn(whole_sequence(logits.to(at::kFloat), batch)).topk(c_.topk, 1)), batch)
+                 : std::get<1>(weights.topk(c_.topk, 1));
+  }
+  r.probs = weights.gather(1, r.experts);
+  return r;
+}
+
+// Megatron's quantile_balancing (qb_dual_update) on the whole sequence's logits in fp32: the top-k
+// of logits - qb_beta. A training forward with gradients (not evaluation, nor a recomputed layer's
+// first pass) also estimates the bias that would give every expert tokens * k / experts tokens:
+// with alpha a token's (k + 1)-th best of logits - qb_beta, each expert's (target + 1)-th best of
+// logits - alpha over the tokens. Returns this rank's rows' experts.
+at::Tensor MoeMlp::quantile_choice(const at::Tensor& logits, int64_t batch, bool training) const {
+  const bool estimate = training && at::GradMode::is_enabled();
+  at::NoGradGuard no_grad;
+  const at::Tensor scores = whole_sequence(logits.to(at::kFloat), batch);
+  const int64_t tokens = scores.size(0), k = c_.topk, experts = c_.num_experts;
+  const auto [best, chosen] = (scores - qb_beta).topk(k + 1, 1);
+  if (estimate) {
+    if ((tokens * k) % experts != 0)
+      throw Error("quantile_balancing needs a micro-batch's tokens times moe_router_topk to be a multiple of " +
+                  std::to_string(experts) + " (num_experts): " + std::to_string(tokens) + " tokens times " +
+                  std::to_string(k) + " is not");
+    const int64_t target = tokens * k / experts;
+    const at::Tensor quantile = std::get<0>((scores - best.narrow(1, k, 1)).topk(target + 1, 0)).select(0, target);
+    qb_estimates = qb_estimates.defined() ? qb_estimates + quantile : quantile;
+    ++qb_forwards;
+  }
+  return own_rows(chosen.narrow(1, 0, k).contiguous(), batch);
+}
+
+// A router tensor of this rank's rows [tokens, n] (`batch` sequences) as the whole sequence's rows
+// (gathered over the TP group under sequence parallelism, in the order of the unsplit sequence).
+at::Tensor MoeMlp::whole_sequence(const at::Tensor& rows, int64_t batch) const {
+  if (!tp_.splits_sequence()) return rows;
+  return sequence_all_gather(rows.view({batch, -1, rows.size(1)}), tp_).reshape({-1, rows.size(1)});
+}
+
+// This rank's rows of a whole-sequence tensor [batch * s, n] (the inverse of whole_sequence).
+at::Tensor MoeMlp::own_rows(const at::Tensor& whole, int64_t batch) const {
+  if (!tp_.splits_sequence()) return whole;
+  return sequence_shard(whole.view({batch, -1, whole.size(1)}), tp_).reshape({-1, whole.size(1)});
 }
 
 // The k best of scores [tokens, experts], from each token's group_topk best groups when routing is
@@ -420,9 +521,13 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
   if (c_.score != MoeScore::kSoftmax) scores = scores / (scores.sum(-1, true) + 1e-20);
   const at::Tensor chosen = std::get<1>(scores.topk(c_.topk, -1));
   at::Tensor loss = at::zeros({}, scores.options());
-  if (c_.aux_loss_coeff > 0.0) {
-    at::Tensor per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
+  // The micro-batch's tokens per expert (aux_loss's and global_aux_loss's), counted once.
+  at::Tensor per_expert;
+  if (c_.aux_loss_coeff > 0.0 || c_.global_aux_loss_coeff > 0.0) {
+    per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
     if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+  }
+  if (c_.aux_loss_coeff > 0.0) {
     const at::Tensor l = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
     record_layer_loss("load_balancing_loss", l, c_.aux_loss_coeff, c_, tp_);
     loss = loss + l;
@@ -431,15 +536,15 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
     // Each (sequence, expert) its own bin: row t belongs to sequence t / positions.
     const int64_t positions = logits.size(0) / batch;
     const at::Tensor sequence = at::arange(batch, chosen.options()).repeat_interleave(positions).unsqueeze(1);
-    at::Tensor per_expert = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
-    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    at::Tensor per_sequence = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
+    if (split) Comm::all_reduce(per_sequence, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
     const at::Tensor l = sequence_load_balancing_loss(scores.view({batch, positions, c_.num_experts}),
-                                                      per_expert.view({batch, c_.num_experts}), total / batch, c_.topk,
-                                                      c_.seq_aux_loss_coeff);
+                                                      per_sequence.view({batch, c_.num_experts}), total / batch,
+                                                      c_.topk, c_.seq_aux_loss_coeff);
     record_layer_loss("seq_load_balancing_loss", l, c_.seq_aux_loss_coeff, c_, tp_);
     loss = loss + l;
   }
-  if (c_.global_aux_loss_coeff > 0.0) loss = loss + global_balance_loss(scores, chosen, total);
+  if (c_.global_aux_loss_coeff > 0.0) loss = loss + global_balance_loss(scores, per_expert, total);
   return loss;
 }
 
@@ -449,11 +554,12 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
 // is its rows' share of the global batch's: the log sums the shares over the data-parallel ranks
 // (Megatron's needs_dp_avg=False), and the gradient, averaged over them with the others, weighs it
 // 1 / (data-parallel size) of a micro-batch loss at the same balance, as in Megatron.
-at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& chosen, int64_t total) const {
-  at::Tensor per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
-  if (tp_.splits_sequence()) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-  sum_over_group(per_expert, DTK_GROUP_DATA_PARALLEL);
-  global_tokens = global_tokens.defined() ? global_tokens + per_expert : per_expert;
+// per_expert: the micro-batch's tokens per expert (over the TP group under sequence parallelism),
+// which aux_loss's gradient may hold: summed over the data-parallel ranks in a copy.
+at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const {
+  const at::Tensor global = per_expert.clone();
+  sum_over_group(global, DTK_GROUP_DATA_PARALLEL);
+  global_tokens = global_tokens.defined() ? global_tokens + global : global;
   ++global_forwards;
   const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL);
   const at::Tensor loss = switch_load_balancing_loss(scores, global_tokens / static_cast<double>(global_forwards),
@@ -564,7 +670,7 @@ at::Tensor MoeMlp::jittered(const at::Tensor& x, at::Generator& gen) const {
 }
 
 at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating,
-                           at::Generator* jitter_rng) const {
+                           at::Generator* jitter_rng, bool training) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
   at::Tensor router_in = x;
   if (c_.input_jitter_eps > 0.0 && !generating) {
@@ -572,7 +678,7 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
       throw Error("moe_input_jitter_eps needs the generator its noise is drawn from: pass it to MoeMlp::forward");
     router_in = jittered(x, *jitter_rng);
   }
-  const Routing local = route(router_in.reshape({b * s, h}), b, generating);
+  const Routing local = route(router_in.reshape({b * s, h}), b, generating, training);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;
@@ -624,6 +730,7 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
 
 void MoeMlp::add_buffers(std::vector<Param>& out, const std::string& prefix) const {
   if (expert_bias.defined()) add_param(out, prefix + "router.expert_bias", expert_bias, -1, true);
+  if (qb_beta.defined()) add_param(out, prefix + "router.qb_beta", qb_beta, -1, true);
 }
 
 namespace {
@@ -652,10 +759,41 @@ void move_expert_biases(const std::vector<MoeMlp*>& layers) {
   }
 }
 
+// Every quantile_balancing bias takes in its iteration's estimates (see end_moe_iteration):
+// Megatron's _update_router_qb_beta, each layer's mean estimate averaged over the data-parallel
+// ranks in one all-reduce for all the layers.
+void move_quantile_biases(const std::vector<MoeMlp*>& layers) {
+  std::vector<MoeMlp*> balanced;
+  std::vector<at::Tensor> means;
+  for (MoeMlp* layer : layers) {
+    if (!layer || !layer->qb_beta.defined()) continue;
+    balanced.push_back(layer);
+    // (No training forward: a zero estimate, as Megatron's count clamped to 1.)
+    means.push_back(layer->qb_estimates.defined() ? layer->qb_estimates.to(layer->qb_beta.device()) /
+                                                        static_cast<double>(std::max<int64_t>(layer->qb_forwards, 1))
+                                                  : at::zeros_like(layer->qb_beta, at::kFloat));
+  }
+  if (balanced.empty()) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor mean = at::stack(means);  // [layers, experts]
+  sum_over_group(mean, DTK_GROUP_DATA_PARALLEL);
+  mean.div_(static_cast<double>(group_size(DTK_GROUP_DATA_PARALLEL)));
+  for (size_t i = 0; i < balanced.size(); ++i) {
+    MoeMlp& layer = *balanced[i];
+    if (layer.qb_beta.scalar_type() != at::kFloat) layer.qb_beta.set_data(layer.qb_beta.to(at::kFloat));
+    const double ema = layer.config().quantile_ema;
+    const at::Tensor moved = layer.qb_beta * ema + mean[static_cast<int64_t>(i)] * (1.0 - ema);
+    layer.qb_beta.copy_(moved - moved.mean());
+    layer.qb_estimates = at::Tensor();
+    layer.qb_forwards = 0;
+  }
+}
+
 }  // namespace
 
 void end_moe_iteration(const std::vector<MoeMlp*>& layers) {
   move_expert_biases(layers);
+  move_quantile_biases(layers);
   for (MoeMlp* layer : layers) {
     if (!layer) continue;
     layer->global_tokens = at::Tensor();

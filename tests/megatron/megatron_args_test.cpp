@@ -999,8 +999,11 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   EXPECT_TRUE(ignored("--moe-router-pre-softmax"));
   EXPECT_TRUE(ignored("--moe-token-drop-policy"));
   const std::pair<std::vector<std::string>, const char*> refused[] = {
-      {{"--moe-router-load-balancing-type", "sinkhorn"},
-       "--moe-router-load-balancing-type sinkhorn: DTK's router has Switch Transformer's load-balancing loss"},
+      {{"--moe-router-load-balancing-type", "sinkhorn", "aux_loss"},
+       "--moe-router-load-balancing-type sinkhorn aux_loss: DTK's router has Switch Transformer's load-balancing "
+       "loss"},
+      {{"--moe-router-load-balancing-type", "aux_loss", "quantile_balancing"},
+       "--moe-router-load-balancing-type aux_loss quantile_balancing: DTK's router has Switch Transformer's"},
       {{"--moe-router-load-balancing-type", "aux_loss", "none"},
        "--moe-router-load-balancing-type aux_loss none: DTK's router has Switch Transformer's load-balancing loss"},
       {{"--moe-router-score-function", "tanh"},
@@ -1028,6 +1031,14 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   ASSERT_TRUE(listed.refused.empty()) << listed.refused[0];
   EXPECT_EQ(config_of(listed).model().options().at("moe_router_load_balancing_type"), "seq_aux_loss,global_aux_loss");
   EXPECT_EQ(config_of(listed).model().options().at("moe_aux_loss_coeff"), "1e-4,1e-3");
+  // Balancing by the choice (S-BASE's sinkhorn, quantile balancing with its bias's EMA).
+  for (const char* type : {"sinkhorn", "quantile_balancing"}) {
+    const MegatronMapping chosen = dtk::core::map_megatron_args(
+        {"--num-experts", "4", "--moe-router-load-balancing-type", type, "--moe-router-quantile-balancing-ema", "0.5"});
+    ASSERT_TRUE(chosen.refused.empty()) << chosen.refused[0];
+    EXPECT_EQ(config_of(chosen).model().options().at("moe_router_load_balancing_type"), type);
+    EXPECT_EQ(config_of(chosen).model().options().at("moe_router_quantile_balancing_ema"), "0.5");
+  }
   // No load balancing: the coefficient is ignored wherever it comes, as Megatron ignores it.
   for (const auto& args : {std::vector<std::string>{"--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
                                                     "--moe-router-load-balancing-type", "none"},

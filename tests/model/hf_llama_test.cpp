@@ -1166,6 +1166,9 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
       {{"moe_router_topk_scaling_factor", "2.5"}, "whose top-k weights are not scaled"},
       {{"moe_shared_expert_intermediate_size", "64"}, "which has no shared expert"},
       {{"moe_router_enable_expert_bias", "true"}, "whose router has no expert bias"},
+      {{"moe_router_load_balancing_type", "sinkhorn"}, "whose router takes the top-k of its softmax (no sinkhorn"},
+      {{"moe_router_load_balancing_type", "quantile_balancing"},
+       "whose router takes the top-k of its softmax (no quantile_balancing choice)"},
       {{"add_bias_linear", "1"}, "which has no biases"},
       {{"rope_scaling", "llama3"}, "whose rotary embedding is read without rope_scaling"},
   };

@@ -198,12 +198,10 @@ Dropped reference_drops(const MoeConfig& c, const std::vector<Route>& routes, in
   return dropped;
 }
 
-// `router_x`: the router's input where it is not x (the input jitter's x * noise).
-at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts,
-                     const Dropped& dropped = {}, const at::Tensor& router_x = {}) {
+// The layer on x token by token along the given routes (the dropped choices left out).
+at::Tensor routed_reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts,
+                            const std::vector<Route>& routes, const Dropped& dropped = {}) {
   const at::Tensor rows = x.reshape({-1, x.size(-1)});
-  const std::vector<Route> routes =
-      reference_routes(m, c, router_x.defined() ? router_x.reshape({-1, x.size(-1)}) : rows);
   std::vector<at::Tensor> out;
   for (int64_t t = 0; t < rows.size(0); ++t) {
     const at::Tensor &chosen = routes[t].chosen, &probs = routes[t].probs;
@@ -220,6 +218,44 @@ at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, b
     out.push_back(y);
   }
   return at::stack(out).view(x.sizes());
+}
+
+// `router_x`: the router's input where it is not x (the input jitter's x * noise).
+at::Tensor reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool swiglu_experts,
+                     const Dropped& dropped = {}, const at::Tensor& router_x = {}) {
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  return routed_reference(m, c, x, swiglu_experts,
+                          reference_routes(m, c, router_x.defined() ? router_x.reshape({-1, x.size(-1)}) : rows),
+                          dropped);
+}
+
+// One token's weights at the given experts, as reference_routes weighs a top-k choice.
+Route weighed(const MoeConfig& c, const at::Tensor& logits, const at::Tensor& chosen) {
+  at::Tensor probs;
+  if (c.score != dtk::layers::MoeScore::kSoftmax) {
+    probs = gate(c, logits).index_select(0, chosen);
+    probs = probs / (probs.sum() + 1e-20);
+  } else {
+    probs =
+        c.pre_softmax ? at::softmax(logits, 0).index_select(0, chosen) : at::softmax(logits.index_select(0, chosen), 0);
+  }
+  if (c.topk_scaling_factor > 0) probs = probs * c.topk_scaling_factor;
+  return {chosen, probs};
+}
+
+// Megatron-LM's sinkhorn (moe_utils.py) as it writes it: a while loop on the mean change of d1.
+at::Tensor megatron_sinkhorn(const at::Tensor& logits, double tol = 1e-4) {
+  const at::Tensor cost = at::exp(logits);
+  at::Tensor d0 = at::ones({cost.size(0)}), d1 = at::ones({cost.size(1)});
+  double error = 1e9;
+  at::Tensor d1_old = d1;
+  while (error > tol) {
+    d0 = 1.0 / static_cast<double>(d0.size(0)) / ((d1 * cost).sum(1) + 1e-8);
+    d1 = 1.0 / static_cast<double>(d1.size(0)) / ((d0.unsqueeze(1) * cost).sum(0) + 1e-8);
+    error = (d1_old - d1).abs().mean().item<double>();
+    d1_old = d1;
+  }
+  return d1 * cost * d0.unsqueeze(1);
 }
 
 // Megatron's compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func (over the
@@ -567,11 +603,24 @@ TEST(MoeLayer, BalanceTypesReadMegatronsLists) {
   EXPECT_EQ(c.global_aux_loss_coeff, 0.0);
   dtk::layers::parse_moe_balance("none", "0", c);
   EXPECT_FALSE(c.balances());
+  EXPECT_EQ(c.routing, dtk::layers::MoeRouting::kTopK);
+  dtk::layers::parse_moe_balance("sinkhorn", "0", c);  // balancing by the choice, no loss
+  EXPECT_EQ(c.routing, dtk::layers::MoeRouting::kSinkhorn);
+  EXPECT_FALSE(c.balances());
+  dtk::layers::parse_moe_balance("quantile_balancing", "0", c);
+  EXPECT_EQ(c.routing, dtk::layers::MoeRouting::kQuantileBalancing);
+  dtk::layers::parse_moe_balance("aux_loss", "0.01", c);
+  EXPECT_EQ(c.routing, dtk::layers::MoeRouting::kTopK);
   const std::pair<std::pair<const char*, const char*>, const char*> bad[] = {
       {{"aux_loss,global_aux_loss", "0.01"}, "gives 1 coefficient(s) for the 2 load-balancing type(s)"},
       {{"aux_loss", "0.01,0.02"}, "gives 2 coefficient(s) for the 1 load-balancing type(s)"},
       {{"aux_loss,aux_loss", "1,1"}, "lists aux_loss twice"},
-      {{"sinkhorn", "0"}, "'sinkhorn' is not one of aux_loss, seq_aux_loss, global_aux_loss (or none alone)"},
+      {{"sinkhorn,aux_loss", "0,0.1"}, "sinkhorn chooses the experts itself and adds no loss: list it alone"},
+      {{"aux_loss,quantile_balancing", "0.1,0"}, "quantile_balancing chooses the experts itself"},
+      {{"sinkhorn", "0.01"}, "moe_aux_loss_coeff must be 0 with moe_router_load_balancing_type=sinkhorn"},
+      {{"switch", "0"},
+       "'switch' is not one of aux_loss, seq_aux_loss, global_aux_loss (or sinkhorn, quantile_balancing, none "
+       "alone)"},
       {{"none,aux_loss", "0,1"}, "'none' is not one of"},
       {{"aux_loss", "x"}, "'x' is not a number"},
       {{"aux_loss", "-1"}, "must be finite and >= 0, got -1"},
@@ -580,7 +629,7 @@ TEST(MoeLayer, BalanceTypesReadMegatronsLists) {
       {{"none", "0.1,0.2"}, "gives 2 coefficient(s) for the 1 load-balancing type(s)"},
       {{"aux_loss,", "0.1,0.1"}, "'' is not one of"},
       {{"aux _loss", "0.1"}, "'aux _loss' is not one of"},
-      {{"sinkhorn,foo", "0"}, "'sinkhorn' is not one of"},
+      {{"sinkhorn,foo", "0,0"}, "sinkhorn chooses the experts itself"},
       {{"aux_loss", "1 e-3"}, "'1 e-3' is not a number"}};
   for (const auto& [args, want] : bad) {
     try {
@@ -644,6 +693,147 @@ TEST(MoeLayer, GlobalAuxLossAveragesTheTokensPerExpertOverTheIteration) {
   // The older name does the same work (models written against it restart the counts too).
   dtk::layers::update_expert_biases({const_cast<MoeMlp*>(&m)});
   EXPECT_EQ(m.global_forwards, 0);
+}
+
+// The SDK's sinkhorn against Megatron's loop as written: the same matrix, whose columns then sum
+// to 1 / experts (each scaled last) and rows to about 1 / tokens.
+TEST(MoeLayer, SinkhornIsMegatronsScaling) {
+  at::manual_seed(7);
+  // Logits that favour the later experts, as an unbalanced router's.
+  const at::Tensor logits = at::randn({40, 6}) * 2 + at::arange(6).to(at::kFloat);
+  const at::Tensor got = dtk::layers::sinkhorn(logits);
+  const at::Tensor want = megatron_sinkhorn(logits);
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-8)) << (got - want).abs().max();
+  EXPECT_TRUE(at::allclose(got.sum(0), at::full({6}, 1.0 / 6), 1e-5)) << got.sum(0);
+  EXPECT_TRUE(at::allclose(got.sum(1), at::full({40}, 1.0 / 40), 1e-2)) << got.sum(1);
+}
+
+namespace {
+
+// How many of the routes chose expert e.
+int64_t chose(const std::vector<Route>& routes, int64_t e) {
+  int64_t n = 0;
+  for (const Route& r : routes) n += r.chosen.eq(e).sum().item<int64_t>();
+  return n;
+}
+
+// The layer's output and its input's, router's and experts' gradients against the reference's along
+// `routes` (made from the router's logits of x's rows).
+void expect_routed_like(const MoeMlp& m, const MoeConfig& c, const Case& k, const at::Tensor& input, bool training,
+                        const std::function<std::vector<Route>(const at::Tensor&)>& routes, const std::string& what) {
+  const ::dtk::layers::ExpertActivation act = k.inputs == 1 ? gelu : swiglu;
+  at::Tensor x = input.clone().requires_grad_(true);
+  const at::Tensor weights = at::randn(x.sizes());
+  const at::Tensor got = m.forward(x, act, /*generating=*/false, nullptr, training);
+  (got * weights).sum().backward();
+  const std::vector<at::Tensor> got_grads = grads_of(m, x);
+  zero_grads(m, x);
+  const at::Tensor want = routed_reference(m, c, x, k.inputs == 2, routes(router_logits(m, x.reshape({-1, 8}))));
+  (want * weights).sum().backward();
+  const std::vector<at::Tensor> want_grads = grads_of(m, x);
+  zero_grads(m, x);
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << ": output differs by " << (got - want).abs().max();
+  ASSERT_EQ(got_grads.size(), want_grads.size()) << what;
+  for (size_t i = 0; i < got_grads.size(); ++i) {
+    const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
+    // (atol 1e-5: the reference sums the experts' gradients in another order)
+    EXPECT_TRUE(at::allclose(got_grads[i], want_grad, 1e-5, 1e-5))
+        << what << ": gradient " << i << " differs by " << (got_grads[i] - want_grad).abs().max();
+  }
+}
+
+}  // namespace
+
+// moe_router_load_balancing_type=sinkhorn (Megatron's sinkhorn_load_balancing): in training each
+// token's experts are the top-k of sinkhorn(logits), in evaluation of the weights; the weights are
+// sigmoid(logits) for one expert, else the softmax over all, at the chosen. Forward and backward
+// equal that reference, and on a router that favours one expert sinkhorn spreads the tokens.
+TEST(MoeLayer, SinkhornChoosesByTheScaledLogitsInTrainingAndTheWeightsInEvaluation) {
+  for (const Case& kase : {kCases[0], kCases[1]})
+    for (const int64_t k : {1, 2}) {
+      MoeConfig c = config_of(kase);
+      c.topk = k;
+      c.routing = dtk::layers::MoeRouting::kSinkhorn;
+      const MoeMlp m = make_layer(c, 8, kase);
+      at::manual_seed(9);
+      // Every token leans toward expert 0.
+      const at::Tensor lean = m.router[0].detach() / m.router[0].detach().norm();
+      const at::Tensor x = at::randn({3, 7, 8}) * 0.3 + lean * 3.0;
+      const std::string what = std::string(kase.name) + ", top-" + std::to_string(k);
+      const auto weights_of = [&](const at::Tensor& logits) {
+        return k == 1 ? at::sigmoid(logits) : at::softmax(logits, -1);
+      };
+      std::vector<Route> trained, evaluated;
+      const auto routes = [&](bool training, std::vector<Route>& out) {
+        return [&, training](const at::Tensor& logits) {
+          const at::Tensor w = weights_of(logits);
+          const at::Tensor chosen =
+              std::get<1>((training ? megatron_sinkhorn(logits.detach()) : w.detach()).topk(k, -1));
+          out.clear();
+          for (int64_t t = 0; t < logits.size(0); ++t) out.push_back({chosen[t], w[t].index_select(0, chosen[t])});
+          return out;
+        };
+      };
+      expect_routed_like(m, c, kase, x, true, routes(true, trained), what + ", training");
+      expect_routed_like(m, c, kase, x, false, routes(false, evaluated), what + ", evaluation");
+      // Top-k sends most of the 21 tokens to expert 0; sinkhorn about its share, 21 k / 6.
+      EXPECT_GT(chose(evaluated, 0), 10) << what << ": the router does not favour expert 0";
+      EXPECT_LE(chose(trained, 0), 21 * k / 6 + 2) << what;
+    }
+}
+
+// moe_router_load_balancing_type=quantile_balancing (Megatron's qb_dual_update, then
+// _update_router_qb_beta), written out: the top-k of logits - beta, weighted by the score function
+// at the chosen; a training forward with gradients estimates, per expert, the (target + 1)-th best
+// over the tokens of logits - alpha (alpha: each token's (k + 1)-th best of logits - beta, target =
+// tokens * k / experts); after the iteration beta = ema * beta + (1 - ema) * the estimates' mean,
+// centred. Evaluation estimates nothing.
+TEST(MoeLayer, QuantileBalancingChoosesByItsBiasAndEstimatesItAsMegatron) {
+  for (const Case& kase : {kCases[0], kCases[2], kCases[3]}) {
+    MoeConfig c = config_of(kase);
+    c.routing = dtk::layers::MoeRouting::kQuantileBalancing;
+    c.quantile_ema = 0.25;
+    const MoeMlp m = make_layer(c, 8, kase);
+    ASSERT_TRUE(m.qb_beta.defined()) << kase.name;
+    at::manual_seed(13);
+    at::Tensor(m.qb_beta).normal_(0, 0.3);
+    std::vector<at::Tensor> estimates;
+    const auto routes = [&](bool estimate) {
+      return [&, estimate](const at::Tensor& logits) {
+        const at::Tensor l = logits.detach();
+        const auto [best, index] = (l - m.qb_beta).topk(c.topk + 1, -1);
+        std::vector<Route> out;
+        for (int64_t t = 0; t < l.size(0); ++t) out.push_back(weighed(c, logits[t], index[t].narrow(0, 0, c.topk)));
+        if (estimate) {
+          const int64_t target = l.size(0) * c.topk / c.num_experts;
+          at::Tensor quantile = at::zeros({c.num_experts});
+          for (int64_t e = 0; e < c.num_experts; ++e) {
+            const at::Tensor column = std::get<0>(at::sort(l.select(1, e) - best.select(1, c.topk), 0, true));
+            quantile[e] = column[target];
+          }
+          estimates.push_back(quantile);
+        }
+        return out;
+      };
+    };
+    const std::string what = kase.name;
+    const at::Tensor first = at::randn({3, 7, 8});
+    expect_routed_like(m, c, kase, first, true, routes(true), what + ", first forward");
+    {
+      at::NoGradGuard evaluation;
+      m.forward(at::randn({3, 7, 8}), kase.inputs == 1 ? gelu : swiglu, false, nullptr, false);
+    }
+    expect_routed_like(m, c, kase, at::randn({3, 7, 8}) * 2, true, routes(true), what + ", second forward");
+    ASSERT_EQ(m.qb_forwards, 2) << what;
+    EXPECT_TRUE(at::allclose(m.qb_estimates, estimates[0] + estimates[1], 1e-5, 1e-6)) << what;
+    at::Tensor want = m.qb_beta * 0.25 + (estimates[0] + estimates[1]) / 2 * 0.75;
+    want = want - want.mean();
+    dtk::layers::end_moe_iteration({const_cast<MoeMlp*>(&m)});
+    EXPECT_TRUE(at::allclose(m.qb_beta, want, 1e-5, 1e-6)) << what << m.qb_beta << want;
+    EXPECT_EQ(m.qb_forwards, 0) << what;
+    // The next iteration chooses with the moved bias.
+    expect_routed_like(m, c, kase, first, true, routes(true), what + ", next iteration");
+  }
 }
 
 // Megatron-LM's --moe-layer-freq: an integer or a Python list of 0/1 per layer.
@@ -940,6 +1130,45 @@ TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
   EXPECT_GT(std::abs(aux.norm.at(1) - one.norm.at(1)), 1e-4 * one.norm.at(1));
 }
 
+// moe_router_load_balancing_type=sinkhorn and quantile_balancing through whole runs: DP 2, TP 2,
+// SP 2 (the whole sequence's logits gathered for the choice), PP 2 and full recomputation (the
+// recomputing pass chooses as the first: the training flag, not gradient mode, picks sinkhorn)
+// equal one process (quantile_balancing's estimates averaged over the data-parallel ranks as over
+// the micro-batches); its bias is saved and resumed exactly. The guards: sinkhorn routes differently from the first
+// iteration, and quantile_balancing (bias 0 at first) as plain top-k in the first and differently after.
+TEST(Moe, SinkhornAndQuantileBalancingEqualOneProcessHoweverSplit) {
+  const std::string no_loss = "--set model.moe_aux_loss_coeff=0 ";
+  const dtk_test::Curve plain =
+      curve_of("gpt", 1, no_loss + "--set model.moe_router_load_balancing_type=none ", "choice-plain");
+  ASSERT_EQ(plain.loss.size(), kIters) << plain.run.out;
+  for (const std::string type : {"sinkhorn", "quantile_balancing"}) {
+    const std::string args = no_loss + "--set model.moe_router_load_balancing_type=" + type + " " +
+                             (type == "sinkhorn" ? "" : "--set model.moe_router_quantile_balancing_ema=0.5 ");
+    const dtk_test::Curve one = curve_of("gpt", 1, args, type + "-one");
+    ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
+    for (const auto& [name, split] : kSplits)
+      expect_same_curve(one, curve_of("gpt", 2, args + split, type + "-" + name), kIters, type + ", " + name);
+    expect_same_curve(one, curve_of("gpt", 1, args + "--set model.recompute_activations=full ", type + "-full"), kIters,
+                      type + ", full recomputation");
+    if (type == "sinkhorn") {
+      EXPECT_NE(one.loss.at(1), plain.loss.at(1));
+      continue;
+    }
+    EXPECT_EQ(one.loss.at(1), plain.loss.at(1));
+    EXPECT_NE(one.loss.at(kIters), plain.loss.at(kIters));
+    const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-qb-checkpoint");
+    const dtk_test::Curve first =
+        curve_of("gpt", 1, args + "--set checkpoint.save=" + ck + " --set train.exit_interval=3 ", "qb-first-half");
+    ASSERT_EQ(first.loss.size(), 3u) << first.run.out;
+    const dtk_test::Curve resumed = curve_of("gpt", 1, args + "--set checkpoint.load=" + ck + " ", "qb-resumed");
+    ASSERT_EQ(resumed.loss.size(), kIters - 3) << resumed.run.out;
+    for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it) {
+      EXPECT_EQ(resumed.loss.at(it), one.loss.at(it)) << "resumed, iteration " << it;
+      EXPECT_EQ(resumed.norm.at(it), one.norm.at(it)) << "resumed, iteration " << it;
+    }
+  }
+}
+
 namespace {
 
 // DeepSeek-V3's MoE in llama: 8 experts, sigmoid scores routed within each token's best group of
@@ -1074,8 +1303,29 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=aux_loss,global_aux_loss "
        "--set model.moe_aux_loss_coeff=0.01",
        "option 'moe_aux_loss_coeff' gives 1 coefficient(s) for the 2 load-balancing type(s)"},
-      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=sinkhorn",
-       "option 'moe_router_load_balancing_type': 'sinkhorn' is not one of aux_loss, seq_aux_loss, global_aux_loss"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=sink",
+       "option 'moe_router_load_balancing_type': 'sink' is not one of aux_loss, seq_aux_loss, global_aux_loss"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=sinkhorn --set "
+       "model.moe_aux_loss_coeff=0.01",
+       "moe_aux_loss_coeff must be 0 with moe_router_load_balancing_type=sinkhorn"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=sinkhorn "
+       "--set model.moe_router_score_function=sigmoid",
+       "option 'moe_router_score_function' does nothing with moe_router_load_balancing_type=sinkhorn"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=quantile_balancing "
+       "--set model.moe_router_score_function=sigmoid --set model.moe_router_enable_expert_bias=true",
+       "moe_router_enable_expert_bias does nothing with moe_router_load_balancing_type=quantile_balancing"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=quantile_balancing "
+       "--set model.moe_router_topk=4",
+       "quantile_balancing needs moe_router_topk < num_experts"},
+      {"--set model.num_experts=3 --set model.moe_router_load_balancing_type=quantile_balancing",
+       "quantile_balancing puts micro_batch_size x seq_length x moe_router_topk = 1024 choices equally on "
+       "num_experts = 3 experts"},
+      {"--set model.num_experts=4 --set model.moe_router_quantile_balancing_ema=0.5",
+       "option 'moe_router_quantile_balancing_ema' does nothing without "
+       "moe_router_load_balancing_type=quantile_balancing"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=quantile_balancing "
+       "--set model.moe_router_quantile_balancing_ema=1.5",
+       "option 'moe_router_quantile_balancing_ema' must be in [0, 1], got 1.5"},
       {"--set model.moe_router_load_balancing_type=seq_aux_loss",
        "option 'moe_router_load_balancing_type' does nothing without num_experts > 0"},
       {"--set model.moe_shared_expert_intermediate_size=64",

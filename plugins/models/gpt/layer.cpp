@@ -33,10 +33,11 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
 
 at::Tensor gelu(const at::Tensor& x, const Config& c) { return c.openai_gelu ? at::gelu(x, "tanh") : at::gelu(x); }
 
-at::Tensor Layer::moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating) const {
+at::Tensor Layer::moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating,
+                             bool training) const {
   return moe->forward(
       normed, [this](const std::vector<at::Tensor>& projected) { return gelu(projected[0], c_); }, generating,
-      jitter_rng);
+      jitter_rng, training);
 }
 
 at::Tensor Layer::forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& mask, DropoutRng& rng,
@@ -78,24 +79,25 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
     const DropoutMask attention_keep = dropout_mask(x, c_.hidden_dropout, training, rng.hidden, tp_);
     const auto [h, normed] = add_bias_dropout_layer_norm(x, dense.forward_unbiased(context), dense.bias, attention_keep,
                                                          c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-    if (moe) return {h, mlp_branch(normed, rng), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
-    return {h, mlp_branch(normed, rng, /*unbiased=*/true), fc2.bias,
+    if (moe)
+      return {h, mlp_branch(normed, rng, training), {}, dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
+    return {h, mlp_branch(normed, rng, training, /*unbiased=*/true), fc2.bias,
             dropout_mask(h, c_.hidden_dropout, training, rng.hidden, tp_)};
   }
   // h = x + dropout(attention's output) and its LayerNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
       add_layer_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, tp_),
                      c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-  return {h, dropout(mlp_branch(normed, rng), c_.hidden_dropout, training, rng.hidden, tp_)};
+  return {h, dropout(mlp_branch(normed, rng, training), c_.hidden_dropout, training, rng.hidden, tp_)};
 }
 
 // The MLP (dense or mixture of experts) on the second norm's output, before its dropout (and,
 // `unbiased`, before dense_4h_to_h's bias); one checkpoint holding only `normed` where
 // recompute_modules names the layer's kind (Megatron's checkpointed MLP / MoE layer). It draws
 // no dropout; an MoE router's input jitter draws from the block's hidden stream.
-at::Tensor Layer::mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased) const {
-  RecomputedBlock mlp = [this, unbiased](const at::Tensor& in, DropoutRng& r) {
-    if (moe) return moe_branch(in, &r.hidden, /*generating=*/false);
+at::Tensor Layer::mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool training, bool unbiased) const {
+  RecomputedBlock mlp = [this, training, unbiased](const at::Tensor& in, DropoutRng& r) {
+    if (moe) return moe_branch(in, &r.hidden, /*generating=*/false, training);
     // dense_h_to_4h and its GELU: on a GPU the bias joins the GELU's kernel (dtk/layers/activations.hpp).
     const at::Tensor activated = column_linear_gelu(fc1, in, c_.openai_gelu, c_.kernels);
     return unbiased ? fc2.forward_unbiased(activated) : fc2.forward(activated);
@@ -118,7 +120,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor&, const a
   at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(masked, -10000.0), -1).to(x.scalar_type());
   at::Tensor context = at::matmul(probs, v).transpose(1, 2).reshape({b, n, heads_local_ * head_dim_});
   const auto [h, normed] = add_layer_norm(x, dense.forward(context), c_.norm_gain(ln2_w), ln2_b, c_.eps, c_.kernels);
-  if (moe) return h + moe_branch(normed, /*jitter_rng=*/nullptr, /*generating=*/true);
+  if (moe) return h + moe_branch(normed, /*jitter_rng=*/nullptr, /*generating=*/true, /*training=*/false);
   return h + fc2.forward(column_linear_gelu(fc1, normed, c_.openai_gelu, c_.kernels));
 }
 

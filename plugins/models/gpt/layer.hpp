@@ -117,10 +117,10 @@ class Layer : public DominoLayer, public DecoderLayer {
   at::Tensor causal_mask(int64_t s, at::Device device) const;
   // The MoE layer's MLP branch on the normed stream (biases included, before dropout); its
   // router's input jitter (if any) draws from jitter_rng (none when generating).
-  at::Tensor moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating) const;
+  at::Tensor moe_branch(const at::Tensor& normed, at::Generator* jitter_rng, bool generating, bool training) const;
   // The plain layer's MLP branch (dense or MoE) before its dropout, recomputed in backward where
   // recompute_modules says; `unbiased`: a dense one without dense_4h_to_h's bias.
-  at::Tensor mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool unbiased = false) const;
+  at::Tensor mlp_branch(const at::Tensor& normed, DropoutRng& rng, bool training, bool unbiased = false) const;
 
   const Config& c_;
   TPGroup tp_;

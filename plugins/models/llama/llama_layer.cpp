@@ -172,11 +172,11 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return attention_ops(q, k, v, scale, masked, keep);
 }
 
-at::Tensor Layer::mlp(const at::Tensor& h, at::Generator* jitter_rng, bool generating) const {
+at::Tensor Layer::mlp(const at::Tensor& h, at::Generator* jitter_rng, bool generating, bool training) const {
   if (moe)
     return moe->forward(
         h, [this](const std::vector<at::Tensor>& projected) { return swiglu(projected[0], projected[1], c_.kernels); },
-        generating, jitter_rng);
+        generating, jitter_rng, training);
   // One copy into the tensor-parallel region for both projections: a single all-reduce of the
   // input gradient in backward, not one per projection.
   if (gate.tp.splits_sequence()) {  // one gather of the sequence shards for both
@@ -220,9 +220,12 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // The MLP (dense or MoE) one checkpoint holding only its input where recompute_modules names
   // the layer's kind (Megatron's checkpointed MLP / MoE layer); it draws no dropout, an MoE
   // router's input jitter draws from the block's hidden stream.
-  RecomputedBlock mlp_block = [this](const at::Tensor& in, DropoutRng& r) { return mlp(in, &r.hidden); };
-  const at::Tensor branch =
-      c_.recomputes_mlp(moe != nullptr) ? recompute(normed, rng, mlp_block) : mlp(normed, &rng.hidden);
+  RecomputedBlock mlp_block = [this, training](const at::Tensor& in, DropoutRng& r) {
+    return mlp(in, &r.hidden, /*generating=*/false, training);
+  };
+  const at::Tensor branch = c_.recomputes_mlp(moe != nullptr)
+                                ? recompute(normed, rng, mlp_block)
+                                : mlp(normed, &rng.hidden, /*generating=*/false, training);
   return {h, dropout(branch, c_.hidden_dropout, training, rng.hidden, qkv.tp)};
 }
 
@@ -238,7 +241,7 @@ at::Tensor Layer::forward_cached(const at::Tensor& x, const at::Tensor& position
   const at::Tensor context = attend(a.q, k, v, mask, DropoutMask{});
   const auto [h, normed] =
       add_rms_norm(x, dense.forward(context), c_.norm_gain(post_attention_norm), c_.eps, c_.kernels);
-  return h + mlp(normed, /*jitter_rng=*/nullptr, /*generating=*/true);
+  return h + mlp(normed, /*jitter_rng=*/nullptr, /*generating=*/true, /*training=*/false);
 }
 
 at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {

@@ -155,7 +155,7 @@ class Layer : public DominoLayer, public DecoderLayer {
   // [b, s, np * hd].
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                     const DropoutMask& keep) const;
-  at::Tensor mlp(const at::Tensor& h, at::Generator* jitter_rng, bool generating = false) const;
+  at::Tensor mlp(const at::Tensor& h, at::Generator* jitter_rng, bool generating, bool training) const;
 
   const Config& c_;
   const Rotary& rotary_;

@@ -130,7 +130,8 @@ const Rule kRules[] = {
     {"--moe-router-load-balancing-type", -1, Kind::kCustom, "model.moe_router_load_balancing_type",
      "aux_loss (Megatron's default), seq_aux_loss and global_aux_loss, or a list of them (their losses added, a "
      "comma-separated list): weighed by --moe-aux-loss-coeff; none: no load-balancing loss (the coefficient "
-     "ignored, as Megatron); sinkhorn and quantile_balancing refused"},
+     "ignored, as Megatron); sinkhorn (S-BASE) or quantile_balancing alone, with --moe-aux-loss-coeff 0 (Megatron's "
+     "default)"},
     {"--moe-router-score-function", 1, Kind::kCustom, "model.moe_router_score_function",
      "softmax (Megatron's default), sigmoid or sqrtsoftplus"},
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
@@ -149,6 +150,8 @@ const Rule kRules[] = {
     {"--moe-router-enable-expert-bias", 0, Kind::kSwitch, "model.moe_router_enable_expert_bias=true",
      "auxiliary-loss-free balancing (with sigmoid scores)"},
     {"--moe-router-bias-update-rate", 1, Kind::kSet, "model.moe_router_bias_update_rate", ""},
+    {"--moe-router-quantile-balancing-ema", 1, Kind::kSet, "model.moe_router_quantile_balancing_ema",
+     "quantile_balancing's bias: this times the old plus 1 - this times the iteration's estimate"},
     {"--moe-router-num-groups", 1, Kind::kSet, "model.moe_router_num_groups", "group-limited routing"},
     {"--moe-router-group-topk", 1, Kind::kSet, "model.moe_router_group_topk", "group-limited routing"},
     {"--moe-input-jitter-eps", 1, Kind::kSet, "model.moe_input_jitter_eps",
@@ -603,11 +606,13 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "fp32") return refuse("DTK's router runs in the model's dtype or in fp32 (--moe-router-dtype fp32)");
     m.sets.push_back("model.moe_router_fp32=true");
   } else if (f == "--moe-router-load-balancing-type") {
-    for (const std::string& type : v)
-      if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss" && (type != "none" || v.size() > 1))
+    for (const std::string& type : v) {
+      const bool alone = type == "none" || type == "sinkhorn" || type == "quantile_balancing";
+      if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss" && (!alone || v.size() > 1))
         return refuse(
             "DTK's router has Switch Transformer's load-balancing loss (aux_loss, seq_aux_loss, global_aux_loss or a "
-            "list of them, or none alone)");
+            "list of them), or sinkhorn, quantile_balancing or none alone");
+    }
     // none: mapped with the other flags (it overrides --moe-aux-loss-coeff wherever that comes)
     if (v[0] != "none") m.sets.push_back("model.moe_router_load_balancing_type=" + joined(v, ","));
   } else if (f == "--moe-aux-loss-coeff") {

@@ -69,6 +69,9 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
   if (nonzero("moe_router_topk_scaling_factor"))
     refuse("moe_router_topk_scaling_factor", "whose top-k weights are not scaled");
   if (on("moe_router_enable_expert_bias")) refuse("moe_router_enable_expert_bias", "whose router has no expert bias");
+  if (const std::string type = option_or(o, "moe_router_load_balancing_type", "aux_loss");
+      type == "sinkhorn" || type == "quantile_balancing")
+    refuse("moe_router_load_balancing_type", "whose router takes the top-k of its softmax (no " + type + " choice)");
   if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
   // Older transformers build these models' rotary embedding without its rope_scaling.
   if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");

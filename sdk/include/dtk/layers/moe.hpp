@@ -60,6 +60,19 @@
 // (moe_z_loss_coeff). Their values without the coefficient, averaged over the MoE layers, reach
 // the log line as load_balancing_loss, seq_load_balancing_loss, global_load_balancing_loss and
 // z_loss (Megatron's names).
+//
+// Balancing by the choice itself, without a loss (moe_router_load_balancing_type alone):
+//   sinkhorn (S-BASE, Megatron's sinkhorn_load_balancing): in training each token's k experts are
+//     the top-k of sinkhorn(logits), the token-by-expert matrix scaled to equal row and column
+//     sums, and weighted by sigmoid(logits) (k = 1) or softmax(logits) over all experts (k > 1) at
+//     them; in evaluation the top-k of those weights.
+//   quantile_balancing (Megatron's dual coordinate-descent QB): the top-k of logits - beta, beta a
+//     per-expert bias (a checkpointed buffer) that training forwards estimate as the column
+//     quantile putting tokens * k / experts tokens on every expert; after each iteration beta
+//     becomes ema * beta + (1 - ema) * the estimates' mean over the iteration and the
+//     data-parallel ranks, centred. The weights are the score function's at the chosen experts.
+// Both choose on the whole sequence's logits under sequence parallelism (gathered over the TP
+// group, so SP == TP; Megatron gathers them for QB and not for sinkhorn).
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
@@ -74,6 +87,9 @@ namespace dtk::layers {
 
 enum class MoeScore { kSoftmax, kSigmoid, kSqrtSoftplus };  // moe_router_score_function
 enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_policy
+// How the router chooses: the top-k of its scores, or balanced by the choice itself
+// (moe_router_load_balancing_type sinkhorn or quantile_balancing).
+enum class MoeRouting { kTopK, kSinkhorn, kQuantileBalancing };
 
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense MLPs
@@ -95,6 +111,8 @@ struct MoeConfig {
   double seq_aux_loss_coeff = 0.0;     // seq_aux_loss: per sequence, averaged (DeepSeek-V3's)
   double global_aux_loss_coeff = 0.0;  // global_aux_loss: with the global batch's tokens per expert
   double z_loss_coeff = 0.0;
+  MoeRouting routing = MoeRouting::kTopK;
+  double quantile_ema = 0.0;  // quantile_balancing: how much of the old bias each update keeps
   // Auxiliary-loss-free balancing (DeepSeek-V3; sigmoid or sqrtsoftplus scores): a per-expert bias added to the
   // scores for the choice only, moved by bias_update_rate after every iteration toward the
   // experts below the mean load (end_moe_iteration).
@@ -135,7 +153,8 @@ struct MoeConfig {
 };
 
 // moe_router_load_balancing_type and moe_aux_loss_coeff (each a comma-separated list, Megatron's
-// lists: one coefficient per type) into c's coefficients; std::invalid_argument names what is wrong.
+// lists: one coefficient per type) into c's coefficients, or sinkhorn or quantile_balancing alone
+// (coefficient 0) into c.routing; std::invalid_argument names what is wrong.
 void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c);
 
 // Megatron-LM's --moe-layer-freq into `c`: an integer N (every N-th layer from the first: sets
@@ -185,7 +204,9 @@ inline constexpr dtk_option_spec kMoeRouterLoadBalancingTypeOption =
                "The load-balancing loss moe_aux_loss_coeff weighs: Switch Transformer's over the micro-batch "
                "(aux_loss), its mean over the sequences (seq_aux_loss, DeepSeek-V3's), with the tokens per expert "
                "of the global batch so far (global_aux_loss, over every data-parallel rank), or none; or a "
-               "comma-separated list of the first three, their losses added (Megatron's lists).");
+               "comma-separated list of the first three, their losses added (Megatron's lists). sinkhorn (S-BASE) "
+               "or quantile_balancing (a per-expert bias by dual coordinate descent) balance by the choice itself, "
+               "listed alone with coefficient 0.");
 inline constexpr dtk_option_spec kMoeAuxLossCoeffOption =
     opt_string("moe_aux_loss_coeff", "0",
                "Weight of the load-balancing loss per MoE layer; 0 = none. With a list of types, a comma-separated "
@@ -222,6 +243,11 @@ inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
               "> 0: the router's input (not the experts') times Uniform(1 - eps, 1 + eps) noise per element, in "
               "training and evaluation (Megatron's --moe-input-jitter-eps); 0 = none.");
 
+inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
+    opt_float("moe_router_quantile_balancing_ema", "0",
+              "quantile_balancing: each iteration's bias is this times the old one plus 1 - this times the new "
+              "estimate (0 = the latest estimate alone).");
+
 // Every option above, for a plugin's option table (one list for every model that has experts).
 #define DTK_LAYERS_MOE_OPTIONS                                                                              \
   dtk::layers::kNumExpertsOption, dtk::layers::kMoeRouterTopkOption, dtk::layers::kMoeFfnHiddenSizeOption,  \
@@ -233,7 +259,8 @@ inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
       dtk::layers::kMoeRouterEnableExpertBiasOption, dtk::layers::kMoeRouterBiasUpdateRateOption,           \
       dtk::layers::kMoeExpertCapacityFactorOption, dtk::layers::kMoeTokenDropPolicyOption,                  \
       dtk::layers::kMoePadExpertInputToCapacityOption, dtk::layers::kMoeSharedExpertIntermediateSizeOption, \
-      dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption
+      dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption,                       \
+      dtk::layers::kMoeRouterQuantileBalancingEmaOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -255,16 +282,18 @@ class MoeMlp {
   // (as Megatron's inference router): a cached step's few tokens and the left padding of a batch
   // would otherwise change which tokens fit. `jitter_rng`: the generator the input jitter's noise
   // is drawn from (the layer's DropoutRng::hidden, inside a recomputed block the block's); needed
-  // with moe_input_jitter_eps > 0 except when generating, which draws none.
+  // with moe_input_jitter_eps > 0 except when generating, which draws none. `training`: the
+  // model's training flag (Megatron's module.training; sinkhorn chooses differently in evaluation),
+  // the same in both passes of a recomputed layer.
   at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation, bool generating = false,
-                     at::Generator* jitter_rng = nullptr) const;
+                     at::Generator* jitter_rng = nullptr, bool training = true) const;
 
   // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
   // .bias; e the expert's index in the whole layer, under expert parallelism this rank's only), then
   // "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight", under prefix; the routed experts'
   // tensors marked dtk_param_info.expert.
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
-  // "router.expert_bias" under prefix, where the layer has one.
+  // "router.expert_bias" (and "router.qb_beta") under prefix, where the layer has one.
   void add_buffers(std::vector<Param>& out, const std::string& prefix) const;
 
   struct Expert {
@@ -286,6 +315,12 @@ class MoeMlp {
   // never saved: end_moe_iteration restarts them after every iteration).
   mutable at::Tensor global_tokens;
   mutable int64_t global_forwards = 0;
+  // With quantile_balancing: the per-expert bias [experts] fp32 on the device (a buffer,
+  // checkpointed), and the sum of this iteration's training forwards' estimates and their count
+  // (Megatron's qb_beta, qb_beta_accum, qb_beta_count; end_moe_iteration folds them in).
+  at::Tensor qb_beta;
+  mutable at::Tensor qb_estimates;
+  mutable int64_t qb_forwards = 0;
   at::Tensor shared_gate;  // [1, hidden] with moe_shared_expert_gate, else undefined
   bool has_shared_expert() const { return !shared.in.empty(); }
   const MoeConfig& config() const { return c_; }
@@ -297,14 +332,19 @@ class MoeMlp {
     // Padding to capacity: the most choices any expert holds of these tokens (0: not padded).
     int64_t padded_rows = 0;
   };
-  Routing route(const at::Tensor& x, int64_t batch, bool generating) const;
+  Routing route(const at::Tensor& x, int64_t batch, bool generating, bool training) const;
   at::Tensor jittered(const at::Tensor& x, at::Generator& gen) const;
-  Routing choose(const at::Tensor& logits) const;
+  Routing choose(const at::Tensor& logits, int64_t batch, bool training) const;
+  at::Tensor weights_at(const at::Tensor& logits, const at::Tensor& chosen) const;
+  Routing sinkhorn_choice(const at::Tensor& logits, int64_t batch, bool training) const;
+  at::Tensor quantile_choice(const at::Tensor& logits, int64_t batch, bool training) const;
+  at::Tensor whole_sequence(const at::Tensor& rows, int64_t batch) const;
+  at::Tensor own_rows(const at::Tensor& whole, int64_t batch) const;
   void drop_over_capacity(Routing& r, int64_t batch) const;
   at::Tensor choice_loads(const Routing& r) const;
   std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& scores) const;
   at::Tensor balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const;
-  at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& chosen, int64_t total) const;
+  at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
@@ -319,10 +359,13 @@ class MoeMlp {
 // After a training iteration (a model's end_iteration, once per iteration, taken or skipped):
 // every layer's expert bias moves by its update rate times sign(mean load - the expert's load), the
 // loads being the choices its training forwards made, summed over the data- and tensor-parallel
-// ranks (Megatron-LM's _update_router_expert_bias), and the loads restart from zero; then every
-// layer's global_aux_loss counts restart (Megatron's reset_model_temporary_tensors). Every rank of
-// a stage calls it with its layers (two all-reduces for all of them, none without expert bias). A
-// model that never calls it averages its global_aux_loss counts over the whole run.
+// ranks (Megatron-LM's _update_router_expert_bias), and the loads restart from zero; every
+// quantile_balancing bias takes in its iteration's estimates, averaged over the forwards and the
+// data-parallel ranks (Megatron's _update_router_qb_beta); then every layer's global_aux_loss
+// counts restart (Megatron's reset_model_temporary_tensors). Every rank of a stage calls it with
+// its layers (two all-reduces for all the expert biases, one for all the QB biases, none without
+// them). A model that never calls it averages its global_aux_loss counts over the whole run and
+// never moves its QB biases.
 void end_moe_iteration(const std::vector<MoeMlp*>& layers);
 
 // The name end_moe_iteration had before global_aux_loss (the same work, for models written
@@ -343,6 +386,11 @@ at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor
 // tokens_per_expert).
 at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tensor& tokens_per_expert,
                                         int64_t seq_tokens, int64_t topk, double coeff);
+
+// Megatron-LM's sinkhorn on cost [tokens, experts] (fp32): exp(cost) scaled by d0 [tokens] and d1
+// [experts], alternately d0 = 1 / (tokens * (exp(cost) d1)) and d1 = 1 / (experts * (d0 exp(cost))),
+// until the mean change of d1 is at most tol (at most 10,000 rounds: a bound Megatron has not).
+at::Tensor sinkhorn(const at::Tensor& cost, double tol = 1e-4);
 
 // ST-MoE's z-loss: coeff * mean over tokens of logsumexp(logits)^2.
 at::Tensor router_z_loss(const at::Tensor& logits, double coeff);

@@ -266,11 +266,11 @@ std::string balanced_choice_error(const BuildContext& ctx, const MoeConfig& m) {
   if (m.num_groups != 0 || m.group_topk != 0)
     return "group-limited routing (moe_router_num_groups, moe_router_group_topk) does nothing" + with;
   if (sinkhorn) {
+    if (m.quantile_ema != unset.quantile_ema) return "option 'moe_router_quantile_balancing_ema' does nothing" + with;
     const std::pair<const char*, bool> ignored[] = {
         {"moe_router_score_function", m.score != unset.score},
         {"moe_router_pre_softmax", m.pre_softmax},
-        {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
-        {"moe_router_quantile_balancing_ema", m.quantile_ema != unset.quantile_ema}};
+        {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor}};
     for (const auto& [option, set] : ignored)
       if (set)
         return std::string("option '") + option + "' does nothing" + with +

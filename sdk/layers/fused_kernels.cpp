@@ -1,6 +1,8 @@
 // fused_kernels.cpp — see dtk/layers/fused_kernels.hpp.
 #include <dtk/layers/fused_kernels.hpp>
 
+#include <dtk/comma_list.hpp>
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -14,13 +16,8 @@ FusedKernels unfused_kernels(const std::string& list) {
       {"swiglu", &FusedKernels::swiglu},      {"rotary", &FusedKernels::rotary},
       {"attention", &FusedKernels::attention}};
   FusedKernels k;
-  for (size_t start = 0; start <= list.size();) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    std::string name = list.substr(start, comma - start);
-    start = comma + 1;
-    name.erase(0, name.find_first_not_of(' '));
-    name.erase(name.find_last_not_of(' ') + 1);
-    if (name.empty()) continue;
+  for (const std::string& name : comma_items(list)) {
+    if (name.empty()) continue;  // "" and stray commas name no kernel
     bool known = false;
     for (const auto& [known_name, field] : kNames) {
       if (name != known_name && name != "all") continue;

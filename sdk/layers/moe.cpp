@@ -7,6 +7,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <dtk/comma_list.hpp>
 #include <dtk/layers/decoder_lm.hpp>  // add_param
 #include <dtk/layers/layer_pattern.hpp>
 #include <dtk/module_hooks.hpp>
@@ -177,31 +178,13 @@ at::Tensor sequence_load_balancing_loss(const at::Tensor& scores, const at::Tens
 
 namespace {
 
-// The comma-separated items of `text`, spaces around each dropped.
-std::vector<std::string> comma_items(const std::string& text) {
-  std::vector<std::string> out;
-  size_t begin = 0;
-  while (true) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    std::string item = text.substr(begin, end - begin);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    out.push_back(item);
-    if (end == text.size()) return out;
-    begin = end + 1;
-  }
-}
-
-}  // namespace
-
-namespace {
-
 // sinkhorn and quantile_balancing: types that balance by the choice, not by a loss.
 bool balances_by_choice(const std::string& type) { return type == "sinkhorn" || type == "quantile_balancing"; }
 
 }  // namespace
 
 void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeConfig& c) {
+  // (A trailing comma leaves an empty item: refused as an unknown type or not a number.)
   const std::vector<std::string> type = comma_items(types), weight = comma_items(coeffs);
   // The types first: which coefficient each item is.
   std::vector<double*> coeff;
@@ -240,7 +223,8 @@ void parse_moe_balance(const std::string& types, const std::string& coeffs, MoeC
         "moe_aux_loss_coeff weighs no loss with moe_router_load_balancing_type=none: set one of them, not both");
   if (alone && type[0] != "none" && value[0] > 0.0)
     throw std::invalid_argument("moe_aux_loss_coeff must be 0 with moe_router_load_balancing_type=" + type[0] +
-                                ": it balances by the choice itself, with no auxiliary loss (Megatron refuses both)");
+                                ", which balances by the choice itself and weighs no loss (Megatron asserts it for "
+                                "sinkhorn and ignores it for quantile_balancing)");
   c.routing = !alone || type[0] == "none" ? MoeRouting::kTopK
               : type[0] == "sinkhorn"     ? MoeRouting::kSinkhorn
                                           : MoeRouting::kQuantileBalancing;
@@ -472,7 +456,7 @@ at::Tensor MoeMlp::quantile_choice(const at::Tensor& logits, int64_t batch, bool
     if ((tokens * k) % experts != 0)
       throw Error("quantile_balancing needs a micro-batch's tokens times moe_router_topk to be a multiple of " +
                   std::to_string(experts) + " (num_experts): " + std::to_string(tokens) + " tokens times " +
-                  std::to_string(k) + " is not");
+                  std::to_string(k) + " is not (a train.curriculum_schedule's shorter sequences must keep it too)");
     const int64_t target = tokens * k / experts;
     const at::Tensor quantile = std::get<0>((scores - best.narrow(1, k, 1)).topk(target + 1, 0)).select(0, target);
     qb_estimates = qb_estimates.defined() ? qb_estimates + quantile : quantile;

@@ -1032,13 +1032,18 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   EXPECT_EQ(config_of(listed).model().options().at("moe_router_load_balancing_type"), "seq_aux_loss,global_aux_loss");
   EXPECT_EQ(config_of(listed).model().options().at("moe_aux_loss_coeff"), "1e-4,1e-3");
   // Balancing by the choice (S-BASE's sinkhorn, quantile balancing with its bias's EMA).
-  for (const char* type : {"sinkhorn", "quantile_balancing"}) {
-    const MegatronMapping chosen = dtk::core::map_megatron_args(
-        {"--num-experts", "4", "--moe-router-load-balancing-type", type, "--moe-router-quantile-balancing-ema", "0.5"});
-    ASSERT_TRUE(chosen.refused.empty()) << chosen.refused[0];
-    EXPECT_EQ(config_of(chosen).model().options().at("moe_router_load_balancing_type"), type);
-    EXPECT_EQ(config_of(chosen).model().options().at("moe_router_quantile_balancing_ema"), "0.5");
-  }
+  const MegatronMapping sinkhorn =
+      dtk::core::map_megatron_args({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"});
+  ASSERT_TRUE(sinkhorn.refused.empty()) << sinkhorn.refused[0];
+  EXPECT_EQ(config_of(sinkhorn).model().options().at("moe_router_load_balancing_type"), "sinkhorn");
+  // Megatron's quantile balancing ignores --moe-aux-loss-coeff (no loss), wherever it comes.
+  const MegatronMapping quantile = dtk::core::map_megatron_args(
+      {"--num-experts", "4", "--moe-aux-loss-coeff", "1e-2", "--moe-router-load-balancing-type", "quantile_balancing",
+       "--moe-router-quantile-balancing-ema", "0.5"});
+  ASSERT_TRUE(quantile.refused.empty()) << quantile.refused[0];
+  EXPECT_EQ(config_of(quantile).model().options().at("moe_router_load_balancing_type"), "quantile_balancing");
+  EXPECT_EQ(config_of(quantile).model().options().at("moe_router_quantile_balancing_ema"), "0.5");
+  EXPECT_EQ(config_of(quantile).model().options().at("moe_aux_loss_coeff"), "0");
   // No load balancing: the coefficient is ignored wherever it comes, as Megatron ignores it.
   for (const auto& args : {std::vector<std::string>{"--num-experts", "4", "--moe-aux-loss-coeff", "0.01",
                                                     "--moe-router-load-balancing-type", "none"},

@@ -1109,6 +1109,14 @@ TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
   expect_same_curve(dp2_half,
                     curve_of("gpt", 2, args + full + "--strategy zero --set strategy.stage=3 ", "global-zero3"), kIters,
                     "global_aux_loss, ZeRO-3 with full recomputation against ddp");
+  // aux_loss reads its micro-batch's counts, global_aux_loss sums a copy of them over the
+  // data-parallel ranks: listed with a negligible global coefficient, DP 2 trains as aux_loss alone.
+  expect_same_curve(curve_of("gpt", 2, "--set model.moe_aux_loss_coeff=0.3 ", "aux-dp2"),
+                    curve_of("gpt", 2,
+                             "--set model.moe_router_load_balancing_type=aux_loss,global_aux_loss "
+                             "--set model.moe_aux_loss_coeff=0.3,1e-12 ",
+                             "listed-negligible-global-dp2"),
+                    kIters, "aux_loss with a negligible global_aux_loss listed, DP 2, against aux_loss alone");
   // Megatron's lists: aux_loss and global_aux_loss, their losses added and each logged; SP 2 and PP 2
   // equal one process.
   const std::string listed =
@@ -1131,7 +1139,7 @@ TEST(Moe, GlobalAuxLossIsTheGlobalBatchsHoweverSplit) {
 }
 
 // moe_router_load_balancing_type=sinkhorn and quantile_balancing through whole runs: DP 2, TP 2,
-// SP 2 (the whole sequence's logits gathered for the choice), PP 2 and full recomputation (the
+// SP 2 (the whole sequence's logits gathered for the choice), PP 2, EP 2 and full recomputation (the
 // recomputing pass chooses as the first: the training flag, not gradient mode, picks sinkhorn)
 // equal one process (quantile_balancing's estimates averaged over the data-parallel ranks as over
 // the micro-batches); its bias is saved and resumed exactly. The guards: sinkhorn routes differently from the first
@@ -1150,6 +1158,8 @@ TEST(Moe, SinkhornAndQuantileBalancingEqualOneProcessHoweverSplit) {
       expect_same_curve(one, curve_of("gpt", 2, args + split, type + "-" + name), kIters, type + ", " + name);
     expect_same_curve(one, curve_of("gpt", 1, args + "--set model.recompute_activations=full ", type + "-full"), kIters,
                       type + ", full recomputation");
+    expect_same_curve(one, curve_of("gpt", 2, args + "--set distributed.expert_model_parallel_size=2 ", type + "-ep2"),
+                      kIters, type + ", EP 2");
     if (type == "sinkhorn") {
       EXPECT_NE(one.loss.at(1), plain.loss.at(1));
       continue;
@@ -1320,6 +1330,12 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=3 --set model.moe_router_load_balancing_type=quantile_balancing",
        "quantile_balancing puts micro_batch_size x seq_length x moe_router_topk = 1024 choices equally on "
        "num_experts = 3 experts"},
+      {"--set model.num_experts=4 --set model.moe_router_load_balancing_type=quantile_balancing "
+       "--set train.micro_batch_size=1 --set train.global_batch_size=1 --set train.curriculum_schedule=fixed_discrete "
+       "--set train.curriculum_min_difficulty=15 --set train.curriculum_discrete_difficulty=15,64 "
+       "--set train.curriculum_discrete_max_step=1",
+       "forward: quantile_balancing needs a micro-batch's tokens times moe_router_topk to be a multiple of 4 "
+       "(num_experts): 15 tokens times 2 is not (a train.curriculum_schedule's shorter sequences"},
       {"--set model.num_experts=4 --set model.moe_router_quantile_balancing_ema=0.5",
        "option 'moe_router_quantile_balancing_ema' does nothing without "
        "moe_router_load_balancing_type=quantile_balancing"},

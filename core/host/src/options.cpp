@@ -2,6 +2,8 @@
 // option acts with (ABI 2.7's acts_with), refused when idle and dropped from old recordings.
 #include "dtk/host/options.hpp"
 
+#include <dtk/comma_list.hpp>
+
 #include "dtk/host/plugin_host.hpp"
 
 #include <algorithm>
@@ -194,23 +196,10 @@ std::string check_option_specs(const dtk_plugin_entry* e) {
 
 namespace {
 
-// A string's comma-separated items, without the spaces and tabs around each.
-std::vector<std::string> trimmed_items(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    out.push_back(item);
-  }
-  if (!text.empty() && text.back() == ',') out.emplace_back();
-  return out;
-}
-
 // Two strings read as lists (a model's coefficients per type, "0.01, 1e-3"): the same items, each
 // the same text or the same number.
 bool same_items(const std::string& a, const std::string& b) {
-  const std::vector<std::string> x = trimmed_items(a), y = trimmed_items(b);
+  const std::vector<std::string> x = comma_items(a), y = comma_items(b);
   if (x.size() != y.size()) return false;
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] == y[i]) continue;

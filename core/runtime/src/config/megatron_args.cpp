@@ -130,8 +130,8 @@ const Rule kRules[] = {
     {"--moe-router-load-balancing-type", -1, Kind::kCustom, "model.moe_router_load_balancing_type",
      "aux_loss (Megatron's default), seq_aux_loss and global_aux_loss, or a list of them (their losses added, a "
      "comma-separated list): weighed by --moe-aux-loss-coeff; none: no load-balancing loss (the coefficient "
-     "ignored, as Megatron); sinkhorn (S-BASE) or quantile_balancing alone, with --moe-aux-loss-coeff 0 (Megatron's "
-     "default)"},
+     "ignored, as Megatron); sinkhorn (S-BASE, with --moe-aux-loss-coeff 0, Megatron's default, as it asserts) or "
+     "quantile_balancing (the coefficient ignored, as Megatron) alone"},
     {"--moe-router-score-function", 1, Kind::kCustom, "model.moe_router_score_function",
      "softmax (Megatron's default), sigmoid or sqrtsoftplus"},
     {"--expert-tensor-parallel-size", 1, Kind::kIgnore, "",
@@ -898,7 +898,7 @@ struct SeenFlags {
   std::string sgd_momentum, sgd_momentum_shown;                 // --sgd-momentum: its value, and as given
   std::vector<std::string> adam_shown;                          // --adam-beta1/2, --adam-eps as given
   bool load_given = false, exit_on_missing_checkpoint = false;  // --load; --exit-on-missing-checkpoint
-  std::string no_load_balancing_shown;                          // --moe-router-load-balancing-type none as given
+  std::string no_load_balancing_shown;  // --moe-router-load-balancing-type none or quantile_balancing as given
   bool gate_scores = false;                                     // --moe-router-score-function sigmoid or sqrtsoftplus
   bool nan_check_given = false;                                 // --(no-)check-for-nan-in-loss-and-grad
   std::string key_value_heads, key_value_heads_shown;           // --num-key-value-heads (Megatron-DeepSpeed)
@@ -990,7 +990,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--use-rope-scaling") s.rope_scaling = true;
   if (f == "--rope-scaling-factor") s.rope_factor = values[0], s.rope_factor_shown = shown;
   if (f == "--kv-channels") s.kv_channels = values[0], s.kv_channels_shown = shown;
-  if (f == "--moe-router-load-balancing-type") s.no_load_balancing_shown = values[0] == "none" ? shown : "";
+  if (f == "--moe-router-load-balancing-type")
+    s.no_load_balancing_shown = values[0] == "none" || values[0] == "quantile_balancing" ? shown : "";
   if (f == "--moe-router-score-function") s.gate_scores = values[0] != "softmax";
   if (f == "--recompute-granularity") s.recompute_granularity = values[0];
   if (f == "--recompute-activations") s.recompute_activations = true;
@@ -1873,7 +1874,8 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_recompute(s, m);
   map_rope_scaling(s, m);
-  // No load balancing: Megatron ignores --moe-aux-loss-coeff then, wherever it came.
+  // No load-balancing loss (none, or quantile balancing's bias): Megatron ignores --moe-aux-loss-coeff
+  // then, wherever it came (its sinkhorn asserts it is 0: the model refuses another).
   if (!s.no_load_balancing_shown.empty()) {
     drop_sets(m, "model.moe_aux_loss_coeff");
     set_by(m, "model.moe_aux_loss_coeff=0", s.no_load_balancing_shown);

@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <dtk/abi.h>
+#include <dtk/comma_list.hpp>
 #include <dtk/plugin.hpp>
 
 #include <cerrno>
@@ -383,11 +384,8 @@ struct GlooEndpoint {
 GlooEndpoint gloo_endpoint(const LaunchEnv& le) {
   GlooEndpoint ep;
   if (const char* names = env("GLOO_SOCKET_IFNAME")) {
-    std::string list = names;
-    for (size_t at = 0; at <= list.size();) {
-      const size_t comma = std::min(list.find(',', at), list.size());
-      const std::string name = list.substr(at, comma - at);
-      at = comma + 1;
+    const std::string list = names;
+    for (const std::string& name : comma_items(list)) {
       if (name.empty()) continue;
       const std::string address = interface_address(name, "GLOO_SOCKET_IFNAME");
       ep.devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));

@@ -245,8 +245,9 @@ inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
 
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",
-              "quantile_balancing: each iteration's bias is this times the old one plus 1 - this times the new "
-              "estimate (0 = the latest estimate alone).");
+              "quantile_balancing: after each iteration the bias is this times the old one plus 1 - this times "
+              "the iteration's estimate (averaged over its micro-batches and the data-parallel ranks), then "
+              "centred (0 = the latest estimate alone).");
 
 // Every option above, for a plugin's option table (one list for every model that has experts).
 #define DTK_LAYERS_MOE_OPTIONS                                                                              \

@@ -320,6 +320,20 @@ void zero_grads(const MoeMlp& m, at::Tensor& x) {
   if (m.shared_gate.defined()) m.shared_gate.mutable_grad() = at::Tensor();
 }
 
+// The layer's gradients (grads_of) against the reference's within rtol 1e-5 and `atol`. An expert no
+// token chose has no gradient in the reference, and a zero one in the layer.
+void expect_same_grads(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want, double atol,
+                       const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    EXPECT_TRUE(got[i].defined()) << what << ": gradient " << i << " missing";
+    if (!got[i].defined()) continue;
+    const at::Tensor want_grad = want[i].defined() ? want[i] : at::zeros_like(got[i]);
+    EXPECT_TRUE(at::allclose(got[i], want_grad, 1e-5, atol))
+        << what << ": gradient " << i << " differs by " << (got[i] - want_grad).abs().max().item<double>();
+  }
+}
+
 // The layer's output and gradients against the reference's, for one configuration; with
 // auxiliary losses the reference adds them to its objective.
 // With token dropping (`dropping` sets its options) the reference leaves out what
@@ -363,15 +377,7 @@ size_t expect_layer_equals_reference(const Case& k, double aux_coeff, double z_c
 
   EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6))
       << what << ": output differs by " << (got - want).abs().max().item<double>();
-  EXPECT_EQ(got_grads.size(), want_grads.size()) << what;
-  for (size_t i = 0; i < std::min(got_grads.size(), want_grads.size()); ++i) {
-    EXPECT_TRUE(got_grads[i].defined()) << what << ": gradient " << i << " missing";
-    if (!got_grads[i].defined()) continue;
-    // An expert no token chose has no gradient in the reference, and a zero one in the layer.
-    const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
-    EXPECT_TRUE(at::allclose(got_grads[i], want_grad, 1e-5, 1e-6))
-        << what << ": gradient " << i << " differs by " << (got_grads[i] - want_grad).abs().max().item<double>();
-  }
+  expect_same_grads(got_grads, want_grads, 1e-6, what);
   return dropped.size();
 }
 
@@ -733,13 +739,8 @@ void expect_routed_like(const MoeMlp& m, const MoeConfig& c, const Case& k, cons
   const std::vector<at::Tensor> want_grads = grads_of(m, x);
   zero_grads(m, x);
   EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << ": output differs by " << (got - want).abs().max();
-  ASSERT_EQ(got_grads.size(), want_grads.size()) << what;
-  for (size_t i = 0; i < got_grads.size(); ++i) {
-    const at::Tensor want_grad = want_grads[i].defined() ? want_grads[i] : at::zeros_like(got_grads[i]);
-    // (atol 1e-5: the reference sums the experts' gradients in another order)
-    EXPECT_TRUE(at::allclose(got_grads[i], want_grad, 1e-5, 1e-5))
-        << what << ": gradient " << i << " differs by " << (got_grads[i] - want_grad).abs().max();
-  }
+  // (atol 1e-5: the reference sums the experts' gradients in another order)
+  expect_same_grads(got_grads, want_grads, 1e-5, what);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // `dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
-// [--virtual_pipeline_model_parallel_size V] [--decoder_first_pipeline_num_layers F]
+// [--virtual_pipeline_model_parallel_size V] [--expert_model_parallel_size E] [--decoder_first_pipeline_num_layers F]
 // [--decoder_last_pipeline_num_layers L] [--account_for_embedding_in_pipeline_split]
 // [--account_for_loss_in_pipeline_split]`
 // (checkpoint_convert.hpp) and
@@ -59,12 +59,14 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
   dtk::core::ConvertTarget target;
   target.tp = FLAGS_tensor_model_parallel_size, target.pp = FLAGS_pipeline_model_parallel_size;
   target.v = FLAGS_virtual_pipeline_model_parallel_size;
+  target.ep = FLAGS_expert_model_parallel_size;
   target.split = asked_split();
-  const int asked = target.tp + target.pp + target.v + (target.split ? 1 : 0);
-  if (args.size() != 3 || target.tp < 0 || target.pp < 0 || target.v < 0 || asked == 0)
+  const int asked = target.tp + target.pp + target.v + target.ep + (target.split ? 1 : 0);
+  if (args.size() != 3 || target.tp < 0 || target.pp < 0 || target.v < 0 || target.ep < 0 || asked == 0)
     throw HostError(
         "usage: dtk checkpoint convert SRC DST --tensor_model_parallel_size N, --pipeline_model_parallel_size P, "
-        "--virtual_pipeline_model_parallel_size V (N, P, V >= 1) and/or the split of the layers "
+        "--virtual_pipeline_model_parallel_size V, --expert_model_parallel_size E (N, P, V, E >= 1) and/or the "
+        "split of the layers "
         "(--decoder_first_pipeline_num_layers F, --decoder_last_pipeline_num_layers L, "
         "--account_for_embedding_in_pipeline_split, --account_for_loss_in_pipeline_split)");
   int64_t iteration = 0;
@@ -81,20 +83,22 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
         d.set_tensor_model_parallel_size(r.new_tp);
         d.set_pipeline_model_parallel_size(r.new_pp);
         d.set_virtual_pipeline_model_parallel_size(r.new_v);
+        d.set_expert_model_parallel_size(r.new_ep);
         d.set_decoder_first_pipeline_num_layers(static_cast<int32_t>(r.new_split.first_stage_layers));
         d.set_decoder_last_pipeline_num_layers(static_cast<int32_t>(r.new_split.last_stage_layers));
         d.set_account_for_embedding_in_pipeline_split(r.new_split.embedding_in_split);
         d.set_account_for_loss_in_pipeline_split(r.new_split.loss_in_split);
         return dtk::core::to_text(recorded);
       },
-      [&](int tp_rank, int tp_size, int stage, const dtk::PipelineSplit& split) {
-        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, stage, split);
+      [&](int tp_rank, int tp_size, int stage, const dtk::PipelineSplit& split, int ep_rank, int ep_size) {
+        BuiltModel b = build_model(plugins, cfg, tp_rank, tp_size, stage, split, ep_rank, ep_size);
         options.push_back(std::move(b.options));
         return std::move(b.model);
       },
       FLAGS_verify);
   const bool staged = report.old_pp > 1 || report.new_pp > 1;
   const bool interleaved = report.old_v > 1 || report.new_v > 1;
+  const bool experts = report.old_ep > 1 || report.new_ep > 1;
   char layout[200];
   if (interleaved)
     std::snprintf(layout, sizeof layout,
@@ -105,19 +109,23 @@ int run_convert(const std::vector<std::string>& args, dtk::host::PluginHost& plu
                   report.old_pp, report.new_tp, report.new_pp);
   else
     std::snprintf(layout, sizeof layout, "tensor-parallel size %d to %d", report.old_tp, report.new_tp);
+  std::string from_to = layout;
+  if (experts)
+    from_to += ", expert-parallel size " + std::to_string(report.old_ep) + " to " + std::to_string(report.new_ep);
   const std::string resume =
       "--set checkpoint.load=" + args[2] +
       " --set distributed.tensor_model_parallel_size=" + std::to_string(report.new_tp) +
       (staged ? " --set distributed.pipeline_model_parallel_size=" + std::to_string(report.new_pp) : std::string()) +
       (interleaved ? " --set distributed.virtual_pipeline_model_parallel_size=" + std::to_string(report.new_v)
                    : std::string()) +
+      (experts ? " --set distributed.expert_model_parallel_size=" + std::to_string(report.new_ep) : std::string()) +
       split_settings(report);
-  std::printf("converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
-              "optimizer/strategy tensors %s; resume with %s\n",
-              static_cast<long long>(report.iteration), args[1].c_str(), layout, args[2].c_str(),
-              report.new_tp * report.new_pp, report.megabytes, static_cast<long long>(report.model_tensors),
-              static_cast<long long>(report.state_tensors), staged ? "in the last stage's files" : "per rank",
-              resume.c_str());
+  std::printf(
+      "converted iteration %lld of %s from %s into %s: %d file(s), %.1f MB; %lld model and %lld "
+      "optimizer/strategy tensors %s; resume with %s\n",
+      static_cast<long long>(report.iteration), args[1].c_str(), from_to.c_str(), args[2].c_str(),
+      report.new_tp * report.new_pp * report.new_ep, report.megabytes, static_cast<long long>(report.model_tensors),
+      static_cast<long long>(report.state_tensors), staged ? "in the last stage's files" : "per rank", resume.c_str());
   if (report.consolidated_shards > 0)
     std::printf("the ZeRO optimizer state (%lld data-parallel shards per rank) is consolidated into whole "
                 "parameters' state: ddp resumes it as is, zero shards it again at any data-parallel size\n",
@@ -132,7 +140,7 @@ int run_checkpoint(const std::vector<std::string>& args, const std::function<dtk
   if (args.empty() || args[0] != "inspect")
     throw dtk::host::HostError(
         "usage: dtk checkpoint inspect DIR [--noverify] [--all_tensors] | dtk checkpoint convert SRC DST "
-        "--tensor_model_parallel_size N, --pipeline_model_parallel_size P and/or "
+        "--tensor_model_parallel_size N, --pipeline_model_parallel_size P, --expert_model_parallel_size E and/or "
         "--virtual_pipeline_model_parallel_size V");
   if (args.size() != 2)
     throw dtk::host::HostError("usage: dtk checkpoint inspect DIR (one directory: a save directory or an iter_NNNNNNN one)");

@@ -199,7 +199,7 @@ int run_export(const std::vector<std::string>& args, const std::vector<std::stri
 }
 
 BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size,
-                       int stage, const dtk::PipelineSplit& split) {
+                       int stage, const dtk::PipelineSplit& split, int ep_rank, int ep_size) {
   const dtk::host::Plugin& plugin = plugins.get(DTK_KIND_MODEL, cfg.model().name());
   BuiltModel b;
   b.options = std::make_unique<dtk::host::OptionValues>(dtk::host::resolve_options(
@@ -212,6 +212,7 @@ BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunCon
   c.params_dtype = dtype == "bf16" ? DTK_DTYPE_BFLOAT16 : dtype == "fp16" ? DTK_DTYPE_FLOAT16 : DTK_DTYPE_FLOAT32;
   c.tp_rank = tp_rank, c.tp_size = tp_size, c.pp_rank = stage, c.pp_size = split.stages, c.dp_rank = 0, c.dp_size = 1;
   c.pre_process = stage == 0, c.post_process = stage == split.stages - 1;
+  c.ep_rank = ep_rank, c.ep_size = ep_size;  // the routed experts of that expert-parallel rank
   dtk::put_pipeline_split(split, c);
   c.seq_length = cfg.train().seq_length();
   c.micro_batch_size = std::max<int64_t>(1, cfg.train().micro_batch_size());

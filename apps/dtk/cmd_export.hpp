@@ -24,7 +24,7 @@ struct BuiltModel {
   std::unique_ptr<dtk::core::ModelInstance> model;
 };
 BuiltModel build_model(dtk::host::PluginHost& plugins, const dtk::config::RunConfig& cfg, int tp_rank, int tp_size,
-                       int stage = 0, const dtk::PipelineSplit& split = {});
+                       int stage = 0, const dtk::PipelineSplit& split = {}, int ep_rank = 0, int ep_size = 1);
 
 // `args`: the words after "export". `plugins` resolves the model plugin's options (defaults
 // included) for the checkpoint's recorded configuration.

@@ -1532,12 +1532,25 @@ TEST(Moe, ExpertParallelZeroCheckpointsReshard) {
   for (const auto& [args, what] : others)
     expect_resumed(curve_of("gpt", 2, args + "--set checkpoint.load=" + ck + " ", "zero-ep2-" + what), whole, what,
                    1e-5);
+  // dtk checkpoint convert to expert-parallel size 1: each rank's shards, read from both
+  // directories, consolidated with every expert in one directory; ddp at DP 4 goes on as before.
+  const std::string one_dir = ck + "-ep1";
+  const dtk_test::Result convert =
+      dtk_test::run_dtk("checkpoint convert " + ck + " " + one_dir + " --expert_model_parallel_size 1", 120);
+  ASSERT_EQ(convert.code, 0) << convert.out;
+  EXPECT_NE(convert.out.find("expert-parallel size 2 to 1"), std::string::npos) << convert.out;
+  EXPECT_NE(convert.out.find("(4 data-parallel shards per rank) is consolidated"), std::string::npos) << convert.out;
+  expect_resumed(
+      curve_of("gpt", 4, "--set train.micro_batch_size=2 --set checkpoint.load=" + one_dir + " ", "zero-ep2-to-ep1"),
+      whole, "zero EP 2 converted to EP 1, under ddp", 1e-5);
 }
 
 // Each expert-parallel rank saves its own experts (Megatron's mp_rank_TT_EEE directories): a run
 // stopped after iteration 3 and resumed goes on exactly as the uninterrupted one; a run of another
-// expert-parallel size, and dtk checkpoint convert, refuse the checkpoint in one line.
-TEST(Moe, ExpertParallelCheckpointsResumeAndRefuseAnotherSplit) {
+// expert-parallel size refuses the checkpoint in one line naming dtk checkpoint convert, which
+// re-splits the experts: to one directory (a plain DP 2 run, generate), to EP 2 x TP 2 and to
+// pipeline stages the run goes on within rounding, and back to EP 2 bit for bit.
+TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
   const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-ep-checkpoint");
   const dtk_test::Curve whole = curve_of("gpt", 2, kEp2, "ep2-uninterrupted");
   ASSERT_EQ(whole.loss.size(), kIters) << whole.run.out;
@@ -1555,11 +1568,40 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndRefuseAnotherSplit) {
   EXPECT_NE(other.code, 0);
   EXPECT_NE(other.out.find("dtk: error: "), std::string::npos) << other.out;
   EXPECT_NE(other.out.find("was saved with expert-parallel size 2, this run has 1"), std::string::npos) << other.out;
-  const dtk_test::Result convert = dtk_test::run_dtk(
-      "checkpoint convert " + ck + "/iter_0000003 " + ck + "-tp2 --tensor_model_parallel_size 2", 120);
-  EXPECT_NE(convert.code, 0);
-  EXPECT_NE(convert.out.find("dtk: error: "), std::string::npos) << convert.out;
-  EXPECT_NE(convert.out.find("was saved with expert-parallel size 2"), std::string::npos) << convert.out;
+  EXPECT_NE(other.out.find("dtk checkpoint convert SRC DST --expert_model_parallel_size 1 re-splits them"),
+            std::string::npos)
+      << other.out;
+  auto convert = [&](const std::string& from, const std::string& to, const std::string& flags) {
+    const dtk_test::Result r = dtk_test::run_dtk("checkpoint convert " + from + " " + to + " " + flags, 120);
+    EXPECT_EQ(r.code, 0) << flags << "\n" << r.out;
+    return r;
+  };
+  const std::string ep1 = ck + "-ep1";
+  const dtk_test::Result to_one = convert(ck + "/iter_0000003", ep1, "--expert_model_parallel_size 1");
+  EXPECT_NE(to_one.out.find("expert-parallel size 2 to 1"), std::string::npos) << to_one.out;
+  EXPECT_TRUE(std::filesystem::is_regular_file(ep1 + "/iter_0000003/mp_rank_00/model_optim_rng.pt"));
+  expect_resumed(curve_of("gpt", 2, "--set checkpoint.load=" + ep1 + " ", "ep2-to-ep1"), whole,
+                 "EP 2 converted to EP 1 (DP 2)", 1e-5);
+  // Back to EP 2: the same files' values, so the same run bit for bit.
+  const std::string back = ck + "-back";
+  convert(ep1, back, "--expert_model_parallel_size 2");
+  expect_resumed(curve_of("gpt", 2, kEp2 + "--set checkpoint.load=" + back + " ", "ep1-back-to-ep2"), whole,
+                 "EP 2 converted to EP 1 and back");
+  // EP 2 x TP 2 (four directories, each half of two experts) and EP 2 x PP 2.
+  const std::string tp2 = ck + "-ep2-tp2";
+  convert(ep1, tp2, "--expert_model_parallel_size 2 --tensor_model_parallel_size 2");
+  expect_resumed(
+      curve_of("gpt", 4, kEp2 + "--set distributed.tensor_model_parallel_size=2 --set checkpoint.load=" + tp2 + " ",
+               "ep1-to-ep2-tp2"),
+      whole, "EP 2 converted to EP 2 x TP 2", 1e-5);
+  // A size that does not divide the experts: the model's one line, nothing written.
+  const dtk_test::Result three =
+      dtk_test::run_dtk("checkpoint convert " + ck + " " + ck + "-ep3 --expert_model_parallel_size 3", 120);
+  EXPECT_NE(three.code, 0);
+  EXPECT_NE(three.out.find("dtk: error: "), std::string::npos) << three.out;
+  EXPECT_NE(three.out.find("num_experts 4 is not divisible by the expert-parallel size"), std::string::npos)
+      << three.out;
+  EXPECT_FALSE(std::filesystem::exists(ck + "-ep3/iter_0000003"));
   // The same expert-parallel size with pipeline stages: other directories, refused in one line.
   const dtk_test::Result staged =
       dtk_test::run_dtk("launch --nproc_per_node 4 " + train("gpt") + kEp2 +
@@ -1569,6 +1611,15 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndRefuseAnotherSplit) {
   EXPECT_NE(staged.out.find("it was saved with expert parallelism and another tensor- or pipeline-parallel layout"),
             std::string::npos)
       << staged.out;
+  EXPECT_NE(staged.out.find("--tensor_model_parallel_size 1 --pipeline_model_parallel_size 2 makes one for it"),
+            std::string::npos)
+      << staged.out;
+  const std::string pp2 = ck + "-pp2";
+  convert(ck, pp2, "--pipeline_model_parallel_size 2");
+  expect_resumed(
+      curve_of("gpt", 4, kEp2 + "--set distributed.pipeline_model_parallel_size=2 --set checkpoint.load=" + pp2 + " ",
+               "ep2-to-ep2-pp2"),
+      whole, "EP 2 converted to EP 2 x PP 2", 1e-5);
   // Commands that read the whole model from one directory refuse it in one line: export (an MoE
   // model has no Hugging Face GPT-2 form), generate (one process holds every expert).
   const std::pair<std::string, std::string> whole_model[] = {
@@ -1577,13 +1628,21 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndRefuseAnotherSplit) {
        "the gpt model has mixture-of-experts layers"},
       {"generate --load " + ck +
            " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 2 --threads 1",
-       "is not divisible by distributed.expert_model_parallel_size 2"}};
+       "was saved with expert-parallel size 2 (each expert-parallel rank's directory holds its own experts); "
+       "generate runs every expert in each process (dtk checkpoint convert SRC DST --expert_model_parallel_size 1"}};
   for (const auto& [command, line] : whole_model) {
     const dtk_test::Result r = dtk_test::run_dtk(command, 120);
     EXPECT_NE(r.code, 0) << command;
     EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << command << "\n" << r.out;
     EXPECT_NE(r.out.find(line), std::string::npos) << command << "\n" << r.out;
   }
+  // Converted to one directory, one process holds every expert: generate runs.
+  const dtk_test::Result generated =
+      dtk_test::run_dtk("generate --load " + ep1 +
+                            " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 2 "
+                            "--threads 1",
+                        120);
+  EXPECT_EQ(generated.code, 0) << generated.out;
 }
 
 TEST(Moe, ExpertParallelBadInputsAreOneLine) {

@@ -14,6 +14,9 @@ DEFINE_int32(pipeline_model_parallel_size, 0,
 DEFINE_int32(virtual_pipeline_model_parallel_size, 0,
              "checkpoint convert: model chunks per pipeline rank to convert to, the interleaved schedule's (0: the "
              "checkpoint's when the pipeline size stays, else 1).");
+DEFINE_int32(expert_model_parallel_size, 0,
+             "checkpoint convert: the expert-parallel size to convert to (0: the checkpoint's): each expert-parallel "
+             "rank's directory holds its share of the routed experts.");
 DEFINE_int32(decoder_first_pipeline_num_layers, 0,
              "checkpoint convert: the layers of the first pipeline rank in the new layout (0: the middle ranks' "
              "share). Any of the four split flags sets the new split; none keeps the checkpoint's when the pipeline "

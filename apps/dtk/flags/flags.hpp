@@ -48,6 +48,7 @@ DECLARE_double(log_interval_mb);
 // flags/checkpoint.cpp
 DECLARE_bool(all_tensors);
 DECLARE_int32(tensor_model_parallel_size);
+DECLARE_int32(expert_model_parallel_size);
 DECLARE_int32(pipeline_model_parallel_size);
 DECLARE_int32(virtual_pipeline_model_parallel_size);
 DECLARE_int32(decoder_first_pipeline_num_layers);

@@ -592,14 +592,14 @@ void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir
   const std::string first = ckpt::first_rank_dir(iter_dir);
   const bool staged = first != mp_rank_dir(0);
   // Expert-parallel directories (the same expert-parallel size: check_expert_naming) of another
-  // tensor- or pipeline-parallel layout; dtk checkpoint convert does not take them.
+  // tensor- or pipeline-parallel layout.
   if (ckpt::saved_expert_parallel_size(iter_dir) > 1)
     throw HostError("checkpoint " + iter_dir + " has no " + rank_dir.filename().string() +
                     ": it was saved with expert parallelism and another tensor- or pipeline-parallel layout than "
-                    "this run's (tensor-parallel size " +
-                    std::to_string(topo.tp_size) + ", pipeline-parallel size " + std::to_string(topo.pp_size) +
-                    "); an expert-parallel checkpoint loads with the layout it was saved with (dtk checkpoint "
-                    "inspect shows it)");
+                    "this run's (dtk checkpoint inspect shows it; dtk checkpoint convert SRC DST "
+                    "--tensor_model_parallel_size " +
+                    std::to_string(topo.tp_size) + " --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
+                    " makes one for it)");
   if (staged == (topo.pp_size > 1) || !fs::is_directory(fs::path(iter_dir) / first, ec)) return;
   // The tensor-parallel size too, from the first stage's folders: the conversion must name both.
   int saved_tp = 0;
@@ -621,8 +621,9 @@ void check_pipeline_naming(const std::string& iter_dir, const fs::path& rank_dir
 std::string expert_parallel_differs(int64_t saved, const Topology& topo) {
   return "was saved with expert-parallel size " + std::to_string(saved) + ", this run has " +
          std::to_string(topo.ep_size) +
-         " (distributed.expert_model_parallel_size: each expert-parallel rank saves its own experts, and DTK does "
-         "not re-split them yet)";
+         " (distributed.expert_model_parallel_size: each expert-parallel rank saves its own experts; dtk checkpoint "
+         "convert SRC DST --expert_model_parallel_size " +
+         std::to_string(topo.ep_size) + " re-splits them)";
 }
 void check_expert_naming(const std::string& iter_dir, const fs::path& rank_dir, const Topology& topo) {
   std::error_code ec;

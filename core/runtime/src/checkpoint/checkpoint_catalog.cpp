@@ -655,7 +655,8 @@ TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verif
   if (experts > 1)
     throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " + std::to_string(experts) +
                     " (each expert-parallel rank's directory holds its own experts): this command needs the whole "
-                    "model in one directory, which DTK cannot merge yet");
+                    "model in one directory (dtk checkpoint convert SRC DST --expert_model_parallel_size 1 makes "
+                    "one)");
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
     throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
                     "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "

@@ -139,11 +139,11 @@ TensorMap under_prefix(const TensorMap& m, const std::string& prefix) {
 
 namespace {
 
-// A parallel layout: tensor-parallel size, pipeline size, model chunks per pipeline rank and the
-// layers' split over the stages. Stages of the (virtual) pipeline: chunk k of pipeline rank r is
-// stage k x pp + r of pp x v.
+// A parallel layout: tensor-parallel size, pipeline size, model chunks per pipeline rank, the
+// layers' split over the stages and the expert-parallel size. Stages of the (virtual) pipeline:
+// chunk k of pipeline rank r is stage k x pp + r of pp x v.
 struct Layout {
-  int64_t tp = 1, pp = 1, v = 1;
+  int64_t tp = 1, pp = 1, v = 1, ep = 1;
   PipelineSplit rule;  // its first/last layers and counted embedding/loss; stages and chunks below
   int64_t stages() const { return pp * v; }
   PipelineSplit split() const {
@@ -167,11 +167,7 @@ Layout read_saved_layout(const std::string& iter_dir, const ckpt::Checksums& sum
     throw HostError("checkpoint " + file + " records no tensor_model_parallel_size");
   old.tp = tp->value().toInt();
   auto ep = d.find(c10::IValue(std::string("expert_model_parallel_size")));
-  if (ep != d.end() && ep->value().isInt() && ep->value().toInt() > 1)
-    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " +
-                    std::to_string(ep->value().toInt()) +
-                    " (each expert-parallel rank's directory holds its own experts): dtk checkpoint convert does not "
-                    "re-split experts yet; resume it with the same distributed.expert_model_parallel_size");
+  if (ep != d.end() && ep->value().isInt()) old.ep = std::max<int64_t>(1, ep->value().toInt());
   auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
   if (pp != d.end() && pp->value().isInt()) old.pp = std::max<int64_t>(1, pp->value().toInt());
   auto v = d.find(c10::IValue(std::string("virtual_pipeline_model_parallel_size")));
@@ -189,6 +185,7 @@ Layout resolve_new_layout(const Layout& old, const ConvertTarget& target) {
   nl.tp = target.tp == 0 ? old.tp : target.tp;
   nl.pp = target.pp == 0 ? old.pp : target.pp;
   nl.v = target.v == 0 ? (nl.pp == old.pp ? old.v : 1) : target.v;
+  nl.ep = target.ep == 0 ? old.ep : target.ep;
   if (nl.v > 1 && nl.pp < 2)
     throw HostError("checkpoint convert: --virtual_pipeline_model_parallel_size " + std::to_string(nl.v) +
                     " (the interleaved schedule) needs --pipeline_model_parallel_size 2 or more");
@@ -204,8 +201,8 @@ StageNames stage_names(const ModelAtLayout& build, int64_t layers, const Layout&
   StageNames names;
   for (const StageLayers& stage : pipeline_stage_layers(layout.split(), layers)) names.offsets.push_back(stage.offset);
   const int stages = static_cast<int>(layout.stages());
-  find_tied(names, build(0, 1, 0, layout.split())->parameters(), build(0, 1, stages - 1, layout.split())->parameters(),
-            stages);
+  find_tied(names, build(0, 1, 0, layout.split(), 0, 1)->parameters(),
+            build(0, 1, stages - 1, layout.split(), 0, 1)->parameters(), stages);
   return names;
 }
 
@@ -232,32 +229,48 @@ struct RankStates {
   std::vector<TensorMap> model, optimizer, strategy;
 };
 
-// The parameters of old pipeline rank `rank_pp`'s chunks (prefixed as the file names them), on
-// tensor-parallel rank r.
-std::vector<Param> old_rank_params(const Source& src, int64_t rank_pp, int64_t r) {
+// One rank of the old layout: pipeline rank `pp`, tensor-parallel rank `tp`, expert-parallel rank
+// `ep`.
+struct OldRank {
+  int64_t pp = 0, tp = 0, ep = 0;
+};
+
+std::string old_rank_dir(const Source& src, const OldRank& at) {
+  return ckpt::mp_rank_dir(static_cast<int>(at.tp), static_cast<int>(at.pp), static_cast<int>(src.old.pp),
+                           static_cast<int>(at.ep), static_cast<int>(src.old.ep));
+}
+
+// The model of chunk `chunk` of old rank `at`.
+std::unique_ptr<ModelInstance> old_chunk_model(const Source& src, const OldRank& at, int64_t chunk) {
+  return src.build(static_cast<int>(at.tp), static_cast<int>(src.old.tp), static_cast<int>(chunk * src.old.pp + at.pp),
+                   src.old.split(), static_cast<int>(at.ep), static_cast<int>(src.old.ep));
+}
+
+// The parameters of old rank `at`'s chunks (prefixed as the file names them).
+std::vector<Param> old_rank_params(const Source& src, const OldRank& at) {
   std::vector<Param> params;
   for (int64_t k = 0; k < src.old.v; ++k)
-    for (Param& p : src.build(static_cast<int>(r), static_cast<int>(src.old.tp),
-                              static_cast<int>(k * src.old.pp + rank_pp), src.old.split())
-                        ->parameters()) {
+    for (Param& p : old_chunk_model(src, at, k)->parameters()) {
       p.name = ModelInstance::chunk_prefix(k, src.old.v) + p.name;
       params.push_back(std::move(p));
     }
   return params;
 }
 
-// ZeRO: the data-parallel shards of tensor-parallel rank r consolidated into whole parameters'
-// state (the layout ddp saves; a ZeRO run loading it shards it again,
-// dtk/core/checkpoint/checkpoint_shards.hpp).
-void consolidate_shards(const Source& src, int64_t rank_pp, int64_t r, const std::string& rank_dir_name, int64_t shards,
-                        RankStates& st) {
-  const std::vector<Param> params = old_rank_params(src, rank_pp, r);
+// ZeRO: the data-parallel shards of old rank `at` consolidated into whole parameters' state (the
+// layout ddp saves; a ZeRO run loading it shards it again, dtk/core/checkpoint/checkpoint_shards.hpp).
+// Under expert parallelism data-parallel rank k's shard is in expert-parallel rank k % E's
+// directory, with its share of the dense parameters: every directory's shards are read.
+void consolidate_shards(const Source& src, const OldRank& at, int64_t shards, RankStates& st) {
+  const std::vector<Param> params = old_rank_params(src, at);
   std::vector<std::string> names;
   for (const Param& p : params) names.push_back(p.name);
   StateAssembler whole(params, names);
-  const std::string rank_dir = (fs::path(src.iter_dir) / rank_dir_name).string();
+  const std::string rank_dir = (fs::path(src.iter_dir) / old_rank_dir(src, at)).string();
   for (int64_t k = 0; k < shards; ++k) {
-    const ckpt::Shard shard = ckpt::read_shard(rank_dir, static_cast<int>(k), shards, src.sums);
+    const OldRank holder{at.pp, at.tp, k % src.old.ep};
+    const std::string dir = (fs::path(src.iter_dir) / old_rank_dir(src, holder)).string();
+    const ckpt::Shard shard = ckpt::read_shard(dir, static_cast<int>(k), shards, src.sums);
     whole.add(shard.optimizer, shard.strategy, shard.slices);
   }
   TensorMap o, s;
@@ -271,17 +284,16 @@ void consolidate_shards(const Source& src, int64_t rank_pp, int64_t r, const std
   st.strategy.push_back(std::move(s));
 }
 
-// Old pipeline rank `rank_pp`: its tensor-parallel ranks' files (verified), sharded state
-// consolidated.
-RankStates read_old_rank(const Source& src, int64_t rank_pp, WholeModel& whole, ConvertReport& report) {
+// Old pipeline rank `rank_pp`, expert-parallel rank `ep`: its tensor-parallel ranks' files
+// (verified), sharded state consolidated.
+RankStates read_old_rank(const Source& src, int64_t rank_pp, int64_t ep, WholeModel& whole, ConvertReport& report) {
   RankStates st;
   for (int64_t r = 0; r < src.old.tp; ++r) {
-    const std::string rank_dir_name =
-        ckpt::mp_rank_dir(static_cast<int>(r), static_cast<int>(rank_pp), static_cast<int>(src.old.pp));
-    const std::string relative = rank_dir_name + "/" + ckpt::kModelFile;
+    const OldRank at{rank_pp, r, ep};
+    const std::string relative = old_rank_dir(src, at) + "/" + ckpt::kModelFile;
     const std::string file = (fs::path(src.iter_dir) / relative).string();
     const auto d = ckpt::read_pickled_dict(file, "", &src.sums, relative);
-    if (rank_pp == 0) whole.first_files.push_back(d);
+    if (rank_pp == 0 && ep == 0) whole.first_files.push_back(d);
     st.model.push_back(tensors_of(d, "model", file));
     auto shards = d.find(c10::IValue(std::string("optimizer_shards")));
     if (shards == d.end()) {
@@ -291,22 +303,23 @@ RankStates read_old_rank(const Source& src, int64_t rank_pp, WholeModel& whole, 
     }
     if (!shards->value().isInt() || shards->value().toInt() < 1)
       throw HostError("checkpoint " + file + ": 'optimizer_shards' is not a positive count");
-    consolidate_shards(src, rank_pp, r, rank_dir_name, shards->value().toInt(), st);
+    consolidate_shards(src, at, shards->value().toInt(), st);
     report.consolidated_shards = shards->value().toInt();
   }
   return st;
 }
 
-// Chunk `chunk` of old pipeline rank `rank_pp`: its parameters and their state made whole, under
-// the whole model's names. Optimizer/strategy entries: a parameter's follow it (renamed); the
-// others come from the first stage's tensor-parallel rank 0. A tied weight's copy repeats the
-// first stage's values. `rank_names`: every parameter name of the rank (all its chunks).
-void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const RankStates& st,
+// Chunk `chunk` of old pipeline rank `at.pp`, expert-parallel rank `at.ep`: its parameters and
+// their state made whole, under the whole model's names. Optimizer/strategy entries: a
+// parameter's follow it (renamed); the others come from the first stage's tensor-parallel rank 0
+// of expert-parallel rank 0. A tied weight's copy repeats the first stage's values, the dense
+// parameters of another expert-parallel rank (the same values) expert-parallel rank 0's.
+// `rank_names`: every parameter name of the rank (all its chunks).
+void merge_old_chunk(const Source& src, const OldRank& at, int64_t chunk, const RankStates& st,
                      const SliceMap& rank_names, WholeModel& whole) {
-  const int64_t stage = chunk * src.old.pp + rank_pp;
+  const int64_t stage = chunk * src.old.pp + at.pp;
   const std::string prefix = ModelInstance::chunk_prefix(chunk, src.old.v);
-  const std::unique_ptr<ModelInstance> built =
-      src.build(0, static_cast<int>(src.old.tp), static_cast<int>(stage), src.old.split());
+  const std::unique_ptr<ModelInstance> built = old_chunk_model(src, OldRank{at.pp, 0, at.ep}, chunk);
   const std::map<std::string, int> stage_dims = partition_dims(built->parameters());
   std::vector<TensorMap> chunk_model;
   for (const TensorMap& m : st.model) chunk_model.push_back(under_prefix(m, prefix));
@@ -331,7 +344,7 @@ void merge_old_chunk(const Source& src, int64_t rank_pp, int64_t chunk, const Ra
     for (const auto& [key, value] : ranks[0]) {
       const std::string param = param_of_key(key, rank_names);
       if (param.empty()) {
-        if (stage == 0) out.emplace_back(key, "", value);
+        if (stage == 0 && at.ep == 0) out.emplace_back(key, "", value);
         continue;
       }
       if (param.compare(0, prefix.size(), prefix) != 0) continue;  // another chunk's
@@ -355,13 +368,20 @@ struct NewRank {
   std::vector<std::pair<std::string, at::Tensor>> model;
 };
 
+// One rank of the new layout.
+struct NewRankAt {
+  int pp = 0, tp = 0, ep = 0;
+};
+
 NewRank cut_model(const ModelAtLayout& build, const Layout& nl, const StageNames& new_names, const WholeModel& whole,
-                  int rank_pp, int r) {
+                  const NewRankAt& at) {
+  const int r = at.tp;
   NewRank nr;
   for (int chunk = 0; chunk < nl.v; ++chunk) {
-    const int stage = chunk * static_cast<int>(nl.pp) + rank_pp;
+    const int stage = chunk * static_cast<int>(nl.pp) + at.pp;
     const std::string prefix = ModelInstance::chunk_prefix(chunk, static_cast<int>(nl.v));
-    std::unique_ptr<ModelInstance> m = build(r, static_cast<int>(nl.tp), stage, nl.split());
+    std::unique_ptr<ModelInstance> m =
+        build(r, static_cast<int>(nl.tp), stage, nl.split(), at.ep, static_cast<int>(nl.ep));
     for (const Param& p : m->parameters()) {
       const std::string g = new_names.global(p.name, stage);
       nr.target_params[g] = p.tensor;
@@ -391,7 +411,7 @@ std::vector<std::pair<std::string, at::Tensor>> cut_state(const StateEntries& en
       continue;
     }
     auto local = nr.local_of.find(param);
-    if (local == nr.local_of.end()) continue;  // a parameter of another stage
+    if (local == nr.local_of.end()) continue;  // a parameter of another stage or expert-parallel rank
     const size_t at = key.find(param);
     const std::string local_key = key.substr(0, at) + local->second + key.substr(at + param.size());
     const at::Tensor& target = nr.target_params.at(param);
@@ -401,15 +421,15 @@ std::vector<std::pair<std::string, at::Tensor>> cut_state(const StateEntries& en
   return out;
 }
 
-// The main file of new rank (rank_pp, r): stage 0's progress entries, the new layout and config,
-// the cut model and (consolidated: whole parameters') state.
+// The main file of new rank `at`: stage 0's progress entries, the new layout and config, the cut
+// model and (consolidated: whole parameters') state.
 c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& nl, const StageNames& new_names,
-                                     const WholeModel& whole, int rank_pp, int r,
+                                     const WholeModel& whole, const NewRankAt& at,
                                      const std::function<std::string(const ConvertReport&)>& config_text,
                                      ConvertReport& report) {
-  const NewRank nr = cut_model(build, nl, new_names, whole, rank_pp, r);
-  const auto new_optimizer = cut_state(whole.optimizer, nr, whole, r),
-             new_strategy = cut_state(whole.strategy, nr, whole, r);
+  const NewRank nr = cut_model(build, nl, new_names, whole, at);
+  const auto new_optimizer = cut_state(whole.optimizer, nr, whole, at.tp),
+             new_strategy = cut_state(whole.strategy, nr, whole, at.tp);
   c10::impl::GenericDict d = whole.first_files[0].copy();
   (void)d.erase("optimizer_shards");  // consolidated: whole parameters' state in this file
   d.insert_or_assign("model", to_dict(nr.model));
@@ -418,6 +438,8 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
   d.insert_or_assign("tensor_model_parallel_size", nl.tp);
   d.insert_or_assign("pipeline_model_parallel_size", nl.pp);
   d.insert_or_assign("virtual_pipeline_model_parallel_size", nl.v);
+  (void)d.erase("expert_model_parallel_size");  // a training save records it only when above 1
+  if (nl.ep > 1) d.insert("expert_model_parallel_size", nl.ep);
   ckpt::insert_pipeline_split(d, nl.split());
   d.insert_or_assign("config", config_text(report));
   report.model_tensors = static_cast<int64_t>(nr.model.size());
@@ -438,7 +460,7 @@ void require_new_or_empty_folder(const std::string& dir, const std::string& comm
 ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string& save_dir, const ConvertTarget& target,
                                  const std::function<std::string(const ConvertReport&)>& config_text,
                                  const ModelAtLayout& build, bool verify) {
-  if (target.tp < 0 || target.pp < 0 || target.v < 0)
+  if (target.tp < 0 || target.pp < 0 || target.v < 0 || target.ep < 0)
     throw HostError("checkpoint convert: parallel sizes must be >= 1");
   require_new_or_empty_folder(save_dir, "checkpoint convert");
   ConvertReport report;
@@ -449,9 +471,10 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   report.old_v = static_cast<int>(old.v);
   report.new_tp = static_cast<int>(nl.tp), report.new_pp = static_cast<int>(nl.pp),
   report.new_v = static_cast<int>(nl.v);
+  report.old_ep = static_cast<int>(old.ep), report.new_ep = static_cast<int>(nl.ep);
   report.old_split = old.split(), report.new_split = nl.split();
 
-  const dtk_model_info info = build(0, 1, 0, PipelineSplit{})->info();
+  const dtk_model_info info = build(0, 1, 0, PipelineSplit{}, 0, 1)->info();
   const int64_t layers = info.num_layers;
   if ((!old.split().even() || !nl.split().even()) && !builds_pipeline_split(info))
     throw HostError(
@@ -466,23 +489,26 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   const Source src{iter_dir, sums, build, old, stage_names(build, layers, old)};
   const StageNames new_names = stage_names(build, layers, nl);
 
-  // Every old pipeline rank: its files, then each of its chunks made whole.
+  // Every old pipeline and expert-parallel rank: its files, then each of its chunks made whole.
   WholeModel whole;
-  for (int64_t rank_pp = 0; rank_pp < old.pp; ++rank_pp) {
-    const RankStates st = read_old_rank(src, rank_pp, whole, report);
-    SliceMap rank_names;
-    for (const Param& p : old_rank_params(src, rank_pp, 0)) rank_names[p.name] = ParamSlice{};
-    for (int64_t chunk = 0; chunk < old.v; ++chunk) merge_old_chunk(src, rank_pp, chunk, st, rank_names, whole);
-  }
+  for (int64_t rank_pp = 0; rank_pp < old.pp; ++rank_pp)
+    for (int64_t ep = 0; ep < old.ep; ++ep) {
+      const RankStates st = read_old_rank(src, rank_pp, ep, whole, report);
+      SliceMap rank_names;
+      for (const Param& p : old_rank_params(src, OldRank{rank_pp, 0, ep})) rank_names[p.name] = ParamSlice{};
+      for (int64_t chunk = 0; chunk < old.v; ++chunk)
+        merge_old_chunk(src, OldRank{rank_pp, 0, ep}, chunk, st, rank_names, whole);
+    }
 
-  // The new ranks' files (pipeline rank by pipeline rank, tensor-parallel rank by rank; each with
-  // its chunks), then published as a training save is (SHA256SUMS, rename, tracker).
+  // The new ranks' files (pipeline rank by pipeline rank, then expert-parallel and tensor-parallel
+  // rank; each with its chunks), then published as a training save is (SHA256SUMS, rename, tracker).
   std::vector<c10::impl::GenericDict> files;
   for (int rank_pp = 0; rank_pp < nl.pp; ++rank_pp)
-    for (int r = 0; r < nl.tp; ++r)
-      files.push_back(new_rank_file(build, nl, new_names, whole, rank_pp, r, config_text, report));
+    for (int ep = 0; ep < nl.ep; ++ep)
+      for (int r = 0; r < nl.tp; ++r)
+        files.push_back(new_rank_file(build, nl, new_names, whole, NewRankAt{rank_pp, r, ep}, config_text, report));
   report.megabytes = static_cast<double>(ckpt::write_offline_checkpoint(save_dir, report.iteration, files,
-                                                                        report.new_tp, report.new_pp)) /
+                                                                        report.new_tp, report.new_pp, report.new_ep)) /
                      1e6;
   return report;
 }

@@ -293,7 +293,8 @@ void write_tracker(const std::string& save_dir, int64_t iteration) {
 }
 
 int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
-                                 const std::vector<c10::impl::GenericDict>& rank_files, int tp_size, int pp_size) {
+                                 const std::vector<c10::impl::GenericDict>& rank_files, int tp_size, int pp_size,
+                                 int ep_size) {
   if (tp_size <= 0) tp_size = static_cast<int>(rank_files.size());
   std::error_code ec;
   fs::create_directories(save_dir, ec);
@@ -304,7 +305,8 @@ int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
   try {
     std::string sums;
     for (size_t r = 0; r < rank_files.size(); ++r) {
-      const std::string name = mp_rank_dir(static_cast<int>(r) % tp_size, static_cast<int>(r) / tp_size, pp_size);
+      const int tp = static_cast<int>(r) % tp_size, ep = static_cast<int>(r) / tp_size % ep_size;
+      const std::string name = mp_rank_dir(tp, static_cast<int>(r) / tp_size / ep_size, pp_size, ep, ep_size);
       const std::string rank_dir = (fs::path(tmp_dir) / name).string();
       fs::create_directories(rank_dir, ec);
       if (ec) throw HostError("checkpoint: cannot create " + rank_dir + ": " + ec.message());

@@ -84,13 +84,14 @@ Checksums checksums_to_check(const std::string& iter_dir, bool verify, const std
 Checksums read_checksums(const std::string& iter_dir);
 
 // Publishes iteration `iteration` of `save_dir` written by one process (`dtk import`, `dtk
-// checkpoint convert`): rank_files[pp * tp_size + tp] goes to mp_rank_TT[_PPP]/model_optim_rng.pt
-// (the stage suffix with pp_size > 1) in a temporary directory, with SHA256SUMS, then the
+// checkpoint convert`): rank_files[(pp * ep_size + ep) * tp_size + tp] goes to
+// mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt (the stage suffix with pp_size > 1, the expert-parallel
+// one with ep_size > 1) in a temporary directory, with SHA256SUMS, then the
 // directory is moved into place and the tracker rewritten, as a training save does. Returns the
 // bytes written.
 int64_t write_offline_checkpoint(const std::string& save_dir, int64_t iteration,
                                  const std::vector<c10::impl::GenericDict>& rank_files, int tp_size = 0,
-                                 int pp_size = 1);
+                                 int pp_size = 1, int ep_size = 1);
 
 // Reads a pickled dict, one line naming the file for anything wrong with it. With `sums` holding a
 // manifest, the bytes are checked against the digest recorded for `relative` first.

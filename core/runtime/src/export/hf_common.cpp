@@ -318,7 +318,7 @@ RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with expert-parallel size " +
                     std::to_string(experts) +
                     " (each expert-parallel rank's directory holds its own experts); export needs the whole model "
-                    "in one directory");
+                    "in one directory (dtk checkpoint convert SRC DST --expert_model_parallel_size 1 makes one)");
   if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
                     ckpt::first_rank_dir(iter_dir) +

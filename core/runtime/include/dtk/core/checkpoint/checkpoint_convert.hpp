@@ -20,6 +20,13 @@
 // so the new checkpoint has ddp's layout; ddp resumes it as is, and zero (any data-parallel size,
 // any stage) shards it again on load. Converting to the same tensor-parallel size is thus how a
 // ZeRO checkpoint is consolidated.
+//
+// Expert parallelism (Megatron's mp_rank_TT[_PPP]_EEE directories): each expert-parallel rank's
+// files hold its own routed experts, under their names in the whole layer ("experts.<i>."), and
+// the same dense parameters and buffers as every other expert-parallel rank. The whole model takes
+// each expert from the rank that held it and the rest from expert-parallel rank 0; each new
+// expert-parallel rank gets the experts its build holds. A ZeRO shard of data-parallel rank d lies
+// in expert-parallel rank d % E's directory: each rank's shards are gathered from all of them.
 #pragma once
 
 #include <functional>
@@ -33,24 +40,24 @@
 
 namespace dtk::core {
 
-// Builds the checkpoint's model for one rank of a tensor- and pipeline-parallel layout: stage
-// `stage` of `split.stages` (pipeline ranks x model chunks), its layers as `split` gives them (fp32
-// parameters on the CPU; the caller resolves the plugin and its options from the checkpoint's
-// configuration).
-using ModelAtLayout =
-    std::function<std::unique_ptr<ModelInstance>(int tp_rank, int tp_size, int stage, const PipelineSplit& split)>;
+// Builds the checkpoint's model for one rank of a tensor-, pipeline- and expert-parallel layout:
+// stage `stage` of `split.stages` (pipeline ranks x model chunks), its layers as `split` gives them,
+// the routed experts of expert-parallel rank `ep_rank` of `ep_size` (fp32 parameters on the CPU;
+// the caller resolves the plugin and its options from the checkpoint's configuration).
+using ModelAtLayout = std::function<std::unique_ptr<ModelInstance>(
+    int tp_rank, int tp_size, int stage, const PipelineSplit& split, int ep_rank, int ep_size)>;
 
 // The layout to convert to: a size 0 keeps the checkpoint's (the model chunks per rank: when the
 // pipeline size stays, else 1); no `split` keeps the checkpoint's split of the layers when the
 // pipeline size and the chunks stay, else the even one (its stages and chunks are the layout's).
 struct ConvertTarget {
-  int tp = 0, pp = 0, v = 0;
+  int tp = 0, pp = 0, v = 0, ep = 0;
   std::optional<PipelineSplit> split;
 };
 
 struct ConvertReport {
   int64_t iteration = 0;
-  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1, old_v = 1, new_v = 1;
+  int old_tp = 1, new_tp = 1, old_pp = 1, new_pp = 1, old_v = 1, new_v = 1, old_ep = 1, new_ep = 1;
   PipelineSplit old_split, new_split;
   int64_t model_tensors = 0, state_tensors = 0;
   int64_t consolidated_shards = 0;  // ZeRO data-parallel shards per rank that were merged (0: none)

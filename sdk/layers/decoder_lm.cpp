@@ -22,6 +22,13 @@ namespace dtk::layers {
 
 namespace {
 
+// A number in a message as the user typed it ("1.5", not std::to_string's "1.500000").
+std::string shown(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 // Domino's chunked schedule, or the plain one: a stage without layers (an uneven pipeline split)
 // has nothing to overlap its output layer's or embedding's communication with.
 bool runs_domino(const DecoderConfig& c, size_t stage_layers) { return c.domino_chunks > 1 && stage_layers > 0; }
@@ -278,7 +285,7 @@ std::string balanced_choice_error(const BuildContext& ctx, const MoeConfig& m) {
     return "";
   }
   if (!(m.quantile_ema >= 0.0 && m.quantile_ema <= 1.0))
-    return "option 'moe_router_quantile_balancing_ema' must be in [0, 1], got " + std::to_string(m.quantile_ema);
+    return "option 'moe_router_quantile_balancing_ema' must be in [0, 1], got " + shown(m.quantile_ema);
   if (m.topk >= m.num_experts)
     return "quantile_balancing needs moe_router_topk < num_experts: it reads each token's (k + 1)-th best expert";
   const int64_t tokens = static_cast<int64_t>(ctx.micro_batch_size) * ctx.seq_length;
@@ -374,11 +381,10 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (!m.expert_bias && m.bias_update_rate != MoeConfig().bias_update_rate)
     fail("option 'moe_router_bias_update_rate' does nothing without moe_router_enable_expert_bias=true");
   if (!std::isfinite(m.capacity_factor) || m.capacity_factor < 0.0 || m.capacity_factor > 1e6)
-    fail("option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got " +
-         std::to_string(m.capacity_factor));
+    fail("option 'moe_expert_capacity_factor' must be in [0, 1e6] (0 = dropless), got " + shown(m.capacity_factor));
   // eps >= 1 would make some of the router's inputs negative multiples of themselves.
   if (!std::isfinite(m.input_jitter_eps) || m.input_jitter_eps < 0.0 || m.input_jitter_eps >= 1.0)
-    fail("option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got " + std::to_string(m.input_jitter_eps));
+    fail("option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got " + shown(m.input_jitter_eps));
   if (!m.drops_tokens() && m.drop_policy != MoeConfig().drop_policy)
     fail("option 'moe_token_drop_policy' does nothing without moe_expert_capacity_factor > 0 (dropless)");
   if (!m.drops_tokens() && m.pad_to_capacity)

@@ -1177,6 +1177,22 @@ TEST(Moe, SinkhornAndQuantileBalancingEqualOneProcessHoweverSplit) {
       EXPECT_EQ(resumed.loss.at(it), one.loss.at(it)) << "resumed, iteration " << it;
       EXPECT_EQ(resumed.norm.at(it), one.norm.at(it)) << "resumed, iteration " << it;
     }
+    // The bias (a buffer every rank holds whole) carried by dtk checkpoint convert: to EP 2 x TP 2.
+    const std::string converted = ck + "-ep2-tp2";
+    const dtk_test::Result convert = dtk_test::run_dtk(
+        "checkpoint convert " + ck + " " + converted + " --expert_model_parallel_size 2 --tensor_model_parallel_size 2",
+        120);
+    ASSERT_EQ(convert.code, 0) << convert.out;
+    const dtk_test::Curve split =
+        curve_of("gpt", 4,
+                 args +
+                     "--set distributed.expert_model_parallel_size=2 --set distributed.tensor_model_parallel_size=2 "
+                     "--set checkpoint.load=" +
+                     converted + " ",
+                 "qb-converted");
+    ASSERT_EQ(split.loss.size(), kIters - 3) << split.run.out;
+    for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it)
+      EXPECT_NEAR(split.loss.at(it), one.loss.at(it), 1e-5 * one.loss.at(it)) << "converted, iteration " << it;
   }
 }
 

@@ -1,6 +1,6 @@
 // `dtk checkpoint inspect DIR`: what a checkpoint holds and whether it is complete.
-// `dtk checkpoint convert SRC DST --tensor_model_parallel_size N`: re-partitioned for another
-// tensor-parallel size (dtk/core/checkpoint/checkpoint_convert.hpp).
+// `dtk checkpoint convert SRC DST --tensor_model_parallel_size N ...`: re-partitioned for another
+// tensor-, pipeline- or expert-parallel size (dtk/core/checkpoint/checkpoint_convert.hpp).
 #pragma once
 
 #include <functional>

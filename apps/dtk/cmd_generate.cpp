@@ -259,10 +259,8 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
     require_tokenizer_fits(tokenizer, std::strtoll(vocab->second.c_str(), nullptr, 10), "generate");
   const int64_t max_positions = max_positions_of(cfg);
   const std::vector<std::vector<int64_t>> ids = prompt_ids(prompts, tokenizer, max_positions);
-  if (const int ep = cfg.distributed().expert_model_parallel_size(); ep > 1)
-    throw HostError("generate: " + iter_dir + " was saved with expert-parallel size " + std::to_string(ep) +
-                    " (each expert-parallel rank's directory holds its own experts); generate runs every expert in "
-                    "each process (dtk checkpoint convert SRC DST --expert_model_parallel_size 1 makes one)");
+  // Each process runs every expert: an expert-parallel checkpoint's directories are read together.
+  cfg.mutable_distributed()->set_expert_model_parallel_size(1);
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 

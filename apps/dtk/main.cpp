@@ -69,7 +69,8 @@ Usage:
                  --tokenizer_type NullTokenizer --vocab_size N.  `dtk train` takes them too.
   dtk checkpoint inspect DIR [--noverify] [--all_tensors]   iteration, layout, tensors, checksums
   dtk checkpoint convert SRC DST [--tensor_model_parallel_size N] [--pipeline_model_parallel_size P]
-                 [--virtual_pipeline_model_parallel_size V] [--noverify]   another tensor- and/or pipeline-parallel
+                 [--virtual_pipeline_model_parallel_size V] [--expert_model_parallel_size E] [--noverify]
+                                                      another tensor-, pipeline- and/or expert-parallel
                                                       size, or model chunks per pipeline rank
                  [--decoder_first_pipeline_num_layers F] [--decoder_last_pipeline_num_layers L]
                  [--account_for_embedding_in_pipeline_split] [--account_for_loss_in_pipeline_split]
@@ -426,6 +427,7 @@ std::string train_equivalent(const std::string& flag) {
       {"tensor_model_parallel_size", "--set distributed.tensor_model_parallel_size=N"},
       {"pipeline_model_parallel_size", "--set distributed.pipeline_model_parallel_size=N"},
       {"virtual_pipeline_model_parallel_size", "--set distributed.virtual_pipeline_model_parallel_size=N"},
+      {"expert_model_parallel_size", "--set distributed.expert_model_parallel_size=N"},
       {"decoder_first_pipeline_num_layers", "--set distributed.decoder_first_pipeline_num_layers=N"},
       {"decoder_last_pipeline_num_layers", "--set distributed.decoder_last_pipeline_num_layers=N"},
       {"account_for_embedding_in_pipeline_split", "--set distributed.account_for_embedding_in_pipeline_split=true"},

@@ -326,6 +326,10 @@ TEST(CheckpointConvert, TensorParallelTwoToOneAndBackContinueWithTheSameLosses) 
       run("checkpoint convert " + d + "/tp1 " + d + "/afile --tensor_model_parallel_size 2"),
       "checkpoint convert: " + d + "/afile is a file, not a folder");
   dtk_test::expect_one_line_error(run("checkpoint convert " + d + "/tp1 " + d + "/x"), "--tensor_model_parallel_size N");
+  dtk_test::expect_one_line_error(
+      run("checkpoint convert " + d + "/tp1 " + d + "/ep2 --expert_model_parallel_size 2"),
+      "checkpoint convert: --expert_model_parallel_size 2: the model has no mixture-of-experts layers (num_experts 0)");
+  EXPECT_FALSE(fs::exists(d + "/ep2/iter_0000004"));
 }
 
 // ZeRO's data-parallel shards are consolidated by convert (issue 15 item 2, the DP/ZeRO half): a

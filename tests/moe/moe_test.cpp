@@ -38,6 +38,7 @@
 #include "../common/curves.hpp"
 #include "../common/run_dtk.hpp"
 #include "../common/tensorboard_reader.hpp"
+#include "../model/hf_reader.hpp"
 
 namespace {
 
@@ -1177,22 +1178,27 @@ TEST(Moe, SinkhornAndQuantileBalancingEqualOneProcessHoweverSplit) {
       EXPECT_EQ(resumed.loss.at(it), one.loss.at(it)) << "resumed, iteration " << it;
       EXPECT_EQ(resumed.norm.at(it), one.norm.at(it)) << "resumed, iteration " << it;
     }
-    // The bias (a buffer every rank holds whole) carried by dtk checkpoint convert: to EP 2 x TP 2.
-    const std::string converted = ck + "-ep2-tp2";
-    const dtk_test::Result convert = dtk_test::run_dtk(
-        "checkpoint convert " + ck + " " + converted + " --expert_model_parallel_size 2 --tensor_model_parallel_size 2",
-        120);
-    ASSERT_EQ(convert.code, 0) << convert.out;
-    const dtk_test::Curve split =
-        curve_of("gpt", 4,
-                 args +
-                     "--set distributed.expert_model_parallel_size=2 --set distributed.tensor_model_parallel_size=2 "
-                     "--set checkpoint.load=" +
-                     converted + " ",
-                 "qb-converted");
-    ASSERT_EQ(split.loss.size(), kIters - 3) << split.run.out;
-    for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it)
-      EXPECT_NEAR(split.loss.at(it), one.loss.at(it), 1e-5 * one.loss.at(it)) << "converted, iteration " << it;
+    // The bias (a buffer every rank holds whole) carried by dtk checkpoint convert: to EP 2 x TP 2,
+    // and from there (expert-parallel rank 0's copy) back to one process.
+    const std::pair<std::string, std::string> conversions[] = {
+        {"--expert_model_parallel_size 2 --tensor_model_parallel_size 2",
+         "--set distributed.expert_model_parallel_size=2 --set distributed.tensor_model_parallel_size=2 "},
+        {"--expert_model_parallel_size 1 --tensor_model_parallel_size 1", ""}};
+    std::string from = ck;
+    for (const auto& [flags, layout] : conversions) {
+      const std::string to = from + (layout.empty() ? "-one" : "-ep2-tp2");
+      const dtk_test::Result convert = dtk_test::run_dtk("checkpoint convert " + from + " " + to + " " + flags, 120);
+      ASSERT_EQ(convert.code, 0) << convert.out;
+      const dtk_test::Curve split =
+          curve_of("gpt", layout.empty() ? 1 : 4, args + layout + "--set checkpoint.load=" + to + " ",
+                   "qb" + to.substr(ck.size()));
+      ASSERT_EQ(split.loss.size(), kIters - 3) << split.run.out;
+      for (int64_t it = 4; it <= static_cast<int64_t>(kIters); ++it) {
+        EXPECT_NEAR(split.loss.at(it), one.loss.at(it), 1e-5 * one.loss.at(it)) << flags << ", iteration " << it;
+        EXPECT_NEAR(split.norm.at(it), one.norm.at(it), 1e-5 * one.norm.at(it)) << flags << ", iteration " << it;
+      }
+      from = to;
+    }
   }
 }
 
@@ -1610,12 +1616,19 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
       curve_of("gpt", 4, kEp2 + "--set distributed.tensor_model_parallel_size=2 --set checkpoint.load=" + tp2 + " ",
                "ep1-to-ep2-tp2"),
       whole, "EP 2 converted to EP 2 x TP 2", 1e-5);
-  // A size that does not divide the experts: the model's one line, nothing written.
+  // And from it (ranks of both sizes above 0) to one directory again.
+  const std::string tp2_ep1 = tp2 + "-to-one";
+  convert(tp2, tp2_ep1, "--expert_model_parallel_size 1 --tensor_model_parallel_size 1");
+  expect_resumed(curve_of("gpt", 2, "--set checkpoint.load=" + tp2_ep1 + " ", "ep2-tp2-to-ep1"), whole,
+                 "EP 2 x TP 2 converted to EP 1", 1e-5);
+  // A size that does not divide the experts: one line before anything is read, nothing written.
   const dtk_test::Result three =
       dtk_test::run_dtk("checkpoint convert " + ck + " " + ck + "-ep3 --expert_model_parallel_size 3", 120);
   EXPECT_NE(three.code, 0);
   EXPECT_NE(three.out.find("dtk: error: "), std::string::npos) << three.out;
-  EXPECT_NE(three.out.find("num_experts 4 is not divisible by the expert-parallel size"), std::string::npos)
+  EXPECT_NE(three.out.find("checkpoint convert: --expert_model_parallel_size 3: it does not divide the model's 4 "
+                           "experts (num_experts)"),
+            std::string::npos)
       << three.out;
   EXPECT_FALSE(std::filesystem::exists(ck + "-ep3/iter_0000003"));
   // The same expert-parallel size with pipeline stages: other directories, refused in one line.
@@ -1636,29 +1649,38 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
       curve_of("gpt", 4, kEp2 + "--set distributed.pipeline_model_parallel_size=2 --set checkpoint.load=" + pp2 + " ",
                "ep2-to-ep2-pp2"),
       whole, "EP 2 converted to EP 2 x PP 2", 1e-5);
-  // Commands that read the whole model from one directory refuse it in one line: export (an MoE
-  // model has no Hugging Face GPT-2 form), generate (one process holds every expert).
-  const std::pair<std::string, std::string> whole_model[] = {
-      {"export hf " + ck + " " + ck + "-hf --vocab_file " + ck + "/latest_checkpointed_iteration.txt --merge_file " +
-           ck + "/latest_checkpointed_iteration.txt",
-       "the gpt model has mixture-of-experts layers"},
-      {"generate --load " + ck +
-           " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 2 --threads 1",
-       "was saved with expert-parallel size 2 (each expert-parallel rank's directory holds its own experts); "
-       "generate runs every expert in each process (dtk checkpoint convert SRC DST --expert_model_parallel_size 1"}};
-  for (const auto& [command, line] : whole_model) {
-    const dtk_test::Result r = dtk_test::run_dtk(command, 120);
-    EXPECT_NE(r.code, 0) << command;
-    EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << command << "\n" << r.out;
-    EXPECT_NE(r.out.find(line), std::string::npos) << command << "\n" << r.out;
+  // Commands that read the whole model join every expert-parallel rank's directory: generate prints
+  // what it prints from the checkpoint converted to one directory; gpt's experts have no Hugging
+  // Face GPT-2 form (one line), a Mixtral-style llama trained at EP 2 exports the same file as
+  // its checkpoint converted to EP 1.
+  const std::string prompt =
+      " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 8 --threads 1";
+  const dtk_test::Result generated = dtk_test::run_dtk("generate --load " + ck + prompt, 120);
+  ASSERT_EQ(generated.code, 0) << generated.out;
+  const dtk_test::Result generated_one = dtk_test::run_dtk("generate --load " + ep1 + prompt, 120);
+  ASSERT_EQ(generated_one.code, 0) << generated_one.out;
+  EXPECT_EQ(generated.out.substr(generated.out.rfind('\n', generated.out.size() - 2)),
+            generated_one.out.substr(generated_one.out.rfind('\n', generated_one.out.size() - 2)));
+  const dtk_test::Result gpt_export = dtk_test::run_dtk("export hf " + ck + " " + ck + "-hf --vocab_file " + ck +
+                                                            "/latest_checkpointed_iteration.txt --merge_file " + ck +
+                                                            "/latest_checkpointed_iteration.txt",
+                                                        120);
+  EXPECT_NE(gpt_export.code, 0);
+  EXPECT_NE(gpt_export.out.find("dtk: error: "), std::string::npos) << gpt_export.out;
+  EXPECT_NE(gpt_export.out.find("the gpt model has mixture-of-experts layers"), std::string::npos) << gpt_export.out;
+  const std::string llama = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-ep-llama-checkpoint");
+  const dtk_test::Curve llama_run =
+      curve_of("llama", 2, kEp2 + "--set checkpoint.save=" + llama + " --set train.exit_interval=3 ", "ep2-llama-save");
+  ASSERT_EQ(llama_run.loss.size(), 3u) << llama_run.run.out;
+  convert(llama, llama + "-ep1", "--expert_model_parallel_size 1");
+  for (const std::string& from : {llama, llama + "-ep1"}) {
+    const dtk_test::Result exported = dtk_test::run_dtk("export hf " + from + " " + from + "-hf", 120);
+    ASSERT_EQ(exported.code, 0) << exported.out;
+    EXPECT_NE(exported.out.find("MixtralForCausalLM"), std::string::npos) << exported.out;
   }
-  // Converted to one directory, one process holds every expert: generate runs.
-  const dtk_test::Result generated =
-      dtk_test::run_dtk("generate --load " + ep1 +
-                            " --prompt 1 --tokenizer_type NullTokenizer --vocab_size 255 --max_new_tokens 2 "
-                            "--threads 1",
-                        120);
-  EXPECT_EQ(generated.code, 0) << generated.out;
+  const std::string direct = dtk_test_hf::read(llama + "-hf/model.safetensors");
+  EXPECT_GT(direct.size(), 100000u);
+  EXPECT_TRUE(direct == dtk_test_hf::read(llama + "-ep1-hf/model.safetensors"));
 }
 
 TEST(Moe, ExpertParallelBadInputsAreOneLine) {

@@ -649,24 +649,12 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
 }
 
 TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verify) {
-  // (Read only when the first directory is not a single stage's: an error either way.)
-  const int64_t experts =
-      ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? ckpt::saved_expert_parallel_size(iter_dir) : 1;
-  if (experts > 1)
-    throw HostError("checkpoint " + iter_dir + " was saved with expert-parallel size " + std::to_string(experts) +
-                    " (each expert-parallel rank's directory holds its own experts): this command needs the whole "
-                    "model in one directory (dtk checkpoint convert SRC DST --expert_model_parallel_size 1 makes "
-                    "one)");
-  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+  if (ckpt::saved_with_pipeline_stages(iter_dir))
     throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
                     "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "
                     "--pipeline_model_parallel_size 1 makes one)");
-  const std::string relative = ckpt::mp_rank_dir(tp_rank) + "/" + ckpt::kModelFile;
-  const std::string file = (fs::path(iter_dir) / relative).string();
-  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
-  const c10::impl::GenericDict d = ckpt::read_pickled_dict(file, "", &sums, relative);
-  if (!d.contains("model")) throw HostError("checkpoint " + file + " has no 'model' entry");
-  return ckpt::from_dict(d.at("model"), file, "model");
+  // Under expert parallelism every expert-parallel rank's directory, each with its own experts.
+  return ckpt::read_stage_model(iter_dir, tp_rank, ckpt::checksums_to_check(iter_dir, verify, "--noverify"));
 }
 
 }  // namespace dtk::core

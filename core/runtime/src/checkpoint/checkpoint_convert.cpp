@@ -5,6 +5,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <map>
@@ -260,14 +261,20 @@ std::vector<Param> old_rank_params(const Source& src, const OldRank& at) {
 // ZeRO: the data-parallel shards of old rank `at` consolidated into whole parameters' state (the
 // layout ddp saves; a ZeRO run loading it shards it again, dtk/core/checkpoint/checkpoint_shards.hpp).
 // Under expert parallelism data-parallel rank k's shard is in expert-parallel rank k % E's
-// directory, with its share of the dense parameters: every directory's shards are read.
+// directory, with its share of the dense parameters and of that rank's experts (partitioned over
+// the ranks k' with k' % E = k % E). Expert-parallel rank 0 reads every shard (the dense
+// parameters and the step come from it); the others only their experts' shards.
 void consolidate_shards(const Source& src, const OldRank& at, int64_t shards, RankStates& st) {
-  const std::vector<Param> params = old_rank_params(src, at);
+  std::vector<Param> params = old_rank_params(src, at);
   std::vector<std::string> names;
   for (const Param& p : params) names.push_back(p.name);
+  if (at.ep > 0)
+    params.erase(std::remove_if(params.begin(), params.end(), [](const Param& p) { return p.info.expert == 0; }),
+                 params.end());
   StateAssembler whole(params, names);
   const std::string rank_dir = (fs::path(src.iter_dir) / old_rank_dir(src, at)).string();
   for (int64_t k = 0; k < shards; ++k) {
+    if (at.ep > 0 && k % src.old.ep != at.ep) continue;
     const OldRank holder{at.pp, at.tp, k % src.old.ep};
     const std::string dir = (fs::path(src.iter_dir) / old_rank_dir(src, holder)).string();
     const ckpt::Shard shard = ckpt::read_shard(dir, static_cast<int>(k), shards, src.sums);
@@ -440,11 +447,28 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
   d.insert_or_assign("virtual_pipeline_model_parallel_size", nl.v);
   (void)d.erase("expert_model_parallel_size");  // a training save records it only when above 1
   if (nl.ep > 1) d.insert("expert_model_parallel_size", nl.ep);
+  // The saved data-parallel size, raised to a multiple of the expert-parallel size (the smallest
+  // layout that resumes it) where it is not one.
+  if (auto dp = d.find(c10::IValue(std::string("data_parallel_size"))); dp != d.end() && dp->value().isInt())
+    d.insert_or_assign("data_parallel_size", (std::max<int64_t>(1, dp->value().toInt()) + nl.ep - 1) / nl.ep * nl.ep);
   ckpt::insert_pipeline_split(d, nl.split());
   d.insert_or_assign("config", config_text(report));
   report.model_tensors = static_cast<int64_t>(nr.model.size());
   report.state_tensors = static_cast<int64_t>(new_optimizer.size() + new_strategy.size());
   return d;
+}
+
+// Why the model cannot be split over `ep` expert-parallel ranks ("" if it can): checked before any
+// file is read.
+std::string expert_split_refusal(const dtk_model_info& info, int64_t ep) {
+  if (ep <= 1) return "";
+  const bool moe = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_12 && info.num_experts > 0;
+  if (!moe) return "the model has no mixture-of-experts layers (num_experts 0): only routed experts are split";
+  if (info.expert_parallel == 0)
+    return "the model plugin does not run expert parallelism (its dtk_model_info.expert_parallel is 0)";
+  if (info.num_experts % ep != 0)
+    return "it does not divide the model's " + std::to_string(info.num_experts) + " experts (num_experts)";
+  return "";
 }
 
 }  // namespace
@@ -476,6 +500,8 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
 
   const dtk_model_info info = build(0, 1, 0, PipelineSplit{}, 0, 1)->info();
   const int64_t layers = info.num_layers;
+  if (const std::string refusal = expert_split_refusal(info, nl.ep); !refusal.empty())
+    throw HostError("checkpoint convert: --expert_model_parallel_size " + std::to_string(nl.ep) + ": " + refusal);
   if ((!old.split().even() || !nl.split().even()) && !builds_pipeline_split(info))
     throw HostError(
         "checkpoint convert: the model plugin builds only the even split of its layers over the pipeline "

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -91,6 +92,41 @@ int64_t saved_expert_parallel_size(const std::string& iter_dir) {
   } catch (const std::exception&) {
     return -1;
   }
+}
+
+bool saved_with_pipeline_stages(const std::string& iter_dir) {
+  const std::string first = first_rank_dir(iter_dir);
+  if (first == mp_rank_dir(0)) return false;
+  if (first == mp_rank_dir(0, 0, 2, 0, 2)) return true;
+  try {
+    const auto d = read_pickled_dict((fs::path(iter_dir) / first / kModelFile).string());
+    auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
+    if (pp != d.end() && pp->value().isInt()) return pp->value().toInt() > 1;
+    // Saved before the file recorded its pipeline size: the suffix is expert parallelism's only
+    // when the file records that.
+    return !d.contains("expert_model_parallel_size");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+TensorList read_stage_model(const std::string& iter_dir, int tp_rank, const Checksums& sums,
+                            c10::impl::GenericDict* first, const std::string& hint) {
+  const int64_t experts = first_rank_dir(iter_dir) == mp_rank_dir(0) ? 1 : saved_expert_parallel_size(iter_dir);
+  TensorList out;
+  std::set<std::string> seen;
+  for (int64_t ep = 0; ep < std::max<int64_t>(1, experts); ++ep) {
+    const std::string relative =
+        mp_rank_dir(tp_rank, 0, 1, static_cast<int>(ep), static_cast<int>(std::max<int64_t>(1, experts))) + "/" +
+        kModelFile;
+    const std::string file = (fs::path(iter_dir) / relative).string();
+    const c10::impl::GenericDict d = read_pickled_dict(file, hint, &sums, relative);
+    if (ep == 0 && first) *first = d;
+    if (!d.contains("model")) throw HostError("checkpoint " + file + " has no 'model' entry");
+    for (auto& [name, t] : from_dict(d.at("model"), file, "model"))
+      if (seen.insert(name).second) out.emplace_back(name, t);
+  }
+  return out;
 }
 
 void insert_pipeline_split(c10::impl::GenericDict& d, const PipelineSplit& split) {

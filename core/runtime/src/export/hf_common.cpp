@@ -311,15 +311,7 @@ std::string read_whole(const std::string& path, const std::string& what) {
 }
 
 RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
-  // (Read only when the first directory is not a single stage's: an error either way.)
-  const int64_t experts =
-      ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0) ? ckpt::saved_expert_parallel_size(iter_dir) : 1;
-  if (experts > 1)
-    throw HostError("export hf: checkpoint " + iter_dir + " was saved with expert-parallel size " +
-                    std::to_string(experts) +
-                    " (each expert-parallel rank's directory holds its own experts); export needs the whole model "
-                    "in one directory (dtk checkpoint convert SRC DST --expert_model_parallel_size 1 makes one)");
-  if (ckpt::first_rank_dir(iter_dir) != ckpt::mp_rank_dir(0))
+  if (ckpt::saved_with_pipeline_stages(iter_dir))
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
                     ckpt::first_rank_dir(iter_dir) +
                     "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
@@ -328,19 +320,15 @@ RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
   RankTensors ranks;
   int64_t tp_size = 1;  // rank 0's file says how many ranks there are
   for (int64_t tp = 0; tp < tp_size; ++tp) {
-    const std::string relative = ckpt::mp_rank_dir(static_cast<int>(tp)) + "/" + ckpt::kModelFile;
-    const std::string file = (fs::path(iter_dir) / relative).string();
-    const auto d = ckpt::read_pickled_dict(file, tp > 0 ? " (the checkpoint is tensor-parallel)" : "", &sums, relative);
+    // Under expert parallelism every expert-parallel rank's directory, each with its own experts.
+    c10::impl::GenericDict first(c10::StringType::get(), c10::AnyType::get());
+    const TensorList model = ckpt::read_stage_model(iter_dir, static_cast<int>(tp), sums, &first,
+                                                    tp > 0 ? " (the checkpoint is tensor-parallel)" : "");
     if (tp == 0) {
-      auto it = d.find(c10::IValue(std::string("tensor_model_parallel_size")));
-      if (it != d.end() && it->value().isInt()) tp_size = std::max<int64_t>(1, it->value().toInt());
+      auto it = first.find(c10::IValue(std::string("tensor_model_parallel_size")));
+      if (it != first.end() && it->value().isInt()) tp_size = std::max<int64_t>(1, it->value().toInt());
     }
-    auto model = d.find(c10::IValue(std::string("model")));
-    if (model == d.end() || !model->value().isGenericDict()) throw HostError("checkpoint " + file + " has no 'model' dict");
-    std::map<std::string, at::Tensor> m;
-    for (const auto& kv : model->value().toGenericDict())
-      if (kv.key().isString() && kv.value().isTensor()) m[kv.key().toStringRef()] = kv.value().toTensor();
-    ranks.push_back(std::move(m));
+    ranks.emplace_back(model.begin(), model.end());
   }
   return ranks;
 }

@@ -1590,8 +1590,10 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
   EXPECT_NE(other.code, 0);
   EXPECT_NE(other.out.find("dtk: error: "), std::string::npos) << other.out;
   EXPECT_NE(other.out.find("was saved with expert-parallel size 2, this run has 1"), std::string::npos) << other.out;
-  EXPECT_NE(other.out.find("dtk checkpoint convert SRC DST --expert_model_parallel_size 1 re-splits them"),
-            std::string::npos)
+  EXPECT_NE(
+      other.out.find("dtk checkpoint convert SRC DST --expert_model_parallel_size 1 --tensor_model_parallel_size 1 "
+                     "--pipeline_model_parallel_size 1 re-splits them for this run's whole layout"),
+      std::string::npos)
       << other.out;
   auto convert = [&](const std::string& from, const std::string& to, const std::string& flags) {
     const dtk_test::Result r = dtk_test::run_dtk("checkpoint convert " + from + " " + to + " " + flags, 120);

@@ -1611,18 +1611,6 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
   convert(ep1, back, "--expert_model_parallel_size 2");
   expect_resumed(curve_of("gpt", 2, kEp2 + "--set checkpoint.load=" + back + " ", "ep1-back-to-ep2"), whole,
                  "EP 2 converted to EP 1 and back");
-  // EP 2 x TP 2 (four directories, each half of two experts) and EP 2 x PP 2.
-  const std::string tp2 = ck + "-ep2-tp2";
-  convert(ep1, tp2, "--expert_model_parallel_size 2 --tensor_model_parallel_size 2");
-  expect_resumed(
-      curve_of("gpt", 4, kEp2 + "--set distributed.tensor_model_parallel_size=2 --set checkpoint.load=" + tp2 + " ",
-               "ep1-to-ep2-tp2"),
-      whole, "EP 2 converted to EP 2 x TP 2", 1e-5);
-  // And from it (ranks of both sizes above 0) to one directory again.
-  const std::string tp2_ep1 = tp2 + "-to-one";
-  convert(tp2, tp2_ep1, "--expert_model_parallel_size 1 --tensor_model_parallel_size 1");
-  expect_resumed(curve_of("gpt", 2, "--set checkpoint.load=" + tp2_ep1 + " ", "ep2-tp2-to-ep1"), whole,
-                 "EP 2 x TP 2 converted to EP 1", 1e-5);
   // A size that does not divide the experts: one line before anything is read, nothing written.
   const dtk_test::Result three =
       dtk_test::run_dtk("checkpoint convert " + ck + " " + ck + "-ep3 --expert_model_parallel_size 3", 120);
@@ -1645,12 +1633,26 @@ TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
   EXPECT_NE(staged.out.find("--tensor_model_parallel_size 1 --pipeline_model_parallel_size 2 makes one for it"),
             std::string::npos)
       << staged.out;
-  const std::string pp2 = ck + "-pp2";
-  convert(ck, pp2, "--pipeline_model_parallel_size 2");
-  expect_resumed(
-      curve_of("gpt", 4, kEp2 + "--set distributed.pipeline_model_parallel_size=2 --set checkpoint.load=" + pp2 + " ",
-               "ep2-to-ep2-pp2"),
-      whole, "EP 2 converted to EP 2 x PP 2", 1e-5);
+  // EP 2 x TP 2 (four directories, each half of two experts), from there (old ranks of both sizes
+  // above 0) back to one directory, and EP 2 x PP 2: each resumes within rounding.
+  struct Conversion {
+    std::string from, to, flags;
+    int nproc;
+    std::string layout, what;
+  };
+  const std::string tp2 = ck + "-ep2-tp2";
+  const Conversion conversions[] = {
+      {ep1, tp2, "--expert_model_parallel_size 2 --tensor_model_parallel_size 2", 4,
+       kEp2 + "--set distributed.tensor_model_parallel_size=2 ", "EP 1 converted to EP 2 x TP 2"},
+      {tp2, tp2 + "-to-one", "--expert_model_parallel_size 1 --tensor_model_parallel_size 1", 2, "",
+       "EP 2 x TP 2 converted to EP 1"},
+      {ck, ck + "-pp2", "--pipeline_model_parallel_size 2", 4,
+       kEp2 + "--set distributed.pipeline_model_parallel_size=2 ", "EP 2 converted to EP 2 x PP 2"}};
+  for (const Conversion& c : conversions) {
+    convert(c.from, c.to, c.flags);
+    expect_resumed(curve_of("gpt", c.nproc, c.layout + "--set checkpoint.load=" + c.to + " ", c.to.substr(ck.size())),
+                   whole, c.what, 1e-5);
+  }
   // Commands that read the whole model join every expert-parallel rank's directory: generate prints
   // what it prints from the checkpoint converted to one directory; gpt's experts have no Hugging
   // Face GPT-2 form (one line), a Mixtral-style llama trained at EP 2 exports the same file as

@@ -624,8 +624,7 @@ std::string expert_parallel_differs(int64_t saved, const Topology& topo) {
          " (distributed.expert_model_parallel_size: each expert-parallel rank saves its own experts; dtk checkpoint "
          "convert SRC DST --expert_model_parallel_size " +
          std::to_string(topo.ep_size) + " --tensor_model_parallel_size " + std::to_string(topo.tp_size) +
-         " --pipeline_model_parallel_size " + std::to_string(topo.pp_size) +
-         " re-splits them for this run's whole layout)";
+         " --pipeline_model_parallel_size " + std::to_string(topo.pp_size) + " re-splits them for this run's sizes)";
 }
 void check_expert_naming(const std::string& iter_dir, const fs::path& rank_dir, const Topology& topo) {
   std::error_code ec;

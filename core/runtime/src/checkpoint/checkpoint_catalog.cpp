@@ -649,12 +649,14 @@ std::string inspect_checkpoint(const std::string& path, const InspectOptions& op
 }
 
 TensorList read_model_state(const std::string& iter_dir, int tp_rank, bool verify) {
-  if (ckpt::saved_with_pipeline_stages(iter_dir))
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
+  const ckpt::StageDirs dirs = ckpt::saved_stage_dirs(iter_dir, sums);
+  if (dirs.staged)
     throw HostError("checkpoint " + iter_dir + " was saved with pipeline stages (" + ckpt::first_rank_dir(iter_dir) +
                     "): this command needs the whole model in one stage (dtk checkpoint convert SRC DST "
                     "--pipeline_model_parallel_size 1 makes one)");
   // Under expert parallelism every expert-parallel rank's directory, each with its own experts.
-  return ckpt::read_stage_model(iter_dir, tp_rank, ckpt::checksums_to_check(iter_dir, verify, "--noverify"));
+  return ckpt::read_stage_model(iter_dir, tp_rank, dirs.ep, sums);
 }
 
 }  // namespace dtk::core

@@ -269,8 +269,9 @@ void consolidate_shards(const Source& src, const OldRank& at, int64_t shards, Ra
   std::vector<std::string> names;
   for (const Param& p : params) names.push_back(p.name);
   if (at.ep > 0)
-    params.erase(std::remove_if(params.begin(), params.end(), [](const Param& p) { return p.info.expert == 0; }),
-                 params.end());
+    params.erase(
+        std::remove_if(params.begin(), params.end(), [](const Param& p) { return !dtk::is_routed_expert(p.info); }),
+        params.end());
   StateAssembler whole(params, names);
   const std::string rank_dir = (fs::path(src.iter_dir) / old_rank_dir(src, at)).string();
   for (int64_t k = 0; k < shards; ++k) {

@@ -94,31 +94,29 @@ int64_t saved_expert_parallel_size(const std::string& iter_dir) {
   }
 }
 
-bool saved_with_pipeline_stages(const std::string& iter_dir) {
+StageDirs saved_stage_dirs(const std::string& iter_dir, const Checksums& sums) {
   const std::string first = first_rank_dir(iter_dir);
-  if (first == mp_rank_dir(0)) return false;
-  if (first == mp_rank_dir(0, 0, 2, 0, 2)) return true;
-  try {
-    const auto d = read_pickled_dict((fs::path(iter_dir) / first / kModelFile).string());
-    auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
-    if (pp != d.end() && pp->value().isInt()) return pp->value().toInt() > 1;
-    // Saved before the file recorded its pipeline size: the suffix is expert parallelism's only
-    // when the file records that.
-    return !d.contains("expert_model_parallel_size");
-  } catch (const std::exception&) {
-    return false;
-  }
+  if (first == mp_rank_dir(0)) return {};
+  if (first == mp_rank_dir(0, 0, 2, 0, 2)) return {true, 1};
+  const std::string relative = first + "/" + kModelFile;
+  const auto d = read_pickled_dict((fs::path(iter_dir) / relative).string(), "", &sums, relative);
+  StageDirs out;
+  auto ep = d.find(c10::IValue(std::string("expert_model_parallel_size")));
+  if (ep != d.end() && ep->value().isInt()) out.ep = std::max<int64_t>(1, ep->value().toInt());
+  auto pp = d.find(c10::IValue(std::string("pipeline_model_parallel_size")));
+  // Saved before the file recorded its pipeline size: the suffix is expert parallelism's only when
+  // the file records that.
+  out.staged = pp != d.end() && pp->value().isInt() ? pp->value().toInt() > 1 : out.ep == 1;
+  return out;
 }
 
-TensorList read_stage_model(const std::string& iter_dir, int tp_rank, const Checksums& sums,
+TensorList read_stage_model(const std::string& iter_dir, int tp_rank, int64_t ep_size, const Checksums& sums,
                             c10::impl::GenericDict* first, const std::string& hint) {
-  const int64_t experts = first_rank_dir(iter_dir) == mp_rank_dir(0) ? 1 : saved_expert_parallel_size(iter_dir);
   TensorList out;
   std::set<std::string> seen;
-  for (int64_t ep = 0; ep < std::max<int64_t>(1, experts); ++ep) {
+  for (int64_t ep = 0; ep < ep_size; ++ep) {
     const std::string relative =
-        mp_rank_dir(tp_rank, 0, 1, static_cast<int>(ep), static_cast<int>(std::max<int64_t>(1, experts))) + "/" +
-        kModelFile;
+        mp_rank_dir(tp_rank, 0, 1, static_cast<int>(ep), static_cast<int>(ep_size)) + "/" + kModelFile;
     const std::string file = (fs::path(iter_dir) / relative).string();
     const c10::impl::GenericDict d = read_pickled_dict(file, hint, &sums, relative);
     if (ep == 0 && first) *first = d;

@@ -43,10 +43,6 @@ std::string megatron_distributed_checkpoint(const std::string& iter_dir);
 // cannot be read: the caller's own read then says why). Each expert-parallel rank's directory holds its own
 // experts (read_stage_model joins them).
 int64_t saved_expert_parallel_size(const std::string& iter_dir);
-// Whether the checkpoint was saved with pipeline stages (mp_rank_TT_PPP[_EEE] directories). One
-// stage with expert parallelism names its directories mp_rank_TT_EEE, the same form: the first
-// rank's main file tells them apart (false when it cannot be read: the caller's read says why).
-bool saved_with_pipeline_stages(const std::string& iter_dir);
 // The layers' split over the pipeline stages in a main file: Megatron's argument names
 // (decoder_first_pipeline_num_layers, ...), written only for a split that is not the even one, so
 // an even split's file is as before. Reading gives `stages` and `chunks` from the caller.
@@ -104,13 +100,22 @@ c10::impl::GenericDict read_pickled_dict(const std::string& file, const std::str
 
 // A pickled dict of tensors (`key` of `file`, for the error) as a list, in its order.
 TensorList from_dict(const c10::IValue& v, const std::string& file, const char* key);
-// The model entries of tensor-parallel rank `tp_rank` of a one-stage checkpoint: its main file's,
-// or under expert parallelism those of every expert-parallel rank's directory joined (each holds
-// its own routed experts under their names in the whole layer, "experts.<i>.", and the same dense
-// tensors: expert-parallel rank 0's are kept). Every file is checked against `sums`. `first`, when
-// given, gets the first main file read (its layout entries). `hint` is added to a missing file's
-// error.
-TensorList read_stage_model(const std::string& iter_dir, int tp_rank, const Checksums& sums,
+// How a checkpoint's model lies in its directories: with pipeline stages (mp_rank_TT_PPP[_EEE])
+// or not, and over how many expert-parallel ranks. One stage with expert parallelism names its
+// directories mp_rank_TT_EEE, the pipeline's form: the first rank's main file tells them apart (read
+// once, checked against `sums`; what is wrong with it is the error).
+struct StageDirs {
+  bool staged = false;
+  int64_t ep = 1;
+};
+StageDirs saved_stage_dirs(const std::string& iter_dir, const Checksums& sums);
+// The model entries of tensor-parallel rank `tp_rank` of a one-stage checkpoint over `ep_size`
+// expert-parallel ranks (saved_stage_dirs): its main file's, or those of every expert-parallel
+// rank's directory joined (each holds its own routed experts under their names in the whole layer,
+// "experts.<i>.", and the same dense tensors: expert-parallel rank 0's are kept). Every file is
+// checked against `sums`. `first`, when given, gets the first main file read (its layout entries).
+// `hint` is added to a missing file's error.
+TensorList read_stage_model(const std::string& iter_dir, int tp_rank, int64_t ep_size, const Checksums& sums,
                             c10::impl::GenericDict* first = nullptr, const std::string& hint = "");
 // What each optimizer tensor of a shard file covers: name -> [offset, numel, full_numel].
 c10::Dict<std::string, at::Tensor> slices_to_dict(const SliceMap& slices);

@@ -311,18 +311,19 @@ std::string read_whole(const std::string& path, const std::string& what) {
 }
 
 RankTensors read_rank_models(const std::string& iter_dir, bool verify) {
-  if (ckpt::saved_with_pipeline_stages(iter_dir))
+  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
+  const ckpt::StageDirs dirs = ckpt::saved_stage_dirs(iter_dir, sums);
+  if (dirs.staged)
     throw HostError("export hf: checkpoint " + iter_dir + " was saved with pipeline stages (" +
                     ckpt::first_rank_dir(iter_dir) +
                     "): export needs the whole model in one stage (dtk checkpoint convert SRC DST "
                     "--pipeline_model_parallel_size 1 makes one)");
-  const ckpt::Checksums sums = ckpt::checksums_to_check(iter_dir, verify, "--noverify");
   RankTensors ranks;
   int64_t tp_size = 1;  // rank 0's file says how many ranks there are
   for (int64_t tp = 0; tp < tp_size; ++tp) {
     // Under expert parallelism every expert-parallel rank's directory, each with its own experts.
     c10::impl::GenericDict first(c10::StringType::get(), c10::AnyType::get());
-    const TensorList model = ckpt::read_stage_model(iter_dir, static_cast<int>(tp), sums, &first,
+    const TensorList model = ckpt::read_stage_model(iter_dir, static_cast<int>(tp), dirs.ep, sums, &first,
                                                     tp > 0 ? " (the checkpoint is tensor-parallel)" : "");
     if (tp == 0) {
       auto it = first.find(c10::IValue(std::string("tensor_model_parallel_size")));

@@ -1570,8 +1570,9 @@ TEST(Moe, ExpertParallelZeroCheckpointsReshard) {
 // Each expert-parallel rank saves its own experts (Megatron's mp_rank_TT_EEE directories): a run
 // stopped after iteration 3 and resumed goes on exactly as the uninterrupted one; a run of another
 // expert-parallel size refuses the checkpoint in one line naming dtk checkpoint convert, which
-// re-splits the experts: to one directory (a plain DP 2 run, generate), to EP 2 x TP 2 and to
-// pipeline stages the run goes on within rounding, and back to EP 2 bit for bit.
+// re-splits the experts: to one directory (a plain DP 2 run), to EP 2 x TP 2 and back, and to
+// pipeline stages the run goes on within rounding, and back to EP 2 bit for bit. generate and a
+// Mixtral export read the EP 2 checkpoint as it is, equal to the converted one.
 TEST(Moe, ExpertParallelCheckpointsResumeAndConvertToAnotherSplit) {
   const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-ep-checkpoint");
   const dtk_test::Curve whole = curve_of("gpt", 2, kEp2, "ep2-uninterrupted");

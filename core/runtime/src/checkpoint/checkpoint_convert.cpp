@@ -460,7 +460,7 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
 }
 
 // Why the model cannot be split over `ep` expert-parallel ranks ("" if it can): checked before any
-// file is read.
+// rank's tensors are gathered (only the recorded configuration and the first main file are read).
 std::string expert_split_refusal(const dtk_model_info& info, int64_t ep) {
   if (ep <= 1) return "";
   const bool moe = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_12 && info.num_experts > 0;

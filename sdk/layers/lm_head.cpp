@@ -65,12 +65,13 @@ void tp_all_reduce(const at::Tensor& t, const TPGroup& tp, int32_t op) {
   if (tp.size > 1) Comm::all_reduce(t, DTK_GROUP_TENSOR_PARALLEL, op);
 }
 
-// out[n, V] (fp32) = x[n, h] w[V, h]^T; a low-precision product is computed in its dtype.
+// out[n, V] (fp32) = x[n, h] w[V, h]^T; a low-precision product is rounded to its dtype first,
+// as a GPU's (on the CPU widened to fp32 and rounded once, dtk/gemm.hpp).
 void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
   if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat)
     dtk::mm_out(out, x, w.t());
   else
-    out.copy_(at::mm(x, w.t()));
+    out.copy_(dtk::mm(x, w.t()));
 }
 
 // Each row's target as a column of this rank's vocabulary rows, or -1 where another rank holds
@@ -217,8 +218,8 @@ HeadPass run_chunks(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
       dtk::addmm_(p.gw, logits.t(), xc);
     } else {
       const at::Tensor d = logits.scalar_type() == x.scalar_type() ? logits : logits.to(x.scalar_type());
-      at::mm_out(gx, d, w);
-      p.gw.add_(d.t().mm(xc));
+      dtk::mm_out(gx, d, w);
+      p.gw.add_(dtk::mm(d.t(), xc));
     }
   }
   return p;

@@ -4,6 +4,8 @@
 // stands on, each next to what it replaces, alternated call by call:
 //   * the fp32 products on the models' shapes through dtk/gemm.hpp (oneDNN's sgemm where
 //     LibTorch loaded it) against LibTorch's at::mm (OpenBLAS on Debian);
+//   * bf16 products on the 6L model's linear shapes through dtk/gemm.hpp (widened to fp32 on a
+//     CPU without AVX-512) against LibTorch's bf16 kernels, with each one's error against fp64;
 //   * one 6L/384h layer's causal attention, forward and backward with dropout 0.1, through
 //     dtk::layers::causal_attention_qkv against Megatron's CoreAttention in ATen operations.
 //
@@ -118,6 +120,51 @@ void bench_products(int reps) {
   }
   std::printf("  %-26s %.1f ms | %.1f ms  (%.2fx)\n", "all of them, one each", 1e3 * total_aten, 1e3 * total_dtk,
               total_aten / total_dtk);
+}
+
+// bf16 products as a bf16 run's layers form them (the 6L model's linear shapes, and one linear
+// with its bias): LibTorch's own bf16 kernels against dtk/gemm.hpp's, which on a CPU without
+// AVX-512 widen the operands to fp32 and round the product once. The error column is each one's
+// mean |error| against the fp64 product of the same bf16 operands.
+void bench_bf16_products(int reps) {
+  struct Product {
+    const char* name;
+    int64_t m, k, n;
+    bool a_t, b_t;
+  };
+  const Product products[] = {{"6L QKV x W^T", 2048, 384, 1152, false, true},
+                              {"6L QKV g W", 2048, 1152, 384, false, false},
+                              {"6L fc1 x W^T", 2048, 384, 1536, false, true},
+                              {"6L fc2 g W", 2048, 384, 1536, false, false},
+                              {"6L fc1 g^T x", 1536, 2048, 384, true, false}};
+  std::printf(
+      "bf16 products, GFLOP/s: LibTorch's at::mm | dtk::mm (%s), alternated, median of %d; mean |error| "
+      "against fp64\n",
+      dtk::cpu_widens(at::kBFloat16) ? "widened to fp32, rounded once" : "LibTorch's kernel on this CPU", reps);
+  auto error = [](const at::Tensor& c, const at::Tensor& exact) {
+    return (c.to(at::kDouble) - exact).abs().mean().item<double>();
+  };
+  for (const Product& p : products) {
+    const at::Tensor a = (p.a_t ? at::randn({p.k, p.m}).t() : at::randn({p.m, p.k})).to(at::kBFloat16);
+    const at::Tensor b = (p.b_t ? at::randn({p.n, p.k}).t() : at::randn({p.k, p.n})).to(at::kBFloat16);
+    at::Tensor c1 = at::empty({p.m, p.n}, a.options()), c2 = at::empty({p.m, p.n}, a.options());
+    const auto [t_aten, t_dtk] = alternate(
+        reps, [&] { at::mm_out(c1, a, b); }, [&] { dtk::mm_out(c2, a, b); });
+    const at::Tensor exact = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+    const double gflop = 2.0 * static_cast<double>(p.m * p.n * p.k) / 1e9;
+    std::printf("  %-26s [%5lld x %5lld] x [%5lld x %5lld] %7.1f | %7.1f  (%.2fx)  error %.3g | %.3g\n", p.name,
+                static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.k),
+                static_cast<long long>(p.n), gflop / t_aten, gflop / t_dtk, t_aten / t_dtk, error(c1, exact),
+                error(c2, exact));
+  }
+  const at::Tensor x = at::randn({2048, 384}).to(at::kBFloat16), w = at::randn({1536, 384}).to(at::kBFloat16);
+  const at::Tensor bias = at::randn({1536}).to(at::kBFloat16);
+  const at::NoGradGuard no_grad;
+  const auto [t_aten, t_dtk] = alternate(
+      reps, [&] { at::linear(x, w, bias); }, [&] { dtk::linear_product(x, w, bias); });
+  const double gflop = 2.0 * 2048 * 384 * 1536 / 1e9;
+  std::printf("  %-26s [%5d x %5d] x [%5d x %5d] %7.1f | %7.1f  (%.2fx)  at::linear | dtk::linear_product\n",
+              "6L fc1 with its bias", 2048, 384, 384, 1536, gflop / t_aten, gflop / t_dtk, t_aten / t_dtk);
 }
 
 // Megatron's CoreAttention in ATen operations on the fused projection [b, s, heads * 3 * hd].
@@ -240,6 +287,7 @@ int main(int argc, char** argv) {
     std::printf("LibTorch %s, %d threads, %s, fp32, training mode (dropout 0.1), %d timed iterations (median)\n",
                 dtk::core::host_torch_version(), at::get_num_threads(), dtk::core::malloc_name().c_str(), iters);
     bench_products(9);
+    bench_bf16_products(3);
     bench_attention(9);
     const double peak = matmul_ceiling_gflops();
     std::printf("%-28s %.1f GFLOP/s (2048 x 2048 x 2048 fp32, the best of at::mm and dtk::mm)\n",

@@ -1,4 +1,5 @@
-// dtk/gemm.hpp — fp32 matrix products on the CPU through the fastest engine in the process.
+// dtk/gemm.hpp — matrix products on the CPU: fp32 through the fastest engine in the process,
+// bf16 and fp16 widened to fp32 and rounded once, as a GPU computes them.
 //
 // LibTorch computes an fp32 CPU product with its BLAS (Debian's: OpenBLAS). Debian's LibTorch
 // also loads oneDNN (libdnnl.so.2, for its bf16 and convolution kernels), whose sgemm measured
@@ -12,6 +13,18 @@
 // DTK_CPU_GEMM picks the engine for the whole process: "auto" (the default: oneDNN when loaded),
 // "onednn" (oneDNN, or an error naming why not), "aten" (LibTorch's at::mm, as before). Each
 // plugin holds its own copy of this header's state; all read the same variable.
+//
+// fp16 CPU products, and bf16 ones on a CPU without AVX-512 (all operands of one type), are
+// widened to fp32, which is exact, multiplied with fp32 accumulation as above, and the result
+// rounded once to their type: what a GPU's tensor cores compute and what Megatron's bf16 numerics
+// assume. There LibTorch 1.13's own CPU kernels for these types are both slow and inexact: at::mm
+// with an untransposed right operand (the backward's g W and g^T x) accumulates in the narrow type
+// (bf16: 15-30x the error of the widened product on a GPT's shapes, measured against fp64), and
+// every layout, at::linear's included, runs 30-70x slower than sgemm (docs/benchmarks.md, the
+// dtk_bench_gpt table). On a CPU with AVX-512 (BW, VL, DQ) LibTorch hands
+// bf16 products to oneDNN's bf16 kernels, which accumulate in fp32 and with AVX512-BF16 run
+// faster than sgemm: those stay LibTorch's. The widened copies are transient: one product's
+// operands at a time. DTK_CPU_GEMM=aten keeps LibTorch's kernels for every type.
 //
 // oneDNN threads with OpenMP like LibTorch, on the calling thread's OpenMP thread count, which
 // at::set_num_threads sets (dtk's --threads).
@@ -31,6 +44,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -50,6 +64,7 @@ constexpr unsigned kDnnlRuntimeOmp = 2u;  // DNNL_RUNTIME_OMP
 
 struct Engine {
   Sgemm sgemm = nullptr;
+  bool widen_bf16 = false, widen_fp16 = false;  // which narrow CPU products are widened to fp32
   std::string description;  // for the run's start-up line
 };
 
@@ -61,6 +76,11 @@ inline Engine find_engine() {
   Engine e;
   e.description = "LibTorch's BLAS (at::mm)";
   if (choice == "aten") return e;
+  // LibTorch 1.13's condition for oneDNN's bf16 products (mkldnn_bf16_device_check).
+  const bool avx512_core =
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  e.widen_bf16 = !avx512_core;
+  e.widen_fp16 = true;
   // Only a oneDNN that LibTorch itself loaded (RTLD_NOLOAD): never a second copy of the library.
   std::string why;
   void* lib = dlopen("libdnnl.so.2", RTLD_LAZY | RTLD_NOLOAD);
@@ -118,6 +138,18 @@ inline bool recorded(const at::Tensor& a, const at::Tensor& b) {
   return at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
 }
 
+// A CPU product of narrow operands, all of one type that this CPU widens, that autograd does not
+// record: the widened path below takes it.
+inline bool widened(std::initializer_list<const at::Tensor*> ts) {
+  const at::ScalarType type = (*ts.begin())->scalar_type();
+  if (!(type == at::kBFloat16 ? engine().widen_bf16 : type == at::kHalf && engine().widen_fp16)) return false;
+  for (const at::Tensor* t : ts)
+    if (!t->defined() || t->scalar_type() != type || !t->device().is_cpu() || t->dim() != 2 ||
+        (at::GradMode::is_enabled() && t->requires_grad()))
+      return false;
+  return true;
+}
+
 // c = a b + beta c through oneDNN; false (nothing done) where oneDNN cannot take it.
 inline bool try_sgemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
   const Engine& e = engine();
@@ -133,6 +165,22 @@ inline bool try_sgemm(const at::Tensor& c, const at::Tensor& a, const at::Tensor
                 ", " + std::to_string(a.size(1)) + "] x [" + std::to_string(b.size(0)) + ", " +
                 std::to_string(b.size(1)) + "]; DTK_CPU_GEMM=aten uses LibTorch's BLAS");
   return true;
+}
+
+// c = a b + beta c in fp32 (c, a, b fp32 CPU; beta 0 or 1): oneDNN's sgemm where it takes them, else ATen.
+inline void fp32_product(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
+  if (try_sgemm(c, a, b, beta)) return;
+  if (beta == 0.0f)
+    at::mm_out(const_cast<at::Tensor&>(c), a, b);
+  else
+    const_cast<at::Tensor&>(c).addmm_(a, b);
+}
+
+// a b (+ c, beta = 1), of a narrow type, widened: one fp32 product, rounded once into c's type.
+inline void widened_product(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, float beta) {
+  const at::Tensor wide = beta == 0.0f ? at::empty(c.sizes(), c.options().dtype(at::kFloat)) : c.to(at::kFloat);
+  fp32_product(wide, a.to(at::kFloat), b.to(at::kFloat), beta);
+  const_cast<at::Tensor&>(c).copy_(wide);
 }
 
 }  // namespace gemm_detail
@@ -173,10 +221,21 @@ inline void sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, flo
 // What computes fp32 CPU products in this process (for the run's start-up line).
 inline const std::string& cpu_gemm_engine() { return gemm_detail::engine().description; }
 
+// Whether this process widens CPU products of `type` (bf16, fp16) to fp32 and rounds them once.
+inline bool cpu_widens(at::ScalarType type) {
+  return type == at::kBFloat16 ? gemm_detail::engine().widen_bf16
+                               : type == at::kHalf && gemm_detail::engine().widen_fp16;
+}
+
 // a [m, k] b [k, n], as at::mm. Where autograd would record the product (grad mode on and an
 // operand requiring a gradient) it goes to ATen, so gradients still flow; inside an autograd
 // function's forward or backward, or under no_grad, it takes the fast path.
 inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (gemm_detail::widened({&a, &b}) && a.size(1) == b.size(0)) {
+    at::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
+    gemm_detail::widened_product(c, a, b, 0.0f);
+    return c;
+  }
   if (gemm_detail::engine().sgemm && a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0)) {
     at::Tensor c = at::empty({a.size(0), b.size(1)}, a.options());
     if (gemm_detail::try_sgemm(c, a, b, 0.0f)) return c;
@@ -186,16 +245,36 @@ inline at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
 
 // c = a b, into c (as at::mm_out).
 inline void mm_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
-  if (!gemm_detail::try_sgemm(c, a, b, 0.0f)) at::mm_out(const_cast<at::Tensor&>(c), a, b);
+  if (gemm_detail::widened({&c, &a, &b}) && a.size(1) == b.size(0) && c.size(0) == a.size(0) && c.size(1) == b.size(1))
+    gemm_detail::widened_product(c, a, b, 0.0f);
+  else if (!gemm_detail::try_sgemm(c, a, b, 0.0f))
+    at::mm_out(const_cast<at::Tensor&>(c), a, b);
 }
 
-// c += a b (as c.addmm_(a, b)).
+// c += a b (as c.addmm_(a, b)); a narrow c is rounded once, after the sum.
 inline void addmm_(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
-  if (!gemm_detail::try_sgemm(c, a, b, 1.0f)) const_cast<at::Tensor&>(c).addmm_(a, b);
+  if (gemm_detail::widened({&c, &a, &b}) && a.size(1) == b.size(0) && c.size(0) == a.size(0) && c.size(1) == b.size(1))
+    gemm_detail::widened_product(c, a, b, 1.0f);
+  else if (!gemm_detail::try_sgemm(c, a, b, 1.0f))
+    const_cast<at::Tensor&>(c).addmm_(a, b);
 }
 
 // x [..., in] weight^T (+ bias), weight [out, in]: at::linear's forward.
 inline at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) {
+  if (x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.is_contiguous() &&
+      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)))) {
+    const at::Tensor x2 = x.view({-1, x.size(-1)}), w = weight;
+    const at::Tensor b2 = bias.defined() ? bias.view({1, -1}) : weight;  // the bias as one 2-D row
+    if (gemm_detail::widened({&x2, &w, &b2}) && x2.size(0) > 0) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape.back() = weight.size(0);
+      at::Tensor y = at::empty(shape, x.options());
+      const at::Tensor y2 = y.view({x2.size(0), weight.size(0)});
+      if (bias.defined()) y2.copy_(bias.expand_as(y2));  // exact: the bias already has y's type
+      gemm_detail::widened_product(y2, x2, weight.t(), bias.defined() ? 1.0f : 0.0f);
+      return y;
+    }
+  }
   if (gemm_detail::engine().sgemm && x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
       x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.device().is_cpu() &&
       x.is_contiguous() && !gemm_detail::recorded(x, weight) &&

@@ -269,8 +269,10 @@ TEST(ZeroCheckpoint, AMissingShardFileIsOneLineError) {
 // fp32 staging buffer kept for reuse: one gradient bucket, at most 4 x 262,144 bytes here (the
 // largest parameter, the MLP's 256 x 1024 weights, is a bucket of its own). The allocator's device
 // bytes equal the sum of what is on the device.
-const std::string kMemoryModel = "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
-                                 "--set train.train_iters=3 ";
+// One iteration and no evaluation: the report is taken after iteration 1.
+const std::string kMemoryModel =
+    "--set model.num_layers=4 --set model.hidden_size=256 --set train.params_dtype=bf16 "
+    "--set train.train_iters=1 --set lr.lr_warmup_iters=0 --set eval.eval_iters=0 ";
 const std::string kBuckets = " --set strategy.reduce_bucket_size=200000";
 constexpr double kStagingMiB = 262144.0 * 4 / (1024 * 1024) + 0.01;
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <dtk/gemm.hpp>
 #include <dtk/layers/attention.hpp>
 #include <dtk/plugin.hpp>
 
@@ -39,6 +40,37 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   }
 };
 
+// a [..., m, k] b [..., k, n] of one narrow type on the CPU, both ways widened to fp32 and rounded
+// once (dtk/gemm.hpp's rule, where LibTorch's bf16 bmm accumulates in bf16). The narrow operands
+// are saved, not widened copies, and contiguous, as at::matmul saves the copies its reshape
+// makes of strided views (k and v are views into the fused QKV projection, which may then be
+// freed): the activations' memory is at::matmul's. The fp32 copies and result are transient.
+struct WidenedMatmul : public torch::autograd::Function<WidenedMatmul> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a.contiguous(), b.contiguous()});
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(a.scalar_type());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const at::Tensor g = grad[0].to(at::kFloat);
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = at::matmul(g, b.to(at::kFloat).transpose(-1, -2)).to(a.scalar_type());
+    if (ctx->needs_input_grad(1)) gb = at::matmul(a.to(at::kFloat).transpose(-1, -2), g).to(b.scalar_type());
+    return {ga, gb};
+  }
+};
+
+// The attention's batched products: widened where dtk/gemm.hpp widens the type (same batch sizes).
+at::Tensor batched_product(const at::Tensor& a, const at::Tensor& b) {
+  if (a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == b.scalar_type() &&
+      dtk::cpu_widens(a.scalar_type()) && a.dim() >= 3 && a.dim() == b.dim() &&
+      a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2))
+    return WidenedMatmul::apply(a, b);
+  return at::matmul(a, b);
+}
+
 }  // namespace
 
 at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -58,10 +90,10 @@ at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   // q is scaled before the product (Megatron folds the scale into baddbmm's alpha): the unscaled
   // q k^T can overflow fp16. exp(-10000 - max) is exactly 0 in fp32.
-  const at::Tensor scores = at::matmul(qh * scale, kh.transpose(-1, -2));
+  const at::Tensor scores = batched_product(qh * scale, kh.transpose(-1, -2));
   const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(mask, -10000.0), -1).to(q.scalar_type());
   // [b, heads, s, hd] -> [b, s, heads * hd]
-  return at::matmul(apply_dropout(probs, keep), vh).transpose(1, 2).reshape({b, s, heads * hd});
+  return batched_product(apply_dropout(probs, keep), vh).transpose(1, 2).reshape({b, s, heads * hd});
 }
 
 bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep,

@@ -14,17 +14,19 @@
 // "onednn" (oneDNN, or an error naming why not), "aten" (LibTorch's at::mm, as before). Each
 // plugin holds its own copy of this header's state; all read the same variable.
 //
-// fp16 CPU products, and bf16 ones on a CPU without AVX-512 (all operands of one type), are
-// widened to fp32, which is exact, multiplied with fp32 accumulation as above, and the result
-// rounded once to their type: what a GPU's tensor cores compute and what Megatron's bf16 numerics
-// assume. There LibTorch 1.13's own CPU kernels for these types are both slow and inexact: at::mm
-// with an untransposed right operand (the backward's g W and g^T x) accumulates in the narrow type
-// (bf16: 15-30x the error of the widened product on a GPT's shapes, measured against fp64), and
-// every layout, at::linear's included, runs 30-70x slower than sgemm (docs/benchmarks.md, the
-// dtk_bench_gpt table). On a CPU with AVX-512 (BW, VL, DQ) LibTorch hands
-// bf16 products to oneDNN's bf16 kernels, which accumulate in fp32 and with AVX512-BF16 run
-// faster than sgemm: those stay LibTorch's. The widened copies are transient: one product's
-// operands at a time. DTK_CPU_GEMM=aten keeps LibTorch's kernels for every type.
+// bf16 CPU products on a CPU without AVX-512 (all operands of one type) are widened to fp32,
+// which is exact, multiplied with fp32 accumulation as above, and the result rounded once to
+// bf16: what a GPU's tensor cores compute and what Megatron's bf16 numerics assume. There LibTorch
+// 1.13's own bf16 kernels are both slow and inexact: at::mm with an untransposed right operand (the
+// backward's g W and g^T x) accumulates in bf16 (15-30x the error of the widened product on a
+// GPT's shapes, measured against fp64), and every layout, at::linear's included, runs 30-70x
+// slower than sgemm (docs/benchmarks.md, the dtk_bench_gpt table). On a CPU with AVX-512 (BW,
+// VL, DQ) LibTorch hands bf16 products above 16^3 multiply-adds to oneDNN's bf16 kernels, which
+// accumulate in fp32 and with AVX512-BF16 run faster than sgemm: those stay LibTorch's. fp16
+// products, which LibTorch 1.13 cannot multiply on a CPU at all, are widened on every CPU (only
+// where autograd does not record them). The widened copies are transient: one product's
+// operands and its fp32 result at a time. DTK_CPU_GEMM=aten keeps LibTorch's kernels for every
+// type.
 //
 // oneDNN threads with OpenMP like LibTorch, on the calling thread's OpenMP thread count, which
 // at::set_num_threads sets (dtk's --threads).
@@ -261,7 +263,8 @@ inline void addmm_(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b
 
 // x [..., in] weight^T (+ bias), weight [out, in]: at::linear's forward.
 inline at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {}) {
-  if (x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.is_contiguous() &&
+  if (x.dim() >= 1 && x.numel() > 0 && x.device().is_cpu() && cpu_widens(x.scalar_type()) && weight.dim() == 2 &&
+      x.size(-1) == weight.size(1) && x.is_contiguous() &&
       (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)))) {
     const at::Tensor x2 = x.view({-1, x.size(-1)}), w = weight;
     const at::Tensor b2 = bias.defined() ? bias.view({1, -1}) : weight;  // the bias as one 2-D row

@@ -39,9 +39,10 @@ at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double sca
 
 // Megatron's CoreAttention over q [b, s, heads, hd] and k, v [b, t, groups, hd] (grouped-query
 // attention where groups < heads: query head h reads group h / (heads / groups)): scores = (q *
-// scale) k^T in the inputs' type, masked positions (`mask` true, broadcast to [b, heads, s, t])
-// at -10000 and softmax in fp32, probabilities back in the inputs' type, dropout `keep` (a mask of
-// [b, heads, s, t]) applied, times v. The context [b, s, heads * hd]; differentiable.
+// scale) k^T in the inputs' type (on the CPU a bf16 or fp16 product widened to fp32 and rounded
+// once where dtk/gemm.hpp widens that type, forward and backward), masked positions (`mask` true,
+// broadcast to [b, heads, s, t]) at -10000 and softmax in fp32, probabilities back in the inputs' type, dropout `keep`
+// (a mask of [b, heads, s, t]) applied, times v. The context [b, s, heads * hd]; differentiable.
 at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                          const at::Tensor& mask, const DropoutMask& keep);
 

@@ -69,8 +69,9 @@ double measure_matmul_tflops(int64_t n = 2048, int repeats = 4);
 
 // How many times longer an n x n bf16 matmul takes than an fp32 one on the run's intra-op threads
 // (best of a few each), both as the model's products run (dtk::mm_out: a bf16 one widened to fp32
-// and rounded once, dtk/gemm.hpp); about 1 on a CPU, > 1.5 under DTK_CPU_GEMM=aten on a CPU
-// without native bf16 arithmetic, where LibTorch emulates it.
+// and rounded once on a CPU without AVX-512, dtk/gemm.hpp): about 1 there, > 1.5 under
+// DTK_CPU_GEMM=aten on such a CPU, or on an AVX-512 CPU without AVX512-BF16, where LibTorch
+// emulates bf16.
 double bf16_matmul_slowdown(int64_t n = 256, int repeats = 3);
 
 }  // namespace dtk::core

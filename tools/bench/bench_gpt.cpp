@@ -38,6 +38,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -80,14 +81,23 @@ std::pair<double, double> alternate(int reps, A&& a, B&& b) {
   return {median(ta), median(tb)};
 }
 
-// The products of the gpt-tiny and 6L models' steps (per 512-token chunk for the output layer):
-// C [m, n] = op(A) op(B) with K the inner size.
+// A product of a model's step, C [m, n] = op(A) op(B) with K the inner size; a_t, b_t: the
+// operand is the transpose of a row-major matrix, as the layers pass weight.t() and g.t().
+struct Product {
+  const char* name;
+  int64_t m, k, n;
+  bool a_t, b_t;
+};
+
+// Random operands of `p` in `type`, laid out as the step forms them.
+std::pair<at::Tensor, at::Tensor> operands(const Product& p, at::ScalarType type) {
+  const at::Tensor a = p.a_t ? at::randn({p.k, p.m}).t() : at::randn({p.m, p.k});
+  const at::Tensor b = p.b_t ? at::randn({p.n, p.k}).t() : at::randn({p.k, p.n});
+  return {a.to(type), b.to(type)};
+}
+
+// The products of the gpt-tiny and 6L models' steps (per 512-token chunk for the output layer).
 void bench_products(int reps) {
-  struct Product {
-    const char* name;
-    int64_t m, k, n;
-    bool a_t, b_t;
-  };
   const Product products[] = {
       {"tiny output layer x W^T", 512, 64, 50304, false, true},
       {"tiny output layer D W", 512, 50304, 64, false, false},
@@ -107,8 +117,8 @@ void bench_products(int reps) {
               dtk::cpu_gemm_engine().c_str(), reps);
   double total_aten = 0, total_dtk = 0;
   for (const Product& p : products) {
-    const at::Tensor a = p.a_t ? at::randn({p.k, p.m}).t() : at::randn({p.m, p.k});
-    const at::Tensor b = p.b_t ? at::randn({p.n, p.k}).t() : at::randn({p.k, p.n});
+    const auto ab = operands(p, at::kFloat);  // named, not bound: lambdas capture them below
+    const at::Tensor &a = ab.first, &b = ab.second;
     at::Tensor c1 = at::empty({p.m, p.n}), c2 = at::empty({p.m, p.n});
     const auto [t_aten, t_dtk] = alternate(reps, [&] { at::mm_out(c1, a, b); }, [&] { dtk::mm_out(c2, a, b); });
     const double gflop = 2.0 * static_cast<double>(p.m * p.n * p.k) / 1e9;
@@ -127,11 +137,6 @@ void bench_products(int reps) {
 // AVX-512 widen the operands to fp32 and round the product once. The error column is each one's
 // mean |error| against the fp64 product of the same bf16 operands.
 void bench_bf16_products(int reps) {
-  struct Product {
-    const char* name;
-    int64_t m, k, n;
-    bool a_t, b_t;
-  };
   const Product products[] = {{"6L QKV x W^T", 2048, 384, 1152, false, true},
                               {"6L QKV g W", 2048, 1152, 384, false, false},
                               {"6L fc1 x W^T", 2048, 384, 1536, false, true},
@@ -145,8 +150,8 @@ void bench_bf16_products(int reps) {
     return (c.to(at::kDouble) - exact).abs().mean().item<double>();
   };
   for (const Product& p : products) {
-    const at::Tensor a = (p.a_t ? at::randn({p.k, p.m}).t() : at::randn({p.m, p.k})).to(at::kBFloat16);
-    const at::Tensor b = (p.b_t ? at::randn({p.n, p.k}).t() : at::randn({p.k, p.n})).to(at::kBFloat16);
+    const auto ab = operands(p, at::kBFloat16);  // named, not bound: lambdas capture them below
+    const at::Tensor &a = ab.first, &b = ab.second;
     at::Tensor c1 = at::empty({p.m, p.n}, a.options()), c2 = at::empty({p.m, p.n}, a.options());
     const auto [t_aten, t_dtk] = alternate(
         reps, [&] { at::mm_out(c1, a, b); }, [&] { dtk::mm_out(c2, a, b); });

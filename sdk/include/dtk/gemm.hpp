@@ -140,11 +140,16 @@ inline bool recorded(const at::Tensor& a, const at::Tensor& b) {
   return at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
 }
 
+// Whether this process widens CPU products of `type` (bf16, fp16) to fp32 and rounds them once.
+inline bool widens(at::ScalarType type) {
+  return type == at::kBFloat16 ? engine().widen_bf16 : type == at::kHalf && engine().widen_fp16;
+}
+
 // A CPU product of narrow operands, all of one type that this CPU widens, that autograd does not
 // record: the widened path below takes it.
 inline bool widened(std::initializer_list<const at::Tensor*> ts) {
   const at::ScalarType type = (*ts.begin())->scalar_type();
-  if (!(type == at::kBFloat16 ? engine().widen_bf16 : type == at::kHalf && engine().widen_fp16)) return false;
+  if (!widens(type)) return false;
   for (const at::Tensor* t : ts)
     if (!t->defined() || t->scalar_type() != type || !t->device().is_cpu() || t->dim() != 2 ||
         (at::GradMode::is_enabled() && t->requires_grad()))
@@ -224,10 +229,7 @@ inline void sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, flo
 inline const std::string& cpu_gemm_engine() { return gemm_detail::engine().description; }
 
 // Whether this process widens CPU products of `type` (bf16, fp16) to fp32 and rounds them once.
-inline bool cpu_widens(at::ScalarType type) {
-  return type == at::kBFloat16 ? gemm_detail::engine().widen_bf16
-                               : type == at::kHalf && gemm_detail::engine().widen_fp16;
-}
+inline bool cpu_widens(at::ScalarType type) { return gemm_detail::widens(type); }
 
 // a [m, k] b [k, n], as at::mm. Where autograd would record the product (grad mode on and an
 // operand requiring a gradient) it goes to ATen, so gradients still flow; inside an autograd
@@ -268,7 +270,7 @@ inline at::Tensor linear_product(const at::Tensor& x, const at::Tensor& weight, 
       (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)))) {
     const at::Tensor x2 = x.view({-1, x.size(-1)}), w = weight;
     const at::Tensor b2 = bias.defined() ? bias.view({1, -1}) : weight;  // the bias as one 2-D row
-    if (gemm_detail::widened({&x2, &w, &b2}) && x2.size(0) > 0) {
+    if (gemm_detail::widened({&x2, &w, &b2})) {
       std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
       shape.back() = weight.size(0);
       at::Tensor y = at::empty(shape, x.options());

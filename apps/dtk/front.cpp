@@ -12,7 +12,8 @@
 // host's StartupSignals delivers what was held, with its line (exit_conditions.hpp), or dtk launch
 // forwards it to its ranks. Other commands neither save on signals nor forward them: they run
 // with the mask they got. It also puts the caching allocator's preload in place for the commands
-// that train, so the host is executed once on it, not re-executed (memory/allocator.hpp).
+// that train, so the host is executed once on it, not re-executed (memory/allocator.hpp), and the
+// empty stand-ins for the libraries LibTorch links but never calls (dtk/host/torch_standins.hpp).
 #include <limits.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 
 #include "dtk/core/memory/allocator.hpp"
 #include "dtk/core/train/exit_signals.hpp"
+#include "dtk/host/torch_standins.hpp"
 #include "launch.hpp"
 
 namespace {
@@ -50,9 +52,11 @@ int main(int argc, char** argv) {
     return 127;
   }
   self[n] = '\0';
-  std::string host(self);
-  host.erase(host.rfind('/'));  // bin/
-  host += "/../libexec/dtk";
+  std::string bin(self);
+  bin.erase(bin.rfind('/'));
+  // LibTorch's unused dependencies stood in by empty libraries (dtk/host/torch_standins.hpp).
+  dtk::host::pass_torch_standins_on(bin + "/../lib/dtk/torch-standins");
+  const std::string host = bin + "/../libexec/dtk";
   ::execv(host.c_str(), argv);
   std::fprintf(stderr, "dtk: error: cannot run the dtk host %s: %s (bin/dtk needs libexec/dtk beside its bin/)\n",
                host.c_str(), std::strerror(errno));

@@ -35,6 +35,7 @@
 #include "dtk/gemm.hpp"
 #include "dtk/host/error_line.hpp"
 #include "dtk/host/plugin_host.hpp"
+#include "dtk/host/torch_standins.hpp"
 #include "dtk/plugin.hpp"
 #include "flags/flags.hpp"
 #include "launch.hpp"
@@ -473,6 +474,11 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   if (cmd == "version") {
     if (!args.empty()) throw dtk::host::HostError("version: unexpected argument '" + args[0] + "'");
     std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
+    if (const int n = dtk::host::torch_standins_loaded())
+      std::printf(
+          "LibTorch: %d of its dependencies that it never calls stood in by empty libraries "
+          "(lib/dtk/torch-standins; DTK_TORCH_STANDINS=off loads them)\n",
+          n);
     return 0;
   }
   if (cmd == "plugins") return cmd_plugins(args, argv0);
@@ -537,6 +543,7 @@ __attribute__((section(".preinit_array"), used)) void (*const kHoldExitSignals)(
 
 int main(int argc, char** argv) {
   dtk::core::use_caching_allocator(argc, argv);  // may re-execute dtk with tcmalloc preloaded
+  dtk::host::restore_library_path();             // bin/dtk's LibTorch stand-ins are loaded now
   try {
     dtk::cpu_gemm_engine();  // a bad DTK_CPU_GEMM is refused before anything runs (dtk/gemm.hpp)
   } catch (const std::exception& e) {

@@ -2,13 +2,15 @@
 // exact messages. They also check the rules that hold for every first-party plugin.
 #include <gtest/gtest.h>
 
+#include <dtk/host/plugin_host.hpp>
+#include <dtk/host/torch_standins.hpp>
+#include <dtk/plugin.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <dtk/host/plugin_host.hpp>
-#include <dtk/plugin.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -445,4 +447,41 @@ TEST(FirstPartyPlugins, ExportExactlyTheEntrySymbol) {
   if (DTK_FIRST_PARTY_PLUGINS > 0) {
     EXPECT_GE(checked, DTK_FIRST_PARTY_PLUGINS);
   }
+}
+
+// bin/dtk puts LibTorch's stand-ins first in LD_LIBRARY_PATH for the host; the host puts the
+// user's back as it was: unset, empty or a value (dtk/host/torch_standins.hpp).
+TEST(TorchStandins, TheUsersLibraryPathComesBackAsItWas) {
+  const std::string dir = ::testing::TempDir() + "torch-standins";
+  std::filesystem::create_directories(dir);
+  const char* before = std::getenv("LD_LIBRARY_PATH");
+  const std::string kept = before ? before : "";
+  for (const char* user : {static_cast<const char*>(nullptr), "", "/opt/a:/opt/b"}) {
+    if (user)
+      ::setenv("LD_LIBRARY_PATH", user, 1);
+    else
+      ::unsetenv("LD_LIBRARY_PATH");
+    dtk::host::pass_torch_standins_on(dir);
+    const std::string host = std::getenv("LD_LIBRARY_PATH");
+    EXPECT_EQ(host, user && *user ? dir + ":" + user : dir);
+    dtk::host::restore_library_path();
+    const char* back = std::getenv("LD_LIBRARY_PATH");
+    EXPECT_EQ(back == nullptr, user == nullptr);
+    if (user && back) {
+      EXPECT_STREQ(back, user);
+    }
+    EXPECT_EQ(std::getenv("DTK_USER_LD_LIBRARY_PATH"), nullptr);
+  }
+  // No stand-ins built (a LibTorch that links only what it uses), or turned off: nothing changes.
+  ::setenv("LD_LIBRARY_PATH", "/opt/a", 1);
+  dtk::host::pass_torch_standins_on(dir + "/missing");
+  EXPECT_STREQ(std::getenv("LD_LIBRARY_PATH"), "/opt/a");
+  ::setenv("DTK_TORCH_STANDINS", "off", 1);
+  dtk::host::pass_torch_standins_on(dir);
+  ::unsetenv("DTK_TORCH_STANDINS");
+  EXPECT_STREQ(std::getenv("LD_LIBRARY_PATH"), "/opt/a");
+  if (before)
+    ::setenv("LD_LIBRARY_PATH", kept.c_str(), 1);
+  else
+    ::unsetenv("LD_LIBRARY_PATH");
 }

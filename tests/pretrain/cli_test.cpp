@@ -257,6 +257,41 @@ TEST(Cli, RunsOnACachingAllocatorUnlessToldOtherwise) {
   }
 }
 
+// Debian's LibTorch links libraries it never calls; dtk starts on empty stand-ins for them
+// (dtk/host/torch_standins.hpp) and says so; DTK_TORCH_STANDINS=off loads the real ones; a bad
+// value is one line; a plugin calling one of them is refused with the way out, and loads with it.
+TEST(Cli, StartsOnLibTorchStandInsUnlessToldOtherwise) {
+#ifndef DTK_TEST_TORCH_STANDINS
+  GTEST_SKIP() << "this LibTorch links nothing it does not call: no stand-ins";
+#else
+  const std::string said = "LibTorch: " + std::to_string(DTK_TEST_TORCH_STANDINS) +
+                           " of its dependencies that it never calls stood in by empty libraries";
+  const Result on = run("version");
+  ASSERT_EQ(on.code, 0) << on.out;
+  EXPECT_NE(on.out.find(said), std::string::npos) << on.out;
+  ::setenv("DTK_TORCH_STANDINS", "off", 1);
+  const Result off = run("version");
+  ::setenv("DTK_TORCH_STANDINS", "no", 1);
+  const Result bad = run("version");
+  ::unsetenv("DTK_TORCH_STANDINS");
+  ASSERT_EQ(off.code, 0) << off.out;
+  EXPECT_EQ(off.out.find("stood in"), std::string::npos) << off.out;
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(bad.out, "dtk: error: DTK_TORCH_STANDINS='no': expected 'on' (the default) or 'off'\n");
+#ifdef DTK_TEST_CALLS_ZSTD_DIR
+  const std::string describe = "plugins describe calls_zstd --plugin_path " DTK_TEST_CALLS_ZSTD_DIR;
+  const Result refused = run(describe);
+  expect_one_line_error(refused, "undefined symbol: ZSTD_versionNumber");
+  EXPECT_NE(refused.out.find("run with DTK_TORCH_STANDINS=off"), std::string::npos) << refused.out;
+  ::setenv("DTK_TORCH_STANDINS", "off", 1);
+  const Result loaded = run(describe);
+  ::unsetenv("DTK_TORCH_STANDINS");
+  EXPECT_NE(loaded.out.find("not a DTK plugin"), std::string::npos) << loaded.out;
+  EXPECT_EQ(loaded.out.find("undefined symbol"), std::string::npos) << loaded.out;
+#endif
+#endif
+}
+
 // A Llama user's path with a real tokenizer.json: preprocess (BOS from the file's template, EOD
 // </s>), decode back, train a llama that records the tokenizer, generate and export with no
 // tokenizer flags (the checkpoint's), and Megatron's tokenizer flags selecting the same.

@@ -1,6 +1,7 @@
 // Plugin loading and validation. Every refusal is one line naming the file and the reason.
 #include "dtk/host/plugin_host.hpp"
 
+#include "dtk/host/torch_standins.hpp"
 #include "elf_check.hpp"
 
 #define BOOST_DLL_USE_STD_FS 1
@@ -164,6 +165,10 @@ const dtk_plugin_entry* open_entry(const std::string& path, const std::string& w
     // "Bad file descriptor" for every failure.
     const char* why = ::dlerror();
     std::string detail = why ? std::string(why) : load_ec.message();
+    // A symbol of a library LibTorch links but never calls, which this process stands in for
+    // with an empty one (dtk/host/torch_standins.hpp).
+    if (detail.find("undefined symbol") != std::string::npos && torch_standins_loaded() > 0)
+      detail += "; if it is defined in one of the libraries in lib/dtk/torch-standins, run with DTK_TORCH_STANDINS=off";
     delete lib;
     throw HostError(where + ": not a loadable shared library (" + detail + ")");
   }

@@ -34,6 +34,11 @@ run_sanitizers() {
   build-asan/bin/dtk_data_tests
 }
 
+# The out-of-tree builds below compile as a third party would, through ccache when it is there
+# (as tools/build.sh does): a compiler launcher changes nothing a plugin author relies on.
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
 run_sdk_template() {
   rm -rf build-install build-templates
   cmake --install build --prefix "$PWD/build-install" >/dev/null || return
@@ -43,7 +48,7 @@ run_sdk_template() {
   for kind in optimizer model dataset step strategy; do
     echo "-- sdk/templates/$kind"
     cmake -S "sdk/templates/$kind" -B "build-templates/$kind" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" \
-      >/dev/null || return
+      "${launcher[@]}" >/dev/null || return
     cmake --build "build-templates/$kind" || return
   done
   local short=(--set train.train_iters=4 --set lr.lr_warmup_iters=1 --set logging.log_interval=2 --set eval.eval_iters=1)
@@ -86,7 +91,8 @@ run_plugins_out_of_tree() {
   rm -rf $B
   for dir in $(sed -n '/set(DTK_FIRST_PARTY_PLUGINS/,/)/s/^ *\([a-z_]*\/[a-z_]*\):.*/\1/p' plugins/CMakeLists.txt); do
     echo "-- plugins/$dir"
-    cmake -S "plugins/$dir" -B "$B/$dir" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" >/dev/null || return
+    cmake -S "plugins/$dir" -B "$B/$dir" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build-install" "${launcher[@]}" \
+      >/dev/null || return
     cmake --build "$B/$dir" || return
     path+=("$B/$dir")
   done

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   dtk::core::pass_caching_allocator_on(argc, argv);
   // The launcher itself needs no LibTorch: its ranks run bin/dtk again, hence the host. What only
   // a process with LibTorch can check (one of LibTorch's own flags) goes to the host's launcher.
+  dtk::host::torch_standins_wanted();  // a bad DTK_TORCH_STANDINS is one line, not one per rank
   if (argc >= 2 && !std::strcmp(argv[1], "launch") && launcher_can_check(argc - 2, argv + 2))
     return launch_command(argc - 2, argv + 2);
   char self[PATH_MAX];

@@ -477,7 +477,7 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
     if (const int n = dtk::host::torch_standins_loaded())
       std::printf(
           "LibTorch: %d of its dependencies that it never calls stood in by empty libraries "
-          "(lib/dtk/torch-standins; DTK_TORCH_STANDINS=off loads them)\n",
+          "(lib/dtk/torch-standins; DTK_TORCH_STANDINS=off loads the real ones)\n",
           n);
     return 0;
   }

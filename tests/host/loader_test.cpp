@@ -456,14 +456,16 @@ TEST(TorchStandins, TheUsersLibraryPathComesBackAsItWas) {
   std::filesystem::create_directories(dir);
   const char* before = std::getenv("LD_LIBRARY_PATH");
   const std::string kept = before ? before : "";
+  ::unsetenv("DTK_TORCH_STANDINS");  // the caller's choice is not this test's
   for (const char* user : {static_cast<const char*>(nullptr), "", "/opt/a:/opt/b"}) {
     if (user)
       ::setenv("LD_LIBRARY_PATH", user, 1);
     else
       ::unsetenv("LD_LIBRARY_PATH");
     dtk::host::pass_torch_standins_on(dir);
-    const std::string host = std::getenv("LD_LIBRARY_PATH");
-    EXPECT_EQ(host, user && *user ? dir + ":" + user : dir);
+    const char* host = std::getenv("LD_LIBRARY_PATH");
+    ASSERT_NE(host, nullptr);
+    EXPECT_EQ(std::string(host), user && *user ? dir + ":" + user : dir);
     dtk::host::restore_library_path();
     const char* back = std::getenv("LD_LIBRARY_PATH");
     EXPECT_EQ(back == nullptr, user == nullptr);

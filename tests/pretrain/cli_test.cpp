@@ -266,6 +266,7 @@ TEST(Cli, StartsOnLibTorchStandInsUnlessToldOtherwise) {
 #else
   const std::string said = "LibTorch: " + std::to_string(DTK_TEST_TORCH_STANDINS) +
                            " of its dependencies that it never calls stood in by empty libraries";
+  ::unsetenv("DTK_TORCH_STANDINS");  // the caller's choice is not this test's
   const Result on = run("version");
   ASSERT_EQ(on.code, 0) << on.out;
   EXPECT_NE(on.out.find(said), std::string::npos) << on.out;
@@ -278,6 +279,11 @@ TEST(Cli, StartsOnLibTorchStandInsUnlessToldOtherwise) {
   EXPECT_EQ(off.out.find("stood in"), std::string::npos) << off.out;
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_EQ(bad.out, "dtk: error: DTK_TORCH_STANDINS='no': expected 'on' (the default) or 'off'\n");
+  ::setenv("DTK_TORCH_STANDINS", "no", 1);
+  const Result bad_launch = run("launch --nproc_per_node 2 version");
+  ::unsetenv("DTK_TORCH_STANDINS");
+  EXPECT_EQ(bad_launch.code, 2) << bad_launch.out;
+  EXPECT_EQ(bad_launch.out, bad.out);
 #ifdef DTK_TEST_CALLS_ZSTD_DIR
   const std::string describe = "plugins describe calls_zstd --plugin_path " DTK_TEST_CALLS_ZSTD_DIR;
   const Result refused = run(describe);

@@ -16,7 +16,9 @@ namespace {
 constexpr const char* kSaved = "DTK_USER_LD_LIBRARY_PATH";
 constexpr const char* kFolder = "/torch-standins/";
 
-bool wanted() {
+}  // namespace
+
+bool torch_standins_wanted() {
   const char* choice = std::getenv("DTK_TORCH_STANDINS");
   if (!choice || !*choice || !std::strcmp(choice, "on")) return true;
   if (!std::strcmp(choice, "off")) return false;
@@ -24,10 +26,8 @@ bool wanted() {
   std::exit(2);
 }
 
-}  // namespace
-
 void pass_torch_standins_on(const std::string& standins_dir) {
-  if (!wanted()) return;
+  if (!torch_standins_wanted()) return;
   struct stat st {};
   if (::stat(standins_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;
   const char* old = std::getenv("LD_LIBRARY_PATH");

@@ -101,27 +101,41 @@ void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share
       group, static_cast<int64_t>((link_share < 0 ? share : link_share) * bytes), w.issued_ns);
 }
 
-// Whether works of this dynamic type have no future (LibTorch 1.13's Gloo send and receive works
-// throw from getFuture()). Asked once per type: LibTorch builds each of its errors with a
+// The dynamic types of work that have no future (LibTorch 1.13's Gloo send and receive works
+// throw from getFuture()), learned once per type: LibTorch builds each of its errors with a
 // symbolised backtrace, a few milliseconds of dladdr scans over its symbol tables, which a
-// pipeline paid on every send and receive.
-bool has_no_future(const c10d::Work& work, bool learned_now = false) {
-  static std::mutex mu;
-  static std::set<std::type_index> types;
-  std::lock_guard<std::mutex> lock(mu);
-  if (learned_now) types.insert(typeid(work));
-  return types.count(typeid(work)) > 0;
+// pipeline paid on every send and receive. Never destroyed: comm threads may outlive main.
+struct FuturelessTypes {
+  std::mutex mu;
+  std::set<std::type_index> types;
+};
+FuturelessTypes& futureless() {
+  static auto* f = new FuturelessTypes();
+  return *f;
+}
+bool has_no_future(const c10d::Work& work) {
+  FuturelessTypes& f = futureless();
+  std::lock_guard<std::mutex> lock(f.mu);
+  return f.types.count(typeid(work)) > 0;
+}
+void mark_no_future(const c10d::Work& work) {
+  FuturelessTypes& f = futureless();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.types.insert(typeid(work));
 }
 
 // Notes when the backend finished (from its thread); without a future, wait() notes it.
 void watch(dtk_comm_work& w) {
   if (has_no_future(*w.work)) return;
-  auto done = w.done_ns;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
-    w.work->getFuture()->addCallback([done](c10::ivalue::Future&) { *done = trace::now_ns(); });
+    future = w.work->getFuture();
   } catch (const std::exception&) {
-    has_no_future(*w.work, /*learned_now=*/true);
+    mark_no_future(*w.work);
+    return;
   }
+  auto done = w.done_ns;
+  future->addCallback([done](c10::ivalue::Future&) { *done = trace::now_ns(); });
 }
 double ring_share(int64_t n) { return static_cast<double>(n - 1) / static_cast<double>(n); }
 

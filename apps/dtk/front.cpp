@@ -41,9 +41,9 @@ int main(int argc, char** argv) {
   if (dtk::core::holds_exit_signals(argc, argv)) dtk::core::block_exit_signals();
   // The host then starts on tcmalloc at once instead of re-executing itself (allocator.hpp).
   dtk::core::pass_caching_allocator_on(argc, argv);
+  dtk::host::torch_standins_wanted();  // a bad DTK_TORCH_STANDINS is one line, not one per rank
   // The launcher itself needs no LibTorch: its ranks run bin/dtk again, hence the host. What only
   // a process with LibTorch can check (one of LibTorch's own flags) goes to the host's launcher.
-  dtk::host::torch_standins_wanted();  // a bad DTK_TORCH_STANDINS is one line, not one per rank
   if (argc >= 2 && !std::strcmp(argv[1], "launch") && launcher_can_check(argc - 2, argv + 2))
     return launch_command(argc - 2, argv + 2);
   char self[PATH_MAX];

@@ -460,6 +460,16 @@ void refuse_flags_of_other_commands(const std::string& cmd, const std::vector<st
 }
 
 // The command named by argv[1] (flags already parsed out of argc/argv).
+// `dtk version` and `dtk --version`: the build, its CUDA side, and LibTorch's stand-ins.
+void print_version() {
+  std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
+  if (const int n = dtk::host::torch_standins_loaded())
+    std::printf(
+        "LibTorch: %d of its dependencies that it never calls stood in by empty libraries "
+        "(lib/dtk/torch-standins; DTK_TORCH_STANDINS=off loads the real ones)\n",
+        n);
+}
+
 int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   const std::string cmd = argv[1];
   refuse_flags_of_other_commands(cmd, sets);
@@ -473,12 +483,7 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   const char* argv0 = argv[0];
   if (cmd == "version") {
     if (!args.empty()) throw dtk::host::HostError("version: unexpected argument '" + args[0] + "'");
-    std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
-    if (const int n = dtk::host::torch_standins_loaded())
-      std::printf(
-          "LibTorch: %d of its dependencies that it never calls stood in by empty libraries "
-          "(lib/dtk/torch-standins; DTK_TORCH_STANDINS=off loads the real ones)\n",
-          n);
+    print_version();
     return 0;
   }
   if (cmd == "plugins") return cmd_plugins(args, argv0);
@@ -513,7 +518,7 @@ int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
 bool answered_version_or_help(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--version") || !std::strcmp(argv[i], "-V")) {
-      std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
+      print_version();
       return true;
     }
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "help")) {

@@ -270,6 +270,7 @@ TEST(Cli, StartsOnLibTorchStandInsUnlessToldOtherwise) {
   const Result on = run("version");
   ASSERT_EQ(on.code, 0) << on.out;
   EXPECT_NE(on.out.find(said), std::string::npos) << on.out;
+  EXPECT_EQ(run("--version").out, on.out);  // the flag and the command say the same
   ::setenv("DTK_TORCH_STANDINS", "off", 1);
   const Result off = run("version");
   ::setenv("DTK_TORCH_STANDINS", "no", 1);

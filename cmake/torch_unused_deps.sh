@@ -9,9 +9,9 @@
 #
 # A dependency is unused when no object still loaded imports a symbol it defines or asks for one
 # of its symbol versions. The objects still loaded depend on which dependencies are replaced, so
-# the set is found by fixed point: start from every direct dependency from which LibTorch imports
-# nothing; drop any that a library still loaded uses (Debian's oneDNN calls the OpenCL loader,
-# which LibTorch links without calling); repeat until nothing changes. Symbols are compared
+# the set is found by fixed point: start from every direct dependency of LibTorch's; drop any that
+# a library still loaded uses, LibTorch first (Debian's oneDNN calls the OpenCL loader, which
+# LibTorch links without calling); repeat until nothing changes. Symbols are compared
 # without their versions, which can only keep more. What lies outside these trees (the dtk host's
 # own libraries, plugins) is checked by ctest's `torch_standins_resolve_every_symbol`, which starts
 # dtk with LD_BIND_NOW=1 and loads every plugin. Needs binutils (readelf, nm) and ldd.
@@ -62,11 +62,10 @@ needs() {
 # The C and C++ runtimes are never replaced.
 runtime='^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so'
 declare -A stub
-index "$torch"
 for dep in $(needed "$torch"); do
   [[ $dep =~ $runtime || -z ${path_of[$dep]:-} ]] && continue
   index "${path_of[$dep]}"
-  needs "$(key "$torch").imports" "$(key "$torch").verneed" "${path_of[$dep]}" || stub[$dep]=1
+  stub[$dep]=1
 done
 
 changed=1

@@ -79,6 +79,7 @@ struct CommState {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::vector<std::string> rank_addresses;  // set_rank_addresses
   std::vector<std::string> rank_processes;  // set_rank_processes
+  std::set<std::type_index> futureless_types;  // works whose getFuture() throws (watch)
 };
 
 CommState& state() {
@@ -101,27 +102,17 @@ void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share
       group, static_cast<int64_t>((link_share < 0 ? share : link_share) * bytes), w.issued_ns);
 }
 
-// The dynamic types of work that have no future (LibTorch 1.13's Gloo send and receive works
-// throw from getFuture()), learned once per type: LibTorch builds each of its errors with a
-// symbolised backtrace, a few milliseconds of dladdr scans over its symbol tables, which a
-// pipeline paid on every send and receive. Never destroyed: comm threads may outlive main.
-struct FuturelessTypes {
-  std::mutex mu;
-  std::set<std::type_index> types;
-};
-FuturelessTypes& futureless() {
-  static auto* f = new FuturelessTypes();
-  return *f;
-}
+// Whether works of this dynamic type have no future, and learning that one has none (LibTorch
+// 1.13's Gloo send and receive works throw from getFuture()). Asked once per type: LibTorch builds
+// each of its errors with a symbolised backtrace, a few milliseconds of dladdr scans over its
+// symbol tables, which a pipeline paid on every send and receive.
 bool has_no_future(const c10d::Work& work) {
-  FuturelessTypes& f = futureless();
-  std::lock_guard<std::mutex> lock(f.mu);
-  return f.types.count(typeid(work)) > 0;
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().futureless_types.count(typeid(work)) > 0;
 }
 void mark_no_future(const c10d::Work& work) {
-  FuturelessTypes& f = futureless();
-  std::lock_guard<std::mutex> lock(f.mu);
-  f.types.insert(typeid(work));
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().futureless_types.insert(typeid(work));
 }
 
 // Notes when the backend finished (from its thread); without a future, wait() notes it.

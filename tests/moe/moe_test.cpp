@@ -1519,6 +1519,46 @@ TEST(Moe, ExpertParallelUnderZeroEqualsOneProcess) {
                     "DeepSeek-style llama EP 2 under zero stage 2");
 }
 
+// ZeRO under expert parallelism inside a model-parallel group (Megatron's Mixtral and DeepSeek
+// scripts run --use-distributed-optimizer with EP beside TP and PP): the experts' shards and the
+// dense ones are taken per tensor-parallel and pipeline rank, the gradient norm and the parameter
+// norm sum over both model-parallel groups and the expert-parallel one. Each equals one process.
+TEST(Moe, ExpertParallelUnderZeroWithTensorAndPipelineParallelEqualsOneProcess) {
+  const std::string zero = "--strategy zero ";
+  const std::string norms = "--set logging.log_params_norm=true ";
+  // (Under pipeline stages zero needs untied embeddings where data parallelism shards them, as the
+  // first and last stage sum whole gradients, and stage 1, as DeepSpeed's.)
+  const std::string untied = "--set model.untie_embeddings_and_output_weights=true ";
+  struct Split {
+    std::string model_args, args, name, what;
+  };
+  const Split splits[] = {
+      {"",
+       "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "
+       "--set strategy.stage=1 --set strategy.overlap_comm=true ",
+       "ep2-sp2-zero1", "EP 2 x TP 2 with sequence parallelism under zero stage 1"},
+      {"", "--set distributed.tensor_model_parallel_size=2 --set strategy.stage=3 ", "ep2-tp2-zero3",
+       "EP 2 x TP 2 under zero stage 3"},
+      {untied,
+       "--set distributed.pipeline_model_parallel_size=2 --set strategy.stage=1 "
+       "--set strategy.overlap_param_gather=true ",
+       "ep2-pp2-zero1", "EP 2 x PP 2 under zero stage 1 with overlap_param_gather, untied embeddings"},
+  };
+  std::map<std::string, std::pair<dtk_test::Curve, Scalars>> one_process;  // by model_args
+  for (const auto& [model_args, args, name, what] : splits) {
+    if (!one_process.count(model_args))
+      one_process[model_args] =
+          run_logged("gpt", 1, model_args + norms, "zero-mp-one" + std::string(model_args.empty() ? "" : "-untied"));
+    const auto& [one, one_logged] = one_process.at(model_args);
+    ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
+    const auto [split, split_logged] = run_logged("gpt", 4, kEp2 + zero + model_args + norms + args, "zero-" + name);
+    expect_same_curve(one, split, kIters, "gpt " + what);
+    ASSERT_EQ(split_logged.count("params-norm"), 1u) << split.run.out;
+    for (const auto& [it, v] : one_logged.at("params-norm"))
+      EXPECT_NEAR(split_logged.at("params-norm").at(it), v, 1e-5 * v) << what << ": params norm at " << it;
+  }
+}
+
 // A zero run under expert parallelism saves each data-parallel rank's shards in its expert-parallel
 // rank's directory; it resumes exactly, at another data-parallel size, and under ddp.
 TEST(Moe, ExpertParallelZeroCheckpointsReshard) {

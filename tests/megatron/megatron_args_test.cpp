@@ -1956,6 +1956,39 @@ TEST(StepBatchSizeSchedule, BadSchedulesAreOneLine) {
   refused(with_ramp, "train.step_batch_size_schedule and train.rampup_batch_size cannot both be set");
 }
 
+// Megatron's calculator checks the batch it reaches, so a run resumed on more data-parallel ranks
+// trains past an early batch they do not divide. A run that may resume (checkpoint.load,
+// train.consumed_samples) is checked from where it resumes; any other from iteration 1.
+TEST(StepBatchSizeSchedule, AResumeChecksTheBatchesFromWhereItResumes) {
+  dtk::core::Topology topo;  // one rank: micro-batches of 4, so 6 does not divide and 8 does
+  dtk::config::RunConfig cfg = step_config("0:6 40:8", 4, 100);  // 6, 6, then 8 (from sample 10)
+  dtk::core::validate_config(cfg);
+  const std::string refused = "config: train.step_batch_size_schedule entry '0:6': global batch 6 (from iteration ";
+  try {
+    dtk::core::BatchPlan plan(cfg, topo);
+    ADD_FAILURE() << "a run from iteration 1 accepted a batch of 6";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()), refused + "1) is not divisible by micro_batch_size x data-parallel size = 4");
+  }
+  cfg.mutable_checkpoint()->set_load("some-checkpoint");
+  const dtk::core::BatchPlan plan(cfg, topo);
+  EXPECT_EQ(plan.describe_batch_steps(), "6 from iteration 1, 8 from iteration 3");
+  for (const int64_t first : {1, 2}) {
+    try {
+      plan.check_batches_from(first);
+      ADD_FAILURE() << "a run from iteration " << first << " accepted a batch of 6";
+    } catch (const std::exception& e) {
+      EXPECT_EQ(std::string(e.what()),
+                refused + std::to_string(first) + ") is not divisible by micro_batch_size x data-parallel size = 4");
+    }
+  }
+  EXPECT_NO_THROW(plan.check_batches_from(3));
+  EXPECT_NO_THROW(plan.check_batches_from(plan.train_iters()));
+  cfg.mutable_checkpoint()->clear_load();
+  cfg.mutable_train()->set_consumed_samples(12);
+  EXPECT_NO_THROW(dtk::core::BatchPlan(cfg, topo).check_batches_from(3));
+}
+
 TEST(StepBatchSizeSchedule, MegatronFlagMapsAndItsConflictsAreRefused) {
   MegatronMapping m = map_line("--train-samples 1000 --step-batch-size-schedule '0:16 2.4B:320 4.8B:624'");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
@@ -2040,6 +2073,20 @@ TEST(StepBatchSizeSchedule, TrainsTheRampUpItEqualsAndResumesExactly) {
   const auto d = losses(rest.out);
   ASSERT_EQ(d.size(), 5u) << rest.out;
   for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], b[i + 2]) << "resumed iteration " << i + 3;
+  // Four data-parallel ranks (16 samples a step) do not divide the first iterations' 8, and do
+  // divide the rest: resumed after those, they train the same losses; from the start, refused.
+  const dtk_test::Result dp4 = dtk_test::run_dtk(" launch --nproc_per_node 4" + step + " --set checkpoint.load=" + dir);
+  ASSERT_EQ(dp4.code, 0) << dp4.out;
+  const auto e = losses(dp4.out);
+  ASSERT_EQ(e.size(), 5u) << dp4.out;
+  for (size_t i = 0; i < e.size(); ++i)
+    EXPECT_NEAR(e[i], b[i + 2], 1e-5 * std::abs(b[i + 2])) << "resumed on DP 4, iteration " << i + 3;
+  const dtk_test::Result fresh_dp4 = dtk_test::run_dtk(" launch --nproc_per_node 4" + step);
+  EXPECT_NE(fresh_dp4.code, 0) << fresh_dp4.out;
+  EXPECT_NE(fresh_dp4.out.find("config: train.step_batch_size_schedule entry '0:8': global batch 8 (from iteration "
+                               "1) is not divisible by micro_batch_size x data-parallel size = 16"),
+            std::string::npos)
+      << fresh_dp4.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -76,17 +76,17 @@ void tabulate_rampup(const RampUp& r, int64_t gbs, int64_t unit, std::vector<int
 // iteration reaching train_samples, overshooting it); each batch reached is whole micro-batches on
 // every rank and none is smaller than the one before (Megatron's loop asserts "Number of
 // microbatches should not decrease"). Returns the iterations after the table that finish
-// train_samples at the last batch.
+// train_samples at the last batch. Each step reached is added to `reached` with its first
+// iteration: whether its batch divides into this run's micro-batches is checked from the
+// iteration the run starts at (BatchPlan::check_batches_from).
 int64_t tabulate_steps(const std::vector<BatchStep>& steps, int64_t train_samples, int64_t unit,
-                       std::vector<int64_t>& consumed_after, std::vector<int64_t>& micro_after) {
+                       std::vector<int64_t>& consumed_after, std::vector<int64_t>& micro_after,
+                       std::vector<BatchPlan::ReachedStep>& reached) {
   const auto check = [&](const BatchStep& s, int64_t iteration) {
     if (s.batch > (int64_t{1} << 40))
       throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
                       std::to_string(s.batch) + " is too large");
-    if (s.batch % unit != 0)
-      throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
-                      std::to_string(s.batch) + " (from iteration " + std::to_string(iteration) +
-                      ") is not divisible by micro_batch_size x data-parallel size = " + std::to_string(unit));
+    reached.push_back({s.entry, s.batch, iteration});
   };
   const int64_t last_start = std::min(steps.back().first_sample, train_samples);
   size_t k = 0;  // the step of the next iteration
@@ -144,9 +144,14 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
     varying_batch_ = scheduled_ = true;
     const std::vector<BatchStep> steps = parse_step_batch_schedule(t.step_batch_size_schedule(), seq_length_);
     const int64_t unit = mbs_ * dp_size_;
-    const int64_t tail_iters = tabulate_steps(steps, t.train_samples(), unit, ramp_consumed_, ramp_micro_);
+    const int64_t tail_iters =
+        tabulate_steps(steps, t.train_samples(), unit, ramp_consumed_, ramp_micro_, reached_steps_);
     tail_gbs_ = steps.back().batch, tail_micro_ = std::max<int64_t>(1, tail_gbs_ / unit);
     train_iters_ = static_cast<int64_t>(ramp_consumed_.size()) - 1 + tail_iters;
+    // A run that may resume checks the batches from where it resumes (resume.cpp), as Megatron's
+    // calculator checks the current one: a resume on more data-parallel ranks past an early batch
+    // they do not divide trains. Any other run checks them all now.
+    if (cfg.checkpoint().load().empty() && t.consumed_samples() == 0) check_batches_from(1);
   } else if (!t.rampup_batch_size().empty()) {
     varying_batch_ = true;
     const RampUp r = parse_rampup(t.rampup_batch_size());
@@ -201,6 +206,19 @@ void BatchPlan::check_curriculum_split(const config::RunConfig& cfg, const Topol
           std::to_string(topo.tp_size) + ", and train.curriculum_schedule gives " + std::to_string(s.length) +
           " from iteration " + std::to_string(s.first_iteration) +
           ": make train.curriculum_difficulty_step (or each length) a multiple of " + std::to_string(topo.tp_size));
+}
+
+void BatchPlan::check_batches_from(int64_t first_iteration) const {
+  const int64_t unit = mbs_ * dp_size_;
+  for (size_t k = 0; k < reached_steps_.size(); ++k) {
+    const ReachedStep& s = reached_steps_[k];
+    const int64_t last = k + 1 < reached_steps_.size() ? reached_steps_[k + 1].first_iteration - 1 : train_iters_;
+    if (last < first_iteration || s.batch % unit == 0) continue;
+    throw HostError("config: train.step_batch_size_schedule entry '" + s.entry + "': global batch " +
+                    std::to_string(s.batch) + " (from iteration " +
+                    std::to_string(std::max(s.first_iteration, first_iteration)) +
+                    ") is not divisible by micro_batch_size x data-parallel size = " + std::to_string(unit));
+  }
 }
 
 int64_t BatchPlan::iteration_reaching_tokens(int64_t tokens) const {

@@ -131,11 +131,15 @@ TrainProgress resume_from_checkpoint(const config::RunConfig& cfg, const BatchPl
                     "model, or checkpoint.load with checkpoint.finetune=true); the checkpoint in " +
                     cfg.checkpoint().load() + " resumes on its own count of consumed samples");
   TrainProgress progress = load_progress(cfg, plan, topo, parts, schedule, scaler, print);
-  if (consumed == 0) return progress;
-  progress = continuation_of(consumed, plan, schedule);
-  print(" train.consumed_samples: continuing a run that consumed " + std::to_string(consumed) +
-        " train samples; training starts after iteration " + std::to_string(progress.iteration) +
-        " (learning-rate schedule and sample order from there)");
+  if (consumed > 0) {
+    progress = continuation_of(consumed, plan, schedule);
+    print(" train.consumed_samples: continuing a run that consumed " + std::to_string(consumed) +
+          " train samples; training starts after iteration " + std::to_string(progress.iteration) +
+          " (learning-rate schedule and sample order from there)");
+  }
+  // The batches this run still trains (a step schedule's may be reached on other ranks than the
+  // ones that trained the first iterations; batch_plan.hpp).
+  plan.check_batches_from(progress.iteration + 1);
   return progress;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtk/core/components/services.hpp"
@@ -44,6 +45,16 @@ class BatchPlan {
   std::string describe_batch_steps() const;
   // The most micro-batches an iteration of this run has (what the pipeline keeps in flight).
   int64_t most_micro_batches() const;
+  // Under a step schedule: each batch the run reaches from iteration `first_iteration` on must be
+  // whole micro-batches on every rank; throws HostError naming the entry. A run without
+  // checkpoint.load or train.consumed_samples is checked from iteration 1 by the constructor; one
+  // with them by resume.cpp, from the iteration it resumes at.
+  void check_batches_from(int64_t first_iteration) const;
+  // A step of train.step_batch_size_schedule the run reaches, and the first iteration it gives.
+  struct ReachedStep {
+    std::string entry;
+    int64_t batch = 0, first_iteration = 0;
+  };
 
   // Iterations count from 1. Samples and micro-batches (of one DP rank) before iteration i, and
   // the global batch of iteration i.
@@ -107,6 +118,7 @@ class BatchPlan {
   // The ramp-up's (schedule's) iterations q = 0..R (0-based): samples and micro-batches before
   // each; one entry ({0}) without either.
   std::vector<int64_t> ramp_consumed_{0}, ramp_micro_{0};
+  std::vector<ReachedStep> reached_steps_;  // under a step schedule, in the order reached
   int64_t mbs_ = 1, gbs_ = 1, num_micro_ = 1;
   // The training batch after the table (gbs_, or the schedule's last batch) and its micro-batches.
   int64_t tail_gbs_ = 1, tail_micro_ = 1;

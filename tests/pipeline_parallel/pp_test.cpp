@@ -113,6 +113,19 @@ TEST(Pipeline, WithTensorAndDataParallelismAndDominoInsideTheStages) {
                     curve_of(2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ",
                              "pp2-zero1"),
                     20, "PP2, ZeRO stage 1, tied embeddings");
+  // ZeRO stage 1 sharding the tied weight over data-parallel ranks: a bucket of its own on the first
+  // and the last stage, so each rank sums the same shard of both copies (Megatron's distributed
+  // optimizer with --pipeline-model-parallel-size and tied embeddings, its GPT default).
+  expect_same_curve(
+      one, curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ", "pp2dp2-zero1"),
+      20, "PP2 x DP2, ZeRO stage 1, tied embeddings sharded");
+  expect_same_curve(one,
+                    curve_of(4,
+                             train("gpt-tiny.pbtxt", 2) + pp(2) +
+                                 "--strategy zero --set strategy.stage=1 --set strategy.overlap_comm=true "
+                                 "--set strategy.overlap_param_gather=true --set strategy.offload_optimizer=cpu ",
+                             "pp2dp2-zero1-overlap-offload"),
+                    20, "PP2 x DP2, ZeRO stage 1 overlapped, optimizer on the host, tied embeddings sharded");
   // ZeRO stage 1 over each stage's data-parallel group (llama: its output layer is its own).
   const Curve llama = curve_of(1, train("llama-tiny.pbtxt", 2), "grid-llama");
   expect_same_curve(llama,
@@ -244,7 +257,6 @@ TEST(Pipeline, BadLayoutsAreRefused) {
       {3, train("gpt-tiny.pbtxt", 2) + pp(3), "num_layers 4 is not divisible by the pipeline stages 3"},
       {2, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=2 ",
        "zero: stage 2 cannot run with pipeline parallelism"},
-      {4, train("gpt-tiny.pbtxt", 2) + pp(2) + "--strategy zero --set strategy.stage=1 ", "shards the tied weight"},
   };
   for (const Case& c : cases) {
     const dtk_test::Result r =
@@ -299,6 +311,10 @@ TEST(PipelineInterleaved, WithTensorAndDataParallelismDominoAndZero) {
                     20, "TP2 x PP2 x 2 chunks, Domino 2 chunks in each");
   expect_same_curve(one, curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy ddp ", "vpp-pp2dp2"), 20,
                     "PP2 x 2 chunks x DP2, ddp");
+  expect_same_curve(one,
+                    curve_of(4, train("gpt-tiny.pbtxt", 2) + pp(2) + vpp(2) + "--strategy zero --set strategy.stage=1 ",
+                             "vpp-pp2dp2-zero1"),
+                    20, "PP2 x 2 chunks x DP2, ZeRO stage 1, tied embeddings sharded");
   const Curve llama = curve_of(1, train("llama-tiny.pbtxt", 2), "vpp-grid-llama");
   expect_same_curve(
       llama,
@@ -377,6 +393,27 @@ TEST(PipelineInterleaved, ZeroShardsConsolidateOnConvert) {
   for (int64_t it = 11; it <= 20; ++it) {
     EXPECT_NEAR(on_one.loss.at(it), whole.loss.at(it), 1e-5 * whole.loss.at(it)) << "iteration " << it;
     EXPECT_NEAR(on_one.norm.at(it), whole.norm.at(it), 1e-5 * whole.norm.at(it)) << "iteration " << it;
+  }
+  // gpt's tied embedding, sharded on the first and the last stage alike: the two copies' state is
+  // one after the conversion, and the run resumes at its own layout too.
+  const std::string gpt = train("gpt-tiny.pbtxt", 2) + "--set train.train_iters=20 --set lr.lr_decay_iters=20 ";
+  const std::string gpt_zero = gpt + pp(2) + "--strategy zero --set strategy.stage=1 ";
+  const Curve gpt_whole = curve_of(1, gpt, "pp-zero-gpt-whole");
+  ASSERT_EQ(
+      curve_of(4, gpt_zero + "--set train.exit_interval=10 --set checkpoint.save=" + dir + "-gpt", "pp-zero-gpt-first")
+          .run.code,
+      0);
+  const dtk_test::Result gpt_to_one =
+      dtk_test::run_dtk("checkpoint convert " + dir + "-gpt " + dir + "-gpt-pp1 --pipeline_model_parallel_size 1", 120);
+  ASSERT_EQ(gpt_to_one.code, 0) << gpt_to_one.out;
+  for (const auto& [resumed, what] :
+       {std::pair{curve_of(1, gpt + "--set checkpoint.load=" + dir + "-gpt-pp1", "pp-zero-gpt-one"), "converted"},
+        std::pair{curve_of(4, gpt_zero + "--set checkpoint.load=" + dir + "-gpt", "pp-zero-gpt-resumed"), "resumed"}}) {
+    ASSERT_EQ(resumed.loss.size(), 10u) << resumed.run.out;
+    for (int64_t it = 11; it <= 20; ++it) {
+      EXPECT_NEAR(resumed.loss.at(it), gpt_whole.loss.at(it), 1e-5 * gpt_whole.loss.at(it)) << what << ", " << it;
+      EXPECT_NEAR(resumed.norm.at(it), gpt_whole.norm.at(it), 1e-5 * gpt_whole.norm.at(it)) << what << ", " << it;
+    }
   }
 }
 

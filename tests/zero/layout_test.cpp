@@ -56,6 +56,46 @@ TEST(ZeroLayout, EveryElementOwnedOnceAndChunksBalanced) {
   }
 }
 
+// Under pipeline stages the first stage's word embedding and the last stage's copy each fill a
+// bucket alone, so every rank owns the same elements of both, whatever else the stage holds; the
+// buckets around them are cut there.
+TEST(ZeroLayout, ATiedWeightInABucketOfItsOwnIsShardedAlikeOnEveryStage) {
+  auto params_of = [](bool first_stage) {
+    std::vector<LayoutParam> p;
+    if (first_stage)
+      p = {{"emb.word", 5000, 0}, {"emb.pos", 640, 0}, {"l0.w", 4096, 1}, {"l0.b", 64, 1}};
+    else
+      p = {{"l1.w", 4096, 0}, {"l1.b", 64, 0}, {"final.ln", 64, 1}, {"head.word", 5000, 1}, {"orphan", 7, -1}};
+    for (auto& lp : p) lp.own_bucket = lp.name.find(".word") != std::string::npos;
+    return p;
+  };
+  for (int dp : {1, 2, 3, 4}) {
+    const Layout first(params_of(true), dp, 1000000), last(params_of(false), dp, 1000000);
+    auto tied_bucket = [](const Layout& l) {
+      for (const auto& b : l.buckets())
+        for (const auto& slot : b.slots)
+          if (l.params()[slot.param].own_bucket) return b;
+      return dtk::zero::Bucket{};
+    };
+    const dtk::zero::Bucket a = tied_bucket(first), b = tied_bucket(last);
+    ASSERT_EQ(a.slots.size(), 1u) << "dp " << dp;
+    ASSERT_EQ(b.slots.size(), 1u) << "dp " << dp;
+    EXPECT_EQ(a.numel, b.numel);
+    // In backward order: the first stage's layer, the embedding, its position embedding; the last
+    // stage's final norm, the copy, the layer and what no module reads.
+    EXPECT_EQ(first.buckets().size(), 3u) << "dp " << dp;
+    EXPECT_EQ(last.buckets().size(), 3u) << "dp " << dp;
+    for (int r = 0; r < dp; ++r) {
+      auto tied_shard = [&](const Layout& l) {
+        for (const auto& s : l.shards(r))
+          if (l.params()[s.param].own_bucket) return std::pair{s.param_offset, s.numel};
+        return std::pair<int64_t, int64_t>{0, 0};
+      };
+      EXPECT_EQ(tied_shard(first), tied_shard(last)) << "dp " << dp << " rank " << r;
+    }
+  }
+}
+
 TEST(ZeroLayout, BucketsFollowBackwardOrderAndNeverSplitAParameter) {
   std::vector<LayoutParam> params = gpt_like();
   for (auto& p : params) p.on_demand = false;

@@ -54,7 +54,7 @@ Layout::Layout(std::vector<LayoutParam> params, int dp_size, int64_t bucket_nume
     // ZeRO-3 gathers whole buckets: one module's on-demand parameters per bucket.
     const bool same_kind = open.slots.empty() ||
                            (open.on_demand == lp.on_demand && (!lp.on_demand || open.ready_module == lp.ready_module));
-    if (!open.slots.empty() && (!fits || !same_kind)) {
+    if (!open.slots.empty() && (!fits || !same_kind || lp.own_bucket)) {
       close(open);
       filled = 0;
     }
@@ -67,6 +67,10 @@ Layout::Layout(std::vector<LayoutParam> params, int dp_size, int64_t bucket_nume
     open.slots.push_back(Slot{p, filled, lp.numel});
     open.ready_module = std::min(open.ready_module, lp.ready_module);
     filled += lp.numel;
+    if (lp.own_bucket) {
+      close(open);
+      filled = 0;
+    }
   }
   close(current[0]);
   close(current[1]);

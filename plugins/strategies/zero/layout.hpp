@@ -13,6 +13,8 @@
 // the whole buffer), so every collective is one bucket, balanced over the ranks. A rank's
 // partition is the concatenation of its chunks, in bucket order.
 //
+// A tied embedding under pipeline stages fills a bucket alone (LayoutParam.own_bucket).
+//
 // Expert parallelism: the routed experts' weights differ between expert-parallel ranks, so they
 // fill buckets of their own (one open bucket per kind, so an MoE layer does not cut the dense
 // buckets short), split over the expert-data-parallel group (the ranks holding the same experts,
@@ -41,6 +43,11 @@ struct LayoutParam {
   bool on_demand = false;
   // A routed expert's weight under expert parallelism: split over the expert-data-parallel group.
   bool expert = false;
+  // A bucket of its own: the tied word embedding under pipeline stages, so that the first and the
+  // last stage partition it alike (rank r owns the same elements of both copies) and their
+  // shards' gradients can be summed over the pipeline group after the reduce-scatter (Megatron's
+  // distributed optimizer puts the shared embedding in its own bucket for the same reason).
+  bool own_bucket = false;
 };
 
 struct Slot {

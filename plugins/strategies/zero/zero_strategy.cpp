@@ -80,6 +80,7 @@ ZeroStrategy::ZeroStrategy(const BuildContext& ctx)
       tp_rank_(ctx.tp_rank),
       tp_size_(std::max(1, ctx.tp_size)),
       pp_rank_(ctx.pp_rank),
+      pp_size_(std::max(1, ctx.pp_size)),
       ep_size_(std::max(1, ctx.ep_size)),
       edp_rank_(ep_size_ > 1 ? std::max(0, Comm::rank(DTK_GROUP_EXPERT_DATA_PARALLEL)) : dp_rank_),
       edp_size_(ep_size_ > 1 ? std::max(1, Comm::size(DTK_GROUP_EXPERT_DATA_PARALLEL)) : dp_size_) {
@@ -199,6 +200,8 @@ void ZeroStrategy::build_layout() {
     lps[i].name = params_[i].name;
     lps[i].numel = params_[i].tensor.numel();
     lps[i].expert = ep_size_ > 1 && is_routed_expert(params_[i].info);
+    // (The first and the last stage then shard their tied copies alike: TiedGradients sums them.)
+    lps[i].own_bucket = pp_size_ > 1 && params_[i].info.shared;
   }
   // A gradient is complete after the backward of the lowest-index module that reads it.
   for (size_t m = 0; m < module_reads_.size(); ++m)

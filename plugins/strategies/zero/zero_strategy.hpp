@@ -163,7 +163,7 @@ class ZeroStrategy : public Strategy {
 
   const Options opt_;
   const at::Device device_;
-  const int dp_rank_, dp_size_, tp_rank_, tp_size_, pp_rank_;
+  const int dp_rank_, dp_size_, tp_rank_, tp_size_, pp_rank_, pp_size_;
   const int ep_size_, edp_rank_, edp_size_;  // expert parallelism (ep_size_ 1: edp is dp)
   at::ScalarType dtype_ = at::kFloat;
   dtk_module_hooks hooks_{};

@@ -29,30 +29,21 @@ int64_t agreed_tied_size(int64_t mine, bool ends, const std::string& model_name)
   return most;
 }
 
-// Every stage learns the elements its pipeline group sums of the tied weight: how many, and from
-// which element of it on; the first and the last stage must agree on both (stages in between hold
-// none and add zeros of that size).
-int64_t agreed_tied_run(int64_t numel, int64_t offset, bool ends, const std::string& model_name,
-                        const std::string& strategy_name, const std::string& name) {
-  const auto d = [](int64_t v) { return static_cast<double>(v); };
-  at::Tensor runs =
-      at::tensor({d(numel), ends ? -d(numel) : -1e300, ends ? d(offset) : -1e300, ends ? -d(offset) : -1e300},
-                 at::TensorOptions().dtype(at::kDouble));
+// The run of the tied weight that each end of this rank's pipeline group holds: the first stage
+// writes its (elements, first element) into slots 0-1, the last into 2-3, the others nothing
+// (-1e300 under the max). Offsets and sizes are far below 2^53: exact in doubles.
+struct TiedRuns {
+  int64_t first_numel = 0, first_offset = 0, last_numel = 0, last_offset = 0;
+};
+TiedRuns tied_runs_of_the_ends(int64_t numel, int64_t offset, const Topology& topo) {
+  const double none = -1e300;
+  const bool first = topo.pp_rank == 0, last = topo.pp_rank == topo.pp_size - 1;
+  at::Tensor runs = at::tensor({first ? static_cast<double>(numel) : none, first ? static_cast<double>(offset) : none,
+                                last ? static_cast<double>(numel) : none, last ? static_cast<double>(offset) : none},
+                               at::TensorOptions().dtype(at::kDouble));
   all_reduce(runs, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();
-  const auto most = static_cast<int64_t>(runs[0].item<double>());
-  const auto least = static_cast<int64_t>(-runs[1].item<double>());
-  const auto last_offset = static_cast<int64_t>(runs[2].item<double>());
-  const auto first_offset = static_cast<int64_t>(-runs[3].item<double>());
-  if (most != least || first_offset != last_offset)
-    throw HostError(
-        "pipeline parallelism with tied embeddings: the first and the last pipeline stage hold different "
-        "elements of the tied weight" +
-        (name.empty() ? std::string() : " '" + name + "'") + " (" + std::to_string(least) + " from element " +
-        std::to_string(first_offset) + " and " + std::to_string(most) + " from element " + std::to_string(last_offset) +
-        ", model plugin '" + model_name + "', strategy plugin '" + strategy_name +
-        "'), and their gradients are summed element by element: the strategy must shard both copies "
-        "alike (zero does), or use --strategy ddp or model.untie_embeddings_and_output_weights=true");
-  return most;
+  const auto at = [&](int64_t i) { return static_cast<int64_t>(runs[i].item<double>()); };
+  return TiedRuns{at(0), at(1), at(2), at(3)};
 }
 
 }  // namespace
@@ -89,8 +80,21 @@ TiedGradients::TiedGradients(const ModelInstance& model, const OptimizerInstance
                     "' holds the tied weight" + (name.empty() ? "" : " '" + name + "'") +
                     " in several pieces on one rank, and the first and last stage sum one run of it; use "
                     "--strategy ddp or model.untie_embeddings_and_output_weights=true");
-  if (agreed_tied_size(mine, ends, model_name) > 0)
-    numel_ = agreed_tied_run(held, offset, ends, model_name, strategy_name, name);
+  if (agreed_tied_size(mine, ends, model_name) == 0) return;
+  // Rank d of the first and of the last stage must hold the same elements: decided by every rank
+  // together, so that no group goes on to the next collective while another stops here.
+  const TiedRuns runs = tied_runs_of_the_ends(held, offset, topo);
+  std::string differ;
+  if (runs.first_numel != runs.last_numel || (runs.first_numel > 0 && runs.first_offset != runs.last_offset))
+    differ = "pipeline parallelism with tied embeddings: on data-parallel rank " + std::to_string(topo.dp_rank) +
+             " strategy plugin '" + strategy_name + "' holds " + std::to_string(runs.first_numel) +
+             " elements of the tied weight" + (name.empty() ? "" : " '" + name + "'") + " from element " +
+             std::to_string(runs.first_offset) + " on the first stage and " + std::to_string(runs.last_numel) +
+             " from element " + std::to_string(runs.last_offset) +
+             " on the last, whose gradients are summed element by element: it must shard both copies alike (zero "
+             "does), or use --strategy ddp or model.untie_embeddings_and_output_weights=true";
+  agree(differ, topo, "pipeline: checking the tied weights");
+  numel_ = runs.first_numel;
 }
 
 void TiedGradients::sync(const OptimizerInstance& optimizer) const {

@@ -1526,32 +1526,25 @@ TEST(Moe, ExpertParallelUnderZeroEqualsOneProcess) {
 TEST(Moe, ExpertParallelUnderZeroWithTensorAndPipelineParallelEqualsOneProcess) {
   const std::string zero = "--strategy zero ";
   const std::string norms = "--set logging.log_params_norm=true ";
-  // (Under pipeline stages zero needs untied embeddings where data parallelism shards them, as the
-  // first and last stage sum whole gradients, and stage 1, as DeepSpeed's.)
-  const std::string untied = "--set model.untie_embeddings_and_output_weights=true ";
+  const auto [one, one_logged] = run_logged("gpt", 1, norms, "zero-mp-one");
+  ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
   struct Split {
-    std::string model_args, args, name, what;
+    std::string args, name, what;
   };
   const Split splits[] = {
-      {"",
-       "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "
+      {"--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true "
        "--set strategy.stage=1 --set strategy.overlap_comm=true ",
        "ep2-sp2-zero1", "EP 2 x TP 2 with sequence parallelism under zero stage 1"},
-      {"", "--set distributed.tensor_model_parallel_size=2 --set strategy.stage=3 ", "ep2-tp2-zero3",
+      {"--set distributed.tensor_model_parallel_size=2 --set strategy.stage=3 ", "ep2-tp2-zero3",
        "EP 2 x TP 2 under zero stage 3"},
-      {untied,
-       "--set distributed.pipeline_model_parallel_size=2 --set strategy.stage=1 "
+      // (Stage 1 alone under pipeline stages, as DeepSpeed; the tied embedding sharded alike on
+      // the first and the last stage.)
+      {"--set distributed.pipeline_model_parallel_size=2 --set strategy.stage=1 "
        "--set strategy.overlap_param_gather=true ",
-       "ep2-pp2-zero1", "EP 2 x PP 2 under zero stage 1 with overlap_param_gather, untied embeddings"},
+       "ep2-pp2-zero1", "EP 2 x PP 2 under zero stage 1 with overlap_param_gather"},
   };
-  std::map<std::string, std::pair<dtk_test::Curve, Scalars>> one_process;  // by model_args
-  for (const auto& [model_args, args, name, what] : splits) {
-    if (!one_process.count(model_args))
-      one_process[model_args] =
-          run_logged("gpt", 1, model_args + norms, "zero-mp-one" + std::string(model_args.empty() ? "" : "-untied"));
-    const auto& [one, one_logged] = one_process.at(model_args);
-    ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
-    const auto [split, split_logged] = run_logged("gpt", 4, kEp2 + zero + model_args + norms + args, "zero-" + name);
+  for (const auto& [args, name, what] : splits) {
+    const auto [split, split_logged] = run_logged("gpt", 4, kEp2 + zero + norms + args, "zero-" + name);
     expect_same_curve(one, split, kIters, "gpt " + what);
     ASSERT_EQ(split_logged.count("params-norm"), 1u) << split.run.out;
     for (const auto& [it, v] : one_logged.at("params-norm"))

@@ -459,7 +459,6 @@ void refuse_flags_of_other_commands(const std::string& cmd, const std::vector<st
   }
 }
 
-// The command named by argv[1] (flags already parsed out of argc/argv).
 // `dtk version` and `dtk --version`: the build, its CUDA side, and LibTorch's stand-ins.
 void print_version() {
   std::printf("dtk %s\n%s\n", gflags::VersionString(), dtk::core::cuda_build_summary().c_str());
@@ -470,6 +469,7 @@ void print_version() {
         n);
 }
 
+// The command named by argv[1] (flags already parsed out of argc/argv).
 int run_command(int argc, char** argv, const std::vector<std::string>& sets) {
   const std::string cmd = argv[1];
   refuse_flags_of_other_commands(cmd, sets);

@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+#include <vector>
+
 #include "dtk/core/comm/comm.hpp"
 #include "dtk/core/device/cuda_support.hpp"
 #include "dtk/host/error.hpp"
@@ -14,36 +17,26 @@ using host::HostError;
 
 namespace {
 
-// Every stage learns the tied size; the first and the last must agree on it.
-int64_t agreed_tied_size(int64_t mine, bool ends, const std::string& model_name) {
-  at::Tensor sizes = at::tensor({static_cast<double>(mine), ends ? -static_cast<double>(mine) : -1e300},
-                                at::TensorOptions().dtype(at::kDouble));
-  all_reduce(sizes, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();
-  const auto most = static_cast<int64_t>(sizes[0].item<double>());
-  const auto least = static_cast<int64_t>(-sizes[1].item<double>());
-  if (most != least)
-    throw HostError("model plugin '" + model_name +
-                    "': the tied weights (dtk_param_info.shared) of the first and the last pipeline stage differ in "
-                    "size (" +
-                    std::to_string(least) + " and " + std::to_string(most) + " elements)");
-  return most;
-}
-
-// The run of the tied weight that each end of this rank's pipeline group holds: the first stage
-// writes its (elements, first element) into slots 0-1, the last into 2-3, the others nothing
-// (-1e300 under the max). Offsets and sizes are far below 2^53: exact in doubles.
-struct TiedRuns {
-  int64_t first_numel = 0, first_offset = 0, last_numel = 0, last_offset = 0;
+// What each end of this rank's pipeline group has of the tied weight: the model's elements, and
+// the run of them its optimizer steps (elements, first element). One all-reduce: the first stage
+// writes its values into slots 0-2, the last into 3-5, the others nothing (-1e300 under the max).
+// Sizes and offsets are far below 2^53: exact in doubles.
+struct TiedView {
+  int64_t model_numel = 0, held = 0, offset = 0;
 };
-TiedRuns tied_runs_of_the_ends(int64_t numel, int64_t offset, const Topology& topo) {
-  const double none = -1e300;
-  const bool first = topo.pp_rank == 0, last = topo.pp_rank == topo.pp_size - 1;
-  at::Tensor runs = at::tensor({first ? static_cast<double>(numel) : none, first ? static_cast<double>(offset) : none,
-                                last ? static_cast<double>(numel) : none, last ? static_cast<double>(offset) : none},
-                               at::TensorOptions().dtype(at::kDouble));
-  all_reduce(runs, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();
-  const auto at = [&](int64_t i) { return static_cast<int64_t>(runs[i].item<double>()); };
-  return TiedRuns{at(0), at(1), at(2), at(3)};
+std::pair<TiedView, TiedView> views_of_the_ends(const TiedView& mine, const Topology& topo) {
+  std::vector<double> slots(6, -1e300);
+  const auto put = [&](size_t base) {
+    slots[base] = static_cast<double>(mine.model_numel);
+    slots[base + 1] = static_cast<double>(mine.held);
+    slots[base + 2] = static_cast<double>(mine.offset);
+  };
+  if (topo.pp_rank == 0) put(0);
+  if (topo.pp_rank == topo.pp_size - 1) put(3);
+  at::Tensor ends = at::tensor(slots, at::TensorOptions().dtype(at::kDouble));
+  all_reduce(ends, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_MAX).wait();
+  const auto at = [&](int64_t i) { return static_cast<int64_t>(ends[i].item<double>()); };
+  return {TiedView{at(0), at(1), at(2)}, TiedView{at(3), at(4), at(5)}};
 }
 
 }  // namespace
@@ -80,21 +73,26 @@ TiedGradients::TiedGradients(const ModelInstance& model, const OptimizerInstance
                     "' holds the tied weight" + (name.empty() ? "" : " '" + name + "'") +
                     " in several pieces on one rank, and the first and last stage sum one run of it; use "
                     "--strategy ddp or model.untie_embeddings_and_output_weights=true");
-  if (agreed_tied_size(mine, ends, model_name) == 0) return;
+  const auto [first, last] = views_of_the_ends(TiedView{mine, held, offset}, topo);
+  if (first.model_numel != last.model_numel)
+    throw HostError("model plugin '" + model_name +
+                    "': the tied weights (dtk_param_info.shared) of the first and the last pipeline stage differ in "
+                    "size (" +
+                    std::to_string(first.model_numel) + " and " + std::to_string(last.model_numel) + " elements)");
+  if (first.model_numel == 0) return;
   // Rank d of the first and of the last stage must hold the same elements: decided by every rank
   // together, so that no group goes on to the next collective while another stops here.
-  const TiedRuns runs = tied_runs_of_the_ends(held, offset, topo);
   std::string differ;
-  if (runs.first_numel != runs.last_numel || (runs.first_numel > 0 && runs.first_offset != runs.last_offset))
+  if (first.held != last.held || (first.held > 0 && first.offset != last.offset))
     differ = "pipeline parallelism with tied embeddings: on data-parallel rank " + std::to_string(topo.dp_rank) +
-             " strategy plugin '" + strategy_name + "' holds " + std::to_string(runs.first_numel) +
+             " strategy plugin '" + strategy_name + "' holds " + std::to_string(first.held) +
              " elements of the tied weight" + (name.empty() ? "" : " '" + name + "'") + " from element " +
-             std::to_string(runs.first_offset) + " on the first stage and " + std::to_string(runs.last_numel) +
-             " from element " + std::to_string(runs.last_offset) +
+             std::to_string(first.offset) + " on the first stage and " + std::to_string(last.held) + " from element " +
+             std::to_string(last.offset) +
              " on the last, whose gradients are summed element by element: it must shard both copies alike (zero "
              "does), or use --strategy ddp or model.untie_embeddings_and_output_weights=true";
   agree(differ, topo, "pipeline: checking the tied weights");
-  numel_ = runs.first_numel;
+  numel_ = first.held;
 }
 
 void TiedGradients::sync(const OptimizerInstance& optimizer) const {

@@ -254,6 +254,11 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   bool_opt("moe_shared_expert_gate", c.moe.shared_gate);
   float_opt("moe_input_jitter_eps", c.moe.input_jitter_eps);
   float_opt("moe_router_quantile_balancing_ema", c.moe.quantile_ema);
+  if (o.has("moe_gate"))
+    c.moe.gate = o.get_string("moe_gate") == "deepspeed" ? MoeGate::kDeepSpeed : MoeGate::kMegatron;
+  float_opt("moe_eval_capacity_factor", c.moe.eval_capacity_factor);
+  int_opt("moe_min_capacity", c.moe.min_capacity);
+  bool_opt("moe_top2_2nd_expert_sampling", c.moe.second_expert_sampling);
 }
 
 namespace {
@@ -316,6 +321,56 @@ void DecoderLM::validate_moe_groups(const MoeConfig& m) const {
          std::to_string(m.group_topk) + " groups of " + std::to_string(m.num_experts / m.num_groups) + " hold");
 }
 
+// DeepSpeed's gate's options (moe_gate=deepspeed): in range, none of Megatron-LM's router's beside
+// them, and none of them without it.
+void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
+  const MoeConfig unset;
+  if (m.gate != MoeGate::kDeepSpeed) {
+    const std::pair<const char*, bool> own[] = {
+        {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
+        {"moe_min_capacity", m.min_capacity != unset.min_capacity},
+        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling}};
+    for (const auto& [option, set] : own)
+      if (set) fail(std::string("option '") + option + "' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed");
+    return;
+  }
+  if (m.topk != 1 && m.topk != 2)
+    fail(
+        "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating), got "
+        "moe_router_topk=" +
+        std::to_string(m.topk));
+  const std::pair<const char*, bool> megatrons[] = {
+      {"moe_router_score_function", m.score != unset.score},
+      {"moe_router_pre_softmax", m.pre_softmax != unset.pre_softmax},
+      {"moe_router_num_groups", m.num_groups != unset.num_groups},
+      {"moe_router_group_topk", m.group_topk != unset.group_topk},
+      {"moe_router_topk_scaling_factor", m.topk_scaling_factor != unset.topk_scaling_factor},
+      {"moe_router_load_balancing_type",
+       m.routing != MoeRouting::kTopK || m.seq_aux_loss_coeff > 0.0 || m.global_aux_loss_coeff > 0.0},
+      {"moe_z_loss_coeff", m.z_loss_coeff != unset.z_loss_coeff},
+      {"moe_router_enable_expert_bias", m.expert_bias != unset.expert_bias},
+      {"moe_token_drop_policy", m.drop_policy != unset.drop_policy},
+      {"moe_pad_expert_input_to_capacity", m.pad_to_capacity != unset.pad_to_capacity},
+      {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
+      {"moe_input_jitter_eps", m.input_jitter_eps != unset.input_jitter_eps}};
+  for (const auto& [option, set] : megatrons)
+    if (set)
+      fail(std::string("option '") + option +
+           "' is Megatron-LM's router's: moe_gate=deepspeed has DeepSpeed's gate (its choice, capacity and "
+           "loss; moe_router_load_balancing_type aux_loss or none)");
+  if (!std::isfinite(m.eval_capacity_factor) || m.eval_capacity_factor < 0.0 || m.eval_capacity_factor > 1e6)
+    fail("option 'moe_eval_capacity_factor' must be in [0, 1e6] (0 = moe_expert_capacity_factor), got " +
+         shown(m.eval_capacity_factor));
+  if (m.min_capacity < 0 || m.min_capacity > (int64_t{1} << 31))
+    fail("option 'moe_min_capacity' must be in [0, 2^31], got " + std::to_string(m.min_capacity));
+  if (!m.drops_tokens() && (m.eval_capacity_factor != unset.eval_capacity_factor || m.min_capacity != 0))
+    fail(std::string("option '") + (m.min_capacity != 0 ? "moe_min_capacity" : "moe_eval_capacity_factor") +
+         "' does nothing without moe_expert_capacity_factor > 0: DeepSpeed's gate is then dropless in training and "
+         "evaluation (Megatron-DeepSpeed's --disable-moe-token-dropping)");
+  if (m.topk == 1 && !m.second_expert_sampling)
+    fail("option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2");
+}
+
 // The MoE options: in range, and none set without experts (it would do nothing).
 void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) const {
   const MoeConfig& m = c.moe;
@@ -345,7 +400,11 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_shared_expert_intermediate_size", m.shared_ffn != unset.shared_ffn},
         {"moe_shared_expert_gate", m.shared_gate != unset.shared_gate},
         {"moe_input_jitter_eps", m.input_jitter_eps != unset.input_jitter_eps},
-        {"moe_router_quantile_balancing_ema", m.quantile_ema != unset.quantile_ema}};
+        {"moe_router_quantile_balancing_ema", m.quantile_ema != unset.quantile_ema},
+        {"moe_gate", m.gate != unset.gate},
+        {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
+        {"moe_min_capacity", m.min_capacity != unset.min_capacity},
+        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -356,7 +415,9 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
   if (m.topk < 1 || m.topk > m.num_experts)
     fail("option 'moe_router_topk' must be in [1, num_experts = " + std::to_string(m.num_experts) + "], got " +
          std::to_string(m.topk));
-  if (m.topk == 1 && m.score == MoeScore::kSoftmax && !m.pre_softmax && m.routing != MoeRouting::kSinkhorn)
+  validate_deepspeed_gate(m);
+  if (m.topk == 1 && m.score == MoeScore::kSoftmax && !m.pre_softmax && m.routing != MoeRouting::kSinkhorn &&
+      m.gate == MoeGate::kMegatron)
     fail(
         "moe_router_topk=1 needs moe_router_pre_softmax=true: the softmax of one chosen logit is always 1, so the "
         "router would learn nothing from the language-model loss (Megatron-LM refuses it too)");

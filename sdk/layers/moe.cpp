@@ -244,6 +244,14 @@ int64_t MoeConfig::capacity(int64_t tokens) const {
       std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(num_experts) * capacity_factor));
 }
 
+int64_t MoeConfig::deepspeed_capacity(int64_t tokens, bool training) const {
+  const double factor = training || eval_capacity_factor <= 0.0 ? capacity_factor : eval_capacity_factor;
+  // DeepSpeed multiplies the Python float T / E by an fp32 tensor of f * k: one fp32 product.
+  const float c = std::ceil(static_cast<float>(static_cast<double>(tokens) / static_cast<double>(num_experts)) *
+                            static_cast<float>(factor * static_cast<double>(topk)));
+  return std::max(static_cast<int64_t>(c), min_capacity);
+}
+
 at::Tensor sinkhorn(const at::Tensor& cost, double tol) {
   at::NoGradGuard no_grad;
   const at::Tensor e = at::exp(cost);
@@ -269,8 +277,9 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
                double init_std, double out_std, const TPGroup& tp, ParamFactory& f)
     : c_(c), inputs_(std::move(inputs)), output_(std::move(output)), tp_(tp) {
   router = f.param(f.normal({c.num_experts, hidden}, init_std));
-  // Megatron-LM's router has a bias with add_bias_linear, drawn like its weight.
-  if (bias) router_bias = f.param(f.normal({c.num_experts}, init_std));
+  // Megatron-LM's router has a bias with add_bias_linear, drawn like its weight; DeepSpeed's has none.
+  const bool deepspeed = c.gate == MoeGate::kDeepSpeed;
+  if (bias && !deepspeed) router_bias = f.param(f.normal({c.num_experts}, init_std));
   const int64_t first = c.first_local_expert(), held = c.local_experts();
   experts.reserve(static_cast<size_t>(held));
   for (int64_t index = 0; index < c.num_experts; ++index) {
@@ -280,7 +289,7 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
     }
     Expert& e = experts.emplace_back();
     for (size_t i = 0; i < inputs_.size(); ++i) e.in.emplace_back(hidden, c.ffn, bias, init_std, tp, f);
-    e.out = RowParallelLinear(c.ffn, hidden, bias, out_std, tp, f);
+    e.out = RowParallelLinear(c.ffn, hidden, bias && !deepspeed, out_std, tp, f);
   }
   if (c.expert_bias) {
     const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(f.device);
@@ -311,7 +320,9 @@ void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, c
 // The router on this rank's tokens x [tokens, h] (`batch` sequences of tokens / batch
 // positions): the chosen experts and their weights, the auxiliary losses attached (training, with
 // gradients) as Megatron's TopKRouter.routing does.
-MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generating, bool training) const {
+MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generating, bool training,
+                              at::Generator* rng) const {
+  if (c_.gate == MoeGate::kDeepSpeed) return deepspeed_route(x, batch, generating, training, rng);
   const bool aux = at::GradMode::is_enabled() && x.requires_grad();
   // Under sequence parallelism each TP rank routes its own rows: the losses' sums over the group
   // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed.
@@ -336,6 +347,90 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
     expert_load.add_(choice_loads(r));
   }
   return r;
+}
+
+namespace {
+
+// Uniform(0, 1) draws [shape] in fp32 on `device` from `gen` (hashed as dropout's masks are).
+at::Tensor uniforms(at::IntArrayRef shape, at::Generator& gen, const at::Device& device) {
+  int64_t numel = 1;
+  for (const int64_t size : shape) numel *= size;
+  return uniform_noise_on(draw_uniforms(shape, gen), numel, 0.0, 1.0, device).view(shape);
+}
+
+}  // namespace
+
+// DeepSpeed's TopKGate on this rank's rows x [tokens, h] (see moe.hpp): the choice on the whole
+// sequence's logits (no gradient), the weights and the loss on this rank's rows.
+MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool generating, bool training,
+                                        at::Generator* rng) const {
+  if (!generating && rng == nullptr)
+    throw Error("moe_gate=deepspeed needs the generator its noise is drawn from: pass it to MoeMlp::forward");
+  const int64_t n = c_.num_experts;
+  const at::Tensor logits = at::linear(x.to(at::kFloat), router.to(at::kFloat));
+  const at::Tensor gates = at::softmax(logits, -1);
+  at::Tensor chosen, kept, first_share;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor whole = whole_sequence(logits.detach(), batch);
+    const int64_t tokens = whole.size(0);
+    const at::Tensor first = at::softmax(whole, -1).argmax(1, true);
+    chosen = first;
+    if (c_.topk == 2) {
+      at::Tensor scored = whole;
+      if (c_.second_expert_sampling && !generating)  // the Gumbel-max trick: a draw from softmax(logits)
+        scored = whole - at::log(-at::log(uniforms({tokens, n}, *rng, whole.device())));
+      const at::Tensor second = scored.scatter(1, first, -std::numeric_limits<double>::infinity()).argmax(1, true);
+      chosen = at::cat({first, second}, 1);
+    }
+    kept = c_.drops_tokens() && !generating ? deepspeed_kept(chosen, batch, training, *rng)
+                                            : at::ones_like(chosen, at::kFloat);
+    first_share = expert_counts(first, n).to(at::kFloat) / static_cast<double>(tokens);
+    chosen = own_rows(chosen, batch);
+    kept = own_rows(kept, batch);
+  }
+  Routing r;
+  r.probs = gates.gather(1, chosen) * kept;
+  if (c_.topk == 2) r.probs = r.probs / r.probs.sum(1, true).clamp_min(std::numeric_limits<float>::epsilon());
+  r.experts = chosen.masked_fill(kept.eq(0), n);
+  if (at::GradMode::is_enabled() && x.requires_grad() && c_.aux_loss_coeff > 0.0) {
+    // l_aux = E * sum_e mean_t(gates) * first_share over the micro-batch's T tokens: this rank's
+    // rows' part of the mean (the parts summed over the TP group under sequence parallelism).
+    const int64_t total = x.size(0) * (tp_.splits_sequence() ? tp_.size : 1);
+    const at::Tensor loss =
+        (gates.sum(0) * first_share).sum() * (static_cast<double>(n) * c_.aux_loss_coeff / static_cast<double>(total));
+    record_layer_loss("load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
+    r.probs = attach_aux_loss(r.probs, loss, total);
+  }
+  return r;
+}
+
+// Which of the whole sequence's choices [T, k] DeepSpeed's capacity keeps, [T, k] fp32 0 or 1:
+// top-1 each expert's C tokens with the highest Uniform(0, 1) draws (random token selection; ties:
+// the earlier row), top-2 each expert's first choices then its second ones in Megatron's
+// [sequence, batch] token order, up to C.
+at::Tensor MoeMlp::deepspeed_kept(const at::Tensor& chosen, int64_t batch, bool training, at::Generator& rng) const {
+  const int64_t tokens = chosen.size(0), n = c_.num_experts, capacity = c_.deepspeed_capacity(tokens, training);
+  const at::TensorOptions index = chosen.options();
+  if (c_.topk == 1) {
+    const at::Tensor draw = uniforms({tokens, 1}, rng, chosen.device());
+    const at::Tensor key = at::full({tokens, n}, -1.0, draw.options()).scatter(1, chosen, draw);
+    const at::Tensor by_rank = std::get<1>(at::sort(key, /*stable=*/true, 0, /*descending=*/true));
+    const at::Tensor rank =
+        at::empty({tokens, n}, index).scatter_(0, by_rank, at::arange(tokens, index).unsqueeze(1).expand({tokens, n}));
+    return rank.gather(1, chosen).lt(capacity).to(at::kFloat);
+  }
+  // Token p of Megatron's [sequence, batch] order is row b * positions + s for p = s * batch + b.
+  const int64_t positions = tokens / batch;
+  const at::Tensor row_of = at::arange(tokens, index).view({batch, positions}).t().reshape(-1);
+  const at::Tensor in_order = chosen.index_select(0, row_of);
+  const at::Tensor first = at::zeros({tokens, n}, index).scatter(1, in_order.narrow(1, 0, 1), 1);
+  const at::Tensor second = at::zeros({tokens, n}, index).scatter(1, in_order.narrow(1, 1, 1), 1);
+  // Each choice's place in its expert's buffer: the first choices' before every second one.
+  const at::Tensor place = at::cat({(first.cumsum(0) - 1).gather(1, in_order.narrow(1, 0, 1)),
+                                    (second.cumsum(0) - 1 + first.sum(0, true)).gather(1, in_order.narrow(1, 1, 1))},
+                                   1);
+  return at::empty_like(place).index_copy_(0, row_of, place).lt(capacity).to(at::kFloat);
 }
 
 // Megatron's apply_router_token_dropping on one router call's choices (`batch` sequences of
@@ -662,7 +757,7 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
       throw Error("moe_input_jitter_eps needs the generator its noise is drawn from: pass it to MoeMlp::forward");
     router_in = jittered(x, *jitter_rng);
   }
-  const Routing local = route(router_in.reshape({b * s, h}), b, generating, training);
+  const Routing local = route(router_in.reshape({b * s, h}), b, generating, training, jitter_rng);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;

@@ -458,6 +458,191 @@ TEST(MoeLayer, GenerationRoutesDroplessWhateverTheCapacity) {
   EXPECT_FALSE(at::allclose(m.forward(x, gelu), generated, 1e-3, 1e-3));
 }
 
+namespace {
+
+// DeepSpeed's top1gating and top2gating (deepspeed/moe/sharded_moe.py) written out as DeepSpeed
+// writes them: tokens in its order (x [s, b, h] reshaped, so token p = s * batch + b is row
+// b * positions + s here), one-hot masks, capacity buffers by cumsum, random token selection by
+// topk over the mask times the uniforms, and the combine weights [S, E]; then every expert on
+// every token, weighted, with no second bias. `uniforms`: the draws the layer makes from the
+// same generator, by row ([rows, 1] for top-1's selection, [rows, E] for top-2's Gumbel noise).
+struct DeepSpeedGate {
+  at::Tensor out;    // [b, s, h]
+  at::Tensor l_aux;  // DeepSpeed's, without the coefficient
+  int64_t dropped = 0;
+};
+
+DeepSpeedGate deepspeed_reference(const MoeMlp& m, const MoeConfig& c, const at::Tensor& x, bool training,
+                                  const at::Tensor& uniforms) {
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2), e = c.num_experts, tokens = b * s;
+  const at::Tensor order = at::arange(tokens).view({b, s}).t().reshape(-1);  // DeepSpeed's token p: this row
+  const at::Tensor xs = x.transpose(0, 1).reshape({tokens, h});
+  const at::Tensor logits = at::matmul(xs.to(at::kFloat), m.router.to(at::kFloat).t());
+  const at::Tensor gates = at::softmax(logits, 1);
+  const double factor = training || c.eval_capacity_factor == 0 ? c.capacity_factor : c.eval_capacity_factor;
+  const auto capacity_of = [&](double f) {
+    const auto cap = static_cast<int64_t>(
+        std::ceil(static_cast<float>(static_cast<double>(tokens) / static_cast<double>(e)) * static_cast<float>(f)));
+    return std::max(cap, c.min_capacity);
+  };
+  const bool drops = c.capacity_factor > 0;
+  DeepSpeedGate r;
+  const at::Tensor indices1 = at::argmax(gates, 1);
+  at::Tensor mask1 = at::one_hot(indices1, e);
+  const at::Tensor me = gates.mean(0), ce = mask1.to(at::kFloat).mean(0);
+  at::Tensor combine;
+  if (c.topk == 1) {
+    r.l_aux = (me * ce).sum() * static_cast<double>(e);
+    if (drops) {
+      const int64_t capacity = capacity_of(factor);
+      const at::Tensor rand = mask1 * uniforms.index_select(0, order);
+      const at::Tensor top = std::get<1>(at::topk(rand, capacity, 0));
+      const at::Tensor kept = mask1 * at::zeros_like(mask1).scatter_(0, top, 1);
+      r.dropped = (mask1.sum() - kept.sum()).item<int64_t>();
+      mask1 = kept;
+    }
+    combine = gates * mask1.to(at::kFloat);
+  } else {
+    at::Tensor noisy = logits;
+    if (c.second_expert_sampling) noisy = logits + (-at::log(-at::log(uniforms.index_select(0, order))));
+    at::Tensor mask2 = at::one_hot(at::argmax(noisy.masked_fill(mask1.to(at::kBool), -INFINITY), 1), e);
+    const at::Tensor locations1 = at::cumsum(mask1, 0) - 1;
+    const at::Tensor locations2 = at::cumsum(mask2, 0) - 1 + mask1.sum(0, true);
+    r.l_aux = (me * ce).mean() * static_cast<double>(e * e);
+    if (drops) {
+      const int64_t capacity = capacity_of(factor * 2);
+      const at::Tensor before = mask1.sum() + mask2.sum();
+      mask1 = mask1 * at::lt(locations1, capacity);
+      mask2 = mask2 * at::lt(locations2, capacity);
+      r.dropped = (before - mask1.sum() - mask2.sum()).item<int64_t>();
+    }
+    at::Tensor gates1 = (gates * mask1.to(at::kFloat)).sum(1), gates2 = (gates * mask2.to(at::kFloat)).sum(1);
+    const at::Tensor denom = at::clamp_min(gates1 + gates2, std::numeric_limits<float>::epsilon());
+    gates1 = gates1 / denom, gates2 = gates2 / denom;
+    combine = gates1.unsqueeze(1) * mask1.to(at::kFloat) + gates2.unsqueeze(1) * mask2.to(at::kFloat);
+  }
+  std::vector<at::Tensor> rows;
+  for (int64_t p = 0; p < tokens; ++p) {
+    at::Tensor y = at::zeros({h});
+    for (int64_t j = 0; j < e; ++j) {
+      const MoeMlp::Expert& ex = m.experts[static_cast<size_t>(j)];
+      // (DeepSpeed's experts drop the bias their second projection returns.)
+      const at::Tensor inner = at::gelu(at::matmul(ex.in[0].weight, xs[p]) + ex.in[0].bias);
+      y = y + combine[p][j] * at::matmul(ex.out.weight, inner);
+    }
+    rows.push_back(y);
+  }
+  r.out = at::stack(rows).view({s, b, h}).transpose(0, 1);
+  return r;
+}
+
+// The draws the layer makes for the gate's noise from a generator seeded `seed`.
+at::Tensor gate_uniforms(uint64_t seed, std::vector<int64_t> shape) {
+  at::Generator gen = dtk::layers::seeded_generator(seed);
+  const int64_t numel = shape[0] * shape[1];
+  return dtk::layers::uniform_noise_on(dtk::layers::draw_uniforms(shape, gen), numel, 0.0, 1.0, at::kCPU).view(shape);
+}
+
+}  // namespace
+
+// DeepSpeed's gate (moe_gate=deepspeed, Megatron-DeepSpeed's MoE) equals DeepSpeed's algorithm
+// written out (deepspeed_reference), output and every gradient with its l_aux in the objective:
+// top-1 with random token selection and top-2 with and without the Gumbel-sampled second expert;
+// capacities that drop (factor 0.5 and 1.0), one that moe_min_capacity raises, one that keeps
+// everything, dropless, and evaluation's factor. The experts have no second bias, the router none.
+TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
+  struct GateCase {
+    int64_t topk;
+    double factor, eval_factor;
+    int64_t min_capacity;
+    bool sampling, training;
+  };
+  const GateCase cases[] = {{1, 0.5, 0, 0, true, true},  {1, 1.0, 0, 4, true, true}, {1, 0.1, 0, 4, true, true},
+                            {1, 6.0, 0, 0, true, true},  {1, 0.0, 0, 0, true, true}, {1, 0.5, 2.0, 4, true, false},
+                            {2, 0.5, 0, 0, true, true},  {2, 1.0, 0, 4, true, true}, {2, 0.5, 0, 0, false, true},
+                            {2, 0.1, 0, 4, false, true}, {2, 0.0, 0, 0, true, true}, {2, 2.0, 0.5, 4, true, false}};
+  int64_t dropped_top1 = 0, dropped_top2 = 0;
+  for (const GateCase& g : cases) {
+    MoeConfig c;
+    c.num_experts = 6, c.topk = g.topk, c.ffn = 6, c.aux_loss_coeff = 0.1;
+    c.gate = dtk::layers::MoeGate::kDeepSpeed;
+    c.capacity_factor = g.factor, c.eval_capacity_factor = g.eval_factor, c.min_capacity = g.min_capacity;
+    c.second_expert_sampling = g.sampling;
+    const MoeMlp m = make_layer(c, 8, kCases[0]);
+    ASSERT_FALSE(m.router_bias.defined());
+    ASSERT_FALSE(m.experts[0].out.bias.defined());
+    ASSERT_TRUE(m.experts[0].in[0].bias.defined());
+    const std::string what = "top-" + std::to_string(g.topk) + ", factor " + std::to_string(g.factor) +
+                             (g.training ? "" : " (evaluation, " + std::to_string(g.eval_factor) + ")") +
+                             ", min capacity " + std::to_string(g.min_capacity) + (g.sampling ? "" : ", argmax");
+    at::manual_seed(3);
+    at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
+    const at::Tensor weights = at::randn({3, 7, 8});
+    at::Generator gen = dtk::layers::seeded_generator(21);
+    const at::Tensor got = m.forward(x, gelu, /*generating=*/false, &gen, g.training);
+    (got * weights).sum().backward();
+    const std::vector<at::Tensor> got_grads = grads_of(m, x);
+    zero_grads(m, x);
+
+    // The layer draws once per forward: the selection's uniforms (top-1, only when it drops) or
+    // the Gumbel noise's (top-2 with sampling).
+    const at::Tensor uniforms = gate_uniforms(21, {21, g.topk == 1 ? 1 : 6});
+    const DeepSpeedGate want = deepspeed_reference(m, c, x, g.training, uniforms);
+    ((want.out * weights).sum() + want.l_aux * c.aux_loss_coeff).backward();
+    EXPECT_TRUE(at::allclose(got, want.out, 1e-5, 1e-6))
+        << what << ": output differs by " << (got - want.out).abs().max().item<double>();
+    expect_same_grads(got_grads, grads_of(m, x), 1e-6, what);
+    (g.topk == 1 ? dropped_top1 : dropped_top2) += want.dropped;
+    if (g.factor == 6.0 || g.factor == 0.0) {
+      EXPECT_EQ(want.dropped, 0) << what;
+    }
+    if (g.factor == 0.1) {
+      EXPECT_GT(want.dropped, 0) << what << ": the minimum capacity of 4 keeps some";
+    }
+  }
+  // The guard: the reference does drop, so the selection is checked.
+  EXPECT_GE(dropped_top1, 10);
+  EXPECT_GE(dropped_top2, 10);
+}
+
+// The gate's capacity is DeepSpeed's _capacity: ceil(T / E * f * k) in fp32, at least the minimum,
+// the evaluation factor in evaluation (the training one where it is 0).
+TEST(MoeLayer, DeepSpeedGateCapacityIsDeepSpeeds) {
+  MoeConfig c;
+  c.num_experts = 8, c.topk = 1, c.capacity_factor = 1.25, c.min_capacity = 4;
+  EXPECT_EQ(c.deepspeed_capacity(1024, true), 160);  // 128 * 1.25
+  EXPECT_EQ(c.deepspeed_capacity(20, true), 4);      // ceil(3.125) = 4: the minimum
+  EXPECT_EQ(c.deepspeed_capacity(10, true), 4);      // ceil(1.5625) = 2, raised to 4
+  c.topk = 2;
+  EXPECT_EQ(c.deepspeed_capacity(1024, true), 320);
+  c.eval_capacity_factor = 2.0;
+  EXPECT_EQ(c.deepspeed_capacity(1024, false), 512);
+  EXPECT_EQ(c.deepspeed_capacity(1024, true), 320);
+  c.topk = 1, c.eval_capacity_factor = 0.0, c.min_capacity = 0, c.capacity_factor = 0.3;
+  EXPECT_EQ(c.deepspeed_capacity(10, false), 1);  // ceil(1.25f * 0.3f) = 1
+}
+
+// Generation routes DeepSpeed's gate without noise and dropless: each token's best expert (top-1)
+// or two best, weighted as the gate weighs them.
+TEST(MoeLayer, DeepSpeedGateGeneratesDroplessWithoutNoise) {
+  for (const int64_t k : {1, 2}) {
+    MoeConfig c;
+    c.num_experts = 6, c.topk = k, c.ffn = 6, c.gate = dtk::layers::MoeGate::kDeepSpeed, c.capacity_factor = 0.5;
+    c.second_expert_sampling = k == 2;
+    const MoeMlp m = make_layer(c, 8, kCases[0]);
+    at::manual_seed(6);
+    const at::Tensor x = at::randn({3, 7, 8});
+    at::NoGradGuard no_grad;
+    const at::Tensor generated = m.forward(x, gelu, /*generating=*/true);
+    MoeConfig plain = c;
+    plain.capacity_factor = 0.0, plain.second_expert_sampling = false;
+    const at::Tensor want = deepspeed_reference(m, plain, x, false, at::Tensor()).out;
+    EXPECT_TRUE(at::allclose(generated, want, 1e-5, 1e-6)) << "top-" << k;
+    at::Generator gen = dtk::layers::seeded_generator(2);
+    EXPECT_FALSE(at::allclose(m.forward(x, gelu, false, &gen), generated, 1e-3, 1e-3)) << "top-" << k;
+  }
+}
+
 // Megatron's input jitter: the router, and only the router, sees x times Uniform(1 - eps, 1 + eps)
 // noise, one draw of the generator per forward (the noise of the SDK's hashed draws, checked here
 // for its range, mean and slicing); the experts get x itself. Generation draws none.
@@ -1381,6 +1566,22 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=4 --set model.moe_input_jitter_eps=1",
        "option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got 1"},
       {"--set model.moe_input_jitter_eps=0.01", "option 'moe_input_jitter_eps' does nothing without num_experts > 0"},
+      {"--set model.moe_gate=deepspeed", "option 'moe_gate' does nothing without num_experts > 0"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_router_topk=3",
+       "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating), got "
+       "moe_router_topk=3"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0.01",
+       "option 'moe_z_loss_coeff' is Megatron-LM's router's: moe_gate=deepspeed has DeepSpeed's gate"},
+      {"--set model.num_experts=4 --set model.moe_min_capacity=4",
+       "option 'moe_min_capacity' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_min_capacity=4",
+       "option 'moe_min_capacity' does nothing without moe_expert_capacity_factor > 0"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_expert_capacity_factor=1 "
+       "--set model.moe_eval_capacity_factor=-1",
+       "option 'moe_eval_capacity_factor' must be in [0, 1e6] (0 = moe_expert_capacity_factor), got -1"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_router_topk=1 "
+       "--set model.moe_top2_2nd_expert_sampling=false",
+       "option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk(base + args, 120);
@@ -1782,4 +1983,45 @@ TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
   ASSERT_EQ(dropless.loss.size(), kIters) << dropless.run.out;
   EXPECT_GT(std::abs(one.loss.at(2) - dropless.loss.at(2)), 1e-4 * dropless.loss.at(2));
   EXPECT_GT(std::abs(one.loss.at(2) - sp2.loss.at(2)), 1e-5 * sp2.loss.at(2));
+}
+
+// DeepSpeed's gate (moe_gate=deepspeed, as Megatron-DeepSpeed's MoE maps) in whole runs, with a
+// capacity that drops: top-2 without sampling (no noise) equals one process under DP, TP, SP, PP
+// and EP; with its Gumbel noise and top-1's random token selection (drawn like the input jitter),
+// under TP, SP and full recomputation. The logged load-balancing loss is DeepSpeed's l_aux, the
+// same however split; the gate changes the training against Megatron's router.
+TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
+  const std::string gate =
+      "--set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0 --set model.moe_expert_capacity_factor=0.5 "
+      "--set model.moe_min_capacity=4 ";
+  const std::string argmax = "--set model.moe_top2_2nd_expert_sampling=false ";
+  const auto [one, one_logged] = run_logged("gpt", 1, gate + argmax, "ds-gate-one");
+  ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
+  const std::map<int64_t, float>& balance = one_logged.at("load_balancing_loss");
+  ASSERT_EQ(balance.size(), kIters) << one.run.out;
+  EXPECT_GT(balance.at(1), 0.9);  // E * sum_e mean(g) * share: 1 when balanced
+  for (const auto& [name, split] : kSplits) {
+    const auto [run, logged] = run_logged("gpt", 2, gate + argmax + split, std::string("ds-gate-") + name);
+    expect_same_curve(one, run, kIters, std::string("DeepSpeed's gate, top-2 argmax, ") + name);
+    for (const auto& [it, value] : balance)
+      EXPECT_NEAR(logged.at("load_balancing_loss").at(it), value, 1e-5 * value) << name << " iteration " << it;
+  }
+  expect_same_curve(one, curve_of("gpt", 2, gate + argmax + kEp2, "ds-gate-ep2"), kIters,
+                    "DeepSpeed's gate, top-2 argmax, EP 2");
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  const std::string sp2 = tp2 + "--set distributed.sequence_parallel=true ";
+  const std::string full = "--set model.recompute_activations=full ";
+  for (const std::string& noisy : {std::string(), std::string("--set model.moe_router_topk=1 ")}) {
+    const std::string what = noisy.empty() ? "top-2 sampled" : "top-1 random selection";
+    const dtk_test::Curve base = curve_of("gpt", 1, gate + noisy, "ds-gate-noisy-one" + noisy);
+    ASSERT_EQ(base.loss.size(), kIters) << base.run.out;
+    for (const auto& [nproc, split] : {std::pair<int, std::string>{2, tp2}, {2, sp2}, {1, full}})
+      expect_same_curve(base, curve_of("gpt", nproc, gate + noisy + split, "ds-gate-noisy" + noisy + split), kIters,
+                        "DeepSpeed's gate, " + what + ", " + split);
+    // The guard: the noise changes the run (against top-2 argmax, and top-1 against top-2).
+    EXPECT_GT(std::abs(base.loss.at(kIters) - one.loss.at(kIters)), 1e-5 * one.loss.at(kIters)) << what;
+  }
+  const dtk_test::Curve megatron = curve_of("gpt", 1, "--set model.moe_expert_capacity_factor=0.5 ", "ds-gate-none");
+  ASSERT_EQ(megatron.loss.size(), kIters) << megatron.run.out;
+  EXPECT_GT(std::abs(megatron.loss.at(2) - one.loss.at(2)), 1e-5 * one.loss.at(2));
 }

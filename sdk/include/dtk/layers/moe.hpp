@@ -73,6 +73,29 @@
 //     data-parallel ranks, centred. The weights are the score function's at the chosen experts.
 // Both choose on the whole sequence's logits under sequence parallelism (gathered over the TP
 // group, so SP == TP; Megatron gathers them for QB and not for sinkhorn).
+//
+// DeepSpeed's gate (moe_gate=deepspeed; Megatron-DeepSpeed's --num-experts with --topk, DeepSpeed's
+// TopKGate: top1gating, Switch Transformer's, and top2gating, GShard's):
+//   the router [experts, hidden] without a bias, its product and softmax in fp32: gates g [T, E];
+//   top-1: the argmax of g, weighted g at it (not renormalised);
+//   top-2: the argmax e1, then the argmax of logits + Gumbel noise with e1 masked out
+//     (moe_top2_2nd_expert_sampling; the plain second best without it), weighted g / (g1 + g2)
+//     over the choices kept (the sum clamped to fp32's epsilon);
+//   capacity C = max(ceil(T / E * f * k) in fp32, moe_min_capacity), f the training factor
+//     (moe_expert_capacity_factor) or in evaluation moe_eval_capacity_factor; 0 = dropless
+//     (Megatron-DeepSpeed's --disable-moe-token-dropping, in both);
+//   top-1 keeps of each expert's tokens the C with the highest Uniform(0, 1) draw (DeepSpeed's
+//     random token selection); top-2 keeps each expert's first choices, then its second ones, in
+//     Megatron's [sequence, batch] token order, up to C;
+//   the loss (weighted by moe_aux_loss_coeff per layer, DeepSpeed's l_aux: Megatron-DeepSpeed adds
+//     --moe-loss-coeff times their sum over the layers): E * sum_e mean_t g[t, e] * (the share of
+//     the T tokens whose first choice is e, before dropping);
+//   the experts' second projections have no bias (DeepSpeed's experts drop the bias their
+//     ParallelMLP returns, so Megatron-DeepSpeed's never acts).
+// T is the micro-batch's tokens: the gate chooses on the whole sequence's logits under sequence
+// parallelism (SP == TP). Its noise (the Gumbel draws, the selection's uniforms) comes from the
+// layer's hidden-dropout generator as the input jitter's, in training and evaluation as
+// DeepSpeed's; generation routes without noise and dropless.
 #pragma once
 
 #include <dtk/layers/tensor_parallel.hpp>
@@ -90,6 +113,7 @@ enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_polic
 // How the router chooses: the top-k of its scores, or balanced by the choice itself
 // (moe_router_load_balancing_type sinkhorn or quantile_balancing).
 enum class MoeRouting { kTopK, kSinkhorn, kQuantileBalancing };
+enum class MoeGate { kMegatron, kDeepSpeed };  // moe_gate: Megatron-LM's TopKRouter or DeepSpeed's TopKGate
 
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense MLPs
@@ -126,6 +150,12 @@ struct MoeConfig {
   int64_t shared_ffn = 0;    // > 0: a shared expert of this inner size runs on every token
   bool shared_gate = false;  // the shared expert's output times sigmoid(x g)
   double input_jitter_eps = 0.0;  // > 0: the router's input times Uniform(1 - eps, 1 + eps)
+  // DeepSpeed's gate (see above): its capacity factor in evaluation (0: the training one), its
+  // least capacity, and whether top-2 samples the second expert.
+  MoeGate gate = MoeGate::kMegatron;
+  double eval_capacity_factor = 0.0;
+  int64_t min_capacity = 0;
+  bool second_expert_sampling = true;
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
@@ -139,6 +169,9 @@ struct MoeConfig {
   bool balances() const { return aux_loss_coeff > 0.0 || seq_aux_loss_coeff > 0.0 || global_aux_loss_coeff > 0.0; }
   // Megatron's get_capacity for T tokens routed k ways: ceil(T k / num_experts * capacity_factor).
   int64_t capacity(int64_t tokens) const;
+  // DeepSpeed's _capacity for T tokens (times k for top-2): max(ceil(T / E * f * k), min_capacity),
+  // f the training or the evaluation factor; computed in fp32 as DeepSpeed's.
+  int64_t deepspeed_capacity(int64_t tokens, bool training) const;
   bool is_moe_layer(int64_t index) const {
     if (!enabled()) return false;
     if (!layer_pattern.empty())
@@ -243,6 +276,24 @@ inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
               "> 0: the router's input (not the experts') times Uniform(1 - eps, 1 + eps) noise per element, in "
               "training and evaluation (Megatron's --moe-input-jitter-eps); 0 = none.");
 
+inline constexpr dtk_option_spec kMoeGateOption =
+    opt_enum("moe_gate", "megatron", "megatron|deepspeed",
+             "The router: Megatron-LM's TopKRouter (megatron), or DeepSpeed's TopKGate as Megatron-DeepSpeed's "
+             "--num-experts runs it (deepspeed: top-1 or top-2, fp32, capacity with moe_min_capacity, random token "
+             "selection for top-1, its own load-balancing loss, no router bias and no second expert bias).");
+inline constexpr dtk_option_spec kMoeEvalCapacityFactorOption =
+    opt_float("moe_eval_capacity_factor", "0",
+              "moe_gate=deepspeed: the capacity factor in evaluation (Megatron-DeepSpeed's "
+              "--moe-eval-capacity-factor); 0 = moe_expert_capacity_factor.");
+inline constexpr dtk_option_spec kMoeMinCapacityOption =
+    opt_int("moe_min_capacity", "0",
+            "moe_gate=deepspeed: the least capacity of an expert whatever the factor (Megatron-DeepSpeed's "
+            "--moe-min-capacity, default 4 there).");
+inline constexpr dtk_option_spec kMoeTop2SecondExpertSamplingOption =
+    opt_bool("moe_top2_2nd_expert_sampling", "true",
+             "moe_gate=deepspeed with moe_router_topk=2: the second expert is the best of the logits plus Gumbel "
+             "noise (false: the second best; Megatron-DeepSpeed's --disable-moe-top2-2nd-expert-sampling).");
+
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",
               "quantile_balancing: after each iteration the bias is this times the old one plus 1 - this times "
@@ -261,7 +312,9 @@ inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
       dtk::layers::kMoeExpertCapacityFactorOption, dtk::layers::kMoeTokenDropPolicyOption,                  \
       dtk::layers::kMoePadExpertInputToCapacityOption, dtk::layers::kMoeSharedExpertIntermediateSizeOption, \
       dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption,                       \
-      dtk::layers::kMoeRouterQuantileBalancingEmaOption
+      dtk::layers::kMoeRouterQuantileBalancingEmaOption, dtk::layers::kMoeGateOption,                       \
+      dtk::layers::kMoeEvalCapacityFactorOption, dtk::layers::kMoeMinCapacityOption,                        \
+      dtk::layers::kMoeTop2SecondExpertSamplingOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -281,9 +334,10 @@ class MoeMlp {
   // MLP branch of the same shape, after the layer's reduction, biases included. `generating`: a
   // forward with a key/value cache, which routes every token to its experts whatever the capacity
   // (as Megatron's inference router): a cached step's few tokens and the left padding of a batch
-  // would otherwise change which tokens fit. `jitter_rng`: the generator the input jitter's noise
-  // is drawn from (the layer's DropoutRng::hidden, inside a recomputed block the block's); needed
-  // with moe_input_jitter_eps > 0 except when generating, which draws none. `training`: the
+  // would otherwise change which tokens fit. `jitter_rng`: the generator the input jitter's and
+  // DeepSpeed's gate's noise is drawn from (the layer's DropoutRng::hidden, inside a recomputed
+  // block the block's); needed with moe_input_jitter_eps > 0 or moe_gate=deepspeed except when
+  // generating, which draws none. `training`: the
   // model's training flag (Megatron's module.training; sinkhorn chooses differently in evaluation),
   // the same in both passes of a recomputed layer.
   at::Tensor forward(const at::Tensor& x, const ExpertActivation& activation, bool generating = false,
@@ -333,7 +387,9 @@ class MoeMlp {
     // Padding to capacity: the most choices any expert holds of these tokens (0: not padded).
     int64_t padded_rows = 0;
   };
-  Routing route(const at::Tensor& x, int64_t batch, bool generating, bool training) const;
+  Routing route(const at::Tensor& x, int64_t batch, bool generating, bool training, at::Generator* rng) const;
+  Routing deepspeed_route(const at::Tensor& x, int64_t batch, bool generating, bool training, at::Generator* rng) const;
+  at::Tensor deepspeed_kept(const at::Tensor& chosen, int64_t batch, bool training, at::Generator& rng) const;
   at::Tensor jittered(const at::Tensor& x, at::Generator& gen) const;
   Routing choose(const at::Tensor& logits, int64_t batch, bool training) const;
   at::Tensor weights_at(const at::Tensor& logits, const at::Tensor& chosen) const;

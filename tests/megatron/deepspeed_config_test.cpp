@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -345,6 +346,121 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
                   "--deepspeed_config x.json (without --deepspeed Megatron-DeepSpeed does not read it)"));
   EXPECT_TRUE(has(dtk::core::map_megatron_args({"--deepspeed", "--deepspeed_config", "/nonexistent/ds.json"}).refused,
                   "--deepspeed_config /nonexistent/ds.json: /nonexistent/ds.json: cannot read the DeepSpeed config"));
+}
+
+// Megatron-DeepSpeed's MoE (examples_deepspeed/MoE): with --deepspeed, --num-experts is DeepSpeed's
+// MoE layer with its defaults (every second layer, top-1, capacity factors 1.0, least capacity 4,
+// loss coefficient 0.1), each of its flags mapped; Megatron-LM's reading stays without them; a mix
+// of the two families, a pyramid of counts and the residual MoE are refused.
+TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
+  const std::string ds = ds_file("moe", R"({"train_batch_size": 8})");
+  const auto options_of = [](const MegatronMapping& m) { return config_of(m).model().options(); };
+  const auto expect_options = [&](const MegatronMapping& m, const std::map<std::string, std::string>& want,
+                                  const std::string& what) {
+    ASSERT_TRUE(m.refused.empty()) << what << ": " << joined(m.refused);
+    const auto options = options_of(m);
+    for (const auto& [key, value] : want) {
+      ASSERT_EQ(options.count(key), 1u) << what << ": " << key;
+      EXPECT_EQ(options.at(key), value) << what << ": " << key;
+    }
+  };
+  // The defaults: --num-experts alone under --deepspeed.
+  expect_options(map({"--num-layers", "6", "--num-experts", "8"}, ds),
+                 {{"num_experts", "8"},
+                  {"moe_gate", "deepspeed"},
+                  {"moe_layer_freq", "[0,1,0,1,0,1]"},
+                  {"moe_router_topk", "1"},
+                  {"moe_aux_loss_coeff", "0.1"},
+                  {"moe_expert_capacity_factor", "1.0"},
+                  {"moe_eval_capacity_factor", "1.0"},
+                  {"moe_min_capacity", "4"}},
+                 "defaults");
+  // ds_pretrain_gpt_*_MoE*.sh's flags; they alone (no --deepspeed) choose DeepSpeed's reading too.
+  const std::vector<std::string> example = {"--num-layers",
+                                            "12",
+                                            "--num-experts",
+                                            "16",
+                                            "--topk",
+                                            "2",
+                                            "--moe-expert-parallel-size",
+                                            "4",
+                                            "--moe-loss-coeff",
+                                            "0.01",
+                                            "--moe-train-capacity-factor",
+                                            "1.25",
+                                            "--moe-eval-capacity-factor",
+                                            "2.0",
+                                            "--moe-min-capacity",
+                                            "8",
+                                            "--expert-interval",
+                                            "3",
+                                            "--create-moe-param-group",
+                                            "--disable-moe-top2-2nd-expert-sampling",
+                                            "--mlp-type",
+                                            "standard"};
+  for (const bool with_deepspeed : {true, false}) {
+    const MegatronMapping m = with_deepspeed ? map(example, ds) : dtk::core::map_megatron_args(example);
+    expect_options(m,
+                   {{"num_experts", "16"},
+                    {"moe_gate", "deepspeed"},
+                    {"moe_layer_freq", "[0,0,1,0,0,1,0,0,1,0,0,1]"},
+                    {"moe_router_topk", "2"},
+                    {"moe_aux_loss_coeff", "0.01"},
+                    {"moe_expert_capacity_factor", "1.25"},
+                    {"moe_eval_capacity_factor", "2.0"},
+                    {"moe_min_capacity", "8"},
+                    {"moe_top2_2nd_expert_sampling", "false"}},
+                   with_deepspeed ? "example" : "example without --deepspeed");
+    EXPECT_EQ(config_of(m).distributed().expert_model_parallel_size(), 4);
+    EXPECT_TRUE(has(m.ignored, "--create-moe-param-group")) << joined(m.ignored);
+  }
+  // Dropless: no capacity (the capacity flags said to do nothing); interval 1: every layer.
+  const MegatronMapping dropless = map({"--num-layers", "4", "--num-experts", "4", "--disable-moe-token-dropping",
+                                        "--moe-min-capacity", "2", "--expert-interval", "1"},
+                                       ds);
+  expect_options(dropless, {{"moe_layer_freq", "1"}}, "dropless");
+  EXPECT_EQ(options_of(dropless).count("moe_expert_capacity_factor"), 0u);
+  EXPECT_EQ(options_of(dropless).count("moe_min_capacity"), 0u);
+  EXPECT_TRUE(has(dropless.ignored, "--moe-min-capacity 2 (--disable-moe-token-dropping: no capacity)"));
+  // One expert (Megatron-DeepSpeed's default): dense, its MoE flags do nothing.
+  const MegatronMapping dense = map({"--num-layers", "4", "--num-experts", "1", "--topk", "2"}, ds);
+  EXPECT_TRUE(dense.refused.empty()) << joined(dense.refused);
+  EXPECT_EQ(options_of(dense).count("num_experts"), 0u);
+  EXPECT_TRUE(has(dense.ignored, "--topk 2 (at most one expert"));
+  // Megatron-LM's reading without them: every layer, its own flags.
+  const MegatronMapping megatron = dtk::core::map_megatron_args({"--num-experts", "8", "--moe-router-topk", "2"});
+  EXPECT_TRUE(megatron.refused.empty()) << joined(megatron.refused);
+  EXPECT_EQ(options_of(megatron).count("moe_gate"), 0u);
+  EXPECT_EQ(options_of(megatron).at("num_experts"), "8");
+  // Refusals, one line each.
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--num-layers", "4", "--num-experts", "8", "--moe-router-topk", "2"},
+       "--moe-router-topk 2: Megatron-LM's MoE flag; with --deepspeed --num-experts is DeepSpeed's MoE"},
+      {{"--num-layers", "4", "--num-experts", "4", "8"},
+       "--num-experts 4 8: DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK"},
+      {{"--num-layers", "4", "--num-experts", "4", "4", "4"},
+       "--num-experts 4 4 4: 3 counts for 2 MoE layers (Megatron-DeepSpeed asserts one count, or one per MoE layer)"},
+      {{"--num-layers", "4", "--num-experts", "4", "--mlp-type", "residual"},
+       "--mlp-type residual: DeepSpeed's residual MoE"},
+      {{"--num-layers", "4", "--num-experts", "4", "--moe-train-capacity-factor", "0"},
+       "--moe-train-capacity-factor 0: not a factor > 0"},
+      {{"--num-experts", "4"},
+       "--num-experts 4: DeepSpeed's MoE layers are every --expert-interval-th layer: give "
+       "--num-layers"},
+      {{"--num-layers", "4", "--num-experts", "4", "--expert-interval", "0"},
+       "--expert-interval 0: not a positive number of layers"}};
+  for (const auto& [flags, line] : refused) {
+    const MegatronMapping m = map(flags, ds);
+    EXPECT_TRUE(has(m.refused, line)) << line << "\n got: " << joined(m.refused);
+  }
+  const MegatronMapping mixed =
+      dtk::core::map_megatron_args({"--num-experts", "8", "--topk", "2", "--expert-model-parallel-size", "2"});
+  EXPECT_TRUE(has(mixed.refused,
+                  "--expert-model-parallel-size 2 with --topk 2: Megatron-LM's and "
+                  "Megatron-DeepSpeed's MoE flags; give one family"))
+      << joined(mixed.refused);
+  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--num-experts", "4", "8"}).refused,
+                  "--num-experts 4 8: Megatron-LM's --num-experts is one count"));
 }
 
 // Megatron-DeepSpeed's other names: lowercase norms, --num-key-value-heads, the rope theta, and the

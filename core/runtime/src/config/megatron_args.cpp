@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <regex>
 #include <set>
@@ -113,8 +114,11 @@ const Rule kRules[] = {
      "with --window-size: every N-th layer (counting from 1), or the 0s of a 0/1 list per layer, keeps full "
      "attention"},
     // Mixture of experts
-    {"--num-experts", 1, Kind::kSet, "model.num_experts",
-     "MoE layers (top-k routing, dropless unless --moe-expert-capacity-factor) in gpt and llama"},
+    {"--num-experts", -1, Kind::kCustom, "model.num_experts",
+     "MoE layers in gpt and llama: Megatron-LM's (every layer, top-k routing, dropless unless "
+     "--moe-expert-capacity-factor); with --deepspeed or Megatron-DeepSpeed's MoE flags below, DeepSpeed's "
+     "(model.moe_gate=deepspeed: every --expert-interval-th layer, top-1 or top-2 with capacity; a list per MoE "
+     "layer must hold one count)"},
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
     {"--moe-layer-freq", 1, Kind::kCustom, "model.moe_layer_freq",
@@ -363,6 +367,29 @@ const Rule kRules[] = {
      "gradients and lm loss over the global batch's tokens, not the mean of each micro-batch's mean"},
     {"--lr-warmup-tokens", 1, Kind::kSet, "lr.lr_warmup_tokens", ""},
     {"--lr-decay-tokens", 1, Kind::kSet, "lr.lr_decay_tokens", ""},
+    // Megatron-DeepSpeed's MoE (DeepSpeed's MoE layer; mapped together, see map_moe)
+    {"--moe-expert-parallel-size", 1, Kind::kCustom, "distributed.expert_model_parallel_size",
+     "the experts split over this many data-parallel ranks"},
+    {"--topk", 1, Kind::kCustom, "model.moe_router_topk", "DeepSpeed's gate: top-1 (its default) or top-2"},
+    {"--expert-interval", 1, Kind::kCustom, "model.moe_layer_freq",
+     "layers N, 2N, ... (1-based) are MoE layers (default 2)"},
+    {"--moe-train-capacity-factor", 1, Kind::kCustom, "model.moe_expert_capacity_factor",
+     "DeepSpeed's gate's capacity factor in training (default 1.0)"},
+    {"--moe-eval-capacity-factor", 1, Kind::kCustom, "model.moe_eval_capacity_factor",
+     "DeepSpeed's gate's capacity factor in evaluation (default 1.0)"},
+    {"--moe-min-capacity", 1, Kind::kCustom, "model.moe_min_capacity", "an expert's least capacity (default 4)"},
+    {"--moe-loss-coeff", 1, Kind::kCustom, "model.moe_aux_loss_coeff",
+     "DeepSpeed's l_aux of every MoE layer times this, added to the loss (default 0.1)"},
+    {"--disable-moe-token-dropping", 0, Kind::kCustom, "model.moe_expert_capacity_factor",
+     "DeepSpeed's gate dropless in training and evaluation (factor 0)"},
+    {"--disable-moe-top2-2nd-expert-sampling", 0, Kind::kCustom, "model.moe_top2_2nd_expert_sampling",
+     "top-2's second expert the second best, not Gumbel-sampled"},
+    {"--mlp-type", 1, Kind::kCustom, "", "standard; residual (DeepSpeed's residual MoE) refused"},
+    {"--create-moe-param-group", 0, Kind::kIgnore, "",
+     "DeepSpeed's optimizer groups of the experts' parameters, at the same hyperparameters: the same update"},
+    {"--enable-expert-tensor-parallelism", 0, Kind::kIgnore, "",
+     "DTK splits every expert over the tensor-parallel group as the dense MLP; the same arithmetic"},
+    {"--use-tutel", 0, Kind::kIgnore, "", "Tutel's dispatch kernels for top-1: the same arithmetic"},
     {"--universal-checkpoint", 0, Kind::kRefuse, "",
      "DeepSpeed's universal checkpoints are not read; DTK reads its own (Megatron's torch layout)"},
     // Parallelism
@@ -581,6 +608,30 @@ void set_by(MegatronMapping& m, const std::string& assignment, const std::string
   m.flag_of[assignment.substr(0, assignment.find('='))] = shown.substr(0, shown.find(' '));
 }
 
+// Megatron-DeepSpeed's MoE flags (DeepSpeed's MoE layer), which Megatron-LM has not.
+bool is_deepspeed_moe_flag(const std::string& f) {
+  static const std::set<std::string> flags = {"--moe-expert-parallel-size",
+                                              "--topk",
+                                              "--expert-interval",
+                                              "--moe-train-capacity-factor",
+                                              "--moe-eval-capacity-factor",
+                                              "--moe-min-capacity",
+                                              "--moe-loss-coeff",
+                                              "--disable-moe-token-dropping",
+                                              "--disable-moe-top2-2nd-expert-sampling",
+                                              "--mlp-type",
+                                              "--create-moe-param-group",
+                                              "--enable-expert-tensor-parallelism",
+                                              "--use-tutel"};
+  return flags.count(f) > 0;
+}
+
+// Megatron-LM's MoE flags (its MoE layer), which Megatron-DeepSpeed has not.
+bool is_megatron_moe_flag(const std::string& f) {
+  return (f.rfind("--moe-", 0) == 0 && !is_deepspeed_moe_flag(f)) || f == "--expert-model-parallel-size" ||
+         f == "--expert-tensor-parallel-size";
+}
+
 // The flags whose effect depends on their value.
 void custom(const Rule& r, const std::string& flag, const std::vector<std::string>& v, MegatronMapping& m) {
   const std::string f = normalized(r.flag);
@@ -729,6 +780,8 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "mmap") refuse("DTK reads Megatron's mmap .bin/.idx files only");
   } else if (f == "--multiple-validation-sets" || f == "--validation-set-names") {
     // mapped with --valid-data-path (map_validation_sets)
+  } else if (f == "--num-experts" || is_deepspeed_moe_flag(f)) {
+    // mapped together, in Megatron-LM's or Megatron-DeepSpeed's reading (map_moe)
   } else if (f == "--dataloader-type") {  // the last one given counts (map_dataloader)
     if (v[0] != "single" && v[0] != "cyclic" && v[0] != "external") refuse("not one of single, cyclic, external");
   }
@@ -914,6 +967,11 @@ struct SeenFlags {
   std::string dataloader_type, dataloader_type_shown;   // the last --dataloader-type: its value, as given
   std::string no_data_sharding_shown;                   // --no-data-sharding as given
   int ds_config_flags = 0;                              // --deepspeed_config / --deepscale_config given
+  std::vector<std::string> num_experts;                 // --num-experts' values
+  std::string num_experts_shown;                        // --num-experts as given
+  // Megatron-DeepSpeed's MoE flags given: flag -> (values, as given); Megatron-LM's, as given.
+  std::map<std::string, std::pair<std::vector<std::string>, std::string>> deepspeed_moe;
+  std::vector<std::string> megatron_moe_shown;
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -921,6 +979,9 @@ struct SeenFlags {
 void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, const std::vector<std::string>& values) {
   if ((f == "--data-impl" || f == "--llama-model") && !s.legacy_data) s.legacy_data = true, s.legacy_data_shown = shown;
   if (f == "--split") s.split_given = true;
+  if (f == "--num-experts") s.num_experts = values, s.num_experts_shown = shown;
+  if (is_deepspeed_moe_flag(f)) s.deepspeed_moe[f] = {values, shown};
+  if (is_megatron_moe_flag(f)) s.megatron_moe_shown.push_back(shown);
   if (f == "--load") s.load_given = true;
   if (f == "--num-key-value-heads") s.key_value_heads = values[0], s.key_value_heads_shown = shown;
   if (f == "--checkpoint-activations") s.checkpoint_activations = true;
@@ -1276,6 +1337,118 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
 // Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
 // given; --moe-layer-recompute adds moe). DTK's layers recompute core_attn, mlp and moe; Megatron
 // reads the list only under selective granularity.
+// The layers N, 2N, ... (1-based) of `layers` as a moe_layer_freq list: Megatron-DeepSpeed's
+// get_num_experts_per_layer (a layer is an MoE layer when its number is a multiple of N).
+std::string every_nth_layer(long layers, long n) {
+  std::string list;
+  for (long layer = 1; layer <= layers; ++layer)
+    list += std::string(list.empty() ? "[" : ",") + (layer % n ? "0" : "1");
+  return list + "]";
+}
+
+// Megatron-DeepSpeed's MoE: DeepSpeed's gate on every --expert-interval-th layer with its defaults
+// (top-1, capacity factors 1.0, least capacity 4, loss coefficient 0.1).
+void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
+  const auto given = [&](const char* flag) { return s.deepspeed_moe.count(flag) > 0; };
+  const auto value = [&](const char* flag, const char* fallback) {
+    return given(flag) ? s.deepspeed_moe.at(flag).first[0] : std::string(fallback);
+  };
+  const auto credit = [&](const char* flag) {
+    return given(flag) ? s.deepspeed_moe.at(flag).second : s.num_experts_shown;
+  };
+  const std::string interval_text = value("--expert-interval", "2");
+  const long interval = positive_number(interval_text), layers = positive_number(s.num_layers);
+  if (interval == 0) return m.refused.push_back(credit("--expert-interval") + ": not a positive number of layers");
+  if (layers == 0)
+    return m.refused.push_back(s.num_experts_shown +
+                               ": DeepSpeed's MoE layers are every --expert-interval-th layer: give --num-layers");
+  if (s.num_experts.size() > 1 && static_cast<long>(s.num_experts.size()) != layers / interval)
+    return m.refused.push_back(s.num_experts_shown + ": " + std::to_string(s.num_experts.size()) + " counts for " +
+                               std::to_string(layers / interval) +
+                               " MoE layers (Megatron-DeepSpeed asserts one count, or one per MoE layer)");
+  const std::string mlp_type = value("--mlp-type", "standard");
+  if (mlp_type == "residual")
+    return m.refused.push_back(credit("--mlp-type") +
+                               ": DeepSpeed's residual MoE (a dense MLP beside the experts, mixed by a learned "
+                               "2-way softmax) is not in DTK's MoE layer; use --mlp-type standard");
+  if (mlp_type != "standard") return m.refused.push_back(credit("--mlp-type") + ": not one of standard, residual");
+  set_by(m, "model.num_experts=" + std::to_string(experts), s.num_experts_shown);
+  set_by(m, "model.moe_gate=deepspeed", s.num_experts_shown);
+  set_by(m, "model.moe_layer_freq=" + (interval == 1 ? std::string("1") : every_nth_layer(layers, interval)),
+         credit("--expert-interval"));
+  const std::string topk = value("--topk", "1");
+  set_by(m, "model.moe_router_topk=" + topk, credit("--topk"));
+  set_by(m, "model.moe_aux_loss_coeff=" + value("--moe-loss-coeff", "0.1"), credit("--moe-loss-coeff"));
+  if (given("--moe-expert-parallel-size"))
+    set_by(m, "distributed.expert_model_parallel_size=" + value("--moe-expert-parallel-size", ""),
+           credit("--moe-expert-parallel-size"));
+  const char* capacity_flags[] = {"--moe-train-capacity-factor", "--moe-eval-capacity-factor", "--moe-min-capacity"};
+  if (given("--disable-moe-token-dropping")) {
+    for (const char* flag : capacity_flags)
+      if (given(flag)) m.ignored.push_back(credit(flag) + " (--disable-moe-token-dropping: no capacity)");
+  } else {
+    for (const char* flag : {"--moe-train-capacity-factor", "--moe-eval-capacity-factor"}) {
+      char* end = nullptr;
+      const std::string v = value(flag, "1.0");
+      const double factor = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(factor > 0.0) || !std::isfinite(factor))
+        return m.refused.push_back(credit(flag) +
+                                   ": not a factor > 0 (DTK reads a factor of 0 as dropless: "
+                                   "--disable-moe-token-dropping)");
+    }
+    set_by(m, "model.moe_expert_capacity_factor=" + value("--moe-train-capacity-factor", "1.0"),
+           credit("--moe-train-capacity-factor"));
+    set_by(m, "model.moe_eval_capacity_factor=" + value("--moe-eval-capacity-factor", "1.0"),
+           credit("--moe-eval-capacity-factor"));
+    set_by(m, "model.moe_min_capacity=" + value("--moe-min-capacity", "4"), credit("--moe-min-capacity"));
+  }
+  if (given("--disable-moe-top2-2nd-expert-sampling")) {
+    if (topk == "2")
+      set_by(m, "model.moe_top2_2nd_expert_sampling=false", credit("--disable-moe-top2-2nd-expert-sampling"));
+    else
+      m.ignored.push_back(credit("--disable-moe-top2-2nd-expert-sampling") + " (top-1 samples no second expert)");
+  }
+}
+
+// --num-experts in Megatron-LM's reading (one count: its MoE layer) or, with --deepspeed or any of
+// Megatron-DeepSpeed's MoE flags, in Megatron-DeepSpeed's (DeepSpeed's MoE layer, whose flags
+// Megatron-LM has not, and the reverse: a mix of the two families is refused, as each one's
+// argparse refuses the other's flags).
+void map_moe(const SeenFlags& s, MegatronMapping& m) {
+  const bool deepspeed = !s.deepspeed_shown.empty() || !s.deepspeed_moe.empty();
+  if (!s.deepspeed_moe.empty() && !s.megatron_moe_shown.empty())
+    return m.refused.push_back(s.megatron_moe_shown[0] + " with " + s.deepspeed_moe.begin()->second.second +
+                               ": Megatron-LM's and Megatron-DeepSpeed's MoE flags; give one family");
+  if (s.num_experts.empty()) {
+    for (const auto& [flag, given] : s.deepspeed_moe)
+      m.ignored.push_back(given.second + " (Megatron-DeepSpeed reads it only with --num-experts)");
+    return;
+  }
+  for (const std::string& v : s.num_experts)
+    if (v != s.num_experts[0])
+      return m.refused.push_back(
+          s.num_experts_shown + ": " +
+          (deepspeed ? "DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK: its MoE layers share one count"
+                     : "Megatron-LM's --num-experts is one count"));
+  // (Megatron-LM's count the model checks.)
+  if (!deepspeed) return set_by(m, "model.num_experts=" + s.num_experts[0], s.num_experts_shown);
+  const long experts = s.num_experts[0] == "0" ? 0 : positive_number(s.num_experts[0]);
+  if (experts == 0 && s.num_experts[0] != "0")
+    return m.refused.push_back(s.num_experts_shown + ": not a number of experts");
+  if (!s.megatron_moe_shown.empty())
+    return m.refused.push_back(
+        s.megatron_moe_shown[0] + ": Megatron-LM's MoE flag; with " +
+        (s.deepspeed_shown.empty() ? std::string("Megatron-DeepSpeed's MoE flags") : s.deepspeed_shown) +
+        " --num-experts is DeepSpeed's MoE (its flags: --topk, --expert-interval, "
+        "--moe-expert-parallel-size, --moe-train-capacity-factor, --moe-loss-coeff, ...)");
+  if (experts <= 1) {  // Megatron-DeepSpeed's default, 1: dense MLPs
+    for (const auto& [flag, given] : s.deepspeed_moe)
+      m.ignored.push_back(given.second + " (at most one expert: Megatron-DeepSpeed builds dense MLPs)");
+    return;
+  }
+  map_deepspeed_moe(s, experts, m);
+}
+
 void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& m) {
   if (s.recompute_modules_shown.empty() && !s.moe_layer_recompute) return;
   if (!selective)
@@ -1874,6 +2047,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (s.fp16 && s.bf16) m.refused.push_back("--fp16 with --bf16: give one (Megatron asserts it)");
   map_recompute(s, m);
   map_rope_scaling(s, m);
+  map_moe(s, m);
   // No load-balancing loss (none, or quantile balancing's bias): Megatron ignores --moe-aux-loss-coeff
   // then, wherever it came (its sinkhorn asserts it is 0: the model refuses another).
   if (!s.no_load_balancing_shown.empty()) {

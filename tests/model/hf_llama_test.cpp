@@ -1186,4 +1186,19 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
           << line;
     }
   }
+  // DeepSpeed's gate: top-2 renormalises over its two as Mixtral does; top-1 weighs its expert by
+  // the softmax over all experts, which Mixtral's block does not.
+  std::map<std::string, std::string> deepspeed = base;
+  deepspeed["moe_gate"] = "deepspeed";
+  EXPECT_FALSE(dtk::core::llama_shape(deepspeed, 64).pre_softmax);
+  deepspeed["moe_router_topk"] = "1";
+  try {
+    dtk::core::llama_shape(deepspeed, 64);
+    ADD_FAILURE() << "DeepSpeed's top-1 exported as Mixtral";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("option 'moe_gate' is deepspeed: a llama with experts exports as "
+                                         "MixtralForCausalLM, whose top-k weights are renormalised"),
+              std::string::npos)
+        << e.what();
+  }
 }

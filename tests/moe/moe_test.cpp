@@ -2025,3 +2025,34 @@ TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
   ASSERT_EQ(megatron.loss.size(), kIters) << megatron.run.out;
   EXPECT_GT(std::abs(megatron.loss.at(2) - one.loss.at(2)), 1e-5 * one.loss.at(2));
 }
+
+// A DeepSpeed-gate model (no router bias, no second expert bias) under EP 2: with top-1's random
+// token selection (its draws from the checkpointed generator) it resumes bit for bit; with top-2
+// argmax (no noise: a converted checkpoint starts the new layout's own generators, as dropout's)
+// converted to EP 1 it resumes as the uninterrupted run.
+TEST(Moe, DeepSpeedGateResumesAndConverts) {
+  const std::string gate =
+      "--set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0 --set model.moe_expert_capacity_factor=0.5 ";
+  for (const std::string& routing : {std::string("--set model.moe_router_topk=1 "),
+                                     std::string("--set model.moe_top2_2nd_expert_sampling=false ")}) {
+    const bool noisy = routing.find("topk=1") != std::string::npos;
+    const std::string tag = noisy ? "ds-gate-top1" : "ds-gate-top2";
+    const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-" + tag + "-checkpoint");
+    const dtk_test::Curve whole = curve_of("gpt", 2, gate + routing + kEp2, tag + "-uninterrupted");
+    ASSERT_EQ(whole.loss.size(), kIters) << whole.run.out;
+    const dtk_test::Curve first =
+        curve_of("gpt", 2, gate + routing + kEp2 + "--set checkpoint.save=" + ck + " --set train.exit_interval=3 ",
+                 tag + "-first");
+    ASSERT_EQ(first.loss.size(), 3u) << first.run.out;
+    if (noisy) {
+      expect_resumed(curve_of("gpt", 2, gate + routing + kEp2 + "--set checkpoint.load=" + ck + " ", tag + "-resumed"),
+                     whole, "DeepSpeed's gate, top-1, EP 2 resumed");
+      continue;
+    }
+    const dtk_test::Result convert = dtk_test::run_dtk(
+        "checkpoint convert " + ck + "/iter_0000003 " + ck + "-ep1 --expert_model_parallel_size 1", 120);
+    ASSERT_EQ(convert.code, 0) << convert.out;
+    expect_resumed(curve_of("gpt", 2, gate + routing + "--set checkpoint.load=" + ck + "-ep1 ", tag + "-to-ep1"), whole,
+                   "DeepSpeed's gate, top-2, EP 2 converted to EP 1", 1e-5);
+  }
+}

@@ -117,7 +117,7 @@ const Rule kRules[] = {
     {"--num-experts", -1, Kind::kCustom, "model.num_experts",
      "MoE layers in gpt and llama: Megatron-LM's (every layer, top-k routing, dropless unless "
      "--moe-expert-capacity-factor); with --deepspeed or Megatron-DeepSpeed's MoE flags below, DeepSpeed's "
-     "(model.moe_gate=deepspeed: every --expert-interval-th layer, top-1 or top-2 with capacity; a list per MoE "
+     "(model.moe_gate=deepspeed, on every --expert-interval-th layer, top-1 or top-2 with capacity; a list per MoE "
      "layer must hold one count)"},
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},

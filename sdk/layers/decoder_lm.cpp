@@ -259,6 +259,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   float_opt("moe_eval_capacity_factor", c.moe.eval_capacity_factor);
   int_opt("moe_min_capacity", c.moe.min_capacity);
   bool_opt("moe_top2_2nd_expert_sampling", c.moe.second_expert_sampling);
+  bool_opt("moe_residual", c.moe.residual);
 }
 
 namespace {
@@ -329,7 +330,8 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
     const std::pair<const char*, bool> own[] = {
         {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
         {"moe_min_capacity", m.min_capacity != unset.min_capacity},
-        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling}};
+        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
+        {"moe_residual", m.residual != unset.residual}};
     for (const auto& [option, set] : own)
       if (set) fail(std::string("option '") + option + "' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed");
     return;
@@ -404,7 +406,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_gate", m.gate != unset.gate},
         {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
         {"moe_min_capacity", m.min_capacity != unset.min_capacity},
-        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling}};
+        {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
+        {"moe_residual", m.residual != unset.residual}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;

@@ -298,10 +298,16 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
   }
   if (c.routing == MoeRouting::kQuantileBalancing)
     qb_beta = at::zeros({c.num_experts}, at::TensorOptions().dtype(at::kFloat).device(f.device));
-  if (c.shared_ffn > 0) {
-    for (size_t i = 0; i < inputs_.size(); ++i) shared.in.emplace_back(hidden, c.shared_ffn, bias, init_std, tp, f);
-    shared.out = RowParallelLinear(c.shared_ffn, hidden, bias, out_std, tp, f);
+  if (c.shared_ffn > 0 || c.residual) {
+    // (DeepSpeed's residual MLP is a copy of its expert, whose second bias never acts.)
+    const int64_t ffn = c.residual ? c.ffn : c.shared_ffn;
+    for (size_t i = 0; i < inputs_.size(); ++i) shared.in.emplace_back(hidden, ffn, bias, init_std, tp, f);
+    shared.out = RowParallelLinear(ffn, hidden, bias && !deepspeed, out_std, tp, f);
     if (c.shared_gate) shared_gate = f.param(f.normal({1, hidden}, init_std));
+  }
+  if (c.residual) {  // torch.nn.Linear(hidden, 2), with its bias whatever the model's
+    residual_coefficient = f.param(f.normal({2, hidden}, init_std));
+    residual_coefficient_bias = f.zeros({2});
   }
 }
 
@@ -793,7 +799,7 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
   at::Tensor shared_out;
   if (has_shared_expert()) {
     const at::Tensor shared_partial = expert_partial(shared, rows, activation);
-    if (shared_gate.defined())
+    if (shared_gate.defined() || residual_coefficient.defined())
       shared_out = exit_tp_region(shared_partial, tp_);
     else
       partial = partial + shared_partial;
@@ -802,6 +808,10 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
   const at::Tensor bias = output_bias(local, out.scalar_type());
   if (bias.defined()) out = out + bias.view({b, s, h});
   if (!has_shared_expert()) return out;
+  if (residual_coefficient.defined()) {  // DeepSpeed's residual MoE: the two mixed per token
+    const at::Tensor mix = at::softmax(dtk::linear(x, residual_coefficient, residual_coefficient_bias), -1);
+    return out * mix.narrow(-1, 0, 1) + shared_out * mix.narrow(-1, 1, 1);
+  }
   if (!shared_gate.defined()) return shared.out.bias.defined() ? out + shared.out.bias : out;
   if (shared.out.bias.defined()) shared_out = shared_out + shared.out.bias;
   return out + shared_out * at::sigmoid(dtk::linear(x, shared_gate, at::Tensor()));
@@ -898,7 +908,7 @@ void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) cons
     for (size_t k = first; k < out.size(); ++k) out[k].info.expert = 1;
   }
   if (!has_shared_expert()) return;
-  const std::string name = prefix + "shared_experts.";
+  const std::string name = prefix + (c_.residual ? "residual_mlp." : "shared_experts.");
   for (size_t i = 0; i < inputs_.size(); ++i) {
     add_param(out, name + inputs_[i] + ".weight", shared.in[i].weight, 0, false);
     if (shared.in[i].bias.defined()) add_param(out, name + inputs_[i] + ".bias", shared.in[i].bias, 0, true);
@@ -906,6 +916,10 @@ void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) cons
   add_param(out, name + output_ + ".weight", shared.out.weight, 1, false);
   if (shared.out.bias.defined()) add_param(out, name + output_ + ".bias", shared.out.bias, -1, true);
   if (shared_gate.defined()) add_param(out, name + "gate_weight", shared_gate, -1, false);
+  if (residual_coefficient.defined()) {
+    add_param(out, prefix + "coefficient.weight", residual_coefficient, -1, false);
+    add_param(out, prefix + "coefficient.bias", residual_coefficient_bias, -1, true);
+  }
 }
 
 }  // namespace dtk::layers

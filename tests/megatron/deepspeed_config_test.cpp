@@ -350,8 +350,8 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
 
 // Megatron-DeepSpeed's MoE (examples_deepspeed/MoE): with --deepspeed, --num-experts is DeepSpeed's
 // MoE layer with its defaults (every second layer, top-1, capacity factors 1.0, least capacity 4,
-// loss coefficient 0.1), each of its flags mapped; Megatron-LM's reading stays without them; a mix
-// of the two families, a pyramid of counts and the residual MoE are refused.
+// loss coefficient 0.1), each of its flags mapped (the residual MoE too); Megatron-LM's reading
+// stays without them; a mix of the two families and a pyramid of counts are refused.
 TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   const std::string ds = ds_file("moe", R"({"train_batch_size": 8})");
   const auto options_of = [](const MegatronMapping& m) { return config_of(m).model().options(); };
@@ -414,6 +414,10 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
     EXPECT_EQ(config_of(m).distributed().expert_model_parallel_size(), 4);
     EXPECT_TRUE(has(m.ignored, "--create-moe-param-group")) << joined(m.ignored);
   }
+  // DeepSpeed's residual MoE (PR-MoE's residual half).
+  expect_options(map({"--num-layers", "4", "--num-experts", "4", "--mlp-type", "residual"}, ds),
+                 {{"moe_residual", "true"}}, "residual");
+  EXPECT_EQ(options_of(map({"--num-layers", "4", "--num-experts", "4"}, ds)).count("moe_residual"), 0u);
   // Dropless: no capacity (the capacity flags said to do nothing); interval 1: every layer.
   const MegatronMapping dropless = map({"--num-layers", "4", "--num-experts", "4", "--disable-moe-token-dropping",
                                         "--moe-min-capacity", "2", "--expert-interval", "1"},
@@ -440,8 +444,8 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
        "--num-experts 4 8: DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK"},
       {{"--num-layers", "4", "--num-experts", "4", "4", "4"},
        "--num-experts 4 4 4: 3 counts for 2 MoE layers (Megatron-DeepSpeed asserts one count, or one per MoE layer)"},
-      {{"--num-layers", "4", "--num-experts", "4", "--mlp-type", "residual"},
-       "--mlp-type residual: DeepSpeed's residual MoE"},
+      {{"--num-layers", "4", "--num-experts", "4", "--mlp-type", "pyramid"},
+       "--mlp-type pyramid: not one of standard, residual"},
       {{"--num-layers", "4", "--num-experts", "4", "--moe-train-capacity-factor", "0"},
        "--moe-train-capacity-factor 0: not a factor > 0"},
       {{"--num-experts", "4"},

@@ -1191,6 +1191,9 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
   std::map<std::string, std::string> deepspeed = base;
   deepspeed["moe_gate"] = "deepspeed";
   EXPECT_FALSE(dtk::core::llama_shape(deepspeed, 64).pre_softmax);
+  deepspeed["moe_residual"] = "true";
+  EXPECT_THROW(dtk::core::llama_shape(deepspeed, 64), std::exception);
+  deepspeed.erase("moe_residual");
   deepspeed["moe_router_topk"] = "1";
   try {
     dtk::core::llama_shape(deepspeed, 64);

@@ -303,6 +303,8 @@ std::vector<at::Tensor> grads_of(const MoeMlp& m, const at::Tensor& x) {
     if (e->out.bias.defined()) out.push_back(e->out.bias.grad());
   }
   if (m.shared_gate.defined()) out.push_back(m.shared_gate.grad());
+  if (m.residual_coefficient.defined())
+    out.insert(out.end(), {m.residual_coefficient.grad(), m.residual_coefficient_bias.grad()});
   return out;
 }
 
@@ -319,6 +321,10 @@ void zero_grads(const MoeMlp& m, at::Tensor& x) {
     if (e->out.bias.defined()) e->out.bias.mutable_grad() = at::Tensor();
   }
   if (m.shared_gate.defined()) m.shared_gate.mutable_grad() = at::Tensor();
+  if (m.residual_coefficient.defined()) {
+    m.residual_coefficient.mutable_grad() = at::Tensor();
+    m.residual_coefficient_bias.mutable_grad() = at::Tensor();
+  }
 }
 
 // The layer's gradients (grads_of) against the reference's within rtol 1e-5 and `atol`. An expert no
@@ -532,7 +538,15 @@ DeepSpeedGate deepspeed_reference(const MoeMlp& m, const MoeConfig& c, const at:
     }
     rows.push_back(y);
   }
-  r.out = at::stack(rows).view({s, b, h}).transpose(0, 1);
+  at::Tensor out = at::stack(rows);
+  if (c.residual) {  // DeepSpeed's residual MoE: its dense MLP (no second bias) mixed per token
+    const MoeMlp::Expert& mlp = m.shared;
+    const at::Tensor dense =
+        at::matmul(at::gelu(at::matmul(xs, mlp.in[0].weight.t()) + mlp.in[0].bias), mlp.out.weight.t());
+    const at::Tensor mix = at::softmax(at::matmul(xs, m.residual_coefficient.t()) + m.residual_coefficient_bias, 1);
+    out = out * mix.select(1, 0).unsqueeze(1) + dense * mix.select(1, 1).unsqueeze(1);
+  }
+  r.out = out.view({s, b, h}).transpose(0, 1);
   return r;
 }
 
@@ -556,11 +570,14 @@ TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
     double factor, eval_factor;
     int64_t min_capacity;
     bool sampling, training;
+    bool residual = false;
   };
-  const GateCase cases[] = {{1, 0.5, 0, 0, true, true},  {1, 1.0, 0, 4, true, true}, {1, 0.1, 0, 4, true, true},
-                            {1, 6.0, 0, 0, true, true},  {1, 0.0, 0, 0, true, true}, {1, 0.5, 2.0, 4, true, false},
-                            {2, 0.5, 0, 0, true, true},  {2, 1.0, 0, 4, true, true}, {2, 0.5, 0, 0, false, true},
-                            {2, 0.1, 0, 4, false, true}, {2, 0.0, 0, 0, true, true}, {2, 2.0, 0.5, 4, true, false}};
+  const GateCase cases[] = {
+      {1, 0.5, 0, 0, true, true},       {1, 1.0, 0, 4, true, true},      {1, 0.1, 0, 4, true, true},
+      {1, 6.0, 0, 0, true, true},       {1, 0.0, 0, 0, true, true},      {1, 0.5, 2.0, 4, true, false},
+      {2, 0.5, 0, 0, true, true},       {2, 1.0, 0, 4, true, true},      {2, 0.5, 0, 0, false, true},
+      {2, 0.1, 0, 4, false, true},      {2, 0.0, 0, 0, true, true},      {2, 2.0, 0.5, 4, true, false},
+      {1, 0.5, 0, 0, true, true, true}, {2, 1.0, 0, 4, true, true, true}};
   int64_t dropped_top1 = 0, dropped_top2 = 0;
   for (const GateCase& g : cases) {
     MoeConfig c;
@@ -568,13 +585,20 @@ TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
     c.gate = dtk::layers::MoeGate::kDeepSpeed;
     c.capacity_factor = g.factor, c.eval_capacity_factor = g.eval_factor, c.min_capacity = g.min_capacity;
     c.second_expert_sampling = g.sampling;
+    c.residual = g.residual;
     const MoeMlp m = make_layer(c, 8, kCases[0]);
+    if (g.residual) {  // a coefficient bias that moves the mix
+      ASSERT_FALSE(m.shared.out.bias.defined());
+      at::manual_seed(8);
+      m.residual_coefficient_bias.data().normal_(0, 0.5);
+    }
     ASSERT_FALSE(m.router_bias.defined());
     ASSERT_FALSE(m.experts[0].out.bias.defined());
     ASSERT_TRUE(m.experts[0].in[0].bias.defined());
     const std::string what = "top-" + std::to_string(g.topk) + ", factor " + std::to_string(g.factor) +
                              (g.training ? "" : " (evaluation, " + std::to_string(g.eval_factor) + ")") +
-                             ", min capacity " + std::to_string(g.min_capacity) + (g.sampling ? "" : ", argmax");
+                             ", min capacity " + std::to_string(g.min_capacity) + (g.sampling ? "" : ", argmax") +
+                             (g.residual ? ", residual" : "");
     at::manual_seed(3);
     at::Tensor x = at::randn({3, 7, 8}).requires_grad_(true);
     const at::Tensor weights = at::randn({3, 7, 8});
@@ -1988,8 +2012,9 @@ TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
 // DeepSpeed's gate (moe_gate=deepspeed, as Megatron-DeepSpeed's MoE maps) in whole runs, with a
 // capacity that drops: top-2 without sampling (no noise) equals one process under DP, TP, SP, PP
 // and EP; with its Gumbel noise and top-1's random token selection (drawn like the input jitter),
-// under TP, SP and full recomputation. The logged load-balancing loss is DeepSpeed's l_aux, the
-// same however split; the gate changes the training against Megatron's router.
+// under TP, SP and full recomputation; DeepSpeed's residual MoE under TP, SP and EP. The logged
+// load-balancing loss is DeepSpeed's l_aux, the same however split; the gate changes the training
+// against Megatron's router.
 TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
   const std::string gate =
       "--set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0 --set model.moe_expert_capacity_factor=0.5 "
@@ -2008,6 +2033,17 @@ TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
   }
   expect_same_curve(one, curve_of("gpt", 2, gate + argmax + kEp2, "ds-gate-ep2"), kIters,
                     "DeepSpeed's gate, top-2 argmax, EP 2");
+  // DeepSpeed's residual MoE (a dense MLP beside the experts, mixed per token), gpt and llama.
+  const std::string residual = gate + argmax + "--set model.moe_residual=true ";
+  for (const std::string model : {"gpt", "llama"}) {
+    const dtk_test::Curve mixed = curve_of(model, 1, residual, "ds-gate-residual-one");
+    ASSERT_EQ(mixed.loss.size(), kIters) << mixed.run.out;
+    for (const auto& [name, split] :
+         {std::pair<const char*, std::string>{"tp2", kSplits[1].second}, {"sp2", kSplits[2].second}, {"ep2", kEp2}})
+      expect_same_curve(mixed, curve_of(model, 2, residual + split, std::string("ds-gate-residual-") + name), kIters,
+                        model + ", DeepSpeed's residual MoE, " + name);
+    if (model == "gpt") EXPECT_GT(std::abs(mixed.loss.at(2) - one.loss.at(2)), 1e-5 * one.loss.at(2));
+  }
   const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
   const std::string sp2 = tp2 + "--set distributed.sequence_parallel=true ";
   const std::string full = "--set model.recompute_activations=full ";

@@ -384,7 +384,8 @@ const Rule kRules[] = {
      "DeepSpeed's gate dropless in training and evaluation (factor 0)"},
     {"--disable-moe-top2-2nd-expert-sampling", 0, Kind::kCustom, "model.moe_top2_2nd_expert_sampling",
      "top-2's second expert the second best, not Gumbel-sampled"},
-    {"--mlp-type", 1, Kind::kCustom, "", "standard; residual (DeepSpeed's residual MoE) refused"},
+    {"--mlp-type", 1, Kind::kCustom, "model.moe_residual",
+     "standard, or residual: DeepSpeed's residual MoE (a dense MLP beside the experts, mixed per token)"},
     {"--create-moe-param-group", 0, Kind::kIgnore, "",
      "DeepSpeed's optimizer groups of the experts' parameters, at the same hyperparameters: the same update"},
     {"--enable-expert-tensor-parallelism", 0, Kind::kIgnore, "",
@@ -1367,13 +1368,11 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
                                std::to_string(layers / interval) +
                                " MoE layers (Megatron-DeepSpeed asserts one count, or one per MoE layer)");
   const std::string mlp_type = value("--mlp-type", "standard");
-  if (mlp_type == "residual")
-    return m.refused.push_back(credit("--mlp-type") +
-                               ": DeepSpeed's residual MoE (a dense MLP beside the experts, mixed by a learned "
-                               "2-way softmax) is not in DTK's MoE layer; use --mlp-type standard");
-  if (mlp_type != "standard") return m.refused.push_back(credit("--mlp-type") + ": not one of standard, residual");
+  if (mlp_type != "standard" && mlp_type != "residual")
+    return m.refused.push_back(credit("--mlp-type") + ": not one of standard, residual");
   set_by(m, "model.num_experts=" + std::to_string(experts), s.num_experts_shown);
   set_by(m, "model.moe_gate=deepspeed", s.num_experts_shown);
+  if (mlp_type == "residual") set_by(m, "model.moe_residual=true", credit("--mlp-type"));
   set_by(m, "model.moe_layer_freq=" + (interval == 1 ? std::string("1") : every_nth_layer(layers, interval)),
          credit("--expert-interval"));
   const std::string topk = value("--topk", "1");

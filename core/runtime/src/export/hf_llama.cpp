@@ -73,6 +73,7 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
       type == "sinkhorn" || type == "quantile_balancing")
     refuse("moe_router_load_balancing_type", "whose router takes the top-k of its softmax (no " + type + " choice)");
   if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
+  if (on("moe_residual")) refuse("moe_residual", "which has no residual MLP mixed with its experts (DeepSpeed's)");
   // Older transformers build these models' rotary embedding without its rope_scaling.
   if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
   s.shared_ffn = std::stoll(option_or(o, "moe_shared_expert_intermediate_size", "0"));

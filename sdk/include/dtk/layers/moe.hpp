@@ -91,7 +91,10 @@
 //     --moe-loss-coeff times their sum over the layers): E * sum_e mean_t g[t, e] * (the share of
 //     the T tokens whose first choice is e, before dropping);
 //   the experts' second projections have no bias (DeepSpeed's experts drop the bias their
-//     ParallelMLP returns, so Megatron-DeepSpeed's never acts).
+//     ParallelMLP returns, so Megatron-DeepSpeed's never acts);
+//   moe_residual (DeepSpeed's residual MoE, PR-MoE's; Megatron-DeepSpeed's --mlp-type residual):
+//     a dense MLP of the experts' shape beside them (no second bias either), mixed per token as
+//     out = experts(x) c0 + mlp(x) c1, (c0, c1) = softmax(x W_c^T + b_c), W_c [2, hidden].
 // T is the micro-batch's tokens: the gate chooses on the whole sequence's logits under sequence
 // parallelism (SP == TP). Its noise (the Gumbel draws, the selection's uniforms) comes from the
 // layer's hidden-dropout generator as the input jitter's, in training and evaluation as
@@ -156,6 +159,7 @@ struct MoeConfig {
   double eval_capacity_factor = 0.0;
   int64_t min_capacity = 0;
   bool second_expert_sampling = true;
+  bool residual = false;  // DeepSpeed's residual MoE: a dense MLP beside the experts, mixed per token
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
@@ -294,6 +298,12 @@ inline constexpr dtk_option_spec kMoeTop2SecondExpertSamplingOption =
              "moe_gate=deepspeed with moe_router_topk=2: the second expert is the best of the logits plus Gumbel "
              "noise (false: the second best; Megatron-DeepSpeed's --disable-moe-top2-2nd-expert-sampling).");
 
+inline constexpr dtk_option_spec kMoeResidualOption =
+    opt_bool("moe_residual", "false",
+             "moe_gate=deepspeed: DeepSpeed's residual MoE (Megatron-DeepSpeed's --mlp-type residual): a dense MLP "
+             "of the experts' shape beside them, out = experts(x) c0 + mlp(x) c1 with (c0, c1) = softmax(x W^T + b), "
+             "W [2, hidden].");
+
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",
               "quantile_balancing: after each iteration the bias is this times the old one plus 1 - this times "
@@ -314,7 +324,7 @@ inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
       dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption,                       \
       dtk::layers::kMoeRouterQuantileBalancingEmaOption, dtk::layers::kMoeGateOption,                       \
       dtk::layers::kMoeEvalCapacityFactorOption, dtk::layers::kMoeMinCapacityOption,                        \
-      dtk::layers::kMoeTop2SecondExpertSamplingOption
+      dtk::layers::kMoeTop2SecondExpertSamplingOption, dtk::layers::kMoeResidualOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -345,8 +355,9 @@ class MoeMlp {
 
   // "router.weight" (and "router.bias"), per expert e "experts.<e>.<projection>.weight" (and
   // .bias; e the expert's index in the whole layer, under expert parallelism this rank's only), then
-  // "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight", under prefix; the routed experts'
-  // tensors marked dtk_param_info.expert.
+  // "shared_experts.<projection>.weight" (.bias) and "shared_experts.gate_weight" (with moe_residual
+  // "residual_mlp.<projection>.weight" (.bias), "coefficient.weight" and "coefficient.bias"), under
+  // prefix; the routed experts' tensors marked dtk_param_info.expert.
   void add_params(std::vector<Param>& out, const std::string& prefix) const;
   // "router.expert_bias" (and "router.qb_beta") under prefix, where the layer has one.
   void add_buffers(std::vector<Param>& out, const std::string& prefix) const;
@@ -377,6 +388,9 @@ class MoeMlp {
   mutable at::Tensor qb_estimates;
   mutable int64_t qb_forwards = 0;
   at::Tensor shared_gate;  // [1, hidden] with moe_shared_expert_gate, else undefined
+  // With moe_residual: `shared` is DeepSpeed's residual MLP, mixed with the experts by
+  // softmax(x residual_coefficient^T + residual_coefficient_bias), [2, hidden] and [2].
+  at::Tensor residual_coefficient, residual_coefficient_bias;
   bool has_shared_expert() const { return !shared.in.empty(); }
   const MoeConfig& config() const { return c_; }
 

@@ -338,8 +338,8 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
   }
   if (m.topk != 1 && m.topk != 2)
     fail(
-        "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating), got "
-        "moe_router_topk=" +
+        "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating; DTK has "
+        "not its top-k gating for k > 2), got moe_router_topk=" +
         std::to_string(m.topk));
   const std::pair<const char*, bool> megatrons[] = {
       {"moe_router_score_function", m.score != unset.score},

@@ -305,7 +305,7 @@ MoeMlp::MoeMlp(const MoeConfig& c, int64_t hidden, std::vector<std::string> inpu
     shared.out = RowParallelLinear(ffn, hidden, bias && !deepspeed, out_std, tp, f);
     if (c.shared_gate) shared_gate = f.param(f.normal({1, hidden}, init_std));
   }
-  if (c.residual) {  // torch.nn.Linear(hidden, 2), with its bias whatever the model's
+  if (c.residual) {  // DeepSpeed's Linear(hidden, 2), with its bias whatever the model's (drawn as the router)
     residual_coefficient = f.param(f.normal({2, hidden}, init_std));
     residual_coefficient_bias = f.zeros({2});
   }

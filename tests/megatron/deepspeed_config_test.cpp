@@ -417,13 +417,14 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   // DeepSpeed's residual MoE (PR-MoE's residual half).
   expect_options(map({"--num-layers", "4", "--num-experts", "4", "--mlp-type", "residual"}, ds),
                  {{"moe_residual", "true"}}, "residual");
-  EXPECT_EQ(options_of(map({"--num-layers", "4", "--num-experts", "4"}, ds)).count("moe_residual"), 0u);
+  expect_options(map({"--num-layers", "4", "--num-experts", "4"}, ds), {{"moe_residual", "false"}}, "standard");
+  // One count per MoE layer, all the same: the same model.
+  expect_options(map({"--num-layers", "4", "--num-experts", "8", "8"}, ds), {{"num_experts", "8"}}, "a list");
   // Dropless: no capacity (the capacity flags said to do nothing); interval 1: every layer.
   const MegatronMapping dropless = map({"--num-layers", "4", "--num-experts", "4", "--disable-moe-token-dropping",
                                         "--moe-min-capacity", "2", "--expert-interval", "1"},
                                        ds);
-  expect_options(dropless, {{"moe_layer_freq", "1"}}, "dropless");
-  EXPECT_EQ(options_of(dropless).count("moe_expert_capacity_factor"), 0u);
+  expect_options(dropless, {{"moe_layer_freq", "1"}, {"moe_expert_capacity_factor", "0"}}, "dropless");
   EXPECT_EQ(options_of(dropless).count("moe_min_capacity"), 0u);
   EXPECT_TRUE(has(dropless.ignored, "--moe-min-capacity 2 (--disable-moe-token-dropping: no capacity)"));
   // One expert (Megatron-DeepSpeed's default): dense, its MoE flags do nothing.
@@ -447,7 +448,7 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
       {{"--num-layers", "4", "--num-experts", "4", "--mlp-type", "pyramid"},
        "--mlp-type pyramid: not one of standard, residual"},
       {{"--num-layers", "4", "--num-experts", "4", "--moe-train-capacity-factor", "0"},
-       "--moe-train-capacity-factor 0: not a factor > 0"},
+       "--moe-train-capacity-factor 0: not a factor > 0 (at 0 DeepSpeed's capacity is --moe-min-capacity alone"},
       {{"--num-experts", "4"},
        "--num-experts 4: DeepSpeed's MoE layers are every --expert-interval-th layer: give "
        "--num-layers"},
@@ -463,8 +464,21 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
                   "--expert-model-parallel-size 2 with --topk 2: Megatron-LM's and "
                   "Megatron-DeepSpeed's MoE flags; give one family"))
       << joined(mixed.refused);
-  EXPECT_TRUE(has(dtk::core::map_megatron_args({"--num-experts", "4", "8"}).refused,
-                  "--num-experts 4 8: Megatron-LM's --num-experts is one count"));
+  for (const std::vector<std::string> list :
+       {std::vector<std::string>{"--num-experts", "4", "8"}, std::vector<std::string>{"--num-experts", "4", "4"}})
+    EXPECT_TRUE(has(dtk::core::map_megatron_args(list).refused,
+                    "--num-experts 4 " + list[2] + ": Megatron-LM's --num-experts is one count"));
+  // Fewer layers than the interval: no MoE layer, dense as in Megatron-DeepSpeed.
+  const MegatronMapping shallow = map({"--num-layers", "1", "--num-experts", "4", "--topk", "2"}, ds);
+  EXPECT_TRUE(shallow.refused.empty()) << joined(shallow.refused);
+  EXPECT_EQ(options_of(shallow).count("num_experts"), 0u);
+  EXPECT_TRUE(has(shallow.ignored, "--num-experts 4 (no layer of 1 is a multiple of --expert-interval 2"))
+      << joined(shallow.ignored);
+  // The reading is said at start.
+  EXPECT_TRUE(has(map({"--num-layers", "6", "--num-experts", "8"}, ds).notes,
+                  "--num-experts 8 is Megatron-DeepSpeed's (--deepspeed): DeepSpeed's gate (model.moe_gate=deepspeed) "
+                  "on layers 2, 4, ... (1-based), top-1, capacity factor 1.0 (evaluation 1.0), least capacity 4, "
+                  "loss coefficient 0.1"));
 }
 
 // Megatron-DeepSpeed's other names: lowercase norms, --num-key-value-heads, the rope theta, and the

@@ -972,7 +972,7 @@ struct SeenFlags {
   std::string num_experts_shown;                        // --num-experts as given
   // Megatron-DeepSpeed's MoE flags given: flag -> (values, as given); Megatron-LM's, as given.
   std::map<std::string, std::pair<std::vector<std::string>, std::string>> deepspeed_moe;
-  std::vector<std::string> megatron_moe_shown;
+  std::vector<std::string> deepspeed_moe_shown, megatron_moe_shown;  // each family's, in the order given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -981,7 +981,7 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if ((f == "--data-impl" || f == "--llama-model") && !s.legacy_data) s.legacy_data = true, s.legacy_data_shown = shown;
   if (f == "--split") s.split_given = true;
   if (f == "--num-experts") s.num_experts = values, s.num_experts_shown = shown;
-  if (is_deepspeed_moe_flag(f)) s.deepspeed_moe[f] = {values, shown};
+  if (is_deepspeed_moe_flag(f)) s.deepspeed_moe[f] = {values, shown}, s.deepspeed_moe_shown.push_back(shown);
   if (is_megatron_moe_flag(f)) s.megatron_moe_shown.push_back(shown);
   if (f == "--load") s.load_given = true;
   if (f == "--num-key-value-heads") s.key_value_heads = values[0], s.key_value_heads_shown = shown;
@@ -1370,9 +1370,16 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
   const std::string mlp_type = value("--mlp-type", "standard");
   if (mlp_type != "standard" && mlp_type != "residual")
     return m.refused.push_back(credit("--mlp-type") + ": not one of standard, residual");
+  if (layers < interval) {  // no layer number is a multiple of the interval: Megatron-DeepSpeed's are dense
+    m.ignored.push_back(s.num_experts_shown + " (no layer of " + std::to_string(layers) + " is a multiple of " +
+                        "--expert-interval " + std::to_string(interval) + ": Megatron-DeepSpeed builds dense MLPs)");
+    for (const auto& [flag, given] : s.deepspeed_moe)
+      if (find_rule(flag)->kind != Kind::kIgnore) m.ignored.push_back(given.second + " (no MoE layer)");
+    return;
+  }
   set_by(m, "model.num_experts=" + std::to_string(experts), s.num_experts_shown);
   set_by(m, "model.moe_gate=deepspeed", s.num_experts_shown);
-  if (mlp_type == "residual") set_by(m, "model.moe_residual=true", credit("--mlp-type"));
+  set_by(m, std::string("model.moe_residual=") + (mlp_type == "residual" ? "true" : "false"), credit("--mlp-type"));
   set_by(m, "model.moe_layer_freq=" + (interval == 1 ? std::string("1") : every_nth_layer(layers, interval)),
          credit("--expert-interval"));
   const std::string topk = value("--topk", "1");
@@ -1383,6 +1390,7 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
            credit("--moe-expert-parallel-size"));
   const char* capacity_flags[] = {"--moe-train-capacity-factor", "--moe-eval-capacity-factor", "--moe-min-capacity"};
   if (given("--disable-moe-token-dropping")) {
+    set_by(m, "model.moe_expert_capacity_factor=0", credit("--disable-moe-token-dropping"));
     for (const char* flag : capacity_flags)
       if (given(flag)) m.ignored.push_back(credit(flag) + " (--disable-moe-token-dropping: no capacity)");
   } else {
@@ -1392,8 +1400,9 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
       const double factor = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(factor > 0.0) || !std::isfinite(factor))
         return m.refused.push_back(credit(flag) +
-                                   ": not a factor > 0 (DTK reads a factor of 0 as dropless: "
-                                   "--disable-moe-token-dropping)");
+                                   ": not a factor > 0 (at 0 DeepSpeed's capacity is --moe-min-capacity alone, which "
+                                   "DTK's factors cannot say: its factor 0 is dropless, its evaluation factor 0 "
+                                   "the training one)");
     }
     set_by(m, "model.moe_expert_capacity_factor=" + value("--moe-train-capacity-factor", "1.0"),
            credit("--moe-train-capacity-factor"));
@@ -1407,6 +1416,20 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
     else
       m.ignored.push_back(credit("--disable-moe-top2-2nd-expert-sampling") + " (top-1 samples no second expert)");
   }
+  // Which reading --num-experts had, said at start (Megatron-LM's differs in every default).
+  const bool dropless = given("--disable-moe-token-dropping");
+  m.notes.push_back(
+      s.num_experts_shown + " is Megatron-DeepSpeed's (" +
+      (s.deepspeed_shown.empty() ? s.deepspeed_moe_shown[0] : s.deepspeed_shown) +
+      "): DeepSpeed's gate (model.moe_gate=deepspeed) on " +
+      (interval == 1 ? std::string("every layer")
+                     : "layers " + std::to_string(interval) + ", " + std::to_string(2 * interval) + ", ... (1-based)") +
+      ", top-" + topk + ", " +
+      (dropless
+           ? std::string("dropless")
+           : "capacity factor " + value("--moe-train-capacity-factor", "1.0") + " (evaluation " +
+                 value("--moe-eval-capacity-factor", "1.0") + "), least capacity " + value("--moe-min-capacity", "4")) +
+      ", loss coefficient " + value("--moe-loss-coeff", "0.1"));
 }
 
 // --num-experts in Megatron-LM's reading (one count: its MoE layer) or, with --deepspeed or any of
@@ -1416,35 +1439,34 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
 void map_moe(const SeenFlags& s, MegatronMapping& m) {
   const bool deepspeed = !s.deepspeed_shown.empty() || !s.deepspeed_moe.empty();
   if (!s.deepspeed_moe.empty() && !s.megatron_moe_shown.empty())
-    return m.refused.push_back(s.megatron_moe_shown[0] + " with " + s.deepspeed_moe.begin()->second.second +
+    return m.refused.push_back(s.megatron_moe_shown[0] + " with " + s.deepspeed_moe_shown[0] +
                                ": Megatron-LM's and Megatron-DeepSpeed's MoE flags; give one family");
-  if (s.num_experts.empty()) {
+  // Megatron-DeepSpeed's flags that would do nothing (those its rule ignores are said already).
+  const auto unused = [&](const std::string& why) {
     for (const auto& [flag, given] : s.deepspeed_moe)
-      m.ignored.push_back(given.second + " (Megatron-DeepSpeed reads it only with --num-experts)");
-    return;
+      if (find_rule(flag)->kind != Kind::kIgnore) m.ignored.push_back(given.second + " (" + why + ")");
+  };
+  if (s.num_experts.empty()) return unused("Megatron-DeepSpeed reads it only with --num-experts");
+  if (!deepspeed) {  // (Megatron-LM's count the model checks)
+    if (s.num_experts.size() > 1)
+      return m.refused.push_back(s.num_experts_shown +
+                                 ": Megatron-LM's --num-experts is one count (a list per MoE layer is "
+                                 "Megatron-DeepSpeed's, with --deepspeed)");
+    return set_by(m, "model.num_experts=" + s.num_experts[0], s.num_experts_shown);
   }
   for (const std::string& v : s.num_experts)
     if (v != s.num_experts[0])
       return m.refused.push_back(
-          s.num_experts_shown + ": " +
-          (deepspeed ? "DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK: its MoE layers share one count"
-                     : "Megatron-LM's --num-experts is one count"));
-  // (Megatron-LM's count the model checks.)
-  if (!deepspeed) return set_by(m, "model.num_experts=" + s.num_experts[0], s.num_experts_shown);
+          s.num_experts_shown +
+          ": DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK: its MoE layers share one count");
   const long experts = s.num_experts[0] == "0" ? 0 : positive_number(s.num_experts[0]);
   if (experts == 0 && s.num_experts[0] != "0")
     return m.refused.push_back(s.num_experts_shown + ": not a number of experts");
-  if (!s.megatron_moe_shown.empty())
-    return m.refused.push_back(
-        s.megatron_moe_shown[0] + ": Megatron-LM's MoE flag; with " +
-        (s.deepspeed_shown.empty() ? std::string("Megatron-DeepSpeed's MoE flags") : s.deepspeed_shown) +
-        " --num-experts is DeepSpeed's MoE (its flags: --topk, --expert-interval, "
-        "--moe-expert-parallel-size, --moe-train-capacity-factor, --moe-loss-coeff, ...)");
-  if (experts <= 1) {  // Megatron-DeepSpeed's default, 1: dense MLPs
-    for (const auto& [flag, given] : s.deepspeed_moe)
-      m.ignored.push_back(given.second + " (at most one expert: Megatron-DeepSpeed builds dense MLPs)");
-    return;
-  }
+  if (!s.megatron_moe_shown.empty())  // (with --deepspeed: a mix with its MoE flags is refused above)
+    return m.refused.push_back(s.megatron_moe_shown[0] + ": Megatron-LM's MoE flag; with " + s.deepspeed_shown +
+                               " --num-experts is DeepSpeed's MoE (its flags: --topk, --expert-interval, "
+                               "--moe-expert-parallel-size, --moe-train-capacity-factor, --moe-loss-coeff, ...)");
+  if (experts <= 1) return unused("at most one expert: Megatron-DeepSpeed builds dense MLPs");
   map_deepspeed_moe(s, experts, m);
 }
 

@@ -96,7 +96,8 @@
 //     a dense MLP of the experts' shape beside them (no second bias either), mixed per token as
 //     out = experts(x) c0 + mlp(x) c1, (c0, c1) = softmax(x W_c^T + b_c), W_c [2, hidden].
 // T is the micro-batch's tokens: the gate chooses on the whole sequence's logits under sequence
-// parallelism (SP == TP). Its noise (the Gumbel draws, the selection's uniforms) comes from the
+// parallelism (SP == TP; DP, PP and EP equal one process where it draws no noise). Its noise (the
+// Gumbel draws, the selection's uniforms) comes from the
 // layer's hidden-dropout generator as the input jitter's, in training and evaluation as
 // DeepSpeed's; generation routes without noise and dropless.
 #pragma once

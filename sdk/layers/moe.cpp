@@ -357,6 +357,19 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
 
 namespace {
 
+// Megatron's token order of `tokens` rows of `batch` sequences ([sequence, batch]): its p-th
+// token, p = s * batch + b, is row b * positions + s.
+at::Tensor sequence_major_rows(int64_t tokens, int64_t batch, const at::TensorOptions& index) {
+  return at::arange(tokens, index).view({batch, tokens / batch}).t().reshape(-1);
+}
+
+// Each element's rank in its column of key [rows, n], highest first (ties: the earlier row), int64.
+at::Tensor column_ranks(const at::Tensor& key, const at::TensorOptions& index) {
+  const int64_t rows = key.size(0), n = key.size(1);
+  const at::Tensor by_rank = std::get<1>(at::sort(key, /*stable=*/true, 0, /*descending=*/true));
+  return at::empty({rows, n}, index).scatter_(0, by_rank, at::arange(rows, index).unsqueeze(1).expand({rows, n}));
+}
+
 // Uniform(0, 1) draws [shape] in fp32 on `device` from `gen` (hashed as dropout's masks are).
 at::Tensor uniforms(at::IntArrayRef shape, at::Generator& gen, const at::Device& device) {
   int64_t numel = 1;
@@ -421,14 +434,9 @@ at::Tensor MoeMlp::deepspeed_kept(const at::Tensor& chosen, int64_t batch, bool 
   if (c_.topk == 1) {
     const at::Tensor draw = uniforms({tokens, 1}, rng, chosen.device());
     const at::Tensor key = at::full({tokens, n}, -1.0, draw.options()).scatter(1, chosen, draw);
-    const at::Tensor by_rank = std::get<1>(at::sort(key, /*stable=*/true, 0, /*descending=*/true));
-    const at::Tensor rank =
-        at::empty({tokens, n}, index).scatter_(0, by_rank, at::arange(tokens, index).unsqueeze(1).expand({tokens, n}));
-    return rank.gather(1, chosen).lt(capacity).to(at::kFloat);
+    return column_ranks(key, index).gather(1, chosen).lt(capacity).to(at::kFloat);
   }
-  // Token p of Megatron's [sequence, batch] order is row b * positions + s for p = s * batch + b.
-  const int64_t positions = tokens / batch;
-  const at::Tensor row_of = at::arange(tokens, index).view({batch, positions}).t().reshape(-1);
+  const at::Tensor row_of = sequence_major_rows(tokens, batch, index);
   const at::Tensor in_order = chosen.index_select(0, row_of);
   const at::Tensor first = at::zeros({tokens, n}, index).scatter(1, in_order.narrow(1, 0, 1), 1);
   const at::Tensor second = at::zeros({tokens, n}, index).scatter(1, in_order.narrow(1, 1, 1), 1);
@@ -456,12 +464,9 @@ void MoeMlp::drop_over_capacity(Routing& r, int64_t batch) const {
                                ? at::full({tokens, n}, -1.0, index.dtype(at::kFloat))
                                      .scatter(1, r.experts, r.probs.detach().to(at::kFloat))
                                : at::zeros({tokens, n}, index.dtype(at::kFloat)).scatter(1, r.experts, 1.0);
-    // Megatron's tokens are [sequence, batch]: its p-th is row b * positions + s for p = s * batch + b.
-    const int64_t positions = tokens / batch;
-    const at::Tensor row_of = at::arange(tokens, index).view({batch, positions}).t().reshape(-1);
-    const at::Tensor by_rank = std::get<1>(at::sort(key.index_select(0, row_of), /*stable=*/true, 0, true));
-    const at::Tensor rank_in_order =
-        at::empty({tokens, n}, index).scatter_(0, by_rank, at::arange(tokens, index).unsqueeze(1).expand({tokens, n}));
+    // Ranked in Megatron's token order ([sequence, batch]), so ties go to its earlier token.
+    const at::Tensor row_of = sequence_major_rows(tokens, batch, index);
+    const at::Tensor rank_in_order = column_ranks(key.index_select(0, row_of), index);
     const at::Tensor rank = at::empty_like(rank_in_order).index_copy_(0, row_of, rank_in_order);
     kept = rank.lt(capacity).gather(1, r.experts);
   }

@@ -1347,6 +1347,13 @@ std::string every_nth_layer(long layers, long n) {
   return list + "]";
 }
 
+// Megatron-DeepSpeed's MoE flags given that do nothing, each said with `why` (those its rule
+// ignores are said already).
+void note_unused_deepspeed_moe(const SeenFlags& s, const std::string& why, MegatronMapping& m) {
+  for (const auto& [flag, given] : s.deepspeed_moe)
+    if (find_rule(flag)->kind != Kind::kIgnore) m.ignored.push_back(given.second + " (" + why + ")");
+}
+
 // Megatron-DeepSpeed's MoE: DeepSpeed's gate on every --expert-interval-th layer with its defaults
 // (top-1, capacity factors 1.0, least capacity 4, loss coefficient 0.1).
 void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
@@ -1373,9 +1380,7 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
   if (layers < interval) {  // no layer number is a multiple of the interval: Megatron-DeepSpeed's are dense
     m.ignored.push_back(s.num_experts_shown + " (no layer of " + std::to_string(layers) + " is a multiple of " +
                         "--expert-interval " + std::to_string(interval) + ": Megatron-DeepSpeed builds dense MLPs)");
-    for (const auto& [flag, given] : s.deepspeed_moe)
-      if (find_rule(flag)->kind != Kind::kIgnore) m.ignored.push_back(given.second + " (no MoE layer)");
-    return;
+    return note_unused_deepspeed_moe(s, "no MoE layer", m);
   }
   set_by(m, "model.num_experts=" + std::to_string(experts), s.num_experts_shown);
   set_by(m, "model.moe_gate=deepspeed", s.num_experts_shown);
@@ -1441,12 +1446,8 @@ void map_moe(const SeenFlags& s, MegatronMapping& m) {
   if (!s.deepspeed_moe.empty() && !s.megatron_moe_shown.empty())
     return m.refused.push_back(s.megatron_moe_shown[0] + " with " + s.deepspeed_moe_shown[0] +
                                ": Megatron-LM's and Megatron-DeepSpeed's MoE flags; give one family");
-  // Megatron-DeepSpeed's flags that would do nothing (those its rule ignores are said already).
-  const auto unused = [&](const std::string& why) {
-    for (const auto& [flag, given] : s.deepspeed_moe)
-      if (find_rule(flag)->kind != Kind::kIgnore) m.ignored.push_back(given.second + " (" + why + ")");
-  };
-  if (s.num_experts.empty()) return unused("Megatron-DeepSpeed reads it only with --num-experts");
+  if (s.num_experts.empty())
+    return note_unused_deepspeed_moe(s, "Megatron-DeepSpeed reads it only with --num-experts", m);
   if (!deepspeed) {  // (Megatron-LM's count the model checks)
     if (s.num_experts.size() > 1)
       return m.refused.push_back(s.num_experts_shown +
@@ -1466,7 +1467,7 @@ void map_moe(const SeenFlags& s, MegatronMapping& m) {
     return m.refused.push_back(s.megatron_moe_shown[0] + ": Megatron-LM's MoE flag; with " + s.deepspeed_shown +
                                " --num-experts is DeepSpeed's MoE (its flags: --topk, --expert-interval, "
                                "--moe-expert-parallel-size, --moe-train-capacity-factor, --moe-loss-coeff, ...)");
-  if (experts <= 1) return unused("at most one expert: Megatron-DeepSpeed builds dense MLPs");
+  if (experts <= 1) return note_unused_deepspeed_moe(s, "at most one expert: Megatron-DeepSpeed builds dense MLPs", m);
   map_deepspeed_moe(s, experts, m);
 }
 

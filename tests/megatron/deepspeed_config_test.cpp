@@ -464,7 +464,7 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
                   "--expert-model-parallel-size 2 with --topk 2: Megatron-LM's and "
                   "Megatron-DeepSpeed's MoE flags; give one family"))
       << joined(mixed.refused);
-  for (const std::vector<std::string> list :
+  for (const std::vector<std::string>& list :
        {std::vector<std::string>{"--num-experts", "4", "8"}, std::vector<std::string>{"--num-experts", "4", "4"}})
     EXPECT_TRUE(has(dtk::core::map_megatron_args(list).refused,
                     "--num-experts 4 " + list[2] + ": Megatron-LM's --num-experts is one count"));

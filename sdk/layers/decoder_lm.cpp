@@ -204,6 +204,13 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
       fail(std::string("option 'moe_layer_freq': ") + e.what());
     }
   }
+  if (o.has("moe_layer_num_experts")) {
+    try {
+      parse_moe_layer_num_experts(o.get_string("moe_layer_num_experts"), c.moe);
+    } catch (const std::invalid_argument& e) {
+      fail(std::string("option 'moe_layer_num_experts': ") + e.what());
+    }
+  }
   if (o.has("window_size")) {
     try {
       c.window = parse_window_size(o.get_string("window_size"));
@@ -331,7 +338,8 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
         {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
         {"moe_min_capacity", m.min_capacity != unset.min_capacity},
         {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
-        {"moe_residual", m.residual != unset.residual}};
+        {"moe_residual", m.residual != unset.residual},
+        {"moe_layer_num_experts", !m.layer_experts.empty()}};
     for (const auto& [option, set] : own)
       if (set) fail(std::string("option '") + option + "' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed");
     return;
@@ -373,6 +381,31 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
     fail("option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2");
 }
 
+// DeepSpeed's pyramid MoE: one count per MoE layer, num_experts the largest, each layer one that
+// the run's top-k and expert-parallel size can build.
+void DecoderLM::validate_layer_experts(const DecoderConfig& c) const {
+  const MoeConfig& m = c.moe;
+  if (m.layer_experts.empty()) return;
+  const int64_t moe_layers = m.num_moe_layers(c.num_layers);
+  if (static_cast<int64_t>(m.layer_experts.size()) != moe_layers)
+    fail("option 'moe_layer_num_experts' lists " + std::to_string(m.layer_experts.size()) + " counts, the model has " +
+         std::to_string(moe_layers) + " MoE layers (moe_layer_freq): give one per MoE layer");
+  const int64_t largest = *std::max_element(m.layer_experts.begin(), m.layer_experts.end());
+  if (largest != m.num_experts)
+    fail("option 'num_experts' must be the largest count of moe_layer_num_experts, " + std::to_string(largest) +
+         ", got " + std::to_string(m.num_experts));
+  for (int64_t layer = 0, ordinal = 0; layer < c.num_layers; ++layer) {
+    if (!m.is_moe_layer(layer)) continue;
+    const int64_t n = m.layer_experts[static_cast<size_t>(ordinal++)];
+    const std::string which = "option 'moe_layer_num_experts' gives layer " + std::to_string(layer + 1) +
+                              " (1-based) " + std::to_string(n) + " experts";
+    if (n < m.topk) fail(which + ", fewer than moe_router_topk = " + std::to_string(m.topk));
+    if (n % m.ep_size != 0)
+      fail(which + ": the expert-parallel size (distributed.expert_model_parallel_size) " + std::to_string(m.ep_size) +
+           " must divide every layer's count");
+  }
+}
+
 // The MoE options: in range, and none set without experts (it would do nothing).
 void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) const {
   const MoeConfig& m = c.moe;
@@ -407,7 +440,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_eval_capacity_factor", m.eval_capacity_factor != unset.eval_capacity_factor},
         {"moe_min_capacity", m.min_capacity != unset.min_capacity},
         {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
-        {"moe_residual", m.residual != unset.residual}};
+        {"moe_residual", m.residual != unset.residual},
+        {"moe_layer_num_experts", !m.layer_experts.empty()}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -433,6 +467,7 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
          std::to_string(c.num_layers) + " (num_layers): give one 0 or 1 per layer");
   if (!m.layer_pattern.empty() && m.num_moe_layers(c.num_layers) == 0)
     fail("option 'moe_layer_freq' makes no layer an MoE layer: every entry is 0 (use num_experts=0 for dense MLPs)");
+  validate_layer_experts(c);
   if (m.score != MoeScore::kSoftmax && m.pre_softmax)
     fail(std::string("moe_router_pre_softmax acts on softmax scores only, not with moe_router_score_function=") +
          (m.score == MoeScore::kSigmoid ? "sigmoid" : "sqrtsoftplus"));

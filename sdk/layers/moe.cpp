@@ -239,6 +239,29 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c) {
   c.layer_pattern = p.flags;
 }
 
+void parse_moe_layer_num_experts(const std::string& text, MoeConfig& c) {
+  c.layer_experts.clear();
+  if (text.find_first_not_of(" \t") == std::string::npos) return;
+  for (const std::string& item : comma_items(text)) {
+    const bool digits = !item.empty() && item.size() <= 9 &&
+                        std::all_of(item.begin(), item.end(), [](unsigned char ch) { return std::isdigit(ch) != 0; });
+    if (!digits || std::stoll(item) < 1)
+      throw std::invalid_argument("'" + item +
+                                  "' is not a positive expert count (give one per MoE layer, e.g. 32,32,64)");
+    c.layer_experts.push_back(std::stoll(item));
+  }
+}
+
+MoeConfig MoeConfig::at_layer(int64_t index, int64_t num_layers) const {
+  MoeConfig layer = *this;
+  layer.logged_layers = num_moe_layers(num_layers);
+  if (!layer_experts.empty()) {
+    const int64_t ordinal = num_moe_layers(index);  // the MoE layers before this one
+    layer.num_experts = layer_experts.at(static_cast<size_t>(ordinal));
+  }
+  return layer;
+}
+
 int64_t MoeConfig::capacity(int64_t tokens) const {
   return static_cast<int64_t>(
       std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(num_experts) * capacity_factor));
@@ -910,7 +933,10 @@ void MoeMlp::add_params(std::vector<Param>& out, const std::string& prefix) cons
     }
     add_param(out, name + output_ + ".weight", experts[e].out.weight, 1, false);
     if (experts[e].out.bias.defined()) add_param(out, name + output_ + ".bias", experts[e].out.bias, -1, true);
-    for (size_t k = first; k < out.size(); ++k) out[k].info.expert = 1;
+    for (size_t k = first; k < out.size(); ++k) {
+      out[k].info.expert = 1;
+      out[k].info.layer_experts = static_cast<int32_t>(c_.num_experts);  // this layer's (pyramid MoE)
+    }
   }
   if (!has_shared_expert()) return;
   const std::string name = prefix + (c_.residual ? "residual_mlp." : "shared_experts.");

@@ -38,6 +38,9 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_model_info_STRUCT_SIZE, dtk_model_info_STRUCT_SIZE_2_16);  // current == 2.16 since 2.16
   EXPECT_EQ(dtk_dataset_context_STRUCT_SIZE, dtk_dataset_context_STRUCT_SIZE_2_17);  // current == 2.17 since 2.17
   EXPECT_EQ(dtk_dataset_context_STRUCT_SIZE_2_17, offsetof(dtk_dataset_context, whole_splits) + sizeof(uint32_t));
+  EXPECT_EQ(dtk_param_info_STRUCT_SIZE, dtk_param_info_STRUCT_SIZE_2_18);  // current == 2.18 since 2.18
+  EXPECT_EQ(dtk_param_info_STRUCT_SIZE_2_18, offsetof(dtk_param_info, layer_experts) + sizeof(int32_t));
+  EXPECT_LT(static_cast<size_t>(dtk_param_info_STRUCT_SIZE_2_18), sizeof(dtk_param_info));
   EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_16, offsetof(dtk_model_info, recompute_modules) + sizeof(int32_t));
   EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_15, offsetof(dtk_model_info, kv_channels) + sizeof(int64_t));
   EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_13, offsetof(dtk_model_info, pipeline_split) + sizeof(int32_t));

@@ -351,7 +351,7 @@ TEST(MegatronDeepSpeed, RefusesWhatItCannotRunAndSaysWhatDoesNothing) {
 // Megatron-DeepSpeed's MoE (examples_deepspeed/MoE): with --deepspeed, --num-experts is DeepSpeed's
 // MoE layer with its defaults (every second layer, top-1, capacity factors 1.0, least capacity 4,
 // loss coefficient 0.1), each of its flags mapped (the residual MoE too); Megatron-LM's reading
-// stays without them; a mix of the two families and a pyramid of counts are refused.
+// stays without them; a list of counts is DeepSpeed's pyramid MoE; a mix of the two families is refused.
 TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   const std::string ds = ds_file("moe", R"({"train_batch_size": 8})");
   const auto options_of = [](const MegatronMapping& m) { return config_of(m).model().options(); };
@@ -419,7 +419,33 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
                  {{"moe_residual", "true"}}, "residual");
   expect_options(map({"--num-layers", "4", "--num-experts", "4"}, ds), {{"moe_residual", "false"}}, "standard");
   // One count per MoE layer, all the same: the same model.
-  expect_options(map({"--num-layers", "4", "--num-experts", "8", "8"}, ds), {{"num_experts", "8"}}, "a list");
+  const MegatronMapping same = map({"--num-layers", "4", "--num-experts", "8", "8"}, ds);
+  expect_options(same, {{"num_experts", "8"}, {"moe_layer_freq", "[0,1,0,1]"}}, "a list");
+  EXPECT_EQ(options_of(same).count("moe_layer_num_experts"), 0u);
+  // PR-MoE (ds_pretrain_gpt_*_PR-MoE*.sh): a pyramid of counts, one per MoE layer, with the residual
+  // MoE; num_experts is the largest, the start note says the counts.
+  const MegatronMapping pyramid = map({"--num-layers", "8", "--num-experts", "4", "4", "8", "8", "--mlp-type",
+                                       "residual", "--moe-expert-parallel-size", "2"},
+                                      ds);
+  expect_options(pyramid,
+                 {{"num_experts", "8"},
+                  {"moe_layer_num_experts", "4,4,8,8"},
+                  {"moe_layer_freq", "[0,1,0,1,0,1,0,1]"},
+                  {"moe_residual", "true"},
+                  {"moe_gate", "deepspeed"}},
+                 "pyramid");
+  EXPECT_EQ(config_of(pyramid).distributed().expert_model_parallel_size(), 2);
+  EXPECT_TRUE(has(pyramid.notes, "on layers 2, 4, ... (1-based) with 4,4,8,8 experts (a pyramid), top-1"))
+      << joined(pyramid.notes);
+  // A count of one is a dense layer there (Megatron-DeepSpeed's ParallelMLP).
+  const MegatronMapping partly = map({"--num-layers", "6", "--num-experts", "1", "4", "1"}, ds);
+  expect_options(partly, {{"num_experts", "4"}, {"moe_layer_freq", "[0,0,0,1,0,0]"}}, "partly dense");
+  EXPECT_EQ(options_of(partly).count("moe_layer_num_experts"), 0u);
+  EXPECT_TRUE(has(partly.notes, "on layers 4 (1-based), top-1")) << joined(partly.notes);
+  const MegatronMapping with_dense = map({"--num-layers", "6", "--num-experts", "2", "1", "4"}, ds);
+  expect_options(with_dense,
+                 {{"num_experts", "4"}, {"moe_layer_num_experts", "2,4"}, {"moe_layer_freq", "[0,1,0,0,0,1]"}},
+                 "a pyramid with a dense layer");
   // Dropless: no capacity (the capacity flags said to do nothing); interval 1: every layer.
   const MegatronMapping dropless = map({"--num-layers", "4", "--num-experts", "4", "--disable-moe-token-dropping",
                                         "--moe-min-capacity", "2", "--expert-interval", "1"},
@@ -441,8 +467,9 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   const std::pair<std::vector<std::string>, std::string> refused[] = {
       {{"--num-layers", "4", "--num-experts", "8", "--moe-router-topk", "2"},
        "--moe-router-topk 2: Megatron-LM's MoE flag; with --deepspeed --num-experts is DeepSpeed's MoE"},
-      {{"--num-layers", "4", "--num-experts", "4", "8"},
-       "--num-experts 4 8: DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK"},
+      {{"--num-layers", "4", "--num-experts", "4", "eight"},
+       "--num-experts 4 eight: 'eight' is not a number of experts"},
+      {{"--num-layers", "4", "--num-experts", "4", "0"}, "--num-experts 4 0: '0' is not a number of experts"},
       {{"--num-layers", "4", "--num-experts", "4", "4", "4"},
        "--num-experts 4 4 4: 3 counts for 2 MoE layers (Megatron-DeepSpeed asserts one count, or one per MoE layer)"},
       {{"--num-layers", "4", "--num-experts", "4", "--mlp-type", "pyramid"},

@@ -1194,6 +1194,19 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
   deepspeed["moe_residual"] = "true";
   EXPECT_THROW(dtk::core::llama_shape(deepspeed, 64), std::exception);
   deepspeed.erase("moe_residual");
+  deepspeed["moe_layer_num_experts"] = "";  // (what a checkpoint without a pyramid records)
+  EXPECT_NO_THROW(dtk::core::llama_shape(deepspeed, 64));
+  deepspeed["moe_layer_num_experts"] = "2,4";
+  try {
+    dtk::core::llama_shape(deepspeed, 64);
+    ADD_FAILURE() << "a pyramid MoE exported";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("option 'moe_layer_num_experts' is 2,4: a llama with experts exports as "
+                                         "MixtralForCausalLM, whose sparse blocks all have num_experts experts"),
+              std::string::npos)
+        << e.what();
+  }
+  deepspeed.erase("moe_layer_num_experts");
   deepspeed["moe_router_topk"] = "1";
   try {
     dtk::core::llama_shape(deepspeed, 64);

@@ -1616,6 +1616,18 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_router_topk=1 "
        "--set model.moe_top2_2nd_expert_sampling=false",
        "option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2"},
+      {"--set model.moe_layer_num_experts=2,4", "option 'moe_layer_num_experts' does nothing without num_experts > 0"},
+      {"--set model.num_experts=4 --set model.moe_layer_num_experts=2,4",
+       "option 'moe_layer_num_experts' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,4,4",
+       "option 'moe_layer_num_experts' lists 3 counts, the model has 2 MoE layers (moe_layer_freq): give one per MoE "
+       "layer"},
+      {"--set model.num_experts=8 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,4",
+       "option 'num_experts' must be the largest count of moe_layer_num_experts, 4, got 8"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=1,4",
+       "option 'moe_layer_num_experts' gives layer 1 (1-based) 1 experts, fewer than moe_router_topk = 2"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,x",
+       "option 'moe_layer_num_experts': 'x' is not a positive expert count"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk(base + args, 120);
@@ -1967,6 +1979,9 @@ TEST(Moe, ExpertParallelBadInputsAreOneLine) {
        "the data-parallel size 2 is not divisible by distributed.expert_model_parallel_size 3"},
       {"--set distributed.expert_model_parallel_size=-1", "distributed.expert_model_parallel_size must be at least 1"},
       {kEp2 + "--set model.num_experts=3", "num_experts 3 is not divisible by the expert-parallel size"},
+      {kEp2 + "--set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0 --set model.moe_layer_num_experts=4,3,4,4",
+       "option 'moe_layer_num_experts' gives layer 2 (1-based) 3 experts: the expert-parallel size "
+       "(distributed.expert_model_parallel_size) 2 must divide every layer's count"},
   };
   for (const auto& [args, line] : cases) {
     const dtk_test::Result r = dtk_test::run_dtk("launch --nproc_per_node 2 " + train("gpt") + args, 300);
@@ -2103,4 +2118,58 @@ TEST(Moe, DeepSpeedGateResumesAndConverts) {
     expect_resumed(curve_of("gpt", 2, gate + routing + "--set checkpoint.load=" + ck + "-ep1 ", tag + "-to-ep1"), whole,
                    "DeepSpeed's gate, top-2, EP 2 converted to EP 1", 1e-5);
   }
+}
+
+// DeepSpeed's pyramid MoE (PR-MoE; Megatron-DeepSpeed's --num-experts list): each MoE layer has its
+// own count, here 2, 4, 4 and 8 of which a token runs 2. The whole model's parameters and those a
+// token runs (the FLOPs' N) count each layer's experts, against the uniform model of 8 by hand; the
+// pyramid equals one process under DP, TP, SP, PP and EP; converted from EP 2 to EP 1 it resumes as
+// the uninterrupted run, and EP 4, which does not divide the first layer's 2, is refused.
+TEST(Moe, PyramidMoeLayersHaveTheirOwnExperts) {
+  const std::string gate =
+      "--set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0 --set model.moe_expert_capacity_factor=0.5 "
+      "--set model.moe_top2_2nd_expert_sampling=false --set model.num_experts=8 ";
+  const std::string pyramid = gate + "--set model.moe_layer_num_experts=2,4,4,8 ";
+  const dtk_test::Curve one = curve_of("gpt", 1, pyramid, "pyramid-one");
+  ASSERT_EQ(one.loss.size(), kIters) << one.run.out;
+  const dtk_test::Curve uniform = curve_of("gpt", 1, gate, "pyramid-uniform");
+  ASSERT_EQ(uniform.loss.size(), kIters) << uniform.run.out;
+  // gpt-tiny's hidden 64 and ffn 256: an expert behind DeepSpeed's gate holds 2 x 64 x 256 weights
+  // and its first bias; the router one row of 64 per expert.
+  const long long expert = 2LL * 64 * 256 + 256, row = 64;
+  const auto [active, whole] = active_and_whole(one.run.out);
+  const auto [uniform_active, uniform_whole] = active_and_whole(uniform.run.out);
+  ASSERT_NE(active, -1) << one.run.out;
+  EXPECT_EQ(uniform_whole - whole, (6 + 4 + 4 + 0) * (expert + row)) << one.run.out;
+  EXPECT_EQ(whole - active, (0 + 2 + 2 + 6) * expert) << one.run.out;
+  EXPECT_EQ(uniform_whole - uniform_active, 4 * 6 * expert) << uniform.run.out;
+  EXPECT_GT(std::abs(one.loss.at(2) - uniform.loss.at(2)), 1e-5 * uniform.loss.at(2));
+  for (const auto& [name, split] : kSplits)
+    expect_same_curve(one, curve_of("gpt", 2, pyramid + split, std::string("pyramid-") + name), kIters,
+                      std::string("pyramid MoE, ") + name);
+  const dtk_test::Curve ep2 = curve_of("gpt", 2, pyramid + kEp2, "pyramid-ep2");
+  expect_same_curve(one, ep2, kIters, "pyramid MoE, EP 2");
+  EXPECT_EQ(active_and_whole(ep2.run.out), active_and_whole(one.run.out)) << ep2.run.out;
+  // llama (SwiGLU experts) with DeepSpeed's residual MoE: PR-MoE's both halves, under EP 2.
+  const std::string residual = pyramid + "--set model.moe_residual=true ";
+  expect_same_curve(curve_of("llama", 1, residual, "pyramid-residual-one"),
+                    curve_of("llama", 2, residual + kEp2, "pyramid-residual-ep2"), kIters,
+                    "llama pyramid residual MoE, EP 2");
+
+  const std::string ck = dtk_test::fresh_dir(DTK_TEST_TMP, "moe-pyramid-checkpoint");
+  const dtk_test::Curve first = curve_of(
+      "gpt", 2, pyramid + kEp2 + "--set checkpoint.save=" + ck + " --set train.exit_interval=3 ", "pyramid-first");
+  ASSERT_EQ(first.loss.size(), 3u) << first.run.out;
+  const dtk_test::Result convert = dtk_test::run_dtk(
+      "checkpoint convert " + ck + "/iter_0000003 " + ck + "-ep1 --expert_model_parallel_size 1", 120);
+  ASSERT_EQ(convert.code, 0) << convert.out;
+  expect_resumed(curve_of("gpt", 2, pyramid + "--set checkpoint.load=" + ck + "-ep1 ", "pyramid-to-ep1"), ep2,
+                 "pyramid MoE, EP 2 converted to EP 1", 1e-5);
+  const dtk_test::Result four = dtk_test::run_dtk(
+      "checkpoint convert " + ck + "/iter_0000003 " + ck + "-ep4 --expert_model_parallel_size 4", 120);
+  EXPECT_NE(four.code, 0);
+  EXPECT_NE(four.out.find("dtk: error: checkpoint convert: --expert_model_parallel_size 4: it does not divide the 2 "
+                          "experts of the layer of "),
+            std::string::npos)
+      << four.out;
 }

@@ -718,4 +718,35 @@ TEST(Flops, CountsTheWholeModelUnderTensorParallelism) {
   EXPECT_DOUBLE_EQ(dtk::core::model_stats(params, info, 16, 2).flops_per_token, 6 * 936.0 + 12 * 2 * 8 * 16);
 }
 
+// A token runs topk of each MoE layer's experts: of the model's count, or of its layer's own
+// (ABI 2.18's dtk_param_info.layer_experts, DeepSpeed's pyramid MoE), which a 2.17 plugin's
+// shorter parameter info does not hold.
+TEST(Flops, CountsEachMoeLayersExpertsAtItsOwnShare) {
+  const auto expert = [](int64_t numel, int32_t layer_experts, size_t struct_size) {
+    dtk::Param p = param({numel}, false);
+    p.info.expert = 1, p.info.layer_experts = layer_experts, p.info.struct_size = struct_size;
+    return p;
+  };
+  dtk_model_info info{};
+  info.struct_size = dtk_model_info_STRUCT_SIZE;
+  info.num_layers = 2, info.hidden_size = 8, info.num_experts = 8, info.moe_router_topk = 2;
+  // A dense weight of 10; a layer of 2 experts of 6 (read whole), one of 8 of 6 (read at 2 of 8).
+  std::vector<dtk::Param> params = {param({10}, false)};
+  for (int e = 0; e < 2; ++e) params.push_back(expert(6, 2, dtk_param_info_STRUCT_SIZE));
+  for (int e = 0; e < 8; ++e) params.push_back(expert(6, 8, dtk_param_info_STRUCT_SIZE));
+  auto s = dtk::core::model_stats(params, info, 16, 1);
+  EXPECT_EQ(s.model_parameters, 10 + 12 + 48);
+  EXPECT_EQ(s.active_parameters, 10 + 12 + 12);
+  // Under EP 2 this rank holds half of each layer's experts: the same whole model.
+  params.erase(params.begin() + 2), params.erase(params.begin() + 3, params.begin() + 7);
+  s = dtk::core::model_stats(params, info, 16, 1, 0, 1, /*ep_size=*/2);
+  EXPECT_EQ(s.model_parameters, 10 + 12 + 48);
+  EXPECT_EQ(s.active_parameters, 10 + 12 + 12);
+  // A 2.17 parameter info (no layer_experts): every expert is one of num_experts.
+  for (dtk::Param& p : params)
+    if (p.info.expert) p.info.struct_size = dtk_param_info_STRUCT_SIZE_2_9, p.info.layer_experts = 0;
+  s = dtk::core::model_stats(params, info, 16, 1, 0, 1, 2);
+  EXPECT_EQ(s.active_parameters, 10 + (12 + 48) * 2 / 8);
+}
+
 }  // namespace

@@ -17,9 +17,8 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
   ln2_w = c.norm_1p ? f.zeros({c.hidden}) : f.ones({c.hidden});
   ln2_b = f.zeros({c.hidden});
   if (c.moe.is_moe_layer(index)) {
-    MoeConfig m = c.moe;
+    MoeConfig m = c.moe.at_layer(index, c.num_layers);
     m.ffn = c.expert_ffn();
-    m.logged_layers = c.moe.num_moe_layers(c.num_layers);
     moe = std::make_unique<MoeMlp>(m, c.hidden, std::vector<std::string>{"dense_h_to_4h"}, "dense_4h_to_h", true,
                                    c.init_std, scaled_std, tp, f);
   } else {

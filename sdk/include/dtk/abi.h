@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 17
+#define DTK_ABI_MINOR 18
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -409,12 +409,17 @@ typedef struct dtk_param_info {
    * it (dtk_model_info.moe_router_topk of num_experts), so a token's FLOPs count it at that
    * fraction (Megatron-LM's --num-experts). */
   int32_t expert;
+  /* ABI 2.18. With expert 1: how many routed experts its layer has, where the model's MoE layers
+   * differ (DeepSpeed's pyramid MoE, Megatron-DeepSpeed's --num-experts list); a token reads it at
+   * moe_router_topk of this many. 0 (and a 2.17 parameter): dtk_model_info.num_experts. */
+  int32_t layer_experts;
 } dtk_param_info;
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_0, module_index);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_1, full_numel);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_3, sequence_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_9, expert);
-DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, expert);
+DTK_DEFINE_STRUCT_SIZE(dtk_param_info, 2_18, layer_experts);
+DTK_DEFINE_STRUCT_TRAITS(dtk_param_info, layer_experts);
 
 /* Visitor over named parameters. `tensor` is [borrowed] for the call: a C++ visitor that
  * keeps the tensor copies the at::Tensor (dtk::unwrap(tensor)), which takes its own reference.
@@ -786,7 +791,8 @@ typedef struct dtk_model_info {
    * yet; init_parameters gives them. */
   int32_t deferred_parameters;
   /* ABI 2.9. Mixture of experts: the experts of each MoE layer and how many each token is routed to
-   * (0 and 0: a dense model; a 2.8 model reports 0). */
+   * (0 and 0: a dense model; a 2.8 model reports 0). Where the layers' counts differ (2.18), the
+   * largest, each expert weight's own in dtk_param_info.layer_experts. */
   int32_t num_experts;
   int32_t moe_router_topk;
   /* ABI 2.12. 1: it runs dtk_build_context.ep_size's layout: this rank holds only its share of

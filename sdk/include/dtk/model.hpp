@@ -21,7 +21,7 @@ namespace dtk {
 struct Param {
   std::string name;
   at::Tensor tensor;
-  dtk_param_info info{dtk_param_info_STRUCT_SIZE, 0, -1, 0, 0, -1, 0, 0, 0, 0};
+  dtk_param_info info{dtk_param_info_STRUCT_SIZE, 0, -1, 0, 0, -1, 0, 0, 0, 0, 0};
 };
 
 // One module of a model (abi.h dtk_module_info): index in forward order, name, and the names of

@@ -50,6 +50,14 @@ inline bool is_routed_expert(const dtk_param_info& info) {
   return info.struct_size >= dtk_param_info_STRUCT_SIZE_2_9 && info.expert != 0;
 }
 
+// How many routed experts the layer of such a weight has: its own count (dtk_param_info.layer_experts,
+// ABI 2.18: DeepSpeed's pyramid MoE gives the layers different counts), else `model_count`
+// (dtk_model_info.num_experts).
+inline int64_t routed_layer_experts(const dtk_param_info& info, int64_t model_count) {
+  const bool own = info.struct_size >= dtk_param_info_STRUCT_SIZE_2_18 && info.layer_experts > 0;
+  return own ? info.layer_experts : model_count;
+}
+
 // Holds a [new] handle and releases it at scope exit.
 struct TensorHandle {
   explicit TensorHandle(dtk_tensor* h = nullptr) : h(h) {}

@@ -461,7 +461,7 @@ c10::impl::GenericDict new_rank_file(const ModelAtLayout& build, const Layout& n
 
 // Why the model cannot be split over `ep` expert-parallel ranks ("" if it can): checked before any
 // rank's tensors are gathered (only the recorded configuration and the first main file are read).
-std::string expert_split_refusal(const dtk_model_info& info, int64_t ep) {
+std::string expert_split_refusal(const dtk_model_info& info, const std::vector<Param>& params, int64_t ep) {
   if (ep <= 1) return "";
   const bool moe = info.struct_size >= dtk_model_info_STRUCT_SIZE_2_12 && info.num_experts > 0;
   if (!moe) return "the model has no mixture-of-experts layers (num_experts 0): only routed experts are split";
@@ -469,6 +469,10 @@ std::string expert_split_refusal(const dtk_model_info& info, int64_t ep) {
     return "the model plugin does not run expert parallelism (its dtk_model_info.expert_parallel is 0)";
   if (info.num_experts % ep != 0)
     return "it does not divide the model's " + std::to_string(info.num_experts) + " experts (num_experts)";
+  for (const Param& p : params)  // a pyramid MoE's smaller layers (dtk_param_info.layer_experts)
+    if (const int64_t n = routed_layer_experts(p.info, info.num_experts); is_routed_expert(p.info) && n % ep != 0)
+      return "it does not divide the " + std::to_string(n) + " experts of the layer of " + p.name +
+             " (moe_layer_num_experts)";
   return "";
 }
 
@@ -499,9 +503,15 @@ ConvertReport convert_checkpoint(const std::string& iter_dir, const std::string&
   report.old_ep = static_cast<int>(old.ep), report.new_ep = static_cast<int>(nl.ep);
   report.old_split = old.split(), report.new_split = nl.split();
 
-  const dtk_model_info info = build(0, 1, 0, PipelineSplit{}, 0, 1)->info();
+  dtk_model_info info;
+  std::string expert_refusal;
+  {
+    const std::unique_ptr<ModelInstance> whole_model = build(0, 1, 0, PipelineSplit{}, 0, 1);
+    info = whole_model->info();
+    expert_refusal = expert_split_refusal(info, whole_model->parameters(), nl.ep);
+  }
   const int64_t layers = info.num_layers;
-  if (const std::string refusal = expert_split_refusal(info, nl.ep); !refusal.empty())
+  if (const std::string& refusal = expert_refusal; !refusal.empty())
     throw HostError("checkpoint convert: --expert_model_parallel_size " + std::to_string(nl.ep) + ": " + refusal);
   if ((!old.split().even() || !nl.split().even()) && !builds_pipeline_split(info))
     throw HostError(

@@ -117,8 +117,8 @@ const Rule kRules[] = {
     {"--num-experts", -1, Kind::kCustom, "model.num_experts",
      "MoE layers in gpt and llama: Megatron-LM's (every layer, top-k routing, dropless unless "
      "--moe-expert-capacity-factor); with --deepspeed or Megatron-DeepSpeed's MoE flags below, DeepSpeed's "
-     "(model.moe_gate=deepspeed, on every --expert-interval-th layer, top-1 or top-2 with capacity; a list per MoE "
-     "layer must hold one count)"},
+     "(model.moe_gate=deepspeed, on every --expert-interval-th layer, top-1 or top-2 with capacity; a list of one "
+     "count per MoE layer is DeepSpeed's pyramid MoE, model.moe_layer_num_experts)"},
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
     {"--moe-layer-freq", 1, Kind::kCustom, "model.moe_layer_freq",
@@ -1338,13 +1338,16 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
 // Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
 // given; --moe-layer-recompute adds moe). DTK's layers recompute core_attn, mlp and moe; Megatron
 // reads the list only under selective granularity.
-// The layers N, 2N, ... (1-based) of `layers` as a moe_layer_freq list: Megatron-DeepSpeed's
-// get_num_experts_per_layer (a layer is an MoE layer when its number is a multiple of N).
-std::string every_nth_layer(long layers, long n) {
-  std::string list;
-  for (long layer = 1; layer <= layers; ++layer)
-    list += std::string(list.empty() ? "[" : ",") + (layer % n ? "0" : "1");
-  return list + "]";
+// Megatron-DeepSpeed's get_num_experts_per_layer: layer L (1-based) of `layers` is MoE layer j when
+// L = (j + 1) N (N the interval), with `counts[j]` experts (or the one count), and dense where that
+// is at most one. Returns one count per layer, 0 for a dense one.
+std::vector<long> experts_per_layer(const std::vector<long>& counts, long layers, long interval) {
+  std::vector<long> per_layer;
+  for (long layer = 1; layer <= layers; ++layer) {
+    const long n = layer % interval ? 0 : counts[counts.size() == 1 ? 0 : static_cast<size_t>(layer / interval - 1)];
+    per_layer.push_back(n > 1 ? n : 0);
+  }
+  return per_layer;
 }
 
 // Megatron-DeepSpeed's MoE flags given that do nothing, each said with `why` (those its rule
@@ -1356,7 +1359,7 @@ void note_unused_deepspeed_moe(const SeenFlags& s, const std::string& why, Megat
 
 // Megatron-DeepSpeed's MoE: DeepSpeed's gate on every --expert-interval-th layer with its defaults
 // (top-1, capacity factors 1.0, least capacity 4, loss coefficient 0.1).
-void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
+void map_deepspeed_moe(const SeenFlags& s, const std::vector<long>& counts, MegatronMapping& m) {
   const auto given = [&](const char* flag) { return s.deepspeed_moe.count(flag) > 0; };
   const auto value = [&](const char* flag, const char* fallback) {
     return given(flag) ? s.deepspeed_moe.at(flag).first[0] : std::string(fallback);
@@ -1382,10 +1385,25 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
                         "--expert-interval " + std::to_string(interval) + ": Megatron-DeepSpeed builds dense MLPs)");
     return note_unused_deepspeed_moe(s, "no MoE layer", m);
   }
-  set_by(m, "model.num_experts=" + std::to_string(experts), s.num_experts_shown);
+  // The MoE layers (1-based) and their counts: a pyramid where they differ (DeepSpeed's PR-MoE).
+  const std::vector<long> per_layer = experts_per_layer(counts, layers, interval);
+  std::string pattern, moe_layers, layer_counts;
+  long largest = 0, every_slot = 1;
+  for (long layer = 1; layer <= layers; ++layer) {
+    const long n = per_layer[static_cast<size_t>(layer - 1)];
+    pattern += std::string(pattern.empty() ? "[" : ",") + (n ? "1" : "0");
+    if (layer % interval == 0 && n == 0) every_slot = 0;
+    if (n == 0) continue;
+    moe_layers += (moe_layers.empty() ? "" : ", ") + std::to_string(layer);
+    layer_counts += (layer_counts.empty() ? "" : ",") + std::to_string(n);
+    largest = std::max(largest, n);
+  }
+  const bool pyramid = std::any_of(per_layer.begin(), per_layer.end(), [&](long n) { return n && n != largest; });
+  set_by(m, "model.num_experts=" + std::to_string(largest), s.num_experts_shown);
+  if (pyramid) set_by(m, "model.moe_layer_num_experts=" + layer_counts, s.num_experts_shown);
   set_by(m, "model.moe_gate=deepspeed", s.num_experts_shown);
   set_by(m, std::string("model.moe_residual=") + (mlp_type == "residual" ? "true" : "false"), credit("--mlp-type"));
-  set_by(m, "model.moe_layer_freq=" + (interval == 1 ? std::string("1") : every_nth_layer(layers, interval)),
+  set_by(m, "model.moe_layer_freq=" + (interval == 1 && every_slot ? std::string("1") : pattern + "]"),
          credit("--expert-interval"));
   const std::string topk = value("--topk", "1");
   set_by(m, "model.moe_router_topk=" + topk, credit("--topk"));
@@ -1427,9 +1445,11 @@ void map_deepspeed_moe(const SeenFlags& s, long experts, MegatronMapping& m) {
       s.num_experts_shown + " is Megatron-DeepSpeed's (" +
       (s.deepspeed_shown.empty() ? s.deepspeed_moe_shown[0] : s.deepspeed_shown) +
       "): DeepSpeed's gate (model.moe_gate=deepspeed) on " +
-      (interval == 1 ? std::string("every layer")
-                     : "layers " + std::to_string(interval) + ", " + std::to_string(2 * interval) + ", ... (1-based)") +
-      ", top-" + topk + ", " +
+      (!every_slot ? "layers " + moe_layers + " (1-based)"
+       : interval == 1
+           ? std::string("every layer")
+           : "layers " + std::to_string(interval) + ", " + std::to_string(2 * interval) + ", ... (1-based)") +
+      (pyramid ? " with " + layer_counts + " experts (a pyramid)" : std::string()) + ", top-" + topk + ", " +
       (dropless
            ? std::string("dropless")
            : "capacity factor " + value("--moe-train-capacity-factor", "1.0") + " (evaluation " +
@@ -1455,20 +1475,21 @@ void map_moe(const SeenFlags& s, MegatronMapping& m) {
                                  "Megatron-DeepSpeed's, with --deepspeed)");
     return set_by(m, "model.num_experts=" + s.num_experts[0], s.num_experts_shown);
   }
-  for (const std::string& v : s.num_experts)
-    if (v != s.num_experts[0])
-      return m.refused.push_back(
-          s.num_experts_shown +
-          ": DeepSpeed's pyramid MoE (a count per MoE layer) is not in DTK: its MoE layers share one count");
-  const long experts = s.num_experts[0] == "0" ? 0 : positive_number(s.num_experts[0]);
-  if (experts == 0 && s.num_experts[0] != "0")
-    return m.refused.push_back(s.num_experts_shown + ": not a number of experts");
+  std::vector<long> counts;  // (a list: DeepSpeed's pyramid MoE, one count per MoE layer)
+  for (const std::string& v : s.num_experts) {
+    counts.push_back(v == "0" ? 0 : positive_number(v));
+    // (In a list 0 is no count: Megatron-DeepSpeed builds a layer of 1 dense, of 0 an MoE of none.)
+    if (counts.back() == 0 && (v != "0" || s.num_experts.size() > 1))
+      return m.refused.push_back(s.num_experts_shown + ": " + (s.num_experts.size() > 1 ? "'" + v + "' is " : "") +
+                                 "not a number of experts");
+  }
   if (!s.megatron_moe_shown.empty())  // (with --deepspeed: a mix with its MoE flags is refused above)
     return m.refused.push_back(s.megatron_moe_shown[0] + ": Megatron-LM's MoE flag; with " + s.deepspeed_shown +
                                " --num-experts is DeepSpeed's MoE (its flags: --topk, --expert-interval, "
                                "--moe-expert-parallel-size, --moe-train-capacity-factor, --moe-loss-coeff, ...)");
-  if (experts <= 1) return note_unused_deepspeed_moe(s, "at most one expert: Megatron-DeepSpeed builds dense MLPs", m);
-  map_deepspeed_moe(s, experts, m);
+  if (*std::max_element(counts.begin(), counts.end()) <= 1)
+    return note_unused_deepspeed_moe(s, "at most one expert: Megatron-DeepSpeed builds dense MLPs", m);
+  map_deepspeed_moe(s, counts, m);
 }
 
 void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& m) {

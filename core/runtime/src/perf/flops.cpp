@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "dtk/core/comm/comm.hpp"
 
 namespace dtk::core {
@@ -10,6 +12,7 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
                        int pp_rank, int pp_size, int ep_size) {
   ModelStats s;
   int64_t experts = 0;  // the whole model's expert weights
+  double read = 0;      // ... and what one token reads of them: each at topk of its layer's experts
   const bool moe = num_experts(info) > 0;
   for (const auto& p : params) {  // each tensor once (ModelInstance checks it)
     s.num_parameters += p.tensor.numel();
@@ -18,16 +21,21 @@ ModelStats model_stats(const std::vector<Param>& params, const dtk_model_info& i
     // Each expert-parallel rank holds as many experts as every other, each expert its own.
     const int64_t whole = p.tensor.numel() * (p.info.tensor_parallel ? tp_size : 1) * (expert ? ep_size : 1);
     s.model_parameters += whole;
-    if (expert) experts += whole;
+    if (!expert) continue;
+    experts += whole;
+    read += static_cast<double>(whole) * info.moe_router_topk /
+            static_cast<double>(routed_layer_experts(p.info, info.num_experts));
   }
-  if (pp_size > 1) {
-    at::Tensor n = at::tensor({s.model_parameters, experts}, at::kLong);
+  if (pp_size > 1) {  // (doubles hold these counts exactly up to 2^53)
+    at::Tensor n =
+        at::tensor({static_cast<double>(s.model_parameters), static_cast<double>(experts), read}, at::kDouble);
     all_reduce(n, DTK_GROUP_PIPELINE_PARALLEL, DTK_REDUCE_SUM).wait();
-    s.model_parameters = n[0].item<int64_t>();
-    experts = n[1].item<int64_t>();
+    s.model_parameters = std::llround(n[0].item<double>());
+    experts = std::llround(n[1].item<double>());
+    read = n[2].item<double>();
   }
   s.active_parameters = s.model_parameters;
-  if (moe) s.active_parameters -= experts - experts * info.moe_router_topk / info.num_experts;
+  if (moe) s.active_parameters -= experts - std::llround(read);
   s.passes = info.recompute ? 4 : 3;
   const double c = s.passes, n = static_cast<double>(s.active_parameters);
   const double width = static_cast<double>(attention_width(info));  // of the scores and the context

@@ -260,6 +260,7 @@ class DecoderLM : public Model {
   void validate_moe(const BuildContext& ctx, const DecoderConfig& c) const;  // the MoE options (validate calls it)
   void validate_moe_groups(const MoeConfig& m) const;                        // group-limited routing's options
   void validate_deepspeed_gate(const MoeConfig& m) const;                    // moe_gate=deepspeed's options
+  void validate_layer_experts(const DecoderConfig& c) const;                 // moe_layer_num_experts (pyramid)
   // Builds the embedding, this stage's layers and the output layer. `config` must outlive the
   // model (a member of it); its padded_vocab is set here. Call from the model's constructor.
   void build(const BuildContext& ctx, DecoderConfig& config, DecoderParts parts);

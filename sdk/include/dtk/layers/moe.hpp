@@ -161,6 +161,10 @@ struct MoeConfig {
   int64_t min_capacity = 0;
   bool second_expert_sampling = true;
   bool residual = false;  // DeepSpeed's residual MoE: a dense MLP beside the experts, mixed per token
+  // Non-empty: DeepSpeed's pyramid MoE, the experts of each MoE layer in the model's order
+  // (Megatron-DeepSpeed's --num-experts list); num_experts is then their largest. at_layer() gives
+  // each layer its own count.
+  std::vector<int64_t> layer_experts;
   // The model's MoE layers: each records its losses' share of their mean over the layers for the
   // log (dtk.ext.aux_loss.v1's record, ABI 2.10), as Megatron-LM prints them.
   int64_t logged_layers = 1;
@@ -188,7 +192,14 @@ struct MoeConfig {
     for (int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
     return n;
   }
+  // The configuration MoE layer `index` (0-based, whole model, of num_layers) is built with: its
+  // own expert count (layer_experts) and the number of MoE layers its logged losses average over.
+  MoeConfig at_layer(int64_t index, int64_t num_layers) const;
 };
+
+// moe_layer_num_experts (comma-separated positive counts, one per MoE layer) into c.layer_experts;
+// std::invalid_argument names what is wrong. "" leaves it empty (num_experts on every MoE layer).
+void parse_moe_layer_num_experts(const std::string& text, MoeConfig& c);
 
 // moe_router_load_balancing_type and moe_aux_loss_coeff (each a comma-separated list, Megatron's
 // lists: one coefficient per type) into c's coefficients, or sinkhorn or quantile_balancing alone
@@ -206,8 +217,9 @@ void parse_moe_layer_freq(const std::string& text, MoeConfig& c);
 // DTK_LAYERS_MOE_OPTIONS in its option table.
 inline constexpr dtk_option_spec kNumExpertsOption =
     opt_int("num_experts", "0",
-            "Mixture of experts: experts per MoE layer (0 = dense MLPs; Megatron's --num-experts). Each token runs "
-            "moe_router_topk of them. The moe_ options act only with num_experts > 0.");
+            "Mixture of experts: experts per MoE layer (0 = dense MLPs; Megatron's --num-experts; the largest layer's "
+            "with moe_layer_num_experts). Each token runs moe_router_topk of them. The moe_ options act only with "
+            "num_experts > 0.");
 inline constexpr dtk_option_spec kMoeRouterTopkOption =
     opt_int("moe_router_topk", "2", "Experts each token is routed to.");
 inline constexpr dtk_option_spec kMoeFfnHiddenSizeOption =
@@ -299,6 +311,11 @@ inline constexpr dtk_option_spec kMoeTop2SecondExpertSamplingOption =
              "moe_gate=deepspeed with moe_router_topk=2: the second expert is the best of the logits plus Gumbel "
              "noise (false: the second best; Megatron-DeepSpeed's --disable-moe-top2-2nd-expert-sampling).");
 
+inline constexpr dtk_option_spec kMoeLayerNumExpertsOption =
+    opt_string("moe_layer_num_experts", "",
+               "moe_gate=deepspeed: DeepSpeed's pyramid MoE (PR-MoE; Megatron-DeepSpeed's --num-experts list), the "
+               "experts of each MoE layer in order, comma-separated, one per layer moe_layer_freq picks, e.g. "
+               "32,32,64,64; num_experts must be their largest. Empty = num_experts on every MoE layer.");
 inline constexpr dtk_option_spec kMoeResidualOption =
     opt_bool("moe_residual", "false",
              "moe_gate=deepspeed: DeepSpeed's residual MoE (Megatron-DeepSpeed's --mlp-type residual): a dense MLP "
@@ -325,7 +342,8 @@ inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
       dtk::layers::kMoeSharedExpertGateOption, dtk::layers::kMoeInputJitterEpsOption,                       \
       dtk::layers::kMoeRouterQuantileBalancingEmaOption, dtk::layers::kMoeGateOption,                       \
       dtk::layers::kMoeEvalCapacityFactorOption, dtk::layers::kMoeMinCapacityOption,                        \
-      dtk::layers::kMoeTop2SecondExpertSamplingOption, dtk::layers::kMoeResidualOption
+      dtk::layers::kMoeTop2SecondExpertSamplingOption, dtk::layers::kMoeResidualOption,                     \
+      dtk::layers::kMoeLayerNumExpertsOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;

@@ -14,7 +14,8 @@ namespace dtk::core {
 // holding a tensor-parallel shard counts it tp_size times (Megatron shards evenly), tied
 // weights once. TFLOP/s per device divides the run's total by its world size. A mixture of
 // experts' weights (dtk_param_info.expert) count in N at the share of them a token runs, topk of
-// num_experts (Megatron's MoE FLOPs count the routed experts only).
+// num_experts, or of their own layer's count (dtk_param_info.layer_experts, DeepSpeed's pyramid MoE)
+// (Megatron's MoE FLOPs count the routed experts only).
 struct ModelStats {
   int64_t num_parameters = 0;    // on this rank (what Megatron's "number of parameters" line says)
   int64_t model_parameters = 0;  // the whole model

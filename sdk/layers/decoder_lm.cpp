@@ -344,11 +344,6 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
       if (set) fail(std::string("option '") + option + "' is DeepSpeed's gate's: it acts only with moe_gate=deepspeed");
     return;
   }
-  if (m.topk != 1 && m.topk != 2)
-    fail(
-        "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating; DTK has "
-        "not its top-k gating for k > 2), got moe_router_topk=" +
-        std::to_string(m.topk));
   const std::pair<const char*, bool> megatrons[] = {
       {"moe_router_score_function", m.score != unset.score},
       {"moe_router_pre_softmax", m.pre_softmax != unset.pre_softmax},
@@ -377,7 +372,7 @@ void DecoderLM::validate_deepspeed_gate(const MoeConfig& m) const {
     fail(std::string("option '") + (m.min_capacity != 0 ? "moe_min_capacity" : "moe_eval_capacity_factor") +
          "' does nothing without moe_expert_capacity_factor > 0: DeepSpeed's gate is then dropless in training and "
          "evaluation (Megatron-DeepSpeed's --disable-moe-token-dropping)");
-  if (m.topk == 1 && !m.second_expert_sampling)
+  if (m.topk != 2 && !m.second_expert_sampling)
     fail("option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2");
 }
 
@@ -399,6 +394,8 @@ void DecoderLM::validate_layer_experts(const DecoderConfig& c) const {
     const int64_t n = m.layer_experts[static_cast<size_t>(ordinal++)];
     const std::string which = "option 'moe_layer_num_experts' gives layer " + std::to_string(layer + 1) +
                               " (1-based) " + std::to_string(n) + " experts";
+    if (n == 1)  // (Megatron-DeepSpeed's count of 1 is a dense layer: the mapper makes it one)
+      fail(which + ": a layer of one expert is a dense layer; leave it out of moe_layer_freq");
     if (n < m.topk) fail(which + ", fewer than moe_router_topk = " + std::to_string(m.topk));
     if (n % m.ep_size != 0)
       fail(which + ": the expert-parallel size (distributed.expert_model_parallel_size) " + std::to_string(m.ep_size) +

@@ -424,16 +424,22 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
         scored = whole - at::log(-at::log(uniforms({tokens, n}, *rng, whole.device())));
       const at::Tensor second = scored.scatter(1, first, -std::numeric_limits<double>::infinity()).argmax(1, true);
       chosen = at::cat({first, second}, 1);
+    } else if (c_.topk > 2) {  // topkgating: the k highest logits, no noise
+      chosen = std::get<1>(at::topk(whole, c_.topk, 1));
     }
-    kept = c_.drops_tokens() && !generating ? deepspeed_kept(chosen, batch, training, *rng)
+    kept = c_.drops_tokens() && !generating ? deepspeed_kept(chosen, whole, batch, training, *rng)
                                             : at::ones_like(chosen, at::kFloat);
-    first_share = expert_counts(first, n).to(at::kFloat) / static_cast<double>(tokens);
+    // l_aux's share of the tokens per expert: of the first choices (top1gating, top2gating), or of
+    // all k choices over k (topkgating's mean of its k-hot mask, times E^2 / k).
+    const bool all_choices = c_.topk > 2;
+    first_share = expert_counts(all_choices ? chosen : first, n).to(at::kFloat) /
+                  static_cast<double>(tokens * (all_choices ? c_.topk : 1));
     chosen = own_rows(chosen, batch);
     kept = own_rows(kept, batch);
   }
   Routing r;
   r.probs = gates.gather(1, chosen) * kept;
-  if (c_.topk == 2) r.probs = r.probs / r.probs.sum(1, true).clamp_min(std::numeric_limits<float>::epsilon());
+  if (c_.topk >= 2) r.probs = r.probs / r.probs.sum(1, true).clamp_min(std::numeric_limits<float>::epsilon());
   r.experts = chosen.masked_fill(kept.eq(0), n);
   if (at::GradMode::is_enabled() && x.requires_grad() && c_.aux_loss_coeff > 0.0) {
     // l_aux = E * sum_e mean_t(gates) * first_share over the micro-batch's T tokens: this rank's
@@ -447,13 +453,21 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
   return r;
 }
 
-// Which of the whole sequence's choices [T, k] DeepSpeed's capacity keeps, [T, k] fp32 0 or 1:
-// top-1 each expert's C tokens with the highest Uniform(0, 1) draws (random token selection; ties:
-// the earlier row), top-2 each expert's first choices then its second ones in Megatron's
-// [sequence, batch] token order, up to C.
-at::Tensor MoeMlp::deepspeed_kept(const at::Tensor& chosen, int64_t batch, bool training, at::Generator& rng) const {
+// Which of the whole sequence's choices [T, k] (of its logits [T, E]) DeepSpeed's capacity keeps,
+// [T, k] fp32 0 or 1: top-1 each expert's C tokens with the highest Uniform(0, 1) draws (random
+// token selection; ties: the earlier row), top-2 each expert's first choices then its second ones
+// in Megatron's [sequence, batch] token order, up to C; top-k (k > 2, topkgating's "probs" policy)
+// each expert's C tokens of the highest logit at it, the tokens that did not choose it counting
+// as 0 (DeepSpeed ranks its top-k logits scattered into zeros, so a choice of a negative logit
+// can be dropped with room left).
+at::Tensor MoeMlp::deepspeed_kept(const at::Tensor& chosen, const at::Tensor& logits, int64_t batch, bool training,
+                                  at::Generator& rng) const {
   const int64_t tokens = chosen.size(0), n = c_.num_experts, capacity = c_.deepspeed_capacity(tokens, training);
   const at::TensorOptions index = chosen.options();
+  if (c_.topk > 2) {
+    const at::Tensor key = at::zeros_like(logits).scatter(1, chosen, logits.gather(1, chosen));
+    return column_ranks(key, index).gather(1, chosen).lt(capacity).to(at::kFloat);
+  }
   if (c_.topk == 1) {
     const at::Tensor draw = uniforms({tokens, 1}, rng, chosen.device());
     const at::Tensor key = at::full({tokens, n}, -1.0, draw.options()).scatter(1, chosen, draw);

@@ -418,6 +418,13 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   expect_options(map({"--num-layers", "4", "--num-experts", "4", "--mlp-type", "residual"}, ds),
                  {{"moe_residual", "true"}}, "residual");
   expect_options(map({"--num-layers", "4", "--num-experts", "4"}, ds), {{"moe_residual", "false"}}, "standard");
+  // DeepSpeed's topkgating: --topk above 2.
+  const MegatronMapping top4 =
+      map({"--num-layers", "4", "--num-experts", "8", "--topk", "4", "--disable-moe-top2-2nd-expert-sampling"}, ds);
+  expect_options(top4, {{"moe_router_topk", "4"}, {"moe_gate", "deepspeed"}}, "top-4");
+  EXPECT_EQ(options_of(top4).count("moe_top2_2nd_expert_sampling"), 0u);
+  EXPECT_TRUE(has(top4.ignored, "--disable-moe-top2-2nd-expert-sampling (top-4 samples no second expert)"))
+      << joined(top4.ignored);
   // One count per MoE layer, all the same: the same model.
   const MegatronMapping same = map({"--num-layers", "4", "--num-experts", "8", "8"}, ds);
   expect_options(same, {{"num_experts", "8"}, {"moe_layer_freq", "[0,1,0,1]"}}, "a list");

@@ -1196,6 +1196,8 @@ TEST(HfLlama, MixtralExportRefusesWhatItsBlockIsNot) {
   deepspeed.erase("moe_residual");
   deepspeed["moe_layer_num_experts"] = "";  // (what a checkpoint without a pyramid records)
   EXPECT_NO_THROW(dtk::core::llama_shape(deepspeed, 64));
+  deepspeed["moe_layer_num_experts"] = deepspeed["num_experts"] + "," + deepspeed["num_experts"];  // equal counts
+  EXPECT_NO_THROW(dtk::core::llama_shape(deepspeed, 64));
   deepspeed["moe_layer_num_experts"] = "2,4";
   try {
     dtk::core::llama_shape(deepspeed, 64);

@@ -497,7 +497,22 @@ DeepSpeedGate deepspeed_reference(const MoeMlp& m, const MoeConfig& c, const at:
   at::Tensor mask1 = at::one_hot(indices1, e);
   const at::Tensor me = gates.mean(0), ce = mask1.to(at::kFloat).mean(0);
   at::Tensor combine;
-  if (c.topk == 1) {
+  if (c.topk > 2) {  // topkgating: the k highest logits, capacity by them scattered into zeros ("probs")
+    const auto [top_gate, top_idx] = at::topk(logits, c.topk, 1);
+    const at::Tensor masked_gates = at::zeros_like(logits).scatter(1, top_idx, top_gate);
+    at::Tensor mask = at::zeros_like(gates).scatter(1, top_idx, 1.0);
+    r.l_aux = (me * mask.mean(0)).mean() * static_cast<double>(e * e) / static_cast<double>(c.topk);
+    if (drops) {
+      // (Above T tokens torch.topk refuses DeepSpeed's capacity; then every choice fits.)
+      const int64_t capacity = std::min(capacity_of(factor * static_cast<double>(c.topk)), tokens);
+      const at::Tensor top = std::get<1>(at::topk(masked_gates, capacity, 0, true, false));
+      const at::Tensor kept = mask * at::zeros_like(mask).scatter_(0, top, 1.0);
+      r.dropped = (mask.sum() - kept.sum()).item<int64_t>();
+      mask = kept;
+    }
+    combine = gates * mask;
+    combine = combine / at::clamp_min(combine.sum(1, true), std::numeric_limits<float>::epsilon());
+  } else if (c.topk == 1) {
     r.l_aux = (me * ce).sum() * static_cast<double>(e);
     if (drops) {
       const int64_t capacity = capacity_of(factor);
@@ -561,9 +576,10 @@ at::Tensor gate_uniforms(uint64_t seed, std::vector<int64_t> shape) {
 
 // DeepSpeed's gate (moe_gate=deepspeed, Megatron-DeepSpeed's MoE) equals DeepSpeed's algorithm
 // written out (deepspeed_reference), output and every gradient with its l_aux in the objective:
-// top-1 with random token selection and top-2 with and without the Gumbel-sampled second expert;
-// capacities that drop (factor 0.5 and 1.0), one that moe_min_capacity raises, one that keeps
-// everything, dropless, and evaluation's factor. The experts have no second bias, the router none.
+// top-1 with random token selection, top-2 with and without the Gumbel-sampled second expert, and
+// topkgating's top-3 and top-4; capacities that drop (factor 0.5 and 1.0), one that
+// moe_min_capacity raises, one that keeps everything, dropless, and evaluation's factor. The experts have no second
+// bias, the router none.
 TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
   struct GateCase {
     int64_t topk;
@@ -573,12 +589,14 @@ TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
     bool residual = false;
   };
   const GateCase cases[] = {
-      {1, 0.5, 0, 0, true, true},       {1, 1.0, 0, 4, true, true},      {1, 0.1, 0, 4, true, true},
-      {1, 6.0, 0, 0, true, true},       {1, 0.0, 0, 0, true, true},      {1, 0.5, 2.0, 4, true, false},
-      {2, 0.5, 0, 0, true, true},       {2, 1.0, 0, 4, true, true},      {2, 0.5, 0, 0, false, true},
-      {2, 0.1, 0, 4, false, true},      {2, 0.0, 0, 0, true, true},      {2, 2.0, 0.5, 4, true, false},
-      {1, 0.5, 0, 0, true, true, true}, {2, 1.0, 0, 4, true, true, true}};
-  int64_t dropped_top1 = 0, dropped_top2 = 0;
+      {1, 0.5, 0, 0, true, true},       {1, 1.0, 0, 4, true, true},       {1, 0.1, 0, 4, true, true},
+      {1, 6.0, 0, 0, true, true},       {1, 0.0, 0, 0, true, true},       {1, 0.5, 2.0, 4, true, false},
+      {2, 0.5, 0, 0, true, true},       {2, 1.0, 0, 4, true, true},       {2, 0.5, 0, 0, false, true},
+      {2, 0.1, 0, 4, false, true},      {2, 0.0, 0, 0, true, true},       {2, 2.0, 0.5, 4, true, false},
+      {1, 0.5, 0, 0, true, true, true}, {2, 1.0, 0, 4, true, true, true}, {3, 0.5, 0, 0, false, true},
+      {4, 1.0, 0, 4, false, true},      {3, 0.1, 0, 4, false, true},      {3, 6.0, 0, 0, false, true},
+      {3, 0.0, 0, 0, false, true},      {3, 2.0, 0.5, 4, false, false},   {3, 0.5, 0, 0, false, true, true}};
+  int64_t dropped_top1 = 0, dropped_top2 = 0, dropped_topk = 0;
   for (const GateCase& g : cases) {
     MoeConfig c;
     c.num_experts = 6, c.topk = g.topk, c.ffn = 6, c.aux_loss_coeff = 0.1;
@@ -610,13 +628,13 @@ TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
 
     // The layer draws once per forward: the selection's uniforms (top-1, only when it drops) or
     // the Gumbel noise's (top-2 with sampling).
-    const at::Tensor uniforms = gate_uniforms(21, {21, g.topk == 1 ? 1 : 6});
+    const at::Tensor uniforms = gate_uniforms(21, {21, g.topk == 1 ? 1 : 6});  // (top-k draws none)
     const DeepSpeedGate want = deepspeed_reference(m, c, x, g.training, uniforms);
     ((want.out * weights).sum() + want.l_aux * c.aux_loss_coeff).backward();
     EXPECT_TRUE(at::allclose(got, want.out, 1e-5, 1e-6))
         << what << ": output differs by " << (got - want.out).abs().max().item<double>();
     expect_same_grads(got_grads, grads_of(m, x), 1e-6, what);
-    (g.topk == 1 ? dropped_top1 : dropped_top2) += want.dropped;
+    (g.topk == 1 ? dropped_top1 : g.topk == 2 ? dropped_top2 : dropped_topk) += want.dropped;
     // Where the layer draws (top-1 dropping, top-2 sampling), other draws give another output.
     if ((g.topk == 1 && want.dropped > 0) || (g.topk == 2 && g.sampling)) {
       at::Generator other = dtk::layers::seeded_generator(22);
@@ -633,6 +651,7 @@ TEST(MoeLayer, DeepSpeedGateIsDeepSpeedsTopKGate) {
   // The guard: the reference does drop, so the selection is checked.
   EXPECT_GE(dropped_top1, 10);
   EXPECT_GE(dropped_top2, 10);
+  EXPECT_GE(dropped_topk, 10);
 }
 
 // The gate's capacity is DeepSpeed's _capacity: ceil(T / E * f * k) in fp32, at least the minimum,
@@ -1601,9 +1620,9 @@ TEST(Moe, BadInputsAreOneLine) {
        "option 'moe_input_jitter_eps' must be in [0, 1) (0 = no jitter), got 1"},
       {"--set model.moe_input_jitter_eps=0.01", "option 'moe_input_jitter_eps' does nothing without num_experts > 0"},
       {"--set model.moe_gate=deepspeed", "option 'moe_gate' does nothing without num_experts > 0"},
-      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_router_topk=3",
-       "moe_gate=deepspeed routes each token to 1 or 2 experts (DeepSpeed's top1gating and top2gating; DTK has not "
-       "its top-k gating for k > 2), got moe_router_topk=3"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_router_topk=3 "
+       "--set model.moe_top2_2nd_expert_sampling=false",
+       "option 'moe_top2_2nd_expert_sampling' acts only with moe_router_topk=2"},
       {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_z_loss_coeff=0.01",
        "option 'moe_z_loss_coeff' is Megatron-LM's router's: moe_gate=deepspeed has DeepSpeed's gate"},
       {"--set model.num_experts=4 --set model.moe_min_capacity=4",
@@ -1625,7 +1644,11 @@ TEST(Moe, BadInputsAreOneLine) {
       {"--set model.num_experts=8 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,4",
        "option 'num_experts' must be the largest count of moe_layer_num_experts, 4, got 8"},
       {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=1,4",
-       "option 'moe_layer_num_experts' gives layer 1 (1-based) 1 experts, fewer than moe_router_topk = 2"},
+       "option 'moe_layer_num_experts' gives layer 1 (1-based) 1 experts: a layer of one expert is a dense layer; "
+       "leave it out of moe_layer_freq"},
+      {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,4 "
+       "--set model.moe_router_topk=3",
+       "option 'moe_layer_num_experts' gives layer 1 (1-based) 2 experts, fewer than moe_router_topk = 3"},
       {"--set model.num_experts=4 --set model.moe_gate=deepspeed --set model.moe_layer_num_experts=2,x",
        "option 'moe_layer_num_experts': 'x' is not a positive expert count"},
   };
@@ -2058,6 +2081,16 @@ TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
   }
   expect_same_curve(one, curve_of("gpt", 2, gate + argmax + kEp2, "ds-gate-ep2"), kIters,
                     "DeepSpeed's gate, top-2 argmax, EP 2");
+  // topkgating (k > 2) draws nothing either: every split equals one process.
+  const std::string top3 = gate + "--set model.moe_router_topk=3 ";
+  const dtk_test::Curve three = curve_of("gpt", 1, top3, "ds-gate-top3-one");
+  ASSERT_EQ(three.loss.size(), kIters) << three.run.out;
+  for (const auto& [name, split] : kSplits)
+    expect_same_curve(three, curve_of("gpt", 2, top3 + split, std::string("ds-gate-top3-") + name), kIters,
+                      std::string("DeepSpeed's gate, top-3, ") + name);
+  expect_same_curve(three, curve_of("gpt", 2, top3 + kEp2, "ds-gate-top3-ep2"), kIters,
+                    "DeepSpeed's gate, top-3, EP 2");
+  EXPECT_GT(std::abs(three.loss.at(2) - one.loss.at(2)), 1e-5 * one.loss.at(2));
   // DeepSpeed's residual MoE (a dense MLP beside the experts, mixed per token), gpt and llama.
   const std::string residual = gate + argmax + "--set model.moe_residual=true ";
   for (const std::string model : {"gpt", "llama"}) {
@@ -2144,9 +2177,11 @@ TEST(Moe, PyramidMoeLayersHaveTheirOwnExperts) {
   EXPECT_EQ(whole - active, (0 + 2 + 2 + 6) * expert) << one.run.out;
   EXPECT_EQ(uniform_whole - uniform_active, 4 * 6 * expert) << uniform.run.out;
   EXPECT_GT(std::abs(one.loss.at(2) - uniform.loss.at(2)), 1e-5 * uniform.loss.at(2));
-  for (const auto& [name, split] : kSplits)
-    expect_same_curve(one, curve_of("gpt", 2, pyramid + split, std::string("pyramid-") + name), kIters,
-                      std::string("pyramid MoE, ") + name);
+  for (const auto& [name, split] : kSplits) {
+    const dtk_test::Curve run = curve_of("gpt", 2, pyramid + split, std::string("pyramid-") + name);
+    expect_same_curve(one, run, kIters, std::string("pyramid MoE, ") + name);
+    EXPECT_EQ(active_and_whole(run.run.out), active_and_whole(one.run.out)) << name << "\n" << run.run.out;
+  }
   const dtk_test::Curve ep2 = curve_of("gpt", 2, pyramid + kEp2, "pyramid-ep2");
   expect_same_curve(one, ep2, kIters, "pyramid MoE, EP 2");
   EXPECT_EQ(active_and_whole(ep2.run.out), active_and_whole(one.run.out)) << ep2.run.out;

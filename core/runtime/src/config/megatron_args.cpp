@@ -117,7 +117,7 @@ const Rule kRules[] = {
     {"--num-experts", -1, Kind::kCustom, "model.num_experts",
      "MoE layers in gpt and llama: Megatron-LM's (every layer, top-k routing, dropless unless "
      "--moe-expert-capacity-factor); with --deepspeed or Megatron-DeepSpeed's MoE flags below, DeepSpeed's "
-     "(model.moe_gate=deepspeed, on every --expert-interval-th layer, top-1 or top-2 with capacity; a list of one "
+     "(model.moe_gate=deepspeed, on every --expert-interval-th layer, top-k with capacity; a list of one "
      "count per MoE layer is DeepSpeed's pyramid MoE, model.moe_layer_num_experts)"},
     {"--moe-router-topk", 1, Kind::kSet, "model.moe_router_topk", ""},
     {"--moe-ffn-hidden-size", 1, Kind::kSet, "model.moe_ffn_hidden_size", ""},
@@ -1437,7 +1437,8 @@ void map_deepspeed_moe(const SeenFlags& s, const std::vector<long>& counts, Mega
     if (topk == "2")
       set_by(m, "model.moe_top2_2nd_expert_sampling=false", credit("--disable-moe-top2-2nd-expert-sampling"));
     else
-      m.ignored.push_back(credit("--disable-moe-top2-2nd-expert-sampling") + " (top-1 samples no second expert)");
+      m.ignored.push_back(credit("--disable-moe-top2-2nd-expert-sampling") + " (top-" + topk +
+                          " samples no second expert)");
   }
   // Which reading --num-experts had, said at start (Megatron-LM's differs in every default).
   const bool dropless = given("--disable-moe-token-dropping");
@@ -1478,7 +1479,8 @@ void map_moe(const SeenFlags& s, MegatronMapping& m) {
   std::vector<long> counts;  // (a list: DeepSpeed's pyramid MoE, one count per MoE layer)
   for (const std::string& v : s.num_experts) {
     counts.push_back(v == "0" ? 0 : positive_number(v));
-    // (In a list 0 is no count: Megatron-DeepSpeed builds a layer of 1 dense, of 0 an MoE of none.)
+    // (In a list 0 is no count: Megatron-DeepSpeed builds a layer of 1 dense, and one of 0 too, whose
+    // forward then fails, taking it for an MoE layer.)
     if (counts.back() == 0 && (v != "0" || s.num_experts.size() > 1))
       return m.refused.push_back(s.num_experts_shown + ": " + (s.num_experts.size() > 1 ? "'" + v + "' is " : "") +
                                  "not a number of experts");

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dtk/comma_list.hpp"
 #include "dtk/core/checkpoint/checkpoint_convert.hpp"
 #include "dtk/host/error.hpp"
 #include "dtk/layers/layer_pattern.hpp"
@@ -74,8 +75,9 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
     refuse("moe_router_load_balancing_type", "whose router takes the top-k of its softmax (no " + type + " choice)");
   if (hf::option_true(option(o, "add_bias_linear"))) refuse("add_bias_linear", "which has no biases");
   if (on("moe_residual")) refuse("moe_residual", "which has no residual MLP mixed with its experts (DeepSpeed's)");
-  if (!option_or(o, "moe_layer_num_experts", "").empty())
-    refuse("moe_layer_num_experts", "whose sparse blocks all have num_experts experts (not DeepSpeed's pyramid MoE)");
+  for (const std::string& count : comma_items(option_or(o, "moe_layer_num_experts", "")))
+    if (!count.empty() && count != option(o, "num_experts"))
+      refuse("moe_layer_num_experts", "whose sparse blocks all have num_experts experts (not DeepSpeed's pyramid MoE)");
   // Older transformers build these models' rotary embedding without its rope_scaling.
   if (s.llama3) refuse("rope_scaling", "whose rotary embedding is read without rope_scaling by older transformers");
   s.shared_ffn = std::stoll(option_or(o, "moe_shared_expert_intermediate_size", "0"));

@@ -75,21 +75,25 @@
 // group, so SP == TP; Megatron gathers them for QB and not for sinkhorn).
 //
 // DeepSpeed's gate (moe_gate=deepspeed; Megatron-DeepSpeed's --num-experts with --topk, DeepSpeed's
-// TopKGate: top1gating, Switch Transformer's, and top2gating, GShard's):
+// TopKGate: top1gating, Switch Transformer's, top2gating, GShard's, and topkgating for k > 2):
 //   the router [experts, hidden] without a bias, its product and softmax in fp32: gates g [T, E];
 //   top-1: the argmax of g, weighted g at it (not renormalised);
 //   top-2: the argmax e1, then the argmax of logits + Gumbel noise with e1 masked out
 //     (moe_top2_2nd_expert_sampling; the plain second best without it), weighted g / (g1 + g2)
 //     over the choices kept (the sum clamped to fp32's epsilon);
+//   top-k, k > 2: the k highest logits, weighted as top-2's (no noise);
 //   capacity C = max(ceil(T / E * f * k) in fp32, moe_min_capacity), f the training factor
 //     (moe_expert_capacity_factor) or in evaluation moe_eval_capacity_factor; 0 = dropless
 //     (Megatron-DeepSpeed's --disable-moe-token-dropping, in both);
 //   top-1 keeps of each expert's tokens the C with the highest Uniform(0, 1) draw (DeepSpeed's
 //     random token selection); top-2 keeps each expert's first choices, then its second ones, in
-//     Megatron's [sequence, batch] token order, up to C;
+//     Megatron's [sequence, batch] token order, up to C; top-k keeps each expert's C tokens of the
+//     highest logit at it, counting the tokens that did not choose it as 0 (DeepSpeed's "probs"
+//     policy ranks its chosen logits scattered into zeros);
 //   the loss (weighted by moe_aux_loss_coeff per layer, DeepSpeed's l_aux: Megatron-DeepSpeed adds
 //     --moe-loss-coeff times their sum over the layers): E * sum_e mean_t g[t, e] * (the share of
-//     the T tokens whose first choice is e, before dropping);
+//     the T tokens whose first choice is e, before dropping; for k > 2, the share of all T k
+//     choices that are e);
 //   the experts' second projections have no bias (DeepSpeed's experts drop the bias their
 //     ParallelMLP returns, so Megatron-DeepSpeed's never acts);
 //   moe_residual (DeepSpeed's residual MoE, PR-MoE's; Megatron-DeepSpeed's --mlp-type residual):
@@ -293,11 +297,11 @@ inline constexpr dtk_option_spec kMoeInputJitterEpsOption =
               "> 0: the router's input (not the experts') times Uniform(1 - eps, 1 + eps) noise per element, in "
               "training and evaluation (Megatron's --moe-input-jitter-eps); 0 = none.");
 
-inline constexpr dtk_option_spec kMoeGateOption =
-    opt_enum("moe_gate", "megatron", "megatron|deepspeed",
-             "The router: Megatron-LM's TopKRouter (megatron), or DeepSpeed's TopKGate as Megatron-DeepSpeed's "
-             "--num-experts runs it (deepspeed: top-1 or top-2, fp32, capacity with moe_min_capacity, random token "
-             "selection for top-1, its own load-balancing loss, no router bias and no second expert bias).");
+inline constexpr dtk_option_spec kMoeGateOption = opt_enum(
+    "moe_gate", "megatron", "megatron|deepspeed",
+    "The router: Megatron-LM's TopKRouter (megatron), or DeepSpeed's TopKGate as Megatron-DeepSpeed's "
+    "--num-experts runs it (deepspeed: top-1, top-2 or top-k, fp32, capacity with moe_min_capacity, random token "
+    "selection for top-1, its own load-balancing loss, no router bias and no second expert bias).");
 inline constexpr dtk_option_spec kMoeEvalCapacityFactorOption =
     opt_float("moe_eval_capacity_factor", "0",
               "moe_gate=deepspeed: the capacity factor in evaluation (Megatron-DeepSpeed's "
@@ -422,7 +426,8 @@ class MoeMlp {
   };
   Routing route(const at::Tensor& x, int64_t batch, bool generating, bool training, at::Generator* rng) const;
   Routing deepspeed_route(const at::Tensor& x, int64_t batch, bool generating, bool training, at::Generator* rng) const;
-  at::Tensor deepspeed_kept(const at::Tensor& chosen, int64_t batch, bool training, at::Generator& rng) const;
+  at::Tensor deepspeed_kept(const at::Tensor& chosen, const at::Tensor& logits, int64_t batch, bool training,
+                            at::Generator& rng) const;
   at::Tensor jittered(const at::Tensor& x, at::Generator& gen) const;
   Routing choose(const at::Tensor& logits, int64_t batch, bool training) const;
   at::Tensor weights_at(const at::Tensor& logits, const at::Tensor& chosen) const;

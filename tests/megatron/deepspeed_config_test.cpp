@@ -425,6 +425,13 @@ TEST(MegatronDeepSpeed, MoeFlagsAreDeepSpeedsGate) {
   EXPECT_EQ(options_of(top4).count("moe_top2_2nd_expert_sampling"), 0u);
   EXPECT_TRUE(has(top4.ignored, "--disable-moe-top2-2nd-expert-sampling (top-4 samples no second expert)"))
       << joined(top4.ignored);
+  const MegatronMapping top4_dropless =
+      map({"--num-layers", "4", "--num-experts", "8", "--topk", "4", "--disable-moe-token-dropping"}, ds);
+  expect_options(top4_dropless, {{"moe_router_topk", "4"}, {"moe_expert_capacity_factor", "0"}}, "top-4 dropless");
+  EXPECT_TRUE(has(top4_dropless.notes,
+                  "--disable-moe-token-dropping with --topk 4: DeepSpeed's topkgating fails "
+                  "without dropping; DTK keeps every choice of each token"))
+      << joined(top4_dropless.notes);
   // One count per MoE layer, all the same: the same model.
   const MegatronMapping same = map({"--num-layers", "4", "--num-experts", "8", "8"}, ds);
   expect_options(same, {{"num_experts", "8"}, {"moe_layer_freq", "[0,1,0,1]"}}, "a list");

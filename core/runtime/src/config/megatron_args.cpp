@@ -370,7 +370,8 @@ const Rule kRules[] = {
     // Megatron-DeepSpeed's MoE (DeepSpeed's MoE layer; mapped together, see map_moe)
     {"--moe-expert-parallel-size", 1, Kind::kCustom, "distributed.expert_model_parallel_size",
      "the experts split over this many data-parallel ranks"},
-    {"--topk", 1, Kind::kCustom, "model.moe_router_topk", "DeepSpeed's gate: top-1 (its default) or top-2"},
+    {"--topk", 1, Kind::kCustom, "model.moe_router_topk",
+     "DeepSpeed's gate: top-1 (its default), top-2, or above 2 its topkgating (DeepSpeed 0.15 and later)"},
     {"--expert-interval", 1, Kind::kCustom, "model.moe_layer_freq",
      "layers N, 2N, ... (1-based) are MoE layers (default 2)"},
     {"--moe-train-capacity-factor", 1, Kind::kCustom, "model.moe_expert_capacity_factor",
@@ -1414,6 +1415,9 @@ void map_deepspeed_moe(const SeenFlags& s, const std::vector<long>& counts, Mega
   const char* capacity_flags[] = {"--moe-train-capacity-factor", "--moe-eval-capacity-factor", "--moe-min-capacity"};
   if (given("--disable-moe-token-dropping")) {
     set_by(m, "model.moe_expert_capacity_factor=0", credit("--disable-moe-token-dropping"));
+    if (positive_number(topk) > 2)  // (its locations are only made when it drops)
+      m.notes.push_back(credit("--disable-moe-token-dropping") + " with --topk " + topk +
+                        ": DeepSpeed's topkgating fails without dropping; DTK keeps every choice of each token");
     for (const char* flag : capacity_flags)
       if (given(flag)) m.ignored.push_back(credit(flag) + " (--disable-moe-token-dropping: no capacity)");
   } else {

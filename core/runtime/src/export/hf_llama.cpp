@@ -84,8 +84,8 @@ void read_experts(const std::map<std::string, std::string>& o, LlamaShape& s) {
   s.shared_gate = s.shared_ffn > 0 && on("moe_shared_expert_gate");
   s.pre_softmax = on("moe_router_pre_softmax");
   // DeepSpeed's gate: top-1 weighs its expert by the softmax over all experts (the pre-softmax
-  // weights), top-2 renormalises over its two (the softmax of their logits, as the default router);
-  // its capacity and its sampled second expert are training's, as a capacity factor is.
+  // weights), top-2 and top-k over their choices (the softmax of their logits, as the default
+  // router); its capacity and its sampled second expert are training's, as a capacity factor is.
   const bool deepspeed_top1 =
       option_or(o, "moe_gate", "megatron") == "deepspeed" && option_int(o, "moe_router_topk") == 1;
   if (deepspeed_top1) s.pre_softmax = true;

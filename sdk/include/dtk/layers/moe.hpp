@@ -182,7 +182,7 @@ struct MoeConfig {
   bool balances() const { return aux_loss_coeff > 0.0 || seq_aux_loss_coeff > 0.0 || global_aux_loss_coeff > 0.0; }
   // Megatron's get_capacity for T tokens routed k ways: ceil(T k / num_experts * capacity_factor).
   int64_t capacity(int64_t tokens) const;
-  // DeepSpeed's _capacity for T tokens (times k for top-2): max(ceil(T / E * f * k), min_capacity),
+  // DeepSpeed's _capacity for T tokens routed k ways: max(ceil(T / E * f * k), min_capacity),
   // f the training or the evaluation factor; computed in fp32 as DeepSpeed's.
   int64_t deepspeed_capacity(int64_t tokens, bool training) const;
   bool is_moe_layer(int64_t index) const {

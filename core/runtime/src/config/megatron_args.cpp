@@ -1336,9 +1336,6 @@ void map_deepspeed(SeenFlags& s, MegatronMapping& m) {
   for (const auto& [field, key] : ds.key_of) m.flag_of.insert({field, key});
 }
 
-// Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
-// given; --moe-layer-recompute adds moe). DTK's layers recompute core_attn, mlp and moe; Megatron
-// reads the list only under selective granularity.
 // Megatron-DeepSpeed's get_num_experts_per_layer: layer L (1-based) of `layers` is MoE layer j when
 // L = (j + 1) N (N the interval), with `counts[j]` experts (or the one count), and dense where that
 // is at most one. Returns one count per layer, 0 for a dense one.
@@ -1498,6 +1495,9 @@ void map_moe(const SeenFlags& s, MegatronMapping& m) {
   map_deepspeed_moe(s, counts, m);
 }
 
+// Megatron-core's recompute_modules: what selective recomputation recomputes (core_attn when not
+// given; --moe-layer-recompute adds moe). DTK's layers recompute core_attn, mlp and moe; Megatron
+// reads the list only under selective granularity.
 void map_recompute_modules(const SeenFlags& s, bool selective, MegatronMapping& m) {
   if (s.recompute_modules_shown.empty() && !s.moe_layer_recompute) return;
   if (!selective)

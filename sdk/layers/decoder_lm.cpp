@@ -389,9 +389,9 @@ void DecoderLM::validate_layer_experts(const DecoderConfig& c) const {
   if (largest != m.num_experts)
     fail("option 'num_experts' must be the largest count of moe_layer_num_experts, " + std::to_string(largest) +
          ", got " + std::to_string(m.num_experts));
-  for (int64_t layer = 0, ordinal = 0; layer < c.num_layers; ++layer) {
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     if (!m.is_moe_layer(layer)) continue;
-    const int64_t n = m.layer_experts[static_cast<size_t>(ordinal++)];
+    const int64_t n = m.at_layer(layer, c.num_layers).num_experts;  // (the count the layer is built with)
     const std::string which = "option 'moe_layer_num_experts' gives layer " + std::to_string(layer + 1) +
                               " (1-based) " + std::to_string(n) + " experts";
     if (n == 1)  // (Megatron-DeepSpeed's count of 1 is a dense layer: the mapper makes it one)

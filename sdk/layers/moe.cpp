@@ -411,7 +411,7 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
   const int64_t n = c_.num_experts;
   const at::Tensor logits = at::linear(x.to(at::kFloat), router.to(at::kFloat));
   const at::Tensor gates = at::softmax(logits, -1);
-  at::Tensor chosen, kept, first_share;
+  at::Tensor chosen, kept, share;
   {
     at::NoGradGuard no_grad;
     const at::Tensor whole = whole_sequence(logits.detach(), batch);
@@ -432,8 +432,8 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
     // l_aux's share of the tokens per expert: of the first choices (top1gating, top2gating), or of
     // all k choices over k (topkgating's mean of its k-hot mask, times E^2 / k).
     const bool all_choices = c_.topk > 2;
-    first_share = expert_counts(all_choices ? chosen : first, n).to(at::kFloat) /
-                  static_cast<double>(tokens * (all_choices ? c_.topk : 1));
+    share = expert_counts(all_choices ? chosen : first, n).to(at::kFloat) /
+            static_cast<double>(tokens * (all_choices ? c_.topk : 1));
     chosen = own_rows(chosen, batch);
     kept = own_rows(kept, batch);
   }
@@ -442,11 +442,11 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
   if (c_.topk >= 2) r.probs = r.probs / r.probs.sum(1, true).clamp_min(std::numeric_limits<float>::epsilon());
   r.experts = chosen.masked_fill(kept.eq(0), n);
   if (at::GradMode::is_enabled() && x.requires_grad() && c_.aux_loss_coeff > 0.0) {
-    // l_aux = E * sum_e mean_t(gates) * first_share over the micro-batch's T tokens: this rank's
+    // l_aux = E * sum_e mean_t(gates) * share over the micro-batch's T tokens: this rank's
     // rows' part of the mean (the parts summed over the TP group under sequence parallelism).
     const int64_t total = x.size(0) * (tp_.splits_sequence() ? tp_.size : 1);
     const at::Tensor loss =
-        (gates.sum(0) * first_share).sum() * (static_cast<double>(n) * c_.aux_loss_coeff / static_cast<double>(total));
+        (gates.sum(0) * share).sum() * (static_cast<double>(n) * c_.aux_loss_coeff / static_cast<double>(total));
     record_layer_loss("load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
     r.probs = attach_aux_loss(r.probs, loss, total);
   }

@@ -32,6 +32,12 @@ TEST(AbiLayout, EveryStructStartsWithStructSize) {
 TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_EQ(dtk_collective_args_STRUCT_SIZE_2_0, offsetof(dtk_collective_args, priority) + sizeof(int32_t));
   EXPECT_LT(static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0), sizeof(dtk_collective_args));
+  EXPECT_EQ(dtk_collective_args_STRUCT_SIZE, dtk_collective_args_STRUCT_SIZE_2_19);  // current == 2.19 since 2.19
+  EXPECT_EQ(dtk_collective_args_STRUCT_SIZE_2_19, offsetof(dtk_collective_args, input_splits) + sizeof(int64_t*));
+  // 2.19's splits start past 2.0's padding: a 2.0 writer's struct never reaches them.
+  EXPECT_GE(offsetof(dtk_collective_args, output_splits), static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0));
+  EXPECT_EQ(dtk_comm_services_STRUCT_SIZE, dtk_comm_services_STRUCT_SIZE_2_19);  // current == 2.19 since 2.19
+  EXPECT_EQ(dtk_comm_services_STRUCT_SIZE_2_19, offsetof(dtk_comm_services, all_to_all) + sizeof(void*));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_13);  // current == 2.13 since 2.13
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_13, offsetof(dtk_build_context, loss_in_split) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_12, offsetof(dtk_build_context, ep_size) + sizeof(int32_t));

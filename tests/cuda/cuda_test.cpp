@@ -251,6 +251,20 @@ TEST(Nccl, CollectivesAcrossTheVisibleGpus) {
         const auto z = gathered.download<float>(count * n);
         for (int q = 0; q < n; ++q)
           if (z[q * count + 7] != static_cast<float>(q + 1) * 7) throw std::runtime_error("all_gather wrong");
+        // all_to_all: rank r sends rank q (r + q + 1) elements of 100 r + q (uneven parts, rank order).
+        std::vector<size_t> sends, receives;
+        std::vector<float> parts, want;
+        for (int q = 0; q < n; ++q) {
+          sends.push_back(static_cast<size_t>(r + q + 1)), receives.push_back(static_cast<size_t>(q + r + 1));
+          parts.insert(parts.end(), static_cast<size_t>(r + q + 1), static_cast<float>(100 * r + q));
+          want.insert(want.end(), static_cast<size_t>(q + r + 1), static_cast<float>(100 * q + r));
+        }
+        DeviceBuffer out_parts(want.size() * 4), in_parts(parts.size() * 4);
+        in_parts.upload(parts);
+        auto exchanged =
+            comm.all_to_all(in_parts.p, out_parts.p, sends, receives, DataType::kFloat32, default_stream());
+        comm.finish(exchanged, default_stream(), true);
+        if (out_parts.download<float>(want.size()) != want) throw std::runtime_error("all_to_all wrong");
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }

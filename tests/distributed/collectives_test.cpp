@@ -83,6 +83,15 @@ dtk_status* reduce_scatter(const dtk_comm_services* c, int32_t g, dtk_tensor* ou
   const dtk_collective_args a = cargs(g, in, out, op, 0, async, w);
   return c->reduce_scatter(c->ctx, &a);
 }
+// ABI 2.19's personalised exchange; NULL splits: equal parts.
+dtk_status* all_to_all(const dtk_comm_services* c, int32_t g, dtk_tensor* out, dtk_tensor* in,
+                       const std::vector<int64_t>* out_splits, const std::vector<int64_t>* in_splits, int32_t async,
+                       dtk_comm_work** w) {
+  dtk_collective_args a = cargs(g, in, out, DTK_REDUCE_SUM, 0, async, w);
+  a.output_splits = out_splits ? out_splits->data() : nullptr;
+  a.input_splits = in_splits ? in_splits->data() : nullptr;
+  return c->all_to_all(c->ctx, &a);
+}
 dtk_status* barrier(const dtk_comm_services* c, int32_t g) {
   const dtk_collective_args a = cargs(g, nullptr, nullptr, DTK_REDUCE_SUM, 0, 0, nullptr);
   return c->barrier(c->ctx, &a);
@@ -217,6 +226,54 @@ int collectives_worker(int, char**) {
     WCHECK(code_of(all_reduce(c, DTK_GROUP_WORLD, &s, DTK_REDUCE_SUM, 0, nullptr)) == 0, "bf16 all_reduce status");
     WCHECK(s.value.scalar_type() == at::kBFloat16 && s.value[0].item<float>() == W * (W + 1) / 2.0f,
            "bf16 all_reduce SUM");
+  }
+  // all_to_all (ABI 2.19): rank r sends rank j (r + 2 j) % 3 rows of {100 r + 10 j + i, r} (some
+  // parts empty), in fp32 and as int64; equal parts with NULL splits and in bf16 (bits unchanged),
+  // asynchronously; a 2.0-sized args (no splits) is equal parts; splits that miss the rows are
+  // refused in one line naming the collective.
+  {
+    const auto rows = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };
+    const auto part = [](int from, int to, int64_t n) {
+      at::Tensor p = at::empty({n, 2}, at::kFloat);
+      for (int64_t i = 0; i < n; ++i) p[i][0] = 100.0 * from + 10.0 * to + i, p[i][1] = from;
+      return p;
+    };
+    std::vector<int64_t> send, recv;
+    std::vector<at::Tensor> sent, want;
+    for (int j = 0; j < W; ++j) {
+      send.push_back(rows(r, j)), sent.push_back(part(r, j, rows(r, j)));
+      recv.push_back(rows(j, r)), want.push_back(part(j, r, rows(j, r)));
+    }
+    for (const at::ScalarType type : {at::kFloat, at::kLong}) {
+      dtk_tensor in{at::cat(sent).to(type)}, out{at::full({at::cat(want).size(0), 2}, -1, type)};
+      WCHECK(code_of(all_to_all(c, DTK_GROUP_WORLD, &out, &in, &recv, &send, 0, nullptr)) == 0, "all_to_all status");
+      WCHECK(at::equal(out.value, at::cat(want).to(type)), "all_to_all with uneven splits, rank order");
+    }
+    const at::Tensor mine = at::arange(3 * W, at::kFloat).add(0.5 * r).to(at::kBFloat16).view({W, 3});
+    dtk_tensor in{mine}, out{at::zeros({W, 3}, at::kBFloat16)};
+    dtk_comm_work* w = nullptr;
+    WCHECK(code_of(all_to_all(c, DTK_GROUP_WORLD, &out, &in, nullptr, nullptr, 1, &w)) == 0 && w, "async all_to_all");
+    WCHECK(code_of(c->wait(ctx, w, 0)) == 0, "wait all_to_all");
+    c->work_release(ctx, w);
+    for (int j = 0; j < W; ++j)
+      WCHECK(at::equal(out.value[j], at::arange(3 * r, 3 * r + 3, at::kFloat).add(0.5 * j).to(at::kBFloat16)),
+             "bf16 all_to_all of equal parts, bits unchanged");
+    out.value.zero_();
+    dtk_collective_args old = cargs(DTK_GROUP_WORLD, &in, &out, DTK_REDUCE_SUM, 0, 0, nullptr);
+    old.struct_size = dtk_collective_args_STRUCT_SIZE_2_0;
+    old.output_splits = recv.data();  // past a 2.0 struct: never read
+    WCHECK(code_of(c->all_to_all(ctx, &old)) == 0, "all_to_all with 2.0-sized args");
+    for (int j = 0; j < W; ++j)
+      WCHECK(at::equal(out.value[j], at::arange(3 * r, 3 * r + 3, at::kFloat).add(0.5 * j).to(at::kBFloat16)),
+             "2.0-sized args: equal parts");
+    std::vector<int64_t> short_by_one = send;
+    short_by_one[0] += 1;
+    std::string msg;
+    dtk_tensor uneven{at::cat(sent)}, into{at::zeros({at::cat(want).size(0), 2}, at::kFloat)};
+    WCHECK(code_of(all_to_all(c, DTK_GROUP_WORLD, &into, &uneven, &recv, &short_by_one, 0, nullptr), &msg) ==
+                   DTK_ERR_INVALID_ARGUMENT &&
+               msg.find("all_to_all: the input splits") != std::string::npos && msg.find('\n') == std::string::npos,
+           ("splits that miss the rows are refused: " + msg).c_str());
   }
   // Async + wait: all three kinds in flight at once, finished in reverse order.
   {

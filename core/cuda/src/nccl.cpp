@@ -25,6 +25,24 @@ ncclDataType_t nccl_type(DataType t) {
   throw CudaError("nccl: unknown data type");
 }
 
+size_t element_size(DataType t) {
+  switch (t) {
+    case DataType::kFloat64:
+    case DataType::kInt64:
+      return 8;
+    case DataType::kFloat32:
+    case DataType::kInt32:
+      return 4;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kUInt8:
+    case DataType::kInt8:
+      return 1;
+  }
+  throw CudaError("nccl: unknown data type");
+}
+
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return ncclSum;
@@ -278,6 +296,29 @@ NcclCommunicator::Pending NcclCommunicator::reduce_scatter(const void* in, void*
                                                            ReduceOp op, StreamHandle producer) {
   return state_->issue("nccl reduce_scatter", producer, [&](ncclComm_t c, cudaStream_t s) {
     return ncclReduceScatter(in, out, count, nccl_type(type), nccl_op(op), c, s);
+  });
+}
+
+NcclCommunicator::Pending NcclCommunicator::all_to_all(const void* in, void* out, const std::vector<size_t>& in_counts,
+                                                       const std::vector<size_t>& out_counts, DataType type,
+                                                       StreamHandle producer) {
+  const size_t element = element_size(type);
+  return state_->issue("nccl all_to_all", producer, [&](ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    size_t sent = 0, received = 0;
+    for (size_t peer = 0; peer < in_counts.size() && r == ncclSuccess; ++peer) {
+      if (in_counts[peer] > 0)
+        r = ncclSend(static_cast<const char*>(in) + sent * element, in_counts[peer], nccl_type(type),
+                     static_cast<int>(peer), c, s);
+      if (r == ncclSuccess && out_counts[peer] > 0)
+        r = ncclRecv(static_cast<char*>(out) + received * element, out_counts[peer], nccl_type(type),
+                     static_cast<int>(peer), c, s);
+      sent += in_counts[peer];
+      received += out_counts[peer];
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group it opened
+    return r != ncclSuccess ? r : end;
   });
 }
 

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 18
+#define DTK_ABI_MINOR 19
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -539,9 +539,15 @@ typedef struct dtk_collective_args {
   /* Reserved for a scheduling priority (Domino's high-priority TP all-reduce). Must be 0 in
    * 2.0: a 2.0 host refuses any other value rather than silently ignore it. */
   int32_t priority;
+  /* ABI 2.19, all_to_all only: how many rows (along dim 0) this rank receives from, and sends to,
+   * each rank of the group, size(group) entries each [borrowed] for the call (with async != 0,
+   * until wait() returned); NULL = equal parts of output and tensor. */
+  const int64_t* output_splits;
+  const int64_t* input_splits;
 } dtk_collective_args;
 DTK_DEFINE_STRUCT_SIZE(dtk_collective_args, 2_0, priority);
-DTK_DEFINE_STRUCT_TRAITS(dtk_collective_args, priority);
+DTK_DEFINE_STRUCT_SIZE(dtk_collective_args, 2_19, input_splits);
+DTK_DEFINE_STRUCT_TRAITS(dtk_collective_args, input_splits);
 
 typedef struct dtk_comm_services {
   size_t struct_size;
@@ -567,9 +573,16 @@ typedef struct dtk_comm_services {
    * timeout. After an error the work is finished: release it. */
   dtk_status* (*wait)(void* ctx, dtk_comm_work* work, int64_t timeout_ms);
   void (*work_release)(void* ctx, dtk_comm_work* work); /* [main-thread] */
+  /* ABI 2.19. [main-thread] Personalised exchange (an MoE layer's token dispatch): rank r sends
+   * args->tensor's rows in size(group) consecutive parts, part j (args->input_splits[j] rows) to
+   * rank j, and receives into args->output rank j's part r (args->output_splits[j] rows), in rank
+   * order. Same dtype and trailing dimensions; the splits must agree between sender and receiver.
+   * Absent (struct_size) on an earlier host. */
+  dtk_status* (*all_to_all)(void* ctx, const dtk_collective_args* args);
 } dtk_comm_services;
 DTK_DEFINE_STRUCT_SIZE(dtk_comm_services, 2_0, work_release);
-DTK_DEFINE_STRUCT_TRAITS(dtk_comm_services, work_release);
+DTK_DEFINE_STRUCT_SIZE(dtk_comm_services, 2_19, all_to_all);
+DTK_DEFINE_STRUCT_TRAITS(dtk_comm_services, all_to_all);
 
 /* ============================================================================================
  * Host services (rule 9), passed to init() and valid for the process lifetime

@@ -322,6 +322,20 @@ class Comm {
   static void barrier(int32_t group) {
     run(&dtk_comm_services::barrier, args(group, DTK_REDUCE_SUM, nullptr, nullptr, 0));
   }
+  // ABI 2.19: in's rows in size(group) consecutive parts, in_splits[j] rows to rank j; out
+  // receives rank j's part (out_splits[j] rows), in rank order. Empty splits: equal parts.
+  static void all_to_all(const at::Tensor& out, const at::Tensor& in, int32_t group,
+                         const std::vector<int64_t>& out_splits = {}, const std::vector<int64_t>& in_splits = {}) {
+    if (!DTK_HAS_FIELD(dtk_comm_services, services(), all_to_all))
+      throw Error("all_to_all needs a host of ABI 2.19 or later (this host is ABI 2." +
+                      std::to_string(host_services()->abi_minor) + ")",
+                  DTK_ERR_UNSUPPORTED);
+    dtk_tensor ho{out}, hi{in};
+    dtk_collective_args a = args(group, DTK_REDUCE_SUM, &hi, &ho, 0);
+    a.output_splits = out_splits.empty() ? nullptr : out_splits.data();
+    a.input_splits = in_splits.empty() ? nullptr : in_splits.data();
+    run(&dtk_comm_services::all_to_all, a);
+  }
 
  private:
   using Fn = dtk_status* (*dtk_comm_services::*)(void*, const dtk_collective_args*);

@@ -28,13 +28,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <set>
-#include <chrono>
 #include <thread>
+#include <tuple>
 #include <typeindex>
 
 #include "dtk/core/comm/comm.hpp"
@@ -88,18 +89,31 @@ CommState& state() {
 }
 
 // Traffic counters per group (dtk/core/comm/comm.hpp).
-enum TrafficKind { kAllReduce = 0, kReduceScatter = 1, kAllGather = 2, kBroadcast = 3, kPointToPoint = 4 };
-std::atomic<int64_t> g_traffic[kNumGroups][5];
+enum TrafficKind {
+  kAllReduce = 0,
+  kReduceScatter = 1,
+  kAllGather = 2,
+  kBroadcast = 3,
+  kPointToPoint = 4,
+  kAllToAll = 5,
+  kTrafficKinds = 6
+};
+std::atomic<int64_t> g_traffic[kNumGroups][kTrafficKinds];
+
+// Counts `bytes` this rank sends and books the simulated link for `link_bytes` of them.
+void count_bytes(dtk_comm_work& w, TrafficKind kind, int64_t bytes, int64_t link_bytes) {
+  const int32_t group = w.group;
+  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return;
+  g_traffic[group][kind] += bytes;
+  w.link_done_ns = comm_timing_detail::reserve_link(group, link_bytes, w.issued_ns);
+}
 
 // Counts what this rank sends and books the simulated link for `link_share` of the tensor's bytes
 // (a broadcast's receivers wait for the message too).
 void count(dtk_comm_work& w, TrafficKind kind, const at::Tensor& t, double share, double link_share = -1) {
-  const int32_t group = w.group;
-  if (group < 0 || group >= static_cast<int32_t>(kNumGroups)) return;
   const double bytes = static_cast<double>(t.numel() * t.element_size());
-  g_traffic[group][kind] += static_cast<int64_t>(share * bytes);
-  w.link_done_ns = comm_timing_detail::reserve_link(
-      group, static_cast<int64_t>((link_share < 0 ? share : link_share) * bytes), w.issued_ns);
+  count_bytes(w, kind, static_cast<int64_t>(share * bytes),
+              static_cast<int64_t>((link_share < 0 ? share : link_share) * bytes));
 }
 
 // Whether works of this dynamic type have no future, and learning that one has none (LibTorch
@@ -733,6 +747,80 @@ Work reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, int
   return Work(std::move(w));
 }
 
+namespace {
+// Shapes of an all-to-all: same dtype and trailing dimensions, one split per group rank, none
+// negative, summing to each tensor's rows. Empty splits become equal parts (refused where the
+// rows do not divide).
+void check_all_to_all(const at::Tensor& out, const at::Tensor& in, int64_t size, std::vector<int64_t>& out_splits,
+                      std::vector<int64_t>& in_splits) {
+  bool ok =
+      out.defined() && in.defined() && out.dim() >= 1 && out.dim() == in.dim() && out.scalar_type() == in.scalar_type();
+  for (int64_t d = 1; ok && d < out.dim(); ++d) ok = out.size(d) == in.size(d);
+  if (!ok)
+    throw dtk::Error("all_to_all: tensors " + (out.defined() ? shape_str(out) : "(none)") + " and " +
+                         (in.defined() ? shape_str(in) : "(none)") + " differ past the first dimension or in dtype",
+                     DTK_ERR_INVALID_ARGUMENT);
+  for (auto [splits, t, name] :
+       {std::tuple<std::vector<int64_t>*, const at::Tensor*, const char*>{&out_splits, &out, "output"},
+        {&in_splits, &in, "input"}}) {
+    if (splits->empty()) {
+      if (t->size(0) % size != 0)
+        throw dtk::Error(std::string("all_to_all: the ") + name + "'s " + std::to_string(t->size(0)) +
+                             " rows do not split equally over a group of " + std::to_string(size),
+                         DTK_ERR_INVALID_ARGUMENT);
+      splits->assign(static_cast<size_t>(size), t->size(0) / size);
+      continue;
+    }
+    int64_t sum = 0;
+    bool valid = static_cast<int64_t>(splits->size()) == size;
+    for (int64_t s : *splits) valid = valid && s >= 0, sum += s;
+    if (!valid || sum != t->size(0))
+      throw dtk::Error(std::string("all_to_all: the ") + name + " splits (" + std::to_string(splits->size()) +
+                           " of them, summing to " + std::to_string(sum) + ") are not one per rank of a group of " +
+                           std::to_string(size) + " summing to its " + std::to_string(t->size(0)) + " rows",
+                       DTK_ERR_INVALID_ARGUMENT);
+  }
+}
+}  // namespace
+
+Work all_to_all(const at::Tensor& o, const at::Tensor& i, int32_t group, std::vector<int64_t> out_splits,
+                std::vector<int64_t> in_splits) {
+  at::NoGradGuard ng;
+  const int64_t n = checked_size(group);
+  check_all_to_all(o, i, n, out_splits, in_splits);
+  if (on_host(o, i, group)) {
+    const at::Tensor h = at::empty(o.sizes(), o.options().device(at::kCPU));
+    return then_copy_back(all_to_all(h, host_copy(i), group, out_splits, in_splits), o, h);
+  }
+  auto w = pending("all_to_all", group);
+  // What leaves this rank: every part but its own.
+  const int64_t row_bytes = i.size(0) > 0 ? i.numel() / i.size(0) * i.element_size() : 0;
+  const int64_t sent = (i.size(0) - in_splits[static_cast<size_t>(group_rank(group))]) * row_bytes;
+  if (nccl_backend::handles(o, group) && i.is_cuda()) {
+    count_bytes(*w, kAllToAll, sent, sent);
+    w->device_finish = nccl_backend::all_to_all(o, i, group, out_splits, in_splits);
+  } else if (auto pg = pg_of(group)) {
+    std::function<void()> copy_back;
+    at::Tensor buf = o;
+    if (!o.is_contiguous()) {
+      buf = o.contiguous();
+      copy_back = [o, buf] { o.copy_(buf); };
+    }
+    at::Tensor out = bits(buf), in = bits(i.contiguous());
+    c10d::AllToAllOptions opt;
+    opt.timeout = collective_timeout();
+    w->work = pg->alltoall_base(out, in, out_splits, in_splits, opt);
+    watch(*w);
+    count_bytes(*w, kAllToAll, sent, sent);
+    w->then = [copy_back, in] {  // the input lives until the exchange completed
+      if (copy_back) copy_back();
+    };
+  } else {
+    o.copy_(i);
+  }
+  return Work(std::move(w));
+}
+
 void barrier(int32_t group) {
   if (auto pg = pg_of(group)) {
     auto w = pending("barrier", group);
@@ -752,6 +840,7 @@ Traffic traffic(int32_t group) {
   t.all_gather = g_traffic[group][kAllGather];
   t.broadcast = g_traffic[group][kBroadcast];
   t.point_to_point = g_traffic[group][kPointToPoint];
+  t.all_to_all = g_traffic[group][kAllToAll];
   return t;
 }
 

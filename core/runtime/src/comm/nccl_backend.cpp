@@ -184,6 +184,25 @@ Finish reduce_scatter(const at::Tensor& o, const at::Tensor& i, int32_t group, i
   return finisher(std::move(comm), std::move(pending), o.device().index(), {in, out}, std::move(copy_back));
 }
 
+Finish all_to_all(const at::Tensor& o, const at::Tensor& i, int32_t group, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits) {
+  auto comm = communicator(group);
+  std::function<void()> copy_back;
+  const at::Tensor out = contiguous(o, &copy_back);
+  const at::Tensor in = (i.scalar_type() == o.scalar_type() ? i : i.to(o.scalar_type())).contiguous();
+  // Rows to elements: every row holds the same number (the trailing dimensions agree).
+  int64_t row = 1;
+  for (int64_t d = 1; d < o.dim(); ++d) row *= o.size(d);
+  std::vector<size_t> in_counts, out_counts;
+  for (size_t j = 0; j < in_splits.size(); ++j) {
+    in_counts.push_back(static_cast<size_t>(in_splits[j] * row));
+    out_counts.push_back(static_cast<size_t>(out_splits[j] * row));
+  }
+  auto pending =
+      comm->all_to_all(in.data_ptr(), out.data_ptr(), in_counts, out_counts, data_type(out), torch_stream(out));
+  return finisher(std::move(comm), std::move(pending), o.device().index(), {in, out}, std::move(copy_back));
+}
+
 #else  // no CUDA in this build: nothing is ever created
 
 void create(const GroupMembers&, int, const c10::intrusive_ptr<c10d::Store>&, int, std::chrono::milliseconds) {
@@ -195,6 +214,10 @@ Finish all_reduce(const at::Tensor&, int32_t, int32_t) { return {}; }
 Finish broadcast(const at::Tensor&, int32_t, int32_t) { return {}; }
 Finish all_gather(const at::Tensor&, const at::Tensor&, int32_t) { return {}; }
 Finish reduce_scatter(const at::Tensor&, const at::Tensor&, int32_t, int32_t) { return {}; }
+Finish all_to_all(const at::Tensor&, const at::Tensor&, int32_t, const std::vector<int64_t>&,
+                  const std::vector<int64_t>&) {
+  return {};
+}
 
 #endif
 

@@ -48,5 +48,8 @@ Finish all_reduce(const at::Tensor& inout, int32_t group, int32_t op);
 Finish broadcast(const at::Tensor& inout, int32_t group, int32_t root);
 Finish all_gather(const at::Tensor& out, const at::Tensor& in, int32_t group);
 Finish reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op);
+// Splits in rows along dim 0, one per group rank, checked by the caller.
+Finish all_to_all(const at::Tensor& out, const at::Tensor& in, int32_t group, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits);
 
 }  // namespace dtk::core::nccl_backend

@@ -85,6 +85,24 @@ dtk_status* abi_reduce_scatter(void*, const dtk_collective_args* a) {
       [&] { finish(reduce_scatter(dtk::unwrap(a->output), dtk::unwrap(a->tensor), a->group, a->op), a); });
 }
 
+// ABI 2.19's splits (NULL, or args from an earlier plugin: equal parts), one per group rank.
+std::vector<int64_t> splits_of(const dtk_collective_args* a, const int64_t* dtk_collective_args::*field) {
+  if (!DTK_HAS_FIELD(dtk_collective_args, a, input_splits) || !(a->*field)) return {};
+  const int32_t n = group_size(a->group);
+  return std::vector<int64_t>(a->*field, a->*field + n);
+}
+
+dtk_status* abi_all_to_all(void*, const dtk_collective_args* a) {
+  if (dtk_status* s = check_args(a, "all_to_all")) return s;
+  if (!a->output || !a->tensor) return error(DTK_ERR_INVALID_ARGUMENT, "all_to_all: null tensor");
+  return dtk::guard([&] {
+    finish(
+        all_to_all(dtk::unwrap(a->output), dtk::unwrap(a->tensor), a->group,
+                   splits_of(a, &dtk_collective_args::output_splits), splits_of(a, &dtk_collective_args::input_splits)),
+        a);
+  });
+}
+
 dtk_status* abi_barrier(void*, const dtk_collective_args* a) {
   if (dtk_status* s = check_args(a, "barrier")) return s;
   return dtk::guard([&] { barrier(a->group); });
@@ -112,6 +130,7 @@ const dtk_comm_services kComm = {
     &abi_barrier,
     &abi_wait,
     &abi_work_release,
+    &abi_all_to_all,
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtk/cuda/runtime.hpp"
 
@@ -57,6 +58,11 @@ class NcclCommunicator {
   Pending broadcast(void* buf, size_t count, DataType type, int root, StreamHandle producer);
   Pending all_gather(const void* in, void* out, size_t count, DataType type, StreamHandle producer);
   Pending reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op, StreamHandle producer);
+  // Personalised exchange: `in` holds size() consecutive parts, in_counts[j] elements to rank j;
+  // `out` receives rank j's part (out_counts[j] elements) at the sum of the counts before j. One
+  // NCCL group of sends and receives.
+  Pending all_to_all(const void* in, void* out, const std::vector<size_t>& in_counts,
+                     const std::vector<size_t>& out_counts, DataType type, StreamHandle producer);
 
   // Makes `consumer` wait for the collective (device side) and rethrows an error the watchdog
   // found. host_wait: also block the host until it completed (bounded by the timeout), for

@@ -115,6 +115,11 @@ Work broadcast(const at::Tensor& inout, int32_t group, int32_t root);
 Work all_gather(const at::Tensor& out, const at::Tensor& in, int32_t group);
 // in = [size(group) * n, ...]; rank r receives reduced chunk r into out = [n, ...].
 Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, int32_t group, int32_t op = DTK_REDUCE_SUM);
+// Personalised exchange (an MoE layer's token dispatch): this rank sends in's rows in size(group)
+// consecutive parts, in_splits[j] rows to rank j, and receives rank j's part into out
+// (out_splits[j] rows), in rank order. Empty splits: equal parts of in and out.
+Work all_to_all(const at::Tensor& out, const at::Tensor& in, int32_t group, std::vector<int64_t> out_splits = {},
+                std::vector<int64_t> in_splits = {});
 // Synchronous, bounded by the collective timeout.
 void barrier(int32_t group);
 // Point to point inside `group` (pipeline stages: activations forward, their gradients back):
@@ -126,11 +131,13 @@ Work recv(const at::Tensor& out, int32_t group, int32_t peer, int32_t tag = 0);
 // Bytes this rank sent on a group since the last reset_traffic(), per kind of collective, as the
 // algorithms move them (N = group size, b = the tensor's bytes): ring all-reduce 2 (N-1)/N b;
 // reduce-scatter (N-1)/N of the input; all-gather (N-1)/N of the output; broadcast b from the root
-// (pipelined); send b. Counted when a collective is issued; groups of one send nothing.
+// (pipelined); all-to-all the rows sent to other ranks; send b. Counted when a collective is
+// issued; groups of one send nothing.
 struct Traffic {
   int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
   int64_t point_to_point = 0;  // send: the tensor's bytes (pipeline stages' activations and gradients)
-  int64_t total() const { return all_reduce + reduce_scatter + all_gather + broadcast + point_to_point; }
+  int64_t all_to_all = 0;      // MoE token dispatch (moe_token_dispatcher=alltoall)
+  int64_t total() const { return all_reduce + reduce_scatter + all_gather + broadcast + point_to_point + all_to_all; }
 };
 Traffic traffic(int32_t group);
 void reset_traffic();

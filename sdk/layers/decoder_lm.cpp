@@ -267,6 +267,9 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("moe_min_capacity", c.moe.min_capacity);
   bool_opt("moe_top2_2nd_expert_sampling", c.moe.second_expert_sampling);
   bool_opt("moe_residual", c.moe.residual);
+  if (o.has("moe_token_dispatcher"))
+    c.moe.dispatcher =
+        o.get_string("moe_token_dispatcher") == "alltoall" ? MoeDispatcher::kAllToAll : MoeDispatcher::kAllGather;
 }
 
 namespace {
@@ -438,7 +441,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_min_capacity", m.min_capacity != unset.min_capacity},
         {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
         {"moe_residual", m.residual != unset.residual},
-        {"moe_layer_num_experts", !m.layer_experts.empty()}};
+        {"moe_layer_num_experts", !m.layer_experts.empty()},
+        {"moe_token_dispatcher", m.dispatcher != unset.dispatcher}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;

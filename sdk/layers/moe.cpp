@@ -122,6 +122,52 @@ at::Tensor scatter_from_experts(const at::Tensor& x, int64_t size) {
   return ScatterFromExperts::apply(x, size);
 }
 
+// Rows exchanged over the expert-parallel group (moe_token_dispatcher=alltoall): x's rows in
+// consecutive parts, send[j] of them to rank j, and recv[j] rows from rank j, in rank order.
+at::Tensor exchange_expert_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
+                                const std::vector<int64_t>& send) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = 0;
+  for (const int64_t n : recv) shape[0] += n;
+  at::Tensor out = at::empty(shape, x.options());
+  Comm::all_to_all(out, x.contiguous(), DTK_GROUP_EXPERT_PARALLEL, recv, send);
+  return out;
+}
+
+// Forward the exchange; backward the gradients take the way back (the splits swapped).
+struct ExchangeExpertRows : public torch::autograd::Function<ExchangeExpertRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::vector<int64_t>& recv,
+                            const std::vector<int64_t>& send) {
+    ctx->saved_data["recv"] = recv;
+    ctx->saved_data["send"] = send;
+    return exchange_expert_rows(x, recv, send);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {exchange_expert_rows(grad[0], ctx->saved_data["send"].toIntVector(), ctx->saved_data["recv"].toIntVector()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor exchange_experts_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
+                                 const std::vector<int64_t>& send) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return exchange_expert_rows(x, recv, send);
+  return ExchangeExpertRows::apply(x, recv, send);
+}
+
+// A host list of row indices as a tensor on `device`.
+at::Tensor index_on(const std::vector<int64_t>& index, const at::Device& device) {
+  at::Tensor t = at::empty({static_cast<int64_t>(index.size())}, at::kLong);
+  std::copy(index.begin(), index.end(), t.data_ptr<int64_t>());
+  return t.to(device);
+}
+
+// How many of the [tokens, k] choices fell in each of `bins` (the experts), [bins] int64 on their
+// device (a scatter, where bincount would read the range back to the host).
+at::Tensor count_choices(const at::Tensor& chosen, int64_t bins) {
+  const at::Tensor flat = chosen.reshape(-1);
+  return at::zeros({bins}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+}
+
 // Each row once per choice, [tokens * k, h]: choice t * k + j reads row t (every gathered row then
 // has its own source, so the gathers' backward adds to distinct places).
 at::Tensor rows_per_choice(const at::Tensor& x, int64_t k) {
@@ -132,6 +178,49 @@ at::Tensor rows_per_choice(const at::Tensor& x, int64_t k) {
 // The choices' weighted outputs in their places [tokens * k, h], summed over each row's k.
 at::Tensor sum_over_choices(const at::Tensor& placed, int64_t k, at::ScalarType dtype) {
   return placed.view({placed.size(0) / k, k, placed.size(1)}).sum(1).to(dtype);
+}
+
+// Padding to capacity: `slots` places for each of the experts [first, first + count), filled in the
+// order of the choices sorted by expert: choice [count * slots] (the choice t * k + j a place holds;
+// an unfilled place repeats one, to be masked) and filled [count * slots].
+struct PaddedSlots {
+  at::Tensor choice, filled;
+};
+PaddedSlots padded_slots(const at::Tensor& chosen, int64_t num_experts, int64_t first, int64_t count, int64_t slots) {
+  const int64_t choices = chosen.numel();
+  const at::Tensor order = std::get<1>(at::sort(chosen.reshape(-1), /*stable=*/true, 0, false));
+  const at::Tensor all_counts = count_choices(chosen, num_experts + 1);
+  const at::Tensor counts = all_counts.narrow(0, first, count);
+  const at::Tensor starts = (at::cumsum(all_counts, 0) - all_counts).narrow(0, first, count);
+  const at::Tensor slot = at::arange(slots, chosen.options()).unsqueeze(0);                     // [1, slots]
+  const at::Tensor position = (starts.unsqueeze(1) + slot).clamp_max(choices - 1).reshape(-1);  // in `order`
+  return {order.index_select(0, position), slot.lt(counts.unsqueeze(1)).reshape(-1)};
+}
+
+// The places' outputs [places, h] times their weights (zero where unfilled), summed over each
+// token's k choices: the unfilled places put theirs past the choices, where they are dropped (they
+// change no output and get no gradient).
+at::Tensor sum_padded_slots(const at::Tensor& outputs, const at::Tensor& probs, const PaddedSlots& s, int64_t k,
+                            at::ScalarType dtype) {
+  const int64_t choices = probs.numel(), places = s.choice.size(0);
+  const at::Tensor unfilled = s.filled.logical_not();
+  const at::Tensor weights = probs.reshape(-1).index_select(0, s.choice).masked_fill(unfilled, 0).unsqueeze(-1);
+  const at::Tensor weighted = outputs.to(probs.scalar_type()) * weights;
+  const at::Tensor place = at::where(s.filled, s.choice, at::arange(places, s.choice.options()) + choices);
+  const at::Tensor placed = at::zeros({choices + places, outputs.size(1)}, weighted.options())
+                                .index_copy(0, place, weighted)
+                                .narrow(0, 0, choices);
+  return sum_over_choices(placed, k, dtype);
+}
+
+// The chosen choices' outputs [n, h] (choice[i] the choice t * k + j of row i) times their
+// weights, put in their places and summed over each token's k.
+at::Tensor sum_chosen(const at::Tensor& outputs, const at::Tensor& probs, const at::Tensor& choice, int64_t k,
+                      at::ScalarType dtype) {
+  const at::Tensor weighted = outputs.to(probs.scalar_type()) * probs.reshape(-1).index_select(0, choice).unsqueeze(-1);
+  const at::Tensor placed =
+      at::zeros({probs.numel(), outputs.size(1)}, weighted.options()).index_copy(0, choice, weighted);
+  return sum_over_choices(placed, k, dtype);
 }
 
 // The masters an expert's projections draw (ColumnParallelLinear's [ffn, hidden] per input,
@@ -697,10 +786,7 @@ at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tenso
 
 // How many of the [tokens, k] choices fell in each of `bins` (the experts), [bins] int64 on their
 // device (a scatter, where bincount would read the range back to the host).
-at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const {
-  const at::Tensor flat = chosen.reshape(-1);
-  return at::zeros({bins}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
-}
+at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const { return count_choices(chosen, bins); }
 
 // This rank's experts on the rows routed to them, inside the TP region: x [T, h] (all the TP
 // group's rows, and under expert parallelism all the expert-parallel group's), probs and experts
@@ -712,7 +798,7 @@ at::Tensor MoeMlp::expert_counts(const at::Tensor& chosen, int64_t bins) const {
 // distinct places and a sum over k move the rows, so the backward adds nothing with atomics (the
 // same bits on every run, on a GPU too), and only this rank's choices are multiplied.
 at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
-  const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk, first = c_.first_local_expert();
+  const int64_t k = c_.topk, first = c_.first_local_expert();
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
   // (one bin past the experts: the dropped choices, sorted last)
   const at::Tensor counts = expert_counts(r.experts, c_.num_experts + 1).cpu();
@@ -732,10 +818,7 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
     outputs.push_back(expert_partial(experts[e], rows.narrow(0, offset, n), activation));
     offset += n;
   }
-  const at::Tensor weights = r.probs.reshape(-1).index_select(0, mine).unsqueeze(-1);
-  const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
-  const at::Tensor placed = at::zeros({tokens * k, h}, weighted.options()).index_copy(0, mine, weighted);
-  return sum_over_choices(placed, k, x.scalar_type());
+  return sum_chosen(at::cat(outputs), r.probs, mine, k, x.scalar_type());
 }
 
 // run_experts with padding to capacity: each of this rank's experts multiplies exactly
@@ -744,30 +827,109 @@ at::Tensor MoeMlp::run_experts(const at::Tensor& x, const Routing& r, const Expe
 // outputs in places of their own past the choices, which are dropped: they change no output and get
 // no gradient.
 at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const {
-  const int64_t tokens = x.size(0), h = x.size(1), k = c_.topk, choices = tokens * k;
-  const int64_t held = static_cast<int64_t>(experts.size()), slots = r.padded_rows;
-  const at::TensorOptions index = r.experts.options();
-  const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
-  const at::Tensor all_counts = expert_counts(r.experts, c_.num_experts + 1);
-  const at::Tensor counts = all_counts.narrow(0, c_.first_local_expert(), held);
-  const at::Tensor starts = (at::cumsum(all_counts, 0) - all_counts).narrow(0, c_.first_local_expert(), held);
-  const at::Tensor slot = at::arange(slots, index).unsqueeze(0);                                // [1, slots]
-  const at::Tensor filled = slot.lt(counts.unsqueeze(1)).reshape(-1);                           // [held * slots]
-  const at::Tensor position = (starts.unsqueeze(1) + slot).clamp_max(choices - 1).reshape(-1);  // in `order`
-  const at::Tensor choice = order.index_select(0, position);
-  const at::Tensor unfilled = filled.logical_not();
+  const int64_t k = c_.topk, held = static_cast<int64_t>(experts.size()), slots = r.padded_rows;
+  const PaddedSlots s = padded_slots(r.experts, c_.num_experts, c_.first_local_expert(), held, slots);
   // (Zero rows and weights in the unfilled slots, so an overflow there cannot reach a gradient as 0 * inf.)
-  const at::Tensor rows = rows_per_choice(x, k).index_select(0, choice).masked_fill(unfilled.unsqueeze(1), 0);
+  const at::Tensor rows =
+      rows_per_choice(x, k).index_select(0, s.choice).masked_fill(s.filled.logical_not().unsqueeze(1), 0);
   std::vector<at::Tensor> outputs;
   outputs.reserve(experts.size());
   for (int64_t e = 0; e < held; ++e)
     outputs.push_back(expert_partial(experts[static_cast<size_t>(e)], rows.narrow(0, e * slots, slots), activation));
-  const at::Tensor weights = r.probs.reshape(-1).index_select(0, choice).masked_fill(unfilled, 0).unsqueeze(-1);
-  const at::Tensor weighted = at::cat(outputs).to(r.probs.scalar_type()) * weights;
-  const at::Tensor place = at::where(filled, choice, at::arange(held * slots, index) + choices);
-  const at::Tensor placed =
-      at::zeros({choices + held * slots, h}, weighted.options()).index_copy(0, place, weighted).narrow(0, 0, choices);
-  return sum_over_choices(placed, k, x.scalar_type());
+  return sum_padded_slots(at::cat(outputs), r.probs, s, k, x.scalar_type());
+}
+
+// The alltoall dispatcher (moe_token_dispatcher=alltoall, expert parallelism): x [T, h] and r are
+// this rank's region's rows and choices only. Every rank's choices per expert are all-gathered
+// (one host read, as run_experts'), each kept choice's row goes to its expert's rank, sorted by
+// expert, and comes back as that expert's output, weighted and summed here: run_experts' partial
+// sum over the whole group, for this rank's rows.
+at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r,
+                                          const ExpertActivation& activation) const {
+  const int64_t k = c_.topk, num = c_.num_experts, ep = c_.ep_size;
+  const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
+  // [ep, experts + 1]: the last bin the dropped choices, which stay here.
+  const at::Tensor every = gather_expert_rows(count_choices(r.experts, num + 1), ep).cpu();
+  const int64_t* count = every.data_ptr<int64_t>();
+  std::vector<int64_t> counts(static_cast<size_t>(ep * num));
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t e = 0; e < num; ++e) counts[static_cast<size_t>(j * num + e)] = count[j * (num + 1) + e];
+  int64_t kept = 0;
+  for (int64_t e = 0; e < num; ++e) kept += counts[static_cast<size_t>(c_.ep_rank * num + e)];
+  const at::Tensor sent = order.narrow(0, 0, kept);  // choice t * k + j, by expert
+  const at::Tensor outputs =
+      experts_all_to_all(rows_per_choice(x, k).index_select(0, sent), counts, /*padded=*/false, activation);
+  return sum_chosen(outputs, r.probs, sent, k, x.scalar_type());
+}
+
+// The alltoall dispatcher with padding to capacity: every expert of the group gets exactly
+// r.padded_rows rows from every rank (the unfilled ones zero and weighted zero), so the exchange's
+// sizes are known without a host read.
+at::Tensor MoeMlp::run_padded_experts_all_to_all(const at::Tensor& x, const Routing& r,
+                                                 const ExpertActivation& activation) const {
+  const int64_t k = c_.topk, num = c_.num_experts, slots = r.padded_rows;
+  const PaddedSlots s = padded_slots(r.experts, num, 0, num, slots);
+  const at::Tensor rows =
+      rows_per_choice(x, k).index_select(0, s.choice).masked_fill(s.filled.logical_not().unsqueeze(1), 0);
+  const std::vector<int64_t> counts(static_cast<size_t>(c_.ep_size * num), slots);
+  return sum_padded_slots(experts_all_to_all(rows, counts, /*padded=*/true, activation), r.probs, s, k,
+                          x.scalar_type());
+}
+
+// The exchange of the alltoall dispatcher. `sent` [n, h]: this rank's rows for the group's experts,
+// sorted by expert; counts [ep x experts]: how many rows rank j sends expert e (every rank's, so
+// each knows what it receives). The rows go to their experts' ranks (arriving by source rank, then
+// expert), are grouped by expert, run through this rank's experts (each of them, an empty run
+// included, so every weight gets a gradient), put back in arrival order and returned: [n, h], the
+// experts' partial outputs for `sent`, in its order. `padded`: every count the same, so the
+// grouping is a transpose (no index).
+at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
+                                      const ExpertActivation& activation) const {
+  const int64_t ep = c_.ep_size, num = c_.num_experts, held = c_.local_experts(), first = c_.first_local_expert();
+  const int64_t h = sent.size(1);
+  const auto count = [&](int64_t rank, int64_t expert) { return counts[static_cast<size_t>(rank * num + expert)]; };
+  std::vector<int64_t> send(static_cast<size_t>(ep), 0), recv(static_cast<size_t>(ep), 0);
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t e = 0; e < held; ++e) {
+      send[static_cast<size_t>(j)] += count(c_.ep_rank, j * held + e);
+      recv[static_cast<size_t>(j)] += count(j, first + e);
+    }
+  const at::Tensor received = exchange_experts_rows(sent, recv, send);
+  // By expert: expert e's rows from rank 0, then rank 1, ...
+  at::Tensor grouped, arrival;
+  const int64_t slots = count(0, 0);
+  if (padded) {
+    grouped = received.view({ep, held, slots, h}).transpose(0, 1).reshape({-1, h});
+  } else {
+    std::vector<int64_t> by_expert, back(static_cast<size_t>(received.size(0)));
+    by_expert.reserve(back.size());
+    for (int64_t e = 0; e < held; ++e) {
+      int64_t start = 0;  // of rank j's rows for expert e in arrival order
+      for (int64_t j = 0; j < ep; ++j) {
+        int64_t at = start;
+        for (int64_t before = 0; before < e; ++before) at += count(j, first + before);
+        for (int64_t i = 0; i < count(j, first + e); ++i) {
+          back[static_cast<size_t>(at + i)] = static_cast<int64_t>(by_expert.size());
+          by_expert.push_back(at + i);
+        }
+        start += recv[static_cast<size_t>(j)];
+      }
+    }
+    grouped = received.index_select(0, index_on(by_expert, received.device()));
+    arrival = index_on(back, received.device());
+  }
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(experts.size());
+  int64_t offset = 0;
+  for (int64_t e = 0; e < held; ++e) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < ep; ++j) n += count(j, first + e);
+    outputs.push_back(expert_partial(experts[static_cast<size_t>(e)], grouped.narrow(0, offset, n), activation));
+    offset += n;
+  }
+  at::Tensor out = at::cat(outputs);
+  out = padded ? out.view({held, ep, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
+  return exchange_experts_rows(out, send, recv);
 }
 
 // The experts' second biases, sum over a row's k experts of probs * b2 [tokens, h], on this
@@ -819,22 +981,30 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
     region.experts = local.experts;
   }
   const int64_t whole = rows.size(1);
-  // Padding: every router call whose rows meet here (the TP group's under sequence parallelism, the
-  // expert-parallel group's) keeps at most padded_rows per expert.
-  region.padded_rows = local.padded_rows * (tp_.splits_sequence() ? tp_.size : 1) * c_.ep_size;
+  // Expert parallelism: the rows reach the other ranks' experts and their outputs come back, every
+  // rank's rows all-gathered here (allgather) or this rank's sent where they are routed (alltoall).
+  const bool all_gather = c_.ep_size > 1 && c_.dispatcher == MoeDispatcher::kAllGather;
+  const bool all_to_all = c_.ep_size > 1 && c_.dispatcher == MoeDispatcher::kAllToAll;
+  // Padding: every router call whose rows meet here (the TP group's under sequence parallelism, with
+  // the allgather dispatcher the expert-parallel group's) keeps at most padded_rows per expert.
+  region.padded_rows = local.padded_rows * (tp_.splits_sequence() ? tp_.size : 1) * (all_gather ? c_.ep_size : 1);
   region.probs = region.probs.reshape({b * whole, c_.topk});
   region.experts = region.experts.reshape({b * whole, c_.topk});
   at::Tensor routed_rows = rows.reshape({b * whole, h});
-  // Expert parallelism: every rank's rows reach the experts here, and their outputs go back.
-  const bool dispatch = c_.ep_size > 1;
-  if (dispatch) {
-    routed_rows = gather_to_experts(routed_rows, c_.ep_size);
-    region.probs = gather_to_experts(region.probs, c_.ep_size);
-    region.experts = gather_expert_rows(region.experts, c_.ep_size);
+  at::Tensor routed;
+  if (all_to_all) {
+    routed = region.padded_rows > 0 ? run_padded_experts_all_to_all(routed_rows, region, activation)
+                                    : run_experts_all_to_all(routed_rows, region, activation);
+  } else {
+    if (all_gather) {
+      routed_rows = gather_to_experts(routed_rows, c_.ep_size);
+      region.probs = gather_to_experts(region.probs, c_.ep_size);
+      region.experts = gather_expert_rows(region.experts, c_.ep_size);
+    }
+    routed = region.padded_rows > 0 ? run_padded_experts(routed_rows, region, activation)
+                                    : run_experts(routed_rows, region, activation);
+    if (all_gather) routed = scatter_from_experts(routed, c_.ep_size);
   }
-  at::Tensor routed = region.padded_rows > 0 ? run_padded_experts(routed_rows, region, activation)
-                                             : run_experts(routed_rows, region, activation);
-  if (dispatch) routed = scatter_from_experts(routed, c_.ep_size);
   at::Tensor partial = routed.view({b, whole, h});
   // The shared expert on every row: ungated its partial sum joins the routed experts' reduction;
   // gated it leaves the region by itself, to be weighted per row.

@@ -942,11 +942,25 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                       {"moe_router_fp32", "true"},
                                                       {"moe_aux_loss_coeff", "1e-2"},
                                                       {"moe_z_loss_coeff", "1e-3"},
-                                                      {"moe_input_jitter_eps", "0.01"}};
+                                                      {"moe_input_jitter_eps", "0.01"},
+                                                      {"moe_token_dispatcher", "alltoall"}};
   for (const auto& [key, value] : want) {
     ASSERT_EQ(options.count(key), 1u) << key;
     EXPECT_EQ(options.at(key), value) << key;
   }
+  // The dispatcher: DeepEP's flex refused, a dense model's flag ignored, as Megatron never reads it.
+  const MegatronMapping flex =
+      dtk::core::map_megatron_args({"--num-experts", "8", "--moe-token-dispatcher-type", "flex"});
+  ASSERT_EQ(flex.refused.size(), 1u);
+  EXPECT_EQ(flex.refused[0],
+            "--moe-token-dispatcher-type flex: the flex dispatcher is DeepEP's or HybridEP's kernels; DTK has "
+            "allgather and alltoall");
+  const MegatronMapping dense = dtk::core::map_megatron_args({"--moe-token-dispatcher-type", "alltoall"});
+  ASSERT_TRUE(dense.refused.empty()) << dense.refused[0];
+  EXPECT_EQ(config_of(dense).model().options().count("moe_token_dispatcher"), 0u);
+  EXPECT_NE(std::find(dense.ignored.begin(), dense.ignored.end(),
+                      "--moe-token-dispatcher-type (without --num-experts the MLPs are dense)"),
+            dense.ignored.end());
   // DeepSeek-V3's router and shared expert, as Megatron's DeepSeek scripts write them.
   const MegatronMapping deepseek = dtk::core::map_megatron_args({"--num-experts",
                                                                  "64",

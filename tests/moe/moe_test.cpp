@@ -1545,6 +1545,10 @@ TEST(Moe, BadInputsAreOneLine) {
                            "--set lr.lr_warmup_iters=1 ";
   const std::pair<std::string, std::string> cases[] = {
       {"--set model.moe_router_topk=3", "option 'moe_router_topk' does nothing without num_experts > 0"},
+      {"--set model.moe_token_dispatcher=alltoall",
+       "option 'moe_token_dispatcher' does nothing without num_experts > 0"},
+      {"--set model.num_experts=4 --set model.moe_token_dispatcher=flex",
+       "option 'moe_token_dispatcher' expects one of allgather|alltoall, got 'flex'"},
       {"--set model.num_experts=4 --set model.moe_router_topk=5",
        "option 'moe_router_topk' must be in [1, num_experts = 4], got 5"},
       {"--set model.num_experts=4 --set model.moe_aux_loss_coeff=-1",
@@ -2055,6 +2059,68 @@ TEST(Moe, TokenDroppingEqualsOneProcessAndPaddingChangesNothing) {
   ASSERT_EQ(dropless.loss.size(), kIters) << dropless.run.out;
   EXPECT_GT(std::abs(one.loss.at(2) - dropless.loss.at(2)), 1e-4 * dropless.loss.at(2));
   EXPECT_GT(std::abs(one.loss.at(2) - sp2.loss.at(2)), 1e-5 * sp2.loss.at(2));
+}
+
+namespace {
+
+// The expert-parallel traffic line's figures (MB): all-to-all, all-gather, reduce-scatter, total.
+std::vector<double> expert_traffic(const std::string& out) {
+  static const std::regex line(
+      "expert-parallel traffic sent per iteration \\(MB\\) \\| all-to-all: ([0-9.]+) \\| all-gather: ([0-9.]+) "
+      "\\| reduce-scatter: ([0-9.]+) \\| total: ([0-9.]+)");
+  std::smatch m;
+  if (!std::regex_search(out, m, line)) return {};
+  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[4])};
+}
+
+}  // namespace
+
+// Megatron's alltoall token dispatcher (model.moe_token_dispatcher=alltoall): each choice's row goes
+// to its expert's rank only, and its output back. The same training as one process (so as the
+// allgather dispatcher): dropless under EP 2, EP 2 x TP 2 with sequence parallelism, EP 2 x PP 2
+// and EP 4; with a capacity that drops, and padded to it, under EP 2; DeepSeek-V3's routing with
+// its gated shared expert (llama) under EP 2. At EP 4, top-2 of 4 experts, a rank sends its
+// choices' rows (2 per token, 3/4 of them away) where the allgather dispatcher sends its rows to
+// all 3 other ranks and reduce-scatters as much back: half the expert-parallel traffic.
+TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
+  const std::string a2a = "--set model.moe_token_dispatcher=alltoall ";
+  const std::string sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
+  const dtk_test::Curve one = curve_of("gpt", 1, "", "a2a-one");
+  ASSERT_EQ(one.run.code, 0) << one.run.out;
+  expect_same_curve(one, curve_of("gpt", 2, kEp2 + a2a, "a2a-ep2"), kIters, "gpt EP 2, alltoall");
+  expect_same_curve(one, curve_of("gpt", 4, kEp2 + a2a + sp, "a2a-ep2-sp2"), kIters,
+                    "gpt EP 2 x TP 2 with sequence parallelism, alltoall");
+  expect_same_curve(one,
+                    curve_of("gpt", 4, kEp2 + a2a + "--set distributed.pipeline_model_parallel_size=2 ", "a2a-ep2-pp2"),
+                    kIters, "gpt EP 2 x PP 2, alltoall");
+  const std::string ep4 = "--set train.micro_batch_size=2 --set distributed.expert_model_parallel_size=4 ";
+  const dtk_test::Curve one_small = curve_of("gpt", 1, "--set train.micro_batch_size=2 ", "a2a-one-mb2");
+  ASSERT_EQ(one_small.run.code, 0) << one_small.run.out;
+  const dtk_test::Curve all_to_all = curve_of("gpt", 4, ep4 + a2a, "a2a-ep4");
+  expect_same_curve(one_small, all_to_all, kIters, "gpt EP 4, alltoall");
+  const dtk_test::Curve all_gather = curve_of("gpt", 4, ep4, "a2a-ep4-allgather");
+  expect_same_curve(one_small, all_gather, kIters, "gpt EP 4, allgather");
+  const std::vector<double> sent = expert_traffic(all_to_all.run.out), gathered = expert_traffic(all_gather.run.out);
+  ASSERT_EQ(sent.size(), 4u) << all_to_all.run.out;
+  ASSERT_EQ(gathered.size(), 4u) << all_gather.run.out;
+  EXPECT_GT(sent[0], 0.0) << all_to_all.run.out;
+  EXPECT_EQ(sent[2], 0.0) << all_to_all.run.out;  // (no reduce-scatter: the outputs come back by all-to-all)
+  EXPECT_EQ(gathered[0], 0.0) << all_gather.run.out;
+  EXPECT_LT(sent[3], 0.7 * gathered[3]) << "alltoall " << sent[3] << " MB, allgather " << gathered[3] << " MB";
+  // Dropping, and padded to capacity (every rank sends every expert its capacity's rows).
+  const std::string dropping = "--set model.moe_expert_capacity_factor=0.5 ";
+  const dtk_test::Curve drop_one = curve_of("gpt", 1, dropping, "a2a-drop-one");
+  ASSERT_EQ(drop_one.run.code, 0) << drop_one.run.out;
+  expect_same_curve(drop_one, curve_of("gpt", 2, dropping + kEp2 + a2a, "a2a-drop-ep2"), kIters,
+                    "token dropping, EP 2, alltoall");
+  expect_same_curve(drop_one,
+                    curve_of("gpt", 2, dropping + kEp2 + a2a + "--set model.moe_pad_expert_input_to_capacity=true ",
+                             "a2a-drop-pad-ep2"),
+                    kIters, "token dropping padded to capacity, EP 2, alltoall");
+  const auto deepseek = deepseek_run(1, "", "a2a-one").first;
+  ASSERT_EQ(deepseek.loss.size(), kIters) << deepseek.run.out;
+  expect_same_curve(deepseek, deepseek_run(2, kEp2 + a2a, "a2a-ep2").first, kIters,
+                    "DeepSeek-style llama EP 2, alltoall");
 }
 
 // DeepSpeed's gate (moe_gate=deepspeed, as Megatron-DeepSpeed's MoE maps) in whole runs, with a

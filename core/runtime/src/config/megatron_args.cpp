@@ -166,10 +166,9 @@ const Rule kRules[] = {
      "the same outputs, static shapes; needs --moe-expert-capacity-factor"},
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
-    {"--moe-token-dispatcher-type", 1, Kind::kIgnore, "",
-     "how Megatron moves tokens between expert-parallel ranks; DTK all-gathers them over the expert-parallel "
-     "group and reduce-scatters the outputs (Megatron's allgather dispatcher): the same tokens reach the same "
-     "experts, the same arithmetic"},
+    {"--moe-token-dispatcher-type", 1, Kind::kCustom, "model.moe_token_dispatcher",
+     "how tokens reach the experts of other expert-parallel ranks: allgather or alltoall (the same results); "
+     "flex (DeepEP) refused; ignored without --num-experts"},
     {"--moe-permute-fusion", 0, Kind::kIgnore, "", "Megatron's fused permute kernel (Transformer Engine)"},
     {"--moe-router-fusion", 0, Kind::kIgnore, "", "Megatron's fused router kernel (Transformer Engine)"},
     {"--expert-model-parallel-size", 1, Kind::kSet, "distributed.expert_model_parallel_size",
@@ -679,6 +678,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (x == 0) return refuse("a capacity of 0 drops every token; give a factor > 0 (or < 0: dropless)");
     if (x < 0) return m.ignored.push_back(shown + " (negative: dropless, Megatron's None)");
     m.sets.push_back("model.moe_expert_capacity_factor=" + v[0]);
+  } else if (f == "--moe-token-dispatcher-type") {  // dropped where no --num-experts is given
+    if (v[0] == "flex")
+      return refuse("the flex dispatcher is DeepEP's or HybridEP's kernels; DTK has allgather and alltoall");
+    if (v[0] != "allgather" && v[0] != "alltoall") return refuse("not one of allgather, alltoall, flex");
+    m.sets.push_back("model.moe_token_dispatcher=" + v[0]);
   } else if (f == "--moe-token-drop-policy") {  // dropped with the other flags where no capacity is set
     if (v[0] != "probs" && v[0] != "position") return refuse("not one of probs, position");
     m.sets.push_back("model.moe_token_drop_policy=" + v[0]);
@@ -2102,6 +2106,11 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (!s.no_load_balancing_shown.empty()) {
     drop_sets(m, "model.moe_aux_loss_coeff");
     set_by(m, "model.moe_aux_loss_coeff=0", s.no_load_balancing_shown);
+  }
+  // Dense MLPs dispatch no token: a script's --moe-token-dispatcher-type without --num-experts.
+  if (has_sets(m, "model.moe_token_dispatcher") && s.num_experts.empty()) {
+    drop_sets(m, "model.moe_token_dispatcher");
+    m.ignored.push_back("--moe-token-dispatcher-type (without --num-experts the MLPs are dense)");
   }
   // Megatron reads --moe-token-drop-policy only with a capacity factor (wherever that came).
   if (has_sets(m, "model.moe_token_drop_policy") && !has_sets(m, "model.moe_expert_capacity_factor")) {

@@ -389,6 +389,17 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
                   mb(t.total()));
     print(buf);
   }
+  // Expert parallelism: the MoE layers' tokens to their experts and back (all-to-all, or
+  // all-gather and reduce-scatter: model.moe_token_dispatcher).
+  if (m.ep_size > 1) {
+    const Traffic& t = m.expert_parallel;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) expert-parallel traffic sent per iteration (MB) | "
+                  "all-to-all: %.2f | all-gather: %.2f | reduce-scatter: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), mb(t.all_to_all), mb(t.all_gather), mb(t.reduce_scatter),
+                  mb(t.total()));
+    print(buf);
+  }
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
   tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);

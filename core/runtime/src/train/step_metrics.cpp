@@ -93,6 +93,8 @@ MemorySample memory_sample(const OptimizerInstance& optimizer, const StrategyIns
   m.data_parallel.all_gather += experts.all_gather;
   m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
   m.pipeline_parallel = traffic(DTK_GROUP_PIPELINE_PARALLEL);
+  m.expert_parallel = traffic(DTK_GROUP_EXPERT_PARALLEL);
+  m.ep_size = topo.ep_size;
   m.dp_size = topo.dp_size;
   m.tp_size = topo.tp_size;
   m.pp_size = topo.pp_size;

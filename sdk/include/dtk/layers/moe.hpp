@@ -27,12 +27,19 @@
 // shapes and no host read of the counts (only the expert bias differs: as in Megatron, every
 // expert's load is then its capacity). Generation (a key/value cache) routes dropless.
 //
-// Expert parallelism (Megatron's --expert-model-parallel-size with its allgather token
-// dispatcher): the routed experts are split over the expert-parallel group (data-parallel ranks,
-// each with its own tokens). Every rank routes its own tokens; the rows, their weights and their
-// experts are all-gathered over the group, each rank runs its own experts on the rows routed to
-// them, and the weighted outputs are reduce-scattered back to the rows' ranks (the gradients
-// take the mirror path). The experts' second biases, a small table, are all-gathered instead.
+// Expert parallelism (Megatron's --expert-model-parallel-size): the routed experts are split over
+// the expert-parallel group (data-parallel ranks, each with its own tokens). Every rank routes its
+// own tokens; then one of Megatron's two token dispatchers (moe_token_dispatcher):
+//   allgather (default): the rows, their weights and their experts are all-gathered over the group,
+//     each rank runs its own experts on the rows routed to them, and the weighted outputs are
+//     reduce-scattered back to the rows' ranks (each rank receives and sends every rank's rows);
+//   alltoall: each rank sends every choice's row to the rank holding its expert only, sorted by
+//     expert (the counts per expert all-gathered first, one host read; with padding to capacity
+//     every expert gets its capacity's rows from every rank, no read), the receiver groups the
+//     rows by expert, runs its experts, and sends each output back, weighted and summed on the
+//     row's own rank. A rank moves its tokens' k choices instead of every rank's tokens.
+// Both compute the same outputs and gradients (the gradients take the mirror path). The experts'
+// second biases, a small table, are all-gathered instead.
 //
 // Tensor parallelism (Megatron's expert tensor parallelism with the size of the TP group): every
 // expert is split as the dense MLP is (W1 column-parallel, W2 row-parallel), the routing is the
@@ -122,6 +129,7 @@ enum class MoeDropPolicy { kProbs, kPosition };          // moe_token_drop_polic
 // (moe_router_load_balancing_type sinkhorn or quantile_balancing).
 enum class MoeRouting { kTopK, kSinkhorn, kQuantileBalancing };
 enum class MoeGate { kMegatron, kDeepSpeed };  // moe_gate: Megatron-LM's TopKRouter or DeepSpeed's TopKGate
+enum class MoeDispatcher { kAllGather, kAllToAll };  // moe_token_dispatcher
 
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense MLPs
@@ -175,6 +183,7 @@ struct MoeConfig {
   // Expert parallelism (dtk_build_context.ep_size, ABI 2.12): this rank holds the routed experts
   // [first_local_expert(), + local_experts()) of the expert-parallel group's ep_size shares.
   int64_t ep_rank = 0, ep_size = 1;
+  MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // how tokens reach the other ranks' experts
   int64_t local_experts() const { return num_experts / ep_size; }
   int64_t first_local_expert() const { return ep_rank * local_experts(); }
   bool enabled() const { return num_experts > 0; }
@@ -326,6 +335,13 @@ inline constexpr dtk_option_spec kMoeResidualOption =
              "of the experts' shape beside them, out = experts(x) c0 + mlp(x) c1 with (c0, c1) = softmax(x W^T + b), "
              "W [2, hidden].");
 
+inline constexpr dtk_option_spec kMoeTokenDispatcherOption =
+    opt_enum("moe_token_dispatcher", "allgather", "allgather|alltoall",
+             "Expert parallelism: how tokens reach the experts on other ranks (Megatron's "
+             "--moe-token-dispatcher-type): every rank's tokens all-gathered and the outputs reduce-scattered "
+             "(allgather), or each token's row sent only to the ranks of its experts and back (alltoall). The "
+             "same results.");
+
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",
               "quantile_balancing: after each iteration the bias is this times the old one plus 1 - this times "
@@ -347,7 +363,7 @@ inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
       dtk::layers::kMoeRouterQuantileBalancingEmaOption, dtk::layers::kMoeGateOption,                       \
       dtk::layers::kMoeEvalCapacityFactorOption, dtk::layers::kMoeMinCapacityOption,                        \
       dtk::layers::kMoeTop2SecondExpertSamplingOption, dtk::layers::kMoeResidualOption,                     \
-      dtk::layers::kMoeLayerNumExpertsOption
+      dtk::layers::kMoeLayerNumExpertsOption, dtk::layers::kMoeTokenDispatcherOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -442,6 +458,11 @@ class MoeMlp {
   at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
+  at::Tensor run_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
+  at::Tensor run_padded_experts_all_to_all(const at::Tensor& x, const Routing& r,
+                                           const ExpertActivation& activation) const;
+  at::Tensor experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
+                                const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
   at::Tensor expert_counts(const at::Tensor& chosen, int64_t bins) const;
 

@@ -57,9 +57,10 @@ struct MemorySample {
   bool optimizer_on_host = false;          // ...which then live in host memory (offload)
   // The most one micro-batch's forward left allocated in the iteration: its stored activations.
   int64_t activation_bytes = 0;
-  // What this rank sent during the iteration on the data-, tensor- and pipeline-parallel groups.
-  Traffic data_parallel, tensor_parallel, pipeline_parallel;
-  int dp_size = 1, tp_size = 1, pp_size = 1;
+  // What this rank sent during the iteration on the data-, tensor-, pipeline- and expert-parallel
+  // groups (the last: MoE layers' token dispatch).
+  Traffic data_parallel, tensor_parallel, pipeline_parallel, expert_parallel;
+  int dp_size = 1, tp_size = 1, pp_size = 1, ep_size = 1;
 };
 
 // One finished iteration, as the trainer hands it to the log.

@@ -895,22 +895,22 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
       recv[static_cast<size_t>(j)] += count(j, first + e);
     }
   const at::Tensor received = exchange_experts_rows(sent, recv, send);
-  // By expert: expert e's rows from rank 0, then rank 1, ...
-  at::Tensor grouped, arrival;
-  const int64_t slots = count(0, 0);
-  if (padded) {
+  // By expert: expert e's rows from rank 0, then rank 1, ... (with one expert here, as they arrived)
+  at::Tensor grouped = received, arrival;
+  const int64_t slots = padded ? count(0, 0) : 0;
+  if (padded && held > 1) {
     grouped = received.view({ep, held, slots, h}).transpose(0, 1).reshape({-1, h});
-  } else {
+  } else if (!padded && held > 1) {
     std::vector<int64_t> by_expert, back(static_cast<size_t>(received.size(0)));
     by_expert.reserve(back.size());
     for (int64_t e = 0; e < held; ++e) {
       int64_t start = 0;  // of rank j's rows for expert e in arrival order
       for (int64_t j = 0; j < ep; ++j) {
-        int64_t at = start;
-        for (int64_t before = 0; before < e; ++before) at += count(j, first + before);
+        int64_t row = start;
+        for (int64_t before = 0; before < e; ++before) row += count(j, first + before);
         for (int64_t i = 0; i < count(j, first + e); ++i) {
-          back[static_cast<size_t>(at + i)] = static_cast<int64_t>(by_expert.size());
-          by_expert.push_back(at + i);
+          back[static_cast<size_t>(row + i)] = static_cast<int64_t>(by_expert.size());
+          by_expert.push_back(row + i);
         }
         start += recv[static_cast<size_t>(j)];
       }
@@ -928,7 +928,8 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
     offset += n;
   }
   at::Tensor out = at::cat(outputs);
-  out = padded ? out.view({held, ep, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
+  if (held > 1)
+    out = padded ? out.view({held, ep, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
   return exchange_experts_rows(out, send, recv);
 }
 

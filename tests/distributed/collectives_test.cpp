@@ -249,6 +249,21 @@ int collectives_worker(int, char**) {
       WCHECK(code_of(all_to_all(c, DTK_GROUP_WORLD, &out, &in, &recv, &send, 0, nullptr)) == 0, "all_to_all status");
       WCHECK(at::equal(out.value, at::cat(want).to(type)), "all_to_all with uneven splits, rank order");
     }
+    // Rank 0 receives nothing at all (an empty output tensor), the others one or two rows from each.
+    {
+      const auto rows_to = [](int from, int to) { return to == 0 ? int64_t{0} : int64_t{1 + (from + to) % 2}; };
+      std::vector<int64_t> to, from;
+      std::vector<at::Tensor> out_parts, expected;
+      for (int j = 0; j < W; ++j) {
+        to.push_back(rows_to(r, j)), out_parts.push_back(part(r, j, rows_to(r, j)));
+        from.push_back(rows_to(j, r)), expected.push_back(part(j, r, rows_to(j, r)));
+      }
+      dtk_tensor in{at::cat(out_parts)}, out{at::zeros({at::cat(expected).size(0), 2}, at::kFloat)};
+      WCHECK(code_of(all_to_all(c, DTK_GROUP_WORLD, &out, &in, &from, &to, 0, nullptr)) == 0,
+             "all_to_all into an empty tensor: status");
+      WCHECK(at::equal(out.value, at::cat(expected)) && (r != 0 || out.value.size(0) == 0),
+             "all_to_all into an empty tensor");
+    }
     const at::Tensor mine = at::arange(3 * W, at::kFloat).add(0.5 * r).to(at::kBFloat16).view({W, 3});
     dtk_tensor in{mine}, out{at::zeros({W, 3}, at::kBFloat16)};
     dtk_comm_work* w = nullptr;

@@ -955,6 +955,10 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
   EXPECT_EQ(flex.refused[0],
             "--moe-token-dispatcher-type flex: the flex dispatcher is DeepEP's or HybridEP's kernels; DTK has "
             "allgather and alltoall");
+  const MegatronMapping seq =
+      dtk::core::map_megatron_args({"--num-experts", "8", "--moe-token-dispatcher-type", "alltoall_seq"});
+  ASSERT_TRUE(seq.refused.empty()) << seq.refused[0];
+  EXPECT_EQ(config_of(seq).model().options().at("moe_token_dispatcher"), "alltoall");
   const MegatronMapping dense = dtk::core::map_megatron_args({"--moe-token-dispatcher-type", "alltoall"});
   ASSERT_TRUE(dense.refused.empty()) << dense.refused[0];
   EXPECT_EQ(config_of(dense).model().options().count("moe_token_dispatcher"), 0u);

@@ -528,8 +528,8 @@ typedef struct dtk_collective_args {
   size_t struct_size;
   int32_t group;        /* dtk_group */
   int32_t op;           /* dtk_reduce_op (all_reduce, reduce_scatter) */
-  dtk_tensor* tensor;   /* all_reduce, broadcast: in-place; all_gather, reduce_scatter: input */
-  dtk_tensor* output;   /* all_gather, reduce_scatter: output; else unused (NULL) */
+  dtk_tensor* tensor;   /* all_reduce, broadcast: in-place; all_gather, reduce_scatter, all_to_all: input */
+  dtk_tensor* output;   /* all_gather, reduce_scatter, all_to_all: output; else unused (NULL) */
   int32_t root;         /* broadcast: source rank within `group` */
   int32_t async;        /* 0: returns when the result is ready; 1: returns at once, *work set */
   dtk_comm_work** work; /* [out][new] with async != 0: the handle to wait() on; else unused */

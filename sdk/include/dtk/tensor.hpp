@@ -330,6 +330,12 @@ class Comm {
       throw Error("all_to_all needs a host of ABI 2.19 or later (this host is ABI 2." +
                       std::to_string(host_services()->abi_minor) + ")",
                   DTK_ERR_UNSUPPORTED);
+    // (The host reads size(group) entries of each list it is given.)
+    for (const std::vector<int64_t>* splits : {&out_splits, &in_splits})
+      if (!splits->empty() && static_cast<int>(splits->size()) != size(group))
+        throw Error("all_to_all: " + std::to_string(splits->size()) + " splits for a group of " +
+                        std::to_string(size(group)) + " (one per rank, or none for equal parts)",
+                    DTK_ERR_INVALID_ARGUMENT);
     dtk_tensor ho{out}, hi{in};
     dtk_collective_args a = args(group, DTK_REDUCE_SUM, &hi, &ho, 0);
     a.output_splits = out_splits.empty() ? nullptr : out_splits.data();

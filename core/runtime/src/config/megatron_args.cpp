@@ -167,8 +167,9 @@ const Rule kRules[] = {
     {"--moe-grouped-gemm", 0, Kind::kIgnore, "",
      "how Megatron multiplies its experts; DTK runs one product per expert on its sorted rows"},
     {"--moe-token-dispatcher-type", 1, Kind::kCustom, "model.moe_token_dispatcher",
-     "how tokens reach the experts of other expert-parallel ranks: allgather or alltoall (the same results); "
-     "flex (DeepEP) refused; ignored without --num-experts"},
+     "how tokens reach the experts of other expert-parallel ranks: allgather or alltoall (alltoall_seq, older "
+     "Megatron's, is alltoall), the same results up to rounding; flex (DeepEP) refused; ignored without "
+     "--num-experts"},
     {"--moe-permute-fusion", 0, Kind::kIgnore, "", "Megatron's fused permute kernel (Transformer Engine)"},
     {"--moe-router-fusion", 0, Kind::kIgnore, "", "Megatron's fused router kernel (Transformer Engine)"},
     {"--expert-model-parallel-size", 1, Kind::kSet, "distributed.expert_model_parallel_size",
@@ -681,8 +682,11 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
   } else if (f == "--moe-token-dispatcher-type") {  // dropped where no --num-experts is given
     if (v[0] == "flex")
       return refuse("the flex dispatcher is DeepEP's or HybridEP's kernels; DTK has allgather and alltoall");
-    if (v[0] != "allgather" && v[0] != "alltoall") return refuse("not one of allgather, alltoall, flex");
-    m.sets.push_back("model.moe_token_dispatcher=" + v[0]);
+    // (Older Megatron-core's alltoall_seq: the alltoall dispatcher for sequence-split tokens; DTK's
+    // routes whatever the split, so it is alltoall.)
+    if (v[0] != "allgather" && v[0] != "alltoall" && v[0] != "alltoall_seq")
+      return refuse("not one of allgather, alltoall, alltoall_seq, flex");
+    m.sets.push_back("model.moe_token_dispatcher=" + std::string(v[0] == "allgather" ? "allgather" : "alltoall"));
   } else if (f == "--moe-token-drop-policy") {  // dropped with the other flags where no capacity is set
     if (v[0] != "probs" && v[0] != "position") return refuse("not one of probs, position");
     m.sets.push_back("model.moe_token_drop_policy=" + v[0]);

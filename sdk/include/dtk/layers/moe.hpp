@@ -38,7 +38,7 @@
 //     every expert gets its capacity's rows from every rank, no read), the receiver groups the
 //     rows by expert, runs its experts, and sends each output back, weighted and summed on the
 //     row's own rank. A rank moves its tokens' k choices instead of every rank's tokens.
-// Both compute the same outputs and gradients (the gradients take the mirror path). The experts'
+// Both compute the same outputs and gradients up to rounding (the gradients take the mirror path). The experts'
 // second biases, a small table, are all-gathered instead.
 //
 // Tensor parallelism (Megatron's expert tensor parallelism with the size of the TP group): every
@@ -340,7 +340,7 @@ inline constexpr dtk_option_spec kMoeTokenDispatcherOption =
              "Expert parallelism: how tokens reach the experts on other ranks (Megatron's "
              "--moe-token-dispatcher-type): every rank's tokens all-gathered and the outputs reduce-scattered "
              "(allgather), or each token's row sent only to the ranks of its experts and back (alltoall). The "
-             "same results.");
+             "same results up to rounding.");
 
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",

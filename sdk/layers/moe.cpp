@@ -124,8 +124,8 @@ at::Tensor scatter_from_experts(const at::Tensor& x, int64_t size) {
 
 // Rows exchanged over the expert-parallel group (moe_token_dispatcher=alltoall): x's rows in
 // consecutive parts, send[j] of them to rank j, and recv[j] rows from rank j, in rank order.
-at::Tensor exchange_expert_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
-                                const std::vector<int64_t>& send) {
+at::Tensor all_to_all_expert_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
+                                  const std::vector<int64_t>& send) {
   std::vector<int64_t> shape = x.sizes().vec();
   shape[0] = 0;
   for (const int64_t n : recv) shape[0] += n;
@@ -140,17 +140,18 @@ struct ExchangeExpertRows : public torch::autograd::Function<ExchangeExpertRows>
                             const std::vector<int64_t>& send) {
     ctx->saved_data["recv"] = recv;
     ctx->saved_data["send"] = send;
-    return exchange_expert_rows(x, recv, send);
+    return all_to_all_expert_rows(x, recv, send);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    return {exchange_expert_rows(grad[0], ctx->saved_data["send"].toIntVector(), ctx->saved_data["recv"].toIntVector()),
-            at::Tensor(), at::Tensor()};
+    return {
+        all_to_all_expert_rows(grad[0], ctx->saved_data["send"].toIntVector(), ctx->saved_data["recv"].toIntVector()),
+        at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor exchange_experts_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
-                                 const std::vector<int64_t>& send) {
-  if (!at::GradMode::is_enabled() || !x.requires_grad()) return exchange_expert_rows(x, recv, send);
+at::Tensor exchange_expert_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
+                                const std::vector<int64_t>& send) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return all_to_all_expert_rows(x, recv, send);
   return ExchangeExpertRows::apply(x, recv, send);
 }
 
@@ -894,7 +895,7 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
       send[static_cast<size_t>(j)] += count(c_.ep_rank, j * held + e);
       recv[static_cast<size_t>(j)] += count(j, first + e);
     }
-  const at::Tensor received = exchange_experts_rows(sent, recv, send);
+  const at::Tensor received = exchange_expert_rows(sent, recv, send);
   // By expert: expert e's rows from rank 0, then rank 1, ... (with one expert here, as they arrived)
   at::Tensor grouped = received, arrival;
   const int64_t slots = padded ? count(0, 0) : 0;
@@ -930,7 +931,7 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
   at::Tensor out = at::cat(outputs);
   if (held > 1)
     out = padded ? out.view({held, ep, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
-  return exchange_experts_rows(out, send, recv);
+  return exchange_expert_rows(out, send, recv);
 }
 
 // The experts' second biases, sum over a row's k experts of probs * b2 [tokens, h], on this

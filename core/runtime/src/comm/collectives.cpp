@@ -252,6 +252,15 @@ at::Tensor contiguous_buffer(const at::Tensor& t, std::function<void()>* copy_ba
 // copies fp16 without reading it).
 at::Tensor bits(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t; }
 
+// A tensor a copy collective writes into: `t` when contiguous, else a contiguous copy that is copied
+// into `t` when the collective completes (set in *copy_back).
+at::Tensor receiving_buffer(const at::Tensor& t, std::function<void()>* copy_back) {
+  if (t.is_contiguous()) return t;
+  at::Tensor buf = t.contiguous();
+  *copy_back = [t, buf] { t.copy_(buf); };
+  return buf;
+}
+
 // Shapes: output = [size * n, rest...] where input = [n, rest...] (reduce_scatter: swapped).
 void check_gather_shapes(const char* what, const at::Tensor& big, const at::Tensor& small, int64_t size) {
   bool ok = big.dim() >= 1 && big.dim() == small.dim() && big.size(0) == size * small.size(0) &&
@@ -586,11 +595,7 @@ Work broadcast(const at::Tensor& x, int32_t group, int32_t root) {
     count(*w, kBroadcast, x, group_rank(group) == root ? 1.0 : 0.0, 1.0);
   } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
-    at::Tensor buf = x;
-    if (!x.is_contiguous()) {
-      buf = x.contiguous();
-      copy_back = [x, buf] { x.copy_(buf); };
-    }
+    const at::Tensor buf = receiving_buffer(x, &copy_back);
     std::vector<at::Tensor> v{bits(buf)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -670,11 +675,7 @@ Work all_gather(const at::Tensor& o, const at::Tensor& i, int32_t group) {
     count(*w, kAllGather, o, ring_share(n));
   } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
-    at::Tensor buf = o;
-    if (!o.is_contiguous()) {
-      buf = o.contiguous();
-      copy_back = [o, buf] { o.copy_(buf); };
-    }
+    const at::Tensor buf = receiving_buffer(o, &copy_back);
     std::vector<std::vector<at::Tensor>> outs(1);
     for (const at::Tensor& c : bits(buf).chunk(n, 0)) outs[0].push_back(c);  // views: rank order
     std::vector<at::Tensor> ins{bits(i.contiguous())};
@@ -801,11 +802,7 @@ Work all_to_all(const at::Tensor& o, const at::Tensor& i, int32_t group, std::ve
     w->device_finish = nccl_backend::all_to_all(o, i, group, out_splits, in_splits);
   } else if (auto pg = pg_of(group)) {
     std::function<void()> copy_back;
-    at::Tensor buf = o;
-    if (!o.is_contiguous()) {
-      buf = o.contiguous();
-      copy_back = [o, buf] { o.copy_(buf); };
-    }
+    const at::Tensor buf = receiving_buffer(o, &copy_back);
     at::Tensor out = bits(buf), in = bits(i.contiguous());
     c10d::AllToAllOptions opt;
     opt.timeout = collective_timeout();

@@ -70,12 +70,12 @@ void sum_over_group(const at::Tensor& t, int32_t group) {
   if (group_size(group) > 1) Comm::all_reduce(t, group, DTK_REDUCE_SUM);
 }
 
-// The expert-parallel group's rows, concatenated along dim 0 in rank order.
-at::Tensor gather_expert_rows(const at::Tensor& x, int64_t size) {
+// The group's rows (the expert-parallel group's by default), concatenated along dim 0 in rank order.
+at::Tensor gather_expert_rows(const at::Tensor& x, int64_t size, int32_t group = DTK_GROUP_EXPERT_PARALLEL) {
   std::vector<int64_t> shape = x.sizes().vec();
   shape[0] *= size;
   at::Tensor out = at::empty(shape, x.options());
-  Comm::all_gather(out, x.contiguous(), DTK_GROUP_EXPERT_PARALLEL);
+  Comm::all_gather(out, x.contiguous(), group);
   return out;
 }
 
@@ -153,6 +153,64 @@ at::Tensor exchange_expert_rows(const at::Tensor& x, const std::vector<int64_t>&
                                 const std::vector<int64_t>& send) {
   if (!at::GradMode::is_enabled() || !x.requires_grad()) return all_to_all_expert_rows(x, recv, send);
   return ExchangeExpertRows::apply(x, recv, send);
+}
+
+// The TP group's rows in rank order, rank t holding rows[t] of them: an all-to-all that sends every
+// rank the same rows (all_gather needs equal parts; this moves exactly the rows there are).
+at::Tensor gather_tp_rows(const at::Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t tp = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = 0;
+  for (const int64_t n : rows) shape[0] += n;
+  at::Tensor out = at::empty(shape, x.options());
+  const at::Tensor copies = x.contiguous().unsqueeze(0).expand({tp, x.size(0), x.size(1)}).reshape({-1, x.size(1)});
+  Comm::all_to_all(out, copies, DTK_GROUP_TENSOR_PARALLEL, rows, std::vector<int64_t>(rows.size(), x.size(0)));
+  return out;
+}
+
+// The mirror of gather_tp_rows: x [sum(rows), h] partial sums on every TP rank; rank t gets its
+// rows[t] rows summed over the group (a reduce-scatter of uneven parts: each part sent to its rank,
+// the group's copies summed there in rank order).
+at::Tensor reduce_scatter_tp_rows(const at::Tensor& x, const std::vector<int64_t>& rows, int64_t rank) {
+  const int64_t tp = static_cast<int64_t>(rows.size()), own = rows[static_cast<size_t>(rank)];
+  at::Tensor parts = at::empty({tp * own, x.size(1)}, x.options());
+  Comm::all_to_all(parts, x.contiguous(), DTK_GROUP_TENSOR_PARALLEL, std::vector<int64_t>(rows.size(), own), rows);
+  return parts.view({tp, own, x.size(1)}).sum(0);
+}
+
+// Into the TP-split experts (gather_tp_rows); backward each rank's rows get their gradients summed
+// over the group.
+struct GatherTpRows : public torch::autograd::Function<GatherTpRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::vector<int64_t>& rows, int64_t rank) {
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["rank"] = rank;
+    return gather_tp_rows(x, rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {reduce_scatter_tp_rows(grad[0], ctx->saved_data["rows"].toIntVector(), ctx->saved_data["rank"].toInt()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// Out of them (reduce_scatter_tp_rows); backward the gradients are gathered.
+struct ReduceScatterTpRows : public torch::autograd::Function<ReduceScatterTpRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::vector<int64_t>& rows, int64_t rank) {
+    ctx->saved_data["rows"] = rows;
+    return reduce_scatter_tp_rows(x, rows, rank);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {gather_tp_rows(grad[0], ctx->saved_data["rows"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor gather_to_tp_experts(const at::Tensor& x, const std::vector<int64_t>& rows, int64_t rank) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return gather_tp_rows(x, rows);
+  return GatherTpRows::apply(x, rows, rank);
+}
+
+at::Tensor scatter_from_tp_experts(const at::Tensor& x, const std::vector<int64_t>& rows, int64_t rank) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return reduce_scatter_tp_rows(x, rows, rank);
+  return ReduceScatterTpRows::apply(x, rows, rank);
 }
 
 // A host list of row indices as a tensor on `device`.
@@ -841,22 +899,27 @@ at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, con
 }
 
 // The alltoall dispatcher (moe_token_dispatcher=alltoall, expert parallelism): x [T, h] and r are
-// this rank's region's rows and choices only. Every rank's choices per expert are all-gathered
-// (one host read, as run_experts'), each kept choice's row goes to its expert's rank, sorted by
-// expert, and comes back as that expert's output, weighted and summed here: run_experts' partial
-// sum over the whole group, for this rank's rows.
+// this rank's rows and choices only (under sequence parallelism its own share of the sequence).
+// Every rank's choices per expert are all-gathered (one host read, as run_experts'), each kept
+// choice's row goes to its expert's rank, sorted by expert, and comes back as that expert's output,
+// weighted and summed here: run_experts' partial sum over the whole group, for this rank's rows
+// (under sequence parallelism already summed over the TP group).
 at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r,
                                           const ExpertActivation& activation) const {
   const int64_t k = c_.topk, num = c_.num_experts, ep = c_.ep_size;
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
-  // [ep, experts + 1]: the last bin the dropped choices, which stay here.
-  const at::Tensor every = gather_expert_rows(count_choices(r.experts, num + 1), ep).cpu();
+  // sources x (experts + 1) counts, a source per rank sending rows (the TP group's too where each TP rank
+  // sends its own): the last bin the dropped choices, which stay here.
+  at::Tensor every = gather_expert_rows(count_choices(r.experts, num + 1), ep);
+  if (shares_tp_rows()) every = gather_expert_rows(every, tp_.size, DTK_GROUP_TENSOR_PARALLEL);
+  every = every.cpu();
   const int64_t* count = every.data_ptr<int64_t>();
-  std::vector<int64_t> counts(static_cast<size_t>(ep * num));
-  for (int64_t j = 0; j < ep; ++j)
+  const int64_t sources = every.numel() / (num + 1);
+  std::vector<int64_t> counts(static_cast<size_t>(sources * num));
+  for (int64_t j = 0; j < sources; ++j)
     for (int64_t e = 0; e < num; ++e) counts[static_cast<size_t>(j * num + e)] = count[j * (num + 1) + e];
   int64_t kept = 0;
-  for (int64_t e = 0; e < num; ++e) kept += counts[static_cast<size_t>(c_.ep_rank * num + e)];
+  for (int64_t e = 0; e < num; ++e) kept += counts[static_cast<size_t>(own_source() * num + e)];
   const at::Tensor sent = order.narrow(0, 0, kept);  // choice t * k + j, by expert
   const at::Tensor outputs =
       experts_all_to_all(rows_per_choice(x, k).index_select(0, sent), counts, /*padded=*/false, activation);
@@ -872,48 +935,68 @@ at::Tensor MoeMlp::run_padded_experts_all_to_all(const at::Tensor& x, const Rout
   const PaddedSlots s = padded_slots(r.experts, num, 0, num, slots);
   const at::Tensor rows =
       rows_per_choice(x, k).index_select(0, s.choice).masked_fill(s.filled.logical_not().unsqueeze(1), 0);
-  const std::vector<int64_t> counts(static_cast<size_t>(c_.ep_size * num), slots);
+  const int64_t sources = c_.ep_size * (shares_tp_rows() ? tp_.size : 1);
+  const std::vector<int64_t> counts(static_cast<size_t>(sources * num), slots);
   return sum_padded_slots(experts_all_to_all(rows, counts, /*padded=*/true, activation), r.probs, s, k,
                           x.scalar_type());
 }
 
+// Under sequence parallelism the alltoall dispatcher sends each TP rank's own rows over its
+// expert-parallel group and gathers what the TP group received before the TP-split experts (as
+// Megatron's): a TP-th of the expert-parallel traffic of sending the region's whole rows.
+bool MoeMlp::shares_tp_rows() const {
+  return c_.ep_size > 1 && c_.dispatcher == MoeDispatcher::kAllToAll && tp_.splits_sequence();
+}
+
+// This rank's row of the dispatcher's counts: TP rank t of expert-parallel rank j is source t x ep + j.
+int64_t MoeMlp::own_source() const { return (shares_tp_rows() ? tp_.rank * c_.ep_size : 0) + c_.ep_rank; }
+
 // The exchange of the alltoall dispatcher. `sent` [n, h]: this rank's rows for the group's experts,
-// sorted by expert; counts [ep x experts]: how many rows rank j sends expert e (every rank's, so
-// each knows what it receives). The rows go to their experts' ranks (arriving by source rank, then
-// expert), are grouped by expert, run through this rank's experts (each of them, an empty run
-// included, so every weight gets a gradient), put back in arrival order and returned: [n, h], the
-// experts' partial outputs for `sent`, in its order. `padded`: every count the same, so the
-// grouping is a transpose (no index).
+// sorted by expert; counts [sources x experts]: how many rows source s sends expert e (every
+// source's, so each knows what it and its TP group receive; own_source()). The rows go to their
+// experts' ranks (arriving by source rank, then expert), under shares_tp_rows() the TP group's
+// arrivals are gathered (by TP rank, then source, then expert), they are grouped by expert, run
+// through this rank's experts (each of them, an empty run included, so every weight gets a
+// gradient), put back in arrival order (under shares_tp_rows() summed over the TP group into each
+// rank's own arrivals) and returned: [n, h], the experts' partial outputs for `sent`, in its order.
+// `padded`: every count the same, so the grouping is a transpose (no index).
 at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
                                       const ExpertActivation& activation) const {
   const int64_t ep = c_.ep_size, num = c_.num_experts, held = c_.local_experts(), first = c_.first_local_expert();
-  const int64_t h = sent.size(1);
-  const auto count = [&](int64_t rank, int64_t expert) { return counts[static_cast<size_t>(rank * num + expert)]; };
-  std::vector<int64_t> send(static_cast<size_t>(ep), 0), recv(static_cast<size_t>(ep), 0);
-  for (int64_t j = 0; j < ep; ++j)
-    for (int64_t e = 0; e < held; ++e) {
-      send[static_cast<size_t>(j)] += count(c_.ep_rank, j * held + e);
-      recv[static_cast<size_t>(j)] += count(j, first + e);
-    }
-  const at::Tensor received = exchange_expert_rows(sent, recv, send);
-  // By expert: expert e's rows from rank 0, then rank 1, ... (with one expert here, as they arrived)
+  const int64_t h = sent.size(1), sources = static_cast<int64_t>(counts.size()) / num, self = own_source();
+  const int64_t tp = sources / ep, tp_rank = self / ep;  // (tp 1 unless shares_tp_rows())
+  const auto count = [&](int64_t source, int64_t expert) { return counts[static_cast<size_t>(source * num + expert)]; };
+  // Rows each source's experts here get (arrival blocks), and this rank's exchange.
+  std::vector<int64_t> arriving(static_cast<size_t>(sources), 0), send(static_cast<size_t>(ep), 0),
+      recv(static_cast<size_t>(ep), 0), tp_rows(static_cast<size_t>(tp), 0);
+  for (int64_t source = 0; source < sources; ++source)
+    for (int64_t e = 0; e < held; ++e) arriving[static_cast<size_t>(source)] += count(source, first + e);
+  for (int64_t j = 0; j < ep; ++j) {
+    for (int64_t e = 0; e < held; ++e) send[static_cast<size_t>(j)] += count(self, j * held + e);
+    recv[static_cast<size_t>(j)] = arriving[static_cast<size_t>(tp_rank * ep + j)];
+  }
+  for (int64_t source = 0; source < sources; ++source)
+    tp_rows[static_cast<size_t>(source / ep)] += arriving[static_cast<size_t>(source)];
+  at::Tensor received = exchange_expert_rows(sent, recv, send);
+  if (tp > 1) received = gather_to_tp_experts(received, tp_rows, tp_rank);
+  // By expert: expert e's rows from source 0, then source 1, ... (with one expert here, as they arrived)
   at::Tensor grouped = received, arrival;
   const int64_t slots = padded ? count(0, 0) : 0;
   if (padded && held > 1) {
-    grouped = received.view({ep, held, slots, h}).transpose(0, 1).reshape({-1, h});
+    grouped = received.view({sources, held, slots, h}).transpose(0, 1).reshape({-1, h});
   } else if (!padded && held > 1) {
     std::vector<int64_t> by_expert, back(static_cast<size_t>(received.size(0)));
     by_expert.reserve(back.size());
     for (int64_t e = 0; e < held; ++e) {
-      int64_t start = 0;  // of rank j's rows for expert e in arrival order
-      for (int64_t j = 0; j < ep; ++j) {
+      int64_t start = 0;  // of the source's rows for expert e in arrival order
+      for (int64_t source = 0; source < sources; ++source) {
         int64_t row = start;
-        for (int64_t before = 0; before < e; ++before) row += count(j, first + before);
-        for (int64_t i = 0; i < count(j, first + e); ++i) {
+        for (int64_t before = 0; before < e; ++before) row += count(source, first + before);
+        for (int64_t i = 0; i < count(source, first + e); ++i) {
           back[static_cast<size_t>(row + i)] = static_cast<int64_t>(by_expert.size());
           by_expert.push_back(row + i);
         }
-        start += recv[static_cast<size_t>(j)];
+        start += arriving[static_cast<size_t>(source)];
       }
     }
     grouped = received.index_select(0, index_on(by_expert, received.device()));
@@ -924,13 +1007,14 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
   int64_t offset = 0;
   for (int64_t e = 0; e < held; ++e) {
     int64_t n = 0;
-    for (int64_t j = 0; j < ep; ++j) n += count(j, first + e);
+    for (int64_t source = 0; source < sources; ++source) n += count(source, first + e);
     outputs.push_back(expert_partial(experts[static_cast<size_t>(e)], grouped.narrow(0, offset, n), activation));
     offset += n;
   }
   at::Tensor out = at::cat(outputs);
   if (held > 1)
-    out = padded ? out.view({held, ep, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
+    out = padded ? out.view({held, sources, slots, h}).transpose(0, 1).reshape({-1, h}) : out.index_select(0, arrival);
+  if (tp > 1) out = scatter_from_tp_experts(out, tp_rows, tp_rank);
   return exchange_expert_rows(out, send, recv);
 }
 
@@ -960,16 +1044,12 @@ at::Tensor MoeMlp::jittered(const at::Tensor& x, at::Generator& gen) const {
   return x * uniform_noise_on(draw, x.numel(), 1.0 - eps, 1.0 + eps, x.device()).view(x.sizes()).to(x.scalar_type());
 }
 
-at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating,
-                           at::Generator* jitter_rng, bool training) const {
+// The layer's experts on the TP region's rows (whole on every TP rank): the routed experts' output
+// and the shared expert's where it leaves the region by itself (else undefined), both out of the
+// region. x [b, s, h] and `local` this rank's rows and their routing.
+std::pair<at::Tensor, at::Tensor> MoeMlp::dispatch_region(const at::Tensor& x, const Routing& local,
+                                                          const ExpertActivation& activation) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
-  at::Tensor router_in = x;
-  if (c_.input_jitter_eps > 0.0 && !generating) {
-    if (jitter_rng == nullptr)
-      throw Error("moe_input_jitter_eps needs the generator its noise is drawn from: pass it to MoeMlp::forward");
-    router_in = jittered(x, *jitter_rng);
-  }
-  const Routing local = route(router_in.reshape({b * s, h}), b, generating, training, jitter_rng);
   // Into the TP region: the rows, their weights and their experts, whole on every TP rank.
   Routing region;
   at::Tensor rows;
@@ -1018,7 +1098,43 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
     else
       partial = partial + shared_partial;
   }
-  at::Tensor out = exit_tp_region(partial, tp_);
+  return {exit_tp_region(partial, tp_), shared_out};
+}
+
+// shares_tp_rows(): the routed experts' output for this rank's own rows x [b, s, h], already summed
+// over the TP group (nothing to reduce out of the region).
+at::Tensor MoeMlp::dispatch_own_rows(const at::Tensor& x, const Routing& local,
+                                     const ExpertActivation& activation) const {
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
+  const at::Tensor rows = x.reshape({b * s, h});
+  const at::Tensor routed = local.padded_rows > 0 ? run_padded_experts_all_to_all(rows, local, activation)
+                                                  : run_experts_all_to_all(rows, local, activation);
+  return routed.view({b, s, h});
+}
+
+at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating,
+                           at::Generator* jitter_rng, bool training) const {
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
+  at::Tensor router_in = x;
+  if (c_.input_jitter_eps > 0.0 && !generating) {
+    if (jitter_rng == nullptr)
+      throw Error("moe_input_jitter_eps needs the generator its noise is drawn from: pass it to MoeMlp::forward");
+    router_in = jittered(x, *jitter_rng);
+  }
+  const Routing local = route(router_in.reshape({b * s, h}), b, generating, training, jitter_rng);
+  // The routed experts' output and, where it is weighted apart, the shared expert's, out of the TP
+  // region (the ungated shared expert is in `out`).
+  at::Tensor out, shared_out;
+  if (shares_tp_rows()) {
+    out = dispatch_own_rows(x, local, activation);
+    if (has_shared_expert()) {
+      shared_out =
+          exit_tp_region(expert_partial(shared, gather_from_sequence_parallel_region(x, tp_), activation), tp_);
+      if (!shared_gate.defined() && !residual_coefficient.defined()) out = out + shared_out;
+    }
+  } else {
+    std::tie(out, shared_out) = dispatch_region(x, local, activation);
+  }
   const at::Tensor bias = output_bias(local, out.scalar_type());
   if (bias.defined()) out = out + bias.view({b, s, h});
   if (!has_shared_expert()) return out;

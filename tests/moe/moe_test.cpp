@@ -2080,7 +2080,7 @@ std::vector<double> expert_traffic(const std::string& out) {
 // allgather dispatcher): dropless under EP 2, EP 2 x TP 2 with sequence parallelism, EP 2 x PP 2
 // and EP 4; with a capacity that drops, and padded to it, under EP 2 (and EP 2 x SP 2 against the
 // allgather dispatcher, whose SP capacity is per rank); DeepSeek-V3's routing with
-// its gated shared expert (llama) under EP 2. At EP 4, top-2 of 4 experts, a rank sends its
+// its gated shared expert (llama) under EP 2 and EP 2 x SP 2. At EP 4, top-2 of 4 experts, a rank sends its
 // choices' rows (2 per token, 3/4 of them away) where the allgather dispatcher sends its rows to
 // all 3 other ranks and reduce-scatters as much back: half the expert-parallel traffic.
 TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
@@ -2089,8 +2089,21 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   const dtk_test::Curve one = curve_of("gpt", 1, "", "a2a-one");
   ASSERT_EQ(one.run.code, 0) << one.run.out;
   expect_same_curve(one, curve_of("gpt", 2, kEp2 + a2a, "a2a-ep2"), kIters, "gpt EP 2, alltoall");
-  expect_same_curve(one, curve_of("gpt", 4, kEp2 + a2a + sp, "a2a-ep2-sp2"), kIters,
-                    "gpt EP 2 x TP 2 with sequence parallelism, alltoall");
+  // Under sequence parallelism each TP rank sends its own rows (Megatron's), with an ungated shared
+  // expert beside: half the expert-parallel traffic of the allgather dispatcher at EP 2 (which sends
+  // the region's rows and receives as much back), where sending the region's rows would be as much.
+  const std::string shared = "--set model.moe_shared_expert_intermediate_size=64 ";
+  const dtk_test::Curve one_shared = curve_of("gpt", 1, shared, "a2a-one-shared");
+  ASSERT_EQ(one_shared.run.code, 0) << one_shared.run.out;
+  const dtk_test::Curve sp_sent = curve_of("gpt", 4, shared + kEp2 + a2a + sp, "a2a-ep2-sp2");
+  expect_same_curve(one_shared, sp_sent, kIters, "gpt EP 2 x TP 2 with sequence parallelism, alltoall");
+  const dtk_test::Curve sp_gathered = curve_of("gpt", 4, shared + kEp2 + sp, "a2a-ep2-sp2-allgather");
+  expect_same_curve(one_shared, sp_gathered, kIters, "gpt EP 2 x TP 2 with sequence parallelism, allgather");
+  const std::vector<double> sp_a2a = expert_traffic(sp_sent.run.out), sp_ag = expert_traffic(sp_gathered.run.out);
+  ASSERT_EQ(sp_a2a.size(), 4u) << sp_sent.run.out;
+  ASSERT_EQ(sp_ag.size(), 4u) << sp_gathered.run.out;
+  EXPECT_GT(sp_a2a[0], 0.0) << sp_sent.run.out;
+  EXPECT_LT(sp_a2a[3], 0.7 * sp_ag[3]) << "alltoall " << sp_a2a[3] << " MB, allgather " << sp_ag[3] << " MB";
   expect_same_curve(one,
                     curve_of("gpt", 4, kEp2 + a2a + "--set distributed.pipeline_model_parallel_size=2 ", "a2a-ep2-pp2"),
                     kIters, "gpt EP 2 x PP 2, alltoall");
@@ -2128,6 +2141,8 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   ASSERT_EQ(deepseek.loss.size(), kIters) << deepseek.run.out;
   expect_same_curve(deepseek, deepseek_run(2, kEp2 + a2a, "a2a-ep2").first, kIters,
                     "DeepSeek-style llama EP 2, alltoall");
+  expect_same_curve(deepseek, deepseek_run(4, kEp2 + a2a + sp, "a2a-ep2-sp2").first, kIters,
+                    "DeepSeek-style llama EP 2 x TP 2 with sequence parallelism, alltoall");
 }
 
 // DeepSpeed's gate (moe_gate=deepspeed, as Megatron-DeepSpeed's MoE maps) in whole runs, with a

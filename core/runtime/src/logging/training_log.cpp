@@ -371,11 +371,14 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
        {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
         std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
     if (n <= 1) continue;
+    // (All-to-alls here: the alltoall MoE dispatcher's uneven gathers over TP; shown only then.)
+    char all_to_all[48] = "";
+    if (t.all_to_all > 0) std::snprintf(all_to_all, sizeof all_to_all, " | all-to-all: %.2f", mb(t.all_to_all));
     std::snprintf(buf, sizeof buf,
                   " [Rank 0] (after %lld iterations) %s-parallel traffic sent per iteration (MB) | all-reduce: %.2f | "
-                  "reduce-scatter: %.2f | all-gather: %.2f | broadcast: %.2f | total: %.2f",
+                  "reduce-scatter: %.2f | all-gather: %.2f | broadcast: %.2f%s | total: %.2f",
                   static_cast<long long>(iteration), name, mb(t.all_reduce), mb(t.reduce_scatter), mb(t.all_gather),
-                  mb(t.broadcast), mb(t.total()));
+                  mb(t.broadcast), all_to_all, mb(t.total()));
     print(buf);
   }
   // Pipeline stages: the activations and gradients rank 0's stage sent, and what the schedule and

@@ -46,7 +46,11 @@
 // same on every TP rank, and the outputs are weighted before the one reduction of the layer, as
 // Megatron's alltoall dispatcher does. Under sequence parallelism the router runs on this rank's
 // rows only (its weight's gradient is a partial sum, dtk_param_info.sequence_parallel), the rows
-// and their routing are all-gathered into the region and the output reduce-scattered out of it.
+// and their routing are all-gathered into the region and the output reduce-scattered out of it;
+// with the alltoall dispatcher each TP rank instead sends its own rows over its expert-parallel
+// group, the rows the TP group received are all-gathered over it before the experts and their
+// outputs reduce-scattered back to their receivers (uneven parts, by all-to-all), as Megatron's
+// alltoall dispatcher does: the expert-parallel group carries a TP-th of the rows.
 // A shared expert is split the same way; ungated it joins the experts' reduction, gated (its
 // output times sigmoid(x g), g [1, hidden], Megatron's moe_shared_expert_gate) it has its own.
 //
@@ -463,6 +467,11 @@ class MoeMlp {
                                            const ExpertActivation& activation) const;
   at::Tensor experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
                                 const ExpertActivation& activation) const;
+  bool shares_tp_rows() const;
+  int64_t own_source() const;
+  std::pair<at::Tensor, at::Tensor> dispatch_region(const at::Tensor& x, const Routing& local,
+                                                    const ExpertActivation& activation) const;
+  at::Tensor dispatch_own_rows(const at::Tensor& x, const Routing& local, const ExpertActivation& activation) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
   at::Tensor expert_counts(const at::Tensor& chosen, int64_t bins) const;
 

@@ -2104,6 +2104,17 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   ASSERT_EQ(sp_ag.size(), 4u) << sp_gathered.run.out;
   EXPECT_GT(sp_a2a[0], 0.0) << sp_sent.run.out;
   EXPECT_LT(sp_a2a[3], 0.7 * sp_ag[3]) << "alltoall " << sp_a2a[3] << " MB, allgather " << sp_ag[3] << " MB";
+  // Tensor parallelism without sequence parallelism: every TP rank sends the same whole rows.
+  expect_same_curve(one,
+                    curve_of("gpt", 4, kEp2 + a2a + "--set distributed.tensor_model_parallel_size=2 ", "a2a-ep2-tp2"),
+                    kIters, "gpt EP 2 x TP 2 without sequence parallelism, alltoall");
+  // bf16 rows through the exchanges and the uneven TP gathers: one process's bf16 curve up to bf16
+  // rounding (the grad norm within 1%; a dtype slip fails the run, a wrong row moves the losses more).
+  const std::string bf16 = "--set train.params_dtype=bf16 ";
+  const dtk_test::Curve one_bf16 = curve_of("gpt", 1, bf16, "a2a-one-bf16");
+  ASSERT_EQ(one_bf16.run.code, 0) << one_bf16.run.out;
+  expect_same_curve(one_bf16, curve_of("gpt", 4, bf16 + kEp2 + a2a + sp, "a2a-ep2-sp2-bf16"), kIters,
+                    "gpt bf16 EP 2 x TP 2 with sequence parallelism, alltoall", 1e-2);
   expect_same_curve(one,
                     curve_of("gpt", 4, kEp2 + a2a + "--set distributed.pipeline_model_parallel_size=2 ", "a2a-ep2-pp2"),
                     kIters, "gpt EP 2 x PP 2, alltoall");

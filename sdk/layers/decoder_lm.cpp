@@ -270,6 +270,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   if (o.has("moe_token_dispatcher"))
     c.moe.dispatcher =
         o.get_string("moe_token_dispatcher") == "alltoall" ? MoeDispatcher::kAllToAll : MoeDispatcher::kAllGather;
+  bool_opt("moe_shared_expert_overlap", c.moe.shared_expert_overlap);
 }
 
 namespace {
@@ -442,7 +443,8 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
         {"moe_top2_2nd_expert_sampling", m.second_expert_sampling != unset.second_expert_sampling},
         {"moe_residual", m.residual != unset.residual},
         {"moe_layer_num_experts", !m.layer_experts.empty()},
-        {"moe_token_dispatcher", m.dispatcher != unset.dispatcher}};
+        {"moe_token_dispatcher", m.dispatcher != unset.dispatcher},
+        {"moe_shared_expert_overlap", m.shared_expert_overlap != unset.shared_expert_overlap}};
     for (const auto& [option, set] : changed)
       if (set) fail(std::string("option '") + option + "' does nothing without num_experts > 0");
     return;
@@ -496,6 +498,14 @@ void DecoderLM::validate_moe(const BuildContext& ctx, const DecoderConfig& c) co
     fail("option 'moe_shared_expert_gate' gates the shared expert: it needs moe_shared_expert_intermediate_size > 0");
   if (m.shared_ffn > 0)
     divisible("moe_shared_expert_intermediate_size", m.shared_ffn, "the tensor-parallel size", tp_.size);
+  if (m.shared_expert_overlap && m.shared_ffn == 0 && !m.residual)
+    fail(
+        "option 'moe_shared_expert_overlap' overlaps the shared expert: it needs moe_shared_expert_intermediate_size > "
+        "0");
+  if (m.shared_expert_overlap && m.dispatcher != MoeDispatcher::kAllToAll)
+    fail(
+        "option 'moe_shared_expert_overlap' overlaps the shared expert with the alltoall dispatcher's exchange: it "
+        "needs moe_token_dispatcher=alltoall (Megatron-LM refuses it with the allgather dispatcher too)");
   for (const auto& [option, v] :
        {std::pair<const char*, double>{"moe_router_topk_scaling_factor", m.topk_scaling_factor},
         {"moe_z_loss_coeff", m.z_loss_coeff},

@@ -16,7 +16,10 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -153,6 +156,51 @@ at::Tensor exchange_expert_rows(const at::Tensor& x, const std::vector<int64_t>&
                                 const std::vector<int64_t>& send) {
   if (!at::GradMode::is_enabled() || !x.requires_grad()) return all_to_all_expert_rows(x, recv, send);
   return ExchangeExpertRows::apply(x, recv, send);
+}
+
+// An exchange of expert rows in flight (moe_shared_expert_overlap): issued by start_exchange, put
+// into the autograd graph when finish_exchange waits for it.
+struct RowsInFlight {
+  at::Tensor sent, received;
+  std::vector<int64_t> recv, send;
+  std::optional<Comm::Work> work;
+};
+
+std::shared_ptr<RowsInFlight> start_exchange(const at::Tensor& x, const std::vector<int64_t>& recv,
+                                             const std::vector<int64_t>& send) {
+  auto flight = std::make_shared<RowsInFlight>();
+  flight->sent = x.contiguous();
+  flight->recv = recv;
+  flight->send = send;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = 0;
+  for (const int64_t n : recv) shape[0] += n;
+  flight->received = at::empty(shape, x.options());
+  flight->work.emplace(Comm::all_to_all_async(flight->received, flight->sent, DTK_GROUP_EXPERT_PARALLEL, recv, send));
+  return flight;
+}
+
+// Forward waits for the rows; backward the gradients take the way back (at once).
+struct FinishExchange : public torch::autograd::Function<FinishExchange> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& /*sent*/,
+                            const std::shared_ptr<RowsInFlight>& flight) {
+    flight->work->wait();
+    ctx->saved_data["recv"] = flight->recv;
+    ctx->saved_data["send"] = flight->send;
+    return flight->received;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {
+        all_to_all_expert_rows(grad[0], ctx->saved_data["send"].toIntVector(), ctx->saved_data["recv"].toIntVector()),
+        at::Tensor()};
+  }
+};
+
+// `x`: the rows start_exchange sent (the graph's edge to them).
+at::Tensor finish_exchange(const at::Tensor& x, const std::shared_ptr<RowsInFlight>& flight) {
+  if (at::GradMode::is_enabled() && x.requires_grad()) return FinishExchange::apply(x, flight);
+  flight->work->wait();
+  return flight->received;
 }
 
 // The TP group's rows in rank order, rank t holding rows[t] of them: an all-to-all that sends every
@@ -904,8 +952,8 @@ at::Tensor MoeMlp::run_padded_experts(const at::Tensor& x, const Routing& r, con
 // choice's row goes to its expert's rank, sorted by expert, and comes back as that expert's output,
 // weighted and summed here: run_experts' partial sum over the whole group, for this rank's rows
 // (under sequence parallelism already summed over the TP group).
-at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r,
-                                          const ExpertActivation& activation) const {
+at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation,
+                                          const std::function<void()>& meanwhile) const {
   const int64_t k = c_.topk, num = c_.num_experts, ep = c_.ep_size;
   const at::Tensor order = std::get<1>(at::sort(r.experts.reshape(-1), /*stable=*/true, 0, false));
   // sources x (experts + 1) counts, a source per rank sending rows (the TP group's too where each TP rank
@@ -922,7 +970,7 @@ at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r,
   for (int64_t e = 0; e < num; ++e) kept += counts[static_cast<size_t>(own_source() * num + e)];
   const at::Tensor sent = order.narrow(0, 0, kept);  // choice t * k + j, by expert
   const at::Tensor outputs =
-      experts_all_to_all(rows_per_choice(x, k).index_select(0, sent), counts, /*padded=*/false, activation);
+      experts_all_to_all(rows_per_choice(x, k).index_select(0, sent), counts, /*padded=*/false, activation, meanwhile);
   return sum_chosen(outputs, r.probs, sent, k, x.scalar_type());
 }
 
@@ -930,14 +978,15 @@ at::Tensor MoeMlp::run_experts_all_to_all(const at::Tensor& x, const Routing& r,
 // r.padded_rows rows from every rank (the unfilled ones zero and weighted zero), so the exchange's
 // sizes are known without a host read.
 at::Tensor MoeMlp::run_padded_experts_all_to_all(const at::Tensor& x, const Routing& r,
-                                                 const ExpertActivation& activation) const {
+                                                 const ExpertActivation& activation,
+                                                 const std::function<void()>& meanwhile) const {
   const int64_t k = c_.topk, num = c_.num_experts, slots = r.padded_rows;
   const PaddedSlots s = padded_slots(r.experts, num, 0, num, slots);
   const at::Tensor rows =
       rows_per_choice(x, k).index_select(0, s.choice).masked_fill(s.filled.logical_not().unsqueeze(1), 0);
   const int64_t sources = c_.ep_size * (shares_tp_rows() ? tp_.size : 1);
   const std::vector<int64_t> counts(static_cast<size_t>(sources * num), slots);
-  return sum_padded_slots(experts_all_to_all(rows, counts, /*padded=*/true, activation), r.probs, s, k,
+  return sum_padded_slots(experts_all_to_all(rows, counts, /*padded=*/true, activation, meanwhile), r.probs, s, k,
                           x.scalar_type());
 }
 
@@ -959,9 +1008,11 @@ int64_t MoeMlp::own_source() const { return (shares_tp_rows() ? tp_.rank * c_.ep
 // through this rank's experts (each of them, an empty run included, so every weight gets a
 // gradient), put back in arrival order (under shares_tp_rows() summed over the TP group into each
 // rank's own arrivals) and returned: [n, h], the experts' partial outputs for `sent`, in its order.
-// `padded`: every count the same, so the grouping is a transpose (no index).
+// `padded`: every count the same, so the grouping is a transpose (no index). `meanwhile` (if set)
+// runs while the rows are in flight to the experts.
 at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
-                                      const ExpertActivation& activation) const {
+                                      const ExpertActivation& activation,
+                                      const std::function<void()>& meanwhile) const {
   const int64_t ep = c_.ep_size, num = c_.num_experts, held = c_.local_experts(), first = c_.first_local_expert();
   const int64_t h = sent.size(1), sources = static_cast<int64_t>(counts.size()) / num, self = own_source();
   const int64_t tp = sources / ep, tp_rank = self / ep;  // (tp 1 unless shares_tp_rows())
@@ -977,7 +1028,14 @@ at::Tensor MoeMlp::experts_all_to_all(const at::Tensor& sent, const std::vector<
   }
   for (int64_t source = 0; source < sources; ++source)
     tp_rows[static_cast<size_t>(source / ep)] += arriving[static_cast<size_t>(source)];
-  at::Tensor received = exchange_expert_rows(sent, recv, send);
+  at::Tensor received;
+  if (meanwhile) {  // (moe_shared_expert_overlap: the shared expert while the rows travel)
+    const std::shared_ptr<RowsInFlight> flight = start_exchange(sent, recv, send);
+    meanwhile();
+    received = finish_exchange(sent, flight);
+  } else {
+    received = exchange_expert_rows(sent, recv, send);
+  }
   if (tp > 1) received = gather_to_tp_experts(received, tp_rows, tp_rank);
   // By expert: expert e's rows from source 0, then source 1, ... (with one expert here, as they arrived)
   at::Tensor grouped = received, arrival;
@@ -1073,10 +1131,12 @@ std::pair<at::Tensor, at::Tensor> MoeMlp::dispatch_region(const at::Tensor& x, c
   region.probs = region.probs.reshape({b * whole, c_.topk});
   region.experts = region.experts.reshape({b * whole, c_.topk});
   at::Tensor routed_rows = rows.reshape({b * whole, h});
-  at::Tensor routed;
+  at::Tensor routed, shared_partial;
+  const auto run_shared = [&] { shared_partial = expert_partial(shared, rows, activation); };
   if (all_to_all) {
-    routed = region.padded_rows > 0 ? run_padded_experts_all_to_all(routed_rows, region, activation)
-                                    : run_experts_all_to_all(routed_rows, region, activation);
+    const std::function<void()> meanwhile = overlaps_shared_expert() ? std::function<void()>(run_shared) : nullptr;
+    routed = region.padded_rows > 0 ? run_padded_experts_all_to_all(routed_rows, region, activation, meanwhile)
+                                    : run_experts_all_to_all(routed_rows, region, activation, meanwhile);
   } else {
     if (all_gather) {
       routed_rows = gather_to_experts(routed_rows, c_.ep_size);
@@ -1092,7 +1152,7 @@ std::pair<at::Tensor, at::Tensor> MoeMlp::dispatch_region(const at::Tensor& x, c
   // gated it leaves the region by itself, to be weighted per row.
   at::Tensor shared_out;
   if (has_shared_expert()) {
-    const at::Tensor shared_partial = expert_partial(shared, rows, activation);
+    if (!shared_partial.defined()) run_shared();
     if (shared_gate.defined() || residual_coefficient.defined())
       shared_out = exit_tp_region(shared_partial, tp_);
     else
@@ -1103,13 +1163,19 @@ std::pair<at::Tensor, at::Tensor> MoeMlp::dispatch_region(const at::Tensor& x, c
 
 // shares_tp_rows(): the routed experts' output for this rank's own rows x [b, s, h], already summed
 // over the TP group (nothing to reduce out of the region).
-at::Tensor MoeMlp::dispatch_own_rows(const at::Tensor& x, const Routing& local,
-                                     const ExpertActivation& activation) const {
+at::Tensor MoeMlp::dispatch_own_rows(const at::Tensor& x, const Routing& local, const ExpertActivation& activation,
+                                     const std::function<void()>& meanwhile) const {
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
   const at::Tensor rows = x.reshape({b * s, h});
-  const at::Tensor routed = local.padded_rows > 0 ? run_padded_experts_all_to_all(rows, local, activation)
-                                                  : run_experts_all_to_all(rows, local, activation);
+  const at::Tensor routed = local.padded_rows > 0 ? run_padded_experts_all_to_all(rows, local, activation, meanwhile)
+                                                  : run_experts_all_to_all(rows, local, activation, meanwhile);
   return routed.view({b, s, h});
+}
+
+// moe_shared_expert_overlap where there is an exchange to overlap (the option is refused without
+// the alltoall dispatcher or a shared expert).
+bool MoeMlp::overlaps_shared_expert() const {
+  return c_.shared_expert_overlap && c_.ep_size > 1 && c_.dispatcher == MoeDispatcher::kAllToAll && has_shared_expert();
 }
 
 at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activation, bool generating,
@@ -1126,10 +1192,14 @@ at::Tensor MoeMlp::forward(const at::Tensor& x, const ExpertActivation& activati
   // region (the ungated shared expert is in `out`).
   at::Tensor out, shared_out;
   if (shares_tp_rows()) {
-    out = dispatch_own_rows(x, local, activation);
-    if (has_shared_expert()) {
+    const auto run_shared = [&] {
       shared_out =
           exit_tp_region(expert_partial(shared, gather_from_sequence_parallel_region(x, tp_), activation), tp_);
+    };
+    out =
+        dispatch_own_rows(x, local, activation, overlaps_shared_expert() ? std::function<void()>(run_shared) : nullptr);
+    if (has_shared_expert()) {
+      if (!shared_out.defined()) run_shared();
       if (!shared_gate.defined() && !residual_coefficient.defined()) out = out + shared_out;
     }
   } else {

@@ -986,6 +986,8 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                                  "2816",
                                                                  "--moe-shared-expert-gate",
                                                                  "--moe-shared-expert-overlap",
+                                                                 "--moe-token-dispatcher-type",
+                                                                 "alltoall",
                                                                  "--moe-router-pre-softmax",
                                                                  "--moe-token-drop-policy",
                                                                  "probs",
@@ -1003,7 +1005,9 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
                                                                {"moe_shared_expert_intermediate_size", "2816"},
                                                                {"moe_shared_expert_gate", "true"},
                                                                {"moe_router_enable_expert_bias", "true"},
-                                                               {"moe_router_bias_update_rate", "1e-3"}};
+                                                               {"moe_router_bias_update_rate", "1e-3"},
+                                                               {"moe_token_dispatcher", "alltoall"},
+                                                               {"moe_shared_expert_overlap", "true"}};
   for (const auto& [key, value] : deepseek_want) {
     ASSERT_EQ(deepseek_options.count(key), 1u) << key;
     EXPECT_EQ(deepseek_options.at(key), value) << key;
@@ -1030,12 +1034,24 @@ TEST(MegatronArgs, MixtureOfExpertsFlagsAreTheModelsMoeOptions) {
       {{"--moe-expert-capacity-factor", "x1"}, "--moe-expert-capacity-factor x1: not a number"},
       {{"--moe-token-drop-policy", "random"}, "--moe-token-drop-policy random: not one of probs, position"},
       {{"--moe-router-dtype", "fp64"}, "--moe-router-dtype fp64: DTK's router runs in the model's dtype or in fp32"},
+      {{"--num-experts", "4", "--moe-shared-expert-intermediate-size", "64", "--moe-shared-expert-overlap"},
+       "--moe-shared-expert-overlap: overlaps the shared expert with the alltoall dispatcher's exchange; give "
+       "--moe-token-dispatcher-type alltoall"},
   };
   for (const auto& [args, line] : refused) {
     const MegatronMapping r = dtk::core::map_megatron_args(args);
     ASSERT_EQ(r.refused.size(), 1u) << args[0];
     EXPECT_NE(r.refused[0].find(line), std::string::npos) << r.refused[0];
   }
+  // Without a shared expert Megatron's overlap does nothing.
+  const MegatronMapping no_shared = dtk::core::map_megatron_args(
+      {"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall", "--moe-shared-expert-overlap"});
+  ASSERT_TRUE(no_shared.refused.empty()) << no_shared.refused[0];
+  EXPECT_EQ(config_of(no_shared).model().options().count("moe_shared_expert_overlap"), 0u);
+  EXPECT_NE(std::find(no_shared.ignored.begin(), no_shared.ignored.end(),
+                      "--moe-shared-expert-overlap (without --moe-shared-expert-intermediate-size there is no shared "
+                      "expert)"),
+            no_shared.ignored.end());
   // Megatron's global-batch load-balancing loss maps as the other types.
   const MegatronMapping global = dtk::core::map_megatron_args(
       {"--num-experts", "4", "--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "1e-3"});

@@ -1549,6 +1549,13 @@ TEST(Moe, BadInputsAreOneLine) {
        "option 'moe_token_dispatcher' does nothing without num_experts > 0"},
       {"--set model.num_experts=4 --set model.moe_token_dispatcher=flex",
        "option 'moe_token_dispatcher' expects one of allgather|alltoall, got 'flex'"},
+      {"--set model.num_experts=4 --set model.moe_token_dispatcher=alltoall --set model.moe_shared_expert_overlap=true",
+       "option 'moe_shared_expert_overlap' overlaps the shared expert: it needs moe_shared_expert_intermediate_size > "
+       "0"},
+      {"--set model.num_experts=4 --set model.moe_shared_expert_intermediate_size=64 "
+       "--set model.moe_shared_expert_overlap=true",
+       "option 'moe_shared_expert_overlap' overlaps the shared expert with the alltoall dispatcher's exchange: it "
+       "needs moe_token_dispatcher=alltoall"},
       {"--set model.num_experts=4 --set model.moe_router_topk=5",
        "option 'moe_router_topk' must be in [1, num_experts = 4], got 5"},
       {"--set model.num_experts=4 --set model.moe_aux_loss_coeff=-1",
@@ -2104,6 +2111,11 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   ASSERT_EQ(sp_ag.size(), 4u) << sp_gathered.run.out;
   EXPECT_GT(sp_a2a[0], 0.0) << sp_sent.run.out;
   EXPECT_LT(sp_a2a[3], 0.7 * sp_ag[3]) << "alltoall " << sp_a2a[3] << " MB, allgather " << sp_ag[3] << " MB";
+  // The shared expert's forward while the rows travel (moe_shared_expert_overlap): the same
+  // arithmetic, so the same bits as without.
+  const std::string overlap = "--set model.moe_shared_expert_overlap=true ";
+  const dtk_test::Curve overlapped = curve_of("gpt", 4, shared + kEp2 + a2a + sp + overlap, "a2a-ep2-sp2-overlap");
+  expect_same_curve(sp_sent, overlapped, kIters, "the shared expert overlapped, EP 2 x TP 2 with SP", 0.0);
   // Tensor parallelism without sequence parallelism: every TP rank sends the same whole rows.
   expect_same_curve(one,
                     curve_of("gpt", 4, kEp2 + a2a + "--set distributed.tensor_model_parallel_size=2 ", "a2a-ep2-tp2"),
@@ -2150,8 +2162,12 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
                     "token dropping padded to capacity, EP 2 x TP 2 with sequence parallelism, alltoall");
   const auto deepseek = deepseek_run(1, "", "a2a-one").first;
   ASSERT_EQ(deepseek.loss.size(), kIters) << deepseek.run.out;
-  expect_same_curve(deepseek, deepseek_run(2, kEp2 + a2a, "a2a-ep2").first, kIters,
-                    "DeepSeek-style llama EP 2, alltoall");
+  const dtk_test::Curve deepseek_ep2 = deepseek_run(2, kEp2 + a2a, "a2a-ep2").first;
+  expect_same_curve(deepseek, deepseek_ep2, kIters, "DeepSeek-style llama EP 2, alltoall");
+  expect_same_curve(
+      deepseek_ep2,
+      deepseek_run(2, kEp2 + a2a + "--set model.moe_shared_expert_overlap=true ", "a2a-ep2-overlap").first, kIters,
+      "DeepSeek-style llama EP 2, its gated shared expert overlapped", 0.0);
   expect_same_curve(deepseek, deepseek_run(4, kEp2 + a2a + sp, "a2a-ep2-sp2").first, kIters,
                     "DeepSeek-style llama EP 2 x TP 2 with sequence parallelism, alltoall");
 }

@@ -13,6 +13,7 @@
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (ATen/ATen.h no longer brings it in LibTorch 2.x)
 #include <torch/csrc/api/include/torch/version.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -260,7 +261,10 @@ class Comm {
   class Work {
    public:
     Work(const dtk_comm_services* c, dtk_comm_work* w) : c_(c), w_(w) {}
-    Work(Work&& o) noexcept : c_(o.c_), w_(o.w_) { o.w_ = nullptr; }
+    Work(Work&& o) noexcept
+        : c_(o.c_), w_(o.w_), out_splits_(std::move(o.out_splits_)), in_splits_(std::move(o.in_splits_)) {
+      o.w_ = nullptr;
+    }
     Work(const Work&) = delete;
     // A Work dropped without wait() still completes (bounded by the run's timeout): the
     // collective's result, e.g. the division of an AVG, must not be silently skipped.
@@ -279,8 +283,11 @@ class Comm {
     }
 
    private:
+    friend class Comm;
     const dtk_comm_services* c_;
     dtk_comm_work* w_;
+    // An all_to_all's split lists, which the host reads until the wait (abi.h).
+    std::shared_ptr<const std::vector<int64_t>> out_splits_, in_splits_;
   };
 
   static const dtk_comm_services* services() {
@@ -326,21 +333,28 @@ class Comm {
   // receives rank j's part (out_splits[j] rows), in rank order. Empty splits: equal parts.
   static void all_to_all(const at::Tensor& out, const at::Tensor& in, int32_t group,
                          const std::vector<int64_t>& out_splits = {}, const std::vector<int64_t>& in_splits = {}) {
-    if (!DTK_HAS_FIELD(dtk_comm_services, services(), all_to_all))
-      throw Error("all_to_all needs a host of ABI 2.19 or later (this host is ABI 2." +
-                      std::to_string(host_services()->abi_minor) + ")",
-                  DTK_ERR_UNSUPPORTED);
-    // (The host reads size(group) entries of each list it is given.)
-    for (const std::vector<int64_t>* splits : {&out_splits, &in_splits})
-      if (!splits->empty() && static_cast<int>(splits->size()) != size(group))
-        throw Error("all_to_all: " + std::to_string(splits->size()) + " splits for a group of " +
-                        std::to_string(size(group)) + " (one per rank, or none for equal parts)",
-                    DTK_ERR_INVALID_ARGUMENT);
+    check_all_to_all(group, out_splits, in_splits);
     dtk_tensor ho{out}, hi{in};
     dtk_collective_args a = args(group, DTK_REDUCE_SUM, &hi, &ho, 0);
     a.output_splits = out_splits.empty() ? nullptr : out_splits.data();
     a.input_splits = in_splits.empty() ? nullptr : in_splits.data();
     run(&dtk_comm_services::all_to_all, a);
+  }
+  // all_to_all issued; out is written by the time the Work's wait() returns (the Work keeps the
+  // split lists).
+  static Work all_to_all_async(const at::Tensor& out, const at::Tensor& in, int32_t group,
+                               std::vector<int64_t> out_splits = {}, std::vector<int64_t> in_splits = {}) {
+    check_all_to_all(group, out_splits, in_splits);
+    auto outs = std::make_shared<const std::vector<int64_t>>(std::move(out_splits));
+    auto ins = std::make_shared<const std::vector<int64_t>>(std::move(in_splits));
+    dtk_tensor ho{out}, hi{in};
+    dtk_collective_args a = args(group, DTK_REDUCE_SUM, &hi, &ho, 0);
+    a.output_splits = outs->empty() ? nullptr : outs->data();
+    a.input_splits = ins->empty() ? nullptr : ins->data();
+    Work w = run_async(&dtk_comm_services::all_to_all, a);
+    w.out_splits_ = std::move(outs);
+    w.in_splits_ = std::move(ins);
+    return w;
   }
 
  private:
@@ -354,6 +368,19 @@ class Comm {
     a.output = output;
     a.root = root;
     return a;
+  }
+  static void check_all_to_all(int32_t group, const std::vector<int64_t>& out_splits,
+                               const std::vector<int64_t>& in_splits) {
+    if (!DTK_HAS_FIELD(dtk_comm_services, services(), all_to_all))
+      throw Error("all_to_all needs a host of ABI 2.19 or later (this host is ABI 2." +
+                      std::to_string(host_services()->abi_minor) + ")",
+                  DTK_ERR_UNSUPPORTED);
+    // (The host reads size(group) entries of each list it is given.)
+    for (const std::vector<int64_t>* splits : {&out_splits, &in_splits})
+      if (!splits->empty() && static_cast<int>(splits->size()) != size(group))
+        throw Error("all_to_all: " + std::to_string(splits->size()) + " splits for a group of " +
+                        std::to_string(size(group)) + " (one per rank, or none for equal parts)",
+                    DTK_ERR_INVALID_ARGUMENT);
   }
   static void run(Fn fn, dtk_collective_args a) { check((services()->*fn)(services()->ctx, &a)); }
   static Work run_async(Fn fn, dtk_collective_args a) {

@@ -19,14 +19,15 @@ using host::HostError;
 const std::vector<std::string>& exempt_model_options() {
   // How the function is computed, not which: the fused output layer and its chunks, the
   // cross-entropy implementation, the GPU kernels left out, recomputation, Domino's chunked
-  // schedule, the MoE layers' token dispatcher. Training noise and the
+  // schedule, the MoE layers' token dispatcher and its overlap. Training noise and the
   // initialisation: dropout (evaluation is the same either way; fine-tuning with another rate is
   // a normal choice) and the init std (the loaded weights replace it). The input length: the run's
   // (a learned position table's shape is checked when its weights load).
   static const std::vector<std::string> exempt = {
-      "fused_lm_head",    "lm_head_chunk_tokens", "cross_entropy_impl", "unfused_kernels",     "recompute_activations",
-      "recompute_method", "recompute_num_layers", "domino_chunks",      "hidden_dropout",      "attention_dropout",
-      "init_method_std",  "seq_length",           "recompute_modules",  "moe_token_dispatcher"};
+      "fused_lm_head",         "lm_head_chunk_tokens", "cross_entropy_impl",       "unfused_kernels",
+      "recompute_activations", "recompute_method",     "recompute_num_layers",     "domino_chunks",
+      "hidden_dropout",        "attention_dropout",    "init_method_std",          "seq_length",
+      "recompute_modules",     "moe_token_dispatcher", "moe_shared_expert_overlap"};
   return exempt;
 }
 

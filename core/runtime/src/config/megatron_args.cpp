@@ -148,8 +148,10 @@ const Rule kRules[] = {
      "DTK logs the MoE losses averaged over the layers (Megatron's default)"},
     {"--moe-shared-expert-intermediate-size", 1, Kind::kSet, "model.moe_shared_expert_intermediate_size",
      "a shared expert (the model's MLP of this inner size) on every token"},
-    {"--moe-shared-expert-overlap", 0, Kind::kIgnore, "",
-     "Megatron overlaps the shared expert with the token dispatch on a second CUDA stream; the same arithmetic"},
+    {"--moe-shared-expert-overlap", 0, Kind::kSwitch, "model.moe_shared_expert_overlap=true",
+     "the shared expert's forward runs while the alltoall dispatcher's rows travel to the experts (Megatron's "
+     "second CUDA stream); the same arithmetic; with the allgather dispatcher refused (Megatron raises); ignored "
+     "without --moe-shared-expert-intermediate-size"},
     {"--moe-shared-expert-gate", 0, Kind::kSwitch, "model.moe_shared_expert_gate=true", ""},
     {"--moe-router-enable-expert-bias", 0, Kind::kSwitch, "model.moe_router_enable_expert_bias=true",
      "auxiliary-loss-free balancing (with sigmoid scores)"},
@@ -1193,12 +1195,13 @@ void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
   set_by(m, "model.num_query_groups=" + s.key_value_heads, s.key_value_heads_shown);
 }
 
-// Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
 // Whether a flag set `field` ("model.x").
 bool has_sets(const MegatronMapping& m, const std::string& field) {
   return std::any_of(m.sets.begin(), m.sets.end(),
                      [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; });
 }
+
+// Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
 
 void drop_sets(MegatronMapping& m, const std::string& field) {
   const bool group = field.back() == '.';
@@ -2115,6 +2118,22 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (has_sets(m, "model.moe_token_dispatcher") && s.num_experts.empty()) {
     drop_sets(m, "model.moe_token_dispatcher");
     m.ignored.push_back("--moe-token-dispatcher-type (without --num-experts the MLPs are dense)");
+  }
+  // Megatron's --moe-shared-expert-overlap does nothing without a shared expert, and raises with
+  // another dispatcher than alltoall.
+  if (has_sets(m, "model.moe_shared_expert_overlap")) {
+    const bool all_to_all =
+        std::find(m.sets.begin(), m.sets.end(), "model.moe_token_dispatcher=alltoall") != m.sets.end();
+    if (s.num_experts.empty() || !has_sets(m, "model.moe_shared_expert_intermediate_size")) {
+      drop_sets(m, "model.moe_shared_expert_overlap");
+      m.ignored.push_back(
+          "--moe-shared-expert-overlap (without --moe-shared-expert-intermediate-size there is no shared expert)");
+    } else if (!all_to_all) {
+      m.refused.push_back(
+          "--moe-shared-expert-overlap: overlaps the shared expert with the alltoall dispatcher's exchange; give "
+          "--moe-token-dispatcher-type alltoall (Megatron raises \"moe_shared_expert_overlap only works with "
+          "alltoall token dispatcher\")");
+    }
   }
   // Megatron reads --moe-token-drop-policy only with a capacity factor (wherever that came).
   if (has_sets(m, "model.moe_token_drop_policy") && !has_sets(m, "model.moe_expert_capacity_factor")) {

@@ -188,6 +188,9 @@ struct MoeConfig {
   // [first_local_expert(), + local_experts()) of the expert-parallel group's ep_size shares.
   int64_t ep_rank = 0, ep_size = 1;
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // how tokens reach the other ranks' experts
+  // moe_shared_expert_overlap: the shared expert's forward runs while the alltoall dispatcher's
+  // rows are in flight to the experts (Megatron's --moe-shared-expert-overlap).
+  bool shared_expert_overlap = false;
   int64_t local_experts() const { return num_experts / ep_size; }
   int64_t first_local_expert() const { return ep_rank * local_experts(); }
   bool enabled() const { return num_experts > 0; }
@@ -346,6 +349,12 @@ inline constexpr dtk_option_spec kMoeTokenDispatcherOption =
              "(allgather), or each token's row sent only to the ranks of its experts and back (alltoall). The "
              "same results up to rounding.");
 
+inline constexpr dtk_option_spec kMoeSharedExpertOverlapOption =
+    opt_bool("moe_shared_expert_overlap", "false",
+             "With a shared expert and moe_token_dispatcher=alltoall (Megatron's --moe-shared-expert-overlap): "
+             "the shared expert's forward runs while the rows are in flight to the other ranks' experts. The "
+             "same results; the backward's exchanges are waited at once.");
+
 inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
     opt_float("moe_router_quantile_balancing_ema", "0",
               "quantile_balancing: after each iteration the bias is this times the old one plus 1 - this times "
@@ -367,7 +376,8 @@ inline constexpr dtk_option_spec kMoeRouterQuantileBalancingEmaOption =
       dtk::layers::kMoeRouterQuantileBalancingEmaOption, dtk::layers::kMoeGateOption,                       \
       dtk::layers::kMoeEvalCapacityFactorOption, dtk::layers::kMoeMinCapacityOption,                        \
       dtk::layers::kMoeTop2SecondExpertSamplingOption, dtk::layers::kMoeResidualOption,                     \
-      dtk::layers::kMoeLayerNumExpertsOption, dtk::layers::kMoeTokenDispatcherOption
+      dtk::layers::kMoeLayerNumExpertsOption, dtk::layers::kMoeTokenDispatcherOption,                       \
+      dtk::layers::kMoeSharedExpertOverlapOption
 
 // An expert's activation on its input projections' outputs (one: GELU; two: SwiGLU's gate and up).
 using ExpertActivation = std::function<at::Tensor(const std::vector<at::Tensor>& projected)>;
@@ -462,16 +472,19 @@ class MoeMlp {
   at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
-  at::Tensor run_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
-  at::Tensor run_padded_experts_all_to_all(const at::Tensor& x, const Routing& r,
-                                           const ExpertActivation& activation) const;
+  at::Tensor run_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation,
+                                    const std::function<void()>& meanwhile) const;
+  at::Tensor run_padded_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation,
+                                           const std::function<void()>& meanwhile) const;
   at::Tensor experts_all_to_all(const at::Tensor& sent, const std::vector<int64_t>& counts, bool padded,
-                                const ExpertActivation& activation) const;
+                                const ExpertActivation& activation, const std::function<void()>& meanwhile) const;
   bool shares_tp_rows() const;
+  bool overlaps_shared_expert() const;
   int64_t own_source() const;
   std::pair<at::Tensor, at::Tensor> dispatch_region(const at::Tensor& x, const Routing& local,
                                                     const ExpertActivation& activation) const;
-  at::Tensor dispatch_own_rows(const at::Tensor& x, const Routing& local, const ExpertActivation& activation) const;
+  at::Tensor dispatch_own_rows(const at::Tensor& x, const Routing& local, const ExpertActivation& activation,
+                               const std::function<void()>& meanwhile) const;
   at::Tensor output_bias(const Routing& r, at::ScalarType dtype) const;
   at::Tensor expert_counts(const at::Tensor& chosen, int64_t bins) const;
 

@@ -154,11 +154,12 @@ struct WindowFigures {
   double secs = 0, n_it = 1, ms_per_it = 0, tokens_per_s = 0, tflops = 0, mfu = NAN, norm = NAN;
   double elapsed = 0, eta = 0, rss_mb = 0;
   int64_t consumed = 0, batch = 0, skipped = 0, nan_iterations = 0;
-  CommTiming tp, dp, pp;  // sums over the window's iterations
+  CommTiming tp, dp, pp, ep;  // sums over the window's iterations
 };
 
 // Communication per iteration: time in flight, and how much of it the training thread waited
-// (not hidden behind computation; Domino's figure of merit for tensor parallelism). Pipeline
+// (not hidden behind computation; Domino's figure of merit for tensor parallelism, and the MoE
+// layers' token dispatch's under expert parallelism). Pipeline
 // stages: how long this rank's stage waited for activations and gradients (its share of the
 // bubble, and the transfers), next to the bubble in theory: (p - 1) / (m + p - 1) for 1F1B, v
 // times smaller in ideal time with v chunks per rank, (p - 1) / v / (m + (p - 1) / v).
@@ -166,7 +167,8 @@ void append_comm_fields(std::string& line, const WindowFigures& w, const Iterati
                         const TrainingLog::Setup& setup) {
   char buf[512];
   for (const auto& [name, sum, n] : {std::tuple<const char*, const CommTiming&, int>{"tensor", w.tp, setup.tp_size},
-                                     std::tuple<const char*, const CommTiming&, int>{"data", w.dp, setup.dp_size}}) {
+                                     std::tuple<const char*, const CommTiming&, int>{"data", w.dp, setup.dp_size},
+                                     std::tuple<const char*, const CommTiming&, int>{"expert", w.ep, setup.ep_size}}) {
     if (n <= 1) continue;
     std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
                   sum.in_flight_ms / w.n_it, sum.exposed_ms / w.n_it);
@@ -257,6 +259,9 @@ JsonObject window_record(const WindowFigures& w, const IterationResult& last, co
   if (setup.dp_size > 1)
     o.add("data_parallel_comm_in_flight_ms", w.dp.in_flight_ms / w.n_it)
         .add("data_parallel_comm_exposed_ms", w.dp.exposed_ms / w.n_it);
+  if (setup.ep_size > 1)
+    o.add("expert_parallel_comm_in_flight_ms", w.ep.in_flight_ms / w.n_it)
+        .add("expert_parallel_comm_exposed_ms", w.ep.exposed_ms / w.n_it);
   if (setup.pp_size > 1) o.add("pipeline_wait_ms", w.pp.exposed_ms / w.n_it);
   for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
   return o;
@@ -314,7 +319,8 @@ void TrainingLog::record(const IterationResult& r) {
     }
   for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
                         std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm},
-                        std::pair<CommTiming*, const CommTiming*>{&pp_comm_sum_, &r.pipeline_parallel_comm}}) {
+                        std::pair<CommTiming*, const CommTiming*>{&pp_comm_sum_, &r.pipeline_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&ep_comm_sum_, &r.expert_parallel_comm}}) {
     sum->in_flight_ms += t->in_flight_ms;
     sum->exposed_ms += t->exposed_ms;
     sum->collectives += t->collectives;
@@ -427,7 +433,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   w.rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
   w.consumed = consumed_of(last), w.batch = batch_of(last);
   w.skipped = skipped_, w.nan_iterations = nan_iterations_;
-  w.tp = tp_comm_sum_, w.dp = dp_comm_sum_, w.pp = pp_comm_sum_;
+  w.tp = tp_comm_sum_, w.dp = dp_comm_sum_, w.pp = pp_comm_sum_, w.ep = ep_comm_sum_;
   print(progress_line(w, last, setup_, window_));
   // Megatron's timers block: every rank takes part in the min/max.
   std::vector<Timers::Row> timer_rows;
@@ -445,7 +451,7 @@ void TrainingLog::clear_window() {
   window_.clear();
   iterations_ = skipped_ = nan_iterations_ = window_tokens_ = 0;
   window_flops_ = 0;
-  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = CommTiming();
+  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = ep_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
 }

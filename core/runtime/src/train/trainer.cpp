@@ -175,7 +175,7 @@ std::unique_ptr<TrainingLog> Trainer::make_log() {
   log.global_batch_size = plan_.global_batch_size();
   log.seq_length = plan_.seq_length();
   log.world_size = topo_.world_size;
-  log.tp_size = topo_.tp_size, log.dp_size = topo_.dp_size, log.pp_size = topo_.pp_size;
+  log.tp_size = topo_.tp_size, log.dp_size = topo_.dp_size, log.pp_size = topo_.pp_size, log.ep_size = topo_.ep_size;
   log.virtual_stages = virtual_stages(cfg_);
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg_.logging().tensorboard_dir();
@@ -297,6 +297,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
     r.params_norm = params_norm(*parts_.model, *parts_.strategy, topo_);
   parts_.strategy->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
+  r.expert_parallel_comm = comm_timing(DTK_GROUP_EXPERT_PARALLEL);
   // (Expert parallelism's experts reduce, and zero gathers them, over the expert-data-parallel group.)
   r.data_parallel_comm = comm_timing({DTK_GROUP_DATA_PARALLEL, DTK_GROUP_EXPERT_DATA_PARALLEL});
   r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)

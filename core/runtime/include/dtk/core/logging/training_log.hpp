@@ -75,6 +75,7 @@ struct IterationResult {
   MetricAverager metrics;    // means over the iteration's micro-batches
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
+  CommTiming expert_parallel_comm;                      // the MoE layers' token dispatch
   // Pipeline stages: the activations and gradients sent and received, and the time this stage
   // waited for them (its bubble and the transfers), over `micro_batches` micro-batches.
   CommTiming pipeline_parallel_comm;
@@ -102,7 +103,7 @@ class TrainingLog {
     double attention_flops_per_position = 0;
     bool curriculum = false;  // train.curriculum_schedule: the line and TensorBoard show the length
     int world_size = 1;
-    int tp_size = 1, dp_size = 1, pp_size = 1;  // communication timing is printed for groups larger than one
+    int tp_size = 1, dp_size = 1, pp_size = 1, ep_size = 1;  // comm timing is printed for groups larger than one
     int virtual_stages = 1;                     // model chunks per pipeline rank (the interleaved schedule's bubble)
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
@@ -165,7 +166,7 @@ class TrainingLog {
   int64_t consumed_of(const IterationResult& r) const {
     return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;
   }
-  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_;  // over the window's iterations
+  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_, ep_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};
   // For the progress fields: wall time since the start, and training time and iterations of

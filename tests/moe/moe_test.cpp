@@ -2116,6 +2116,19 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   const std::string overlap = "--set model.moe_shared_expert_overlap=true ";
   const dtk_test::Curve overlapped = curve_of("gpt", 4, shared + kEp2 + a2a + sp + overlap, "a2a-ep2-sp2-overlap");
   expect_same_curve(sp_sent, overlapped, kIters, "the shared expert overlapped, EP 2 x TP 2 with SP", 0.0);
+  // The shared expert ran while the forward's exchanges were in flight: the thread waited for less
+  // than their time (a synchronous exchange is exposed for all of it).
+  const auto ep_timing = [](const std::string& out) {
+    static const std::regex field("expert-parallel comm \\(ms\\) in flight: ([0-9.]+) \\| exposed: ([0-9.]+) \\|");
+    std::smatch m;
+    return std::regex_search(out, m, field) ? std::make_pair(std::stod(m[1]), std::stod(m[2]))
+                                            : std::make_pair(-1.0, -1.0);
+  };
+  const auto [waited_for, waited] = ep_timing(sp_sent.run.out);
+  EXPECT_EQ(waited, waited_for) << sp_sent.run.out;
+  const auto [in_flight, exposed] = ep_timing(overlapped.run.out);
+  EXPECT_GT(in_flight, 0.0) << overlapped.run.out;
+  EXPECT_LT(exposed, in_flight) << overlapped.run.out;
   // Tensor parallelism without sequence parallelism: every TP rank sends the same whole rows.
   expect_same_curve(one,
                     curve_of("gpt", 4, kEp2 + a2a + "--set distributed.tensor_model_parallel_size=2 ", "a2a-ep2-tp2"),
@@ -2145,6 +2158,12 @@ TEST(Moe, AllToAllDispatcherEqualsOneProcess) {
   EXPECT_LT(sent[2], 0.01) << all_to_all.run.out;
   EXPECT_EQ(gathered[0], 0.0) << all_gather.run.out;
   EXPECT_LT(sent[3], 0.7 * gathered[3]) << "alltoall " << sent[3] << " MB, allgather " << gathered[3] << " MB";
+  // The progress line times the exchanges on the expert-parallel group.
+  static const std::regex ep_comm("expert-parallel comm \\(ms\\) in flight: ([0-9.]+) \\| exposed: ([0-9.]+) \\|");
+  std::smatch timed;
+  ASSERT_TRUE(std::regex_search(all_to_all.run.out, timed, ep_comm)) << all_to_all.run.out;
+  EXPECT_GT(std::stod(timed[1]), 0.0) << timed[0];
+  EXPECT_LE(std::stod(timed[2]), std::stod(timed[1])) << timed[0];
   // Dropping, and padded to capacity (every rank sends every expert its capacity's rows).
   const std::string dropping = "--set model.moe_expert_capacity_factor=0.5 ";
   const dtk_test::Curve drop_one = curve_of("gpt", 1, dropping, "a2a-drop-one");
@@ -2220,6 +2239,12 @@ TEST(Moe, DeepSpeedGateEqualsOneProcessHoweverSplit) {
                         model + ", DeepSpeed's residual MoE, " + name);
     if (model == "gpt") {
       EXPECT_GT(std::abs(mixed.loss.at(2) - one.loss.at(2)), 1e-5 * one.loss.at(2));
+      // Under EP 2 x SP 2 the alltoall dispatcher's own-rows path mixes the residual MLP in.
+      expect_same_curve(
+          mixed,
+          curve_of(model, 4, residual + kEp2 + kSplits[2].second + "--set model.moe_token_dispatcher=alltoall ",
+                   "ds-gate-residual-ep2-sp2-a2a"),
+          kIters, "gpt, DeepSpeed's residual MoE, EP 2 x SP 2, alltoall");
     }
   }
   const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";

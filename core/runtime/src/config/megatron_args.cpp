@@ -1202,7 +1202,6 @@ bool has_sets(const MegatronMapping& m, const std::string& field) {
 }
 
 // Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
-
 void drop_sets(MegatronMapping& m, const std::string& field) {
   const bool group = field.back() == '.';
   const auto of_field = [&](const std::string& set) { return set.rfind(group ? field : field + "=", 0) == 0; };
@@ -2126,8 +2125,10 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
         std::find(m.sets.begin(), m.sets.end(), "model.moe_token_dispatcher=alltoall") != m.sets.end();
     if (s.num_experts.empty() || !has_sets(m, "model.moe_shared_expert_intermediate_size")) {
       drop_sets(m, "model.moe_shared_expert_overlap");
-      m.ignored.push_back(
-          "--moe-shared-expert-overlap (without --moe-shared-expert-intermediate-size there is no shared expert)");
+      m.ignored.push_back(s.num_experts.empty()
+                              ? "--moe-shared-expert-overlap (without --num-experts the MLPs are dense)"
+                              : "--moe-shared-expert-overlap (without "
+                                "--moe-shared-expert-intermediate-size there is no shared expert)");
     } else if (!all_to_all) {
       m.refused.push_back(
           "--moe-shared-expert-overlap: overlaps the shared expert with the alltoall dispatcher's exchange; give "

@@ -47,11 +47,12 @@
 // Megatron's alltoall dispatcher does. Under sequence parallelism the router runs on this rank's
 // rows only (its weight's gradient is a partial sum, dtk_param_info.sequence_parallel), the rows
 // and their routing are all-gathered into the region and the output reduce-scattered out of it;
-// with the alltoall dispatcher each TP rank instead sends its own rows over its expert-parallel
-// group, the rows the TP group received are all-gathered over it before the experts and their
-// outputs reduce-scattered back to their receivers (uneven parts, by all-to-all), as Megatron's
-// alltoall dispatcher does: the expert-parallel group carries a TP-th of the rows.
-// A shared expert is split the same way; ungated it joins the experts' reduction, gated (its
+// with the alltoall dispatcher under expert parallelism each TP rank instead sends its own rows
+// over its expert-parallel group, the rows the TP group received are all-gathered over it before
+// the experts and their outputs reduce-scattered back to their receivers (uneven parts, by
+// all-to-all), as Megatron's alltoall dispatcher does: the expert-parallel group carries a TP-th
+// of the rows. A shared expert is split the same way; ungated it joins the experts' reduction
+// (with the alltoall dispatcher under SP and EP it has its own, its sum added after), gated (its
 // output times sigmoid(x g), g [1, hidden], Megatron's moe_shared_expert_gate) it has its own.
 //
 // Input jitter (Megatron's --moe-input-jitter-eps eps, Switch Transformer's): the router's input,

@@ -125,14 +125,19 @@ at::Tensor scatter_from_experts(const at::Tensor& x, int64_t size) {
   return ScatterFromExperts::apply(x, size);
 }
 
+// The tensor an all-to-all of x's rows receives into: parts[j] rows from rank j, x's other sizes.
+at::Tensor receiving_rows(const at::Tensor& x, const std::vector<int64_t>& parts) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = 0;
+  for (const int64_t n : parts) shape[0] += n;
+  return at::empty(shape, x.options());
+}
+
 // Rows exchanged over the expert-parallel group (moe_token_dispatcher=alltoall): x's rows in
 // consecutive parts, send[j] of them to rank j, and recv[j] rows from rank j, in rank order.
 at::Tensor all_to_all_expert_rows(const at::Tensor& x, const std::vector<int64_t>& recv,
                                   const std::vector<int64_t>& send) {
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] = 0;
-  for (const int64_t n : recv) shape[0] += n;
-  at::Tensor out = at::empty(shape, x.options());
+  at::Tensor out = receiving_rows(x, recv);
   Comm::all_to_all(out, x.contiguous(), DTK_GROUP_EXPERT_PARALLEL, recv, send);
   return out;
 }
@@ -172,10 +177,7 @@ std::shared_ptr<RowsInFlight> start_exchange(const at::Tensor& x, const std::vec
   flight->sent = x.contiguous();
   flight->recv = recv;
   flight->send = send;
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] = 0;
-  for (const int64_t n : recv) shape[0] += n;
-  flight->received = at::empty(shape, x.options());
+  flight->received = receiving_rows(x, recv);
   flight->work.emplace(Comm::all_to_all_async(flight->received, flight->sent, DTK_GROUP_EXPERT_PARALLEL, recv, send));
   return flight;
 }
@@ -207,10 +209,7 @@ at::Tensor finish_exchange(const at::Tensor& x, const std::shared_ptr<RowsInFlig
 // rank the same rows (all_gather needs equal parts; this moves exactly the rows there are).
 at::Tensor gather_tp_rows(const at::Tensor& x, const std::vector<int64_t>& rows) {
   const int64_t tp = static_cast<int64_t>(rows.size());
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] = 0;
-  for (const int64_t n : rows) shape[0] += n;
-  at::Tensor out = at::empty(shape, x.options());
+  at::Tensor out = receiving_rows(x, rows);
   const at::Tensor copies = x.contiguous().unsqueeze(0).expand({tp, x.size(0), x.size(1)}).reshape({-1, x.size(1)});
   Comm::all_to_all(out, copies, DTK_GROUP_TENSOR_PARALLEL, rows, std::vector<int64_t>(rows.size(), x.size(0)));
   return out;

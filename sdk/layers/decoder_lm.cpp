@@ -144,6 +144,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   c.heads = o.get_int("num_attention_heads");
   c.vocab = o.get_int("vocab_size");
   c.seq = o.has("seq_length") ? option_or(o, "seq_length", ctx.seq_length) : ctx.seq_length;
+  c.cp = ContextParallel{ctx.cp_rank, std::max(1, ctx.cp_size)};
   // The rest only where the plugin declares the option; otherwise DecoderConfig's default.
   auto int_opt = [&](const char* name, int64_t& v) {
     if (o.has(name)) v = o.get_int(name);
@@ -609,11 +610,37 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
          std::to_string(c.seq) + " is not divisible by the tensor-parallel size " + std::to_string(tp_.size));
   if (c.domino_chunks < 1)
     fail("option 'domino_chunks' must be >= 1 (1 = plain tensor parallelism), got " + std::to_string(c.domino_chunks));
+  validate_context_parallel(c);
   if (ctx.micro_batch_size > 0 && c.domino_chunks > ctx.micro_batch_size)
     fail("domino_chunks (" + std::to_string(c.domino_chunks) + ") exceeds the micro-batch size (" +
          std::to_string(ctx.micro_batch_size) + "): each chunk needs at least one sequence");
   if (ctx.params_dtype != at::kFloat && ctx.params_dtype != at::kBFloat16 && ctx.params_dtype != at::kHalf)
     fail("parameters must be fp32, bf16 or fp16");
+}
+
+// Context parallelism: each tensor-parallel rank's heads split over the group, the sequence in
+// 2 x cp equal chunks; what does not run on a share of the sequence is refused.
+void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
+  if (!c.cp.active()) return;
+  const std::string cp = "context parallelism " + std::to_string(c.cp.size);
+  if ((c.heads / tp_.size) % c.cp.size != 0)
+    fail(cp + " gives each rank the whole sequence of 1 / " + std::to_string(c.cp.size) +
+         " of the attention heads: num_attention_heads / the tensor-parallel size (" + std::to_string(c.heads) + " / " +
+         std::to_string(tp_.size) + ") must divide by " + std::to_string(c.cp.size));
+  if (c.seq % (2 * c.cp.size) != 0)
+    fail(cp + " splits each sequence into " + std::to_string(2 * c.cp.size) + " equal chunks: seq_length " +
+         std::to_string(c.seq) + " is not divisible by " + std::to_string(2 * c.cp.size));
+  if (tp_.splits_sequence() && (c.seq / c.cp.size) % tp_.size != 0)
+    fail(cp + " with sequence parallelism: each rank's " + std::to_string(c.seq / c.cp.size) +
+         " positions must split over the tensor-parallel size " + std::to_string(tp_.size));
+  if (c.domino_chunks > 1)
+    fail(cp +
+         ": Domino's chunked schedule (domino_chunks > 1) runs plain tensor parallelism only; use "
+         "domino_chunks=1 or distributed.context_parallel_size=1");
+  if (c.moe.enabled())
+    fail(cp +
+         ": a mixture of experts' router statistics and capacity would cover this rank's share of each "
+         "sequence only; DTK runs context parallelism on dense models (num_experts 0)");
 }
 
 void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts parts) {
@@ -746,6 +773,8 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
              shape_str(*given));
       checks.add("position_ids", *given, std::numeric_limits<int64_t>::max(), "non-negative positions");
       pos = given->to(at::kLong);
+    } else if (config_->cp.active()) {
+      pos = config_->cp.share_of_positions(b, s * config_->cp.size, at::kCPU);
     } else {
       pos = at::arange(s, at::TensorOptions().dtype(at::kLong)).unsqueeze(0).expand({b, s});
     }
@@ -757,6 +786,8 @@ at::Tensor DecoderLM::positions(const TensorList& inputs, const at::Tensor& toke
   }
   if (!position_.defined()) return {};
   // Positions made here are 0..s-1, below max_pos (check_tokens compared s with it): no check.
+  if (!given && config_->cp.active())
+    return config_->cp.share_of_positions(tokens.size(0), tokens.size(1) * config_->cp.size, tokens.device());
   if (!given) return at::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand_as(tokens);
   checks.add("position_ids", *given, config_->max_pos, "max_position_embeddings");
   return *given;
@@ -810,7 +841,12 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
     h = hooks_.run(embedding_module(), tokens, [&](const at::Tensor& ids) {
       return dropout(embed(ids, pos), c.hidden_dropout, training_, rng_.hidden, tp_);
     });
-  const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = pre_ ? tokens.size(1) : whole_sequence(h);
+  // Under context parallelism the mask stays the whole sequence's (the attention runs on it).
+  const int64_t b = pre_ ? tokens.size(0) : h.size(0), s = (pre_ ? tokens.size(1) : whole_sequence(h)) * c.cp.size;
+  if (c.cp.active() && s > c.seq)
+    fail("context parallelism " + std::to_string(c.cp.size) + ": each rank takes its share of the sequence, at most " +
+         std::to_string(c.seq / c.cp.size) + " of seq_length " + std::to_string(c.seq) + " positions, got " +
+         std::to_string(s / c.cp.size) + " (a step must split the sequence: dtk/context_parallel.hpp)");
   if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                          (mask.size(0) != 1 && mask.size(0) != b)))
     fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
@@ -825,7 +861,11 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
     h = domino_forward(domino_, in, rng_, training_);
     if (labels) return {{"loss", h}};
   }
-  const ResidualStream out = domino ? ResidualStream{h, {}} : plain_layers(h, pos, mask);
+  // The layers' positions (rotary) are the whole sequence's under context parallelism: their
+  // attention runs on whole sequences.
+  const bool whole = parts_.layer_positions && pos.defined();
+  const ResidualStream out =
+      domino ? ResidualStream{h, {}} : plain_layers(h, whole ? c.cp.whole_positions(pos) : pos, mask);
   if (!post_) return {{"hidden_states", out.sum()}};
   return {{labels ? "loss" : "logits", output_layer(out, labels)}};
 }
@@ -1040,6 +1080,7 @@ dtk_model_info DecoderLM::info() {
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
   if (i.recompute_granularity == 2) i.recompute_modules = modules;
+  i.context_parallel = 1;  // the layers' attention runs validate_context_parallel's layout
   return i;
 }
 

@@ -38,10 +38,14 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_GE(offsetof(dtk_collective_args, output_splits), static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0));
   EXPECT_EQ(dtk_comm_services_STRUCT_SIZE, dtk_comm_services_STRUCT_SIZE_2_19);  // current == 2.19 since 2.19
   EXPECT_EQ(dtk_comm_services_STRUCT_SIZE_2_19, offsetof(dtk_comm_services, all_to_all) + sizeof(void*));
-  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_13);  // current == 2.13 since 2.13
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_20);  // current == 2.20 since 2.20
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_20, offsetof(dtk_build_context, cp_size) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_13, offsetof(dtk_build_context, loss_in_split) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_12, offsetof(dtk_build_context, ep_size) + sizeof(int32_t));
-  EXPECT_EQ(dtk_model_info_STRUCT_SIZE, dtk_model_info_STRUCT_SIZE_2_16);  // current == 2.16 since 2.16
+  EXPECT_EQ(dtk_model_info_STRUCT_SIZE, dtk_model_info_STRUCT_SIZE_2_20);  // current == 2.20 since 2.20
+  EXPECT_EQ(dtk_model_info_STRUCT_SIZE_2_20, offsetof(dtk_model_info, context_parallel) + sizeof(int32_t));
+  // 2.20's flag sits in 2.16's trailing padding: a 2.16 writer's struct_size stops before it.
+  EXPECT_GE(offsetof(dtk_model_info, context_parallel), static_cast<size_t>(dtk_model_info_STRUCT_SIZE_2_16));
   EXPECT_EQ(dtk_dataset_context_STRUCT_SIZE, dtk_dataset_context_STRUCT_SIZE_2_17);  // current == 2.17 since 2.17
   EXPECT_EQ(dtk_dataset_context_STRUCT_SIZE_2_17, offsetof(dtk_dataset_context, whole_splits) + sizeof(uint32_t));
   EXPECT_EQ(dtk_param_info_STRUCT_SIZE, dtk_param_info_STRUCT_SIZE_2_18);  // current == 2.18 since 2.18

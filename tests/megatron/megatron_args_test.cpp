@@ -311,13 +311,23 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_EQ(m.refused[0].rfind("--ckpt-format torch_dcp: DTK writes and reads Megatron's torch format", 0), 0u)
       << m.refused[0];
   // What DTK cannot build, named.
-  m = map_line(
-      "--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --context-parallel-size 2 --no-position-embedding");
-  ASSERT_EQ(m.refused.size(), 3u);
-  EXPECT_EQ(m.refused[0].rfind("--context-parallel-size 2: DTK has no context parallelism", 0), 0u) << m.refused[0];
-  EXPECT_EQ(m.refused[1].rfind("--no-position-embedding: needs rotary positions", 0), 0u) << m.refused[1];
+  m = map_line("--hidden-size 64 --num-attention-heads 4 --kv-channels 32 --no-position-embedding");
+  ASSERT_EQ(m.refused.size(), 2u);
+  EXPECT_EQ(m.refused[0].rfind("--no-position-embedding: needs rotary positions", 0), 0u) << m.refused[0];
   // Heads wider than hidden / heads are the llama model's (kv_channels), not the gpt model's.
-  EXPECT_EQ(m.refused[2].rfind("--kv-channels 32: needs the llama model", 0), 0u) << m.refused[2];
+  EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: needs the llama model", 0), 0u) << m.refused[1];
+  // Context parallelism: Megatron's flag and DeepSpeed-Ulysses' both split the sequence; the
+  // exchange DTK runs is the all-to-all, another comm type is ignored, saying so.
+  m = map_line("--context-parallel-size 2 --cp-comm-type p2p");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_NE(std::find(m.sets.begin(), m.sets.end(), "distributed.context_parallel_size=2"), m.sets.end());
+  EXPECT_TRUE(ignored("--cp-comm-type p2p (DTK's context parallelism exchanges heads all-to-all"));
+  m = map_line("--ds-sequence-parallel-size 4 --cp-comm-type a2a");
+  EXPECT_TRUE(m.refused.empty() && m.ignored.empty());
+  EXPECT_NE(std::find(m.sets.begin(), m.sets.end(), "distributed.context_parallel_size=4"), m.sets.end());
+  m = map_line("--cp-comm-type ring");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0], "--cp-comm-type ring: not one of p2p, all_gather, a2a, a2a+p2p");
 }
 
 // A tiny llama trained through --megatron_args with Megatron's Llama flags (the older rotary

@@ -25,7 +25,8 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
     fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
     fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
   }
-  heads_local_ = c.heads / tp.size;
+  // Under context parallelism core attention runs whole sequences of 1 / cp of this rank's heads.
+  heads_local_ = c.heads / tp.size / c.cp.size;
   head_dim_ = c.head_dim();
   if (c.windowed(index)) window_ = c.window;
 }
@@ -53,7 +54,8 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
                                   ? add_bias_dropout_layer_norm(in.stream, in.branch, in.branch_bias, in.branch_keep,
                                                                 c_.norm_gain(ln1_w), ln1_b, c_.eps, c_.kernels)
                                   : std::pair{in.stream, layer_norm(in.stream, c_.norm_gain(ln1_w), ln1_b, c_.eps)};
-  const at::Tensor projected = qkv.forward(normed_in);
+  // Under context parallelism: the whole sequence of this rank's share of the heads.
+  const at::Tensor projected = c_.cp.heads_from_sequence(qkv.forward(normed_in), heads_local_ * c_.cp.size);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
     return core_attention(in, mask, [&](at::IntArrayRef shape) {
@@ -68,8 +70,9 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
     if (window_ < 0 && causal_attention_supported(projected)) return true;
     return (p > 0.0 || window_ >= 0) && fused_attention_takes(projected);
   };
-  const at::Tensor context =
-      c_.selective_recompute && !own_kernel() ? recompute(projected, rng, attention) : attention(projected, rng);
+  const at::Tensor context = c_.cp.sequence_from_heads(
+      c_.selective_recompute && !own_kernel() ? recompute(projected, rng, attention) : attention(projected, rng),
+      heads_local_);
   // Where the add + LayerNorm kernel takes a branch's bias and dropout, the row-parallel products
   // (dense, dense_4h_to_h) leave both to it (Megatron's skip_bias_add and bias-dropout-add): the
   // bias's add, the mask and their gradients cost no pass of their own. The masks are drawn as

@@ -95,8 +95,10 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
     up = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
     down = RowParallelLinear(c.ffn, c.hidden, c.bias, scaled_std, tp, f);
   }
-  heads_local_ = c.heads / tp.size;
-  groups_local_ = c.groups / tp.size;
+  // Under context parallelism core attention runs whole sequences of 1 / cp of this rank's
+  // key/value groups and their query heads.
+  heads_local_ = c.heads / tp.size / c.cp.size;
+  groups_local_ = c.groups / tp.size / c.cp.size;
   if (c.windowed(index)) window_ = c.window;
 }
 
@@ -208,10 +210,13 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   const auto [x, normed_in] =
       in.branch.defined() ? add_rms_norm(in.stream, in.branch_value(), c_.norm_gain(input_norm), c_.eps, c_.kernels)
                           : std::pair{in.stream, rms_norm(in.stream, c_.norm_gain(input_norm), c_.eps, c_.kernels)};
-  const at::Tensor projected = qkv.forward(normed_in);
+  // Under context parallelism: the whole sequence of this rank's share of the groups (`positions`
+  // are the whole sequence's, for rotary).
+  const at::Tensor projected = c_.cp.heads_from_sequence(qkv.forward(normed_in), groups_local_ * c_.cp.size);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
-  const at::Tensor context = c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng);
+  const at::Tensor context = c_.cp.sequence_from_heads(
+      c_.selective_recompute ? recompute(projected, rng, attention) : attention(projected, rng), heads_local_);
   // h = x + dropout(attention's output) and its RMSNorm in one (the dropout stays on the branch).
   const auto [h, normed] =
       add_rms_norm(x, dropout(dense.forward(context), c_.hidden_dropout, training, rng.hidden, qkv.tp),

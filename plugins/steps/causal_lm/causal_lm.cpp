@@ -12,9 +12,16 @@
 //                its value averaged over the data-parallel group. When the host asks for a summed
 //                loss (--calculate-per-token-loss, ABI 2.8): the numerator alone, sum(loss_mask)
 //                as the token count, and "lm loss" as the ratio of both summed over the group.
+//   context parallelism (ABI 2.20, get_batch_on_this_cp_rank): every rank of the group reads the
+//                same micro-batch and keeps its share of each sequence (dtk/context_parallel.hpp):
+//                tokens, labels, loss mask and position ids; the attention mask stays whole. The
+//                mean loss divides this rank's sum by the group's token count and multiplies by
+//                cp, since the strategy averages the gradients over the data- and context-parallel
+//                ranks together (Megatron's loss * context_parallel_size).
 //   pipeline:    on a stage that is not the last (post_process false) the model returns its
 //                hidden states, which are the step's result (the host sends them on; Megatron's
 //                forward_step returns the output tensor and applies loss_func on the last stage).
+#include <dtk/context_parallel.hpp>
 #include <dtk/step.hpp>
 
 #include <vector>
@@ -28,6 +35,8 @@ class CausalLM : public Step {
       : tp_rank_(ctx.tp_rank),
         tp_size_(std::max(1, ctx.tp_size)),
         dp_size_(std::max(1, ctx.dp_size)),
+        cp_rank_(ctx.cp_rank),
+        cp_size_(std::max(1, ctx.cp_size)),
         device_(ctx.device),
         post_process_(ctx.post_process) {
     const Options& o = ctx.options;
@@ -96,6 +105,12 @@ class CausalLM : public Step {
       if (reset_attention_mask_) attention_mask = allowed.logical_not().unsqueeze(1);
     }
 
+    // ---- get_batch_on_this_cp_rank -------------------------------------------------------------
+    if (cp_size_ > 1) {
+      for (at::Tensor* t : {&tokens, &labels, &loss_mask, &position_ids})
+        *t = context_parallel_share(*t, 1, cp_rank_, cp_size_);
+    }
+
     // ---- forward ------------------------------------------------------------------------------
     TensorList inputs{{"tokens", tokens}, {"position_ids", position_ids}, {"labels", labels}};
     if (attention_mask.defined()) inputs.emplace_back("attention_mask", attention_mask);
@@ -117,7 +132,12 @@ class CausalLM : public Step {
       metrics.put_ratio("lm loss", reported[0], reported[1]);
       return loss_sum;
     }
-    at::Tensor loss = loss_sum / lm.sum();
+    at::Tensor count = lm.sum();
+    if (cp_size_ > 1) {  // the sequence's tokens on every rank of the group, and the average's factor
+      Comm::all_reduce(count, DTK_GROUP_CONTEXT_PARALLEL, DTK_REDUCE_SUM);
+      count.div_(cp_size_);
+    }
+    at::Tensor loss = loss_sum / count;
     at::Tensor reported = loss.detach().clone().reshape({1});
     if (dp_size_ > 1) Comm::all_reduce(reported, DTK_GROUP_DATA_PARALLEL, DTK_REDUCE_AVG);
     metrics.put("lm loss", reported);  // read by the host once per iteration
@@ -164,7 +184,7 @@ class CausalLM : public Step {
     return data;
   }
 
-  int32_t tp_rank_, tp_size_, dp_size_;
+  int32_t tp_rank_, tp_size_, dp_size_, cp_rank_, cp_size_;
   at::Device device_;
   bool post_process_ = true;
   bool reset_position_ids_ = false, reset_attention_mask_ = false, eod_mask_loss_ = false;

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 19
+#define DTK_ABI_MINOR 20
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -494,7 +494,7 @@ DTK_DEFINE_STRUCT_TRAITS(dtk_device_services, alloc_pinned);
  * the C++ SDK's dtk::Comm::Work waits in its destructor.
  * ========================================================================================== */
 
-/* The process groups of a run. Megatron's layout: world = DP x TP x PP ranks. */
+/* The process groups of a run. Megatron's layout: world = TP x CP x DP x PP ranks. */
 typedef enum dtk_group {
   DTK_GROUP_WORLD = 0,
   DTK_GROUP_DATA_PARALLEL = 1,
@@ -508,7 +508,15 @@ typedef enum dtk_group {
    * expert-parallel rank (d / E its rank), which hold the same experts. Size 1 each without expert
    * parallelism; a 2.11 host answers -1 (unknown) for both. */
   DTK_GROUP_EXPERT_PARALLEL = 5,
-  DTK_GROUP_EXPERT_DATA_PARALLEL = 6
+  DTK_GROUP_EXPERT_DATA_PARALLEL = 6,
+  /* ABI 2.20. Context parallelism (Megatron's --context-parallel-size, its order tp-cp-dp-pp): the
+   * ranks that split each sequence (dtk_build_context.cp_rank/cp_size), consecutive runs of C
+   * ranks of the data-parallel group. Under it the data-parallel group holds the data- and
+   * context-parallel ranks together (Megatron's data-parallel group with context parallel): the
+   * ranks that hold the same parameters, over which gradients, optimizer shards and reported
+   * values are reduced; only the samples are split over its C-strided subsets, by the host. Size
+   * 1 without context parallelism; a 2.19 host answers -1 (unknown). */
+  DTK_GROUP_CONTEXT_PARALLEL = 7
 } dtk_group;
 
 typedef enum dtk_reduce_op {
@@ -770,13 +778,26 @@ typedef struct dtk_build_context {
   int32_t pipeline_chunks;
   int32_t first_stage_layers, last_stage_layers;
   int32_t embedding_in_split, loss_in_split;
+  /* ABI 2.20. Context parallelism (DTK_GROUP_CONTEXT_PARALLEL; set only with cp_size > 1, else 0
+   * and 1; Megatron's --context-parallel-size): every rank of the group reads the same samples and
+   * keeps 1 / cp_size of each sequence, Megatron's load-balanced split: the sequence in 2 x cp_size
+   * equal chunks, this rank's chunks cp_rank and 2 x cp_size - 1 - cp_rank, in that order
+   * (dtk/context_parallel.hpp). The step splits the micro-batch so (its inputs then hold
+   * seq_length / cp_size positions, with the positions' own position_ids; an attention mask stays
+   * whole); the model's attention reaches the rest of the sequence through the group's
+   * collectives, and its layers, sequence parallelism and pipeline stages work on this rank's
+   * positions. dp_rank and dp_size above then count the data- and context-parallel ranks together
+   * (the data-parallel group's). A model that honours it says so in
+   * dtk_model_info.context_parallel; the host refuses the run otherwise. */
+  int32_t cp_rank, cp_size;
 } dtk_build_context;
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_12, ep_size);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_13, loss_in_split);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, loss_in_split);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_20, cp_size);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, cp_size);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -826,6 +847,10 @@ typedef struct dtk_model_info {
    * from its norm's output, an MoE MLP (router and experts) from its norm's output. 0 (and a 2.15
    * model): core attention alone; a model that recomputes nothing reports granularity 0. */
   int32_t recompute_modules;
+  /* ABI 2.20. 1: it runs dtk_build_context.cp_size's layout (its inputs this rank's share of each
+   * sequence, its attention over the whole sequence through DTK_GROUP_CONTEXT_PARALLEL); 0 (and a
+   * 2.19 model): the host refuses context parallelism. */
+  int32_t context_parallel;
 } dtk_model_info;
 /* dtk_model_info.recompute_modules (ABI 2.16). */
 #define DTK_RECOMPUTE_CORE_ATTENTION 1
@@ -839,7 +864,8 @@ DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_12, expert_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_13, pipeline_split);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_15, kv_channels);
 DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_16, recompute_modules);
-DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, recompute_modules);
+DTK_DEFINE_STRUCT_SIZE(dtk_model_info, 2_20, context_parallel);
+DTK_DEFINE_STRUCT_TRAITS(dtk_model_info, context_parallel);
 
 typedef struct dtk_model_forward_args {
   size_t struct_size;

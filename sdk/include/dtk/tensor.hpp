@@ -229,7 +229,9 @@ struct BuildContext {
         first_stage_layers(c.first_stage_layers),
         last_stage_layers(c.last_stage_layers),
         embedding_in_split(c.embedding_in_split != 0),
-        loss_in_split(c.loss_in_split != 0) {}
+        loss_in_split(c.loss_in_split != 0),
+        cp_rank(c.cp_size > 1 ? c.cp_rank : 0),
+        cp_size(c.cp_size > 1 ? c.cp_size : 1) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -248,6 +250,9 @@ struct BuildContext {
   int32_t pipeline_chunks;
   int32_t first_stage_layers, last_stage_layers;
   bool embedding_in_split, loss_in_split;
+  // ABI 2.20 (0 and 1 from an earlier host): context parallelism, dtk_build_context.cp_rank/cp_size
+  // (dtk/context_parallel.hpp splits a sequence so).
+  int32_t cp_rank, cp_size;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -311,6 +311,8 @@ int32_t group_rank(int32_t group) {
       return t.ep_rank();
     case DTK_GROUP_EXPERT_DATA_PARALLEL:
       return t.edp_rank();
+    case DTK_GROUP_CONTEXT_PARALLEL:
+      return t.cp_rank();
     default:
       return -1;
   }
@@ -333,6 +335,8 @@ int32_t group_size(int32_t group) {
       return t.ep_size;
     case DTK_GROUP_EXPERT_DATA_PARALLEL:
       return t.edp_size();
+    case DTK_GROUP_CONTEXT_PARALLEL:
+      return t.cp_size;
     default:
       return -1;
   }
@@ -447,8 +451,8 @@ void Work::discard(dtk_comm_work* work) {
 void Work::complete(dtk_comm_work& w, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) timeout = collective_timeout();
   static const char* const kGroupNames[kNumGroups] = {
-      "world",          "data parallel",   "tensor parallel",     "pipeline parallel",
-      "model parallel", "expert parallel", "expert data parallel"};
+      "world",          "data parallel",   "tensor parallel",      "pipeline parallel",
+      "model parallel", "expert parallel", "expert data parallel", "context parallel"};
   const std::string limit =
       " (" + std::string(w.group >= 0 && w.group < static_cast<int32_t>(kNumGroups) ? kGroupNames[w.group] : "?") +
       " group, timeout " + std::to_string(timeout.count()) + " ms)";

@@ -102,8 +102,8 @@ Finish finisher(std::shared_ptr<dtk::cuda::NcclCommunicator> comm, dtk::cuda::Nc
 void create(const GroupMembers& members, int world_rank, const c10::intrusive_ptr<c10d::Store>& store, int device,
             std::chrono::milliseconds timeout) {
   static const char* const kNames[kNumGroups] = {
-      "world",          "data-parallel",   "tensor-parallel",     "pipeline-parallel",
-      "model-parallel", "expert-parallel", "expert-data-parallel"};
+      "world",          "data-parallel",   "tensor-parallel",      "pipeline-parallel",
+      "model-parallel", "expert-parallel", "expert-data-parallel", "context-parallel"};
   std::array<std::shared_ptr<dtk::cuda::NcclCommunicator>, kNumGroups> made;
   const dtk::cuda::Rendezvous rendezvous{[store](const std::string& key, const std::string& value) {
                                            store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
@@ -112,7 +112,7 @@ void create(const GroupMembers& members, int world_rank, const c10::intrusive_pt
                                            const std::vector<uint8_t> v = store->get(key);
                                            return std::string(v.begin(), v.end());
                                          }};
-  // Every rank creates its groups in the same order (world, DP, TP, PP, MP, EP, EDP by dtk_group); a key
+  // Every rank creates its groups in the same order (world, DP, TP, PP, MP, EP, EDP, CP by dtk_group); a key
   // names the group by its first member, so the ranks of one group meet under one key.
   for (size_t g = 0; g < members.size(); ++g) {
     const std::vector<int>& m = members[g];

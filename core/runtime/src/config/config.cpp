@@ -831,6 +831,29 @@ void validate_iterations(const char* field, const std::string& spec, bool used, 
 }
 
 // Parallel sizes, the trace, the backend and the simulated link.
+// Context parallelism (distributed.context_parallel_size > 1): each sequence in 2 x cp equal
+// chunks, each rank's share split again by sequence parallelism; expert parallelism, which would
+// carve its groups from the same data-parallel ranks, is not combined with it.
+void validate_context_parallel(const config::RunConfig& cfg) {
+  const auto& d = cfg.distributed();
+  const int64_t cp = d.context_parallel_size(), seq = cfg.train().seq_length();
+  const std::string name = "config: distributed.context_parallel_size " + std::to_string(cp);
+  if (seq > 0 && seq % (2 * cp) != 0)
+    throw HostError(name + " splits each sequence into " + std::to_string(2 * cp) + " equal chunks (Megatron's " +
+                    "load-balanced split): train.seq_length " + std::to_string(seq) + " must be a multiple of " +
+                    std::to_string(2 * cp));
+  const int64_t tp = d.tensor_model_parallel_size();
+  if (seq > 0 && d.sequence_parallel() && tp > 1 && (seq / cp) % tp != 0)
+    throw HostError(name + " leaves each rank " + std::to_string(seq / cp) +
+                    " positions of a sequence, which distributed.sequence_parallel cannot split over the "
+                    "tensor-parallel size " +
+                    std::to_string(tp));
+  if (d.expert_model_parallel_size() > 1)
+    throw HostError(name + " with distributed.expert_model_parallel_size " +
+                    std::to_string(d.expert_model_parallel_size()) +
+                    ": DTK does not combine context and expert parallelism yet (set one of them to 1)");
+}
+
 void validate_distributed(const config::RunConfig& cfg) {
   const auto& t = cfg.train();
   // Sections whose features arrive with later releases: refuse rather than silently ignore.
@@ -867,6 +890,11 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError(
         "config: distributed.expert_model_parallel_size must be at least 1 (0 or 1: no expert parallelism), got " +
         std::to_string(d.expert_model_parallel_size()));
+  if (d.context_parallel_size() < 0)
+    throw HostError(
+        "config: distributed.context_parallel_size must be at least 1 (0 or 1: no context parallelism), got " +
+        std::to_string(d.context_parallel_size()));
+  if (d.context_parallel_size() > 1) validate_context_parallel(cfg);
   if (d.sequence_parallel() && d.tensor_model_parallel_size() > 1 && t.seq_length() > 0 &&
       t.seq_length() % d.tensor_model_parallel_size() != 0)
     throw HostError("config: distributed.sequence_parallel splits train.seq_length " + std::to_string(t.seq_length()) +

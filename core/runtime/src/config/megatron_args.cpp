@@ -357,8 +357,9 @@ const Rule kRules[] = {
     {"--no-pipeline-parallel", 0, Kind::kCustom, "",
      "Megatron-DeepSpeed's choice against DeepSpeed's pipeline engine: needed by zero_optimization.stage 2 and 3 "
      "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
-    {"--ds-sequence-parallel-size", 1, Kind::kCustom, "",
-     "DeepSpeed-Ulysses: 1 accepted; more refused (DTK's sequence parallelism is Megatron's, --sequence-parallel)"},
+    {"--ds-sequence-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
+     "DeepSpeed-Ulysses: the sequence split over that many ranks, attention by all-to-all (DTK's context "
+     "parallelism; its chunks load-balanced, the same attention)"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
     {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
      "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
@@ -419,7 +420,10 @@ const Rule kRules[] = {
      "a layout whose stages hold the layers one of those splits gives (with the interleaved schedule's chunks "
      "from its stages); other layouts and MTP layers (m) refused"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
-    {"--context-parallel-size", 1, Kind::kCustom, "", "1: accepted; more refused (no context parallelism in DTK)"},
+    {"--context-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
+     "each sequence split over that many ranks (Megatron's load-balanced chunks), attention by all-to-all"},
+    {"--cp-comm-type", -1, Kind::kCustom, "",
+     "a2a: DTK's; p2p, all_gather, a2a+p2p: ignored, saying so (DTK's all-to-all computes the same attention)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
      "GPU (docs/cuda.md)"},
@@ -696,10 +700,14 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     if (v[0] != "softmax" && v[0] != "sigmoid" && v[0] != "sqrtsoftplus")
       return refuse("DTK's router scores with a softmax, a sigmoid or sqrtsoftplus");
     m.sets.push_back("model.moe_router_score_function=" + v[0]);
-  } else if (f == "--ds-sequence-parallel-size") {
-    if (v[0] != "1") refuse("DTK has no DeepSpeed-Ulysses sequence parallelism (Megatron's: --sequence-parallel)");
-  } else if (f == "--context-parallel-size") {
-    if (v[0] != "1") refuse("DTK has no context parallelism (the sequence is not split over ranks)");
+  } else if (f == "--cp-comm-type") {
+    for (const std::string& type : v)
+      if (type != "p2p" && type != "all_gather" && type != "a2a" && type != "a2a+p2p")
+        return refuse("not one of p2p, all_gather, a2a, a2a+p2p");
+    if (joined(v) != "a2a")
+      m.ignored.push_back(shown +
+                          " (DTK's context parallelism exchanges heads all-to-all, Megatron's a2a: the same "
+                          "attention, other traffic)");
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)

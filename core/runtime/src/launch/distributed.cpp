@@ -141,10 +141,12 @@ std::string rank_prefix() {
 
 namespace {
 
-// Megatron's rank order (pipeline size 1 for now): TP consecutive, DP strided by TP.
-Topology topology_of(const LaunchEnv& le, int tp, int pp, int ep) {
+// Megatron's rank order tp-cp-dp-pp: TP consecutive, the data-parallel group (its context-parallel
+// runs consecutive) strided by TP, the pipeline stages outermost.
+Topology topology_of(const LaunchEnv& le, int tp, int pp, int ep, int cp) {
   Topology t;
   t.ep_size = ep;
+  t.cp_size = cp;
   t.world_rank = le.rank, t.world_size = le.world_size;
   t.tp_size = tp, t.pp_size = pp, t.dp_size = le.world_size / (tp * pp);
   t.tp_rank = le.rank % tp;
@@ -463,6 +465,10 @@ ProcessGroups create_groups(const LaunchEnv& le, const Topology& t, const c10::i
   const std::string dp_name = std::to_string(t.pp_rank * tp + t.tp_rank);
   make(DTK_GROUP_EXPERT_PARALLEL, "ep/" + dp_name + "/" + std::to_string(t.edp_rank()), ep_members);
   make(DTK_GROUP_EXPERT_DATA_PARALLEL, "edp/" + dp_name + "/" + std::to_string(t.ep_rank()), edp_members);
+  // Context parallelism splits it too: runs of cp_size consecutive DP ranks share the samples.
+  std::vector<int> cp_members;
+  for (int i = 0; i < t.cp_size; ++i) cp_members.push_back(dp_members[t.data_rank() * t.cp_size + i]);
+  make(DTK_GROUP_CONTEXT_PARALLEL, "cp/" + dp_name + "/" + std::to_string(t.data_rank()), cp_members);
   return groups;
 }
 
@@ -591,7 +597,13 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
     throw HostError("distributed: the data-parallel size " + std::to_string(le.world_size / (tp * pp)) +
                     " is not divisible by distributed.expert_model_parallel_size " + std::to_string(ep) +
                     " (expert parallelism splits the data-parallel ranks)");
-  const Topology t = topology_of(le, tp, pp, ep);
+  const int cp = std::max(1, dc.context_parallel_size());
+  if ((le.world_size / (tp * pp)) % cp != 0)
+    throw HostError("distributed: the data- x context-parallel size " + std::to_string(le.world_size / (tp * pp)) +
+                    " (world size " + std::to_string(le.world_size) + " / tensor x pipeline model parallel size " +
+                    std::to_string(tp * pp) + ") is not divisible by distributed.context_parallel_size " +
+                    std::to_string(cp));
+  const Topology t = topology_of(le, tp, pp, ep, cp);
   ProcessGroups groups;
   if (le.distributed) {
     const bool nccl = dc.backend() == "nccl";

@@ -154,7 +154,7 @@ struct WindowFigures {
   double secs = 0, n_it = 1, ms_per_it = 0, tokens_per_s = 0, tflops = 0, mfu = NAN, norm = NAN;
   double elapsed = 0, eta = 0, rss_mb = 0;
   int64_t consumed = 0, batch = 0, skipped = 0, nan_iterations = 0;
-  CommTiming tp, dp, pp, ep;  // sums over the window's iterations
+  CommTiming tp, dp, pp, ep, cp;  // sums over the window's iterations
 };
 
 // Communication per iteration: time in flight, and how much of it the training thread waited
@@ -168,7 +168,8 @@ void append_comm_fields(std::string& line, const WindowFigures& w, const Iterati
   char buf[512];
   for (const auto& [name, sum, n] : {std::tuple<const char*, const CommTiming&, int>{"tensor", w.tp, setup.tp_size},
                                      std::tuple<const char*, const CommTiming&, int>{"data", w.dp, setup.dp_size},
-                                     std::tuple<const char*, const CommTiming&, int>{"expert", w.ep, setup.ep_size}}) {
+                                     std::tuple<const char*, const CommTiming&, int>{"expert", w.ep, setup.ep_size},
+                                     std::tuple<const char*, const CommTiming&, int>{"context", w.cp, setup.cp_size}}) {
     if (n <= 1) continue;
     std::snprintf(buf, sizeof buf, " %s-parallel comm (ms) in flight: %.1f | exposed: %.1f |", name,
                   sum.in_flight_ms / w.n_it, sum.exposed_ms / w.n_it);
@@ -262,6 +263,9 @@ JsonObject window_record(const WindowFigures& w, const IterationResult& last, co
   if (setup.ep_size > 1)
     o.add("expert_parallel_comm_in_flight_ms", w.ep.in_flight_ms / w.n_it)
         .add("expert_parallel_comm_exposed_ms", w.ep.exposed_ms / w.n_it);
+  if (setup.cp_size > 1)
+    o.add("context_parallel_comm_in_flight_ms", w.cp.in_flight_ms / w.n_it)
+        .add("context_parallel_comm_exposed_ms", w.cp.exposed_ms / w.n_it);
   if (setup.pp_size > 1) o.add("pipeline_wait_ms", w.pp.exposed_ms / w.n_it);
   for (const auto& row : timer_rows) o.add(row.name + "_ms_max", row.max_ms).add(row.name + "_ms_min", row.min_ms);
   return o;
@@ -320,7 +324,8 @@ void TrainingLog::record(const IterationResult& r) {
   for (auto [sum, t] : {std::pair<CommTiming*, const CommTiming*>{&tp_comm_sum_, &r.tensor_parallel_comm},
                         std::pair<CommTiming*, const CommTiming*>{&dp_comm_sum_, &r.data_parallel_comm},
                         std::pair<CommTiming*, const CommTiming*>{&pp_comm_sum_, &r.pipeline_parallel_comm},
-                        std::pair<CommTiming*, const CommTiming*>{&ep_comm_sum_, &r.expert_parallel_comm}}) {
+                        std::pair<CommTiming*, const CommTiming*>{&ep_comm_sum_, &r.expert_parallel_comm},
+                        std::pair<CommTiming*, const CommTiming*>{&cp_comm_sum_, &r.context_parallel_comm}}) {
     sum->in_flight_ms += t->in_flight_ms;
     sum->exposed_ms += t->exposed_ms;
     sum->collectives += t->collectives;
@@ -409,6 +414,17 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
                   mb(t.total()));
     print(buf);
   }
+  // Context parallelism: the attention's all-to-alls, the positions' all-gather and the loss's
+  // token count.
+  if (m.cp_size > 1) {
+    const Traffic& t = m.context_parallel;
+    std::snprintf(buf, sizeof buf,
+                  " [Rank 0] (after %lld iterations) context-parallel traffic sent per iteration (MB) | "
+                  "all-to-all: %.2f | all-gather: %.2f | all-reduce: %.2f | total: %.2f",
+                  static_cast<long long>(iteration), mb(t.all_to_all), mb(t.all_gather), mb(t.all_reduce),
+                  mb(t.total()));
+    print(buf);
+  }
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
   tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);
@@ -433,7 +449,7 @@ void TrainingLog::print_window(const IterationResult& last) {
   w.rss_mb = static_cast<double>(memory::peak_rss_bytes()) / (1 << 20);
   w.consumed = consumed_of(last), w.batch = batch_of(last);
   w.skipped = skipped_, w.nan_iterations = nan_iterations_;
-  w.tp = tp_comm_sum_, w.dp = dp_comm_sum_, w.pp = pp_comm_sum_, w.ep = ep_comm_sum_;
+  w.tp = tp_comm_sum_, w.dp = dp_comm_sum_, w.pp = pp_comm_sum_, w.ep = ep_comm_sum_, w.cp = cp_comm_sum_;
   print(progress_line(w, last, setup_, window_));
   // Megatron's timers block: every rank takes part in the min/max.
   std::vector<Timers::Row> timer_rows;
@@ -451,7 +467,7 @@ void TrainingLog::clear_window() {
   window_.clear();
   iterations_ = skipped_ = nan_iterations_ = window_tokens_ = 0;
   window_flops_ = 0;
-  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = ep_comm_sum_ = CommTiming();
+  tp_comm_sum_ = dp_comm_sum_ = pp_comm_sum_ = ep_comm_sum_ = cp_comm_sum_ = CommTiming();
   window_start_ = Clock::now();
   excluded_ = {};
 }

@@ -21,7 +21,8 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   const double h = static_cast<double>(in.hidden_size),
                a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
   const double t = std::max(1, in.tp_size);
-  // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks.
+  // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks
+  // (and, below, over context-parallel ranks: each holds whole sequences of 1 / cp of the heads).
   const double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
   // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
   // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)
@@ -31,13 +32,16 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   // dense_h_to_4h's output nor the activation's (4h wide each: 16 s b h of the 24, split).
   const double mlp = in.recompute_mlp ? 16.0 / t : 0.0;
   const double rest = (in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t) + wider - mlp;
-  return s * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
+  // Under context parallelism each rank keeps 1 / cp of every activation.
+  return s / std::max(1, in.cp_size) * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
 }
 
 }  // namespace
 
 MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
-  const double s = static_cast<double>(in.seq_length), b = static_cast<double>(in.micro_batch_size);
+  // This rank's positions of each sequence (its share under context parallelism).
+  const double s = static_cast<double>(in.seq_length) / std::max(1, in.cp_size),
+               b = static_cast<double>(in.micro_batch_size);
   const double h = static_cast<double>(in.hidden_size);
   // (A rank of an uneven split may hold no layer: only the embedding or the output layer.)
   const int64_t stage_layers =

@@ -40,8 +40,8 @@ State& state() {
 }
 
 // By dtk_group.
-const char* const kGroupNames[] = {"world",          "data-parallel",   "tensor-parallel",     "pipeline-parallel",
-                                   "model-parallel", "expert-parallel", "expert-data-parallel"};
+const char* const kGroupNames[] = {"world",          "data-parallel",   "tensor-parallel",      "pipeline-parallel",
+                                   "model-parallel", "expert-parallel", "expert-data-parallel", "context-parallel"};
 constexpr int kGroups = static_cast<int>(sizeof kGroupNames / sizeof kGroupNames[0]);
 
 std::string escape(const std::string& s) {

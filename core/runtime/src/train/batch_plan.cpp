@@ -133,7 +133,7 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
       train_iters_(cfg.train().train_iters()),  // or from train_samples, below
       eval_iters_(cfg.eval().eval_iters()),
       seq_length_(cfg.train().seq_length()),
-      dp_size_(topo.dp_size),
+      dp_size_(topo.data_size()),  // the ranks reading different samples (not context-parallel ones)
       samples_flag_(cfg.train().train_samples()),
       curriculum_(SequenceCurriculum::off(seq_length_)) {
   const auto& t = cfg.train();
@@ -196,8 +196,17 @@ BatchPlan::BatchPlan(const config::RunConfig& cfg, const Topology& topo)
   if (t.train_tokens() > 0 && seq_length_ > 0) final_iteration_ = iteration_reaching_tokens(t.train_tokens());
 }
 
-// Sequence parallelism splits every length the curriculum gives over the tensor-parallel ranks.
+// Sequence parallelism splits every length the curriculum gives over the tensor-parallel ranks;
+// context parallelism into 2 x cp chunks.
 void BatchPlan::check_curriculum_split(const config::RunConfig& cfg, const Topology& topo) const {
+  if (topo.cp_size > 1)
+    for (const SequenceCurriculum::Stage& s : curriculum_.stages())
+      if (s.length % (2 * topo.cp_size) != 0)
+        throw HostError("config: distributed.context_parallel_size " + std::to_string(topo.cp_size) +
+                        " splits each sequence into " + std::to_string(2 * topo.cp_size) +
+                        " equal chunks, and train.curriculum_schedule gives " + std::to_string(s.length) +
+                        " from iteration " + std::to_string(s.first_iteration) + ": make each length a multiple of " +
+                        std::to_string(2 * topo.cp_size));
   if (!cfg.distributed().sequence_parallel() || topo.tp_size <= 1) return;
   for (const SequenceCurriculum::Stage& s : curriculum_.stages())
     if (s.length % topo.tp_size != 0)

@@ -256,9 +256,10 @@ void MicroBatchRunner::trace_span(const char* what, int64_t m, int64_t start) co
 }
 
 std::vector<int64_t> MicroBatchRunner::stage_shape() const {
-  // Under sequence parallelism a stage sends its rows of the sequence (Megatron's p2p shape).
+  // Under sequence parallelism a stage sends its rows of the sequence (Megatron's p2p shape), of
+  // its share of the sequence under context parallelism.
   const dtk_model_info info = p_.model->info();
-  const int64_t length = seq_length_ > 0 ? seq_length_ : p_.plan->seq_length();
+  const int64_t length = (seq_length_ > 0 ? seq_length_ : p_.plan->seq_length()) / std::max(1, p_.topo->cp_size);
   const int64_t seq = length / (info.sequence_parallel ? std::max(1, p_.topo->tp_size) : 1);
   return {p_.plan->micro_batch_size(), seq, info.hidden_size};
 }

@@ -113,6 +113,13 @@ void check_full_validation(const config::RunConfig& cfg, const RunPlugins& plugi
   resolve_validation_sets(cfg, plugins.data);  // names and options, before anything is built
 }
 
+// Context parallelism: the step splits each sequence (dtk_build_context.cp_size, ABI 2.20); one
+// built before would hand the model whole sequences.
+void check_context_parallel_step(const config::RunConfig& cfg, const RunPlugins& plugins) {
+  if (cfg.distributed().context_parallel_size() > 1)
+    require_minor(20, "distributed.context_parallel_size", plugins.step);
+}
+
 void check_per_token_loss(const config::RunConfig& cfg, const RunPlugins& plugins) {
   if (!cfg.train().calculate_per_token_loss()) return;
   require_minor(8, "train.calculate_per_token_loss", plugins.step);
@@ -320,6 +327,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.seed = cfg.train().seed();
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
+  c.cp_rank = topo.cp_rank(), c.cp_size = topo.cp_size;  // (0 and 1 without context parallelism)
   PipelineSplit split = run_pipeline_split(cfg, topo);
   if (chunk < 0) split.chunks = 1;  // a context for the pipeline rank, not one of its chunks
   dtk::put_pipeline_split(split, c);
@@ -366,7 +374,7 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.recompute_mlp = (modules & (info.num_experts > 0 ? DTK_RECOMPUTE_MOE : DTK_RECOMPUTE_MLP)) != 0;
   in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
-  in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank;
+  in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank, in.cp_size = topo.cp_size;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.most_micro_batches();
   // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
   const std::vector<StageLayers> chunks = rank_chunk_layers(run_pipeline_split(cfg, topo), info.num_layers, topo);
@@ -460,6 +468,7 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                                         const RunPlugins& plugins, const LearningRateSchedule& schedule) {
   check_schedule_fits(cfg, topo, plan);
   check_per_token_loss(cfg, plugins);
+  check_context_parallel_step(cfg, plugins);
   check_full_validation(cfg, plugins);
   const int v = virtual_stages(cfg);
   TrainingParts parts;
@@ -477,6 +486,10 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
                     "with the SDK's tensor-parallel layers (docs/plugin-guide.md) or set "
                     "distributed.sequence_parallel=false");
   if (topo.ep_size > 1) require_expert_parallel_model(info, plugins.model.name());
+  if (topo.cp_size > 1 && (info.struct_size < dtk_model_info_STRUCT_SIZE_2_20 || info.context_parallel == 0))
+    throw HostError("model plugin '" + plugins.model.name() +
+                    "' does not run context parallelism (its dtk_model_info.context_parallel is 0): build it on the "
+                    "SDK's dtk::layers::DecoderLM (docs/plugin-guide.md) or set distributed.context_parallel_size=1");
   // (One stage: a split that holds the layers gives it all of them, as the even one does.)
   if (!parts.model->split().even() && parts.model->split().stages > 1 && !builds_pipeline_split(info))
     throw HostError("model plugin '" + plugins.model.name() +
@@ -682,7 +695,7 @@ std::unique_ptr<BatchLoader> make_train_loader(const DatasetInstance& data, cons
   const int64_t remaining =
       plan.micro_batches_before(plan.train_iters() + 1) - plan.micro_batches_before(first_iteration);
   auto order = std::make_shared<const SampleOrder>(sampler_choice(t), data.num_samples(DTK_SPLIT_TRAIN),
-                                                   plan.micro_batch_size(), topo.dp_rank, topo.dp_size);
+                                                   plan.micro_batch_size(), topo.data_rank(), topo.data_size());
   return std::make_unique<BatchLoader>(data, DTK_SPLIT_TRAIN, plan.micro_batch_size(), remaining,
                                        [order, consumed = plan.consumed_before(first_iteration)](int64_t k, int64_t j) {
                                          return order->index(consumed, k, j);

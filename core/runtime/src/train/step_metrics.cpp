@@ -94,7 +94,9 @@ MemorySample memory_sample(const OptimizerInstance& optimizer, const StrategyIns
   m.tensor_parallel = traffic(DTK_GROUP_TENSOR_PARALLEL);
   m.pipeline_parallel = traffic(DTK_GROUP_PIPELINE_PARALLEL);
   m.expert_parallel = traffic(DTK_GROUP_EXPERT_PARALLEL);
+  m.context_parallel = traffic(DTK_GROUP_CONTEXT_PARALLEL);
   m.ep_size = topo.ep_size;
+  m.cp_size = topo.cp_size;
   m.dp_size = topo.dp_size;
   m.tp_size = topo.tp_size;
   m.pp_size = topo.pp_size;

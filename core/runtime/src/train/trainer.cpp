@@ -176,6 +176,7 @@ std::unique_ptr<TrainingLog> Trainer::make_log() {
   log.seq_length = plan_.seq_length();
   log.world_size = topo_.world_size;
   log.tp_size = topo_.tp_size, log.dp_size = topo_.dp_size, log.pp_size = topo_.pp_size, log.ep_size = topo_.ep_size;
+  log.cp_size = topo_.cp_size;
   log.virtual_stages = virtual_stages(cfg_);
   log.printer = topo_.world_rank == 0;
   log.tensorboard_dir = cfg_.logging().tensorboard_dir();
@@ -298,6 +299,7 @@ IterationResult Trainer::train_step(int64_t iteration) {
   parts_.strategy->zero_grad();
   r.tensor_parallel_comm = comm_timing(DTK_GROUP_TENSOR_PARALLEL);
   r.expert_parallel_comm = comm_timing(DTK_GROUP_EXPERT_PARALLEL);
+  r.context_parallel_comm = comm_timing(DTK_GROUP_CONTEXT_PARALLEL);
   // (Expert parallelism's experts reduce, and zero gathers them, over the expert-data-parallel group.)
   r.data_parallel_comm = comm_timing({DTK_GROUP_DATA_PARALLEL, DTK_GROUP_EXPERT_DATA_PARALLEL});
   r.micro_batches = num_micro;  // (pipeline_parallel_comm: taken by the schedule, before its other collectives)
@@ -549,7 +551,7 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
   const int64_t eval_iters = plan_.eval_iters(), gbs = plan_.global_batch_size();
   const int64_t consumed = split == DTK_SPLIT_VALID ? progress_.consumed_valid_samples : 0;
   const SamplerChoice sampler = sampler_choice(cfg_.train());
-  const int64_t split_samples = data_->num_samples(split), unit = plan_.micro_batch_size() * topo_.dp_size;
+  const int64_t split_samples = data_->num_samples(split), unit = plan_.micro_batch_size() * topo_.data_size();
   // The single sampler reads each sample once; the cyclic one reads the split again when it runs out.
   if (eval_iters <= 0 || split_samples < (sampler.cyclic ? unit : consumed + eval_iters * gbs)) {
     if (eval_iters > 0) LOG(WARNING) << "skipping " << what << " evaluation: the split has too few samples";
@@ -558,8 +560,8 @@ void Trainer::evaluate(int32_t split, const char* what, const std::string& label
   const int64_t num_batches = eval_iters * plan_.micro_batches_per_step();
   std::unique_ptr<const SampleOrder>& order = eval_orders_[split == DTK_SPLIT_VALID ? 0 : 1];
   if (!order)
-    order = std::make_unique<const SampleOrder>(sampler, split_samples, plan_.micro_batch_size(), topo_.dp_rank,
-                                                topo_.dp_size);
+    order = std::make_unique<const SampleOrder>(sampler, split_samples, plan_.micro_batch_size(), topo_.data_rank(),
+                                                topo_.data_size());
   // Micro-batches this rank drew from the split before this evaluation, and where its iterator began.
   const int64_t start = split == DTK_SPLIT_VALID ? valid_loader_start_ : 0;
   const int64_t drawn = (consumed - start) / unit;
@@ -596,11 +598,11 @@ void Trainer::evaluate_whole(const DatasetInstance& data, int32_t split, const s
     LOG(WARNING) << "skipping " << what << " evaluation: the split is empty";
     return;
   }
-  const int64_t gbs = plan_.global_batch_size(), mbs = plan_.micro_batch_size(), unit = mbs * topo_.dp_size;
+  const int64_t gbs = plan_.global_batch_size(), mbs = plan_.micro_batch_size(), unit = mbs * topo_.data_size();
   const int64_t num_batches = (n + gbs - 1) / gbs * plan_.micro_batches_per_step();
   BatchLoader loader(
       data, split, mbs, num_batches,
-      [n, unit, mbs, rank = topo_.dp_rank](int64_t k, int64_t j) -> int64_t {
+      [n, unit, mbs, rank = topo_.data_rank()](int64_t k, int64_t j) -> int64_t {
         const int64_t i = k * unit + rank * mbs + j;
         return i < n ? i : -1;
       },

@@ -27,6 +27,7 @@
 // plugins, and sdk/templates/model/tiny_decoder.cpp for a small one.
 #pragma once
 
+#include <dtk/layers/context_parallel.hpp>
 #include <dtk/layers/domino.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/fused_kernels.hpp>
@@ -95,6 +96,10 @@ struct DecoderConfig {
   int64_t window = -1;
   LayerPattern window_layers;
   bool windowed(int64_t index) const;
+  // Context parallelism (dtk_build_context.cp_size, from the build context): the layers' inputs
+  // are this rank's share of each sequence, their attention trades it for whole sequences of
+  // 1 / cp of the heads (context_parallel.hpp); the layers get the whole sequence's positions.
+  ContextParallel cp;
   int64_t expert_ffn() const { return moe.ffn > 0 ? moe.ffn : ffn; }
 };
 
@@ -261,6 +266,7 @@ class DecoderLM : public Model {
   void validate_moe_groups(const MoeConfig& m) const;                        // group-limited routing's options
   void validate_deepspeed_gate(const MoeConfig& m) const;                    // moe_gate=deepspeed's options
   void validate_layer_experts(const DecoderConfig& c) const;                 // moe_layer_num_experts (pyramid)
+  void validate_context_parallel(const DecoderConfig& c) const;              // the heads and sequence split over cp
   // Builds the embedding, this stage's layers and the output layer. `config` must outlive the
   // model (a member of it); its padded_vocab is set here. Call from the model's constructor.
   void build(const BuildContext& ctx, DecoderConfig& config, DecoderParts parts);

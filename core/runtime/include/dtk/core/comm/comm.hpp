@@ -38,7 +38,16 @@ struct Topology {
   int world_rank = 0, world_size = 1;
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
+  // The data-parallel group's: under context parallelism the data- and context-parallel ranks
+  // together (Megatron's order tp-cp-dp-pp), the ranks that hold the same parameters.
   int dp_rank = 0, dp_size = 1;
+  // Context parallelism splits the data-parallel group: runs of cp_size consecutive ranks split
+  // each sequence (context-parallel rank dp_rank % cp_size); the runs read different samples
+  // (data rank dp_rank / cp_size of data_size()).
+  int cp_size = 1;
+  int cp_rank() const { return dp_rank % cp_size; }
+  int data_rank() const { return dp_rank / cp_size; }
+  int data_size() const { return dp_size / cp_size; }
   // Expert parallelism splits the data-parallel group (Megatron's order tp-ep-dp-pp): expert-
   // parallel rank dp_rank % ep_size, expert-data-parallel rank dp_rank / ep_size.
   int ep_size = 1;
@@ -68,8 +77,8 @@ std::chrono::milliseconds collective_timeout();
 
 // Installed by init_distributed once the groups exist (indexed by dtk_group), released by
 // shutdown_distributed. Without them every group larger than one has no backend.
-// Every dtk_group, world to expert-data-parallel.
-inline constexpr size_t kNumGroups = 7;
+// Every dtk_group, world to context-parallel.
+inline constexpr size_t kNumGroups = 8;
 using ProcessGroups = std::array<c10::intrusive_ptr<GroupBackend>, kNumGroups>;
 void install_process_groups(const Topology& topology, ProcessGroups groups, std::chrono::milliseconds timeout);
 void release_process_groups();

@@ -57,10 +57,11 @@ struct MemorySample {
   bool optimizer_on_host = false;          // ...which then live in host memory (offload)
   // The most one micro-batch's forward left allocated in the iteration: its stored activations.
   int64_t activation_bytes = 0;
-  // What this rank sent during the iteration on the data-, tensor-, pipeline- and expert-parallel
-  // groups (the last: MoE layers' token dispatch).
-  Traffic data_parallel, tensor_parallel, pipeline_parallel, expert_parallel;
-  int dp_size = 1, tp_size = 1, pp_size = 1, ep_size = 1;
+  // What this rank sent during the iteration on the data-, tensor-, pipeline-, expert- and
+  // context-parallel groups (expert: MoE layers' token dispatch; context: the attention's
+  // all-to-alls).
+  Traffic data_parallel, tensor_parallel, pipeline_parallel, expert_parallel, context_parallel;
+  int dp_size = 1, tp_size = 1, pp_size = 1, ep_size = 1, cp_size = 1;
 };
 
 // One finished iteration, as the trainer hands it to the log.
@@ -76,6 +77,7 @@ struct IterationResult {
   std::optional<MemorySample> memory;  // taken on the first logged iteration
   CommTiming tensor_parallel_comm, data_parallel_comm;  // collectives' time in flight / exposed
   CommTiming expert_parallel_comm;                      // the MoE layers' token dispatch
+  CommTiming context_parallel_comm;                     // the attention's all-to-alls
   // Pipeline stages: the activations and gradients sent and received, and the time this stage
   // waited for them (its bubble and the transfers), over `micro_batches` micro-batches.
   CommTiming pipeline_parallel_comm;
@@ -104,6 +106,7 @@ class TrainingLog {
     bool curriculum = false;  // train.curriculum_schedule: the line and TensorBoard show the length
     int world_size = 1;
     int tp_size = 1, dp_size = 1, pp_size = 1, ep_size = 1;  // comm timing is printed for groups larger than one
+    int cp_size = 1;
     int virtual_stages = 1;                     // model chunks per pipeline rank (the interleaved schedule's bubble)
     bool printer = true;
     std::string tensorboard_dir;  // empty: no event file
@@ -166,7 +169,7 @@ class TrainingLog {
   int64_t consumed_of(const IterationResult& r) const {
     return r.consumed_samples > 0 ? r.consumed_samples : r.iteration * setup_.global_batch_size;
   }
-  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_, ep_comm_sum_;  // over the window's iterations
+  CommTiming tp_comm_sum_, dp_comm_sum_, pp_comm_sum_, ep_comm_sum_, cp_comm_sum_;  // over the window's iterations
   std::chrono::steady_clock::time_point window_start_;
   std::chrono::steady_clock::duration excluded_{};
   // For the progress fields: wall time since the start, and training time and iterations of

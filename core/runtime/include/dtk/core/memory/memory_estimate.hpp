@@ -43,6 +43,7 @@ struct MemoryEstimateInputs {
   bool sequence_parallel = false;
   double dtype_bytes = 4;  // of the parameters: 4 (fp32) or 2
   int tp_size = 1, pp_size = 1, pp_rank = 0, virtual_stages = 1;
+  int cp_size = 1;           // context parallelism: each rank holds 1 / cp of every sequence
   int64_t rank_layers = -1;  // this pipeline rank's layers, all its chunks (-1: num_layers / pp_size)
   int64_t micro_batches_per_step = 1;
   // What the strategy holds (dtk_memory_usage) and the optimizer steps.

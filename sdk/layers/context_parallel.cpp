@@ -1,0 +1,102 @@
+// context_parallel.cpp — see dtk/layers/context_parallel.hpp.
+#include <dtk/layers/context_parallel.hpp>
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <dtk/context_parallel.hpp>
+#include <dtk/tensor.hpp>
+
+#include <string>
+
+namespace dtk::layers {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void check_units(int64_t units, int64_t cp, const at::Tensor& x) {
+  if (units <= 0 || x.size(-1) % units != 0 || units % cp != 0)
+    throw Error("context parallelism " + std::to_string(cp) + ": " + std::to_string(units) +
+                " attention heads (or key/value groups) on a tensor-parallel rank must divide by it, in a projection " +
+                shape_str(x));
+}
+
+// [b, s / cp, units * w] -> [b, s, units / cp * w]: rank j receives every rank's share of the
+// sequence for its units; the shares, side by side in rank order, are put back in order.
+at::Tensor heads_from_sequence_once(const at::Tensor& x, int64_t units, int64_t cp) {
+  const int64_t b = x.size(0), share = x.size(1), w = x.size(2) / units, mine = units / cp;
+  at::Tensor send = x.reshape({b, share, cp, mine * w}).permute({2, 0, 1, 3}).contiguous();  // [cp, b, s/cp, ..]
+  at::Tensor got = at::empty_like(send);
+  Comm::all_to_all(got, send, DTK_GROUP_CONTEXT_PARALLEL);
+  // got[j] is rank j's share for this rank's units: [b, cp x s/cp (rank order), mine * w].
+  return context_parallel_whole(got.permute({1, 0, 2, 3}).reshape({b, cp * share, mine * w}), 1,
+                                static_cast<int32_t>(cp));
+}
+
+// [b, s, units * w] -> [b, s / cp, cp * units * w]: every rank gets its share of the sequence
+// back, for the units of each rank in rank order.
+at::Tensor sequence_from_heads_once(const at::Tensor& x, int64_t cp) {
+  const int64_t b = x.size(0), s = x.size(1), c = s / (2 * cp), width = x.size(2);
+  std::vector<at::Tensor> shares;  // [b, s / cp, width] for each rank j: its chunks j and 2 cp - 1 - j
+  shares.reserve(static_cast<size_t>(cp));
+  for (int64_t j = 0; j < cp; ++j)
+    shares.push_back(at::cat({x.narrow(1, j * c, c), x.narrow(1, (2 * cp - 1 - j) * c, c)}, 1));
+  at::Tensor send = at::stack(shares, 0);  // [cp, b, s / cp, width]
+  at::Tensor got = at::empty_like(send);
+  Comm::all_to_all(got, send, DTK_GROUP_CONTEXT_PARALLEL);
+  // got[j] is this rank's share for rank j's units.
+  return got.permute({1, 2, 0, 3}).reshape({b, 2 * c, cp * width});
+}
+
+struct HeadsFromSequence : public torch::autograd::Function<HeadsFromSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t units, int64_t cp) {
+    ctx->saved_data["cp"] = cp;
+    return heads_from_sequence_once(x, units, cp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {sequence_from_heads_once(grad[0].contiguous(), ctx->saved_data["cp"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SequenceFromHeads : public torch::autograd::Function<SequenceFromHeads> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t units, int64_t cp) {
+    ctx->saved_data["cp"] = cp;
+    ctx->saved_data["units"] = units * cp;
+    return sequence_from_heads_once(x, cp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {
+        heads_from_sequence_once(grad[0].contiguous(), ctx->saved_data["units"].toInt(), ctx->saved_data["cp"].toInt()),
+        at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ContextParallel::heads_from_sequence(const at::Tensor& x, int64_t units) const {
+  if (!active()) return x;
+  check_units(units, size, x);
+  return HeadsFromSequence::apply(x, units, static_cast<int64_t>(size));
+}
+
+at::Tensor ContextParallel::sequence_from_heads(const at::Tensor& x, int64_t units) const {
+  if (!active()) return x;
+  if (units <= 0 || x.size(-1) % units != 0) check_units(units, 1, x);
+  return SequenceFromHeads::apply(x, units, static_cast<int64_t>(size));
+}
+
+at::Tensor ContextParallel::whole_positions(const at::Tensor& positions) const {
+  if (!active()) return positions;
+  at::Tensor mine = positions.to(at::kLong).contiguous();
+  at::Tensor all = at::empty({size * mine.size(0), mine.size(1)}, mine.options());
+  Comm::all_gather(all, mine, DTK_GROUP_CONTEXT_PARALLEL);  // [cp x b, s / cp], rank-major
+  const int64_t b = mine.size(0);
+  return context_parallel_whole(all.view({size, b, mine.size(1)}).permute({1, 0, 2}).reshape({b, -1}), 1, size);
+}
+
+at::Tensor ContextParallel::share_of_positions(int64_t b, int64_t s, at::Device device) const {
+  const at::Tensor whole = at::arange(s, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+  return context_parallel_share(whole, 1, rank, size).expand({b, s / size}).contiguous();
+}
+
+}  // namespace dtk::layers

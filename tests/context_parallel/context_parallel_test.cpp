@@ -1,0 +1,118 @@
+// Context parallelism (distributed.context_parallel_size, Megatron's --context-parallel-size with
+// --cp-comm-type a2a) end to end through `dtk launch`, real processes over loopback (Gloo). Each
+// rank of a context-parallel group keeps 2 of the sequence's 2 x cp chunks (Megatron's
+// load-balanced split) and its attention trades them for whole sequences of 1 / cp of the heads,
+// so every run below is compared with one process, iteration by iteration (fp32, lm loss and grad
+// norm within 1e-5):
+//   * gpt (learned positions) and llama (rotary, grouped-query attention): the tokens drawn from
+//     16 ids with id 3 the end of document, so eod_mask_loss leaves the ranks different token
+//     counts (the mean divides by the group's count), reset_position_ids gives each document its
+//     own positions and reset_attention_mask a whole [b, 1, s, s] mask; CP 2 and CP 4; the
+//     per-token loss (train.calculate_per_token_loss);
+//   * with TP 2 and sequence parallelism, DP 2 under ZeRO-1 and ZeRO-3, and PP 2;
+//   * bad inputs are one-line errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "../common/curves.hpp"
+#include "../common/run_dtk.hpp"
+
+namespace {
+
+using dtk_test::Curve;
+using dtk_test::expect_same_curve;
+
+constexpr size_t kIters = 6;
+
+// A tiny model on synthetic tokens of 16 ids (id 3 ends a document): 4 layers, 6 iterations of 8
+// samples in micro-batches of 4, no dropout (each rank draws its own masks), clipping active.
+std::string train(const std::string& model) {
+  return "train --config " + std::string(DTK_SOURCE_DIR) + "/configs/" + model +
+         "-tiny.pbtxt --dataset synthetic --threads 1 --set model.num_layers=4 "
+         "--set model.vocab_size=512 --set dataset.vocab_size=16 --set train.seq_length=32 "
+         "--set train.micro_batch_size=4 --set train.global_batch_size=8 --set train.train_iters=6 "
+         "--set train.clip_grad=0.3 --set lr.lr_warmup_iters=2 --set logging.log_interval=1 "
+         "--set eval.eval_interval=0 --set eval.eval_iters=1 "
+         "--set model.hidden_dropout=0 --set model.attention_dropout=0 ";
+}
+const std::string kDocuments =
+    "--set step.eod_token=3 --set step.eod_mask_loss=true --set step.reset_position_ids=true "
+    "--set step.reset_attention_mask=true ";
+std::string cp(int n) { return "--set distributed.context_parallel_size=" + std::to_string(n) + " "; }
+
+Curve curve_of(const std::string& model, int nproc, const std::string& args, const std::string& name) {
+  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+  return dtk_test::run_curve(launch + train(model) + args, DTK_TEST_TMP, model + "-" + name);
+}
+
+// A failed launch's output holds the error line.
+void expect_error(int nproc, const std::string& model, const std::string& args, const std::string& what) {
+  const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+  const dtk_test::Result r = dtk_test::run_dtk(launch + train(model) + args, 120);
+  EXPECT_NE(r.code, 0) << args;
+  EXPECT_NE(r.out.find("dtk: error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(what), std::string::npos) << "want: " << what << "\n" << r.out;
+}
+
+}  // namespace
+
+TEST(ContextParallel, GptAndLlamaEqualOneProcess) {
+  for (const std::string model : {"gpt", "llama"}) {
+    const Curve one = curve_of(model, 1, kDocuments, "one");
+    expect_same_curve(one, curve_of(model, 2, kDocuments + cp(2), "cp2"), kIters, model + " CP 2 vs one process");
+    // The causal mask alone (LibTorch's or DTK's fused path), positions 0..s-1 made by the model.
+    expect_same_curve(curve_of(model, 1, "", "one-plain"), curve_of(model, 2, cp(2), "cp2-plain"), kIters,
+                      model + " CP 2 vs one process, the causal mask alone");
+  }
+  // Four ranks: 8 chunks of 4 positions; gpt's 4 heads one per rank.
+  expect_same_curve(curve_of("gpt", 1, kDocuments, "one"), curve_of("gpt", 4, kDocuments + cp(4), "cp4"), kIters,
+                    "gpt CP 4 vs one process");
+  // Megatron's --calculate-per-token-loss: each rank's summed loss and its token count.
+  const std::string per_token = kDocuments + "--set train.calculate_per_token_loss=true ";
+  expect_same_curve(curve_of("llama", 1, per_token, "one-per-token"),
+                    curve_of("llama", 2, per_token + cp(2), "cp2-per-token"), kIters,
+                    "llama CP 2 vs one process, per-token loss");
+}
+
+TEST(ContextParallel, WithTensorDataAndPipelineParallelism) {
+  const std::string tp2_sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
+  for (const std::string model : {"gpt", "llama"}) {
+    const Curve one = curve_of(model, 1, kDocuments, "one");
+    // llama-tiny's 2 key/value groups leave one per tensor-parallel rank, which CP 2 cannot
+    // split: it takes 4 groups here.
+    const std::string groups = model == "llama" ? "--set model.num_query_groups=4 " : "";
+    const Curve one_groups = model == "llama" ? curve_of(model, 1, kDocuments + groups, "one-4-groups") : one;
+    expect_same_curve(one_groups, curve_of(model, 4, kDocuments + groups + tp2_sp + cp(2), "tp2-sp-cp2"), kIters,
+                      model + " TP 2 x CP 2 with sequence parallelism vs one process");
+    expect_same_curve(
+        one, curve_of(model, 4, kDocuments + cp(2) + "--set distributed.pipeline_model_parallel_size=2 ", "cp2-pp2"),
+        kIters, model + " CP 2 x PP 2 vs one process");
+  }
+  const Curve one = curve_of("gpt", 1, kDocuments, "one");
+  for (int stage : {1, 3})
+    expect_same_curve(one,
+                      curve_of("gpt", 4,
+                               kDocuments + cp(2) + "--strategy zero --set strategy.stage=" + std::to_string(stage) +
+                                   " --set strategy.stage3_param_persistence_threshold=100 ",
+                               "cp2-dp2-zero" + std::to_string(stage)),
+                      kIters, "gpt CP 2 x DP 2, ZeRO stage " + std::to_string(stage) + " vs one process");
+}
+
+TEST(ContextParallel, BadInputsAreOneLine) {
+  // The sequence in 2 x cp equal chunks.
+  expect_error(2, "gpt", cp(2) + "--set train.seq_length=30",
+               "distributed.context_parallel_size 2 splits each sequence into 4 equal chunks");
+  // Each tensor-parallel rank's heads (llama: key/value groups) divide over the group.
+  expect_error(3, "gpt", cp(3) + "--set train.seq_length=48",
+               "num_attention_heads / the tensor-parallel size (4 / 1) must divide by 3");
+  expect_error(4, "llama", cp(4), "num_query_groups / the tensor-parallel size (2 / 1) must divide by 4");
+  // The world holds TP x CP x DP x PP ranks.
+  expect_error(3, "gpt", cp(2), "is not divisible by distributed.context_parallel_size 2");
+  expect_error(2, "gpt", cp(2) + "--set model.domino_chunks=2", "Domino's chunked schedule");
+  expect_error(2, "gpt", cp(2) + "--set model.num_experts=2", "DTK runs context parallelism on dense models");
+  expect_error(4, "gpt", cp(2) + "--set model.num_experts=2 --set distributed.expert_model_parallel_size=2",
+               "does not combine context and expert parallelism");
+  expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",
+               "distributed.context_parallel_size must be at least 1");
+}

@@ -358,8 +358,8 @@ const Rule kRules[] = {
      "Megatron-DeepSpeed's choice against DeepSpeed's pipeline engine: needed by zero_optimization.stage 2 and 3 "
      "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
     {"--ds-sequence-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
-     "DeepSpeed-Ulysses: the sequence split over that many ranks, attention by all-to-all (DTK's context "
-     "parallelism; its chunks load-balanced, the same attention)"},
+     "DeepSpeed-Ulysses, DTK's context parallelism: each sequence split over that many ranks, attention by "
+     "all-to-all"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
     {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
      "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
@@ -421,7 +421,7 @@ const Rule kRules[] = {
      "from its stages); other layouts and MTP layers (m) refused"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
-     "each sequence split over that many ranks (Megatron's load-balanced chunks), attention by all-to-all"},
+     "each sequence split over that many ranks, attention by all-to-all"},
     {"--cp-comm-type", -1, Kind::kCustom, "",
      "a2a: DTK's; p2p, all_gather, a2a+p2p: ignored, saying so (DTK's all-to-all computes the same attention)"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",

@@ -10,6 +10,7 @@
 //     own positions and reset_attention_mask a whole [b, 1, s, s] mask; CP 2 and CP 4; the
 //     per-token loss (train.calculate_per_token_loss);
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO-1 and ZeRO-3, and PP 2;
+//   * a resumed run equals an uninterrupted one, recomputation equals none;
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
 
@@ -97,6 +98,30 @@ TEST(ContextParallel, WithTensorDataAndPipelineParallelism) {
                                    (stage == 3 ? " --set strategy.stage3_param_persistence_threshold=100 " : " "),
                                "cp2-dp2-zero" + std::to_string(stage)),
                       kIters, "gpt CP 2 x DP 2, ZeRO stage " + std::to_string(stage) + " vs one process");
+}
+
+// Saved at iteration 3 and resumed under CP 2 x DP 2 with ZeRO-1 and dropout: the same losses as
+// 6 uninterrupted iterations (parameters, optimizer shards over the DP x CP ranks, each rank's
+// dropout generators). Recomputation reruns the attention's all-to-alls inside its checkpoint.
+TEST(ContextParallel, ResumesExactlyAndRecomputes) {
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ckpt-cp");
+  const std::string args = kDocuments + cp(2) +
+                           "--strategy zero --set strategy.stage=1 --set model.hidden_dropout=0.1 "
+                           "--set model.attention_dropout=0.1 --set lr.lr_decay_iters=6 ";
+  const Curve whole = curve_of("llama", 4, args, "resume-whole");
+  const Curve first = curve_of("llama", 4, args + "--set train.train_iters=3 --set checkpoint.save=" + dir, "first");
+  const Curve second = curve_of("llama", 4, args + "--set checkpoint.load=" + dir, "second");
+  ASSERT_EQ(second.loss.size(), 3u) << second.run.out;
+  for (const auto& [it, loss] : second.loss) {
+    EXPECT_FLOAT_EQ(loss, whole.loss.at(it)) << "iteration " << it;
+    EXPECT_FLOAT_EQ(second.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+  const Curve plain = curve_of("gpt", 2, kDocuments + cp(2), "cp2");
+  for (const std::string recompute : {"selective", "full"})
+    expect_same_curve(plain,
+                      curve_of("gpt", 2, kDocuments + cp(2) + "--set model.recompute_activations=" + recompute + " ",
+                               "cp2-recompute-" + recompute),
+                      kIters, "gpt CP 2, recompute " + recompute + " vs none");
 }
 
 TEST(ContextParallel, BadInputsAreOneLine) {

@@ -260,7 +260,9 @@ int run_generate(const std::vector<std::string>& sets, dtk::host::PluginHost& pl
   const int64_t max_positions = max_positions_of(cfg);
   const std::vector<std::vector<int64_t>> ids = prompt_ids(prompts, tokenizer, max_positions);
   // Each process runs every expert: an expert-parallel checkpoint's directories are read together.
+  // A context-parallel run's model is whole on each rank: generation runs it on whole sequences.
   cfg.mutable_distributed()->set_expert_model_parallel_size(1);
+  cfg.mutable_distributed()->set_context_parallel_size(1);
   dtk::core::init_distributed(cfg);
   const dtk::core::Topology& topo = dtk::core::topology();
 

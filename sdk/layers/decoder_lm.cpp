@@ -1080,7 +1080,7 @@ dtk_model_info DecoderLM::info() {
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
   if (i.recompute_granularity == 2) i.recompute_modules = modules;
-  i.context_parallel = 1;  // the layers' attention runs validate_context_parallel's layout
+  i.context_parallel = parts_.context_parallel ? 1 : 0;  // the layers exchange their attention's inputs
   return i;
 }
 

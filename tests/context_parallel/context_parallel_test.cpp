@@ -10,11 +10,14 @@
 //     own positions and reset_attention_mask a whole [b, 1, s, s] mask; CP 2 and CP 4; the
 //     per-token loss (train.calculate_per_token_loss);
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO-1 and ZeRO-3, and PP 2;
-//   * a resumed run equals an uninterrupted one, recomputation equals none;
+//   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
+//     process's;
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "../common/curves.hpp"
 #include "../common/run_dtk.hpp"
@@ -47,6 +50,15 @@ Curve curve_of(const std::string& model, int nproc, const std::string& args, con
   return dtk_test::run_curve(launch + train(model) + args, DTK_TEST_TMP, model + "-" + name);
 }
 
+// The evaluations' lm loss values, in the order the run printed them (validation, then test).
+std::vector<double> evaluation_losses(const std::string& out) {
+  std::vector<double> losses;
+  const std::regex re("on (validation|test) set \\| lm loss value: ([0-9.E+-]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod((*it)[2]));
+  return losses;
+}
+
 // A failed launch's output holds the error line.
 void expect_error(int nproc, const std::string& model, const std::string& args, const std::string& what) {
   const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
@@ -62,10 +74,18 @@ TEST(ContextParallel, GptAndLlamaEqualOneProcess) {
   for (const std::string model : {"gpt", "llama"}) {
     const Curve one = curve_of(model, 1, kDocuments, "one");
     expect_same_curve(one, curve_of(model, 2, kDocuments + cp(2), "cp2"), kIters, model + " CP 2 vs one process");
-    // The causal mask alone (LibTorch's or DTK's fused path), positions 0..s-1 made by the model.
+    // The causal mask alone (LibTorch's or DTK's fused path), positions 0..s-1 from the step.
     expect_same_curve(curve_of(model, 1, "", "one-plain"), curve_of(model, 2, cp(2), "cp2-plain"), kIters,
                       model + " CP 2 vs one process, the causal mask alone");
   }
+  // Evaluation reads the data ranks' samples and splits them as training does.
+  const std::string eval = "--set eval.eval_interval=3 --set eval.eval_iters=2 ";
+  const Curve one = curve_of("gpt", 1, kDocuments + eval, "one-eval");
+  const Curve two = curve_of("gpt", 2, kDocuments + eval + cp(2), "cp2-eval");
+  const std::vector<double> want = evaluation_losses(one.run.out), got = evaluation_losses(two.run.out);
+  ASSERT_GE(want.size(), 2u) << one.run.out;  // validation at iterations 3 and 6, after training; test
+  ASSERT_EQ(got.size(), want.size()) << two.run.out;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "evaluation " << i;
   // Four ranks: 8 chunks of 4 positions; gpt's 4 heads one per rank.
   expect_same_curve(curve_of("gpt", 1, kDocuments, "one"), curve_of("gpt", 4, kDocuments + cp(4), "cp4"), kIters,
                     "gpt CP 4 vs one process");

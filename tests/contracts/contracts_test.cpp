@@ -105,6 +105,17 @@ TEST(Contracts, AModelWithoutSequenceParallelismIsRefusedUnderIt) {
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 
+// A model that does not report dtk_model_info.context_parallel (ABI 2.20) would attend within each
+// rank's share of the sequence only: refused at start, naming it.
+TEST(Contracts, AModelWithoutContextParallelismIsRefusedUnderIt) {
+  const auto r = run_dtk("launch --nproc_per_node 2 " + train("--set distributed.context_parallel_size=2"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model plugin 'contract_model' does not run context parallelism (its dtk_model_info"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
 // A model that does not report dtk_model_info.pipeline_split would build its even share of the
 // layers under an uneven split: refused at start, naming it.
 TEST(Contracts, AModelWithoutThePipelineSplitIsRefusedUnderAnUnevenOne) {

@@ -49,7 +49,9 @@ class GPTModel : public DecoderLM {
     c_.openai_gelu = o.get_bool("openai_gelu");
     validate(ctx, c_);
     build(ctx, c_,
-          {{{"final_layernorm.weight", c_.norm_init()}, {"final_layernorm.bias", 0.0}}, /*layer_positions=*/false});
+          {{{"final_layernorm.weight", c_.norm_init()}, {"final_layernorm.bias", 0.0}},
+           /*layer_positions=*/false,
+           /*context_parallel=*/true});
   }
 
  private:

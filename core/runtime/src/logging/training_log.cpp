@@ -376,55 +376,46 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
                 mb(m.optimizer_state_bytes), m.optimizer_on_host ? " (host)" : "", mb(m.allocator.host.bytes),
                 mb(m.allocator.host.peak), mb(m.activation_bytes));
   print(buf);
-  // The communication volume of the iteration: under ZeRO reduce-scatter + all-gather move what
-  // ddp's all-reduce moves.
+  // The communication volume of the iteration, a line per group: its parts and their total.
+  auto traffic_line = [&](const char* group, const std::vector<std::pair<const char*, int64_t>>& parts, int64_t total) {
+    std::string line = " [Rank 0] (after " + std::to_string(iteration) + " iterations) " + group +
+                       "-parallel traffic sent per iteration (MB)";
+    for (const auto& [name, bytes] : parts) {
+      std::snprintf(buf, sizeof buf, " | %s: %.2f", name, mb(bytes));
+      line += buf;
+    }
+    std::snprintf(buf, sizeof buf, " | total: %.2f", mb(total));
+    print(line + buf);
+  };
+  // Under ZeRO reduce-scatter + all-gather move what ddp's all-reduce moves.
   for (const auto& [name, t, n] :
        {std::tuple<const char*, const Traffic&, int>{"data", m.data_parallel, m.dp_size},
         std::tuple<const char*, const Traffic&, int>{"tensor", m.tensor_parallel, m.tp_size}}) {
     if (n <= 1) continue;
+    std::vector<std::pair<const char*, int64_t>> parts = {{"all-reduce", t.all_reduce},
+                                                          {"reduce-scatter", t.reduce_scatter},
+                                                          {"all-gather", t.all_gather},
+                                                          {"broadcast", t.broadcast}};
     // (All-to-alls here: the alltoall MoE dispatcher's uneven gathers over TP; shown only then.)
-    char all_to_all[48] = "";
-    if (t.all_to_all > 0) std::snprintf(all_to_all, sizeof all_to_all, " | all-to-all: %.2f", mb(t.all_to_all));
-    std::snprintf(buf, sizeof buf,
-                  " [Rank 0] (after %lld iterations) %s-parallel traffic sent per iteration (MB) | all-reduce: %.2f | "
-                  "reduce-scatter: %.2f | all-gather: %.2f | broadcast: %.2f%s | total: %.2f",
-                  static_cast<long long>(iteration), name, mb(t.all_reduce), mb(t.reduce_scatter), mb(t.all_gather),
-                  mb(t.broadcast), all_to_all, mb(t.total()));
-    print(buf);
+    if (t.all_to_all > 0) parts.emplace_back("all-to-all", t.all_to_all);
+    traffic_line(name, parts, t.total());
   }
   // Pipeline stages: the activations and gradients rank 0's stage sent, and what the schedule and
   // the tied embeddings' sum moved besides.
-  if (m.pp_size > 1) {
-    const Traffic& t = m.pipeline_parallel;
-    std::snprintf(buf, sizeof buf,
-                  " [Rank 0] (after %lld iterations) pipeline-parallel traffic sent per iteration (MB) | "
-                  "point-to-point: %.2f | collectives: %.2f | total: %.2f",
-                  static_cast<long long>(iteration), mb(t.point_to_point), mb(t.total() - t.point_to_point),
-                  mb(t.total()));
-    print(buf);
-  }
+  if (const Traffic& t = m.pipeline_parallel; m.pp_size > 1)
+    traffic_line("pipeline", {{"point-to-point", t.point_to_point}, {"collectives", t.total() - t.point_to_point}},
+                 t.total());
   // Expert parallelism: the MoE layers' tokens to their experts and back (all-to-all, or
   // all-gather and reduce-scatter: model.moe_token_dispatcher).
-  if (m.ep_size > 1) {
-    const Traffic& t = m.expert_parallel;
-    std::snprintf(buf, sizeof buf,
-                  " [Rank 0] (after %lld iterations) expert-parallel traffic sent per iteration (MB) | "
-                  "all-to-all: %.2f | all-gather: %.2f | reduce-scatter: %.2f | total: %.2f",
-                  static_cast<long long>(iteration), mb(t.all_to_all), mb(t.all_gather), mb(t.reduce_scatter),
-                  mb(t.total()));
-    print(buf);
-  }
+  if (const Traffic& t = m.expert_parallel; m.ep_size > 1)
+    traffic_line("expert",
+                 {{"all-to-all", t.all_to_all}, {"all-gather", t.all_gather}, {"reduce-scatter", t.reduce_scatter}},
+                 t.total());
   // Context parallelism: the attention's all-to-alls, the positions' all-gather and the loss's
   // token count.
-  if (m.cp_size > 1) {
-    const Traffic& t = m.context_parallel;
-    std::snprintf(buf, sizeof buf,
-                  " [Rank 0] (after %lld iterations) context-parallel traffic sent per iteration (MB) | "
-                  "all-to-all: %.2f | all-gather: %.2f | all-reduce: %.2f | total: %.2f",
-                  static_cast<long long>(iteration), mb(t.all_to_all), mb(t.all_gather), mb(t.all_reduce),
-                  mb(t.total()));
-    print(buf);
-  }
+  if (const Traffic& t = m.context_parallel; m.cp_size > 1)
+    traffic_line("context", {{"all-to-all", t.all_to_all}, {"all-gather", t.all_gather}, {"all-reduce", t.all_reduce}},
+                 t.total());
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);
   tensorboard_->add_scalar("mem-max-allocated-bytes", static_cast<double>(m.allocator.device.peak), iteration);

@@ -67,7 +67,9 @@ MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   e.logits = in.pp_rank == in.pp_size - 1 ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;
   // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
   // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
-  e.batches = (v > 1 ? 4.0 + static_cast<double>(in.micro_batches_per_step) : 5.0) * b * (s + 1) * 8.0;
+  // (Whole samples: a context-parallel rank splits them in its step.)
+  e.batches = (v > 1 ? 4.0 + static_cast<double>(in.micro_batches_per_step) : 5.0) * b *
+              (static_cast<double>(in.seq_length) + 1) * 8.0;
   e.gradients_in_flight =
       v > 1 ? static_cast<double>(chunk_forwards + 2 * in.pp_size + 1) * s * b * h * in.dtype_bytes : 0.0;
   // What lives in host memory (offload) is outside a device budget (not outside the machine's).

@@ -221,6 +221,10 @@ struct DecoderParts {
   // The layers read position ids (rotary embeddings): "position_ids" [b, s] are checked, taken
   // as int64 and passed to every stage's layers; else only a learned table (max_pos) reads them.
   bool layer_positions = false;
+  // The layers run context parallelism: each calls DecoderConfig::cp's heads_from_sequence before
+  // core attention and sequence_from_heads after it (context_parallel.hpp). Reported in
+  // dtk_model_info.context_parallel; without it the host refuses distributed.context_parallel_size.
+  bool context_parallel = false;
 };
 
 class DecoderLM : public Model {

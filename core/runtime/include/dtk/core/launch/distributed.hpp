@@ -1,11 +1,15 @@
 // dtk/core/launch/distributed.hpp — multi-process runs: the launch environment (torchrun, SLURM,
-// Open MPI), the c10d TCPStore rendezvous and the Gloo process groups of Megatron's layout.
+// Open MPI), the c10d TCPStore rendezvous and the Gloo process groups of Megatron's layout
+// (its order tp-cp-dp-pp).
 //
-// Layout (pipeline size 1 for now), world = DP x TP:
-//   tensor-parallel groups:  consecutive ranks        {0,1}, {2,3}, ...      (tp_rank = rank % tp)
-//   data-parallel groups:    ranks with equal tp_rank {0,2}, {1,3}, ...      (dp_rank = rank / tp)
-//   model-parallel group:    TP x PP ranks of one data-parallel replica (= the TP group here)
-//   pipeline group:          size 1
+// Layout, world = TP x CP x DP x PP:
+//   tensor-parallel groups:   consecutive ranks        {0,1}, {2,3}, ...  (tp_rank = rank % tp)
+//   data-parallel groups:     a stage's ranks of equal tp_rank            (dp_rank = (rank / tp) % (cp x dp)):
+//                             under context parallelism the data- and context-parallel ranks together
+//   context-parallel groups:  runs of cp consecutive ranks of a data-parallel group (cp_rank = dp_rank % cp)
+//   expert-parallel groups:   runs of ep consecutive ranks of a data-parallel group (ep_rank = dp_rank % ep)
+//   pipeline groups:          the ranks of equal tp_rank and dp_rank over the stages (pp_rank = rank / (tp x cp x dp))
+//   model-parallel group:     TP x PP ranks of one data-parallel replica
 // Each group of size > 1 gets its own ProcessGroupGloo over a PrefixStore of the shared store;
 // groups of size 1 get none (their collectives are the identity).
 #pragma once

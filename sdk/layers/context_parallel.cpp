@@ -36,16 +36,16 @@ at::Tensor heads_from_sequence_once(const at::Tensor& x, int64_t units, int64_t 
 // [b, s, units * w] -> [b, s / cp, cp * units * w]: every rank gets its share of the sequence
 // back, for the units of each rank in rank order.
 at::Tensor sequence_from_heads_once(const at::Tensor& x, int64_t cp) {
-  const int64_t b = x.size(0), s = x.size(1), c = s / (2 * cp), width = x.size(2);
-  std::vector<at::Tensor> shares;  // [b, s / cp, width] for each rank j: its chunks j and 2 cp - 1 - j
+  const int64_t b = x.size(0), share = x.size(1) / cp, width = x.size(2);
+  std::vector<at::Tensor> shares;  // [b, s / cp, width]: each rank j's share of the sequence
   shares.reserve(static_cast<size_t>(cp));
   for (int64_t j = 0; j < cp; ++j)
-    shares.push_back(at::cat({x.narrow(1, j * c, c), x.narrow(1, (2 * cp - 1 - j) * c, c)}, 1));
+    shares.push_back(context_parallel_share(x, 1, static_cast<int32_t>(j), static_cast<int32_t>(cp)));
   at::Tensor send = at::stack(shares, 0);  // [cp, b, s / cp, width]
   at::Tensor got = at::empty_like(send);
   Comm::all_to_all(got, send, DTK_GROUP_CONTEXT_PARALLEL);
   // got[j] is this rank's share for rank j's units.
-  return got.permute({1, 2, 0, 3}).reshape({b, 2 * c, cp * width});
+  return got.permute({1, 2, 0, 3}).reshape({b, share, cp * width});
 }
 
 struct HeadsFromSequence : public torch::autograd::Function<HeadsFromSequence> {
@@ -81,7 +81,7 @@ at::Tensor ContextParallel::heads_from_sequence(const at::Tensor& x, int64_t uni
 
 at::Tensor ContextParallel::sequence_from_heads(const at::Tensor& x, int64_t units) const {
   if (!active()) return x;
-  if (units <= 0 || x.size(-1) % units != 0) check_units(units, 1, x);
+  check_units(units, 1, x);
   return SequenceFromHeads::apply(x, units, static_cast<int64_t>(size));
 }
 

@@ -4,6 +4,7 @@
 #include "../comm/nccl_backend.hpp"
 #include "dtk/core/comm/peer_processes.hpp"
 #include "dtk/core/device/cuda_support.hpp"
+#include "dtk/core/launch/broken_pipes.hpp"
 #include "dtk/core/launch/run_agreement.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -611,6 +612,7 @@ void init_distributed(const config::RunConfig& cfg, const std::vector<std::strin
       throw HostError("distributed: unknown backend '" + dc.backend() + "' (gloo or nccl)");
     if (nccl && !training_device().is_cuda())
       throw HostError("distributed: backend nccl needs train.device=cuda (NCCL moves CUDA tensors; CPU runs use gloo)");
+    route_broken_pipes();  // a peer lost while Gloo writes to it is an error line, not a silent death
     groups = start_world(le, t, description, d.timeout, d.store, nccl);
   }
   install_process_groups(t, std::move(groups), d.timeout);

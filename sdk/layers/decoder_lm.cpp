@@ -633,10 +633,6 @@ void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
   if (tp_.splits_sequence() && (c.seq / c.cp.size) % tp_.size != 0)
     fail(cp + " with sequence parallelism: each rank's " + std::to_string(c.seq / c.cp.size) +
          " positions must split over the tensor-parallel size " + std::to_string(tp_.size));
-  if (c.domino_chunks > 1)
-    fail(cp +
-         ": Domino's chunked schedule (domino_chunks > 1) runs plain tensor parallelism only; use "
-         "domino_chunks=1 or distributed.context_parallel_size=1");
   if (c.moe.enabled())
     fail(cp +
          ": a mixture of experts' router statistics and capacity would cover this rank's share of each "
@@ -856,6 +852,8 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
     in.hidden = h;
     in.tokens = tokens;
     in.positions = pos;
+    // The layers' positions (rotary) are the whole sequence's under context parallelism.
+    if (parts_.layer_positions && pos.defined()) in.layer_positions = c.cp.whole_positions(pos);
     in.mask = mask;
     if (labels) in.labels = labels->to(at::kLong);
     h = domino_forward(domino_, in, rng_, training_);

@@ -246,6 +246,7 @@ struct State : torch::CustomClassHolder {
   bool with_head() const { return stack.head && labels.defined(); }
   at::Tensor tokens;                    // with the embedding in the schedule
   at::Tensor positions;                 // [b or 1, s] or undefined
+  at::Tensor layer_positions;           // the layers' (the whole sequence's under CP) or undefined
   DropoutMask embedding_keep;           // its dropout mask, whole micro-batch
   std::vector<Piece> embedding_pieces;  // [chunk]: only `out` (no input gradient)
   bool with_embedding() const { return stack.embedding && tokens.defined(); }
@@ -315,11 +316,13 @@ struct State : torch::CustomClassHolder {
     return out;
   }
 
-  // Chunk c's position ids (one row [1, s] serves every sequence, as plain TP's broadcast).
-  at::Tensor chunk_positions(size_t c) const {
-    if (!positions.defined() || positions.size(0) == 1) return positions;
-    return positions.narrow(0, start[c], rows[c]);
+  // Chunk c's rows of position ids (one row [1, s] serves every sequence, as plain TP's broadcast):
+  // the embedding's (`positions`), or the layers'.
+  at::Tensor chunk_positions(size_t c, const at::Tensor& of) const {
+    if (!of.defined() || of.size(0) == 1) return of;
+    return of.narrow(0, start[c], rows[c]);
   }
+  at::Tensor chunk_positions(size_t c) const { return chunk_positions(c, positions); }
 
   at::Tensor chunk_mask(size_t c) const {
     if (!mask.defined() || mask.size(0) == 1) return mask;
@@ -457,7 +460,7 @@ struct State : torch::CustomClassHolder {
           if (stack.tp.splits_sequence()) cut = gathers[c]->wait();
           DominoChunk chunk;
           chunk.mask = chunk_mask(c);
-          chunk.positions = chunk_positions(c);
+          chunk.positions = chunk_positions(c, layer_positions);
           if (s == 0) chunk.attention_probs = masks[l].rows(start[c], rows[c]).attention_probs;
           InFlight& f = flight[c];
           f.layer = l;
@@ -619,6 +622,7 @@ struct State : torch::CustomClassHolder {
     labels = in.labels;
     tokens = stack.embedding ? in.tokens : at::Tensor();
     positions = in.positions;
+    layer_positions = in.layer_positions.defined() ? in.layer_positions : in.positions;
     embedding_graph = graph;
     const at::Tensor& x = with_embedding() ? tokens : in.hidden;
     if (labels.defined() &&
@@ -711,13 +715,15 @@ LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
 }
 
 LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int64_t hidden, double attention_dropout,
-                            double hidden_dropout, DropoutRng& rng, bool training) {
+                            double hidden_dropout, DropoutRng& rng, bool training, int64_t context_parallel) {
   LayerMasks m;
   if (!training) return m;
   // The plain layer's draws, per generator in the same order: attention probabilities from the
   // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
-  if (attention_dropout > 0.0)
-    m.attention_probs = draw_keep_mask({batch, heads_local, seq, seq}, attention_dropout, rng.attention);
+  if (attention_dropout > 0.0) {
+    const int64_t whole = seq * context_parallel;
+    m.attention_probs = draw_keep_mask({batch, heads_local, whole, whole}, attention_dropout, rng.attention);
+  }
   if (hidden_dropout > 0.0) {
     m.attention_out = draw_keep_mask({batch, seq, hidden}, hidden_dropout, rng.hidden);
     m.mlp_out = draw_keep_mask({batch, seq, hidden}, hidden_dropout, rng.hidden);

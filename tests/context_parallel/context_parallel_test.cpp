@@ -8,8 +8,10 @@
 //     16 ids with id 3 the end of document, so eod_mask_loss leaves the ranks different token
 //     counts (the mean divides by the group's count), reset_position_ids gives each document its
 //     own positions and reset_attention_mask a whole [b, 1, s, s] mask; CP 2 and CP 4; the
-//     per-token loss (train.calculate_per_token_loss);
-//   * with TP 2 and sequence parallelism, DP 2 under ZeRO-1 and ZeRO-3, and PP 2;
+//     per-token loss (train.calculate_per_token_loss); a sliding window;
+//   * with TP 2 and sequence parallelism, DP 2 under ZeRO stages 1-3, and PP 2;
+//   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
+//     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
 //   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
 //     process's;
 //   * bad inputs are one-line errors.
@@ -78,6 +80,10 @@ TEST(ContextParallel, GptAndLlamaEqualOneProcess) {
     expect_same_curve(curve_of(model, 1, "", "one-plain"), curve_of(model, 2, cp(2), "cp2-plain"), kIters,
                       model + " CP 2 vs one process, the causal mask alone");
   }
+  // A sliding window (Megatron's --window-size 8,0): its mask on the whole sequence's positions.
+  const std::string window = "--set model.window_size=8,0 ";
+  expect_same_curve(curve_of("llama", 1, window, "one-window"), curve_of("llama", 2, window + cp(2), "cp2-window"),
+                    kIters, "llama CP 2 vs one process, a sliding window of 8");
   // Evaluation reads the data ranks' samples and splits them as training does.
   const std::string eval = "--set eval.eval_interval=3 --set eval.eval_iters=2 ";
   const Curve one = curve_of("gpt", 1, kDocuments + eval, "one-eval");
@@ -111,13 +117,36 @@ TEST(ContextParallel, WithTensorDataAndPipelineParallelism) {
         kIters, model + " CP 2 x PP 2 vs one process");
   }
   const Curve one = curve_of("gpt", 1, kDocuments, "one");
-  for (int stage : {1, 3})
+  for (int stage : {1, 2, 3})
     expect_same_curve(one,
                       curve_of("gpt", 4,
                                kDocuments + cp(2) + "--strategy zero --set strategy.stage=" + std::to_string(stage) +
                                    (stage == 3 ? " --set strategy.stage3_param_persistence_threshold=100 " : " "),
                                "cp2-dp2-zero" + std::to_string(stage)),
                       kIters, "gpt CP 2 x DP 2, ZeRO stage " + std::to_string(stage) + " vs one process");
+}
+
+// Domino (model.domino_chunks=2) splits each micro-batch into 2 chunks whose tensor-parallel
+// reductions overlap the other chunk's compute; each chunk's attention makes its own exchanges.
+TEST(ContextParallel, WithDomino) {
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  const std::string domino = "--set model.domino_chunks=2 ";
+  expect_same_curve(curve_of("gpt", 1, kDocuments, "one"),
+                    curve_of("gpt", 4, kDocuments + tp2 + cp(2) + domino, "tp2-cp2-domino"), kIters,
+                    "gpt TP 2 x CP 2 under Domino vs one process");
+  // With dropout: the masks Domino draws up front for the whole micro-batch are the plain
+  // layers' (attention probabilities over the whole sequence of this rank's heads). llama with
+  // sequence parallelism, its rotary positions the whole sequence's.
+  const std::string dropout = "--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 ";
+  for (const std::string model : {"gpt", "llama"}) {
+    const std::string args = kDocuments + dropout + tp2 + cp(2) +
+                             (model == "llama" ? "--set model.num_query_groups=4 "
+                                                 "--set distributed.sequence_parallel=true "
+                                               : "");
+    expect_same_curve(curve_of(model, 4, args, "tp2-cp2-dropout"),
+                      curve_of(model, 4, args + domino, "tp2-cp2-dropout-domino"), kIters,
+                      model + " TP 2 x CP 2 with dropout, Domino vs plain");
+  }
 }
 
 // Saved at iteration 3 and resumed under CP 2 x DP 2 with ZeRO-1 and dropout: the same losses as
@@ -154,7 +183,6 @@ TEST(ContextParallel, BadInputsAreOneLine) {
   expect_error(4, "llama", cp(4), "num_query_groups / the tensor-parallel size (2 / 1) must divide by 4");
   // The world holds TP x CP x DP x PP ranks.
   expect_error(3, "gpt", cp(2), "is not divisible by distributed.context_parallel_size 2");
-  expect_error(2, "gpt", cp(2) + "--set model.domino_chunks=2", "Domino's chunked schedule");
   expect_error(2, "gpt", cp(2) + "--set model.num_experts=2", "DTK runs context parallelism on dense models");
   expect_error(4, "gpt", cp(2) + "--set model.num_experts=2 --set distributed.expert_model_parallel_size=2",
                "does not combine context and expert parallelism");

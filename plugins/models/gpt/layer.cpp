@@ -133,12 +133,15 @@ at::Tensor Layer::stage_norm(int stage, const at::Tensor& in) const {
 
 at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const DominoChunk& chunk) const {
   if (stage == 1) return dtk::linear(gelu(projected, c_), fc2.weight);
-  at::Tensor context = core_attention(projected, chunk.mask, [&](at::IntArrayRef) { return chunk.attention_probs; });
-  return dtk::linear(context, dense.weight);
+  // Under context parallelism the chunk's exchanges, as the plain layer's (forward_residual).
+  const at::Tensor whole = c_.cp.heads_from_sequence(projected, heads_local_ * c_.cp.size);
+  const at::Tensor context = core_attention(whole, chunk.mask, [&](at::IntArrayRef) { return chunk.attention_probs; });
+  return dtk::linear(c_.cp.sequence_from_heads(context, heads_local_), dense.weight);
 }
 
 LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
-  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
+  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training,
+                          c_.cp.size);
 }
 
 // q, k, v [b, s, np, hn] of the projection [b, s, np * 3 * hn] (per head: query, key, value):

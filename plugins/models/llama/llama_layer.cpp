@@ -262,13 +262,16 @@ at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const Do
     const int64_t f = gate.weight.size(0);
     return dtk::linear(at::silu(projected.narrow(-1, 0, f)) * projected.narrow(-1, f, f), down.weight);
   }
-  const QKV a = split_qkv(projected, chunk.positions);
+  // Under context parallelism the chunk's exchanges, as the plain layer's (forward_residual);
+  // chunk.positions are then the whole sequence's.
+  const QKV a = split_qkv(c_.cp.heads_from_sequence(projected, groups_local_ * c_.cp.size), chunk.positions);
   const at::Tensor context = attend(a.q, a.k, a.v, chunk.mask, chunk.attention_probs);
-  return dtk::linear(context, dense.weight);
+  return dtk::linear(c_.cp.sequence_from_heads(context, heads_local_), dense.weight);
 }
 
 LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
-  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training);
+  return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training,
+                          c_.cp.size);
 }
 
 void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {

@@ -50,7 +50,7 @@ namespace dtk::layers {
 // One layer's dropout masks for a whole micro-batch (undefined where that dropout is off), drawn
 // in the plain layer's order and sliced per chunk.
 struct LayerMasks {
-  DropoutMask attention_probs;  // [batch, heads / tp, seq, seq], TENSOR_PARALLEL stream
+  DropoutMask attention_probs;  // [batch, heads / (tp x cp), seq x cp, seq x cp], TENSOR_PARALLEL stream
   DropoutMask attention_out;    // [batch, seq, hidden], DEFAULT stream
   DropoutMask mlp_out;          // [batch, seq, hidden], DEFAULT stream
   LayerMasks rows(int64_t start, int64_t length) const;
@@ -58,13 +58,15 @@ struct LayerMasks {
 
 // The masks of a Megatron layer that drops attention probabilities, the attention output and the
 // MLP output, in that order (each generator's draws in its plain forward's order); none when not
-// training.
+// training. Under context parallelism (`context_parallel` C > 1) `seq` is this rank's share and
+// `heads_local` this rank's heads of the whole sequence: the probabilities cover seq x C positions.
 LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int64_t hidden, double attention_dropout,
-                            double hidden_dropout, DropoutRng& rng, bool training);
+                            double hidden_dropout, DropoutRng& rng, bool training, int64_t context_parallel = 1);
 
 // What one chunk's stage reads besides its input: its rows of the attention mask (undefined:
-// causal) and of the position ids (undefined when the model has none for its layers), and its
-// slice of the attention-probabilities dropout mask.
+// causal) and of the layers' position ids (undefined when the model has none for its layers; the
+// whole sequence's under context parallelism), and its slice of the attention-probabilities
+// dropout mask.
 struct DominoChunk {
   at::Tensor mask, positions;
   DropoutMask attention_probs;
@@ -132,10 +134,12 @@ struct DominoStack {
 };
 
 // What the stack runs on: the hidden states [b, s, h], or (with stack.embedding) token ids
-// [b, s]; position ids [b or 1, s] (for the embedding and the layers' DominoChunk); optional
-// attention mask [b or 1, 1, s, s] and labels [b, s].
+// [b, s]; position ids [b or 1, s] (for the embedding, and for the layers' DominoChunk unless
+// `layer_positions` is given: under context parallelism the layers' attention runs on the whole
+// sequence, whose positions rotary reads); optional attention mask [b or 1, 1, s, s] and labels
+// [b, s].
 struct DominoInputs {
-  at::Tensor hidden, tokens, positions, mask, labels;
+  at::Tensor hidden, tokens, positions, mask, labels, layer_positions;
 };
 
 // The layers with N = stack.chunks chunks (2 <= N <= b). Training with grad mode on

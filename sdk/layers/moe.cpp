@@ -42,15 +42,17 @@ const dtk_aux_loss_ext* aux_loss_extension() {
 
 // Identity on x; in backward `loss` gets the gradient the host gives the step's loss.
 struct AttachAuxLoss : public torch::autograd::Function<AttachAuxLoss> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& loss, int64_t tokens) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& loss, int64_t tokens,
+                            int64_t context_parallel) {
     ctx->saved_data["tokens"] = tokens;
+    ctx->saved_data["cp"] = context_parallel;
     ctx->save_for_backward({loss});
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const at::Tensor loss = ctx->get_saved_variables()[0];
-    const double scale = aux_loss_backward_scale(ctx->saved_data["tokens"].toInt());
-    return {grad[0], at::full_like(loss, scale), at::Tensor()};
+    const double scale = aux_loss_backward_scale(ctx->saved_data["tokens"].toInt(), ctx->saved_data["cp"].toInt());
+    return {grad[0], at::full_like(loss, scale), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -345,15 +347,17 @@ void record_aux_metric(const char* name, const at::Tensor& value) {
   e->record(name, wrap(value.detach().reshape({1})));
 }
 
-double aux_loss_backward_scale(int64_t tokens) {
+double aux_loss_backward_scale(int64_t tokens, int64_t context_parallel) {
   const dtk_aux_loss_ext* e = aux_loss_extension();
   if (!e) return 1.0;
   const double scale = e->backward_scale();
-  return e->per_token_loss() ? scale * static_cast<double>(tokens) : scale;
+  // A per-token loss's gradients are summed over the ranks (the host divides by the tokens), a
+  // mean loss's averaged: there the context-parallel ranks' shares need C times.
+  return e->per_token_loss() ? scale * static_cast<double>(tokens) : scale * static_cast<double>(context_parallel);
 }
 
-at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t tokens) {
-  return AttachAuxLoss::apply(x, loss, tokens);
+at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t tokens, int64_t context_parallel) {
+  return AttachAuxLoss::apply(x, loss, tokens, context_parallel);
 }
 
 at::Tensor switch_load_balancing_loss(const at::Tensor& scores, const at::Tensor& tokens_per_expert,
@@ -533,9 +537,11 @@ namespace {
 
 // Records one MoE layer's loss for the log without its coefficient: what this rank holds of the
 // mean over the MoE layers and of the TP group's sum (a partial sum under sequence parallelism,
-// the whole loss on every TP rank otherwise).
+// the whole loss on every TP rank otherwise). Under context parallelism the loss is this rank's
+// share of the sequence's, and the log averages over the context-parallel ranks: C times it.
 void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, const MoeConfig& c, const TPGroup& tp) {
-  const double share = 1.0 / (static_cast<double>(c.logged_layers) * (tp.splits_sequence() ? 1 : tp.size));
+  const double share =
+      static_cast<double>(c.cp_size) / (static_cast<double>(c.logged_layers) * (tp.splits_sequence() ? 1 : tp.size));
   record_aux_metric(name, loss * (share / coeff));
 }
 
@@ -549,21 +555,22 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
   if (c_.gate == MoeGate::kDeepSpeed) return deepspeed_route(x, batch, generating, training, rng);
   const bool aux = at::GradMode::is_enabled() && x.requires_grad();
   // Under sequence parallelism each TP rank routes its own rows: the losses' sums over the group
-  // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed.
-  const bool split = tp_.splits_sequence();
-  const int64_t total = x.size(0) * (split ? tp_.size : 1);
+  // are the whole micro-batch's, as the router's gradient (a partial sum here) is summed. Under
+  // context parallelism each rank's loss is its share of its sequences' the same way.
+  const int64_t parts = sequence_parts();
+  const int64_t total = x.size(0) * parts;
   // [tokens, experts], in x's dtype (Megatron's default router dtype) or fp32
   at::Tensor logits = c_.router_fp32 ? at::linear(x.to(at::kFloat), router.to(at::kFloat),
                                                   router_bias.defined() ? router_bias.to(at::kFloat) : router_bias)
                                      : dtk::linear(x, router, router_bias);
   if (aux && c_.z_loss_coeff > 0.0) {
-    const at::Tensor z = router_z_loss(logits, c_.z_loss_coeff / (split ? tp_.size : 1));
+    const at::Tensor z = router_z_loss(logits, c_.z_loss_coeff / static_cast<double>(parts));
     record_layer_loss("z_loss", z, c_.z_loss_coeff, c_, tp_);
-    logits = attach_aux_loss(logits, z, total);
+    logits = attach_aux_loss(logits, z, total, c_.cp_size);
   }
   Routing r = choose(logits, batch, training && !generating);
   if (c_.drops_tokens() && !generating) drop_over_capacity(r, batch);
-  if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total);
+  if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total, c_.cp_size);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
   // pass of a recomputed layer, which runs without gradients), as Megatron's _apply_expert_bias.
   if (aux && expert_load.defined()) {
@@ -837,7 +844,6 @@ std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const
 // the normalised scores over all experts, and the tokens per expert of a plain top-k over them (no
 // group limit), summed over the TP group under sequence parallelism. Records each for the log.
 at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
-  const bool split = tp_.splits_sequence();
   at::Tensor scores =
       c_.score == MoeScore::kSoftmax ? at::softmax(logits, -1, at::kFloat) : gate_scores(logits, c_.score);
   if (c_.score != MoeScore::kSoftmax) scores = scores / (scores.sum(-1, true) + 1e-20);
@@ -846,8 +852,7 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
   // The micro-batch's tokens per expert (aux_loss's and global_aux_loss's), counted once.
   at::Tensor per_expert;
   if (c_.aux_loss_coeff > 0.0 || c_.global_aux_loss_coeff > 0.0) {
-    per_expert = expert_counts(chosen, c_.num_experts).to(at::kFloat);
-    if (split) Comm::all_reduce(per_expert, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    per_expert = sum_over_sequence(expert_counts(chosen, c_.num_experts).to(at::kFloat));
   }
   if (c_.aux_loss_coeff > 0.0) {
     const at::Tensor l = switch_load_balancing_loss(scores, per_expert, total, c_.topk, c_.aux_loss_coeff);
@@ -858,8 +863,8 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
     // Each (sequence, expert) its own bin: row t belongs to sequence t / positions.
     const int64_t positions = logits.size(0) / batch;
     const at::Tensor sequence = at::arange(batch, chosen.options()).repeat_interleave(positions).unsqueeze(1);
-    at::Tensor per_sequence = expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat);
-    if (split) Comm::all_reduce(per_sequence, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+    const at::Tensor per_sequence =
+        sum_over_sequence(expert_counts(chosen + sequence * c_.num_experts, batch * c_.num_experts).to(at::kFloat));
     const at::Tensor l = sequence_load_balancing_loss(scores.view({batch, positions, c_.num_experts}),
                                                       per_sequence.view({batch, c_.num_experts}), total / batch,
                                                       c_.topk, c_.seq_aux_loss_coeff);
@@ -879,15 +884,29 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
 // per_expert: the micro-batch's tokens per expert (over the TP group under sequence parallelism),
 // which aux_loss's gradient may hold: summed over the data-parallel ranks in a copy.
 at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const {
-  const at::Tensor global = per_expert.clone();
+  // Under context parallelism the data-parallel group holds the DP x CP ranks, and every rank of
+  // a context-parallel group holds its group's counts: each adds 1 / C of them.
+  const at::Tensor global = per_expert / static_cast<double>(c_.cp_size);
   sum_over_group(global, DTK_GROUP_DATA_PARALLEL);
   global_tokens = global_tokens.defined() ? global_tokens + global : global;
   ++global_forwards;
-  const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL);
+  const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL) / c_.cp_size;  // the ranks reading their own samples
   const at::Tensor loss = switch_load_balancing_loss(scores, global_tokens / static_cast<double>(global_forwards),
                                                      total * dp, c_.topk, c_.global_aux_loss_coeff);
   record_layer_loss("global_load_balancing_loss", loss * static_cast<double>(dp), c_.global_aux_loss_coeff, c_, tp_);
   return loss;
+}
+
+// How many parts of each sequence the router's rows are: the TP ranks' under sequence
+// parallelism, times the context-parallel ranks'.
+int64_t MoeMlp::sequence_parts() const { return (tp_.splits_sequence() ? tp_.size : 1) * c_.cp_size; }
+
+// `counts` of this rank's rows summed over the ranks holding the other parts of its sequences
+// (in place; returned).
+at::Tensor MoeMlp::sum_over_sequence(const at::Tensor& counts) const {
+  if (tp_.splits_sequence()) Comm::all_reduce(counts, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
+  if (c_.cp_size > 1) Comm::all_reduce(counts, DTK_GROUP_CONTEXT_PARALLEL, DTK_REDUCE_SUM);
+  return counts;
 }
 
 // How many of the [tokens, k] choices fell in each of `bins` (the experts), [bins] int64 on their

@@ -12,6 +12,8 @@
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO stages 1-3, and PP 2;
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
+//   * a mixture of experts (its balancing losses over the group) equals one process, logged
+//     losses included;
 //   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
 //     process's;
 //   * bad inputs are one-line errors.
@@ -149,6 +151,61 @@ TEST(ContextParallel, WithDomino) {
   }
 }
 
+// A mixture of experts routes each rank's share of the sequence; its balancing losses count the
+// tokens over the context-parallel group and each rank's loss is its share of the whole's, so the
+// gradients (the router's through the losses) and the logged losses equal one process's.
+TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
+  const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_z_loss_coeff=0.01 ";
+  // Each losses' configuration with one process and under context parallelism (nproc, args).
+  struct Case {
+    std::string model, name, losses;
+    int nproc;
+    std::string split;
+    std::vector<std::string> logged;
+  };
+  const std::string tp2_sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
+  const std::vector<Case> cases = {
+      {"gpt", "aux", "--set model.moe_aux_loss_coeff=0.05 ", 2, cp(2), {"load_balancing_loss", "z_loss"}},
+      {"gpt",
+       "aux-tp2-sp",
+       "--set model.moe_aux_loss_coeff=0.05 ",
+       4,
+       tp2_sp + cp(2),
+       {"load_balancing_loss", "z_loss"}},
+      // DeepSeek-V3's: per-sequence and global-batch losses, sigmoid scores steered by the expert
+      // bias (its loads summed over the data- and context-parallel ranks), a per-token loss.
+      {"llama",
+       "seq-global-bias",
+       "--set model.moe_router_load_balancing_type=seq_aux_loss,global_aux_loss "
+       "--set model.moe_aux_loss_coeff=0.05,0.02 --set model.moe_router_score_function=sigmoid "
+       "--set model.moe_router_enable_expert_bias=true --set train.calculate_per_token_loss=true ",
+       2,
+       cp(2),
+       {"seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"}}};
+  for (const Case& c : cases) {
+    dtk_test::Result one_run, cp_run;
+    const auto run = [&](int nproc, const std::string& args, const std::string& name, dtk_test::Result* r) {
+      const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
+      auto scalars = dtk_test::run_scalars(launch + train(c.model) + kDocuments + moe + c.losses + args, DTK_TEST_TMP,
+                                           "moe-" + c.model + "-" + c.name + "-" + name, r);
+      EXPECT_EQ(r->code, 0) << r->out;
+      return scalars;
+    };
+    auto one = run(1, "", "one", &one_run);
+    auto split = run(c.nproc, c.split, "cp", &cp_run);
+    Curve want, got;
+    want.loss = one["lm loss"], want.norm = one["grad-norm"], want.run = one_run;
+    got.loss = split["lm loss"], got.norm = split["grad-norm"], got.run = cp_run;
+    expect_same_curve(want, got, kIters, c.model + " MoE " + c.name + " under context parallelism vs one process");
+    for (const std::string& loss : c.logged) {
+      ASSERT_EQ(one[loss].size(), kIters) << loss << "\n" << one_run.out;
+      ASSERT_EQ(split[loss].size(), kIters) << loss << "\n" << cp_run.out;
+      for (const auto& [it, v] : one[loss])
+        EXPECT_NEAR(split[loss].at(it), v, 1e-5 * std::abs(v)) << c.name << " " << loss << " at iteration " << it;
+    }
+  }
+}
+
 // Saved at iteration 3 and resumed under CP 2 x DP 2 with ZeRO-1 and dropout: the same losses as
 // 6 uninterrupted iterations (parameters, optimizer shards over the DP x CP ranks, each rank's
 // dropout generators). Recomputation reruns the attention's all-to-alls inside its checkpoint.
@@ -183,7 +240,13 @@ TEST(ContextParallel, BadInputsAreOneLine) {
   expect_error(4, "llama", cp(4), "num_query_groups / the tensor-parallel size (2 / 1) must divide by 4");
   // The world holds TP x CP x DP x PP ranks.
   expect_error(3, "gpt", cp(2), "is not divisible by distributed.context_parallel_size 2");
-  expect_error(2, "gpt", cp(2) + "--set model.num_experts=2", "DTK runs context parallelism on dense models");
+  // A mixture of experts whose choice needs a whole sequence's tokens together.
+  const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 ";
+  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_gate=deepspeed", "moe_gate=deepspeed");
+  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_expert_capacity_factor=1.0",
+               "moe_expert_capacity_factor > 0 (token dropping) picks among a whole sequence's tokens");
+  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_router_load_balancing_type=sinkhorn",
+               "moe_router_load_balancing_type sinkhorn picks among");
   expect_error(4, "gpt", cp(2) + "--set model.num_experts=2 --set distributed.expert_model_parallel_size=2",
                "does not combine context and expert parallelism");
   expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",

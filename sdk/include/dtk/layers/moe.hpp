@@ -188,6 +188,10 @@ struct MoeConfig {
   // Expert parallelism (dtk_build_context.ep_size, ABI 2.12): this rank holds the routed experts
   // [first_local_expert(), + local_experts()) of the expert-parallel group's ep_size shares.
   int64_t ep_rank = 0, ep_size = 1;
+  // Context parallelism (dtk_build_context.cp_size, ABI 2.20): each rank routes its share of every
+  // sequence; the balancing losses count the tokens over the context-parallel group, and each
+  // rank's loss is its share of the whole's (Megatron's tp_cp_group statistics).
+  int64_t cp_size = 1;
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // how tokens reach the other ranks' experts
   // moe_shared_expert_overlap: the shared expert's forward runs while the alltoall dispatcher's
   // rows are in flight to the experts (Megatron's --moe-shared-expert-overlap).
@@ -471,6 +475,8 @@ class MoeMlp {
   std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& scores) const;
   at::Tensor balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const;
   at::Tensor global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const;
+  int64_t sequence_parts() const;
+  at::Tensor sum_over_sequence(const at::Tensor& counts) const;
   at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_padded_experts(const at::Tensor& x, const Routing& r, const ExpertActivation& activation) const;
   at::Tensor run_experts_all_to_all(const at::Tensor& x, const Routing& r, const ExpertActivation& activation,
@@ -537,8 +543,10 @@ at::Tensor router_z_loss(const at::Tensor& logits, double coeff);
 // `x` in forward; in backward its gradient passes on and `loss` receives the gradient the host
 // gives a loss of the step's objective (aux_loss_backward_scale(tokens)), so the loss joins the
 // objective without being added to the step's (Megatron's MoEAuxLossAutoScaler). `tokens`: the
-// micro-batch's tokens the loss covers (all TP ranks').
-at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t tokens);
+// micro-batch's tokens the loss covers (all TP and context-parallel ranks'). Under context
+// parallelism (`context_parallel` C > 1) `loss` is this rank's share of the whole sequence's: a
+// mean loss's gradient, averaged over the data- and context-parallel ranks, takes it C times.
+at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t tokens, int64_t context_parallel = 1);
 
 // Adds `value` (one element) to this training iteration's `name` in the log (dtk.ext.aux_loss.v1's
 // record, ABI 2.10: the host sums the ranks' shares and averages over micro-batches and
@@ -546,7 +554,8 @@ at::Tensor attach_aux_loss(const at::Tensor& x, const at::Tensor& loss, int64_t 
 void record_aux_metric(const char* name, const at::Tensor& value);
 
 // The host's factor for an auxiliary loss's gradient (dtk.ext.aux_loss.v1): backward_scale(),
-// times `tokens` under a per-token loss. 1 without the extension (an older host, a unit test).
-double aux_loss_backward_scale(int64_t tokens);
+// times `tokens` under a per-token loss, else times `context_parallel` (see attach_aux_loss). 1
+// without the extension (an older host, a unit test).
+double aux_loss_backward_scale(int64_t tokens, int64_t context_parallel = 1);
 
 }  // namespace dtk::layers

@@ -13,12 +13,13 @@
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
 //   * a mixture of experts (its balancing losses over the group) equals one process, logged
-//     losses included;
+//     losses included, with expert parallelism too;
 //   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
 //     process's;
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -156,7 +157,7 @@ TEST(ContextParallel, WithDomino) {
 // gradients (the router's through the losses) and the logged losses equal one process's.
 TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
   const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_z_loss_coeff=0.01 ";
-  // Each losses' configuration with one process and under context parallelism (nproc, args).
+  // Each losses' configuration with one process and split (nproc, split).
   struct Case {
     std::string model, name, losses;
     int nproc;
@@ -164,14 +165,16 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
     std::vector<std::string> logged;
   };
   const std::string tp2_sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
+  const std::string ep2 = "--set distributed.expert_model_parallel_size=2 ";
+  const std::string aux = "--set model.moe_aux_loss_coeff=0.05 ";
+  const std::vector<std::string> aux_z = {"load_balancing_loss", "z_loss"};
   const std::vector<Case> cases = {
-      {"gpt", "aux", "--set model.moe_aux_loss_coeff=0.05 ", 2, cp(2), {"load_balancing_loss", "z_loss"}},
-      {"gpt",
-       "aux-tp2-sp",
-       "--set model.moe_aux_loss_coeff=0.05 ",
-       4,
-       tp2_sp + cp(2),
-       {"load_balancing_loss", "z_loss"}},
+      {"gpt", "aux", aux, 2, cp(2), aux_z},
+      {"gpt", "aux", aux, 4, tp2_sp + cp(2), aux_z},
+      // Expert parallelism over the data- and context-parallel ranks together (Megatron's
+      // expert-data-parallel group folds CP in): EP 2 x CP 2, both dispatchers.
+      {"gpt", "aux", aux, 4, ep2 + cp(2), aux_z},
+      {"gpt", "aux", aux, 4, ep2 + cp(2) + "--set model.moe_token_dispatcher=alltoall ", aux_z},
       // DeepSeek-V3's: per-sequence and global-batch losses, sigmoid scores steered by the expert
       // bias (its loads summed over the data- and context-parallel ranks), a per-token loss.
       {"llama",
@@ -182,8 +185,8 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
        2,
        cp(2),
        {"seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"}}};
+  std::map<std::string, std::pair<dtk_test::Result, std::map<std::string, std::map<int64_t, float>>>> ones;
   for (const Case& c : cases) {
-    dtk_test::Result one_run, cp_run;
     const auto run = [&](int nproc, const std::string& args, const std::string& name, dtk_test::Result* r) {
       const std::string launch = nproc == 1 ? "" : "launch --nproc_per_node " + std::to_string(nproc) + " ";
       auto scalars = dtk_test::run_scalars(launch + train(c.model) + kDocuments + moe + c.losses + args, DTK_TEST_TMP,
@@ -191,17 +194,21 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
       EXPECT_EQ(r->code, 0) << r->out;
       return scalars;
     };
-    auto one = run(1, "", "one", &one_run);
-    auto split = run(c.nproc, c.split, "cp", &cp_run);
+    // One process once per configuration.
+    auto& [one_run, one] = ones[c.model + c.name];
+    if (one.empty()) one = run(1, "", "one", &one_run);
+    dtk_test::Result cp_run;
+    auto split = run(c.nproc, c.split, "split", &cp_run);
+    const std::string what = c.model + " MoE " + c.name + ", " + c.split;
     Curve want, got;
     want.loss = one["lm loss"], want.norm = one["grad-norm"], want.run = one_run;
     got.loss = split["lm loss"], got.norm = split["grad-norm"], got.run = cp_run;
-    expect_same_curve(want, got, kIters, c.model + " MoE " + c.name + " under context parallelism vs one process");
+    expect_same_curve(want, got, kIters, what + " vs one process");
     for (const std::string& loss : c.logged) {
       ASSERT_EQ(one[loss].size(), kIters) << loss << "\n" << one_run.out;
       ASSERT_EQ(split[loss].size(), kIters) << loss << "\n" << cp_run.out;
       for (const auto& [it, v] : one[loss])
-        EXPECT_NEAR(split[loss].at(it), v, 1e-5 * std::abs(v)) << c.name << " " << loss << " at iteration " << it;
+        EXPECT_NEAR(split[loss].at(it), v, 1e-5 * std::abs(v)) << what << " " << loss << " at iteration " << it;
     }
   }
 }
@@ -247,8 +254,6 @@ TEST(ContextParallel, BadInputsAreOneLine) {
                "moe_expert_capacity_factor > 0 (token dropping) picks among a whole sequence's tokens");
   expect_error(2, "gpt", cp(2) + moe + "--set model.moe_router_load_balancing_type=sinkhorn",
                "moe_router_load_balancing_type sinkhorn picks among");
-  expect_error(4, "gpt", cp(2) + "--set model.num_experts=2 --set distributed.expert_model_parallel_size=2",
-               "does not combine context and expert parallelism");
   expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",
                "distributed.context_parallel_size must be at least 1");
 }

@@ -848,10 +848,6 @@ void validate_context_parallel(const config::RunConfig& cfg) {
                     " positions of a sequence, which distributed.sequence_parallel cannot split over the "
                     "tensor-parallel size " +
                     std::to_string(tp));
-  if (d.expert_model_parallel_size() > 1)
-    throw HostError(name + " with distributed.expert_model_parallel_size " +
-                    std::to_string(d.expert_model_parallel_size()) +
-                    ": DTK does not combine context and expert parallelism yet (set one of them to 1)");
 }
 
 void validate_distributed(const config::RunConfig& cfg) {

@@ -635,13 +635,12 @@ void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
     fail(cp + " with sequence parallelism: each rank's " + std::to_string(c.seq / c.cp.size) +
          " positions must split over the tensor-parallel size " + std::to_string(tp_.size));
   // A mixture of experts routes each rank's share; its balancing losses count over the group
-  // (moe.cpp). What needs a whole sequence's tokens together is refused.
+  // (moe.cpp), and token dropping keeps each expert's capacity of the rank's tokens, as Megatron's.
+  // What needs a whole sequence's tokens together is refused.
   if (!c.moe.enabled()) return;
   const std::string whole = " picks among a whole sequence's tokens, which context parallelism splits over ranks";
   if (c.moe.gate == MoeGate::kDeepSpeed)
     fail(cp + ": moe_gate=deepspeed (its capacity and random token selection)" + whole + "; use moe_gate=megatron");
-  if (c.moe.drops_tokens())
-    fail(cp + ": moe_expert_capacity_factor > 0 (token dropping)" + whole + "; use 0 (dropless)");
   if (c.moe.routing != MoeRouting::kTopK)
     fail(cp + ": moe_router_load_balancing_type " +
          (c.moe.routing == MoeRouting::kSinkhorn ? std::string("sinkhorn") : std::string("quantile_balancing")) +

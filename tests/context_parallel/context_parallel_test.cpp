@@ -213,6 +213,23 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
   }
 }
 
+// Token dropping under context parallelism keeps each expert's capacity of the rank's own tokens
+// (Megatron's router call on the rank's share, as under sequence parallelism): padding every
+// expert to its capacity equals not padding, and the curve differs from dropless.
+TEST(ContextParallel, MixtureOfExpertsDropsTokensPerRank) {
+  const std::string moe = kDocuments + cp(2) +
+                          "--set model.num_experts=4 --set model.moe_router_topk=2 "
+                          "--set model.moe_aux_loss_coeff=0.05 ";
+  const std::string drop = "--set model.moe_expert_capacity_factor=0.5 ";
+  const Curve dropless = curve_of("gpt", 2, moe, "moe-dropless");
+  const Curve dropping = curve_of("gpt", 2, moe + drop, "moe-drop");
+  expect_same_curve(dropping,
+                    curve_of("gpt", 2, moe + drop + "--set model.moe_pad_expert_input_to_capacity=true ", "moe-pad"),
+                    kIters, "gpt CP 2 with token dropping, padded vs not");
+  ASSERT_EQ(dropping.loss.size(), kIters) << dropping.run.out;
+  EXPECT_GT(std::abs(dropping.loss.at(kIters) - dropless.loss.at(kIters)), 1e-4) << dropping.run.out;
+}
+
 // Saved at iteration 3 and resumed under CP 2 x DP 2 with ZeRO-1 and dropout: the same losses as
 // 6 uninterrupted iterations (parameters, optimizer shards over the DP x CP ranks, each rank's
 // dropout generators). Recomputation reruns the attention's all-to-alls inside its checkpoint.
@@ -250,8 +267,6 @@ TEST(ContextParallel, BadInputsAreOneLine) {
   // A mixture of experts whose choice needs a whole sequence's tokens together.
   const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 ";
   expect_error(2, "gpt", cp(2) + moe + "--set model.moe_gate=deepspeed", "moe_gate=deepspeed");
-  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_expert_capacity_factor=1.0",
-               "moe_expert_capacity_factor > 0 (token dropping) picks among a whole sequence's tokens");
   expect_error(2, "gpt", cp(2) + moe + "--set model.moe_router_load_balancing_type=sinkhorn",
                "moe_router_load_balancing_type sinkhorn picks among");
   expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",

@@ -7,6 +7,7 @@
 #include <dtk/tensor.hpp>
 
 #include <string>
+#include <vector>
 
 namespace dtk::layers {
 namespace {
@@ -86,12 +87,25 @@ at::Tensor ContextParallel::sequence_from_heads(const at::Tensor& x, int64_t uni
 }
 
 at::Tensor ContextParallel::whole_positions(const at::Tensor& positions) const {
-  if (!active()) return positions;
-  at::Tensor mine = positions.to(at::kLong).contiguous();
-  at::Tensor all = at::empty({size * mine.size(0), mine.size(1)}, mine.options());
-  Comm::all_gather(all, mine, DTK_GROUP_CONTEXT_PARALLEL);  // [cp x b, s / cp], rank-major
-  const int64_t b = mine.size(0);
-  return context_parallel_whole(all.view({size, b, mine.size(1)}).permute({1, 0, 2}).reshape({b, -1}), 1, size);
+  return whole_sequence(positions.to(at::kLong));
+}
+
+at::Tensor ContextParallel::whole_sequence(const at::Tensor& share) const {
+  if (!active()) return share;
+  const at::Tensor mine = share.detach().contiguous();
+  std::vector<int64_t> gathered = mine.sizes().vec();
+  gathered[0] *= size;
+  at::Tensor all = at::empty(gathered, mine.options());
+  Comm::all_gather(all, mine, DTK_GROUP_CONTEXT_PARALLEL);  // [cp x b, s / cp, ...], rank-major
+  std::vector<int64_t> by_rank = mine.sizes().vec(), whole = mine.sizes().vec();
+  by_rank.insert(by_rank.begin(), size);  // [cp, b, s / cp, ...]
+  whole[1] *= size;                       // [b, s, ...]
+  return context_parallel_whole(all.view(by_rank).transpose(0, 1).reshape(whole), 1, size);
+}
+
+at::Tensor ContextParallel::share_of_sequence(const at::Tensor& whole) const {
+  if (!active()) return whole;
+  return context_parallel_share(whole, 1, rank, size);
 }
 
 at::Tensor ContextParallel::share_of_positions(int64_t b, int64_t s, at::Device device) const {

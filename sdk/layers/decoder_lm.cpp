@@ -196,7 +196,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   int_opt("domino_chunks", c.domino_chunks);
   int_opt("num_experts", c.moe.num_experts);
   c.moe.ep_rank = ctx.ep_rank, c.moe.ep_size = ctx.ep_size;
-  c.moe.cp_size = c.cp.size;
+  c.moe.cp = c.cp;
   int_opt("moe_router_topk", c.moe.topk);
   int_opt("moe_ffn_hidden_size", c.moe.ffn);
   if (o.has("moe_layer_freq")) {
@@ -620,7 +620,9 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
 }
 
 // Context parallelism: each tensor-parallel rank's heads split over the group, the sequence in
-// 2 x cp equal chunks; what does not run on a share of the sequence is refused.
+// 2 x cp equal chunks. A mixture of experts needs nothing more: it routes each rank's share, its
+// balancing losses count over the group, and what decides on whole sequences gathers them
+// (moe.cpp); token dropping keeps each expert's capacity of the rank's tokens, as Megatron's.
 void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
   if (!c.cp.active()) return;
   const std::string cp = "context parallelism " + std::to_string(c.cp.size);
@@ -634,17 +636,6 @@ void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
   if (tp_.splits_sequence() && (c.seq / c.cp.size) % tp_.size != 0)
     fail(cp + " with sequence parallelism: each rank's " + std::to_string(c.seq / c.cp.size) +
          " positions must split over the tensor-parallel size " + std::to_string(tp_.size));
-  // A mixture of experts routes each rank's share; its balancing losses count over the group
-  // (moe.cpp), and token dropping keeps each expert's capacity of the rank's tokens, as Megatron's.
-  // What needs a whole sequence's tokens together is refused.
-  if (!c.moe.enabled()) return;
-  const std::string whole = " picks among a whole sequence's tokens, which context parallelism splits over ranks";
-  if (c.moe.gate == MoeGate::kDeepSpeed)
-    fail(cp + ": moe_gate=deepspeed (its capacity and random token selection)" + whole + "; use moe_gate=megatron");
-  if (c.moe.routing != MoeRouting::kTopK)
-    fail(cp + ": moe_router_load_balancing_type " +
-         (c.moe.routing == MoeRouting::kSinkhorn ? std::string("sinkhorn") : std::string("quantile_balancing")) +
-         whole + "; use aux_loss, seq_aux_loss, global_aux_loss or none");
 }
 
 void DecoderLM::build(const BuildContext& ctx, DecoderConfig& c, DecoderParts parts) {

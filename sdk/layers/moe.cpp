@@ -541,7 +541,7 @@ namespace {
 // share of the sequence's, and the log averages over the context-parallel ranks: C times it.
 void record_layer_loss(const char* name, const at::Tensor& loss, double coeff, const MoeConfig& c, const TPGroup& tp) {
   const double share =
-      static_cast<double>(c.cp_size) / (static_cast<double>(c.logged_layers) * (tp.splits_sequence() ? 1 : tp.size));
+      static_cast<double>(c.cp.size) / (static_cast<double>(c.logged_layers) * (tp.splits_sequence() ? 1 : tp.size));
   record_aux_metric(name, loss * (share / coeff));
 }
 
@@ -566,11 +566,11 @@ MoeMlp::Routing MoeMlp::route(const at::Tensor& x, int64_t batch, bool generatin
   if (aux && c_.z_loss_coeff > 0.0) {
     const at::Tensor z = router_z_loss(logits, c_.z_loss_coeff / static_cast<double>(parts));
     record_layer_loss("z_loss", z, c_.z_loss_coeff, c_, tp_);
-    logits = attach_aux_loss(logits, z, total, c_.cp_size);
+    logits = attach_aux_loss(logits, z, total, c_.cp.size);
   }
   Routing r = choose(logits, batch, training && !generating);
   if (c_.drops_tokens() && !generating) drop_over_capacity(r, batch);
-  if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total, c_.cp_size);
+  if (aux && c_.balances()) r.probs = attach_aux_loss(r.probs, balance_loss(logits, batch, total), total, c_.cp.size);
   // The expert bias follows the loads of the training forwards (not evaluation's, nor the first
   // pass of a recomputed layer, which runs without gradients), as Megatron's _apply_expert_bias.
   if (aux && expert_load.defined()) {
@@ -645,12 +645,13 @@ MoeMlp::Routing MoeMlp::deepspeed_route(const at::Tensor& x, int64_t batch, bool
   r.experts = chosen.masked_fill(kept.eq(0), n);
   if (at::GradMode::is_enabled() && x.requires_grad() && c_.aux_loss_coeff > 0.0) {
     // l_aux = E * sum_e mean_t(gates) * share over the micro-batch's T tokens: this rank's
-    // rows' part of the mean (the parts summed over the TP group under sequence parallelism).
-    const int64_t total = x.size(0) * (tp_.splits_sequence() ? tp_.size : 1);
+    // rows' part of the mean (the parts summed over the TP group under sequence parallelism, and
+    // the context-parallel group's under CP).
+    const int64_t total = x.size(0) * sequence_parts();
     const at::Tensor loss =
         (gates.sum(0) * share).sum() * (static_cast<double>(n) * c_.aux_loss_coeff / static_cast<double>(total));
     record_layer_loss("load_balancing_loss", loss, c_.aux_loss_coeff, c_, tp_);
-    r.probs = attach_aux_loss(r.probs, loss, total);
+    r.probs = attach_aux_loss(r.probs, loss, total, c_.cp.size);
   }
   return r;
 }
@@ -811,16 +812,21 @@ at::Tensor MoeMlp::quantile_choice(const at::Tensor& logits, int64_t batch, bool
 }
 
 // A router tensor of this rank's rows [tokens, n] (`batch` sequences) as the whole sequence's rows
-// (gathered over the TP group under sequence parallelism, in the order of the unsplit sequence).
+// (gathered over the TP group under sequence parallelism, then over the context-parallel group, in
+// the order of the unsplit sequence).
 at::Tensor MoeMlp::whole_sequence(const at::Tensor& rows, int64_t batch) const {
-  if (!tp_.splits_sequence()) return rows;
-  return sequence_all_gather(rows.view({batch, -1, rows.size(1)}), tp_).reshape({-1, rows.size(1)});
+  if (!tp_.splits_sequence() && !c_.cp.active()) return rows;
+  at::Tensor share = rows.view({batch, -1, rows.size(1)});
+  if (tp_.splits_sequence()) share = sequence_all_gather(share, tp_);
+  return c_.cp.whole_sequence(share).reshape({-1, rows.size(1)});
 }
 
 // This rank's rows of a whole-sequence tensor [batch * s, n] (the inverse of whole_sequence).
 at::Tensor MoeMlp::own_rows(const at::Tensor& whole, int64_t batch) const {
-  if (!tp_.splits_sequence()) return whole;
-  return sequence_shard(whole.view({batch, -1, whole.size(1)}), tp_).reshape({-1, whole.size(1)});
+  if (!tp_.splits_sequence() && !c_.cp.active()) return whole;
+  at::Tensor rows = c_.cp.share_of_sequence(whole.view({batch, -1, whole.size(1)}));
+  if (tp_.splits_sequence()) rows = sequence_shard(rows, tp_);
+  return rows.reshape({-1, whole.size(1)});
 }
 
 // The k best of scores [tokens, experts], from each token's group_topk best groups when routing is
@@ -886,11 +892,11 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
 at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const {
   // Under context parallelism the data-parallel group holds the DP x CP ranks, and every rank of
   // a context-parallel group holds its group's counts: each adds 1 / C of them.
-  const at::Tensor global = per_expert / static_cast<double>(c_.cp_size);
+  const at::Tensor global = per_expert / static_cast<double>(c_.cp.size);
   sum_over_group(global, DTK_GROUP_DATA_PARALLEL);
   global_tokens = global_tokens.defined() ? global_tokens + global : global;
   ++global_forwards;
-  const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL) / c_.cp_size;  // the ranks reading their own samples
+  const int64_t dp = group_size(DTK_GROUP_DATA_PARALLEL) / c_.cp.size;  // the ranks reading their own samples
   const at::Tensor loss = switch_load_balancing_loss(scores, global_tokens / static_cast<double>(global_forwards),
                                                      total * dp, c_.topk, c_.global_aux_loss_coeff);
   record_layer_loss("global_load_balancing_loss", loss * static_cast<double>(dp), c_.global_aux_loss_coeff, c_, tp_);
@@ -899,13 +905,13 @@ at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tenso
 
 // How many parts of each sequence the router's rows are: the TP ranks' under sequence
 // parallelism, times the context-parallel ranks'.
-int64_t MoeMlp::sequence_parts() const { return (tp_.splits_sequence() ? tp_.size : 1) * c_.cp_size; }
+int64_t MoeMlp::sequence_parts() const { return (tp_.splits_sequence() ? tp_.size : 1) * c_.cp.size; }
 
 // `counts` of this rank's rows summed over the ranks holding the other parts of its sequences
 // (in place; returned).
 at::Tensor MoeMlp::sum_over_sequence(const at::Tensor& counts) const {
   if (tp_.splits_sequence()) Comm::all_reduce(counts, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-  if (c_.cp_size > 1) Comm::all_reduce(counts, DTK_GROUP_CONTEXT_PARALLEL, DTK_REDUCE_SUM);
+  if (c_.cp.size > 1) Comm::all_reduce(counts, DTK_GROUP_CONTEXT_PARALLEL, DTK_REDUCE_SUM);
   return counts;
 }
 

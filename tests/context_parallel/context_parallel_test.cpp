@@ -12,8 +12,9 @@
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO stages 1-3, and PP 2;
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
-//   * a mixture of experts (its balancing losses over the group) equals one process, logged
-//     losses included, with expert parallelism too;
+//   * a mixture of experts (its balancing losses over the group; DeepSpeed's gate, sinkhorn and
+//     quantile balancing on whole sequences) equals one process, logged losses included, with
+//     expert parallelism too; token dropping per rank;
 //   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
 //     process's;
 //   * bad inputs are one-line errors.
@@ -156,7 +157,7 @@ TEST(ContextParallel, WithDomino) {
 // tokens over the context-parallel group and each rank's loss is its share of the whole's, so the
 // gradients (the router's through the losses) and the logged losses equal one process's.
 TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
-  const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_z_loss_coeff=0.01 ";
+  const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 ";
   // Each losses' configuration with one process and split (nproc, split).
   struct Case {
     std::string model, name, losses;
@@ -166,7 +167,7 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
   };
   const std::string tp2_sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
   const std::string ep2 = "--set distributed.expert_model_parallel_size=2 ";
-  const std::string aux = "--set model.moe_aux_loss_coeff=0.05 ";
+  const std::string aux = "--set model.moe_aux_loss_coeff=0.05 --set model.moe_z_loss_coeff=0.01 ";
   const std::vector<std::string> aux_z = {"load_balancing_loss", "z_loss"};
   const std::vector<Case> cases = {
       {"gpt", "aux", aux, 2, cp(2), aux_z},
@@ -184,7 +185,27 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
        "--set model.moe_router_enable_expert_bias=true --set train.calculate_per_token_loss=true ",
        2,
        cp(2),
-       {"seq_load_balancing_loss", "global_load_balancing_loss", "z_loss"}}};
+       {"seq_load_balancing_loss", "global_load_balancing_loss"}},
+      // What decides on whole sequences gathers them over the group: DeepSpeed's gate (top-2 with
+      // its sampled second expert and capacity), sinkhorn, quantile balancing.
+      {"gpt",
+       "deepspeed",
+       "--set model.moe_gate=deepspeed --set model.moe_aux_loss_coeff=0.05 --set model.moe_expert_capacity_factor=1 ",
+       2,
+       cp(2),
+       {"load_balancing_loss"}},
+      {"gpt",
+       "sinkhorn",
+       "--set model.moe_router_load_balancing_type=sinkhorn --set model.moe_aux_loss_coeff=0 ",
+       4,
+       tp2_sp + cp(2),
+       {}},
+      {"llama",
+       "quantile",
+       "--set model.moe_router_load_balancing_type=quantile_balancing --set model.moe_aux_loss_coeff=0 ",
+       2,
+       cp(2),
+       {}}};
   std::map<std::string, std::pair<dtk_test::Result, std::map<std::string, std::map<int64_t, float>>>> ones;
   for (const Case& c : cases) {
     const auto run = [&](int nproc, const std::string& args, const std::string& name, dtk_test::Result* r) {
@@ -264,11 +285,6 @@ TEST(ContextParallel, BadInputsAreOneLine) {
   expect_error(4, "llama", cp(4), "num_query_groups / the tensor-parallel size (2 / 1) must divide by 4");
   // The world holds TP x CP x DP x PP ranks.
   expect_error(3, "gpt", cp(2), "is not divisible by distributed.context_parallel_size 2");
-  // A mixture of experts whose choice needs a whole sequence's tokens together.
-  const std::string moe = "--set model.num_experts=4 --set model.moe_router_topk=2 ";
-  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_gate=deepspeed", "moe_gate=deepspeed");
-  expect_error(2, "gpt", cp(2) + moe + "--set model.moe_router_load_balancing_type=sinkhorn",
-               "moe_router_load_balancing_type sinkhorn picks among");
   expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",
                "distributed.context_parallel_size must be at least 1");
 }

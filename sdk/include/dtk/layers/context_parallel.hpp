@@ -32,6 +32,11 @@ struct ContextParallel {
   // Position ids [b, s / cp] of this rank's share -> [b, s] of the whole sequence in order (one
   // all-gather; no gradient).
   at::Tensor whole_positions(const at::Tensor& positions) const;
+  // Any x [b, s / cp, ...] of this rank's share -> [b, s, ...] of the whole sequence in order (one
+  // all-gather; no gradient: for what a layer decides on a whole sequence, an MoE router's
+  // capacity or balancing), and back: this rank's share of a whole-sequence [b, s, ...].
+  at::Tensor whole_sequence(const at::Tensor& share) const;
+  at::Tensor share_of_sequence(const at::Tensor& whole) const;
   // This rank's share of 0 .. s - 1 for each of b sequences, [b, s / cp] int64 on `device`.
   at::Tensor share_of_positions(int64_t b, int64_t s, at::Device device) const;
 };

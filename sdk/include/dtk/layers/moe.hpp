@@ -118,6 +118,7 @@
 // DeepSpeed's; generation routes without noise and dropless.
 #pragma once
 
+#include <dtk/layers/context_parallel.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 
 #include <cstdint>
@@ -190,8 +191,9 @@ struct MoeConfig {
   int64_t ep_rank = 0, ep_size = 1;
   // Context parallelism (dtk_build_context.cp_size, ABI 2.20): each rank routes its share of every
   // sequence; the balancing losses count the tokens over the context-parallel group, and each
-  // rank's loss is its share of the whole's (Megatron's tp_cp_group statistics).
-  int64_t cp_size = 1;
+  // rank's loss is its share of the whole's (Megatron's tp_cp_group statistics); what decides on
+  // whole sequences (DeepSpeed's gate, sinkhorn, quantile balancing) gathers them over the group.
+  ContextParallel cp;
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;  // how tokens reach the other ranks' experts
   // moe_shared_expert_overlap: the shared expert's forward runs while the alltoall dispatcher's
   // rows are in flight to the experts (Megatron's --moe-shared-expert-overlap).

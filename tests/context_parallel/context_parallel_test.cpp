@@ -275,6 +275,24 @@ TEST(ContextParallel, ResumesExactlyAndRecomputes) {
                       kIters, "gpt CP 2, recompute " + recompute + " vs none");
 }
 
+// Bench mode (train.bench_steps) reports the context-parallel group's communication per measured
+// iteration beside the other groups', as the progress line does per iteration.
+TEST(ContextParallel, BenchModeReportsItsComm) {
+  const dtk_test::Result r = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + train("gpt") + cp(2) + "--set train.bench_steps=1 --set train.perf_warmup_steps=1",
+      120);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  for (const char* pattern : {R"(context-parallel comm \(ms\) in flight: (\S+) \| exposed: (\S+) \|)",
+                              R"(context-parallel comm per iteration \(ms\): in flight (\S+) \| exposed (\S+) \()"}) {
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(pattern))) << pattern << "\n" << r.out;
+    const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
+    EXPECT_GT(in_flight, 0.0) << r.out;  // 16 all-to-alls per micro-batch at least
+    EXPECT_GE(exposed, 0.0) << r.out;
+    EXPECT_LE(exposed, in_flight + 5.0) << "a wait ends at most with its collective (+ copy-back): " << r.out;
+  }
+}
+
 TEST(ContextParallel, BadInputsAreOneLine) {
   // The sequence in 2 x cp equal chunks.
   expect_error(2, "gpt", cp(2) + "--set train.seq_length=30",

@@ -74,16 +74,16 @@ std::vector<std::string> BenchReport::lines() const {
 std::vector<BenchReport::CommMeans> BenchReport::comm_groups() const {
   std::vector<CommMeans> out;
   const double n = static_cast<double>(std::max<size_t>(comm_.size(), 1));
-  if (setup_.tp_size > 1) {
-    CommMeans m{"tensor", 0, 0};
-    for (const auto& c : comm_) m.in_flight_ms += c.tp_in_flight_ms / n, m.exposed_ms += c.tp_exposed_ms / n;
+  auto add = [&](const char* name, int size, double StepComm::*in_flight, double StepComm::*exposed) {
+    if (size <= 1) return;
+    CommMeans m{name, 0, 0};
+    for (const auto& c : comm_) m.in_flight_ms += c.*in_flight / n, m.exposed_ms += c.*exposed / n;
     out.push_back(m);
-  }
-  if (setup_.dp_size > 1) {
-    CommMeans m{"data", 0, 0};
-    for (const auto& c : comm_) m.in_flight_ms += c.dp_in_flight_ms / n, m.exposed_ms += c.dp_exposed_ms / n;
-    out.push_back(m);
-  }
+  };
+  add("tensor", setup_.tp_size, &StepComm::tp_in_flight_ms, &StepComm::tp_exposed_ms);
+  add("data", setup_.dp_size, &StepComm::dp_in_flight_ms, &StepComm::dp_exposed_ms);
+  add("expert", setup_.ep_size, &StepComm::ep_in_flight_ms, &StepComm::ep_exposed_ms);
+  add("context", setup_.cp_size, &StepComm::cp_in_flight_ms, &StepComm::cp_exposed_ms);
   return out;
 }
 

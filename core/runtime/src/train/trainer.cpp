@@ -215,7 +215,7 @@ std::unique_ptr<BenchReport> Trainer::make_bench_report() const {
   b.flops_per_token = parts_.stats.flops_per_token;
   b.world_size = topo_.world_size;
   b.peak_tflops = peak_.tflops, b.peak_source = peak_.source;
-  b.tp_size = topo_.tp_size, b.dp_size = topo_.dp_size;
+  b.tp_size = topo_.tp_size, b.dp_size = topo_.dp_size, b.ep_size = topo_.ep_size, b.cp_size = topo_.cp_size;
   return std::make_unique<BenchReport>(b);
 }
 
@@ -477,7 +477,9 @@ void Trainer::run_iteration(int64_t it) {
   if (bench_ && it - resumed_iteration_ > cfg_.train().perf_warmup_steps())
     bench_->add_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count(),
                      StepComm{result.tensor_parallel_comm.in_flight_ms, result.tensor_parallel_comm.exposed_ms,
-                              result.data_parallel_comm.in_flight_ms, result.data_parallel_comm.exposed_ms});
+                              result.data_parallel_comm.in_flight_ms, result.data_parallel_comm.exposed_ms,
+                              result.expert_parallel_comm.in_flight_ms, result.expert_parallel_comm.exposed_ms,
+                              result.context_parallel_comm.in_flight_ms, result.context_parallel_comm.exposed_ms});
   log_->record(result);
   progress_.floating_point_operations += log_->flops_of(result);
   trace::end_iteration(it);

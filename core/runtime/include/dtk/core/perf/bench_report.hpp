@@ -20,13 +20,14 @@ struct BenchSetup {
   int world_size = 1;
   double peak_tflops = 0;   // per device; 0 = unknown (no MFU)
   std::string peak_source;  // "logging.peak_tflops" or how it was measured
-  int tp_size = 1, dp_size = 1;
+  int tp_size = 1, dp_size = 1, ep_size = 1, cp_size = 1;
 };
 
 // One measured step's communication per parallel group (core/comm.hpp's CommTiming figures):
 // the time collectives were in flight and the time the training thread waited for them.
 struct StepComm {
   double tp_in_flight_ms = 0, tp_exposed_ms = 0, dp_in_flight_ms = 0, dp_exposed_ms = 0;
+  double ep_in_flight_ms = 0, ep_exposed_ms = 0, cp_in_flight_ms = 0, cp_exposed_ms = 0;
 };
 
 class BenchReport {
@@ -51,7 +52,7 @@ class BenchReport {
   };
   Stats step_stats() const;
   struct CommMeans {
-    const char* name;  // "tensor" | "data"
+    const char* name;  // "tensor" | "data" | "expert" | "context"
     double in_flight_ms, exposed_ms;
   };
   std::vector<CommMeans> comm_groups() const;

@@ -848,7 +848,8 @@ std::tuple<at::Tensor, at::Tensor> MoeMlp::top_k(const at::Tensor& scores) const
 // The load-balancing losses of this rank's rows, added (compute_routing_scores_for_aux_loss, then
 // the micro-batch's, each sequence's and the global batch's Switch loss, each at its coefficient):
 // the normalised scores over all experts, and the tokens per expert of a plain top-k over them (no
-// group limit), summed over the TP group under sequence parallelism. Records each for the log.
+// group limit), summed over the TP group under sequence parallelism and the context-parallel group
+// under CP (sum_over_sequence). Records each for the log.
 at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t total) const {
   at::Tensor scores =
       c_.score == MoeScore::kSoftmax ? at::softmax(logits, -1, at::kFloat) : gate_scores(logits, c_.score);
@@ -882,13 +883,14 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
 }
 
 // Megatron's _apply_global_aux_loss: the tokens per expert summed over every data-parallel rank
-// (and the sequence-parallel ones) in this forward, added to this iteration's earlier training
+// (and the sequence- and context-parallel ones) in this forward, added to this iteration's earlier training
 // forwards' and averaged over them; T is one forward's tokens over those ranks. So each rank's loss
 // is its rows' share of the global batch's: the log sums the shares over the data-parallel ranks
 // (Megatron's needs_dp_avg=False), and the gradient, averaged over them with the others, weighs it
 // 1 / (data-parallel size) of a micro-batch loss at the same balance, as in Megatron.
-// per_expert: the micro-batch's tokens per expert (over the TP group under sequence parallelism),
-// which aux_loss's gradient may hold: summed over the data-parallel ranks in a copy.
+// per_expert: the micro-batch's tokens per expert (over the TP group under sequence parallelism
+// and the context-parallel group under CP), which aux_loss's gradient may hold: summed over the
+// data-parallel ranks in a copy.
 at::Tensor MoeMlp::global_balance_loss(const at::Tensor& scores, const at::Tensor& per_expert, int64_t total) const {
   // Under context parallelism the data-parallel group holds the DP x CP ranks, and every rank of
   // a context-parallel group holds its group's counts: each adds 1 / C of them.

@@ -20,6 +20,8 @@
 //   * bad inputs are one-line errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -164,6 +166,7 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
     int nproc;
     std::string split;
     std::vector<std::string> logged;
+    int reference_nproc = 1;  // the run it must equal: one process, or DP 2 where that differs
   };
   const std::string tp2_sp = "--set distributed.tensor_model_parallel_size=2 --set distributed.sequence_parallel=true ";
   const std::string ep2 = "--set distributed.expert_model_parallel_size=2 ";
@@ -186,6 +189,15 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
        2,
        cp(2),
        {"seq_load_balancing_loss", "global_load_balancing_loss"}},
+      // The global batch's counts over DP 2 x CP 2 (each rank adds 1 / C of its group's) equal
+      // DP 2's: one process counts its two micro-batches as a running mean (tests/moe).
+      {"gpt",
+       "global",
+       "--set model.moe_router_load_balancing_type=global_aux_loss --set model.moe_aux_loss_coeff=0.02 ",
+       4,
+       cp(2),
+       {"global_load_balancing_loss"},
+       2},
       // What decides on whole sequences gathers them over the group: DeepSpeed's gate (top-2 with
       // its sampled second expert and capacity), sinkhorn, quantile balancing.
       {"gpt",
@@ -216,15 +228,15 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
       return scalars;
     };
     // One process once per configuration.
-    auto& [one_run, one] = ones[c.model + c.name];
-    if (one.empty()) one = run(1, "", "one", &one_run);
+    auto& [one_run, one] = ones[c.model + c.name + std::to_string(c.reference_nproc)];
+    if (one.empty()) one = run(c.reference_nproc, "", "reference", &one_run);
     dtk_test::Result cp_run;
     auto split = run(c.nproc, c.split, "split", &cp_run);
     const std::string what = c.model + " MoE " + c.name + ", " + c.split;
     Curve want, got;
     want.loss = one["lm loss"], want.norm = one["grad-norm"], want.run = one_run;
     got.loss = split["lm loss"], got.norm = split["grad-norm"], got.run = cp_run;
-    expect_same_curve(want, got, kIters, what + " vs one process");
+    expect_same_curve(want, got, kIters, what + " vs " + std::to_string(c.reference_nproc) + " process(es)");
     for (const std::string& loss : c.logged) {
       ASSERT_EQ(one[loss].size(), kIters) << loss << "\n" << one_run.out;
       ASSERT_EQ(split[loss].size(), kIters) << loss << "\n" << cp_run.out;
@@ -234,10 +246,11 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
   }
 }
 
-// Token dropping under context parallelism keeps each expert's capacity of the rank's own tokens
-// (Megatron's router call on the rank's share, as under sequence parallelism): padding every
-// expert to its capacity equals not padding, and the curve differs from dropless.
-TEST(ContextParallel, MixtureOfExpertsDropsTokensPerRank) {
+// Token dropping under context parallelism (each expert's capacity of the rank's own tokens, as
+// Megatron's router call on the rank's share) runs: padding every expert to its capacity equals
+// not padding, and the curve differs from dropless. (Which tokens a rank's capacity keeps is
+// tests/moe's token-dropping reference, on the rows the router call is given.)
+TEST(ContextParallel, MixtureOfExpertsDropsTokens) {
   const std::string moe = kDocuments + cp(2) +
                           "--set model.num_experts=4 --set model.moe_router_topk=2 "
                           "--set model.moe_aux_loss_coeff=0.05 ";
@@ -276,21 +289,32 @@ TEST(ContextParallel, ResumesExactlyAndRecomputes) {
 }
 
 // Bench mode (train.bench_steps) reports the context-parallel group's communication per measured
-// iteration beside the other groups', as the progress line does per iteration.
+// iteration beside the other groups', as the progress line does per iteration; and the expert-
+// parallel group's (an MoE model at EP 2 x CP 2), in its summary and its --bench_out object.
 TEST(ContextParallel, BenchModeReportsItsComm) {
-  const dtk_test::Result r = dtk_test::run_dtk(
-      "launch --nproc_per_node 2 " + train("gpt") + cp(2) + "--set train.bench_steps=1 --set train.perf_warmup_steps=1",
-      120);
+  const std::string json = dtk_test::fresh_dir(DTK_TEST_TMP, "bench-cp") + "/bench.json";
+  const std::string bench = "--set train.bench_steps=1 --set train.perf_warmup_steps=1 ";
+  const std::string moe =
+      "--set model.num_experts=4 --set model.moe_router_topk=2 --set distributed.expert_model_parallel_size=2 ";
+  const dtk_test::Result r =
+      dtk_test::run_dtk("launch --nproc_per_node 4 " + train("gpt") + cp(2) + bench + moe + "--bench_out " + json, 120);
   ASSERT_EQ(r.code, 0) << r.out;
   std::smatch m;
-  for (const char* pattern : {R"(context-parallel comm \(ms\) in flight: (\S+) \| exposed: (\S+) \|)",
-                              R"(context-parallel comm per iteration \(ms\): in flight (\S+) \| exposed (\S+) \()"}) {
-    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(pattern))) << pattern << "\n" << r.out;
-    const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
-    EXPECT_GT(in_flight, 0.0) << r.out;  // 16 all-to-alls per micro-batch at least
-    EXPECT_GE(exposed, 0.0) << r.out;
-    EXPECT_LE(exposed, in_flight + 5.0) << "a wait ends at most with its collective (+ copy-back): " << r.out;
+  for (const std::string group : {"context", "expert"}) {
+    for (const std::string pattern :
+         {group + R"(-parallel comm \(ms\) in flight: (\S+) \| exposed: (\S+) \|)",
+          group + R"(-parallel comm per iteration \(ms\): in flight (\S+) \| exposed (\S+) \()"}) {
+      ASSERT_TRUE(std::regex_search(r.out, m, std::regex(pattern))) << pattern << "\n" << r.out;
+      const double in_flight = std::stod(m[1]), exposed = std::stod(m[2]);
+      EXPECT_GT(in_flight, 0.0) << r.out;  // all-to-alls (all-gathers) in every layer
+      EXPECT_GE(exposed, 0.0) << r.out;
+      EXPECT_LE(exposed, in_flight + 5.0) << "a wait ends at most with its collective (+ copy-back): " << r.out;
+    }
   }
+  std::ifstream in(json);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* field : {"\"context_parallel_comm_in_flight_ms_mean\"", "\"expert_parallel_comm_exposed_ms_mean\""})
+    EXPECT_NE(text.find(field), std::string::npos) << field << "\n" << text;
 }
 
 TEST(ContextParallel, BadInputsAreOneLine) {

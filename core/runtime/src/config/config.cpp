@@ -832,8 +832,8 @@ void validate_iterations(const char* field, const std::string& spec, bool used, 
 
 // Parallel sizes, the trace, the backend and the simulated link.
 // Context parallelism (distributed.context_parallel_size > 1): each sequence in 2 x cp equal
-// chunks, each rank's share split again by sequence parallelism; expert parallelism, which would
-// carve its groups from the same data-parallel ranks, is not combined with it.
+// chunks, each rank's share split again by sequence parallelism. (Expert parallelism carves its
+// groups from the same data- and context-parallel ranks: launch/distributed.cpp.)
 void validate_context_parallel(const config::RunConfig& cfg) {
   const auto& d = cfg.distributed();
   const int64_t cp = d.context_parallel_size(), seq = cfg.train().seq_length();

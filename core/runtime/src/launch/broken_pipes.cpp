@@ -5,6 +5,8 @@
 #include <poll.h>
 #include <signal.h>
 
+#include <cerrno>
+
 namespace dtk::core {
 namespace {
 
@@ -18,10 +20,12 @@ bool output_lost(int fd) {
 }
 
 void on_sigpipe(int) {
+  const int saved = errno;  // a SIGPIPE sent with kill() may interrupt any code
   if (output_lost(1) || output_lost(2)) {
     ::signal(SIGPIPE, SIG_DFL);
     ::raise(SIGPIPE);  // pending until this handler returns, then the default action
   }
+  errno = saved;
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int
 
 // What one chunk's stage reads besides its input: its rows of the attention mask (undefined:
 // causal) and of the layers' position ids (undefined when the model has none for its layers; the
-// whole sequence's under context parallelism), and its slice of the attention-probabilities
+// whole sequence's under context parallelism where the model gives DominoInputs::layer_positions,
+// as DecoderLM does for layers that read positions), and its slice of the attention-probabilities
 // dropout mask.
 struct DominoChunk {
   at::Tensor mask, positions;

@@ -61,7 +61,9 @@
 // are (dtk/layers/dropout.hpp), drawn from the layer's hidden-dropout generator (Megatron's
 // default stream): recomputation repeats it, every TP rank draws the same, sequence parallelism
 // applies the whole sequence's draw to each rank's rows (so SP == TP), and a captured step draws
-// it anew for each replay.
+// it anew for each replay. Under context parallelism each rank draws for its own share from the
+// stream the group shares (as its dropout masks, and Megatron's, whose seeds have no CP term):
+// the same bits on different positions, not one process's noise.
 //
 // Auxiliary losses, in training only, reach the router through its backward on every pipeline
 // stage (Megatron's MoEAuxLossAutoScaler; the host's dtk.ext.aux_loss.v1 gives the factor of the
@@ -84,7 +86,8 @@
 //     becomes ema * beta + (1 - ema) * the estimates' mean over the iteration and the
 //     data-parallel ranks, centred. The weights are the score function's at the chosen experts.
 // Both choose on the whole sequence's logits under sequence parallelism (gathered over the TP
-// group, so SP == TP; Megatron gathers them for QB and not for sinkhorn).
+// group, so SP == TP; Megatron gathers them for QB and not for sinkhorn) and under context
+// parallelism (gathered over the context-parallel group too, so CP == one process).
 //
 // DeepSpeed's gate (moe_gate=deepspeed; Megatron-DeepSpeed's --num-experts with --topk, DeepSpeed's
 // TopKGate: top1gating, Switch Transformer's, top2gating, GShard's, and topkgating for k > 2):
@@ -112,7 +115,8 @@
 //     a dense MLP of the experts' shape beside them (no second bias either), mixed per token as
 //     out = experts(x) c0 + mlp(x) c1, (c0, c1) = softmax(x W_c^T + b_c), W_c [2, hidden].
 // T is the micro-batch's tokens: the gate chooses on the whole sequence's logits under sequence
-// parallelism (SP == TP; DP, PP and EP equal one process where it draws no noise). Its noise (the
+// and context parallelism (SP == TP, CP == one process; DP, PP and EP equal one process where it
+// draws no noise). Its noise (the
 // Gumbel draws, the selection's uniforms) comes from the
 // layer's hidden-dropout generator as the input jitter's, in training and evaluation as
 // DeepSpeed's; generation routes without noise and dropless.

@@ -883,11 +883,12 @@ at::Tensor MoeMlp::balance_loss(const at::Tensor& logits, int64_t batch, int64_t
 }
 
 // Megatron's _apply_global_aux_loss: the tokens per expert summed over every data-parallel rank
-// (and the sequence- and context-parallel ones) in this forward, added to this iteration's earlier training
-// forwards' and averaged over them; T is one forward's tokens over those ranks. So each rank's loss
-// is its rows' share of the global batch's: the log sums the shares over the data-parallel ranks
-// (Megatron's needs_dp_avg=False), and the gradient, averaged over them with the others, weighs it
-// 1 / (data-parallel size) of a micro-batch loss at the same balance, as in Megatron.
+// (and the sequence- and context-parallel ones) in this forward, added to this iteration's
+// earlier training forwards' and averaged over them; T is one forward's tokens over those ranks.
+// So each rank's loss is its rows' share of the global batch's: the log sums the shares over the
+// data-parallel ranks (Megatron's needs_dp_avg=False), and the gradient, averaged over them with
+// the others, weighs it 1 / (data-parallel size) of a micro-batch loss at the same balance, as in
+// Megatron.
 // per_expert: the micro-batch's tokens per expert (over the TP group under sequence parallelism
 // and the context-parallel group under CP), which aux_loss's gradient may hold: summed over the
 // data-parallel ranks in a copy.

@@ -845,24 +845,22 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                          (mask.size(0) != 1 && mask.size(0) != b)))
     fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
+  // The layers' positions (rotary) are the whole sequence's under context parallelism: their
+  // attention runs on whole sequences.
+  const at::Tensor layer_pos = parts_.layer_positions && pos.defined() ? c.cp.whole_positions(pos) : pos;
   if (domino) {
     // With labels the output layer joins the chunked schedule (DominoHead): the result is the loss.
     DominoInputs in;
     in.hidden = h;
     in.tokens = tokens;
     in.positions = pos;
-    // The layers' positions (rotary) are the whole sequence's under context parallelism.
-    if (parts_.layer_positions && pos.defined()) in.layer_positions = c.cp.whole_positions(pos);
+    in.layer_positions = layer_pos;
     in.mask = mask;
     if (labels) in.labels = labels->to(at::kLong);
     h = domino_forward(domino_, in, rng_, training_);
     if (labels) return {{"loss", h}};
   }
-  // The layers' positions (rotary) are the whole sequence's under context parallelism: their
-  // attention runs on whole sequences.
-  const bool whole = parts_.layer_positions && pos.defined();
-  const ResidualStream out =
-      domino ? ResidualStream{h, {}} : plain_layers(h, whole ? c.cp.whole_positions(pos) : pos, mask);
+  const ResidualStream out = domino ? ResidualStream{h, {}} : plain_layers(h, layer_pos, mask);
   if (!post_) return {{"hidden_states", out.sum()}};
   return {{labels ? "loss" : "logits", output_layer(out, labels)}};
 }

@@ -914,7 +914,7 @@ int64_t MoeMlp::sequence_parts() const { return (tp_.splits_sequence() ? tp_.siz
 // (in place; returned).
 at::Tensor MoeMlp::sum_over_sequence(const at::Tensor& counts) const {
   if (tp_.splits_sequence()) Comm::all_reduce(counts, DTK_GROUP_TENSOR_PARALLEL, DTK_REDUCE_SUM);
-  if (c_.cp.size > 1) Comm::all_reduce(counts, DTK_GROUP_CONTEXT_PARALLEL, DTK_REDUCE_SUM);
+  sum_over_group(counts, DTK_GROUP_CONTEXT_PARALLEL);
   return counts;
 }
 

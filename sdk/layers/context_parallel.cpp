@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <dtk/context_parallel.hpp>
+#include <dtk/layers/attention.hpp>
 #include <dtk/tensor.hpp>
 
 #include <string>
@@ -72,16 +73,72 @@ struct SequenceFromHeads : public torch::autograd::Function<SequenceFromHeads> {
   }
 };
 
+// all_gather's keys and values: this rank's share [b, s / cp, ...] -> the whole sequence [b, s,
+// ...] in order; the backward sums every rank's gradient of each share into its owner's
+// (reduce-scatter of the gradients laid out by share).
+struct GatherSequence : public torch::autograd::Function<GatherSequence> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& share, int64_t rank, int64_t cp) {
+    ctx->saved_data["rank"] = rank;
+    ctx->saved_data["cp"] = cp;
+    return ContextParallel{static_cast<int32_t>(rank), static_cast<int32_t>(cp)}.whole_sequence(share);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto cp = static_cast<int32_t>(ctx->saved_data["cp"].toInt());
+    std::vector<at::Tensor> shares;  // [b, s / cp, ...]: each rank j's share of the gradient
+    shares.reserve(static_cast<size_t>(cp));
+    for (int32_t j = 0; j < cp; ++j) shares.push_back(context_parallel_share(grad[0], 1, j, cp));
+    const at::Tensor send = at::cat(shares, 0);  // [cp x b, s / cp, ...], rank-major
+    at::Tensor mine = at::empty_like(shares[0], at::MemoryFormat::Contiguous);
+    Comm::reduce_scatter(mine, send, DTK_GROUP_CONTEXT_PARALLEL);
+    return {mine, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The mask of `s` queries at positions first .. first + s - 1 over the keys 0 .. t - 1 (t = first
+// + s): `given`'s rows and columns there, else the causal one; a window's keys masked too.
+at::Tensor chunk_mask(const at::Tensor& given, int64_t first, int64_t s, int64_t t, int64_t window, at::Device device) {
+  at::Tensor m = given.defined() ? given.narrow(2, first, s).narrow(3, 0, t) : at::Tensor();
+  if (window >= 0) return window_mask(m, s, t, window, device);
+  if (m.defined()) return m;
+  return at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device)).triu(t - s + 1).view({1, 1, s, t});
+}
+
 }  // namespace
 
+at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              double scale, const at::Tensor& given, int64_t window,
+                                              const DropoutMask& keep) const {
+  if (!gathers_keys()) throw Error("attend_whole_keys: context parallelism's all_gather is not on");
+  const int64_t share = q.size(1), chunk = share / 2, whole = share * size, hd = k.size(-1);
+  if (share % 2 != 0 || k.size(1) != share || v.sizes() != k.sizes())
+    throw Error("attend_whole_keys: queries " + shape_str(q) + ", keys " + shape_str(k) + " and values " +
+                shape_str(v) + " must hold this rank's share (two equal chunks) of the same positions");
+  // The keys and values in one collective: [b, s, groups, 2 hd].
+  const at::Tensor kv = GatherSequence::apply(at::cat({k, v}, -1), rank, size);
+  std::vector<at::Tensor> context;
+  for (int64_t j = 0; j < 2; ++j) {
+    // The share's chunk j is the sequence's chunk `rank` (j 0) or 2 cp - 1 - rank (j 1).
+    const int64_t first = (j == 0 ? rank : 2 * size - 1 - rank) * chunk, keys = first + chunk;
+    const at::Tensor seen = kv.narrow(1, 0, keys);
+    context.push_back(attention_ops(q.narrow(1, j * chunk, chunk), seen.narrow(-1, 0, hd), seen.narrow(-1, hd, hd),
+                                    scale, chunk_mask(given, first, chunk, keys, window, q.device()),
+                                    keep.columns(2 * whole, j * whole, keys)));
+  }
+  return at::cat(context, 1);
+}
+
+std::vector<int64_t> ContextParallel::gathered_probs_shape(int64_t b, int64_t heads, int64_t share) const {
+  return {b, heads, share / 2, 2 * share * size};
+}
+
 at::Tensor ContextParallel::heads_from_sequence(const at::Tensor& x, int64_t units) const {
-  if (!active()) return x;
+  if (!active() || gathers_keys()) return x;
   check_units(units, size, x);
   return HeadsFromSequence::apply(x, units, static_cast<int64_t>(size));
 }
 
 at::Tensor ContextParallel::sequence_from_heads(const at::Tensor& x, int64_t units) const {
-  if (!active()) return x;
+  if (!active() || gathers_keys()) return x;
   check_units(units, 1, x);
   return SequenceFromHeads::apply(x, units, static_cast<int64_t>(size));
 }

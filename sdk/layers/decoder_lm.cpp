@@ -144,7 +144,7 @@ void DecoderLM::read_options(const BuildContext& ctx, DecoderConfig& c) const {
   c.heads = o.get_int("num_attention_heads");
   c.vocab = o.get_int("vocab_size");
   c.seq = o.has("seq_length") ? option_or(o, "seq_length", ctx.seq_length) : ctx.seq_length;
-  c.cp = ContextParallel{ctx.cp_rank, std::max(1, ctx.cp_size)};
+  c.cp = ContextParallel{ctx.cp_rank, std::max(1, ctx.cp_size), ctx.cp_comm_type};
   // The rest only where the plugin declares the option; otherwise DecoderConfig's default.
   auto int_opt = [&](const char* name, int64_t& v) {
     if (o.has(name)) v = o.get_int(name);
@@ -626,10 +626,11 @@ void DecoderLM::validate(const BuildContext& ctx, const DecoderConfig& c) const 
 void DecoderLM::validate_context_parallel(const DecoderConfig& c) const {
   if (!c.cp.active()) return;
   const std::string cp = "context parallelism " + std::to_string(c.cp.size);
-  if ((c.heads / tp_.size) % c.cp.size != 0)
-    fail(cp + " gives each rank the whole sequence of 1 / " + std::to_string(c.cp.size) +
+  if (!c.cp.gathers_keys() && (c.heads / tp_.size) % c.cp.size != 0)
+    fail(cp + " by all-to-all gives each rank the whole sequence of 1 / " + std::to_string(c.cp.size) +
          " of the attention heads: num_attention_heads / the tensor-parallel size (" + std::to_string(c.heads) + " / " +
-         std::to_string(tp_.size) + ") must divide by " + std::to_string(c.cp.size));
+         std::to_string(tp_.size) + ") must divide by " + std::to_string(c.cp.size) +
+         " (distributed.cp_comm_type=all_gather has no such condition)");
   if (c.seq % (2 * c.cp.size) != 0)
     fail(cp + " splits each sequence into " + std::to_string(2 * c.cp.size) + " equal chunks: seq_length " +
          std::to_string(c.seq) + " is not divisible by " + std::to_string(2 * c.cp.size));
@@ -845,9 +846,10 @@ TensorList DecoderLM::forward(const TensorList& inputs) {
   if (mask.defined() && (mask.dim() != 4 || mask.size(1) != 1 || mask.size(2) != s || mask.size(3) != s ||
                          (mask.size(0) != 1 && mask.size(0) != b)))
     fail("'attention_mask' must be [batch or 1, 1, seq, seq], got " + shape_str(mask));
-  // The layers' positions (rotary) are the whole sequence's under context parallelism: their
-  // attention runs on whole sequences.
-  const at::Tensor layer_pos = parts_.layer_positions && pos.defined() ? c.cp.whole_positions(pos) : pos;
+  // The layers' positions (rotary) are the whole sequence's under context parallelism's a2a: their
+  // attention runs on whole sequences (under all_gather each rank rotates its own share's keys).
+  const at::Tensor layer_pos =
+      parts_.layer_positions && pos.defined() && !c.cp.gathers_keys() ? c.cp.whole_positions(pos) : pos;
   if (domino) {
     // With labels the output layer joins the chunked schedule (DominoHead): the result is the loss.
     DominoInputs in;
@@ -1075,7 +1077,8 @@ dtk_model_info DecoderLM::info() {
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
   if (i.recompute_granularity == 2) i.recompute_modules = modules;
-  i.context_parallel = parts_.context_parallel ? 1 : 0;  // the layers exchange their attention's inputs
+  // The layers exchange their attention's inputs by either of the exchanges.
+  i.context_parallel = parts_.context_parallel ? (1 << DTK_CP_COMM_A2A) | (1 << DTK_CP_COMM_ALL_GATHER) : 0;
   return i;
 }
 

@@ -715,14 +715,16 @@ LayerMasks LayerMasks::rows(int64_t start, int64_t length) const {
 }
 
 LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int64_t hidden, double attention_dropout,
-                            double hidden_dropout, DropoutRng& rng, bool training, int64_t context_parallel) {
+                            double hidden_dropout, DropoutRng& rng, bool training, const ContextParallel& cp) {
   LayerMasks m;
   if (!training) return m;
   // The plain layer's draws, per generator in the same order: attention probabilities from the
   // TENSOR_PARALLEL stream; the attention and MLP outputs from the DEFAULT stream.
   if (attention_dropout > 0.0) {
-    const int64_t whole = seq * context_parallel;
-    m.attention_probs = draw_keep_mask({batch, heads_local, whole, whole}, attention_dropout, rng.attention);
+    const int64_t whole = seq * cp.size;
+    m.attention_probs = draw_keep_mask(cp.gathers_keys() ? cp.gathered_probs_shape(batch, heads_local, seq)
+                                                         : std::vector<int64_t>{batch, heads_local, whole, whole},
+                                       attention_dropout, rng.attention);
   }
   if (hidden_dropout > 0.0) {
     m.attention_out = draw_keep_mask({batch, seq, hidden}, hidden_dropout, rng.hidden);

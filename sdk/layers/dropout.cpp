@@ -237,6 +237,19 @@ DropoutMask DropoutMask::sequence_rows(int64_t seq, int64_t start, int64_t lengt
   return m;
 }
 
+DropoutMask DropoutMask::columns(int64_t width, int64_t start, int64_t length) const {
+  if (!defined() && row_numel == 0) return *this;
+  if (run_numel > 0 || width <= 0 || start < 0 || length <= 0 || start + length > width ||
+      (row_numel > 0 && row_numel % width != 0))
+    throw Error("dropout: columns needs an unsliced mask whose rows hold runs of " + std::to_string(width) +
+                " elements, and a block inside them");
+  DropoutMask m = *this;
+  m.offset += start;
+  m.row_numel = width;
+  m.run_numel = length;
+  return m;
+}
+
 DropoutMask draw_uniforms(at::IntArrayRef shape, at::Generator& gen) {
   DropoutMask m;
   if (capturing()) {

@@ -38,7 +38,8 @@ TEST(AbiLayout, StructSizesExcludeTrailingPadding) {
   EXPECT_GE(offsetof(dtk_collective_args, output_splits), static_cast<size_t>(dtk_collective_args_STRUCT_SIZE_2_0));
   EXPECT_EQ(dtk_comm_services_STRUCT_SIZE, dtk_comm_services_STRUCT_SIZE_2_19);  // current == 2.19 since 2.19
   EXPECT_EQ(dtk_comm_services_STRUCT_SIZE_2_19, offsetof(dtk_comm_services, all_to_all) + sizeof(void*));
-  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_20);  // current == 2.20 since 2.20
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE, dtk_build_context_STRUCT_SIZE_2_21);  // current == 2.21 since 2.21
+  EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_21, offsetof(dtk_build_context, cp_comm_type) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_20, offsetof(dtk_build_context, cp_size) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_13, offsetof(dtk_build_context, loss_in_split) + sizeof(int32_t));
   EXPECT_EQ(dtk_build_context_STRUCT_SIZE_2_12, offsetof(dtk_build_context, ep_size) + sizeof(int32_t));

@@ -1,7 +1,8 @@
 // Context parallelism (distributed.context_parallel_size, Megatron's --context-parallel-size with
-// --cp-comm-type a2a) end to end through `dtk launch`, real processes over loopback (Gloo). Each
-// rank of a context-parallel group keeps 2 of the sequence's 2 x cp chunks (Megatron's
-// load-balanced split) and its attention trades them for whole sequences of 1 / cp of the heads,
+// --cp-comm-type a2a or all_gather) end to end through `dtk launch`, real processes over loopback
+// (Gloo). Each rank of a context-parallel group keeps 2 of the sequence's 2 x cp chunks (Megatron's
+// load-balanced split) and its attention trades them for whole sequences of 1 / cp of the heads
+// (or gathers the keys and values),
 // so every run below is compared with one process, iteration by iteration (fp32, lm loss and grad
 // norm within 1e-5):
 //   * gpt (learned positions) and llama (rotary, grouped-query attention): the tokens drawn from
@@ -12,6 +13,8 @@
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO stages 1-3, and PP 2;
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
+//   * the all_gather exchange (--cp-comm-type all_gather): the same, and where a2a cannot split
+//     the heads;
 //   * a mixture of experts (its balancing losses over the group; DeepSpeed's gate, sinkhorn and
 //     quantile balancing on whole sequences) equals one process, logged losses included, with
 //     expert parallelism too; token dropping per rank;
@@ -152,6 +155,51 @@ TEST(ContextParallel, WithDomino) {
     expect_same_curve(curve_of(model, 4, args, "tp2-cp2-dropout"),
                       curve_of(model, 4, args + domino, "tp2-cp2-dropout-domino"), kIters,
                       model + " TP 2 x CP 2 with dropout, Domino vs plain");
+  }
+}
+
+// Megatron's --cp-comm-type all_gather (distributed.cp_comm_type): each rank gathers the whole
+// sequence's keys and values and attends with its own queries, each of its two chunks over the keys
+// up to its end; the backward reduce-scatters their gradients. It asks nothing of the heads, so
+// llama-tiny's 2 key/value groups run at CP 4 and at TP 2 x CP 2, where a2a refuses them.
+TEST(ContextParallel, AllGatherEqualsOneProcess) {
+  const std::string gather = "--set distributed.cp_comm_type=all_gather ";
+  const std::string tp2 = "--set distributed.tensor_model_parallel_size=2 ";
+  for (const std::string model : {"gpt", "llama"}) {
+    // The documents' own positions and the whole [b, 1, s, s] mask, each chunk reading its rows.
+    expect_same_curve(curve_of(model, 1, kDocuments, "one"), curve_of(model, 2, kDocuments + cp(2) + gather, "ag2"),
+                      kIters, model + " CP 2 all_gather vs one process");
+    // The causal mask alone, at CP 4 (8 chunks of 4 positions).
+    expect_same_curve(curve_of(model, 1, "", "one-plain"), curve_of(model, 4, cp(4) + gather, "ag4-plain"), kIters,
+                      model + " CP 4 all_gather vs one process, the causal mask alone");
+  }
+  // One key/value group per tensor-parallel rank, sequence parallelism inside each share.
+  expect_same_curve(
+      curve_of("llama", 1, kDocuments, "one"),
+      curve_of("llama", 4, kDocuments + tp2 + "--set distributed.sequence_parallel=true " + cp(2) + gather,
+               "tp2-sp-ag2"),
+      kIters, "llama TP 2 x CP 2 all_gather with sequence parallelism vs one process");
+  // A sliding window (8,0): each chunk's window over the gathered keys.
+  const std::string window = "--set model.window_size=8,0 ";
+  expect_same_curve(curve_of("llama", 1, window, "one-window"),
+                    curve_of("llama", 2, window + cp(2) + gather, "ag2-window"), kIters,
+                    "llama CP 2 all_gather vs one process, a sliding window of 8");
+  // Domino's chunks attend as the plain layers do: equal to one process; with dropout equal to
+  // plain tensor parallelism (the probabilities' masks drawn up front for gathered_probs_shape).
+  const std::string domino = "--set model.domino_chunks=2 ";
+  expect_same_curve(curve_of("gpt", 1, kDocuments, "one"),
+                    curve_of("gpt", 4, kDocuments + tp2 + cp(2) + gather + domino, "tp2-ag2-domino"), kIters,
+                    "gpt TP 2 x CP 2 all_gather under Domino vs one process");
+  const std::string dropout = "--set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 ";
+  for (const std::string model : {"gpt", "llama"}) {
+    const std::string args = kDocuments + dropout + tp2 + cp(2) + gather;
+    const Curve plain = curve_of(model, 4, args, "tp2-ag2-dropout");
+    expect_same_curve(plain, curve_of(model, 4, args + domino, "tp2-ag2-dropout-domino"), kIters,
+                      model + " TP 2 x CP 2 all_gather with dropout, Domino vs plain");
+    // Selective recomputation draws the same masks again, and gathers again.
+    expect_same_curve(
+        plain, curve_of(model, 4, args + "--set model.recompute_activations=selective ", "tp2-ag2-dropout-selective"),
+        kIters, model + " TP 2 x CP 2 all_gather with dropout, selective recomputation vs none");
   }
 }
 
@@ -325,6 +373,8 @@ TEST(ContextParallel, BadInputsAreOneLine) {
   expect_error(3, "gpt", cp(3) + "--set train.seq_length=48",
                "num_attention_heads / the tensor-parallel size (4 / 1) must divide by 3");
   expect_error(4, "llama", cp(4), "num_query_groups / the tensor-parallel size (2 / 1) must divide by 4");
+  expect_error(1, "gpt", cp(2) + "--set distributed.cp_comm_type=ring",
+               "config: distributed.cp_comm_type must be a2a or all_gather (Megatron's --cp-comm-type), got 'ring'");
   // The world holds TP x CP x DP x PP ranks.
   expect_error(3, "gpt", cp(2), "is not divisible by distributed.context_parallel_size 2");
   expect_error(1, "gpt", "--set distributed.context_parallel_size=-1",

@@ -119,3 +119,34 @@ TEST(Dropout, ASequenceShardIsTheWholeMasksRows) {
 }
 
 }  // namespace
+
+namespace {
+
+// Context parallelism's all_gather (DropoutMask::columns): a block of columns of a mask drawn for
+// [b, heads, rows, width], of Domino's rows of it too, is the whole mask's bits there, on the host
+// and with tensor operations; the dropout it applies is the whole one's slice. Odd widths, so runs
+// start in either half of a hash.
+TEST(Dropout, ColumnsAreTheWholeMasksBlock) {
+  at::Generator g = seeded_generator(17);
+  const int64_t b = 3, heads = 2, rows = 3, width = 13;
+  const DropoutMask whole = dtk::layers::draw_keep_mask({b, heads, rows, width}, 0.3, g);
+  const at::Tensor bits = dtk::layers::keep_bits(whole, b * heads * rows * width).view({b, heads, rows, width});
+  for (const auto& [start, length] : {std::pair<int64_t, int64_t>{0, 5}, {6, 7}, {3, 1}}) {
+    const DropoutMask block = whole.columns(width, start, length);
+    const int64_t n = b * heads * rows * length;
+    const at::Tensor want = bits.narrow(3, start, length).reshape({-1});
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits(block, n), want)) << start << "+" << length;
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits_on(block, n, at::kCPU), want)) << start << "+" << length;
+    EXPECT_TRUE(at::equal(dtk::layers::keep_bits(whole.rows(1, 2).columns(width, start, length), n / b * 2),
+                          bits.narrow(0, 1, 2).narrow(3, start, length).reshape({-1})));
+    const at::Tensor x = at::randn({b, heads, rows, width});
+    EXPECT_TRUE(at::equal(dtk::layers::apply_dropout(x.narrow(3, start, length).contiguous(), block),
+                          dtk::layers::apply_dropout(x, whole).narrow(3, start, length)));
+  }
+  // Nothing slices a block; a block must lie inside the rows.
+  EXPECT_THROW(whole.columns(width, 0, 5).columns(5, 0, 2), dtk::Error);
+  EXPECT_THROW(whole.columns(width, 10, 5), dtk::Error);
+  EXPECT_THROW(whole.columns(7, 0, 5), dtk::Error);  // 2 x 3 x 13 elements per row of dim 0: not runs of 7
+}
+
+}  // namespace

@@ -25,8 +25,9 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f)
     fc1 = ColumnParallelLinear(c.hidden, c.ffn, true, c.init_std, tp, f);
     fc2 = RowParallelLinear(c.ffn, c.hidden, true, scaled_std, tp, f);
   }
-  // Under context parallelism core attention runs whole sequences of 1 / cp of this rank's heads.
-  heads_local_ = c.heads / tp.size / c.cp.size;
+  // Under context parallelism's a2a core attention runs whole sequences of 1 / cp of this rank's
+  // heads; under all_gather this rank's queries of all of them.
+  heads_local_ = c.cp.attention_units(c.heads / tp.size);
   head_dim_ = c.head_dim();
   if (c.windowed(index)) window_ = c.window;
 }
@@ -54,7 +55,8 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
                                   ? add_bias_dropout_layer_norm(in.stream, in.branch, in.branch_bias, in.branch_keep,
                                                                 c_.norm_gain(ln1_w), ln1_b, c_.eps, c_.kernels)
                                   : std::pair{in.stream, layer_norm(in.stream, c_.norm_gain(ln1_w), ln1_b, c_.eps)};
-  // Under context parallelism: the whole sequence of this rank's share of the heads.
+  // Under context parallelism's a2a: the whole sequence of this rank's share of the heads (under
+  // all_gather core attention gathers the keys and values itself).
   const at::Tensor projected = c_.cp.heads_from_sequence(qkv.forward(normed_in), heads_local_ * c_.cp.size);
   // The probabilities' mask is drawn as dropout(probs, p, training, rng.attention) would draw it.
   RecomputedBlock attention = [this, mask, p, training](const at::Tensor& in, DropoutRng& r) {
@@ -66,7 +68,7 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // or a window) keep no probabilities by themselves; elsewhere core attention is one checkpoint
   // (Megatron's checkpointed core attention, which it too leaves out for its flash attention).
   const auto own_kernel = [&] {
-    if (mask.defined()) return false;
+    if (mask.defined() || c_.cp.gathers_keys()) return false;
     if (window_ < 0 && causal_attention_supported(projected)) return true;
     return (p > 0.0 || window_ >= 0) && fused_attention_takes(projected);
   };
@@ -141,7 +143,7 @@ at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const Do
 
 LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
   return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training,
-                          c_.cp.size);
+                          c_.cp);
 }
 
 // q, k, v [b, s, np, hn] of the projection [b, s, np * 3 * hn] (per head: query, key, value):
@@ -161,6 +163,12 @@ at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& 
   const int64_t b = projected.size(0), s = projected.size(1);
   const bool plain = !given.defined() && window_ < 0;  // causal, nothing else masked
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  // Context parallelism's all_gather: this rank's queries over the whole sequence's keys.
+  if (c_.cp.gathers_keys()) {
+    const std::vector<at::Tensor> qkv = split_qkv(projected);
+    return c_.cp.attend_whole_keys(qkv[0], qkv[1], qkv[2], scale, given, window_,
+                                   probs_keep(at::IntArrayRef(c_.cp.gathered_probs_shape(b, heads_local_, s))));
+  }
   // The plain causal case on the CPU in fp32: the kernel that skips the masked half
   // (dtk/layers/attention.hpp), same probabilities and dropout bits.
   if (plain && causal_attention_supported(projected))

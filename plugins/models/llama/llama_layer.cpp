@@ -95,10 +95,10 @@ Layer::Layer(const Config& c, int64_t index, const TPGroup& tp, ParamFactory& f,
     up = ColumnParallelLinear(c.hidden, c.ffn, c.bias, c.init_std, tp, f);
     down = RowParallelLinear(c.ffn, c.hidden, c.bias, scaled_std, tp, f);
   }
-  // Under context parallelism core attention runs whole sequences of 1 / cp of this rank's
-  // key/value groups and their query heads.
-  heads_local_ = c.heads / tp.size / c.cp.size;
-  groups_local_ = c.groups / tp.size / c.cp.size;
+  // Under context parallelism's a2a core attention runs whole sequences of 1 / cp of this rank's
+  // key/value groups and their query heads; under all_gather this rank's queries of all of them.
+  heads_local_ = c.cp.attention_units(c.heads / tp.size);
+  groups_local_ = c.cp.attention_units(c.groups / tp.size);
   if (c.windowed(index)) window_ = c.window;
 }
 
@@ -131,6 +131,9 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // b: read by LibTorch 2.x's fused attention below only.
   [[maybe_unused]] const int64_t b = q.size(0), s = q.size(1), t = k.size(1), hd = c_.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Context parallelism's all_gather: this rank's queries over the whole sequence's keys (not
+  // while generating: forward_cached runs without context parallelism).
+  if (c_.cp.gathers_keys()) return c_.cp.attend_whole_keys(q, k, v, scale, given, window_, keep);
   // On a GPU, DTK's kernel (it reads each key/value group for its query heads itself): with
   // attention dropout, the masks' bits the model's generator decides; in a sliding window, with or
   // without dropout, its walks bounded by the window (no [s, t] mask or probabilities in memory).
@@ -201,17 +204,21 @@ ResidualStream Layer::forward_residual(const ResidualStream& in, const at::Tenso
   // mask drawn as dropout(probs, p, training, r.attention) would draw it).
   RecomputedBlock attention = [this, positions, mask, p, training](const at::Tensor& projected, DropoutRng& r) {
     const QKV a = split_qkv(projected, positions);
-    const DropoutMask keep = training
-                                 ? draw_keep_mask({a.q.size(0), heads_local_, a.q.size(1), a.k.size(1)}, p, r.attention)
-                                 : DropoutMask{};
+    const int64_t b = a.q.size(0), s = a.q.size(1);
+    const DropoutMask keep =
+        training ? draw_keep_mask(c_.cp.gathers_keys() ? c_.cp.gathered_probs_shape(b, heads_local_, s)
+                                                       : std::vector<int64_t>{b, heads_local_, s, a.k.size(1)},
+                                  p, r.attention)
+                 : DropoutMask{};
     return attend(a.q, a.k, a.v, mask, keep);
   };
   // x = the previous layer's stream + its MLP branch, added by the input norm's kernel.
   const auto [x, normed_in] =
       in.branch.defined() ? add_rms_norm(in.stream, in.branch_value(), c_.norm_gain(input_norm), c_.eps, c_.kernels)
                           : std::pair{in.stream, rms_norm(in.stream, c_.norm_gain(input_norm), c_.eps, c_.kernels)};
-  // Under context parallelism: the whole sequence of this rank's share of the groups (`positions`
-  // are the whole sequence's, for rotary).
+  // Under context parallelism's a2a: the whole sequence of this rank's share of the groups
+  // (`positions` are the whole sequence's, for rotary); under all_gather attend() gathers the keys
+  // and values (`positions` are this rank's share's).
   const at::Tensor projected = c_.cp.heads_from_sequence(qkv.forward(normed_in), groups_local_ * c_.cp.size);
   // Selective recomputation (Megatron's checkpointed core attention): one checkpoint holding only
   // the projection.
@@ -263,7 +270,7 @@ at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const Do
     return dtk::linear(at::silu(projected.narrow(-1, 0, f)) * projected.narrow(-1, f, f), down.weight);
   }
   // Under context parallelism the chunk's exchanges, as the plain layer's (forward_residual);
-  // chunk.positions are then the whole sequence's.
+  // chunk.positions are then the whole sequence's under a2a, the share's under all_gather.
   const QKV a = split_qkv(c_.cp.heads_from_sequence(projected, groups_local_ * c_.cp.size), chunk.positions);
   const at::Tensor context = attend(a.q, a.k, a.v, chunk.mask, chunk.attention_probs);
   return dtk::linear(c_.cp.sequence_from_heads(context, heads_local_), dense.weight);
@@ -271,7 +278,7 @@ at::Tensor Layer::stage_partial(int stage, const at::Tensor& projected, const Do
 
 LayerMasks Layer::draw_masks(int64_t batch, int64_t seq, DropoutRng& rng, bool training) const {
   return draw_layer_masks(batch, seq, heads_local_, c_.hidden, c_.attention_dropout, c_.hidden_dropout, rng, training,
-                          c_.cp.size);
+                          c_.cp);
 }
 
 void Layer::add_params(std::vector<Param>& out, const std::string& prefix) const {

@@ -93,12 +93,12 @@ class LlamaModel : public DecoderLM {
     if (c_.groups <= 0) fail("option 'num_query_groups' must be positive, got " + std::to_string(c_.groups));
     divisible("num_attention_heads", c_.heads, "num_query_groups", c_.groups);
     divisible("num_query_groups", c_.groups, "the tensor-parallel size", tp_.size);
-    if (c_.cp.active() && (c_.groups / tp_.size) % c_.cp.size != 0)
+    if (c_.cp.active() && !c_.cp.gathers_keys() && (c_.groups / tp_.size) % c_.cp.size != 0)
       fail("context parallelism " + std::to_string(c_.cp.size) +
-           " gives each rank the whole sequence of 1 / cp of the key/value groups: num_query_groups / the "
-           "tensor-parallel size (" +
+           " by all-to-all gives each rank the whole sequence of 1 / cp of the key/value groups: num_query_groups / "
+           "the tensor-parallel size (" +
            std::to_string(c_.groups) + " / " + std::to_string(tp_.size) + ") must divide by " +
-           std::to_string(c_.cp.size));
+           std::to_string(c_.cp.size) + " (distributed.cp_comm_type=all_gather has no such condition)");
     if (!(c_.rotary_percent > 0.0 && c_.rotary_percent <= 1.0))
       fail("option 'rotary_percent' must be in (0, 1], got " + std::to_string(c_.rotary_percent));
     if (c_.rotary_dim() % 2 != 0)

@@ -121,7 +121,7 @@ extern "C" {
 #endif
 
 #define DTK_ABI_MAJOR 2
-#define DTK_ABI_MINOR 20
+#define DTK_ABI_MINOR 21
 
 /* The one symbol a plugin exports. */
 #define DTK_PLUGIN_ENTRY_SYMBOL "dtk_plugin_get_entry"
@@ -790,14 +790,24 @@ typedef struct dtk_build_context {
    * (the data-parallel group's). A model that honours it says so in
    * dtk_model_info.context_parallel; the host refuses the run otherwise. */
   int32_t cp_rank, cp_size;
+  /* ABI 2.21. With cp_size > 1, how the attention reaches the rest of the sequence (Megatron's
+   * --cp-comm-type): DTK_CP_COMM_A2A trades the shares for whole sequences of 1 / cp_size of the
+   * heads (0, and what a 2.20 host meant); DTK_CP_COMM_ALL_GATHER gathers the whole sequence's keys
+   * and values and attends to them with this rank's queries (no condition on the heads). The host
+   * asks for all_gather only of a model whose dtk_model_info.context_parallel has its bit. */
+  int32_t cp_comm_type;
 } dtk_build_context;
+/* dtk_build_context.cp_comm_type (ABI 2.21); bit 1 << type of dtk_model_info.context_parallel. */
+#define DTK_CP_COMM_A2A 0
+#define DTK_CP_COMM_ALL_GATHER 1
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_0, seed);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_3, sequence_parallel);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_4, deferred_parameters);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_12, ep_size);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_13, loss_in_split);
 DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_20, cp_size);
-DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, cp_size);
+DTK_DEFINE_STRUCT_SIZE(dtk_build_context, 2_21, cp_comm_type);
+DTK_DEFINE_STRUCT_TRAITS(dtk_build_context, cp_comm_type);
 
 /* ============================================================================================
  * Kind 1: model builder
@@ -849,7 +859,8 @@ typedef struct dtk_model_info {
   int32_t recompute_modules;
   /* ABI 2.20. 1: it runs dtk_build_context.cp_size's layout (its inputs this rank's share of each
    * sequence, its attention over the whole sequence through DTK_GROUP_CONTEXT_PARALLEL); 0 (and a
-   * 2.19 model): the host refuses context parallelism. */
+   * 2.19 model): the host refuses context parallelism. ABI 2.21: a bit mask, 1 << DTK_CP_COMM_* for
+   * each cp_comm_type it runs (1: all-to-all alone, what a 2.20 model's 1 says). */
   int32_t context_parallel;
 } dtk_model_info;
 /* dtk_model_info.recompute_modules (ABI 2.16). */

@@ -231,7 +231,8 @@ struct BuildContext {
         embedding_in_split(c.embedding_in_split != 0),
         loss_in_split(c.loss_in_split != 0),
         cp_rank(c.cp_size > 1 ? c.cp_rank : 0),
-        cp_size(c.cp_size > 1 ? c.cp_size : 1) {}
+        cp_size(c.cp_size > 1 ? c.cp_size : 1),
+        cp_comm_type(c.cp_size > 1 ? c.cp_comm_type : DTK_CP_COMM_A2A) {}
   Options options;
   at::Device device;
   at::ScalarType params_dtype;
@@ -253,6 +254,8 @@ struct BuildContext {
   // ABI 2.20 (0 and 1 from an earlier host): context parallelism, dtk_build_context.cp_rank/cp_size
   // (dtk/context_parallel.hpp splits a sequence so).
   int32_t cp_rank, cp_size;
+  // ABI 2.21 (a2a from an earlier host): dtk_build_context.cp_comm_type, DTK_CP_COMM_*.
+  int32_t cp_comm_type;
 };
 
 // ------------------------------------------------------------------------------------------

@@ -890,6 +890,9 @@ void validate_distributed(const config::RunConfig& cfg) {
     throw HostError(
         "config: distributed.context_parallel_size must be at least 1 (0 or 1: no context parallelism), got " +
         std::to_string(d.context_parallel_size()));
+  if (!d.cp_comm_type().empty() && d.cp_comm_type() != "a2a" && d.cp_comm_type() != "all_gather")
+    throw HostError("config: distributed.cp_comm_type must be a2a or all_gather (Megatron's --cp-comm-type), got '" +
+                    d.cp_comm_type() + "'");
   if (d.context_parallel_size() > 1) validate_context_parallel(cfg);
   if (d.sequence_parallel() && d.tensor_model_parallel_size() > 1 && t.seq_length() > 0 &&
       t.seq_length() % d.tensor_model_parallel_size() != 0)

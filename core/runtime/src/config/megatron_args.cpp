@@ -421,9 +421,10 @@ const Rule kRules[] = {
      "from its stages); other layouts and MTP layers (m) refused"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
-     "each sequence split over that many ranks, attention by all-to-all"},
-    {"--cp-comm-type", -1, Kind::kCustom, "",
-     "a2a: DTK's; p2p, all_gather, a2a+p2p: ignored, saying so (DTK's all-to-all computes the same attention)"},
+     "each sequence split over that many ranks"},
+    {"--cp-comm-type", -1, Kind::kCustom, "distributed.cp_comm_type",
+     "a2a and all_gather as they are; p2p as all_gather, a2a+p2p as a2a, saying so (the "
+     "same attention, other traffic); a per-layer list of both kinds refused"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
      "GPU (docs/cuda.md)"},
@@ -704,10 +705,20 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
     for (const std::string& type : v)
       if (type != "p2p" && type != "all_gather" && type != "a2a" && type != "a2a+p2p")
         return refuse("not one of p2p, all_gather, a2a, a2a+p2p");
-    if (joined(v) != "a2a")
-      m.ignored.push_back(shown +
-                          " (DTK's context parallelism exchanges heads all-to-all, Megatron's a2a: the same "
-                          "attention, other traffic)");
+    // p2p's ring passes the keys and values round the group, all_gather gathers them at once: the
+    // same attention and the same freedom in the heads. a2a+p2p is a2a inside a node, p2p across.
+    const auto dtk_type = [](const std::string& t) { return t == "p2p" || t == "all_gather" ? "all_gather" : "a2a"; };
+    for (const std::string& type : v)
+      if (std::string(dtk_type(type)) != dtk_type(v[0]))
+        return refuse(
+            "DTK runs one exchange in every layer (a per-layer list must map to one: p2p and all_gather "
+            "to all_gather, a2a and a2a+p2p to a2a)");
+    set_by(m, std::string("distributed.cp_comm_type=") + dtk_type(v[0]), shown);
+    if (v[0] == "p2p" || v[0] == "a2a+p2p")
+      m.ignored.push_back(shown + " (DTK runs " + dtk_type(v[0]) +
+                          (v[0] == "p2p" ? ": the same attention, the keys and values gathered at once rather than "
+                                           "passed round a ring)"
+                                         : " over the whole group: the same attention, other traffic)"));
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)

@@ -113,6 +113,11 @@ void check_full_validation(const config::RunConfig& cfg, const RunPlugins& plugi
   resolve_validation_sets(cfg, plugins.data);  // names and options, before anything is built
 }
 
+// distributed.cp_comm_type as dtk_build_context.cp_comm_type (validated: a2a, all_gather or empty).
+int32_t cp_comm_type(const config::RunConfig& cfg) {
+  return cfg.distributed().cp_comm_type() == "all_gather" ? DTK_CP_COMM_ALL_GATHER : DTK_CP_COMM_A2A;
+}
+
 // Context parallelism: the step splits each sequence (dtk_build_context.cp_size, ABI 2.20); one
 // built before would hand the model whole sequences.
 void check_context_parallel_step(const config::RunConfig& cfg, const RunPlugins& plugins) {
@@ -328,6 +333,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
   c.cp_rank = topo.cp_rank(), c.cp_size = topo.cp_size;  // (0 and 1 without context parallelism)
+  c.cp_comm_type = cp_comm_type(cfg);
   PipelineSplit split = run_pipeline_split(cfg, topo);
   if (chunk < 0) split.chunks = 1;  // a context for the pipeline rank, not one of its chunks
   dtk::put_pipeline_split(split, c);
@@ -490,6 +496,11 @@ TrainingParts setup_model_and_optimizer(const config::RunConfig& cfg, const Topo
     throw HostError("model plugin '" + plugins.model.name() +
                     "' does not run context parallelism (its dtk_model_info.context_parallel is 0): build it on the "
                     "SDK's dtk::layers::DecoderLM (docs/plugin-guide.md) or set distributed.context_parallel_size=1");
+  if (topo.cp_size > 1 && (info.context_parallel & (1 << cp_comm_type(cfg))) == 0)
+    throw HostError("model plugin '" + plugins.model.name() + "' does not run distributed.cp_comm_type " +
+                    (cp_comm_type(cfg) == DTK_CP_COMM_ALL_GATHER ? "all_gather" : "a2a") +
+                    " (its dtk_model_info.context_parallel lacks that exchange's bit, ABI 2.21): choose the other "
+                    "exchange or build the model on the SDK's dtk::layers::DecoderLM");
   // (One stage: a split that holds the layers gives it all of them, as the even one does.)
   if (!parts.model->split().even() && parts.model->split().stages > 1 && !builds_pipeline_split(info))
     throw HostError("model plugin '" + plugins.model.name() +

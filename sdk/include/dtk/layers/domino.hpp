@@ -37,6 +37,7 @@
 // and likewise pre_backward / post_backward.
 #pragma once
 
+#include <dtk/layers/context_parallel.hpp>
 #include <dtk/layers/dropout.hpp>
 #include <dtk/layers/tensor_parallel.hpp>
 #include <dtk/module_hooks.hpp>
@@ -50,7 +51,7 @@ namespace dtk::layers {
 // One layer's dropout masks for a whole micro-batch (undefined where that dropout is off), drawn
 // in the plain layer's order and sliced per chunk.
 struct LayerMasks {
-  DropoutMask attention_probs;  // [batch, heads / (tp x cp), seq x cp, seq x cp], TENSOR_PARALLEL stream
+  DropoutMask attention_probs;  // [batch, heads / (tp x cp), seq x cp, seq x cp] (a2a), TENSOR_PARALLEL stream
   DropoutMask attention_out;    // [batch, seq, hidden], DEFAULT stream
   DropoutMask mlp_out;          // [batch, seq, hidden], DEFAULT stream
   LayerMasks rows(int64_t start, int64_t length) const;
@@ -58,10 +59,11 @@ struct LayerMasks {
 
 // The masks of a Megatron layer that drops attention probabilities, the attention output and the
 // MLP output, in that order (each generator's draws in its plain forward's order); none when not
-// training. Under context parallelism (`context_parallel` C > 1) `seq` is this rank's share and
-// `heads_local` this rank's heads of the whole sequence: the probabilities cover seq x C positions.
+// training. Under context parallelism `seq` is this rank's share and `heads_local` the heads whose
+// core attention it runs: under a2a the probabilities cover the whole sequence's seq x C positions,
+// under all_gather they are drawn for cp.gathered_probs_shape.
 LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int64_t hidden, double attention_dropout,
-                            double hidden_dropout, DropoutRng& rng, bool training, int64_t context_parallel = 1);
+                            double hidden_dropout, DropoutRng& rng, bool training, const ContextParallel& cp = {});
 
 // What one chunk's stage reads besides its input: its rows of the attention mask (undefined:
 // causal) and of the layers' position ids (undefined when the model has none for its layers; the

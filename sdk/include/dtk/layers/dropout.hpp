@@ -68,6 +68,10 @@ struct DropoutMask {
   // Indices [start, start + length) of the second dimension, of `seq` (a sequence shard of a
   // mask drawn for [b, seq, ...]); rows() of the result are rows of the shard.
   DropoutMask sequence_rows(int64_t seq, int64_t start, int64_t length) const;
+  // Elements [start, start + length) of each run of `width` consecutive elements (of an unsliced
+  // mask or rows() of one; nothing may slice the result): a block of columns of a mask drawn for
+  // [..., width] (context parallelism's keys, ContextParallel::gathered_probs_shape).
+  DropoutMask columns(int64_t width, int64_t start, int64_t length) const;
   // The index in the drawn mask of element i of the tensor the mask is applied to.
   int64_t index(int64_t i) const {
     return run_numel > 0 ? offset + i / run_numel * row_numel + i % run_numel : offset + i;

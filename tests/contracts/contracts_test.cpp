@@ -116,6 +116,20 @@ TEST(Contracts, AModelWithoutContextParallelismIsRefusedUnderIt) {
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
 }
 
+// A model that runs only the all-to-all exchange (dtk_model_info.context_parallel 1, what a 2.20
+// model reports) would be handed all_gather's layout: refused at start, naming it (ABI 2.21).
+TEST(Contracts, AModelWithoutTheAllGatherExchangeIsRefusedUnderIt) {
+  const auto r = run_dtk("launch --nproc_per_node 2 " +
+                         train("--set distributed.context_parallel_size=2 --set distributed.cp_comm_type=all_gather "
+                               "--set model.context_parallel=1"));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("model plugin 'contract_model' does not run distributed.cp_comm_type all_gather (its "
+                       "dtk_model_info.context_parallel lacks that exchange's bit"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+}
+
 // A model that does not report dtk_model_info.pipeline_split would build its even share of the
 // layers under an uneven split: refused at start, naming it.
 TEST(Contracts, AModelWithoutThePipelineSplitIsRefusedUnderAnUnevenOne) {

@@ -12,6 +12,7 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_int("vocab_size", "64", "Vocabulary."),
     dtk::opt_enum("fault", "none", "none|detached|unlisted|listed_twice|same_name|throw_forward|throw_backward",
                   "The rule to break."),
+    dtk::opt_int("context_parallel", "0", "What it reports in dtk_model_info.context_parallel (no attention: any)."),
 };
 
 // Identity forward; its backward throws (a model's custom autograd function failing).
@@ -25,7 +26,10 @@ struct ThrowingBackward : public torch::autograd::Function<ThrowingBackward> {
 class ContractModel : public dtk::Model {
  public:
   explicit ContractModel(const dtk::BuildContext& ctx)
-      : vocab_(ctx.options.get_int("vocab_size")), fault_(ctx.options.get_string("fault")), seq_(ctx.seq_length) {
+      : vocab_(ctx.options.get_int("vocab_size")),
+        fault_(ctx.options.get_string("fault")),
+        seq_(ctx.seq_length),
+        context_parallel_(static_cast<int32_t>(ctx.options.get_int("context_parallel"))) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed);
     auto opts = at::TensorOptions().dtype(ctx.params_dtype).device(ctx.device);
     embedding_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
@@ -66,6 +70,7 @@ class ContractModel : public dtk::Model {
     i.num_attention_heads = 1;
     i.seq_length = seq_;
     i.vocab_size = vocab_;
+    i.context_parallel = context_parallel_;
     return i;
   }
 
@@ -73,6 +78,7 @@ class ContractModel : public dtk::Model {
   int64_t vocab_;
   std::string fault_;
   int64_t seq_;
+  int32_t context_parallel_;
   at::Tensor embedding_, head_, hidden_bias_;
 };
 

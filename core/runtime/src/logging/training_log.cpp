@@ -411,10 +411,15 @@ void TrainingLog::print_memory(int64_t iteration, const MemorySample& m) const {
     traffic_line("expert",
                  {{"all-to-all", t.all_to_all}, {"all-gather", t.all_gather}, {"reduce-scatter", t.reduce_scatter}},
                  t.total());
-  // Context parallelism: the attention's all-to-alls, the positions' all-gather and the loss's
-  // token count.
+  // Context parallelism: the attention's all-to-alls (a2a) or its keys' and values' all-gather and
+  // their gradients' reduce-scatter (all_gather), the positions' all-gather and the loss's token
+  // count.
   if (const Traffic& t = m.context_parallel; m.cp_size > 1)
-    traffic_line("context", {{"all-to-all", t.all_to_all}, {"all-gather", t.all_gather}, {"all-reduce", t.all_reduce}},
+    traffic_line("context",
+                 {{"all-to-all", t.all_to_all},
+                  {"all-gather", t.all_gather},
+                  {"reduce-scatter", t.reduce_scatter},
+                  {"all-reduce", t.all_reduce}},
                  t.total());
   if (!tensorboard_) return;
   tensorboard_->add_scalar("mem-allocated-bytes", static_cast<double>(m.allocator.device.bytes), iteration);

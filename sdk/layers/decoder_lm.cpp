@@ -1077,8 +1077,10 @@ dtk_model_info DecoderLM::info() {
   i.pipeline_split = 1;                         // build() takes dtk::pipeline_layers' layers
   i.kv_channels = c.head_dim();
   if (i.recompute_granularity == 2) i.recompute_modules = modules;
-  // The layers exchange their attention's inputs by either of the exchanges.
-  i.context_parallel = parts_.context_parallel ? (1 << DTK_CP_COMM_A2A) | (1 << DTK_CP_COMM_ALL_GATHER) : 0;
+  // The exchanges the layers run their attention by (bits 1 << DTK_CP_COMM_*).
+  i.context_parallel =
+      (parts_.context_parallel ? 1 << DTK_CP_COMM_A2A : 0) |
+      (parts_.context_parallel && parts_.context_parallel_all_gather ? 1 << DTK_CP_COMM_ALL_GATHER : 0);
   return i;
 }
 

@@ -179,11 +179,11 @@ TEST(ContextParallel, AllGatherEqualsOneProcess) {
       curve_of("llama", 4, kDocuments + tp2 + "--set distributed.sequence_parallel=true " + cp(2) + gather,
                "tp2-sp-ag2"),
       kIters, "llama TP 2 x CP 2 all_gather with sequence parallelism vs one process");
-  // A sliding window (8,0): each chunk's window over the gathered keys.
-  const std::string window = "--set model.window_size=8,0 ";
-  expect_same_curve(curve_of("llama", 1, window, "one-window"),
-                    curve_of("llama", 2, window + cp(2) + gather, "ag2-window"), kIters,
-                    "llama CP 2 all_gather vs one process, a sliding window of 8");
+  // A sliding window (8,0) over the documents' mask: each chunk's window over the gathered keys.
+  const std::string window = kDocuments + "--set model.window_size=8,0 ";
+  expect_same_curve(curve_of("llama", 1, window, "one-documents-window"),
+                    curve_of("llama", 2, window + cp(2) + gather, "ag2-documents-window"), kIters,
+                    "llama CP 2 all_gather vs one process, a sliding window of 8 and the documents' mask");
   // Domino's chunks attend as the plain layers do: equal to one process; with dropout equal to
   // plain tensor parallelism (the probabilities' masks drawn up front for gathered_probs_shape).
   const std::string domino = "--set model.domino_chunks=2 ";

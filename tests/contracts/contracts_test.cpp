@@ -128,6 +128,13 @@ TEST(Contracts, AModelWithoutTheAllGatherExchangeIsRefusedUnderIt) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  // And one that runs all_gather alone (bit 2) under the default a2a.
+  const auto a2a = run_dtk("launch --nproc_per_node 2 " +
+                           train("--set distributed.context_parallel_size=2 --set model.context_parallel=2"));
+  EXPECT_NE(a2a.code, 0) << a2a.out;
+  EXPECT_NE(a2a.out.find("does not run distributed.cp_comm_type a2a (its dtk_model_info.context_parallel lacks"),
+            std::string::npos)
+      << a2a.out;
 }
 
 // A model that does not report dtk_model_info.pipeline_split would build its even share of the

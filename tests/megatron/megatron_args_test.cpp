@@ -317,23 +317,29 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   // Heads wider than hidden / heads are the llama model's (kv_channels), not the gpt model's.
   EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: needs the llama model", 0), 0u) << m.refused[1];
   // Context parallelism: Megatron's flag and DeepSpeed-Ulysses' both split the sequence; DTK's
-  // exchanges are a2a and all_gather, p2p's ring runs as all_gather and a2a+p2p as a2a, saying so.
+  // exchanges are a2a and all_gather: p2p's ring (Megatron's default) and a2a+p2p run as
+  // all_gather, saying so; Ulysses is a2a.
   const auto sets = [&](const std::string& a) { return std::find(m.sets.begin(), m.sets.end(), a) != m.sets.end(); };
   m = map_line("--context-parallel-size 2 --cp-comm-type p2p");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_TRUE(sets("distributed.context_parallel_size=2"));
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
   EXPECT_TRUE(ignored("--cp-comm-type p2p (DTK runs all_gather: the same attention"));
+  m = map_line("--context-parallel-size 2");  // Megatron's default p2p
+  EXPECT_TRUE(m.refused.empty() && m.ignored.empty());
+  EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
+  m = map_line("--ds-sequence-parallel-size 4");
+  EXPECT_TRUE(sets("distributed.context_parallel_size=4"));
+  EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
   m = map_line("--ds-sequence-parallel-size 4 --cp-comm-type a2a");
   EXPECT_TRUE(m.refused.empty() && m.ignored.empty());
-  EXPECT_TRUE(sets("distributed.context_parallel_size=4"));
   EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
   m = map_line("--context-parallel-size 2 --cp-comm-type all_gather");
   EXPECT_TRUE(m.refused.empty() && m.ignored.empty());
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
-  m = map_line("--context-parallel-size 2 --cp-comm-type a2a+p2p");
-  EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
-  EXPECT_TRUE(ignored("--cp-comm-type a2a+p2p (DTK runs a2a over the whole group"));
+  m = map_line("--context-parallel-size 2 --cp-comm-type all_gather a2a+p2p");
+  EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
+  EXPECT_TRUE(ignored("--cp-comm-type all_gather a2a+p2p (DTK runs all_gather"));
   m = map_line("--context-parallel-size 2 --cp-comm-type a2a p2p");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0].rfind("--cp-comm-type a2a p2p: DTK runs one exchange in every layer", 0), 0u) << m.refused[0];

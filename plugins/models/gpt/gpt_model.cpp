@@ -51,7 +51,8 @@ class GPTModel : public DecoderLM {
     build(ctx, c_,
           {{{"final_layernorm.weight", c_.norm_init()}, {"final_layernorm.bias", 0.0}},
            /*layer_positions=*/false,
-           /*context_parallel=*/true});
+           /*context_parallel=*/true,
+           /*context_parallel_all_gather=*/true});
   }
 
  private:

@@ -73,7 +73,11 @@ class LlamaModel : public DecoderLM {
     validate(ctx, c_);
     validate_llama();
     rotary_ = std::make_unique<Rotary>(c_.rotary_dim(), c_.rotary_base, c_.rope_scaling);
-    build(ctx, c_, {{{"final_norm.weight", c_.norm_init()}}, /*layer_positions=*/true, /*context_parallel=*/true});
+    build(ctx, c_,
+          {{{"final_norm.weight", c_.norm_init()}},
+           /*layer_positions=*/true,
+           /*context_parallel=*/true,
+           /*context_parallel_all_gather=*/true});
   }
 
  private:

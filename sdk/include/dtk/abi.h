@@ -793,8 +793,8 @@ typedef struct dtk_build_context {
   /* ABI 2.21. With cp_size > 1, how the attention reaches the rest of the sequence (Megatron's
    * --cp-comm-type): DTK_CP_COMM_A2A trades the shares for whole sequences of 1 / cp_size of the
    * heads (0, and what a 2.20 host meant); DTK_CP_COMM_ALL_GATHER gathers the whole sequence's keys
-   * and values and attends to them with this rank's queries (no condition on the heads). The host
-   * asks for all_gather only of a model whose dtk_model_info.context_parallel has its bit. */
+   * and values and attends to them with this rank's queries (no condition on the heads). Once the
+   * model is built the host refuses a run whose context_parallel lacks that exchange's bit. */
   int32_t cp_comm_type;
 } dtk_build_context;
 /* dtk_build_context.cp_comm_type (ABI 2.21); bit 1 << type of dtk_model_info.context_parallel. */

@@ -359,7 +359,7 @@ const Rule kRules[] = {
      "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
     {"--ds-sequence-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
      "DeepSpeed-Ulysses, DTK's context parallelism: each sequence split over that many ranks, attention by "
-     "all-to-all"},
+     "all-to-all (distributed.cp_comm_type=a2a without --cp-comm-type)"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
     {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
      "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
@@ -421,10 +421,11 @@ const Rule kRules[] = {
      "from its stages); other layouts and MTP layers (m) refused"},
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
-     "each sequence split over that many ranks"},
+     "each sequence split over that many ranks; without --cp-comm-type the exchange is all_gather (Megatron's default "
+     "p2p)"},
     {"--cp-comm-type", -1, Kind::kCustom, "distributed.cp_comm_type",
-     "a2a and all_gather as they are; p2p as all_gather, a2a+p2p as a2a, saying so (the "
-     "same attention, other traffic); a per-layer list of both kinds refused"},
+     "a2a and all_gather as they are; p2p and a2a+p2p as all_gather, saying so (the same attention, other "
+     "traffic); a per-layer list of both kinds refused; without the flag Megatron's default p2p: all_gather"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
      "GPU (docs/cuda.md)"},
@@ -706,19 +707,19 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
       if (type != "p2p" && type != "all_gather" && type != "a2a" && type != "a2a+p2p")
         return refuse("not one of p2p, all_gather, a2a, a2a+p2p");
     // p2p's ring passes the keys and values round the group, all_gather gathers them at once: the
-    // same attention and the same freedom in the heads. a2a+p2p is a2a inside a node, p2p across.
-    const auto dtk_type = [](const std::string& t) { return t == "p2p" || t == "all_gather" ? "all_gather" : "a2a"; };
+    // same attention and the same freedom in the heads. a2a+p2p (a2a inside a node, p2p across)
+    // asks the heads to divide by its a2a part only: all_gather, which asks nothing of them.
+    const auto dtk_type = [](const std::string& t) { return std::string(t == "a2a" ? "a2a" : "all_gather"); };
     for (const std::string& type : v)
-      if (std::string(dtk_type(type)) != dtk_type(v[0]))
+      if (dtk_type(type) != dtk_type(v[0]))
         return refuse(
-            "DTK runs one exchange in every layer (a per-layer list must map to one: p2p and all_gather "
-            "to all_gather, a2a and a2a+p2p to a2a)");
-    set_by(m, std::string("distributed.cp_comm_type=") + dtk_type(v[0]), shown);
-    if (v[0] == "p2p" || v[0] == "a2a+p2p")
-      m.ignored.push_back(shown + " (DTK runs " + dtk_type(v[0]) +
-                          (v[0] == "p2p" ? ": the same attention, the keys and values gathered at once rather than "
-                                           "passed round a ring)"
-                                         : " over the whole group: the same attention, other traffic)"));
+            "DTK runs one exchange in every layer (a per-layer list must map to one: a2a to a2a; p2p, "
+            "all_gather and a2a+p2p to all_gather)");
+    set_by(m, "distributed.cp_comm_type=" + dtk_type(v[0]), shown);
+    if (std::any_of(v.begin(), v.end(), [](const std::string& t) { return t == "p2p" || t == "a2a+p2p"; }))
+      m.ignored.push_back(shown +
+                          " (DTK runs all_gather: the same attention, the keys and values gathered at once rather "
+                          "than passed round a ring)");
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)
@@ -1003,6 +1004,8 @@ struct SeenFlags {
   // Megatron-DeepSpeed's MoE flags given: flag -> (values, as given); Megatron-LM's, as given.
   std::map<std::string, std::pair<std::vector<std::string>, std::string>> deepspeed_moe;
   std::vector<std::string> deepspeed_moe_shown, megatron_moe_shown;  // each family's, in the order given
+  std::string context_parallel_shown;  // --context-parallel-size or --ds-sequence-parallel-size above 1, as given
+  bool ulysses = false;                // ... it was DeepSpeed-Ulysses' flag
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -1014,6 +1017,8 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (is_deepspeed_moe_flag(f)) s.deepspeed_moe[f] = {values, shown}, s.deepspeed_moe_shown.push_back(shown);
   if (is_megatron_moe_flag(f)) s.megatron_moe_shown.push_back(shown);
   if (f == "--load") s.load_given = true;
+  if ((f == "--context-parallel-size" || f == "--ds-sequence-parallel-size") && values[0] != "0" && values[0] != "1")
+    s.context_parallel_shown = shown, s.ulysses = f == "--ds-sequence-parallel-size";
   if (f == "--num-key-value-heads") s.key_value_heads = values[0], s.key_value_heads_shown = shown;
   if (f == "--checkpoint-activations") s.checkpoint_activations = true;
   if (f == "--checkpoint-num-layers") s.checkpoint_layers = values[0], s.checkpoint_layers_shown = shown;
@@ -2182,6 +2187,10 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (!s.nan_check_given) m.sets.push_back("train.skipped_steps_limit=1");
   map_profile(s, m);
   map_decoupled_lr(s, m);
+  // Megatron's default --cp-comm-type is p2p (its ring passes the keys and values round the group):
+  // DTK's all_gather, as the flag given; DeepSpeed-Ulysses exchanges heads (a2a).
+  if (!s.context_parallel_shown.empty() && !has_sets(m, "distributed.cp_comm_type"))
+    set_by(m, std::string("distributed.cp_comm_type=") + (s.ulysses ? "a2a" : "all_gather"), s.context_parallel_shown);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
   if (!s.unfused_kernels.empty())
     set_by(m, "model.unfused_kernels=" + joined(s.unfused_kernels, ","), joined(s.unfusing_flags, "/"));

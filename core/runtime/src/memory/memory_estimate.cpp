@@ -22,8 +22,9 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
                a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
   const double t = std::max(1, in.tp_size);
   // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks
-  // (and, below, over context-parallel ranks: each holds whole sequences of 1 / cp of the heads, or
-  // under all_gather its 1 / cp of the queries over the keys before them).
+  // (and, below, over context-parallel ranks: each holds whole sequences of 1 / cp of the heads, a2a's
+  // layout; all_gather's scores, its queries over the keys before them, are (2 cp + 1) / (4 cp) of
+  // these, and it holds a layer's gathered keys and values besides: the estimate keeps a2a's).
   const double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
   // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
   // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)

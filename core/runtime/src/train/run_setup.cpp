@@ -333,7 +333,7 @@ dtk_build_context build_context(const config::RunConfig& cfg, const Topology& to
   c.sequence_parallel = sequence_parallel(cfg, topo) ? 1 : 0;
   c.ep_rank = topo.ep_rank(), c.ep_size = topo.ep_size;  // (0 and 1 without expert parallelism)
   c.cp_rank = topo.cp_rank(), c.cp_size = topo.cp_size;  // (0 and 1 without context parallelism)
-  c.cp_comm_type = cp_comm_type(cfg);
+  c.cp_comm_type = topo.cp_size > 1 ? cp_comm_type(cfg) : DTK_CP_COMM_A2A;
   PipelineSplit split = run_pipeline_split(cfg, topo);
   if (chunk < 0) split.chunks = 1;  // a context for the pipeline rank, not one of its chunks
   dtk::put_pipeline_split(split, c);

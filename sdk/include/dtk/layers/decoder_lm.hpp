@@ -225,6 +225,10 @@ struct DecoderParts {
   // core attention and sequence_from_heads after it (context_parallel.hpp). Reported in
   // dtk_model_info.context_parallel; without it the host refuses distributed.context_parallel_size.
   bool context_parallel = false;
+  // ... and its all_gather exchange too (ABI 2.21): where cp.gathers_keys() core attention calls
+  // cp.attend_whole_keys (the two calls above then return their input). Reported as that
+  // exchange's bit; without it the host refuses distributed.cp_comm_type=all_gather.
+  bool context_parallel_all_gather = false;
 };
 
 class DecoderLM : public Model {

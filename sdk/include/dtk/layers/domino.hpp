@@ -51,7 +51,7 @@ namespace dtk::layers {
 // One layer's dropout masks for a whole micro-batch (undefined where that dropout is off), drawn
 // in the plain layer's order and sliced per chunk.
 struct LayerMasks {
-  DropoutMask attention_probs;  // [batch, heads / (tp x cp), seq x cp, seq x cp] (a2a), TENSOR_PARALLEL stream
+  DropoutMask attention_probs;  // [batch, heads / (tp x cp), seq x cp, seq x cp] (a2a; draw_layer_masks), TP stream
   DropoutMask attention_out;    // [batch, seq, hidden], DEFAULT stream
   DropoutMask mlp_out;          // [batch, seq, hidden], DEFAULT stream
   LayerMasks rows(int64_t start, int64_t length) const;
@@ -67,8 +67,8 @@ LayerMasks draw_layer_masks(int64_t batch, int64_t seq, int64_t heads_local, int
 
 // What one chunk's stage reads besides its input: its rows of the attention mask (undefined:
 // causal) and of the layers' position ids (undefined when the model has none for its layers; the
-// whole sequence's under context parallelism where the model gives DominoInputs::layer_positions,
-// as DecoderLM does for layers that read positions), and its slice of the attention-probabilities
+// whole sequence's under context parallelism's a2a where the model gives them as DecoderLM does:
+// DominoInputs::layer_positions, for layers that read positions), and its slice of the probabilities
 // dropout mask.
 struct DominoChunk {
   at::Tensor mask, positions;
@@ -138,8 +138,8 @@ struct DominoStack {
 
 // What the stack runs on: the hidden states [b, s, h], or (with stack.embedding) token ids
 // [b, s]; position ids [b or 1, s] (for the embedding, and for the layers' DominoChunk unless
-// `layer_positions` is given: under context parallelism the layers' attention runs on the whole
-// sequence, whose positions rotary reads); optional attention mask [b or 1, 1, s, s] and labels
+// `layer_positions` is given: under context parallelism's a2a the layers' attention runs on the
+// whole sequence, whose positions rotary reads); optional attention mask [b or 1, 1, s, s] and labels
 // [b, s].
 struct DominoInputs {
   at::Tensor hidden, tokens, positions, mask, labels, layer_positions;

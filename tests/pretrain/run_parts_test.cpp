@@ -97,6 +97,31 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).params, 1000 + 2000);
 }
 
+// Context parallelism: each rank keeps 1 / cp of every activation. a2a: whole sequences of 1 / cp
+// of the heads, a2a's scores 1 / cp of one process's. all_gather: its queries' two chunks over the
+// keys up to each chunk's end, (2 cp + 1) / (4 cp) of a2a's scores, plus the gathered keys and
+// values of the other cp - 1 shares (4 (cp - 1) s b h / t in 16-bit) unless core attention is
+// recomputed (it gathers them again).
+TEST(MemoryEstimate, ContextParallelByExchange) {
+  constexpr double kSbh = 128.0 * 4 * 256, kScores = 5.0 * 8 * 128 / 256;  // 5 a s / h = 20
+  auto in = small_run();
+  in.cp_size = 2;  // a2a
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 2 * (34 + kScores) * 2);
+  in.cp_gathers_keys = true;  // all_gather: 5 / 8 of the scores, one other share's keys and values
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 2 * (34 + kScores * 5 / 8 + 4) * 2);
+  in.cp_size = 4, in.tp_size = 2;  // 9 / 16 of the scores of a TP rank's heads, 3 other shares
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations,
+                   4 * kSbh / 4 * (10 + 12 + kScores / 2 * 9 / 16 + 4.0 * 3 / 2) * 2);
+  in.attention_width = 512;  // heads twice hidden / heads wide: the gathered keys and values too
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations,
+                   4 * kSbh / 4 * (10 + 12 + 8.0 / 2 + kScores / 2 * 9 / 16 + 4.0 * 3 * 2 / 2) * 2);
+  in.attention_width = 0, in.selective_recompute = true;  // neither scores nor gathered keys kept
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 4 * 22 * 2);
+  in.cp_size = 1;  // without context parallelism the exchange changes nothing
+  in.selective_recompute = false;
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (10 + 12 + kScores / 2) * 2);
+}
+
 // What a model's dtk_model_info says it recomputes selectively: its DTK_RECOMPUTE_* bits, core
 // attention where it names none (a 2.15 model, whose struct ends before the field, or 0), nothing
 // unless its granularity is selective.

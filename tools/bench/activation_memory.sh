@@ -12,29 +12,29 @@
 #             selective recompute, 16 s b h / t less with the MLP recomputed too (dense_h_to_4h's
 #             and GELU's outputs), 2 s b h (/ t with sequence parallelism) under full recompute.
 #
-#   tools/bench/activation_memory.sh [--model gpt|llama]
+#   and under context parallelism (CP 2, each exchange) against DTK's estimate (below).
+#
+#   tools/bench/activation_memory.sh [--model gpt|llama] [--only tp|cp]
 # Needs a build (tools/build.sh); runs up to 4 processes (TP 4) over loopback.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tools/bench/common.sh
-MODEL=gpt
+MODEL=gpt ONLY=""
 while (($#)); do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
-    *) echo "usage: tools/bench/activation_memory.sh [--model gpt|llama]" >&2; exit 2 ;;
+    --only) ONLY=$2; shift 2 ;;
+    *) echo "usage: tools/bench/activation_memory.sh [--model gpt|llama] [--only tp|cp]" >&2; exit 2 ;;
   esac
 done
 bench_start activation_memory.sh
-S=128 B=4 H=256 A=8
+S=${S:-128} B=4 H=256 A=8
 echo "model $MODEL, s $S, b $B, h $H, a $A, fp32, no dropout; MB per layer per micro-batch"
-echo
-echo "| TP | sequence parallel | recompute | measured | paper (fp32) | measured / paper |"
-echo "|---|---|---|---|---|---|"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-measure() {  # tp sp recompute layers -> MB
-  local launch=""
-  (($1 > 1)) && launch="launch --nproc_per_node $1"
+measure() {  # tp sp recompute layers [cp exchange] -> MB
+  local launch="" cp=${5:-1} comm=${6:-a2a}
+  (($1 * cp > 1)) && launch="launch --nproc_per_node $(($1 * cp))"
   $DTK $launch train --config configs/$MODEL-tiny.pbtxt --dataset synthetic --threads 1 \
     --set model.num_layers=$4 --set model.hidden_size=$H --set model.num_attention_heads=$A \
     --set model.vocab_size=512 --set dataset.vocab_size=512 --set train.seq_length=$S \
@@ -43,10 +43,15 @@ measure() {  # tp sp recompute layers -> MB
     --set eval.eval_interval=0 --set model.recompute_activations=${3%+mlp} \
     $([[ $3 == *+mlp ]] && echo "--set model.recompute_modules=core_attn,mlp") \
     --set distributed.tensor_model_parallel_size=$1 --set distributed.sequence_parallel=$2 \
+    --set distributed.context_parallel_size=$cp --set distributed.cp_comm_type=$comm \
     $([[ $MODEL == llama ]] && echo "--set model.num_query_groups=$A --set model.ffn_hidden_size=$((4 * H))") \
     >"$TMP/out" 2>&1 || { cat "$TMP/out" >&2; exit 1; }
   grep -o 'activations per micro-batch: [0-9.]*' "$TMP/out" | head -1 | awk '{print $4}'
 }
+tp_table() {
+echo
+echo "| TP | sequence parallel | recompute | measured | paper (fp32) | measured / paper |"
+echo "|---|---|---|---|---|---|"
 for tp in 1 2 4; do
   for sp in false true; do
     [[ $tp == 1 && $sp == true ]] && continue
@@ -68,3 +73,32 @@ for tp in 1 2 4; do
     done
   done
 done
+}
+# Context parallelism, TP 1: the estimate before the first step (dtk/core/memory/memory_estimate.hpp)
+# per rank, 1 / cp of one process's layer: a2a keeps whole sequences of 1 / cp of the heads (the
+# scores 5 a s / h of them); all_gather its queries' two chunks over the keys up to each chunk's
+# end, (2 cp + 1) / (4 cp) of a2a's scores, and the other shares' gathered keys and values,
+# 4 (cp - 1) s b h in 16-bit (none of either under selective recompute).
+cp_table() {
+echo
+echo "| CP | exchange | recompute | measured | estimate (fp32) | measured / estimate |"
+echo "|---|---|---|---|---|---|"
+for comm in a2a all_gather; do
+  for rc in none selective; do
+    four=$(measure 1 false $rc 4 2 $comm)
+    two=$(measure 1 false $rc 2 2 $comm)
+    measured=$(calc "($four - $two) / 2")
+    sbh=$(calc "$S / 2 * $B * $H")
+    [[ $rc == none ]] && scores=$(calc "5 * $A * $S / $H") || scores=0
+    gathered=0
+    if [[ $comm == all_gather ]]; then
+      scores=$(calc "$scores * 5 / 8")
+      [[ $rc == none ]] && gathered=4
+    fi
+    estimate=$(calc "$sbh * (34 + $scores + $gathered) * 2 / 1048576")
+    printf "| 2 | %s | %s | %.2f | %.2f | %.2f |\n" "$comm" "$rc" "$measured" "$estimate" "$(calc "$measured / $estimate")"
+  done
+done
+}
+[[ $ONLY == cp ]] || tp_table
+[[ $ONLY == tp ]] || cp_table

@@ -22,10 +22,21 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
                a = static_cast<double>(std::max<int64_t>(1, in.num_attention_heads));
   const double t = std::max(1, in.tp_size);
   // The attention scores, probabilities and their dropout mask: 5 a s^2 b, split over TP ranks
-  // (and, below, over context-parallel ranks: each holds whole sequences of 1 / cp of the heads, a2a's
-  // layout; all_gather's scores, its queries over the keys before them, are (2 cp + 1) / (4 cp) of
-  // these, and it holds a layer's gathered keys and values besides: the estimate keeps a2a's).
-  const double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
+  // (and, below, over context-parallel ranks: under a2a each holds whole sequences of 1 / cp of the
+  // heads).
+  double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
+  // all_gather: each of a rank's two chunks of s / (2 cp) queries attends over the keys up to its
+  // own end (chunks r and 2 cp - 1 - r: (2 cp + 1) s / (2 cp) keys in all), (2 cp + 1) / (4 cp) of
+  // a2a's scores; and its attention keeps the other shares' keys and values it gathered (4 (cp - 1)
+  // s b w / t bytes in 16-bit, w their width: taken as the queries', an upper bound under
+  // grouped-query attention), unless it recomputes core attention, which gathers them again.
+  const double cp = std::max(1, in.cp_size);
+  double gathered = 0.0;
+  if (in.cp_gathers_keys && cp > 1) {
+    scores *= (2.0 * cp + 1.0) / (4.0 * cp);
+    const double width = in.attention_width > 0 ? static_cast<double>(in.attention_width) : h;
+    if (!in.selective_recompute) gathered = 4.0 * (cp - 1.0) * width / h / t;
+  }
   // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
   // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)
   // are the attention's width: heads wider than hidden / heads (Qwen3's) hold that much more.
@@ -34,8 +45,8 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   // dense_h_to_4h's output nor the activation's (4h wide each: 16 s b h of the 24, split).
   const double mlp = in.recompute_mlp ? 16.0 / t : 0.0;
   const double rest = (in.sequence_parallel ? 34.0 / t : 10.0 + 24.0 / t) + wider - mlp;
-  // Under context parallelism each rank keeps 1 / cp of every activation.
-  return s / std::max(1, in.cp_size) * b * h * (rest + scores) * (in.dtype_bytes / 2.0);
+  // Under context parallelism each rank keeps 1 / cp of every other activation.
+  return s / cp * b * h * (rest + scores + gathered) * (in.dtype_bytes / 2.0);
 }
 
 }  // namespace

@@ -381,6 +381,7 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   in.recompute_num_layers = std::max(1, info.recompute_num_layers), in.sequence_parallel = info.sequence_parallel != 0;
   in.dtype_bytes = t.params_dtype() == "fp32" ? 4.0 : 2.0;
   in.tp_size = topo.tp_size, in.pp_size = topo.pp_size, in.pp_rank = topo.pp_rank, in.cp_size = topo.cp_size;
+  in.cp_gathers_keys = topo.cp_size > 1 && cp_comm_type(cfg) == DTK_CP_COMM_ALL_GATHER;
   in.virtual_stages = virtual_stages(cfg), in.micro_batches_per_step = plan.most_micro_batches();
   // This rank's chunks' layers, as the split gives them (a split the model refuses: the even share).
   const std::vector<StageLayers> chunks = rank_chunk_layers(run_pipeline_split(cfg, topo), info.num_layers, topo);

@@ -10,7 +10,9 @@
 // core attention and the MLP's 16 s b h / t with that of the MLP (the paper's MLP is 4h wide, GELU:
 // its two 4h activations; a SwiGLU MLP of 8h/3 keeps as much, other widths and MoE layers are
 // counted as that), and with full recomputation 2 s b h (/ t with sequence parallelism) per checkpointed group plus
-// one group's activations during its backward; times the micro-batches the schedule keeps alive
+// one group's activations during its backward; under context parallelism 1 / cp of each (a2a:
+// whole sequences of 1 / cp of the heads; all_gather: each query over the keys before it, and the
+// gathered keys and values); times the micro-batches the schedule keeps alive
 // at once, plus the output layer's logits and the prefetched batches.
 #pragma once
 
@@ -44,6 +46,7 @@ struct MemoryEstimateInputs {
   double dtype_bytes = 4;  // of the parameters: 4 (fp32) or 2
   int tp_size = 1, pp_size = 1, pp_rank = 0, virtual_stages = 1;
   int cp_size = 1;           // context parallelism: each rank holds 1 / cp of every sequence
+  bool cp_gathers_keys = false;  // ... and its attention gathers the keys and values (all_gather)
   int64_t rank_layers = -1;  // this pipeline rank's layers, all its chunks (-1: num_layers / pp_size)
   int64_t micro_batches_per_step = 1;
   // What the strategy holds (dtk_memory_usage) and the optimizer steps.

@@ -3,10 +3,12 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <dtk/capture.hpp>
 #include <dtk/context_parallel.hpp>
 #include <dtk/layers/attention.hpp>
 #include <dtk/tensor.hpp>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,27 @@ at::Tensor chunk_mask(const at::Tensor& given, int64_t first, int64_t s, int64_t
   return at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(device)).triu(t - s + 1).view({1, 1, s, t});
 }
 
+// Refuses a given mask ([b or 1, 1, s, s], true = masked) that lets a query see a key in a later
+// chunk of the sequence's 2 cp: a chunk reads only the keys up to its own end. Every rank checks
+// every chunk (the mask is the whole sequence's, the same on each), so each fails alike before the
+// gather instead of one failing and the others waiting. On the CPU every call (reductions over
+// bools, small beside the attention); on a GPU, where each answer costs a device synchronisation,
+// the first call outside a CUDA graph's capture only (a step's masks keep their kind).
+void check_masks_later_chunks(const at::Tensor& given, int64_t chunks) {
+  static std::atomic<bool> checked_on_a_device{false};
+  if (!given.defined()) return;
+  if (!given.device().is_cpu() && (capturing() || checked_on_a_device.exchange(true))) return;
+  const int64_t s = given.size(2), chunk = s / chunks;
+  for (int64_t c = 0; c + 1 < chunks; ++c) {
+    const int64_t end = (c + 1) * chunk;
+    if (!given.narrow(2, c * chunk, chunk).narrow(3, end, s - end).all().item<bool>())
+      throw Error("context parallelism's all_gather: the attention mask lets a query at positions " +
+                  std::to_string(c * chunk) + ".." + std::to_string(end - 1) +
+                  " see a later key, and all_gather's chunks of queries attend over the keys up to their own "
+                  "end only (a causal mask); run distributed.cp_comm_type=a2a");
+  }
+}
+
 }  // namespace
 
 at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -113,6 +136,7 @@ at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Ten
   if (share % 2 != 0 || k.size(1) != share || v.sizes() != k.sizes())
     throw Error("attend_whole_keys: queries " + shape_str(q) + ", keys " + shape_str(k) + " and values " +
                 shape_str(v) + " must hold this rank's share (two equal chunks) of the same positions");
+  check_masks_later_chunks(given, 2 * size);
   // The keys and values in one collective: [b, s, groups, 2 hd].
   const at::Tensor kv = GatherSequence::apply(at::cat({k, v}, -1), rank, size);
   std::vector<at::Tensor> context;

@@ -13,14 +13,14 @@
 //   * with TP 2 and sequence parallelism, DP 2 under ZeRO stages 1-3, and PP 2;
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
-//   * the all_gather exchange (--cp-comm-type all_gather): the same, and where a2a cannot split
-//     the heads;
+//   * the all_gather exchange (--cp-comm-type all_gather): the same, with pipeline stages, ZeRO
+//     stage 3, full recomputation and resume too, and where a2a cannot split the heads;
 //   * a mixture of experts (its balancing losses over the group; DeepSpeed's gate, sinkhorn and
 //     quantile balancing on whole sequences) equals one process, logged losses included, with
 //     expert parallelism too; token dropping per rank;
 //   * a resumed run equals an uninterrupted one, recomputation equals none, evaluation equals one
 //     process's;
-//   * bad inputs are one-line errors.
+//   * bad inputs are one-line errors, a step's non-causal mask under all_gather among them.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -201,6 +201,55 @@ TEST(ContextParallel, AllGatherEqualsOneProcess) {
         plain, curve_of(model, 4, args + "--set model.recompute_activations=selective ", "tp2-ag2-dropout-selective"),
         kIters, model + " TP 2 x CP 2 all_gather with dropout, selective recomputation vs none");
   }
+}
+
+// all_gather under the schedules and strategies that do not touch the attention's exchange:
+// pipeline stages (their activations are the shares), ZeRO stage 3 over the DP x CP ranks, full
+// recomputation (the gather again inside each checkpoint), and a resumed run with dropout (each
+// rank's generators and the masks drawn for gathered_probs_shape) equal to an uninterrupted one.
+TEST(ContextParallel, AllGatherWithPipelineZeroRecomputeAndResume) {
+  const std::string gather = kDocuments + cp(2) + "--set distributed.cp_comm_type=all_gather ";
+  for (const std::string model : {"gpt", "llama"})
+    expect_same_curve(curve_of(model, 1, kDocuments, "one"),
+                      curve_of(model, 4, gather + "--set distributed.pipeline_model_parallel_size=2 ", "ag-cp2-pp2"),
+                      kIters, model + " all_gather CP 2 x PP 2 vs one process");
+  const Curve one = curve_of("gpt", 1, kDocuments, "one");
+  expect_same_curve(one,
+                    curve_of("gpt", 4,
+                             gather + "--strategy zero --set strategy.stage=3 "
+                                      "--set strategy.stage3_param_persistence_threshold=100 ",
+                             "ag-cp2-dp2-zero3"),
+                    kIters, "gpt all_gather CP 2 x DP 2, ZeRO stage 3 vs one process");
+  expect_same_curve(one, curve_of("gpt", 2, gather + "--set model.recompute_activations=full ", "ag-cp2-full"), kIters,
+                    "gpt all_gather CP 2, full recomputation vs one process");
+
+  const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ckpt-ag");
+  const std::string args = gather +
+                           "--strategy zero --set strategy.stage=1 --set model.hidden_dropout=0.1 "
+                           "--set model.attention_dropout=0.1 --set lr.lr_decay_iters=6 ";
+  const Curve whole = curve_of("llama", 4, args, "ag-resume-whole");
+  curve_of("llama", 4, args + "--set train.train_iters=3 --set checkpoint.save=" + dir, "ag-first");
+  const Curve second = curve_of("llama", 4, args + "--set checkpoint.load=" + dir, "ag-second");
+  ASSERT_EQ(second.loss.size(), 3u) << second.run.out;
+  for (const auto& [it, loss] : second.loss) {
+    EXPECT_FLOAT_EQ(loss, whole.loss.at(it)) << "iteration " << it;
+    EXPECT_FLOAT_EQ(second.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+}
+
+// A step of a user's own whose mask lets a query see later keys (a prefix language model's: the
+// first 12 of 32 positions see each other). a2a attends over whole sequences with the mask as
+// given, so CP 2 equals one process; all_gather's first chunk of queries (positions 0..7) reads
+// only the keys up to its end, and the mask lets it see keys 8..11: one line, not another model.
+TEST(ContextParallel, AllGatherRefusesAMaskThatSeesLaterKeys) {
+  const std::string step = "--step prefix_lm_step --plugin_path " + std::string(DTK_CP_PLUGIN_DIR) + " ";
+  const Curve one = curve_of("gpt", 1, step, "prefix-one");
+  expect_same_curve(one, curve_of("gpt", 2, step + cp(2) + "--set distributed.cp_comm_type=a2a", "prefix-a2a"), kIters,
+                    "a prefix mask, a2a CP 2 vs one process");
+  expect_error(2, "gpt", step + cp(2) + "--set distributed.cp_comm_type=all_gather",
+               "context parallelism's all_gather: the attention mask lets a query at positions 0..7 see a later "
+               "key, and all_gather's chunks of queries attend over the keys up to their own end only (a causal "
+               "mask); run distributed.cp_comm_type=a2a");
 }
 
 // A mixture of experts routes each rank's share of the sequence; its balancing losses count the

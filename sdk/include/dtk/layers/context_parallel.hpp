@@ -63,10 +63,10 @@ struct ContextParallel {
   // heads, hd] over the whole sequence, whose keys and values this rank holds its share of (k, v
   // [b, s / cp, groups, hd]; gathered here, their gradients reduce-scattered back). Each of the
   // share's two chunks of queries attends over the keys from the sequence's start to its own end:
-  // the causal mask's rows of its positions, or those of `given` ([b or 1, 1, s, s], the whole
-  // sequence's; true = masked), with a sliding window (`window` >= 0, window_mask) too. `keep`: a
-  // mask drawn for gathered_probs_shape (undefined: no dropout). The context [b, s / cp, heads *
-  // hd] in the share's order; differentiable in q, k and v.
+  // the causal mask's rows, or those of `given` ([b or 1, 1, s, s], the whole sequence's; true =
+  // masked; one letting a query see a later chunk's key throws), with a window (`window` >= 0) too.
+  // `keep`: a mask drawn for gathered_probs_shape (undefined: no dropout). The context [b, s / cp,
+  // heads * hd] in the share's order; differentiable in q, k and v.
   at::Tensor attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                const at::Tensor& given, int64_t window, const DropoutMask& keep) const;
   // The shape the attention dropout's mask is drawn for under all_gather, [b, heads, share / 2,

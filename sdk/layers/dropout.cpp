@@ -220,6 +220,7 @@ uint32_t DropoutMask::threshold() const {
 float DropoutMask::scale() const { return static_cast<float>(1.0 / (1.0 - p)); }
 
 DropoutMask DropoutMask::rows(int64_t start, int64_t length) const {
+  if (columns_block) throw Error("dropout: rows of a columns() block: take the rows first, then the columns");
   DropoutMask m = *this;
   m.offset += start * row_numel;
   return m;
@@ -247,6 +248,7 @@ DropoutMask DropoutMask::columns(int64_t width, int64_t start, int64_t length) c
   m.offset += start;
   m.row_numel = width;
   m.run_numel = length;
+  m.columns_block = true;
   return m;
 }
 

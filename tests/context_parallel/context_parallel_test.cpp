@@ -14,7 +14,8 @@
 //   * under Domino's chunked schedule: equal to one process, and with dropout equal to plain
 //     tensor parallelism (the same masks, drawn up front for the whole sequence's attention);
 //   * the all_gather exchange (--cp-comm-type all_gather): the same, with pipeline stages, ZeRO
-//     stage 3, full recomputation and resume too, and where a2a cannot split the heads;
+//     stage 3, full recomputation, resume and mixtures of experts too, and where a2a cannot split
+//     the heads;
 //   * a mixture of experts (its balancing losses over the group; DeepSpeed's gate, sinkhorn and
 //     quantile balancing on whole sequences) equals one process, logged losses included, with
 //     expert parallelism too; token dropping per rank;
@@ -276,6 +277,8 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
       // expert-data-parallel group folds CP in): EP 2 x CP 2, both dispatchers.
       {"gpt", "aux", aux, 4, ep2 + cp(2), aux_z},
       {"gpt", "aux", aux, 4, ep2 + cp(2) + "--set model.moe_token_dispatcher=alltoall ", aux_z},
+      // The all_gather exchange: the attention's, which the router never sees.
+      {"gpt", "aux", aux, 4, ep2 + cp(2) + "--set distributed.cp_comm_type=all_gather ", aux_z},
       // DeepSeek-V3's: per-sequence and global-batch losses, sigmoid scores steered by the expert
       // bias (its loads summed over the data- and context-parallel ranks), a per-token loss.
       {"llama",
@@ -285,6 +288,14 @@ TEST(ContextParallel, MixtureOfExpertsEqualsOneProcess) {
        "--set model.moe_router_enable_expert_bias=true --set train.calculate_per_token_loss=true ",
        2,
        cp(2),
+       {"seq_load_balancing_loss", "global_load_balancing_loss"}},
+      {"llama",
+       "seq-global-bias",
+       "--set model.moe_router_load_balancing_type=seq_aux_loss,global_aux_loss "
+       "--set model.moe_aux_loss_coeff=0.05,0.02 --set model.moe_router_score_function=sigmoid "
+       "--set model.moe_router_enable_expert_bias=true --set train.calculate_per_token_loss=true ",
+       2,
+       cp(2) + "--set distributed.cp_comm_type=all_gather ",
        {"seq_load_balancing_loss", "global_load_balancing_loss"}},
       // The global batch's counts over DP 2 x CP 2 (each rank adds 1 / C of its group's) equal
       // DP 2's: one process counts its two micro-batches as a running mean (tests/moe).

@@ -145,6 +145,8 @@ TEST(Dropout, ColumnsAreTheWholeMasksBlock) {
   }
   // Nothing slices a block; a block must lie inside the rows.
   EXPECT_THROW(whole.columns(width, 0, 5).columns(5, 0, 2), dtk::Error);
+  EXPECT_THROW(whole.columns(width, 0, 5).rows(1, 1), dtk::Error);
+  EXPECT_THROW(whole.columns(width, 0, 5).sequence_rows(rows, 0, 1), dtk::Error);
   EXPECT_THROW(whole.columns(width, 10, 5), dtk::Error);
   EXPECT_THROW(whole.columns(7, 0, 5), dtk::Error);  // 2 x 3 x 13 elements per row of dim 0: not runs of 7
 }

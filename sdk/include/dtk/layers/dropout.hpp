@@ -58,6 +58,7 @@ struct DropoutMask {
   // A strided view (sequence parallelism's shard): when run_numel > 0, element i of the tensor
   // is element offset + (i / run_numel) * row_numel + i % run_numel of the drawn mask.
   int64_t run_numel = 0;
+  bool columns_block = false;  // made by columns(): rows() of it would count runs, not rows (refused)
   bool defined() const { return p > 0; }
   // An element is kept when its 32-bit uniform is at least threshold() (round(p * 2^32)), and then
   // multiplied by scale() (1 / (1 - p) in fp32): what every kernel applying the mask is given.
@@ -69,7 +70,7 @@ struct DropoutMask {
   // mask drawn for [b, seq, ...]); rows() of the result are rows of the shard.
   DropoutMask sequence_rows(int64_t seq, int64_t start, int64_t length) const;
   // Elements [start, start + length) of each run of `width` consecutive elements (of an unsliced
-  // mask or rows() of one; nothing may slice the result): a block of columns of a mask drawn for
+  // mask or rows() of one; slicing the result throws): a block of columns of a mask drawn for
   // [..., width] (context parallelism's keys, ContextParallel::gathered_probs_shape).
   DropoutMask columns(int64_t width, int64_t start, int64_t length) const;
   // The index in the drawn mask of element i of the tensor the mask is applied to.

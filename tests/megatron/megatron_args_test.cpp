@@ -318,16 +318,25 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_EQ(m.refused[1].rfind("--kv-channels 32: needs the llama model", 0), 0u) << m.refused[1];
   // Context parallelism: Megatron's flag and DeepSpeed-Ulysses' both split the sequence; DTK's
   // exchanges are a2a and all_gather: p2p's ring (Megatron's default) and a2a+p2p run as
-  // all_gather, saying so; Ulysses is a2a.
+  // all_gather, saying so in a note; Ulysses is a2a.
   const auto sets = [&](const std::string& a) { return std::find(m.sets.begin(), m.sets.end(), a) != m.sets.end(); };
   m = map_line("--context-parallel-size 2 --cp-comm-type p2p");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_TRUE(sets("distributed.context_parallel_size=2"));
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
-  EXPECT_TRUE(ignored("--cp-comm-type p2p (DTK runs all_gather: the same attention"));
+  const auto noted = [&](const std::string& start) {
+    return std::any_of(m.notes.begin(), m.notes.end(), [&](const std::string& n) { return n.rfind(start, 0) == 0; });
+  };
+  // (A note, not "no effect": the flag changed the exchange.)
+  EXPECT_TRUE(m.ignored.empty()) << m.ignored.front();
+  EXPECT_TRUE(noted("--cp-comm-type p2p runs as all_gather (distributed.cp_comm_type=all_gather): the same attention"));
   m = map_line("--context-parallel-size 2");  // Megatron's default p2p
   EXPECT_TRUE(m.refused.empty() && m.ignored.empty());
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
+  EXPECT_TRUE(noted("--context-parallel-size 2 without --cp-comm-type: Megatron's default p2p runs as all_gather"));
+  m = map_line("--ds-sequence-parallel-size 2 --cp-comm-type p2p");  // Ulysses' a2a replaced: said so
+  EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
+  EXPECT_TRUE(noted("--cp-comm-type p2p runs as all_gather"));
   m = map_line("--ds-sequence-parallel-size 4");
   EXPECT_TRUE(sets("distributed.context_parallel_size=4"));
   EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
@@ -339,13 +348,32 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
   m = map_line("--context-parallel-size 2 --cp-comm-type all_gather a2a+p2p");
   EXPECT_TRUE(sets("distributed.cp_comm_type=all_gather"));
-  EXPECT_TRUE(ignored("--cp-comm-type all_gather a2a+p2p (DTK runs all_gather"));
+  EXPECT_TRUE(noted("--cp-comm-type all_gather a2a+p2p runs as all_gather"));
   m = map_line("--context-parallel-size 2 --cp-comm-type a2a p2p");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0].rfind("--cp-comm-type a2a p2p: DTK runs one exchange in every layer", 0), 0u) << m.refused[0];
   m = map_line("--cp-comm-type ring");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0], "--cp-comm-type ring: not one of p2p, all_gather, a2a, a2a+p2p");
+  // A per-layer list names every layer where the sequence is split (Megatron asserts it).
+  m = map_line("--num-layers 2 --context-parallel-size 2 --cp-comm-type a2a a2a a2a");
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0],
+            "--cp-comm-type a2a a2a a2a: a per-layer list of 3 exchanges for --num-layers 2 (Megatron asserts one per "
+            "layer)");
+  m = map_line("--num-layers 2 --context-parallel-size 2 --cp-comm-type a2a a2a");
+  EXPECT_TRUE(m.refused.empty()) << m.refused.front();
+  EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
+  // Megatron's and Megatron-DeepSpeed's names of the split, together: refused whatever the values
+  // (one would silently override the other).
+  for (const std::string both : {"--context-parallel-size 2 --ds-sequence-parallel-size 1",
+                                 "--ds-sequence-parallel-size 2 --context-parallel-size 2"}) {
+    m = map_line(both);
+    ASSERT_EQ(m.refused.size(), 1u) << both;
+    EXPECT_NE(m.refused[0].find(": give one (Megatron's and Megatron-DeepSpeed's names of the same split"),
+              std::string::npos)
+        << m.refused[0];
+  }
 }
 
 // A tiny llama trained through --megatron_args with Megatron's Llama flags (the older rotary

@@ -359,7 +359,7 @@ const Rule kRules[] = {
      "(that engine refuses them); with --pipeline-model-parallel-size above 1 refused (Megatron-DeepSpeed asserts)"},
     {"--ds-sequence-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
      "DeepSpeed-Ulysses, DTK's context parallelism: each sequence split over that many ranks, attention by "
-     "all-to-all (distributed.cp_comm_type=a2a without --cp-comm-type)"},
+     "all-to-all (distributed.cp_comm_type=a2a without --cp-comm-type); with --context-parallel-size refused"},
     {"--train-tokens", 1, Kind::kSet, "train.train_tokens", "the loop's second end: the iteration that reaches it"},
     {"--decoupled-lr", 1, Kind::kCustom, "lr.param_rules",
      "a rule for the word embeddings and the output layer (also the tied head's copy) with max_lr X: their "
@@ -422,10 +422,11 @@ const Rule kRules[] = {
     {"--sequence-parallel", 0, Kind::kSwitch, "distributed.sequence_parallel=true", ""},
     {"--context-parallel-size", 1, Kind::kSet, "distributed.context_parallel_size",
      "each sequence split over that many ranks; without --cp-comm-type the exchange is all_gather (Megatron's default "
-     "p2p)"},
+     "p2p), saying so; with --ds-sequence-parallel-size refused"},
     {"--cp-comm-type", -1, Kind::kCustom, "distributed.cp_comm_type",
      "a2a and all_gather as they are; p2p and a2a+p2p as all_gather, saying so (the same attention, other "
-     "traffic); a per-layer list of both kinds refused; without the flag Megatron's default p2p: all_gather"},
+     "traffic); a per-layer list of both kinds, or not one per layer, refused; without the flag Megatron's default "
+     "p2p: all_gather"},
     {"--distributed-backend", 1, Kind::kCustom, "distributed.backend",
      "gloo: accepted; nccl: also train.device=cuda (Megatron trains on GPUs), refused where this dtk cannot train on a "
      "GPU (docs/cuda.md)"},
@@ -717,9 +718,9 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
             "all_gather and a2a+p2p to all_gather)");
     set_by(m, "distributed.cp_comm_type=" + dtk_type(v[0]), shown);
     if (std::any_of(v.begin(), v.end(), [](const std::string& t) { return t == "p2p" || t == "a2a+p2p"; }))
-      m.ignored.push_back(shown +
-                          " (DTK runs all_gather: the same attention, the keys and values gathered at once rather "
-                          "than passed round a ring)");
+      m.notes.push_back(shown +
+                        " runs as all_gather (distributed.cp_comm_type=all_gather): the same attention, the keys and "
+                        "values gathered at once rather than passed round a ring");
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)
@@ -1006,6 +1007,9 @@ struct SeenFlags {
   std::vector<std::string> deepspeed_moe_shown, megatron_moe_shown;  // each family's, in the order given
   std::string context_parallel_shown;  // --context-parallel-size or --ds-sequence-parallel-size above 1, as given
   bool ulysses = false;                // ... it was DeepSpeed-Ulysses' flag
+  std::string megatron_cp_shown, ulysses_shown;  // each of the two flags as given, any value
+  std::vector<std::string> cp_comm_types;        // --cp-comm-type's values
+  std::string cp_comm_type_shown;                // ... as given
 };
 
 // Records what flag `f` (normalized; `shown` as given, with its values) says for the checks
@@ -1019,6 +1023,9 @@ void note_flag(SeenFlags& s, const std::string& f, const std::string& shown, con
   if (f == "--load") s.load_given = true;
   if ((f == "--context-parallel-size" || f == "--ds-sequence-parallel-size") && values[0] != "0" && values[0] != "1")
     s.context_parallel_shown = shown, s.ulysses = f == "--ds-sequence-parallel-size";
+  if (f == "--context-parallel-size") s.megatron_cp_shown = shown;
+  if (f == "--ds-sequence-parallel-size") s.ulysses_shown = shown;
+  if (f == "--cp-comm-type") s.cp_comm_types = values, s.cp_comm_type_shown = shown;
   if (f == "--num-key-value-heads") s.key_value_heads = values[0], s.key_value_heads_shown = shown;
   if (f == "--checkpoint-activations") s.checkpoint_activations = true;
   if (f == "--checkpoint-num-layers") s.checkpoint_layers = values[0], s.checkpoint_layers_shown = shown;
@@ -1223,6 +1230,32 @@ void map_key_value_heads(SeenFlags& s, MegatronMapping& m) {
 bool has_sets(const MegatronMapping& m, const std::string& field) {
   return std::any_of(m.sets.begin(), m.sets.end(),
                      [&](const std::string& set) { return set.rfind(field + "=", 0) == 0; });
+}
+
+// Context parallelism's two names and its exchange. Megatron's --context-parallel-size and
+// Megatron-DeepSpeed's --ds-sequence-parallel-size (DeepSpeed-Ulysses) set the same split: given
+// together they are refused, not one silently overriding the other. Megatron's default
+// --cp-comm-type is p2p (its ring passes the keys and values round the group): DTK's all_gather,
+// as the flag given, said at start; Ulysses exchanges heads (a2a). A per-layer list must name
+// every layer, as Megatron asserts where the sequence is split.
+void map_context_parallel(const SeenFlags& s, MegatronMapping& m) {
+  if (!s.megatron_cp_shown.empty() && !s.ulysses_shown.empty())
+    return m.refused.push_back(s.megatron_cp_shown + " with " + s.ulysses_shown +
+                               ": give one (Megatron's and Megatron-DeepSpeed's names of the same split of each "
+                               "sequence; Megatron-DeepSpeed's exchanges heads, --cp-comm-type a2a)");
+  if (s.context_parallel_shown.empty()) return;
+  const long layers = positive_number(s.num_layers);
+  if (s.cp_comm_types.size() > 1 && layers > 0 && static_cast<long>(s.cp_comm_types.size()) != layers)
+    return m.refused.push_back(s.cp_comm_type_shown + ": a per-layer list of " +
+                               std::to_string(s.cp_comm_types.size()) + " exchanges for --num-layers " + s.num_layers +
+                               " (Megatron asserts one per layer)");
+  if (has_sets(m, "distributed.cp_comm_type")) return;
+  set_by(m, std::string("distributed.cp_comm_type=") + (s.ulysses ? "a2a" : "all_gather"), s.context_parallel_shown);
+  if (!s.ulysses)
+    m.notes.push_back(s.context_parallel_shown +
+                      " without --cp-comm-type: Megatron's default p2p runs as all_gather "
+                      "(distributed.cp_comm_type=all_gather): the same attention, the keys and values gathered at "
+                      "once rather than passed round a ring");
 }
 
 // Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.
@@ -2187,10 +2220,7 @@ MegatronMapping map_megatron_args(const std::vector<std::string>& args) {
   if (!s.nan_check_given) m.sets.push_back("train.skipped_steps_limit=1");
   map_profile(s, m);
   map_decoupled_lr(s, m);
-  // Megatron's default --cp-comm-type is p2p (its ring passes the keys and values round the group):
-  // DTK's all_gather, as the flag given; DeepSpeed-Ulysses exchanges heads (a2a).
-  if (!s.context_parallel_shown.empty() && !has_sets(m, "distributed.cp_comm_type"))
-    set_by(m, std::string("distributed.cp_comm_type=") + (s.ulysses ? "a2a" : "all_gather"), s.context_parallel_shown);
+  map_context_parallel(s, m);
   // One option for every --no-*-fusion flag given (each names one of DTK's kernels).
   if (!s.unfused_kernels.empty())
     set_by(m, "model.unfused_kernels=" + joined(s.unfused_kernels, ","), joined(s.unfusing_flags, "/"));

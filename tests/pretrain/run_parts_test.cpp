@@ -39,7 +39,8 @@ constexpr double kLayer16 = 128.0 * 4 * 256 * (34 + 5.0 * 8 * 128 / 256);
 TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   const auto one = dtk::core::estimate_memory(small_run());
   EXPECT_DOUBLE_EQ(one.activations, 4 * kLayer16 * 2);  // fp32: twice the 16-bit bytes
-  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2);   // at most 512 rows of fp32 logits, and their grad
+  // At most 512 rows of fp32 logits and their grad, and the weight's fp32 gradient [vocab, h].
+  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2 + 1000.0 * 256 * 4);
   EXPECT_DOUBLE_EQ(one.batches, 5.0 * 4 * 129 * 8);     // queue of 4 + the batch in use
   EXPECT_DOUBLE_EQ(one.params, 1000 + 2000 + 300);      // host bytes count on the machine's budget
   EXPECT_DOUBLE_EQ(one.optimizer, 8.0 * 250);           // Adam's two fp32 moments
@@ -148,9 +149,10 @@ TEST(MemoryEstimate, RefusesOverTheBudgetNamingIt) {
   EXPECT_EQ(dtk::core::memory_refusal(e, static_cast<int64_t>(e.total()) + 1, "of train.memory_limit_mb"), "");
   EXPECT_EQ(dtk::core::memory_refusal(e, 0, "of train.memory_limit_mb"), "");  // no budget known
   const std::string why = dtk::core::memory_refusal(e, 1 << 20, "of train.memory_limit_mb");
-  // 56.6 MB of activations + 4.1 MB of logits + the rest = 60.7e6 bytes = 57 MiB.
-  EXPECT_NE(why.find("config: this run needs about 57 MB per rank"), std::string::npos) << why;
-  EXPECT_NE(why.find("activations 57 MB, batches 0 MB"), std::string::npos) << why;
+  // 56.6 MB of activations + 5.1 MB of the output layer's (4.1 of logits, 1.0 of its weight's
+  // gradient) + the rest = 61.8e6 bytes = 58.9 MiB.
+  EXPECT_NE(why.find("config: this run needs about 58 MB per rank"), std::string::npos) << why;
+  EXPECT_NE(why.find("activations 58 MB, batches 0 MB"), std::string::npos) << why;
   EXPECT_NE(why.find("more than the 1 MB of train.memory_limit_mb"), std::string::npos) << why;
   EXPECT_NE(why.find("train.skip_memory_check=true"), std::string::npos) << why;
   EXPECT_NE(why.find("lower train.micro_batch_size"), std::string::npos) << why;

@@ -75,9 +75,11 @@ MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
   MemoryEstimate e;
   e.activations = in_flight * stage;
-  // The output layer's logits live on the last stage.
+  // The output layer lives on the last stage: a chunk of at most 512 rows of fp32 logits and their
+  // gradient at a time, and the weight's fp32 gradient [vocab / t, h], which its fused cross entropy
+  // computes in forward and keeps for backward (dtk/layers/lm_head.hpp).
   const double vocab = static_cast<double>(in.vocab_size) / in.tp_size;
-  e.logits = in.pp_rank == in.pp_size - 1 ? std::min(s * b, 512.0) * vocab * 4.0 * 2.0 : 0.0;
+  e.logits = in.pp_rank == in.pp_size - 1 ? (std::min(s * b, 512.0) * 2.0 + h) * vocab * 4.0 : 0.0;
   // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
   // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
   // (Whole samples: a context-parallel rank splits them in its step.)

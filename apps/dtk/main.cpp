@@ -169,6 +169,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   dtk::config::RunConfig cfg =
       FLAGS_config.empty() ? dtk::core::default_config() : dtk::core::load_config(FLAGS_config);
   std::map<std::string, std::string> megatron_values;  // what each Megatron flag set
+  dtk::core::MegatronMapping notes;                    // the mapping's notes to say (rank 0)
   const auto value_at = [](const dtk::config::RunConfig& c, const std::string& path) {
     try {
       return dtk::core::config_value(c, path);
@@ -203,9 +204,7 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
       std::fprintf(stderr, "dtk: note: %s: %zu %s accepted with no effect here: %s\n", mapping.source.c_str(),
                    ignored.size(), what, list.c_str());
     }
-    if (rank.empty() || rank == "[rank 0] ")
-      for (const auto& note : mapping.notes)
-        std::fprintf(stderr, "dtk: note: %s: %s\n", mapping.source.c_str(), note.c_str());
+    if (rank.empty() || rank == "[rank 0] ") notes = mapping;  // said below, once the overrides are known
   }
   // Switching a slot to another plugin drops the options the config gave the previous one
   // (they belong to that plugin); --set slot.key=value after it configures the new one.
@@ -237,6 +236,13 @@ dtk::config::RunConfig resolve_config(const std::vector<std::string>& sets) {
   // credited to the flag.
   for (auto it = g_megatron_flag_of.begin(); it != g_megatron_flag_of.end();)
     it = value_at(cfg, it->first) == megatron_values[it->first] ? std::next(it) : g_megatron_flag_of.erase(it);
+  // What the flags do differently here; a note about a field something after them changed is no
+  // longer true ("runs as all_gather" under --set distributed.cp_comm_type=a2a), and is not said.
+  for (const std::string& note : notes.notes) {
+    const auto field = notes.note_field.find(note);
+    if (field == notes.note_field.end() || value_at(cfg, field->second) == megatron_values[field->second])
+      std::fprintf(stderr, "dtk: note: %s: %s\n", notes.source.c_str(), note.c_str());
+  }
   return cfg;
 }
 

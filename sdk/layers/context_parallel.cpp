@@ -108,22 +108,33 @@ at::Tensor chunk_mask(const at::Tensor& given, int64_t first, int64_t s, int64_t
 // Refuses a given mask ([b or 1, 1, s, s], true = masked) that lets a query see a key in a later
 // chunk of the sequence's 2 cp: a chunk reads only the keys up to its own end. Every rank checks
 // every chunk (the mask is the whole sequence's, the same on each), so each fails alike before the
-// gather instead of one failing and the others waiting. On the CPU every call (reductions over
-// bools, small beside the attention); on a GPU, where each answer costs a device synchronisation,
-// the first call outside a CUDA graph's capture only (a step's masks keep their kind).
-void check_masks_later_chunks(const at::Tensor& given, int64_t chunks) {
-  static std::atomic<bool> checked_on_a_device{false};
+// gather instead of one failing and the others waiting. One reduction per chunk (over views: no
+// copy of the mask) and one read of their results. On the CPU every call; on a GPU, where the read
+// is a device synchronisation, the first call, and while a CUDA graph is recorded every replay
+// (the host reads the flag once per iteration: dtk/capture.hpp).
+void refuse_masks_seeing_later_chunks(const at::Tensor& given, int64_t whole, int64_t chunks) {
+  static std::atomic<bool> read_on_a_device{false};
   if (!given.defined()) return;
-  if (!given.device().is_cpu() && (capturing() || checked_on_a_device.exchange(true))) return;
-  const int64_t s = given.size(2), chunk = s / chunks;
-  for (int64_t c = 0; c + 1 < chunks; ++c) {
-    const int64_t end = (c + 1) * chunk;
-    if (!given.narrow(2, c * chunk, chunk).narrow(3, end, s - end).all().item<bool>())
+  if (given.dim() != 4 || given.size(2) != whole || given.size(3) != whole)
+    throw Error("context parallelism's all_gather: the attention mask must be the whole sequence's [b or 1, 1, " +
+                std::to_string(whole) + ", " + std::to_string(whole) + "], got " + shape_str(given));
+  if (!given.device().is_cpu() && !capturing() && read_on_a_device.exchange(true)) return;
+  const int64_t chunk = whole / chunks;
+  std::vector<at::Tensor> masked;  // per chunk but the last: every later key masked for its rows
+  for (int64_t c = 0; c + 1 < chunks; ++c)
+    masked.push_back(given.narrow(2, c * chunk, chunk).narrow(3, (c + 1) * chunk, whole - (c + 1) * chunk).all());
+  const at::Tensor all_masked = at::stack(masked);
+  const std::string why =
+      "and all_gather's chunks of queries attend over the keys up to their own end only (a causal "
+      "mask); run distributed.cp_comm_type=a2a";
+  if (capturing())
+    return defer_check(all_masked.logical_not(),
+                       "context parallelism's all_gather: the attention mask lets a query see a later key, " + why);
+  const at::Tensor read = all_masked.cpu();
+  for (int64_t c = 0; c + 1 < chunks; ++c)
+    if (!read[c].item<bool>())
       throw Error("context parallelism's all_gather: the attention mask lets a query at positions " +
-                  std::to_string(c * chunk) + ".." + std::to_string(end - 1) +
-                  " see a later key, and all_gather's chunks of queries attend over the keys up to their own "
-                  "end only (a causal mask); run distributed.cp_comm_type=a2a");
-  }
+                  std::to_string(c * chunk) + ".." + std::to_string((c + 1) * chunk - 1) + " see a later key, " + why);
 }
 
 }  // namespace
@@ -136,7 +147,7 @@ at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Ten
   if (share % 2 != 0 || k.size(1) != share || v.sizes() != k.sizes())
     throw Error("attend_whole_keys: queries " + shape_str(q) + ", keys " + shape_str(k) + " and values " +
                 shape_str(v) + " must hold this rank's share (two equal chunks) of the same positions");
-  check_masks_later_chunks(given, 2 * size);
+  refuse_masks_seeing_later_chunks(given, whole, 2 * size);
   // The keys and values in one collective: [b, s, groups, 2 hd].
   const at::Tensor kv = GatherSequence::apply(at::cat({k, v}, -1), rank, size);
   std::vector<at::Tensor> context;

@@ -210,25 +210,35 @@ TEST(ContextParallel, AllGatherEqualsOneProcess) {
 // rank's generators and the masks drawn for gathered_probs_shape) equal to an uninterrupted one.
 TEST(ContextParallel, AllGatherWithPipelineZeroRecomputeAndResume) {
   const std::string gather = kDocuments + cp(2) + "--set distributed.cp_comm_type=all_gather ";
+  // The run's exchange, from rank 0's traffic line: all-gathers and no all-to-all (a run that fell
+  // back to a2a would equal one process too).
+  const auto gathered = [](const Curve& c) {
+    EXPECT_TRUE(std::regex_search(c.run.out, std::regex("context-parallel traffic sent per iteration \\(MB\\) \\| "
+                                                        "all-to-all: 0\\.00 \\| all-gather: [0-9]*\\.[0-9]*[1-9]")))
+        << c.run.out;
+    return c;
+  };
   for (const std::string model : {"gpt", "llama"})
-    expect_same_curve(curve_of(model, 1, kDocuments, "one"),
-                      curve_of(model, 4, gather + "--set distributed.pipeline_model_parallel_size=2 ", "ag-cp2-pp2"),
-                      kIters, model + " all_gather CP 2 x PP 2 vs one process");
+    expect_same_curve(
+        curve_of(model, 1, kDocuments, "one"),
+        gathered(curve_of(model, 4, gather + "--set distributed.pipeline_model_parallel_size=2 ", "ag-cp2-pp2")),
+        kIters, model + " all_gather CP 2 x PP 2 vs one process");
   const Curve one = curve_of("gpt", 1, kDocuments, "one");
   expect_same_curve(one,
-                    curve_of("gpt", 4,
-                             gather + "--strategy zero --set strategy.stage=3 "
-                                      "--set strategy.stage3_param_persistence_threshold=100 ",
-                             "ag-cp2-dp2-zero3"),
+                    gathered(curve_of("gpt", 4,
+                                      gather + "--strategy zero --set strategy.stage=3 "
+                                               "--set strategy.stage3_param_persistence_threshold=100 ",
+                                      "ag-cp2-dp2-zero3")),
                     kIters, "gpt all_gather CP 2 x DP 2, ZeRO stage 3 vs one process");
-  expect_same_curve(one, curve_of("gpt", 2, gather + "--set model.recompute_activations=full ", "ag-cp2-full"), kIters,
-                    "gpt all_gather CP 2, full recomputation vs one process");
+  expect_same_curve(one,
+                    gathered(curve_of("gpt", 2, gather + "--set model.recompute_activations=full ", "ag-cp2-full")),
+                    kIters, "gpt all_gather CP 2, full recomputation vs one process");
 
   const std::string dir = dtk_test::fresh_dir(DTK_TEST_TMP, "ckpt-ag");
   const std::string args = gather +
                            "--strategy zero --set strategy.stage=1 --set model.hidden_dropout=0.1 "
                            "--set model.attention_dropout=0.1 --set lr.lr_decay_iters=6 ";
-  const Curve whole = curve_of("llama", 4, args, "ag-resume-whole");
+  const Curve whole = gathered(curve_of("llama", 4, args, "ag-resume-whole"));
   curve_of("llama", 4, args + "--set train.train_iters=3 --set checkpoint.save=" + dir, "ag-first");
   const Curve second = curve_of("llama", 4, args + "--set checkpoint.load=" + dir, "ag-second");
   ASSERT_EQ(second.loss.size(), 3u) << second.run.out;

@@ -364,6 +364,25 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   m = map_line("--num-layers 2 --context-parallel-size 2 --cp-comm-type a2a a2a");
   EXPECT_TRUE(m.refused.empty()) << m.refused.front();
   EXPECT_TRUE(sets("distributed.cp_comm_type=a2a"));
+  m = map_line("--num-layers 2 --cp-comm-type a2a a2a a2a");  // without the split too, as Megatron
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--cp-comm-type a2a a2a a2a: a per-layer list of 3 exchanges", 0), 0u) << m.refused[0];
+  m = map_line("--num-layers 2 --context-parallel-size 2 --cp-comm-type a2a p2p all_gather");  // one reason given
+  ASSERT_EQ(m.refused.size(), 1u);
+  EXPECT_EQ(m.refused[0].rfind("--cp-comm-type a2a p2p all_gather: DTK runs one exchange", 0), 0u) << m.refused[0];
+  // The notes describe the exchange: one a --set changes afterwards is not said.
+  m = map_line("--context-parallel-size 2 --cp-comm-type p2p");
+  const auto p2p_note = std::find_if(m.notes.begin(), m.notes.end(),
+                                     [](const std::string& n) { return n.rfind("--cp-comm-type p2p", 0) == 0; });
+  ASSERT_NE(p2p_note, m.notes.end());
+  ASSERT_EQ(m.note_field.count(*p2p_note), 1u);
+  EXPECT_EQ(m.note_field.at(*p2p_note), "distributed.cp_comm_type");
+  const std::string cp_flags = "config --megatron_args '--context-parallel-size 2 --cp-comm-type p2p'";
+  EXPECT_NE(dtk_test::run_dtk(cp_flags).out.find("dtk: note: --megatron_args: --cp-comm-type p2p runs as all_gather"),
+            std::string::npos);
+  const dtk_test::Result overridden = dtk_test::run_dtk(cp_flags + " --set distributed.cp_comm_type=a2a");
+  EXPECT_EQ(overridden.code, 0) << overridden.out;
+  EXPECT_EQ(overridden.out.find("runs as all_gather"), std::string::npos) << overridden.out;
   // Megatron's and Megatron-DeepSpeed's names of the split, together: refused whatever the values
   // (one would silently override the other).
   for (const std::string both : {"--context-parallel-size 2 --ds-sequence-parallel-size 1",

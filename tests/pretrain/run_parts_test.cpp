@@ -39,8 +39,10 @@ constexpr double kLayer16 = 128.0 * 4 * 256 * (34 + 5.0 * 8 * 128 / 256);
 TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   const auto one = dtk::core::estimate_memory(small_run());
   EXPECT_DOUBLE_EQ(one.activations, 4 * kLayer16 * 2);  // fp32: twice the 16-bit bytes
-  // At most 512 rows of fp32 logits and their grad, and the weight's fp32 gradient [vocab, h].
-  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2 + 1000.0 * 256 * 4);
+  // At most 512 rows of fp32 logits and their grad; the weight's fp32 gradient [vocab, h] and the
+  // input's [s b, h], which the fused cross entropy computes in forward.
+  constexpr double kHeadGrads = 1000.0 * 256 * 4 + 128.0 * 4 * 256 * 4;
+  EXPECT_DOUBLE_EQ(one.logits, 512.0 * 1000 * 4 * 2 + kHeadGrads);
   EXPECT_DOUBLE_EQ(one.batches, 5.0 * 4 * 129 * 8);     // queue of 4 + the batch in use
   EXPECT_DOUBLE_EQ(one.params, 1000 + 2000 + 300);      // host bytes count on the machine's budget
   EXPECT_DOUBLE_EQ(one.optimizer, 8.0 * 250);           // Adam's two fp32 moments
@@ -52,7 +54,8 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   in.tp_size = 2;
   constexpr double kSbh = 128.0 * 4 * 256, kScores = 5.0 * 8 * 128 / 256;  // 5 a s / h = 20
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh * (10 + 12 + kScores / 2) * 2);
-  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits, one.logits / 2);
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits,
+                   512.0 * 500 * 4 * 2 + 500.0 * 256 * 4 + 128.0 * 4 * 256 * 4);  // this rank's vocabulary
   in.sequence_parallel = true;  // s b h / t (34 + 5 a s / h): all of it split
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kLayer16);
   in.selective_recompute = true;  // 34 s b h / t: no attention scores kept
@@ -81,6 +84,15 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
   EXPECT_DOUBLE_EQ(v2.activations, 5.0 / 2 * 2 * kLayer16 * 2);
   EXPECT_DOUBLE_EQ(v2.gradients_in_flight, (5.0 + 2 * 2 + 1) * 128 * 4 * 256 * 4);
   EXPECT_DOUBLE_EQ(v2.batches, (4.0 + 4) * 4 * 129 * 8);
+  in.pp_rank = 1;  // the last stage holds one micro-batch's output-layer gradients at a time...
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits, 512.0 * 1000 * 4 * 2 + kHeadGrads);
+  in.micro_batches_per_step = 2;  // ... but every micro-batch's where the schedule runs all forwards first
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits, 512.0 * 1000 * 4 * 2 + 2 * kHeadGrads);
+  in.on_gpu = true;  // on a GPU the chunk is about 1 GiB of logits: here the whole 512 rows
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits, 512.0 * 1000 * 4 * 2 + 2 * kHeadGrads);
+  in.seq_length = 8192, in.vocab_size = 50304;  // 5,248 rows (about 1 GiB of fp32 logits) of 4 x 8192
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).logits,
+                   5248.0 * 50304 * 4 * 2 + 2 * (50304.0 * 256 * 4 + 8192.0 * 4 * 256 * 4));
 
   in = small_run();
   in.recompute = true;  // the layer inputs of every layer plus one layer's worth
@@ -100,22 +112,23 @@ TEST(MemoryEstimate, MegatronsActivationFormulaByLayout) {
 
 // Context parallelism: each rank keeps 1 / cp of every activation. a2a: whole sequences of 1 / cp
 // of the heads, a2a's scores 1 / cp of one process's. all_gather: its queries' two chunks over the
-// keys up to each chunk's end, (2 cp + 1) / (4 cp) of a2a's scores, plus the gathered keys and
-// values of the other cp - 1 shares (4 (cp - 1) s b h / t in 16-bit) unless core attention is
+// keys up to each chunk's end, (2 cp + 1) / (4 cp) of a2a's scores, plus those keys and values
+// (2 (2 cp + 1) s b h / t in 16-bit, grouped-query attention's per-chunk copies at the queries'
+// width, of which the share's own 4 s b h / t are counted already) unless core attention is
 // recomputed (it gathers them again).
 TEST(MemoryEstimate, ContextParallelByExchange) {
   constexpr double kSbh = 128.0 * 4 * 256, kScores = 5.0 * 8 * 128 / 256;  // 5 a s / h = 20
   auto in = small_run();
   in.cp_size = 2;  // a2a
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 2 * (34 + kScores) * 2);
-  in.cp_gathers_keys = true;  // all_gather: 5 / 8 of the scores, one other share's keys and values
-  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 2 * (34 + kScores * 5 / 8 + 4) * 2);
-  in.cp_size = 4, in.tp_size = 2;  // 9 / 16 of the scores of a TP rank's heads, 3 other shares
+  in.cp_gathers_keys = true;  // all_gather: 5 / 8 of the scores, 2 x 5 - 4 of keys and values
+  EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 2 * (34 + kScores * 5 / 8 + 6) * 2);
+  in.cp_size = 4, in.tp_size = 2;  // 9 / 16 of the scores of a TP rank's heads, 2 x 9 - 4 of keys and values
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations,
-                   4 * kSbh / 4 * (10 + 12 + kScores / 2 * 9 / 16 + 4.0 * 3 / 2) * 2);
+                   4 * kSbh / 4 * (10 + 12 + kScores / 2 * 9 / 16 + 14.0 / 2) * 2);
   in.attention_width = 512;  // heads twice hidden / heads wide: the gathered keys and values too
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations,
-                   4 * kSbh / 4 * (10 + 12 + 8.0 / 2 + kScores / 2 * 9 / 16 + 4.0 * 3 * 2 / 2) * 2);
+                   4 * kSbh / 4 * (10 + 12 + 8.0 / 2 + kScores / 2 * 9 / 16 + 14.0 * 2 / 2) * 2);
   in.attention_width = 0, in.selective_recompute = true;  // neither scores nor gathered keys kept
   EXPECT_DOUBLE_EQ(dtk::core::estimate_memory(in).activations, 4 * kSbh / 4 * 22 * 2);
   in.cp_size = 1;  // without context parallelism the exchange changes nothing
@@ -149,10 +162,10 @@ TEST(MemoryEstimate, RefusesOverTheBudgetNamingIt) {
   EXPECT_EQ(dtk::core::memory_refusal(e, static_cast<int64_t>(e.total()) + 1, "of train.memory_limit_mb"), "");
   EXPECT_EQ(dtk::core::memory_refusal(e, 0, "of train.memory_limit_mb"), "");  // no budget known
   const std::string why = dtk::core::memory_refusal(e, 1 << 20, "of train.memory_limit_mb");
-  // 56.6 MB of activations + 5.1 MB of the output layer's (4.1 of logits, 1.0 of its weight's
-  // gradient) + the rest = 61.8e6 bytes = 58.9 MiB.
-  EXPECT_NE(why.find("config: this run needs about 58 MB per rank"), std::string::npos) << why;
-  EXPECT_NE(why.find("activations 58 MB, batches 0 MB"), std::string::npos) << why;
+  // 56.6 MB of activations + 5.6 MB of the output layer's (4.1 of logits, 1.0 of its weight's
+  // gradient, 0.5 of its input's) + the rest = 62.3e6 bytes = 59.4 MiB.
+  EXPECT_NE(why.find("config: this run needs about 59 MB per rank"), std::string::npos) << why;
+  EXPECT_NE(why.find("activations 59 MB, batches 0 MB"), std::string::npos) << why;
   EXPECT_NE(why.find("more than the 1 MB of train.memory_limit_mb"), std::string::npos) << why;
   EXPECT_NE(why.find("train.skip_memory_check=true"), std::string::npos) << why;
   EXPECT_NE(why.find("lower train.micro_batch_size"), std::string::npos) << why;

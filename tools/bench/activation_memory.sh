@@ -14,7 +14,7 @@
 #
 #   and under context parallelism (CP 2, each exchange) against DTK's estimate (below).
 #
-#   tools/bench/activation_memory.sh [--model gpt|llama] [--only tp|cp]
+#   [S=128] tools/bench/activation_memory.sh [--model gpt|llama] [--only tp|cp]
 # Needs a build (tools/build.sh); runs up to 4 processes (TP 4) over loopback.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +23,7 @@ MODEL=gpt ONLY=""
 while (($#)); do
   case "$1" in
     --model) MODEL=$2; shift 2 ;;
-    --only) ONLY=$2; shift 2 ;;
+    --only) ONLY=$2; [[ $ONLY == tp || $ONLY == cp ]] || { echo "--only takes tp or cp" >&2; exit 2; }; shift 2 ;;
     *) echo "usage: tools/bench/activation_memory.sh [--model gpt|llama] [--only tp|cp]" >&2; exit 2 ;;
   esac
 done
@@ -77,26 +77,29 @@ done
 # Context parallelism, TP 1: the estimate before the first step (dtk/core/memory/memory_estimate.hpp)
 # per rank, 1 / cp of one process's layer: a2a keeps whole sequences of 1 / cp of the heads (the
 # scores 5 a s / h of them); all_gather its queries' two chunks over the keys up to each chunk's
-# end, (2 cp + 1) / (4 cp) of a2a's scores, and the other shares' gathered keys and values,
-# 4 (cp - 1) s b h in 16-bit (none of either under selective recompute).
+# end, (2 cp + 1) / (4 cp) of a2a's scores, and those keys and values, 2 (2 cp + 1) s b h / cp
+# in 16-bit (grouped-query attention's per-chunk copies) less the share's own 4 s b h / cp counted
+# in the 34 (none of either under selective recompute).
 cp_table() {
 echo
 echo "| CP | exchange | recompute | measured | estimate (fp32) | measured / estimate |"
 echo "|---|---|---|---|---|---|"
+local cp=2
 for comm in a2a all_gather; do
   for rc in none selective; do
-    four=$(measure 1 false $rc 4 2 $comm)
-    two=$(measure 1 false $rc 2 2 $comm)
+    four=$(measure 1 false $rc 4 $cp $comm)
+    two=$(measure 1 false $rc 2 $cp $comm)
     measured=$(calc "($four - $two) / 2")
-    sbh=$(calc "$S / 2 * $B * $H")
+    sbh=$(calc "$S / $cp * $B * $H")
     [[ $rc == none ]] && scores=$(calc "5 * $A * $S / $H") || scores=0
     gathered=0
     if [[ $comm == all_gather ]]; then
-      scores=$(calc "$scores * 5 / 8")
-      [[ $rc == none ]] && gathered=4
+      scores=$(calc "$scores * (2 * $cp + 1) / (4 * $cp)")
+      [[ $rc == none ]] && gathered=$(calc "2 * (2 * $cp - 1)")
     fi
     estimate=$(calc "$sbh * (34 + $scores + $gathered) * 2 / 1048576")
-    printf "| 2 | %s | %s | %.2f | %.2f | %.2f |\n" "$comm" "$rc" "$measured" "$estimate" "$(calc "$measured / $estimate")"
+    printf "| %s | %s | %s | %.2f | %.2f | %.2f |\n" "$cp" "$comm" "$rc" "$measured" "$estimate" \
+      "$(calc "$measured / $estimate")"
   done
 done
 }

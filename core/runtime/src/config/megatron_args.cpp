@@ -612,6 +612,12 @@ void add_assignments(MegatronMapping& m, const std::string& list) {
     if (!one.empty()) m.sets.push_back(one);
 }
 
+// A note about what a flag made of `field` (MegatronMapping::note_field).
+void note_about(MegatronMapping& m, const std::string& field, const std::string& note) {
+  m.notes.push_back(note);
+  m.note_field[note] = field;
+}
+
 // One assignment the checks across flags make, credited to the flag behind it (as given, without
 // its values) so that a later error about the field can name it.
 void set_by(MegatronMapping& m, const std::string& assignment, const std::string& shown) {
@@ -718,9 +724,10 @@ void custom(const Rule& r, const std::string& flag, const std::vector<std::strin
             "all_gather and a2a+p2p to all_gather)");
     set_by(m, "distributed.cp_comm_type=" + dtk_type(v[0]), shown);
     if (std::any_of(v.begin(), v.end(), [](const std::string& t) { return t == "p2p" || t == "a2a+p2p"; }))
-      m.notes.push_back(shown +
-                        " runs as all_gather (distributed.cp_comm_type=all_gather): the same attention, the keys and "
-                        "values gathered at once rather than passed round a ring");
+      note_about(m, "distributed.cp_comm_type",
+                 shown +
+                     " runs as all_gather (distributed.cp_comm_type=all_gather): the same attention, the keys and "
+                     "values gathered at once rather than passed round a ring");
   } else if (f == "--use-rope-scaling") {
     m.sets.push_back("model.rope_scaling=llama3");
   } else if (f == "--recompute-granularity") {  // mapped with the other recompute flags (map_recompute)
@@ -1237,25 +1244,29 @@ bool has_sets(const MegatronMapping& m, const std::string& field) {
 // together they are refused, not one silently overriding the other. Megatron's default
 // --cp-comm-type is p2p (its ring passes the keys and values round the group): DTK's all_gather,
 // as the flag given, said at start; Ulysses exchanges heads (a2a). A per-layer list must name
-// every layer, as Megatron asserts where the sequence is split.
+// every layer of --num-layers, as Megatron asserts (DTK checks it where --num-layers is given).
 void map_context_parallel(const SeenFlags& s, MegatronMapping& m) {
   if (!s.megatron_cp_shown.empty() && !s.ulysses_shown.empty())
     return m.refused.push_back(s.megatron_cp_shown + " with " + s.ulysses_shown +
                                ": give one (Megatron's and Megatron-DeepSpeed's names of the same split of each "
                                "sequence; Megatron-DeepSpeed's exchanges heads, --cp-comm-type a2a)");
-  if (s.context_parallel_shown.empty()) return;
   const long layers = positive_number(s.num_layers);
-  if (s.cp_comm_types.size() > 1 && layers > 0 && static_cast<long>(s.cp_comm_types.size()) != layers)
+  const bool refused_already = std::any_of(m.refused.begin(), m.refused.end(), [&](const std::string& r) {
+    return r.rfind(s.cp_comm_type_shown + ":", 0) == 0;
+  });
+  if (s.cp_comm_types.size() > 1 && layers > 0 && static_cast<long>(s.cp_comm_types.size()) != layers &&
+      !refused_already)
     return m.refused.push_back(s.cp_comm_type_shown + ": a per-layer list of " +
                                std::to_string(s.cp_comm_types.size()) + " exchanges for --num-layers " + s.num_layers +
                                " (Megatron asserts one per layer)");
-  if (has_sets(m, "distributed.cp_comm_type")) return;
+  if (s.context_parallel_shown.empty() || has_sets(m, "distributed.cp_comm_type")) return;
   set_by(m, std::string("distributed.cp_comm_type=") + (s.ulysses ? "a2a" : "all_gather"), s.context_parallel_shown);
   if (!s.ulysses)
-    m.notes.push_back(s.context_parallel_shown +
-                      " without --cp-comm-type: Megatron's default p2p runs as all_gather "
-                      "(distributed.cp_comm_type=all_gather): the same attention, the keys and values gathered at "
-                      "once rather than passed round a ring");
+    note_about(m, "distributed.cp_comm_type",
+               s.context_parallel_shown +
+                   " without --cp-comm-type: Megatron's default p2p runs as all_gather "
+                   "(distributed.cp_comm_type=all_gather): the same attention, the keys and values gathered at "
+                   "once rather than passed round a ring");
 }
 
 // Drops the assignments to `field` (and their credit); a name ending in '.' drops its group's.

@@ -1,6 +1,7 @@
 #include "dtk/core/memory/memory_estimate.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace dtk::core {
 
@@ -27,15 +28,17 @@ double layer_activation_bytes(const MemoryEstimateInputs& in) {
   double scores = in.selective_recompute ? 0.0 : 5.0 * a * s / h / t;
   // all_gather: each of a rank's two chunks of s / (2 cp) queries attends over the keys up to its
   // own end (chunks r and 2 cp - 1 - r: (2 cp + 1) s / (2 cp) keys in all), (2 cp + 1) / (4 cp) of
-  // a2a's scores; and its attention keeps the other shares' keys and values it gathered (4 (cp - 1)
-  // s b w / t bytes in 16-bit, w their width: taken as the queries', an upper bound under
-  // grouped-query attention), unless it recomputes core attention, which gathers them again.
+  // a2a's scores. It keeps those keys and values too, unless it recomputes core attention (which
+  // gathers them again): with grouped-query attention each chunk's copy at the queries' width w
+  // (attention_ops widens the groups), 2 (2 cp + 1) s b w / t bytes in 16-bit where the share's
+  // own keys and values are 4 s b w / t of the rest below; multi-head attention keeps views of the
+  // gathered ones, 4 (cp - 1) s b w / t more, which the first bounds from above.
   const double cp = std::max(1, in.cp_size);
   double gathered = 0.0;
   if (in.cp_gathers_keys && cp > 1) {
     scores *= (2.0 * cp + 1.0) / (4.0 * cp);
     const double width = in.attention_width > 0 ? static_cast<double>(in.attention_width) : h;
-    if (!in.selective_recompute) gathered = 4.0 * (cp - 1.0) * width / h / t;
+    if (!in.selective_recompute) gathered = 2.0 * (2.0 * cp - 1.0) * width / h / t;
   }
   // Everything else: 34 s b h, of which 24 inside the TP blocks (split) and 10 outside (split
   // only under sequence parallelism). Of the 24, the queries, keys, values and the context (8 s b h)
@@ -75,11 +78,17 @@ MemoryEstimate estimate_memory(const MemoryEstimateInputs& in) {
   const double in_flight = std::max(1.0, static_cast<double>(chunk_forwards) / static_cast<double>(v));
   MemoryEstimate e;
   e.activations = in_flight * stage;
-  // The output layer lives on the last stage: a chunk of at most 512 rows of fp32 logits and their
-  // gradient at a time, and the weight's fp32 gradient [vocab / t, h], which its fused cross entropy
-  // computes in forward and keeps for backward (dtk/layers/lm_head.hpp).
-  const double vocab = static_cast<double>(in.vocab_size) / in.tp_size;
-  e.logits = in.pp_rank == in.pp_size - 1 ? (std::min(s * b, 512.0) * 2.0 + h) * vocab * 4.0 : 0.0;
+  // The output layer lives on the last stage (dtk/layers/lm_head.hpp): a chunk of fp32 logits and
+  // their gradient at a time (512 rows on the CPU, about 1 GiB of logits on a GPU), and what its
+  // fused cross entropy computes in forward and keeps for backward, the weight's fp32 gradient
+  // [vocab / t, h] and the input's [s b, h], once per micro-batch alive there: one, or all of
+  // them where the interleaved schedule runs every forward first (as many micro-batches as stages).
+  if (in.pp_rank == in.pp_size - 1) {
+    const double vocab = static_cast<double>(in.vocab_size) / in.tp_size;
+    const double chunk = in.on_gpu ? std::max(128.0, std::floor((1 << 30) / (4.0 * vocab) / 128.0) * 128.0) : 512.0;
+    const double heads = v > 1 && in.micro_batches_per_step == in.pp_size ? in.micro_batches_per_step : 1.0;
+    e.logits = std::min(s * b, chunk) * vocab * 4.0 * 2.0 + heads * (vocab * h * 4.0 + s * b * h * in.dtype_bytes);
+  }
   // The loader's queue and the batch in use; the interleaved schedule fetches a step's micro-batches
   // first, and holds up to its warm-up plus 2 p + 1 stage outputs' gradients on their way back.
   // (Whole samples: a context-parallel rank splits them in its step.)

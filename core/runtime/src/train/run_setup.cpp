@@ -387,7 +387,8 @@ MemoryEstimateInputs run_memory_inputs(const config::RunConfig& cfg, const Topol
   const std::vector<StageLayers> chunks = rank_chunk_layers(run_pipeline_split(cfg, topo), info.num_layers, topo);
   if (!chunks.empty()) in.rank_layers = 0;
   for (const StageLayers& chunk : chunks) in.rank_layers += chunk.count;
-  in.device_budget = t.memory_limit_mb() > 0 || training_device().is_cuda();
+  in.on_gpu = training_device().is_cuda();
+  in.device_budget = t.memory_limit_mb() > 0 || in.on_gpu;
   return in;
 }
 

@@ -28,6 +28,9 @@ struct MegatronMapping {
   std::vector<std::string> ignored;
   std::vector<std::string> notes;  // what a flag does differently here than in Megatron, said at start  // "--flag: why
                                    // it has no effect here"
+  // A note -> the config field it describes, where a later override of that field makes it untrue
+  // (the host then does not say it).
+  std::map<std::string, std::string> note_field;
   std::vector<std::string> refused;  // "--flag value: why DTK cannot run it"
   // The config field each flag set ("lr.lr_wsd_decay_style" -> "--lr-wsd-decay-style"), so that
   // a later error about the field can name the flag the user typed (megatron_flag_legend).

@@ -13,8 +13,8 @@
 // one group's activations during its backward; under context parallelism 1 / cp of each (a2a:
 // whole sequences of 1 / cp of the heads; all_gather: each query over the keys before it, and the
 // gathered keys and values); times the micro-batches the schedule keeps alive
-// at once, plus the output layer's (a chunk of logits and its weight's gradient, which the fused
-// cross entropy computes in forward) and the prefetched batches.
+// at once, plus the output layer's (a chunk of logits, and its weight's and input's gradients, which
+// the fused cross entropy computes in forward) and the prefetched batches.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,7 @@ struct MemoryEstimateInputs {
   bool optimizer_on_host = false;
   // A device budget (train.memory_limit_mb or a GPU) leaves out what lives in host memory.
   bool device_budget = false;
+  bool on_gpu = false;  // training on a GPU (the output layer's chunks are larger there)
 };
 
 // Bytes by kind, per rank.

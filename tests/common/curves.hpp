@@ -57,4 +57,14 @@ inline void expect_same_curve(const Curve& want, const Curve& got, size_t iterat
   }
 }
 
+// A resumed run's iterations (the `iterations` after its checkpoint) exactly those of the
+// uninterrupted run `whole`: the same fp32 loss and grad norm.
+inline void expect_resumed_curve(const Curve& whole, const Curve& resumed, size_t iterations) {
+  ASSERT_EQ(resumed.loss.size(), iterations) << resumed.run.out;
+  for (const auto& [it, loss] : resumed.loss) {
+    EXPECT_FLOAT_EQ(loss, whole.loss.at(it)) << "iteration " << it;
+    EXPECT_FLOAT_EQ(resumed.norm.at(it), whole.norm.at(it)) << "iteration " << it;
+  }
+}
+
 }  // namespace dtk_test

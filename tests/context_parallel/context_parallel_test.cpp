@@ -241,11 +241,7 @@ TEST(ContextParallel, AllGatherWithPipelineZeroRecomputeAndResume) {
   const Curve whole = gathered(curve_of("llama", 4, args, "ag-resume-whole"));
   curve_of("llama", 4, args + "--set train.train_iters=3 --set checkpoint.save=" + dir, "ag-first");
   const Curve second = curve_of("llama", 4, args + "--set checkpoint.load=" + dir, "ag-second");
-  ASSERT_EQ(second.loss.size(), 3u) << second.run.out;
-  for (const auto& [it, loss] : second.loss) {
-    EXPECT_FLOAT_EQ(loss, whole.loss.at(it)) << "iteration " << it;
-    EXPECT_FLOAT_EQ(second.norm.at(it), whole.norm.at(it)) << "iteration " << it;
-  }
+  dtk_test::expect_resumed_curve(whole, second, 3);
 }
 
 // A step of a user's own whose mask lets a query see later keys (a prefix language model's: the
@@ -393,11 +389,7 @@ TEST(ContextParallel, ResumesExactlyAndRecomputes) {
   const Curve whole = curve_of("llama", 4, args, "resume-whole");
   const Curve first = curve_of("llama", 4, args + "--set train.train_iters=3 --set checkpoint.save=" + dir, "first");
   const Curve second = curve_of("llama", 4, args + "--set checkpoint.load=" + dir, "second");
-  ASSERT_EQ(second.loss.size(), 3u) << second.run.out;
-  for (const auto& [it, loss] : second.loss) {
-    EXPECT_FLOAT_EQ(loss, whole.loss.at(it)) << "iteration " << it;
-    EXPECT_FLOAT_EQ(second.norm.at(it), whole.norm.at(it)) << "iteration " << it;
-  }
+  dtk_test::expect_resumed_curve(whole, second, 3);
   const Curve plain = curve_of("gpt", 2, kDocuments + cp(2), "cp2");
   for (const std::string recompute : {"selective", "full"})
     expect_same_curve(plain,

@@ -355,7 +355,7 @@ TEST(MegatronArgs, LlamaLaunchLinesOfMegatronAndDomino) {
   m = map_line("--cp-comm-type ring");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0], "--cp-comm-type ring: not one of p2p, all_gather, a2a, a2a+p2p");
-  // A per-layer list names every layer where the sequence is split (Megatron asserts it).
+  // A per-layer list names every layer of --num-layers (Megatron asserts it).
   m = map_line("--num-layers 2 --context-parallel-size 2 --cp-comm-type a2a a2a a2a");
   ASSERT_EQ(m.refused.size(), 1u);
   EXPECT_EQ(m.refused[0],

@@ -8,7 +8,8 @@
 // threads on a CPU, while the backward goes on; reduce_gradients issues what the hooks did not and
 // waits bucket by bucket. overlap_grad_reduce=false reduces the same buckets after the backward
 // (the same collectives, so identical results, without the overlap). A model without modules (no
-// hooks) reduces its buckets after the backward too.
+// hooks) reduces its buckets after the backward too. The gradients are views of the buckets'
+// buffers (attach_gradient_views), so the backward accumulates into them in place.
 //
 // overlap_param_gather splits each bucket's all-reduce across the step, as Megatron's distributed
 // optimizer splits its traffic, while the optimizer stays replicated: the bucket is reduce-scattered
@@ -112,6 +113,8 @@ class Ddp : public dtk::Strategy {
     } catch (const std::exception& e) {
       DTK_LOG(ERROR) << e.what();
     }
+    // The model may outlive this plugin's code: its parameters keep no hook of ours.
+    for (const auto& [i, hook] : gradient_hooks_) params_[i].tensor.remove_hook(hook);
   }
 
   void setup(const dtk::ModelHandle& model) override {
@@ -262,6 +265,7 @@ class Ddp : public dtk::Strategy {
       if (params_[i].tensor.grad().defined()) params_[i].tensor.mutable_grad() = at::Tensor();
       if (!is_self(i) && masters_[i].grad().defined()) masters_[i].mutable_grad() = at::Tensor();
     }
+    attach_gradient_views();
   }
 
   // Checkpoints carry the fp32 masters: the low-precision params alone would lose their bits.
@@ -314,10 +318,11 @@ class Ddp : public dtk::Strategy {
     if (is_self(i) || !g.defined()) return;
     at::Tensor& main = masters_[i].mutable_grad();
     if (main.defined())
-      main.add_(g);
+      main.add_(g);  // (into its bucket's view where it has one)
     else
       main = g.to(at::kFloat);
     g = at::Tensor();
+    if (!got_grad_.empty()) got_grad_[i] = 1;
   }
 
   // ------------------------------------------------------------------------------------------
@@ -349,6 +354,47 @@ class Ddp : public dtk::Strategy {
     bool update_pending = false;            // gathered or gathering, not yet applied
     int32_t first_reader = -1;              // the lowest module reading its parameters
   };
+
+  // Gradients as views of their bucket (PyTorch DDP's gradient_as_bucket_view, Megatron's
+  // main_grad in its contiguous grad buffer): before each step's first backward every gradient of a
+  // whole-reduced bucket is a view of the zeroed buffer, so autograd (an fp32 parameter's) and
+  // accumulate_one (a master's) add into the buffer in place. Without them each backward allocated
+  // its gradients anew beside the buffer kept from the step before: twice the gradients' memory
+  // from the second iteration, and a copy of every gradient into the buffer. Which gradients the
+  // backward reached is kept per parameter (got_grad_): one it did not reach leaves the step
+  // without a gradient after the reduction, as before (the optimizers skip it). Split buckets
+  // (overlap_param_gather) keep their copy: their buffer receives the gathered gradients.
+  void attach_gradient_views() {
+    at::NoGradGuard no_grad;
+    std::fill(got_grad_.begin(), got_grad_.end(), 0);
+    for (Bucket& b : buckets_) {
+      if (b.split) continue;
+      if (!b.flat.defined())
+        b.flat = at::zeros({b.numel}, at::TensorOptions().dtype(b.dtype).device(b.device));
+      else
+        b.flat.zero_();
+      for (const Slot& s : b.slots) masters_[s.param].mutable_grad() = slot_view(b, s);
+    }
+  }
+
+  at::Tensor slot_view(const Bucket& b, const Slot& s) const {
+    return b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
+  }
+
+  // An fp32 parameter (its own master) accumulates through autograd: a hook notes that its
+  // gradient arrived (a master's is noted in accumulate_one).
+  void note_arriving_gradients() {
+    got_grad_.assign(params_.size(), 0);
+    for (const Bucket& b : buckets_) {
+      if (b.split) continue;
+      for (const Slot& s : b.slots) {
+        if (!is_self(s.param) || !params_[s.param].tensor.requires_grad()) continue;
+        const size_t i = s.param;
+        gradient_hooks_.emplace_back(
+            i, params_[i].tensor.register_hook([this, i](const at::TensorBase&) { got_grad_[i] = 1; }));
+      }
+    }
+  }
 
   // Parameters in the order their gradients complete in backward: a parameter is complete after
   // the backward of the lowest-index module that reads it (a tied embedding: the embedding, the
@@ -394,6 +440,7 @@ class Ddp : public dtk::Strategy {
     for (size_t i : whole) add_to_bucket(i, false, ready_module[i]);
     for (auto& b : buckets_) b.had_grad.assign(b.slots.size(), 0);
     ready_.assign(params_.size(), 0);
+    note_arriving_gradients();
     size_t split_count = 0;
     int64_t total = 0;
     for (const auto& b : buckets_) total += b.numel, split_count += b.split;
@@ -495,10 +542,12 @@ class Ddp : public dtk::Strategy {
       const Slot& s = b.slots[k];
       at::Tensor& g = masters_[s.param].mutable_grad();
       at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
-      b.had_grad[k] = g.defined() ? 1 : 0;
-      if (g.defined())
+      // Already in the buffer where the gradient is its view (attach_gradient_views).
+      const bool in_place = g.defined() && g.data_ptr() == dst.data_ptr();
+      b.had_grad[k] = in_place ? got_grad_[s.param] : g.defined() ? 1 : 0;
+      if (!in_place && g.defined())
         dst.copy_(g.reshape({-1}));
-      else
+      else if (!in_place)
         dst.zero_();  // every rank sends the same layout
       // Split: the gradient comes back through the all-gather; until then the step must not see it.
       if (b.split) g = at::Tensor();
@@ -525,9 +574,9 @@ class Ddp : public dtk::Strategy {
     b.work.reset();
     if (b.split) return;
     for (size_t k = 0; k < b.slots.size(); ++k) {
-      if (!b.had_grad[k]) continue;
       const Slot& s = b.slots[k];
-      masters_[s.param].mutable_grad() = b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
+      // (A view the backward did not reach holds zeros: the step must not see it.)
+      masters_[s.param].mutable_grad() = b.had_grad[k] ? slot_view(b, s) : at::Tensor();
     }
   }
 
@@ -674,6 +723,8 @@ class Ddp : public dtk::Strategy {
   std::vector<int64_t> bucket_of_;           // per parameter: its bucket or -1
   std::vector<std::vector<size_t>> ready_at_;  // per module: the gradients complete after it
   std::vector<char> ready_;                  // per parameter: complete in this backward
+  std::vector<char> got_grad_;               // per parameter: its gradient arrived since zero_grad
+  std::vector<std::pair<size_t, unsigned>> gradient_hooks_;  // (parameter, hook) to remove
   size_t next_launch_ = 0;                   // the next bucket to issue
 };
 

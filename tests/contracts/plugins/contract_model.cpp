@@ -13,6 +13,8 @@ const dtk_option_spec kOptions[] = {
     dtk::opt_enum("fault", "none", "none|detached|unlisted|listed_twice|same_name|throw_forward|throw_backward",
                   "The rule to break."),
     dtk::opt_int("context_parallel", "0", "What it reports in dtk_model_info.context_parallel (no attention: any)."),
+    dtk::opt_bool("spare_parameter", "false",
+                  "Also list a parameter `spare` [vocab, 16] that the forward never reads (no gradient reaches it)."),
 };
 
 // Identity forward; its backward throws (a model's custom autograd function failing).
@@ -29,12 +31,14 @@ class ContractModel : public dtk::Model {
       : vocab_(ctx.options.get_int("vocab_size")),
         fault_(ctx.options.get_string("fault")),
         seq_(ctx.seq_length),
-        context_parallel_(static_cast<int32_t>(ctx.options.get_int("context_parallel"))) {
+        context_parallel_(static_cast<int32_t>(ctx.options.get_int("context_parallel"))),
+        spare_parameter_(ctx.options.get_bool("spare_parameter")) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed);
     auto opts = at::TensorOptions().dtype(ctx.params_dtype).device(ctx.device);
     embedding_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
     head_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
     hidden_bias_ = at::zeros({16}, opts).set_requires_grad(true);  // listed unless fault == unlisted
+    if (spare_parameter_) spare_ = at::empty({vocab_, 16}).normal_(0, 0.02, gen).to(opts).set_requires_grad(true);
   }
   dtk::TensorList forward(const dtk::TensorList& inputs) override {
     if (fault_ == "throw_forward") throw dtk::Error("boom in forward");
@@ -58,6 +62,7 @@ class ContractModel : public dtk::Model {
       out.back().name = "hidden_bias";
       out.back().tensor = hidden_bias_;
     }
+    if (spare_parameter_) out.push_back({"spare", spare_, out[1].info});
     if (fault_ == "listed_twice") out.push_back({"head_again", head_, out[1].info});
     if (fault_ == "same_name") out[1].name = "embedding";
     return out;
@@ -79,7 +84,8 @@ class ContractModel : public dtk::Model {
   std::string fault_;
   int64_t seq_;
   int32_t context_parallel_;
-  at::Tensor embedding_, head_, hidden_bias_;
+  bool spare_parameter_;
+  at::Tensor embedding_, head_, hidden_bias_, spare_;
 };
 
 }  // namespace

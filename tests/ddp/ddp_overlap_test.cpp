@@ -344,7 +344,10 @@ double figure_after(const std::string& out, const std::string& label) {
 // higher from the second iteration (the report after iteration 3 covers it). And a parameter no
 // backward reaches still has no gradient after the reduction (the optimizers skip it, as without
 // buckets): `num zeros` counts the same gradients at DP 2 as at DP 1, fp32 (autograd adds into the
-// views) and bf16 (into the fp32 masters' views).
+// views) and bf16 (into the fp32 masters' views), with 2 micro-batches per rank, the buckets reduced
+// after the backward (a model without modules) and during it (with modules). A gradient that
+// arrives after its module's post_backward (the model reads a parameter outside the modules that
+// list it) would be added into a buffer being all-reduced: one line.
 TEST(DdpBuckets, GradientsAreViewsOfTheBuckets) {
   const std::string wide =
       std::string("train --config ") + DTK_SOURCE_DIR +
@@ -362,24 +365,40 @@ TEST(DdpBuckets, GradientsAreViewsOfTheBuckets) {
   ASSERT_GT(peak_one, gradients) << one.out;
   EXPECT_LT(peak_two - peak_one, gradients / 4) << "DP 1:\n" << one.out << "\nDP 2:\n" << two.out;
 
-  for (const std::string dtype : {"fp32", "bf16"}) {
-    const std::string spare = std::string("train --config ") + DTK_SOURCE_DIR +
-                              "/configs/gpt-tiny.pbtxt --model contract_model --dataset contract_data --plugin_path " +
-                              DTK_CONTRACT_PLUGIN_DIR +
-                              " --threads 1 --set model.spare_parameter=true --set train.params_dtype=" + dtype +
-                              " --set train.seq_length=16 --set train.micro_batch_size=2 --set train.train_iters=3 "
-                              "--set lr.lr_warmup_iters=1 --set eval.eval_iters=0 --set logging.log_interval=1 "
-                              "--set logging.log_num_zeros_in_grad=true --set train.global_batch_size=4";
-    dtk_test::Result r1, r2;
-    auto s1 = dtk_test::run_scalars("launch --nproc_per_node 1 " + spare, DTK_TEST_TMP, "spare-dp1-" + dtype, &r1);
-    auto s2 = dtk_test::run_scalars("launch --nproc_per_node 2 " + spare, DTK_TEST_TMP, "spare-dp2-" + dtype, &r2);
-    ASSERT_EQ(r1.code, 0) << r1.out;
-    ASSERT_EQ(r2.code, 0) << r2.out;
-    ASSERT_EQ(s1["num-zeros"].size(), 3u) << r1.out;
-    EXPECT_EQ(s2["num-zeros"], s1["num-zeros"]) << dtype << "\n" << r2.out;
-    for (const auto& [it, loss] : s1["lm loss"])
-      EXPECT_NEAR(s2["lm loss"].at(it), loss, 2e-3 * loss) << dtype << ", iteration " << it;
-  }
+  const std::string contract = std::string("train --config ") + DTK_SOURCE_DIR +
+                               "/configs/gpt-tiny.pbtxt --model contract_model --dataset contract_data --plugin_path " +
+                               DTK_CONTRACT_PLUGIN_DIR +
+                               " --threads 1 --set train.seq_length=16 --set train.micro_batch_size=2 "
+                               "--set train.train_iters=3 --set lr.lr_warmup_iters=1 --set eval.eval_iters=0 "
+                               "--set logging.log_interval=1 --set train.global_batch_size=8 ";
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (const std::string modules : {"false", "true"}) {
+      const std::string spare = contract +
+                                "--set model.spare_parameter=true --set logging.log_num_zeros_in_grad=true " +
+                                "--set train.params_dtype=" + dtype + " --set model.modules=" + modules;
+      const std::string name = "spare-" + dtype + "-modules-" + modules;
+      dtk_test::Result r1, r2;
+      auto s1 = dtk_test::run_scalars("launch --nproc_per_node 1 " + spare, DTK_TEST_TMP, name + "-dp1", &r1);
+      auto s2 = dtk_test::run_scalars("launch --nproc_per_node 2 " + spare, DTK_TEST_TMP, name + "-dp2", &r2);
+      ASSERT_EQ(r1.code, 0) << r1.out;
+      ASSERT_EQ(r2.code, 0) << r2.out;
+      const bool hooked = r2.out.find("reduced during the last micro-batch's backward") != std::string::npos;
+      EXPECT_EQ(hooked, modules == "true") << r2.out;
+      ASSERT_EQ(s1["num-zeros"].size(), 3u) << r1.out;
+      EXPECT_EQ(s2["num-zeros"], s1["num-zeros"]) << name << "\n" << r2.out;
+      for (const auto& [it, loss] : s1["lm loss"])
+        EXPECT_NEAR(s2["lm loss"].at(it), loss, 2e-3 * loss) << name << ", iteration " << it;
+    }
+  // (Each rank of a launch names its own error, as every launched error does.)
+  const dtk_test::Result late = dtk_test::run_dtk(
+      "launch --nproc_per_node 2 " + contract + "--set model.modules=true --set model.fault=late_gradient", 120);
+  EXPECT_NE(late.code, 0) << late.out;
+  EXPECT_NE(late.out.find("dtk: error: [rank 0] "), std::string::npos) << late.out;
+  EXPECT_NE(late.out.find("ddp: the gradient of parameter 'hidden_bias' arrived after the post_backward hook of "
+                          "module 1 (the first module listing it) marked it complete"),
+            std::string::npos)
+      << late.out;
+  EXPECT_EQ(late.out.find("terminate called"), std::string::npos) << late.out;
 }
 
 TEST(DdpOverlap, ABadBucketSizeIsAOneLineError) {

@@ -110,11 +110,14 @@ class Ddp : public dtk::Strategy {
         if (b.work) b.work->wait();
         if (b.gather) b.gather->wait();
       }
+      // The model may outlive this plugin's code: its parameters keep no hook of ours, and no
+      // gradient that holds a bucket's memory.
+      for (const auto& [i, hook] : gradient_hooks_) params_[i].tensor.remove_hook(hook);
+      for (at::Tensor& m : masters_)
+        if (m.grad().defined() && in_bucket(m.grad())) m.mutable_grad() = at::Tensor();
     } catch (const std::exception& e) {
       DTK_LOG(ERROR) << e.what();
     }
-    // The model may outlive this plugin's code: its parameters keep no hook of ours.
-    for (const auto& [i, hook] : gradient_hooks_) params_[i].tensor.remove_hook(hook);
   }
 
   void setup(const dtk::ModelHandle& model) override {
@@ -373,7 +376,9 @@ class Ddp : public dtk::Strategy {
         b.flat = at::zeros({b.numel}, at::TensorOptions().dtype(b.dtype).device(b.device));
       else
         b.flat.zero_();
-      for (const Slot& s : b.slots) masters_[s.param].mutable_grad() = slot_view(b, s);
+      // (A strided parameter's gradient follows its layout, not the buffer's: copied in launch.)
+      for (const Slot& s : b.slots)
+        if (masters_[s.param].is_contiguous()) masters_[s.param].mutable_grad() = slot_view(b, s);
     }
   }
 
@@ -381,17 +386,27 @@ class Ddp : public dtk::Strategy {
     return b.flat.narrow(0, s.offset, s.numel).view(masters_[s.param].sizes());
   }
 
-  // An fp32 parameter (its own master) accumulates through autograd: a hook notes that its
-  // gradient arrived (a master's is noted in accumulate_one).
+  // A hook per parameter notes that its gradient arrived (an fp32 parameter, its own master,
+  // accumulates through autograd; a master's arrival is noted in accumulate_one too). A gradient
+  // that arrives in the last backward after its module's post_backward marked it complete would be
+  // added into a buffer the all-reduce is reading (or, for a master, left for the next step): the
+  // model read the parameter outside the modules that list it. Refused rather than trained on.
   void note_arriving_gradients() {
     got_grad_.assign(params_.size(), 0);
     for (const Bucket& b : buckets_) {
       if (b.split) continue;
       for (const Slot& s : b.slots) {
-        if (!is_self(s.param) || !params_[s.param].tensor.requires_grad()) continue;
+        if (!params_[s.param].tensor.requires_grad()) continue;
         const size_t i = s.param;
-        gradient_hooks_.emplace_back(
-            i, params_[i].tensor.register_hook([this, i](const at::TensorBase&) { got_grad_[i] = 1; }));
+        gradient_hooks_.emplace_back(i, params_[i].tensor.register_hook([this, i](const at::TensorBase&) {
+          if (syncing_ && ready_[i])
+            throw dtk::Error("ddp: the gradient of parameter '" + params_[i].name +
+                             "' arrived after the post_backward hook of module " + std::to_string(first_reader_[i]) +
+                             " (the first module listing it) marked it complete: the model reads it outside the "
+                             "modules that list it (dtk::Module::params must name it under every module that reads "
+                             "it; docs/plugin-guide.md), or set strategy.overlap_grad_reduce=false");
+          got_grad_[i] = 1;
+        }));
       }
     }
   }
@@ -415,6 +430,7 @@ class Ddp : public dtk::Strategy {
         if (r < 0 || m.index < r) r = m.index;
       }
     }
+    first_reader_ = ready_module;
     hooked_ = overlap_ && !modules.empty();
     split_ = split_asked_ && hooked_;
     ready_at_.assign(static_cast<size_t>(max_index + 1), {});
@@ -724,6 +740,7 @@ class Ddp : public dtk::Strategy {
   std::vector<std::vector<size_t>> ready_at_;  // per module: the gradients complete after it
   std::vector<char> ready_;                  // per parameter: complete in this backward
   std::vector<char> got_grad_;               // per parameter: its gradient arrived since zero_grad
+  std::vector<int32_t> first_reader_;        // per parameter: the lowest module listing it, or -1
   std::vector<std::pair<size_t, unsigned>> gradient_hooks_;  // (parameter, hook) to remove
   size_t next_launch_ = 0;                   // the next bucket to issue
 };

@@ -325,7 +325,6 @@ class Ddp : public dtk::Strategy {
     else
       main = g.to(at::kFloat);
     g = at::Tensor();
-    if (!got_grad_.empty()) got_grad_[i] = 1;
   }
 
   // ------------------------------------------------------------------------------------------
@@ -364,9 +363,10 @@ class Ddp : public dtk::Strategy {
   // accumulate_one (a master's) add into the buffer in place. Without them each backward allocated
   // its gradients anew beside the buffer kept from the step before: twice the gradients' memory
   // from the second iteration, and a copy of every gradient into the buffer. Which gradients the
-  // backward reached is kept per parameter (got_grad_): one it did not reach leaves the step
-  // without a gradient after the reduction, as before (the optimizers skip it). Split buckets
-  // (overlap_param_gather) keep their copy: their buffer receives the gathered gradients.
+  // backward reached is kept per parameter (got_grad_, note_arriving_gradients): one it did not
+  // reach leaves the step without a gradient after the reduction, as before (the optimizers skip
+  // it). Split buckets (overlap_param_gather) keep their copy: their buffer receives the gathered
+  // gradients.
   void attach_gradient_views() {
     at::NoGradGuard no_grad;
     std::fill(got_grad_.begin(), got_grad_.end(), 0);
@@ -387,8 +387,8 @@ class Ddp : public dtk::Strategy {
   }
 
   // A hook per parameter notes that its gradient arrived (an fp32 parameter, its own master,
-  // accumulates through autograd; a master's arrival is noted in accumulate_one too). A gradient
-  // that arrives in the last backward after its module's post_backward marked it complete would be
+  // accumulates through autograd; a low-precision one's reaches its master in accumulate_one). A
+  // gradient that arrives in the last backward after its module's post_backward marked it complete would be
   // added into a buffer the all-reduce is reading (or, for a master, left for the next step): the
   // model read the parameter outside the modules that list it. Refused rather than trained on.
   void note_arriving_gradients() {

@@ -29,6 +29,7 @@
 #include <string>
 
 #include "../common/curves.hpp"
+#include "../common/memory_report.hpp"
 #include "../common/run_dtk.hpp"
 
 namespace {
@@ -331,12 +332,6 @@ TEST(DdpOverlapParamGather, GathersInTheNextForwardAndAnExactResume) {
   EXPECT_GE(calls, 7) << record;  // iteration 2's update: a call per bucket (7; both ranks append here)
 }
 
-// The figure after `label: ` in the first line of `out` that has it (rank 0's memory report).
-double figure_after(const std::string& out, const std::string& label) {
-  const size_t at = out.find(label + ": ");
-  return at == std::string::npos ? -1.0 : std::stod(out.substr(at + label.size() + 2));
-}
-
 // Gradients are views of their buckets (gradient_as_bucket_view): a model whose gradients outweigh
 // its activations (4 layers of hidden 512, 16 tokens per micro-batch) peaks at DP 2 within a
 // fraction of the gradients of DP 1's peak (no buckets there); when each backward made its
@@ -359,8 +354,9 @@ TEST(DdpBuckets, GradientsAreViewsOfTheBuckets) {
   const dtk_test::Result two = dtk_test::run_dtk("launch --nproc_per_node 2 " + wide + "2", 120);
   ASSERT_EQ(one.code, 0) << one.out;
   ASSERT_EQ(two.code, 0) << two.out;
-  const double gradients = figure_after(two.out, "gradients"), peak_one = figure_after(one.out, "max allocated"),
-               peak_two = figure_after(two.out, "max allocated");
+  const double gradients = dtk_test::memory_of(two.out).gradients,
+               peak_one = dtk_test::memory_of(one.out).max_allocated,
+               peak_two = dtk_test::memory_of(two.out).max_allocated;
   ASSERT_GT(gradients, 40.0) << two.out;
   ASSERT_GT(peak_one, gradients) << one.out;
   EXPECT_LT(peak_two - peak_one, gradients / 4) << "DP 1:\n" << one.out << "\nDP 2:\n" << two.out;

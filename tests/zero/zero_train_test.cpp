@@ -22,6 +22,7 @@
 #include <string>
 
 #include "../common/curves.hpp"
+#include "../common/memory_report.hpp"
 #include "../common/printed_lines.hpp"
 #include "../common/run_dtk.hpp"
 
@@ -57,25 +58,8 @@ Curve curve_of(int nproc, const std::string& args, const std::string& name) {
 
 using dtk_test::expect_one_line_error;
 
-struct Memory {
-  double allocated = -1, max_allocated, parameters, gradients, masters, optimizer, host;
-  bool optimizer_on_host = false;
-};
-
-// The memory report line of rank 0 (MiB).
-Memory memory_of(const std::string& log) {
-  std::smatch m;
-  Memory out;
-  const std::regex re(
-      R"(memory \(MB\) \| allocated: (\S+) \| max allocated: (\S+) \| parameters: (\S+) \| gradients: (\S+) \| )"
-      R"(fp32 masters: (\S+) \| optimizer state: (\S+)( \(host\))? \| host allocated: (\S+) \|)");
-  if (!std::regex_search(log, m, re)) return out;
-  out.allocated = std::stod(m[1]), out.max_allocated = std::stod(m[2]), out.parameters = std::stod(m[3]);
-  out.gradients = std::stod(m[4]), out.masters = std::stod(m[5]), out.optimizer = std::stod(m[6]);
-  out.optimizer_on_host = m[7].matched;
-  out.host = std::stod(m[8]);
-  return out;
-}
+using dtk_test::Memory;
+using dtk_test::memory_of;
 
 int64_t parameter_count(const std::string& log) {
   std::smatch m;

@@ -141,7 +141,7 @@ void refuse_masks_seeing_later_chunks(const at::Tensor& given, int64_t whole, in
 
 at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                               double scale, const at::Tensor& given, int64_t window,
-                                              const DropoutMask& keep) const {
+                                              const DropoutMask& keep, const FusedKernels& kernels) const {
   if (!gathers_keys()) throw Error("attend_whole_keys: context parallelism's all_gather is not on");
   const int64_t share = q.size(1), chunk = share / 2, whole = share * size, hd = k.size(-1);
   if (share % 2 != 0 || k.size(1) != share || v.sizes() != k.sizes())
@@ -155,9 +155,16 @@ at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Ten
     // The share's chunk j is the sequence's chunk `rank` (j 0) or 2 cp - 1 - rank (j 1).
     const int64_t first = (j == 0 ? rank : 2 * size - 1 - rank) * chunk, keys = first + chunk;
     const at::Tensor seen = kv.narrow(1, 0, keys);
-    context.push_back(attention_ops(q.narrow(1, j * chunk, chunk), seen.narrow(-1, 0, hd), seen.narrow(-1, hd, hd),
-                                    scale, chunk_mask(given, first, chunk, keys, window, q.device()),
-                                    keep.columns(2 * whole, j * whole, keys)));
+    const at::Tensor queries = q.narrow(1, j * chunk, chunk), k_seen = seen.narrow(-1, 0, hd),
+                     v_seen = seen.narrow(-1, hd, hd);
+    const DropoutMask chunk_keep = keep.columns(2 * whole, j * whole, keys);
+    // On a GPU, DTK's kernel: its queries sit at the last `chunk` of the `keys` positions, the
+    // chunk's rows of the causal mask (and of a window), the probabilities never in memory.
+    if (!given.defined() && fused_attention_applies(queries, k_seen, v_seen, chunk_keep, kernels))
+      context.push_back(fused_attention(queries, k_seen, v_seen, scale, chunk_keep, window));
+    else
+      context.push_back(attention_ops(queries, k_seen, v_seen, scale,
+                                      chunk_mask(given, first, chunk, keys, window, q.device()), chunk_keep));
   }
   return at::cat(context, 1);
 }

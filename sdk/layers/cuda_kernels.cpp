@@ -353,11 +353,12 @@ namespace {
 // Where a [b, s, heads, hd] tensor with unit stride in hd lives, for the attention kernels.
 dtk::cuda::AttentionLayout attention_layout(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
-bool attention_operand(const at::Tensor& x, const at::Tensor& q) {
+// x [b, rows, heads or groups, hd] beside q: its device, type, b and hd, `rows` positions.
+bool attention_operand(const at::Tensor& x, const at::Tensor& q, int64_t rows) {
   const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % 8 == 0 &&
                        x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0;
   return x.dim() == 4 && x.device() == q.device() && x.scalar_type() == q.scalar_type() && x.stride(3) == 1 &&
-         x.size(0) == q.size(0) && x.size(1) == q.size(1) && x.size(3) == q.size(3) && x.size(2) > 0 &&
+         x.size(0) == q.size(0) && x.size(1) == rows && x.size(3) == q.size(3) && x.size(2) > 0 &&
          q.size(2) % x.size(2) == 0 && aligned;
 }
 
@@ -371,7 +372,7 @@ dtk::cuda::AttentionArgs attention_args(const at::Tensor& q, const at::Tensor& k
   a.k_layout = attention_layout(k);
   a.v_layout = attention_layout(v);
   element_type(q.scalar_type(), &a.type);
-  a.shape = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  a.shape = {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(1)};
   a.scale = static_cast<float>(scale);
   a.dropout = bits;
   a.window = window;
@@ -386,10 +387,16 @@ bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       q.size(2) == 0 || q.size(0) > 65535 || q.size(2) > 65535 ||
       !dtk::cuda::attention_supported(type, q.size(3), q.device().index()))
     return false;
-  if (!attention_operand(q, q) || !attention_operand(k, q) || !attention_operand(v, q) || k.size(2) != v.size(2))
+  // Keys at least as many as queries (query i at position t - s + i: a chunk of queries over the
+  // keys up to its end).
+  const int64_t s = q.size(1), t = k.size(1);
+  if (t < s || !attention_operand(q, q, s) || !attention_operand(k, q, t) || !attention_operand(v, q, t) ||
+      k.size(2) != v.size(2))
     return false;
-  // The mask's rows are whole [heads, s, s] blocks of a drawn [b, heads, s, s] mask.
-  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == q.size(2) * q.size(1) * q.size(1));
+  // The mask's rows are whole [heads, s, t] blocks of a drawn [b, heads, s, t] mask, or a block of
+  // t columns of a wider mask's rows (DropoutMask::columns: context parallelism's chunks).
+  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == q.size(2) * s * t) ||
+         (keep.columns_block && keep.run_numel == t && keep.row_numel >= t);
 }
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

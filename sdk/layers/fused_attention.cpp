@@ -98,7 +98,7 @@ at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep,
                              const FusedKernels& kernels) {
-  return kernels.attention && q.dim() == 4 && k.dim() == 4 && q.size(1) == k.size(1) &&
+  return kernels.attention && q.dim() == 4 && k.dim() == 4 && q.size(1) <= k.size(1) &&
          gpu::attention_applies(q, k, v, keep);
 }
 

@@ -631,6 +631,65 @@ TEST(GpuKernels, AttentionKernelEqualsOps) {
   }
 }
 
+// A chunk of queries over the keys from the sequence's start to the chunk's end, as context
+// parallelism's all_gather runs each of a rank's two chunks (ContextParallel::attend_whole_keys):
+// s queries at positions t - s .. t - 1 over t keys (the causal diagonal bottom-right aligned),
+// the keys and values narrowed from one gathered [b, whole, groups, 2 hd] tensor, the dropout mask
+// a block of t columns of a [b, heads, s, 2 whole] mask (DropoutMask::columns). Against
+// attention_ops with the chunk's rows of the causal mask (triu(t - s + 1)) or of window_mask,
+// output and the gradients of q and of the gathered keys and values.
+TEST(GpuKernels, AttentionChunkOverEarlierKeysEqualsOps) {
+  SKIP_WITHOUT_CUDA();
+  at::Generator gen = dtk::layers::seeded_generator(47);
+  struct Case {
+    const char* name;
+    int64_t b, s, whole, t, column, heads, groups, hd;
+    double p;
+    at::ScalarType type;
+    int64_t window = -1;
+  };
+  const Case cases[] = {{"CP 2, chunk 3 of 4, p 0.1", 2, 128, 512, 512, 512, 4, 4, 64, 0.1, at::kBFloat16},
+                        {"CP 2, chunk 1 of 4, no dropout", 2, 128, 512, 256, 0, 4, 4, 64, 0.0, at::kBFloat16},
+                        {"odd lengths, grouped 6/2, head_dim 128", 1, 90, 360, 270, 360, 6, 2, 128, 0.2, at::kHalf},
+                        {"window 50, grouped 4/2", 2, 100, 400, 300, 0, 4, 2, 64, 0.1, at::kBFloat16, 50}};
+  for (const Case& c : cases) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+    const auto on = at::TensorOptions().device(at::kCUDA);
+    const at::Tensor q0 = at::randn({c.b, c.s, c.heads, c.hd}, on),
+                     kv0 = at::randn({c.b, c.whole, c.groups, 2 * c.hd}, on);
+    const dtk::layers::DropoutMask keep =
+        dtk::layers::draw_keep_mask({c.b, c.heads, c.s, 2 * c.whole}, c.p, gen).columns(2 * c.whole, c.column, c.t);
+    const at::Tensor dout = at::randn({c.b, c.s, c.heads * c.hd}, on).to(c.type);
+    const std::string what = std::string(c.name) + ", " + c10::toString(c.type);
+    // The kernel on the narrow type, the reference in fp32 from the same rounded values.
+    std::vector<at::Tensor> grads[2], outs;
+    for (int ref = 0; ref < 2; ++ref) {
+      at::Tensor q = q0.to(c.type), kv = kv0.to(c.type);
+      if (ref) q = q.to(at::kFloat), kv = kv.to(at::kFloat);
+      q.requires_grad_(true), kv.requires_grad_(true);
+      const at::Tensor seen = kv.narrow(1, 0, c.t), k = seen.narrow(-1, 0, c.hd), v = seen.narrow(-1, c.hd, c.hd);
+      at::Tensor out;
+      if (!ref) {
+        ASSERT_TRUE(dtk::layers::fused_attention_applies(q, k, v, keep, {})) << what;
+        out = dtk::layers::fused_attention(q, k, v, scale, keep, c.window);
+      } else {
+        const at::Tensor mask =
+            c.window >= 0 ? dtk::layers::window_mask({}, c.s, c.t, c.window, at::kCUDA)
+                          : at::ones({c.s, c.t}, on.dtype(at::kBool)).triu(c.t - c.s + 1).view({1, 1, c.s, c.t});
+        out = dtk::layers::attention_ops(q, k, v, scale, mask, keep);
+      }
+      torch::autograd::backward({out}, {ref ? dout.to(at::kFloat) : dout});
+      outs.push_back(out.detach());
+      grads[ref] = {q.grad(), kv.grad()};
+    }
+    const double tol = c.type == at::kHalf ? 5e-3 : 2e-2;
+    EXPECT_LT(relative_error(outs[0], outs[1]), tol) << what;
+    const double floor = 0.1 * std::max(grads[1][0].abs().max().item<double>(), grads[1][1].abs().max().item<double>());
+    EXPECT_LT(relative_error(grads[0][0], grads[1][0], floor), 2 * tol) << what << " (queries' gradient)";
+    EXPECT_LT(relative_error(grads[0][1], grads[1][1], floor), 2 * tol) << what << " (keys' and values' gradient)";
+  }
+}
+
 // A step recorded into a CUDA graph reads each mask's seed on the device (DropoutMask::seed_slot,
 // which the host fills before every replay). Every path applying a mask gives, with the seed in a
 // slot, exactly the outputs and gradients of the same mask with the seed as a constant: dropout's

@@ -33,7 +33,9 @@ struct Case {
   double p;
   int64_t mask_offset;
   float input_scale;
-  int64_t window = -1;  // query i sees keys i - window to i; -1: every key up to i
+  int64_t window = -1;  // the query at position p sees keys p - window to p; -1: every key up to p
+  int64_t keys = 0;     // keys >= seq (0: seq): query i sits at position keys - seq + i
+  int64_t pitch = 0;    // > 0: the mask is a block of columns of rows `pitch` apart (run_numel keys)
 };
 
 // An operand [batch, seq, heads, D] in a buffer with padded rows (its layout's strides).
@@ -47,11 +49,11 @@ struct Operand {
 };
 
 template <class T>
-Operand<T> random_operand(const Case& c, int64_t heads, int D, std::mt19937& rng) {
+Operand<T> random_operand(const Case& c, int64_t rows, int64_t heads, int D, std::mt19937& rng) {
   Operand<T> o;
   o.layout.head = D;
   o.layout.seq = heads * D + 8;  // strided, as a slice of a projection
-  o.layout.batch = c.seq * o.layout.seq;
+  o.layout.batch = rows * o.layout.seq;
   std::normal_distribution<float> normal(0.0f, c.input_scale);
   o.data.resize(c.batch * o.layout.batch);
   for (T& x : o.data) x = dtk::cuda::element::from_float<T>(normal(rng));
@@ -67,6 +69,7 @@ struct Results {
 double relative_error(const std::vector<double>& a, const std::vector<double>& b, double floor = 1e-30) {
   double diff = 0, top = floor;
   for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return INFINITY;  // an element the kernels did not write
     diff = std::max(diff, std::abs(a[i] - b[i]));
     top = std::max(top, std::abs(b[i]));
   }
@@ -77,9 +80,10 @@ template <class T, int D>
 void check_case(const Case& c) {
   std::mt19937 rng(7);
   const int64_t B = c.batch, S = c.seq, H = c.heads, G = c.groups, per_group = H / G;
+  const int64_t K = c.keys == 0 ? S : c.keys, pitch = c.pitch == 0 ? K : c.pitch;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const Operand<T> q = random_operand<T>(c, H, D, rng), k = random_operand<T>(c, G, D, rng),
-                   v = random_operand<T>(c, G, D, rng);
+  const Operand<T> q = random_operand<T>(c, S, H, D, rng), k = random_operand<T>(c, K, G, D, rng),
+                   v = random_operand<T>(c, K, G, D, rng);
   Operand<T> dout;
   dout.layout = {S * H * D, H * D, D};
   {
@@ -92,10 +96,11 @@ void check_case(const Case& c) {
   bits.threshold = static_cast<uint32_t>(std::llround(c.p * 4294967296.0));
   bits.scale = static_cast<float>(1.0 / (1.0 - c.p));
   bits.offset = c.mask_offset;
+  if (c.pitch > 0) bits.row_numel = pitch, bits.run_numel = K;
   const auto z = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     if (c.p == 0) return 1.0;
-    return dtk::cuda::dropout_bits::kept_at(bits, bits.offset + ((b * H + h) * S + i) * S + j) ? double{bits.scale}
-                                                                                               : 0.0;
+    return dtk::cuda::dropout_bits::kept_at(bits, bits.offset + ((b * H + h) * S + i) * pitch + j) ? double{bits.scale}
+                                                                                                   : 0.0;
   };
 
   // The reference, in double from the rounded inputs.
@@ -103,44 +108,45 @@ void check_case(const Case& c) {
   ref.out.assign(B * S * H * D, 0.0);
   ref.lse.assign(B * H * S, 0.0);
   ref.dq.assign(B * S * H * D, 0.0);
-  ref.dk.assign(B * S * G * D, 0.0);
-  ref.dv.assign(B * S * G * D, 0.0);
+  ref.dk.assign(B * K * G * D, 0.0);
+  ref.dv.assign(B * K * G * D, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / per_group;
-      std::vector<double> prob(S * S, 0.0);
-      // Query i's keys: from its window's first (0 without a window) to i.
-      const auto first = [&](int64_t i) { return c.window < 0 ? 0 : std::max<int64_t>(0, i - c.window); };
+      std::vector<double> prob(S * K, 0.0);
+      // Query i's keys: from its window's first (0 without a window) to its position K - S + i.
+      const auto last = [&](int64_t i) { return K - S + i; };
+      const auto first = [&](int64_t i) { return c.window < 0 ? 0 : std::max<int64_t>(0, last(i) - c.window); };
       for (int64_t i = 0; i < S; ++i) {
         double top = -INFINITY;
-        for (int64_t j = first(i); j <= i; ++j) {
+        for (int64_t j = first(i); j <= last(i); ++j) {
           double s = 0;
           for (int d = 0; d < D; ++d) s += double{q.at(b, i, h, d)} * k.at(b, j, g, d);
-          prob[i * S + j] = s * scale;
-          top = std::max(top, prob[i * S + j]);
+          prob[i * K + j] = s * scale;
+          top = std::max(top, prob[i * K + j]);
         }
         double sum = 0;
-        for (int64_t j = first(i); j <= i; ++j) sum += std::exp(prob[i * S + j] - top);
-        for (int64_t j = first(i); j <= i; ++j) prob[i * S + j] = std::exp(prob[i * S + j] - top) / sum;
+        for (int64_t j = first(i); j <= last(i); ++j) sum += std::exp(prob[i * K + j] - top);
+        for (int64_t j = first(i); j <= last(i); ++j) prob[i * K + j] = std::exp(prob[i * K + j] - top) / sum;
         ref.lse[(b * H + h) * S + i] = top + std::log(sum);
         for (int d = 0; d < D; ++d) {
           double o = 0;
-          for (int64_t j = first(i); j <= i; ++j) o += prob[i * S + j] * z(b, h, i, j) * v.at(b, j, g, d);
+          for (int64_t j = first(i); j <= last(i); ++j) o += prob[i * K + j] * z(b, h, i, j) * v.at(b, j, g, d);
           ref.out[((b * S + i) * H + h) * D + d] = o;
         }
       }
       for (int64_t i = 0; i < S; ++i) {
         double delta = 0;
         for (int d = 0; d < D; ++d) delta += double{dout.at(b, i, h, d)} * ref.out[((b * S + i) * H + h) * D + d];
-        for (int64_t j = first(i); j <= i; ++j) {
+        for (int64_t j = first(i); j <= last(i); ++j) {
           double dp = 0;
           for (int d = 0; d < D; ++d) dp += double{dout.at(b, i, h, d)} * v.at(b, j, g, d);
-          const double pz = prob[i * S + j] * z(b, h, i, j);
-          const double ds = prob[i * S + j] * (z(b, h, i, j) * dp - delta) * scale;
+          const double pz = prob[i * K + j] * z(b, h, i, j);
+          const double ds = prob[i * K + j] * (z(b, h, i, j) * dp - delta) * scale;
           for (int d = 0; d < D; ++d) {
             ref.dq[((b * S + i) * H + h) * D + d] += ds * k.at(b, j, g, d);
-            ref.dk[((b * S + j) * G + g) * D + d] += ds * q.at(b, i, h, d);
-            ref.dv[((b * S + j) * G + g) * D + d] += pz * dout.at(b, i, h, d);
+            ref.dk[((b * K + j) * G + g) * D + d] += ds * q.at(b, i, h, d);
+            ref.dv[((b * K + j) * G + g) * D + d] += pz * dout.at(b, i, h, d);
           }
         }
       }
@@ -155,11 +161,14 @@ void check_case(const Case& c) {
   a.k_layout = k.layout;
   a.v_layout = v.layout;
   a.type = std::is_same_v<T, __half> ? dtk::cuda::ElementType::kFloat16 : dtk::cuda::ElementType::kBFloat16;
-  a.shape = {B, S, H, G, D};
+  a.shape = {B, S, H, G, D, c.keys};
   a.scale = scale;
   a.dropout = c.p > 0 ? &bits : nullptr;
   a.window = c.window;
-  std::vector<T> out(B * S * H * D), dq(B * S * H * D), dk(B * S * G * D), dv(B * S * G * D);
+  // NaN where the kernels write: every element they leave out shows (a key no query sees gets 0).
+  const T unset = dtk::cuda::element::from_float<T>(NAN);
+  std::vector<T> out(B * S * H * D, unset), dq(B * S * H * D, unset), dk(B * K * G * D, unset),
+      dv(B * K * G * D, unset);
   std::vector<float> lse(B * H * S), delta(B * H * S);
   dtk::cuda::attention_forward(a, out.data(), lse.data(), nullptr);
   AttentionGrads grads;
@@ -167,7 +176,7 @@ void check_case(const Case& c) {
   grads.dk = dk.data();
   grads.dv = dv.data();
   grads.dq_layout = dout.layout;
-  grads.dk_layout = grads.dv_layout = {S * G * D, G * D, D};
+  grads.dk_layout = grads.dv_layout = {K * G * D, G * D, D};
   grads.delta = delta.data();
   dtk::cuda::attention_backward(a, dout.data.data(), out.data(), lse.data(), grads, nullptr);
 
@@ -217,6 +226,25 @@ TEST_F(AttentionEmulated, SlidingWindowsEqualTheReference) {
   check_case<__half, 64>({"window 64, peaked scores", 1, 193, 1, 1, 0.1, 0, 4.0f, 64});
   check_case<__nv_bfloat16, 64>({"window 500 over 130 positions", 1, 130, 1, 1, 0.2, 0, 1.0f, 500});
   check_case<__half, 64>({"window 200 over 330 positions", 1, 330, 1, 1, 0.1, 0, 1.0f, 200});
+}
+
+// Fewer queries than keys (a context-parallel chunk of queries over the keys from the sequence's
+// start to the chunk's end, distributed.cp_comm_type=all_gather): query i at position keys - seq
+// + i, the diagonal bottom-right aligned. Offsets on and off the tiles' edges, the mask a block of
+// columns of a wider one (ContextParallel::gathered_probs_shape), a window that leaves a key tile
+// no query sees (the key pass writes zeros), grouped queries, one query.
+TEST_F(AttentionEmulated, FewerQueriesThanKeysEqualTheReference) {
+  check_case<__nv_bfloat16, 64>({"64 queries over 192 keys, p 0.2", 1, 64, 2, 1, 0.2, 0, 1.0f, -1, 192});
+  check_case<__half, 64>(
+      {"50 queries over 150 keys, grouped 4/2, p 0.3, mask columns", 1, 50, 4, 2, 0.3, 203, 1.0f, -1, 150, 400});
+  check_case<__nv_bfloat16, 64>(
+      {"70 queries over 200 keys, window 40, two sequences, p 0.1", 2, 70, 1, 1, 0.1, 0, 1.0f, 40, 200});
+  // (Peaked scores in fp16: with one query row dq and dk are differences of near-equal terms, which
+  // bf16's rounding of the output, whose row sum with dO the gradients subtract, leaves at ~10%.)
+  check_case<__half, 128>({"one query over 65 keys, head_dim 128, peaked", 1, 1, 2, 1, 0.0, 0, 4.0f, -1, 65});
+  check_case<__nv_bfloat16, 128>({"two queries over 66 keys, head_dim 128", 1, 2, 2, 1, 0.1, 0, 1.0f, -1, 66});
+  check_case<__half, 64>(
+      {"100 queries over 130 keys, mask columns at an odd offset", 1, 100, 1, 1, 0.2, 131, 1.0f, -1, 130, 260});
 }
 
 // The least shared memory a block (the device's opt-in limit) for which attention_supported takes

@@ -28,8 +28,15 @@
 // 64) + 1) score elements a head (about s (W + 96)) instead of s^2 / 2; tiles crossing a
 // window's edge are masked like the diagonal.
 //
+// Fewer queries than keys (seq < keys: a context-parallel chunk of queries over the keys up to
+// its end): query i sits at position keys - seq + i, the diagonal bottom-right aligned
+// (FlashAttention's causal rule for such shapes). The walks start and stop where that diagonal
+// and the window put them; the key pass starts at the query tile holding its first key's
+// position, and a key tile that no query sees (a window ending before the queries) gets zeros.
+//
 // Mask: element (b, h, i, j) is kept when dropout_bits::kept_at of its index ((b heads + h) seq +
-// i) seq + j does; one hash word holds an even index and the odd one after it. Where a thread
+// i) pitch + j does (pitch = keys, or the row length of a wider mask a block of columns is
+// taken from); one hash word holds an even index and the odd one after it. Where a thread
 // holds a row's two adjacent keys (forward, dQ) they share a word where the row starts at an even
 // index (an even seq and offset), and take two words otherwise. Where keys are the rows (dK
 // and dV), the ldmatrix rows are permuted so that a thread's two rows g and g + 8 are keys 2g and
@@ -98,7 +105,9 @@ struct Params {
   const T* k;
   const T* v;
   AttentionLayout ql, kl, vl;
-  int64_t seq;
+  int64_t seq, keys;   // queries, keys (keys >= seq): query i sits at position offset + i
+  int64_t offset;      // keys - seq: the causal diagonal is bottom-right aligned
+  int64_t mask_pitch;  // the dropout mask's elements per row (keys, or a wider mask's row)
   int heads, per_group;
   float scale, scale_log2;  // the scores' scale, and times log2(e) for exp2
   int64_t window;           // a sliding window: keys before i - window masked too; -1: none
@@ -106,31 +115,50 @@ struct Params {
   DropoutBits bits;
 };
 
-// Whether query i attends to key j: causal, and within the sliding window where there is one.
+// Whether query i (at position offset + i) attends to key j: causal, and within the sliding
+// window where there is one.
 template <class T>
 __device__ __forceinline__ bool attends(const Params<T>& p, int64_t i, int64_t j) {
-  return j <= i && (p.window < 0 || j >= i - p.window);
+  const int64_t at = p.offset + i;
+  return j <= at && (p.window < 0 || j >= at - p.window);
 }
 
 // The first key tile a query tile whose rows start at row0 reaches (its first row's window).
 template <class T>
 __device__ __forceinline__ int first_key_tile(const Params<T>& p, int64_t row0) {
-  return p.window < 0 || row0 <= p.window ? 0 : static_cast<int>((row0 - p.window) / kTile);
+  const int64_t at = p.offset + row0;
+  return p.window < 0 || at <= p.window ? 0 : static_cast<int>((at - p.window) / kTile);
 }
 
-// The last query tile (of `tiles`) that reaches a key tile whose keys start at key0: its last
-// key's window ends at key0 + 63 + window.
+// The last key tile (of `tiles`) a query tile whose rows start at row0 reaches: its last row's.
 template <class T>
-__device__ __forceinline__ int last_query_tile(const Params<T>& p, int64_t key0, int tiles) {
-  const int64_t last = p.window < 0 ? tiles - 1 : (key0 + kTile - 1 + p.window) / kTile;
+__device__ __forceinline__ int last_key_tile(const Params<T>& p, int64_t row0, int tiles) {
+  const int64_t last = (p.offset + row0 + kTile - 1) / kTile;
   return last < tiles - 1 ? static_cast<int>(last) : tiles - 1;
 }
 
-// Whether key tile kt holds a key some row of the query tile at row0 (tile qt) does not attend
-// to: the diagonal's future, or keys before the last row's window.
+// The query tiles (of `tiles`) that reach a key tile whose keys start at key0: from the one
+// holding the row at the tile's first key (offset + i >= key0) to the one whose last key's window
+// ends at key0 + 63 + window; none where that is before the first.
 template <class T>
-__device__ __forceinline__ bool tile_masked(const Params<T>& p, int kt, int qt, int64_t row0) {
-  return kt == qt || (p.window >= 0 && int64_t{kt} * kTile < row0 + kTile - 1 - p.window);
+__device__ __forceinline__ int first_query_tile(const Params<T>& p, int64_t key0) {
+  return key0 <= p.offset ? 0 : static_cast<int>((key0 - p.offset) / kTile);
+}
+template <class T>
+__device__ __forceinline__ int last_query_tile(const Params<T>& p, int64_t key0, int tiles) {
+  if (p.window < 0) return tiles - 1;
+  const int64_t reach = key0 + kTile - 1 + p.window - p.offset;  // the last row seeing a key here
+  if (reach < 0) return -1;
+  const int64_t last = reach / kTile;
+  return last < tiles - 1 ? static_cast<int>(last) : tiles - 1;
+}
+
+// Whether key tile kt holds a key some row of the query tile at row0 does not attend to: one past
+// the first row's position (the diagonal's future), or before the last row's window.
+template <class T>
+__device__ __forceinline__ bool tile_masked(const Params<T>& p, int kt, int64_t row0) {
+  const int64_t key0 = int64_t{kt} * kTile;
+  return key0 + kTile - 1 > p.offset + row0 || (p.window >= 0 && key0 < p.offset + row0 + kTile - 1 - p.window);
 }
 
 // Two fp32 rounded to T, the first in the low half (the lower column).
@@ -232,8 +260,8 @@ __device__ __forceinline__ void next_key_tile(const Params<T>& p, const T* k, co
   const int other = 1 - kt % 2;
   __syncthreads();
   if (kt < last) {
-    copy_tile<T, D>(sK + other * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.seq);
-    copy_tile<T, D>(sV + other * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.seq);
+    copy_tile<T, D>(sK + other * kTileElements, k, p.kl.seq, int64_t{kt + 1} * kTile, p.keys);
+    copy_tile<T, D>(sV + other * kTileElements, v, p.vl.seq, int64_t{kt + 1} * kTile, p.keys);
     commit_copies();
     wait_copies<1>();
   } else {
@@ -254,10 +282,21 @@ __device__ __forceinline__ float2 pair_factors(const DropoutBits& m, int64_t fir
   return make_float2(u0 >= m.threshold ? m.scale : 0.0f, u1 >= m.threshold ? m.scale : 0.0f);
 }
 
-// The mask's element (b, h, i, 0) (run_numel 0: the offset, then row-major [b, heads, seq, seq]).
+// Tiles of the queries (a grid's x for the forward and the dQ pass) and of the keys (the key pass).
+template <class T>
+__device__ __forceinline__ int query_tiles_of(const Params<T>& p) {
+  return static_cast<int>((p.seq + kTile - 1) / kTile);
+}
+template <class T>
+__device__ __forceinline__ int key_tiles(const Params<T>& p) {
+  return static_cast<int>((p.keys + kTile - 1) / kTile);
+}
+
+// The mask's element (b, h, i, 0): the offset, then rows of mask_pitch elements, [b, heads, seq]
+// of them (row-major [b, heads, seq, keys] where the pitch is keys).
 template <class T>
 __device__ __forceinline__ int64_t mask_row(const Params<T>& p, int64_t b, int h, int64_t i) {
-  return p.bits.offset + ((b * p.heads + h) * p.seq + i) * p.seq;
+  return p.bits.offset + ((b * p.heads + h) * p.seq + i) * p.mask_pitch;
 }
 
 // The query tile a block of the forward or the dQ pass owns, the longest rows (most key tiles)
@@ -310,10 +349,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
   const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
-  const int kt0 = first_key_tile(p, row0);
+  const int kt0 = first_key_tile(p, row0), kt1 = last_key_tile(p, row0, key_tiles(p));
   copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
-  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.seq);
-  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.seq);
+  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.keys);
+  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.keys);
   commit_copies();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -325,9 +364,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
   zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's share of the sum
 
-  for (int kt = kt0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= kt1; ++kt) {
     const int buffer = kt % 2;
-    next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
+    next_key_tile<T, D>(p, k, v, sK, sV, kt, kt1);
 
     float s[kTile / 8][4];
     zero(s);
@@ -336,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) forward_kernel(Para
     // Scaled scores (base 2), the mask on the diagonal tile (and the window's edge), the rows'
     // new max. A row may see none of a tile at its window's edge: its max stays -inf.
     const int64_t key0 = int64_t{kt} * kTile + 2 * t;
-    const bool masked = tile_masked(p, kt, qt, row0);
+    const bool masked = tile_masked(p, kt, row0);
     float row_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
@@ -442,18 +481,18 @@ __global__ void __launch_bounds__(kThreads)
   float* sLse = reinterpret_cast<float*>(sdO + 2 * kTileElements);  // two buffers
   float* sDelta = sLse + 2 * kTile;                                 // two buffers
 
-  const int kt = blockIdx.x, tiles = gridDim.x;
+  const int kt = blockIdx.x;
   const int64_t key0 = int64_t{kt} * kTile;
-  const int query_tiles = last_query_tile(p, key0, tiles) - kt + 1;
+  const int qt0 = first_query_tile(p, key0);
+  const int reach = last_query_tile(p, key0, query_tiles_of(p)) - qt0 + 1;
+  const int query_tiles = reach > 0 ? reach : 0;
   const int group = blockIdx.y;
   const int64_t b = blockIdx.z;
-  copy_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.seq);
-  copy_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.seq);
-  // Step `at` of the block's walk: query tile kt + at % query_tiles of the group's head
+  // Step `at` of the block's walk: query tile qt0 + at % query_tiles of the group's head
   // at / query_tiles, its Q, dO, lse and delta into buffer at % 2.
   const auto copy_step = [&](int at) {
     const int h = group * p.per_group + at / query_tiles;
-    const int64_t row0 = int64_t{kt + at % query_tiles} * kTile;
+    const int64_t row0 = int64_t{qt0 + at % query_tiles} * kTile;
     const int buffer = at % 2;
     copy_tile<T, D>(sQ + buffer * kTileElements, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
     copy_tile<T, D>(sdO + buffer * kTileElements, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0,
@@ -465,7 +504,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     commit_copies();
   };
-  copy_step(0);
+  // No query reaches these keys where a window ends before the queries' first position: dK and
+  // dV are zero, written below.
+  if (query_tiles > 0) {
+    copy_tile<T, D>(sK, p.k + b * p.kl.batch + group * p.kl.head, p.kl.seq, key0, p.keys);
+    copy_tile<T, D>(sV, p.v + b * p.vl.batch + group * p.vl.head, p.vl.seq, key0, p.keys);
+    copy_step(0);
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // This lane's ldmatrix row of K and V: product rows 0-7 are the warp's keys 0, 2, .., 14 and
@@ -481,7 +526,7 @@ __global__ void __launch_bounds__(kThreads)
   const int steps = p.per_group * query_tiles;
   for (int at = 0; at < steps; ++at) {
     const int h = group * p.per_group + at / query_tiles, buffer = at % 2;
-    const int64_t row0 = int64_t{kt + at % query_tiles} * kTile;
+    const int64_t row0 = int64_t{qt0 + at % query_tiles} * kTile;
     __syncthreads();  // no warp still reads the buffer the next copies fill
     if (at + 1 < steps) {
       copy_step(at + 1);
@@ -521,8 +566,10 @@ __global__ void __launch_bounds__(kThreads)
   const auto row_of = [&](T* base, const AttentionLayout& layout, int64_t j) {
     return base + b * layout.batch + j * layout.seq + group * layout.head;
   };
-  write_rows<T, D>(dK, one, row_of(dk, dkl, keys[0]), row_of(dk, dkl, keys[1]), keys[0] < p.seq, keys[1] < p.seq, lane);
-  write_rows<T, D>(dV, one, row_of(dv, dvl, keys[0]), row_of(dv, dvl, keys[1]), keys[0] < p.seq, keys[1] < p.seq, lane);
+  write_rows<T, D>(dK, one, row_of(dk, dkl, keys[0]), row_of(dk, dkl, keys[1]), keys[0] < p.keys, keys[1] < p.keys,
+                   lane);
+  write_rows<T, D>(dV, one, row_of(dv, dvl, keys[0]), row_of(dv, dvl, keys[1]), keys[0] < p.keys, keys[1] < p.keys,
+                   lane);
 }
 
 // dQ of 64 query rows of a head: the block walks the key tiles up to its own, forming S, dP and
@@ -545,11 +592,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
   const auto [qt, h, group, b, row0] = query_tile(p);
   const T* k = p.k + b * p.kl.batch + group * p.kl.head;
   const T* v = p.v + b * p.vl.batch + group * p.vl.head;
-  const int kt0 = first_key_tile(p, row0);
+  const int kt0 = first_key_tile(p, row0), kt1 = last_key_tile(p, row0, key_tiles(p));
   copy_tile<T, D>(sQ, p.q + b * p.ql.batch + h * p.ql.head, p.ql.seq, row0, p.seq);
   copy_tile<T, D>(sdO, dout + (b * p.seq * p.heads + h) * D, int64_t{p.heads} * D, row0, p.seq);
-  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.seq);
-  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.seq);
+  copy_tile<T, D>(sK + kt0 % 2 * kTileElements, k, p.kl.seq, int64_t{kt0} * kTile, p.keys);
+  copy_tile<T, D>(sV + kt0 % 2 * kTileElements, v, p.vl.seq, int64_t{kt0} * kTile, p.keys);
   commit_copies();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -568,9 +615,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2)
   float dQ[D / 8][4];
   zero(dQ);
 
-  for (int kt = kt0; kt <= qt; ++kt) {
+  for (int kt = kt0; kt <= kt1; ++kt) {
     const int buffer = kt % 2;
-    next_key_tile<T, D>(p, k, v, sK, sV, kt, qt);
+    next_key_tile<T, D>(p, k, v, sK, sV, kt, kt1);
     const T* keys = sK + buffer * kTileElements;
 
     float s[kTile / 8][4], dp[kTile / 8][4];
@@ -614,18 +661,24 @@ Params<T> params_of(const AttentionArgs& a) {
   p.kl = a.k_layout;
   p.vl = a.v_layout;
   p.seq = a.shape.seq;
+  p.keys = a.shape.keys == 0 ? a.shape.seq : a.shape.keys;
+  p.offset = p.keys - p.seq;
+  // A block of columns of a wider mask (dtk::layers::DropoutMask::columns): its rows are
+  // row_numel apart; otherwise the mask is [batch, heads, seq, keys] (rows of one).
+  p.mask_pitch = a.dropout && a.dropout->run_numel > 0 ? a.dropout->row_numel : p.keys;
   p.heads = static_cast<int>(a.shape.heads);
   p.per_group = static_cast<int>(a.shape.heads / a.shape.groups);
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
   // A window of seq or more hides nothing: none (also keeps key0 + 63 + window from overflowing).
-  p.window = a.window >= a.shape.seq ? -1 : a.window;
+  p.window = a.window >= p.keys ? -1 : a.window;
   p.dropout = a.dropout != nullptr;
   if (a.dropout) p.bits = *a.dropout;
   return p;
 }
 
-unsigned tiles_of(const AttentionShape& s) { return static_cast<unsigned>((s.seq + kTile - 1) / kTile); }
+int64_t keys_of(const AttentionShape& s) { return s.keys == 0 ? s.seq : s.keys; }
+unsigned tiles_of(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
 
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -645,21 +698,26 @@ void check_shape(const AttentionArgs& a) {
   const AttentionShape& s = a.shape;
   int device = 0;
   cudaGetDevice(&device);
-  const bool fits = s.batch > 0 && s.seq > 0 && s.heads > 0 && s.groups > 0 && s.heads % s.groups == 0 &&
-                    s.batch <= 65535 && s.heads <= 65535 && (s.seq + kTile - 1) / kTile <= 0x7fffffffLL &&
-                    attention_supported(a.type, s.head_dim, device) && (!a.dropout || a.dropout->run_numel == 0) &&
-                    a.window >= -1;
+  const int64_t keys = keys_of(s);
+  // A mask: whole rows of keys, or a block of keys columns of rows row_numel apart.
+  const bool mask_fits =
+      !a.dropout || a.dropout->run_numel == 0 || (a.dropout->run_numel == keys && a.dropout->row_numel >= keys);
+  const bool fits = s.batch > 0 && s.seq > 0 && keys >= s.seq && s.heads > 0 && s.groups > 0 &&
+                    s.heads % s.groups == 0 && s.batch <= 65535 && s.heads <= 65535 &&
+                    (keys + kTile - 1) / kTile <= 0x7fffffffLL && attention_supported(a.type, s.head_dim, device) &&
+                    mask_fits && a.window >= -1;
   if (!fits)
-    throw CudaError("attention: shape [" + std::to_string(s.batch) + ", " + std::to_string(s.seq) + ", " +
-                    std::to_string(s.heads) + "/" + std::to_string(s.groups) + ", " + std::to_string(s.head_dim) +
-                    "] or its type, mask or window (" + std::to_string(a.window) + ") is not one the kernels take");
+    throw CudaError("attention: shape [" + std::to_string(s.batch) + ", " + std::to_string(s.seq) + " over " +
+                    std::to_string(keys) + ", " + std::to_string(s.heads) + "/" + std::to_string(s.groups) + ", " +
+                    std::to_string(s.head_dim) + "] or its type, mask or window (" + std::to_string(a.window) +
+                    ") is not one the kernels take");
 }
 
 template <class T, int D>
 void forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream) {
   constexpr size_t bytes = Shared<T, D>::kForward;
   allow_shared_memory(forward_kernel<T, D>, bytes);
-  const dim3 grid(tiles_of(a.shape), static_cast<unsigned>(a.shape.heads), static_cast<unsigned>(a.shape.batch));
+  const dim3 grid(tiles_of(a.shape.seq), static_cast<unsigned>(a.shape.heads), static_cast<unsigned>(a.shape.batch));
   launch_kernel(forward_kernel<T, D>, grid, kThreads, bytes, stream, params_of<T>(a), static_cast<T*>(out), lse);
   check("attention_forward");
 }
@@ -679,12 +737,12 @@ void backward(const AttentionArgs& a, const void* dout, const void* out, const f
   const Params<T> params = params_of<T>(a);
   constexpr size_t key_bytes = Shared<T, D>::kKeys, query_bytes = Shared<T, D>::kQueries;
   allow_shared_memory(key_gradients_kernel<T, D>, key_bytes);
-  const dim3 keys(tiles_of(s), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
+  const dim3 keys(tiles_of(keys_of(s)), static_cast<unsigned>(s.groups), static_cast<unsigned>(s.batch));
   launch_kernel(key_gradients_kernel<T, D>, keys, kThreads, key_bytes, stream, params, static_cast<const T*>(dout), lse,
                 g.delta, static_cast<T*>(g.dk), g.dk_layout, static_cast<T*>(g.dv), g.dv_layout);
   check("attention_backward (dk, dv)");
   allow_shared_memory(query_gradients_kernel<T, D>, query_bytes);
-  const dim3 queries(tiles_of(s), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+  const dim3 queries(tiles_of(s.seq), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   launch_kernel(query_gradients_kernel<T, D>, queries, kThreads, query_bytes, stream, params,
                 static_cast<const T*>(dout), lse, g.delta, static_cast<T*>(g.dq), g.dq_layout);
   check("attention_backward (dq)");

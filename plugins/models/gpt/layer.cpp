@@ -167,7 +167,8 @@ at::Tensor Layer::core_attention(const at::Tensor& projected, const at::Tensor& 
   if (c_.cp.gathers_keys()) {
     const std::vector<at::Tensor> qkv = split_qkv(projected);
     return c_.cp.attend_whole_keys(qkv[0], qkv[1], qkv[2], scale, given, window_,
-                                   probs_keep(at::IntArrayRef(c_.cp.gathered_probs_shape(b, heads_local_, s))));
+                                   probs_keep(at::IntArrayRef(c_.cp.gathered_probs_shape(b, heads_local_, s))),
+                                   c_.kernels);
   }
   // The plain causal case on the CPU in fp32: the kernel that skips the masked half
   // (dtk/layers/attention.hpp), same probabilities and dropout bits.

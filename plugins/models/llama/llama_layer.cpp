@@ -133,7 +133,7 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   // Context parallelism's all_gather: this rank's queries over the whole sequence's keys (not
   // while generating: forward_cached runs without context parallelism).
-  if (c_.cp.gathers_keys()) return c_.cp.attend_whole_keys(q, k, v, scale, given, window_, keep);
+  if (c_.cp.gathers_keys()) return c_.cp.attend_whole_keys(q, k, v, scale, given, window_, keep, c_.kernels);
   // On a GPU, DTK's kernel (it reads each key/value group for its query heads itself): with
   // attention dropout, the masks' bits the model's generator decides; in a sliding window, with or
   // without dropout, its walks bounded by the window (no [s, t] mask or probabilities in memory).

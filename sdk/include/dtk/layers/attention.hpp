@@ -54,11 +54,13 @@ at::Tensor attention_ops(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor window_mask(const at::Tensor& mask, int64_t s, int64_t t, int64_t window, at::Device device);
 
 // Whether fused_attention takes these operands: on a GPU in bf16 or fp16, head_dim 64 or 128 with
-// unit stride, s == t, the other strides multiples of 8; keep undefined or a mask drawn for [b,
-// heads, s, s] (or rows of one: a Domino chunk's); kernels.attention on.
+// unit stride, s <= t, the other strides multiples of 8; keep undefined, a mask drawn for [b,
+// heads, s, t] (or rows of one: a Domino chunk's) or a block of t columns of a wider one
+// (DropoutMask::columns); kernels.attention on.
 bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep,
                              const FusedKernels& kernels);
-// Causal attention_ops (the future masked) by DTK's kernel (dtk/cuda/attention.hpp): the
+// Causal attention_ops (the future masked; with s < t query i sits at position t - s + i, as in
+// window_mask, and sees the keys up to it) by DTK's kernel (dtk/cuda/attention.hpp): the
 // probabilities never in memory, the dropout's bits those apply_dropout gives the whole
 // probabilities (so recomputation, Domino's chunks and a CPU run see the same masks); saved for
 // backward: q, k, v, the context and one fp32 log-sum-exp per query row; the backward is

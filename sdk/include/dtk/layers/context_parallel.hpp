@@ -21,6 +21,7 @@
 
 #include <dtk/abi.h>
 #include <dtk/layers/dropout.hpp>
+#include <dtk/layers/fused_kernels.hpp>
 
 #include <ATen/ATen.h>
 
@@ -65,10 +66,13 @@ struct ContextParallel {
   // share's two chunks of queries attends over the keys from the sequence's start to its own end:
   // the causal mask's rows, or those of `given` ([b or 1, 1, s, s], the whole sequence's; true =
   // masked; one letting a query see a later chunk's key throws), with a window (`window` >= 0) too.
-  // `keep`: a mask drawn for gathered_probs_shape (undefined: no dropout). The context [b, s / cp,
-  // heads * hd] in the share's order; differentiable in q, k and v.
+  // `keep`: a mask drawn for gathered_probs_shape (undefined: no dropout). On a GPU without `given`
+  // each chunk runs DTK's attention kernel (fused_attention, where `kernels` and the operands let
+  // it: its queries the last of the keys' positions), else attention_ops with the chunk's mask.
+  // The context [b, s / cp, heads * hd] in the share's order; differentiable in q, k and v.
   at::Tensor attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                               const at::Tensor& given, int64_t window, const DropoutMask& keep) const;
+                               const at::Tensor& given, int64_t window, const DropoutMask& keep,
+                               const FusedKernels& kernels) const;
   // The shape the attention dropout's mask is drawn for under all_gather, [b, heads, share / 2,
   // 2 x s] (s = share x cp): per query of a chunk, the whole sequence's keys once for each of the
   // share's two chunks, so chunk j's probabilities [b, heads, share / 2, keys] read the columns j x

@@ -37,9 +37,13 @@ struct AttentionLayout {
 };
 
 // heads a multiple of groups (grouped-query attention: query head h reads key/value group
-// h / (heads / groups)); seq the same for queries and keys.
+// h / (heads / groups)); seq queries over `keys` keys (0: seq), keys >= seq: query i sits at
+// position keys - seq + i and sees the keys up to it (the causal diagonal bottom-right aligned,
+// as FlashAttention's and dtk::layers::window_mask's rule: a chunk of a sequence's queries over
+// the keys from the sequence's start to the chunk's end).
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, groups = 0, head_dim = 0;
+  int64_t keys = 0;
 };
 
 // Whether the kernels take this type and head_dim on `device`: bf16 or fp16, head_dim 64 or 128,
@@ -47,8 +51,10 @@ struct AttentionShape {
 // (up to 103 KB: A100, H100 and H200 have it; sm_86/89 GPUs only for head_dim 64).
 bool attention_supported(ElementType type, int64_t head_dim, int device);
 
-// The attention's operands. dropout: null for none; else the mask of a [batch, heads, seq, seq]
-// tensor (rows of a larger one through its offset), run_numel 0.
+// The attention's operands. dropout: null for none; else the mask of a [batch, heads, seq, keys]
+// tensor (rows of a larger one through its offset), run_numel 0; or a block of keys columns
+// (run_numel = keys) of a wider mask whose rows are row_numel elements apart, from its offset
+// (dtk::layers::DropoutMask::columns).
 struct AttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -58,12 +64,14 @@ struct AttentionArgs {
   AttentionShape shape;
   float scale = 1.0f;  // of the scores, 1 / sqrt(head_dim) in the layers
   const DropoutBits* dropout = nullptr;
-  // A sliding window (Megatron's --window-size W,0): query i sees keys i - window to i only; the
-  // walks skip the key tiles before each query tile's window. -1: none (plain causal).
+  // A sliding window (Megatron's --window-size W,0): the query at position p sees keys p - window
+  // to p only; the walks skip the key tiles before each query tile's window. -1: none (plain
+  // causal).
   int64_t window = -1;
 };
 
-// out [batch, seq, heads, head_dim] contiguous of the type; lse fp32 [batch, heads, seq]: each
+// out [batch, seq, heads, head_dim] contiguous of the type (k and v [batch, keys, groups,
+// head_dim] in their layouts); lse fp32 [batch, heads, seq]: each
 // query row's log-sum-exp of its scaled scores (what backward recomputes the probabilities from).
 void attention_forward(const AttentionArgs& a, void* out, float* lse, StreamHandle stream);
 

@@ -162,6 +162,9 @@ at::Tensor ContextParallel::attend_whole_keys(const at::Tensor& q, const at::Ten
     // chunk's rows of the causal mask (and of a window), the probabilities never in memory.
     if (!given.defined() && fused_attention_applies(queries, k_seen, v_seen, chunk_keep, kernels))
       context.push_back(fused_attention(queries, k_seen, v_seen, scale, chunk_keep, window));
+    // On the CPU in fp32 (no window), the causal kernel that skips the masked keys.
+    else if (!given.defined() && window < 0 && causal_attention_applies(queries, k_seen, v_seen, chunk_keep))
+      context.push_back(causal_attention(queries, k_seen, v_seen, scale, chunk_keep));
     else
       context.push_back(attention_ops(queries, k_seen, v_seen, scale,
                                       chunk_mask(given, first, chunk, keys, window, q.device()), chunk_keep));

@@ -4,7 +4,8 @@
 //     QKV projection — q k^T scaled, the future at -10000, softmax, dropout, times v — forward
 //     and gradients, for sequence lengths that fill the 64-row blocks exactly, leave a partial
 //     block or fit in one; recomputing the probabilities in backward (selective recomputation)
-//     changes no bit; a dropout mask of rows (Domino's chunks) gives the rows of the whole;
+//     changes no bit; a dropout mask of rows (Domino's chunks) gives the rows of the whole; and
+//     causal_attention over separate, grouped, strided operands, also with fewer queries than keys;
 //   * the cross entropy's row passes (sdk/layers/softmax_rows.hpp): exp within 2 ulp, sums
 //     within a few ulp for a GPT-2-wide row, widths that are not a multiple of the vector width,
 //     NaN kept, -inf and very negative logits giving 0.
@@ -105,6 +106,65 @@ TEST(CausalAttention, BadInputsAreRefused) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("12 projection columns are not 3 x 5 heads"), std::string::npos) << e.what();
   }
+}
+
+// causal_attention over separate operands (llama's q, k, v; context parallelism's all_gather
+// chunks) against attention_ops (Megatron's CoreAttention in plain ops) with the same mask:
+// self-attention and s queries over t > s earlier keys (query i at position t - s + i, the mask
+// triu(t - s + 1)), grouped queries, strided views of one projection, dropout masks of [b, heads,
+// s, t] and a block of columns of a wider one; recomputed probabilities change no bit.
+TEST(CausalAttention, SeparateOperandsEqualCoreAttention) {
+  struct Case {
+    int64_t b, s, t, heads, groups, hd;
+    double p;
+    bool columns;  // the mask a block of t columns of [b, heads, s, 2 t + 3] rows, at column 3
+  };
+  const Case cases[] = {{2, 100, 100, 4, 2, 16, 0.0, false},
+                        {2, 70, 70, 3, 3, 8, 0.3, false},
+                        {1, 64, 200, 4, 1, 16, 0.2, false},
+                        {2, 37, 130, 6, 2, 8, 0.25, true},
+                        {3, 1, 65, 2, 2, 8, 0.1, true}};
+  for (const Case& c : cases) {
+    at::manual_seed(static_cast<uint64_t>(c.s * 1000 + c.t));
+    const int64_t per_group = c.heads / c.groups;
+    // One projection per position: per group its queries, its key, its value (strided views).
+    const at::Tensor projected = at::randn({c.b, c.t, c.groups, (per_group + 2) * c.hd});
+    const at::Tensor d_out = at::randn({c.b, c.s, c.heads * c.hd});
+    at::Generator g = seeded_generator(11);
+    const DropoutMask keep =
+        c.columns ? dtk::layers::draw_keep_mask({c.b, c.heads, c.s, 2 * c.t + 3}, c.p, g).columns(2 * c.t + 3, 3, c.t)
+                  : dtk::layers::draw_keep_mask({c.b, c.heads, c.s, c.t}, c.p, g);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+    const at::Tensor future = at::ones({c.s, c.t}, at::kBool).triu(c.t - c.s + 1).view({1, 1, c.s, c.t});
+    const auto run_with = [&](int how) {  // 0 the kernel, 1 recomputing, 2 the reference
+      at::Tensor x = projected.clone().requires_grad_(true);
+      const std::vector<at::Tensor> parts = x.split_with_sizes({per_group * c.hd, c.hd, c.hd}, -1);
+      // The queries of the last s positions, [b, s, heads, hd]; keys and values [b, t, groups, hd].
+      const at::Tensor q = parts[0].narrow(1, c.t - c.s, c.s).reshape({c.b, c.s, c.heads, c.hd});
+      EXPECT_TRUE(how == 2 || dtk::layers::causal_attention_applies(q, parts[1], parts[2], keep));
+      const at::Tensor out = how == 2 ? dtk::layers::attention_ops(q, parts[1], parts[2], scale, future, keep)
+                                      : dtk::layers::causal_attention(q, parts[1], parts[2], scale, keep, how == 1);
+      out.backward(d_out);
+      return Grads{out.detach(), x.grad()};
+    };
+    const Grads mine = run_with(0), recomputed = run_with(1), ref = run_with(2);
+    const std::string what = "b " + std::to_string(c.b) + ", " + std::to_string(c.s) + " over " + std::to_string(c.t) +
+                             ", " + std::to_string(c.heads) + "/" + std::to_string(c.groups) + ", dropout " +
+                             std::to_string(c.p) + (c.columns ? ", mask columns" : "");
+    EXPECT_TRUE(at::allclose(mine.out, ref.out, 1e-5, 1e-5))
+        << what << ": max diff " << (mine.out - ref.out).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(mine.d_qkv, ref.d_qkv, 1e-5, 1e-5))
+        << what << ": gradient max diff " << (mine.d_qkv - ref.d_qkv).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(recomputed.out, mine.out)) << what;
+    EXPECT_TRUE(at::equal(recomputed.d_qkv, mine.d_qkv)) << what;
+  }
+  // What it does not take: a bf16 operand, fewer keys than queries, a mask of another shape.
+  const at::Tensor q = at::randn({1, 8, 2, 4}), kv = at::randn({1, 8, 1, 4});
+  EXPECT_TRUE(dtk::layers::causal_attention_applies(q, kv, kv, {}));
+  EXPECT_FALSE(dtk::layers::causal_attention_applies(q.to(at::kBFloat16), kv, kv, {}));
+  EXPECT_FALSE(dtk::layers::causal_attention_applies(q, kv.narrow(1, 0, 7), kv.narrow(1, 0, 7), {}));
+  at::Generator g = seeded_generator(3);
+  EXPECT_FALSE(dtk::layers::causal_attention_applies(q, kv, kv, dtk::layers::draw_keep_mask({1, 2, 8, 9}, 0.1, g)));
 }
 
 namespace rows = dtk::layers::softmax_rows;

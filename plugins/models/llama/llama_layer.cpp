@@ -139,6 +139,10 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   // without dropout, its walks bounded by the window (no [s, t] mask or probabilities in memory).
   if (!given.defined() && (keep.defined() || window_ >= 0) && fused_attention_applies(q, k, v, keep, c_.kernels))
     return fused_attention(q, k, v, scale, keep, window_);
+  // On the CPU in fp32, the causal kernel that skips the masked keys (dtk/layers/attention.hpp; it
+  // reads each key/value group for its query heads itself): no [b, heads, s, t] mask or scores.
+  if (!given.defined() && window_ < 0 && causal_attention_applies(q, k, v, keep))
+    return causal_attention(q, k, v, scale, keep);
   // Elsewhere a sliding-window layer masks the keys before each query's window too, so it takes
   // the masked path below (Megatron's CoreAttention with its window mask).
   const at::Tensor mask = window_ >= 0 ? window_mask(given, s, t, window_, q.device()) : given;

@@ -1,7 +1,9 @@
 // dtk/layers/attention.hpp — core attention for the decoder layers: Megatron's CoreAttention as
-// tensor ops (attention_ops, the reference), causal self-attention on the CPU that skips the
-// masked half (causal_attention_qkv), and on a GPU DTK's flash kernel for attention with dropout
-// (fused_attention). Without dropout a GPU layer uses LibTorch's fused attention.
+// tensor ops (attention_ops, the reference), causal attention on the CPU that skips the masked
+// half (causal_attention_qkv on gpt's fused projection, causal_attention on separate and grouped
+// operands, llama's and context parallelism's chunks), and on a GPU DTK's flash kernel for
+// attention with dropout or a window, and for context parallelism's chunks (fused_attention).
+// Without either a GPU layer uses LibTorch's fused attention.
 //
 // Megatron's CoreAttention forms all [s, s] scores of each head, fills the upper triangle with
 // -10000, takes the softmax in fp32 (where exp(-10000 - max) is exactly 0), applies dropout and
@@ -36,6 +38,17 @@ bool causal_attention_supported(const at::Tensor& qkv);
 // v. Differentiable in qkv.
 at::Tensor causal_attention_qkv(const at::Tensor& qkv, int64_t heads, double scale, const DropoutMask& keep,
                                 bool recompute_probs = false);
+
+// causal_attention_qkv's kernel over separate operands: q [b, s, heads, hd] and k, v [b, t, groups,
+// hd] (t >= s; strided views with unit stride in hd; grouped-query attention where groups <
+// heads), query i at position t - s + i seeing the keys up to it (as window_mask places it), keep
+// undefined, a mask drawn for [b, heads, s, t] (or rows of one) or a block of t columns of a wider
+// one (DropoutMask::columns). Where causal_attention_applies: CPU fp32. The context [b, s, heads *
+// hd]; differentiable in q, k and v (their gradients three tensors). Saved for backward: the
+// operands and the probabilities [b, heads, s, t] (none with recompute_probs).
+bool causal_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const DropoutMask& keep);
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const DropoutMask& keep, bool recompute_probs = false);
 
 // Megatron's CoreAttention over q [b, s, heads, hd] and k, v [b, t, groups, hd] (grouped-query
 // attention where groups < heads: query head h reads group h / (heads / groups)): scores = (q *

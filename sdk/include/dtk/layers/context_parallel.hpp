@@ -68,7 +68,8 @@ struct ContextParallel {
   // masked; one letting a query see a later chunk's key throws), with a window (`window` >= 0) too.
   // `keep`: a mask drawn for gathered_probs_shape (undefined: no dropout). On a GPU without `given`
   // each chunk runs DTK's attention kernel (fused_attention, where `kernels` and the operands let
-  // it: its queries the last of the keys' positions), else attention_ops with the chunk's mask.
+  // it: its queries the last of the keys' positions), on the CPU in fp32 without a window
+  // causal_attention, else attention_ops with the chunk's mask.
   // The context [b, s / cp, heads * hd] in the share's order; differentiable in q, k and v.
   at::Tensor attend_whole_keys(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                const at::Tensor& given, int64_t window, const DropoutMask& keep,

@@ -16,7 +16,8 @@
 // share of the sum, the quad's shares added at the end), P Z in T and O += P Z V.
 //
 // Backward, after a pass for delta = rowsum(dO O): a block per (64 keys, key/value group,
-// sequence) walks every query tile at or after its own for each query head of the group, forming
+// sequence) walks every query tile that reaches its keys (from the one holding its first key's
+// position; with a window, up to the last whose window reaches them) for each query head of the group, forming
 // S^T = K Q^T and dP^T = V dO^T (keys as rows), P^T from the scores and lse, dV += (P Z)^T dO and
 // dK += dS^T Q with dS = P (Z dP - delta) scale; then a block per (64 query rows, head, sequence)
 // walks its key tiles for dQ += dS K, in key order. No atomics: every gradient is the same bits
@@ -40,8 +41,8 @@
 // holds a row's two adjacent keys (forward, dQ) they share a word where the row starts at an even
 // index (an even seq and offset), and take two words otherwise. Where keys are the rows (dK
 // and dV), the ldmatrix rows are permuted so that a thread's two rows g and g + 8 are keys 2g and
-// 2g + 1 of its warp's 16: again one word for two elements. Positions j > i, j < i - W and
-// padding past seq are P = 0.
+// 2g + 1 of its warp's 16: again one word for two elements. Positions j > p, j < p - W (p = keys
+// - seq + i, query i's position) and padding past seq or keys are P = 0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -110,7 +111,7 @@ struct Params {
   int64_t mask_pitch;  // the dropout mask's elements per row (keys, or a wider mask's row)
   int heads, per_group;
   float scale, scale_log2;  // the scores' scale, and times log2(e) for exp2
-  int64_t window;           // a sliding window: keys before i - window masked too; -1: none
+  int64_t window;           // a sliding window: keys before (position) - window masked too; -1: none
   bool dropout;
   DropoutBits bits;
 };

@@ -172,11 +172,12 @@ at::Tensor Layer::attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
         .reshape({b, s, heads_local_ * hd});
   }
 #endif
-  // Megatron's CoreAttention, the probabilities [b, np, s, t] in memory.
-  const at::Tensor masked =
-      mask.defined()
-          ? mask
-          : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1).view({1, 1, s, t});
+  // Megatron's CoreAttention, the probabilities [b, np, s, t] in memory. Without a mask, query i
+  // sits at position t - s + i (as in the kernels above and window_mask).
+  const at::Tensor masked = mask.defined() ? mask
+                                           : at::ones({s, t}, at::TensorOptions().dtype(at::kBool).device(q.device()))
+                                                 .triu(t - s + 1)
+                                                 .view({1, 1, s, t});
   return attention_ops(q, k, v, scale, masked, keep);
 }
 

@@ -218,6 +218,18 @@ void attention_backward(const Shape& g, const Operands& x, float* probs, double 
   });
 }
 
+// The context [b, s, heads * hd] and, unless recomputed in backward, the probabilities [b, heads,
+// s, t] kept for it.
+std::pair<at::Tensor, at::Tensor> forward_all(const Shape& g, const Operands& x, double scale, const DropoutMask& keep,
+                                              bool recompute, const at::TensorOptions& options) {
+  at::Tensor probs = recompute ? at::Tensor() : at::empty({g.b, g.heads, g.s, g.t}, options);
+  at::Tensor out = at::empty({g.b, g.s, g.heads * g.hd}, options);
+  attention_forward(g, x, probs.defined() ? probs.data_ptr<float>() : nullptr, scale, keep, out.data_ptr<float>());
+  return {out, probs};
+}
+
+float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 // Causal self-attention over Megatron's fused projection [b, s, heads * 3 * hd] (per head q, k,
 // v): the gradient written into one tensor of the projection's layout.
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
@@ -235,10 +247,7 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
                             bool recompute) {
     RECORD_FUNCTION("dtk::causal_attention", std::vector<c10::IValue>());  // a row in logging.profile_steps' table
     const Shape g = shape_of(qkv, heads);
-    at::Tensor probs = recompute ? at::Tensor() : at::empty({g.b, heads, g.s, g.s}, qkv.options());
-    at::Tensor out = at::empty({g.b, g.s, heads * g.hd}, qkv.options());
-    attention_forward(g, operands_of(qkv, g), probs.defined() ? probs.data_ptr<float>() : nullptr, scale, keep,
-                      out.data_ptr<float>());
+    auto [out, probs] = forward_all(g, operands_of(qkv, g), scale, keep, recompute, qkv.options());
     ctx->save_for_backward({qkv, probs});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
@@ -254,9 +263,8 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
     const Shape g = shape_of(qkv, ctx->saved_data["heads"].toInt());
     const at::Tensor d_out = grad[0].contiguous();
     at::Tensor d_qkv = at::empty_like(qkv);
-    attention_backward(g, operands_of(qkv, g), probs.defined() ? probs.data_ptr<float>() : nullptr,
-                       ctx->saved_data["scale"].toDouble(), saved_mask(ctx, "keep"), d_out.data_ptr<float>(),
-                       operands_of(d_qkv, g));
+    attention_backward(g, operands_of(qkv, g), data_or_null(probs), ctx->saved_data["scale"].toDouble(),
+                       saved_mask(ctx, "keep"), d_out.data_ptr<float>(), operands_of(d_qkv, g));
     return {d_qkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -270,11 +278,8 @@ struct CausalAttentionSeparate : public torch::autograd::Function<CausalAttentio
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double scale, DropoutMask keep, bool recompute) {
     RECORD_FUNCTION("dtk::causal_attention", std::vector<c10::IValue>());
-    const Shape g = shape_of(q, k);
-    at::Tensor probs = recompute ? at::Tensor() : at::empty({g.b, g.heads, g.s, g.t}, q.options());
-    at::Tensor out = at::empty({g.b, g.s, g.heads * g.hd}, q.options());
-    attention_forward(g, {operand_of(q), operand_of(k), operand_of(v)},
-                      probs.defined() ? probs.data_ptr<float>() : nullptr, scale, keep, out.data_ptr<float>());
+    auto [out, probs] =
+        forward_all(shape_of(q, k), {operand_of(q), operand_of(k), operand_of(v)}, scale, keep, recompute, q.options());
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["scale"] = scale;
     save_mask(ctx, "keep", keep);
@@ -289,9 +294,8 @@ struct CausalAttentionSeparate : public torch::autograd::Function<CausalAttentio
     const at::Tensor d_out = grad[0].contiguous();
     at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
                dv = at::empty(v.sizes(), v.options());
-    attention_backward(g, {operand_of(q), operand_of(k), operand_of(v)},
-                       probs.defined() ? probs.data_ptr<float>() : nullptr, ctx->saved_data["scale"].toDouble(),
-                       saved_mask(ctx, "keep"), d_out.data_ptr<float>(),
+    attention_backward(g, {operand_of(q), operand_of(k), operand_of(v)}, data_or_null(probs),
+                       ctx->saved_data["scale"].toDouble(), saved_mask(ctx, "keep"), d_out.data_ptr<float>(),
                        {operand_of(dq), operand_of(dk), operand_of(dv)});
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }

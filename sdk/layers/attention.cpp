@@ -218,17 +218,17 @@ void attention_backward(const Shape& g, const Operands& x, float* probs, double 
   });
 }
 
+float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 // The context [b, s, heads * hd] and, unless recomputed in backward, the probabilities [b, heads,
 // s, t] kept for it.
 std::pair<at::Tensor, at::Tensor> forward_all(const Shape& g, const Operands& x, double scale, const DropoutMask& keep,
                                               bool recompute, const at::TensorOptions& options) {
   at::Tensor probs = recompute ? at::Tensor() : at::empty({g.b, g.heads, g.s, g.t}, options);
   at::Tensor out = at::empty({g.b, g.s, g.heads * g.hd}, options);
-  attention_forward(g, x, probs.defined() ? probs.data_ptr<float>() : nullptr, scale, keep, out.data_ptr<float>());
+  attention_forward(g, x, data_or_null(probs), scale, keep, out.data_ptr<float>());
   return {out, probs};
 }
-
-float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // Causal self-attention over Megatron's fused projection [b, s, heads * 3 * hd] (per head q, k,
 // v): the gradient written into one tensor of the projection's layout.
@@ -329,10 +329,7 @@ bool causal_attention_applies(const at::Tensor& q, const at::Tensor& k, const at
   if (!operand(q) || !operand(k) || !operand(v) || k.sizes() != v.sizes() || k.size(1) < q.size(1) ||
       q.size(2) % k.size(2) != 0)
     return false;
-  // A mask drawn for [b, heads, s, t] (rows of one), or a block of t columns of a wider one.
-  const int64_t s = q.size(1), t = k.size(1);
-  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == q.size(2) * s * t) ||
-         (keep.columns_block && keep.run_numel == t && keep.row_numel >= t);
+  return mask_fits_probs(keep, q.size(2), q.size(1), k.size(1));
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,

@@ -3,6 +3,8 @@
 // against Debian's c10/cuda headers too (dtk_torch_cuda_compile_check).
 #include "cuda_kernels.hpp"
 
+#include "dropout_rows.hpp"
+
 #include <ATen/ATen.h>
 
 #include <dtk/plugin.hpp>
@@ -393,10 +395,7 @@ bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   if (t < s || !attention_operand(q, q, s) || !attention_operand(k, q, t) || !attention_operand(v, q, t) ||
       k.size(2) != v.size(2))
     return false;
-  // The mask's rows are whole [heads, s, t] blocks of a drawn [b, heads, s, t] mask, or a block of
-  // t columns of a wider mask's rows (DropoutMask::columns: context parallelism's chunks).
-  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == q.size(2) * s * t) ||
-         (keep.columns_block && keep.run_numel == t && keep.row_numel >= t);
+  return mask_fits_probs(keep, q.size(2), s, t);
 }
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -308,6 +308,11 @@ void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, flo
   }
 }
 
+bool mask_fits_probs(const DropoutMask& keep, int64_t heads, int64_t s, int64_t t) {
+  return !keep.defined() || (keep.run_numel == 0 && keep.row_numel == heads * s * t) ||
+         (keep.columns_block && keep.run_numel == t && keep.row_numel >= t);
+}
+
 at::Tensor keep_bits(const DropoutMask& keep, int64_t numel) {
   at::Tensor out = at::empty({numel}, at::kBool);
   bool* dst = out.data_ptr<bool>();

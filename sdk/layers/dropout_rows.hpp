@@ -27,4 +27,9 @@ void scale_kept(const DropoutMask& keep, int64_t first, int64_t count, const flo
 // multipliers scale_kept applies, for a row used twice.
 void keep_multipliers(const DropoutMask& keep, int64_t first, int64_t count, float* out);
 
+// Whether an attention kernel can apply `keep` to probabilities [b, heads, s, t] row by row: none
+// (undefined), a mask drawn for that shape (or rows() of one), or a block of t columns of a wider
+// one (DropoutMask::columns: context parallelism's chunks).
+bool mask_fits_probs(const DropoutMask& keep, int64_t heads, int64_t s, int64_t t);
+
 }  // namespace dtk::layers
